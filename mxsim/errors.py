@@ -1,0 +1,41 @@
+"""Error types raised for bad user input.
+
+Every error that a user can cause (a bad name, a bad config key, a malformed trace) is a
+subclass of :class:`MxsimError`; the CLI prints its message on one line and exits non-zero.
+Programming errors inside mxsim stay ordinary exceptions and keep their tracebacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class MxsimError(Exception):
+    """Base class of every user-facing error."""
+
+
+class UnknownNameError(MxsimError, KeyError):
+    """A name (format, profile, option value) that mxsim does not know."""
+
+    def __init__(self, kind: str, name: object, accepted: Iterable[str]):
+        self.kind = kind
+        self.name = name
+        self.accepted = sorted(accepted)
+        super().__init__(f"unknown {kind} {name!r}; accepted: {', '.join(self.accepted)}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class ConfigError(MxsimError, ValueError):
+    """A hardware-config problem, located by file and key path (``array.rows``)."""
+
+    def __init__(self, source: str, key_path: str, message: str):
+        self.source = source
+        self.key_path = key_path
+        where = f"{source}: {key_path}" if key_path else source
+        super().__init__(f"{where}: {message}")
+
+
+class TraceError(MxsimError, ValueError):
+    """A trace problem, located by trace directory, layer and field."""
