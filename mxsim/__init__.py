@@ -1,3 +1,18 @@
 """mxsim: a bit-accurate emulator of MX (OCP Microscaling) accelerator datapaths."""
 
 __version__ = "0.1.0"
+
+from .formats import FORMATS, FormatInfo, custom_format, get_format
+from .quantize import PROFILES, MXTensor, QuantOptions, fake_quantize, quantize
+
+__all__ = [
+    "FORMATS",
+    "PROFILES",
+    "FormatInfo",
+    "MXTensor",
+    "QuantOptions",
+    "custom_format",
+    "fake_quantize",
+    "get_format",
+    "quantize",
+]

@@ -1,0 +1,317 @@
+"""The one table of number formats, and the public encode/decode functions.
+
+A format is data (:class:`FormatInfo`): field widths, bias, signedness, how specials are
+encoded. Every operation on formats reads these fields; nothing branches on a format name.
+Modelled after gfloat's ``FormatInfo``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import MxsimError, UnknownNameError
+from . import _kernels as K
+from .rounding import overflow_code, rounding_code
+
+SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX}
+
+# Float input dtypes accepted by encode, with their (exponent bits, mantissa bits, bit view).
+INPUT_FLOATS = {
+    np.dtype(np.float16): (5, 10, np.uint16),
+    np.dtype(np.float32): (8, 23, np.uint32),
+    np.dtype(np.float64): (11, 52, np.uint64),
+}
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """Description of a binary number format.
+
+    Attributes:
+        name: the table key.
+        bits: total width of a code.
+        exponent_bits: width of the exponent field (0 for fixed-point formats).
+        mantissa_bits: width of the trailing significand field (fraction bits).
+        bias: exponent bias. For a fixed-point format (``exponent_bits == 0``) every code is
+            ``integer * 2^(1 - bias - mantissa_bits)``.
+        signed: whether the format has negative values.
+        twos_complement: codes are two's-complement integers (MX INT8) rather than
+            sign-magnitude.
+        specials: ``"ieee"`` (top exponent reserved for ±Inf and NaN), ``"nan_at_max"`` (only
+            the all-ones magnitude is NaN: fp8_e4m3, e8m0) or ``"none"``.
+        subnormals: whether exponent field 0 encodes subnormals (and zero). Without them the
+            field value 0 is an ordinary binade and the format has no zero (E8M0).
+        allow_min_twos_complement: for two's-complement formats, whether the most negative code
+            (−2.0 in MX INT8) may be produced by encoding.
+        scale_emax: the element's ``emax`` in the MX scale rule ``X = 2^(E - emax)``; by
+            default ``floor(log2(max_finite))``.
+    """
+
+    name: str
+    bits: int
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    signed: bool = True
+    twos_complement: bool = False
+    specials: str = "ieee"
+    subnormals: bool = True
+    allow_min_twos_complement: bool = True
+    scale_emax: int | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.specials not in SPECIALS:
+            raise UnknownNameError("specials encoding", self.specials, SPECIALS)
+        width = self.exponent_bits + self.mantissa_bits + self.signed
+        if width != self.bits or self.bits < 2 or self.bits > 32:
+            raise MxsimError(
+                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit must equal bits (2..32)"
+            )
+        if self.specials == "ieee" and (self.exponent_bits < 2 or self.mantissa_bits < 1):
+            raise MxsimError(f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits")
+        if self.twos_complement and self.exponent_bits:
+            raise MxsimError(f"format {self.name!r}: two's complement is only for fixed-point formats")
+        if self.scale_emax is None:
+            object.__setattr__(self, "scale_emax", math.floor(math.log2(self.max_finite)))
+
+    # Derived properties ---------------------------------------------------------------
+    @property
+    def max_index(self) -> int:
+        """Magnitude index (code without sign) of the largest finite value."""
+        if self.twos_complement:
+            return (1 << (self.bits - 1)) - 1
+        magnitude_bits = self.bits - self.signed
+        if self.specials == "ieee":
+            return (((1 << self.exponent_bits) - 1) << self.mantissa_bits) - 1
+        if self.specials == "nan_at_max":
+            return (1 << magnitude_bits) - 2
+        return (1 << magnitude_bits) - 1
+
+    @property
+    def max_finite(self) -> float:
+        """Largest finite value."""
+        return float(self.decode(np.array([self.max_index]))[0])
+
+    @property
+    def min_normal(self) -> float:
+        """Smallest positive normal value (the quantum of fixed-point formats)."""
+        if self.exponent_bits == 0:
+            return math.ldexp(1.0, 1 - self.bias - self.mantissa_bits)
+        return math.ldexp(1.0, (1 - self.bias) if self.subnormals else -self.bias)
+
+    @property
+    def min_subnormal(self) -> float:
+        """Smallest positive value."""
+        if self.exponent_bits and not self.subnormals:
+            return self.min_normal
+        return math.ldexp(1.0, 1 - self.bias - self.mantissa_bits)
+
+    @property
+    def has_inf(self) -> bool:
+        return self.specials == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.specials != "none"
+
+    @property
+    def has_zero(self) -> bool:
+        return self.subnormals or self.exponent_bits == 0
+
+    @property
+    def code_dtype(self) -> np.dtype:
+        """Smallest unsigned dtype holding a code."""
+        return np.dtype(np.uint8 if self.bits <= 8 else np.uint16 if self.bits <= 16 else np.uint32)
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the leading bit of the largest finite value."""
+        return math.floor(math.log2(self.max_finite))
+
+    @functools.cached_property
+    def kernel_params(self) -> np.ndarray:
+        """The int64 parameter vector the kernels read (see ``_kernels.P_*``)."""
+        params = np.zeros(K.N_PARAMS, dtype=np.int64)
+        params[K.P_BITS] = self.bits
+        params[K.P_EXPONENT_BITS] = self.exponent_bits
+        params[K.P_MANTISSA_BITS] = self.mantissa_bits
+        params[K.P_BIAS] = self.bias
+        params[K.P_SIGNED] = self.signed
+        params[K.P_TWOS_COMPLEMENT] = self.twos_complement
+        params[K.P_SPECIALS] = SPECIALS[self.specials]
+        params[K.P_SUBNORMALS] = self.subnormals
+        params[K.P_MAX_INDEX] = self.max_index
+        params[K.P_MAX_INDEX_NEGATIVE] = self.max_index + (self.twos_complement and self.allow_min_twos_complement)
+        params[K.P_EMAX] = _emax_from_fields(self)
+        return params
+
+    @property
+    def top_fraction_bits(self) -> int:
+        """Fraction bits of the binade holding max_finite (its spacing is 2^(emax - this))."""
+        below = float(self.decode(np.array([self.max_index - 1]))[0])
+        return self.emax - int(np.log2(self.max_finite - below))
+
+    @functools.cached_property
+    def decode_table(self) -> np.ndarray | None:
+        """float64 value of every code (read-only), for formats up to 16 bits; else None."""
+        if self.bits > 16:
+            return None
+        out = np.empty(1 << self.bits, dtype=np.float64)
+        K.decode_array(np.arange(1 << self.bits, dtype=np.int64), self.kernel_params, out)
+        out.setflags(write=False)
+        return out
+
+    # Operations -----------------------------------------------------------------------
+    def decode(self, codes) -> np.ndarray:
+        """Exact float64 values of integer codes (any integer array; NaN for NaN codes)."""
+        codes = np.asarray(codes)
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise MxsimError(f"decode({self.name}): codes must be an integer array, got dtype {codes.dtype}")
+        if codes.size and (codes.min() < 0 or int(codes.max()) >= (1 << self.bits)):
+            raise MxsimError(f"decode({self.name}): codes must lie in [0, {1 << self.bits})")
+        table = self.decode_table
+        if table is not None:
+            return table[codes]
+        out = np.empty(codes.size, dtype=np.float64)
+        K.decode_array(np.ascontiguousarray(codes, dtype=np.int64).ravel(), self.kernel_params, out)
+        return out.reshape(codes.shape)
+
+    def encode(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
+        """Codes of the values ``x``, each rounded once, exactly, from its float16/32/64 value.
+
+        Args:
+            x: a numpy float16, float32 or float64 array (or a Python float / list, taken as
+                float64). Values are read exactly; there is no intermediate rounding.
+            rounding: a mode of :data:`mxsim.formats.rounding.ROUNDING_MODES`.
+            overflow: ``"saturate"``: magnitudes above ``max_finite`` (and ±Inf) give
+                ±max_finite. ``"inf_nan"``: IEEE 754 overflow — ±Inf where the format has it,
+                NaN where it has NaN but no Inf (fp8_e4m3: 465 → NaN), except that
+                toward_zero and the directed mode toward the finite side give ±max_finite.
+                Not accepted for formats with neither Inf nor NaN.
+            seed: stochastic rounding's seed; the draw for element i depends on (seed, i).
+
+        Returns codes of dtype :attr:`code_dtype`. NaN gives the canonical NaN code keeping
+        the sign (quiet NaN for IEEE-like formats); a format without NaN rejects NaN inputs.
+        Zero keeps its sign in sign-magnitude formats. Values below the smallest value of a
+        format without zero (E8M0) give its smallest code; negative values in an unsigned
+        format give NaN. Two's-complement formats produce the most negative code only when
+        ``allow_min_twos_complement``.
+        """
+        values = as_float_array(x, f"encode({self.name})")
+        rounding_mode = rounding_code(rounding)
+        overflow_policy = overflow_code(overflow)
+        if overflow == "inf_nan" and not self.has_nan:
+            raise MxsimError(f"encode({self.name}): overflow='inf_nan' needs a format with Inf or NaN; use 'saturate'")
+        if not self.has_nan and np.isnan(values).any():
+            raise MxsimError(f"encode({self.name}): input has NaN but the format has no NaN encoding")
+        exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
+        flat = np.ascontiguousarray(values).reshape(-1).view(bit_view)
+        out = np.empty(flat.size, dtype=self.code_dtype)
+        K.encode_array(flat, exponent_bits, mantissa_bits, self.kernel_params, rounding_mode, overflow_policy, seed, out)
+        return out.reshape(values.shape)
+
+    def round(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
+        """``decode(encode(x, ...))``: the values ``x`` rounded into this format, as float64."""
+        return self.decode(self.encode(x, rounding=rounding, overflow=overflow, seed=seed))
+
+    def value_of(self, code: int) -> Fraction | float:
+        """Exact value of one code as a Fraction (float NaN/±Inf for specials)."""
+        value = float(self.decode(np.array([code]))[0])
+        return value if not math.isfinite(value) else Fraction(value)
+
+
+def _emax_from_fields(fmt: FormatInfo) -> int:
+    """floor(log2(max_finite)) from the fields alone (kernel_params cannot call decode)."""
+    index = fmt.max_index
+    if fmt.exponent_bits == 0:
+        return index.bit_length() - 1 + (1 - fmt.bias - fmt.mantissa_bits)
+    exponent_field = index >> fmt.mantissa_bits
+    if fmt.subnormals and exponent_field == 0:
+        return index.bit_length() - 1 + (1 - fmt.bias - fmt.mantissa_bits)
+    return exponent_field - fmt.bias
+
+
+def as_float_array(x, where: str) -> np.ndarray:
+    if isinstance(x, (int, float)) or (isinstance(x, (list, tuple)) and not isinstance(x, np.ndarray)):
+        x = np.asarray(x, dtype=np.float64)
+    if not isinstance(x, np.ndarray):
+        raise MxsimError(f"{where}: expected a numpy array of floats, got {type(x).__name__}")
+    if x.dtype not in INPUT_FLOATS:
+        raise MxsimError(f"{where}: expected float16, float32 or float64 values, got dtype {x.dtype}")
+    return x
+
+
+def _table(*formats: FormatInfo) -> dict[str, FormatInfo]:
+    return {fmt.name: fmt for fmt in formats}
+
+
+FORMATS: dict[str, FormatInfo] = _table(
+    # OCP MX v1.0 element formats.
+    FormatInfo("fp8_e4m3", 8, 4, 3, 7, specials="nan_at_max"),
+    FormatInfo("fp8_e5m2", 8, 5, 2, 15),
+    FormatInfo("fp6_e3m2", 6, 3, 2, 3, specials="none"),
+    FormatInfo("fp6_e2m3", 6, 2, 3, 1, specials="none"),
+    FormatInfo("fp4_e2m1", 4, 2, 1, 1, specials="none"),
+    # MX INT8: two's complement with an implicit 2^-6 (1 - bias - mantissa_bits = -6).
+    FormatInfo("int8", 8, 0, 7, 0, twos_complement=True, specials="none"),
+    # E8M0 scales: 2^(code - 127), 0xFF = NaN, no sign, no zero.
+    FormatInfo("e8m0", 8, 8, 0, 127, signed=False, specials="nan_at_max", subnormals=False),
+    # Wide formats for accumulators and outputs.
+    FormatInfo("fp16", 16, 5, 10, 15),
+    FormatInfo("bf16", 16, 8, 7, 127),
+    FormatInfo("fp32", 32, 8, 23, 127),
+)
+
+# Quark's MX config names for the element formats.
+QUARK_ALIASES = {
+    "MXFP8E4M3": "fp8_e4m3",
+    "MXFP8E5M2": "fp8_e5m2",
+    "MXFP6E3M2": "fp6_e3m2",
+    "MXFP6E2M3": "fp6_e2m3",
+    "MXFP4E2M1": "fp4_e2m1",
+    "MXINT8": "int8",
+}
+
+
+def get_format(name: str | FormatInfo) -> FormatInfo:
+    """The format called ``name`` (a table key or a Quark config name such as ``MXFP8E4M3``)."""
+    if isinstance(name, FormatInfo):
+        return name
+    if isinstance(name, str):
+        key = QUARK_ALIASES.get(name, name)
+        if key in FORMATS:
+            return FORMATS[key]
+    raise UnknownNameError("format", name, list(FORMATS) + list(QUARK_ALIASES))
+
+
+def custom_format(
+    exponent_bits: int,
+    mantissa_bits: int,
+    bias: int | None = None,
+    specials: str = "none",
+    subnormals: bool = True,
+    name: str | None = None,
+) -> FormatInfo:
+    """A signed sign-magnitude ExMy format from the same fields as the table's.
+
+    ``bias`` defaults to ``2^(exponent_bits - 1) - 1``. Example: ``custom_format(3, 4)``
+    is an E3M4 with no Inf/NaN.
+    """
+    if exponent_bits < 1 or mantissa_bits < 0:
+        raise MxsimError("custom_format: exponent_bits must be >= 1 and mantissa_bits >= 0")
+    if bias is None:
+        bias = (1 << (exponent_bits - 1)) - 1
+    return FormatInfo(
+        name or f"e{exponent_bits}m{mantissa_bits}",
+        1 + exponent_bits + mantissa_bits,
+        exponent_bits,
+        mantissa_bits,
+        bias,
+        specials=specials,
+        subnormals=subnormals,
+    )

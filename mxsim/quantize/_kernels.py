@@ -1,0 +1,140 @@
+"""Numba kernels for MX block quantization: shared exponents, element codes, dequantize."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..formats._kernels import ROUND_STOCHASTIC, decompose, encode_bits, random32
+
+RULE_FLOOR = 0
+RULE_CEIL = 1
+RULE_EVEN = 2
+RULE_RCEIL = 3
+
+NONFINITE_NAN_BLOCK = 0
+NONFINITE_PROPAGATE = 1
+NONFINITE_INF_SCALE_MAX = 2
+
+SOURCE_EXACT = 0
+SOURCE_FIELD = 1
+SOURCE_LOG2 = 2
+
+UNDERFLOW_CLAMP = 0
+UNDERFLOW_UNCLAMPED = 1
+UNDERFLOW_UNCLAMPED_EPS = 2
+
+# Shared-exponent value standing for a NaN scale (E8M0 code 0xFF).
+SCALE_NAN = np.int32(1 << 20)
+E8M0_MIN_EXPONENT = -127
+E8M0_MAX_EXPONENT = 127
+
+
+@njit(cache=True, inline="always")
+def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source, emax, top_fraction_bits, max_ratio_q52):
+    """X = E - emax for a nonzero finite amax, E chosen by ``rule`` from amax's exact bits.
+
+    With amax = m * 2^e, m in [1, 2) held as the 53-bit integer m * 2^52:
+    floor: E = e; ceil: +1 iff m > 1; even: +1 iff m >= 2 - 2^-(p+1);
+    rceil: +1 iff m > max_finite / 2^emax (given as ``max_ratio_q52`` = that ratio * 2^52).
+    ``source`` SOURCE_FIELD reads a subnormal amax as the input's smallest exponent field
+    (e = -bias, e.g. -127 for float32); SOURCE_LOG2 computes floor/ceil from log2(amax)
+    rounded to the input's precision (float32 inputs: float32), as float-log2 libraries do.
+    """
+    _, _, significand, lsb_exponent, floor_log2 = decompose(amax_bits, in_exponent_bits, in_mantissa_bits)
+    if source == SOURCE_LOG2 and (rule == RULE_FLOOR or rule == RULE_CEIL):
+        log2_value = math.log2(math.ldexp(float(significand), lsb_exponent))
+        if in_mantissa_bits <= 23:
+            log2_value = float(np.float32(log2_value))
+        rounded = math.floor(log2_value) if rule == RULE_FLOOR else math.ceil(log2_value)
+        return np.int64(rounded) - emax
+    input_bias = (1 << (in_exponent_bits - 1)) - 1
+    if source == SOURCE_FIELD and floor_log2 < 1 - input_bias:
+        return np.int64(-input_bias) - emax
+    m_q52 = significand << (52 - (floor_log2 - lsb_exponent))
+    bump = False
+    if rule == RULE_CEIL:
+        bump = m_q52 != (np.int64(1) << 52)
+    elif rule == RULE_EVEN:
+        bump = m_q52 >= (np.int64(1) << 53) - (np.int64(1) << (51 - top_fraction_bits))
+    elif rule == RULE_RCEIL:
+        bump = m_q52 > max_ratio_q52
+    return floor_log2 + (1 if bump else 0) - emax
+
+
+@njit(cache=True, parallel=True)
+def quantize_blocks(
+    bits, in_exponent_bits, in_mantissa_bits,
+    element_params, rule, source, emax, top_fraction_bits, max_ratio_q52,
+    rounding, overflow, nonfinite, underflow, clamp_high, seed,
+    codes_out, scale_exponents_out,
+):
+    """Quantize a (blocks, block_size) array of IEEE-binary bit patterns.
+
+    Writes element codes and each block's shared exponent X (SCALE_NAN for a NaN scale;
+    below -127 only for the unclamped underflow policies). Element j of block b is encoded
+    from x * 2^-X exactly, with stochastic draw index b * block_size + j.
+    """
+    n_blocks, block_size = bits.shape
+    total_bits = 1 + in_exponent_bits + in_mantissa_bits
+    magnitude_mask = (np.uint64(1) << np.uint64(total_bits - 1)) - np.uint64(1)
+    inf_bits = np.uint64((1 << in_exponent_bits) - 1) << np.uint64(in_mantissa_bits)
+    for b in prange(n_blocks):
+        amax = np.uint64(0)
+        nan_seen = False
+        inf_seen = False
+        for j in range(block_size):
+            magnitude = np.uint64(bits[b, j]) & magnitude_mask
+            if magnitude > inf_bits:
+                nan_seen = True
+            elif magnitude == inf_bits:
+                inf_seen = True
+            elif magnitude > amax:
+                amax = magnitude
+        if (nan_seen and nonfinite != NONFINITE_PROPAGATE) or (inf_seen and nonfinite == NONFINITE_NAN_BLOCK):
+            scale_exponents_out[b] = SCALE_NAN
+            for j in range(block_size):
+                codes_out[b, j] = 0
+            continue
+        if inf_seen and nonfinite == NONFINITE_INF_SCALE_MAX:
+            exponent = np.int64(E8M0_MAX_EXPONENT)  # log2(Inf) clamped to the largest scale
+        elif amax == 0:
+            exponent = np.int64(E8M0_MIN_EXPONENT)
+        else:
+            exponent = shared_exponent(
+                amax, in_exponent_bits, in_mantissa_bits, rule, source, emax, top_fraction_bits, max_ratio_q52
+            )
+        if underflow == UNDERFLOW_CLAMP and exponent < E8M0_MIN_EXPONENT:
+            exponent = np.int64(E8M0_MIN_EXPONENT)
+        elif underflow == UNDERFLOW_UNCLAMPED_EPS and exponent < -149:
+            exponent = np.int64(-23)  # 2^X underflows float32 to 0, replaced by float32 eps
+        if exponent > E8M0_MAX_EXPONENT:
+            if not clamp_high:
+                scale_exponents_out[b] = SCALE_NAN
+                for j in range(block_size):
+                    codes_out[b, j] = 0
+                continue
+            exponent = E8M0_MAX_EXPONENT
+        scale_exponents_out[b] = exponent
+        for j in range(block_size):
+            draw32 = random32(seed, b * block_size + j) if rounding == ROUND_STOCHASTIC else np.int64(0)
+            codes_out[b, j] = encode_bits(
+                bits[b, j], in_exponent_bits, in_mantissa_bits, -exponent, element_params, rounding, overflow, draw32
+            )
+
+
+@njit(cache=True, parallel=True)
+def dequantize_blocks(codes, scale_exponents, decode_table, out):
+    """out[b, j] = decode_table[codes[b, j]] * 2^X_b (exact in float64); NaN for NaN scales."""
+    n_blocks, block_size = codes.shape
+    for b in prange(n_blocks):
+        exponent = scale_exponents[b]
+        if exponent == SCALE_NAN:
+            for j in range(block_size):
+                out[b, j] = np.nan
+            continue
+        scale = math.ldexp(1.0, exponent)
+        for j in range(block_size):
+            out[b, j] = decode_table[codes[b, j]] * scale

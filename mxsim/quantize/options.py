@@ -1,0 +1,132 @@
+"""Named semantic options of MX block quantization, and the profiles that bundle them.
+
+Every point where public MX implementations disagree is one field of
+:class:`QuantOptions`. A *profile* is a named set of values reproducing one library; see
+``docs/profiles.md`` for each value's source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import MxsimError, UnknownNameError
+from ..formats.rounding import OVERFLOW_POLICIES, ROUNDING_MODES
+
+SCALE_RULES = ("floor", "ceil", "even", "rceil")
+EXPONENT_SOURCES = ("bits", "field", "log2")
+NONFINITE_POLICIES = ("nan_block", "propagate", "inf_scale_max", "raise")
+SCALE_UNDERFLOW_POLICIES = ("clamp", "unclamped", "unclamped_eps")
+SCALE_OVERFLOW_POLICIES = ("nan", "clamp")
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """How a block's shared scale and its elements are computed.
+
+    Attributes:
+        scale_rule: shared exponent ``X = E - emax`` with ``E`` from the block's amax
+            ``= m * 2^e`` (1 <= m < 2): ``floor``: E = e (OCP v1.0). ``ceil``: E = e + 1
+            iff m > 1. ``even``: E = e + 1 iff m >= 2 - 2^-(p+1), p = ``even_fraction_bits``
+            (amax rounded half-up to the element precision carries). ``rceil``: E = e + 1
+            iff m > max_finite / 2^emax (no element clips).
+        exponent_source: how ``e`` is read. ``bits``: from the exponent bits, exact for every
+            input including subnormals. ``field``: the input's biased exponent field minus its
+            bias, so a subnormal amax reads as -bias (-127 for float32): Quark ONNX, torchao.
+            ``log2``: for floor/ceil, floor/ceil of ``log2(amax)`` rounded to the input's
+            precision — the float-log2 trap of microxcaling's Python path, Quark torch
+            floor/ceil and gfloat (float32 7.9999995 -> e = 3). even/rceil always use bits.
+        element_rounding: rounding of each scaled element (a mode of ROUNDING_MODES).
+        element_overflow: ``saturate`` (clip to ±max_finite) or ``inf_nan``.
+        nonfinite: a NaN or ±Inf in a block. ``nan_block``: scale 0xFF, the whole block
+            decodes to NaN. ``propagate``: NaN/Inf are ignored for amax; NaN elements get
+            the element's NaN code, ±Inf follow ``element_overflow`` (Quark ONNX).
+            ``inf_scale_max``: NaN makes a NaN block; Inf makes X = 127 (log2(Inf) clamped),
+            the Inf element saturates and the rest mostly flush (Quark even, gfloat). ``raise``.
+        scale_underflow: ``clamp`` keeps X >= -127 (E8M0's smallest). ``unclamped`` lets X go
+            lower (Quark ONNX, Quark floor/ceil). ``unclamped_eps``: unclamped, but X < -149
+            (2^X underflows float32) becomes X = -23 (float32 eps; Quark floor/ceil).
+            Only :func:`fake_quantize` can hold X < -127.
+        scale_overflow: X > 127: ``nan`` (scale 0xFF) or ``clamp`` to 127.
+        int8_minus_two: whether MX INT8 may produce code 0x80 (-2.0 × scale).
+        even_fraction_bits: overrides of p in the ``even`` rule, as (format name, p) pairs;
+            by default p is the element's fraction bits in its top binade (3 for fp8_e4m3,
+            6 for int8). Quark uses 8 for int8.
+        seed: seed for stochastic element rounding.
+
+    An all-zero block gets X = -127 (code 0x00), as torchao and gfloat store it; libraries
+    that do not expose the scale differ only invisibly (see docs/profiles.md).
+    """
+
+    scale_rule: str = "floor"
+    exponent_source: str = "bits"
+    element_rounding: str = "nearest_even"
+    element_overflow: str = "saturate"
+    nonfinite: str = "nan_block"
+    scale_underflow: str = "clamp"
+    scale_overflow: str = "nan"
+    int8_minus_two: bool = True
+    even_fraction_bits: tuple[tuple[str, int], ...] = ()
+    seed: int = 0
+
+    def __post_init__(self):
+        choices = {
+            "scale_rule": SCALE_RULES,
+            "exponent_source": EXPONENT_SOURCES,
+            "element_rounding": ROUNDING_MODES,
+            "element_overflow": OVERFLOW_POLICIES,
+            "nonfinite": NONFINITE_POLICIES,
+            "scale_underflow": SCALE_UNDERFLOW_POLICIES,
+            "scale_overflow": SCALE_OVERFLOW_POLICIES,
+        }
+        for name, accepted in choices.items():
+            if getattr(self, name) not in accepted:
+                raise UnknownNameError(f"value for option {name}", getattr(self, name), accepted)
+        if not isinstance(self.int8_minus_two, bool):
+            raise MxsimError("option int8_minus_two must be True or False")
+        pairs = self.even_fraction_bits
+        if not isinstance(pairs, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int) and 0 <= p[1] <= 50
+            for p in pairs
+        ):
+            raise MxsimError("option even_fraction_bits must be a tuple of (format name, bits 0..50) pairs")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise MxsimError("option seed must be a non-negative integer")
+
+
+# Each value's source is in docs/profiles.md.
+PROFILES: dict[str, QuantOptions] = {
+    # OCP MX v1.0 as written: floor from exact exponent bits, RNE, saturating elements.
+    "ocp": QuantOptions(),
+    # microsoft/microxcaling, default MxSpecs, Python path: float log2 in the input dtype,
+    # ties away from zero, MXINT8 clamped to ±127/64, NaN/Inf -> NaN block.
+    "microxcaling": QuantOptions(exponent_source="log2", element_rounding="nearest_away", int8_minus_two=False),
+    # AMD Quark torch fake_quantize_mx, default scale_calculation_mode="even" (bit trick).
+    "quark": QuantOptions(
+        scale_rule="even", nonfinite="inf_scale_max", scale_overflow="clamp", int8_minus_two=False,
+        even_fraction_bits=(("int8", 8),),
+    ),
+    # Quark torch floor / ceil modes: float log2 in the input dtype, no clamp, eps fallback.
+    "quark-floor": QuantOptions(exponent_source="log2", scale_underflow="unclamped_eps", int8_minus_two=False),
+    "quark-ceil": QuantOptions(
+        scale_rule="ceil", exponent_source="log2", scale_underflow="unclamped_eps", int8_minus_two=False
+    ),
+    # Quark ONNX MXQuantizeDequantize: exponent field, unclamped, NaN/Inf passed through.
+    "quark-onnx": QuantOptions(exponent_source="field", nonfinite="propagate", scale_underflow="unclamped"),
+    # torchao prototype mx_formats to_mx: FLOOR (default) from exponent bits; NaN/Inf -> 0xFF.
+    "torchao": QuantOptions(exponent_source="field"),
+    "torchao-rceil": QuantOptions(scale_rule="rceil", exponent_source="field"),
+    # gfloat quantize_block + compute_scale_amax: float log2, Inf -> scale 2^127.
+    "gfloat": QuantOptions(exponent_source="log2", nonfinite="inf_scale_max"),
+}
+
+
+def resolve_options(profile: str = "ocp", **overrides) -> QuantOptions:
+    """The options of ``profile`` with ``overrides`` applied; unknown names list the valid ones."""
+    if profile not in PROFILES:
+        raise UnknownNameError("profile", profile, PROFILES)
+    fields = {f.name for f in dataclasses.fields(QuantOptions)}
+    for key in overrides:
+        if key not in fields:
+            raise UnknownNameError("quantization option", key, fields)
+    return dataclasses.replace(PROFILES[profile], **overrides)

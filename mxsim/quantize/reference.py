@@ -1,0 +1,89 @@
+"""Slow reference twin of MX block quantization, written from the definitions with Fractions.
+
+One block at a time: amax as an exact Fraction, its binary exponent found by comparison
+with powers of two, the scale rule applied as stated in ``QuantOptions``, and each element
+``x / 2^X`` rounded by :func:`mxsim.formats.reference.encode_reference`.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from ..formats import FormatInfo
+from ..formats.reference import decode_reference, draw32_reference, encode_reference
+from .options import QuantOptions
+
+NAN_SCALE = None
+
+
+def floor_log2(value: Fraction) -> int:
+    """The e with 2^e <= value < 2^(e+1), by exact comparison."""
+    exponent = 0
+    while Fraction(2) ** exponent > value:
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= value:
+        exponent += 1
+    return exponent
+
+
+def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int = 32) -> int:
+    """X = E - emax for a positive amax under the options' rule and exponent source."""
+    rule = options.scale_rule
+    e = floor_log2(amax)
+    if options.exponent_source == "log2" and rule in ("floor", "ceil"):
+        # log2 as a float library computes it: the real log2 rounded to the input precision.
+        log2_value = math.log2(amax)
+        if input_bits <= 32:
+            log2_value = float(np.float32(log2_value))
+        return (math.floor(log2_value) if rule == "floor" else math.ceil(log2_value)) - fmt.scale_emax
+    input_min_exponent = -126 if input_bits == 32 else (-14 if input_bits == 16 else -1022)
+    if options.exponent_source == "field" and e < input_min_exponent:
+        return input_min_exponent - 1 - fmt.scale_emax
+    m = amax / Fraction(2) ** e
+    top_step = Fraction(fmt.max_finite) - Fraction(float(decode_reference(fmt, fmt.max_index - 1)))
+    p = dict(options.even_fraction_bits).get(fmt.name, floor_log2(Fraction(2) ** fmt.scale_emax / top_step))
+    bump = {
+        "floor": False,
+        "ceil": m > 1,
+        "even": m >= 2 - Fraction(1, 2 ** (p + 1)),
+        "rceil": m > Fraction(fmt.max_finite) / Fraction(2) ** fmt.scale_emax,
+    }[rule]
+    return e + bump - fmt.scale_emax
+
+
+def quantize_block_reference(
+    block: list[float], fmt: FormatInfo, options: QuantOptions, first_index: int = 0, input_bits: int = 32
+):
+    """(scale exponent or None for a NaN scale, element codes) of one block.
+
+    ``first_index`` is the flat index of the block's first element (stochastic draws);
+    ``input_bits`` the width of the input float (the ``log2``/``field`` sources read it).
+    """
+    has_nan = any(math.isnan(x) for x in block)
+    has_inf = any(math.isinf(x) for x in block)
+    if (has_nan and options.nonfinite != "propagate") or (has_inf and options.nonfinite == "nan_block"):
+        return NAN_SCALE, [0] * len(block)
+    amax = max((abs(Fraction(x)) for x in block if math.isfinite(x)), default=Fraction(0))
+    if has_inf and options.nonfinite == "inf_scale_max":
+        exponent = 127
+    elif amax == 0:
+        exponent = -127
+    else:
+        exponent = scale_exponent_reference(amax, fmt, options, input_bits)
+    if options.scale_underflow == "clamp":
+        exponent = max(exponent, -127)
+    elif options.scale_underflow == "unclamped_eps" and exponent < -149:
+        exponent = -23
+    if exponent > 127:
+        if options.scale_overflow == "nan":
+            return NAN_SCALE, [0] * len(block)
+        exponent = 127
+    codes = []
+    for i, x in enumerate(block):
+        scaled = x if not math.isfinite(x) else (math.copysign(0.0, x) if x == 0 else Fraction(x) / Fraction(2) ** exponent)
+        draw = draw32_reference(options.seed, first_index + i) if options.element_rounding == "stochastic" else 0
+        codes.append(encode_reference(fmt, scaled, options.element_rounding, options.element_overflow, draw))
+    return exponent, codes

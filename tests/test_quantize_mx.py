@@ -1,0 +1,277 @@
+"""MX block quantization: kernel against the Fraction twin, measured library rows, corners."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mxsim import MXTensor, fake_quantize, get_format, quantize
+from mxsim.errors import MxsimError, UnknownNameError
+from mxsim.quantize.mx import _prepare, _quantize_blocked
+from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options
+from mxsim.quantize.reference import quantize_block_reference
+
+ELEMENT_FORMATS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]
+
+
+def one_block(values, fmt, **options):
+    tensor = quantize(np.array(values, dtype=np.float32), fmt, block_size=len(values), **options)
+    return tensor.dequantize(), int(tensor.scales[0])
+
+
+# --- measured rows (mx-semantics.md, torchao): block amax -> dequantized max ----------------
+
+@pytest.mark.parametrize(
+    "fmt, amax, expected",
+    [
+        ("fp8_e4m3", 480.0, {"floor": 448, "rceil": 480, "ceil": 480, "even": 448}),
+        ("fp8_e4m3", 500.0, {"floor": 448, "rceil": 512, "ceil": 512, "even": 512}),
+        ("fp4_e2m1", 7.0, {"floor": 6, "rceil": 8, "ceil": 8, "even": 8}),
+    ],
+)
+def test_scale_rules_reproduce_the_measured_table(fmt, amax, expected):
+    for rule, dequantized_max in expected.items():
+        values, _ = one_block([amax, 1.0, -0.5, 0.0], fmt, scale_rule=rule)
+        assert values.max() == dequantized_max, rule
+
+
+def test_float_log2_trap_gives_the_ocp_answer():
+    # float32 log2(7.9999995) returns exactly 3.0; the exponent bits say 2, so OCP's floor
+    # rule keeps scale 1 and the element rounds to fp4's max, 6.
+    x = np.float32(7.9999995)
+    assert np.log2(x) == 3.0
+    values, scale = one_block([float(x), 1.0], "fp4_e2m1")
+    assert (values.max(), scale) == (6.0, 127)
+
+
+def test_floor_clips_the_block_max():
+    values, scale = one_block([960.0, 957.0], "fp8_e4m3")
+    assert scale == 128 and values.tolist() == [896.0, 896.0]
+
+
+def test_microxcaling_rounds_ties_away_and_clamps_int8():
+    values, _ = one_block([400.0, 448.0], "fp8_e4m3", profile="microxcaling")
+    assert values[0] == 416
+    values, _ = one_block([400.0, 448.0], "fp8_e4m3", profile="ocp")
+    assert values[0] == 384
+    values, _ = one_block([-1.999, 1.0], "int8", profile="microxcaling")
+    assert values[0] == -127 / 64
+    values, _ = one_block([-1.999, 1.0], "int8", profile="ocp")
+    assert values[0] == -2.0
+
+
+def test_mxint8_corners_at_scale_one():
+    values, scale = one_block([1.0, 0.0078125, 1.99609375], "int8", element_rounding="nearest_away")
+    assert scale == 127
+    assert values.tolist() == [1.0, 0.015625, 1.984375]
+
+
+# --- nonfinite, zero, and scale-range policies ------------------------------------------------
+
+def test_nan_block_policy_makes_the_whole_block_nan():
+    tensor = quantize(np.array([1.0, np.nan, 2.0, 3.0, 1.0, 2.0], dtype=np.float32), "fp8_e4m3", block_size=3)
+    assert tensor.scales.tolist() == [0xFF, 127 + 1 - 8]  # amax 3: E = 1, emax 8
+    out = tensor.dequantize()
+    assert np.isnan(out[:3]).all()
+    assert out[3:].tolist() == [3.0, 1.0, 2.0]
+
+
+def test_propagate_keeps_other_elements():
+    x = np.array([np.nan, 3.0, np.inf, 1.0], dtype=np.float32)
+    out = fake_quantize(x, "fp4_e2m1", block_size=4, nonfinite="propagate")
+    # amax over the finite values is 3: X = 1 - 2 = -1; Inf saturates to 6 * 2^-1.
+    assert np.isnan(out[0]) and out[1:].tolist() == [3.0, 3.0, 1.0]
+    e4m3 = quantize(x, "fp8_e4m3", block_size=4, nonfinite="propagate").dequantize()
+    assert np.isnan(e4m3[0]) and e4m3[1:].tolist() == [3.0, 448 * 2.0**-7, 1.0]
+    with pytest.raises(MxsimError, match="no NaN code"):
+        quantize(x, "fp4_e2m1", block_size=4, nonfinite="propagate")
+    with pytest.raises(MxsimError, match="NaN or Inf"):
+        quantize(x, "fp4_e2m1", block_size=4, nonfinite="raise")
+
+
+def test_zero_block_gets_the_smallest_scale():
+    tensor = quantize(np.zeros(32, dtype=np.float32), "fp8_e4m3")
+    assert tensor.scales.tolist() == [0] and (tensor.dequantize() == 0).all()
+
+
+def test_scale_underflow_clamp_versus_unclamped():
+    x = np.array([2.0**-130, 2.0**-131], dtype=np.float64)
+    clamped = fake_quantize(x, "fp8_e4m3", block_size=2)
+    unclamped = fake_quantize(x, "fp8_e4m3", block_size=2, scale_underflow="unclamped")
+    assert unclamped.tolist() == x.tolist()  # the ideal scale 2^-138 keeps them exact
+    assert clamped.tolist() == [2.0**-130, 2.0**-131]  # within e4m3 subnormals of 2^-127: still exact
+    tiny = np.array([2.0**-140, 3 * 2.0**-141])
+    assert fake_quantize(tiny, "fp8_e4m3", block_size=2)[0] == 0.0  # below 2^-136: flushed
+    assert fake_quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped").tolist() == tiny.tolist()
+    with pytest.raises(MxsimError, match="fake_quantize"):
+        quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped")
+
+
+def test_scale_overflow_nan_or_clamp():
+    x = np.array([2.0**127 * 1.5, 1.0], dtype=np.float32)
+    assert quantize(x, "int8", block_size=2, scale_rule="ceil").scales[0] == 0xFF
+    assert quantize(x, "int8", block_size=2, scale_rule="ceil", scale_overflow="clamp").scales[0] == 254
+
+
+# --- shapes, axes, padding ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_any_axis_round_trips_shape_and_matches_per_block(axis):
+    x = np.random.default_rng(3).standard_normal((3, 5, 7)).astype(np.float32) * 10
+    tensor = quantize(x, "fp8_e5m2", axis=axis, block_size=4)
+    out = tensor.dequantize()
+    assert out.shape == x.shape
+    moved = np.moveaxis(x, axis, -1)
+    n = moved.shape[-1]
+    assert tensor.padding == -n % 4 and tensor.codes.shape[-1] == n + tensor.padding
+    for index in np.ndindex(tensor.scales.shape):
+        *outer, block = index
+        chunk = list(moved[tuple(outer)][block * 4 : (block + 1) * 4]) + [0.0] * 4
+        exponent, codes = quantize_block_reference([float(v) for v in chunk[:4]], get_format("fp8_e5m2"), QuantOptions())
+        assert tensor.scales[index] == exponent + 127
+        values = tensor.block_values(index)
+        assert [float(v) for v in values[: len(codes)]] == [float(get_format("fp8_e5m2").value_of(c)) * 2.0**exponent for c in codes]
+
+
+def test_quark_names_and_float_dtypes():
+    x = np.linspace(-3, 3, 64)
+    for dtype in (np.float16, np.float32, np.float64):
+        assert isinstance(quantize(x.astype(dtype), "MXFP6E2M3"), MXTensor)
+    np.testing.assert_array_equal(
+        quantize(x.astype(np.float32), "MXFP6E2M3").dequantize(), quantize(x.astype(np.float32), "fp6_e2m3").dequantize()
+    )
+
+
+def test_dequantize_float32_is_the_rounded_exact_value():
+    x = np.random.default_rng(4).standard_normal(256).astype(np.float32)
+    tensor = quantize(x, "fp8_e4m3")
+    np.testing.assert_array_equal(tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32))
+
+
+def test_bad_arguments_get_clear_errors():
+    x = np.ones((2, 8), dtype=np.float32)
+    with pytest.raises(UnknownNameError, match="ocp"):
+        quantize(x, "fp8_e4m3", profile="nvidia")
+    with pytest.raises(UnknownNameError, match="scale_rule"):
+        quantize(x, "fp8_e4m3", scale_rules="floor")
+    with pytest.raises(UnknownNameError, match="rceil"):
+        quantize(x, "fp8_e4m3", scale_rule="round")
+    with pytest.raises(MxsimError, match="axis 2"):
+        quantize(x, "fp8_e4m3", axis=2)
+    with pytest.raises(MxsimError, match="block_size"):
+        quantize(x, "fp8_e4m3", block_size=0)
+    with pytest.raises(MxsimError, match="dtype int64"):
+        quantize(np.ones(4, dtype=np.int64), "fp8_e4m3")
+    with pytest.raises(MxsimError, match="numpy array"):
+        quantize({"a": 1}, "fp8_e4m3")
+    with pytest.raises(UnknownNameError, match="fp4_e2m1"):
+        quantize(x, "fp3")
+
+
+def test_profiles_resolve_with_overrides():
+    assert resolve_options("quark", scale_rule="floor").scale_rule == "floor"
+    assert set(PROFILES) >= {"ocp", "microxcaling", "quark", "quark-onnx", "torchao"}
+
+
+# --- hypothesis: kernel == reference twin, every format and option ----------------------------
+
+block_values = st.lists(
+    st.one_of(
+        st.floats(-1e6, 1e6, width=32),
+        st.floats(allow_nan=False, allow_infinity=False, width=32),
+        st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, 448.0, 464.0, 6.0, 7.0, 480.0]),
+    ),
+    min_size=1,
+    max_size=9,
+)
+options_strategy = st.builds(
+    QuantOptions,
+    scale_rule=st.sampled_from(["floor", "ceil", "even", "rceil"]),
+    element_rounding=st.sampled_from(["nearest_even", "nearest_away", "toward_zero", "stochastic"]),
+    element_overflow=st.just("saturate"),
+    nonfinite=st.sampled_from(["nan_block", "propagate", "inf_scale_max"]),
+    exponent_source=st.sampled_from(["bits", "field", "log2"]),
+    scale_underflow=st.sampled_from(["clamp", "unclamped", "unclamped_eps"]),
+    scale_overflow=st.sampled_from(["nan", "clamp"]),
+    int8_minus_two=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+
+
+@given(values=block_values, fmt_name=st.sampled_from(ELEMENT_FORMATS), options=options_strategy)
+def test_kernel_equals_reference_twin(values, fmt_name, options):
+    fmt = get_format(fmt_name)
+    if fmt.twos_complement:
+        fmt = dataclasses.replace(fmt, allow_min_twos_complement=options.int8_minus_two)
+    if options.nonfinite == "propagate" and not fmt.has_nan:
+        values = [v for v in values if not math.isnan(v)] or [0.0]
+    x = np.array(values, dtype=np.float32)
+    fmt_used, opts, arr = _prepare(x, fmt_name, "ocp", dataclasses.asdict(options))
+    codes, exponents, _, _ = _quantize_blocked(arr, fmt_used, opts, -1, len(values))
+    exponent, want_codes = quantize_block_reference([float(v) for v in x], fmt, options)
+    got_exponent = None if exponents[0] == 1 << 20 else int(exponents[0])
+    assert got_exponent == exponent
+    if exponent is not None:
+        assert codes.tolist() == want_codes
+
+
+# --- profile vectors (docs/profiles.md §3, each derived by hand from the library source) ------
+
+F32_MAX = float(np.finfo(np.float32).max)
+PROFILE_VECTORS = [
+    # (vector #, profile, format, block, expected dequantized values)
+    (3, "microxcaling", "fp8_e4m3", [448.0, 400.0], [448.0, 416.0]),
+    (3, "ocp", "fp8_e4m3", [448.0, 400.0], [448.0, 384.0]),
+    (7, "ocp", "fp4_e2m1", [7.9999995], [6.0]),
+    (7, "microxcaling", "fp4_e2m1", [7.9999995], [8.0]),
+    (7, "quark-floor", "fp4_e2m1", [7.9999995], [8.0]),
+    (7, "gfloat", "fp4_e2m1", [7.9999995], [8.0]),
+    (8, "ocp", "fp8_e4m3", [F32_MAX], [448.0 * 2.0**119]),
+    (8, "microxcaling", "fp8_e4m3", [F32_MAX], [256.0 * 2.0**120]),  # +Inf once cast to float32
+    (9, "microxcaling", "int8", [1.0, 0.0078125], [1.0, 0.015625]),
+    (9, "quark", "int8", [1.0, 0.0078125], [1.0, 0.0]),
+    (11, "microxcaling", "int8", [1.99609375, -1.99609375], [1.984375, -1.984375]),
+    (11, "quark-onnx", "int8", [1.99609375, -1.99609375], [1.984375, -2.0]),
+    (11, "gfloat", "int8", [1.99609375, -1.99609375], [1.984375, -2.0]),
+    (11, "quark-ceil", "int8", [1.99609375, -1.99609375], [2.0, -2.0]),
+    (12, "quark", "int8", [1.999], [2.0]),
+    (12, "ocp", "int8", [1.999], [1.984375]),
+    (13, "ocp", "fp8_e4m3", [2.0**-120, 2.0**-137], [2.0**-120, 0.0]),
+    (13, "microxcaling", "fp8_e4m3", [2.0**-120, 2.0**-137], [2.0**-120, 2.0**-136]),
+    (13, "quark-floor", "fp8_e4m3", [2.0**-120, 2.0**-137], [2.0**-120, 2.0**-137]),
+    (13, "quark-onnx", "fp8_e4m3", [2.0**-120, 2.0**-137], [2.0**-120, 2.0**-137]),
+    (14, "ocp", "fp8_e4m3", [2.0**-140, 2.0**-149], [0.0, 0.0]),
+    (14, "quark-onnx", "fp8_e4m3", [2.0**-140, 2.0**-149], [2.0**-140, 0.0]),
+    (14, "quark-floor", "fp8_e4m3", [2.0**-140, 2.0**-149], [2.0**-140, 2.0**-149]),
+    (15, "quark-floor", "fp8_e5m2", [2.0**-140], [0.0]),
+    (15, "ocp", "fp8_e5m2", [2.0**-140], [2.0**-140]),
+    (15, "quark-onnx", "fp8_e5m2", [2.0**-140], [2.0**-140]),
+    (16, "ocp", "fp8_e4m3", [np.nan, 1.0], [np.nan, np.nan]),
+    (16, "quark-onnx", "fp8_e4m3", [np.nan, 1.0], [np.nan, 1.0]),
+    (17, "torchao", "fp8_e4m3", [np.inf, 1.0], [np.nan, np.nan]),
+    (17, "quark", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**127, 0.0]),  # float32: +Inf
+    (17, "gfloat", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**127, 0.0]),
+    (18, "quark", "int8", [np.inf, 1.0], [127 * 2.0**121, 0.0]),
+    (27, "torchao", "fp4_e2m1", [16.000002, 2.0], [16.0, 2.0]),
+    (27, "quark-ceil", "fp4_e2m1", [16.000002, 2.0], [16.0, 2.0]),
+    (1, "torchao-rceil", "fp4_e2m1", [7.0], [8.0]),
+]
+
+
+@pytest.mark.parametrize("vector, profile, fmt, block, expected", PROFILE_VECTORS)
+def test_profile_vectors(vector, profile, fmt, block, expected):
+    got = fake_quantize(np.array(block, dtype=np.float32), fmt, block_size=len(block), profile=profile)
+    np.testing.assert_array_equal(got, np.array(expected), err_msg=f"vector {vector}")
+
+
+def test_quark_ceil_misses_the_power_of_two_just_above_it():
+    # float32 log2(16.000002) rounds to 4.0, so Quark's ceil keeps E = 4 - 2 where the exact
+    # ceil rule (torchao CEIL, exponent bits) gives E = 3: 2.0 / 8 = 0.25 ties to 0.
+    x = np.array([16.000002, 2.0], dtype=np.float32)
+    assert fake_quantize(x, "fp4_e2m1", block_size=2, scale_rule="ceil").tolist() == [16.0, 0.0]
+    assert fake_quantize(x, "fp4_e2m1", block_size=2, profile="quark-ceil").tolist() == [16.0, 2.0]
