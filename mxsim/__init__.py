@@ -3,9 +3,13 @@
 __version__ = "0.1.0"
 
 from .formats import FORMATS, FormatInfo, custom_format, get_format
-from .quantize import PROFILES, MXTensor, QuantOptions, fake_quantize, quantize
+from .quantize import BFP_SPECS, PROFILES, BFPSpec, BFPTensor, MXTensor, QuantOptions, fake_quantize, quantize, quantize_bfp
 
 __all__ = [
+    "BFP_SPECS",
+    "BFPSpec",
+    "BFPTensor",
+    "quantize_bfp",
     "FORMATS",
     "PROFILES",
     "FormatInfo",
