@@ -161,7 +161,10 @@ def round_up(rounding, sign, odd, below_half, tie, inexact, fraction32, draw32):
 
 @njit(cache=True, inline="always")
 def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding, overflow, draw32):
-    """Code of the exact nonzero value (-1)^sign * significand * 2^lsb_exponent."""
+    """Code of the exact nonzero value (-1)^sign * significand * 2^lsb_exponent.
+
+    ``significand`` < 2^63; ``floor_log2`` is the exponent of its leading bit.
+    """
     exponent_bits = params[P_EXPONENT_BITS]
     mantissa_bits = params[P_MANTISSA_BITS]
     bias = params[P_BIAS]
@@ -187,7 +190,7 @@ def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding,
     fraction32 = np.int64(0)
     if shift <= 0:
         quotient = significand << (-shift)
-    elif shift > 62:
+    elif shift > 63:  # the whole significand (< 2^63) lies below half a quantum
         quotient = np.int64(0)
         inexact = True
         fraction32 = significand >> (shift - 32) if shift - 32 < 63 else np.int64(0)

@@ -135,7 +135,8 @@ def encode_reference(
     if isinstance(x, float) and math.isinf(x):
         if overflow == "saturate" or fmt.specials == "none":
             return assemble(max_magnitude)
-        return too_big() if fmt.specials == "nan_at_max" else assemble(((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits)
+        # An infinite input is exact, not an overflow: NaN where the format has no infinity.
+        return nan() if fmt.specials == "nan_at_max" else assemble(((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits)
     magnitude = abs(Fraction(x))
     if magnitude == 0:
         return 0 if (fmt.twos_complement or not fmt.signed) else assemble(0)

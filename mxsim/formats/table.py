@@ -68,9 +68,9 @@ class FormatInfo:
         if self.specials not in SPECIALS:
             raise UnknownNameError("specials encoding", self.specials, SPECIALS)
         width = self.exponent_bits + self.mantissa_bits + self.signed
-        if width != self.bits or self.bits < 2 or self.bits > 32:
+        if width != self.bits or self.bits < 2 or self.bits > 62:
             raise MxsimError(
-                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit must equal bits (2..32)"
+                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit must equal bits (2..62)"
             )
         if self.specials == "ieee" and (self.exponent_bits < 2 or self.mantissa_bits < 1):
             raise MxsimError(f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits")
@@ -126,7 +126,9 @@ class FormatInfo:
     @property
     def code_dtype(self) -> np.dtype:
         """Smallest unsigned dtype holding a code."""
-        return np.dtype(np.uint8 if self.bits <= 8 else np.uint16 if self.bits <= 16 else np.uint32)
+        return np.dtype(
+            np.uint8 if self.bits <= 8 else np.uint16 if self.bits <= 16 else np.uint32 if self.bits <= 32 else np.uint64
+        )
 
     @property
     def emax(self) -> int:

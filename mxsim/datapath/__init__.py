@@ -1,0 +1,16 @@
+"""The configurable MX dot-product datapath: hwconfig schema, kernels, reference twin, API."""
+
+from .config import DatapathParams, HardwareConfig, load_hwconfig, parse_hwconfig
+from .dot import MatmulResult, as_float, dot, explain, matmul
+
+__all__ = [
+    "DatapathParams",
+    "HardwareConfig",
+    "MatmulResult",
+    "as_float",
+    "dot",
+    "explain",
+    "load_hwconfig",
+    "matmul",
+    "parse_hwconfig",
+]

@@ -1,0 +1,442 @@
+"""Hardware configs: the YAML description of one MX dot-product unit, validated.
+
+This is the only module that reads YAML. Every key is declared once in :data:`SCHEMA`
+(type, default, accepted values, meaning); the loader, the dataclasses and
+``docs/hwconfig.md`` all follow that table. Errors name the file and the key path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..cycles.array import ArrayConfig, parse_array_config
+from ..errors import ConfigError
+from ..formats import get_format
+from ..formats.rounding import ROUNDING_MODES
+
+SCHEMA_VERSION = 1
+ELEMENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "fp16", "bf16", "fp32")
+WIDE_FORMATS = ("fp32", "fp16", "bf16")
+SCALE_APPLICATION = ("none", "products", "block_sum")
+BELOW_WINDOW = ("truncate", "floor", "nearest_even", "sticky")
+DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its type, default (``REQUIRED`` if none), accepted values, meaning."""
+
+    kind: str  # "int", "bool", "str", "format_list", "optional_int", "format"
+    default: Any
+    meaning: str
+    choices: tuple = ()
+    minimum: int | None = None
+    maximum: int | None = None
+
+
+REQUIRED = object()
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "inputs": {
+        "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS),
+        "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS),
+        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=4096),
+        "scales": Key(
+            "str", "products",
+            "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
+            "before alignment; 'block_sum' multiplies each tree's sum (trees must lie inside one block); "
+            "'none': the unit takes no scales (plain FP8 tensor cores)",
+            SCALE_APPLICATION,
+        ),
+        "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)"),
+    },
+    "multiplier": {
+        "product_fraction_bits": Key(
+            "optional_int", None,
+            "null: exact products; n: each product's significand truncated (toward zero) to 1+n bits",
+            minimum=0, maximum=52,
+        ),
+    },
+    "adder": {
+        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=4096),
+        "term_order": Key(
+            "order", None,
+            "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
+            "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first)",
+        ),
+        "accumulator_in_tree": Key(
+            "bool", True,
+            "true: the running accumulator joins the tree's alignment like one more term (its bits "
+            "below the window are lost); false: the tree sum is added to the accumulator exactly, "
+            "then rounded once",
+        ),
+        "align_reference": Key(
+            "str", "exponent_sum",
+            "the alignment reference R: 'exponent_sum' = max of ea+eb over the tree's nonzero products "
+            "(element exponents clamped to their format's emin, scale exponents added), as tensor cores "
+            "do; 'leading_bit' = max floor(log2|p|). The accumulator, when in the tree, counts with "
+            "floor(log2|acc|)",
+            ("exponent_sum", "leading_bit"),
+        ),
+        "align_fraction_bits": Key(
+            "optional_int", None,
+            "null: exact, no bits lost. n: terms are kept to multiples of 2^(R-n); what falls below "
+            "follows below_window (H100 FP8: 13)",
+            minimum=0, maximum=50,
+        ),
+        "below_window": Key(
+            "str", "truncate",
+            "bits below the window: 'truncate' (each term's magnitude toward zero, sign-magnitude), "
+            "'floor' (toward -inf, two's complement), 'nearest_even' (each term rounded to the window), "
+            "'sticky' (truncate, and jam a sticky bit one place below the window)",
+            BELOW_WINDOW,
+        ),
+        "sum_significant_bits": Key(
+            "optional_int", None,
+            "null: the tree sum goes straight to the accumulator rounding. n: the normalised tree sum "
+            "is first rounded to n significant bits with sum_rounding (H100 FP8: 14, toward zero)",
+            minimum=1, maximum=40,
+        ),
+        "sum_rounding": Key("str", "toward_zero", "rounding to sum_significant_bits", DIRECTED_AND_NEAREST),
+    },
+    "accumulator": {
+        "format": Key(
+            "format", "fp32",
+            "format each tree result is rounded into ('exact': a wide fixed-point that never rounds, "
+            "Kulisch; then only the output rounds)",
+            WIDE_FORMATS + ("exact",),
+        ),
+        "rounding": Key("str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST),
+        "subnormals": Key("bool", True, "false: subnormal accumulator values flush to zero (same sign)"),
+        "c_entry": Key(
+            "str", "initial",
+            "'initial': c (converted to the accumulator format with its rounding) is the accumulator's "
+            "first value; 'end': the accumulator starts at 0 and c, rounded to the accumulator format "
+            "(nearest even), is added after the last tree with c_add_rounding (B200, fp16 paths)",
+            ("initial", "end"),
+        ),
+        "c_add_rounding": Key("str", "nearest_even", "rounding of the final c add (c_entry: end)", DIRECTED_AND_NEAREST),
+        "promotion_interval": Key(
+            "optional_int", None,
+            "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
+            "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
+            "a multiple of fused_terms",
+            minimum=1,
+        ),
+    },
+    "output": {
+        "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS),
+        "rounding": Key("str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST),
+        "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)"),
+    },
+}
+TOP_LEVEL = {"mxsim_hwconfig", "name", "description", "overrides", "array", *SCHEMA}
+OVERRIDE_SELECTORS = ("a_format", "b_format", "out_format")
+
+
+@dataclass(frozen=True)
+class DatapathParams:
+    """The resolved parameters of one unit for one (A format, B format) pair.
+
+    Field names are ``section_key`` of :data:`SCHEMA`; see it for exact meanings.
+    """
+
+    a_format: str
+    b_format: str
+    block_size: int
+    scales: str
+    input_subnormals: bool
+    product_fraction_bits: int | None
+    fused_terms: int
+    term_order: tuple[int, ...] | None
+    accumulator_in_tree: bool
+    align_reference: str
+    align_fraction_bits: int | None
+    below_window: str
+    sum_significant_bits: int | None
+    sum_rounding: str
+    accumulator_format: str
+    accumulator_rounding: str
+    accumulator_subnormals: bool
+    c_entry: str
+    c_add_rounding: str
+    promotion_interval: int | None
+    output_format: str
+    output_rounding: str
+    output_subnormals: bool
+
+
+_PARAM_FIELD = {
+    ("inputs", "block_size"): "block_size",
+    ("inputs", "scales"): "scales",
+    ("inputs", "subnormals"): "input_subnormals",
+    ("multiplier", "product_fraction_bits"): "product_fraction_bits",
+    ("adder", "fused_terms"): "fused_terms",
+    ("adder", "term_order"): "term_order",
+    ("adder", "accumulator_in_tree"): "accumulator_in_tree",
+    ("adder", "align_reference"): "align_reference",
+    ("adder", "align_fraction_bits"): "align_fraction_bits",
+    ("adder", "below_window"): "below_window",
+    ("adder", "sum_significant_bits"): "sum_significant_bits",
+    ("adder", "sum_rounding"): "sum_rounding",
+    ("accumulator", "format"): "accumulator_format",
+    ("accumulator", "rounding"): "accumulator_rounding",
+    ("accumulator", "subnormals"): "accumulator_subnormals",
+    ("accumulator", "c_entry"): "c_entry",
+    ("accumulator", "c_add_rounding"): "c_add_rounding",
+    ("accumulator", "promotion_interval"): "promotion_interval",
+    ("output", "format"): "output_format",
+    ("output", "rounding"): "output_rounding",
+    ("output", "subnormals"): "output_subnormals",
+}
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """A validated hardware config: one dot-product unit (and optionally its array).
+
+    ``sections`` holds the base values of every schema key; ``overrides`` are
+    ``({selector: format}, {(section, key): value})`` pairs applied in order where every
+    selector (a_format, b_format, out_format) matches. :meth:`params` resolves them.
+    """
+
+    name: str
+    description: str
+    source: str
+    sections: dict
+    overrides: tuple
+    array: ArrayConfig | None
+    digest: str
+
+    @property
+    def a_formats(self) -> tuple[str, ...]:
+        return self.sections[("inputs", "a_formats")]
+
+    @property
+    def b_formats(self) -> tuple[str, ...]:
+        return self.sections[("inputs", "b_formats")]
+
+    def params(self, a_format: str, b_format: str, out_format: str | None = None) -> DatapathParams:
+        """The unit's parameters for A/B element formats and an output format (default: the config's)."""
+        a_name, b_name = get_format(a_format).name, get_format(b_format).name
+        out_name = self.sections[("output", "format")] if out_format is None else get_format(out_format).name
+        if out_name not in WIDE_FORMATS:
+            raise ConfigError(self.source, "output.format", f"output format {out_name!r} is not one of {', '.join(WIDE_FORMATS)}")
+        for operand, name, accepted in (("A", a_name, self.a_formats), ("B", b_name, self.b_formats)):
+            if name not in accepted:
+                raise ConfigError(
+                    self.source, f"inputs.{operand.lower()}_formats",
+                    f"operand {operand} format {name!r} is not supported by this unit; accepted: {', '.join(accepted)}",
+                )
+        values = dict(self.sections)
+        values[("output", "format")] = out_name
+        for selectors, changes in self.overrides:
+            chosen = {"a_format": a_name, "b_format": b_name, "out_format": out_name}
+            if all(chosen[key] == value for key, value in selectors.items()):
+                values.update(changes)
+        fields = {field: values[key] for key, field in _PARAM_FIELD.items()}
+        params = DatapathParams(a_format=a_name, b_format=b_name, **fields)
+        _check_consistency(params, self.source)
+        return params
+
+
+def _check_consistency(params: DatapathParams, source: str) -> None:
+    if params.scales == "block_sum":
+        if params.block_size % params.fused_terms:
+            raise ConfigError(
+                source, "adder.fused_terms",
+                f"scales: block_sum needs each tree inside one block: fused_terms ({params.fused_terms}) "
+                f"must divide block_size ({params.block_size})",
+            )
+        if params.accumulator_in_tree:
+            raise ConfigError(
+                source, "adder.accumulator_in_tree",
+                "scales: block_sum scales a tree's sum, so the accumulator cannot join the tree: set it to false",
+            )
+    if params.term_order is not None and len(params.term_order) % params.fused_terms:
+        raise ConfigError(source, "adder.term_order", f"its length must be a multiple of fused_terms ({params.fused_terms})")
+    if params.accumulator_format == "exact" and (
+        params.align_fraction_bits is not None or params.sum_significant_bits is not None
+    ):
+        raise ConfigError(
+            source, "accumulator.format",
+            "an exact accumulator needs exact trees: align_fraction_bits and sum_significant_bits null",
+        )
+    if params.align_fraction_bits is not None and params.align_fraction_bits + 3 + params.fused_terms.bit_length() > 62:
+        raise ConfigError(
+            source, "adder.align_fraction_bits",
+            f"{params.align_fraction_bits} fraction bits with {params.fused_terms} fused terms overflow a 62-bit "
+            "adder; use null for an exact tree",
+        )
+    if params.promotion_interval is not None:
+        if params.promotion_interval % params.fused_terms:
+            raise ConfigError(
+                source, "accumulator.promotion_interval",
+                f"must be a multiple of adder.fused_terms ({params.fused_terms}), got {params.promotion_interval}",
+            )
+        if params.accumulator_format == "exact":
+            raise ConfigError(source, "accumulator.promotion_interval", "needs a floating accumulator, not 'exact'")
+        if params.c_entry != "initial":
+            raise ConfigError(source, "accumulator.promotion_interval", "c starts the outer accumulator: c_entry must be 'initial'")
+
+
+def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
+    def fail(expected: str) -> ConfigError:
+        return ConfigError(source, path, f"expected {expected}, got {value!r}")
+
+    if key.kind == "bool":
+        if not isinstance(value, bool):
+            raise fail("true or false")
+        return value
+    if key.kind in ("int", "optional_int"):
+        if value is None and key.kind == "optional_int":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail("an integer" + (" or null" if key.kind == "optional_int" else ""))
+        if key.minimum is not None and value < key.minimum or key.maximum is not None and value > key.maximum:
+            upper = f"..{key.maximum}" if key.maximum is not None else " or more"
+            raise ConfigError(source, path, f"expected an integer {key.minimum}{upper}, got {value}")
+        return value
+    if key.kind in ("str", "format"):
+        if not isinstance(value, str) or value not in key.choices:
+            raise fail(f"one of {', '.join(key.choices)}")
+        return value
+    if key.kind == "order":
+        if value is None:
+            return None
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+            or sorted(value) != list(range(len(value)))
+        ):
+            raise fail("null or a permutation of 0..T-1 (a list of distinct integers)")
+        return tuple(value)
+    if key.kind == "format_list":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items:
+            raise fail(f"a list of formats from {', '.join(key.choices)}")
+        resolved = []
+        for index, item in enumerate(items):
+            name = get_format(item).name if isinstance(item, str) and _is_format(item) else None
+            if name not in key.choices:
+                raise ConfigError(source, f"{path}[{index}]", f"expected one of {', '.join(key.choices)}, got {item!r}")
+            resolved.append(name)
+        return tuple(resolved)
+    raise AssertionError(key.kind)
+
+
+def _is_format(name: str) -> bool:
+    try:
+        get_format(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _read_section(source: str, prefix: str, section: str, mapping: Any, partial: bool) -> dict:
+    keys = SCHEMA[section]
+    if mapping is None:
+        mapping = {}
+    if not isinstance(mapping, dict):
+        raise ConfigError(source, prefix + section, f"expected a mapping of keys ({', '.join(keys)})")
+    values = {}
+    for name, value in mapping.items():
+        if name not in keys:
+            raise ConfigError(source, f"{prefix}{section}.{name}", f"unknown key; accepted: {', '.join(keys)}")
+        values[(section, name)] = _check_value(source, f"{prefix}{section}.{name}", keys[name], value)
+    if not partial:
+        for name, key in keys.items():
+            if (section, name) not in values:
+                if key.default is REQUIRED:
+                    raise ConfigError(source, f"{section}.{name}", "required key is missing")
+                values[(section, name)] = key.default
+    return values
+
+
+def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
+    """Validate a parsed YAML mapping (``source`` names it in errors) into a HardwareConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, "", "expected a YAML mapping at the top level")
+    for name in data:
+        if name not in TOP_LEVEL:
+            raise ConfigError(source, str(name), f"unknown key; accepted: {', '.join(sorted(TOP_LEVEL))}")
+    version = data.get("mxsim_hwconfig", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ConfigError(source, "mxsim_hwconfig", f"unsupported schema version {version!r}; accepted: {SCHEMA_VERSION}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(source, "name", "expected a non-empty string")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(source, "description", "expected a string")
+    sections = {}
+    for section in SCHEMA:
+        sections.update(_read_section(source, "", section, data.get(section), partial=False))
+    overrides = []
+    raw_overrides = data.get("overrides", []) or []
+    if not isinstance(raw_overrides, list):
+        raise ConfigError(source, "overrides", "expected a list of {a_format?, b_format?, <section>: {...}} entries")
+    for index, entry in enumerate(raw_overrides):
+        prefix = f"overrides[{index}]."
+        if not isinstance(entry, dict):
+            raise ConfigError(source, f"overrides[{index}]", "expected a mapping")
+        selectors = {}
+        changes = {}
+        for key, value in entry.items():
+            if key in OVERRIDE_SELECTORS:
+                if not (isinstance(value, str) and _is_format(value)):
+                    raise ConfigError(source, prefix + key, f"expected a format name, got {value!r}")
+                selectors[key] = get_format(value).name
+            elif key in SCHEMA and key != "inputs":
+                changes.update(_read_section(source, prefix, key, value, partial=True))
+            else:
+                accepted = ", ".join(OVERRIDE_SELECTORS + tuple(s for s in SCHEMA if s != "inputs"))
+                raise ConfigError(source, prefix + str(key), f"unknown key; accepted: {accepted}")
+        overrides.append((selectors, changes))
+    array = parse_array_config(data["array"], source) if data.get("array") is not None else None
+    digest = hashlib.sha256(yaml.safe_dump(data, sort_keys=True).encode()).hexdigest()
+    config = HardwareConfig(name, description, source, sections, tuple(overrides), array, digest)
+    for a_format in config.a_formats:  # every supported combination must resolve consistently
+        for b_format in config.b_formats:
+            for out_format in WIDE_FORMATS:
+                config.params(a_format, b_format, out_format)
+    return config
+
+
+def load_hwconfig(path: str | Path) -> HardwareConfig:
+    """Read and validate a hardware-config YAML file; errors name the file and key path."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), "", "no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(str(path), "", f"not valid YAML: {error}") from None
+    return parse_hwconfig(data, str(path))
+
+
+def schema_markdown() -> str:
+    """The schema as Markdown tables (docs/hwconfig.md embeds this text verbatim)."""
+    lines = []
+    for section, keys in SCHEMA.items():
+        lines += [f"### `{section}`", "", "| key | type | default | accepted | meaning |", "|---|---|---|---|---|"]
+        for name, key in keys.items():
+            default = "required" if key.default is REQUIRED else ("null" if key.default is None else f"`{key.default}`")
+            if isinstance(key.default, bool):
+                default = f"`{str(key.default).lower()}`"
+            if key.choices:
+                accepted = ", ".join(f"`{c}`" for c in key.choices)
+            elif key.minimum is not None:
+                accepted = f"{key.minimum}..{key.maximum}" if key.maximum is not None else f">= {key.minimum}"
+            else:
+                accepted = "true, false" if key.kind == "bool" else ""
+            lines.append(f"| `{name}` | {key.kind} | {default} | {accepted} | {key.meaning} |")
+        lines.append("")
+    return "\n".join(lines)
+

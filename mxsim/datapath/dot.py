@@ -1,0 +1,249 @@
+"""Public datapath API: ``dot``, ``matmul``, ``explain`` and bit/float views of outputs."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MxsimError
+from ..formats import FormatInfo, get_format
+from ..formats.rounding import rounding_code
+from ..quantize import MXTensor, quantize
+from ..quantize._kernels import SCALE_NAN
+from . import _kernels as K
+from .config import DatapathParams, HardwareConfig, load_hwconfig
+from .reference import alignment_emin, dot_reference, sum_format
+
+_SCALES = {"none": K.SCALES_NONE, "products": K.SCALES_PRODUCTS, "block_sum": K.SCALES_BLOCK_SUM}
+_BELOW = {"truncate": K.BELOW_TRUNCATE, "floor": K.BELOW_FLOOR, "nearest_even": K.BELOW_NEAREST_EVEN, "sticky": K.BELOW_STICKY}
+
+
+def _as_config(hw) -> HardwareConfig:
+    if isinstance(hw, HardwareConfig):
+        return hw
+    if isinstance(hw, (str, Path)):
+        return load_hwconfig(hw)
+    raise MxsimError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
+
+
+@functools.lru_cache(maxsize=None)
+def _element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
+    values = fmt.decode(np.arange(1 << fmt.bits)).astype(np.float64)
+    if not subnormals:
+        tiny = (values != 0) & (np.abs(values) < fmt.min_normal)
+        values = np.where(tiny, np.copysign(0.0, values), values)
+    magnitude = np.abs(values)
+    usable = np.isfinite(magnitude) & (magnitude > 0)
+    exponents = np.full(values.shape, alignment_emin(fmt), dtype=np.int64)
+    exponents[usable] = np.maximum(np.frexp(magnitude[usable])[1] - 1, alignment_emin(fmt))
+    values.setflags(write=False)
+    exponents.setflags(write=False)
+    return values, exponents
+
+
+def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
+    cfg = np.zeros(K.N_CONFIG, dtype=np.int64)
+    cfg[K.C_BLOCK_SIZE] = params.block_size
+    cfg[K.C_SCALES] = _SCALES[params.scales]
+    cfg[K.C_FUSED_TERMS] = params.fused_terms
+    cfg[K.C_ORDER_LENGTH] = len(params.term_order) if params.term_order else 0
+    cfg[K.C_ACC_IN_TREE] = params.accumulator_in_tree
+    cfg[K.C_ALIGN_LEADING_BIT] = params.align_reference == "leading_bit"
+    cfg[K.C_FRACTION_BITS] = -1 if params.align_fraction_bits is None else params.align_fraction_bits
+    cfg[K.C_BELOW_WINDOW] = _BELOW[params.below_window]
+    cfg[K.C_SUM_BITS] = -1 if params.sum_significant_bits is None else params.sum_significant_bits
+    cfg[K.C_SUM_ROUNDING] = rounding_code(params.sum_rounding)
+    cfg[K.C_ACC_EXACT] = params.accumulator_format == "exact"
+    cfg[K.C_ACC_ROUNDING] = rounding_code(params.accumulator_rounding)
+    cfg[K.C_ACC_SUBNORMALS] = params.accumulator_subnormals
+    cfg[K.C_C_AT_END] = params.c_entry == "end"
+    cfg[K.C_C_ADD_ROUNDING] = rounding_code(params.c_add_rounding)
+    cfg[K.C_PROMOTION] = params.promotion_interval or 0
+    cfg[K.C_OUT_ROUNDING] = rounding_code(params.output_rounding)
+    cfg[K.C_OUT_SUBNORMALS] = params.output_subnormals
+    cfg[K.C_PRODUCT_BITS] = -1 if params.product_fraction_bits is None else params.product_fraction_bits
+    order = np.array(params.term_order or [0], dtype=np.int64)
+    fp32 = get_format("fp32")
+    acc = fp32 if params.accumulator_format == "exact" else get_format(params.accumulator_format)
+    sums = sum_format(params.sum_significant_bits or 24)
+    formats = (acc.kernel_params, sums.kernel_params, get_format(params.output_format).kernel_params, fp32.kernel_params)
+    return cfg, order, formats
+
+
+def _codes(array, name: str, fmt: FormatInfo) -> np.ndarray:
+    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
+        raise MxsimError(f"{name}: expected an integer numpy array of {fmt.name} codes")
+    if array.ndim != 2:
+        raise MxsimError(f"{name}: expected shape (n, K), got {array.shape}")
+    if array.size and (array.min() < 0 or array.max() >= (1 << fmt.bits)):
+        raise MxsimError(f"{name}: codes must lie in [0, {1 << fmt.bits}) for {fmt.name}")
+    return np.ascontiguousarray(array, dtype=np.uint8 if fmt.bits <= 8 else np.uint16)
+
+
+def _scale_exponents(scales, name: str, rows: int, blocks: int, params: DatapathParams) -> np.ndarray:
+    if params.scales == "none":
+        if scales is not None:
+            raise MxsimError(f"{name}: this unit takes no scales (inputs.scales: none)")
+        return np.zeros((rows, blocks), dtype=np.int64)
+    if scales is None:
+        return np.zeros((rows, blocks), dtype=np.int64)  # every scale 1.0 (code 127)
+    if not isinstance(scales, np.ndarray) or not np.issubdtype(scales.dtype, np.integer):
+        raise MxsimError(f"{name}: expected an integer numpy array of E8M0 codes")
+    if scales.shape != (rows, blocks):
+        raise MxsimError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
+    if scales.size and (scales.min() < 0 or scales.max() > 255):
+        raise MxsimError(f"{name}: E8M0 codes must lie in [0, 255]")
+    exponents = scales.astype(np.int64) - 127
+    return np.where(scales == 255, int(SCALE_NAN), exponents)
+
+
+def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
+    if c is None:
+        return np.zeros(shape, dtype=np.float64)
+    c = np.asarray(c)
+    if c.dtype != np.float32:
+        raise MxsimError(f"c: expected a float32 array (the fp32 accumulator input), got dtype {c.dtype}")
+    if c.shape != shape:
+        raise MxsimError(f"c: expected shape {shape}, got {c.shape}")
+    return c.astype(np.float64)
+
+
+def output_dtype(out_format: str) -> np.dtype:
+    """The unsigned dtype of output bit patterns: uint32 for fp32, uint16 for fp16/bf16."""
+    return get_format(out_format).code_dtype
+
+
+def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
+    """Output bit patterns as exact float64 values (fp16/bf16 widen exactly)."""
+    return get_format(out_format).decode(np.asarray(bits))
+
+
+def _kernel_arguments(params: DatapathParams):
+    a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
+    a_values, a_exponents = _element_tables(a_fmt, params.input_subnormals)
+    b_values, b_exponents = _element_tables(b_fmt, params.input_subnormals)
+    cfg, order, formats = _kernel_config(params)
+    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
+
+
+def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None) -> np.ndarray:
+    """Row-wise dot products through the unit ``hw``: out[i] = c[i] + sum_k a[i,k] b[i,k].
+
+    Args:
+        hw: a HardwareConfig or the path of a hwconfig YAML file.
+        a, b: (n, K) integer arrays of element codes of ``a_format`` / ``b_format``.
+        scale_a, scale_b: (n, ceil(K / block_size)) E8M0 codes (0xFF = NaN); None means
+            every scale is 1. Units with ``inputs.scales: none`` accept only None.
+        c: (n,) float32 accumulator inputs; None means +0.
+        out_format: fp32, fp16 or bf16; None: the config's ``output.format``.
+
+    Returns the output bit patterns: uint32 for fp32, uint16 for fp16/bf16 (see
+    :func:`as_float`). NaN results are the canonical quiet NaN.
+    """
+    params = _as_config(hw).params(a_format, b_format, out_format)
+    return dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c)
+
+
+def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None, c=None) -> np.ndarray:
+    """:func:`dot` for already-resolved parameters (what-if studies, tests)."""
+    a_fmt, b_fmt, kernel_args = _kernel_arguments(params)
+    a = _codes(a, "a", a_fmt)
+    b = _codes(b, "b", b_fmt)
+    if a.shape != b.shape:
+        raise MxsimError(f"a and b must have the same shape (n, K), got {a.shape} and {b.shape}")
+    rows, length = a.shape
+    blocks = -(-length // params.block_size)
+    exponents_a = _scale_exponents(scale_a, "scale_a", rows, blocks, params)
+    exponents_b = _scale_exponents(scale_b, "scale_b", rows, blocks, params)
+    c_values = _accumulator_inputs(c, (rows,))
+    out = np.empty(rows, dtype=output_dtype(params.output_format))
+    K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
+    return out
+
+
+@dataclass(frozen=True)
+class MatmulResult:
+    """Output bit patterns of a GEMM and their exact values."""
+
+    bits: np.ndarray
+    out_format: str
+
+    @property
+    def values(self) -> np.ndarray:
+        return as_float(self.bits, self.out_format)
+
+
+def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int) -> MXTensor:
+    if isinstance(x, MXTensor):
+        if x.block_size != block_size:
+            raise MxsimError(f"{name}: block size {x.block_size} differs from the unit's {block_size}")
+        if len(x.shape) != 2:
+            raise MxsimError(f"{name}: expected a 2-D MXTensor")
+        return x
+    fmt = fmt_name or default_formats[0]
+    x = np.asarray(x) if isinstance(x, (list, tuple)) else x
+    if not isinstance(x, np.ndarray) or x.ndim != 2:
+        raise MxsimError(f"{name}: expected a 2-D float array or an MXTensor")
+    return quantize(x, fmt, axis=axis, block_size=block_size)
+
+
+def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None) -> MatmulResult:
+    """C + A @ B through the unit ``hw``, every output bit exact.
+
+    ``A`` (M, K) and ``B`` (K, N) are MXTensors quantized along K (A on axis 1, B on axis 0)
+    with the unit's block size, or float arrays, which are quantized here with the OCP
+    profile into ``a_format``/``b_format`` (default: the config's first accepted format).
+    ``c`` is an (M, N) float32 accumulator input (None: +0). Memory stays near the operands'
+    codes plus the output.
+    """
+    config = _as_config(hw)
+    block_size = config.sections[("inputs", "block_size")]
+    tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, axis=1)
+    tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, axis=0)
+    if tensor_a.axis != 1 or tensor_b.axis != 0:
+        raise MxsimError("matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)")
+    if tensor_a.shape[1] != tensor_b.shape[0]:
+        raise MxsimError(f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}")
+    params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format)
+    _, _, kernel_args = _kernel_arguments(params)
+    rows, columns = tensor_a.shape[0], tensor_b.shape[1]
+    exponents_a = _tensor_scales(tensor_a, params)
+    exponents_b = _tensor_scales(tensor_b, params)
+    c_values = _accumulator_inputs(c, (rows, columns))
+    out = np.empty((rows, columns), dtype=output_dtype(params.output_format))
+    K.matmul_rows(tensor_a.codes, tensor_b.codes, exponents_a, exponents_b, c_values, *kernel_args, out)
+    return MatmulResult(out, params.output_format)
+
+
+def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
+    if params.scales == "none":
+        if (tensor.scales != 127).any():
+            raise MxsimError("this unit takes no scales (inputs.scales: none) but the operand's scales are not all 1")
+        return np.zeros(tensor.scales.shape, dtype=np.int64)
+    exponents = tensor.scales.astype(np.int64) - 127
+    return np.where(tensor.scales == 255, int(SCALE_NAN), exponents)
+
+
+def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None) -> dict:
+    """Every stage of one dot product (1-D codes ``a``, ``b``), from the reference twin.
+
+    Returns {"params": ..., "stages": [...], "value": float, "bits": int}; the bits equal
+    :func:`dot`'s for the same inputs.
+    """
+    config = _as_config(hw)
+    params = config.params(a_format, b_format, out_format)
+    a = np.asarray(a).reshape(-1).tolist()
+    b = np.asarray(b).reshape(-1).tolist()
+    stages: list[dict] = []
+    value = dot_reference(
+        params, a, b,
+        None if scale_a is None else np.asarray(scale_a).reshape(-1).tolist(),
+        None if scale_b is None else np.asarray(scale_b).reshape(-1).tolist(),
+        float(np.float32(c)), stages,
+    )
+    bits = int(get_format(params.output_format).encode(np.array([value]))[0])
+    return {"config": config.name, "params": params.__dict__, "stages": stages, "value": value, "bits": bits}
