@@ -19,6 +19,12 @@ from numba import njit, prange
 
 from ..formats._kernels import (
     P_BIAS,
+    P_EMAX,
+    P_EXPONENT_BITS,
+    P_MANTISSA_BITS,
+    round_up,
+    power_of_two,
+    scale_by_power_of_two,
     ROUND_NEAREST_EVEN,
     decode_code,
     decompose,
@@ -47,7 +53,11 @@ C_PROMOTION = 15  # 0: none
 C_OUT_ROUNDING = 16
 C_OUT_SUBNORMALS = 17
 C_PRODUCT_BITS = 18  # -1: exact products
-N_CONFIG = 19
+C_UNIFORM_TREES = 19  # 1: k order, one scale per tree, exponent-sum reference, exact products
+C_SUM_FITS_ACCUMULATOR = 20  # 1: sum_significant_bits <= the accumulator's precision
+C_ACC_MIN_EXPONENT = 21  # smallest normal exponent of the accumulator format
+C_ACC_MAX_EXPONENT = 22  # exponent of its largest finite value
+N_CONFIG = 23
 
 SCALES_NONE = 0
 SCALES_PRODUCTS = 1
@@ -71,7 +81,7 @@ def flush_subnormal(value, params, subnormals):
     """``value`` or, when subnormals are off and |value| is below the smallest normal, ±0."""
     if subnormals or value == 0.0 or not math.isfinite(value):
         return value
-    if abs(value) < math.ldexp(1.0, 1 - params[P_BIAS]):
+    if abs(value) < power_of_two(1 - params[P_BIAS]):
         return math.copysign(0.0, value)
     return value
 
@@ -107,6 +117,43 @@ def add_round(x, y, params, rounding, subnormals, limbs, bounds):
 
 
 @njit(cache=True, inline="always")
+def _bit_length(value):
+    """Number of bits of a positive int64 (its leading one's index + 1)."""
+    # float() may round up to the next power of two: correct with an integer comparison.
+    exponent = np.int64((np.float64(value).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF)) - 1022
+    if exponent > 0 and (np.int64(1) << (exponent - 1)) > value:
+        exponent -= 1
+    return exponent
+
+
+@njit(cache=True)
+def round_integer(total, lsb_exponent, params, rounding, subnormals):
+    """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""
+    if total == 0:
+        return 0.0
+    magnitude = abs(total)
+    bits = _bit_length(magnitude)
+    leading = lsb_exponent + bits - 1
+    precision = params[P_MANTISSA_BITS] + 1
+    if params[P_EXPONENT_BITS] > 0 and 1 - params[P_BIAS] <= leading < params[P_EMAX]:
+        # Normal range, no overflow possible: round the integer directly (the common case).
+        shift = bits - precision
+        if shift > 0:
+            quotient = magnitude >> shift
+            remainder = magnitude - (quotient << shift)
+            half = np.int64(1) << (shift - 1)
+            if round_up(rounding, 1 if total < 0 else 0, quotient & 1, remainder < half, remainder == half,
+                        remainder != 0, np.int64(0), np.int64(0)):
+                quotient += 1
+            magnitude = quotient
+            lsb_exponent += shift
+        value = scale_by_power_of_two(float(magnitude), lsb_exponent)
+        return -value if total < 0 else value
+    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, OVERFLOW_IEEE, 0)
+    return flush_subnormal(decode_code(code, params), params, subnormals)
+
+
+@njit(cache=True, inline="always")
 def truncate_significand(value, fraction_bits):
     """``value`` with its significand truncated toward zero to 1 + fraction_bits bits."""
     mantissa, exponent = math.frexp(value)
@@ -134,6 +181,8 @@ def dot_one(
     acc_rounding = cfg[C_ACC_ROUNDING]
     acc_subnormals = cfg[C_ACC_SUBNORMALS] != 0
     promotion = cfg[C_PROMOTION]
+    product_bits = cfg[C_PRODUCT_BITS]
+    align_leading_bit = cfg[C_ALIGN_LEADING_BIT] != 0
 
     special = 0.0  # running IEEE sum of every non-finite contribution
     if not math.isfinite(c_value):
@@ -154,45 +203,83 @@ def dot_one(
             acc = 0.0
 
     n_trees = (n_elements + fused_terms - 1) // fused_terms
+    uniform_trees = cfg[C_UNIFORM_TREES] != 0
     for tree in range(n_trees):
+        start = tree * fused_terms
+        stop = min(start + fused_terms, n_elements)
+        fast = False
         count = 0
         tree_scale = 0
-        for j in range(fused_terms):
-            position = tree * fused_terms + j
-            if position >= n_elements:
-                break
-            if order_length > 0:
-                k = (position // order_length) * order_length + order[position % order_length]
-            else:
-                k = position
-            code_a = a_codes[k]
-            code_b = b_codes[k]
-            product = a_values[code_a] * b_values[code_b]
-            exponent_sum = a_exponents[code_a] + b_exponents[code_b]
+        if uniform_trees:
+            # One pass, no branches per product: most trees take this path. Zero elements
+            # carry a very negative exponent so they never set the reference.
+            shift = 0
+            scale_ok = True
             if scales != SCALES_NONE:
-                block = k // block_size
-                scale_a = a_scales[block]
-                scale_b = b_scales[block]
-                if scale_a == SCALE_NAN or scale_b == SCALE_NAN:
-                    product = np.nan
-                elif scales == SCALES_PRODUCTS or fraction_bits < 0:
-                    product = math.ldexp(product, scale_a + scale_b)
-                    exponent_sum += scale_a + scale_b
+                scale_a = a_scales[start // block_size]
+                scale_b = b_scales[start // block_size]
+                scale_ok = scale_a != SCALE_NAN and scale_b != SCALE_NAN
+                shift = scale_a + scale_b
+            check = 0.0
+            for k in range(start, stop):
+                code_a = a_codes[k]
+                code_b = b_codes[k]
+                product = a_values[code_a] * b_values[code_b]
+                terms[count] = product
+                exponents[count] = a_exponents[code_a] + b_exponents[code_b]
+                check += product
+                count += 1
+            # Fall back for NaN/Inf, NaN scales, and all-zero or exactly cancelling trees (signs of zero).
+            fast = scale_ok and math.isfinite(check) and check != 0.0
+            if fast:
+                negative_zeros_only = False
+                if shift != 0:
+                    if scales == SCALES_BLOCK_SUM and fraction_bits >= 0:
+                        tree_scale = shift
+                    else:
+                        factor = power_of_two(shift)
+                        for i in range(count):
+                            terms[i] *= factor
+                            exponents[i] += shift
+        if not fast:  # any order, scales per element, specials, zeros: the general collection
+            count = 0
+            tree_scale = 0
+            for j in range(fused_terms):
+                position = tree * fused_terms + j
+                if position >= n_elements:
+                    break
+                if order_length > 0:
+                    k = (position // order_length) * order_length + order[position % order_length]
                 else:
-                    tree_scale = scale_a + scale_b
-            if not math.isfinite(product):
-                special += product
-                continue
-            if product == 0.0:
-                if math.copysign(1.0, product) > 0:
-                    negative_zeros_only = False
-                continue
-            negative_zeros_only = False
-            if cfg[C_PRODUCT_BITS] >= 0:
-                product = truncate_significand(product, cfg[C_PRODUCT_BITS])
-            terms[count] = product
-            exponents[count] = floor_log2(product) if cfg[C_ALIGN_LEADING_BIT] else exponent_sum
-            count += 1
+                    k = position
+                code_a = a_codes[k]
+                code_b = b_codes[k]
+                product = a_values[code_a] * b_values[code_b]
+                exponent_sum = a_exponents[code_a] + b_exponents[code_b]
+                if scales != SCALES_NONE:
+                    block = k // block_size
+                    scale_a = a_scales[block]
+                    scale_b = b_scales[block]
+                    if scale_a == SCALE_NAN or scale_b == SCALE_NAN:
+                        product = np.nan
+                    elif scales == SCALES_PRODUCTS or fraction_bits < 0:
+                        product = scale_by_power_of_two(product, scale_a + scale_b)
+                        exponent_sum += scale_a + scale_b
+                    else:
+                        tree_scale = scale_a + scale_b
+                if not math.isfinite(product):
+                    special += product
+                    continue
+                if product == 0.0:
+                    if math.copysign(1.0, product) > 0:
+                        negative_zeros_only = False
+                    continue
+                negative_zeros_only = False
+                if product_bits >= 0:
+                    product = truncate_significand(product, product_bits)
+                terms[count] = product
+                exponents[count] = floor_log2(product) if align_leading_bit else exponent_sum
+                count += 1
 
         if acc_exact:  # Kulisch: every product straight into the exact accumulator
             for i in range(count):
@@ -202,19 +289,22 @@ def dot_one(
             terms[count] = acc
             exponents[count] = floor_log2(acc)
             count += 1
-        limbs_clear(limbs, bounds)
-        if fraction_bits < 0:
-            for i in range(count):
-                limbs_add_float(limbs, bounds, terms[i])
-        elif count > 0:
+        # The tree sum as an int64 `total` times 2^lsb_exponent: through the window when the
+        # unit has one, else exactly when all terms fit 58 bits below the largest (nearly
+        # always); the rare wider exact sum goes through the limbs.
+        have_total = True
+        total = np.int64(0)
+        lsb_exponent = np.int64(0)
+        if count > 0:
             reference = exponents[0]
             for i in range(1, count):
                 reference = max(reference, exponents[i])
-            lsb_exponent = reference - fraction_bits
-            below = cfg[C_BELOW_WINDOW]
-            total = np.int64(0)
+            window_bits = fraction_bits if fraction_bits >= 0 else 58 - _bit_length(count)
+            lsb_exponent = reference - window_bits
+            factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
+            below = cfg[C_BELOW_WINDOW] if fraction_bits >= 0 else BELOW_TRUNCATE
             for i in range(count):
-                scaled = math.ldexp(terms[i], -lsb_exponent)  # exact: a power-of-two scaling
+                scaled = terms[i] * factor  # exact: a power-of-two scaling within float64's range
                 if below == BELOW_TRUNCATE:
                     kept = math.trunc(scaled)
                 elif below == BELOW_FLOOR:
@@ -225,17 +315,40 @@ def dot_one(
                     magnitude = abs(scaled)
                     whole = math.floor(magnitude)
                     kept = math.copysign(2.0 * whole + (1.0 if magnitude != whole else 0.0), scaled)
+                if fraction_bits < 0 and kept != scaled:
+                    have_total = False
+                    break
                 total += np.int64(kept)
             if below == BELOW_STICKY:
                 lsb_exponent -= 1
-            limbs_add_integer(limbs, bounds, total < 0, abs(total), lsb_exponent + tree_scale)
-        if cfg[C_SUM_BITS] > 0:
-            tree_sum = round_limbs(limbs, bounds, sum_params, cfg[C_SUM_ROUNDING], True)
+            lsb_exponent += tree_scale
+        if have_total and cfg[C_SUM_BITS] > 0:
+            tree_sum = round_integer(total, lsb_exponent, sum_params, cfg[C_SUM_ROUNDING], True)
+            if (acc_in_tree or acc == 0.0) and cfg[C_SUM_FITS_ACCUMULATOR] and tree_sum != 0.0 and (
+                cfg[C_ACC_MIN_EXPONENT] <= floor_log2(tree_sum) <= cfg[C_ACC_MAX_EXPONENT]
+            ):
+                acc = tree_sum  # already a value of the accumulator format: rounding is the identity
+            elif acc_in_tree or acc == 0.0:
+                acc = round_float(tree_sum, acc_params, acc_rounding, acc_subnormals)
+            else:
+                acc = add_round(acc, tree_sum, acc_params, acc_rounding, acc_subnormals, limbs, bounds)
+        elif have_total and (acc_in_tree or acc == 0.0):
+            acc = round_integer(total, lsb_exponent, acc_params, acc_rounding, acc_subnormals)
+        else:
             limbs_clear(limbs, bounds)
-            limbs_add_float(limbs, bounds, tree_sum)
-        if not acc_in_tree:
-            limbs_add_float(limbs, bounds, acc)
-        acc = round_limbs(limbs, bounds, acc_params, acc_rounding, acc_subnormals)
+            if have_total:
+                limbs_add_integer(limbs, bounds, total < 0, abs(total), lsb_exponent)
+            else:
+                for i in range(count):
+                    limbs_add_float(limbs, bounds, terms[i])
+            if cfg[C_SUM_BITS] > 0:
+                tree_sum = round_limbs(limbs, bounds, sum_params, cfg[C_SUM_ROUNDING], True)
+                limbs_clear(limbs, bounds)
+                limbs_add_float(limbs, bounds, tree_sum)
+            if not acc_in_tree:
+                limbs_add_float(limbs, bounds, acc)
+            acc = round_limbs(limbs, bounds, acc_params, acc_rounding, acc_subnormals)
+            limbs_clear(limbs, bounds)
         if not math.isfinite(acc):  # overflow in the accumulator
             special += acc
             acc = 0.0
@@ -286,17 +399,19 @@ def dot_pairs(
     """out[i] = output code of the dot product of row i of A with row i of B."""
     n_rows = a_codes.shape[0]
     width = cfg[C_FUSED_TERMS] + 1
-    for i in prange(n_rows):
+    n_chunks = min(n_rows, 256)
+    for chunk in prange(n_chunks):  # scratch buffers once per chunk, not per row
         limbs, bounds = _thread_limbs()
         terms = np.empty(width, dtype=np.float64)
         exponents = np.empty(width, dtype=np.int64)
-        value = dot_one(
-            a_codes[i], b_codes[i], a_scales[i], b_scales[i], c_values[i],
-            a_values, a_exponents, b_values, b_exponents,
-            cfg, order, acc_params, sum_params, out_params, fp32_params,
-            limbs, bounds, terms, exponents,
-        )
-        out[i] = _output_code(value, out_params)
+        for i in range(chunk * n_rows // n_chunks, (chunk + 1) * n_rows // n_chunks):
+            value = dot_one(
+                a_codes[i], b_codes[i], a_scales[i], b_scales[i], c_values[i],
+                a_values, a_exponents, b_values, b_exponents,
+                cfg, order, acc_params, sum_params, out_params, fp32_params,
+                limbs, bounds, terms, exponents,
+            )
+            out[i] = _output_code(value, out_params)
 
 
 @njit(cache=True, parallel=True)

@@ -17,6 +17,7 @@ from . import _kernels as K
 from .config import DatapathParams, HardwareConfig, load_hwconfig
 from .reference import alignment_emin, dot_reference, sum_format
 
+ZERO_EXPONENT = -(1 << 40)
 _SCALES = {"none": K.SCALES_NONE, "products": K.SCALES_PRODUCTS, "block_sum": K.SCALES_BLOCK_SUM}
 _BELOW = {"truncate": K.BELOW_TRUNCATE, "floor": K.BELOW_FLOOR, "nearest_even": K.BELOW_NEAREST_EVEN, "sticky": K.BELOW_STICKY}
 
@@ -38,7 +39,8 @@ def _element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.n
         values = np.where(tiny, np.copysign(0.0, values), values)
     magnitude = np.abs(values)
     usable = np.isfinite(magnitude) & (magnitude > 0)
-    exponents = np.full(values.shape, alignment_emin(fmt), dtype=np.int64)
+    # Zeros get a very negative exponent: they must never set a tree's alignment reference.
+    exponents = np.full(values.shape, ZERO_EXPONENT, dtype=np.int64)
     exponents[usable] = np.maximum(np.frexp(magnitude[usable])[1] - 1, alignment_emin(fmt))
     values.setflags(write=False)
     exponents.setflags(write=False)
@@ -69,6 +71,15 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
     order = np.array(params.term_order or [0], dtype=np.int64)
     fp32 = get_format("fp32")
     acc = fp32 if params.accumulator_format == "exact" else get_format(params.accumulator_format)
+    cfg[K.C_UNIFORM_TREES] = (
+        params.term_order is None
+        and (params.scales == "none" or params.block_size % params.fused_terms == 0)
+        and params.align_reference == "exponent_sum"
+        and params.product_fraction_bits is None
+    )
+    cfg[K.C_SUM_FITS_ACCUMULATOR] = (params.sum_significant_bits or 99) <= acc.mantissa_bits + 1
+    cfg[K.C_ACC_MIN_EXPONENT] = 1 - acc.bias
+    cfg[K.C_ACC_MAX_EXPONENT] = acc.emax
     sums = sum_format(params.sum_significant_bits or 24)
     formats = (acc.kernel_params, sums.kernel_params, get_format(params.output_format).kernel_params, fp32.kernel_params)
     return cfg, order, formats

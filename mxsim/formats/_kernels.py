@@ -54,6 +54,20 @@ CLASS_NAN = 3
 
 
 @njit(cache=True, inline="always")
+def power_of_two(exponent):
+    """2^exponent as a float64 built from its bits (exponent in -1022..1023; faster than ldexp)."""
+    return np.uint64((exponent + 1023) << 52).view(np.float64)
+
+
+@njit(cache=True, inline="always")
+def scale_by_power_of_two(value, exponent):
+    """value * 2^exponent, exact when the result is a normal float64 (ldexp for the rest)."""
+    if -1022 <= exponent <= 1023:
+        return value * power_of_two(exponent)
+    return math.ldexp(value, exponent)
+
+
+@njit(cache=True, inline="always")
 def random32(seed, index):
     """32 uniform bits from (seed, index): SplitMix64 finaliser, counter-based."""
     z = np.uint64(seed) + np.uint64(index) * np.uint64(0x9E3779B97F4A7C15)
@@ -264,11 +278,11 @@ def decode_code(code, params):
     if params[P_SPECIALS] == SPECIALS_NAN_AT_MAX and magnitude_index == (np.int64(1) << (bits - params[P_SIGNED])) - 1:
         return np.nan
     if exponent_bits == 0 or (params[P_SUBNORMALS] and magnitude_index <= mantissa_mask):
-        magnitude = math.ldexp(float(magnitude_index), 1 - bias - mantissa_bits)
+        magnitude = scale_by_power_of_two(float(magnitude_index), 1 - bias - mantissa_bits)
     else:
         exponent_field = magnitude_index >> mantissa_bits
         significand = (magnitude_index & mantissa_mask) | (np.int64(1) << mantissa_bits)
-        magnitude = math.ldexp(float(significand), int(exponent_field - bias - mantissa_bits))
+        magnitude = scale_by_power_of_two(float(significand), exponent_field - bias - mantissa_bits)
     return -magnitude if sign else magnitude
 
 
