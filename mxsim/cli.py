@@ -110,6 +110,156 @@ def cmd_quantize(args) -> int:
     return 0
 
 
+def _number_list(text: str, what: str) -> list[float]:
+    try:
+        return [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise MxsimError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+
+
+def _code_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(item, 0) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise MxsimError(f"{what}: expected comma-separated integer codes (0x.. allowed), got {text!r}") from None
+
+
+def _operand_codes(values: str | None, codes: str | None, fmt_name: str, operand: str) -> np.ndarray:
+    fmt = get_format(fmt_name)
+    if (values is None) == (codes is None):
+        raise MxsimError(f"give exactly one of --{operand} (values) or --{operand}-codes")
+    if codes is not None:
+        return np.array([_code_list(codes, f"--{operand}-codes")], dtype=np.int64)
+    numbers = np.array([_number_list(values, f"--{operand}")], dtype=np.float64)
+    encoded = fmt.encode(numbers, overflow="inf_nan" if fmt.has_nan else "saturate")
+    exact = fmt.decode(encoded)
+    inexact = ~((exact == numbers) | (np.isnan(exact) & np.isnan(numbers)))
+    if inexact.any():
+        first = int(np.flatnonzero(inexact[0])[0])
+        raise MxsimError(
+            f"--{operand}: {float(numbers[0, first])!r} is not a {fmt.name} value (nearest: {float(exact[0, first])!r}); "
+            f"give exact values or --{operand}-codes"
+        )
+    return encoded.astype(np.int64)
+
+
+def _describe_stage(stage: dict) -> str:
+    kind = stage["stage"]
+    rest = ", ".join(f"{key}={value}" for key, value in stage.items() if key != "stage")
+    return f"  {kind:18s} {rest}"
+
+
+def cmd_dot(args) -> int:
+    from .datapath import as_float, dot, explain, load_hwconfig
+
+    hw = load_hwconfig(args.hw)
+    a = _operand_codes(args.a, args.a_codes, args.a_format, "a")
+    b = _operand_codes(args.b, args.b_codes, args.b_format, "b")
+    scale_a = None if args.scale_a is None else np.array([_code_list(args.scale_a, "--scale-a")], dtype=np.int64)
+    scale_b = None if args.scale_b is None else np.array([_code_list(args.scale_b, "--scale-b")], dtype=np.int64)
+    c = np.array([args.c], dtype=np.float32)
+    bits = dot(hw, a, b, a_format=args.a_format, b_format=args.b_format, scale_a=scale_a, scale_b=scale_b,
+               c=c, out_format=args.out_format)
+    out_format = args.out_format or hw.sections[("output", "format")]
+    value = float(as_float(bits, out_format)[0])
+    width = get_format(out_format).bits // 4
+    result = {"hw": hw.name, "out_format": out_format, "bits": f"0x{int(bits[0]):0{width}x}", "value": value}
+    if args.explain:
+        report = explain(hw, a[0], b[0], a_format=args.a_format, b_format=args.b_format,
+                         scale_a=None if scale_a is None else scale_a[0], scale_b=None if scale_b is None else scale_b[0],
+                         c=args.c, out_format=args.out_format)
+        result["stages"] = report["stages"]
+        result["params"] = report["params"]
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    if args.explain:
+        print(f"{hw.name}: {args.a_format} x {args.b_format} -> {out_format}")
+        for stage in result["stages"]:
+            print(_describe_stage(stage))
+    print(f"{result['bits']} = {value!r}")
+    return 0
+
+
+def _hwconfigs(paths: list[str]):
+    from .datapath import load_hwconfig
+
+    return [load_hwconfig(path) for path in paths]
+
+
+def _write_json_atomically(path: str, data) -> None:
+    target = Path(path)
+    temporary = target.with_name(target.name + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, default=_json_default))
+    temporary.replace(target)
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def cmd_replay(args) -> int:
+    from .trace import load_trace
+    from .trace.replay import format_report, replay, write_histograms
+
+    trace = load_trace(args.trace)
+    units = _hwconfigs(args.hw)
+    report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty())
+    if args.plots:
+        report["plots"] = write_histograms(report, args.plots)
+    report.pop("_results")
+    if args.json:
+        _write_json_atomically(args.json, report)
+    print(format_report(report))
+    if args.json:
+        print(f"JSON report: {args.json}")
+    return 0
+
+
+def cmd_cycles(args) -> int:
+    from .cycles import estimate_layers, format_table, read_scalesim_topology, storage_for_format
+    from .cycles.layers import GemmLayer
+    from .datapath import load_hwconfig
+
+    hw = load_hwconfig(args.hw)
+    if hw.array is None:
+        raise MxsimError(f"{args.hw}: the config has no 'array:' section (see docs/cycles.md)")
+    source = Path(args.source)
+    a_format = args.a_format or hw.a_formats[0]
+    b_format = args.b_format or hw.b_formats[0]
+    if source.is_dir():
+        from .trace import gemm_shape, load_trace
+
+        trace = load_trace(source)
+        layers = []
+        for layer in trace.layers:
+            shape = gemm_shape(layer)
+            layers.append(GemmLayer(layer.name, shape.m, shape.n * shape.groups, shape.k))
+    else:
+        layers = read_scalesim_topology(source)
+    estimate = estimate_layers(hw.array, layers, storage_for_format(a_format), storage_for_format(b_format),
+                               storage_for_format(hw.sections[("output", "format")]))
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2, default=_json_default))
+    else:
+        print(format_table(estimate))
+    return 0
+
+
+def cmd_capture_onnx(args) -> int:
+    from .trace import save_trace
+    from .trace.onnx_import import capture_onnx, load_inputs_npz
+
+    trace = capture_onnx(args.model, load_inputs_npz(args.inputs), name=args.name, bfp_kernel=args.bfp_kernel)
+    save_trace(trace, args.out, overwrite=args.force)
+    print(f"captured {len(trace.layers)} layers from {args.model} into {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mxsim", description="Bit-accurate MX datapath emulator")
     parser.add_argument("--version", action="version", version=f"mxsim {__version__}")
@@ -128,6 +278,50 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("--block-size", type=int, default=32)
     quantize.add_argument("--json", action="store_true", help="print JSON")
     quantize.set_defaults(run=cmd_quantize)
+
+    dot = sub.add_parser("dot", help="one dot product through a hardware config, optionally stage by stage")
+    dot.add_argument("--hw", required=True, help="hardware config YAML")
+    dot.add_argument("--a-format", required=True)
+    dot.add_argument("--b-format", required=True)
+    dot.add_argument("--a", help="A's elements as comma-separated values (must be exact in the format)")
+    dot.add_argument("--b", help="B's elements as comma-separated values")
+    dot.add_argument("--a-codes", help="A's elements as comma-separated codes (0x.. allowed)")
+    dot.add_argument("--b-codes", help="B's elements as codes")
+    dot.add_argument("--scale-a", help="E8M0 scale codes of A's blocks (default: all 127, scale 1)")
+    dot.add_argument("--scale-b", help="E8M0 scale codes of B's blocks")
+    dot.add_argument("--c", type=float, default=0.0, help="fp32 accumulator input (default 0)")
+    dot.add_argument("--out-format", choices=["fp32", "fp16", "bf16"], help="default: the config's")
+    dot.add_argument("--explain", action="store_true", help="print every stage: products, alignment, sums, roundings")
+    dot.add_argument("--json", action="store_true", help="print JSON")
+    dot.set_defaults(run=cmd_dot)
+
+    replay = sub.add_parser("replay", help="replay a trace's layers through hardware configs")
+    replay.add_argument("trace", help="trace directory (see docs/trace-format.md)")
+    replay.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
+    replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy")
+    replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
+    replay.add_argument("--plots", metavar="DIR", help="write PNG error histograms (needs matplotlib)")
+    replay.add_argument("--quiet", action="store_true", help="no progress bar")
+    replay.set_defaults(run=cmd_replay)
+
+    cycles = sub.add_parser("cycles", help="MX-aware cycle estimates of a trace or a SCALE-Sim topology CSV")
+    cycles.add_argument("source", help="trace directory or SCALE-Sim topology .csv")
+    cycles.add_argument("--hw", required=True, help="hardware config YAML with an 'array:' section")
+    cycles.add_argument("--a-format", help="operand A storage format (default: the config's first)")
+    cycles.add_argument("--b-format", help="operand B storage format")
+    cycles.add_argument("--json", action="store_true", help="print JSON")
+    cycles.set_defaults(run=cmd_cycles)
+
+    capture = sub.add_parser("capture", help="capture a trace from a model")
+    capture_sub = capture.add_subparsers(dest="source_kind", required=True)
+    onnx = capture_sub.add_parser("onnx", help="an ONNX model (float, QDQ, or Quark-quantized); needs mxsim[onnx]")
+    onnx.add_argument("model", help="model .onnx file")
+    onnx.add_argument("--inputs", required=True, help=".npz of the model's input tensors by name")
+    onnx.add_argument("--out", required=True, help="trace directory to write")
+    onnx.add_argument("--name", help="trace name (default: the model file's stem)")
+    onnx.add_argument("--bfp-kernel", choices=["cpu", "cuda"], default="cpu", help="Quark BFP kernel semantics")
+    onnx.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
+    onnx.set_defaults(run=cmd_capture_onnx)
     return parser
 
 

@@ -1,0 +1,47 @@
+"""Traces: what each matmul/conv layer of a real model sees, captured for replay.
+
+* :mod:`.format` — the on-disk format (YAML manifest + NPZ), :class:`Trace`, :class:`Layer`,
+  :func:`load_trace`, :func:`save_trace`.
+* :mod:`.quant` — per-operand quantization specs (:class:`MXQuant`, :class:`BFPQuant`,
+  :class:`QDQQuant`).
+* :mod:`.conv`, :mod:`.lowering` — conv2d geometry, im2col and the GEMM view replay uses.
+* :mod:`.network` — running a sequential network recipe end to end.
+* :mod:`.capture_torch` (``from mxsim.trace.capture_torch import capture_torch``, needs
+  ``mxsim[torch]``) and :mod:`.onnx_import` (``from mxsim.trace.onnx_import import
+  capture_onnx``, needs ``mxsim[onnx]``): not imported here, so ``import mxsim.trace`` never
+  needs torch or onnx.
+"""
+
+from .conv import Conv2dGeometry, conv2d_direct, conv2d_im2col, im2col
+from .format import FORMAT_VERSION, Layer, Network, Trace, load_trace, save_trace
+from .lowering import GemmShape, gemm_axis, gemm_reference, gemm_shape, lift_output, lower_input, lower_weight
+from .network import accuracy, float_layer, layer_with_input, run_network
+from .quant import BFPQuant, MXQuant, QDQQuant
+
+__all__ = [
+    "FORMAT_VERSION",
+    "BFPQuant",
+    "Conv2dGeometry",
+    "GemmShape",
+    "Layer",
+    "MXQuant",
+    "Network",
+    "QDQQuant",
+    "Trace",
+    "accuracy",
+    "conv2d_direct",
+    "conv2d_im2col",
+    "float_layer",
+    "gemm_axis",
+    "gemm_reference",
+    "gemm_shape",
+    "im2col",
+    "layer_with_input",
+    "lift_output",
+    "load_trace",
+    "lower_input",
+    "lower_weight",
+    "run_network",
+    "save_trace",
+]
+

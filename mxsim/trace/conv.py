@@ -1,0 +1,270 @@
+"""2-D convolution geometry, its im2col lowering to GEMM, and an independent direct convolution.
+
+Conventions (the trace's ``conv2d`` layer, PyTorch/ONNX semantics, cross-correlation):
+
+* input ``x``: (N, C, H, W); weight ``w``: (O, C/groups, kh, kw); output (N, O, Ho, Wo).
+* ``stride`` (sh, sw), ``dilation`` (dh, dw): positive ints.
+* ``padding`` ((top, bottom), (left, right)): zeros added before/after each spatial axis
+  (np.pad order, asymmetric allowed, as ONNX ``pads``).
+* ``groups`` g divides C and O; output channel o reads input channels
+  ``(o // (O/g)) * (C/g) + c`` for c in range(C/g).
+* ``Ho = (H + top + bottom - dh*(kh-1) - 1) // sh + 1`` (floor), likewise ``Wo``; both >= 1.
+
+Output element:
+``out[n, o, y, x] = sum_{c, i, j} w[o, c, i, j] * xpad[n, g(o)*C/g + c, y*sh + i*dh, x*sw + j*dw]``.
+
+:func:`im2col` and :func:`conv2d_im2col` implement this by lowering to GEMMs (see
+:mod:`mxsim.trace.lowering` for the (G, M, K) / (G, N, K) layout); :func:`conv2d_direct` is
+written separately from them — explicit loops over output positions and filter taps with
+bounds checks instead of a padded copy — so that tests can check one against the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MxsimError
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value, value)
+    try:
+        first, second = value
+    except (TypeError, ValueError):
+        raise MxsimError(f"conv2d: {name} must be an int or a pair of ints, got {value!r}") from None
+    for item in (first, second):
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+            raise MxsimError(f"conv2d: {name} must hold ints, got {value!r}")
+    return int(first), int(second)
+
+
+def normalize_padding(padding) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Padding as ((top, bottom), (left, right)).
+
+    Accepts an int p (all sides), a pair (ph, pw) (symmetric, PyTorch), a 4-sequence
+    (top, left, bottom, right) (ONNX ``pads`` order) or a pair of pairs (np.pad order).
+    """
+    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+        p = int(padding)
+        result = ((p, p), (p, p))
+    else:
+        items = list(padding)
+        if len(items) == 4 and all(isinstance(v, (int, np.integer)) for v in items):
+            top, left, bottom, right = (int(v) for v in items)
+            result = ((top, bottom), (left, right))
+        elif len(items) == 2 and all(isinstance(v, (int, np.integer)) for v in items):
+            ph, pw = (int(v) for v in items)
+            result = ((ph, ph), (pw, pw))
+        elif len(items) == 2:
+            result = (_pair(items[0], "padding"), _pair(items[1], "padding"))
+        else:
+            raise MxsimError(f"conv2d: cannot read padding {padding!r}")
+    if any(v < 0 for pair in result for v in pair):
+        raise MxsimError(f"conv2d: padding must be non-negative, got {result}")
+    return result
+
+
+@dataclass(frozen=True)
+class Conv2dGeometry:
+    """Shapes and hyper-parameters of one 2-D convolution (validated on creation)."""
+
+    batch: int
+    in_channels: int
+    height: int
+    width: int
+    out_channels: int
+    kernel_height: int
+    kernel_width: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    def __post_init__(self):
+        for name in ("batch", "in_channels", "height", "width", "out_channels", "kernel_height",
+                     "kernel_width", "groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise MxsimError(f"conv2d: {name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "stride", _pair(self.stride, "stride"))
+        object.__setattr__(self, "dilation", _pair(self.dilation, "dilation"))
+        object.__setattr__(self, "padding", normalize_padding(self.padding))
+        if min(self.stride) < 1 or min(self.dilation) < 1:
+            raise MxsimError(f"conv2d: stride and dilation must be >= 1, got {self.stride}, {self.dilation}")
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise MxsimError(
+                f"conv2d: groups {self.groups} must divide in_channels {self.in_channels} "
+                f"and out_channels {self.out_channels}")
+        if self.out_height < 1 or self.out_width < 1:
+            raise MxsimError(
+                f"conv2d: the dilated kernel ({self.kernel_height}x{self.kernel_width}, dilation "
+                f"{self.dilation}) does not fit the padded input ({self.height}x{self.width}, "
+                f"padding {self.padding})")
+
+    @classmethod
+    def from_shapes(cls, input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
+        """Geometry from an input (N, C, H, W) and a weight (O, C/groups, kh, kw) shape."""
+        if len(input_shape) != 4 or len(weight_shape) != 4:
+            raise MxsimError(
+                f"conv2d: input and weight must be 4-d, got {tuple(input_shape)} and {tuple(weight_shape)}")
+        n, c, h, w = (int(v) for v in input_shape)
+        o, cg, kh, kw = (int(v) for v in weight_shape)
+        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+            raise MxsimError(f"conv2d: groups must be a positive int, got {groups!r}")
+        if cg * groups != c:
+            raise MxsimError(
+                f"conv2d: weight has {cg} input channels per group x {groups} groups, "
+                f"but the input has {c} channels")
+        return cls(n, c, h, w, o, kh, kw, stride, padding, dilation, int(groups))
+
+    @property
+    def out_height(self) -> int:
+        (top, bottom), _ = self.padding
+        span = self.dilation[0] * (self.kernel_height - 1) + 1
+        return (self.height + top + bottom - span) // self.stride[0] + 1
+
+    @property
+    def out_width(self) -> int:
+        _, (left, right) = self.padding
+        span = self.dilation[1] * (self.kernel_width - 1) + 1
+        return (self.width + left + right - span) // self.stride[1] + 1
+
+    @property
+    def channels_per_group(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def filters_per_group(self) -> int:
+        return self.out_channels // self.groups
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.out_channels, self.out_height, self.out_width)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.in_channels, self.height, self.width)
+
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        return (self.out_channels, self.channels_per_group, self.kernel_height, self.kernel_width)
+
+    @property
+    def gemm_m(self) -> int:
+        """GEMM rows: one per output pixel, N * Ho * Wo."""
+        return self.batch * self.out_height * self.out_width
+
+    @property
+    def gemm_k(self) -> int:
+        """GEMM reduction length per group: kh * kw * C/groups."""
+        return self.kernel_height * self.kernel_width * self.channels_per_group
+
+
+def _check_array(x: np.ndarray, shape: tuple, what: str) -> None:
+    if not isinstance(x, np.ndarray):
+        raise MxsimError(f"conv2d: {what} must be a numpy array, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise MxsimError(f"conv2d: {what} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+
+
+def im2col(x: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
+    """Lower the input to per-group patch matrices A of shape (groups, N*Ho*Wo, kh*kw*C/groups).
+
+    Row index ``m = (n*Ho + y)*Wo + x_out``; column index ``k = (i*kw + j)*(C/groups) + c``
+    (filter tap outer, channel within the group inner: each tap contributes one contiguous
+    run of C/groups channels). ``A[g, m, k] = xpad[n, g*C/groups + c, y*sh + i*dh, x*sw + j*dw]``
+    where ``xpad`` is ``x`` zero-padded by ``geometry.padding``. Values are copied, never
+    rounded; the dtype is ``x``'s.
+    """
+    gm = geometry
+    _check_array(x, gm.input_shape, "input")
+    (top, bottom), (left, right) = gm.padding
+    padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    sh, sw = gm.stride
+    dh, dw = gm.dilation
+    ho, wo = gm.out_height, gm.out_width
+    taps = []
+    for i in range(gm.kernel_height):
+        for j in range(gm.kernel_width):
+            row0, col0 = i * dh, j * dw
+            # (N, C, Ho, Wo): the input pixel this tap reads for every output pixel
+            taps.append(padded[:, :, row0:row0 + sh * (ho - 1) + 1:sh, col0:col0 + sw * (wo - 1) + 1:sw])
+    stacked = np.stack(taps, axis=0)  # (T, N, C, Ho, Wo)
+    t = len(taps)
+    cg = gm.channels_per_group
+    grouped = stacked.reshape(t, gm.batch, gm.groups, cg, ho, wo)
+    # -> (G, N, Ho, Wo, T, Cg): rows (n, y, x), columns (tap, channel)
+    lowered = grouped.transpose(2, 1, 4, 5, 0, 3)
+    return np.ascontiguousarray(lowered).reshape(gm.groups, gm.gemm_m, gm.gemm_k)
+
+
+def weight_matrix(w: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
+    """The weight as per-group matrices B of shape (groups, O/groups, kh*kw*C/groups).
+
+    ``B[g, f, (i*kw + j)*(C/groups) + c] = w[g*O/groups + f, c, i, j]``: the same column
+    order as :func:`im2col`, so ``A[g] @ B[g].T`` is group g's output.
+    """
+    gm = geometry
+    _check_array(w, gm.weight_shape, "weight")
+    per_group = w.reshape(gm.groups, gm.filters_per_group, gm.channels_per_group, gm.kernel_height, gm.kernel_width)
+    return np.ascontiguousarray(per_group.transpose(0, 1, 3, 4, 2)).reshape(gm.groups, gm.filters_per_group, gm.gemm_k)
+
+
+def col2im_output(c: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
+    """GEMM results (groups, N*Ho*Wo, O/groups) back to the output layout (N, O, Ho, Wo)."""
+    gm = geometry
+    _check_array(c, (gm.groups, gm.gemm_m, gm.filters_per_group), "GEMM result")
+    per_pixel = c.reshape(gm.groups, gm.batch, gm.out_height, gm.out_width, gm.filters_per_group)
+    # (G, N, Ho, Wo, F) -> (N, G, F, Ho, Wo); channel o = g*F + f
+    return np.ascontiguousarray(per_pixel.transpose(1, 0, 4, 2, 3)).reshape(gm.output_shape)
+
+
+def conv2d_im2col(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometry: Conv2dGeometry,
+                  dtype=np.float64) -> np.ndarray:
+    """Convolution through the GEMM lowering, accumulated in ``dtype`` (float64 by default)."""
+    a = im2col(x, geometry).astype(dtype, copy=False)
+    b = weight_matrix(w, geometry).astype(dtype, copy=False)
+    out = col2im_output(np.matmul(a, b.transpose(0, 2, 1)), geometry)
+    if bias is not None:
+        _check_array(bias, (geometry.out_channels,), "bias")
+        out = out + bias.astype(dtype).reshape(1, -1, 1, 1)
+    return out
+
+
+def conv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometry: Conv2dGeometry,
+                  dtype=np.float64) -> np.ndarray:
+    """Direct convolution from the definition, independent of :func:`im2col`.
+
+    Loops over output rows/columns and filter taps; an input position outside the image
+    (padding) is skipped, never materialised. Per (position, tap) the channel reduction of
+    each group is one ``np.einsum`` over (batch, channel, filter). Accumulates in ``dtype``.
+    """
+    gm = geometry
+    _check_array(x, gm.input_shape, "input")
+    _check_array(w, gm.weight_shape, "weight")
+    xs = x.astype(dtype, copy=False)
+    ws = w.astype(dtype, copy=False)
+    (top, _), (left, _) = gm.padding
+    cg, fg = gm.channels_per_group, gm.filters_per_group
+    out = np.zeros(gm.output_shape, dtype=dtype)
+    for y in range(gm.out_height):
+        for x_out in range(gm.out_width):
+            for i in range(gm.kernel_height):
+                row = y * gm.stride[0] + i * gm.dilation[0] - top
+                if not 0 <= row < gm.height:
+                    continue
+                for j in range(gm.kernel_width):
+                    col = x_out * gm.stride[1] + j * gm.dilation[1] - left
+                    if not 0 <= col < gm.width:
+                        continue
+                    for g in range(gm.groups):
+                        pixel = xs[:, g * cg:(g + 1) * cg, row, col]  # (N, Cg)
+                        taps = ws[g * fg:(g + 1) * fg, :, i, j]  # (F, Cg)
+                        out[:, g * fg:(g + 1) * fg, y, x_out] += np.einsum("nc,fc->nf", pixel, taps)
+    if bias is not None:
+        _check_array(bias, (gm.out_channels,), "bias")
+        out += bias.astype(dtype).reshape(1, -1, 1, 1)
+    return out

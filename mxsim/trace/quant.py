@@ -1,0 +1,303 @@
+"""Quantization specs recorded for each GEMM operand of a trace layer.
+
+A spec says how the source model quantized (or how the user wants replay to quantize) one
+operand tensor of a layer, in that tensor's own layout (``axis`` indexes the operand as
+stored in the trace, not the GEMM view; :mod:`mxsim.trace.lowering` maps it):
+
+* :class:`MXQuant` — OCP MX block quantization by :func:`mxsim.quantize` (element format,
+  block axis and size, profile and option overrides).
+* :class:`BFPQuant` — Quark block floating point / microexponents (MX4, MX6, MX9, BFP16)
+  by :func:`mxsim.quantize_bfp`.
+* :class:`QDQQuant` — ONNX ``QuantizeLinear``/``DequantizeLinear`` (per-tensor, per-axis or
+  blocked scale and zero point).
+
+Each spec serialises to a plain mapping (``to_manifest``) for the trace manifest; QDQ scale
+and zero-point arrays travel in the layer's NPZ file. ``fake_quantize(x)`` applies the spec
+and returns the dequantized values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MxsimError
+from ..formats import get_format
+from ..quantize import BFP_SPECS, BFPSpec, fake_quantize, quantize_bfp
+from ..quantize.options import resolve_options
+
+SPEC_KINDS = ("mx", "bfp", "qdq")
+
+#: ONNX QuantizeLinear integer output types and their [min, max].
+QDQ_INTEGER_RANGES = {
+    "int8": (-128, 127),
+    "uint8": (0, 255),
+    "int16": (-32768, 32767),
+    "uint16": (0, 65535),
+    "int32": (-(2**31), 2**31 - 1),
+    "int4": (-8, 7),
+    "uint4": (0, 15),
+    "int2": (-2, 1),
+    "uint2": (0, 3),
+}
+#: ONNX QuantizeLinear float output types (recorded; fake_quantize is not modelled for them).
+QDQ_FLOAT_TYPES = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float8e8m0")
+
+
+def _plain_option(value):
+    """Option values as hashable Python data (YAML gives lists where QuantOptions wants tuples)."""
+    if isinstance(value, list):
+        return tuple(_plain_option(v) for v in value)
+    return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_axis(axis, what: str) -> None:
+    if axis is not None and (isinstance(axis, bool) or not isinstance(axis, (int, np.integer))):
+        raise MxsimError(f"{what}: axis must be an int or None, got {axis!r}")
+
+
+@dataclass(frozen=True)
+class MXQuant:
+    """MX quantization of one operand: ``mxsim.quantize(x, format, axis, block_size, profile, **options)``.
+
+    * ``format``: element format name (canonical, as :func:`mxsim.get_format` names it).
+    * ``axis``: the operand's axis the blocks run along; None means "the operand's reduction
+      axis" and is resolved when a capture attaches the spec to a layer.
+    * ``block_size``: elements per block; ``profile``: a key of ``mxsim.PROFILES``;
+      ``options``: overrides of the profile's fields, as sorted (name, value) pairs.
+    * ``bypass_single_element``: a tensor with exactly one element is left unquantized
+      (Quark's ONNX op wrapper does this; see docs/profiles.md).
+    """
+
+    format: str
+    axis: int | None = None
+    block_size: int = 32
+    profile: str = "ocp"
+    options: tuple = ()
+    bypass_single_element: bool = False
+
+    kind = "mx"
+
+    def __post_init__(self):
+        object.__setattr__(self, "format", get_format(self.format).name)
+        _check_axis(self.axis, "MX spec")
+        if not _is_int(self.block_size) or self.block_size < 1:
+            raise MxsimError(f"MX spec: block_size must be a positive int, got {self.block_size!r}")
+        options = self.options.items() if isinstance(self.options, dict) else self.options
+        pairs = tuple(sorted((str(k), _plain_option(v)) for k, v in options))
+        object.__setattr__(self, "options", pairs)
+        resolve_options(self.profile, **dict(pairs))  # validates profile and option names/values
+
+    def with_axis(self, axis: int) -> MXQuant:
+        return dataclasses.replace(self, axis=axis)
+
+    def fake_quantize(self, x: np.ndarray) -> np.ndarray:
+        """Quantize then dequantize along ``axis`` (float64, exact values; see mxsim.fake_quantize)."""
+        if self.axis is None:
+            raise MxsimError("MX spec: axis is unresolved (None); attach the spec to a layer first")
+        if self.bypass_single_element and x.size == 1:
+            return np.asarray(x, dtype=np.float64).copy()
+        return fake_quantize(x, self.format, axis=self.axis, block_size=self.block_size,
+                             profile=self.profile, **dict(self.options))
+
+    def to_manifest(self) -> dict:
+        entry = {"kind": "mx", "format": self.format, "axis": self.axis, "block_size": int(self.block_size),
+                 "profile": self.profile, "options": {k: _yaml_option(v) for k, v in self.options}}
+        if self.bypass_single_element:
+            entry["bypass_single_element"] = True
+        return entry
+
+
+def _yaml_option(value):
+    if isinstance(value, tuple):
+        return [_yaml_option(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class BFPQuant:
+    """Quark BFP / microexponent quantization of one operand: ``mxsim.quantize_bfp(x, spec, axis)``.
+
+    ``spec`` is a :class:`mxsim.BFPSpec` (method, bit width, block and sub-block sizes,
+    shift bits, rounding mode, which Quark kernel's semantics). ``axis`` as in :class:`MXQuant`.
+    """
+
+    spec: BFPSpec
+    axis: int | None = None
+    bypass_single_element: bool = False
+
+    kind = "bfp"
+
+    def __post_init__(self):
+        if isinstance(self.spec, str):
+            name = self.spec.upper()
+            if name not in BFP_SPECS:
+                raise MxsimError(f"BFP spec: unknown name {self.spec!r}; accepted: {', '.join(BFP_SPECS)}")
+            object.__setattr__(self, "spec", BFP_SPECS[name])
+        if not isinstance(self.spec, BFPSpec):
+            raise MxsimError(f"BFP spec: expected a BFPSpec or a name, got {type(self.spec).__name__}")
+        _check_axis(self.axis, "BFP spec")
+
+    @property
+    def name(self) -> str | None:
+        """MX4/MX6/MX9/BFP16 when the layout parameters match a named spec (rounding mode,
+        kernel and seed aside), else None."""
+        for name, named in BFP_SPECS.items():
+            if (named.method, named.bit_width, named.block_size, named.sub_block_size, named.sub_block_shift_bits) == (
+                self.spec.method, self.spec.bit_width, self.spec.block_size, self.spec.sub_block_size,
+                self.spec.sub_block_shift_bits):
+                return name
+        return None
+
+    def with_axis(self, axis: int) -> BFPQuant:
+        return dataclasses.replace(self, axis=axis)
+
+    def fake_quantize(self, x: np.ndarray) -> np.ndarray:
+        """Quantize then dequantize (float32, bit-identical to Quark's op output)."""
+        if self.axis is None:
+            raise MxsimError("BFP spec: axis is unresolved (None); attach the spec to a layer first")
+        if self.bypass_single_element and x.size == 1:
+            return np.asarray(x, dtype=np.float32).copy()
+        return quantize_bfp(np.asarray(x), self.spec, axis=self.axis).dequantize()
+
+    def to_manifest(self) -> dict:
+        s = self.spec
+        entry = {"kind": "bfp", "name": self.name, "axis": self.axis, "method": s.method, "bit_width": s.bit_width,
+                 "block_size": s.block_size, "sub_block_size": s.sub_block_size,
+                 "sub_block_shift_bits": s.sub_block_shift_bits, "rounding_mode": s.rounding_mode,
+                 "kernel": s.kernel, "seed": s.seed}
+        if self.bypass_single_element:
+            entry["bypass_single_element"] = True
+        return entry
+
+
+@dataclass(frozen=True, eq=False)
+class QDQQuant:
+    """ONNX ``QuantizeLinear`` → ``DequantizeLinear`` of one operand.
+
+    ``y = (saturate(round_half_even(x / scale) + zero_point) - zero_point) * scale`` with the
+    scale and zero point broadcast per ONNX: ``axis`` None = per-tensor (scalar scale);
+    ``block_size`` 0 = per-axis (1-d scale along ``axis``); ``block_size`` b > 0 = blocked
+    (scale has x's shape with ``ceil(dim/b)`` along ``axis``; element i uses scale i // b).
+    ``dtype`` is the quantized type's ONNX name in lower case (``int8``, ``uint8``,
+    ``float8e4m3fn``...). ``zero_point`` is None when the model gave none (0).
+    """
+
+    dtype: str
+    scale: np.ndarray
+    zero_point: np.ndarray | None = None
+    axis: int | None = None
+    block_size: int = 0
+    saturate: bool = True
+
+    kind = "qdq"
+
+    def __post_init__(self):
+        if self.dtype not in QDQ_INTEGER_RANGES and self.dtype not in QDQ_FLOAT_TYPES:
+            raise MxsimError(f"QDQ spec: unknown quantized type {self.dtype!r}; accepted: "
+                             f"{', '.join([*QDQ_INTEGER_RANGES, *QDQ_FLOAT_TYPES])}")
+        _check_axis(self.axis, "QDQ spec")
+        if not _is_int(self.block_size) or self.block_size < 0:
+            raise MxsimError(f"QDQ spec: block_size must be an int >= 0, got {self.block_size!r}")
+        if not isinstance(self.scale, np.ndarray) or self.scale.dtype.kind != "f":
+            raise MxsimError("QDQ spec: scale must be a float numpy array")
+        if self.zero_point is not None and (not isinstance(self.zero_point, np.ndarray)
+                                            or self.zero_point.shape != self.scale.shape):
+            raise MxsimError("QDQ spec: zero_point must be a numpy array with the scale's shape")
+        if self.scale.size > 1 and self.axis is None:
+            raise MxsimError("QDQ spec: a scale with more than one element needs an axis")
+
+    def with_axis(self, axis: int) -> QDQQuant:
+        return dataclasses.replace(self, axis=axis)
+
+    def _broadcast(self, values: np.ndarray, x: np.ndarray) -> np.ndarray:
+        if values.size == 1 and self.block_size == 0:
+            return values.reshape(())
+        axis = self.axis % x.ndim
+        if self.block_size == 0:
+            shape = [1] * x.ndim
+            shape[axis] = -1
+            return values.reshape(shape)
+        return np.repeat(values, self.block_size, axis=axis).take(np.arange(x.shape[axis]), axis=axis)
+
+    def fake_quantize(self, x: np.ndarray) -> np.ndarray:
+        """Quantize-dequantize as onnxruntime computes it for integer types: float32 division,
+        round half to even, saturate, then (q - zero_point) * scale in float32."""
+        if self.dtype not in QDQ_INTEGER_RANGES:
+            raise MxsimError(f"QDQ spec: fake_quantize is not modelled for {self.dtype}")
+        low, high = QDQ_INTEGER_RANGES[self.dtype]
+        x32 = np.asarray(x, dtype=np.float32)
+        scale = self._broadcast(self.scale.astype(np.float32), x32)
+        zero = 0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            q = np.rint(x32 / scale).astype(np.float64) + zero
+            q = np.clip(q, low, high)
+            return ((q - zero).astype(np.float32) * scale).astype(np.float32)
+
+    def to_manifest(self, operand: str) -> dict:
+        entry = {"kind": "qdq", "dtype": self.dtype, "axis": self.axis, "block_size": int(self.block_size),
+                 "saturate": bool(self.saturate), "scale": f"quant.{operand}.scale",
+                 "zero_point": None if self.zero_point is None else f"quant.{operand}.zero_point"}
+        return entry
+
+    def arrays(self, operand: str) -> dict[str, np.ndarray]:
+        """The arrays this spec stores in its layer's NPZ, by NPZ key."""
+        out = {f"quant.{operand}.scale": self.scale}
+        if self.zero_point is not None:
+            out[f"quant.{operand}.zero_point"] = self.zero_point
+        return out
+
+
+QuantSpec = MXQuant | BFPQuant | QDQQuant
+
+
+def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str) -> QuantSpec:
+    """Rebuild ``operand``'s spec from its manifest mapping (``arrays``: the layer's QDQ arrays).
+
+    Raises MxsimError (or KeyError/TypeError for missing/mistyped keys, which the loader
+    turns into TraceError) on anything invalid.
+    """
+    if not isinstance(entry, dict):
+        raise MxsimError(f"expected a mapping, got {type(entry).__name__}")
+    kind = entry.get("kind")
+    if kind == "mx":
+        unknown = set(entry) - {"kind", "format", "axis", "block_size", "profile", "options", "bypass_single_element"}
+        if unknown:
+            raise MxsimError(f"unknown keys {sorted(unknown)}")
+        options = entry.get("options") or {}
+        if not isinstance(options, dict):
+            raise MxsimError("options must be a mapping")
+        return MXQuant(entry["format"], entry["axis"], entry["block_size"], entry.get("profile", "ocp"),
+                       tuple(options.items()), bool(entry.get("bypass_single_element", False)))
+    if kind == "bfp":
+        unknown = set(entry) - {"kind", "name", "axis", "method", "bit_width", "block_size", "sub_block_size",
+                                "sub_block_shift_bits", "rounding_mode", "kernel", "seed", "bypass_single_element"}
+        if unknown:
+            raise MxsimError(f"unknown keys {sorted(unknown)}")
+        spec = BFPSpec(entry["method"], entry["bit_width"], entry["block_size"], entry["sub_block_size"],
+                       entry["sub_block_shift_bits"], entry.get("rounding_mode", 0), entry.get("kernel", "cpu"),
+                       entry.get("seed", 0))
+        built = BFPQuant(spec, entry["axis"], bool(entry.get("bypass_single_element", False)))
+        if entry.get("name") is not None and entry["name"] != built.name:
+            raise MxsimError(f"name {entry['name']!r} does not match the parameters (which are {built.name!r})")
+        return built
+    if kind == "qdq":
+        unknown = set(entry) - {"kind", "dtype", "axis", "block_size", "saturate", "scale", "zero_point"}
+        if unknown:
+            raise MxsimError(f"unknown keys {sorted(unknown)}")
+        scale_key = entry["scale"]
+        if scale_key != f"quant.{operand}.scale" or scale_key not in arrays:
+            raise MxsimError(f"scale must name the array quant.{operand}.scale in the layer's file, got {scale_key!r}")
+        zero_key = entry.get("zero_point")
+        if zero_key is not None and (zero_key != f"quant.{operand}.zero_point" or zero_key not in arrays):
+            raise MxsimError(f"zero_point must be null or name the array quant.{operand}.zero_point in the "
+                             f"layer's file, got {zero_key!r}")
+        return QDQQuant(entry["dtype"], arrays[scale_key], None if zero_key is None else arrays[zero_key],
+                        entry.get("axis"), entry.get("block_size", 0), bool(entry.get("saturate", True)))
+    raise MxsimError(f"unknown kind {kind!r}; accepted: {', '.join(SPEC_KINDS)}")

@@ -1,0 +1,83 @@
+"""The command line: each subcommand's output, JSON, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from mxsim.cli import main
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_formats_json(capsys):
+    status, out, _ = run(capsys, "formats", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert status == 0 and rows["fp8_e4m3"]["max_finite"] == 448.0
+
+
+def test_quantize_reports_every_format(capsys, tmp_path):
+    np.save(tmp_path / "x.npy", np.linspace(-3, 3, 256, dtype=np.float32).reshape(8, 32))
+    status, out, _ = run(capsys, "quantize", "--input", str(tmp_path / "x.npy"), "--json", "--profile", "microxcaling")
+    result = json.loads(out)
+    assert status == 0 and result["profile"] == "microxcaling"
+    assert {row["format"] for row in result["results"]} == {"fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"}
+
+
+def test_dot_explain_shows_each_stage(capsys):
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1,0.001953125,-2", "--b", "1,0.25,0.5", "--explain")
+    assert status == 0
+    for stage in ("product", "tree", "normalise", "output"):
+        assert stage in out
+    assert out.strip().endswith("0x3a000000 = 0.00048828125")
+
+
+def test_dot_json_with_scales(capsys):
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp4_e2m1",
+                         "--b-format", "fp4_e2m1", "--a", "1,2", "--b", "3,-0.5", "--scale-a", "128", "--json")
+    assert status == 0 and json.loads(out)["value"] == 4.0  # (1*3 - 2*0.5) * 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3", "--a", "1.1", "--b", "1"],
+         "not a fp8_e4m3 value"),
+        (["dot", "--hw", "nope.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3", "--a", "1", "--b", "1"], "no such file"),
+        (["quantize", "--format", "fp9"], "unknown format"),
+        (["quantize", "--profile", "nvidia"], "unknown profile"),
+        (["replay", "traces/nothing", "--hw", "hwconfigs/ocp-exact.yaml"], "trace"),
+        (["cycles", "traces/digits-cnn", "--hw", "hwconfigs/h100-fp8.yaml"], "no 'array:' section"),
+    ],
+)
+def test_errors_are_one_line_with_status_2(argv, message):
+    completed = subprocess.run([sys.executable, "-m", "mxsim.cli", *argv], cwd=REPO, capture_output=True, text=True)
+    assert completed.returncode == 2
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in completed.stderr
+
+
+def test_replay_writes_json_atomically(capsys, tmp_path):
+    out_file = tmp_path / "report.json"
+    status, out, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                         "--json", str(out_file), "--quiet")
+    report = json.loads(out_file.read_text())
+    assert status == 0 and report["units"] == ["kulisch"] and len(report["layers"]) == 4
+    assert not list(tmp_path.glob("*.tmp")) and "conv1" in out
+
+
+def test_cycles_on_a_scalesim_topology(capsys):
+    status, out, _ = run(capsys, "cycles", str(REPO / "tests/data/scalesim/gemm_small.csv"), "--hw",
+                         str(REPO / "hwconfigs/mxdotp.yaml"), "--json")
+    data = json.loads(out)
+    assert status == 0 and len(data["layers"]) == 5

@@ -1,0 +1,103 @@
+"""Hardware-config loading: every shipped file, every kind of bad key, docs in sync."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from conftest import REPO
+from mxsim.datapath.config import load_hwconfig, parse_hwconfig, schema_markdown
+from mxsim.errors import ConfigError, UnknownNameError
+
+MINIMAL = {"name": "unit", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]}}
+
+
+def with_changes(**sections) -> dict:
+    data = copy.deepcopy(MINIMAL)
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    return data
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "hwconfigs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_names_its_sources(path):
+    config = load_hwconfig(path)
+    assert config.name == path.stem
+    assert path.read_text().lstrip().startswith("#")  # each file says where its numbers come from
+
+
+def test_defaults_fill_every_key():
+    params = parse_hwconfig(MINIMAL).params("fp8_e4m3", "fp8_e4m3")
+    assert params.fused_terms == 32 and params.align_fraction_bits is None and params.accumulator_format == "fp32"
+
+
+@pytest.mark.parametrize(
+    "data, key_path, message",
+    [
+        (with_changes(adder={"align_fraction_bit": 3}), "adder.align_fraction_bit", "unknown key; accepted: fused_terms"),
+        (with_changes(adder={"fused_terms": "32"}), "adder.fused_terms", "expected an integer"),
+        (with_changes(adder={"fused_terms": 0}), "adder.fused_terms", "expected an integer 1..4096"),
+        (with_changes(adder={"align_fraction_bits": 99}), "adder.align_fraction_bits", "0..50"),
+        (with_changes(adder={"below_window": "round"}), "adder.below_window", "truncate, floor, nearest_even, sticky"),
+        (with_changes(adder={"term_order": [0, 0]}), "adder.term_order", "permutation"),
+        (with_changes(inputs={"a_formats": ["fp8_e4m3", "fp9"]}), "inputs.a_formats[1]", "fp8_e4m3"),
+        (with_changes(inputs={"subnormals": "yes"}), "inputs.subnormals", "true or false"),
+        (with_changes(accumulator={"format": "fp64"}), "accumulator.format", "fp32, fp16, bf16, exact"),
+        (with_changes(output={"rounding": "stochastic"}), "output.rounding", "nearest_even"),
+        (with_changes(widget=1), "widget", "unknown key"),
+        (with_changes(mxsim_hwconfig=2), "mxsim_hwconfig", "unsupported schema version"),
+        (with_changes(name=""), "name", "non-empty"),
+        (with_changes(overrides=[{"a_format": "fp8_e5m2", "inputs": {"block_size": 16}}]), "overrides[0].inputs", "unknown key"),
+        (with_changes(overrides=[{"out_format": "fp99", "adder": {}}]), "overrides[0].out_format", "format name"),
+        (with_changes(inputs={"scales": "block_sum", "block_size": 32}, adder={"fused_terms": 24, "accumulator_in_tree": False}),
+         "adder.fused_terms", "must divide block_size"),
+        (with_changes(inputs={"scales": "block_sum"}), "adder.accumulator_in_tree", "cannot join the tree"),
+        (with_changes(accumulator={"format": "exact"}, adder={"align_fraction_bits": 13}), "accumulator.format", "exact trees"),
+        (with_changes(accumulator={"promotion_interval": 48}), "accumulator.promotion_interval", "multiple of adder.fused_terms"),
+        (with_changes(adder={"align_fraction_bits": 50, "fused_terms": 4096}), "adder.align_fraction_bits", "overflow"),
+    ],
+)
+def test_bad_configs_name_the_file_and_key(data, key_path, message):
+    with pytest.raises(ConfigError) as info:
+        parse_hwconfig(data, "cfg.yaml")
+    text = str(info.value)
+    assert text.startswith(f"cfg.yaml: {key_path}: "), text
+    assert message in text, text
+
+
+def test_missing_required_key_and_files(tmp_path):
+    with pytest.raises(ConfigError, match="inputs.b_formats: required key is missing"):
+        parse_hwconfig({"name": "x", "inputs": {"a_formats": ["fp4_e2m1"]}}, "cfg.yaml")
+    with pytest.raises(ConfigError, match="no such file"):
+        load_hwconfig(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_hwconfig(broken)
+
+
+def test_overrides_apply_by_selector():
+    config = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+    assert config.params("fp8_e4m3", "fp8_e5m2").fused_terms == 32
+    fp16 = config.params("fp8_e4m3", "fp8_e5m2", "fp16")
+    assert (fp16.fused_terms, fp16.accumulator_format, fp16.c_entry) == (16, "fp16", "end")
+    with pytest.raises(ConfigError, match="not supported by this unit"):
+        config.params("int8", "fp8_e4m3")
+    with pytest.raises(UnknownNameError):
+        config.params("fp8_e4m3", "fp8_e4m3", "fp99")
+
+
+def test_digest_tracks_content():
+    first = parse_hwconfig(MINIMAL)
+    changed = parse_hwconfig(with_changes(adder={"fused_terms": 16}))
+    assert first.digest == parse_hwconfig(yaml.safe_load(yaml.safe_dump(MINIMAL))).digest
+    assert first.digest != changed.digest
+
+
+def test_docs_show_the_schema_verbatim():
+    assert schema_markdown() in (REPO / "docs" / "hwconfig.md").read_text()

@@ -1,0 +1,118 @@
+"""mxsim.trace.quant: per-operand quantization specs, their manifest form and fake_quantize."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mxsim import BFP_SPECS, fake_quantize, quantize_bfp
+from mxsim.errors import MxsimError
+from mxsim.trace.quant import BFPQuant, MXQuant, QDQQuant, spec_from_manifest
+
+RNG = np.random.default_rng(3)
+
+
+def test_mx_spec_canonicalises_the_format_and_sorts_options():
+    spec = MXQuant("MXFP8E4M3", 1, 32, "quark-onnx", {"int8_minus_two": True, "element_rounding": "nearest_away"})
+    assert spec.format == "fp8_e4m3"
+    assert spec.options == (("element_rounding", "nearest_away"), ("int8_minus_two", True))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(format="fp7"), "unknown format"),
+    (dict(format="fp8_e4m3", profile="nvidia"), "unknown profile"),
+    (dict(format="fp8_e4m3", options={"scale_rule": "round"}), "scale_rule"),
+    (dict(format="fp8_e4m3", options={"no_such_option": 1}), "unknown quantization option"),
+    (dict(format="fp8_e4m3", block_size=0), "block_size must be a positive int"),
+    (dict(format="fp8_e4m3", axis=1.5), "axis must be an int"),
+])
+def test_mx_spec_rejects_invalid_values(kwargs, message):
+    with pytest.raises(MxsimError, match=message):
+        MXQuant(**kwargs)
+
+
+def test_mx_fake_quantize_is_mxsim_fake_quantize_along_the_axis():
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    spec = MXQuant("fp4_e2m1", axis=1, block_size=16, profile="quark-onnx")
+    assert np.array_equal(spec.fake_quantize(x), fake_quantize(x, "fp4_e2m1", axis=1, block_size=16, profile="quark-onnx"))
+
+
+def test_unresolved_axis_cannot_quantize():
+    with pytest.raises(MxsimError, match="unresolved"):
+        MXQuant("int8").fake_quantize(np.ones((2, 2), np.float32))
+
+
+def test_single_element_bypass_returns_the_input():
+    x = np.array([7.0], np.float32)
+    assert MXQuant("fp4_e2m1", 0, bypass_single_element=True).fake_quantize(x).tolist() == [7.0]
+    assert MXQuant("fp4_e2m1", 0).fake_quantize(x).tolist() == [6.0]  # 7 saturates to fp4's max
+
+
+def test_bfp_spec_names_and_fake_quantize():
+    spec = BFPQuant("mx6", axis=0)
+    assert spec.spec == BFP_SPECS["MX6"] and spec.name == "MX6"
+    assert BFPQuant(BFP_SPECS["MX6"].replace(rounding_mode=2), 0).name == "MX6"  # rounding is not layout
+    assert BFPQuant(BFP_SPECS["MX6"].replace(block_size=8), 0).name is None
+    x = RNG.standard_normal((32, 3)).astype(np.float32)
+    assert np.array_equal(spec.fake_quantize(x), quantize_bfp(x, "MX6", axis=0).dequantize())
+    with pytest.raises(MxsimError, match="unknown name"):
+        BFPQuant("MX5", 0)
+
+
+def test_qdq_per_tensor_uint8_rounds_half_to_even_and_saturates():
+    spec = QDQQuant("uint8", np.array(0.5, np.float32), np.array(10, np.uint8))
+    x = np.array([0.25, 0.75, -5.0, -6.0, 200.0], np.float32)
+    # x/0.5 = 0.5, 1.5, -10, -12, 400 -> rint 0, 2, -10, -12, 400 -> +10 -> clip [0, 255]
+    assert spec.fake_quantize(x).tolist() == [0.0, 1.0, -5.0, -5.0, 122.5]
+
+
+def test_qdq_per_axis_and_blocked_scales_follow_onnx_broadcasting():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) - 6
+    per_axis = QDQQuant("int8", np.array([1.0, 2.0, 4.0], np.float32), np.zeros(3, np.int8), axis=0)
+    # row scales 1, 2, 4: -0.5 and 0.5 round to even (0), 0.75 and 1.25 to 1
+    assert per_axis.fake_quantize(x).tolist() == [[-6, -5, -4, -3], [-2, 0, 0, 0], [0, 4, 4, 4]]
+    blocked = QDQQuant("int4", np.array([[1.0, 4.0]] * 3, np.float32), None, axis=1, block_size=3)
+    # columns 0-2 use scale 1, column 3 (a partial block) uses scale 4
+    assert blocked.fake_quantize(x).tolist() == [[-6, -5, -4, -4], [-2, -1, 0, 0], [2, 3, 4, 4]]
+    saturating = QDQQuant("int4", np.array(1.0, np.float32))
+    assert saturating.fake_quantize(np.array([9.0, -9.0], np.float32)).tolist() == [7.0, -8.0]
+
+
+def test_qdq_spec_validation():
+    with pytest.raises(MxsimError, match="unknown quantized type"):
+        QDQQuant("int9", np.ones(1, np.float32))
+    with pytest.raises(MxsimError, match="needs an axis"):
+        QDQQuant("int8", np.ones(3, np.float32))
+    with pytest.raises(MxsimError, match="not modelled"):
+        QDQQuant("float8e4m3fn", np.ones(1, np.float32)).fake_quantize(np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("spec", [
+    MXQuant("int8", 1, 32, "quark-onnx", {"element_rounding": "nearest_toward_positive"}, bypass_single_element=True),
+    MXQuant("fp6_e2m3", 0, 16, "quark", {"even_fraction_bits": (("int8", 8),)}),
+    BFPQuant(BFP_SPECS["MX9"].replace(kernel="cuda", rounding_mode=2, seed=5), 1),
+    BFPQuant("BFP16", 0, bypass_single_element=True),
+])
+def test_manifest_round_trip(spec):
+    assert spec_from_manifest(spec.to_manifest(), {}, "weight") == spec
+
+
+def test_qdq_manifest_names_its_arrays():
+    spec = QDQQuant("int8", np.array([0.5, 0.25], np.float32), np.array([0, 1], np.int8), axis=0)
+    entry = spec.to_manifest("weight")
+    assert entry["scale"] == "quant.weight.scale" and entry["zero_point"] == "quant.weight.zero_point"
+    back = spec_from_manifest(entry, spec.arrays("weight"), "weight")
+    assert np.array_equal(back.scale, spec.scale) and np.array_equal(back.zero_point, spec.zero_point)
+    with pytest.raises(MxsimError, match="quant.input.scale"):
+        spec_from_manifest(entry, spec.arrays("weight"), "input")
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"kind": "mx", "format": "fp8_e4m3", "axis": 1, "block_size": 32, "colour": 1}, "unknown keys"),
+    ({"kind": "bfp", "name": "MX4", "axis": 0, "method": "to_bfp_prime", "bit_width": 13, "block_size": 16,
+      "sub_block_size": 2, "sub_block_shift_bits": 1}, "does not match"),
+    ({"kind": "fixed"}, "unknown kind"),
+])
+def test_invalid_manifest_entries(entry, message):
+    with pytest.raises(MxsimError, match=message):
+        spec_from_manifest(entry, {}, "input")

@@ -1,0 +1,100 @@
+"""Replay: layers equal mxsim.matmul bit for bit, conv equals a direct convolution, reports."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from mxsim import matmul, quantize
+from mxsim.datapath import load_hwconfig
+from mxsim.errors import MxsimError, TraceError
+from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
+from mxsim.trace.replay import format_report, layer_gemm, replay, replay_layer, write_histograms
+
+HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")}
+
+
+def linear_layer(rng, spec_format="fp8_e4m3") -> Layer:
+    x = rng.standard_normal((6, 70)).astype(np.float32)
+    w = rng.standard_normal((5, 70)).astype(np.float32)
+    tensors = {"input": x, "weight": w, "output": (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)}
+    quant = {"input": MXQuant(spec_format, axis=1, block_size=32), "weight": MXQuant(spec_format, axis=1, block_size=32),
+             "bias": None}
+    return Layer("fc", "linear", tensors, {}, quant, {})
+
+
+def test_linear_layer_replays_as_matmul_bit_for_bit():
+    layer = linear_layer(np.random.default_rng(1), "fp6_e2m3")
+    result = replay_layer(layer, HW["ocp-exact"])
+    qa = quantize(layer.input, "fp6_e2m3", axis=1)
+    qb = quantize(layer.weight.T, "fp6_e2m3", axis=0)
+    expected = matmul(HW["ocp-exact"], qa, qb).bits
+    np.testing.assert_array_equal(result.bits[0], expected)
+    assert result.input.format == "fp6_e2m3" and result.input.note == ""
+
+
+def test_unsupported_spec_falls_back_with_a_note():
+    layer = linear_layer(np.random.default_rng(2), "fp4_e2m1")
+    result = replay_layer(layer, HW["h100-fp8"])
+    assert result.input.format == "fp8_e4m3" and result.input.per_tensor_scale
+    assert "replaced" in result.input.note
+
+
+@pytest.mark.parametrize("unit", ["kulisch", "ocp-exact", "mxdotp"])
+def test_conv_layer_equals_an_independent_direct_convolution(unit):
+    # Small integers (|v| <= 7) are exact fp8_e4m3 values under any block scale, so MX
+    # quantization is the identity in every layout, and the float64 direct convolution is
+    # exact: an exact unit must return it bit for bit (plus the bias, added in float64).
+    rng = np.random.default_rng(3)
+    x = rng.integers(-7, 8, size=(2, 6, 7, 7)).astype(np.float32)
+    w = rng.integers(-7, 8, size=(4, 3, 3, 3)).astype(np.float32)
+    bias = np.array([0.5, -1.0, 0.25, 2.0], dtype=np.float32)
+    attrs = {"stride": [2, 1], "padding": [[1, 0], [2, 1]], "dilation": [1, 2], "groups": 2}
+    probe = Layer("conv", "conv2d", {"input": x, "weight": w, "output": np.zeros(1, np.float32)}, attrs,
+                  {"input": None, "weight": None, "bias": None}, {})
+    expected = conv2d_direct(x, w, bias, probe.conv_geometry())
+    layer = Layer("conv", "conv2d", {"input": x, "weight": w, "bias": bias, "output": expected.astype(np.float32)},
+                  attrs, {"input": None, "weight": None, "bias": None}, {})
+    values, _, _, _, _, _ = layer_gemm(layer, HW[unit])
+    np.testing.assert_array_equal(values, expected)
+    assert replay_layer(layer, HW[unit]).sqnr_vs_float_db == float("inf")
+
+
+def test_digits_sample_replays_end_to_end(tmp_path):
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    report = replay(trace, [HW["ocp-exact"], HW["h100-fp8"], HW["mxdotp"]], end_to_end=True)
+    assert [entry["layer"] for entry in report["layers"]] == [layer.name for layer in trace.layers]
+    e2e = report["end_to_end"]
+    assert e2e["float_accuracy"] == pytest.approx(trace.metadata["float_accuracy"])
+    for name in ("ocp-exact", "h100-fp8", "mxdotp"):
+        assert abs(e2e["accuracy"][name] - e2e["float_accuracy"]) < 0.05
+        assert report["totals"][name]["worst_layer_sqnr_vs_float_db"] > 20
+    assert report["totals"]["mxdotp"]["cycles"] > 0 and report["totals"]["ocp-exact"]["cycles"] is None
+    pair = next(p for p in report["agreement"] if p["units"] == ["ocp-exact", "mxdotp"])
+    assert 0.9 < pair["bit_identical_fraction"] <= 1.0
+    text = format_report(report)
+    assert "end to end: float accuracy" in text and "bit-identical outputs" in text
+    plots = write_histograms(report, tmp_path / "plots")
+    assert len(plots) == 4 * 3 and all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in plots)
+    report.pop("_results")
+    json.dumps(report, default=str)
+
+
+def test_exact_unit_is_within_half_an_ulp_of_the_ideal():
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    result = replay_layer(trace.layers[2], HW["kulisch"])
+    assert result.max_ulp_error_vs_ideal <= 0.5
+
+
+def test_replay_errors():
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    with pytest.raises(MxsimError, match="at least one"):
+        replay(trace, [])
+    with pytest.raises(MxsimError, match="distinct names"):
+        replay(trace, [HW["kulisch"], HW["kulisch"]])
+    with pytest.raises(TraceError):
+        load_trace(REPO / "traces" / "no-such-trace")
+    assert isinstance(trace, Trace)
