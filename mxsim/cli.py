@@ -260,6 +260,23 @@ def cmd_capture_onnx(args) -> int:
     return 0
 
 
+def cmd_golden(args) -> int:
+    from .golden import generate
+
+    manifest = generate(args.hw, args.out, cases=args.cases, seed=args.seed,
+                        kinds=args.kind or ["random", "corners"], stage_dumps=args.stages,
+                        progress=None if not args.quiet else False)
+    if args.json:
+        print(json.dumps(manifest, indent=2, default=_json_default))
+        return 0
+    for unit in manifest["units"]:
+        for kind, entry in unit["files"].items():
+            print(f"{entry['vectors']}: {entry['count']} vectors")
+    totals = ", ".join(f"{count} {kind}" for kind, count in manifest["counts"].items())
+    print(f"{totals}; manifest: {Path(args.out) / 'manifest.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mxsim", description="Bit-accurate MX datapath emulator")
     parser.add_argument("--version", action="version", version=f"mxsim {__version__}")
@@ -322,6 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--bfp-kernel", choices=["cpu", "cuda"], default="cpu", help="Quark BFP kernel semantics")
     onnx.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
     onnx.set_defaults(run=cmd_capture_onnx)
+
+    golden = sub.add_parser("golden", help="golden reference vectors for RTL test benches")
+    golden.add_argument("--hw", required=True, help="hardware config YAML")
+    golden.add_argument("--out", required=True, help="output directory")
+    golden.add_argument("--cases", type=int, default=1000, help="random vectors per format pair (default 1000)")
+    golden.add_argument("--seed", type=int, default=0)
+    golden.add_argument("--kind", action="append", choices=["random", "corners", "exhaustive"],
+                        help="case kind (repeatable; default: random and corners)")
+    golden.add_argument("--stages", action="store_true", help="also write per-vector stage dumps")
+    golden.add_argument("--quiet", action="store_true", help="no progress bar")
+    golden.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    golden.set_defaults(run=cmd_golden)
     return parser
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
 from mxsim import get_format, quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
-from mxsim.datapath.config import DatapathParams
+from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.dot import dot_with_params
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
@@ -113,7 +113,7 @@ def random_params(draw) -> DatapathParams:
     order = None
     if draw(st.booleans()):
         order = tuple(draw(st.permutations(list(range(fused * draw(st.integers(1, 2)))))))
-    return DatapathParams(
+    params = DatapathParams(
         a_format=draw(st.sampled_from(MX_ELEMENTS)),
         b_format=draw(st.sampled_from(MX_ELEMENTS)),
         block_size=block,
@@ -138,6 +138,11 @@ def random_params(draw) -> DatapathParams:
         output_rounding=draw(st.sampled_from(ROUNDINGS)),
         output_subnormals=draw(st.booleans()),
     )
+    try:
+        check_consistency(params, "random")
+    except ConfigError:
+        assume(False)  # a combination the config loader rejects
+    return params
 
 
 def random_inputs(draw, params: DatapathParams, rows: int):

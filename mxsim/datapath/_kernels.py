@@ -117,6 +117,15 @@ def add_round(x, y, params, rounding, subnormals, limbs, bounds):
 
 
 @njit(cache=True, inline="always")
+def note_overflow(special, value):
+    """The running special value after an overflow to ``value``: an earlier NaN/Inf (an input,
+    or a first overflow) absorbs it, as an infinite accumulator absorbs any finite sum."""
+    if special == 0.0:
+        return value
+    return special
+
+
+@njit(cache=True, inline="always")
 def _bit_length(value):
     """Number of bits of a positive int64 (its leading one's index + 1)."""
     # float() may round up to the next power of two: correct with an integer comparison.
@@ -199,7 +208,7 @@ def dot_one(
     elif cfg[C_C_AT_END] == 0:
         acc = round_float(c_value, acc_params, acc_rounding, acc_subnormals)
         if not math.isfinite(acc):  # c overflows a narrower accumulator
-            special += acc
+            special = note_overflow(special, acc)
             acc = 0.0
 
     n_trees = (n_elements + fused_terms - 1) // fused_terms
@@ -303,22 +312,26 @@ def dot_one(
             lsb_exponent = reference - window_bits
             factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
             below = cfg[C_BELOW_WINDOW] if fraction_bits >= 0 else BELOW_TRUNCATE
-            for i in range(count):
-                scaled = terms[i] * factor  # exact: a power-of-two scaling within float64's range
-                if below == BELOW_TRUNCATE:
-                    kept = math.trunc(scaled)
-                elif below == BELOW_FLOOR:
-                    kept = math.floor(scaled)
-                elif below == BELOW_NEAREST_EVEN:
-                    kept = np.rint(scaled)
-                else:  # sticky: one extra bit below the window, set if anything was dropped
-                    magnitude = abs(scaled)
-                    whole = math.floor(magnitude)
-                    kept = math.copysign(2.0 * whole + (1.0 if magnitude != whole else 0.0), scaled)
-                if fraction_bits < 0 and kept != scaled:
-                    have_total = False
-                    break
-                total += np.int64(kept)
+            if below == BELOW_TRUNCATE and fraction_bits >= 0:
+                for i in range(count):  # the common case: int conversion truncates toward zero
+                    total += np.int64(terms[i] * factor)  # exact: a power-of-two scaling in range
+            else:
+                for i in range(count):
+                    scaled = terms[i] * factor
+                    if below == BELOW_TRUNCATE:
+                        kept = math.trunc(scaled)
+                    elif below == BELOW_FLOOR:
+                        kept = math.floor(scaled)
+                    elif below == BELOW_NEAREST_EVEN:
+                        kept = np.rint(scaled)
+                    else:  # sticky: one extra bit below the window, set if anything was dropped
+                        magnitude = abs(scaled)
+                        whole = math.floor(magnitude)
+                        kept = math.copysign(2.0 * whole + (1.0 if magnitude != whole else 0.0), scaled)
+                    if fraction_bits < 0 and kept != scaled:
+                        have_total = False
+                        break
+                    total += np.int64(kept)
             if below == BELOW_STICKY:
                 lsb_exponent -= 1
             lsb_exponent += tree_scale
@@ -350,13 +363,13 @@ def dot_one(
             acc = round_limbs(limbs, bounds, acc_params, acc_rounding, acc_subnormals)
             limbs_clear(limbs, bounds)
         if not math.isfinite(acc):  # overflow in the accumulator
-            special += acc
+            special = note_overflow(special, acc)
             acc = 0.0
         if promotion > 0 and ((tree + 1) * fused_terms) % promotion == 0:
             outer = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
             acc = 0.0
             if not math.isfinite(outer):
-                special += outer
+                special = note_overflow(special, outer)
                 outer = 0.0
 
     out_rounding = cfg[C_OUT_ROUNDING]
@@ -371,14 +384,16 @@ def dot_one(
             if math.isfinite(c_converted):
                 acc = add_round(acc, c_converted, acc_params, cfg[C_C_ADD_ROUNDING], acc_subnormals, limbs, bounds)
             else:
-                special += c_converted
-        result = round_float(acc if math.isfinite(acc) else 0.0, out_params, out_rounding, out_subnormals)
+                special = note_overflow(special, c_converted)
         if not math.isfinite(acc):
-            special += acc
-    if special != 0.0 or math.isnan(special) or not math.isfinite(result):
-        result = special + result  # IEEE: Inf - Inf = NaN, NaN propagates, finite + Inf = Inf
-        return np.nan if math.isnan(result) else result  # the canonical (positive) quiet NaN
-    if result == 0.0:
+            special = note_overflow(special, acc)
+            acc = 0.0
+        result = round_float(acc, out_params, out_rounding, out_subnormals)
+    if special != 0.0 or math.isnan(special):
+        return np.nan if math.isnan(special) else special  # the canonical (positive) quiet NaN
+    if result == 0.0 and not math.copysign(1.0, result) < 0:
+        # An exact zero: -0 only when c and every product are -0 (IEEE's sum of zeros); a
+        # negative result that rounded to zero has kept its sign above.
         return -0.0 if negative_zeros_only else 0.0
     return result
 
@@ -420,9 +435,13 @@ def matmul_rows(
     a_values, a_exponents, b_values, b_exponents,
     cfg, order, acc_params, sum_params, out_params, fp32_params, out,
 ):
-    """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K)."""
+    """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K).
+
+    ``c_values`` is (M, N), or (1, 1) for one value shared by every output (no M x N copy).
+    """
     n_rows = a_codes.shape[0]
     n_columns = b_codes.shape[0]
+    c_rows, c_columns = c_values.shape
     width = cfg[C_FUSED_TERMS] + 1
     for m in prange(n_rows):
         limbs, bounds = _thread_limbs()
@@ -430,7 +449,7 @@ def matmul_rows(
         exponents = np.empty(width, dtype=np.int64)
         for n in range(n_columns):
             value = dot_one(
-                a_codes[m], b_codes[n], a_scales[m], b_scales[n], c_values[m, n],
+                a_codes[m], b_codes[n], a_scales[m], b_scales[n], c_values[m % c_rows, n % c_columns],
                 a_values, a_exponents, b_values, b_exponents,
                 cfg, order, acc_params, sum_params, out_params, fp32_params,
                 limbs, bounds, terms, exponents,

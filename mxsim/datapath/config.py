@@ -241,11 +241,12 @@ class HardwareConfig:
                 values.update(changes)
         fields = {field: values[key] for key, field in _PARAM_FIELD.items()}
         params = DatapathParams(a_format=a_name, b_format=b_name, **fields)
-        _check_consistency(params, self.source)
+        check_consistency(params, self.source)
         return params
 
 
-def _check_consistency(params: DatapathParams, source: str) -> None:
+def check_consistency(params: DatapathParams, source: str) -> None:
+    """Raise ConfigError for parameter combinations no unit can have."""
     if params.scales == "block_sum":
         if params.block_size % params.fused_terms:
             raise ConfigError(
@@ -258,6 +259,13 @@ def _check_consistency(params: DatapathParams, source: str) -> None:
                 source, "adder.accumulator_in_tree",
                 "scales: block_sum scales a tree's sum, so the accumulator cannot join the tree: set it to false",
             )
+        order = params.term_order or ()
+        for start in range(0, len(order), params.fused_terms):
+            if len({k // params.block_size for k in order[start : start + params.fused_terms]}) > 1:
+                raise ConfigError(
+                    source, "adder.term_order",
+                    "scales: block_sum needs each tree inside one block, but this order mixes blocks in a tree",
+                )
     if params.term_order is not None and len(params.term_order) % params.fused_terms:
         raise ConfigError(source, "adder.term_order", f"its length must be a multiple of fused_terms ({params.fused_terms})")
     if params.accumulator_format == "exact" and (

@@ -120,7 +120,8 @@ def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
         raise MxsimError(f"c: expected a float32 array (the fp32 accumulator input), got dtype {c.dtype}")
     if c.shape != shape:
         raise MxsimError(f"c: expected shape {shape}, got {c.shape}")
-    return c.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a signalling NaN quietly becomes NaN
+        return c.astype(np.float64)
 
 
 def output_dtype(out_format: str) -> np.dtype:
@@ -202,14 +203,16 @@ def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: in
     return quantize(x, fmt, axis=axis, block_size=block_size)
 
 
-def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None) -> MatmulResult:
+def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, progress=None,
+           tile_rows: int = 256) -> MatmulResult:
     """C + A @ B through the unit ``hw``, every output bit exact.
 
     ``A`` (M, K) and ``B`` (K, N) are MXTensors quantized along K (A on axis 1, B on axis 0)
     with the unit's block size, or float arrays, which are quantized here with the OCP
     profile into ``a_format``/``b_format`` (default: the config's first accepted format).
-    ``c`` is an (M, N) float32 accumulator input (None: +0). Memory stays near the operands'
-    codes plus the output.
+    ``c`` is an (M, N) float32 accumulator input (None: +0). The kernel runs on tiles of
+    ``tile_rows`` rows of A, calling ``progress(rows_done, rows_total)`` after each; memory
+    stays at the operands' codes plus the output bits (plus ``c`` if given).
     """
     config = _as_config(hw)
     block_size = config.sections[("inputs", "block_size")]
@@ -224,9 +227,17 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None) -
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
     exponents_a = _tensor_scales(tensor_a, params)
     exponents_b = _tensor_scales(tensor_b, params)
-    c_values = _accumulator_inputs(c, (rows, columns))
+    c_values = np.zeros((1, 1)) if c is None else _accumulator_inputs(c, (rows, columns))
     out = np.empty((rows, columns), dtype=output_dtype(params.output_format))
-    K.matmul_rows(tensor_a.codes, tensor_b.codes, exponents_a, exponents_b, c_values, *kernel_args, out)
+    codes_a = tensor_a.codes.reshape(rows, -1)
+    codes_b = tensor_b.codes.reshape(columns, -1)
+    for start in range(0, rows, tile_rows):
+        stop = min(start + tile_rows, rows)
+        c_tile = c_values if c is None else c_values[start:stop]
+        K.matmul_rows(codes_a[start:stop], codes_b, exponents_a[start:stop], exponents_b, c_tile, *kernel_args,
+                      out[start:stop])
+        if progress is not None:
+            progress(stop, rows)
     return MatmulResult(out, params.output_format)
 
 

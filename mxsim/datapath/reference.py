@@ -31,16 +31,27 @@ def sum_format(bits: int) -> FormatInfo:
 
 
 def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
-    """Round an exact Fraction into ``fmt`` (IEEE overflow); returns Fraction or ±inf."""
+    """Round an exact value into ``fmt`` (IEEE overflow).
+
+    Returns a Fraction, ±inf, or -0.0 for a negative value that rounds to zero (IEEE keeps
+    its sign); an exact zero returns Fraction(0).
+    """
+    value = Fraction(value)
     if value == 0:
         return Fraction(0)
     code = encode_reference(fmt, value, rounding, "inf_nan")
     result = decode_reference(fmt, code)
     if isinstance(result, float):
-        return Fraction(0) if result == 0 else result  # ±inf; a zero's sign is decided at the end
-    if not subnormals and result != 0 and abs(result) < Fraction(fmt.min_normal):
-        return Fraction(0)
+        return -0.0 if result == 0 else result
+    if result == 0:
+        return -0.0 if value < 0 else Fraction(0)
+    if not subnormals and abs(result) < Fraction(fmt.min_normal):
+        return -0.0 if result < 0 else Fraction(0)
     return result
+
+
+def _is_infinite(value) -> bool:
+    return isinstance(value, float) and math.isinf(value)
 
 
 def _to_float(value) -> float:
@@ -78,6 +89,13 @@ def dot_reference(
 
     # Non-finite contributions, summed by IEEE rules at the end; zero signs for -0 results.
     specials: list[float] = []
+
+    def note_overflow(value: float) -> None:
+        # An earlier NaN/Inf (an input, or a first overflow) absorbs any later overflow,
+        # as an infinite accumulator absorbs every finite sum.
+        if not specials:
+            specials.append(value)
+
     negative_zeros_only = c == 0 and math.copysign(1.0, c) < 0
     if not math.isfinite(c):
         specials.append(c)
@@ -155,8 +173,8 @@ def dot_reference(
         outer = c_exact
     elif params.c_entry == "initial":
         acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
-        if isinstance(acc, float):  # c overflows a narrower accumulator
-            specials.append(acc)
+        if _is_infinite(acc):  # c overflows a narrower accumulator
+            note_overflow(acc)
             acc = Fraction(0)
     log({"stage": "accumulator_start", "value": _to_float(acc), "outer": float(outer)})
 
@@ -164,8 +182,8 @@ def dot_reference(
         kept = finite_terms(sequence[tree_start : tree_start + params.fused_terms])
         terms = [(p, e) for p, e, _ in kept]
         tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
-        if params.accumulator_in_tree and isinstance(acc, Fraction) and acc != 0:
-            terms.append((acc, floor_log2(abs(acc))))
+        if params.accumulator_in_tree and acc != 0:
+            terms.append((Fraction(acc), floor_log2(abs(Fraction(acc)))))
         if params.align_fraction_bits is None or not terms:
             tree_sum = sum((t for t, _ in terms), Fraction(0))
             log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
@@ -194,46 +212,51 @@ def dot_reference(
         if params.sum_significant_bits is not None:
             tree_sum = _round(tree_sum, sum_format(params.sum_significant_bits), params.sum_rounding)
             log({"stage": "normalise", "bits": params.sum_significant_bits, "value": float(tree_sum)})
-        if not params.accumulator_in_tree and isinstance(acc, Fraction):
-            tree_sum += acc
+        if not params.accumulator_in_tree:
+            tree_sum += Fraction(acc)
         acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
-        if isinstance(acc, float):  # overflow to infinity
-            specials.append(acc)
+        if _is_infinite(acc):  # overflow to infinity
+            note_overflow(acc)
             acc = Fraction(0)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
         done = tree_start + params.fused_terms
         if params.promotion_interval and done % params.promotion_interval == 0:
-            outer = _round(outer + acc, fp32, "nearest_even")
+            outer = _round(Fraction(outer) + Fraction(acc), fp32, "nearest_even")
             acc = Fraction(0)
             log({"stage": "promote", "after": done, "outer": _to_float(outer)})
-            if isinstance(outer, float):
-                specials.append(outer)
+            if _is_infinite(outer):
+                note_overflow(outer)
                 outer = Fraction(0)
     if params.promotion_interval:
-        acc = _round(outer + acc, fp32, "nearest_even")
+        acc = _round(Fraction(outer) + Fraction(acc), fp32, "nearest_even")
         log({"stage": "promote", "after": length, "outer": _to_float(acc)})
-    if params.c_entry == "end" and not params.promotion_interval and isinstance(acc, Fraction):
+    if params.c_entry == "end" and not params.promotion_interval:
         c_converted = _round(c_exact, acc_fmt, "nearest_even", params.accumulator_subnormals)
-        if isinstance(c_converted, float):
-            specials.append(c_converted)
+        if _is_infinite(c_converted):
+            note_overflow(c_converted)
         else:
-            acc = _round(acc + c_converted, acc_fmt, params.c_add_rounding, params.accumulator_subnormals)
+            acc = _round(Fraction(acc) + Fraction(c_converted), acc_fmt, params.c_add_rounding,
+                         params.accumulator_subnormals)
         log({"stage": "add_c", "c": _to_float(c_converted), "accumulator": _to_float(acc)})
-    if isinstance(acc, float):
-        specials.append(acc)
+    if _is_infinite(acc):
+        note_overflow(acc)
         acc = Fraction(0)
     result = _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
+    if isinstance(acc, float) and result == 0:  # acc underflowed to -0: rounding keeps the zero's sign
+        result = -0.0
     return _finish(result, specials, negative_zeros_only, log)
 
 
 def _finish(result, specials, negative_zeros_only, log) -> float:
-    if isinstance(result, float) and math.isinf(result):
+    if _is_infinite(result) and not specials:
         specials.append(result)
     if specials:
         if any(math.isnan(s) for s in specials) or (INF in specials and -INF in specials):
             value = math.nan
         else:
             value = specials[0]
+    elif isinstance(result, float) and result == 0:
+        value = -0.0  # a negative result that rounded to zero
     elif result == 0:
         value = -0.0 if negative_zeros_only else 0.0
     else:

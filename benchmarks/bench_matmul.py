@@ -1,0 +1,116 @@
+"""Emulated MAC/s of MXFP8 GEMMs through hardware configs, beside numpy float64 matmul.
+
+Prints, for an N x N x N GEMM (default 1024) of fp8_e4m3 operands, the emulated MACs per
+second through each config and the same run's numpy float64 matmul of the same shape as a
+yardstick. ``--memory 8192`` measures the peak resident memory of an 8192^3 GEMM over its
+first row tiles (the working set is allocated before the first tile and does not grow) and
+compares it with the packed operands plus the output.
+Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--memory M]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mxsim
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def operands(size: int, rng, unit_scales: bool):
+    """Quantized MXFP8 operands (A along K, B along K); scales set to 1 for scale-less units."""
+    a = mxsim.quantize(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=1)
+    b = mxsim.quantize(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=0)
+    if unit_scales:
+        a = dataclasses.replace(a, scales=np.full_like(a.scales, 127))
+        b = dataclasses.replace(b, scales=np.full_like(b.scales, 127))
+    return a, b
+
+
+def throughput(names: list[str], size: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((size, size))
+    y = rng.standard_normal((size, size))
+    x @ y
+    start = time.perf_counter()
+    for _ in range(repeats):
+        x @ y
+    baseline = size**3 * repeats / (time.perf_counter() - start)
+    print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
+    for name in names:
+        hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none")
+        mxsim.matmul(hw, dataclasses.replace(a, codes=a.codes[:8], scales=a.scales[:8], shape=(8, size)), b)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mxsim.matmul(hw, a, b)
+            best = min(best, time.perf_counter() - start)
+        rate = size**3 / best
+        print(f"  {name:18s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; {baseline / rate:.1f}x slower than float64)")
+
+
+class _Stop(Exception):
+    pass
+
+
+def peak_memory(size: int, tiles: int) -> None:
+    rss_kib = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # noqa: E731  (KiB on Linux)
+    hw = mxsim.load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+    tiny = operands(64, np.random.default_rng(1), unit_scales=True)
+    mxsim.matmul(hw, *tiny)  # compile and import everything first
+    before = rss_kib()
+    rng = np.random.default_rng(2)
+    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+    codes_a = rng.choice(finite, size=(size, size))
+    codes_b = rng.choice(finite, size=(size, size))
+    scales = np.full((size, size // 32), 127, dtype=np.uint8)
+    fmt = mxsim.get_format("fp8_e4m3")
+    options = mxsim.QuantOptions()
+    a = mxsim.MXTensor(fmt, codes_a, scales, (size, size), 1, 32, 0, options)
+    b = mxsim.MXTensor(fmt, codes_b, scales.copy(), (size, size), 0, 32, 0, options)
+    done = []
+
+    def stop_after(rows_done, rows_total):
+        done.append(rows_done)
+        if len(done) >= tiles:
+            raise _Stop
+
+    start = time.perf_counter()
+    try:
+        mxsim.matmul(hw, a, b, progress=stop_after, tile_rows=256)
+    except _Stop:
+        pass
+    seconds = time.perf_counter() - start
+    peak = (rss_kib() - before) * 1024
+    packed = 2 * size * size + 2 * scales.size
+    output = size * size * 4
+    print(f"  {size}^3 GEMM, first {done[-1]} of {size} rows ({seconds:.1f} s): peak RSS growth {peak / 2**20:.0f} MiB; "
+          f"packed operands {packed / 2**20:.0f} MiB + output {output / 2**20:.0f} MiB = {(packed + output) / 2**20:.0f} MiB; "
+          f"ratio {peak / (packed + output):.2f} (limit: 1.5 x packed + output = {(1.5 * packed + output) / 2**20:.0f} MiB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp,kulisch,b200-fp8")
+    parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
+    parser.add_argument("--memory-tiles", type=int, default=2)
+    args = parser.parse_args()
+    print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
+    throughput(args.configs.split(","), args.size, args.repeats)
+    if args.memory:
+        peak_memory(args.memory, args.memory_tiles)
+
+
+if __name__ == "__main__":
+    main()

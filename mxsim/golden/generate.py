@@ -1,0 +1,330 @@
+"""Generate golden vector files and their manifest for a hardware config.
+
+Expected outputs come from an *expected function* ``expected_fn(a, b, scale_a, scale_b, c)``
+(arrays as in :class:`~mxsim.golden.vectors.VectorSet`, c as uint32 FP32 bits) returning the
+output bits, one per vector. By default it is :func:`dot_expected_fn`, a thin adapter around
+``mxsim.dot``; pass another (or a factory taking the :class:`GoldenUnit`) to generate from a
+different reference.
+
+Output directory, for each unit (format pair) and case kind::
+
+    <config>.<A>x<B>.<kind>.hex           vectors (see mxsim.golden.vectors)
+    <config>.<A>x<B>.<kind>.labels.txt    "<index> <label>" per vector
+    <config>.<A>x<B>.<kind>.stages.jsonl  one JSON stage record per vector (stage_dumps=True)
+    manifest.json                         what was generated (see generate())
+
+The same config, arguments and mxsim version give byte-identical files. Each file is written
+to a temporary name in the output directory and moved into place with ``os.replace``, the
+manifest last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..errors import MxsimError
+from ..formats import get_format
+from .cases import GENERATORS, KINDS
+from .layout import GoldenUnit, layout_for, units_from_hwconfig
+from .stages import datapath_stage_fn, exact_stages, json_safe
+from .vectors import FILE_FORMAT_VERSION, VectorSet, format_lines, header_lines
+
+MANIFEST_NAME = "manifest.json"
+CHUNK = 2048  # vectors per expected_fn call (progress granularity)
+
+ExpectedFn = Callable[..., np.ndarray]
+
+
+def dot_expected_fn(hw, unit: GoldenUnit) -> ExpectedFn:
+    """The default expected function: ``mxsim.dot`` on one unit's format pair, as output bits."""
+    import mxsim  # lazily: the datapath is not needed to read or write vector files
+
+    dot = getattr(mxsim, "dot", None)
+    if dot is None:  # until the top-level re-export exists
+        from mxsim.datapath import dot
+
+    def expected(a, b, scale_a, scale_b, c):
+        out = dot(
+            hw, a, b, a_format=unit.a_format, b_format=unit.b_format,
+            scale_a=scale_a, scale_b=scale_b, c=np.asarray(c, dtype=np.uint32).view(np.float32),
+            out_format=unit.out_format,
+        )
+        return output_bits(out, unit.out_format)
+
+    expected.__qualname__ = "mxsim.dot"
+    return expected
+
+
+def output_bits(out, out_format: str) -> np.ndarray:
+    """``out`` as uint32 bit patterns: float arrays are viewed as their bits, integers kept."""
+    out = np.asarray(out)
+    bits = get_format(out_format).bits
+    if out.dtype.kind == "f":
+        view = {2: np.uint16, 4: np.uint32}.get(out.dtype.itemsize)
+        if view is None or out.dtype.itemsize * 8 != bits:
+            raise MxsimError(f"golden: expected {out_format} output, got {out.dtype} values")
+        out = out.view(view)
+    if out.dtype.kind not in "iu":
+        raise MxsimError(f"golden: expected output bits as integers, got dtype {out.dtype}")
+    out = out.astype(np.int64)
+    if out.size and (out.min() < 0 or out.max() >> bits):
+        raise MxsimError(f"golden: expected output bits do not fit {bits}-bit {out_format}")
+    return out.astype(np.uint32)
+
+
+class Progress:
+    """A progress bar over vectors: tqdm when installed, else a plain counter on stderr."""
+
+    def __init__(self, total: int, enabled, description: str = "mxsim golden"):
+        self.total = total
+        self.done = 0
+        self.callback = enabled if callable(enabled) else None
+        self.enabled = bool(enabled) and self.callback is None
+        self.bar = None
+        self.last = 0.0
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, desc=description, unit="vec", file=sys.stderr)
+        self.description = description
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+        elif self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled:
+            now = time.monotonic()
+            if now - self.last >= 0.5 or self.done == self.total:
+                self.last = now
+                print(f"\r{self.description}: {self.done}/{self.total} vectors", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            print(file=sys.stderr, flush=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and os.replace."""
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="ascii", newline="\n") as handle:
+            handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _kinds(kinds) -> list[str]:
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    chosen = []
+    for kind in kinds:
+        if kind not in KINDS:
+            raise MxsimError(f"golden: unknown case kind {kind!r}; accepted: {', '.join(KINDS)}")
+        if kind not in chosen:
+            chosen.append(kind)
+    if not chosen:
+        raise MxsimError("golden: no case kind given")
+    return chosen
+
+
+def case_rng(seed: int, unit: GoldenUnit, kind: str) -> np.random.Generator:
+    """The generator for one unit and kind: depends only on the seed and their names."""
+    return np.random.default_rng([seed, zlib.crc32(unit.file_stem(kind).encode())])
+
+
+def make_cases(unit: GoldenUnit, kind: str, cases: int, seed: int) -> VectorSet:
+    """The input vectors (no expected outputs) of one unit and kind."""
+    return GENERATORS[kind](unit, cases, case_rng(seed, unit, kind))
+
+
+def fill_expected(vectors: VectorSet, expected_fn: ExpectedFn, progress: Progress | None = None) -> VectorSet:
+    """Set ``vectors.d`` from ``expected_fn``, called in chunks of CHUNK vectors."""
+    parts = []
+    for start in range(0, len(vectors), CHUNK):
+        stop = min(start + CHUNK, len(vectors))
+        rows = slice(start, stop)
+        bits = expected_fn(
+            vectors.a[rows], vectors.b[rows],
+            None if vectors.scale_a is None else vectors.scale_a[rows],
+            None if vectors.scale_b is None else vectors.scale_b[rows],
+            vectors.c[rows],
+        )
+        bits = np.asarray(bits)
+        if bits.shape != (stop - start,):
+            raise MxsimError(f"golden: expected_fn returned shape {bits.shape} for {stop - start} vectors")
+        parts.append(bits.astype(np.uint32))
+        if progress is not None:
+            progress.update(stop - start)
+    vectors.d = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+    return vectors
+
+
+def _resolve_units(hw, pairs, dot_length) -> tuple[object, list[GoldenUnit]]:
+    if isinstance(hw, (str, Path)):
+        from ..datapath.config import load_hwconfig
+
+        hw = load_hwconfig(hw)
+    if isinstance(hw, GoldenUnit):
+        return None, [hw]
+    if isinstance(hw, (list, tuple)) and all(isinstance(u, GoldenUnit) for u in hw):
+        return None, list(hw)
+    return hw, units_from_hwconfig(hw, pairs=pairs, dot_length=dot_length)
+
+
+def generate(
+    hw,
+    out_dir,
+    cases: int = 1000,
+    seed: int = 0,
+    kinds: str | Iterable[str] = ("random", "corners"),
+    stage_dumps: bool = False,
+    progress=None,
+    *,
+    pairs=None,
+    dot_length: int | None = None,
+    expected_fn: ExpectedFn | None = None,
+    expected_factory: Callable[[GoldenUnit], ExpectedFn] | None = None,
+    stage_fn: Callable[[VectorSet], list[dict]] | None = None,
+) -> dict:
+    """Write golden vectors for every format pair of ``hw`` into ``out_dir``; return the manifest.
+
+    Args:
+        hw: a config from ``mxsim.load_hwconfig`` (or a path to its YAML), or one or more
+            :class:`GoldenUnit` (then ``expected_fn``/``expected_factory`` is required).
+        out_dir: output directory (created if missing).
+        cases: random vectors per format pair (corners and exhaustive are fixed lists).
+        seed: random seed; files depend only on (config, arguments, mxsim version).
+        kinds: ``"random"``, ``"corners"``, ``"exhaustive"``, or a sequence of them.
+        stage_dumps: also write ``.stages.jsonl`` (the datapath's explain records when mxsim
+            has ``explain``, else exact-arithmetic stages; see :mod:`mxsim.golden.stages`).
+        progress: None (a bar when there are ≥ 20000 vectors and stderr is a terminal),
+            True/False, or a callable ``(done, total)``.
+        pairs: (a_format, b_format) pairs to generate (default: all the config accepts).
+        dot_length: K per vector (default k: one block per dot product).
+        expected_fn: ``(a, b, scale_a, scale_b, c) -> output bits``, for a single unit.
+        expected_factory: ``unit -> expected_fn``, for several units.
+        stage_fn: ``vectors -> records`` overriding the stage source (single unit).
+
+    The manifest (also written to ``out_dir/manifest.json``): ``format``, ``format_version``,
+    ``mxsim_version``, ``config`` (name, sha256), ``seed``, ``cases``, ``kinds``,
+    ``expected`` (the expected function's name), ``counts`` (vectors per kind, all units),
+    and ``units``: per format pair its parameters, ``layout`` (word bits and fields with
+    msb/lsb) and ``files`` per kind (file names, ``count``, ``sha256`` of the vector file).
+    """
+    chosen_kinds = _kinds(kinds)
+    if isinstance(cases, bool) or not isinstance(cases, (int, np.integer)) or cases < 0:
+        raise MxsimError(f"golden: cases must be a non-negative integer, got {cases!r}")
+    hw, units = _resolve_units(hw, pairs, dot_length)
+    if expected_fn is not None and expected_factory is not None:
+        raise MxsimError("golden: pass expected_fn or expected_factory, not both")
+    if (expected_fn is not None or stage_fn is not None) and len(units) != 1:
+        raise MxsimError(
+            f"golden: expected_fn/stage_fn serve one format pair but the config has {len(units)}; "
+            "restrict pairs= or pass expected_factory"
+        )
+    if expected_fn is None and expected_factory is None and hw is None:
+        raise MxsimError("golden: generating from GoldenUnit objects needs expected_fn or expected_factory")
+    if len({(u.config_name, u.config_hash) for u in units}) != 1:
+        raise MxsimError("golden: all units must come from one config")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    planned = [(unit, kind, make_cases(unit, kind, cases, seed)) for unit in units for kind in chosen_kinds]
+    total = sum(len(vectors) for _, _, vectors in planned)
+    if progress is None:
+        progress = total >= 20000 and sys.stderr.isatty()
+    bar = Progress(total, progress)
+    manifest_units = []
+    counts = {kind: 0 for kind in chosen_kinds}
+    expected_name = None
+    try:
+        for unit in units:
+            fn = expected_fn or (expected_factory(unit) if expected_factory else dot_expected_fn(hw, unit))
+            expected_name = expected_name or getattr(fn, "__qualname__", type(fn).__name__)
+            stages = stage_fn or (datapath_stage_fn(hw, unit) if stage_dumps else None)
+            layout = layout_for(unit)
+            files = {}
+            for planned_unit, kind, vectors in planned:
+                if planned_unit is not unit:
+                    continue
+                fill_expected(vectors, fn, bar)
+                stem = unit.file_stem(kind)
+                lines = header_lines(layout, unit, mxsim_version=__version__, seed=seed, kind=kind, count=len(vectors))
+                text = "\n".join(lines + format_lines(layout, vectors)) + "\n"
+                write_atomic(out / f"{stem}.hex", text)
+                labels = "".join(f"{i} {label}\n" for i, label in enumerate(vectors.labels))
+                write_atomic(out / f"{stem}.labels.txt", labels)
+                entry = {
+                    "vectors": f"{stem}.hex",
+                    "labels": f"{stem}.labels.txt",
+                    "stages": None,
+                    "count": len(vectors),
+                    "sha256": hashlib.sha256(text.encode("ascii")).hexdigest(),
+                }
+                if stage_dumps:
+                    records = stages(vectors) if stages is not None else exact_stages(unit, vectors)
+                    body = "".join(
+                        json.dumps(json_safe(r), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
+                        for r in records
+                    )
+                    write_atomic(out / f"{stem}.stages.jsonl", body)
+                    entry["stages"] = f"{stem}.stages.jsonl"
+                files[kind] = entry
+                counts[kind] += len(vectors)
+            manifest_units.append(
+                {
+                    "a_format": unit.a_format,
+                    "b_format": unit.b_format,
+                    "block_size": unit.block_size,
+                    "dot_length": unit.dot_length,
+                    "out_format": unit.out_format,
+                    "scaled": unit.scaled,
+                    "layout": {
+                        "word_bits": layout.word_bits,
+                        "hex_digits": layout.hex_digits,
+                        "fields": [f.as_dict() for f in layout.fields],
+                    },
+                    "files": files,
+                }
+            )
+    finally:
+        bar.close()
+    manifest = {
+        "format": "mxsim-golden",
+        "format_version": FILE_FORMAT_VERSION,
+        "mxsim_version": __version__,
+        "config": {"name": units[0].config_name, "sha256": units[0].config_hash},
+        "seed": int(seed),
+        "cases": int(cases),
+        "kinds": chosen_kinds,
+        "expected": expected_name,
+        "counts": counts,
+        "units": manifest_units,
+    }
+    write_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest

@@ -1,0 +1,214 @@
+"""What a vector file is for (:class:`GoldenUnit`) and how one vector is laid out in bits.
+
+A vector is one wide word, written as hexadecimal digits, made of fields placed
+most-significant first::
+
+    a | b | scale_a | scale_b | c | d
+
+``a`` and ``b`` are packed buses of element codes (element ``i`` at bits
+``[i*w + w-1 : i*w]`` of the field, ``w`` the format's width), ``scale_a``/``scale_b`` packed
+buses of E8M0 codes (block ``j`` at ``[8j+7 : 8j]``; absent when the unit takes no scales),
+``c`` the FP32 accumulator input bits and ``d`` the expected output bits. Every field is
+padded with zero bits at its top to a whole number of hexadecimal digits, so fields can be
+separated by ``_`` in the file and ``$readmemh`` reads the line as one number whose bit
+slices are the fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError, MxsimError
+from ..formats import get_format
+
+C_FORMAT = "fp32"  # the accumulator input c is always FP32 bits (the mxsim.dot contract)
+SCALE_BITS = 8
+
+
+@dataclass(frozen=True)
+class GoldenUnit:
+    """One dot-product unit as the vectors see it: one (A format, B format) pair of a config.
+
+    Attributes:
+        config_name: the hardware config's ``name``.
+        config_hash: the config's sha256 digest (hex), recorded in headers and the manifest.
+        a_format, b_format: element format names (table keys) of operands A and B.
+        block_size: k, elements sharing one E8M0 scale.
+        dot_length: K, elements per dot product (a vector); a multiple of ``block_size``.
+        out_format: the output format whose bits ``d`` holds (``fp32``, ``fp16`` or ``bf16``).
+        scaled: whether the unit takes E8M0 scales (false: no scale fields; the expected
+            function gets ``None`` scales).
+        align_fraction_bits: the adder's alignment window (``adder.align_fraction_bits``: terms
+            kept to multiples of 2^(R-n) below the reference R) or None when exact; corner
+            cases put alignment shifts at its edge.
+    """
+
+    config_name: str
+    config_hash: str
+    a_format: str
+    b_format: str
+    block_size: int = 32
+    dot_length: int = 32
+    out_format: str = "fp32"
+    scaled: bool = True
+    align_fraction_bits: int | None = None
+
+    def __post_init__(self):
+        for operand in ("a_format", "b_format"):
+            fmt = get_format(getattr(self, operand))
+            if fmt.bits > 16:
+                raise MxsimError(f"golden: {operand} {fmt.name} is wider than 16 bits; element codes must fit uint16")
+            object.__setattr__(self, operand, fmt.name)
+        if self.out_format not in ("fp32", "fp16", "bf16"):
+            raise MxsimError(f"golden: out_format must be fp32, fp16 or bf16, got {self.out_format!r}")
+        if self.block_size < 1 or self.dot_length < 1 or self.dot_length % self.block_size:
+            raise MxsimError(
+                f"golden: dot_length ({self.dot_length}) must be a positive multiple of block_size ({self.block_size})"
+            )
+
+    @property
+    def n_blocks(self) -> int:
+        """Scale codes per operand per vector: K / k (0 when the unit takes no scales)."""
+        return self.dot_length // self.block_size if self.scaled else 0
+
+    @property
+    def pair_name(self) -> str:
+        return f"{self.a_format}x{self.b_format}"
+
+    def file_stem(self, kind: str) -> str:
+        """File name stem of this unit's vectors of one case kind: ``<config>.<A>x<B>.<kind>``."""
+        return f"{self.config_name}.{self.pair_name}.{kind}"
+
+
+def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[GoldenUnit]:
+    """The :class:`GoldenUnit` of every (A, B) format pair of a loaded hardware config.
+
+    Args:
+        hw: a config from ``mxsim.load_hwconfig`` (reads ``name``, ``digest``, ``a_formats``,
+            ``b_formats`` and ``params(a, b)``).
+        pairs: (a_format, b_format) pairs to keep (default: every pair the config accepts).
+        dot_length: K per vector (default: the block size k, one block per dot product).
+    """
+    source = getattr(hw, "source", "<config>")
+    accepted = [(a, b) for a in hw.a_formats for b in hw.b_formats]
+    if pairs is None:
+        chosen = accepted
+    else:
+        chosen = [(get_format(a).name, get_format(b).name) for a, b in pairs]
+        for pair in chosen:
+            if pair not in accepted:
+                raise ConfigError(
+                    source, "inputs", f"format pair {pair[0]} x {pair[1]} is not accepted by this unit; "
+                    f"accepted: {', '.join(f'{a}x{b}' for a, b in accepted)}",
+                )
+    units = []
+    for a_format, b_format in chosen:
+        params = hw.params(a_format, b_format)
+        k = params.block_size
+        units.append(
+            GoldenUnit(
+                config_name=hw.name,
+                config_hash=hw.digest,
+                a_format=a_format,
+                b_format=b_format,
+                block_size=k,
+                dot_length=k if dot_length is None else dot_length,
+                out_format=params.output_format,
+                scaled=params.scales != "none",
+                align_fraction_bits=getattr(params, "align_fraction_bits", None),
+            )
+        )
+    return units
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a vector word.
+
+    Attributes:
+        name: ``a``, ``b``, ``scale_a``, ``scale_b``, ``c`` or ``d``.
+        lsb: bit position of the field's least significant bit in the word.
+        bits: payload width (``items * item_bits``).
+        hex_digits: digits the field takes in the file (payload padded at the top).
+        items: number of packed items (elements, scales; 1 for c and d).
+        item_bits: width of one item; item ``i`` is at field bits ``[i*item_bits +: item_bits]``.
+        meaning: one line for humans.
+    """
+
+    name: str
+    lsb: int
+    bits: int
+    hex_digits: int
+    items: int
+    item_bits: int
+    meaning: str
+
+    @property
+    def width(self) -> int:
+        """Bits the field occupies in the word (payload plus padding)."""
+        return 4 * self.hex_digits
+
+    @property
+    def msb(self) -> int:
+        return self.lsb + self.width - 1
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name, "msb": self.msb, "lsb": self.lsb, "bits": self.bits,
+            "hex_digits": self.hex_digits, "items": self.items, "item_bits": self.item_bits,
+            "meaning": self.meaning,
+        }
+
+
+@dataclass(frozen=True)
+class VectorLayout:
+    """The fields of one vector word, most significant first."""
+
+    fields: tuple[Field, ...]
+
+    @property
+    def word_bits(self) -> int:
+        return sum(f.width for f in self.fields)
+
+    @property
+    def hex_digits(self) -> int:
+        return self.word_bits // 4
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+def layout_for(unit: GoldenUnit) -> VectorLayout:
+    """The vector layout of ``unit``: a, b, [scale_a, scale_b,] c, d, most significant first."""
+    a_bits, b_bits = get_format(unit.a_format).bits, get_format(unit.b_format).bits
+    out_bits = get_format(unit.out_format).bits
+    K = unit.dot_length
+    specs = [
+        ("a", K, a_bits, f"A element codes ({unit.a_format}), element i at bits [{a_bits}i+{a_bits - 1}:{a_bits}i]"),
+        ("b", K, b_bits, f"B element codes ({unit.b_format}), element i at bits [{b_bits}i+{b_bits - 1}:{b_bits}i]"),
+    ]
+    if unit.scaled:
+        nb = unit.n_blocks
+        specs += [
+            ("scale_a", nb, SCALE_BITS, f"A E8M0 scale codes, block j (elements {unit.block_size}j..) at bits [8j+7:8j]"),
+            ("scale_b", nb, SCALE_BITS, "B E8M0 scale codes, block j at bits [8j+7:8j]"),
+        ]
+    specs += [
+        ("c", 1, 32, "accumulator input, FP32 bits"),
+        ("d", 1, out_bits, f"expected output, {unit.out_format} bits"),
+    ]
+    fields = []
+    lsb = sum(-(-items * item_bits // 4) * 4 for _, items, item_bits, _ in specs)
+    for name, items, item_bits, meaning in specs:
+        bits = items * item_bits
+        digits = -(-bits // 4)
+        lsb -= 4 * digits
+        fields.append(Field(name, lsb, bits, digits, items, item_bits, meaning))
+    return VectorLayout(tuple(fields))

@@ -1,0 +1,163 @@
+"""The vector file: ``$readmemh``-readable hex lines with a self-describing header.
+
+File format (one file per unit and case kind)::
+
+    // mxsim golden vectors, format 1
+    // config: <name> sha256 <hex digest>
+    // mxsim <version>, seed <seed>, kind <kind>, vectors <n>
+    // unit: a <fmt>, b <fmt>, K <K>, k <k>, out <fmt>
+    // word: <bits> bits, <digits> hex digits per line, fields most significant first, '_' between fields
+    // field <name> [<msb>:<lsb>] <bits> bits (<items> x <item_bits>): <meaning>
+    ...
+    <a>_<b>_<scale_a>_<scale_b>_<c>_<d>
+    ...
+
+``$readmemh`` skips the ``//`` comments and ignores the ``_`` separators (Verilog number
+syntax), so each line loads as one ``word_bits``-wide memory word; the ``field`` lines give
+its bit slices. Digits are lowercase.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MxsimError
+from .layout import Field, VectorLayout
+
+FILE_FORMAT_VERSION = 1
+_HEX = np.array(list("0123456789abcdef"))
+_FIELD_LINE = re.compile(r"^// field (\w+) \[(\d+):(\d+)\] (\d+) bits \((\d+) x (\d+)\): (.*)$")
+
+
+@dataclass
+class VectorSet:
+    """Vectors as arrays: one row per vector.
+
+    Attributes:
+        a, b: element codes, shape (n, K), unsigned integers.
+        scale_a, scale_b: E8M0 codes, shape (n, K/k), uint8; None for units without scales.
+        c: accumulator input FP32 bits, shape (n,), uint32.
+        d: expected output bits, shape (n,), uint32 (None before the expected function ran).
+        labels: one short name per vector saying which case it is.
+    """
+
+    a: np.ndarray
+    b: np.ndarray
+    scale_a: np.ndarray | None
+    scale_b: np.ndarray | None
+    c: np.ndarray
+    d: np.ndarray | None = None
+    labels: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.c.shape[0])
+
+    def column(self, name: str) -> np.ndarray:
+        """The field ``name`` as an (n, items) integer array."""
+        value = getattr(self, name)
+        if value is None:
+            raise MxsimError(f"golden: vector field {name!r} is not set")
+        return value if value.ndim == 2 else value.reshape(-1, 1)
+
+
+def hex_column(values: np.ndarray, item_bits: int, hex_digits: int) -> np.ndarray:
+    """Each row of ``values`` (n, items) packed (item i at bits [i*item_bits +: item_bits]) as hex text."""
+    values = np.asarray(values, dtype=np.uint64)
+    values = values if values.ndim == 2 else values.reshape(-1, 1)
+    n, items = values.shape
+    if item_bits < 64 and values.size and int(values.max()) >> item_bits:
+        raise MxsimError(f"golden: a value does not fit its {item_bits}-bit field")
+    bits = ((values[:, :, None] >> np.arange(item_bits, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
+    bits = bits.reshape(n, items * item_bits)
+    padded = np.zeros((n, 4 * hex_digits), dtype=np.uint8)
+    padded[:, : items * item_bits] = bits
+    nibbles = padded.reshape(n, hex_digits, 4) @ np.array([1, 2, 4, 8], dtype=np.uint8)
+    chars = np.ascontiguousarray(_HEX[nibbles[:, ::-1]])
+    return chars.view(f"<U{hex_digits}").reshape(n)
+
+
+def format_lines(layout: VectorLayout, vectors: VectorSet) -> list[str]:
+    """The data lines (no newline) of ``vectors``: fields in layout order joined by ``_``."""
+    columns = [hex_column(vectors.column(f.name), f.item_bits, f.hex_digits) for f in layout.fields]
+    return ["_".join(parts) for parts in zip(*columns)]
+
+
+def header_lines(layout: VectorLayout, unit, *, mxsim_version: str, seed: int, kind: str, count: int) -> list[str]:
+    """The ``//`` header lines (no newline) that describe a vector file."""
+    lines = [
+        f"// mxsim golden vectors, format {FILE_FORMAT_VERSION}",
+        f"// config: {unit.config_name} sha256 {unit.config_hash}",
+        f"// mxsim {mxsim_version}, seed {seed}, kind {kind}, vectors {count}",
+        f"// unit: a {unit.a_format}, b {unit.b_format}, K {unit.dot_length}, k {unit.block_size}, out {unit.out_format}",
+        f"// word: {layout.word_bits} bits, {layout.hex_digits} hex digits per line, "
+        "fields most significant first, '_' between fields",
+    ]
+    for f in layout.fields:
+        lines.append(f"// field {f.name} [{f.msb}:{f.lsb}] {f.bits} bits ({f.items} x {f.item_bits}): {f.meaning}")
+    return lines
+
+
+def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayout, VectorSet]:
+    """Parse a vector file's text (as written by :func:`format_lines` after its header).
+
+    The layout is read from the header's ``// field`` lines. Returns the layout and the
+    vectors (labels empty). Raises MxsimError naming the line for malformed input.
+    """
+    fields: list[Field] = []
+    rows: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("//"):
+            match = _FIELD_LINE.match(stripped)
+            if match:
+                name, msb, lsb, bits, items, item_bits, meaning = match.groups()
+                msb, lsb = int(msb), int(lsb)
+                fields.append(Field(name, lsb, int(bits), (msb - lsb + 1) // 4, int(items), int(item_bits), meaning))
+            continue
+        rows.append((number, stripped))
+    if not fields:
+        raise MxsimError(f"{source}: no '// field' header lines; not an mxsim golden vector file")
+    layout = VectorLayout(tuple(fields))
+    widths = [f.hex_digits for f in layout.fields]
+    words = []
+    for number, line in rows:
+        parts = line.split("_")
+        if [len(p) for p in parts] != widths:
+            raise MxsimError(f"{source}:{number}: expected fields of {widths} hex digits, got {line!r}")
+        try:
+            words.append(int("".join(parts), 16))
+        except ValueError:
+            raise MxsimError(f"{source}:{number}: not hexadecimal: {line!r}") from None
+    columns = {}
+    for f in layout.fields:
+        mask = (1 << f.item_bits) - 1
+        dtype = np.uint8 if f.item_bits <= 8 else np.uint16 if f.item_bits <= 16 else np.uint32
+        column = np.zeros((len(words), f.items), dtype=dtype)
+        for row, word in enumerate(words):
+            value = word >> f.lsb
+            if value >> f.bits & ((1 << (f.width - f.bits)) - 1):
+                raise MxsimError(f"{source}:{rows[row][0]}: padding bits of field {f.name!r} are not zero")
+            for item in range(f.items):
+                column[row, item] = (value >> (item * f.item_bits)) & mask
+        columns[f.name] = column
+    n = len(words)
+    vectors = VectorSet(
+        a=columns["a"], b=columns["b"],
+        scale_a=columns.get("scale_a"), scale_b=columns.get("scale_b"),
+        c=columns["c"].reshape(n).astype(np.uint32), d=columns["d"].reshape(n).astype(np.uint32),
+    )
+    return layout, vectors
+
+
+def read_vector_file(path: str | Path) -> tuple[VectorLayout, VectorSet]:
+    """Read a vector file written by :func:`mxsim.golden.generate` (see :func:`parse_vector_text`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MxsimError(f"{path}: no such file")
+    return parse_vector_text(path.read_text(), str(path))

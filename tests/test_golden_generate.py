@@ -1,0 +1,190 @@
+"""Tests of mxsim.golden.generate: files, manifest, determinism, atomic writes, progress, mxsim.dot."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import mxsim
+from conftest import REPO
+from mxsim.errors import MxsimError
+from mxsim.golden import GoldenUnit, generate, make_cases, output_bits, read_vector_file, units_from_hwconfig
+from mxsim.golden.generate import write_atomic
+from test_golden_model import ocp_exact_expected_fn
+
+FP4 = GoldenUnit("ocp-exact", "c0ffee" * 10 + "abcd", "fp4_e2m1", "fp4_e2m1")
+OCP_EXACT = REPO / "hwconfigs" / "ocp-exact.yaml"
+
+
+def run(out, unit=FP4, **kw):
+    kw.setdefault("cases", 50)
+    kw.setdefault("seed", 7)
+    return generate(unit, out, expected_fn=ocp_exact_expected_fn(unit), **kw)
+
+
+def test_files_and_manifest(tmp_path):
+    manifest = run(tmp_path, kinds=["random", "corners"], stage_dumps=True)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    assert manifest["config"] == {"name": "ocp-exact", "sha256": FP4.config_hash}
+    assert manifest["seed"] == 7 and manifest["cases"] == 50 and manifest["kinds"] == ["random", "corners"]
+    assert manifest["mxsim_version"] == mxsim.__version__
+    assert manifest["expected"] == "tests.test_golden_model.ocp_exact"
+    (unit,) = manifest["units"]
+    assert unit["layout"]["word_bits"] == 336
+    assert [f["name"] for f in unit["layout"]["fields"]] == ["a", "b", "scale_a", "scale_b", "c", "d"]
+    assert manifest["counts"]["random"] == 50 == unit["files"]["random"]["count"]
+    for kind, entry in unit["files"].items():
+        text = (tmp_path / entry["vectors"]).read_text()
+        assert hashlib.sha256(text.encode()).hexdigest() == entry["sha256"]
+        assert sum(1 for line in text.splitlines() if not line.startswith("//")) == entry["count"]
+        labels = (tmp_path / entry["labels"]).read_text().splitlines()
+        assert len(labels) == entry["count"] and labels[0].startswith("0 ")
+        stages = (tmp_path / entry["stages"]).read_text().splitlines()
+        assert len(stages) == entry["count"] and json.loads(stages[-1])["index"] == entry["count"] - 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_written_expected_bits_are_the_models(tmp_path):
+    """Reading the file back gives the inputs, and the model recomputed on them gives the file's d."""
+    manifest = run(tmp_path, kinds=["corners"])
+    entry = manifest["units"][0]["files"]["corners"]
+    layout, vectors = read_vector_file(tmp_path / entry["vectors"])
+    recomputed = ocp_exact_expected_fn(FP4)(vectors.a, vectors.b, vectors.scale_a, vectors.scale_b, vectors.c)
+    assert np.array_equal(vectors.d, recomputed)
+    original = make_cases(FP4, "corners", 50, 7)
+    assert np.array_equal(vectors.a, original.a) and np.array_equal(vectors.c, original.c)
+
+
+def test_same_arguments_give_byte_identical_files(tmp_path):
+    run(tmp_path / "one", kinds=["random", "corners"], stage_dumps=True)
+    run(tmp_path / "two", kinds=["random", "corners"], stage_dumps=True)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    run(tmp_path / "three", kinds=["random"], seed=8)
+    random_name = "ocp-exact.fp4_e2m1xfp4_e2m1.random.hex"
+    assert (tmp_path / "three" / random_name).read_bytes() != (tmp_path / "one" / random_name).read_bytes()
+
+
+def test_write_atomic_leaves_the_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "v.hex"
+    target.write_text("old\n")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        write_atomic(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["v.hex"]
+
+
+def test_write_atomic_file_mode_follows_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "x.txt", "x\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "x.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_progress_callback_and_plain_counter(tmp_path, monkeypatch, capsys):
+    calls = []
+    run(tmp_path / "a", kinds=["random", "corners"], progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1][0] == calls[-1][1] and all(d <= t for d, t in calls)
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import fails: plain counter on stderr
+    run(tmp_path / "b", kinds=["random"], progress=True)
+    assert "mxsim golden: 50/50 vectors" in capsys.readouterr().err
+    run(tmp_path / "c", kinds=["random"], progress=False)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(kinds=["fuzz"]), "unknown case kind"),
+        (dict(kinds=[]), "no case kind"),
+        (dict(cases=-1), "non-negative"),
+    ],
+)
+def test_bad_arguments(tmp_path, kwargs, message):
+    with pytest.raises(MxsimError, match=message):
+        run(tmp_path, **kwargs)
+
+
+def test_expected_function_contract(tmp_path):
+    with pytest.raises(MxsimError, match="needs expected_fn"):
+        generate(FP4, tmp_path, cases=5)
+    with pytest.raises(MxsimError, match="returned shape"):
+        generate(FP4, tmp_path, cases=5, kinds="random", expected_fn=lambda a, b, sa, sb, c: np.zeros(3, np.uint32))
+    other = GoldenUnit("ocp-exact", FP4.config_hash, "fp4_e2m1", "fp6_e2m3")
+    with pytest.raises(MxsimError, match="serve one format pair"):
+        generate([FP4, other], tmp_path, cases=5, expected_fn=ocp_exact_expected_fn(FP4))
+    manifest = generate([FP4, other], tmp_path, cases=5, kinds="random", expected_factory=ocp_exact_expected_fn)
+    assert [u["b_format"] for u in manifest["units"]] == ["fp4_e2m1", "fp6_e2m3"]
+
+
+def test_output_bits_views_and_checks():
+    assert output_bits(np.array([1.0], np.float32), "fp32").tolist() == [0x3F800000]
+    assert output_bits(np.array([0x3C00], np.uint16), "fp16").tolist() == [0x3C00]
+    with pytest.raises(MxsimError):
+        output_bits(np.array([1 << 16]), "bf16")
+    with pytest.raises(MxsimError):
+        output_bits(np.array([1.0]), "fp32")  # float64 values are not fp32 bits
+
+
+# Against the datapath: the default expected function is mxsim.dot ---------------------
+@pytest.fixture(scope="module")
+def ocp_exact():
+    datapath = pytest.importorskip("mxsim.datapath")
+    if not OCP_EXACT.is_file() or not hasattr(datapath, "dot"):
+        pytest.skip("mxsim.dot or hwconfigs/ocp-exact.yaml not available yet")
+    return datapath.load_hwconfig(OCP_EXACT)
+
+
+@pytest.mark.parametrize(
+    "pair, kinds",
+    [
+        (("fp4_e2m1", "fp4_e2m1"), ["random", "corners", "exhaustive"]),
+        (("fp8_e4m3", "fp8_e5m2"), ["random", "corners"]),
+        (("int8", "fp6_e3m2"), ["random", "corners"]),
+    ],
+)
+def test_default_expected_fn_equals_the_exact_model(tmp_path, ocp_exact, pair, kinds):
+    """mxsim.dot on ocp-exact gives, bit for bit, what the independent Fraction model gives."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN payloads cast inside the datapath
+        manifest = generate(ocp_exact, tmp_path, cases=300, seed=11, kinds=kinds, pairs=[pair])
+    assert manifest["expected"] == "mxsim.dot" and manifest["config"]["sha256"] == ocp_exact.digest
+    unit_entry = manifest["units"][0]
+    (unit,) = units_from_hwconfig(ocp_exact, pairs=[pair])
+    model = ocp_exact_expected_fn(unit)
+    differences = []
+    for kind in kinds:
+        entry = unit_entry["files"][kind]
+        _, vectors = read_vector_file(tmp_path / entry["vectors"])
+        labels = (tmp_path / entry["labels"]).read_text().split("\n")
+        want = model(vectors.a, vectors.b, vectors.scale_a, vectors.scale_b, vectors.c)
+        for i in np.flatnonzero(vectors.d != want):
+            differences.append(f"{labels[i]}: mxsim.dot {int(vectors.d[i]):08x}, model {int(want[i]):08x}")
+    assert not differences, f"{len(differences)} differences:\n" + "\n".join(differences[:20])
+
+
+def test_generate_from_a_config_path_with_explain_stages(tmp_path, ocp_exact):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        manifest = generate(OCP_EXACT, tmp_path, cases=20, seed=1, kinds="random", pairs=[("fp4_e2m1", "fp6_e2m3")],
+                            stage_dumps=True)
+    entry = manifest["units"][0]["files"]["random"]
+    records = [json.loads(line) for line in (tmp_path / entry["stages"]).read_text().splitlines()]
+    _, vectors = read_vector_file(tmp_path / entry["vectors"])
+    assert [r["source"] for r in records] == ["mxsim.explain"] * 20
+    assert [r["bits"] for r in records] == vectors.d.tolist()
