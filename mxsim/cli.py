@@ -208,7 +208,8 @@ def cmd_replay(args) -> int:
 
     trace = load_trace(args.trace)
     units = _hwconfigs(args.hw)
-    report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty())
+    report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
+                    element_format=args.format)
     if args.plots:
         report["plots"] = write_histograms(report, args.plots)
     report.pop("_results")
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("trace", help="trace directory (see docs/trace-format.md)")
     replay.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
     replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy")
+    replay.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
     replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
     replay.add_argument("--plots", metavar="DIR", help="write PNG error histograms (needs matplotlib)")
     replay.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from mxsim.formats import FORMATS
 
 settings.register_profile("default", max_examples=200, deadline=None)
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True)
-settings.load_profile("ci" if __import__("os").environ.get("CI") else "default")
+settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -27,6 +29,17 @@ def same_float(a: float, b: float) -> bool:
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """torch, or a skip with the install hint (a failure when CI is set: CI must test capture)."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("torch is required when CI is set: pip install 'mxsim[torch]' (torch==2.13.0)", pytrace=False)
+        pytest.skip("torch is not installed (pip install 'mxsim[torch]')")
 
 
 @pytest.fixture(params=NARROW_FORMATS)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 
 import numpy as np
 import pytest
@@ -15,16 +13,6 @@ from mxsim.trace.lowering import gemm_reference
 
 # conv_zoo's padding="same" with an even kernel is deliberate (asymmetric padding)
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
-
-
-@pytest.fixture(scope="module")
-def torch():
-    try:
-        return importlib.import_module("torch")
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("torch is required when CI is set: pip install 'mxsim[torch]' (torch==2.13.0)", pytrace=False)
-        pytest.skip("torch is not installed (pip install 'mxsim[torch]')")
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
 
 import numpy as np
 import pytest
@@ -20,16 +18,6 @@ from mxsim.trace.conv import (
     normalize_padding,
     weight_matrix,
 )
-
-
-@pytest.fixture(scope="module")
-def torch():
-    try:
-        return importlib.import_module("torch")
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("torch is required when CI is set: pip install 'mxsim[torch]' (torch==2.13.0)", pytrace=False)
-        pytest.skip("torch is not installed (pip install 'mxsim[torch]')")
 
 
 @st.composite

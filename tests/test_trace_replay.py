@@ -98,3 +98,20 @@ def test_replay_errors():
     with pytest.raises(TraceError):
         load_trace(REPO / "traces" / "no-such-trace")
     assert isinstance(trace, Trace)
+
+
+def test_real_model_replays_under_several_units():
+    # PaddleOCR's text-direction classifier, shipped in the rapidocr_onnxruntime wheel.
+    trace = load_trace(REPO / "traces" / "ppocr-cls")
+    report = replay(trace, [HW["ocp-exact"], HW["h100-fp8"]])
+    assert len(report["layers"]) == len(trace.layers) >= 5
+    for name in ("ocp-exact", "h100-fp8"):
+        assert report["totals"][name]["worst_layer_sqnr_vs_float_db"] > 10
+
+
+def test_element_format_override():
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    report = replay(trace, [HW["ocp-exact"]], element_format="fp4_e2m1")
+    assert {r["input"]["format"] for entry in report["layers"] for r in entry["results"]} == {"fp4_e2m1"}
+    with pytest.raises(MxsimError, match="does not take fp4_e2m1"):
+        replay(trace, [HW["h100-fp8"]], element_format="fp4_e2m1")

@@ -525,8 +525,10 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
         if names - known:
             raise MxsimError(f"capture_onnx: no MatMul/Gemm/Conv node named {sorted(names - known)}")
 
-        def select(node):
+        def select_by_name(node):
             return node.name in names
+
+        select = select_by_name
     plans = _plan_layers(g, select)
     wanted = set()
     for plan in plans:

@@ -77,11 +77,18 @@ def _sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def _choose(layer: Layer, operand: str, hw: HardwareConfig) -> tuple[OperandChoice, MXQuant | None]:
-    """The quantization of ``operand`` on ``hw``: the trace's MX spec if the unit can run it."""
+def _choose(layer: Layer, operand: str, hw: HardwareConfig,
+            element_format: str | None = None) -> tuple[OperandChoice, MXQuant | None]:
+    """The quantization of ``operand`` on ``hw``: ``element_format`` if given (OCP profile),
+    else the trace's MX spec if the unit can run it, else the unit's first format."""
     accepted = hw.a_formats if operand == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     per_tensor = hw.sections[("inputs", "scales")] == "none"
+    if element_format is not None:
+        name = get_format(element_format).name
+        if name not in accepted:
+            raise MxsimError(f"{hw.name} does not take {name} for the {operand}; it takes {', '.join(accepted)}")
+        return OperandChoice(name, "ocp", per_tensor, "format chosen by the caller"), None
     spec = layer.quant.get(operand)
     note = ""
     if isinstance(spec, MXQuant):
@@ -118,16 +125,17 @@ def _quantize_operand(matrix: np.ndarray, choice: OperandChoice, spec: MXQuant |
     return quantize(matrix, choice.format, axis=1, block_size=block, profile=choice.profile, **options), 0
 
 
-def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None):
-    """Run ``layer`` (its recorded input, or ``x``) through ``hw``.
+def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None):
+    """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
+    ``element_format`` if given).
 
     Returns (output in the layer's layout as float64, ideal MX output, output bits (G, M, N),
     the GEMM outputs and their ideal values before bias (G, M, N), input choice, weight choice).
     """
     at = layer if x is None else layer_with_input(layer, x)
     block = hw.sections[("inputs", "block_size")]
-    input_choice, input_spec = _choose(at, "input", hw)
-    weight_choice, weight_spec = _choose(at, "weight", hw)
+    input_choice, input_spec = _choose(at, "input", hw, element_format)
+    weight_choice, weight_spec = _choose(at, "weight", hw, element_format)
     a = lower_input(at)
     b = lower_weight(at)
     shape = gemm_shape(at)
@@ -161,12 +169,13 @@ def _ulp_errors(values: np.ndarray, ideal: np.ndarray, out_format: str) -> np.nd
     return np.abs(values - ideal) / ulp
 
 
-def replay_layer(layer: Layer, hw: HardwareConfig) -> LayerResult:
+def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None) -> LayerResult:
     """One layer through one unit, with its metrics and (if the config has ``array:``) cycles."""
     import time
 
     start = time.perf_counter()
-    values, ideal, bits, (gemm_values, gemm_ideal), input_choice, weight_choice = layer_gemm(layer, hw)
+    values, ideal, bits, (gemm_values, gemm_ideal), input_choice, weight_choice = layer_gemm(
+        layer, hw, element_format=element_format)
     seconds = time.perf_counter() - start
     reference = layer.output.astype(np.float64)
     error = values - reference
@@ -223,9 +232,11 @@ def _progress(total: int, enabled: bool):
 
 
 def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
-           progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None) -> dict:
+           progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
+           element_format: str | None = None) -> dict:
     """Replay every layer of ``trace`` through each unit; totals, pairwise bit agreement and,
-    with ``end_to_end``, task accuracy with every layer computed by each unit."""
+    with ``end_to_end``, task accuracy with every layer computed by each unit. With
+    ``element_format`` every operand is quantized to it (OCP profile) instead of the trace's specs."""
     if not units:
         raise MxsimError("replay needs at least one hardware config")
     names = [hw.name for hw in units]
@@ -235,7 +246,7 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     results: dict[str, list[LayerResult]] = {hw.name: [] for hw in units}
     for layer in trace.layers:
         for hw in units:
-            result = replay_layer(layer, hw)
+            result = replay_layer(layer, hw, element_format)
             results[hw.name].append(result)
             if on_layer:
                 on_layer(result)
@@ -243,7 +254,8 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                 bar.update(1)
     if bar:
         bar.close()
-    report = {"trace": trace.name, "units": names, "layers": [], "totals": {}, "agreement": [], "end_to_end": None}
+    report = {"trace": trace.name, "units": names, "element_format": element_format, "layers": [], "totals": {},
+              "agreement": [], "end_to_end": None}
     for index, layer in enumerate(trace.layers):
         report["layers"].append({"layer": layer.name, "op": layer.op,
                                  "results": [results[n][index].to_dict() for n in names]})
@@ -271,7 +283,7 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
         report["end_to_end"] = {"float_accuracy": float_accuracy, "accuracy": {}}
         for hw in units:
             report["end_to_end"]["accuracy"][hw.name] = accuracy(
-                trace, layer_fn=lambda layer, x, hw=hw: layer_gemm(layer, hw, x)[0]
+                trace, layer_fn=lambda layer, x, hw=hw: layer_gemm(layer, hw, x, element_format)[0]
             )
     report["_results"] = results
     return report
