@@ -14,6 +14,7 @@ from ..formats.rounding import rounding_code
 from ..quantize import MXTensor, quantize
 from ..quantize._kernels import SCALE_NAN
 from . import _kernels as K
+from .blas import blas_applies, blas_matmul
 from .config import DatapathParams, HardwareConfig, load_hwconfig
 from .reference import alignment_emin, dot_reference, sum_format
 
@@ -204,7 +205,7 @@ def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: in
 
 
 def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, progress=None,
-           tile_rows: int = 256) -> MatmulResult:
+           tile_rows: int = 256, method: str = "auto") -> MatmulResult:
     """C + A @ B through the unit ``hw``, every output bit exact.
 
     ``A`` (M, K) and ``B`` (K, N) are MXTensors quantized along K (A on axis 1, B on axis 0)
@@ -213,7 +214,13 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     ``c`` is an (M, N) float32 accumulator input (None: +0). The kernel runs on tiles of
     ``tile_rows`` rows of A, calling ``progress(rows_done, rows_total)`` after each; memory
     stays at the operands' codes plus the output bits (plus ``c`` if given).
+
+    ``method``: ``"kernel"`` always runs the datapath kernel; ``"auto"`` (default) uses the
+    float64-BLAS route of :mod:`mxsim.datapath.blas` where it is provably bit-identical
+    (exact trees into an RNE fp32 accumulator with formats whose tree sums fit float64).
     """
+    if method not in ("auto", "kernel"):
+        raise MxsimError(f"matmul: method must be 'auto' or 'kernel', got {method!r}")
     config = _as_config(hw)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, axis=1)
@@ -231,6 +238,9 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     out = np.empty((rows, columns), dtype=output_dtype(params.output_format))
     codes_a = tensor_a.codes.reshape(rows, -1)
     codes_b = tensor_b.codes.reshape(columns, -1)
+    if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
+        blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
+        return MatmulResult(out, params.output_format)
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
         c_tile = c_values if c is None else c_values[start:stop]

@@ -1,0 +1,126 @@
+"""A float64-BLAS route for exact-tree units, bit-identical to the datapath kernel where it applies.
+
+It applies to units whose trees are exact (no alignment window, no n-bit sum, exact
+products, k order) and whose accumulator is fp32 with round-to-nearest-even, gradual
+underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact) and
+MXDOTP. Then each tree adds ``S = sum of F products`` exactly to the accumulator and rounds
+once: ``acc = RNE_fp32(acc + S)``.
+
+Why float64 BLAS computes S exactly: every element is a·2^Xa with a from a table of at most
+8-bit significands, and a tree lies inside one block, so its products share one scale
+2^(Xa+Xb) and are integer multiples of u = 2^(lsb_a + lsb_b + Xa + Xb) (lsb: the exponent of
+the format's smallest subnormal step) below 2^(E+1), E = the exponent of max|a|·max|b|. Every
+partial sum of F such products, in any order, is a multiple of u below F·2^(E+1), which needs
+at most (E + 1 - lsb_a - lsb_b) + ceil(log2 F) bits: when that is <= 53 every partial sum is a
+float64 and no BLAS summation order can round. (fp8_e4m3 x fp8_e4m3, F = 32: 36 + 5 = 41 bits;
+fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Scaling the elements by 2^X is exact
+(the results stay normal float64s).
+
+The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
+(TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
+exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest-even
+rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
+NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..formats import get_format
+from ..quantize._kernels import SCALE_NAN
+from .config import DatapathParams
+
+ROW_TILE = 512
+
+
+def _span_bits(fmt) -> tuple[int, int]:
+    """(exponent of the largest value's leading bit, exponent of the smallest step)."""
+    return fmt.emax, 1 - fmt.bias - fmt.mantissa_bits
+
+
+def exact_in_float64(params: DatapathParams) -> bool:
+    """Whether every tree sum of this unit's formats is exact in float64 (module docstring)."""
+    high_a, low_a = _span_bits(get_format(params.a_format))
+    high_b, low_b = _span_bits(get_format(params.b_format))
+    return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(params.fused_terms)) <= 53
+
+
+def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values) -> bool:
+    """Whether this GEMM may take the BLAS route (parameters and data)."""
+    unit_ok = (
+        params.align_fraction_bits is None
+        and params.sum_significant_bits is None
+        and params.product_fraction_bits is None
+        and params.term_order is None
+        and params.input_subnormals
+        and params.accumulator_format == "fp32"
+        and params.accumulator_rounding == "nearest_even"
+        and params.accumulator_subnormals
+        and params.c_entry == "initial"
+        and params.promotion_interval is None
+        and params.output_format == "fp32"
+        and params.output_subnormals
+        and (params.scales == "none" or params.block_size % params.fused_terms == 0)
+        and exact_in_float64(params)
+    )
+    if not unit_ok:
+        return False
+    a_values, _, b_values = kernel_args[0], kernel_args[1], kernel_args[2]
+    if not (np.isfinite(a_values[codes_a]).all() and np.isfinite(b_values[codes_b]).all()):
+        return False
+    if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
+        return False
+    return bool(np.isfinite(c_values).all() and not np.signbit(c_values[c_values == 0]).any())
+
+
+@njit(cache=True, parallel=True)
+def accumulate_rne_fp32(acc, tree_sums):
+    """acc = RNE_fp32(acc + tree_sums) elementwise, exactly (round-to-odd float64, then fp32)."""
+    rows, columns = acc.shape
+    for i in prange(rows):
+        for j in range(columns):
+            a = np.float64(acc[i, j])
+            b = tree_sums[i, j]
+            total = a + b
+            if not math.isfinite(total):  # an infinite accumulator stays infinite (TwoSum needs finite)
+                acc[i, j] = np.float32(total)
+                continue
+            back = total - a
+            error = (a - (total - back)) + (b - back)
+            if error != 0.0:
+                bits = np.float64(total).view(np.int64)
+                if bits & 1 == 0:
+                    bits += 1 if (error > 0.0) == (total > 0.0) else -1
+                    total = np.int64(bits).view(np.float64)
+            acc[i, j] = np.float32(total)
+
+
+def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
+                progress=None) -> None:
+    """Fill ``out`` (uint32 fp32 bits) with the unit's GEMM through float64 BLAS (see module doc)."""
+    a_values, b_values = kernel_args[0], kernel_args[2]
+    rows, length = codes_a.shape
+    columns = codes_b.shape[0]
+    width = params.fused_terms
+    block = params.block_size
+    acc_all = out.view(np.float32)
+    for start in range(0, rows, ROW_TILE):
+        stop = min(start + ROW_TILE, rows)
+        acc = acc_all[start:stop]
+        if c_values.shape == (1, 1):
+            acc[...] = np.float32(c_values[0, 0])
+        else:
+            acc[...] = c_values[start:stop].astype(np.float32)
+        for k in range(0, length, width):
+            tree_a = a_values[codes_a[start:stop, k : k + width]]
+            tree_b = b_values[codes_b[:, k : k + width]]
+            if params.scales != "none":
+                tree_a = tree_a * np.exp2(scales_a[start:stop, k // block].astype(np.float64))[:, None]
+                tree_b = tree_b * np.exp2(scales_b[:, k // block].astype(np.float64))[:, None]
+            accumulate_rne_fp32(acc, tree_a @ tree_b.T)
+        if progress is not None:
+            progress(stop, rows)

@@ -1,0 +1,79 @@
+"""The float64-BLAS route equals the datapath kernel bit for bit wherever it is taken."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO
+from mxsim import quantize
+from mxsim.datapath import load_hwconfig, matmul
+from mxsim.datapath.blas import blas_applies, exact_in_float64
+from mxsim.datapath.dot import _kernel_arguments, _tensor_scales
+
+UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp", "h100-fp8")}
+SMALL_SPAN = ["fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
+
+
+def route_taken(unit, qa, qb, c=None) -> bool:
+    params = unit.params(qa.element_format.name, qb.element_format.name)
+    _, _, args = _kernel_arguments(params)
+    c_values = np.zeros((1, 1)) if c is None else c.astype(np.float64)
+    return blas_applies(params, args, qa.codes, qb.codes, _tensor_scales(qa, params), _tensor_scales(qb, params), c_values)
+
+
+def test_exactness_condition_per_format_pair():
+    params = UNITS["ocp-exact"].params
+    assert exact_in_float64(params("fp8_e4m3", "fp8_e4m3"))  # 36 + 5 bits
+    assert exact_in_float64(params("int8", "int8"))
+    assert not exact_in_float64(params("fp8_e5m2", "fp8_e5m2"))  # 64 + 5 bits
+    assert not exact_in_float64(params("fp8_e4m3", "fp8_e5m2"))  # 50 + 5 bits
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    unit=st.sampled_from(["ocp-exact", "mxdotp"]),
+    a_format=st.sampled_from(SMALL_SPAN),
+    b_format=st.sampled_from(SMALL_SPAN),
+    shape=st.tuples(st.integers(1, 9), st.integers(1, 80), st.integers(1, 7)),
+    spread=st.floats(0, 40),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_blas_route_equals_the_kernel(unit, a_format, b_format, shape, spread, with_c, seed):
+    rng = np.random.default_rng(seed)
+    rows, length, columns = shape
+    # Wide per-row and per-column magnitudes reach fp32 subnormals and overflow.
+    A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)) * 3)
+    B = rng.standard_normal((length, columns)) * np.exp2(rng.uniform(-spread, spread, (1, columns)) * 3)
+    qa = quantize(A, a_format, axis=1)
+    qb = quantize(B, b_format, axis=0)
+    c = (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32) if with_c else None
+    if c is not None:
+        c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
+    hw = UNITS[unit]
+    assert route_taken(hw, qa, qb, c)
+    fast = matmul(hw, qa, qb, c=c)
+    slow = matmul(hw, qa, qb, c=c, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+
+
+def test_special_inputs_and_other_units_go_to_the_kernel():
+    qa = quantize(np.array([[1.0, np.nan]]), "fp8_e4m3", axis=1)
+    qb = quantize(np.ones((2, 1)), "fp8_e4m3", axis=0)
+    assert not route_taken(UNITS["ocp-exact"], qa, qb)  # NaN element (a NaN block scale)
+    ok_a = quantize(np.ones((1, 2)), "fp8_e4m3", axis=1)
+    assert route_taken(UNITS["ocp-exact"], ok_a, qb)
+    assert not route_taken(UNITS["ocp-exact"], ok_a, qb, c=np.array([[-0.0]], dtype=np.float32))
+    e5m2 = quantize(np.ones((2, 1)), "fp8_e5m2", axis=0)
+    assert not route_taken(UNITS["ocp-exact"], ok_a, e5m2)
+    assert np.isnan(matmul(UNITS["ocp-exact"], qa, qb).values[0, 0])
+
+
+def test_unknown_method_is_an_error():
+    qa = quantize(np.ones((1, 2)), "fp8_e4m3", axis=1)
+    qb = quantize(np.ones((2, 1)), "fp8_e4m3", axis=0)
+    with pytest.raises(Exception, match="method"):
+        matmul(UNITS["ocp-exact"], qa, qb, method="fast")
