@@ -275,3 +275,10 @@ def test_quark_ceil_misses_the_power_of_two_just_above_it():
     x = np.array([16.000002, 2.0], dtype=np.float32)
     assert fake_quantize(x, "fp4_e2m1", block_size=2, scale_rule="ceil").tolist() == [16.0, 0.0]
     assert fake_quantize(x, "fp4_e2m1", block_size=2, profile="quark-ceil").tolist() == [16.0, 2.0]
+
+
+def test_docs_show_the_profiles_table_verbatim():
+    from conftest import REPO
+    from mxsim.quantize.options import profiles_markdown
+
+    assert profiles_markdown() in (REPO / "docs" / "profiles.md").read_text()

@@ -121,6 +121,21 @@ PROFILES: dict[str, QuantOptions] = {
 }
 
 
+def profiles_markdown() -> str:
+    """The PROFILES table as Markdown (docs/profiles.md embeds it verbatim)."""
+    names = list(PROFILES)
+    lines = ["| option | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for field in dataclasses.fields(QuantOptions):
+        if field.name == "seed":
+            continue
+        cells = []
+        for name in names:
+            value = getattr(PROFILES[name], field.name)
+            cells.append(f"`{value}`" if value != () else "—")
+        lines.append(f"| {field.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def resolve_options(profile: str = "ocp", **overrides) -> QuantOptions:
     """The options of ``profile`` with ``overrides`` applied; unknown names list the valid ones."""
     if profile not in PROFILES:
