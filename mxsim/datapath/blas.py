@@ -28,13 +28,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .config import DatapathParams
 
-ROW_TILE = 512
+ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~16 MiB per array)
 
 
 def _span_bits(fmt) -> tuple[int, int]:
@@ -77,26 +77,34 @@ def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a
     return bool(np.isfinite(c_values).all() and not np.signbit(c_values[c_values == 0]).any())
 
 
-@njit(cache=True, parallel=True)
-def accumulate_rne_fp32(acc, tree_sums):
-    """acc = RNE_fp32(acc + tree_sums) elementwise, exactly (round-to-odd float64, then fp32)."""
+@njit(cache=True)  # serial: BLAS's own threads are still spinning right after each GEMM
+def accumulate_rne_fp32(acc, tree_sums, sums, errors):
+    """acc = RNE_fp32(acc + tree_sums) elementwise, exactly: the float64 sum made round-to-odd
+    (TwoSum's exact error says which way the exact sum lies), then rounded to fp32.
+
+    ``sums``/``errors`` are float64 scratch arrays of acc's shape. Written as simple loops
+    over rows so that they vectorise.
+    """
     rows, columns = acc.shape
-    for i in prange(rows):
+    for i in range(rows):
+        total_row = sums[i]
+        error_row = errors[i]
         for j in range(columns):
             a = np.float64(acc[i, j])
             b = tree_sums[i, j]
             total = a + b
-            if not math.isfinite(total):  # an infinite accumulator stays infinite (TwoSum needs finite)
-                acc[i, j] = np.float32(total)
-                continue
             back = total - a
-            error = (a - (total - back)) + (b - back)
-            if error != 0.0:
-                bits = np.float64(total).view(np.int64)
-                if bits & 1 == 0:
-                    bits += 1 if (error > 0.0) == (total > 0.0) else -1
-                    total = np.int64(bits).view(np.float64)
-            acc[i, j] = np.float32(total)
+            total_row[j] = total
+            error_row[j] = (a - (total - back)) + (b - back)  # NaN when total is infinite: left alone
+        bits = total_row.view(np.int64)
+        for j in range(columns):
+            error = error_row[j]
+            inexact = np.int64(error != 0.0 and error == error)
+            # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
+            toward_zero = inexact & np.int64((error > 0.0) != (total_row[j] > 0.0))
+            bits[j] = (bits[j] - toward_zero) | inexact
+        for j in range(columns):
+            acc[i, j] = np.float32(total_row[j])
 
 
 def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
@@ -108,8 +116,13 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
     width = params.fused_terms
     block = params.block_size
     acc_all = out.view(np.float32)
-    for start in range(0, rows, ROW_TILE):
-        stop = min(start + ROW_TILE, rows)
+    tile = max(16, min(ROW_TILE, (1 << 21) // max(columns, 1)))  # scratch stays near 16 MiB per array
+    tree_sums = np.empty((tile, columns))
+    sums = np.empty((tile, columns))
+    errors = np.empty((tile, columns))
+    for start in range(0, rows, tile):
+        stop = min(start + tile, rows)
+        height = stop - start
         acc = acc_all[start:stop]
         if c_values.shape == (1, 1):
             acc[...] = np.float32(c_values[0, 0])
@@ -121,6 +134,7 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
             if params.scales != "none":
                 tree_a = tree_a * np.exp2(scales_a[start:stop, k // block].astype(np.float64))[:, None]
                 tree_b = tree_b * np.exp2(scales_b[:, k // block].astype(np.float64))[:, None]
-            accumulate_rne_fp32(acc, tree_a @ tree_b.T)
+            np.matmul(tree_a, tree_b.T, out=tree_sums[:height])
+            accumulate_rne_fp32(acc, tree_sums[:height], sums[:height], errors[:height])
         if progress is not None:
             progress(stop, rows)
