@@ -2,9 +2,10 @@
 
 Prints, for an N x N x N GEMM (default 1024) of fp8_e4m3 operands, the emulated MACs per
 second through each config and the same run's numpy float64 matmul of the same shape as a
-yardstick. ``--memory 8192`` measures the peak resident memory of an 8192^3 GEMM over its
-first row tiles (the working set is allocated before the first tile and does not grow) and
-compares it with the packed operands plus the output.
+yardstick. ``--memory 8192`` measures the peak resident memory of 8192^3 GEMMs (operands
+included) and compares it with the packed operands plus the output; ``--memory-tiles T``
+stops each after T row tiles (the working set is allocated before the first tile and does
+not grow), 0 runs the whole GEMM.
 Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--memory M]``.
 """
 
@@ -14,7 +15,6 @@ import argparse
 import dataclasses
 import os
 import platform
-import resource
 import time
 from pathlib import Path
 
@@ -62,40 +62,55 @@ class _Stop(Exception):
     pass
 
 
-def peak_memory(size: int, tiles: int) -> None:
-    rss_kib = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # noqa: E731  (KiB on Linux)
-    hw = mxsim.load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
-    tiny = operands(64, np.random.default_rng(1), unit_scales=True)
-    mxsim.matmul(hw, *tiny)  # compile and import everything first
-    before = rss_kib()
-    rng = np.random.default_rng(2)
-    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
-    codes_a = rng.choice(finite, size=(size, size))
-    codes_b = rng.choice(finite, size=(size, size))
-    scales = np.full((size, size // 32), 127, dtype=np.uint8)
+def _status_kib(field: str) -> int:
+    """A VmRSS/VmHWM figure of this process from /proc (Linux), in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so setup temporaries do not count."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory(size: int, configs: list[str], tiles: int) -> None:
+    """Peak RSS of a size^3 MXFP8 GEMM above the process's RSS before its operands existed."""
     fmt = mxsim.get_format("fp8_e4m3")
-    options = mxsim.QuantOptions()
-    a = mxsim.MXTensor(fmt, codes_a, scales, (size, size), 1, 32, 0, options)
-    b = mxsim.MXTensor(fmt, codes_b, scales.copy(), (size, size), 0, 32, 0, options)
-    done = []
+    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+    for name in configs:
+        hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        mxsim.matmul(hw, *operands(64, np.random.default_rng(1), unit_scales=True))  # compile first
+        baseline = _status_kib("VmRSS")
+        rng = np.random.default_rng(2)
+        codes_a = finite[rng.integers(0, finite.size, size=(size, size), dtype=np.uint8) % finite.size]
+        codes_b = finite[rng.integers(0, finite.size, size=(size, size), dtype=np.uint8) % finite.size]
+        scales = np.full((size, size // 32), 127, dtype=np.uint8)
+        a = mxsim.MXTensor(fmt, codes_a, scales, (size, size), 1, 32, 0, mxsim.QuantOptions())
+        b = mxsim.MXTensor(fmt, codes_b, scales.copy(), (size, size), 0, 32, 0, mxsim.QuantOptions())
+        _reset_peak()
+        done = []
 
-    def stop_after(rows_done, rows_total):
-        done.append(rows_done)
-        if len(done) >= tiles:
-            raise _Stop
+        def stop_after(rows_done, rows_total):
+            done.append(rows_done)
+            if tiles and len(done) >= tiles:
+                raise _Stop
 
-    start = time.perf_counter()
-    try:
-        mxsim.matmul(hw, a, b, progress=stop_after, tile_rows=256)
-    except _Stop:
-        pass
-    seconds = time.perf_counter() - start
-    peak = (rss_kib() - before) * 1024
-    packed = 2 * size * size + 2 * scales.size
-    output = size * size * 4
-    print(f"  {size}^3 GEMM, first {done[-1]} of {size} rows ({seconds:.1f} s): peak RSS growth {peak / 2**20:.0f} MiB; "
-          f"packed operands {packed / 2**20:.0f} MiB + output {output / 2**20:.0f} MiB = {(packed + output) / 2**20:.0f} MiB; "
-          f"ratio {peak / (packed + output):.2f} (limit: 1.5 x packed + output = {(1.5 * packed + output) / 2**20:.0f} MiB)")
+        start = time.perf_counter()
+        try:
+            result = mxsim.matmul(hw, a, b, progress=stop_after)
+        except _Stop:
+            result = None
+        seconds = time.perf_counter() - start
+        peak = (_status_kib("VmHWM") - baseline) * 1024
+        packed = codes_a.nbytes + codes_b.nbytes + 2 * scales.nbytes
+        output = size * size * 4
+        covered = "all" if result is not None else f"first {done[-1]} of {size}"
+        print(f"  {name:10s} {size}^3 GEMM, {covered} rows in {seconds:.1f} s: peak memory {peak / 2**20:.0f} MiB = "
+              f"{peak / (packed + output):.2f} x (packed operands {packed / 2**20:.0f} MiB + output {output / 2**20:.0f} MiB); "
+              f"limit 1.5 x packed + output = {(1.5 * packed + output) / 2**20:.0f} MiB")
+        del a, b, codes_a, codes_b, result
 
 
 def main() -> None:
@@ -104,12 +119,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp,kulisch,b200-fp8")
     parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
-    parser.add_argument("--memory-tiles", type=int, default=2)
+    parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
+    parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")
     args = parser.parse_args()
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
     throughput(args.configs.split(","), args.size, args.repeats)
     if args.memory:
-        peak_memory(args.memory, args.memory_tiles)
+        peak_memory(args.memory, args.memory_configs.split(","), args.memory_tiles)
 
 
 if __name__ == "__main__":

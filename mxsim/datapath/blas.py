@@ -34,7 +34,7 @@ from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .config import DatapathParams
 
-ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~16 MiB per array)
+ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~8 MiB per array)
 
 
 def _span_bits(fmt) -> tuple[int, int]:
@@ -69,12 +69,30 @@ def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a
     )
     if not unit_ok:
         return False
-    a_values, _, b_values = kernel_args[0], kernel_args[1], kernel_args[2]
-    if not (np.isfinite(a_values[codes_a]).all() and np.isfinite(b_values[codes_b]).all()):
+    a_values, b_values = kernel_args[0], kernel_args[2]
+    if not (codes_all_finite(codes_a, np.isfinite(a_values)) and codes_all_finite(codes_b, np.isfinite(b_values))):
         return False
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return False
-    return bool(np.isfinite(c_values).all() and not np.signbit(c_values[c_values == 0]).any())
+    return values_finite_and_not_negative_zero(c_values)
+
+
+@njit(cache=True)
+def codes_all_finite(codes, finite_table):
+    """Whether every code's table value is finite (no M x K temporary)."""
+    for code in codes.ravel():
+        if not finite_table[code]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def values_finite_and_not_negative_zero(values):
+    """Whether every accumulator input is finite and none is -0 (those go to the kernel)."""
+    for value in values.ravel():
+        if not math.isfinite(value) or (value == 0.0 and math.copysign(1.0, value) < 0):
+            return False
+    return True
 
 
 @njit(cache=True)  # serial: BLAS's own threads are still spinning right after each GEMM
@@ -116,7 +134,7 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
     width = params.fused_terms
     block = params.block_size
     acc_all = out.view(np.float32)
-    tile = max(16, min(ROW_TILE, (1 << 21) // max(columns, 1)))  # scratch stays near 16 MiB per array
+    tile = max(16, min(ROW_TILE, (1 << 20) // max(columns, 1)))  # scratch stays near 8 MiB per array
     tree_sums = np.empty((tile, columns))
     sums = np.empty((tile, columns))
     errors = np.empty((tile, columns))
@@ -124,10 +142,7 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
         stop = min(start + tile, rows)
         height = stop - start
         acc = acc_all[start:stop]
-        if c_values.shape == (1, 1):
-            acc[...] = np.float32(c_values[0, 0])
-        else:
-            acc[...] = c_values[start:stop].astype(np.float32)
+        acc[...] = c_values[0, 0] if c_values.shape == (1, 1) else c_values[start:stop]
         for k in range(0, length, width):
             tree_a = a_values[codes_a[start:stop, k : k + width]]
             tree_b = b_values[codes_b[:, k : k + width]]

@@ -100,29 +100,34 @@ def _scale_exponents(scales, name: str, rows: int, blocks: int, params: Datapath
     if params.scales == "none":
         if scales is not None:
             raise MxsimError(f"{name}: this unit takes no scales (inputs.scales: none)")
-        return np.zeros((rows, blocks), dtype=np.int64)
+        return np.zeros((rows, blocks), dtype=np.int32)
     if scales is None:
-        return np.zeros((rows, blocks), dtype=np.int64)  # every scale 1.0 (code 127)
+        return np.zeros((rows, blocks), dtype=np.int32)  # every scale 1.0 (code 127)
     if not isinstance(scales, np.ndarray) or not np.issubdtype(scales.dtype, np.integer):
         raise MxsimError(f"{name}: expected an integer numpy array of E8M0 codes")
     if scales.shape != (rows, blocks):
         raise MxsimError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
     if scales.size and (scales.min() < 0 or scales.max() > 255):
         raise MxsimError(f"{name}: E8M0 codes must lie in [0, 255]")
-    exponents = scales.astype(np.int64) - 127
-    return np.where(scales == 255, int(SCALE_NAN), exponents)
+    return _exponents_of_codes(scales)
+
+
+def _exponents_of_codes(scales: np.ndarray) -> np.ndarray:
+    """Unbiased int32 scale exponents of E8M0 codes; 0xFF becomes SCALE_NAN."""
+    exponents = scales.astype(np.int32) - 127
+    exponents[scales == 255] = SCALE_NAN
+    return exponents
 
 
 def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
     if c is None:
-        return np.zeros(shape, dtype=np.float64)
+        return np.zeros(shape, dtype=np.float32)
     c = np.asarray(c)
     if c.dtype != np.float32:
         raise MxsimError(f"c: expected a float32 array (the fp32 accumulator input), got dtype {c.dtype}")
     if c.shape != shape:
         raise MxsimError(f"c: expected shape {shape}, got {c.shape}")
-    with np.errstate(invalid="ignore"):  # a signalling NaN quietly becomes NaN
-        return c.astype(np.float64)
+    return np.ascontiguousarray(c)  # kept float32: the kernels widen each value exactly
 
 
 def output_dtype(out_format: str) -> np.dtype:
@@ -234,7 +239,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
     exponents_a = _tensor_scales(tensor_a, params)
     exponents_b = _tensor_scales(tensor_b, params)
-    c_values = np.zeros((1, 1)) if c is None else _accumulator_inputs(c, (rows, columns))
+    c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
     out = np.empty((rows, columns), dtype=output_dtype(params.output_format))
     codes_a = tensor_a.codes.reshape(rows, -1)
     codes_b = tensor_b.codes.reshape(columns, -1)
@@ -255,9 +260,8 @@ def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
     if params.scales == "none":
         if (tensor.scales != 127).any():
             raise MxsimError("this unit takes no scales (inputs.scales: none) but the operand's scales are not all 1")
-        return np.zeros(tensor.scales.shape, dtype=np.int64)
-    exponents = tensor.scales.astype(np.int64) - 127
-    return np.where(tensor.scales == 255, int(SCALE_NAN), exponents)
+        return np.zeros(tensor.scales.shape, dtype=np.int32)
+    return _exponents_of_codes(tensor.scales)
 
 
 def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None) -> dict:
