@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
-from mxsim.datapath import dot as datapath_dot
 from mxsim.trace import load_trace
 from mxsim.trace.replay import replay_layer
 
@@ -29,16 +28,16 @@ def main() -> None:
     args = parser.parse_args()
     units = [mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml") for n in (args.hw or ["ocp-exact", "h100-fp8"])]
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores")
+    import mxsim.trace.replay as replay_module
+
     spent = {"matmul": 0.0}
-    original = datapath_dot.matmul
+    original = replay_module.matmul
 
     def timed_matmul(*a, **k):
         start = time.perf_counter()
         result = original(*a, **k)
         spent["matmul"] += time.perf_counter() - start
         return result
-
-    import mxsim.trace.replay as replay_module
 
     replay_module.matmul = timed_matmul
     for name in args.traces.split(","):
