@@ -599,3 +599,17 @@ def test_smallest_lsb_is_still_a_float32():
                      BFP_SPECS["BFP16"].replace(bit_width=32))
     assert t.shared_exponents.tolist() == [0] and t.element_lsb_exponents()[0] == -149
     assert bits_of(t.dequantize()).tolist() == [3, 0x00700000]
+
+
+@pytest.mark.parametrize("name", ["MX4", "MX6", "MX9"])
+def test_as_mx_tensor_keeps_every_value(name):
+    x = np.random.default_rng(9).standard_normal((5, 37)).astype(np.float32) * 8
+    tensor = quantize_bfp(x, name, axis=1)
+    mx = tensor.as_mx_tensor()
+    assert mx.block_size == tensor.spec.sub_block_size and mx.element_format.name == name.lower()
+    np.testing.assert_array_equal(mx.dequantize(np.float32), tensor.dequantize())
+
+
+def test_as_mx_tensor_needs_microexponents():
+    with pytest.raises(MxsimError, match="to_bfp_prime"):
+        quantize_bfp(np.ones((2, 8), np.float32), "BFP16", axis=1).as_mx_tensor()

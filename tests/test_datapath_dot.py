@@ -94,7 +94,7 @@ def test_worked_example_b200_case_3935_needs_the_toward_zero_product_rounding():
 
 # --- kernel == reference twin --------------------------------------------------------------------
 
-MX_ELEMENTS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]
+MX_ELEMENTS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx9", "mx4"]
 ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive", "nearest_away"]
 
 
@@ -153,7 +153,7 @@ def random_inputs(draw, params: DatapathParams, rows: int):
     codes = lambda bits: draw(  # noqa: E731
         st.lists(st.lists(st.integers(0, (1 << bits) - 1), min_size=length, max_size=length), min_size=rows, max_size=rows)
     )
-    a, b = np.array(codes(bits_a), dtype=np.uint8), np.array(codes(bits_b), dtype=np.uint8)
+    a, b = np.array(codes(bits_a), dtype=np.uint16), np.array(codes(bits_b), dtype=np.uint16)
     blocks = -(-length // params.block_size)
     scale = st.one_of(st.integers(118, 136), st.sampled_from([0, 1, 127, 253, 254, 255]))
     scales = lambda: np.array(  # noqa: E731
@@ -392,3 +392,26 @@ def test_bad_inputs_get_clear_errors():
         dot(42, a, a, a_format="fp8_e4m3", b_format="fp8_e4m3")
     with pytest.raises(ConfigError, match="no such file"):
         dot(Path("/nonexistent.yaml"), a, a, a_format="fp8_e4m3", b_format="fp8_e4m3")
+
+
+@pytest.mark.parametrize("name", ["MX9", "MX6", "MX4"])
+def test_shared_microexponent_operands_multiply_exactly(name):
+    # BFP elements carry their sub-block's microexponent shift into the product exponent; the
+    # bfp-exact unit must give RNE_fp32 of each exact 16-element block sum, accumulated.
+    from mxsim import quantize_bfp
+
+    rng = np.random.default_rng(11)
+    A = (rng.standard_normal((4, 48)) * np.exp2(rng.integers(-6, 6, (4, 48)))).astype(np.float32)
+    B = (rng.standard_normal((48, 3)) * np.exp2(rng.integers(-6, 6, (48, 3)))).astype(np.float32)
+    ta, tb = quantize_bfp(A, name, axis=1), quantize_bfp(B, name, axis=0)
+    result = matmul(hw("bfp-exact"), ta.as_mx_tensor(), tb.as_mx_tensor())
+    qa, qb = ta.dequantize(), tb.dequantize()  # exact values, float32
+    for m in range(4):
+        for n in range(3):
+            acc = Fraction(0)
+            for start in range(0, 48, 16):
+                block = sum(Fraction(float(qa[m, k])) * Fraction(float(qb[k, n])) for k in range(start, start + 16))
+                acc = rne_fp32(acc + block)
+            assert Fraction(float(result.values[m, n])) == acc
+    # The microexponents matter: a sub-block shifted by d = 1 halves its step.
+    assert (ta.microexponents > 0).any()

@@ -20,7 +20,9 @@ from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
 
 SCHEMA_VERSION = 1
-ELEMENT_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "fp16", "bf16", "fp32")
+ELEMENT_FORMATS = (
+    "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx4", "mx6", "mx9", "fp16", "bf16", "fp32",
+)
 WIDE_FORMATS = ("fp32", "fp16", "bf16")
 SCALE_APPLICATION = ("none", "products", "block_sum")
 BELOW_WINDOW = ("truncate", "floor", "nearest_even", "sticky")

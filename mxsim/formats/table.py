@@ -263,6 +263,12 @@ FORMATS: dict[str, FormatInfo] = _table(
     FormatInfo("int8", 8, 0, 7, 0, twos_complement=True, specials="none"),
     # E8M0 scales: 2^(code - 127), 0xFF = NaN, no sign, no zero.
     FormatInfo("e8m0", 8, 8, 0, 127, signed=False, specials="nan_at_max", subnormals=False),
+    # Shared-microexponent (MX4/MX6/MX9) elements as the datapath sees them: sign and an
+    # integer M <= 2^m (Quark's CPU kernel can round up to 2^m, so m + 1 magnitude bits),
+    # valued M * 2^(1 - m); the sub-block's 2^(E - 127 - d) travels as an E8M0-style scale.
+    FormatInfo("mx4", 4, 0, 3, -1, specials="none"),
+    FormatInfo("mx6", 6, 0, 5, -1, specials="none"),
+    FormatInfo("mx9", 9, 0, 8, -1, specials="none"),
     # Wide formats for accumulators and outputs.
     FormatInfo("fp16", 16, 5, 10, 15),
     FormatInfo("bf16", 16, 8, 7, 127),

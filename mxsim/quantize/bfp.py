@@ -289,6 +289,36 @@ class BFPTensor:
         passed-through Inf/NaN), not by float32 overflow."""
         return self._to_input_layout(self._blocked_nonfinite())
 
+    def as_mx_tensor(self):
+        """The same values as an MXTensor a datapath reads (``mxsim.dot``/``matmul``).
+
+        Elements become the ``mx4``/``mx6``/``mx9`` formats (sign and M, valued M·2^(1-m));
+        each sub-block carries the scale 2^(E - 127 - d) as the code E - d (0xFF for a NaN
+        block), with the MXTensor's block size = the sub-block size. So element × scale is
+        exactly ±M·2^(E-127-d+1-m), and a unit with ``inputs.block_size`` equal to the
+        sub-block size multiplies BFP operands exactly. Only ``to_bfp_prime`` tensors with
+        m = 2, 4 or 7 (MX4, MX6, MX9) map to these formats.
+        """
+        from ..formats import get_format
+        from .mx import MXTensor
+        from .options import QuantOptions
+
+        names = {2: "mx4", 4: "mx6", 7: "mx9"}
+        m = self.spec.mantissa_bits
+        if not self.spec.has_microexponents or m not in names:
+            raise BFPSpecError(f"as_mx_tensor needs to_bfp_prime with 2, 4 or 7 mantissa bits (MX4/6/9), got {self.spec}")
+        fmt = get_format(names[m])
+        magnitude = np.abs(self.mantissas).astype(np.uint16)
+        codes = (self.sign_bits.astype(np.uint16) << (fmt.bits - 1)) | magnitude
+        codes = codes.reshape(*codes.shape[:-2], -1)
+        sub = self.spec.sub_block_size
+        exponents = self.shared_exponents.astype(np.int32)[..., None] - self.microexponents.astype(np.int32)
+        scale_codes = np.where(self.nan_blocks[..., None], 255, exponents).astype(np.uint8)
+        scale_codes = scale_codes.reshape(*scale_codes.shape[:-2], -1)
+        padding = codes.shape[-1] - self.shape[self.axis]
+        return MXTensor(fmt, codes.astype(fmt.code_dtype), scale_codes, self.shape, self.axis, sub, padding,
+                        QuantOptions())
+
     def dequantize(self) -> np.ndarray:
         """float32 in the input's shape, bit-identical to Quark's output.
 
