@@ -115,3 +115,18 @@ def test_element_format_override():
     assert {r["input"]["format"] for entry in report["layers"] for r in entry["results"]} == {"fp4_e2m1"}
     with pytest.raises(MxsimError, match="does not take fp4_e2m1"):
         replay(trace, [HW["h100-fp8"]], element_format="fp4_e2m1")
+
+
+def test_bfp_spec_replays_with_microexponents():
+    from mxsim import quantize_bfp
+    from mxsim.trace import BFPQuant
+
+    layer = linear_layer(np.random.default_rng(4))
+    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs,
+                  {"input": BFPQuant("MX9", axis=1), "weight": BFPQuant("MX6", axis=1), "bias": None}, {})
+    unit = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
+    result = replay_layer(layer, unit)
+    assert (result.input.format, result.weight.format) == ("mx9", "mx6") and result.input.note == ""
+    qa = quantize_bfp(layer.input, "MX9", axis=1).as_mx_tensor()
+    qb = quantize_bfp(layer.weight.T, "MX6", axis=0).as_mx_tensor()
+    np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)

@@ -24,11 +24,11 @@ from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, matmul
 from ..errors import MxsimError
 from ..formats import get_format
-from ..quantize import MXTensor, quantize, resolve_options
+from ..quantize import MXTensor, quantize, quantize_bfp, resolve_options
 from .format import Layer, Trace
 from .lowering import gemm_axis, gemm_shape, lift_output, lower_input, lower_weight
 from .network import accuracy, layer_with_input
-from .quant import MXQuant
+from .quant import BFPQuant, MXQuant
 
 
 @dataclass
@@ -78,7 +78,7 @@ def _sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
 
 
 def _choose(layer: Layer, operand: str, hw: HardwareConfig,
-            element_format: str | None = None) -> tuple[OperandChoice, MXQuant | None]:
+            element_format: str | None = None) -> tuple[OperandChoice, MXQuant | BFPQuant | None]:
     """The quantization of ``operand`` on ``hw``: ``element_format`` if given (OCP profile),
     else the trace's MX spec if the unit can run it, else the unit's first format."""
     accepted = hw.a_formats if operand == "input" else hw.b_formats
@@ -98,16 +98,25 @@ def _choose(layer: Layer, operand: str, hw: HardwareConfig,
             return OperandChoice(fmt, spec.profile, False), spec
         note = (f"trace spec {fmt}/block {spec.block_size} replaced: the unit takes "
                 f"{', '.join(accepted)} with {'no block scales' if per_tensor else f'blocks of {block}'}")
+    elif isinstance(spec, BFPQuant):
+        m = spec.spec.mantissa_bits
+        fmt = {2: "mx4", 4: "mx6", 7: "mx9"}.get(m) if spec.spec.has_microexponents else None
+        along_k = gemm_axis(layer, operand, spec.axis) == "K"
+        if fmt in accepted and along_k and spec.spec.sub_block_size == block and not per_tensor:
+            return OperandChoice(fmt, "bfp", False), spec
+        note = f"trace spec BFP (bit width {spec.spec.bit_width}) replaced: the unit takes {', '.join(accepted)}"
     elif spec is not None:
         note = f"trace spec {type(spec).__name__} is not an MX element format; replaced"
     return OperandChoice(accepted[0], "ocp", per_tensor, note), None
 
 
-def _quantize_operand(matrix: np.ndarray, choice: OperandChoice, spec: MXQuant | None, block: int):
+def _quantize_operand(matrix: np.ndarray, choice: OperandChoice, spec, block: int):
     """(MXTensor along axis 1 of ``matrix`` (rows, K), per-tensor scale exponent)."""
     matrix = np.ascontiguousarray(matrix)
     if matrix.dtype not in (np.float16, np.float32, np.float64):
         matrix = matrix.astype(np.float64)
+    if isinstance(spec, BFPQuant):  # MX4/6/9: elements and sub-block scales (microexponents)
+        return quantize_bfp(matrix, spec.spec, axis=1).as_mx_tensor(), 0
     if choice.per_tensor_scale:
         # One OCP floor-rule scale for the whole tensor; the elements are x * 2^-X rounded
         # (nearest even, saturating) into the format; every block scale of the unit is 1.
