@@ -126,6 +126,8 @@ def random_params(draw) -> DatapathParams:
         align_reference=draw(st.sampled_from(["exponent_sum", "leading_bit"])),
         align_fraction_bits=fraction_bits,
         below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even", "sticky"])),
+        carry_bits=None if fraction_bits is None else draw(st.one_of(st.none(), st.integers(0, 6))),
+        adder_overflow=draw(st.sampled_from(["wrap", "saturate"])),
         sum_significant_bits=None if exact else draw(st.one_of(st.none(), st.integers(1, 30))),
         sum_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_format=acc_format,
@@ -415,3 +417,17 @@ def test_shared_microexponent_operands_multiply_exactly(name):
             assert Fraction(float(result.values[m, n])) == acc
     # The microexponents matter: a sub-block shifted by d = 1 halves its step.
     assert (ta.microexponents > 0).any()
+
+
+@pytest.mark.parametrize("overflow", ["wrap", "saturate"])
+def test_adder_overflow_wraps_or_saturates(overflow):
+    # A window of 1 fraction bit below R = 0 and no carry bits: the adder holds 1 + (1 + 2) + 0
+    # = 4-bit signed integers in units of 2^-1 (-8 .. 7). Four products of 1.5 sum to 6.0 = 12
+    # units: wrapped to 12 - 16 = -4 units (-2.0), or saturated at 7 units (3.5).
+    params = hw("h100-fp8").params("fp8_e4m3", "fp8_e4m3")
+    params = DatapathParams(**{**params.__dict__, "align_fraction_bits": 1, "carry_bits": 0,
+                               "adder_overflow": overflow, "sum_significant_bits": None})
+    codes = get_format("fp8_e4m3").encode(np.array([[1.5, 1.5, 1.5, 1.5]]))
+    ones = get_format("fp8_e4m3").encode(np.array([[1.0, 1.0, 1.0, 1.0]]))
+    value = float(as_float(dot_with_params(params, codes, ones))[0])
+    assert value == {"wrap": -2.0, "saturate": 3.5}[overflow]

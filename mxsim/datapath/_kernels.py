@@ -57,7 +57,9 @@ C_UNIFORM_TREES = 19  # 1: k order, one scale per tree, exponent-sum reference, 
 C_SUM_FITS_ACCUMULATOR = 20  # 1: sum_significant_bits <= the accumulator's precision
 C_ACC_MIN_EXPONENT = 21  # smallest normal exponent of the accumulator format
 C_ACC_MAX_EXPONENT = 22  # exponent of its largest finite value
-N_CONFIG = 23
+C_ADDER_WIDTH = 23  # 0: the adder never overflows; else its signed register width in bits
+C_ADDER_SATURATES = 24  # 1: saturate, 0: wrap (two's complement)
+N_CONFIG = 25
 
 SCALES_NONE = 0
 SCALES_PRODUCTS = 1
@@ -123,6 +125,17 @@ def note_overflow(special, value):
     if special == 0.0:
         return value
     return special
+
+
+@njit(cache=True, inline="always")
+def adder_register(total, width, saturate):
+    """``total`` as a ``width``-bit signed adder register holds it: wrapped or saturated."""
+    limit = np.int64(1) << (width - 1)
+    if -limit <= total < limit:
+        return total
+    if saturate:
+        return limit - 1 if total > 0 else -limit
+    return ((total + limit) & ((limit << 1) - 1)) - limit
 
 
 @njit(cache=True, inline="always")
@@ -335,6 +348,8 @@ def dot_one(
             if below == BELOW_STICKY:
                 lsb_exponent -= 1
             lsb_exponent += tree_scale
+            if cfg[C_ADDER_WIDTH] > 0:
+                total = adder_register(total, cfg[C_ADDER_WIDTH], cfg[C_ADDER_SATURATES] != 0)
         if have_total and cfg[C_SUM_BITS] > 0:
             tree_sum = round_integer(total, lsb_exponent, sum_params, cfg[C_SUM_ROUNDING], True)
             if (acc_in_tree or acc == 0.0) and cfg[C_SUM_FITS_ACCUMULATOR] and tree_sum != 0.0 and (

@@ -98,6 +98,19 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "'sticky' (truncate, and jam a sticky bit one place below the window)",
             BELOW_WINDOW,
         ),
+        "carry_bits": Key(
+            "optional_int", None,
+            "null: the adder never overflows. n: with a window, the adder holds signed integers of "
+            "1 + (align_fraction_bits + 2) + n bits in units of the window's LSB (one more with "
+            "sticky); a tree sum beyond that follows adder_overflow",
+            minimum=0, maximum=40,
+        ),
+        "adder_overflow": Key(
+            "str", "wrap",
+            "a tree sum beyond the adder's width: 'wrap' (two's complement, modulo 2^width) or "
+            "'saturate' (clamped to the most negative / most positive register value)",
+            ("wrap", "saturate"),
+        ),
         "sum_significant_bits": Key(
             "optional_int", None,
             "null: the tree sum goes straight to the accumulator rounding. n: the normalised tree sum "
@@ -160,6 +173,8 @@ class DatapathParams:
     align_reference: str
     align_fraction_bits: int | None
     below_window: str
+    carry_bits: int | None
+    adder_overflow: str
     sum_significant_bits: int | None
     sum_rounding: str
     accumulator_format: str
@@ -184,6 +199,8 @@ _PARAM_FIELD = {
     ("adder", "align_reference"): "align_reference",
     ("adder", "align_fraction_bits"): "align_fraction_bits",
     ("adder", "below_window"): "below_window",
+    ("adder", "carry_bits"): "carry_bits",
+    ("adder", "adder_overflow"): "adder_overflow",
     ("adder", "sum_significant_bits"): "sum_significant_bits",
     ("adder", "sum_rounding"): "sum_rounding",
     ("accumulator", "format"): "accumulator_format",
@@ -247,6 +264,11 @@ class HardwareConfig:
         return params
 
 
+def adder_width_bits(params: DatapathParams) -> int:
+    """Width of the tree adder's signed register when ``carry_bits`` is set (see SCHEMA)."""
+    return 1 + params.align_fraction_bits + 2 + params.carry_bits + (params.below_window == "sticky")
+
+
 def check_consistency(params: DatapathParams, source: str) -> None:
     """Raise ConfigError for parameter combinations no unit can have."""
     if params.scales == "block_sum":
@@ -283,6 +305,11 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             f"{params.align_fraction_bits} fraction bits with {params.fused_terms} fused terms overflow a 62-bit "
             "adder; use null for an exact tree",
         )
+    if params.carry_bits is not None:
+        if params.align_fraction_bits is None:
+            raise ConfigError(source, "adder.carry_bits", "needs a window (align_fraction_bits): an exact tree never overflows")
+        if adder_width_bits(params) > 62:
+            raise ConfigError(source, "adder.carry_bits", f"the adder would be {adder_width_bits(params)} bits wide; at most 62")
     if params.promotion_interval is not None:
         if params.promotion_interval % params.fused_terms:
             raise ConfigError(

@@ -15,7 +15,7 @@ from ..quantize import MXTensor, quantize
 from ..quantize._kernels import SCALE_NAN
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
-from .config import DatapathParams, HardwareConfig, load_hwconfig
+from .config import DatapathParams, HardwareConfig, adder_width_bits, load_hwconfig
 from .reference import alignment_emin, dot_reference, sum_format
 
 ZERO_EXPONENT = -(1 << 40)
@@ -78,6 +78,8 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
         and params.align_reference == "exponent_sum"
         and params.product_fraction_bits is None
     )
+    cfg[K.C_ADDER_WIDTH] = 0 if params.carry_bits is None else adder_width_bits(params)
+    cfg[K.C_ADDER_SATURATES] = params.adder_overflow == "saturate"
     cfg[K.C_SUM_FITS_ACCUMULATOR] = (params.sum_significant_bits or 99) <= acc.mantissa_bits + 1
     cfg[K.C_ACC_MIN_EXPONENT] = 1 - acc.bias
     cfg[K.C_ACC_MAX_EXPONENT] = acc.emax

@@ -14,7 +14,7 @@ from fractions import Fraction
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
-from .config import DatapathParams
+from .config import DatapathParams, adder_width_bits
 
 INF = math.inf
 
@@ -204,7 +204,19 @@ def dot_reference(
                     jammed = 2 * whole + (1 if abs(ratio) != whole else 0)
                     kept = Fraction(jammed if ratio >= 0 else -jammed) * lsb / 2
                 kept_terms.append(kept)
-            tree_sum = sum(kept_terms, Fraction(0)) * Fraction(2) ** tree_scale
+            tree_sum = sum(kept_terms, Fraction(0))
+            if params.carry_bits is not None:  # the adder register: wrap or saturate
+                step = lsb / 2 if params.below_window == "sticky" else lsb
+                register = tree_sum / step  # an integer
+                limit = 2 ** (adder_width_bits(params) - 1)
+                if not -limit <= register < limit:
+                    if params.adder_overflow == "saturate":
+                        register = limit - 1 if register > 0 else -limit
+                    else:
+                        register = (register + limit) % (2 * limit) - limit
+                    log({"stage": "adder_overflow", "register": int(register)})
+                tree_sum = register * step
+            tree_sum *= Fraction(2) ** tree_scale
             log({"stage": "tree", "start": tree_start, "reference_exponent": reference,
                  "lsb_exponent": reference - params.align_fraction_bits,
                  "terms": [float(t) for t, _ in terms], "aligned": [float(t) for t in kept_terms],
