@@ -303,10 +303,6 @@ def dot_one(
                 exponents[count] = floor_log2(product) if align_leading_bit else exponent_sum
                 count += 1
 
-        if acc_exact:  # Kulisch: every product straight into the exact accumulator
-            for i in range(count):
-                limbs_add_float(limbs, bounds, terms[i])
-            continue
         if acc_in_tree and acc != 0.0:
             terms[count] = acc
             exponents[count] = floor_log2(acc)
@@ -350,6 +346,13 @@ def dot_one(
             lsb_exponent += tree_scale
             if cfg[C_ADDER_WIDTH] > 0:
                 total = adder_register(total, cfg[C_ADDER_WIDTH], cfg[C_ADDER_SATURATES] != 0)
+        if acc_exact:  # Kulisch: the tree's exact sum goes straight into the exact accumulator
+            if have_total:
+                limbs_add_integer(limbs, bounds, total < 0, abs(total), lsb_exponent)
+            else:
+                for i in range(count):
+                    limbs_add_float(limbs, bounds, terms[i])
+            continue
         if have_total and cfg[C_SUM_BITS] > 0:
             tree_sum = round_integer(total, lsb_exponent, sum_params, cfg[C_SUM_ROUNDING], True)
             if (acc_in_tree or acc == 0.0) and cfg[C_SUM_FITS_ACCUMULATOR] and tree_sum != 0.0 and (
