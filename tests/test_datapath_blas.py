@@ -77,3 +77,36 @@ def test_unknown_method_is_an_error():
     qb = quantize(np.ones((2, 1)), "fp8_e4m3", axis=0)
     with pytest.raises(Exception, match="method"):
         matmul(UNITS["ocp-exact"], qa, qb, method="fast")
+
+
+@settings(max_examples=30, deadline=None)
+@given(a_format=st.sampled_from(SMALL_SPAN + ["int8"]), spread=st.integers(0, 120), seed=st.integers(0, 2**32 - 1))
+def test_kulisch_blas_route_equals_the_kernel(a_format, spread, seed):
+    # Block scales spread over up to 2 x 120 binades: some exact sums need more than two
+    # float64s; those outputs go back to the kernel, and every output must still match.
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((6, 96)) * np.exp2(rng.integers(-spread, spread + 1, (6, 96)))
+    B = rng.standard_normal((96, 5)) * np.exp2(rng.integers(-spread, spread + 1, (96, 5)))
+    qa, qb = quantize(A, a_format, axis=1), quantize(B, a_format, axis=0)
+    c = rng.standard_normal((6, 5)).astype(np.float32)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    assert route_taken(kulisch, qa, qb, c)
+    np.testing.assert_array_equal(matmul(kulisch, qa, qb, c=c).bits, matmul(kulisch, qa, qb, c=c, method="kernel").bits)
+
+
+def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
+    from mxsim.datapath.blas import blas_matmul
+    from mxsim.datapath.dot import _kernel_arguments
+
+    # Three blocks whose sums sit at 2^200, 2^0 and 2^-200: no two float64s hold their sum.
+    A = np.concatenate([np.full(32, 2.0**100), np.full(32, 1.0), np.full(32, 2.0**-100)])[None, :]
+    B = np.concatenate([np.full(32, 2.0**100), np.full(32, 1.0), np.full(32, 2.0**-100)])[:, None]
+    qa, qb = quantize(A, "fp8_e4m3", axis=1), quantize(B, "fp8_e4m3", axis=0)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    params = kulisch.params("fp8_e4m3", "fp8_e4m3")
+    _, _, args = _kernel_arguments(params)
+    out = np.empty((1, 1), dtype=np.uint32)
+    leftovers = blas_matmul(params, args, qa.codes, qb.codes, _tensor_scales(qa, params), _tensor_scales(qb, params),
+                            np.zeros((1, 1), np.float32), out)
+    assert leftovers == [(0, 0)]
+    np.testing.assert_array_equal(matmul(kulisch, qa, qb).bits, matmul(kulisch, qa, qb, method="kernel").bits)

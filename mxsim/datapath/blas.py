@@ -21,6 +21,12 @@ The accumulation then rounds acc + S once to fp32: the float64 sum is made round
 exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest-even
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
+
+An exact (Kulisch) accumulator with one final RNE into fp32 takes the same block sums (one
+BLAS call per scale block) and adds them to c exactly in two float64s (TwoSum, and TwoSum
+again on the low part to prove it did not round); the final fp32 rounding is the same
+round-to-odd step. Outputs whose exact sum needs more than two float64s (block sums more
+than ~2^100 apart that do not cancel) are flagged and recomputed by the kernel.
 """
 
 from __future__ import annotations
@@ -42,11 +48,18 @@ def _span_bits(fmt) -> tuple[int, int]:
     return fmt.emax, 1 - fmt.bias - fmt.mantissa_bits
 
 
+def slice_width(params: DatapathParams) -> int:
+    """Products per BLAS call: one tree, or for an exact accumulator one scale block."""
+    if params.accumulator_format == "exact":
+        return params.block_size if params.scales != "none" else params.fused_terms
+    return params.fused_terms
+
+
 def exact_in_float64(params: DatapathParams) -> bool:
     """Whether every tree sum of this unit's formats is exact in float64 (module docstring)."""
     high_a, low_a = _span_bits(get_format(params.a_format))
     high_b, low_b = _span_bits(get_format(params.b_format))
-    return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(params.fused_terms)) <= 53
+    return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(slice_width(params))) <= 53
 
 
 def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values) -> bool:
@@ -57,14 +70,17 @@ def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a
         and params.product_fraction_bits is None
         and params.term_order is None
         and params.input_subnormals
-        and params.accumulator_format == "fp32"
-        and params.accumulator_rounding == "nearest_even"
-        and params.accumulator_subnormals
-        and params.c_entry == "initial"
-        and params.promotion_interval is None
         and params.output_format == "fp32"
         and params.output_subnormals
-        and (params.scales == "none" or params.block_size % params.fused_terms == 0)
+        and (
+            params.accumulator_format == "exact" and params.output_rounding == "nearest_even"
+            or params.accumulator_format == "fp32"
+            and params.accumulator_rounding == "nearest_even"
+            and params.accumulator_subnormals
+            and params.c_entry == "initial"
+            and params.promotion_interval is None
+            and (params.scales == "none" or params.block_size % params.fused_terms == 0)
+        )
         and exact_in_float64(params)
     )
     if not unit_ok:
@@ -125,14 +141,60 @@ def accumulate_rne_fp32(acc, tree_sums, sums, errors):
             acc[i, j] = np.float32(total_row[j])
 
 
+@njit(cache=True)
+def accumulate_double_double(high, low, inexact, block_sums):
+    """(high, low) += block_sums exactly as long as ``low`` never rounds; ``inexact`` marks
+    the elements where it did (their exact sum needs more than two float64s)."""
+    rows, columns = high.shape
+    for i in range(rows):
+        for j in range(columns):
+            a = high[i, j]
+            b = block_sums[i, j]
+            total = a + b
+            back = total - a
+            error = (a - (total - back)) + (b - back)
+            high[i, j] = total
+            old = low[i, j]
+            new = old + error
+            back = new - old
+            if (old - (new - back)) + (error - back) != 0.0:
+                inexact[i, j] = True
+            low[i, j] = new
+
+
+@njit(cache=True)
+def round_double_double_to_fp32(high, low, acc):
+    """acc = RNE_fp32(high + low) exactly (round-to-odd float64 sum, then fp32)."""
+    rows, columns = high.shape
+    for i in range(rows):
+        for j in range(columns):
+            a = high[i, j]
+            b = low[i, j]
+            total = a + b
+            back = total - a
+            error = (a - (total - back)) + (b - back)
+            if error != 0.0 and math.isfinite(total):
+                bits = np.float64(total).view(np.int64)
+                toward_zero = np.int64((error > 0.0) != (total > 0.0))
+                total = np.int64((bits - toward_zero) | 1).view(np.float64)
+            acc[i, j] = np.float32(total)
+
+
 def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
-                progress=None) -> None:
-    """Fill ``out`` (uint32 fp32 bits) with the unit's GEMM through float64 BLAS (see module doc)."""
+                progress=None) -> list[tuple[int, int]]:
+    """Fill ``out`` (uint32 fp32 bits) with the unit's GEMM through float64 BLAS (see module doc).
+
+    For an exact (Kulisch) accumulator the block sums are added exactly in two float64s;
+    returns the (row, column) outputs whose sum needed more (the caller recomputes them
+    with the kernel). Otherwise returns [].
+    """
     a_values, b_values = kernel_args[0], kernel_args[2]
     rows, length = codes_a.shape
     columns = codes_b.shape[0]
-    width = params.fused_terms
+    width = slice_width(params)
     block = params.block_size
+    kulisch = params.accumulator_format == "exact"
+    leftovers = []
     acc_all = out.view(np.float32)
     tile = max(16, min(ROW_TILE, (1 << 20) // max(columns, 1)))  # scratch stays near 8 MiB per array
     tree_sums = np.empty((tile, columns))
@@ -143,6 +205,12 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
         height = stop - start
         acc = acc_all[start:stop]
         acc[...] = c_values[0, 0] if c_values.shape == (1, 1) else c_values[start:stop]
+        if kulisch:
+            high = sums[:height]
+            low = errors[:height]
+            high[...] = acc
+            low[...] = 0.0
+            inexact = np.zeros((height, columns), dtype=np.bool_)
         for k in range(0, length, width):
             tree_a = a_values[codes_a[start:stop, k : k + width]]
             tree_b = b_values[codes_b[:, k : k + width]]
@@ -150,6 +218,13 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
                 tree_a = tree_a * np.exp2(scales_a[start:stop, k // block].astype(np.float64))[:, None]
                 tree_b = tree_b * np.exp2(scales_b[:, k // block].astype(np.float64))[:, None]
             np.matmul(tree_a, tree_b.T, out=tree_sums[:height])
-            accumulate_rne_fp32(acc, tree_sums[:height], sums[:height], errors[:height])
+            if kulisch:
+                accumulate_double_double(high, low, inexact, tree_sums[:height])
+            else:
+                accumulate_rne_fp32(acc, tree_sums[:height], sums[:height], errors[:height])
+        if kulisch:
+            round_double_double_to_fp32(high, low, acc)
+            leftovers.extend((start + int(i), int(j)) for i, j in zip(*np.nonzero(inexact)))
         if progress is not None:
             progress(stop, rows)
+    return leftovers

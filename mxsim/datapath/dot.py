@@ -246,7 +246,14 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     codes_a = tensor_a.codes.reshape(rows, -1)
     codes_b = tensor_b.codes.reshape(columns, -1)
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
-        blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
+        leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
+        if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
+            m, n = (np.array(index) for index in zip(*leftovers))
+            c_pairs = np.full(m.size, c_values[0, 0]) if c is None else c_values[m, n]
+            pairs = np.empty(m.size, dtype=out.dtype)
+            K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(np.float32),
+                        *kernel_args, pairs)
+            out[m, n] = pairs
         return MatmulResult(out, params.output_format)
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
