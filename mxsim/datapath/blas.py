@@ -111,6 +111,24 @@ def values_finite_and_not_negative_zero(values):
     return True
 
 
+@njit(cache=True, inline="always")
+def two_sum(a, b):
+    """(a + b rounded, its exact rounding error): a + b == total + error exactly (finite sums)."""
+    total = a + b
+    back = total - a
+    return total, (a - (total - back)) + (b - back)
+
+
+@njit(cache=True, inline="always")
+def round_to_odd(total, error):
+    """The float64 round-to-odd of total + error (total = RN(exact), error its exact remainder)."""
+    if error == 0.0 or not math.isfinite(total):
+        return total
+    bits = np.float64(total).view(np.int64)
+    toward_zero = np.int64((error > 0.0) != (total > 0.0))
+    return np.int64((bits - toward_zero) | 1).view(np.float64)
+
+
 @njit(cache=True)  # serial: BLAS's own threads are still spinning right after each GEMM
 def accumulate_rne_fp32(acc, tree_sums, sums, errors):
     """acc = RNE_fp32(acc + tree_sums) elementwise, exactly: the float64 sum made round-to-odd
@@ -148,18 +166,12 @@ def accumulate_double_double(high, low, inexact, block_sums):
     rows, columns = high.shape
     for i in range(rows):
         for j in range(columns):
-            a = high[i, j]
-            b = block_sums[i, j]
-            total = a + b
-            back = total - a
-            error = (a - (total - back)) + (b - back)
+            total, error = two_sum(high[i, j], block_sums[i, j])
             high[i, j] = total
-            old = low[i, j]
-            new = old + error
-            back = new - old
-            if (old - (new - back)) + (error - back) != 0.0:
+            rest, low_error = two_sum(low[i, j], error)
+            low[i, j] = rest
+            if low_error != 0.0:
                 inexact[i, j] = True
-            low[i, j] = new
 
 
 @njit(cache=True)
@@ -168,16 +180,8 @@ def round_double_double_to_fp32(high, low, acc):
     rows, columns = high.shape
     for i in range(rows):
         for j in range(columns):
-            a = high[i, j]
-            b = low[i, j]
-            total = a + b
-            back = total - a
-            error = (a - (total - back)) + (b - back)
-            if error != 0.0 and math.isfinite(total):
-                bits = np.float64(total).view(np.int64)
-                toward_zero = np.int64((error > 0.0) != (total > 0.0))
-                total = np.int64((bits - toward_zero) | 1).view(np.float64)
-            acc[i, j] = np.float32(total)
+            total, error = two_sum(high[i, j], low[i, j])
+            acc[i, j] = np.float32(round_to_odd(total, error))
 
 
 def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
