@@ -181,12 +181,6 @@ def cmd_dot(args) -> int:
     return 0
 
 
-def _hwconfigs(paths: list[str]):
-    from .datapath import load_hwconfig
-
-    return [load_hwconfig(path) for path in paths]
-
-
 def _write_json_atomically(path: str, data) -> None:
     target = Path(path)
     temporary = target.with_name(target.name + ".tmp")
@@ -203,11 +197,12 @@ def _json_default(value):
 
 
 def cmd_replay(args) -> int:
+    from .datapath import load_hwconfig
     from .trace import load_trace
     from .trace.replay import format_report, replay, write_histograms
 
     trace = load_trace(args.trace)
-    units = _hwconfigs(args.hw)
+    units = [load_hwconfig(path) for path in args.hw]
     report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
                     element_format=args.format)
     if args.plots:

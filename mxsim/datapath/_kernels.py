@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..formats._kernels import (
+    OVERFLOW_INF_NAN,
     P_BIAS,
     P_EMAX,
     P_EXPONENT_BITS,
@@ -68,7 +69,6 @@ BELOW_TRUNCATE = 0
 BELOW_FLOOR = 1
 BELOW_NEAREST_EVEN = 2
 BELOW_STICKY = 3
-OVERFLOW_IEEE = 1
 
 
 @njit(cache=True, inline="always")
@@ -94,14 +94,14 @@ def round_float(value, params, rounding, subnormals):
     if value == 0.0 or not math.isfinite(value):
         return value
     value_class, sign, significand, lsb_exponent, leading = decompose(np.float64(value).view(np.uint64), 11, 52)
-    code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, OVERFLOW_IEEE, 0)
+    code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, OVERFLOW_INF_NAN, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
 @njit(cache=True)
 def round_limbs(limbs, bounds, params, rounding, subnormals):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
-    code, is_zero = limbs_round(limbs, bounds, params, rounding, OVERFLOW_IEEE)
+    code, is_zero = limbs_round(limbs, bounds, params, rounding, OVERFLOW_INF_NAN)
     if is_zero:
         return 0.0
     return flush_subnormal(decode_code(code, params), params, subnormals)
@@ -171,7 +171,7 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals):
             lsb_exponent += shift
         value = scale_by_power_of_two(float(magnitude), lsb_exponent)
         return -value if total < 0 else value
-    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, OVERFLOW_IEEE, 0)
+    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, OVERFLOW_INF_NAN, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
@@ -420,7 +420,7 @@ def dot_one(
 def _output_code(value, out_params):
     """The output code of a value that is already exactly representable (or NaN/Inf)."""
     bits = np.float64(value).view(np.uint64)
-    return encode_bits(bits, 11, 52, 0, out_params, ROUND_NEAREST_EVEN, OVERFLOW_IEEE, 0)
+    return encode_bits(bits, 11, 52, 0, out_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN, 0)
 
 
 @njit(cache=True, parallel=True)

@@ -12,7 +12,7 @@ from ..errors import MxsimError
 from ..formats import FormatInfo, get_format
 from ..formats.rounding import rounding_code
 from ..quantize import MXTensor, quantize
-from ..quantize._kernels import SCALE_NAN
+from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
 from .config import DatapathParams, HardwareConfig, adder_width_bits, load_hwconfig
@@ -111,14 +111,7 @@ def _scale_exponents(scales, name: str, rows: int, blocks: int, params: Datapath
         raise MxsimError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
     if scales.size and (scales.min() < 0 or scales.max() > 255):
         raise MxsimError(f"{name}: E8M0 codes must lie in [0, 255]")
-    return _exponents_of_codes(scales)
-
-
-def _exponents_of_codes(scales: np.ndarray) -> np.ndarray:
-    """Unbiased int32 scale exponents of E8M0 codes; 0xFF becomes SCALE_NAN."""
-    exponents = scales.astype(np.int32) - 127
-    exponents[scales == 255] = SCALE_NAN
-    return exponents
+    return scale_exponents_of_codes(scales)
 
 
 def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
@@ -270,7 +263,7 @@ def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
         if (tensor.scales != 127).any():
             raise MxsimError("this unit takes no scales (inputs.scales: none) but the operand's scales are not all 1")
         return np.zeros(tensor.scales.shape, dtype=np.int32)
-    return _exponents_of_codes(tensor.scales)
+    return tensor.scale_exponents
 
 
 def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None) -> dict:

@@ -51,16 +51,15 @@ class MXTensor:
 
     @property
     def scale_exponents(self) -> np.ndarray:
-        """Unbiased scale exponents ``code - 127`` (int32); a NaN scale (0xFF) reads 128."""
-        return self.scales.astype(np.int32) - E8M0_BIAS
+        """Unbiased int32 scale exponents ``code - 127``; a NaN scale (0xFF) is SCALE_NAN."""
+        return scale_exponents_of_codes(self.scales)
 
     def dequantize(self, dtype=np.float64) -> np.ndarray:
         """Values in the original shape: element value × 2^X, exact in float64.
 
         ``dtype=np.float32`` rounds the exact values to float32 (nearest-even).
         """
-        exponents = np.where(self.scales == E8M0_NAN, K.SCALE_NAN, self.scales.astype(np.int32) - E8M0_BIAS)
-        values = _dequantize_blocked(self.element_format, self.codes, exponents.astype(np.int32), self.block_size, dtype)
+        values = _dequantize_blocked(self.element_format, self.codes, self.scale_exponents, self.block_size, dtype)
         return _from_blocks(values, self.shape, self.axis, self.padding)
 
     def block_values(self, index: tuple[int, ...]) -> list[Fraction] | None:
@@ -72,6 +71,13 @@ class MXTensor:
         codes = self.codes[tuple(outer)][block * self.block_size : (block + 1) * self.block_size]
         scale = Fraction(2) ** (scale_code - E8M0_BIAS)
         return [self.element_format.value_of(int(c)) * scale for c in codes]
+
+
+def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
+    """Unbiased int32 exponents of E8M0 scale codes; 0xFF (NaN) becomes ``SCALE_NAN``."""
+    exponents = scales.astype(np.int32) - E8M0_BIAS
+    exponents[scales == E8M0_NAN] = K.SCALE_NAN
+    return exponents
 
 
 def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options) -> MXTensor:
