@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import zlib
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO
+from conftest import REPO, same_float
 from mxsim import get_format, quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams, check_consistency
@@ -105,7 +107,9 @@ def random_params(draw) -> DatapathParams:
     block = fused * draw(st.integers(1, 3)) if scales == "block_sum" else draw(st.sampled_from([4, 8, 16, 32]))
     acc_format = draw(st.sampled_from(["fp32", "fp16", "bf16", "exact"]))
     exact = acc_format == "exact"
-    fraction_bits = None if exact else draw(st.one_of(st.none(), st.integers(0, 30)))
+    # sampled_from spreads the choices evenly (one_of(none(), ...) leans on None).
+    window = "exact" if exact else draw(st.sampled_from(["exact", "narrow", "wide"]))
+    fraction_bits = {"exact": None, "narrow": draw(st.integers(0, 11)), "wide": draw(st.integers(12, 30))}[window]
     acc_in_tree = False if scales == "block_sum" else draw(st.booleans())
     promotion = None
     if not exact and draw(st.booleans()):
@@ -126,9 +130,9 @@ def random_params(draw) -> DatapathParams:
         align_reference=draw(st.sampled_from(["exponent_sum", "leading_bit"])),
         align_fraction_bits=fraction_bits,
         below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even", "sticky"])),
-        carry_bits=None if fraction_bits is None else draw(st.one_of(st.none(), st.integers(0, 6))),
+        carry_bits=None if fraction_bits is None or not draw(st.booleans()) else draw(st.integers(0, 6)),
         adder_overflow=draw(st.sampled_from(["wrap", "saturate"])),
-        sum_significant_bits=None if exact else draw(st.one_of(st.none(), st.integers(1, 30))),
+        sum_significant_bits=None if exact or not draw(st.booleans()) else draw(st.integers(1, 30)),
         sum_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_format=acc_format,
         accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
@@ -147,21 +151,47 @@ def random_params(draw) -> DatapathParams:
     return params
 
 
+def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int):
+    """Codes of normal-distributed rows at a few magnitudes (clipped to the format) and, for
+    units with block scales (``block_size`` given), E8M0 scales near 1: what a quantized
+    layer hands a unit. Sums stay well inside fp16's range."""
+    fmt = get_format(fmt_name)
+    magnitude = np.exp2(rng.integers(-3, 4, size=(rows, 1)).astype(np.float64))
+    x = np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
+    codes = fmt.encode(x).astype(np.uint16)
+    if block_size is None:
+        return codes, None
+    return codes, rng.integers(123, 130, size=(rows, -(-length // block_size))).astype(np.uint8)
+
+
+CORNER_SHARE = 0.15  # of random cases: uniform codes (NaN/Inf/max), special scales and c
+
+
 def random_inputs(draw, params: DatapathParams, rows: int):
-    length = draw(st.integers(1, 70))
-    if params.term_order is not None:
-        length = len(params.term_order) * draw(st.integers(1, 2))
+    """Mostly realistic finite operands; a minority of corner cases (uniform codes, which
+    hit NaN/Inf/0 and the largest values, special scales, special c)."""
+    length = draw(st.integers(1, 70))  # any K: partial trees and partial term-order periods
+    blocks = -(-length // params.block_size)
+    scaled = params.scales != "none"
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if rng.random() >= CORNER_SHARE:  # not a hypothesis draw: those lean on the bounds
+        event("inputs: realistic")
+        a, scale_a = realistic_operand(rng, params.a_format, params.block_size if scaled else None, rows, length)
+        b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length)
+        c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
+        c[rng.random(rows) < 0.3] = 0.0
+        return a, b, scale_a, scale_b, c
+    event("inputs: corners")
     bits_a, bits_b = get_format(params.a_format).bits, get_format(params.b_format).bits
     codes = lambda bits: draw(  # noqa: E731
         st.lists(st.lists(st.integers(0, (1 << bits) - 1), min_size=length, max_size=length), min_size=rows, max_size=rows)
     )
     a, b = np.array(codes(bits_a), dtype=np.uint16), np.array(codes(bits_b), dtype=np.uint16)
-    blocks = -(-length // params.block_size)
     scale = st.one_of(st.integers(118, 136), st.sampled_from([0, 1, 127, 253, 254, 255]))
     scales = lambda: np.array(  # noqa: E731
         draw(st.lists(st.lists(scale, min_size=blocks, max_size=blocks), min_size=rows, max_size=rows)), dtype=np.uint8
     )
-    scale_a, scale_b = (scales(), scales()) if params.scales != "none" else (None, None)
+    scale_a, scale_b = (scales(), scales()) if scaled else (None, None)
     c_value = st.one_of(
         st.floats(width=32, allow_nan=False, allow_infinity=False),
         st.floats(-100, 100, width=32),
@@ -182,12 +212,16 @@ def assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c):
         )
         want = int(out_format.encode(np.array([value]), overflow="inf_nan")[0])
         assert int(out[i]) == want, (i, params, hex(int(out[i])), hex(want), value)
+        event("output: " + ("NaN/Inf" if not math.isfinite(value) else "zero" if value == 0 else "finite nonzero"))
 
 
 @settings(max_examples=120)
 @given(data=st.data())
 def test_kernel_equals_reference_on_random_configs(data):
     params = data.draw(random_params())
+    window = "exact" if params.align_fraction_bits is None else "narrow" if params.align_fraction_bits < 12 else "wide"
+    event(f"config: window {window}, below {params.below_window}, carry {params.carry_bits is not None}, "
+          f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}")
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
@@ -332,17 +366,101 @@ def test_alignment_window_edge_on_h100():
 
 
 def test_promotion_interval_recovers_precision_lost_by_hopper():
-    # 256 products of 1.0 plus 256 of 2^-12: the Hopper window (13 fraction bits below the
-    # running accumulator's exponent) drops the small ones once the accumulator is large;
-    # promoting to fp32 every 128 products keeps more of them.
-    big = [1.0] * 128 + [2.0**-8] * 128
-    values = big * 2
+    # 128 products of 1.0, then 128 of 2^-8 (an fp8_e4m3 subnormal), twice: 257 exactly.
+    # Plain H100: once the in-tree accumulator holds 128 (R = 7, window LSB 2^(7-13) = 2^-6),
+    # every 2^-8 truncates to nothing: 256. Promoted every 128 products, each run of 2^-8
+    # starts from a zero accumulator (R = -6, the subnormals' alignment exponent), is summed
+    # exactly to 0.5, and the fp32 outer sum gets 128 + 0.5 + 128 + 0.5 = 257.
+    values = ([1.0] * 128 + [2.0**-8] * 128) * 2
     ones = [1.0] * len(values)
-    exact = one_dot(hw("kulisch"), values, ones, fmt="fp8_e4m3")[0]
-    plain = one_dot(hw("h100-fp8"), values, ones, fmt="fp8_e4m3")[0]
-    promoted = one_dot(hw("h100-fp8-promoted"), values, ones, fmt="fp8_e4m3")[0]
-    assert exact == 256 + 256 * 2.0**-8
-    assert abs(promoted - exact) < abs(plain - exact)
+    assert one_dot(hw("kulisch"), values, ones, fmt="fp8_e4m3")[0] == 257.0
+    assert one_dot(hw("h100-fp8"), values, ones, fmt="fp8_e4m3")[0] == 256.0
+    assert one_dot(hw("h100-fp8-promoted"), values, ones, fmt="fp8_e4m3")[0] == 257.0
+
+
+# --- each adder key on hand-worked examples ------------------------------------------------------
+
+def windowed(**changes) -> DatapathParams:
+    """H100's fp32 unit (window of 13 fraction bits, accumulator in the tree) with a plain fp32
+    round-to-nearest-even accumulator and no n-bit normalisation, so one key shows at a time."""
+    base = hw("h100-fp8").params("fp8_e5m2", "fp8_e5m2")
+    return DatapathParams(**{**base.__dict__, "sum_significant_bits": None, "accumulator_rounding": "nearest_even",
+                             "output_rounding": "nearest_even", **changes})
+
+
+def dot_values(params, a_values, b_values, c=0.0, scale_a=None, scale_b=None) -> float:
+    a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
+    a, b = a_fmt.encode(np.array([a_values])), b_fmt.encode(np.array([b_values]))
+    assert (a_fmt.decode(a) == a_values).all() and (b_fmt.decode(b) == b_values).all()  # exact inputs
+    sa = None if scale_a is None else np.array([scale_a], dtype=np.uint8)
+    sb = None if scale_b is None else np.array([scale_b], dtype=np.uint8)
+    out = dot_with_params(params, a, b, scale_a=sa, scale_b=sb, c=np.array([c], dtype=np.float32))
+    twin = dot_reference(params, a[0].tolist(), b[0].tolist(), scale_a, scale_b, c)
+    value = float(as_float(out, params.output_format)[0])
+    assert same_float(value, twin)
+    return value
+
+
+# R = 0 (1.0 x 1.0), window LSB 2^-13; the second term is -0.75 or -0.5 LSB.
+@pytest.mark.parametrize("below, three_quarters, half", [
+    ("truncate", 1.0, 1.0),                       # toward zero: both vanish
+    ("floor", 1 - 2.0**-13, 1 - 2.0**-13),        # toward -inf: one LSB each
+    ("nearest_even", 1 - 2.0**-13, 1.0),          # -0.75 -> -1; the tie -0.5 -> -0 (even)
+    ("sticky", 1 - 2.0**-14, 1 - 2.0**-14),       # one half-LSB bit, set: -2^-14
+])
+def test_below_window_rules(below, three_quarters, half):
+    params = windowed(below_window=below)
+    assert dot_values(params, [1.0, -(2.0**-14 + 2.0**-15)], [1.0, 1.0]) == three_quarters
+    assert dot_values(params, [1.0, -(2.0**-14)], [1.0, 1.0]) == half
+
+
+@pytest.mark.parametrize("carry_bits, overflow, expected", [
+    (0, "wrap", -2.0), (0, "saturate", 3.5), (1, "wrap", 6.0), (1, "saturate", 6.0),
+])
+def test_carry_bits_set_the_adder_width(carry_bits, overflow, expected):
+    # Window of 1 fraction bit below R = 0: the register holds 1 + (1 + 2) + carry_bits bits in
+    # units of 2^-1. Four products of 1.5 are 12 units: a 4-bit register (-8..7) wraps to -4
+    # units or saturates at 7; a 5-bit one (-16..15) holds 12 = 6.0.
+    params = windowed(align_fraction_bits=1, carry_bits=carry_bits, adder_overflow=overflow)
+    assert dot_values(params, [1.5] * 4, [1.0] * 4) == expected
+
+
+@pytest.mark.parametrize("fraction_bits, expected", [(None, 3.0625), (5, 3.0625), (4, 3.0), (1, 3.0), (0, 2.0)])
+def test_product_fraction_bits_truncate_each_product(fraction_bits, expected):
+    # 1.75^2 = 3.0625 = 1.10001b x 2^1: five fraction bits keep it, four or fewer lose the 2^-4.
+    params = windowed(align_fraction_bits=None, product_fraction_bits=fraction_bits)
+    params = DatapathParams(**{**params.__dict__, "a_format": "fp8_e4m3", "b_format": "fp8_e4m3"})
+    assert dot_values(params, [1.75], [1.75]) == expected
+
+
+@pytest.mark.parametrize("reference, expected", [("exponent_sum", 2.5), ("leading_bit", 2.0)])
+def test_alignment_reference(reference, expected):
+    # 1.5 x 1.5 = 2.25 and 1.0 x 0.25, two window fraction bits. exponent_sum: R = 0 + 0, LSB
+    # 2^-2 keeps both exactly (2.5). leading_bit: R = floor(log2 2.25) = 1, LSB 2^-1: 2.25 -> 2.0
+    # and 0.25 -> 0.
+    params = windowed(align_fraction_bits=2, align_reference=reference)
+    assert dot_values(params, [1.5, 1.0], [1.5, 0.25]) == expected
+
+
+def test_block_sum_scales_apply_to_each_tree_sum():
+    # Two blocks of four, one tree each, scales 2^1 and 2^-1 on A: 4 x 1 x 2 + 4 x 1.25 x 0.5.
+    params = windowed(scales="block_sum", block_size=4, fused_terms=4, accumulator_in_tree=False)
+    assert dot_values(params, [1.0] * 4 + [1.25] * 4, [1.0] * 8, scale_a=[128, 126], scale_b=[127, 127]) == 10.5
+    # The window is the unscaled tree's: 1 + 2^-14 loses its 2^-14 whatever the scale.
+    assert dot_values(params, [1.0, 2.0**-14, 0.0, 0.0], [1.0] * 4, scale_a=[137], scale_b=[127]) == 1024.0
+
+
+def test_c_entry_initial_or_end():
+    # fp16 accumulator, window 10 fraction bits, c = 2048: at the start c joins every tree's
+    # alignment (R = 11, LSB 2^1), so the product 1.0 truncates away and 3.0 keeps 2; added at
+    # the end, the product survives its tree whole and 2048 + 1 and 2048 + 3 are ties that
+    # round (nearest even) to 2048 and 2052 in fp16.
+    start = windowed(align_fraction_bits=10, accumulator_format="fp16", output_format="fp16", c_entry="initial")
+    end = DatapathParams(**{**start.__dict__, "c_entry": "end", "c_add_rounding": "nearest_even"})
+    assert dot_values(start, [1.0], [1.0], c=2048.0) == 2048.0
+    assert dot_values(start, [3.0], [1.0], c=2048.0) == 2050.0
+    assert dot_values(end, [1.0], [1.0], c=2048.0) == 2048.0
+    assert dot_values(end, [3.0], [1.0], c=2048.0) == 2052.0
 
 
 # --- explain, matmul, errors -----------------------------------------------------------------------
@@ -431,3 +549,104 @@ def test_adder_overflow_wraps_or_saturates(overflow):
     ones = get_format("fp8_e4m3").encode(np.array([[1.0, 1.0, 1.0, 1.0]]))
     value = float(as_float(dot_with_params(params, codes, ones))[0])
     assert value == {"wrap": -2.0, "saturate": 3.5}[overflow]
+
+
+# --- K not a multiple of the tree or the term-order period: kernel, twin and explain agree ----
+
+PARTIAL_LENGTHS = [1, 2, 3, 5, 15, 16, 17, 31, 33, 47, 64, 100]
+FINITE_ROWS = 3  # per K, beside one corner row: finite inputs are the majority
+
+
+def corner_row(rng, case, params, a, b, scale_a, scale_b, c):
+    """Turn the last row into one corner (NaN/Inf element, zero row, NaN scale, infinite c,
+    exact cancellation), chosen by ``case``."""
+    a_fmt = get_format(params.a_format)
+    kinds = ["zero", "inf_c", "cancel"]
+    if a_fmt.has_nan:
+        kinds.append("nan_element")
+    if scale_a is not None:
+        kinds.append("nan_scale")
+    kind = kinds[case % len(kinds)]
+    if kind == "zero":
+        a[-1] = 0
+    elif kind == "inf_c":
+        c[-1] = np.float32(-np.inf)
+    elif kind == "cancel":
+        b[-1] = b[0]
+        a[-1] = a_fmt.encode(-a_fmt.decode(a[0]))  # exact negation
+        if scale_a is not None:
+            scale_a[-1], scale_b[-1] = scale_a[0], scale_b[0]
+        c[-1] = 0.0
+    elif kind == "nan_element":
+        a[-1, rng.integers(a.shape[1])] = a_fmt.encode(np.array([np.nan]), overflow="inf_nan")[0]
+    else:
+        scale_a[-1, -1] = 255
+
+
+@pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("config_path", HWCONFIGS, ids=lambda p: p.stem)
+def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
+    # Every K of PARTIAL_LENGTHS; the element formats rotate through the unit's accepted ones.
+    config = load_hwconfig(config_path)
+    rng = np.random.default_rng(zlib.crc32(f"{config_path.stem}/{out_format}".encode()))
+    rows = FINITE_ROWS + 1
+    finite = 0
+    for case, length in enumerate(PARTIAL_LENGTHS):
+        a_format = config.a_formats[case % len(config.a_formats)]
+        b_format = config.b_formats[(case // 2) % len(config.b_formats)]
+        params = config.params(a_format, b_format, out_format)
+        block_size = None if params.scales == "none" else params.block_size
+        a, scale_a = realistic_operand(rng, a_format, block_size, rows, length)
+        b, scale_b = realistic_operand(rng, b_format, block_size, rows, length)
+        c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
+        corner_row(rng, case, params, a, b, scale_a, scale_b, c)
+        out = dot(config, a, b, a_format=a_format, b_format=b_format, scale_a=scale_a, scale_b=scale_b, c=c,
+                  out_format=out_format)
+        values = as_float(out, out_format)
+        for row in range(rows):
+            record = explain(config, a[row], b[row], a_format=a_format, b_format=b_format,  # the twin, staged
+                             scale_a=None if scale_a is None else scale_a[row],
+                             scale_b=None if scale_b is None else scale_b[row], c=float(c[row]), out_format=out_format)
+            assert record["bits"] == int(out[row]), (length, row, hex(record["bits"]), hex(int(out[row])))
+            assert same_float(record["value"], float(values[row]))
+        finite += int(np.isfinite(values[:FINITE_ROWS]).sum())
+    assert finite >= 0.9 * FINITE_ROWS * len(PARTIAL_LENGTHS)  # finite arithmetic is what this exercises
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "h200-fp8"])
+@pytest.mark.parametrize("length", [1, 3, 20])
+def test_fp16_output_with_a_term_order_sums_short_rows(name, length):
+    # All-ones rows: the exact answer is K, representable in fp16.
+    ones = np.full((2, length), get_format("fp8_e4m3").encode(np.array([1.0]))[0])
+    out = dot(hw(name), ones, ones, a_format="fp8_e4m3", b_format="fp8_e4m3", out_format="fp16")
+    assert as_float(out, "fp16").tolist() == [float(length)] * 2
+    record = explain(hw(name), ones[0], ones[0], a_format="fp8_e4m3", b_format="fp8_e4m3", out_format="fp16")
+    assert record["value"] == float(length) and record["bits"] == int(out[0])
+
+
+@pytest.mark.parametrize("method", ["kernel", "auto"])
+@pytest.mark.parametrize("name, out_format", [("h100-fp8", "fp16"), ("b200-fp8", "fp16"), ("h100-fp8", "fp32"),
+                                              ("ocp-exact", "fp32"), ("mxdotp", "bf16")])
+def test_gemm_with_ragged_shapes_equals_the_twin(name, out_format, method):
+    # M, N and K are multiples of no tile, tree or term-order period.
+    config = hw(name)
+    fmt = config.a_formats[0]
+    params = config.params(fmt, fmt, out_format)
+    rng = np.random.default_rng(7)
+    m, n, k = 5, 7, 37
+    ta = quantize(rng.standard_normal((m, k)), fmt, axis=1, block_size=params.block_size)
+    tb = quantize(rng.standard_normal((k, n)), fmt, axis=0, block_size=params.block_size)
+    if params.scales == "none":  # a unit without block scales takes the codes with scale 1
+        ta = dataclasses.replace(ta, scales=np.full_like(ta.scales, 127))
+        tb = dataclasses.replace(tb, scales=np.full_like(tb.scales, 127))
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    result = matmul(config, ta, tb, c=c, out_format=out_format, tile_rows=3, method=method)
+    codes_a, codes_b = ta.codes.reshape(m, -1), tb.codes.reshape(n, -1)
+    scales_a, scales_b = ta.scales.reshape(m, -1), tb.scales.reshape(n, -1)
+    out_fmt = get_format(out_format)
+    for i in range(m):
+        for j in range(n):
+            twin = dot_reference(params, codes_a[i].tolist(), codes_b[j].tolist(),
+                                 None if params.scales == "none" else scales_a[i].tolist(),
+                                 None if params.scales == "none" else scales_b[j].tolist(), float(c[i, j]))
+            assert same_float(float(out_fmt.decode(result.bits[i : i + 1, j])[0]), twin), (i, j)

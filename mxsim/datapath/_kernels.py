@@ -224,7 +224,12 @@ def dot_one(
             special = note_overflow(special, acc)
             acc = 0.0
 
-    n_trees = (n_elements + fused_terms - 1) // fused_terms
+    # With a term order, K is padded to a whole number of order periods: the padded
+    # positions are empty (no term, not even +0), as in a unit fed zero-padded operands.
+    padded_length = n_elements
+    if order_length > 0:
+        padded_length = (n_elements + order_length - 1) // order_length * order_length
+    n_trees = (padded_length + fused_terms - 1) // fused_terms
     uniform_trees = cfg[C_UNIFORM_TREES] != 0
     for tree in range(n_trees):
         start = tree * fused_terms
@@ -268,10 +273,12 @@ def dot_one(
             tree_scale = 0
             for j in range(fused_terms):
                 position = tree * fused_terms + j
-                if position >= n_elements:
+                if position >= padded_length:
                     break
                 if order_length > 0:
                     k = (position // order_length) * order_length + order[position % order_length]
+                    if k >= n_elements:
+                        continue
                 else:
                     k = position
                 code_a = a_codes[k]

@@ -69,7 +69,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "term_order": Key(
             "order", None,
             "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
-            "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first)",
+            "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first). "
+            "K that is not a multiple of T is padded to one with empty positions (no term, not even +0), "
+            "as a unit fed zero-padded operands; a partial last tree of any unit simply has fewer terms",
         ),
         "accumulator_in_tree": Key(
             "bool", True,

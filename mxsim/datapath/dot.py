@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MxsimError
-from ..formats import FormatInfo, get_format
+from ..formats import FormatInfo, custom_format, get_format
 from ..formats.rounding import rounding_code
 from ..quantize import MXTensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
 from .config import DatapathParams, HardwareConfig, adder_width_bits, load_hwconfig
-from .reference import alignment_emin, dot_reference, sum_format
+from .reference import dot_reference
 
 ZERO_EXPONENT = -(1 << 40)
 _SCALES = {"none": K.SCALES_NONE, "products": K.SCALES_PRODUCTS, "block_sum": K.SCALES_BLOCK_SUM}
@@ -31,6 +31,11 @@ def _as_config(hw) -> HardwareConfig:
     raise MxsimError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
 
 
+def _alignment_emin(fmt: FormatInfo) -> int:
+    """Smallest alignment exponent: 1 - bias, or for fixed point (MX INT8) emax."""
+    return 1 - fmt.bias if fmt.exponent_bits else fmt.emax
+
+
 @functools.lru_cache(maxsize=None)
 def _element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
@@ -42,7 +47,7 @@ def _element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.n
     usable = np.isfinite(magnitude) & (magnitude > 0)
     # Zeros get a very negative exponent: they must never set a tree's alignment reference.
     exponents = np.full(values.shape, ZERO_EXPONENT, dtype=np.int64)
-    exponents[usable] = np.maximum(np.frexp(magnitude[usable])[1] - 1, alignment_emin(fmt))
+    exponents[usable] = np.maximum(np.frexp(magnitude[usable])[1] - 1, _alignment_emin(fmt))
     values.setflags(write=False)
     exponents.setflags(write=False)
     return values, exponents
@@ -83,7 +88,9 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
     cfg[K.C_SUM_FITS_ACCUMULATOR] = (params.sum_significant_bits or 99) <= acc.mantissa_bits + 1
     cfg[K.C_ACC_MIN_EXPONENT] = 1 - acc.bias
     cfg[K.C_ACC_MAX_EXPONENT] = acc.emax
-    sums = sum_format(params.sum_significant_bits or 24)
+    # adder.sum_significant_bits: n significant bits with an exponent range no sum reaches.
+    sum_bits = params.sum_significant_bits or 24
+    sums = custom_format(10, sum_bits - 1, name=f"sum{sum_bits}")
     formats = (acc.kernel_params, sums.kernel_params, get_format(params.output_format).kernel_params, fp32.kernel_params)
     return cfg, order, formats
 
@@ -283,5 +290,6 @@ def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, 
         None if scale_b is None else np.asarray(scale_b).reshape(-1).tolist(),
         float(np.float32(c)), stages,
     )
-    bits = int(get_format(params.output_format).encode(np.array([value]))[0])
+    # The value is exact in the output format; IEEE overflow keeps ±Inf as ±Inf.
+    bits = int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
     return {"config": config.name, "params": params.__dict__, "stages": stages, "value": value, "bits": bits}

@@ -14,20 +14,29 @@ from fractions import Fraction
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
-from .config import DatapathParams, adder_width_bits
+from .config import DatapathParams
 
 INF = math.inf
 
 
 def alignment_emin(fmt: FormatInfo) -> int:
-    """The smallest alignment exponent of an element format: 1 - bias, or the leading-bit
-    exponent of the largest value for fixed-point formats (MX INT8: 0)."""
-    return 1 - fmt.bias if fmt.exponent_bits else fmt.emax
+    """The smallest alignment exponent of an element format (docs/hwconfig.md step 1): that
+    of its smallest normal value, so subnormals share it; for a fixed-point format (no
+    exponent field, MX INT8) the leading-bit exponent of its largest value."""
+    anchor = fmt.min_normal if fmt.exponent_bits else fmt.max_finite
+    return floor_log2(Fraction(anchor))
 
 
 def sum_format(bits: int) -> FormatInfo:
     """The 'n significant bits, wide exponent' format of ``adder.sum_significant_bits``."""
     return custom_format(10, bits - 1, name=f"sum{bits}")
+
+
+def adder_register_bits(params: DatapathParams) -> int:
+    """The adder register's width as docs/hwconfig.md defines ``carry_bits``: a sign bit, the
+    window's F fraction bits and two integer bits, the carry bits, and the sticky bit."""
+    sticky = 1 if params.below_window == "sticky" else 0
+    return 1 + (params.align_fraction_bits + 2) + params.carry_bits + sticky
 
 
 def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
@@ -141,8 +150,11 @@ def dot_reference(
 
     length = len(products)
     if params.term_order is not None:
+        # K padded to whole periods of the order; padded positions hold no term.
         period = len(params.term_order)
-        sequence = [(p // period) * period + params.term_order[p % period] for p in range(length)]
+        padded = -(-length // period) * period
+        sequence = [(p // period) * period + params.term_order[p % period] for p in range(padded)]
+        sequence = [k if k < length else None for k in sequence]
     else:
         sequence = list(range(length))
 
@@ -150,6 +162,8 @@ def dot_reference(
         nonlocal negative_zeros_only
         kept = []
         for k in indices:
+            if k is None:  # a padded position
+                continue
             product, exponent, scale_exponent = products[k]
             if isinstance(product, float):
                 if math.isnan(product) or math.isinf(product):
@@ -178,7 +192,7 @@ def dot_reference(
             acc = Fraction(0)
     log({"stage": "accumulator_start", "value": _to_float(acc), "outer": float(outer)})
 
-    for tree_start in range(0, length, params.fused_terms):
+    for tree_start in range(0, len(sequence), params.fused_terms):
         kept = finite_terms(sequence[tree_start : tree_start + params.fused_terms])
         terms = [(p, e) for p, e, _ in kept]
         tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
@@ -208,7 +222,7 @@ def dot_reference(
             if params.carry_bits is not None:  # the adder register: wrap or saturate
                 step = lsb / 2 if params.below_window == "sticky" else lsb
                 register = tree_sum / step  # an integer
-                limit = 2 ** (adder_width_bits(params) - 1)
+                limit = 2 ** (adder_register_bits(params) - 1)
                 if not -limit <= register < limit:
                     if params.adder_overflow == "saturate":
                         register = limit - 1 if register > 0 else -limit

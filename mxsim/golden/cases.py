@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
+from ..quantize.reference import floor_log2
 from .layout import GoldenUnit
 from .vectors import VectorSet
 
@@ -57,13 +58,6 @@ def f32_bits(value) -> int:
     if not math.isfinite(float(single[0])) or Fraction(float(single[0])) != Fraction(value):
         raise MxsimError(f"golden: {value} is not exactly an FP32 value")
     return int(single.view(np.uint32)[0])
-
-
-def floor_log2(value: Fraction) -> int:
-    """floor(log2(value)) of a positive rational, exactly."""
-    value = Fraction(value)
-    e = value.numerator.bit_length() - value.denominator.bit_length()
-    return e if Fraction(2) ** e <= value else e - 1
 
 
 class CodeBook:

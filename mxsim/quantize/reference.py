@@ -20,13 +20,10 @@ NAN_SCALE = None
 
 
 def floor_log2(value: Fraction) -> int:
-    """The e with 2^e <= value < 2^(e+1), by exact comparison."""
-    exponent = 0
-    while Fraction(2) ** exponent > value:
-        exponent -= 1
-    while Fraction(2) ** (exponent + 1) <= value:
-        exponent += 1
-    return exponent
+    """The e with 2^e <= value < 2^(e+1) of a positive rational, by exact comparison."""
+    value = Fraction(value)
+    exponent = value.numerator.bit_length() - value.denominator.bit_length()
+    return exponent if Fraction(2) ** exponent <= value else exponent - 1
 
 
 def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int = 32) -> int:
