@@ -4,8 +4,10 @@ The model runs once on the sample inputs, under ``torch.no_grad()`` (its train/e
 not changed: call ``model.eval()`` first for inference behaviour), with two interception
 modes active:
 
-* a ``TorchFunctionMode`` records ``F.linear`` and ``torch.matmul`` / ``@`` at the call the
-  model makes, so a Linear keeps its input's rank and a batched matmul its batch dims;
+* a ``TorchFunctionMode`` records ``F.linear``, ``torch.matmul`` / ``@`` and
+  ``F.scaled_dot_product_attention`` at the call the model makes, so a Linear keeps its
+  input's rank, a batched matmul its batch dims, and attention is recorded as its two matmuls
+  whichever kernel PyTorch picks;
 * a ``TorchDispatchMode`` sees every ATen op that actually runs and records the GEMM-like
   ones no call above covered: ``mm``, ``addmm`` (HF ``Conv1D``), ``bmm``, ``baddbmm``,
   ``mv``, ``addmv``, ``dot``, ``convolution`` (conv1d/conv2d, grouped, depthwise, transposed)
@@ -148,7 +150,8 @@ class _Recorder:
         return self.module_stack[-1][1] if self.module_stack else None
 
     def parameter(self, tensor):
-        """(qualified name, owner module, transposed) if ``tensor`` is a parameter or its 2-d transpose."""
+        """(qualified name, owner module, transposed) if ``tensor`` is a parameter, a slice of one
+        (e.g. the q rows of ``in_proj_weight``) or the 2-d transpose of either; else None."""
         torch = self.torch
         if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
             return None
@@ -159,12 +162,11 @@ class _Recorder:
         here = self.module_path()
         matches = []
         for qualified, param, owner in self.params.get(ptr, []):
-            if tensor.storage_offset() != param.storage_offset() or tensor.dtype != param.dtype:
+            if tensor.dtype != param.dtype or tensor.dim() != param.dim():
                 continue
-            if tuple(tensor.shape) == tuple(param.shape) and tensor.stride() == param.stride():
+            if tensor.stride() == param.stride():
                 matches.append((qualified, owner, False))
-            elif (tensor.dim() == 2 and tuple(tensor.shape) == tuple(param.shape)[::-1]
-                  and tensor.stride() == param.stride()[::-1]):
+            elif tensor.dim() == 2 and tensor.stride() == param.stride()[::-1]:
                 matches.append((qualified, owner, True))
         if not matches:
             return None
@@ -356,6 +358,8 @@ def _sequential_network(model, layer_names: dict, input_name: str) -> Network | 
                 names = layer_names.get(id(module), [])
                 if len(names) != 1:
                     return False
+                if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or module.padding == "same"):
+                    return False  # the recorded input is already padded
                 steps.append({"layer": names[0]})
             elif isinstance(module, nn.ReLU):
                 steps.append({"op": "relu"})
@@ -380,18 +384,22 @@ def _modes(torch, recorder: _Recorder):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     F = torch.nn.functional
+    sdpa = F.scaled_dot_product_attention
     matmuls = {torch.matmul: False, torch.Tensor.matmul: False, torch.Tensor.__matmul__: False,
                torch.Tensor.__rmatmul__: True}
 
     class FunctionMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if recorder.suppress or (func is not F.linear and func not in matmuls):
+            if recorder.suppress or (func is not F.linear and func is not sdpa and func not in matmuls):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
                 out = func(*args, **kwargs)
-                if func is F.linear:
+                if func is sdpa:
+                    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+                    recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
+                elif func is F.linear:
                     x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
                     if recorder.float_operands("F.linear", x, w, bias):

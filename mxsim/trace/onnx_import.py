@@ -32,13 +32,14 @@ the node's result (the following ``Add`` of a constant bias is fused into a MatM
 from __future__ import annotations
 
 import hashlib
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import MxsimError, UnknownNameError
+from ..errors import CaptureWarning, MxsimError, UnknownNameError
 from ..formats import get_format
 from ..quantize import BFPSpec
 from ._optional import require
@@ -776,6 +777,10 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
         trace_source["sha256"] = _sha256(path)
     if skipped:
         trace_source["skipped"] = skipped
+        listed = "; ".join(f"{entry['name']} ({entry['op']}): {entry['reason']}" for entry in skipped[:5])
+        more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        warnings.warn(f"capture_onnx: {len(skipped)} matmul-like node(s) not captured, listed in source.skipped: "
+                      f"{listed}{more}", CaptureWarning, stacklevel=2)
     if layers is not None:
         trace_source["selected_layers"] = [layer.name for layer in layers_out]
     trace_name = name or (path.stem if path is not None else (proto.graph.name or "onnx-model"))
