@@ -601,14 +601,14 @@ def test_quark_quantizers_on_rank0_and_one_element_constants_pass_through_like_q
              h.make_node("MXQuantizeDequantize", ["sixes"], ["sixes_q"], name="one_element", domain=quark,
                          element_dtype="fp4_e2m1", axis=1, block_size=32),
              h.make_node("BFPQuantizeDequantize", ["half"], ["half_q"], name="bfp_rank0", domain=quark,
-                         bfp_method="to_bfp", bit_width=9, block_size=8, axis=1),
+                         bfp_method="to_bfp", bit_width=12, block_size=8, axis=1),
              h.make_node("Add", ["x", "three_q"], ["shifted"]),
              h.make_node("Mul", ["shifted", "sixes_q"], ["scaled"]),
              h.make_node("Mul", ["scaled", "half_q"], ["halved"]),
              h.make_node("MXQuantizeDequantize", ["halved"], ["act_q"], name="act", domain=quark,
                          element_dtype="fp4_e2m1", axis=1, block_size=32),
              h.make_node("MatMul", ["act_q", "w"], ["y"], name="mm")]
-    # values that fp4 / 9-bit BFP would change if they were quantized: 3.3 -> 3, 6.3 -> 6
+    # values that fp4 / 12-bit BFP would change if they were quantized: 3.3 -> 3, 6.3 -> 6
     inits = [("three", np.array(3.3, np.float32)), ("sixes", np.full((1, 1), 6.3, np.float32)),
              ("half", np.array(0.5123456, np.float32)), ("w", f32(4, 3))]
     model = make_model(onnx, nodes, [("x", [2, 4])], ["y"], inits, extra_domains=(quark,))
