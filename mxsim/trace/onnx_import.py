@@ -1,8 +1,9 @@
-"""Capture an ONNX model's MatMul / Gemm / Conv layers into a trace (``mxsim[onnx]``).
+"""Capture an ONNX model's MatMul / Gemm / Conv / ConvTranspose / Einsum layers into a trace (``mxsim[onnx]``).
 
 :func:`capture_onnx` runs the model with onnxruntime on the given inputs and records, for every
-MatMul, Gemm and 2-D Conv node: the operands, the bias, and the output, plus the quantization
-spec of each operand as the model itself applies it:
+MatMul, Gemm, 1-d/2-d Conv and ConvTranspose and two-operand Einsum node: the operands, the
+bias, and the output, plus the quantization spec of each operand as the model itself applies
+it (other matmul-like nodes are listed in ``source.skipped``):
 
 * ``QuantizeLinear`` → ``DequantizeLinear`` feeding an operand (per-tensor, per-axis or
   blocked) → :class:`~mxsim.trace.quant.QDQQuant`; the operand recorded is the float tensor
@@ -694,9 +695,12 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
 
     Layers: ``Gemm`` -> ``linear`` (A transposed if ``transA``, B stored as (N, K), i.e.
     transposed when ``transB`` is 0; spec axes follow the transposes; ``alpha``/``beta`` kept);
-    ``MatMul`` -> ``matmul`` (with a following constant-bias ``Add`` fused; skipped if an
-    operand is 1-d); ``Conv`` with a 4-d input -> ``conv2d`` (``pads``/``auto_pad`` made
-    explicit). Skipped nodes are listed in ``source.skipped`` with the reason.
+    ``MatMul`` -> ``matmul`` (with a following constant-bias ``Add`` fused; a 1-d operand
+    promoted to a 1-row / 1-column matrix); ``Conv`` -> ``conv2d`` and ``ConvTranspose`` ->
+    ``conv_transpose2d`` (2-d, or 1-d as height 1; ``pads``/``auto_pad``/``output_shape``
+    made explicit); a two-operand ``Einsum`` -> ``matmul`` (batch, M, K, N index groups).
+    Skipped nodes, and matmul-like nodes of other types, are listed in ``source.skipped``
+    (name, op, reason) and reported with a :class:`mxsim.errors.CaptureWarning`.
     """
     proto, path = _load_model(model)
     ort = require("onnxruntime")
