@@ -131,11 +131,9 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.layer_names: dict[int, list[str]] = {}  # id(module owning the weight) -> layer names
         self.params: dict[int, list[tuple[str, object, object]]] = {}  # storage ptr -> (qualified name, param, owner)
-        owners = {}
         for module_name, module in model.named_modules(remove_duplicate=False):
             for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
                 qualified = f"{module_name}.{param_name}" if module_name else param_name
-                owners.setdefault(qualified, module)
                 entry = (qualified, param, module)
                 bucket = self.params.setdefault(param.untyped_storage().data_ptr(), [])
                 if all(qualified != other[0] for other in bucket):
@@ -242,7 +240,7 @@ class _Recorder:
         if bias is not None and bias.dim() == 1 and out.dim() >= 2 and promoted == "vector":
             bias = bias[:, None]  # addmv: (M,) is per row, the promoted output is (M, 1)
         param = self.parameter(b)
-        if param is not None and param[2] and a.dim() >= 1:
+        if param is not None and param[2]:
             self.add("linear", {"input": a, "weight": b.t(), "bias": bias, "output": out}, attrs, source,
                      op_name, param)
             return
@@ -297,7 +295,7 @@ class _Recorder:
         if float(bound.get("dropout_p", 0.0)) > 0:
             self.skip(op, "attention dropout (dropout_p > 0) is random; capture in eval mode")
             return
-        if k.shape[-3] != q.shape[-3]:  # grouped-query attention: each key/value head serves several query heads
+        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query attention: each key/value head serves several query heads
             repeat = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
