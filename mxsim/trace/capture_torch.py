@@ -295,7 +295,7 @@ class _Recorder:
         if float(bound.get("dropout_p", 0.0)) > 0:
             self.skip(op, "attention dropout (dropout_p > 0) is random; capture in eval mode")
             return
-        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query attention: each key/value head serves several query heads
+        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query attention: a k/v head serves several q heads
             repeat = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
