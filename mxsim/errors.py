@@ -39,3 +39,7 @@ class ConfigError(MxsimError, ValueError):
 
 class TraceError(MxsimError, ValueError):
     """A trace problem, located by trace directory, layer and field."""
+
+
+class CaptureWarning(UserWarning):
+    """A trace capture ran ops it could not record as layers (listed in the trace's ``source.skipped``)."""

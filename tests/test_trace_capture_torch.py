@@ -1,4 +1,4 @@
-"""mxsim.trace.capture_torch: forward hooks on nn.Linear / nn.Conv2d."""
+"""mxsim.trace.capture_torch: every matmul and convolution a model runs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mxsim.errors import MxsimError
+from conftest import TRANSFORMER_FAMILIES, count_gemm_kernels, tiny_transformer
+from mxsim.errors import CaptureWarning, MxsimError
 from mxsim.trace import BFPQuant, MXQuant, load_trace, run_network, save_trace
-from mxsim.trace.conv import conv2d_direct
+from mxsim.trace.conv import conv2d_direct, conv_transpose2d_direct
 from mxsim.trace.lowering import gemm_reference
 
 # conv_zoo's padding="same" with an even kernel is deliberate (asymmetric padding)
@@ -55,9 +56,15 @@ def test_every_conv_and_linear_is_captured_with_its_attributes(torch, capture):
     assert by_name["strided"].attrs == {"stride": [2, 1], "padding": [[1, 1], [2, 2]], "dilation": [1, 2], "groups": 1}
     assert "bias" not in by_name["strided"].tensors
     assert by_name["grouped"].attrs["groups"] == 3 and by_name["depthwise"].attrs["groups"] == 6
-    assert by_name["same"].attrs["padding"] == [[1, 2], [1, 2]]
+    # the padding torch applies outside the convolution kernel arrives in the input: "same" with
+    # an even kernel pads the extra pixel after, reflect padding is done before the conv
+    assert by_name["same"].attrs["padding"] == [[1, 1], [1, 1]]
+    assert by_name["same"].input.shape[2:] == (by_name["depthwise"].output.shape[2] + 1,
+                                               by_name["depthwise"].output.shape[3] + 1)
     assert by_name["reflect"].attrs["padding"] == [[0, 0], [0, 0]]
-    assert by_name["reflect"].source == {"module": "reflect", "type": "Conv2d", "padding_mode": "reflect"}
+    assert by_name["reflect"].input.shape[2:] == tuple(d + 2 for d in by_name["same"].output.shape[2:])
+    assert by_name["reflect"].source == {"op": "aten.convolution", "parameter": "reflect.weight", "module": "reflect",
+                                         "type": "Conv2d"}
     assert by_name["head"].op == "linear" and by_name["head"].input.ndim == 3
     for layer in trace.layers:
         module = getattr(model, layer.name)
@@ -163,13 +170,198 @@ def test_bfloat16_is_widened_exactly(torch, capture):
     assert np.array_equal(layer.weight, model.weight.to(torch.float32).detach().numpy())
 
 
-def test_models_without_linear_or_conv_are_rejected(torch, capture):
-    with pytest.raises(MxsimError, match="no nn.Linear or nn.Conv2d"):
+def test_models_without_matmuls_are_rejected(torch, capture):
+    with pytest.raises(MxsimError, match="ran no matmul or convolution"):
         capture(torch.nn.ReLU(), torch.randn(2))
 
 
-def test_hooks_are_removed_even_when_the_forward_fails(torch, capture):
+def test_hooks_and_modes_are_removed_even_when_the_forward_fails(torch, capture):
     model = torch.nn.Linear(4, 2)
     with pytest.raises(RuntimeError):
         capture(model, torch.randn(3, 5))  # wrong input width
-    assert not model._forward_hooks
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert torch.backends.mha.get_fastpath_enabled()
+    assert len(capture(model, torch.randn(3, 4)).layers) == 1  # no mode left behind to double-record
+
+
+# ----------------------------------------------------------------------------- real transformers
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", TRANSFORMER_FAMILIES)
+def test_transformers_capture_every_gemm_kernel_the_profiler_counts(torch, capture, family, attention):
+    model, sample = tiny_transformer(torch, family, attention)
+    counted = count_gemm_kernels(torch, model, sample)
+    trace = capture(model, sample)
+    assert len(trace.layers) == sum(counted.values()), counted
+    assert "skipped" not in trace.source
+    # per family: every projection and MLP layer, two attention matmuls per layer, the head
+    expected = {"gpt2": 13, "bert": 17, "llama": 19, "vit": 18}[family]
+    assert len(trace.layers) == expected
+    names = [layer.name for layer in trace.layers]
+    assert len(set(names)) == len(names)
+    for layer in trace.layers:
+        reference = gemm_reference(layer)
+        np.testing.assert_allclose(layer.output, reference, rtol=0, atol=1e-5 * max(np.abs(reference).max(), 1))
+
+
+def test_transformer_layer_names_and_shapes(torch, capture):
+    model, sample = tiny_transformer(torch, "gpt2")
+    by_name = {layer.name: layer for layer in capture(model, sample).layers}
+    c_attn = by_name["model.transformer.h.0.attn.c_attn"]  # HF Conv1D: addmm with a (K, N) weight
+    assert c_attn.op == "matmul" and c_attn.weight.shape == (32, 96) and c_attn.bias.shape == (96,)
+    assert np.array_equal(c_attn.weight, model.model.transformer.h[0].attn.c_attn.weight.detach().numpy())
+    qk, pv = by_name["model.transformer.h.0.attn.sdpa.qk"], by_name["model.transformer.h.0.attn.sdpa.pv"]
+    assert qk.input.shape == (2, 4, 8, 8) and qk.weight.shape == (2, 4, 8, 8)  # (batch, heads, ...) kept
+    assert qk.source["is_causal"] or qk.source["mask"] is not None
+    probabilities = pv.input
+    np.testing.assert_allclose(probabilities.sum(-1), 1, rtol=1e-6)
+    assert np.all(np.triu(probabilities[0, 0], 1) == 0)  # causal
+    assert by_name["model.lm_head"].op == "linear"
+    eager = {layer.name: layer for layer in capture(*tiny_transformer(torch, "bert", "eager")).layers}
+    scores = eager["model.encoder.layer.0.attention.self.matmul"]  # torch.matmul with its batch dims
+    assert scores.input.shape == (2, 4, 8, 8) and scores.weight.shape == (2, 4, 8, 8)
+
+
+def test_sdpa_decomposition_matches_torch_sdpa(torch, capture):
+    F = torch.nn.functional
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    + F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3))
+
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 4)
+    mask = torch.rand(5, 6) > 0.3
+    mask[:, 0] = True
+    trace = capture(Attention(), (q, k, v, mask))
+    assert [layer.name for layer in trace.layers] == ["sdpa.qk", "sdpa.pv", "sdpa#2.qk", "sdpa#2.pv"]
+    for pv, kwargs in ((trace.layers[1], {"attn_mask": mask}), (trace.layers[3], {"is_causal": True, "scale": 0.3})):
+        np.testing.assert_allclose(pv.output, F.scaled_dot_product_attention(q, k, v, **kwargs).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trace.layers[0].output, (q @ k.transpose(-2, -1)).numpy(), rtol=1e-6, atol=1e-6)
+    assert trace.layers[2].source["softmax_scale"] == 0.3 and trace.layers[0].source["mask"] == "boolean"
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_multihead_attention_projections_and_matmuls(torch, capture, need_weights):
+    torch.manual_seed(4)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x, memory):
+            return self.attn(x, x, x, need_weights=need_weights)[0] + self.attn(x, memory, memory)[0]
+
+    model = Block().eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    torch.backends.mha.set_fastpath_enabled(False)  # count the unfused kernels, as capture runs them
+    try:
+        counted = count_gemm_kernels(torch, lambda a: model(a, memory), x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    trace = capture(model, (x, memory))
+    assert len(trace.layers) == sum(counted.values()) == 9
+    names = [layer.name for layer in trace.layers]
+    middle = ["attn.bmm", "attn.bmm#2"] if need_weights else ["attn.sdpa.qk", "attn.sdpa.pv"]
+    assert names[:4] == ["attn.in_proj"] + middle + ["attn.out_proj"]
+    # cross-attention projects q, then k and v together, with slices of in_proj_weight
+    assert names[4:6] == ["attn.in_proj#2", "attn.in_proj#3"]
+    assert [layer.weight.shape for layer in trace.layers[:6:4]] == [(48, 16), (16, 16)]
+    assert trace.layers[5].weight.shape == (32, 16)
+    with torch.no_grad():
+        expected = model.attn(x, x, x, need_weights=need_weights)[0].numpy()
+    # MultiheadAttention works sequence-first: the out projection's rows are (position, batch)
+    out_proj = trace.layers[3].output.reshape(5, 2, 16).transpose(1, 0, 2)
+    np.testing.assert_allclose(out_proj, expected, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- other ops
+
+
+def test_matmul_family_ops(torch, capture):
+    class Ops(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 6))
+
+        def forward(self, x, y, v):
+            a = torch.einsum("bij,bjk->bik", x, y)                   # bmm inside einsum
+            b = torch.baddbmm(a, x, y, beta=0.5, alpha=2.0)
+            c = torch.addmm(torch.zeros(4), x[0], self.weight.t(), alpha=3.0)  # linear with alpha
+            d = x[0] @ v                                               # 1-d operand
+            e = torch.mv(x[1], v) + torch.dot(v, v)
+            return b.sum() + c.sum() + d.sum() + e.sum() + (x @ y).sum()
+
+    torch.manual_seed(5)
+    x, y, v = torch.randn(2, 3, 6), torch.randn(2, 6, 5), torch.randn(6)
+    model = Ops()
+    trace = capture(model, (x, y, v))
+    counted = count_gemm_kernels(torch, lambda a: model(a, y, v), x)
+    assert len(trace.layers) == sum(counted.values()) == 7
+    by_name = {layer.name: layer for layer in trace.layers}
+    assert set(by_name) == {"bmm", "baddbmm", "weight", "matmul", "mv", "dot", "matmul#2"}
+    assert by_name["baddbmm"].attrs == {"alpha": 2.0, "beta": 0.5} and by_name["baddbmm"].bias.shape == (2, 3, 5)
+    assert by_name["weight"].op == "linear" and by_name["weight"].attrs == {"alpha": 3.0}
+    assert by_name["matmul"].weight.shape == (6, 1) and by_name["matmul"].source["promoted"] == "vector"
+    assert by_name["dot"].input.shape == (1, 6) and by_name["dot"].output.shape == (1, 1)
+    assert by_name["matmul#2"].input.shape == (2, 3, 6) and by_name["matmul#2"].weight.shape == (2, 6, 5)
+    for layer in trace.layers:
+        np.testing.assert_allclose(layer.output, gemm_reference(layer), rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_and_transposed_convolutions(torch, capture):
+    nn = torch.nn
+    torch.manual_seed(6)
+    class Convs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv1d(4, 6, 3, padding=1, groups=2)
+            self.t1 = nn.ConvTranspose1d(6, 4, 3, stride=2)
+            self.t2 = nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 3), padding=(1, 0), output_padding=(1, 2),
+                                         dilation=(1, 2), groups=2)
+            self.c2 = nn.Conv2d(6, 6, 3, groups=6)
+
+        def forward(self, x):
+            y = self.t1(self.c1(x))  # (2, 4, 19)
+            return self.c2(self.t2(y[..., :18].reshape(2, 4, 3, 6)))
+
+    model = Convs().eval()
+    x = torch.randn(2, 4, 9)
+    trace = capture(model, x)
+    assert [layer.op for layer in trace.layers] == ["conv2d", "conv_transpose2d", "conv_transpose2d", "conv2d"]
+    assert trace.layers[0].source["conv1d_as_2d"] and trace.layers[0].input.shape == (2, 4, 1, 9)
+    transposed = trace.layers[2]
+    assert transposed.attrs == {"stride": [2, 3], "padding": [[1, 1], [0, 0]], "dilation": [1, 2], "groups": 2,
+                                "output_padding": [1, 2]}
+    for layer in trace.layers:
+        direct = conv2d_direct if layer.op == "conv2d" else conv_transpose2d_direct
+        reference = direct(layer.input, layer.weight, layer.bias, layer.conv_geometry())
+        np.testing.assert_allclose(layer.output, reference, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gemm_reference(layer), reference, rtol=1e-12, atol=1e-12)
+
+
+def test_unsupported_matmul_like_ops_are_listed_and_warned_about(torch, capture):
+    nn = torch.nn
+    torch.manual_seed(7)
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bilinear = nn.Bilinear(3, 4, 2)
+            self.conv3d = nn.Conv3d(1, 2, 2)
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x, y, volume):
+            return self.bilinear(x, y).sum() + self.conv3d(volume).sum() + self.fc(x).sum()
+
+    with pytest.warns(CaptureWarning, match="2 matmul-like op"):
+        trace = capture(Mixed(), (torch.randn(2, 3), torch.randn(2, 4), torch.randn(1, 1, 3, 3, 3)))
+    assert [layer.name for layer in trace.layers] == ["fc"]
+    skipped = trace.source["skipped"]
+    assert [(s["name"], s["op"]) for s in skipped] == [("bilinear._trilinear", "aten._trilinear"),
+                                                       ("conv3d.convolution", "aten.convolution")]
+    assert "3-d convolution" in skipped[1]["reason"]

@@ -1,4 +1,5 @@
-"""mxsim.trace.conv: im2col lowering vs the independent direct convolution vs torch's conv2d."""
+"""mxsim.trace.conv: im2col lowering vs the independent direct convolution vs torch's conv2d /
+conv_transpose2d (float64 on integer values, so every result is exact)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from hypothesis import strategies as st
 from mxsim.errors import MxsimError
 from mxsim.trace.conv import (
     Conv2dGeometry,
+    ConvTranspose2dGeometry,
     col2im_output,
     conv2d_direct,
     conv2d_im2col,
+    conv_transpose2d_direct,
+    conv_transpose2d_im2col,
     im2col,
     normalize_padding,
     weight_matrix,
@@ -148,3 +152,83 @@ def test_operands_of_the_wrong_shape_are_rejected():
         im2col(np.zeros((1, 2, 4, 5)), geometry)
     with pytest.raises(MxsimError, match="weight has shape"):
         conv2d_direct(np.zeros((1, 2, 4, 4)), np.zeros((3, 2, 2, 2)), None, geometry)
+
+
+# ----------------------------------------------------------------------------- transposed convolution
+
+
+@st.composite
+def conv_transpose_cases(draw):
+    """A valid small transposed-conv geometry (asymmetric padding, output padding, groups,
+    dilation) plus integer-valued float64 operands."""
+    groups = draw(st.integers(1, 3))
+    geometry = None
+    while geometry is None:
+        kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+        output_padding = (draw(st.integers(0, max(stride[0], dilation[0]) - 1)),
+                          draw(st.integers(0, max(stride[1], dilation[1]) - 1)))
+        padding = ((draw(st.integers(0, 2)), draw(st.integers(0, 2))), (draw(st.integers(0, 2)), draw(st.integers(0, 2))))
+        try:
+            geometry = ConvTranspose2dGeometry(
+                batch=draw(st.integers(1, 2)), in_channels=groups * draw(st.integers(1, 3)),
+                height=draw(st.integers(1, 5)), width=draw(st.integers(1, 5)),
+                out_channels=groups * draw(st.integers(1, 3)), kernel_height=kh, kernel_width=kw, stride=stride,
+                padding=padding, output_padding=output_padding, dilation=dilation, groups=groups)
+        except MxsimError:  # padding larger than the output
+            continue
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.integers(-8, 9, geometry.input_shape).astype(np.float64)
+    w = rng.integers(-8, 9, geometry.weight_shape).astype(np.float64)
+    bias = rng.integers(-8, 9, geometry.out_channels).astype(np.float64) if draw(st.booleans()) else None
+    return geometry, x, w, bias
+
+
+def torch_conv_transpose2d(torch, geometry, x, w, bias):
+    """torch's conv_transpose2d in float64; asymmetric padding as symmetric padding min(before, after),
+    then the surplus rows/columns cropped from the output (torch only takes symmetric padding)."""
+    (top, bottom), (left, right) = geometry.padding
+    out = torch.nn.functional.conv_transpose2d(
+        torch.from_numpy(x), torch.from_numpy(w), None if bias is None else torch.from_numpy(bias),
+        stride=geometry.stride, padding=(min(top, bottom), min(left, right)), output_padding=geometry.output_padding,
+        dilation=geometry.dilation, groups=geometry.groups).numpy()
+    rows = slice(top - min(top, bottom), out.shape[2] - (bottom - min(top, bottom)))
+    cols = slice(left - min(left, right), out.shape[3] - (right - min(left, right)))
+    return out[:, :, rows, cols]
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=conv_transpose_cases())
+def test_conv_transpose_lowering_and_direct_equal_torch(torch, case):
+    geometry, x, w, bias = case
+    expected = torch_conv_transpose2d(torch, geometry, x, w, bias)
+    assert expected.shape == geometry.output_shape
+    assert np.array_equal(conv_transpose2d_direct(x, w, bias, geometry), expected)
+    assert np.array_equal(conv_transpose2d_im2col(x, w, bias, geometry), expected)
+
+
+def test_conv_transpose_direct_matches_a_hand_computed_example():
+    # 1x1 input channel, 2x2 image, 2x2 kernel, stride 2: every input pixel stamps the kernel
+    x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]])
+    w = np.array([[[[1.0, 10.0], [100.0, 1000.0]]]])
+    geometry = ConvTranspose2dGeometry.from_shapes(x.shape, w.shape, stride=2)
+    expected = np.array([[1, 10, 2, 20], [100, 1000, 200, 2000], [3, 30, 4, 40], [300, 3000, 400, 4000]], float)
+    assert np.array_equal(conv_transpose2d_direct(x, w, None, geometry)[0, 0], expected)
+    # padding crops the output's border, output padding extends it at the bottom/right
+    cropped = ConvTranspose2dGeometry.from_shapes(x.shape, w.shape, stride=2, padding=((1, 0), (0, 1)),
+                                                  output_padding=(1, 0))
+    assert cropped.output_shape == (1, 1, 4, 3)
+    result = conv_transpose2d_direct(x, w, None, cropped)[0, 0]
+    assert np.array_equal(result[:3], expected[1:, :3]) and not result[3].any()
+
+
+def test_conv_transpose_geometry_is_validated():
+    with pytest.raises(MxsimError, match="weight has 3 input channels, the input has 4"):
+        ConvTranspose2dGeometry.from_shapes((1, 4, 3, 3), (3, 2, 2, 2))
+    with pytest.raises(MxsimError, match="groups 3 must divide"):
+        ConvTranspose2dGeometry.from_shapes((1, 4, 3, 3), (4, 2, 2, 2), groups=3)
+    with pytest.raises(MxsimError, match="leaves no output"):
+        ConvTranspose2dGeometry.from_shapes((1, 1, 1, 1), (1, 1, 1, 1), padding=1)
+    with pytest.raises(MxsimError, match="output_padding >= 0"):
+        ConvTranspose2dGeometry.from_shapes((1, 1, 2, 2), (1, 1, 2, 2), output_padding=-1)

@@ -11,7 +11,7 @@ import yaml
 
 from mxsim.errors import TraceError
 from mxsim.trace import BFPQuant, Layer, MXQuant, Network, QDQQuant, Trace, load_trace, save_trace
-from mxsim.trace.conv import conv2d_direct
+from mxsim.trace.conv import conv2d_direct, conv_transpose2d_direct
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,10 +38,16 @@ def sample_trace() -> Trace:
     b = rng.standard_normal((2, 4, 5)).astype(np.float32)
     bmm = Layer("attention scores", "matmul", {"input": a, "weight": b, "output": a @ b},
                 quant={"input": MXQuant("int8", 2, 4, "quark-onnx", {"element_rounding": "nearest_even"})})
+    up_x = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    up_w = rng.standard_normal((4, 1, 3, 2)).astype(np.float32)
+    up = Layer("up", "conv_transpose2d", {"input": up_x, "weight": up_w, "output": np.zeros(1)},
+               {"stride": [2, 2], "padding": [[1, 0], [0, 1]], "dilation": [1, 1], "groups": 2,
+                "output_padding": [1, 0]}, {"weight": MXQuant("fp8_e5m2", 0, 2)})
+    up.tensors["output"] = conv_transpose2d_direct(up_x, up_w, None, up.conv_geometry()).astype(np.float32)
     dataset = {"inputs": images, "labels": np.array([0, 1, 2, 1], np.int64)}
     network = Network("inputs", ({"layer": "conv"}, {"op": "relu"}, {"op": "flatten", "start_dim": 1}, {"layer": "fc"}),
                       "labels")
-    return Trace("sample", [conv, fc, bmm], {"framework": "test"}, {"note": "hand-made", "accuracy": 0.5},
+    return Trace("sample", [conv, fc, bmm, up], {"framework": "test"}, {"note": "hand-made", "accuracy": 0.5},
                  dataset, network)
 
 
@@ -81,7 +87,7 @@ def test_round_trip_keeps_every_array_spec_and_field(saved):
     loaded = load_trace(saved)
     assert loaded.name == "sample" and loaded.path == saved
     assert loaded.source == {"framework": "test"} and loaded.metadata == {"note": "hand-made", "accuracy": 0.5}
-    assert [layer.name for layer in loaded.layers] == ["conv", "fc", "attention scores"]
+    assert [layer.name for layer in loaded.layers] == ["conv", "fc", "attention scores", "up"]
     for before, after in zip(original.layers, loaded.layers):
         assert (after.op, after.attrs, after.source) == (before.op, before.attrs, before.source)
         assert set(after.tensors) == set(before.tensors)
@@ -243,6 +249,22 @@ def test_unknown_op_and_bad_attrs(saved):
     assert_trace_error(saved, "conv", "attrs.groups", "must be an int >= 1")
     edit_manifest(saved, lambda m: m["layers"][0].update(op="conv3d"))
     assert_trace_error(saved, "conv", "op", "unknown op 'conv3d'")
+
+
+def test_conv_transpose_attrs_and_shapes_are_checked(saved):
+    edit_manifest(saved, lambda m: m["layers"][3]["attrs"].pop("output_padding"))
+    assert_trace_error(saved, "up", "attrs.output_padding", "missing (conv_transpose2d needs")
+    edit_manifest(saved, lambda m: m["layers"][3]["attrs"].update(output_padding=[-1, 0]))
+    assert_trace_error(saved, "up", "attrs.output_padding", "must be [oh, ow] with ints >= 0")
+    edit_manifest(saved, lambda m: m["layers"][3]["attrs"].update(output_padding=[0, 0]))
+    assert_trace_error(saved, "up", "output", "does not match the convolution")
+
+
+def test_matmul_attrs_are_alpha_and_beta_only(saved):
+    edit_manifest(saved, lambda m: m["layers"][2]["attrs"].update(alpha="two"))
+    assert_trace_error(saved, "attention scores", "attrs.alpha", "must be a number")
+    edit_manifest(saved, lambda m: m["layers"][2].update(attrs={"transA": 1}))
+    assert_trace_error(saved, "attention scores", "attrs.transA", "not a matmul attribute")
 
 
 def test_layer_file_must_stay_inside_the_trace(saved):

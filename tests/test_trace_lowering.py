@@ -1,4 +1,4 @@
-"""mxsim.trace.lowering: the GEMM view of linear, matmul and conv2d layers."""
+"""mxsim.trace.lowering: the GEMM view of linear, matmul, conv2d and conv_transpose2d layers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from mxsim import fake_quantize
 from mxsim.errors import MxsimError
 from mxsim.trace import Layer
-from mxsim.trace.conv import conv2d_direct
+from mxsim.trace.conv import conv2d_direct, conv_transpose2d_direct
 from mxsim.trace.lowering import (
     GemmShape,
     gemm_axis,
@@ -89,6 +89,31 @@ def test_conv_gemm_view_round_trips_to_the_direct_convolution():
     assert np.array_equal(gemm_reference(layer), layer.output)
 
 
+def conv_transpose_layer():
+    x, w, b = ints(2, 4, 3, 3), ints(4, 3, 2, 3), ints(6)
+    attrs = {"stride": [2, 1], "padding": [[1, 0], [0, 2]], "dilation": [1, 2], "groups": 2,
+             "output_padding": [1, 0]}
+    layer = Layer("up", "conv_transpose2d", {"input": x, "weight": w, "bias": b, "output": np.zeros(1)}, attrs)
+    layer.tensors["output"] = conv_transpose2d_direct(x, w, b, layer.conv_geometry())
+    return layer
+
+
+def test_conv_transpose_gemm_view_round_trips_to_the_direct_scatter():
+    layer = conv_transpose_layer()
+    shape = gemm_shape(layer)
+    out = layer.output.shape
+    # every output pixel is one dot product over (tap, channel): K = kh*kw*C/groups
+    assert (shape.groups, shape.m, shape.n, shape.k, shape.k_run) == (2, out[0] * out[2] * out[3], 3, 2 * 3 * 2, 2)
+    assert np.array_equal(gemm_reference(layer), layer.output)
+
+
+def test_matmul_alpha_beta():
+    x, w, bias = ints(2, 3, 4), ints(2, 4, 5), ints(2, 3, 5)
+    layer = Layer("baddbmm", "matmul", {"input": x, "weight": w, "bias": bias, "output": 2 * (x @ w) + 0.5 * bias},
+                  {"alpha": 2.0, "beta": 0.5})
+    assert np.array_equal(gemm_reference(layer), layer.output)
+
+
 def test_gemm_reference_uses_the_quantized_operands_when_present():
     layer = linear_layer(bias=False)
     layer.tensors["weight_quantized"] = np.round(layer.weight / 4) * 4
@@ -111,10 +136,15 @@ def test_lowering_rejects_arrays_of_another_shape():
     ("linear", "input", -1, "K"), ("linear", "input", 0, "M"), ("linear", "weight", 1, "K"), ("linear", "weight", 0, "N"),
     ("matmul", "input", 3, "K"), ("matmul", "input", 2, "M"), ("matmul", "input", 0, "G"),
     ("matmul", "weight", 1, "K"), ("matmul", "weight", 2, "N"), ("matmul", "weight", 0, "G"),
+    ("conv_transpose2d", "input", 1, "K"), ("conv_transpose2d", "input", 2, "spatial"),
+    ("conv_transpose2d", "weight", 0, "K"), ("conv_transpose2d", "weight", 1, "N"),
+    ("conv_transpose2d", "weight", 3, "taps"),
 ])
 def test_gemm_axis(op, operand, axis, expected):
     if op == "conv2d":
         layer = conv_layer()
+    elif op == "conv_transpose2d":
+        layer = conv_transpose_layer()
     elif op == "linear":
         layer = linear_layer()
     else:
@@ -146,3 +176,15 @@ def test_channel_blocks_differ_from_k_blocks_when_they_straddle_taps():
     quantize_then_lower = lower_input(layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=2))
     lower_then_quantize = fake_quantize(lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=2)
     assert not np.array_equal(quantize_then_lower, lower_then_quantize)
+
+
+@pytest.mark.parametrize("block_size", [1, 2])
+def test_conv_transpose_channel_blocks_equal_k_blocks(block_size):
+    # C/groups = 2 channels per K run; inserted zeros and padding form all-zero blocks
+    layer = conv_transpose_layer()
+    x = RNG.standard_normal(layer.input.shape)
+    w = RNG.standard_normal(layer.weight.shape)
+    assert np.array_equal(lower_input(layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=block_size)),
+                          fake_quantize(lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=block_size))
+    assert np.array_equal(lower_weight(layer, fake_quantize(w, "fp8_e4m3", axis=0, block_size=block_size)),
+                          fake_quantize(lower_weight(layer, w), "fp8_e4m3", axis=-1, block_size=block_size))

@@ -119,9 +119,12 @@ def test_float_model_layers_and_attributes(onnx, capture):
     trace = capture(model, feeds, name="float")
     by_name = {layer.name: layer for layer in trace.layers}
     assert list(by_name) == ["conv_asym", "conv_same_upper", "conv_same_lower", "gemm_kn", "gemm_transposed",
-                             "matmul_bias", "batched"]
-    assert {s["node"]: s["reason"] for s in trace.source["skipped"]} == {
-        "vector": "1-d operand", "conv1d": "not a 2-D convolution (input (1, 2, 5))"}
+                             "matmul_bias", "batched", "vector", "conv1d"]
+    assert "skipped" not in trace.source
+    # a 1-d MatMul operand is a 1-row matrix; a 1-d convolution is a 2-d one of height 1
+    assert by_name["vector"].input.shape == (1, 4) and by_name["vector"].output.shape == (1, 3)
+    assert by_name["vector"].source["promoted"] == "row"
+    assert by_name["conv1d"].input.shape == (1, 2, 1, 5) and by_name["conv1d"].weight.shape == (2, 2, 1, 3)
     assert by_name["conv_asym"].attrs == {"stride": [2, 1], "padding": [[1, 0], [0, 1]], "dilation": [1, 2], "groups": 2}
     # input 4x3 (after conv_asym), kernel 2x2: SAME_UPPER stride 2 pads 0 before, 1 after (rows: total 1; cols: 1)
     assert by_name["conv_same_upper"].attrs["padding"] == [[0, 1], [0, 1]]
@@ -141,10 +144,12 @@ def test_float_model_outputs_equal_onnxruntime_and_the_gemm_view(onnx, ort, capt
     model, feeds = float_model(onnx)
     trace = capture(model, feeds)
     outputs = {"conv_asym": "c1", "conv_same_upper": "c2", "conv_same_lower": "c3", "gemm_kn": "g1",
-               "gemm_transposed": "g2", "matmul_bias": "logits", "batched": "scores"}
+               "gemm_transposed": "g2", "matmul_bias": "logits", "batched": "scores", "vector": "vec",
+               "conv1d": "seq_out"}
     reference = reference_values(onnx, ort, model, list(outputs.values()), feeds)
     for layer in trace.layers:
-        assert_close_to(layer.output, reference[outputs[layer.name]])
+        expected = reference[outputs[layer.name]]
+        assert_close_to(layer.output.reshape(expected.shape), expected)
         assert_close_to(gemm_reference(layer), layer.output)
 
 
@@ -455,3 +460,220 @@ def test_shipped_real_model_trace_matches_a_fresh_capture(ppocr):
         assert np.array_equal(layer.weight, fresh.weight)
         assert_close_to(layer.input, fresh.input)
         assert_close_to(layer.output, fresh.output)
+
+
+# ----------------------------------------------------------------------------- coverage: transformers, ConvTranspose, Einsum
+
+
+def quark_runtime_values(onnx, ort, model, names, feeds):
+    """The named tensors computed by onnxruntime with Quark's own custom-op library (amd-quark)."""
+    quark_onnx = pytest.importorskip("quark.onnx")
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    existing = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(quark_onnx.get_library_path("CPU"))
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(list(names), feeds)))
+
+
+def layer_node_outputs(model, trace):
+    """Each layer's ONNX output tensor name (a fused bias Add's output for a MatMul with bias)."""
+    produced = {node.name: node.output[0] for node in model.graph.node}
+    return {layer.name: produced[layer.source.get("fused_add") or layer.source["node"]] for layer in trace.layers}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "llama", "vit"])
+def test_exported_transformers_capture_every_matmul_node(onnx, ort, capture, torch, family, tmp_path):
+    from conftest import tiny_transformer
+
+    model, sample = tiny_transformer(torch, family)
+    path = tmp_path / f"{family}.onnx"
+    torch.onnx.export(model, (sample,), str(path), dynamo=False, opset_version=17, input_names=["x"])
+    graph = onnx.load(str(path))
+    # independent count: the exported graph's GEMM nodes
+    gemm_nodes = [node for node in graph.graph.node if node.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose")]
+    feeds = {"x": sample.numpy()}
+    trace = capture(str(path), feeds)
+    assert len(trace.layers) == len(gemm_nodes) == {"gpt2": 13, "bert": 17, "llama": 19, "vit": 18}[family]
+    assert "skipped" not in trace.source
+    outputs = layer_node_outputs(graph, trace)
+    reference = reference_values(onnx, ort, graph, sorted(set(outputs.values())), feeds)
+    for layer in trace.layers:
+        expected = reference[outputs[layer.name]]
+        assert_close_to(layer.output.reshape(expected.shape), expected)
+        assert_close_to(gemm_reference(layer), layer.output)
+    batched = [layer for layer in trace.layers if layer.op == "matmul" and layer.weight.ndim == 4]
+    assert len(batched) == 4 and batched[0].input.shape[:2] == (2, 4)  # (batch, heads) kept
+
+
+def test_conv_transpose_nodes_equal_onnxruntime_and_the_direct_scatter(onnx, ort, capture):
+    from mxsim.trace.conv import conv_transpose2d_direct
+
+    h = onnx.helper
+    nodes = [
+        h.make_node("ConvTranspose", ["x", "w", "b"], ["up"], name="asym", strides=[2, 3], pads=[1, 0, 0, 2],
+                    output_padding=[1, 1], dilations=[1, 2], group=2),
+        h.make_node("ConvTranspose", ["x", "w"], ["same"], name="same_upper", strides=[2, 2], auto_pad="SAME_UPPER",
+                    group=2),
+        h.make_node("ConvTranspose", ["x", "w"], ["shaped"], name="output_shape", strides=[2, 2], output_shape=[8, 7],
+                    group=2),
+        h.make_node("ConvTranspose", ["seq", "w1"], ["seq_up"], name="one_d", strides=[3], pads=[1, 0]),
+    ]
+    inits = [("w", f32(4, 3, 3, 2)), ("b", f32(6)), ("w1", f32(2, 5, 4))]
+    model = make_model(onnx, nodes, [("x", [2, 4, 4, 4]), ("seq", [1, 2, 6])], ["up", "same", "shaped", "seq_up"], inits)
+    feeds = {"x": f32(2, 4, 4, 4), "seq": f32(1, 2, 6)}
+    trace = capture(model, feeds)
+    assert [layer.op for layer in trace.layers] == ["conv_transpose2d"] * 4
+    asym = trace.layers[0]
+    assert asym.attrs == {"stride": [2, 3], "padding": [[1, 0], [0, 2]], "dilation": [1, 2], "groups": 2,
+                          "output_padding": [1, 1]}
+    reference = reference_values(onnx, ort, model, ["up", "same", "shaped", "seq_up"], feeds)
+    for layer, name in zip(trace.layers, ["up", "same", "shaped", "seq_up"]):
+        expected = reference[name]
+        assert_close_to(layer.output.reshape(expected.shape), expected)
+        direct = conv_transpose2d_direct(layer.input, layer.weight, layer.bias, layer.conv_geometry())
+        assert_close_to(direct.reshape(expected.shape), expected)
+        assert_close_to(gemm_reference(layer), direct)
+
+
+def test_two_operand_einsums_are_batched_matmuls(onnx, ort, capture):
+    h = onnx.helper
+    equations = {"scores": "bhid,bhjd->bhij", "proj": "bik,nk->bin", "mixed": "ikb,kjb->bji", "outer": "i,j->ij"}
+    nodes = [h.make_node("Einsum", ["q", "k"], ["scores"], name="scores", equation=equations["scores"]),
+             h.make_node("Einsum", ["x", "w"], ["proj"], name="proj", equation=equations["proj"]),
+             h.make_node("Einsum", ["a", "c"], ["mixed"], name="mixed", equation=equations["mixed"]),
+             h.make_node("Einsum", ["u", "u"], ["outer"], name="outer", equation=equations["outer"]),
+             h.make_node("Einsum", ["a"], ["trace_like"], name="unary", equation="ikb->b"),
+             h.make_node("Einsum", ["x", "x"], ["diag"], name="diagonal", equation="bii,bjj->bij")]
+    inputs = [("q", [2, 3, 4, 5]), ("k", [2, 3, 6, 5]), ("x", [2, 4, 4]), ("a", [3, 4, 2]), ("c", [4, 5, 2]),
+              ("u", [3])]
+    model = make_model(onnx, nodes, inputs, ["scores", "proj", "mixed", "outer", "trace_like", "diag"],
+                       [("w", f32(7, 4))], opset=17)
+    feeds = {name: f32(*shape) for name, shape in inputs}
+    with pytest.warns(Warning, match="2 matmul-like node"):
+        trace = capture(model, feeds)
+    assert [layer.name for layer in trace.layers] == ["scores", "proj", "mixed", "outer"]
+    assert {s["name"]: s["op"] for s in trace.source["skipped"]} == {"unary": "Einsum", "diagonal": "Einsum"}
+    scores = trace.layers[0]
+    assert scores.input.shape == (2, 3, 4, 5) and scores.weight.shape == (2, 3, 5, 6)
+    assert trace.layers[2].input.shape == (2, 3, 4) and trace.layers[2].weight.shape == (2, 4, 5)
+    reference = reference_values(onnx, ort, model, ["scores", "proj", "mixed", "outer"], feeds)
+    # the layer output is the node's output in (batch..., M, N) order: "bji" becomes (b, i, j); in
+    # "bik,nk->bin" b is a free index of the first operand only, so (b, i) is M
+    rearranged = {"scores": lambda a: a, "proj": lambda a: a.reshape(8, 7), "mixed": lambda a: a.transpose(0, 2, 1),
+                  "outer": lambda a: a}
+    for layer in trace.layers:
+        assert np.array_equal(layer.output, rearranged[layer.name](reference[layer.name]))
+        np.testing.assert_allclose(gemm_reference(layer), layer.output, rtol=1e-5, atol=1e-5)
+    # the operands are the node's inputs rearranged: "ikb" -> (b, i, k), "kjb" -> (b, k, j)
+    assert np.array_equal(trace.layers[2].input, feeds["a"].transpose(2, 0, 1))
+    assert np.array_equal(trace.layers[2].weight, feeds["c"].transpose(2, 0, 1))
+
+
+def test_matmul_like_nodes_that_are_not_layers_are_listed_and_warned_about(onnx, capture):
+    from mxsim.errors import CaptureWarning
+
+    h = onnx.helper
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             h.make_node("MatMulInteger", ["xq", "wq"], ["acc"], name="int_mm"),
+             h.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    inits = [("s", np.array(0.1, np.float32)), ("z", np.array(0, np.uint8)), ("wq", np.ones((3, 2), np.uint8)),
+             ("w", f32(3, 2))]
+    model = make_model(onnx, nodes, [("x", [2, 3])], ["acc", "y"], inits)
+    with pytest.warns(CaptureWarning, match="1 matmul-like node"):
+        trace = capture(model, {"x": f32(2, 3)})
+    assert [layer.name for layer in trace.layers] == ["mm"]
+    assert trace.source["skipped"] == [{"name": "int_mm", "op": "MatMulInteger",
+                                        "reason": "a matmul-like op that capture does not lower to a GEMM layer"}]
+
+
+# ----------------------------------------------------------------------------- Quark: one-element tensors, real quantizer
+
+
+def test_quark_quantizers_on_rank0_and_one_element_constants_pass_through_like_quarks_runtime(onnx, ort, capture):
+    h = onnx.helper
+    quark = "com.amd.quark"
+    nodes = [h.make_node("MXQuantizeDequantize", ["three"], ["three_q"], name="Constant@1_DequantizeLinear",
+                         domain=quark, element_dtype="fp4_e2m1", axis=0, block_size=32),
+             h.make_node("MXQuantizeDequantize", ["sixes"], ["sixes_q"], name="one_element", domain=quark,
+                         element_dtype="fp4_e2m1", axis=1, block_size=32),
+             h.make_node("BFPQuantizeDequantize", ["half"], ["half_q"], name="bfp_rank0", domain=quark,
+                         bfp_method="to_bfp", bit_width=12, block_size=8, axis=1),
+             h.make_node("Add", ["x", "three_q"], ["shifted"]),
+             h.make_node("Mul", ["shifted", "sixes_q"], ["scaled"]),
+             h.make_node("Mul", ["scaled", "half_q"], ["halved"]),
+             h.make_node("MXQuantizeDequantize", ["halved"], ["act_q"], name="act", domain=quark,
+                         element_dtype="fp4_e2m1", axis=1, block_size=32),
+             h.make_node("MatMul", ["act_q", "w"], ["y"], name="mm")]
+    # values that fp4 / 12-bit BFP would change if they were quantized: 3.3 -> 3, 6.3 -> 6
+    inits = [("three", np.array(3.3, np.float32)), ("sixes", np.full((1, 1), 6.3, np.float32)),
+             ("half", np.array(0.5123456, np.float32)), ("w", f32(4, 3))]
+    model = make_model(onnx, nodes, [("x", [2, 4])], ["y"], inits, extra_domains=(quark,))
+    feeds = {"x": f32(2, 4)}
+    trace = capture(model, feeds)  # used to fail: "axis 0 is out of range for a rank-0 input"
+    quark_values = quark_runtime_values(onnx, ort, model, ["halved", "y"], feeds)
+    layer = trace.layers[0]
+    assert np.array_equal(layer.input, quark_values["halved"])
+    assert np.array_equal(layer.input, (feeds["x"] + np.float32(3.3)) * np.float32(6.3) * np.float32(0.5123456))
+    assert np.array_equal(layer.output, quark_values["y"])
+
+
+@pytest.fixture(scope="module")
+def hardswish_model(torch, tmp_path_factory):
+    """A small conv net with a hand-written hardswish (x * clamp(x + 3, 0, 6) / 6: rank-0
+    constants), a ConvTranspose and a Linear, exported to ONNX; and a calibration batch."""
+    torch.manual_seed(8)
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+            self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+            self.fc = nn.Linear(4, 6)
+
+        def forward(self, x):
+            y = self.conv(x)
+            y = y * torch.clamp(y + 3.0, 0.0, 6.0) / 6.0
+            return self.fc(self.up(y).mean((2, 3)))
+
+    path = tmp_path_factory.mktemp("hardswish") / "net.onnx"
+    x = torch.randn(2, 4, 8, 8)
+    torch.onnx.export(Net().eval(), (x,), str(path), dynamo=False, opset_version=17, input_names=["x"])
+    return path, x.numpy()
+
+
+@pytest.mark.parametrize("config", ["MXFP8E4M3", "MXFP4E2M1", "MXINT8"])
+def test_amd_quark_quantized_model_captures_and_matches_quarks_runtime(onnx, ort, capture, hardswish_model, config,
+                                                                       tmp_path, monkeypatch):
+    quark_onnx = pytest.importorskip("quark.onnx")
+    monkeypatch.chdir(tmp_path)  # the quantizer writes a report (quantized_info.csv) into the working directory
+    from onnxruntime.quantization import CalibrationDataReader
+    from quark.onnx.quantization.config.config import Config
+    from quark.onnx.quantization.config.custom_config import get_default_config
+
+    path, x = hardswish_model
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": x}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantized = tmp_path / f"net_{config}.onnx"
+    quark_onnx.ModelQuantizer(Config(global_quant_config=get_default_config(config))).quantize_model(
+        str(path), str(quantized), Reader())
+    model = onnx.load(str(quantized))
+    rank0 = {t.name for t in model.graph.initializer if not t.dims}
+    rank0 |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"
+              and not onnx.numpy_helper.to_array(n.attribute[0].t).shape}
+    assert any(n.domain == "com.amd.quark" and n.input[0] in rank0 for n in model.graph.node)  # hardswish's 3 and 6
+    trace = capture(str(quantized), {"x": x})
+    assert [layer.op for layer in trace.layers] == ["conv2d", "conv_transpose2d", "linear"]
+    assert all(isinstance(layer.quant["weight"], MXQuant) for layer in trace.layers)
+    outputs = layer_node_outputs(model, trace)
+    quark_values = quark_runtime_values(onnx, ort, model, list(outputs.values()), {"x": x})
+    for layer in trace.layers:
+        assert np.array_equal(layer.output, quark_values[outputs[layer.name]]), layer.name

@@ -4,7 +4,8 @@
   :func:`load_trace`, :func:`save_trace`.
 * :mod:`.quant` — per-operand quantization specs (:class:`MXQuant`, :class:`BFPQuant`,
   :class:`QDQQuant`).
-* :mod:`.conv`, :mod:`.lowering` — conv2d geometry, im2col and the GEMM view replay uses.
+* :mod:`.conv`, :mod:`.lowering` — conv2d / conv_transpose2d geometry, im2col and the GEMM
+  view replay uses.
 * :mod:`.network` — running a sequential network recipe end to end.
 * :mod:`.capture_torch` (``from mxsim.trace.capture_torch import capture_torch``, needs
   ``mxsim[torch]``) and :mod:`.onnx_import` (``from mxsim.trace.onnx_import import
@@ -12,7 +13,15 @@
   needs torch or onnx.
 """
 
-from .conv import Conv2dGeometry, conv2d_direct, conv2d_im2col, im2col
+from .conv import (
+    Conv2dGeometry,
+    ConvTranspose2dGeometry,
+    conv2d_direct,
+    conv2d_im2col,
+    conv_transpose2d_direct,
+    conv_transpose2d_im2col,
+    im2col,
+)
 from .format import FORMAT_VERSION, Layer, Network, Trace, load_trace, save_trace
 from .lowering import GemmShape, gemm_axis, gemm_reference, gemm_shape, lift_output, lower_input, lower_weight
 from .network import accuracy, float_layer, layer_with_input, run_network
@@ -22,6 +31,7 @@ __all__ = [
     "FORMAT_VERSION",
     "BFPQuant",
     "Conv2dGeometry",
+    "ConvTranspose2dGeometry",
     "GemmShape",
     "Layer",
     "MXQuant",
@@ -31,6 +41,8 @@ __all__ = [
     "accuracy",
     "conv2d_direct",
     "conv2d_im2col",
+    "conv_transpose2d_direct",
+    "conv_transpose2d_im2col",
     "float_layer",
     "gemm_axis",
     "gemm_reference",

@@ -1,10 +1,27 @@
-"""Capture a PyTorch model's nn.Linear and nn.Conv2d layers into a trace (``mxsim[torch]``).
+"""Capture every matmul and convolution a PyTorch model runs into a trace (``mxsim[torch]``).
 
-Forward hooks record, for every call of every ``nn.Linear`` / ``nn.Conv2d`` during one
-forward pass on the sample inputs: the input, the weight, the bias and the output, as numpy
-arrays (bfloat16 is widened to float32 exactly; other float dtypes are kept). The capture runs
-under ``torch.no_grad()`` and does not change the model's train/eval mode: call
-``model.eval()`` first for inference behaviour (dropout, batch norm).
+The model runs once on the sample inputs, under ``torch.no_grad()`` (its train/eval mode is
+not changed: call ``model.eval()`` first for inference behaviour), with two interception
+modes active:
+
+* a ``TorchFunctionMode`` records ``F.linear``, ``torch.matmul`` / ``@`` and
+  ``F.scaled_dot_product_attention`` at the call the model makes, so a Linear keeps its
+  input's rank, a batched matmul its batch dims, and attention is recorded as its two matmuls
+  whichever kernel PyTorch picks;
+* a ``TorchDispatchMode`` sees every ATen op that actually runs and records the GEMM-like
+  ones no call above covered: ``mm``, ``addmm`` (HF ``Conv1D``), ``bmm``, ``baddbmm``,
+  ``mv``, ``addmv``, ``dot``, ``convolution`` (conv1d/conv2d, grouped, depthwise, transposed)
+  and PyTorch's CPU fused scaled-dot-product attention, which is recorded as its two matmuls
+  (``sdpa.qk``: ``q @ k^T``, unscaled; ``sdpa.pv``: ``softmax(scale * q @ k^T + mask) @ v``,
+  computed with torch in the inputs' dtype; the model itself continues with the fused
+  kernel's result). Ops that decompose in C++ (``einsum``, the math SDPA backend,
+  ``nn.MultiheadAttention``'s functional form, RNN cells) reach this level as their GEMMs.
+
+Any other op that looks like a matmul or convolution (``_trilinear``, fused attention kernels
+of other devices, conv3d, integer GEMMs...) is listed in ``source.skipped`` (name, op,
+reason) and reported with a :class:`mxsim.errors.CaptureWarning` — never dropped silently.
+The fast paths of ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` are switched off
+during the capture so that their projections run as separate ops.
 
 Quantization specs (``quant=``) are annotations: the captured tensors are the float values the
 model computed; the specs tell replay how to quantize each operand.
@@ -12,19 +29,32 @@ model computed; the specs tell replay how to quantize each operand.
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..errors import MxsimError
+from ..errors import CaptureWarning, MxsimError
 from ._optional import require
 from .format import Layer, Network, Trace, validate_trace
 from .quant import BFPQuant, MXQuant, QDQQuant
 
 QuantArg = None | Mapping | Callable
 
+#: ATen ops recorded as layers (by overload-packet name).
+DISPATCH_GEMMS = ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "convolution",
+                  "_scaled_dot_product_flash_attention_for_cpu")
+#: Prefixes of the ``_``-separated words of ATen op names that multiply matrices (besides
+#: words ending in ``mm`` and the vector products); such an op not in DISPATCH_GEMMS is
+#: listed as skipped.
+GEMM_LIKE_PREFIXES = ("matmul", "conv", "attention", "linear", "bilinear", "trilinear", "einsum", "tensordot", "rnn",
+                      "lstm", "gru", "transformer")
+#: Words of ops that match the above but do not multiply matrices.
+NOT_GEMM_PREFIXES = ("upsample", "backward", "convert", "im2col", "col2im")
 
-def _to_numpy(tensor):
+
+def _to_numpy(tensor) -> np.ndarray:
     torch = require("torch")
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
@@ -32,51 +62,280 @@ def _to_numpy(tensor):
     return tensor.cpu().numpy().copy()
 
 
-def _conv_padding(module, input_shape) -> tuple[tuple[int, int], tuple[int, int]]:
-    """((top, bottom), (left, right)) zero padding of an nn.Conv2d with padding_mode 'zeros'."""
-    padding = module.padding
-    if padding == "valid":
-        return ((0, 0), (0, 0))
-    if padding == "same":
-        pairs = []
-        for dilation, kernel in zip(module.dilation, module.kernel_size):
-            total = dilation * (kernel - 1)
-            pairs.append((total // 2, total - total // 2))  # torch puts the odd pixel after
-        return tuple(pairs)
-    ph, pw = padding
-    return ((ph, ph), (pw, pw))
+def _looks_like_gemm(op_name: str) -> bool:
+    words = [w for w in op_name.lower().split("_") if w]
+    if any(w.startswith(NOT_GEMM_PREFIXES) for w in words):
+        return False
+    return any(w.endswith("mm") or w in ("mv", "addmv", "dot", "vdot") or w.startswith(GEMM_LIKE_PREFIXES)
+               for w in words)
 
 
-def _reduction_axis(op: str, operand: str, ndim: int) -> int:
-    """The axis of ``operand`` that runs along the GEMM reduction K (channels for conv)."""
+def _default_axis(op: str, operand: str, ndim: int) -> int:
+    """The axis of ``operand`` that runs along the GEMM reduction K (channels for convolutions)."""
+    if operand == "bias":
+        return ndim - 1
     if op == "conv2d":
         return 1
-    return ndim - 1 if operand == "input" else 1
+    if op == "conv_transpose2d":
+        return 1 if operand == "input" else 0
+    if operand == "input":
+        return ndim - 1
+    return 1 if op == "linear" else ndim - 2
 
 
 def _resolve_quant(quant: QuantArg, name: str, module, op: str, tensors: dict) -> dict:
     """Every operand the layer has -> its spec (axis resolved) or None."""
-    unquantized = {operand: None for operand in ("input", "weight", "bias") if operand in tensors}
+    resolved = {operand: None for operand in ("input", "weight", "bias") if operand in tensors}
     specs = quant(name, module) if callable(quant) else quant
     if specs is None:
-        return unquantized
+        return resolved
     if not isinstance(specs, Mapping):
         raise MxsimError(
             f"capture_torch: quant for layer {name!r} must map operand -> spec, got {type(specs).__name__}")
-    resolved = unquantized
     for operand, spec in specs.items():
         if operand not in ("input", "weight", "bias"):
             raise MxsimError(f"capture_torch: quant operand must be input, weight or bias, got {operand!r}")
-        if operand not in tensors:  # e.g. a bias spec for a layer without bias
-            continue
-        if spec is None:
+        if operand not in tensors or spec is None:  # e.g. a bias spec for a layer without bias
             continue
         if not isinstance(spec, (MXQuant, BFPQuant, QDQQuant)):
             raise MxsimError(f"capture_torch: quant[{operand!r}] must be MXQuant, BFPQuant or QDQQuant")
         ndim = tensors[operand].ndim
-        axis = _reduction_axis(op, operand, ndim) if spec.axis is None else spec.axis % ndim
+        axis = _default_axis(op, operand, ndim) if spec.axis is None else spec.axis % ndim
         resolved[operand] = spec.with_axis(axis)
     return resolved
+
+
+def _bind(func, args, kwargs) -> dict:
+    """An ATen op's arguments by schema name, defaults filled in."""
+    bound = {}
+    for index, argument in enumerate(func._schema.arguments):
+        if index < len(args) and not argument.kwarg_only:
+            bound[argument.name] = args[index]
+        elif argument.name in kwargs:
+            bound[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            bound[argument.name] = argument.default_value
+    return bound
+
+
+class _Recorder:
+    """Layers, skipped ops and naming state of one capture."""
+
+    def __init__(self, torch, model, quant: QuantArg):
+        self.torch = torch
+        self.quant = quant
+        self.layers: list[Layer] = []
+        self.skipped: list[dict] = []
+        self.suppress = 0  # > 0 while a recorded call (or the recorder itself) runs ops
+        self.module_stack: list[tuple[str, object]] = []
+        self.calls: dict[str, int] = {}
+        self.layer_names: dict[int, list[str]] = {}  # id(module owning the weight) -> layer names
+        self.params: dict[int, list[tuple[str, object, object]]] = {}  # storage ptr -> (qualified name, param, owner)
+        for module_name, module in model.named_modules(remove_duplicate=False):
+            for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
+                qualified = f"{module_name}.{param_name}" if module_name else param_name
+                entry = (qualified, param, module)
+                bucket = self.params.setdefault(param.untyped_storage().data_ptr(), [])
+                if all(qualified != other[0] for other in bucket):
+                    bucket.append(entry)
+
+    # ------------------------------------------------------------------ naming
+
+    def module_path(self) -> str:
+        return self.module_stack[-1][0] if self.module_stack else ""
+
+    def current_module(self):
+        return self.module_stack[-1][1] if self.module_stack else None
+
+    def parameter(self, tensor):
+        """(qualified name, owner module, transposed) if ``tensor`` is a parameter, a slice of one
+        (e.g. the q rows of ``in_proj_weight``) or the 2-d transpose of either; else None."""
+        torch = self.torch
+        if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
+            return None
+        try:
+            ptr = tensor.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return None
+        here = self.module_path()
+        matches = []
+        for qualified, param, owner in self.params.get(ptr, []):
+            if tensor.dtype != param.dtype or tensor.dim() != param.dim():
+                continue
+            if tensor.stride() == param.stride():
+                matches.append((qualified, owner, False))
+            elif tensor.dim() == 2 and tensor.stride() == param.stride()[::-1]:
+                matches.append((qualified, owner, True))
+        if not matches:
+            return None
+        # a tied weight has several names: prefer the one under the module running now
+        matches.sort(key=lambda m: (not (m[0].startswith(here + ".") or not here), len(m[0])))
+        return matches[0]
+
+    def unique(self, base: str) -> str:
+        count = self.calls.get(base, 0) + 1
+        self.calls[base] = count
+        return base if count == 1 else f"{base}#{count}"
+
+    def local_name(self, op_name: str) -> str:
+        path = self.module_path()
+        return f"{path}.{op_name}" if path else op_name
+
+    @staticmethod
+    def parameter_layer_name(qualified: str) -> str:
+        for suffix in (".weight", "_weight"):
+            if qualified.endswith(suffix) and len(qualified) > len(suffix):
+                return qualified[: -len(suffix)]
+        return qualified
+
+    # ------------------------------------------------------------------ recording
+
+    def skip(self, op: str, reason: str, name: str | None = None) -> None:
+        self.skipped.append({"name": name or self.local_name(op.split(".")[-1]), "op": op, "reason": reason})
+
+    def add(self, op: str, tensors: dict, attrs: dict, source: dict, op_name: str, weight_param=None,
+            name: str | None = None) -> None:
+        """Record one layer; ``weight_param`` (qualified name, owner, transposed) names it."""
+        torch = self.torch
+        module = self.current_module()
+        if name is None:
+            if weight_param is not None:
+                base, module = self.parameter_layer_name(weight_param[0]), weight_param[1]
+                source["parameter"] = weight_param[0]
+            else:
+                base = self.local_name(op_name)
+            name = self.unique(base)
+        if weight_param is not None:
+            self.layer_names.setdefault(id(weight_param[1]), []).append(name)
+        arrays = {}
+        for key, value in tensors.items():
+            if value is None:
+                continue
+            if value.dtype == torch.bfloat16:
+                source["dtype"] = "bfloat16"
+            arrays[key] = _to_numpy(value)
+        source.setdefault("module", self.module_path())
+        if module is not None:
+            source.setdefault("type", type(module).__name__)
+        specs = _resolve_quant(self.quant, name, module, op, arrays)
+        self.layers.append(Layer(name, op, arrays, attrs, specs, source))
+
+    def float_operands(self, op: str, *tensors) -> bool:
+        bad = [t for t in tensors if t is not None and not t.is_floating_point()]
+        if bad:
+            self.skip(op, f"non-float operands ({', '.join(str(t.dtype) for t in bad)})")
+        return not bad
+
+    def gemm(self, op: str, a, b, out, bias=None, alpha=1.0, beta=1.0, promoted: str | None = None,
+             op_name: str = "matmul") -> None:
+        """``alpha * a @ b + beta * bias`` (numpy matmul semantics; a 1-d operand is promoted to
+        a 1-row / 1-column matrix): a ``linear`` layer when ``b`` is a 2-d parameter's
+        transpose, else ``matmul`` (named after a parameter operand if there is one)."""
+        if not self.float_operands(op, a, b, bias):
+            return
+        source = {"op": op}
+        if promoted:
+            source["promoted"] = promoted
+        attrs = {k: float(v) for k, v in (("alpha", alpha), ("beta", beta)) if float(v) != 1.0}
+        if bias is not None and bias.dim() == 1 and out.dim() >= 2 and promoted == "vector":
+            bias = bias[:, None]  # addmv: (M,) is per row, the promoted output is (M, 1)
+        param = self.parameter(b)
+        if param is not None and param[2]:
+            self.add("linear", {"input": a, "weight": b.t(), "bias": bias, "output": out}, attrs, source,
+                     op_name, param)
+            return
+        self.add("matmul", {"input": a, "weight": b, "bias": bias, "output": out}, attrs, source, op_name,
+                 param or self.parameter(a))
+
+    def matmul_call(self, op: str, a, b, out, op_name: str = "matmul", bias=None, alpha=1.0, beta=1.0) -> None:
+        """torch.matmul semantics incl. 1-d operands."""
+        if a.dim() == 0 or b.dim() == 0:
+            self.skip(op, "0-d operand")
+            return
+        promoted = None
+        if a.dim() == 1 and b.dim() == 1:
+            a, b, out, promoted = a[None, :], b[:, None], out.reshape(1, 1), "dot"
+        elif a.dim() == 1:
+            a, out, promoted = a[None, :], out.unsqueeze(-2), "row"
+        elif b.dim() == 1:
+            b, out, promoted = b[:, None], out.unsqueeze(-1), "vector"
+        self.gemm(op, a, b, out, bias, alpha, beta, promoted, op_name)
+
+    def convolution(self, op: str, bound: dict, out) -> None:
+        x, w, bias = bound["input"], bound["weight"], bound["bias"]
+        if not self.float_operands(op, x, w, bias):
+            return
+        spatial = x.dim() - 2
+        transposed = bool(bound["transposed"])
+        kind = "conv_transpose2d" if transposed else "conv2d"
+        if spatial not in (1, 2):
+            self.skip(op, f"{spatial}-d convolution (only 1-d and 2-d are captured)")
+            return
+        stride, padding = list(bound["stride"]), list(bound["padding"])
+        dilation, output_padding = list(bound["dilation"]), list(bound["output_padding"])
+        source = {"op": op}
+        if spatial == 1:  # a 1-d convolution is a 2-d one of height 1
+            x, w, out = x.unsqueeze(2), w.unsqueeze(2), out.unsqueeze(2)
+            stride, padding, dilation, output_padding = [1] + stride, [0] + padding, [1] + dilation, [0] + output_padding
+            source["conv1d_as_2d"] = True
+        attrs = {"stride": [int(v) for v in stride], "padding": [[int(p), int(p)] for p in padding],
+                 "dilation": [int(v) for v in dilation], "groups": int(bound["groups"])}
+        if transposed:
+            attrs["output_padding"] = [int(v) for v in output_padding]
+        self.add(kind, {"input": x, "weight": w, "bias": bias, "output": out}, attrs, source, kind,
+                 self.parameter(bound["weight"]))
+
+    def sdpa(self, op: str, bound: dict) -> None:
+        """Scaled dot-product attention as its two matmuls (see the module docstring)."""
+        torch = self.torch
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        mask, scale = bound.get("attn_mask"), bound.get("scale")
+        if not self.float_operands(op, q, k, v):
+            return
+        if float(bound.get("dropout_p", 0.0)) > 0:
+            self.skip(op, "attention dropout (dropout_p > 0) is random; capture in eval mode")
+            return
+        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query attention: a k/v head serves several q heads
+            repeat = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        key_t = k.transpose(-2, -1)
+        scores = torch.matmul(q, key_t)
+        logits = scores * scale
+        if bound.get("is_causal"):
+            causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+            logits = logits.masked_fill(~causal, float("-inf"))
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+        probabilities = torch.softmax(logits, dim=-1)
+        out = torch.matmul(probabilities, v)
+        base = self.unique(self.local_name("sdpa"))
+        details = {"op": op, "softmax_scale": scale, "is_causal": bool(bound.get("is_causal")),
+                   "mask": None if mask is None else ("boolean" if mask.dtype == torch.bool else "additive")}
+        self.add("matmul", {"input": q, "weight": key_t, "output": scores}, {}, dict(details), "", name=f"{base}.qk")
+        self.add("matmul", {"input": probabilities, "weight": v, "output": out}, {}, dict(details), "",
+                 name=f"{base}.pv")
+
+    def dispatch(self, func, args, kwargs, out) -> None:
+        """Record (or list as skipped) one ATen op that ran outside any recorded call."""
+        name = func.overloadpacket.__name__
+        op = f"aten.{name}"
+        if name not in DISPATCH_GEMMS:
+            if _looks_like_gemm(name):
+                self.skip(op, "a matmul-like op that capture does not lower to a GEMM layer")
+            return
+        bound = _bind(func, args, kwargs)
+        if name in ("mm", "bmm", "mv", "dot", "vdot"):
+            other = bound.get("mat2", bound.get("vec", bound.get("tensor", bound.get("other"))))
+            self.matmul_call(op, bound["self"], other, out, name)
+        elif name in ("addmm", "baddbmm", "addmv"):
+            a = bound.get("mat1", bound.get("batch1", bound.get("mat")))
+            b = bound.get("mat2", bound.get("batch2", bound.get("vec")))
+            self.matmul_call(op, a, b, out, name, bound["self"], bound["alpha"], bound["beta"])
+        elif name == "convolution":
+            self.convolution(op, bound, out)
+        else:
+            self.sdpa(op, bound)
 
 
 def _sequential_network(model, layer_names: dict, input_name: str) -> Network | None:
@@ -97,6 +356,8 @@ def _sequential_network(model, layer_names: dict, input_name: str) -> Network | 
                 names = layer_names.get(id(module), [])
                 if len(names) != 1:
                     return False
+                if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or module.padding == "same"):
+                    return False  # the recorded input is already padded
                 steps.append({"layer": names[0]})
             elif isinstance(module, nn.ReLU):
                 steps.append({"op": "relu"})
@@ -115,18 +376,71 @@ def _sequential_network(model, layer_names: dict, input_name: str) -> Network | 
     return Network(input_name, tuple(steps)) if walk(model) and steps else None
 
 
+def _modes(torch, recorder: _Recorder):
+    """The function-level and dispatch-level interception modes of one capture."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    F = torch.nn.functional
+    sdpa = F.scaled_dot_product_attention
+    matmuls = {torch.matmul: False, torch.Tensor.matmul: False, torch.Tensor.__matmul__: False,
+               torch.Tensor.__rmatmul__: True}
+
+    class FunctionMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if recorder.suppress or (func is not F.linear and func is not sdpa and func not in matmuls):
+                return func(*args, **kwargs)
+            recorder.suppress += 1
+            try:
+                out = func(*args, **kwargs)
+                if func is sdpa:
+                    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+                    recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
+                elif func is F.linear:
+                    x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
+                    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    if recorder.float_operands("F.linear", x, w, bias):
+                        recorder.add("linear", {"input": x, "weight": w, "bias": bias, "output": out}, {},
+                                     {"op": "F.linear"}, "linear", recorder.parameter(w))
+                else:
+                    a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
+                    if matmuls[func]:
+                        a, b = b, a
+                    recorder.matmul_call("torch.matmul", a, b, out)
+            finally:
+                recorder.suppress -= 1
+            return out
+
+    class DispatchMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if not recorder.suppress:
+                recorder.suppress += 1
+                try:
+                    recorder.dispatch(func, args, kwargs, out)
+                finally:
+                    recorder.suppress -= 1
+            return out
+
+    return FunctionMode(), DispatchMode()
+
+
 def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "torch-model",
                   source: Mapping | None = None, metadata: Mapping | None = None,
                   dataset: Mapping[str, np.ndarray] | None = None, network: bool | None = None) -> Trace:
-    """Run ``model`` once on ``sample_inputs`` and capture every Linear/Conv2d call.
+    """Run ``model`` once on ``sample_inputs`` and capture every matmul and convolution it runs.
 
     Args:
         model: an ``nn.Module``.
         sample_inputs: a tensor, or a tuple/list of positional arguments.
         quant: None; a mapping ``{"input": spec, "weight": spec, "bias": spec}`` applied to
-            every layer; or ``callable(layer_name, module) -> mapping | None``. A spec whose
-            ``axis`` is None gets the operand's reduction axis (conv input/weight: 1; linear
-            input: last; linear weight: 1).
+            every layer; or ``callable(layer_name, module) -> mapping | None`` (``module``: the
+            module owning the layer's weight parameter, else the module running the op). A
+            spec whose ``axis`` is None gets the operand's reduction axis (input: last axis,
+            channels (1) for convolutions; weight: 1 for linear and conv2d, -2 for matmul, 0
+            for conv_transpose2d; bias: last axis).
         name, source, metadata: recorded in the manifest (``source.framework`` is "torch").
         dataset: arrays saved with the trace for end-to-end evaluation, e.g.
             ``{"inputs": x, "labels": y}``.
@@ -135,81 +449,75 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
             possible (needs ``dataset["inputs"]`` to be the sample input); True: required
             (raises otherwise); False: never.
 
-    Layer names are the modules' qualified names (``features.0``); a module called more than
-    once gets ``name#2``, ``name#3``... for the later calls. A Conv2d with a non-zero
-    ``padding_mode`` (reflect, replicate, circular) is recorded with its input already padded
-    by that mode and padding 0.
+    Layers, in execution order (see the module docstring for how they are found):
+
+    * ``linear``: ``F.linear`` (every ``nn.Linear``, of any input rank) and ``mm``/``addmm``
+      whose right operand is a 2-d parameter's transpose; weight (N, K) as stored.
+    * ``matmul``: ``torch.matmul``/``@`` (batch dims kept, a 1-d operand promoted to a
+      matrix, ``source.promoted``), ``mm``/``addmm`` with a (K, N) weight (HF ``Conv1D``),
+      ``bmm``, ``baddbmm`` (bias = the added tensor; ``alpha``/``beta`` attrs), ``mv``,
+      ``dot``, and the two matmuls of each attention call.
+    * ``conv2d`` / ``conv_transpose2d``: ``aten.convolution`` in 2-d, and 1-d as height 1
+      (``source.conv1d_as_2d``); the padding the op applies is explicit (``padding="same"``
+      and non-zero ``padding_mode`` inputs arrive padded).
+
+    Names: a layer whose weight is a parameter is named after it (``h.0.attn.c_attn`` for
+    ``h.0.attn.c_attn.weight``, ``attn.in_proj`` for ``attn.in_proj_weight``); other layers
+    are ``<module path>.<op>`` (``h.0.attn.sdpa.qk``, ``layer.0.attention.self.matmul``).
+    A name used again gets ``#2``, ``#3``...
     """
     torch = require("torch")
     nn = torch.nn
-    F = torch.nn.functional
     if not isinstance(model, nn.Module):
         raise MxsimError(f"capture_torch: model must be a torch.nn.Module, got {type(model).__name__}")
     args = tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
-    layers: list[Layer] = []
-    calls: dict[str, int] = {}
-    layer_names: dict[int, list[str]] = {}
+    recorder = _Recorder(torch, model, quant)
     handles = []
 
-    def make_hook(module_name: str):
-        def hook(module, inputs, output):
-            count = calls.get(module_name, 0) + 1
-            calls[module_name] = count
-            layer_name = module_name if count == 1 else f"{module_name}#{count}"
-            layer_names.setdefault(id(module), []).append(layer_name)
-            x = inputs[0]
-            if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
-                raise MxsimError(f"capture_torch: {module_name}: expected tensor input and output")
-            source = {"module": module_name, "type": type(module).__name__}
-            if x.dtype == torch.bfloat16:
-                source["dtype"] = "bfloat16"
-            if isinstance(module, nn.Conv2d):
-                op = "conv2d"
-                if x.dim() != 4:
-                    raise MxsimError(f"capture_torch: {module_name}: unbatched conv2d input {tuple(x.shape)} "
-                                     "is not supported; pass a batch (N, C, H, W)")
-                if module.padding_mode != "zeros":
-                    x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
-                    padding = ((0, 0), (0, 0))
-                    source["padding_mode"] = module.padding_mode
-                else:
-                    padding = _conv_padding(module, x.shape)
-                attrs = {"stride": list(module.stride), "padding": [list(p) for p in padding],
-                         "dilation": list(module.dilation), "groups": int(module.groups)}
-            else:
-                op = "linear"
-                attrs = {}
-            tensors = {"input": _to_numpy(x), "weight": _to_numpy(module.weight), "output": _to_numpy(output)}
-            if module.bias is not None:
-                tensors["bias"] = _to_numpy(module.bias)
-            specs = _resolve_quant(quant, layer_name, module, op, tensors)
-            layers.append(Layer(layer_name, op, tensors, attrs, specs, source))
+    def enter(path, module):
+        def hook(_module, _inputs):
+            recorder.module_stack.append((path, module))
         return hook
 
+    def leave(_module, _inputs, _output):
+        recorder.module_stack.pop()
+
     for module_name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
-            handles.append(module.register_forward_hook(make_hook(module_name or type(module).__name__)))
-    if not handles:
-        raise MxsimError("capture_torch: the model has no nn.Linear or nn.Conv2d modules")
+        handles.append(module.register_forward_pre_hook(enter(module_name, module)))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    function_mode, dispatch_mode = _modes(torch, recorder)
     try:
-        with torch.no_grad():
+        torch.backends.mha.set_fastpath_enabled(False)
+        with torch.no_grad(), function_mode, dispatch_mode:
             model(*args)
     finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
         for handle in handles:
             handle.remove()
+    if not recorder.layers:
+        raise MxsimError("capture_torch: the model ran no matmul or convolution"
+                         + (f" that could be captured (skipped: {recorder.skipped})" if recorder.skipped else ""))
+    if recorder.skipped:
+        listed = "; ".join(f"{s['name']} ({s['op']}): {s['reason']}" for s in recorder.skipped[:5])
+        more = f"; and {len(recorder.skipped) - 5} more" if len(recorder.skipped) > 5 else ""
+        warnings.warn(f"capture_torch: {len(recorder.skipped)} matmul-like op(s) not captured, listed in "
+                      f"source.skipped: {listed}{more}", CaptureWarning, stacklevel=2)
     recipe = None
     if network is not False:
         input_matches = (dataset is not None and "inputs" in dataset and len(args) == 1
                          and np.array_equal(np.asarray(dataset["inputs"]), _to_numpy(args[0])))
-        recipe = _sequential_network(model, layer_names, "inputs") if input_matches else None
+        recipe = _sequential_network(model, recorder.layer_names, "inputs") if input_matches else None
         if recipe is not None and "labels" in dataset:
             recipe = Network(recipe.input, recipe.steps, "labels")
         if network is True and recipe is None:
             raise MxsimError("capture_torch: network=True needs an nn.Sequential of Linear/Conv2d/ReLU/Flatten/"
                              "Identity/eval Dropout, each layer called once, and dataset['inputs'] equal to "
                              "the sample input")
-    trace = Trace(name, layers, {"framework": "torch", "torch_version": torch.__version__, **dict(source or {})},
-                  dict(metadata or {}), None if dataset is None else {k: np.asarray(v) for k, v in dataset.items()},
-                  recipe)
+    trace_source = {"framework": "torch", "torch_version": torch.__version__, **dict(source or {})}
+    if recorder.skipped:
+        trace_source["skipped"] = recorder.skipped
+    trace = Trace(name, recorder.layers, trace_source, dict(metadata or {}),
+                  None if dataset is None else {k: np.asarray(v) for k, v in dataset.items()}, recipe)
     validate_trace(trace)
     return trace

@@ -268,3 +268,196 @@ def conv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometr
         _check_array(bias, (gm.out_channels,), "bias")
         out += bias.astype(dtype).reshape(1, -1, 1, 1)
     return out
+
+
+# ----------------------------------------------------------------------------- transposed convolution
+
+
+@dataclass(frozen=True)
+class ConvTranspose2dGeometry:
+    """Shapes and hyper-parameters of one 2-D transposed convolution (validated on creation).
+
+    PyTorch ``conv_transpose2d`` / ONNX ``ConvTranspose`` semantics: input (N, C, H, W),
+    weight (C, O/groups, kh, kw), output (N, O, Ho, Wo) with
+    ``Ho = (H - 1)*sh - top - bottom + dh*(kh - 1) + output_padding_h + 1`` (likewise ``Wo``).
+    Every input pixel scatters its channel vector through the filter taps:
+    ``out[n, g*O/g + o, y*sh - top + i*dh, x*sw - left + j*dw] += x[n, g*C/g + c, y, x] * w[g*C/g + c, o, i, j]``
+    (positions outside the output are dropped; ``output_padding`` only extends the output
+    at the bottom/right).
+
+    The GEMM lowering (:meth:`equivalent_conv`, :func:`conv_transpose2d_lowered_input`,
+    :func:`conv_transpose2d_conv_weight`): the same output is a stride-1 convolution, with
+    dilation (dh, dw), of the input *zero-upsampled* by the stride (sh - 1 zero rows between
+    input rows, likewise columns) and padded by ``dh*(kh - 1) - top`` before and
+    ``dh*(kh - 1) - bottom + output_padding_h`` after (a negative amount crops), with the
+    filter flipped in both spatial axes and its channel axes swapped per group:
+    ``w_conv[g*O/g + o, c, i, j] = w[g*C/g + c, o, kh-1-i, kw-1-j]``. Each output pixel is
+    then one dot product of length kh*kw*C/groups (runs of C/groups channels per tap, as for
+    conv2d); taps that land on inserted zeros or padding contribute all-zero runs.
+    """
+
+    batch: int
+    in_channels: int
+    height: int
+    width: int
+    out_channels: int
+    kernel_height: int
+    kernel_width: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    output_padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    def __post_init__(self):
+        for name in ("batch", "in_channels", "height", "width", "out_channels", "kernel_height",
+                     "kernel_width", "groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise MxsimError(f"conv_transpose2d: {name} must be a positive int, got {value!r}")
+        object.__setattr__(self, "stride", _pair(self.stride, "stride"))
+        object.__setattr__(self, "dilation", _pair(self.dilation, "dilation"))
+        object.__setattr__(self, "output_padding", _pair(self.output_padding, "output_padding"))
+        object.__setattr__(self, "padding", normalize_padding(self.padding))
+        if min(self.stride) < 1 or min(self.dilation) < 1 or min(self.output_padding) < 0:
+            raise MxsimError(f"conv_transpose2d: stride and dilation must be >= 1 and output_padding >= 0, got "
+                             f"{self.stride}, {self.dilation}, {self.output_padding}")
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise MxsimError(
+                f"conv_transpose2d: groups {self.groups} must divide in_channels {self.in_channels} "
+                f"and out_channels {self.out_channels}")
+        if self.out_height < 1 or self.out_width < 1:
+            raise MxsimError(f"conv_transpose2d: padding {self.padding} leaves no output "
+                             f"({self.out_height}x{self.out_width})")
+
+    @classmethod
+    def from_shapes(cls, input_shape, weight_shape, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+        """Geometry from an input (N, C, H, W) and a weight (C, O/groups, kh, kw) shape."""
+        if len(input_shape) != 4 or len(weight_shape) != 4:
+            raise MxsimError(f"conv_transpose2d: input and weight must be 4-d, got {tuple(input_shape)} "
+                             f"and {tuple(weight_shape)}")
+        n, c, h, w = (int(v) for v in input_shape)
+        cw, og, kh, kw = (int(v) for v in weight_shape)
+        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+            raise MxsimError(f"conv_transpose2d: groups must be a positive int, got {groups!r}")
+        if cw != c:
+            raise MxsimError(f"conv_transpose2d: weight has {cw} input channels, the input has {c}")
+        return cls(n, c, h, w, og * int(groups), kh, kw, stride, padding, output_padding, dilation, int(groups))
+
+    def _out(self, size: int, stride: int, before: int, after: int, dilation: int, kernel: int, extra: int) -> int:
+        return (size - 1) * stride - before - after + dilation * (kernel - 1) + extra + 1
+
+    @property
+    def out_height(self) -> int:
+        (top, bottom), _ = self.padding
+        return self._out(self.height, self.stride[0], top, bottom, self.dilation[0], self.kernel_height,
+                         self.output_padding[0])
+
+    @property
+    def out_width(self) -> int:
+        _, (left, right) = self.padding
+        return self._out(self.width, self.stride[1], left, right, self.dilation[1], self.kernel_width,
+                         self.output_padding[1])
+
+    @property
+    def channels_per_group(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def filters_per_group(self) -> int:
+        return self.out_channels // self.groups
+
+    @property
+    def input_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.in_channels, self.height, self.width)
+
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        return (self.in_channels, self.filters_per_group, self.kernel_height, self.kernel_width)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.out_channels, self.out_height, self.out_width)
+
+    def _edges(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Rows/columns added (negative: cropped) before and after the upsampled input."""
+        (top, bottom), (left, right) = self.padding
+        span_h = self.dilation[0] * (self.kernel_height - 1)
+        span_w = self.dilation[1] * (self.kernel_width - 1)
+        return ((span_h - top, span_h - bottom + self.output_padding[0]),
+                (span_w - left, span_w - right + self.output_padding[1]))
+
+    def equivalent_conv(self) -> Conv2dGeometry:
+        """The stride-1 conv2d over the upsampled, padded input that computes this output."""
+        (before_h, after_h), (before_w, after_w) = self._edges()
+        height = (self.height - 1) * self.stride[0] + 1 + before_h + after_h
+        width = (self.width - 1) * self.stride[1] + 1 + before_w + after_w
+        return Conv2dGeometry(self.batch, self.in_channels, height, width, self.out_channels, self.kernel_height,
+                              self.kernel_width, (1, 1), ((0, 0), (0, 0)), self.dilation, self.groups)
+
+
+def conv_transpose2d_lowered_input(x: np.ndarray, geometry: ConvTranspose2dGeometry) -> np.ndarray:
+    """The input zero-upsampled by the stride and padded (or cropped) for :meth:`equivalent_conv`."""
+    gm = geometry
+    _check_array(x, gm.input_shape, "input")
+    sh, sw = gm.stride
+    up = np.zeros((gm.batch, gm.in_channels, (gm.height - 1) * sh + 1, (gm.width - 1) * sw + 1), dtype=x.dtype)
+    up[:, :, ::sh, ::sw] = x
+    (before_h, after_h), (before_w, after_w) = gm._edges()
+    up = np.pad(up, ((0, 0), (0, 0), (max(before_h, 0), max(after_h, 0)), (max(before_w, 0), max(after_w, 0))))
+    rows = slice(max(-before_h, 0), up.shape[2] - max(-after_h, 0))
+    cols = slice(max(-before_w, 0), up.shape[3] - max(-after_w, 0))
+    return np.ascontiguousarray(up[:, :, rows, cols])
+
+
+def conv_transpose2d_conv_weight(w: np.ndarray, geometry: ConvTranspose2dGeometry) -> np.ndarray:
+    """The (O, C/groups, kh, kw) conv2d weight of :meth:`equivalent_conv`: flipped taps, channels swapped per group."""
+    gm = geometry
+    _check_array(w, gm.weight_shape, "weight")
+    g, cg, fg = gm.groups, gm.channels_per_group, gm.filters_per_group
+    per_group = w.reshape(g, cg, fg, gm.kernel_height, gm.kernel_width)[:, :, :, ::-1, ::-1]
+    swapped = per_group.transpose(0, 2, 1, 3, 4)  # (G, F, Cg, kh, kw)
+    return np.ascontiguousarray(swapped).reshape(gm.out_channels, cg, gm.kernel_height, gm.kernel_width)
+
+
+def conv_transpose2d_im2col(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                            geometry: ConvTranspose2dGeometry, dtype=np.float64) -> np.ndarray:
+    """Transposed convolution through the GEMM lowering, accumulated in ``dtype``."""
+    return conv2d_im2col(conv_transpose2d_lowered_input(x, geometry), conv_transpose2d_conv_weight(w, geometry),
+                         bias, geometry.equivalent_conv(), dtype)
+
+
+def conv_transpose2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                            geometry: ConvTranspose2dGeometry, dtype=np.float64) -> np.ndarray:
+    """Transposed convolution from its scatter definition, independent of the lowering.
+
+    Loops over input rows/columns and filter taps; each input pixel's channel vector times the
+    tap's (C/groups, O/groups) slice is added at its output position, dropped when that lies
+    outside the output. Accumulates in ``dtype``.
+    """
+    gm = geometry
+    _check_array(x, gm.input_shape, "input")
+    _check_array(w, gm.weight_shape, "weight")
+    xs = x.astype(dtype, copy=False)
+    ws = w.astype(dtype, copy=False)
+    (top, _), (left, _) = gm.padding
+    cg, fg = gm.channels_per_group, gm.filters_per_group
+    out = np.zeros(gm.output_shape, dtype=dtype)
+    for y in range(gm.height):
+        for x_in in range(gm.width):
+            for i in range(gm.kernel_height):
+                row = y * gm.stride[0] + i * gm.dilation[0] - top
+                if not 0 <= row < gm.out_height:
+                    continue
+                for j in range(gm.kernel_width):
+                    col = x_in * gm.stride[1] + j * gm.dilation[1] - left
+                    if not 0 <= col < gm.out_width:
+                        continue
+                    for g in range(gm.groups):
+                        pixel = xs[:, g * cg:(g + 1) * cg, y, x_in]  # (N, Cg)
+                        taps = ws[g * cg:(g + 1) * cg, :, i, j]  # (Cg, F)
+                        out[:, g * fg:(g + 1) * fg, row, col] += np.einsum("nc,cf->nf", pixel, taps)
+    if bias is not None:
+        _check_array(bias, (gm.out_channels,), "bias")
+        out += bias.astype(dtype).reshape(1, -1, 1, 1)
+    return out

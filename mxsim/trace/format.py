@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from ..errors import MxsimError, TraceError
-from .conv import Conv2dGeometry
+from .conv import Conv2dGeometry, ConvTranspose2dGeometry
 from .quant import BFPQuant, MXQuant, QDQQuant, QuantSpec, spec_from_manifest
 
 FORMAT_NAME = "mxsim-trace"
@@ -39,7 +39,8 @@ SUPPORTED_VERSIONS = (1,)
 MANIFEST_NAME = "manifest.yaml"
 DATASET_FILE = "dataset.npz"
 
-OPS = ("linear", "matmul", "conv2d")
+OPS = ("linear", "matmul", "conv2d", "conv_transpose2d")
+CONV_OPS = ("conv2d", "conv_transpose2d")
 OPERANDS = ("input", "weight", "bias")
 #: Tensor names a layer file may hold besides the QDQ arrays ``quant.<operand>.scale|zero_point``.
 TENSOR_ROLES = ("input", "weight", "bias", "output", "input_quantized", "weight_quantized", "bias_quantized")
@@ -73,14 +74,16 @@ class Layer:
 
     * ``name``: unique within the trace.
     * ``op``: ``linear`` (``output = alpha * input @ weight.T + beta * bias``, weight (N, K)),
-      ``matmul`` (``output = input @ weight + bias``, numpy matmul semantics, weight (..., K, N),
-      which may be an activation) or ``conv2d`` (:mod:`mxsim.trace.conv` conventions).
+      ``matmul`` (``output = alpha * input @ weight + beta * bias``, numpy matmul semantics
+      with batch broadcasting, weight (..., K, N), which may be an activation), ``conv2d`` or
+      ``conv_transpose2d`` (weight (C, O/groups, kh, kw)) (:mod:`mxsim.trace.conv` conventions).
     * ``tensors``: ``input``, ``weight``, ``output`` always; ``bias`` optional. Operands are
       the float values *before* quantization; where the source model quantized an operand
       itself (QDQ or Quark nodes), ``<operand>_quantized`` holds what the layer actually
       consumed. ``output`` is the source framework's result (the float reference).
     * ``attrs``: conv2d: ``stride`` [sh, sw], ``padding`` [[top, bottom], [left, right]],
-      ``dilation`` [dh, dw], ``groups``; linear: optional ``alpha``, ``beta`` (default 1.0).
+      ``dilation`` [dh, dw], ``groups``; conv_transpose2d: the same plus ``output_padding``
+      [oh, ow]; linear and matmul: optional ``alpha``, ``beta`` (default 1.0).
     * ``quant``: operand name -> spec or None (not quantized / unknown).
     * ``source``: free-form provenance (module or node name, op type...).
     """
@@ -112,13 +115,18 @@ class Layer:
         """What the source model fed the GEMM for ``operand`` after its own quantizer, if recorded."""
         return self.tensors.get(f"{operand}_quantized")
 
-    def conv_geometry(self) -> Conv2dGeometry:
-        """The convolution geometry of a conv2d layer (from its input/weight shapes and attrs)."""
-        if self.op != "conv2d":
-            raise MxsimError(f"layer {self.name!r} is {self.op}, not conv2d")
+    def conv_geometry(self, input_shape: tuple | None = None) -> Conv2dGeometry | ConvTranspose2dGeometry:
+        """The geometry of a conv2d / conv_transpose2d layer (from its input/weight shapes and
+        attrs; ``input_shape`` replaces the recorded input's shape, e.g. another batch size)."""
+        if self.op not in CONV_OPS:
+            raise MxsimError(f"layer {self.name!r} is {self.op}, not a convolution")
         a = self.attrs
-        return Conv2dGeometry.from_shapes(self.input.shape, self.weight.shape, a["stride"], a["padding"],
-                                          a["dilation"], a["groups"])
+        shape = self.input.shape if input_shape is None else tuple(input_shape)
+        if self.op == "conv2d":
+            return Conv2dGeometry.from_shapes(shape, self.weight.shape, a["stride"], a["padding"], a["dilation"],
+                                              a["groups"])
+        return ConvTranspose2dGeometry.from_shapes(shape, self.weight.shape, a["stride"], a["padding"],
+                                                   a["output_padding"], a["dilation"], a["groups"])
 
 
 @dataclass(frozen=True)
@@ -176,13 +184,16 @@ def _int_pair(value) -> bool:
     return isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value)
 
 
-def _check_conv_attrs(attrs: dict, fail) -> None:
-    for key in ("stride", "padding", "dilation", "groups"):
+def _check_conv_attrs(op: str, attrs: dict, fail) -> None:
+    keys = ("stride", "padding", "dilation", "groups") + (("output_padding",) if op == "conv_transpose2d" else ())
+    for key in keys:
         if key not in attrs:
-            fail(f"attrs.{key}", "missing (conv2d needs stride, padding, dilation, groups)")
-    extra = set(attrs) - {"stride", "padding", "dilation", "groups"}
+            fail(f"attrs.{key}", f"missing ({op} needs {', '.join(keys)})")
+    extra = set(attrs) - set(keys)
     if extra:
-        fail(f"attrs.{sorted(extra)[0]}", "not a conv2d attribute")
+        fail(f"attrs.{sorted(extra)[0]}", f"not a {op} attribute")
+    if op == "conv_transpose2d" and not (_int_pair(attrs["output_padding"]) and min(attrs["output_padding"]) >= 0):
+        fail("attrs.output_padding", f"must be [oh, ow] with ints >= 0, got {attrs['output_padding']!r}")
     if not (_int_pair(attrs["stride"]) and min(attrs["stride"]) >= 1):
         fail("attrs.stride", f"must be [sh, sw] with ints >= 1, got {attrs['stride']!r}")
     if not (_int_pair(attrs["dilation"]) and min(attrs["dilation"]) >= 1):
@@ -222,13 +233,14 @@ def check_layer(layer: Layer, fail) -> None:
     x, w, out = t["input"].shape, t["weight"].shape, t["output"].shape
     bias = t.get("bias")
     attrs = layer.attrs if isinstance(layer.attrs, dict) else fail("attrs", "must be a mapping")
-    if layer.op == "linear":
+    if layer.op in ("linear", "matmul"):
         extra = set(attrs) - {"alpha", "beta"}
         if extra:
-            fail(f"attrs.{sorted(extra)[0]}", "not a linear attribute (alpha, beta)")
+            fail(f"attrs.{sorted(extra)[0]}", f"not a {layer.op} attribute (alpha, beta)")
         for key in ("alpha", "beta"):
             if key in attrs and (isinstance(attrs[key], bool) or not isinstance(attrs[key], (int, float))):
                 fail(f"attrs.{key}", f"must be a number, got {attrs[key]!r}")
+    if layer.op == "linear":
         if len(w) != 2:
             fail("weight", f"linear weight must be (N, K), got shape {w}")
         if len(x) < 1 or x[-1] != w[1]:
@@ -237,8 +249,6 @@ def check_layer(layer: Layer, fail) -> None:
         if out != expected:
             fail("output", f"shape {out} does not match input {x} x weight {w}: expected {expected}")
     elif layer.op == "matmul":
-        if attrs:
-            fail(f"attrs.{sorted(attrs)[0]}", "matmul takes no attributes")
         if len(x) < 2 or len(w) < 2:
             fail("input" if len(x) < 2 else "weight", f"matmul operands must be at least 2-d, got {x} and {w}")
         if x[-1] != w[-2]:
@@ -251,11 +261,12 @@ def check_layer(layer: Layer, fail) -> None:
         if out != expected:
             fail("output", f"shape {out} does not match input {x} @ weight {w}: expected {expected}")
     else:
-        _check_conv_attrs(attrs, fail)
+        _check_conv_attrs(layer.op, attrs, fail)
         if len(x) != 4:
-            fail("input", f"conv2d input must be (N, C, H, W), got shape {x}")
+            fail("input", f"{layer.op} input must be (N, C, H, W), got shape {x}")
         if len(w) != 4:
-            fail("weight", f"conv2d weight must be (O, C/groups, kh, kw), got shape {w}")
+            layout = "(O, C/groups, kh, kw)" if layer.op == "conv2d" else "(C, O/groups, kh, kw)"
+            fail("weight", f"{layer.op} weight must be {layout}, got shape {w}")
         try:
             geometry = layer.conv_geometry()
         except MxsimError as error:
@@ -263,8 +274,8 @@ def check_layer(layer: Layer, fail) -> None:
         if out != geometry.output_shape:
             fail("output", f"shape {out} does not match the convolution: expected {geometry.output_shape}")
         if bias is not None and bias.shape != (geometry.out_channels,):
-            fail("bias", f"conv2d bias must be ({geometry.out_channels},), got shape {bias.shape}")
-    if bias is not None and layer.op != "conv2d" and not _broadcastable(bias.shape, out):
+            fail("bias", f"{layer.op} bias must be ({geometry.out_channels},), got shape {bias.shape}")
+    if bias is not None and layer.op not in CONV_OPS and not _broadcastable(bias.shape, out):
         fail("bias", f"shape {bias.shape} does not broadcast to the output shape {out}")
     for operand in OPERANDS:
         quantized = t.get(f"{operand}_quantized")

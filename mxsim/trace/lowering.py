@@ -21,6 +21,11 @@ Per op (``x`` = layer input, ``w`` = weight):
 * ``conv2d`` — im2col (:func:`mxsim.trace.conv.im2col`): G = groups, M = N*Ho*Wo,
   K = kh*kw*(C/groups) ordered (tap, channel) so each filter tap contributes one contiguous
   run of ``k_run = C/groups`` channels; output = col2im(C) + bias per output channel.
+* ``conv_transpose2d`` — the equivalent stride-1 convolution
+  (:class:`mxsim.trace.conv.ConvTranspose2dGeometry`): the input zero-upsampled by the stride
+  and padded, the weight flipped with its channel axes swapped, then im2col as for conv2d
+  (same G, M = N*Ho*Wo, K = kh*kw*(C/groups), ``k_run = C/groups``). Every output is one dot
+  product inside the unit; inserted zeros give all-zero runs.
 
 Quantization axes: a spec's ``axis`` indexes the operand as stored in the trace;
 :func:`gemm_axis` says which GEMM dimension it becomes. When it is ``"K"`` and the spec's
@@ -39,7 +44,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from . import conv
-from .format import Layer
+from .format import CONV_OPS, Layer
 
 
 @dataclass(frozen=True)
@@ -77,10 +82,16 @@ def gemm_shape(layer: Layer) -> GemmShape:
             return GemmShape(1, int(np.prod(x[:-1], dtype=np.int64)), w[-1], k, k)
         batch = _matmul_batch(layer)
         return GemmShape(int(np.prod(batch, dtype=np.int64)), x[-2], w[-1], k, k)
-    if layer.op == "conv2d":
-        gm = layer.conv_geometry()
+    if layer.op in CONV_OPS:
+        gm = _conv2d_geometry(layer)
         return GemmShape(gm.groups, gm.gemm_m, gm.filters_per_group, gm.gemm_k, gm.channels_per_group)
     raise MxsimError(f"layer {layer.name!r}: unknown op {layer.op!r}")
+
+
+def _conv2d_geometry(layer: Layer) -> conv.Conv2dGeometry:
+    """The conv2d whose GEMM view is the layer's (a conv_transpose2d's equivalent convolution)."""
+    gm = layer.conv_geometry()
+    return gm if layer.op == "conv2d" else gm.equivalent_conv()
 
 
 def _operand(layer: Layer, name: str, value):
@@ -96,6 +107,9 @@ def lower_input(layer: Layer, x: np.ndarray | None = None) -> np.ndarray:
     x = _operand(layer, "input", x)
     if layer.op == "conv2d":
         return conv.im2col(x, layer.conv_geometry())
+    if layer.op == "conv_transpose2d":
+        gm = layer.conv_geometry()
+        return conv.im2col(conv.conv_transpose2d_lowered_input(x, gm), gm.equivalent_conv())
     k = x.shape[-1]
     if layer.op == "matmul" and layer.weight.ndim > 2:
         batch = _matmul_batch(layer)
@@ -108,6 +122,9 @@ def lower_weight(layer: Layer, w: np.ndarray | None = None) -> np.ndarray:
     w = _operand(layer, "weight", w)
     if layer.op == "conv2d":
         return conv.weight_matrix(w, layer.conv_geometry())
+    if layer.op == "conv_transpose2d":
+        gm = layer.conv_geometry()
+        return conv.weight_matrix(conv.conv_transpose2d_conv_weight(w, gm), gm.equivalent_conv())
     if layer.op == "linear":
         return np.ascontiguousarray(w)[None]
     if w.ndim == 2:
@@ -121,7 +138,7 @@ def lift_output(layer: Layer, c: np.ndarray, bias: np.ndarray | None | str = "la
     """Map GEMM results C (G, M, N) back to the layer's output layout and add the bias.
 
     ``bias``: ``"layer"`` uses the layer's own bias (if any), None adds none, or an array.
-    Linear layers apply ``alpha``/``beta`` from their attrs. Arithmetic is in C's dtype.
+    Linear and matmul layers apply ``alpha``/``beta`` from their attrs. Arithmetic is in C's dtype.
     """
     shape = gemm_shape(layer)
     c = np.asarray(c)
@@ -130,23 +147,19 @@ def lift_output(layer: Layer, c: np.ndarray, bias: np.ndarray | None | str = "la
                          f"got {c.shape}")
     if isinstance(bias, str):
         bias = layer.bias
-    if layer.op == "conv2d":
-        out = conv.col2im_output(c, layer.conv_geometry())
+    if layer.op in CONV_OPS:
+        out = conv.col2im_output(c, _conv2d_geometry(layer))
         if bias is not None:
             out = out + np.asarray(bias, dtype=c.dtype).reshape(1, -1, 1, 1)
         return out
     out = c.reshape(layer.output.shape)
-    if layer.op == "linear":
-        alpha = layer.attrs.get("alpha", 1.0)
-        beta = layer.attrs.get("beta", 1.0)
-        if alpha != 1.0:
-            out = out * c.dtype.type(alpha)
-        if bias is not None:
-            bias = np.asarray(bias, dtype=c.dtype)
-            out = out + (bias * c.dtype.type(beta) if beta != 1.0 else bias)
-        return out
+    alpha = layer.attrs.get("alpha", 1.0)
+    beta = layer.attrs.get("beta", 1.0)
+    if alpha != 1.0:
+        out = out * c.dtype.type(alpha)
     if bias is not None:
-        out = out + np.asarray(bias, dtype=c.dtype)
+        bias = np.asarray(bias, dtype=c.dtype)
+        out = out + (bias * c.dtype.type(beta) if beta != 1.0 else bias)
     return out
 
 
@@ -172,7 +185,8 @@ def gemm_axis(layer: Layer, operand: str, axis: int) -> str:
 
     Returns ``"K"`` (the reduction: runs of ``k_run`` along K), ``"M"``, ``"N"``, ``"G"``
     (batch of a batched matmul), or for conv2d ``"spatial"`` (input H/W: spread over M and
-    K) and ``"taps"`` (weight kh/kw: the run index within K).
+    K) and ``"taps"`` (weight kh/kw: the run index within K). conv_transpose2d: input as
+    conv2d; weight (C, O/groups, kh, kw): 0 → ``"K"``, 1 → ``"N"``, 2, 3 → ``"taps"``.
     """
     if operand not in ("input", "weight"):
         raise MxsimError(f"gemm_axis: operand must be 'input' or 'weight', got {operand!r}")
@@ -180,9 +194,11 @@ def gemm_axis(layer: Layer, operand: str, axis: int) -> str:
     if not -ndim <= axis < ndim:
         raise MxsimError(f"gemm_axis: axis {axis} is out of range for the {ndim}-d {operand}")
     axis %= ndim
-    if layer.op == "conv2d":
+    if layer.op in CONV_OPS:
         if operand == "input":
             return {0: "M", 1: "K", 2: "spatial", 3: "spatial"}[axis]
+        if layer.op == "conv_transpose2d":
+            return {0: "K", 1: "N", 2: "taps", 3: "taps"}[axis]
         return {0: "N", 1: "K", 2: "taps", 3: "taps"}[axis]
     if layer.op == "linear":
         if operand == "input":

@@ -12,7 +12,6 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import MxsimError
-from .conv import Conv2dGeometry
 from .format import Layer, Trace
 from .lowering import lift_output, lower_input, lower_weight
 
@@ -29,9 +28,7 @@ def layer_with_input(layer: Layer, x: np.ndarray) -> Layer:
         batch = np.broadcast_shapes(x.shape[:-2], layer.weight.shape[:-2])
         out_shape = tuple(batch) + (x.shape[-2], layer.weight.shape[-1])
     else:
-        a = layer.attrs
-        out_shape = Conv2dGeometry.from_shapes(x.shape, layer.weight.shape, a["stride"], a["padding"],
-                                               a["dilation"], a["groups"]).output_shape
+        out_shape = layer.conv_geometry(x.shape).output_shape
     tensors["output"] = np.zeros(out_shape, dtype=np.float64)
     return Layer(layer.name, layer.op, tensors, layer.attrs, layer.quant, layer.source)
 

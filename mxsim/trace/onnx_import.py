@@ -1,8 +1,9 @@
-"""Capture an ONNX model's MatMul / Gemm / Conv layers into a trace (``mxsim[onnx]``).
+"""Capture an ONNX model's MatMul / Gemm / Conv / ConvTranspose / Einsum layers into a trace (``mxsim[onnx]``).
 
 :func:`capture_onnx` runs the model with onnxruntime on the given inputs and records, for every
-MatMul, Gemm and 2-D Conv node: the operands, the bias, and the output, plus the quantization
-spec of each operand as the model itself applies it:
+MatMul, Gemm, 1-d/2-d Conv and ConvTranspose and two-operand Einsum node: the operands, the
+bias, and the output, plus the quantization spec of each operand as the model itself applies
+it (other matmul-like nodes are listed in ``source.skipped``):
 
 * ``QuantizeLinear`` → ``DequantizeLinear`` feeding an operand (per-tensor, per-axis or
   blocked) → :class:`~mxsim.trace.quant.QDQQuant`; the operand recorded is the float tensor
@@ -32,13 +33,14 @@ the node's result (the following ``Add`` of a constant bias is fused into a MatM
 from __future__ import annotations
 
 import hashlib
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import MxsimError, UnknownNameError
+from ..errors import CaptureWarning, MxsimError, UnknownNameError
 from ..formats import get_format
 from ..quantize import BFPSpec
 from ._optional import require
@@ -48,7 +50,11 @@ from .quant import QDQ_FLOAT_TYPES, QDQ_INTEGER_RANGES, BFPQuant, MXQuant, QDQQu
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
 MX_OP_TYPES = ("MXQuantizeDequantize", "MXFixNeuron")
 BFP_OP_TYPES = ("BFPQuantizeDequantize", "BFPFixNeuron")
-LAYER_OP_TYPES = ("MatMul", "Gemm", "Conv")
+LAYER_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")
+#: Words in the op type of nodes (any domain) that multiply matrices: such a node that is not
+#: captured as a layer is listed in ``source.skipped`` (MatMulInteger, QLinearConv, LSTM,
+#: com.microsoft Attention, ...).
+GEMM_LIKE_WORDS = ("MatMul", "Gemm", "Conv", "Attention", "LSTM", "GRU", "RNN", "Einsum")
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 #: Quark ``MXQuantizeDequantize.rounding_mode`` -> mxsim element rounding; Quark applies it to
@@ -122,9 +128,15 @@ def quark_spec(node, rank: int, bfp_kernel: str = "cpu") -> MXQuant | BFPQuant:
 
 
 def _evaluate_quark(node, x: np.ndarray, bfp_kernel: str) -> np.ndarray:
-    """Quark's custom op on ``x`` with mxsim's quantizers; float16 goes through float32, as Quark does."""
+    """Quark's custom op on ``x`` with mxsim's quantizers; float16 goes through float32, as Quark does.
+
+    A tensor of one element (rank 0 included, e.g. hardswish's constants 3 and 6) passes
+    through unchanged, as Quark's runtime passes it."""
     if x.dtype not in (np.float32, np.float16):
         raise MxsimError(f"node {node.name!r} ({node.op_type}): input must be float32 or float16, got {x.dtype}")
+    if x.size == 1:
+        quark_spec(node, max(x.ndim, 1), bfp_kernel)  # attributes are still checked
+        return x.copy()
     spec = quark_spec(node, x.ndim, bfp_kernel)
     return np.asarray(spec.fake_quantize(x.astype(np.float32))).astype(x.dtype)
 
@@ -374,15 +386,16 @@ def _qdq_spec(g: _Graph, operand: _Operand, values: dict, rank: int) -> tuple[QD
 
 
 def _conv_padding(attrs: dict, input_shape, weight_shape) -> list[list[int]]:
-    """ONNX Conv pads / auto_pad as [[top, bottom], [left, right]]."""
+    """ONNX Conv pads / auto_pad as [[before, after] per spatial axis] ([[top, bottom], [left, right]] in 2-d)."""
     auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
-    strides = list(attrs.get("strides", [1, 1]))
-    dilations = list(attrs.get("dilations", [1, 1]))
+    spatial = len(input_shape) - 2
+    strides = list(attrs.get("strides", [1] * spatial))
+    dilations = list(attrs.get("dilations", [1] * spatial))
     if auto_pad in ("NOTSET", ""):
-        top, left, bottom, right = list(attrs.get("pads", [0, 0, 0, 0]))
-        return [[top, bottom], [left, right]]
+        pads = [int(v) for v in attrs.get("pads", [0] * 2 * spatial)]
+        return [[pads[i], pads[i + spatial]] for i in range(spatial)]
     if auto_pad == "VALID":
-        return [[0, 0], [0, 0]]
+        return [[0, 0] for _ in range(spatial)]
     pairs = []
     for size, kernel, stride, dilation in zip(input_shape[2:], weight_shape[2:], strides, dilations):
         out = -(-size // stride)
@@ -418,27 +431,199 @@ def _sha256(path: Path) -> str:
 
 
 def _plan_layers(g: _Graph, select):
-    plans = []
+    """(plans of the layers to capture, skipped entries of the matmul-like nodes that are not layers)."""
+    plans, unplanned = [], []
     for index, node in enumerate(g.nodes):
-        if node.op_type not in LAYER_OP_TYPES or node.domain not in STANDARD_DOMAINS:
-            continue
         if select is not None and not select(node):
+            continue
+        if node.op_type not in LAYER_OP_TYPES or node.domain not in STANDARD_DOMAINS:
+            if any(word in node.op_type for word in GEMM_LIKE_WORDS):
+                unplanned.append({"name": node.name or f"{node.op_type}_{index}",
+                                  "op": f"{node.domain}::{node.op_type}" if node.domain else node.op_type,
+                                  "reason": "a matmul-like op that capture does not lower to a GEMM layer"})
+            continue
+        if node.op_type == "Einsum" and len(node.input) != 2:
+            unplanned.append({"name": node.name or f"Einsum_{index}", "op": "Einsum",
+                              "reason": f"{len(node.input)} operands (only two-operand contractions are layers)"})
             continue
         operands = {"input": _trace_operand(g, node.input[0]), "weight": _trace_operand(g, node.input[1])}
         output = node.output[0]
         fused = None
-        bias_name = None
-        if node.op_type in ("Gemm", "Conv") and len(node.input) > 2 and node.input[2]:
+        if node.op_type in ("Gemm", "Conv", "ConvTranspose") and len(node.input) > 2 and node.input[2]:
             operands["bias"] = _trace_operand(g, node.input[2])
         elif node.op_type == "MatMul":
             fused = _fused_bias(g, node)
             if fused is not None:
                 output = fused[0].output[0]
-                bias_name = fused[1]
-                operands["bias"] = _Operand(bias_name)
+                operands["bias"] = _Operand(fused[1])
         plans.append({"index": index, "node": node, "operands": operands, "output": output,
                       "fused_add": None if fused is None else fused[0]})
-    return plans
+    return plans, unplanned
+
+
+class _Skip(Exception):
+    """A layer node that cannot be recorded; the message is the reason."""
+
+
+class _View:
+    """How one tensor of a node maps to the trace layer's layout: ``array(a)`` rearranges it
+    (values copied, never rounded); ``axis_map(axis)`` is the new index of an operand axis, or
+    None where that axis was merged with others (a spec along it does not survive)."""
+
+    def __init__(self, array=None, axis_map=None):
+        self._array = array
+        self._axis_map = axis_map
+
+    def array(self, a: np.ndarray) -> np.ndarray:
+        return a if self._array is None else np.ascontiguousarray(self._array(a))
+
+    def spec(self, spec):
+        """(spec in the layer's layout or None, why not)."""
+        if self._array is None or spec.axis is None:
+            return spec, None
+        axis = self._axis_map(spec.axis)
+        if axis is None:
+            return None, f"the spec's axis {spec.axis} is merged with other axes in the GEMM layout"
+        if isinstance(spec, QDQQuant) and spec.block_size:  # the blocked scale has the operand's layout
+            zero = None if spec.zero_point is None else self.array(spec.zero_point)
+            return QDQQuant(spec.dtype, self.array(spec.scale), zero, axis, spec.block_size, spec.saturate), None
+        return spec.with_axis(axis), None
+
+
+_IDENTITY = _View()
+_TRANSPOSE = _View(lambda a: a.T, lambda axis: 1 - axis % 2)
+_CONV1D = _View(lambda a: a[:, :, None], lambda axis: axis % 3 + (axis % 3 >= 2))
+
+
+def _einsum_views(equation: str, x: np.ndarray, w: np.ndarray):
+    """A two-operand Einsum as a (batched) matmul: input (batch..., M, K), weight (batch..., K, N),
+    output (batch..., M, N), where batch are the indices of both operands and the output, K the
+    contracted ones, M / N the free indices of each operand (each group flattened, in order)."""
+    text = equation.replace(" ", "")
+    if "..." in text or "->" not in text:
+        raise _Skip(f"einsum {equation!r}: only explicit equations without '...' are layers")
+    lhs, out = text.split("->")
+    terms = lhs.split(",")
+    a, b = terms
+    if any(len(set(t)) != len(t) for t in (a, b, out)):
+        raise _Skip(f"einsum {equation!r}: a repeated index (diagonal) is not a matmul")
+    batch = [c for c in a if c in b and c in out]
+    contract = [c for c in a if c in b and c not in out]
+    left, right = [c for c in a if c not in b], [c for c in b if c not in a]
+    if set(left + right) - set(out) or set(out) - set(batch + left + right):
+        raise _Skip(f"einsum {equation!r}: an index summed within one operand is not a matmul")
+    sizes = {c: n for term, array in ((a, x), (b, w)) for c, n in zip(term, array.shape)}
+    if any(x.shape[a.index(c)] != w.shape[b.index(c)] for c in batch + contract):
+        raise _Skip(f"einsum {equation!r}: operand dims differ ({x.shape}, {w.shape})")
+    batch_sizes = tuple(sizes[c] for c in batch)
+
+    def flat(group):
+        return int(np.prod([sizes[c] for c in group], dtype=np.int64))
+
+    def view(term, order, tail):
+        def array(t):
+            return t.transpose([term.index(c) for c in order]).reshape(batch_sizes + tail)
+
+        def axis_map(axis):
+            c = term[axis]
+            if c in batch:
+                return batch.index(c)
+            group = next(g for g in (left, contract, right) if c in g)
+            if len(group) != 1:
+                return None
+            return len(batch) + (0 if order.index(c) == len(batch) else 1)
+        return _View(array, axis_map)
+
+    m, k, n = flat(left), flat(contract), flat(right)
+    return {"input": view(a, batch + left + contract, (m, k)), "weight": view(b, batch + contract + right, (k, n)),
+            "output": view(out, batch + left + right, (m, n))}
+
+
+def _conv_transpose_padding(attrs: dict, input_shape, weight_shape) -> list[list[int]]:
+    """ONNX ConvTranspose pads / output_shape / auto_pad as [[top, bottom], [left, right]]."""
+    auto_pad = _decode(attrs.get("auto_pad", "NOTSET"))
+    spatial = len(input_shape) - 2
+    strides = list(attrs.get("strides", [1] * spatial))
+    dilations = list(attrs.get("dilations", [1] * spatial))
+    output_padding = list(attrs.get("output_padding", [0] * spatial))
+    if "output_shape" not in attrs and auto_pad in ("NOTSET", "", "VALID"):
+        pads = list(attrs.get("pads", [0] * 2 * spatial)) if auto_pad in ("NOTSET", "") else [0] * 2 * spatial
+        return [[pads[i], pads[i + spatial]] for i in range(spatial)]
+    targets = list(attrs.get("output_shape", []))[-spatial:] or [size * s for size, s in zip(input_shape[2:], strides)]
+    pairs = []
+    for size, kernel, stride, dilation, extra, target in zip(input_shape[2:], weight_shape[2:], strides, dilations,
+                                                              output_padding, targets):
+        total = stride * (size - 1) + extra + (kernel - 1) * dilation + 1 - target
+        if total < 0:
+            raise _Skip(f"output_shape {targets} is larger than the transposed convolution produces")
+        # ONNX: SAME_UPPER puts the larger half at the end; otherwise at the start
+        half = total // 2
+        pairs.append([half, total - half] if auto_pad == "SAME_UPPER" else [total - half, half])
+    return pairs
+
+
+def _layer_views(node, node_attrs: dict, x: np.ndarray, w: np.ndarray, out: np.ndarray, has_bias: bool):
+    """(op, attrs, views of input/weight/bias/output, source details) of a layer node, or _Skip."""
+    op_type = node.op_type
+    views = {}
+    details = {}
+    if op_type in ("Conv", "ConvTranspose"):
+        if x.ndim not in (3, 4) or w.ndim != x.ndim:
+            raise _Skip(f"{x.ndim - 2}-d convolution (only 1-d and 2-d are captured)")
+        spatial = x.ndim - 2
+        if spatial == 1:  # height 1
+            views = {"input": _CONV1D, "weight": _CONV1D, "output": _CONV1D}
+            details["conv1d_as_2d"] = True
+        strides = [int(v) for v in node_attrs.get("strides", [1] * spatial)]
+        dilations = [int(v) for v in node_attrs.get("dilations", [1] * spatial)]
+        if op_type == "Conv":
+            padding = _conv_padding(node_attrs, x.shape, w.shape)
+        else:
+            padding = _conv_transpose_padding(node_attrs, x.shape, w.shape)
+        attrs = {"stride": strides, "padding": padding, "dilation": dilations, "groups": int(node_attrs.get("group", 1))}
+        if spatial == 1:
+            attrs = {"stride": [1] + strides, "padding": [[0, 0]] + padding, "dilation": [1] + dilations,
+                     "groups": attrs["groups"]}
+        if op_type == "ConvTranspose":
+            extra = [int(v) for v in node_attrs.get("output_padding", [0] * spatial)]
+            attrs["output_padding"] = [0] + extra if spatial == 1 else extra
+        op = "conv2d" if op_type == "Conv" else "conv_transpose2d"
+        layer = Layer("check", op, {"input": views.get("input", _IDENTITY).array(x),
+                                    "weight": views.get("weight", _IDENTITY).array(w),
+                                    "output": views.get("output", _IDENTITY).array(out)}, attrs)
+        try:
+            expected = layer.conv_geometry().output_shape
+        except MxsimError as error:
+            raise _Skip(str(error)) from None
+        if expected != layer.output.shape:
+            raise _Skip(f"attributes give output {expected}, onnxruntime produced {layer.output.shape}")
+        return op, attrs, views, details
+    if op_type == "Gemm":
+        if node_attrs.get("transA", 0):
+            views["input"] = _TRANSPOSE
+        if not node_attrs.get("transB", 0):
+            views["weight"] = _TRANSPOSE  # stored as (N, K)
+        attrs = {k: float(node_attrs[k]) for k in ("alpha", "beta") if node_attrs.get(k, 1.0) != 1.0}
+        details = {"transA": int(node_attrs.get("transA", 0)), "transB": int(node_attrs.get("transB", 0))}
+        return "linear", attrs, views, details
+    if op_type == "Einsum":
+        equation = _decode(node_attrs.get("equation", ""))
+        return "matmul", {}, _einsum_views(equation, x, w), {"equation": equation}
+    # MatMul: numpy semantics; a 1-d operand becomes a 1-row / 1-column matrix
+    if x.ndim == 1 and w.ndim == 1:
+        return "matmul", {}, {"input": _View(lambda a: a[None, :], lambda axis: 1),
+                              "weight": _View(lambda a: a[:, None], lambda axis: 0),
+                              "output": _View(lambda a: a.reshape(1, 1), None)}, {"promoted": "dot"}
+    if x.ndim == 1:
+        return "matmul", {}, {"input": _View(lambda a: a[None, :], lambda axis: 1),
+                              "output": _View(lambda a: a[..., None, :], None)}, {"promoted": "row"}
+    if w.ndim == 1:
+        column = _View(lambda a: a[..., None], None)
+        views = {"weight": _View(lambda a: a[:, None], lambda axis: 0), "output": column}
+        if has_bias:
+            views["bias"] = column
+        return "matmul", {}, views, {"promoted": "vector"}
+    return "matmul", {}, views, details
 
 
 def _load_model(model):
@@ -510,9 +695,12 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
 
     Layers: ``Gemm`` -> ``linear`` (A transposed if ``transA``, B stored as (N, K), i.e.
     transposed when ``transB`` is 0; spec axes follow the transposes; ``alpha``/``beta`` kept);
-    ``MatMul`` -> ``matmul`` (with a following constant-bias ``Add`` fused; skipped if an
-    operand is 1-d); ``Conv`` with a 4-d input -> ``conv2d`` (``pads``/``auto_pad`` made
-    explicit). Skipped nodes are listed in ``source.skipped`` with the reason.
+    ``MatMul`` -> ``matmul`` (with a following constant-bias ``Add`` fused; a 1-d operand
+    promoted to a 1-row / 1-column matrix); ``Conv`` -> ``conv2d`` and ``ConvTranspose`` ->
+    ``conv_transpose2d`` (2-d, or 1-d as height 1; ``pads``/``auto_pad``/``output_shape``
+    made explicit); a two-operand ``Einsum`` -> ``matmul`` (batch, M, K, N index groups).
+    Skipped nodes, and matmul-like nodes of other types, are listed in ``source.skipped``
+    (name, op, reason) and reported with a :class:`mxsim.errors.CaptureWarning`.
     """
     proto, path = _load_model(model)
     ort = require("onnxruntime")
@@ -529,57 +717,36 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
             return node.name in names
 
         select = select_by_name
-    plans = _plan_layers(g, select)
+    plans, unplanned = _plan_layers(g, select)
     wanted = set()
     for plan in plans:
         wanted.add(plan["output"])
         for operand in plan["operands"].values():
             wanted |= operand.names()
     values = _run_stages(g, feeds, wanted, bfp_kernel)
-    layers_out, skipped, used_names = [], [], set()
+    layers_out, skipped, used_names = [], list(unplanned), set()
     for plan in plans:
         node = plan["node"]
         layer_name = _unique(node.name or f"{node.op_type}_{plan['index']}", used_names)
         ops = plan["operands"]
         x, w = values[ops["input"].value], values[ops["weight"].value]
-        attrs, op = {}, None
-        transposed = set()
         node_attrs = _attributes(node)
-        if x.dtype.kind != "f" or w.dtype.kind != "f":
-            skipped.append({"node": node.name, "op_type": node.op_type,
-                            "reason": f"non-float operands ({x.dtype}, {w.dtype})"})
+        try:
+            if x.dtype.kind != "f" or w.dtype.kind != "f":
+                raise _Skip(f"non-float operands ({x.dtype}, {w.dtype})")
+            op, attrs, views, details = _layer_views(node, node_attrs, x, w, values[plan["output"]],
+                                                     "bias" in ops)
+        except _Skip as why:
+            skipped.append({"name": layer_name, "op": node.op_type, "reason": str(why)})
             continue
-        if node.op_type == "Conv":
-            if x.ndim != 4 or w.ndim != 4:
-                skipped.append({"node": node.name, "op_type": "Conv",
-                                "reason": f"not a 2-D convolution (input {x.shape})"})
-                continue
-            op = "conv2d"
-            attrs = {"stride": [int(v) for v in node_attrs.get("strides", [1, 1])],
-                     "padding": _conv_padding(node_attrs, x.shape, w.shape),
-                     "dilation": [int(v) for v in node_attrs.get("dilations", [1, 1])],
-                     "groups": int(node_attrs.get("group", 1))}
-        elif node.op_type == "Gemm":
-            op = "linear"
-            if node_attrs.get("transA", 0):
-                transposed.add("input")
-            if not node_attrs.get("transB", 0):
-                transposed.add("weight")  # stored as (N, K)
-            attrs = {k: float(node_attrs[k]) for k in ("alpha", "beta") if node_attrs.get(k, 1.0) != 1.0}
-        else:
-            if x.ndim < 2 or w.ndim < 2:
-                skipped.append({"node": node.name, "op_type": "MatMul", "reason": "1-d operand"})
-                continue
-            op = "matmul"
-        tensors = {"output": values[plan["output"]]}
+        tensors = {"output": views.get("output", _IDENTITY).array(values[plan["output"]])}
         quant = {}
-        source = {"node": node.name, "op_type": node.op_type}
+        source = {"node": node.name, "op_type": node.op_type, **details}
         if plan["fused_add"] is not None:
             source["fused_add"] = plan["fused_add"].name
-        if node.op_type == "Gemm":
-            source.update({"transA": int(node_attrs.get("transA", 0)), "transB": int(node_attrs.get("transB", 0))})
         quant_nodes = {}
         for role, operand in ops.items():
+            view = views.get(role, _IDENTITY)
             value = values[operand.value]
             quantized = values[operand.quantized] if operand.quantized else None
             spec, why = None, None
@@ -587,18 +754,12 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
                 spec = quark_spec(operand.nodes[0], value.ndim, bfp_kernel)
             elif operand.kind == "qdq":
                 spec, why = _qdq_spec(g, operand, values, value.ndim)
-            if role in transposed:
-                value = np.ascontiguousarray(value.T)
-                quantized = None if quantized is None else np.ascontiguousarray(quantized.T)
-                if spec is not None and spec.axis is not None:
-                    spec = spec.with_axis(1 - spec.axis)
-                if isinstance(spec, QDQQuant) and spec.block_size:
-                    spec = QDQQuant(spec.dtype, np.ascontiguousarray(spec.scale.T),
-                                    None if spec.zero_point is None else np.ascontiguousarray(spec.zero_point.T),
-                                    spec.axis, spec.block_size, spec.saturate)
-            tensors[role] = value
+            if spec is not None:
+                spec, lost = view.spec(spec)
+                why = why or lost
+            tensors[role] = view.array(value)
             if quantized is not None:  # kept even when the spec was not recognised: it is what the node read
-                tensors[f"{role}_quantized"] = quantized
+                tensors[f"{role}_quantized"] = view.array(quantized)
             quant[role] = spec
             if operand.nodes:
                 quant_nodes[role] = operand.nodes[-1].name if operand.kind == "qdq" else operand.nodes[0].name
@@ -620,6 +781,10 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
         trace_source["sha256"] = _sha256(path)
     if skipped:
         trace_source["skipped"] = skipped
+        listed = "; ".join(f"{entry['name']} ({entry['op']}): {entry['reason']}" for entry in skipped[:5])
+        more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        warnings.warn(f"capture_onnx: {len(skipped)} matmul-like node(s) not captured, listed in source.skipped: "
+                      f"{listed}{more}", CaptureWarning, stacklevel=2)
     if layers is not None:
         trace_source["selected_layers"] = [layer.name for layer in layers_out]
     trace_name = name or (path.stem if path is not None else (proto.graph.name or "onnx-model"))
