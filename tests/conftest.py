@@ -49,3 +49,21 @@ def narrow_format(request):
 
 def as_float64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
+
+
+@pytest.fixture(scope="session")
+def dask_runner():
+    """A 2-worker Dask LocalCluster (processes), shared by the tests that need one; skipped
+    without the dask extra (a failure when CI is set)."""
+    try:
+        importlib.import_module("distributed")
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("dask.distributed is required when CI is set: pip install 'mxsim[dask]'", pytrace=False)
+        pytest.skip("dask.distributed is not installed (pip install 'mxsim[dask]')")
+    from mxsim.parallel import DaskRunner
+
+    # Small tiles so that the CI-sized sample's GEMMs are split across tasks too.
+    runner = DaskRunner(workers=2, timeout=300, tile_macs=1 << 16)
+    yield runner
+    runner.close()
