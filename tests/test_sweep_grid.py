@@ -58,7 +58,7 @@ def test_bad_vary_options(option, message):
 
 
 @pytest.mark.parametrize("options, message", [
-    (["adder.align_fraction_bits=8,99"], "base.yaml: adder.align_fraction_bits: expected an integer 0..50, got 99 "
+    (["adder.align_fraction_bits=8,99"], "h100-fp8.yaml: adder.align_fraction_bits: expected an integer 0..50, got 99 "
                                           r"\(at sweep point adder.align_fraction_bits=99\)"),
     (["accumulator.format=fp32,fp64"], "accumulator.format: expected one of fp32, fp16, bf16, exact, got 'fp64'"),
     (["adder.fused_terms=eight"], "adder.fused_terms: expected an integer, got 'eight'"),
