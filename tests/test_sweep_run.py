@@ -3,10 +3,8 @@ per-point failures, and the command line."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
-import numpy as np
 import pytest
 
 from conftest import REPO
@@ -14,21 +12,13 @@ from mxsim.cli import main
 from mxsim.datapath import load_hwconfig
 from mxsim.datapath.config import vary_hwconfig
 from mxsim.sweep import parse_knobs, run_sweep, trace_digest
-from mxsim.sweep.run import pareto_front
+from mxsim.sweep.run import bits_digest, pareto_front
 from mxsim.trace import load_trace
 from mxsim.trace.replay import replay
 
 BASE = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
 TRACE = load_trace(REPO / "traces" / "digits-cnn")
 KNOBS = ["adder.align_fraction_bits=6,13"]
-
-
-def digest_of(results) -> str:
-    digest = hashlib.sha256()
-    for result in results:
-        digest.update(f"{result.layer} {result.bits.dtype.str} {result.bits.shape}".encode())
-        digest.update(np.ascontiguousarray(result.bits).tobytes())
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,7 @@ def check_equals_replays(summary, reports):
     for record, report in zip(summary["points"], reports, strict=True):
         (name,) = report["units"]
         result = record["result"]
-        assert result["bits_sha256"] == digest_of(report["_results"][name])
+        assert result["bits_sha256"] == bits_digest(report["_results"][name])
         for layer, entry in zip(result["layers"], report["layers"], strict=True):
             expected = dict(entry["results"][0])
             expected.pop("seconds")
