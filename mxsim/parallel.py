@@ -246,8 +246,9 @@ class DaskRunner:
             raise MxsimError(f"workers must be at least 1, got {workers}")
         self.numba_threads = max(1, (os.cpu_count() or 1) // workers)
         self.cluster = distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-            death_timeout=timeout,
+            n_workers=workers, threads_per_worker=1, processes=True, death_timeout=timeout,
+            # No dashboard; the scheduler's small HTTP server on a free port, not 8787.
+            dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
         )
         self.client = distributed.Client(self.cluster, timeout=timeout)
         self.matmul = TiledMatmul(tile_macs, self.numba_threads)
