@@ -198,10 +198,9 @@ def _json_default(value):
 
 def cmd_replay(args) -> int:
     from .datapath import load_hwconfig
+    from .parallel import make_runner
     from .trace import load_trace
     from .trace.replay import format_report, replay, write_histograms
-
-    from .parallel import make_runner
 
     trace = load_trace(args.trace)
     units = [load_hwconfig(path) for path in args.hw]
@@ -242,8 +241,9 @@ def cmd_sweep(args) -> int:
 
 
 def _add_cluster_arguments(parser) -> None:
-    parser.add_argument("--workers", type=int, help="run on a local Dask cluster of N worker processes (mxsim[dask])")
-    parser.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (tcp://host:8786)")
+    cluster = parser.add_mutually_exclusive_group()
+    cluster.add_argument("--workers", type=int, help="run on a local Dask cluster of N worker processes (mxsim[dask])")
+    cluster.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (tcp://host:8786)")
 
 
 def cmd_cycles(args) -> int:
