@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 from .grid import point_label
-from .run import _json, _write_atomically
+from .run import to_json, write_text_atomically
 
 METRICS = ("worst_layer_sqnr_vs_ideal_db", "max_ulp_error_vs_ideal", "mean_ulp_error_vs_ideal",
            "worst_layer_sqnr_vs_float_db", "max_abs_error_vs_float", "accuracy", "float_accuracy")
@@ -81,8 +81,8 @@ def write_outputs(summary: dict, out: str | Path) -> list[str]:
     """``out/sweep.json`` and ``out/sweep.csv``; returns their paths."""
     out = Path(out)
     written = []
-    for name, text in (("sweep.json", _json(summary)), ("sweep.csv", csv_text(summary))):
-        _write_atomically(out / name, text)
+    for name, text in (("sweep.json", to_json(summary)), ("sweep.csv", csv_text(summary))):
+        write_text_atomically(out / name, text)
         written.append(str(out / name))
     return written
 

@@ -119,13 +119,13 @@ def replay_point(trace: Trace, config: HardwareConfig, element_format: str | Non
     return point_metrics(report)
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_text_atomically(path: Path, text: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(text)
     temporary.replace(path)
 
 
-def _json(data: Any) -> str:
+def to_json(data: Any) -> str:
     return json.dumps(data, indent=2, default=lambda value: value.item() if isinstance(value, np.generic) else str(value))
 
 
@@ -180,7 +180,7 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
     def store_point(label: str, result: dict) -> None:
         record = todo[label][0]
         record["result"] = result
-        _write_atomically(store / f"{record['key']}.json", _json(record))
+        write_text_atomically(store / f"{record['key']}.json", to_json(record))
 
     tasks = [Task(label, replay_point, (shared, config, element_format)) for label, (_, config) in todo.items()]
     _, failures = runner.run(tasks, on_result=store_point, progress=progress, unit="point")
