@@ -198,13 +198,15 @@ def _json_default(value):
 
 def cmd_replay(args) -> int:
     from .datapath import load_hwconfig
+    from .parallel import make_runner
     from .trace import load_trace
     from .trace.replay import format_report, replay, write_histograms
 
     trace = load_trace(args.trace)
     units = [load_hwconfig(path) for path in args.hw]
-    report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
-                    element_format=args.format)
+    with make_runner(args.workers, args.scheduler) as runner:
+        report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
+                        element_format=args.format, runner=runner)
     if args.plots:
         report["plots"] = write_histograms(report, args.plots)
     report.pop("_results")
@@ -214,6 +216,34 @@ def cmd_replay(args) -> int:
     if args.json:
         print(f"JSON report: {args.json}")
     return 0
+
+
+def cmd_sweep(args) -> int:
+    from .datapath import load_hwconfig
+    from .parallel import make_runner
+    from .sweep import format_table, parse_knobs, run_sweep, write_outputs, write_plots
+    from .trace import load_trace
+
+    base = load_hwconfig(args.hw)
+    knobs = parse_knobs(args.vary, args.hw)
+    trace = load_trace(args.trace)
+    with make_runner(args.workers, args.scheduler) as runner:
+        summary = run_sweep(trace, base, knobs, args.out, runner=runner, element_format=args.format,
+                            progress=not args.quiet and sys.stderr.isatty())
+    write_outputs(summary, args.out)
+    print(format_table(summary))
+    try:
+        write_plots(summary, args.out)
+    except ImportError:
+        print("plots skipped: they need matplotlib (pip install 'mxsim[plots]')", file=sys.stderr)
+    print(f"results: {Path(args.out) / 'sweep.json'}, {Path(args.out) / 'sweep.csv'}")
+    return 1 if summary["failed"] else 0
+
+
+def _add_cluster_arguments(parser) -> None:
+    cluster = parser.add_mutually_exclusive_group()
+    cluster.add_argument("--workers", type=int, help="run on a local Dask cluster of N worker processes (mxsim[dask])")
+    cluster.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (tcp://host:8786)")
 
 
 def cmd_cycles(args) -> int:
@@ -316,7 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
     replay.add_argument("--plots", metavar="DIR", help="write PNG error histograms (needs matplotlib)")
     replay.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_cluster_arguments(replay)
     replay.set_defaults(run=cmd_replay)
+
+    sweep = sub.add_parser("sweep", help="replay a trace under every point of a grid of hwconfig changes")
+    sweep.add_argument("trace", help="trace directory")
+    sweep.add_argument("--hw", required=True, help="base hardware config YAML")
+    sweep.add_argument("--vary", action="append", required=True, metavar="KEY=VALUES",
+                       help="a key path and its values: a:b, a:b:step (integers) or x,y,z (repeatable; docs/sweep.md)")
+    sweep.add_argument("--out", required=True, help="output directory (finished points are kept there and reused)")
+    sweep.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_cluster_arguments(sweep)
+    sweep.set_defaults(run=cmd_sweep)
 
     cycles = sub.add_parser("cycles", help="MX-aware cycle estimates of a trace or a SCALE-Sim topology CSV")
     cycles.add_argument("source", help="trace directory or SCALE-Sim topology .csv")

@@ -125,3 +125,19 @@ def count_gemm_kernels(torch, model, sample) -> dict:
         elif event.name == "aten::_scaled_dot_product_flash_attention_for_cpu":
             counts[event.name] = counts.get(event.name, 0) + 2
     return counts
+@pytest.fixture(scope="session")
+def dask_runner():
+    """A 2-worker Dask LocalCluster (processes), shared by the tests that need one; skipped
+    without the dask extra (a failure when CI is set)."""
+    try:
+        importlib.import_module("distributed")
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("dask.distributed is required when CI is set: pip install 'mxsim[dask]'", pytrace=False)
+        pytest.skip("dask.distributed is not installed (pip install 'mxsim[dask]')")
+    from mxsim.parallel import DaskRunner
+
+    # Small tiles so that the CI-sized sample's GEMMs are split across tasks too.
+    runner = DaskRunner(workers=2, timeout=300, tile_macs=1 << 16)
+    yield runner
+    runner.close()

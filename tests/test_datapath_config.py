@@ -101,3 +101,21 @@ def test_digest_tracks_content():
 
 def test_docs_show_the_schema_verbatim():
     assert schema_markdown() in (REPO / "docs" / "hwconfig.md").read_text()
+
+
+def test_vary_hwconfig_changes_base_values_and_keeps_overrides():
+    from mxsim.datapath.config import vary_hwconfig
+
+    base = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+    varied = vary_hwconfig(base, {"adder.align_fraction_bits": 9, "accumulator.format": "bf16"}, name="narrow")
+    params = varied.params("fp8_e4m3", "fp8_e4m3")
+    assert (varied.name, params.align_fraction_bits, params.accumulator_format) == ("narrow", 9, "bf16")
+    assert params.sum_significant_bits == 14 and varied.digest != base.digest
+    # The file's fp16-output override still applies on top of the varied base values.
+    fp16 = varied.params("fp8_e4m3", "fp8_e4m3", "fp16")
+    assert (fp16.align_fraction_bits, fp16.accumulator_format) == (25, "fp16")
+    assert base.params("fp8_e4m3", "fp8_e4m3").align_fraction_bits == 13
+    with pytest.raises(ConfigError, match="h100-fp8.yaml: adder.fused: unknown key path; accepted: inputs.a_formats"):
+        vary_hwconfig(base, {"adder.fused": 8}, name="x")
+    with pytest.raises(ConfigError, match="accumulator.promotion_interval: must be a multiple of adder.fused_terms"):
+        vary_hwconfig(base, {"accumulator.promotion_interval": 48}, name="x")

@@ -441,11 +441,43 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     array = parse_array_config(data["array"], source) if data.get("array") is not None else None
     digest = hashlib.sha256(yaml.safe_dump(data, sort_keys=True).encode()).hexdigest()
     config = HardwareConfig(name, description, source, sections, tuple(overrides), array, digest)
-    for a_format in config.a_formats:  # every supported combination must resolve consistently
+    _check_combinations(config)
+    return config
+
+
+def _check_combinations(config: HardwareConfig) -> None:
+    """Every supported (A, B, output) format combination must resolve consistently."""
+    for a_format in config.a_formats:
         for b_format in config.b_formats:
             for out_format in WIDE_FORMATS:
                 config.params(a_format, b_format, out_format)
-    return config
+
+
+def key_of_path(key_path: str, source: str = "<config>") -> Key:
+    """The schema entry of a key path ``section.key``; a ConfigError lists the accepted ones."""
+    section, _, name = key_path.partition(".")
+    if section not in SCHEMA or name not in SCHEMA[section]:
+        accepted = ", ".join(f"{s}.{k}" for s, keys in SCHEMA.items() for k in keys)
+        raise ConfigError(source, key_path, f"unknown key path; accepted: {accepted}")
+    return SCHEMA[section][name]
+
+
+def vary_hwconfig(config: HardwareConfig, changes: dict[str, Any], name: str) -> HardwareConfig:
+    """``config`` with base values changed: ``changes`` maps key paths (``adder.fused_terms``)
+    to YAML-typed values, each checked as the loader checks the file, then every format
+    combination re-checked for consistency. Overrides in the config still apply on top for
+    the formats they select. The result is called ``name``; its digest covers the base config
+    and the changes."""
+    sections = dict(config.sections)
+    for key_path, value in changes.items():
+        key = key_of_path(key_path, config.source)
+        section, _, key_name = key_path.partition(".")
+        sections[(section, key_name)] = _check_value(config.source, key_path, key, value)
+    canonical = yaml.safe_dump({"base": config.digest, "changes": dict(changes)}, sort_keys=True)
+    varied = HardwareConfig(name, config.description, config.source, sections,
+                            config.overrides, config.array, hashlib.sha256(canonical.encode()).hexdigest())
+    _check_combinations(varied)
+    return varied
 
 
 def load_hwconfig(path: str | Path) -> HardwareConfig:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, matmul
 from ..errors import MxsimError
 from ..formats import get_format
+from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize, quantize_bfp, resolve_options
 from .format import Layer, Trace
 from .lowering import gemm_axis, gemm_shape, lift_output, lower_input, lower_weight
@@ -134,9 +134,11 @@ def _quantize_operand(matrix: np.ndarray, choice: OperandChoice, spec, block: in
     return quantize(matrix, choice.format, axis=1, block_size=block, profile=choice.profile, **options), 0
 
 
-def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None):
+def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
+               matmul_fn: Callable | None = None):
     """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
-    ``element_format`` if given).
+    ``element_format`` if given; ``matmul_fn`` stands in for :func:`mxsim.matmul`, e.g. a
+    tiled one from :mod:`mxsim.parallel`).
 
     Returns (output in the layer's layout as float64, ideal MX output, output bits (G, M, N),
     the GEMM outputs and their ideal values before bias (G, M, N), input choice, weight choice).
@@ -156,7 +158,7 @@ def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, el
         qb_rows, eb = _quantize_operand(b[g], weight_choice, weight_spec, block)
         # B as (K, N) quantized along axis 0 is the same MXTensor data as B (N, K) along axis 1.
         qb = dataclasses.replace(qb_rows, shape=(qb_rows.shape[1], qb_rows.shape[0]), axis=0)
-        result = matmul(hw, qa, qb)
+        result = (matmul_fn or matmul)(hw, qa, qb)
         if bits is None:
             bits = np.empty((shape.groups, shape.m, shape.n), dtype=result.bits.dtype)
         bits[g] = result.bits
@@ -178,13 +180,14 @@ def _ulp_errors(values: np.ndarray, ideal: np.ndarray, out_format: str) -> np.nd
     return np.abs(values - ideal) / ulp
 
 
-def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None) -> LayerResult:
+def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None,
+                 matmul_fn: Callable | None = None) -> LayerResult:
     """One layer through one unit, with its metrics and (if the config has ``array:``) cycles."""
     import time
 
     start = time.perf_counter()
     values, ideal, bits, (gemm_values, gemm_ideal), input_choice, weight_choice = layer_gemm(
-        layer, hw, element_format=element_format)
+        layer, hw, element_format=element_format, matmul_fn=matmul_fn)
     seconds = time.perf_counter() - start
     reference = layer.output.astype(np.float64)
     error = values - reference
@@ -218,51 +221,39 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
     )
 
 
-def _progress(total: int, enabled: bool):
-    """A tqdm bar if tqdm is installed, else a plain counter on stderr; None when disabled."""
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, unit="layer", file=sys.stderr)
-    except ImportError:
-        class Counter:
-            done = 0
-
-            def update(self, n=1):
-                self.done += n
-                print(f"\rreplay: {self.done}/{total} layer runs", end="", file=sys.stderr, flush=True)
-
-            def close(self):
-                print(file=sys.stderr)
-
-        return Counter()
+def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | None = None,
+                        matmul_fn: Callable | None = None) -> float:
+    """Top-1 accuracy of the trace's network with every layer computed by ``hw``."""
+    return accuracy(trace, layer_fn=lambda layer, x: layer_gemm(layer, hw, x, element_format, matmul_fn)[0])
 
 
 def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
            progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
-           element_format: str | None = None) -> dict:
+           element_format: str | None = None, runner=None) -> dict:
     """Replay every layer of ``trace`` through each unit; totals, pairwise bit agreement and,
     with ``end_to_end``, task accuracy with every layer computed by each unit. With
-    ``element_format`` every operand is quantized to it (OCP profile) instead of the trace's specs."""
+    ``element_format`` every operand is quantized to it (OCP profile) instead of the trace's specs.
+
+    Each (layer, unit) pair and each unit's end-to-end run is one task of ``runner`` (default
+    in-process; :class:`mxsim.parallel.DaskRunner` spreads them over a cluster, with the same
+    results). Failed tasks are raised together (:func:`mxsim.parallel.raise_failures`) after
+    the others have finished."""
     if not units:
         raise MxsimError("replay needs at least one hardware config")
     names = [hw.name for hw in units]
     if len(set(names)) != len(names):
         raise MxsimError(f"hardware configs must have distinct names, got {names}")
-    bar = _progress(len(trace.layers) * len(units), progress)
-    results: dict[str, list[LayerResult]] = {hw.name: [] for hw in units}
-    for layer in trace.layers:
-        for hw in units:
-            result = replay_layer(layer, hw, element_format)
-            results[hw.name].append(result)
-            if on_layer:
-                on_layer(result)
-            if bar:
-                bar.update(1)
-    if bar:
-        bar.close()
+    runner = runner or InProcess()
+    tasks = [Task(f"{layer.name} on {hw.name}", replay_layer, (layer, hw, element_format, runner.matmul))
+             for layer in trace.layers for hw in units]
+    if end_to_end:
+        shared = runner.share(trace)
+        tasks += [Task(f"end to end on {hw.name}", end_to_end_accuracy, (shared, hw, element_format, runner.matmul))
+                  for hw in units]
+    done, failures = runner.run(tasks, progress=progress, unit="task", on_result=lambda key, value: (
+        on_layer(value) if on_layer and isinstance(value, LayerResult) else None))
+    raise_failures("replay", len(tasks), failures)
+    results = {hw.name: [done[f"{layer.name} on {hw.name}"] for layer in trace.layers] for hw in units}
     report = {"trace": trace.name, "units": names, "element_format": element_format, "layers": [], "totals": {},
               "agreement": [], "end_to_end": None}
     for index, layer in enumerate(trace.layers):
@@ -288,12 +279,8 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                 total += a.bits.size
             report["agreement"].append({"units": [first, second], "bit_identical_fraction": same / total if total else 1.0})
     if end_to_end:
-        float_accuracy = accuracy(trace)
-        report["end_to_end"] = {"float_accuracy": float_accuracy, "accuracy": {}}
-        for hw in units:
-            report["end_to_end"]["accuracy"][hw.name] = accuracy(
-                trace, layer_fn=lambda layer, x, hw=hw: layer_gemm(layer, hw, x, element_format)[0]
-            )
+        report["end_to_end"] = {"float_accuracy": accuracy(trace),
+                                "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units}}
     report["_results"] = results
     return report
 
