@@ -333,7 +333,9 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
                 layout = f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
             else:
                 layout = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
-        result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lower(op, scales), granule, q is not None,
+        # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
+        lowered_scales = (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
+        result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, granule, q is not None,
                                  name, layout, saturated, underflowed, exact)
     floats = [lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
     bias, bias_spec = quantized_bias(layer)

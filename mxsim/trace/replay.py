@@ -213,15 +213,16 @@ class LayerRun:
     """Everything one layer through one unit produced (see :func:`run_layer`).
 
     ``values``/``ideal``: outputs in the layer's layout (float64); ``gemm_values``/
-    ``gemm_ideal``: (G, M, N) including the bias where it entered as c; ``bits``: the unit's
+    ``gemm_ideal``: (G, M, N) including the bias where it entered as c (ideal: None when
+    skipped); ``bits``: the unit's
     raw output bits (G, M, N); ``operands``: the model's operands and bias.
     """
 
     values: np.ndarray
-    ideal: np.ndarray
+    ideal: np.ndarray | None
     bits: np.ndarray
     gemm_values: np.ndarray
-    gemm_ideal: np.ndarray
+    gemm_ideal: np.ndarray | None
     input: OperandChoice
     weight: OperandChoice
     ideal_exact: bool
@@ -230,10 +231,11 @@ class LayerRun:
 
 def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
               conv_order: str = "kh_kw_c", ideal: tuple[np.ndarray, bool] | None = None,
-              operands: LayerOperands | None = None) -> LayerRun:
+              operands: LayerOperands | None = None, with_ideal: bool = True) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``; ``ideal``/``operands`` may be
     passed in when already computed for this layer (they do not depend on the unit unless
-    ``element_format`` is given)."""
+    ``element_format`` is given). ``with_ideal=False`` skips the ideal (``ideal`` and
+    ``gemm_ideal`` are then None), as end-to-end runs do."""
     at = layer if x is None else layer_with_input(layer, x)
     ops = operands if operands is not None else layer_operands(at, conv_order)
     shape = gemm_shape(at)
@@ -247,7 +249,9 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
             floats = ops.a_float if name == "input" else ops.b_float
             tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options)
         choices[name] = choice
-    if element_format is None:
+    if not with_ideal:
+        gemm_ideal, exact = None, False
+    elif element_format is None:
         gemm_ideal, exact = ideal if ideal is not None else ideal_gemm(at, ops)
     else:
         replay_ops = dataclasses.replace(ops, a=_operand_of_tensors(tensors["input"], ops.a),
@@ -263,7 +267,8 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
         qb = dataclasses.replace(rows, shape=(rows.shape[1], rows.shape[0]), axis=0)
         shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
-        c = None if bias is None else accumulator_input(bias[g], shift)
+        # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
+        c = None if bias is None or accumulator_input(bias[g], shift) is None else bias[g].astype(np.float32)
         result = matmul(hw, qa, qb, c=c)
         if bits is None:
             bits = np.empty((shape.groups, shape.m, shape.n), dtype=result.bits.dtype)
@@ -272,8 +277,9 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         if bias is not None and c is None:
             out[g] += bias[g]
     lift_bias = ops.bias if scaled_linear else None
-    return LayerRun(lift_output(at, out, lift_bias), lift_output(at, gemm_ideal, lift_bias), bits, out, gemm_ideal,
-                    choices["input"], choices["weight"], exact, ops)
+    ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
+    return LayerRun(lift_output(at, out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
+                    choices["weight"], exact, ops)
 
 
 def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
@@ -426,7 +432,8 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
         report["end_to_end"] = {"float_accuracy": float_accuracy, "accuracy": {}}
         for hw in units:
             report["end_to_end"]["accuracy"][hw.name] = accuracy(
-                trace, layer_fn=lambda layer, x, hw=hw: run_layer(layer, hw, x, element_format, conv_order).values
+                trace, layer_fn=lambda layer, x, hw=hw: run_layer(layer, hw, x, element_format, conv_order,
+                                                                  with_ideal=False).values
             )
     report["_results"] = results
     return report
@@ -563,6 +570,7 @@ def write_plots(report: dict, directory) -> list[str]:
     written.append(str(path))
     for index, layer in enumerate(layers):
         figure, axis = plt.subplots(figsize=(6, 3.5))
+        plotted = False
         for name, rows in results.items():
             errors = np.abs(rows[index].errors_vs_ideal)
             scale = rows[index].ideal_rms
@@ -571,10 +579,12 @@ def write_plots(report: dict, directory) -> list[str]:
             if relative.size:
                 bins = np.logspace(np.log10(relative.min()), np.log10(relative.max()) + 1e-9, 40)
                 axis.hist(relative, bins=bins, histtype="step", label=f"{name} ({exact} exact)")
+                plotted = True
             else:
                 axis.plot([], [], label=f"{name}: all {exact} outputs equal the ideal")
-        axis.set_xscale("log")
-        axis.set_yscale("log")
+        if plotted:  # log axes need data
+            axis.set_xscale("log")
+            axis.set_yscale("log")
         axis.set_xlabel("|output - ideal| / RMS(ideal output)")
         axis.set_ylabel("outputs")
         axis.set_title(f"{layer}"[-70:], fontsize=8)
