@@ -7,13 +7,13 @@ layer must equal the model's own quantized computation bit for bit.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 
 import numpy as np
 import pytest
 
+from conftest import require_module
 from mxsim.errors import MxsimError
 from mxsim.trace import BFPQuant, Layer, MXQuant
 from mxsim.trace.lowering import lift_output
@@ -33,15 +33,6 @@ def _quark_param(name):
                   "largest mantissa (quantize_bfp, not replay)")
         return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
     return name
-
-
-def _need(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{module} is required when CI is set: pip install 'mxsim[oracles]'", pytrace=False)
-        pytest.skip(f"{module} is not installed")
 
 
 def _float_model(onnx, path, rng):
@@ -66,9 +57,9 @@ def _float_model(onnx, path, rng):
 @pytest.fixture(scope="module")
 def quark_models(tmp_path_factory):
     """config name -> (trace captured by mxsim, {value name: Quark runtime value}, model)."""
-    onnx = _need("onnx")
-    ort = _need("onnxruntime")
-    _need("quark.onnx")
+    onnx = require_module("onnx", "onnx")
+    ort = require_module("onnxruntime", "onnx")
+    require_module("quark.onnx", "oracles")
     from onnxruntime.quantization.calibrate import CalibrationDataReader
     from quark.onnx import ModelQuantizer, get_library_path
     from quark.onnx.quantization.config.config import Config
@@ -94,8 +85,13 @@ def quark_models(tmp_path_factory):
         if name in cache:
             return cache[name]
         path = directory / f"{name}.onnx"
-        ModelQuantizer(Config(global_quant_config=get_default_config(name))).quantize_model(
-            str(directory / "float.onnx"), str(path), Reader())
+        here = os.getcwd()
+        os.chdir(directory)  # Quark writes a quantized_info.csv into the working directory
+        try:
+            ModelQuantizer(Config(global_quant_config=get_default_config(name))).quantize_model(
+                str(directory / "float.onnx"), str(path), Reader())
+        finally:
+            os.chdir(here)
         model = onnx.load(path)
         known = {o.name for o in model.graph.output}
         for node in model.graph.node:  # every intermediate value becomes an output

@@ -133,8 +133,10 @@ class _Quantized:
     underflowed: int
 
 
-def _element_counts(x: np.ndarray, tensor: MXTensor, largest: float) -> tuple[int, int]:
-    """(clipped to ``largest``, nonzero flushed to zero) of ``x`` quantized as ``tensor``."""
+def clip_counts(x: np.ndarray, tensor: MXTensor, largest: float | None = None) -> tuple[int, int]:
+    """(elements clipped to the largest element magnitude ``largest`` — default the element
+    format's max — and nonzero elements flushed to zero) of ``x`` quantized as ``tensor``."""
+    largest = tensor.element_format.max_finite if largest is None else largest
     values = np.asarray(x, dtype=np.float64)
     dequantized = tensor.dequantize()
     elements = np.abs(tensor.element_format.decode(tensor.codes))
@@ -170,7 +172,7 @@ def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
             description += f"/{spec.spec.sub_block_size}"
         largest = (2**m - 1) * 2.0 ** (1 - m)
         pad_unit = spec.spec.block_size
-    saturated, underflowed = _element_counts(x, tensor, largest)
+    saturated, underflowed = clip_counts(x, tensor, largest)
     axis = tensor.axis
     codes = np.moveaxis(tensor.codes, -1, axis)
     scales = np.moveaxis(np.repeat(tensor.scales, tensor.block_size, axis=-1), -1, axis)

@@ -44,6 +44,7 @@ from .operands import (
     GemmOperand,
     LayerOperands,
     accumulator_input,
+    clip_counts,
     gemm_bias,
     ideal_gemm,
     layer_operands,
@@ -142,17 +143,6 @@ def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
     return math.sqrt(noise / signal) if signal > 0 else math.inf
 
 
-def _counts(matrix: np.ndarray, tensor: MXTensor) -> tuple[int, int]:
-    """(saturated, underflowed) elements of ``matrix`` (R, K) quantized as ``tensor``."""
-    values = matrix.astype(np.float64)
-    dequantized = tensor.dequantize()
-    elements = np.abs(tensor.element_format.decode(tensor.codes))[:, : matrix.shape[1]]
-    finite = np.isfinite(values)
-    saturated = finite & (elements >= tensor.element_format.max_finite) & (np.abs(values) > np.abs(dequantized))
-    underflowed = finite & (values != 0) & (dequantized == 0)
-    return int(saturated.sum()), int(underflowed.sum())
-
-
 def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tuple[list[MXTensor], int, int]:
     """Replay's own quantization of a lowered operand (G, R, K) along K, per group."""
     tensors, saturated, underflowed = [], 0, 0
@@ -160,7 +150,7 @@ def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tup
         tensor = quantize(matrix, choice.format, axis=1, block_size=choice.block_size, profile=choice.profile,
                           per_tensor_scale=choice.per_tensor_scale, **options)
         tensors.append(tensor)
-        counts = _counts(matrix, tensor)
+        counts = clip_counts(matrix, tensor)
         saturated += counts[0]
         underflowed += counts[1]
     return tensors, saturated, underflowed
