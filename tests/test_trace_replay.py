@@ -179,3 +179,17 @@ def test_bfp_spec_replays_with_microexponents():
     qa = quantize_bfp(layer.input, "MX9", axis=1).as_mx_tensor()
     qb = quantize_bfp(layer.weight.T, "MX6", axis=0).as_mx_tensor()
     np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
+
+
+def test_the_ideal_of_a_row_is_that_of_the_operands_the_unit_got():
+    # digits-cnn is a float model: every unit gets replay's quantization ("added" rows), and the
+    # ideal is the exact result of those operands, so an exact unit equals it bit for bit and
+    # the per-tensor FP8 unit (whose adder keeps about 13 fraction bits) stays within a relative
+    # RMS error of 2^-10 of it.
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    for layer in trace.layers:
+        exact = replay_layer(layer, HW["kulisch"])
+        assert exact.status == "added" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
+        fp8 = replay_layer(layer, HW["h100-fp8"])
+        assert fp8.input.per_tensor_scale and fp8.max_error_vs_ideal_ulps > 0 and fp8.rel_rms_error_vs_ideal < 2**-10
+        assert fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 40

@@ -106,11 +106,16 @@ class GemmOperand:
                         codes.shape, 1, block_size, 0, QuantOptions())
 
 
-def _pad_k(array: np.ndarray, multiple: int, fill: int = 0) -> np.ndarray:
-    extra = -array.shape[-1] % multiple
-    if not extra:
+def _pad_to(array: np.ndarray, length: int, fill: int = 0) -> np.ndarray:
+    """``array`` with its last axis padded with ``fill`` to ``length``."""
+    extra = length - array.shape[-1]
+    if extra <= 0:
         return array
     return np.pad(array, [(0, 0)] * (array.ndim - 1) + [(0, extra)], constant_values=fill)
+
+
+def _pad_k(array: np.ndarray, multiple: int, fill: int = 0) -> np.ndarray:
+    return _pad_to(array, -(-array.shape[-1] // multiple) * multiple, fill)
 
 
 # ----------------------------------------------------------------------------- quantizing
@@ -386,12 +391,13 @@ def _pieces_product(a: GemmOperand, b: GemmOperand, group: int, block: int):
     """A (R, K'') and B (N, K'') code and scale arrays whose exact dot products equal the
     operands' (every pair of pieces side by side along K)."""
     a_codes, a_scales, b_codes, b_scales = [], [], [], []
+    length = -(-max(a.k, b.k) // block) * block  # the operands may end in different zero padding
     for piece_a in a.pieces:
         for piece_b in b.pieces:
-            a_codes.append(_pad_k(piece_a[group], block))
-            b_codes.append(_pad_k(piece_b[group], block))
-            a_scales.append(_pad_k(a.scales[group], block, E8M0_ONE))
-            b_scales.append(_pad_k(b.scales[group], block, E8M0_ONE))
+            a_codes.append(_pad_to(piece_a[group], length))
+            b_codes.append(_pad_to(piece_b[group], length))
+            a_scales.append(_pad_to(a.scales[group], length, E8M0_ONE))
+            b_scales.append(_pad_to(b.scales[group], length, E8M0_ONE))
     return (np.concatenate(a_codes, axis=1), np.concatenate(a_scales, axis=1),
             np.concatenate(b_codes, axis=1), np.concatenate(b_scales, axis=1))
 

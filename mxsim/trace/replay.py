@@ -6,8 +6,9 @@
   spec in its own layout and lowered to the GEMM the unit sees (conv: K ordered
   (kh, kw, C) with C blocked and padded per tap, by default); the bias through its
   recorded bias quantizer.
-* The ideal: the exact sum of the products of those operands plus the bias, rounded once to
-  fp32 (:func:`mxsim.trace.operands.ideal_gemm`) — the model's own quantized computation.
+* The ideal: the exact sum of the products of the operands the unit got plus the bias,
+  rounded once to fp32 (:func:`mxsim.trace.operands.ideal_gemm`) — on rows where the unit
+  takes the model's operands, the model's own quantized computation.
 * Per unit: the unit takes an operand as the model has it when it accepts the element
   format, has block scales, and its block size divides the model's scale runs along K.
   Otherwise replay quantizes the operand itself (the model's format if the unit takes it,
@@ -190,10 +191,10 @@ def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig,
 
 
 def _operand_of_tensors(tensors: list[MXTensor], template: GemmOperand) -> GemmOperand:
-    """A GemmOperand holding replay's own quantization (for the ideal of ``element_format`` rows)."""
+    """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row)."""
     block = tensors[0].block_size
     codes = np.stack([t.codes for t in tensors])
-    scales = np.stack([np.repeat(t.scales, block, axis=1) + t.tensor_scale_exponent for t in tensors])
+    scales = np.stack([np.repeat(t.scales.astype(np.int32), block, axis=1) + t.tensor_scale_exponent for t in tensors])
     return dataclasses.replace(template, element_format=tensors[0].element_format, pieces=[codes],
                                scales=scales.astype(np.uint8), granule=block, quantized=True, exact=True)
 
@@ -220,12 +221,16 @@ class LayerRun:
 
 
 def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
-              conv_order: str = "kh_kw_c", ideal: tuple[np.ndarray, bool] | None = None,
-              operands: LayerOperands | None = None, with_ideal: bool = True) -> LayerRun:
-    """``layer`` (its recorded input, or ``x``) through ``hw``; ``ideal``/``operands`` may be
-    passed in when already computed for this layer (they do not depend on the unit unless
-    ``element_format`` is given). ``with_ideal=False`` skips the ideal (``ideal`` and
-    ``gemm_ideal`` are then None), as end-to-end runs do."""
+              conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
+              with_ideal: bool = True) -> LayerRun:
+    """``layer`` (its recorded input, or ``x``) through ``hw``.
+
+    The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
+    ``operands``) when the unit took both, else with replay's quantization of the others.
+    ``operands`` (from :func:`layer_operands`) and the model's ideal ``ideal`` (a tuple from
+    :func:`ideal_gemm`, or a function returning it) may be passed in when already computed
+    for this layer. ``with_ideal=False`` skips the ideal (``ideal`` and ``gemm_ideal`` are
+    then None), as end-to-end runs do."""
     at = layer if x is None else layer_with_input(layer, x)
     ops = operands if operands is not None else layer_operands(at, conv_order)
     shape = gemm_shape(at)
@@ -241,12 +246,13 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         choices[name] = choice
     if not with_ideal:
         gemm_ideal, exact = None, False
-    elif element_format is None:
-        gemm_ideal, exact = ideal if ideal is not None else ideal_gemm(at, ops)
-    else:
-        replay_ops = dataclasses.replace(ops, a=_operand_of_tensors(tensors["input"], ops.a),
-                                         b=_operand_of_tensors(tensors["weight"], ops.b))
-        gemm_ideal, exact = ideal_gemm(at, replay_ops)
+    elif choices["input"].status == choices["weight"].status == "model":
+        gemm_ideal, exact = ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(at, ops)
+    else:  # the ideal of the operands this unit got
+        unit_ops = dataclasses.replace(
+            ops, a=ops.a if choices["input"].status == "model" else _operand_of_tensors(tensors["input"], ops.a),
+            b=ops.b if choices["weight"].status == "model" else _operand_of_tensors(tensors["weight"], ops.b))
+        gemm_ideal, exact = ideal_gemm(at, unit_ops)
     scaled_linear = at.op == "linear" and at.attrs.get("alpha", 1.0) != 1.0
     bias = None if scaled_linear else gemm_bias(at, ops.bias)
     out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
@@ -291,7 +297,7 @@ def _output_ulp(rms: float, out_format: str) -> float:
 
 
 def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None, conv_order: str = "kh_kw_c",
-                 ideal: tuple[np.ndarray, bool] | None = None, operands: LayerOperands | None = None) -> LayerResult:
+                 ideal=None, operands: LayerOperands | None = None) -> LayerResult:
     """One layer through one unit, with its metrics and (if the config has ``array:``) cycles."""
     start = time.perf_counter()
     run = run_layer(layer, hw, element_format=element_format, conv_order=conv_order, ideal=ideal, operands=operands)
@@ -376,7 +382,13 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     results: dict[str, list[LayerResult]] = {hw.name: [] for hw in units}
     for layer in trace.layers:
         operands = layer_operands(layer, conv_order)
-        ideal = ideal_gemm(layer, operands) if element_format is None else None
+        memo = {}
+
+        def ideal(layer=layer, operands=operands, memo=memo):  # computed once, if a unit takes the model's operands
+            if "ideal" not in memo:
+                memo["ideal"] = ideal_gemm(layer, operands)
+            return memo["ideal"]
+
         for hw in units:
             result = replay_layer(layer, hw, element_format, conv_order, ideal, operands)
             if strict and result.status == "replaced":
