@@ -192,4 +192,4 @@ def test_the_ideal_of_a_row_is_that_of_the_operands_the_unit_got():
         assert exact.status == "added" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
         fp8 = replay_layer(layer, HW["h100-fp8"])
         assert fp8.input.per_tensor_scale and fp8.max_error_vs_ideal_ulps > 0 and fp8.rel_rms_error_vs_ideal < 2**-10
-        assert fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 40
+        assert fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 30  # arithmetic error far below quantization error
