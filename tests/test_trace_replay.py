@@ -193,3 +193,18 @@ def test_the_ideal_of_a_row_is_that_of_the_operands_the_unit_got():
         fp8 = replay_layer(layer, HW["h100-fp8"])
         assert fp8.input.per_tensor_scale and fp8.max_error_vs_ideal_ulps > 0 and fp8.rel_rms_error_vs_ideal < 2**-10
         assert fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 30  # arithmetic error far below quantization error
+
+
+def test_a_finer_model_block_than_the_unit_block_is_replaced():
+    layer = linear_layer(np.random.default_rng(10), "fp4_e2m1")
+    spec = MXQuant("fp4_e2m1", axis=1, block_size=16)
+    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs, {"input": spec, "weight": spec}, {})
+    result = replay_layer(layer, HW["ocp-exact"])
+    assert result.status == "replaced" and "blocks of 32 do not fit" in result.input.note
+    assert result.input.format == "fp4_e2m1" and not result.input.per_tensor_scale
+    coarse = MXQuant("fp4_e2m1", axis=1, block_size=64)  # whole unit blocks inside each model block
+    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs, {"input": coarse, "weight": coarse}, {})
+    result = replay_layer(layer, HW["ocp-exact"])
+    assert result.status == "model"
+    assert result.input.saturated + result.input.underflowed > 0
+    assert replay_layer(layer, HW["kulisch"]).identical_to_ideal_fraction == 1.0
