@@ -200,21 +200,22 @@ def cmd_replay(args) -> int:
     from .datapath import load_hwconfig
     from .parallel import make_runner
     from .trace import load_trace
-    from .trace.replay import format_report, replay, write_histograms
+    from .trace.replay import format_report, replay, write_plots
 
     trace = load_trace(args.trace)
     units = [load_hwconfig(path) for path in args.hw]
     with make_runner(args.workers, args.scheduler) as runner:
         report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
-                        element_format=args.format, runner=runner)
-    if args.plots:
-        report["plots"] = write_histograms(report, args.plots)
-    report.pop("_results")
-    if args.json:
-        _write_json_atomically(args.json, report)
+                        element_format=args.format, conv_order=args.conv_order, strict=args.strict, runner=runner)
+    results = report.pop("_results")
+    # The table and the JSON come first: nothing optional (plots) may lose them.
     print(format_report(report))
     if args.json:
+        _write_json_atomically(args.json, report)
         print(f"JSON report: {args.json}")
+    if args.plots:
+        plots = write_plots({**report, "_results": results}, args.plots)
+        print(f"plots: {len(plots)} PNG files in {args.plots}")
     return 0
 
 
@@ -344,7 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy")
     replay.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
     replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
-    replay.add_argument("--plots", metavar="DIR", help="write PNG error histograms (needs matplotlib)")
+    replay.add_argument("--plots", metavar="DIR",
+                        help="write PNG plots: an overview of every layer and unit, and per-layer error histograms "
+                             "(needs matplotlib)")
+    replay.add_argument("--conv-order", choices=["kh_kw_c", "c_kh_kw"], default="kh_kw_c",
+                        help="conv lowering: K ordered (kh, kw, C) with C blocked per tap (default, as NHWC "
+                             "accelerators) or (C, kh, kw) (see docs/replay.md)")
+    replay.add_argument("--strict", action="store_true",
+                        help="fail when a unit cannot take a layer's recorded quantization (default: mark the row)")
     replay.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_cluster_arguments(replay)
     replay.set_defaults(run=cmd_replay)

@@ -184,7 +184,7 @@ class TiledMatmul:
     tile_macs: int
     numba_threads: int | None = None
 
-    def __call__(self, hw, A, B):
+    def __call__(self, hw, A, B, c=None):
         import numpy as np
 
         from .datapath import matmul
@@ -194,21 +194,28 @@ class TiledMatmul:
         columns = B.shape[1]
         tile_rows = max(1, self.tile_macs // max(1, depth * columns))
         if rows <= tile_rows:
-            return matmul(hw, A, B)
+            return matmul(hw, A, B, c=c)
         try:
             from distributed import get_worker, worker_client
 
             get_worker()
         except (ImportError, ValueError):  # not inside a Dask task
-            return matmul(hw, A, B)
+            return matmul(hw, A, B, c=c)
         with worker_client() as client:
             shared_b = client.scatter(B, hash=False)
-            futures = [client.submit(_run_with_threads, self.numba_threads, matmul, hw,
+            futures = [client.submit(_run_with_threads, self.numba_threads, _matmul_with_c, hw,
                                      _row_tile(A, start, min(start + tile_rows, rows)), shared_b,
+                                     None if c is None else c[start : start + tile_rows],
                                      key=f"mxsim-tile-{uuid.uuid4().hex}", pure=False)
                        for start in range(0, rows, tile_rows)]
             tiles = client.gather(futures)
-        return MatmulResult(np.concatenate([tile.bits for tile in tiles]), tiles[0].out_format)
+        return MatmulResult(np.concatenate([tile.bits for tile in tiles]), tiles[0].out_format, tiles[0].scale_exponent)
+
+
+def _matmul_with_c(hw, A, B, c):
+    from .datapath import matmul
+
+    return matmul(hw, A, B, c=c)
 
 
 def _require_distributed():

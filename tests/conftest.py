@@ -42,6 +42,16 @@ def torch():
         pytest.skip("torch is not installed (pip install 'mxsim[torch]')")
 
 
+def require_module(name: str, extra: str):
+    """Import ``name``, or skip with the install hint (a failure when CI is set: CI has every extra)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is required when CI is set: pip install 'mxsim[{extra}]'", pytrace=False)
+        pytest.skip(f"{name} is not installed (pip install 'mxsim[{extra}]')")
+
+
 @pytest.fixture(params=NARROW_FORMATS)
 def narrow_format(request):
     return FORMATS[request.param]

@@ -601,15 +601,18 @@ def test_smallest_lsb_is_still_a_float32():
     assert bits_of(t.dequantize()).tolist() == [3, 0x00700000]
 
 
-@pytest.mark.parametrize("name", ["MX4", "MX6", "MX9"])
+@pytest.mark.parametrize("name", ["MX4", "MX6", "MX9", "BFP16"])
 def test_as_mx_tensor_keeps_every_value(name):
     x = np.random.default_rng(9).standard_normal((5, 37)).astype(np.float32) * 8
     tensor = quantize_bfp(x, name, axis=1)
     mx = tensor.as_mx_tensor()
-    assert mx.block_size == tensor.spec.sub_block_size and mx.element_format.name == name.lower()
+    assert mx.block_size == tensor.spec.sub_block_size
+    assert mx.element_format.name == {"BFP16": "mx9"}.get(name, name.lower())
     np.testing.assert_array_equal(mx.dequantize(np.float32), tensor.dequantize())
 
 
-def test_as_mx_tensor_needs_microexponents():
-    with pytest.raises(MxsimError, match="to_bfp_prime"):
-        quantize_bfp(np.ones((2, 8), np.float32), "BFP16", axis=1).as_mx_tensor()
+def test_as_mx_tensor_needs_an_element_format():
+    with pytest.raises(MxsimError, match="mantissa bits"):
+        quantize_bfp(np.ones((2, 8), np.float32), BFP_SPECS["BFP16"].replace(bit_width=32), axis=1).as_mx_tensor()
+    with pytest.raises(MxsimError, match="Inf/NaN"):
+        quantize_bfp(np.array([[1.0, np.inf] * 4], np.float32), "BFP16", axis=1).as_mx_tensor()

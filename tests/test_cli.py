@@ -81,3 +81,39 @@ def test_cycles_on_a_scalesim_topology(capsys):
                          str(REPO / "hwconfigs/mxdotp.yaml"), "--json")
     data = json.loads(out)
     assert status == 0 and len(data["layers"]) == 5
+
+
+def _fp4_trace(path):
+    from mxsim.trace import Layer, MXQuant, Trace, save_trace
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = rng.standard_normal((3, 64)).astype(np.float32)
+    spec = MXQuant("fp4_e2m1", axis=1, block_size=32)
+    layer = Layer("/m/fc/MatMul", "linear", {"input": x, "weight": w, "output": (x @ w.T).astype(np.float32)}, {},
+                  {"input": spec, "weight": spec}, {})
+    save_trace(Trace("fp4", [layer]), path)
+    return path
+
+
+def test_replay_strict_fails_in_one_line_when_a_unit_cannot_take_the_spec(capsys, tmp_path):
+    trace = str(_fp4_trace(tmp_path / "trace"))
+    status, out, _ = run(capsys, "replay", trace, "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"), "--quiet")
+    assert status == 0 and "* /m/fc/MatMul" in out and "legend: *" in out
+    status, _, err = run(capsys, "replay", trace, "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"), "--quiet", "--strict")
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "cannot take fp4_e2m1 block 32" in err
+
+
+def test_replay_writes_table_and_json_before_plots(capsys, tmp_path):
+    trace = str(_fp4_trace(tmp_path / "trace"))
+    blocker = tmp_path / "plots"
+    blocker.write_text("a file where the plot directory should go")
+    out_file = tmp_path / "report.json"
+    status, out, err = run(capsys, "replay", trace, "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--quiet",
+                           "--json", str(out_file), "--plots", str(blocker))
+    assert status == 2 and "/m/fc/MatMul" in out and len(err.strip().splitlines()) == 1
+    assert json.loads(out_file.read_text())["layers"][0]["layer"] == "/m/fc/MatMul"
+    status, out, _ = run(capsys, "replay", trace, "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--quiet",
+                         "--plots", str(tmp_path / "good"))
+    assert status == 0 and sorted(p.name for p in (tmp_path / "good").iterdir()) == ["000-m_fc_MatMul.png",
+                                                                                      "overview.png"]

@@ -650,3 +650,27 @@ def test_gemm_with_ragged_shapes_equals_the_twin(name, out_format, method):
                                  None if params.scales == "none" else scales_a[i].tolist(),
                                  None if params.scales == "none" else scales_b[j].tolist(), float(c[i, j]))
             assert same_float(float(out_fmt.decode(result.bits[i : i + 1, j])[0]), twin), (i, j)
+
+
+def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_scales():
+    import dataclasses
+
+    hw = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+    rng = np.random.default_rng(12)
+    a = (rng.standard_normal((4, 64)) * 50).astype(np.float32)
+    b = (rng.standard_normal((64, 3)) / 50).astype(np.float32)
+    c = rng.standard_normal((4, 3)).astype(np.float32)
+    with pytest.raises(MxsimError, match="per_tensor_scale=True"):
+        matmul(hw, a, b)
+    result = matmul(hw, a, b, c=c, per_tensor_scale=True)
+    qa = quantize(a, "fp8_e4m3", axis=1, block_size=hw.sections[("inputs", "block_size")], per_tensor_scale=True)
+    qb = quantize(b, "fp8_e4m3", axis=0, block_size=hw.sections[("inputs", "block_size")], per_tensor_scale=True)
+    shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
+    assert result.scale_exponent == shift != 0
+    # the unit multiplies the scaled elements with c * 2^-shift; values are scaled back exactly
+    unscaled = matmul(hw, dataclasses.replace(qa, tensor_scale_exponent=0),
+                      dataclasses.replace(qb, tensor_scale_exponent=0), c=np.ldexp(c, -shift).astype(np.float32))
+    np.testing.assert_array_equal(result.bits, unscaled.bits)
+    np.testing.assert_array_equal(result.values, np.ldexp(unscaled.values, shift))
+    exact = a.astype(np.float64) @ b.astype(np.float64) + c
+    assert np.abs(result.values - exact).max() < 0.1 * np.abs(exact).max()

@@ -282,3 +282,22 @@ def test_docs_show_the_profiles_table_verbatim():
     from mxsim.quantize.options import profiles_markdown
 
     assert profiles_markdown() in (REPO / "docs" / "profiles.md").read_text()
+
+
+def test_per_tensor_scale_is_one_power_of_two_for_the_whole_tensor():
+    # T by the OCP floor rule over the whole tensor's amax; elements x * 2^-T rounded to
+    # nearest even and saturated at 448, checked against ml_dtypes' float8_e4m3fn cast.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((5, 40)) * 3).astype(np.float32)
+    tensor = quantize(x, "fp8_e4m3", axis=1, block_size=32, per_tensor_scale=True)
+    exponent = math.floor(math.log2(float(np.abs(x).max()))) - 8
+    assert tensor.tensor_scale_exponent == exponent
+    assert tensor.scales.shape == (5, 2) and (tensor.scales == 127).all() and tensor.padding == 24
+    scaled = np.clip(np.ldexp(x.astype(np.float64), -exponent), -448, 448)
+    expected = np.ldexp(scaled.astype(ml_dtypes.float8_e4m3fn).astype(np.float64), exponent)
+    np.testing.assert_array_equal(tensor.dequantize(), expected)
+    along_rows = quantize(x, "fp8_e4m3", axis=0, block_size=4, per_tensor_scale=True)
+    np.testing.assert_array_equal(along_rows.dequantize(), expected)
+    with pytest.raises(MxsimError, match="finite"):
+        quantize(np.array([1.0, np.nan]), "fp8_e4m3", per_tensor_scale=True)

@@ -41,7 +41,7 @@ def check_equals_replays(summary, reports):
             expected["hw"] = record["hw"]
             assert layer == expected
         assert result["metrics"]["accuracy"] == report["end_to_end"]["accuracy"][name]
-        assert result["metrics"]["max_ulp_error_vs_ideal"] == report["totals"][name]["max_ulp_error_vs_ideal"]
+        assert result["metrics"]["max_rel_rms_error_vs_ideal"] == report["totals"][name]["max_rel_rms_error_vs_ideal"]
     # The knob matters: the 6-bit window changes output bits.
     assert summary["points"][0]["result"]["bits_sha256"] != summary["points"][1]["result"]["bits_sha256"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from mxsim import matmul, quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError, TraceError
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
-from mxsim.trace.replay import format_report, layer_gemm, replay, replay_layer, write_histograms
+from mxsim.trace.replay import format_report, layer_gemm, replay, replay_layer, safe_name, write_plots
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")}
 
@@ -36,11 +37,38 @@ def test_linear_layer_replays_as_matmul_bit_for_bit():
     assert result.input.format == "fp6_e2m3" and result.input.note == ""
 
 
-def test_unsupported_spec_falls_back_with_a_note():
+def test_a_spec_the_unit_cannot_take_is_replaced_and_marked():
     layer = linear_layer(np.random.default_rng(2), "fp4_e2m1")
     result = replay_layer(layer, HW["h100-fp8"])
     assert result.input.format == "fp8_e4m3" and result.input.per_tensor_scale
-    assert "replaced" in result.input.note
+    assert result.status == "replaced" and "cannot take fp4_e2m1 block 32" in result.input.note
+    assert "no block scales" in result.input.note
+    # the unit's operands are the public per-tensor quantization of the model's float operands
+    qa = quantize(layer.input, "fp8_e4m3", axis=1, per_tensor_scale=True)
+    qb = quantize(layer.weight.T, "fp8_e4m3", axis=0, per_tensor_scale=True)
+    expected = matmul(HW["h100-fp8"], qa, qb)
+    np.testing.assert_array_equal(result.bits[0], expected.bits)
+    trace = Trace("t", [layer])
+    report = replay(trace, [HW["ocp-exact"], HW["h100-fp8"]])
+    text = format_report(report)
+    row = next(line for line in text.splitlines() if "h100-fp8" in line and "fp8_e4m3/pt" in line)
+    assert row.startswith("* fc") and "legend: * the unit cannot take" in text
+    assert report["totals"]["h100-fp8"]["rows"]["replaced"] == 1
+    assert report["layers"][0]["results"][1]["status"] == "replaced"
+    with pytest.raises(MxsimError, match="cannot take fp4_e2m1.*strict"):
+        replay(trace, [HW["ocp-exact"], HW["h100-fp8"]], strict=True)
+    assert replay(trace, [HW["ocp-exact"]], strict=True)["totals"]["ocp-exact"]["rows"]["model"] == 1
+
+
+def test_a_unit_that_takes_the_spec_equals_the_exact_ideal():
+    # ocp-exact rounds once per block into fp32, kulisch once per output: on the model's own
+    # operands kulisch is the ideal, bit for bit.
+    layer = linear_layer(np.random.default_rng(8), "fp6_e3m2")
+    exact = replay_layer(layer, HW["kulisch"])
+    assert exact.status == "model" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
+    assert exact.sqnr_vs_ideal_db == float("inf") and exact.max_error_vs_ideal_ulps == 0
+    blockwise = replay_layer(layer, HW["ocp-exact"])
+    assert blockwise.max_error_vs_ideal_ulps <= 3 and blockwise.rel_rms_error_vs_ideal < 2.0**-20
 
 
 @pytest.mark.parametrize("unit", ["kulisch", "ocp-exact", "mxdotp"])
@@ -77,16 +105,37 @@ def test_digits_sample_replays_end_to_end(tmp_path):
     assert 0.9 < pair["bit_identical_fraction"] <= 1.0
     text = format_report(report)
     assert "end to end: float accuracy" in text and "bit-identical outputs" in text
-    plots = write_histograms(report, tmp_path / "plots")
-    assert len(plots) == 4 * 3 and all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in plots)
+    plots = write_plots(report, tmp_path / "plots")
+    assert len(plots) == 1 + 4 and all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in plots)
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "000-conv1.png", "001-conv2.png", "002-fc1.png", "003-fc2.png", "overview.png"]
     report.pop("_results")
     json.dumps(report, default=str)
 
 
-def test_exact_unit_is_within_half_an_ulp_of_the_ideal():
-    trace = load_trace(REPO / "traces" / "digits-cnn")
-    result = replay_layer(trace.layers[2], HW["kulisch"])
-    assert result.max_ulp_error_vs_ideal <= 0.5
+def test_report_names_formats_and_plot_paths(tmp_path):
+    # ONNX names start with "/" and repeat their prefix: the table shows them whole, the
+    # plots take sanitised names inside the directory, and worst layers are ranked.
+    rng = np.random.default_rng(9)
+    layers = []
+    for suffix in ("q", "k"):
+        layer = linear_layer(rng)
+        layers.append(Layer(f"/m/transformer/h.0/attn/{suffix}_proj/MatMul", layer.op, layer.tensors, layer.attrs,
+                            layer.quant, {}))
+    report = replay(Trace("onnx", layers), [HW["ocp-exact"]])
+    text = format_report(report)
+    for layer in layers:
+        assert any(line.startswith(f"  {layer.name} ") for line in text.splitlines())
+    assert "fp8_e4m3/32 x fp8_e4m3/32" in text and "worst layers on ocp-exact" in text
+    worst = report["worst"]["ocp-exact"]
+    assert [w["k"] for w in worst] == [70, 70] and worst[0]["sqnr_vs_float_db"] <= worst[1]["sqnr_vs_float_db"]
+    directory = tmp_path / "plots"
+    written = write_plots(report, directory)
+    assert all(Path(p).parent == directory.resolve() for p in written)
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "000-m_transformer_h.0_attn_q_proj_MatMul.png", "001-m_transformer_h.0_attn_k_proj_MatMul.png",
+        "overview.png"]
+    assert safe_name("../..") == "layer"
 
 
 def test_replay_errors():
@@ -126,7 +175,36 @@ def test_bfp_spec_replays_with_microexponents():
                   {"input": BFPQuant("MX9", axis=1), "weight": BFPQuant("MX6", axis=1), "bias": None}, {})
     unit = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
     result = replay_layer(layer, unit)
-    assert (result.input.format, result.weight.format) == ("mx9", "mx6") and result.input.note == ""
+    assert (result.input.format, result.weight.format) == ("mx9", "mx6") and result.status == "model"
     qa = quantize_bfp(layer.input, "MX9", axis=1).as_mx_tensor()
     qb = quantize_bfp(layer.weight.T, "MX6", axis=0).as_mx_tensor()
     np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
+
+
+def test_the_ideal_of_a_row_is_that_of_the_operands_the_unit_got():
+    # digits-cnn is a float model: every unit gets replay's quantization ("added" rows), and the
+    # ideal is the exact result of those operands, so an exact unit equals it bit for bit and
+    # the per-tensor FP8 unit (whose adder keeps about 13 fraction bits) stays within a relative
+    # RMS error of 2^-10 of it.
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    for layer in trace.layers:
+        exact = replay_layer(layer, HW["kulisch"])
+        assert exact.status == "added" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
+        fp8 = replay_layer(layer, HW["h100-fp8"])
+        assert fp8.input.per_tensor_scale and fp8.max_error_vs_ideal_ulps > 0 and fp8.rel_rms_error_vs_ideal < 2**-10
+        assert fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 30  # arithmetic error far below quantization error
+
+
+def test_a_finer_model_block_than_the_unit_block_is_replaced():
+    layer = linear_layer(np.random.default_rng(10), "fp4_e2m1")
+    spec = MXQuant("fp4_e2m1", axis=1, block_size=16)
+    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs, {"input": spec, "weight": spec}, {})
+    result = replay_layer(layer, HW["ocp-exact"])
+    assert result.status == "replaced" and "blocks of 32 do not fit" in result.input.note
+    assert result.input.format == "fp4_e2m1" and not result.input.per_tensor_scale
+    coarse = MXQuant("fp4_e2m1", axis=1, block_size=64)  # whole unit blocks inside each model block
+    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs, {"input": coarse, "weight": coarse}, {})
+    result = replay_layer(layer, HW["ocp-exact"])
+    assert result.status == "model"
+    assert result.input.saturated + result.input.underflowed > 0
+    assert replay_layer(layer, HW["kulisch"]).identical_to_ideal_fraction == 1.0

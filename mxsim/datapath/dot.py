@@ -187,17 +187,25 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
 
 @dataclass(frozen=True)
 class MatmulResult:
-    """Output bit patterns of a GEMM and their exact values."""
+    """Output bit patterns of a GEMM and their exact values.
+
+    ``bits`` are what the unit produced. ``scale_exponent`` is Ta + Tb of per-tensor scaled
+    operands (0 otherwise): the unit computed ``2^-(Ta+Tb) (c + A @ B)`` and :attr:`values`
+    multiplies by 2^(Ta+Tb) exactly (float64, no rounding).
+    """
 
     bits: np.ndarray
     out_format: str
+    scale_exponent: int = 0
 
     @property
     def values(self) -> np.ndarray:
-        return as_float(self.bits, self.out_format)
+        values = as_float(self.bits, self.out_format)
+        return np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
 
 
-def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int) -> MXTensor:
+def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,
+             per_tensor_scale: bool) -> MXTensor:
     if isinstance(x, MXTensor):
         if x.block_size != block_size:
             raise MxsimError(f"{name}: block size {x.block_size} differs from the unit's {block_size}")
@@ -208,17 +216,38 @@ def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: in
     x = np.asarray(x) if isinstance(x, (list, tuple)) else x
     if not isinstance(x, np.ndarray) or x.ndim != 2:
         raise MxsimError(f"{name}: expected a 2-D float array or an MXTensor")
-    return quantize(x, fmt, axis=axis, block_size=block_size)
+    return quantize(x, fmt, axis=axis, block_size=block_size, per_tensor_scale=per_tensor_scale)
+
+
+def _scaled_accumulator_input(c, shift: int, shape: tuple):
+    """c * 2^-shift as float32, refusing a shift that would round it (under/overflow)."""
+    if c is None or not shift:
+        return c
+    c = _accumulator_inputs(c, shape)
+    scaled = np.ldexp(c.astype(np.float64), -shift)
+    narrowed = scaled.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        if not np.array_equal(narrowed.astype(np.float64), scaled, equal_nan=True):
+            raise MxsimError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in float32")
+    return narrowed
 
 
 def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, progress=None,
-           tile_rows: int = 256, method: str = "auto") -> MatmulResult:
+           tile_rows: int = 256, method: str = "auto", per_tensor_scale: bool = False) -> MatmulResult:
     """C + A @ B through the unit ``hw``, every output bit exact.
 
     ``A`` (M, K) and ``B`` (K, N) are MXTensors quantized along K (A on axis 1, B on axis 0)
     with the unit's block size, or float arrays, which are quantized here with the OCP
     profile into ``a_format``/``b_format`` (default: the config's first accepted format).
-    ``c`` is an (M, N) float32 accumulator input (None: +0). The kernel runs on tiles of
+    ``c`` is an (M, N) float32 accumulator input (None: +0).
+
+    ``per_tensor_scale=True`` quantizes float operands with one power-of-two scale per tensor
+    instead of block scales (``mxsim.quantize(..., per_tensor_scale=True)``: the scaling FP8
+    inference uses, which units without block scales — ``inputs.scales: none``, e.g. H100 or
+    B200 FP8 tensor cores — need). MXTensors may carry such a scale too. The unit multiplies
+    the scaled elements (its block scales all 1); ``c`` enters scaled by 2^-(Ta+Tb) (an error
+    if that is not exact in float32), and the result's :attr:`MatmulResult.values` are the
+    unit's outputs times 2^(Ta+Tb), exactly. The kernel runs on tiles of
     ``tile_rows`` rows of A, calling ``progress(rows_done, rows_total)`` after each; memory
     stays at the operands' codes plus the output bits (plus ``c`` if given).
 
@@ -230,8 +259,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
         raise MxsimError(f"matmul: method must be 'auto' or 'kernel', got {method!r}")
     config = _as_config(hw)
     block_size = config.sections[("inputs", "block_size")]
-    tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, axis=1)
-    tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, axis=0)
+    tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
+    tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
     if tensor_a.axis != 1 or tensor_b.axis != 0:
         raise MxsimError("matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)")
     if tensor_a.shape[1] != tensor_b.shape[0]:
@@ -239,6 +268,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format)
     _, _, kernel_args = _kernel_arguments(params)
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
+    shift = tensor_a.tensor_scale_exponent + tensor_b.tensor_scale_exponent
+    c = _scaled_accumulator_input(c, shift, (rows, columns))
     exponents_a = _tensor_scales(tensor_a, params)
     exponents_b = _tensor_scales(tensor_b, params)
     c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
@@ -254,7 +285,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
             K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(np.float32),
                         *kernel_args, pairs)
             out[m, n] = pairs
-        return MatmulResult(out, params.output_format)
+        return MatmulResult(out, params.output_format, shift)
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
         c_tile = c_values if c is None else c_values[start:stop]
@@ -262,13 +293,14 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
                       out[start:stop])
         if progress is not None:
             progress(stop, rows)
-    return MatmulResult(out, params.output_format)
+    return MatmulResult(out, params.output_format, shift)
 
 
 def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
     if params.scales == "none":
         if (tensor.scales != 127).any():
-            raise MxsimError("this unit takes no scales (inputs.scales: none) but the operand's scales are not all 1")
+            raise MxsimError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
+                             "all 1: quantize it with per_tensor_scale=True (matmul(..., per_tensor_scale=True))")
         return np.zeros(tensor.scales.shape, dtype=np.int32)
     return tensor.scale_exponents
 

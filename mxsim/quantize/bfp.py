@@ -296,8 +296,10 @@ class BFPTensor:
         each sub-block carries the scale 2^(E - 127 - d) as the code E - d (0xFF for a NaN
         block), with the MXTensor's block size = the sub-block size. So element × scale is
         exactly ±M·2^(E-127-d+1-m), and a unit with ``inputs.block_size`` equal to the
-        sub-block size multiplies BFP operands exactly. Only ``to_bfp_prime`` tensors with
-        m = 2, 4 or 7 (MX4, MX6, MX9) map to these formats.
+        sub-block size multiplies BFP operands exactly. Tensors with m = 2, 4 or 7 map to
+        these formats: ``to_bfp_prime`` (MX4, MX6, MX9) and plain ``to_bfp`` with 7 mantissa
+        bits (BFP16: one scale 2^(E - 127) per block, block size = the BFP block), the latter
+        only without Inf/NaN inputs (which it passes through and no element code holds).
         """
         from ..formats import get_format
         from .mx import MXTensor
@@ -305,8 +307,10 @@ class BFPTensor:
 
         names = {2: "mx4", 4: "mx6", 7: "mx9"}
         m = self.spec.mantissa_bits
-        if not self.spec.has_microexponents or m not in names:
-            raise BFPSpecError(f"as_mx_tensor needs to_bfp_prime with 2, 4 or 7 mantissa bits (MX4/6/9), got {self.spec}")
+        if m not in names:
+            raise BFPSpecError(f"as_mx_tensor needs 2, 4 or 7 mantissa bits (MX4/6/9, BFP16), got {self.spec}")
+        if self.special_bits is not None and self.special_bits.any():
+            raise BFPSpecError("as_mx_tensor: the tensor holds Inf/NaN passed through by to_bfp; no element code holds them")
         fmt = get_format(names[m])
         magnitude = np.abs(self.mantissas).astype(np.uint16)
         codes = (self.sign_bits.astype(np.uint16) << (fmt.bits - 1)) | magnitude

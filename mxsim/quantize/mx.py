@@ -38,6 +38,9 @@ class MXTensor:
         block_size: elements per block.
         padding: zero elements appended to the quantized axis to fill the last block.
         options: the semantic options used.
+        tensor_scale_exponent: T of a per-tensor scaled tensor (``quantize(...,
+            per_tensor_scale=True)``): every value is additionally multiplied by 2^T, which
+            lives outside the blocks (all block scales are then 1); 0 otherwise.
     """
 
     element_format: FormatInfo
@@ -48,6 +51,7 @@ class MXTensor:
     block_size: int
     padding: int
     options: QuantOptions
+    tensor_scale_exponent: int = 0
 
     @property
     def scale_exponents(self) -> np.ndarray:
@@ -59,7 +63,10 @@ class MXTensor:
 
         ``dtype=np.float32`` rounds the exact values to float32 (nearest-even).
         """
-        values = _dequantize_blocked(self.element_format, self.codes, self.scale_exponents, self.block_size, dtype)
+        exponents = self.scale_exponents
+        if self.tensor_scale_exponent:
+            exponents = np.where(exponents == K.SCALE_NAN, exponents, exponents + self.tensor_scale_exponent)
+        values = _dequantize_blocked(self.element_format, self.codes, exponents, self.block_size, dtype)
         return _from_blocks(values, self.shape, self.axis, self.padding)
 
     def block_values(self, index: tuple[int, ...]) -> list[Fraction] | None:
@@ -80,7 +87,8 @@ def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
     return exponents
 
 
-def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options) -> MXTensor:
+def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", *, per_tensor_scale: bool = False,
+             **options) -> MXTensor:
     """Quantize ``x`` to MX: blocks of ``block_size`` along ``axis`` share one E8M0 scale.
 
     Args:
@@ -97,7 +105,20 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     ``element_overflow``). Raises MxsimError for options an MXTensor cannot hold
     (scales below 2^-127 with ``scale_underflow="unclamped"``, NaN elements of formats
     without NaN under ``nonfinite="propagate"``): use :func:`fake_quantize` for those.
+
+    ``per_tensor_scale=True``: the per-tensor power-of-two scaling of FP8 inference, for units
+    without block scales (``inputs.scales: none``). One exponent T is chosen for the whole
+    tensor by the profile's ``scale_rule`` from the tensor's amax — exactly the exponent a
+    single block holding every element would get (OCP floor rule: T = floor(log2 amax) -
+    emax_elem) — and each element is ``x * 2^-T`` rounded once into the element format (the
+    profile's element rounding and overflow). The result has blocks of ``block_size`` along
+    ``axis`` whose scales are all 1 (code 127) and carries T as ``tensor_scale_exponent``;
+    :meth:`MXTensor.dequantize` multiplies it back and :func:`mxsim.matmul` scales its
+    output by 2^(Ta + Tb) exactly. Raises MxsimError when the tensor has NaN/Inf (no scale
+    exists) or T lies outside E8M0's range.
     """
+    if per_tensor_scale:
+        return _quantize_per_tensor(x, fmt, axis, block_size, profile, options)
     element_format, opts, values = _prepare(x, fmt, profile, options)
     codes, exponents, axis, padding = _quantize_blocked(values, element_format, opts, axis, block_size)
     if (exponents < K.E8M0_MIN_EXPONENT).any():
@@ -106,6 +127,22 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
         raise MxsimError(f"quantize: {element_format.name} has no NaN code to propagate; use fake_quantize")
     scales = np.where(exponents == K.SCALE_NAN, E8M0_NAN, exponents + E8M0_BIAS).astype(np.uint8)
     return MXTensor(element_format, codes, scales, values.shape, axis, block_size, padding, opts)
+
+
+def _quantize_per_tensor(x, fmt, axis, block_size, profile, options) -> MXTensor:
+    element_format, opts, values = _prepare(x, fmt, profile, options)
+    if not np.isfinite(values).all():
+        raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
+    # The whole tensor as one block: its scale exponent is T, its codes are x * 2^-T rounded.
+    flat = np.ascontiguousarray(values).reshape(1, -1)
+    codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1))
+    exponent = int(exponents[0, 0])
+    if exponent < K.E8M0_MIN_EXPONENT:
+        raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
+    codes = codes[:, : values.size].reshape(values.shape)
+    moved, axis, padding = _to_blocks(codes, axis, block_size)
+    scales = np.full(moved.shape[:-1] + (moved.shape[-1] // block_size,), E8M0_BIAS, dtype=np.uint8)
+    return MXTensor(element_format, moved, scales, values.shape, axis, block_size, padding, opts, exponent)
 
 
 def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options) -> np.ndarray:

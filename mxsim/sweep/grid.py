@@ -47,8 +47,8 @@ def parse_knob(option: str, source: str = "<config>") -> Knob:
                          "adder.align_fraction_bits=8:28")
     key = key_of_path(key_path, source)
     if key.kind in UNVARIABLE_KINDS:
-        raise ConfigError(source, key_path, f"cannot be varied (its values are lists); vary keys of kind "
-                                            f"int, optional_int, bool, str, format or format_list")
+        raise ConfigError(source, key_path, "cannot be varied (its values are lists); vary keys of kind "
+                                            "int, optional_int, bool, str, format or format_list")
     if ":" in spec:
         if key.kind not in INTEGER_KINDS:
             raise ConfigError(source, key_path, f"a range {spec!r} needs an integer key; give a list "

@@ -18,7 +18,7 @@ from pathlib import Path
 from .grid import point_label
 from .run import to_json, write_text_atomically
 
-METRICS = ("worst_layer_sqnr_vs_ideal_db", "max_ulp_error_vs_ideal", "mean_ulp_error_vs_ideal",
+METRICS = ("worst_layer_sqnr_vs_ideal_db", "max_rel_rms_error_vs_ideal", "max_error_vs_ideal_ulps",
            "worst_layer_sqnr_vs_float_db", "max_abs_error_vs_float", "accuracy", "float_accuracy")
 COST_TERMS = ("cost_bits", "tree_bits", "adder_width_bits", "window_bits", "accumulator_bits", "product_range_bits")
 
@@ -35,13 +35,13 @@ def format_table(summary: dict) -> str:
     """One line per point: knob values, cost, errors vs ideal and float, accuracy, Pareto mark."""
     paths = [knob["key_path"] for knob in summary["knobs"]]
     accuracy = any(r.get("result") and r["result"]["metrics"]["accuracy"] is not None for r in summary["points"])
-    header = [*paths, "cost bits", "SQNR/ideal dB", "max ulp", "SQNR/float dB"] + (["accuracy"] if accuracy else []) + ["pareto"]
+    header = [*paths, "cost bits", "SQNR/ideal dB", "rel RMS/ideal", "SQNR/float dB"] + (["accuracy"] if accuracy else []) + ["pareto"]
     rows = []
     for index, record in enumerate(summary["points"]):
         row = [_cell(record["point"][path]) for path in paths] + [str(record["cost"]["cost_bits"])]
         if record.get("result"):
             m = record["result"]["metrics"]
-            row += [f"{m['worst_layer_sqnr_vs_ideal_db']:.2f}", f"{m['max_ulp_error_vs_ideal']:.3g}",
+            row += [f"{m['worst_layer_sqnr_vs_ideal_db']:.2f}", f"{m['max_rel_rms_error_vs_ideal']:.3g}",
                     f"{m['worst_layer_sqnr_vs_float_db']:.2f}"]
             row += [f"{100 * m['accuracy']:.2f}%"] if accuracy else []
             row.append("*" if index in summary["pareto"] else "")

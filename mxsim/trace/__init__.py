@@ -6,6 +6,8 @@
   :class:`QDQQuant`).
 * :mod:`.conv`, :mod:`.lowering` — conv2d / conv_transpose2d geometry, im2col and the GEMM
   view replay uses.
+* :mod:`.operands` — a layer's operands quantized in the model's own layout and lowered
+  (per-tap channel blocks), and the exact ideal result; :mod:`.replay` — replay through units.
 * :mod:`.network` — running a sequential network recipe end to end.
 * :mod:`.capture_torch` (``from mxsim.trace.capture_torch import capture_torch``, needs
   ``mxsim[torch]``) and :mod:`.onnx_import` (``from mxsim.trace.onnx_import import

@@ -1,21 +1,33 @@
 """Replay a trace's layers through hardware datapaths and measure what they do to the numbers.
 
-Per layer and per hardware config: the layer's GEMM view (``lowering``) is quantized as the
-trace says (an MX spec along K with the unit's block size and a format the unit accepts),
-or else with the unit's first accepted format under the OCP profile; units without block
-scales (plain FP8 tensor cores) get one power-of-two scale per operand tensor, applied
-outside the unit, as FP8 inference does. ``mxsim.matmul`` computes every output bit; the
-bias is added in float64 afterwards. Metrics compare against the float reference (the
-framework's own output) and the ideal MX result (the same quantized operands multiplied in
-float64: exact products, sums rounded only at 2^-53 relative).
+``docs/replay.md`` defines everything below precisely. Per layer:
+
+* The model's operands (:mod:`mxsim.trace.operands`): each operand quantized by its recorded
+  spec in its own layout and lowered to the GEMM the unit sees (conv: K ordered
+  (kh, kw, C) with C blocked and padded per tap, by default); the bias through its
+  recorded bias quantizer.
+* The ideal: the exact sum of the products of the operands the unit got plus the bias,
+  rounded once to fp32 (:func:`mxsim.trace.operands.ideal_gemm`) — on rows where the unit
+  takes the model's operands, the model's own quantized computation.
+* Per unit: the unit takes an operand as the model has it when it accepts the element
+  format, has block scales, and its block size divides the model's scale runs along K.
+  Otherwise replay quantizes the operand itself (the model's format if the unit takes it,
+  else the unit's first; units without block scales get one power-of-two scale per tensor,
+  ``mxsim.quantize(..., per_tensor_scale=True)``) and marks the row: ``replaced`` when the
+  model had a spec the unit cannot take, ``added`` when the model multiplied floats. The
+  bias enters as the accumulator input c when it is exact in fp32 (else it is added in
+  float64 after the GEMM). ``mxsim.matmul`` computes every output bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -24,48 +36,95 @@ from ..datapath import HardwareConfig, matmul
 from ..errors import MxsimError
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
-from ..quantize import MXTensor, quantize, quantize_bfp, resolve_options
+from ..quantize import MXTensor, quantize
 from .format import Layer, Trace
-from .lowering import gemm_axis, gemm_shape, lift_output, lower_input, lower_weight
+from .lowering import gemm_shape, lift_output
 from .network import accuracy, layer_with_input
-from .quant import BFPQuant, MXQuant
+from .operands import (
+    CONV_ORDERS,
+    GemmOperand,
+    LayerOperands,
+    accumulator_input,
+    clip_counts,
+    gemm_bias,
+    ideal_gemm,
+    layer_operands,
+)
+from .quant import MXQuant
+
+#: Row statuses: the unit multiplied the model's own operand values; replay re-quantized an
+#: operand whose recorded spec the unit cannot take; replay quantized an operand the model
+#: left in float; the caller chose the format (``element_format``).
+STATUSES = ("model", "replaced", "added", "caller")
+MARKS = {"model": "", "replaced": "*", "added": "+", "caller": "="}
 
 
 @dataclass
 class OperandChoice:
-    """How one operand was quantized for one unit, and why."""
+    """How one operand was quantized for one unit, and why.
+
+    ``format``/``profile``/``per_tensor_scale``: what the unit received; ``block_size``: the
+    unit's block; ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
+    ``layout``: how the model's blocks lie in K; ``saturated``/``underflowed``: elements
+    clipped to the largest magnitude / nonzero elements flushed to zero by the quantization
+    the unit received (the model's, counted once per tensor element; or replay's, counted
+    over the GEMM operand); ``note``: why, when not the model's.
+    """
 
     format: str
     profile: str
     per_tensor_scale: bool
     note: str = ""
+    block_size: int = 0
+    status: str = "model"
+    spec: str = ""
+    layout: str = ""
+    saturated: int = 0
+    underflowed: int = 0
 
 
 @dataclass
 class LayerResult:
-    """Numbers of one layer through one unit (see :func:`replay_layer`)."""
+    """Numbers of one layer through one unit (see :func:`replay_layer` and docs/replay.md)."""
 
     layer: str
     hw: str
     macs: int
     input: OperandChoice
     weight: OperandChoice
+    k: int
+    bias: str
     sqnr_vs_float_db: float
     max_abs_error_vs_float: float
     max_rel_error_vs_float: float
+    rel_rms_error_vs_float: float
     sqnr_vs_ideal_db: float
     max_abs_error_vs_ideal: float
-    max_ulp_error_vs_ideal: float
-    mean_ulp_error_vs_ideal: float
+    rel_rms_error_vs_ideal: float
+    max_error_vs_ideal_ulps: float
+    mean_error_vs_ideal_ulps: float
+    identical_to_ideal_fraction: float
+    ideal_rms: float
+    ideal_exact: bool
     seconds: float
     cycles: dict | None = None
     bits: np.ndarray | None = field(default=None, repr=False)
     errors_vs_float: np.ndarray | None = field(default=None, repr=False)
+    errors_vs_ideal: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def status(self) -> str:
+        """The row's status: the most severe of its operands' (replaced > added > caller > model)."""
+        for status in ("replaced", "added", "caller"):
+            if status in (self.input.status, self.weight.status):
+                return status
+        return "model"
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out.pop("bits")
-        out.pop("errors_vs_float")
+        for key in ("bits", "errors_vs_float", "errors_vs_ideal"):
+            out.pop(key)
+        out["status"] = self.status
         return out
 
 
@@ -77,185 +136,283 @@ def _sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def _choose(layer: Layer, operand: str, hw: HardwareConfig,
-            element_format: str | None = None) -> tuple[OperandChoice, MXQuant | BFPQuant | None]:
-    """The quantization of ``operand`` on ``hw``: ``element_format`` if given (OCP profile),
-    else the trace's MX spec if the unit can run it, else the unit's first format."""
-    accepted = hw.a_formats if operand == "input" else hw.b_formats
+def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
+    signal = float(np.sum(np.square(reference)))
+    noise = float(np.sum(np.square(error)))
+    if noise == 0:
+        return 0.0
+    return math.sqrt(noise / signal) if signal > 0 else math.inf
+
+
+def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tuple[list[MXTensor], int, int]:
+    """Replay's own quantization of a lowered operand (G, R, K) along K, per group."""
+    tensors, saturated, underflowed = [], 0, 0
+    for matrix in values:
+        tensor = quantize(matrix, choice.format, axis=1, block_size=choice.block_size, profile=choice.profile,
+                          per_tensor_scale=choice.per_tensor_scale, **options)
+        tensors.append(tensor)
+        counts = clip_counts(matrix, tensor)
+        saturated += counts[0]
+        underflowed += counts[1]
+    return tensors, saturated, underflowed
+
+
+def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig,
+            element_format: str | None) -> tuple[OperandChoice, dict]:
+    """What ``hw`` gets for one operand (module docstring), and the quantize options."""
+    accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     per_tensor = hw.sections[("inputs", "scales")] == "none"
+    base = dict(block_size=block, spec=operand.spec, layout=operand.layout)
     if element_format is not None:
-        name = get_format(element_format).name
-        if name not in accepted:
-            raise MxsimError(f"{hw.name} does not take {name} for the {operand}; it takes {', '.join(accepted)}")
-        return OperandChoice(name, "ocp", per_tensor, "format chosen by the caller"), None
-    spec = layer.quant.get(operand)
-    note = ""
-    if isinstance(spec, MXQuant):
-        fmt = get_format(spec.format).name
-        along_k = gemm_axis(layer, operand, spec.axis) == "K"
-        if fmt in accepted and along_k and spec.block_size == block and not per_tensor:
-            return OperandChoice(fmt, spec.profile, False), spec
-        note = (f"trace spec {fmt}/block {spec.block_size} replaced: the unit takes "
-                f"{', '.join(accepted)} with {'no block scales' if per_tensor else f'blocks of {block}'}")
-    elif isinstance(spec, BFPQuant):
-        m = spec.spec.mantissa_bits
-        fmt = {2: "mx4", 4: "mx6", 7: "mx9"}.get(m) if spec.spec.has_microexponents else None
-        along_k = gemm_axis(layer, operand, spec.axis) == "K"
-        if fmt in accepted and along_k and spec.spec.sub_block_size == block and not per_tensor:
-            return OperandChoice(fmt, "bfp", False), spec
-        note = f"trace spec BFP (bit width {spec.spec.bit_width}) replaced: the unit takes {', '.join(accepted)}"
-    elif spec is not None:
-        note = f"trace spec {type(spec).__name__} is not an MX element format; replaced"
-    return OperandChoice(accepted[0], "ocp", per_tensor, note), None
+        fmt = get_format(element_format).name
+        if fmt not in accepted:
+            raise MxsimError(f"{hw.name} does not take {fmt} for the {name}; it takes {', '.join(accepted)}")
+        return OperandChoice(fmt, "ocp", per_tensor, "format chosen by the caller", status="caller", **base), {}
+    fmt = operand.element_format.name
+    if operand.quantized:
+        if fmt in accepted and not per_tensor and operand.granule and operand.granule % block == 0:
+            return OperandChoice(fmt, getattr(spec, "profile", "bfp"), False, status="model",
+                                 saturated=operand.saturated, underflowed=operand.underflowed, **base), {}
+        reasons = []
+        if fmt not in accepted:
+            reasons.append(f"takes {', '.join(accepted)}, not {fmt}")
+        if per_tensor:
+            reasons.append("has no block scales")
+        elif not operand.granule or operand.granule % block:
+            reasons.append(f"blocks of {block} do not fit the model's blocks ({operand.layout})")
+        note = f"{hw.name} cannot take {operand.spec}: it {'; '.join(reasons)}"
+        status = "replaced"
+    else:
+        note, status = f"the model multiplies {operand.spec} values; {hw.name} needs a quantization", "added"
+    if isinstance(spec, MXQuant) and spec.format in accepted:
+        return OperandChoice(spec.format, spec.profile, per_tensor, note, status=status, **base), dict(spec.options)
+    return OperandChoice(accepted[0], "ocp", per_tensor, note, status=status, **base), {}
 
 
-def _quantize_operand(matrix: np.ndarray, choice: OperandChoice, spec, block: int):
-    """(MXTensor along axis 1 of ``matrix`` (rows, K), per-tensor scale exponent)."""
-    matrix = np.ascontiguousarray(matrix)
-    if matrix.dtype not in (np.float16, np.float32, np.float64):
-        matrix = matrix.astype(np.float64)
-    if isinstance(spec, BFPQuant):  # MX4/6/9: elements and sub-block scales (microexponents)
-        return quantize_bfp(matrix, spec.spec, axis=1).as_mx_tensor(), 0
-    if choice.per_tensor_scale:
-        # One OCP floor-rule scale for the whole tensor; the elements are x * 2^-X rounded
-        # (nearest even, saturating) into the format; every block scale of the unit is 1.
-        whole = quantize(matrix.reshape(1, -1), choice.format, axis=1, block_size=max(matrix.size, 1), profile="ocp")
-        if whole.scales[0, 0] == 255:
-            raise MxsimError("an operand has NaN/Inf: no per-tensor scale exists")
-        exponent = int(whole.scales[0, 0]) - 127
-        fmt = get_format(choice.format)
-        codes = fmt.encode(matrix.astype(np.float64) * 2.0 ** (-exponent))
-        padding = -matrix.shape[1] % block
-        codes = np.pad(codes, ((0, 0), (0, padding)))
-        scales = np.full((matrix.shape[0], codes.shape[1] // block), 127, dtype=np.uint8)
-        return MXTensor(fmt, codes, scales, matrix.shape, 1, block, padding, resolve_options("ocp")), exponent
-    options = dict(spec.options) if spec is not None else {}
-    return quantize(matrix, choice.format, axis=1, block_size=block, profile=choice.profile, **options), 0
+def _operand_of_tensors(tensors: list[MXTensor], template: GemmOperand) -> GemmOperand:
+    """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row)."""
+    block = tensors[0].block_size
+    codes = np.stack([t.codes for t in tensors])
+    scales = np.stack([np.repeat(t.scales.astype(np.int32), block, axis=1) + t.tensor_scale_exponent for t in tensors])
+    return dataclasses.replace(template, element_format=tensors[0].element_format, pieces=[codes],
+                               scales=scales.astype(np.uint8), granule=block, quantized=True, exact=True)
 
 
-def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
-               matmul_fn: Callable | None = None):
-    """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
-    ``element_format`` if given; ``matmul_fn`` stands in for :func:`mxsim.matmul`, e.g. a
-    tiled one from :mod:`mxsim.parallel`).
+@dataclass
+class LayerRun:
+    """Everything one layer through one unit produced (see :func:`run_layer`).
 
-    Returns (output in the layer's layout as float64, ideal MX output, output bits (G, M, N),
-    the GEMM outputs and their ideal values before bias (G, M, N), input choice, weight choice).
+    ``values``/``ideal``: outputs in the layer's layout (float64); ``gemm_values``/
+    ``gemm_ideal``: (G, M, N) including the bias where it entered as c (ideal: None when
+    skipped); ``bits``: the unit's
+    raw output bits (G, M, N); ``operands``: the model's operands and bias.
     """
+
+    values: np.ndarray
+    ideal: np.ndarray | None
+    bits: np.ndarray
+    gemm_values: np.ndarray
+    gemm_ideal: np.ndarray | None
+    input: OperandChoice
+    weight: OperandChoice
+    ideal_exact: bool
+    operands: LayerOperands
+
+
+def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
+              conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
+              with_ideal: bool = True, matmul_fn: Callable | None = None) -> LayerRun:
+    """``layer`` (its recorded input, or ``x``) through ``hw``.
+
+    The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
+    ``operands``) when the unit took both, else with replay's quantization of the others.
+    ``operands`` (from :func:`layer_operands`) and the model's ideal ``ideal`` (a tuple from
+    :func:`ideal_gemm`, or a function returning it) may be passed in when already computed
+    for this layer. ``with_ideal=False`` skips the ideal (``ideal`` and ``gemm_ideal`` are
+    then None), as end-to-end runs do. ``matmul_fn`` stands in for :func:`mxsim.matmul`
+    (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks)."""
     at = layer if x is None else layer_with_input(layer, x)
-    block = hw.sections[("inputs", "block_size")]
-    input_choice, input_spec = _choose(at, "input", hw, element_format)
-    weight_choice, weight_spec = _choose(at, "weight", hw, element_format)
-    a = lower_input(at)
-    b = lower_weight(at)
+    ops = operands if operands is not None else layer_operands(at, conv_order)
     shape = gemm_shape(at)
+    gemm_operands = {"input": ops.a, "weight": ops.b}
+    choices, tensors = {}, {}
+    for name, operand in gemm_operands.items():
+        choice, options = _choose(operand, name, at.quant.get(name), hw, element_format)
+        if choice.status == "model":
+            tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
+        else:
+            floats = ops.a_float if name == "input" else ops.b_float
+            tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options)
+        choices[name] = choice
+    if not with_ideal:
+        gemm_ideal, exact = None, False
+    elif choices["input"].status == choices["weight"].status == "model":
+        gemm_ideal, exact = ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(at, ops)
+    else:  # the ideal of the operands this unit got
+        unit_ops = dataclasses.replace(
+            ops, a=ops.a if choices["input"].status == "model" else _operand_of_tensors(tensors["input"], ops.a),
+            b=ops.b if choices["weight"].status == "model" else _operand_of_tensors(tensors["weight"], ops.b))
+        gemm_ideal, exact = ideal_gemm(at, unit_ops)
+    scaled_linear = at.op == "linear" and at.attrs.get("alpha", 1.0) != 1.0
+    bias = None if scaled_linear else gemm_bias(at, ops.bias)
     out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
-    ideal = np.empty_like(out)
     bits = None
     for g in range(shape.groups):
-        qa, ea = _quantize_operand(a[g], input_choice, input_spec, block)
-        qb_rows, eb = _quantize_operand(b[g], weight_choice, weight_spec, block)
-        # B as (K, N) quantized along axis 0 is the same MXTensor data as B (N, K) along axis 1.
-        qb = dataclasses.replace(qb_rows, shape=(qb_rows.shape[1], qb_rows.shape[0]), axis=0)
-        result = (matmul_fn or matmul)(hw, qa, qb)
+        qa = tensors["input"][g]
+        rows = tensors["weight"][g]
+        # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
+        qb = dataclasses.replace(rows, shape=(rows.shape[1], rows.shape[0]), axis=0)
+        shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
+        # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
+        c = None if bias is None or accumulator_input(bias[g], shift) is None else bias[g].astype(np.float32)
+        result = (matmul_fn or matmul)(hw, qa, qb, c=c)
         if bits is None:
             bits = np.empty((shape.groups, shape.m, shape.n), dtype=result.bits.dtype)
         bits[g] = result.bits
-        factor = 2.0 ** (ea + eb)
-        out[g] = result.values * factor
-        ideal[g] = (qa.dequantize() @ qb.dequantize()) * factor
-    bias = None if at.bias is None else at.bias.astype(np.float64)
-    return (lift_output(at, out, bias), lift_output(at, ideal, bias), bits, (out, ideal),
-            input_choice, weight_choice)
+        out[g] = result.values
+        if bias is not None and c is None:
+            out[g] += bias[g]
+    lift_bias = ops.bias if scaled_linear else None
+    ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
+    return LayerRun(lift_output(at, out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
+                    choices["weight"], exact, ops)
 
 
-def _ulp_errors(values: np.ndarray, ideal: np.ndarray, out_format: str) -> np.ndarray:
-    """|value - ideal| in units of the output format's spacing at the ideal value (GEMM outputs,
-    before bias; near-cancelling outputs have tiny spacings, so the maximum is heavy-tailed)."""
+def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
+               conv_order: str = "kh_kw_c"):
+    """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
+    ``element_format`` if given): (output in the layer's layout as float64, ideal output,
+    output bits (G, M, N), (GEMM outputs, their ideal values) (G, M, N), input choice,
+    weight choice). :func:`run_layer` returns the same and more as one object."""
+    run = run_layer(layer, hw, x, element_format, conv_order)
+    return run.values, run.ideal, run.bits, (run.gemm_values, run.gemm_ideal), run.input, run.weight
+
+
+def _output_ulp(rms: float, out_format: str) -> float:
+    """The spacing of ``out_format`` at the layer's output magnitude ``rms`` (the RMS of the
+    ideal outputs): the ulp of its binade, or of the smallest normal binade below that."""
     fmt = get_format(out_format)
-    magnitude = np.abs(ideal)
-    exponent = np.floor(np.log2(np.maximum(magnitude, fmt.min_normal)))
-    ulp = np.exp2(exponent - fmt.mantissa_bits)
-    return np.abs(values - ideal) / ulp
+    exponent = math.floor(math.log2(max(rms, fmt.min_normal)))
+    return 2.0 ** (exponent - fmt.mantissa_bits)
 
 
-def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None,
-                 matmul_fn: Callable | None = None) -> LayerResult:
+def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None, conv_order: str = "kh_kw_c",
+                 ideal=None, operands: LayerOperands | None = None, matmul_fn: Callable | None = None) -> LayerResult:
     """One layer through one unit, with its metrics and (if the config has ``array:``) cycles."""
-    import time
-
     start = time.perf_counter()
-    values, ideal, bits, (gemm_values, gemm_ideal), input_choice, weight_choice = layer_gemm(
-        layer, hw, element_format=element_format, matmul_fn=matmul_fn)
+    run = run_layer(layer, hw, element_format=element_format, conv_order=conv_order, ideal=ideal, operands=operands,
+                    matmul_fn=matmul_fn)
     seconds = time.perf_counter() - start
+    values, ideal_values = run.values, run.ideal
     reference = layer.output.astype(np.float64)
-    error = values - reference
-    finite = np.isfinite(values) & np.isfinite(reference)
-    scale = np.maximum(np.abs(reference), np.finfo(np.float32).tiny)
+    finite = np.isfinite(values) & np.isfinite(reference) & np.isfinite(ideal_values)
+    error = (values - reference)[finite]
+    error_ideal = (values - ideal_values)[finite]
+    scale = np.maximum(np.abs(reference[finite]), np.finfo(np.float32).tiny)
     shape = gemm_shape(layer)
     out_format = hw.sections[("output", "format")]
-    gemm_finite = np.isfinite(gemm_values) & np.isfinite(gemm_ideal)
-    ulps = _ulp_errors(gemm_values[gemm_finite], gemm_ideal[gemm_finite], out_format)
+    ideal_rms = math.sqrt(float(np.mean(np.square(ideal_values[finite])))) if finite.any() else 0.0
+    ulp = _output_ulp(ideal_rms, out_format)
     cycles = None
     if hw.array is not None:
-        storage = {
-            "a": storage_for_format(input_choice.format),
-            "b": storage_for_format(weight_choice.format),
-            "out": storage_for_format(out_format),
-        }
         estimate = estimate_layer(hw.array, GemmLayer(layer.name, shape.m, shape.n * shape.groups, shape.k),
-                                  storage["a"], storage["b"], storage["out"])
+                                  storage_for_format(run.input.format), storage_for_format(run.weight.format),
+                                  storage_for_format(out_format))
         cycles = {"total_cycles": estimate.total_cycles, "compute_cycles": estimate.compute_cycles,
                   "memory_cycles": estimate.memory_cycles, "utilisation": estimate.utilisation}
+    same = values == ideal_values
     return LayerResult(
-        layer=layer.name, hw=hw.name, macs=shape.macs, input=input_choice, weight=weight_choice,
-        sqnr_vs_float_db=_sqnr_db(reference[finite], error[finite]),
-        max_abs_error_vs_float=float(np.max(np.abs(error[finite]), initial=0.0)),
-        max_rel_error_vs_float=float(np.max(np.abs(error[finite]) / scale[finite], initial=0.0)),
-        sqnr_vs_ideal_db=_sqnr_db(ideal[finite], (values - ideal)[finite]),
-        max_abs_error_vs_ideal=float(np.max(np.abs(values - ideal)[finite], initial=0.0)),
-        max_ulp_error_vs_ideal=float(np.max(ulps, initial=0.0)),
-        mean_ulp_error_vs_ideal=float(np.mean(ulps)) if ulps.size else 0.0,
-        seconds=seconds, cycles=cycles, bits=bits, errors_vs_float=error[finite],
+        layer=layer.name, hw=hw.name, macs=shape.macs, input=run.input, weight=run.weight, k=shape.k,
+        bias=run.operands.bias_spec,
+        sqnr_vs_float_db=_sqnr_db(reference[finite], error),
+        max_abs_error_vs_float=float(np.max(np.abs(error), initial=0.0)),
+        max_rel_error_vs_float=float(np.max(np.abs(error) / scale, initial=0.0)),
+        rel_rms_error_vs_float=_rel_rms(reference[finite], error),
+        sqnr_vs_ideal_db=_sqnr_db(ideal_values[finite], error_ideal),
+        max_abs_error_vs_ideal=float(np.max(np.abs(error_ideal), initial=0.0)),
+        rel_rms_error_vs_ideal=_rel_rms(ideal_values[finite], error_ideal),
+        max_error_vs_ideal_ulps=float(np.max(np.abs(error_ideal), initial=0.0)) / ulp,
+        mean_error_vs_ideal_ulps=float(np.mean(np.abs(error_ideal))) / ulp if error_ideal.size else 0.0,
+        identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0, ideal_rms=ideal_rms,
+        ideal_exact=run.ideal_exact, seconds=seconds, cycles=cycles, bits=run.bits,
+        errors_vs_float=error, errors_vs_ideal=error_ideal,
     )
 
 
+def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element_format: str | None = None,
+                          conv_order: str = "kh_kw_c", strict: bool = False,
+                          matmul_fn: Callable | None = None) -> list[LayerResult]:
+    """:func:`replay_layer` through each unit, the layer's operands quantized and its ideal
+    computed once for all of them. ``strict``: MxsimError for a ``replaced`` row."""
+    operands = layer_operands(layer, conv_order)
+    memo = {}
+
+    def ideal():  # computed once, if a unit takes the model's operands
+        if "ideal" not in memo:
+            memo["ideal"] = ideal_gemm(layer, operands)
+        return memo["ideal"]
+
+    results = []
+    for hw in units:
+        result = replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn)
+        if strict and result.status == "replaced":
+            choice = result.input if result.input.status == "replaced" else result.weight
+            raise MxsimError(f"layer {layer.name!r}: {choice.note} (strict)")
+        results.append(result)
+    return results
+
+
 def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | None = None,
-                        matmul_fn: Callable | None = None) -> float:
-    """Top-1 accuracy of the trace's network with every layer computed by ``hw``."""
-    return accuracy(trace, layer_fn=lambda layer, x: layer_gemm(layer, hw, x, element_format, matmul_fn)[0])
+                        matmul_fn: Callable | None = None, conv_order: str = "kh_kw_c") -> float:
+    """Top-1 accuracy of the trace's network with every layer computed by ``hw`` (no ideal)."""
+    return accuracy(trace, layer_fn=lambda layer, x: run_layer(
+        layer, hw, x, element_format, conv_order, with_ideal=False, matmul_fn=matmul_fn).values)
 
 
 def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
            progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
-           element_format: str | None = None, runner=None) -> dict:
-    """Replay every layer of ``trace`` through each unit; totals, pairwise bit agreement and,
-    with ``end_to_end``, task accuracy with every layer computed by each unit. With
-    ``element_format`` every operand is quantized to it (OCP profile) instead of the trace's specs.
+           element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False, runner=None) -> dict:
+    """Replay every layer of ``trace`` through each unit; totals, the worst layers, pairwise bit
+    agreement and, with ``end_to_end``, task accuracy with every layer computed by each unit.
 
-    Each (layer, unit) pair and each unit's end-to-end run is one task of ``runner`` (default
-    in-process; :class:`mxsim.parallel.DaskRunner` spreads them over a cluster, with the same
-    results). Failed tasks are raised together (:func:`mxsim.parallel.raise_failures`) after
-    the others have finished."""
+    ``element_format``: every operand quantized to it (OCP profile) instead of the trace's
+    specs. ``conv_order``: one of :data:`mxsim.trace.operands.CONV_ORDERS`. ``strict``: raise
+    MxsimError when a unit cannot take a recorded spec (a ``replaced`` row) instead of
+    marking the row.
+
+    Each layer (through every unit, sharing its operands and ideal) and each unit's end-to-end
+    run is one task of ``runner`` (default in-process; :class:`mxsim.parallel.DaskRunner`
+    spreads them over a cluster, with the same results). Failed tasks are raised together
+    (:func:`mxsim.parallel.raise_failures`) after the others have finished.
+    """
     if not units:
         raise MxsimError("replay needs at least one hardware config")
+    if conv_order not in CONV_ORDERS:
+        raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     names = [hw.name for hw in units]
     if len(set(names)) != len(names):
         raise MxsimError(f"hardware configs must have distinct names, got {names}")
     runner = runner or InProcess()
-    tasks = [Task(f"{layer.name} on {hw.name}", replay_layer, (layer, hw, element_format, runner.matmul))
-             for layer in trace.layers for hw in units]
+    tasks = [Task(f"layer {layer.name}", replay_layer_on_units, (layer, units, element_format, conv_order, strict,
+                                                                 runner.matmul))
+             for layer in trace.layers]
     if end_to_end:
         shared = runner.share(trace)
-        tasks += [Task(f"end to end on {hw.name}", end_to_end_accuracy, (shared, hw, element_format, runner.matmul))
-                  for hw in units]
-    done, failures = runner.run(tasks, progress=progress, unit="task", on_result=lambda key, value: (
-        on_layer(value) if on_layer and isinstance(value, LayerResult) else None))
+        tasks += [Task(f"end to end on {hw.name}", end_to_end_accuracy,
+                       (shared, hw, element_format, runner.matmul, conv_order)) for hw in units]
+
+    def layer_done(key, value):
+        if on_layer and key.startswith("layer "):
+            for result in value:
+                on_layer(result)
+
+    done, failures = runner.run(tasks, progress=progress, unit="task", on_result=layer_done)
     raise_failures("replay", len(tasks), failures)
-    results = {hw.name: [done[f"{layer.name} on {hw.name}"] for layer in trace.layers] for hw in units}
-    report = {"trace": trace.name, "units": names, "element_format": element_format, "layers": [], "totals": {},
-              "agreement": [], "end_to_end": None}
+    results = {hw.name: [done[f"layer {layer.name}"][i] for layer in trace.layers] for i, hw in enumerate(units)}
+    report = {"trace": trace.name, "units": names, "element_format": element_format, "conv_order": conv_order,
+              "layers": [], "totals": {}, "worst": {}, "agreement": [], "end_to_end": None,
+              "legend": {MARKS[s]: s for s in STATUSES if MARKS[s]}}
     for index, layer in enumerate(trace.layers):
         report["layers"].append({"layer": layer.name, "op": layer.op,
                                  "results": [results[n][index].to_dict() for n in names]})
@@ -266,10 +423,13 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
             "macs": int(sum(r.macs for r in rows)),
             "seconds": float(sum(r.seconds for r in rows)),
             "worst_layer_sqnr_vs_float_db": min((r.sqnr_vs_float_db for r in rows), default=math.inf),
+            "worst_layer_sqnr_vs_ideal_db": min((r.sqnr_vs_ideal_db for r in rows), default=math.inf),
             "max_abs_error_vs_float": float(np.max(np.abs(errors), initial=0.0)),
-            "max_ulp_error_vs_ideal": max((r.max_ulp_error_vs_ideal for r in rows), default=0.0),
+            "max_rel_rms_error_vs_ideal": max((r.rel_rms_error_vs_ideal for r in rows), default=0.0),
+            "rows": {status: sum(r.status == status for r in rows) for status in STATUSES},
             "cycles": sum(r.cycles["total_cycles"] for r in rows) if all(r.cycles for r in rows) and rows else None,
         }
+        report["worst"][name] = worst_layers(rows)
     for i, first in enumerate(names):
         for second in names[i + 1 :]:
             same = total = 0
@@ -285,24 +445,72 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     return report
 
 
+def worst_layers(rows: Sequence[LayerResult], count: int = 5) -> list[dict]:
+    """The ``count`` rows with the lowest SQNR vs float, with what made them bad."""
+    ranked = sorted(rows, key=lambda r: (r.sqnr_vs_float_db, r.layer))[:count]
+    return [{"layer": r.layer, "sqnr_vs_float_db": r.sqnr_vs_float_db, "sqnr_vs_ideal_db": r.sqnr_vs_ideal_db,
+             "saturated": r.input.saturated + r.weight.saturated,
+             "underflowed": r.input.underflowed + r.weight.underflowed, "k": r.k,
+             "operands": f"{_operand_label(r.input)} x {_operand_label(r.weight)}",
+             "layout": r.input.layout if r.input.layout == r.weight.layout else f"{r.input.layout} / {r.weight.layout}",
+             "status": r.status}
+            for r in ranked]
+
+
+def _operand_label(choice) -> str:
+    """``int8/32`` (format/block; ``pt`` per-tensor scale), from a choice or its dict."""
+    get = choice.get if isinstance(choice, dict) else lambda key: getattr(choice, key)
+    return f"{get('format')}/{'pt' if get('per_tensor_scale') else get('block_size')}"
+
+
+def _number(value: float, digits: int = 2) -> str:
+    return "inf" if value == math.inf else "-inf" if value == -math.inf else f"{value:.{digits}f}"
+
+
 def format_report(report: dict) -> str:
-    """The replay report as a terminal table."""
-    lines = [f"trace {report['trace']}: {len(report['layers'])} layers through {', '.join(report['units'])}"]
-    header = f"{'layer':16s} {'unit':18s} {'MACs':>10s} {'SQNR/float dB':>13s} {'maxabs/float':>12s} " \
-             f"{'SQNR/ideal dB':>13s} {'max ulp':>9s} {'cycles':>10s}"
+    """The replay report as a terminal table (docs/replay.md explains every column)."""
+    lines = [f"trace {report['trace']}: {len(report['layers'])} layers through {', '.join(report['units'])}"
+             f" (conv K order {report.get('conv_order', 'kh_kw_c')})"]
+    name_width = max([len("layer")] + [len(entry["layer"]) for entry in report["layers"]])
+    unit_width = max([len("unit")] + [len(u) for u in report["units"]])
+    columns = [("operands", 22), ("K", 6), ("SQNR/float", 10), ("SQNR/ideal", 10), ("relRMS/ideal", 12),
+               ("ulps@rms", 9), ("sat", 6), ("uflow", 7), ("cycles", 10)]
+    header = f"  {'layer':{name_width}s}  {'unit':{unit_width}s}  " + " ".join(f"{c:>{w}s}" for c, w in columns)
     lines += [header, "-" * len(header)]
     for entry in report["layers"]:
         for r in entry["results"]:
             cycles = r["cycles"]["total_cycles"] if r["cycles"] else "-"
-            lines.append(
-                f"{entry['layer'][:16]:16s} {r['hw'][:18]:18s} {r['macs']:10d} {r['sqnr_vs_float_db']:13.2f} "
-                f"{r['max_abs_error_vs_float']:12.4g} {r['sqnr_vs_ideal_db']:13.2f} {r['max_ulp_error_vs_ideal']:9.3g} {cycles!s:>10s}"
-            )
+            operands = f"{_operand_label(r['input'])} x {_operand_label(r['weight'])}"
+            cells = [operands, str(r["k"]), _number(r["sqnr_vs_float_db"]), _number(r["sqnr_vs_ideal_db"]),
+                     f"{r['rel_rms_error_vs_ideal']:.2e}", f"{r['max_error_vs_ideal_ulps']:.3g}",
+                     str(r["input"]["saturated"] + r["weight"]["saturated"]),
+                     str(r["input"]["underflowed"] + r["weight"]["underflowed"]), str(cycles)]
+            mark = MARKS[r["status"]] or " "
+            lines.append(f"{mark} {entry['layer']:{name_width}s}  {r['hw']:{unit_width}s}  "
+                         + " ".join(f"{cell:>{w}s}" for cell, (_, w) in zip(cells, columns)))
+    lines.append("")
+    lines.append("legend: * the unit cannot take the model's recorded quantization: replay re-quantized the operand; "
+                 "+ the model multiplies this operand unquantized: replay quantized it; = format chosen by the caller. "
+                 "operands: format/block for input x weight (pt: per-tensor scale). ulps@rms: max |error vs ideal| "
+                 "in ulps of the unit's output format at the layer's RMS output. sat/uflow: operand elements clipped "
+                 "to the largest magnitude / flushed to zero. (docs/replay.md)")
+    marked = [f"{r['hw']}: {r['input']['note'] or r['weight']['note']}" for entry in report["layers"]
+              for r in entry["results"] if r["status"] == "replaced"]
+    for note in dict.fromkeys(marked):
+        lines.append(f"  * {note}")
     lines.append("")
     for name, total in report["totals"].items():
         cycles = f", {total['cycles']} cycles" if total["cycles"] is not None else ""
+        rows = ", ".join(f"{count} {status}" for status, count in total["rows"].items() if count)
         lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s, worst layer SQNR vs float "
-                     f"{total['worst_layer_sqnr_vs_float_db']:.2f} dB, max ulp vs ideal {total['max_ulp_error_vs_ideal']:.3g}{cycles}")
+                     f"{_number(total['worst_layer_sqnr_vs_float_db'])} dB, vs ideal "
+                     f"{_number(total['worst_layer_sqnr_vs_ideal_db'])} dB; rows: {rows}{cycles}")
+    for name, worst in report.get("worst", {}).items():
+        lines.append(f"worst layers on {name} (lowest SQNR vs float):")
+        for w in worst:
+            lines.append(f"  {w['layer']}: {_number(w['sqnr_vs_float_db'])} dB vs float, "
+                         f"{_number(w['sqnr_vs_ideal_db'])} dB vs ideal; {w['saturated']} saturated, "
+                         f"{w['underflowed']} underflowed to zero; K {w['k']}; {w['operands']}; {w['layout']}")
     for pair in report["agreement"]:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")
     if report["end_to_end"]:
@@ -313,10 +521,29 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_histograms(report: dict, directory) -> list[str]:
-    """PNG histograms of output error vs float per layer and unit (needs matplotlib)."""
-    from pathlib import Path
+def safe_name(name: str) -> str:
+    """A file-name fragment from a layer or unit name: ``[A-Za-z0-9._-]`` only, no leading dots."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:80] or "layer"
 
+
+def _inside(directory: Path, name: str) -> Path:
+    path = (directory / name).resolve()
+    if path.parent != directory.resolve():
+        raise MxsimError(f"plot path {name!r} would lie outside {directory}")
+    return path
+
+
+def _save(figure, path: Path) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    figure.savefig(temporary, format="png")
+    temporary.replace(path)
+
+
+def write_plots(report: dict, directory) -> list[str]:
+    """PNG plots (needs matplotlib): ``overview.png`` (SQNR vs float and vs ideal of every layer
+    on every unit) and per layer ``NNN-<layer>.png`` (histograms of |error vs ideal| relative to
+    the layer's RMS output, one per unit, log axes). File names come from sanitised names and
+    are checked to lie inside ``directory``; each file is written atomically."""
     try:
         import matplotlib
 
@@ -326,20 +553,53 @@ def write_histograms(report: dict, directory) -> list[str]:
         raise MxsimError("--plots needs matplotlib: pip install 'mxsim[plots]'") from None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    results = report["_results"]
+    layers = [entry["layer"] for entry in report["layers"]]
     written = []
-    for name, rows in report["_results"].items():
-        for r in rows:
-            figure, axes = plt.subplots(figsize=(5, 3))
-            errors = r.errors_vs_float
-            axes.hist(errors, bins=60, color="tab:blue")
-            axes.set_title(f"{r.layer} on {name}: output - float reference")
-            axes.set_xlabel("error")
-            axes.set_ylabel("outputs")
-            figure.tight_layout()
-            path = directory / f"{r.layer}__{name}.png"
-            temporary = path.with_suffix(".png.tmp")
-            figure.savefig(temporary, format="png")
-            plt.close(figure)
-            temporary.replace(path)
-            written.append(str(path))
+    figure, axes = plt.subplots(2, 1, figsize=(max(6, 0.35 * len(layers) + 3), 7), sharex=True)
+    for name, rows in results.items():
+        for axis, key in zip(axes, ("sqnr_vs_float_db", "sqnr_vs_ideal_db")):
+            finite_top = [getattr(r, key) for r in rows if math.isfinite(getattr(r, key))]
+            ceiling = (max(finite_top) + 10) if finite_top else 200
+            values = [min(getattr(r, key), ceiling) for r in rows]
+            axis.plot(range(len(rows)), values, marker="o", label=name)
+    axes[0].set_ylabel("SQNR vs float (dB)")
+    axes[1].set_ylabel("SQNR vs ideal (dB)\n(identical: plotted at the top)")
+    axes[1].set_xticks(range(len(layers)))
+    axes[1].set_xticklabels([f"{i}: {n[-40:]}" for i, n in enumerate(layers)], rotation=90, fontsize=7)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title(f"{report['trace']}: every layer on every unit")
+    figure.tight_layout()
+    path = _inside(directory, "overview.png")
+    _save(figure, path)
+    plt.close(figure)
+    written.append(str(path))
+    for index, layer in enumerate(layers):
+        figure, axis = plt.subplots(figsize=(6, 3.5))
+        plotted = False
+        for name, rows in results.items():
+            errors = np.abs(rows[index].errors_vs_ideal)
+            scale = rows[index].ideal_rms
+            relative = errors[errors > 0] / scale if scale > 0 else np.zeros(0)
+            exact = int(np.sum(errors == 0))
+            if relative.size:
+                bins = np.logspace(np.log10(relative.min()), np.log10(relative.max()) + 1e-9, 40)
+                axis.hist(relative, bins=bins, histtype="step", label=f"{name} ({exact} exact)")
+                plotted = True
+            else:
+                axis.plot([], [], label=f"{name}: all {exact} outputs equal the ideal")
+        if plotted:  # log axes need data
+            axis.set_xscale("log")
+            axis.set_yscale("log")
+        axis.set_xlabel("|output - ideal| / RMS(ideal output)")
+        axis.set_ylabel("outputs")
+        axis.set_title(f"{layer}"[-70:], fontsize=8)
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        path = _inside(directory, f"{index:03d}-{safe_name(layer)}.png")
+        _save(figure, path)
+        plt.close(figure)
+        written.append(str(path))
     return written
+
+

@@ -1,0 +1,436 @@
+"""A layer's GEMM operands quantized in the model's own layout, and its exact ideal result.
+
+A trace records how the model quantized each operand (:mod:`mxsim.trace.quant`): the block
+axis, block size and element format of an MX spec, or a BFP spec. Replay quantizes every
+operand exactly that way, *in the operand's own layout*, and only then lowers it to the GEMM
+view (:mod:`mxsim.trace.lowering`): the element codes and a scale per element travel
+through the lowering together, so every value the GEMM multiplies is the model's own value.
+
+Conv lowering (``conv_order``):
+
+* ``"kh_kw_c"`` (default, as NHWC accelerators lower a convolution): K is ordered
+  (kh, kw, C) and the channels of each filter tap are padded with zeros to whole blocks of
+  the model's quantizer, so that each tap contributes ``ceil(C / L) * L`` columns (L: the
+  least common multiple of both operands' block lengths along C). A model block (a channel
+  group of one pixel or one filter tap) is then one aligned run of K, which a unit whose
+  block size divides the model's can take unchanged. Grouped convolutions are padded the
+  same way when every block lies inside one group (``C/groups`` a multiple of L); blocks
+  that straddle groups stay as the model made them (one scale per element, unpadded).
+* ``"c_kh_kw"`` (the NCHW ``unfold`` order): K is ordered (C, kh, kw); a channel block is
+  then spread over K with a stride of kh*kw, so no unit block can hold it.
+
+Linear and matmul layers have K contiguous; their operands are padded to whole blocks at
+the end of K. An operand whose blocks run along another GEMM axis (M, N) keeps one scale
+per element.
+
+An operand without an MX/BFP spec (float, or ONNX QDQ with an arbitrary float scale) is
+represented exactly by up to three bf16 pieces per element (a float32 value's 24-bit
+significand in three 8-bit parts): x = x1 + x2 + x3 with every x_i a bf16.
+
+The ideal (:func:`ideal_gemm`): the exact sum of the products of the dequantized operands
+plus the model's (quantized) bias, rounded once to fp32 (nearest even). It is computed by an
+exact (Kulisch) accumulator unit — the ``kulisch`` hardware config with the operands' formats
+and a block size that divides every scale run — through :func:`mxsim.matmul`, which takes
+its exact float64-BLAS route where that is proven exact and the exact kernel elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..datapath import matmul
+from ..datapath.config import parse_hwconfig
+from ..errors import MxsimError
+from ..formats import FormatInfo, get_format
+from ..quantize import MXTensor, quantize, quantize_bfp
+from ..quantize.options import QuantOptions
+from .format import Layer
+from .lowering import gemm_axis, gemm_shape, lower_input, lower_weight
+from .quant import BFPQuant, MXQuant
+
+CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
+E8M0_ONE = 127
+BF16 = get_format("bf16")
+
+
+@dataclass
+class GemmOperand:
+    """One GEMM operand (rows of A, or rows of B = columns of the GEMM's B) as the model has it.
+
+    * ``pieces``: element-code arrays (G, R, K), each of ``element_format``; the operand's
+      value is the sum over pieces of code value × 2^(scale - 127). Quantized operands have
+      one piece; float operands up to three bf16 pieces.
+    * ``scales``: uint8 (G, R, K): the E8M0 scale code of every element (127 where none).
+    * ``granule``: the length of the runs of K that share one scale (the model's block along
+      K, aligned to K's start); 1 when scales vary per element (blocks not along K, or
+      straddling conv groups); 0 for an unquantized operand (any run length works).
+    * ``quantized``: the model's quantizer is represented here (MX or mappable BFP spec).
+    * ``spec``: a short description of the model's quantization (``int8 block 32``).
+    * ``layout``: how the operand's blocks lie in the GEMM's K.
+    * ``saturated``, ``underflowed``: elements the quantizer clipped to its largest
+      magnitude, and nonzero elements it flushed to zero (counted in the operand's own
+      layout, each element once).
+    * ``exact``: False when a float operand could not be split exactly (non-finite values,
+      float64 values that are not float32).
+    """
+
+    element_format: FormatInfo
+    pieces: list
+    scales: np.ndarray
+    granule: int
+    quantized: bool
+    spec: str
+    layout: str
+    saturated: int = 0
+    underflowed: int = 0
+    exact: bool = True
+
+    @property
+    def k(self) -> int:
+        return self.scales.shape[-1]
+
+    def unit_tensor(self, group: int, block_size: int) -> MXTensor:
+        """Group ``group`` as an MXTensor (R, K) with blocks of ``block_size`` along K (axis 1).
+
+        Valid only when ``block_size`` divides ``granule`` (every block has one scale) and the
+        operand has one piece."""
+        if len(self.pieces) != 1 or (self.granule and self.granule % block_size):
+            raise MxsimError(f"operand ({self.layout}) cannot be cut into blocks of {block_size}")
+        codes = _pad_k(self.pieces[0][group], block_size)
+        scales = _pad_k(self.scales[group], block_size, fill=E8M0_ONE)[:, ::block_size]
+        return MXTensor(self.element_format, np.ascontiguousarray(codes), np.ascontiguousarray(scales),
+                        codes.shape, 1, block_size, 0, QuantOptions())
+
+
+def _pad_to(array: np.ndarray, length: int, fill: int = 0) -> np.ndarray:
+    """``array`` with its last axis padded with ``fill`` to ``length``."""
+    extra = length - array.shape[-1]
+    if extra <= 0:
+        return array
+    return np.pad(array, [(0, 0)] * (array.ndim - 1) + [(0, extra)], constant_values=fill)
+
+
+def _pad_k(array: np.ndarray, multiple: int, fill: int = 0) -> np.ndarray:
+    return _pad_to(array, -(-array.shape[-1] // multiple) * multiple, fill)
+
+
+# ----------------------------------------------------------------------------- quantizing
+
+
+@dataclass
+class _Quantized:
+    """One operand quantized in its own layout: codes and per-element scale codes in the
+    operand's shape (the block axis padded to whole blocks); ``block_size``: elements per
+    scale; ``pad_unit``: the quantizer's block (a BFP block holds several sub-block scales)."""
+
+    element_format: FormatInfo
+    codes: np.ndarray
+    scales: np.ndarray
+    axis: int
+    block_size: int
+    pad_unit: int
+    spec: str
+    saturated: int
+    underflowed: int
+
+
+def clip_counts(x: np.ndarray, tensor: MXTensor, largest: float | None = None) -> tuple[int, int]:
+    """(elements clipped to the largest element magnitude ``largest`` — default the element
+    format's max — and nonzero elements flushed to zero) of ``x`` quantized as ``tensor``."""
+    largest = tensor.element_format.max_finite if largest is None else largest
+    values = np.asarray(x, dtype=np.float64)
+    dequantized = tensor.dequantize()
+    elements = np.abs(tensor.element_format.decode(tensor.codes))
+    moved = elements.reshape(tuple(np.delete(tensor.shape, tensor.axis)) + (-1,))
+    if tensor.padding:
+        moved = moved[..., : -tensor.padding]
+    elements = np.moveaxis(moved, -1, tensor.axis)
+    finite = np.isfinite(values) & np.isfinite(dequantized)
+    saturated = finite & (elements >= largest) & (np.abs(values) > np.abs(dequantized))
+    underflowed = finite & (values != 0) & (dequantized == 0)
+    return int(saturated.sum()), int(underflowed.sum())
+
+
+def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
+    """The operand quantized by its MX or BFP spec in its own layout; None if the spec has no
+    element-code form (other specs, bypassed one-element tensors, unmappable BFP)."""
+    if not isinstance(spec, (MXQuant, BFPQuant)) or (spec.bypass_single_element and x.size == 1):
+        return None
+    if isinstance(spec, MXQuant):
+        tensor = quantize(x, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
+                          **dict(spec.options))
+        description = f"{spec.format} block {spec.block_size}"
+        largest = tensor.element_format.max_finite
+        pad_unit = spec.block_size
+    else:
+        try:
+            tensor = quantize_bfp(np.asarray(x), spec.spec, axis=spec.axis).as_mx_tensor()
+        except MxsimError:
+            return None
+        m = spec.spec.mantissa_bits
+        description = f"{spec.name or 'BFP'} block {spec.spec.block_size}"
+        if spec.spec.has_microexponents:
+            description += f"/{spec.spec.sub_block_size}"
+        largest = (2**m - 1) * 2.0 ** (1 - m)
+        pad_unit = spec.spec.block_size
+    saturated, underflowed = clip_counts(x, tensor, largest)
+    axis = tensor.axis
+    codes = np.moveaxis(tensor.codes, -1, axis)
+    scales = np.moveaxis(np.repeat(tensor.scales, tensor.block_size, axis=-1), -1, axis)
+    if scales.shape != codes.shape:  # BFP: the last block's sub-blocks cover its padding too
+        raise MxsimError("internal: scale and code layouts differ")
+    return _Quantized(tensor.element_format, codes, scales, axis, tensor.block_size, pad_unit, description,
+                      saturated, underflowed)
+
+
+def _bf16_pieces(values: np.ndarray) -> tuple[list[np.ndarray], bool]:
+    """bf16 codes of x1, x2, x3 with x1 + x2 + x3 == x exactly (float32 x); trailing all-zero
+    pieces dropped. The bool is False when x is not exactly three bf16s (non-finite, float64
+    values that are not float32, or a remainder below bf16's range)."""
+    as32 = values.astype(np.float32)
+    exact = bool(np.isfinite(as32).all()) and np.array_equal(as32.astype(values.dtype), values)
+    rest = np.where(np.isfinite(as32), as32, np.float32(0))
+    pieces = []
+    for _ in range(3):
+        head = (rest.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # truncated: rest - head is exact
+        pieces.append((head.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+        rest = rest - head
+    if rest.any():
+        exact = False
+    while len(pieces) > 1 and not pieces[-1].any():
+        pieces.pop()
+    return pieces, exact
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+def _with_tensors(layer: Layer, input_array: np.ndarray, weight_array: np.ndarray) -> Layer:
+    """``layer`` with other input and weight arrays (same op and attrs): for lowering codes."""
+    tensors = {"input": input_array, "weight": weight_array, "output": layer.output}
+    return Layer(layer.name, layer.op, tensors, layer.attrs, {}, layer.source)
+
+
+def _reduction_axis(layer: Layer, operand: str) -> int:
+    """The axis of ``operand`` that lowers to K runs (conv: channels; else the contraction)."""
+    if layer.op == "conv2d":
+        return 1
+    if operand == "input":
+        return layer.input.ndim - 1
+    return 1 if layer.op == "linear" else layer.weight.ndim - 2
+
+
+def _pad_axis(array: np.ndarray, axis: int, length: int, fill=0) -> np.ndarray:
+    extra = length - array.shape[axis]
+    if extra <= 0:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, extra)
+    if fill == "edge":
+        return np.pad(array, widths, mode="edge")
+    return np.pad(array, widths, constant_values=fill)
+
+
+def _reorder_taps(lowered: np.ndarray, taps: int) -> np.ndarray:
+    """(G, R, taps*C) in (tap, channel) order -> (channel, tap) order."""
+    g, r, k = lowered.shape
+    return np.ascontiguousarray(lowered.reshape(g, r, taps, k // taps).transpose(0, 1, 3, 2)).reshape(g, r, k)
+
+
+@dataclass
+class LayerOperands:
+    """Both GEMM operands of a layer and its bias as the model quantized them.
+
+    ``a``: rows of A (G, M, K'); ``b``: rows of B (G, N, K') with the same K' layout;
+    ``bias``: the bias after the model's bias quantizer, float64 (None without a bias);
+    ``bias_spec``: a description of that quantizer; ``order``: the conv order used;
+    ``a_float``/``b_float``: the float operands before the model's quantizers, in the same
+    GEMM layout (what replay quantizes itself for a unit that cannot take the model's).
+    """
+
+    a: GemmOperand
+    b: GemmOperand
+    bias: np.ndarray | None
+    bias_spec: str
+    order: str
+    a_float: np.ndarray
+    b_float: np.ndarray
+
+
+def _float_values(layer: Layer, operand: str) -> np.ndarray:
+    """What the model fed the GEMM for an operand without an MX/BFP code form."""
+    recorded = layer.quantized(operand)
+    return layer.tensors[operand] if recorded is None else recorded
+
+
+def quantized_bias(layer: Layer) -> tuple[np.ndarray | None, str]:
+    """The bias after the model's recorded bias quantizer (float64), and its description."""
+    if layer.bias is None:
+        return None, "none"
+    spec = layer.quant.get("bias")
+    if isinstance(spec, (MXQuant, BFPQuant)):
+        quantized = _quantize_spec(layer.bias, spec)
+        name = quantized.spec if quantized is not None else "bypassed"
+        return np.asarray(spec.fake_quantize(layer.bias), dtype=np.float64), name
+    recorded = layer.quantized("bias")
+    if recorded is not None:
+        return recorded.astype(np.float64), f"recorded ({type(spec).__name__ if spec else 'unknown'})"
+    return layer.bias.astype(np.float64), "float"
+
+
+def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
+    """Quantize ``layer``'s operands as its trace specs say, in their own layout, and lower
+    them to the GEMM view (module docstring). Raises MxsimError for an unknown order."""
+    if conv_order not in CONV_ORDERS:
+        raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
+    operands = ("input", "weight")
+    quantized = {op: _quantize_spec(layer.tensors[op], layer.quant.get(op)) for op in operands}
+    along_k = {op: q is not None and q.axis == _reduction_axis(layer, op) for op, q in quantized.items()}
+    shape = gemm_shape(layer)
+    run, taps = shape.k_run, shape.k // shape.k_run
+    groups = layer.conv_geometry().groups if layer.op == "conv2d" else 1
+    unit = math.lcm(*(q.pad_unit for op, q in quantized.items() if along_k[op]))
+    # Every quantized operand blocked along K, and no block straddling a conv group.
+    aligned = all(along_k[op] or quantized[op] is None for op in operands) and (groups == 1 or run % unit == 0)
+    padded_run = -(-run // unit) * unit if aligned else run
+    if padded_run != run and groups != 1:
+        raise MxsimError("internal: grouped layers are padded only when their groups hold whole blocks")
+    arrays = {}
+    for op in operands:
+        q, axis = quantized[op], _reduction_axis(layer, op)
+        if q is None:
+            pieces, exact = _bf16_pieces(np.asarray(_float_values(layer, op)))
+            scales = np.full(layer.tensors[op].shape, E8M0_ONE, dtype=np.uint8)
+            arrays[op] = ([_pad_axis(p, axis, padded_run) for p in pieces], _pad_axis(scales, axis, padded_run, 127),
+                          exact)
+            continue
+        keep = np.arange(layer.tensors[op].shape[q.axis])  # the model's own elements, its padding dropped
+        codes, scales = np.take(q.codes, keep, axis=q.axis), np.take(q.scales, keep, axis=q.axis)
+        arrays[op] = ([_pad_axis(codes, axis, padded_run)], _pad_axis(scales, axis, padded_run, "edge"), True)
+
+    def lower(op, array):
+        other = arrays["weight" if op == "input" else "input"][1]  # only its shape matters
+        at = _with_tensors(layer, *((array, other) if op == "input" else (other, array)))
+        lowered = lower_input(at) if op == "input" else lower_weight(at)
+        return _reorder_taps(lowered, taps) if conv_order == "c_kh_kw" and taps > 1 else lowered
+
+    result = {}
+    for op in operands:
+        q = quantized[op]
+        pieces, scales, exact = arrays[op]
+        if q is None:
+            spec = layer.quant.get(op)
+            fmt, granule, name, layout = BF16, 0, "float" if spec is None else f"{spec.kind} (as recorded)", "unquantized"
+            saturated = underflowed = 0
+        else:
+            fmt, name, saturated, underflowed = q.element_format, q.spec, q.saturated, q.underflowed
+            contiguous = aligned and (conv_order == "kh_kw_c" or taps == 1)
+            granule = q.block_size if contiguous else 1
+            if not along_k[op]:
+                layout = f"blocks along {gemm_axis(layer, op, q.axis)}, not K"
+            elif not aligned:
+                layout = "blocks straddle conv groups" if groups > 1 else "blocks not along K in the other operand"
+            elif taps > 1 and conv_order == "c_kh_kw":
+                layout = f"C blocked, K order (C, kh, kw): blocks strided by {taps}"
+            elif taps > 1:
+                layout = f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
+            else:
+                layout = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
+        # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
+        lowered_scales = (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
+        result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, granule, q is not None,
+                                 name, layout, saturated, underflowed, exact)
+    floats = [lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
+    bias, bias_spec = quantized_bias(layer)
+    return LayerOperands(result["input"], result["weight"], bias, bias_spec, conv_order, *floats)
+
+
+def gemm_bias(layer: Layer, bias: np.ndarray | None) -> np.ndarray | None:
+    """``bias`` (as the layer adds it) laid out like the GEMM result (G, M, N), float64."""
+    if bias is None:
+        return None
+    shape = gemm_shape(layer)
+    bias = np.asarray(bias, dtype=np.float64)
+    if layer.op == "conv2d":
+        per_group = bias.reshape(shape.groups, 1, shape.n)
+        return np.ascontiguousarray(np.broadcast_to(per_group, (shape.groups, shape.m, shape.n)))
+    if layer.op == "linear" and layer.attrs.get("beta", 1.0) != 1.0:
+        bias = bias * layer.attrs["beta"]
+    return np.ascontiguousarray(np.broadcast_to(bias, layer.output.shape)).reshape(shape.groups, shape.m, shape.n)
+
+
+def accumulator_input(c: np.ndarray | None, shift: int = 0) -> np.ndarray | None:
+    """``c * 2^-shift`` as a float32 accumulator input, or None when that rounds (then the
+    caller adds the bias after the GEMM, in float64)."""
+    if c is None:
+        return None
+    scaled = np.ldexp(c, -shift)
+    narrowed = scaled.astype(np.float32)
+    return narrowed if np.array_equal(narrowed.astype(np.float64), scaled) else None
+
+
+@functools.lru_cache(maxsize=None)
+def ideal_unit(a_format: str, b_format: str, block_size: int):
+    """The exact (Kulisch) accumulator unit for these operand formats and block size: every
+    product and c summed exactly, one round-to-nearest-even into fp32 (hwconfigs/kulisch.yaml)."""
+    return parse_hwconfig({
+        "mxsim_hwconfig": 1, "name": "ideal", "description": "exact accumulation, one final rounding",
+        "inputs": {"a_formats": [a_format], "b_formats": [b_format], "block_size": block_size,
+                   "scales": "products"},
+        "adder": {"fused_terms": block_size, "align_fraction_bits": None},
+        "accumulator": {"format": "exact"},
+        "output": {"format": "fp32", "rounding": "nearest_even"},
+    }, "the ideal (exact accumulator) unit")
+
+
+def _pieces_product(a: GemmOperand, b: GemmOperand, group: int, block: int):
+    """A (R, K'') and B (N, K'') code and scale arrays whose exact dot products equal the
+    operands' (every pair of pieces side by side along K)."""
+    a_codes, a_scales, b_codes, b_scales = [], [], [], []
+    length = -(-max(a.k, b.k) // block) * block  # the operands may end in different zero padding
+    for piece_a in a.pieces:
+        for piece_b in b.pieces:
+            a_codes.append(_pad_to(piece_a[group], length))
+            b_codes.append(_pad_to(piece_b[group], length))
+            a_scales.append(_pad_to(a.scales[group], length, E8M0_ONE))
+            b_scales.append(_pad_to(b.scales[group], length, E8M0_ONE))
+    return (np.concatenate(a_codes, axis=1), np.concatenate(a_scales, axis=1),
+            np.concatenate(b_codes, axis=1), np.concatenate(b_scales, axis=1))
+
+
+def exact_block(a: GemmOperand, b: GemmOperand) -> int:
+    """The largest block length over which both operands' scales are constant."""
+    granules = [op.granule for op in (a, b) if op.granule]
+    return functools.reduce(math.gcd, granules) if granules else 32
+
+
+def ideal_gemm(layer: Layer, operands: LayerOperands) -> tuple[np.ndarray, bool]:
+    """The exact GEMM result (G, M, N) of the model's quantized operands plus its quantized
+    bias, rounded once to fp32 (module docstring), as float64; and whether it is exact (False
+    when a float operand could not be split exactly or the bias could not enter the exact
+    sum: then it is added in float64 afterwards, a second rounding)."""
+    a, b = operands.a, operands.b
+    block = exact_block(a, b)
+    unit = ideal_unit(a.element_format.name, b.element_format.name, block)
+    scaled_linear = layer.op == "linear" and layer.attrs.get("alpha", 1.0) != 1.0
+    bias = None if scaled_linear else gemm_bias(layer, operands.bias)
+    c = accumulator_input(bias)
+    exact = a.exact and b.exact and (bias is None or c is not None) and not (scaled_linear and operands.bias is not None)
+    shape = gemm_shape(layer)
+    out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
+    for group in range(shape.groups):
+        a_codes, a_scales, b_codes, b_scales = _pieces_product(a, b, group, block)
+        k = a_codes.shape[1]
+        tensor_a = MXTensor(a.element_format, a_codes, a_scales[:, ::block].copy(), a_codes.shape, 1, block, 0,
+                            QuantOptions())
+        tensor_b = MXTensor(b.element_format, b_codes, b_scales[:, ::block].copy(), (k, b_codes.shape[0]), 0, block,
+                            0, QuantOptions())
+        result = matmul(unit, tensor_a, tensor_b, c=None if c is None else c[group].astype(np.float32))
+        out[group] = result.values
+        if bias is not None and c is None:
+            out[group] += bias[group]
+    return out, exact
