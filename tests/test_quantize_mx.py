@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxsim import MXTensor, fake_quantize, get_format, quantize
+from mxsim import MXTensor, fake_quantize, get_format, quantize_mx as quantize
 from mxsim.errors import MxsimError, UnknownNameError
 from mxsim.quantize.mx import _prepare, _quantize_blocked
 from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options

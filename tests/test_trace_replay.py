@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from mxsim import matmul, quantize
+from mxsim import matmul
+from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError, TraceError
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace

@@ -2,7 +2,7 @@
 
 One dot product at a time (``dot_one``), driven over row pairs (``dot_pairs``) or over a
 GEMM (``matmul_rows``). Parameters arrive as an int64 vector indexed by the ``C_*``
-constants (built by ``datapath.dot._kernel_config``) plus the kernel_params vectors of the
+constants (built by ``datapath.api._kernel_config``) plus the kernel_params vectors of the
 accumulator, the n-bit tree-sum format, the output and fp32. Element values come from
 per-code tables (float64 value, int64 alignment exponent), so every product of two table
 values times a power-of-two scale is exact in float64. Every intermediate value is held as

@@ -18,6 +18,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .._compile import watch_compiles
+
+watch_compiles()  # every kernel module imports this one: the compile notice starts here
+
 # Indices into the parameter vector built by FormatInfo.kernel_params.
 P_BITS = 0
 P_EXPONENT_BITS = 1

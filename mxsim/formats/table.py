@@ -95,7 +95,7 @@ class FormatInfo:
     @property
     def max_finite(self) -> float:
         """Largest finite value."""
-        return float(self.decode(np.array([self.max_index]))[0])
+        return _magnitude_from_fields(self, self.max_index)
 
     @property
     def min_normal(self) -> float:
@@ -155,7 +155,7 @@ class FormatInfo:
     @property
     def top_fraction_bits(self) -> int:
         """Fraction bits of the binade holding max_finite (its spacing is 2^(emax - this))."""
-        below = float(self.decode(np.array([self.max_index - 1]))[0])
+        below = _magnitude_from_fields(self, self.max_index - 1)
         return self.emax - int(np.log2(self.max_finite - below))
 
     @functools.cached_property
@@ -225,6 +225,15 @@ class FormatInfo:
         """Exact value of one code as a Fraction (float NaN/±Inf for specials)."""
         value = float(self.decode(np.array([code]))[0])
         return value if not math.isfinite(value) else Fraction(value)
+
+
+def _magnitude_from_fields(fmt: FormatInfo, index: int) -> float:
+    """The value of a finite magnitude index from the fields alone, as ``decode`` gives it:
+    the table's constants need no kernel (defining a format compiles nothing)."""
+    if fmt.exponent_bits == 0 or (fmt.subnormals and index >> fmt.mantissa_bits == 0):
+        return math.ldexp(float(index), 1 - fmt.bias - fmt.mantissa_bits)
+    significand = (index & ((1 << fmt.mantissa_bits) - 1)) | (1 << fmt.mantissa_bits)
+    return math.ldexp(float(significand), (index >> fmt.mantissa_bits) - fmt.bias - fmt.mantissa_bits)
 
 
 def _emax_from_fields(fmt: FormatInfo) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, matmul
 from ..errors import MxsimError
@@ -58,6 +59,7 @@ class LayerResult:
     max_ulp_error_vs_ideal: float
     mean_ulp_error_vs_ideal: float
     seconds: float
+    compile_seconds: float = 0.0
     cycles: dict | None = None
     bits: np.ndarray | None = field(default=None, repr=False)
     errors_vs_float: np.ndarray | None = field(default=None, repr=False)
@@ -179,13 +181,18 @@ def _ulp_errors(values: np.ndarray, ideal: np.ndarray, out_format: str) -> np.nd
 
 
 def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None) -> LayerResult:
-    """One layer through one unit, with its metrics and (if the config has ``array:``) cycles."""
+    """One layer through one unit, with its metrics and (if the config has ``array:``) cycles.
+
+    ``seconds`` is the time it took without compiling kernels, ``compile_seconds`` the time
+    spent compiling them (nonzero only on a first run; see :mod:`mxsim._compile`)."""
     import time
 
     start = time.perf_counter()
+    compiled_before = compile_seconds()
     values, ideal, bits, (gemm_values, gemm_ideal), input_choice, weight_choice = layer_gemm(
         layer, hw, element_format=element_format)
-    seconds = time.perf_counter() - start
+    compiling = compile_seconds() - compiled_before
+    seconds = time.perf_counter() - start - compiling
     reference = layer.output.astype(np.float64)
     error = values - reference
     finite = np.isfinite(values) & np.isfinite(reference)
@@ -214,7 +221,7 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
         max_abs_error_vs_ideal=float(np.max(np.abs(values - ideal)[finite], initial=0.0)),
         max_ulp_error_vs_ideal=float(np.max(ulps, initial=0.0)),
         mean_ulp_error_vs_ideal=float(np.mean(ulps)) if ulps.size else 0.0,
-        seconds=seconds, cycles=cycles, bits=bits, errors_vs_float=error[finite],
+        seconds=seconds, compile_seconds=compiling, cycles=cycles, bits=bits, errors_vs_float=error[finite],
     )
 
 
@@ -274,6 +281,7 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
         report["totals"][name] = {
             "macs": int(sum(r.macs for r in rows)),
             "seconds": float(sum(r.seconds for r in rows)),
+            "compile_seconds": float(sum(r.compile_seconds for r in rows)),
             "worst_layer_sqnr_vs_float_db": min((r.sqnr_vs_float_db for r in rows), default=math.inf),
             "max_abs_error_vs_float": float(np.max(np.abs(errors), initial=0.0)),
             "max_ulp_error_vs_ideal": max((r.max_ulp_error_vs_ideal for r in rows), default=0.0),
@@ -314,7 +322,8 @@ def format_report(report: dict) -> str:
     lines.append("")
     for name, total in report["totals"].items():
         cycles = f", {total['cycles']} cycles" if total["cycles"] is not None else ""
-        lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s, worst layer SQNR vs float "
+        compiling = f" (+ {total['compile_seconds']:.1f} s compiling kernels)" if total["compile_seconds"] else ""
+        lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s{compiling}, worst layer SQNR vs float "
                      f"{total['worst_layer_sqnr_vs_float_db']:.2f} dB, max ulp vs ideal {total['max_ulp_error_vs_ideal']:.3g}{cycles}")
     for pair in report["agreement"]:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")

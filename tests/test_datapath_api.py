@@ -12,10 +12,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from mxsim import get_format, quantize
+from mxsim import get_format
+from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.dot import dot_with_params
+from mxsim.datapath.api import dot_with_params
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
