@@ -178,7 +178,7 @@ def round_up(rounding, sign, odd, below_half, tie, inexact, fraction32, draw32):
     return fraction32 + draw32 >= (np.int64(1) << 32)  # stochastic
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding, overflow, draw32):
     """Code of the exact nonzero value (-1)^sign * significand * 2^lsb_exponent.
 

@@ -212,10 +212,11 @@ class FormatInfo:
         if not self.has_nan and np.isnan(values).any():
             raise MxsimError(f"encode({self.name}): input has NaN but the format has no NaN encoding")
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
-        flat = np.ascontiguousarray(values).reshape(-1).view(bit_view)
-        out = np.empty(flat.size, dtype=self.code_dtype)
+        # One kernel signature for every input and code width: bits and codes travel as uint64.
+        flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
+        out = np.empty(flat.size, dtype=np.uint64)
         K.encode_array(flat, exponent_bits, mantissa_bits, self.kernel_params, rounding_mode, overflow_policy, seed, out)
-        return out.reshape(values.shape)
+        return out.astype(self.code_dtype).reshape(values.shape)
 
     def round(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
         """``decode(encode(x, ...))``: the values ``x`` rounded into this format, as float64."""
