@@ -119,3 +119,19 @@ def watch_compiles() -> _CompileWatch:
 def compile_seconds() -> float:
     """Seconds this process has spent compiling kernels so far (cache loads excluded)."""
     return 0.0 if _watch is None else _watch.total_seconds
+
+
+def generic_calls(dispatcher):
+    """Decorator (above ``@njit``): calls from other kernels compile this function once for
+    the plain argument types, not once more for every combination of constants
+    (``Literal[int](1)``) that call sites pass, which Numba does by default and which
+    multiplies the compile time of the helpers called with constant rounding modes."""
+    from numba.core import types
+
+    specialise = dispatcher.get_call_template
+
+    def get_call_template(args, kws):
+        return specialise(tuple(types.unliteral(a) for a in args), {k: types.unliteral(v) for k, v in kws.items()})
+
+    dispatcher.get_call_template = get_call_template
+    return dispatcher

@@ -123,3 +123,37 @@ def test_no_notice_off_a_terminal_or_for_short_compiles():
     watch.on_start(None)
     watch.on_end(None)
     assert terminal.getvalue() == ""
+
+
+def test_generic_calls_compile_one_specialisation_for_constant_arguments():
+    from numba import njit
+
+    @_compile.generic_calls
+    @njit
+    def scaled(value, factor):
+        return value * factor
+
+    @njit
+    def with_constant(value):
+        return scaled(value, 3)
+
+    @njit
+    def with_variable(value, factor):
+        return scaled(value, factor)
+
+    @njit
+    def plain(value, factor):
+        return value * factor
+
+    @njit
+    def plain_with_constant(value):
+        return plain(value, 3)
+
+    @njit
+    def plain_with_variable(value, factor):
+        return plain(value, factor)
+
+    assert with_constant(2) == 6 and with_variable(2, 5) == 10
+    assert [str(s) for s in scaled.signatures] == ["(int64, int64)"]
+    assert plain_with_constant(2) == 6 and plain_with_variable(2, 5) == 10
+    assert len(plain.signatures) == 2  # what Numba does unasked: one more for Literal[int](3)

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._compile import watch_compiles
+from .._compile import generic_calls, watch_compiles
 
 watch_compiles()  # every kernel module imports this one: the compile notice starts here
 
@@ -178,6 +178,7 @@ def round_up(rounding, sign, odd, below_half, tie, inexact, fraction32, draw32):
     return fraction32 + draw32 >= (np.int64(1) << 32)  # stochastic
 
 
+@generic_calls
 @njit(cache=True)
 def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding, overflow, draw32):
     """Code of the exact nonzero value (-1)^sign * significand * 2^lsb_exponent.
