@@ -15,8 +15,8 @@ import threading
 import time
 
 CACHE_ENV = "NUMBA_CACHE_DIR"
-# Cold compile time of the kernels one command needs, on 2 cores (docs/benchmarks.md).
-TYPICAL_COMPILE_SECONDS = 30
+# CPU seconds to compile the kernels of the README's replay (docs/benchmarks.md, Cold start).
+TYPICAL_COMPILE_SECONDS = 70
 _NOTICE_DELAY_SECONDS = 0.5  # compiles shorter than this show nothing
 _SPINNER = "|/-\\"
 

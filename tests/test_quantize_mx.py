@@ -282,3 +282,15 @@ def test_docs_show_the_profiles_table_verbatim():
     from mxsim.quantize.options import profiles_markdown
 
     assert profiles_markdown() in (REPO / "docs" / "profiles.md").read_text()
+
+
+def test_one_kernel_signature_for_every_input_width_and_output_dtype():
+    """float16/32/64 inputs and float32/64 dequantized outputs share one compiled kernel each."""
+    from mxsim.quantize import _kernels
+
+    x = np.random.default_rng(5).standard_normal((4, 64))
+    for dtype in (np.float16, np.float32, np.float64):
+        tensor = quantize(x.astype(dtype), "fp8_e4m3", axis=1)
+        np.testing.assert_array_equal(tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32))
+    assert len(_kernels.quantize_blocks.signatures) == 1
+    assert len(_kernels.dequantize_blocks.signatures) == 1

@@ -131,3 +131,33 @@ def test_bfp_spec_replays_with_microexponents():
     qa = quantize_bfp(layer.input, "MX9", axis=1).as_mx_tensor()
     qb = quantize_bfp(layer.weight.T, "MX6", axis=0).as_mx_tensor()
     np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
+
+
+def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
+    """A layer's seconds leave out the time spent compiling kernels, which is reported apart."""
+    import time
+
+    import mxsim.trace.replay as replay_module
+
+    compiled = [0.0]
+    real_layer_gemm = replay_module.layer_gemm
+
+    def compiling_layer_gemm(*args, **kwargs):
+        time.sleep(0.3)  # stands for a compile, as the compile-event listener would count it
+        compiled[0] += 0.3
+        return real_layer_gemm(*args, **kwargs)
+
+    monkeypatch.setattr(replay_module, "layer_gemm", compiling_layer_gemm)
+    monkeypatch.setattr(replay_module, "compile_seconds", lambda: compiled[0])
+    trace = Trace("t", [linear_layer(np.random.default_rng(2))])
+    start = time.perf_counter()
+    report = replay(trace, [HW["ocp-exact"]])
+    wall = time.perf_counter() - start
+    result = report["_results"]["ocp-exact"][0]
+    assert result.compile_seconds == pytest.approx(0.3)
+    assert 0.0 < result.seconds <= wall - 0.3  # the sleep is not in the run time
+    assert report["totals"]["ocp-exact"]["compile_seconds"] == pytest.approx(0.3)
+    assert "(+ 0.3 s compiling kernels)" in format_report(report)
+    monkeypatch.setattr(replay_module, "layer_gemm", real_layer_gemm)
+    quiet = replay(trace, [HW["ocp-exact"]])
+    assert quiet["totals"]["ocp-exact"]["compile_seconds"] == 0.0 and "compiling" not in format_report(quiet)
