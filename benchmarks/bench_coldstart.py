@@ -3,9 +3,9 @@
 
 Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install]
 
-Prints wall seconds of each step beside a same-run baseline, the cold compile of a trivial
-Numba function in the same venv (so figures taken under different machine load can be
-compared as ratios), and the load average. Needs network access or a local wheel cache
+Prints wall and CPU seconds of each step (CPU time, user + system of the child, depends far
+less on the machine's load than wall time) beside a same-run baseline, the cold compile of a
+trivial Numba function in the same venv, and the load average. Needs network access or a local wheel cache
 for the install.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -26,13 +27,19 @@ README_REPLAY = [
 ]
 DOT = ["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
        "--a", "1,1,1", "--b", "1,1,1"]
-BASELINE = "import numba\n@numba.njit(cache=True)\ndef f(x):\n    return x + 1\nf(1)\n"
+BASELINE = "import numba\n@numba.njit\ndef f(x):\n    return x + 1\nf(1)\n"
 
 
-def timed(command: list[str], env: dict) -> tuple[float, str]:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], env: dict) -> tuple[tuple[float, float], str]:
+    """(wall seconds, CPU seconds) of running ``command``, and its output."""
+    start, cpu = time.perf_counter(), _children_cpu()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start, _children_cpu() - cpu
     if result.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{result.stderr}")
     return seconds, result.stdout
@@ -60,14 +67,17 @@ def main() -> None:
         warm, _ = timed([str(mxsim), *command], run_env)
         rows.append((f"{label}, cold cache", cold))
         rows.append((f"{label}, cached", warm))
+        print(f"{label}: cold {cold[0]:.1f} s wall, {cold[1]:.1f} s CPU; cached {warm[0]:.1f} s wall, {warm[1]:.1f} s CPU",
+              file=sys.stderr, flush=True)
         if label == "README replay":
             rows.append(("  (replay's own report)", next(line for line in output.splitlines() if line.startswith("total "))))
     baseline, _ = timed([str(python), "-c", BASELINE], dict(env, NUMBA_CACHE_DIR=str(work / "cache-baseline")))
     rows.append(("baseline: trivial numba function, cold", baseline))
     load_after = os.getloadavg()
+    print(f"{'step':42s} {'wall':>8s}   {'CPU':>8s}   CPU vs baseline")
     for label, value in rows:
-        if isinstance(value, float):
-            print(f"{label:42s} {value:8.1f} s  ({value / baseline:5.1f}x baseline)")
+        if isinstance(value, tuple):
+            print(f"{label:42s} {value[0]:8.1f} s {value[1]:8.1f} s  {value[1] / baseline[1]:5.1f}x")
         else:
             print(f"{label:42s} {value}")
     print(f"cores {os.cpu_count()}, load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")

@@ -125,10 +125,10 @@ def test_no_notice_off_a_terminal_or_for_short_compiles():
     assert terminal.getvalue() == ""
 
 
-def test_generic_calls_compile_one_specialisation_for_constant_arguments():
+def _helper_and_callers(decorate):
     from numba import njit
 
-    @_compile.generic_calls
+    @decorate
     @njit
     def scaled(value, factor):
         return value * factor
@@ -141,19 +141,12 @@ def test_generic_calls_compile_one_specialisation_for_constant_arguments():
     def with_variable(value, factor):
         return scaled(value, factor)
 
-    @njit
-    def plain(value, factor):
-        return value * factor
-
-    @njit
-    def plain_with_constant(value):
-        return plain(value, 3)
-
-    @njit
-    def plain_with_variable(value, factor):
-        return plain(value, factor)
-
     assert with_constant(2) == 6 and with_variable(2, 5) == 10
+    return scaled
+
+
+def test_generic_calls_compile_one_specialisation_for_constant_arguments():
+    scaled = _helper_and_callers(_compile.generic_calls)
     assert [str(s) for s in scaled.signatures] == ["(int64, int64)"]
-    assert plain_with_constant(2) == 6 and plain_with_variable(2, 5) == 10
+    plain = _helper_and_callers(lambda dispatcher: dispatcher)
     assert len(plain.signatures) == 2  # what Numba does unasked: one more for Literal[int](3)
