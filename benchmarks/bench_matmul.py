@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def operands(size: int, rng, unit_scales: bool):
     """Quantized MXFP8 operands (A along K, B along K); scales set to 1 for scale-less units."""
-    a = mxsim.quantize(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=1)
-    b = mxsim.quantize(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=0)
+    a = mxsim.quantize_mx(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=1)
+    b = mxsim.quantize_mx(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=0)
     if unit_scales:
         a = dataclasses.replace(a, scales=np.full_like(a.scales, 127))
         b = dataclasses.replace(b, scales=np.full_like(b.scales, 127))

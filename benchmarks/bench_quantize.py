@@ -37,10 +37,10 @@ def main() -> None:
     baseline = best_time(lambda: x.astype(np.float16), args.repeats)
     print(f"  numpy float32->float16 cast : {args.elements / baseline / 1e6:8.1f} M elements/s")
     for name in ("fp8_e4m3", "fp4_e2m1"):
-        mxsim.quantize(x[:4096], name).dequantize()  # compile outside the timing
-        quantize = best_time(lambda: mxsim.quantize(x, name), args.repeats)
-        tensor = mxsim.quantize(x, name)
-        both = best_time(lambda: mxsim.quantize(x, name).dequantize(np.float32), args.repeats)
+        mxsim.quantize_mx(x[:4096], name).dequantize()  # compile outside the timing
+        quantize = best_time(lambda: mxsim.quantize_mx(x, name), args.repeats)
+        tensor = mxsim.quantize_mx(x, name)
+        both = best_time(lambda: mxsim.quantize_mx(x, name).dequantize(np.float32), args.repeats)
         dequantize = best_time(lambda: tensor.dequantize(np.float32), args.repeats)
         rate = args.elements / both / 1e6
         print(

@@ -188,7 +188,7 @@ class TiledMatmul:
         import numpy as np
 
         from .datapath import matmul
-        from .datapath.dot import MatmulResult
+        from .datapath.api import MatmulResult
 
         rows, depth = A.shape
         columns = B.shape[1]

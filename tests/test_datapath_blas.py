@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from mxsim import quantize
+from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.blas import blas_applies, exact_in_float64
-from mxsim.datapath.dot import _kernel_arguments, _tensor_scales
+from mxsim.datapath.api import _kernel_arguments, _tensor_scales
 
 UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp", "h100-fp8")}
 SMALL_SPAN = ["fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
@@ -96,7 +96,7 @@ def test_kulisch_blas_route_equals_the_kernel(a_format, spread, seed):
 
 def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
     from mxsim.datapath.blas import blas_matmul
-    from mxsim.datapath.dot import _kernel_arguments
+    from mxsim.datapath.api import _kernel_arguments
 
     # Three blocks whose sums sit at 2^200, 2^0 and 2^-200: no two float64s hold their sum.
     A = np.concatenate([np.full(32, 2.0**100), np.full(32, 1.0), np.full(32, 2.0**-100)])[None, :]

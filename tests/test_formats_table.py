@@ -317,3 +317,14 @@ def test_custom_format_from_fields():
     assert e3m4.round(np.array([1.03125]))[0] == 1.0  # tie to even (1.0 has mantissa 0000)
     with pytest.raises(MxsimError):
         custom_format(0, 3)
+
+
+def test_one_encode_kernel_signature_for_every_input_and_code_width():
+    from mxsim.formats import _kernels
+
+    x = np.linspace(-3.0, 3.0, 101)
+    for name in ("fp8_e4m3", "fp16", "fp32"):
+        for dtype in (np.float16, np.float32, np.float64):
+            codes = get_format(name).encode(x.astype(dtype))
+            assert codes.dtype == get_format(name).code_dtype
+    assert len(_kernels.encode_array.signatures) == 1

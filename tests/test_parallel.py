@@ -58,7 +58,7 @@ def test_runner_choice():
 
 
 def test_tiled_matmul_outside_a_worker_is_matmul():
-    from mxsim import matmul, quantize
+    from mxsim import matmul, quantize_mx as quantize
 
     rng = np.random.default_rng(0)
     a = quantize(rng.standard_normal((40, 64)), "fp8_e4m3", axis=1)

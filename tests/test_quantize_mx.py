@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxsim import MXTensor, fake_quantize, get_format, quantize
+from mxsim import MXTensor, fake_quantize, get_format, quantize_mx as quantize
 from mxsim.errors import MxsimError, UnknownNameError
 from mxsim.quantize.mx import _prepare, _quantize_blocked
 from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options
@@ -301,3 +301,15 @@ def test_per_tensor_scale_is_one_power_of_two_for_the_whole_tensor():
     np.testing.assert_array_equal(along_rows.dequantize(), expected)
     with pytest.raises(MxsimError, match="finite"):
         quantize(np.array([1.0, np.nan]), "fp8_e4m3", per_tensor_scale=True)
+
+
+def test_one_kernel_signature_for_every_input_width_and_output_dtype():
+    """float16/32/64 inputs and float32/64 dequantized outputs share one compiled kernel each."""
+    from mxsim.quantize import _kernels
+
+    x = np.random.default_rng(5).standard_normal((4, 64))
+    for dtype in (np.float16, np.float32, np.float64):
+        tensor = quantize(x.astype(dtype), "fp8_e4m3", axis=1)
+        np.testing.assert_array_equal(tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32))
+    assert len(_kernels.quantize_blocks.signatures) == 1
+    assert len(_kernels.dequantize_blocks.signatures) == 1

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from mxsim import matmul, quantize
+from mxsim import matmul
+from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError, TraceError
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
@@ -208,3 +209,33 @@ def test_a_finer_model_block_than_the_unit_block_is_replaced():
     assert result.status == "model"
     assert result.input.saturated + result.input.underflowed > 0
     assert replay_layer(layer, HW["kulisch"]).identical_to_ideal_fraction == 1.0
+
+
+def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
+    """A layer's seconds leave out the time spent compiling kernels, which is reported apart."""
+    import time
+
+    import mxsim.trace.replay as replay_module
+
+    compiled = [0.0]
+    real_run_layer = replay_module.run_layer
+
+    def compiling_run_layer(*args, **kwargs):
+        time.sleep(0.3)  # stands for a compile, as the compile-event listener would count it
+        compiled[0] += 0.3
+        return real_run_layer(*args, **kwargs)
+
+    monkeypatch.setattr(replay_module, "run_layer", compiling_run_layer)
+    monkeypatch.setattr(replay_module, "compile_seconds", lambda: compiled[0])
+    trace = Trace("t", [linear_layer(np.random.default_rng(2))])
+    start = time.perf_counter()
+    report = replay(trace, [HW["ocp-exact"]])
+    wall = time.perf_counter() - start
+    result = report["_results"]["ocp-exact"][0]
+    assert result.compile_seconds == pytest.approx(0.3)
+    assert 0.0 < result.seconds <= wall - 0.3  # the sleep is not in the run time
+    assert report["totals"]["ocp-exact"]["compile_seconds"] == pytest.approx(0.3)
+    assert "(+ 0.3 s compiling kernels)" in format_report(report)
+    monkeypatch.setattr(replay_module, "run_layer", real_run_layer)
+    quiet = replay(trace, [HW["ocp-exact"]])
+    assert quiet["totals"]["ocp-exact"]["compile_seconds"] == 0.0 and "compiling" not in format_report(quiet)

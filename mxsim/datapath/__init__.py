@@ -1,7 +1,7 @@
 """The configurable MX dot-product datapath: hwconfig schema, kernels, reference twin, API."""
 
 from .config import DatapathParams, HardwareConfig, load_hwconfig, parse_hwconfig
-from .dot import MatmulResult, as_float, dot, explain, matmul
+from .api import MatmulResult, as_float, dot, explain, matmul
 
 __all__ = [
     "DatapathParams",

@@ -2,7 +2,7 @@
 
 One dot product at a time (``dot_one``), driven over row pairs (``dot_pairs``) or over a
 GEMM (``matmul_rows``). Parameters arrive as an int64 vector indexed by the ``C_*``
-constants (built by ``datapath.dot._kernel_config``) plus the kernel_params vectors of the
+constants (built by ``datapath.api._kernel_config``) plus the kernel_params vectors of the
 accumulator, the n-bit tree-sum format, the output and fp32. Element values come from
 per-code tables (float64 value, int64 alignment exponent), so every product of two table
 values times a power-of-two scale is exact in float64. Every intermediate value is held as
@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from .._compile import generic_calls
 
 from ..formats._kernels import (
     OVERFLOW_INF_NAN,
@@ -78,6 +80,7 @@ def floor_log2(value):
     return result
 
 
+@generic_calls
 @njit(cache=True)
 def flush_subnormal(value, params, subnormals):
     """``value`` or, when subnormals are off and |value| is below the smallest normal, ±0."""
@@ -88,6 +91,7 @@ def flush_subnormal(value, params, subnormals):
     return value
 
 
+@generic_calls
 @njit(cache=True)
 def round_float(value, params, rounding, subnormals):
     """``value`` rounded once into the format ``params`` (IEEE overflow), as float64."""
@@ -98,6 +102,7 @@ def round_float(value, params, rounding, subnormals):
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
+@generic_calls
 @njit(cache=True)
 def round_limbs(limbs, bounds, params, rounding, subnormals):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
@@ -107,6 +112,7 @@ def round_limbs(limbs, bounds, params, rounding, subnormals):
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
+@generic_calls
 @njit(cache=True)
 def add_round(x, y, params, rounding, subnormals, limbs, bounds):
     """x + y (finite float64s) computed exactly, rounded once into ``params``."""
@@ -148,6 +154,7 @@ def _bit_length(value):
     return exponent
 
 
+@generic_calls
 @njit(cache=True)
 def round_integer(total, lsb_exponent, params, rounding, subnormals):
     """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""

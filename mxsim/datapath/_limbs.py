@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .._compile import generic_calls
+
 from ..formats._kernels import CLASS_FINITE, decompose, encode_finite
 
 LIMB_BITS = 32
@@ -62,6 +64,7 @@ def limbs_add_float(limbs, bounds, value):
         limbs_add_integer(limbs, bounds, sign, significand, lsb_exponent)
 
 
+@generic_calls
 @njit(cache=True)
 def limbs_round(limbs, bounds, params, rounding, overflow):
     """Round the exact sum once into the format ``params``: returns (code, is_zero).

@@ -18,6 +18,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .._compile import generic_calls, watch_compiles
+
+watch_compiles()  # every kernel module imports this one: the compile notice starts here
+
 # Indices into the parameter vector built by FormatInfo.kernel_params.
 P_BITS = 0
 P_EXPONENT_BITS = 1
@@ -174,7 +178,8 @@ def round_up(rounding, sign, odd, below_half, tie, inexact, fraction32, draw32):
     return fraction32 + draw32 >= (np.int64(1) << 32)  # stochastic
 
 
-@njit(cache=True, inline="always")
+@generic_calls
+@njit(cache=True)
 def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding, overflow, draw32):
     """Code of the exact nonzero value (-1)^sign * significand * 2^lsb_exponent.
 

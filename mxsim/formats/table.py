@@ -95,7 +95,7 @@ class FormatInfo:
     @property
     def max_finite(self) -> float:
         """Largest finite value."""
-        return float(self.decode(np.array([self.max_index]))[0])
+        return _magnitude_from_fields(self, self.max_index)
 
     @property
     def min_normal(self) -> float:
@@ -155,7 +155,7 @@ class FormatInfo:
     @property
     def top_fraction_bits(self) -> int:
         """Fraction bits of the binade holding max_finite (its spacing is 2^(emax - this))."""
-        below = float(self.decode(np.array([self.max_index - 1]))[0])
+        below = _magnitude_from_fields(self, self.max_index - 1)
         return self.emax - int(np.log2(self.max_finite - below))
 
     @functools.cached_property
@@ -212,10 +212,11 @@ class FormatInfo:
         if not self.has_nan and np.isnan(values).any():
             raise MxsimError(f"encode({self.name}): input has NaN but the format has no NaN encoding")
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
-        flat = np.ascontiguousarray(values).reshape(-1).view(bit_view)
-        out = np.empty(flat.size, dtype=self.code_dtype)
+        # One kernel signature for every input and code width: bits and codes travel as uint64.
+        flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
+        out = np.empty(flat.size, dtype=np.uint64)
         K.encode_array(flat, exponent_bits, mantissa_bits, self.kernel_params, rounding_mode, overflow_policy, seed, out)
-        return out.reshape(values.shape)
+        return out.astype(self.code_dtype).reshape(values.shape)
 
     def round(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
         """``decode(encode(x, ...))``: the values ``x`` rounded into this format, as float64."""
@@ -225,6 +226,15 @@ class FormatInfo:
         """Exact value of one code as a Fraction (float NaN/±Inf for specials)."""
         value = float(self.decode(np.array([code]))[0])
         return value if not math.isfinite(value) else Fraction(value)
+
+
+def _magnitude_from_fields(fmt: FormatInfo, index: int) -> float:
+    """The value of a finite magnitude index from the fields alone, as ``decode`` gives it:
+    the table's constants need no kernel (defining a format compiles nothing)."""
+    if fmt.exponent_bits == 0 or (fmt.subnormals and index >> fmt.mantissa_bits == 0):
+        return math.ldexp(float(index), 1 - fmt.bias - fmt.mantissa_bits)
+    significand = (index & ((1 << fmt.mantissa_bits) - 1)) | (1 << fmt.mantissa_bits)
+    return math.ldexp(float(significand), (index >> fmt.mantissa_bits) - fmt.bias - fmt.mantissa_bits)
 
 
 def _emax_from_fields(fmt: FormatInfo) -> int:

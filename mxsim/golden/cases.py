@@ -4,7 +4,7 @@ Three kinds, each a function ``(unit, count, rng) -> VectorSet`` (without expect
 
 ``random``
     ``count`` vectors drawn from a mix of distributions: uniform element codes with scales
-    near 2^0, and MX-quantized (``mxsim.quantize``, OCP profile) Gaussian, sparse and
+    near 2^0, and MX-quantized (``mxsim.quantize_mx``, OCP profile) Gaussian, sparse and
     outlier-heavy data; c is ±0, of the block's magnitude (within ±30 binades), any finite
     FP32, or the nearest FP32 to minus the block (cancellation).
 ``corners``

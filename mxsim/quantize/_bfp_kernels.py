@@ -24,6 +24,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .._compile import watch_compiles
+
+watch_compiles()
+
 _FRACTION_MASK = 0x007FFFFF
 _IMPLICIT_ONE = 0x00800000
 _ABS_MASK = 0x7FFFFFFF
@@ -38,7 +42,7 @@ CUDA_PRIME_HALF_AWAY = 1
 CUDA_PRIME_STOCHASTIC = 2
 
 
-@njit(nogil=True)
+@njit(cache=True, nogil=True)
 def _round_shift_nearest(significand, shift, negative, rounding_mode):
     """``significand / 2**shift`` (shift >= 0) rounded to an integer, ties per ``rounding_mode``.
 
@@ -63,7 +67,7 @@ def _round_shift_nearest(significand, shift, negative, rounding_mode):
     return kept + (kept & 1)  # ties to even
 
 
-@njit(nogil=True)
+@njit(cache=True, nogil=True)
 def _cuda_prime_round(bits, significand, shift, mantissa_bits, rounding_mode, random_word):
     """Quark CUDA ``BFPPrimeCUDAKernel`` rounding of one element.
 
@@ -86,7 +90,7 @@ def _cuda_prime_round(bits, significand, shift, mantissa_bits, rounding_mode, ra
     return with_half_bit >> 1
 
 
-@njit(nogil=True)
+@njit(cache=True, nogil=True)
 def bfp_prime_kernel(
     block_bits, mantissa_bits, sub_block_size, sub_block_shift_bits, rounding_mode, cuda,
     random_words,
@@ -148,7 +152,7 @@ def bfp_prime_kernel(
     return shared, micro, mant, sign
 
 
-@njit(nogil=True)
+@njit(cache=True, nogil=True)
 def bfp_plain_kernel(block_bits, mantissa_bits, rounding_mode):
     """Quantize blocks with one shared exponent and no microexponents (``to_bfp``).
 
@@ -204,7 +208,7 @@ def bfp_plain_kernel(block_bits, mantissa_bits, rounding_mode):
     return shared, micro, mant, sign, special
 
 
-@njit(nogil=True)
+@njit(cache=True, nogil=True)
 def _quotient_underflows_float32(significand, shift):
     """True when ``significand / 2**shift`` (> 0) rounds to 0 in float32, i.e. is <= 2**-150."""
     excess = shift - 150

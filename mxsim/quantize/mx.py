@@ -202,7 +202,8 @@ def _from_blocks(blocked: np.ndarray, shape: tuple, axis: int, padding: int) -> 
 def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, axis: int, block_size: int):
     moved, axis, padding = _to_blocks(values, axis, block_size)
     exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
-    bits = moved.view(bit_view).reshape(-1, block_size)
+    # One kernel signature for every input width: the kernel reads the bits as uint64.
+    bits = moved.view(bit_view).reshape(-1, block_size).astype(np.uint64, copy=False)
     codes = np.empty(bits.shape, dtype=element_format.code_dtype)
     exponents = np.empty(bits.shape[0], dtype=np.int32)
     emax = element_format.scale_emax
@@ -223,8 +224,8 @@ def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, ax
 def _dequantize_blocked(element_format, codes, exponents, block_size, dtype=np.float64):
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise MxsimError(f"dequantize: dtype must be float32 or float64, got {np.dtype(dtype)}")
-    out = np.empty(codes.shape, dtype=dtype)
+    out = np.empty(codes.shape, dtype=np.float64)  # one kernel signature; float32 rounds once below
     K.dequantize_blocks(
         codes.reshape(-1, block_size), exponents.reshape(-1), element_format.decode_table, out.reshape(-1, block_size)
     )
-    return out
+    return out.astype(dtype, copy=False)

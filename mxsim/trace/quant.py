@@ -4,7 +4,7 @@ A spec says how the source model quantized (or how the user wants replay to quan
 operand tensor of a layer, in that tensor's own layout (``axis`` indexes the operand as
 stored in the trace, not the GEMM view; :mod:`mxsim.trace.lowering` maps it):
 
-* :class:`MXQuant` — OCP MX block quantization by :func:`mxsim.quantize` (element format,
+* :class:`MXQuant` — OCP MX block quantization by :func:`mxsim.quantize_mx` (element format,
   block axis and size, profile and option overrides).
 * :class:`BFPQuant` — Quark block floating point / microexponents (MX4, MX6, MX9, BFP16)
   by :func:`mxsim.quantize_bfp`.
@@ -64,7 +64,7 @@ def _check_axis(axis, what: str) -> None:
 
 @dataclass(frozen=True)
 class MXQuant:
-    """MX quantization of one operand: ``mxsim.quantize(x, format, axis, block_size, profile, **options)``.
+    """MX quantization of one operand: ``mxsim.quantize_mx(x, format, axis, block_size, profile, **options)``.
 
     * ``format``: element format name (canonical, as :func:`mxsim.get_format` names it).
     * ``axis``: the operand's axis the blocks run along; None means "the operand's reduction

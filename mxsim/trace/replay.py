@@ -13,7 +13,7 @@
   format, has block scales, and its block size divides the model's scale runs along K.
   Otherwise replay quantizes the operand itself (the model's format if the unit takes it,
   else the unit's first; units without block scales get one power-of-two scale per tensor,
-  ``mxsim.quantize(..., per_tensor_scale=True)``) and marks the row: ``replaced`` when the
+  ``mxsim.quantize_mx(..., per_tensor_scale=True)``) and marks the row: ``replaced`` when the
   model had a spec the unit cannot take, ``added`` when the model multiplied floats. The
   bias enters as the accumulator input c when it is exact in fp32 (else it is added in
   float64 after the GEMM). ``mxsim.matmul`` computes every output bit.
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, matmul
 from ..errors import MxsimError
@@ -107,6 +108,7 @@ class LayerResult:
     ideal_rms: float
     ideal_exact: bool
     seconds: float
+    compile_seconds: float = 0.0
     cycles: dict | None = None
     bits: np.ndarray | None = field(default=None, repr=False)
     errors_vs_float: np.ndarray | None = field(default=None, repr=False)
@@ -299,11 +301,16 @@ def _output_ulp(rms: float, out_format: str) -> float:
 
 def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None, conv_order: str = "kh_kw_c",
                  ideal=None, operands: LayerOperands | None = None, matmul_fn: Callable | None = None) -> LayerResult:
-    """One layer through one unit, with its metrics and (if the config has ``array:``) cycles."""
+    """One layer through one unit, with its metrics and (if the config has ``array:``) cycles.
+
+    ``seconds`` is the time it took without compiling kernels, ``compile_seconds`` the time
+    spent compiling them (nonzero only on a first run; see :mod:`mxsim._compile`)."""
     start = time.perf_counter()
+    compiled_before = compile_seconds()
     run = run_layer(layer, hw, element_format=element_format, conv_order=conv_order, ideal=ideal, operands=operands,
                     matmul_fn=matmul_fn)
-    seconds = time.perf_counter() - start
+    compiling = compile_seconds() - compiled_before
+    seconds = time.perf_counter() - start - compiling
     values, ideal_values = run.values, run.ideal
     reference = layer.output.astype(np.float64)
     finite = np.isfinite(values) & np.isfinite(reference) & np.isfinite(ideal_values)
@@ -335,7 +342,7 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
         max_error_vs_ideal_ulps=float(np.max(np.abs(error_ideal), initial=0.0)) / ulp,
         mean_error_vs_ideal_ulps=float(np.mean(np.abs(error_ideal))) / ulp if error_ideal.size else 0.0,
         identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0, ideal_rms=ideal_rms,
-        ideal_exact=run.ideal_exact, seconds=seconds, cycles=cycles, bits=run.bits,
+        ideal_exact=run.ideal_exact, seconds=seconds, compile_seconds=compiling, cycles=cycles, bits=run.bits,
         errors_vs_float=error, errors_vs_ideal=error_ideal,
     )
 
@@ -422,6 +429,7 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
         report["totals"][name] = {
             "macs": int(sum(r.macs for r in rows)),
             "seconds": float(sum(r.seconds for r in rows)),
+            "compile_seconds": float(sum(r.compile_seconds for r in rows)),
             "worst_layer_sqnr_vs_float_db": min((r.sqnr_vs_float_db for r in rows), default=math.inf),
             "worst_layer_sqnr_vs_ideal_db": min((r.sqnr_vs_ideal_db for r in rows), default=math.inf),
             "max_abs_error_vs_float": float(np.max(np.abs(errors), initial=0.0)),
@@ -501,8 +509,9 @@ def format_report(report: dict) -> str:
     lines.append("")
     for name, total in report["totals"].items():
         cycles = f", {total['cycles']} cycles" if total["cycles"] is not None else ""
+        compiling = f" (+ {total['compile_seconds']:.1f} s compiling kernels)" if total["compile_seconds"] else ""
         rows = ", ".join(f"{count} {status}" for status, count in total["rows"].items() if count)
-        lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s, worst layer SQNR vs float "
+        lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s{compiling}, worst layer SQNR vs float "
                      f"{_number(total['worst_layer_sqnr_vs_float_db'])} dB, vs ideal "
                      f"{_number(total['worst_layer_sqnr_vs_ideal_db'])} dB; rows: {rows}{cycles}")
     for name, worst in report.get("worst", {}).items():

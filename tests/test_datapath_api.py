@@ -14,10 +14,11 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, same_float
-from mxsim import get_format, quantize
+from mxsim import get_format
+from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.dot import dot_with_params
+from mxsim.datapath.api import dot_with_params
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
@@ -674,3 +675,18 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
     np.testing.assert_array_equal(result.values, np.ldexp(unscaled.values, shift))
     exact = a.astype(np.float64) @ b.astype(np.float64) + c
     assert np.abs(result.values - exact).max() < 0.1 * np.abs(exact).max()
+
+
+def test_kernels_see_one_output_dtype_for_every_output_format():
+    """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after)."""
+    from mxsim.datapath import _kernels
+
+    unit = hw("h100-fp8")
+    codes = get_format("fp8_e4m3").encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
+    for out_format in ("fp32", "fp16", "bf16"):
+        bits = dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", out_format=out_format)
+        assert bits.dtype == get_format(out_format).code_dtype and (as_float(bits, out_format) == 114.0).all()
+        result = matmul(hw("ocp-exact"), np.ones((2, 32)), np.ones((32, 3)), out_format=out_format, method="kernel")
+        assert result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
+    for kernel in (_kernels.dot_pairs, _kernels.matmul_rows):
+        assert {str(signature[-1].dtype) for signature in kernel.signatures} == {"uint32"}

@@ -180,9 +180,9 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
     exponents_a = _scale_exponents(scale_a, "scale_a", rows, blocks, params)
     exponents_b = _scale_exponents(scale_b, "scale_b", rows, blocks, params)
     c_values = _accumulator_inputs(c, (rows,))
-    out = np.empty(rows, dtype=output_dtype(params.output_format))
+    out = np.empty(rows, dtype=np.uint32)  # one kernel signature for every output format
     K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
-    return out
+    return out.astype(output_dtype(params.output_format), copy=False)
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     ``c`` is an (M, N) float32 accumulator input (None: +0).
 
     ``per_tensor_scale=True`` quantizes float operands with one power-of-two scale per tensor
-    instead of block scales (``mxsim.quantize(..., per_tensor_scale=True)``: the scaling FP8
+    instead of block scales (``mxsim.quantize_mx(..., per_tensor_scale=True)``: the scaling FP8
     inference uses, which units without block scales — ``inputs.scales: none``, e.g. H100 or
     B200 FP8 tensor cores — need). MXTensors may carry such a scale too. The unit multiplies
     the scaled elements (its block scales all 1); ``c`` enters scaled by 2^-(Ta+Tb) (an error
@@ -273,9 +273,10 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     exponents_a = _tensor_scales(tensor_a, params)
     exponents_b = _tensor_scales(tensor_b, params)
     c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
-    out = np.empty((rows, columns), dtype=output_dtype(params.output_format))
-    codes_a = tensor_a.codes.reshape(rows, -1)
-    codes_b = tensor_b.codes.reshape(columns, -1)
+    out = np.empty((rows, columns), dtype=np.uint32)  # one kernel signature for every output format
+    bits_dtype = output_dtype(params.output_format)
+    codes_a = np.ascontiguousarray(tensor_a.codes.reshape(rows, -1))
+    codes_b = np.ascontiguousarray(tensor_b.codes.reshape(columns, -1))
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
@@ -285,7 +286,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
             K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(np.float32),
                         *kernel_args, pairs)
             out[m, n] = pairs
-        return MatmulResult(out, params.output_format, shift)
+        return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
         c_tile = c_values if c is None else c_values[start:stop]
@@ -293,7 +294,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
                       out[start:stop])
         if progress is not None:
             progress(stop, rows)
-    return MatmulResult(out, params.output_format, shift)
+    return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
 
 
 def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:

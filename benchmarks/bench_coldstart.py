@@ -1,0 +1,87 @@
+"""Cold start: a fresh install into a temporary venv, then the README's first command and
+``mxsim dot`` with an empty kernel cache (first run: compiling) and again (cached).
+
+Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install]
+
+Prints wall and CPU seconds of each step (CPU time, user + system of the child, depends far
+less on the machine's load than wall time) beside a same-run baseline, the cold compile of a
+trivial Numba function in the same venv, and the load average. Needs network access or a local wheel cache
+for the install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+README_REPLAY = [
+    "replay", "traces/digits-cnn", "--hw", "hwconfigs/ocp-exact.yaml", "--hw", "hwconfigs/h100-fp8.yaml",
+    "--hw", "hwconfigs/mxdotp.yaml", "--end-to-end",
+]
+DOT = ["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
+       "--a", "1,1,1", "--b", "1,1,1"]
+BASELINE = "import numba\n@numba.njit\ndef f(x):\n    return x + 1\nf(1)\n"
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], env: dict) -> tuple[tuple[float, float], str]:
+    """(wall seconds, CPU seconds) of running ``command``, and its output."""
+    start, cpu = time.perf_counter(), _children_cpu()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start, _children_cpu() - cpu
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{result.stderr}")
+    return seconds, result.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", help="venv directory (default: a temporary one)")
+    parser.add_argument("--skip-install", action="store_true", help="reuse --venv as it is")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="mxsim-coldstart-"))
+    venv = Path(args.venv) if args.venv else work / "venv"
+    python, mxsim = venv / "bin" / "python", venv / "bin" / "mxsim"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "PYTHON"))}
+    rows = []
+    if not args.skip_install:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        seconds, _ = timed([str(python), "-m", "pip", "install", "--quiet", "."], env)
+        rows.append(("pip install . (fresh venv)", seconds))
+    load_before = os.getloadavg()
+    for label, command in (("README replay", README_REPLAY), ("mxsim dot", DOT)):
+        cache = work / f"cache-{label.split()[-1]}"
+        run_env = dict(env, NUMBA_CACHE_DIR=str(cache))
+        cold, output = timed([str(mxsim), *command], run_env)
+        warm, _ = timed([str(mxsim), *command], run_env)
+        rows.append((f"{label}, cold cache", cold))
+        rows.append((f"{label}, cached", warm))
+        print(f"{label}: cold {cold[0]:.1f} s wall, {cold[1]:.1f} s CPU; cached {warm[0]:.1f} s wall, {warm[1]:.1f} s CPU",
+              file=sys.stderr, flush=True)
+        if label == "README replay":
+            rows.append(("  (replay's own report)", next(line for line in output.splitlines() if line.startswith("total "))))
+    baseline, _ = timed([str(python), "-c", BASELINE], dict(env, NUMBA_CACHE_DIR=str(work / "cache-baseline")))
+    rows.append(("baseline: trivial numba function, cold", baseline))
+    load_after = os.getloadavg()
+    print(f"{'step':42s} {'wall':>8s}   {'CPU':>8s}   CPU vs baseline")
+    for label, value in rows:
+        if isinstance(value, tuple):
+            print(f"{label:42s} {value[0]:8.1f} s {value[1]:8.1f} s  {value[1] / baseline[1]:5.1f}x")
+        else:
+            print(f"{label:42s} {value}")
+    print(f"cores {os.cpu_count()}, load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

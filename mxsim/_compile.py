@@ -1,0 +1,137 @@
+"""Numba compilation: where compiled kernels are cached, a terminal notice while they
+compile, and how long compiling took (so run times can leave it out).
+
+Compiled kernels are cached in ``NUMBA_CACHE_DIR`` when the user set it, else in the
+per-user cache directory (``platformdirs.user_cache_dir("mxsim")``), never inside the
+installed package: files written there are not in the wheel's RECORD, so an uninstall
+would leave them behind as a namespace package shadowing the next install.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+CACHE_ENV = "NUMBA_CACHE_DIR"
+# CPU seconds to compile the kernels of the README's replay (docs/benchmarks.md, Cold start).
+TYPICAL_COMPILE_SECONDS = 70
+_NOTICE_DELAY_SECONDS = 0.5  # compiles shorter than this show nothing
+_SPINNER = "|/-\\"
+
+
+def kernel_cache_dir() -> str:
+    """The directory Numba caches mxsim's compiled kernels in."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return configured
+    import platformdirs
+
+    return os.path.join(platformdirs.user_cache_dir("mxsim"), "numba")
+
+
+def configure_cache() -> str:
+    """Point Numba's cache at :func:`kernel_cache_dir`, before any kernel is defined.
+
+    Numba reads ``NUMBA_CACHE_DIR`` when it is imported and again whenever the environment's
+    ``NUMBA_*`` variables change, so the variable is set for both cases, and Numba's config
+    too when Numba was imported before mxsim. Returns the directory.
+    """
+    path = kernel_cache_dir()
+    os.environ[CACHE_ENV] = path
+    config = sys.modules.get("numba.core.config")
+    if config is not None:
+        config.CACHE_DIR = path
+    return path
+
+
+class _CompileWatch:
+    """Listens to Numba's compile events: total seconds spent compiling (outermost compiles
+    only, so nested ones are not counted twice) and, on a terminal, a one-line notice with
+    a spinner while a compile is running."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+        self.depth = 0
+        self.total_seconds = 0.0
+        self._started = 0.0
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def on_start(self, _event) -> None:
+        self.depth += 1
+        if self.depth == 1:
+            self._started = time.perf_counter()
+            stream = self.stream or sys.stderr
+            if stream.isatty():
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._spin, args=(stream, self._stop), daemon=True)
+                self._thread.start()
+
+    def on_end(self, _event) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.total_seconds += time.perf_counter() - self._started
+            if self._thread is not None:
+                self._stop.set()
+                self._thread.join()
+                self._thread = self._stop = None
+
+    def _spin(self, stream, stop: threading.Event) -> None:
+        if stop.wait(_NOTICE_DELAY_SECONDS):
+            return
+        message = f"mxsim: compiling kernels (first run only, ~{TYPICAL_COMPILE_SECONDS} s)"
+        turn = 0
+        while not stop.wait(0.2):
+            elapsed = time.perf_counter() - self._started
+            stream.write(f"\r{message} {_SPINNER[turn % len(_SPINNER)]} {elapsed:.0f} s")
+            stream.flush()
+            turn += 1
+        stream.write("\r" + " " * (len(message) + 12) + "\r")
+        stream.flush()
+
+
+_watch: _CompileWatch | None = None
+
+
+def watch_compiles() -> _CompileWatch:
+    """Start listening to Numba's compile events (once per process); kernel modules call
+    this when they are imported, so nothing is listened to before a kernel can compile."""
+    global _watch
+    if _watch is None:
+        from numba.core import event
+
+        watch = _CompileWatch()
+
+        class Listener(event.Listener):
+            def on_start(self, ev):
+                watch.on_start(ev)
+
+            def on_end(self, ev):
+                watch.on_end(ev)
+
+        event.register("numba:compile", Listener())
+        _watch = watch
+    return _watch
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling kernels so far (cache loads excluded)."""
+    return 0.0 if _watch is None else _watch.total_seconds
+
+
+def generic_calls(dispatcher):
+    """Decorator (above ``@njit``): calls from other kernels compile this function once for
+    the plain argument types, not once more for every combination of constants
+    (``Literal[int](1)``) that call sites pass, which Numba does by default and which
+    multiplies the compile time of the helpers called with constant rounding modes."""
+    from numba.core import types
+
+    specialise = dispatcher.get_call_template
+
+    def get_call_template(args, kws):
+        return specialise(tuple(types.unliteral(a) for a in args), {k: types.unliteral(v) for k, v in kws.items()})
+
+    dispatcher.get_call_template = get_call_template
+    return dispatcher

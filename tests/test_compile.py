@@ -1,0 +1,152 @@
+"""mxsim._compile: the kernel cache lives outside the package, ``import mxsim`` loads no
+kernel, and compiling shows a notice on a terminal and is timed."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import platformdirs
+
+import mxsim
+from mxsim import _compile
+
+PACKAGE = Path(mxsim.__file__).parent
+REPO_ROOT = PACKAGE.parent
+
+
+def _python(code: str, env: dict) -> str:
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _clean_env(tmp_path: Path) -> dict:
+    """An environment without NUMBA_CACHE_DIR whose per-user cache directory is in tmp_path."""
+    env = {k: v for k, v in os.environ.items() if k != _compile.CACHE_ENV}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "user-cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _cache_files(root: Path) -> dict:
+    return {path: path.stat().st_mtime_ns for pattern in ("*.nbi", "*.nbc") for path in root.rglob(pattern)}
+
+
+def test_kernel_cache_dir_is_numba_cache_dir_when_set(monkeypatch, tmp_path):
+    monkeypatch.setenv(_compile.CACHE_ENV, str(tmp_path))
+    assert _compile.kernel_cache_dir() == str(tmp_path)
+
+
+def test_kernel_cache_dir_defaults_to_the_per_user_cache(monkeypatch):
+    monkeypatch.delenv(_compile.CACHE_ENV, raising=False)
+    assert _compile.kernel_cache_dir() == os.path.join(platformdirs.user_cache_dir("mxsim"), "numba")
+
+
+def test_compiled_kernels_are_cached_in_the_user_cache_not_in_the_package(tmp_path):
+    env = _clean_env(tmp_path)
+    before = _cache_files(PACKAGE)
+    out = _python(
+        "import mxsim, numba, os\n"
+        "mxsim.get_format('fp8_e4m3').decode_table\n"  # compiles (or loads) a kernel
+        "print(numba.config.CACHE_DIR)\n",
+        env,
+    )
+    expected = tmp_path / "user-cache" / "mxsim" / "numba"
+    assert out.strip() == str(expected)
+    assert any(expected.rglob("*.nbi")) and any(expected.rglob("*.nbc"))
+    assert _cache_files(PACKAGE) == before  # nothing written into the package
+
+
+def test_cache_dir_takes_effect_when_numba_was_imported_first(tmp_path):
+    env = _clean_env(tmp_path)
+    out = _python("import numba\nimport mxsim\nprint(numba.config.CACHE_DIR)\n", env)
+    assert out.strip() == str(tmp_path / "user-cache" / "mxsim" / "numba")
+
+
+def test_import_mxsim_loads_no_kernel_module(tmp_path):
+    env = _clean_env(tmp_path)
+    out = _python(
+        "import sys, mxsim\n"
+        "print(sorted(m for m in sys.modules if m == 'numba' or m.startswith('mxsim.')))\n"
+        "mxsim.load_hwconfig\n"  # a public name resolves on first use
+        "print('mxsim.datapath' in sys.modules)\n",
+        env,
+    )
+    assert out.splitlines() == ["['mxsim._compile']", "True"]
+
+
+def test_public_names_resolve_and_modules_are_not_shadowed():
+    import importlib
+
+    for name in mxsim.__all__:
+        assert getattr(mxsim, name) is not None
+    assert mxsim.quantize_mx is importlib.import_module("mxsim.quantize.mx").quantize
+    assert importlib.import_module("mxsim.quantize") is mxsim.quantize  # the package, not a function
+    import mxsim.datapath.api as api
+
+    assert mxsim.datapath.dot is api.dot and mxsim.dot is api.dot
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_compile_notice_on_a_terminal_and_timing():
+    stream = _Terminal()
+    watch = _compile._CompileWatch(stream)
+    watch.on_start(None)
+    watch.on_start(None)  # a nested compile is part of the outer one
+    time.sleep(1.0)
+    watch.on_end(None)
+    watch.on_end(None)
+    shown = stream.getvalue()
+    assert f"compiling kernels (first run only, ~{_compile.TYPICAL_COMPILE_SECONDS} s)" in shown
+    assert shown.endswith("\r")  # the line is cleared afterwards
+    assert 1.0 <= watch.total_seconds < 5.0
+
+
+def test_no_notice_off_a_terminal_or_for_short_compiles():
+    quiet = io.StringIO()
+    watch = _compile._CompileWatch(quiet)
+    watch.on_start(None)
+    time.sleep(0.7)
+    watch.on_end(None)
+    assert quiet.getvalue() == ""
+    terminal = _Terminal()
+    watch = _compile._CompileWatch(terminal)
+    watch.on_start(None)
+    watch.on_end(None)
+    assert terminal.getvalue() == ""
+
+
+def _helper_and_callers(decorate):
+    from numba import njit
+
+    @decorate
+    @njit
+    def scaled(value, factor):
+        return value * factor
+
+    @njit
+    def with_constant(value):
+        return scaled(value, 3)
+
+    @njit
+    def with_variable(value, factor):
+        return scaled(value, factor)
+
+    assert with_constant(2) == 6 and with_variable(2, 5) == 10
+    return scaled
+
+
+def test_generic_calls_compile_one_specialisation_for_constant_arguments():
+    scaled = _helper_and_callers(_compile.generic_calls)
+    assert [str(s) for s in scaled.signatures] == ["(int64, int64)"]
+    plain = _helper_and_callers(lambda dispatcher: dispatcher)
+    assert len(plain.signatures) == 2  # what Numba does unasked: one more for Literal[int](3)
