@@ -479,6 +479,8 @@ def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
     if not isinstance(base_name, str) or not base_name:
         raise ConfigError(str(path), "extends", f"expected the file name of the config this one extends, got {base_name!r}")
     base_path = (path.parent / base_name).resolve()
+    if not base_path.is_file():
+        raise ConfigError(str(path), "extends", f"no such file: {base_path}")
     chain = chain + (path.resolve(),)
     if base_path in chain:
         cycle = " -> ".join(str(p) for p in chain[chain.index(base_path):] + (base_path,))
