@@ -151,11 +151,12 @@ def random_inputs(draw, params: DatapathParams, rows: int):
     length = draw(st.integers(1, 70))
     if params.term_order is not None:
         length = len(params.term_order) * draw(st.integers(1, 2))
-    bits_a, bits_b = get_format(params.a_format).bits, get_format(params.b_format).bits
-    codes = lambda bits: draw(  # noqa: E731
-        st.lists(st.lists(st.integers(0, (1 << bits) - 1), min_size=length, max_size=length), min_size=rows, max_size=rows)
-    )
-    a, b = np.array(codes(bits_a), dtype=np.uint16), np.array(codes(bits_b), dtype=np.uint16)
+    fmt_a, fmt_b = get_format(params.a_format), get_format(params.b_format)
+    codes = lambda fmt: np.array(draw(  # noqa: E731  (field codes, then placed above the padding: tf32)
+        st.lists(st.lists(st.integers(0, (1 << fmt.field_bits) - 1), min_size=length, max_size=length),
+                 min_size=rows, max_size=rows)
+    ), dtype=np.uint32) << np.uint32(fmt.padding_bits)
+    a, b = codes(fmt_a), codes(fmt_b)
     blocks = -(-length // params.block_size)
     scale = st.one_of(st.integers(118, 136), st.sampled_from([0, 1, 127, 253, 254, 255]))
     scales = lambda: np.array(  # noqa: E731
