@@ -341,9 +341,10 @@ def test_tf32_codes_decode_as_fp32_and_as_the_reference():
     fmt = FORMATS["tf32"]
     codes = np.arange(0, 1 << 19, 37, dtype=np.uint32) << np.uint32(13)
     decoded = fmt.decode(codes)
-    np.testing.assert_array_equal(decoded, codes.view(np.float32).astype(np.float64))
-    for code in codes[::50].tolist():
-        assert same_float(float(decode_reference(fmt, code)), decoded[codes.tolist().index(code)])
+    with np.errstate(invalid="ignore"):  # NaN codes widen to NaN
+        np.testing.assert_array_equal(decoded, codes.view(np.float32).astype(np.float64))
+    for index in range(0, codes.size, 50):
+        assert same_float(float(decode_reference(fmt, int(codes[index]))), decoded[index])
     with pytest.raises(MxsimError, match="low 13 bits zero"):
         fmt.decode(np.array([0x3F800001]))
     with pytest.raises(ValueError, match="padding"):
