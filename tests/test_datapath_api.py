@@ -159,7 +159,7 @@ def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, len
     fmt = get_format(fmt_name)
     magnitude = np.exp2(rng.integers(-3, 4, size=(rows, 1)).astype(np.float64))
     x = np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
-    codes = fmt.encode(x).astype(np.uint16)
+    codes = fmt.encode(x).astype(np.uint32)
     if block_size is None:
         return codes, None
     return codes, rng.integers(123, 130, size=(rows, -(-length // block_size))).astype(np.uint8)
@@ -183,11 +183,12 @@ def random_inputs(draw, params: DatapathParams, rows: int):
         c[rng.random(rows) < 0.3] = 0.0
         return a, b, scale_a, scale_b, c
     event("inputs: corners")
-    bits_a, bits_b = get_format(params.a_format).bits, get_format(params.b_format).bits
-    codes = lambda bits: draw(  # noqa: E731
-        st.lists(st.lists(st.integers(0, (1 << bits) - 1), min_size=length, max_size=length), min_size=rows, max_size=rows)
-    )
-    a, b = np.array(codes(bits_a), dtype=np.uint16), np.array(codes(bits_b), dtype=np.uint16)
+    fmt_a, fmt_b = get_format(params.a_format), get_format(params.b_format)
+    codes = lambda fmt: np.array(draw(  # noqa: E731  (field codes, then placed above the padding: tf32)
+        st.lists(st.lists(st.integers(0, (1 << fmt.field_bits) - 1), min_size=length, max_size=length),
+                 min_size=rows, max_size=rows)
+    ), dtype=np.uint32) << np.uint32(fmt.padding_bits)
+    a, b = codes(fmt_a), codes(fmt_b)
     scale = st.one_of(st.integers(118, 136), st.sampled_from([0, 1, 127, 253, 254, 255]))
     scales = lambda: np.array(  # noqa: E731
         draw(st.lists(st.lists(scale, min_size=blocks, max_size=blocks), min_size=rows, max_size=rows)), dtype=np.uint8

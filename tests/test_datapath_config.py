@@ -119,3 +119,61 @@ def test_vary_hwconfig_changes_base_values_and_keeps_overrides():
         vary_hwconfig(base, {"adder.fused": 8}, name="x")
     with pytest.raises(ConfigError, match="accumulator.promotion_interval: must be a multiple of adder.fused_terms"):
         vary_hwconfig(base, {"accumulator.promotion_interval": 48}, name="x")
+
+
+def write_yaml(path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+
+
+def test_extends_merges_sections_and_appends_overrides(tmp_path):
+    base = with_changes(
+        inputs={"a_formats": ["fp8_e4m3", "fp8_e5m2"], "b_formats": ["fp8_e4m3", "fp8_e5m2"]},
+        adder={"fused_terms": 16, "align_fraction_bits": 13},
+        overrides=[{"out_format": "fp16", "adder": {"fused_terms": 8}}],
+    )
+    write_yaml(tmp_path / "base.yaml", base)
+    child = {"extends": "../base.yaml", "name": "child", "adder": {"align_fraction_bits": 20},
+             "overrides": [{"a_format": ["fp8_e5m2"], "out_format": "fp16", "adder": {"fused_terms": 4}}]}
+    write_yaml(tmp_path / "sub" / "child.yaml", child)  # resolved relative to the extending file
+    config = load_hwconfig(tmp_path / "sub" / "child.yaml")
+    assert config.name == "child"
+    e4m3 = config.params("fp8_e4m3", "fp8_e4m3")
+    assert (e4m3.fused_terms, e4m3.align_fraction_bits) == (16, 20)  # merged key by key
+    assert config.params("fp8_e4m3", "fp8_e4m3", "fp16").fused_terms == 8  # the base's override
+    assert config.params("fp8_e5m2", "fp8_e4m3", "fp16").fused_terms == 4  # the child's wins
+    assert config.params("fp8_e5m2", "fp8_e4m3", "fp32").fused_terms == 16
+
+
+def test_extends_cycles_and_bad_bases_name_the_files(tmp_path):
+    write_yaml(tmp_path / "a.yaml", {**MINIMAL, "extends": "b.yaml"})
+    write_yaml(tmp_path / "b.yaml", {**MINIMAL, "extends": "a.yaml"})
+    with pytest.raises(ConfigError, match="extends: configs extend each other in a cycle") as info:
+        load_hwconfig(tmp_path / "a.yaml")
+    assert str(tmp_path / "a.yaml") in str(info.value) and str(tmp_path / "b.yaml") in str(info.value)
+    write_yaml(tmp_path / "self.yaml", {**MINIMAL, "extends": "self.yaml"})
+    with pytest.raises(ConfigError, match="cycle"):
+        load_hwconfig(tmp_path / "self.yaml")
+    write_yaml(tmp_path / "orphan.yaml", {**MINIMAL, "extends": "absent.yaml"})
+    with pytest.raises(ConfigError, match="orphan.yaml: extends: no such file: .*absent.yaml"):
+        load_hwconfig(tmp_path / "orphan.yaml")
+    write_yaml(tmp_path / "bad.yaml", with_changes(adder={"fused_terms": 0}))
+    write_yaml(tmp_path / "uses-bad.yaml", {"extends": "bad.yaml", "name": "x"})
+    with pytest.raises(ConfigError, match="bad.yaml: adder.fused_terms"):  # the base's own file and key
+        load_hwconfig(tmp_path / "uses-bad.yaml")
+    with pytest.raises(ConfigError, match="cfg.yaml: extends: only a config read from a file"):
+        parse_hwconfig({**MINIMAL, "extends": "a.yaml"}, "cfg.yaml")
+    write_yaml(tmp_path / "number.yaml", {**MINIMAL, "extends": 3})
+    with pytest.raises(ConfigError, match="number.yaml: extends: expected the file name"):
+        load_hwconfig(tmp_path / "number.yaml")
+
+
+def test_override_selectors_take_one_format_or_a_list():
+    data = with_changes(
+        inputs={"a_formats": ["fp8_e4m3", "fp8_e5m2", "fp4_e2m1"], "b_formats": ["fp8_e4m3"]},
+        overrides=[{"a_format": ["fp8_e4m3", "fp8_e5m2"], "adder": {"fused_terms": 16}}],
+    )
+    config = parse_hwconfig(data)
+    assert [config.params(f, "fp8_e4m3").fused_terms for f in ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1")] == [16, 16, 32]
+    with pytest.raises(ConfigError, match=r"overrides\[0\].a_format: expected a format name or a list"):
+        parse_hwconfig(with_changes(overrides=[{"a_format": [], "adder": {}}]), "cfg.yaml")

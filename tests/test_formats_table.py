@@ -328,3 +328,35 @@ def test_one_encode_kernel_signature_for_every_input_and_code_width():
             codes = get_format(name).encode(x.astype(dtype))
             assert codes.dtype == get_format(name).code_dtype
     assert len(_kernels.encode_array.signatures) == 1
+
+
+# --- tf32: fp32 bit patterns with 10 fraction bits ---------------------------------------------
+
+def test_tf32_rounds_like_the_fp32_bit_trick():
+    # Round-to-nearest-even of the low 13 bits of an fp32 pattern (the conversion CUDA's
+    # __float_to_tf32 documents): carries run into the exponent and up to Inf, and subnormals
+    # keep their 10 fraction bits at the same positions.
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(40000) * np.logspace(-44, 38, 40000)).astype(np.float32)
+    x = np.concatenate([x, np.float32([3.4028235e38, -3.4028235e38, 1e-45, 0.0, -0.0])])
+    bits = x.view(np.uint32).astype(np.uint64)
+    expected = ((bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)).astype(np.uint32)
+    expected = np.where(np.abs(x) >= np.float32(3.4028235e38), (bits & 0x80000000) | 0x7F800000, expected)
+    fmt = FORMATS["tf32"]
+    np.testing.assert_array_equal(fmt.encode(x, overflow="inf_nan"), expected)
+    assert fmt.encode(np.float32([1.0]))[0] == 0x3F800000  # stored as the fp32 bit pattern
+    assert (fmt.max_finite, fmt.min_subnormal, fmt.code_dtype) == ((2 - 2**-10) * 2.0**127, 2.0**-136, np.uint32)
+
+
+def test_tf32_codes_decode_as_fp32_and_as_the_reference():
+    fmt = FORMATS["tf32"]
+    codes = np.arange(0, 1 << 19, 37, dtype=np.uint32) << np.uint32(13)
+    decoded = fmt.decode(codes)
+    with np.errstate(invalid="ignore"):  # NaN codes widen to NaN
+        np.testing.assert_array_equal(decoded, codes.view(np.float32).astype(np.float64))
+    for index in range(0, codes.size, 50):
+        assert same_float(float(decode_reference(fmt, int(codes[index]))), decoded[index])
+    with pytest.raises(MxsimError, match="low 13 bits zero"):
+        fmt.decode(np.array([0x3F800001]))
+    with pytest.raises(ValueError, match="padding"):
+        decode_reference(fmt, 0x3F800001)

@@ -38,8 +38,8 @@ def _alignment_emin(fmt: FormatInfo) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
-    values = fmt.decode(np.arange(1 << fmt.bits)).astype(np.float64)
+    """Per field code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
+    values = fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64)
     if not subnormals:
         tiny = (values != 0) & (np.abs(values) < fmt.min_normal)
         values = np.where(tiny, np.copysign(0.0, values), values)
@@ -96,13 +96,14 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
 
 
 def _codes(array, name: str, fmt: FormatInfo) -> np.ndarray:
+    """Validated codes as the field codes (padding removed) that index the element tables."""
     if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
         raise MxsimError(f"{name}: expected an integer numpy array of {fmt.name} codes")
     if array.ndim != 2:
         raise MxsimError(f"{name}: expected shape (n, K), got {array.shape}")
-    if array.size and (array.min() < 0 or array.max() >= (1 << fmt.bits)):
-        raise MxsimError(f"{name}: codes must lie in [0, {1 << fmt.bits}) for {fmt.name}")
-    return np.ascontiguousarray(array, dtype=np.uint8 if fmt.bits <= 8 else np.uint16)
+    fields = fmt.field_codes(array, name)
+    dtype = np.uint8 if fmt.field_bits <= 8 else np.uint16 if fmt.field_bits <= 16 else np.uint32
+    return np.ascontiguousarray(fields, dtype=dtype)
 
 
 def _scale_exponents(scales, name: str, rows: int, blocks: int, params: DatapathParams) -> np.ndarray:
@@ -275,8 +276,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
     out = np.empty((rows, columns), dtype=np.uint32)  # one kernel signature for every output format
     bits_dtype = output_dtype(params.output_format)
-    codes_a = np.ascontiguousarray(tensor_a.codes.reshape(rows, -1))
-    codes_b = np.ascontiguousarray(tensor_b.codes.reshape(columns, -1))
+    codes_a = _codes(tensor_a.codes.reshape(rows, -1), "A", tensor_a.element_format)
+    codes_b = _codes(tensor_b.codes.reshape(columns, -1), "B", tensor_b.element_format)
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs

@@ -21,7 +21,7 @@ from ..formats.rounding import ROUNDING_MODES
 
 SCHEMA_VERSION = 1
 ELEMENT_FORMATS = (
-    "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx4", "mx6", "mx9", "fp16", "bf16", "fp32",
+    "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx4", "mx6", "mx9", "fp16", "bf16", "tf32", "fp32",
 )
 WIDE_FORMATS = ("fp32", "fp16", "bf16")
 SCALE_APPLICATION = ("none", "products", "block_sum")
@@ -152,7 +152,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)"),
     },
 }
-TOP_LEVEL = {"mxsim_hwconfig", "name", "description", "overrides", "array", *SCHEMA}
+TOP_LEVEL = {"mxsim_hwconfig", "name", "description", "extends", "overrides", "array", *SCHEMA}
 OVERRIDE_SELECTORS = ("a_format", "b_format", "out_format")
 
 
@@ -222,8 +222,9 @@ class HardwareConfig:
     """A validated hardware config: one dot-product unit (and optionally its array).
 
     ``sections`` holds the base values of every schema key; ``overrides`` are
-    ``({selector: format}, {(section, key): value})`` pairs applied in order where every
-    selector (a_format, b_format, out_format) matches. :meth:`params` resolves them.
+    ``({selector: formats}, {(section, key): value})`` pairs applied in order where every
+    selector (a_format, b_format, out_format) matches one of its formats. :meth:`params`
+    resolves them.
     """
 
     name: str
@@ -258,7 +259,7 @@ class HardwareConfig:
         values[("output", "format")] = out_name
         for selectors, changes in self.overrides:
             chosen = {"a_format": a_name, "b_format": b_name, "out_format": out_name}
-            if all(chosen[key] == value for key, value in selectors.items()):
+            if all(chosen[key] in names for key, names in selectors.items()):
                 values.update(changes)
         fields = {field: values[key] for key, field in _PARAM_FIELD.items()}
         params = DatapathParams(a_format=a_name, b_format=b_name, **fields)
@@ -405,6 +406,8 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     for name in data:
         if name not in TOP_LEVEL:
             raise ConfigError(source, str(name), f"unknown key; accepted: {', '.join(sorted(TOP_LEVEL))}")
+    if "extends" in data:
+        raise ConfigError(source, "extends", "only a config read from a file can extend another (load_hwconfig)")
     version = data.get("mxsim_hwconfig", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
         raise ConfigError(source, "mxsim_hwconfig", f"unsupported schema version {version!r}; accepted: {SCHEMA_VERSION}")
@@ -420,7 +423,7 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     overrides = []
     raw_overrides = data.get("overrides", []) or []
     if not isinstance(raw_overrides, list):
-        raise ConfigError(source, "overrides", "expected a list of {a_format?, b_format?, <section>: {...}} entries")
+        raise ConfigError(source, "overrides", "expected a list of {a_format?, b_format?, out_format?, <section>: {...}} entries")
     for index, entry in enumerate(raw_overrides):
         prefix = f"overrides[{index}]."
         if not isinstance(entry, dict):
@@ -429,9 +432,10 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
         changes = {}
         for key, value in entry.items():
             if key in OVERRIDE_SELECTORS:
-                if not (isinstance(value, str) and _is_format(value)):
-                    raise ConfigError(source, prefix + key, f"expected a format name, got {value!r}")
-                selectors[key] = get_format(value).name
+                names = [value] if isinstance(value, str) else value
+                if not (isinstance(names, list) and names and all(isinstance(n, str) and _is_format(n) for n in names)):
+                    raise ConfigError(source, prefix + key, f"expected a format name or a list of them, got {value!r}")
+                selectors[key] = tuple(get_format(n).name for n in names)
             elif key in SCHEMA and key != "inputs":
                 changes.update(_read_section(source, prefix, key, value, partial=True))
             else:
@@ -481,15 +485,56 @@ def vary_hwconfig(config: HardwareConfig, changes: dict[str, Any], name: str) ->
 
 
 def load_hwconfig(path: str | Path) -> HardwareConfig:
-    """Read and validate a hardware-config YAML file; errors name the file and key path."""
-    path = Path(path)
+    """Read and validate a hardware-config YAML file; errors name the file and key path.
+
+    ``extends: <file>`` (resolved relative to the extending file) starts from that config:
+    the extending file's sections are merged key by key over the base's, its overrides
+    follow the base's (so they win), and every other top-level key replaces the base's.
+    Chains may be of any length; a cycle is an error naming the files in it.
+    """
+    return parse_hwconfig(_resolved_data(Path(path), ()), str(path))
+
+
+def _read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise ConfigError(str(path), "", "no such file")
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(str(path), "", f"not valid YAML: {error}") from None
-    return parse_hwconfig(data, str(path))
+
+
+def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
+    """The YAML mapping of ``path`` with its ``extends`` chain merged in (see load_hwconfig)."""
+    data = _read_yaml(path)
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    base_name = data["extends"]
+    if not isinstance(base_name, str) or not base_name:
+        raise ConfigError(str(path), "extends", f"expected the file name of the config this one extends, got {base_name!r}")
+    base_path = (path.parent / base_name).resolve()
+    if not base_path.is_file():
+        raise ConfigError(str(path), "extends", f"no such file: {base_path}")
+    chain = chain + (path.resolve(),)
+    if base_path in chain:
+        cycle = " -> ".join(str(p) for p in chain[chain.index(base_path):] + (base_path,))
+        raise ConfigError(str(path), "extends", f"configs extend each other in a cycle: {cycle}")
+    base = _resolved_data(base_path, chain)
+    parse_hwconfig(base, str(base_path))  # a base is a complete config: its errors name its file
+    merged = {key: value for key, value in base.items()}
+    for key, value in data.items():
+        if key == "extends":
+            continue
+        if key == "overrides":
+            merged[key] = list(base.get(key) or []) + list(value or []) if isinstance(value, list) else value
+        elif key in SCHEMA or key == "array":
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merged[key] = {**base[key], **value}
+            else:
+                merged[key] = value
+        else:
+            merged[key] = value
+    return merged
 
 
 def schema_markdown() -> str:

@@ -18,14 +18,20 @@ NAN = float("nan")
 
 
 def decode_reference(fmt: FormatInfo, code: int) -> Fraction | float:
-    """Exact value of ``code``: a Fraction, or a float for NaN, ±Inf and -0."""
+    """Exact value of ``code``: a Fraction, or a float for NaN, ±Inf and -0.
+
+    ``code`` is a stored code; its ``padding_bits`` low bits must be zero (tf32)."""
+    if code & ((1 << fmt.padding_bits) - 1):
+        raise ValueError(f"{fmt.name} code {code:#x} has nonzero padding bits")
+    code >>= fmt.padding_bits
+    width = fmt.bits - fmt.padding_bits
     if fmt.twos_complement:
-        integer = code - (1 << fmt.bits) if code >> (fmt.bits - 1) else code
+        integer = code - (1 << width) if code >> (width - 1) else code
         return Fraction(integer) * Fraction(2) ** (1 - fmt.bias - fmt.mantissa_bits)
-    sign = (code >> (fmt.bits - 1)) & 1 if fmt.signed else 0
+    sign = (code >> (width - 1)) & 1 if fmt.signed else 0
     exponent_field = (code >> fmt.mantissa_bits) & ((1 << fmt.exponent_bits) - 1)
     mantissa_field = code & ((1 << fmt.mantissa_bits) - 1)
-    all_ones_magnitude = (1 << (fmt.bits - fmt.signed)) - 1
+    all_ones_magnitude = (1 << (width - fmt.signed)) - 1
     magnitude_code = code & all_ones_magnitude
     if fmt.specials == "ieee" and exponent_field == (1 << fmt.exponent_bits) - 1:
         if mantissa_field:
@@ -49,7 +55,7 @@ def _magnitudes(fmt: FormatInfo) -> tuple[list[Fraction], list[int]]:
     """Sorted non-negative finite values and their magnitude codes (formats up to 16 bits)."""
     pairs = []
     for code in range(1 << (fmt.bits - fmt.signed)):
-        value = decode_reference(fmt, code)
+        value = decode_reference(fmt, code)  # formats up to 16 bits have no padding
         if isinstance(value, Fraction):
             pairs.append((value, code))
     pairs.sort()
@@ -62,7 +68,7 @@ def _neighbours(fmt: FormatInfo, magnitude: Fraction, negative: bool):
     The upper neighbour of the largest finite value continues that binade's spacing, as
     IEEE 754 defines overflow ("as if the exponent range were unbounded").
     """
-    if fmt.bits <= 16:
+    if fmt.bits <= 16 and not fmt.padding_bits:
         values, codes = _magnitudes(fmt)
         if fmt.twos_complement and negative and fmt.allow_min_twos_complement:
             values = values + [values[-1] + (values[-1] - values[-2])]
@@ -98,15 +104,21 @@ def encode_reference(
 ) -> int:
     """The code of ``x`` under the named rounding mode and overflow policy.
 
-    ``draw32`` is the 32-bit uniform draw used by stochastic rounding.
+    ``draw32`` is the 32-bit uniform draw used by stochastic rounding. The code is a stored
+    code: its fields shifted left by ``padding_bits``.
     """
+    return _encode_fields(fmt, x, rounding, overflow, draw32) << fmt.padding_bits
+
+
+def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int) -> int:
     negative = (math.copysign(1.0, x) < 0) if isinstance(x, float) else x < 0
-    sign_bit = 1 << (fmt.bits - 1)
+    width = fmt.bits - fmt.padding_bits
+    sign_bit = 1 << (width - 1)
     max_magnitude = fmt.max_index + (negative and fmt.twos_complement and fmt.allow_min_twos_complement)
 
     def assemble(magnitude_code: int) -> int:
         if fmt.twos_complement:
-            return (-magnitude_code if negative else magnitude_code) % (1 << fmt.bits)
+            return (-magnitude_code if negative else magnitude_code) % (1 << width)
         if not fmt.signed:
             return nan() if negative and magnitude_code else magnitude_code
         return (sign_bit if negative else 0) | magnitude_code
@@ -115,7 +127,7 @@ def encode_reference(
         if fmt.specials == "ieee":
             magnitude = (((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) | (1 << (fmt.mantissa_bits - 1))
         else:
-            magnitude = (1 << (fmt.bits - fmt.signed)) - 1
+            magnitude = (1 << (width - fmt.signed)) - 1
         return (sign_bit if negative and fmt.signed else 0) | magnitude
 
     def too_big() -> int:

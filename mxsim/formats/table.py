@@ -50,6 +50,10 @@ class FormatInfo:
             (−2.0 in MX INT8) may be produced by encoding.
         scale_emax: the element's ``emax`` in the MX scale rule ``X = 2^(E - emax)``; by
             default ``floor(log2(max_finite))``.
+        padding_bits: zero bits below the trailing significand in every stored code: the
+            format travels in a wider container (tf32 in fp32 bit patterns, the low 13
+            fraction bits zero, as tensor cores read fp32 registers). ``bits`` counts them;
+            the sign, exponent and mantissa fields sit above them.
     """
 
     name: str
@@ -63,14 +67,15 @@ class FormatInfo:
     subnormals: bool = True
     allow_min_twos_complement: bool = True
     scale_emax: int | None = field(default=None, compare=False)
+    padding_bits: int = 0
 
     def __post_init__(self):
         if self.specials not in SPECIALS:
             raise UnknownNameError("specials encoding", self.specials, SPECIALS)
-        width = self.exponent_bits + self.mantissa_bits + self.signed
-        if width != self.bits or self.bits < 2 or self.bits > 62:
+        width = self.exponent_bits + self.mantissa_bits + self.signed + self.padding_bits
+        if width != self.bits or self.bits < 2 or self.bits > 62 or self.padding_bits < 0:
             raise MxsimError(
-                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit must equal bits (2..62)"
+                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit + padding_bits must equal bits (2..62)"
             )
         if self.specials == "ieee" and (self.exponent_bits < 2 or self.mantissa_bits < 1):
             raise MxsimError(f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits")
@@ -81,11 +86,16 @@ class FormatInfo:
 
     # Derived properties ---------------------------------------------------------------
     @property
+    def field_bits(self) -> int:
+        """Width of a code without its padding: sign + exponent + mantissa fields."""
+        return self.bits - self.padding_bits
+
+    @property
     def max_index(self) -> int:
-        """Magnitude index (code without sign) of the largest finite value."""
+        """Magnitude index (field code without sign or padding) of the largest finite value."""
         if self.twos_complement:
-            return (1 << (self.bits - 1)) - 1
-        magnitude_bits = self.bits - self.signed
+            return (1 << (self.field_bits - 1)) - 1
+        magnitude_bits = self.field_bits - self.signed
         if self.specials == "ieee":
             return (((1 << self.exponent_bits) - 1) << self.mantissa_bits) - 1
         if self.specials == "nan_at_max":
@@ -137,9 +147,10 @@ class FormatInfo:
 
     @functools.cached_property
     def kernel_params(self) -> np.ndarray:
-        """The int64 parameter vector the kernels read (see ``_kernels.P_*``)."""
+        """The int64 parameter vector the kernels read (see ``_kernels.P_*``); the kernels
+        work on field codes (stored codes shifted right by ``padding_bits``)."""
         params = np.zeros(K.N_PARAMS, dtype=np.int64)
-        params[K.P_BITS] = self.bits
+        params[K.P_BITS] = self.field_bits
         params[K.P_EXPONENT_BITS] = self.exponent_bits
         params[K.P_MANTISSA_BITS] = self.mantissa_bits
         params[K.P_BIAS] = self.bias
@@ -160,22 +171,40 @@ class FormatInfo:
 
     @functools.cached_property
     def decode_table(self) -> np.ndarray | None:
-        """float64 value of every code (read-only), for formats up to 16 bits; else None."""
-        if self.bits > 16:
+        """float64 value of every field code (read-only), for fields up to 16 bits; else None."""
+        if self.field_bits > 16:
             return None
-        out = np.empty(1 << self.bits, dtype=np.float64)
-        K.decode_array(np.arange(1 << self.bits, dtype=np.int64), self.kernel_params, out)
+        out = np.empty(1 << self.field_bits, dtype=np.float64)
+        K.decode_array(np.arange(1 << self.field_bits, dtype=np.int64), self.kernel_params, out)
         out.setflags(write=False)
         return out
 
     # Operations -----------------------------------------------------------------------
     def decode(self, codes) -> np.ndarray:
         """Exact float64 values of integer codes (any integer array; NaN for NaN codes)."""
+        return self.decode_fields(self.field_codes(codes, f"decode({self.name})"))
+
+    def field_codes(self, codes, where: str) -> np.ndarray:
+        """Stored codes validated (integers in [0, 2^bits), padding bits zero) and shifted
+        right by ``padding_bits``: the field codes that index per-code tables."""
         codes = np.asarray(codes)
         if not np.issubdtype(codes.dtype, np.integer):
-            raise MxsimError(f"decode({self.name}): codes must be an integer array, got dtype {codes.dtype}")
+            raise MxsimError(f"{where}: codes must be an integer array, got dtype {codes.dtype}")
         if codes.size and (codes.min() < 0 or int(codes.max()) >= (1 << self.bits)):
-            raise MxsimError(f"decode({self.name}): codes must lie in [0, {1 << self.bits})")
+            raise MxsimError(f"{where}: codes must lie in [0, {1 << self.bits}) for {self.name}")
+        if not self.padding_bits:
+            return codes
+        codes = codes.astype(np.int64)
+        if codes.size and (codes & ((1 << self.padding_bits) - 1)).any():
+            raise MxsimError(
+                f"{where}: {self.name} codes keep their low {self.padding_bits} bits zero "
+                f"(round values into the format with encode first)"
+            )
+        return codes >> self.padding_bits
+
+    def decode_fields(self, codes: np.ndarray) -> np.ndarray:
+        """Exact float64 values of field codes (stored codes without their padding)."""
+        codes = np.asarray(codes)
         table = self.decode_table
         if table is not None:
             return table[codes]
@@ -216,6 +245,8 @@ class FormatInfo:
         flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
         out = np.empty(flat.size, dtype=np.uint64)
         K.encode_array(flat, exponent_bits, mantissa_bits, self.kernel_params, rounding_mode, overflow_policy, seed, out)
+        if self.padding_bits:
+            out <<= out.dtype.type(self.padding_bits)
         return out.astype(self.code_dtype).reshape(values.shape)
 
     def round(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
@@ -283,6 +314,9 @@ FORMATS: dict[str, FormatInfo] = _table(
     FormatInfo("fp16", 16, 5, 10, 15),
     FormatInfo("bf16", 16, 8, 7, 127),
     FormatInfo("fp32", 32, 8, 23, 127),
+    # NVIDIA TensorFloat-32: fp32's sign and exponent with 10 fraction bits, stored as fp32
+    # bit patterns whose low 13 bits are zero (tensor cores read only the top 19 bits).
+    FormatInfo("tf32", 32, 8, 10, 127, padding_bits=13),
 )
 
 # Quark's MX config names for the element formats.
