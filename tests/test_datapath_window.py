@@ -6,14 +6,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
 from mxsim import get_format, quantize
+from mxsim.datapath import _kernels as K
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams
-from mxsim.datapath.dot import _tensor_scales, dot_with_params
+from mxsim.datapath.dot import _kernel_arguments, _tensor_scales, dot_with_params
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import window_applies, window_dot, window_matmul
 
@@ -131,9 +132,6 @@ def gemm(params, qa, qb, c, method):
     if method == "window":
         left = window_matmul(params, a_codes, b_codes, scales_a, scales_b, c, out)
         return out, left
-    from mxsim.datapath import _kernels as K
-    from mxsim.datapath.dot import _kernel_arguments
-
     K.matmul_rows(a_codes, b_codes, scales_a, scales_b, c, *_kernel_arguments(params)[2], out)
     return out, None
 
@@ -142,8 +140,7 @@ def gemm(params, qa, qb, c, method):
 @given(params=window_params(), shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
        corners=st.integers(0, 3), spread=st.sampled_from([0, 4, 20, 60]), seed=st.integers(0, 2**32 - 1))
 def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
-    if not window_applies(params):
-        return  # format pairs whose products do not fit float32 (checked in the route tests)
+    assume(window_applies(params))  # every pair of ELEMENTS fits; kept as a guard
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
     qa, qb = operands(params, rng, rows, length, columns, corners == 0, spread)
@@ -220,3 +217,23 @@ def test_a_gemm_with_realistic_operands_stays_on_the_fast_path(name):
     assert left[0].size == 0
     np.testing.assert_array_equal(fast, gemm(params, qa, qb, c, "kernel")[0])
     np.testing.assert_array_equal(matmul(unit(name), qa, qb, c=c).bits, fast)
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8"])
+def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
+    # NaN/Inf elements, -0 / subnormal / huge c: flagged by the window kernel, recomputed.
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((6, 64))
+    A[1, 3], A[2, 40] = np.nan, np.inf
+    B = rng.standard_normal((64, 5))
+    qa = quantize(A, "fp8_e4m3", axis=1)
+    qb = quantize(B, "fp8_e4m3", axis=0)
+    qa = dataclasses.replace(qa, scales=np.full_like(qa.scales, 127))
+    qb = dataclasses.replace(qb, scales=np.full_like(qb.scales, 127))
+    c = rng.standard_normal((6, 5)).astype(np.float32)
+    c[0, :4] = [-0.0, 1e-40, 3.4e38, -np.inf]
+    params = unit(name).params("fp8_e4m3", "fp8_e4m3")
+    _, left = gemm(params, qa, qb, c, "window")
+    assert 0 < left[0].size < c.size
+    np.testing.assert_array_equal(matmul(unit(name), qa, qb, c=c).bits,
+                                  matmul(unit(name), qa, qb, c=c, method="kernel").bits)
