@@ -1,12 +1,13 @@
 """Emulated MAC/s of MXFP8 GEMMs through hardware configs, beside numpy float64 matmul.
 
 Prints, for an N x N x N GEMM (default 1024) of fp8_e4m3 operands, the emulated MACs per
-second through each config and the same run's numpy float64 matmul of the same shape as a
-yardstick. ``--memory 8192`` measures the peak resident memory of 8192^3 GEMMs (operands
+second through each config (best of ``--repeats`` runs) and the same run's numpy float64
+matmul of the same shape as a yardstick; ``--generic`` also times the generic datapath
+kernel (``method="kernel"``) for the configs that take a faster route. ``--memory 8192`` measures the peak resident memory of 8192^3 GEMMs (operands
 included) and compares it with the packed operands plus the output; ``--memory-tiles T``
 stops each after T row tiles (the working set is allocated before the first tile and does
 not grow), 0 runs the whole GEMM.
-Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--memory M]``.
+Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--memory M]``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
+from mxsim.datapath.blas import blas_applies
+from mxsim.datapath.dot import _kernel_arguments, _tensor_scales
+from mxsim.datapath.window import window_applies
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,27 +39,48 @@ def operands(size: int, rng, unit_scales: bool):
     return a, b
 
 
-def throughput(names: list[str], size: int, repeats: int) -> None:
+def best_seconds(run, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def route(hw, a, b) -> str:
+    """Which route mxsim.matmul takes for these operands (datapath.dot's dispatch order)."""
+    params = hw.params(a.element_format.name, b.element_format.name)
+    _, _, kernel_args = _kernel_arguments(params)
+    scales_a, scales_b = _tensor_scales(a, params), _tensor_scales(b, params)
+    codes_a, codes_b = a.codes.reshape(a.shape[0], -1), b.codes.reshape(b.shape[1], -1)
+    if blas_applies(params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)):
+        return "float64 BLAS"
+    return "window kernel" if window_applies(params) else "generic kernel"
+
+
+def throughput(names: list[str], size: int, repeats: int, generic: bool) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, size))
     y = rng.standard_normal((size, size))
     x @ y
-    start = time.perf_counter()
-    for _ in range(repeats):
-        x @ y
-    baseline = size**3 * repeats / (time.perf_counter() - start)
+    baseline = size**3 / best_seconds(lambda: x @ y, repeats)
     print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
         a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none")
-        mxsim.matmul(hw, dataclasses.replace(a, codes=a.codes[:8], scales=a.scales[:8], shape=(8, size)), b)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            mxsim.matmul(hw, a, b)
-            best = min(best, time.perf_counter() - start)
-        rate = size**3 / best
-        print(f"  {name:18s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; {baseline / rate:.1f}x slower than float64)")
+        methods = ["auto"]
+        way = route(hw, a, b)
+        if generic and way != "generic kernel":
+            methods.append("kernel")
+        for method in methods:
+            small = dataclasses.replace(a, codes=a.codes[:8], scales=a.scales[:8], shape=(8, size))
+            mxsim.matmul(hw, small, b, method=method)  # compile outside the timing
+            best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats)
+            rate = size**3 / best
+            label = f"{name} ({way if method == 'auto' else 'generic kernel'})"
+            print(f"  {label:34s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
+                  f"{baseline / rate:.1f}x slower than float64)")
 
 
 class _Stop(Exception):
@@ -116,14 +141,15 @@ def peak_memory(size: int, configs: list[str], tiles: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--generic", action="store_true", help="also time the generic kernel where a faster route applies")
     parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp,kulisch,b200-fp8")
     parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
     parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
     parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")
     args = parser.parse_args()
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
-    throughput(args.configs.split(","), args.size, args.repeats)
+    throughput(args.configs.split(","), args.size, args.repeats, args.generic)
     if args.memory:
         peak_memory(args.memory, args.memory_configs.split(","), args.memory_tiles)
 

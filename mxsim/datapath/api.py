@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MxsimError
-from ..formats import FormatInfo, custom_format, get_format
+from ..formats import FormatInfo, get_format
 from ..formats.rounding import rounding_code
 from ..quantize import MXTensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
@@ -17,8 +16,9 @@ from . import _kernels as K
 from .blas import blas_applies, blas_matmul
 from .config import DatapathParams, HardwareConfig, adder_width_bits, load_hwconfig
 from .reference import dot_reference
+from .tables import element_tables, sum_format
+from .window import window_applies, window_dot, window_matmul
 
-ZERO_EXPONENT = -(1 << 40)
 _SCALES = {"none": K.SCALES_NONE, "products": K.SCALES_PRODUCTS, "block_sum": K.SCALES_BLOCK_SUM}
 _BELOW = {"truncate": K.BELOW_TRUNCATE, "floor": K.BELOW_FLOOR, "nearest_even": K.BELOW_NEAREST_EVEN, "sticky": K.BELOW_STICKY}
 
@@ -29,28 +29,6 @@ def _as_config(hw) -> HardwareConfig:
     if isinstance(hw, (str, Path)):
         return load_hwconfig(hw)
     raise MxsimError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
-
-
-def _alignment_emin(fmt: FormatInfo) -> int:
-    """Smallest alignment exponent: 1 - bias, or for fixed point (MX INT8) emax."""
-    return 1 - fmt.bias if fmt.exponent_bits else fmt.emax
-
-
-@functools.lru_cache(maxsize=None)
-def _element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per field code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
-    values = fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64)
-    if not subnormals:
-        tiny = (values != 0) & (np.abs(values) < fmt.min_normal)
-        values = np.where(tiny, np.copysign(0.0, values), values)
-    magnitude = np.abs(values)
-    usable = np.isfinite(magnitude) & (magnitude > 0)
-    # Zeros get a very negative exponent: they must never set a tree's alignment reference.
-    exponents = np.full(values.shape, ZERO_EXPONENT, dtype=np.int64)
-    exponents[usable] = np.maximum(np.frexp(magnitude[usable])[1] - 1, _alignment_emin(fmt))
-    values.setflags(write=False)
-    exponents.setflags(write=False)
-    return values, exponents
 
 
 def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
@@ -88,9 +66,7 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
     cfg[K.C_SUM_FITS_ACCUMULATOR] = (params.sum_significant_bits or 99) <= acc.mantissa_bits + 1
     cfg[K.C_ACC_MIN_EXPONENT] = 1 - acc.bias
     cfg[K.C_ACC_MAX_EXPONENT] = acc.emax
-    # adder.sum_significant_bits: n significant bits with an exponent range no sum reaches.
-    sum_bits = params.sum_significant_bits or 24
-    sums = custom_format(10, sum_bits - 1, name=f"sum{sum_bits}")
+    sums = sum_format(params.sum_significant_bits or 24)
     formats = (acc.kernel_params, sums.kernel_params, get_format(params.output_format).kernel_params, fp32.kernel_params)
     return cfg, order, formats
 
@@ -145,13 +121,19 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
 
 def _kernel_arguments(params: DatapathParams):
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    a_values, a_exponents = _element_tables(a_fmt, params.input_subnormals)
-    b_values, b_exponents = _element_tables(b_fmt, params.input_subnormals)
+    a_values, a_exponents = element_tables(a_fmt, params.input_subnormals)
+    b_values, b_exponents = element_tables(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
     return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
 
 
-def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None) -> np.ndarray:
+def _check_method(method: str, caller: str) -> None:
+    if method not in ("auto", "kernel"):
+        raise MxsimError(f"{caller}: method must be 'auto' or 'kernel', got {method!r}")
+
+
+def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None,
+        method: str = "auto") -> np.ndarray:
     """Row-wise dot products through the unit ``hw``: out[i] = c[i] + sum_k a[i,k] b[i,k].
 
     Args:
@@ -161,16 +143,20 @@ def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out
             every scale is 1. Units with ``inputs.scales: none`` accept only None.
         c: (n,) float32 accumulator inputs; None means +0.
         out_format: fp32, fp16 or bf16; None: the config's ``output.format``.
+        method: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
+            uses the vectorised window route (:mod:`mxsim.datapath.window`) where it applies.
 
     Returns the output bit patterns: uint32 for fp32, uint16 for fp16/bf16 (see
     :func:`as_float`). NaN results are the canonical quiet NaN.
     """
     params = _as_config(hw).params(a_format, b_format, out_format)
-    return dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c)
+    return dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method=method)
 
 
-def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None, c=None) -> np.ndarray:
+def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None, c=None,
+                    method: str = "auto") -> np.ndarray:
     """:func:`dot` for already-resolved parameters (what-if studies, tests)."""
+    _check_method(method, "dot")
     a_fmt, b_fmt, kernel_args = _kernel_arguments(params)
     a = _codes(a, "a", a_fmt)
     b = _codes(b, "b", b_fmt)
@@ -182,6 +168,13 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
     exponents_b = _scale_exponents(scale_b, "scale_b", rows, blocks, params)
     c_values = _accumulator_inputs(c, (rows,))
     out = np.empty(rows, dtype=np.uint32)  # one kernel signature for every output format
+    if method == "auto" and window_applies(params):
+        left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
+        if left.size:  # specials and out-of-range values: the generic kernel
+            part = np.empty(left.size, dtype=out.dtype)
+            K.dot_pairs(a[left], b[left], exponents_a[left], exponents_b[left], c_values[left], *kernel_args, part)
+            out[left] = part
+        return out.astype(output_dtype(params.output_format), copy=False)
     K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
     return out.astype(output_dtype(params.output_format), copy=False)
 
@@ -252,12 +245,13 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     ``tile_rows`` rows of A, calling ``progress(rows_done, rows_total)`` after each; memory
     stays at the operands' codes plus the output bits (plus ``c`` if given).
 
-    ``method``: ``"kernel"`` always runs the datapath kernel; ``"auto"`` (default) uses the
-    float64-BLAS route of :mod:`mxsim.datapath.blas` where it is provably bit-identical
-    (exact trees into an RNE fp32 accumulator with formats whose tree sums fit float64).
+    ``method``: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
+    uses the float64-BLAS route of :mod:`mxsim.datapath.blas` where it is provably
+    bit-identical (exact trees into an RNE fp32 accumulator with formats whose tree sums fit
+    float64), or the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
+    units; outputs either route leaves are computed by the generic kernel.
     """
-    if method not in ("auto", "kernel"):
-        raise MxsimError(f"matmul: method must be 'auto' or 'kernel', got {method!r}")
+    _check_method(method, "matmul")
     config = _as_config(hw)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
@@ -282,20 +276,30 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
             m, n = (np.array(index) for index in zip(*leftovers))
-            c_pairs = np.full(m.size, c_values[0, 0]) if c is None else c_values[m, n]
-            pairs = np.empty(m.size, dtype=out.dtype)
-            K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(np.float32),
-                        *kernel_args, pairs)
-            out[m, n] = pairs
+            _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
         return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
+    window = method == "auto" and window_applies(params)
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
         c_tile = c_values if c is None else c_values[start:stop]
-        K.matmul_rows(codes_a[start:stop], codes_b, exponents_a[start:stop], exponents_b, c_tile, *kernel_args,
-                      out[start:stop])
+        tile = (codes_a[start:stop], codes_b, exponents_a[start:stop], exponents_b, c_tile)
+        if window:
+            m, n = window_matmul(params, *tile, out[start:stop])
+            if m.size:  # specials and out-of-range values: the generic kernel
+                _recompute(m, n, *tile, kernel_args, out[start:stop])
+        else:
+            K.matmul_rows(*tile, *kernel_args, out[start:stop])
         if progress is not None:
             progress(stop, rows)
     return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
+
+
+def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:
+    """out[m, n] = the generic kernel's outputs for the listed (row, column) pairs."""
+    c_pairs = np.full(m.size, c_values[0, 0]) if c_values.shape == (1, 1) else c_values[m, n]
+    pairs = np.empty(m.size, dtype=out.dtype)
+    K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(np.float32), *kernel_args, pairs)
+    out[m, n] = pairs
 
 
 def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:

@@ -1,0 +1,358 @@
+"""Numba kernels for units with a truncating alignment window, vectorised across outputs.
+
+They cover one family (``datapath.window.window_applies`` says which units): k order, one
+block scale per tree, exponent-sum reference, exact products, terms truncated toward zero
+to the window, then an optional n-bit tree-sum rounding and a floating accumulator that c
+starts. Instead of one dot product at a time, a set of independent outputs (the columns of
+a GEMM tile, or the rows of a row-wise dot) are SIMD lanes, and every stage is a loop over
+the lanes with the tree position outside:
+
+1. the reference R of each lane: the max over the tree of int8 exponent sums ea + eb (a
+   zero element carries ``ZERO_EXPONENT``, so any sum with it stays below ``threshold``),
+   plus the tree's block scale, or the accumulator's exponent when it joins the tree;
+2. every product p = a * b (float32, exact: the caller checks that the formats' significand
+   widths add up to at most 24 bits) times 2^(W + scale - R) (exact, or below 1 and so
+   truncated to 0), truncated toward zero by the float -> int32 conversion, summed in int32
+   groups of ``group`` terms that cannot overflow, then in int64;
+3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
+   sum and into the accumulator by bit arithmetic on the float64 pattern.
+
+Whatever this fast path does not model exactly — NaN/Inf elements, NaN scales, c non-finite
+or -0, and any accumulator or output value outside the normal range of its format
+(subnormals, zero signs from underflow, overflow) — sets the lane's flag; the caller
+recomputes flagged outputs with the generic kernel (``datapath._kernels``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..formats._kernels import (
+    ROUND_NEAREST_AWAY,
+    ROUND_NEAREST_EVEN,
+    ROUND_NEAREST_TOWARD_POSITIVE,
+    ROUND_TOWARD_NEGATIVE,
+    ROUND_TOWARD_POSITIVE,
+    power_of_two,
+)
+from ..quantize._kernels import SCALE_NAN
+from .blas import round_to_odd, two_sum
+
+ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
+NO_REFERENCE = -900  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
+LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
+ROW_BLOCK = 32  # rows of A per GEMM work item: they share the decoded B tile
+
+# Indices into the int64 configuration vector built by ``datapath.window``.
+W_FUSED_TERMS = 0
+W_WINDOW_BITS = 1  # align_fraction_bits
+W_GROUP = 2  # products per int32 partial sum
+W_ACC_IN_TREE = 3
+W_SUM_BITS = 4  # 0: no tree-sum rounding
+W_SUM_ROUNDING = 5
+W_ACC_BITS = 6  # accumulator precision (significand bits)
+W_ACC_ROUNDING = 7
+W_ACC_MIN_EXPONENT = 8  # exponent of the accumulator's smallest normal
+W_ACC_MAX_EXPONENT = 9  # exponent of its largest finite value
+W_OUT_BITS = 10
+W_OUT_ROUNDING = 11
+W_OUT_MIN_EXPONENT = 12
+W_OUT_MAX_EXPONENT = 13
+W_OUT_MANTISSA_BITS = 14
+W_OUT_BIAS = 15
+W_OUT_SIGN_SHIFT = 16  # position of the output format's sign bit
+W_BLOCK_SIZE = 17
+W_THRESHOLD = 18  # int8 exponent sums below this involve a zero element
+W_SCALED = 19  # 1: the unit takes block scales
+N_WINDOW_CONFIG = 20
+
+
+@njit(cache=True, inline="always")
+def _exponent(value):
+    """floor(log2|value|) of a nonzero normal float64 (from its bits); -1023 for zero."""
+    return np.int64((np.float64(value).view(np.int64) >> 52) & 0x7FF) - 1023
+
+
+@njit(cache=True, inline="always")
+def _power_of_two_32(exponent):
+    """2^exponent as a float32 (exponent in -126..127)."""
+    return np.int32((exponent + 127) << 23).view(np.float32)
+
+
+@njit(cache=True, inline="always")
+def round_bits(value, precision, rounding):
+    """``value`` (a nonzero normal float64, or 0) rounded to ``precision`` <= 53 significant
+    bits with ``rounding``, exponent range unbounded. Exact when ``value`` is the exact value,
+    and also when it is the exact value rounded to odd at 53 >= precision + 2 bits.
+
+    Branch-free (it runs in SIMD lanes): the mode only selects which conditions step up."""
+    nearest = rounding in (ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_NEAREST_TOWARD_POSITIVE)
+    bits = np.float64(value).view(np.int64)
+    sign = bits & np.int64(-0x8000000000000000)
+    magnitude = bits ^ sign
+    unit = np.int64(1) << (53 - precision)
+    low = magnitude & (unit - 1)
+    base = magnitude - low
+    half = unit >> 1
+    negative = sign != 0
+    positive = sign == 0
+    tie_up = (
+        (rounding == ROUND_NEAREST_AWAY)
+        | ((rounding == ROUND_NEAREST_EVEN) & ((base & unit) != 0))
+        | ((rounding == ROUND_NEAREST_TOWARD_POSITIVE) & positive)
+    )
+    directed_up = ((rounding == ROUND_TOWARD_POSITIVE) & positive) | ((rounding == ROUND_TOWARD_NEGATIVE) & negative)
+    up = (low != 0) & ((nearest & ((low > half) | ((low == half) & tie_up))) | directed_up)
+    # A carry into the exponent field is the next binade, as it should be.
+    return np.int64((base + (unit & -np.int64(up))) | sign).view(np.float64)
+
+
+@njit(cache=True, inline="always")
+def _round_in_range(value, precision, rounding, min_exponent, max_exponent):
+    """(``value`` rounded, True) when the result is a normal value of the format (or 0);
+    else (0.0, False): subnormals and overflow are the generic kernel's."""
+    rounded = round_bits(value, precision, rounding)
+    ok = (value == 0.0) | ((_exponent(value) >= min_exponent) & (_exponent(rounded) <= max_exponent))
+    return (rounded if ok else 0.0), ok
+
+
+@njit(cache=True)
+def start_accumulators(c_values, offset, acc, flags, cfg):
+    """acc[lane] = c_values[(offset + lane) % len] rounded into the accumulator; flags where
+    that leaves the fast path (c non-finite or -0, or not normal in the accumulator)."""
+    precision, rounding = cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING]
+    low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
+    for lane in range(acc.shape[0]):
+        c = np.float64(c_values[(offset + lane) % c_values.shape[0]])
+        usable = math.isfinite(c) and not (c == 0.0 and math.copysign(1.0, c) < 0)
+        value, ok = _round_in_range(c if usable else 0.0, precision, rounding, low, high)
+        acc[lane] = value
+        flags[lane] |= not (ok and usable)
+
+
+@njit(cache=True, inline="always")
+def tree_references(maxima, shifts, acc, references, factors, cfg):
+    """Per lane: the tree's reference exponent R (block scale included) and the float32
+    factor 2^(W + scale - R) that puts unscaled products in units of the window's LSB."""
+    window = cfg[W_WINDOW_BITS]
+    threshold = cfg[W_THRESHOLD]
+    in_tree = cfg[W_ACC_IN_TREE] != 0
+    for lane in range(references.shape[0]):
+        shift = np.int64(shifts[lane])
+        reference = np.int64(maxima[lane]) + shift if maxima[lane] >= threshold else np.int64(NO_REFERENCE)
+        if in_tree and acc[lane] != 0.0:
+            reference = max(reference, _exponent(acc[lane]))
+        references[lane] = reference
+        # Clamped: beyond 2^-126 every product is far below one LSB; beyond 2^127 there are no nonzero products.
+        factors[lane] = _power_of_two_32(min(max(window + shift - reference, -126), 127))
+
+
+@njit(cache=True, inline="always")
+def finish_tree(totals, references, acc, flags, cfg):
+    """Per lane: the tree's integer sum (in LSBs of 2^(R - W)), the accumulator when it
+    joins the tree truncated to the window too, then the n-bit sum and the accumulation."""
+    window = cfg[W_WINDOW_BITS]
+    in_tree = cfg[W_ACC_IN_TREE] != 0
+    sum_bits, sum_rounding = cfg[W_SUM_BITS], cfg[W_SUM_ROUNDING]
+    precision, rounding = cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING]
+    low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
+    for lane in range(totals.shape[0]):
+        reference = references[lane]
+        total = totals[lane]
+        previous = acc[lane]
+        if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
+            total += np.int64(previous * power_of_two(window - reference))
+        value = np.float64(total) * power_of_two(reference - window)  # exact: |total| < 2^53
+        if sum_bits > 0:
+            value = round_bits(value, sum_bits, sum_rounding)
+        if not in_tree:
+            high_part, error = two_sum(previous, value)
+            value = round_to_odd(high_part, error)
+        result, ok = _round_in_range(value, precision, rounding, low, high)
+        acc[lane] = result
+        flags[lane] |= not ok
+
+
+@njit(cache=True)
+def encode_outputs(acc, flags, out, cfg):
+    """out = the output format's bits of acc rounded into it (flags where not normal)."""
+    precision, rounding = cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING]
+    low, high = cfg[W_OUT_MIN_EXPONENT], cfg[W_OUT_MAX_EXPONENT]
+    mantissa_bits, bias, sign_shift = cfg[W_OUT_MANTISSA_BITS], cfg[W_OUT_BIAS], cfg[W_OUT_SIGN_SHIFT]
+    for lane in range(acc.shape[0]):
+        value, ok = _round_in_range(acc[lane], precision, rounding, low, high)
+        flags[lane] |= not ok
+        bits = np.float64(value).view(np.int64)
+        code = 0
+        if value != 0.0:
+            code = (
+                ((bits >> 63) & 1) << sign_shift
+                | (_exponent(value) + bias) << mantissa_bits
+                | ((bits >> (52 - mantissa_bits)) & ((np.int64(1) << mantissa_bits) - 1))
+            )
+        out[lane] = code
+
+
+@njit(cache=True, inline="always")
+def _lane_tables(codes, values, exponents, finite, lane_values, lane_exponents, bad, lane):
+    """Column ``lane`` of the (K, lanes) value/exponent tiles from one row of codes."""
+    for k in range(codes.shape[0]):
+        code = codes[k]
+        lane_values[k, lane] = values[code]
+        lane_exponents[k, lane] = exponents[code]
+        if not finite[code]:
+            bad[lane] = True
+
+
+@njit(cache=True, inline="always")
+def _bad_scales(scales):
+    for value in scales:
+        if value == SCALE_NAN:
+            return True
+    return False
+
+
+@njit(cache=True, parallel=True)
+def window_matmul(
+    codes_a, codes_b, scales_a, scales_b, c_values,
+    a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
+    cfg, out, flags,
+):
+    """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K);
+    flags[m, n] = 1 where the generic kernel must compute it instead (module docstring).
+
+    ``a_values``/``b_values``: float32 value per code (0 where not finite); ``*_exponents``:
+    int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
+    ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1).
+    """
+    n_rows, length = codes_a.shape
+    n_columns = codes_b.shape[0]
+    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
+    scaled = cfg[W_SCALED] != 0
+    c_rows = c_values.shape[0]
+    n_tiles = (n_columns + LANES - 1) // LANES
+    n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
+    for item in prange(n_tiles * n_blocks):
+        column0 = (item % n_tiles) * LANES
+        lanes = min(LANES, n_columns - column0)
+        row0 = (item // n_tiles) * ROW_BLOCK
+        rows = min(ROW_BLOCK, n_rows - row0)
+        tile_values = np.empty((length, lanes), dtype=np.float32)
+        tile_exponents = np.empty((length, lanes), dtype=np.int8)
+        bad_columns = np.zeros(lanes, dtype=np.bool_)
+        for lane in range(lanes):
+            _lane_tables(codes_b[column0 + lane], b_values, b_exponents, b_finite, tile_values, tile_exponents,
+                         bad_columns, lane)
+            if scaled and _bad_scales(scales_b[column0 + lane]):
+                bad_columns[lane] = True
+        acc = np.empty((rows, lanes))
+        tile_flags = np.zeros((rows, lanes), dtype=np.uint8)
+        for row in range(rows):
+            m = row0 + row
+            bad_row = scaled and _bad_scales(scales_a[m])
+            for k in range(length):
+                bad_row = bad_row or not a_finite[codes_a[m, k]]
+            for lane in range(lanes):
+                tile_flags[row, lane] = bad_row or bad_columns[lane]
+            start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
+        maxima = np.empty(lanes, dtype=np.int8)
+        shifts = np.zeros(lanes, dtype=np.int32)
+        references = np.empty(lanes, dtype=np.int64)
+        factors = np.empty(lanes, dtype=np.float32)
+        partial = np.empty(lanes, dtype=np.int32)
+        totals = np.empty(lanes, dtype=np.int64)
+        for start in range(0, length, fused_terms):
+            stop = min(start + fused_terms, length)
+            block = start // block_size
+            for row in range(rows):
+                m = row0 + row
+                row_codes = codes_a[m]
+                maxima[:] = -128
+                for k in range(start, stop):
+                    exponent_a = a_exponents[row_codes[k]]
+                    exponents_b = tile_exponents[k]
+                    for lane in range(lanes):
+                        maxima[lane] = max(maxima[lane], np.int8(exponent_a + exponents_b[lane]))
+                if scaled:
+                    scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
+                    for lane in range(lanes):
+                        scale_b = scales_b[column0 + lane, block]
+                        shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
+                tree_references(maxima, shifts, acc[row], references, factors, cfg)
+                totals[:] = 0
+                for group_start in range(start, stop, group):
+                    partial[:] = 0
+                    for k in range(group_start, min(group_start + group, stop)):
+                        value_a = a_values[row_codes[k]]
+                        values_b = tile_values[k]
+                        for lane in range(lanes):
+                            partial[lane] += np.int32(value_a * values_b[lane] * factors[lane])
+                    for lane in range(lanes):
+                        totals[lane] += partial[lane]
+                finish_tree(totals, references, acc[row], tile_flags[row], cfg)
+        for row in range(rows):
+            encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
+            flags[row0 + row, column0:column0 + lanes] = tile_flags[row]
+
+
+@njit(cache=True, parallel=True)
+def window_pairs(
+    codes_a, codes_b, scales_a, scales_b, c_values,
+    a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
+    cfg, out, flags,
+):
+    """out[i] = output code of row i of A dotted with row i of B (both (n, K)); flags as
+    :func:`window_matmul`. The rows are the lanes."""
+    n_rows, length = codes_a.shape
+    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
+    scaled = cfg[W_SCALED] != 0
+    for item in prange((n_rows + LANES - 1) // LANES):
+        row0 = item * LANES
+        lanes = min(LANES, n_rows - row0)
+        values_a = np.empty((length, lanes), dtype=np.float32)
+        exponents_a = np.empty((length, lanes), dtype=np.int8)
+        values_b = np.empty((length, lanes), dtype=np.float32)
+        exponents_b = np.empty((length, lanes), dtype=np.int8)
+        lane_flags = np.zeros(lanes, dtype=np.uint8)
+        bad = np.zeros(lanes, dtype=np.bool_)
+        for lane in range(lanes):
+            i = row0 + lane
+            _lane_tables(codes_a[i], a_values, a_exponents, a_finite, values_a, exponents_a, bad, lane)
+            _lane_tables(codes_b[i], b_values, b_exponents, b_finite, values_b, exponents_b, bad, lane)
+            if scaled and (_bad_scales(scales_a[i]) or _bad_scales(scales_b[i])):
+                bad[lane] = True
+            lane_flags[lane] = bad[lane]
+        acc = np.empty(lanes)
+        start_accumulators(c_values, row0, acc, lane_flags, cfg)
+        maxima = np.empty(lanes, dtype=np.int8)
+        shifts = np.zeros(lanes, dtype=np.int32)
+        references = np.empty(lanes, dtype=np.int64)
+        factors = np.empty(lanes, dtype=np.float32)
+        partial = np.empty(lanes, dtype=np.int32)
+        totals = np.empty(lanes, dtype=np.int64)
+        for start in range(0, length, fused_terms):
+            stop = min(start + fused_terms, length)
+            block = start // block_size
+            maxima[:] = -128
+            for k in range(start, stop):
+                for lane in range(lanes):
+                    maxima[lane] = max(maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane]))
+            if scaled:
+                for lane in range(lanes):
+                    scale_a, scale_b = scales_a[row0 + lane, block], scales_b[row0 + lane, block]
+                    shifts[lane] = (0 if scale_a == SCALE_NAN else scale_a) + (0 if scale_b == SCALE_NAN else scale_b)
+            tree_references(maxima, shifts, acc, references, factors, cfg)
+            totals[:] = 0
+            for group_start in range(start, stop, group):
+                partial[:] = 0
+                for k in range(group_start, min(group_start + group, stop)):
+                    for lane in range(lanes):
+                        partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
+                for lane in range(lanes):
+                    totals[lane] += partial[lane]
+            finish_tree(totals, references, acc, lane_flags, cfg)
+        encode_outputs(acc, lane_flags, out[row0:row0 + lanes], cfg)
+        flags[row0:row0 + lanes] = lane_flags

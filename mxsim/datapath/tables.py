@@ -1,0 +1,39 @@
+"""Kernel-side setup shared by the datapath routes: per-code element tables and the n-bit
+sum format. (The reference twin derives the same facts on its own.)"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..formats import FormatInfo, custom_format
+
+ZERO_EXPONENT = -(1 << 40)
+
+
+def alignment_emin(fmt: FormatInfo) -> int:
+    """Smallest alignment exponent: 1 - bias, or for fixed point (MX INT8) emax."""
+    return 1 - fmt.bias if fmt.exponent_bits else fmt.emax
+
+
+def sum_format(bits: int) -> FormatInfo:
+    """``adder.sum_significant_bits``: n significant bits with an exponent range no sum reaches."""
+    return custom_format(10, bits - 1, name=f"sum{bits}")
+
+
+@functools.lru_cache(maxsize=None)
+def element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per field code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
+    values = fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64)
+    if not subnormals:
+        tiny = (values != 0) & (np.abs(values) < fmt.min_normal)
+        values = np.where(tiny, np.copysign(0.0, values), values)
+    magnitude = np.abs(values)
+    usable = np.isfinite(magnitude) & (magnitude > 0)
+    # Zeros get a very negative exponent: they must never set a tree's alignment reference.
+    exponents = np.full(values.shape, ZERO_EXPONENT, dtype=np.int64)
+    exponents[usable] = np.maximum(np.frexp(magnitude[usable])[1] - 1, alignment_emin(fmt))
+    values.setflags(write=False)
+    exponents.setflags(write=False)
+    return values, exponents

@@ -1,0 +1,186 @@
+"""The vectorised route for truncating-window units (``_window_kernels``): which units and
+formats may take it, and its drivers.
+
+The route computes exactly what the generic kernel computes; :func:`window_applies` admits
+only parameter values whose semantics the window kernels implement (every field of
+:class:`~mxsim.datapath.config.DatapathParams` is listed in ``_MODELLED``; a field it does
+not know refuses the route) and only element formats for which the kernels' arithmetic is
+exact (:func:`_format_tables`). Outputs the kernels flag (NaN/Inf inputs, NaN scales, c
+non-finite or -0, values leaving the normal range of the accumulator or output format) are
+the caller's to recompute with the generic kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from ..formats import get_format
+from ..formats.rounding import rounding_code
+from . import _window_kernels as W
+from .config import DatapathParams
+from .tables import element_tables, sum_format
+
+ROUNDINGS = ("nearest_even", "nearest_away", "nearest_toward_positive", "toward_zero", "toward_positive",
+             "toward_negative")
+FLOAT_FORMATS = ("fp32", "fp16", "bf16")
+MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
+MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
+
+_ANY = lambda value: True  # noqa: E731 - fields whose every value the kernels model (or that they never read)
+_MODELLED = {
+    "a_format": _ANY,  # checked with the element tables
+    "b_format": _ANY,
+    "block_size": _ANY,
+    "scales": _ANY,  # with one scale per tree: checked below
+    "input_subnormals": _ANY,  # the element tables read subnormals as zero when off
+    "product_fraction_bits": lambda value: value is None,
+    "fused_terms": _ANY,
+    "term_order": lambda value: value is None,
+    "accumulator_in_tree": _ANY,
+    "align_reference": lambda value: value == "exponent_sum",
+    "align_fraction_bits": lambda value: value is not None and 0 <= value <= MAX_WINDOW_BITS,
+    "below_window": lambda value: value == "truncate",
+    "carry_bits": lambda value: value is None,
+    "adder_overflow": _ANY,  # read only with carry_bits
+    "sum_significant_bits": lambda value: value is None or 1 <= value <= 51,
+    "sum_rounding": lambda value: value in ROUNDINGS,
+    "accumulator_format": lambda value: value in FLOAT_FORMATS,
+    "accumulator_rounding": lambda value: value in ROUNDINGS,
+    "accumulator_subnormals": _ANY,  # subnormal accumulator values are flagged
+    "c_entry": lambda value: value == "initial",
+    "c_add_rounding": _ANY,  # read only with c_entry: end
+    "promotion_interval": lambda value: value is None,
+    "output_format": lambda value: value in FLOAT_FORMATS,
+    "output_rounding": lambda value: value in ROUNDINGS,
+    "output_subnormals": _ANY,  # subnormal outputs are flagged
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tables:
+    values: np.ndarray  # float32 value per code, 0 where not finite
+    exponents: np.ndarray  # int8 alignment exponent per code, ZERO_EXPONENT for zeros and non-finite codes
+    finite: np.ndarray  # bool per code
+    significand_bits: int  # widest significand of a finite nonzero value
+    low: int  # smallest alignment exponent of a finite nonzero value
+    high: int  # largest
+    smallest: float  # smallest finite nonzero magnitude
+    largest: float
+
+
+@functools.lru_cache(maxsize=None)
+def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
+    """The window kernels' per-code tables of an element format, or None if they cannot hold it."""
+
+    if get_format(fmt_name).bits > 16:
+        return None  # no per-code table (and products too wide for float32 anyway)
+    values, exponents = element_tables(get_format(fmt_name), subnormals)
+    finite = np.isfinite(values)
+    usable = finite & (values != 0)
+    if not usable.any():
+        return None
+    magnitudes = np.abs(values[usable])
+    mantissas, _ = np.frexp(magnitudes)
+    integers = (mantissas * 2.0**53).astype(np.int64)
+    significand_bits = max(int(v >> ((v & -v).bit_length() - 1)).bit_length() for v in integers.tolist())
+    low, high = int(exponents[usable].min()), int(exponents[usable].max())
+    values32 = np.where(finite, values, 0.0).astype(np.float32)
+    if (values32[finite] != values[finite]).any() or low < -60 or high > 60:
+        return None
+    exponents8 = np.where(usable, exponents, W.ZERO_EXPONENT).astype(np.int8)
+    return _Tables(values32, exponents8, finite, significand_bits, low, high, float(magnitudes.min()),
+                   float(magnitudes.max()))
+
+
+def _unit_fits(params: DatapathParams) -> bool:
+    fields = {field.name for field in dataclasses.fields(params)}
+    if fields != set(_MODELLED):
+        return False  # a parameter this route does not know
+    if not all(check(getattr(params, name)) for name, check in _MODELLED.items()):
+        return False
+    return params.scales == "none" or params.block_size % params.fused_terms == 0
+
+
+def window_applies(params: DatapathParams) -> bool:
+    """Whether this unit and format pair may take the window route (module docstring)."""
+    return _unit_fits(params) and _window_config(params) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _window_config(params: DatapathParams):
+    """(config vector, A tables, B tables), or None where the kernels' arithmetic is not exact."""
+    a = _format_tables(params.a_format, params.input_subnormals)
+    b = _format_tables(params.b_format, params.input_subnormals)
+    if a is None or b is None:
+        return None
+    window = params.align_fraction_bits
+    fused = params.fused_terms
+    # Products exact in float32: significands fit 24 bits, magnitudes within its normal range.
+    if a.significand_bits + b.significand_bits > 24:
+        return None
+    if not (a.smallest * b.smallest >= 2.0**-126 and a.largest * b.largest < 2.0**127):
+        return None
+    # int8 exponent sums: sums with a zero element stay below every sum of two nonzero ones.
+    threshold = W.ZERO_EXPONENT + max(a.high, b.high) + 1
+    if a.low + b.low < threshold or a.high + b.high > 127:
+        return None
+    # Tree sums (the accumulator's truncation included) below 2^53: exact in float64.
+    if (fused + 1) * 2 ** (window + 2) > 2**53:
+        return None
+    acc = get_format(params.accumulator_format)
+    out = get_format(params.output_format)
+    # Every tree sum lies inside the n-bit sum format's normal range (its rounding is then bit arithmetic).
+    shift = MAX_SCALE_SHIFT if params.scales != "none" else 0
+    lowest = min(a.low + b.low - shift, 1 - acc.bias) - window
+    highest = max(a.high + b.high + shift, acc.emax + 1) + 2 + math.ceil(math.log2(fused + 1))
+    sums = sum_format(params.sum_significant_bits or 24)
+    if lowest < 1 - sums.bias or highest >= sums.emax:
+        return None
+    cfg = np.zeros(W.N_WINDOW_CONFIG, dtype=np.int64)
+    cfg[W.W_FUSED_TERMS] = fused
+    cfg[W.W_WINDOW_BITS] = window
+    cfg[W.W_GROUP] = min(fused, 2 ** (MAX_WINDOW_BITS - window))  # |group sum| < group * 2^(W+2) <= 2^31
+    cfg[W.W_ACC_IN_TREE] = params.accumulator_in_tree
+    cfg[W.W_SUM_BITS] = params.sum_significant_bits or 0
+    cfg[W.W_SUM_ROUNDING] = rounding_code(params.sum_rounding)
+    cfg[W.W_ACC_BITS] = acc.mantissa_bits + 1
+    cfg[W.W_ACC_ROUNDING] = rounding_code(params.accumulator_rounding)
+    cfg[W.W_ACC_MIN_EXPONENT] = 1 - acc.bias
+    cfg[W.W_ACC_MAX_EXPONENT] = acc.emax
+    cfg[W.W_OUT_BITS] = out.mantissa_bits + 1
+    cfg[W.W_OUT_ROUNDING] = rounding_code(params.output_rounding)
+    cfg[W.W_OUT_MIN_EXPONENT] = 1 - out.bias
+    cfg[W.W_OUT_MAX_EXPONENT] = out.emax
+    cfg[W.W_OUT_MANTISSA_BITS] = out.mantissa_bits
+    cfg[W.W_OUT_BIAS] = out.bias
+    cfg[W.W_OUT_SIGN_SHIFT] = out.bits - 1
+    cfg[W.W_BLOCK_SIZE] = params.block_size
+    cfg[W.W_THRESHOLD] = threshold
+    cfg[W.W_SCALED] = params.scales != "none"
+    cfg.setflags(write=False)
+    return cfg, a, b
+
+
+def _arguments(params: DatapathParams):
+    cfg, a, b = _window_config(params)
+    return a.values, a.exponents, a.finite, b.values, b.exponents, b.finite, cfg
+
+
+def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
+    """Fill ``out`` (M, N) with the GEMM's output bits; returns the (rows, columns) index
+    arrays of the outputs the generic kernel must compute."""
+    flags = np.empty(out.shape, dtype=np.uint8)
+    W.window_matmul(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags)
+    return np.nonzero(flags)
+
+
+def window_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
+    """Fill ``out`` (n,) with row-wise dot products; returns the indices of the rows the
+    generic kernel must compute."""
+    flags = np.empty(out.shape, dtype=np.uint8)
+    W.window_pairs(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags)
+    return np.nonzero(flags)[0]

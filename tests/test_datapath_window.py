@@ -1,0 +1,239 @@
+"""The vectorised window route equals the generic kernel and the Fraction twin bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO
+from mxsim import get_format, quantize_mx as quantize
+from mxsim.datapath import _kernels as K
+from mxsim.datapath import load_hwconfig, matmul
+from mxsim.datapath.config import DatapathParams
+from mxsim.datapath.api import _kernel_arguments, _tensor_scales, dot_with_params
+from mxsim.datapath.reference import dot_reference
+from mxsim.datapath.window import window_applies, window_dot, window_matmul
+
+ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive", "nearest_away",
+             "nearest_toward_positive"]
+ELEMENTS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]
+ORACLES = REPO / "tests" / "data" / "gpu-fp8"
+
+
+def unit(name: str):
+    return load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+
+
+def h100(**changes) -> DatapathParams:
+    return dataclasses.replace(unit("h100-fp8").params("fp8_e4m3", "fp8_e4m3"), **changes)
+
+
+# --- which units take the route --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "ada-fp8", "h200-fp8"])
+@pytest.mark.parametrize("formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3", "fp8_e5m2")])
+def test_gpu_fp8_units_take_the_route_for_fp32_outputs(name, formats):
+    assert window_applies(unit(name).params(*formats))
+
+
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp", "bfp-exact", "h100-fp8-promoted"])
+def test_other_units_do_not(name):
+    config = unit(name)
+    assert not window_applies(config.params(config.a_formats[0], config.b_formats[0]))
+
+
+@pytest.mark.parametrize("changes", [
+    {"term_order": tuple(range(32))},  # the fp16 paths' reordered trees
+    {"below_window": "floor"}, {"below_window": "nearest_even"}, {"below_window": "sticky"},
+    {"carry_bits": 4},
+    {"product_fraction_bits": 10},
+    {"align_reference": "leading_bit"},
+    {"align_fraction_bits": None, "sum_significant_bits": None},
+    {"align_fraction_bits": 30},  # truncated terms would not fit an int32
+    {"promotion_interval": 128},
+    {"c_entry": "end"},
+    {"sum_rounding": "stochastic"},
+    {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
+    {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
+    {"a_format": "fp32"},  # products wider than float32's significand
+])
+def test_features_the_kernels_do_not_model_refuse_the_route(changes):
+    assert window_applies(h100())
+    assert not window_applies(h100(**changes))
+
+
+def test_an_unknown_parameter_refuses_the_route():
+    # A datapath key added later is not silently ignored: the route must be taught it first.
+    Extended = dataclasses.make_dataclass("Extended", [("new_key", int, dataclasses.field(default=0))],
+                                          bases=(DatapathParams,), frozen=True)
+    assert not window_applies(Extended(**h100().__dict__))
+
+
+# --- random units of the family, realistic inputs ------------------------------------------------
+
+@st.composite
+def window_params(draw) -> DatapathParams:
+    fused = draw(st.sampled_from([1, 2, 3, 4, 7, 8, 16, 32, 64]))
+    scales = draw(st.sampled_from(["none", "products", "block_sum"]))
+    in_tree = False if scales == "block_sum" else draw(st.booleans())
+    return DatapathParams(
+        a_format=draw(st.sampled_from(ELEMENTS)), b_format=draw(st.sampled_from(ELEMENTS)),
+        block_size=fused * draw(st.integers(1, 3)), scales=scales, input_subnormals=draw(st.booleans()),
+        product_fraction_bits=None, fused_terms=fused, term_order=None, accumulator_in_tree=in_tree,
+        align_reference="exponent_sum", align_fraction_bits=draw(st.integers(0, 29)), below_window="truncate",
+        carry_bits=None, adder_overflow="wrap", sum_significant_bits=draw(st.one_of(st.none(), st.integers(1, 30))),
+        sum_rounding=draw(st.sampled_from(ROUNDINGS)),
+        accumulator_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
+        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)), accumulator_subnormals=draw(st.booleans()),
+        c_entry="initial", c_add_rounding="nearest_even", promotion_interval=None,
+        output_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
+        output_rounding=draw(st.sampled_from(ROUNDINGS)), output_subnormals=draw(st.booleans()),
+    )
+
+
+def operands(params, rng, rows, length, columns, corners: bool, spread: float):
+    """Quantized operands from Gaussian data with per-row/column magnitudes ``2^±spread``; with
+    ``corners`` some elements become NaN/Inf/zero runs/cancelling pairs/tiny window-edge terms."""
+    A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)))
+    B = rng.standard_normal((length, columns)) * np.exp2(rng.uniform(-spread, spread, (1, columns)))
+    if corners:
+        A[rng.random(A.shape) < 0.1] = 0.0  # scattered zeros
+        A[0, : min(length, params.fused_terms)] = 0.0  # a zero tree
+        B[:, 0] = -B[:, 0]
+        if columns > 1:
+            B[:, 1] = B[:, 0] * -1.0  # column 1 cancels column 0 for every row
+        A[-1, rng.integers(0, length)] *= 2.0 ** rng.integers(-24, -8)  # terms at the window's edge
+        A[rng.random(A.shape) < 0.01] = rng.choice([np.nan, np.inf, -np.inf])
+    qa = quantize(A, params.a_format, axis=1, block_size=params.block_size)
+    qb = quantize(B, params.b_format, axis=0, block_size=params.block_size)
+    if params.scales == "none":
+        qa = dataclasses.replace(qa, scales=np.full_like(qa.scales, 127))
+        qb = dataclasses.replace(qb, scales=np.full_like(qb.scales, 127))
+    return qa, qb
+
+
+def reference_bits(params, qa, qb, c, m, n):
+    # The codes as the kernels see them: K zero-padded to whole blocks.
+    value = dot_reference(params, qa.codes[m].tolist(), qb.codes[n].tolist(),
+                          qa.scales[m].tolist() if params.scales != "none" else None,
+                          qb.scales[n].tolist() if params.scales != "none" else None, float(c[m, n]))
+    return int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
+
+
+def gemm(params, qa, qb, c, method):
+    a_codes = qa.codes.reshape(qa.shape[0], -1)
+    b_codes = qb.codes.reshape(qb.shape[1], -1)
+    scales_a, scales_b = _tensor_scales(qa, params), _tensor_scales(qb, params)
+    out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=get_format(params.output_format).code_dtype)
+    if method == "window":
+        left = window_matmul(params, a_codes, b_codes, scales_a, scales_b, c, out)
+        return out, left
+    K.matmul_rows(a_codes, b_codes, scales_a, scales_b, c, *_kernel_arguments(params)[2], out)
+    return out, None
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=window_params(), shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
+       corners=st.integers(0, 3), spread=st.sampled_from([0, 4, 20, 60]), seed=st.integers(0, 2**32 - 1))
+def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
+    assume(window_applies(params))  # every pair of ELEMENTS fits; kept as a guard
+    rng = np.random.default_rng(seed)
+    rows, length, columns = shape
+    qa, qb = operands(params, rng, rows, length, columns, corners == 0, spread)
+    c = (rng.standard_normal((rows, columns)) * 2.0 ** rng.integers(-20, 20)).astype(np.float32)
+    if corners == 0:
+        c.flat[rng.integers(0, c.size)] = rng.choice([0.0, -0.0, np.inf, np.nan, 1e-40, 3e38])
+    fast, left = gemm(params, qa, qb, c, "window")
+    slow, _ = gemm(params, qa, qb, c, "kernel")
+    unflagged = np.ones(fast.shape, dtype=bool)
+    unflagged[left] = False
+    # The window kernel's own outputs (before any generic fallback) against both.
+    np.testing.assert_array_equal(fast[unflagged], slow[unflagged])
+    for m, n in zip(*np.nonzero(unflagged)):
+        assert int(fast[m, n]) == reference_bits(params, qa, qb, c, m, n), (m, n, params)
+    if corners and spread <= 20 and params.accumulator_format == params.output_format == "fp32":
+        assert unflagged.all()  # realistic data stays on the fast path
+    # The public API (fast path plus fallback) equals the generic kernel everywhere.
+    np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
+
+
+def row_dot_bits(params, qa, qb, c):
+    """Every (m, n) output as one row-wise dot through the public ``dot`` (the pairs kernel)."""
+    m, n = (index.ravel() for index in np.indices(c.shape))
+    scaled = params.scales != "none"
+    out = dot_with_params(params, qa.codes[m], qb.codes[n], scale_a=qa.scales[m] if scaled else None,
+                          scale_b=qb.scales[n] if scaled else None, c=c[m, n])
+    return out.reshape(c.shape)
+
+
+# --- the shipped GPU units on real GPU data and at GEMM scale --------------------------------------
+
+@pytest.mark.parametrize("gpu", ["H100", "B200"])
+@pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
+def test_gpu_data_through_the_window_kernels(gpu, fmt):
+    # The measured cases are row-wise dots (K = 32): through the pairs kernel, and as the
+    # diagonals of 128 x 128 GEMMs through the GEMM kernel; no generic fallback counted.
+    data = np.load(ORACLES / f"{gpu}_{fmt}.npz", allow_pickle=False)
+    element = get_format({"E4M3": "fp8_e4m3", "E5M2": "fp8_e5m2"}[fmt])
+    a = element.encode(data["a"].view(np.float32))
+    b = element.encode(data["b"].view(np.float32))
+    c = data["c"].view(np.float32) if gpu == "B200" else np.zeros(len(a), dtype=np.float32)
+    params = unit(gpu.lower() + "-fp8").params(element.name, element.name)
+    assert window_applies(params)
+    zeros = np.zeros((len(a), 1), dtype=np.int32)
+    out = np.empty(len(a), dtype=np.uint32)
+    left = window_dot(params, a, b, zeros, zeros, c, out)
+    kept = np.setdiff1d(np.arange(len(a)), left)
+    assert len(kept) >= len(a) - 50
+    np.testing.assert_array_equal(out[kept], data["d_fp32"][kept])
+    size = 128
+    for start in range(0, len(a) - size + 1, 8 * size):
+        rows = slice(start, start + size)
+        c_grid = np.zeros((size, size), dtype=np.float32)
+        np.fill_diagonal(c_grid, c[rows])
+        grid = np.empty((size, size), dtype=np.uint32)
+        flagged = window_matmul(params, a[rows], b[rows], zeros[rows], zeros[rows], c_grid, grid)
+        diagonal = np.ones(size, dtype=bool)
+        diagonal[flagged[0][flagged[0] == flagged[1]]] = False
+        np.testing.assert_array_equal(np.diag(grid)[diagonal], data["d_fp32"][rows][diagonal])
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8"])
+def test_a_gemm_with_realistic_operands_stays_on_the_fast_path(name):
+    rng = np.random.default_rng(3)
+    params = unit(name).params("fp8_e4m3", "fp8_e4m3")
+    fmt = get_format("fp8_e4m3")
+    A = rng.standard_normal((40, 300)).astype(np.float32)
+    B = rng.standard_normal((300, 150)).astype(np.float32)
+    qa, qb = (quantize(x, fmt.name, axis=axis) for x, axis in ((A, 1), (B, 0)))
+    qa = dataclasses.replace(qa, scales=np.full_like(qa.scales, 127))
+    qb = dataclasses.replace(qb, scales=np.full_like(qb.scales, 127))
+    c = rng.standard_normal((40, 150)).astype(np.float32)
+    fast, left = gemm(params, qa, qb, c, "window")
+    assert left[0].size == 0
+    np.testing.assert_array_equal(fast, gemm(params, qa, qb, c, "kernel")[0])
+    np.testing.assert_array_equal(matmul(unit(name), qa, qb, c=c).bits, fast)
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8"])
+def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
+    # NaN/Inf elements, -0 / subnormal / huge c: flagged by the window kernel, recomputed.
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((6, 64))
+    A[1, 3], A[2, 40] = np.nan, np.inf
+    B = rng.standard_normal((64, 5))
+    qa = quantize(A, "fp8_e4m3", axis=1)
+    qb = quantize(B, "fp8_e4m3", axis=0)
+    qa = dataclasses.replace(qa, scales=np.full_like(qa.scales, 127))
+    qb = dataclasses.replace(qb, scales=np.full_like(qb.scales, 127))
+    c = rng.standard_normal((6, 5)).astype(np.float32)
+    c[0, :4] = [-0.0, 1e-40, 3.4e38, -np.inf]
+    params = unit(name).params("fp8_e4m3", "fp8_e4m3")
+    _, left = gemm(params, qa, qb, c, "window")
+    assert 0 < left[0].size < c.size
+    np.testing.assert_array_equal(matmul(unit(name), qa, qb, c=c).bits,
+                                  matmul(unit(name), qa, qb, c=c, method="kernel").bits)
