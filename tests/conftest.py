@@ -31,15 +31,85 @@ def same_float(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
+def import_or_skip(module: str, extra: str):
+    """``module``, or a skip naming the extra that installs it (a failure when CI is set: CI
+    installs every extra the README's test command names)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        message = f"{module} is not installed ({error}): pip install 'mxsim[{extra}]'"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; it is required when CI is set", pytrace=False)
+        pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def torch():
     """torch, or a skip with the install hint (a failure when CI is set: CI must test capture)."""
-    try:
-        return importlib.import_module("torch")
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("torch is required when CI is set: pip install 'mxsim[torch]' (torch==2.13.0)", pytrace=False)
-        pytest.skip("torch is not installed (pip install 'mxsim[torch]')")
+    return import_or_skip("torch", "torch")
+
+
+# --- inputs for the live-oracle tests (tests/test_oracles_*.py) ------------------------------
+
+#: float32 corners: +-0, subnormals (smallest, largest, 2^-127), smallest normals, +-max, then
+#: Inf/NaN (last four; ``nonfinite=False`` leaves them out).
+CORNER_BITS = np.array([
+    0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00400000, 0x00800000, 0x80800000, 0x7F7FFFFF, 0xFF7FFFFF,
+    0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001,
+], np.uint32)
+
+
+def corner_float32(rng: np.random.Generator, rows: int, cols: int, nonfinite: bool = True) -> np.ndarray:
+    """float32 (rows, cols) that hit rounding corners of any block quantizer along axis 1.
+
+    Each row clusters its exponents just below a random top exponent (an eighth of the rows
+    near the subnormal range, an eighth at float32's largest binade), so blocks share scales
+    and elements fall at every distance below them. Fractions are cut to a random number of
+    leading bits, then get exactly the next half bit (ties at every precision), all ones below
+    it (carries, the largest mantissa), or the half bit plus one unit (just above a tie). About
+    3 % of the elements are CORNER_BITS (zeros, subnormals, extremes, Inf/NaN).
+    """
+    top = rng.integers(1, 255, size=(rows, 1))
+    top[: rows // 8] = rng.integers(1, 6, size=(rows // 8, 1))
+    top[rows // 8: rows // 4] = 254
+    exponent = np.clip(top - rng.geometric(0.35, size=(rows, cols)) + 1, 0, 254)
+    low = (1 << (23 - rng.integers(0, 24, size=(rows, cols)))) - 1  # fraction bits cut off
+    fraction = rng.integers(0, 2**23, size=(rows, cols)) & ~low
+    half = (low + 1) >> 1
+    kind = rng.integers(0, 4, size=(rows, cols))
+    fraction |= np.select([kind == 1, kind == 2, kind == 3], [half, low, half + (half > 1)], 0)
+    bits = (rng.integers(0, 2, size=(rows, cols)) << 31) | (exponent << 23) | fraction
+    corners = CORNER_BITS if nonfinite else CORNER_BITS[:-4]
+    bits = np.where(rng.random((rows, cols)) < 0.03, rng.choice(corners, size=(rows, cols)), bits)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def realistic_float32(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """float32 (rows, cols): Gaussian and heavy-tailed (Student t, 3 dof) rows, each scaled by
+    its own power of two in 2^-30 .. 2^30, as activations and weights of real layers look."""
+    scale = np.exp2(rng.integers(-30, 31, size=(rows, 1)).astype(np.float64))
+    values = rng.standard_normal((rows, cols))
+    values[::3] = rng.standard_t(3, size=values[::3].shape)
+    return (values * scale).astype(np.float32)
+
+
+def oracle_inputs(seed: int, rows: int = 96, cols: int = 96, nonfinite: bool = True) -> np.ndarray:
+    """Corner rows stacked on realistic rows (2 * rows, cols), float32."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([corner_float32(rng, rows, cols, nonfinite), realistic_float32(rng, rows, cols)])
+
+
+def bit_mismatches(got, want, where=None) -> tuple[int, list]:
+    """(count, first few) of elements whose float bits differ; any NaN equals any NaN (the
+    libraries' NaN payloads are not modelled). ``where`` restricts the comparison."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    unsigned = {4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    differ = (got.view(unsigned) != want.view(unsigned)) & ~(np.isnan(got) & np.isnan(want))
+    if where is not None:
+        differ &= where
+    examples = [(tuple(int(i) for i in index), got[tuple(index)], want[tuple(index)]) for index in np.argwhere(differ)[:5]]
+    return int(differ.sum()), examples
 
 
 def require_module(name: str, extra: str):

@@ -77,26 +77,26 @@ def test_named_specs_match_quark_bit_widths_and_storage_cost():
 # --------------------------------------------------------------------------------------------
 
 
-def test_197_cpu_rounds_up_to_2_pow_m_cuda_saturates():
+def test_197_saturates_at_the_largest_mantissa_on_both_kernels():
     # float32(1.97) = 0x3FFC28F6: e = 127, sig = 0xFC28F6 = 16525558.  Block [1.97, 0, ...]:
     # E = 127, its sub-block's max exponent is 127, so d = 0.
     # MX6 (m = 4): LSB = 2**(127-127-0+1-4) = 2**-3, q = 1.97 / 0.125 = 15.76.
-    #   CPU: nearest integer 16 = 2**4 (no saturation)        -> 16 * 2**-3 = 2.0
+    #   CPU: nearest integer 16 = 2**4 would carry out of the sub-block's top; Quark's CPU
+    #        runtime keeps the largest mantissa 15                -> 15 * 2**-3 = 1.875
     #   CUDA: keeps floor(2q) = 31 = 2**5 - 1 (all ones), so rounding mode 1 may not add the
     #         half and the result is 31 >> 1 = 15             -> 15 * 2**-3 = 1.875
-    # MX4 (m = 2): LSB = 2**(1-2) = 0.5, q = 3.94.
-    #   CPU: 4 = 2**2 -> 2.0;  CUDA: floor(2q) = 7 = 2**3 - 1 -> 3 -> 1.5
+    # MX4 (m = 2): LSB = 2**(1-2) = 0.5, q = 3.94 -> 4 -> kept at 3 -> 1.5 (CUDA: 7 >> 1 = 3).
     assert bits_of(f32(1.97)) == 0x3FFC28F6
-    x = block([1.97])
-    cases = [("MX6", 2.0, 16, 1.875, 15), ("MX4", 2.0, 4, 1.5, 3)]
-    for name, cpu_value, cpu_m, cuda_value, cuda_m in cases:
-        cpu = quantize_bfp(x, name)
-        assert cpu.dequantize()[0] == cpu_value
-        assert cpu.element_significands()[0] == cpu_m == 2 ** BFP_SPECS[name].mantissa_bits
-        for mode in (0, 1):  # truncation gives the same 15 / 3
-            cuda = quantize_bfp(x, BFP_SPECS[name].replace(kernel="cuda", rounding_mode=mode))
-            assert cuda.dequantize()[0] == cuda_value
-            assert cuda.element_significands()[0] == cuda_m
+    x = block([1.97, -1.97])
+    for name, value, m in [("MX6", 1.875, 15), ("MX4", 1.5, 3)]:
+        assert m == 2 ** BFP_SPECS[name].mantissa_bits - 1
+        specs = [BFP_SPECS[name].replace(rounding_mode=mode) for mode in (0, 1, 2)]
+        # CUDA truncation (mode 0) gives the same 15 / 3.
+        specs += [BFP_SPECS[name].replace(kernel="cuda", rounding_mode=mode) for mode in (0, 1)]
+        for spec in specs:
+            t = quantize_bfp(x, spec)
+            assert t.dequantize()[:2].tolist() == [value, -value]
+            assert t.element_significands()[:2].tolist() == [m, -m]
 
 
 # MX9 (m = 7), block [1.0, x, 0, ...]: x shares sub-block 0 with 1.0, so E = 127, d = 0 and
@@ -182,17 +182,15 @@ def test_to_bfp_clamps_to_largest_magnitude():
     assert deq(block([FLT_MAX], 8), "BFP16")[0] == 127 * 2.0**121
 
 
-def test_cpu_prime_overflows_to_inf_at_top_exponent():
+def test_prime_saturates_at_top_exponent_instead_of_overflowing():
     # MX9, FLT_MAX = (2**24 - 1) * 2**104: E = 254, d = 0, LSB = 2**(254-127+1-7) = 2**121,
-    # q = (2**24 - 1) / 2**17 = 127.99999 -> CPU M = 128 = 2**7, value 2**128: not a float32,
-    # Quark's double -> float store gives +Inf.  The CUDA kernel saturates at 127.
-    t = quantize_bfp(block([FLT_MAX, -FLT_MAX]), "MX9")
-    assert t.element_significands()[:2].tolist() == [128, -128]
-    assert t.element_lsb_exponents()[0] == 121
-    assert t.dequantize()[:2].tolist() == [np.inf, -np.inf]
-    assert not t.element_nonfinite_mask()[0]  # the integer code itself is exact and finite
-    cuda = deq(block([FLT_MAX]), BFP_SPECS["MX9"].replace(kernel="cuda", rounding_mode=1))
-    assert cuda[0] == 127 * 2.0**121
+    # q = (2**24 - 1) / 2**17 = 127.99999 -> 128 = 2**7 would be 2**128 (not a float32); both
+    # kernels keep M = 127: 127 * 2**121.
+    for spec in (BFP_SPECS["MX9"], BFP_SPECS["MX9"].replace(kernel="cuda", rounding_mode=1)):
+        t = quantize_bfp(block([FLT_MAX, -FLT_MAX]), spec)
+        assert t.element_significands()[:2].tolist() == [127, -127]
+        assert t.element_lsb_exponents()[0] == 121
+        assert t.dequantize()[:2].tolist() == [127 * 2.0**121, -127 * 2.0**121]
 
 
 def test_subnormals_flush_in_prime_but_not_in_plain_bfp():

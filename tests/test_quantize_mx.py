@@ -84,12 +84,14 @@ def test_nan_block_policy_makes_the_whole_block_nan():
 def test_propagate_keeps_other_elements():
     x = np.array([np.nan, 3.0, np.inf, 1.0], dtype=np.float32)
     out = fake_quantize(x, "fp4_e2m1", block_size=4, nonfinite="propagate")
-    # amax over the finite values is 3: X = 1 - 2 = -1; Inf saturates to 6 * 2^-1.
-    assert np.isnan(out[0]) and out[1:].tolist() == [3.0, 3.0, 1.0]
-    e4m3 = quantize(x, "fp8_e4m3", block_size=4, nonfinite="propagate").dequantize()
-    assert np.isnan(e4m3[0]) and e4m3[1:].tolist() == [3.0, 448 * 2.0**-7, 1.0]
+    # amax over the finite values is 3: X = 1 - 2 = -1; NaN and Inf come back unchanged.
+    assert np.isnan(out[0]) and out[1:].tolist() == [3.0, np.inf, 1.0]
+    e5m2 = quantize(x, "fp8_e5m2", block_size=4, nonfinite="propagate", element_overflow="inf_nan").dequantize()
+    assert np.isnan(e5m2[0]) and e5m2[1:].tolist() == [3.0, np.inf, 1.0]
     with pytest.raises(MxsimError, match="no NaN code"):
         quantize(x, "fp4_e2m1", block_size=4, nonfinite="propagate")
+    with pytest.raises(MxsimError, match="cannot hold"):
+        quantize(x, "fp8_e4m3", block_size=4, nonfinite="propagate")
     with pytest.raises(MxsimError, match="NaN or Inf"):
         quantize(x, "fp4_e2m1", block_size=4, nonfinite="raise")
 
@@ -110,6 +112,77 @@ def test_scale_underflow_clamp_versus_unclamped():
     assert fake_quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped").tolist() == tiny.tolist()
     with pytest.raises(MxsimError, match="fake_quantize"):
         quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped")
+
+
+def test_zero_signs():
+    # Block [1.0, -2^-10, -0.0, -2^-200 (float64)], fp4_e2m1: X = 0 - 2 = -2, step 2^-3 at
+    # the bottom, so the three negatives round to zero.  2^-200 * 2^2 <= 2^-150 underflows.
+    x = np.array([1.0, -(2.0**-10), -0.0, -(2.0**-200)])
+    signs = {
+        "code": [1, 1, 1],  # fp4 is sign-magnitude: the code keeps the input's sign
+        "positive": [0, 0, 0],
+        "input": [1, 1, 1],
+        "input_if_underflow": [0, 1, 1],  # -2^-10 * 2^2 is no float32 zero
+    }
+    for rule, expected in signs.items():
+        out = fake_quantize(x, "fp4_e2m1", block_size=4, zero_signs=(("fp4_e2m1", rule),))
+        assert out[0] == 1.0 and (out[1:] == 0).all()
+        assert np.signbit(out[1:]).astype(int).tolist() == expected, rule
+    # INT8 has one zero code (+0); "input" restores the sign; other formats are unaffected.
+    assert np.signbit(fake_quantize(x, "int8", block_size=4)[1:]).tolist() == [False] * 3
+    assert np.signbit(fake_quantize(x, "int8", block_size=4, zero_signs=(("int8", "input"),))[1:]).all()
+    assert np.signbit(fake_quantize(x, "fp4_e2m1", block_size=4, zero_signs=(("int8", "positive"),))[1:]).all()
+    with pytest.raises(MxsimError, match="zero sign rule"):
+        QuantOptions(zero_signs=(("int8", "negative"),))
+
+
+def test_inf_field_and_even_rounding_to_inf():
+    # inf_field: Inf reads as amax 2^128, so fp8_e4m3 gets X = 128 - 8 = 120 (code 247).
+    x = np.array([np.inf, 1.0, 2.0**121], dtype=np.float32)
+    tensor = quantize(x, "fp8_e4m3", block_size=3, nonfinite="inf_field")
+    assert tensor.scales.tolist() == [247]
+    assert tensor.dequantize().tolist() == [448 * 2.0**120, 0.0, 2.0**121]
+    # even, fp4_e2m1 (p = 1): amax = 1.75 * 2^127 rounds to 2^128, float32's Inf pattern, so
+    # the block behaves as if it held an Inf: NaN block, X = 127, or X = 128 - 2 = 126.
+    y = np.array([1.75 * 2.0**127, 2.0**124], dtype=np.float32)
+    for nonfinite, code in [("nan_block", 0xFF), ("inf_scale_max", 254), ("inf_field", 253), ("propagate", 253)]:
+        assert quantize(y, "fp4_e2m1", block_size=2, scale_rule="even", nonfinite=nonfinite).scales.tolist() == [code]
+    # Just below the rounding threshold (1.7499999 * 2^127) nothing changes: X = 127 - 2.
+    below = np.array([np.nextafter(np.float32(1.75 * 2.0**127), np.float32(0))], np.float32)
+    assert quantize(below, "fp4_e2m1", block_size=1, scale_rule="even", nonfinite="inf_scale_max").scales.tolist() == [252]
+
+
+def test_int8_min_step_and_min_scale_element_exponent():
+    # amax 2^-125 (int8, floor): X = -125, step 2^-131.  A floor of 2^-126 on the step raises
+    # X to -120: 1.5 * 2^-126 = 1.5 steps -> 2 (ties to even) -> 2^-125.
+    x = np.array([2.0**-125, 1.5 * 2.0**-126], dtype=np.float32)
+    assert fake_quantize(x, "int8", block_size=2).tolist() == x.tolist()
+    raised = quantize(x, "int8", block_size=2, int8_min_step_exponent=-126)
+    assert raised.scale_exponents.tolist() == [-120]
+    assert raised.dequantize().tolist() == [2.0**-125, 2.0**-125]
+    assert fake_quantize(x, "fp4_e2m1", block_size=2, int8_min_step_exponent=-126).tolist() == \
+        fake_quantize(x, "fp4_e2m1", block_size=2).tolist()  # INT8 only
+    # A block whose scale is 2^-127 (fp8_e4m3: amax < 2^-119) encodes x * 2^126 but keeps
+    # the scale: 2^-121 -> 32 = code 0x60, read back as 32 * 2^-127 = 2^-122.
+    z = np.array([2.0**-121], dtype=np.float32)
+    tensor = quantize(z, "fp8_e4m3", block_size=1, min_scale_element_exponent=-126)
+    assert tensor.scales.tolist() == [0] and tensor.codes.tolist() == [0x60]
+    assert tensor.dequantize().tolist() == [2.0**-122]
+    # k = 0: elements unscaled, so 2^-121 is far below e4m3's smallest subnormal: 0.
+    assert fake_quantize(z, "fp8_e4m3", block_size=1, min_scale_element_exponent=0).tolist() == [0.0]
+
+
+def test_rceil_from_float_log2():
+    # torchao eager RCEIL, fp8_e4m3: X = ceil(log2(float32(amax / 448))).  amax = 448: 1.0 -> 0.
+    # amax = 448 + 2^-15 (the next float32): the quotient rounds to 1 + 2^-23, whose float32
+    # log2 (1.7e-7) is nonzero, ceil 1.  The exact rule agrees on both.
+    for amax, code in [(448.0, 127), (float(np.nextafter(np.float32(448), np.float32(1e9))), 128)]:
+        x = np.array([amax], np.float32)
+        assert quantize(x, "fp8_e4m3", block_size=1, scale_rule="rceil", exponent_source="log2").scales.tolist() == [code]
+        assert quantize(x, "fp8_e4m3", block_size=1, scale_rule="rceil").scales.tolist() == [code]
+    # amax = 2^-140: the float32 quotient 2^-140 / 448 = 1.14 * 2^-149 rounds to the
+    # subnormal 2^-149, log2 -149, clamped to -127.
+    assert quantize(np.array([2.0**-140], np.float32), "fp8_e4m3", block_size=1, profile="torchao-rceil").scales.tolist() == [0]
 
 
 def test_scale_overflow_nan_or_clamp():
@@ -184,7 +257,8 @@ block_values = st.lists(
     st.one_of(
         st.floats(-1e6, 1e6, width=32),
         st.floats(allow_nan=False, allow_infinity=False, width=32),
-        st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, 448.0, 464.0, 6.0, 7.0, 480.0]),
+        st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, 448.0, 464.0, 6.0, 7.0, 480.0,
+                         1.75 * 2.0**127, 1.9375 * 2.0**127, 2.0**-127, 2.0**-121]),
     ),
     min_size=1,
     max_size=9,
@@ -194,11 +268,13 @@ options_strategy = st.builds(
     scale_rule=st.sampled_from(["floor", "ceil", "even", "rceil"]),
     element_rounding=st.sampled_from(["nearest_even", "nearest_away", "toward_zero", "stochastic"]),
     element_overflow=st.just("saturate"),
-    nonfinite=st.sampled_from(["nan_block", "propagate", "inf_scale_max"]),
+    nonfinite=st.sampled_from(["nan_block", "propagate", "inf_scale_max", "inf_field"]),
     exponent_source=st.sampled_from(["bits", "field", "log2"]),
     scale_underflow=st.sampled_from(["clamp", "unclamped", "unclamped_eps"]),
     scale_overflow=st.sampled_from(["nan", "clamp"]),
     int8_minus_two=st.booleans(),
+    int8_min_step_exponent=st.sampled_from([None, -126, -140]),
+    min_scale_element_exponent=st.sampled_from([None, -126, 0]),
     seed=st.integers(0, 2**31),
 )
 
@@ -253,7 +329,7 @@ PROFILE_VECTORS = [
     (15, "quark-onnx", "fp8_e5m2", [2.0**-140], [2.0**-140]),
     (16, "ocp", "fp8_e4m3", [np.nan, 1.0], [np.nan, np.nan]),
     (16, "quark-onnx", "fp8_e4m3", [np.nan, 1.0], [np.nan, 1.0]),
-    (17, "torchao", "fp8_e4m3", [np.inf, 1.0], [np.nan, np.nan]),
+    (17, "torchao", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**120, 0.0]),  # torchao 0.18: Inf reads as 2^128
     (17, "quark", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**127, 0.0]),  # float32: +Inf
     (17, "gfloat", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**127, 0.0]),
     (18, "quark", "int8", [np.inf, 1.0], [127 * 2.0**121, 0.0]),

@@ -99,12 +99,14 @@ def bfp_prime_kernel(
 
     ``cuda`` selects the CUDA kernel's rounding (0 truncate, 1 half away from zero saturating at
     2**m - 1, 2 stochastic from ``random_words``, a uint32 array shaped like ``block_bits``);
-    otherwise the CPU kernel's round-to-nearest with ties per ``rounding_mode`` (no saturation:
-    M can reach 2**m).  Returns ``(shared, micro, mant, sign)``.
+    otherwise the CPU kernel's round-to-nearest with ties per ``rounding_mode``, saturating at
+    2**m - 1 (a rounding that carries out of the sub-block's top keeps the largest mantissa).
+    Returns ``(shared, micro, mant, sign)``.
     """
     n_blocks, block_size = block_bits.shape
     n_sub = block_size // sub_block_size
     max_micro = (1 << sub_block_shift_bits) - 1
+    max_mag = (1 << mantissa_bits) - 1
     shared = np.zeros(n_blocks, np.uint8)
     micro = np.zeros((n_blocks, n_sub), np.uint8)
     mant = np.zeros((n_blocks, block_size), np.int32)
@@ -147,6 +149,8 @@ def bfp_prime_kernel(
                         significand, shared_exp - d - e + 24 - mantissa_bits, negative,
                         rounding_mode,
                     )
+                    if m > max_mag:
+                        m = max_mag
                 mant[b, j] = -m if negative else m
                 sign[b, j] = negative
     return shared, micro, mant, sign

@@ -98,7 +98,8 @@ def prime_block_reference(
             q = Fraction(0) if x.exponent_field == 0 else x.magnitude / lsb
             assert q < 2**m  # |x| < 2**(e - 126) and e <= E - d
             if not cuda:
-                mag = round_to_nearest(q, x.negative, rounding_mode)  # may equal 2**m
+                # Nearest, but never past the largest m-bit magnitude (Quark's CPU runtime).
+                mag = min(round_to_nearest(q, x.negative, rounding_mode), 2**m - 1)
             elif rounding_mode == 0:
                 mag = math.floor(q)
             elif rounding_mode == 1:

@@ -17,6 +17,7 @@ RULE_RCEIL = 3
 NONFINITE_NAN_BLOCK = 0
 NONFINITE_PROPAGATE = 1
 NONFINITE_INF_SCALE_MAX = 2
+NONFINITE_INF_FIELD = 3
 
 SOURCE_EXACT = 0
 SOURCE_FIELD = 1
@@ -28,6 +29,8 @@ UNDERFLOW_UNCLAMPED_EPS = 2
 
 # Shared-exponent value standing for a NaN scale (E8M0 code 0xFF).
 SCALE_NAN = np.int32(1 << 20)
+# "No such exponent" for the optional exponent parameters of quantize_blocks.
+NO_EXPONENT = np.int64(-(1 << 30))
 E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
 
@@ -41,15 +44,28 @@ def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source,
     rceil: +1 iff m > max_finite / 2^emax (given as ``max_ratio_q52`` = that ratio * 2^52).
     ``source`` SOURCE_FIELD reads a subnormal amax as the input's smallest exponent field
     (e = -bias, e.g. -127 for float32); SOURCE_LOG2 computes floor/ceil from log2(amax)
-    rounded to the input's precision (float32 inputs: float32), as float-log2 libraries do.
+    rounded to the input's precision (float32 inputs: float32), as float-log2 libraries do,
+    and rceil as ceil(log2(amax / max_finite)) with the quotient and the log2 each rounded
+    to that precision.
     """
     _, _, significand, lsb_exponent, floor_log2 = decompose(amax_bits, in_exponent_bits, in_mantissa_bits)
-    if source == SOURCE_LOG2 and (rule == RULE_FLOOR or rule == RULE_CEIL):
-        log2_value = math.log2(math.ldexp(float(significand), lsb_exponent))
+    if source == SOURCE_LOG2:
+        value = math.ldexp(float(significand), lsb_exponent)
+        if rule == RULE_RCEIL:
+            # max_finite = max_ratio_q52 * 2^(emax - 52), exact in float64.
+            value = value / math.ldexp(float(max_ratio_q52), emax - 52)
+            if in_mantissa_bits <= 23:
+                value = float(np.float32(value))
+        if value == 0.0:
+            return np.int64(-150)  # log2(0) = -inf: one below any float32's exponent
+        log2_value = math.log2(value)
         if in_mantissa_bits <= 23:
             log2_value = float(np.float32(log2_value))
-        rounded = math.floor(log2_value) if rule == RULE_FLOOR else math.ceil(log2_value)
-        return np.int64(rounded) - emax
+        if rule == RULE_RCEIL:
+            return np.int64(math.ceil(log2_value))
+        if rule == RULE_FLOOR or rule == RULE_CEIL:
+            rounded = math.floor(log2_value) if rule == RULE_FLOOR else math.ceil(log2_value)
+            return np.int64(rounded) - emax
     input_bias = (1 << (in_exponent_bits - 1)) - 1
     if source == SOURCE_FIELD and floor_log2 < 1 - input_bias:
         return np.int64(-input_bias) - emax
@@ -68,19 +84,28 @@ def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source,
 def quantize_blocks(
     bits, in_exponent_bits, in_mantissa_bits,
     element_params, rule, source, emax, top_fraction_bits, max_ratio_q52,
-    rounding, overflow, nonfinite, underflow, clamp_high, seed,
+    rounding, overflow, nonfinite, underflow, clamp_high, min_exponent, min_scale_element_exponent, seed,
     codes_out, scale_exponents_out,
 ):
     """Quantize a (blocks, block_size) array of IEEE-binary bit patterns.
 
     Writes element codes and each block's shared exponent X (SCALE_NAN for a NaN scale;
-    below -127 only for the unclamped underflow policies). Element j of block b is encoded
-    from x * 2^-X exactly, with stochastic draw index b * block_size + j.
+    below -127 only for the unclamped underflow policies). X is raised to ``min_exponent``
+    (NO_EXPONENT: no floor). Element j of block b is encoded from x * 2^-X exactly, with
+    stochastic draw index b * block_size + j, except that blocks with X == -127 encode
+    x * 2^-``min_scale_element_exponent`` when that is not NO_EXPONENT.
+    For the even rule, an amax that rounds past the input format's largest binade (to its
+    Inf pattern) counts as an Inf in the block, unless ``nonfinite`` is propagate.
     """
     n_blocks, block_size = bits.shape
     total_bits = 1 + in_exponent_bits + in_mantissa_bits
     magnitude_mask = (np.uint64(1) << np.uint64(total_bits - 1)) - np.uint64(1)
     inf_bits = np.uint64((1 << in_exponent_bits) - 1) << np.uint64(in_mantissa_bits)
+    # The even rule adds half a unit of the element precision to amax's bits (then drops the
+    # fraction): reaching inf_bits means the rounded amax is Inf.
+    even_half_step = np.uint64(0)
+    if rule == RULE_EVEN and in_mantissa_bits > top_fraction_bits:
+        even_half_step = np.uint64(1) << np.uint64(in_mantissa_bits - top_fraction_bits - 1)
     for b in prange(n_blocks):
         amax = np.uint64(0)
         nan_seen = False
@@ -93,6 +118,8 @@ def quantize_blocks(
                 inf_seen = True
             elif magnitude > amax:
                 amax = magnitude
+        if even_half_step != 0 and nonfinite != NONFINITE_PROPAGATE and amax + even_half_step >= inf_bits:
+            inf_seen = True
         if (nan_seen and nonfinite != NONFINITE_PROPAGATE) or (inf_seen and nonfinite == NONFINITE_NAN_BLOCK):
             scale_exponents_out[b] = SCALE_NAN
             for j in range(block_size):
@@ -100,6 +127,8 @@ def quantize_blocks(
             continue
         if inf_seen and nonfinite == NONFINITE_INF_SCALE_MAX:
             exponent = np.int64(E8M0_MAX_EXPONENT)  # log2(Inf) clamped to the largest scale
+        elif inf_seen and nonfinite == NONFINITE_INF_FIELD:
+            exponent = np.int64(1 << (in_exponent_bits - 1)) - emax  # Inf's exponent field read as a binade
         elif amax == 0:
             exponent = np.int64(E8M0_MIN_EXPONENT)
         else:
@@ -110,6 +139,8 @@ def quantize_blocks(
             exponent = np.int64(E8M0_MIN_EXPONENT)
         elif underflow == UNDERFLOW_UNCLAMPED_EPS and exponent < -149:
             exponent = np.int64(-23)  # 2^X underflows float32 to 0, replaced by float32 eps
+        if exponent < min_exponent:
+            exponent = min_exponent
         if exponent > E8M0_MAX_EXPONENT:
             if not clamp_high:
                 scale_exponents_out[b] = SCALE_NAN
@@ -118,10 +149,14 @@ def quantize_blocks(
                 continue
             exponent = E8M0_MAX_EXPONENT
         scale_exponents_out[b] = exponent
+        element_exponent = exponent
+        if exponent == E8M0_MIN_EXPONENT and min_scale_element_exponent != NO_EXPONENT:
+            element_exponent = min_scale_element_exponent
         for j in range(block_size):
             draw32 = random32(seed, b * block_size + j) if rounding == ROUND_STOCHASTIC else np.int64(0)
             codes_out[b, j] = encode_bits(
-                bits[b, j], in_exponent_bits, in_mantissa_bits, -exponent, element_params, rounding, overflow, draw32
+                bits[b, j], in_exponent_bits, in_mantissa_bits, -element_exponent, element_params, rounding, overflow,
+                draw32,
             )
 
 

@@ -16,15 +16,16 @@ shared exponent make up the rest of ``bit_width``).
       ``q = |x| / 2**(E - 127 - d + 1 - m)`` (q < 2**m), rounded to an integer M:
 
       - ``kernel="cpu"``: round to nearest; ties by ``rounding_mode`` 0 away from zero,
-        1 toward +inf, 2 to even.  No saturation: M == 2**m is produced when q rounds up to it
-        (MX6 1.97 -> 2.0); with E = 254 and d = 0 that value is 2**128, output as +-Inf.
+        1 toward +inf, 2 to even; then M = min(M, 2**m - 1): a rounding that would carry out
+        of the sub-block's top keeps the largest mantissa (MX6 1.97 -> 1.875), as Quark's
+        CPU runtime does.
       - ``kernel="cuda"``: Quark's CUDA kernel reads ``rounding_mode`` differently:
         0 truncate (floor q), 1 round half away from zero but never above 2**m - 1
         (MX6 1.97 -> 1.875), 2 stochastic: floor(q) + 1 with probability
         (low k bits of the raw float32 encoding) / 2**k, k = bits of the significand below M,
         only when k <= 24 and floor(2q) != 2**(m+1) - 1.  This is unbiased only when k <= 23
-        and the input is normal; it can still produce 2**m; and a subnormal input can become
-        M = 1 (no flush).  Random bits come from ``numpy.random.default_rng(seed)``; Quark's
+        and the input is normal; it can still produce 2**m (with E = 254 and d = 0 that is
+        2**128, output as +-Inf); and a subnormal input can become M = 1 (no flush).  Random bits come from ``numpy.random.default_rng(seed)``; Quark's
         own stream is clock-seeded curand and cannot be reproduced.
 
     * Value = (-1)**s * M * 2**(E - 127 - d + 1 - m).  The sign is the input's, so negative
@@ -167,8 +168,8 @@ class BFPSpec:
         """Nominal storage: sign + m, plus the 8-bit shared exponent and the microexponents
         amortised over their blocks (MX4 4, MX6 6, MX9 9, BFP16 9).
 
-        The CPU ``to_bfp_prime`` kernel can produce M == 2**m, which needs one more bit than
-        this nominal format has; this count does not include it.
+        The CUDA kernel's stochastic rounding can produce M == 2**m, which needs one more bit
+        than this nominal format has; this count does not include it.
         """
         micro = self.sub_block_shift_bits / self.sub_block_size if self.has_microexponents else 0
         return 1 + self.mantissa_bits + 8 / self.block_size + micro
@@ -217,7 +218,7 @@ class BFPTensor:
     * ``microexponents``: uint8 ``(*outer, n_blocks, n_sub_blocks)``, the d values
       (``to_bfp``: one sub-block per block, d = 0).
     * ``mantissas``: int32 ``(*outer, n_blocks, block_size)``, the signed significand +-M
-      (0 <= M <= 2**m; 2**m only from the CPU prime kernel, or CUDA stochastic rounding).
+      (0 <= M <= 2**m; 2**m only from CUDA stochastic rounding).
     * ``sign_bits``: uint8, same shape; 1 where the output is negative, which keeps -0.0.
     * ``special_bits``: ``to_bfp`` only (else None), uint32, same shape: the input's bits where
       it was Inf/NaN (passed through unchanged), else 0.
@@ -277,8 +278,8 @@ class BFPTensor:
         """int32 in the input's shape: k with element value == significand * 2**k exactly.
 
         k = E - 127 - d + 1 - m.  Meaningless where ``element_nonfinite_mask()`` is True.
-        The exact product may be 2**128 (CPU prime kernel, E = 254), which float32 cannot hold;
-        ``dequantize`` returns Inf there, as Quark does.
+        The exact product may be 2**128 (CUDA stochastic rounding, E = 254), which float32
+        cannot hold; ``dequantize`` returns Inf there, as Quark's double-to-float store does.
         """
         return self._to_input_layout(
             np.broadcast_to(self._blocked_lsb_exponents(), self.mantissas.shape)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -19,7 +20,10 @@ E8M0_BIAS = 127
 E8M0_NAN = 0xFF
 _RULES = {"floor": K.RULE_FLOOR, "ceil": K.RULE_CEIL, "even": K.RULE_EVEN, "rceil": K.RULE_RCEIL}
 _SOURCES = {"bits": K.SOURCE_EXACT, "field": K.SOURCE_FIELD, "log2": K.SOURCE_LOG2}
-_NONFINITE = {"nan_block": K.NONFINITE_NAN_BLOCK, "propagate": K.NONFINITE_PROPAGATE, "inf_scale_max": K.NONFINITE_INF_SCALE_MAX}
+_NONFINITE = {
+    "nan_block": K.NONFINITE_NAN_BLOCK, "propagate": K.NONFINITE_PROPAGATE, "inf_scale_max": K.NONFINITE_INF_SCALE_MAX,
+    "inf_field": K.NONFINITE_INF_FIELD,
+}
 _UNDERFLOW = {"clamp": K.UNDERFLOW_CLAMP, "unclamped": K.UNDERFLOW_UNCLAMPED, "unclamped_eps": K.UNDERFLOW_UNCLAMPED_EPS}
 
 
@@ -103,8 +107,9 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     The scale exponent X of a block comes from its amax by ``scale_rule``; each element is
     then ``x * 2^-X`` rounded once into the element format (``element_rounding``,
     ``element_overflow``). Raises MxsimError for options an MXTensor cannot hold
-    (scales below 2^-127 with ``scale_underflow="unclamped"``, NaN elements of formats
-    without NaN under ``nonfinite="propagate"``): use :func:`fake_quantize` for those.
+    (scales below 2^-127 with ``scale_underflow="unclamped"``, NaN or ±Inf elements under
+    ``nonfinite="propagate"`` unless the format has that code and, for Inf,
+    ``element_overflow="inf_nan"``): use :func:`fake_quantize` for those.
 
     ``per_tensor_scale=True``: the per-tensor power-of-two scaling of FP8 inference, for units
     without block scales (``inputs.scales: none``). One exponent T is chosen for the whole
@@ -125,6 +130,11 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
         raise MxsimError("quantize: a scale below 2^-127 is not an E8M0 code (scale_underflow='unclamped'); use fake_quantize")
     if opts.nonfinite == "propagate" and not element_format.has_nan and np.isnan(values).any():
         raise MxsimError(f"quantize: {element_format.name} has no NaN code to propagate; use fake_quantize")
+    if opts.nonfinite == "propagate" and np.isinf(values).any() and not (
+        element_format.has_inf and opts.element_overflow == "inf_nan"
+    ):
+        raise MxsimError(f"quantize: ±Inf passes through unchanged under nonfinite='propagate', which {element_format.name} "
+                         f"codes with element_overflow={opts.element_overflow!r} cannot hold; use fake_quantize")
     scales = np.where(exponents == K.SCALE_NAN, E8M0_NAN, exponents + E8M0_BIAS).astype(np.uint8)
     return MXTensor(element_format, codes, scales, values.shape, axis, block_size, padding, opts)
 
@@ -149,18 +159,27 @@ def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "
     """Quantize then dequantize in one step, as float64 in ``x``'s shape.
 
     Accepts every option, including those an MXTensor cannot hold: scales below 2^-127
-    (``scale_underflow="unclamped"``) and NaN/Inf passed through elements of formats
-    without NaN/Inf codes (``nonfinite="propagate"``: the output holds the input's NaN, and
-    ±Inf where ``element_overflow="inf_nan"``).
+    (``scale_underflow="unclamped"``) and NaN/Inf passed through (``nonfinite="propagate"``:
+    the output holds the input's NaN and ±Inf). Zero results take the sign ``zero_signs``
+    names for the format.
     """
     element_format, opts, values = _prepare(x, fmt, profile, options)
     codes, exponents, axis, padding = _quantize_blocked(values, element_format, opts, axis, block_size)
     blocked = _dequantize_blocked(element_format, codes, exponents, block_size)
     out = _from_blocks(blocked, values.shape, axis, padding)
+    zero_sign = dict(opts.zero_signs).get(element_format.name, "code")
+    if zero_sign != "code":
+        negative_zero = np.signbit(values)
+        if zero_sign == "positive":
+            negative_zero = np.zeros_like(negative_zero)
+        elif zero_sign == "input_if_underflow":
+            # |x| * 2^-X <= 2^-150, with X the block's exponent (a NaN scale leaves no zero).
+            limit = np.ldexp(1.0, np.minimum(exponents, K.E8M0_MAX_EXPONENT + 1) - 150)
+            limit = _from_blocks(np.repeat(limit, block_size, axis=-1), values.shape, axis, padding)
+            negative_zero &= np.abs(values) <= limit
+        out = np.where(out == 0, np.where(negative_zero, -0.0, 0.0), out)
     if opts.nonfinite == "propagate":
-        out = np.where(np.isnan(values), np.nan, out)
-        if opts.element_overflow == "inf_nan":
-            out = np.where(np.isinf(values), values.astype(np.float64), out)
+        out = np.where(np.isfinite(values), out, values.astype(np.float64))
     return out
 
 
@@ -215,10 +234,18 @@ def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, ax
         emax, even_fraction_bits, max_ratio_q52,
         rounding_code(opts.element_rounding), overflow_code(opts.element_overflow),
         _NONFINITE.get(opts.nonfinite, K.NONFINITE_NAN_BLOCK), _UNDERFLOW[opts.scale_underflow],
-        opts.scale_overflow == "clamp", opts.seed,
+        opts.scale_overflow == "clamp", _min_exponent(element_format, opts),
+        K.NO_EXPONENT if opts.min_scale_element_exponent is None else opts.min_scale_element_exponent, opts.seed,
         codes, exponents,
     )
     return codes.reshape(moved.shape), exponents.reshape(moved.shape[:-1] + (-1,)), axis, padding
+
+
+def _min_exponent(element_format: FormatInfo, opts: QuantOptions) -> int:
+    """The floor on X from ``int8_min_step_exponent`` (INT8's step is 2^X times its smallest value)."""
+    if opts.int8_min_step_exponent is None or not element_format.twos_complement:
+        return K.NO_EXPONENT
+    return opts.int8_min_step_exponent - math.frexp(element_format.min_subnormal)[1] + 1
 
 
 def _dequantize_blocked(element_format, codes, exponents, block_size, dtype=np.float64):

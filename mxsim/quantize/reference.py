@@ -26,10 +26,43 @@ def floor_log2(value: Fraction) -> int:
     return exponent if Fraction(2) ** exponent <= value else exponent - 1
 
 
+# Largest binade (exponent of the largest finite value) of each input float width.
+INPUT_MAX_EXPONENT = {16: 15, 32: 127, 64: 1023}
+
+
+def even_fraction_bits(fmt: FormatInfo, options: QuantOptions) -> int:
+    """p of the even rule: the option's override, else the fraction bits of fmt's top binade."""
+    top_step = Fraction(fmt.max_finite) - Fraction(float(decode_reference(fmt, fmt.max_index - 1)))
+    return dict(options.even_fraction_bits).get(fmt.name, floor_log2(Fraction(2) ** fmt.scale_emax / top_step))
+
+
+def even_rounds_to_inf(amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int) -> bool:
+    """Whether the even rule's rounded amax (half-up to p fraction bits) leaves the input's range."""
+    top = Fraction(2) ** INPUT_MAX_EXPONENT[input_bits]
+    return options.scale_rule == "even" and amax >= top * (2 - Fraction(1, 2 ** (even_fraction_bits(fmt, options) + 1)))
+
+
+def float32_reference(value: Fraction) -> float:
+    """value rounded to float32 (nearest-even), as a float; via float64, which is exact enough
+    for one quotient of two float32 values (double rounding is innocuous there)."""
+    return float(np.float32(float(value)))
+
+
 def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int = 32) -> int:
     """X = E - emax for a positive amax under the options' rule and exponent source."""
     rule = options.scale_rule
     e = floor_log2(amax)
+    if options.exponent_source == "log2" and rule == "rceil":
+        # ceil(log2(amax / max_finite)), quotient and log2 each rounded to the input precision.
+        descale = amax / Fraction(fmt.max_finite)
+        if input_bits <= 32:
+            descale = Fraction(float32_reference(descale))
+        if descale == 0:
+            return -150  # log2(0) = -inf, taken as one below any float32's exponent
+        log2_value = math.log2(descale)
+        if input_bits <= 32:
+            log2_value = float(np.float32(log2_value))
+        return math.ceil(log2_value)
     if options.exponent_source == "log2" and rule in ("floor", "ceil"):
         # log2 as a float library computes it: the real log2 rounded to the input precision.
         log2_value = math.log2(amax)
@@ -40,12 +73,10 @@ def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOpti
     if options.exponent_source == "field" and e < input_min_exponent:
         return input_min_exponent - 1 - fmt.scale_emax
     m = amax / Fraction(2) ** e
-    top_step = Fraction(fmt.max_finite) - Fraction(float(decode_reference(fmt, fmt.max_index - 1)))
-    p = dict(options.even_fraction_bits).get(fmt.name, floor_log2(Fraction(2) ** fmt.scale_emax / top_step))
     bump = {
         "floor": False,
         "ceil": m > 1,
-        "even": m >= 2 - Fraction(1, 2 ** (p + 1)),
+        "even": rule == "even" and m >= 2 - Fraction(1, 2 ** (even_fraction_bits(fmt, options) + 1)),
         "rceil": m > Fraction(fmt.max_finite) / Fraction(2) ** fmt.scale_emax,
     }[rule]
     return e + bump - fmt.scale_emax
@@ -64,8 +95,15 @@ def quantize_block_reference(
     if (has_nan and options.nonfinite != "propagate") or (has_inf and options.nonfinite == "nan_block"):
         return NAN_SCALE, [0] * len(block)
     amax = max((abs(Fraction(x)) for x in block if math.isfinite(x)), default=Fraction(0))
+    if options.nonfinite != "propagate" and even_rounds_to_inf(amax, fmt, options, input_bits):
+        has_inf = True  # the rounded amax is the input format's Inf
+        if options.nonfinite in ("nan_block", "raise"):
+            return NAN_SCALE, [0] * len(block)
     if has_inf and options.nonfinite == "inf_scale_max":
         exponent = 127
+    elif has_inf and options.nonfinite == "inf_field":
+        # Inf's exponent field (all ones) minus the bias: 2^128 for float32.
+        exponent = INPUT_MAX_EXPONENT[input_bits] + 1 - fmt.scale_emax
     elif amax == 0:
         exponent = -127
     else:
@@ -74,13 +112,19 @@ def quantize_block_reference(
         exponent = max(exponent, -127)
     elif options.scale_underflow == "unclamped_eps" and exponent < -149:
         exponent = -23
+    if options.int8_min_step_exponent is not None and fmt.twos_complement:
+        # INT8's step is 2^X times its smallest value; raise X until the step reaches 2^k.
+        exponent = max(exponent, options.int8_min_step_exponent - floor_log2(Fraction(fmt.min_subnormal)))
     if exponent > 127:
         if options.scale_overflow == "nan":
             return NAN_SCALE, [0] * len(block)
         exponent = 127
+    element_exponent = exponent
+    if exponent == -127 and options.min_scale_element_exponent is not None:
+        element_exponent = options.min_scale_element_exponent
     codes = []
     for i, x in enumerate(block):
-        scaled = x if not math.isfinite(x) else (math.copysign(0.0, x) if x == 0 else Fraction(x) / Fraction(2) ** exponent)
+        scaled = x if not math.isfinite(x) else (math.copysign(0.0, x) if x == 0 else Fraction(x) / Fraction(2) ** element_exponent)
         draw = draw32_reference(options.seed, first_index + i) if options.element_rounding == "stochastic" else 0
         codes.append(encode_reference(fmt, scaled, options.element_rounding, options.element_overflow, draw))
     return exponent, codes
