@@ -21,20 +21,6 @@ from mxsim.trace.operands import CONV_ORDERS, exact_block, ideal_gemm, layer_ope
 
 QUARK_CONFIGS = ["MXINT8", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E3M2", "MXFP6E2M3", "MXFP4E2M1", "MX9", "MX6", "MX4",
                  "BFP16"]
-#: mxsim's MX4/MX6/MX9 quantizer rounds a carry out of a sub-block up where Quark's runtime keeps
-#: the largest mantissa (a fix to mxsim/quantize/bfp.py is under way): operands differ there.
-QUANTIZER_DIFFERS = {"MX9", "MX6", "MX4"}
-CHANNELS, FILTERS, SIZE, CLASSES = 20, 12, 6, 10
-
-
-def _quark_param(name):
-    if name in QUANTIZER_DIFFERS:
-        reason = ("mxsim's MX4/MX6/MX9 rounding carries out of a sub-block where Quark's runtime clamps at the "
-                  "largest mantissa (quantize_bfp, not replay)")
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
-    return name
-
-
 def _float_model(onnx, path, rng):
     h = onnx.helper
     tensor = onnx.TensorProto.FLOAT
@@ -192,7 +178,7 @@ def _gemm_values(operand):
     return np.ldexp(values, operand.scales.astype(np.int32) - 127)
 
 
-@pytest.mark.parametrize("name", [_quark_param(n) for n in QUARK_CONFIGS])
+@pytest.mark.parametrize("name", QUARK_CONFIGS)
 def test_replay_operands_are_quarks_runtime_operands(quark_models, name):
     # The GEMM operands replay builds, read back at the centre filter tap (conv) or in K order
     # (linear), are the tensors Quark's runtime fed each node, bit for bit; the per-tap padding
@@ -218,7 +204,7 @@ def test_replay_operands_are_quarks_runtime_operands(quark_models, name):
     np.testing.assert_array_equal(ops.bias, b2q)
 
 
-@pytest.mark.parametrize("name", [_quark_param(n) for n in QUARK_CONFIGS])
+@pytest.mark.parametrize("name", QUARK_CONFIGS)
 def test_replay_ideal_is_quarks_own_quantized_computation(quark_models, name, record_property):
     # Every layer's ideal equals the exact sum of the runtime's own quantized operands and bias,
     # rounded once to float32 (computed here with Python integers), bit for bit. The runtime's
