@@ -183,10 +183,10 @@ def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig,
             reasons.append("has no block scales")
         elif not operand.granule or operand.granule % block:
             reasons.append(f"blocks of {block} do not fit the model's blocks ({operand.layout})")
-        note = f"{hw.name} cannot take {operand.spec}: it {'; '.join(reasons)}"
+        note = f"the unit cannot take {operand.spec}: it {'; '.join(reasons)}"
         status = "replaced"
     else:
-        note, status = f"the model multiplies {operand.spec} values; {hw.name} needs a quantization", "added"
+        note, status = f"the model multiplies {operand.spec} values; the unit needs a quantization", "added"
     if isinstance(spec, MXQuant) and spec.format in accepted:
         return OperandChoice(spec.format, spec.profile, per_tensor, note, status=status, **base), dict(spec.options)
     return OperandChoice(accepted[0], "ocp", per_tensor, note, status=status, **base), {}
@@ -365,7 +365,7 @@ def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element
         result = replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn)
         if strict and result.status == "replaced":
             choice = result.input if result.input.status == "replaced" else result.weight
-            raise MxsimError(f"layer {layer.name!r}: {choice.note} (strict)")
+            raise MxsimError(f"layer {layer.name!r} on {hw.name}: {choice.note} (strict)")
         results.append(result)
     return results
 
