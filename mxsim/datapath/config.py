@@ -16,6 +16,8 @@ import yaml
 
 from ..cycles.array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
+from ..fileio import load_yaml, read_text
+from ..limits import MAX_BLOCK_SIZE
 from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
 
@@ -47,7 +49,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "inputs": {
         "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS),
         "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS),
-        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=4096),
+        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE),
         "scales": Key(
             "str", "products",
             "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
@@ -65,11 +67,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
     },
     "adder": {
-        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=4096),
+        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE),
         "term_order": Key(
             "order", None,
             "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
             "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first)",
+            maximum=MAX_BLOCK_SIZE,
         ),
         "accumulator_in_tree": Key(
             "bool", True,
@@ -141,7 +144,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
             "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
             "a multiple of fused_terms",
-            minimum=1,
+            minimum=1, maximum=1 << 30,
         ),
     },
     "output": {
@@ -350,9 +353,10 @@ def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
             not isinstance(value, list)
             or not value
             or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+            or len(value) > key.maximum
             or sorted(value) != list(range(len(value)))
         ):
-            raise fail("null or a permutation of 0..T-1 (a list of distinct integers)")
+            raise fail(f"null or a permutation of 0..T-1 (a list of at most {key.maximum} distinct integers)")
         return tuple(value)
     if key.kind == "format_list":
         items = [value] if isinstance(value, str) else value
@@ -447,15 +451,19 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
 
 
 def load_hwconfig(path: str | Path) -> HardwareConfig:
-    """Read and validate a hardware-config YAML file; errors name the file and key path."""
+    """Read and validate a hardware-config YAML file; errors name the file and key path.
+
+    The file must be UTF-8 YAML nested at most 64 levels deep (see docs/limits.md); any
+    problem raises :class:`~mxsim.errors.ConfigError`.
+    """
+    if not isinstance(path, (str, Path)):
+        raise ConfigError(repr(path), "", f"expected a path to a hwconfig YAML file, got {type(path).__name__}")
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(str(path), "", "no such file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(str(path), "", f"not valid YAML: {error}") from None
-    return parse_hwconfig(data, str(path))
+
+    def fail(message: str):
+        raise ConfigError(str(path), "", message)
+
+    return parse_hwconfig(load_yaml(read_text(path, fail), fail), str(path))
 
 
 def schema_markdown() -> str:

@@ -240,7 +240,10 @@ def _emax_from_fields(fmt: FormatInfo) -> int:
 
 def as_float_array(x, where: str) -> np.ndarray:
     if isinstance(x, (int, float)) or (isinstance(x, (list, tuple)) and not isinstance(x, np.ndarray)):
-        x = np.asarray(x, dtype=np.float64)
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise MxsimError(f"{where}: expected numbers (a float array, or a list of numbers of one shape)") from None
     if not isinstance(x, np.ndarray):
         raise MxsimError(f"{where}: expected a numpy array of floats, got {type(x).__name__}")
     if x.dtype not in INPUT_FLOATS:

@@ -90,8 +90,8 @@ class QuantOptions:
             for p in pairs
         ):
             raise MxsimError("option even_fraction_bits must be a tuple of (format name, bits 0..50) pairs")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise MxsimError("option seed must be a non-negative integer")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 1 << 63:
+            raise MxsimError(f"option seed must be an integer 0..2**63-1, got {self.seed!r}")
 
 
 # Each value's source is in docs/profiles.md.
@@ -138,7 +138,7 @@ def profiles_markdown() -> str:
 
 def resolve_options(profile: str = "ocp", **overrides) -> QuantOptions:
     """The options of ``profile`` with ``overrides`` applied; unknown names list the valid ones."""
-    if profile not in PROFILES:
+    if not isinstance(profile, str) or profile not in PROFILES:
         raise UnknownNameError("profile", profile, PROFILES)
     fields = {f.name for f in dataclasses.fields(QuantOptions)}
     for key in overrides:

@@ -32,17 +32,17 @@ the node's result (the following ``Add`` of a constant bias is fused into a MatM
 from __future__ import annotations
 
 import hashlib
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import MxsimError, UnknownNameError
+from ..errors import InputFileError, MxsimError, UnknownNameError
+from ..fileio import read_npz
 from ..formats import get_format
 from ..quantize import BFPSpec
 from ._optional import require
-from .format import Layer, Trace, validate_trace
+from .format import NUMERIC_DTYPES, Layer, Trace, validate_trace
 from .quant import QDQ_FLOAT_TYPES, QDQ_INTEGER_RANGES, BFPQuant, MXQuant, QDQQuant
 
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
@@ -636,12 +636,9 @@ def load_inputs_npz(path) -> dict[str, np.ndarray]:
     """
     path = Path(path)
     if not path.is_file():
-        raise MxsimError(f"{path}: no such file")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise MxsimError(f"{path}: expected an .npz archive with one array per model input")
-        with loaded as npz:
-            return {key: npz[key] for key in npz.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise MxsimError(f"{path}: not a readable .npz of plain arrays ({error})") from None
+        raise InputFileError(f"{path}: no such file")
+
+    def fail(member, message):
+        raise InputFileError(f"{path}: {message}" if member is None else f"{path}: input {member!r}: {message}")
+
+    return read_npz(path, NUMERIC_DTYPES, fail)
