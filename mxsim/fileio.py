@@ -107,7 +107,7 @@ def load_yaml(text: str, fail: Fail) -> Any:
 # ----------------------------------------------------------------------------- .npy / .npz
 
 
-def _read_header(stream, what: str, fail: Fail) -> tuple[np.dtype, tuple, bool, int]:
+def _read_header(stream, where: str, fail: Fail) -> tuple[np.dtype, tuple, bool, int]:
     """Parse one .npy header from ``stream``: (dtype, shape, fortran_order, header bytes)."""
     try:
         version = np.lib.format.read_magic(stream)
@@ -116,39 +116,42 @@ def _read_header(stream, what: str, fail: Fail) -> tuple[np.dtype, tuple, bool, 
         elif version == (2, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
-            fail(f"{what}: .npy format version {version} is not supported (accepted: 1.0, 2.0)")
+            fail(f".npy format version {version} in {where} is not supported (accepted: 1.0, 2.0)")
     except MxsimError:
         raise
     except _ZIP_ERRORS + (TypeError, SyntaxError, KeyError, MemoryError) as error:
-        fail(f"{what}: not a valid .npy array header ({type(error).__name__}: {' '.join(str(error).split())[:200]})")
+        detail = " ".join(str(error).split())[:200]
+        fail(f"truncated or corrupt in {where}: not a valid .npy array header ({type(error).__name__}: {detail})")
     return dtype, shape, fortran, stream.tell()
 
 
-def read_npy(stream, stored_bytes: int, what: str, allowed_dtypes: Iterable[str], fail: Fail,
+def read_npy(stream, stored_bytes: int, where: str, allowed_dtypes: Iterable[str], fail: Fail,
              expected: tuple[tuple, str] | None = None) -> np.ndarray:
     """One .npy array from ``stream`` whose stored size is ``stored_bytes``, checked before allocation.
 
     The header must declare a dtype named in ``allowed_dtypes`` (never an object or
     structured dtype) and a shape whose data is exactly the bytes stored after the header;
     the array must fit the memory budget and, if ``expected`` = (shape, dtype name) is
-    given, match it. Byte order is converted to native.
+    given, match it. Byte order is converted to native. ``where`` names the file in messages.
     """
     allowed = tuple(allowed_dtypes)
-    dtype, shape, fortran, header_bytes = _read_header(stream, what, fail)
-    if dtype.hasobject or dtype.fields is not None or dtype.name not in allowed:
-        fail(f"{what}: dtype {dtype} is not allowed (accepted: {', '.join(allowed)}); pickled arrays are never read")
+    dtype, shape, fortran, header_bytes = _read_header(stream, where, fail)
+    if dtype.hasobject:
+        fail(f"is a pickled (object) array in {where}; mxsim never unpickles")
+    if dtype.fields is not None or dtype.name not in allowed:
+        fail(f"dtype {dtype} in {where} is not allowed (accepted: {', '.join(allowed)})")
     if expected is not None:
         expected_shape, expected_dtype = expected
         if dtype.name != expected_dtype:
-            fail(f"{what}: dtype {dtype.name} in the file, the manifest says {expected_dtype}")
+            fail(f"dtype {dtype.name} in {where}, manifest says {expected_dtype}")
         if tuple(shape) != tuple(expected_shape):
-            fail(f"{what}: shape {tuple(shape)} in the file, the manifest says {tuple(expected_shape)}")
+            fail(f"shape {tuple(shape)} in {where}, manifest says {tuple(expected_shape)}")
     nbytes = math.prod(shape) * dtype.itemsize
     if header_bytes + nbytes != stored_bytes:
-        fail(f"{what}: the header declares shape {tuple(shape)} of {dtype.name} ({nbytes} bytes) but "
-             f"{stored_bytes - header_bytes} data bytes are stored (truncated or corrupt)")
+        fail(f"truncated or corrupt in {where}: the header declares shape {tuple(shape)} of {dtype.name} "
+             f"({nbytes} bytes) but {stored_bytes - header_bytes} data bytes are stored")
     try:
-        check_array_budget(shape, dtype.itemsize, what)
+        check_array_budget(shape, dtype.itemsize, f"shape {tuple(shape)} of {dtype.name} in {where}")
     except BudgetError as error:
         fail(str(error))
     buffer = bytearray(nbytes)
@@ -158,9 +161,9 @@ def read_npy(stream, stored_bytes: int, what: str, allowed_dtypes: Iterable[str]
     except MxsimError:
         raise
     except _ZIP_ERRORS as error:
-        fail(f"{what}: truncated or corrupt ({type(error).__name__}: {error})")
+        fail(f"truncated or corrupt in {where} ({type(error).__name__}: {error})")
     if got != nbytes or trailing:
-        fail(f"{what}: truncated or corrupt (expected {nbytes} data bytes)")
+        fail(f"truncated or corrupt in {where} (expected {nbytes} data bytes)")
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     return array.astype(dtype.newbyteorder("="), copy=False) if not dtype.isnative else array
 
@@ -177,52 +180,58 @@ def read_npy_file(path: Path, allowed_dtypes: Iterable[str], fail: Fail) -> np.n
 
 
 def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
-             expected: dict[str, tuple[tuple, str]] | None = None) -> dict[str, np.ndarray]:
+             expected: dict[str, tuple[tuple, str]] | None = None, label: str | None = None) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` archive, each checked as :func:`read_npy` checks it.
 
-    ``fail(member, message)`` reports a problem (``member`` None for the archive itself).
-    With ``expected`` ({name: (shape, dtype name)}), the archive must hold exactly those
-    arrays; their headers are all checked before any array is read.
+    ``fail(member, message)`` reports a problem (``member`` None for the archive itself);
+    ``label`` names the file in messages (default: its name). With ``expected``
+    ({name: (shape, dtype name)}), the archive must hold exactly those arrays. The members'
+    total stored size must fit the memory budget, and each member's header is checked
+    before its array is allocated.
     """
     allowed = tuple(allowed_dtypes)
+    label = label or path.name
     try:
+        with open(path, "rb") as stream:
+            if stream.read(6) == b"\x93NUMPY":
+                fail(None, f"{label} is a single .npy array, not an NPZ archive")
         archive = zipfile.ZipFile(path)
     except MxsimError:
         raise
     except _ZIP_ERRORS as error:
-        fail(None, f"not a readable NPZ (zip) archive ({type(error).__name__}: {error})")
+        fail(None, f"{label} is truncated or corrupt: not a readable NPZ (zip) archive ({type(error).__name__}: {error})")
     with archive:
         members = {}
         for info in archive.infolist():
             name = info.filename[:-4] if info.filename.endswith(".npy") else None
             if name is None or info.is_dir():
-                fail(None, f"holds {info.filename!r}, which is not an .npy array member")
+                fail(None, f"{label} holds {info.filename!r}, which is not an .npy array member")
             if name in members:
-                fail(name, "is stored twice in the archive")
+                fail(name, f"is stored twice in {label}")
             members[name] = info
         if expected is not None:
             extra = sorted(set(members) - set(expected))
             if extra:
-                fail(extra[0], "is in the archive but not listed in the manifest")
+                fail(extra[0], f"{label} holds arrays the manifest does not list")
             missing = sorted(set(expected) - set(members))
             if missing:
-                fail(missing[0], "is listed in the manifest but missing from the archive")
+                fail(missing[0], f"missing from {label}")
         total = sum(info.file_size for info in members.values())
         try:
-            check_array_budget((total,), 1, f"{path.name} ({len(members)} arrays)")
+            check_array_budget((total,), 1, f"{label} ({len(members)} arrays)")
         except BudgetError as error:
             fail(None, str(error))
         out = {}
         for name, info in members.items():
             try:
                 with archive.open(info) as stream:
-                    out[name] = read_npy(stream, info.file_size, f"{name} in {path.name}", allowed,
+                    out[name] = read_npy(stream, info.file_size, label, allowed,
                                          lambda message, _name=name: fail(_name, message),
                                          None if expected is None else expected[name])
             except MxsimError:
                 raise
             except _ZIP_ERRORS as error:
-                fail(name, f"truncated or corrupt in {path.name} ({type(error).__name__}: {error})")
+                fail(name, f"truncated or corrupt in {label} ({type(error).__name__}: {error})")
         return out
 
 

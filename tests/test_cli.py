@@ -81,3 +81,42 @@ def test_cycles_on_a_scalesim_topology(capsys):
                          str(REPO / "hwconfigs/mxdotp.yaml"), "--json")
     data = json.loads(out)
     assert status == 0 and len(data["layers"]) == 5
+
+
+def _hostile_files(tmp_path):
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.save(tmp_path / "empty2d.npy", np.zeros((0, 4), np.float32))
+    (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    text = (REPO / "hwconfigs/ocp-exact.yaml").read_text()
+    (tmp_path / "promoted.yaml").write_text(text + "overrides:\n  - accumulator: {promotion_interval: 1180591620717411303424}\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["quantize", "--input", "{tmp}/empty.npy"], "--input {tmp}/empty.npy: not a valid .npy array header"),
+    (["quantize", "--input", "{tmp}/empty2d.npy"], "the array is empty (shape (0, 4))"),
+    (["quantize", "--block-size", "1000000000000"], "--block-size: expected an integer 1..4096, got 1000000000000"),
+    (["quantize", "--block-size", "0"], "--block-size: expected an integer 1..4096, got 0"),
+    (["golden", "--hw", "hwconfigs/ocp-exact.yaml", "--out", "{tmp}/g", "--seed", "-1"],
+     "golden: seed: expected an integer 0..9223372036854775807, got -1"),
+    (["cycles", "{tmp}/binary.csv", "--hw", "hwconfigs/mxdotp.yaml"], "is not UTF-8 text"),
+    (["cycles", "tests/data/scalesim/gemm_small.csv", "--hw", "{tmp}/latin1.yaml"], "is not UTF-8 text (byte 0xe9"),
+    (["dot", "--hw", "{tmp}/promoted.yaml", "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--a", "1", "--b", "1"],
+     "overrides[0].accumulator.promotion_interval: expected an integer 1..1073741824"),
+    (["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
+      "--a-codes", "99999999999999999999", "--b-codes", "1"], "--a-codes: expected comma-separated non-negative"),
+    (["golden", "--cases", "x"], "argument --cases: invalid int value: 'x'"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(REPO)
+    _hostile_files(tmp_path)
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse usage errors
+        status = exit_.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert message.format(tmp=tmp_path) in lines[0] and "Traceback" not in err

@@ -101,3 +101,34 @@ def test_digest_tracks_content():
 
 def test_docs_show_the_schema_verbatim():
     assert schema_markdown() in (REPO / "docs" / "hwconfig.md").read_text()
+
+
+def _write(tmp_path, data: bytes):
+    path = tmp_path / "hw.yaml"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("data, message", [
+    ("name: caf\u00e9\n".encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 9)"),
+    (bytes(range(256)), "is not UTF-8 text"),
+    (b"name: " + b"[" * 3000 + b"]" * 3000, "YAML nested deeper than 64 levels"),
+    (b"a:\n" + b"".join(b" " * i + b"b:\n" for i in range(1, 200)), "YAML nested deeper than 64 levels"),
+    (b"", "expected a YAML mapping at the top level"),
+])
+def test_unreadable_files_are_config_errors(tmp_path, data, message):
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as caught:
+        load_hwconfig(path)
+    assert str(caught.value).startswith(str(path)) and message in str(caught.value)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("accumulator", "promotion_interval", 2**70, "expected an integer 1..1073741824"),
+    ("adder", "term_order", list(range(5000)), "a list of at most 4096 distinct integers"),
+    ("adder", "fused_terms", 10**9, "expected an integer 1..4096"),
+    ("inputs", "block_size", 0, "expected an integer 1..4096"),
+])
+def test_absurd_sizes_are_refused(section, key, value, message):
+    with pytest.raises(ConfigError, match=f"{section}.{key}: {message}"):
+        parse_hwconfig(with_changes(**{section: {key: value}}), "<test>")

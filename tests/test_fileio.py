@@ -78,7 +78,7 @@ def test_read_npy_checks_the_header_before_allocating(tmp_path):
     with pytest.raises(MxsimError, match="truncated or corrupt"):
         read_npy_file(path, ("float32",), fail)
     path.write_bytes(npy_bytes("|O", (2,), b"\x00" * 16))
-    with pytest.raises(MxsimError, match="pickled arrays are never read"):
+    with pytest.raises(MxsimError, match="pickled \\(object\\) array in the file; mxsim never unpickles"):
         read_npy_file(path, ("float32",), fail)
     path.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': 3}   \n")
     with pytest.raises(MxsimError, match="not a valid .npy array header"):
@@ -109,9 +109,9 @@ def test_read_npz_round_trips_and_checks_the_manifest(tmp_path):
     np.savez_compressed(path, **arrays)
     out = read_npz(path, ("float32", "int64"), fail_member, {"a": ((2, 3), "float32"), "b": ((2,), "int64")})
     assert all(np.array_equal(out[k], arrays[k]) and out[k].dtype == arrays[k].dtype for k in arrays)
-    with pytest.raises(MxsimError, match=r"a: .*shape \(2, 3\) in the file, the manifest says \(3, 2\)"):
+    with pytest.raises(MxsimError, match=r"a: shape \(2, 3\) in x.npz, manifest says \(3, 2\)"):
         read_npz(path, ("float32", "int64"), fail_member, {"a": ((3, 2), "float32"), "b": ((2,), "int64")})
-    with pytest.raises(MxsimError, match="b: is in the archive but not listed"):
+    with pytest.raises(MxsimError, match="b: x.npz holds arrays the manifest does not list"):
         read_npz(path, ("float32", "int64"), fail_member, {"a": ((2, 3), "float32")})
 
 
@@ -119,16 +119,16 @@ def test_read_npz_refuses_broken_members(tmp_path):
     path = tmp_path / "x.npz"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("a.npy", b"\x93NUMPY\x01\x00garbage")
-    with pytest.raises(MxsimError, match="a: a in x.npz: not a valid .npy array header"):
+    with pytest.raises(MxsimError, match="a: truncated or corrupt in x.npz: not a valid .npy array header"):
         read_npz(path, ("float32",), fail_member)
     buffer = io.BytesIO()
     np.save(buffer, np.array([None], dtype=object), allow_pickle=True)
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("a.npy", buffer.getvalue())
-    with pytest.raises(MxsimError, match="pickled arrays are never read"):
+    with pytest.raises(MxsimError, match="a: is a pickled \\(object\\) array in x.npz"):
         read_npz(path, ("float32",), fail_member)
     path.write_bytes(b"PK\x03\x04 not really a zip")
-    with pytest.raises(MxsimError, match="None: not a readable NPZ"):
+    with pytest.raises(MxsimError, match="None: x.npz is truncated or corrupt: not a readable NPZ"):
         read_npz(path, ("float32",), fail_member)
 
 

@@ -44,6 +44,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mxsim
+import mxsim.trace
+import mxsim.trace.replay
 from conftest import FUZZ_OUTCOMES, REPO
 from mxsim.errors import MxsimError
 

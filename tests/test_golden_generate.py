@@ -163,3 +163,18 @@ def test_generate_from_a_config_path_with_explain_stages(tmp_path, ocp_exact):
     _, vectors = read_vector_file(tmp_path / entry["vectors"])
     assert [r["source"] for r in records] == ["mxsim.explain"] * 20
     assert [r["bits"] for r in records] == vectors.d.tolist()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": -1}, "golden: seed: expected an integer 0..9223372036854775807, got -1"),
+    ({"seed": 1.5}, "golden: seed: expected an integer"),
+    ({"cases": -3}, "golden: cases: expected an integer >= 0, got -3"),
+    ({"cases": 10**12}, "more than the memory budget"),
+    ({"kinds": [["random"]]}, "golden: unknown case kind ['random']"),
+    ({"kinds": 3}, "golden: kinds must be a case kind or a list of them"),
+    ({"dot_length": 0}, "golden: dot_length: expected an integer 1..65536, got 0"),
+])
+def test_bad_arguments_are_refused_before_writing(tmp_path, kwargs, message):
+    with pytest.raises(MxsimError) as caught:
+        generate(REPO / "hwconfigs/ocp-exact.yaml", tmp_path / "out", **kwargs)
+    assert message in str(caught.value) and not (tmp_path / "out").exists()

@@ -547,9 +547,9 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> 
         declared[key] = (tuple(shape), dtype)
 
     def fail(member, message):
-        raise trace_error(label, f"{relative}: {message}", layer, file_field if member is None else member)
+        raise trace_error(label, message, layer, file_field if member is None else member)
 
-    return read_npz(path, NUMERIC_DTYPES, fail, declared)
+    return read_npz(path, NUMERIC_DTYPES, fail, declared, label=relative)
 
 
 def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field_name: str):

@@ -639,6 +639,6 @@ def load_inputs_npz(path) -> dict[str, np.ndarray]:
         raise InputFileError(f"{path}: no such file")
 
     def fail(member, message):
-        raise InputFileError(f"{path}: {message}" if member is None else f"{path}: input {member!r}: {message}")
+        raise InputFileError(message if member is None else f"input {member!r}: {message}")
 
-    return read_npz(path, NUMERIC_DTYPES, fail)
+    return read_npz(path, NUMERIC_DTYPES, fail, label=str(path))
