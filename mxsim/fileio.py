@@ -52,14 +52,14 @@ def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8") -> str:
             fail("no such file")
         size = path.stat().st_size
         if size > MAX_TEXT_BYTES:
-            fail(f"is {size} bytes; text inputs are limited to {MAX_TEXT_BYTES} bytes")
+            fail(f"{size} bytes; text inputs are limited to {MAX_TEXT_BYTES} bytes")
         data = path.read_bytes()
     except OSError as error:
         fail(f"cannot read: {error.strerror or error}")
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as error:
-        fail(f"is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8")
+        fail(f"not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8")
 
 
 def load_yaml(text: str, fail: Fail) -> Any:
@@ -314,16 +314,22 @@ def replace_directory(staging: Path, target: Path) -> None:
     _fsync_directory(target.parent)
 
 
+def safe_file_stem(name: str, limit: int = 100, default: str = "unnamed") -> str:
+    """``name`` as a file name stem: runs of characters other than letters, digits, ``.``,
+    ``_`` and ``-`` become ``_``, leading and trailing dots and underscores are dropped (no
+    hidden files, no ``..``), cut to ``limit`` characters; ``default`` if nothing is left."""
+    return (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or default)[:limit]
+
+
 def safe_output_path(directory, name: str, suffix: str = "") -> Path:
     """A path for ``name`` (e.g. a layer name) inside ``directory``, whatever ``name`` holds.
 
-    Characters other than letters, digits, ``.``, ``_`` and ``-`` become ``_``, leading dots
-    are dropped (no hidden files, no ``..``), the stem is cut to 100 characters; the result
-    is checked to lie directly inside ``directory``.
+    The file name is :func:`safe_file_stem` of ``name`` plus ``suffix``; the result is
+    checked to lie directly inside ``directory``.
     """
     if not isinstance(name, str):
         raise ArgumentError(f"output name: expected a string, got {type(name).__name__}")
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).lstrip(".")[:100] or "unnamed"
+    stem = safe_file_stem(name)
     root = Path(directory).resolve()
     path = root / f"{stem}{suffix}"
     if path.parent != root:

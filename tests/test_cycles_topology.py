@@ -103,7 +103,7 @@ def test_empty_and_header_only_files(tmp_path):
 def test_non_utf8_file_is_a_clear_error(tmp_path):
     path = tmp_path / "topology.csv"
     path.write_bytes("Layer, M, N, K,\ncaf\u00e9, 1, 2, 3,\n".encode("latin-1"))
-    with pytest.raises(MxsimError, match=r"topology file is not UTF-8 text \(byte 0xe9 at offset 19\)"):
+    with pytest.raises(MxsimError, match=r"cannot read topology file: not UTF-8 text \(byte 0xe9 at offset 19\)"):
         read_scalesim_topology(path)
 
 

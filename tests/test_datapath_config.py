@@ -110,8 +110,8 @@ def _write(tmp_path, data: bytes):
 
 
 @pytest.mark.parametrize("data, message", [
-    ("name: caf\u00e9\n".encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 9)"),
-    (bytes(range(256)), "is not UTF-8 text"),
+    ("name: caf\u00e9\n".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 9)"),
+    (bytes(range(256)), "not UTF-8 text"),
     (b"name: " + b"[" * 3000 + b"]" * 3000, "YAML nested deeper than 64 levels"),
     (b"a:\n" + b"".join(b" " * i + b"b:\n" for i in range(1, 200)), "YAML nested deeper than 64 levels"),
     (b"", "expected a YAML mapping at the top level"),

@@ -168,7 +168,7 @@ def test_replace_directory_swaps_old_for_new(tmp_path):
 
 @pytest.mark.parametrize("name, expected", [
     ("/model/conv/Conv", "model_conv_Conv.png"),
-    ("../../etc/passwd", "_etc_passwd.png"),
+    ("../../etc/passwd", "etc_passwd.png"),
     ("..", "unnamed.png"),
     ("fc1", "fc1.png"),
 ])

@@ -304,7 +304,7 @@ def test_deeply_nested_or_non_utf8_manifest(saved):
     (saved / "manifest.yaml").write_text("format: " + "[" * 5000 + "]" * 5000 + "\n")
     assert_trace_error(saved, None, "manifest.yaml", "YAML nested deeper than 64 levels")
     (saved / "manifest.yaml").write_bytes("format: mxsim-trace\nname: caf\u00e9\n".encode("latin-1"))
-    assert_trace_error(saved, None, "manifest.yaml", "is not UTF-8 text (byte 0xe9 at offset 29)")
+    assert_trace_error(saved, None, "manifest.yaml", "not UTF-8 text (byte 0xe9 at offset 29)")
 
 
 def test_lists_where_names_are_expected(saved):

@@ -65,7 +65,7 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
     path = Path(path)
 
     def fail(message: str):
-        raise InputFileError(f"{path}: topology file {message}")
+        raise InputFileError(f"{path}: cannot read topology file: {message}")
 
     lines = read_text(path, fail, encoding="utf-8-sig").splitlines()
     if not lines:

@@ -477,6 +477,8 @@ def schema_markdown() -> str:
                 default = f"`{str(key.default).lower()}`"
             if key.choices:
                 accepted = ", ".join(f"`{c}`" for c in key.choices)
+            elif key.kind == "order":
+                accepted = f"null or at most {key.maximum} entries"
             elif key.minimum is not None:
                 accepted = f"{key.minimum}..{key.maximum}" if key.maximum is not None else f">= {key.minimum}"
             else:

@@ -14,7 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import MxsimError, UnknownNameError
+from ..errors import ArgumentError, MxsimError, UnknownNameError
+from ..limits import check_choice, check_int
 from . import _kernels as K
 from .rounding import overflow_code, rounding_code
 
@@ -65,7 +66,7 @@ class FormatInfo:
     scale_emax: int | None = field(default=None, compare=False)
 
     def __post_init__(self):
-        if self.specials not in SPECIALS:
+        if not isinstance(self.specials, str) or self.specials not in SPECIALS:
             raise UnknownNameError("specials encoding", self.specials, SPECIALS)
         width = self.exponent_bits + self.mantissa_bits + self.signed
         if width != self.bits or self.bits < 2 or self.bits > 62:
@@ -311,12 +312,19 @@ def custom_format(
     """A signed sign-magnitude ExMy format from the same fields as the table's.
 
     ``bias`` defaults to ``2^(exponent_bits - 1) - 1``. Example: ``custom_format(3, 4)``
-    is an E3M4 with no Inf/NaN.
+    is an E3M4 with no Inf/NaN. Every value must be exact in float64: exponent_bits 1..11,
+    mantissa_bits 0..52, and a bias keeping the largest binade at most 2^1023 and the
+    smallest subnormal at least 2^-1074.
     """
-    if exponent_bits < 1 or mantissa_bits < 0:
-        raise MxsimError("custom_format: exponent_bits must be >= 1 and mantissa_bits >= 0")
-    if bias is None:
-        bias = (1 << (exponent_bits - 1)) - 1
+    exponent_bits = check_int(exponent_bits, "custom_format: exponent_bits", 1, 11)
+    mantissa_bits = check_int(mantissa_bits, "custom_format: mantissa_bits", 0, 52)
+    lowest, highest = (1 << exponent_bits) - 1 - 1023, 1075 - mantissa_bits
+    bias = (1 << (exponent_bits - 1)) - 1 if bias is None else check_int(bias, "custom_format: bias", lowest, highest)
+    check_choice(specials, "custom_format: specials", SPECIALS)
+    if not isinstance(subnormals, bool):
+        raise ArgumentError(f"custom_format: subnormals: expected True or False, got {subnormals!r}")
+    if name is not None and not isinstance(name, str):
+        raise ArgumentError(f"custom_format: name: expected a string or None, got {name!r}")
     return FormatInfo(
         name or f"e{exponent_bits}m{mantissa_bits}",
         1 + exponent_bits + mantissa_bits,

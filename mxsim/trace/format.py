@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from ..errors import BudgetError, MxsimError, TraceError
-from ..fileio import load_yaml, read_npz, read_text, replace_directory
+from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
 from ..limits import check_array_budget
 from .conv import Conv2dGeometry
 from .quant import BFPQuant, MXQuant, QDQQuant, QuantSpec, spec_from_manifest
@@ -370,8 +370,7 @@ def _tensor_entry(array: np.ndarray) -> dict:
 
 
 def _layer_file(index: int, name: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "layer"
-    return f"layers/{index:03d}-{safe[:60]}.npz"
+    return f"layers/{index:03d}-{safe_file_stem(name, 60, 'layer')}.npz"
 
 
 def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
