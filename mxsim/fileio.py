@@ -173,8 +173,11 @@ def read_npy_file(path: Path, allowed_dtypes: Iterable[str], fail: Fail) -> np.n
     try:
         if not path.is_file():
             fail("no such file")
+        size = path.stat().st_size
+        if size == 0:
+            fail("the file is empty (0 bytes); expected a .npy array")
         with open(path, "rb") as stream:
-            return read_npy(stream, path.stat().st_size, "the file", allowed_dtypes, fail)
+            return read_npy(stream, size, "the file", allowed_dtypes, fail)
     except OSError as error:
         fail(f"cannot read: {error.strerror or error}")
 

@@ -94,7 +94,7 @@ def _hostile_files(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["quantize", "--input", "{tmp}/empty.npy"], "--input {tmp}/empty.npy: not a valid .npy array header"),
+    (["quantize", "--input", "{tmp}/empty.npy"], "--input {tmp}/empty.npy: the file is empty (0 bytes); expected a .npy array"),
     (["quantize", "--input", "{tmp}/empty2d.npy"], "the array is empty (shape (0, 4))"),
     (["quantize", "--block-size", "1000000000000"], "--block-size: expected an integer 1..4096, got 1000000000000"),
     (["quantize", "--block-size", "0"], "--block-size: expected an integer 1..4096, got 0"),
