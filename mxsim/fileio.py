@@ -34,7 +34,7 @@ import numpy as np
 import yaml
 
 from .errors import ArgumentError, BudgetError, MxsimError
-from .limits import MAX_TEXT_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, check_array_budget
+from .limits import MAX_TEXT_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, check_array_budget, check_path
 
 Fail = Callable[[str], NoReturn]
 MemberFail = Callable[[str | None, str], NoReturn]
@@ -170,6 +170,7 @@ def read_npy(stream, stored_bytes: int, where: str, allowed_dtypes: Iterable[str
 
 def read_npy_file(path: Path, allowed_dtypes: Iterable[str], fail: Fail) -> np.ndarray:
     """The array of a single ``.npy`` file (see :func:`read_npy`)."""
+    path = check_path(path, "path")
     try:
         if not path.is_file():
             fail("no such file")
@@ -260,7 +261,7 @@ def write_atomic(path, data: str | bytes, *, encoding: str = "utf-8") -> None:
     The temporary file is fsynced before the rename and the directory after it, so a reader
     (or a crash, or SIGKILL) sees the old complete file or the new complete one, never a part.
     """
-    path = Path(path)
+    path = check_path(path, "output file")
     payload = data.encode(encoding) if isinstance(data, str) else data
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

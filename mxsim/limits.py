@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -110,3 +111,13 @@ def check_choice(value, name: str, accepted: Iterable[str]) -> str:
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_path(value, name: str) -> Path:
+    """``value`` as a Path if it is a str or os.PathLike without NUL characters."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentError(f"{name}: expected a file or directory path, got {type(value).__name__}")
+    path = Path(value)
+    if "\x00" in str(path) or not str(value):
+        raise ArgumentError(f"{name}: expected a file or directory path, got {_show(str(value))}")
+    return path

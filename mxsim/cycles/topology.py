@@ -26,6 +26,7 @@ from pathlib import Path
 from mxsim.cycles.layers import ConvLayer, GemmLayer, Layer
 from mxsim.errors import InputFileError, MxsimError
 from mxsim.fileio import read_text
+from mxsim.limits import check_path
 
 CONV_COLUMNS = ("Layer name", "IFMAP Height", "IFMAP Width", "Filter Height", "Filter Width",
                 "Channels", "Num Filter", "Strides")
@@ -62,7 +63,7 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
     :class:`GemmLayer`. A malformed file raises :class:`MxsimError` naming the file, the
     line and the column.
     """
-    path = Path(path)
+    path = check_path(path, "read_scalesim_topology: path")
 
     def fail(message: str):
         raise InputFileError(f"{path}: cannot read topology file: {message}")

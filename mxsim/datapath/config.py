@@ -17,7 +17,7 @@ import yaml
 from ..cycles.array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
 from ..fileio import load_yaml, read_text
-from ..limits import MAX_BLOCK_SIZE
+from ..limits import MAX_BLOCK_SIZE, check_path
 from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
 
@@ -456,9 +456,7 @@ def load_hwconfig(path: str | Path) -> HardwareConfig:
     The file must be UTF-8 YAML nested at most 64 levels deep (see docs/limits.md); any
     problem raises :class:`~mxsim.errors.ConfigError`.
     """
-    if not isinstance(path, (str, Path)):
-        raise ConfigError(repr(path), "", f"expected a path to a hwconfig YAML file, got {type(path).__name__}")
-    path = Path(path)
+    path = check_path(path, "load_hwconfig: path")
 
     def fail(message: str):
         raise ConfigError(str(path), "", message)

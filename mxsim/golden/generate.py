@@ -34,7 +34,7 @@ import numpy as np
 from .. import __version__
 from ..errors import ArgumentError, MxsimError
 from ..fileio import write_atomic
-from ..limits import check_budget, check_int
+from ..limits import check_budget, check_int, check_path
 from ..formats import get_format
 from .cases import GENERATORS, KINDS
 from .layout import GoldenUnit, layout_for, units_from_hwconfig
@@ -245,7 +245,7 @@ def generate(
         raise MxsimError("golden: generating from GoldenUnit objects needs expected_fn or expected_factory")
     if len({(u.config_name, u.config_hash) for u in units}) != 1:
         raise MxsimError("golden: all units must come from one config")
-    out = Path(out_dir)
+    out = check_path(out_dir, "golden: out_dir")
     out.mkdir(parents=True, exist_ok=True)
 
     planned = [(unit, kind, make_cases(unit, kind, cases, seed)) for unit in units for kind in chosen_kinds]

@@ -30,7 +30,7 @@ import yaml
 
 from ..errors import BudgetError, MxsimError, TraceError
 from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
-from ..limits import check_array_budget
+from ..limits import check_array_budget, check_path
 from .conv import Conv2dGeometry
 from .quant import BFPQuant, MXQuant, QDQQuant, QuantSpec, spec_from_manifest
 
@@ -210,6 +210,8 @@ def check_layer(layer: Layer, fail) -> None:
     if layer.op not in OPS:
         fail("op", f"unknown op {layer.op!r}; accepted: {', '.join(OPS)}")
     t = layer.tensors
+    if not isinstance(t, dict):
+        fail("tensors", f"must be a mapping of tensor name -> numpy array, got {type(t).__name__}")
     for name in REQUIRED_TENSORS:
         if name not in t:
             fail(name, "missing tensor")
@@ -430,9 +432,17 @@ def build_manifest(trace: Trace) -> tuple[dict, dict[str, dict[str, np.ndarray]]
 
 def validate_trace(trace: Trace, label: str | None = None) -> None:
     """Raise TraceError for the first problem in an in-memory trace."""
+    if not isinstance(trace, Trace):
+        raise TraceError(f"expected a Trace, got {type(trace).__name__}")
     label = label or trace.name
     if not isinstance(trace.name, str) or not trace.name:
         raise trace_error(label, "must have a non-empty name", field="name")
+    if not isinstance(trace.layers, list):
+        raise trace_error(label, f"layers must be a list of Layer objects, got {type(trace.layers).__name__}",
+                          field="layers")
+    for key, value in (("source", trace.source), ("metadata", trace.metadata), ("dataset", trace.dataset or {})):
+        if not isinstance(value, dict):
+            raise trace_error(label, f"must be a mapping, got {type(value).__name__}", field=key)
     names = set()
     for layer in trace.layers:
         if not isinstance(layer, Layer):
@@ -449,12 +459,16 @@ def validate_trace(trace: Trace, label: str | None = None) -> None:
         check_layer(layer, fail)
     if trace.dataset is not None:
         for key, array in trace.dataset.items():
+            if not isinstance(key, str):
+                raise trace_error(label, f"dataset array names must be strings, got {key!r}", field="dataset")
             if not isinstance(array, np.ndarray) or array.dtype.name not in NUMERIC_DTYPES:
                 raise trace_error(label, "dataset arrays must be plain numeric numpy arrays", field=f"dataset.{key}")
 
     def fail_network(field_name, message):
         raise trace_error(label, message, field=field_name)
 
+    if trace.network is not None and not isinstance(trace.network, Network):
+        raise trace_error(label, f"must be a Network or None, got {type(trace.network).__name__}", field="network")
     if trace.network is not None:
         check_network(trace.network, names, trace.dataset, fail_network)
 
@@ -480,7 +494,7 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
     mixture). A directory that is not a trace is never replaced. A staging directory left by
     a killed writer (``.NAME.tmp-*`` beside ``path``) can be deleted.
     """
-    target = Path(path)
+    target = check_path(path, "save_trace: path")
     label = str(target)
     if target.exists() and not overwrite:
         raise trace_error(label, "already exists (pass overwrite=True to replace it)")
@@ -574,7 +588,7 @@ def load_trace(path) -> Trace:
     in the manifest; shape or dtype mismatches with the manifest or between a layer's
     tensors; invalid attrs, quantization specs or network.
     """
-    root = Path(path)
+    root = check_path(path, "load_trace: path")
     label = str(path)
     if not root.is_dir():
         raise trace_error(label, "no such trace directory")

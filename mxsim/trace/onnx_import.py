@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import InputFileError, MxsimError, UnknownNameError
 from ..fileio import read_npz
+from ..limits import check_path
 from ..formats import get_format
 from ..quantize import BFPSpec
 from ._optional import require
@@ -634,7 +635,7 @@ def load_inputs_npz(path) -> dict[str, np.ndarray]:
 
     For the CLI's ``mxsim capture onnx MODEL.onnx --inputs FILE.npz``.
     """
-    path = Path(path)
+    path = check_path(path, "inputs")
     if not path.is_file():
         raise InputFileError(f"{path}: no such file")
 
