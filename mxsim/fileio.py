@@ -196,6 +196,12 @@ def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
     allowed = tuple(allowed_dtypes)
     label = label or path.name
     try:
+        check_array_budget((path.stat().st_size,), 1, label)
+    except BudgetError as error:
+        fail(None, str(error))
+    except OSError as error:
+        fail(None, f"cannot read {label}: {error.strerror or error}")
+    try:
         with open(path, "rb") as stream:
             if stream.read(6) == b"\x93NUMPY":
                 fail(None, f"{label} is a single .npy array, not an NPZ archive")
