@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -244,6 +245,24 @@ def _golden_versions(tmp_path):
     return versions
 
 
+def _initial_output(writer: str, out, tmp_path) -> None:
+    from mxsim.cli import main
+    from mxsim.trace import load_trace, save_trace
+
+    if writer == "golden":
+        shutil.copytree(tmp_path / "golden-0", out)
+    elif writer == "replay-json":
+        assert main(["replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
+                     "--json", str(out), "--quiet"]) == 0
+    elif writer == "save-trace":
+        trace = load_trace(REPO / "traces/digits-cnn")
+        trace.name = "first"
+        save_trace(trace, out)
+    else:
+        assert main(["capture", "onnx", str(REPO / "tests/data/trace/digits_cnn.onnx"), "--inputs",
+                     str(REPO / "tests/data/trace/digits_inputs.npz"), "--out", str(out), "--name", "first"]) == 0
+
+
 @pytest.fixture(scope="module")
 def driver_env():
     return dict(os.environ, PYTHONPATH=str(REPO))
@@ -257,10 +276,10 @@ def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, dri
     rng = random.Random(writer)
     out = tmp_path / ("out.json" if writer == "replay-json" else "out")
     golden = _golden_versions(tmp_path) if writer == "golden" else None
+    _initial_output(writer, out, tmp_path)  # the old complete output every kill must leave or replace
     for _ in range(KILLS_PER_WRITER):
         _run_driver(writer, out, rng.uniform(0.0, 3.0), driver_env)
-        if not out.exists():  # killed before the first complete write
-            continue
+        assert out.exists()
         if writer == "golden":
             for path in out.iterdir():
                 if path.name.startswith("."):

@@ -213,9 +213,9 @@ def warm_kernels() -> None:
         mxsim.fake_quantize(x, "fp4_e2m1")
         tensor = mxsim.quantize(x, "fp8_e4m3")
         tensor.dequantize(np.float32), tensor.dequantize(np.float64)
-        for name in ("fp8_e4m3", "fp32", "fp16", "mx9"):
-            fmt = mxsim.get_format(name)
-            fmt.decode(fmt.encode(x))
+    for name in ("fp8_e4m3", "fp32", "fp16", "mx9"):  # encode: the CLI's exact values, explain's outputs
+        fmt = mxsim.get_format(name)
+        fmt.decode(fmt.encode(np.linspace(-3, 3, 80)))
     for spec in mxsim.BFP_SPECS:
         mxsim.quantize_bfp(np.ones((2, 40), np.float32), spec).dequantize()
     for path in HWCONFIGS:
