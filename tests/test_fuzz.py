@@ -15,7 +15,8 @@ Every case must end in success or an mxsim error (the CLI: status 0 or 2, and fo
 one line on stderr), write nothing outside its output directory, keep the traced peak of
 allocated memory under PEAK_LIMIT_BYTES with the memory budget set to FUZZ_BUDGET, and
 finish within CASE_SECONDS. ``pytest --fuzz`` runs FUZZ_RELEASE_CASES per family instead of
-the CI-sized count and prints a table of outcomes per family.
+the CI-sized count and prints a table of outcomes per family; with ``MXSIM_FUZZ_LOG=FILE``
+every case's outcome is also appended to FILE as a JSON line.
 """
 
 from __future__ import annotations
@@ -311,6 +312,11 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
     OUTCOMES[family][failure[0] if failure else "ok"] += 1
     OUTCOMES[family]["seconds"] = round(OUTCOMES[family]["seconds"] + elapsed, 1)
     OUTCOMES[family]["max_seconds"] = round(max(OUTCOMES[family]["max_seconds"], elapsed), 2)
+    if os.environ.get("MXSIM_FUZZ_LOG"):  # one JSON line per case, for long campaigns
+        with open(os.environ["MXSIM_FUZZ_LOG"], "a", encoding="utf-8") as log:
+            log.write(json.dumps({"family": family, "seed": seed, "outcome": failure[0] if failure else "ok",
+                                  "seconds": round(elapsed, 3), "peak_bytes": peak,
+                                  "detail": failure[1][-2000:] if failure else None}) + "\n")
     return None if failure is None else f"{family} case seed={seed}: {failure[0]}: {failure[1]}"
 
 
