@@ -561,17 +561,9 @@ def gen_api(rng, env, inputs, outputs):
         mxsim.trace.save_trace(trace, target, overwrite=rng.random() < 0.5)
         mxsim.trace.load_trace(_arg(rng, lambda: target))
 
+    csv = inputs / "topology.csv"  # written here: the harness's inputs exist before the case starts
+
     def topology_call():
-        csv = inputs / "topology.csv"
-        text = rng.choice([
-            "Layer, M, N, K,\nfc, 64, 128, 256,\n",
-            "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
-            f"DPconv, 8, 8, 3, 3, {rng.choice([3, 10**9])}, 1, 1,\n",
-            f"Layer, M, N, K,\nfc, {10**rng.randint(1, 40)}, 1, -3,\n",
-        ])
-        data = text.encode()
-        csv.write_bytes(mutate_bytes(rng, data) if rng.random() < 0.4 else
-                        (data + "caf\u00e9".encode("latin-1")) if rng.random() < 0.3 else data)
         from mxsim.cycles import estimate_layers, storage_for_format
 
         layers = read_scalesim_topology(csv)
@@ -590,6 +582,14 @@ def gen_api(rng, env, inputs, outputs):
         else:
             mxsim.trace.load_trace(rng.choice([hostile(rng), inputs, inputs / "missing"]))
 
+    text = rng.choice([
+        "Layer, M, N, K,\nfc, 64, 128, 256,\n",
+        "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
+        f"DPconv, 8, 8, 3, 3, {rng.choice([3, 10**9])}, 1, 1,\n",
+        f"Layer, M, N, K,\nfc, {10**rng.randint(1, 40)}, 1, -3,\n",
+    ]).encode()
+    csv.write_bytes(mutate_bytes(rng, text) if rng.random() < 0.4 else
+                    (text + "caf\u00e9".encode("latin-1")) if rng.random() < 0.3 else text)
     calls = [quantize_like(mxsim.quantize), quantize_like(mxsim.fake_quantize), dot_call, matmul_call,
              explain_call, bfp_call, golden_call, trace_io_call, topology_call, misc_call]
     return rng.choice(calls)

@@ -178,8 +178,12 @@ def _resolve_units(hw, pairs, dot_length) -> tuple[object, list[GoldenUnit]]:
         hw = load_hwconfig(hw)
     if isinstance(hw, GoldenUnit):
         return None, [hw]
-    if isinstance(hw, (list, tuple)) and all(isinstance(u, GoldenUnit) for u in hw):
+    if isinstance(hw, (list, tuple)) and hw and all(isinstance(u, GoldenUnit) for u in hw):
         return None, list(hw)
+    from ..datapath.config import HardwareConfig
+
+    if not isinstance(hw, HardwareConfig):
+        raise ArgumentError(f"golden: hw must be a HardwareConfig, a hwconfig path or GoldenUnits, got {type(hw).__name__}")
     return hw, units_from_hwconfig(hw, pairs=pairs, dot_length=dot_length)
 
 
