@@ -525,7 +525,7 @@ def gen_api(rng, env, inputs, outputs):
         a = _arg(rng, lambda: [rng.randrange(256) for _ in range(length)])
         b = _arg(rng, lambda: [rng.randrange(256) for _ in range(length)])
         if rng.random() < 0.2:
-            a = [float(v) for v in a] if isinstance(a, list) else a
+            a = [float(v) for v in a if isinstance(v, (int, float))] if isinstance(a, list) else a
         if rng.random() < 0.1 and isinstance(b, list):
             b = b[:-1]
         mxsim.explain(hw, a, b, a_format="fp8_e4m3", b_format="fp8_e4m3",
@@ -576,7 +576,7 @@ def gen_api(rng, env, inputs, outputs):
         if choice < 0.3:
             mxsim.get_format(hostile(rng))
         elif choice < 0.6:
-            mxsim.custom_format(*(hostile(rng) for _ in range(rng.randint(1, 4))))
+            mxsim.custom_format(*(hostile(rng) for _ in range(rng.randint(2, 4))))
         elif choice < 0.8:
             mxsim.load_hwconfig(rng.choice([hostile(rng), inputs, inputs / "missing.yaml"]))
         else:

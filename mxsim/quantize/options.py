@@ -80,7 +80,7 @@ class QuantOptions:
             "scale_overflow": SCALE_OVERFLOW_POLICIES,
         }
         for name, accepted in choices.items():
-            if getattr(self, name) not in accepted:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in accepted:
                 raise UnknownNameError(f"value for option {name}", getattr(self, name), accepted)
         if not isinstance(self.int8_minus_two, bool):
             raise MxsimError("option int8_minus_two must be True or False")
