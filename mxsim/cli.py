@@ -1,7 +1,8 @@
 """The ``mxsim`` command line: one subcommand per consumer, thin.
 
-User errors (any :class:`mxsim.errors.MxsimError`, a missing file) print one line on
-stderr and exit with status 2; ``--json`` prints machine-readable results on stdout.
+User errors (any :class:`mxsim.errors.MxsimError`, a missing or unreadable file, a bad
+option) print exactly one line on stderr and exit with status 2, never a traceback;
+``--json`` prints machine-readable results on stdout. Output files are written atomically.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .errors import MxsimError
+from .errors import ArgumentError, InputFileError, MxsimError
+from .fileio import read_npy_file, write_atomic
+from .limits import BUDGET_VARIABLE, check_block_size
 from .formats import FORMATS, get_format
 from .quantize import PROFILES, fake_quantize
 from .quantize.options import resolve_options
@@ -62,19 +65,17 @@ def _sample_tensor(rows: int = 256, columns: int = 1024) -> np.ndarray:
 
 
 def _load_tensor(path: str) -> np.ndarray:
-    file = Path(path)
-    if not file.is_file():
-        raise MxsimError(f"{path}: no such file")
-    try:
-        array = np.load(file, allow_pickle=False)
-    except ValueError as error:
-        raise MxsimError(f"{path}: not a plain .npy array ({error})") from None
-    if not isinstance(array, np.ndarray) or array.dtype not in (np.float16, np.float32, np.float64):
-        raise MxsimError(f"{path}: expected a float16/32/64 .npy array")
+    def fail(message):
+        raise InputFileError(f"--input {path}: {message}")
+
+    array = read_npy_file(Path(path), ("float16", "float32", "float64"), fail)
+    if array.size == 0:
+        fail(f"the array is empty (shape {array.shape}); give at least one element")
     return array
 
 
 def cmd_quantize(args) -> int:
+    check_block_size(args.block_size, "--block-size")
     x = _load_tensor(args.input) if args.input else _sample_tensor()
     overrides = {"scale_rule": args.scale_rule} if args.scale_rule else {}
     resolve_options(args.profile, **overrides)
@@ -119,9 +120,12 @@ def _number_list(text: str, what: str) -> list[float]:
 
 def _code_list(text: str, what: str) -> list[int]:
     try:
-        return [int(item, 0) for item in text.split(",") if item.strip()]
+        codes = [int(item, 0) for item in text.split(",") if item.strip()]
     except ValueError:
-        raise MxsimError(f"{what}: expected comma-separated integer codes (0x.. allowed), got {text!r}") from None
+        codes = None
+    if codes is None or any(not 0 <= code < 1 << 32 for code in codes):
+        raise ArgumentError(f"{what}: expected comma-separated non-negative integer codes (0x.. allowed), got {text!r}")
+    return codes
 
 
 def _operand_codes(values: str | None, codes: str | None, fmt_name: str, operand: str) -> np.ndarray:
@@ -182,10 +186,7 @@ def cmd_dot(args) -> int:
 
 
 def _write_json_atomically(path: str, data) -> None:
-    target = Path(path)
-    temporary = target.with_name(target.name + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, default=_json_default))
-    temporary.replace(target)
+    write_atomic(Path(path), json.dumps(data, indent=2, default=_json_default))
 
 
 def _json_default(value):
@@ -305,7 +306,7 @@ def cmd_golden(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mxsim", description="Bit-accurate MX datapath emulator")
+    parser = _Parser(prog="mxsim", description="Bit-accurate MX datapath emulator")
     parser.add_argument("--version", action="version", version=f"mxsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -401,16 +402,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; bad input of any kind prints one line on stderr and returns 2."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except MxsimError as error:
-        print(f"mxsim {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"mxsim {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except (MxsimError, OSError) as error:
+        message = error
+    except MemoryError:
+        message = f"out of memory; the memory budget ({BUDGET_VARIABLE}, docs/limits.md) is above what this machine has"
+    print(f"mxsim {args.command}: error: {_one_line(message)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -43,3 +43,15 @@ class TraceError(MxsimError, ValueError):
 
 class CaptureWarning(UserWarning):
     """A trace capture ran ops it could not record as layers (listed in the trace's ``source.skipped``)."""
+
+
+class ArgumentError(MxsimError, ValueError):
+    """A bad argument to a public function or CLI option: names the argument and what is accepted."""
+
+
+class InputFileError(MxsimError, ValueError):
+    """A file mxsim was asked to read is unreadable, not UTF-8, malformed, or too deep or large."""
+
+
+class BudgetError(MxsimError, ValueError):
+    """Work or memory beyond the budget (``MXSIM_MAX_BYTES``, see docs/limits.md) was asked for."""

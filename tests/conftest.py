@@ -22,6 +22,8 @@ SHARED = REPO.parent / "shared"
 
 NARROW_FORMATS = [name for name, fmt in FORMATS.items() if fmt.bits <= 8]
 SIXTEEN_BIT_OR_LESS = [name for name, fmt in FORMATS.items() if fmt.bits <= 16]
+#: Where tests/test_fuzz.py leaves its outcome counts for the terminal summary.
+FUZZ_OUTCOMES = pytest.StashKey[dict]()
 
 
 def same_float(a: float, b: float) -> bool:
@@ -221,3 +223,20 @@ def dask_runner():
     runner = DaskRunner(workers=2, timeout=300, tile_macs=1 << 16)
     yield runner
     runner.close()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz", action="store_true", default=False,
+                     help="run the long fuzz campaign of tests/test_fuzz.py (release checks)")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The fuzz outcomes per family (cases, failures by kind, seconds), when fuzz tests ran."""
+    outcomes = config.stash.get(FUZZ_OUTCOMES, None)
+    if not outcomes:
+        return
+    terminalreporter.section("fuzz outcomes")
+    kinds = ("cases", "ok", "traceback", "escape", "memory", "timeout", "seconds", "max_seconds")
+    terminalreporter.write_line("family     " + "".join(f"{k:>11}" for k in kinds))
+    for family, counts in outcomes.items():
+        terminalreporter.write_line(f"{family:11s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds))

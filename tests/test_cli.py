@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,3 +118,58 @@ def test_replay_writes_table_and_json_before_plots(capsys, tmp_path):
                          "--plots", str(tmp_path / "good"))
     assert status == 0 and sorted(p.name for p in (tmp_path / "good").iterdir()) == ["000-m_fc_MatMul.png",
                                                                                       "overview.png"]
+
+
+def _hostile_files(tmp_path):
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.save(tmp_path / "empty2d.npy", np.zeros((0, 4), np.float32))
+    (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    text = (REPO / "hwconfigs/ocp-exact.yaml").read_text()
+    (tmp_path / "promoted.yaml").write_text(text + "overrides:\n  - accumulator: {promotion_interval: 1180591620717411303424}\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["quantize", "--input", "{tmp}/empty.npy"], "--input {tmp}/empty.npy: the file is empty (0 bytes); expected a .npy array"),
+    (["quantize", "--input", "{tmp}/empty2d.npy"], "the array is empty (shape (0, 4))"),
+    (["quantize", "--block-size", "1000000000000"], "--block-size: expected an integer 1..4096, got 1000000000000"),
+    (["quantize", "--block-size", "0"], "--block-size: expected an integer 1..4096, got 0"),
+    (["golden", "--hw", "hwconfigs/ocp-exact.yaml", "--out", "{tmp}/g", "--seed", "-1"],
+     "golden: seed: expected an integer 0..9223372036854775807, got -1"),
+    (["cycles", "{tmp}/binary.csv", "--hw", "hwconfigs/mxdotp.yaml"], "not UTF-8 text"),
+    (["cycles", "tests/data/scalesim/gemm_small.csv", "--hw", "{tmp}/latin1.yaml"], "not UTF-8 text (byte 0xe9"),
+    (["dot", "--hw", "{tmp}/promoted.yaml", "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--a", "1", "--b", "1"],
+     "overrides[0].accumulator.promotion_interval: expected an integer 1..1073741824"),
+    (["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
+      "--a-codes", "99999999999999999999", "--b-codes", "1"], "--a-codes: expected comma-separated non-negative"),
+    (["golden", "--cases", "x"], "argument --cases: invalid int value: 'x'"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(REPO)
+    _hostile_files(tmp_path)
+    argv = [arg.format(tmp=tmp_path) for arg in argv]
+    try:
+        status = main(argv)
+    except SystemExit as exit_:  # argparse usage errors
+        status = exit_.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert message.format(tmp=tmp_path) in lines[0] and "Traceback" not in err
+
+
+def test_replay_plots_stay_inside_the_output_directory(capsys, tmp_path):
+    from mxsim.trace import load_trace, save_trace
+
+    trace = load_trace(REPO / "traces/digits-cnn")
+    trace.layers[0].name = "/mxsim-fuzz-escape/conv1"
+    trace.network = None
+    save_trace(trace, tmp_path / "trace")
+    plots, report = tmp_path / "plots", tmp_path / "report.json"
+    status, _, err = run(capsys, "replay", str(tmp_path / "trace"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
+                         "--plots", str(plots), "--json", str(report), "--quiet")
+    assert not Path("/mxsim-fuzz-escape").exists()
+    assert status == 0, err
+    assert json.loads(report.read_text())["units"] == ["ocp-exact"]
+    assert all(path.resolve().parent == plots.resolve() for path in plots.iterdir())

@@ -98,3 +98,17 @@ def test_empty_and_header_only_files(tmp_path):
         read_scalesim_topology(write(tmp_path, "Layer, M, N, K,\n\n"))
     with pytest.raises(MxsimError, match="cannot read"):
         read_scalesim_topology(tmp_path / "absent.csv")
+
+
+def test_non_utf8_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "topology.csv"
+    path.write_bytes("Layer, M, N, K,\ncaf\u00e9, 1, 2, 3,\n".encode("latin-1"))
+    with pytest.raises(MxsimError, match=r"cannot read topology file: not UTF-8 text \(byte 0xe9 at offset 19\)"):
+        read_scalesim_topology(path)
+
+
+def test_depthwise_layer_count_is_bounded(tmp_path):
+    path = write(tmp_path, "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, "
+                           "Strides,\nDPconv, 8, 8, 3, 3, 1000000000, 1, 1,\n")
+    with pytest.raises(MxsimError, match=":2: a depthwise layer of 1000000000 channels would make more than 1000000"):
+        read_scalesim_topology(path)

@@ -691,3 +691,53 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
         assert result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
     for kernel in (_kernels.dot_pairs, _kernels.matmul_rows):
         assert {str(signature[-1].dtype) for signature in kernel.signatures} == {"uint32"}
+
+
+def test_empty_operands():
+    unit = hw("ocp-exact")
+    out = matmul(unit, np.zeros((0, 64)), np.ones((64, 3)))
+    assert out.bits.shape == (0, 3)
+    assert matmul(unit, np.ones((2, 64)), np.zeros((64, 0))).bits.shape == (2, 0)
+    c = np.array([[1.5, -2.0]], np.float32)
+    assert matmul(unit, np.zeros((1, 0)), np.zeros((0, 2)), c=c).values.tolist() == [[1.5, -2.0]]
+    codes = np.zeros((3, 0), np.int64)
+    bits = dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=np.full(3, 0.25, np.float32))
+    assert as_float(bits).tolist() == [0.25] * 3
+    assert dot(unit, np.zeros((0, 8), np.int64), np.zeros((0, 8), np.int64), a_format="fp8_e4m3",
+               b_format="fp8_e4m3").shape == (0,)
+    assert explain(unit, [], [], a_format="fp8_e4m3", b_format="fp8_e4m3", c=3.0)["value"] == 3.0
+
+
+@pytest.mark.parametrize("a, b, kwargs, message", [
+    ([1.5, 2], [1, 2], {}, "a: expected an integer numpy array of fp8_e4m3 codes"),
+    (["x"], [1], {}, "a: expected an integer numpy array"),
+    ([1, 2], [1], {}, "a and b must have the same length, got 2 and 1"),
+    ([1, 300], [1, 2], {}, "a: codes must lie in [0, 256)"),
+    ([1], [1], {"c": "1"}, "c: expected a real number, got str"),
+    ([1], [1], {"scale_a": [127, 127]}, "scale_a: expected shape (1, 1)"),
+    ([[1]], [[1]], {}, "a: expected a list or 1-D array of integer codes, got shape (1, 1)"),
+])
+def test_explain_refuses_bad_operands(a, b, kwargs, message):
+    with pytest.raises(MxsimError) as caught:
+        explain(hw("ocp-exact"), a, b, a_format="fp8_e4m3", b_format="fp8_e4m3", **kwargs)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"progress": 3}, "matmul: progress must be None or a callable"),
+    ({"tile_rows": 0}, "matmul: tile_rows: expected an integer >= 1, got 0"),
+    ({"method": ["auto"]}, "matmul: method: expected one of auto, kernel, got ['auto']"),
+    ({"A": 3}, "A: expected a 2-D float array or an MXTensor, got int"),
+    ({"B": [["x"]]}, "B: expected numbers"),
+])
+def test_matmul_refuses_argument_mix_ups(kwargs, message):
+    arguments = {"A": np.ones((2, 32)), "B": np.ones((32, 2)), **kwargs}
+    with pytest.raises(MxsimError) as caught:
+        matmul(hw("ocp-exact"), **arguments)
+    assert message in str(caught.value)
+
+
+def test_matmul_output_over_the_memory_budget(monkeypatch):
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "100K")
+    with pytest.raises(MxsimError, match=r"matmul: the \(M, N\) output needs"):
+        matmul(hw("ocp-exact"), np.ones((200, 32)), np.ones((32, 200)))

@@ -177,3 +177,35 @@ def test_override_selectors_take_one_format_or_a_list():
     assert [config.params(f, "fp8_e4m3").fused_terms for f in ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1")] == [16, 16, 32]
     with pytest.raises(ConfigError, match=r"overrides\[0\].a_format: expected a format name or a list"):
         parse_hwconfig(with_changes(overrides=[{"a_format": [], "adder": {}}]), "cfg.yaml")
+
+
+def _write(tmp_path, data: bytes):
+    path = tmp_path / "hw.yaml"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("data, message", [
+    ("name: caf\u00e9\n".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 9)"),
+    (bytes(range(256)), "not UTF-8 text"),
+    (b"name: " + b"[" * 3000 + b"]" * 3000, "YAML nested deeper than 64 levels"),
+    (b"a:\n" + b"".join(b" " * i + b"b:\n" for i in range(1, 200)), "YAML nested deeper than 64 levels"),
+    (b"", "expected a YAML mapping at the top level"),
+])
+def test_unreadable_files_are_config_errors(tmp_path, data, message):
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as caught:
+        load_hwconfig(path)
+    assert str(caught.value).startswith(str(path)) and message in str(caught.value)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("accumulator", "promotion_interval", 2**70, "expected an integer 1..1073741824"),
+    ("adder", "term_order", list(range(5000)), "a list of at most 4096 distinct integers"),
+    ("adder", "fused_terms", 10**9, "expected an integer 1..4096"),
+    ("inputs", "block_size", 0, "expected an integer 1..4096"),
+])
+def test_absurd_sizes_are_refused(section, key, value, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_hwconfig(with_changes(**{section: {key: value}}), "<test>")
+    assert str(caught.value).startswith(f"<test>: {section}.{key}: expected") and message in str(caught.value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import warnings
 
@@ -15,7 +14,6 @@ import mxsim
 from conftest import REPO
 from mxsim.errors import MxsimError
 from mxsim.golden import GoldenUnit, generate, make_cases, output_bits, read_vector_file, units_from_hwconfig
-from mxsim.golden.generate import write_atomic
 from test_golden_model import ocp_exact_expected_fn
 
 FP4 = GoldenUnit("ocp-exact", "c0ffee" * 10 + "abcd", "fp4_e2m1", "fp4_e2m1")
@@ -71,29 +69,6 @@ def test_same_arguments_give_byte_identical_files(tmp_path):
     run(tmp_path / "three", kinds=["random"], seed=8)
     random_name = "ocp-exact.fp4_e2m1xfp4_e2m1.random.hex"
     assert (tmp_path / "three" / random_name).read_bytes() != (tmp_path / "one" / random_name).read_bytes()
-
-
-def test_write_atomic_leaves_the_old_file_on_failure(tmp_path, monkeypatch):
-    target = tmp_path / "v.hex"
-    target.write_text("old\n")
-
-    def broken_replace(src, dst):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
-        write_atomic(target, "new\n")
-    assert target.read_text() == "old\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["v.hex"]
-
-
-def test_write_atomic_file_mode_follows_umask(tmp_path):
-    old = os.umask(0o022)
-    try:
-        write_atomic(tmp_path / "x.txt", "x\n")
-    finally:
-        os.umask(old)
-    assert (tmp_path / "x.txt").stat().st_mode & 0o777 == 0o644
 
 
 def test_progress_callback_and_plain_counter(tmp_path, monkeypatch, capsys):
@@ -188,3 +163,18 @@ def test_generate_from_a_config_path_with_explain_stages(tmp_path, ocp_exact):
     _, vectors = read_vector_file(tmp_path / entry["vectors"])
     assert [r["source"] for r in records] == ["mxsim.explain"] * 20
     assert [r["bits"] for r in records] == vectors.d.tolist()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": -1}, "golden: seed: expected an integer 0..9223372036854775807, got -1"),
+    ({"seed": 1.5}, "golden: seed: expected an integer"),
+    ({"cases": -3}, "golden: cases: expected an integer >= 0, got -3"),
+    ({"cases": 10**12}, "more than the memory budget"),
+    ({"kinds": [["random"]]}, "golden: unknown case kind ['random']"),
+    ({"kinds": 3}, "golden: kinds must be a case kind or a list of them"),
+    ({"dot_length": 0}, "golden: dot_length: expected an integer 1..65536, got 0"),
+])
+def test_bad_arguments_are_refused_before_writing(tmp_path, kwargs, message):
+    with pytest.raises(MxsimError) as caught:
+        generate(REPO / "hwconfigs/ocp-exact.yaml", tmp_path / "out", **kwargs)
+    assert message in str(caught.value) and not (tmp_path / "out").exists()

@@ -389,3 +389,42 @@ def test_one_kernel_signature_for_every_input_width_and_output_dtype():
         np.testing.assert_array_equal(tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32))
     assert len(_kernels.quantize_blocks.signatures) == 1
     assert len(_kernels.dequantize_blocks.signatures) == 1
+
+
+@pytest.mark.parametrize("shape, axis", [((0, 32), -1), ((4, 0), -1), ((0, 5), 1), ((2, 0, 3), 1), ((0,), 0)])
+def test_empty_input_gives_an_empty_result_of_the_same_shape(shape, axis):
+    x = np.zeros(shape, np.float32)
+    out = fake_quantize(x, "fp8_e4m3", axis=axis)
+    assert out.shape == shape and out.dtype == np.float64
+    tensor = quantize(x, "fp4_e2m1", axis=axis)
+    assert tensor.shape == shape and tensor.dequantize().shape == shape
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"profile": ["ocp"]}, "unknown profile ['ocp']"),
+    ({"scale_rule": ["floor"]}, "unknown value for option scale_rule ['floor']"),
+    ({"nonfinite": {"a": 1}}, "unknown value for option nonfinite {'a': 1}"),
+    ({"block_size": 0}, "quantize: block_size: expected an integer 1..4096, got 0"),
+    ({"block_size": 10**12}, "quantize: block_size: expected an integer 1..4096, got 1000000000000"),
+    ({"block_size": 2.0}, "quantize: block_size: expected an integer 1..4096, got 2.0"),
+    ({"axis": 1.0}, "quantize: axis: expected an integer -2..1, got 1.0"),
+    ({"seed": -1}, "option seed must be an integer 0..2**63-1, got -1"),
+])
+def test_bad_arguments_are_mxsim_errors(options, message):
+    with pytest.raises(MxsimError) as caught:
+        fake_quantize(np.ones((2, 32), np.float32), "fp8_e4m3", **options)
+    assert message in str(caught.value)
+
+
+def test_lists_of_numbers_are_read_and_other_lists_refused():
+    assert fake_quantize([[1.0, 2.0]], "fp8_e4m3").shape == (1, 2)
+    with pytest.raises(MxsimError, match="expected numbers"):
+        fake_quantize([["a", 1.0]], "fp8_e4m3")
+    with pytest.raises(MxsimError, match="expected numbers"):
+        fake_quantize([[1.0], [1.0, 2.0]], "fp8_e4m3")
+
+
+def test_tensors_over_the_memory_budget_are_refused(monkeypatch):
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "1K")
+    with pytest.raises(MxsimError, match="quantize: the blocked tensor needs 2 KiB, more than the memory budget"):
+        fake_quantize(np.ones((8, 1), np.float32), "fp8_e4m3", block_size=32)

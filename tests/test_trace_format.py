@@ -287,3 +287,62 @@ def test_shipped_sample_traces_load(name):
     trace = load_trace(REPO / "traces" / name)
     assert trace.name == name and trace.layers
     assert {layer.op for layer in trace.layers} <= {"conv2d", "linear", "matmul"}
+
+
+def _rewrite_member(path: Path, key: str, raw: bytes) -> None:
+    import zipfile
+
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    np.savez(path, **{k: v for k, v in arrays.items() if k != key})
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr(f"{key}.npy", raw)
+
+
+def _npy_header(descr, shape) -> bytes:
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin1")
+    header += b" " * (-(len(header) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def test_broken_npy_header_in_a_member(saved):
+    _rewrite_member(layer_file(saved, "fc"), "weight", b"\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (" + b" " * 16)
+    assert_trace_error(saved, "fc", "weight", "truncated or corrupt in layers/001-fc.npz: not a valid .npy array header")
+
+
+def test_huge_declared_shape_is_refused_before_allocating(saved):
+    edit_manifest(saved, lambda m: m["layers"][1]["tensors"]["weight"].update(shape=[10**7, 10**6]))
+    _rewrite_member(layer_file(saved, "fc"), "weight", _npy_header("<f4", (10**7, 10**6)))
+    assert_trace_error(saved, "fc", "weight", "the header declares shape (10000000, 1000000) of float32 "
+                                              "(40000000000000 bytes) but 0 data bytes are stored")
+
+
+def test_member_over_the_memory_budget(saved, monkeypatch):
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "256")
+    assert_trace_error(saved, "conv", "file", "more than the memory budget of 256 bytes; raise it with MXSIM_MAX_BYTES")
+
+
+def test_deeply_nested_or_non_utf8_manifest(saved):
+    (saved / "manifest.yaml").write_text("format: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert_trace_error(saved, None, "manifest.yaml", "YAML nested deeper than 64 levels")
+    (saved / "manifest.yaml").write_bytes("format: mxsim-trace\nname: caf\u00e9\n".encode("latin-1"))
+    assert_trace_error(saved, None, "manifest.yaml", "not UTF-8 text (byte 0xe9 at offset 29)")
+
+
+def test_lists_where_names_are_expected(saved):
+    edit_manifest(saved, lambda m: m["network"].update(labels=["labels"]))
+    assert_trace_error(saved, None, "network.labels", "['labels'] is not a dataset array")
+    edit_manifest(saved, lambda m: m["network"].update(labels="labels", steps=[{"layer": ["conv"]}]))
+    assert_trace_error(saved, None, "network.steps[0]", "unknown layer ['conv']")
+    edit_manifest(saved, lambda m: m["network"].update(steps=[{"op": {"relu": 1}}]))
+    assert_trace_error(saved, None, "network.steps[0]", "unknown op {'relu': 1}")
+
+
+def test_empty_batch_is_refused(tmp_path):
+    trace = sample_trace()
+    fc = trace.layer("fc")
+    for key in ("input", "output", "input_quantized"):
+        fc.tensors[key] = fc.tensors[key][:0]
+    trace.network = None
+    with pytest.raises(TraceError, match="field 'input': shape \\(0, 50\\) is empty"):
+        save_trace(trace, tmp_path / "t")

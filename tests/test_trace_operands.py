@@ -21,6 +21,7 @@ from mxsim.trace.operands import CONV_ORDERS, exact_block, ideal_gemm, layer_ope
 
 QUARK_CONFIGS = ["MXINT8", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E3M2", "MXFP6E2M3", "MXFP4E2M1", "MX9", "MX6", "MX4",
                  "BFP16"]
+CHANNELS, FILTERS, SIZE, CLASSES = 20, 12, 6, 10
 def _float_model(onnx, path, rng):
     h = onnx.helper
     tensor = onnx.TensorProto.FLOAT

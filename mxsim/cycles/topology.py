@@ -14,6 +14,7 @@ comment such as ``#dw``); mxsim instead drops a trailing empty field and a trail
 starting with ``#``, so rows with or without the trailing comma both read correctly.
 A conv layer whose name contains ``DP`` is a depthwise convolution: like SCALE-Sim, mxsim
 splits it into one single-channel layer per channel, named ``<name>Channel_<i>``.
+The file must be UTF-8 (a BOM is allowed) and describe at most MAX_LAYERS layers.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from mxsim.cycles.layers import ConvLayer, GemmLayer, Layer
-from mxsim.errors import MxsimError
+from mxsim.errors import InputFileError, MxsimError
+from mxsim.fileio import read_text
+from mxsim.limits import check_path
 
 CONV_COLUMNS = ("Layer name", "IFMAP Height", "IFMAP Width", "Filter Height", "Filter Width",
                 "Channels", "Num Filter", "Strides")
 GEMM_COLUMNS = ("Layer", "M", "N", "K")
 _SPARSITY = re.compile(r"^\d+\s*:\s*\d+$")
+#: Most layers one topology file may describe (depthwise layers count once per channel).
+MAX_LAYERS = 1_000_000
 
 
 def detect_topology_kind(header_fields: list[str]) -> str | None:
@@ -58,11 +63,12 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
     :class:`GemmLayer`. A malformed file raises :class:`MxsimError` naming the file, the
     line and the column.
     """
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except OSError as error:
-        raise MxsimError(f"{path}: cannot read topology file: {error.strerror}") from None
+    path = check_path(path, "read_scalesim_topology: path")
+
+    def fail(message: str):
+        raise InputFileError(f"{path}: cannot read topology file: {message}")
+
+    lines = read_text(path, fail, encoding="utf-8-sig").splitlines()
     if not lines:
         raise MxsimError(f"{path}: empty topology file; line 1 must be a header")
     header = _fields(lines[0])
@@ -100,7 +106,7 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
                 raise MxsimError(f"{where}: column {index + 1} ({columns[index]}): expected an "
                                  f"integer, got {fields[index]!r}") from None
         try:
-            layers.extend(_make_layers(kind, fields[0], values))
+            layers.extend(_make_layers(kind, fields[0], values, MAX_LAYERS - len(layers)))
         except MxsimError as error:
             raise MxsimError(f"{where}: {error}") from None
     if not layers:
@@ -108,7 +114,7 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
     return layers
 
 
-def _make_layers(kind: str, name: str, values: list[int]) -> list[Layer]:
+def _make_layers(kind: str, name: str, values: list[int], room: int) -> list[Layer]:
     if kind == "gemm":
         m, n, k = values
         return [GemmLayer(name, M=m, N=n, K=k)]
@@ -116,5 +122,8 @@ def _make_layers(kind: str, name: str, values: list[int]) -> list[Layer]:
     layer = ConvLayer(name, height, width, filter_height, filter_width, channels, filters,
                       stride, stride)
     if "DP" in name:
+        if channels > room:
+            raise MxsimError(f"a depthwise layer of {channels} channels would make more than "
+                             f"{MAX_LAYERS} layers in all (one per channel)")
         return [replace(layer, name=f"{name}Channel_{index}", channels=1) for index in range(channels)]
     return [layer]

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MxsimError
+from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.rounding import rounding_code
+from ..formats.table import as_float_array
+from ..limits import check_array_budget, check_int
 from ..quantize import MXTensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
@@ -19,6 +21,8 @@ from .reference import dot_reference
 from .tables import element_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
+#: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
+EXPLAIN_MAX_LENGTH = 1 << 16
 _SCALES = {"none": K.SCALES_NONE, "products": K.SCALES_PRODUCTS, "block_sum": K.SCALES_BLOCK_SUM}
 _BELOW = {"truncate": K.BELOW_TRUNCATE, "floor": K.BELOW_FLOOR, "nearest_even": K.BELOW_NEAREST_EVEN, "sticky": K.BELOW_STICKY}
 
@@ -28,7 +32,7 @@ def _as_config(hw) -> HardwareConfig:
         return hw
     if isinstance(hw, (str, Path)):
         return load_hwconfig(hw)
-    raise MxsimError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
+    raise ArgumentError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
 
 
 def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
@@ -74,38 +78,52 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
 def _codes(array, name: str, fmt: FormatInfo) -> np.ndarray:
     """Validated codes as the field codes (padding removed) that index the element tables."""
     if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
-        raise MxsimError(f"{name}: expected an integer numpy array of {fmt.name} codes")
+        raise ArgumentError(f"{name}: expected an integer numpy array of {fmt.name} codes")
     if array.ndim != 2:
-        raise MxsimError(f"{name}: expected shape (n, K), got {array.shape}")
+        raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")
     fields = fmt.field_codes(array, name)
     dtype = np.uint8 if fmt.field_bits <= 8 else np.uint16 if fmt.field_bits <= 16 else np.uint32
     return np.ascontiguousarray(fields, dtype=dtype)
 
 
+def _one_row(values, name: str) -> np.ndarray:
+    """A list or 1-D array as a (1, K) array (no conversion of its dtype)."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{name}: expected a list or 1-D array of integer codes") from None
+    if array.ndim != 1:
+        raise ArgumentError(f"{name}: expected a list or 1-D array of integer codes, got shape {array.shape}")
+    return array.reshape(1, -1).astype(np.int64) if array.size == 0 else array.reshape(1, -1)
+
+
 def _scale_exponents(scales, name: str, rows: int, blocks: int, params: DatapathParams) -> np.ndarray:
     if params.scales == "none":
         if scales is not None:
-            raise MxsimError(f"{name}: this unit takes no scales (inputs.scales: none)")
+            raise ArgumentError(f"{name}: this unit takes no scales (inputs.scales: none)")
         return np.zeros((rows, blocks), dtype=np.int32)
     if scales is None:
         return np.zeros((rows, blocks), dtype=np.int32)  # every scale 1.0 (code 127)
     if not isinstance(scales, np.ndarray) or not np.issubdtype(scales.dtype, np.integer):
-        raise MxsimError(f"{name}: expected an integer numpy array of E8M0 codes")
+        raise ArgumentError(f"{name}: expected an integer numpy array of E8M0 codes")
     if scales.shape != (rows, blocks):
-        raise MxsimError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
+        raise ArgumentError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
     if scales.size and (scales.min() < 0 or scales.max() > 255):
-        raise MxsimError(f"{name}: E8M0 codes must lie in [0, 255]")
+        raise ArgumentError(f"{name}: E8M0 codes must lie in [0, 255]")
     return scale_exponents_of_codes(scales)
 
 
 def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
     if c is None:
         return np.zeros(shape, dtype=np.float32)
-    c = np.asarray(c)
+    try:
+        c = np.asarray(c)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"c: expected a float32 numpy array of shape {shape} or None") from None
     if c.dtype != np.float32:
-        raise MxsimError(f"c: expected a float32 array (the fp32 accumulator input), got dtype {c.dtype}")
+        raise ArgumentError(f"c: expected a float32 array (the fp32 accumulator input), got dtype {c.dtype}")
     if c.shape != shape:
-        raise MxsimError(f"c: expected shape {shape}, got {c.shape}")
+        raise ArgumentError(f"c: expected shape {shape}, got {c.shape}")
     return np.ascontiguousarray(c)  # kept float32: the kernels widen each value exactly
 
 
@@ -129,7 +147,7 @@ def _kernel_arguments(params: DatapathParams):
 
 def _check_method(method: str, caller: str) -> None:
     if method not in ("auto", "kernel"):
-        raise MxsimError(f"{caller}: method must be 'auto' or 'kernel', got {method!r}")
+        raise ArgumentError(f"{caller}: method must be 'auto' or 'kernel', got {method!r}")
 
 
 def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None,
@@ -148,6 +166,10 @@ def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out
 
     Returns the output bit patterns: uint32 for fp32, uint16 for fp16/bf16 (see
     :func:`as_float`). NaN results are the canonical quiet NaN.
+
+    Empty inputs: n = 0 gives an empty output; K = 0 gives each c rounded to the output
+    format (the empty sum is +0). Bad arguments raise :class:`~mxsim.errors.MxsimError`
+    subclasses naming the argument.
     """
     params = _as_config(hw).params(a_format, b_format, out_format)
     return dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method=method)
@@ -161,7 +183,7 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
     a = _codes(a, "a", a_fmt)
     b = _codes(b, "b", b_fmt)
     if a.shape != b.shape:
-        raise MxsimError(f"a and b must have the same shape (n, K), got {a.shape} and {b.shape}")
+        raise ArgumentError(f"a and b must have the same shape (n, K), got {a.shape} and {b.shape}")
     rows, length = a.shape
     blocks = -(-length // params.block_size)
     exponents_a = _scale_exponents(scale_a, "scale_a", rows, blocks, params)
@@ -202,14 +224,14 @@ def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: in
              per_tensor_scale: bool) -> MXTensor:
     if isinstance(x, MXTensor):
         if x.block_size != block_size:
-            raise MxsimError(f"{name}: block size {x.block_size} differs from the unit's {block_size}")
+            raise ArgumentError(f"{name}: block size {x.block_size} differs from the unit's {block_size}")
         if len(x.shape) != 2:
-            raise MxsimError(f"{name}: expected a 2-D MXTensor")
+            raise ArgumentError(f"{name}: expected a 2-D MXTensor")
         return x
-    fmt = fmt_name or default_formats[0]
-    x = np.asarray(x) if isinstance(x, (list, tuple)) else x
+    fmt = default_formats[0] if fmt_name is None else fmt_name
+    x = as_float_array(x, name) if isinstance(x, (list, tuple)) else x
     if not isinstance(x, np.ndarray) or x.ndim != 2:
-        raise MxsimError(f"{name}: expected a 2-D float array or an MXTensor")
+        raise ArgumentError(f"{name}: expected a 2-D float array or an MXTensor, got {type(x).__name__}")
     return quantize(x, fmt, axis=axis, block_size=block_size, per_tensor_scale=per_tensor_scale)
 
 
@@ -222,7 +244,7 @@ def _scaled_accumulator_input(c, shift: int, shape: tuple):
     narrowed = scaled.astype(np.float32)
     with np.errstate(invalid="ignore"):
         if not np.array_equal(narrowed.astype(np.float64), scaled, equal_nan=True):
-            raise MxsimError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in float32")
+            raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in float32")
     return narrowed
 
 
@@ -250,28 +272,39 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     bit-identical (exact trees into an RNE fp32 accumulator with formats whose tree sums fit
     float64), or the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
     units; outputs either route leaves are computed by the generic kernel.
+
+    Empty operands: M = 0 or N = 0 gives an empty (M, N) result; K = 0 gives ``c`` rounded
+    to the output format (the empty sum is +0). The (M, N) output must fit the memory
+    budget (docs/limits.md). Bad arguments raise :class:`~mxsim.errors.MxsimError`
+    subclasses naming the argument.
     """
     _check_method(method, "matmul")
+    tile_rows = check_int(tile_rows, "matmul: tile_rows", 1)
+    if progress is not None and not callable(progress):
+        raise ArgumentError(f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
     config = _as_config(hw)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
     if tensor_a.axis != 1 or tensor_b.axis != 0:
-        raise MxsimError("matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)")
+        raise ArgumentError("matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)")
     if tensor_a.shape[1] != tensor_b.shape[0]:
-        raise MxsimError(f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}")
+        raise ArgumentError(f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}")
     params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format)
     _, _, kernel_args = _kernel_arguments(params)
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
     shift = tensor_a.tensor_scale_exponent + tensor_b.tensor_scale_exponent
     c = _scaled_accumulator_input(c, shift, (rows, columns))
+    check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
     exponents_a = _tensor_scales(tensor_a, params)
     exponents_b = _tensor_scales(tensor_b, params)
     c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
     out = np.empty((rows, columns), dtype=np.uint32)  # one kernel signature for every output format
     bits_dtype = output_dtype(params.output_format)
-    codes_a = _codes(tensor_a.codes.reshape(rows, -1), "A", tensor_a.element_format)
-    codes_b = _codes(tensor_b.codes.reshape(columns, -1), "B", tensor_b.element_format)
+    if out.size == 0:
+        return MatmulResult(out.astype(bits_dtype), params.output_format, shift)
+    codes_a = _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format)
+    codes_b = _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format)
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
@@ -305,7 +338,7 @@ def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kerne
 def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
     if params.scales == "none":
         if (tensor.scales != 127).any():
-            raise MxsimError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
+            raise ArgumentError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
                              "all 1: quantize it with per_tensor_scale=True (matmul(..., per_tensor_scale=True))")
         return np.zeros(tensor.scales.shape, dtype=np.int32)
     return tensor.scale_exponents
@@ -314,20 +347,33 @@ def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
 def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None) -> dict:
     """Every stage of one dot product (1-D codes ``a``, ``b``), from the reference twin.
 
+    ``a``, ``b``: integer codes (lists or 1-D arrays) of equal length K, at most
+    EXPLAIN_MAX_LENGTH (the reference twin is pure Python); ``scale_a``, ``scale_b``:
+    ceil(K / block_size) E8M0 codes or None; ``c``: a real number (rounded to float32).
+    K = 0 explains the empty sum (the result is c rounded to the output format).
     Returns {"params": ..., "stages": [...], "value": float, "bits": int}; the bits equal
     :func:`dot`'s for the same inputs.
     """
     config = _as_config(hw)
     params = config.params(a_format, b_format, out_format)
-    a = np.asarray(a).reshape(-1).tolist()
-    b = np.asarray(b).reshape(-1).tolist()
+    a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
+    a = _codes(_one_row(a, "a"), "a", a_fmt)
+    b = _codes(_one_row(b, "b"), "b", b_fmt)
+    if a.shape != b.shape:
+        raise ArgumentError(f"a and b must have the same length, got {a.shape[1]} and {b.shape[1]}")
+    check_int(a.shape[1], "explain: the length of a and b", 0, EXPLAIN_MAX_LENGTH)
+    blocks = -(-a.shape[1] // params.block_size)
+    scales = []
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        scale = None if scale is None else _one_row(scale, name)
+        _scale_exponents(scale, name, 1, blocks, params)
+        scales.append(None if scale is None else scale.reshape(-1).tolist())
+    if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.integer, np.floating)):
+        raise ArgumentError(f"c: expected a real number, got {type(c).__name__}")
     stages: list[dict] = []
-    value = dot_reference(
-        params, a, b,
-        None if scale_a is None else np.asarray(scale_a).reshape(-1).tolist(),
-        None if scale_b is None else np.asarray(scale_b).reshape(-1).tolist(),
-        float(np.float32(c)), stages,
-    )
+    with np.errstate(over="ignore"):  # c beyond float32 becomes +-Inf, as np.float32 rounds it
+        c32 = float(np.float32(c))
+    value = dot_reference(params, a[0].tolist(), b[0].tolist(), scales[0], scales[1], c32, stages)
     # The value is exact in the output format; IEEE overflow keeps ±Inf as ±Inf.
     bits = int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
     return {"config": config.name, "params": params.__dict__, "stages": stages, "value": value, "bits": bits}

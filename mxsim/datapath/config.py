@@ -16,6 +16,8 @@ import yaml
 
 from ..cycles.array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
+from ..fileio import load_yaml, read_text
+from ..limits import MAX_BLOCK_SIZE, check_path
 from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
 
@@ -47,7 +49,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "inputs": {
         "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS),
         "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS),
-        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=4096),
+        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE),
         "scales": Key(
             "str", "products",
             "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
@@ -65,13 +67,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
     },
     "adder": {
-        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=4096),
+        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE),
         "term_order": Key(
             "order", None,
             "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
             "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first). "
             "K that is not a multiple of T is padded to one with empty positions (no term, not even +0), "
             "as a unit fed zero-padded operands; a partial last tree of any unit simply has fewer terms",
+            maximum=MAX_BLOCK_SIZE,
         ),
         "accumulator_in_tree": Key(
             "bool", True,
@@ -143,7 +146,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
             "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
             "a multiple of fused_terms",
-            minimum=1,
+            minimum=1, maximum=1 << 30,
         ),
     },
     "output": {
@@ -353,9 +356,10 @@ def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
             not isinstance(value, list)
             or not value
             or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+            or len(value) > key.maximum
             or sorted(value) != list(range(len(value)))
         ):
-            raise fail("null or a permutation of 0..T-1 (a list of distinct integers)")
+            raise fail(f"null or a permutation of 0..T-1 (a list of at most {key.maximum} distinct integers)")
         return tuple(value)
     if key.kind == "format_list":
         items = [value] if isinstance(value, str) else value
@@ -491,17 +495,19 @@ def load_hwconfig(path: str | Path) -> HardwareConfig:
     the extending file's sections are merged key by key over the base's, its overrides
     follow the base's (so they win), and every other top-level key replaces the base's.
     Chains may be of any length; a cycle is an error naming the files in it.
+
+    The file must be UTF-8 YAML nested at most 64 levels deep (see docs/limits.md); any
+    problem raises :class:`~mxsim.errors.ConfigError`.
     """
+    path = check_path(path, "load_hwconfig: path")
     return parse_hwconfig(_resolved_data(Path(path), ()), str(path))
 
 
 def _read_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise ConfigError(str(path), "", "no such file")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(str(path), "", f"not valid YAML: {error}") from None
+    def fail(message: str):
+        raise ConfigError(str(path), "", message)
+
+    return load_yaml(read_text(path, fail), fail)
 
 
 def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
@@ -548,6 +554,8 @@ def schema_markdown() -> str:
                 default = f"`{str(key.default).lower()}`"
             if key.choices:
                 accepted = ", ".join(f"`{c}`" for c in key.choices)
+            elif key.kind == "order":
+                accepted = f"null or at most {key.maximum} entries"
             elif key.minimum is not None:
                 accepted = f"{key.minimum}..{key.maximum}" if key.maximum is not None else f">= {key.minimum}"
             else:

@@ -14,7 +14,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import MxsimError, UnknownNameError
+from ..errors import ArgumentError, MxsimError, UnknownNameError
+from ..limits import check_choice, check_int
 from . import _kernels as K
 from .rounding import overflow_code, rounding_code
 
@@ -70,7 +71,7 @@ class FormatInfo:
     padding_bits: int = 0
 
     def __post_init__(self):
-        if self.specials not in SPECIALS:
+        if not isinstance(self.specials, str) or self.specials not in SPECIALS:
             raise UnknownNameError("specials encoding", self.specials, SPECIALS)
         width = self.exponent_bits + self.mantissa_bits + self.signed + self.padding_bits
         if width != self.bits or self.bits < 2 or self.bits > 62 or self.padding_bits < 0:
@@ -281,7 +282,10 @@ def _emax_from_fields(fmt: FormatInfo) -> int:
 
 def as_float_array(x, where: str) -> np.ndarray:
     if isinstance(x, (int, float)) or (isinstance(x, (list, tuple)) and not isinstance(x, np.ndarray)):
-        x = np.asarray(x, dtype=np.float64)
+        try:
+            x = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise MxsimError(f"{where}: expected numbers (a float array, or a list of numbers of one shape)") from None
     if not isinstance(x, np.ndarray):
         raise MxsimError(f"{where}: expected a numpy array of floats, got {type(x).__name__}")
     if x.dtype not in INPUT_FLOATS:
@@ -352,12 +356,19 @@ def custom_format(
     """A signed sign-magnitude ExMy format from the same fields as the table's.
 
     ``bias`` defaults to ``2^(exponent_bits - 1) - 1``. Example: ``custom_format(3, 4)``
-    is an E3M4 with no Inf/NaN.
+    is an E3M4 with no Inf/NaN. Every value must be exact in float64: exponent_bits 1..11,
+    mantissa_bits 0..52, and a bias keeping the largest binade at most 2^1023 and the
+    smallest subnormal at least 2^-1074.
     """
-    if exponent_bits < 1 or mantissa_bits < 0:
-        raise MxsimError("custom_format: exponent_bits must be >= 1 and mantissa_bits >= 0")
-    if bias is None:
-        bias = (1 << (exponent_bits - 1)) - 1
+    exponent_bits = check_int(exponent_bits, "custom_format: exponent_bits", 1, 11)
+    mantissa_bits = check_int(mantissa_bits, "custom_format: mantissa_bits", 0, 52)
+    lowest, highest = (1 << exponent_bits) - 1 - 1023, 1075 - mantissa_bits
+    bias = (1 << (exponent_bits - 1)) - 1 if bias is None else check_int(bias, "custom_format: bias", lowest, highest)
+    check_choice(specials, "custom_format: specials", SPECIALS)
+    if not isinstance(subnormals, bool):
+        raise ArgumentError(f"custom_format: subnormals: expected True or False, got {subnormals!r}")
+    if name is not None and not isinstance(name, str):
+        raise ArgumentError(f"custom_format: name: expected a string or None, got {name!r}")
     return FormatInfo(
         name or f"e{exponent_bits}m{mantissa_bits}",
         1 + exponent_bits + mantissa_bits,

@@ -632,7 +632,7 @@ def _approximate_blocks(unit, a, b, scale_a, scale_b) -> np.ndarray:
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     with np.errstate(over="ignore", invalid="ignore"):
         products = fa.decode(a) * fb.decode(b)
-        sums = products.reshape(a.shape[0], -1, unit.block_size).sum(axis=2)
+        sums = products.reshape(a.shape[0], a.shape[1] // unit.block_size, unit.block_size).sum(axis=2)
         if unit.scaled:
             exponent = scale_a.astype(np.float64) + scale_b.astype(np.float64) - 254
             exponent[(scale_a == E8M0_NAN) | (scale_b == E8M0_NAN)] = np.nan

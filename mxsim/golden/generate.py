@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -33,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import MxsimError
+from ..errors import ArgumentError, MxsimError
+from ..fileio import write_atomic
+from ..limits import check_budget, check_int, check_path
 from ..formats import get_format
 from .cases import GENERATORS, KINDS
 from .layout import GoldenUnit, layout_for, units_from_hwconfig
@@ -42,6 +42,7 @@ from .vectors import FILE_FORMAT_VERSION, VectorSet, format_lines, header_lines
 
 MANIFEST_NAME = "manifest.json"
 CHUNK = 2048  # vectors per expected_fn call (progress granularity)
+MAX_DOT_LENGTH = 1 << 16
 
 ExpectedFn = Callable[..., np.ndarray]
 
@@ -121,29 +122,14 @@ class Progress:
             print(file=sys.stderr, flush=True)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and os.replace."""
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="ascii", newline="\n") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
 def _kinds(kinds) -> list[str]:
     if isinstance(kinds, str):
         kinds = [kinds]
+    if not isinstance(kinds, (list, tuple)):
+        raise ArgumentError(f"golden: kinds must be a case kind or a list of them ({', '.join(KINDS)})")
     chosen = []
     for kind in kinds:
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise MxsimError(f"golden: unknown case kind {kind!r}; accepted: {', '.join(KINDS)}")
         if kind not in chosen:
             chosen.append(kind)
@@ -191,8 +177,12 @@ def _resolve_units(hw, pairs, dot_length) -> tuple[object, list[GoldenUnit]]:
         hw = load_hwconfig(hw)
     if isinstance(hw, GoldenUnit):
         return None, [hw]
-    if isinstance(hw, (list, tuple)) and all(isinstance(u, GoldenUnit) for u in hw):
+    if isinstance(hw, (list, tuple)) and hw and all(isinstance(u, GoldenUnit) for u in hw):
         return None, list(hw)
+    from ..datapath.config import HardwareConfig
+
+    if not isinstance(hw, HardwareConfig):
+        raise ArgumentError(f"golden: hw must be a HardwareConfig, a hwconfig path or GoldenUnits, got {type(hw).__name__}")
     return hw, units_from_hwconfig(hw, pairs=pairs, dot_length=dot_length)
 
 
@@ -217,15 +207,18 @@ def generate(
         hw: a config from ``mxsim.load_hwconfig`` (or a path to its YAML), or one or more
             :class:`GoldenUnit` (then ``expected_fn``/``expected_factory`` is required).
         out_dir: output directory (created if missing).
-        cases: random vectors per format pair (corners and exhaustive are fixed lists).
-        seed: random seed; files depend only on (config, arguments, mxsim version).
+        cases: random vectors per format pair (corners and exhaustive are fixed lists), an
+            integer >= 0 within the memory budget (about 64 bytes per element; docs/limits.md).
+            0 writes empty random files.
+        seed: random seed, an integer 0..2**63-1; files depend only on (config, arguments,
+            mxsim version).
         kinds: ``"random"``, ``"corners"``, ``"exhaustive"``, or a sequence of them.
         stage_dumps: also write ``.stages.jsonl`` (the datapath's explain records when mxsim
             has ``explain``, else exact-arithmetic stages; see :mod:`mxsim.golden.stages`).
         progress: None (a bar when there are ≥ 20000 vectors and stderr is a terminal),
             True/False, or a callable ``(done, total)``.
         pairs: (a_format, b_format) pairs to generate (default: all the config accepts).
-        dot_length: K per vector (default k: one block per dot product).
+        dot_length: K per vector, 1..MAX_DOT_LENGTH (default k: one block per dot product).
         expected_fn: ``(a, b, scale_a, scale_b, c) -> output bits``, for a single unit.
         expected_factory: ``unit -> expected_fn``, for several units.
         stage_fn: ``vectors -> records`` overriding the stage source (single unit).
@@ -237,9 +230,13 @@ def generate(
     msb/lsb) and ``files`` per kind (file names, ``count``, ``sha256`` of the vector file).
     """
     chosen_kinds = _kinds(kinds)
-    if isinstance(cases, bool) or not isinstance(cases, (int, np.integer)) or cases < 0:
-        raise MxsimError(f"golden: cases must be a non-negative integer, got {cases!r}")
+    cases = check_int(cases, "golden: cases", 0)
+    seed = check_int(seed, "golden: seed", 0, 2**63 - 1)
+    if dot_length is not None:
+        dot_length = check_int(dot_length, "golden: dot_length", 1, MAX_DOT_LENGTH)
     hw, units = _resolve_units(hw, pairs, dot_length)
+    for unit in units:  # the vectors' arrays and hex text, about 64 bytes per element
+        check_budget(cases * unit.dot_length * 64, f"golden: {cases} random vectors of length {unit.dot_length}")
     if expected_fn is not None and expected_factory is not None:
         raise MxsimError("golden: pass expected_fn or expected_factory, not both")
     if (expected_fn is not None or stage_fn is not None) and len(units) != 1:
@@ -251,7 +248,7 @@ def generate(
         raise MxsimError("golden: generating from GoldenUnit objects needs expected_fn or expected_factory")
     if len({(u.config_name, u.config_hash) for u in units}) != 1:
         raise MxsimError("golden: all units must come from one config")
-    out = Path(out_dir)
+    out = check_path(out_dir, "golden: out_dir")
     out.mkdir(parents=True, exist_ok=True)
 
     planned = [(unit, kind, make_cases(unit, kind, cases, seed)) for unit in units for kind in chosen_kinds]

@@ -55,6 +55,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import MxsimError, UnknownNameError
+from ..limits import MAX_BLOCK_SIZE, check_array_budget
 from . import _bfp_kernels
 
 __all__ = [
@@ -110,7 +111,7 @@ class BFPSpec:
       ``"to_bfp"`` (plain block floating point).
     * ``bit_width``: Quark's attribute; ``mantissa_bits = bit_width - 9`` (1 sign bit and the
       8-bit shared exponent are counted in it), 1..23 here, so bit_width 10..32.
-    * ``block_size``: elements sharing one 8-bit exponent (>= 1).
+    * ``block_size``: elements sharing one 8-bit exponent (1..4096).
     * ``sub_block_size`` / ``sub_block_shift_bits``: elements sharing one microexponent and its
       width (0..8).  ``to_bfp`` has no microexponents: it requires ``sub_block_size ==
       block_size`` and ``sub_block_shift_bits == 0``.  ``sub_block_size`` must divide
@@ -132,16 +133,16 @@ class BFPSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.method not in BFP_METHODS:
+        if not isinstance(self.method, str) or self.method not in BFP_METHODS:
             raise UnknownNameError("BFP method", self.method, BFP_METHODS)
-        if self.kernel not in BFP_KERNELS:
+        if not isinstance(self.kernel, str) or self.kernel not in BFP_KERNELS:
             raise UnknownNameError("BFP kernel", self.kernel, BFP_KERNELS)
         _require_int("bit_width", self.bit_width, MIN_MANTISSA_BITS + 9, MAX_MANTISSA_BITS + 9)
-        _require_int("block_size", self.block_size, 1)
-        _require_int("sub_block_size", self.sub_block_size, 1)
+        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        _require_int("sub_block_size", self.sub_block_size, 1, MAX_BLOCK_SIZE)
         _require_int("sub_block_shift_bits", self.sub_block_shift_bits, 0, MAX_SHIFT_BITS)
         _require_int("rounding_mode", self.rounding_mode, 0, 2)
-        _require_int("seed", self.seed, 0)
+        _require_int("seed", self.seed, 0, 2**63 - 1)
         if self.method == "to_bfp":
             if self.sub_block_size != self.block_size or self.sub_block_shift_bits != 0:
                 raise BFPSpecError(
@@ -377,7 +378,8 @@ def quantize_bfp(x: np.ndarray, spec_or_name: BFPSpec | str, axis: int = -1) -> 
     because Quark's kernels only read float32.  ``spec_or_name``: a ``BFPSpec`` or a key of
     ``BFP_SPECS``.  The last block along ``axis`` is padded with zeros (recorded as
     ``padding``); like Quark, padding never changes E or the values of real elements, but a
-    sub-block made only of padding gets d = min(E, 2**shift_bits - 1).
+    sub-block made only of padding gets d = min(E, 2**shift_bits - 1).  An empty ``x`` gives an
+    empty BFPTensor; a tensor beyond the memory budget raises BudgetError (docs/limits.md).
     """
     spec = get_bfp_spec(spec_or_name)
     x32 = _as_float32(x)
@@ -387,6 +389,8 @@ def quantize_bfp(x: np.ndarray, spec_or_name: BFPSpec | str, axis: int = -1) -> 
     padding = n_blocks * spec.block_size - length
     moved = np.moveaxis(x32, axis, -1)
     outer = moved.shape[:-1]
+    # the largest arrays made are the int32 mantissas and the float32 dequantized copy
+    check_array_budget((*outer, n_blocks * spec.block_size), 4, "quantize_bfp: the blocked tensor")
     if padding:
         padded = np.zeros((*outer, n_blocks * spec.block_size), np.float32)
         padded[..., :length] = moved

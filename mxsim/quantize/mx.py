@@ -13,6 +13,7 @@ from ..errors import MxsimError
 from ..formats import FormatInfo, get_format
 from ..formats.rounding import overflow_code, rounding_code
 from ..formats.table import INPUT_FLOATS, as_float_array
+from ..limits import check_array_budget, check_axis, check_block_size
 from . import _kernels as K
 from .options import QuantOptions, resolve_options
 
@@ -100,7 +101,7 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
         fmt: element format: a table name (``fp8_e4m3``, ...) or a Quark config name
             (``MXFP8E4M3``, ...), or a FormatInfo.
         axis: the axis along which blocks are formed. A partial last block is zero-padded.
-        block_size: elements per block (OCP: 32).
+        block_size: elements per block (OCP: 32), an integer 1..4096.
         profile: a name of :data:`mxsim.quantize.options.PROFILES`; ``options`` override its
             fields (see :class:`~mxsim.quantize.options.QuantOptions`).
 
@@ -121,6 +122,11 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     :meth:`MXTensor.dequantize` multiplies it back and :func:`mxsim.matmul` scales its
     output by 2^(Ta + Tb) exactly. Raises MxsimError when the tensor has NaN/Inf (no scale
     exists) or T lies outside E8M0's range.
+
+    An empty ``x`` (a dimension of length 0) is valid and gives an MXTensor with no
+    elements (and no blocks if the quantized axis is empty). Bad arguments raise
+    :class:`~mxsim.errors.MxsimError` subclasses; a tensor whose padded float64 copy would
+    exceed the memory budget raises :class:`~mxsim.errors.BudgetError` (docs/limits.md).
     """
     if per_tensor_scale:
         return _quantize_per_tensor(x, fmt, axis, block_size, profile, options)
@@ -162,6 +168,9 @@ def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "
     (``scale_underflow="unclamped"``) and NaN/Inf passed through (``nonfinite="propagate"``:
     the output holds the input's NaN and ±Inf). Zero results take the sign ``zero_signs``
     names for the format.
+
+    Arguments are checked as in :func:`quantize`; an empty ``x`` gives an empty float64
+    array of the same shape.
     """
     element_format, opts, values = _prepare(x, fmt, profile, options)
     codes, exponents, axis, padding = _quantize_blocked(values, element_format, opts, axis, block_size)
@@ -199,20 +208,19 @@ def _prepare(x, fmt, profile, options):
 
 
 def _to_blocks(values: np.ndarray, axis: int, block_size: int):
-    if not isinstance(axis, (int, np.integer)) or not -values.ndim <= axis < values.ndim:
-        raise MxsimError(f"quantize: axis {axis!r} is out of range for an array of {values.ndim} dimensions")
-    if not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool) or block_size < 1:
-        raise MxsimError(f"quantize: block_size must be a positive integer, got {block_size!r}")
-    axis = int(axis) % values.ndim
+    axis = check_axis(axis, values.ndim, "quantize: axis")
+    block_size = check_block_size(block_size, "quantize: block_size")
     moved = np.moveaxis(values, axis, -1)
     padding = -moved.shape[-1] % block_size
+    # the largest array made is the float64 result (fake_quantize, dequantize), padded
+    check_array_budget(moved.shape[:-1] + (moved.shape[-1] + padding,), 8, "quantize: the blocked tensor")
     if padding:
         moved = np.concatenate([moved, np.zeros(moved.shape[:-1] + (padding,), dtype=moved.dtype)], axis=-1)
     return np.ascontiguousarray(moved), axis, padding
 
 
 def _from_blocks(blocked: np.ndarray, shape: tuple, axis: int, padding: int) -> np.ndarray:
-    moved = blocked.reshape(tuple(np.delete(shape, axis)) + (-1,))
+    moved = blocked.reshape(tuple(np.delete(shape, axis)) + (blocked.shape[-1],))
     if padding:
         moved = moved[..., :-padding]
     return np.moveaxis(moved, -1, axis)
@@ -238,7 +246,7 @@ def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, ax
         K.NO_EXPONENT if opts.min_scale_element_exponent is None else opts.min_scale_element_exponent, opts.seed,
         codes, exponents,
     )
-    return codes.reshape(moved.shape), exponents.reshape(moved.shape[:-1] + (-1,)), axis, padding
+    return codes.reshape(moved.shape), exponents.reshape(moved.shape[:-1] + (moved.shape[-1] // block_size,)), axis, padding
 
 
 def _min_exponent(element_format: FormatInfo, opts: QuantOptions) -> int:

@@ -105,7 +105,7 @@ class QuantOptions:
             "scale_overflow": SCALE_OVERFLOW_POLICIES,
         }
         for name, accepted in choices.items():
-            if getattr(self, name) not in accepted:
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in accepted:
                 raise UnknownNameError(f"value for option {name}", getattr(self, name), accepted)
         if not isinstance(self.int8_minus_two, bool):
             raise MxsimError("option int8_minus_two must be True or False")
@@ -127,8 +127,8 @@ class QuantOptions:
         for _, rule in pairs:
             if rule not in ZERO_SIGNS:
                 raise UnknownNameError("zero sign rule", rule, ZERO_SIGNS)
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise MxsimError("option seed must be a non-negative integer")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 1 << 63:
+            raise MxsimError(f"option seed must be an integer 0..2**63-1, got {self.seed!r}")
 
 
 # Each value's source is in docs/profiles.md.
@@ -188,7 +188,7 @@ def profiles_markdown() -> str:
 
 def resolve_options(profile: str = "ocp", **overrides) -> QuantOptions:
     """The options of ``profile`` with ``overrides`` applied; unknown names list the valid ones."""
-    if profile not in PROFILES:
+    if not isinstance(profile, str) or profile not in PROFILES:
         raise UnknownNameError("profile", profile, PROFILES)
     fields = {f.name for f in dataclasses.fields(QuantOptions)}
     for key in overrides:

@@ -7,7 +7,8 @@ Layout (``docs/trace-format.md`` is the full reference)::
       layers/000-NAME.npz    one file per layer: input, weight, bias, output, ...
       dataset.npz            optional: arrays for end-to-end evaluation (inputs, labels)
 
-Every NPZ is read with ``np.load(..., allow_pickle=False)``: nothing is ever unpickled.
+Every NPZ member is read by :func:`mxsim.fileio.read_npz`: its ``.npy`` header is checked (dtype,
+shape, stored size, memory budget) before anything is allocated, and nothing is ever unpickled.
 :func:`load_trace` validates everything it reads (manifest structure, version, files, array
 names, shapes, dtypes, op-specific shape rules, quantization specs) and raises
 :class:`mxsim.errors.TraceError` naming the trace, the layer and the field.
@@ -21,15 +22,15 @@ import os
 import re
 import secrets
 import shutil
-import zipfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from ..errors import MxsimError, TraceError
+from ..errors import BudgetError, MxsimError, TraceError
+from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
+from ..limits import check_array_budget, check_path
 from .conv import Conv2dGeometry, ConvTranspose2dGeometry
 from .quant import BFPQuant, MXQuant, QDQQuant, QuantSpec, spec_from_manifest
 
@@ -220,6 +221,8 @@ def check_layer(layer: Layer, fail) -> None:
     if layer.op not in OPS:
         fail("op", f"unknown op {layer.op!r}; accepted: {', '.join(OPS)}")
     t = layer.tensors
+    if not isinstance(t, dict):
+        fail("tensors", f"must be a mapping of tensor name -> numpy array, got {type(t).__name__}")
     for name in REQUIRED_TENSORS:
         if name not in t:
             fail(name, "missing tensor")
@@ -230,6 +233,8 @@ def check_layer(layer: Layer, fail) -> None:
             fail(name, f"must be a numpy array, got {type(array).__name__}")
         if array.dtype.name not in FLOAT_DTYPES:
             fail(name, f"dtype {array.dtype} is not allowed here (expected one of {', '.join(FLOAT_DTYPES)})")
+        if array.size == 0:
+            fail(name, f"shape {array.shape} is empty; a layer's tensors need at least one element")
     x, w, out = t["input"].shape, t["weight"].shape, t["output"].shape
     bias = t.get("bias")
     attrs = layer.attrs if isinstance(layer.attrs, dict) else fail("attrs", "must be a mapping")
@@ -273,6 +278,10 @@ def check_layer(layer: Layer, fail) -> None:
             fail("weight", str(error))
         if out != geometry.output_shape:
             fail("output", f"shape {out} does not match the convolution: expected {geometry.output_shape}")
+        try:  # replay lowers the input to an (groups, M, K) im2col matrix of float64
+            check_array_budget((geometry.groups, geometry.gemm_m, geometry.gemm_k), 8, "its im2col lowering")
+        except BudgetError as error:
+            fail("input", str(error))
         if bias is not None and bias.shape != (geometry.out_channels,):
             fail("bias", f"{layer.op} bias must be ({geometry.out_channels},), got shape {bias.shape}")
     if bias is not None and layer.op not in CONV_OPS and not _broadcastable(bias.shape, out):
@@ -323,7 +332,9 @@ def check_network(network: Network, layer_names: set[str], dataset: dict | None,
         fail("network", "a network needs a dataset (its input array)")
     if not isinstance(network.input, str) or network.input not in dataset:
         fail("network.input", f"{network.input!r} is not a dataset array ({', '.join(sorted(dataset))})")
-    if network.labels is not None and network.labels not in dataset:
+    if dataset[network.input].size == 0:
+        fail("network.input", f"the dataset array {network.input!r} is empty")
+    if network.labels is not None and (not isinstance(network.labels, str) or network.labels not in dataset):
         fail("network.labels", f"{network.labels!r} is not a dataset array ({', '.join(sorted(dataset))})")
     if network.labels is not None and dataset[network.labels].dtype.kind not in "iu":
         fail("network.labels", f"labels must be integers, got {dataset[network.labels].dtype}")
@@ -336,11 +347,11 @@ def check_network(network: Network, layer_names: set[str], dataset: dict | None,
         if "layer" in step:
             if set(step) != {"layer"}:
                 fail(where, f"a layer step has only the key 'layer', got {sorted(step)}")
-            if step["layer"] not in layer_names:
+            if not isinstance(step["layer"], str) or step["layer"] not in layer_names:
                 fail(where, f"unknown layer {step['layer']!r}")
         elif "op" in step:
             op = step["op"]
-            if op not in NETWORK_OPS:
+            if not isinstance(op, str) or op not in NETWORK_OPS:
                 fail(where, f"unknown op {op!r}; accepted: {', '.join(NETWORK_OPS)}")
             extra = set(step) - {"op"} - set(NETWORK_OPS[op])
             if extra:
@@ -372,8 +383,7 @@ def _tensor_entry(array: np.ndarray) -> dict:
 
 
 def _layer_file(index: int, name: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "layer"
-    return f"layers/{index:03d}-{safe[:60]}.npz"
+    return f"layers/{index:03d}-{safe_file_stem(name, 60, 'layer')}.npz"
 
 
 def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
@@ -433,9 +443,17 @@ def build_manifest(trace: Trace) -> tuple[dict, dict[str, dict[str, np.ndarray]]
 
 def validate_trace(trace: Trace, label: str | None = None) -> None:
     """Raise TraceError for the first problem in an in-memory trace."""
+    if not isinstance(trace, Trace):
+        raise TraceError(f"expected a Trace, got {type(trace).__name__}")
     label = label or trace.name
     if not isinstance(trace.name, str) or not trace.name:
         raise trace_error(label, "must have a non-empty name", field="name")
+    if not isinstance(trace.layers, list):
+        raise trace_error(label, f"layers must be a list of Layer objects, got {type(trace.layers).__name__}",
+                          field="layers")
+    for key, value in (("source", trace.source), ("metadata", trace.metadata), ("dataset", trace.dataset or {})):
+        if not isinstance(value, dict):
+            raise trace_error(label, f"must be a mapping, got {type(value).__name__}", field=key)
     names = set()
     for layer in trace.layers:
         if not isinstance(layer, Layer):
@@ -452,12 +470,16 @@ def validate_trace(trace: Trace, label: str | None = None) -> None:
         check_layer(layer, fail)
     if trace.dataset is not None:
         for key, array in trace.dataset.items():
+            if not isinstance(key, str):
+                raise trace_error(label, f"dataset array names must be strings, got {key!r}", field="dataset")
             if not isinstance(array, np.ndarray) or array.dtype.name not in NUMERIC_DTYPES:
                 raise trace_error(label, "dataset arrays must be plain numeric numpy arrays", field=f"dataset.{key}")
 
     def fail_network(field_name, message):
         raise trace_error(label, message, field=field_name)
 
+    if trace.network is not None and not isinstance(trace.network, Network):
+        raise trace_error(label, f"must be a Network or None, got {type(trace.network).__name__}", field="network")
     if trace.network is not None:
         check_network(trace.network, names, trace.dataset, fail_network)
 
@@ -476,12 +498,14 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
     """Write ``trace`` as a directory at ``path``, set ``trace.path`` and return the path.
 
     Everything is written into a new temporary directory beside ``path`` and then moved
-    into place with ``os.replace``. With ``overwrite=True`` an existing trace directory (one
-    holding a manifest.yaml) is replaced: it is first renamed aside, the new one renamed in,
-    then the old one removed — a concurrent reader sees the old trace, briefly none, or the
-    new one, never a mixture. A directory that is not a trace is never replaced.
+    into place. With ``overwrite=True`` an existing trace directory (one holding a
+    manifest.yaml) is replaced by :func:`mxsim.fileio.replace_directory`: on Linux the two
+    directories are swapped atomically, so a reader, a crash or SIGKILL at any moment leaves
+    the old complete trace or the new one (elsewhere there is a moment with neither, never a
+    mixture). A directory that is not a trace is never replaced. A staging directory left by
+    a killed writer (``.NAME.tmp-*`` beside ``path``) can be deleted.
     """
-    target = Path(path)
+    target = check_path(path, "save_trace: path")
     label = str(target)
     if target.exists() and not overwrite:
         raise trace_error(label, "already exists (pass overwrite=True to replace it)")
@@ -502,13 +526,7 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        if target.exists():
-            retired = parent / f".{target.name}.old-{secrets.token_hex(4)}"
-            os.replace(target, retired)
-            os.replace(staging, target)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, target)
+        replace_directory(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -519,8 +537,13 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
 # ----------------------------------------------------------------------------- loading
 
 
-def _read_npz(label: str, layer: str | None, root: Path, relative, expected: dict) -> dict[str, np.ndarray]:
-    """Read the arrays listed in ``expected`` ({key: {shape, dtype}}) from one NPZ, checking each."""
+def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> dict[str, np.ndarray]:
+    """Read the arrays listed in ``expected`` ({key: {shape, dtype}}) from one NPZ, checking each.
+
+    The manifest entries are checked first, then every member's ``.npy`` header (dtype,
+    shape, stored size, memory budget; see :func:`mxsim.fileio.read_npz`) before any array
+    memory is allocated.
+    """
     file_field = "file"
     if not isinstance(relative, str) or not relative:
         raise trace_error(label, f"must be a relative path, got {relative!r}", layer, file_field)
@@ -532,51 +555,25 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected: dic
         raise trace_error(label, f"missing file {relative}", layer, file_field)
     if not isinstance(expected, dict) or not expected:
         raise trace_error(label, "must list the file's arrays with shape and dtype", layer, "tensors")
-    out = {}
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except ValueError as error:
-        # np.load refuses anything that is neither .npy nor a zip as "pickled data"
-        raise trace_error(label, f"{relative} is not an NPZ archive ({error})", layer, file_field) from None
-    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
-        raise trace_error(label, f"{relative} is truncated or corrupt ({type(error).__name__}: {error})",
-                          layer, file_field) from None
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise trace_error(label, f"{relative} is a single .npy array, not an NPZ archive", layer, file_field)
-    with npz:
-        present = set(npz.files)
-        extra = present - set(expected)
-        if extra:
-            raise trace_error(label, f"{relative} holds arrays the manifest does not list", layer, sorted(extra)[0])
-        for key, entry in expected.items():
-            if key not in present:
-                raise trace_error(label, f"missing from {relative}", layer, key)
-            try:
-                array = npz[key]
-            except ValueError as error:
-                if "allow_pickle" in str(error) or "pickle" in str(error).lower():
-                    raise trace_error(label, f"is a pickled (object) array in {relative}; traces never unpickle",
-                                      layer, key) from None
-                raise trace_error(label, f"unreadable in {relative} ({error})", layer, key) from None
-            except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as error:
-                raise trace_error(label, f"truncated or corrupt in {relative} ({type(error).__name__}: {error})",
-                                  layer, key) from None
-            if not isinstance(entry, dict) or set(entry) != {"shape", "dtype"}:
-                raise trace_error(label, "manifest entry must have exactly shape and dtype", layer, f"tensors.{key}")
-            shape = entry["shape"]
-            if not isinstance(shape, list) or not all(_is_int(v) and v >= 0 for v in shape):
-                raise trace_error(label, f"manifest shape must be a list of ints, got {shape!r}", layer,
-                                  f"tensors.{key}")
-            if array.dtype.name not in NUMERIC_DTYPES:
-                raise trace_error(label, f"dtype {array.dtype} in {relative} is not a plain numeric dtype", layer, key)
-            if array.dtype.name != entry["dtype"]:
-                raise trace_error(label, f"dtype {array.dtype.name} in {relative}, manifest says {entry['dtype']}",
-                                  layer, key)
-            if list(array.shape) != shape:
-                raise trace_error(label, f"shape {tuple(array.shape)} in {relative}, manifest says {tuple(shape)}",
-                                  layer, key)
-            out[key] = array
-    return out
+    declared = {}
+    for key, entry in expected.items():
+        where = f"tensors.{key}"
+        if not isinstance(key, str):
+            raise trace_error(label, f"array names must be strings, got {key!r}", layer, "tensors")
+        if not isinstance(entry, dict) or set(entry) != {"shape", "dtype"}:
+            raise trace_error(label, "manifest entry must have exactly shape and dtype", layer, where)
+        shape, dtype = entry["shape"], entry["dtype"]
+        if not isinstance(shape, list) or not all(_is_int(v) and v >= 0 for v in shape):
+            raise trace_error(label, f"manifest shape must be a list of ints >= 0, got {shape!r}", layer, where)
+        if not isinstance(dtype, str) or dtype not in NUMERIC_DTYPES:
+            raise trace_error(label, f"manifest dtype must be one of {', '.join(NUMERIC_DTYPES)}, got {dtype!r}",
+                              layer, where)
+        declared[key] = (tuple(shape), dtype)
+
+    def fail(member, message):
+        raise trace_error(label, message, layer, file_field if member is None else member)
+
+    return read_npz(path, NUMERIC_DTYPES, fail, declared, label=relative)
 
 
 def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field_name: str):
@@ -602,17 +599,18 @@ def load_trace(path) -> Trace:
     in the manifest; shape or dtype mismatches with the manifest or between a layer's
     tensors; invalid attrs, quantization specs or network.
     """
-    root = Path(path)
+    root = check_path(path, "load_trace: path")
     label = str(path)
     if not root.is_dir():
         raise trace_error(label, "no such trace directory")
     manifest_path = root / MANIFEST_NAME
     if not manifest_path.is_file():
         raise trace_error(label, f"missing {MANIFEST_NAME}", field=MANIFEST_NAME)
-    try:
-        doc = yaml.safe_load(manifest_path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise trace_error(label, f"{MANIFEST_NAME} is not valid YAML ({error})", field=MANIFEST_NAME) from None
+
+    def fail_manifest(message):
+        raise trace_error(label, f"{MANIFEST_NAME}: {message}", field=MANIFEST_NAME)
+
+    doc = load_yaml(read_text(manifest_path, fail_manifest), fail_manifest)
     if not isinstance(doc, dict):
         raise trace_error(label, f"{MANIFEST_NAME} must be a mapping", field=MANIFEST_NAME)
     if doc.get("format") != FORMAT_NAME:

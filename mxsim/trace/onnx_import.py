@@ -34,17 +34,18 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import CaptureWarning, MxsimError, UnknownNameError
+from ..errors import CaptureWarning, InputFileError, MxsimError, UnknownNameError
+from ..fileio import read_npz
+from ..limits import check_path
 from ..formats import get_format
 from ..quantize import BFPSpec
 from ._optional import require
-from .format import Layer, Trace, validate_trace
+from .format import NUMERIC_DTYPES, Layer, Trace, validate_trace
 from .quant import QDQ_FLOAT_TYPES, QDQ_INTEGER_RANGES, BFPQuant, MXQuant, QDQQuant
 
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
@@ -799,14 +800,11 @@ def load_inputs_npz(path) -> dict[str, np.ndarray]:
 
     For the CLI's ``mxsim capture onnx MODEL.onnx --inputs FILE.npz``.
     """
-    path = Path(path)
+    path = check_path(path, "inputs")
     if not path.is_file():
-        raise MxsimError(f"{path}: no such file")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise MxsimError(f"{path}: expected an .npz archive with one array per model input")
-        with loaded as npz:
-            return {key: npz[key] for key in npz.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise MxsimError(f"{path}: not a readable .npz of plain arrays ({error})") from None
+        raise InputFileError(f"{path}: no such file")
+
+    def fail(member, message):
+        raise InputFileError(message if member is None else f"input {member!r}: {message}")
+
+    return read_npz(path, NUMERIC_DTYPES, fail, label=str(path))

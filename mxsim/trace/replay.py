@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, matmul
 from ..errors import MxsimError
+from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
@@ -530,18 +530,6 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def safe_name(name: str) -> str:
-    """A file-name fragment from a layer or unit name: ``[A-Za-z0-9._-]`` only, no leading dots."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:80] or "layer"
-
-
-def _inside(directory: Path, name: str) -> Path:
-    path = (directory / name).resolve()
-    if path.parent != directory.resolve():
-        raise MxsimError(f"plot path {name!r} would lie outside {directory}")
-    return path
-
-
 def _save(figure, path: Path) -> None:
     temporary = path.with_name(path.name + ".tmp")
     figure.savefig(temporary, format="png")
@@ -579,7 +567,7 @@ def write_plots(report: dict, directory) -> list[str]:
     axes[0].legend(fontsize=8)
     axes[0].set_title(f"{report['trace']}: every layer on every unit")
     figure.tight_layout()
-    path = _inside(directory, "overview.png")
+    path = safe_output_path(directory, "overview", ".png")
     _save(figure, path)
     plt.close(figure)
     written.append(str(path))
@@ -605,7 +593,7 @@ def write_plots(report: dict, directory) -> list[str]:
         axis.set_title(f"{layer}"[-70:], fontsize=8)
         axis.legend(fontsize=7)
         figure.tight_layout()
-        path = _inside(directory, f"{index:03d}-{safe_name(layer)}.png")
+        path = safe_output_path(directory, f"{index:03d}-{safe_file_stem(layer, default='layer')}", ".png")
         _save(figure, path)
         plt.close(figure)
         written.append(str(path))
