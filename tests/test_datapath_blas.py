@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from conftest import REPO
 from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig, matmul
-from mxsim.datapath.blas import blas_applies, exact_in_float64
+from mxsim.datapath.blas import _span_bits, blas_applies, exact_in_float64
+from mxsim.formats import get_format
 from mxsim.datapath.api import _kernel_arguments, _tensor_scales
 
 UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp", "h100-fp8")}
@@ -70,6 +71,24 @@ def test_special_inputs_and_other_units_go_to_the_kernel():
     e5m2 = quantize(np.ones((2, 1)), "fp8_e5m2", axis=0)
     assert not route_taken(UNITS["ocp-exact"], ok_a, e5m2)
     assert np.isnan(matmul(UNITS["ocp-exact"], qa, qb).values[0, 0])
+
+
+def test_int8_span_counts_its_minus_two_code():
+    # MX INT8 decodes 0x80 as -2.0: the largest magnitude's leading bit is 2^1, not emax = 0.
+    assert _span_bits(get_format("int8")) == (1, -6)
+    assert _span_bits(get_format("fp8_e4m3")) == (8, -9)
+
+
+def test_a_flushing_floating_point_mode_refuses_the_route(monkeypatch):
+    import mxsim.datapath.blas as blas
+
+    assert blas.subnormals_work()  # this process keeps subnormals
+    qa = quantize(np.ones((1, 32)), "fp8_e4m3", axis=1)
+    qb = quantize(np.ones((32, 1)), "fp8_e4m3", axis=0)
+    assert route_taken(UNITS["ocp-exact"], qa, qb)
+    monkeypatch.setattr(blas, "subnormals_work", lambda: False)
+    assert not route_taken(UNITS["ocp-exact"], qa, qb)
+    assert matmul(UNITS["ocp-exact"], qa, qb).values[0, 0] == 32.0  # the kernel computes it
 
 
 def test_unknown_method_is_an_error():

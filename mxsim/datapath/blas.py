@@ -9,12 +9,15 @@ once: ``acc = RNE_fp32(acc + S)``.
 Why float64 BLAS computes S exactly: every element is a·2^Xa with a from a table of at most
 8-bit significands, and a tree lies inside one block, so its products share one scale
 2^(Xa+Xb) and are integer multiples of u = 2^(lsb_a + lsb_b + Xa + Xb) (lsb: the exponent of
-the format's smallest subnormal step) below 2^(E+1), E = the exponent of max|a|·max|b|. Every
-partial sum of F such products, in any order, is a multiple of u below F·2^(E+1), which needs
-at most (E + 1 - lsb_a - lsb_b) + ceil(log2 F) bits: when that is <= 53 every partial sum is a
+the format's smallest subnormal step) below 2^(E+2), E = ea + eb with ea, eb the leading-bit
+exponents of the largest magnitudes in the element tables (read from the tables: MX INT8's
+-2.0 lies one binade above 127/64, its ``emax``). Every
+partial sum of F such products, in any order, is a multiple of u below F·2^(E+2), which needs
+at most (E + 2 - lsb_a - lsb_b) + ceil(log2 F) bits: when that is <= 53 every partial sum is a
 float64 and no BLAS summation order can round. (fp8_e4m3 x fp8_e4m3, F = 32: 36 + 5 = 41 bits;
 fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Scaling the elements by 2^X is exact
-(the results stay normal float64s).
+(``ldexp``; the results stay normal float64s). The route is refused when the thread's
+floating point flushes subnormals (``subnormals_work``).
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
@@ -31,6 +34,7 @@ than ~2^100 apart that do not cancel) are flagged and recomputed by the kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -43,9 +47,25 @@ from .config import DatapathParams
 ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~8 MiB per array)
 
 
+@functools.lru_cache(maxsize=None)
 def _span_bits(fmt) -> tuple[int, int]:
-    """(exponent of the largest value's leading bit, exponent of the smallest step)."""
-    return fmt.emax, 1 - fmt.bias - fmt.mantissa_bits
+    """(exponent of the largest magnitude's leading bit, exponent of the smallest step).
+
+    The largest magnitude is read from the decoded code table, not from ``emax``: MX INT8's
+    code 0x80 is -2.0, one binade above its largest positive value 127/64."""
+    values = np.abs(fmt.decode_fields(np.arange(1 << fmt.field_bits)))
+    largest = float(np.max(values[np.isfinite(values)]))
+    return math.frexp(largest)[1] - 1, 1 - fmt.bias - fmt.mantissa_bits
+
+
+def subnormals_work() -> bool:
+    """Whether this thread's floating point keeps subnormals (no flush-to-zero or
+    denormals-are-zero mode, as a library built with -ffast-math may set). The route's final
+    float64 -> float32 rounding must produce fp32 subnormals, so it is refused otherwise."""
+    tiny = np.float64(1e-40)  # an fp32 subnormal
+    produced = np.float32(tiny)  # FTZ flushes the conversion's subnormal result
+    consumed = produced * np.float32(1.0)  # DAZ reads a subnormal operand as zero
+    return bool(produced != 0.0 and consumed != 0.0)
 
 
 def slice_width(params: DatapathParams) -> int:
@@ -83,7 +103,7 @@ def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a
         )
         and exact_in_float64(params)
     )
-    if not unit_ok:
+    if not unit_ok or not subnormals_work():
         return False
     a_values, b_values = kernel_args[0], kernel_args[2]
     if not (codes_all_finite(codes_a, np.isfinite(a_values)) and codes_all_finite(codes_b, np.isfinite(b_values))):
@@ -218,9 +238,9 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
         for k in range(0, length, width):
             tree_a = a_values[codes_a[start:stop, k : k + width]]
             tree_b = b_values[codes_b[:, k : k + width]]
-            if params.scales != "none":
-                tree_a = tree_a * np.exp2(scales_a[start:stop, k // block].astype(np.float64))[:, None]
-                tree_b = tree_b * np.exp2(scales_b[:, k // block].astype(np.float64))[:, None]
+            if params.scales != "none":  # exact power-of-two scaling (ldexp, not a rounded exp2)
+                tree_a = np.ldexp(tree_a, scales_a[start:stop, k // block, None])
+                tree_b = np.ldexp(tree_b, scales_b[:, k // block, None])
             np.matmul(tree_a, tree_b.T, out=tree_sums[:height])
             if kulisch:
                 accumulate_double_double(high, low, inexact, tree_sums[:height])
