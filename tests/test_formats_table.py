@@ -261,7 +261,7 @@ def test_float64_inputs_are_not_double_rounded():
     assert float(np.array([x]).astype(ml_dtypes.bfloat16)[0]) == 688.0
 
 
-# --- corner vectors from mx-semantics.md -------------------------------------------------------
+# --- corner vectors (docs/profiles.md §3) ----------------------------------------------------
 
 def test_e4m3_corner_vector_ties_away_and_nearest_even():
     x = np.array([485, 475, 400, -485, -475, -450, 2.0**-6, -(2.0**-6)])
