@@ -26,7 +26,6 @@ from numba import njit
 
 _FRACTION_MASK = 0x007FFFFF
 _IMPLICIT_ONE = 0x00800000
-_ABS_MASK = 0x7FFFFFFF
 _EXP_ALL_ONES = 0xFF
 
 TIES_AWAY_FROM_ZERO = 0  # Quark STD_ROUND (C++ std::round)
