@@ -18,11 +18,11 @@ from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import read_npy_file, write_atomic
 from .limits import BUDGET_VARIABLE, check_block_size
-from .formats import FORMATS, get_format
+from .formats import FORMATS, format_names, get_format
 from .quantize import PROFILES, fake_quantize
 from .quantize.options import resolve_options
 
-DEMO_FORMATS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]
+DEMO_FORMATS = format_names("element")
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:

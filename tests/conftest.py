@@ -18,7 +18,6 @@ settings.register_profile("ci", max_examples=200, deadline=None, derandomize=Tru
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
 
 NARROW_FORMATS = [name for name, fmt in FORMATS.items() if fmt.bits <= 8]
 SIXTEEN_BIT_OR_LESS = [name for name, fmt in FORMATS.items() if fmt.bits <= 16]

@@ -51,7 +51,7 @@ def test_microexponent_bits_round_with_scales_not_elements():
     assert mx4.row_bytes(3) == StorageBytes(2, 2)
 
 
-def test_lookup_is_case_insensitive_and_rejects_unknown_names():
+def test_lookup_takes_the_format_table_names_and_rejects_unknown_ones():
     assert storage_for_format("MX9") is FORMAT_STORAGE["mx9"]
     with pytest.raises(UnknownNameError) as caught:
         storage_for_format("fp5_e2m2")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import NARROW_FORMATS, SIXTEEN_BIT_OR_LESS, same_float
 from mxsim.errors import MxsimError, UnknownNameError
-from mxsim.formats import FORMATS, ROUNDING_MODES, custom_format, get_format
+from mxsim.formats import E8M0_BIAS, E8M0_NAN, FORMATS, ROUNDING_MODES, custom_format, format_names, get_format
 from mxsim.formats.reference import decode_reference, draw32_reference, encode_reference
 
 ALL_FORMATS = list(FORMATS)
@@ -54,6 +54,41 @@ def test_table_matches_the_ocp_and_ieee_figures(name, max_finite, scale_emax, mi
 def test_quark_names_alias_the_element_formats():
     assert get_format("MXFP8E4M3") is FORMATS["fp8_e4m3"]
     assert get_format("MXINT8") is FORMATS["int8"]
+
+
+@pytest.mark.parametrize("alias, key", [
+    ("mxfp4", "fp4_e2m1"), ("e2m1", "fp4_e2m1"), ("MXFP4E2M1", "fp4_e2m1"), ("float4_e2m1fn", "fp4_e2m1"),
+    ("E4M3", "fp8_e4m3"), ("float8_e4m3fn", "fp8_e4m3"), ("MX9", "mx9"), ("mxint8", "int8"),
+    ("FP8_E5M2", "fp8_e5m2"), ("float8_e8m0fnu", "e8m0"), ("bfloat16", "bf16"),
+])
+def test_aliases_resolve_case_insensitively(alias, key):
+    assert get_format(alias) is FORMATS[key]
+
+
+@pytest.mark.parametrize("name, storage_bits, average_bits", [
+    # elements + shared metadata per element, by hand: OCP one 8-bit scale per 32;
+    # MX4/6/9 one 8-bit exponent per 16 and one 1-bit microexponent per 2
+    ("fp8_e4m3", 8, Fraction(33, 4)),   # 8 + 8/32
+    ("fp4_e2m1", 4, Fraction(17, 4)),   # 4 + 8/32
+    ("fp6_e2m3", 6, Fraction(25, 4)),
+    ("mx9", 8, 9),                      # 1 sign + 7 mantissa, + 8/16 + 1/2
+    ("mx6", 5, 6),
+    ("mx4", 3, 4),
+    ("bf16", 16, 16),
+    ("fp32", 32, 32),
+])
+def test_storage_facts(name, storage_bits, average_bits):
+    fmt = get_format(name)
+    assert fmt.storage_bits == storage_bits
+    assert fmt.average_bits_per_element == average_bits
+
+
+def test_roles_partition_the_table():
+    assert format_names("element") == ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+    assert format_names("bfp_element") == ("mx4", "mx6", "mx9")
+    assert format_names("scale") == ("e8m0",)
+    assert set(format_names("wide")) == {"fp32", "fp16", "bf16"}
+    assert get_format("e8m0").bias == E8M0_BIAS and get_format("e8m0").encode(np.array([np.nan]))[0] == E8M0_NAN
 
 
 def test_unknown_format_lists_the_valid_names():
@@ -261,7 +296,7 @@ def test_float64_inputs_are_not_double_rounded():
     assert float(np.array([x]).astype(ml_dtypes.bfloat16)[0]) == 688.0
 
 
-# --- corner vectors from mx-semantics.md -------------------------------------------------------
+# --- corner vectors (docs/profiles.md §3) ----------------------------------------------------
 
 def test_e4m3_corner_vector_ties_away_and_nearest_even():
     x = np.array([485, 475, 400, -485, -475, -450, 2.0**-6, -(2.0**-6)])

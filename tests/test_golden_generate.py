@@ -119,10 +119,7 @@ def test_output_bits_views_and_checks():
 # Against the datapath: the default expected function is mxsim.dot ---------------------
 @pytest.fixture(scope="module")
 def ocp_exact():
-    datapath = pytest.importorskip("mxsim.datapath")
-    if not OCP_EXACT.is_file() or not hasattr(datapath, "dot"):
-        pytest.skip("mxsim.dot or hwconfigs/ocp-exact.yaml not available yet")
-    return datapath.load_hwconfig(OCP_EXACT)
+    return mxsim.load_hwconfig(OCP_EXACT)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
+from mxsim.datapath import load_hwconfig
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.golden import GoldenUnit, layout_for, units_from_hwconfig
 
@@ -81,9 +82,6 @@ OCP_EXACT = REPO / "hwconfigs" / "ocp-exact.yaml"
 
 @pytest.fixture(scope="module")
 def ocp_exact():
-    load_hwconfig = pytest.importorskip("mxsim.datapath").load_hwconfig
-    if not OCP_EXACT.is_file():
-        pytest.skip("hwconfigs/ocp-exact.yaml not present")
     return load_hwconfig(OCP_EXACT)
 
 

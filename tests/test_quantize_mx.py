@@ -24,7 +24,7 @@ def one_block(values, fmt, **options):
     return tensor.dequantize(), int(tensor.scales[0])
 
 
-# --- measured rows (mx-semantics.md, torchao): block amax -> dequantized max ----------------
+# --- separating vectors (docs/profiles.md §3, vector 2; torchao): block amax -> dequantized max -
 
 @pytest.mark.parametrize(
     "fmt, amax, expected",

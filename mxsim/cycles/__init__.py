@@ -1,4 +1,4 @@
-"""MX-aware cycle model of a systolic array of dot-product units (issue 5).
+"""MX-aware cycle model of a systolic array of dot-product units.
 
 For a plain array (one lane per unit, 1-byte words, no scales) the compute cycles equal
 SCALE-Sim 3.0.0's; see docs/cycles.md for the formulas and the model of memory traffic.

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mxsim.errors import UnknownNameError
+from mxsim.formats import FORMATS, get_format
 
 
 def _ceil_div(numerator: int, denominator: int) -> int:
@@ -90,31 +91,17 @@ class OperandStorage:
         return self.row_bytes(length).times(rows)
 
 
-_OCP_BLOCK = 32  # OCP MX v1.0: one 8-bit E8M0 scale per 32 elements
-_MX_BLOCK, _MX_SUBBLOCK = 16, 2  # MX4/6/9: 8-bit exponent per 16, 1-bit microexponent per 2
-
 FORMAT_STORAGE: dict[str, OperandStorage] = {
-    "fp8_e4m3": OperandStorage(8, _OCP_BLOCK),
-    "fp8_e5m2": OperandStorage(8, _OCP_BLOCK),
-    "fp6_e3m2": OperandStorage(6, _OCP_BLOCK),
-    "fp6_e2m3": OperandStorage(6, _OCP_BLOCK),
-    "fp4_e2m1": OperandStorage(4, _OCP_BLOCK),
-    "int8": OperandStorage(8, _OCP_BLOCK),
-    # 1 sign bit + 7/4/2 mantissa bits per element
-    "mx9": OperandStorage(8, _MX_BLOCK, 8, _MX_SUBBLOCK, 1),
-    "mx6": OperandStorage(5, _MX_BLOCK, 8, _MX_SUBBLOCK, 1),
-    "mx4": OperandStorage(3, _MX_BLOCK, 8, _MX_SUBBLOCK, 1),
-    # unscaled formats, typically for outputs
-    "bf16": OperandStorage.plain(2),
-    "fp16": OperandStorage.plain(2),
-    "fp32": OperandStorage.plain(4),
+    name: OperandStorage(fmt.storage_bits, fmt.block_size, fmt.scale_bits, fmt.subblock_size, fmt.microexponent_bits)
+    for name, fmt in FORMATS.items()
+    if fmt.role != "scale"
 }
-"""Storage of the MX element formats (and plain output formats) by lower-case name."""
+"""Storage of the element and wide formats by table key, from the format table's storage fields."""
 
 
 def storage_for_format(name: str) -> OperandStorage:
-    """The :data:`FORMAT_STORAGE` entry for ``name`` (case-insensitive)."""
-    try:
-        return FORMAT_STORAGE[name.lower()]
-    except KeyError:
-        raise UnknownNameError("format", name, FORMAT_STORAGE) from None
+    """The :data:`FORMAT_STORAGE` entry for ``name`` (any name :func:`get_format` accepts)."""
+    key = get_format(name).name
+    if key not in FORMAT_STORAGE:
+        raise UnknownNameError("stored format", name, FORMAT_STORAGE)
+    return FORMAT_STORAGE[key]

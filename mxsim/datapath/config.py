@@ -18,14 +18,12 @@ from ..cycles.array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
 from ..fileio import load_yaml, read_text
 from ..limits import MAX_BLOCK_SIZE, check_path
-from ..formats import get_format
+from ..formats import format_names, get_format
 from ..formats.rounding import ROUNDING_MODES
 
 SCHEMA_VERSION = 1
-ELEMENT_FORMATS = (
-    "fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx4", "mx6", "mx9", "fp16", "bf16", "tf32", "fp32",
-)
-WIDE_FORMATS = ("fp32", "fp16", "bf16")
+ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
+WIDE_FORMATS = format_names("wide")
 SCALE_APPLICATION = ("none", "products", "block_sum")
 BELOW_WINDOW = ("truncate", "floor", "nearest_even", "sticky")
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")

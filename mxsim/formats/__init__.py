@@ -1,14 +1,17 @@
 """Number formats: one table of descriptions, exact encode/decode."""
 
 from .rounding import OVERFLOW_POLICIES, ROUNDING_MODES
-from .table import FORMATS, QUARK_ALIASES, FormatInfo, custom_format, get_format
+from .table import E8M0_BIAS, E8M0_NAN, FORMATS, ROLES, FormatInfo, custom_format, format_names, get_format
 
 __all__ = [
+    "E8M0_BIAS",
+    "E8M0_NAN",
     "FORMATS",
     "OVERFLOW_POLICIES",
-    "QUARK_ALIASES",
+    "ROLES",
     "ROUNDING_MODES",
     "FormatInfo",
     "custom_format",
+    "format_names",
     "get_format",
 ]

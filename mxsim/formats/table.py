@@ -19,6 +19,19 @@ from ..limits import check_choice, check_int
 from . import _kernels as K
 from .rounding import overflow_code, rounding_code
 
+# What a format is for; consumers pick their format lists by role, never by name.
+ROLES = {
+    "element": "OCP MX element format (one E8M0 scale per block)",
+    "bfp_element": "shared-microexponent (MX4/MX6/MX9) element, as the datapath sees it",
+    "scale": "block scale format",
+    "wide": "accumulator / output format (no block scale)",
+    "tensor_input": "tensor-core input format that is neither an MX element nor an output (tf32)",
+    "custom": "user-built format (custom_format)",
+}
+
+E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127); code 127 is 1.0
+E8M0_NAN = 0xFF  # the E8M0 code that marks a block's scale (and so the whole block) NaN
+
 SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX}
 
 # Float input dtypes accepted by encode, with their (exponent bits, mantissa bits, bit view).
@@ -55,6 +68,18 @@ class FormatInfo:
             format travels in a wider container (tf32 in fp32 bit patterns, the low 13
             fraction bits zero, as tensor cores read fp32 registers). ``bits`` counts them;
             the sign, exponent and mantissa fields sit above them.
+        role: a key of :data:`ROLES`.
+        aliases: other accepted names (Quark config names, OCP/ml_dtypes names); looked up
+            case-insensitively by :func:`get_format`, like the name itself.
+
+    Storage in memory (what the cycle model counts; the datapath never reads these):
+
+        storage_bits: bits of one element as stored, ``bits`` by default. Differs from
+            ``bits`` for MX4/6/9: the datapath widens M to ``m + 1`` magnitude bits (the
+            rounding can carry to ``2^m``) while memory holds sign + ``m - 1`` mantissa bits.
+        block_size: elements sharing one scale of ``scale_bits`` (None: no block scale).
+        subblock_size, microexponent_bits: one ``microexponent_bits`` field per
+            ``subblock_size`` elements (MX4/6/9).
     """
 
     name: str
@@ -69,6 +94,13 @@ class FormatInfo:
     allow_min_twos_complement: bool = True
     scale_emax: int | None = field(default=None, compare=False)
     padding_bits: int = 0
+    role: str = field(default="custom", compare=False)
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+    storage_bits: int | None = field(default=None, compare=False)
+    block_size: int | None = field(default=None, compare=False)
+    scale_bits: int = field(default=0, compare=False)
+    subblock_size: int | None = field(default=None, compare=False)
+    microexponent_bits: int = field(default=0, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.specials, str) or self.specials not in SPECIALS:
@@ -82,8 +114,27 @@ class FormatInfo:
             raise MxsimError(f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits")
         if self.twos_complement and self.exponent_bits:
             raise MxsimError(f"format {self.name!r}: two's complement is only for fixed-point formats")
+        if self.role not in ROLES:
+            raise UnknownNameError("format role", self.role, ROLES)
         if self.scale_emax is None:
             object.__setattr__(self, "scale_emax", math.floor(math.log2(self.max_finite)))
+        if self.storage_bits is None:
+            object.__setattr__(self, "storage_bits", self.bits)
+
+    # Storage ----------------------------------------------------------------------------
+    @property
+    def block_storage_bits(self) -> int:
+        """Bits of one full block in memory: elements, scale and microexponents."""
+        if self.block_size is None:
+            return self.storage_bits
+        microexponents = self.block_size // self.subblock_size if self.subblock_size else 0
+        return self.block_size * self.storage_bits + self.scale_bits + microexponents * self.microexponent_bits
+
+    @property
+    def average_bits_per_element(self) -> Fraction:
+        """Storage bits per element including the shared scale and microexponents
+        (MX9: 8 + 8/16 + 1/2 = 9; fp4_e2m1: 4 + 8/32 = 4.25)."""
+        return Fraction(self.block_storage_bits, self.block_size or 1)
 
     # Derived properties ---------------------------------------------------------------
     @property
@@ -297,52 +348,71 @@ def _table(*formats: FormatInfo) -> dict[str, FormatInfo]:
     return {fmt.name: fmt for fmt in formats}
 
 
+_OCP = dict(block_size=32, scale_bits=8)  # OCP MX v1.0: one 8-bit E8M0 scale per 32 elements
+# MX4/6/9 (Quark BFP "to_bfp_prime"): an 8-bit exponent per 16 elements, a 1-bit microexponent per 2.
+_SHARED_MICROEXPONENT = dict(role="bfp_element", block_size=16, scale_bits=8, subblock_size=2, microexponent_bits=1)
+
 FORMATS: dict[str, FormatInfo] = _table(
-    # OCP MX v1.0 element formats.
-    FormatInfo("fp8_e4m3", 8, 4, 3, 7, specials="nan_at_max"),
-    FormatInfo("fp8_e5m2", 8, 5, 2, 15),
-    FormatInfo("fp6_e3m2", 6, 3, 2, 3, specials="none"),
-    FormatInfo("fp6_e2m3", 6, 2, 3, 1, specials="none"),
-    FormatInfo("fp4_e2m1", 4, 2, 1, 1, specials="none"),
+    # OCP MX v1.0 element formats. Aliases: Quark's MX config names, the OCP short names,
+    # ml_dtypes' dtype names.
+    FormatInfo("fp8_e4m3", 8, 4, 3, 7, specials="nan_at_max", role="element",
+               aliases=("MXFP8E4M3", "mxfp8_e4m3", "e4m3", "float8_e4m3fn"), **_OCP),
+    FormatInfo("fp8_e5m2", 8, 5, 2, 15, role="element",
+               aliases=("MXFP8E5M2", "mxfp8_e5m2", "e5m2", "float8_e5m2"), **_OCP),
+    FormatInfo("fp6_e3m2", 6, 3, 2, 3, specials="none", role="element",
+               aliases=("MXFP6E3M2", "mxfp6_e3m2", "e3m2", "float6_e3m2fn"), **_OCP),
+    FormatInfo("fp6_e2m3", 6, 2, 3, 1, specials="none", role="element",
+               aliases=("MXFP6E2M3", "mxfp6_e2m3", "e2m3", "float6_e2m3fn"), **_OCP),
+    FormatInfo("fp4_e2m1", 4, 2, 1, 1, specials="none", role="element",
+               aliases=("MXFP4E2M1", "mxfp4", "mxfp4_e2m1", "e2m1", "float4_e2m1fn"), **_OCP),
     # MX INT8: two's complement with an implicit 2^-6 (1 - bias - mantissa_bits = -6).
-    FormatInfo("int8", 8, 0, 7, 0, twos_complement=True, specials="none"),
-    # E8M0 scales: 2^(code - 127), 0xFF = NaN, no sign, no zero.
-    FormatInfo("e8m0", 8, 8, 0, 127, signed=False, specials="nan_at_max", subnormals=False),
+    FormatInfo("int8", 8, 0, 7, 0, twos_complement=True, specials="none", role="element",
+               aliases=("MXINT8", "mxint8"), **_OCP),
+    # E8M0 scales: 2^(code - 127), 0xFF = NaN (E8M0_NAN), no sign, no zero.
+    FormatInfo("e8m0", 8, 8, 0, E8M0_BIAS, signed=False, specials="nan_at_max", subnormals=False, role="scale",
+               aliases=("float8_e8m0fnu",)),
     # Shared-microexponent (MX4/MX6/MX9) elements as the datapath sees them: sign and an
     # integer M <= 2^m (Quark's CPU kernel can round up to 2^m, so m + 1 magnitude bits),
     # valued M * 2^(1 - m); the sub-block's 2^(E - 127 - d) travels as an E8M0-style scale.
-    FormatInfo("mx4", 4, 0, 3, -1, specials="none"),
-    FormatInfo("mx6", 6, 0, 5, -1, specials="none"),
-    FormatInfo("mx9", 9, 0, 8, -1, specials="none"),
+    # In memory: 1 sign + 2/4/7 mantissa bits (storage_bits), averaging 4/6/9 bits per element.
+    FormatInfo("mx4", 4, 0, 3, -1, specials="none", storage_bits=3, **_SHARED_MICROEXPONENT),
+    FormatInfo("mx6", 6, 0, 5, -1, specials="none", storage_bits=5, **_SHARED_MICROEXPONENT),
+    FormatInfo("mx9", 9, 0, 8, -1, specials="none", storage_bits=8, **_SHARED_MICROEXPONENT),
     # Wide formats for accumulators and outputs.
-    FormatInfo("fp16", 16, 5, 10, 15),
-    FormatInfo("bf16", 16, 8, 7, 127),
-    FormatInfo("fp32", 32, 8, 23, 127),
+    FormatInfo("fp32", 32, 8, 23, 127, role="wide", aliases=("float32",)),
+    FormatInfo("fp16", 16, 5, 10, 15, role="wide", aliases=("float16",)),
+    FormatInfo("bf16", 16, 8, 7, 127, role="wide", aliases=("bfloat16",)),
     # NVIDIA TensorFloat-32: fp32's sign and exponent with 10 fraction bits, stored as fp32
     # bit patterns whose low 13 bits are zero (tensor cores read only the top 19 bits).
-    FormatInfo("tf32", 32, 8, 10, 127, padding_bits=13),
+    FormatInfo("tf32", 32, 8, 10, 127, padding_bits=13, role="tensor_input", aliases=("tensorfloat32",)),
 )
 
-# Quark's MX config names for the element formats.
-QUARK_ALIASES = {
-    "MXFP8E4M3": "fp8_e4m3",
-    "MXFP8E5M2": "fp8_e5m2",
-    "MXFP6E3M2": "fp6_e3m2",
-    "MXFP6E2M3": "fp6_e2m3",
-    "MXFP4E2M1": "fp4_e2m1",
-    "MXINT8": "int8",
-}
+
+def format_names(*roles: str) -> tuple[str, ...]:
+    """Table keys of the formats with one of ``roles``, in table order."""
+    return tuple(name for name, fmt in FORMATS.items() if fmt.role in roles)
+
+
+def _lookup_table() -> dict[str, str]:
+    lookup: dict[str, str] = {}
+    for key, fmt in FORMATS.items():
+        for name in (key, *fmt.aliases):
+            if lookup.setdefault(name.lower(), key) != key:
+                raise MxsimError(f"format name {name!r} is given to both {lookup[name.lower()]!r} and {key!r}")
+    return lookup
+
+
+_LOOKUP = _lookup_table()
 
 
 def get_format(name: str | FormatInfo) -> FormatInfo:
-    """The format called ``name`` (a table key or a Quark config name such as ``MXFP8E4M3``)."""
+    """The format called ``name``: a table key or one of its ``aliases`` (``MXFP8E4M3``,
+    ``mxfp4``, ``e2m1``, ``float8_e4m3fn``, ...), case-insensitive."""
     if isinstance(name, FormatInfo):
         return name
-    if isinstance(name, str):
-        key = QUARK_ALIASES.get(name, name)
-        if key in FORMATS:
-            return FORMATS[key]
-    raise UnknownNameError("format", name, list(FORMATS) + list(QUARK_ALIASES))
+    if isinstance(name, str) and name.lower() in _LOOKUP:
+        return FORMATS[_LOOKUP[name.lower()]]
+    raise UnknownNameError("format", name, [n for fmt in FORMATS.values() for n in (fmt.name, *fmt.aliases)])
 
 
 def custom_format(

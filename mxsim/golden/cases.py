@@ -32,14 +32,13 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import MxsimError
-from ..formats import get_format
+from ..formats import E8M0_BIAS, E8M0_NAN, get_format
 from ..quantize.reference import floor_log2
 from .layout import GoldenUnit
 from .vectors import VectorSet
 
 KINDS = ("random", "corners", "exhaustive")
-E8M0_NAN = 0xFF
-E8M0_ONE = 127
+E8M0_ONE = E8M0_BIAS  # the code of scale 1.0
 EXHAUSTIVE_LIMIT = 1 << 16  # vectors; larger spaces are refused (use random)
 
 F32_NAN = 0x7FC00000

@@ -49,11 +49,7 @@ ExpectedFn = Callable[..., np.ndarray]
 
 def dot_expected_fn(hw, unit: GoldenUnit) -> ExpectedFn:
     """The default expected function: ``mxsim.dot`` on one unit's format pair, as output bits."""
-    import mxsim  # lazily: the datapath is not needed to read or write vector files
-
-    dot = getattr(mxsim, "dot", None)
-    if dot is None:  # until the top-level re-export exists
-        from mxsim.datapath import dot
+    from mxsim.datapath import dot  # lazily: the datapath is not needed to read or write vector files
 
     def expected(a, b, scale_a, scale_b, c):
         out = dot(

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from ..errors import ConfigError, MxsimError
 from ..formats import get_format
 
-C_FORMAT = "fp32"  # the accumulator input c is always FP32 bits (the mxsim.dot contract)
 SCALE_BITS = 8
 
 

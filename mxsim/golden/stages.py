@@ -31,11 +31,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..formats import get_format
+from ..formats import E8M0_BIAS, E8M0_NAN, get_format
 from .layout import GoldenUnit
 from .vectors import VectorSet
-
-E8M0_NAN = 0xFF
 
 
 def _signed_hex(value: int) -> str:
@@ -83,7 +81,7 @@ def exact_stages(unit: GoldenUnit, vectors: VectorSet) -> list[dict]:
         for block in range(n_blocks):
             if unit.scaled:
                 sa, sb = int(vectors.scale_a[row, block]), int(vectors.scale_b[row, block])
-                scales.append(None if E8M0_NAN in (sa, sb) else sa + sb - 254)
+                scales.append(None if E8M0_NAN in (sa, sb) else sa + sb - 2 * E8M0_BIAS)
             else:
                 scales.append(0)
             lanes = range(block * k, (block + 1) * k)

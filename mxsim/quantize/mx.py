@@ -12,13 +12,11 @@ import numpy as np
 from ..errors import MxsimError
 from ..formats import FormatInfo, get_format
 from ..formats.rounding import overflow_code, rounding_code
-from ..formats.table import INPUT_FLOATS, as_float_array
+from ..formats.table import E8M0_BIAS, E8M0_NAN, INPUT_FLOATS, as_float_array
 from ..limits import check_array_budget, check_axis, check_block_size
 from . import _kernels as K
 from .options import QuantOptions, resolve_options
 
-E8M0_BIAS = 127
-E8M0_NAN = 0xFF
 _RULES = {"floor": K.RULE_FLOOR, "ceil": K.RULE_CEIL, "even": K.RULE_EVEN, "rceil": K.RULE_RCEIL}
 _SOURCES = {"bits": K.SOURCE_EXACT, "field": K.SOURCE_FIELD, "log2": K.SOURCE_LOG2}
 _NONFINITE = {
