@@ -357,8 +357,9 @@ def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, 
     config = _as_config(hw)
     params = config.params(a_format, b_format, out_format)
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    a = _codes(_one_row(a, "a"), "a", a_fmt)
-    b = _codes(_one_row(b, "b"), "b", b_fmt)
+    a, b = _one_row(a, "a"), _one_row(b, "b")
+    _codes(a, "a", a_fmt)  # validated; the twin takes the stored codes (tf32: padding included)
+    _codes(b, "b", b_fmt)
     if a.shape != b.shape:
         raise ArgumentError(f"a and b must have the same length, got {a.shape[1]} and {b.shape[1]}")
     check_int(a.shape[1], "explain: the length of a and b", 0, EXPLAIN_MAX_LENGTH)
