@@ -77,13 +77,18 @@ def _sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
-def _choose(layer: Layer, operand: str, hw: HardwareConfig,
-            element_format: str | None = None) -> tuple[OperandChoice, MXQuant | BFPQuant | None]:
+def _choose(layer: Layer, operand: str, hw: HardwareConfig, element_format: str | None = None,
+            per_tensor_scale: bool | None = None) -> tuple[OperandChoice, MXQuant | BFPQuant | None]:
     """The quantization of ``operand`` on ``hw``: ``element_format`` if given (OCP profile),
-    else the trace's MX spec if the unit can run it, else the unit's first format."""
+    else the trace's MX spec if the unit can run it, else the unit's first format.
+    ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales)."""
     accepted = hw.a_formats if operand == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     per_tensor = hw.sections[("inputs", "scales")] == "none"
+    if per_tensor_scale is not None:
+        if per_tensor and not per_tensor_scale:
+            raise MxsimError(f"{hw.name} has no block scales: its operands need per-tensor scaling")
+        per_tensor = per_tensor_scale
     if element_format is not None:
         name = get_format(element_format).name
         if name not in accepted:
@@ -134,17 +139,20 @@ def _quantize_operand(matrix: np.ndarray, choice: OperandChoice, spec, block: in
     return quantize(matrix, choice.format, axis=1, block_size=block, profile=choice.profile, **options), 0
 
 
-def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None):
+def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
+               *, weight_format: str | None = None, per_tensor_scale: bool | None = None,
+               out_format: str | None = None):
     """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
-    ``element_format`` if given).
+    ``element_format`` if given; the weight in ``weight_format`` if given, else the same;
+    ``per_tensor_scale`` as in :func:`_choose`; ``out_format`` passed to :func:`mxsim.matmul`).
 
     Returns (output in the layer's layout as float64, ideal MX output, output bits (G, M, N),
     the GEMM outputs and their ideal values before bias (G, M, N), input choice, weight choice).
     """
     at = layer if x is None else layer_with_input(layer, x)
     block = hw.sections[("inputs", "block_size")]
-    input_choice, input_spec = _choose(at, "input", hw, element_format)
-    weight_choice, weight_spec = _choose(at, "weight", hw, element_format)
+    input_choice, input_spec = _choose(at, "input", hw, element_format, per_tensor_scale)
+    weight_choice, weight_spec = _choose(at, "weight", hw, weight_format or element_format, per_tensor_scale)
     a = lower_input(at)
     b = lower_weight(at)
     shape = gemm_shape(at)
@@ -156,7 +164,7 @@ def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, el
         qb_rows, eb = _quantize_operand(b[g], weight_choice, weight_spec, block)
         # B as (K, N) quantized along axis 0 is the same MXTensor data as B (N, K) along axis 1.
         qb = dataclasses.replace(qb_rows, shape=(qb_rows.shape[1], qb_rows.shape[0]), axis=0)
-        result = matmul(hw, qa, qb)
+        result = matmul(hw, qa, qb, out_format=out_format)
         if bits is None:
             bits = np.empty((shape.groups, shape.m, shape.n), dtype=result.bits.dtype)
         bits[g] = result.bits
