@@ -27,7 +27,7 @@ from ..formats import get_format
 from ..quantize import MXTensor, quantize, quantize_bfp, resolve_options
 from .format import Layer, Trace
 from .lowering import gemm_axis, gemm_shape, lift_output, lower_input, lower_weight
-from .network import accuracy, layer_with_input
+from .network import accuracy, layer_with_input, perplexity
 from .quant import BFPQuant, MXQuant
 
 
@@ -252,7 +252,8 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
            progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
            element_format: str | None = None) -> dict:
     """Replay every layer of ``trace`` through each unit; totals, pairwise bit agreement and,
-    with ``end_to_end``, task accuracy with every layer computed by each unit. With
+    with ``end_to_end``, the task metric with every layer computed by each unit: accuracy for
+    a network with labels, perplexity for one with targets (rebuilt, run in PyTorch). With
     ``element_format`` every operand is quantized to it (OCP profile) instead of the trace's specs."""
     if not units:
         raise MxsimError("replay needs at least one hardware config")
@@ -295,7 +296,10 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                     same += int(np.sum(a.bits == b.bits))
                 total += a.bits.size
             report["agreement"].append({"units": [first, second], "bit_identical_fraction": same / total if total else 1.0})
-    if end_to_end:
+    if end_to_end and trace.network is not None and trace.network.targets is not None:  # a language model
+        report["end_to_end"] = {"float_perplexity": perplexity(trace), "perplexity": {
+            hw.name: perplexity(trace, hw, a_format=element_format) for hw in units}}
+    elif end_to_end:
         float_accuracy = accuracy(trace)
         report["end_to_end"] = {"float_accuracy": float_accuracy, "accuracy": {}}
         for hw in units:
@@ -328,9 +332,13 @@ def format_report(report: dict) -> str:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")
     if report["end_to_end"]:
         e2e = report["end_to_end"]
-        lines.append(f"end to end: float accuracy {100 * e2e['float_accuracy']:.2f}%")
-        for name, value in e2e["accuracy"].items():
-            lines.append(f"  {name}: accuracy {100 * value:.2f}%")
+        if "perplexity" in e2e:
+            lines.append(f"end to end: float perplexity {e2e['float_perplexity']:.4f}")
+            lines += [f"  {name}: perplexity {value:.4f}" for name, value in e2e["perplexity"].items()]
+        else:
+            lines.append(f"end to end: float accuracy {100 * e2e['float_accuracy']:.2f}%")
+            for name, value in e2e["accuracy"].items():
+                lines.append(f"  {name}: accuracy {100 * value:.2f}%")
     return "\n".join(lines)
 
 
