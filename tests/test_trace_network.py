@@ -97,7 +97,7 @@ def test_char_lm_float_perplexity_matches_the_recorded_one(torch):
     trace = load_trace(CHAR_LM)
     assert trace.network.model["architecture"] == "char-transformer"
     value = perplexity(trace)
-    assert abs(value - trace.metadata["float_perplexity"]) <= 1e-9 * value
+    assert abs(value - trace.metadata["float_perplexity"]) <= 1e-6 * value  # float32 sums may differ by thread count
     assert value < 0.5 * len(trace.metadata["vocabulary"])  # trained: far better than uniform
 
 
