@@ -25,7 +25,7 @@ CONFIG = {"d_model": 64, "layers": 2, "heads": 4, "context": 64}
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--out", default="traces/char-lm")
     args = parser.parse_args()
     torch.manual_seed(0)
