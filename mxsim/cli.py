@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="replay a trace's layers through hardware configs")
     replay.add_argument("trace", help="trace directory (see docs/trace-format.md)")
     replay.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
-    replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy")
+    replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy (classifiers) or perplexity (language models)")
     replay.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
     replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
     replay.add_argument("--plots", metavar="DIR",

@@ -29,6 +29,7 @@ model computed; the specs tell replay how to quantize each operand.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -119,11 +120,16 @@ def _bind(func, args, kwargs) -> dict:
 
 
 class _Recorder:
-    """Layers, skipped ops and naming state of one capture."""
+    """Layers, skipped ops and naming state of one capture.
+
+    ``computed(layer)`` is asked for each recorded layer's value: None (here) lets the model go
+    on with the value torch computed; a subclass returns an array in the layer's output layout
+    to put in its place (the last one is in ``result``)."""
 
     def __init__(self, torch, model, quant: QuantArg):
         self.torch = torch
         self.quant = quant
+        self.result: np.ndarray | None = None
         self.layers: list[Layer] = []
         self.skipped: list[dict] = []
         self.suppress = 0  # > 0 while a recorded call (or the recorder itself) runs ops
@@ -131,7 +137,7 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.layer_names: dict[int, list[str]] = {}  # id(module owning the weight) -> layer names
         self.params: dict[int, list[tuple[str, object, object]]] = {}  # storage ptr -> (qualified name, param, owner)
-        for module_name, module in model.named_modules(remove_duplicate=False):
+        for module_name, module in (model.named_modules(remove_duplicate=False) if model is not None else ()):
             for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
                 qualified = f"{module_name}.{param_name}" if module_name else param_name
                 entry = (qualified, param, module)
@@ -218,7 +224,19 @@ class _Recorder:
         if module is not None:
             source.setdefault("type", type(module).__name__)
         specs = _resolve_quant(self.quant, name, module, op, arrays)
-        self.layers.append(Layer(name, op, arrays, attrs, specs, source))
+        layer = Layer(name, op, arrays, attrs, specs, source)
+        self.layers.append(layer)
+        self.result = self.computed(layer)
+
+    def computed(self, layer: Layer) -> np.ndarray | None:
+        return None
+
+    def replacing(self, value):
+        """``value`` (a torch tensor), or the last recorded layer's computed result in its shape."""
+        if self.result is None:
+            return value
+        result, self.result = self.result, None
+        return self.torch.from_numpy(np.ascontiguousarray(result, dtype=np.float32)).reshape(value.shape)
 
     def float_operands(self, op: str, *tensors) -> bool:
         bad = [t for t in tensors if t is not None and not t.is_floating_point()]
@@ -285,8 +303,9 @@ class _Recorder:
         self.add(kind, {"input": x, "weight": w, "bias": bias, "output": out}, attrs, source, kind,
                  self.parameter(bound["weight"]))
 
-    def sdpa(self, op: str, bound: dict) -> None:
-        """Scaled dot-product attention as its two matmuls (see the module docstring)."""
+    def sdpa(self, op: str, bound: dict):
+        """Scaled dot-product attention as its two matmuls (see the module docstring); returns
+        the attention output to use (None when skipped)."""
         torch = self.torch
         q, k, v = bound["query"], bound["key"], bound["value"]
         mask, scale = bound.get("attn_mask"), bound.get("scale")
@@ -301,6 +320,11 @@ class _Recorder:
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         key_t = k.transpose(-2, -1)
         scores = torch.matmul(q, key_t)
+        base = self.unique(self.local_name("sdpa"))
+        details = {"op": op, "softmax_scale": scale, "is_causal": bool(bound.get("is_causal")),
+                   "mask": None if mask is None else ("boolean" if mask.dtype == torch.bool else "additive")}
+        self.add("matmul", {"input": q, "weight": key_t, "output": scores}, {}, dict(details), "", name=f"{base}.qk")
+        scores = self.replacing(scores).to(q.dtype)
         logits = scores * scale
         if bound.get("is_causal"):
             causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
@@ -309,21 +333,19 @@ class _Recorder:
             logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
         probabilities = torch.softmax(logits, dim=-1)
         out = torch.matmul(probabilities, v)
-        base = self.unique(self.local_name("sdpa"))
-        details = {"op": op, "softmax_scale": scale, "is_causal": bool(bound.get("is_causal")),
-                   "mask": None if mask is None else ("boolean" if mask.dtype == torch.bool else "additive")}
-        self.add("matmul", {"input": q, "weight": key_t, "output": scores}, {}, dict(details), "", name=f"{base}.qk")
         self.add("matmul", {"input": probabilities, "weight": v, "output": out}, {}, dict(details), "",
                  name=f"{base}.pv")
+        return self.replacing(out)
 
-    def dispatch(self, func, args, kwargs, out) -> None:
-        """Record (or list as skipped) one ATen op that ran outside any recorded call."""
+    def dispatch(self, func, args, kwargs, out):
+        """Record (or list as skipped) one ATen op that ran outside any recorded call; returns
+        the op's result to use."""
         name = func.overloadpacket.__name__
         op = f"aten.{name}"
         if name not in DISPATCH_GEMMS:
             if _looks_like_gemm(name):
                 self.skip(op, "a matmul-like op that capture does not lower to a GEMM layer")
-            return
+            return out
         bound = _bind(func, args, kwargs)
         if name in ("mm", "bmm", "mv", "dot", "vdot"):
             other = bound.get("mat2", bound.get("vec", bound.get("tensor", bound.get("other"))))
@@ -334,8 +356,10 @@ class _Recorder:
             self.matmul_call(op, a, b, out, name, bound["self"], bound["alpha"], bound["beta"])
         elif name == "convolution":
             self.convolution(op, bound, out)
-        else:
-            self.sdpa(op, bound)
+        else:  # fused attention: (output, logsumexp); the logsumexp is left as torch computed it
+            attention = self.sdpa(op, bound)
+            return out if attention is None else (attention.to(out[0].dtype), *out[1:])
+        return self.replacing(out)
 
 
 def _sequential_network(model, layer_names: dict, input_name: str) -> Network | None:
@@ -396,8 +420,9 @@ def _modes(torch, recorder: _Recorder):
                 out = func(*args, **kwargs)
                 if func is sdpa:
                     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-                    recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
-                elif func is F.linear:
+                    attention = recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
+                    return out if attention is None else attention.to(out.dtype)
+                if func is F.linear:
                     x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
                     if recorder.float_operands("F.linear", x, w, bias):
@@ -408,9 +433,10 @@ def _modes(torch, recorder: _Recorder):
                     if matmuls[func]:
                         a, b = b, a
                     recorder.matmul_call("torch.matmul", a, b, out)
+                return recorder.replacing(out)
             finally:
+                recorder.result = None
                 recorder.suppress -= 1
-            return out
 
     class DispatchMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -419,12 +445,43 @@ def _modes(torch, recorder: _Recorder):
             if not recorder.suppress:
                 recorder.suppress += 1
                 try:
-                    recorder.dispatch(func, args, kwargs, out)
+                    out = recorder.dispatch(func, args, kwargs, out)
                 finally:
+                    recorder.result = None
                     recorder.suppress -= 1
             return out
 
     return FunctionMode(), DispatchMode()
+
+
+@contextlib.contextmanager
+def intercepting(torch, model, recorder: _Recorder):
+    """While active, every matmul and convolution run goes through ``recorder`` (under
+    ``torch.no_grad()``, with the MultiheadAttention fast path off; module hooks on ``model``,
+    if given, name the layers)."""
+    handles = []
+
+    def enter(path, module):
+        def hook(_module, _inputs):
+            recorder.module_stack.append((path, module))
+        return hook
+
+    def leave(_module, _inputs, _output):
+        recorder.module_stack.pop()
+
+    for module_name, module in (model.named_modules() if model is not None else ()):
+        handles.append(module.register_forward_pre_hook(enter(module_name, module)))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    function_mode, dispatch_mode = _modes(torch, recorder)
+    try:
+        torch.backends.mha.set_fastpath_enabled(False)
+        with torch.no_grad(), function_mode, dispatch_mode:
+            yield recorder
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        for handle in handles:
+            handle.remove()
 
 
 def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "torch-model",
@@ -472,29 +529,8 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
         raise MxsimError(f"capture_torch: model must be a torch.nn.Module, got {type(model).__name__}")
     args = tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
     recorder = _Recorder(torch, model, quant)
-    handles = []
-
-    def enter(path, module):
-        def hook(_module, _inputs):
-            recorder.module_stack.append((path, module))
-        return hook
-
-    def leave(_module, _inputs, _output):
-        recorder.module_stack.pop()
-
-    for module_name, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(enter(module_name, module)))
-        handles.append(module.register_forward_hook(leave, always_call=True))
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    function_mode, dispatch_mode = _modes(torch, recorder)
-    try:
-        torch.backends.mha.set_fastpath_enabled(False)
-        with torch.no_grad(), function_mode, dispatch_mode:
-            model(*args)
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-        for handle in handles:
-            handle.remove()
+    with intercepting(torch, model, recorder):
+        model(*args)
     if not recorder.layers:
         raise MxsimError("capture_torch: the model ran no matmul or convolution"
                          + (f" that could be captured (skipped: {recorder.skipped})" if recorder.skipped else ""))

@@ -139,14 +139,28 @@ class Network:
     trace) or ``{"op": OP, ...}`` with OP in ``relu``, ``flatten`` (``start_dim``, default 1:
     ``x.reshape(x.shape[:start_dim] + (-1,))``) or ``identity``. ``labels``: an optional
     dataset array of integer class labels for accuracy (argmax of the last value).
+
+    A network that is not sequential is rebuilt instead: ``model`` is ``{"architecture":
+    NAME, "config": {...}, "state": PREFIX}`` (NAME one of
+    :data:`mxsim.inloop.charlm.ARCHITECTURES`; its parameters are the dataset arrays named
+    PREFIX + parameter name) and ``steps`` is empty. ``targets``: an optional dataset array of
+    integer next-token ids, as many as ``input`` has token ids, for perplexity.
     """
 
     input: str
     steps: tuple
     labels: str | None = None
+    targets: str | None = None
+    model: dict | None = None
 
     def to_manifest(self) -> dict:
-        return {"input": self.input, "steps": [dict(s) for s in self.steps], "labels": self.labels}
+        out = {"input": self.input, "steps": [dict(s) for s in self.steps], "labels": self.labels}
+        if self.targets is not None:
+            out["targets"] = self.targets
+        if self.model is not None:
+            out["model"] = {"architecture": self.model["architecture"], "config": dict(self.model["config"]),
+                            "state": self.model["state"]}
+        return out
 
 
 @dataclass(eq=False)
@@ -334,10 +348,26 @@ def check_network(network: Network, layer_names: set[str], dataset: dict | None,
         fail("network.input", f"{network.input!r} is not a dataset array ({', '.join(sorted(dataset))})")
     if dataset[network.input].size == 0:
         fail("network.input", f"the dataset array {network.input!r} is empty")
-    if network.labels is not None and (not isinstance(network.labels, str) or network.labels not in dataset):
-        fail("network.labels", f"{network.labels!r} is not a dataset array ({', '.join(sorted(dataset))})")
-    if network.labels is not None and dataset[network.labels].dtype.kind not in "iu":
-        fail("network.labels", f"labels must be integers, got {dataset[network.labels].dtype}")
+    for key in ("labels", "targets"):
+        name = getattr(network, key)
+        if name is not None and (not isinstance(name, str) or name not in dataset):
+            fail(f"network.{key}", f"{name!r} is not a dataset array ({', '.join(sorted(dataset))})")
+        if name is not None and dataset[name].dtype.kind not in "iu":
+            fail(f"network.{key}", f"{key} must be integers, got {dataset[name].dtype}")
+    if network.targets is not None and dataset[network.targets].shape != dataset[network.input].shape:
+        fail("network.targets", f"shape {dataset[network.targets].shape} differs from the input's "
+                                f"{dataset[network.input].shape}")
+    if network.model is not None:
+        model = network.model
+        if not isinstance(model, dict) or set(model) != {"architecture", "config", "state"}:
+            fail("network.model", "must be a mapping with architecture, config and state")
+        if not isinstance(model["config"], dict) or not isinstance(model["state"], str):
+            fail("network.model", "config must be a mapping and state a dataset name prefix")
+        if not any(name.startswith(model["state"]) for name in dataset):
+            fail("network.model.state", f"no dataset array starts with {model['state']!r}")
+        if network.steps:
+            fail("network.steps", "must be empty when network.model rebuilds the network")
+        return
     if not network.steps:
         fail("network.steps", "empty")
     for index, step in enumerate(network.steps):
@@ -674,11 +704,14 @@ def load_trace(path) -> Trace:
     network = None
     if doc.get("network") is not None:
         spec = doc["network"]
-        if not isinstance(spec, dict) or not {"input", "steps"} <= set(spec) <= {"input", "steps", "labels"}:
-            raise trace_error(label, "must be a mapping with input, steps and optional labels", field="network")
+        keys = {"input", "steps", "labels", "targets", "model"}
+        if not isinstance(spec, dict) or not {"input", "steps"} <= set(spec) <= keys:
+            raise trace_error(label, "must be a mapping with input, steps and optional labels, targets, model",
+                              field="network")
         if not isinstance(spec["steps"], list):
             raise trace_error(label, "must be a list", field="network.steps")
-        network = Network(spec["input"], tuple(spec["steps"]), spec.get("labels"))
+        network = Network(spec["input"], tuple(spec["steps"]), spec.get("labels"), spec.get("targets"),
+                          spec.get("model"))
     trace = Trace(name, layers, source, metadata, dataset, network, root)
     validate_trace(trace, label)
     return trace

@@ -223,14 +223,20 @@ def _elem_type(array: np.ndarray) -> int:
     return onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
 
 
-def _run_stages(g: _Graph, feeds: dict[str, np.ndarray], wanted: set[str], bfp_kernel: str) -> dict[str, np.ndarray]:
-    """Run the graph (see the module docstring) and return every value in ``wanted``."""
+def _run_stages(g: _Graph, feeds: dict[str, np.ndarray], wanted: set[str], bfp_kernel: str,
+                python_nodes=None) -> dict[str, np.ndarray]:
+    """Run the graph (see the module docstring) and return every value in ``wanted``.
+
+    ``python_nodes``: None, or ``callable(node) -> None | callable(inputs) -> output``: a
+    node for which it returns a function is computed by that function (on its input arrays,
+    an empty input as None) between stages, like Quark's custom ops, instead of by onnxruntime."""
     onnx = require("onnx")
     ort = require("onnxruntime")
     values: dict[str, np.ndarray] = dict(feeds)
     stage: dict[str, int] = {name: 0 for name in feeds}
     stage_nodes: dict[int, list] = {}
     custom_after: dict[int, list] = {}
+    evaluators: dict[int, object] = {}
     for node in g.nodes:
         inputs = _node_inputs(node)
         for name in inputs:
@@ -247,7 +253,10 @@ def _run_stages(g: _Graph, feeds: dict[str, np.ndarray], wanted: set[str], bfp_k
             g.constant_protos[node.output[0]] = onnx.numpy_helper.from_array(result, node.output[0])
             continue
         level = max([stage[i] for i in inputs if i in stage], default=0)
-        if _is_quark(node):
+        computed_by = python_nodes(node) if python_nodes is not None and not _is_quark(node) else None
+        if computed_by is not None:
+            evaluators[id(node)] = computed_by
+        if _is_quark(node) or computed_by is not None:
             custom_after.setdefault(level, []).append(node)
             stage[node.output[0]] = level + 1
         else:
@@ -270,7 +279,7 @@ def _run_stages(g: _Graph, feeds: dict[str, np.ndarray], wanted: set[str], bfp_k
                 if other_level > level:
                     later.update(i for n in other_nodes for i in _node_inputs(n))
             for customs in custom_after.values():
-                later.update(n.input[0] for n in customs)
+                later.update(i for n in customs for i in _node_inputs(n))
             graph_inputs = sorted(consumed - produced_set - set(g.constants))
             sub_graph = onnx.helper.make_graph(
                 nodes, f"{g.model.graph.name or 'graph'}_stage{level}",
@@ -292,8 +301,12 @@ def _run_stages(g: _Graph, feeds: dict[str, np.ndarray], wanted: set[str], bfp_k
                     raise MxsimError(f"onnxruntime failed on stage {level} of the graph: {error}") from None
                 values.update(zip(output_names, (np.asarray(r) for r in results)))
         for node in custom_after.get(level, []):
-            x = values[node.input[0]] if node.input[0] in values else g.constants[node.input[0]]
-            values[node.output[0]] = _evaluate_quark(node, x, bfp_kernel)
+            operands = [None if not name else values[name] if name in values else g.constants[name]
+                        for name in node.input]
+            if id(node) in evaluators:
+                values[node.output[0]] = np.asarray(evaluators[id(node)](operands))
+            else:
+                values[node.output[0]] = _evaluate_quark(node, operands[0], bfp_kernel)
     missing = [name for name in wanted if name not in values and not g.is_constant(name)]
     if missing:
         raise MxsimError(f"capture_onnx: values {missing} were not computed")

@@ -40,7 +40,7 @@ from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
 from .format import Layer, Trace
 from .lowering import gemm_shape, lift_output
-from .network import accuracy, layer_with_input
+from .network import accuracy, layer_with_input, perplexity
 from .operands import (
     CONV_ORDERS,
     GemmOperand,
@@ -159,12 +159,18 @@ def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tup
     return tensors, saturated, underflowed
 
 
-def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig,
-            element_format: str | None) -> tuple[OperandChoice, dict]:
-    """What ``hw`` gets for one operand (module docstring), and the quantize options."""
+def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig, element_format: str | None,
+            per_tensor_scale: bool | None = None) -> tuple[OperandChoice, dict]:
+    """What ``hw`` gets for one operand (module docstring), and the quantize options.
+    ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales);
+    True forces it; False on a unit without block scales is an error."""
     accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     per_tensor = hw.sections[("inputs", "scales")] == "none"
+    if per_tensor_scale is not None:
+        if per_tensor and not per_tensor_scale:
+            raise MxsimError(f"{hw.name} has no block scales: its operands need per-tensor scaling")
+        per_tensor = per_tensor_scale
     base = dict(block_size=block, spec=operand.spec, layout=operand.layout)
     if element_format is not None:
         fmt = get_format(element_format).name
@@ -224,7 +230,8 @@ class LayerRun:
 
 def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
               conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
-              with_ideal: bool = True, matmul_fn: Callable | None = None) -> LayerRun:
+              with_ideal: bool = True, matmul_fn: Callable | None = None, *, weight_format: str | None = None,
+              per_tensor_scale: bool | None = None, out_format: str | None = None) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
     The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
@@ -233,14 +240,17 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     :func:`ideal_gemm`, or a function returning it) may be passed in when already computed
     for this layer. ``with_ideal=False`` skips the ideal (``ideal`` and ``gemm_ideal`` are
     then None), as end-to-end runs do. ``matmul_fn`` stands in for :func:`mxsim.matmul`
-    (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks)."""
+    (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks).
+    ``weight_format``: the weight's format when it differs from ``element_format``;
+    ``per_tensor_scale`` as in :func:`_choose`; ``out_format`` overrides the unit's output."""
     at = layer if x is None else layer_with_input(layer, x)
     ops = operands if operands is not None else layer_operands(at, conv_order)
     shape = gemm_shape(at)
     gemm_operands = {"input": ops.a, "weight": ops.b}
     choices, tensors = {}, {}
     for name, operand in gemm_operands.items():
-        choice, options = _choose(operand, name, at.quant.get(name), hw, element_format)
+        chosen_format = (weight_format or element_format) if name == "weight" else element_format
+        choice, options = _choose(operand, name, at.quant.get(name), hw, chosen_format, per_tensor_scale)
         if choice.status == "model":
             tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
         else:
@@ -259,6 +269,7 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     scaled_linear = at.op == "linear" and at.attrs.get("alpha", 1.0) != 1.0
     bias = None if scaled_linear else gemm_bias(at, ops.bias)
     out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
+    matmul_options = {} if out_format is None else {"out_format": out_format}
     bits = None
     for g in range(shape.groups):
         qa = tensors["input"][g]
@@ -268,7 +279,7 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
         # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
         c = None if bias is None or accumulator_input(bias[g], shift) is None else bias[g].astype(np.float32)
-        result = (matmul_fn or matmul)(hw, qa, qb, c=c)
+        result = (matmul_fn or matmul)(hw, qa, qb, c=c, **matmul_options)
         if bits is None:
             bits = np.empty((shape.groups, shape.m, shape.n), dtype=result.bits.dtype)
         bits[g] = result.bits
@@ -381,7 +392,9 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
            progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
            element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False, runner=None) -> dict:
     """Replay every layer of ``trace`` through each unit; totals, the worst layers, pairwise bit
-    agreement and, with ``end_to_end``, task accuracy with every layer computed by each unit.
+    agreement and, with ``end_to_end``, the task metric with every layer computed by each unit:
+    accuracy for a network with labels, perplexity for one with targets (rebuilt and run in
+    PyTorch with the unit in the loop, in this process).
 
     ``element_format``: every operand quantized to it (OCP profile) instead of the trace's
     specs. ``conv_order``: one of :data:`mxsim.trace.operands.CONV_ORDERS`. ``strict``: raise
@@ -401,10 +414,11 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     if len(set(names)) != len(names):
         raise MxsimError(f"hardware configs must have distinct names, got {names}")
     runner = runner or InProcess()
+    language_model = trace.network is not None and trace.network.targets is not None
     tasks = [Task(f"layer {layer.name}", replay_layer_on_units, (layer, units, element_format, conv_order, strict,
                                                                  runner.matmul))
              for layer in trace.layers]
-    if end_to_end:
+    if end_to_end and not language_model:
         shared = runner.share(trace)
         tasks += [Task(f"end to end on {hw.name}", end_to_end_accuracy,
                        (shared, hw, element_format, runner.matmul, conv_order)) for hw in units]
@@ -446,7 +460,10 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                     same += int(np.sum(a.bits == b.bits))
                 total += a.bits.size
             report["agreement"].append({"units": [first, second], "bit_identical_fraction": same / total if total else 1.0})
-    if end_to_end:
+    if end_to_end and language_model:
+        report["end_to_end"] = {"float_perplexity": perplexity(trace), "perplexity": {
+            hw.name: perplexity(trace, hw, a_format=element_format) for hw in units}}
+    elif end_to_end:
         report["end_to_end"] = {"float_accuracy": accuracy(trace),
                                 "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units}}
     report["_results"] = results
@@ -524,9 +541,13 @@ def format_report(report: dict) -> str:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")
     if report["end_to_end"]:
         e2e = report["end_to_end"]
-        lines.append(f"end to end: float accuracy {100 * e2e['float_accuracy']:.2f}%")
-        for name, value in e2e["accuracy"].items():
-            lines.append(f"  {name}: accuracy {100 * value:.2f}%")
+        if "perplexity" in e2e:
+            lines.append(f"end to end: float perplexity {e2e['float_perplexity']:.4f}")
+            lines += [f"  {name}: perplexity {value:.4f}" for name, value in e2e["perplexity"].items()]
+        else:
+            lines.append(f"end to end: float accuracy {100 * e2e['float_accuracy']:.2f}%")
+            for name, value in e2e["accuracy"].items():
+                lines.append(f"  {name}: accuracy {100 * value:.2f}%")
     return "\n".join(lines)
 
 

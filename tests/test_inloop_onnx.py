@@ -1,0 +1,62 @@
+"""run_onnx_on_unit: an ONNX graph with its MatMul/Gemm/Conv nodes computed by a unit."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+from mxsim import matmul
+from mxsim.datapath import load_hwconfig
+from mxsim.inloop import run_onnx_on_unit
+
+from conftest import REPO
+
+OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
+
+
+@pytest.fixture(scope="module")
+def onnx():
+    for name in ("onnxruntime", "onnx"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            if os.environ.get("CI"):
+                pytest.fail(f"{name} is required when CI is set: pip install 'mxsim[onnx]'", pytrace=False)
+            pytest.skip(f"{name} is not installed (pip install 'mxsim[onnx]')")
+    return module
+
+
+def test_exported_mlp_equals_matmul_by_hand(onnx, torch, tmp_path):
+    """A torch MLP exported to ONNX (MatMul/Gemm + Relu): each layer = mxsim.matmul of the
+    previous value and the weight, bias added in float64, rounded to float32."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    x = torch.randn(5, 64)
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
+    got = run_onnx_on_unit(path, {"x": x.numpy()}, OCP, a_format="fp8_e4m3")["y"]
+    value = x.numpy()
+    for index in (0, 2):
+        w, b = model[index].weight.detach().numpy(), model[index].bias.detach().numpy()
+        value = (matmul(OCP, value, w.T, a_format="fp8_e4m3", b_format="fp8_e4m3").values
+                 + b.astype(np.float64)).astype(np.float32)
+        if index == 0:
+            value = np.maximum(value, 0)
+    assert np.array_equal(got, value)
+
+
+def test_conv_goes_through_the_unit(onnx, torch, tmp_path):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(32, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 32, 6, 6)
+    path = tmp_path / "conv.onnx"
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
+    got = run_onnx_on_unit(path, {"x": x.numpy()}, OCP, a_format="fp8_e4m3")["y"]
+    with torch.no_grad():
+        reference = model(x).numpy()
+    assert got.shape == reference.shape and got.dtype == np.float32
+    error = np.abs(got - reference).max()
+    assert 0 < error < 0.1 * np.abs(reference).max()
