@@ -573,11 +573,11 @@ def test_non_array_and_scalar():
 @pytest.mark.parametrize("changes, message", [
     (dict(bit_width=9), "bit_width must be in \\[10, 32\\]"),
     (dict(bit_width=33), "bit_width must be in \\[10, 32\\]"),
-    (dict(block_size=0), "block_size must be >= 1"),
+    (dict(block_size=0), r"block_size must be in \[1, 4096\], got 0"),
     (dict(sub_block_size=3), "must divide block_size"),
     (dict(sub_block_shift_bits=9), "sub_block_shift_bits must be in \\[0, 8\\]"),
     (dict(rounding_mode=3), "rounding_mode must be in \\[0, 2\\]"),
-    (dict(seed=-1), "seed must be >= 0"),
+    (dict(seed=-1), r"seed must be in \[0, 9223372036854775807\], got -1"),
     (dict(bit_width=True), "bit_width must be an int"),
     (dict(method="to_bfp"), "to_bfp has no microexponents"),
 ])

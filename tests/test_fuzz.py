@@ -212,7 +212,7 @@ def warm_kernels() -> None:
     for dtype in (np.float16, np.float32, np.float64):
         x = np.linspace(-3, 3, 80).astype(dtype).reshape(2, 40)
         mxsim.fake_quantize(x, "fp4_e2m1")
-        tensor = mxsim.quantize(x, "fp8_e4m3")
+        tensor = mxsim.quantize_mx(x, "fp8_e4m3")
         tensor.dequantize(np.float32), tensor.dequantize(np.float64)
     for name in ("fp8_e4m3", "fp32", "fp16", "mx9"):  # encode: the CLI's exact values, explain's outputs
         fmt = mxsim.get_format(name)
@@ -229,8 +229,8 @@ def warm_kernels() -> None:
                               else hw.b_formats[0], out_format=out_format)
         b_format = hw.b_formats[0]
         for method in ("auto", "kernel"):
-            a = mxsim.quantize(np.ones((2, 64)), hw.a_formats[0], axis=1, block_size=hw.params(hw.a_formats[0], b_format).block_size)
-            b = mxsim.quantize(np.ones((64, 2)), b_format, axis=0, block_size=a.block_size)
+            a = mxsim.quantize_mx(np.ones((2, 64)), hw.a_formats[0], axis=1, block_size=hw.params(hw.a_formats[0], b_format).block_size)
+            b = mxsim.quantize_mx(np.ones((64, 2)), b_format, axis=0, block_size=a.block_size)
             with contextlib.suppress(MxsimError):  # units without scales refuse scaled operands
                 mxsim.matmul(hw, a, b, method=method)
 
@@ -590,7 +590,7 @@ def gen_api(rng, env, inputs, outputs):
     ]).encode()
     csv.write_bytes(mutate_bytes(rng, text) if rng.random() < 0.4 else
                     (text + "caf\u00e9".encode("latin-1")) if rng.random() < 0.3 else text)
-    calls = [quantize_like(mxsim.quantize), quantize_like(mxsim.fake_quantize), dot_call, matmul_call,
+    calls = [quantize_like(mxsim.quantize_mx), quantize_like(mxsim.fake_quantize), dot_call, matmul_call,
              explain_call, bfp_call, golden_call, trace_io_call, topology_call, misc_call]
     return rng.choice(calls)
 

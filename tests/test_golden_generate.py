@@ -87,7 +87,7 @@ def test_progress_callback_and_plain_counter(tmp_path, monkeypatch, capsys):
     [
         (dict(kinds=["fuzz"]), "unknown case kind"),
         (dict(kinds=[]), "no case kind"),
-        (dict(cases=-1), "non-negative"),
+        (dict(cases=-1), "golden: cases: expected an integer >= 0, got -1"),
     ],
 )
 def test_bad_arguments(tmp_path, kwargs, message):

@@ -11,7 +11,7 @@ from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.rounding import rounding_code
 from ..formats.table import as_float_array
-from ..limits import check_array_budget, check_int
+from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
@@ -146,8 +146,7 @@ def _kernel_arguments(params: DatapathParams):
 
 
 def _check_method(method: str, caller: str) -> None:
-    if method not in ("auto", "kernel"):
-        raise ArgumentError(f"{caller}: method must be 'auto' or 'kernel', got {method!r}")
+    check_choice(method, f"{caller}: method", ("auto", "kernel"))
 
 
 def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None,

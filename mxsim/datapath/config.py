@@ -469,19 +469,25 @@ def key_of_path(key_path: str, source: str = "<config>") -> Key:
 
 
 def vary_hwconfig(config: HardwareConfig, changes: dict[str, Any], name: str) -> HardwareConfig:
-    """``config`` with base values changed: ``changes`` maps key paths (``adder.fused_terms``)
-    to YAML-typed values, each checked as the loader checks the file, then every format
-    combination re-checked for consistency. Overrides in the config still apply on top for
-    the formats they select. The result is called ``name``; its digest covers the base config
-    and the changes."""
+    """``config`` with a key changed for the whole unit: ``changes`` maps key paths
+    (``adder.fused_terms``) to YAML-typed values, each checked as the loader checks the file;
+    the value replaces the base value and the value of every override that sets the key (so
+    every format path of the unit gets it), then every format combination is re-checked for
+    consistency. Overrides keep their other keys. The result is called ``name``; its digest
+    covers the base config and the changes."""
     sections = dict(config.sections)
+    overrides = [(selectors, dict(override)) for selectors, override in config.overrides]
     for key_path, value in changes.items():
         key = key_of_path(key_path, config.source)
         section, _, key_name = key_path.partition(".")
-        sections[(section, key_name)] = _check_value(config.source, key_path, key, value)
+        checked = _check_value(config.source, key_path, key, value)
+        sections[(section, key_name)] = checked
+        for _, override in overrides:
+            if (section, key_name) in override:
+                override[(section, key_name)] = checked
     canonical = yaml.safe_dump({"base": config.digest, "changes": dict(changes)}, sort_keys=True)
     varied = HardwareConfig(name, config.description, config.source, sections,
-                            config.overrides, config.array, hashlib.sha256(canonical.encode()).hexdigest())
+                            overrides, config.array, hashlib.sha256(canonical.encode()).hexdigest())
     _check_combinations(varied)
     return varied
 

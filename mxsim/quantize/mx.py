@@ -145,11 +145,12 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
 
 def _quantize_per_tensor(x, fmt, axis, block_size, profile, options) -> MXTensor:
     element_format, opts, values = _prepare(x, fmt, profile, options)
+    block_size = check_block_size(block_size, "quantize: block_size")
     if not np.isfinite(values).all():
         raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
     # The whole tensor as one block: its scale exponent is T, its codes are x * 2^-T rounded.
     flat = np.ascontiguousarray(values).reshape(1, -1)
-    codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1))
+    codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1), whole_tensor=True)
     exponent = int(exponents[0, 0])
     if exponent < K.E8M0_MIN_EXPONENT:
         raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
@@ -205,9 +206,12 @@ def _prepare(x, fmt, profile, options):
     return element_format, opts, values
 
 
-def _to_blocks(values: np.ndarray, axis: int, block_size: int):
+def _to_blocks(values: np.ndarray, axis: int, block_size: int, whole_tensor: bool = False):
+    """``values`` with ``axis`` moved last and zero-padded to whole blocks. ``whole_tensor``:
+    the block is the whole (flattened) tensor, chosen here, not a user's block size."""
     axis = check_axis(axis, values.ndim, "quantize: axis")
-    block_size = check_block_size(block_size, "quantize: block_size")
+    if not whole_tensor:
+        block_size = check_block_size(block_size, "quantize: block_size")
     moved = np.moveaxis(values, axis, -1)
     padding = -moved.shape[-1] % block_size
     # the largest array made is the float64 result (fake_quantize, dequantize), padded
@@ -224,8 +228,9 @@ def _from_blocks(blocked: np.ndarray, shape: tuple, axis: int, padding: int) -> 
     return np.moveaxis(moved, -1, axis)
 
 
-def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, axis: int, block_size: int):
-    moved, axis, padding = _to_blocks(values, axis, block_size)
+def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, axis: int, block_size: int,
+                      whole_tensor: bool = False):
+    moved, axis, padding = _to_blocks(values, axis, block_size, whole_tensor)
     exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
     # One kernel signature for every input width: the kernel reads the bits as uint64.
     bits = moved.view(bit_view).reshape(-1, block_size).astype(np.uint64, copy=False)
