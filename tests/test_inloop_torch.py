@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mxsim import matmul, quantize
+from mxsim import matmul, quantize_mx as quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError
 from mxsim.formats import get_format

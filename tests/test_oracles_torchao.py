@@ -45,7 +45,7 @@ def torchao_mx(torch):
 @pytest.mark.parametrize("element", ELEMENTS)
 def test_to_mx_matches_profile(torchao_mx, element, mode, profile, block_size):
     scales, codes, values = torchao_mx(X, element, block_size, mode)
-    tensor = mxsim.quantize(X, element, axis=1, block_size=block_size, profile=profile)
+    tensor = mxsim.quantize_mx(X, element, axis=1, block_size=block_size, profile=profile)
     got_scales = tensor.scales.reshape(scales.shape)
     assert int((got_scales != scales).sum()) == 0, np.argwhere(got_scales != scales)[:5]
     finite_scale = np.repeat(scales != 0xFF, block_size, axis=1)  # a NaN block's codes are free
