@@ -111,10 +111,11 @@ def test_vary_hwconfig_changes_base_values_and_keeps_overrides():
     params = varied.params("fp8_e4m3", "fp8_e4m3")
     assert (varied.name, params.align_fraction_bits, params.accumulator_format) == ("narrow", 9, "bf16")
     assert params.sum_significant_bits == 14 and varied.digest != base.digest
-    # Every format path gets the varied key (h100-fp8's FP8 paths are overrides of h100.yaml);
-    # the fp16-output override keeps the keys it sets that were not varied.
+    # Every format path gets the varied keys (h100-fp8's FP8 paths are overrides of h100.yaml);
+    # the fp16-output override keeps the keys it sets that were not varied (16-term trees).
     fp16 = varied.params("fp8_e4m3", "fp8_e4m3", "fp16")
-    assert (fp16.align_fraction_bits, fp16.accumulator_format, fp16.fused_terms) == (9, "fp16", 16)
+    assert (fp16.align_fraction_bits, fp16.accumulator_format, fp16.fused_terms) == (9, "bf16", 16)
+    assert base.params("fp8_e4m3", "fp8_e4m3", "fp16").fused_terms == 16
     assert base.params("fp8_e4m3", "fp8_e4m3").align_fraction_bits == 13
     with pytest.raises(ConfigError, match="h100-fp8.yaml: adder.fused: unknown key path; accepted: inputs.a_formats"):
         vary_hwconfig(base, {"adder.fused": 8}, name="x")
