@@ -387,6 +387,16 @@ class ConvTranspose2dGeometry:
         return ((span_h - top, span_h - bottom + self.output_padding[0]),
                 (span_w - left, span_w - right + self.output_padding[1]))
 
+    @property
+    def gemm_m(self) -> int:
+        """Rows of the GEMM replay runs: those of :meth:`equivalent_conv`'s im2col."""
+        return self.equivalent_conv().gemm_m
+
+    @property
+    def gemm_k(self) -> int:
+        """The GEMM's K: that of :meth:`equivalent_conv`."""
+        return self.equivalent_conv().gemm_k
+
     def equivalent_conv(self) -> Conv2dGeometry:
         """The stride-1 conv2d over the upsampled, padded input that computes this output."""
         (before_h, after_h), (before_w, after_w) = self._edges()
