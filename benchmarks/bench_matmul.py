@@ -23,7 +23,7 @@ import numpy as np
 
 import mxsim
 from mxsim.datapath.blas import blas_applies
-from mxsim.datapath.dot import _kernel_arguments, _tensor_scales
+from mxsim.datapath.api import _kernel_arguments, _tensor_scales
 from mxsim.datapath.window import window_applies
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def best_seconds(run, repeats: int) -> float:
 
 
 def route(hw, a, b) -> str:
-    """Which route mxsim.matmul takes for these operands (datapath.dot's dispatch order)."""
+    """Which route mxsim.matmul takes for these operands (the dispatch order of mxsim.datapath.api)."""
     params = hw.params(a.element_format.name, b.element_format.name)
     _, _, kernel_args = _kernel_arguments(params)
     scales_a, scales_b = _tensor_scales(a, params), _tensor_scales(b, params)
