@@ -211,3 +211,10 @@ def test_absurd_sizes_are_refused(section, key, value, message):
     with pytest.raises(ConfigError) as caught:
         parse_hwconfig(with_changes(**{section: {key: value}}), "<test>")
     assert str(caught.value).startswith(f"<test>: {section}.{key}: expected") and message in str(caught.value)
+
+
+@pytest.mark.parametrize("base_name", ["a\x00b.yaml", "a" * 5000 + ".yaml"])
+def test_extends_with_an_unusable_file_name_is_a_config_error(tmp_path, base_name):
+    write_yaml(tmp_path / "child.yaml", {**MINIMAL, "extends": base_name})
+    with pytest.raises(ConfigError, match="child.yaml: extends: not a usable file name"):
+        load_hwconfig(tmp_path / "child.yaml")

@@ -346,3 +346,9 @@ def test_empty_batch_is_refused(tmp_path):
     trace.network = None
     with pytest.raises(TraceError, match="field 'input': shape \\(0, 50\\) is empty"):
         save_trace(trace, tmp_path / "t")
+
+
+def test_unknown_keys_of_mixed_types_are_named(saved):
+    """A YAML mapping may hold integer keys beside names: the error names one, no TypeError."""
+    edit_manifest(saved, lambda m: m["layers"][2].update(attrs={"transA": 1, 7: 1}))
+    assert_trace_error(saved, "attention scores", "attrs.7", "not a matmul attribute")

@@ -522,8 +522,12 @@ def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
     base_name = data["extends"]
     if not isinstance(base_name, str) or not base_name:
         raise ConfigError(str(path), "extends", f"expected the file name of the config this one extends, got {base_name!r}")
-    base_path = (path.parent / base_name).resolve()
-    if not base_path.is_file():
+    try:  # a NUL byte, an over-long name or an unreadable directory is the file's error
+        base_path = (path.parent / base_name).resolve()
+        found = base_path.is_file()
+    except (OSError, ValueError) as error:
+        raise ConfigError(str(path), "extends", f"not a usable file name ({error}): {base_name[:200]!r}") from None
+    if not found:
         raise ConfigError(str(path), "extends", f"no such file: {base_path}")
     chain = chain + (path.resolve(),)
     if base_path in chain:

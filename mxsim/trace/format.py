@@ -206,7 +206,7 @@ def _check_conv_attrs(op: str, attrs: dict, fail) -> None:
             fail(f"attrs.{key}", f"missing ({op} needs {', '.join(keys)})")
     extra = set(attrs) - set(keys)
     if extra:
-        fail(f"attrs.{sorted(extra)[0]}", f"not a {op} attribute")
+        fail(f"attrs.{sorted(extra, key=str)[0]}", f"not a {op} attribute")
     if op == "conv_transpose2d" and not (_int_pair(attrs["output_padding"]) and min(attrs["output_padding"]) >= 0):
         fail("attrs.output_padding", f"must be [oh, ow] with ints >= 0, got {attrs['output_padding']!r}")
     if not (_int_pair(attrs["stride"]) and min(attrs["stride"]) >= 1):
@@ -255,7 +255,7 @@ def check_layer(layer: Layer, fail) -> None:
     if layer.op in ("linear", "matmul"):
         extra = set(attrs) - {"alpha", "beta"}
         if extra:
-            fail(f"attrs.{sorted(extra)[0]}", f"not a {layer.op} attribute (alpha, beta)")
+            fail(f"attrs.{sorted(extra, key=str)[0]}", f"not a {layer.op} attribute (alpha, beta)")
         for key in ("alpha", "beta"):
             if key in attrs and (isinstance(attrs[key], bool) or not isinstance(attrs[key], (int, float))):
                 fail(f"attrs.{key}", f"must be a number, got {attrs[key]!r}")
@@ -385,7 +385,7 @@ def check_network(network: Network, layer_names: set[str], dataset: dict | None,
                 fail(where, f"unknown op {op!r}; accepted: {', '.join(NETWORK_OPS)}")
             extra = set(step) - {"op"} - set(NETWORK_OPS[op])
             if extra:
-                fail(where, f"op {op} takes no key {sorted(extra)[0]!r}")
+                fail(where, f"op {op} takes no key {sorted(extra, key=str)[0]!r}")
             if op == "flatten" and not (_is_int(step.get("start_dim", 1)) and step.get("start_dim", 1) >= 0):
                 fail(where, "flatten start_dim must be an int >= 0")
         else:
@@ -651,7 +651,7 @@ def load_trace(path) -> Trace:
                                  f"{', '.join(map(str, SUPPORTED_VERSIONS))})", field="version")
     unknown = set(doc) - _TOP_KEYS
     if unknown:
-        raise trace_error(label, "unknown manifest key", field=sorted(unknown)[0])
+        raise trace_error(label, "unknown manifest key", field=sorted(unknown, key=str)[0])
     name = _require(doc, "name", str, label, None, "name")
     source = doc.get("source") or {}
     metadata = doc.get("metadata") or {}
@@ -667,7 +667,7 @@ def load_trace(path) -> Trace:
         layer_name = _require(entry, "name", str, label, None, f"layers[{index}].name")
         unknown = set(entry) - _LAYER_KEYS
         if unknown:
-            raise trace_error(label, "unknown layer key", layer_name, sorted(unknown)[0])
+            raise trace_error(label, "unknown layer key", layer_name, sorted(unknown, key=str)[0])
         op = _require(entry, "op", str, label, layer_name, "op")
         arrays = _read_npz(label, layer_name, root, entry.get("file"), entry.get("tensors"))
         attrs = entry.get("attrs") or {}
@@ -689,7 +689,7 @@ def load_trace(path) -> Trace:
                 raise trace_error(label, f"invalid quantization spec: {detail}", layer_name,
                                   f"quant.{operand}") from None
         used = {k for operand, spec in quant.items() if isinstance(spec, QDQQuant) for k in spec.arrays(operand)}
-        for key in sorted(set(quant_arrays) - used):
+        for key in sorted(set(quant_arrays) - used, key=str):
             raise trace_error(label, "QDQ array that no qdq spec of this layer uses", layer_name, key)
         tensors = {k: v for k, v in arrays.items() if k not in quant_arrays}
         if not isinstance(entry.get("source") or {}, dict):

@@ -98,7 +98,7 @@ def quark_spec(node, rank: int, bfp_kernel: str = "cpu") -> MXQuant | BFPQuant:
     attrs = {**defaults, **{k: _decode(v) for k, v in _attributes(node).items()}}
     unknown = set(attrs) - set(defaults)
     if unknown:
-        raise MxsimError(f"{where}: unknown attribute(s) {sorted(unknown)}")
+        raise MxsimError(f"{where}: unknown attribute(s) {sorted(unknown, key=str)}")
     axis = attrs["axis"]
     if rank == 1:
         axis = 0  # Quark: "when the rank of the input is 1, the axis ... is fixed to 0"

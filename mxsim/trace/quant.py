@@ -269,7 +269,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
     if kind == "mx":
         unknown = set(entry) - {"kind", "format", "axis", "block_size", "profile", "options", "bypass_single_element"}
         if unknown:
-            raise MxsimError(f"unknown keys {sorted(unknown)}")
+            raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
         options = entry.get("options") or {}
         if not isinstance(options, dict):
             raise MxsimError("options must be a mapping")
@@ -279,7 +279,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
         unknown = set(entry) - {"kind", "name", "axis", "method", "bit_width", "block_size", "sub_block_size",
                                 "sub_block_shift_bits", "rounding_mode", "kernel", "seed", "bypass_single_element"}
         if unknown:
-            raise MxsimError(f"unknown keys {sorted(unknown)}")
+            raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
         spec = BFPSpec(entry["method"], entry["bit_width"], entry["block_size"], entry["sub_block_size"],
                        entry["sub_block_shift_bits"], entry.get("rounding_mode", 0), entry.get("kernel", "cpu"),
                        entry.get("seed", 0))
@@ -290,7 +290,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
     if kind == "qdq":
         unknown = set(entry) - {"kind", "dtype", "axis", "block_size", "saturate", "scale", "zero_point"}
         if unknown:
-            raise MxsimError(f"unknown keys {sorted(unknown)}")
+            raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
         scale_key = entry["scale"]
         if scale_key != f"quant.{operand}.scale" or scale_key not in arrays:
             raise MxsimError(f"scale must name the array quant.{operand}.scale in the layer's file, got {scale_key!r}")
