@@ -29,7 +29,8 @@ ROLES = {
     "custom": "user-built format (custom_format)",
 }
 
-E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127); code 127 is 1.0
+E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127)
+E8M0_ONE = E8M0_BIAS  # the E8M0 code of the scale 2^0 = 1.0
 E8M0_NAN = 0xFF  # the E8M0 code that marks a block's scale (and so the whole block) NaN
 
 SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX}

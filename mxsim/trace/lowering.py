@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from . import conv
-from .format import CONV_OPS, Layer
+from .model import CONV_OPS, Layer
 
 
 @dataclass(frozen=True)

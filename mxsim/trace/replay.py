@@ -38,7 +38,7 @@ from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
-from .format import Layer, Trace
+from .model import Layer, Trace
 from .lowering import gemm_shape, lift_output
 from .network import accuracy, layer_with_input, perplexity
 from .operands import (
