@@ -303,6 +303,81 @@ def assert_trace_error(path: Path, layer: str | None, field: str | None, message
     return text
 
 
+# --- ONNX models for the capture tests (tests/test_trace_onnx_*.py) ----------------------------
+
+ONNX_IR_VERSION = 10  # onnxruntime 1.2x reads IR <= 10/11; onnx.helper would stamp a newer one
+ONNX_RNG = np.random.default_rng(5)
+
+
+@pytest.fixture(scope="module")
+def onnx():
+    import_or_skip("onnxruntime", "onnx")
+    return import_or_skip("onnx", "onnx")
+
+
+@pytest.fixture(scope="module")
+def ort(onnx):
+    return import_or_skip("onnxruntime", "onnx")
+
+
+@pytest.fixture(scope="module")
+def capture(onnx):
+    """:func:`mxsim.trace.onnx_import.capture_onnx` (the test is skipped without onnx)."""
+    from mxsim.trace.onnx_import import capture_onnx
+
+    return capture_onnx
+
+
+def f32(*shape, scale=1.0):
+    """Gaussian float32 test data from the ONNX tests' seeded stream."""
+    return (ONNX_RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def make_onnx_model(onnx, nodes, inputs, outputs, initializers=(), opset=17, extra_domains=()):
+    """A model of ``nodes`` with float inputs ``[(name, shape)]``, outputs by name and initializers ``[(name, array)]``."""
+    helper = onnx.helper
+    graph = helper.make_graph(
+        nodes, "test",
+        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape) for name, shape in inputs],
+        [onnx.ValueInfoProto(name=name) for name in outputs],
+        initializer=[onnx.numpy_helper.from_array(array, name) for name, array in initializers])
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in extra_domains]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=ONNX_IR_VERSION)
+
+
+def onnx_reference_values(onnx, ort, model, names, feeds):
+    """The named tensors from one plain onnxruntime session (default optimisations) over the whole model."""
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    existing = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(list(names), feeds)))
+
+
+def assert_close_to(actual, expected, rtol=1e-5):
+    """Equal to within ``rtol`` of the largest magnitude of ``expected``."""
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+
+
+def quark_runtime_values(onnx, ort, model, names, feeds):
+    """The named tensors computed by onnxruntime with Quark's own custom-op library (amd-quark)."""
+    quark_onnx = pytest.importorskip("quark.onnx")
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    existing = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(quark_onnx.get_library_path("CPU"))
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(list(names), feeds)))
+
+
+def layer_node_outputs(model, trace):
+    """Each layer's ONNX output tensor name (a fused bias Add's output for a MatMul with bias)."""
+    produced = {node.name: node.output[0] for node in model.graph.node}
+    return {layer.name: produced[layer.source.get("fused_add") or layer.source["node"]] for layer in trace.layers}
+
+
 def pytest_addoption(parser):
     parser.addoption("--fuzz", action="store_true", default=False,
                      help="run the long fuzz campaign of tests/test_fuzz.py (release checks)")

@@ -292,16 +292,6 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
                     choices["weight"], exact, ops)
 
 
-def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
-               conv_order: str = "kh_kw_c"):
-    """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
-    ``element_format`` if given): (output in the layer's layout as float64, ideal output,
-    output bits (G, M, N), (GEMM outputs, their ideal values) (G, M, N), input choice,
-    weight choice). :func:`run_layer` returns the same and more as one object."""
-    run = run_layer(layer, hw, x, element_format, conv_order)
-    return run.values, run.ideal, run.bits, (run.gemm_values, run.gemm_ideal), run.input, run.weight
-
-
 def _output_ulp(rms: float, out_format: str) -> float:
     """The spacing of ``out_format`` at the layer's output magnitude ``rms`` (the RMS of the
     ideal outputs): the ulp of its binade, or of the smallest normal binade below that."""
