@@ -246,7 +246,10 @@ def cmd_sweep(args) -> int:
     return 1 if summary["failed"] else 0
 
 
-def _add_cluster_arguments(parser) -> None:
+def _add_run_arguments(parser) -> None:
+    """The options replay and sweep share: operand format, progress bar, where to run."""
+    parser.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     cluster = parser.add_mutually_exclusive_group()
     cluster.add_argument("--workers", type=int, help="run on a local Dask cluster of N worker processes (mxsim[dask])")
     cluster.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (tcp://host:8786)")
@@ -349,7 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("trace", help="trace directory (see docs/trace-format.md)")
     replay.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
     replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy (classifiers) or perplexity (language models)")
-    replay.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
     replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
     replay.add_argument("--plots", metavar="DIR",
                         help="write PNG plots: an overview of every layer and unit, and per-layer error histograms "
@@ -359,8 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "accelerators) or (C, kh, kw) (see docs/replay.md)")
     replay.add_argument("--strict", action="store_true",
                         help="fail when a unit cannot take a layer's recorded quantization (default: mark the row)")
-    replay.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_cluster_arguments(replay)
+    _add_run_arguments(replay)
     replay.set_defaults(run=cmd_replay)
 
     sweep = sub.add_parser("sweep", help="replay a trace under every point of a grid of hwconfig changes")
@@ -369,9 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--vary", action="append", required=True, metavar="KEY=VALUES",
                        help="a key path and its values: a:b, a:b:step (integers) or x,y,z (repeatable; docs/sweep.md)")
     sweep.add_argument("--out", required=True, help="output directory (finished points are kept there and reused)")
-    sweep.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
-    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_cluster_arguments(sweep)
+    _add_run_arguments(sweep)
     sweep.set_defaults(run=cmd_sweep)
 
     cycles = sub.add_parser("cycles", help="MX-aware cycle estimates of a trace or a SCALE-Sim topology CSV")
