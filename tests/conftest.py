@@ -345,12 +345,16 @@ def make_onnx_model(onnx, nodes, inputs, outputs, initializers=(), opset=17, ext
     return helper.make_model(graph, opset_imports=opsets, ir_version=ONNX_IR_VERSION)
 
 
-def onnx_reference_values(onnx, ort, model, names, feeds):
-    """The named tensors from one plain onnxruntime session (default optimisations) over the whole model."""
+def onnx_reference_values(onnx, ort, model, names, feeds, quark_ops: bool = False):
+    """The named tensors from one onnxruntime session (default optimisations) over the whole
+    model; with ``quark_ops``, Quark's own custom-op library (amd-quark) computes its nodes."""
     probe = onnx.ModelProto.FromString(model.SerializeToString())
     existing = {o.name for o in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if quark_ops:
+        options.register_custom_ops_library(pytest.importorskip("quark.onnx").get_library_path("CPU"))
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return dict(zip(names, session.run(list(names), feeds)))
 
 
@@ -358,18 +362,6 @@ def assert_close_to(actual, expected, rtol=1e-5):
     """Equal to within ``rtol`` of the largest magnitude of ``expected``."""
     scale = max(float(np.abs(expected).max()), 1e-30)
     np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
-
-
-def quark_runtime_values(onnx, ort, model, names, feeds):
-    """The named tensors computed by onnxruntime with Quark's own custom-op library (amd-quark)."""
-    quark_onnx = pytest.importorskip("quark.onnx")
-    probe = onnx.ModelProto.FromString(model.SerializeToString())
-    existing = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(quark_onnx.get_library_path("CPU"))
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return dict(zip(names, session.run(list(names), feeds)))
 
 
 def layer_node_outputs(model, trace):

@@ -10,7 +10,7 @@ from mxsim.errors import MxsimError
 from mxsim.trace import BFPQuant, MXQuant
 from mxsim.trace.lowering import gemm_reference
 
-from conftest import assert_close_to, f32, layer_node_outputs, make_onnx_model, quark_runtime_values
+from conftest import assert_close_to, f32, layer_node_outputs, make_onnx_model, onnx_reference_values
 
 
 def quark_model(onnx, legacy=False):
@@ -151,7 +151,7 @@ def test_quark_quantizers_on_rank0_and_one_element_constants_pass_through_like_q
     model = make_onnx_model(onnx, nodes, [("x", [2, 4])], ["y"], inits, extra_domains=(quark,))
     feeds = {"x": f32(2, 4)}
     trace = capture(model, feeds)  # used to fail: "axis 0 is out of range for a rank-0 input"
-    quark_values = quark_runtime_values(onnx, ort, model, ["halved", "y"], feeds)
+    quark_values = onnx_reference_values(onnx, ort, model, ["halved", "y"], feeds, quark_ops=True)
     layer = trace.layers[0]
     assert np.array_equal(layer.input, quark_values["halved"])
     assert np.array_equal(layer.input, (feeds["x"] + np.float32(3.3)) * np.float32(6.3) * np.float32(0.5123456))
@@ -213,7 +213,7 @@ def test_amd_quark_quantized_model_captures_and_matches_quarks_runtime(onnx, ort
     assert [layer.op for layer in trace.layers] == ["conv2d", "conv_transpose2d", "linear"]
     assert all(isinstance(layer.quant["weight"], MXQuant) for layer in trace.layers)
     outputs = layer_node_outputs(model, trace)
-    quark_values = quark_runtime_values(onnx, ort, model, list(outputs.values()), {"x": x})
+    quark_values = onnx_reference_values(onnx, ort, model, list(outputs.values()), {"x": x}, quark_ops=True)
     for layer in trace.layers:
         assert np.array_equal(layer.output, quark_values[outputs[layer.name]]), layer.name
 
@@ -232,7 +232,7 @@ def test_mxint8_zero_signs_follow_quarks_runtime_for_every_rounding_mode(onnx, o
     x[:, 1:] = np.linspace(-0.4, 0.4, 31, dtype=np.float32)
     x[1, 1:] *= -1
     (layer,) = capture(model, {"x": x}).layers
-    quark = quark_runtime_values(onnx, ort, model, ["x_q"], {"x": x})["x_q"]
+    quark = onnx_reference_values(onnx, ort, model, ["x_q"], {"x": x}, quark_ops=True)["x_q"]
     # step 2^0 (block max 100): 4 rows x 15 negative inputs round to zero, and row 1 holds one -0.0 input
     negative_zeros = int(((quark == 0) & np.signbit(quark)).sum())
     assert negative_zeros == (61 if rounding_mode < 2 else 1)

@@ -12,8 +12,10 @@
 * :mod:`.network` — running a sequential network recipe end to end.
 * :mod:`.capture_torch` (``from mxsim.trace.capture_torch import capture_torch``, needs
   ``mxsim[torch]``) and :mod:`.onnx_import` (``from mxsim.trace.onnx_import import
-  capture_onnx``, needs ``mxsim[onnx]``): not imported here, so ``import mxsim.trace`` never
-  needs torch or onnx.
+  capture_onnx``, needs ``mxsim[onnx]``; built on :mod:`.onnx_graph`, the graph executor,
+  :mod:`.onnx_layers`, which nodes are layers, :mod:`.onnx_qdq`, QDQ matching, and
+  :mod:`.onnx_quark`, Quark's quantizer ops): not imported here, so ``import mxsim.trace``
+  never needs torch or onnx.
 """
 
 from .conv import (

@@ -26,15 +26,24 @@ LAYER_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")
 GEMM_LIKE_WORDS = ("MatMul", "Gemm", "Conv", "Attention", "LSTM", "GRU", "RNN", "Einsum")
 
 
+def _spatial_attrs(attrs: dict, input_shape) -> tuple[str, int, list[int], list[int]]:
+    """(auto_pad, number of spatial axes, strides, dilations) of an ONNX Conv / ConvTranspose node."""
+    spatial = len(input_shape) - 2
+    return (text(attrs.get("auto_pad", "NOTSET")), spatial, [int(v) for v in attrs.get("strides", [1] * spatial)],
+            [int(v) for v in attrs.get("dilations", [1] * spatial)])
+
+
+def _explicit_pads(attrs: dict, spatial: int) -> list[list[int]]:
+    """ONNX ``pads`` (all befores, then all afters) as [[before, after] per spatial axis]."""
+    pads = [int(v) for v in attrs.get("pads", [0] * 2 * spatial)]
+    return [[pads[i], pads[i + spatial]] for i in range(spatial)]
+
+
 def _conv_padding(attrs: dict, input_shape, weight_shape) -> list[list[int]]:
     """ONNX Conv pads / auto_pad as [[before, after] per spatial axis] ([[top, bottom], [left, right]] in 2-d)."""
-    auto_pad = text(attrs.get("auto_pad", "NOTSET"))
-    spatial = len(input_shape) - 2
-    strides = list(attrs.get("strides", [1] * spatial))
-    dilations = list(attrs.get("dilations", [1] * spatial))
+    auto_pad, spatial, strides, dilations = _spatial_attrs(attrs, input_shape)
     if auto_pad in ("NOTSET", ""):
-        pads = [int(v) for v in attrs.get("pads", [0] * 2 * spatial)]
-        return [[pads[i], pads[i + spatial]] for i in range(spatial)]
+        return _explicit_pads(attrs, spatial)
     if auto_pad == "VALID":
         return [[0, 0] for _ in range(spatial)]
     pairs = []
@@ -174,14 +183,10 @@ def _einsum_views(equation: str, x: np.ndarray, w: np.ndarray):
 
 def _conv_transpose_padding(attrs: dict, input_shape, weight_shape) -> list[list[int]]:
     """ONNX ConvTranspose pads / output_shape / auto_pad as [[top, bottom], [left, right]]."""
-    auto_pad = text(attrs.get("auto_pad", "NOTSET"))
-    spatial = len(input_shape) - 2
-    strides = list(attrs.get("strides", [1] * spatial))
-    dilations = list(attrs.get("dilations", [1] * spatial))
+    auto_pad, spatial, strides, dilations = _spatial_attrs(attrs, input_shape)
     output_padding = list(attrs.get("output_padding", [0] * spatial))
     if "output_shape" not in attrs and auto_pad in ("NOTSET", "", "VALID"):
-        pads = list(attrs.get("pads", [0] * 2 * spatial)) if auto_pad in ("NOTSET", "") else [0] * 2 * spatial
-        return [[pads[i], pads[i + spatial]] for i in range(spatial)]
+        return _explicit_pads(attrs, spatial) if auto_pad in ("NOTSET", "") else [[0, 0] for _ in range(spatial)]
     targets = list(attrs.get("output_shape", []))[-spatial:] or [size * s for size, s in zip(input_shape[2:], strides)]
     pairs = []
     for size, kernel, stride, dilation, extra, target in zip(input_shape[2:], weight_shape[2:], strides, dilations,
@@ -207,8 +212,7 @@ def layer_views(node, node_attrs: dict, x: np.ndarray, w: np.ndarray, out: np.nd
         if spatial == 1:  # height 1
             views = {"input": _CONV1D, "weight": _CONV1D, "output": _CONV1D}
             details["conv1d_as_2d"] = True
-        strides = [int(v) for v in node_attrs.get("strides", [1] * spatial)]
-        dilations = [int(v) for v in node_attrs.get("dilations", [1] * spatial)]
+        _, _, strides, dilations = _spatial_attrs(node_attrs, x.shape)
         if op_type == "Conv":
             padding = _conv_padding(node_attrs, x.shape, w.shape)
         else:
