@@ -3,6 +3,7 @@
 User errors (any :class:`mxsim.errors.MxsimError`, a missing or unreadable file, a bad
 option) print exactly one line on stderr and exit with status 2, never a traceback;
 ``--json`` prints machine-readable results on stdout. Output files are written atomically.
+Each subcommand imports what it runs, so ``mxsim --version`` and ``--help`` load no Numba.
 """
 
 from __future__ import annotations
@@ -18,11 +19,6 @@ from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import read_npy_file, write_atomic
 from .limits import BUDGET_VARIABLE, check_block_size
-from .formats import FORMATS, format_names, get_format
-from .quantize import PROFILES, fake_quantize
-from .quantize.options import resolve_options
-
-DEMO_FORMATS = format_names("element")
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:
@@ -33,6 +29,8 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
 
 
 def cmd_formats(args) -> int:
+    from .formats import FORMATS
+
     rows = []
     for name, fmt in FORMATS.items():
         rows.append(
@@ -75,6 +73,9 @@ def _load_tensor(path: str) -> np.ndarray:
 
 
 def cmd_quantize(args) -> int:
+    from .formats import format_names, get_format
+    from .quantize import fake_quantize, resolve_options
+
     check_block_size(args.block_size, "--block-size")
     x = _load_tensor(args.input) if args.input else _sample_tensor()
     overrides = {"scale_rule": args.scale_rule} if args.scale_rule else {}
@@ -82,7 +83,7 @@ def cmd_quantize(args) -> int:
     reference = x.astype(np.float64)
     signal = float(np.sum(reference**2))
     rows = []
-    for name in args.format or DEMO_FORMATS:
+    for name in args.format or format_names("element"):
         fmt = get_format(name)
         out = fake_quantize(x, fmt, axis=args.axis, block_size=args.block_size, profile=args.profile, **overrides)
         error = out - reference
@@ -129,6 +130,8 @@ def _code_list(text: str, what: str) -> list[int]:
 
 
 def _operand_codes(values: str | None, codes: str | None, fmt_name: str, operand: str) -> np.ndarray:
+    from .formats import get_format
+
     fmt = get_format(fmt_name)
     if (values is None) == (codes is None):
         raise MxsimError(f"give exactly one of --{operand} (values) or --{operand}-codes")
@@ -155,6 +158,7 @@ def _describe_stage(stage: dict) -> str:
 
 def cmd_dot(args) -> int:
     from .datapath import as_float, dot, explain, load_hwconfig
+    from .formats import get_format
 
     hw = load_hwconfig(args.hw)
     a = _operand_codes(args.a, args.a_codes, args.a_format, "a")
@@ -242,7 +246,10 @@ def cmd_sweep(args) -> int:
     return 1 if summary["failed"] else 0
 
 
-def _add_cluster_arguments(parser) -> None:
+def _add_run_arguments(parser) -> None:
+    """The options replay and sweep share: operand format, progress bar, where to run."""
+    parser.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     cluster = parser.add_mutually_exclusive_group()
     cluster.add_argument("--workers", type=int, help="run on a local Dask cluster of N worker processes (mxsim[dask])")
     cluster.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (tcp://host:8786)")
@@ -317,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     quantize = sub.add_parser("quantize", help="MX-quantize a tensor and report the error per format")
     quantize.add_argument("--input", help=".npy float array (default: a built-in sample tensor)")
     quantize.add_argument("--format", action="append", help="element format (repeatable; default: all MX formats)")
-    quantize.add_argument("--profile", default="ocp", help=f"one of {', '.join(PROFILES)}")
+    quantize.add_argument("--profile", default="ocp",
+                          help="quantization profile (default ocp; docs/profiles.md; an unknown name lists them)")
     quantize.add_argument("--scale-rule", choices=["floor", "ceil", "even", "rceil"], help="override the profile's")
     quantize.add_argument("--axis", type=int, default=-1)
     quantize.add_argument("--block-size", type=int, default=32)
@@ -344,7 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("trace", help="trace directory (see docs/trace-format.md)")
     replay.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
     replay.add_argument("--end-to-end", action="store_true", help="also run the whole model on each unit: accuracy (classifiers) or perplexity (language models)")
-    replay.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
     replay.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
     replay.add_argument("--plots", metavar="DIR",
                         help="write PNG plots: an overview of every layer and unit, and per-layer error histograms "
@@ -354,8 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "accelerators) or (C, kh, kw) (see docs/replay.md)")
     replay.add_argument("--strict", action="store_true",
                         help="fail when a unit cannot take a layer's recorded quantization (default: mark the row)")
-    replay.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_cluster_arguments(replay)
+    _add_run_arguments(replay)
     replay.set_defaults(run=cmd_replay)
 
     sweep = sub.add_parser("sweep", help="replay a trace under every point of a grid of hwconfig changes")
@@ -364,9 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--vary", action="append", required=True, metavar="KEY=VALUES",
                        help="a key path and its values: a:b, a:b:step (integers) or x,y,z (repeatable; docs/sweep.md)")
     sweep.add_argument("--out", required=True, help="output directory (finished points are kept there and reused)")
-    sweep.add_argument("--format", help="quantize every operand to this element format (default: the trace's specs)")
-    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_cluster_arguments(sweep)
+    _add_run_arguments(sweep)
     sweep.set_defaults(run=cmd_sweep)
 
     cycles = sub.add_parser("cycles", help="MX-aware cycle estimates of a trace or a SCALE-Sim topology CSV")

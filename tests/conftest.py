@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import settings
 
 from mxsim.formats import FORMATS
@@ -222,6 +223,151 @@ def dask_runner():
     runner = DaskRunner(workers=2, timeout=300, tile_macs=1 << 16)
     yield runner
     runner.close()
+
+
+# --- a sample trace on disk and its error checks (tests/test_trace_*.py) ----------------------
+
+def sample_trace():
+    """conv -> relu -> flatten -> linear (a network over the dataset), plus a batched matmul."""
+    from mxsim.trace import BFPQuant, Layer, MXQuant, Network, QDQQuant, Trace
+    from mxsim.trace.conv import conv2d_direct, conv_transpose2d_direct
+
+    rng = np.random.default_rng(11)
+    images = rng.standard_normal((4, 1, 5, 5)).astype(np.float32)
+    conv_w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    conv_b = rng.standard_normal(2).astype(np.float32)
+    conv = Layer("conv", "conv2d", {"input": images, "weight": conv_w, "bias": conv_b, "output": np.zeros(1)},
+                 {"stride": [1, 1], "padding": [[1, 1], [1, 1]], "dilation": [1, 1], "groups": 1},
+                 {"input": MXQuant("fp8_e4m3", 1, 32), "weight": BFPQuant("MX6", 1)}, {"module": "conv"})
+    conv.tensors["output"] = conv2d_direct(images, conv_w, conv_b, conv.conv_geometry()).astype(np.float32)
+    hidden = np.maximum(conv.output, 0).reshape(4, -1)
+    fc_w = rng.standard_normal((3, 50)).astype(np.float32)
+    fc_in_q = QDQQuant("int8", np.array(0.05, np.float32), np.array(0, np.int8))
+    fc_w_q = QDQQuant("int8", np.full(3, 0.02, np.float32), np.zeros(3, np.int8), axis=0)
+    fc = Layer("fc", "linear", {"input": hidden, "weight": fc_w, "output": hidden @ fc_w.T,
+                                "input_quantized": fc_in_q.fake_quantize(hidden),
+                                "weight_quantized": fc_w_q.fake_quantize(fc_w)},
+               {}, {"input": fc_in_q, "weight": fc_w_q, "bias": None})
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    bmm = Layer("attention scores", "matmul", {"input": a, "weight": b, "output": a @ b},
+                quant={"input": MXQuant("int8", 2, 4, "quark-onnx", {"element_rounding": "nearest_even"})})
+    up_x = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    up_w = rng.standard_normal((4, 1, 3, 2)).astype(np.float32)
+    up = Layer("up", "conv_transpose2d", {"input": up_x, "weight": up_w, "output": np.zeros(1)},
+               {"stride": [2, 2], "padding": [[1, 0], [0, 1]], "dilation": [1, 1], "groups": 2,
+                "output_padding": [1, 0]}, {"weight": MXQuant("fp8_e5m2", 0, 2)})
+    up.tensors["output"] = conv_transpose2d_direct(up_x, up_w, None, up.conv_geometry()).astype(np.float32)
+    dataset = {"inputs": images, "labels": np.array([0, 1, 2, 1], np.int64)}
+    network = Network("inputs", ({"layer": "conv"}, {"op": "relu"}, {"op": "flatten", "start_dim": 1}, {"layer": "fc"}),
+                      "labels")
+    return Trace("sample", [conv, fc, bmm, up], {"framework": "test"}, {"note": "hand-made", "accuracy": 0.5},
+                 dataset, network)
+
+
+@pytest.fixture
+def saved_trace(tmp_path) -> Path:
+    """:func:`sample_trace` saved in a temporary directory."""
+    from mxsim.trace import save_trace
+
+    return save_trace(sample_trace(), tmp_path / "trace")
+
+
+def edit_manifest(path: Path, change) -> None:
+    manifest = yaml.safe_load((path / "manifest.yaml").read_text())
+    change(manifest)
+    (path / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+
+
+def layer_file(path: Path, layer_name: str) -> Path:
+    manifest = yaml.safe_load((path / "manifest.yaml").read_text())
+    return path / next(e["file"] for e in manifest["layers"] if e["name"] == layer_name)
+
+
+def assert_trace_error(path: Path, layer: str | None, field: str | None, message: str):
+    """Loading ``path`` raises a TraceError naming the trace, ``layer`` and ``field``, with ``message``."""
+    from mxsim.errors import TraceError
+    from mxsim.trace import load_trace
+
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    error = caught.value
+    text = str(error)
+    assert text.startswith(f"trace {path}"), text
+    assert (error.layer, error.field) == (layer, field), text
+    if layer is not None:
+        assert f"layer {layer!r}" in text
+    if field is not None:
+        assert f"field {field!r}" in text
+    assert message in text, text
+    return text
+
+
+# --- ONNX models for the capture tests (tests/test_trace_onnx_*.py) ----------------------------
+
+ONNX_IR_VERSION = 10  # onnxruntime 1.2x reads IR <= 10/11; onnx.helper would stamp a newer one
+ONNX_RNG = np.random.default_rng(5)
+
+
+@pytest.fixture(scope="module")
+def onnx():
+    import_or_skip("onnxruntime", "onnx")
+    return import_or_skip("onnx", "onnx")
+
+
+@pytest.fixture(scope="module")
+def ort(onnx):
+    return import_or_skip("onnxruntime", "onnx")
+
+
+@pytest.fixture(scope="module")
+def capture(onnx):
+    """:func:`mxsim.trace.onnx_import.capture_onnx` (the test is skipped without onnx)."""
+    from mxsim.trace.onnx_import import capture_onnx
+
+    return capture_onnx
+
+
+def f32(*shape, scale=1.0):
+    """Gaussian float32 test data from the ONNX tests' seeded stream."""
+    return (ONNX_RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def make_onnx_model(onnx, nodes, inputs, outputs, initializers=(), opset=17, extra_domains=()):
+    """A model of ``nodes`` with float inputs ``[(name, shape)]``, outputs by name and initializers ``[(name, array)]``."""
+    helper = onnx.helper
+    graph = helper.make_graph(
+        nodes, "test",
+        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape) for name, shape in inputs],
+        [onnx.ValueInfoProto(name=name) for name in outputs],
+        initializer=[onnx.numpy_helper.from_array(array, name) for name, array in initializers])
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in extra_domains]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=ONNX_IR_VERSION)
+
+
+def onnx_reference_values(onnx, ort, model, names, feeds, quark_ops: bool = False):
+    """The named tensors from one onnxruntime session (default optimisations) over the whole
+    model; with ``quark_ops``, Quark's own custom-op library (amd-quark) computes its nodes."""
+    probe = onnx.ModelProto.FromString(model.SerializeToString())
+    existing = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
+    options = ort.SessionOptions()
+    if quark_ops:
+        options.register_custom_ops_library(pytest.importorskip("quark.onnx").get_library_path("CPU"))
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(list(names), feeds)))
+
+
+def assert_close_to(actual, expected, rtol=1e-5):
+    """Equal to within ``rtol`` of the largest magnitude of ``expected``."""
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+
+
+def layer_node_outputs(model, trace):
+    """Each layer's ONNX output tensor name (a fused bias Add's output for a MatMul with bias)."""
+    produced = {node.name: node.output[0] for node in model.graph.node}
+    return {layer.name: produced[layer.source.get("fused_add") or layer.source["node"]] for layer in trace.layers}
 
 
 def pytest_addoption(parser):

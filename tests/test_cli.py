@@ -68,6 +68,16 @@ def test_errors_are_one_line_with_status_2(argv, message):
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in completed.stderr
 
 
+@pytest.mark.parametrize("argv, loads_numba", [(["--version"], False), (["--help"], False), (["quantize", "--help"], False),
+                                               (["formats"], True)])
+def test_only_subcommands_that_run_kernels_import_numba(argv, loads_numba):
+    code = f"import sys\nfrom mxsim.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n" \
+           "print('numba' in sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines()[-1] == str(loads_numba)
+
+
 def test_replay_writes_json_atomically(capsys, tmp_path):
     out_file = tmp_path / "report.json"
     status, out, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),

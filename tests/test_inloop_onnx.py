@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import numpy as np
-import pytest
 
 from mxsim import matmul
 from mxsim.datapath import load_hwconfig
@@ -15,18 +11,6 @@ from mxsim.inloop import run_onnx_on_unit
 from conftest import REPO
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
-
-
-@pytest.fixture(scope="module")
-def onnx():
-    for name in ("onnxruntime", "onnx"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            if os.environ.get("CI"):
-                pytest.fail(f"{name} is required when CI is set: pip install 'mxsim[onnx]'", pytrace=False)
-            pytest.skip(f"{name} is not installed (pip install 'mxsim[onnx]')")
-    return module
 
 
 def test_exported_mlp_equals_matmul_by_hand(onnx, torch, tmp_path):

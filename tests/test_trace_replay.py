@@ -14,7 +14,7 @@ from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError, TraceError
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
-from mxsim.trace.replay import format_report, layer_gemm, replay, replay_layer, write_plots
+from mxsim.trace.replay import format_report, replay, replay_layer, run_layer, write_plots
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")}
 
@@ -87,7 +87,7 @@ def test_conv_layer_equals_an_independent_direct_convolution(unit):
     expected = conv2d_direct(x, w, bias, probe.conv_geometry())
     layer = Layer("conv", "conv2d", {"input": x, "weight": w, "bias": bias, "output": expected.astype(np.float32)},
                   attrs, {"input": None, "weight": None, "bias": None}, {})
-    values, _, _, _, _, _ = layer_gemm(layer, HW[unit])
+    values = run_layer(layer, HW[unit]).values
     np.testing.assert_array_equal(values, expected)
     assert replay_layer(layer, HW[unit]).sqnr_vs_float_db == float("inf")
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from operator import attrgetter
 
 from mxsim.cycles.array import ArrayConfig
 from mxsim.cycles.compute import FoldSchedule, fold_schedule
@@ -94,49 +94,32 @@ class LayerEstimate:
         }
 
 
+def _layer_sum(figure: str) -> property:
+    """A :class:`TraceEstimate` total: the layers' ``figure`` (a dotted attribute path) summed."""
+    read = attrgetter(figure)
+    return property(lambda self: sum(read(layer) for layer in self.layers), doc=f"Sum of the layers' {figure}.")
+
+
 @dataclass(frozen=True)
 class TraceEstimate:
-    """Estimates of a sequence of layers run one after another, with totals."""
+    """Estimates of a sequence of layers run one after another, with totals (layers do not
+    overlap each other: ``total_cycles`` is the sum of per-layer totals)."""
 
     array: ArrayConfig
     layers: tuple[LayerEstimate, ...]
 
-    @property
-    def macs(self) -> int:
-        return sum(layer.macs for layer in self.layers)
-
-    @property
-    def compute_cycles(self) -> int:
-        return sum(layer.compute_cycles for layer in self.layers)
-
-    @property
-    def memory_cycles(self) -> int:
-        return sum(layer.memory_cycles for layer in self.layers)
-
-    @property
-    def total_cycles(self) -> int:
-        """Sum of per-layer totals: layers do not overlap each other."""
-        return sum(layer.total_cycles for layer in self.layers)
+    macs = _layer_sum("macs")
+    compute_cycles = _layer_sum("compute_cycles")
+    memory_cycles = _layer_sum("memory_cycles")
+    total_cycles = _layer_sum("total_cycles")
+    element_bytes = _layer_sum("traffic.element_bytes")
+    scale_bytes = _layer_sum("traffic.scale_bytes")
+    partial_sum_bytes = _layer_sum("traffic.partial_sum_bytes")
+    total_bytes = _layer_sum("traffic.total_bytes")
 
     @property
     def seconds(self) -> float:
         return self.total_cycles / (self.array.clock_mhz * 1e6)
-
-    @property
-    def element_bytes(self) -> int:
-        return sum(layer.traffic.element_bytes for layer in self.layers)
-
-    @property
-    def scale_bytes(self) -> int:
-        return sum(layer.traffic.scale_bytes for layer in self.layers)
-
-    @property
-    def partial_sum_bytes(self) -> int:
-        return sum(layer.traffic.partial_sum_bytes for layer in self.layers)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(layer.traffic.total_bytes for layer in self.layers)
 
     @property
     def utilisation(self) -> float:

@@ -29,7 +29,8 @@ ROLES = {
     "custom": "user-built format (custom_format)",
 }
 
-E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127); code 127 is 1.0
+E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127)
+E8M0_ONE = E8M0_BIAS  # the E8M0 code of the scale 2^0 = 1.0
 E8M0_NAN = 0xFF  # the E8M0 code that marks a block's scale (and so the whole block) NaN
 
 SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX}
@@ -75,8 +76,9 @@ class FormatInfo:
     Storage in memory (what the cycle model counts; the datapath never reads these):
 
         storage_bits: bits of one element as stored, ``bits`` by default. Differs from
-            ``bits`` for MX4/6/9: the datapath widens M to ``m + 1`` magnitude bits (the
-            rounding can carry to ``2^m``) while memory holds sign + ``m - 1`` mantissa bits.
+            ``bits`` for MX4/6/9: the datapath widens M to ``m + 1`` magnitude bits (Quark's
+            CUDA stochastic rounding can reach ``2^m``; its CPU kernel saturates at
+            ``2^m - 1``, docs/bfp.md) while memory holds sign + ``m - 1`` mantissa bits.
         block_size: elements sharing one scale of ``scale_bits`` (None: no block scale).
         subblock_size, microexponent_bits: one ``microexponent_bits`` field per
             ``subblock_size`` elements (MX4/6/9).
@@ -372,8 +374,9 @@ FORMATS: dict[str, FormatInfo] = _table(
     FormatInfo("e8m0", 8, 8, 0, E8M0_BIAS, signed=False, specials="nan_at_max", subnormals=False, role="scale",
                aliases=("float8_e8m0fnu",)),
     # Shared-microexponent (MX4/MX6/MX9) elements as the datapath sees them: sign and an
-    # integer M <= 2^m (Quark's CPU kernel can round up to 2^m, so m + 1 magnitude bits),
-    # valued M * 2^(1 - m); the sub-block's 2^(E - 127 - d) travels as an E8M0-style scale.
+    # integer M <= 2^m (m + 1 magnitude bits: Quark's CUDA stochastic rounding can reach 2^m,
+    # its CPU kernel saturates at 2^m - 1), valued M * 2^(1 - m); the sub-block's
+    # 2^(E - 127 - d) travels as an E8M0-style scale.
     # In memory: 1 sign + 2/4/7 mantissa bits (storage_bits), averaging 4/6/9 bits per element.
     FormatInfo("mx4", 4, 0, 3, -1, specials="none", storage_bits=3, **_SHARED_MICROEXPONENT),
     FormatInfo("mx6", 6, 0, 5, -1, specials="none", storage_bits=5, **_SHARED_MICROEXPONENT),

@@ -7,7 +7,8 @@ expected outputs come from an injectable expected function, ``mxsim.dot`` by def
 See docs/golden.md.
 """
 
-from .cases import KINDS, corner_cases, exhaustive_cases, random_cases
+from .cases import KINDS, exhaustive_cases, random_cases
+from .corners import corner_cases
 from .generate import MANIFEST_NAME, dot_expected_fn, fill_expected, generate, make_cases, output_bits
 from .layout import Field, GoldenUnit, VectorLayout, layout_for, units_from_hwconfig
 from .stages import exact_stages

@@ -1,7 +1,7 @@
 """An ONNX model run with its MatMul / Gemm / Conv / ConvTranspose nodes computed by an mxsim unit
 (``mxsim[onnx]``).
 
-The graph runs on the capture's executor (:mod:`mxsim.trace.onnx_import`): onnxruntime for
+The graph runs on the capture's executor (:mod:`mxsim.trace.onnx_graph`): onnxruntime for
 every other node (graph optimizations off), Quark's custom quantizers emulated in numpy, and
 each matmul node computed between onnxruntime stages: the node is first run alone by
 onnxruntime for its float output (its shape, and the check that the layer view is right),
@@ -20,9 +20,10 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..trace._optional import require
-from ..trace.format import Layer
-from ..trace.onnx_import import (_IDENTITY, STANDARD_DOMAINS, _attributes, _check_feeds, _Graph, _layer_views,
-                                 _load_model, _run_stages, _Skip)
+from ..trace.model import Layer
+from ..trace.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_model, run_graph
+from ..trace.onnx_layers import IDENTITY, Skip, layer_views
+from ..trace.onnx_quark import QUARK_DOMAINS, quark_node_function
 from ..trace.replay import run_layer
 from .torch import _unit, check_scaling
 
@@ -57,12 +58,15 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
     """
     hw = _unit(hw)
     per_tensor_scale = check_scaling(scaling)
-    proto, _ = _load_model(model)
-    g = _Graph(proto)
-    feeds = _check_feeds(g, inputs)
-    computed = []
+    proto, _ = load_model(model, "run_onnx_on_unit")
+    g = Graph(proto)
+    feeds = check_feeds(g, inputs, "run_onnx_on_unit")
+    quark_node = quark_node_function(bfp_kernel)
 
     def unit_node(node):
+        quark = quark_node(node)
+        if quark is not None:
+            return quark
         if node.op_type not in UNIT_OP_TYPES or node.domain not in STANDARD_DOMAINS:
             return None
 
@@ -72,12 +76,12 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
             out = _node_alone(node, operands)
             if x.dtype.kind != "f" or w.dtype.kind != "f":
                 return out
-            node_attrs = _attributes(node)
+            node_attrs = attributes(node)
             try:
-                op, attrs, views, _ = _layer_views(node, node_attrs, x, w, out, False)
-            except _Skip:
+                op, attrs, views, _ = layer_views(node, node_attrs, x, w, out, False)
+            except Skip:
                 return out
-            tensors = {role: views.get(role, _IDENTITY).array(value)
+            tensors = {role: views.get(role, IDENTITY).array(value)
                        for role, value in (("input", x), ("weight", w), ("output", out))}
             layer = Layer(node.name or node.op_type, op, tensors, attrs)
             values = run_layer(layer, hw, element_format=a_format, weight_format=b_format,
@@ -88,7 +92,6 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
                     values = values + float(node_attrs.get("beta", 1.0)) * bias.astype(np.float64)
                 else:
                     values = values + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
-            computed.append(layer.name)
             return values.astype(out.dtype)
 
         return compute
@@ -97,5 +100,5 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
     unknown = wanted - set(g.producer) - set(g.constants) - set(feeds)
     if unknown:
         raise MxsimError(f"run_onnx_on_unit: the graph has no values {sorted(unknown)}")
-    values = _run_stages(g, feeds, wanted, bfp_kernel, unit_node)
+    values = run_graph(g, feeds, wanted, unit_node, QUARK_DOMAINS)
     return {name: values[name] for name in (outputs if outputs is not None else g.outputs)}

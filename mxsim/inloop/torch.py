@@ -21,7 +21,7 @@ from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
 from ..trace._optional import require
 from ..trace.capture_torch import QuantArg, _Recorder, intercepting
-from ..trace.format import Layer
+from ..trace.model import Layer
 from ..trace.replay import run_layer
 
 SCALINGS = ("auto", "block", "tensor")

@@ -90,6 +90,25 @@ def _cuda_prime_round(bits, significand, shift, mantissa_bits, rounding_mode, ra
 
 
 @njit(cache=True, nogil=True)
+def _zero_codes(n_blocks, block_size, n_micro):
+    """Zeroed ``(shared, micro, mant, sign)`` code arrays for ``n_blocks`` blocks."""
+    return (np.zeros(n_blocks, np.uint8), np.zeros((n_blocks, n_micro), np.uint8),
+            np.zeros((n_blocks, block_size), np.int32), np.zeros((n_blocks, block_size), np.uint8))
+
+
+@njit(cache=True, nogil=True)
+def _largest_exponent(block_bits, b, start, stop, finite_only):
+    """The largest biased exponent field of elements ``start..stop`` of block ``b`` (0 if
+    none); with ``finite_only``, Inf/NaN elements (field 255) are left out."""
+    largest = 0
+    for j in range(start, stop):
+        e = (np.int64(block_bits[b, j]) >> 23) & _EXP_ALL_ONES
+        if e > largest and not (finite_only and e == _EXP_ALL_ONES):
+            largest = e
+    return largest
+
+
+@njit(cache=True, nogil=True)
 def bfp_prime_kernel(
     block_bits, mantissa_bits, sub_block_size, sub_block_shift_bits, rounding_mode, cuda,
     random_words,
@@ -106,26 +125,15 @@ def bfp_prime_kernel(
     n_sub = block_size // sub_block_size
     max_micro = (1 << sub_block_shift_bits) - 1
     max_mag = (1 << mantissa_bits) - 1
-    shared = np.zeros(n_blocks, np.uint8)
-    micro = np.zeros((n_blocks, n_sub), np.uint8)
-    mant = np.zeros((n_blocks, block_size), np.int32)
-    sign = np.zeros((n_blocks, block_size), np.uint8)
+    shared, micro, mant, sign = _zero_codes(n_blocks, block_size, n_sub)
     for b in range(n_blocks):
-        shared_exp = 0
-        for j in range(block_size):
-            e = (np.int64(block_bits[b, j]) >> 23) & _EXP_ALL_ONES
-            if e > shared_exp:
-                shared_exp = e
+        shared_exp = _largest_exponent(block_bits, b, 0, block_size, False)
         shared[b] = shared_exp
         if shared_exp == _EXP_ALL_ONES:
             continue  # NaN block: every output element is NaN; codes stay zero
         for s in range(n_sub):
             start = s * sub_block_size
-            sub_max_exp = 0
-            for j in range(start, start + sub_block_size):
-                e = (np.int64(block_bits[b, j]) >> 23) & _EXP_ALL_ONES
-                if e > sub_max_exp:
-                    sub_max_exp = e
+            sub_max_exp = _largest_exponent(block_bits, b, start, start + sub_block_size, False)
             d = min(shared_exp - sub_max_exp, max_micro)
             micro[b, s] = d
             for j in range(start, start + sub_block_size):
@@ -166,17 +174,10 @@ def bfp_plain_kernel(block_bits, mantissa_bits, rounding_mode):
     """
     n_blocks, block_size = block_bits.shape
     max_mag = (1 << mantissa_bits) - 1
-    shared = np.zeros(n_blocks, np.uint8)
-    micro = np.zeros((n_blocks, 1), np.uint8)
-    mant = np.zeros((n_blocks, block_size), np.int32)
-    sign = np.zeros((n_blocks, block_size), np.uint8)
+    shared, micro, mant, sign = _zero_codes(n_blocks, block_size, 1)
     special = np.zeros((n_blocks, block_size), np.uint32)
     for b in range(n_blocks):
-        shared_exp = 0
-        for j in range(block_size):
-            e = (np.int64(block_bits[b, j]) >> 23) & _EXP_ALL_ONES
-            if e != _EXP_ALL_ONES and e > shared_exp:
-                shared_exp = e
+        shared_exp = _largest_exponent(block_bits, b, 0, block_size, True)
         shared[b] = shared_exp
         for j in range(block_size):
             bits = np.int64(block_bits[b, j])

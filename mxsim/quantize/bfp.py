@@ -55,7 +55,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import MxsimError, UnknownNameError
-from ..limits import MAX_BLOCK_SIZE, check_array_budget
+from ..limits import MAX_BLOCK_SIZE, check_array_budget, is_integer
 from . import _bfp_kernels
 
 __all__ = [
@@ -96,7 +96,7 @@ class BFPAxisError(MxsimError, ValueError):
 
 
 def _require_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise BFPSpecError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < low or (high is not None and value > high):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
@@ -363,7 +363,7 @@ def _as_float32(x: object) -> np.ndarray:
 
 
 def _normalise_axis(axis: object, ndim: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    if not is_integer(axis):
         raise BFPAxisError(f"axis must be an int, got {type(axis).__name__} {axis!r}")
     if not -ndim <= axis < ndim:
         raise BFPAxisError(f"axis {axis} is out of range for a {ndim}-d array")

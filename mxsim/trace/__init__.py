@@ -1,7 +1,8 @@
 """Traces: what each matmul/conv layer of a real model sees, captured for replay.
 
-* :mod:`.format` — the on-disk format (YAML manifest + NPZ), :class:`Trace`, :class:`Layer`,
-  :func:`load_trace`, :func:`save_trace`.
+* :mod:`.model` — :class:`Trace`, :class:`Layer`, :class:`Network` and the format's
+  vocabulary; :mod:`.validate` — the rules a trace obeys; :mod:`.io` — the on-disk format
+  (YAML manifest + NPZ): :func:`load_trace`, :func:`save_trace`.
 * :mod:`.quant` — per-operand quantization specs (:class:`MXQuant`, :class:`BFPQuant`,
   :class:`QDQQuant`).
 * :mod:`.conv`, :mod:`.lowering` — conv2d / conv_transpose2d geometry, im2col and the GEMM
@@ -11,8 +12,10 @@
 * :mod:`.network` — running a sequential network recipe end to end.
 * :mod:`.capture_torch` (``from mxsim.trace.capture_torch import capture_torch``, needs
   ``mxsim[torch]``) and :mod:`.onnx_import` (``from mxsim.trace.onnx_import import
-  capture_onnx``, needs ``mxsim[onnx]``): not imported here, so ``import mxsim.trace`` never
-  needs torch or onnx.
+  capture_onnx``, needs ``mxsim[onnx]``; built on :mod:`.onnx_graph`, the graph executor,
+  :mod:`.onnx_layers`, which nodes are layers, :mod:`.onnx_qdq`, QDQ matching, and
+  :mod:`.onnx_quark`, Quark's quantizer ops): not imported here, so ``import mxsim.trace``
+  never needs torch or onnx.
 """
 
 from .conv import (
@@ -24,8 +27,9 @@ from .conv import (
     conv_transpose2d_im2col,
     im2col,
 )
-from .format import FORMAT_VERSION, Layer, Network, Trace, load_trace, save_trace
+from .io import load_trace, save_trace
 from .lowering import GemmShape, gemm_axis, gemm_reference, gemm_shape, lift_output, lower_input, lower_weight
+from .model import FORMAT_VERSION, Layer, Network, Trace
 from .network import accuracy, float_layer, layer_with_input, run_network
 from .quant import BFPQuant, MXQuant, QDQQuant
 

@@ -38,7 +38,8 @@ import numpy as np
 
 from ..errors import CaptureWarning, MxsimError
 from ._optional import require
-from .format import Layer, Network, Trace, validate_trace
+from .model import Layer, Network, Trace
+from .validate import validate_trace
 from .quant import BFPQuant, MXQuant, QDQQuant
 
 QuantArg = None | Mapping | Callable

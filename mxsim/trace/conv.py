@@ -26,17 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MxsimError
+from ..limits import is_integer
 
 
 def _pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+    if is_integer(value):
         value = (value, value)
     try:
         first, second = value
     except (TypeError, ValueError):
         raise MxsimError(f"conv2d: {name} must be an int or a pair of ints, got {value!r}") from None
     for item in (first, second):
-        if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+        if not is_integer(item):
             raise MxsimError(f"conv2d: {name} must hold ints, got {value!r}")
     return int(first), int(second)
 
@@ -47,7 +48,7 @@ def normalize_padding(padding) -> tuple[tuple[int, int], tuple[int, int]]:
     Accepts an int p (all sides), a pair (ph, pw) (symmetric, PyTorch), a 4-sequence
     (top, left, bottom, right) (ONNX ``pads`` order) or a pair of pairs (np.pad order).
     """
-    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+    if is_integer(padding):
         p = int(padding)
         result = ((p, p), (p, p))
     else:
@@ -67,9 +68,20 @@ def normalize_padding(padding) -> tuple[tuple[int, int], tuple[int, int]]:
     return result
 
 
+_SIZES = ("batch", "in_channels", "height", "width", "out_channels", "kernel_height", "kernel_width", "groups")
+
+
+def _check_groups(groups, op: str) -> int:
+    if not is_integer(groups) or groups < 1:
+        raise MxsimError(f"{op}: groups must be a positive int, got {groups!r}")
+    return int(groups)
+
+
 @dataclass(frozen=True)
-class Conv2dGeometry:
-    """Shapes and hyper-parameters of one 2-D convolution (validated on creation)."""
+class _Grouped:
+    """What the conv2d and conv_transpose2d geometries share: the sizes, stride and padding
+    fields (each geometry adds its own after them), their checks, channel groups, and the
+    shapes that follow. ``_OP`` names the operation in error messages."""
 
     batch: int
     in_channels: int
@@ -80,24 +92,52 @@ class Conv2dGeometry:
     kernel_width: int
     stride: tuple[int, int] = (1, 1)
     padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
-    dilation: tuple[int, int] = (1, 1)
-    groups: int = 1
 
-    def __post_init__(self):
-        for name in ("batch", "in_channels", "height", "width", "out_channels", "kernel_height",
-                     "kernel_width", "groups"):
+    _OP = ""
+
+    def _check_common(self) -> None:
+        for name in _SIZES:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise MxsimError(f"conv2d: {name} must be a positive int, got {value!r}")
+            if not is_integer(value) or value < 1:
+                raise MxsimError(f"{self._OP}: {name} must be a positive int, got {value!r}")
         object.__setattr__(self, "stride", _pair(self.stride, "stride"))
         object.__setattr__(self, "dilation", _pair(self.dilation, "dilation"))
         object.__setattr__(self, "padding", normalize_padding(self.padding))
-        if min(self.stride) < 1 or min(self.dilation) < 1:
-            raise MxsimError(f"conv2d: stride and dilation must be >= 1, got {self.stride}, {self.dilation}")
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise MxsimError(
-                f"conv2d: groups {self.groups} must divide in_channels {self.in_channels} "
+                f"{self._OP}: groups {self.groups} must divide in_channels {self.in_channels} "
                 f"and out_channels {self.out_channels}")
+
+    @property
+    def channels_per_group(self) -> int:
+        return self.in_channels // self.groups
+
+    @property
+    def filters_per_group(self) -> int:
+        return self.out_channels // self.groups
+
+    @property
+    def input_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.in_channels, self.height, self.width)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.out_channels, self.out_height, self.out_width)
+
+
+@dataclass(frozen=True)
+class Conv2dGeometry(_Grouped):
+    """Shapes and hyper-parameters of one 2-D convolution (validated on creation)."""
+
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+
+    _OP = "conv2d"
+
+    def __post_init__(self):
+        self._check_common()
+        if min(self.stride) < 1 or min(self.dilation) < 1:
+            raise MxsimError(f"conv2d: stride and dilation must be >= 1, got {self.stride}, {self.dilation}")
         if self.out_height < 1 or self.out_width < 1:
             raise MxsimError(
                 f"conv2d: the dilated kernel ({self.kernel_height}x{self.kernel_width}, dilation "
@@ -112,13 +152,12 @@ class Conv2dGeometry:
                 f"conv2d: input and weight must be 4-d, got {tuple(input_shape)} and {tuple(weight_shape)}")
         n, c, h, w = (int(v) for v in input_shape)
         o, cg, kh, kw = (int(v) for v in weight_shape)
-        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-            raise MxsimError(f"conv2d: groups must be a positive int, got {groups!r}")
+        groups = _check_groups(groups, "conv2d")
         if cg * groups != c:
             raise MxsimError(
                 f"conv2d: weight has {cg} input channels per group x {groups} groups, "
                 f"but the input has {c} channels")
-        return cls(n, c, h, w, o, kh, kw, stride, padding, dilation, int(groups))
+        return cls(n, c, h, w, o, kh, kw, stride, padding, dilation, groups)
 
     @property
     def out_height(self) -> int:
@@ -131,22 +170,6 @@ class Conv2dGeometry:
         _, (left, right) = self.padding
         span = self.dilation[1] * (self.kernel_width - 1) + 1
         return (self.width + left + right - span) // self.stride[1] + 1
-
-    @property
-    def channels_per_group(self) -> int:
-        return self.in_channels // self.groups
-
-    @property
-    def filters_per_group(self) -> int:
-        return self.out_channels // self.groups
-
-    @property
-    def output_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.out_channels, self.out_height, self.out_width)
-
-    @property
-    def input_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.in_channels, self.height, self.width)
 
     @property
     def weight_shape(self) -> tuple[int, int, int, int]:
@@ -242,39 +265,57 @@ def conv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometr
     (padding) is skipped, never materialised. Per (position, tap) the channel reduction of
     each group is one ``np.einsum`` over (batch, channel, filter). Accumulates in ``dtype``.
     """
-    gm = geometry
+    return _direct(x, w, bias, geometry, dtype, transposed=False)
+
+
+def _direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gm, dtype, transposed: bool) -> np.ndarray:
+    """The loop both direct definitions share, over (position, tap) pairs: a convolution's
+    output pixel gathers the input pixel under each tap (weight (O, C/groups, kh, kw)); a
+    transposed convolution's input pixel scatters to the output pixel under each tap (weight
+    (C, O/groups, kh, kw)). Per pair, each group's channel reduction is one ``np.einsum``."""
     _check_array(x, gm.input_shape, "input")
     _check_array(w, gm.weight_shape, "weight")
-    xs = x.astype(dtype, copy=False)
-    ws = w.astype(dtype, copy=False)
-    (top, _), (left, _) = gm.padding
-    cg, fg = gm.channels_per_group, gm.filters_per_group
+    xs, ws = x.astype(dtype, copy=False), w.astype(dtype, copy=False)
     out = np.zeros(gm.output_shape, dtype=dtype)
-    for y in range(gm.out_height):
-        for x_out in range(gm.out_width):
-            for i in range(gm.kernel_height):
-                row = y * gm.stride[0] + i * gm.dilation[0] - top
-                if not 0 <= row < gm.height:
-                    continue
-                for j in range(gm.kernel_width):
-                    col = x_out * gm.stride[1] + j * gm.dilation[1] - left
-                    if not 0 <= col < gm.width:
-                        continue
-                    for g in range(gm.groups):
-                        pixel = xs[:, g * cg:(g + 1) * cg, row, col]  # (N, Cg)
-                        taps = ws[g * fg:(g + 1) * fg, :, i, j]  # (F, Cg)
-                        out[:, g * fg:(g + 1) * fg, y, x_out] += np.einsum("nc,fc->nf", pixel, taps)
+    cg, fg = gm.channels_per_group, gm.filters_per_group
+    image, output = (gm.height, gm.width), (gm.out_height, gm.out_width)
+    outer, inner = (image, output) if transposed else (output, image)
+    for y, x_pos, i, j, row, col in _tap_positions(gm, outer, inner):
+        for g in range(gm.groups):
+            channels, filters = slice(g * cg, (g + 1) * cg), slice(g * fg, (g + 1) * fg)
+            if transposed:
+                out[:, filters, row, col] += np.einsum("nc,cf->nf", xs[:, channels, y, x_pos], ws[channels, :, i, j])
+            else:
+                out[:, filters, y, x_pos] += np.einsum("nc,fc->nf", xs[:, channels, row, col], ws[filters, :, i, j])
     if bias is not None:
         _check_array(bias, (gm.out_channels,), "bias")
         out += bias.astype(dtype).reshape(1, -1, 1, 1)
     return out
 
 
+def _tap_positions(gm, outer: tuple[int, int], inner: tuple[int, int]):
+    """(y, x, i, j, row, col) for every position (y, x) of the ``outer`` grid and filter tap
+    (i, j) whose ``row = y*sh + i*dh - top``, ``col = x*sw + j*dw - left`` lie in the ``inner``
+    grid: outer is the output and inner the input for a convolution, the other way round for a
+    transposed one. Positions outside (padding) are skipped, never materialised."""
+    (top, _), (left, _) = gm.padding
+    for y in range(outer[0]):
+        for x in range(outer[1]):
+            for i in range(gm.kernel_height):
+                row = y * gm.stride[0] + i * gm.dilation[0] - top
+                if not 0 <= row < inner[0]:
+                    continue
+                for j in range(gm.kernel_width):
+                    col = x * gm.stride[1] + j * gm.dilation[1] - left
+                    if 0 <= col < inner[1]:
+                        yield y, x, i, j, row, col
+
+
 # ----------------------------------------------------------------------------- transposed convolution
 
 
 @dataclass(frozen=True)
-class ConvTranspose2dGeometry:
+class ConvTranspose2dGeometry(_Grouped):
     """Shapes and hyper-parameters of one 2-D transposed convolution (validated on creation).
 
     PyTorch ``conv_transpose2d`` / ONNX ``ConvTranspose`` semantics: input (N, C, H, W),
@@ -296,36 +337,18 @@ class ConvTranspose2dGeometry:
     conv2d); taps that land on inserted zeros or padding contribute all-zero runs.
     """
 
-    batch: int
-    in_channels: int
-    height: int
-    width: int
-    out_channels: int
-    kernel_height: int
-    kernel_width: int
-    stride: tuple[int, int] = (1, 1)
-    padding: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     output_padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
 
+    _OP = "conv_transpose2d"
+
     def __post_init__(self):
-        for name in ("batch", "in_channels", "height", "width", "out_channels", "kernel_height",
-                     "kernel_width", "groups"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise MxsimError(f"conv_transpose2d: {name} must be a positive int, got {value!r}")
-        object.__setattr__(self, "stride", _pair(self.stride, "stride"))
-        object.__setattr__(self, "dilation", _pair(self.dilation, "dilation"))
+        self._check_common()
         object.__setattr__(self, "output_padding", _pair(self.output_padding, "output_padding"))
-        object.__setattr__(self, "padding", normalize_padding(self.padding))
         if min(self.stride) < 1 or min(self.dilation) < 1 or min(self.output_padding) < 0:
             raise MxsimError(f"conv_transpose2d: stride and dilation must be >= 1 and output_padding >= 0, got "
                              f"{self.stride}, {self.dilation}, {self.output_padding}")
-        if self.in_channels % self.groups or self.out_channels % self.groups:
-            raise MxsimError(
-                f"conv_transpose2d: groups {self.groups} must divide in_channels {self.in_channels} "
-                f"and out_channels {self.out_channels}")
         if self.out_height < 1 or self.out_width < 1:
             raise MxsimError(f"conv_transpose2d: padding {self.padding} leaves no output "
                              f"({self.out_height}x{self.out_width})")
@@ -338,11 +361,10 @@ class ConvTranspose2dGeometry:
                              f"and {tuple(weight_shape)}")
         n, c, h, w = (int(v) for v in input_shape)
         cw, og, kh, kw = (int(v) for v in weight_shape)
-        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-            raise MxsimError(f"conv_transpose2d: groups must be a positive int, got {groups!r}")
+        groups = _check_groups(groups, "conv_transpose2d")
         if cw != c:
             raise MxsimError(f"conv_transpose2d: weight has {cw} input channels, the input has {c}")
-        return cls(n, c, h, w, og * int(groups), kh, kw, stride, padding, output_padding, dilation, int(groups))
+        return cls(n, c, h, w, og * groups, kh, kw, stride, padding, output_padding, dilation, groups)
 
     def _out(self, size: int, stride: int, before: int, after: int, dilation: int, kernel: int, extra: int) -> int:
         return (size - 1) * stride - before - after + dilation * (kernel - 1) + extra + 1
@@ -360,24 +382,8 @@ class ConvTranspose2dGeometry:
                          self.output_padding[1])
 
     @property
-    def channels_per_group(self) -> int:
-        return self.in_channels // self.groups
-
-    @property
-    def filters_per_group(self) -> int:
-        return self.out_channels // self.groups
-
-    @property
-    def input_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.in_channels, self.height, self.width)
-
-    @property
     def weight_shape(self) -> tuple[int, int, int, int]:
         return (self.in_channels, self.filters_per_group, self.kernel_height, self.kernel_width)
-
-    @property
-    def output_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.out_channels, self.out_height, self.out_width)
 
     def _edges(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """Rows/columns added (negative: cropped) before and after the upsampled input."""
@@ -445,29 +451,4 @@ def conv_transpose2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | Non
     tap's (C/groups, O/groups) slice is added at its output position, dropped when that lies
     outside the output. Accumulates in ``dtype``.
     """
-    gm = geometry
-    _check_array(x, gm.input_shape, "input")
-    _check_array(w, gm.weight_shape, "weight")
-    xs = x.astype(dtype, copy=False)
-    ws = w.astype(dtype, copy=False)
-    (top, _), (left, _) = gm.padding
-    cg, fg = gm.channels_per_group, gm.filters_per_group
-    out = np.zeros(gm.output_shape, dtype=dtype)
-    for y in range(gm.height):
-        for x_in in range(gm.width):
-            for i in range(gm.kernel_height):
-                row = y * gm.stride[0] + i * gm.dilation[0] - top
-                if not 0 <= row < gm.out_height:
-                    continue
-                for j in range(gm.kernel_width):
-                    col = x_in * gm.stride[1] + j * gm.dilation[1] - left
-                    if not 0 <= col < gm.out_width:
-                        continue
-                    for g in range(gm.groups):
-                        pixel = xs[:, g * cg:(g + 1) * cg, y, x_in]  # (N, Cg)
-                        taps = ws[g * cg:(g + 1) * cg, :, i, j]  # (Cg, F)
-                        out[:, g * fg:(g + 1) * fg, row, col] += np.einsum("nc,cf->nf", pixel, taps)
-    if bias is not None:
-        _check_array(bias, (gm.out_channels,), "bias")
-        out += bias.astype(dtype).reshape(1, -1, 1, 1)
-    return out
+    return _direct(x, w, bias, geometry, dtype, transposed=True)

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from . import conv
-from .format import CONV_OPS, Layer
+from .model import CONV_OPS, Layer
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,12 @@ def _conv2d_geometry(layer: Layer) -> conv.Conv2dGeometry:
     return gm if layer.op == "conv2d" else gm.equivalent_conv()
 
 
+def _as_conv2d_operand(layer: Layer, array: np.ndarray, from_transposed) -> np.ndarray:
+    """A conv layer's operand as :func:`_conv2d_geometry`'s conv2d reads it: unchanged for a
+    conv2d, ``from_transposed(array, geometry)`` for a conv_transpose2d."""
+    return array if layer.op == "conv2d" else from_transposed(array, layer.conv_geometry())
+
+
 def _operand(layer: Layer, name: str, value):
     array = layer.tensors[name] if value is None else np.asarray(value)
     if array.shape != layer.tensors[name].shape:
@@ -105,11 +111,8 @@ def lower_input(layer: Layer, x: np.ndarray | None = None) -> np.ndarray:
     """A (G, M, K) for the layer input, or for any array of the input's shape (e.g. a
     quantized copy). Values are copied unchanged, in ``x``'s dtype."""
     x = _operand(layer, "input", x)
-    if layer.op == "conv2d":
-        return conv.im2col(x, layer.conv_geometry())
-    if layer.op == "conv_transpose2d":
-        gm = layer.conv_geometry()
-        return conv.im2col(conv.conv_transpose2d_lowered_input(x, gm), gm.equivalent_conv())
+    if layer.op in CONV_OPS:
+        return conv.im2col(_as_conv2d_operand(layer, x, conv.conv_transpose2d_lowered_input), _conv2d_geometry(layer))
     k = x.shape[-1]
     if layer.op == "matmul" and layer.weight.ndim > 2:
         batch = _matmul_batch(layer)
@@ -120,11 +123,9 @@ def lower_input(layer: Layer, x: np.ndarray | None = None) -> np.ndarray:
 def lower_weight(layer: Layer, w: np.ndarray | None = None) -> np.ndarray:
     """B (G, N, K) for the layer weight, or for any array of the weight's shape."""
     w = _operand(layer, "weight", w)
-    if layer.op == "conv2d":
-        return conv.weight_matrix(w, layer.conv_geometry())
-    if layer.op == "conv_transpose2d":
-        gm = layer.conv_geometry()
-        return conv.weight_matrix(conv.conv_transpose2d_conv_weight(w, gm), gm.equivalent_conv())
+    if layer.op in CONV_OPS:
+        return conv.weight_matrix(_as_conv2d_operand(layer, w, conv.conv_transpose2d_conv_weight),
+                                  _conv2d_geometry(layer))
     if layer.op == "linear":
         return np.ascontiguousarray(w)[None]
     if w.ndim == 2:

@@ -1,7 +1,7 @@
 """Run a trace's network end to end, with a pluggable layer computation.
 
 Replay computes each captured layer through a hardware datapath; this module only walks the
-recipe (:class:`mxsim.trace.format.Network`): layer steps call ``layer_fn(layer, x)`` on
+recipe (:class:`mxsim.trace.model.Network`): layer steps call ``layer_fn(layer, x)`` on
 the running value, op steps (``relu``, ``flatten``, ``identity``) are applied in numpy.
 A network rebuilt from ``network.model`` (a language model) runs in PyTorch, with its
 matmuls on a unit through :func:`mxsim.inloop.torch_unit` (:func:`perplexity`).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import MxsimError
-from .format import Layer, Trace
+from .model import Layer, Trace
 from .lowering import lift_output, lower_input, lower_weight
 
 

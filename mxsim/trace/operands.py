@@ -45,15 +45,14 @@ import numpy as np
 from ..datapath import matmul
 from ..datapath.config import parse_hwconfig
 from ..errors import MxsimError
-from ..formats import FormatInfo, get_format
+from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize, quantize_bfp
 from ..quantize.options import QuantOptions
-from .format import Layer
+from .model import Layer
 from .lowering import gemm_axis, gemm_shape, lower_input, lower_weight
 from .quant import BFPQuant, MXQuant
 
 CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
-E8M0_ONE = 127
 BF16 = get_format("bf16")
 
 

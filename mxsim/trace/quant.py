@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
+from ..limits import is_integer
 from ..quantize import BFP_SPECS, BFPSpec, fake_quantize, quantize_bfp
 from ..quantize.options import resolve_options
 
@@ -53,17 +54,34 @@ def _plain_option(value):
     return value
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def _check_axis(axis, what: str) -> None:
-    if axis is not None and (isinstance(axis, bool) or not isinstance(axis, (int, np.integer))):
+    if axis is not None and not is_integer(axis):
         raise MxsimError(f"{what}: axis must be an int or None, got {axis!r}")
 
 
+class _BlockSpec:
+    """What MX and BFP specs share: an operand axis set later, and Quark's one-element bypass.
+    ``_WHAT`` names the spec in errors; ``_BYPASS_DTYPE`` is the dtype a bypassed tensor is
+    returned in (the subclass's ``fake_quantize`` output dtype)."""
+
+    _WHAT = ""
+    _BYPASS_DTYPE = np.float64
+
+    def with_axis(self, axis: int):
+        return dataclasses.replace(self, axis=axis)
+
+    def _bypassed(self, x: np.ndarray) -> np.ndarray | None:
+        """``x`` unchanged where the spec leaves it so (one element, bypass set), else None;
+        an unresolved axis is refused."""
+        if self.axis is None:
+            raise MxsimError(f"{self._WHAT}: axis is unresolved (None); attach the spec to a layer first")
+        if self.bypass_single_element and x.size == 1:
+            return np.asarray(x, dtype=self._BYPASS_DTYPE).copy()
+        return None
+
+
 @dataclass(frozen=True)
-class MXQuant:
+class MXQuant(_BlockSpec):
     """MX quantization of one operand: ``mxsim.quantize_mx(x, format, axis, block_size, profile, **options)``.
 
     * ``format``: element format name (canonical, as :func:`mxsim.get_format` names it).
@@ -83,26 +101,23 @@ class MXQuant:
     bypass_single_element: bool = False
 
     kind = "mx"
+    _WHAT = "MX spec"
 
     def __post_init__(self):
         object.__setattr__(self, "format", get_format(self.format).name)
         _check_axis(self.axis, "MX spec")
-        if not _is_int(self.block_size) or self.block_size < 1:
+        if not is_integer(self.block_size) or self.block_size < 1:
             raise MxsimError(f"MX spec: block_size must be a positive int, got {self.block_size!r}")
         options = self.options.items() if isinstance(self.options, dict) else self.options
         pairs = tuple(sorted((str(k), _plain_option(v)) for k, v in options))
         object.__setattr__(self, "options", pairs)
         resolve_options(self.profile, **dict(pairs))  # validates profile and option names/values
 
-    def with_axis(self, axis: int) -> MXQuant:
-        return dataclasses.replace(self, axis=axis)
-
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
         """Quantize then dequantize along ``axis`` (float64, exact values; see mxsim.fake_quantize)."""
-        if self.axis is None:
-            raise MxsimError("MX spec: axis is unresolved (None); attach the spec to a layer first")
-        if self.bypass_single_element and x.size == 1:
-            return np.asarray(x, dtype=np.float64).copy()
+        bypassed = self._bypassed(x)
+        if bypassed is not None:
+            return bypassed
         return fake_quantize(x, self.format, axis=self.axis, block_size=self.block_size,
                              profile=self.profile, **dict(self.options))
 
@@ -121,7 +136,7 @@ def _yaml_option(value):
 
 
 @dataclass(frozen=True)
-class BFPQuant:
+class BFPQuant(_BlockSpec):
     """Quark BFP / microexponent quantization of one operand: ``mxsim.quantize_bfp(x, spec, axis)``.
 
     ``spec`` is a :class:`mxsim.BFPSpec` (method, bit width, block and sub-block sizes,
@@ -133,6 +148,8 @@ class BFPQuant:
     bypass_single_element: bool = False
 
     kind = "bfp"
+    _WHAT = "BFP spec"
+    _BYPASS_DTYPE = np.float32
 
     def __post_init__(self):
         if isinstance(self.spec, str):
@@ -155,15 +172,11 @@ class BFPQuant:
                 return name
         return None
 
-    def with_axis(self, axis: int) -> BFPQuant:
-        return dataclasses.replace(self, axis=axis)
-
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
         """Quantize then dequantize (float32, bit-identical to Quark's op output)."""
-        if self.axis is None:
-            raise MxsimError("BFP spec: axis is unresolved (None); attach the spec to a layer first")
-        if self.bypass_single_element and x.size == 1:
-            return np.asarray(x, dtype=np.float32).copy()
+        bypassed = self._bypassed(x)
+        if bypassed is not None:
+            return bypassed
         return quantize_bfp(np.asarray(x), self.spec, axis=self.axis).dequantize()
 
     def to_manifest(self) -> dict:
@@ -203,7 +216,7 @@ class QDQQuant:
             raise MxsimError(f"QDQ spec: unknown quantized type {self.dtype!r}; accepted: "
                              f"{', '.join([*QDQ_INTEGER_RANGES, *QDQ_FLOAT_TYPES])}")
         _check_axis(self.axis, "QDQ spec")
-        if not _is_int(self.block_size) or self.block_size < 0:
+        if not is_integer(self.block_size) or self.block_size < 0:
             raise MxsimError(f"QDQ spec: block_size must be an int >= 0, got {self.block_size!r}")
         if not isinstance(self.scale, np.ndarray) or self.scale.dtype.kind != "f":
             raise MxsimError("QDQ spec: scale must be a float numpy array")

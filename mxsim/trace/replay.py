@@ -38,7 +38,7 @@ from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
-from .format import Layer, Trace
+from .model import Layer, Trace
 from .lowering import gemm_shape, lift_output
 from .network import accuracy, layer_with_input, perplexity
 from .operands import (
@@ -290,16 +290,6 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
     return LayerRun(lift_output(at, out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
                     choices["weight"], exact, ops)
-
-
-def layer_gemm(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
-               conv_order: str = "kh_kw_c"):
-    """Run ``layer`` (its recorded input, or ``x``) through ``hw`` (operands in
-    ``element_format`` if given): (output in the layer's layout as float64, ideal output,
-    output bits (G, M, N), (GEMM outputs, their ideal values) (G, M, N), input choice,
-    weight choice). :func:`run_layer` returns the same and more as one object."""
-    run = run_layer(layer, hw, x, element_format, conv_order)
-    return run.values, run.ideal, run.bits, (run.gemm_values, run.gemm_ideal), run.input, run.weight
 
 
 def _output_ulp(rms: float, out_format: str) -> float:

@@ -1,0 +1,314 @@
+"""Reading and writing trace directories (layout in :mod:`.model`, ``docs/trace-format.md``).
+
+Every NPZ member is read by :func:`mxsim.fileio.read_npz`: its ``.npy`` header is checked (dtype,
+shape, stored size, memory budget) before anything is allocated, and nothing is ever unpickled.
+:func:`load_trace` validates everything it reads (manifest structure, version, files, array
+names, shapes, dtypes, then the whole trace by :func:`mxsim.trace.validate.validate_trace`)
+and raises :class:`mxsim.errors.TraceError` naming the trace, the layer and the field.
+:func:`save_trace` validates the same way, writes into a temporary sibling directory and
+moves it into place with ``os.replace``, so a reader never sees a half-written trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..errors import MxsimError
+from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
+from ..limits import check_path, is_integer
+from .model import (DATASET_FILE, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, NUMERIC_DTYPES, SUPPORTED_VERSIONS, Layer,
+                    Network, Trace)
+from .quant import QDQQuant, QuantSpec, spec_from_manifest
+from .validate import trace_error, validate_trace
+
+_QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point)$")
+
+
+def _plain(value, where: str):
+    """``value`` as YAML-safe plain data (numpy scalars become Python numbers)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v, where) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, where) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, bool):
+        return value
+    for kind in (int, float, str):  # plain types, also for subclasses such as torch's version string
+        if isinstance(value, kind):
+            return kind(value)
+    raise MxsimError(f"{where}: {type(value).__name__} is not plain data (mapping, list, str, number, bool, None)")
+
+
+def _tensor_entry(array: np.ndarray) -> dict:
+    return {"shape": [int(v) for v in array.shape], "dtype": array.dtype.name}
+
+
+def _layer_file(index: int, name: str) -> str:
+    return f"layers/{index:03d}-{safe_file_stem(name, 60, 'layer')}.npz"
+
+
+def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
+    arrays = dict(layer.tensors)
+    for operand, spec in layer.quant.items():
+        if isinstance(spec, QDQQuant):
+            arrays.update(spec.arrays(operand))
+    return arrays
+
+
+def _spec_manifest(operand: str, spec: QuantSpec | None):
+    if spec is None:
+        return None
+    if isinstance(spec, QDQQuant):
+        return spec.to_manifest(operand)
+    return spec.to_manifest()
+
+
+def build_manifest(trace: Trace) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """The manifest mapping and the arrays of each file (relative path -> {key: array}).
+
+    Validates the trace first (raises TraceError naming the layer and field).
+    """
+    label = trace.name
+    validate_trace(trace, label)
+    files: dict[str, dict[str, np.ndarray]] = {}
+    layers = []
+    for index, layer in enumerate(trace.layers):
+        arrays = _layer_arrays(layer)
+        path = _layer_file(index, layer.name)
+        files[path] = arrays
+        layers.append({
+            "name": layer.name,
+            "op": layer.op,
+            "file": path,
+            "attrs": _plain(layer.attrs, f"layer {layer.name}: attrs"),
+            "tensors": {k: _tensor_entry(v) for k, v in arrays.items()},
+            "quant": {k: _spec_manifest(k, v) for k, v in layer.quant.items()},
+            "source": _plain(layer.source, f"layer {layer.name}: source"),
+        })
+    manifest = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "name": trace.name,
+        "source": _plain(trace.source, "source"),
+        "metadata": _plain(trace.metadata, "metadata"),
+        "layers": layers,
+    }
+    if trace.dataset is not None:
+        files[DATASET_FILE] = dict(trace.dataset)
+        manifest["dataset"] = {"file": DATASET_FILE,
+                               "tensors": {k: _tensor_entry(v) for k, v in trace.dataset.items()}}
+    if trace.network is not None:
+        manifest["network"] = trace.network.to_manifest()
+    return _plain(manifest, "manifest"), files
+
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> None:
+    with open(path, "wb") as handle:
+        (np.savez_compressed if compress else np.savez)(handle, **arrays)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = True) -> Path:
+    """Write ``trace`` as a directory at ``path``, set ``trace.path`` and return the path.
+
+    Everything is written into a new temporary directory beside ``path`` and then moved
+    into place. With ``overwrite=True`` an existing trace directory (one holding a
+    manifest.yaml) is replaced by :func:`mxsim.fileio.replace_directory`: on Linux the two
+    directories are swapped atomically, so a reader, a crash or SIGKILL at any moment leaves
+    the old complete trace or the new one (elsewhere there is a moment with neither, never a
+    mixture). A directory that is not a trace is never replaced. A staging directory left by
+    a killed writer (``.NAME.tmp-*`` beside ``path``) can be deleted.
+    """
+    target = check_path(path, "save_trace: path")
+    label = str(target)
+    if target.exists() and not overwrite:
+        raise trace_error(label, "already exists (pass overwrite=True to replace it)")
+    if target.exists() and not (target / MANIFEST_NAME).is_file():
+        raise trace_error(label, "exists and is not a trace directory (no manifest.yaml); refusing to replace it")
+    manifest, files = build_manifest(trace)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
+    staging.mkdir()  # mode from the umask, unlike tempfile.mkdtemp's 0700
+    try:
+        for relative, arrays in files.items():
+            file_path = staging / relative
+            file_path.parent.mkdir(parents=True, exist_ok=True)
+            _write_npz(file_path, arrays, compress)
+        text = yaml.safe_dump(manifest, sort_keys=False, default_flow_style=None, width=100)
+        with open(staging / MANIFEST_NAME, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        replace_directory(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    trace.path = target
+    return target
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> dict[str, np.ndarray]:
+    """Read the arrays listed in ``expected`` ({key: {shape, dtype}}) from one NPZ, checking each.
+
+    The manifest entries are checked first, then every member's ``.npy`` header (dtype,
+    shape, stored size, memory budget; see :func:`mxsim.fileio.read_npz`) before any array
+    memory is allocated.
+    """
+    file_field = "file"
+    if not isinstance(relative, str) or not relative:
+        raise trace_error(label, f"must be a relative path, got {relative!r}", layer, file_field)
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise trace_error(label, f"{relative!r} must be a relative path inside the trace", layer, file_field)
+    path = root / rel
+    if not path.is_file():
+        raise trace_error(label, f"missing file {relative}", layer, file_field)
+    if not isinstance(expected, dict) or not expected:
+        raise trace_error(label, "must list the file's arrays with shape and dtype", layer, "tensors")
+    declared = {}
+    for key, entry in expected.items():
+        where = f"tensors.{key}"
+        if not isinstance(key, str):
+            raise trace_error(label, f"array names must be strings, got {key!r}", layer, "tensors")
+        if not isinstance(entry, dict) or set(entry) != {"shape", "dtype"}:
+            raise trace_error(label, "manifest entry must have exactly shape and dtype", layer, where)
+        shape, dtype = entry["shape"], entry["dtype"]
+        if not isinstance(shape, list) or not all(is_integer(v) and v >= 0 for v in shape):
+            raise trace_error(label, f"manifest shape must be a list of ints >= 0, got {shape!r}", layer, where)
+        if not isinstance(dtype, str) or dtype not in NUMERIC_DTYPES:
+            raise trace_error(label, f"manifest dtype must be one of {', '.join(NUMERIC_DTYPES)}, got {dtype!r}",
+                              layer, where)
+        declared[key] = (tuple(shape), dtype)
+
+    def fail(member, message):
+        raise trace_error(label, message, layer, file_field if member is None else member)
+
+    return read_npz(path, NUMERIC_DTYPES, fail, declared, label=relative)
+
+
+def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field_name: str):
+    if key not in mapping:
+        raise trace_error(label, "missing", layer, field_name)
+    value = mapping[key]
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise trace_error(label, f"must be {names}, got {type(value).__name__}", layer, field_name)
+    return value
+
+
+_TOP_KEYS = {"format", "version", "name", "source", "metadata", "layers", "dataset", "network"}
+_LAYER_KEYS = {"name", "op", "file", "attrs", "tensors", "quant", "source"}
+
+
+def load_trace(path) -> Trace:
+    """Read and validate the trace directory at ``path``.
+
+    Raises TraceError (message ``trace PATH: layer NAME: field FIELD: problem``) for a
+    missing directory, manifest or file; invalid YAML; an unknown format version; a
+    truncated or corrupt NPZ; a pickled (object) array; arrays missing from or not listed
+    in the manifest; shape or dtype mismatches with the manifest or between a layer's
+    tensors; invalid attrs, quantization specs or network.
+    """
+    root = check_path(path, "load_trace: path")
+    label = str(path)
+    if not root.is_dir():
+        raise trace_error(label, "no such trace directory")
+    manifest_path = root / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise trace_error(label, f"missing {MANIFEST_NAME}", field=MANIFEST_NAME)
+
+    def fail_manifest(message):
+        raise trace_error(label, f"{MANIFEST_NAME}: {message}", field=MANIFEST_NAME)
+
+    doc = load_yaml(read_text(manifest_path, fail_manifest), fail_manifest)
+    if not isinstance(doc, dict):
+        raise trace_error(label, f"{MANIFEST_NAME} must be a mapping", field=MANIFEST_NAME)
+    if doc.get("format") != FORMAT_NAME:
+        raise trace_error(label, f"expected {FORMAT_NAME!r}, got {doc.get('format')!r}", field="format")
+    version = doc.get("version")
+    if not is_integer(version) or version not in SUPPORTED_VERSIONS:
+        raise trace_error(label, f"unknown trace format version {version!r} (this mxsim reads "
+                                 f"{', '.join(map(str, SUPPORTED_VERSIONS))})", field="version")
+    unknown = set(doc) - _TOP_KEYS
+    if unknown:
+        raise trace_error(label, "unknown manifest key", field=sorted(unknown, key=str)[0])
+    name = _require(doc, "name", str, label, None, "name")
+    source = doc.get("source") or {}
+    metadata = doc.get("metadata") or {}
+    if not isinstance(source, dict):
+        raise trace_error(label, "must be a mapping", field="source")
+    if not isinstance(metadata, dict):
+        raise trace_error(label, "must be a mapping", field="metadata")
+    entries = _require(doc, "layers", list, label, None, "layers")
+    layers = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise trace_error(label, "must be a mapping", field=f"layers[{index}]")
+        layer_name = _require(entry, "name", str, label, None, f"layers[{index}].name")
+        unknown = set(entry) - _LAYER_KEYS
+        if unknown:
+            raise trace_error(label, "unknown layer key", layer_name, sorted(unknown, key=str)[0])
+        op = _require(entry, "op", str, label, layer_name, "op")
+        arrays = _read_npz(label, layer_name, root, entry.get("file"), entry.get("tensors"))
+        attrs = entry.get("attrs") or {}
+        quant_entries = entry.get("quant") or {}
+        if not isinstance(quant_entries, dict):
+            raise trace_error(label, "must be a mapping", layer_name, "quant")
+        quant_arrays = {k: v for k, v in arrays.items() if _QUANT_ARRAY.match(k)}
+        quant = {}
+        for operand, spec_entry in quant_entries.items():
+            if spec_entry is None:
+                quant[operand] = None
+                continue
+            try:
+                quant[operand] = spec_from_manifest(spec_entry, quant_arrays, str(operand))
+            except (MxsimError, KeyError, TypeError, ValueError) as error:
+                # UnknownNameError is a KeyError too, but its message is already complete
+                missing = isinstance(error, KeyError) and not isinstance(error, MxsimError)
+                detail = f"missing key {error}" if missing else str(error)
+                raise trace_error(label, f"invalid quantization spec: {detail}", layer_name,
+                                  f"quant.{operand}") from None
+        used = {k for operand, spec in quant.items() if isinstance(spec, QDQQuant) for k in spec.arrays(operand)}
+        for key in sorted(set(quant_arrays) - used, key=str):
+            raise trace_error(label, "QDQ array that no qdq spec of this layer uses", layer_name, key)
+        tensors = {k: v for k, v in arrays.items() if k not in quant_arrays}
+        if not isinstance(entry.get("source") or {}, dict):
+            raise trace_error(label, "must be a mapping", layer_name, "source")
+        layers.append(Layer(layer_name, op, tensors, attrs, quant, entry.get("source") or {}))
+    dataset = None
+    if doc.get("dataset") is not None:
+        spec = doc["dataset"]
+        if not isinstance(spec, dict) or set(spec) != {"file", "tensors"}:
+            raise trace_error(label, "must be a mapping with file and tensors", field="dataset")
+        dataset = _read_npz(label, None, root, spec["file"], spec["tensors"])
+    network = None
+    if doc.get("network") is not None:
+        spec = doc["network"]
+        keys = {"input", "steps", "labels", "targets", "model"}
+        if not isinstance(spec, dict) or not {"input", "steps"} <= set(spec) <= keys:
+            raise trace_error(label, "must be a mapping with input, steps and optional labels, targets, model",
+                              field="network")
+        if not isinstance(spec["steps"], list):
+            raise trace_error(label, "must be a list", field="network.steps")
+        network = Network(spec["input"], tuple(spec["steps"]), spec.get("labels"), spec.get("targets"),
+                          spec.get("model"))
+    trace = Trace(name, layers, source, metadata, dataset, network, root)
+    validate_trace(trace, label)
+    return trace

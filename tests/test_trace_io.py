@@ -1,0 +1,210 @@
+"""mxsim.trace.io: save/load round trip, atomic writes, and clear errors for bad trace files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mxsim.errors import TraceError
+from mxsim.trace import QDQQuant, load_trace, save_trace
+
+from conftest import REPO, assert_trace_error, edit_manifest, layer_file, sample_trace
+
+def test_round_trip_keeps_every_array_spec_and_field(saved_trace):
+    original = sample_trace()
+    loaded = load_trace(saved_trace)
+    assert loaded.name == "sample" and loaded.path == saved_trace
+    assert loaded.source == {"framework": "test"} and loaded.metadata == {"note": "hand-made", "accuracy": 0.5}
+    assert [layer.name for layer in loaded.layers] == ["conv", "fc", "attention scores", "up"]
+    for before, after in zip(original.layers, loaded.layers):
+        assert (after.op, after.attrs, after.source) == (before.op, before.attrs, before.source)
+        assert set(after.tensors) == set(before.tensors)
+        for key, array in before.tensors.items():
+            assert after.tensors[key].dtype == array.dtype
+            assert np.array_equal(after.tensors[key], array)
+        for operand, spec in before.quant.items():
+            if isinstance(spec, QDQQuant):
+                got = after.quant[operand]
+                assert (got.dtype, got.axis, got.block_size) == (spec.dtype, spec.axis, spec.block_size)
+                assert np.array_equal(got.scale, spec.scale) and np.array_equal(got.zero_point, spec.zero_point)
+            else:
+                assert after.quant[operand] == spec
+    assert loaded.network == original.network
+    assert set(loaded.dataset) == {"inputs", "labels"} and loaded.dataset["labels"].dtype == np.int64
+
+
+def test_manifest_is_versioned_yaml_and_files_are_npz(saved_trace):
+    manifest = yaml.safe_load((saved_trace / "manifest.yaml").read_text())
+    assert (manifest["format"], manifest["version"]) == ("mxsim-trace", 1)
+    fc = manifest["layers"][1]
+    assert fc["quant"]["weight"] == {"kind": "qdq", "dtype": "int8", "axis": 0, "block_size": 0, "saturate": True,
+                                     "scale": "quant.weight.scale", "zero_point": "quant.weight.zero_point"}
+    assert fc["tensors"]["quant.weight.scale"] == {"shape": [3], "dtype": "float32"}
+    with np.load(saved_trace / fc["file"], allow_pickle=False) as npz:
+        assert sorted(npz.files) == sorted(fc["tensors"])
+    assert manifest["layers"][2]["file"] == "layers/002-attention_scores.npz"
+
+
+def test_save_refuses_to_overwrite_unless_asked(saved_trace):
+    with pytest.raises(TraceError, match="already exists"):
+        save_trace(sample_trace(), saved_trace)
+    replacement = sample_trace()
+    replacement.metadata = {"note": "second"}
+    save_trace(replacement, saved_trace, overwrite=True)
+    assert load_trace(saved_trace).metadata == {"note": "second"}
+    assert sorted(p.name for p in saved_trace.parent.iterdir()) == ["trace"]  # no staging or retired copies left
+
+
+def test_save_never_replaces_a_directory_that_is_not_a_trace(tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
+    with pytest.raises(TraceError, match="not a trace directory"):
+        save_trace(sample_trace(), tmp_path / "photos", overwrite=True)
+    assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"meow"
+
+
+def test_a_failed_save_leaves_the_old_trace_and_no_debris(saved_trace, monkeypatch):
+    def exploding_savez(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez_compressed", exploding_savez)
+    with pytest.raises(OSError, match="disk full"):
+        save_trace(sample_trace(), saved_trace, overwrite=True)
+    assert load_trace(saved_trace).name == "sample"
+    assert sorted(p.name for p in saved_trace.parent.iterdir()) == ["trace"]
+
+
+def test_missing_trace_or_manifest(tmp_path):
+    assert_trace_error(tmp_path / "nowhere", None, None, "no such trace directory")
+    (tmp_path / "empty").mkdir()
+    assert_trace_error(tmp_path / "empty", None, "manifest.yaml", "missing manifest.yaml")
+
+
+def test_invalid_yaml(saved_trace):
+    (saved_trace / "manifest.yaml").write_text("layers: [unclosed\n")
+    assert_trace_error(saved_trace, None, "manifest.yaml", "not valid YAML")
+
+
+def test_unknown_version(saved_trace):
+    edit_manifest(saved_trace, lambda m: m.update(version=2))
+    assert_trace_error(saved_trace, None, "version", "unknown trace format version 2 (this mxsim reads 1)")
+
+
+def test_missing_layer_file(saved_trace):
+    layer_file(saved_trace, "fc").unlink()
+    assert_trace_error(saved_trace, "fc", "file", "missing file layers/001-fc.npz")
+
+
+def test_truncated_npz(saved_trace):
+    path = layer_file(saved_trace, "conv")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert_trace_error(saved_trace, "conv", "file", "truncated or corrupt")
+
+
+def test_corrupted_npz_member(saved_trace):
+    path = layer_file(saved_trace, "conv")
+    data = bytearray(path.read_bytes())
+    data[60:70] = b"\x00" * 10  # inside the first member's compressed data: CRC/zlib error on read
+    path.write_bytes(bytes(data))
+    text = assert_trace_error(saved_trace, "conv", "input", "truncated or corrupt")
+    assert "layers/000-conv.npz" in text
+
+
+def test_pickled_object_array_is_refused_not_unpickled(saved_trace):
+    path = layer_file(saved_trace, "fc")
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["weight"] = np.array([{"payload": "never run"}] * 3, dtype=object)
+    np.savez(path, **arrays)  # np.savez pickles object arrays
+    assert_trace_error(saved_trace, "fc", "weight", "pickled (object) array")
+
+
+def test_npy_instead_of_npz(saved_trace):
+    path = layer_file(saved_trace, "fc")
+    with open(path, "wb") as handle:
+        np.save(handle, np.zeros(3, np.float32))
+    assert_trace_error(saved_trace, "fc", "file", "single .npy array, not an NPZ archive")
+
+
+def test_file_shape_differs_from_the_manifest(saved_trace):
+    edit_manifest(saved_trace, lambda m: m["layers"][0]["tensors"]["weight"].update(shape=[2, 1, 3, 4]))
+    assert_trace_error(saved_trace, "conv", "weight", "shape (2, 1, 3, 3) in layers/000-conv.npz, manifest says (2, 1, 3, 4)")
+
+
+def test_file_dtype_differs_from_the_manifest(saved_trace):
+    edit_manifest(saved_trace, lambda m: m["layers"][0]["tensors"]["bias"].update(dtype="float64"))
+    assert_trace_error(saved_trace, "conv", "bias", "dtype float32 in layers/000-conv.npz, manifest says float64")
+
+
+def test_array_missing_from_or_extra_in_the_file(saved_trace):
+    edit_manifest(saved_trace, lambda m: m["layers"][1]["tensors"].update(bias={"shape": [3], "dtype": "float32"}))
+    assert_trace_error(saved_trace, "fc", "bias", "missing from layers/001-fc.npz")
+    edit_manifest(saved_trace, lambda m: m["layers"][1]["tensors"].pop("bias") and m["layers"][1]["tensors"].pop("input"))
+    assert_trace_error(saved_trace, "fc", "input", "holds arrays the manifest does not list")
+
+
+def test_invalid_quant_spec(saved_trace):
+    edit_manifest(saved_trace, lambda m: m["layers"][0]["quant"]["input"].update(format="fp7_e9m9"))
+    assert_trace_error(saved_trace, "conv", "quant.input", "invalid quantization spec: unknown format 'fp7_e9m9'")
+
+
+def test_layer_file_must_stay_inside_the_trace(saved_trace):
+    edit_manifest(saved_trace, lambda m: m["layers"][0].update(file="../../etc/passwd"))
+    assert_trace_error(saved_trace, "conv", "file", "must be a relative path inside the trace")
+
+
+def test_missing_dataset_file(saved_trace):
+    os.remove(saved_trace / "dataset.npz")
+    assert_trace_error(saved_trace, None, "file", "missing file dataset.npz")
+
+
+@pytest.mark.parametrize("name", ["digits-cnn", "ppocr-cls"])
+def test_shipped_sample_traces_load(name):
+    trace = load_trace(REPO / "traces" / name)
+    assert trace.name == name and trace.layers
+    assert {layer.op for layer in trace.layers} <= {"conv2d", "linear", "matmul"}
+
+
+def _rewrite_member(path: Path, key: str, raw: bytes) -> None:
+    import zipfile
+
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    np.savez(path, **{k: v for k, v in arrays.items() if k != key})
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr(f"{key}.npy", raw)
+
+
+def _npy_header(descr, shape) -> bytes:
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin1")
+    header += b" " * (-(len(header) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+
+
+def test_broken_npy_header_in_a_member(saved_trace):
+    _rewrite_member(layer_file(saved_trace, "fc"), "weight", b"\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (" + b" " * 16)
+    assert_trace_error(saved_trace, "fc", "weight", "truncated or corrupt in layers/001-fc.npz: not a valid .npy array header")
+
+
+def test_huge_declared_shape_is_refused_before_allocating(saved_trace):
+    edit_manifest(saved_trace, lambda m: m["layers"][1]["tensors"]["weight"].update(shape=[10**7, 10**6]))
+    _rewrite_member(layer_file(saved_trace, "fc"), "weight", _npy_header("<f4", (10**7, 10**6)))
+    assert_trace_error(saved_trace, "fc", "weight", "the header declares shape (10000000, 1000000) of float32 "
+                                              "(40000000000000 bytes) but 0 data bytes are stored")
+
+
+def test_member_over_the_memory_budget(saved_trace, monkeypatch):
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "256")
+    assert_trace_error(saved_trace, "conv", "file", "more than the memory budget of 256 bytes; raise it with MXSIM_MAX_BYTES")
+
+
+def test_deeply_nested_or_non_utf8_manifest(saved_trace):
+    (saved_trace / "manifest.yaml").write_text("format: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert_trace_error(saved_trace, None, "manifest.yaml", "YAML nested deeper than 64 levels")
+    (saved_trace / "manifest.yaml").write_bytes("format: mxsim-trace\nname: caf\u00e9\n".encode("latin-1"))
+    assert_trace_error(saved_trace, None, "manifest.yaml", "not UTF-8 text (byte 0xe9 at offset 29)")
