@@ -113,6 +113,11 @@ def _show(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+#: The common POSIX limits on a whole path and on one name in it (Linux: PATH_MAX, NAME_MAX).
+PATH_MAX_BYTES = 4095
+NAME_MAX_BYTES = 255
+
+
 def check_path(value, name: str) -> Path:
     """``value`` as a Path if it is a str or os.PathLike without NUL characters."""
     if not isinstance(value, (str, os.PathLike)):
@@ -120,4 +125,8 @@ def check_path(value, name: str) -> Path:
     path = Path(value)
     if "\x00" in str(path) or not str(value):
         raise ArgumentError(f"{name}: expected a file or directory path, got {_show(str(value))}")
+    # Checked here because Path.is_file() raises (not False) on names the OS refuses.
+    if len(os.fsencode(path)) > PATH_MAX_BYTES or any(len(os.fsencode(part)) > NAME_MAX_BYTES for part in path.parts):
+        raise ArgumentError(f"{name}: a path of at most {PATH_MAX_BYTES} bytes with names of at most "
+                            f"{NAME_MAX_BYTES} bytes each, got {_show(str(value))}")
     return path

@@ -7,7 +7,8 @@ import pytest
 
 from mxsim.errors import ArgumentError, BudgetError
 from mxsim.limits import (
-    DEFAULT_BUDGET_BYTES, check_array_budget, check_axis, check_block_size, check_choice, check_int, memory_budget,
+    DEFAULT_BUDGET_BYTES, check_array_budget, check_axis, check_block_size, check_choice, check_int, check_path,
+    memory_budget,
 )
 
 
@@ -55,3 +56,13 @@ def test_check_choice_handles_unhashable_values():
     assert check_choice("auto", "method", ("auto", "kernel")) == "auto"
     with pytest.raises(ArgumentError, match=r"method: expected one of auto, kernel, got \['auto'\]"):
         check_choice(["auto"], "method", ("auto", "kernel"))
+
+
+@pytest.mark.parametrize("value", ["", "a\x00b", "x/" + "a" * 256, "a/" * 2100, 3, None])
+def test_check_path_refuses_what_the_os_would(value):
+    with pytest.raises(ArgumentError, match="where: "):
+        check_path(value, "where")
+
+
+def test_check_path_accepts_ordinary_names(tmp_path):
+    assert check_path(tmp_path / ("a" * 255), "where") == tmp_path / ("a" * 255)

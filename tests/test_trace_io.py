@@ -158,6 +158,12 @@ def test_layer_file_must_stay_inside_the_trace(saved_trace):
     assert_trace_error(saved_trace, "conv", "file", "must be a relative path inside the trace")
 
 
+def test_layer_file_name_longer_than_the_os_allows(saved_trace):
+    """The OS refuses names over 255 bytes; the manifest's error says so (no OSError)."""
+    edit_manifest(saved_trace, lambda m: m["layers"][0].update(file="a" * 300 + ".npz"))
+    assert_trace_error(saved_trace, "conv", "file", "names of at most 255 bytes")
+
+
 def test_missing_dataset_file(saved_trace):
     os.remove(saved_trace / "dataset.npz")
     assert_trace_error(saved_trace, None, "file", "missing file dataset.npz")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..errors import MxsimError
+from ..errors import ArgumentError, MxsimError
 from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
 from ..limits import check_path, is_integer
 from .model import (DATASET_FILE, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, NUMERIC_DTYPES, SUPPORTED_VERSIONS, Layer,
@@ -174,7 +174,10 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> 
     file_field = "file"
     if not isinstance(relative, str) or not relative:
         raise trace_error(label, f"must be a relative path, got {relative!r}", layer, file_field)
-    rel = Path(relative)
+    try:
+        rel = check_path(relative, "file")
+    except ArgumentError as error:
+        raise trace_error(label, str(error), layer, file_field) from None
     if rel.is_absolute() or ".." in rel.parts:
         raise trace_error(label, f"{relative!r} must be a relative path inside the trace", layer, file_field)
     path = root / rel
