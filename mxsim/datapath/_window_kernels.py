@@ -197,105 +197,123 @@ def encode_outputs(acc, flags, out, cfg):
 
 
 @njit(cache=True, inline="always")
-def _lane_tables(codes, values, exponents, finite, lane_values, lane_exponents, bad, lane):
-    """Column ``lane`` of the (K, lanes) value/exponent tiles from one row of codes."""
-    for k in range(codes.shape[0]):
-        code = codes[k]
-        lane_values[k, lane] = values[code]
-        lane_exponents[k, lane] = exponents[code]
-        if not finite[code]:
-            bad[lane] = True
+def _decode_tile(codes, first, lanes, values, exponents, tile_values, tile_exponents):
+    """tile_values[k, lane] = values[codes[first + lane, k]] (and the exponents alike): rows of
+    codes become the lanes of a (K, lanes) tile. Blocked along K so that both the reads and the
+    transposed writes stay within a few cache lines."""
+    length = codes.shape[1]
+    for k0 in range(0, length, 64):
+        k1 = min(k0 + 64, length)
+        for lane in range(lanes):
+            row = codes[first + lane]
+            for k in range(k0, k1):
+                code = row[k]
+                tile_values[k, lane] = values[code]
+                tile_exponents[k, lane] = exponents[code]
 
 
 @njit(cache=True, inline="always")
-def _bad_scales(scales):
-    for value in scales:
-        if value == SCALE_NAN:
-            return True
-    return False
+def _unusable(codes, scales, finite, scaled):
+    """Whether a row of codes holds a non-finite element or (``scaled``) a NaN block scale."""
+    count = 0
+    for code in codes:
+        count += not finite[code]
+    if scaled:
+        for value in scales:
+            count += value == SCALE_NAN
+    return count != 0
+
+
+@njit(cache=True, inline="always")
+def _lane_scratch(lanes):
+    """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
+    window factors, int32 group sums and int64 tree sums."""
+    return (np.empty(lanes, dtype=np.int8), np.zeros(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64),
+            np.empty(lanes, dtype=np.float32), np.empty(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64))
 
 
 @njit(cache=True, parallel=True)
 def window_matmul(
     codes_a, codes_b, scales_a, scales_b, c_values,
     a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
-    cfg, out, flags,
+    cfg, out, flags, threads,
 ):
     """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K);
     flags[m, n] = 1 where the generic kernel must compute it instead (module docstring).
 
     ``a_values``/``b_values``: float32 value per code (0 where not finite); ``*_exponents``:
     int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
-    ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1).
+    ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1). ``threads``:
+    how many threads run the work items (it sets how finely rows are split, not the result).
     """
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
     c_rows = c_values.shape[0]
+    bad_rows = np.empty(n_rows, dtype=np.bool_)
+    bad_columns = np.empty(n_columns, dtype=np.bool_)
+    for i in prange(n_rows + n_columns):
+        if i < n_rows:
+            bad_rows[i] = _unusable(codes_a[i], scales_a[i], a_finite, scaled)
+        else:
+            bad_columns[i - n_rows] = _unusable(codes_b[i - n_rows], scales_b[i - n_rows], b_finite, scaled)
+    # Work items are column tiles, each decoding its B tile once; rows are split only as far as
+    # it takes to give every thread work.
     n_tiles = (n_columns + LANES - 1) // LANES
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
-    for item in prange(n_tiles * n_blocks):
+    chunks = min(n_blocks, max(1, -(-2 * threads // n_tiles)))
+    blocks_per_chunk = -(-n_blocks // chunks)
+    for item in prange(n_tiles * chunks):
         column0 = (item % n_tiles) * LANES
         lanes = min(LANES, n_columns - column0)
-        row0 = (item // n_tiles) * ROW_BLOCK
-        rows = min(ROW_BLOCK, n_rows - row0)
+        first_block = (item // n_tiles) * blocks_per_chunk
         tile_values = np.empty((length, lanes), dtype=np.float32)
         tile_exponents = np.empty((length, lanes), dtype=np.int8)
-        bad_columns = np.zeros(lanes, dtype=np.bool_)
-        for lane in range(lanes):
-            _lane_tables(codes_b[column0 + lane], b_values, b_exponents, b_finite, tile_values, tile_exponents,
-                         bad_columns, lane)
-            if scaled and _bad_scales(scales_b[column0 + lane]):
-                bad_columns[lane] = True
-        acc = np.empty((rows, lanes))
-        tile_flags = np.zeros((rows, lanes), dtype=np.uint8)
-        for row in range(rows):
-            m = row0 + row
-            bad_row = scaled and _bad_scales(scales_a[m])
-            for k in range(length):
-                bad_row = bad_row or not a_finite[codes_a[m, k]]
-            for lane in range(lanes):
-                tile_flags[row, lane] = bad_row or bad_columns[lane]
-            start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
-        maxima = np.empty(lanes, dtype=np.int8)
-        shifts = np.zeros(lanes, dtype=np.int32)
-        references = np.empty(lanes, dtype=np.int64)
-        factors = np.empty(lanes, dtype=np.float32)
-        partial = np.empty(lanes, dtype=np.int32)
-        totals = np.empty(lanes, dtype=np.int64)
-        for start in range(0, length, fused_terms):
-            stop = min(start + fused_terms, length)
-            block = start // block_size
+        _decode_tile(codes_b, column0, lanes, b_values, b_exponents, tile_values, tile_exponents)
+        acc = np.empty((ROW_BLOCK, lanes))
+        tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
+        maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
+        for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
+            row0 = row_block * ROW_BLOCK
+            rows = min(ROW_BLOCK, n_rows - row0)
             for row in range(rows):
                 m = row0 + row
-                row_codes = codes_a[m]
-                maxima[:] = -128
-                for k in range(start, stop):
-                    exponent_a = a_exponents[row_codes[k]]
-                    exponents_b = tile_exponents[k]
-                    for lane in range(lanes):
-                        maxima[lane] = max(maxima[lane], np.int8(exponent_a + exponents_b[lane]))
-                if scaled:
-                    scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
-                    for lane in range(lanes):
-                        scale_b = scales_b[column0 + lane, block]
-                        shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
-                tree_references(maxima, shifts, acc[row], references, factors, cfg)
-                totals[:] = 0
-                for group_start in range(start, stop, group):
-                    partial[:] = 0
-                    for k in range(group_start, min(group_start + group, stop)):
-                        value_a = a_values[row_codes[k]]
-                        values_b = tile_values[k]
+                for lane in range(lanes):
+                    tile_flags[row, lane] = bad_rows[m] | bad_columns[column0 + lane]
+                start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
+            for start in range(0, length, fused_terms):
+                stop = min(start + fused_terms, length)
+                block = start // block_size
+                for row in range(rows):
+                    m = row0 + row
+                    row_codes = codes_a[m]
+                    maxima[:] = -128
+                    for k in range(start, stop):
+                        exponent_a = a_exponents[row_codes[k]]
+                        exponents_b = tile_exponents[k]
                         for lane in range(lanes):
-                            partial[lane] += np.int32(value_a * values_b[lane] * factors[lane])
-                    for lane in range(lanes):
-                        totals[lane] += partial[lane]
-                finish_tree(totals, references, acc[row], tile_flags[row], cfg)
-        for row in range(rows):
-            encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
-            flags[row0 + row, column0:column0 + lanes] = tile_flags[row]
+                            maxima[lane] = max(maxima[lane], np.int8(exponent_a + exponents_b[lane]))
+                    if scaled:
+                        scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
+                        for lane in range(lanes):
+                            scale_b = scales_b[column0 + lane, block]
+                            shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
+                    tree_references(maxima, shifts, acc[row], references, factors, cfg)
+                    totals[:] = 0
+                    for group_start in range(start, stop, group):
+                        partial[:] = 0
+                        for k in range(group_start, min(group_start + group, stop)):
+                            value_a = a_values[row_codes[k]]
+                            values_b = tile_values[k]
+                            for lane in range(lanes):
+                                partial[lane] += np.int32(value_a * values_b[lane] * factors[lane])
+                        for lane in range(lanes):
+                            totals[lane] += partial[lane]
+                    finish_tree(totals, references, acc[row], tile_flags[row], cfg)
+            for row in range(rows):
+                encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
+                flags[row0 + row, column0:column0 + lanes] = tile_flags[row]
 
 
 @njit(cache=True, parallel=True)
@@ -316,23 +334,16 @@ def window_pairs(
         exponents_a = np.empty((length, lanes), dtype=np.int8)
         values_b = np.empty((length, lanes), dtype=np.float32)
         exponents_b = np.empty((length, lanes), dtype=np.int8)
-        lane_flags = np.zeros(lanes, dtype=np.uint8)
-        bad = np.zeros(lanes, dtype=np.bool_)
+        _decode_tile(codes_a, row0, lanes, a_values, a_exponents, values_a, exponents_a)
+        _decode_tile(codes_b, row0, lanes, b_values, b_exponents, values_b, exponents_b)
+        lane_flags = np.empty(lanes, dtype=np.uint8)
         for lane in range(lanes):
             i = row0 + lane
-            _lane_tables(codes_a[i], a_values, a_exponents, a_finite, values_a, exponents_a, bad, lane)
-            _lane_tables(codes_b[i], b_values, b_exponents, b_finite, values_b, exponents_b, bad, lane)
-            if scaled and (_bad_scales(scales_a[i]) or _bad_scales(scales_b[i])):
-                bad[lane] = True
-            lane_flags[lane] = bad[lane]
+            lane_flags[lane] = (_unusable(codes_a[i], scales_a[i], a_finite, scaled)
+                                | _unusable(codes_b[i], scales_b[i], b_finite, scaled))
         acc = np.empty(lanes)
         start_accumulators(c_values, row0, acc, lane_flags, cfg)
-        maxima = np.empty(lanes, dtype=np.int8)
-        shifts = np.zeros(lanes, dtype=np.int32)
-        references = np.empty(lanes, dtype=np.int64)
-        factors = np.empty(lanes, dtype=np.float32)
-        partial = np.empty(lanes, dtype=np.int32)
-        totals = np.empty(lanes, dtype=np.int64)
+        maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
         for start in range(0, length, fused_terms):
             stop = min(start + fused_terms, length)
             block = start // block_size
