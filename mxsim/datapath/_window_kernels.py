@@ -83,38 +83,53 @@ def _power_of_two_32(exponent):
 
 
 @njit(cache=True, inline="always")
-def round_bits(value, precision, rounding):
-    """``value`` (a nonzero normal float64, or 0) rounded to ``precision`` <= 53 significant
-    bits with ``rounding``, exponent range unbounded. Exact when ``value`` is the exact value,
-    and also when it is the exact value rounded to odd at 53 >= precision + 2 bits.
-
-    Branch-free (it runs in SIMD lanes): the mode only selects which conditions step up."""
-    nearest = rounding in (ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_NEAREST_TOWARD_POSITIVE)
-    bits = np.float64(value).view(np.int64)
-    sign = bits & np.int64(-0x8000000000000000)
-    magnitude = bits ^ sign
-    unit = np.int64(1) << (53 - precision)
-    low = magnitude & (unit - 1)
-    base = magnitude - low
+def rounding_rule(precision, rounding):
+    """How :func:`round_bits` rounds to ``precision`` (1..51) significant bits with
+    ``rounding``: (bits cut off, bias added to a positive magnitude, to a negative one, 1 if
+    ties go to even else 0). Computed once per loop, outside the lanes."""
+    shift = 53 - precision
+    unit = np.int64(1) << shift
     half = unit >> 1
-    negative = sign != 0
-    positive = sign == 0
-    tie_up = (
-        (rounding == ROUND_NEAREST_AWAY)
-        | ((rounding == ROUND_NEAREST_EVEN) & ((base & unit) != 0))
-        | ((rounding == ROUND_NEAREST_TOWARD_POSITIVE) & positive)
-    )
-    directed_up = ((rounding == ROUND_TOWARD_POSITIVE) & positive) | ((rounding == ROUND_TOWARD_NEGATIVE) & negative)
-    up = (low != 0) & ((nearest & ((low > half) | ((low == half) & tie_up))) | directed_up)
-    # A carry into the exponent field is the next binade, as it should be.
-    return np.int64((base + (unit & -np.int64(up))) | sign).view(np.float64)
+    positive = negative = np.int64(0)  # toward zero
+    if rounding == ROUND_NEAREST_EVEN:
+        positive = negative = half - 1
+    elif rounding == ROUND_NEAREST_AWAY:
+        positive = negative = half
+    elif rounding == ROUND_NEAREST_TOWARD_POSITIVE:
+        positive, negative = half, half - 1
+    elif rounding == ROUND_TOWARD_POSITIVE:
+        positive = unit - 1
+    elif rounding == ROUND_TOWARD_NEGATIVE:
+        negative = unit - 1
+    return shift, positive, negative, np.int64(rounding == ROUND_NEAREST_EVEN)
 
 
 @njit(cache=True, inline="always")
-def _round_in_range(value, precision, rounding, min_exponent, max_exponent):
-    """(``value`` rounded, True) when the result is a normal value of the format (or 0);
-    else (0.0, False): subnormals and overflow are the generic kernel's."""
-    rounded = round_bits(value, precision, rounding)
+def round_bits(value, rule):
+    """``value`` (a nonzero normal float64, or +0) rounded as ``rule`` (:func:`rounding_rule`)
+    says, exponent range unbounded. Exact when ``value`` is the exact value, and also when it
+    is the exact value rounded to odd at 53 >= precision + 2 bits.
+
+    Sign-magnitude on the float64 pattern, branch-free (it runs in SIMD lanes): the magnitude
+    plus the mode's bias for the value's sign (plus the kept LSB for ties to even), then the
+    bits below the kept LSB cut off. With L the cut-off bits and U the kept LSB's weight,
+    L + bias carries into the kept bits exactly when the mode rounds the magnitude up: bias
+    U - 1 whenever L > 0 (away from zero), U/2 when L >= U/2 (ties away), U/2 - 1 when L > U/2
+    (ties toward zero), U/2 - 1 + LSB when L > U/2 or L = U/2 with the LSB odd (ties to even),
+    0 never (toward zero). A carry into the exponent field is the next binade, as it should be."""
+    shift, positive, negative, even = rule
+    bits = np.float64(value).view(np.int64)
+    sign = bits & np.int64(-0x8000000000000000)
+    magnitude = bits ^ sign
+    bias = (negative if sign != 0 else positive) + ((magnitude >> shift) & even)
+    return np.int64(((magnitude + bias) & (np.int64(-1) << shift)) | sign).view(np.float64)
+
+
+@njit(cache=True, inline="always")
+def _round_in_range(value, rule, min_exponent, max_exponent):
+    """(``value`` rounded by ``rule``, True) when the result is a normal value of the format
+    (or 0); else (0.0, False): subnormals and overflow are the generic kernel's."""
+    rounded = round_bits(value, rule)
     ok = (value == 0.0) | ((_exponent(value) >= min_exponent) & (_exponent(rounded) <= max_exponent))
     return (rounded if ok else 0.0), ok
 
@@ -123,12 +138,12 @@ def _round_in_range(value, precision, rounding, min_exponent, max_exponent):
 def start_accumulators(c_values, offset, acc, flags, cfg):
     """acc[lane] = c_values[(offset + lane) % len] rounded into the accumulator; flags where
     that leaves the fast path (c non-finite or -0, or not normal in the accumulator)."""
-    precision, rounding = cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING]
+    rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     for lane in range(acc.shape[0]):
         c = np.float64(c_values[(offset + lane) % c_values.shape[0]])
         usable = math.isfinite(c) and not (c == 0.0 and math.copysign(1.0, c) < 0)
-        value, ok = _round_in_range(c if usable else 0.0, precision, rounding, low, high)
+        value, ok = _round_in_range(c if usable else 0.0, rule, low, high)
         acc[lane] = value
         flags[lane] |= not (ok and usable)
 
@@ -156,8 +171,9 @@ def finish_tree(totals, references, acc, flags, cfg):
     joins the tree truncated to the window too, then the n-bit sum and the accumulation."""
     window = cfg[W_WINDOW_BITS]
     in_tree = cfg[W_ACC_IN_TREE] != 0
-    sum_bits, sum_rounding = cfg[W_SUM_BITS], cfg[W_SUM_ROUNDING]
-    precision, rounding = cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING]
+    sum_bits = cfg[W_SUM_BITS]
+    sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
+    acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     for lane in range(totals.shape[0]):
         reference = references[lane]
@@ -167,11 +183,11 @@ def finish_tree(totals, references, acc, flags, cfg):
             total += np.int64(previous * power_of_two(window - reference))
         value = np.float64(total) * power_of_two(reference - window)  # exact: |total| < 2^53
         if sum_bits > 0:
-            value = round_bits(value, sum_bits, sum_rounding)
+            value = round_bits(value, sum_rule)
         if not in_tree:
             high_part, error = two_sum(previous, value)
             value = round_to_odd(high_part, error)
-        result, ok = _round_in_range(value, precision, rounding, low, high)
+        result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
         flags[lane] |= not ok
 
@@ -179,11 +195,11 @@ def finish_tree(totals, references, acc, flags, cfg):
 @njit(cache=True)
 def encode_outputs(acc, flags, out, cfg):
     """out = the output format's bits of acc rounded into it (flags where not normal)."""
-    precision, rounding = cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING]
+    rule = rounding_rule(cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING])
     low, high = cfg[W_OUT_MIN_EXPONENT], cfg[W_OUT_MAX_EXPONENT]
     mantissa_bits, bias, sign_shift = cfg[W_OUT_MANTISSA_BITS], cfg[W_OUT_BIAS], cfg[W_OUT_SIGN_SHIFT]
     for lane in range(acc.shape[0]):
-        value, ok = _round_in_range(acc[lane], precision, rounding, low, high)
+        value, ok = _round_in_range(acc[lane], rule, low, high)
         flags[lane] |= not ok
         bits = np.float64(value).view(np.int64)
         code = 0
