@@ -43,6 +43,7 @@ from .blas import round_to_odd, two_sum
 
 ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = -900  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
+IMPLICIT_BIT = np.int64(1) << 52  # of a normal float64's significand
 LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
 ROW_BLOCK = 32  # rows of A per GEMM work item: they share the decoded B tile
 
@@ -121,7 +122,8 @@ def round_bits(value, rule):
     bits = np.float64(value).view(np.int64)
     sign = bits & np.int64(-0x8000000000000000)
     magnitude = bits ^ sign
-    bias = (negative if sign != 0 else positive) + ((magnitude >> shift) & even)
+    # The kept LSB with the implicit bit put back: at precision 1 it is the implicit bit itself.
+    bias = (negative if sign != 0 else positive) + (((magnitude | IMPLICIT_BIT) >> shift) & even)
     return np.int64(((magnitude + bias) & (np.int64(-1) << shift)) | sign).view(np.float64)
 
 
