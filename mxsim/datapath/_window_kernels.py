@@ -250,6 +250,50 @@ def _lane_scratch(lanes):
             np.empty(lanes, dtype=np.float32), np.empty(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64))
 
 
+@njit(cache=True, inline="always")
+def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
+    """maxima[lane] = max over k in [start, stop) of exponents[codes[k]] + tile_exponents[k, lane]
+    (int8): one row of A against a tile of B's columns. Four k per pass over the lanes, so
+    that the loop overhead and the loads and stores of maxima are paid once for four terms."""
+    maxima[:] = -128
+    k = start
+    while k + 4 <= stop:
+        e0, e1, e2, e3 = exponents[codes[k]], exponents[codes[k + 1]], exponents[codes[k + 2]], exponents[codes[k + 3]]
+        b0, b1, b2, b3 = tile_exponents[k], tile_exponents[k + 1], tile_exponents[k + 2], tile_exponents[k + 3]
+        for lane in range(maxima.shape[0]):
+            first = max(np.int8(e0 + b0[lane]), np.int8(e1 + b1[lane]))
+            second = max(np.int8(e2 + b2[lane]), np.int8(e3 + b3[lane]))
+            maxima[lane] = max(maxima[lane], max(first, second))
+        k += 4
+    for k in range(k, stop):
+        e0, b0 = exponents[codes[k]], tile_exponents[k]
+        for lane in range(maxima.shape[0]):
+            maxima[lane] = max(maxima[lane], np.int8(e0 + b0[lane]))
+
+
+@njit(cache=True, inline="always")
+def _row_group(codes, values, tile_values, factors, start, stop, partial):
+    """partial[lane] = sum over k in [start, stop) of the truncated term
+    int32(values[codes[k]] * tile_values[k, lane] * factors[lane]): one int32 group of one row
+    of A against a tile of B's columns (the caller bounds the group so that no sum of its
+    terms overflows). Four k per pass over the lanes, as in :func:`_row_maxima`."""
+    partial[:] = 0
+    k = start
+    while k + 4 <= stop:
+        v0, v1, v2, v3 = values[codes[k]], values[codes[k + 1]], values[codes[k + 2]], values[codes[k + 3]]
+        b0, b1, b2, b3 = tile_values[k], tile_values[k + 1], tile_values[k + 2], tile_values[k + 3]
+        for lane in range(partial.shape[0]):
+            factor = factors[lane]
+            first = np.int32(v0 * b0[lane] * factor) + np.int32(v1 * b1[lane] * factor)
+            second = np.int32(v2 * b2[lane] * factor) + np.int32(v3 * b3[lane] * factor)
+            partial[lane] += first + second
+        k += 4
+    for k in range(k, stop):
+        v0, b0 = values[codes[k]], tile_values[k]
+        for lane in range(partial.shape[0]):
+            partial[lane] += np.int32(v0 * b0[lane] * factors[lane])
+
+
 @njit(cache=True, parallel=True)
 def window_matmul(
     codes_a, codes_b, scales_a, scales_b, c_values,
@@ -306,12 +350,7 @@ def window_matmul(
                 for row in range(rows):
                     m = row0 + row
                     row_codes = codes_a[m]
-                    maxima[:] = -128
-                    for k in range(start, stop):
-                        exponent_a = a_exponents[row_codes[k]]
-                        exponents_b = tile_exponents[k]
-                        for lane in range(lanes):
-                            maxima[lane] = max(maxima[lane], np.int8(exponent_a + exponents_b[lane]))
+                    _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
                     if scaled:
                         scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
                         for lane in range(lanes):
@@ -320,12 +359,8 @@ def window_matmul(
                     tree_references(maxima, shifts, acc[row], references, factors, cfg)
                     totals[:] = 0
                     for group_start in range(start, stop, group):
-                        partial[:] = 0
-                        for k in range(group_start, min(group_start + group, stop)):
-                            value_a = a_values[row_codes[k]]
-                            values_b = tile_values[k]
-                            for lane in range(lanes):
-                                partial[lane] += np.int32(value_a * values_b[lane] * factors[lane])
+                        _row_group(row_codes, a_values, tile_values, factors, group_start,
+                                   min(group_start + group, stop), partial)
                         for lane in range(lanes):
                             totals[lane] += partial[lane]
                     finish_tree(totals, references, acc[row], tile_flags[row], cfg)
