@@ -13,9 +13,15 @@ the lanes with the tree position outside:
 2. every product p = a * b (float32, exact: the caller checks that the formats' significand
    widths add up to at most 24 bits) times 2^(W + scale - R) (exact, or below 1 and so
    truncated to 0), truncated toward zero by the float -> int32 conversion, summed in int32
-   groups of ``group`` terms that cannot overflow, then in int64;
+   groups of ``group`` terms, then in int64. |term| < 2^(W + 2) and group * 2^(W + 2) <= 2^31,
+   so no sum of terms of one group overflows, in whatever order (the GEMM kernel adds four
+   terms per pass over the lanes);
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
-   sum and into the accumulator by bit arithmetic on the float64 pattern.
+   sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
+
+A GEMM work item is a tile of ``LANES`` columns: it decodes its columns of B once into a
+(K, lanes) tile of float32 values and int8 exponents and runs rows of A against it,
+``ROW_BLOCK`` rows at a time so that one tree's slice of the tile stays in cache across them.
 
 Whatever this fast path does not model exactly — NaN/Inf elements, NaN scales, c non-finite
 or -0, and any accumulator or output value outside the normal range of its format
@@ -45,7 +51,7 @@ ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = -900  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
 IMPLICIT_BIT = np.int64(1) << 52  # of a normal float64's significand
 LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
-ROW_BLOCK = 32  # rows of A per GEMM work item: they share the decoded B tile
+ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
 W_FUSED_TERMS = 0
