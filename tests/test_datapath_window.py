@@ -131,7 +131,7 @@ def gemm(params, qa, qb, c, method):
     a_codes = qa.codes.reshape(qa.shape[0], -1)
     b_codes = qb.codes.reshape(qb.shape[1], -1)
     scales_a, scales_b = _tensor_scales(qa, params), _tensor_scales(qb, params)
-    out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=get_format(params.output_format).code_dtype)
+    out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=np.uint32)  # the API's one kernel signature
     if method == "window":
         left = window_matmul(params, a_codes, b_codes, scales_a, scales_b, c, out)
         return out, left
@@ -245,11 +245,15 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
 # --- the kernels' rounding against plain integer arithmetic --------------------------------------
 
 def rounded_reference(value: float, precision: int, mode: str) -> float:
-    """``value`` rounded to ``precision`` significant bits, from its integer significand."""
-    fraction, exponent = math.frexp(abs(value))
+    """``value`` rounded to ``precision`` significant bits, from its integer significand.
+    Ties to even go to the even code of the n-bit sum format: the even significand, or at one
+    bit (no stored significand bits) the even exponent field (its bias 2^9 - 1 is odd, so
+    that is an odd leading-bit exponent)."""
+    fraction, exponent = math.frexp(abs(value))  # leading-bit exponent: exponent - 1
     significand = int(fraction * 2**53)
     cut = 53 - precision
     kept, rest, half = significand >> cut, significand & ((1 << cut) - 1), 1 << (cut - 1)
+    odd = kept % 2 == 1 if precision > 1 else exponent % 2 == 1
     negative = value < 0
     up = {
         "toward_zero": False,
@@ -257,7 +261,7 @@ def rounded_reference(value: float, precision: int, mode: str) -> float:
         "toward_negative": rest > 0 and negative,
         "nearest_away": rest >= half,
         "nearest_toward_positive": rest > half or (rest == half and not negative),
-        "nearest_even": rest > half or (rest == half and kept % 2 == 1),
+        "nearest_even": rest > half or (rest == half and odd),
     }[mode]
     return math.copysign(math.ldexp(kept + up, exponent - precision), value)
 

@@ -49,7 +49,6 @@ from .blas import round_to_odd, two_sum
 
 ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = -900  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
-IMPLICIT_BIT = np.int64(1) << 52  # of a normal float64's significand
 LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
@@ -123,13 +122,15 @@ def round_bits(value, rule):
     L + bias carries into the kept bits exactly when the mode rounds the magnitude up: bias
     U - 1 whenever L > 0 (away from zero), U/2 when L >= U/2 (ties away), U/2 - 1 when L > U/2
     (ties toward zero), U/2 - 1 + LSB when L > U/2 or L = U/2 with the LSB odd (ties to even),
-    0 never (toward zero). A carry into the exponent field is the next binade, as it should be."""
+    0 never (toward zero). A carry into the exponent field is the next binade, as it should be.
+    The LSB is the pattern's: at precision 1 the exponent field's, so that ties go to the even
+    code of a format without stored significand bits whose exponent bias has float64's parity
+    (the n-bit sum format's, ``datapath.tables.sum_format``)."""
     shift, positive, negative, even = rule
     bits = np.float64(value).view(np.int64)
     sign = bits & np.int64(-0x8000000000000000)
     magnitude = bits ^ sign
-    # The kept LSB with the implicit bit put back: at precision 1 it is the implicit bit itself.
-    bias = (negative if sign != 0 else positive) + (((magnitude | IMPLICIT_BIT) >> shift) & even)
+    bias = (negative if sign != 0 else positive) + ((magnitude >> shift) & even)
     return np.int64(((magnitude + bias) & (np.int64(-1) << shift)) | sign).view(np.float64)
 
 
@@ -221,11 +222,13 @@ def encode_outputs(acc, flags, out, cfg):
 
 
 @njit(cache=True, inline="always")
-def _decode_tile(codes, first, lanes, values, exponents, tile_values, tile_exponents):
-    """tile_values[k, lane] = values[codes[first + lane, k]] (and the exponents alike): rows of
-    codes become the lanes of a (K, lanes) tile. Blocked along K so that both the reads and the
-    transposed writes stay within a few cache lines."""
+def _decode_tile(codes, first, lanes, values, exponents):
+    """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
+    (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
+    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines."""
     length = codes.shape[1]
+    tile_values = np.empty((length, lanes), dtype=np.float32)
+    tile_exponents = np.empty((length, lanes), dtype=np.int8)
     for k0 in range(0, length, 64):
         k1 = min(k0 + 64, length)
         for lane in range(lanes):
@@ -234,6 +237,7 @@ def _decode_tile(codes, first, lanes, values, exponents, tile_values, tile_expon
                 code = row[k]
                 tile_values[k, lane] = values[code]
                 tile_exponents[k, lane] = exponents[code]
+    return tile_values, tile_exponents
 
 
 @njit(cache=True, inline="always")
@@ -336,9 +340,7 @@ def window_matmul(
         column0 = (item % n_tiles) * LANES
         lanes = min(LANES, n_columns - column0)
         first_block = (item // n_tiles) * blocks_per_chunk
-        tile_values = np.empty((length, lanes), dtype=np.float32)
-        tile_exponents = np.empty((length, lanes), dtype=np.int8)
-        _decode_tile(codes_b, column0, lanes, b_values, b_exponents, tile_values, tile_exponents)
+        tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
         acc = np.empty((ROW_BLOCK, lanes))
         tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
         maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
@@ -389,12 +391,8 @@ def window_pairs(
     for item in prange((n_rows + LANES - 1) // LANES):
         row0 = item * LANES
         lanes = min(LANES, n_rows - row0)
-        values_a = np.empty((length, lanes), dtype=np.float32)
-        exponents_a = np.empty((length, lanes), dtype=np.int8)
-        values_b = np.empty((length, lanes), dtype=np.float32)
-        exponents_b = np.empty((length, lanes), dtype=np.int8)
-        _decode_tile(codes_a, row0, lanes, a_values, a_exponents, values_a, exponents_a)
-        _decode_tile(codes_b, row0, lanes, b_values, b_exponents, values_b, exponents_b)
+        values_a, exponents_a = _decode_tile(codes_a, row0, lanes, a_values, a_exponents)
+        values_b, exponents_b = _decode_tile(codes_b, row0, lanes, b_values, b_exponents)
         lane_flags = np.empty(lanes, dtype=np.uint8)
         for lane in range(lanes):
             i = row0 + lane
