@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 
 from conftest import REPO
 from mxsim import get_format, quantize_mx as quantize
+from mxsim.formats.rounding import rounding_code
 from mxsim.datapath import _kernels as K
+from mxsim.datapath import _window_kernels as W
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams
 from mxsim.datapath.api import _kernel_arguments, _tensor_scales, dot_with_params
@@ -128,7 +131,7 @@ def gemm(params, qa, qb, c, method):
     a_codes = qa.codes.reshape(qa.shape[0], -1)
     b_codes = qb.codes.reshape(qb.shape[1], -1)
     scales_a, scales_b = _tensor_scales(qa, params), _tensor_scales(qb, params)
-    out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=get_format(params.output_format).code_dtype)
+    out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=np.uint32)  # the API's one kernel signature
     if method == "window":
         left = window_matmul(params, a_codes, b_codes, scales_a, scales_b, c, out)
         return out, left
@@ -237,3 +240,47 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     assert 0 < left[0].size < c.size
     np.testing.assert_array_equal(matmul(unit(name), qa, qb, c=c).bits,
                                   matmul(unit(name), qa, qb, c=c, method="kernel").bits)
+
+
+# --- the kernels' rounding against plain integer arithmetic --------------------------------------
+
+def rounded_reference(value: float, precision: int, mode: str) -> float:
+    """``value`` rounded to ``precision`` significant bits, from its integer significand.
+    Ties to even go to the even code of the n-bit sum format: the even significand, or at one
+    bit (no stored significand bits) the even exponent field (its bias 2^9 - 1 is odd, so
+    that is an odd leading-bit exponent)."""
+    fraction, exponent = math.frexp(abs(value))  # leading-bit exponent: exponent - 1
+    significand = int(fraction * 2**53)
+    cut = 53 - precision
+    kept, rest, half = significand >> cut, significand & ((1 << cut) - 1), 1 << (cut - 1)
+    odd = kept % 2 == 1 if precision > 1 else exponent % 2 == 1
+    negative = value < 0
+    up = {
+        "toward_zero": False,
+        "toward_positive": rest > 0 and not negative,
+        "toward_negative": rest > 0 and negative,
+        "nearest_away": rest >= half,
+        "nearest_toward_positive": rest > half or (rest == half and not negative),
+        "nearest_even": rest > half or (rest == half and odd),
+    }[mode]
+    return math.copysign(math.ldexp(kept + up, exponent - precision), value)
+
+
+@pytest.mark.parametrize("mode", ROUNDINGS)
+def test_round_bits_equals_integer_rounding(mode):
+    rng = np.random.default_rng(5)
+    code = rounding_code(mode)
+    for precision in range(1, 52):
+        rule = W.rounding_rule(precision, code)
+        cut = 53 - precision
+        # Random significands, and ties, values just beside ties and exact values at this precision.
+        significands = [int(s) for s in rng.integers(2**52, 2**53, 40)]
+        for kept in rng.integers(2 ** (precision - 1), 2**precision, 10).tolist():
+            base = int(kept) << cut
+            significands += [base, base + (1 << (cut - 1)), base + (1 << (cut - 1)) - 1, base + (1 << (cut - 1)) + 1,
+                             base + (1 << cut) - 1]
+        for significand in significands:
+            for sign in (1.0, -1.0):
+                value = sign * math.ldexp(significand, int(rng.integers(-60, 60)))
+                assert W.round_bits(value, rule) == rounded_reference(value, precision, mode), (value, precision)
+    assert W.round_bits(0.0, W.rounding_rule(24, code)) == 0.0

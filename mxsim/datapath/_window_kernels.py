@@ -13,9 +13,15 @@ the lanes with the tree position outside:
 2. every product p = a * b (float32, exact: the caller checks that the formats' significand
    widths add up to at most 24 bits) times 2^(W + scale - R) (exact, or below 1 and so
    truncated to 0), truncated toward zero by the float -> int32 conversion, summed in int32
-   groups of ``group`` terms that cannot overflow, then in int64;
+   groups of ``group`` terms, then in int64. |term| < 2^(W + 2) and group * 2^(W + 2) <= 2^31,
+   so no sum of terms of one group overflows, in whatever order (the GEMM kernel adds four
+   terms per pass over the lanes);
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
-   sum and into the accumulator by bit arithmetic on the float64 pattern.
+   sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
+
+A GEMM work item is a tile of ``LANES`` columns: it decodes its columns of B once into a
+(K, lanes) tile of float32 values and int8 exponents and runs rows of A against it,
+``ROW_BLOCK`` rows at a time so that one tree's slice of the tile stays in cache across them.
 
 Whatever this fast path does not model exactly — NaN/Inf elements, NaN scales, c non-finite
 or -0, and any accumulator or output value outside the normal range of its format
@@ -44,7 +50,7 @@ from .blas import round_to_odd, two_sum
 ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = -900  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
 LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
-ROW_BLOCK = 32  # rows of A per GEMM work item: they share the decoded B tile
+ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
 W_FUSED_TERMS = 0
@@ -83,38 +89,56 @@ def _power_of_two_32(exponent):
 
 
 @njit(cache=True, inline="always")
-def round_bits(value, precision, rounding):
-    """``value`` (a nonzero normal float64, or 0) rounded to ``precision`` <= 53 significant
-    bits with ``rounding``, exponent range unbounded. Exact when ``value`` is the exact value,
-    and also when it is the exact value rounded to odd at 53 >= precision + 2 bits.
-
-    Branch-free (it runs in SIMD lanes): the mode only selects which conditions step up."""
-    nearest = rounding in (ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_NEAREST_TOWARD_POSITIVE)
-    bits = np.float64(value).view(np.int64)
-    sign = bits & np.int64(-0x8000000000000000)
-    magnitude = bits ^ sign
-    unit = np.int64(1) << (53 - precision)
-    low = magnitude & (unit - 1)
-    base = magnitude - low
+def rounding_rule(precision, rounding):
+    """How :func:`round_bits` rounds to ``precision`` (1..51) significant bits with
+    ``rounding``: (bits cut off, bias added to a positive magnitude, to a negative one, 1 if
+    ties go to even else 0). Computed once per loop, outside the lanes."""
+    shift = 53 - precision
+    unit = np.int64(1) << shift
     half = unit >> 1
-    negative = sign != 0
-    positive = sign == 0
-    tie_up = (
-        (rounding == ROUND_NEAREST_AWAY)
-        | ((rounding == ROUND_NEAREST_EVEN) & ((base & unit) != 0))
-        | ((rounding == ROUND_NEAREST_TOWARD_POSITIVE) & positive)
-    )
-    directed_up = ((rounding == ROUND_TOWARD_POSITIVE) & positive) | ((rounding == ROUND_TOWARD_NEGATIVE) & negative)
-    up = (low != 0) & ((nearest & ((low > half) | ((low == half) & tie_up))) | directed_up)
-    # A carry into the exponent field is the next binade, as it should be.
-    return np.int64((base + (unit & -np.int64(up))) | sign).view(np.float64)
+    positive = negative = np.int64(0)  # toward zero
+    if rounding == ROUND_NEAREST_EVEN:
+        positive = negative = half - 1
+    elif rounding == ROUND_NEAREST_AWAY:
+        positive = negative = half
+    elif rounding == ROUND_NEAREST_TOWARD_POSITIVE:
+        positive, negative = half, half - 1
+    elif rounding == ROUND_TOWARD_POSITIVE:
+        positive = unit - 1
+    elif rounding == ROUND_TOWARD_NEGATIVE:
+        negative = unit - 1
+    return shift, positive, negative, np.int64(rounding == ROUND_NEAREST_EVEN)
 
 
 @njit(cache=True, inline="always")
-def _round_in_range(value, precision, rounding, min_exponent, max_exponent):
-    """(``value`` rounded, True) when the result is a normal value of the format (or 0);
-    else (0.0, False): subnormals and overflow are the generic kernel's."""
-    rounded = round_bits(value, precision, rounding)
+def round_bits(value, rule):
+    """``value`` (a nonzero normal float64, or +0) rounded as ``rule`` (:func:`rounding_rule`)
+    says, exponent range unbounded. Exact when ``value`` is the exact value, and also when it
+    is the exact value rounded to odd at 53 >= precision + 2 bits.
+
+    Sign-magnitude on the float64 pattern, branch-free (it runs in SIMD lanes): the magnitude
+    plus the mode's bias for the value's sign (plus the kept LSB for ties to even), then the
+    bits below the kept LSB cut off. With L the cut-off bits and U the kept LSB's weight,
+    L + bias carries into the kept bits exactly when the mode rounds the magnitude up: bias
+    U - 1 whenever L > 0 (away from zero), U/2 when L >= U/2 (ties away), U/2 - 1 when L > U/2
+    (ties toward zero), U/2 - 1 + LSB when L > U/2 or L = U/2 with the LSB odd (ties to even),
+    0 never (toward zero). A carry into the exponent field is the next binade, as it should be.
+    The LSB is the pattern's: at precision 1 the exponent field's, so that ties go to the even
+    code of a format without stored significand bits whose exponent bias has float64's parity
+    (the n-bit sum format's, ``datapath.tables.sum_format``)."""
+    shift, positive, negative, even = rule
+    bits = np.float64(value).view(np.int64)
+    sign = bits & np.int64(-0x8000000000000000)
+    magnitude = bits ^ sign
+    bias = (negative if sign != 0 else positive) + ((magnitude >> shift) & even)
+    return np.int64(((magnitude + bias) & (np.int64(-1) << shift)) | sign).view(np.float64)
+
+
+@njit(cache=True, inline="always")
+def _round_in_range(value, rule, min_exponent, max_exponent):
+    """(``value`` rounded by ``rule``, True) when the result is a normal value of the format
+    (or 0); else (0.0, False): subnormals and overflow are the generic kernel's."""
+    rounded = round_bits(value, rule)
     ok = (value == 0.0) | ((_exponent(value) >= min_exponent) & (_exponent(rounded) <= max_exponent))
     return (rounded if ok else 0.0), ok
 
@@ -123,12 +147,12 @@ def _round_in_range(value, precision, rounding, min_exponent, max_exponent):
 def start_accumulators(c_values, offset, acc, flags, cfg):
     """acc[lane] = c_values[(offset + lane) % len] rounded into the accumulator; flags where
     that leaves the fast path (c non-finite or -0, or not normal in the accumulator)."""
-    precision, rounding = cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING]
+    rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     for lane in range(acc.shape[0]):
         c = np.float64(c_values[(offset + lane) % c_values.shape[0]])
         usable = math.isfinite(c) and not (c == 0.0 and math.copysign(1.0, c) < 0)
-        value, ok = _round_in_range(c if usable else 0.0, precision, rounding, low, high)
+        value, ok = _round_in_range(c if usable else 0.0, rule, low, high)
         acc[lane] = value
         flags[lane] |= not (ok and usable)
 
@@ -156,8 +180,9 @@ def finish_tree(totals, references, acc, flags, cfg):
     joins the tree truncated to the window too, then the n-bit sum and the accumulation."""
     window = cfg[W_WINDOW_BITS]
     in_tree = cfg[W_ACC_IN_TREE] != 0
-    sum_bits, sum_rounding = cfg[W_SUM_BITS], cfg[W_SUM_ROUNDING]
-    precision, rounding = cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING]
+    sum_bits = cfg[W_SUM_BITS]
+    sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
+    acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     for lane in range(totals.shape[0]):
         reference = references[lane]
@@ -167,11 +192,11 @@ def finish_tree(totals, references, acc, flags, cfg):
             total += np.int64(previous * power_of_two(window - reference))
         value = np.float64(total) * power_of_two(reference - window)  # exact: |total| < 2^53
         if sum_bits > 0:
-            value = round_bits(value, sum_bits, sum_rounding)
+            value = round_bits(value, sum_rule)
         if not in_tree:
             high_part, error = two_sum(previous, value)
             value = round_to_odd(high_part, error)
-        result, ok = _round_in_range(value, precision, rounding, low, high)
+        result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
         flags[lane] |= not ok
 
@@ -179,11 +204,11 @@ def finish_tree(totals, references, acc, flags, cfg):
 @njit(cache=True)
 def encode_outputs(acc, flags, out, cfg):
     """out = the output format's bits of acc rounded into it (flags where not normal)."""
-    precision, rounding = cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING]
+    rule = rounding_rule(cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING])
     low, high = cfg[W_OUT_MIN_EXPONENT], cfg[W_OUT_MAX_EXPONENT]
     mantissa_bits, bias, sign_shift = cfg[W_OUT_MANTISSA_BITS], cfg[W_OUT_BIAS], cfg[W_OUT_SIGN_SHIFT]
     for lane in range(acc.shape[0]):
-        value, ok = _round_in_range(acc[lane], precision, rounding, low, high)
+        value, ok = _round_in_range(acc[lane], rule, low, high)
         flags[lane] |= not ok
         bits = np.float64(value).view(np.int64)
         code = 0
@@ -197,105 +222,159 @@ def encode_outputs(acc, flags, out, cfg):
 
 
 @njit(cache=True, inline="always")
-def _lane_tables(codes, values, exponents, finite, lane_values, lane_exponents, bad, lane):
-    """Column ``lane`` of the (K, lanes) value/exponent tiles from one row of codes."""
-    for k in range(codes.shape[0]):
-        code = codes[k]
-        lane_values[k, lane] = values[code]
-        lane_exponents[k, lane] = exponents[code]
-        if not finite[code]:
-            bad[lane] = True
+def _decode_tile(codes, first, lanes, values, exponents):
+    """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
+    (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
+    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines."""
+    length = codes.shape[1]
+    tile_values = np.empty((length, lanes), dtype=np.float32)
+    tile_exponents = np.empty((length, lanes), dtype=np.int8)
+    for k0 in range(0, length, 64):
+        k1 = min(k0 + 64, length)
+        for lane in range(lanes):
+            row = codes[first + lane]
+            for k in range(k0, k1):
+                code = row[k]
+                tile_values[k, lane] = values[code]
+                tile_exponents[k, lane] = exponents[code]
+    return tile_values, tile_exponents
 
 
 @njit(cache=True, inline="always")
-def _bad_scales(scales):
-    for value in scales:
-        if value == SCALE_NAN:
-            return True
-    return False
+def _unusable(codes, scales, finite, scaled):
+    """Whether a row of codes holds a non-finite element or (``scaled``) a NaN block scale."""
+    count = 0
+    for code in codes:
+        count += not finite[code]
+    if scaled:
+        for value in scales:
+            count += value == SCALE_NAN
+    return count != 0
+
+
+@njit(cache=True, inline="always")
+def _lane_scratch(lanes):
+    """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
+    window factors, int32 group sums and int64 tree sums."""
+    return (np.empty(lanes, dtype=np.int8), np.zeros(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64),
+            np.empty(lanes, dtype=np.float32), np.empty(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64))
+
+
+@njit(cache=True, inline="always")
+def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
+    """maxima[lane] = max over k in [start, stop) of exponents[codes[k]] + tile_exponents[k, lane]
+    (int8): one row of A against a tile of B's columns. Four k per pass over the lanes, so
+    that the loop overhead and the loads and stores of maxima are paid once for four terms."""
+    maxima[:] = -128
+    k = start
+    while k + 4 <= stop:
+        e0, e1, e2, e3 = exponents[codes[k]], exponents[codes[k + 1]], exponents[codes[k + 2]], exponents[codes[k + 3]]
+        b0, b1, b2, b3 = tile_exponents[k], tile_exponents[k + 1], tile_exponents[k + 2], tile_exponents[k + 3]
+        for lane in range(maxima.shape[0]):
+            first = max(np.int8(e0 + b0[lane]), np.int8(e1 + b1[lane]))
+            second = max(np.int8(e2 + b2[lane]), np.int8(e3 + b3[lane]))
+            maxima[lane] = max(maxima[lane], max(first, second))
+        k += 4
+    for k in range(k, stop):
+        e0, b0 = exponents[codes[k]], tile_exponents[k]
+        for lane in range(maxima.shape[0]):
+            maxima[lane] = max(maxima[lane], np.int8(e0 + b0[lane]))
+
+
+@njit(cache=True, inline="always")
+def _row_group(codes, values, tile_values, factors, start, stop, partial):
+    """partial[lane] = sum over k in [start, stop) of the truncated term
+    int32(values[codes[k]] * tile_values[k, lane] * factors[lane]): one int32 group of one row
+    of A against a tile of B's columns (the caller bounds the group so that no sum of its
+    terms overflows). Four k per pass over the lanes, as in :func:`_row_maxima`."""
+    partial[:] = 0
+    k = start
+    while k + 4 <= stop:
+        v0, v1, v2, v3 = values[codes[k]], values[codes[k + 1]], values[codes[k + 2]], values[codes[k + 3]]
+        b0, b1, b2, b3 = tile_values[k], tile_values[k + 1], tile_values[k + 2], tile_values[k + 3]
+        for lane in range(partial.shape[0]):
+            factor = factors[lane]
+            first = np.int32(v0 * b0[lane] * factor) + np.int32(v1 * b1[lane] * factor)
+            second = np.int32(v2 * b2[lane] * factor) + np.int32(v3 * b3[lane] * factor)
+            partial[lane] += first + second
+        k += 4
+    for k in range(k, stop):
+        v0, b0 = values[codes[k]], tile_values[k]
+        for lane in range(partial.shape[0]):
+            partial[lane] += np.int32(v0 * b0[lane] * factors[lane])
 
 
 @njit(cache=True, parallel=True)
 def window_matmul(
     codes_a, codes_b, scales_a, scales_b, c_values,
     a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
-    cfg, out, flags,
+    cfg, out, flags, threads,
 ):
     """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K);
     flags[m, n] = 1 where the generic kernel must compute it instead (module docstring).
 
     ``a_values``/``b_values``: float32 value per code (0 where not finite); ``*_exponents``:
     int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
-    ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1).
+    ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1). ``threads``:
+    how many threads run the work items (it sets how finely rows are split, not the result).
     """
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
     c_rows = c_values.shape[0]
+    bad_rows = np.empty(n_rows, dtype=np.bool_)
+    bad_columns = np.empty(n_columns, dtype=np.bool_)
+    for i in prange(n_rows + n_columns):
+        if i < n_rows:
+            bad_rows[i] = _unusable(codes_a[i], scales_a[i], a_finite, scaled)
+        else:
+            bad_columns[i - n_rows] = _unusable(codes_b[i - n_rows], scales_b[i - n_rows], b_finite, scaled)
+    # Work items are column tiles, each decoding its B tile once; rows are split only as far as
+    # it takes to give every thread work.
     n_tiles = (n_columns + LANES - 1) // LANES
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
-    for item in prange(n_tiles * n_blocks):
+    chunks = min(n_blocks, max(1, -(-2 * threads // n_tiles)))
+    blocks_per_chunk = -(-n_blocks // chunks)
+    for item in prange(n_tiles * chunks):
         column0 = (item % n_tiles) * LANES
         lanes = min(LANES, n_columns - column0)
-        row0 = (item // n_tiles) * ROW_BLOCK
-        rows = min(ROW_BLOCK, n_rows - row0)
-        tile_values = np.empty((length, lanes), dtype=np.float32)
-        tile_exponents = np.empty((length, lanes), dtype=np.int8)
-        bad_columns = np.zeros(lanes, dtype=np.bool_)
-        for lane in range(lanes):
-            _lane_tables(codes_b[column0 + lane], b_values, b_exponents, b_finite, tile_values, tile_exponents,
-                         bad_columns, lane)
-            if scaled and _bad_scales(scales_b[column0 + lane]):
-                bad_columns[lane] = True
-        acc = np.empty((rows, lanes))
-        tile_flags = np.zeros((rows, lanes), dtype=np.uint8)
-        for row in range(rows):
-            m = row0 + row
-            bad_row = scaled and _bad_scales(scales_a[m])
-            for k in range(length):
-                bad_row = bad_row or not a_finite[codes_a[m, k]]
-            for lane in range(lanes):
-                tile_flags[row, lane] = bad_row or bad_columns[lane]
-            start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
-        maxima = np.empty(lanes, dtype=np.int8)
-        shifts = np.zeros(lanes, dtype=np.int32)
-        references = np.empty(lanes, dtype=np.int64)
-        factors = np.empty(lanes, dtype=np.float32)
-        partial = np.empty(lanes, dtype=np.int32)
-        totals = np.empty(lanes, dtype=np.int64)
-        for start in range(0, length, fused_terms):
-            stop = min(start + fused_terms, length)
-            block = start // block_size
+        first_block = (item // n_tiles) * blocks_per_chunk
+        tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
+        acc = np.empty((ROW_BLOCK, lanes))
+        tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
+        maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
+        for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
+            row0 = row_block * ROW_BLOCK
+            rows = min(ROW_BLOCK, n_rows - row0)
             for row in range(rows):
                 m = row0 + row
-                row_codes = codes_a[m]
-                maxima[:] = -128
-                for k in range(start, stop):
-                    exponent_a = a_exponents[row_codes[k]]
-                    exponents_b = tile_exponents[k]
-                    for lane in range(lanes):
-                        maxima[lane] = max(maxima[lane], np.int8(exponent_a + exponents_b[lane]))
-                if scaled:
-                    scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
-                    for lane in range(lanes):
-                        scale_b = scales_b[column0 + lane, block]
-                        shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
-                tree_references(maxima, shifts, acc[row], references, factors, cfg)
-                totals[:] = 0
-                for group_start in range(start, stop, group):
-                    partial[:] = 0
-                    for k in range(group_start, min(group_start + group, stop)):
-                        value_a = a_values[row_codes[k]]
-                        values_b = tile_values[k]
+                for lane in range(lanes):
+                    tile_flags[row, lane] = bad_rows[m] | bad_columns[column0 + lane]
+                start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
+            for start in range(0, length, fused_terms):
+                stop = min(start + fused_terms, length)
+                block = start // block_size
+                for row in range(rows):
+                    m = row0 + row
+                    row_codes = codes_a[m]
+                    _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
+                    if scaled:
+                        scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
                         for lane in range(lanes):
-                            partial[lane] += np.int32(value_a * values_b[lane] * factors[lane])
-                    for lane in range(lanes):
-                        totals[lane] += partial[lane]
-                finish_tree(totals, references, acc[row], tile_flags[row], cfg)
-        for row in range(rows):
-            encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
-            flags[row0 + row, column0:column0 + lanes] = tile_flags[row]
+                            scale_b = scales_b[column0 + lane, block]
+                            shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
+                    tree_references(maxima, shifts, acc[row], references, factors, cfg)
+                    totals[:] = 0
+                    for group_start in range(start, stop, group):
+                        _row_group(row_codes, a_values, tile_values, factors, group_start,
+                                   min(group_start + group, stop), partial)
+                        for lane in range(lanes):
+                            totals[lane] += partial[lane]
+                    finish_tree(totals, references, acc[row], tile_flags[row], cfg)
+            for row in range(rows):
+                encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
+                flags[row0 + row, column0:column0 + lanes] = tile_flags[row]
 
 
 @njit(cache=True, parallel=True)
@@ -312,27 +391,16 @@ def window_pairs(
     for item in prange((n_rows + LANES - 1) // LANES):
         row0 = item * LANES
         lanes = min(LANES, n_rows - row0)
-        values_a = np.empty((length, lanes), dtype=np.float32)
-        exponents_a = np.empty((length, lanes), dtype=np.int8)
-        values_b = np.empty((length, lanes), dtype=np.float32)
-        exponents_b = np.empty((length, lanes), dtype=np.int8)
-        lane_flags = np.zeros(lanes, dtype=np.uint8)
-        bad = np.zeros(lanes, dtype=np.bool_)
+        values_a, exponents_a = _decode_tile(codes_a, row0, lanes, a_values, a_exponents)
+        values_b, exponents_b = _decode_tile(codes_b, row0, lanes, b_values, b_exponents)
+        lane_flags = np.empty(lanes, dtype=np.uint8)
         for lane in range(lanes):
             i = row0 + lane
-            _lane_tables(codes_a[i], a_values, a_exponents, a_finite, values_a, exponents_a, bad, lane)
-            _lane_tables(codes_b[i], b_values, b_exponents, b_finite, values_b, exponents_b, bad, lane)
-            if scaled and (_bad_scales(scales_a[i]) or _bad_scales(scales_b[i])):
-                bad[lane] = True
-            lane_flags[lane] = bad[lane]
+            lane_flags[lane] = (_unusable(codes_a[i], scales_a[i], a_finite, scaled)
+                                | _unusable(codes_b[i], scales_b[i], b_finite, scaled))
         acc = np.empty(lanes)
         start_accumulators(c_values, row0, acc, lane_flags, cfg)
-        maxima = np.empty(lanes, dtype=np.int8)
-        shifts = np.zeros(lanes, dtype=np.int32)
-        references = np.empty(lanes, dtype=np.int64)
-        factors = np.empty(lanes, dtype=np.float32)
-        partial = np.empty(lanes, dtype=np.int32)
-        totals = np.empty(lanes, dtype=np.int64)
+        maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
         for start in range(0, length, fused_terms):
             stop = min(start + fused_terms, length)
             block = start // block_size

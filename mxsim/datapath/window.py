@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import math
 
+import numba
 import numpy as np
 
 from ..formats import get_format
@@ -174,7 +175,8 @@ def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
     """Fill ``out`` (M, N) with the GEMM's output bits; returns the (rows, columns) index
     arrays of the outputs the generic kernel must compute."""
     flags = np.empty(out.shape, dtype=np.uint8)
-    W.window_matmul(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags)
+    W.window_matmul(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags,
+                    numba.get_num_threads())
     return np.nonzero(flags)
 
 
