@@ -429,3 +429,28 @@ def test_tensors_over_the_memory_budget_are_refused(monkeypatch):
     monkeypatch.setenv("MXSIM_MAX_BYTES", "1K")
     with pytest.raises(MxsimError, match="quantize: the blocked tensor needs 2 KiB, more than the memory budget"):
         fake_quantize(np.ones((8, 1), np.float32), "fp8_e4m3", block_size=32)
+
+
+def _tf32_value(code: int, scale_code: int) -> float:
+    """A tf32 field code (1 + 8 + 10 bits) times 2^(scale - 127), by hand (finite codes only)."""
+    sign = -1.0 if code >> 18 else 1.0
+    exponent, mantissa = (code >> 10) & 0xFF, code & 0x3FF
+    magnitude = math.ldexp(mantissa, -149) if exponent == 0 else math.ldexp(1024 + mantissa, exponent - 137)
+    return sign * math.ldexp(magnitude, scale_code - 127)
+
+
+@pytest.mark.parametrize("name", ["tf32", "fp32"])
+def test_wide_element_formats_dequantize(name):
+    """Formats of over 16 bits have no decode table; dequantizing them still gives exact values."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 64)) * np.exp2(rng.integers(-20, 20, (4, 1)))).astype(np.float32)
+    tensor = quantize(x, name)
+    out = tensor.dequantize()
+    if name == "fp32":  # every float32 fits, whatever the block's scale
+        np.testing.assert_array_equal(out, x.astype(np.float64))
+    else:
+        scales = np.repeat(tensor.scales.reshape(4, -1), 32, axis=1)
+        expected = [[_tf32_value(int(c), int(s)) for c, s in zip(row, srow)] for row, srow in zip(tensor.codes, scales)]
+        np.testing.assert_array_equal(out, np.array(expected))
+        assert np.max(np.abs(out - x) / np.abs(x)) <= 2.0**-11  # 10 fraction bits, nearest
+    np.testing.assert_array_equal(fake_quantize(x, name), out)

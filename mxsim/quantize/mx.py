@@ -262,6 +262,11 @@ def _min_exponent(element_format: FormatInfo, opts: QuantOptions) -> int:
 def _dequantize_blocked(element_format, codes, exponents, block_size, dtype=np.float64):
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise MxsimError(f"dequantize: dtype must be float32 or float64, got {np.dtype(dtype)}")
+    if element_format.decode_table is None:  # fields over 16 bits (tf32, fp32): decoded without a table
+        values = element_format.decode_fields(codes.reshape(-1, block_size))
+        nan_scale = exponents.reshape(-1, 1) == K.SCALE_NAN
+        scaled = np.ldexp(values, np.where(nan_scale, 0, exponents.reshape(-1, 1)))  # exact in float64
+        return np.where(nan_scale, np.nan, scaled).reshape(codes.shape).astype(dtype, copy=False)
     out = np.empty(codes.shape, dtype=np.float64)  # one kernel signature; float32 rounds once below
     K.dequantize_blocks(
         codes.reshape(-1, block_size), exponents.reshape(-1), element_format.decode_table, out.reshape(-1, block_size)
