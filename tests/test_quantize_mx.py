@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mxsim import MXTensor, fake_quantize, get_format, quantize_mx as quantize
-from mxsim.errors import MxsimError, UnknownNameError
+from mxsim.errors import ArgumentError, MxsimError, UnknownNameError
 from mxsim.quantize.mx import _prepare, _quantize_blocked
 from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options
 from mxsim.quantize.reference import quantize_block_reference
@@ -454,3 +454,19 @@ def test_wide_element_formats_dequantize(name):
         np.testing.assert_array_equal(out, np.array(expected))
         assert np.max(np.abs(out - x) / np.abs(x)) <= 2.0**-11  # 10 fraction bits, nearest
     np.testing.assert_array_equal(fake_quantize(x, name), out)
+
+
+@pytest.mark.parametrize("name, dtype", [("bf16", "bfloat16"), ("fp16", "float16")])
+def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
+    """``tensor_scale_exponent=0``: each value rounded once into the format, as ml_dtypes casts."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 40)) * np.exp2(rng.integers(-8, 8, (3, 40)))).astype(np.float32)
+    target = getattr(ml_dtypes, dtype) if name == "bf16" else np.float16
+    tensor = quantize(x, name, tensor_scale_exponent=0, element_overflow="inf_nan")
+    np.testing.assert_array_equal(tensor.dequantize(), x.astype(target).astype(np.float64))
+    assert tensor.tensor_scale_exponent == 0 and (tensor.scales == 127).all()
+    shifted = quantize(x, name, tensor_scale_exponent=-3, element_overflow="inf_nan")  # x * 2^3, rounded
+    np.testing.assert_array_equal(shifted.dequantize(), (x * 8).astype(target).astype(np.float64) / 8)
+    with pytest.raises(ArgumentError, match="tensor_scale_exponent"):
+        quantize(x, name, tensor_scale_exponent=200)

@@ -166,6 +166,18 @@ def test_element_format_override():
         replay(trace, [HW["h100-fp8"]], element_format="fp4_e2m1")
 
 
+@pytest.mark.parametrize("fmt, least_db", [("bf16", 45.0), ("fp16", 60.0), ("tf32", 60.0)])
+def test_wide_formats_on_a_unit_without_block_scales_are_cast_not_scaled(fmt, least_db):
+    """fp16/bf16/tf32 operands of an H100 take the values rounded straight in (label ``cast``):
+    scaled up to bf16's or tf32's largest values, the products would overflow the fp32 sums.
+    A cast of a few-bit-mantissa format keeps about 6 dB per bit of the float result."""
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    report = replay(trace, [load_hwconfig(REPO / "hwconfigs" / "h100.yaml")], element_format=fmt)
+    rows = [r for entry in report["layers"] for r in entry["results"]]
+    assert {(r["input"]["tensor_scale_exponent"], r["weight"]["tensor_scale_exponent"]) for r in rows} == {(0, 0)}
+    assert min(r["sqnr_vs_float_db"] for r in rows) > least_db
+
+
 def test_bfp_spec_replays_with_microexponents():
     from mxsim import quantize_bfp
     from mxsim.trace import BFPQuant

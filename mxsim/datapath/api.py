@@ -75,13 +75,14 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
     return cfg, order, formats
 
 
-def _codes(array, name: str, fmt: FormatInfo) -> np.ndarray:
-    """Validated codes as the field codes (padding removed) that index the element tables."""
+def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.ndarray:
+    """Validated codes as the field codes (padding removed) that index the element tables;
+    ``fields_given``: ``array`` already holds field codes (an MXTensor's codes)."""
     if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
         raise ArgumentError(f"{name}: expected an integer numpy array of {fmt.name} codes")
     if array.ndim != 2:
         raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")
-    fields = fmt.field_codes(array, name)
+    fields = array if fields_given else fmt.field_codes(array, name)
     dtype = np.uint8 if fmt.field_bits <= 8 else np.uint16 if fmt.field_bits <= 16 else np.uint32
     return np.ascontiguousarray(fields, dtype=dtype)
 
@@ -302,8 +303,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     bits_dtype = output_dtype(params.output_format)
     if out.size == 0:
         return MatmulResult(out.astype(bits_dtype), params.output_format, shift)
-    codes_a = _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format)
-    codes_b = _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format)
+    codes_a = _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format, fields_given=True)
+    codes_b = _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format, fields_given=True)
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs

@@ -13,7 +13,7 @@ from ..errors import MxsimError
 from ..formats import FormatInfo, get_format
 from ..formats.rounding import overflow_code, rounding_code
 from ..formats.table import E8M0_BIAS, E8M0_NAN, INPUT_FLOATS, as_float_array
-from ..limits import check_array_budget, check_axis, check_block_size
+from ..limits import check_array_budget, check_axis, check_block_size, check_int
 from . import _kernels as K
 from .options import QuantOptions, resolve_options
 
@@ -91,7 +91,7 @@ def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
 
 
 def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", *, per_tensor_scale: bool = False,
-             **options) -> MXTensor:
+             tensor_scale_exponent: int | None = None, **options) -> MXTensor:
     """Quantize ``x`` to MX: blocks of ``block_size`` along ``axis`` share one E8M0 scale.
 
     Args:
@@ -121,13 +121,17 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     output by 2^(Ta + Tb) exactly. Raises MxsimError when the tensor has NaN/Inf (no scale
     exists) or T lies outside E8M0's range.
 
+    ``tensor_scale_exponent=T`` (an integer -127..127): per-tensor scaling with T given rather
+    than chosen; T = 0 is the plain cast of fp16/bf16/tf32 GEMMs, whose formats need no
+    scaling (and whose largest values, scaled up by the amax rule, would overflow the sums).
+
     An empty ``x`` (a dimension of length 0) is valid and gives an MXTensor with no
     elements (and no blocks if the quantized axis is empty). Bad arguments raise
     :class:`~mxsim.errors.MxsimError` subclasses; a tensor whose padded float64 copy would
     exceed the memory budget raises :class:`~mxsim.errors.BudgetError` (docs/limits.md).
     """
-    if per_tensor_scale:
-        return _quantize_per_tensor(x, fmt, axis, block_size, profile, options)
+    if per_tensor_scale or tensor_scale_exponent is not None:
+        return _quantize_per_tensor(x, fmt, axis, block_size, profile, options, tensor_scale_exponent)
     element_format, opts, values = _prepare(x, fmt, profile, options)
     codes, exponents, axis, padding = _quantize_blocked(values, element_format, opts, axis, block_size)
     if (exponents < K.E8M0_MIN_EXPONENT).any():
@@ -143,18 +147,24 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     return MXTensor(element_format, codes, scales, values.shape, axis, block_size, padding, opts)
 
 
-def _quantize_per_tensor(x, fmt, axis, block_size, profile, options) -> MXTensor:
+def _quantize_per_tensor(x, fmt, axis, block_size, profile, options, fixed_exponent=None) -> MXTensor:
     element_format, opts, values = _prepare(x, fmt, profile, options)
     block_size = check_block_size(block_size, "quantize: block_size")
-    if not np.isfinite(values).all():
-        raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
-    # The whole tensor as one block: its scale exponent is T, its codes are x * 2^-T rounded.
-    flat = np.ascontiguousarray(values).reshape(1, -1)
-    codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1), whole_tensor=True)
-    exponent = int(exponents[0, 0])
-    if exponent < K.E8M0_MIN_EXPONENT:
-        raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
-    codes = codes[:, : values.size].reshape(values.shape)
+    if fixed_exponent is not None:
+        exponent = check_int(fixed_exponent, "quantize: tensor_scale_exponent", K.E8M0_MIN_EXPONENT, K.E8M0_MAX_EXPONENT)
+        stored = element_format.encode(np.ldexp(values.astype(np.float64), -exponent), opts.element_rounding,
+                                       opts.element_overflow)  # x * 2^-T rounded once (exact scaling)
+        codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
+    else:
+        if not np.isfinite(values).all():
+            raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
+        # The whole tensor as one block: its scale exponent is T, its codes are x * 2^-T rounded.
+        flat = np.ascontiguousarray(values).reshape(1, -1)
+        codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1), whole_tensor=True)
+        exponent = int(exponents[0, 0])
+        if exponent < K.E8M0_MIN_EXPONENT:
+            raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
+        codes = codes[:, : values.size].reshape(values.shape)
     moved, axis, padding = _to_blocks(codes, axis, block_size)
     scales = np.full(moved.shape[:-1] + (moved.shape[-1] // block_size,), E8M0_BIAS, dtype=np.uint8)
     return MXTensor(element_format, moved, scales, values.shape, axis, block_size, padding, opts, exponent)

@@ -143,7 +143,7 @@ def clip_counts(x: np.ndarray, tensor: MXTensor, largest: float | None = None) -
     largest = tensor.element_format.max_finite if largest is None else largest
     values = np.asarray(x, dtype=np.float64)
     dequantized = tensor.dequantize()
-    elements = np.abs(tensor.element_format.decode(tensor.codes))
+    elements = np.abs(tensor.element_format.decode_fields(tensor.codes))
     moved = elements.reshape(tuple(np.delete(tensor.shape, tensor.axis)) + (-1,))
     if tensor.padding:
         moved = moved[..., : -tensor.padding]

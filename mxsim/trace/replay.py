@@ -64,7 +64,9 @@ MARKS = {"model": "", "replaced": "*", "added": "+", "caller": "="}
 class OperandChoice:
     """How one operand was quantized for one unit, and why.
 
-    ``format``/``profile``/``per_tensor_scale``: what the unit received; ``block_size``: the
+    ``format``/``profile``/``per_tensor_scale``: what the unit received (per-tensor scaling:
+    ``tensor_scale_exponent`` 0 for a wide format, a plain cast, else the amax rule; see
+    :func:`_choose`); ``block_size``: the
     unit's block; ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
     ``layout``: how the model's blocks lie in K; ``saturated``/``underflowed``: elements
     clipped to the largest magnitude / nonzero elements flushed to zero by the quantization
@@ -76,6 +78,7 @@ class OperandChoice:
     profile: str
     per_tensor_scale: bool
     note: str = ""
+    tensor_scale_exponent: int | None = None
     block_size: int = 0
     status: str = "model"
     spec: str = ""
@@ -151,7 +154,8 @@ def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tup
     tensors, saturated, underflowed = [], 0, 0
     for matrix in values:
         tensor = quantize(matrix, choice.format, axis=1, block_size=choice.block_size, profile=choice.profile,
-                          per_tensor_scale=choice.per_tensor_scale, **options)
+                          per_tensor_scale=choice.per_tensor_scale,
+                          tensor_scale_exponent=choice.tensor_scale_exponent, **options)
         tensors.append(tensor)
         counts = clip_counts(matrix, tensor)
         saturated += counts[0]
@@ -163,7 +167,19 @@ def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig, element_f
             per_tensor_scale: bool | None = None) -> tuple[OperandChoice, dict]:
     """What ``hw`` gets for one operand (module docstring), and the quantize options.
     ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales);
-    True forces it; False on a unit without block scales is an error."""
+    True forces it; False on a unit without block scales is an error. Per-tensor scaling by
+    the amax rule is FP8 practice; formats as wide as fp16, bf16 and tf32 take the values
+    rounded straight in (scale 1, a framework's cast): scaled up to their largest values,
+    products would overflow the unit's sums."""
+    choice, options = _choose_scaling(operand, name, spec, hw, element_format, per_tensor_scale)
+    if choice.per_tensor_scale and get_format(choice.format).role in ("wide", "tensor_input"):
+        choice = dataclasses.replace(choice, tensor_scale_exponent=0)
+    return choice, options
+
+
+def _choose_scaling(operand: GemmOperand, name: str, spec, hw: HardwareConfig, element_format: str | None,
+                    per_tensor_scale: bool | None) -> tuple[OperandChoice, dict]:
+    """:func:`_choose` before the wide-format rule."""
     accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     per_tensor = hw.sections[("inputs", "scales")] == "none"
@@ -473,9 +489,11 @@ def worst_layers(rows: Sequence[LayerResult], count: int = 5) -> list[dict]:
 
 
 def _operand_label(choice) -> str:
-    """``int8/32`` (format/block; ``pt`` per-tensor scale), from a choice or its dict."""
+    """``int8/32`` (format/block; ``pt`` per-tensor scale, ``cast`` scale 1), from a choice or its dict."""
     get = choice.get if isinstance(choice, dict) else lambda key: getattr(choice, key)
-    return f"{get('format')}/{'pt' if get('per_tensor_scale') else get('block_size')}"
+    if get("per_tensor_scale"):
+        return f"{get('format')}/{'cast' if get('tensor_scale_exponent') == 0 else 'pt'}"
+    return f"{get('format')}/{get('block_size')}"
 
 
 def _number(value: float, digits: int = 2) -> str:
