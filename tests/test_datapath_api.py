@@ -741,3 +741,19 @@ def test_matmul_output_over_the_memory_budget(monkeypatch):
     monkeypatch.setenv("MXSIM_MAX_BYTES", "100K")
     with pytest.raises(MxsimError, match=r"matmul: the \(M, N\) output needs"):
         matmul(hw("ocp-exact"), np.ones((200, 32)), np.ones((32, 200)))
+
+
+def test_mixed_code_widths_add_no_kernel_signature():
+    """An fp8 operand beside an fp16 one runs in the kernel compiled for two fp16 operands."""
+    from mxsim.datapath import _kernels
+
+    unit = hw("h100")
+    fp8, fp16 = get_format("fp8_e4m3"), get_format("fp16")
+    a8 = fp8.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
+    a16 = fp16.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
+    same = dot(unit, a16, a16, a_format="fp16", b_format="fp16", method="kernel")
+    pairs = {tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.dot_pairs.signatures}
+    mixed = dot(unit, a8, a16, a_format="fp8_e4m3", b_format="fp16", method="kernel")
+    np.testing.assert_array_equal(mixed, same)
+    assert {tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.dot_pairs.signatures} == pairs
+    assert all(a == b for a, b in pairs)

@@ -87,6 +87,13 @@ def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.
     return np.ascontiguousarray(fields, dtype=dtype)
 
 
+def _same_width(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both code arrays in the wider of their dtypes: mixed formats add no kernel signature
+    (three code widths, not nine pairs of them)."""
+    dtype = np.promote_types(a.dtype, b.dtype)
+    return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+
+
 def _one_row(values, name: str) -> np.ndarray:
     """A list or 1-D array as a (1, K) array (no conversion of its dtype)."""
     try:
@@ -180,8 +187,7 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
     """:func:`dot` for already-resolved parameters (what-if studies, tests)."""
     _check_method(method, "dot")
     a_fmt, b_fmt, kernel_args = _kernel_arguments(params)
-    a = _codes(a, "a", a_fmt)
-    b = _codes(b, "b", b_fmt)
+    a, b = _same_width(_codes(a, "a", a_fmt), _codes(b, "b", b_fmt))
     if a.shape != b.shape:
         raise ArgumentError(f"a and b must have the same shape (n, K), got {a.shape} and {b.shape}")
     rows, length = a.shape
@@ -303,8 +309,10 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     bits_dtype = output_dtype(params.output_format)
     if out.size == 0:
         return MatmulResult(out.astype(bits_dtype), params.output_format, shift)
-    codes_a = _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format, fields_given=True)
-    codes_b = _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format, fields_given=True)
+    codes_a, codes_b = _same_width(
+        _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format, fields_given=True),
+        _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format, fields_given=True),
+    )
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
