@@ -90,6 +90,16 @@ def test_public_names_resolve_and_modules_are_not_shadowed():
     import mxsim.datapath.api as api
 
     assert mxsim.datapath.dot is api.dot and mxsim.dot is api.dot
+    # No public name of a package is also the name of one of its modules.
+    import pkgutil
+    import types
+
+    packages = ["mxsim"] + [p.name for p in pkgutil.walk_packages(mxsim.__path__, "mxsim.") if p.ispkg]
+    for name in packages:
+        module = importlib.import_module(name)
+        for sub in pkgutil.iter_modules(module.__path__):
+            value = getattr(module, sub.name, None)
+            assert value is None or isinstance(value, types.ModuleType), f"{name}.{sub.name} shadows a module"
 
 
 class _Terminal(io.StringIO):

@@ -9,7 +9,7 @@ See docs/golden.md.
 
 from .cases import KINDS, exhaustive_cases, random_cases
 from .corners import corner_cases
-from .generate import MANIFEST_NAME, dot_expected_fn, fill_expected, generate, make_cases, output_bits
+from .writer import MANIFEST_NAME, dot_expected_fn, fill_expected, generate, make_cases, output_bits
 from .layout import Field, GoldenUnit, VectorLayout, layout_for, units_from_hwconfig
 from .stages import exact_stages
 from .vectors import VectorSet, format_lines, parse_vector_text, read_vector_file

@@ -1,4 +1,4 @@
-"""Tests of mxsim.golden.generate: files, manifest, determinism, atomic writes, progress, mxsim.dot."""
+"""Tests of mxsim.golden.writer (generate): files, manifest, determinism, atomic writes, progress, mxsim.dot."""
 
 from __future__ import annotations
 
