@@ -56,6 +56,10 @@ from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, li
 SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM = 0, 1, 2  # inputs.scales
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
+# The datapath functions allocate nothing, so they are compiled without Numba's reference
+# counting (its ``_nrt`` option): Numba would otherwise increment and decrement, atomically,
+# every array passed into each inlined stage of every tree, which took half the kernel's time.
+NO_REFCOUNTS = {"_nrt": False}
 
 
 @njit(cache=True, inline="always")
@@ -66,7 +70,7 @@ def floor_log2(value):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def flush_subnormal(value, params, subnormals):
     """``value`` or, when subnormals are off and |value| is below the smallest normal, ±0."""
     if subnormals or value == 0.0 or not math.isfinite(value):
@@ -77,7 +81,7 @@ def flush_subnormal(value, params, subnormals):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def round_float(value, params, rounding, subnormals):
     """``value`` rounded once into the format ``params`` (IEEE overflow), as float64."""
     if value == 0.0 or not math.isfinite(value):
@@ -88,7 +92,7 @@ def round_float(value, params, rounding, subnormals):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def round_limbs(limbs, bounds, params, rounding, subnormals):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
     code, is_zero = limbs_round(limbs, bounds, params, rounding, OVERFLOW_INF_NAN)
@@ -98,7 +102,7 @@ def round_limbs(limbs, bounds, params, rounding, subnormals):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def add_round(x, y, params, rounding, subnormals, limbs, bounds):
     """x + y (finite float64s) computed exactly, rounded once into ``params``."""
     limbs_clear(limbs, bounds)
@@ -140,7 +144,7 @@ def _bit_length(value):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def round_integer(total, lsb_exponent, params, rounding, subnormals):
     """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""
     if total == 0:
@@ -295,7 +299,7 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
     return product, exponent_sum, deferred
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
                b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
     """Steps 1-3 for any tree: its nonzero finite products (truncated by the multiplier when
@@ -335,9 +339,8 @@ def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values,
 @njit(cache=True, inline="always")
 def keep_in_window(scaled, below):
     """A term in units of the window's LSB (``scaled``, exact) as the adder keeps it, per
-    ``below_window``; with ``sticky`` in units of half an LSB."""
-    if below == BELOW_TRUNCATE:
-        return np.int64(scaled)  # toward zero: the int conversion truncates
+    ``below_window`` other than ``truncate`` (:func:`align_and_add`); with ``sticky`` in
+    units of half an LSB."""
     if below == BELOW_FLOOR:
         return np.int64(math.floor(scaled))
     if below == BELOW_NEAREST_EVEN:
@@ -375,8 +378,12 @@ def align_and_add(terms, exponents, count, tree_scale, cfg):
     total = np.int64(0)
     if window:
         below = cfg.below_window
-        for i in range(count):
-            total += keep_in_window(terms[i] * factor, below)  # exact: a power-of-two scaling in range
+        if below == BELOW_TRUNCATE:  # the common case, a loop of its own (it vectorises)
+            for i in range(count):
+                total += np.int64(terms[i] * factor)  # toward zero: the int conversion truncates
+        else:
+            for i in range(count):
+                total += keep_in_window(terms[i] * factor, below)  # exact: a power-of-two scaling in range
         if below == BELOW_STICKY:
             lsb_exponent -= 1
         if cfg.carry_bits >= 0:
@@ -391,7 +398,7 @@ def align_and_add(terms, exponents, count, tree_scale, cfg):
     return True, total, lsb_exponent + tree_scale
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count):
     """Add the tree's exact sum into the limbs: the int64 total, or each term when it did not fit."""
     if fits:
@@ -414,7 +421,7 @@ def is_accumulator_value(tree_sum, cfg, acc_params):
     )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
     """Steps 5-6 after the add: the tree sum rounded to ``sum_significant_bits`` (when set)
     with ``sum_rounding``, added exactly to the accumulator when that is outside the tree,
@@ -430,7 +437,13 @@ def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, su
         return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
     if fits and joined:
         return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
-    # A wide exact tree, or the accumulator outside the tree: exact sums in the limbs.
+    return accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
+    """:func:`accumulate` with exact sums in the limbs: for a wide exact tree, or the
+    accumulator outside the tree with no n-bit sum."""
     limbs_clear(limbs, bounds)
     add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
     if cfg.sum_significant_bits > 0:
@@ -455,7 +468,7 @@ def promote(outer, acc, special, fp32_params, limbs, bounds):
     return outer, special
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds):
     """Step 6's end: the outer accumulator's last add (promotion), or c rounded into the
     accumulator format (nearest even) and added with ``c_add_rounding`` (``c_entry: end``).
@@ -489,7 +502,7 @@ def output_value(result, special, negative_zeros_only):
     return result
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def dot_one(
     a_codes, b_codes, a_scales, b_scales, c_value,
     a_values, a_exponents, b_values, b_exponents,

@@ -17,6 +17,7 @@ computes it exactly: no route can silently ignore a key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -326,8 +327,10 @@ def record_dtype() -> np.dtype:
     return np.dtype(fields, align=True)
 
 
+@functools.lru_cache(maxsize=256)
 def kernel_record(params) -> np.ndarray:
-    """The kernel's parameter record of ``params``, as a one-element structured array."""
+    """The kernel's parameter record of ``params``, as a one-element structured array
+    (read-only, cached per params)."""
     record = np.zeros(1, dtype=record_dtype())
     for _, name, key in keys():
         spec = _record_of(name, key)
