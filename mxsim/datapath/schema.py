@@ -305,10 +305,10 @@ def param_fields() -> tuple[str, ...]:
 def _record_of(name: str, key: Key) -> Record | None:
     """The key's record field, with the defaults by kind filled in."""
     field = param_field(name, key)
-    if key.record is None or key.record is not BY_KIND and key.record.name:
-        return key.record
+    if key.record is None:
+        return None
     if key.record is not BY_KIND:
-        return dataclasses.replace(key.record, name=field)
+        return key.record if key.record.name else dataclasses.replace(key.record, name=field)
     if key.kind == "int":
         return Record(int, np.int64, field)
     if key.kind == "optional_int":
