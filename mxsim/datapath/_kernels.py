@@ -1,13 +1,28 @@
 """Numba kernels of the generic MX dot-product datapath.
 
 One dot product at a time (``dot_one``), driven over row pairs (``dot_pairs``) or over a
-GEMM (``matmul_rows``). Parameters arrive as an int64 vector indexed by the ``C_*``
-constants (built by ``datapath.api._kernel_config``) plus the kernel_params vectors of the
-accumulator, the n-bit tree-sum format, the output and fp32. Element values come from
-per-code tables (float64 value, int64 alignment exponent), so every product of two table
-values times a power-of-two scale is exact in float64. Every intermediate value is held as
-a float64 that is exactly a value of its format; exact sums go through ``_limbs``.
-The slow reference twin is ``datapath.reference``.
+GEMM (``matmul_rows``). ``dot_one`` runs the stages of docs/hwconfig.md, one small function
+each:
+
+- steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
+  common unit) or :func:`tree_terms` (any order, per-element scales, specials), each product
+  from :func:`multiply`;
+- step 4, align: :func:`align_and_add` places the window, :func:`keep_in_window` drops the
+  bits below it;
+- step 5, add, normalise, round: :func:`adder_register`, then :func:`accumulate` (the tree
+  sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);
+- step 6, accumulate: :func:`start_accumulator`, :func:`accumulate`, :func:`promote`,
+  :func:`finish_accumulator` (c at the end, the last promotion);
+- step 7, output: :func:`output_value`.
+
+Parameters arrive as the kernel record, a one-element structured array whose dtype
+``datapath.schema.record_dtype`` derives from the schema (fields named after the keys:
+``cfg.block_size``, ``cfg.align_fraction_bits``, ..., null stored as -1), plus the order array
+and the kernel_params vectors of the accumulator, the n-bit tree-sum format, the output and
+fp32. Element values come from per-code tables (float64 value, int64 alignment exponent), so
+every product of two table values times a power-of-two scale is exact in float64. Every
+intermediate value is held as a float64 that is exactly a value of its format; exact sums go
+through ``_limbs``. The slow reference twin is ``datapath.reference``.
 """
 
 from __future__ import annotations
@@ -37,40 +52,14 @@ from ..formats._kernels import (
 from ..quantize._kernels import SCALE_NAN
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
 
-C_BLOCK_SIZE = 0
-C_SCALES = 1  # 0 none, 1 products, 2 block_sum
-C_FUSED_TERMS = 2
-C_ORDER_LENGTH = 3  # 0: k order
-C_ACC_IN_TREE = 4
-C_ALIGN_LEADING_BIT = 5  # 0: exponent_sum, 1: leading_bit
-C_FRACTION_BITS = 6  # -1: exact tree
-C_BELOW_WINDOW = 7  # 0 truncate, 1 floor, 2 nearest_even, 3 sticky
-C_SUM_BITS = 8  # -1: none
-C_SUM_ROUNDING = 9
-C_ACC_EXACT = 10
-C_ACC_ROUNDING = 11
-C_ACC_SUBNORMALS = 12
-C_C_AT_END = 13
-C_C_ADD_ROUNDING = 14
-C_PROMOTION = 15  # 0: none
-C_OUT_ROUNDING = 16
-C_OUT_SUBNORMALS = 17
-C_PRODUCT_BITS = 18  # -1: exact products
-C_UNIFORM_TREES = 19  # 1: k order, one scale per tree, exponent-sum reference, exact products
-C_SUM_FITS_ACCUMULATOR = 20  # 1: sum_significant_bits <= the accumulator's precision
-C_ACC_MIN_EXPONENT = 21  # smallest normal exponent of the accumulator format
-C_ACC_MAX_EXPONENT = 22  # exponent of its largest finite value
-C_ADDER_WIDTH = 23  # 0: the adder never overflows; else its signed register width in bits
-C_ADDER_SATURATES = 24  # 1: saturate, 0: wrap (two's complement)
-N_CONFIG = 25
-
-SCALES_NONE = 0
-SCALES_PRODUCTS = 1
-SCALES_BLOCK_SUM = 2
-BELOW_TRUNCATE = 0
-BELOW_FLOOR = 1
-BELOW_NEAREST_EVEN = 2
-BELOW_STICKY = 3
+# Codes of the record's choice fields: a choice's position in its key's list in the schema.
+SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM = 0, 1, 2  # inputs.scales
+BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
+EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
+# The datapath functions allocate nothing, so they are compiled without Numba's reference
+# counting (its ``_nrt`` option): Numba would otherwise increment and decrement, atomically,
+# every array passed into each inlined stage of every tree, which took half the kernel's time.
+NO_REFCOUNTS = {"_nrt": False}
 
 
 @njit(cache=True, inline="always")
@@ -81,7 +70,7 @@ def floor_log2(value):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def flush_subnormal(value, params, subnormals):
     """``value`` or, when subnormals are off and |value| is below the smallest normal, ±0."""
     if subnormals or value == 0.0 or not math.isfinite(value):
@@ -92,7 +81,7 @@ def flush_subnormal(value, params, subnormals):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def round_float(value, params, rounding, subnormals):
     """``value`` rounded once into the format ``params`` (IEEE overflow), as float64."""
     if value == 0.0 or not math.isfinite(value):
@@ -103,7 +92,7 @@ def round_float(value, params, rounding, subnormals):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def round_limbs(limbs, bounds, params, rounding, subnormals):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
     code, is_zero = limbs_round(limbs, bounds, params, rounding, OVERFLOW_INF_NAN)
@@ -113,7 +102,7 @@ def round_limbs(limbs, bounds, params, rounding, subnormals):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def add_round(x, y, params, rounding, subnormals, limbs, bounds):
     """x + y (finite float64s) computed exactly, rounded once into ``params``."""
     limbs_clear(limbs, bounds)
@@ -155,7 +144,7 @@ def _bit_length(value):
 
 
 @generic_calls
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def round_integer(total, lsb_exponent, params, rounding, subnormals):
     """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""
     if total == 0:
@@ -164,8 +153,9 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals):
     bits = _bit_length(magnitude)
     leading = lsb_exponent + bits - 1
     precision = params[P_MANTISSA_BITS] + 1
-    if params[P_EXPONENT_BITS] > 0 and 1 - params[P_BIAS] <= leading < params[P_EMAX]:
+    if params[P_EXPONENT_BITS] > 0 and precision > 1 and 1 - params[P_BIAS] <= leading < params[P_EMAX]:
         # Normal range, no overflow possible: round the integer directly (the common case).
+        # (With one significant bit the code's last bit, which ties to even, is the exponent's.)
         shift = bits - precision
         if shift > 0:
             quotient = magnitude >> shift
@@ -190,244 +180,386 @@ def truncate_significand(value, fraction_bits):
     return math.ldexp(math.trunc(mantissa * scale) / scale, exponent)
 
 
-@njit(cache=True)
+# --- step 6 (start): c enters -------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
+    """(accumulator, outer accumulator, running special) once c (finite) has entered: into the
+    exact limbs (Kulisch), as the outer fp32 accumulator's first value (promotion), rounded
+    into the accumulator (``c_entry: initial``), or not yet (``c_entry: end``)."""
+    acc = 0.0
+    outer = 0.0
+    limbs_clear(limbs, bounds)
+    if cfg.accumulator_exact:
+        limbs_add_float(limbs, bounds, c_value)
+    elif cfg.promotion_interval > 0:
+        outer = c_value
+    elif not cfg.c_at_end:
+        acc = round_float(c_value, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        if not math.isfinite(acc):  # c overflows a narrower accumulator
+            special = note_overflow(special, acc)
+            acc = 0.0
+    return acc, outer, special
+
+
+# --- steps 1-3: decode, multiply, order and trees -----------------------------------------------
+
+@njit(cache=True, inline="always")
+def padded_length(n_elements, cfg):
+    """K padded to a whole number of term-order periods: the padded positions are empty (no
+    term, not even +0), as in a unit fed zero-padded operands."""
+    period = cfg.term_order_length
+    if period == 0:
+        return n_elements
+    return (n_elements + period - 1) // period * period
+
+
+@njit(cache=True, inline="always")
+def ordered_index(position, cfg, order):
+    """The element k a tree position takes: k itself in k order, else its period's permutation."""
+    period = cfg.term_order_length
+    if period == 0:
+        return position
+    return (position // period) * period + order[position % period]
+
+
+@njit(cache=True, inline="always")
+def uniform_trees(cfg):
+    """Whether every tree may take :func:`uniform_tree_terms`: k order, one scale pair per
+    tree, the exponent-sum reference and exact products."""
+    return (
+        cfg.term_order_length == 0
+        and (cfg.scales == SCALES_NONE or cfg.block_size % cfg.fused_terms == 0)
+        and not cfg.align_leading_bit
+        and cfg.product_fraction_bits < 0
+    )
+
+
+@njit(cache=True, inline="always")
+def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
+                       a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents):
+    """Steps 1-3 for the elements start..stop of a :func:`uniform_trees` unit in one pass, no
+    branch per product: (count, tree_scale, done). Not done (the caller falls back to
+    :func:`tree_terms`) for NaN/Inf, NaN scales, and all-zero or exactly cancelling trees
+    (signs of zero). Zero elements carry a very negative exponent, so they never set the
+    reference; they stay in as zero terms."""
+    shift = 0
+    scale_ok = True
+    if cfg.scales != SCALES_NONE:
+        scale_a = a_scales[start // cfg.block_size]
+        scale_b = b_scales[start // cfg.block_size]
+        scale_ok = scale_a != SCALE_NAN and scale_b != SCALE_NAN
+        shift = scale_a + scale_b
+    check = 0.0
+    count = 0
+    for k in range(start, stop):
+        code_a = a_codes[k]
+        code_b = b_codes[k]
+        product = a_values[code_a] * b_values[code_b]
+        terms[count] = product
+        exponents[count] = a_exponents[code_a] + b_exponents[code_b]
+        check += product
+        count += 1
+    if not (scale_ok and math.isfinite(check) and check != 0.0):
+        return count, 0, False
+    tree_scale = 0
+    if shift != 0:
+        if cfg.scales == SCALES_BLOCK_SUM and cfg.align_fraction_bits >= 0:
+            tree_scale = shift  # block_sum with a window: the scale multiplies the tree's sum
+        else:
+            factor = power_of_two(shift)
+            for i in range(count):
+                terms[i] *= factor
+                exponents[i] += shift
+    return count, tree_scale, True
+
+
+@njit(cache=True, inline="always")
+def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, cfg):
+    """Steps 1-2 for element k: (product, exponent sum, deferred scale). The product is exact
+    (NaN for a NaN scale); with ``scales: products`` (or ``block_sum`` on an exact tree) the
+    block's scale exponents multiply it and join its exponent sum, with ``block_sum`` and a
+    window they are deferred to the tree's sum."""
+    code_a = a_codes[k]
+    code_b = b_codes[k]
+    product = a_values[code_a] * b_values[code_b]
+    exponent_sum = a_exponents[code_a] + b_exponents[code_b]
+    deferred = 0
+    if cfg.scales != SCALES_NONE:
+        block = k // cfg.block_size
+        scale_a = a_scales[block]
+        scale_b = b_scales[block]
+        if scale_a == SCALE_NAN or scale_b == SCALE_NAN:
+            product = np.nan
+        elif cfg.scales == SCALES_PRODUCTS or cfg.align_fraction_bits < 0:
+            product = scale_by_power_of_two(product, scale_a + scale_b)
+            exponent_sum += scale_a + scale_b
+        else:
+            deferred = scale_a + scale_b
+    return product, exponent_sum, deferred
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+               b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
+    """Steps 1-3 for any tree: its nonzero finite products (truncated by the multiplier when
+    ``product_fraction_bits`` is set) with their alignment exponents into ``terms`` and
+    ``exponents``. NaN/Inf products join the running special (an IEEE sum), zeros only
+    their sign's record. Returns (count, tree_scale, special, negative_zeros_only)."""
+    count = 0
+    tree_scale = 0
+    end = padded_length(n_elements, cfg)
+    for j in range(cfg.fused_terms):
+        position = tree * cfg.fused_terms + j
+        if position >= end:
+            break
+        k = ordered_index(position, cfg, order)
+        if k >= n_elements:  # a padded position: no term
+            continue
+        product, exponent_sum, tree_scale = multiply(
+            k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, cfg)
+        if not math.isfinite(product):
+            special += product
+            continue
+        if product == 0.0:
+            if math.copysign(1.0, product) > 0:
+                negative_zeros_only = False
+            continue
+        negative_zeros_only = False
+        if cfg.product_fraction_bits >= 0:
+            product = truncate_significand(product, cfg.product_fraction_bits)
+        terms[count] = product
+        exponents[count] = floor_log2(product) if cfg.align_leading_bit else exponent_sum
+        count += 1
+    return count, tree_scale, special, negative_zeros_only
+
+
+# --- steps 4-5: align and add -------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def keep_in_window(scaled, below):
+    """A term in units of the window's LSB (``scaled``, exact) as the adder keeps it, per
+    ``below_window`` other than ``truncate`` (:func:`align_and_add`); with ``sticky`` in
+    units of half an LSB."""
+    if below == BELOW_FLOOR:
+        return np.int64(math.floor(scaled))
+    if below == BELOW_NEAREST_EVEN:
+        return np.int64(np.rint(scaled))
+    magnitude = abs(scaled)  # sticky: truncate, then one more bit, set if anything was dropped
+    whole = math.floor(magnitude)
+    jammed = np.int64(2.0 * whole) + (1 if magnitude != whole else 0)
+    return -jammed if scaled < 0 else jammed
+
+
+@njit(cache=True, inline="always")
+def adder_width_bits(cfg):
+    """The adder register (``carry_bits`` set): a sign bit, the window's fraction bits and two
+    integer bits, the carry bits, and the sticky bit."""
+    return 1 + (cfg.align_fraction_bits + 2) + cfg.carry_bits + (1 if cfg.below_window == BELOW_STICKY else 0)
+
+
+@njit(cache=True, inline="always")
+def align_and_add(terms, exponents, count, tree_scale, cfg):
+    """Steps 4-5 (align, add) of a tree's ``count`` terms: (fits, total, lsb_exponent), the
+    sum being total * 2^lsb_exponent (int64 total). The reference R is the largest exponent;
+    with a window each term keeps multiples of 2^(R - align_fraction_bits) (the rest follows
+    ``below_window``) and the adder register may wrap or saturate. An exact tree is summed
+    the same way when every term fits EXACT_TREE_BITS bits below R (nearly always); else
+    ``fits`` is False and the caller sums the terms exactly in the limbs."""
+    if count == 0:
+        return True, np.int64(0), np.int64(0)
+    reference = exponents[0]
+    for i in range(1, count):
+        reference = max(reference, exponents[i])
+    window = cfg.align_fraction_bits >= 0
+    window_bits = cfg.align_fraction_bits if window else EXACT_TREE_BITS - _bit_length(count)
+    lsb_exponent = reference - window_bits
+    factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
+    total = np.int64(0)
+    if window:
+        below = cfg.below_window
+        if below == BELOW_TRUNCATE:  # the common case, a loop of its own (it vectorises)
+            for i in range(count):
+                total += np.int64(terms[i] * factor)  # toward zero: the int conversion truncates
+        else:
+            for i in range(count):
+                total += keep_in_window(terms[i] * factor, below)  # exact: a power-of-two scaling in range
+        if below == BELOW_STICKY:
+            lsb_exponent -= 1
+        if cfg.carry_bits >= 0:
+            total = adder_register(total, adder_width_bits(cfg), cfg.adder_saturates)
+    else:
+        for i in range(count):
+            scaled = terms[i] * factor
+            kept = np.int64(scaled)
+            if kept != scaled:  # bits below 2^lsb_exponent: the limbs sum this tree
+                return False, np.int64(0), np.int64(0)
+            total += kept
+    return True, total, lsb_exponent + tree_scale
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count):
+    """Add the tree's exact sum into the limbs: the int64 total, or each term when it did not fit."""
+    if fits:
+        limbs_add_integer(limbs, bounds, total < 0, abs(total), lsb_exponent)
+    else:
+        for i in range(count):
+            limbs_add_float(limbs, bounds, terms[i])
+
+
+# --- steps 5-6: normalise, round, accumulate ----------------------------------------------------
+
+@njit(cache=True, inline="always")
+def is_accumulator_value(tree_sum, cfg, acc_params):
+    """Whether a nonzero tree sum of ``sum_significant_bits`` bits is a normal value of the
+    accumulator format (then rounding into it is the identity)."""
+    return (
+        tree_sum != 0.0
+        and cfg.sum_significant_bits <= acc_params[P_MANTISSA_BITS] + 1
+        and 1 - acc_params[P_BIAS] <= floor_log2(tree_sum) <= acc_params[P_EMAX]
+    )
+
+
+@njit(cache=True, inline="always")
+def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
+    """Steps 5-6 after the add: the tree sum rounded to ``sum_significant_bits`` (when set)
+    with ``sum_rounding``, added exactly to the accumulator when that is outside the tree,
+    rounded once into the accumulator format. Returns the new accumulator (±Inf on overflow)."""
+    joined = cfg.accumulator_in_tree or acc == 0.0  # the sum already holds the accumulator
+    if fits and cfg.sum_significant_bits > 0:
+        tree_sum = round_integer(total, lsb_exponent, sum_params, cfg.sum_rounding, True)
+        if not joined:
+            return add_round(acc, tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                             limbs, bounds)
+        if is_accumulator_value(tree_sum, cfg, acc_params):
+            return tree_sum
+        return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    if fits and joined:
+        return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    return accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
+    """:func:`accumulate` with exact sums in the limbs: for a wide exact tree, or the
+    accumulator outside the tree with no n-bit sum."""
+    limbs_clear(limbs, bounds)
+    add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
+    if cfg.sum_significant_bits > 0:
+        tree_sum = round_limbs(limbs, bounds, sum_params, cfg.sum_rounding, True)
+        limbs_clear(limbs, bounds)
+        limbs_add_float(limbs, bounds, tree_sum)
+    if not cfg.accumulator_in_tree:
+        limbs_add_float(limbs, bounds, acc)
+    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    limbs_clear(limbs, bounds)
+    return result
+
+
+@njit(cache=True, inline="always")
+def promote(outer, acc, special, fp32_params, limbs, bounds):
+    """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE),
+    which overflows into the running special. Returns (outer, special)."""
+    outer = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
+    if not math.isfinite(outer):
+        special = note_overflow(special, outer)
+        outer = 0.0
+    return outer, special
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds):
+    """Step 6's end: the outer accumulator's last add (promotion), or c rounded into the
+    accumulator format (nearest even) and added with ``c_add_rounding`` (``c_entry: end``).
+    Returns (acc, special)."""
+    if cfg.promotion_interval > 0:
+        acc = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
+    elif cfg.c_at_end:
+        c_converted = round_float(c_value, acc_params, ROUND_NEAREST_EVEN, cfg.accumulator_subnormals)
+        if math.isfinite(c_converted):
+            acc = add_round(acc, c_converted, acc_params, cfg.c_add_rounding, cfg.accumulator_subnormals, limbs, bounds)
+        else:
+            special = note_overflow(special, c_converted)
+    if not math.isfinite(acc):
+        special = note_overflow(special, acc)
+        acc = 0.0
+    return acc, special
+
+
+# --- step 7: output -----------------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def output_value(result, special, negative_zeros_only):
+    """The dot product's value from the output-rounded ``result``: the running special wins
+    (NaN as the canonical positive quiet NaN); an exact zero is -0 only when c and every
+    product were -0 (IEEE's sum of zeros), while a negative result that rounded to zero kept
+    its sign."""
+    if special != 0.0 or math.isnan(special):
+        return np.nan if math.isnan(special) else special
+    if result == 0.0 and not math.copysign(1.0, result) < 0:
+        return -0.0 if negative_zeros_only else 0.0
+    return result
+
+
+@njit(cache=True, **NO_REFCOUNTS)
 def dot_one(
     a_codes, b_codes, a_scales, b_scales, c_value,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params,
+    config, order, acc_params, sum_params, out_params, fp32_params,
     limbs, bounds, terms, exponents,
 ):
-    """One dot product c + sum_k a_k b_k through the configured datapath, as a float64 value
-    of the output format (NaN, ±Inf, ±0 included)."""
+    """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
+    a float64 value of the output format (NaN, ±Inf, ±0 included)."""
+    cfg = config[0]
     n_elements = a_codes.shape[0]
-    block_size = cfg[C_BLOCK_SIZE]
-    scales = cfg[C_SCALES]
-    fused_terms = cfg[C_FUSED_TERMS]
-    order_length = cfg[C_ORDER_LENGTH]
-    acc_in_tree = cfg[C_ACC_IN_TREE] != 0
-    fraction_bits = cfg[C_FRACTION_BITS]
-    acc_exact = cfg[C_ACC_EXACT] != 0
-    acc_rounding = cfg[C_ACC_ROUNDING]
-    acc_subnormals = cfg[C_ACC_SUBNORMALS] != 0
-    promotion = cfg[C_PROMOTION]
-    product_bits = cfg[C_PRODUCT_BITS]
-    align_leading_bit = cfg[C_ALIGN_LEADING_BIT] != 0
-
     special = 0.0  # running IEEE sum of every non-finite contribution
     if not math.isfinite(c_value):
         special = c_value
         c_value = 0.0
     negative_zeros_only = c_value == 0.0 and math.copysign(1.0, c_value) < 0
-    outer = 0.0
-    acc = 0.0
-    limbs_clear(limbs, bounds)
-    if acc_exact:
-        limbs_add_float(limbs, bounds, c_value)
-    elif promotion > 0:
-        outer = c_value
-    elif cfg[C_C_AT_END] == 0:
-        acc = round_float(c_value, acc_params, acc_rounding, acc_subnormals)
-        if not math.isfinite(acc):  # c overflows a narrower accumulator
-            special = note_overflow(special, acc)
-            acc = 0.0
+    acc, outer, special = start_accumulator(c_value, special, cfg, acc_params, limbs, bounds)
 
-    # With a term order, K is padded to a whole number of order periods: the padded
-    # positions are empty (no term, not even +0), as in a unit fed zero-padded operands.
-    padded_length = n_elements
-    if order_length > 0:
-        padded_length = (n_elements + order_length - 1) // order_length * order_length
-    n_trees = (padded_length + fused_terms - 1) // fused_terms
-    uniform_trees = cfg[C_UNIFORM_TREES] != 0
+    fused_terms = cfg.fused_terms
+    n_trees = (padded_length(n_elements, cfg) + fused_terms - 1) // fused_terms
+    uniform = uniform_trees(cfg)
     for tree in range(n_trees):
-        start = tree * fused_terms
-        stop = min(start + fused_terms, n_elements)
-        fast = False
         count = 0
         tree_scale = 0
-        if uniform_trees:
-            # One pass, no branches per product: most trees take this path. Zero elements
-            # carry a very negative exponent so they never set the reference.
-            shift = 0
-            scale_ok = True
-            if scales != SCALES_NONE:
-                scale_a = a_scales[start // block_size]
-                scale_b = b_scales[start // block_size]
-                scale_ok = scale_a != SCALE_NAN and scale_b != SCALE_NAN
-                shift = scale_a + scale_b
-            check = 0.0
-            for k in range(start, stop):
-                code_a = a_codes[k]
-                code_b = b_codes[k]
-                product = a_values[code_a] * b_values[code_b]
-                terms[count] = product
-                exponents[count] = a_exponents[code_a] + b_exponents[code_b]
-                check += product
-                count += 1
-            # Fall back for NaN/Inf, NaN scales, and all-zero or exactly cancelling trees (signs of zero).
-            fast = scale_ok and math.isfinite(check) and check != 0.0
-            if fast:
-                negative_zeros_only = False
-                if shift != 0:
-                    if scales == SCALES_BLOCK_SUM and fraction_bits >= 0:
-                        tree_scale = shift
-                    else:
-                        factor = power_of_two(shift)
-                        for i in range(count):
-                            terms[i] *= factor
-                            exponents[i] += shift
-        if not fast:  # any order, scales per element, specials, zeros: the general collection
-            count = 0
-            tree_scale = 0
-            for j in range(fused_terms):
-                position = tree * fused_terms + j
-                if position >= padded_length:
-                    break
-                if order_length > 0:
-                    k = (position // order_length) * order_length + order[position % order_length]
-                    if k >= n_elements:
-                        continue
-                else:
-                    k = position
-                code_a = a_codes[k]
-                code_b = b_codes[k]
-                product = a_values[code_a] * b_values[code_b]
-                exponent_sum = a_exponents[code_a] + b_exponents[code_b]
-                if scales != SCALES_NONE:
-                    block = k // block_size
-                    scale_a = a_scales[block]
-                    scale_b = b_scales[block]
-                    if scale_a == SCALE_NAN or scale_b == SCALE_NAN:
-                        product = np.nan
-                    elif scales == SCALES_PRODUCTS or fraction_bits < 0:
-                        product = scale_by_power_of_two(product, scale_a + scale_b)
-                        exponent_sum += scale_a + scale_b
-                    else:
-                        tree_scale = scale_a + scale_b
-                if not math.isfinite(product):
-                    special += product
-                    continue
-                if product == 0.0:
-                    if math.copysign(1.0, product) > 0:
-                        negative_zeros_only = False
-                    continue
-                negative_zeros_only = False
-                if product_bits >= 0:
-                    product = truncate_significand(product, product_bits)
-                terms[count] = product
-                exponents[count] = floor_log2(product) if align_leading_bit else exponent_sum
-                count += 1
-
-        if acc_in_tree and acc != 0.0:
+        done = False
+        if uniform:
+            start = tree * fused_terms
+            count, tree_scale, done = uniform_tree_terms(
+                start, min(start + fused_terms, n_elements), a_codes, b_codes, a_scales, b_scales,
+                a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents)
+        if done:
+            negative_zeros_only = False
+        else:
+            count, tree_scale, special, negative_zeros_only = tree_terms(
+                tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
+        if cfg.accumulator_in_tree and acc != 0.0:  # step 4: the accumulator joins the alignment
             terms[count] = acc
             exponents[count] = floor_log2(acc)
             count += 1
-        # The tree sum as an int64 `total` times 2^lsb_exponent: through the window when the
-        # unit has one, else exactly when all terms fit 58 bits below the largest (nearly
-        # always); the rare wider exact sum goes through the limbs.
-        have_total = True
-        total = np.int64(0)
-        lsb_exponent = np.int64(0)
-        if count > 0:
-            reference = exponents[0]
-            for i in range(1, count):
-                reference = max(reference, exponents[i])
-            window_bits = fraction_bits if fraction_bits >= 0 else 58 - _bit_length(count)
-            lsb_exponent = reference - window_bits
-            factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
-            below = cfg[C_BELOW_WINDOW] if fraction_bits >= 0 else BELOW_TRUNCATE
-            if below == BELOW_TRUNCATE and fraction_bits >= 0:
-                for i in range(count):  # the common case: int conversion truncates toward zero
-                    total += np.int64(terms[i] * factor)  # exact: a power-of-two scaling in range
-            else:
-                for i in range(count):
-                    scaled = terms[i] * factor
-                    if below == BELOW_TRUNCATE:
-                        kept = math.trunc(scaled)
-                    elif below == BELOW_FLOOR:
-                        kept = math.floor(scaled)
-                    elif below == BELOW_NEAREST_EVEN:
-                        kept = np.rint(scaled)
-                    else:  # sticky: one extra bit below the window, set if anything was dropped
-                        magnitude = abs(scaled)
-                        whole = math.floor(magnitude)
-                        kept = math.copysign(2.0 * whole + (1.0 if magnitude != whole else 0.0), scaled)
-                    if fraction_bits < 0 and kept != scaled:
-                        have_total = False
-                        break
-                    total += np.int64(kept)
-            if below == BELOW_STICKY:
-                lsb_exponent -= 1
-            lsb_exponent += tree_scale
-            if cfg[C_ADDER_WIDTH] > 0:
-                total = adder_register(total, cfg[C_ADDER_WIDTH], cfg[C_ADDER_SATURATES] != 0)
-        if acc_exact:  # Kulisch: the tree's exact sum goes straight into the exact accumulator
-            if have_total:
-                limbs_add_integer(limbs, bounds, total < 0, abs(total), lsb_exponent)
-            else:
-                for i in range(count):
-                    limbs_add_float(limbs, bounds, terms[i])
+        fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, cfg)
+        if cfg.accumulator_exact:  # Kulisch: the tree's exact sum goes straight into the limbs
+            add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
             continue
-        if have_total and cfg[C_SUM_BITS] > 0:
-            tree_sum = round_integer(total, lsb_exponent, sum_params, cfg[C_SUM_ROUNDING], True)
-            if (acc_in_tree or acc == 0.0) and cfg[C_SUM_FITS_ACCUMULATOR] and tree_sum != 0.0 and (
-                cfg[C_ACC_MIN_EXPONENT] <= floor_log2(tree_sum) <= cfg[C_ACC_MAX_EXPONENT]
-            ):
-                acc = tree_sum  # already a value of the accumulator format: rounding is the identity
-            elif acc_in_tree or acc == 0.0:
-                acc = round_float(tree_sum, acc_params, acc_rounding, acc_subnormals)
-            else:
-                acc = add_round(acc, tree_sum, acc_params, acc_rounding, acc_subnormals, limbs, bounds)
-        elif have_total and (acc_in_tree or acc == 0.0):
-            acc = round_integer(total, lsb_exponent, acc_params, acc_rounding, acc_subnormals)
-        else:
-            limbs_clear(limbs, bounds)
-            if have_total:
-                limbs_add_integer(limbs, bounds, total < 0, abs(total), lsb_exponent)
-            else:
-                for i in range(count):
-                    limbs_add_float(limbs, bounds, terms[i])
-            if cfg[C_SUM_BITS] > 0:
-                tree_sum = round_limbs(limbs, bounds, sum_params, cfg[C_SUM_ROUNDING], True)
-                limbs_clear(limbs, bounds)
-                limbs_add_float(limbs, bounds, tree_sum)
-            if not acc_in_tree:
-                limbs_add_float(limbs, bounds, acc)
-            acc = round_limbs(limbs, bounds, acc_params, acc_rounding, acc_subnormals)
-            limbs_clear(limbs, bounds)
+        acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
         if not math.isfinite(acc):  # overflow in the accumulator
             special = note_overflow(special, acc)
             acc = 0.0
-        if promotion > 0 and ((tree + 1) * fused_terms) % promotion == 0:
-            outer = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
+        if cfg.promotion_interval > 0 and ((tree + 1) * fused_terms) % cfg.promotion_interval == 0:
+            outer, special = promote(outer, acc, special, fp32_params, limbs, bounds)
             acc = 0.0
-            if not math.isfinite(outer):
-                special = note_overflow(special, outer)
-                outer = 0.0
 
-    out_rounding = cfg[C_OUT_ROUNDING]
-    out_subnormals = cfg[C_OUT_SUBNORMALS] != 0
-    if acc_exact:
-        result = round_limbs(limbs, bounds, out_params, out_rounding, out_subnormals)
+    if cfg.accumulator_exact:
+        result = round_limbs(limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals)
     else:
-        if promotion > 0:
-            acc = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
-        elif cfg[C_C_AT_END] != 0:
-            c_converted = round_float(c_value, acc_params, ROUND_NEAREST_EVEN, acc_subnormals)
-            if math.isfinite(c_converted):
-                acc = add_round(acc, c_converted, acc_params, cfg[C_C_ADD_ROUNDING], acc_subnormals, limbs, bounds)
-            else:
-                special = note_overflow(special, c_converted)
-        if not math.isfinite(acc):
-            special = note_overflow(special, acc)
-            acc = 0.0
-        result = round_float(acc, out_params, out_rounding, out_subnormals)
-    if special != 0.0 or math.isnan(special):
-        return np.nan if math.isnan(special) else special  # the canonical (positive) quiet NaN
-    if result == 0.0 and not math.copysign(1.0, result) < 0:
-        # An exact zero: -0 only when c and every product are -0 (IEEE's sum of zeros); a
-        # negative result that rounded to zero has kept its sign above.
-        return -0.0 if negative_zeros_only else 0.0
-    return result
+        acc, special = finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds)
+        result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals)
+    return output_value(result, special, negative_zeros_only)
 
 
 @njit(cache=True)
@@ -445,7 +577,7 @@ def dot_pairs(
 ):
     """out[i] = output code of the dot product of row i of A with row i of B."""
     n_rows = a_codes.shape[0]
-    width = cfg[C_FUSED_TERMS] + 1
+    width = cfg[0].fused_terms + 1  # a tree's terms and the accumulator
     n_chunks = min(n_rows, 256)
     for chunk in prange(n_chunks):  # scratch buffers once per chunk, not per row
         limbs, bounds = _thread_limbs()
@@ -474,7 +606,7 @@ def matmul_rows(
     n_rows = a_codes.shape[0]
     n_columns = b_codes.shape[0]
     c_rows, c_columns = c_values.shape
-    width = cfg[C_FUSED_TERMS] + 1
+    width = cfg[0].fused_terms + 1
     for m in prange(n_rows):
         limbs, bounds = _thread_limbs()
         terms = np.empty(width, dtype=np.float64)

@@ -9,22 +9,20 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
-from ..formats.rounding import rounding_code
 from ..formats.table import as_float_array
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
-from .config import DatapathParams, HardwareConfig, adder_width_bits, load_hwconfig
+from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
+from .schema import DatapathParams, kernel_record
 from .tables import element_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
 EXPLAIN_MAX_LENGTH = 1 << 16
-_SCALES = {"none": K.SCALES_NONE, "products": K.SCALES_PRODUCTS, "block_sum": K.SCALES_BLOCK_SUM}
-_BELOW = {"truncate": K.BELOW_TRUNCATE, "floor": K.BELOW_FLOOR, "nearest_even": K.BELOW_NEAREST_EVEN, "sticky": K.BELOW_STICKY}
 
 
 def _as_config(hw) -> HardwareConfig:
@@ -36,43 +34,14 @@ def _as_config(hw) -> HardwareConfig:
 
 
 def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
-    cfg = np.zeros(K.N_CONFIG, dtype=np.int64)
-    cfg[K.C_BLOCK_SIZE] = params.block_size
-    cfg[K.C_SCALES] = _SCALES[params.scales]
-    cfg[K.C_FUSED_TERMS] = params.fused_terms
-    cfg[K.C_ORDER_LENGTH] = len(params.term_order) if params.term_order else 0
-    cfg[K.C_ACC_IN_TREE] = params.accumulator_in_tree
-    cfg[K.C_ALIGN_LEADING_BIT] = params.align_reference == "leading_bit"
-    cfg[K.C_FRACTION_BITS] = -1 if params.align_fraction_bits is None else params.align_fraction_bits
-    cfg[K.C_BELOW_WINDOW] = _BELOW[params.below_window]
-    cfg[K.C_SUM_BITS] = -1 if params.sum_significant_bits is None else params.sum_significant_bits
-    cfg[K.C_SUM_ROUNDING] = rounding_code(params.sum_rounding)
-    cfg[K.C_ACC_EXACT] = params.accumulator_format == "exact"
-    cfg[K.C_ACC_ROUNDING] = rounding_code(params.accumulator_rounding)
-    cfg[K.C_ACC_SUBNORMALS] = params.accumulator_subnormals
-    cfg[K.C_C_AT_END] = params.c_entry == "end"
-    cfg[K.C_C_ADD_ROUNDING] = rounding_code(params.c_add_rounding)
-    cfg[K.C_PROMOTION] = params.promotion_interval or 0
-    cfg[K.C_OUT_ROUNDING] = rounding_code(params.output_rounding)
-    cfg[K.C_OUT_SUBNORMALS] = params.output_subnormals
-    cfg[K.C_PRODUCT_BITS] = -1 if params.product_fraction_bits is None else params.product_fraction_bits
+    """The kernel record (``schema.kernel_record``), the term-order array and the kernel_params
+    of the accumulator, tree-sum, output and fp32 formats."""
     order = np.array(params.term_order or [0], dtype=np.int64)
     fp32 = get_format("fp32")
     acc = fp32 if params.accumulator_format == "exact" else get_format(params.accumulator_format)
-    cfg[K.C_UNIFORM_TREES] = (
-        params.term_order is None
-        and (params.scales == "none" or params.block_size % params.fused_terms == 0)
-        and params.align_reference == "exponent_sum"
-        and params.product_fraction_bits is None
-    )
-    cfg[K.C_ADDER_WIDTH] = 0 if params.carry_bits is None else adder_width_bits(params)
-    cfg[K.C_ADDER_SATURATES] = params.adder_overflow == "saturate"
-    cfg[K.C_SUM_FITS_ACCUMULATOR] = (params.sum_significant_bits or 99) <= acc.mantissa_bits + 1
-    cfg[K.C_ACC_MIN_EXPONENT] = 1 - acc.bias
-    cfg[K.C_ACC_MAX_EXPONENT] = acc.emax
     sums = sum_format(params.sum_significant_bits or 24)
     formats = (acc.kernel_params, sums.kernel_params, get_format(params.output_format).kernel_params, fp32.kernel_params)
-    return cfg, order, formats
+    return kernel_record(params), order, formats
 
 
 def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.ndarray:

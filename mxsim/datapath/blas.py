@@ -3,7 +3,8 @@
 It applies to units whose trees are exact (no alignment window, no n-bit sum, exact
 products, k order) and whose accumulator is fp32 with round-to-nearest-even, gradual
 underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact) and
-MXDOTP. Then each tree adds ``S = sum of F products`` exactly to the accumulator and rounds
+MXDOTP. Each key of ``datapath.schema.SCHEMA`` declares which of its values the route accepts
+(``blas=``); a key that declares nothing refuses the route. Then each tree adds ``S = sum of F products`` exactly to the accumulator and rounds
 once: ``acc = RNE_fp32(acc + S)``.
 
 Why float64 BLAS computes S exactly: every element is a·2^Xa with a from a table of at most
@@ -42,7 +43,7 @@ from numba import njit
 
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
-from .config import DatapathParams
+from .schema import DatapathParams, route_accepts
 
 ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~8 MiB per array)
 
@@ -83,26 +84,10 @@ def exact_in_float64(params: DatapathParams) -> bool:
 
 
 def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values) -> bool:
-    """Whether this GEMM may take the BLAS route (parameters and data)."""
-    unit_ok = (
-        params.align_fraction_bits is None
-        and params.sum_significant_bits is None
-        and params.product_fraction_bits is None
-        and params.term_order is None
-        and params.input_subnormals
-        and params.output_format == "fp32"
-        and params.output_subnormals
-        and (
-            params.accumulator_format == "exact" and params.output_rounding == "nearest_even"
-            or params.accumulator_format == "fp32"
-            and params.accumulator_rounding == "nearest_even"
-            and params.accumulator_subnormals
-            and params.c_entry == "initial"
-            and params.promotion_interval is None
-            and (params.scales == "none" or params.block_size % params.fused_terms == 0)
-        )
-        and exact_in_float64(params)
-    )
+    """Whether this GEMM may take the BLAS route: every key's value is one the route computes
+    exactly (each key's ``blas`` declaration in ``datapath.schema``), the formats' tree sums
+    fit float64, and the data holds no special value the route leaves to the kernel."""
+    unit_ok = route_accepts("blas", params) and exact_in_float64(params)
     if not unit_ok or not subnormals_work():
         return False
     a_values, b_values = kernel_args[0], kernel_args[2]

@@ -1,13 +1,14 @@
 """Hardware configs: the YAML description of one MX dot-product unit, validated.
 
-This is the only module that reads YAML. Every key is declared once in :data:`SCHEMA`
-(type, default, accepted values, meaning); the loader, the dataclasses and
-``docs/hwconfig.md`` all follow that table. Errors name the file and the key path.
+This is the only module that reads YAML. It checks every key as its entry in
+:data:`mxsim.datapath.schema.SCHEMA` declares it (type, accepted values, default) and resolves
+a unit's :class:`~mxsim.datapath.schema.DatapathParams`. Errors name the file and the key path.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,205 +18,17 @@ import yaml
 from ..cycles.array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
 from ..fileio import load_yaml, read_text
-from ..limits import MAX_BLOCK_SIZE, check_path
-from ..formats import format_names, get_format
-from ..formats.rounding import ROUNDING_MODES
+from ..limits import check_path
+from ..formats import get_format
+from . import schema
+from .schema import REQUIRED, WIDE_FORMATS, DatapathParams, Key
 
 SCHEMA_VERSION = 1
-ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
-WIDE_FORMATS = format_names("wide")
-SCALE_APPLICATION = ("none", "products", "block_sum")
-BELOW_WINDOW = ("truncate", "floor", "nearest_even", "sticky")
-DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key: its type, default (``REQUIRED`` if none), accepted values, meaning."""
-
-    kind: str  # "int", "bool", "str", "format_list", "optional_int", "format"
-    default: Any
-    meaning: str
-    choices: tuple = ()
-    minimum: int | None = None
-    maximum: int | None = None
-
-
-REQUIRED = object()
-
-SCHEMA: dict[str, dict[str, Key]] = {
-    "inputs": {
-        "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS),
-        "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS),
-        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE),
-        "scales": Key(
-            "str", "products",
-            "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
-            "before alignment; 'block_sum' multiplies each tree's sum (trees must lie inside one block); "
-            "'none': the unit takes no scales (plain FP8 tensor cores)",
-            SCALE_APPLICATION,
-        ),
-        "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)"),
-    },
-    "multiplier": {
-        "product_fraction_bits": Key(
-            "optional_int", None,
-            "null: exact products; n: each product's significand truncated (toward zero) to 1+n bits",
-            minimum=0, maximum=52,
-        ),
-    },
-    "adder": {
-        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE),
-        "term_order": Key(
-            "order", None,
-            "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
-            "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first). "
-            "K that is not a multiple of T is padded to one with empty positions (no term, not even +0), "
-            "as a unit fed zero-padded operands; a partial last tree of any unit simply has fewer terms",
-            maximum=MAX_BLOCK_SIZE,
-        ),
-        "accumulator_in_tree": Key(
-            "bool", True,
-            "true: the running accumulator joins the tree's alignment like one more term (its bits "
-            "below the window are lost); false: the tree sum is added to the accumulator exactly, "
-            "then rounded once",
-        ),
-        "align_reference": Key(
-            "str", "exponent_sum",
-            "the alignment reference R: 'exponent_sum' = max of ea+eb over the tree's nonzero products "
-            "(element exponents clamped to their format's emin, scale exponents added), as tensor cores "
-            "do; 'leading_bit' = max floor(log2|p|). The accumulator, when in the tree, counts with "
-            "floor(log2|acc|)",
-            ("exponent_sum", "leading_bit"),
-        ),
-        "align_fraction_bits": Key(
-            "optional_int", None,
-            "null: exact, no bits lost. n: terms are kept to multiples of 2^(R-n); what falls below "
-            "follows below_window (H100 FP8: 13)",
-            minimum=0, maximum=50,
-        ),
-        "below_window": Key(
-            "str", "truncate",
-            "bits below the window: 'truncate' (each term's magnitude toward zero, sign-magnitude), "
-            "'floor' (toward -inf, two's complement), 'nearest_even' (each term rounded to the window), "
-            "'sticky' (truncate, and jam a sticky bit one place below the window)",
-            BELOW_WINDOW,
-        ),
-        "carry_bits": Key(
-            "optional_int", None,
-            "null: the adder never overflows. n: with a window, the adder holds signed integers of "
-            "1 + (align_fraction_bits + 2) + n bits in units of the window's LSB (one more with "
-            "sticky); a tree sum beyond that follows adder_overflow",
-            minimum=0, maximum=40,
-        ),
-        "adder_overflow": Key(
-            "str", "wrap",
-            "a tree sum beyond the adder's width: 'wrap' (two's complement, modulo 2^width) or "
-            "'saturate' (clamped to the most negative / most positive register value)",
-            ("wrap", "saturate"),
-        ),
-        "sum_significant_bits": Key(
-            "optional_int", None,
-            "null: the tree sum goes straight to the accumulator rounding. n: the normalised tree sum "
-            "is first rounded to n significant bits with sum_rounding (H100 FP8: 14, toward zero)",
-            minimum=1, maximum=40,
-        ),
-        "sum_rounding": Key("str", "toward_zero", "rounding to sum_significant_bits", DIRECTED_AND_NEAREST),
-    },
-    "accumulator": {
-        "format": Key(
-            "format", "fp32",
-            "format each tree result is rounded into ('exact': a wide fixed-point that never rounds, "
-            "Kulisch; then only the output rounds)",
-            WIDE_FORMATS + ("exact",),
-        ),
-        "rounding": Key("str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST),
-        "subnormals": Key("bool", True, "false: subnormal accumulator values flush to zero (same sign)"),
-        "c_entry": Key(
-            "str", "initial",
-            "'initial': c (converted to the accumulator format with its rounding) is the accumulator's "
-            "first value; 'end': the accumulator starts at 0 and c, rounded to the accumulator format "
-            "(nearest even), is added after the last tree with c_add_rounding (B200, fp16 paths)",
-            ("initial", "end"),
-        ),
-        "c_add_rounding": Key("str", "nearest_even", "rounding of the final c add (c_entry: end)", DIRECTED_AND_NEAREST),
-        "promotion_interval": Key(
-            "optional_int", None,
-            "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
-            "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
-            "a multiple of fused_terms",
-            minimum=1, maximum=1 << 30,
-        ),
-    },
-    "output": {
-        "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS),
-        "rounding": Key("str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST),
-        "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)"),
-    },
-}
-TOP_LEVEL = {"mxsim_hwconfig", "name", "description", "extends", "overrides", "array", *SCHEMA}
 OVERRIDE_SELECTORS = ("a_format", "b_format", "out_format")
 
 
-@dataclass(frozen=True)
-class DatapathParams:
-    """The resolved parameters of one unit for one (A format, B format) pair.
-
-    Field names are ``section_key`` of :data:`SCHEMA`; see it for exact meanings.
-    """
-
-    a_format: str
-    b_format: str
-    block_size: int
-    scales: str
-    input_subnormals: bool
-    product_fraction_bits: int | None
-    fused_terms: int
-    term_order: tuple[int, ...] | None
-    accumulator_in_tree: bool
-    align_reference: str
-    align_fraction_bits: int | None
-    below_window: str
-    carry_bits: int | None
-    adder_overflow: str
-    sum_significant_bits: int | None
-    sum_rounding: str
-    accumulator_format: str
-    accumulator_rounding: str
-    accumulator_subnormals: bool
-    c_entry: str
-    c_add_rounding: str
-    promotion_interval: int | None
-    output_format: str
-    output_rounding: str
-    output_subnormals: bool
-
-
-_PARAM_FIELD = {
-    ("inputs", "block_size"): "block_size",
-    ("inputs", "scales"): "scales",
-    ("inputs", "subnormals"): "input_subnormals",
-    ("multiplier", "product_fraction_bits"): "product_fraction_bits",
-    ("adder", "fused_terms"): "fused_terms",
-    ("adder", "term_order"): "term_order",
-    ("adder", "accumulator_in_tree"): "accumulator_in_tree",
-    ("adder", "align_reference"): "align_reference",
-    ("adder", "align_fraction_bits"): "align_fraction_bits",
-    ("adder", "below_window"): "below_window",
-    ("adder", "carry_bits"): "carry_bits",
-    ("adder", "adder_overflow"): "adder_overflow",
-    ("adder", "sum_significant_bits"): "sum_significant_bits",
-    ("adder", "sum_rounding"): "sum_rounding",
-    ("accumulator", "format"): "accumulator_format",
-    ("accumulator", "rounding"): "accumulator_rounding",
-    ("accumulator", "subnormals"): "accumulator_subnormals",
-    ("accumulator", "c_entry"): "c_entry",
-    ("accumulator", "c_add_rounding"): "c_add_rounding",
-    ("accumulator", "promotion_interval"): "promotion_interval",
-    ("output", "format"): "output_format",
-    ("output", "rounding"): "output_rounding",
-    ("output", "subnormals"): "output_subnormals",
-}
+def _top_level() -> set[str]:
+    return {"mxsim_hwconfig", "name", "description", "extends", "overrides", "array", *schema.SCHEMA}
 
 
 @dataclass(frozen=True)
@@ -262,8 +75,9 @@ class HardwareConfig:
             chosen = {"a_format": a_name, "b_format": b_name, "out_format": out_name}
             if all(chosen[key] in names for key, names in selectors.items()):
                 values.update(changes)
-        fields = {field: values[key] for key, field in _PARAM_FIELD.items()}
-        params = DatapathParams(a_format=a_name, b_format=b_name, **fields)
+        fields = {schema.param_field(name, key): values[(section, name)]
+                  for section, name, key in schema.keys() if schema.param_field(name, key) is not None}
+        params = schema.DatapathParams(a_format=a_name, b_format=b_name, **fields)
         check_consistency(params, self.source)
         return params
 
@@ -288,12 +102,17 @@ def check_consistency(params: DatapathParams, source: str) -> None:
                 "scales: block_sum scales a tree's sum, so the accumulator cannot join the tree: set it to false",
             )
         order = params.term_order or ()
-        for start in range(0, len(order), params.fused_terms):
-            if len({k // params.block_size for k in order[start : start + params.fused_terms]}) > 1:
-                raise ConfigError(
-                    source, "adder.term_order",
-                    "scales: block_sum needs each tree inside one block, but this order mixes blocks in a tree",
-                )
+        # Period p of the order holds k = p * T + order[j]: which blocks its trees meet repeats
+        # after block_size / gcd(T, block_size) periods.
+        periods = params.block_size // math.gcd(len(order), params.block_size) if order else 0
+        for period in range(periods):
+            for start in range(0, len(order), params.fused_terms):
+                tree = order[start : start + params.fused_terms]
+                if len({(period * len(order) + k) // params.block_size for k in tree}) > 1:
+                    raise ConfigError(
+                        source, "adder.term_order",
+                        "scales: block_sum needs each tree inside one block, but this order mixes blocks in a tree",
+                    )
     if params.term_order is not None and len(params.term_order) % params.fused_terms:
         raise ConfigError(source, "adder.term_order", f"its length must be a multiple of fused_terms ({params.fused_terms})")
     if params.accumulator_format == "exact" and (
@@ -382,7 +201,7 @@ def _is_format(name: str) -> bool:
 
 
 def _read_section(source: str, prefix: str, section: str, mapping: Any, partial: bool) -> dict:
-    keys = SCHEMA[section]
+    keys = schema.SCHEMA[section]
     if mapping is None:
         mapping = {}
     if not isinstance(mapping, dict):
@@ -405,9 +224,10 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     """Validate a parsed YAML mapping (``source`` names it in errors) into a HardwareConfig."""
     if not isinstance(data, dict):
         raise ConfigError(source, "", "expected a YAML mapping at the top level")
+    top_level = _top_level()
     for name in data:
-        if name not in TOP_LEVEL:
-            raise ConfigError(source, str(name), f"unknown key; accepted: {', '.join(sorted(TOP_LEVEL))}")
+        if name not in top_level:
+            raise ConfigError(source, str(name), f"unknown key; accepted: {', '.join(sorted(top_level))}")
     if "extends" in data:
         raise ConfigError(source, "extends", "only a config read from a file can extend another (load_hwconfig)")
     version = data.get("mxsim_hwconfig", SCHEMA_VERSION)
@@ -420,7 +240,7 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     if not isinstance(description, str):
         raise ConfigError(source, "description", "expected a string")
     sections = {}
-    for section in SCHEMA:
+    for section in schema.SCHEMA:
         sections.update(_read_section(source, "", section, data.get(section), partial=False))
     overrides = []
     raw_overrides = data.get("overrides", []) or []
@@ -438,10 +258,10 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
                 if not (isinstance(names, list) and names and all(isinstance(n, str) and _is_format(n) for n in names)):
                     raise ConfigError(source, prefix + key, f"expected a format name or a list of them, got {value!r}")
                 selectors[key] = tuple(get_format(n).name for n in names)
-            elif key in SCHEMA and key != "inputs":
+            elif key in schema.SCHEMA and key != "inputs":
                 changes.update(_read_section(source, prefix, key, value, partial=True))
             else:
-                accepted = ", ".join(OVERRIDE_SELECTORS + tuple(s for s in SCHEMA if s != "inputs"))
+                accepted = ", ".join(OVERRIDE_SELECTORS + tuple(s for s in schema.SCHEMA if s != "inputs"))
                 raise ConfigError(source, prefix + str(key), f"unknown key; accepted: {accepted}")
         overrides.append((selectors, changes))
     array = parse_array_config(data["array"], source) if data.get("array") is not None else None
@@ -462,10 +282,10 @@ def _check_combinations(config: HardwareConfig) -> None:
 def key_of_path(key_path: str, source: str = "<config>") -> Key:
     """The schema entry of a key path ``section.key``; a ConfigError lists the accepted ones."""
     section, _, name = key_path.partition(".")
-    if section not in SCHEMA or name not in SCHEMA[section]:
-        accepted = ", ".join(f"{s}.{k}" for s, keys in SCHEMA.items() for k in keys)
+    if section not in schema.SCHEMA or name not in schema.SCHEMA[section]:
+        accepted = ", ".join(f"{s}.{k}" for s, k, _ in schema.keys())
         raise ConfigError(source, key_path, f"unknown key path; accepted: {accepted}")
-    return SCHEMA[section][name]
+    return schema.SCHEMA[section][name]
 
 
 def vary_hwconfig(config: HardwareConfig, changes: dict[str, Any], name: str) -> HardwareConfig:
@@ -541,7 +361,7 @@ def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
             continue
         if key == "overrides":
             merged[key] = list(base.get(key) or []) + list(value or []) if isinstance(value, list) else value
-        elif key in SCHEMA or key == "array":
+        elif key in schema.SCHEMA or key == "array":
             if isinstance(value, dict) and isinstance(base.get(key), dict):
                 merged[key] = {**base[key], **value}
             else:
@@ -549,26 +369,3 @@ def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
         else:
             merged[key] = value
     return merged
-
-
-def schema_markdown() -> str:
-    """The schema as Markdown tables (docs/hwconfig.md embeds this text verbatim)."""
-    lines = []
-    for section, keys in SCHEMA.items():
-        lines += [f"### `{section}`", "", "| key | type | default | accepted | meaning |", "|---|---|---|---|---|"]
-        for name, key in keys.items():
-            default = "required" if key.default is REQUIRED else ("null" if key.default is None else f"`{key.default}`")
-            if isinstance(key.default, bool):
-                default = f"`{str(key.default).lower()}`"
-            if key.choices:
-                accepted = ", ".join(f"`{c}`" for c in key.choices)
-            elif key.kind == "order":
-                accepted = f"null or at most {key.maximum} entries"
-            elif key.minimum is not None:
-                accepted = f"{key.minimum}..{key.maximum}" if key.maximum is not None else f">= {key.minimum}"
-            else:
-                accepted = "true, false" if key.kind == "bool" else ""
-            lines.append(f"| `{name}` | {key.kind} | {default} | {accepted} | {key.meaning} |")
-        lines.append("")
-    return "\n".join(lines)
-

@@ -1,9 +1,13 @@
 """Slow reference twin of the datapath: one dot product in Python Fractions, stage by stage.
 
-Written from the parameter definitions in ``datapath.config.SCHEMA`` (not from the kernel).
-Every intermediate value is an exact Fraction; every rounding goes through
-:func:`mxsim.formats.reference.encode_reference`. It also records each stage, which is
-what ``mxsim dot --explain`` prints.
+Written from the parameter definitions in ``datapath.schema.SCHEMA`` and the seven steps of
+docs/hwconfig.md (not from the kernel), one function per step as the kernel has them:
+:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3),
+:func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
+:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7). Every intermediate value
+is an exact Fraction; every rounding goes through
+:func:`mxsim.formats.reference.encode_reference`. It also records each stage, which is what
+``mxsim dot --explain`` prints.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from fractions import Fraction
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
-from .config import DatapathParams
+from .schema import DatapathParams
 
 INF = math.inf
 
@@ -67,6 +71,211 @@ def _to_float(value) -> float:
     return float(value) if isinstance(value, Fraction) else value
 
 
+class _Specials:
+    """What IEEE rules decide at the end: the non-finite contributions (summed then) and
+    whether every zero seen so far (c and products) was -0."""
+
+    def __init__(self, c: float):
+        self.values: list[float] = []
+        self.negative_zeros_only = c == 0 and math.copysign(1.0, c) < 0
+
+    def note_overflow(self, value: float) -> None:
+        # An earlier NaN/Inf (an input, or a first overflow) absorbs any later overflow,
+        # as an infinite accumulator absorbs every finite sum.
+        if not self.values:
+            self.values.append(value)
+
+
+# --- steps 1-2: decode, multiply ----------------------------------------------------------------
+
+def _decode(fmt: FormatInfo, code: int, params: DatapathParams):
+    """Step 1: (exact value, alignment exponent or None for zero and specials)."""
+    value = decode_reference(fmt, code)
+    if isinstance(value, Fraction) and not params.input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
+        value = -0.0 if value < 0 else Fraction(0)
+    exponent = None
+    if isinstance(value, Fraction) and value != 0:
+        exponent = max(floor_log2(abs(value)), alignment_emin(fmt))
+    return value, exponent
+
+
+def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, scale_codes):
+    """Step 2: (product, alignment exponent, scale exponent still to apply to the tree sum).
+
+    The product is a Fraction, or a float for ±0 (its sign), ±Inf and NaN (a NaN scale
+    included). ``scale_codes`` are the block's E8M0 codes (None: the unit takes no scales)."""
+    scale_exponent = 0
+    scale_is_nan = False
+    if scale_codes is not None:
+        scale_is_nan = 255 in scale_codes
+        scale_exponent = scale_codes[0] + scale_codes[1] - 254
+    if scale_is_nan or any(isinstance(v, float) and math.isnan(v) for v in (value_a, value_b)):
+        product = math.nan
+    elif any(isinstance(v, float) and math.isinf(v) for v in (value_a, value_b)):
+        other = value_b if isinstance(value_a, float) and math.isinf(value_a) else value_a
+        product = math.nan if other == 0 else math.copysign(INF, float(value_a) * float(value_b))
+    else:
+        product = Fraction(value_a) * Fraction(value_b)
+        if product == 0:
+            sign_negative = (math.copysign(1.0, float(value_a)) < 0) != (math.copysign(1.0, float(value_b)) < 0)
+            product = -0.0 if sign_negative else 0.0
+    exponent = None if exponent_a is None or exponent_b is None else exponent_a + exponent_b
+    if isinstance(product, Fraction) and params.scales != "none":
+        # 'products' scales every product; so does 'block_sum' when no window follows.
+        if params.scales == "products" or params.align_fraction_bits is None:
+            product *= Fraction(2) ** scale_exponent
+            exponent += scale_exponent
+            scale_exponent = 0
+    if isinstance(product, Fraction) and params.product_fraction_bits is not None:
+        lead = floor_log2(abs(product))
+        step = Fraction(2) ** (lead - params.product_fraction_bits)
+        product = math.trunc(product / step) * step
+    if isinstance(product, Fraction) and params.align_reference == "leading_bit":
+        exponent = floor_log2(abs(product))
+    return product, exponent, scale_exponent
+
+
+# --- step 3: order and trees --------------------------------------------------------------------
+
+def _tree_positions(length: int, params: DatapathParams) -> list[list[int | None]]:
+    """The k of every tree position, in tree order; None for a padded position (no term)."""
+    if params.term_order is not None:
+        # K padded to whole periods of the order; padded positions hold no term.
+        period = len(params.term_order)
+        padded = -(-length // period) * period
+        sequence = [(p // period) * period + params.term_order[p % period] for p in range(padded)]
+        sequence = [k if k < length else None for k in sequence]
+    else:
+        sequence = list(range(length))
+    return [sequence[start : start + params.fused_terms] for start in range(0, len(sequence), params.fused_terms)]
+
+
+def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
+    """A tree's nonzero finite (product, exponent, scale exponent); specials and zero signs noted."""
+    kept = []
+    for k in positions:
+        if k is None:  # a padded position
+            continue
+        product, exponent, scale_exponent = products[k]
+        if isinstance(product, float):
+            if math.isnan(product) or math.isinf(product):
+                specials.values.append(product)
+            elif math.copysign(1.0, product) > 0:
+                specials.negative_zeros_only = False
+            continue
+        specials.negative_zeros_only = False
+        kept.append((product, exponent, scale_exponent))
+    return kept
+
+
+# --- steps 4-5: align, add, normalise -----------------------------------------------------------
+
+def _align(terms: list[tuple], params: DatapathParams):
+    """Step 4 with a window: (reference R, LSB 2^(R-F), each term as the adder keeps it)."""
+    reference = max(e for _, e in terms)
+    lsb = Fraction(2) ** (reference - params.align_fraction_bits)
+    kept_terms = []
+    for term, _ in terms:
+        ratio = term / lsb
+        if params.below_window == "truncate":
+            kept = Fraction(math.trunc(ratio)) * lsb
+        elif params.below_window == "floor":
+            kept = Fraction(math.floor(ratio)) * lsb
+        elif params.below_window == "nearest_even":
+            kept = Fraction(round(ratio)) * lsb  # Python rounds Fraction ties to even
+        else:
+            whole = math.floor(abs(ratio))
+            jammed = 2 * whole + (1 if abs(ratio) != whole else 0)
+            kept = Fraction(jammed if ratio >= 0 else -jammed) * lsb / 2
+        kept_terms.append(kept)
+    return reference, lsb, kept_terms
+
+
+def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log) -> Fraction:
+    """Step 5's add: the kept terms' exact sum, through the adder register when ``carry_bits``
+    gives it a width (wrapped or saturated beyond it)."""
+    tree_sum = sum(kept_terms, Fraction(0))
+    if params.carry_bits is None:
+        return tree_sum
+    step = lsb / 2 if params.below_window == "sticky" else lsb
+    register = tree_sum / step  # an integer
+    limit = 2 ** (adder_register_bits(params) - 1)
+    if not -limit <= register < limit:
+        if params.adder_overflow == "saturate":
+            register = limit - 1 if register > 0 else -limit
+        else:
+            register = (register + limit) % (2 * limit) - limit
+        log({"stage": "adder_overflow", "register": int(register)})
+    return register * step
+
+
+def _tree_sum(kept: list[tuple], acc, tree_start: int, params: DatapathParams, log) -> Fraction:
+    """Steps 4-5 of one tree: its sum (with the accumulator when it joins the tree), the
+    block scale applied (``block_sum``)."""
+    terms = [(p, e) for p, e, _ in kept]
+    tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
+    if params.accumulator_in_tree and acc != 0:
+        terms.append((Fraction(acc), floor_log2(abs(Fraction(acc)))))
+    if params.align_fraction_bits is None or not terms:
+        tree_sum = sum((t for t, _ in terms), Fraction(0))
+        log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
+        return tree_sum
+    reference, lsb, kept_terms = _align(terms, params)
+    tree_sum = _add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale
+    log({"stage": "tree", "start": tree_start, "reference_exponent": reference,
+         "lsb_exponent": reference - params.align_fraction_bits,
+         "terms": [float(t) for t, _ in terms], "aligned": [float(t) for t in kept_terms],
+         "dropped": [float(t - k) for (t, _), k in zip(terms, kept_terms)], "sum": float(tree_sum)})
+    return tree_sum
+
+
+def _normalise(tree_sum: Fraction, params: DatapathParams, log):
+    """Step 5: the tree sum rounded to ``sum_significant_bits`` (when set)."""
+    if params.sum_significant_bits is None:
+        return tree_sum
+    tree_sum = _round(tree_sum, sum_format(params.sum_significant_bits), params.sum_rounding)
+    log({"stage": "normalise", "bits": params.sum_significant_bits, "value": float(tree_sum)})
+    return tree_sum
+
+
+# --- step 6: accumulate -------------------------------------------------------------------------
+
+def _accumulate(acc, tree_sum, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials):
+    """Step 6: the tree sum (plus the accumulator when it is outside the tree) rounded once
+    into the accumulator format; an overflow becomes the running special."""
+    if not params.accumulator_in_tree:
+        tree_sum += Fraction(acc)
+    acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+    if _is_infinite(acc):  # overflow to infinity
+        specials.note_overflow(acc)
+        acc = Fraction(0)
+    return acc
+
+
+def _promote(outer, acc, specials: _Specials):
+    """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE)."""
+    outer = _round(Fraction(outer) + Fraction(acc), get_format("fp32"), "nearest_even")
+    if _is_infinite(outer):
+        specials.note_overflow(outer)
+        outer = Fraction(0)
+    return outer
+
+
+def _add_c_at_end(acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials, log):
+    """``c_entry: end``: c rounded into the accumulator format (nearest even), then added with
+    ``c_add_rounding``."""
+    c_converted = _round(c_exact, acc_fmt, "nearest_even", params.accumulator_subnormals)
+    if _is_infinite(c_converted):
+        specials.note_overflow(c_converted)
+    else:
+        acc = _round(Fraction(acc) + Fraction(c_converted), acc_fmt, params.c_add_rounding,
+                     params.accumulator_subnormals)
+    log({"stage": "add_c", "c": _to_float(c_converted), "accumulator": _to_float(acc)})
+    return acc
+
+
+# --- the dot product ----------------------------------------------------------------------------
+
 def dot_reference(
     params: DatapathParams,
     a_codes: list[int],
@@ -84,102 +293,34 @@ def dot_reference(
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     acc_fmt = None if params.accumulator_format == "exact" else get_format(params.accumulator_format)
     out_fmt = get_format(params.output_format)
-    fp32 = get_format("fp32")
     log = record.append if record is not None else (lambda item: None)
 
-    def decode(fmt, code):
-        value = decode_reference(fmt, code)
-        if isinstance(value, Fraction) and not params.input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
-            value = -0.0 if value < 0 else Fraction(0)
-        exponent = None
-        if isinstance(value, Fraction) and value != 0:
-            exponent = max(floor_log2(abs(value)), alignment_emin(fmt))
-        return value, exponent
-
-    # Non-finite contributions, summed by IEEE rules at the end; zero signs for -0 results.
-    specials: list[float] = []
-
-    def note_overflow(value: float) -> None:
-        # An earlier NaN/Inf (an input, or a first overflow) absorbs any later overflow,
-        # as an infinite accumulator absorbs every finite sum.
-        if not specials:
-            specials.append(value)
-
-    negative_zeros_only = c == 0 and math.copysign(1.0, c) < 0
+    specials = _Specials(c)
     if not math.isfinite(c):
-        specials.append(c)
+        specials.values.append(c)
         c = 0.0
     c_exact = Fraction(c)
 
     products = []  # per k: (value Fraction or float special, alignment exponent, scale exponent)
     for k, (code_a, code_b) in enumerate(zip(a_codes, b_codes)):
-        value_a, exponent_a = decode(a_fmt, code_a)
-        value_b, exponent_b = decode(b_fmt, code_b)
-        block = k // params.block_size
-        scale_exponent = 0
-        scale_is_nan = False
+        value_a, exponent_a = _decode(a_fmt, code_a, params)
+        value_b, exponent_b = _decode(b_fmt, code_b, params)
+        scale_codes = None
         if params.scales != "none":
-            codes = (127 if scale_a is None else scale_a[block], 127 if scale_b is None else scale_b[block])
-            scale_is_nan = 255 in codes
-            scale_exponent = codes[0] + codes[1] - 254
-        if scale_is_nan or any(isinstance(v, float) and math.isnan(v) for v in (value_a, value_b)):
-            product = math.nan
-        elif any(isinstance(v, float) and math.isinf(v) for v in (value_a, value_b)):
-            other = value_b if isinstance(value_a, float) and math.isinf(value_a) else value_a
-            product = math.nan if other == 0 else math.copysign(INF, float(value_a) * float(value_b))
-        else:
-            product = Fraction(value_a) * Fraction(value_b)
-            if product == 0:
-                sign_negative = (math.copysign(1.0, float(value_a)) < 0) != (math.copysign(1.0, float(value_b)) < 0)
-                product = -0.0 if sign_negative else 0.0
-        exponent = None if exponent_a is None or exponent_b is None else exponent_a + exponent_b
-        if isinstance(product, Fraction) and params.scales != "none":
-            if params.scales == "products" or params.align_fraction_bits is None:
-                product *= Fraction(2) ** scale_exponent
-                exponent += scale_exponent
-                scale_exponent = 0
-        if isinstance(product, Fraction) and params.product_fraction_bits is not None:
-            lead = floor_log2(abs(product))
-            step = Fraction(2) ** (lead - params.product_fraction_bits)
-            product = math.trunc(product / step) * step
-        if isinstance(product, Fraction) and params.align_reference == "leading_bit":
-            exponent = floor_log2(abs(product))
+            block = k // params.block_size
+            scale_codes = (127 if scale_a is None else scale_a[block], 127 if scale_b is None else scale_b[block])
+        product, exponent, scale_exponent = _multiply(params, value_a, exponent_a, value_b, exponent_b, scale_codes)
         products.append((product, exponent, scale_exponent))
         log({"stage": "product", "k": k, "a_code": code_a, "b_code": code_b, "a": _to_float(value_a),
              "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
-
-    length = len(products)
-    if params.term_order is not None:
-        # K padded to whole periods of the order; padded positions hold no term.
-        period = len(params.term_order)
-        padded = -(-length // period) * period
-        sequence = [(p // period) * period + params.term_order[p % period] for p in range(padded)]
-        sequence = [k if k < length else None for k in sequence]
-    else:
-        sequence = list(range(length))
-
-    def finite_terms(indices):
-        nonlocal negative_zeros_only
-        kept = []
-        for k in indices:
-            if k is None:  # a padded position
-                continue
-            product, exponent, scale_exponent = products[k]
-            if isinstance(product, float):
-                if math.isnan(product) or math.isinf(product):
-                    specials.append(product)
-                elif math.copysign(1.0, product) > 0:
-                    negative_zeros_only = False
-                continue
-            negative_zeros_only = False
-            kept.append((product, exponent, scale_exponent))
-        return kept
+    trees = _tree_positions(len(products), params)
 
     if acc_fmt is None:  # exact (Kulisch) accumulator: one rounding, at the output
-        total = c_exact + sum((p * Fraction(2) ** s for p, _, s in finite_terms(sequence)), Fraction(0))
+        total = c_exact + sum((p * Fraction(2) ** s for positions in trees
+                               for p, _, s in _finite_terms(positions, products, specials)), Fraction(0))
         log({"stage": "exact_accumulator", "value": float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
-        return _finish(result, specials, negative_zeros_only, log)
+        return _output(result, specials, log)
 
     outer = Fraction(0)
     acc = Fraction(0)
@@ -188,103 +329,52 @@ def dot_reference(
     elif params.c_entry == "initial":
         acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
         if _is_infinite(acc):  # c overflows a narrower accumulator
-            note_overflow(acc)
+            specials.note_overflow(acc)
             acc = Fraction(0)
     log({"stage": "accumulator_start", "value": _to_float(acc), "outer": float(outer)})
 
-    for tree_start in range(0, len(sequence), params.fused_terms):
-        kept = finite_terms(sequence[tree_start : tree_start + params.fused_terms])
-        terms = [(p, e) for p, e, _ in kept]
-        tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
-        if params.accumulator_in_tree and acc != 0:
-            terms.append((Fraction(acc), floor_log2(abs(Fraction(acc)))))
-        if params.align_fraction_bits is None or not terms:
-            tree_sum = sum((t for t, _ in terms), Fraction(0))
-            log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
-        else:
-            reference = max(e for _, e in terms)
-            lsb = Fraction(2) ** (reference - params.align_fraction_bits)
-            kept_terms = []
-            for term, _ in terms:
-                ratio = term / lsb
-                if params.below_window == "truncate":
-                    kept = Fraction(math.trunc(ratio)) * lsb
-                elif params.below_window == "floor":
-                    kept = Fraction(math.floor(ratio)) * lsb
-                elif params.below_window == "nearest_even":
-                    kept = Fraction(round(ratio)) * lsb  # Python rounds Fraction ties to even
-                else:
-                    whole = math.floor(abs(ratio))
-                    jammed = 2 * whole + (1 if abs(ratio) != whole else 0)
-                    kept = Fraction(jammed if ratio >= 0 else -jammed) * lsb / 2
-                kept_terms.append(kept)
-            tree_sum = sum(kept_terms, Fraction(0))
-            if params.carry_bits is not None:  # the adder register: wrap or saturate
-                step = lsb / 2 if params.below_window == "sticky" else lsb
-                register = tree_sum / step  # an integer
-                limit = 2 ** (adder_register_bits(params) - 1)
-                if not -limit <= register < limit:
-                    if params.adder_overflow == "saturate":
-                        register = limit - 1 if register > 0 else -limit
-                    else:
-                        register = (register + limit) % (2 * limit) - limit
-                    log({"stage": "adder_overflow", "register": int(register)})
-                tree_sum = register * step
-            tree_sum *= Fraction(2) ** tree_scale
-            log({"stage": "tree", "start": tree_start, "reference_exponent": reference,
-                 "lsb_exponent": reference - params.align_fraction_bits,
-                 "terms": [float(t) for t, _ in terms], "aligned": [float(t) for t in kept_terms],
-                 "dropped": [float(t - k) for (t, _), k in zip(terms, kept_terms)], "sum": float(tree_sum)})
-        if params.sum_significant_bits is not None:
-            tree_sum = _round(tree_sum, sum_format(params.sum_significant_bits), params.sum_rounding)
-            log({"stage": "normalise", "bits": params.sum_significant_bits, "value": float(tree_sum)})
-        if not params.accumulator_in_tree:
-            tree_sum += Fraction(acc)
-        acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
-        if _is_infinite(acc):  # overflow to infinity
-            note_overflow(acc)
-            acc = Fraction(0)
+    for index, positions in enumerate(trees):
+        tree_start = index * params.fused_terms
+        kept = _finite_terms(positions, products, specials)
+        tree_sum = _normalise(_tree_sum(kept, acc, tree_start, params, log), params, log)
+        acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
         done = tree_start + params.fused_terms
         if params.promotion_interval and done % params.promotion_interval == 0:
-            outer = _round(Fraction(outer) + Fraction(acc), fp32, "nearest_even")
+            outer = _promote(outer, acc, specials)
             acc = Fraction(0)
             log({"stage": "promote", "after": done, "outer": _to_float(outer)})
-            if _is_infinite(outer):
-                note_overflow(outer)
-                outer = Fraction(0)
     if params.promotion_interval:
-        acc = _round(Fraction(outer) + Fraction(acc), fp32, "nearest_even")
-        log({"stage": "promote", "after": length, "outer": _to_float(acc)})
+        acc = _round(Fraction(outer) + Fraction(acc), get_format("fp32"), "nearest_even")
+        log({"stage": "promote", "after": len(products), "outer": _to_float(acc)})
     if params.c_entry == "end" and not params.promotion_interval:
-        c_converted = _round(c_exact, acc_fmt, "nearest_even", params.accumulator_subnormals)
-        if _is_infinite(c_converted):
-            note_overflow(c_converted)
-        else:
-            acc = _round(Fraction(acc) + Fraction(c_converted), acc_fmt, params.c_add_rounding,
-                         params.accumulator_subnormals)
-        log({"stage": "add_c", "c": _to_float(c_converted), "accumulator": _to_float(acc)})
+        acc = _add_c_at_end(acc, c_exact, acc_fmt, params, specials, log)
     if _is_infinite(acc):
-        note_overflow(acc)
+        specials.note_overflow(acc)
         acc = Fraction(0)
     result = _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
     if isinstance(acc, float) and result == 0:  # acc underflowed to -0: rounding keeps the zero's sign
         result = -0.0
-    return _finish(result, specials, negative_zeros_only, log)
+    return _output(result, specials, log)
 
 
-def _finish(result, specials, negative_zeros_only, log) -> float:
-    if _is_infinite(result) and not specials:
-        specials.append(result)
-    if specials:
-        if any(math.isnan(s) for s in specials) or (INF in specials and -INF in specials):
+# --- step 7: output -----------------------------------------------------------------------------
+
+def _output(result, specials: _Specials, log) -> float:
+    """Step 7's value: the specials' IEEE sum when there are any, else the rounded result with
+    the sign IEEE gives a zero."""
+    if _is_infinite(result) and not specials.values:
+        specials.values.append(result)
+    if specials.values:
+        values = specials.values
+        if any(math.isnan(s) for s in values) or (INF in values and -INF in values):
             value = math.nan
         else:
-            value = specials[0]
+            value = values[0]
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:
-        value = -0.0 if negative_zeros_only else 0.0
+        value = -0.0 if specials.negative_zeros_only else 0.0
     else:
         value = float(result)
     log({"stage": "output", "value": value})

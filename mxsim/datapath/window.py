@@ -2,10 +2,10 @@
 formats may take it, and its drivers.
 
 The route computes exactly what the generic kernel computes; :func:`window_applies` admits
-only parameter values whose semantics the window kernels implement (every field of
-:class:`~mxsim.datapath.config.DatapathParams` is listed in ``_MODELLED``; a field it does
-not know refuses the route) and only element formats for which the kernels' arithmetic is
-exact (:func:`_format_tables`). Outputs the kernels flag (NaN/Inf inputs, NaN scales, c
+only parameter values whose semantics the window kernels implement (each key of
+``datapath.schema.SCHEMA`` declares them, ``window=``; a key that declares nothing refuses
+the route) and only element formats for which the kernels' arithmetic is exact
+(:func:`_format_tables`). Outputs the kernels flag (NaN/Inf inputs, NaN scales, c
 non-finite or -0, values leaving the normal range of the accumulator or output format) are
 the caller's to recompute with the generic kernel.
 """
@@ -22,43 +22,12 @@ import numpy as np
 from ..formats import get_format
 from ..formats.rounding import rounding_code
 from . import _window_kernels as W
-from .config import DatapathParams
+from .schema import DatapathParams, route_accepts
 from .tables import element_tables, sum_format
 
-ROUNDINGS = ("nearest_even", "nearest_away", "nearest_toward_positive", "toward_zero", "toward_positive",
-             "toward_negative")
-FLOAT_FORMATS = ("fp32", "fp16", "bf16")
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
-
-_ANY = lambda value: True  # noqa: E731 - fields whose every value the kernels model (or that they never read)
-_MODELLED = {
-    "a_format": _ANY,  # checked with the element tables
-    "b_format": _ANY,
-    "block_size": _ANY,
-    "scales": _ANY,  # with one scale per tree: checked below
-    "input_subnormals": _ANY,  # the element tables read subnormals as zero when off
-    "product_fraction_bits": lambda value: value is None,
-    "fused_terms": _ANY,
-    "term_order": lambda value: value is None,
-    "accumulator_in_tree": _ANY,
-    "align_reference": lambda value: value == "exponent_sum",
-    "align_fraction_bits": lambda value: value is not None and 0 <= value <= MAX_WINDOW_BITS,
-    "below_window": lambda value: value == "truncate",
-    "carry_bits": lambda value: value is None,
-    "adder_overflow": _ANY,  # read only with carry_bits
-    "sum_significant_bits": lambda value: value is None or 1 <= value <= 51,
-    "sum_rounding": lambda value: value in ROUNDINGS,
-    "accumulator_format": lambda value: value in FLOAT_FORMATS,
-    "accumulator_rounding": lambda value: value in ROUNDINGS,
-    "accumulator_subnormals": _ANY,  # subnormal accumulator values are flagged
-    "c_entry": lambda value: value == "initial",
-    "c_add_rounding": _ANY,  # read only with c_entry: end
-    "promotion_interval": lambda value: value is None,
-    "output_format": lambda value: value in FLOAT_FORMATS,
-    "output_rounding": lambda value: value in ROUNDINGS,
-    "output_subnormals": _ANY,  # subnormal outputs are flagged
-}
+MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,18 +66,16 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
                    float(magnitudes.max()))
 
 
-def _unit_fits(params: DatapathParams) -> bool:
-    fields = {field.name for field in dataclasses.fields(params)}
-    if fields != set(_MODELLED):
-        return False  # a parameter this route does not know
-    if not all(check(getattr(params, name)) for name, check in _MODELLED.items()):
-        return False
-    return params.scales == "none" or params.block_size % params.fused_terms == 0
-
-
 def window_applies(params: DatapathParams) -> bool:
-    """Whether this unit and format pair may take the window route (module docstring)."""
-    return _unit_fits(params) and _window_config(params) is not None
+    """Whether this unit and format pair may take the window route: every key's value is one
+    the kernels model (each key's ``window`` declaration in ``datapath.schema``), the window
+    and the n-bit sum fit their arithmetic, and so do the formats (module docstring)."""
+    return (
+        route_accepts("window", params)
+        and params.align_fraction_bits <= MAX_WINDOW_BITS
+        and (params.sum_significant_bits or 0) <= MAX_SUM_BITS
+        and _window_config(params) is not None
+    )
 
 
 @functools.lru_cache(maxsize=None)

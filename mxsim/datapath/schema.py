@@ -1,0 +1,390 @@
+"""The datapath schema: every key of a hardware config's dot-product unit, declared once.
+
+Each :class:`Key` of :data:`SCHEMA` states what the YAML accepts (type, default, accepted
+values), what the key means, the :class:`DatapathParams` field that carries it, how the
+kernel's parameter record holds it (:class:`Record`), and which of its values each fast route
+computes bit for bit (``blas``: the float64-BLAS route of ``blas.py``; ``window``: the
+vectorised route of ``window.py``). Everything else is derived from this one table: the
+loader's checks (``config.py``), :class:`DatapathParams`, the kernel record's dtype
+(:func:`record_dtype`), the routes' eligibility (:func:`route_accepts`) and the key tables
+of docs/hwconfig.md (:func:`schema_markdown`).
+
+A key that declares nothing for a route makes that route refuse every unit, so a new key
+reaches the generic kernel (and its reference twin) until someone shows that a route
+computes it exactly: no route can silently ignore a key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..formats import format_names
+from ..formats.rounding import ROUNDING_MODES, rounding_code
+from ..limits import MAX_BLOCK_SIZE
+
+ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
+WIDE_FORMATS = format_names("wide")
+DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
+REQUIRED = object()
+ROUTES = ("blas", "window")
+
+#: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
+#: the unit bit for bit with this value of the key (given the unit's other values).
+Accepts = Callable[[Any, Any], bool]
+
+
+def any_value(value, params) -> bool:
+    """Declaration of a key whose every value a route computes exactly (or never reads)."""
+    return True
+
+
+def only(*accepted) -> Accepts:
+    """Declaration of a key that a route computes exactly for these values alone."""
+    return lambda value, params: value in accepted
+
+
+@dataclass(frozen=True)
+class Record:
+    """How the kernel's parameter record holds a key: ``encode(value)`` as ``dtype`` in the
+    field ``name`` (empty: the key's :class:`DatapathParams` field)."""
+
+    encode: Callable[[Any], Any]
+    dtype: type = np.int64
+    name: str = ""
+
+
+BY_KIND: Any = object()  # a key's record field follows from its kind (see _record_of)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key. ``kind``: "int", "optional_int" (null allowed), "bool", "str" (one of
+    ``choices``), "order" (null or a permutation), "format" (one of ``choices``) or
+    "format_list". ``default`` is :data:`REQUIRED` if the key has none. ``field`` names its
+    :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
+    accepted formats, of which the params hold the chosen one). ``record`` says how the
+    kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
+    format parameters). ``blas``/``window`` are the routes' declarations (None: the route
+    refuses)."""
+
+    kind: str
+    default: Any
+    meaning: str
+    choices: tuple = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    field: str | None = ""
+    record: Record | None = BY_KIND
+    blas: Accepts | None = None
+    window: Accepts | None = None
+
+
+def _exact_accumulator_or(accepts: Accepts) -> Accepts:
+    """BLAS route: a key of the rounding accumulator that an exact (Kulisch) one never reads."""
+    return lambda value, params: params.accumulator_format == "exact" or accepts(value, params)
+
+
+def _trees_inside_blocks(value, params) -> bool:
+    return value == "none" or params.block_size % params.fused_terms == 0
+
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "inputs": {
+        "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS,
+                         field=None, record=None, blas=any_value, window=any_value),  # routes check the formats
+        "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS,
+                         field=None, record=None, blas=any_value, window=any_value),
+        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE,
+                          blas=any_value, window=any_value),
+        "scales": Key(
+            "str", "products",
+            "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
+            "before alignment; 'block_sum' multiplies each tree's sum (trees must lie inside one block); "
+            "'none': the unit takes no scales (plain FP8 tensor cores)",
+            ("none", "products", "block_sum"),
+            # BLAS: one scale per tree (per block for an exact accumulator); window: one per tree.
+            blas=_exact_accumulator_or(_trees_inside_blocks), window=_trees_inside_blocks,
+        ),
+        "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
+                          field="input_subnormals", record=None,  # the element tables read them as zero
+                          blas=only(True), window=any_value),
+    },
+    "multiplier": {
+        "product_fraction_bits": Key(
+            "optional_int", None,
+            "null: exact products; n: each product's significand truncated (toward zero) to 1+n bits",
+            minimum=0, maximum=52, blas=only(None), window=only(None),
+        ),
+    },
+    "adder": {
+        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE,
+                           blas=any_value, window=any_value),
+        "term_order": Key(
+            "order", None,
+            "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
+            "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first). "
+            "K that is not a multiple of T is padded to one with empty positions (no term, not even +0), "
+            "as a unit fed zero-padded operands; a partial last tree of any unit simply has fewer terms",
+            maximum=MAX_BLOCK_SIZE,
+            record=Record(lambda order: len(order) if order else 0, name="term_order_length"),  # + the order array
+            blas=only(None), window=only(None),
+        ),
+        "accumulator_in_tree": Key(
+            "bool", True,
+            "true: the running accumulator joins the tree's alignment like one more term (its bits "
+            "below the window are lost); false: the tree sum is added to the accumulator exactly, "
+            "then rounded once",
+            blas=any_value,  # exact trees: acc + sum is rounded once either way
+            window=any_value,
+        ),
+        "align_reference": Key(
+            "str", "exponent_sum",
+            "the alignment reference R: 'exponent_sum' = max of ea+eb over the tree's nonzero products "
+            "(element exponents clamped to their format's emin, scale exponents added), as tensor cores "
+            "do; 'leading_bit' = max floor(log2|p|). The accumulator, when in the tree, counts with "
+            "floor(log2|acc|)",
+            ("exponent_sum", "leading_bit"),
+            record=Record(lambda value: value == "leading_bit", np.bool_, "align_leading_bit"),
+            blas=any_value,  # exact trees: R places no window
+            window=only("exponent_sum"),
+        ),
+        "align_fraction_bits": Key(
+            "optional_int", None,
+            "null: exact, no bits lost. n: terms are kept to multiples of 2^(R-n); what falls below "
+            "follows below_window (H100 FP8: 13)",
+            minimum=0, maximum=50,
+            blas=only(None),
+            window=lambda value, params: value is not None,  # its range: window.window_applies
+        ),
+        "below_window": Key(
+            "str", "truncate",
+            "bits below the window: 'truncate' (each term's magnitude toward zero, sign-magnitude), "
+            "'floor' (toward -inf, two's complement), 'nearest_even' (each term rounded to the window), "
+            "'sticky' (truncate, and jam a sticky bit one place below the window)",
+            ("truncate", "floor", "nearest_even", "sticky"),
+            blas=any_value,  # read only with a window
+            window=only("truncate"),
+        ),
+        "carry_bits": Key(
+            "optional_int", None,
+            "null: the adder never overflows. n: with a window, the adder holds signed integers of "
+            "1 + (align_fraction_bits + 2) + n bits in units of the window's LSB (one more with "
+            "sticky); a tree sum beyond that follows adder_overflow",
+            minimum=0, maximum=40, blas=only(None), window=only(None),
+        ),
+        "adder_overflow": Key(
+            "str", "wrap",
+            "a tree sum beyond the adder's width: 'wrap' (two's complement, modulo 2^width) or "
+            "'saturate' (clamped to the most negative / most positive register value)",
+            ("wrap", "saturate"),
+            record=Record(lambda value: value == "saturate", np.bool_, "adder_saturates"),
+            blas=any_value, window=any_value,  # read only with carry_bits
+        ),
+        "sum_significant_bits": Key(
+            "optional_int", None,
+            "null: the tree sum goes straight to the accumulator rounding. n: the normalised tree sum "
+            "is first rounded to n significant bits with sum_rounding (H100 FP8: 14, toward zero)",
+            minimum=1, maximum=40,
+            blas=only(None),
+            window=any_value,  # its range: window.window_applies
+        ),
+        "sum_rounding": Key(
+            "str", "toward_zero", "rounding to sum_significant_bits", DIRECTED_AND_NEAREST,
+            record=Record(rounding_code),
+            blas=any_value,  # read only with sum_significant_bits
+            window=only(*DIRECTED_AND_NEAREST),
+        ),
+    },
+    "accumulator": {
+        "format": Key(
+            "format", "fp32",
+            "format each tree result is rounded into ('exact': a wide fixed-point that never rounds, "
+            "Kulisch; then only the output rounds)",
+            WIDE_FORMATS + ("exact",),
+            field="accumulator_format",
+            record=Record(lambda value: value == "exact", np.bool_, "accumulator_exact"),  # + its format parameters
+            blas=only("fp32", "exact"), window=only(*WIDE_FORMATS),
+        ),
+        "rounding": Key(
+            "str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST,
+            field="accumulator_rounding", record=Record(rounding_code),
+            blas=_exact_accumulator_or(only("nearest_even")), window=only(*DIRECTED_AND_NEAREST),
+        ),
+        "subnormals": Key(
+            "bool", True, "false: subnormal accumulator values flush to zero (same sign)",
+            field="accumulator_subnormals",
+            blas=_exact_accumulator_or(only(True)),
+            window=any_value,  # subnormal accumulator values are flagged for the generic kernel
+        ),
+        "c_entry": Key(
+            "str", "initial",
+            "'initial': c (converted to the accumulator format with its rounding) is the accumulator's "
+            "first value; 'end': the accumulator starts at 0 and c, rounded to the accumulator format "
+            "(nearest even), is added after the last tree with c_add_rounding (B200, fp16 paths)",
+            ("initial", "end"),
+            record=Record(lambda value: value == "end", np.bool_, "c_at_end"),
+            blas=_exact_accumulator_or(only("initial")), window=only("initial"),
+        ),
+        "c_add_rounding": Key(
+            "str", "nearest_even", "rounding of the final c add (c_entry: end)", DIRECTED_AND_NEAREST,
+            record=Record(rounding_code),
+            blas=any_value, window=any_value,  # read only with c_entry: end
+        ),
+        "promotion_interval": Key(
+            "optional_int", None,
+            "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
+            "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
+            "a multiple of fused_terms",
+            minimum=1, maximum=1 << 30, blas=only(None), window=only(None),
+        ),
+    },
+    "output": {
+        "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS,
+                      field="output_format", record=None,  # the kernel gets its format parameters
+                      blas=only("fp32"), window=only(*WIDE_FORMATS)),
+        "rounding": Key(
+            "str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST,
+            field="output_rounding", record=Record(rounding_code),
+            # BLAS: an fp32 accumulator into an fp32 output never rounds; an exact one rounds once.
+            blas=lambda value, params: params.accumulator_format != "exact" or value == "nearest_even",
+            window=only(*DIRECTED_AND_NEAREST),
+        ),
+        "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)",
+                          field="output_subnormals",
+                          blas=only(True), window=any_value),  # window: subnormal outputs are flagged
+    },
+}
+
+
+def keys() -> Iterator[tuple[str, str, Key]]:
+    """(section, name, key) of every key of :data:`SCHEMA`, in table order."""
+    for section, entries in SCHEMA.items():
+        for name, key in entries.items():
+            yield section, name, key
+
+
+def param_field(name: str, key: Key) -> str | None:
+    """The :class:`DatapathParams` field of a key (None for the accepted-format lists)."""
+    return None if key.field is None else key.field or name
+
+
+_KIND_TYPES = {"int": int, "optional_int": int | None, "bool": bool, "str": str, "format": str,
+               "order": tuple[int, ...] | None}
+
+
+def params_class(schema: dict[str, dict[str, Key]]) -> type:
+    """The frozen dataclass of one unit's resolved parameters: ``a_format``, ``b_format``
+    (the chosen element formats), then one field per key of ``schema``."""
+    fields = [("a_format", str), ("b_format", str)]
+    for entries in schema.values():
+        for name, key in entries.items():
+            if param_field(name, key) is not None:
+                fields.append((param_field(name, key), _KIND_TYPES[key.kind]))
+    cls = dataclasses.make_dataclass("DatapathParams", fields, frozen=True)
+    cls.__module__ = __name__  # pickled by reference, as a class written here would be
+    cls.__doc__ = ("The resolved parameters of one unit for one (A format, B format) pair: a field per "
+                   "key of SCHEMA (see it, or docs/hwconfig.md, for exact meanings).")
+    return cls
+
+
+DatapathParams = params_class(SCHEMA)
+
+
+def param_fields() -> tuple[str, ...]:
+    """Every field a :class:`DatapathParams` of the current schema has."""
+    return ("a_format", "b_format") + tuple(
+        param_field(name, key) for _, name, key in keys() if param_field(name, key) is not None
+    )
+
+
+def _record_of(name: str, key: Key) -> Record | None:
+    """The key's record field, with the defaults by kind filled in."""
+    field = param_field(name, key)
+    if key.record is None:
+        return None
+    if key.record is not BY_KIND:
+        return key.record if key.record.name else dataclasses.replace(key.record, name=field)
+    if key.kind == "int":
+        return Record(int, np.int64, field)
+    if key.kind == "optional_int":
+        return Record(lambda value: -1 if value is None else value, np.int64, field)  # null is -1
+    if key.kind == "bool":
+        return Record(bool, np.bool_, field)
+    if key.kind == "str":
+        return Record(key.choices.index, np.int64, field)  # the value's position among the choices
+    raise ValueError(f"key {name!r} of kind {key.kind!r} must say how the kernel record holds it")
+
+
+def record_dtype() -> np.dtype:
+    """The numpy structured dtype of the kernel's parameter record: one field per key that has
+    one, in table order (one dtype for every unit, so the kernels compile once)."""
+    fields = [(record.name, record.dtype) for _, name, key in keys() if (record := _record_of(name, key))]
+    return np.dtype(fields, align=True)
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_record(params) -> np.ndarray:
+    """The kernel's parameter record of ``params``, as a one-element structured array
+    (read-only, cached per params)."""
+    record = np.zeros(1, dtype=record_dtype())
+    for _, name, key in keys():
+        spec = _record_of(name, key)
+        if spec is not None:
+            record[spec.name] = spec.encode(getattr(params, param_field(name, key)))
+    record.setflags(write=False)
+    return record
+
+
+def route_accepts(route: str, params) -> bool:
+    """Whether every key's value in ``params`` is one the route (``blas`` or ``window``)
+    computes exactly, by each key's declaration. A key without a declaration for the route,
+    or a params field no key declares, refuses the route."""
+    if tuple(field.name for field in dataclasses.fields(params)) != param_fields():
+        return False
+    for _, name, key in keys():
+        accepts = getattr(key, route)
+        field = param_field(name, key)
+        if accepts is None or not accepts(None if field is None else getattr(params, field), params):
+            return False
+    return True
+
+
+def schema_markdown() -> str:
+    """The schema as Markdown tables (docs/hwconfig.md embeds this text verbatim)."""
+    lines = []
+    for section, entries in SCHEMA.items():
+        lines += [f"### `{section}`", "", "| key | type | default | accepted | meaning |", "|---|---|---|---|---|"]
+        for name, key in entries.items():
+            default = "required" if key.default is REQUIRED else ("null" if key.default is None else f"`{key.default}`")
+            if isinstance(key.default, bool):
+                default = f"`{str(key.default).lower()}`"
+            if key.choices:
+                accepted = ", ".join(f"`{c}`" for c in key.choices)
+            elif key.kind == "order":
+                accepted = f"null or at most {key.maximum} entries"
+            elif key.minimum is not None:
+                accepted = f"{key.minimum}..{key.maximum}" if key.maximum is not None else f">= {key.minimum}"
+            else:
+                accepted = "true, false" if key.kind == "bool" else ""
+            lines.append(f"| `{name}` | {key.kind} | {default} | {accepted} | {key.meaning} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+DOCS_BEGIN = "<!-- key tables: generated from mxsim/datapath/schema.py (docs_with_schema) -->"
+DOCS_END = "<!-- end of generated key tables -->"
+
+
+def docs_with_schema(text: str) -> str:
+    """``text`` (docs/hwconfig.md) with the key tables between its markers regenerated."""
+    before, begin, rest = text.partition(DOCS_BEGIN)
+    _, end, after = rest.partition(DOCS_END)
+    if not (begin and end):
+        raise ValueError(f"the text lacks the markers {DOCS_BEGIN!r} ... {DOCS_END!r}")
+    return f"{before}{DOCS_BEGIN}\n\n{schema_markdown()}\n{DOCS_END}{after}"
+
