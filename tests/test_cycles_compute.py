@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxsim.cycles.array import ArrayConfig
+from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.compute import fold_schedule, spatiotemporal_extents
 from mxsim.cycles.layers import ConvLayer, GemmLayer
 from mxsim.cycles.reference import walk_layer

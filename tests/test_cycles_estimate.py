@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mxsim.cycles.array import ArrayConfig
+from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.estimate import estimate_layer, estimate_layers
 from mxsim.cycles.layers import GemmLayer
 from mxsim.cycles.storage import OperandStorage, storage_for_format

@@ -1,6 +1,6 @@
 """The plain-text table."""
 
-from mxsim.cycles.array import ArrayConfig
+from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.estimate import estimate_layers
 from mxsim.cycles.layers import GemmLayer
 from mxsim.cycles.report import format_table

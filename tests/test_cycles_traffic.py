@@ -7,7 +7,7 @@ every dataflow. In MXFP8 an operand row of 64 elements is 64 element bytes + 2 s
 
 import pytest
 
-from mxsim.cycles.array import ArrayConfig
+from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.compute import fold_schedule
 from mxsim.cycles.layers import ConvLayer, GemmLayer
 from mxsim.cycles.storage import OperandStorage, StorageBytes, storage_for_format

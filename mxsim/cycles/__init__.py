@@ -4,7 +4,7 @@ For a plain array (one lane per unit, 1-byte words, no scales) the compute cycle
 SCALE-Sim 3.0.0's; see docs/cycles.md for the formulas and the model of memory traffic.
 """
 
-from mxsim.cycles.array import ARRAY_KEYS, DATAFLOWS, ArrayConfig, parse_array_config
+from mxsim.datapath.array import ARRAY_KEYS, DATAFLOWS, ArrayConfig, parse_array_config
 from mxsim.cycles.compute import FoldSchedule, fold_schedule
 from mxsim.cycles.estimate import LayerEstimate, TraceEstimate, estimate_layer, estimate_layers
 from mxsim.cycles.layers import ConvLayer, GemmLayer, Layer, OperandLayout

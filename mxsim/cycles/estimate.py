@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from operator import attrgetter
 
-from mxsim.cycles.array import ArrayConfig
+from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.compute import FoldSchedule, fold_schedule
 from mxsim.cycles.layers import Layer
 from mxsim.cycles.storage import OperandStorage

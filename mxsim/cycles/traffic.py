@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxsim.cycles.array import ArrayConfig
+from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.compute import FoldSchedule
 from mxsim.cycles.layers import Layer
 from mxsim.cycles.storage import OperandStorage, StorageBytes

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..cycles.array import ArrayConfig, parse_array_config
+from .array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
 from ..fileio import load_yaml, read_text
 from ..limits import check_path

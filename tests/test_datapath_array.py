@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from mxsim.cycles.array import ARRAY_KEYS, ArrayConfig, parse_array_config
+from mxsim.datapath.array import ARRAY_KEYS, ArrayConfig, parse_array_config
 from mxsim.errors import ConfigError
 
 
