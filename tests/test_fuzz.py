@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import itertools
 import json
 import math
 import os
@@ -216,8 +217,9 @@ def warm_kernels() -> None:
     for dtype in (np.float16, np.float32, np.float64):
         x = np.linspace(-3, 3, 80).astype(dtype).reshape(2, 40)
         mxsim.fake_quantize(x, "fp4_e2m1")
-        tensor = mxsim.quantize_mx(x, "fp8_e4m3")
-        tensor.dequantize(np.float32), tensor.dequantize(np.float64)
+        for element in ("fp8_e4m3", "fp16", "tf32"):  # codes of 8, 16 and 32 bits
+            tensor = mxsim.quantize_mx(x, element)
+            tensor.dequantize(np.float32), tensor.dequantize(np.float64)
     for name in ("fp8_e4m3", "fp32", "fp16", "mx9"):  # encode: the CLI's exact values, explain's outputs
         fmt = mxsim.get_format(name)
         fmt.decode(fmt.encode(np.linspace(-3, 3, 80)))
@@ -226,11 +228,11 @@ def warm_kernels() -> None:
     for path in HWCONFIGS:
         hw = mxsim.load_hwconfig(path)
         for a_format in hw.a_formats:
-            for out_format in ("fp32", "fp16", "bf16"):
+            for out_format, method in itertools.product(("fp32", "fp16", "bf16"), ("auto", "kernel")):
                 codes = np.ones((1, 33), dtype=np.int64)
                 with contextlib.suppress(MxsimError):
                     mxsim.dot(hw, codes, codes, a_format=a_format, b_format=a_format if a_format in hw.b_formats
-                              else hw.b_formats[0], out_format=out_format)
+                              else hw.b_formats[0], out_format=out_format, method=method)
         b_format = hw.b_formats[0]
         for method in ("auto", "kernel"):
             a = mxsim.quantize_mx(np.ones((2, 64)), hw.a_formats[0], axis=1, block_size=hw.params(hw.a_formats[0], b_format).block_size)
