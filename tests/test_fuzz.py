@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import signal
-import sys
 import time
 import tracemalloc
 import traceback

@@ -7,7 +7,6 @@ import math
 from fractions import Fraction
 
 import numpy as np
-import pytest
 
 from conftest import REPO
 from mxsim.datapath import load_hwconfig
