@@ -233,9 +233,11 @@ def warm_kernels() -> None:
                     mxsim.dot(hw, codes, codes, a_format=a_format, b_format=a_format if a_format in hw.b_formats
                               else hw.b_formats[0], out_format=out_format, method=method)
         b_format = hw.b_formats[0]
+        unscaled = hw.sections[("inputs", "scales")] == "none"  # per-tensor operands reach the window route
         for method in ("auto", "kernel"):
-            a = mxsim.quantize_mx(np.ones((2, 64)), hw.a_formats[0], axis=1, block_size=hw.params(hw.a_formats[0], b_format).block_size)
-            b = mxsim.quantize_mx(np.ones((64, 2)), b_format, axis=0, block_size=a.block_size)
+            a = mxsim.quantize_mx(np.ones((2, 64)), hw.a_formats[0], axis=1, per_tensor_scale=unscaled,
+                                  block_size=hw.params(hw.a_formats[0], b_format).block_size)
+            b = mxsim.quantize_mx(np.ones((64, 2)), b_format, axis=0, block_size=a.block_size, per_tensor_scale=unscaled)
             with contextlib.suppress(MxsimError):  # units without scales refuse scaled operands
                 mxsim.matmul(hw, a, b, method=method)
 
