@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
+from _timing import best_seconds
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _tensor_scales
 from mxsim.datapath.window import window_applies
@@ -37,15 +38,6 @@ def operands(size: int, rng, unit_scales: bool):
         a = dataclasses.replace(a, scales=np.full_like(a.scales, 127))
         b = dataclasses.replace(b, scales=np.full_like(b.scales, 127))
     return a, b
-
-
-def best_seconds(run, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def route(hw, a, b) -> str:

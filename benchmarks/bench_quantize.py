@@ -10,20 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 
 import numpy as np
 
 import mxsim
-
-
-def best_time(function, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
+from _timing import best_seconds
 
 
 def main() -> None:
@@ -34,14 +25,14 @@ def main() -> None:
     x = np.random.default_rng(0).standard_normal(args.elements).astype(np.float32)
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
     print(f"{args.elements} float32 elements, best of {args.repeats}")
-    baseline = best_time(lambda: x.astype(np.float16), args.repeats)
+    baseline = best_seconds(lambda: x.astype(np.float16), args.repeats)
     print(f"  numpy float32->float16 cast : {args.elements / baseline / 1e6:8.1f} M elements/s")
     for name in ("fp8_e4m3", "fp4_e2m1"):
         mxsim.quantize_mx(x[:4096], name).dequantize()  # compile outside the timing
-        quantize = best_time(lambda: mxsim.quantize_mx(x, name), args.repeats)
+        quantize = best_seconds(lambda: mxsim.quantize_mx(x, name), args.repeats)
         tensor = mxsim.quantize_mx(x, name)
-        both = best_time(lambda: mxsim.quantize_mx(x, name).dequantize(np.float32), args.repeats)
-        dequantize = best_time(lambda: tensor.dequantize(np.float32), args.repeats)
+        both = best_seconds(lambda: mxsim.quantize_mx(x, name).dequantize(np.float32), args.repeats)
+        dequantize = best_seconds(lambda: tensor.dequantize(np.float32), args.repeats)
         rate = args.elements / both / 1e6
         print(
             f"  MX {name:9s} quantize+dequantize: {rate:8.1f} M elements/s "
