@@ -1,12 +1,14 @@
 """Cold start: a fresh install into a temporary venv, then the README's first command and
 ``mxsim dot`` with an empty kernel cache (first run: compiling) and again (cached).
 
-Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install]
+Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install] [--per-kernel]
 
 Prints wall and CPU seconds of each step (CPU time, user + system of the child, depends far
 less on the machine's load than wall time) beside a same-run baseline, the cold compile of a
 trivial Numba function in the same venv, and the load average. Needs network access or a local wheel cache
-for the install.
+for the install. ``--per-kernel`` also runs the README replay once more in one process with an
+empty cache and prints each kernel's compile seconds, exclusive of the kernels it calls
+(from Numba's compile events).
 """
 
 from __future__ import annotations
@@ -27,6 +29,31 @@ README_REPLAY = [
 ]
 DOT = ["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
        "--a", "1,1,1", "--b", "1,1,1"]
+PER_KERNEL = """
+import sys, time, collections
+from numba.core import event
+from mxsim.cli import main
+stack, own, signatures = [], collections.Counter(), collections.Counter()
+class Listener(event.Listener):
+    def on_start(self, ev):
+        stack.append([time.process_time(), 0.0])
+    def on_end(self, ev):
+        started, children = stack.pop()
+        seconds = time.process_time() - started
+        if stack:
+            stack[-1][1] += seconds
+        dispatcher = ev.data.get("dispatcher")
+        name = getattr(getattr(dispatcher, "py_func", None), "__qualname__", str(dispatcher))
+        own[name] += seconds - children
+        signatures[name] += 1
+event.register("numba:compile", Listener())
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+for name, seconds in own.most_common():
+    print(f"PER_KERNEL {name} {signatures[name]} {seconds:.2f}")
+"""
 BASELINE = "import numba\n@numba.njit\ndef f(x):\n    return x + 1\nf(1)\n"
 
 
@@ -49,6 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", help="venv directory (default: a temporary one)")
     parser.add_argument("--skip-install", action="store_true", help="reuse --venv as it is")
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="also print the README replay's compile CPU seconds per kernel")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mxsim-coldstart-"))
     venv = Path(args.venv) if args.venv else work / "venv"
@@ -80,6 +109,14 @@ def main() -> None:
             print(f"{label:42s} {value[0]:8.1f} s {value[1]:8.1f} s  {value[1] / baseline[1]:5.1f}x")
         else:
             print(f"{label:42s} {value}")
+    if args.per_kernel:
+        per_kernel_env = dict(env, NUMBA_CACHE_DIR=str(work / "cache-per-kernel"))
+        _, output = timed([str(python), "-c", PER_KERNEL, *README_REPLAY], per_kernel_env)
+        rows = [line.split()[1:] for line in output.splitlines() if line.startswith("PER_KERNEL ")]
+        print(f"{'kernel (README replay, exclusive compile CPU)':50s} {'signatures':>10s} {'CPU':>8s}")
+        for name, count, seconds in rows:
+            print(f"{name:50s} {count:>10s} {float(seconds):8.1f} s")
+        print(f"{'total':50s} {sum(int(c) for _, c, _ in rows):10d} {sum(float(s) for *_, s in rows):8.1f} s")
     print(f"cores {os.cpu_count()}, load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
 
 

@@ -240,7 +240,7 @@ def _decode_tile(codes, first, lanes, values, exponents):
     return tile_values, tile_exponents
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _unusable(codes, scales, finite, scaled):
     """Whether a row of codes holds a non-finite element or (``scaled``) a NaN block scale."""
     count = 0
@@ -250,6 +250,16 @@ def _unusable(codes, scales, finite, scaled):
         for value in scales:
             count += value == SCALE_NAN
     return count != 0
+
+
+@njit(cache=True)
+def _unusable_rows(codes, scales, finite, scaled):
+    """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time, and a second
+    parallel loop would add seconds of compiling)."""
+    bad = np.empty(codes.shape[0], dtype=np.bool_)
+    for i in range(codes.shape[0]):
+        bad[i] = _unusable(codes[i], scales[i], finite, scaled)
+    return bad
 
 
 @njit(cache=True, inline="always")
@@ -304,6 +314,59 @@ def _row_group(codes, values, tile_values, factors, start, stop, partial):
             partial[lane] += np.int32(v0 * b0[lane] * factors[lane])
 
 
+@njit(cache=True)
+def _column_tile(tile, first_block, blocks_per_chunk, codes_a, codes_b, scales_a, scales_b, c_values,
+                 a_values, a_exponents, b_values, b_exponents, bad_rows, bad_columns, cfg, out, flags):
+    """One work item of :func:`window_matmul`: the outputs of the columns of tile ``tile`` in
+    row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end). A
+    plain kernel called from the parallel loop rather than written as its body: Numba's
+    parallel passes then see a small loop, and the GEMM kernel compiles in about half the time."""
+    n_rows, length = codes_a.shape
+    n_columns = codes_b.shape[0]
+    n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
+    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
+    scaled = cfg[W_SCALED] != 0
+    c_rows = c_values.shape[0]
+    column0 = tile * LANES
+    lanes = min(LANES, n_columns - column0)
+    tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
+    acc = np.empty((ROW_BLOCK, lanes))
+    tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
+    maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
+    for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
+        row0 = row_block * ROW_BLOCK
+        rows = min(ROW_BLOCK, n_rows - row0)
+        for row in range(rows):
+            m = row0 + row
+            for lane in range(lanes):
+                tile_flags[row, lane] = bad_rows[m] | bad_columns[column0 + lane]
+            start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
+        for start in range(0, length, fused_terms):
+            stop = min(start + fused_terms, length)
+            block = start // block_size
+            for row in range(rows):
+                m = row0 + row
+                row_codes = codes_a[m]
+                _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
+                if scaled:
+                    scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
+                    for lane in range(lanes):
+                        scale_b = scales_b[column0 + lane, block]
+                        shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
+                tree_references(maxima, shifts, acc[row], references, factors, cfg)
+                totals[:] = 0
+                for group_start in range(start, stop, group):
+                    _row_group(row_codes, a_values, tile_values, factors, group_start,
+                               min(group_start + group, stop), partial)
+                    for lane in range(lanes):
+                        totals[lane] += partial[lane]
+                finish_tree(totals, references, acc[row], tile_flags[row], cfg)
+        for row in range(rows):
+            encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
+            for lane in range(lanes):  # a loop: a slice assignment compiles Numba's shape-error formatting (seconds)
+                flags[row0 + row, column0 + lane] = tile_flags[row, lane]
+
+
 @njit(cache=True, parallel=True)
 def window_matmul(
     codes_a, codes_b, scales_a, scales_b, c_values,
@@ -318,18 +381,11 @@ def window_matmul(
     ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1). ``threads``:
     how many threads run the work items (it sets how finely rows are split, not the result).
     """
-    n_rows, length = codes_a.shape
+    n_rows = codes_a.shape[0]
     n_columns = codes_b.shape[0]
-    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
-    c_rows = c_values.shape[0]
-    bad_rows = np.empty(n_rows, dtype=np.bool_)
-    bad_columns = np.empty(n_columns, dtype=np.bool_)
-    for i in prange(n_rows + n_columns):
-        if i < n_rows:
-            bad_rows[i] = _unusable(codes_a[i], scales_a[i], a_finite, scaled)
-        else:
-            bad_columns[i - n_rows] = _unusable(codes_b[i - n_rows], scales_b[i - n_rows], b_finite, scaled)
+    bad_rows = _unusable_rows(codes_a, scales_a, a_finite, scaled)
+    bad_columns = _unusable_rows(codes_b, scales_b, b_finite, scaled)
     # Work items are column tiles, each decoding its B tile once; rows are split only as far as
     # it takes to give every thread work.
     n_tiles = (n_columns + LANES - 1) // LANES
@@ -337,44 +393,55 @@ def window_matmul(
     chunks = min(n_blocks, max(1, -(-2 * threads // n_tiles)))
     blocks_per_chunk = -(-n_blocks // chunks)
     for item in prange(n_tiles * chunks):
-        column0 = (item % n_tiles) * LANES
-        lanes = min(LANES, n_columns - column0)
-        first_block = (item // n_tiles) * blocks_per_chunk
-        tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
-        acc = np.empty((ROW_BLOCK, lanes))
-        tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
-        maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
-        for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
-            row0 = row_block * ROW_BLOCK
-            rows = min(ROW_BLOCK, n_rows - row0)
-            for row in range(rows):
-                m = row0 + row
+        work_item = np.int64(item)  # the parallel loop's index is unsigned; int64 keeps one signature below
+        _column_tile(work_item % n_tiles, (work_item // n_tiles) * blocks_per_chunk, blocks_per_chunk, codes_a, codes_b,
+                     scales_a, scales_b, c_values, a_values, a_exponents, b_values, b_exponents,
+                     bad_rows, bad_columns, cfg, out, flags)
+
+
+@njit(cache=True)
+def _row_tile(row0, codes_a, codes_b, scales_a, scales_b, c_values,
+              a_values, a_exponents, a_finite, b_values, b_exponents, b_finite, cfg, out, flags):
+    """One work item of :func:`window_pairs`: rows ``row0`` onwards, ``LANES`` of them (fewer
+    at the end). A plain kernel called from the parallel loop, as :func:`_column_tile`."""
+    n_rows, length = codes_a.shape
+    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
+    scaled = cfg[W_SCALED] != 0
+    lanes = min(LANES, n_rows - row0)
+    values_a, exponents_a = _decode_tile(codes_a, row0, lanes, a_values, a_exponents)
+    values_b, exponents_b = _decode_tile(codes_b, row0, lanes, b_values, b_exponents)
+    lane_flags = np.empty(lanes, dtype=np.uint8)
+    for lane in range(lanes):
+        i = row0 + lane
+        lane_flags[lane] = (_unusable(codes_a[i], scales_a[i], a_finite, scaled)
+                            | _unusable(codes_b[i], scales_b[i], b_finite, scaled))
+    acc = np.empty(lanes)
+    start_accumulators(c_values, row0, acc, lane_flags, cfg)
+    maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
+    for start in range(0, length, fused_terms):
+        stop = min(start + fused_terms, length)
+        block = start // block_size
+        maxima[:] = -128
+        for k in range(start, stop):
+            for lane in range(lanes):
+                maxima[lane] = max(maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane]))
+        if scaled:
+            for lane in range(lanes):
+                scale_a, scale_b = scales_a[row0 + lane, block], scales_b[row0 + lane, block]
+                shifts[lane] = (0 if scale_a == SCALE_NAN else scale_a) + (0 if scale_b == SCALE_NAN else scale_b)
+        tree_references(maxima, shifts, acc, references, factors, cfg)
+        totals[:] = 0
+        for group_start in range(start, stop, group):
+            partial[:] = 0
+            for k in range(group_start, min(group_start + group, stop)):
                 for lane in range(lanes):
-                    tile_flags[row, lane] = bad_rows[m] | bad_columns[column0 + lane]
-                start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
-            for start in range(0, length, fused_terms):
-                stop = min(start + fused_terms, length)
-                block = start // block_size
-                for row in range(rows):
-                    m = row0 + row
-                    row_codes = codes_a[m]
-                    _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
-                    if scaled:
-                        scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
-                        for lane in range(lanes):
-                            scale_b = scales_b[column0 + lane, block]
-                            shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
-                    tree_references(maxima, shifts, acc[row], references, factors, cfg)
-                    totals[:] = 0
-                    for group_start in range(start, stop, group):
-                        _row_group(row_codes, a_values, tile_values, factors, group_start,
-                                   min(group_start + group, stop), partial)
-                        for lane in range(lanes):
-                            totals[lane] += partial[lane]
-                    finish_tree(totals, references, acc[row], tile_flags[row], cfg)
-            for row in range(rows):
-                encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
-                flags[row0 + row, column0:column0 + lanes] = tile_flags[row]
+                    partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
+            for lane in range(lanes):
+                totals[lane] += partial[lane]
+        finish_tree(totals, references, acc, lane_flags, cfg)
+    encode_outputs(acc, lane_flags, out[row0:row0 + lanes], cfg)
+    for lane in range(lanes):
+        flags[row0 + lane] = lane_flags[lane]
 
 
 @njit(cache=True, parallel=True)
@@ -385,42 +452,7 @@ def window_pairs(
 ):
     """out[i] = output code of row i of A dotted with row i of B (both (n, K)); flags as
     :func:`window_matmul`. The rows are the lanes."""
-    n_rows, length = codes_a.shape
-    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
-    scaled = cfg[W_SCALED] != 0
+    n_rows = codes_a.shape[0]
     for item in prange((n_rows + LANES - 1) // LANES):
-        row0 = item * LANES
-        lanes = min(LANES, n_rows - row0)
-        values_a, exponents_a = _decode_tile(codes_a, row0, lanes, a_values, a_exponents)
-        values_b, exponents_b = _decode_tile(codes_b, row0, lanes, b_values, b_exponents)
-        lane_flags = np.empty(lanes, dtype=np.uint8)
-        for lane in range(lanes):
-            i = row0 + lane
-            lane_flags[lane] = (_unusable(codes_a[i], scales_a[i], a_finite, scaled)
-                                | _unusable(codes_b[i], scales_b[i], b_finite, scaled))
-        acc = np.empty(lanes)
-        start_accumulators(c_values, row0, acc, lane_flags, cfg)
-        maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
-        for start in range(0, length, fused_terms):
-            stop = min(start + fused_terms, length)
-            block = start // block_size
-            maxima[:] = -128
-            for k in range(start, stop):
-                for lane in range(lanes):
-                    maxima[lane] = max(maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane]))
-            if scaled:
-                for lane in range(lanes):
-                    scale_a, scale_b = scales_a[row0 + lane, block], scales_b[row0 + lane, block]
-                    shifts[lane] = (0 if scale_a == SCALE_NAN else scale_a) + (0 if scale_b == SCALE_NAN else scale_b)
-            tree_references(maxima, shifts, acc, references, factors, cfg)
-            totals[:] = 0
-            for group_start in range(start, stop, group):
-                partial[:] = 0
-                for k in range(group_start, min(group_start + group, stop)):
-                    for lane in range(lanes):
-                        partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
-                for lane in range(lanes):
-                    totals[lane] += partial[lane]
-            finish_tree(totals, references, acc, lane_flags, cfg)
-        encode_outputs(acc, lane_flags, out[row0:row0 + lanes], cfg)
-        flags[row0:row0 + lanes] = lane_flags
+        _row_tile(np.int64(item) * LANES, codes_a, codes_b, scales_a, scales_b, c_values,
+                  a_values, a_exponents, a_finite, b_values, b_exponents, b_finite, cfg, out, flags)
