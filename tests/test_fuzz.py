@@ -227,11 +227,13 @@ def warm_kernels() -> None:
     for path in HWCONFIGS:
         hw = mxsim.load_hwconfig(path)
         for a_format in hw.a_formats:
+            b_format = a_format if a_format in hw.b_formats else hw.b_formats[0]
+            # codes of 1.0: valid in every format (tf32 codes keep their low 13 bits zero)
+            a_codes, b_codes = (mxsim.get_format(name).encode(np.ones((1, 33))) for name in (a_format, b_format))
             for out_format, method in itertools.product(("fp32", "fp16", "bf16"), ("auto", "kernel")):
-                codes = np.ones((1, 33), dtype=np.int64)
                 with contextlib.suppress(MxsimError):
-                    mxsim.dot(hw, codes, codes, a_format=a_format, b_format=a_format if a_format in hw.b_formats
-                              else hw.b_formats[0], out_format=out_format, method=method)
+                    mxsim.dot(hw, a_codes, b_codes, a_format=a_format, b_format=b_format, out_format=out_format,
+                              method=method)
         b_format = hw.b_formats[0]
         unscaled = hw.sections[("inputs", "scales")] == "none"  # per-tensor operands reach the window route
         for method in ("auto", "kernel"):

@@ -73,13 +73,42 @@ def test_same_arguments_give_byte_identical_files(tmp_path):
 
 def test_progress_callback_and_plain_counter(tmp_path, monkeypatch, capsys):
     calls = []
-    run(tmp_path / "a", kinds=["random", "corners"], progress=lambda done, total: calls.append((done, total)))
+    manifest = run(tmp_path / "a", kinds=["random", "corners"], progress=lambda done, total: calls.append((done, total)))
     assert calls[-1][0] == calls[-1][1] and all(d <= t for d, t in calls)
+    # The total starts at what is known beforehand (the 50 random vectors) and grows by the
+    # corner list when it is made.
+    assert calls[0][1] == 50 and calls[-1][1] == 50 + manifest["counts"]["corners"]
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import fails: plain counter on stderr
     run(tmp_path / "b", kinds=["random"], progress=True)
     assert "mxsim golden: 50/50 vectors" in capsys.readouterr().err
     run(tmp_path / "c", kinds=["random"], progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_too_large_exhaustive_spaces_are_refused_before_writing(tmp_path):
+    units = [FP4, GoldenUnit("ocp-exact", FP4.config_hash, "fp8_e4m3", "bf16")]
+    with pytest.raises(MxsimError, match="exhaustive needs at most 65536 code pairs; fp8_e4m3xbf16 has 16777216"):
+        generate(units, tmp_path / "out", kinds=["random", "exhaustive"], expected_factory=ocp_exact_expected_fn)
+    assert not (tmp_path / "out").exists()
+
+
+def test_memory_holds_one_format_pair_at_a_time(tmp_path):
+    """Each pair's vectors are written and dropped before the next pair's are made, so the
+    peak does not grow with the number of pairs."""
+    import tracemalloc
+
+    formats = ["fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3", "fp8_e5m2", "int8"]
+    units = [GoldenUnit("pairs", FP4.config_hash, a_format, b_format) for a_format in ("fp8_e4m3", "fp8_e5m2")
+             for b_format in formats]
+    peaks = []
+    for chosen in (units, units[:1], units):  # the first run is a warm-up (imports, kernels)
+        tracemalloc.start()
+        generate(chosen, tmp_path / str(len(peaks)), cases=3000, kinds="random",
+                 expected_factory=lambda unit: lambda a, b, scale_a, scale_b, c: np.zeros(len(c), np.uint32))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    del peaks[0]
+    assert peaks[1] < 1.3 * peaks[0], peaks
 
 
 @pytest.mark.parametrize(

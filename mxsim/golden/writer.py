@@ -35,7 +35,7 @@ from ..errors import ArgumentError, MxsimError
 from ..fileio import write_atomic
 from ..limits import check_budget, check_int, check_path
 from ..formats import get_format
-from .cases import GENERATORS, KINDS
+from .cases import GENERATORS, KINDS, exhaustive_count
 from .layout import GoldenUnit, layout_for, units_from_hwconfig
 from .stages import datapath_stage_fn, exact_stages, json_safe
 from .vectors import FILE_FORMAT_VERSION, VectorSet, format_lines, header_lines
@@ -98,6 +98,13 @@ class Progress:
             if tqdm is not None:
                 self.bar = tqdm(total=total, desc=description, unit="vec", file=sys.stderr)
         self.description = description
+
+    def grow(self, n: int) -> None:
+        """Add ``n`` vectors to the total (work whose size shows only as it is made)."""
+        self.total += n
+        if n and self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
 
     def update(self, n: int) -> None:
         self.done += n
@@ -164,6 +171,14 @@ def fill_expected(vectors: VectorSet, expected_fn: ExpectedFn, progress: Progres
             progress.update(stop - start)
     vectors.d = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
     return vectors
+
+
+def _known_count(unit: GoldenUnit, kind: str, cases: int) -> int:
+    """Vectors of one unit and kind known before making them (0 for corners: a list whose
+    length shows only once it is built)."""
+    if kind == "random":
+        return cases
+    return exhaustive_count(unit) if kind == "exhaustive" else 0
 
 
 def _resolve_units(hw, pairs, dot_length) -> tuple[object, list[GoldenUnit]]:
@@ -245,10 +260,12 @@ def generate(
     if len({(u.config_name, u.config_hash) for u in units}) != 1:
         raise MxsimError("golden: all units must come from one config")
     out = check_path(out_dir, "golden: out_dir")
+    # Vectors are made, written and dropped one (unit, kind) at a time, so memory holds one
+    # set. The progress total starts at the counts known beforehand (random and exhaustive,
+    # whose sizes are also checked here, before anything is written) and grows by each
+    # corner list as it is made.
+    total = sum(_known_count(unit, kind, cases) for unit in units for kind in chosen_kinds)
     out.mkdir(parents=True, exist_ok=True)
-
-    planned = [(unit, kind, make_cases(unit, kind, cases, seed)) for unit in units for kind in chosen_kinds]
-    total = sum(len(vectors) for _, _, vectors in planned)
     if progress is None:
         progress = total >= 20000 and sys.stderr.isatty()
     bar = Progress(total, progress)
@@ -262,9 +279,9 @@ def generate(
             stages = stage_fn or (datapath_stage_fn(hw, unit) if stage_dumps else None)
             layout = layout_for(unit)
             files = {}
-            for planned_unit, kind, vectors in planned:
-                if planned_unit is not unit:
-                    continue
+            for kind in chosen_kinds:
+                vectors = make_cases(unit, kind, cases, seed)
+                bar.grow(len(vectors) - _known_count(unit, kind, cases))
                 fill_expected(vectors, fn, bar)
                 stem = unit.file_stem(kind)
                 lines = header_lines(layout, unit, mxsim_version=__version__, seed=seed, kind=kind, count=len(vectors))
