@@ -298,9 +298,15 @@ def cmd_capture_onnx(args) -> int:
 def cmd_golden(args) -> int:
     from .golden import generate
 
+    pairs = None
+    if args.pair:
+        pairs = [tuple(item.strip() for item in text.split(",")) for text in args.pair]
+        bad = [text for text, pair in zip(args.pair, pairs) if len(pair) != 2 or not all(pair)]
+        if bad:
+            raise ArgumentError(f"golden --pair: expected A,B (two format names), got {bad[0]!r}")
     manifest = generate(args.hw, args.out, cases=args.cases, seed=args.seed,
                         kinds=args.kind or ["random", "corners"], stage_dumps=args.stages,
-                        progress=None if not args.quiet else False)
+                        progress=None if not args.quiet else False, pairs=pairs)
     if args.json:
         print(json.dumps(manifest, indent=2, default=_json_default))
         return 0
@@ -399,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     golden.add_argument("--seed", type=int, default=0)
     golden.add_argument("--kind", action="append", choices=["random", "corners", "exhaustive"],
                         help="case kind (repeatable; default: random and corners)")
+    golden.add_argument("--pair", action="append", metavar="A,B",
+                        help="an (A format, B format) pair to generate (repeatable; default: every pair of --hw)")
     golden.add_argument("--stages", action="store_true", help="also write per-vector stage dumps")
     golden.add_argument("--quiet", action="store_true", help="no progress bar")
     golden.add_argument("--json", action="store_true", help="print the manifest as JSON")

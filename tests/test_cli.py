@@ -153,6 +153,12 @@ def _hostile_files(tmp_path):
     (["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
       "--a-codes", "99999999999999999999", "--b-codes", "1"], "--a-codes: expected comma-separated non-negative"),
     (["golden", "--cases", "x"], "argument --cases: invalid int value: 'x'"),
+    (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g"],
+     "golden vectors hold element codes of at most 16 bits; fp16 x tf32, bf16 x tf32,"),
+    (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g", "--pair", "fp16"],
+     "golden --pair: expected A,B (two format names), got 'fp16'"),
+    (["golden", "--hw", "hwconfigs/h100-fp8.yaml", "--out", "{tmp}/g", "--pair", "fp8_e4m3,fp4_e2m1"],
+     "format pair fp8_e4m3 x fp4_e2m1 is not accepted by this unit; accepted: fp8_e4m3xfp8_e4m3,"),
     (["bogus"], "invalid choice: 'bogus'"),
 ])
 def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch, argv, message):
@@ -167,6 +173,16 @@ def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1, err
     assert message.format(tmp=tmp_path) in lines[0] and "Traceback" not in err
+
+
+def test_golden_pairs_of_a_config_with_tf32(capsys, tmp_path):
+    """A config whose tf32 pairs golden vectors cannot hold still gives its other pairs."""
+    status, out, err = run(capsys, "golden", "--hw", str(REPO / "hwconfigs/h100.yaml"), "--out", str(tmp_path),
+                           "--cases", "4", "--kind", "random", "--pair", "fp16,bf16", "--pair", "fp8_e4m3, fp8_e5m2")
+    assert status == 0, err
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert [(u["a_format"], u["b_format"]) for u in manifest["units"]] == [("fp16", "bf16"), ("fp8_e4m3", "fp8_e5m2")]
+    assert "h100.fp16xbf16.random.hex: 4 vectors" in out
 
 
 def test_replay_plots_stay_inside_the_output_directory(capsys, tmp_path):

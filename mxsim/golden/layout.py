@@ -22,6 +22,7 @@ from ..errors import ConfigError, MxsimError
 from ..formats import get_format
 
 SCALE_BITS = 8
+MAX_CODE_BITS = 16  # element codes are stored as uint16
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,10 @@ class GoldenUnit:
     def __post_init__(self):
         for operand in ("a_format", "b_format"):
             fmt = get_format(getattr(self, operand))
-            if fmt.bits > 16:
-                raise MxsimError(f"golden: {operand} {fmt.name} is wider than 16 bits; element codes must fit uint16")
+            if fmt.bits > MAX_CODE_BITS:
+                raise MxsimError(
+                    f"golden: {operand} {fmt.name} is wider than {MAX_CODE_BITS} bits; element codes must fit uint16"
+                )
             object.__setattr__(self, operand, fmt.name)
         if self.out_format not in ("fp32", "fp16", "bf16"):
             raise MxsimError(f"golden: out_format must be fp32, fp16 or bf16, got {self.out_format!r}")
@@ -92,6 +95,14 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
     accepted = [(a, b) for a in hw.a_formats for b in hw.b_formats]
     if pairs is None:
         chosen = accepted
+        too_wide = [(a, b) for a, b in accepted if max(get_format(a).bits, get_format(b).bits) > MAX_CODE_BITS]
+        if too_wide:
+            usable = [f"{a},{b}" for a, b in accepted if (a, b) not in too_wide]
+            raise ConfigError(
+                source, "inputs", f"golden vectors hold element codes of at most {MAX_CODE_BITS} bits; "
+                f"{', '.join(f'{a} x {b}' for a, b in too_wide)} do not fit: choose pairs (--pair A,B or pairs=)"
+                + (f" among {' '.join(usable)}" if usable else ""),
+            )
     else:
         chosen = [(get_format(a).name, get_format(b).name) for a, b in pairs]
         for pair in chosen:
