@@ -25,10 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mxsim.datapath.array import ArrayConfig
-
-
-def _ceil_div(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
+from mxsim.cycles.layers import ceil_div
 
 
 @dataclass(frozen=True)
@@ -74,8 +71,8 @@ def fold_schedule(array: ArrayConfig, M: int, N: int, reduction_steps: int) -> F
     rows, columns = array.rows, array.columns
     spatial_rows, spatial_columns, temporal = spatiotemporal_extents(
         array.dataflow, M, N, reduction_steps)
-    row_folds = _ceil_div(spatial_rows, rows)
-    column_folds = _ceil_div(spatial_columns, columns)
+    row_folds = ceil_div(spatial_rows, rows)
+    column_folds = ceil_div(spatial_columns, columns)
     if array.dataflow == "os":
         # operands skew in over rows - 1 and columns - 1 cycles while T products accumulate
         fold_lines = temporal + rows + columns - 2

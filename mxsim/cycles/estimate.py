@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from operator import attrgetter
 
 from mxsim.datapath.array import ArrayConfig
 from mxsim.cycles.compute import FoldSchedule, fold_schedule
-from mxsim.cycles.layers import Layer
+from mxsim.cycles.layers import Layer, ceil_div
 from mxsim.cycles.storage import OperandStorage
 from mxsim.cycles.traffic import Traffic, offchip_traffic
 from mxsim.errors import MxsimError
-
-
-def _ceil_div(numerator: int, denominator: int | float) -> int:
-    if isinstance(denominator, int):
-        return -(-numerator // denominator)  # exact for whole bytes per cycle
-    return math.ceil(numerator / denominator)
 
 
 def _bytes_dict(traffic: Traffic) -> dict:
@@ -169,7 +162,7 @@ def estimate_layer(
     steps = layer.reduction_steps(array.lanes_per_unit)
     schedule = fold_schedule(array, layer.M, layer.N, steps)
     traffic = offchip_traffic(array, layer, schedule, a_storage, b_storage, out_storage)
-    memory_cycles = _ceil_div(traffic.total_bytes, array.offchip_bytes_per_cycle)
+    memory_cycles = ceil_div(traffic.total_bytes, array.offchip_bytes_per_cycle)
     total_cycles = max(schedule.compute_cycles, memory_cycles)
     macs = layer.M * layer.N * layer.K
     lanes = array.units * array.lanes_per_unit

@@ -8,14 +8,19 @@ operand_matrix.py in SCALE-Sim 3.0.0).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
 from mxsim.errors import MxsimError
 
 
-def _ceil_div(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
+def ceil_div(numerator: int, denominator: int | float) -> int:
+    """The smallest integer >= numerator / denominator: exact integer arithmetic when the
+    denominator is an integer, ``math.ceil`` of the float quotient otherwise."""
+    if isinstance(denominator, int):
+        return -(-numerator // denominator)
+    return math.ceil(numerator / denominator)
 
 
 def _check_dimensions(layer_name: str, **dimensions: int) -> None:
@@ -53,7 +58,7 @@ class GemmLayer:
 
     def reduction_steps(self, lanes_per_unit: int) -> int:
         """Cycles a unit needs to consume one output's reduction, ``lanes_per_unit`` at a time."""
-        return _ceil_div(self.K, lanes_per_unit)
+        return ceil_div(self.K, lanes_per_unit)
 
     @property
     def ifmap_layout(self) -> OperandLayout:
@@ -103,12 +108,12 @@ class ConvLayer:
     @property
     def ofmap_height(self) -> int:
         stride = self.stride_height
-        return _ceil_div(self.ifmap_height - self.filter_height + stride, stride)
+        return ceil_div(self.ifmap_height - self.filter_height + stride, stride)
 
     @property
     def ofmap_width(self) -> int:
         stride = self.stride_width
-        return _ceil_div(self.ifmap_width - self.filter_width + stride, stride)
+        return ceil_div(self.ifmap_width - self.filter_width + stride, stride)
 
     def gemm(self) -> GemmLayer:
         """SCALE-Sim's lowering: M = output pixels, N = filters, K = filter window size."""
@@ -130,7 +135,7 @@ class ConvLayer:
 
     def reduction_steps(self, lanes_per_unit: int) -> int:
         """Filter taps x ``ceil(channels / lanes)``: lanes never mix taps (K when lanes is 1)."""
-        return self.filter_height * self.filter_width * _ceil_div(self.channels, lanes_per_unit)
+        return self.filter_height * self.filter_width * ceil_div(self.channels, lanes_per_unit)
 
     @property
     def ifmap_layout(self) -> OperandLayout:

@@ -18,11 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mxsim.errors import UnknownNameError
+from mxsim.cycles.layers import ceil_div
 from mxsim.formats import FORMATS, get_format
-
-
-def _ceil_div(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
 
 
 @dataclass(frozen=True)
@@ -78,13 +75,13 @@ class OperandStorage:
 
     def row_bytes(self, length: int) -> StorageBytes:
         """Bytes of one row of ``length`` elements along the blocked axis (see module doc)."""
-        element_bytes = _ceil_div(length * self.element_bits, 8)
+        element_bytes = ceil_div(length * self.element_bits, 8)
         if self.block_size is None:
             return StorageBytes(element_bytes, 0)
-        metadata_bits = _ceil_div(length, self.block_size) * self.scale_bits
+        metadata_bits = ceil_div(length, self.block_size) * self.scale_bits
         if self.subblock_size is not None:
-            metadata_bits += _ceil_div(length, self.subblock_size) * self.microexponent_bits
-        return StorageBytes(element_bytes, _ceil_div(metadata_bits, 8))
+            metadata_bits += ceil_div(length, self.subblock_size) * self.microexponent_bits
+        return StorageBytes(element_bytes, ceil_div(metadata_bits, 8))
 
     def operand_bytes(self, rows: int, length: int) -> StorageBytes:
         """Bytes of a ``rows`` x ``length`` operand blocked along its ``length`` axis."""
