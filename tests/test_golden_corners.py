@@ -87,6 +87,19 @@ def test_cancellation_corners(fp4_corners):
         assert abs(exact(fp4_corners, i).value) == Fraction(2) ** e  # all leading bits cancelled
 
 
+def test_cancellation_when_max_times_max_blocks_exceed_fp32():
+    """bf16 x fp4: 32 lanes of max x max sum past FP32's range, so the exact-cancellation
+    corners take the largest product whose block is an FP32 value."""
+    unit = GoldenUnit("t", "0", "bf16", "fp4_e2m1")
+    vectors = corner_cases(unit, None, np.random.default_rng(0))
+    rows = labelled(vectors, r"cancel_block_vs_c_exact(_neg)?")
+    assert len(rows) == 2
+    for i in rows:
+        value = exact(vectors, i, unit)
+        assert value.kind == "finite" and value.value == 0
+        assert abs(decode_fp32(int(vectors.c[i])).value) > FP32_MAX / 8  # still near the top of the range
+
+
 def test_overflow_corners(fp4_corners):
     (i,) = labelled(fp4_corners, r"overflow_max_plus_half_ulp_tie_pos")
     assert exact(fp4_corners, i).value == FP32_MAX + Fraction(2) ** 103

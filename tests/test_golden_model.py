@@ -31,6 +31,8 @@ ELEMENT_FIELDS = {
     "fp6_e3m2": (3, 2, 3, "none"),
     "fp8_e4m3": (4, 3, 7, "nan_at_max"),
     "fp8_e5m2": (5, 2, 15, "ieee"),
+    "fp16": (5, 10, 15, "ieee"),
+    "bf16": (8, 7, 127, "ieee"),
 }
 
 

@@ -13,6 +13,8 @@ with scale 2^0.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import math
 from fractions import Fraction
 
@@ -84,6 +86,13 @@ class CodeBook:
         return self.code(-self.value(code))
 
 
+@functools.lru_cache(maxsize=8)
+def code_book(name: str) -> CodeBook:
+    """The :class:`CodeBook` of a format, built once per process (fp16's takes seconds: every
+    code's exact value), shared by the format pairs and runs that use it; read only."""
+    return CodeBook(name)
+
+
 class ProductTable:
     """Positive element products a·b as integers in units of the smallest product 2^quantum_exponent.
 
@@ -97,15 +106,20 @@ class ProductTable:
         a_items = [(int(v / qa), c) for v, c in a.positive]
         b_items = [(int(v / qb), c) for v, c in b.positive]
         if len(a_items) * len(b_items) > (1 << 16):  # wide formats: all of one side times powers of two
-            a_items2 = [(u, c) for u, c in a_items if u & (u - 1) == 0]
-            b_items2 = [(u, c) for u, c in b_items if u & (u - 1) == 0]
-            candidates = [(ua * ub, ca, cb) for ua, ca in a_items for ub, cb in b_items2]
-            candidates += [(ua * ub, ca, cb) for ua, ca in a_items2 for ub, cb in b_items]
+            a_powers = [(u, c) for u, c in a_items if u & (u - 1) == 0]
+            b_powers = [(u, c) for u, c in b_items if u & (u - 1) == 0]
+            groups = ((a_items, b_powers), (a_powers, b_items))
         else:
-            candidates = [(ua * ub, ca, cb) for ua, ca in a_items for ub, cb in b_items]
+            groups = ((a_items, b_items),)
+        # For each product, the smallest (A code, B code) pair giving it. Kept in a dict as the
+        # candidates stream by: fp16 x fp16 has millions of them, too many to list and sort.
         best: dict[int, tuple[int, int]] = {}
-        for units, ca, cb in sorted(candidates):
-            best.setdefault(units, (ca, cb))
+        for left, right in groups:
+            for ua, ca in left:
+                for ub, cb in right:
+                    units, pair = ua * ub, (ca, cb)
+                    if pair < best.get(units, (math.inf,)):
+                        best[units] = pair
         self.units = sorted(best)
         self.pair = best
 
@@ -188,8 +202,8 @@ class CornerBuilder:
     def __init__(self, unit: GoldenUnit, rng: np.random.Generator):
         self.unit = unit
         self.rng = rng
-        self.A = CodeBook(unit.a_format)
-        self.B = CodeBook(unit.b_format)
+        self.A = code_book(unit.a_format)
+        self.B = code_book(unit.b_format)
         self.products = ProductTable(self.A, self.B)
         self.k = unit.block_size
         self.K = unit.dot_length
@@ -388,12 +402,23 @@ class CornerBuilder:
         if self.K > k:  # −0 products in block 0, +0 × +0 in the other blocks
             self.add_pairs("neg_zero_block0_only_neg_zero_c", [zero_neg] * k, E8M0_ONE, E8M0_ONE, F32_SIGN)
 
+    def _largest_exact_block(self) -> tuple[tuple[int, int], Fraction]:
+        """(A code, B code) of the largest product whose k-lane block sum at scale 2^0 is an
+        FP32 value, and that sum: max x max, unless (fp16 x bf16) it is beyond FP32."""
+        q = Fraction(2) ** self.products.quantum_exponent
+        for units in reversed(self.products.units):
+            block = units * self.k * q
+            with contextlib.suppress(MxsimError):
+                f32_bits(block)
+                if units == self.products.units[-1]:
+                    return (self.A.max, self.B.max), block
+                return self.products.pair[units], block
+        raise MxsimError("golden: no product of these formats sums to an FP32 block")  # not for any format pair here
+
     def cancellation(self) -> None:
         A, B = self.A, self.B
-        top = (A.max, B.max)
-        neg = (A.negate(A.max), B.max)
-        q = Fraction(2) ** self.products.quantum_exponent
-        block = self.products.units[-1] * self.k * q  # all lanes max × max at scale 2^0
+        top, block = self._largest_exact_block()  # all lanes top at scale 2^0 sum to block
+        neg = (A.negate(top[0]), top[1])
         half = self.k // 2
         self.add_pairs("cancel_block_vs_c_exact", [top] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(-block))
         self.add_pairs("cancel_block_vs_c_exact_neg", [neg] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(block))
