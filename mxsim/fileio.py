@@ -264,18 +264,21 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def write_atomic(path, data: str | bytes, *, encoding: str = "utf-8") -> None:
+def write_atomic(path, data: str | bytes | Iterable[str], *, encoding: str = "utf-8") -> None:
     """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``.
 
-    The temporary file is fsynced before the rename and the directory after it, so a reader
-    (or a crash, or SIGKILL) sees the old complete file or the new complete one, never a part.
+    ``data`` may also be an iterable of text pieces, written as they come (so a large file
+    need not be held in memory). The temporary file is fsynced before the rename and the
+    directory after it, so a reader (or a crash, or SIGKILL) sees the old complete file or the
+    new complete one, never a part; an exception while the pieces are made leaves the old file.
     """
     path = check_path(path, "output file")
-    payload = data.encode(encoding) if isinstance(data, str) else data
+    pieces = [data] if isinstance(data, (str, bytes)) else data
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(payload)
+            for piece in pieces:
+                handle.write(piece.encode(encoding) if isinstance(piece, str) else piece)
             handle.flush()
             os.fsync(handle.fileno())
         umask = os.umask(0)

@@ -92,6 +92,31 @@ def test_too_large_exhaustive_spaces_are_refused_before_writing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_stage_dumps_stream_in_chunks_and_have_a_size_limit(tmp_path, monkeypatch):
+    import mxsim.golden.writer as writer
+
+    calls = []
+
+    def stage_fn(vectors):
+        calls.append(len(vectors))
+        return [{"label": label} for label in vectors.labels]
+
+    monkeypatch.setattr(writer, "CHUNK", 16)
+    manifest = run(tmp_path / "a", cases=40, kinds="random", stage_dumps=True, stage_fn=stage_fn)
+    assert calls == [16, 16, 8]  # consecutive slices
+    records = [json.loads(line) for line in (tmp_path / "a" / manifest["units"][0]["files"]["random"]["stages"])
+               .read_text().splitlines()]
+    labels = (tmp_path / "a" / manifest["units"][0]["files"]["random"]["labels"]).read_text().splitlines()
+    assert [r["index"] for r in records] == list(range(40))  # positions in the whole file
+    assert [f"{r['index']} {r['label']}" for r in records] == labels
+    with pytest.raises(MxsimError, match="one dict per vector; got 15 records for 16 vectors"):
+        run(tmp_path / "b", cases=40, kinds="random", stage_dumps=True, stage_fn=lambda v: stage_fn(v)[1:])
+    monkeypatch.setattr(writer, "MAX_STAGE_VECTORS", 39)
+    with pytest.raises(MxsimError, match="stage dumps are limited to 39 vectors per file.*random has 40"):
+        run(tmp_path / "c", cases=40, kinds="random", stage_dumps=True, stage_fn=stage_fn)
+    assert not (tmp_path / "c").exists()
+
+
 def test_memory_holds_one_format_pair_at_a_time(tmp_path):
     """Each pair's vectors are written and dropped before the next pair's are made, so the
     peak does not grow with the number of pairs."""

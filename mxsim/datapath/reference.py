@@ -12,6 +12,7 @@ is an exact Fraction; every rounding goes through
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -90,8 +91,15 @@ class _Specials:
 
 def _decode(fmt: FormatInfo, code: int, params: DatapathParams):
     """Step 1: (exact value, alignment exponent or None for zero and specials)."""
+    return _decode_code(fmt, int(code), params.input_subnormals)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decode_code(fmt: FormatInfo, code: int, input_subnormals: bool):
+    # Memoised: a pure function of its arguments, and decoding every element with Fractions
+    # was most of the twin's time (stage dumps of golden vectors call it per vector).
     value = decode_reference(fmt, code)
-    if isinstance(value, Fraction) and not params.input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
+    if isinstance(value, Fraction) and not input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
         value = -0.0 if value < 0 else Fraction(0)
     exponent = None
     if isinstance(value, Fraction) and value != 0:

@@ -105,21 +105,17 @@ class ProductTable:
         self.quantum_exponent = _exact_log2(qa) + _exact_log2(qb)
         a_items = [(int(v / qa), c) for v, c in a.positive]
         b_items = [(int(v / qb), c) for v, c in b.positive]
-        if len(a_items) * len(b_items) > (1 << 16):  # wide formats: all of one side times powers of two
-            a_powers = [(u, c) for u, c in a_items if u & (u - 1) == 0]
-            b_powers = [(u, c) for u, c in b_items if u & (u - 1) == 0]
-            groups = ((a_items, b_powers), (a_powers, b_items))
-        else:
-            groups = ((a_items, b_items),)
-        # For each product, the smallest (A code, B code) pair giving it. Kept in a dict as the
-        # candidates stream by: fp16 x fp16 has millions of them, too many to list and sort.
+        wide = len(a_items) * len(b_items) > (1 << 16)  # wide formats: all of one side times powers of two
+        b_powers = [(u, c) for u, c in b_items if u & (u - 1) == 0] if wide else b_items
+        # For each product, the smallest (A code, B code) pair giving it: codes go from the
+        # largest down and a smaller one overwrites (fp16 x bf16 has millions of candidates,
+        # too many to list and sort).
+        descending = sorted(b_items, key=lambda item: item[1], reverse=True)
+        descending_powers = sorted(b_powers, key=lambda item: item[1], reverse=True)
         best: dict[int, tuple[int, int]] = {}
-        for left, right in groups:
-            for ua, ca in left:
-                for ub, cb in right:
-                    units, pair = ua * ub, (ca, cb)
-                    if pair < best.get(units, (math.inf,)):
-                        best[units] = pair
+        for ua, ca in sorted(a_items, key=lambda item: item[1], reverse=True):
+            right = descending if not wide or ua & (ua - 1) == 0 else descending_powers
+            best.update({ua * ub: (ca, cb) for ub, cb in right})
         self.units = sorted(best)
         self.pair = best
 

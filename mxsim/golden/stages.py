@@ -131,6 +131,8 @@ def exact_stages(unit: GoldenUnit, vectors: VectorSet) -> list[dict]:
 
 def json_safe(value):
     """``value`` with non-finite floats replaced by "nan", "inf", "-inf" (strict JSON has none)."""
+    if type(value) in (str, int, bool) or value is None:  # most of a stage record: nothing to do
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):

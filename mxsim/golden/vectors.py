@@ -56,6 +56,14 @@ class VectorSet:
     def __len__(self) -> int:
         return int(self.c.shape[0])
 
+    def rows(self, start: int, stop: int) -> "VectorSet":
+        """Vectors ``start`` to ``stop - 1`` (views of the arrays, not copies)."""
+        def part(array):
+            return None if array is None else array[start:stop]
+
+        return VectorSet(self.a[start:stop], self.b[start:stop], part(self.scale_a), part(self.scale_b),
+                         self.c[start:stop], part(self.d), self.labels[start:stop])
+
     def column(self, name: str) -> np.ndarray:
         """The field ``name`` as an (n, items) integer array."""
         value = getattr(self, name)

@@ -25,6 +25,7 @@ import json
 import sys
 import time
 import zlib
+from functools import partial
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from .vectors import FILE_FORMAT_VERSION, VectorSet, format_lines, header_lines
 MANIFEST_NAME = "manifest.json"
 CHUNK = 2048  # vectors per expected_fn call (progress granularity)
 MAX_DOT_LENGTH = 1 << 16
+MAX_STAGE_VECTORS = 10_000  # per stage file: fp4 x fp4 exhaustive (8448) fits, fp8 x fp8 (65536) does not
 
 ExpectedFn = Callable[..., np.ndarray]
 
@@ -173,6 +175,32 @@ def fill_expected(vectors: VectorSet, expected_fn: ExpectedFn, progress: Progres
     return vectors
 
 
+def _check_stage_count(unit: GoldenUnit, kind: str, count: int) -> None:
+    if count > MAX_STAGE_VECTORS:
+        raise MxsimError(
+            f"golden: stage dumps are limited to {MAX_STAGE_VECTORS} vectors per file (each replays the vector "
+            f"through the exact twin, about 2 ms, and writes about 4.5 KB); {unit.pair_name} {kind} has {count}. "
+            "Generate without stages, or with fewer cases"
+        )
+
+
+def _stage_lines(vectors: VectorSet, stage_fn) -> Iterable[str]:
+    """The stage file's text, CHUNK vectors at a time (an exhaustive set's records run to
+    hundreds of MB): ``stage_fn`` gets consecutive slices, and each record's ``index`` is set
+    to its vector's position in the whole set."""
+    for start in range(0, len(vectors), CHUNK):
+        stop = min(start + CHUNK, len(vectors))
+        records = list(stage_fn(vectors.rows(start, stop)))
+        if len(records) != stop - start or not all(isinstance(record, dict) for record in records):
+            raise MxsimError(f"golden: the stage function must give one dict per vector; got {len(records)} "
+                             f"records for {stop - start} vectors")
+        lines = []
+        for offset, record in enumerate(records):
+            record = dict(json_safe(record), index=start + offset)
+            lines.append(json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")
+        yield "".join(lines)
+
+
 def _known_count(unit: GoldenUnit, kind: str, cases: int) -> int:
     """Vectors of one unit and kind known before making them (0 for corners: a list whose
     length shows only once it is built)."""
@@ -232,7 +260,9 @@ def generate(
         dot_length: K per vector, 1..MAX_DOT_LENGTH (default k: one block per dot product).
         expected_fn: ``(a, b, scale_a, scale_b, c) -> output bits``, for a single unit.
         expected_factory: ``unit -> expected_fn``, for several units.
-        stage_fn: ``vectors -> records`` overriding the stage source (single unit).
+        stage_fn: ``vectors -> records`` overriding the stage source (single unit); called on
+            consecutive slices of at most 2048 vectors, one dict per vector, whose ``index``
+            the writer sets to the vector's position in the file.
 
     The manifest (also written to ``out_dir/manifest.json``): ``format``, ``format_version``,
     ``mxsim_version``, ``config`` (name, sha256), ``seed``, ``cases``, ``kinds``,
@@ -264,7 +294,13 @@ def generate(
     # set. The progress total starts at the counts known beforehand (random and exhaustive,
     # whose sizes are also checked here, before anything is written) and grows by each
     # corner list as it is made.
-    total = sum(_known_count(unit, kind, cases) for unit in units for kind in chosen_kinds)
+    total = 0
+    for unit in units:
+        for kind in chosen_kinds:
+            count = _known_count(unit, kind, cases)
+            if stage_dumps:
+                _check_stage_count(unit, kind, count)
+            total += count
     out.mkdir(parents=True, exist_ok=True)
     if progress is None:
         progress = total >= 20000 and sys.stderr.isatty()
@@ -297,12 +333,8 @@ def generate(
                     "sha256": hashlib.sha256(text.encode("ascii")).hexdigest(),
                 }
                 if stage_dumps:
-                    records = stages(vectors) if stages is not None else exact_stages(unit, vectors)
-                    body = "".join(
-                        json.dumps(json_safe(r), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
-                        for r in records
-                    )
-                    write_atomic(out / f"{stem}.stages.jsonl", body)
+                    _check_stage_count(unit, kind, len(vectors))
+                    write_atomic(out / f"{stem}.stages.jsonl", _stage_lines(vectors, stages or partial(exact_stages, unit)))
                     entry["stages"] = f"{stem}.stages.jsonl"
                 files[kind] = entry
                 counts[kind] += len(vectors)
