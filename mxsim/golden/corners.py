@@ -409,7 +409,8 @@ class CornerBuilder:
                 if units == self.products.units[-1]:
                     return (self.A.max, self.B.max), block
                 return self.products.pair[units], block
-        raise MxsimError("golden: no product of these formats sums to an FP32 block")  # not for any format pair here
+        # Unreachable for the formats golden accepts: their smallest products' blocks are FP32 values.
+        raise MxsimError(f"golden: no product of {self.A.fmt.name} x {self.B.fmt.name} sums to an FP32 block")
 
     def cancellation(self) -> None:
         A, B = self.A, self.B

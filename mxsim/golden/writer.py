@@ -25,8 +25,8 @@ import json
 import sys
 import time
 import zlib
-from functools import partial
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
