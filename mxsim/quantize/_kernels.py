@@ -162,7 +162,8 @@ def quantize_blocks(
 
 @njit(cache=True, parallel=True)
 def dequantize_blocks(codes, scale_exponents, decode_table, out):
-    """out[b, j] = decode_table[codes[b, j]] * 2^X_b (exact in float64); NaN for NaN scales."""
+    """out[b, j] = decode_table[codes[b, j]] * 2^X_b (exact in float64, then rounded to
+    nearest even once when ``out`` is float32); NaN for NaN scales."""
     n_blocks, block_size = codes.shape
     for b in prange(n_blocks):
         exponent = scale_exponents[b]
