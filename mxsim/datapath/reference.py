@@ -89,15 +89,11 @@ class _Specials:
 
 # --- steps 1-2: decode, multiply ----------------------------------------------------------------
 
-def _decode(fmt: FormatInfo, code: int, params: DatapathParams):
-    """Step 1: (exact value, alignment exponent or None for zero and specials)."""
-    return _decode_code(fmt, int(code), params.input_subnormals)
-
-
 @functools.lru_cache(maxsize=1 << 16)
-def _decode_code(fmt: FormatInfo, code: int, input_subnormals: bool):
-    # Memoised: a pure function of its arguments, and decoding every element with Fractions
-    # was most of the twin's time (stage dumps of golden vectors call it per vector).
+def _decode(fmt: FormatInfo, code: int, input_subnormals: bool):
+    """Step 1: (exact value, alignment exponent or None for zero and specials). Memoised: a
+    pure function of its arguments, and decoding every element with Fractions was most of the
+    twin's time (stage dumps of golden vectors call it per vector)."""
     value = decode_reference(fmt, code)
     if isinstance(value, Fraction) and not input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
         value = -0.0 if value < 0 else Fraction(0)
@@ -311,8 +307,8 @@ def dot_reference(
 
     products = []  # per k: (value Fraction or float special, alignment exponent, scale exponent)
     for k, (code_a, code_b) in enumerate(zip(a_codes, b_codes)):
-        value_a, exponent_a = _decode(a_fmt, code_a, params)
-        value_b, exponent_b = _decode(b_fmt, code_b, params)
+        value_a, exponent_a = _decode(a_fmt, int(code_a), params.input_subnormals)
+        value_b, exponent_b = _decode(b_fmt, int(code_b), params.input_subnormals)
         scale_codes = None
         if params.scales != "none":
             block = k // params.block_size

@@ -119,28 +119,33 @@ def _random_c(unit, a, b, scale_a, scale_b, rng):
 
 
 # Exhaustive ------------------------------------------------------------------------------
-def exhaustive_count(unit: GoldenUnit) -> int:
-    """How many vectors :func:`exhaustive_cases` gives for ``unit``; MxsimError when its code
+def _exhaustive_plan(unit: GoldenUnit) -> tuple[int, bool]:
+    """(code pairs, whether each pair also goes alone in every lane); MxsimError when the
     pairs are too many to enumerate."""
     n_pairs = (1 << get_format(unit.a_format).bits) * (1 << get_format(unit.b_format).bits)
     if n_pairs > EXHAUSTIVE_LIMIT:
         raise MxsimError(
             f"golden: exhaustive needs at most {EXHAUSTIVE_LIMIT} code pairs; {unit.pair_name} has {n_pairs}. Use random."
         )
-    lanes = n_pairs * unit.dot_length if n_pairs * unit.dot_length <= EXHAUSTIVE_LIMIT else 0
-    return lanes + n_pairs
+    return n_pairs, n_pairs * unit.dot_length <= EXHAUSTIVE_LIMIT
+
+
+def exhaustive_count(unit: GoldenUnit) -> int:
+    """How many vectors :func:`exhaustive_cases` gives for ``unit``; MxsimError when its code
+    pairs are too many to enumerate."""
+    n_pairs, per_lane = _exhaustive_plan(unit)
+    return n_pairs * unit.dot_length * per_lane + n_pairs
 
 
 def exhaustive_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generator) -> VectorSet:
     """Every (A, B) code pair in every lane (``count``, ``rng`` ignored); see the module docstring."""
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     K, nb = unit.dot_length, unit.dot_length // unit.block_size
-    n_pairs = (1 << fa.bits) * (1 << fb.bits)
-    exhaustive_count(unit)  # refuses spaces too large to enumerate
+    n_pairs, per_lane = _exhaustive_plan(unit)
     pair_a = np.repeat(np.arange(1 << fa.bits), 1 << fb.bits)
     pair_b = np.tile(np.arange(1 << fb.bits), 1 << fa.bits)
     parts_a, parts_b, labels = [], [], []
-    if n_pairs * K <= EXHAUSTIVE_LIMIT:
+    if per_lane:
         lane_a = np.zeros((K, n_pairs, K), dtype=fa.code_dtype)
         lane_b = np.zeros((K, n_pairs, K), dtype=fb.code_dtype)
         for lane in range(K):
