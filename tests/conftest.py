@@ -322,8 +322,8 @@ def ort(onnx):
 
 @pytest.fixture(scope="module")
 def capture(onnx):
-    """:func:`mxsim.trace.onnx_import.capture_onnx` (the test is skipped without onnx)."""
-    from mxsim.trace.onnx_import import capture_onnx
+    """:func:`mxsim.capture.onnx.capture_onnx` (the test is skipped without onnx)."""
+    from mxsim.capture.onnx import capture_onnx
 
     return capture_onnx
 
