@@ -43,7 +43,7 @@ def test_gpu_fp8_units_take_the_route_for_fp32_outputs(name, formats):
     assert window_applies(unit(name).params(*formats))
 
 
-@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp", "bfp-exact", "h100-fp8-promoted"])
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp-paper", "bfp-exact", "h100-fp8-promoted"])
 def test_other_units_do_not(name):
     config = unit(name)
     assert not window_applies(config.params(config.a_formats[0], config.b_formats[0]))
