@@ -274,24 +274,22 @@ def tree_count(n_elements, cfg):
     """Number of trees: K (padded to whole term-order periods) cut into runs of fused_terms,
     or with ``trees_in_blocks`` each block cut so (the last tree of a block may be short)."""
     fused_terms = cfg.fused_terms
-    if cfg.trees_in_blocks:
+    if cfg.trees_in_blocks:  # no tree past K: a unit issues no operation there
         per_block = (cfg.block_size + fused_terms - 1) // fused_terms
-        n_blocks = (n_elements + cfg.block_size - 1) // cfg.block_size
-        return n_blocks * per_block
+        full_blocks, rest = divmod(n_elements, cfg.block_size)
+        return full_blocks * per_block + (rest + fused_terms - 1) // fused_terms
     return (padded_length(n_elements, cfg) + fused_terms - 1) // fused_terms
 
 
 @njit(cache=True, inline="always")
 def tree_bounds(tree, n_elements, cfg):
-    """(start, stop) tree positions of tree number ``tree`` (see :func:`tree_count`); an empty
-    range for a tree past the end of a short last block."""
+    """(start, stop) tree positions of tree number ``tree`` (see :func:`tree_count`)."""
     fused_terms = cfg.fused_terms
     if cfg.trees_in_blocks:
         per_block = (cfg.block_size + fused_terms - 1) // fused_terms
         block_start = (tree // per_block) * cfg.block_size
         start = block_start + (tree % per_block) * fused_terms
-        stop = min(start + fused_terms, block_start + cfg.block_size, n_elements)
-        return start, max(start, stop)
+        return start, min(start + fused_terms, block_start + cfg.block_size, n_elements)
     start = tree * fused_terms
     return start, min(start + fused_terms, padded_length(n_elements, cfg))
 
