@@ -39,13 +39,13 @@ def test_the_data_covers_every_format_rounding_mode_and_kind(vectors):
     lanes = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
     for index, fmt in enumerate(FORMATS):
         for rounding in range(5):
-            assert rows_of(vectors, index, rounding, lanes[fmt]).size == 200  # one operation
+            assert rows_of(vectors, index, rounding, lanes[fmt]).size == 240  # one operation
             assert rows_of(vectors, index, rounding, 64).size == 40  # two blocks, operation after operation
     results = vectors["result"].view(np.float32)
     assert np.isnan(results).sum() > 100 and np.isinf(results).sum() > 50
     assert (results == 0).sum() > 100 and np.signbit(results[results == 0]).sum() > 30  # zeros of both signs
     assert ((results != 0) & (np.abs(results) < np.finfo(np.float32).tiny)).sum() > 20  # subnormal results
-    assert (vectors["result"] == vectors["c"]).sum() > 300  # the accumulator passed through unchanged
+    assert (vectors["result"] == vectors["c"]).sum() > 1000  # the accumulator passed through unchanged
 
 
 @pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
