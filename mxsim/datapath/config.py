@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from fractions import Fraction
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 

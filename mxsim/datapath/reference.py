@@ -16,10 +16,10 @@ import functools
 import math
 from fractions import Fraction
 
+from ..errors import ConfigError
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
-from ..errors import ConfigError
 from .schema import DatapathParams
 
 INF = math.inf
