@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--generic", action="store_true", help="also time the generic kernel where a faster route applies")
-    parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp,kulisch,b200-fp8")
+    parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp-paper,kulisch,b200-fp8")
     parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
     parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
     parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")

@@ -118,13 +118,27 @@ def random_params(draw) -> DatapathParams:
     order = None
     if draw(st.booleans()):
         order = tuple(draw(st.permutations(list(range(fused * draw(st.integers(1, 2)))))))
+    # A fixed-point grid (cvfpu MXDOTP) in a quarter of the units: exact products outside of
+    # which the accumulator is aligned, one scale per tree, small shift limits so that its
+    # pass-through rules are met often.
+    grid = not exact and scales != "block_sum" and draw(st.integers(0, 3)) == 0
+    if grid:
+        window, fraction_bits, acc_in_tree, promotion, order = "exact", None, False, None, None
+    trees_in_blocks = order is None and promotion is None and draw(st.booleans())
+    same_format = draw(st.booleans())
+    a_format = draw(st.sampled_from(MX_ELEMENTS))
     params = DatapathParams(
-        a_format=draw(st.sampled_from(MX_ELEMENTS)),
-        b_format=draw(st.sampled_from(MX_ELEMENTS)),
+        a_format=a_format,
+        b_format=a_format if same_format else draw(st.sampled_from(MX_ELEMENTS)),
+        same_format=same_format,
+        trees_in_blocks=trees_in_blocks or (grid and block % fused != 0),
+        grid_fraction_bits=draw(st.integers(34, 60)) if grid else None,
+        grid_max_left_shift=draw(st.integers(0, 80)),
+        grid_max_right_shift=draw(st.integers(0, 30)),
         block_size=block,
         scales=scales,
         input_subnormals=draw(st.booleans()),
-        product_fraction_bits=draw(st.one_of(st.none(), st.integers(0, 6))),
+        product_fraction_bits=None if grid else draw(st.one_of(st.none(), st.integers(0, 6))),
         fused_terms=fused,
         term_order=order,
         accumulator_in_tree=acc_in_tree,
@@ -133,12 +147,12 @@ def random_params(draw) -> DatapathParams:
         below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even", "sticky"])),
         carry_bits=None if fraction_bits is None or not draw(st.booleans()) else draw(st.integers(0, 6)),
         adder_overflow=draw(st.sampled_from(["wrap", "saturate"])),
-        sum_significant_bits=None if exact or not draw(st.booleans()) else draw(st.integers(1, 30)),
+        sum_significant_bits=None if exact or grid or not draw(st.booleans()) else draw(st.integers(1, 30)),
         sum_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_format=acc_format,
         accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_subnormals=draw(st.booleans()),
-        c_entry="initial" if promotion else draw(st.sampled_from(["initial", "end"])),
+        c_entry="initial" if promotion or grid else draw(st.sampled_from(["initial", "end"])),
         c_add_rounding=draw(st.sampled_from(ROUNDINGS)),
         promotion_interval=promotion,
         output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
@@ -223,7 +237,8 @@ def test_kernel_equals_reference_on_random_configs(data):
     params = data.draw(random_params())
     window = "exact" if params.align_fraction_bits is None else "narrow" if params.align_fraction_bits < 12 else "wide"
     event(f"config: window {window}, below {params.below_window}, carry {params.carry_bits is not None}, "
-          f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}")
+          f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}, "
+          f"grid {params.grid_fraction_bits is not None}, trees in blocks {params.trees_in_blocks}")
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
@@ -232,8 +247,7 @@ def test_kernel_equals_reference_on_random_configs(data):
 @given(data=st.data())
 def test_kernel_equals_reference_on_shipped_configs(config, data):
     unit = load_hwconfig(config)
-    a_format = data.draw(st.sampled_from(unit.a_formats))
-    b_format = data.draw(st.sampled_from(unit.b_formats))
+    a_format, b_format = data.draw(st.sampled_from(unit.format_pairs))
     out_format = data.draw(st.sampled_from(["fp32", "fp16", "bf16"]))
     params = unit.params(a_format, b_format, out_format)
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
@@ -268,9 +282,11 @@ def test_exact_configs_equal_exactly_rounded_fraction_sums(data):
     ocp = Fraction(float(c[0]))
     for start in range(0, length, 32):
         ocp = rne_fp32(ocp + sum(products[start : start + 32]))
-    mxdotp = Fraction(float(c[0]))
-    for start in range(0, length, 8):
-        mxdotp = rne_fp32(mxdotp + sum(products[start : start + 8]))
+    mxdotp = Fraction(float(c[0]))  # the RTL: 8 FP8, 11 FP6 or 16 FP4 per operation, each block on its own
+    lanes = 16 if fmt == "fp4_e2m1" else 11 if fmt.startswith("fp6") else 8
+    for block in range(0, length, 32):
+        for start in range(block, min(block + 32, length), lanes):
+            mxdotp = rne_fp32(mxdotp + sum(products[start : min(start + lanes, block + 32)]))
     for name, expected in (("kulisch", kulisch), ("ocp-exact", ocp), ("mxdotp", mxdotp)):
         if name == "mxdotp" and fmt == "int8":
             continue  # MXDOTP has no INT8 lanes
@@ -596,6 +612,8 @@ def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
     for case, length in enumerate(PARTIAL_LENGTHS):
         a_format = config.a_formats[case % len(config.a_formats)]
         b_format = config.b_formats[(case // 2) % len(config.b_formats)]
+        if (a_format, b_format) not in config.format_pairs:  # a unit with one format for A and B
+            b_format = a_format
         params = config.params(a_format, b_format, out_format)
         block_size = None if params.scales == "none" else params.block_size
         a, scale_a = realistic_operand(rng, a_format, block_size, rows, length)

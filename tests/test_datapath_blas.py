@@ -14,7 +14,7 @@ from mxsim.datapath.blas import _span_bits, blas_applies, exact_in_float64
 from mxsim.formats import get_format
 from mxsim.datapath.api import _kernel_arguments, _tensor_scales
 
-UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp", "h100-fp8")}
+UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp-paper", "h100-fp8")}
 SMALL_SPAN = ["fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
 
 
@@ -35,7 +35,7 @@ def test_exactness_condition_per_format_pair():
 
 @settings(max_examples=40, deadline=None)
 @given(
-    unit=st.sampled_from(["ocp-exact", "mxdotp"]),
+    unit=st.sampled_from(["ocp-exact", "mxdotp-paper"]),
     a_format=st.sampled_from(SMALL_SPAN),
     b_format=st.sampled_from(SMALL_SPAN),
     shape=st.tuples(st.integers(1, 9), st.integers(1, 80), st.integers(1, 7)),

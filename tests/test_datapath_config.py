@@ -60,6 +60,20 @@ def test_defaults_fill_every_key():
         (with_changes(accumulator={"format": "exact"}, adder={"align_fraction_bits": 13}), "accumulator.format", "exact trees"),
         (with_changes(accumulator={"promotion_interval": 48}), "accumulator.promotion_interval", "multiple of adder.fused_terms"),
         (with_changes(adder={"align_fraction_bits": 50, "fused_terms": 4096}), "adder.align_fraction_bits", "overflow"),
+        (with_changes(inputs={"same_format": 1}), "inputs.same_format", "true or false"),
+        (with_changes(adder={"trees_in_blocks": True, "term_order": [1, 0], "fused_terms": 2}),
+         "adder.trees_in_blocks", "k order and no promotion"),
+        (with_changes(grid={"fraction_bits": -34}), "grid.fraction_bits", "0..200"),
+        (with_changes(grid={"accumulator_max_left_shift": None}), "grid.accumulator_max_left_shift", "expected an integer"),
+        (with_changes(grid={"fraction_bits": 34}), "adder.accumulator_in_tree", "a fixed-point grid (grid.fraction_bits) needs false"),
+        (with_changes(grid={"fraction_bits": 34}, adder={"accumulator_in_tree": False, "align_fraction_bits": 13}),
+         "adder.align_fraction_bits", "the grid sums exactly"),
+        (with_changes(grid={"fraction_bits": 34}, adder={"accumulator_in_tree": False}, accumulator={"format": "exact"}),
+         "accumulator.format", "a floating format"),
+        (with_changes(grid={"fraction_bits": 34}, adder={"accumulator_in_tree": False, "fused_terms": 11}),
+         "adder.trees_in_blocks", "one scale per tree"),
+        (with_changes(grid={"fraction_bits": 8}, adder={"accumulator_in_tree": False}),
+         "grid.fraction_bits", "do not hold the smallest fp8_e4m3 x fp8_e4m3 product"),
     ],
 )
 def test_bad_configs_name_the_file_and_key(data, key_path, message):
@@ -214,3 +228,25 @@ def test_extends_with_an_unusable_file_name_is_a_config_error(tmp_path, base_nam
     write_yaml(tmp_path / "child.yaml", {**MINIMAL, "extends": base_name})
     with pytest.raises(ConfigError, match="child.yaml: extends: not a usable file name"):
         load_hwconfig(tmp_path / "child.yaml")
+
+
+def test_one_format_units_refuse_mixed_pairs():
+    data = with_changes(inputs={"a_formats": ["fp8_e4m3", "fp4_e2m1"], "b_formats": ["fp8_e4m3", "fp4_e2m1"],
+                                "same_format": True})
+    unit = parse_hwconfig(data, "cfg.yaml")
+    assert unit.format_pairs == (("fp8_e4m3", "fp8_e4m3"), ("fp4_e2m1", "fp4_e2m1"))
+    assert unit.params("fp4_e2m1", "fp4_e2m1").same_format is True
+    with pytest.raises(ConfigError, match=r"cfg.yaml: inputs.same_format: .*'fp8_e4m3' and 'fp4_e2m1'"):
+        unit.params("fp8_e4m3", "fp4_e2m1")
+    mixed = parse_hwconfig(with_changes(inputs={"a_formats": ["fp8_e4m3", "fp4_e2m1"]}), "cfg.yaml")
+    assert mixed.format_pairs == (("fp8_e4m3", "fp8_e4m3"), ("fp4_e2m1", "fp8_e4m3"))
+
+
+def test_mxdotp_elements_per_operation_follow_the_element_width():
+    unit = load_hwconfig(REPO / "hwconfigs" / "mxdotp.yaml")
+    lanes = {fmt: unit.params(fmt, fmt).fused_terms for fmt, _ in unit.format_pairs}
+    assert lanes == {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+    roundings = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml").params("fp8_e4m3", "fp8_e4m3").accumulator_rounding
+                 for name in ("mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm")}
+    assert roundings == {"mxdotp": "nearest_even", "mxdotp-rtz": "toward_zero", "mxdotp-rdn": "toward_negative",
+                         "mxdotp-rup": "toward_positive", "mxdotp-rmm": "nearest_away"}

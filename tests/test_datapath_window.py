@@ -43,7 +43,7 @@ def test_gpu_fp8_units_take_the_route_for_fp32_outputs(name, formats):
     assert window_applies(unit(name).params(*formats))
 
 
-@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp", "bfp-exact", "h100-fp8-promoted"])
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp-paper", "bfp-exact", "h100-fp8-promoted"])
 def test_other_units_do_not(name):
     config = unit(name)
     assert not window_applies(config.params(config.a_formats[0], config.b_formats[0]))
@@ -84,7 +84,9 @@ def window_params(draw) -> DatapathParams:
     scales = draw(st.sampled_from(["none", "products", "block_sum"]))
     in_tree = False if scales == "block_sum" else draw(st.booleans())
     return DatapathParams(
-        a_format=draw(st.sampled_from(ELEMENTS)), b_format=draw(st.sampled_from(ELEMENTS)),
+        a_format=draw(st.sampled_from(ELEMENTS)), b_format=draw(st.sampled_from(ELEMENTS)), same_format=False,
+        trees_in_blocks=draw(st.booleans()),  # the same trees: fused_terms divides block_size
+        grid_fraction_bits=None, grid_max_left_shift=70, grid_max_right_shift=24,
         block_size=fused * draw(st.integers(1, 3)), scales=scales, input_subnormals=draw(st.booleans()),
         product_fraction_bits=None, fused_terms=fused, term_order=None, accumulator_in_tree=in_tree,
         align_reference="exponent_sum", align_fraction_bits=draw(st.integers(0, 29)), below_window="truncate",

@@ -335,7 +335,7 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
 
 def _exercise_config(rng: random.Random, hw) -> None:
     """Run what a loaded config drives: one dot product, its explanation, a cycle estimate."""
-    a_format, b_format = rng.choice(hw.a_formats), rng.choice(hw.b_formats)
+    a_format, b_format = rng.choice(hw.format_pairs)
     params = hw.params(a_format, b_format)
     length = rng.choice([0, 1, params.block_size, 2 * params.block_size + 1])
     a_bits, b_bits = mxsim.get_format(a_format).bits, mxsim.get_format(b_format).bits

@@ -180,6 +180,52 @@ def truncate_significand(value, fraction_bits):
     return math.ldexp(math.trunc(mantissa * scale) / scale, exponent)
 
 
+# --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def grid_lsb_offset(acc, scale_exponent, cfg, acc_params):
+    """How many places the accumulator's LSB lies above the grid's LSB (negative: below).
+    The accumulator's exponent is its format's emin when subnormal, emin - 1 when zero (the
+    exponent field read as is, plus one for a subnormal, minus the bias)."""
+    emin = 1 - acc_params[P_BIAS]
+    exponent = emin - 1 if acc == 0.0 else max(floor_log2(acc), emin)
+    return (exponent - acc_params[P_MANTISSA_BITS]) - (scale_exponent - cfg.grid_fraction_bits)
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, bounds):
+    """Steps 5-6 with ``grid.fraction_bits``: the tree's exact products and the accumulator
+    aligned to the grid, added and rounded once into the accumulator format (an exact zero is
+    +0), or the accumulator unchanged (its sign kept) by the pass-through rules: its LSB more
+    than ``accumulator_max_left_shift`` places above the grid's, or more than
+    ``accumulator_max_right_shift`` below it with products that sum to exactly zero."""
+    offset = grid_lsb_offset(acc, scale_exponent, cfg, acc_params)
+    if offset > cfg.grid_max_left_shift:
+        return acc
+    limbs_clear(limbs, bounds)
+    for i in range(count):
+        limbs_add_float(limbs, bounds, terms[i])
+    if offset < -cfg.grid_max_right_shift:
+        _, products_zero = limbs_round(limbs, bounds, acc_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN)
+        if products_zero:
+            limbs_clear(limbs, bounds)
+            return acc
+    limbs_add_float(limbs, bounds, acc)
+    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    limbs_clear(limbs, bounds)
+    return result
+
+
+@njit(cache=True, inline="always")
+def tree_scale_exponent(start, a_scales, b_scales, cfg):
+    """The scale exponent (Xa-127)+(Xb-127) of the block holding tree position ``start``
+    (0 without scales; a NaN scale has made the tree's products NaN already)."""
+    if cfg.scales == SCALES_NONE:
+        return 0
+    block = start // cfg.block_size
+    return a_scales[block] + b_scales[block]
+
+
 # --- step 6 (start): c enters -------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
@@ -224,12 +270,37 @@ def ordered_index(position, cfg, order):
 
 
 @njit(cache=True, inline="always")
+def tree_count(n_elements, cfg):
+    """Number of trees: K (padded to whole term-order periods) cut into runs of fused_terms,
+    or with ``trees_in_blocks`` each block cut so (the last tree of a block may be short)."""
+    fused_terms = cfg.fused_terms
+    if cfg.trees_in_blocks:  # no tree past K: a unit issues no operation there
+        per_block = (cfg.block_size + fused_terms - 1) // fused_terms
+        full_blocks, rest = divmod(n_elements, cfg.block_size)
+        return full_blocks * per_block + (rest + fused_terms - 1) // fused_terms
+    return (padded_length(n_elements, cfg) + fused_terms - 1) // fused_terms
+
+
+@njit(cache=True, inline="always")
+def tree_bounds(tree, n_elements, cfg):
+    """(start, stop) tree positions of tree number ``tree`` (see :func:`tree_count`)."""
+    fused_terms = cfg.fused_terms
+    if cfg.trees_in_blocks:
+        per_block = (cfg.block_size + fused_terms - 1) // fused_terms
+        block_start = (tree // per_block) * cfg.block_size
+        start = block_start + (tree % per_block) * fused_terms
+        return start, min(start + fused_terms, block_start + cfg.block_size, n_elements)
+    start = tree * fused_terms
+    return start, min(start + fused_terms, padded_length(n_elements, cfg))
+
+
+@njit(cache=True, inline="always")
 def uniform_trees(cfg):
     """Whether every tree may take :func:`uniform_tree_terms`: k order, one scale pair per
     tree, the exponent-sum reference and exact products."""
     return (
         cfg.term_order_length == 0
-        and (cfg.scales == SCALES_NONE or cfg.block_size % cfg.fused_terms == 0)
+        and (cfg.scales == SCALES_NONE or cfg.trees_in_blocks or cfg.block_size % cfg.fused_terms == 0)
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
     )
@@ -300,19 +371,16 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
                b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
-    """Steps 1-3 for any tree: its nonzero finite products (truncated by the multiplier when
-    ``product_fraction_bits`` is set) with their alignment exponents into ``terms`` and
-    ``exponents``. NaN/Inf products join the running special (an IEEE sum), zeros only
-    their sign's record. Returns (count, tree_scale, special, negative_zeros_only)."""
+    """Steps 1-3 for any tree, the tree positions start..stop (:func:`tree_bounds`): its
+    nonzero finite products (truncated by the multiplier when ``product_fraction_bits`` is
+    set) with their alignment exponents into ``terms`` and ``exponents``. NaN/Inf products
+    join the running special (an IEEE sum), zeros only their sign's record. Returns (count,
+    tree_scale, special, negative_zeros_only)."""
     count = 0
     tree_scale = 0
-    end = padded_length(n_elements, cfg)
-    for j in range(cfg.fused_terms):
-        position = tree * cfg.fused_terms + j
-        if position >= end:
-            break
+    for position in range(start, stop):
         k = ordered_index(position, cfg, order)
         if k >= n_elements:  # a padded position: no term
             continue
@@ -521,23 +589,31 @@ def dot_one(
     acc, outer, special = start_accumulator(c_value, special, cfg, acc_params, limbs, bounds)
 
     fused_terms = cfg.fused_terms
-    n_trees = (padded_length(n_elements, cfg) + fused_terms - 1) // fused_terms
+    grid = cfg.grid_fraction_bits >= 0
     uniform = uniform_trees(cfg)
-    for tree in range(n_trees):
+    for tree in range(tree_count(n_elements, cfg)):
+        start, stop = tree_bounds(tree, n_elements, cfg)
         count = 0
         tree_scale = 0
         done = False
         if uniform:
-            start = tree * fused_terms
             count, tree_scale, done = uniform_tree_terms(
-                start, min(start + fused_terms, n_elements), a_codes, b_codes, a_scales, b_scales,
+                start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales,
                 a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents)
         if done:
             negative_zeros_only = False
         else:
             count, tree_scale, special, negative_zeros_only = tree_terms(
-                tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
                 b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
+        if grid:
+            acc = grid_accumulate(acc, terms, count, tree_scale_exponent(start, a_scales, b_scales, cfg), cfg,
+                                  acc_params, limbs, bounds)
+            negative_zeros_only = False  # the grid's rules set the sign of a zero
+            if not math.isfinite(acc):  # overflow in the accumulator
+                special = note_overflow(special, acc)
+                acc = 0.0
+            continue
         if cfg.accumulator_in_tree and acc != 0.0:  # step 4: the accumulator joins the alignment
             terms[count] = acc
             exponents[count] = floor_log2(acc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,12 @@ class HardwareConfig:
     def b_formats(self) -> tuple[str, ...]:
         return self.sections[("inputs", "b_formats")]
 
+    @property
+    def format_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Every (A, B) element-format pair the unit accepts (equal pairs only with ``same_format``)."""
+        same = self.sections[("inputs", "same_format")]
+        return tuple((a, b) for a in self.a_formats for b in self.b_formats if not same or a == b)
+
     def params(self, a_format: str, b_format: str, out_format: str | None = None) -> DatapathParams:
         """The unit's parameters for A/B element formats and an output format (default: the config's)."""
         a_name, b_name = get_format(a_format).name, get_format(b_format).name
@@ -69,6 +76,11 @@ class HardwareConfig:
                     self.source, f"inputs.{operand.lower()}_formats",
                     f"operand {operand} format {name!r} is not supported by this unit; accepted: {', '.join(accepted)}",
                 )
+        if self.sections[("inputs", "same_format")] and a_name != b_name:
+            raise ConfigError(
+                self.source, "inputs.same_format",
+                f"this unit takes one element format for A and B; got {a_name!r} and {b_name!r}",
+            )
         values = dict(self.sections)
         values[("output", "format")] = out_name
         for selectors, changes in self.overrides:
@@ -133,6 +145,11 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             raise ConfigError(source, "adder.carry_bits", "needs a window (align_fraction_bits): an exact tree never overflows")
         if adder_width_bits(params) > 62:
             raise ConfigError(source, "adder.carry_bits", f"the adder would be {adder_width_bits(params)} bits wide; at most 62")
+    if params.trees_in_blocks and (params.term_order is not None or params.promotion_interval is not None):
+        raise ConfigError(source, "adder.trees_in_blocks", "trees restarting at blocks need k order and no promotion "
+                          "(term_order and promotion_interval null)")
+    if params.grid_fraction_bits is not None:
+        _check_grid(params, source)
     if params.promotion_interval is not None:
         if params.promotion_interval % params.fused_terms:
             raise ConfigError(
@@ -143,6 +160,32 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             raise ConfigError(source, "accumulator.promotion_interval", "needs a floating accumulator, not 'exact'")
         if params.c_entry != "initial":
             raise ConfigError(source, "accumulator.promotion_interval", "c starts the outer accumulator: c_entry must be 'initial'")
+
+
+def _check_grid(params: DatapathParams, source: str) -> None:
+    """A fixed-point grid (``grid.fraction_bits``) sums exact products with the accumulator
+    outside the tree, one scale per tree, and must hold every product of the element formats."""
+    needs = {
+        "adder.accumulator_in_tree": (params.accumulator_in_tree, "false: the accumulator is aligned to the grid"),
+        "adder.align_fraction_bits": (params.align_fraction_bits is not None, "null: the grid sums exactly"),
+        "adder.sum_significant_bits": (params.sum_significant_bits is not None, "null: the grid sum is not rounded"),
+        "multiplier.product_fraction_bits": (params.product_fraction_bits is not None, "null: exact products"),
+        "accumulator.format": (params.accumulator_format == "exact", "a floating format"),
+        "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
+        "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
+        "inputs.scales": (params.scales == "block_sum", "'none' or 'products'"),
+        "adder.term_order": (params.term_order is not None, "null"),
+    }
+    for path, (bad, wanted) in needs.items():
+        if bad:
+            raise ConfigError(source, path, f"a fixed-point grid (grid.fraction_bits) needs {wanted}")
+    if params.scales != "none" and not params.trees_in_blocks and params.block_size % params.fused_terms:
+        raise ConfigError(source, "adder.trees_in_blocks", "a fixed-point grid takes one scale per tree: "
+                          f"set it true, or make fused_terms ({params.fused_terms}) divide block_size ({params.block_size})")
+    smallest = Fraction(get_format(params.a_format).min_subnormal) * Fraction(get_format(params.b_format).min_subnormal)
+    if smallest * 2**params.grid_fraction_bits != int(smallest * 2**params.grid_fraction_bits):
+        raise ConfigError(source, "grid.fraction_bits", f"{params.grid_fraction_bits} fraction bits do not hold the "
+                          f"smallest {params.a_format} x {params.b_format} product ({float(smallest)!r})")
 
 
 def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
@@ -273,10 +316,9 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
 
 def _check_combinations(config: HardwareConfig) -> None:
     """Every supported (A, B, output) format combination must resolve consistently."""
-    for a_format in config.a_formats:
-        for b_format in config.b_formats:
-            for out_format in WIDE_FORMATS:
-                config.params(a_format, b_format, out_format)
+    for a_format, b_format in config.format_pairs:
+        for out_format in WIDE_FORMATS:
+            config.params(a_format, b_format, out_format)
 
 
 def key_of_path(key_path: str, source: str = "<config>") -> Key:

@@ -16,6 +16,7 @@ import functools
 import math
 from fractions import Fraction
 
+from ..errors import ConfigError
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
@@ -151,7 +152,12 @@ def _tree_positions(length: int, params: DatapathParams) -> list[list[int | None
         sequence = [k if k < length else None for k in sequence]
     else:
         sequence = list(range(length))
-    return [sequence[start : start + params.fused_terms] for start in range(0, len(sequence), params.fused_terms)]
+    if params.trees_in_blocks:  # each block cut into trees on its own: a block's last tree may be short
+        blocks = [sequence[start : start + params.block_size] for start in range(0, len(sequence), params.block_size)]
+    else:
+        blocks = [sequence]
+    return [block[start : start + params.fused_terms] for block in blocks
+            for start in range(0, len(block), params.fused_terms)]
 
 
 def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
@@ -242,6 +248,39 @@ def _normalise(tree_sum: Fraction, params: DatapathParams, log):
     return tree_sum
 
 
+# --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
+
+def _grid_accumulate(acc, kept: list[tuple], scale_exponent: int, acc_fmt: FormatInfo, params: DatapathParams,
+                     specials: _Specials, log):
+    """``grid.fraction_bits``: the tree's exact product sum S on the grid of LSB 2^(X - n); the
+    accumulator's LSB 2^(e - m) (e: its exponent, emin when subnormal, emin - 1 when zero)
+    lies d places above the grid's. The result is the accumulator itself (a float -0.0
+    included) when d > accumulator_max_left_shift, or when d < -accumulator_max_right_shift
+    and S == 0; else acc + S rounded once (an exact zero is +0)."""
+    emin = 1 - acc_fmt.bias
+    exponent = emin - 1 if acc == 0 else max(floor_log2(abs(Fraction(acc))), emin)
+    offset = (exponent - acc_fmt.mantissa_bits) - (scale_exponent - params.grid_fraction_bits)
+    products = sum((p for p, _, _ in kept), Fraction(0))
+    passes = offset > params.grid_max_left_shift or (
+        offset < -params.grid_max_right_shift and products == 0)
+    if not passes:
+        acc = _round(Fraction(acc) + products, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+        if _is_infinite(acc):
+            specials.note_overflow(acc)
+            acc = Fraction(0)
+    log({"stage": "grid", "scale_exponent": scale_exponent, "accumulator_lsb_above_grid": offset,
+         "product_sum": float(products), "pass_through": passes, "accumulator": _to_float(acc)})
+    return acc
+
+
+def _block_scale_exponent(k: int, scale_a, scale_b, params: DatapathParams) -> int:
+    """(Xa-127)+(Xb-127) of the block holding element k (0 without scales)."""
+    if params.scales == "none":
+        return 0
+    block = k // params.block_size
+    return (127 if scale_a is None else scale_a[block]) + (127 if scale_b is None else scale_b[block]) - 254
+
+
 # --- step 6: accumulate -------------------------------------------------------------------------
 
 def _accumulate(acc, tree_sum, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials):
@@ -294,6 +333,9 @@ def dot_reference(
     ``scale_a``/``scale_b`` are E8M0 codes per block (None: every scale 1). ``record``,
     when given, receives one dict per stage.
     """
+    if params.same_format and params.a_format != params.b_format:
+        raise ConfigError("<params>", "inputs.same_format", f"one element format for A and B, got "
+                          f"{params.a_format!r} and {params.b_format!r}")
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     acc_fmt = None if params.accumulator_format == "exact" else get_format(params.accumulator_format)
     out_fmt = get_format(params.output_format)
@@ -335,11 +377,20 @@ def dot_reference(
         if _is_infinite(acc):  # c overflows a narrower accumulator
             specials.note_overflow(acc)
             acc = Fraction(0)
+    if params.grid_fraction_bits is not None:
+        # A grid returns the accumulator itself in its pass-through rules: c = -0 stays -0.
+        acc = -0.0 if c == 0 and math.copysign(1.0, c) < 0 else acc
+        specials.negative_zeros_only = False  # the grid's rules set the sign of a zero
     log({"stage": "accumulator_start", "value": _to_float(acc), "outer": float(outer)})
 
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
         kept = _finite_terms(positions, products, specials)
+        if params.grid_fraction_bits is not None:
+            first = next((k for k in positions if k is not None), None)
+            scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
+            acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
+            continue
         tree_sum = _normalise(_tree_sum(kept, acc, tree_start, params, log), params, log)
         acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})

@@ -93,6 +93,10 @@ def _trees_inside_blocks(value, params) -> bool:
     return value == "none" or params.block_size % params.fused_terms == 0
 
 
+def _same_trees_as_k_order(value, params) -> bool:
+    return not value or params.block_size % params.fused_terms == 0
+
+
 SCHEMA: dict[str, dict[str, Key]] = {
     "inputs": {
         "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS,
@@ -113,6 +117,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
                           field="input_subnormals", record=None,  # the element tables read them as zero
                           blas=only(True), window=any_value),
+        "same_format": Key(
+            "bool", False,
+            "true: A and B share one element format per operation (the unit has a single source-format "
+            "field, as cvfpu MXDOTP); a mixed (A, B) pair is refused",
+            record=None,  # decided when the params are resolved: the kernel never sees a mixed pair
+            blas=any_value, window=any_value,
+        ),
     },
     "multiplier": {
         "product_fraction_bits": Key(
@@ -133,6 +144,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             maximum=MAX_BLOCK_SIZE,
             record=Record(lambda order: len(order) if order else 0, name="term_order_length"),  # + the order array
             blas=only(None), window=only(None),
+        ),
+        "trees_in_blocks": Key(
+            "bool", False,
+            "true: trees restart at every block boundary, so a tree never mixes blocks (a unit that "
+            "takes one scale pair per operation: a block of 32 in trees of 11 is 11 + 11 + 10 terms). "
+            "false: trees are cut from the whole of K",
+            # Both routes cut trees from K: the same trees whenever fused_terms divides block_size.
+            blas=_same_trees_as_k_order, window=_same_trees_as_k_order,
         ),
         "accumulator_in_tree": Key(
             "bool", True,
@@ -241,6 +260,31 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
             "a multiple of fused_terms",
             minimum=1, maximum=1 << 30, blas=only(None), window=only(None),
+        ),
+    },
+    "grid": {
+        "fraction_bits": Key(
+            "optional_int", None,
+            "null: no fixed-point grid. n: each tree's products (exact) are summed exactly on a fixed-point "
+            "grid whose LSB weighs 2^(X - n), X the tree's scale exponent (Xa-127)+(Xb-127); the accumulator "
+            "(outside the tree) is aligned to that grid by its LSB, 2^(e - m) with e its exponent (the format's "
+            "emin for subnormals, emin - 1 for zero) and m its mantissa bits; unless a pass-through rule "
+            "below returns the accumulator unchanged (its bits, -0 included), accumulator + products is "
+            "rounded once with accumulator.rounding and an exact zero is +0 (cvfpu MXDOTP: 34)",
+            minimum=0, maximum=200, field="grid_fraction_bits", blas=only(None), window=only(None),
+        ),
+        "accumulator_max_left_shift": Key(
+            "int", 70,
+            "with a grid: an accumulator whose LSB lies more than this many places above the grid's LSB is "
+            "the result unchanged, whatever the products (cvfpu MXDOTP: 70)",
+            minimum=0, maximum=1000, field="grid_max_left_shift", blas=any_value, window=any_value,  # read only with a grid
+        ),
+        "accumulator_max_right_shift": Key(
+            "int", 24,
+            "with a grid: an accumulator whose LSB lies more than this many places below the grid's LSB "
+            "(its low bits folded into a sticky bit) is the result unchanged when the tree's products sum "
+            "to exactly zero (cvfpu MXDOTP: 24)",
+            minimum=0, maximum=1000, field="grid_max_right_shift", blas=any_value, window=any_value,  # read only with a grid
         ),
     },
     "output": {

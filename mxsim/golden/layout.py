@@ -86,13 +86,13 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
     """The :class:`GoldenUnit` of every (A, B) format pair of a loaded hardware config.
 
     Args:
-        hw: a config from ``mxsim.load_hwconfig`` (reads ``name``, ``digest``, ``a_formats``,
-            ``b_formats`` and ``params(a, b)``).
+        hw: a config from ``mxsim.load_hwconfig`` (reads ``name``, ``digest``, ``format_pairs``
+            and ``params(a, b)``).
         pairs: (a_format, b_format) pairs to keep (default: every pair the config accepts).
         dot_length: K per vector (default: the block size k, one block per dot product).
     """
     source = getattr(hw, "source", "<config>")
-    accepted = [(a, b) for a in hw.a_formats for b in hw.b_formats]
+    accepted = list(hw.format_pairs)
     if pairs is None:
         chosen = accepted
         too_wide = [(a, b) for a, b in accepted if max(get_format(a).bits, get_format(b).bits) > MAX_CODE_BITS]
