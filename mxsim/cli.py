@@ -205,27 +205,51 @@ def cmd_replay(args) -> int:
     from .datapath import load_hwconfig
     from .parallel import make_runner
     from .replay import format_report, replay, write_plots
+    from .replay.run import select_layers
     from .trace import load_trace
 
     trace = load_trace(args.trace)
+    if args.layers is not None:
+        if args.end_to_end:
+            raise MxsimError("--layers and --end-to-end exclude each other: end to end runs every layer")
+        trace = select_layers(trace, args.layers)
     units = [load_hwconfig(path) for path in args.hw]
+    if args.plots:
+        from ._optional import require
+
+        require("matplotlib")  # a missing extra is refused before any work
     perplexity_fn = None
     if args.end_to_end and trace.network is not None and trace.network.targets is not None:
+        from ._optional import require
         from .inloop.network import perplexity as perplexity_fn  # a language model runs in PyTorch
-    with make_runner(args.workers, args.scheduler) as runner:
-        report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
-                        element_format=args.format, conv_order=args.conv_order, strict=args.strict, runner=runner,
-                        perplexity_fn=perplexity_fn)
+
+        require("torch")  # before any work
+    try:
+        with make_runner(args.workers, args.scheduler) as runner:
+            report = replay(trace, units, end_to_end=args.end_to_end,
+                            progress=not args.quiet and sys.stderr.isatty(), element_format=args.format,
+                            conv_order=args.conv_order, strict=args.strict, runner=runner,
+                            perplexity_fn=perplexity_fn)
+    except Exception as error:
+        partial = getattr(error, "partial", None)
+        if partial is not None and partial["layers"]:  # the finished layers are never lost
+            partial.pop("_results")
+            _print_replay(partial, args, format_report)
+        raise
     results = report.pop("_results")
     # The table and the JSON come first: nothing optional (plots) may lose them.
-    print(format_report(report))
-    if args.json:
-        _write_json_atomically(args.json, report)
-        print(f"JSON report: {args.json}")
+    _print_replay(report, args, format_report)
     if args.plots:
         plots = write_plots({**report, "_results": results}, args.plots)
         print(f"plots: {len(plots)} PNG files in {args.plots}")
     return 0
+
+
+def _print_replay(report: dict, args, format_report) -> None:
+    print(format_report(report))
+    if args.json:
+        _write_json_atomically(args.json, report)
+        print(f"JSON report: {args.json}")
 
 
 def cmd_sweep(args) -> int:
@@ -370,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--conv-order", choices=["kh_kw_c", "c_kh_kw"], default="kh_kw_c",
                         help="conv lowering: K ordered (kh, kw, C) with C blocked per tap (default, as NHWC "
                              "accelerators) or (C, kh, kw) (see docs/replay.md)")
+    replay.add_argument("--layers", metavar="REGEX",
+                        help="replay only the layers whose name matches REGEX (Python re.search)")
     replay.add_argument("--strict", action="store_true",
                         help="fail when a unit cannot take a layer's recorded quantization (default: mark the row)")
     _add_run_arguments(replay)
