@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from mxsim.cli import main
+from mxsim.errors import MxsimError
 
 
 def run(capsys, *argv):
@@ -199,3 +201,42 @@ def test_replay_plots_stay_inside_the_output_directory(capsys, tmp_path):
     assert status == 0, err
     assert json.loads(report.read_text())["units"] == ["ocp-exact"]
     assert all(path.resolve().parent == plots.resolve() for path in plots.iterdir())
+
+
+def test_replay_end_to_end_without_labels_fails_before_work(capsys):
+    status, out, err = run(capsys, "replay", str(REPO / "traces/ppocr-cls"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                           "--quiet", "--end-to-end")
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and "end to end needs a network" in err
+
+
+def test_replay_layers_selects_by_regex(capsys, tmp_path):
+    status, out, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                         "--quiet", "--layers", "fc2$")
+    assert status == 0 and "1 layers through kulisch" in out and re.search(r"^. fc2 +kulisch", out, re.M)
+    assert "conv1" not in out
+    for argv, message in ((["--layers", "("], "not a regular expression"), (["--layers", "zzz"], "matches none"),
+                          (["--layers", "fc", "--end-to-end"], "exclude each other")):
+        status, out, err = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw",
+                               str(REPO / "hwconfigs/kulisch.yaml"), "--quiet", *argv)
+        assert status == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_replay_failure_after_work_prints_table_and_json_first(capsys, tmp_path, monkeypatch):
+    from mxsim.replay import run as run_module
+
+    real = run_module.replay_layer_on_units
+
+    def failing(layer, *args):
+        if layer.name == "fc2":
+            raise MxsimError("fc2 fails")
+        return real(layer, *args)
+
+    monkeypatch.setattr(run_module, "replay_layer_on_units", failing)
+    out_file = tmp_path / "report.json"
+    status, out, err = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw",
+                           str(REPO / "hwconfigs/kulisch.yaml"), "--quiet", "--json", str(out_file))
+    assert status == 2 and re.search(r"^. fc1 +kulisch", out, re.M) and "FAILED layer fc2: fc2 fails" in out
+    assert len(err.strip().splitlines()) == 1 and "fc2 fails" in err
+    saved = json.loads(out_file.read_text())
+    assert [entry["layer"] for entry in saved["layers"]] == ["conv1", "conv2", "fc1"]
+    assert saved["failures"] == [{"task": "layer fc2", "error": "fc2 fails"}]

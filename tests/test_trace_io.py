@@ -214,3 +214,36 @@ def test_deeply_nested_or_non_utf8_manifest(saved_trace):
     assert_trace_error(saved_trace, None, "manifest.yaml", "YAML nested deeper than 64 levels")
     (saved_trace / "manifest.yaml").write_bytes("format: mxsim-trace\nname: caf\u00e9\n".encode("latin-1"))
     assert_trace_error(saved_trace, None, "manifest.yaml", "not UTF-8 text (byte 0xe9 at offset 29)")
+
+
+def _move_out(path: Path, outside: Path) -> None:
+    """Move ``path`` to ``outside`` and leave a symlink to it in its place."""
+    target = outside / path.name
+    path.rename(target)
+    path.symlink_to(target)
+
+
+@pytest.mark.parametrize("what", ["manifest", "layers directory", "layer file", "dataset"])
+def test_symlinks_leading_out_of_the_trace_are_refused(saved_trace, tmp_path, what):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    path = {"manifest": saved_trace / "manifest.yaml", "layers directory": saved_trace / "layers",
+            "layer file": layer_file(saved_trace, "fc"), "dataset": saved_trace / "dataset.npz"}[what]
+    _move_out(path, outside)
+    layer, field = {"manifest": (None, "manifest.yaml"), "layers directory": ("conv", "file"),
+                    "layer file": ("fc", "file"), "dataset": (None, "file")}[what]
+    assert_trace_error(saved_trace, layer, field, "leads out of the trace directory (a symlink); refused")
+
+
+def test_symlinks_inside_the_trace_and_a_symlinked_trace_load(saved_trace, tmp_path):
+    (saved_trace / "layers").rename(saved_trace / "layer-files")
+    (saved_trace / "layers").symlink_to("layer-files")  # relative, inside the trace
+    (tmp_path / "link").symlink_to(saved_trace)
+    assert [layer.name for layer in load_trace(tmp_path / "link").layers] == ["conv", "fc", "attention scores", "up"]
+
+
+def test_a_symlink_loop_is_refused(saved_trace):
+    os.remove(saved_trace / "dataset.npz")
+    (saved_trace / "dataset.npz").symlink_to("dataset.npz")
+    with pytest.raises(TraceError, match="dataset.npz"):
+        load_trace(saved_trace)

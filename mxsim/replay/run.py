@@ -670,6 +670,13 @@ def _save(figure, path: Path) -> None:
     temporary.replace(path)
 
 
+def plot_ceiling(values) -> float:
+    """Where the overview draws infinite SQNRs (no error): 10 dB above the largest finite value
+    of every unit's rows (200 dB when none is finite)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite) + 10 if finite else 200.0
+
+
 def write_plots(report: dict, directory) -> list[str]:
     """PNG plots (needs matplotlib): ``overview.png`` (SQNR vs float and vs ideal of every layer
     on every unit) and per layer ``NNN-<layer>.png`` (histograms of |error vs ideal| relative to
@@ -688,10 +695,10 @@ def write_plots(report: dict, directory) -> list[str]:
     layers = [entry["layer"] for entry in report["layers"]]
     written = []
     figure, axes = plt.subplots(2, 1, figsize=(max(6, 0.35 * len(layers) + 3), 7), sharex=True)
-    for name, rows in results.items():
-        for axis, key in zip(axes, ("sqnr_vs_float_db", "sqnr_vs_ideal_db")):
-            finite_top = [getattr(r, key) for r in rows if math.isfinite(getattr(r, key))]
-            ceiling = (max(finite_top) + 10) if finite_top else 200
+    for axis, key in zip(axes, ("sqnr_vs_float_db", "sqnr_vs_ideal_db")):
+        # one ceiling for every unit: an identical row (inf dB) is drawn above every finite one
+        ceiling = plot_ceiling([getattr(r, key) for rows in results.values() for r in rows])
+        for name, rows in results.items():
             values = [min(getattr(r, key), ceiling) for r in rows]
             axis.plot(range(len(rows)), values, marker="o", label=name)
     axes[0].set_ylabel("SQNR vs float (dB)")

@@ -164,6 +164,18 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
 # ----------------------------------------------------------------------------- loading
 
 
+def _check_inside(root: Path, path: Path, relative: str, label: str, layer: str | None, field_name: str) -> None:
+    """Refuse a file that resolves outside the trace directory (a symlink, at any level,
+    pointing out of it): a trace reads only its own files."""
+    try:
+        inside = path.resolve(strict=True).is_relative_to(root.resolve(strict=True))
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise trace_error(label, f"{relative} leads out of the trace directory (a symlink); refused", layer,
+                          field_name)
+
+
 def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> dict[str, np.ndarray]:
     """Read the arrays listed in ``expected`` ({key: {shape, dtype}}) from one NPZ, checking each.
 
@@ -183,6 +195,7 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> 
     path = root / rel
     if not path.is_file():
         raise trace_error(label, f"missing file {relative}", layer, file_field)
+    _check_inside(root, path, relative, label, layer, file_field)
     if not isinstance(expected, dict) or not expected:
         raise trace_error(label, "must list the file's arrays with shape and dtype", layer, "tensors")
     declared = {}
@@ -236,6 +249,7 @@ def load_trace(path) -> Trace:
     manifest_path = root / MANIFEST_NAME
     if not manifest_path.is_file():
         raise trace_error(label, f"missing {MANIFEST_NAME}", field=MANIFEST_NAME)
+    _check_inside(root, manifest_path, MANIFEST_NAME, label, None, MANIFEST_NAME)
 
     def fail_manifest(message):
         raise trace_error(label, f"{MANIFEST_NAME}: {message}", field=MANIFEST_NAME)
