@@ -267,10 +267,11 @@ def sample_trace():
 
 @pytest.fixture
 def saved_trace(tmp_path) -> Path:
-    """:func:`sample_trace` saved in a temporary directory."""
+    """:func:`sample_trace` saved in a temporary directory in format version 1 (one NPZ per
+    layer: the error checks of its files; version 2 has its own tests)."""
     from mxsim.trace import save_trace
 
-    return save_trace(sample_trace(), tmp_path / "trace")
+    return save_trace(sample_trace(), tmp_path / "trace", version=1)
 
 
 def edit_manifest(path: Path, change) -> None:

@@ -72,7 +72,8 @@ class GemmOperand:
     * ``layout``: how the operand's blocks lie in the GEMM's K.
     * ``saturated``, ``underflowed``: elements the quantizer clipped to its largest
       magnitude, and nonzero elements it flushed to zero (counted in the operand's own
-      layout, each element once).
+      layout, each element once); None when the trace keeps no float for the operand
+      (``Layer.codes_only``).
     * ``exact``: False when a float operand could not be split exactly (non-finite values,
       float64 values that are not float32).
     """
@@ -84,8 +85,8 @@ class GemmOperand:
     quantized: bool
     spec: str
     layout: str
-    saturated: int = 0
-    underflowed: int = 0
+    saturated: int | None = 0
+    underflowed: int | None = 0
     exact: bool = True
 
     @property
@@ -433,6 +434,8 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
             saturated = underflowed = 0
         else:
             fmt, name, saturated, underflowed = q.element_format, q.spec, q.saturated, q.underflowed
+        if op in layer.codes_only:  # the float is not in the trace: what its quantizer clipped is unknown
+            saturated = underflowed = None
         # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
         lowered_scales = (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
         result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, k.granule[op], q is not None,

@@ -86,8 +86,13 @@ class OperandChoice:
     status: str = "model"
     spec: str = ""
     layout: str = ""
-    saturated: int = 0
-    underflowed: int = 0
+    saturated: int | None = 0
+    underflowed: int | None = 0
+
+
+def _clipped(first: int | None, second: int | None) -> int | None:
+    """The sum of two operands' clip counts; None (unknown) when either is."""
+    return None if first is None or second is None else first + second
 
 
 @dataclass
@@ -294,6 +299,8 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         if choice.status == "model":
             tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
         else:
+            if name in at.codes_only:
+                choice.note += "; from the model's quantized values (the trace keeps no float)"
             floats = ops.a_float if name == "input" else ops.b_float
             tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options)
         choices[name] = choice
@@ -579,8 +586,8 @@ def worst_layers(rows: Sequence[LayerResult], count: int = 5) -> list[dict]:
     """The ``count`` rows with the lowest SQNR vs float, with what made them bad."""
     ranked = sorted(rows, key=lambda r: (r.sqnr_vs_float_db, r.layer))[:count]
     return [{"layer": r.layer, "sqnr_vs_float_db": r.sqnr_vs_float_db, "sqnr_vs_ideal_db": r.sqnr_vs_ideal_db,
-             "saturated": r.input.saturated + r.weight.saturated,
-             "underflowed": r.input.underflowed + r.weight.underflowed, "k": r.k,
+             "saturated": _clipped(r.input.saturated, r.weight.saturated),
+             "underflowed": _clipped(r.input.underflowed, r.weight.underflowed), "k": r.k,
              "operands": f"{_operand_label(r.input)} x {_operand_label(r.weight)}",
              "layout": r.input.layout if r.input.layout == r.weight.layout else f"{r.input.layout} / {r.weight.layout}",
              "status": r.status}
@@ -593,6 +600,10 @@ def _operand_label(choice) -> str:
     if get("per_tensor_scale"):
         return f"{get('format')}/{'cast' if get('tensor_scale_exponent') == 0 else 'pt'}"
     return f"{get('format')}/{get('block_size')}"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _number(value: float, digits: int = 2) -> str:
@@ -615,8 +626,8 @@ def format_report(report: dict) -> str:
             operands = f"{_operand_label(r['input'])} x {_operand_label(r['weight'])}"
             cells = [operands, str(r["k"]), _number(r["sqnr_vs_float_db"]), _number(r["sqnr_vs_ideal_db"]),
                      f"{r['rel_rms_error_vs_ideal']:.2e}", f"{r['max_error_vs_ideal_ulps']:.3g}",
-                     str(r["input"]["saturated"] + r["weight"]["saturated"]),
-                     str(r["input"]["underflowed"] + r["weight"]["underflowed"]), str(cycles)]
+                     _count(_clipped(r["input"]["saturated"], r["weight"]["saturated"])),
+                     _count(_clipped(r["input"]["underflowed"], r["weight"]["underflowed"])), str(cycles)]
             mark = MARKS[r["status"]] or " "
             lines.append(f"{mark} {entry['layer']:{name_width}s}  {r['hw']:{unit_width}s}  "
                          + " ".join(f"{cell:>{w}s}" for cell, (_, w) in zip(cells, columns)))
@@ -645,8 +656,8 @@ def format_report(report: dict) -> str:
         lines.append(f"worst layers on {name} (lowest SQNR vs float):")
         for w in worst:
             lines.append(f"  {w['layer']}: {_number(w['sqnr_vs_float_db'])} dB vs float, "
-                         f"{_number(w['sqnr_vs_ideal_db'])} dB vs ideal; {w['saturated']} saturated, "
-                         f"{w['underflowed']} underflowed to zero; K {w['k']}; {w['operands']}; {w['layout']}")
+                         f"{_number(w['sqnr_vs_ideal_db'])} dB vs ideal; {_count(w['saturated'])} saturated, "
+                         f"{_count(w['underflowed'])} underflowed to zero; K {w['k']}; {w['operands']}; {w['layout']}")
     for pair in report["agreement"]:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")
     for failure in report.get("failures", []):

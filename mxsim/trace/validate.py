@@ -69,6 +69,9 @@ def check_layer(layer: Layer, fail) -> None:
     """
     if layer.op not in OPS:
         fail("op", f"unknown op {layer.op!r}; accepted: {', '.join(OPS)}")
+    for operand in sorted(layer.codes_only, key=str):
+        if operand not in ("input", "weight") or not isinstance(layer.quant.get(operand), MXQuant):
+            fail("codes_only", f"{operand!r}: only an input or weight with an MX spec is stored as codes")
     t = layer.tensors
     if not isinstance(t, dict):
         fail("tensors", f"must be a mapping of tensor name -> numpy array, got {type(t).__name__}")
