@@ -41,6 +41,7 @@ from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
 from ..trace.model import Layer, Trace
 from ..trace.quant import MXQuant
+from .attribution import layer_attribution, output_channel_shares, top_shares
 from .lowering import gemm_shape, lift_output
 from .network import accuracy, layer_with_input
 from .operands import (
@@ -124,6 +125,8 @@ class LayerResult:
     bits: np.ndarray | None = field(default=None, repr=False)
     errors_vs_float: np.ndarray | None = field(default=None, repr=False)
     errors_vs_ideal: np.ndarray | None = field(default=None, repr=False)
+    attribution: dict | None = None
+    channel_error_shares: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def status(self) -> str:
@@ -135,7 +138,7 @@ class LayerResult:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        for key in ("bits", "errors_vs_float", "errors_vs_ideal"):
+        for key in ("bits", "errors_vs_float", "errors_vs_ideal", "channel_error_shares"):
             out.pop(key)
         out["status"] = self.status
         return out
@@ -254,7 +257,9 @@ class LayerRun:
     ``values``/``ideal``: outputs in the layer's layout (float64); ``gemm_values``/
     ``gemm_ideal``: (G, M, N) including the bias where it entered as c (ideal: None when
     skipped); ``bits``: the unit's
-    raw output bits (G, M, N); ``operands``: the model's operands and bias.
+    raw output bits (G, M, N); ``operands``: the model's operands and bias; ``attribution``:
+    :func:`mxsim.replay.attribution.layer_attribution` of the operands the unit got (None
+    without the ideal).
     """
 
     values: np.ndarray
@@ -266,6 +271,7 @@ class LayerRun:
     weight: OperandChoice
     ideal_exact: bool
     operands: LayerOperands
+    attribution: dict | None = None
 
 
 def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
@@ -335,8 +341,24 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
             out[g] += bias[g]
     lift_bias = ops.bias if scaled_linear else None
     ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
+    attribution = None
+    if with_ideal:  # a replay row (not the unit in the loop): where its error comes from
+        a, b = ops.a_float.astype(np.float64), ops.b_float.astype(np.float64)
+        attribution = layer_attribution(at, a, _unit_values(tensors["input"], a.shape), b,
+                                        _unit_values(tensors["weight"], b.shape), shape.k // shape.k_run, conv_order)
     return LayerRun(lift_output(at, out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
-                    choices["weight"], exact, ops)
+                    choices["weight"], exact, ops, attribution)
+
+
+def _unit_values(tensors: list[MXTensor], shape: tuple) -> np.ndarray:
+    """The exact values (float64) of a unit's operand, one MXTensor (R, K') per group, cut or
+    zero-padded along K to ``shape`` (G, R, K)."""
+    values = np.zeros(shape, dtype=np.float64)
+    for g, tensor in enumerate(tensors):
+        got = tensor.dequantize(np.float64)
+        k = min(got.shape[-1], shape[-1])
+        values[g, :, :k] = got[:, :k]
+    return values
 
 
 def _output_ulp(rms: float, out_format: str) -> float:
@@ -393,6 +415,7 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
         identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0, ideal_rms=ideal_rms,
         ideal_exact=run.ideal_exact, seconds=seconds, compile_seconds=compiling, cycles=cycles, bits=run.bits,
         errors_vs_float=error, errors_vs_ideal=error_ideal,
+        attribution=run.attribution, channel_error_shares=output_channel_shares(layer, values - reference),
     )
 
 
@@ -570,6 +593,9 @@ def _report(trace: Trace, units: Sequence[HardwareConfig], element_format: str |
             "cycles": sum(r.cycles["total_cycles"] for r in rows) if all(r.cycles for r in rows) and rows else None,
         }
         report["worst"][name] = worst_layers(rows)
+        for entry, row in zip(report["worst"][name], sorted(rows, key=lambda r: (r.sqnr_vs_float_db, r.layer))):
+            entry["output_channels"] = top_shares(row.channel_error_shares)
+            entry["attribution"] = row.attribution
     for i, first in enumerate(names):
         for second in names[i + 1 :]:
             same = total = 0
@@ -600,6 +626,24 @@ def _operand_label(choice) -> str:
     if get("per_tensor_scale"):
         return f"{get('format')}/{'cast' if get('tensor_scale_exponent') == 0 else 'pt'}"
     return f"{get('format')}/{get('block_size')}"
+
+
+def _shares(entries: list[dict], kind: str) -> str:
+    return ", ".join(f"{kind} {e['index']} {100 * e['share']:.1f}%" for e in entries) or "none"
+
+
+def _attribution_lines(worst: dict) -> list[str]:
+    """Where a worst layer's error is (docs/replay.md, "Where the error is")."""
+    if "output_channels" not in worst:
+        return []
+    lines = [f"error by output channel: {_shares(worst['output_channels'], 'channel')}"]
+    found = worst["attribution"]
+    if found is None:
+        return lines + ["input columns and input vs weight: unknown (the trace keeps no float operands)"]
+    lines.append(f"product error by {found['column_kind']}: {_shares(found['input_columns'], found['column_kind'].split()[-1])}")
+    lines.append(f"SQNR were only the input quantized {_number(found['sqnr_input_only_db'])} dB, only the weight "
+                 f"{_number(found['sqnr_weight_only_db'])} dB")
+    return lines
 
 
 def _count(value: int | None) -> str:
@@ -658,6 +702,7 @@ def format_report(report: dict) -> str:
             lines.append(f"  {w['layer']}: {_number(w['sqnr_vs_float_db'])} dB vs float, "
                          f"{_number(w['sqnr_vs_ideal_db'])} dB vs ideal; {_count(w['saturated'])} saturated, "
                          f"{_count(w['underflowed'])} underflowed to zero; K {w['k']}; {w['operands']}; {w['layout']}")
+            lines.extend(f"    {line}" for line in _attribution_lines(w))
     for pair in report["agreement"]:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")
     for failure in report.get("failures", []):
