@@ -377,6 +377,21 @@ def test_version_2_hostile_entries(saved_v2):
         (saved_v2 / "manifest.yaml").write_text(original)
 
 
+def test_version_2_codes_outside_the_format_are_refused(saved_v2):
+    """A codes blob with a valid content id but codes the element format does not have."""
+    from mxsim.trace.io import _shuffled, content_id
+
+    entry = _blob_of(saved_v2, 0, "input")
+    bad = np.full((4, 64), 255, np.uint8)  # fp8_e4m3 has 256 codes: 255 is one; use fp4's range below
+    spec = {"kind": "mx", "format": "fp4_e2m1", "axis": 1, "block_size": 32, "profile": "ocp", "options": {}}
+    blob = content_id(bad)
+    np.savez(saved_v2 / "tensors" / f"{blob}.npz", data=_shuffled(bad))
+    _edit_v2(saved_v2, lambda m: (m["layers"][0]["tensors"]["input"].update(codes=blob),
+                                  m["layers"][0]["quant"].update(input=spec)))
+    assert_trace_error(saved_v2, "q", "tensors.input.codes", "codes must lie in [0, 16) for fp4_e2m1")
+    assert entry["codes"] != blob
+
+
 def test_version_1_is_still_written_and_read(tmp_path):
     trace = _shared_input_trace()
     path = save_trace(trace, tmp_path / "v1", version=1)

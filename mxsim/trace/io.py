@@ -383,6 +383,10 @@ class _Blobs:
         code_shape, scale_shape = _code_shapes(spec, shape)
         codes = self.read(entry["codes"], code_shape, "uint8", layer, f"{where}.codes")
         scales = self.read(entry["scales"], scale_shape, "uint8", layer, f"{where}.scales")
+        try:
+            get_format(spec.format).field_codes(codes, "codes")
+        except MxsimError as error:
+            raise trace_error(self.label, str(error), layer, f"{where}.codes") from None
         return _decoded(spec, codes, scales, shape, dtype)
 
 
