@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fail_replay_of_layer
 from mxsim.cli import main
-from mxsim.errors import MxsimError
 
 
 def run(capsys, *argv):
@@ -222,16 +221,7 @@ def test_replay_layers_selects_by_regex(capsys, tmp_path):
 
 
 def test_replay_failure_after_work_prints_table_and_json_first(capsys, tmp_path, monkeypatch):
-    from mxsim.replay import run as run_module
-
-    real = run_module.replay_layer_on_units
-
-    def failing(layer, *args):
-        if layer.name == "fc2":
-            raise MxsimError("fc2 fails")
-        return real(layer, *args)
-
-    monkeypatch.setattr(run_module, "replay_layer_on_units", failing)
+    fail_replay_of_layer(monkeypatch, "fc2", "fc2 fails")
     out_file = tmp_path / "report.json"
     status, out, err = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw",
                            str(REPO / "hwconfigs/kulisch.yaml"), "--quiet", "--json", str(out_file))

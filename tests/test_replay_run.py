@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fail_replay_of_layer
 from mxsim import matmul
 from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
@@ -300,19 +300,11 @@ def test_strict_checked_before_work_agrees_with_the_rows_replay_marks():
 
 def test_a_failure_after_work_keeps_the_finished_layers(monkeypatch):
     from mxsim.errors import IncompleteResultError
-    from mxsim.replay import run as run_module
 
     rng = np.random.default_rng(4)
     good, bad = linear_layer(rng), linear_layer(rng)
     bad.name = "bad"
-    real = run_module.replay_layer_on_units
-
-    def failing(layer, *args):
-        if layer.name == "bad":
-            raise MxsimError("this layer fails")
-        return real(layer, *args)
-
-    monkeypatch.setattr(run_module, "replay_layer_on_units", failing)
+    fail_replay_of_layer(monkeypatch, "bad", "this layer fails")
     with pytest.raises(IncompleteResultError, match="1 of 2 replay tasks failed: layer bad: this layer fails") as caught:
         replay(Trace("t", [good, bad]), [HW["ocp-exact"]])
     partial = caught.value.partial
