@@ -315,8 +315,14 @@ def test_compact_trace_keeps_codes_and_scales_of_mx_operands(tmp_path):
                 assert got.tensors[key].dtype == array.dtype and np.array_equal(got.tensors[key], want)
             else:
                 assert np.array_equal(got.tensors[key], array)
-    again = load_trace(save_trace(loaded, tmp_path / "again", floats=False))  # stays compact, same values
-    assert [layer.codes_only for layer in again.layers] == [layer.codes_only for layer in loaded.layers]
+    for floats in (False, True):  # a compact trace stays compact: its decoded values never pass for floats
+        again = load_trace(save_trace(loaded, tmp_path / f"again-{floats}", floats=floats))
+        assert [layer.codes_only for layer in again.layers] == [layer.codes_only for layer in loaded.layers]
+    with pytest.raises(TraceError, match="field 'codes_only'.*cannot be written in version 1"):
+        save_trace(loaded, tmp_path / "v1", version=1)
+    loaded.layers[0].tensors["input"] = trace.layers[0].input  # a float where codes are claimed
+    with pytest.raises(TraceError, match="kept as codes only, but its values are not those of its MX spec"):
+        save_trace(loaded, tmp_path / "bad")
 
 
 def _edit_v2(path, change):

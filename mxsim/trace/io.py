@@ -115,6 +115,8 @@ def _as_codes(layer: Layer, operand: str) -> MXTensor | None:
     decoded = exact.astype(x.dtype)
     if not np.array_equal(decoded.astype(np.float64), exact, equal_nan=True):
         return None
+    if operand in layer.codes_only and not np.array_equal(decoded, x, equal_nan=True):
+        return None  # claimed to be decoded codes, but other values
     again = _quantize_by(spec, decoded)
     if not (np.array_equal(again.codes, tensor.codes) and np.array_equal(again.scales, tensor.scales)):
         return None
@@ -154,8 +156,9 @@ def build_manifest(trace: Trace, floats: bool = True,
     Version 2: every layer array as a content-addressed blob ``tensors/ID.npz`` (member
     ``data``, :func:`_shuffled`), stored once however many layers hold it; ``floats=False``:
     an input or weight with an MX spec is stored as its element codes and scales only, where
-    :func:`_as_codes` allows (the layer's ``codes_only``). Version 1: one NPZ per layer, every
-    array whole (a trace with ``codes_only`` operands stores their decoded values).
+    :func:`_as_codes` allows (the layer's ``codes_only``, which stay codes whatever ``floats``).
+    Version 1: one NPZ per layer, every array whole (refused for ``codes_only`` operands, whose
+    decoded values would pass for floats).
 
     Validates the trace first (raises TraceError naming the layer and field).
     """
@@ -168,12 +171,18 @@ def build_manifest(trace: Trace, floats: bool = True,
     for index, layer in enumerate(trace.layers):
         entries = {}
         if version == 1:
+            if layer.codes_only:  # its decoded values would pass for the floats
+                raise trace_error(label, "a compact trace (operands kept as codes only) cannot be written in "
+                                         "version 1", layer.name, "codes_only")
             path = _layer_file(index, layer.name)
             files[path] = _layer_arrays(layer)
             entries = {k: _tensor_entry(v) for k, v in files[path].items()}
         for key, array in _layer_arrays(layer).items() if version == 2 else ():
             tensor = None if floats and key not in layer.codes_only else \
                 _as_codes(layer, key) if key in ("input", "weight") else None
+            if tensor is None and key in layer.codes_only:  # never let decoded values pass for floats
+                raise trace_error(label, f"the {key} is kept as codes only, but its values are not those of "
+                                         "its MX spec", layer.name, "codes_only")
             if tensor is None:
                 entries[key] = {**_tensor_entry(array), "blob": _blob(files, array)}
             else:
