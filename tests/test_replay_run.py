@@ -287,9 +287,12 @@ def test_strict_checked_before_work_agrees_with_the_rows_replay_marks():
     """The plan from the specs alone (before work) marks exactly the rows replay marks."""
     from mxsim.replay.operands import layer_operands, operand_plans
 
+    from conftest import sample_trace
+
     trace = load_trace(REPO / "traces" / "digits-cnn")
     sample = load_trace(REPO / "traces" / "ppocr-cls")
-    for layer in trace.layers + sample.layers:
+    # hand-made: MX input with a BFP (MX6) conv weight, QDQ, a batched matmul, a grouped conv_transpose2d
+    for layer in trace.layers + sample.layers + sample_trace().layers:
         for order in ("kh_kw_c", "c_kh_kw"):
             plans, operands = operand_plans(layer, order), layer_operands(layer, order)
             for name, operand in (("input", operands.a), ("weight", operands.b)):
