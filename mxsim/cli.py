@@ -202,6 +202,7 @@ def _json_default(value):
 
 
 def cmd_replay(args) -> int:
+    from ._optional import require
     from .datapath import load_hwconfig
     from .parallel import make_runner
     from .replay import format_report, replay, write_plots
@@ -215,15 +216,11 @@ def cmd_replay(args) -> int:
         trace = select_layers(trace, args.layers)
     units = [load_hwconfig(path) for path in args.hw]
     if args.plots:
-        from ._optional import require
-
         require("matplotlib")  # a missing extra is refused before any work
     perplexity_fn = None
     if args.end_to_end and trace.network is not None and trace.network.targets is not None:
-        from ._optional import require
-        from .inloop.network import perplexity as perplexity_fn  # a language model runs in PyTorch
-
-        require("torch")  # before any work
+        require("torch")  # a language model runs in PyTorch
+        from .inloop.network import perplexity as perplexity_fn
     try:
         with make_runner(args.workers, args.scheduler) as runner:
             report = replay(trace, units, end_to_end=args.end_to_end,

@@ -452,8 +452,8 @@ def select_layers(trace: Trace, pattern: str) -> Trace:
         raise MxsimError(f"--layers {pattern!r}: not a regular expression: {error}") from None
     layers = [layer for layer in trace.layers if compiled.search(layer.name)]
     if not layers:
-        raise MxsimError(f"--layers {pattern!r} matches none of the trace's {len(trace.layers)} layers "
-                         f"(first: {trace.layers[0].name!r})")
+        first = f" (first: {trace.layers[0].name!r})" if trace.layers else ""
+        raise MxsimError(f"--layers {pattern!r} matches none of the trace's {len(trace.layers)} layers{first}")
     return dataclasses.replace(trace, layers=layers, network=None, dataset=None)
 
 
