@@ -316,7 +316,7 @@ def cmd_capture_onnx(args) -> int:
     from .capture.onnx import capture_onnx, load_inputs_npz
 
     trace = capture_onnx(args.model, load_inputs_npz(args.inputs), name=args.name, bfp_kernel=args.bfp_kernel)
-    save_trace(trace, args.out, overwrite=args.force)
+    save_trace(trace, args.out, overwrite=args.force, floats=not args.compact)
     print(f"captured {len(trace.layers)} layers from {args.model} into {args.out}")
     return 0
 
@@ -424,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--name", help="trace name (default: the model file's stem)")
     onnx.add_argument("--bfp-kernel", choices=["cpu", "cuda"], default="cpu", help="Quark BFP kernel semantics")
     onnx.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
+    onnx.add_argument("--compact", action="store_true",
+                      help="store MX-quantized operands as codes and scales only, without their floats "
+                           "(docs/trace-format.md: which reports need the floats)")
     onnx.set_defaults(run=cmd_capture_onnx)
 
     golden = sub.add_parser("golden", help="golden reference vectors for RTL test benches")

@@ -692,7 +692,7 @@ def gen_cli(rng, env, inputs, outputs):
                                                  "fp16", "tf32,fp16", "x,y", ",", "fp8_e4m3,fp8_e4m3,fp4_e2m1"]),
                    "--stages": None, "--quiet": None, "--json": None},
         "capture": {"": lambda: "onnx", "--inputs": lambda: str(inputs / "inputs.npz"),
-                    "--out": lambda: str(outputs / "captured"), "--force": None},
+                    "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None},
     }
     command = rng.choice(list(specs))
     argv = [command]
