@@ -202,30 +202,51 @@ def _json_default(value):
 
 
 def cmd_replay(args) -> int:
+    from ._optional import require
     from .datapath import load_hwconfig
     from .parallel import make_runner
     from .replay import format_report, replay, write_plots
+    from .replay.run import select_layers
     from .trace import load_trace
 
     trace = load_trace(args.trace)
+    if args.layers is not None:
+        if args.end_to_end:
+            raise MxsimError("--layers and --end-to-end exclude each other: end to end runs every layer")
+        trace = select_layers(trace, args.layers)
     units = [load_hwconfig(path) for path in args.hw]
+    if args.plots:
+        require("matplotlib")  # a missing extra is refused before any work
     perplexity_fn = None
     if args.end_to_end and trace.network is not None and trace.network.targets is not None:
-        from .inloop.network import perplexity as perplexity_fn  # a language model runs in PyTorch
-    with make_runner(args.workers, args.scheduler) as runner:
-        report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
-                        element_format=args.format, conv_order=args.conv_order, strict=args.strict, runner=runner,
-                        perplexity_fn=perplexity_fn)
+        require("torch")  # a language model runs in PyTorch
+        from .inloop.network import perplexity as perplexity_fn
+    try:
+        with make_runner(args.workers, args.scheduler) as runner:
+            report = replay(trace, units, end_to_end=args.end_to_end,
+                            progress=not args.quiet and sys.stderr.isatty(), element_format=args.format,
+                            conv_order=args.conv_order, strict=args.strict, runner=runner,
+                            perplexity_fn=perplexity_fn)
+    except Exception as error:
+        partial = getattr(error, "partial", None)
+        if partial is not None and partial["layers"]:  # the finished layers are never lost
+            partial.pop("_results")
+            _print_replay(partial, args, format_report)
+        raise
     results = report.pop("_results")
     # The table and the JSON come first: nothing optional (plots) may lose them.
-    print(format_report(report))
-    if args.json:
-        _write_json_atomically(args.json, report)
-        print(f"JSON report: {args.json}")
+    _print_replay(report, args, format_report)
     if args.plots:
         plots = write_plots({**report, "_results": results}, args.plots)
         print(f"plots: {len(plots)} PNG files in {args.plots}")
     return 0
+
+
+def _print_replay(report: dict, args, format_report) -> None:
+    print(format_report(report))
+    if args.json:
+        _write_json_atomically(args.json, report)
+        print(f"JSON report: {args.json}")
 
 
 def cmd_sweep(args) -> int:
@@ -295,7 +316,7 @@ def cmd_capture_onnx(args) -> int:
     from .capture.onnx import capture_onnx, load_inputs_npz
 
     trace = capture_onnx(args.model, load_inputs_npz(args.inputs), name=args.name, bfp_kernel=args.bfp_kernel)
-    save_trace(trace, args.out, overwrite=args.force)
+    save_trace(trace, args.out, overwrite=args.force, floats=not args.compact)
     print(f"captured {len(trace.layers)} layers from {args.model} into {args.out}")
     return 0
 
@@ -370,6 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--conv-order", choices=["kh_kw_c", "c_kh_kw"], default="kh_kw_c",
                         help="conv lowering: K ordered (kh, kw, C) with C blocked per tap (default, as NHWC "
                              "accelerators) or (C, kh, kw) (see docs/replay.md)")
+    replay.add_argument("--layers", metavar="REGEX",
+                        help="replay only the layers whose name matches REGEX (Python re.search)")
     replay.add_argument("--strict", action="store_true",
                         help="fail when a unit cannot take a layer's recorded quantization (default: mark the row)")
     _add_run_arguments(replay)
@@ -401,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--name", help="trace name (default: the model file's stem)")
     onnx.add_argument("--bfp-kernel", choices=["cpu", "cuda"], default="cpu", help="Quark BFP kernel semantics")
     onnx.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
+    onnx.add_argument("--compact", action="store_true",
+                      help="store MX-quantized operands as codes and scales only, without their floats "
+                           "(docs/trace-format.md: which reports need the floats)")
     onnx.set_defaults(run=cmd_capture_onnx)
 
     golden = sub.add_parser("golden", help="golden reference vectors for RTL test benches")

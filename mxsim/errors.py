@@ -55,3 +55,12 @@ class InputFileError(MxsimError, ValueError):
 
 class BudgetError(MxsimError, ValueError):
     """Work or memory beyond the budget (``MXSIM_MAX_BYTES``, see docs/limits.md) was asked for."""
+
+
+class IncompleteResultError(MxsimError):
+    """Work failed after other parts of it had finished: ``partial`` holds what was computed
+    (e.g. a replay report of the layers that succeeded), so that no finished work is lost."""
+
+    def __init__(self, message: str, partial):
+        super().__init__(message)
+        self.partial = partial

@@ -267,10 +267,26 @@ def sample_trace():
 
 @pytest.fixture
 def saved_trace(tmp_path) -> Path:
-    """:func:`sample_trace` saved in a temporary directory."""
+    """:func:`sample_trace` saved in a temporary directory in format version 1 (one NPZ per
+    layer: the error checks of its files; version 2 has its own tests)."""
     from mxsim.trace import save_trace
 
-    return save_trace(sample_trace(), tmp_path / "trace")
+    return save_trace(sample_trace(), tmp_path / "trace", version=1)
+
+
+def fail_replay_of_layer(monkeypatch, name: str, message: str) -> None:
+    """Make replay's task for the layer ``name`` raise MxsimError(message); the others run."""
+    from mxsim.errors import MxsimError
+    from mxsim.replay import run as run_module
+
+    real = run_module.replay_layer_on_units
+
+    def failing(layer, *args):
+        if layer.name == name:
+            raise MxsimError(message)
+        return real(layer, *args)
+
+    monkeypatch.setattr(run_module, "replay_layer_on_units", failing)
 
 
 def edit_manifest(path: Path, change) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fail_replay_of_layer
 from mxsim.cli import main
 
 
@@ -199,3 +200,67 @@ def test_replay_plots_stay_inside_the_output_directory(capsys, tmp_path):
     assert status == 0, err
     assert json.loads(report.read_text())["units"] == ["ocp-exact"]
     assert all(path.resolve().parent == plots.resolve() for path in plots.iterdir())
+
+
+def test_replay_end_to_end_without_labels_fails_before_work(capsys):
+    status, out, err = run(capsys, "replay", str(REPO / "traces/ppocr-cls"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                           "--quiet", "--end-to-end")
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1 and "end to end needs a network" in err
+
+
+def test_replay_layers_selects_by_regex(capsys, tmp_path):
+    status, out, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                         "--quiet", "--layers", "fc2$")
+    assert status == 0 and "1 layers through kulisch" in out and re.search(r"^. fc2 +kulisch", out, re.M)
+    assert "conv1" not in out
+    for argv, message in ((["--layers", "("], "not a regular expression"), (["--layers", "zzz"], "matches none"),
+                          (["--layers", "fc", "--end-to-end"], "exclude each other")):
+        status, out, err = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw",
+                               str(REPO / "hwconfigs/kulisch.yaml"), "--quiet", *argv)
+        assert status == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_replay_failure_after_work_prints_table_and_json_first(capsys, tmp_path, monkeypatch):
+    fail_replay_of_layer(monkeypatch, "fc2", "fc2 fails")
+    out_file = tmp_path / "report.json"
+    status, out, err = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw",
+                           str(REPO / "hwconfigs/kulisch.yaml"), "--quiet", "--json", str(out_file))
+    assert status == 2 and re.search(r"^. fc1 +kulisch", out, re.M) and "FAILED layer fc2: fc2 fails" in out
+    assert len(err.strip().splitlines()) == 1 and "fc2 fails" in err
+    saved = json.loads(out_file.read_text())
+    assert [entry["layer"] for entry in saved["layers"]] == ["conv1", "conv2", "fc1"]
+    assert saved["failures"] == [{"task": "layer fc2", "error": "fc2 fails"}]
+
+
+def test_capture_onnx_compact_keeps_mx_operands_as_codes(capsys, tmp_path):
+    """The Quark-style digits model: MXFP8 activations become codes; replay's model rows agree."""
+    from mxsim.trace import load_trace
+
+    model, inputs = REPO / "tests/data/trace/digits_cnn_quark.onnx", REPO / "tests/data/trace/digits_inputs.npz"
+    for flag, name in (([], "full"), (["--compact"], "compact")):
+        status, _, _ = run(capsys, "capture", "onnx", str(model), "--inputs", str(inputs), "--out", str(tmp_path / name),
+                           *flag)
+        assert status == 0
+    full, compact = load_trace(tmp_path / "full"), load_trace(tmp_path / "compact")
+    assert all(not layer.codes_only for layer in full.layers)
+    assert any("input" in layer.codes_only for layer in compact.layers)
+    size = {name: sum(p.stat().st_size for p in (tmp_path / name).rglob("*") if p.is_file()) for name in ("full", "compact")}
+    assert size["compact"] < size["full"]
+    for a, b in zip(full.layers, compact.layers):
+        for key in ("weight", "output"):
+            if key not in b.codes_only:
+                assert np.array_equal(a.tensors[key], b.tensors[key])
+    from mxsim.datapath import load_hwconfig
+    from mxsim.replay import replay
+
+    unit = load_hwconfig(REPO / "hwconfigs/ocp-exact.yaml")
+    reports = [replay(trace, [unit]) for trace in (full, compact)]
+    for a, b in zip(*(report["layers"] for report in reports)):
+        row_a, row_b = a["results"][0], b["results"][0]
+        if row_a["status"] == "model":  # the unit multiplies the model's operands: every output bit equal
+            assert row_b["status"] == "model" and row_a["sqnr_vs_float_db"] == row_b["sqnr_vs_float_db"]
+    rows = [report["_results"]["ocp-exact"] for report in reports]
+    assert sum(r.status == "model" for r in rows[0]) >= 1
+    for a, b in zip(*rows):
+        if a.status == "model":
+            assert np.array_equal(a.bits, b.bits)

@@ -193,7 +193,7 @@ def fuzz_env(tmp_path_factory, request):
     """The base trace, the hostile files, warm kernels, and the fuzz budget."""
     root = tmp_path_factory.mktemp("fuzz-base")
     trace = _small_trace()
-    mxsim.trace.save_trace(trace, root / "trace")
+    mxsim.trace.save_trace(trace, root / "trace", floats=False)  # version 2: blobs, codes and scales
     hw = mxsim.load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
     warm_kernels()
     mxsim.replay.run.replay(mxsim.trace.load_trace(root / "trace"), [hw], end_to_end=True)
@@ -385,10 +385,39 @@ def _load_and_replay(rng, env, trace_dir):
     replay(trace, [env["hw"]], end_to_end=rng.random() < 0.5)
 
 
+def _hostile_trace_edit(rng, trace_dir: Path, inputs: Path) -> None:
+    """One of the known-hostile edits: a symlink out of the trace, a flatten past the rank,
+    labels one short or long."""
+    manifest = trace_dir / "manifest.yaml"
+    doc = yaml.safe_load(manifest.read_text())
+    choice = rng.randrange(3)
+    if choice == 0:  # a symlink leading out of the trace
+        victim = rng.choice([manifest, trace_dir / "tensors", trace_dir / "dataset.npz",
+                             rng.choice(sorted((trace_dir / "tensors").iterdir()))])
+        outside = inputs / "outside" / victim.name
+        outside.parent.mkdir(exist_ok=True)
+        victim.rename(outside)
+        victim.symlink_to(outside)
+        return
+    if choice == 1:
+        doc["network"]["steps"].insert(rng.randrange(len(doc["network"]["steps"]) + 1),
+                                       {"op": "flatten", "start_dim": rng.choice([0, 1, 2, 3, 5, 2**40])})
+    else:
+        with np.load(trace_dir / "dataset.npz") as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        labels = arrays["labels"]
+        arrays["labels"] = labels[:-1] if rng.random() < 0.5 else np.append(labels, labels[:1])
+        np.savez(trace_dir / "dataset.npz", **arrays)
+        doc["dataset"]["tensors"]["labels"]["shape"] = list(arrays["labels"].shape)
+    manifest.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
 def gen_manifest(rng, env, inputs, outputs):
     trace_dir = _copy_trace(env, inputs)
     manifest = trace_dir / "manifest.yaml"
-    if rng.random() < 0.75:
+    if rng.random() < 0.2:
+        _hostile_trace_edit(rng, trace_dir, inputs)
+    elif rng.random() < 0.75:
         doc = mutate_document(rng, yaml.safe_load(manifest.read_text()))
         try:
             manifest.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
@@ -457,10 +486,12 @@ def gen_npz(rng, env, inputs, outputs):
         layer = rng.choice(doc["layers"])
         key = rng.choice(sorted(layer["tensors"]))
         huge = [rng.choice([2**20, 2**31, 10**12]), 40]
-        layer["tensors"][key]["shape"] = huge
+        entry = layer["tensors"][key]
+        entry["shape"] = huge
         manifest.write_text(yaml.safe_dump(doc, sort_keys=False))
-        with zipfile.ZipFile(trace_dir / layer["file"], "a") as archive:
-            archive.writestr(f"{key}.npy", npy_bytes("<f4", False, tuple(huge), b""))
+        blob = entry.get("blob", entry.get("codes"))
+        with zipfile.ZipFile(trace_dir / "tensors" / f"{blob}.npz", "a") as archive:
+            archive.writestr("data.npy", npy_bytes("|u1", False, (4, huge[0] * huge[1]), b""))
     return lambda: _load_and_replay(rng, env, trace_dir)
 
 
@@ -661,7 +692,7 @@ def gen_cli(rng, env, inputs, outputs):
                                                  "fp16", "tf32,fp16", "x,y", ",", "fp8_e4m3,fp8_e4m3,fp4_e2m1"]),
                    "--stages": None, "--quiet": None, "--json": None},
         "capture": {"": lambda: "onnx", "--inputs": lambda: str(inputs / "inputs.npz"),
-                    "--out": lambda: str(outputs / "captured"), "--force": None},
+                    "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None},
     }
     command = rng.choice(list(specs))
     argv = [command]

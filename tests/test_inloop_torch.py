@@ -99,3 +99,22 @@ def test_bad_options(torch):
     with pytest.raises(MxsimError, match="nn.Module"):
         with torch_unit("model", OCP):
             pass
+
+
+def test_a_format_the_unit_cannot_take_is_refused_in_the_loop(torch):
+    """The one policy (docs/replay.md): in the loop there is no row to mark, so neither a
+    caller's format nor a recorded spec the unit cannot take is substituted."""
+    from mxsim.trace import MXQuant
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(2, 64)
+    with pytest.raises(MxsimError, match="h100-fp8 does not take fp4_e2m1"):
+        with torch_unit(model, H100, a_format="fp4_e2m1"):
+            model(x)
+    spec = MXQuant("fp4_e2m1")
+    with pytest.raises(MxsimError, match="layer '0' on h100-fp8: the unit cannot take fp4_e2m1 block 32.*strict"):
+        with torch_unit(model, H100, quant={"input": spec, "weight": spec}):
+            model(x)
+    with torch_unit(model, OCP, quant={"input": spec, "weight": spec}) as unit:  # a unit that takes it
+        model(x)
+    assert unit.computed_layers == ["0"]

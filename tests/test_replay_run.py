@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fail_replay_of_layer
 from mxsim import matmul
 from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
@@ -250,3 +250,111 @@ def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
     monkeypatch.setattr(replay_module, "run_layer", real_run_layer)
     quiet = replay(trace, [HW["ocp-exact"]])
     assert quiet["totals"]["ocp-exact"]["compile_seconds"] == 0.0 and "compiling" not in format_report(quiet)
+
+
+@pytest.fixture
+def layer_calls(monkeypatch):
+    """The layers replay computes (each call of replay_layer_on_units, by layer name)."""
+    from mxsim.replay import run as run_module
+
+    calls = []
+    real = run_module.replay_layer_on_units
+
+    def recording(layer, *args):
+        calls.append(layer.name)
+        return real(layer, *args)
+
+    monkeypatch.setattr(run_module, "replay_layer_on_units", recording)
+    return calls
+
+
+def test_requests_that_cannot_be_met_are_refused_before_any_layer_runs(layer_calls):
+    trace = Trace("t", [linear_layer(np.random.default_rng(3), "fp4_e2m1")])
+    with pytest.raises(MxsimError, match="end to end needs a network with labels .* this trace has no network"):
+        replay(trace, [HW["ocp-exact"]], end_to_end=True)
+    with pytest.raises(MxsimError, match="layer 'fc' on h100-fp8: the unit cannot take fp4_e2m1 block 32.*strict"):
+        replay(trace, [HW["ocp-exact"], HW["h100-fp8"]], strict=True)
+    with pytest.raises(MxsimError, match="h100-fp8 does not take fp4_e2m1 for the input"):
+        replay(trace, [HW["ocp-exact"], HW["h100-fp8"]], element_format="fp4_e2m1")
+    with pytest.raises(MxsimError, match="conv order"):
+        replay(trace, [HW["ocp-exact"]], conv_order="nchw")
+    assert layer_calls == []
+    replay(trace, [HW["ocp-exact"]], strict=True)  # ocp-exact takes the spec: strict passes
+    assert layer_calls == ["fc"]
+
+
+def test_strict_checked_before_work_agrees_with_the_rows_replay_marks():
+    """The plan from the specs alone (before work) marks exactly the rows replay marks."""
+    from mxsim.replay.operands import layer_operands, operand_plans
+
+    from conftest import sample_trace
+
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    sample = load_trace(REPO / "traces" / "ppocr-cls")
+    # hand-made: MX input with a BFP (MX6) conv weight, QDQ, a batched matmul, a grouped conv_transpose2d
+    for layer in trace.layers + sample.layers + sample_trace().layers:
+        for order in ("kh_kw_c", "c_kh_kw"):
+            plans, operands = operand_plans(layer, order), layer_operands(layer, order)
+            for name, operand in (("input", operands.a), ("weight", operands.b)):
+                plan = plans[name]
+                assert (plan.element_format, plan.quantized, plan.granule, plan.spec, plan.layout) == (
+                    operand.element_format, operand.quantized, operand.granule, operand.spec, operand.layout)
+
+
+def test_a_failure_after_work_keeps_the_finished_layers(monkeypatch):
+    from mxsim.errors import IncompleteResultError
+
+    rng = np.random.default_rng(4)
+    good, bad = linear_layer(rng), linear_layer(rng)
+    bad.name = "bad"
+    fail_replay_of_layer(monkeypatch, "bad", "this layer fails")
+    with pytest.raises(IncompleteResultError, match="1 of 2 replay tasks failed: layer bad: this layer fails") as caught:
+        replay(Trace("t", [good, bad]), [HW["ocp-exact"]])
+    partial = caught.value.partial
+    assert [entry["layer"] for entry in partial["layers"]] == ["fc"]
+    assert partial["failures"] == [{"task": "layer bad", "error": "this layer fails"}]
+    assert "FAILED layer bad: this layer fails" in format_report(partial)
+
+
+def test_totals_give_mean_and_median_layer_sqnr_and_what_was_replaced():
+    rng = np.random.default_rng(5)
+    layers = []
+    for index, fmt in enumerate(("fp8_e4m3", "fp6_e2m3", "fp4_e2m1")):
+        layer = linear_layer(rng, fmt)
+        layer.name = f"fc{index}"
+        layers.append(layer)
+    report = replay(Trace("t", layers), [HW["ocp-exact"], HW["h100-fp8"]])
+    for unit in ("ocp-exact", "h100-fp8"):
+        sqnrs = [entry["results"][report["units"].index(unit)]["sqnr_vs_float_db"] for entry in report["layers"]]
+        total = report["totals"][unit]
+        assert total["mean_layer_sqnr_vs_float_db"] == pytest.approx(sum(sqnrs) / 3)
+        assert total["median_layer_sqnr_vs_float_db"] == sorted(sqnrs)[1]
+        assert total["worst_layer_sqnr_vs_float_db"] == min(sqnrs)
+    assert report["totals"]["ocp-exact"]["replaced"] == []
+    assert report["totals"]["h100-fp8"]["replaced"] == [  # no block scales: even fp8 blocks are re-quantized
+        "fp4_e2m1 block 32 -> fp8_e4m3/pt", "fp6_e2m3 block 32 -> fp8_e4m3/pt", "fp8_e4m3 block 32 -> fp8_e4m3/pt"]
+    totals_line = next(line for line in format_report(report).splitlines() if line.startswith("total h100-fp8"))
+    assert "/ median" in totals_line and "/ mean" in totals_line
+    assert "(* re-quantized by replay: fp4_e2m1 block 32 -> fp8_e4m3/pt; fp6_e2m3 block 32 -> fp8_e4m3/pt; " \
+           "fp8_e4m3 block 32 -> fp8_e4m3/pt)" in totals_line
+
+
+def test_select_layers_by_regular_expression():
+    from mxsim.replay.run import select_layers
+
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    subset = select_layers(trace, r"^fc")
+    assert [layer.name for layer in subset.layers] == ["fc1", "fc2"] and subset.network is None
+    assert [layer.name for layer in trace.layers] == ["conv1", "conv2", "fc1", "fc2"]  # the trace is kept
+    with pytest.raises(MxsimError, match="matches none of the trace's 4 layers"):
+        select_layers(trace, "attention")
+    with pytest.raises(MxsimError, match="not a regular expression"):
+        select_layers(trace, "conv(")
+
+
+def test_the_plot_ceiling_is_shared_by_every_unit():
+    from mxsim.replay.run import plot_ceiling
+
+    # one unit identical everywhere (inf), another with finite rows: inf is drawn above them all
+    assert plot_ceiling([float("inf"), float("inf"), 40.0, 75.5]) == 85.5
+    assert plot_ceiling([float("inf")]) == 200.0

@@ -90,8 +90,8 @@ def test_invalid_yaml(saved_trace):
 
 
 def test_unknown_version(saved_trace):
-    edit_manifest(saved_trace, lambda m: m.update(version=2))
-    assert_trace_error(saved_trace, None, "version", "unknown trace format version 2 (this mxsim reads 1)")
+    edit_manifest(saved_trace, lambda m: m.update(version=3))
+    assert_trace_error(saved_trace, None, "version", "unknown trace format version 3 (this mxsim reads 1, 2)")
 
 
 def test_missing_layer_file(saved_trace):
@@ -214,3 +214,194 @@ def test_deeply_nested_or_non_utf8_manifest(saved_trace):
     assert_trace_error(saved_trace, None, "manifest.yaml", "YAML nested deeper than 64 levels")
     (saved_trace / "manifest.yaml").write_bytes("format: mxsim-trace\nname: caf\u00e9\n".encode("latin-1"))
     assert_trace_error(saved_trace, None, "manifest.yaml", "not UTF-8 text (byte 0xe9 at offset 29)")
+
+
+def _move_out(path: Path, outside: Path) -> None:
+    """Move ``path`` to ``outside`` and leave a symlink to it in its place."""
+    target = outside / path.name
+    path.rename(target)
+    path.symlink_to(target)
+
+
+@pytest.mark.parametrize("what", ["manifest", "layers directory", "layer file", "dataset"])
+def test_symlinks_leading_out_of_the_trace_are_refused(saved_trace, tmp_path, what):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    path = {"manifest": saved_trace / "manifest.yaml", "layers directory": saved_trace / "layers",
+            "layer file": layer_file(saved_trace, "fc"), "dataset": saved_trace / "dataset.npz"}[what]
+    _move_out(path, outside)
+    layer, field = {"manifest": (None, "manifest.yaml"), "layers directory": ("conv", "file"),
+                    "layer file": ("fc", "file"), "dataset": (None, "file")}[what]
+    assert_trace_error(saved_trace, layer, field, "leads out of the trace directory (a symlink); refused")
+
+
+def test_symlinks_inside_the_trace_and_a_symlinked_trace_load(saved_trace, tmp_path):
+    (saved_trace / "layers").rename(saved_trace / "layer-files")
+    (saved_trace / "layers").symlink_to("layer-files")  # relative, inside the trace
+    (tmp_path / "link").symlink_to(saved_trace)
+    assert [layer.name for layer in load_trace(tmp_path / "link").layers] == ["conv", "fc", "attention scores", "up"]
+
+
+def test_a_symlink_loop_is_refused(saved_trace):
+    os.remove(saved_trace / "dataset.npz")
+    (saved_trace / "dataset.npz").symlink_to("dataset.npz")
+    with pytest.raises(TraceError, match="dataset.npz"):
+        load_trace(saved_trace)
+
+
+# --- format version 2: content-addressed blobs, operands as codes and scales ------------------
+
+
+def _shared_input_trace():
+    """Two linear layers reading one input (as a transformer's q and k projections do)."""
+    from mxsim.trace import Layer, MXQuant, Trace
+
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    layers = []
+    for name in ("q", "k"):
+        w = rng.standard_normal((8, 64)).astype(np.float32)
+        spec = MXQuant("fp8_e4m3", 1, 32)
+        layers.append(Layer(name, "linear", {"input": x, "weight": w, "output": x @ w.T}, {},
+                            {"input": spec, "weight": spec}))
+    return Trace("shared", layers)
+
+
+def test_version_2_stores_each_array_once(tmp_path):
+    trace = _shared_input_trace()
+    path = save_trace(trace, tmp_path / "t")
+    manifest = yaml.safe_load((path / "manifest.yaml").read_text())
+    assert manifest["version"] == 2 and "file" not in manifest["layers"][0]
+    blobs = [entry["blob"] for layer in manifest["layers"] for entry in layer["tensors"].values()]
+    assert len(blobs) == 6 and len(set(blobs)) == 5  # the shared input once
+    assert sorted(p.name for p in (path / "tensors").iterdir()) == sorted(f"{b}.npz" for b in set(blobs))
+    loaded = load_trace(path)
+    for saved, got in zip(trace.layers, loaded.layers):
+        assert got.codes_only == frozenset() and got.tensors.keys() == saved.tensors.keys()
+        for key, array in saved.tensors.items():
+            assert got.tensors[key].dtype == array.dtype and np.array_equal(got.tensors[key], array)
+
+
+def test_round_trip_of_every_sample_array_in_version_2(tmp_path):
+    trace = sample_trace()
+    loaded = load_trace(save_trace(trace, tmp_path / "t"))
+    for saved, got in zip(trace.layers, loaded.layers):
+        assert got.tensors.keys() == saved.tensors.keys() and got.quant.keys() == saved.quant.keys()
+        for operand, spec in saved.quant.items():
+            if isinstance(spec, QDQQuant):  # its arrays are blobs too
+                assert all(np.array_equal(a, b) for a, b in zip(spec.arrays(operand).values(),
+                                                                got.quant[operand].arrays(operand).values()))
+            else:
+                assert got.quant[operand] == spec
+        for key, array in saved.tensors.items():
+            assert got.tensors[key].dtype == array.dtype and np.array_equal(got.tensors[key], array)
+    assert all(np.array_equal(loaded.dataset[k], v) for k, v in trace.dataset.items())
+
+
+def test_compact_trace_keeps_codes_and_scales_of_mx_operands(tmp_path):
+    from mxsim.quantize import quantize
+
+    trace = sample_trace()
+    loaded = load_trace(save_trace(trace, tmp_path / "t", floats=False))
+    kept = {layer.name: sorted(layer.codes_only) for layer in loaded.layers}
+    # MX specs only: the conv weight is BFP, fc is QDQ, the up layer's input has no spec
+    assert kept == {"conv": ["input"], "fc": [], "attention scores": ["input"], "up": ["weight"]}
+    for saved, got in zip(trace.layers, loaded.layers):
+        for key, array in saved.tensors.items():
+            if key in got.codes_only:  # the model's quantized values, as the quantizer gives them
+                spec = saved.quant[key]
+                want = quantize(array, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
+                                **dict(spec.options)).dequantize(np.float64)
+                assert got.tensors[key].dtype == array.dtype and np.array_equal(got.tensors[key], want)
+            else:
+                assert np.array_equal(got.tensors[key], array)
+    for floats in (False, True):  # a compact trace stays compact: its decoded values never pass for floats
+        again = load_trace(save_trace(loaded, tmp_path / f"again-{floats}", floats=floats))
+        assert [layer.codes_only for layer in again.layers] == [layer.codes_only for layer in loaded.layers]
+    with pytest.raises(TraceError, match="field 'codes_only'.*cannot be written in version 1"):
+        save_trace(loaded, tmp_path / "v1", version=1)
+    loaded.layers[0].tensors["input"] = trace.layers[0].input  # a float where codes are claimed
+    with pytest.raises(TraceError, match="kept as codes only, but its values are not those of its MX spec"):
+        save_trace(loaded, tmp_path / "bad")
+
+
+def _edit_v2(path, change):
+    edit_manifest(path, change)
+
+
+@pytest.fixture
+def saved_v2(tmp_path):
+    return save_trace(_shared_input_trace(), tmp_path / "v2", floats=False)
+
+
+def _blob_of(path, layer=0, key="output"):
+    manifest = yaml.safe_load((path / "manifest.yaml").read_text())
+    return manifest["layers"][layer]["tensors"][key]
+
+
+def test_version_2_hostile_blob_names_and_files(saved_v2, tmp_path):
+    blob = _blob_of(saved_v2)["blob"]
+    for bad in ("../../../etc/passwd", "A" * 32, blob[:-1], 12):
+        _edit_v2(saved_v2, lambda m: m["layers"][0]["tensors"]["output"].update(blob=bad))
+        assert_trace_error(saved_v2, "q", "tensors.output", "blob must be 32 lower-case hex digits")
+    _edit_v2(saved_v2, lambda m: m["layers"][0]["tensors"]["output"].update(blob=blob))
+    load_trace(saved_v2)
+    # another valid blob under this name: refused by its content id
+    other = _blob_of(saved_v2, 1, "output")["blob"]
+    os.replace(saved_v2 / "tensors" / f"{other}.npz", saved_v2 / "tensors" / f"{blob}.npz")
+    assert_trace_error(saved_v2, "q", "tensors.output", "does not hold the array its name says")
+    os.remove(saved_v2 / "tensors" / f"{blob}.npz")
+    assert_trace_error(saved_v2, "q", "tensors.output", f"missing file tensors/{blob}.npz")
+
+
+def test_version_2_blob_symlinked_out_of_the_trace_is_refused(saved_v2, tmp_path):
+    blob = _blob_of(saved_v2)["blob"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _move_out(saved_v2 / "tensors" / f"{blob}.npz", outside)
+    assert_trace_error(saved_v2, "q", "tensors.output", "leads out of the trace directory")
+
+
+def test_version_2_hostile_entries(saved_v2):
+    entry = _blob_of(saved_v2, 0, "input")
+    assert set(entry) == {"shape", "dtype", "codes", "scales"}
+    cases = [
+        (lambda m: m["layers"][0]["tensors"]["input"].update(blob=entry["codes"]), "tensors.input",
+         "manifest entry must have exactly"),
+        (lambda m: m["layers"][0].update(file="layers/000-q.npz"), "file", "unknown layer key (format version 2)"),
+        (lambda m: m["layers"][0]["tensors"]["input"].update(shape=[4, 96]), "tensors.input.codes",
+         "shape (1, 256) in tensors/"),
+        (lambda m: m["layers"][0]["quant"].update(input=None), "tensors.input",
+         "only a float input or weight with an MX spec is stored as codes"),
+        (lambda m: m["layers"][0]["tensors"].update(output={**entry, "shape": [4, 8]}), "tensors.output",
+         "only a float input or weight with an MX spec is stored as codes"),
+    ]
+    for change, field, message in cases:
+        original = (saved_v2 / "manifest.yaml").read_text()
+        _edit_v2(saved_v2, change)
+        assert_trace_error(saved_v2, "q", field, message)
+        (saved_v2 / "manifest.yaml").write_text(original)
+
+
+def test_version_2_codes_outside_the_format_are_refused(saved_v2):
+    """A codes blob with a valid content id but codes the element format does not have."""
+    from mxsim.trace.io import _shuffled, content_id
+
+    entry = _blob_of(saved_v2, 0, "input")
+    bad = np.full((4, 64), 255, np.uint8)  # fp8_e4m3 has 256 codes: 255 is one; use fp4's range below
+    spec = {"kind": "mx", "format": "fp4_e2m1", "axis": 1, "block_size": 32, "profile": "ocp", "options": {}}
+    blob = content_id(bad)
+    np.savez(saved_v2 / "tensors" / f"{blob}.npz", data=_shuffled(bad))
+    _edit_v2(saved_v2, lambda m: (m["layers"][0]["tensors"]["input"].update(codes=blob),
+                                  m["layers"][0]["quant"].update(input=spec)))
+    assert_trace_error(saved_v2, "q", "tensors.input.codes", "codes must lie in [0, 16) for fp4_e2m1")
+    assert entry["codes"] != blob
+
+
+def test_version_1_is_still_written_and_read(tmp_path):
+    trace = _shared_input_trace()
+    path = save_trace(trace, tmp_path / "v1", version=1)
+    assert yaml.safe_load((path / "manifest.yaml").read_text())["version"] == 1 and (path / "layers").is_dir()
+    assert np.array_equal(load_trace(path).layers[1].input, trace.layers[1].input)
+    with pytest.raises(Exception, match="version must be one of"):
+        save_trace(trace, tmp_path / "v3", version=3)

@@ -84,3 +84,21 @@ def test_save_validates_before_writing(tmp_path):
     with pytest.raises(TraceError, match=r"layer 'fc': field 'input': shape \(4, 50\) does not end in K = 10"):
         save_trace(trace, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("start_dim, field, message", [
+    (4, "network.steps[2]", "flatten start_dim 4 is not below the rank 4 of its input (4, 2, 5, 5)"),
+    (3, "network.steps[3]", "layer 'fc' takes inputs (..., 50), gets (4, 2, 5, 5)"),
+])
+def test_a_flatten_the_tensor_cannot_take_is_refused_on_load(saved_trace, start_dim, field, message):
+    edit_manifest(saved_trace, lambda m: m["network"]["steps"][2].update(start_dim=start_dim))
+    assert_trace_error(saved_trace, None, field, message)
+
+
+def test_labels_must_give_one_label_per_output_row():
+    trace = sample_trace()
+    for labels in (np.array([0, 1, 2], np.int64), np.array([0, 1, 2, 1, 0], np.int64), np.zeros((4, 1), np.int64)):
+        trace.dataset["labels"] = labels
+        with pytest.raises(TraceError, match=r"network.labels.*do not give one label per row of the network's "
+                                             r"output \(4, 3\)"):
+            save_trace(trace, "unused")

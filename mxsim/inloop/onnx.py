@@ -85,7 +85,8 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
                        for role, value in (("input", x), ("weight", w), ("output", out))}
             layer = Layer(node.name or node.op_type, op, tensors, attrs)
             values = run_layer(layer, hw, element_format=a_format, weight_format=b_format,
-                               per_tensor_scale=per_tensor_scale, out_format=out_format, with_ideal=False).values
+                               per_tensor_scale=per_tensor_scale, out_format=out_format, with_ideal=False,
+                               strict=True).values
             values = values.reshape(out.shape)  # output views only insert unit axes
             if bias is not None:
                 if node.op_type == "Gemm":

@@ -56,7 +56,8 @@ class UnitInLoop(_Recorder):
         self.layers.pop()  # the operands are not kept
         self.computed_layers.append(layer.name)
         return run_layer(layer, self.hw, element_format=self.a_format, weight_format=self.b_format,
-                         per_tensor_scale=self.per_tensor_scale, out_format=self.out_format, with_ideal=False).values
+                         per_tensor_scale=self.per_tensor_scale, out_format=self.out_format, with_ideal=False,
+                         strict=True).values
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@
   (per-tap channel blocks), and the exact ideal result.
 * :mod:`.run` — :func:`replay` through units, :func:`run_layer` (one layer on one unit, what
   :mod:`mxsim.inloop` calls), the report and plots.
+* :mod:`.attribution` — where a layer's error is: output channels, input columns, input vs
+  weight quantization.
 * :mod:`.network` — running a sequential network recipe end to end in numpy.
 
 A language model's end to end runs in PyTorch (:func:`mxsim.inloop.network.perplexity`, passed

@@ -32,7 +32,7 @@ def layer_with_input(layer: Layer, x: np.ndarray) -> Layer:
     else:
         out_shape = layer.conv_geometry(x.shape).output_shape
     tensors["output"] = np.zeros(out_shape, dtype=np.float64)
-    return Layer(layer.name, layer.op, tensors, layer.attrs, layer.quant, layer.source)
+    return Layer(layer.name, layer.op, tensors, layer.attrs, layer.quant, layer.source, layer.codes_only - {"input"})
 
 
 def float_layer(layer: Layer, x: np.ndarray) -> np.ndarray:

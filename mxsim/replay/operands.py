@@ -72,7 +72,8 @@ class GemmOperand:
     * ``layout``: how the operand's blocks lie in the GEMM's K.
     * ``saturated``, ``underflowed``: elements the quantizer clipped to its largest
       magnitude, and nonzero elements it flushed to zero (counted in the operand's own
-      layout, each element once).
+      layout, each element once); None when the trace keeps no float for the operand
+      (``Layer.codes_only``).
     * ``exact``: False when a float operand could not be split exactly (non-finite values,
       float64 values that are not float32).
     """
@@ -84,8 +85,8 @@ class GemmOperand:
     quantized: bool
     spec: str
     layout: str
-    saturated: int = 0
-    underflowed: int = 0
+    saturated: int | None = 0
+    underflowed: int | None = 0
     exact: bool = True
 
     @property
@@ -154,6 +155,20 @@ def clip_counts(x: np.ndarray, tensor: MXTensor, largest: float | None = None) -
     return int(saturated.sum()), int(underflowed.sum())
 
 
+def _spec_description(spec) -> str:
+    """``fp8_e4m3 block 32``, ``MX6 block 16/2``: an MX or BFP spec in a few words."""
+    if isinstance(spec, MXQuant):
+        return f"{spec.format} block {spec.block_size}"
+    description = f"{spec.name or 'BFP'} block {spec.spec.block_size}"
+    if spec.spec.has_microexponents:
+        description += f"/{spec.spec.sub_block_size}"
+    return description
+
+
+#: BFP mantissa widths with an element-code form (``BFPTensor.as_mx_tensor``) and its format.
+_BFP_CODE_FORMATS = {2: "mx4", 4: "mx6", 7: "mx9"}
+
+
 def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
     """The operand quantized by its MX or BFP spec in its own layout; None if the spec has no
     element-code form (other specs, bypassed one-element tensors, unmappable BFP)."""
@@ -162,7 +177,6 @@ def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
     if isinstance(spec, MXQuant):
         tensor = quantize(x, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
                           **dict(spec.options))
-        description = f"{spec.format} block {spec.block_size}"
         largest = tensor.element_format.max_finite
         pad_unit = spec.block_size
     else:
@@ -171,9 +185,6 @@ def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
         except MxsimError:
             return None
         m = spec.spec.mantissa_bits
-        description = f"{spec.name or 'BFP'} block {spec.spec.block_size}"
-        if spec.spec.has_microexponents:
-            description += f"/{spec.spec.sub_block_size}"
         largest = (2**m - 1) * 2.0 ** (1 - m)
         pad_unit = spec.spec.block_size
     saturated, underflowed = clip_counts(x, tensor, largest)
@@ -182,8 +193,8 @@ def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
     scales = np.moveaxis(np.repeat(tensor.scales, tensor.block_size, axis=-1), -1, axis)
     if scales.shape != codes.shape:  # BFP: the last block's sub-blocks cover its padding too
         raise MxsimError("internal: scale and code layouts differ")
-    return _Quantized(tensor.element_format, codes, scales, axis, tensor.block_size, pad_unit, description,
-                      saturated, underflowed)
+    return _Quantized(tensor.element_format, codes, scales, axis, tensor.block_size, pad_unit,
+                      _spec_description(spec), saturated, underflowed)
 
 
 def _bf16_pieces(values: np.ndarray) -> tuple[list[np.ndarray], bool]:
@@ -281,6 +292,109 @@ def quantized_bias(layer: Layer) -> tuple[np.ndarray | None, str]:
     return layer.bias.astype(np.float64), "float"
 
 
+@dataclass(frozen=True)
+class _Blocks:
+    """Where an operand's scale blocks lie in its own layout: ``axis`` (non-negative),
+    ``block_size`` (elements per scale) and ``pad_unit`` (the quantizer's whole block)."""
+
+    axis: int
+    block_size: int
+    pad_unit: int
+
+
+@dataclass(frozen=True)
+class _KLayout:
+    """How both operands' blocks lie in K (:func:`_k_layout`): ``padded_run`` columns per
+    run of ``k_run``; per operand, ``granule`` and ``layout`` as in :class:`GemmOperand`."""
+
+    taps: int
+    padded_run: int
+    granule: dict
+    layout: dict
+
+
+def _k_layout(layer: Layer, conv_order: str, blocks: dict) -> _KLayout:
+    """The K layout of ``layer``'s operands given each one's ``_Blocks`` (None: no code form)."""
+    operands = ("input", "weight")
+    along_k = {op: b is not None and b.axis == _reduction_axis(layer, op) for op, b in blocks.items()}
+    shape = gemm_shape(layer)
+    run, taps = shape.k_run, shape.k // shape.k_run
+    groups = layer.conv_geometry().groups if layer.op == "conv2d" else 1
+    unit = math.lcm(*(b.pad_unit for op, b in blocks.items() if along_k[op]))
+    # Every quantized operand blocked along K, and no block straddling a conv group.
+    aligned = all(along_k[op] or blocks[op] is None for op in operands) and (groups == 1 or run % unit == 0)
+    padded_run = -(-run // unit) * unit if aligned else run
+    if padded_run != run and groups != 1:
+        raise MxsimError("internal: grouped layers are padded only when their groups hold whole blocks")
+    granule, layout = {}, {}
+    for op in operands:
+        b = blocks[op]
+        if b is None:
+            granule[op], layout[op] = 0, "unquantized"
+            continue
+        contiguous = aligned and (conv_order == "kh_kw_c" or taps == 1)
+        granule[op] = b.block_size if contiguous else 1
+        if not along_k[op]:
+            layout[op] = f"blocks along {gemm_axis(layer, op, b.axis)}, not K"
+        elif not aligned:
+            layout[op] = "blocks straddle conv groups" if groups > 1 else "blocks not along K in the other operand"
+        elif taps > 1 and conv_order == "c_kh_kw":
+            layout[op] = f"C blocked, K order (C, kh, kw): blocks strided by {taps}"
+        elif taps > 1:
+            layout[op] = f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
+        else:
+            layout[op] = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
+    return _KLayout(taps, padded_run, granule, layout)
+
+
+@dataclass(frozen=True)
+class OperandPlan:
+    """What :func:`layer_operands` will make of an operand, known from the specs and shapes
+    alone (no quantization run): the fields of :class:`GemmOperand` that decide what a unit
+    can take. An operand whose BFP code form fails on its data (Inf/NaN under ``to_bfp``)
+    is planned as quantized but turns out float."""
+
+    element_format: FormatInfo
+    quantized: bool
+    granule: int
+    spec: str
+    layout: str
+    saturated: int = 0
+    underflowed: int = 0
+
+
+def _spec_blocks(spec, x: np.ndarray) -> tuple[str, _Blocks] | None:
+    """(element format, blocks) of an MX/BFP spec with a code form on ``x``'s shape, else None."""
+    if not isinstance(spec, (MXQuant, BFPQuant)) or (spec.bypass_single_element and x.size == 1):
+        return None
+    axis = spec.axis % x.ndim
+    if isinstance(spec, MXQuant):
+        return spec.format, _Blocks(axis, spec.block_size, spec.block_size)
+    name = _BFP_CODE_FORMATS.get(spec.spec.mantissa_bits)
+    if name is None:
+        return None
+    return name, _Blocks(axis, spec.spec.sub_block_size, spec.spec.block_size)
+
+
+def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, OperandPlan]:
+    """``{"input": plan, "weight": plan}``: each GEMM operand as :func:`layer_operands` will
+    give it (format, quantized, granule, layout), from the specs alone: what a unit can take
+    is decided before any work."""
+    if conv_order not in CONV_ORDERS:
+        raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
+    found = {op: _spec_blocks(layer.quant.get(op), layer.tensors[op]) for op in ("input", "weight")}
+    k = _k_layout(layer, conv_order, {op: f and f[1] for op, f in found.items()})
+    plans = {}
+    for op, f in found.items():
+        spec = layer.quant.get(op)
+        if f is None:
+            name = "float" if spec is None else f"{spec.kind} (as recorded)"
+            plans[op] = OperandPlan(BF16, False, 0, name, k.layout[op])
+        else:
+            plans[op] = OperandPlan(get_format(f[0]), True, k.granule[op], _spec_description(spec), k.layout[op])
+    return plans
+
+
 def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
     """Quantize ``layer``'s operands as its trace specs say, in their own layout, and lower
     them to the GEMM view (module docstring). Raises MxsimError for an unknown order."""
@@ -288,16 +402,9 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     operands = ("input", "weight")
     quantized = {op: _quantize_spec(layer.tensors[op], layer.quant.get(op)) for op in operands}
-    along_k = {op: q is not None and q.axis == _reduction_axis(layer, op) for op, q in quantized.items()}
-    shape = gemm_shape(layer)
-    run, taps = shape.k_run, shape.k // shape.k_run
-    groups = layer.conv_geometry().groups if layer.op == "conv2d" else 1
-    unit = math.lcm(*(q.pad_unit for op, q in quantized.items() if along_k[op]))
-    # Every quantized operand blocked along K, and no block straddling a conv group.
-    aligned = all(along_k[op] or quantized[op] is None for op in operands) and (groups == 1 or run % unit == 0)
-    padded_run = -(-run // unit) * unit if aligned else run
-    if padded_run != run and groups != 1:
-        raise MxsimError("internal: grouped layers are padded only when their groups hold whole blocks")
+    k = _k_layout(layer, conv_order, {op: q and _Blocks(q.axis, q.block_size, q.pad_unit)
+                                      for op, q in quantized.items()})
+    taps, padded_run = k.taps, k.padded_run
     arrays = {}
     for op in operands:
         q, axis = quantized[op], _reduction_axis(layer, op)
@@ -323,26 +430,16 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
         pieces, scales, exact = arrays[op]
         if q is None:
             spec = layer.quant.get(op)
-            fmt, granule, name, layout = BF16, 0, "float" if spec is None else f"{spec.kind} (as recorded)", "unquantized"
+            fmt, name = BF16, "float" if spec is None else f"{spec.kind} (as recorded)"
             saturated = underflowed = 0
         else:
             fmt, name, saturated, underflowed = q.element_format, q.spec, q.saturated, q.underflowed
-            contiguous = aligned and (conv_order == "kh_kw_c" or taps == 1)
-            granule = q.block_size if contiguous else 1
-            if not along_k[op]:
-                layout = f"blocks along {gemm_axis(layer, op, q.axis)}, not K"
-            elif not aligned:
-                layout = "blocks straddle conv groups" if groups > 1 else "blocks not along K in the other operand"
-            elif taps > 1 and conv_order == "c_kh_kw":
-                layout = f"C blocked, K order (C, kh, kw): blocks strided by {taps}"
-            elif taps > 1:
-                layout = f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
-            else:
-                layout = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
+        if op in layer.codes_only:  # the float is not in the trace: what its quantizer clipped is unknown
+            saturated = underflowed = None
         # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
         lowered_scales = (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
-        result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, granule, q is not None,
-                                 name, layout, saturated, underflowed, exact)
+        result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, k.granule[op], q is not None,
+                                 name, k.layout[op], saturated, underflowed, exact)
     floats = [lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
     bias, bias_spec = quantized_bias(layer)
     return LayerOperands(result["input"], result["weight"], bias, bias_spec, conv_order, *floats)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,24 +34,27 @@ import numpy as np
 from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, matmul
-from ..errors import MxsimError
+from ..errors import IncompleteResultError, MxsimError
 from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
 from ..trace.model import Layer, Trace
 from ..trace.quant import MXQuant
+from .attribution import layer_attribution, output_channel_shares, top_shares
 from .lowering import gemm_shape, lift_output
 from .network import accuracy, layer_with_input
 from .operands import (
     CONV_ORDERS,
     GemmOperand,
     LayerOperands,
+    OperandPlan,
     accumulator_input,
     clip_counts,
     gemm_bias,
     ideal_gemm,
     layer_operands,
+    operand_plans,
 )
 
 #: Row statuses: the unit multiplied the model's own operand values; replay re-quantized an
@@ -66,7 +70,7 @@ class OperandChoice:
 
     ``format``/``profile``/``per_tensor_scale``: what the unit received (per-tensor scaling:
     ``tensor_scale_exponent`` 0 for a wide format, a plain cast, else the amax rule; see
-    :func:`_choose`); ``block_size``: the
+    :func:`choose_operand`); ``block_size``: the
     unit's block; ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
     ``layout``: how the model's blocks lie in K; ``saturated``/``underflowed``: elements
     clipped to the largest magnitude / nonzero elements flushed to zero by the quantization
@@ -83,8 +87,13 @@ class OperandChoice:
     status: str = "model"
     spec: str = ""
     layout: str = ""
-    saturated: int = 0
-    underflowed: int = 0
+    saturated: int | None = 0
+    underflowed: int | None = 0
+
+
+def _clipped(first: int | None, second: int | None) -> int | None:
+    """The sum of two operands' clip counts; None (unknown) when either is."""
+    return None if first is None or second is None else first + second
 
 
 @dataclass
@@ -116,6 +125,8 @@ class LayerResult:
     bits: np.ndarray | None = field(default=None, repr=False)
     errors_vs_float: np.ndarray | None = field(default=None, repr=False)
     errors_vs_ideal: np.ndarray | None = field(default=None, repr=False)
+    attribution: dict | None = None
+    channel_error_shares: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def status(self) -> str:
@@ -127,7 +138,7 @@ class LayerResult:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        for key in ("bits", "errors_vs_float", "errors_vs_ideal"):
+        for key in ("bits", "errors_vs_float", "errors_vs_ideal", "channel_error_shares"):
             out.pop(key)
         out["status"] = self.status
         return out
@@ -163,23 +174,39 @@ def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tup
     return tensors, saturated, underflowed
 
 
-def _choose(operand: GemmOperand, name: str, spec, hw: HardwareConfig, element_format: str | None,
-            per_tensor_scale: bool | None = None) -> tuple[OperandChoice, dict]:
-    """What ``hw`` gets for one operand (module docstring), and the quantize options.
+def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
+                   per_tensor_scale: bool | None = None, strict: bool = False) -> tuple[OperandChoice, dict]:
+    """What ``hw`` gets for one operand, and the quantize options: the one place that decides
+    what happens to a format a unit cannot take (docs/replay.md, "Formats a unit cannot take"),
+    for replay and for the unit in the loop alike.
+
+    ``operand``: the model's operand (:class:`~mxsim.replay.operands.GemmOperand`, or its
+    :class:`~mxsim.replay.operands.OperandPlan` to decide before any work). The policy:
+
+    * a format the caller chose (``element_format``) that the unit does not take is refused
+      (MxsimError): a request that cannot be met;
+    * the model's recorded quantization, when the unit cannot take it as it is (element format
+      not accepted, no block scales, or blocks that do not fit the model's), is re-quantized
+      by replay into a format the unit takes (the model's if accepted, else the unit's first)
+      and the row is marked ``replaced`` — or, with ``strict``, refused (MxsimError);
+    * an operand the model left unquantized is quantized by replay (``added``).
+
     ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales);
     True forces it; False on a unit without block scales is an error. Per-tensor scaling by
     the amax rule is FP8 practice; formats as wide as fp16, bf16 and tf32 take the values
     rounded straight in (scale 1, a framework's cast): scaled up to their largest values,
     products would overflow the unit's sums."""
     choice, options = _choose_scaling(operand, name, spec, hw, element_format, per_tensor_scale)
+    if strict and choice.status == "replaced":
+        raise MxsimError(f"{hw.name}: {choice.note} (strict)")
     if choice.per_tensor_scale and get_format(choice.format).role in ("wide", "tensor_input"):
         choice = dataclasses.replace(choice, tensor_scale_exponent=0)
     return choice, options
 
 
-def _choose_scaling(operand: GemmOperand, name: str, spec, hw: HardwareConfig, element_format: str | None,
+def _choose_scaling(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
                     per_tensor_scale: bool | None) -> tuple[OperandChoice, dict]:
-    """:func:`_choose` before the wide-format rule."""
+    """:func:`choose_operand` before the strict and wide-format rules."""
     accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     per_tensor = hw.sections[("inputs", "scales")] == "none"
@@ -230,7 +257,9 @@ class LayerRun:
     ``values``/``ideal``: outputs in the layer's layout (float64); ``gemm_values``/
     ``gemm_ideal``: (G, M, N) including the bias where it entered as c (ideal: None when
     skipped); ``bits``: the unit's
-    raw output bits (G, M, N); ``operands``: the model's operands and bias.
+    raw output bits (G, M, N); ``operands``: the model's operands and bias; ``attribution``:
+    :func:`mxsim.replay.attribution.layer_attribution` of the operands the unit got (None
+    without the ideal).
     """
 
     values: np.ndarray
@@ -242,12 +271,13 @@ class LayerRun:
     weight: OperandChoice
     ideal_exact: bool
     operands: LayerOperands
+    attribution: dict | None = None
 
 
 def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
               conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
               with_ideal: bool = True, matmul_fn: Callable | None = None, *, weight_format: str | None = None,
-              per_tensor_scale: bool | None = None, out_format: str | None = None) -> LayerRun:
+              per_tensor_scale: bool | None = None, out_format: str | None = None, strict: bool = False) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
     The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
@@ -258,7 +288,8 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     then None), as end-to-end runs do. ``matmul_fn`` stands in for :func:`mxsim.matmul`
     (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks).
     ``weight_format``: the weight's format when it differs from ``element_format``;
-    ``per_tensor_scale`` as in :func:`_choose`; ``out_format`` overrides the unit's output."""
+    ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
+    the unit's output."""
     at = layer if x is None else layer_with_input(layer, x)
     ops = operands if operands is not None else layer_operands(at, conv_order)
     shape = gemm_shape(at)
@@ -266,10 +297,16 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     choices, tensors = {}, {}
     for name, operand in gemm_operands.items():
         chosen_format = (weight_format or element_format) if name == "weight" else element_format
-        choice, options = _choose(operand, name, at.quant.get(name), hw, chosen_format, per_tensor_scale)
+        try:
+            choice, options = choose_operand(operand, name, at.quant.get(name), hw, chosen_format, per_tensor_scale,
+                                             strict)
+        except MxsimError as error:
+            raise MxsimError(f"layer {at.name!r} on {error}") from None
         if choice.status == "model":
             tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
         else:
+            if name in at.codes_only:
+                choice.note += "; from the model's quantized values (the trace keeps no float)"
             floats = ops.a_float if name == "input" else ops.b_float
             tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options)
         choices[name] = choice
@@ -304,8 +341,24 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
             out[g] += bias[g]
     lift_bias = ops.bias if scaled_linear else None
     ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
+    attribution = None
+    if with_ideal:  # a replay row (not the unit in the loop): where its error comes from
+        a, b = ops.a_float.astype(np.float64), ops.b_float.astype(np.float64)
+        attribution = layer_attribution(at, a, _unit_values(tensors["input"], a.shape), b,
+                                        _unit_values(tensors["weight"], b.shape), shape.k // shape.k_run, conv_order)
     return LayerRun(lift_output(at, out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
-                    choices["weight"], exact, ops)
+                    choices["weight"], exact, ops, attribution)
+
+
+def _unit_values(tensors: list[MXTensor], shape: tuple) -> np.ndarray:
+    """The exact values (float64) of a unit's operand, one MXTensor (R, K') per group, cut or
+    zero-padded along K to ``shape`` (G, R, K)."""
+    values = np.zeros(shape, dtype=np.float64)
+    for g, tensor in enumerate(tensors):
+        got = tensor.dequantize(np.float64)
+        k = min(got.shape[-1], shape[-1])
+        values[g, :, :k] = got[:, :k]
+    return values
 
 
 def _output_ulp(rms: float, out_format: str) -> float:
@@ -317,7 +370,8 @@ def _output_ulp(rms: float, out_format: str) -> float:
 
 
 def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None, conv_order: str = "kh_kw_c",
-                 ideal=None, operands: LayerOperands | None = None, matmul_fn: Callable | None = None) -> LayerResult:
+                 ideal=None, operands: LayerOperands | None = None, matmul_fn: Callable | None = None,
+                 strict: bool = False) -> LayerResult:
     """One layer through one unit, with its metrics and (if the config has ``array:``) cycles.
 
     ``seconds`` is the time it took without compiling kernels, ``compile_seconds`` the time
@@ -325,7 +379,7 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
     start = time.perf_counter()
     compiled_before = compile_seconds()
     run = run_layer(layer, hw, element_format=element_format, conv_order=conv_order, ideal=ideal, operands=operands,
-                    matmul_fn=matmul_fn)
+                    matmul_fn=matmul_fn, strict=strict)
     compiling = compile_seconds() - compiled_before
     seconds = time.perf_counter() - start - compiling
     values, ideal_values = run.values, run.ideal
@@ -361,6 +415,7 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
         identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0, ideal_rms=ideal_rms,
         ideal_exact=run.ideal_exact, seconds=seconds, compile_seconds=compiling, cycles=cycles, bits=run.bits,
         errors_vs_float=error, errors_vs_ideal=error_ideal,
+        attribution=run.attribution, channel_error_shares=output_channel_shares(layer, values - reference),
     )
 
 
@@ -368,7 +423,7 @@ def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element
                           conv_order: str = "kh_kw_c", strict: bool = False,
                           matmul_fn: Callable | None = None) -> list[LayerResult]:
     """:func:`replay_layer` through each unit, the layer's operands quantized and its ideal
-    computed once for all of them. ``strict``: MxsimError for a ``replaced`` row."""
+    computed once for all of them. ``strict``: MxsimError for a ``replaced`` row (:func:`choose_operand`)."""
     operands = layer_operands(layer, conv_order)
     memo = {}
 
@@ -377,21 +432,69 @@ def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element
             memo["ideal"] = ideal_gemm(layer, operands)
         return memo["ideal"]
 
-    results = []
-    for hw in units:
-        result = replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn)
-        if strict and result.status == "replaced":
-            choice = result.input if result.input.status == "replaced" else result.weight
-            raise MxsimError(f"layer {layer.name!r} on {hw.name}: {choice.note} (strict)")
-        results.append(result)
-    return results
+    return [replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn, strict) for hw in units]
 
 
 def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | None = None,
-                        matmul_fn: Callable | None = None, conv_order: str = "kh_kw_c") -> float:
+                        matmul_fn: Callable | None = None, conv_order: str = "kh_kw_c", strict: bool = False) -> float:
     """Top-1 accuracy of the trace's network with every layer computed by ``hw`` (no ideal)."""
     return accuracy(trace, layer_fn=lambda layer, x: run_layer(
-        layer, hw, x, element_format, conv_order, with_ideal=False, matmul_fn=matmul_fn).values)
+        layer, hw, x, element_format, conv_order, with_ideal=False, matmul_fn=matmul_fn, strict=strict).values)
+
+
+def select_layers(trace: Trace, pattern: str) -> Trace:
+    """``trace`` with only the layers whose name matches the regular expression ``pattern``
+    (``re.search``); its network and dataset are dropped (a subset cannot run end to end).
+    MxsimError for an invalid pattern or one that matches no layer."""
+    try:
+        compiled = re.compile(pattern)
+    except (re.error, TypeError, RecursionError, OverflowError) as error:
+        raise MxsimError(f"--layers {pattern!r}: not a regular expression: {error}") from None
+    layers = [layer for layer in trace.layers if compiled.search(layer.name)]
+    if not layers:
+        first = f" (first: {trace.layers[0].name!r})" if trace.layers else ""
+        raise MxsimError(f"--layers {pattern!r} matches none of the trace's {len(trace.layers)} layers{first}")
+    return dataclasses.replace(trace, layers=layers, network=None, dataset=None)
+
+
+def check_replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
+                 element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False,
+                 perplexity_fn: Callable | None = None) -> None:
+    """Every check :func:`replay` makes before it starts any work; MxsimError for a request
+    that cannot be met: no units or two of one name, an unknown conv order, end to end on a
+    trace whose network cannot give a metric, a caller's format a unit does not take, and,
+    with ``strict``, a recorded spec a unit cannot take as it is (from the specs alone:
+    :func:`mxsim.replay.operands.operand_plans`)."""
+    if not units:
+        raise MxsimError("replay needs at least one hardware config")
+    if conv_order not in CONV_ORDERS:
+        raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
+    names = [hw.name for hw in units]
+    if len(set(names)) != len(names):
+        raise MxsimError(f"hardware configs must have distinct names, got {names}")
+    network = trace.network
+    if end_to_end:
+        if network is None or (network.labels is None and network.targets is None):
+            raise MxsimError(f"trace {trace.name!r}: end to end needs a network with labels (accuracy) or targets "
+                             "(perplexity); this trace has "
+                             + ("no network" if network is None else "a network without labels or targets"))
+        if network.targets is not None and perplexity_fn is None:
+            raise MxsimError(f"trace {trace.name!r} is a language model: its end to end runs in PyTorch; pass "
+                             "perplexity_fn=mxsim.inloop.network.perplexity")
+    if element_format is not None:  # the caller's format for every operand: one check per unit
+        blank = OperandPlan(get_format("bf16"), False, 0, "float", "unquantized")
+        for hw in units:
+            for name in ("input", "weight"):
+                choose_operand(blank, name, None, hw, element_format)
+    elif strict:
+        for layer in trace.layers:
+            plans = operand_plans(layer, conv_order)
+            for hw in units:
+                for name in ("input", "weight"):
+                    try:
+                        choose_operand(plans[name], name, layer.quant.get(name), hw, None, strict=True)
+                    except MxsimError as error:
+                        raise MxsimError(f"layer {layer.name!r} on {error}") from None
 
 
 def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
@@ -404,37 +507,32 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     in PyTorch with the unit in the loop, in this process, through ``perplexity_fn(trace)``
     (float) and ``perplexity_fn(trace, hw, a_format=element_format)``: pass
     :func:`mxsim.inloop.network.perplexity` (this package does not import the in-the-loop
-    runner); without it, end to end on a language model raises MxsimError before any layer runs.
+    runner).
 
     ``element_format``: every operand quantized to it (OCP profile) instead of the trace's
     specs. ``conv_order``: one of :data:`mxsim.replay.operands.CONV_ORDERS`. ``strict``: raise
     MxsimError when a unit cannot take a recorded spec (a ``replaced`` row) instead of
-    marking the row.
+    marking the row (:func:`choose_operand`).
 
+    Every request that cannot be met is refused before any work (:func:`check_replay`).
     Each layer (through every unit, sharing its operands and ideal) and each unit's end-to-end
     run is one task of ``runner`` (default in-process; :class:`mxsim.parallel.DaskRunner`
-    spreads them over a cluster, with the same results). Failed tasks are raised together
-    (:func:`mxsim.parallel.raise_failures`) after the others have finished.
+    spreads them over a cluster, with the same results). When tasks fail, the others still
+    finish, and :class:`mxsim.errors.IncompleteResultError` is raised with the report of the
+    layers that succeeded as its ``partial`` (``report["failures"]`` lists what failed); an
+    internal error is re-raised with the same ``partial`` attribute.
     """
-    if not units:
-        raise MxsimError("replay needs at least one hardware config")
-    if conv_order not in CONV_ORDERS:
-        raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
+    check_replay(trace, units, end_to_end, element_format, conv_order, strict, perplexity_fn)
     names = [hw.name for hw in units]
-    if len(set(names)) != len(names):
-        raise MxsimError(f"hardware configs must have distinct names, got {names}")
     runner = runner or InProcess()
     language_model = trace.network is not None and trace.network.targets is not None
-    if end_to_end and language_model and perplexity_fn is None:
-        raise MxsimError(f"trace {trace.name!r} is a language model: its end to end runs in PyTorch; pass "
-                         "perplexity_fn=mxsim.inloop.network.perplexity")
     tasks = [Task(f"layer {layer.name}", replay_layer_on_units, (layer, units, element_format, conv_order, strict,
                                                                  runner.matmul))
              for layer in trace.layers]
     if end_to_end and not language_model:
         shared = runner.share(trace)
         tasks += [Task(f"end to end on {hw.name}", end_to_end_accuracy,
-                       (shared, hw, element_format, runner.matmul, conv_order)) for hw in units]
+                       (shared, hw, element_format, runner.matmul, conv_order, strict)) for hw in units]
 
     def layer_done(key, value):
         if on_layer and key.startswith("layer "):
@@ -442,29 +540,62 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                 on_layer(result)
 
     done, failures = runner.run(tasks, progress=progress, unit="task", on_result=layer_done)
-    raise_failures("replay", len(tasks), failures)
-    results = {hw.name: [done[f"layer {layer.name}"][i] for layer in trace.layers] for i, hw in enumerate(units)}
+    report = _report(trace, units, element_format, conv_order, done)
+    try:
+        raise_failures("replay", len(tasks), failures)
+        if end_to_end and language_model:
+            report["end_to_end"] = {"float_perplexity": perplexity_fn(trace), "perplexity": {
+                hw.name: perplexity_fn(trace, hw, a_format=element_format) for hw in units}}
+        elif end_to_end:
+            report["end_to_end"] = {"float_accuracy": accuracy(trace),
+                                    "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units}}
+    except MxsimError as error:
+        report["failures"] = [{"task": f.key, "error": f.message} for f in failures] or [{"task": "end to end",
+                                                                                        "error": str(error)}]
+        raise IncompleteResultError(str(error), report) from error
+    except Exception as error:
+        report["failures"] = [{"task": f.key, "error": f.message} for f in failures]
+        error.partial = report
+        raise
+    return report
+
+
+def _report(trace: Trace, units: Sequence[HardwareConfig], element_format: str | None, conv_order: str,
+            done: dict) -> dict:
+    """The report of the layers whose task finished (``done``: task key -> results)."""
+    names = [hw.name for hw in units]
+    finished = [layer for layer in trace.layers if f"layer {layer.name}" in done]
+    results = {hw.name: [done[f"layer {layer.name}"][i] for layer in finished] for i, hw in enumerate(units)}
     report = {"trace": trace.name, "units": names, "element_format": element_format, "conv_order": conv_order,
               "layers": [], "totals": {}, "worst": {}, "agreement": [], "end_to_end": None,
               "legend": {MARKS[s]: s for s in STATUSES if MARKS[s]}}
-    for index, layer in enumerate(trace.layers):
+    for index, layer in enumerate(finished):
         report["layers"].append({"layer": layer.name, "op": layer.op,
                                  "results": [results[n][index].to_dict() for n in names]})
     for name in names:
         rows = results[name]
         errors = np.concatenate([r.errors_vs_float for r in rows]) if rows else np.zeros(0)
+        sqnrs = [r.sqnr_vs_float_db for r in rows]
+        finite = [v for v in sqnrs if math.isfinite(v)]
         report["totals"][name] = {
             "macs": int(sum(r.macs for r in rows)),
             "seconds": float(sum(r.seconds for r in rows)),
             "compile_seconds": float(sum(r.compile_seconds for r in rows)),
-            "worst_layer_sqnr_vs_float_db": min((r.sqnr_vs_float_db for r in rows), default=math.inf),
+            "worst_layer_sqnr_vs_float_db": min(sqnrs, default=math.inf),
+            "mean_layer_sqnr_vs_float_db": float(np.mean(finite)) if finite else math.inf,
+            "median_layer_sqnr_vs_float_db": float(np.median(sqnrs)) if sqnrs else math.inf,
             "worst_layer_sqnr_vs_ideal_db": min((r.sqnr_vs_ideal_db for r in rows), default=math.inf),
             "max_abs_error_vs_float": float(np.max(np.abs(errors), initial=0.0)),
             "max_rel_rms_error_vs_ideal": max((r.rel_rms_error_vs_ideal for r in rows), default=0.0),
             "rows": {status: sum(r.status == status for r in rows) for status in STATUSES},
+            "replaced": sorted({f"{c.spec} -> {_operand_label(c)}" for r in rows for c in (r.input, r.weight)
+                                if c.status == "replaced"}),
             "cycles": sum(r.cycles["total_cycles"] for r in rows) if all(r.cycles for r in rows) and rows else None,
         }
         report["worst"][name] = worst_layers(rows)
+        for entry, row in zip(report["worst"][name], sorted(rows, key=lambda r: (r.sqnr_vs_float_db, r.layer))):
+            entry["output_channels"] = top_shares(row.channel_error_shares)
+            entry["attribution"] = row.attribution
     for i, first in enumerate(names):
         for second in names[i + 1 :]:
             same = total = 0
@@ -473,12 +604,6 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                     same += int(np.sum(a.bits == b.bits))
                 total += a.bits.size
             report["agreement"].append({"units": [first, second], "bit_identical_fraction": same / total if total else 1.0})
-    if end_to_end and language_model:
-        report["end_to_end"] = {"float_perplexity": perplexity_fn(trace), "perplexity": {
-            hw.name: perplexity_fn(trace, hw, a_format=element_format) for hw in units}}
-    elif end_to_end:
-        report["end_to_end"] = {"float_accuracy": accuracy(trace),
-                                "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units}}
     report["_results"] = results
     return report
 
@@ -487,8 +612,8 @@ def worst_layers(rows: Sequence[LayerResult], count: int = 5) -> list[dict]:
     """The ``count`` rows with the lowest SQNR vs float, with what made them bad."""
     ranked = sorted(rows, key=lambda r: (r.sqnr_vs_float_db, r.layer))[:count]
     return [{"layer": r.layer, "sqnr_vs_float_db": r.sqnr_vs_float_db, "sqnr_vs_ideal_db": r.sqnr_vs_ideal_db,
-             "saturated": r.input.saturated + r.weight.saturated,
-             "underflowed": r.input.underflowed + r.weight.underflowed, "k": r.k,
+             "saturated": _clipped(r.input.saturated, r.weight.saturated),
+             "underflowed": _clipped(r.input.underflowed, r.weight.underflowed), "k": r.k,
              "operands": f"{_operand_label(r.input)} x {_operand_label(r.weight)}",
              "layout": r.input.layout if r.input.layout == r.weight.layout else f"{r.input.layout} / {r.weight.layout}",
              "status": r.status}
@@ -501,6 +626,28 @@ def _operand_label(choice) -> str:
     if get("per_tensor_scale"):
         return f"{get('format')}/{'cast' if get('tensor_scale_exponent') == 0 else 'pt'}"
     return f"{get('format')}/{get('block_size')}"
+
+
+def _shares(entries: list[dict], kind: str) -> str:
+    return ", ".join(f"{kind} {e['index']} {100 * e['share']:.1f}%" for e in entries) or "none"
+
+
+def _attribution_lines(worst: dict) -> list[str]:
+    """Where a worst layer's error is (docs/replay.md, "Where the error is")."""
+    if "output_channels" not in worst:
+        return []
+    lines = [f"error by output channel: {_shares(worst['output_channels'], 'channel')}"]
+    found = worst["attribution"]
+    if found is None:
+        return lines + ["input columns and input vs weight: unknown (the trace keeps no float operands)"]
+    lines.append(f"product error by {found['column_kind']}: {_shares(found['input_columns'], found['column_kind'].split()[-1])}")
+    lines.append(f"SQNR were only the input quantized {_number(found['sqnr_input_only_db'])} dB, only the weight "
+                 f"{_number(found['sqnr_weight_only_db'])} dB")
+    return lines
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _number(value: float, digits: int = 2) -> str:
@@ -523,8 +670,8 @@ def format_report(report: dict) -> str:
             operands = f"{_operand_label(r['input'])} x {_operand_label(r['weight'])}"
             cells = [operands, str(r["k"]), _number(r["sqnr_vs_float_db"]), _number(r["sqnr_vs_ideal_db"]),
                      f"{r['rel_rms_error_vs_ideal']:.2e}", f"{r['max_error_vs_ideal_ulps']:.3g}",
-                     str(r["input"]["saturated"] + r["weight"]["saturated"]),
-                     str(r["input"]["underflowed"] + r["weight"]["underflowed"]), str(cycles)]
+                     _count(_clipped(r["input"]["saturated"], r["weight"]["saturated"])),
+                     _count(_clipped(r["input"]["underflowed"], r["weight"]["underflowed"])), str(cycles)]
             mark = MARKS[r["status"]] or " "
             lines.append(f"{mark} {entry['layer']:{name_width}s}  {r['hw']:{unit_width}s}  "
                          + " ".join(f"{cell:>{w}s}" for cell, (_, w) in zip(cells, columns)))
@@ -543,17 +690,23 @@ def format_report(report: dict) -> str:
         cycles = f", {total['cycles']} cycles" if total["cycles"] is not None else ""
         compiling = f" (+ {total['compile_seconds']:.1f} s compiling kernels)" if total["compile_seconds"] else ""
         rows = ", ".join(f"{count} {status}" for status, count in total["rows"].items() if count)
-        lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s{compiling}, worst layer SQNR vs float "
-                     f"{_number(total['worst_layer_sqnr_vs_float_db'])} dB, vs ideal "
-                     f"{_number(total['worst_layer_sqnr_vs_ideal_db'])} dB; rows: {rows}{cycles}")
+        replaced = f" (* re-quantized by replay: {'; '.join(total['replaced'])})" if total.get("replaced") else ""
+        lines.append(f"total {name}: {total['macs']} MACs in {total['seconds']:.2f} s{compiling}, layer SQNR vs float "
+                     f"worst {_number(total['worst_layer_sqnr_vs_float_db'])} / median "
+                     f"{_number(total['median_layer_sqnr_vs_float_db'])} / mean "
+                     f"{_number(total['mean_layer_sqnr_vs_float_db'])} dB, worst vs ideal "
+                     f"{_number(total['worst_layer_sqnr_vs_ideal_db'])} dB; rows: {rows}{replaced}{cycles}")
     for name, worst in report.get("worst", {}).items():
         lines.append(f"worst layers on {name} (lowest SQNR vs float):")
         for w in worst:
             lines.append(f"  {w['layer']}: {_number(w['sqnr_vs_float_db'])} dB vs float, "
-                         f"{_number(w['sqnr_vs_ideal_db'])} dB vs ideal; {w['saturated']} saturated, "
-                         f"{w['underflowed']} underflowed to zero; K {w['k']}; {w['operands']}; {w['layout']}")
+                         f"{_number(w['sqnr_vs_ideal_db'])} dB vs ideal; {_count(w['saturated'])} saturated, "
+                         f"{_count(w['underflowed'])} underflowed to zero; K {w['k']}; {w['operands']}; {w['layout']}")
+            lines.extend(f"    {line}" for line in _attribution_lines(w))
     for pair in report["agreement"]:
         lines.append(f"bit-identical outputs {pair['units'][0]} vs {pair['units'][1]}: {100 * pair['bit_identical_fraction']:.2f}%")
+    for failure in report.get("failures", []):
+        lines.append(f"FAILED {failure['task']}: {failure['error']}")
     if report["end_to_end"]:
         e2e = report["end_to_end"]
         if "perplexity" in e2e:
@@ -562,7 +715,8 @@ def format_report(report: dict) -> str:
         else:
             lines.append(f"end to end: float accuracy {100 * e2e['float_accuracy']:.2f}%")
             for name, value in e2e["accuracy"].items():
-                lines.append(f"  {name}: accuracy {100 * value:.2f}%")
+                mark = " (* with re-quantized layers)" if report["totals"][name]["rows"]["replaced"] else ""
+                lines.append(f"  {name}: accuracy {100 * value:.2f}%{mark}")
     return "\n".join(lines)
 
 
@@ -570,6 +724,13 @@ def _save(figure, path: Path) -> None:
     temporary = path.with_name(path.name + ".tmp")
     figure.savefig(temporary, format="png")
     temporary.replace(path)
+
+
+def plot_ceiling(values) -> float:
+    """Where the overview draws infinite SQNRs (no error): 10 dB above the largest finite value
+    of every unit's rows (200 dB when none is finite)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite) + 10 if finite else 200.0
 
 
 def write_plots(report: dict, directory) -> list[str]:
@@ -590,10 +751,10 @@ def write_plots(report: dict, directory) -> list[str]:
     layers = [entry["layer"] for entry in report["layers"]]
     written = []
     figure, axes = plt.subplots(2, 1, figsize=(max(6, 0.35 * len(layers) + 3), 7), sharex=True)
-    for name, rows in results.items():
-        for axis, key in zip(axes, ("sqnr_vs_float_db", "sqnr_vs_ideal_db")):
-            finite_top = [getattr(r, key) for r in rows if math.isfinite(getattr(r, key))]
-            ceiling = (max(finite_top) + 10) if finite_top else 200
+    for axis, key in zip(axes, ("sqnr_vs_float_db", "sqnr_vs_ideal_db")):
+        # one ceiling for every unit: an identical row (inf dB) is drawn above every finite one
+        ceiling = plot_ceiling([getattr(r, key) for rows in results.values() for r in rows])
+        for name, rows in results.items():
             values = [min(getattr(r, key), ceiling) for r in rows]
             axis.plot(range(len(rows)), values, marker="o", label=name)
     axes[0].set_ylabel("SQNR vs float (dB)")

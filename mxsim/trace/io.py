@@ -11,6 +11,7 @@ moves it into place with ``os.replace``, so a reader never sees a half-written t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -23,9 +24,12 @@ import yaml
 from ..errors import ArgumentError, MxsimError
 from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
 from ..limits import check_path, is_integer
-from .model import (DATASET_FILE, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, NUMERIC_DTYPES, SUPPORTED_VERSIONS, Layer,
-                    Network, Trace)
-from .quant import QDQQuant, QuantSpec, spec_from_manifest
+from .model import (BLOB_DIR, DATASET_FILE, FLOAT_DTYPES, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, NUMERIC_DTYPES,
+                    SUPPORTED_VERSIONS, Layer, Network, Trace)
+from ..formats import get_format
+from ..quantize import MXTensor, quantize
+from ..quantize.options import QuantOptions
+from .quant import MXQuant, QDQQuant, QuantSpec, spec_from_manifest
 from .validate import trace_error, validate_trace
 
 _QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point)$")
@@ -51,8 +55,31 @@ def _tensor_entry(array: np.ndarray) -> dict:
     return {"shape": [int(v) for v in array.shape], "dtype": array.dtype.name}
 
 
-def _layer_file(index: int, name: str) -> str:
-    return f"layers/{index:03d}-{safe_file_stem(name, 60, 'layer')}.npz"
+_BLOB_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def content_id(array: np.ndarray) -> str:
+    """The name of ``array``'s blob: the first 32 hex digits of the SHA-256 of its dtype name,
+    shape and little-endian bytes (equal arrays share one blob)."""
+    digest = hashlib.sha256(f"{array.dtype.name}{tuple(int(v) for v in array.shape)}".encode())
+    digest.update(_little_endian(array).tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=np.dtype(array.dtype.name).newbyteorder("<"))
+
+
+def _shuffled(array: np.ndarray) -> np.ndarray:
+    """The blob of ``array``: its bytes as uint8 (itemsize, size), byte j of every element in
+    row j (a lossless byte shuffle: deflate then finds the repeats in the sign and exponent
+    bytes of floats)."""
+    return np.ascontiguousarray(_little_endian(array).view(np.uint8).reshape(-1, array.dtype.itemsize).T)
+
+
+def _unshuffled(stored: np.ndarray, shape: tuple, dtype: str) -> np.ndarray:
+    little = np.dtype(dtype).newbyteorder("<")
+    return np.ascontiguousarray(stored.T).view(little).reshape(shape).astype(np.dtype(dtype), copy=False)
 
 
 def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
@@ -71,31 +98,108 @@ def _spec_manifest(operand: str, spec: QuantSpec | None):
     return spec.to_manifest()
 
 
-def build_manifest(trace: Trace) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+def _quantize_by(spec: MXQuant, x: np.ndarray) -> MXTensor:
+    return quantize(x, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
+                    **dict(spec.options))
+
+
+def _as_codes(layer: Layer, operand: str) -> MXTensor | None:
+    """The operand as its MX spec's codes and scales, when they hold everything replay takes
+    from it for the model's own rows: the decoded values are exact in the operand's dtype and
+    quantize to the same codes again (a profile whose rule moves them keeps the float)."""
+    spec, x = layer.quant.get(operand), layer.tensors[operand]
+    if not isinstance(spec, MXQuant) or (spec.bypass_single_element and x.size == 1):
+        return None
+    tensor = _quantize_by(spec, x)
+    exact = tensor.dequantize(np.float64)
+    decoded = exact.astype(x.dtype)
+    if not np.array_equal(decoded.astype(np.float64), exact, equal_nan=True):
+        return None
+    if operand in layer.codes_only and not np.array_equal(decoded, x, equal_nan=True):
+        return None  # claimed to be decoded codes, but other values
+    again = _quantize_by(spec, decoded)
+    if not (np.array_equal(again.codes, tensor.codes) and np.array_equal(again.scales, tensor.scales)):
+        return None
+    return tensor
+
+
+def _decoded(spec: MXQuant, codes: np.ndarray, scales: np.ndarray, shape: tuple, dtype: str) -> np.ndarray:
+    """The values stored as ``codes`` and ``scales`` by :func:`_as_codes`, in ``dtype``."""
+    axis = spec.axis % len(shape)
+    padding = codes.shape[-1] - shape[axis]
+    tensor = MXTensor(get_format(spec.format), codes, scales, shape, axis, spec.block_size, padding, QuantOptions())
+    return tensor.dequantize(np.float64).astype(dtype)
+
+
+def _code_shapes(spec: MXQuant, shape: tuple) -> tuple[tuple, tuple]:
+    """The shapes of the codes and scales :func:`mxsim.quantize` gives for ``shape``."""
+    axis = spec.axis % len(shape)
+    others = shape[:axis] + shape[axis + 1 :]
+    blocks = -(-shape[axis] // spec.block_size)
+    return others + (blocks * spec.block_size,), others + (blocks,)
+
+
+def _blob(files: dict, array: np.ndarray) -> str:
+    blob = content_id(array)
+    files.setdefault(f"{BLOB_DIR}/{blob}.npz", {"data": _shuffled(array)})
+    return blob
+
+
+def _layer_file(index: int, name: str) -> str:
+    return f"layers/{index:03d}-{safe_file_stem(name, 60, 'layer')}.npz"
+
+
+def build_manifest(trace: Trace, floats: bool = True,
+                   version: int = FORMAT_VERSION) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
     """The manifest mapping and the arrays of each file (relative path -> {key: array}).
+
+    Version 2: every layer array as a content-addressed blob ``tensors/ID.npz`` (member
+    ``data``, :func:`_shuffled`), stored once however many layers hold it; ``floats=False``:
+    an input or weight with an MX spec is stored as its element codes and scales only, where
+    :func:`_as_codes` allows (the layer's ``codes_only``, which stay codes whatever ``floats``).
+    Version 1: one NPZ per layer, every array whole (refused for ``codes_only`` operands, whose
+    decoded values would pass for floats).
 
     Validates the trace first (raises TraceError naming the layer and field).
     """
     label = trace.name
     validate_trace(trace, label)
+    if version not in SUPPORTED_VERSIONS:
+        raise ArgumentError(f"save_trace: version must be one of {SUPPORTED_VERSIONS}, got {version!r}")
     files: dict[str, dict[str, np.ndarray]] = {}
     layers = []
     for index, layer in enumerate(trace.layers):
-        arrays = _layer_arrays(layer)
-        path = _layer_file(index, layer.name)
-        files[path] = arrays
+        entries = {}
+        if version == 1:
+            if layer.codes_only:  # its decoded values would pass for the floats
+                raise trace_error(label, "a compact trace (operands kept as codes only) cannot be written in "
+                                         "version 1", layer.name, "codes_only")
+            path = _layer_file(index, layer.name)
+            files[path] = _layer_arrays(layer)
+            entries = {k: _tensor_entry(v) for k, v in files[path].items()}
+        for key, array in _layer_arrays(layer).items() if version == 2 else ():
+            tensor = None if floats and key not in layer.codes_only else \
+                _as_codes(layer, key) if key in ("input", "weight") else None
+            if tensor is None and key in layer.codes_only:  # never let decoded values pass for floats
+                raise trace_error(label, f"the {key} is kept as codes only, but its values are not those of "
+                                         "its MX spec", layer.name, "codes_only")
+            if tensor is None:
+                entries[key] = {**_tensor_entry(array), "blob": _blob(files, array)}
+            else:
+                entries[key] = {**_tensor_entry(array), "codes": _blob(files, tensor.codes),
+                                "scales": _blob(files, tensor.scales)}
         layers.append({
             "name": layer.name,
             "op": layer.op,
-            "file": path,
+            **({"file": _layer_file(index, layer.name)} if version == 1 else {}),
             "attrs": _plain(layer.attrs, f"layer {layer.name}: attrs"),
-            "tensors": {k: _tensor_entry(v) for k, v in arrays.items()},
+            "tensors": entries,
             "quant": {k: _spec_manifest(k, v) for k, v in layer.quant.items()},
             "source": _plain(layer.source, f"layer {layer.name}: source"),
         })
     manifest = {
         "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
+        "version": version,
         "name": trace.name,
         "source": _plain(trace.source, "source"),
         "metadata": _plain(trace.metadata, "metadata"),
@@ -110,7 +214,6 @@ def build_manifest(trace: Trace) -> tuple[dict, dict[str, dict[str, np.ndarray]]
     return _plain(manifest, "manifest"), files
 
 
-
 # ----------------------------------------------------------------------------- saving
 
 
@@ -121,7 +224,8 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> Non
         os.fsync(handle.fileno())
 
 
-def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = True) -> Path:
+def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = True, floats: bool = True,
+               version: int = FORMAT_VERSION) -> Path:
     """Write ``trace`` as a directory at ``path``, set ``trace.path`` and return the path.
 
     Everything is written into a new temporary directory beside ``path`` and then moved
@@ -131,6 +235,11 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
     the old complete trace or the new one (elsewhere there is a moment with neither, never a
     mixture). A directory that is not a trace is never replaced. A staging directory left by
     a killed writer (``.NAME.tmp-*`` beside ``path``) can be deleted.
+
+    ``floats=False`` writes a compact trace: inputs and weights with an MX spec as their codes
+    and scales, without the floats before quantization (:func:`build_manifest`;
+    docs/trace-format.md says which reports need those floats). ``version=1`` writes the
+    previous format (one NPZ per layer), which older mxsim versions read.
     """
     target = check_path(path, "save_trace: path")
     label = str(target)
@@ -138,7 +247,7 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
         raise trace_error(label, "already exists (pass overwrite=True to replace it)")
     if target.exists() and not (target / MANIFEST_NAME).is_file():
         raise trace_error(label, "exists and is not a trace directory (no manifest.yaml); refusing to replace it")
-    manifest, files = build_manifest(trace)
+    manifest, files = build_manifest(trace, floats, version)
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     staging = parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
@@ -164,6 +273,18 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
 # ----------------------------------------------------------------------------- loading
 
 
+def _check_inside(root: Path, path: Path, relative: str, label: str, layer: str | None, field_name: str) -> None:
+    """Refuse a file that resolves outside the trace directory (a symlink, at any level,
+    pointing out of it): a trace reads only its own files."""
+    try:
+        inside = path.resolve(strict=True).is_relative_to(root.resolve(strict=True))
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise trace_error(label, f"{relative} leads out of the trace directory (a symlink); refused", layer,
+                          field_name)
+
+
 def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> dict[str, np.ndarray]:
     """Read the arrays listed in ``expected`` ({key: {shape, dtype}}) from one NPZ, checking each.
 
@@ -183,27 +304,99 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> 
     path = root / rel
     if not path.is_file():
         raise trace_error(label, f"missing file {relative}", layer, file_field)
+    _check_inside(root, path, relative, label, layer, file_field)
+    declared = {key: shape_dtype for key, (shape_dtype, _) in _declared(label, layer, expected).items()}
+
+    def fail(member, message):
+        raise trace_error(label, message, layer, file_field if member is None else member)
+
+    return read_npz(path, NUMERIC_DTYPES, fail, declared, label=relative)
+
+
+def _declared(label: str, layer: str | None, expected, extra_keys: tuple = ((),)) -> dict[str, tuple[tuple, dict]]:
+    """The manifest's ``tensors`` mapping checked: {name: ((shape, dtype), entry)}; each entry
+    has exactly shape, dtype and one of the key sets ``extra_keys``."""
     if not isinstance(expected, dict) or not expected:
-        raise trace_error(label, "must list the file's arrays with shape and dtype", layer, "tensors")
+        raise trace_error(label, "must list the layer's arrays with shape and dtype", layer, "tensors")
+    accepted = [{"shape", "dtype", *extra} for extra in extra_keys]
     declared = {}
     for key, entry in expected.items():
         where = f"tensors.{key}"
         if not isinstance(key, str):
             raise trace_error(label, f"array names must be strings, got {key!r}", layer, "tensors")
-        if not isinstance(entry, dict) or set(entry) != {"shape", "dtype"}:
-            raise trace_error(label, "manifest entry must have exactly shape and dtype", layer, where)
+        if not isinstance(entry, dict) or set(entry) not in accepted:
+            keys = " or ".join(", ".join(sorted(k)) for k in accepted)
+            raise trace_error(label, f"manifest entry must have exactly {keys}", layer, where)
         shape, dtype = entry["shape"], entry["dtype"]
         if not isinstance(shape, list) or not all(is_integer(v) and v >= 0 for v in shape):
             raise trace_error(label, f"manifest shape must be a list of ints >= 0, got {shape!r}", layer, where)
         if not isinstance(dtype, str) or dtype not in NUMERIC_DTYPES:
             raise trace_error(label, f"manifest dtype must be one of {', '.join(NUMERIC_DTYPES)}, got {dtype!r}",
                               layer, where)
-        declared[key] = (tuple(shape), dtype)
+        declared[key] = ((tuple(shape), dtype), entry)
+    return declared
 
-    def fail(member, message):
-        raise trace_error(label, message, layer, file_field if member is None else member)
 
-    return read_npz(path, NUMERIC_DTYPES, fail, declared, label=relative)
+class _Blobs:
+    """The blobs of one version-2 trace, each read once (checked as any NPZ member, then
+    against its content id) and shared by every layer that names it."""
+
+    def __init__(self, label: str, root: Path):
+        self.label, self.root, self.cache = label, root, {}
+
+    def read(self, blob, shape: tuple, dtype: str, layer: str, where: str) -> np.ndarray:
+        label = self.label
+        if not isinstance(blob, str) or not _BLOB_ID.match(blob):
+            raise trace_error(label, f"blob must be 32 lower-case hex digits, got {str(blob)[:40]!r}", layer, where)
+        relative = f"{BLOB_DIR}/{blob}.npz"
+        if blob not in self.cache:
+            path = self.root / relative
+            if not path.is_file():
+                raise trace_error(label, f"missing file {relative}", layer, where)
+            _check_inside(self.root, path, relative, label, layer, where)
+            stored_shape = (np.dtype(dtype).itemsize, int(np.prod(shape, dtype=object)))
+
+            def fail(member, message):
+                raise trace_error(label, message, layer, where)
+
+            stored = read_npz(path, ("uint8",), fail, {"data": (stored_shape, "uint8")}, label=relative)["data"]
+            array = _unshuffled(stored, shape, dtype)
+            if content_id(array) != blob:
+                raise trace_error(label, f"{relative} does not hold the array its name says (corrupt or edited)",
+                                  layer, where)
+            self.cache[blob] = array
+        array = self.cache[blob]
+        if array.shape != shape or array.dtype.name != dtype:
+            raise trace_error(label, f"blob {blob} holds {array.dtype.name} {array.shape}, the manifest says "
+                                     f"{dtype} {shape}", layer, where)
+        return array
+
+    def layer_arrays(self, layer: str, expected) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
+        """A layer's arrays stored whole, and its operands stored as codes (name ->
+        (shape, dtype, entry)), decoded by :meth:`decode` once the specs are known."""
+        arrays, coded = {}, {}
+        for key, ((shape, dtype), entry) in _declared(self.label, layer, expected, (("blob",), ("codes", "scales"))).items():
+            if "blob" in entry:
+                arrays[key] = self.read(entry["blob"], shape, dtype, layer, f"tensors.{key}")
+            else:
+                coded[key] = (shape, dtype, entry)
+        return arrays, coded
+
+    def decode(self, layer: str, key: str, shape: tuple, dtype: str, entry: dict, spec) -> np.ndarray:
+        where = f"tensors.{key}"
+        if key not in ("input", "weight") or not isinstance(spec, MXQuant) or dtype not in FLOAT_DTYPES:
+            raise trace_error(self.label, "only a float input or weight with an MX spec is stored as codes and "
+                                          "scales", layer, where)
+        if not shape or not -len(shape) <= spec.axis < len(shape):
+            raise trace_error(self.label, f"the spec's axis {spec.axis} does not fit the shape {shape}", layer, where)
+        code_shape, scale_shape = _code_shapes(spec, shape)
+        codes = self.read(entry["codes"], code_shape, "uint8", layer, f"{where}.codes")
+        scales = self.read(entry["scales"], scale_shape, "uint8", layer, f"{where}.scales")
+        try:
+            get_format(spec.format).field_codes(codes, "codes")
+        except MxsimError as error:
+            raise trace_error(self.label, str(error), layer, f"{where}.codes") from None
+        return _decoded(spec, codes, scales, shape, dtype)
 
 
 def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field_name: str):
@@ -217,7 +410,9 @@ def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field
 
 
 _TOP_KEYS = {"format", "version", "name", "source", "metadata", "layers", "dataset", "network"}
-_LAYER_KEYS = {"name", "op", "file", "attrs", "tensors", "quant", "source"}
+#: Layer keys by format version: version 1 names one NPZ file per layer, version 2 a blob per array.
+_LAYER_KEYS = {1: {"name", "op", "file", "attrs", "tensors", "quant", "source"},
+               2: {"name", "op", "attrs", "tensors", "quant", "source"}}
 
 
 def load_trace(path) -> Trace:
@@ -236,6 +431,7 @@ def load_trace(path) -> Trace:
     manifest_path = root / MANIFEST_NAME
     if not manifest_path.is_file():
         raise trace_error(label, f"missing {MANIFEST_NAME}", field=MANIFEST_NAME)
+    _check_inside(root, manifest_path, MANIFEST_NAME, label, None, MANIFEST_NAME)
 
     def fail_manifest(message):
         raise trace_error(label, f"{MANIFEST_NAME}: {message}", field=MANIFEST_NAME)
@@ -261,15 +457,21 @@ def load_trace(path) -> Trace:
         raise trace_error(label, "must be a mapping", field="metadata")
     entries = _require(doc, "layers", list, label, None, "layers")
     layers = []
+    blobs = _Blobs(label, root)
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise trace_error(label, "must be a mapping", field=f"layers[{index}]")
         layer_name = _require(entry, "name", str, label, None, f"layers[{index}].name")
-        unknown = set(entry) - _LAYER_KEYS
+        unknown = set(entry) - _LAYER_KEYS[version]
         if unknown:
-            raise trace_error(label, "unknown layer key", layer_name, sorted(unknown, key=str)[0])
+            raise trace_error(label, f"unknown layer key (format version {version})", layer_name,
+                              sorted(unknown, key=str)[0])
         op = _require(entry, "op", str, label, layer_name, "op")
-        arrays = _read_npz(label, layer_name, root, entry.get("file"), entry.get("tensors"))
+        coded = {}
+        if version == 1:
+            arrays = _read_npz(label, layer_name, root, entry.get("file"), entry.get("tensors"))
+        else:
+            arrays, coded = blobs.layer_arrays(layer_name, entry.get("tensors"))
         attrs = entry.get("attrs") or {}
         quant_entries = entry.get("quant") or {}
         if not isinstance(quant_entries, dict):
@@ -292,9 +494,11 @@ def load_trace(path) -> Trace:
         for key in sorted(set(quant_arrays) - used, key=str):
             raise trace_error(label, "QDQ array that no qdq spec of this layer uses", layer_name, key)
         tensors = {k: v for k, v in arrays.items() if k not in quant_arrays}
+        for key, (shape, dtype, coded_entry) in coded.items():
+            tensors[key] = blobs.decode(layer_name, key, shape, dtype, coded_entry, quant.get(key))
         if not isinstance(entry.get("source") or {}, dict):
             raise trace_error(label, "must be a mapping", layer_name, "source")
-        layers.append(Layer(layer_name, op, tensors, attrs, quant, entry.get("source") or {}))
+        layers.append(Layer(layer_name, op, tensors, attrs, quant, entry.get("source") or {}, frozenset(coded)))
     dataset = None
     if doc.get("dataset") is not None:
         spec = doc["dataset"]

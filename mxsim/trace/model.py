@@ -23,10 +23,13 @@ from .conv import Conv2dGeometry, ConvTranspose2dGeometry
 from .quant import QuantSpec
 
 FORMAT_NAME = "mxsim-trace"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+#: Version 2 stores every layer array once, as a content-addressed blob in ``tensors/``;
+#: version 1 (one NPZ per layer) still loads.
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.yaml"
 DATASET_FILE = "dataset.npz"
+BLOB_DIR = "tensors"
 
 OPS = ("linear", "matmul", "conv2d", "conv_transpose2d")
 CONV_OPS = ("conv2d", "conv_transpose2d")
@@ -59,6 +62,9 @@ class Layer:
       [oh, ow]; linear and matmul: optional ``alpha``, ``beta`` (default 1.0).
     * ``quant``: operand name -> spec or None (not quantized / unknown).
     * ``source``: free-form provenance (module or node name, op type...).
+    * ``codes_only``: operands (``input``, ``weight``) whose float before quantization the
+      trace does not keep (saved with ``floats=False``): their tensor holds the model's
+      quantized values, decoded from the stored element codes and scales.
     """
 
     name: str
@@ -67,6 +73,7 @@ class Layer:
     attrs: dict = field(default_factory=dict)
     quant: dict[str, QuantSpec | None] = field(default_factory=dict)
     source: dict = field(default_factory=dict)
+    codes_only: frozenset = frozenset()
 
     @property
     def input(self) -> np.ndarray:

@@ -69,6 +69,9 @@ def check_layer(layer: Layer, fail) -> None:
     """
     if layer.op not in OPS:
         fail("op", f"unknown op {layer.op!r}; accepted: {', '.join(OPS)}")
+    for operand in sorted(layer.codes_only, key=str):
+        if operand not in ("input", "weight") or not isinstance(layer.quant.get(operand), MXQuant):
+            fail("codes_only", f"{operand!r}: only an input or weight with an MX spec is stored as codes")
     t = layer.tensors
     if not isinstance(t, dict):
         fail("tensors", f"must be a mapping of tensor name -> numpy array, got {type(t).__name__}")
@@ -175,8 +178,9 @@ def check_layer(layer: Layer, fail) -> None:
                     fail(key, f"dtype {array.dtype} is not a plain numeric dtype")
 
 
-def check_network(network: Network, layer_names: set[str], dataset: dict | None, fail) -> None:
-    """Check a network recipe against the layers and the dataset; ``fail(field, message)`` raises."""
+def check_network(network: Network, layers: dict[str, Layer], dataset: dict | None, fail) -> None:
+    """Check a network recipe against the layers (by name) and the dataset, shapes included;
+    ``fail(field, message)`` raises."""
     if dataset is None:
         fail("network", "a network needs a dataset (its input array)")
     if not isinstance(network.input, str) or network.input not in dataset:
@@ -212,7 +216,7 @@ def check_network(network: Network, layer_names: set[str], dataset: dict | None,
         if "layer" in step:
             if set(step) != {"layer"}:
                 fail(where, f"a layer step has only the key 'layer', got {sorted(step)}")
-            if not isinstance(step["layer"], str) or step["layer"] not in layer_names:
+            if not isinstance(step["layer"], str) or step["layer"] not in layers:
                 fail(where, f"unknown layer {step['layer']!r}")
         elif "op" in step:
             op = step["op"]
@@ -225,6 +229,54 @@ def check_network(network: Network, layer_names: set[str], dataset: dict | None,
                 fail(where, "flatten start_dim must be an int >= 0")
         else:
             fail(where, "must have a 'layer' or an 'op' key")
+    _check_network_shapes(network, layers, dataset, fail)
+
+
+def _layer_output_shape(layer: Layer, shape: tuple) -> tuple | str:
+    """The output shape of ``layer`` applied to an input of ``shape``, or why it cannot be."""
+    weight = layer.weight.shape
+    if layer.op == "linear":
+        if not shape or shape[-1] != weight[1]:
+            return f"takes inputs (..., {weight[1]}), gets {shape}"
+        return shape[:-1] + (weight[0],)
+    if layer.op == "matmul":
+        if len(shape) < 2 or shape[-1] != weight[-2]:
+            return f"takes inputs (..., M, {weight[-2]}), gets {shape}"
+        try:
+            batch = np.broadcast_shapes(shape[:-2], weight[:-2])
+        except ValueError:
+            return f"input batch dims {shape[:-2]} do not broadcast with the weight's {weight[:-2]}"
+        return tuple(batch) + (shape[-2], weight[-1])
+    if len(shape) != 4:
+        return f"takes (N, C, H, W) inputs, gets {shape}"
+    try:
+        return tuple(layer.conv_geometry(shape).output_shape)
+    except MxsimError as error:
+        return str(error)
+
+
+def _check_network_shapes(network: Network, layers: dict, dataset: dict, fail) -> None:
+    """Walk the steps with shapes only: every layer gets an input it takes, every flatten a
+    ``start_dim`` below its input's rank (torch's rule), and the labels are one per row of
+    the last value."""
+    shape = tuple(dataset[network.input].shape)
+    for index, step in enumerate(network.steps):
+        where = f"network.steps[{index}]"
+        if "layer" in step:
+            out = _layer_output_shape(layers[step["layer"]], shape)
+            if isinstance(out, str):
+                fail(where, f"layer {step['layer']!r} {out}")
+            shape = out
+        elif step["op"] == "flatten":
+            start = step.get("start_dim", 1)
+            if start >= len(shape):
+                fail(where, f"flatten start_dim {start} is not below the rank {len(shape)} of its input {shape}")
+            shape = shape[:start] + (int(np.prod(shape[start:])),)
+    if network.labels is not None:
+        labels = dataset[network.labels].shape
+        if len(labels) != 1 or not shape or labels[0] != shape[0]:
+            fail("network.labels", f"labels of shape {labels} do not give one label per row of the network's "
+                                   f"output {shape}")
 
 
 def validate_trace(trace: Trace, label: str | None = None) -> None:
@@ -267,4 +319,4 @@ def validate_trace(trace: Trace, label: str | None = None) -> None:
     if trace.network is not None and not isinstance(trace.network, Network):
         raise trace_error(label, f"must be a Network or None, got {type(trace.network).__name__}", field="network")
     if trace.network is not None:
-        check_network(trace.network, names, trace.dataset, fail_network)
+        check_network(trace.network, {layer.name: layer for layer in trace.layers}, trace.dataset, fail_network)
