@@ -23,9 +23,8 @@ from ..capture.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feed
 from ..capture.onnx_layers import IDENTITY, Skip, layer_views
 from ..capture.onnx_quark import QUARK_DOMAINS, quark_node_function
 from ..errors import MxsimError
-from ..replay.run import run_layer
 from ..trace.model import Layer
-from .torch import _unit, check_scaling
+from .torch import _unit, check_scaling, layer_on_unit
 
 UNIT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
@@ -84,8 +83,7 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
             tensors = {role: views.get(role, IDENTITY).array(value)
                        for role, value in (("input", x), ("weight", w), ("output", out))}
             layer = Layer(node.name or node.op_type, op, tensors, attrs)
-            values = run_layer(layer, hw, element_format=a_format, weight_format=b_format,
-                               per_tensor_scale=per_tensor_scale, out_format=out_format, with_ideal=False).values
+            values = layer_on_unit(layer, hw, a_format, b_format, per_tensor_scale, out_format)
             values = values.reshape(out.shape)  # output views only insert unit axes
             if bias is not None:
                 if node.op_type == "Gemm":

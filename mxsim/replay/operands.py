@@ -48,7 +48,7 @@ from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize, quantize_bfp
 from ..quantize.options import QuantOptions
-from ..trace.model import Layer
+from ..trace.model import CONV_OPS, Layer
 from ..trace.quant import BFPQuant, MXQuant
 from .lowering import gemm_axis, gemm_shape, lower_input, lower_weight
 
@@ -216,8 +216,8 @@ def _with_tensors(layer: Layer, input_array: np.ndarray, weight_array: np.ndarra
 
 def _reduction_axis(layer: Layer, operand: str) -> int:
     """The axis of ``operand`` that lowers to K runs (conv: channels; else the contraction)."""
-    if layer.op == "conv2d":
-        return 1
+    if layer.op in CONV_OPS:  # NCHW input; conv2d weight (O, C/g, kh, kw), transposed (C, O/g, kh, kw)
+        return 0 if (layer.op, operand) == ("conv_transpose2d", "weight") else 1
     if operand == "input":
         return layer.input.ndim - 1
     return 1 if layer.op == "linear" else layer.weight.ndim - 2
@@ -290,7 +290,7 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
     quantized = {op: _quantize_spec(layer.tensors[op], layer.quant.get(op)) for op in operands}
     along_k = {op: q is not None and q.axis == _reduction_axis(layer, op) for op, q in quantized.items()}
     shape = gemm_shape(layer)
-    run, taps = shape.k_run, shape.k // shape.k_run
+    run, taps = shape.k_run, shape.k // shape.k_run if shape.k_run else 1  # K = 0: no taps to reorder
     groups = layer.conv_geometry().groups if layer.op == "conv2d" else 1
     unit = math.lcm(*(q.pad_unit for op, q in quantized.items() if along_k[op]))
     # Every quantized operand blocked along K, and no block straddling a conv group.
@@ -354,7 +354,7 @@ def gemm_bias(layer: Layer, bias: np.ndarray | None) -> np.ndarray | None:
         return None
     shape = gemm_shape(layer)
     bias = np.asarray(bias, dtype=np.float64)
-    if layer.op == "conv2d":
+    if layer.op in CONV_OPS:  # one bias per output channel, output channels grouped
         per_group = bias.reshape(shape.groups, 1, shape.n)
         return np.ascontiguousarray(np.broadcast_to(per_group, (shape.groups, shape.m, shape.n)))
     if layer.op == "linear" and layer.attrs.get("beta", 1.0) != 1.0:
