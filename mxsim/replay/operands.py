@@ -79,7 +79,7 @@ class GemmOperand:
 
     element_format: FormatInfo
     pieces: list
-    scales: np.ndarray
+    scales: np.ndarray | None
     granule: int
     quantized: bool
     spec: str
@@ -281,9 +281,13 @@ def quantized_bias(layer: Layer) -> tuple[np.ndarray | None, str]:
     return layer.bias.astype(np.float64), "float"
 
 
-def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
+def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool = True) -> LayerOperands:
     """Quantize ``layer``'s operands as its trace specs say, in their own layout, and lower
-    them to the GEMM view (module docstring). Raises MxsimError for an unknown order."""
+    them to the GEMM view (module docstring). Raises MxsimError for an unknown order.
+
+    ``float_pieces=False``: an operand without an MX/BFP code form gets no bf16 pieces and no
+    scales (``pieces`` empty, ``scales`` None, ``exact`` False): enough to choose a unit's
+    quantization and quantize the float operand, not for the ideal (:func:`ideal_gemm`)."""
     if conv_order not in CONV_ORDERS:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     operands = ("input", "weight")
@@ -302,7 +306,7 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
     for op in operands:
         q, axis = quantized[op], _reduction_axis(layer, op)
         if q is None:
-            pieces, exact = _bf16_pieces(np.asarray(_float_values(layer, op)))
+            pieces, exact = _bf16_pieces(np.asarray(_float_values(layer, op))) if float_pieces else ([], False)
             scales = np.full(layer.tensors[op].shape, E8M0_ONE, dtype=np.uint8)
             arrays[op] = ([_pad_axis(p, axis, padded_run) for p in pieces], _pad_axis(scales, axis, padded_run, 127),
                           exact)
@@ -340,7 +344,8 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
             else:
                 layout = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
         # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
-        lowered_scales = (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
+        lowered_scales = None if q is None and not float_pieces else \
+            (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
         result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, granule, q is not None,
                                  name, layout, saturated, underflowed, exact)
     floats = [lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]

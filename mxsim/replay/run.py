@@ -266,7 +266,7 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     ``count_clipped=False`` leaves the saturated/underflowed counts of operands replay
     quantizes itself at 0 (in the loop nobody reads them)."""
     at = layer if x is None else layer_with_input(layer, x)
-    ops = operands if operands is not None else layer_operands(at, conv_order)
+    ops = operands if operands is not None else layer_operands(at, conv_order, float_pieces=with_ideal)
     shape = gemm_shape(at)
     gemm_operands = {"input": ops.a, "weight": ops.b}
     choices, tensors = {}, {}
