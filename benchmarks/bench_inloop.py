@@ -54,6 +54,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
+    try:  # numpy's BLAS too: the BLAS route of ocp-exact runs a small GEMM per attention head
+        import threadpoolctl
+
+        threadpoolctl.threadpool_limits(args.threads)
+    except ImportError:
+        print("threadpoolctl is not installed: numpy's BLAS keeps its own thread count (set OPENBLAS_NUM_THREADS)")
 
     directory = all_minilm_l6_v2.get_model_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -91,7 +97,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "minilm.onnx")
-        torch.onnx.export(model, inputs, path, input_names=["input_ids", "attention_mask"],
+        class Encoder(torch.nn.Module):  # positional inputs, one output, for the exporter
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask):
+                return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+        torch.onnx.export(Encoder().eval(), inputs, path, input_names=["input_ids", "attention_mask"],
                           output_names=["last_hidden_state"], dynamo=False)
         feeds = {"input_ids": inputs[0].numpy(), "attention_mask": inputs[1].numpy()}
         options = ort.SessionOptions()
