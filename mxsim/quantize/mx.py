@@ -204,9 +204,8 @@ def quantize_groups(x, fmt, block_size: int = 32, profile: str = "ocp", *, per_t
         moved, _, padding = _to_blocks(codes.reshape(groups * rows, k), 1, block_size)
         scales = np.full((groups * rows, moved.shape[-1] // block_size), E8M0_BIAS, dtype=np.uint8)
         whole = MXTensor(element_format, moved, scales, (groups * rows, k), 1, block_size, padding, opts)
-    return [dataclasses.replace(whole, codes=whole.codes[g * rows:(g + 1) * rows],
-                                scales=whole.scales[g * rows:(g + 1) * rows], shape=(rows, k),
-                                tensor_scale_exponent=exponents[g]) for g in range(groups)]
+    return [MXTensor(whole.element_format, whole.codes[g * rows:(g + 1) * rows], whole.scales[g * rows:(g + 1) * rows],
+                     (rows, k), 1, whole.block_size, whole.padding, whole.options, exponents[g]) for g in range(groups)]
 
 
 def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options) -> np.ndarray:

@@ -297,7 +297,8 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         qa = tensors["input"][g]
         rows = tensors["weight"][g]
         # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
-        qb = dataclasses.replace(rows, shape=(rows.shape[1], rows.shape[0]), axis=0)
+        qb = MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
+                      rows.padding, rows.options, rows.tensor_scale_exponent)
         shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
         # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
         c = None if bias is None or accumulator_input(bias[g], shift) is None else bias[g].astype(np.float32)
