@@ -5,8 +5,9 @@ Interception is the capture's (:mod:`mxsim.capture.torch`): ``F.linear``,
 (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``dot``, ``convolution``, CPU fused
 attention) no such call covered. Each becomes a trace layer, is computed by
 :func:`mxsim.replay.run.run_layer` on the unit, and its result replaces torch's, as a
-tensor of the same shape and dtype (the unit's float64 result, bias added, rounded once). Attention runs as ``q @ k^T`` on the unit, softmax in torch
-(float32), then ``P @ v`` on the unit. Ops capture lists as skipped (integer GEMMs, ...) keep
+tensor of the same shape and dtype (the unit's float64 result, bias added, rounded once).
+Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P @ v`` on the
+unit. Ops capture lists as skipped (integer GEMMs, ...) keep
 torch's result and are listed in :attr:`UnitInLoop.skipped`; a float convolution the unit
 cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) computes nothing.
 """
