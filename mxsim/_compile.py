@@ -1,5 +1,6 @@
-"""Numba compilation: where compiled kernels are cached, a terminal notice while they
-compile, and how long compiling took (so run times can leave it out).
+"""Numba compilation: where compiled kernels are cached, a notice while they compile (a
+spinner on a terminal, one log line per process elsewhere), and how long compiling took (so
+run times can leave it out).
 
 Compiled kernels are cached in ``NUMBA_CACHE_DIR`` when the user set it, else in the
 per-user cache directory (``platformdirs.user_cache_dir("mxsim")``), never inside the
@@ -46,15 +47,22 @@ def configure_cache() -> str:
     return path
 
 
+def _message() -> str:
+    return f"mxsim: compiling kernels (first run only, ~{TYPICAL_COMPILE_SECONDS} s)"
+
+
 class _CompileWatch:
     """Listens to Numba's compile events: total seconds spent compiling (outermost compiles
-    only, so nested ones are not counted twice) and, on a terminal, a one-line notice with
-    a spinner while a compile is running."""
+    only, so nested ones are not counted twice) and a notice once a compile has run for
+    half a second: on a terminal a one-line spinner, cleared afterwards, at every such
+    compile; elsewhere (a log, a pipe) one line, at the first such compile of the process,
+    naming the cache the kernels are kept in."""
 
     def __init__(self, stream=None):
         self.stream = stream
         self.depth = 0
         self.total_seconds = 0.0
+        self.logged = False
         self._started = 0.0
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
@@ -64,9 +72,10 @@ class _CompileWatch:
         if self.depth == 1:
             self._started = time.perf_counter()
             stream = self.stream or sys.stderr
-            if stream.isatty():
+            notice = self._spin if stream.isatty() else None if self.logged else self._log
+            if notice is not None:
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._spin, args=(stream, self._stop), daemon=True)
+                self._thread = threading.Thread(target=notice, args=(stream, self._stop), daemon=True)
                 self._thread.start()
 
     def on_end(self, _event) -> None:
@@ -78,10 +87,17 @@ class _CompileWatch:
                 self._thread.join()
                 self._thread = self._stop = None
 
+    def _log(self, stream, stop: threading.Event) -> None:
+        if stop.wait(_NOTICE_DELAY_SECONDS):
+            return
+        self.logged = True
+        stream.write(f"{_message()}; later runs load them from {kernel_cache_dir()}\n")
+        stream.flush()
+
     def _spin(self, stream, stop: threading.Event) -> None:
         if stop.wait(_NOTICE_DELAY_SECONDS):
             return
-        message = f"mxsim: compiling kernels (first run only, ~{TYPICAL_COMPILE_SECONDS} s)"
+        message = _message()
         turn = 0
         while not stop.wait(0.2):
             elapsed = time.perf_counter() - self._started

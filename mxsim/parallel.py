@@ -78,8 +78,9 @@ def _failure(key: str, error: BaseException, trace: str) -> TaskFailure:
     return TaskFailure(key, str(error) if user_error else f"{type(error).__name__}: {error}", user_error, trace)
 
 
-def progress_bar(total: int, unit: str, enabled: bool):
-    """A tqdm bar on stderr if tqdm is installed, else a plain counter; None when disabled."""
+def progress_bar(total: int | None, unit: str, enabled: bool):
+    """A tqdm bar on stderr if tqdm is installed, else a plain counter; None when disabled.
+    ``total`` None: a count without a total (work whose size is not known beforehand)."""
     if not enabled:
         return None
     try:
@@ -92,7 +93,8 @@ def progress_bar(total: int, unit: str, enabled: bool):
 
             def update(self, n=1):
                 self.done += n
-                print(f"\r{self.done}/{total} {unit}s", end="", file=sys.stderr, flush=True)
+                of = "" if total is None else f"/{total}"
+                print(f"\r{self.done}{of} {unit}s", end="", file=sys.stderr, flush=True)
 
             def close(self):
                 print(file=sys.stderr)

@@ -121,13 +121,25 @@ def test_compile_notice_on_a_terminal_and_timing():
     assert 1.0 <= watch.total_seconds < 5.0
 
 
-def test_no_notice_off_a_terminal_or_for_short_compiles():
-    quiet = io.StringIO()
-    watch = _compile._CompileWatch(quiet)
+def test_one_log_line_off_a_terminal():
+    """Off a terminal (a log file, a pipe) the first long compile of the process writes one
+    whole line; short compiles and later ones write nothing."""
+    log = io.StringIO()
+    watch = _compile._CompileWatch(log)
     watch.on_start(None)
-    time.sleep(0.7)
     watch.on_end(None)
-    assert quiet.getvalue() == ""
+    assert log.getvalue() == ""
+    for _ in range(2):
+        watch.on_start(None)
+        time.sleep(0.7)
+        watch.on_end(None)
+    lines = log.getvalue().splitlines(keepends=True)
+    assert len(lines) == 1 and lines[0].endswith("\n") and "\r" not in lines[0]
+    assert lines[0].startswith(f"mxsim: compiling kernels (first run only, ~{_compile.TYPICAL_COMPILE_SECONDS} s)")
+    assert _compile.kernel_cache_dir() in lines[0]
+
+
+def test_no_notice_for_short_compiles():
     terminal = _Terminal()
     watch = _compile._CompileWatch(terminal)
     watch.on_start(None)

@@ -44,3 +44,34 @@ def test_conv_goes_through_the_unit(onnx, torch, tmp_path):
     assert got.shape == reference.shape and got.dtype == np.float32
     error = np.abs(got - reference).max()
     assert 0 < error < 0.1 * np.abs(reference).max()
+
+
+def test_empty_batch_gives_an_empty_result(onnx, torch, tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(model, (torch.randn(2, 64),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, dynamo=False)
+    got = run_onnx_on_unit(path, {"x": np.zeros((0, 64), dtype=np.float32)}, OCP, a_format="fp8_e4m3")["y"]
+    assert got.shape == (0, 4) and got.dtype == np.float32
+
+
+def test_matmul_output_shapes_follow_numpy(onnx):
+    """MatMul/Gemm nodes are not run for their shape: the shape numpy's matmul gives (1-d
+    operands promoted and dropped, batch dims broadcast), None where numpy refuses."""
+    from mxsim.inloop.onnx import _output_template
+
+    matmul = onnx.helper.make_node("MatMul", ["a", "b"], ["y"])
+    cases = [((4, 8), (8, 3)), ((8,), (8, 3)), ((4, 8), (8,)), ((8,), (8,)), ((2, 1, 4, 8), (3, 8, 5)),
+             ((5, 4, 8), (8, 2)), ((0, 4, 8), (8, 2)), ((4, 0), (0, 3)), ((2, 4, 8), (3, 8, 5)), ((4, 8), (7, 3))]
+    for a, b in cases:
+        x, w = np.ones(a, np.float32), np.ones(b, np.float32)
+        template = _output_template(matmul, {}, x, w)
+        try:
+            expected = np.matmul(x, w)
+        except ValueError:
+            assert template is None, (a, b)
+            continue
+        assert template.shape == expected.shape and template.dtype == expected.dtype, (a, b)
+    gemm = onnx.helper.make_node("Gemm", ["a", "b"], ["y"], transA=1, transB=1)
+    assert _output_template(gemm, {"transA": 1, "transB": 1}, np.ones((8, 4), np.float16),
+                            np.ones((3, 8), np.float16)).shape == (4, 3)

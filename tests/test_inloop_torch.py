@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
-from mxsim import matmul, quantize_mx as quantize
+from mxsim import fake_quantize, matmul, quantize_mx as quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError
 from mxsim.formats import get_format
@@ -118,3 +120,156 @@ def test_a_format_the_unit_cannot_take_is_refused_in_the_loop(torch):
     with torch_unit(model, OCP, quant={"input": spec, "weight": spec}) as unit:  # a unit that takes it
         model(x)
     assert unit.computed_layers == ["0"]
+# --- shapes, dtypes and convolutions a model may bring -----------------------------------------
+
+
+def test_empty_batches_give_empty_results(torch):
+    """Zero rows: nothing to compute; each result has torch's shape and dtype."""
+    linear, conv = torch.nn.Linear(4, 3), torch.nn.Conv2d(4, 3, 3)
+    attention = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    q = torch.zeros(0, 5, 32)
+    with torch_unit(None, OCP, a_format="fp8_e4m3"):
+        results = [linear(torch.zeros(0, 4)), conv(torch.zeros(0, 4, 5, 5)),
+                   torch.bmm(torch.zeros(0, 2, 4), torch.zeros(0, 4, 3)), torch.zeros(0, 4) @ torch.ones(4, 2),
+                   attention(q, q, q, need_weights=False)[0]]
+    shapes = [(0, 3), (0, 3, 3, 3), (0, 2, 3), (0, 2), (0, 5, 32)]
+    assert [tuple(r.shape) for r in results] == shapes
+    assert all(r.dtype == torch.float32 for r in results)
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+def test_zero_width_linear_gives_its_bias(torch):
+    """Linear(0, 3): every output is the empty sum (+0) plus the bias."""
+    layer = torch.nn.Linear(0, 3)
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([0.5, -1.25, 3.0]))
+    with torch_unit(layer, OCP, a_format="fp8_e4m3") as unit:
+        got = layer(torch.zeros(2, 0))
+    assert len(unit.computed_layers) == 1
+    assert np.array_equal(got.numpy(), np.array([[0.5, -1.25, 3.0]] * 2, dtype=np.float32))
+
+
+def _nearest_even_bf16(value: float, got: float) -> bool:
+    """``got`` is ``value`` rounded to the nearest bfloat16, ties to an even code (exact check)."""
+    from fractions import Fraction
+
+    bits = int(np.array([got], dtype=np.float32).view(np.uint32)[0])
+    neighbours = [np.array([b], dtype=np.uint32).view(np.float32)[0] for b in (bits - 0x10000, bits + 0x10000)]
+    distance = abs(Fraction(value) - Fraction(float(got)))
+    for other in neighbours:
+        other_distance = abs(Fraction(value) - Fraction(float(other)))
+        if other_distance < distance or (other_distance == distance and (bits >> 16) & 1):
+            return False
+    return True
+
+
+def test_results_come_back_in_the_models_dtype(torch):
+    """A half, bfloat16 or double model gets its own dtype back: the unit's float64 result
+    rounded once (the double model's result is that float64 value itself)."""
+    torch.manual_seed(4)
+    base = torch.nn.Linear(64, 8)
+    with torch.no_grad():  # operands exact in every dtype, so each model multiplies the same values
+        base.weight.copy_(torch.randint(-64, 64, base.weight.shape) / 64)
+        base.bias.copy_(torch.randint(-64, 64, base.bias.shape) / 64)
+    x = torch.randint(-64, 64, (5, 64)) / 64
+    results = {}
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        model = torch.nn.Linear(64, 8).to(dtype)
+        model.load_state_dict({k: v.to(dtype) for k, v in base.state_dict().items()})
+        with torch_unit(model, OCP, a_format="fp8_e4m3"):
+            results[dtype] = model(x.to(dtype))
+        assert results[dtype].dtype == dtype
+    exact = results[torch.float64].numpy()
+    assert np.array_equal(results[torch.float32].numpy(), exact.astype(np.float32))
+    assert np.array_equal(results[torch.float16].numpy(), exact.astype(np.float16))
+    bf16 = results[torch.bfloat16].to(torch.float32).numpy()
+    assert all(_nearest_even_bf16(v, g) for v, g in zip(exact.ravel(), bf16.ravel()))
+    with torch.no_grad():
+        assert not np.array_equal(exact, base.double()(x.double()).numpy())  # the unit computed it
+
+
+def _fake_quantized(torch, tensor, axis: int):
+    """``tensor`` quantized to fp8_e4m3 in blocks of 32 along ``axis`` and back, float64."""
+    return torch.from_numpy(fake_quantize(tensor.detach().double().numpy(), "fp8_e4m3", axis=axis, block_size=32))
+
+
+# (module, input shape): channels per group a multiple of the unit's block (32), so that the
+# unit's blocks are the model's channel blocks and the float64 convolution of the operands
+# quantized along the channels is the unit's result up to its fp32 accumulation.
+CONVOLUTIONS = {
+    "conv1d": (lambda nn: nn.Conv1d(32, 8, 3, padding=1), (2, 32, 9)),
+    "conv1d grouped dilated circular": (lambda nn: nn.Conv1d(64, 16, 3, groups=2, dilation=2, padding=2,
+                                                             padding_mode="circular"), (1, 64, 11)),
+    "conv2d strided dilated": (lambda nn: nn.Conv2d(32, 8, 3, stride=2, padding=1, dilation=2), (1, 32, 9, 8)),
+    "conv2d same reflect grouped": (lambda nn: nn.Conv2d(64, 16, 3, groups=2, padding="same", padding_mode="reflect"),
+                                    (1, 64, 6, 5)),
+    "conv2d same even kernel": (lambda nn: nn.Conv2d(32, 8, (2, 4), padding="same"), (1, 32, 5, 6)),
+    "conv2d replicate": (lambda nn: nn.Conv2d(32, 8, 3, padding=2, padding_mode="replicate", bias=False),
+                         (1, 32, 4, 4)),
+    "conv_transpose1d output_padding": (lambda nn: nn.ConvTranspose1d(32, 8, 3, stride=2, output_padding=1),
+                                        (2, 32, 5)),
+    "conv_transpose2d dilated": (lambda nn: nn.ConvTranspose2d(32, 8, 3, stride=2, padding=1, output_padding=1,
+                                                               dilation=2), (1, 32, 4, 5)),
+    "conv_transpose2d grouped": (lambda nn: nn.ConvTranspose2d(64, 16, (3, 2), stride=(2, 3), groups=2),
+                                 (1, 64, 3, 4)),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+@pytest.mark.parametrize("name", list(CONVOLUTIONS))
+def test_convolutions_equal_the_quantized_float64_convolution(torch, name):
+    factory, shape = CONVOLUTIONS[name]
+    torch.manual_seed(5)
+    model = factory(torch.nn).eval()
+    x = torch.randn(*shape)
+    with torch_unit(model, OCP, a_format="fp8_e4m3") as unit:
+        got = model(x).double()
+    assert len(unit.computed_layers) == 1 and not unit.skipped
+    transposed = isinstance(model, (torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d))
+    reference = model.double()
+    with torch.no_grad():
+        float_result = reference(x.double())
+        weight = reference.weight.detach().clone()
+        reference.weight.copy_(_fake_quantized(torch, weight, 0 if transposed else 1))
+        expected = reference(_fake_quantized(torch, x, 1))
+        reference.weight.copy_(reference.weight.abs())
+        if reference.bias is not None:
+            reference.bias.zero_()
+        bound = reference(_fake_quantized(torch, x, 1).abs())  # sum of |products|: the scale of fp32 rounding
+    assert got.shape == expected.shape
+    assert torch.all((got - expected).abs() <= 1e-6 * bound + 1e-30)
+    assert not torch.equal(got, float_result)  # the unit computed it (fp8 is not float)
+
+
+def test_small_channel_counts_and_transposed_bias(torch):
+    """Blocks that straddle filter taps (3 channels) and a transposed convolution's bias:
+    computed, close to float."""
+    torch.manual_seed(6)
+    for model, shape in ((torch.nn.ConvTranspose2d(3, 2, 3, stride=2), (1, 3, 4, 4)),
+                         (torch.nn.Conv2d(8, 8, 3, groups=8), (1, 8, 6, 6))):
+        x = torch.randn(*shape)
+        with torch_unit(model, OCP, a_format="fp8_e4m3") as unit:
+            got = model(x)
+        with torch.no_grad():
+            reference = model(x)
+        assert len(unit.computed_layers) == 1 and got.shape == reference.shape
+        error = float((got - reference).abs().max())
+        assert 0 < error < 0.1 * float(reference.abs().max())
+
+
+def test_three_dimensional_convolutions_are_refused(torch):
+    for model, shape in ((torch.nn.Conv3d(4, 2, 3), (1, 4, 5, 5, 5)), (torch.nn.ConvTranspose3d(4, 2, 3), (1, 4, 3, 3, 3))):
+        with pytest.raises(MxsimError, match=r"aten.convolution.*3-d convolution.*cannot compute"):
+            with torch_unit(model, OCP):
+                model(torch.randn(*shape))
+
+
+def test_progress_counts_layers_only_when_asked(torch, capsys, monkeypatch):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    with torch_unit(model, OCP, a_format="fp8_e4m3"):  # stderr is not a terminal here: quiet
+        model(torch.randn(3, 8))
+    assert capsys.readouterr().err == ""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # without tqdm: a plain counter
+    with torch_unit(model, OCP, a_format="fp8_e4m3", progress=True):
+        model(torch.randn(3, 8))
+    assert "2 layers" in capsys.readouterr().err

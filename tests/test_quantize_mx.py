@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mxsim import MXTensor, fake_quantize, get_format, quantize_mx as quantize
 from mxsim.errors import ArgumentError, MxsimError, UnknownNameError
+from mxsim.quantize import quantize_groups
 from mxsim.quantize.mx import _prepare, _quantize_blocked
 from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options
 from mxsim.quantize.reference import quantize_block_reference
@@ -470,3 +471,35 @@ def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
     np.testing.assert_array_equal(shifted.dequantize(), (x * 8).astype(target).astype(np.float64) / 8)
     with pytest.raises(ArgumentError, match="tensor_scale_exponent"):
         quantize(x, name, tensor_scale_exponent=200)
+
+
+# --- quantize_groups: every group a tensor of its own, in one call -----------------------------
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1", "int8"])
+@pytest.mark.parametrize("scaling", [{}, {"per_tensor_scale": True}, {"tensor_scale_exponent": 0},
+                                     {"tensor_scale_exponent": -3}])
+def test_quantize_groups_equals_group_by_group(fmt, scaling):
+    rng = np.random.default_rng(11)
+    # groups of very different magnitudes (per-tensor exponents differ), K not a multiple of the block
+    x = rng.standard_normal((5, 3, 45)) * np.array([1e-3, 1.0, 40.0, 1e4, 0.0]).reshape(5, 1, 1)
+    got = quantize_groups(x, fmt, block_size=16, **scaling)
+    assert len(got) == 5
+    for group, tensor in zip(x, got):
+        alone = quantize(group, fmt, axis=1, block_size=16, **scaling)
+        assert tensor.shape == alone.shape and tensor.padding == alone.padding and tensor.axis == alone.axis
+        assert tensor.tensor_scale_exponent == alone.tensor_scale_exponent
+        assert np.array_equal(tensor.codes, alone.codes) and np.array_equal(tensor.scales, alone.scales)
+        assert np.array_equal(tensor.dequantize(), alone.dequantize())
+
+
+def test_quantize_groups_edges():
+    assert [t.codes.shape for t in quantize_groups(np.zeros((2, 0, 8)), "fp8_e4m3", per_tensor_scale=True)] == \
+        [(0, 32), (0, 32)]
+    assert quantize_groups(np.zeros((0, 3, 8)), "fp8_e4m3") == []
+    with pytest.raises(MxsimError, match="finite"):
+        quantize_groups(np.array([[[1.0, np.inf]], [[1.0, 2.0]]]), "fp8_e4m3", per_tensor_scale=True)
+    with pytest.raises(MxsimError, match="stochastic"):
+        quantize_groups(np.ones((2, 2, 4)), "fp8_e4m3", element_rounding="stochastic")
+    with pytest.raises(MxsimError, match="groups, rows, K"):
+        quantize_groups(np.ones((2, 4)), "fp8_e4m3")

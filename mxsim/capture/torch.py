@@ -38,6 +38,7 @@ import numpy as np
 
 from .._optional import require
 from ..errors import CaptureWarning, MxsimError
+from ..formats import get_format
 from ..trace.model import Layer, Network, Trace
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from ..trace.validate import validate_trace
@@ -62,6 +63,21 @@ def _to_numpy(tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
         tensor = tensor.to(torch.float32)
     return tensor.cpu().numpy().copy()
+
+
+def _rounded_tensor(torch, values: np.ndarray, dtype):
+    """float64 ``values`` as a tensor of the float ``dtype``, each rounded once to nearest even
+    (IEEE overflow to Inf): numpy's casts for float16/32/64; bfloat16, which numpy lacks,
+    through mxsim's bf16 encoder rather than torch's cast, which passes through float32."""
+    values = np.asarray(values, dtype=np.float64)
+    if dtype == torch.bfloat16:
+        codes = get_format("bf16").encode(values, "nearest_even", "inf_nan")
+        return torch.from_numpy(np.ascontiguousarray(codes).view(np.int16)).view(torch.bfloat16)
+    numpy_dtype = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}.get(dtype)
+    if numpy_dtype is None:
+        raise MxsimError(f"a unit's result cannot be returned as {dtype}: float16, bfloat16, float32 or float64 only")
+    with np.errstate(over="ignore"):  # overflow gives Inf, as the IEEE cast does
+        return torch.from_numpy(np.ascontiguousarray(values.astype(numpy_dtype)))
 
 
 def _looks_like_gemm(op_name: str) -> bool:
@@ -233,11 +249,12 @@ class _Recorder:
         return None
 
     def replacing(self, value):
-        """``value`` (a torch tensor), or the last recorded layer's computed result in its shape."""
+        """``value`` (a torch tensor), or the last recorded layer's computed result in its
+        shape and dtype (rounded once from the result's float64, nearest even)."""
         if self.result is None:
             return value
         result, self.result = self.result, None
-        return self.torch.from_numpy(np.ascontiguousarray(result, dtype=np.float32)).reshape(value.shape)
+        return _rounded_tensor(self.torch, result, value.dtype).reshape(value.shape)
 
     def float_operands(self, op: str, *tensors) -> bool:
         bad = [t for t in tensors if t is not None and not t.is_floating_point()]

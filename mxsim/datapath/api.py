@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +34,11 @@ def _as_config(hw) -> HardwareConfig:
     raise ArgumentError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
 
 
+@functools.lru_cache(maxsize=256)
 def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The kernel record (``schema.kernel_record``), the term-order array and the kernel_params
-    of the accumulator, tree-sum, output and fp32 formats."""
+    of the accumulator, tree-sum, output and fp32 formats (cached per params: the kernels
+    only read them)."""
     order = np.array(params.term_order or [0], dtype=np.int64)
     fp32 = get_format("fp32")
     acc = fp32 if params.accumulator_format == "exact" else get_format(params.accumulator_format)

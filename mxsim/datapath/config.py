@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ class HardwareConfig:
     overrides: tuple
     array: ArrayConfig | None
     digest: str
+    _params_memo: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def a_formats(self) -> tuple[str, ...]:
@@ -65,7 +66,14 @@ class HardwareConfig:
         return tuple((a, b) for a in self.a_formats for b in self.b_formats if not same or a == b)
 
     def params(self, a_format: str, b_format: str, out_format: str | None = None) -> DatapathParams:
-        """The unit's parameters for A/B element formats and an output format (default: the config's)."""
+        """The unit's parameters for A/B element formats and an output format (default: the
+        config's); remembered per formats (a config does not change)."""
+        key = (a_format, b_format, out_format)
+        if key not in self._params_memo:
+            self._params_memo[key] = self._resolve_params(a_format, b_format, out_format)
+        return self._params_memo[key]
+
+    def _resolve_params(self, a_format: str, b_format: str, out_format: str | None) -> DatapathParams:
         a_name, b_name = get_format(a_format).name, get_format(b_format).name
         out_name = self.sections[("output", "format")] if out_format is None else get_format(out_format).name
         if out_name not in WIDE_FORMATS:

@@ -384,10 +384,27 @@ def kernel_record(params) -> np.ndarray:
     return record
 
 
+_ROUTE_MEMO: dict = {}
+_ROUTE_MEMO_LIMIT = 4096  # params of a large sweep: the memo is dropped and refilled
+_route_memo_schema: dict | None = None
+
+
 def route_accepts(route: str, params) -> bool:
     """Whether every key's value in ``params`` is one the route (``blas`` or ``window``)
     computes exactly, by each key's declaration. A key without a declaration for the route,
-    or a params field no key declares, refuses the route."""
+    or a params field no key declares, refuses the route. Remembered per (route, params)
+    while the schema table is the same object (every GEMM of a model asks again)."""
+    global _route_memo_schema
+    if _route_memo_schema is not SCHEMA or len(_ROUTE_MEMO) > _ROUTE_MEMO_LIMIT:
+        _ROUTE_MEMO.clear()
+        _route_memo_schema = SCHEMA
+    key = (route, params)
+    if key not in _ROUTE_MEMO:
+        _ROUTE_MEMO[key] = _route_accepts(route, params)
+    return _ROUTE_MEMO[key]
+
+
+def _route_accepts(route: str, params) -> bool:
     if tuple(field.name for field in dataclasses.fields(params)) != param_fields():
         return False
     for _, name, key in keys():

@@ -3,9 +3,10 @@
 
 The graph runs on the capture's executor (:mod:`mxsim.capture.onnx_graph`): onnxruntime for
 every other node (graph optimizations off), Quark's custom quantizers emulated in numpy, and
-each matmul node computed between onnxruntime stages: the node is first run alone by
-onnxruntime for its float output (its shape, and the check that the layer view is right),
-then lowered to a trace layer like capture does and computed by
+each matmul node computed between onnxruntime stages: a convolution is first run alone by
+onnxruntime for its float output (its shape, and the check that the layer view is right; a
+MatMul's or Gemm's output shape follows from its operands' and is not run), then lowered to
+a trace layer like capture does and computed by
 :func:`mxsim.replay.run.run_layer` on the unit. The result (float64, bias added in float64:
 ``Conv``'s B, ``Gemm``'s ``beta * C``) is rounded to the node output's dtype. Quantizer nodes
 of the model (QDQ, Quark) run as usual before the node, so the unit re-quantizes the values
@@ -23,9 +24,8 @@ from ..capture.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feed
 from ..capture.onnx_layers import IDENTITY, Skip, layer_views
 from ..capture.onnx_quark import QUARK_DOMAINS, quark_node_function
 from ..errors import MxsimError
-from ..replay.run import run_layer
 from ..trace.model import Layer
-from .torch import _unit, check_scaling
+from .torch import _unit, check_scaling, layer_on_unit
 
 UNIT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
@@ -44,6 +44,32 @@ def _node_alone(node, operands: list) -> np.ndarray:
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = {name: value for name, value in zip(node.input, operands) if name}
     return session.run(None, {name: feeds[name] for name in names})[0]
+
+
+def _output_template(node, node_attrs: dict, x: np.ndarray, w: np.ndarray) -> np.ndarray | None:
+    """An array of the shape and dtype of a float MatMul's or Gemm's output (numpy's matmul
+    shapes, which ONNX's are; its values are not read: the unit computes them), without
+    running the node; None for other nodes and for operands numpy refuses (then onnxruntime
+    runs the node and says what is wrong)."""
+    if node.op_type == "Gemm":
+        if x.ndim != 2 or w.ndim != 2:
+            return None
+        x = x.T if node_attrs.get("transA", 0) else x
+        w = w.T if node_attrs.get("transB", 0) else w
+    elif node.op_type != "MatMul":
+        return None
+    if x.ndim == 0 or w.ndim == 0:
+        return None
+    rows = (1,) + x.shape if x.ndim == 1 else x.shape  # a 1-d operand is promoted, then dropped
+    columns = w.shape + (1,) if w.ndim == 1 else w.shape
+    try:
+        batch = np.broadcast_shapes(rows[:-2], columns[:-2])
+    except ValueError:
+        return None
+    if rows[-1] != columns[-2]:
+        return None
+    shape = batch + (rows[-2],) * (x.ndim > 1) + (columns[-1],) * (w.ndim > 1)
+    return np.empty(shape, dtype=x.dtype)
 
 
 def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: str | None = None,
@@ -73,10 +99,12 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
         def compute(operands):
             x, w = operands[0], operands[1]
             bias = operands[2] if len(operands) > 2 else None
-            out = _node_alone(node, operands)
             if x.dtype.kind != "f" or w.dtype.kind != "f":
-                return out
+                return _node_alone(node, operands)
             node_attrs = attributes(node)
+            out = _output_template(node, node_attrs, x, w)
+            if out is None:
+                out = _node_alone(node, operands)
             try:
                 op, attrs, views, _ = layer_views(node, node_attrs, x, w, out, False)
             except Skip:
@@ -84,9 +112,7 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
             tensors = {role: views.get(role, IDENTITY).array(value)
                        for role, value in (("input", x), ("weight", w), ("output", out))}
             layer = Layer(node.name or node.op_type, op, tensors, attrs)
-            values = run_layer(layer, hw, element_format=a_format, weight_format=b_format,
-                               per_tensor_scale=per_tensor_scale, out_format=out_format, with_ideal=False,
-                               strict=True).values
+            values = layer_on_unit(layer, hw, a_format, b_format, per_tensor_scale, out_format)
             values = values.reshape(out.shape)  # output views only insert unit axes
             if bias is not None:
                 if node.op_type == "Gemm":

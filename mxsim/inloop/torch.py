@@ -5,14 +5,17 @@ Interception is the capture's (:mod:`mxsim.capture.torch`): ``F.linear``,
 (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``dot``, ``convolution``, CPU fused
 attention) no such call covered. Each becomes a trace layer, is computed by
 :func:`mxsim.replay.run.run_layer` on the unit, and its result replaces torch's, as a
-float32 tensor of the same shape. Attention runs as ``q @ k^T`` on the unit, softmax in torch
-(float32), then ``P @ v`` on the unit. Ops capture lists as skipped (integer GEMMs, conv3d,
-...) keep torch's result and are listed in :attr:`UnitInLoop.skipped`.
+tensor of the same shape and dtype (the unit's float64 result, bias added, rounded once).
+Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P @ v`` on the
+unit. Ops capture lists as skipped (integer GEMMs, ...) keep
+torch's result and are listed in :attr:`UnitInLoop.skipped`; a float convolution the unit
+cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) computes nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,6 +24,7 @@ from .._optional import require
 from ..capture.torch import QuantArg, _Recorder, intercepting
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
+from ..parallel import progress_bar
 from ..replay.run import run_layer
 from ..trace.model import Layer
 
@@ -38,6 +42,15 @@ def check_scaling(scaling: str) -> bool | None:
     return None if scaling == "auto" else scaling == "tensor"
 
 
+def layer_on_unit(layer: Layer, hw: HardwareConfig, a_format, b_format, per_tensor_scale, out_format) -> np.ndarray:
+    """``layer``'s output (float64, the layer's layout) computed by ``hw``, and nothing else
+    (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing."""
+    if layer.output.size == 0:
+        return np.zeros(layer.output.shape)
+    return run_layer(layer, hw, element_format=a_format, weight_format=b_format, per_tensor_scale=per_tensor_scale,
+                     out_format=out_format, with_ideal=False, strict=True, count_clipped=False).values
+
+
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
@@ -45,24 +58,35 @@ class UnitInLoop(_Recorder):
     """
 
     def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
-                 per_tensor_scale):
+                 per_tensor_scale, bar=None):
         super().__init__(torch, model, quant)
         self.hw = hw
         self.a_format, self.b_format, self.out_format = a_format, b_format, out_format
         self.per_tensor_scale = per_tensor_scale
         self.computed_layers: list[str] = []
+        self.bar = bar
+
+    def skip(self, op: str, reason: str, name: str | None = None) -> None:
+        """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
+        refused: left in float it would pass for the unit's result."""
+        super().skip(op, reason, name)
+        if op == "aten.convolution" and "non-float" not in reason:
+            skipped = self.skipped[-1]
+            raise MxsimError(f"torch_unit: {skipped['name']} ({op}): {reason}; the unit cannot compute it")
 
     def computed(self, layer: Layer) -> np.ndarray:
         self.layers.pop()  # the operands are not kept
         self.computed_layers.append(layer.name)
-        return run_layer(layer, self.hw, element_format=self.a_format, weight_format=self.b_format,
-                         per_tensor_scale=self.per_tensor_scale, out_format=self.out_format, with_ideal=False,
-                         strict=True).values
+        values = layer_on_unit(layer, self.hw, self.a_format, self.b_format, self.per_tensor_scale, self.out_format)
+        if self.bar is not None:
+            self.bar.update(1)
+        return values
 
 
 @contextlib.contextmanager
 def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None = None,
-               out_format: str | None = None, scaling: str = "auto", quant: QuantArg = None) -> Iterator[UnitInLoop]:
+               out_format: str | None = None, scaling: str = "auto", quant: QuantArg = None,
+               progress: bool | None = None) -> Iterator[UnitInLoop]:
     """While active, every matmul and convolution PyTorch runs is computed by the unit ``hw``.
 
     Args:
@@ -79,14 +103,23 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
             ``"tensor"`` (error if the unit cannot).
         quant: the model's quantizers, as for :func:`mxsim.capture.torch` (a mapping
             applied to every layer, or ``callable(layer_name, module)``).
+        progress: count the layers computed on stderr (a tqdm bar with ``mxsim[progress]``,
+            else a plain counter); None (default): when stderr is a terminal.
 
     Yields the :class:`UnitInLoop` (``computed_layers``, ``skipped``). Runs under
-    ``torch.no_grad()``; each replaced result is a new float32 tensor (no autograd history);
-    the bias is added in float64 before that rounding.
+    ``torch.no_grad()``; each replaced result is a new tensor of torch's dtype (no autograd
+    history): the unit's result with the bias added in float64, rounded once to that dtype
+    (nearest even; float16, bfloat16, float32 or float64).
     """
     torch = require("torch")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise MxsimError(f"torch_unit: model must be a torch.nn.Module or None, got {type(model).__name__}")
-    recorder = UnitInLoop(torch, model, _unit(hw), quant, a_format, b_format, out_format, check_scaling(scaling))
-    with intercepting(torch, model, recorder):
-        yield recorder
+    unit, per_tensor_scale = _unit(hw), check_scaling(scaling)
+    bar = progress_bar(None, "layer", sys.stderr.isatty() if progress is None else bool(progress))
+    recorder = UnitInLoop(torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar)
+    try:
+        with intercepting(torch, model, recorder):
+            yield recorder
+    finally:
+        if bar is not None:
+            bar.close()

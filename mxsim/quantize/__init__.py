@@ -1,7 +1,7 @@
 """MX block quantization with every semantic choice named, and its profiles."""
 
 from .bfp import BFP_SPECS, BFPSpec, BFPTensor, get_bfp_spec, quantize_bfp
-from .mx import MXTensor, fake_quantize, quantize
+from .mx import MXTensor, fake_quantize, quantize, quantize_groups
 from .options import PROFILES, QuantOptions, resolve_options
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "get_bfp_spec",
     "quantize",
     "quantize_bfp",
+    "quantize_groups",
     "resolve_options",
 ]

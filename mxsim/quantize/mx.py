@@ -126,7 +126,7 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     scaling (and whose largest values, scaled up by the amax rule, would overflow the sums).
 
     An empty ``x`` (a dimension of length 0) is valid and gives an MXTensor with no
-    elements (and no blocks if the quantized axis is empty). Bad arguments raise
+    elements (and no blocks if the quantized axis is empty; per-tensor exponent 0). Bad arguments raise
     :class:`~mxsim.errors.MxsimError` subclasses; a tensor whose padded float64 copy would
     exceed the memory budget raises :class:`~mxsim.errors.BudgetError` (docs/limits.md).
     """
@@ -161,13 +161,51 @@ def _quantize_per_tensor(x, fmt, axis, block_size, profile, options, fixed_expon
         # The whole tensor as one block: its scale exponent is T, its codes are x * 2^-T rounded.
         flat = np.ascontiguousarray(values).reshape(1, -1)
         codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1), whole_tensor=True)
-        exponent = int(exponents[0, 0])
+        exponent = int(exponents[0, 0]) if values.size else 0  # no elements: a plain cast
         if exponent < K.E8M0_MIN_EXPONENT:
             raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
         codes = codes[:, : values.size].reshape(values.shape)
     moved, axis, padding = _to_blocks(codes, axis, block_size)
     scales = np.full(moved.shape[:-1] + (moved.shape[-1] // block_size,), E8M0_BIAS, dtype=np.uint8)
     return MXTensor(element_format, moved, scales, values.shape, axis, block_size, padding, opts, exponent)
+
+
+def quantize_groups(x, fmt, block_size: int = 32, profile: str = "ocp", *, per_tensor_scale: bool = False,
+                    tensor_scale_exponent: int | None = None, **options) -> list[MXTensor]:
+    """``[quantize(x[g], fmt, axis=1, ...) for g in range(G)]`` for a (G, R, K) array, in one
+    kernel call: each group is quantized as a tensor of its own (with ``per_tensor_scale``,
+    one exponent per group, chosen from the group's amax). The element codes and scales are
+    identical to the group-by-group calls' except under stochastic rounding, whose random
+    stream runs on over the groups instead of restarting at each (so this refuses it).
+    Arguments and errors as :func:`quantize`."""
+    element_format, opts, values = _prepare(x, fmt, profile, options)
+    if values.ndim != 3:
+        raise MxsimError(f"quantize_groups: x must be (groups, rows, K), got shape {values.shape}")
+    if opts.element_rounding == "stochastic":
+        raise MxsimError("quantize_groups: stochastic rounding draws depend on the layout; quantize each group")
+    groups, rows, k = values.shape
+    if not (per_tensor_scale and tensor_scale_exponent is None):
+        whole = quantize(values.reshape(groups * rows, k), fmt, 1, block_size, profile,
+                         per_tensor_scale=per_tensor_scale, tensor_scale_exponent=tensor_scale_exponent, **options)
+        exponents = [whole.tensor_scale_exponent] * groups
+    else:
+        if not np.isfinite(values).all():
+            raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
+        block_size = check_block_size(block_size, "quantize: block_size")
+        # Each group as one block: its scale exponent is the group's T, its codes x * 2^-T rounded.
+        flat = np.ascontiguousarray(values).reshape(groups, rows * k)
+        if flat.size:
+            codes, chosen, _, _ = _quantize_blocked(flat, element_format, opts, 1, rows * k, whole_tensor=True)
+            exponents = [int(e) for e in chosen[:, 0]]
+        else:  # no elements: a plain cast, as quantize gives it
+            codes, exponents = flat.astype(element_format.code_dtype), [0] * groups
+        if any(e < K.E8M0_MIN_EXPONENT for e in exponents):
+            raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
+        moved, _, padding = _to_blocks(codes.reshape(groups * rows, k), 1, block_size)
+        scales = np.full((groups * rows, moved.shape[-1] // block_size), E8M0_BIAS, dtype=np.uint8)
+        whole = MXTensor(element_format, moved, scales, (groups * rows, k), 1, block_size, padding, opts)
+    return [MXTensor(whole.element_format, whole.codes[g * rows:(g + 1) * rows], whole.scales[g * rows:(g + 1) * rows],
+                     (rows, k), 1, whole.block_size, whole.padding, whole.options, exponents[g]) for g in range(groups)]
 
 
 def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options) -> np.ndarray:

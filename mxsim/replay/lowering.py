@@ -116,8 +116,9 @@ def lower_input(layer: Layer, x: np.ndarray | None = None) -> np.ndarray:
     k = x.shape[-1]
     if layer.op == "matmul" and layer.weight.ndim > 2:
         batch = _matmul_batch(layer)
-        return np.ascontiguousarray(np.broadcast_to(x, batch + x.shape[-2:])).reshape(-1, x.shape[-2], k)
-    return np.ascontiguousarray(x).reshape(1, -1, k)
+        groups = int(np.prod(batch, dtype=np.int64))  # explicit sizes: -1 is ambiguous for empty arrays
+        return np.ascontiguousarray(np.broadcast_to(x, batch + x.shape[-2:])).reshape(groups, x.shape[-2], k)
+    return np.ascontiguousarray(x).reshape(1, int(np.prod(x.shape[:-1], dtype=np.int64)), k)
 
 
 def lower_weight(layer: Layer, w: np.ndarray | None = None) -> np.ndarray:
@@ -131,7 +132,7 @@ def lower_weight(layer: Layer, w: np.ndarray | None = None) -> np.ndarray:
     if w.ndim == 2:
         return np.ascontiguousarray(w.T)[None]
     batch = _matmul_batch(layer)
-    full = np.broadcast_to(w, batch + w.shape[-2:]).reshape(-1, *w.shape[-2:])
+    full = np.broadcast_to(w, batch + w.shape[-2:]).reshape(int(np.prod(batch, dtype=np.int64)), *w.shape[-2:])
     return np.ascontiguousarray(full.transpose(0, 2, 1))
 
 

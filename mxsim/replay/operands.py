@@ -48,7 +48,7 @@ from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize, quantize_bfp
 from ..quantize.options import QuantOptions
-from ..trace.model import Layer
+from ..trace.model import CONV_OPS, Layer
 from ..trace.quant import BFPQuant, MXQuant
 from .lowering import gemm_axis, gemm_shape, lower_input, lower_weight
 
@@ -80,7 +80,7 @@ class GemmOperand:
 
     element_format: FormatInfo
     pieces: list
-    scales: np.ndarray
+    scales: np.ndarray | None
     granule: int
     quantized: bool
     spec: str
@@ -227,8 +227,8 @@ def _with_tensors(layer: Layer, input_array: np.ndarray, weight_array: np.ndarra
 
 def _reduction_axis(layer: Layer, operand: str) -> int:
     """The axis of ``operand`` that lowers to K runs (conv: channels; else the contraction)."""
-    if layer.op == "conv2d":
-        return 1
+    if layer.op in CONV_OPS:  # NCHW input; conv2d weight (O, C/g, kh, kw), transposed (C, O/g, kh, kw)
+        return 0 if (layer.op, operand) == ("conv_transpose2d", "weight") else 1
     if operand == "input":
         return layer.input.ndim - 1
     return 1 if layer.op == "linear" else layer.weight.ndim - 2
@@ -318,7 +318,7 @@ def _k_layout(layer: Layer, conv_order: str, blocks: dict) -> _KLayout:
     operands = ("input", "weight")
     along_k = {op: b is not None and b.axis == _reduction_axis(layer, op) for op, b in blocks.items()}
     shape = gemm_shape(layer)
-    run, taps = shape.k_run, shape.k // shape.k_run
+    run, taps = shape.k_run, shape.k // shape.k_run if shape.k_run else 1  # K = 0: no taps to reorder
     groups = layer.conv_geometry().groups if layer.op == "conv2d" else 1
     unit = math.lcm(*(b.pad_unit for op, b in blocks.items() if along_k[op]))
     # Every quantized operand blocked along K, and no block straddling a conv group.
@@ -395,9 +395,13 @@ def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, Operan
     return plans
 
 
-def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
+def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool = True) -> LayerOperands:
     """Quantize ``layer``'s operands as its trace specs say, in their own layout, and lower
-    them to the GEMM view (module docstring). Raises MxsimError for an unknown order."""
+    them to the GEMM view (module docstring). Raises MxsimError for an unknown order.
+
+    ``float_pieces=False``: an operand without an MX/BFP code form gets no bf16 pieces and no
+    scales (``pieces`` empty, ``scales`` None, ``exact`` False): enough to choose a unit's
+    quantization and quantize the float operand, not for the ideal (:func:`ideal_gemm`)."""
     if conv_order not in CONV_ORDERS:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     operands = ("input", "weight")
@@ -409,7 +413,7 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
     for op in operands:
         q, axis = quantized[op], _reduction_axis(layer, op)
         if q is None:
-            pieces, exact = _bf16_pieces(np.asarray(_float_values(layer, op)))
+            pieces, exact = _bf16_pieces(np.asarray(_float_values(layer, op))) if float_pieces else ([], False)
             scales = np.full(layer.tensors[op].shape, E8M0_ONE, dtype=np.uint8)
             arrays[op] = ([_pad_axis(p, axis, padded_run) for p in pieces], _pad_axis(scales, axis, padded_run, 127),
                           exact)
@@ -437,7 +441,8 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c") -> LayerOperands:
         if op in layer.codes_only:  # the float is not in the trace: what its quantizer clipped is unknown
             saturated = underflowed = None
         # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
-        lowered_scales = (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
+        lowered_scales = None if q is None and not float_pieces else \
+            (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
         result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, k.granule[op], q is not None,
                                  name, k.layout[op], saturated, underflowed, exact)
     floats = [lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
@@ -451,7 +456,7 @@ def gemm_bias(layer: Layer, bias: np.ndarray | None) -> np.ndarray | None:
         return None
     shape = gemm_shape(layer)
     bias = np.asarray(bias, dtype=np.float64)
-    if layer.op == "conv2d":
+    if layer.op in CONV_OPS:  # one bias per output channel, output channels grouped
         per_group = bias.reshape(shape.groups, 1, shape.n)
         return np.ascontiguousarray(np.broadcast_to(per_group, (shape.groups, shape.m, shape.n)))
     if layer.op == "linear" and layer.attrs.get("beta", 1.0) != 1.0:

