@@ -131,7 +131,7 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         return (sign_bit if negative and fmt.signed else 0) | magnitude
 
     def too_big() -> int:
-        finite_side = (
+        finite_side = overflow == "inf_nan" and (
             rounding == "toward_zero"
             or (rounding == "toward_positive" and negative)
             or (rounding == "toward_negative" and not negative)

@@ -277,6 +277,7 @@ class FormatInfo:
                 ±max_finite. ``"inf_nan"``: IEEE 754 overflow — ±Inf where the format has it,
                 NaN where it has NaN but no Inf (fp8_e4m3: 465 → NaN), except that
                 toward_zero and the directed mode toward the finite side give ±max_finite.
+                ``"inf"``: as ``"inf_nan"`` but ±Inf for every rounding mode.
                 Not accepted for formats with neither Inf nor NaN.
             seed: stochastic rounding's seed; the draw for element i depends on (seed, i).
 
@@ -290,8 +291,8 @@ class FormatInfo:
         values = as_float_array(x, f"encode({self.name})")
         rounding_mode = rounding_code(rounding)
         overflow_policy = overflow_code(overflow)
-        if overflow == "inf_nan" and not self.has_nan:
-            raise MxsimError(f"encode({self.name}): overflow='inf_nan' needs a format with Inf or NaN; use 'saturate'")
+        if overflow != "saturate" and not self.has_nan:
+            raise MxsimError(f"encode({self.name}): overflow={overflow!r} needs a format with Inf or NaN; use 'saturate'")
         if not self.has_nan and np.isnan(values).any():
             raise MxsimError(f"encode({self.name}): input has NaN but the format has no NaN encoding")
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
