@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..formats import format_names
+from ..formats import format_names, get_format
 from ..formats.rounding import ROUNDING_MODES, overflow_code, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
@@ -91,6 +92,18 @@ class Key:
 def _exact_accumulator_or(accepts: Accepts) -> Accepts:
     """BLAS route: a key of the rounding accumulator that an exact (Kulisch) one never reads."""
     return lambda value, params: params.accumulator_format == "exact" or accepts(value, params)
+
+
+def _zero_floor_below_every_term(value, params) -> bool:
+    """Window route: ``zero_term_exponent`` never raises R when it lies at or below every
+    exponent a nonzero term can have (the smallest exponent sum of the two formats, and the
+    accumulator format's emin: the route flags subnormal accumulators for the generic kernel)."""
+    if value is None:
+        return True
+    if params.scales != "none" or params.accumulator_format not in WIDE_FORMATS:
+        return False
+    lowest = sum(math.floor(math.log2(get_format(name).min_normal)) for name in (params.a_format, params.b_format))
+    return value <= lowest and value <= 1 - get_format(params.accumulator_format).bias
 
 
 def _trees_inside_blocks(value, params) -> bool:
@@ -211,7 +224,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("leading_bit", "format_emin"),
             record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
             blas=any_value,  # exact trees: R places no window
-            window=only("leading_bit"),
+            window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
         ),
         "zero_term_exponent": Key(
             "optional_int", None,
@@ -223,7 +236,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=-1100, maximum=1100,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
-            window=only(None),
+            window=_zero_floor_below_every_term,
         ),
     },
     "accumulator": {
@@ -269,7 +282,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             tuple(ACCUMULATOR_OVERFLOW),
             field="accumulator_overflow",
             record=Record(lambda value: overflow_code(ACCUMULATOR_OVERFLOW[value])),
-            blas=_exact_accumulator_or(only("ieee")), window=only("ieee"),
+            blas=_exact_accumulator_or(only("ieee")),
+            window=any_value,  # the route flags every overflow for the generic kernel
         ),
         "promotion_interval": Key(
             "optional_int", None,
@@ -301,7 +315,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("ieee", "positive"),
             field="output_zero_sign",
             record=Record(lambda value: value == "positive", np.bool_, "zero_results_positive"),
-            blas=only("ieee"), window=only("ieee"),
+            # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged).
+            blas=only("ieee"), window=any_value,
         ),
     },
 }
