@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..formats import format_names, get_format
+from ..formats import format_names
 from ..formats.rounding import ROUNDING_MODES, overflow_code, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
@@ -92,18 +91,6 @@ class Key:
 def _exact_accumulator_or(accepts: Accepts) -> Accepts:
     """BLAS route: a key of the rounding accumulator that an exact (Kulisch) one never reads."""
     return lambda value, params: params.accumulator_format == "exact" or accepts(value, params)
-
-
-def _zero_floor_below_every_term(value, params) -> bool:
-    """Window route: ``zero_term_exponent`` never raises R when it lies at or below every
-    exponent a nonzero term can have (the smallest exponent sum of the two formats, and the
-    accumulator format's emin: the route flags subnormal accumulators for the generic kernel)."""
-    if value is None:
-        return True
-    if params.scales != "none" or params.accumulator_format not in WIDE_FORMATS:
-        return False
-    lowest = sum(math.floor(math.log2(get_format(name).min_normal)) for name in (params.a_format, params.b_format))
-    return value <= lowest and value <= 1 - get_format(params.accumulator_format).bias
 
 
 def _trees_inside_blocks(value, params) -> bool:
@@ -236,7 +223,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=-1100, maximum=1100,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
-            window=_zero_floor_below_every_term,
+            # window: it flags every lane whose R lies below n (without block scales, R is the kernel's)
+            window=lambda value, params: value is None or params.scales == "none",
         ),
     },
     "accumulator": {
