@@ -61,7 +61,8 @@ def _families():
         for d in ("f32", "f16"):
             for a in types:
                 for b in types:
-                    ptx = f"{shape}{'.kind::' + kind if kind else ''}.{d}.{a}.{b}" + (f".{d}" if op == "MMA" else "")
+                    # mma names C's type last; wgmma and tcgen05 take C in D's type
+                    ptx = _mma(shape, d, a, b, d, kind) if op == "MMA" else _mma(shape, d, a, b, "", kind)[:-1]
                     add(arch, op, ptx, config, a, b, d)
 
     for d in ("f32", "f16"):
@@ -197,7 +198,7 @@ def _torch_operand(torch, codes: np.ndarray, ptx: str):
     return torch.from_numpy(codes.astype(storage)).view(dtype)
 
 
-def _ptx_types(op_name: str, ptx: str) -> tuple[str, str, str]:
+def _ptx_types(ptx: str) -> tuple[str, str, str]:
     """(d, a, b) PTX type names of a shape-and-type string."""
     fields = [f for f in ptx.split(".") if not f.startswith("m") and not f.startswith("kind::")]
     return fields[0], fields[1], fields[2]
@@ -208,7 +209,7 @@ def mmasim_bits(nv_ptx, family, a, b, c) -> np.ndarray:
 
     arch, op_name, ptx, _, _, _, out_name = family
     op = getattr(nv_ptx, op_name)(arch, ptx)
-    d, ta, tb = _ptx_types(op_name, ptx)
+    _, ta, tb = _ptx_types(ptx)
     c_tensor = torch.from_numpy(c.astype(np.float16 if out_name == "fp16" else np.float32))
     result = op.dpa(_torch_operand(torch, a, ta), _torch_operand(torch, b, tb), c_tensor)
     bits = result.numpy().view(np.uint16 if out_name == "fp16" else np.uint32)
