@@ -158,6 +158,10 @@ def random_params(draw) -> DatapathParams:
         output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
         output_rounding=draw(st.sampled_from(ROUNDINGS)),
         output_subnormals=draw(st.booleans()),
+        accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
+        zero_term_exponent=draw(st.sampled_from([None, -133, -21, -4, 3])),
+        accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
     )
     try:
         check_consistency(params, "random")
@@ -775,3 +779,28 @@ def test_mixed_code_widths_add_no_kernel_signature():
     np.testing.assert_array_equal(mixed, same)
     assert {tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.dot_pairs.signatures} == pairs
     assert all(a == b for a, b in pairs)
+
+
+# --- elements wider than 16 bits: tables of the codes present, not of every code --------------
+
+@pytest.mark.parametrize("config", ["kulisch", "h100"])
+def test_fp32_elements_decode_directly(config):
+    # fp32 operands would need a 2^32-entry table of every code; the kernel gets tables of the
+    # codes each operand holds. Exact products (48 bits) and the twin decide every output;
+    # the Kulisch unit is also the exactly rounded sum, computed here in Fractions.
+    fp32 = get_format("fp32")
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    params = dataclasses.replace(hw.params(hw.a_formats[0], hw.b_formats[0], "fp32"),
+                                 a_format="fp32", b_format="fp32", scales="none")
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((40, 48)) * np.exp2(rng.integers(-60, 60, (40, 48)))).astype(np.float32)
+    y = (rng.standard_normal((40, 48)) * np.exp2(rng.integers(-60, 60, (40, 48)))).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, np.float32(2.0**-149)]  # zeros and a subnormal element
+    a, b = fp32.encode(x), fp32.encode(y)
+    out = dot_with_params(params, a, b)
+    for i in range(len(out)):
+        value = dot_reference(params, a[i].tolist(), b[i].tolist())
+        assert int(out[i]) == int(fp32.encode(np.array([value]), overflow="inf_nan")[0]), i
+        if config == "kulisch":
+            exact = sum((Fraction(float(p)) * Fraction(float(q)) for p, q in zip(x[i], y[i])), Fraction(0))
+            assert out[i] == encode_reference(fp32, exact, "nearest_even", "inf_nan"), i

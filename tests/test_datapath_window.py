@@ -97,6 +97,11 @@ def window_params(draw) -> DatapathParams:
         c_entry="initial", c_add_rounding="nearest_even", promotion_interval=None,
         output_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
         output_rounding=draw(st.sampled_from(ROUNDINGS)), output_subnormals=draw(st.booleans()),
+        # MMA-Sim's conventions: the route takes them where it is exact (datapath.schema).
+        accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
+        zero_term_exponent=draw(st.sampled_from([None, None, -133, -60, -21])),
+        accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
     )
 
 

@@ -42,6 +42,8 @@ def overflow_policies(fmt):
         ("fp16", 65504.0, 15, 2.0**-24),
         ("bf16", (2 - 2.0**-7) * 2.0**127, 127, 2.0**-133),
         ("fp32", float(np.finfo(np.float32).max), 127, 2.0**-149),
+        ("fp8_e4m3fnuz", 240.0, 7, 2.0**-10),
+        ("fp8_e5m2fnuz", 57344.0, 15, 2.0**-17),
     ],
 )
 def test_table_matches_the_ocp_and_ieee_figures(name, max_finite, scale_emax, min_subnormal):
@@ -236,6 +238,8 @@ ML_DTYPES = {
     "e8m0": ml_dtypes.float8_e8m0fnu,
     "bf16": ml_dtypes.bfloat16,
     "fp16": np.float16,
+    "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "fp8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
 }
 
 
@@ -270,7 +274,7 @@ def test_round_to_nearest_even_agrees_with_ml_dtypes(name):
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz"])
 def test_overflow_to_nan_or_inf_agrees_with_ml_dtypes(name):
     fmt = FORMATS[name]
     x = np.array([fmt.max_finite * k for k in (1.01, 1.05, 1.1, 2, 10)] + [np.inf], dtype=np.float32)
@@ -278,6 +282,18 @@ def test_overflow_to_nan_or_inf_agrees_with_ml_dtypes(name):
     ours = fmt.decode(fmt.encode(x, overflow="inf_nan"))
     theirs = x.astype(ML_DTYPES[name]).astype(np.float64)
     np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3fnuz", "fp8_e5m2fnuz"])
+def test_fnuz_codes_agree_with_ml_dtypes(name):
+    # Every code decodes as ml_dtypes reads it (0x80 the one NaN, no -0, no Inf); zeros of
+    # either sign and values that round to zero encode to the one zero, NaN to 0x80.
+    fmt = FORMATS[name]
+    codes = np.arange(256, dtype=np.uint8)
+    np.testing.assert_array_equal(fmt.decode(codes), codes.view(ML_DTYPES[name]).astype(np.float64))
+    x = np.array([0.0, -0.0, -fmt.min_subnormal / 4, np.nan, -np.nan])
+    np.testing.assert_array_equal(fmt.encode(x), x.astype(ML_DTYPES[name]).view(np.uint8))
+    assert list(fmt.encode(x)) == [0, 0, 0, 0x80, 0x80]
 
 
 def test_float32_round_trips_like_numpy():
@@ -338,6 +354,9 @@ def test_directed_overflow_follows_ieee():
     np.testing.assert_array_equal(fmt.round(big, "toward_positive", "inf_nan"), [np.inf, -65504])
     np.testing.assert_array_equal(fmt.round(big, "toward_negative", "inf_nan"), [65504, -np.inf])
     np.testing.assert_array_equal(fmt.round(big, "nearest_even", "inf_nan"), [np.inf, -np.inf])
+    for rounding in ("toward_zero", "toward_positive", "toward_negative", "nearest_even"):  # "inf": always Inf
+        np.testing.assert_array_equal(fmt.round(big, rounding, "inf"), [np.inf, -np.inf])
+    np.testing.assert_array_equal(fmt.round(np.array([65504.0, 65519.0]), "toward_zero", "inf"), [65504, 65504])
 
 
 def test_float16_and_float32_inputs_are_read_exactly():

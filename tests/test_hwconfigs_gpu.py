@@ -37,7 +37,7 @@ DATA_SETS = [
     ("b200", FP8 / "B200_E5M2.npz", "E5M2", ("fp32", "fp16")),
 ]
 CASES = [(gpu, path, fmt, out) for gpu, path, fmt, outs in DATA_SETS for out in outs]
-SIBLINGS = {"a2": "a100", "l40s": "ada", "h200": "h100"}
+SIBLINGS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h200-wgmma": "h100-wgmma"}
 
 
 def hw(name: str):
@@ -100,7 +100,7 @@ def test_siblings_resolve_to_the_measured_gpu_parameters(sibling, measured_gpu):
                 assert ours.params(a_format, b_format, out) == theirs.params(a_format, b_format, out)
 
 
-@pytest.mark.parametrize("gpu", ["h100", "h200", "b200", "ada"])
+@pytest.mark.parametrize("gpu", ["h100", "h200", "b200", "ada", "h100-wgmma"])
 def test_fp8_names_are_the_gpu_configs_fp8_paths(gpu):
     fp8, full = hw(f"{gpu}-fp8"), hw(gpu)
     assert fp8.a_formats == fp8.b_formats == ("fp8_e4m3", "fp8_e5m2")
@@ -119,3 +119,14 @@ def test_a100_steps_are_four_tf32_terms_or_eight_fp16_terms(fmt, expected):
     a = element.encode(np.array([[1.0, 2.0**-24, 0, 0, 2.0**-24, 0, 0, 0]], dtype=np.float32))
     b = element.encode(np.ones((1, 8), dtype=np.float32))
     assert as_float(dot(hw("a100"), a, b, a_format=fmt, b_format=fmt))[0] == expected
+
+
+@pytest.mark.parametrize("gpu, expected", [("a100", 1.0), ("h100", 1.0 + 2.0**-23), ("b200", 1.0 + 2.0**-23)])
+def test_tf32_steps_are_four_terms_on_ampere_and_eight_on_hopper_and_blackwell(gpu, expected):
+    # K = 8 tf32 (mma.sync m16n8k8): Ampere's two 4-term steps round 1 + 2^-24 toward zero to 1
+    # before the second 2^-24 arrives; Hopper's and Blackwell's one 8-term step keeps both
+    # (MMA-Sim's L_max: 32 bytes per step, 8 tf32 elements; tests/test_oracles_mmasim.py).
+    element = get_format("tf32")
+    a = element.encode(np.array([[1.0, 2.0**-24, 0, 0, 2.0**-24, 0, 0, 0]], dtype=np.float32))
+    b = element.encode(np.ones((1, 8), dtype=np.float32))
+    assert as_float(dot(hw(gpu), a, b, a_format="tf32", b_format="tf32"))[0] == expected

@@ -50,6 +50,7 @@ from ..formats._kernels import (
     encode_finite,
 )
 from ..quantize._kernels import SCALE_NAN
+from .schema import NO_ZERO_TERM_EXPONENT
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
@@ -82,20 +83,20 @@ def flush_subnormal(value, params, subnormals):
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def round_float(value, params, rounding, subnormals):
-    """``value`` rounded once into the format ``params`` (IEEE overflow), as float64."""
+def round_float(value, params, rounding, subnormals, overflow):
+    """``value`` rounded once into the format ``params`` (overflow: a formats overflow policy), as float64."""
     if value == 0.0 or not math.isfinite(value):
         return value
     value_class, sign, significand, lsb_exponent, leading = decompose(np.float64(value).view(np.uint64), 11, 52)
-    code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, OVERFLOW_INF_NAN, 0)
+    code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, overflow, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def round_limbs(limbs, bounds, params, rounding, subnormals):
+def round_limbs(limbs, bounds, params, rounding, subnormals, overflow):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
-    code, is_zero = limbs_round(limbs, bounds, params, rounding, OVERFLOW_INF_NAN)
+    code, is_zero = limbs_round(limbs, bounds, params, rounding, overflow)
     if is_zero:
         return 0.0
     return flush_subnormal(decode_code(code, params), params, subnormals)
@@ -103,12 +104,12 @@ def round_limbs(limbs, bounds, params, rounding, subnormals):
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def add_round(x, y, params, rounding, subnormals, limbs, bounds):
+def add_round(x, y, params, rounding, subnormals, overflow, limbs, bounds):
     """x + y (finite float64s) computed exactly, rounded once into ``params``."""
     limbs_clear(limbs, bounds)
     limbs_add_float(limbs, bounds, x)
     limbs_add_float(limbs, bounds, y)
-    result = round_limbs(limbs, bounds, params, rounding, subnormals)
+    result = round_limbs(limbs, bounds, params, rounding, subnormals, overflow)
     limbs_clear(limbs, bounds)
     return result
 
@@ -145,7 +146,7 @@ def _bit_length(value):
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def round_integer(total, lsb_exponent, params, rounding, subnormals):
+def round_integer(total, lsb_exponent, params, rounding, subnormals, overflow):
     """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""
     if total == 0:
         return 0.0
@@ -168,7 +169,7 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals):
             lsb_exponent += shift
         value = scale_by_power_of_two(float(magnitude), lsb_exponent)
         return -value if total < 0 else value
-    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, OVERFLOW_INF_NAN, 0)
+    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, overflow, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
@@ -241,7 +242,8 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     elif cfg.promotion_interval > 0:
         outer = c_value
     elif not cfg.c_at_end:
-        acc = round_float(c_value, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        acc = round_float(c_value, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                          cfg.accumulator_overflow)
         if not math.isfinite(acc):  # c overflows a narrower accumulator
             special = note_overflow(special, acc)
             acc = 0.0
@@ -376,9 +378,10 @@ def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_
     """Steps 1-3 for any tree, the tree positions start..stop (:func:`tree_bounds`): its
     nonzero finite products (truncated by the multiplier when ``product_fraction_bits`` is
     set) with their alignment exponents into ``terms`` and ``exponents``. NaN/Inf products
-    join the running special (an IEEE sum), zeros only their sign's record. Returns (count,
-    tree_scale, special, negative_zeros_only)."""
+    join the running special (an IEEE sum), zeros only their sign's record and ``has_zero``.
+    Returns (count, tree_scale, special, negative_zeros_only, has_zero)."""
     count = 0
+    has_zero = False
     tree_scale = 0
     for position in range(start, stop):
         k = ordered_index(position, cfg, order)
@@ -390,6 +393,7 @@ def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_
             special += product
             continue
         if product == 0.0:
+            has_zero = True
             if math.copysign(1.0, product) > 0:
                 negative_zeros_only = False
             continue
@@ -399,10 +403,20 @@ def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_
         terms[count] = product
         exponents[count] = floor_log2(product) if cfg.align_leading_bit else exponent_sum
         count += 1
-    return count, tree_scale, special, negative_zeros_only
+    return count, tree_scale, special, negative_zeros_only, has_zero
 
 
 # --- steps 4-5: align and add -------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def accumulator_exponent(acc, cfg, acc_params):
+    """The alignment exponent of a nonzero accumulator in the tree: floor(log2|acc|), or at
+    least the accumulator format's emin (``accumulator_exponent: format_emin``)."""
+    exponent = floor_log2(acc)
+    if cfg.accumulator_exponent_clamped:
+        return max(exponent, 1 - acc_params[P_BIAS])
+    return exponent
+
 
 @njit(cache=True, inline="always")
 def keep_in_window(scaled, below):
@@ -427,19 +441,22 @@ def adder_width_bits(cfg):
 
 
 @njit(cache=True, inline="always")
-def align_and_add(terms, exponents, count, tree_scale, cfg):
+def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
     """Steps 4-5 (align, add) of a tree's ``count`` terms: (fits, total, lsb_exponent), the
     sum being total * 2^lsb_exponent (int64 total). The reference R is the largest exponent;
     with a window each term keeps multiples of 2^(R - align_fraction_bits) (the rest follows
     ``below_window``) and the adder register may wrap or saturate. An exact tree is summed
     the same way when every term fits EXACT_TREE_BITS bits below R (nearly always); else
-    ``fits`` is False and the caller sums the terms exactly in the limbs."""
+    ``fits`` is False and the caller sums the terms exactly in the limbs. With a window, R is
+    at least ``reference_floor`` (``zero_term_exponent`` in a tree with a zero term)."""
     if count == 0:
         return True, np.int64(0), np.int64(0)
     reference = exponents[0]
     for i in range(1, count):
         reference = max(reference, exponents[i])
     window = cfg.align_fraction_bits >= 0
+    if window:
+        reference = max(reference, reference_floor)
     window_bits = cfg.align_fraction_bits if window else EXACT_TREE_BITS - _bit_length(count)
     lsb_exponent = reference - window_bits
     factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
@@ -496,15 +513,17 @@ def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, su
     rounded once into the accumulator format. Returns the new accumulator (±Inf on overflow)."""
     joined = cfg.accumulator_in_tree or acc == 0.0  # the sum already holds the accumulator
     if fits and cfg.sum_significant_bits > 0:
-        tree_sum = round_integer(total, lsb_exponent, sum_params, cfg.sum_rounding, True)
+        tree_sum = round_integer(total, lsb_exponent, sum_params, cfg.sum_rounding, True, OVERFLOW_INF_NAN)
         if not joined:
             return add_round(acc, tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                             limbs, bounds)
+                             cfg.accumulator_overflow, limbs, bounds)
         if is_accumulator_value(tree_sum, cfg, acc_params):
             return tree_sum
-        return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                           cfg.accumulator_overflow)
     if fits and joined:
-        return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                             cfg.accumulator_overflow)
     return accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
 
 
@@ -515,12 +534,13 @@ def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_p
     limbs_clear(limbs, bounds)
     add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
     if cfg.sum_significant_bits > 0:
-        tree_sum = round_limbs(limbs, bounds, sum_params, cfg.sum_rounding, True)
+        tree_sum = round_limbs(limbs, bounds, sum_params, cfg.sum_rounding, True, OVERFLOW_INF_NAN)
         limbs_clear(limbs, bounds)
         limbs_add_float(limbs, bounds, tree_sum)
     if not cfg.accumulator_in_tree:
         limbs_add_float(limbs, bounds, acc)
-    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                         cfg.accumulator_overflow)
     limbs_clear(limbs, bounds)
     return result
 
@@ -529,7 +549,7 @@ def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_p
 def promote(outer, acc, special, fp32_params, limbs, bounds):
     """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE),
     which overflows into the running special. Returns (outer, special)."""
-    outer = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
+    outer = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds)
     if not math.isfinite(outer):
         special = note_overflow(special, outer)
         outer = 0.0
@@ -542,11 +562,13 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
     accumulator format (nearest even) and added with ``c_add_rounding`` (``c_entry: end``).
     Returns (acc, special)."""
     if cfg.promotion_interval > 0:
-        acc = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, limbs, bounds)
+        acc = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds)
     elif cfg.c_at_end:
-        c_converted = round_float(c_value, acc_params, ROUND_NEAREST_EVEN, cfg.accumulator_subnormals)
+        c_converted = round_float(c_value, acc_params, ROUND_NEAREST_EVEN, cfg.accumulator_subnormals,
+                                  cfg.accumulator_overflow)
         if math.isfinite(c_converted):
-            acc = add_round(acc, c_converted, acc_params, cfg.c_add_rounding, cfg.accumulator_subnormals, limbs, bounds)
+            acc = add_round(acc, c_converted, acc_params, cfg.c_add_rounding, cfg.accumulator_subnormals,
+                            cfg.accumulator_overflow, limbs, bounds)
         else:
             special = note_overflow(special, c_converted)
     if not math.isfinite(acc):
@@ -558,13 +580,15 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
 # --- step 7: output -----------------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def output_value(result, special, negative_zeros_only):
+def output_value(result, special, negative_zeros_only, zero_results_positive):
     """The dot product's value from the output-rounded ``result``: the running special wins
-    (NaN as the canonical positive quiet NaN); an exact zero is -0 only when c and every
-    product were -0 (IEEE's sum of zeros), while a negative result that rounded to zero kept
-    its sign."""
+    (NaN as the canonical positive quiet NaN); a zero is +0 with ``zero_sign: positive``;
+    else an exact zero is -0 only when c and every product were -0 (IEEE's sum of zeros),
+    while a negative result that rounded to zero kept its sign."""
     if special != 0.0 or math.isnan(special):
         return np.nan if math.isnan(special) else special
+    if result == 0.0 and zero_results_positive:
+        return 0.0
     if result == 0.0 and not math.copysign(1.0, result) < 0:
         return -0.0 if negative_zeros_only else 0.0
     return result
@@ -600,10 +624,14 @@ def dot_one(
             count, tree_scale, done = uniform_tree_terms(
                 start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales,
                 a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents)
+        has_zero = False
         if done:
             negative_zeros_only = False
+            if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
+                for i in range(count):
+                    has_zero = has_zero or terms[i] == 0.0
         else:
-            count, tree_scale, special, negative_zeros_only = tree_terms(
+            count, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
                 start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
                 b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
         if grid:
@@ -614,11 +642,15 @@ def dot_one(
                 special = note_overflow(special, acc)
                 acc = 0.0
             continue
-        if cfg.accumulator_in_tree and acc != 0.0:  # step 4: the accumulator joins the alignment
-            terms[count] = acc
-            exponents[count] = floor_log2(acc)
-            count += 1
-        fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, cfg)
+        if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
+            if acc != 0.0:
+                terms[count] = acc
+                exponents[count] = accumulator_exponent(acc, cfg, acc_params)
+                count += 1
+            else:
+                has_zero = True
+        floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
+        fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, floor, cfg)
         if cfg.accumulator_exact:  # Kulisch: the tree's exact sum goes straight into the limbs
             add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
             continue
@@ -631,11 +663,11 @@ def dot_one(
             acc = 0.0
 
     if cfg.accumulator_exact:
-        result = round_limbs(limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals)
+        result = round_limbs(limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
     else:
         acc, special = finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds)
-        result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals)
-    return output_value(result, special, negative_zeros_only)
+        result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
+    return output_value(result, special, negative_zeros_only, cfg.zero_results_positive)
 
 
 @njit(cache=True)

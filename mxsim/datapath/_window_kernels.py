@@ -73,7 +73,8 @@ W_OUT_SIGN_SHIFT = 16  # position of the output format's sign bit
 W_BLOCK_SIZE = 17
 W_THRESHOLD = 18  # int8 exponent sums below this involve a zero element
 W_SCALED = 19  # 1: the unit takes block scales
-N_WINDOW_CONFIG = 20
+W_ZERO_FLOOR = 20  # adder.zero_term_exponent (or far below every R): lanes whose R lies below it are flagged
+N_WINDOW_CONFIG = 21
 
 
 @njit(cache=True, inline="always")
@@ -184,8 +185,10 @@ def finish_tree(totals, references, acc, flags, cfg):
     sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
+    zero_floor = cfg[W_ZERO_FLOOR]
     for lane in range(totals.shape[0]):
         reference = references[lane]
+        flags[lane] |= reference < zero_floor  # a zero term might raise R: the generic kernel's case
         total = totals[lane]
         previous = acc[lane]
         if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits

@@ -19,7 +19,7 @@ from .blas import blas_applies, blas_matmul
 from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
 from .schema import DatapathParams, kernel_record
-from .tables import element_tables, sum_format
+from .tables import element_operand, element_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
@@ -118,11 +118,23 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
 
 
 def _kernel_arguments(params: DatapathParams):
+    """(A format, B format, kernel arguments) with tables of every code (formats of at most
+    ``tables.FULL_TABLE_BITS`` field bits; :func:`_operands_and_arguments` takes any)."""
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     a_values, a_exponents = element_tables(a_fmt, params.input_subnormals)
     b_values, b_exponents = element_tables(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
     return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
+
+
+def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray):
+    """(A codes, B codes, kernel arguments): the codes the element tables index (see
+    ``tables.element_operand``), in one dtype, and the kernels' remaining arguments."""
+    codes_a, a_values, a_exponents = element_operand(get_format(params.a_format), params.input_subnormals, fields_a)
+    codes_b, b_values, b_exponents = element_operand(get_format(params.b_format), params.input_subnormals, fields_b)
+    cfg, order, formats = _kernel_config(params)
+    codes_a, codes_b = _same_width(codes_a, codes_b)
+    return codes_a, codes_b, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
 
 
 def _check_method(method: str, caller: str) -> None:
@@ -158,10 +170,11 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
                     method: str = "auto") -> np.ndarray:
     """:func:`dot` for already-resolved parameters (what-if studies, tests)."""
     _check_method(method, "dot")
-    a_fmt, b_fmt, kernel_args = _kernel_arguments(params)
-    a, b = _same_width(_codes(a, "a", a_fmt), _codes(b, "b", b_fmt))
+    a = _codes(a, "a", get_format(params.a_format))
+    b = _codes(b, "b", get_format(params.b_format))
     if a.shape != b.shape:
         raise ArgumentError(f"a and b must have the same shape (n, K), got {a.shape} and {b.shape}")
+    a, b, kernel_args = _operands_and_arguments(params, a, b)
     rows, length = a.shape
     blocks = -(-length // params.block_size)
     exponents_a = _scale_exponents(scale_a, "scale_a", rows, blocks, params)
@@ -269,7 +282,6 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     if tensor_a.shape[1] != tensor_b.shape[0]:
         raise ArgumentError(f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}")
     params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format)
-    _, _, kernel_args = _kernel_arguments(params)
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
     shift = tensor_a.tensor_scale_exponent + tensor_b.tensor_scale_exponent
     c = _scaled_accumulator_input(c, shift, (rows, columns))
@@ -281,7 +293,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     bits_dtype = output_dtype(params.output_format)
     if out.size == 0:
         return MatmulResult(out.astype(bits_dtype), params.output_format, shift)
-    codes_a, codes_b = _same_width(
+    codes_a, codes_b, kernel_args = _operands_and_arguments(
+        params,
         _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format, fields_given=True),
         _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format, fields_given=True),
     )

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
-from .schema import DatapathParams
+from .schema import ACCUMULATOR_OVERFLOW, DatapathParams
 
 INF = math.inf
 
@@ -45,8 +45,8 @@ def adder_register_bits(params: DatapathParams) -> int:
     return 1 + (params.align_fraction_bits + 2) + params.carry_bits + sticky
 
 
-def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
-    """Round an exact value into ``fmt`` (IEEE overflow).
+def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True, overflow: str = "inf_nan"):
+    """Round an exact value into ``fmt`` (``overflow``: a formats overflow policy, IEEE's by default).
 
     Returns a Fraction, ±inf, or -0.0 for a negative value that rounds to zero (IEEE keeps
     its sign); an exact zero returns Fraction(0).
@@ -54,7 +54,7 @@ def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
     value = Fraction(value)
     if value == 0:
         return Fraction(0)
-    code = encode_reference(fmt, value, rounding, "inf_nan")
+    code = encode_reference(fmt, value, rounding, overflow)
     result = decode_reference(fmt, code)
     if isinstance(result, float):
         return -0.0 if result == 0 else result
@@ -180,9 +180,12 @@ def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
 
 # --- steps 4-5: align, add, normalise -----------------------------------------------------------
 
-def _align(terms: list[tuple], params: DatapathParams):
-    """Step 4 with a window: (reference R, LSB 2^(R-F), each term as the adder keeps it)."""
+def _align(terms: list[tuple], has_zero: bool, params: DatapathParams):
+    """Step 4 with a window: (reference R, LSB 2^(R-F), each term as the adder keeps it). R is
+    the largest exponent, and at least ``zero_term_exponent`` when the tree has a zero term."""
     reference = max(e for _, e in terms)
+    if has_zero and params.zero_term_exponent is not None:
+        reference = max(reference, params.zero_term_exponent)
     lsb = Fraction(2) ** (reference - params.align_fraction_bits)
     kept_terms = []
     for term, _ in terms:
@@ -219,18 +222,28 @@ def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log)
     return register * step
 
 
-def _tree_sum(kept: list[tuple], acc, tree_start: int, params: DatapathParams, log) -> Fraction:
+def _accumulator_exponent(acc, params: DatapathParams) -> int:
+    """The alignment exponent of a nonzero accumulator (``accumulator_exponent``)."""
+    exponent = floor_log2(abs(Fraction(acc)))
+    if params.accumulator_exponent == "format_emin":
+        exponent = max(exponent, alignment_emin(get_format(params.accumulator_format)))
+    return exponent
+
+
+def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: DatapathParams, log) -> Fraction:
     """Steps 4-5 of one tree: its sum (with the accumulator when it joins the tree), the
-    block scale applied (``block_sum``)."""
+    block scale applied (``block_sum``). ``has_zero``: the tree has a zero product."""
     terms = [(p, e) for p, e, _ in kept]
     tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
     if params.accumulator_in_tree and acc != 0:
-        terms.append((Fraction(acc), floor_log2(abs(Fraction(acc)))))
+        terms.append((Fraction(acc), _accumulator_exponent(acc, params)))
+    elif params.accumulator_in_tree:
+        has_zero = True  # a zero accumulator is a zero term
     if params.align_fraction_bits is None or not terms:
         tree_sum = sum((t for t, _ in terms), Fraction(0))
         log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
         return tree_sum
-    reference, lsb, kept_terms = _align(terms, params)
+    reference, lsb, kept_terms = _align(terms, has_zero, params)
     tree_sum = _add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale
     log({"stage": "tree", "start": tree_start, "reference_exponent": reference,
          "lsb_exponent": reference - params.align_fraction_bits,
@@ -288,7 +301,8 @@ def _accumulate(acc, tree_sum, acc_fmt: FormatInfo, params: DatapathParams, spec
     into the accumulator format; an overflow becomes the running special."""
     if not params.accumulator_in_tree:
         tree_sum += Fraction(acc)
-    acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+    acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                 ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
     if _is_infinite(acc):  # overflow to infinity
         specials.note_overflow(acc)
         acc = Fraction(0)
@@ -307,12 +321,13 @@ def _promote(outer, acc, specials: _Specials):
 def _add_c_at_end(acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials, log):
     """``c_entry: end``: c rounded into the accumulator format (nearest even), then added with
     ``c_add_rounding``."""
-    c_converted = _round(c_exact, acc_fmt, "nearest_even", params.accumulator_subnormals)
+    overflow = ACCUMULATOR_OVERFLOW[params.accumulator_overflow]
+    c_converted = _round(c_exact, acc_fmt, "nearest_even", params.accumulator_subnormals, overflow)
     if _is_infinite(c_converted):
         specials.note_overflow(c_converted)
     else:
         acc = _round(Fraction(acc) + Fraction(c_converted), acc_fmt, params.c_add_rounding,
-                     params.accumulator_subnormals)
+                     params.accumulator_subnormals, overflow)
     log({"stage": "add_c", "c": _to_float(c_converted), "accumulator": _to_float(acc)})
     return acc
 
@@ -366,14 +381,15 @@ def dot_reference(
                                for p, _, s in _finite_terms(positions, products, specials)), Fraction(0))
         log({"stage": "exact_accumulator", "value": float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
-        return _output(result, specials, log)
+        return _output(result, specials, params, log)
 
     outer = Fraction(0)
     acc = Fraction(0)
     if params.promotion_interval:
         outer = c_exact
     elif params.c_entry == "initial":
-        acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+        acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                     ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
         if _is_infinite(acc):  # c overflows a narrower accumulator
             specials.note_overflow(acc)
             acc = Fraction(0)
@@ -391,7 +407,8 @@ def dot_reference(
             scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
             acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
             continue
-        tree_sum = _normalise(_tree_sum(kept, acc, tree_start, params, log), params, log)
+        has_zero = any(k is not None and isinstance(products[k][0], float) and products[k][0] == 0 for k in positions)
+        tree_sum = _normalise(_tree_sum(kept, has_zero, acc, tree_start, params, log), params, log)
         acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
         done = tree_start + params.fused_terms
@@ -410,14 +427,14 @@ def dot_reference(
     result = _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
     if isinstance(acc, float) and result == 0:  # acc underflowed to -0: rounding keeps the zero's sign
         result = -0.0
-    return _output(result, specials, log)
+    return _output(result, specials, params, log)
 
 
 # --- step 7: output -----------------------------------------------------------------------------
 
-def _output(result, specials: _Specials, log) -> float:
+def _output(result, specials: _Specials, params: DatapathParams, log) -> float:
     """Step 7's value: the specials' IEEE sum when there are any, else the rounded result with
-    the sign IEEE gives a zero."""
+    the sign IEEE gives a zero (+0 for every zero with ``zero_sign: positive``)."""
     if _is_infinite(result) and not specials.values:
         specials.values.append(result)
     if specials.values:
@@ -426,6 +443,8 @@ def _output(result, specials: _Specials, log) -> float:
             value = math.nan
         else:
             value = values[0]
+    elif result == 0 and params.output_zero_sign == "positive":
+        value = 0.0
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:

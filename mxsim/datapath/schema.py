@@ -24,13 +24,17 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..formats import format_names
-from ..formats.rounding import ROUNDING_MODES, rounding_code
+from ..formats.rounding import ROUNDING_MODES, overflow_code, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
 ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
 WIDE_FORMATS = format_names("wide")
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
+#: The kernel record's ``zero_term_exponent`` for null: below every exponent, so zero terms never set R.
+NO_ZERO_TERM_EXPONENT = -(1 << 40)
+#: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
+ACCUMULATOR_OVERFLOW = {"ieee": "inf_nan", "infinity": "inf"}
 ROUTES = ("blas", "window")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
@@ -218,6 +222,29 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,  # read only with sum_significant_bits
             window=only(*DIRECTED_AND_NEAREST),
         ),
+        "accumulator_exponent": Key(
+            "str", "leading_bit",
+            "the exponent the accumulator aligns with when it joins the tree: 'leading_bit' = "
+            "floor(log2|acc|); 'format_emin' = max(floor(log2|acc|), emin of the accumulator format), "
+            "so a subnormal accumulator aligns as a subnormal element does (MMA-Sim's tensor cores)",
+            ("leading_bit", "format_emin"),
+            record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
+            blas=any_value,  # exact trees: R places no window
+            window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
+        ),
+        "zero_term_exponent": Key(
+            "optional_int", None,
+            "null: zero products and a zero accumulator take no part in the alignment reference. n: "
+            "in a tree with a zero product, or with the accumulator in the tree and zero (c = 0 "
+            "included), R is at least n, as if the zeros were terms of exponent n (MMA-Sim's e_zero: "
+            "-133 for fp32 and -21 for fp16 outputs on Hopper and Blackwell); nonzero terms below "
+            "2^(n - align_fraction_bits) are then lost",
+            minimum=-1100, maximum=1100,
+            record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
+            blas=any_value,  # exact trees: R places no window
+            # window: it flags every lane whose R lies below n (without block scales, R is the kernel's)
+            window=lambda value, params: value is None or params.scales == "none",
+        ),
     },
     "accumulator": {
         "format": Key(
@@ -253,6 +280,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "str", "nearest_even", "rounding of the final c add (c_entry: end)", DIRECTED_AND_NEAREST,
             record=Record(rounding_code),
             blas=any_value, window=any_value,  # read only with c_entry: end
+        ),
+        "overflow": Key(
+            "str", "ieee",
+            "a result beyond the accumulator format's range: 'ieee' gives ±Inf, or the largest finite "
+            "value under the directed modes that round toward it (toward_zero); 'infinity' gives ±Inf "
+            "under every rounding (MMA-Sim's tensor cores: the sum is rounded and then converted)",
+            tuple(ACCUMULATOR_OVERFLOW),
+            field="accumulator_overflow",
+            record=Record(lambda value: overflow_code(ACCUMULATOR_OVERFLOW[value])),
+            blas=_exact_accumulator_or(only("ieee")),
+            window=any_value,  # the route flags every overflow for the generic kernel
         ),
         "promotion_interval": Key(
             "optional_int", None,
@@ -301,6 +339,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)",
                           field="output_subnormals",
                           blas=only(True), window=any_value),  # window: subnormal outputs are flagged
+        "zero_sign": Key(
+            "str", "ieee",
+            "the sign of a zero result: 'ieee' (+0 unless c and every product are -0, and a negative "
+            "result that rounds to zero keeps its sign); 'positive': every zero result is +0 (MMA-Sim's "
+            "tensor cores add +0.0 to each result)",
+            ("ieee", "positive"),
+            field="output_zero_sign",
+            record=Record(lambda value: value == "positive", np.bool_, "zero_results_positive"),
+            # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged).
+            blas=only("ieee"), window=any_value,
+        ),
     },
 }
 

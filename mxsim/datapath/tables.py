@@ -22,10 +22,32 @@ def sum_format(bits: int) -> FormatInfo:
     return custom_format(10, bits - 1, name=f"sum{bits}")
 
 
+#: Formats up to this many field bits get a table of every code (tf32: 2^19 entries); wider
+#: ones (fp32) a table of the codes an operand holds (:func:`element_operand`).
+FULL_TABLE_BITS = 20
+
+
 @functools.lru_cache(maxsize=None)
 def element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per field code: the exact value, and the alignment exponent max(floor(log2|v|), emin)."""
-    values = fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64)
+    return _tables_of(fmt, np.arange(1 << fmt.field_bits), subnormals)
+
+
+def element_operand(fmt: FormatInfo, subnormals: bool, fields: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, values, exponents) the kernels take for an operand of field codes: the codes
+    themselves and the tables of every code, or, for a format wider than FULL_TABLE_BITS,
+    each code's index among the distinct codes present and the tables of those codes alone
+    (decoded directly from their bits: an fp32 operand never builds a 2^32-entry table)."""
+    if fmt.field_bits <= FULL_TABLE_BITS:
+        return fields, *element_tables(fmt, subnormals)
+    present, index = np.unique(fields, return_inverse=True)
+    dtype = np.uint8 if present.size <= 1 << 8 else np.uint16 if present.size <= 1 << 16 else np.uint32
+    return index.reshape(fields.shape).astype(dtype), *_tables_of(fmt, present, subnormals)
+
+
+def _tables_of(fmt: FormatInfo, fields: np.ndarray, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(values, alignment exponents) of the given field codes."""
+    values = fmt.decode_fields(fields).astype(np.float64)
     if not subnormals:
         tiny = (values != 0) & (np.abs(values) < fmt.min_normal)
         values = np.where(tiny, np.copysign(0.0, values), values)

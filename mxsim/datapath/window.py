@@ -22,7 +22,7 @@ import numpy as np
 from ..formats import get_format
 from ..formats.rounding import rounding_code
 from . import _window_kernels as W
-from .schema import DatapathParams, route_accepts
+from .schema import NO_ZERO_TERM_EXPONENT, DatapathParams, route_accepts
 from .tables import element_tables, sum_format
 
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
@@ -129,6 +129,7 @@ def _window_config(params: DatapathParams):
     cfg[W.W_BLOCK_SIZE] = params.block_size
     cfg[W.W_THRESHOLD] = threshold
     cfg[W.W_SCALED] = params.scales != "none"
+    cfg[W.W_ZERO_FLOOR] = NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
     cfg.setflags(write=False)
     return cfg, a, b
 

@@ -39,6 +39,7 @@ N_PARAMS = 11
 SPECIALS_NONE = 0
 SPECIALS_IEEE = 1  # top exponent reserved: Inf (mantissa 0) and NaN
 SPECIALS_NAN_AT_MAX = 2  # only the all-ones magnitude is NaN (fp8_e4m3, e8m0)
+SPECIALS_NAN_AT_NEGATIVE_ZERO = 3  # the code of -0 is the one NaN; no -0, no Inf (the fnuz formats)
 
 ROUND_NEAREST_EVEN = 0
 ROUND_NEAREST_AWAY = 1
@@ -50,6 +51,7 @@ ROUND_NEAREST_TOWARD_POSITIVE = 6
 
 OVERFLOW_SATURATE = 0
 OVERFLOW_INF_NAN = 1  # IEEE 754 overflow (see rounding.OVERFLOW_POLICIES)
+OVERFLOW_INF = 2  # ±Inf whatever the rounding direction
 
 # Classes returned by decompose().
 CLASS_FINITE = 0
@@ -119,6 +121,8 @@ def nan_code(sign, params):
     mantissa_bits = params[P_MANTISSA_BITS]
     if params[P_SPECIALS] == SPECIALS_IEEE:
         magnitude = (((1 << params[P_EXPONENT_BITS]) - 1) << mantissa_bits) | (1 << (mantissa_bits - 1))
+    elif params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO:
+        return np.int64(1) << (bits - 1)
     else:
         magnitude = (1 << (bits - params[P_SIGNED])) - 1
     if params[P_SIGNED]:
@@ -133,6 +137,8 @@ def magnitude_to_code(sign, magnitude_index, params):
     if params[P_TWOS_COMPLEMENT]:
         value = -magnitude_index if sign else magnitude_index
         return value & ((1 << bits) - 1)
+    if magnitude_index == 0 and params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO:
+        return np.int64(0)  # zero has no sign (the -0 code is NaN)
     if params[P_SIGNED]:
         return (sign << (bits - 1)) | magnitude_index
     if sign and magnitude_index != 0:
@@ -146,7 +152,7 @@ def overflow_code(sign, rounding, overflow, params):
     max_index = params[P_MAX_INDEX_NEGATIVE] if sign else params[P_MAX_INDEX]
     if overflow == OVERFLOW_SATURATE:
         return magnitude_to_code(sign, max_index, params)
-    toward_finite = (
+    toward_finite = overflow == OVERFLOW_INF_NAN and (
         rounding == ROUND_TOWARD_ZERO
         or (rounding == ROUND_TOWARD_POSITIVE and sign == 1)
         or (rounding == ROUND_TOWARD_NEGATIVE and sign == 0)
@@ -242,7 +248,8 @@ def encode_bits(bits, in_exponent_bits, in_mantissa_bits, exponent_offset, param
         )
     if value_class == CLASS_ZERO:
         return magnitude_to_code(sign if params[P_SIGNED] and not params[P_TWOS_COMPLEMENT] else 0, np.int64(0), params)
-    if value_class == CLASS_NAN or (params[P_SPECIALS] == SPECIALS_NAN_AT_MAX and overflow != OVERFLOW_SATURATE):
+    no_inf = params[P_SPECIALS] == SPECIALS_NAN_AT_MAX or params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO
+    if value_class == CLASS_NAN or (no_inf and overflow != OVERFLOW_SATURATE):
         return nan_code(sign, params)
     if params[P_SPECIALS] == SPECIALS_IEEE and overflow != OVERFLOW_SATURATE:
         return magnitude_to_code(sign, ((1 << params[P_EXPONENT_BITS]) - 1) << params[P_MANTISSA_BITS], params)
@@ -282,6 +289,8 @@ def decode_code(code, params):
             return np.nan
         return -np.inf if sign else np.inf
     if params[P_SPECIALS] == SPECIALS_NAN_AT_MAX and magnitude_index == (np.int64(1) << (bits - params[P_SIGNED])) - 1:
+        return np.nan
+    if params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO and sign and magnitude_index == 0:
         return np.nan
     if exponent_bits == 0 or (params[P_SUBNORMALS] and magnitude_index <= mantissa_mask):
         magnitude = scale_by_power_of_two(float(magnitude_index), 1 - bias - mantissa_bits)

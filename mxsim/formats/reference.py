@@ -39,6 +39,8 @@ def decode_reference(fmt: FormatInfo, code: int) -> Fraction | float:
         return -math.inf if sign else math.inf
     if fmt.specials == "nan_at_max" and magnitude_code == all_ones_magnitude:
         return NAN
+    if fmt.specials == "nan_at_negative_zero" and sign and magnitude_code == 0:
+        return NAN
     if fmt.exponent_bits == 0:
         magnitude = Fraction(mantissa_field) * Fraction(2) ** (1 - fmt.bias - fmt.mantissa_bits)
     elif exponent_field == 0 and fmt.subnormals:
@@ -117,6 +119,8 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
     max_magnitude = fmt.max_index + (negative and fmt.twos_complement and fmt.allow_min_twos_complement)
 
     def assemble(magnitude_code: int) -> int:
+        if fmt.specials == "nan_at_negative_zero" and magnitude_code == 0:
+            return 0  # one unsigned zero: the -0 code is NaN
         if fmt.twos_complement:
             return (-magnitude_code if negative else magnitude_code) % (1 << width)
         if not fmt.signed:
@@ -124,6 +128,8 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         return (sign_bit if negative else 0) | magnitude_code
 
     def nan() -> int:
+        if fmt.specials == "nan_at_negative_zero":
+            return sign_bit
         if fmt.specials == "ieee":
             magnitude = (((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) | (1 << (fmt.mantissa_bits - 1))
         else:
@@ -131,7 +137,7 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         return (sign_bit if negative and fmt.signed else 0) | magnitude
 
     def too_big() -> int:
-        finite_side = (
+        finite_side = overflow == "inf_nan" and (
             rounding == "toward_zero"
             or (rounding == "toward_positive" and negative)
             or (rounding == "toward_negative" and not negative)
@@ -148,7 +154,7 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         if overflow == "saturate" or fmt.specials == "none":
             return assemble(max_magnitude)
         # An infinite input is exact, not an overflow: NaN where the format has no infinity.
-        return nan() if fmt.specials == "nan_at_max" else assemble(((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits)
+        return assemble(((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) if fmt.specials == "ieee" else nan()
     magnitude = abs(Fraction(x))
     if magnitude == 0:
         return 0 if (fmt.twos_complement or not fmt.signed) else assemble(0)
@@ -157,6 +163,8 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         return assemble(0)
     if low == magnitude:
         code = low_code
+    elif magnitude >= high:  # beyond the top binade's continuation: an overflow in every mode
+        return too_big()
     else:
         fraction = (magnitude - low) / (high - low)
         half = Fraction(1, 2)

@@ -37,8 +37,10 @@ ROUNDING_MODES = {
 # ``saturate`` gives ±max finite (and maps ±Inf inputs there too); ``inf_nan`` follows
 # IEEE 754: ±Inf where the format has it, else NaN, except that the directed modes that
 # round toward the finite side (toward_zero; toward_positive for negatives; toward_negative
-# for positives) give ±max finite.
-OVERFLOW_POLICIES = {"saturate": 0, "inf_nan": 1}
+# for positives) give ±max finite; ``inf`` gives ±Inf (NaN where the format has no Inf,
+# ±max finite where it has neither) whatever the rounding direction, as hardware that
+# rounds through a wider format and then converts does (MMA-Sim's tensor cores).
+OVERFLOW_POLICIES = {"saturate": 0, "inf_nan": 1, "inf": 2}
 
 
 def rounding_code(name: str) -> int:

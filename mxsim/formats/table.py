@@ -33,7 +33,8 @@ E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127)
 E8M0_ONE = E8M0_BIAS  # the E8M0 code of the scale 2^0 = 1.0
 E8M0_NAN = 0xFF  # the E8M0 code that marks a block's scale (and so the whole block) NaN
 
-SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX}
+SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX,
+            "nan_at_negative_zero": K.SPECIALS_NAN_AT_NEGATIVE_ZERO}
 
 # Float input dtypes accepted by encode, with their (exponent bits, mantissa bits, bit view).
 INPUT_FLOATS = {
@@ -58,7 +59,9 @@ class FormatInfo:
         twos_complement: codes are two's-complement integers (MX INT8) rather than
             sign-magnitude.
         specials: ``"ieee"`` (top exponent reserved for ±Inf and NaN), ``"nan_at_max"`` (only
-            the all-ones magnitude is NaN: fp8_e4m3, e8m0) or ``"none"``.
+            the all-ones magnitude is NaN: fp8_e4m3, e8m0), ``"nan_at_negative_zero"`` (the
+            code of -0 is the only NaN; zero is unsigned, no Inf: the "fnuz" FP8 formats) or
+            ``"none"``.
         subnormals: whether exponent field 0 encodes subnormals (and zero). Without them the
             field value 0 is an ordinary binade and the format has no zero (E8M0).
         allow_min_twos_complement: for two's-complement formats, whether the most negative code
@@ -277,6 +280,7 @@ class FormatInfo:
                 ±max_finite. ``"inf_nan"``: IEEE 754 overflow — ±Inf where the format has it,
                 NaN where it has NaN but no Inf (fp8_e4m3: 465 → NaN), except that
                 toward_zero and the directed mode toward the finite side give ±max_finite.
+                ``"inf"``: as ``"inf_nan"`` but ±Inf for every rounding mode.
                 Not accepted for formats with neither Inf nor NaN.
             seed: stochastic rounding's seed; the draw for element i depends on (seed, i).
 
@@ -290,8 +294,8 @@ class FormatInfo:
         values = as_float_array(x, f"encode({self.name})")
         rounding_mode = rounding_code(rounding)
         overflow_policy = overflow_code(overflow)
-        if overflow == "inf_nan" and not self.has_nan:
-            raise MxsimError(f"encode({self.name}): overflow='inf_nan' needs a format with Inf or NaN; use 'saturate'")
+        if overflow != "saturate" and not self.has_nan:
+            raise MxsimError(f"encode({self.name}): overflow={overflow!r} needs a format with Inf or NaN; use 'saturate'")
         if not self.has_nan and np.isnan(values).any():
             raise MxsimError(f"encode({self.name}): input has NaN but the format has no NaN encoding")
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
@@ -385,6 +389,13 @@ FORMATS: dict[str, FormatInfo] = _table(
     FormatInfo("fp32", 32, 8, 23, 127, role="wide", aliases=("float32",)),
     FormatInfo("fp16", 16, 5, 10, 15, role="wide", aliases=("float16",)),
     FormatInfo("bf16", 16, 8, 7, 127, role="wide", aliases=("bfloat16",)),
+    # The "fnuz" FP8 formats (AMD MI300 / CDNA3; ml_dtypes float8_e4m3fnuz, float8_e5m2fnuz):
+    # every exponent field finite, bias one more than OCP's, the code 0x80 (-0) the only NaN,
+    # no Inf, one zero.
+    FormatInfo("fp8_e4m3fnuz", 8, 4, 3, 8, specials="nan_at_negative_zero", role="tensor_input",
+               aliases=("e4m3fnuz", "float8_e4m3fnuz")),
+    FormatInfo("fp8_e5m2fnuz", 8, 5, 2, 16, specials="nan_at_negative_zero", role="tensor_input",
+               aliases=("e5m2fnuz", "float8_e5m2fnuz")),
     # NVIDIA TensorFloat-32: fp32's sign and exponent with 10 fraction bits, stored as fp32
     # bit patterns whose low 13 bits are zero (tensor cores read only the top 19 bits).
     FormatInfo("tf32", 32, 8, 10, 127, padding_bits=13, role="tensor_input", aliases=("tensorfloat32",)),

@@ -41,7 +41,7 @@ class QuantOptions:
             the input's precision (torchao's eager RCEIL; a quotient that underflows to 0
             gives X = -150). even always uses bits.
         element_rounding: rounding of each scaled element (a mode of ROUNDING_MODES).
-        element_overflow: ``saturate`` (clip to ±max_finite) or ``inf_nan``.
+        element_overflow: ``saturate`` (clip to ±max_finite), ``inf_nan`` or ``inf`` (mxsim.formats.rounding).
         nonfinite: a NaN or ±Inf in a block. ``nan_block``: scale 0xFF, the whole block
             decodes to NaN. ``propagate``: NaN/Inf are ignored for amax; NaN elements get
             the element's NaN code; :func:`fake_quantize` returns NaN and ±Inf elements

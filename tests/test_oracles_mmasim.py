@@ -1,0 +1,242 @@
+"""MMA-Sim run live against the NVIDIA tensor-core configs, bit for bit.
+
+MMA-Sim (``mmasim``, Xie et al., "MMA-Sim: Bit-Accurate Reference Model of Tensor Cores and
+Matrix Cores", arXiv 2511.10909) models each NVIDIA architecture's ``mma``, ``wgmma`` and
+``tcgen05.mma`` instructions in PyTorch, validated by its authors on the GPUs. Every family
+below (architecture x instruction x input types x output type) runs the same element codes
+and c through MMA-Sim's ``dpa`` (one instruction: K = the shape's k) and through
+``mxsim.dot`` with the family's config, and the output bits must agree (any NaN equals any
+NaN: MMA-Sim's NaN payload 0x7FFFFFFF is not modelled). A sample also runs through the
+Fraction twin (``mxsim.datapath.reference``).
+
+Inputs: mostly realistic rows (normal values of one random magnitude per row, c of the sum's
+size), a quarter corner rows (zeros of both signs, exact cancellation, subnormal elements and
+c, tiny products below the zero-term exponent, near-overflow, uniformly random codes, Inf and
+NaN). ``MXSIM_MMASIM_ROWS`` sets the rows per family (default 192; docs/gpu-oracles.md reports a run of 1024).
+Needs the ``oracles`` extra; skipped without it, failed instead when CI is set.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import REPO, import_or_skip
+
+from mxsim import get_format
+from mxsim.datapath import dot, load_hwconfig
+from mxsim.datapath.reference import dot_reference
+
+ROWS = int(os.environ.get("MXSIM_MMASIM_ROWS", "192"))
+TWIN_ROWS = 6  # rows of each family also run through the Fraction twin
+PTX_FORMATS = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
+               "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1", "f32": "fp32"}
+F8F6F4 = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+FP8 = ("e4m3", "e5m2")
+
+
+def _mma(shape: str, d: str, a: str, b: str, c: str, kind: str = "") -> str:
+    kind = f".kind::{kind}" if kind else ""
+    return f"{shape}{kind}.{d}.{a}.{b}.{c}"
+
+
+def _families():
+    """(arch, instruction class, PTX shape and types, config, a format, b format, output)."""
+    out = []
+
+    def add(arch, op, ptx, config, a, b, d):
+        out.append((arch, op, ptx, config, PTX_FORMATS[a], PTX_FORMATS[b], PTX_FORMATS[d]))
+
+    def sm80(arch, config):  # the Ampere shapes every later architecture keeps
+        for d in ("f32", "f16"):
+            add(arch, "MMA", _mma("m16n8k16", d, "f16", "f16", d), config, "f16", "f16", d)
+            add(arch, "MMA", _mma("m16n8k8", d, "f16", "f16", d), config, "f16", "f16", d)
+        for shape in ("m16n8k16", "m16n8k8"):
+            add(arch, "MMA", _mma(shape, "f32", "bf16", "bf16", "f32"), config, "bf16", "bf16", "f32")
+        for shape in ("m16n8k8", "m16n8k4"):
+            add(arch, "MMA", _mma(shape, "f32", "tf32", "tf32", "f32"), config, "tf32", "tf32", "f32")
+
+    def fp8_pairs(arch, op, shape, config, types=FP8, kind=""):
+        for d in ("f32", "f16"):
+            for a in types:
+                for b in types:
+                    # mma names C's type last; wgmma and tcgen05 take C in D's type
+                    ptx = _mma(shape, d, a, b, d, kind) if op == "MMA" else _mma(shape, d, a, b, "", kind)[:-1]
+                    add(arch, op, ptx, config, a, b, d)
+
+    for d in ("f32", "f16"):
+        add("Volta", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d)
+        add("Turing", "MMA", _mma("m16n8k8", d, "f16", "f16", d), "t4", "f16", "f16", d)
+        add("Turing", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d)  # Volta's path
+    sm80("Ampere", "a100")
+    sm80("Ada Lovelace", "ada")
+    for shape in ("m16n8k32", "m16n8k16"):
+        fp8_pairs("Ada Lovelace", "MMA", shape, "ada")
+    sm80("Hopper", "h100")
+    for d in ("f32", "f16"):
+        add("Hopper", "WGMMA", f"m64n8k16.{d}.f16.f16", "h100-wgmma", "f16", "f16", d)
+    add("Hopper", "WGMMA", "m64n8k16.f32.bf16.bf16", "h100-wgmma", "bf16", "bf16", "f32")
+    add("Hopper", "WGMMA", "m64n8k8.f32.tf32.tf32", "h100-wgmma", "tf32", "tf32", "f32")
+    fp8_pairs("Hopper", "WGMMA", "m64n8k32", "h100-wgmma")
+    sm80("Blackwell", "b200")
+    add("Blackwell", "TCGen05MMA", "m64n8k8.kind::tf32.f32.tf32.tf32", "b200-tcgen05", "tf32", "tf32", "f32")
+    for ab in ("f16", "bf16"):
+        add("Blackwell", "TCGen05MMA", f"m64n8k16.kind::f16.f32.{ab}.{ab}", "b200-tcgen05", ab, ab, "f32")
+    add("Blackwell", "TCGen05MMA", "m64n8k16.kind::f16.f16.f16.f16", "b200-tcgen05", "f16", "f16", "f16")
+    fp8_pairs("Blackwell", "TCGen05MMA", "m64n8k32", "b200-tcgen05", F8F6F4, "f8f6f4")
+    sm80("RTX Blackwell", "rtx50")
+    for shape in ("m16n8k32", "m16n8k16"):
+        fp8_pairs("RTX Blackwell", "MMA", shape, "rtx50")
+    fp8_pairs("RTX Blackwell", "MMA", "m16n8k32", "rtx50", F8F6F4, "f8f6f4")
+    return out
+
+
+FAMILIES = _families()
+
+
+def family_id(family) -> str:
+    arch, op, ptx, config, *_ = family
+    return f"{config}-{op.lower()}-{ptx}"
+
+
+@pytest.fixture(scope="module")
+def nv_ptx():
+    import_or_skip("torch", "oracles")
+    return import_or_skip("mmasim.nv_ptx", "oracles")
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def random_finite_codes(rng, fmt, n: int) -> np.ndarray:
+    """``n`` codes drawn uniformly from the format's finite codes (every exponent alike)."""
+    codes = np.zeros(0, dtype=np.int64)
+    while codes.size < n:
+        draw = rng.integers(0, 1 << fmt.field_bits, 2 * n + 8, dtype=np.int64) << fmt.padding_bits
+        codes = np.concatenate([codes, draw[np.isfinite(fmt.decode(draw))]])
+    return codes[:n]
+
+
+def _encode(fmt, values) -> np.ndarray:
+    return fmt.encode(np.asarray(values, dtype=np.float64)).astype(np.int64)
+
+
+def _special_codes(fmt) -> np.ndarray:
+    values = [np.inf, -np.inf, np.nan] if fmt.has_inf else [np.nan] if fmt.has_nan else []
+    return _encode(fmt, values) if values else np.zeros(0, dtype=np.int64)
+
+
+def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name: str):
+    """(A codes, B codes, c float32): realistic rows, a quarter of them corners (see the
+    module docstring), every row a valid input of the formats (c exact in the output format)."""
+    rng = np.random.default_rng(seed)
+    fa, fb, out = get_format(a_name), get_format(b_name), get_format(out_name)
+    magnitude = rng.integers(-6, 7, (rows, 1)).astype(np.float64)
+    a = _encode(fa, rng.standard_normal((rows, k)) * 2.0 ** magnitude)
+    b = _encode(fb, rng.standard_normal((rows, k)) * 2.0 ** -rng.integers(-2, 3, (rows, 1)).astype(np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.sum(fa.decode(a) * fb.decode(b), axis=1)
+        c = rng.standard_normal(rows) * (np.abs(total) + 2.0 ** magnitude[:, 0])
+    kinds = ("zeros", "cancel", "subnormal", "tiny", "overflow", "codes", "special", "c_far")
+    for row in range(3, rows, 4):
+        kind = kinds[(row // 4) % len(kinds)]
+        if kind == "zeros":  # signed zeros; some rows all zero
+            zeros = _encode(fa, np.where(rng.random(k) < 0.5, -0.0, 0.0))
+            pick = rng.random(k) < (0.5 if rng.random() < 0.5 else 1.0)
+            a[row, pick] = zeros[pick]
+            c[row] = -0.0 if rng.random() < 0.5 else (0.0 if rng.random() < 0.5 else c[row])
+        elif kind == "cancel":  # the second half negates the first: an exact zero sum
+            half = k // 2
+            a[row, half:] = a[row, :half]
+            b[row, half:] = _encode(fb, -fb.decode(b[row, :half]))
+            c[row] = (-0.0 if rng.random() < 0.5 else 0.0) if rng.random() < 0.7 else c[row]
+        elif kind == "subnormal":  # subnormal elements and a subnormal (or tiny) c
+            for fmt, codes in ((fa, a), (fb, b)):
+                tiny = rng.random(k) * fmt.min_normal * np.where(rng.random(k) < 0.5, -1, 1)
+                pick = rng.random(k) < 0.6
+                codes[row, pick] = _encode(fmt, tiny)[pick]
+            c[row] = rng.random() * out.min_normal * (1 if rng.random() < 0.5 else -1) * 2.0 ** -float(rng.integers(0, 8))
+        elif kind == "tiny":  # products far below c's zero: the zero-term exponent decides
+            target = out.min_normal * 2.0 ** -float(rng.integers(0, 30))
+            a[row] = _encode(fa, rng.standard_normal(k) * np.sqrt(target))
+            b[row] = _encode(fb, rng.standard_normal(k) * np.sqrt(target))
+            c[row] = 0.0 if rng.random() < 0.6 else target * rng.standard_normal()
+        elif kind == "overflow":  # near the largest values, one sign
+            sign = 1.0 if rng.random() < 0.5 else -1.0
+            shrink = min(1.0, 4 * out.max_finite / (fa.max_finite * fb.max_finite * k))
+            a[row] = _encode(fa, sign * fa.max_finite * rng.uniform(0.5, 1.0, k))
+            b[row] = _encode(fb, fb.max_finite * rng.uniform(0.5, 1.0, k) * shrink)
+            c[row] = sign * out.max_finite * rng.uniform(0.0, 1.0)
+        elif kind == "codes":  # uniformly random finite codes: every exponent
+            a[row] = random_finite_codes(rng, fa, k)
+            b[row] = random_finite_codes(rng, fb, k)
+            c[row] = out.decode(random_finite_codes(rng, out, 1))[0]
+        elif kind == "special":  # an Inf or NaN element, or c
+            specials = _special_codes(fa)
+            if specials.size and rng.random() < 0.7:
+                a[row, rng.integers(k)] = rng.choice(specials)
+            else:
+                c[row] = rng.choice([np.inf, -np.inf, np.nan])
+        else:  # c far above or below the products
+            c[row] = total[row] * 2.0 ** float(rng.choice([-40, -25, 25, 40])) + (2.0 ** -20 if total[row] == 0 else 0.0)
+    c = out.decode(out.encode(c, overflow="inf_nan" if out.has_inf else "saturate")).astype(np.float32)
+    return a, b, c
+
+
+# --- the two sides ------------------------------------------------------------------------------
+
+def _torch_operand(torch, codes: np.ndarray, ptx: str):
+    """Element codes as the tensor MMA-Sim reads: the format's dtype over the same bits; FP6
+    in bits 5:0 and FP4 in bits 5:2 of a uint8."""
+    if ptx in ("e3m2", "e2m3"):
+        return torch.from_numpy(codes.astype(np.uint8))
+    if ptx == "e2m1":
+        return torch.from_numpy((codes << 2).astype(np.uint8))
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32,
+             "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[ptx]
+    storage = {1: np.uint8, 2: np.int16, 4: np.int32}[dtype.itemsize]
+    return torch.from_numpy(codes.astype(storage)).view(dtype)
+
+
+def _ptx_types(ptx: str) -> tuple[str, str, str]:
+    """(d, a, b) PTX type names of a shape-and-type string."""
+    fields = [f for f in ptx.split(".") if not f.startswith("m") and not f.startswith("kind::")]
+    return fields[0], fields[1], fields[2]
+
+
+def mmasim_bits(nv_ptx, family, a, b, c) -> np.ndarray:
+    import torch
+
+    arch, op_name, ptx, _, _, _, out_name = family
+    op = getattr(nv_ptx, op_name)(arch, ptx)
+    _, ta, tb = _ptx_types(ptx)
+    c_tensor = torch.from_numpy(c.astype(np.float16 if out_name == "fp16" else np.float32))
+    result = op.dpa(_torch_operand(torch, a, ta), _torch_operand(torch, b, tb), c_tensor)
+    bits = result.numpy().view(np.uint16 if out_name == "fp16" else np.uint32)
+    return bits.astype(np.uint32)
+
+
+def same_bits(x: np.ndarray, y: np.ndarray, out_name: str) -> np.ndarray:
+    fmt = get_format(out_name)
+    return (x == y) | (np.isnan(fmt.decode(x)) & np.isnan(fmt.decode(y)))
+
+
+def _k_of(ptx: str) -> int:
+    return int(ptx.split(".")[0].split("k")[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=family_id)
+def test_family_matches_mmasim(nv_ptx, family):
+    arch, op_name, ptx, config, a_name, b_name, out_name = family
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    a, b, c = make_inputs(FAMILIES.index(family), ROWS, _k_of(ptx), a_name, b_name, out_name)
+    want = mmasim_bits(nv_ptx, family, a, b, c)
+    got = dot(hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format=out_name).astype(np.uint32)
+    bad = np.flatnonzero(~same_bits(got, want, out_name))
+    assert bad.size == 0, f"{bad.size}/{ROWS} mismatches, rows {bad[:8].tolist()}"
+    params = hw.params(a_name, b_name, out_name)
+    fmt = get_format(out_name)
+    for row in range(TWIN_ROWS):
+        value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
+        twin = fmt.encode(np.array([value]), overflow="inf_nan")[0]
+        assert same_bits(np.array([twin], np.uint32), want[row : row + 1], out_name)[0], f"twin, row {row}"
