@@ -6,11 +6,11 @@ into the current hypothesis (every other key as decided so far) and its outputs 
 probe's inputs are predicted with ``mxsim.dot``; the unit is asked only the inputs on which
 the candidates disagree (each input at most once per run); the candidates that reproduce
 every answer survive and the first of them is kept. The decisive input recorded as evidence
-is the answered input that rules out the most other values. Two passes over the probes let
-each decision see all the others; a validation on fresh random realistic vectors and corners
-then counts mismatches, and any mismatching vectors join the probes' inputs for one more
-pass (at most ``refinements`` times) before the final, fresh validation whose count is
-reported. The count is what was measured on those vectors: nothing is claimed beyond them.
+is the answered input that rules out the most other values. After one pass over the probes
+a validation on fresh random realistic vectors and corners counts mismatches; any
+mismatching vectors join every probe's inputs for another pass, in which each decision sees
+all the others (at most ``refinements`` times, each followed by a fresh validation). The
+count reported is the last validation's. The count is what was measured on those vectors: nothing is claimed beyond them.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
 
 
 def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
-          seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
+          seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 3,
           budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``): decide
@@ -276,7 +276,6 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
             decisions[p.name] = engine.decide(p, batch, asked[p.name])
             asked[p.name] = decisions[p.name].asked
 
-    run_pass(None)
     run_pass(None)
     extra = None
     validation, missed = _validate(engine, seed + 1, validation_vectors, corner_vectors)

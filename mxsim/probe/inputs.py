@@ -100,6 +100,8 @@ class Context:
         self.a_format, self.b_format = get_format(a_format).name, get_format(b_format).name
         self.out_format = get_format(out_format).name
         self.k, self.block_size = k, block_size
+        self.out_fmt = get_format(out_format)
+        self.out_emin = 1 - self.out_fmt.bias
         self.blocks = -(-k // block_size)
         self.rng = np.random.default_rng(seed)
         self.A = _Operand(get_format(a_format), self.rng)
@@ -274,10 +276,11 @@ class Context:
                 for operand, codes in ((self.A, batch.a), (self.B, batch.b)):
                     pick = operand.special_codes + [operand.max_code, operand.min_code, operand.negative_zero()]
                     codes[row, place] = self.rng.choice(pick, size=len(place))
-            elif kind == 1:  # all zeros, some negative: the sign of an exact zero
+            elif kind == 1:  # all zeros, some or all negative: the sign of an exact zero
                 batch.a[row] = self.A.zero
                 batch.b[row] = self.B.zero
-                batch.a[row, self.rng.random(self.k) < 0.5] = self.A.negative_zero()
+                negative = self.rng.random(self.k) < (0.5 if row % 16 == 1 else 1.0)
+                batch.a[row, negative] = self.A.negative_zero()
                 batch.c[row] = special_c[int(self.rng.integers(0, 2))]
             elif kind == 2:  # special c
                 batch.c[row] = special_c[int(self.rng.integers(len(special_c)))]
@@ -288,10 +291,17 @@ class Context:
                     batch.a[row, place] = self.A.negate(batch.a[row, place])
                 batch.scale_a[row] = self.rng.integers(150, 255)
                 batch.scale_b[row] = self.rng.integers(127, 255)
-            elif kind == 4:  # results near the bottom of the range: tiny scales, small elements
+            elif kind == 4 and row % 16 == 4:  # results far below the range: tiny scales
                 batch.scale_a[row] = self.rng.integers(0, 40)
                 batch.scale_b[row] = self.rng.integers(0, 40)
                 batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))]
+            elif kind == 4:  # results in the output's subnormal range: scales that put them there
+                target = self.out_emin - self.out_fmt.mantissa_bits + int(self.rng.integers(-3, self.out_fmt.mantissa_bits + 4))
+                row_exponent = self.span()[1] + int(np.log2(self.k))
+                shift = target - row_exponent
+                batch.scale_a[row] = int(np.clip(E8M0_ONE + shift // 2, 0, 254))
+                batch.scale_b[row] = int(np.clip(E8M0_ONE + shift - shift // 2, 0, 254))
+                batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))] if self.rng.integers(2) else 0
             elif kind == 5:  # subnormal elements
                 batch.a[row, place] = self.A.min_code
                 batch.b[row, place] = self.B.min_code if self.rng.integers(2) else self.B.one
