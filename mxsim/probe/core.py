@@ -176,7 +176,8 @@ class _Engine:
                 seen.append((chunk.row(int(index)), int(answers[row]), {i: int(p[index]) for i, p in predictions.items()}))
             fewest = min(misses[i] for i in alive)
             alive = [i for i in alive if misses[i] == fewest]
-        chosen = alive[0]
+        current = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
+        chosen = alive[0] if current is None else current  # among equals, the value already held stays
         decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
                             equivalent=[_plain(candidates[i]) for i in alive[1:9]], mismatches=misses[chosen])
         decision.evidence = self._evidence(seen, candidates, chosen)
@@ -236,7 +237,8 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
 
 
 def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
-          seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 3,
+          seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
+          passes_limit: int = 4,
           budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``): decide
@@ -246,6 +248,19 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
     unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
     """
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)  # the probe's batches are small: one thread beats waking many
+    try:
+        return _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation_vectors,
+                      corner_vectors, refinements, passes_limit, budget, name)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation_vectors, corner_vectors,
+           refinements, passes_limit, budget, name) -> ProbeResult:
     started = time.perf_counter()
     for fmt in (a_format, b_format, out_format):
         get_format(fmt)  # an unknown name lists the known ones
@@ -266,25 +281,31 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
         batches[p.name] = batch.take(ctx.rng.permutation(len(batch)))
     asked = {p.name: 0 for p in PROBES}
     decisions: dict[str, Decision] = {}
-    passes = 0
+    passes = refined = 0
 
-    def run_pass(extra: Batch | None):
+    def run_pass(extra: Batch | None) -> bool:
+        """One decision per probe; whether any kept value changed."""
         nonlocal passes
         passes += 1
+        before = dict(engine.hyp)
         for p in PROBES:
             batch = batches[p.name] if extra is None else Batch.join([extra, batches[p.name]])
             decisions[p.name] = engine.decide(p, batch, asked[p.name])
             asked[p.name] = decisions[p.name].asked
+        return engine.hyp != before
 
-    run_pass(None)
     extra = None
-    validation, missed = _validate(engine, seed + 1, validation_vectors, corner_vectors)
-    for round_ in range(refinements):
-        if not validation.mismatches:
+    limit = passes_limit
+    while True:
+        for _ in range(limit):  # passes until no decision changes
+            if not run_pass(extra):
+                break
+        validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
+        if not validation.mismatches or refined == refinements:
             break
+        refined += 1
         extra = missed if extra is None else Batch.join([extra, missed])
-        run_pass(extra)
-        validation, missed = _validate(engine, seed + 2 + round_, validation_vectors, corner_vectors)
+        limit = 2
     config = engine.data(engine.hyp)
     config["description"] = (f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
                              f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "

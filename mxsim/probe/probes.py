@@ -98,8 +98,13 @@ def interleaved_orders(k: int) -> list[tuple[int, ...]]:
     return orders
 
 
+def _tree_sizes(k: int) -> list[int]:
+    """Every size up to 64, and the divisors of K beyond."""
+    return sorted(set(range(1, min(k, 64) + 1)) | {f for f in range(1, k + 1) if k % f == 0})
+
+
 def _trees(ctx: Context, hyp: dict) -> Candidates:
-    candidates = [{"adder.fused_terms": f, "adder.term_order": None} for f in range(1, ctx.k + 1)]
+    candidates = [{"adder.fused_terms": f, "adder.term_order": None} for f in _tree_sizes(ctx.k)]
     for order in interleaved_orders(ctx.k):
         candidates += [{"adder.fused_terms": f, "adder.term_order": list(order)}
                        for f in range(1, len(order)) if len(order) % f == 0]
@@ -129,6 +134,12 @@ PROBES: tuple[Probe, ...] = (
           "whether E8M0 scales matter, and whether they enter the products or the tree sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
           "subnormal elements read as themselves or as zero"),
+    Probe("trees", ("adder.fused_terms", "adder.term_order"), _trees,
+          _families(trees=384, accumulator_entry=64, realistic=32),
+          "how many products share a tree and which positions enter together"),
+    Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
+          _families(cancellation=256, ties=128, trees=64),
+          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
     Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
           _families(ties=256, realistic=64),
           "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
@@ -137,9 +148,6 @@ PROBES: tuple[Probe, ...] = (
           "output rounding and subnormal flushing of the accumulator and the output"),
     Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
           "product precision: a product and its near negation leave the product's low bits"),
-    Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
-          _families(cancellation=256, ties=128, trees=64),
-          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
     Probe("alignment reference", ("adder.align_reference",), _align_reference,
           _families(cancellation=128, accumulator_entry=64),
           "the exponent the window hangs from: the largest exponent sum or the largest product's leading bit"),
@@ -148,9 +156,6 @@ PROBES: tuple[Probe, ...] = (
           "rounding of the tree sum before the accumulator"),
     Probe("adder width", ("adder.carry_bits", "adder.adder_overflow"), _carry, _families(corners=128, realistic=64),
           "carry bits of the tree adder and what happens past them"),
-    Probe("trees", ("adder.fused_terms", "adder.term_order"), _trees,
-          _families(trees=384, accumulator_entry=64, realistic=32),
-          "how many products share a tree and which positions enter together"),
     Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
           _families(accumulator_entry=256, ties=64, trees=64),
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
