@@ -179,7 +179,7 @@ class _Engine:
         current = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
         chosen = alive[0] if current is None else current  # among equals, the value already held stays
         decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
-                            equivalent=[_plain(candidates[i]) for i in alive[1:9]], mismatches=misses[chosen])
+                            equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen])
         decision.evidence = self._evidence(seen, candidates, chosen)
         self.hyp.update(candidates[chosen])
         return decision

@@ -103,8 +103,19 @@ def _tree_sizes(k: int) -> list[int]:
     return sorted(set(range(1, min(k, 64) + 1)) | {f for f in range(1, k + 1) if k % f == 0})
 
 
+def _intervals(fused: int, k: int) -> list[int | None]:
+    """No promotion, or promotion every fused * 2^j products (j >= 0) short of K."""
+    intervals, n = [None], fused
+    while n < k:
+        intervals.append(n)
+        n *= 2
+    return intervals
+
+
 def _trees(ctx: Context, hyp: dict) -> Candidates:
-    candidates = [{"adder.fused_terms": f, "adder.term_order": None} for f in _tree_sizes(ctx.k)]
+    # Promotion rides along: a tree size is only seen right with the promotion interval it has.
+    candidates = [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n}
+                  for f in _tree_sizes(ctx.k) for n in _intervals(f, ctx.k)]
     for order in interleaved_orders(ctx.k):
         candidates += [{"adder.fused_terms": f, "adder.term_order": list(order)}
                        for f in range(1, len(order)) if len(order) % f == 0]
@@ -134,7 +145,7 @@ PROBES: tuple[Probe, ...] = (
           "whether E8M0 scales matter, and whether they enter the products or the tree sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
           "subnormal elements read as themselves or as zero"),
-    Probe("trees", ("adder.fused_terms", "adder.term_order"), _trees,
+    Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
           _families(trees=384, accumulator_entry=64, realistic=32),
           "how many products share a tree and which positions enter together"),
     Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
