@@ -10,7 +10,7 @@ from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError
 from mxsim.parallel import DaskRunner, InProcess, Task, TaskFailures, TiledMatmul, make_runner, raise_failures
 from mxsim.trace import load_trace
-from mxsim.trace.replay import replay
+from mxsim.replay import replay
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8")}
 
