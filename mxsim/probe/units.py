@@ -221,7 +221,7 @@ class SubprocessUnit:
 
     def close(self):
         """Stop the unit's process (closing its stdin first, then killing it if it lingers)."""
-        process, self._process = self._process, None
+        process, self._process = getattr(self, "_process", None), None
         if process is None:
             return
         try:
