@@ -363,7 +363,7 @@ def cmd_probe(args) -> int:
         print(f"{decision.probe}: {values}; {decision.asked} inputs asked{note}")
     check = result.validation
     print(f"validation: {check.mismatches} mismatches in {check.vectors} vectors "
-          f"({check.random} random realistic, {check.corners} corners)"
+          f"({check.random} random, {check.corners} corners)"
           + (f", {check.nan_payload_differences} NaN outputs with another payload" if check.nan_payload_differences else ""))
     print(f"{result.queries} dot products asked in {result.seconds:.1f} s ({result.unit_seconds:.1f} s in the unit); "
           f"config: {args.out}")
@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--out", required=True, help="the hwconfig YAML to write")
     probe.add_argument("--report", metavar="JSON", help="also write the evidence report as JSON")
     probe.add_argument("--seed", type=int, default=0)
-    probe.add_argument("--validation", type=int, default=2048, help="random realistic validation vectors (default 2048)")
+    probe.add_argument("--validation", type=int, default=2048, help="random validation vectors, half realistic data, half uniform codes (default 2048)")
     probe.add_argument("--corners", type=int, default=512, help="corner validation vectors (default 512)")
     probe.add_argument("--budget", type=int, default=100_000, help="most dot products to ask (default 100000)")
     probe.add_argument("--timeout", type=float, default=30.0, help="seconds --command may take per answer (default 30)")

@@ -7,10 +7,12 @@ probe's inputs are predicted with ``mxsim.dot``; the unit is asked only the inpu
 the candidates disagree (each input at most once per run); the candidates that reproduce
 every answer survive and the first of them is kept. The decisive input recorded as evidence
 is the answered input that rules out the most other values. After one pass over the probes
-a validation on fresh random realistic vectors and corners counts mismatches; any
+a validation on fresh random vectors (realistic data and uniformly random codes) and corners
+counts mismatches; any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
-count reported is the last validation's. The count is what was measured on those vectors: nothing is claimed beyond them.
+hypothesis kept is the one whose validation counted the fewest mismatches, and that count,
+measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
 """
 
 from __future__ import annotations
@@ -176,8 +178,10 @@ class _Engine:
                 seen.append((chunk.row(int(index)), int(answers[row]), {i: int(p[index]) for i, p in predictions.items()}))
             fewest = min(misses[i] for i in alive)
             alive = [i for i in alive if misses[i] == fewest]
-        current = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
-        chosen = alive[0] if current is None else current  # among equals, the value already held stays
+        held = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
+        # Values that fit every answer: the first listed (the simplest). None fits (another key
+        # is still wrong, or no key describes the unit): the value held stays among the best.
+        chosen = held if misses[alive[0]] and held is not None else alive[0]
         decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
                             equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen])
         decision.evidence = self._evidence(seen, candidates, chosen)
@@ -224,7 +228,7 @@ def _differs(predicted: np.ndarray, answers: np.ndarray, out_format: str) -> np.
 def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Validation, Batch]:
     ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
                   engine.ctx.out_format, seed=seed)
-    batch = Batch.join([ctx.realistic(random), ctx.corners(corners)])
+    batch = Batch.join([ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)])
     answers = engine.ask(batch)
     predicted = engine.predict(engine.params(engine.hyp), batch)
     differs = _differs(predicted, answers, ctx.out_format)
@@ -243,7 +247,8 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
-    realistic vectors and ``corner_vectors`` corners that no decision saw.
+    vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
+    that no decision saw.
 
     At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
     unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
@@ -272,6 +277,10 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation
         if get_format(fmt).name not in SCHEMA["inputs"]["a_formats"].choices:
             raise ArgumentError(f"probe: {operand} {fmt!r} is not an element format a unit takes; "
                                 f"accepted: {', '.join(SCHEMA['inputs']['a_formats'].choices)}")
+    validation_vectors = check_int(validation_vectors, "probe: validation_vectors", 0, 1 << 20)
+    corner_vectors = check_int(corner_vectors, "probe: corner_vectors", 0, 1 << 20)
+    if validation_vectors + corner_vectors == 0:
+        raise ArgumentError("probe: the validation needs at least one vector")
     counting = CountingUnit(unit, out_format, check_int(budget, "probe: budget", 1))
     ctx = Context(a_format, b_format, k, block_size, out_format, seed=seed)
     engine = _Engine(counting, ctx, name)
@@ -296,16 +305,21 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation
 
     extra = None
     limit = passes_limit
+    best = None  # (validation, hypothesis, decisions) with the fewest mismatches measured
     while True:
         for _ in range(limit):  # passes until no decision changes
             if not run_pass(extra):
                 break
         validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
+        if best is None or validation.mismatches < best[0].mismatches:
+            best = (validation, dict(engine.hyp), dict(decisions))
         if not validation.mismatches or refined == refinements:
             break
         refined += 1
         extra = missed if extra is None else Batch.join([extra, missed])
         limit = 2
+    # A refinement can make things worse when no key describes the unit: keep the best measured.
+    validation, engine.hyp, decisions = best
     config = engine.data(engine.hyp)
     config["description"] = (f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
                              f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "
@@ -335,7 +349,7 @@ def emit_yaml(config: dict, decisions, validation: Validation, queries: int) -> 
                         if isinstance(body, dict) else body) for section, body in config.items()}
     header = [f"# Probed hwconfig: {queries} dot products asked of the unit.",
               f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
-              f"({validation.random} random realistic, {validation.corners} corners)"
+              f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners)"
               + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
               + "."]
     for decision in decisions:

@@ -178,6 +178,25 @@ class Context:
         batch.c[:] = fp32_bits(np.clip(c, -3e38, 3e38))
         return batch
 
+    def uniform(self, n: int) -> Batch:
+        """Uniformly random codes (any code, specials included: the whole dynamic range),
+        scales 1 +- 8 binades, c from random fp32 bits or of the dot's size."""
+        batch = self.empty(n)
+        for operand, out in ((self.A, batch.a), (self.B, batch.b)):
+            fmt = operand.fmt
+            fields = self.rng.integers(0, 1 << (fmt.bits - fmt.padding_bits), (n, self.k))
+            codes = (fields << fmt.padding_bits).astype(np.uint64)
+            if fmt.twos_complement:  # the most negative code has no negation; keep it rare
+                codes[self.rng.random(codes.shape) < 0.5] = operand.zero
+            out[:] = codes
+        batch.scale_a[:] = self.rng.integers(E8M0_ONE - 8, E8M0_ONE + 9, batch.scale_a.shape)
+        batch.scale_b[:] = self.rng.integers(E8M0_ONE - 8, E8M0_ONE + 9, batch.scale_b.shape)
+        batch.c[:] = self.rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+        sized = self.rng.random(n) < 0.5
+        high = float(self.span()[1])
+        batch.c[sized] = fp32_bits(self.rng.standard_normal(int(sized.sum())) * np.exp2(high + self.rng.integers(-8, 4, int(sized.sum()))))
+        return batch
+
     def cancellation(self, n: int) -> Batch:
         """A product and its exact negation (or a near negation) and 1-4 small terms 0..60
         binades below them: what survives shows the window width and how bits below it go."""
