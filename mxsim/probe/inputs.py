@@ -132,11 +132,20 @@ class Context:
         return int(self.pool_a[i]), int(self.pool_b[i]), int(nearest)
 
     def set_term(self, batch: Batch, row: int, position: int, exponent: int, negative: bool) -> int:
-        """Put a product of about 2^exponent at (row, position); returns its exponent."""
+        """Put a product of about 2^exponent at (row, position); returns its exponent. Where
+        the elements cannot reach it and the position's block holds nothing else yet, the
+        block's A scale makes up the difference (a unit without scales ignores it)."""
         a, b, got = self.pair_at(exponent)
         if negative:
             a = int(self.A.negate(np.array([a], dtype=np.uint64))[0])
+        block = position // self.block_size
+        members = slice(block * self.block_size, (block + 1) * self.block_size)
+        alone = (np.all(batch.a[row, members] == self.A.zero) and batch.scale_a[row, block] == E8M0_ONE)
         batch.a[row, position], batch.b[row, position] = a, b
+        if got != exponent and alone:
+            shift = int(np.clip(exponent - got, -E8M0_ONE, 254 - E8M0_ONE))
+            batch.scale_a[row, block] = E8M0_ONE + shift
+            got += shift
         return got
 
     def random_c(self, exponent: int, negative: bool, bits: int = 24) -> int:
