@@ -45,7 +45,9 @@ class Batch:
 
 
 def fp32_bits(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.float32).view(np.uint32)
+    """float64 values rounded to fp32 (past its range: +-Inf), as bit patterns."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=np.float32).view(np.uint32)
 
 
 class _Operand:
