@@ -162,8 +162,8 @@ def test_budget_and_arguments():
 
 
 def test_deterministic_for_a_seed():
-    unit = HwconfigUnit(HW / "mxdotp.yaml", "fp8_e5m2", "fp8_e5m2")
-    first = probe(unit, "fp8_e5m2", "fp8_e5m2", 32, validation_vectors=256, corner_vectors=64)
-    second = probe(unit, "fp8_e5m2", "fp8_e5m2", 32, validation_vectors=256, corner_vectors=64)
+    unit = HwconfigUnit(HW / "ocp-exact.yaml", "fp4_e2m1", "fp4_e2m1")
+    first = probe(unit, "fp4_e2m1", "fp4_e2m1", 32, validation_vectors=256, corner_vectors=64)
+    second = probe(unit, "fp4_e2m1", "fp4_e2m1", 32, validation_vectors=256, corner_vectors=64)
     assert first.yaml == second.yaml and first.queries == second.queries
     assert [f.name for f in fields(first.decisions[0])][:3] == ["probe", "keys", "value"]
