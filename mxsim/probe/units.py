@@ -18,6 +18,7 @@ in range), counts queries and time, and turns whatever the unit raises into one
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import selectors
 import shlex
