@@ -49,6 +49,7 @@ class Decision:
     equivalent: list = field(default_factory=list)  # other candidates no answer told apart
     mismatches: int = 0             # answers the kept value misses (0 unless no candidate fits)
     evidence: dict | None = None
+    about: str = ""                 # what the probe looks at (Probe.what)
 
 
 @dataclass
@@ -183,7 +184,8 @@ class _Engine:
         # is still wrong, or no key describes the unit): the value held stays among the best.
         chosen = held if misses[alive[0]] and held is not None else alive[0]
         decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
-                            equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen])
+                            equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen],
+                            about=probe.what)
         decision.evidence = self._evidence(seen, candidates, chosen)
         self.hyp.update(candidates[chosen])
         return decision

@@ -69,8 +69,7 @@ class _Operand:
             self.codes, self.values = self.codes[keep], self.values[keep]
         self.zero = int(fmt.encode(np.array([0.0]))[0])
         self.one = int(fmt.encode(np.array([1.0]))[0])
-        magnitudes = fmt.decode(self.codes)
-        self.max_code = int(self.codes[np.argmax(magnitudes)])
+        self.max_code = int(self.codes[np.argmax(self.values)])
         positive = self.values > 0
         self.min_code = int(self.codes[positive][np.argmin(self.values[positive])])
         self.special_codes = self._specials()
@@ -157,9 +156,6 @@ class Context:
 
     def positions(self, count: int) -> np.ndarray:
         return self.rng.choice(self.k, size=min(count, self.k), replace=False)
-
-    def signs(self, count: int) -> np.ndarray:
-        return self.rng.integers(0, 2, count).astype(bool)
 
     def span(self) -> tuple[int, int]:
         return int(self.exponents[0]), int(self.exponents[-1])
