@@ -344,6 +344,53 @@ def cmd_golden(args) -> int:
     return 0
 
 
+def cmd_probe(args) -> int:
+    from .probe import HwconfigUnit, SubprocessUnit, load_callable, probe
+    from .probe.units import python_path_hint
+
+    sources = [name for name, value in (("--unit", args.unit), ("--hw", args.hw), ("--command", args.command_line))
+               if value is not None]
+    if len(sources) != 1:
+        raise ArgumentError(f"probe: give exactly one of --unit, --hw, --command (got {', '.join(sources) or 'none'})")
+    if not 0 < args.timeout <= 3600:
+        raise ArgumentError(f"probe: --timeout must be in (0, 3600] seconds, got {args.timeout}")
+    block_size = args.block_size
+    closing = None
+    if args.hw is not None:
+        unit = HwconfigUnit(args.hw, args.a_format, args.b_format, args.out_format)
+        block_size = unit.block_size if block_size is None else block_size
+    elif args.unit is not None:
+        python_path_hint()
+        unit = load_callable(args.unit)
+    else:
+        unit = closing = SubprocessUnit(args.command_line, args.a_format, args.b_format, args.out_format,
+                                        timeout=args.timeout)
+    try:
+        result = probe(unit, args.a_format, args.b_format, args.k, block_size=32 if block_size is None else block_size,
+                       out_format=args.out_format, seed=args.seed, validation_vectors=args.validation,
+                       corner_vectors=args.corners, budget=args.budget, name=args.name)
+    finally:
+        if closing is not None:
+            closing.close()
+    write_atomic(Path(args.out), result.yaml)
+    if args.report:
+        _write_json_atomically(args.report, result.report())
+    if args.json:
+        print(json.dumps(result.report(), indent=2, default=_json_default))
+        return 0
+    for decision in result.decisions:
+        values = ", ".join(f"{key}={value}" for key, value in decision.value.items())
+        note = f" (no candidate fits: {decision.mismatches} answers missed)" if decision.mismatches else ""
+        print(f"{decision.probe}: {values}; {decision.asked} inputs asked{note}")
+    check = result.validation
+    print(f"validation: {check.mismatches} mismatches in {check.vectors} vectors "
+          f"({check.random} random, {check.corners} corners)"
+          + (f", {check.nan_payload_differences} NaN outputs with another payload" if check.nan_payload_differences else ""))
+    print(f"{result.queries} dot products asked in {result.seconds:.1f} s ({result.unit_seconds:.1f} s in the unit); "
+          f"config: {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mxsim", description="Bit-accurate MX datapath emulator")
     parser.add_argument("--version", action="version", version=f"mxsim {__version__}")
@@ -442,6 +489,27 @@ def build_parser() -> argparse.ArgumentParser:
     golden.add_argument("--quiet", action="store_true", help="no progress bar")
     golden.add_argument("--json", action="store_true", help="print the manifest as JSON")
     golden.set_defaults(run=cmd_golden)
+
+    probe = sub.add_parser("probe", help="characterise a black-box dot-product unit and write its hwconfig")
+    probe.add_argument("--unit", metavar="MODULE:FUNCTION", help="a Python function unit(a, b, scale_a, scale_b, c) -> bits")
+    probe.add_argument("--hw", help="an mxsim hardware config, probed as a black box")
+    probe.add_argument("--command", dest="command_line", metavar="CMD",
+                       help="a command speaking the line protocol of docs/probe.md on stdin/stdout")
+    probe.add_argument("--a-format", required=True)
+    probe.add_argument("--b-format", required=True)
+    probe.add_argument("--k", type=int, required=True, help="the dot length the unit takes")
+    probe.add_argument("--block-size", type=int, help="elements per E8M0 scale (default: --hw's, else 32)")
+    probe.add_argument("--out-format", choices=["fp32", "fp16", "bf16"], default="fp32")
+    probe.add_argument("--out", required=True, help="the hwconfig YAML to write")
+    probe.add_argument("--report", metavar="JSON", help="also write the evidence report as JSON")
+    probe.add_argument("--seed", type=int, default=0)
+    probe.add_argument("--validation", type=int, default=2048, help="random validation vectors, half realistic data, half uniform codes (default 2048)")
+    probe.add_argument("--corners", type=int, default=512, help="corner validation vectors (default 512)")
+    probe.add_argument("--budget", type=int, default=100_000, help="most dot products to ask (default 100000)")
+    probe.add_argument("--timeout", type=float, default=30.0, help="seconds --command may take per answer (default 30)")
+    probe.add_argument("--name", default="probed", help="the emitted config's name")
+    probe.add_argument("--json", action="store_true", help="print the evidence report as JSON")
+    probe.set_defaults(run=cmd_probe)
     return parser
 
 

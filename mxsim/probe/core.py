@@ -1,0 +1,361 @@
+"""The probe engine: decide each datapath key from the unit's answers, emit the hwconfig,
+validate it against the unit.
+
+For each probe of :data:`~mxsim.probe.probes.PROBES` in turn, every candidate value is put
+into the current hypothesis (every other key as decided so far) and its outputs on the
+probe's inputs are predicted with ``mxsim.dot``; the unit is asked only the inputs on which
+the candidates disagree (each input at most once per run); the candidates that reproduce
+every answer survive and the first of them is kept. The decisive input recorded as evidence
+is the answered input that rules out the most other values. After one pass over the probes
+a validation on fresh random vectors (realistic data and uniformly random codes) and corners
+counts mismatches; any
+mismatching vectors join every probe's inputs for another pass, in which each decision sees
+all the others (at most ``refinements`` times, each followed by a fresh validation). The
+hypothesis kept is the one whose validation counted the fewest mismatches, and that count,
+measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import yaml
+
+from ..datapath import parse_hwconfig
+from ..datapath.api import dot_with_params
+from ..datapath.config import check_consistency
+from ..datapath.schema import SCHEMA, keys, param_field
+from ..errors import ArgumentError, ConfigError
+from ..formats import get_format
+from ..limits import check_int
+from .inputs import Batch, Context
+from .probes import PROBES, Probe
+from .units import CountingUnit, ProbeError
+
+#: Most dot products one probe run may ask of the unit.
+DEFAULT_BUDGET = 100_000
+
+
+@dataclass
+class Decision:
+    probe: str
+    keys: tuple[str, ...]
+    value: dict
+    candidates: int
+    asked: int                      # inputs the unit answered for this probe (all passes)
+    equivalent: list = field(default_factory=list)  # other candidates no answer told apart
+    mismatches: int = 0             # answers the kept value misses (0 unless no candidate fits)
+    evidence: dict | None = None
+    about: str = ""                 # what the probe looks at (Probe.what)
+
+
+@dataclass
+class Validation:
+    vectors: int
+    random: int
+    corners: int
+    mismatches: int
+    nan_payload_differences: int
+    examples: list
+
+
+@dataclass
+class ProbeResult:
+    """What :func:`probe` found: the config (YAML text and mapping), a decision with its
+    evidence per probe, the validation, and the cost (queries, seconds)."""
+
+    config: dict
+    yaml: str
+    decisions: list
+    validation: Validation
+    queries: int
+    seconds: float
+    unit_seconds: float
+    passes: int
+
+    def report(self) -> dict:
+        return {"config": self.config, "decisions": [vars(d) for d in self.decisions],
+                "validation": vars(self.validation), "queries": self.queries, "seconds": round(self.seconds, 3),
+                "unit_seconds": round(self.unit_seconds, 3), "passes": self.passes}
+
+
+def _key_items():
+    for section, name, _ in keys():
+        if (section, name) not in (("inputs", "a_formats"), ("inputs", "b_formats"), ("output", "format")):
+            yield f"{section}.{name}"
+
+
+class _Engine:
+    def __init__(self, unit: CountingUnit, ctx: Context, name: str):
+        self.unit, self.ctx, self.name = unit, ctx, name
+        self.hyp = {}
+        for path in _key_items():
+            section, key = path.split(".")
+            self.hyp[path] = SCHEMA[section][key].default
+        self.hyp["inputs.block_size"] = ctx.block_size
+        self._template = None
+        self._answers: dict = {}
+
+    # -- configs and predictions
+
+    def data(self, hyp: dict, name: str | None = None) -> dict:
+        data = {"mxsim_hwconfig": 1, "name": name or self.name,
+                "inputs": {"a_formats": [self.ctx.a_format], "b_formats": [self.ctx.b_format]},
+                "output": {"format": self.ctx.out_format}}
+        for path, value in hyp.items():
+            section, key = path.split(".")
+            data.setdefault(section, {})[key] = list(value) if isinstance(value, tuple) else value
+        return data
+
+    def params(self, hyp: dict):
+        """The resolved parameters of a hypothesis, or None for a combination no unit can have
+        (the template's parameters with the hypothesis's fields replaced, then checked as the
+        loader checks them)."""
+        if self._template is None:
+            self._template = parse_hwconfig(self.data(self.hyp), "<probe>").params(
+                self.ctx.a_format, self.ctx.b_format, self.ctx.out_format)
+        fields = {}
+        for path, value in hyp.items():
+            section, key = path.split(".")
+            fields[param_field(key, SCHEMA[section][key])] = tuple(value) if isinstance(value, list) else value
+        params = dataclasses.replace(self._template, **fields)
+        try:
+            check_consistency(params, "<probe candidate>")
+        except ConfigError:
+            return None
+        return params
+
+    def predict(self, params, batch: Batch) -> np.ndarray:
+        scaled = params.scales != "none"
+        out = dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
+                              scale_b=batch.scale_b if scaled else None, c=batch.c.view(np.float32))
+        return out.astype(np.uint64)
+
+    # -- asking the unit (each distinct input once)
+
+    def ask(self, batch: Batch) -> np.ndarray:
+        keys_ = [b"".join(getattr(batch, n)[i].tobytes() for n in ("a", "b", "scale_a", "scale_b", "c"))
+                 for i in range(len(batch))]
+        missing = [i for i, key in enumerate(keys_) if key not in self._answers]
+        if missing:
+            answers = self.unit(*(getattr(batch.take(missing), n) for n in ("a", "b", "scale_a", "scale_b", "c")))
+            for i, answer in zip(missing, answers):
+                self._answers[keys_[i]] = int(answer)
+        return np.array([self._answers[key] for key in keys_], dtype=np.uint64)
+
+    # -- one probe
+
+    def decide(self, probe: Probe, batch: Batch, asked_before: int) -> Decision:
+        """Candidates are predicted chunk by chunk on the probe's inputs; after each chunk only
+        those missing the fewest answers stay (all that fit, when any fits), so most of the
+        candidates are predicted on the first chunk alone."""
+        candidates = probe.candidates(self.ctx, self.hyp)
+        params = [self.params({**self.hyp, **candidate}) for candidate in candidates]
+        alive = [i for i, p in enumerate(params) if p is not None]
+        if not alive:
+            raise ProbeError(f"probe {probe.name!r}: no candidate forms a valid config with the other keys")
+        considered = len(alive)
+        misses = dict.fromkeys(alive, 0)
+        seen = []  # (input, answer, {candidate: prediction}) of every input asked
+        asked = 0
+        start, size = 0, 32
+        while start < len(batch) and len(alive) > 1:
+            chunk = batch.take(np.arange(start, min(start + size, len(batch))))
+            start, size = start + size, size * 2
+            predictions = {i: self.predict(params[i], chunk) for i in alive}
+            stacked = np.stack(list(predictions.values()))
+            disagree = np.flatnonzero((stacked != stacked[0]).any(axis=0))
+            if not disagree.size:
+                continue
+            answers = self.ask(chunk.take(disagree))
+            asked += int(disagree.size)
+            for i in alive:
+                wrong = _differs(predictions[i][disagree], answers, self.ctx.out_format)
+                misses[i] += int(np.count_nonzero(wrong))
+            for row, index in enumerate(disagree):
+                seen.append((chunk.row(int(index)), int(answers[row]), {i: int(p[index]) for i, p in predictions.items()}))
+            fewest = min(misses[i] for i in alive)
+            alive = [i for i in alive if misses[i] == fewest]
+        held = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
+        # Values that fit every answer: the first listed (the simplest). None fits (another key
+        # is still wrong, or no key describes the unit): the value held stays among the best.
+        chosen = held if misses[alive[0]] and held is not None else alive[0]
+        decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
+                            equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen],
+                            about=probe.what)
+        decision.evidence = self._evidence(seen, candidates, chosen)
+        self.hyp.update(candidates[chosen])
+        return decision
+
+    def _evidence(self, seen, candidates, chosen) -> dict:
+        """The answered input on which the kept value fits and the most other values miss."""
+        fitting = [(sum(not _same(p, answer, self.ctx.out_format) for p in predictions.values()), row, answer, predictions)
+                   for row, answer, predictions in seen
+                   if chosen in predictions and _same(predictions[chosen], answer, self.ctx.out_format)]
+        if not fitting:
+            return {"note": "no probe input told the candidates apart (every one gives the same outputs)"
+                    if not seen else "the kept value fits no answered input it was tried on"}
+        ruled_out, row, answer, predictions = max(fitting, key=lambda item: item[0])
+        others = {}
+        for i, got in predictions.items():
+            if not _same(got, answer, self.ctx.out_format) and len(others) < 4 and got not in others:
+                others[got] = _plain(candidates[i])
+        return {"input": row, "unit_output": f"0x{answer:x}", "ruled_out_here": ruled_out,
+                "other_values": [{"value": value, "output": f"0x{got:x}"} for got, value in others.items()],
+                "inputs_asked": len(seen)}
+
+
+def _plain(candidate: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in candidate.items()}
+
+
+def _is_nan(bits: np.ndarray, out_format: str) -> np.ndarray:
+    fmt = get_format(out_format)
+    exponent = (bits >> np.uint64(fmt.mantissa_bits)) & np.uint64((1 << fmt.exponent_bits) - 1)
+    return (exponent == (1 << fmt.exponent_bits) - 1) & ((bits & np.uint64((1 << fmt.mantissa_bits) - 1)) != 0)
+
+
+def _same(predicted: int, answer: int, out_format: str) -> bool:
+    return not _differs(np.array([predicted], np.uint64), np.array([answer], np.uint64), out_format)[0]
+
+
+def _differs(predicted: np.ndarray, answers: np.ndarray, out_format: str) -> np.ndarray:
+    """Bits differ, unless both are NaN (NaN payloads are counted apart by the validation)."""
+    return (predicted != answers) & ~(_is_nan(predicted, out_format) & _is_nan(answers, out_format))
+
+
+def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Validation, Batch]:
+    ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
+                  engine.ctx.out_format, seed=seed)
+    batch = Batch.join([ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)])
+    answers = engine.ask(batch)
+    predicted = engine.predict(engine.params(engine.hyp), batch)
+    differs = _differs(predicted, answers, ctx.out_format)
+    payload = (predicted != answers) & ~differs
+    rows = np.flatnonzero(differs)
+    examples = [{"input": batch.row(int(i)), "unit_output": f"0x{int(answers[i]):x}",
+                 "config_output": f"0x{int(predicted[i]):x}", "kind": "random" if i < random else "corner"}
+                for i in rows[:5]]
+    return Validation(len(batch), random, corners, int(rows.size), int(np.count_nonzero(payload)), examples), batch.take(rows)
+
+
+def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
+          seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
+          passes_limit: int = 4,
+          budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
+    """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
+    length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``): decide
+    every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
+    vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
+    that no decision saw.
+
+    At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
+    unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
+    """
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)  # the probe's batches are small: one thread beats waking many
+    try:
+        return _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation_vectors,
+                      corner_vectors, refinements, passes_limit, budget, name)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation_vectors, corner_vectors,
+           refinements, passes_limit, budget, name) -> ProbeResult:
+    started = time.perf_counter()
+    for fmt in (a_format, b_format, out_format):
+        get_format(fmt)  # an unknown name lists the known ones
+    k = check_int(k, "probe: k", 1, 4096)
+    block_size = check_int(block_size, "probe: block_size", 1, 4096)
+    if get_format(out_format).name not in SCHEMA["output"]["format"].choices:
+        raise ArgumentError(f"probe: out_format must be one of {', '.join(SCHEMA['output']['format'].choices)}")
+    for fmt, operand in ((a_format, "a_format"), (b_format, "b_format")):
+        if get_format(fmt).name not in SCHEMA["inputs"]["a_formats"].choices:
+            raise ArgumentError(f"probe: {operand} {fmt!r} is not an element format a unit takes; "
+                                f"accepted: {', '.join(SCHEMA['inputs']['a_formats'].choices)}")
+    validation_vectors = check_int(validation_vectors, "probe: validation_vectors", 0, 1 << 20)
+    corner_vectors = check_int(corner_vectors, "probe: corner_vectors", 0, 1 << 20)
+    if validation_vectors + corner_vectors == 0:
+        raise ArgumentError("probe: the validation needs at least one vector")
+    counting = CountingUnit(unit, out_format, check_int(budget, "probe: budget", 1))
+    ctx = Context(a_format, b_format, k, block_size, out_format, seed=seed)
+    engine = _Engine(counting, ctx, name)
+    batches = {}
+    for p in PROBES:  # shuffled, so that each chunk mixes the probe's families
+        batch = p.inputs(ctx)
+        batches[p.name] = batch.take(ctx.rng.permutation(len(batch)))
+    asked = {p.name: 0 for p in PROBES}
+    decisions: dict[str, Decision] = {}
+    passes = refined = 0
+
+    def run_pass(extra: Batch | None) -> bool:
+        """One decision per probe; whether any kept value changed."""
+        nonlocal passes
+        passes += 1
+        before = dict(engine.hyp)
+        for p in PROBES:
+            batch = batches[p.name] if extra is None else Batch.join([extra, batches[p.name]])
+            decisions[p.name] = engine.decide(p, batch, asked[p.name])
+            asked[p.name] = decisions[p.name].asked
+        return engine.hyp != before
+
+    extra = None
+    limit = passes_limit
+    best = None  # (validation, hypothesis, decisions) with the fewest mismatches measured
+    while True:
+        for _ in range(limit):  # passes until no decision changes
+            if not run_pass(extra):
+                break
+        validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
+        if best is None or validation.mismatches < best[0].mismatches:
+            best = (validation, dict(engine.hyp), dict(decisions))
+        if not validation.mismatches or refined == refinements:
+            break
+        refined += 1
+        extra = missed if extra is None else Batch.join([extra, missed])
+        limit = 2
+    # A refinement can make things worse when no key describes the unit: keep the best measured.
+    validation, engine.hyp, decisions = best
+    config = engine.data(engine.hyp)
+    config["description"] = (f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
+                             f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "
+                             f"validation vectors")
+    config = {key: config[key] for key in ("mxsim_hwconfig", "name", "description", *SCHEMA) if key in config}
+    text = emit_yaml(config, decisions.values(), validation, counting.queries)
+    parse_hwconfig(yaml.safe_load(text), "<probed config>")  # what is written loads
+    return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
+                       time.perf_counter() - started, counting.seconds, passes)
+
+
+class _FlowList(list):
+    pass
+
+
+class _Dumper(yaml.SafeDumper):
+    """Lists (formats, term orders) on one line."""
+
+
+_Dumper.add_representer(_FlowList, lambda dumper, data: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=True))
+
+
+def emit_yaml(config: dict, decisions, validation: Validation, queries: int) -> str:
+    """The hwconfig YAML, with a header comment summarising each decision."""
+    shaped = {section: ({key: (_FlowList(value) if isinstance(value, list) else value) for key, value in body.items()}
+                        if isinstance(body, dict) else body) for section, body in config.items()}
+    header = [f"# Probed hwconfig: {queries} dot products asked of the unit.",
+              f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
+              f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners)"
+              + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
+              + "."]
+    for decision in decisions:
+        values = ", ".join(f"{k}={v}" for k, v in decision.value.items())
+        note = f"; no candidate fits, {decision.mismatches} answers missed" if decision.mismatches else ""
+        header.append(f"#   {decision.probe}: {values} ({decision.asked} inputs asked{note})")
+    return "\n".join(header) + "\n" + yaml.dump(shaped, Dumper=_Dumper, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,348 @@
+"""Input families the probes draw from: batches of dot products designed to expose one
+datapath choice (cancellation, ties, tree positions, c placement, specials), plus random
+realistic vectors. Everything is built from the format table (no per-format code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats import get_format
+
+FP32 = get_format("fp32")
+E8M0_ONE = 127
+E8M0_NAN = 0xFF
+
+
+@dataclass
+class Batch:
+    """n dot products as the unit takes them (see :mod:`mxsim.probe.units`)."""
+
+    a: np.ndarray        # (n, K) uint64 stored codes
+    b: np.ndarray
+    scale_a: np.ndarray  # (n, blocks) uint8
+    scale_b: np.ndarray
+    c: np.ndarray        # (n,) uint32 fp32 bits
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def take(self, rows) -> "Batch":
+        return Batch(self.a[rows], self.b[rows], self.scale_a[rows], self.scale_b[rows], self.c[rows])
+
+    @staticmethod
+    def join(batches) -> "Batch":
+        batches = [batch for batch in batches if len(batch)]
+        return Batch(*(np.concatenate([getattr(batch, name) for batch in batches])
+                       for name in ("a", "b", "scale_a", "scale_b", "c")))
+
+    def row(self, i: int) -> dict:
+        """Row i as plain numbers (the evidence report's record of a decisive input)."""
+        return {"a": [int(x) for x in self.a[i]], "b": [int(x) for x in self.b[i]],
+                "scale_a": [int(x) for x in self.scale_a[i]], "scale_b": [int(x) for x in self.scale_b[i]],
+                "c": f"0x{int(self.c[i]):08x}"}
+
+
+def fp32_bits(values) -> np.ndarray:
+    """float64 values rounded to fp32 (past its range: +-Inf), as bit patterns."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=np.float32).view(np.uint32)
+
+
+class _Operand:
+    """One operand format's finite nonzero codes and values, and how to negate a code."""
+
+    def __init__(self, fmt, rng):
+        self.fmt = fmt
+        field_bits = fmt.bits - fmt.padding_bits
+        if field_bits <= 20:
+            fields = np.arange(1 << field_bits, dtype=np.int64)
+        else:  # wide formats: a sample of codes
+            fields = rng.integers(0, 1 << field_bits, size=1 << 16, dtype=np.int64)
+        codes = (fields << fmt.padding_bits).astype(np.uint64)
+        values = fmt.decode(codes)
+        finite = np.isfinite(values) & (values != 0)
+        self.codes, self.values = codes[finite], values[finite]
+        if fmt.twos_complement:  # a code whose negation the format cannot hold is no use
+            keep = fmt.decode(fmt.encode(-self.values)) == -self.values
+            self.codes, self.values = self.codes[keep], self.values[keep]
+        self.zero = int(fmt.encode(np.array([0.0]))[0])
+        self.one = int(fmt.encode(np.array([1.0]))[0])
+        self.max_code = int(self.codes[np.argmax(self.values)])
+        positive = self.values > 0
+        self.min_code = int(self.codes[positive][np.argmin(self.values[positive])])
+        self.special_codes = self._specials()
+
+    def _specials(self) -> list[int]:
+        field_bits = self.fmt.bits - self.fmt.padding_bits
+        if field_bits > 20:
+            probe = np.array([np.inf, -np.inf, np.nan], dtype=np.float64)
+            codes = self.fmt.encode(probe, overflow="inf_nan") if self.fmt.has_nan else np.array([], dtype=np.uint64)
+            return sorted({int(c) for c, v in zip(codes, self.fmt.decode(codes)) if not np.isfinite(v)})
+        codes = (np.arange(1 << field_bits, dtype=np.int64) << self.fmt.padding_bits).astype(np.uint64)
+        values = self.fmt.decode(codes)
+        return [int(c) for c in codes[~np.isfinite(values)]]
+
+    def negate(self, codes: np.ndarray) -> np.ndarray:
+        if self.fmt.twos_complement:
+            return self.fmt.encode(-self.fmt.decode(codes)).astype(np.uint64)
+        return codes ^ np.uint64(1 << (self.fmt.bits - 1))
+
+    def negative_zero(self) -> int:
+        return int(self.negate(np.array([self.zero], dtype=np.uint64))[0])
+
+
+class Context:
+    """What the probes know of the unit's interface: formats, K, block size, output format;
+    a seeded generator; a pool of element pairs indexed by their product's exponent."""
+
+    def __init__(self, a_format: str, b_format: str, k: int, block_size: int, out_format: str, seed: int = 0):
+        self.a_format, self.b_format = get_format(a_format).name, get_format(b_format).name
+        self.out_format = get_format(out_format).name
+        self.k, self.block_size = k, block_size
+        self.out_fmt = get_format(out_format)
+        self.out_emin = 1 - self.out_fmt.bias
+        self.blocks = -(-k // block_size)
+        self.rng = np.random.default_rng(seed)
+        self.A = _Operand(get_format(a_format), self.rng)
+        self.B = _Operand(get_format(b_format), self.rng)
+        pairs = 1 << 15
+        ia = self.rng.integers(0, len(self.A.codes), pairs)
+        ib = self.rng.integers(0, len(self.B.codes), pairs)
+        products = self.A.values[ia] * self.B.values[ib]
+        keep = products > 0  # positive products; signs are applied per term
+        self.pool_a, self.pool_b = self.A.codes[ia][keep], self.B.codes[ib][keep]
+        self.pool_exponent = np.floor(np.log2(products[keep])).astype(np.int64)
+        self.exponents = np.unique(self.pool_exponent)
+
+    # -- building blocks
+
+    def empty(self, n: int) -> Batch:
+        """n rows of +0 elements, scales 1, c = +0."""
+        return Batch(np.full((n, self.k), self.A.zero, np.uint64), np.full((n, self.k), self.B.zero, np.uint64),
+                     np.full((n, self.blocks), E8M0_ONE, np.uint8), np.full((n, self.blocks), E8M0_ONE, np.uint8),
+                     np.zeros(n, np.uint32))
+
+    def pair_at(self, exponent: int) -> tuple[int, int, int]:
+        """A random element pair whose product's exponent is the pool's nearest to ``exponent``
+        (returns a code, b code, the product's exponent)."""
+        nearest = self.exponents[np.argmin(np.abs(self.exponents - exponent))]
+        choices = np.flatnonzero(self.pool_exponent == nearest)
+        i = choices[self.rng.integers(len(choices))]
+        return int(self.pool_a[i]), int(self.pool_b[i]), int(nearest)
+
+    def set_term(self, batch: Batch, row: int, position: int, exponent: int, negative: bool) -> int:
+        """Put a product of about 2^exponent at (row, position); returns its exponent. Where
+        the elements cannot reach it and the position's block holds nothing else yet, the
+        block's A scale makes up the difference (a unit without scales ignores it)."""
+        a, b, got = self.pair_at(exponent)
+        if negative:
+            a = int(self.A.negate(np.array([a], dtype=np.uint64))[0])
+        block = position // self.block_size
+        members = slice(block * self.block_size, (block + 1) * self.block_size)
+        alone = (np.all(batch.a[row, members] == self.A.zero) and batch.scale_a[row, block] == E8M0_ONE)
+        batch.a[row, position], batch.b[row, position] = a, b
+        if got != exponent and alone:
+            shift = int(np.clip(exponent - got, -E8M0_ONE, 254 - E8M0_ONE))
+            batch.scale_a[row, block] = E8M0_ONE + shift
+            got += shift
+        return got
+
+    def random_c(self, exponent: int, negative: bool, bits: int = 24) -> int:
+        significand = (1 << (bits - 1)) | int(self.rng.integers(0, 1 << (bits - 1)))
+        value = np.ldexp(float(significand), exponent - bits + 1) * (-1 if negative else 1)
+        return int(fp32_bits([value])[0])
+
+    def positions(self, count: int) -> np.ndarray:
+        return self.rng.choice(self.k, size=min(count, self.k), replace=False)
+
+    def span(self) -> tuple[int, int]:
+        return int(self.exponents[0]), int(self.exponents[-1])
+
+    # -- families
+
+    def realistic(self, n: int, scaled: bool = True) -> Batch:
+        """Gaussian data quantized into each operand format (per-block max to the format's
+        largest value, times 2^-U{0..3}), scales near 1, c of the dot's size (a fifth zero)."""
+        batch = self.empty(n)
+        for operand, out in ((self.A, batch.a), (self.B, batch.b)):
+            fmt = operand.fmt
+            x = self.rng.standard_normal((n, self.k))
+            for start in range(0, self.k, self.block_size):
+                block = x[:, start:start + self.block_size]
+                peak = np.abs(block).max(axis=1, keepdims=True)
+                largest = min(fmt.max_finite, 2.0 ** 16)  # wide formats: moderate magnitudes
+                shift = self.rng.integers(0, 4, (n, 1)) + (self.rng.integers(-6, 7, (n, 1)) if largest >= 2 ** 16 else 0)
+                x[:, start:start + self.block_size] = block / peak * largest * np.exp2(-shift.astype(float))
+            out[:] = fmt.encode(x).astype(np.uint64)
+        if scaled:
+            batch.scale_a[:] = self.rng.integers(E8M0_ONE - 4, E8M0_ONE + 5, batch.scale_a.shape)
+            batch.scale_b[:] = self.rng.integers(E8M0_ONE - 4, E8M0_ONE + 5, batch.scale_b.shape)
+        typical = np.sqrt(self.k) * min(self.A.fmt.max_finite, 2.0 ** 16) * min(self.B.fmt.max_finite, 2.0 ** 16) / 4
+        c = self.rng.standard_normal(n) * typical * np.exp2(self.rng.integers(-8, 3, n))
+        c[self.rng.random(n) < 0.2] = 0.0
+        batch.c[:] = fp32_bits(np.clip(c, -3e38, 3e38))
+        return batch
+
+    def uniform(self, n: int) -> Batch:
+        """Uniformly random codes (any code, specials included: the whole dynamic range),
+        scales 1 +- 8 binades, c from random fp32 bits or of the dot's size."""
+        batch = self.empty(n)
+        for operand, out in ((self.A, batch.a), (self.B, batch.b)):
+            fmt = operand.fmt
+            fields = self.rng.integers(0, 1 << (fmt.bits - fmt.padding_bits), (n, self.k))
+            codes = (fields << fmt.padding_bits).astype(np.uint64)
+            if fmt.twos_complement:  # the most negative code has no negation; keep it rare
+                codes[self.rng.random(codes.shape) < 0.5] = operand.zero
+            out[:] = codes
+        batch.scale_a[:] = self.rng.integers(E8M0_ONE - 8, E8M0_ONE + 9, batch.scale_a.shape)
+        batch.scale_b[:] = self.rng.integers(E8M0_ONE - 8, E8M0_ONE + 9, batch.scale_b.shape)
+        batch.c[:] = self.rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+        sized = self.rng.random(n) < 0.5
+        high = float(self.span()[1])
+        batch.c[sized] = fp32_bits(self.rng.standard_normal(int(sized.sum())) * np.exp2(high + self.rng.integers(-8, 4, int(sized.sum()))))
+        return batch
+
+    def cancellation(self, n: int) -> Batch:
+        """A product and its exact negation (or a near negation) and 1-4 small terms 0..60
+        binades below them: what survives shows the window width and how bits below it go."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            place = self.positions(6)
+            top = int(self.rng.integers(max(low, high - 8), high + 1))
+            a, b, top = self.pair_at(top)
+            batch.a[row, place[0]], batch.b[row, place[0]] = a, b
+            batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
+            batch.b[row, place[1]] = b
+            if row % 4 == 3:  # near negation: b's neighbouring code
+                batch.b[row, place[1]] = b ^ np.uint64(1 << self.B.fmt.padding_bits)
+            for i in range(2, 2 + int(self.rng.integers(1, 5))):
+                if i < len(place):
+                    self.set_term(batch, row, place[i], top - int(self.rng.integers(0, 61)), bool(self.rng.integers(2)))
+            if row % 3 == 2:
+                batch.c[row] = self.random_c(top - int(self.rng.integers(0, 61)), bool(self.rng.integers(2)))
+        return batch
+
+    def ties(self, n: int) -> Batch:
+        """c and terms near its rounding points in fp32, fp16 and bf16 (half an ulp, a quarter,
+        just above): rounding modes, ties and sticky bits."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            exponent = int(self.rng.integers(low, high + 3))
+            if row % 4 == 0:  # no c: a large term is the reference
+                exponent = self.set_term(batch, row, int(self.rng.integers(self.k)), exponent, bool(self.rng.integers(2)))
+                first = 1
+            else:
+                batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=int(self.rng.choice([8, 11, 24])))
+                first = 0
+            precision = int(self.rng.choice([8, 11, 24]))
+            place = self.positions(4)
+            for i in range(first, first + int(self.rng.integers(1, 4))):
+                gap = precision + int(self.rng.integers(-2, 8))
+                self.set_term(batch, row, place[i], exponent - gap, bool(self.rng.integers(2)))
+        return batch
+
+    def trees(self, n: int) -> Batch:
+        """A product B at one position, -B at another, a small term at a third (and sometimes
+        c = B): which terms share a tree, and in what order trees meet the accumulator."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            place = self.positions(4)
+            top = int(self.rng.integers(max(low, high - 6), high + 1))
+            a, b, top = self.pair_at(top)
+            batch.a[row, place[0]], batch.b[row, place[0]] = a, b
+            if row % 3 == 0:
+                batch.c[row] = int(fp32_bits([-(self.A.fmt.decode(np.array([a], np.uint64))[0]
+                                                * self.B.fmt.decode(np.array([b], np.uint64))[0])])[0])
+            else:
+                batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
+                batch.b[row, place[1]] = b
+            gap = int(self.rng.integers(4, 30))
+            self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
+            if row % 2:
+                self.set_term(batch, row, place[3], top - int(self.rng.integers(4, 30)), bool(self.rng.integers(2)))
+        return batch
+
+    def accumulator_entry(self, n: int) -> Batch:
+        """c far above or below the products, or cancelling one: where c enters."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            terms = self.positions(int(self.rng.integers(1, 5)))
+            exponents = [self.set_term(batch, row, p, int(self.rng.integers(low, high + 1)), bool(self.rng.integers(2)))
+                         for p in terms]
+            gap = int(self.rng.integers(-40, 41))
+            batch.c[row] = self.random_c(max(exponents) + gap, bool(self.rng.integers(2)), bits=int(self.rng.choice([1, 8, 24])))
+        return batch
+
+    def scales(self, n: int) -> Batch:
+        """Realistic rows with scales spread over the E8M0 range (subnormal, huge, NaN scales)."""
+        batch = self.realistic(n)
+        shape = batch.scale_a.shape
+        batch.scale_a[:] = self.rng.integers(0, 255, shape)
+        batch.scale_b[:] = np.clip(254 - batch.scale_a.astype(int) + self.rng.integers(-40, 41, shape), 0, 254)
+        batch.scale_a[self.rng.random(shape) < 0.05] = E8M0_NAN
+        batch.c[self.rng.random(n) < 0.5] = 0
+        return batch
+
+    def corners(self, n: int) -> Batch:
+        """Specials and extremes: NaN/Inf/max/min-subnormal elements, signed zeros, NaN and
+        extreme scales, special c, sums past the output's range and below its normal range."""
+        batch = self.realistic(n)
+        special_c = fp32_bits([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45,
+                               1.1754944e-38, 6.1e-5, 65504.0, 65520.0, -65536.0])
+        for row in range(n):
+            kind = row % 8
+            place = self.positions(int(self.rng.integers(1, 4)))
+            if kind == 0:  # special or extreme elements
+                for operand, codes in ((self.A, batch.a), (self.B, batch.b)):
+                    pick = operand.special_codes + [operand.max_code, operand.min_code, operand.negative_zero()]
+                    codes[row, place] = self.rng.choice(pick, size=len(place))
+            elif kind == 1:  # all zeros, some or all negative: the sign of an exact zero
+                batch.a[row] = self.A.zero
+                batch.b[row] = self.B.zero
+                negative = self.rng.random(self.k) < (0.5 if row % 16 == 1 else 1.0)
+                batch.a[row, negative] = self.A.negative_zero()
+                batch.c[row] = special_c[int(self.rng.integers(0, 2))]
+            elif kind == 2:  # special c
+                batch.c[row] = special_c[int(self.rng.integers(len(special_c)))]
+            elif kind == 3:  # overflow: the largest elements, large scales
+                batch.a[row] = self.A.max_code
+                batch.b[row] = self.B.max_code
+                if self.rng.integers(2):
+                    batch.a[row, place] = self.A.negate(batch.a[row, place])
+                batch.scale_a[row] = self.rng.integers(150, 255)
+                batch.scale_b[row] = self.rng.integers(127, 255)
+            elif kind == 4 and row % 16 == 4:  # results far below the range: tiny scales
+                batch.scale_a[row] = self.rng.integers(0, 40)
+                batch.scale_b[row] = self.rng.integers(0, 40)
+                batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))]
+            elif kind == 4:  # results in the output's subnormal range: scales that put them there
+                target = self.out_emin - self.out_fmt.mantissa_bits + int(self.rng.integers(-3, self.out_fmt.mantissa_bits + 4))
+                row_exponent = self.span()[1] + int(np.log2(self.k))
+                shift = target - row_exponent
+                batch.scale_a[row] = int(np.clip(E8M0_ONE + shift // 2, 0, 254))
+                batch.scale_b[row] = int(np.clip(E8M0_ONE + shift - shift // 2, 0, 254))
+                batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))] if self.rng.integers(2) else 0
+            elif kind == 5:  # subnormal elements
+                batch.a[row, place] = self.A.min_code
+                batch.b[row, place] = self.B.min_code if self.rng.integers(2) else self.B.one
+                batch.c[row] = 0
+            elif kind == 6:  # NaN scale
+                batch.scale_a[row, int(self.rng.integers(self.blocks))] = E8M0_NAN
+            else:  # exact cancellation to zero with c
+                self._cancel_row(batch, row)
+        return batch
+
+    def _cancel_row(self, batch: Batch, row: int) -> None:
+        half = self.k // 2
+        batch.a[row, half:half * 2] = self.A.negate(batch.a[row, :half])
+        batch.b[row, half:half * 2] = batch.b[row, :half]
+        batch.a[row, half * 2:] = self.A.zero
+        batch.scale_a[row] = batch.scale_a[row, 0]
+        batch.scale_b[row] = batch.scale_b[row, 0]
+        batch.c[row] = 0 if self.rng.integers(2) else fp32_bits([-0.0])[0]

@@ -1,0 +1,176 @@
+"""One probe per datapath choice: the values it tells apart and the inputs that tell them apart.
+
+A :class:`Probe` names the key paths it decides, lists candidate values (dicts of key path ->
+value, the preferred one first: among candidates no probe input tells apart, the first is
+kept), and draws its inputs from the families of :class:`~mxsim.probe.inputs.Context`. The
+engine (:mod:`mxsim.probe.core`) predicts every candidate's output with mxsim on those
+inputs, asks the unit only where the candidates disagree, and keeps the candidates that
+reproduce every answer. A new datapath key needs one more entry in :data:`PROBES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..datapath.schema import DIRECTED_AND_NEAREST, SCHEMA
+from .inputs import Batch, Context
+
+Candidates = list[dict]
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    keys: tuple[str, ...]
+    candidates: Callable[[Context, dict], Candidates]
+    inputs: Callable[[Context], Batch]
+    what: str  # one line for the report and docs/probe.md
+
+
+def _maximum(path: str) -> int:
+    section, key = path.split(".")
+    return SCHEMA[section][key].maximum
+
+
+def _scales(ctx: Context, hyp: dict) -> Candidates:
+    return [{"inputs.scales": "products"}, {"inputs.scales": "none"},
+            {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False}]
+
+
+def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
+    return [{"inputs.subnormals": value} for value in (True, False)]
+
+
+def _product_bits(ctx: Context, hyp: dict) -> Candidates:
+    widest = 2 * (ctx.A.fmt.mantissa_bits + ctx.B.fmt.mantissa_bits) + 2
+    return [{"multiplier.product_fraction_bits": None}] + [
+        {"multiplier.product_fraction_bits": n} for n in range(0, min(widest, _maximum("multiplier.product_fraction_bits")) + 1)]
+
+
+def _accumulator(ctx: Context, hyp: dict) -> Candidates:
+    return [{"accumulator.format": fmt, "accumulator.rounding": rounding}
+            for fmt in ("fp32", "exact", "fp16", "bf16") for rounding in DIRECTED_AND_NEAREST]
+
+
+def _output(ctx: Context, hyp: dict) -> Candidates:
+    return [{"output.rounding": rounding, "output.subnormals": out_sub, "accumulator.subnormals": acc_sub}
+            for rounding in DIRECTED_AND_NEAREST for out_sub in (True, False) for acc_sub in (True, False)]
+
+
+def _window(ctx: Context, hyp: dict) -> Candidates:
+    return [{"adder.align_fraction_bits": None}] + [
+        {"adder.align_fraction_bits": bits, "adder.below_window": below}
+        for bits in range(0, _maximum("adder.align_fraction_bits") + 1)
+        for below in SCHEMA["adder"]["below_window"].choices]
+
+
+def _align_reference(ctx: Context, hyp: dict) -> Candidates:
+    return [{"adder.align_reference": value} for value in SCHEMA["adder"]["align_reference"].choices]
+
+
+def _sum_bits(ctx: Context, hyp: dict) -> Candidates:
+    return [{"adder.sum_significant_bits": None}] + [
+        {"adder.sum_significant_bits": bits, "adder.sum_rounding": rounding}
+        for bits in range(1, _maximum("adder.sum_significant_bits") + 1) for rounding in DIRECTED_AND_NEAREST]
+
+
+def _carry(ctx: Context, hyp: dict) -> Candidates:
+    if hyp.get("adder.align_fraction_bits") is None:
+        return [{"adder.carry_bits": None}]
+    return [{"adder.carry_bits": None}] + [
+        {"adder.carry_bits": bits, "adder.adder_overflow": overflow}
+        for bits in range(0, _maximum("adder.carry_bits") + 1) for overflow in SCHEMA["adder"]["adder_overflow"].choices]
+
+
+def interleaved_orders(k: int) -> list[tuple[int, ...]]:
+    """Term orders that take runs of ``chunk`` positions with stride ``stride * chunk`` first
+    (k mod 4 in {0, 1} first is chunk 2, stride 2), for every period up to k."""
+    orders = []
+    for chunk in (1, 2, 4, 8):
+        for stride in (2, 4):
+            period = chunk * stride
+            while period <= k:
+                order = tuple(sorted(range(period), key=lambda j: ((j // chunk) % stride, j)))
+                if order not in orders:
+                    orders.append(order)
+                period *= 2
+    return orders
+
+
+def _tree_sizes(k: int) -> list[int]:
+    """Every size up to 64, and the divisors of K beyond."""
+    return sorted(set(range(1, min(k, 64) + 1)) | {f for f in range(1, k + 1) if k % f == 0})
+
+
+def _intervals(fused: int, k: int) -> list[int | None]:
+    """No promotion, or promotion every fused * 2^j products (j >= 0) short of K."""
+    intervals, n = [None], fused
+    while n < k:
+        intervals.append(n)
+        n *= 2
+    return intervals
+
+
+def _trees(ctx: Context, hyp: dict) -> Candidates:
+    # Promotion rides along: a tree size is only seen right with the promotion interval it has.
+    candidates = [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n}
+                  for f in _tree_sizes(ctx.k) for n in _intervals(f, ctx.k)]
+    for order in interleaved_orders(ctx.k):
+        candidates += [{"adder.fused_terms": f, "adder.term_order": list(order)}
+                       for f in range(1, len(order)) if len(order) % f == 0]
+    return candidates
+
+
+def _c_entry(ctx: Context, hyp: dict) -> Candidates:
+    entries = [{"accumulator.c_entry": "initial"}] + [
+        {"accumulator.c_entry": "end", "accumulator.c_add_rounding": rounding} for rounding in DIRECTED_AND_NEAREST]
+    return [{"adder.accumulator_in_tree": in_tree, **entry} for in_tree in (True, False) for entry in entries]
+
+
+def _promotion(ctx: Context, hyp: dict) -> Candidates:
+    fused = hyp["adder.fused_terms"]
+    return [{"accumulator.promotion_interval": None}] + [
+        {"accumulator.promotion_interval": n} for n in range(fused, ctx.k, fused)]
+
+
+def _families(**counts: int) -> Callable[[Context], Batch]:
+    def draw(ctx: Context) -> Batch:
+        return Batch.join(getattr(ctx, family)(count) for family, count in counts.items())
+    return draw
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("scales", ("inputs.scales",), _scales, _families(scales=96, realistic=48, corners=48),
+          "whether E8M0 scales matter, and whether they enter the products or the tree sums"),
+    Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
+          "subnormal elements read as themselves or as zero"),
+    Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
+          _families(trees=384, accumulator_entry=64, realistic=32),
+          "how many products share a tree and which positions enter together"),
+    Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
+          _families(cancellation=256, ties=128, trees=64),
+          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
+    Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
+          _families(ties=256, realistic=64, uniform=64),
+          "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
+    Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
+          _families(ties=128, corners=128, uniform=64),
+          "output rounding and subnormal flushing of the accumulator and the output"),
+    Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
+          "product precision: a product and its near negation leave the product's low bits"),
+    Probe("alignment reference", ("adder.align_reference",), _align_reference,
+          _families(cancellation=128, accumulator_entry=64),
+          "the exponent the window hangs from: the largest exponent sum or the largest product's leading bit"),
+    Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
+          _families(ties=192, cancellation=128, uniform=64),
+          "rounding of the tree sum before the accumulator"),
+    Probe("adder width", ("adder.carry_bits", "adder.adder_overflow"), _carry, _families(corners=128, realistic=64),
+          "carry bits of the tree adder and what happens past them"),
+    Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
+          _families(accumulator_entry=256, ties=64, trees=64),
+          "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
+    Probe("promotion", ("accumulator.promotion_interval",), _promotion,
+          _families(trees=128, accumulator_entry=64, realistic=32),
+          "an outer fp32 accumulator taking the inner one every n products"),
+)

@@ -1,0 +1,91 @@
+"""The probe on real RTL: examples/rtl/mxdot_fp4.sv under Icarus Verilog, through the line
+protocol (examples/rtl/mxdot_probe_tb.sv) and the subprocess adapter.
+
+The correct unit must come out as ocp-exact's fp4 path and reproduce the RTL on vectors of
+this test's own; each broken variant (parameter BUG) must come out either with a config that
+differs from the correct one in the key its fault touches, or with a validation that counts
+mismatches -- never as the correct unit with a clean validation.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO
+from mxsim.datapath import dot, load_hwconfig, parse_hwconfig
+from mxsim.probe import SubprocessUnit, probe
+from test_golden_rtl import BUGS, require_icarus
+
+RTL = REPO / "examples" / "rtl"
+PAIR = ("fp4_e2m1", "fp4_e2m1")
+#: The faults a key describes: the keys (any of them) whose value must differ from the correct unit's.
+KEYED = {
+    1: {"accumulator_rounding", "output_rounding"},          # truncates: toward zero
+    4: {"output_subnormals", "accumulator_subnormals"},      # flushes subnormal results
+    7: {"input_subnormals"},                                  # subnormal elements read as zero
+}
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """Probe a BUG variant (cached): returns (ProbeResult, the emitted config's params, vvp path)."""
+    require_icarus()
+    out = tmp_path_factory.mktemp("probe_rtl")
+    results = {}
+
+    def run(bug: int):
+        if bug not in results:
+            target = out / f"mxdot_probe_tb_bug{bug}.vvp"
+            subprocess.run(["iverilog", "-g2012", f"-Pmxdot_probe_tb.BUG={bug}", "-o", str(target),
+                            str(RTL / "mxdot_fp4.sv"), str(RTL / "mxdot_probe_tb.sv")],
+                           check=True, capture_output=True, text=True, timeout=60)
+            unit = SubprocessUnit(f"vvp -n {target}", *PAIR, timeout=60)
+            try:
+                result = probe(unit, *PAIR, 32, validation_vectors=768, corner_vectors=512)
+            finally:
+                unit.close()
+            params = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params(*PAIR)
+            results[bug] = (result, params, target)
+        return results[bug]
+
+    return run
+
+
+def test_correct_unit_is_ocp_exact_and_reproduces_the_rtl(probed):
+    result, params, target = probed(0)
+    assert result.validation.mismatches == 0
+    assert result.queries <= 100_000
+    reference = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml").params(*PAIR)
+    assert params.scales == "products" and params.fused_terms == 32 and params.align_fraction_bits is None
+    assert (params.accumulator_rounding, params.output_rounding) == (reference.accumulator_rounding, "nearest_even")
+    # Vectors of this test's own: uniformly random codes, scales over a wide range, random c bits.
+    rng = np.random.default_rng(11)
+    n = 300
+    a = rng.integers(0, 16, (n, 32)).astype(np.uint64)
+    b = rng.integers(0, 16, (n, 32)).astype(np.uint64)
+    sa = rng.integers(60, 200, (n, 1)).astype(np.uint8)
+    sb = rng.integers(60, 200, (n, 1)).astype(np.uint8)
+    c = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    unit = SubprocessUnit(f"vvp -n {target}", *PAIR)
+    try:
+        rtl = unit(a, b, sa, sb, c)
+    finally:
+        unit.close()
+    emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>")
+    mine = dot(emitted, a, b, a_format=PAIR[0], b_format=PAIR[1], scale_a=sa, scale_b=sb, c=c.view(np.float32))
+    assert mine.astype(np.uint64).tolist() == rtl.tolist()
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_broken_variant_is_told_apart(probed, bug):
+    good = probed(0)[1]
+    result, params, _ = probed(bug)
+    changed = {field for field in good.__dataclass_fields__ if getattr(params, field) != getattr(good, field)}
+    if bug in KEYED and changed & KEYED[bug]:
+        return  # the key its fault touches differs from the correct unit's
+    assert result.validation.mismatches > 0, (
+        f"BUG={bug} ({BUGS[bug]}): keys changed {sorted(changed)} and a clean validation")

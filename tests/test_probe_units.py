@@ -1,0 +1,203 @@
+"""The probe's unit adapters: the line protocol, a subprocess that dies, hangs or prints
+garbage, a callable that raises or answers nonsense, module:function loading, and the CLI
+(one line, exit status 2, atomic output)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from mxsim.cli import main
+from mxsim.datapath import dot, load_hwconfig
+from mxsim.probe import CountingUnit, HwconfigUnit, ProbeError, SubprocessUnit, load_callable
+from mxsim.probe.units import format_request, parse_request
+from mxsim.errors import ArgumentError
+
+from conftest import REPO
+
+OCP = REPO / "hwconfigs" / "ocp-exact.yaml"
+K = 4
+
+
+def _rows(n=3, k=K):
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 16, (n, k)).astype(np.uint64)
+    b = rng.integers(0, 16, (n, k)).astype(np.uint64)
+    scale = rng.integers(120, 135, (n, 1)).astype(np.uint8)
+    c = np.array([0x3F800000, 0, 0xC0000000][:n], dtype=np.uint32)
+    return a, b, scale, scale.copy(), c
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "unit.py"
+    path.write_text(textwrap.dedent(body))
+    return f"{sys.executable} {path}"
+
+
+# A unit in Python speaking the protocol: the ocp-exact fp4 unit through mxsim itself.
+SERVER = f"""
+    import sys
+    import numpy as np
+    sys.path.insert(0, {str(REPO)!r})
+    from mxsim.datapath import dot, load_hwconfig
+    from mxsim.probe.units import parse_request
+    hw = load_hwconfig({str(OCP)!r})
+    for line in sys.stdin:
+        a, b, sa, sb, c = parse_request(line, {K}, 1, 4, 4)
+        out = dot(hw, np.array([a]), np.array([b]), a_format="fp4_e2m1", b_format="fp4_e2m1",
+                  scale_a=np.array([sa]), scale_b=np.array([sb]), c=np.array([c], np.uint32).view(np.float32))
+        print(format(int(out[0]), "08x"), flush=True)
+"""
+
+
+def test_request_format_places_element_i_in_its_bits():
+    a = np.array([0x1, 0x2, 0x3, 0xF], dtype=np.uint64)
+    line = format_request(a, a, np.array([0x7F], np.uint8), np.array([0x80], np.uint8), 0x3F800000, 4, 4)
+    assert line == "f321 f321 7f 80 3f800000"
+    assert parse_request(line, 4, 1, 4, 4) == ([1, 2, 3, 15], [1, 2, 3, 15], [0x7F], [0x80], 0x3F800000)
+
+
+def test_subprocess_unit_answers_as_mxsim(tmp_path):
+    unit = SubprocessUnit(_script(tmp_path, SERVER), "fp4_e2m1", "fp4_e2m1", chunk=2)
+    a, b, sa, sb, c = _rows()
+    try:
+        got = unit(a, b, sa, sb, c)
+    finally:
+        unit.close()
+    want = dot(load_hwconfig(OCP), a, b, a_format="fp4_e2m1", b_format="fp4_e2m1", scale_a=sa, scale_b=sb,
+               c=c.view(np.float32))
+    assert got.tolist() == want.tolist()
+    assert unit.requests == 3
+
+
+@pytest.mark.parametrize("body, message", [
+    ("import sys; sys.stdin.readline(); sys.exit(3)", "exited (status 3)"),
+    ("import sys, time\nfor line in sys.stdin: time.sleep(30)", "gave no answer within 0.5 s"),
+    ("import sys\nfor line in sys.stdin: print('hello world', flush=True)", "not 8 hexadecimal digits"),
+    ("import sys\nfor line in sys.stdin: print('1' * 9, flush=True)", "not 8 hexadecimal digits"),
+    ("import sys\nsys.stderr.write('boom: no licence'); sys.exit(1)", "boom: no licence"),
+    ("import sys\nfor line in sys.stdin: print('x' * 10000, flush=True)", "longer than 4096 bytes"),
+])
+def test_subprocess_failures_are_one_line_probe_errors(tmp_path, body, message):
+    unit = SubprocessUnit(_script(tmp_path, body), "fp4_e2m1", "fp4_e2m1", timeout=0.5)
+    with pytest.raises(ProbeError, match=message.replace("(", r"\(").replace(")", r"\)")) as caught:
+        unit(*_rows())
+    assert "\n" not in str(caught.value)
+    assert unit._process is None  # stopped
+
+
+def test_missing_command_and_bad_quoting():
+    with pytest.raises(ProbeError, match="cannot start"):
+        SubprocessUnit("/nonexistent/unit-binary", "fp4_e2m1", "fp4_e2m1")(*_rows())
+    with pytest.raises(ArgumentError, match="cannot split"):
+        SubprocessUnit("vvp 'unclosed", "fp4_e2m1", "fp4_e2m1")
+    with pytest.raises(ArgumentError, match="non-empty"):
+        SubprocessUnit("  ", "fp4_e2m1", "fp4_e2m1")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda a, b, sa, sb, c: 1 / 0, "raised ZeroDivisionError"),
+    (lambda a, b, sa, sb, c: np.zeros(len(a) + 1, np.uint32), "expected 3 integer"),
+    (lambda a, b, sa, sb, c: np.full(len(a), 1 << 33), "outside 0..2"),
+    (lambda a, b, sa, sb, c: np.zeros(len(a)), "expected 3 integer"),
+    (lambda a, b, sa, sb, c: ["x"] * len(a), "expected 3 integer"),
+])
+def test_counting_unit_checks_answers(answer, message):
+    with pytest.raises(ProbeError, match=message):
+        CountingUnit(answer, "fp32", 100)(*_rows())
+
+
+def test_counting_unit_budget():
+    unit = CountingUnit(lambda a, b, sa, sb, c: np.zeros(len(a), np.uint32), "fp32", 5)
+    unit(*_rows())
+    assert unit.queries == 3
+    with pytest.raises(ProbeError, match="budget of 5"):
+        unit(*_rows())
+
+
+def test_hwconfig_unit_matches_dot_and_ignores_scales_of_a_scaleless_unit():
+    unit = HwconfigUnit(REPO / "hwconfigs" / "h100.yaml", "fp8_e4m3", "fp8_e4m3", "fp16")
+    a, b, sa, sb, c = _rows()
+    want = dot(load_hwconfig(REPO / "hwconfigs" / "h100.yaml"), a, b, a_format="fp8_e4m3", b_format="fp8_e4m3",
+               c=c.view(np.float32), out_format="fp16")
+    assert unit(a, b, sa, sb, c).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nocolon", "expected module:function"),
+    ("a:b:c", "expected module:function"),
+    (":f", "expected module:function"),
+    ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+    ("json:no_such_function", "has no callable 'no_such_function'"),
+    ("missing_file.py:f", "no such file"),
+])
+def test_load_callable_errors(spec, message):
+    with pytest.raises(ArgumentError, match=message):
+        load_callable(spec)
+
+
+def test_load_callable_file_that_raises_on_import(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("raise SystemExit(4)\n")
+    with pytest.raises(ArgumentError, match="SystemExit"):
+        load_callable(f"{path}:f")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--unit", "nonexistent_module_q:f"], "cannot import"),
+    (["--unit", "json:dumps", "--hw", str(OCP)], "exactly one of --unit, --hw, --command"),
+    ([], "exactly one of"),
+    (["--command", "/nonexistent/binary"], "cannot start"),
+    (["--hw", str(OCP), "--timeout", "0"], "--timeout"),
+    (["--hw", str(REPO / "hwconfigs" / "no-such.yaml")], "no-such.yaml"),
+    (["--unit", "json:dumps"], "the unit raised"),
+])
+def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
+    out = tmp_path / "unit.yaml"
+    status, _, err = run(capsys, "probe", *argv, "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
+                         "--out", str(out))
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("mxsim probe: error:") and message in err
+    assert not out.exists()
+
+
+def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
+    command = _script(tmp_path, "import sys, time\nfor line in sys.stdin: time.sleep(30)")
+    status, _, err = run(capsys, "probe", "--command", command, "--timeout", "0.5", "--a-format", "fp4_e2m1",
+                         "--b-format", "fp4_e2m1", "--k", "8", "--out", str(tmp_path / "u.yaml"))
+    assert status == 2 and "gave no answer within 0.5 s" in err and err.count("\n") == 1
+
+
+def test_cli_probe_unknown_format_and_bad_k(capsys, tmp_path):
+    status, _, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp9", "--b-format", "fp4_e2m1",
+                         "--k", "8", "--out", str(tmp_path / "u.yaml"))
+    assert status == 2 and "fp9" in err
+    status, _, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
+                         "--k", "0", "--out", str(tmp_path / "u.yaml"))
+    assert status == 2 and "k" in err
+
+
+def test_cli_probe_writes_a_loadable_config(capsys, tmp_path):
+    out = tmp_path / "unit.yaml"
+    out.write_text("old contents\n")
+    status, stdout, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
+                              "--k", "32", "--out", str(out), "--validation", "256", "--corners", "64",
+                              "--report", str(tmp_path / "report.json"))
+    assert status == 0, err
+    assert "validation: 0 mismatches in 320 vectors" in stdout
+    config = load_hwconfig(out)
+    assert config.params("fp4_e2m1", "fp4_e2m1").fused_terms == 32
+    assert (tmp_path / "report.json").read_text().startswith("{")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
