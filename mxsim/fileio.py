@@ -46,6 +46,38 @@ _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib
 
 #: libyaml's safe loader where PyYAML was built with it (tens of times faster), else PyYAML's.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _UniqueKeyLoader(_LOADER):
+    """The safe loader, refusing a mapping that repeats a key (YAML itself keeps the last,
+    silently); merge keys (``<<``) may still be overridden, as YAML specifies."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    mark = key_node.start_mark
+                    raise _DuplicateKey(f"a key repeats an earlier key of its mapping (line {mark.line + 1}, "
+                                        f"column {mark.column + 1}); each key once")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error without the file's text (PyYAML quotes the offending lines): what and where."""
+    problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return " ".join(str(problem).split())[:120] + where
 
 
 def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8") -> str:
@@ -70,7 +102,9 @@ def load_yaml(text: str, fail: Fail) -> Any:
 
     The event parser is iterative, so a deeply nested document is refused without recursing;
     an alias counts with the full size of what it names, so a "billion laughs" document is
-    refused before it is built.
+    refused before it is built. A mapping may not repeat a key. Messages never quote the
+    text (a file given by mistake, or on purpose, may hold secrets): they say what is wrong
+    and at which line and column.
     """
     depth = 0
     counts = [0]  # nodes so far, per open collection (outermost first)
@@ -98,13 +132,16 @@ def load_yaml(text: str, fail: Fail) -> Any:
                 counts[-1] += sizes.get(event.anchor, 1)
             if sum(counts) > MAX_YAML_NODES:
                 fail(f"YAML expands to more than {MAX_YAML_NODES} nodes")
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
     except MxsimError:
         raise
+    except _DuplicateKey as error:
+        fail(f"{error} (YAML would keep the last value silently)")
     except yaml.YAMLError as error:
-        fail(f"not valid YAML: {' '.join(str(error).split())}")
-    except (RecursionError, ValueError, OverflowError) as error:  # constructors of odd scalars (dates, ints)
-        fail(f"not valid YAML: {type(error).__name__}: {error}")
+        fail(f"not valid YAML: {_yaml_problem(error)}")
+    except (RecursionError, ValueError, OverflowError, KeyError, TypeError) as error:
+        # constructors of odd scalars (dates, tagged values); their messages quote the text
+        fail(f"not valid YAML: a value cannot be read ({type(error).__name__})")
 
 
 # ----------------------------------------------------------------------------- .npy / .npz

@@ -290,3 +290,17 @@ def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, dri
             assert report["units"] in (["ocp-exact"], ["h100-fp8"]) and len(report["layers"]) == 4
         else:
             assert load_trace(out).name in ("first", "second")
+
+
+def test_load_yaml_refuses_repeated_keys_but_allows_merge_overrides():
+    with pytest.raises(MxsimError, match=r"a key repeats an earlier key of its mapping \(line 2, column 1\)"):
+        load_yaml("a: 1\na: 2\n", fail)
+    assert load_yaml("b: &x {a: 1}\nc:\n  <<: *x\n  a: 2\n", fail) == {"b": {"a": 1}, "c": {"a": 2}}
+
+
+@pytest.mark.parametrize("text", ["key: [unclosed SECRET-TEXT\n", "SECRET-TEXT: !!bool x\n", "d: 2001-13-45 # SECRET-TEXT\n",
+                                  "SECRET-TEXT: {a: 1\n"])
+def test_load_yaml_errors_never_quote_the_text(text):
+    with pytest.raises(MxsimError, match="not valid YAML") as error:
+        load_yaml(text, fail)
+    assert "SECRET" not in str(error.value) and "\n" not in str(error.value)
