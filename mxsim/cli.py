@@ -18,7 +18,7 @@ import numpy as np
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import read_npy_file, write_atomic
-from .limits import BUDGET_VARIABLE, check_block_size
+from .limits import BUDGET_VARIABLE, check_block_size, check_int, check_path
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:
@@ -207,6 +207,7 @@ def cmd_replay(args) -> int:
     from .trace import load_trace
     from .trace.replay import format_report, replay, write_plots
 
+    _check_cluster_options(args)
     trace = load_trace(args.trace)
     units = [load_hwconfig(path) for path in args.hw]
     with make_runner(args.workers, args.scheduler) as runner:
@@ -230,6 +231,8 @@ def cmd_sweep(args) -> int:
     from .sweep import format_table, parse_knobs, run_sweep, write_outputs, write_plots
     from .trace import load_trace
 
+    _check_cluster_options(args)
+    check_path(args.out, "--out")
     base = load_hwconfig(args.hw)
     knobs = parse_knobs(args.vary, args.hw)
     trace = load_trace(args.trace)
@@ -244,6 +247,16 @@ def cmd_sweep(args) -> int:
         print("plots skipped: they need matplotlib (pip install 'mxsim[plots]')", file=sys.stderr)
     print(f"results: {Path(args.out) / 'sweep.json'}, {Path(args.out) / 'sweep.csv'}")
     return 1 if summary["failed"] else 0
+
+
+def _check_cluster_options(args) -> None:
+    """--scheduler and --workers checked before any file is read (make_runner checks them again)."""
+    from .parallel import parse_scheduler_address
+
+    if args.scheduler is not None:
+        parse_scheduler_address(args.scheduler)
+    if args.workers is not None:
+        check_int(args.workers, "--workers", 1, 4096)
 
 
 def _add_run_arguments(parser) -> None:
