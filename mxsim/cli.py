@@ -17,8 +17,8 @@ import numpy as np
 
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
-from .fileio import read_npy_file, write_atomic
-from .limits import BUDGET_VARIABLE, check_block_size, check_int, check_path
+from .fileio import check_output_directory, read_npy_file, write_atomic
+from .limits import BUDGET_VARIABLE, check_block_size, check_int
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:
@@ -228,23 +228,24 @@ def cmd_replay(args) -> int:
 def cmd_sweep(args) -> int:
     from .datapath import load_hwconfig
     from .parallel import make_runner
-    from .sweep import format_table, parse_knobs, run_sweep, write_outputs, write_plots
+    from .sweep import format_table, parse_knobs, run_sweep, write_outputs
+    from .sweep.run import is_sweep_output
     from .trace import load_trace
 
     _check_cluster_options(args)
-    check_path(args.out, "--out")
+    check_output_directory(args.out, is_sweep_output, "--out")
     base = load_hwconfig(args.hw)
     knobs = parse_knobs(args.vary, args.hw)
     trace = load_trace(args.trace)
     with make_runner(args.workers, args.scheduler) as runner:
         summary = run_sweep(trace, base, knobs, args.out, runner=runner, element_format=args.format,
                             progress=not args.quiet and sys.stderr.isatty())
-    write_outputs(summary, args.out)
-    print(format_table(summary))
     try:
-        write_plots(summary, args.out)
+        write_outputs(summary, args.out, plots=True)
     except ImportError:
         print("plots skipped: they need matplotlib (pip install 'mxsim[plots]')", file=sys.stderr)
+        write_outputs(summary, args.out)
+    print(format_table(summary))
     print(f"results: {Path(args.out) / 'sweep.json'}, {Path(args.out) / 'sweep.csv'}")
     return 1 if summary["failed"] else 0
 

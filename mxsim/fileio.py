@@ -15,6 +15,7 @@ name) into a file name that stays inside an output directory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -318,9 +319,7 @@ def write_atomic(path, data: str | bytes | Iterable[str], *, encoding: str = "ut
                 handle.write(piece.encode(encoding) if isinstance(piece, str) else piece)
             handle.flush()
             os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -365,6 +364,52 @@ def replace_directory(staging: Path, target: Path) -> None:
         os.replace(staging, target)
         shutil.rmtree(retired, ignore_errors=True)
     _fsync_directory(target.parent)
+
+
+def check_output_directory(target, is_own: Callable[[Path], bool], what: str) -> Path:
+    """``target`` resolved, if it may be replaced as a whole by a new output: absent, an empty
+    directory, or a directory ``is_own`` recognises as an earlier output of the same kind.
+    Anything else (a file, a symlink, a directory holding other files, the current directory
+    or one of its parents) is an ArgumentError naming ``what``: replacing it would delete
+    files that are not mxsim's."""
+    target = check_path(target, what)
+    if target.is_symlink():
+        raise ArgumentError(f"{what} {target}: is a symlink; give the directory itself")
+    target = target.absolute()
+    if target.exists():
+        if not target.is_dir():
+            raise ArgumentError(f"{what} {target}: exists and is not a directory")
+        if any(target.iterdir()) and not is_own(target):
+            raise ArgumentError(f"{what} {target}: is not empty and holds no earlier output of this kind; the "
+                                "output directory is replaced as a whole, so give a new or empty directory")
+    cwd = Path.cwd()
+    if target.resolve() == cwd or target.resolve() in cwd.parents:
+        raise ArgumentError(f"{what} {target}: is the current directory or holds it; the output directory is "
+                            "replaced as a whole, so give another one")
+    return target
+
+
+@contextlib.contextmanager
+def staged_directory(target: Path):
+    """A fresh hidden directory beside ``target`` to write a whole output into; on a normal
+    exit it replaces ``target`` (:func:`replace_directory`: a kill at any moment leaves the
+    old complete output or the new one), on an exception it is removed. Check ``target``
+    with :func:`check_output_directory` first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual directory mode
+    replace_directory(staging, target)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def safe_file_stem(name: str, limit: int = 100, default: str = "unnamed") -> str:
