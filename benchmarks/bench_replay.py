@@ -16,7 +16,7 @@ import numpy as np
 
 import mxsim
 from mxsim.trace import load_trace
-from mxsim.trace.replay import replay_layer
+from mxsim.replay.run import replay_layer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     units = [mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml") for n in (args.hw or ["ocp-exact", "h100-fp8"])]
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores")
-    import mxsim.trace.replay as replay_module
+    import mxsim.replay.run as replay_module
 
     spent = {"matmul": 0.0}
     original = replay_module.matmul

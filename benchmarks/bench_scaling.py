@@ -20,7 +20,7 @@ import mxsim
 from mxsim.parallel import DaskRunner, InProcess
 from mxsim.sweep import parse_knobs, run_sweep
 from mxsim.trace import load_trace
-from mxsim.trace.replay import replay
+from mxsim.replay import replay
 
 REPO = Path(__file__).resolve().parent.parent
 

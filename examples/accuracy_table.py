@@ -13,7 +13,7 @@ from pathlib import Path
 import mxsim
 from mxsim.errors import MxsimError
 from mxsim.trace import load_trace
-from mxsim.trace.replay import replay
+from mxsim.replay import replay
 
 REPO = Path(__file__).resolve().parent.parent
 FORMATS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]

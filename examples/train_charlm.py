@@ -18,7 +18,7 @@ import torch
 
 from mxsim.inloop.charlm import build_char_transformer, perplexity
 from mxsim.trace import Network, save_trace
-from mxsim.trace.capture_torch import capture_torch
+from mxsim.capture.torch import capture_torch
 
 CONFIG = {"d_model": 64, "layers": 2, "heads": 4, "context": 64}
 

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     import torch
 
     from mxsim.trace import save_trace
-    from mxsim.trace.capture_torch import capture_torch
+    from mxsim.capture.torch import capture_torch
 
     torch.set_num_threads(1)  # deterministic kernels and reproducible timing
     torch.manual_seed(SEED)

@@ -39,7 +39,7 @@ _RENAMED = {"quantize_mx": "quantize"}
 __all__ = sorted(_EXPORTS)
 
 
-_SUBPACKAGES = ("cycles", "datapath", "errors", "formats", "golden", "quantize", "trace")
+_SUBPACKAGES = ("capture", "cycles", "datapath", "errors", "formats", "golden", "inloop", "quantize", "replay", "trace")
 
 
 def __getattr__(name: str):

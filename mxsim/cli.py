@@ -204,15 +204,19 @@ def _json_default(value):
 def cmd_replay(args) -> int:
     from .datapath import load_hwconfig
     from .parallel import make_runner
+    from .replay import format_report, replay, write_plots
     from .trace import load_trace
-    from .trace.replay import format_report, replay, write_plots
 
     _check_cluster_options(args)
     trace = load_trace(args.trace)
     units = [load_hwconfig(path) for path in args.hw]
+    perplexity_fn = None
+    if args.end_to_end and trace.network is not None and trace.network.targets is not None:
+        from .inloop.network import perplexity as perplexity_fn  # a language model runs in PyTorch
     with make_runner(args.workers, args.scheduler) as runner:
         report = replay(trace, units, end_to_end=args.end_to_end, progress=not args.quiet and sys.stderr.isatty(),
-                        element_format=args.format, conv_order=args.conv_order, strict=args.strict, runner=runner)
+                        element_format=args.format, conv_order=args.conv_order, strict=args.strict, runner=runner,
+                        perplexity_fn=perplexity_fn)
     results = report.pop("_results")
     # The table and the JSON come first: nothing optional (plots) may lose them.
     print(format_report(report))
@@ -281,7 +285,8 @@ def cmd_cycles(args) -> int:
     a_format = args.a_format or hw.a_formats[0]
     b_format = args.b_format or hw.b_formats[0]
     if source.is_dir():
-        from .trace import gemm_shape, load_trace
+        from .replay import gemm_shape
+        from .trace import load_trace
 
         trace = load_trace(source)
         layers = []
@@ -301,7 +306,7 @@ def cmd_cycles(args) -> int:
 
 def cmd_capture_onnx(args) -> int:
     from .trace import save_trace
-    from .trace.onnx_import import capture_onnx, load_inputs_npz
+    from .capture.onnx import capture_onnx, load_inputs_npz
 
     trace = capture_onnx(args.model, load_inputs_npz(args.inputs), name=args.name, bfp_kernel=args.bfp_kernel)
     save_trace(trace, args.out, overwrite=args.force)

@@ -303,7 +303,7 @@ def assert_trace_error(path: Path, layer: str | None, field: str | None, message
     return text
 
 
-# --- ONNX models for the capture tests (tests/test_trace_onnx_*.py) ----------------------------
+# --- ONNX models for the capture tests (tests/test_capture_onnx*.py) ----------------------------
 
 ONNX_IR_VERSION = 10  # onnxruntime 1.2x reads IR <= 10/11; onnx.helper would stamp a newer one
 ONNX_RNG = np.random.default_rng(5)
@@ -322,8 +322,8 @@ def ort(onnx):
 
 @pytest.fixture(scope="module")
 def capture(onnx):
-    """:func:`mxsim.trace.onnx_import.capture_onnx` (the test is skipped without onnx)."""
-    from mxsim.trace.onnx_import import capture_onnx
+    """:func:`mxsim.capture.onnx.capture_onnx` (the test is skipped without onnx)."""
+    from mxsim.capture.onnx import capture_onnx
 
     return capture_onnx
 

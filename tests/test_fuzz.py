@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 import mxsim
 import mxsim.trace
-import mxsim.trace.replay
+import mxsim.replay.run
 from conftest import FUZZ_OUTCOMES, REPO
 from mxsim.errors import MxsimError
 
@@ -196,7 +196,7 @@ def fuzz_env(tmp_path_factory, request):
     mxsim.trace.save_trace(trace, root / "trace")
     hw = mxsim.load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
     warm_kernels()
-    mxsim.trace.replay.replay(mxsim.trace.load_trace(root / "trace"), [hw], end_to_end=True)
+    mxsim.replay.run.replay(mxsim.trace.load_trace(root / "trace"), [hw], end_to_end=True)
     previous = os.environ.get("MXSIM_MAX_BYTES")
     os.environ["MXSIM_MAX_BYTES"] = FUZZ_BUDGET
     yield {"root": root, "hw": hw, "cases": FUZZ_RELEASE_CASES if request.config.getoption("--fuzz") else CI_CASES}
@@ -379,7 +379,7 @@ def _copy_trace(env, inputs) -> Path:
 
 
 def _load_and_replay(rng, env, trace_dir):
-    from mxsim.trace.replay import replay
+    from mxsim.replay import replay
 
     trace = mxsim.trace.load_trace(trace_dir)
     replay(trace, [env["hw"]], end_to_end=rng.random() < 0.5)

@@ -11,7 +11,7 @@ from mxsim.errors import ArgumentError, MxsimError
 from mxsim.parallel import (DaskRunner, InProcess, Task, TaskFailures, TiledMatmul, make_runner,
                             parse_scheduler_address, raise_failures)
 from mxsim.trace import load_trace
-from mxsim.trace.replay import replay
+from mxsim.replay import replay
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8")}
 

@@ -14,7 +14,7 @@ from mxsim.datapath.config import vary_hwconfig
 from mxsim.sweep import parse_knobs, run_sweep, trace_digest
 from mxsim.sweep.run import bits_digest, pareto_front
 from mxsim.trace import load_trace
-from mxsim.trace.replay import replay
+from mxsim.replay import replay
 
 BASE = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
 TRACE = load_trace(REPO / "traces" / "digits-cnn")

@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
+from .._optional import require
 from ..errors import MxsimError
-from ..trace._optional import require
 
 CONFIG_KEYS = ("vocab_size", "d_model", "layers", "heads", "context")
 

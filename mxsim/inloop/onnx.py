@@ -1,12 +1,12 @@
 """An ONNX model run with its MatMul / Gemm / Conv / ConvTranspose nodes computed by an mxsim unit
 (``mxsim[onnx]``).
 
-The graph runs on the capture's executor (:mod:`mxsim.trace.onnx_graph`): onnxruntime for
+The graph runs on the capture's executor (:mod:`mxsim.capture.onnx_graph`): onnxruntime for
 every other node (graph optimizations off), Quark's custom quantizers emulated in numpy, and
 each matmul node computed between onnxruntime stages: the node is first run alone by
 onnxruntime for its float output (its shape, and the check that the layer view is right),
 then lowered to a trace layer like capture does and computed by
-:func:`mxsim.trace.replay.run_layer` on the unit. The result (float64, bias added in float64:
+:func:`mxsim.replay.run.run_layer` on the unit. The result (float64, bias added in float64:
 ``Conv``'s B, ``Gemm``'s ``beta * C``) is rounded to the node output's dtype. Quantizer nodes
 of the model (QDQ, Quark) run as usual before the node, so the unit re-quantizes the values
 they produced into its own formats. Einsum and nodes capture would skip run in onnxruntime.
@@ -18,13 +18,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .._optional import require
+from ..capture.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_model, run_graph
+from ..capture.onnx_layers import IDENTITY, Skip, layer_views
+from ..capture.onnx_quark import QUARK_DOMAINS, quark_node_function
 from ..errors import MxsimError
-from ..trace._optional import require
+from ..replay.run import run_layer
 from ..trace.model import Layer
-from ..trace.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_model, run_graph
-from ..trace.onnx_layers import IDENTITY, Skip, layer_views
-from ..trace.onnx_quark import QUARK_DOMAINS, quark_node_function
-from ..trace.replay import run_layer
 from .torch import _unit, check_scaling
 
 UNIT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose")
@@ -52,7 +52,7 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
     """Run ``model`` on ``inputs`` with every float MatMul/Gemm/Conv/ConvTranspose node
     computed by the unit ``hw``; return the graph outputs (or the values named in ``outputs``).
 
-    ``model``, ``inputs``, ``bfp_kernel``: as for :func:`mxsim.trace.capture_onnx`;
+    ``model``, ``inputs``, ``bfp_kernel``: as for :func:`mxsim.capture.onnx.capture_onnx`;
     ``hw``, ``a_format``, ``b_format``, ``out_format``, ``scaling``: as for
     :func:`mxsim.inloop.torch_unit` (A is the node's first operand, B its second).
     """

@@ -1,10 +1,10 @@
 """A PyTorch model with every matmul and convolution computed by an mxsim unit (``mxsim[torch]``).
 
-Interception is the capture's (:mod:`mxsim.trace.capture_torch`): ``F.linear``,
+Interception is the capture's (:mod:`mxsim.capture.torch`): ``F.linear``,
 ``torch.matmul``/``@``, ``F.scaled_dot_product_attention`` at the call, and the ATen GEMMs
 (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``dot``, ``convolution``, CPU fused
 attention) no such call covered. Each becomes a trace layer, is computed by
-:func:`mxsim.trace.replay.run_layer` on the unit, and its result replaces torch's, as a
+:func:`mxsim.replay.run.run_layer` on the unit, and its result replaces torch's, as a
 float32 tensor of the same shape. Attention runs as ``q @ k^T`` on the unit, softmax in torch
 (float32), then ``P @ v`` on the unit. Ops capture lists as skipped (integer GEMMs, conv3d,
 ...) keep torch's result and are listed in :attr:`UnitInLoop.skipped`.
@@ -17,12 +17,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .._optional import require
+from ..capture.torch import QuantArg, _Recorder, intercepting
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
-from ..trace._optional import require
-from ..trace.capture_torch import QuantArg, _Recorder, intercepting
+from ..replay.run import run_layer
 from ..trace.model import Layer
-from ..trace.replay import run_layer
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -32,7 +32,7 @@ def _unit(hw) -> HardwareConfig:
 
 
 def check_scaling(scaling: str) -> bool | None:
-    """``scaling`` -> the ``per_tensor_scale`` argument of :func:`~mxsim.trace.replay.run_layer`."""
+    """``scaling`` -> the ``per_tensor_scale`` argument of :func:`~mxsim.replay.run.run_layer`."""
     if scaling not in SCALINGS:
         raise MxsimError(f"scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     return None if scaling == "auto" else scaling == "tensor"
@@ -76,7 +76,7 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
             operand tensor, chosen by the OCP floor rule on the tensor's max, applied to the
             elements before encoding and undone exactly on the output), ``"block"`` or
             ``"tensor"`` (error if the unit cannot).
-        quant: the model's quantizers, as for :func:`mxsim.trace.capture_torch` (a mapping
+        quant: the model's quantizers, as for :func:`mxsim.capture.torch` (a mapping
             applied to every layer, or ``callable(layer_name, module)``).
 
     Yields the :class:`UnitInLoop` (``computed_layers``, ``skipped``). Runs under

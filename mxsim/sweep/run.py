@@ -1,7 +1,7 @@
 """Running a sweep: every grid point replays the trace under its config; resumable.
 
 Each point is one task (in-process, or on a Dask cluster through :mod:`mxsim.parallel`)
-that calls :func:`mxsim.trace.replay.replay` with the point's config, plus end-to-end accuracy
+that calls :func:`mxsim.replay.run.replay` with the point's config, plus end-to-end accuracy
 when the trace's network has labels. A finished point is written at once, atomically, to
 ``OUT/points/<key>.json``, where ``key`` hashes the resolved config (every schema value,
 the overrides, the array), the trace's contents, the element format and the mxsim version;
@@ -25,7 +25,7 @@ from ..datapath import HardwareConfig
 from ..fileio import check_output_directory, write_atomic
 from ..parallel import InProcess, Task
 from ..trace import Trace
-from ..trace.replay import replay
+from ..replay import replay
 from .cost import hardware_cost
 from .grid import Knob, grid_configs, point_label
 

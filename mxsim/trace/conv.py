@@ -14,7 +14,7 @@ Output element:
 ``out[n, o, y, x] = sum_{c, i, j} w[o, c, i, j] * xpad[n, g(o)*C/g + c, y*sh + i*dh, x*sw + j*dw]``.
 
 :func:`im2col` and :func:`conv2d_im2col` implement this by lowering to GEMMs (see
-:mod:`mxsim.trace.lowering` for the (G, M, K) / (G, N, K) layout); :func:`conv2d_direct` is
+:mod:`mxsim.replay.lowering` for the (G, M, K) / (G, N, K) layout); :func:`conv2d_direct` is
 written separately from them — explicit loops over output positions and filter taps with
 bounds checks instead of a padded copy — so that tests can check one against the other.
 """

@@ -2,7 +2,7 @@
 
 A spec says how the source model quantized (or how the user wants replay to quantize) one
 operand tensor of a layer, in that tensor's own layout (``axis`` indexes the operand as
-stored in the trace, not the GEMM view; :mod:`mxsim.trace.lowering` maps it):
+stored in the trace, not the GEMM view; :mod:`mxsim.replay.lowering` maps it):
 
 * :class:`MXQuant` — OCP MX block quantization by :func:`mxsim.quantize_mx` (element format,
   block axis and size, profile and option overrides).

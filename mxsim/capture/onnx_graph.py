@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._optional import require
 from ..errors import MxsimError
-from ._optional import require
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 

@@ -36,11 +36,11 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from .._optional import require
 from ..errors import CaptureWarning, MxsimError
-from ._optional import require
-from .model import Layer, Network, Trace
-from .validate import validate_trace
-from .quant import BFPQuant, MXQuant, QDQQuant
+from ..trace.model import Layer, Network, Trace
+from ..trace.quant import BFPQuant, MXQuant, QDQQuant
+from ..trace.validate import validate_trace
 
 QuantArg = None | Mapping | Callable
 

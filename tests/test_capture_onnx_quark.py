@@ -1,4 +1,4 @@
-"""mxsim.trace.onnx_quark: Quark's custom quantizer ops read as mxsim specs and computed like Quark's runtime."""
+"""mxsim.capture.onnx_quark: Quark's custom quantizer ops read as mxsim specs and computed like Quark's runtime."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from mxsim import BFP_SPECS, fake_quantize, quantize_bfp
 from mxsim.errors import MxsimError
 from mxsim.trace import BFPQuant, MXQuant
-from mxsim.trace.lowering import gemm_reference
+from mxsim.replay.lowering import gemm_reference
 
 from conftest import assert_close_to, f32, layer_node_outputs, make_onnx_model, onnx_reference_values
 
@@ -101,7 +101,7 @@ def test_bfp_kernel_choice_is_recorded(onnx, capture):
 
 
 def test_single_element_tensors_bypass_quark_quantizers_like_quark(onnx):
-    from mxsim.trace.onnx_quark import evaluate_quark
+    from mxsim.capture.onnx_quark import evaluate_quark
 
     node = onnx.helper.make_node("MXQuantizeDequantize", ["a"], ["b"], domain="com.amd.quark",
                                  element_dtype="fp4_e2m1", block_size=1)

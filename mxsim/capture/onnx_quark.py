@@ -3,7 +3,7 @@
 Quark's custom ops (domain ``com.amd.quark``, or the legacy ``com.vai.quantize`` names
 ``MXFixNeuron``/``BFPFixNeuron``): ``MXQuantizeDequantize`` -> :class:`~mxsim.trace.quant.MXQuant`
 with the ``quark-onnx`` profile; ``BFPQuantizeDequantize`` -> :class:`~mxsim.trace.quant.BFPQuant`.
-:func:`quark_node_function` is the executor hook (:func:`mxsim.trace.onnx_graph.run_graph`)
+:func:`quark_node_function` is the executor hook (:func:`mxsim.capture.onnx_graph.run_graph`)
 that computes them in numpy (:func:`mxsim.fake_quantize` for MX, :func:`mxsim.quantize_bfp`
 for BFP), since onnxruntime cannot load them without Quark's library.
 """
@@ -15,8 +15,8 @@ import numpy as np
 from ..errors import MxsimError, UnknownNameError
 from ..formats import get_format
 from ..quantize import BFPSpec
+from ..trace.quant import BFPQuant, MXQuant
 from .onnx_graph import attributes, text
-from .quant import BFPQuant, MXQuant
 
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
 MX_OP_TYPES = ("MXQuantizeDequantize", "MXFixNeuron")
@@ -106,7 +106,7 @@ def evaluate_quark(node, x: np.ndarray, bfp_kernel: str) -> np.ndarray:
 
 
 def quark_node_function(bfp_kernel: str):
-    """The executor hook (``python_node`` of :func:`mxsim.trace.onnx_graph.run_graph`) that
+    """The executor hook (``python_node`` of :func:`mxsim.capture.onnx_graph.run_graph`) that
     computes Quark's MX/BFP nodes with ``bfp_kernel``'s BFP semantics, and refuses Quark's
     other custom ops (they need Quark's library)."""
 

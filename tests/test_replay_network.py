@@ -1,4 +1,4 @@
-"""mxsim.trace.network: running a trace's sequential recipe end to end."""
+"""mxsim.replay.network: running a trace's sequential recipe end to end."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mxsim.errors import MxsimError, TraceError
-from mxsim.trace import Network, Trace, accuracy, layer_with_input, load_trace, run_network, save_trace
-from mxsim.trace.lowering import gemm_reference
-from mxsim.trace.network import perplexity
+from mxsim.replay import accuracy, layer_with_input, run_network
+from mxsim.replay.lowering import gemm_reference
+from mxsim.trace import Network, Trace, load_trace, save_trace
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "traces" / "digits-cnn"
@@ -81,32 +81,3 @@ def test_network_validation_on_save(tmp_path, digits):
     bad.network = Network("images", ({"layer": "conv1"},))
     with pytest.raises(TraceError, match=r"field 'network.input': 'images' is not a dataset array"):
         save_trace(bad, tmp_path / "bad")
-
-
-CHAR_LM = REPO / "traces" / "char-lm"
-
-
-def _first_sequences(trace, count):
-    dataset = dict(trace.dataset)
-    for key in (trace.network.input, trace.network.targets):
-        dataset[key] = dataset[key][:count]
-    return Trace(trace.name, trace.layers, trace.source, trace.metadata, dataset, trace.network)
-
-
-def test_char_lm_float_perplexity_matches_the_recorded_one(torch):
-    trace = load_trace(CHAR_LM)
-    assert trace.network.model["architecture"] == "char-transformer"
-    value = perplexity(trace)
-    assert abs(value - trace.metadata["float_perplexity"]) <= 1e-6 * value  # float32 sums may differ by thread count
-    assert value < 0.5 * len(trace.metadata["vocabulary"])  # trained: far better than uniform
-
-
-@pytest.mark.parametrize("unit", ["ocp-exact", "mxdotp", "h100-fp8"])
-def test_char_lm_perplexity_with_every_matmul_on_a_unit(torch, unit):
-    from mxsim.datapath import load_hwconfig
-
-    trace = _first_sequences(load_trace(CHAR_LM), 2)
-    reference = perplexity(trace)
-    value = perplexity(trace, load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml"), a_format="fp8_e4m3")
-    assert value != reference  # the unit computed the matmuls
-    assert abs(value - reference) < 0.2 * reference

@@ -1,4 +1,4 @@
-"""mxsim.trace.onnx_graph: the staged executor (subgraphs, custom nodes), model files and input checks, through capture_onnx."""
+"""mxsim.capture.onnx_graph: the staged executor (subgraphs, custom nodes), model files and input checks, through capture_onnx."""
 
 from __future__ import annotations
 

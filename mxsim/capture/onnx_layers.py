@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MxsimError
-from .model import Layer
+from ..trace.model import Layer
+from ..trace.quant import QDQQuant
 from .onnx_graph import STANDARD_DOMAINS, Graph, text
 from .onnx_qdq import Operand, trace_operand
-from .quant import QDQQuant
 
 LAYER_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")
 #: Words in the op type of nodes (any domain) that multiply matrices: such a node that is not

@@ -14,7 +14,7 @@ from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError, TraceError
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
-from mxsim.trace.replay import format_report, replay, replay_layer, run_layer, write_plots
+from mxsim.replay.run import format_report, replay, replay_layer, run_layer, write_plots
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")}
 
@@ -226,7 +226,7 @@ def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
     """A layer's seconds leave out the time spent compiling kernels, which is reported apart."""
     import time
 
-    import mxsim.trace.replay as replay_module
+    import mxsim.replay.run as replay_module
 
     compiled = [0.0]
     real_run_layer = replay_module.run_layer

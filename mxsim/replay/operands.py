@@ -3,7 +3,7 @@
 A trace records how the model quantized each operand (:mod:`mxsim.trace.quant`): the block
 axis, block size and element format of an MX spec, or a BFP spec. Replay quantizes every
 operand exactly that way, *in the operand's own layout*, and only then lowers it to the GEMM
-view (:mod:`mxsim.trace.lowering`): the element codes and a scale per element travel
+view (:mod:`mxsim.replay.lowering`): the element codes and a scale per element travel
 through the lowering together, so every value the GEMM multiplies is the model's own value.
 
 Conv lowering (``conv_order``):
@@ -48,9 +48,9 @@ from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize, quantize_bfp
 from ..quantize.options import QuantOptions
-from .model import Layer
+from ..trace.model import Layer
+from ..trace.quant import BFPQuant, MXQuant
 from .lowering import gemm_axis, gemm_shape, lower_input, lower_weight
-from .quant import BFPQuant, MXQuant
 
 CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
 BF16 = get_format("bf16")

@@ -1,4 +1,4 @@
-"""mxsim.trace.lowering: the GEMM view of linear, matmul, conv2d and conv_transpose2d layers."""
+"""mxsim.replay.lowering: the GEMM view of linear, matmul, conv2d and conv_transpose2d layers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from mxsim import fake_quantize
 from mxsim.errors import MxsimError
 from mxsim.trace import Layer
 from mxsim.trace.conv import conv2d_direct, conv_transpose2d_direct
-from mxsim.trace.lowering import (
+from mxsim.replay.lowering import (
     GemmShape,
     gemm_axis,
     gemm_reference,

@@ -4,7 +4,7 @@ Replay computes each captured layer through a hardware datapath; this module onl
 recipe (:class:`mxsim.trace.model.Network`): layer steps call ``layer_fn(layer, x)`` on
 the running value, op steps (``relu``, ``flatten``, ``identity``) are applied in numpy.
 A network rebuilt from ``network.model`` (a language model) runs in PyTorch, with its
-matmuls on a unit through :func:`mxsim.inloop.torch_unit` (:func:`perplexity`).
+matmuls on a unit: :func:`mxsim.inloop.network.perplexity`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import MxsimError
-from .model import Layer, Trace
+from ..trace.model import Layer, Trace
 from .lowering import lift_output, lower_input, lower_weight
 
 
@@ -77,34 +77,3 @@ def accuracy(trace: Trace, layer_fn: Callable[[Layer, np.ndarray], np.ndarray] |
     logits = run_network(trace, layer_fn=layer_fn)
     labels = trace.dataset[network.labels]
     return float(np.mean(np.argmax(logits.reshape(len(labels), -1), axis=1) == labels))
-
-
-def rebuild_model(trace: Trace):
-    """The torch module that ``trace.network.model`` describes, with its state arrays."""
-    from ..inloop.charlm import build_model
-
-    network = trace.network
-    if network is None or network.model is None:
-        raise MxsimError(f"trace {trace.name!r} has no network.model to rebuild")
-    prefix = network.model["state"]
-    state = {name[len(prefix):]: array for name, array in trace.dataset.items() if name.startswith(prefix)}
-    return build_model(network.model["architecture"], network.model["config"], state)
-
-
-def perplexity(trace: Trace, hw=None, **unit_options) -> float:
-    """Perplexity of the rebuilt language model on its dataset (input token ids vs targets),
-    in float32 PyTorch (``hw`` None) or with every matmul on ``hw`` (options of
-    :func:`mxsim.inloop.torch_unit`)."""
-    from ..inloop.charlm import perplexity as model_perplexity
-
-    network = trace.network
-    if network is None or network.targets is None:
-        raise MxsimError(f"trace {trace.name!r} has no network with targets")
-    model = rebuild_model(trace)
-    tokens, targets = trace.dataset[network.input], trace.dataset[network.targets]
-    if hw is None:
-        return model_perplexity(model, tokens, targets)
-    from ..inloop import torch_unit
-
-    with torch_unit(model, hw, **unit_options):
-        return model_perplexity(model, tokens, targets)

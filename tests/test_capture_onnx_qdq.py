@@ -1,11 +1,11 @@
-"""mxsim.trace.onnx_qdq: QuantizeLinear/DequantizeLinear patterns read as QDQ specs, checked against onnxruntime."""
+"""mxsim.capture.onnx_qdq: QuantizeLinear/DequantizeLinear patterns read as QDQ specs, checked against onnxruntime."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from mxsim.trace import QDQQuant
-from mxsim.trace.lowering import gemm_reference
+from mxsim.replay.lowering import gemm_reference
 
 from conftest import ONNX_RNG, assert_close_to, f32, make_onnx_model
 

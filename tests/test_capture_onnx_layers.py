@@ -1,4 +1,4 @@
-"""mxsim.trace.onnx_layers: which ONNX nodes are layers and how their tensors map to the layer layout."""
+"""mxsim.capture.onnx_layers: which ONNX nodes are layers and how their tensors map to the layer layout."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mxsim.errors import MxsimError
-from mxsim.trace.lowering import gemm_reference
+from mxsim.replay.lowering import gemm_reference
 
 from conftest import assert_close_to, f32, layer_node_outputs, make_onnx_model, onnx_reference_values
 

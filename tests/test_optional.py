@@ -1,4 +1,4 @@
-"""mxsim.trace._optional: optional dependencies fail with the extra to install."""
+"""mxsim._optional: optional dependencies fail with the extra to install."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy
 import pytest
 
 from mxsim.errors import MxsimError
-from mxsim.trace._optional import require
+from mxsim._optional import require
 
 
 def test_an_installed_module_is_returned():

@@ -1,4 +1,4 @@
-"""mxsim.trace.capture_torch: every matmul and convolution a model runs."""
+"""mxsim.capture.torch: every matmul and convolution a model runs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 
 from conftest import TRANSFORMER_FAMILIES, count_gemm_kernels, tiny_transformer
 from mxsim.errors import CaptureWarning, MxsimError
-from mxsim.trace import BFPQuant, MXQuant, load_trace, run_network, save_trace
+from mxsim.replay import run_network
+from mxsim.trace import BFPQuant, MXQuant, load_trace, save_trace
 from mxsim.trace.conv import conv2d_direct, conv_transpose2d_direct
-from mxsim.trace.lowering import gemm_reference
+from mxsim.replay.lowering import gemm_reference
 
 # conv_zoo's padding="same" with an even kernel is deliberate (asymmetric padding)
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even k
 
 @pytest.fixture(scope="module")
 def capture(torch):
-    from mxsim.trace.capture_torch import capture_torch
+    from mxsim.capture.torch import capture_torch
 
     return capture_torch
 

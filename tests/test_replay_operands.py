@@ -16,8 +16,8 @@ import pytest
 from conftest import require_module
 from mxsim.errors import MxsimError
 from mxsim.trace import BFPQuant, Layer, MXQuant
-from mxsim.trace.lowering import lift_output
-from mxsim.trace.operands import CONV_ORDERS, exact_block, ideal_gemm, layer_operands
+from mxsim.replay.lowering import lift_output
+from mxsim.replay.operands import CONV_ORDERS, exact_block, ideal_gemm, layer_operands
 
 QUARK_CONFIGS = ["MXINT8", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E3M2", "MXFP6E2M3", "MXFP4E2M1", "MX9", "MX6", "MX4",
                  "BFP16"]
@@ -52,7 +52,7 @@ def quark_models(tmp_path_factory):
     from quark.onnx.quantization.config.config import Config
     from quark.onnx.quantization.config.custom_config import get_default_config
 
-    from mxsim.trace.onnx_import import capture_onnx
+    from mxsim.capture.onnx import capture_onnx
 
     directory = tmp_path_factory.mktemp("quark")
     rng = np.random.default_rng(2026)

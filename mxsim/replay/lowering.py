@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MxsimError
-from . import conv
-from .model import CONV_OPS, Layer
+from ..trace import conv
+from ..trace.model import CONV_OPS, Layer
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""mxsim.trace.onnx_import: capture_onnx end to end on shipped and real models, and load_inputs_npz."""
+"""mxsim.capture.onnx: capture_onnx end to end on shipped and real models, and load_inputs_npz."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from mxsim import BFP_SPECS
 from mxsim.errors import MxsimError
 from mxsim.trace import BFPQuant, MXQuant, load_trace
-from mxsim.trace.lowering import gemm_reference
+from mxsim.replay.lowering import gemm_reference
 
 from conftest import REPO, assert_close_to
 
@@ -30,7 +30,7 @@ def test_digits_onnx_export_captures_like_the_torch_trace(capture):
 
 
 def test_shipped_quark_style_digits_model_replays_with_its_own_formats(capture):
-    from mxsim.trace.onnx_import import load_inputs_npz
+    from mxsim.capture.onnx import load_inputs_npz
 
     trace = capture(DATA / "digits_cnn_quark.onnx", load_inputs_npz(DATA / "digits_inputs.npz"))
     mxfp8 = MXQuant("fp8_e4m3", 1, 32, "quark-onnx", bypass_single_element=True)
@@ -47,7 +47,7 @@ def test_shipped_quark_style_digits_model_replays_with_its_own_formats(capture):
 
 
 def test_load_inputs_npz_never_unpickles(capture, tmp_path):
-    from mxsim.trace.onnx_import import load_inputs_npz
+    from mxsim.capture.onnx import load_inputs_npz
 
     assert set(load_inputs_npz(DATA / "digits_inputs.npz")) == {"image"}
     np.savez(tmp_path / "evil.npz", image=np.array([object()], dtype=object))

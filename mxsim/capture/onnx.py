@@ -14,7 +14,7 @@ it (other matmul-like nodes are listed in ``source.skipped``):
   ``MXFixNeuron``/``BFPFixNeuron``): ``MXQuantizeDequantize`` → :class:`MXQuant` with the
   ``quark-onnx`` profile; ``BFPQuantizeDequantize`` → :class:`BFPQuant` (:mod:`.onnx_quark`).
 
-The graph runs on :func:`mxsim.trace.onnx_graph.run_graph`: onnxruntime for every node but
+The graph runs on :func:`mxsim.capture.onnx_graph.run_graph`: onnxruntime for every node but
 Quark's custom ops, which onnxruntime cannot load without Quark's library and which mxsim's
 quantizers compute between onnxruntime stages. Every node runs exactly once, unfused. How
 nodes map to layers is :mod:`.onnx_layers`.
@@ -33,16 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .._optional import require
 from ..errors import CaptureWarning, InputFileError, MxsimError
 from ..fileio import read_npz
 from ..limits import check_path
-from ._optional import require
-from .model import NUMERIC_DTYPES, Layer, Trace
+from ..trace.model import NUMERIC_DTYPES, Layer, Trace
+from ..trace.validate import validate_trace
 from .onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_model, run_graph
 from .onnx_layers import IDENTITY, LAYER_OP_TYPES, Skip, layer_views, plan_layers
 from .onnx_qdq import qdq_spec
 from .onnx_quark import QUARK_DOMAINS, quark_node_function, quark_spec
-from .validate import validate_trace
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()

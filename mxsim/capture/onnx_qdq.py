@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..trace.quant import QDQ_FLOAT_TYPES, QDQ_INTEGER_RANGES, QDQQuant
 from .onnx_graph import STANDARD_DOMAINS, Graph, attributes
 from .onnx_quark import is_quark
-from .quant import QDQ_FLOAT_TYPES, QDQ_INTEGER_RANGES, QDQQuant
 
 #: ONNX TensorProto data types -> the names QDQQuant takes.
 _QDQ_TYPE_NAMES = {

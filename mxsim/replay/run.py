@@ -2,12 +2,12 @@
 
 ``docs/replay.md`` defines everything below precisely. Per layer:
 
-* The model's operands (:mod:`mxsim.trace.operands`): each operand quantized by its recorded
+* The model's operands (:mod:`mxsim.replay.operands`): each operand quantized by its recorded
   spec in its own layout and lowered to the GEMM the unit sees (conv: K ordered
   (kh, kw, C) with C blocked and padded per tap, by default); the bias through its
   recorded bias quantizer.
 * The ideal: the exact sum of the products of the operands the unit got plus the bias,
-  rounded once to fp32 (:func:`mxsim.trace.operands.ideal_gemm`) — on rows where the unit
+  rounded once to fp32 (:func:`mxsim.replay.operands.ideal_gemm`) — on rows where the unit
   takes the model's operands, the model's own quantized computation.
 * Per unit: the unit takes an operand as the model has it when it accepts the element
   format, has block scales, and its block size divides the model's scale runs along K.
@@ -38,9 +38,10 @@ from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
 from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize
-from .model import Layer, Trace
+from ..trace.model import Layer, Trace
+from ..trace.quant import MXQuant
 from .lowering import gemm_shape, lift_output
-from .network import accuracy, layer_with_input, perplexity
+from .network import accuracy, layer_with_input
 from .operands import (
     CONV_ORDERS,
     GemmOperand,
@@ -51,7 +52,6 @@ from .operands import (
     ideal_gemm,
     layer_operands,
 )
-from .quant import MXQuant
 
 #: Row statuses: the unit multiplied the model's own operand values; replay re-quantized an
 #: operand whose recorded spec the unit cannot take; replay quantized an operand the model
@@ -396,14 +396,18 @@ def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | 
 
 def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
            progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
-           element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False, runner=None) -> dict:
+           element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False, runner=None,
+           perplexity_fn: Callable[..., float] | None = None) -> dict:
     """Replay every layer of ``trace`` through each unit; totals, the worst layers, pairwise bit
     agreement and, with ``end_to_end``, the task metric with every layer computed by each unit:
-    accuracy for a network with labels, perplexity for one with targets (rebuilt and run in
-    PyTorch with the unit in the loop, in this process).
+    accuracy for a network with labels, perplexity for one with targets. A language model runs
+    in PyTorch with the unit in the loop, in this process, through ``perplexity_fn(trace)``
+    (float) and ``perplexity_fn(trace, hw, a_format=element_format)``: pass
+    :func:`mxsim.inloop.network.perplexity` (this package does not import the in-the-loop
+    runner); without it, end to end on a language model raises MxsimError before any layer runs.
 
     ``element_format``: every operand quantized to it (OCP profile) instead of the trace's
-    specs. ``conv_order``: one of :data:`mxsim.trace.operands.CONV_ORDERS`. ``strict``: raise
+    specs. ``conv_order``: one of :data:`mxsim.replay.operands.CONV_ORDERS`. ``strict``: raise
     MxsimError when a unit cannot take a recorded spec (a ``replaced`` row) instead of
     marking the row.
 
@@ -421,6 +425,9 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
         raise MxsimError(f"hardware configs must have distinct names, got {names}")
     runner = runner or InProcess()
     language_model = trace.network is not None and trace.network.targets is not None
+    if end_to_end and language_model and perplexity_fn is None:
+        raise MxsimError(f"trace {trace.name!r} is a language model: its end to end runs in PyTorch; pass "
+                         "perplexity_fn=mxsim.inloop.network.perplexity")
     tasks = [Task(f"layer {layer.name}", replay_layer_on_units, (layer, units, element_format, conv_order, strict,
                                                                  runner.matmul))
              for layer in trace.layers]
@@ -467,8 +474,8 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
                 total += a.bits.size
             report["agreement"].append({"units": [first, second], "bit_identical_fraction": same / total if total else 1.0})
     if end_to_end and language_model:
-        report["end_to_end"] = {"float_perplexity": perplexity(trace), "perplexity": {
-            hw.name: perplexity(trace, hw, a_format=element_format) for hw in units}}
+        report["end_to_end"] = {"float_perplexity": perplexity_fn(trace), "perplexity": {
+            hw.name: perplexity_fn(trace, hw, a_format=element_format) for hw in units}}
     elif end_to_end:
         report["end_to_end"] = {"float_accuracy": accuracy(trace),
                                 "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import MxsimError
+from .errors import MxsimError
 
 EXTRAS = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnx"}
 

@@ -1,0 +1,36 @@
+"""Replay: a trace's layers computed through hardware datapaths, and its network run end to end.
+
+* :mod:`.lowering` — the GEMM view of a layer (linear, matmul, conv2d / conv_transpose2d
+  through im2col): :func:`gemm_shape`, :func:`lower_input`, :func:`lower_weight`,
+  :func:`lift_output`.
+* :mod:`.operands` — a layer's operands quantized in the model's own layout and lowered
+  (per-tap channel blocks), and the exact ideal result.
+* :mod:`.run` — :func:`replay` through units, :func:`run_layer` (one layer on one unit, what
+  :mod:`mxsim.inloop` calls), the report and plots.
+* :mod:`.network` — running a sequential network recipe end to end in numpy.
+
+A language model's end to end runs in PyTorch (:func:`mxsim.inloop.network.perplexity`, passed
+to :func:`replay` as ``perplexity_fn``); this package never imports :mod:`mxsim.inloop`.
+"""
+
+from .lowering import GemmShape, gemm_axis, gemm_reference, gemm_shape, lift_output, lower_input, lower_weight
+from .network import accuracy, float_layer, layer_with_input, run_network
+from .run import format_report, replay, run_layer, write_plots
+
+__all__ = [
+    "GemmShape",
+    "accuracy",
+    "float_layer",
+    "format_report",
+    "gemm_axis",
+    "gemm_reference",
+    "gemm_shape",
+    "layer_with_input",
+    "lift_output",
+    "lower_input",
+    "lower_weight",
+    "replay",
+    "run_layer",
+    "run_network",
+    "write_plots",
+]
