@@ -9,7 +9,6 @@ Each subcommand imports what it runs, so ``mxsim --version`` and ``--help`` load
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
-from .fileio import check_output_directory, read_npy_file, write_atomic
+from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
 from .limits import BUDGET_VARIABLE, check_block_size, check_int
 
 
@@ -47,7 +46,7 @@ def cmd_formats(args) -> int:
             }
         )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows, indent=2))
     else:
         _print_table(rows, list(rows[0]))
     return 0
@@ -105,7 +104,7 @@ def cmd_quantize(args) -> int:
         "results": rows,
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json_text(result, indent=2))
     else:
         print(f"MX quantization of {result['input']}, shape {tuple(x.shape)}, profile {args.profile}, block {args.block_size}")
         _print_table(rows, ["format", "sqnr_db", "max_abs_error", "bits_per_element"])
@@ -165,7 +164,10 @@ def cmd_dot(args) -> int:
     b = _operand_codes(args.b, args.b_codes, args.b_format, "b")
     scale_a = None if args.scale_a is None else np.array([_code_list(args.scale_a, "--scale-a")], dtype=np.int64)
     scale_b = None if args.scale_b is None else np.array([_code_list(args.scale_b, "--scale-b")], dtype=np.int64)
-    c = np.array([args.c], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        c = np.array([args.c], dtype=np.float32)
+    if not (float(c[0]) == args.c or np.isnan(c[0]) and np.isnan(args.c)):  # as --a and --b: exact values only
+        raise ArgumentError(f"--c: {args.c!r} is not an fp32 value (nearest: {float(c[0])!r}); give an exact fp32 value")
     bits = dot(hw, a, b, a_format=args.a_format, b_format=args.b_format, scale_a=scale_a, scale_b=scale_b,
                c=c, out_format=args.out_format)
     out_format = args.out_format or hw.sections[("output", "format")]
@@ -179,7 +181,7 @@ def cmd_dot(args) -> int:
         result["stages"] = report["stages"]
         result["params"] = report["params"]
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json_text(result, indent=2))
         return 0
     if args.explain:
         print(f"{hw.name}: {args.a_format} x {args.b_format} -> {out_format}")
@@ -190,15 +192,7 @@ def cmd_dot(args) -> int:
 
 
 def _write_json_atomically(path: str, data) -> None:
-    write_atomic(Path(path), json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
+    write_atomic(Path(path), json_text(data, indent=2))
 
 
 def cmd_replay(args) -> int:
@@ -298,7 +292,7 @@ def cmd_cycles(args) -> int:
     estimate = estimate_layers(hw.array, layers, storage_for_format(a_format), storage_for_format(b_format),
                                storage_for_format(hw.sections[("output", "format")]))
     if args.json:
-        print(json.dumps(estimate.to_dict(), indent=2, default=_json_default))
+        print(json_text(estimate.to_dict(), indent=2))
     else:
         print(format_table(estimate))
     return 0
@@ -327,7 +321,7 @@ def cmd_golden(args) -> int:
                         kinds=args.kind or ["random", "corners"], stage_dumps=args.stages,
                         progress=None if not args.quiet else False, pairs=pairs)
     if args.json:
-        print(json.dumps(manifest, indent=2, default=_json_default))
+        print(json_text(manifest, indent=2))
         return 0
     for unit in manifest["units"]:
         for kind, entry in unit["files"].items():

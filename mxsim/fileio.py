@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import math
 import os
 import re
@@ -81,21 +82,23 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return " ".join(str(problem).split())[:120] + where
 
 
-def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8") -> str:
-    """The text of ``path``: a regular file of at most MAX_TEXT_BYTES bytes, valid ``encoding``."""
+def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8", limit: int = MAX_TEXT_BYTES) -> str:
+    """The text of ``path``: a regular file of at most ``limit`` bytes (MAX_TEXT_BYTES unless the
+    caller has checked a larger size against the budget), valid ``encoding``."""
     try:
         if not path.is_file():
             fail("no such file")
         size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            fail(f"{size} bytes; text inputs are limited to {MAX_TEXT_BYTES} bytes")
+        if size > limit:
+            fail(f"{size} bytes; text inputs are limited to {limit} bytes")
         data = path.read_bytes()
     except OSError as error:
         fail(f"cannot read: {error.strerror or error}")
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as error:
-        fail(f"not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8")
+        name = "UTF-8" if encoding.lower().startswith("utf-8") else encoding.upper()
+        fail(f"not {name} text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as {name}")
 
 
 def load_yaml(text: str, fail: Fail) -> Any:
@@ -284,6 +287,40 @@ def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
             except _ZIP_ERRORS as error:
                 fail(name, f"truncated or corrupt in {label} ({type(error).__name__}: {error})")
         return out
+
+
+# ----------------------------------------------------------------------------- strict JSON
+
+#: How JSON outputs hold the floats JSON has no literal for (``json`` would write the
+#: non-standard ``NaN``/``Infinity`` that strict parsers refuse).
+NONFINITE_JSON = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def json_ready(value):
+    """``value`` with numpy scalars and arrays as Python values and every non-finite float as
+    the string ``"inf"``, ``"-inf"`` or ``"nan"``; other objects as their ``str``."""
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return {str(key) if not isinstance(key, (str, int, float, bool)) else key: json_ready(item)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [json_ready(item) for item in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    return str(value)
+
+
+def json_text(value, **options) -> str:
+    """Standard JSON of ``value`` (see :func:`json_ready`): no ``NaN`` or ``Infinity``."""
+    return json.dumps(json_ready(value), allow_nan=False, **options)
 
 
 # ----------------------------------------------------------------------------- writing

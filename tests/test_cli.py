@@ -199,3 +199,40 @@ def test_replay_plots_stay_inside_the_output_directory(capsys, tmp_path):
     assert status == 0, err
     assert json.loads(report.read_text())["units"] == ["ocp-exact"]
     assert all(path.resolve().parent == plots.resolve() for path in plots.iterdir())
+
+
+def strict_json(text: str):
+    """json.loads refusing the non-standard NaN, Infinity and -Infinity literals."""
+    def refuse(literal):
+        raise ValueError(f"non-standard JSON literal {literal}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_replay_json_is_strict_with_non_finite_numbers_as_strings(capsys, tmp_path):
+    out_file = tmp_path / "report.json"
+    status, _, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                       "--json", str(out_file), "--quiet")
+    report = strict_json(out_file.read_text())  # an exact unit's SQNR is +inf: "Infinity" before
+    assert status == 0 and report["layers"][0]["results"][0]["sqnr_vs_ideal_db"] == "inf"
+
+
+def test_dot_json_is_strict(capsys):
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", "inf", "--json")
+    assert status == 0 and strict_json(out)["value"] == "inf"
+
+
+@pytest.mark.parametrize("c, message", [
+    ("3.5e38", "--c: 3.5e+38 is not an fp32 value (nearest: inf)"),  # silently +Inf before
+    ("0.1", "--c: 0.1 is not an fp32 value (nearest: 0.10000000149011612)"),
+])
+def test_dot_c_must_be_an_exact_fp32_value_as_a_and_b_are(capsys, c, message):
+    status, _, err = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", c)
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_quantize_refuses_a_scale_format_as_element_format(capsys):
+    status, _, err = run(capsys, "quantize", "--format", "e8m0")
+    assert status == 2 and "e8m0 is not an element format (it is a block scale format); accepted: fp8_e4m3" in err

@@ -470,3 +470,10 @@ def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
     np.testing.assert_array_equal(shifted.dequantize(), (x * 8).astype(target).astype(np.float64) / 8)
     with pytest.raises(ArgumentError, match="tensor_scale_exponent"):
         quantize(x, name, tensor_scale_exponent=200)
+
+
+def test_a_scale_format_is_not_an_element_format():
+    # e8m0 quantized [1, -2, 0, 3] to [1, nan, 6.9e-77, 2] before
+    for function in (fake_quantize, quantize):
+        with pytest.raises(ArgumentError, match="e8m0 is not an element format .* accepted: fp8_e4m3, .*fp4_e2m1"):
+            function(np.array([1.0, -2.0, 0.0, 3.0]), "e8m0")

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MxsimError
+from ..errors import BudgetError, InputFileError, MxsimError
+from ..fileio import read_text
+from ..limits import check_budget, check_path
 from .layout import Field, VectorLayout
 
 FILE_FORMAT_VERSION = 1
@@ -164,8 +166,25 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
 
 
 def read_vector_file(path: str | Path) -> tuple[VectorLayout, VectorSet]:
-    """Read a vector file written by :func:`mxsim.golden.generate` (see :func:`parse_vector_text`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise MxsimError(f"{path}: no such file")
-    return parse_vector_text(path.read_text(), str(path))
+    """Read a vector file written by :func:`mxsim.golden.generate` (see :func:`parse_vector_text`).
+
+    The file must be ASCII text (as generate writes it) whose size, checked before reading,
+    fits the memory budget (``MXSIM_MAX_BYTES``; parsing takes a few times the text's size);
+    anything else is an :class:`~mxsim.errors.InputFileError` naming the file."""
+    path = check_path(path, "read_vector_file: path")
+
+    def fail(message):
+        raise InputFileError(f"{path}: {message}")
+
+    try:
+        if not path.is_file():
+            fail("no such file")
+        size = path.stat().st_size
+    except OSError as error:
+        fail(f"cannot read: {error.strerror or error}")
+    try:
+        check_budget(4 * size, f"reading the vector file ({size} bytes of text)")
+    except BudgetError as error:
+        fail(str(error))
+    text = read_text(path, fail, encoding="ascii", limit=size)
+    return parse_vector_text(text, str(path))

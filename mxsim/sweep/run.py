@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import __version__
 from ..datapath import HardwareConfig
-from ..fileio import check_output_directory, write_atomic
+from ..fileio import NONFINITE_JSON, check_output_directory, json_text, write_atomic
 from ..parallel import InProcess, Task
 from ..trace import Trace
 from ..replay import replay
@@ -120,7 +120,25 @@ def replay_point(trace: Trace, config: HardwareConfig, element_format: str | Non
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, indent=2, default=lambda value: value.item() if isinstance(value, np.generic) else str(value))
+    """Standard JSON (an exact point's SQNR, +inf, is written as the string "inf"; see
+    :func:`mxsim.fileio.json_ready`)."""
+    return json_text(data, indent=2)
+
+
+def _is_metric(key: str) -> bool:
+    return key.endswith(("_db", "_ulps", "_rms", "_fraction", "accuracy")) or key.startswith(("max_", "mean_", "rel_"))
+
+
+def _restore_floats(value, key: str = ""):
+    """A stored record's numbers as floats again: the strings "inf", "-inf", "nan" that
+    :func:`to_json` writes for non-finite metrics (only under metric keys: names stay strings)."""
+    if isinstance(value, dict):
+        return {k: _restore_floats(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_floats(v, key) for v in value]
+    if isinstance(value, str) and value in NONFINITE_JSON and _is_metric(key):
+        return NONFINITE_JSON[value]
+    return value
 
 
 def _read_point(path: Path, key: str) -> dict | None:
@@ -131,7 +149,9 @@ def _read_point(path: Path, key: str) -> dict | None:
         record = json.loads(path.read_text())
     except (ValueError, OSError):
         return None
-    return record if isinstance(record, dict) and record.get("key") == key and "result" in record else None
+    if not (isinstance(record, dict) and record.get("key") == key and "result" in record):
+        return None
+    return _restore_floats(record)
 
 
 #: What a sweep's output directory holds (docs/sweep.md).
