@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ArgumentError, MxsimError
-from .limits import check_int
+from .limits import check_int, shown
 
 
 @dataclass(frozen=True)
@@ -238,22 +238,21 @@ def parse_scheduler_address(address) -> str:
     is an ArgumentError naming the address."""
     if not isinstance(address, str):
         raise ArgumentError(f"--scheduler: expected an address such as tcp://host:8786, got {type(address).__name__}")
-    shown = repr(address) if len(address) <= 80 else repr(address[:77]) + "..."
     expected = "expected tcp://HOST:PORT, tls://HOST:PORT or HOST:PORT with a port 1..65535"
     if len(address) > 300:
-        raise ArgumentError(f"--scheduler {shown}: {expected} (at most 300 characters)")
+        raise ArgumentError(f"--scheduler {shown(address)}: {expected} (at most 300 characters)")
     protocol, separator, rest = address.strip().partition("://")
     if not separator:
         protocol, rest = "tcp", address.strip()
     if protocol not in SCHEDULER_PROTOCOLS:
-        raise ArgumentError(f"--scheduler {shown}: protocol {protocol[:20]!r} is not accepted; {expected}")
+        raise ArgumentError(f"--scheduler {shown(address)}: protocol {protocol[:20]!r} is not accepted; {expected}")
     host, colon, port = rest.rpartition(":")
     if not colon or not host:
-        raise ArgumentError(f"--scheduler {shown}: {expected}")
+        raise ArgumentError(f"--scheduler {shown(address)}: {expected}")
     if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
-        raise ArgumentError(f"--scheduler {shown}: the port must be an integer 1..65535; {expected}")
+        raise ArgumentError(f"--scheduler {shown(address)}: the port must be an integer 1..65535; {expected}")
     if not _HOST.fullmatch(host):
-        raise ArgumentError(f"--scheduler {shown}: {host[:40]!r} is not a host name or address; {expected}")
+        raise ArgumentError(f"--scheduler {shown(address)}: {shown(host, 40)} is not a host name or address; {expected}")
     return f"{protocol}://{host}:{int(port)}"
 
 

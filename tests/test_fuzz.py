@@ -663,7 +663,16 @@ def gen_cli(rng, env, inputs, outputs):
                 "--explain": None, "--json": None},
         "replay": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
                    "--end-to-end": None, "--format": fmt, "--json": lambda: str(outputs / "report.json"),
-                   "--quiet": None},
+                   "--quiet": None, "--plots": lambda: str(outputs / "plots"),
+                   "--conv-order": lambda: rng.choice(["kh_kw_c", "c_kh_kw", "x"]), "--strict": None,
+                   # never a usable --workers: a real cluster is seconds of start-up per case
+                   "--workers": lambda: rng.choice(["0", "-1", "5000", "abc", ""]),
+                   "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "", "localhost", "inproc://"])},
+        "sweep": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
+                  "--vary": lambda: _vary_option(rng) if rng.random() < 0.7 else "adder.fused_terms=8,16",
+                  "--out": lambda: rng.choice([str(outputs / "sweep"), "", str(outputs / "sweep" / "x" * 300)]),
+                  "--format": fmt, "--quiet": None, "--workers": lambda: rng.choice(["0", "abc"]),
+                  "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "localhost"])},
         "cycles": {"": lambda: rng.choice(files["source"]), "--hw": lambda: rng.choice(files["hw"]),
                    "--a-format": fmt, "--b-format": fmt, "--json": None},
         "golden": {"--hw": lambda: rng.choice(files["hw"]), "--out": lambda: str(outputs / "golden"),
@@ -673,12 +682,14 @@ def gen_cli(rng, env, inputs, outputs):
                                                  "fp16", "tf32,fp16", "x,y", ",", "fp8_e4m3,fp8_e4m3,fp4_e2m1"]),
                    "--stages": None, "--quiet": None, "--json": None},
         "capture": {"": lambda: "onnx", "--inputs": lambda: str(inputs / "inputs.npz"),
-                    "--out": lambda: str(outputs / "captured"), "--force": None},
+                    "--out": lambda: str(outputs / "captured"), "--force": None,
+                    "--name": lambda: rng.choice(["n", "", "../x", "a" * 300]),
+                    "--bfp-kernel": lambda: rng.choice(["cpu", "cuda", "x"])},
     }
     command = rng.choice(list(specs))
     argv = [command]
     for option, value in specs[command].items():
-        if rng.random() < (0.9 if option in ("", "--hw", "--out", "--a-format", "--b-format", "--inputs") else 0.4):
+        if rng.random() < (0.9 if option in ("", "--hw", "--out", "--vary", "--a-format", "--b-format", "--inputs") else 0.4):
             if option:
                 argv.append(option)
             if value is not None:
@@ -703,7 +714,7 @@ def gen_cli(rng, env, inputs, outputs):
             except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
                 status = exit_.code
         lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
-        assert status in (0, 2), f"{argv}: exit status {status}"
+        assert status in ((0, 1, 2) if command == "sweep" else (0, 2)), f"{argv}: exit status {status}"
         if status == 2:
             assert len(lines) == 1 and "Traceback" not in lines[0], f"{argv}: stderr {err.getvalue()!r}"
 

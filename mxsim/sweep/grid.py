@@ -25,6 +25,7 @@ import yaml
 from ..datapath import HardwareConfig
 from ..datapath.config import key_of_path, vary_hwconfig
 from ..errors import ArgumentError, BudgetError, ConfigError, MxsimError
+from ..limits import shown
 
 #: Most values one knob may have and most points a grid may have (each point is a whole replay).
 MAX_GRID_POINTS = 10_000
@@ -42,16 +43,10 @@ class Knob:
     values: tuple
 
 
-def _short(text: str, limit: int = 60) -> str:
-    """``text`` quoted and cut to ``limit`` characters (errors never echo long input whole)."""
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
-
-
 def _integer(text: str, option: str) -> int:
     text = text.strip()
     if len(text) > MAX_INTEGER_DIGITS or not text.lstrip("+-").isdigit() or not text.isascii():
-        raise ArgumentError(f"--vary {_short(option)}: {_short(text)} is not an integer of at most "
+        raise ArgumentError(f"--vary {shown(option)}: {shown(text)} is not an integer of at most "
                             f"{MAX_INTEGER_DIGITS} digits (ranges are a:b or a:b:step)")
     return int(text)
 
@@ -59,16 +54,16 @@ def _integer(text: str, option: str) -> int:
 def _list_value(item: str, option: str):
     """One list item as a plain YAML scalar: None, a bool, an int, a float or a str."""
     if item[0] in "!&*[]{}|>'\"%@`#" or len(item) > 200:
-        raise ArgumentError(f"--vary {_short(option)}: {_short(item)} is not a plain value; give null, "
+        raise ArgumentError(f"--vary {shown(option)}: {shown(item)} is not a plain value; give null, "
                             "true/false, integers or names")
     try:
         value = yaml.safe_load(item)
     except (yaml.YAMLError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         # PyYAML's constructors raise ValueError (a date such as 2001-13-45) and others
-        raise ArgumentError(f"--vary {_short(option)}: {_short(item)} is not a plain value; give null, "
+        raise ArgumentError(f"--vary {shown(option)}: {shown(item)} is not a plain value; give null, "
                             "true/false, integers or names") from None
     if value is not None and not isinstance(value, (bool, int, float, str)):
-        raise ArgumentError(f"--vary {_short(option)}: {_short(item)} reads as a {type(value).__name__}; give "
+        raise ArgumentError(f"--vary {shown(option)}: {shown(item)} reads as a {type(value).__name__}; give "
                             "null, true/false, integers or names")
     return value
 
@@ -76,19 +71,19 @@ def _list_value(item: str, option: str):
 def _range_values(option: str, spec: str, key, key_path: str, source: str) -> range:
     parts = spec.split(":")
     if len(parts) not in (2, 3):
-        raise ArgumentError(f"--vary {_short(option)}: a range is a:b or a:b:step")
+        raise ArgumentError(f"--vary {shown(option)}: a range is a:b or a:b:step")
     start, stop = _integer(parts[0], option), _integer(parts[1], option)
     step = _integer(parts[2], option) if len(parts) == 3 else 1
     if step < 1 or stop < start:
-        raise ArgumentError(f"--vary {_short(option)}: a range a:b:step needs a <= b and step >= 1")
+        raise ArgumentError(f"--vary {shown(option)}: a range a:b:step needs a <= b and step >= 1")
     low = key.minimum
     high = key.maximum
     if (low is not None and start < low) or (high is not None and stop > high):
         bounds = f"{low}..{high}" if high is not None else f">= {low}"
-        raise ConfigError(source, key_path, f"the range {_short(spec)} leaves the key's values {bounds}")
+        raise ConfigError(source, key_path, f"the range {shown(spec)} leaves the key's values {bounds}")
     count = (stop - start) // step + 1
     if count > MAX_GRID_POINTS:
-        raise BudgetError(f"--vary {_short(option)}: {count} values; a knob and a grid hold at most "
+        raise BudgetError(f"--vary {shown(option)}: {count} values; a knob and a grid hold at most "
                           f"{MAX_GRID_POINTS} points (docs/limits.md)")
     return range(start, stop + 1, step)
 
@@ -100,7 +95,7 @@ def parse_knob(option: str, source: str = "<config>") -> Knob:
     key_path, equals, spec = option.partition("=")
     key_path, spec = key_path.strip(), spec.strip()
     if not equals or not key_path or not spec:
-        raise ArgumentError(f"--vary {_short(option)}: expected KEY=VALUES, e.g. adder.fused_terms=8,16,32 or "
+        raise ArgumentError(f"--vary {shown(option)}: expected KEY=VALUES, e.g. adder.fused_terms=8,16,32 or "
                          "adder.align_fraction_bits=8:28")
     key = key_of_path(key_path, source)
     if key.kind in UNVARIABLE_KINDS:
@@ -108,19 +103,19 @@ def parse_knob(option: str, source: str = "<config>") -> Knob:
                                             "int, optional_int, bool, str, format or format_list")
     if ":" in spec:
         if key.kind not in INTEGER_KINDS:
-            raise ConfigError(source, key_path, f"a range {_short(spec)} needs an integer key; give a list "
+            raise ConfigError(source, key_path, f"a range {shown(spec)} needs an integer key; give a list "
                                                 f"of values from {', '.join(map(str, key.choices)) or 'true, false'}")
         values = tuple(_range_values(option, spec, key, key_path, source))
     else:
         items = [item.strip() for item in spec.split(",")]
         if not all(items):
-            raise ArgumentError(f"--vary {_short(option)}: an empty value in the list")
+            raise ArgumentError(f"--vary {shown(option)}: an empty value in the list")
         if len(items) > MAX_GRID_POINTS:
-            raise BudgetError(f"--vary {_short(option)}: {len(items)} values; a knob and a grid hold at most "
+            raise BudgetError(f"--vary {shown(option)}: {len(items)} values; a knob and a grid hold at most "
                               f"{MAX_GRID_POINTS} points (docs/limits.md)")
         values = tuple(_list_value(item, option) for item in items)
     if len(set(map(repr, values))) != len(values):
-        raise ArgumentError(f"--vary {_short(option)}: a value is repeated")
+        raise ArgumentError(f"--vary {shown(option)}: a value is repeated")
     return Knob(key_path, values)
 
 
