@@ -297,3 +297,11 @@ def test_an_alias_bomb_under_the_node_limit_gives_a_short_error(tmp_path):
         load_hwconfig(path)
     assert "adder.align_fraction_bits: expected an integer or null, got [[[" in str(info.value)
     assert len(str(info.value)) < 300
+
+
+def test_a_file_that_is_no_config_is_refused_without_echoing_its_lines(tmp_path):
+    path = tmp_path / "shadow"
+    path.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\nbin:*:19000::\n")  # lines ending in ':' are keys
+    with pytest.raises(ConfigError, match="not an mxsim hardware config: a top-level key that is not a name") as info:
+        load_hwconfig(path)
+    assert "SECRETHASH" not in str(info.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from . import schema
 from .schema import REQUIRED, WIDE_FORMATS, DatapathParams, Key
 
 SCHEMA_VERSION = 1
+_KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # what a mistyped key looks like
 OVERRIDE_SELECTORS = ("a_format", "b_format", "out_format")
 
 
@@ -228,7 +230,12 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     top_level = _top_level()
     for name in data:
         if name not in top_level:
-            raise ConfigError(source, str(name), f"unknown key; accepted: {', '.join(sorted(top_level))}")
+            accepted = f"accepted: {', '.join(sorted(top_level))}"
+            if "mxsim_hwconfig" not in data and not _KEY_NAME.fullmatch(str(name)):
+                # not a config at all (a file given by mistake, e.g. /etc/shadow): never echo its text
+                raise ConfigError(source, "", f"not an mxsim hardware config: a top-level key that is not a name "
+                                              f"and no mxsim_hwconfig key; {accepted}")
+            raise ConfigError(source, str(name), f"unknown key; {accepted}")
     if "extends" in data:
         raise ConfigError(source, "extends", "only a config read from a file can extend another (load_hwconfig)")
     version = data.get("mxsim_hwconfig", SCHEMA_VERSION)
