@@ -90,7 +90,8 @@ def cmd_quantize(args) -> int:
         rows.append(
             {
                 "format": fmt.name,
-                "sqnr_db": round(10 * np.log10(signal / noise), 2) if noise > 0 else float("inf"),
+                # exact: inf; a NaN anywhere (input or output) makes the error, so the SQNR, NaN
+                "sqnr_db": round(10 * np.log10(signal / noise), 2) if noise > 0 else float("inf" if noise == 0 else "nan"),
                 "max_abs_error": float(np.max(np.abs(error))),
                 "bits_per_element": fmt.bits + 8 / args.block_size,
             }

@@ -236,3 +236,23 @@ def test_dot_c_must_be_an_exact_fp32_value_as_a_and_b_are(capsys, c, message):
 def test_quantize_refuses_a_scale_format_as_element_format(capsys):
     status, _, err = run(capsys, "quantize", "--format", "e8m0")
     assert status == 2 and "e8m0 is not an element format (it is a block scale format); accepted: fp8_e4m3" in err
+
+
+def test_quantize_reports_nan_sqnr_beside_a_nan_error(capsys, tmp_path):
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
+    x[0, 0] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    status, out, _ = run(capsys, "quantize", "--input", str(tmp_path / "x.npy"), "--format", "fp8_e4m3", "--json")
+    (row,) = strict_json(out)["results"]
+    assert status == 0 and row["max_abs_error"] == "nan" and row["sqnr_db"] == "nan"  # was inf beside a NaN error
+
+
+def test_sweep_out_must_be_a_usable_directory(capsys, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("a user's file")
+    for out, message in (("", "--out: expected a file or directory path, got ''"),
+                         (str(tmp_path / "full"), "is not empty and holds no earlier output of this kind")):
+        status, _, err = run(capsys, "sweep", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"),
+                             "--vary", "adder.fused_terms=8,16", "--out", out, "--quiet")
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "full" / "mine.txt").read_text() == "a user's file"

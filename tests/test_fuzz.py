@@ -670,7 +670,7 @@ def gen_cli(rng, env, inputs, outputs):
                    "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "", "localhost", "inproc://"])},
         "sweep": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
                   "--vary": lambda: _vary_option(rng) if rng.random() < 0.7 else "adder.fused_terms=8,16",
-                  "--out": lambda: rng.choice([str(outputs / "sweep"), "", str(outputs / "sweep" / "x" * 300)]),
+                  "--out": lambda: rng.choice([str(outputs / "sweep"), "", str(outputs / "sweep" / ("x" * 300))]),
                   "--format": fmt, "--quiet": None, "--workers": lambda: rng.choice(["0", "abc"]),
                   "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "localhost"])},
         "cycles": {"": lambda: rng.choice(files["source"]), "--hw": lambda: rng.choice(files["hw"]),
