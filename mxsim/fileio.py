@@ -8,8 +8,9 @@ allocated, and nothing is ever unpickled. Every problem is reported through the 
 ``fail(message)`` (or ``fail(member, message)``), which raises the caller's own error type
 naming its file, so a config error stays a ConfigError and a trace error a TraceError.
 
-Writing: :func:`write_atomic` (temporary file in the same directory, fsync, ``os.replace``)
-and :func:`replace_directory`; :func:`safe_output_path` turns a free-form name (a layer
+Writing: :func:`write_atomic` (temporary file in the same directory, fsync, ``os.replace``),
+:func:`replace_directory`, and for whole outputs :func:`check_output_directory` with
+:func:`staged_directory`; :func:`json_text` writes standard JSON (no ``NaN``/``Infinity``); :func:`safe_output_path` turns a free-form name (a layer
 name) into a file name that stays inside an output directory.
 """
 
@@ -404,7 +405,7 @@ def replace_directory(staging: Path, target: Path) -> None:
 
 
 def check_output_directory(target, is_own: Callable[[Path], bool], what: str) -> Path:
-    """``target`` resolved, if it may be replaced as a whole by a new output: absent, an empty
+    """``target`` made absolute, if it may be replaced as a whole by a new output: absent, an empty
     directory, or a directory ``is_own`` recognises as an earlier output of the same kind.
     Anything else (a file, a symlink, a directory holding other files, the current directory
     or one of its parents) is an ArgumentError naming ``what``: replacing it would delete
