@@ -10,8 +10,9 @@ naming its file, so a config error stays a ConfigError and a trace error a Trace
 
 Writing: :func:`write_atomic` (temporary file in the same directory, fsync, ``os.replace``),
 :func:`replace_directory`, and for whole outputs :func:`check_output_directory` with
-:func:`staged_directory`; :func:`json_text` writes standard JSON (no ``NaN``/``Infinity``); :func:`safe_output_path` turns a free-form name (a layer
-name) into a file name that stays inside an output directory.
+:func:`staged_directory`; :func:`json_text` writes standard JSON (no ``NaN``/``Infinity``);
+:func:`safe_output_path` turns a free-form name (a layer name) into a file name that stays
+inside an output directory.
 """
 
 from __future__ import annotations
