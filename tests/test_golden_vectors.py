@@ -134,3 +134,20 @@ def test_read_vector_file_refuses_non_ascii_and_over_budget_files(tmp_path, monk
     with pytest.raises(InputFileError, match="no such file"):
         read_vector_file(tmp_path / "absent.hex")
     assert not issubclass(InputFileError, BudgetError)
+
+
+def test_a_header_without_a_required_field_is_an_mxsim_error():
+    # found by the fuzz family "files" (a mutated header dropped a field line: KeyError before)
+    unit = GoldenUnit("cfg", "0" * 64, "fp4_e2m1", "fp4_e2m1")
+    layout = layout_for(unit)
+    vectors = VectorSet(a=np.zeros((1, 32), np.uint8), b=np.zeros((1, 32), np.uint8),
+                        scale_a=np.full((1, 1), 127, np.uint8), scale_b=np.full((1, 1), 127, np.uint8),
+                        c=np.zeros(1, np.uint32), d=np.zeros(1, np.uint32))
+    text = "\n".join(header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
+                     + format_lines(layout, vectors)) + "\n"
+    assert parse_vector_text(text)[1].a.shape == (1, 32)
+    for name in ("b", "c"):
+        lines = [line for line in text.splitlines() if not line.startswith(f"// field {name} ")]
+        assert len(lines) == len(text.splitlines()) - 1
+        with pytest.raises(MxsimError, match="expected a, b, c, d and optionally scale_a, scale_b, each once"):
+            parse_vector_text("\n".join(lines))

@@ -133,6 +133,7 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
         rows.append((number, stripped))
     if not fields:
         raise MxsimError(f"{source}: no '// field' header lines; not an mxsim golden vector file")
+    _check_fields(fields, source)
     layout = VectorLayout(tuple(fields))
     widths = [f.hex_digits for f in layout.fields]
     words = []
@@ -163,6 +164,21 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
         c=columns["c"].reshape(n).astype(np.uint32), d=columns["d"].reshape(n).astype(np.uint32),
     )
     return layout, vectors
+
+
+def _check_fields(fields: list[Field], source: str) -> None:
+    """The header's fields are those generate writes: a, b, c, d (scale_a, scale_b optional),
+    each once, c and d one item each, items of 1..32 bits, at most 65,536 items."""
+    names = [f.name for f in fields]
+    missing = [name for name in ("a", "b", "c", "d") if name not in names]
+    unknown = [name for name in names if name not in ("a", "b", "scale_a", "scale_b", "c", "d")]
+    if missing or unknown or len(set(names)) != len(names):
+        raise MxsimError(f"{source}: the '// field' lines name {', '.join(map(repr, names))[:200]}; expected a, b, "
+                         "c, d and optionally scale_a, scale_b, each once")
+    for f in fields:
+        if not (1 <= f.item_bits <= 32 and 1 <= f.items <= (1 if f.name in ("c", "d") else 1 << 16)):
+            raise MxsimError(f"{source}: field {f.name!r} declares {f.items} items of {f.item_bits} bits; expected "
+                             "items of 1..32 bits, one for c and d, at most 65536 otherwise")
 
 
 def read_vector_file(path: str | Path) -> tuple[VectorLayout, VectorSet]:
