@@ -9,7 +9,6 @@ Each subcommand imports what it runs, so ``mxsim --version`` and ``--help`` load
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import numpy as np
 
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
-from .fileio import read_npy_file, write_atomic
-from .limits import BUDGET_VARIABLE, check_block_size
+from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
+from .limits import BUDGET_VARIABLE, check_block_size, check_int
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:
@@ -47,7 +46,7 @@ def cmd_formats(args) -> int:
             }
         )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows, indent=2))
     else:
         _print_table(rows, list(rows[0]))
     return 0
@@ -91,7 +90,8 @@ def cmd_quantize(args) -> int:
         rows.append(
             {
                 "format": fmt.name,
-                "sqnr_db": round(10 * np.log10(signal / noise), 2) if noise > 0 else float("inf"),
+                # exact: inf; a NaN anywhere (input or output) makes the error, so the SQNR, NaN
+                "sqnr_db": round(10 * np.log10(signal / noise), 2) if noise > 0 else float("inf" if noise == 0 else "nan"),
                 "max_abs_error": float(np.max(np.abs(error))),
                 "bits_per_element": fmt.bits + 8 / args.block_size,
             }
@@ -105,7 +105,7 @@ def cmd_quantize(args) -> int:
         "results": rows,
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json_text(result, indent=2))
     else:
         print(f"MX quantization of {result['input']}, shape {tuple(x.shape)}, profile {args.profile}, block {args.block_size}")
         _print_table(rows, ["format", "sqnr_db", "max_abs_error", "bits_per_element"])
@@ -165,7 +165,10 @@ def cmd_dot(args) -> int:
     b = _operand_codes(args.b, args.b_codes, args.b_format, "b")
     scale_a = None if args.scale_a is None else np.array([_code_list(args.scale_a, "--scale-a")], dtype=np.int64)
     scale_b = None if args.scale_b is None else np.array([_code_list(args.scale_b, "--scale-b")], dtype=np.int64)
-    c = np.array([args.c], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        c = np.array([args.c], dtype=np.float32)
+    if not (float(c[0]) == args.c or np.isnan(c[0]) and np.isnan(args.c)):  # as --a and --b: exact values only
+        raise ArgumentError(f"--c: {args.c!r} is not an fp32 value (nearest: {float(c[0])!r}); give an exact fp32 value")
     bits = dot(hw, a, b, a_format=args.a_format, b_format=args.b_format, scale_a=scale_a, scale_b=scale_b,
                c=c, out_format=args.out_format)
     out_format = args.out_format or hw.sections[("output", "format")]
@@ -179,7 +182,7 @@ def cmd_dot(args) -> int:
         result["stages"] = report["stages"]
         result["params"] = report["params"]
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json_text(result, indent=2))
         return 0
     if args.explain:
         print(f"{hw.name}: {args.a_format} x {args.b_format} -> {out_format}")
@@ -190,15 +193,7 @@ def cmd_dot(args) -> int:
 
 
 def _write_json_atomically(path: str, data) -> None:
-    write_atomic(Path(path), json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
+    write_atomic(Path(path), json_text(data, indent=2))
 
 
 def cmd_replay(args) -> int:
@@ -209,6 +204,7 @@ def cmd_replay(args) -> int:
     from .replay.run import select_layers
     from .trace import load_trace
 
+    _check_cluster_options(args)
     trace = load_trace(args.trace)
     if args.layers is not None:
         if args.end_to_end:
@@ -252,23 +248,36 @@ def _print_replay(report: dict, args, format_report) -> None:
 def cmd_sweep(args) -> int:
     from .datapath import load_hwconfig
     from .parallel import make_runner
-    from .sweep import format_table, parse_knobs, run_sweep, write_outputs, write_plots
+    from .sweep import format_table, parse_knobs, run_sweep, write_outputs
+    from .sweep.run import is_sweep_output
     from .trace import load_trace
 
+    _check_cluster_options(args)
+    check_output_directory(args.out, is_sweep_output, "--out")
     base = load_hwconfig(args.hw)
     knobs = parse_knobs(args.vary, args.hw)
     trace = load_trace(args.trace)
     with make_runner(args.workers, args.scheduler) as runner:
         summary = run_sweep(trace, base, knobs, args.out, runner=runner, element_format=args.format,
                             progress=not args.quiet and sys.stderr.isatty())
-    write_outputs(summary, args.out)
-    print(format_table(summary))
     try:
-        write_plots(summary, args.out)
+        write_outputs(summary, args.out, plots=True)
     except ImportError:
         print("plots skipped: they need matplotlib (pip install 'mxsim[plots]')", file=sys.stderr)
+        write_outputs(summary, args.out)
+    print(format_table(summary))
     print(f"results: {Path(args.out) / 'sweep.json'}, {Path(args.out) / 'sweep.csv'}")
     return 1 if summary["failed"] else 0
+
+
+def _check_cluster_options(args) -> None:
+    """--scheduler and --workers checked before any file is read (make_runner checks them again)."""
+    from .parallel import parse_scheduler_address
+
+    if args.scheduler is not None:
+        parse_scheduler_address(args.scheduler)
+    if args.workers is not None:
+        check_int(args.workers, "--workers", 1, 4096)
 
 
 def _add_run_arguments(parser) -> None:
@@ -305,7 +314,7 @@ def cmd_cycles(args) -> int:
     estimate = estimate_layers(hw.array, layers, storage_for_format(a_format), storage_for_format(b_format),
                                storage_for_format(hw.sections[("output", "format")]))
     if args.json:
-        print(json.dumps(estimate.to_dict(), indent=2, default=_json_default))
+        print(json_text(estimate.to_dict(), indent=2))
     else:
         print(format_table(estimate))
     return 0
@@ -334,7 +343,7 @@ def cmd_golden(args) -> int:
                         kinds=args.kind or ["random", "corners"], stage_dumps=args.stages,
                         progress=None if not args.quiet else False, pairs=pairs)
     if args.json:
-        print(json.dumps(manifest, indent=2, default=_json_default))
+        print(json_text(manifest, indent=2))
         return 0
     for unit in manifest["units"]:
         for kind, entry in unit["files"].items():

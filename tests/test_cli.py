@@ -264,3 +264,58 @@ def test_capture_onnx_compact_keeps_mx_operands_as_codes(capsys, tmp_path):
     for a, b in zip(*rows):
         if a.status == "model":
             assert np.array_equal(a.bits, b.bits)
+def strict_json(text: str):
+    """json.loads refusing the non-standard NaN, Infinity and -Infinity literals."""
+    def refuse(literal):
+        raise ValueError(f"non-standard JSON literal {literal}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_replay_json_is_strict_with_non_finite_numbers_as_strings(capsys, tmp_path):
+    out_file = tmp_path / "report.json"
+    status, _, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                       "--json", str(out_file), "--quiet")
+    report = strict_json(out_file.read_text())  # an exact unit's SQNR is +inf: "Infinity" before
+    assert status == 0 and report["layers"][0]["results"][0]["sqnr_vs_ideal_db"] == "inf"
+
+
+def test_dot_json_is_strict(capsys):
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", "inf", "--json")
+    assert status == 0 and strict_json(out)["value"] == "inf"
+
+
+@pytest.mark.parametrize("c, message", [
+    ("3.5e38", "--c: 3.5e+38 is not an fp32 value (nearest: inf)"),  # silently +Inf before
+    ("0.1", "--c: 0.1 is not an fp32 value (nearest: 0.10000000149011612)"),
+])
+def test_dot_c_must_be_an_exact_fp32_value_as_a_and_b_are(capsys, c, message):
+    status, _, err = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", c)
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_quantize_refuses_a_scale_format_as_element_format(capsys):
+    status, _, err = run(capsys, "quantize", "--format", "e8m0")
+    assert status == 2 and "e8m0 is not an element format (it is a block scale format); accepted: fp8_e4m3" in err
+
+
+def test_quantize_reports_nan_sqnr_beside_a_nan_error(capsys, tmp_path):
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
+    x[0, 0] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    status, out, _ = run(capsys, "quantize", "--input", str(tmp_path / "x.npy"), "--format", "fp8_e4m3", "--json")
+    (row,) = strict_json(out)["results"]
+    assert status == 0 and row["max_abs_error"] == "nan" and row["sqnr_db"] == "nan"  # was inf beside a NaN error
+
+
+def test_sweep_out_must_be_a_usable_directory(capsys, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("a user's file")
+    for out, message in (("", "--out: expected a file or directory path, got ''"),
+                         (str(tmp_path / "full"), "is not empty and holds no earlier output of this kind")):
+        status, _, err = run(capsys, "sweep", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"),
+                             "--vary", "adder.fused_terms=8,16", "--out", out, "--quiet")
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "full" / "mine.txt").read_text() == "a user's file"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError, MxsimError
+from ..errors import ArgumentError, ConfigError, MxsimError
 from ..formats import get_format
 
 SCALE_BITS = 8
@@ -104,7 +104,15 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
                 + (f" among {' '.join(usable)}" if usable else ""),
             )
     else:
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (list, tuple)) or not all(
+                isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
+                for pair in pairs):
+            raise ArgumentError("golden: pairs must be a list of (A format, B format) name pairs")
         chosen = [(get_format(a).name, get_format(b).name) for a, b in pairs]
+        repeated = sorted({pair for pair in chosen if chosen.count(pair) > 1})
+        if repeated:  # written twice and counted twice in the manifest otherwise
+            raise ArgumentError(f"golden: format pair {repeated[0][0]},{repeated[0][1]} is given more than once; "
+                                "give each pair once")
         for pair in chosen:
             if pair not in accepted:
                 raise ConfigError(
