@@ -301,6 +301,7 @@ def cmd_capture_onnx(args) -> int:
 
 
 def cmd_capture_torch(args) -> int:
+    from ._optional import require
     from .capture.torch import capture_torch
     from .evaluate.models import load_factory, load_hf, read_inputs, tokenize
     from .limits import check_int, check_path
@@ -310,31 +311,35 @@ def cmd_capture_torch(args) -> int:
     out = check_path(args.out, "--out")
     if out.exists() and not args.force:  # before the model runs
         raise ArgumentError(f"--out {out}: already exists (pass --force to replace a trace directory)")
+    if out.exists() and not (out / "manifest.yaml").is_file():
+        raise ArgumentError(f"--out {out}: exists and is not a trace directory; refusing to replace it")
+    max_length = check_int(args.max_length, "--max-length", 2, 1 << 16)
     if source.is_dir():
         task = args.task or "embedding"
         if args.inputs is None:
             raise ArgumentError("capture torch: a model directory needs --inputs (a text file, one input a line)")
         texts = read_inputs(args.inputs, task).texts
         model, tokenizer = load_hf(source, task)
-        sample = tokenize(tokenizer, texts, check_int(args.max_length, "--max-length", 2, 1 << 16))
+        sample = tokenize(tokenizer, texts, max_length)
         name = args.name or source.resolve().name
     else:
         if args.task is not None:
             raise ArgumentError("capture torch: --task is for a model directory; a factory's model runs as it is")
-        inputs = None
-        if args.inputs is not None:
-            from ._optional import require
-            from .capture.onnx import load_inputs_npz
+        from .capture.onnx import load_inputs_npz
 
-            torch = require("torch")
-
-            inputs = {key: torch.from_numpy(value) for key, value in load_inputs_npz(args.inputs).items()}
+        arrays = None if args.inputs is None else load_inputs_npz(args.inputs)
         model, example = load_factory(args.model)
+        inputs = None if arrays is None else {key: require("torch").from_numpy(value) for key, value in arrays.items()}
         sample = inputs if inputs is not None else example
         if sample is None:
             raise ArgumentError(f"capture torch: {args.model} returned no example inputs; pass --inputs FILE.npz")
         name = args.name or args.model.replace(":", ".")
-    trace = capture_torch(model, sample, name=name, source={"model": str(args.model)})
+    try:
+        trace = capture_torch(model, sample, name=name, source={"model": str(args.model)})
+    except MxsimError:
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError) as error:  # the model refused its inputs
+        raise MxsimError(f"capture torch: {args.model} failed on its inputs: {type(error).__name__}: {error}") from None
     save_trace(trace, out, overwrite=args.force)
     print(f"captured {len(trace.layers)} layers from {args.model} into {out}")
     return 0
@@ -471,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="MODEL is a Hugging Face model directory (loaded offline with the --task auto class, "
                     "--inputs a text file, one input a line, tokenized by the directory's tokenizer) or "
                     "module:factory (factory() returns an nn.Module or (nn.Module, example inputs); --inputs "
-                    "an .npz whose arrays are passed as keyword arguments by name). See docs/capture.md.")
+                    "an .npz whose arrays are passed as keyword arguments by name). See docs/evaluate.md.")
     torch_capture.add_argument("model", help="model directory or module:factory")
     torch_capture.add_argument("--inputs", help="text file (model directory) or .npz of keyword arguments (factory)")
     torch_capture.add_argument("--out", required=True, help="trace directory to write")

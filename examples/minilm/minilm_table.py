@@ -41,11 +41,11 @@ def main() -> None:
                                  progress=True)
             print(format_report(report), flush=True)
             reports.append(report)
-    print("\n| unit | format | cos min | cos mean | nn agree | rank agree | spearman |\n|---|---|---|---|---|---|---|")
+    print("\n| unit | format | cos min | cos mean | nn agree | order agree | spearman |\n|---|---|---|---|---|---|---|")
     for report in reports:
         for run in report["runs"]:
             print(f"| {run['unit']} | {run['format']} | {run['cosine_min']:.6f} | {run['cosine_mean']:.6f} | "
-                  f"{run['neighbour_agreement']:.4f} | {run['ranking_agreement']:.4f} | {run['spearman_mean']:.4f} |")
+                  f"{run['neighbour_agreement']:.4f} | {run['order_agreement']:.4f} | {run['spearman_mean']:.4f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=2))
 

@@ -39,6 +39,19 @@ def _others_order(similarity: np.ndarray) -> np.ndarray:
     return np.array([row[row != i] for i, row in enumerate(order)]).reshape(n, n - 1)
 
 
+def _order_agreement(reference: np.ndarray, unit: np.ndarray) -> float:
+    """The ``order_agreement`` of :func:`embedding_metrics` from two similarity matrices."""
+    n = reference.shape[0]
+    agree = total = 0
+    for i in range(n):
+        others = np.arange(n) != i
+        a, b = reference[i, others], unit[i, others]
+        j, k = np.triu_indices(n - 1, 1)
+        agree += int(np.count_nonzero(np.sign(a[j] - a[k]) == np.sign(b[j] - b[k])))
+        total += j.size
+    return agree / total if total else 1.0
+
+
 def _ranks(order: np.ndarray) -> np.ndarray:
     """(N, N) ranks 0..N-2 of the other inputs of each row (its own column 0) from their order."""
     n = order.shape[0]
@@ -54,8 +67,9 @@ def embedding_metrics(reference: np.ndarray, unit: np.ndarray) -> dict:
       zero vector has cosine 0 with anything);
     * ``neighbour_agreement``: the fraction of inputs whose nearest other input by cosine
       similarity is the same under both;
-    * ``ranking_agreement``: the fraction of inputs for which the order of all the other inputs
-      by cosine similarity is identical (ties ordered by index);
+    * ``order_agreement``: over every input i and every pair j < k of other inputs, the fraction
+      of comparisons "is j or k more similar to i" (the sign of ``s(i,j) - s(i,k)``, cosine
+      similarity s) that come out the same under both;
     * ``spearman_mean``: the mean over inputs of Spearman's rank correlation between the two
       similarity rows (the other inputs only; N >= 3, else None; ranks by the same order).
     """
@@ -70,7 +84,7 @@ def embedding_metrics(reference: np.ndarray, unit: np.ndarray) -> dict:
         spearman = float(np.mean(1 - 6 * (d ** 2).sum(axis=1) / (m * (m * m - 1))))
     return {"cosine_min": float(cosine.min()), "cosine_mean": float(cosine.mean()),
             "neighbour_agreement": float(np.mean(ref_order[:, 0] == got_order[:, 0])),
-            "ranking_agreement": float(np.mean(np.all(ref_order == got_order, axis=1))),
+            "order_agreement": _order_agreement(ref @ ref.T, got @ got.T),
             "spearman_mean": spearman}
 
 

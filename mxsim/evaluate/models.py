@@ -159,12 +159,7 @@ def transformers_offline():
     bars off (``mxsim[models]``)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    try:
-        importlib.import_module("transformers")
-    except ImportError as error:
-        raise MxsimError(f"transformers is not installed ({error}); install it with: pip install 'mxsim[models]'"
-                         ) from None
-    transformers = importlib.import_module("transformers")
+    transformers = require("transformers")
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     return transformers
@@ -173,8 +168,8 @@ def transformers_offline():
 def load_hf(model_dir, task: str):
     """(model in eval mode, tokenizer) of the directory, loaded with the task's auto class from
     local files only."""
-    require("torch")
     path = check_model_dir(model_dir)
+    require("torch")
     transformers = transformers_offline()
     auto_class = getattr(transformers, TASK_CLASSES[check_task(task)])
     try:

@@ -25,10 +25,12 @@ from ..parallel import progress_bar
 from . import metrics
 from .models import check_task, load_hf, read_inputs, read_pooling, tokenize, check_model_dir
 
+#: Most inputs of an embedding evaluation (its order agreement compares every triple).
+MAX_EMBEDDING_INPUTS = 512
 #: The metrics each task's table shows, in order: (key, column heading, decimals).
 COLUMNS = {
     "embedding": (("cosine_min", "cos min", 6), ("cosine_mean", "cos mean", 6), ("neighbour_agreement", "nn agree", 4),
-                  ("ranking_agreement", "rank agree", 4), ("spearman_mean", "spearman", 4)),
+                  ("order_agreement", "order agree", 4), ("spearman_mean", "spearman", 4)),
     "causal-lm": (("perplexity", "perplexity", 4), ("top1_agreement", "top-1 agree", 4)),
     "classification": (("accuracy", "accuracy", 4), ("top1_agreement", "top-1 agree", 4),
                        ("logit_max_abs_diff", "max |dlogit|", 6)),
@@ -137,12 +139,13 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
     check_units_take(units, formats)
     max_length = check_int(max_length, "max_length", 2, 1 << 16)
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
-    torch = require("torch")
     path = check_model_dir(model_dir)
     pooling = read_pooling(path) if task == "embedding" else None
     given = read_inputs(inputs, task)
-    if task == "embedding" and len(given.texts) < 2:
-        raise ArgumentError("inputs: embedding evaluation compares inputs with each other; give at least 2")
+    if task == "embedding" and not 2 <= len(given.texts) <= MAX_EMBEDDING_INPUTS:
+        raise ArgumentError(f"inputs: embedding evaluation compares every pair of inputs; give 2..{MAX_EMBEDDING_INPUTS}"
+                            f" inputs, not {len(given.texts)}")
+    torch = require("torch")
     model, tokenizer = load_hf(path, task)
     labels = _labels(model, given.labels) if task == "classification" else None
     batches = [tokenize(tokenizer, given.texts[i:i + batch_size], max_length)
