@@ -136,6 +136,8 @@ def _hostile_files(tmp_path):
     (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
     (tmp_path / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
     text = (REPO / "hwconfigs/ocp-exact.yaml").read_text()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text('{"model_type": "bert"}')  # a config and nothing else
     (tmp_path / "promoted.yaml").write_text(text + "overrides:\n  - accumulator: {promotion_interval: 1180591620717411303424}\n")
 
 
@@ -166,8 +168,10 @@ def _hostile_files(tmp_path):
       "--inputs", "x"], "argument --task: invalid choice: 'ner'"),
     (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
       "--inputs", "examples/minilm/sentences.txt"], "{tmp}: no config.json"),
-    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
-      "--inputs", "{tmp}/binary.csv"], "not UTF-8 text"),
+    (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
+      "embedding", "--inputs", "{tmp}/binary.csv"], "not UTF-8 text"),
+    (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
+      "embedding", "--inputs", "examples/minilm/sentences.txt"], "cannot load the embedding model and its tokenizer"),
     (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
       "--inputs", "examples/minilm/sentences.txt", "--max-length", "1"], "max_length: expected an integer 2..65536"),
     (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",

@@ -89,7 +89,7 @@ def test_a_model_directory_needs_a_config_object(tmp_path):
     with pytest.raises(InputFileError, match="config.json: expected a JSON object"):
         check_model_dir(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(MxsimError, match="cannot load a embedding model and its tokenizer"):
+    with pytest.raises(MxsimError, match="cannot load the embedding model and its tokenizer"):
         load_hf(tmp_path, "embedding")  # a config without weights or tokenizer
 
 

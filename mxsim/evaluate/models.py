@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -147,11 +148,25 @@ def read_inputs(inputs, task: str) -> Inputs:
     return parse_inputs(read_text(path, fail).split("\n"), task, str(path))
 
 
+#: Loggers that warn on stderr while transformers imports and loads a model (optional torchao
+#: kernels that do not load here, torch's pytree deprecations).
+_CHATTER_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 @contextlib.contextmanager
 def _quiet():
-    """Third-party chatter on stdout (package banners) kept off mxsim's output."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    """Third-party chatter kept off mxsim's output: stdout (package banners) and the warnings
+    of :data:`_CHATTER_LOGGERS`, so that a CLI error stays one line."""
+    loggers = [logging.getLogger(name) for name in _CHATTER_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def transformers_offline():
@@ -159,7 +174,9 @@ def transformers_offline():
     bars off (``mxsim[models]``)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    transformers = require("transformers")
+    require("torch")
+    with _quiet():
+        transformers = require("transformers")
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     return transformers
@@ -177,7 +194,7 @@ def load_hf(model_dir, task: str):
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
             model = auto_class.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
-        raise MxsimError(f"{path}: cannot load a {task} model and its tokenizer with transformers: "
+        raise MxsimError(f"{path}: cannot load the {task} model and its tokenizer with transformers: "
                          f"{' '.join(str(error).split())[:300]}") from None
     if task == "causal-lm" and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out; any id will do
