@@ -208,7 +208,7 @@ def test_evaluate_hf_prints_the_table_and_writes_json(capsys, tmp_path, torch):
                            "--format", "fp8_e4m3", "--task", "embedding", "--inputs", str(tmp_path / "inputs.txt"),
                            "--json", str(tmp_path / "report.json"))
     report = json.loads((tmp_path / "report.json").read_text())
-    assert status == 0 and out.splitlines()[0] == "model: embedding, 3 inputs, 12 tokens, mean pooling"
+    assert status == 0 and out.splitlines()[0] == "model: embedding, 3 inputs, 14 tokens, mean pooling"
     assert out.splitlines()[2].startswith("ocp-exact  fp8_e4m3") and report["runs"][0]["layers"] == 17
     assert "mxsim evaluate: ocp-exact fp8_e4m3: " in err  # progress lines: stderr is not a terminal here
 
