@@ -48,6 +48,8 @@ def no_forward(monkeypatch):
     ({"inputs": "{tmp}/missing.txt"}, "no such file"),
     ({"model_dir": "{tmp}"}, "no config.json"),
     ({"max_length": 1}, "max_length: expected an integer 2..65536, got 1"),
+    ({"scaling": "row"}, "scaling must be one of auto, block, tensor, got 'row'"),
+    ({"scaling": "block", "hw": [OCP, H100]}, "unit h100-fp8 has no block scales; its operands take scaling auto"),
     ({"batch_size": 0}, "batch_size: expected an integer 1..65536, got 0"),
     ({"task": "classification", "inputs": ["happy\tthe cat", "pos\ta dog"]},
      "label 'happy' is neither a class index 0..2 nor one of neg, neu, pos"),
@@ -60,7 +62,7 @@ def test_requests_that_cannot_be_met_fail_before_any_model_runs(tiny_dirs, no_fo
     if args["task"] == "classification":
         args["model_dir"] = tiny_dirs["classification"]
     args = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in args.items()}
-    options = {k: args.pop(k) for k in ("max_length", "batch_size") if k in args}
+    options = {k: args.pop(k) for k in ("max_length", "batch_size", "scaling") if k in args}
     with pytest.raises(MxsimError, match=re.escape(message)):
         evaluate_hf(args["model_dir"], args["hw"], args["formats"], args["task"], args["inputs"], **options)
 

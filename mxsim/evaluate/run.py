@@ -20,10 +20,11 @@ from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import ArgumentError, MxsimError
 from ..formats import get_format
 from ..inloop import torch_unit
+from ..inloop.torch import check_scaling
 from ..limits import check_int
 from ..parallel import progress_bar
 from . import metrics
-from .models import check_task, load_hf, read_inputs, read_pooling, tokenize, check_model_dir
+from .models import check_model_dir, check_task, load_hf, read_inputs, read_pooling, tokenize
 
 #: Most inputs of an embedding evaluation (its order agreement compares every triple).
 MAX_EMBEDDING_INPUTS = 512
@@ -37,10 +38,13 @@ COLUMNS = {
 }
 
 
-def check_units_take(units: list[HardwareConfig], formats: list[str]) -> None:
-    """Every unit takes every format for both operands; else one error naming the unit and the
-    formats it takes."""
+def check_units_take(units: list[HardwareConfig], formats: list[str], scaling: str = "auto") -> None:
+    """Every unit takes every format for both operands, and block scales if ``scaling`` is
+    ``"block"``; else one error naming the unit and what it takes."""
+    check_scaling(scaling)
     for hw in units:
+        if scaling == "block" and hw.sections[("inputs", "scales")] == "none":
+            raise ArgumentError(f"unit {hw.name} has no block scales; its operands take scaling auto or tensor")
         for fmt in formats:
             if fmt not in hw.a_formats or fmt not in hw.b_formats:
                 takes = sorted(set(hw.a_formats) & set(hw.b_formats), key=hw.a_formats.index)
@@ -136,7 +140,7 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
     formats = [get_format(f).name for f in (formats if isinstance(formats, (list, tuple)) else [formats])]
     if not units or not formats:
         raise ArgumentError("evaluate: expected at least one unit and one format")
-    check_units_take(units, formats)
+    check_units_take(units, formats, scaling)
     max_length = check_int(max_length, "max_length", 2, 1 << 16)
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
     path = check_model_dir(model_dir)
