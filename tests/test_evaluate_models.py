@@ -120,13 +120,15 @@ def not_a_model():
 @pytest.mark.parametrize("spec, message", [
     ("nomodule", "expected a Hugging Face model directory or module:factory"),
     ("a b:c", "expected a Hugging Face model directory or module:factory"),
-    ("mxsim_no_such_module:f", "cannot import mxsim_no_such_module"),
+    ("mxsim_no_such_module:f", "cannot import mxsim_no_such_module: ModuleNotFoundError"),
+    ("evaluate_factory_syntax:f", "cannot import evaluate_factory_syntax: SyntaxError"),
     ("evaluate_factory:missing", "evaluate_factory has no callable missing"),
     ("evaluate_factory:broken", "the factory raised ValueError: no weights here"),
     ("evaluate_factory:not_a_model", "the factory returned int; expected an nn.Module"),
 ])
 def test_bad_factories_are_refused(torch, tmp_path, monkeypatch, spec, message):
     (tmp_path / "evaluate_factory.py").write_text(FACTORY)
+    (tmp_path / "evaluate_factory_syntax.py").write_text("def f(:\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "evaluate_factory", raising=False)
     with pytest.raises(MxsimError, match=re.escape(message)):

@@ -186,7 +186,6 @@ def load_hf(model_dir, task: str):
     """(model in eval mode, tokenizer) of the directory, loaded with the task's auto class from
     local files only."""
     path = check_model_dir(model_dir)
-    require("torch")
     transformers = transformers_offline()
     auto_class = getattr(transformers, TASK_CLASSES[check_task(task)])
     try:
@@ -232,8 +231,8 @@ def load_factory(spec: str):
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise MxsimError(f"{spec}: cannot import {module_name}: {error}") from None
+    except Exception as error:  # ImportError, or the module's own code failing (SyntaxError, ...)
+        raise MxsimError(f"{spec}: cannot import {module_name}: {type(error).__name__}: {error}") from None
     finally:
         sys.path.remove(os.getcwd())
     factory = module
