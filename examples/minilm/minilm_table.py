@@ -44,6 +44,9 @@ def main() -> None:
     print("\n| unit | format | cos min | cos mean | nn agree | order agree | spearman |\n|---|---|---|---|---|---|---|")
     for report in reports:
         for run in report["runs"]:
+            if "error" in run:
+                print(f"| {run['unit']} | {run['format']} | error: {run['error']} | | | | |")
+                continue
             print(f"| {run['unit']} | {run['format']} | {run['cosine_min']:.6f} | {run['cosine_mean']:.6f} | "
                   f"{run['neighbour_agreement']:.4f} | {run['order_agreement']:.4f} | {run['spearman_mean']:.4f} |")
     if args.json:
