@@ -330,6 +330,74 @@ def cmd_capture_onnx(args) -> int:
     return 0
 
 
+def cmd_capture_torch(args) -> int:
+    from ._optional import require
+    from .capture.torch import capture_torch
+    from .evaluate.models import load_factory, load_hf, read_inputs, tokenize
+    from .limits import check_int, check_path
+    from .trace import save_trace
+
+    source = check_path(args.model, "model")
+    out = check_path(args.out, "--out")
+    if out.exists() and not args.force:  # before the model runs
+        raise ArgumentError(f"--out {out}: already exists (pass --force to replace a trace directory)")
+    if out.exists() and not (out / "manifest.yaml").is_file():
+        raise ArgumentError(f"--out {out}: exists and is not a trace directory; refusing to replace it")
+    max_length = check_int(args.max_length, "--max-length", 2, 1 << 16)
+    if source.is_dir():
+        task = args.task or "embedding"
+        if args.inputs is None:
+            raise ArgumentError("capture torch: a model directory needs --inputs (a text file, one input a line)")
+        texts = read_inputs(args.inputs, task).texts
+        model, tokenizer = load_hf(source, task)
+        sample = tokenize(tokenizer, texts, max_length)
+        name = args.name or source.resolve().name
+    else:
+        if args.task is not None:
+            raise ArgumentError("capture torch: --task is for a model directory; a factory's model runs as it is")
+        from .capture.onnx import load_inputs_npz
+
+        arrays = None if args.inputs is None else load_inputs_npz(args.inputs)
+        model, example = load_factory(args.model)
+        inputs = None if arrays is None else {key: require("torch").from_numpy(value) for key, value in arrays.items()}
+        sample = inputs if inputs is not None else example
+        if sample is None:
+            raise ArgumentError(f"capture torch: {args.model} returned no example inputs; pass --inputs FILE.npz")
+        name = args.name or args.model.replace(":", ".")
+    try:
+        trace = capture_torch(model, sample, name=name, source={"model": str(args.model)})
+    except MxsimError:
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError) as error:  # the model refused its inputs
+        raise MxsimError(f"capture torch: {args.model} failed on its inputs: {type(error).__name__}: {error}") from None
+    save_trace(trace, out, overwrite=args.force)
+    print(f"captured {len(trace.layers)} layers from {args.model} into {out}")
+    return 0
+
+
+def cmd_evaluate_hf(args) -> int:
+    from .evaluate import evaluate_hf, format_report
+
+    if args.json:
+        _check_output_file(args.json)
+    report = evaluate_hf(args.model_dir, args.hw, args.format, args.task, args.inputs, max_length=args.max_length,
+                         batch_size=args.batch_size, scaling=args.scaling, progress=not args.quiet)
+    print(format_report(report))
+    if args.json:
+        _write_json_atomically(args.json, report)
+        print(f"JSON report: {args.json}")
+    return 1 if any("error" in run for run in report["runs"]) else 0
+
+
+def _check_output_file(value) -> None:
+    """An output file path whose directory exists (checked before the work that fills it)."""
+    from .limits import check_path
+
+    path = check_path(value, "--json")
+    if path.is_dir() or not path.parent.is_dir():
+        raise ArgumentError(f"--json {value}: expected a file in an existing directory")
+
+
 def cmd_golden(args) -> int:
     from .golden import generate
 
@@ -484,6 +552,44 @@ def build_parser() -> argparse.ArgumentParser:
                       help="store MX-quantized operands as codes and scales only, without their floats "
                            "(docs/trace-format.md: which reports need the floats)")
     onnx.set_defaults(run=cmd_capture_onnx)
+
+    torch_capture = capture_sub.add_parser(
+        "torch", help="a PyTorch model: a Hugging Face model directory or module:factory; needs mxsim[torch]",
+        description="MODEL is a Hugging Face model directory (loaded offline with the --task auto class, "
+                    "--inputs a text file, one input a line, tokenized by the directory's tokenizer) or "
+                    "module:factory (factory() returns an nn.Module or (nn.Module, example inputs); --inputs "
+                    "an .npz whose arrays are passed as keyword arguments by name). See docs/evaluate.md.")
+    torch_capture.add_argument("model", help="model directory or module:factory")
+    torch_capture.add_argument("--inputs", help="text file (model directory) or .npz of keyword arguments (factory)")
+    torch_capture.add_argument("--out", required=True, help="trace directory to write")
+    torch_capture.add_argument("--task", choices=["embedding", "causal-lm", "classification"],
+                               help="which auto class loads a model directory (default embedding: AutoModel)")
+    torch_capture.add_argument("--max-length", type=int, default=128, help="tokens per input (default 128)")
+    torch_capture.add_argument("--name", help="trace name (default: the directory's or factory's name)")
+    torch_capture.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
+    torch_capture.set_defaults(run=cmd_capture_torch)
+
+    evaluate = sub.add_parser("evaluate", help="a model in float and with each unit x format in the loop: a verdict")
+    evaluate_sub = evaluate.add_subparsers(dest="source_kind", required=True)
+    hf = evaluate_sub.add_parser(
+        "hf", help="a Hugging Face model directory (offline); needs mxsim[torch,models]",
+        description="Runs the model in float32 and with every matmul on each --hw unit in each --format, and "
+                    "reports per unit x format: embedding: cosine vs float (min, mean) and similarity-ranking "
+                    "agreement; causal-lm: perplexity and top-1 agreement; classification: accuracy (with "
+                    "labels) and top-1 agreement. See docs/evaluate.md.")
+    hf.add_argument("model_dir", help="model directory (config.json, weights, tokenizer)")
+    hf.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
+    hf.add_argument("--format", action="append", required=True, help="element format of both operands (repeatable)")
+    hf.add_argument("--task", required=True, choices=["embedding", "causal-lm", "classification"])
+    hf.add_argument("--inputs", required=True,
+                    help="UTF-8 text file, one input a line (classification: optionally LABEL<TAB>text)")
+    hf.add_argument("--max-length", type=int, default=128, help="tokens per input (default 128)")
+    hf.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default 32)")
+    hf.add_argument("--scaling", choices=["auto", "block", "tensor"], default="auto",
+                    help="operand scaling on the unit (default auto: block scales where the unit has them)")
+    hf.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
+    hf.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    hf.set_defaults(run=cmd_evaluate_hf)
 
     golden = sub.add_parser("golden", help="golden reference vectors for RTL test benches")
     golden.add_argument("--hw", required=True, help="hardware config YAML")

@@ -137,6 +137,8 @@ def _hostile_files(tmp_path):
     (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
     (tmp_path / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
     text = (REPO / "hwconfigs/ocp-exact.yaml").read_text()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text('{"model_type": "bert"}')  # a config and nothing else
     (tmp_path / "promoted.yaml").write_text(text + "overrides:\n  - accumulator: {promotion_interval: 1180591620717411303424}\n")
 
 
@@ -161,6 +163,28 @@ def _hostile_files(tmp_path):
     (["golden", "--hw", "hwconfigs/h100-fp8.yaml", "--out", "{tmp}/g", "--pair", "fp8_e4m3,fp4_e2m1"],
      "format pair fp8_e4m3 x fp4_e2m1 is not accepted by this unit; accepted: fp8_e4m3xfp8_e4m3,"),
     (["bogus"], "invalid choice: 'bogus'"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/h100-fp8.yaml", "--format", "fp4_e2m1", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt"], "unit h100-fp8 does not take fp4_e2m1 for both operands; it takes"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "ner",
+      "--inputs", "x"], "argument --task: invalid choice: 'ner'"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt"], "{tmp}: no config.json"),
+    (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
+      "embedding", "--inputs", "{tmp}/binary.csv"], "not UTF-8 text"),
+    (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
+      "embedding", "--inputs", "examples/minilm/sentences.txt"], "cannot load the embedding model and its tokenizer"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt", "--max-length", "1"], "max_length: expected an integer 2..65536"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt", "--json", "{tmp}/no/dir.json"],
+     "--json {tmp}/no/dir.json: expected a file in an existing directory"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--task", "embedding", "--inputs", "x"],
+     "the following arguments are required: --format"),
+    (["capture", "torch", "nomodule", "--out", "{tmp}/t"], "expected a Hugging Face model directory or module:factory"),
+    (["capture", "torch", "{tmp}", "--out", "{tmp}/t"], "a model directory needs --inputs"),
+    (["capture", "torch", "json:loads", "--out", "{tmp}/t"], "the factory raised TypeError"),
+    (["capture", "torch", "json:loads", "--out", "{tmp}/t", "--task", "embedding"], "--task is for a model directory"),
+    (["capture", "torch", "json:loads", "--out", "{tmp}"], "already exists (pass --force"),
 ])
 def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(REPO)
@@ -174,6 +198,64 @@ def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1, err
     assert message.format(tmp=tmp_path) in lines[0] and "Traceback" not in err
+
+
+def test_evaluate_hf_prints_the_table_and_writes_json(capsys, tmp_path, torch):
+    from conftest import tiny_hf_dir
+
+    model = tiny_hf_dir(torch, tmp_path / "model", "embedding")
+    (tmp_path / "inputs.txt").write_text("the cat sat on the mat\na dog ran in the park\nthe sun\n")
+    status, out, err = run(capsys, "evaluate", "hf", str(model), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
+                           "--format", "fp8_e4m3", "--task", "embedding", "--inputs", str(tmp_path / "inputs.txt"),
+                           "--json", str(tmp_path / "report.json"))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert status == 0 and out.splitlines()[0] == "model: embedding, 3 inputs, 14 tokens, mean pooling"
+    assert out.splitlines()[2].startswith("ocp-exact  fp8_e4m3") and report["runs"][0]["layers"] == 17
+    assert "mxsim evaluate: ocp-exact fp8_e4m3: " in err  # progress lines: stderr is not a terminal here
+
+
+FACTORY = """
+import torch
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval(), torch.ones(3, 8)
+
+def kwargs_model():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x, scale):
+            return self.fc(x) * scale
+
+    return Scaled()
+"""
+
+
+def test_capture_torch_from_a_factory_and_from_a_model_directory(capsys, tmp_path, torch, monkeypatch):
+    from conftest import tiny_hf_dir
+    from mxsim.trace import load_trace
+
+    (tmp_path / "cli_factory.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "capture", "torch", "cli_factory:mlp", "--out", str(tmp_path / "mlp"))
+    trace = load_trace(tmp_path / "mlp")
+    assert status == 0 and [layer.name for layer in trace.layers] == ["0", "2"] and trace.name == "cli_factory.mlp"
+    status, _, err = run(capsys, "capture", "torch", "cli_factory:kwargs_model", "--out", str(tmp_path / "kw"))
+    assert status == 2 and "returned no example inputs; pass --inputs FILE.npz" in err
+    np.savez(tmp_path / "kw.npz", x=np.ones((2, 8), np.float32), scale=np.float32(2.0))
+    status, _, _ = run(capsys, "capture", "torch", "cli_factory:kwargs_model", "--inputs", str(tmp_path / "kw.npz"),
+                       "--out", str(tmp_path / "kw"))
+    assert status == 0 and [layer.name for layer in load_trace(tmp_path / "kw").layers] == ["fc"]
+    model = tiny_hf_dir(torch, tmp_path / "bert", "embedding")
+    (tmp_path / "inputs.txt").write_text("the cat sat\na dog ran in the park\n")
+    status, out, _ = run(capsys, "capture", "torch", str(model), "--inputs", str(tmp_path / "inputs.txt"),
+                         "--out", str(tmp_path / "bert-trace"))
+    trace = load_trace(tmp_path / "bert-trace")
+    assert status == 0 and len(trace.layers) == 17 and trace.name == "bert"
+    assert trace.layers[0].tensors["input"].shape == (2, 6, 32)  # two inputs padded to 6 tokens, hidden 32
 
 
 def test_golden_pairs_of_a_config_with_tf32(capsys, tmp_path):

@@ -9,7 +9,9 @@ derandomized, so a run is reproducible; a failure prints the family and seed):
 * ``npz``: its NPZ files mutated (``.npy`` headers declaring huge shapes or odd dtypes,
   truncation, pickled members, zip damage), loaded and replayed;
 * ``api``: public functions called with random and hostile arguments;
-* ``cli``: random argument lists for every subcommand, with hostile files.
+* ``cli``: random argument lists for every subcommand, with hostile files (model
+  directories without a model and factories that fail, for ``capture torch`` and
+  ``evaluate hf``: no case runs a model).
 
 Every case must end in success or an mxsim error (the CLI: status 0 or 2, and for 2 exactly
 one line on stderr), write nothing outside its output directory, keep the traced peak of
@@ -660,6 +662,7 @@ def _cli_files(rng: random.Random, env, inputs: Path) -> dict[str, list[str]]:
     (inputs / "deep.yaml").write_text(deep_yaml(rng))
     (inputs / "topo.csv").write_text("Layer, M, N, K,\nfc, 64, 128, 256,\n")
     (inputs / "inputs.npz").write_bytes(mutate_bytes(rng, (REPO / "tests/data/trace/digits_inputs.npz").read_bytes()))
+    (inputs / "inputs.txt").write_bytes(mutate_bytes(rng, "pos\tthe cat sat\n\n0\ta dog ran\n".encode()))
     shutil.copytree(env["root"] / "trace", inputs / "trace")
     bad = [str(inputs / name) for name in ("empty.npy", "huge.npy", "object.npy", "latin1.yaml", "binary.bin",
                                            "deep.yaml", "missing.file")] + [str(inputs), "", "-", "/"]
@@ -668,6 +671,7 @@ def _cli_files(rng: random.Random, env, inputs: Path) -> dict[str, list[str]]:
         "npy": [str(inputs / "good.npy"), str(inputs / "empty2d.npy")] + bad,
         "source": [str(inputs / "topo.csv"), str(inputs / "trace")] + bad,
         "trace": [str(inputs / "trace")] + bad,
+        "text": [str(inputs / "inputs.txt")] + bad,
     }
 
 
@@ -712,10 +716,15 @@ def gen_cli(rng, env, inputs, outputs):
                    "--pair": lambda: rng.choice(["fp8_e4m3,fp8_e4m3", "fp4_e2m1,fp6_e2m3", "fp16,bf16", "fp8_e5m2,int8",
                                                  "fp16", "tf32,fp16", "x,y", ",", "fp8_e4m3,fp8_e4m3,fp4_e2m1"]),
                    "--stages": None, "--quiet": None, "--json": None},
-        "capture": {"": lambda: "onnx", "--inputs": lambda: str(inputs / "inputs.npz"),
+        "capture": {"": lambda: rng.choice(["onnx", "torch"]), "--inputs": lambda: str(inputs / "inputs.npz"),
                     "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None,
                     "--name": lambda: rng.choice(["n", "", "../x", "a" * 300]),
                     "--bfp-kernel": lambda: rng.choice(["cpu", "cuda", "x"])},
+        "evaluate": {"": lambda: "hf", "--hw": lambda: rng.choice(files["hw"]), "--format": fmt,
+                     "--task": lambda: rng.choice(["embedding", "causal-lm", "classification", "ner", ""]),
+                     "--inputs": lambda: rng.choice(files["text"]), "--json": lambda: str(outputs / "report.json"),
+                     "--max-length": lambda: _number_text(rng), "--batch-size": lambda: _number_text(rng),
+                     "--scaling": lambda: rng.choice(["auto", "tensor", "x"]), "--quiet": None},
     }
     command = rng.choice(list(specs))
     argv = [command]
@@ -729,8 +738,12 @@ def gen_cli(rng, env, inputs, outputs):
         # Stage dumps of every pair of a 36-pair config (1000 cases and the corner list each)
         # take minutes of work fixed by the config; one pair takes seconds.
         argv.remove("--stages")
-    if command == "capture":  # the ONNX model (positional) after the subcommand name
+    if command == "capture" and argv[1:2] == ["onnx"]:  # the model (positional) after the subcommand name
         argv.insert(2, rng.choice([str(REPO / "tests/data/trace/digits_cnn.onnx"), str(inputs / "binary.bin")]))
+    elif command == "capture":  # module:factory specs that fail, and directories without a model
+        argv.insert(2, rng.choice(["json:loads", "nomodule", "mxsim:__version__", "a b:c", ":", str(inputs), "/"]))
+    elif command == "evaluate":  # model directories without a config
+        argv.insert(2, rng.choice([str(inputs / "trace"), str(inputs), str(inputs / "binary.bin"), "", "/"]))
     if rng.random() < 0.15:
         argv.insert(rng.randrange(len(argv) + 1), rng.choice(["--bogus", "-x", "--", "--help", "\x00", "%s"]))
     if rng.random() < 0.05:
