@@ -36,6 +36,7 @@ from .._compile import generic_calls
 
 from ..formats._kernels import (
     OVERFLOW_INF_NAN,
+    OVERFLOW_INFINITY,
     P_BIAS,
     P_EMAX,
     P_EXPONENT_BITS,
@@ -51,9 +52,10 @@ from ..formats._kernels import (
 )
 from ..quantize._kernels import SCALE_NAN
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
+from .schema import NO_ZERO_EXPONENT
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
-SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM = 0, 1, 2  # inputs.scales
+SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
 # The datapath functions allocate nothing, so they are compiled without Numba's reference
@@ -82,20 +84,20 @@ def flush_subnormal(value, params, subnormals):
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def round_float(value, params, rounding, subnormals):
-    """``value`` rounded once into the format ``params`` (IEEE overflow), as float64."""
+def round_float(value, params, rounding, subnormals, overflow=OVERFLOW_INF_NAN):
+    """``value`` rounded once into the format ``params`` (IEEE overflow, or ``overflow``), as float64."""
     if value == 0.0 or not math.isfinite(value):
         return value
     value_class, sign, significand, lsb_exponent, leading = decompose(np.float64(value).view(np.uint64), 11, 52)
-    code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, OVERFLOW_INF_NAN, 0)
+    code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, overflow, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def round_limbs(limbs, bounds, params, rounding, subnormals):
+def round_limbs(limbs, bounds, params, rounding, subnormals, overflow=OVERFLOW_INF_NAN):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
-    code, is_zero = limbs_round(limbs, bounds, params, rounding, OVERFLOW_INF_NAN)
+    code, is_zero = limbs_round(limbs, bounds, params, rounding, overflow)
     if is_zero:
         return 0.0
     return flush_subnormal(decode_code(code, params), params, subnormals)
@@ -103,12 +105,12 @@ def round_limbs(limbs, bounds, params, rounding, subnormals):
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def add_round(x, y, params, rounding, subnormals, limbs, bounds):
+def add_round(x, y, params, rounding, subnormals, limbs, bounds, overflow=OVERFLOW_INF_NAN):
     """x + y (finite float64s) computed exactly, rounded once into ``params``."""
     limbs_clear(limbs, bounds)
     limbs_add_float(limbs, bounds, x)
     limbs_add_float(limbs, bounds, y)
-    result = round_limbs(limbs, bounds, params, rounding, subnormals)
+    result = round_limbs(limbs, bounds, params, rounding, subnormals, overflow)
     limbs_clear(limbs, bounds)
     return result
 
@@ -145,7 +147,7 @@ def _bit_length(value):
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
-def round_integer(total, lsb_exponent, params, rounding, subnormals):
+def round_integer(total, lsb_exponent, params, rounding, subnormals, overflow=OVERFLOW_INF_NAN):
     """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""
     if total == 0:
         return 0.0
@@ -168,8 +170,14 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals):
             lsb_exponent += shift
         value = scale_by_power_of_two(float(magnitude), lsb_exponent)
         return -value if total < 0 else value
-    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, OVERFLOW_INF_NAN, 0)
+    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, overflow, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
+
+
+@njit(cache=True, inline="always")
+def accumulator_overflow(cfg):
+    """The overflow policy of roundings into the accumulator (``accumulator.overflow``)."""
+    return OVERFLOW_INFINITY if cfg.accumulator_overflow_infinity else OVERFLOW_INF_NAN
 
 
 @njit(cache=True, inline="always")
@@ -195,7 +203,8 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     elif cfg.promotion_interval > 0:
         outer = c_value
     elif not cfg.c_at_end:
-        acc = round_float(c_value, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        acc = round_float(c_value, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                          accumulator_overflow(cfg))
         if not math.isfinite(acc):  # c overflows a narrower accumulator
             special = note_overflow(special, acc)
             acc = 0.0
@@ -230,6 +239,8 @@ def uniform_trees(cfg):
     return (
         cfg.term_order_length == 0
         and (cfg.scales == SCALES_NONE or cfg.block_size % cfg.fused_terms == 0)
+        and cfg.scales != SCALES_GROUP_SUM
+        and cfg.zero_exponent == NO_ZERO_EXPONENT
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
     )
@@ -285,7 +296,7 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
     product = a_values[code_a] * b_values[code_b]
     exponent_sum = a_exponents[code_a] + b_exponents[code_b]
     deferred = 0
-    if cfg.scales != SCALES_NONE:
+    if cfg.scales != SCALES_NONE and cfg.scales != SCALES_GROUP_SUM:  # group_sum: scaled per group
         block = k // cfg.block_size
         scale_a = a_scales[block]
         scale_b = b_scales[block]
@@ -324,6 +335,10 @@ def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values,
         if product == 0.0:
             if math.copysign(1.0, product) > 0:
                 negative_zeros_only = False
+            if cfg.zero_exponent != NO_ZERO_EXPONENT:  # a zero term that joins the reference
+                terms[count] = 0.0
+                exponents[count] = cfg.zero_exponent
+                count += 1
             continue
         negative_zeros_only = False
         if cfg.product_fraction_bits >= 0:
@@ -334,7 +349,69 @@ def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values,
     return count, tree_scale, special, negative_zeros_only
 
 
+@njit(cache=True, **NO_REFCOUNTS)
+def group_tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, b_values,
+                     scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only):
+    """Steps 1-3 of a ``scales: group_sum`` tree: one term per group of ``group_terms`` products,
+    the group's exact sum times its block's two scales (codes indexing ``scale_values``), with
+    the scales' exponent sum as its alignment exponent. A group whose products are all zero, or
+    whose scale is zero, is a zero term (``zero_exponent``); NaN/Inf products or a NaN scale
+    join the running special. The config guarantees every group sum and its scaled value are
+    exact in float64. Returns (count, special, negative_zeros_only)."""
+    count = 0
+    start = tree * cfg.fused_terms
+    stop = min(start + cfg.fused_terms, n_elements)
+    for group_start in range(start, stop, cfg.group_terms):
+        group_sum = 0.0
+        all_zero = True
+        for k in range(group_start, min(group_start + cfg.group_terms, stop)):
+            product = a_values[a_codes[k]] * b_values[b_codes[k]]
+            if not math.isfinite(product):
+                special += product
+                all_zero = False
+                continue
+            if product != 0.0 or math.copysign(1.0, product) > 0:
+                negative_zeros_only = False
+            if product != 0.0:
+                all_zero = False
+            group_sum += product  # exact: see the docstring
+        block = group_start // cfg.block_size
+        scale = scale_values[a_scales[block]] * scale_values[b_scales[block]]
+        if math.isnan(scale):
+            special += scale
+            continue
+        if all_zero or scale == 0.0:
+            if cfg.zero_exponent != NO_ZERO_EXPONENT:
+                terms[count] = 0.0
+                exponents[count] = cfg.zero_exponent
+                count += 1
+            continue
+        terms[count] = group_sum * scale
+        exponents[count] = scale_exponents[a_scales[block]] + scale_exponents[b_scales[block]]
+        count += 1
+    return count, special, negative_zeros_only
+
+
 # --- steps 4-5: align and add -------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def join_accumulator(acc, cfg, acc_params, terms, exponents, count):
+    """Step 4: the accumulator as one more term of the tree, aligned at floor(log2|acc|) (at
+    least the accumulator format's emin with ``accumulator_exponent: clamped``); a zero one
+    joins only with ``zero_exponent``. Returns the new term count."""
+    if acc == 0.0:
+        if cfg.zero_exponent == NO_ZERO_EXPONENT:
+            return count
+        terms[count] = 0.0
+        exponents[count] = cfg.zero_exponent
+        return count + 1
+    exponent = floor_log2(acc)
+    if cfg.accumulator_exponent_clamped:
+        exponent = max(exponent, 1 - acc_params[P_BIAS])
+    terms[count] = acc
+    exponents[count] = exponent
+    return count + 1
+
 
 @njit(cache=True, inline="always")
 def keep_in_window(scaled, below):
@@ -431,12 +508,14 @@ def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, su
         tree_sum = round_integer(total, lsb_exponent, sum_params, cfg.sum_rounding, True)
         if not joined:
             return add_round(acc, tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                             limbs, bounds)
+                             limbs, bounds, accumulator_overflow(cfg))
         if is_accumulator_value(tree_sum, cfg, acc_params):
             return tree_sum
-        return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                           accumulator_overflow(cfg))
     if fits and joined:
-        return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+        return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                             accumulator_overflow(cfg))
     return accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
 
 
@@ -452,7 +531,8 @@ def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_p
         limbs_add_float(limbs, bounds, tree_sum)
     if not cfg.accumulator_in_tree:
         limbs_add_float(limbs, bounds, acc)
-    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                         accumulator_overflow(cfg))
     limbs_clear(limbs, bounds)
     return result
 
@@ -478,7 +558,8 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
     elif cfg.c_at_end:
         c_converted = round_float(c_value, acc_params, ROUND_NEAREST_EVEN, cfg.accumulator_subnormals)
         if math.isfinite(c_converted):
-            acc = add_round(acc, c_converted, acc_params, cfg.c_add_rounding, cfg.accumulator_subnormals, limbs, bounds)
+            acc = add_round(acc, c_converted, acc_params, cfg.c_add_rounding, cfg.accumulator_subnormals, limbs, bounds,
+                            accumulator_overflow(cfg))
         else:
             special = note_overflow(special, c_converted)
     if not math.isfinite(acc):
@@ -490,13 +571,15 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
 # --- step 7: output -----------------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def output_value(result, special, negative_zeros_only):
+def output_value(result, special, negative_zeros_only, zero_positive):
     """The dot product's value from the output-rounded ``result``: the running special wins
-    (NaN as the canonical positive quiet NaN); an exact zero is -0 only when c and every
-    product were -0 (IEEE's sum of zeros), while a negative result that rounded to zero kept
-    its sign."""
+    (NaN as the canonical positive quiet NaN); with ``zero_positive`` every zero is +0; else an
+    exact zero is -0 only when c and every product were -0 (IEEE's sum of zeros), while a
+    negative result that rounded to zero kept its sign."""
     if special != 0.0 or math.isnan(special):
         return np.nan if math.isnan(special) else special
+    if result == 0.0 and zero_positive:
+        return 0.0
     if result == 0.0 and not math.copysign(1.0, result) < 0:
         return -0.0 if negative_zeros_only else 0.0
     return result
@@ -506,7 +589,7 @@ def output_value(result, special, negative_zeros_only):
 def dot_one(
     a_codes, b_codes, a_scales, b_scales, c_value,
     a_values, a_exponents, b_values, b_exponents,
-    config, order, acc_params, sum_params, out_params, fp32_params,
+    config, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
     limbs, bounds, terms, exponents,
 ):
     """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
@@ -527,21 +610,24 @@ def dot_one(
         count = 0
         tree_scale = 0
         done = False
-        if uniform:
+        if cfg.scales == SCALES_GROUP_SUM:
+            count, special, negative_zeros_only = group_tree_terms(
+                tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, b_values, scale_values,
+                scale_exponents, cfg, terms, exponents, special, negative_zeros_only)
+            done = True
+        elif uniform:
             start = tree * fused_terms
             count, tree_scale, done = uniform_tree_terms(
                 start, min(start + fused_terms, n_elements), a_codes, b_codes, a_scales, b_scales,
                 a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents)
-        if done:
+        if done and cfg.scales != SCALES_GROUP_SUM:
             negative_zeros_only = False
-        else:
+        elif not done:
             count, tree_scale, special, negative_zeros_only = tree_terms(
                 tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
                 b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
-        if cfg.accumulator_in_tree and acc != 0.0:  # step 4: the accumulator joins the alignment
-            terms[count] = acc
-            exponents[count] = floor_log2(acc)
-            count += 1
+        if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
+            count = join_accumulator(acc, cfg, acc_params, terms, exponents, count)
         fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, cfg)
         if cfg.accumulator_exact:  # Kulisch: the tree's exact sum goes straight into the limbs
             add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
@@ -559,7 +645,7 @@ def dot_one(
     else:
         acc, special = finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds)
         result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals)
-    return output_value(result, special, negative_zeros_only)
+    return output_value(result, special, negative_zeros_only, cfg.zero_positive)
 
 
 @njit(cache=True)
@@ -573,7 +659,7 @@ def _output_code(value, out_params):
 def dot_pairs(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, out,
+    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, out,
 ):
     """out[i] = output code of the dot product of row i of A with row i of B."""
     n_rows = a_codes.shape[0]
@@ -587,7 +673,7 @@ def dot_pairs(
             value = dot_one(
                 a_codes[i], b_codes[i], a_scales[i], b_scales[i], c_values[i],
                 a_values, a_exponents, b_values, b_exponents,
-                cfg, order, acc_params, sum_params, out_params, fp32_params,
+                cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
                 limbs, bounds, terms, exponents,
             )
             out[i] = _output_code(value, out_params)
@@ -597,7 +683,7 @@ def dot_pairs(
 def matmul_rows(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, out,
+    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, out,
 ):
     """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K).
 
@@ -615,7 +701,7 @@ def matmul_rows(
             value = dot_one(
                 a_codes[m], b_codes[n], a_scales[m], b_scales[n], c_values[m % c_rows, n % c_columns],
                 a_values, a_exponents, b_values, b_exponents,
-                cfg, order, acc_params, sum_params, out_params, fp32_params,
+                cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
                 limbs, bounds, terms, exponents,
             )
             out[m, n] = _output_code(value, out_params)

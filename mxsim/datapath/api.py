@@ -18,7 +18,7 @@ from .blas import blas_applies, blas_matmul
 from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
 from .schema import DatapathParams, kernel_record
-from .tables import element_tables, sum_format
+from .tables import element_tables, scale_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
@@ -75,18 +75,26 @@ def _one_row(values, name: str) -> np.ndarray:
 
 
 def _scale_exponents(scales, name: str, rows: int, blocks: int, params: DatapathParams) -> np.ndarray:
+    """The kernel's scale array: E8M0 exponents (0xFF as SCALE_NAN), or with ``scales:
+    group_sum`` the codes of ``scale_format`` themselves (the kernel reads their tables)."""
     if params.scales == "none":
         if scales is not None:
             raise ArgumentError(f"{name}: this unit takes no scales (inputs.scales: none)")
         return np.zeros((rows, blocks), dtype=np.int32)
-    if scales is None:
-        return np.zeros((rows, blocks), dtype=np.int32)  # every scale 1.0 (code 127)
+    fmt = get_format(params.scale_format)
+    label = fmt.name.upper()
+    if scales is None:  # every scale 1.0
+        one = 0 if params.scales != "group_sum" else int(fmt.encode(np.array([1.0]))[0])
+        return np.full((rows, blocks), one, dtype=np.int32)
     if not isinstance(scales, np.ndarray) or not np.issubdtype(scales.dtype, np.integer):
-        raise ArgumentError(f"{name}: expected an integer numpy array of E8M0 codes")
+        raise ArgumentError(f"{name}: expected an integer numpy array of {label} codes")
     if scales.shape != (rows, blocks):
-        raise ArgumentError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
-    if scales.size and (scales.min() < 0 or scales.max() > 255):
-        raise ArgumentError(f"{name}: E8M0 codes must lie in [0, 255]")
+        raise ArgumentError(f"{name}: expected shape {(rows, blocks)} (one {label} code per block of {params.block_size}), got {scales.shape}")
+    top = (1 << fmt.bits) - 1
+    if scales.size and (scales.min() < 0 or scales.max() > top):
+        raise ArgumentError(f"{name}: {label} codes must lie in [0, {top}]")
+    if params.scales == "group_sum":
+        return np.ascontiguousarray(scales, dtype=np.int32)
     return scale_exponents_of_codes(scales)
 
 
@@ -119,7 +127,8 @@ def _kernel_arguments(params: DatapathParams):
     a_values, a_exponents = element_tables(a_fmt, params.input_subnormals)
     b_values, b_exponents = element_tables(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
-    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
+    scale_values, scale_exponents = scale_tables(get_format(params.scale_format))
+    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, scale_values, scale_exponents)
 
 
 def _check_method(method: str, caller: str) -> None:
@@ -133,8 +142,8 @@ def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out
     Args:
         hw: a HardwareConfig or the path of a hwconfig YAML file.
         a, b: (n, K) integer arrays of element codes of ``a_format`` / ``b_format``.
-        scale_a, scale_b: (n, ceil(K / block_size)) E8M0 codes (0xFF = NaN); None means
-            every scale is 1. Units with ``inputs.scales: none`` accept only None.
+        scale_a, scale_b: (n, ceil(K / block_size)) codes of the unit's ``inputs.scale_format``
+            (E8M0: 0xFF = NaN; UE4M3: 0x7F = NaN); None means every scale is 1. Units with ``inputs.scales: none`` accept only None.
         c: (n,) float32 accumulator inputs; None means +0.
         out_format: fp32, fp16 or bf16; None: the config's ``output.format``.
         method: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)

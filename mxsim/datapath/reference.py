@@ -44,8 +44,8 @@ def adder_register_bits(params: DatapathParams) -> int:
     return 1 + (params.align_fraction_bits + 2) + params.carry_bits + sticky
 
 
-def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
-    """Round an exact value into ``fmt`` (IEEE overflow).
+def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True, overflow: str = "inf_nan"):
+    """Round an exact value into ``fmt`` (IEEE overflow, or ``"infinity"``: always ±Inf).
 
     Returns a Fraction, ±inf, or -0.0 for a negative value that rounds to zero (IEEE keeps
     its sign); an exact zero returns Fraction(0).
@@ -53,7 +53,7 @@ def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
     value = Fraction(value)
     if value == 0:
         return Fraction(0)
-    code = encode_reference(fmt, value, rounding, "inf_nan")
+    code = encode_reference(fmt, value, rounding, overflow)
     result = decode_reference(fmt, code)
     if isinstance(result, float):
         return -0.0 if result == 0 else result
@@ -62,6 +62,11 @@ def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True):
     if not subnormals and abs(result) < Fraction(fmt.min_normal):
         return -0.0 if result < 0 else Fraction(0)
     return result
+
+
+def _accumulator_overflow(params: DatapathParams) -> str:
+    """The overflow policy of roundings into the accumulator (``accumulator.overflow``)."""
+    return "infinity" if params.accumulator_overflow == "infinity" else "inf_nan"
 
 
 def _is_infinite(value) -> bool:
@@ -124,8 +129,9 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
             sign_negative = (math.copysign(1.0, float(value_a)) < 0) != (math.copysign(1.0, float(value_b)) < 0)
             product = -0.0 if sign_negative else 0.0
     exponent = None if exponent_a is None or exponent_b is None else exponent_a + exponent_b
-    if isinstance(product, Fraction) and params.scales != "none":
+    if isinstance(product, Fraction) and params.scales in ("products", "block_sum"):
         # 'products' scales every product; so does 'block_sum' when no window follows.
+        # ('group_sum' scales each group's sum: _group_terms.)
         if params.scales == "products" or params.align_fraction_bits is None:
             product *= Fraction(2) ** scale_exponent
             exponent += scale_exponent
@@ -172,6 +178,54 @@ def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
     return kept
 
 
+def _with_zero_terms(positions, products, kept: list[tuple], params: DatapathParams) -> list[tuple]:
+    """``zero_exponent``: every zero product of the tree is one more (zero) term at that exponent."""
+    if params.zero_exponent is None:
+        return kept
+    zeros = [(Fraction(0), params.zero_exponent, products[k][2]) for k in positions
+             if k is not None and isinstance(products[k][0], float) and products[k][0] == 0]
+    return kept + zeros
+
+
+def _scale_value(fmt: FormatInfo, code: int):
+    """A block scale's (exact value or NaN, alignment exponent or None for zero and NaN)."""
+    value = decode_reference(fmt, code)
+    if isinstance(value, float) or value == 0:
+        return value, None
+    exponent = floor_log2(value)
+    if fmt.subnormals:
+        exponent = max(exponent, 1 - fmt.bias)
+    return value, exponent
+
+
+def _group_terms(positions, products, scale_codes, params: DatapathParams, specials: _Specials, log) -> list[tuple]:
+    """``scales: group_sum``, steps 1-3 of a tree: per group of ``group_terms`` positions the
+    exact sum g of its products and its block's scales sa, sb give one term g*sa*sb aligned at
+    ea + eb. All-zero groups and zero scales give a zero term (kept only with
+    ``zero_exponent``); NaN/Inf products and NaN scales become specials."""
+    scale_fmt = get_format(params.scale_format)
+    terms = []
+    for start in range(0, len(positions), params.group_terms):
+        group = [k for k in positions[start : start + params.group_terms] if k is not None]
+        if not group:
+            continue
+        kept = _finite_terms(group, products, specials)
+        all_zero = not kept and not any(isinstance(products[k][0], float) and not products[k][0] == 0 for k in group)
+        group_sum = sum((p for p, _, _ in kept), Fraction(0))
+        block = group[0] // params.block_size
+        (value_a, exponent_a), (value_b, exponent_b) = (_scale_value(scale_fmt, codes[block]) for codes in scale_codes)
+        log({"stage": "group", "start": group[0], "sum": float(group_sum),
+             "scale_a": _to_float(value_a), "scale_b": _to_float(value_b)})
+        if any(isinstance(v, float) for v in (value_a, value_b)):  # a NaN scale
+            specials.values.append(math.nan)
+        elif all_zero or value_a == 0 or value_b == 0:
+            if params.zero_exponent is not None:
+                terms.append((Fraction(0), params.zero_exponent, 0))
+        else:
+            terms.append((group_sum * value_a * value_b, exponent_a + exponent_b, 0))
+    return terms
+
+
 # --- steps 4-5: align, add, normalise -----------------------------------------------------------
 
 def _align(terms: list[tuple], params: DatapathParams):
@@ -214,12 +268,19 @@ def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log)
 
 
 def _tree_sum(kept: list[tuple], acc, tree_start: int, params: DatapathParams, log) -> Fraction:
-    """Steps 4-5 of one tree: its sum (with the accumulator when it joins the tree), the
-    block scale applied (``block_sum``)."""
+    """Steps 4-5 of one tree: its sum (with the accumulator when it joins the tree, aligned at
+    floor(log2|acc|), at least the accumulator format's emin with ``accumulator_exponent:
+    clamped``; a zero accumulator only with ``zero_exponent``), the block scale applied
+    (``block_sum``)."""
     terms = [(p, e) for p, e, _ in kept]
     tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
     if params.accumulator_in_tree and acc != 0:
-        terms.append((Fraction(acc), floor_log2(abs(Fraction(acc)))))
+        exponent = floor_log2(abs(Fraction(acc)))
+        if params.accumulator_exponent == "clamped":
+            exponent = max(exponent, 1 - get_format(params.accumulator_format).bias)
+        terms.append((Fraction(acc), exponent))
+    elif params.accumulator_in_tree and params.zero_exponent is not None:
+        terms.append((Fraction(0), params.zero_exponent))
     if params.align_fraction_bits is None or not terms:
         tree_sum = sum((t for t, _ in terms), Fraction(0))
         log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
@@ -249,7 +310,8 @@ def _accumulate(acc, tree_sum, acc_fmt: FormatInfo, params: DatapathParams, spec
     into the accumulator format; an overflow becomes the running special."""
     if not params.accumulator_in_tree:
         tree_sum += Fraction(acc)
-    acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+    acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                 _accumulator_overflow(params))
     if _is_infinite(acc):  # overflow to infinity
         specials.note_overflow(acc)
         acc = Fraction(0)
@@ -273,7 +335,7 @@ def _add_c_at_end(acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathP
         specials.note_overflow(c_converted)
     else:
         acc = _round(Fraction(acc) + Fraction(c_converted), acc_fmt, params.c_add_rounding,
-                     params.accumulator_subnormals)
+                     params.accumulator_subnormals, _accumulator_overflow(params))
     log({"stage": "add_c", "c": _to_float(c_converted), "accumulator": _to_float(acc)})
     return acc
 
@@ -291,8 +353,8 @@ def dot_reference(
 ) -> float:
     """The output value (a float, exact for the output format) of c + sum a_k b_k.
 
-    ``scale_a``/``scale_b`` are E8M0 codes per block (None: every scale 1). ``record``,
-    when given, receives one dict per stage.
+    ``scale_a``/``scale_b`` are codes of ``scale_format`` per block (None: every scale 1).
+    ``record``, when given, receives one dict per stage.
     """
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     acc_fmt = None if params.accumulator_format == "exact" else get_format(params.accumulator_format)
@@ -310,7 +372,7 @@ def dot_reference(
         value_a, exponent_a = _decode(a_fmt, int(code_a), params.input_subnormals)
         value_b, exponent_b = _decode(b_fmt, int(code_b), params.input_subnormals)
         scale_codes = None
-        if params.scales != "none":
+        if params.scales in ("products", "block_sum"):
             block = k // params.block_size
             scale_codes = (127 if scale_a is None else scale_a[block], 127 if scale_b is None else scale_b[block])
         product, exponent, scale_exponent = _multiply(params, value_a, exponent_a, value_b, exponent_b, scale_codes)
@@ -318,20 +380,30 @@ def dot_reference(
         log({"stage": "product", "k": k, "a_code": code_a, "b_code": code_b, "a": _to_float(value_a),
              "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
     trees = _tree_positions(len(products), params)
+    if params.scales == "group_sum":  # None: every scale 1
+        one = encode_reference(get_format(params.scale_format), Fraction(1))
+        blocks = -(-len(products) // params.block_size)
+        group_scales = tuple([one] * blocks if codes is None else list(codes) for codes in (scale_a, scale_b))
+
+    def tree_terms(positions):
+        if params.scales == "group_sum":
+            return _group_terms(positions, products, group_scales, params, specials, log)
+        return _with_zero_terms(positions, products, _finite_terms(positions, products, specials), params)
 
     if acc_fmt is None:  # exact (Kulisch) accumulator: one rounding, at the output
         total = c_exact + sum((p * Fraction(2) ** s for positions in trees
-                               for p, _, s in _finite_terms(positions, products, specials)), Fraction(0))
+                               for p, _, s in tree_terms(positions)), Fraction(0))
         log({"stage": "exact_accumulator", "value": float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
-        return _output(result, specials, log)
+        return _output(result, specials, params, log)
 
     outer = Fraction(0)
     acc = Fraction(0)
     if params.promotion_interval:
         outer = c_exact
     elif params.c_entry == "initial":
-        acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+        acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                     _accumulator_overflow(params))
         if _is_infinite(acc):  # c overflows a narrower accumulator
             specials.note_overflow(acc)
             acc = Fraction(0)
@@ -339,7 +411,7 @@ def dot_reference(
 
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
-        kept = _finite_terms(positions, products, specials)
+        kept = tree_terms(positions)
         tree_sum = _normalise(_tree_sum(kept, acc, tree_start, params, log), params, log)
         acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
@@ -359,14 +431,14 @@ def dot_reference(
     result = _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
     if isinstance(acc, float) and result == 0:  # acc underflowed to -0: rounding keeps the zero's sign
         result = -0.0
-    return _output(result, specials, log)
+    return _output(result, specials, params, log)
 
 
 # --- step 7: output -----------------------------------------------------------------------------
 
-def _output(result, specials: _Specials, log) -> float:
+def _output(result, specials: _Specials, params: DatapathParams, log) -> float:
     """Step 7's value: the specials' IEEE sum when there are any, else the rounded result with
-    the sign IEEE gives a zero."""
+    the sign IEEE gives a zero (always +0 with ``zero_sign: positive``)."""
     if _is_infinite(result) and not specials.values:
         specials.values.append(result)
     if specials.values:
@@ -375,6 +447,8 @@ def _output(result, specials: _Specials, log) -> float:
             value = math.nan
         else:
             value = values[0]
+    elif result == 0 and params.output_zero_sign == "positive":
+        value = 0.0
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:

@@ -28,9 +28,11 @@ from ..formats.rounding import ROUNDING_MODES, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
 ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
+SCALE_FORMATS = format_names("scale")
 WIDE_FORMATS = format_names("wide")
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
+NO_ZERO_EXPONENT = -(1 << 40)  # the kernel record's adder.zero_exponent when null
 ROUTES = ("blas", "window")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
@@ -103,12 +105,24 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           blas=any_value, window=any_value),
         "scales": Key(
             "str", "products",
-            "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
+            "where block scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
             "before alignment; 'block_sum' multiplies each tree's sum (trees must lie inside one block); "
+            "'group_sum': each group of adder.group_terms products is summed exactly and times the scale "
+            "pair is one term of the tree, aligned at the scales' exponent sum (Blackwell kind::mxf4nvf4); "
             "'none': the unit takes no scales (plain FP8 tensor cores)",
-            ("none", "products", "block_sum"),
+            ("none", "products", "block_sum", "group_sum"),
             # BLAS: one scale per tree (per block for an exact accumulator); window: one per tree.
-            blas=_exact_accumulator_or(_trees_inside_blocks), window=_trees_inside_blocks,
+            # group_sum: not yet shown exact on either route.
+            blas=lambda value, params: value != "group_sum" and _exact_accumulator_or(_trees_inside_blocks)(value, params),
+            window=lambda value, params: value != "group_sum" and _trees_inside_blocks(value, params),
+        ),
+        "scale_format": Key(
+            "format", "e8m0",
+            "format of the block scale codes: 'e8m0' (2^(code-127), 0xFF NaN) or 'ue4m3' (unsigned E4M3, "
+            "0x7F NaN; needs scales: group_sum). A scale's alignment exponent is floor(log2 s), at least "
+            "the format's emin when it has subnormals",
+            SCALE_FORMATS, record=None,  # the kernel gets the scale format's value and exponent tables
+            blas=only("e8m0"), window=only("e8m0"),
         ),
         "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
                           field="input_subnormals", record=None,  # the element tables read them as zero
@@ -133,6 +147,35 @@ SCHEMA: dict[str, dict[str, Key]] = {
             maximum=MAX_BLOCK_SIZE,
             record=Record(lambda order: len(order) if order else 0, name="term_order_length"),  # + the order array
             blas=only(None), window=only(None),
+        ),
+        "group_terms": Key(
+            "int", 16,
+            "scales: group_sum: products per group (a group lies inside one block and one tree). The group's "
+            "exact sum g times its scales sa*sb is one term of value g*sa*sb and alignment exponent "
+            "ea+eb (the scales' exponents); a group whose products are all zero, or whose scale is zero, "
+            "is a zero term (see zero_exponent); one whose products cancel keeps ea+eb",
+            minimum=1, maximum=MAX_BLOCK_SIZE,
+            blas=any_value, window=any_value,  # read only with group_sum, which both routes refuse
+        ),
+        "zero_exponent": Key(
+            "optional_int", None,
+            "null: zero terms (products, groups, a zero accumulator) never set the reference R. n: with a "
+            "window, each zero product, zero group and zero accumulator joins the reference with exponent "
+            "n (MMA-Sim's e_zero: -133 on fp32 paths), so it can raise R above tiny terms",
+            minimum=-4096, maximum=4096,
+            record=Record(lambda value: NO_ZERO_EXPONENT if value is None else value),
+            blas=any_value,  # exact trees: R places no window
+            window=only(None),
+        ),
+        "accumulator_exponent": Key(
+            "str", "leading_bit",
+            "the accumulator's alignment exponent when it joins the tree: 'leading_bit' floor(log2|acc|); "
+            "'clamped': at least the accumulator format's emin (a subnormal c or accumulator aligns as the "
+            "smallest normal, as subnormal elements do)",
+            ("leading_bit", "clamped"),
+            record=Record(lambda value: value == "clamped", np.bool_, "accumulator_exponent_clamped"),
+            blas=any_value,  # exact trees: R places no window
+            window=only("leading_bit"),
         ),
         "accumulator_in_tree": Key(
             "bool", True,
@@ -221,6 +264,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=_exact_accumulator_or(only(True)),
             window=any_value,  # subnormal accumulator values are flagged for the generic kernel
         ),
+        "overflow": Key(
+            "str", "ieee",
+            "a rounding into the accumulator beyond its largest finite value: 'ieee' (±Inf, or the largest "
+            "finite for the directed modes that round toward it); 'infinity' (±Inf whatever the rounding: "
+            "MMA-Sim's truncating fp32 conversion)",
+            ("ieee", "infinity"),
+            field="accumulator_overflow",
+            record=Record(lambda value: value == "infinity", np.bool_, "accumulator_overflow_infinity"),
+            blas=any_value,  # the route rounds to nearest even, which overflows to ±Inf either way
+            window=only("ieee"),
+        ),
         "c_entry": Key(
             "str", "initial",
             "'initial': c (converted to the accumulator format with its rounding) is the accumulator's "
@@ -257,6 +311,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)",
                           field="output_subnormals",
                           blas=only(True), window=any_value),  # window: subnormal outputs are flagged
+        "zero_sign": Key(
+            "str", "ieee",
+            "sign of a zero result: 'ieee' (-0 only when c and every product are -0, and a negative result "
+            "that rounds to zero keeps its sign); 'positive' (always +0: MMA-Sim's NVIDIA models)",
+            ("ieee", "positive"),
+            field="output_zero_sign",
+            record=Record(lambda value: value == "positive", np.bool_, "zero_positive"),
+            blas=only("ieee"), window=only("ieee"),
+        ),
     },
 }
 

@@ -50,6 +50,7 @@ ROUND_NEAREST_TOWARD_POSITIVE = 6
 
 OVERFLOW_SATURATE = 0
 OVERFLOW_INF_NAN = 1  # IEEE 754 overflow (see rounding.OVERFLOW_POLICIES)
+OVERFLOW_INFINITY = 2  # every overflow to ±Inf (NaN without Inf), whatever the rounding: datapath accumulators only
 
 # Classes returned by decompose().
 CLASS_FINITE = 0
@@ -146,7 +147,7 @@ def overflow_code(sign, rounding, overflow, params):
     max_index = params[P_MAX_INDEX_NEGATIVE] if sign else params[P_MAX_INDEX]
     if overflow == OVERFLOW_SATURATE:
         return magnitude_to_code(sign, max_index, params)
-    toward_finite = (
+    toward_finite = overflow == OVERFLOW_INF_NAN and (
         rounding == ROUND_TOWARD_ZERO
         or (rounding == ROUND_TOWARD_POSITIVE and sign == 1)
         or (rounding == ROUND_TOWARD_NEGATIVE and sign == 0)

@@ -104,8 +104,10 @@ def encode_reference(
 ) -> int:
     """The code of ``x`` under the named rounding mode and overflow policy.
 
-    ``draw32`` is the 32-bit uniform draw used by stochastic rounding. The code is a stored
-    code: its fields shifted left by ``padding_bits``.
+    ``overflow``: ``"saturate"``, ``"inf_nan"`` (IEEE 754) or ``"infinity"`` (every overflow
+    to ±Inf, NaN where the format has no Inf, whatever the rounding: the datapath's
+    ``accumulator.overflow``). ``draw32`` is the 32-bit uniform draw used by stochastic
+    rounding. The code is a stored code: its fields shifted left by ``padding_bits``.
     """
     return _encode_fields(fmt, x, rounding, overflow, draw32) << fmt.padding_bits
 
@@ -131,7 +133,7 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         return (sign_bit if negative and fmt.signed else 0) | magnitude
 
     def too_big() -> int:
-        finite_side = (
+        finite_side = overflow == "inf_nan" and (
             rounding == "toward_zero"
             or (rounding == "toward_positive" and negative)
             or (rounding == "toward_negative" and not negative)
