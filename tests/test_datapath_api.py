@@ -104,8 +104,13 @@ ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive"
 @st.composite
 def random_params(draw) -> DatapathParams:
     fused = draw(st.sampled_from([1, 2, 3, 4, 8, 16, 32]))
-    scales = draw(st.sampled_from(["none", "products", "block_sum"]))
+    scales = draw(st.sampled_from(["none", "products", "block_sum", "group_sum"]))
     block = fused * draw(st.integers(1, 3)) if scales == "block_sum" else draw(st.sampled_from([4, 8, 16, 32]))
+    group = 16
+    if scales == "group_sum":  # whole groups in blocks and trees
+        group = draw(st.sampled_from([1, 2, 4, 8, 16]))
+        fused = group * draw(st.integers(1, 4))
+        block = group * draw(st.integers(1, 3))
     acc_format = draw(st.sampled_from(["fp32", "fp16", "bf16", "exact"]))
     exact = acc_format == "exact"
     # sampled_from spreads the choices evenly (one_of(none(), ...) leans on None).
@@ -116,16 +121,20 @@ def random_params(draw) -> DatapathParams:
     if not exact and draw(st.booleans()):
         promotion = fused * draw(st.integers(1, 4))
     order = None
-    if draw(st.booleans()):
+    if scales != "group_sum" and draw(st.booleans()):
         order = tuple(draw(st.permutations(list(range(fused * draw(st.integers(1, 2)))))))
     params = DatapathParams(
         a_format=draw(st.sampled_from(MX_ELEMENTS)),
         b_format=draw(st.sampled_from(MX_ELEMENTS)),
         block_size=block,
         scales=scales,
+        scale_format=draw(st.sampled_from(["e8m0", "ue4m3"])) if scales == "group_sum" else "e8m0",
         input_subnormals=draw(st.booleans()),
         product_fraction_bits=draw(st.one_of(st.none(), st.integers(0, 6))),
         fused_terms=fused,
+        group_terms=group,
+        zero_exponent=draw(st.one_of(st.none(), st.integers(-160, 8))),
+        accumulator_exponent=draw(st.sampled_from(["leading_bit", "clamped"])),
         term_order=order,
         accumulator_in_tree=acc_in_tree,
         align_reference=draw(st.sampled_from(["exponent_sum", "leading_bit"])),
@@ -138,12 +147,14 @@ def random_params(draw) -> DatapathParams:
         accumulator_format=acc_format,
         accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_subnormals=draw(st.booleans()),
+        accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
         c_entry="initial" if promotion else draw(st.sampled_from(["initial", "end"])),
         c_add_rounding=draw(st.sampled_from(ROUNDINGS)),
         promotion_interval=promotion,
         output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
         output_rounding=draw(st.sampled_from(ROUNDINGS)),
         output_subnormals=draw(st.booleans()),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
     )
     try:
         check_consistency(params, "random")
@@ -152,17 +163,19 @@ def random_params(draw) -> DatapathParams:
     return params
 
 
-def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int):
+def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"):
     """Codes of normal-distributed rows at a few magnitudes (clipped to the format) and, for
-    units with block scales (``block_size`` given), E8M0 scales near 1: what a quantized
-    layer hands a unit. Sums stay well inside fp16's range."""
+    units with block scales (``block_size`` given), scales near 1 (codes of ``scale_format``):
+    what a quantized layer hands a unit. Sums stay well inside fp16's range."""
     fmt = get_format(fmt_name)
     magnitude = np.exp2(rng.integers(-3, 4, size=(rows, 1)).astype(np.float64))
     x = np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
     codes = fmt.encode(x).astype(np.uint32)
     if block_size is None:
         return codes, None
-    return codes, rng.integers(123, 130, size=(rows, -(-length // block_size))).astype(np.uint8)
+    scale_fmt = get_format(scale_format)
+    near_one = scale_fmt.encode(np.exp2(rng.uniform(-4, 3, size=(rows, -(-length // block_size)))))
+    return codes, near_one.astype(np.uint8)
 
 
 CORNER_SHARE = 0.15  # of random cases: uniform codes (NaN/Inf/max), special scales and c
@@ -177,8 +190,10 @@ def random_inputs(draw, params: DatapathParams, rows: int):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if rng.random() >= CORNER_SHARE:  # not a hypothesis draw: those lean on the bounds
         event("inputs: realistic")
-        a, scale_a = realistic_operand(rng, params.a_format, params.block_size if scaled else None, rows, length)
-        b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length)
+        a, scale_a = realistic_operand(rng, params.a_format, params.block_size if scaled else None, rows, length,
+                                       params.scale_format)
+        b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length,
+                                       params.scale_format)
         c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
         c[rng.random(rows) < 0.3] = 0.0
         return a, b, scale_a, scale_b, c
@@ -189,7 +204,9 @@ def random_inputs(draw, params: DatapathParams, rows: int):
                  min_size=rows, max_size=rows)
     ), dtype=np.uint32) << np.uint32(fmt.padding_bits)
     a, b = codes(fmt_a), codes(fmt_b)
-    scale = st.one_of(st.integers(118, 136), st.sampled_from([0, 1, 127, 253, 254, 255]))
+    scale_fmt = get_format(params.scale_format)
+    one, top = int(scale_fmt.encode(np.array([1.0]))[0]), (1 << scale_fmt.bits) - 1
+    scale = st.one_of(st.integers(one - 9, one + 9), st.sampled_from([0, 1, one, top - 2, top - 1, top]))
     scales = lambda: np.array(  # noqa: E731
         draw(st.lists(st.lists(scale, min_size=blocks, max_size=blocks), min_size=rows, max_size=rows)), dtype=np.uint8
     )

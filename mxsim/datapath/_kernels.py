@@ -353,8 +353,9 @@ def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values,
 def group_tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, b_values,
                      scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only):
     """Steps 1-3 of a ``scales: group_sum`` tree: one term per group of ``group_terms`` products,
-    the group's exact sum times its block's two scales (codes indexing ``scale_values``), with
-    the scales' exponent sum as its alignment exponent. A group whose products are all zero, or
+    the group's exact sum (of products truncated by ``product_fraction_bits`` when set) times
+    its block's two scales (codes indexing ``scale_values``), with the scales' exponent sum as
+    its alignment exponent (whatever ``align_reference``). A group whose products are all zero, or
     whose scale is zero, is a zero term (``zero_exponent``); NaN/Inf products or a NaN scale
     join the running special. The config guarantees every group sum and its scaled value are
     exact in float64. Returns (count, special, negative_zeros_only)."""
@@ -374,6 +375,8 @@ def group_tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_v
                 negative_zeros_only = False
             if product != 0.0:
                 all_zero = False
+                if cfg.product_fraction_bits >= 0:
+                    product = truncate_significand(product, cfg.product_fraction_bits)
             group_sum += product  # exact: see the docstring
         block = group_start // cfg.block_size
         scale = scale_values[a_scales[block]] * scale_values[b_scales[block]]
