@@ -599,7 +599,7 @@ def corner_row(rng, case, params, a, b, scale_a, scale_b, c):
     elif kind == "nan_element":
         a[-1, rng.integers(a.shape[1])] = a_fmt.encode(np.array([np.nan]), overflow="inf_nan")[0]
     else:
-        scale_a[-1, -1] = 255
+        scale_a[-1, -1] = (1 << get_format(params.scale_format).bits) - 1  # the NaN code
 
 
 @pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
@@ -615,8 +615,8 @@ def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
         b_format = config.b_formats[(case // 2) % len(config.b_formats)]
         params = config.params(a_format, b_format, out_format)
         block_size = None if params.scales == "none" else params.block_size
-        a, scale_a = realistic_operand(rng, a_format, block_size, rows, length)
-        b, scale_b = realistic_operand(rng, b_format, block_size, rows, length)
+        a, scale_a = realistic_operand(rng, a_format, block_size, rows, length, params.scale_format)
+        b, scale_b = realistic_operand(rng, b_format, block_size, rows, length, params.scale_format)
         c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
         corner_row(rng, case, params, a, b, scale_a, scale_b, c)
         out = dot(config, a, b, a_format=a_format, b_format=b_format, scale_a=scale_a, scale_b=scale_b, c=c,
@@ -774,3 +774,42 @@ def test_mixed_code_widths_add_no_kernel_signature():
     np.testing.assert_array_equal(mixed, same)
     assert {tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.dot_pairs.signatures} == pairs
     assert all(a == b for a, b in pairs)
+
+
+# --- NVFP4 GEMMs ----------------------------------------------------------------------------------
+
+def test_nvfp4_matmul_rows_are_the_units_dot_products_and_values_carry_the_tensor_scales():
+    from mxsim.quantize.nvfp4 import quantize_nvfp4, tensor_scale_from_amax
+
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    w = rng.standard_normal((5, 96)).astype(np.float32)  # B^T, as NVFP4 weights are stored
+    A = quantize_nvfp4(x, tensor_scale_from_amax(np.abs(x).max()))
+    B = quantize_nvfp4(w, tensor_scale_from_amax(np.abs(w).max()))
+    unit = hw("b200-nvfp4")
+    result = matmul(unit, A, B, tile_rows=4)
+    for m in range(6):
+        bits = dot(unit, np.repeat(A.codes[m:m + 1], 5, 0), B.codes, a_format="fp4_e2m1", b_format="fp4_e2m1",
+                   scale_a=np.repeat(A.scales[m:m + 1], 5, 0), scale_b=B.scales)
+        assert np.array_equal(bits, result.bits[m])
+    assert result.tensor_scale == A.tensor_scale * B.tensor_scale
+    np.testing.assert_array_equal(result.values, as_float(result.bits) * (A.tensor_scale * B.tensor_scale))
+    exact = A.exact_values() @ B.exact_values().T
+    assert np.abs(result.values - exact).max() <= 2.0**-20 * np.abs(exact).max()  # truncation to fp32 per k64
+
+
+def test_nvfp4_matmul_refuses_mismatched_operands():
+    from mxsim.quantize.nvfp4 import quantize_nvfp4
+
+    A = quantize_nvfp4(np.ones((2, 32), np.float32))
+    cases = [
+        (lambda: matmul(hw("b200-nvfp4"), A, np.ones((32, 2))), "both must be 2-D NVFP4Tensors"),
+        (lambda: matmul(hw("b200-nvfp4"), A, quantize_nvfp4(np.ones((2, 48), np.float32))), "inner dimensions"),
+        (lambda: matmul(hw("b200-tcgen05-mxf4"), A, A), "ue4m3 scales per 16 differ"),
+        (lambda: matmul(hw("b200-nvfp4"), quantize_nvfp4(np.ones((2, 32), np.float32), 1.0), A,
+                              c=np.zeros((2, 2), np.float32)), "c with NVFP4 tensor scales"),
+        (lambda: matmul(hw("b200-nvfp4"), np.ones((2, 32)), np.ones((32, 2))), "give NVFP4Tensor operands"),
+    ]
+    for call, message in cases:
+        with pytest.raises(MxsimError, match=message):
+            call()

@@ -11,7 +11,7 @@ from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.table import as_float_array
 from ..limits import check_array_budget, check_choice, check_int
-from ..quantize import MXTensor, quantize
+from ..quantize import MXTensor, NVFP4Tensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
@@ -191,17 +191,22 @@ class MatmulResult:
 
     ``bits`` are what the unit produced. ``scale_exponent`` is Ta + Tb of per-tensor scaled
     operands (0 otherwise): the unit computed ``2^-(Ta+Tb) (c + A @ B)`` and :attr:`values`
-    multiplies by 2^(Ta+Tb) exactly (float64, no rounding).
+    multiplies by 2^(Ta+Tb) exactly (float64, no rounding). ``tensor_scale`` is ta * tb of
+    NVFP4 operands' float32 tensor scales (exact in float64; 1.0 otherwise): the GEMM
+    epilogue's alpha, outside the unit; :attr:`values` multiplies by it, rounding once to
+    float64 (to nearest even) where the product needs more than 53 bits.
     """
 
     bits: np.ndarray
     out_format: str
     scale_exponent: int = 0
+    tensor_scale: float = 1.0
 
     @property
     def values(self) -> np.ndarray:
         values = as_float(self.bits, self.out_format)
-        return np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
+        values = np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
+        return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
 def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,
@@ -267,6 +272,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     if progress is not None and not callable(progress):
         raise ArgumentError(f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
     config = _as_config(hw)
+    if isinstance(A, NVFP4Tensor) or isinstance(B, NVFP4Tensor):
+        return _matmul_float_scaled(config, A, B, c, out_format, progress, tile_rows)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
@@ -313,6 +320,44 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
 
 
+def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, progress, tile_rows: int) -> MatmulResult:
+    """:func:`matmul` of NVFP4 operands: A an (M, K) NVFP4Tensor and B given as the (N, K)
+    NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored), through a unit
+    whose ``inputs.scale_format`` is theirs. The generic kernel computes every output (no
+    fast route takes ``scales: group_sum`` yet); the tensor scales multiply
+    :attr:`MatmulResult.values`, as the GEMM epilogue's alpha does."""
+    for name, tensor in (("A", A), ("B", B)):
+        if not isinstance(tensor, NVFP4Tensor) or tensor.codes.ndim != 2:
+            raise ArgumentError(f"matmul: {name}: with NVFP4 operands both must be 2-D NVFP4Tensors (B as B^T, (N, K))")
+    if A.codes.shape[1] != B.codes.shape[1]:
+        raise ArgumentError(f"matmul: inner dimensions differ: A is {A.codes.shape}, B^T is {B.codes.shape}")
+    params = config.params(A.options.element_format, B.options.element_format, out_format)
+    for name, tensor in (("A", A), ("B", B)):
+        if (tensor.options.scale_format, tensor.options.block_size) != (params.scale_format, params.block_size):
+            raise ArgumentError(f"matmul: {name}: {tensor.options.scale_format} scales per {tensor.options.block_size} "
+                                f"differ from the unit's {params.scale_format} per {params.block_size}")
+    if c is not None and (A.tensor_scale is not None or B.tensor_scale is not None):
+        raise ArgumentError("matmul: c with NVFP4 tensor scales is not modelled (the epilogue scales A @ B, not c)")
+    _, _, kernel_args = _kernel_arguments(params)
+    rows, columns = A.codes.shape[0], B.codes.shape[0]
+    check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
+    scales_a = _scale_exponents(A.scales, "A scales", rows, A.scales.shape[1], params)
+    scales_b = _scale_exponents(B.scales, "B scales", columns, B.scales.shape[1], params)
+    codes_a, codes_b = _same_width(_codes(A.codes, "A", get_format(params.a_format), fields_given=True),
+                                   _codes(B.codes, "B", get_format(params.b_format), fields_given=True))
+    c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
+    out = np.empty((rows, columns), dtype=np.uint32)
+    for start in range(0, rows, tile_rows):
+        stop = min(start + tile_rows, rows)
+        c_tile = c_values if c is None else c_values[start:stop]
+        K.matmul_rows(codes_a[start:stop], codes_b, scales_a[start:stop], scales_b, c_tile, *kernel_args, out[start:stop])
+        if progress is not None:
+            progress(stop, rows)
+    tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (1.0 if B.tensor_scale is None else B.tensor_scale)
+    return MatmulResult(out.astype(output_dtype(params.output_format), copy=False), params.output_format,
+                        tensor_scale=tensor_scale)
+
+
 def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:
     """out[m, n] = the generic kernel's outputs for the listed (row, column) pairs."""
     c_pairs = np.full(m.size, c_values[0, 0]) if c_values.shape == (1, 1) else c_values[m, n]
@@ -322,6 +367,10 @@ def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kerne
 
 
 def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
+    if params.scales == "group_sum":  # the kernel reads E8M0 codes themselves there
+        if params.scale_format != "e8m0":
+            raise ArgumentError(f"this unit takes {params.scale_format} scales: give NVFP4Tensor operands")
+        return np.ascontiguousarray(tensor.scales, dtype=np.int32)
     if params.scales == "none":
         if (tensor.scales != 127).any():
             raise ArgumentError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
