@@ -6,8 +6,9 @@ each:
 
 - steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
   common unit) or :func:`tree_terms` (any order, per-element scales, specials), each product
-  from :func:`multiply`;
-- step 4, align: :func:`align_and_add` places the window, :func:`keep_in_window` drops the
+  from :func:`multiply`; :func:`group_tree_terms` for ``scales: group_sum`` (one term per
+  scaled group sum);
+- step 4, align: :func:`join_accumulator` adds the accumulator's term, :func:`align_and_add` places the window, :func:`keep_in_window` drops the
   bits below it;
 - step 5, add, normalise, round: :func:`adder_register`, then :func:`accumulate` (the tree
   sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);

@@ -2,7 +2,8 @@
 
 Written from the parameter definitions in ``datapath.schema.SCHEMA`` and the seven steps of
 docs/hwconfig.md (not from the kernel), one function per step as the kernel has them:
-:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3),
+:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3, with
+:func:`_group_terms` for ``scales: group_sum``),
 :func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
 :func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7). Every intermediate value
 is an exact Fraction; every rounding goes through
