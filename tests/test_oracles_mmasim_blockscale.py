@@ -295,3 +295,20 @@ def test_window_corners_match_mmasim_and_need_each_convention(torch, mmasim, tar
     for row, (key, default) in enumerate(CONVENTIONS.items()):
         varied = mxsim.datapath.config.vary_hwconfig(config, {key: default}, "reverted")
         assert _mismatches_per_row(varied, a, b, a_fmt, scale_a, scale_b, c, want)[row], key
+
+
+def test_golden_vectors_of_the_nvfp4_unit_match_mmasim(torch, mmasim, tmp_path):
+    """The expected outputs mxsim golden writes for the NVFP4 unit (random and corner vectors,
+    K = 64: one instruction) are MMA-Sim's."""
+    from mxsim.golden import generate, read_vector_file
+
+    manifest = generate(HWCONFIGS / "b200-nvfp4.yaml", tmp_path, cases=30, seed=5, kinds=["random", "corners"],
+                        dot_length=64)
+    instruction = _instruction(mmasim, "b200-tcgen05", FP4_FAMILIES[3][0], FP4_FAMILIES[3][1])
+    for kind, entry in manifest["units"][0]["files"].items():
+        _, vectors = read_vector_file(tmp_path / entry["vectors"])
+        a, b = vectors.a.astype(np.int64), vectors.b.astype(np.int64)
+        want = _run_mmasim(torch, instruction, a, b, vectors.scale_a, vectors.scale_b, vectors.c.view(np.float32),
+                           64, 16, "e2m1", "e2m1", "ue4m3")
+        count, examples = bit_mismatches(vectors.d.view(np.float32), want)
+        assert count == 0, (kind, count, examples)
