@@ -159,6 +159,11 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
     ("blas", "kulisch", {"output.rounding": "toward_zero"}),
     ("window", "h100-fp8", {"adder.below_window": "sticky"}),
     ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
+    ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
+    ("window", "h100-fp8", {"adder.zero_exponent": -133}),
+    ("window", "h100-fp8", {"adder.accumulator_exponent": "clamped"}),
+    ("window", "h100-fp8", {"accumulator.overflow": "infinity"}),
+    ("window", "h100-fp8", {"output.zero_sign": "positive"}),
 ])
 def test_route_declarations_refuse_what_the_route_does_not_compute(route, unit, changes):
     config = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
