@@ -160,8 +160,8 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
     ("window", "h100-fp8", {"adder.below_window": "sticky"}),
     ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
     ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
-    ("window", "h100-fp8", {"adder.zero_exponent": -133}),
-    ("window", "h100-fp8", {"adder.accumulator_exponent": "clamped"}),
+    ("window", "h100-fp8", {"adder.zero_term_exponent": -133}),
+    ("window", "h100-fp8", {"adder.accumulator_exponent": "format_emin"}),
     ("window", "h100-fp8", {"accumulator.overflow": "infinity"}),
     ("window", "h100-fp8", {"output.zero_sign": "positive"}),
 ])

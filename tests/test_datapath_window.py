@@ -64,7 +64,7 @@ def test_other_units_do_not(name):
     {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
     {"a_format": "fp32"},  # products wider than float32's significand
     # MMA-Sim's conventions and group-scaled sums: not yet shown exact on this route
-    {"zero_exponent": -133}, {"accumulator_exponent": "clamped"}, {"accumulator_overflow": "infinity"},
+    {"zero_term_exponent": -133}, {"accumulator_exponent": "format_emin"}, {"accumulator_overflow": "infinity"},
     {"output_zero_sign": "positive"}, {"scales": "group_sum", "block_size": 32, "group_terms": 16},
 ])
 def test_features_the_kernels_do_not_model_refuse_the_route(changes):
@@ -98,7 +98,7 @@ def window_params(draw) -> DatapathParams:
         c_entry="initial", c_add_rounding="nearest_even", promotion_interval=None,
         output_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
         output_rounding=draw(st.sampled_from(ROUNDINGS)), output_subnormals=draw(st.booleans()),
-        scale_format="e8m0", group_terms=16, zero_exponent=None, accumulator_exponent="leading_bit",
+        scale_format="e8m0", group_terms=16, zero_term_exponent=None, accumulator_exponent="leading_bit",
         accumulator_overflow="ieee", output_zero_sign="ieee",
     )
 

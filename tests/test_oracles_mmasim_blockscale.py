@@ -266,7 +266,7 @@ def _window_rows_fp4(block: int):
     return a, b, scale_a, scale_b, c
 
 
-CONVENTIONS = {"adder.zero_exponent": None, "adder.accumulator_exponent": "leading_bit"}
+CONVENTIONS = {"adder.zero_term_exponent": None, "adder.accumulator_exponent": "leading_bit"}
 
 
 def _mismatches_per_row(config, a, b, a_fmt, scale_a, scale_b, c, want) -> np.ndarray:

@@ -53,7 +53,7 @@ from ..formats._kernels import (
 )
 from ..quantize._kernels import SCALE_NAN
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
-from .schema import NO_ZERO_EXPONENT
+from .schema import NO_ZERO_TERM_EXPONENT
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
 SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
@@ -241,7 +241,7 @@ def uniform_trees(cfg):
         cfg.term_order_length == 0
         and (cfg.scales == SCALES_NONE or cfg.block_size % cfg.fused_terms == 0)
         and cfg.scales != SCALES_GROUP_SUM
-        and cfg.zero_exponent == NO_ZERO_EXPONENT
+        and cfg.zero_term_exponent == NO_ZERO_TERM_EXPONENT
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
     )
@@ -336,9 +336,9 @@ def tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_values,
         if product == 0.0:
             if math.copysign(1.0, product) > 0:
                 negative_zeros_only = False
-            if cfg.zero_exponent != NO_ZERO_EXPONENT:  # a zero term that joins the reference
+            if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:  # a zero term that joins the reference
                 terms[count] = 0.0
-                exponents[count] = cfg.zero_exponent
+                exponents[count] = cfg.zero_term_exponent
                 count += 1
             continue
         negative_zeros_only = False
@@ -357,7 +357,7 @@ def group_tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_v
     the group's exact sum (of products truncated by ``product_fraction_bits`` when set) times
     its block's two scales (codes indexing ``scale_values``), with the scales' exponent sum as
     its alignment exponent (whatever ``align_reference``). A group whose products are all zero, or
-    whose scale is zero, is a zero term (``zero_exponent``); NaN/Inf products or a NaN scale
+    whose scale is zero, is a zero term (``zero_term_exponent``); NaN/Inf products or a NaN scale
     join the running special. The config guarantees every group sum and its scaled value are
     exact in float64. Returns (count, special, negative_zeros_only)."""
     count = 0
@@ -385,9 +385,9 @@ def group_tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_v
             special += scale
             continue
         if all_zero or scale == 0.0:
-            if cfg.zero_exponent != NO_ZERO_EXPONENT:
+            if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
                 terms[count] = 0.0
-                exponents[count] = cfg.zero_exponent
+                exponents[count] = cfg.zero_term_exponent
                 count += 1
             continue
         terms[count] = group_sum * scale
@@ -401,13 +401,13 @@ def group_tree_terms(tree, n_elements, a_codes, b_codes, a_scales, b_scales, a_v
 @njit(cache=True, inline="always")
 def join_accumulator(acc, cfg, acc_params, terms, exponents, count):
     """Step 4: the accumulator as one more term of the tree, aligned at floor(log2|acc|) (at
-    least the accumulator format's emin with ``accumulator_exponent: clamped``); a zero one
-    joins only with ``zero_exponent``. Returns the new term count."""
+    least the accumulator format's emin with ``accumulator_exponent: format_emin``); a zero one
+    joins only with ``zero_term_exponent``. Returns the new term count."""
     if acc == 0.0:
-        if cfg.zero_exponent == NO_ZERO_EXPONENT:
+        if cfg.zero_term_exponent == NO_ZERO_TERM_EXPONENT:
             return count
         terms[count] = 0.0
-        exponents[count] = cfg.zero_exponent
+        exponents[count] = cfg.zero_term_exponent
         return count + 1
     exponent = floor_log2(acc)
     if cfg.accumulator_exponent_clamped:
@@ -649,7 +649,7 @@ def dot_one(
     else:
         acc, special = finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds)
         result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals)
-    return output_value(result, special, negative_zeros_only, cfg.zero_positive)
+    return output_value(result, special, negative_zeros_only, cfg.zero_results_positive)
 
 
 @njit(cache=True)

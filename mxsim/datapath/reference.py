@@ -180,10 +180,10 @@ def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
 
 
 def _with_zero_terms(positions, products, kept: list[tuple], params: DatapathParams) -> list[tuple]:
-    """``zero_exponent``: every zero product of the tree is one more (zero) term at that exponent."""
-    if params.zero_exponent is None:
+    """``zero_term_exponent``: every zero product of the tree is one more (zero) term at that exponent."""
+    if params.zero_term_exponent is None:
         return kept
-    zeros = [(Fraction(0), params.zero_exponent, products[k][2]) for k in positions
+    zeros = [(Fraction(0), params.zero_term_exponent, products[k][2]) for k in positions
              if k is not None and isinstance(products[k][0], float) and products[k][0] == 0]
     return kept + zeros
 
@@ -203,7 +203,7 @@ def _group_terms(positions, products, scale_codes, params: DatapathParams, speci
     """``scales: group_sum``, steps 1-3 of a tree: per group of ``group_terms`` positions the
     exact sum g of its products and its block's scales sa, sb give one term g*sa*sb aligned at
     ea + eb. All-zero groups and zero scales give a zero term (kept only with
-    ``zero_exponent``); NaN/Inf products and NaN scales become specials."""
+    ``zero_term_exponent``); NaN/Inf products and NaN scales become specials."""
     scale_fmt = get_format(params.scale_format)
     terms = []
     for start in range(0, len(positions), params.group_terms):
@@ -220,8 +220,8 @@ def _group_terms(positions, products, scale_codes, params: DatapathParams, speci
         if any(isinstance(v, float) for v in (value_a, value_b)):  # a NaN scale
             specials.values.append(math.nan)
         elif all_zero or value_a == 0 or value_b == 0:
-            if params.zero_exponent is not None:
-                terms.append((Fraction(0), params.zero_exponent, 0))
+            if params.zero_term_exponent is not None:
+                terms.append((Fraction(0), params.zero_term_exponent, 0))
         else:
             terms.append((group_sum * value_a * value_b, exponent_a + exponent_b, 0))
     return terms
@@ -271,17 +271,17 @@ def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log)
 def _tree_sum(kept: list[tuple], acc, tree_start: int, params: DatapathParams, log) -> Fraction:
     """Steps 4-5 of one tree: its sum (with the accumulator when it joins the tree, aligned at
     floor(log2|acc|), at least the accumulator format's emin with ``accumulator_exponent:
-    clamped``; a zero accumulator only with ``zero_exponent``), the block scale applied
+    format_emin``; a zero accumulator only with ``zero_term_exponent``), the block scale applied
     (``block_sum``)."""
     terms = [(p, e) for p, e, _ in kept]
     tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
     if params.accumulator_in_tree and acc != 0:
         exponent = floor_log2(abs(Fraction(acc)))
-        if params.accumulator_exponent == "clamped":
+        if params.accumulator_exponent == "format_emin":
             exponent = max(exponent, 1 - get_format(params.accumulator_format).bias)
         terms.append((Fraction(acc), exponent))
-    elif params.accumulator_in_tree and params.zero_exponent is not None:
-        terms.append((Fraction(0), params.zero_exponent))
+    elif params.accumulator_in_tree and params.zero_term_exponent is not None:
+        terms.append((Fraction(0), params.zero_term_exponent))
     if params.align_fraction_bits is None or not terms:
         tree_sum = sum((t for t, _ in terms), Fraction(0))
         log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})

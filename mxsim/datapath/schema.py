@@ -32,7 +32,7 @@ SCALE_FORMATS = format_names("scale")
 WIDE_FORMATS = format_names("wide")
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
-NO_ZERO_EXPONENT = -(1 << 40)  # the kernel record's adder.zero_exponent when null
+NO_ZERO_TERM_EXPONENT = -(1 << 40)  # the kernel record's adder.zero_term_exponent when null
 ROUTES = ("blas", "window")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
@@ -153,27 +153,27 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "scales: group_sum: products per group (a group lies inside one block and one tree). The group's "
             "exact sum g times its scales sa*sb is one term of value g*sa*sb and alignment exponent "
             "ea+eb (the scales' exponents); a group whose products are all zero, or whose scale is zero, "
-            "is a zero term (see zero_exponent); one whose products cancel keeps ea+eb",
+            "is a zero term (see zero_term_exponent); one whose products cancel keeps ea+eb",
             minimum=1, maximum=MAX_BLOCK_SIZE,
             blas=any_value, window=any_value,  # read only with group_sum, which both routes refuse
         ),
-        "zero_exponent": Key(
+        "zero_term_exponent": Key(
             "optional_int", None,
             "null: zero terms (products, groups, a zero accumulator) never set the reference R. n: with a "
             "window, each zero product, zero group and zero accumulator joins the reference with exponent "
             "n (MMA-Sim's e_zero: -133 on fp32 paths), so it can raise R above tiny terms",
             minimum=-4096, maximum=4096,
-            record=Record(lambda value: NO_ZERO_EXPONENT if value is None else value),
+            record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
             window=only(None),
         ),
         "accumulator_exponent": Key(
             "str", "leading_bit",
             "the accumulator's alignment exponent when it joins the tree: 'leading_bit' floor(log2|acc|); "
-            "'clamped': at least the accumulator format's emin (a subnormal c or accumulator aligns as the "
+            "'format_emin': at least the accumulator format's emin (a subnormal c or accumulator aligns as the "
             "smallest normal, as subnormal elements do)",
-            ("leading_bit", "clamped"),
-            record=Record(lambda value: value == "clamped", np.bool_, "accumulator_exponent_clamped"),
+            ("leading_bit", "format_emin"),
+            record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
             blas=any_value,  # exact trees: R places no window
             window=only("leading_bit"),
         ),
@@ -317,7 +317,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "that rounds to zero keeps its sign); 'positive' (always +0: MMA-Sim's NVIDIA models)",
             ("ieee", "positive"),
             field="output_zero_sign",
-            record=Record(lambda value: value == "positive", np.bool_, "zero_positive"),
+            record=Record(lambda value: value == "positive", np.bool_, "zero_results_positive"),
             blas=only("ieee"), window=only("ieee"),
         ),
     },
