@@ -470,8 +470,13 @@ def align_and_add(terms, exponents, count, tree_scale, cfg):
         if cfg.carry_bits >= 0:
             total = adder_register(total, adder_width_bits(cfg), cfg.adder_saturates)
     else:
+        # A product lies below 2^(R+2), so `count` of them sum below 2^60; a scaled group sum
+        # (scales: group_sum) may lie far above its exponent: beyond that bound the limbs sum the tree.
+        limit = power_of_two(window_bits + 2)
         for i in range(count):
             scaled = terms[i] * factor
+            if not abs(scaled) < limit:
+                return False, np.int64(0), np.int64(0)
             kept = np.int64(scaled)
             if kept != scaled:  # bits below 2^lsb_exponent: the limbs sum this tree
                 return False, np.int64(0), np.int64(0)
