@@ -346,6 +346,7 @@ def generate(
                     "dot_length": unit.dot_length,
                     "out_format": unit.out_format,
                     "scaled": unit.scaled,
+                    "scale_format": unit.scale_format,
                     "layout": {
                         "word_bits": layout.word_bits,
                         "hex_digits": layout.hex_digits,
