@@ -213,7 +213,8 @@ def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, b
             limbs_clear(limbs, bounds)
             return acc
     limbs_add_float(limbs, bounds, acc)
-    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals)
+    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                         cfg.accumulator_overflow)
     limbs_clear(limbs, bounds)
     return result
 

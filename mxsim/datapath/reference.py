@@ -319,7 +319,8 @@ def _grid_accumulate(acc, kept: list[tuple], scale_exponent: int, acc_fmt: Forma
     passes = offset > params.grid_max_left_shift or (
         offset < -params.grid_max_right_shift and products == 0)
     if not passes:
-        acc = _round(Fraction(acc) + products, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals)
+        acc = _round(Fraction(acc) + products, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                     ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
         if _is_infinite(acc):
             specials.note_overflow(acc)
             acc = Fraction(0)
