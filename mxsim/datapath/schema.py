@@ -264,7 +264,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=-1100, maximum=1100,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
-            # window: it flags every lane whose R lies below n (without block scales, R is the kernel's)
+            # window: it flags every lane with a nonzero term whose R lies below n (without block
+            # scales, R is the kernel's)
             window=lambda value, params: value is None or params.scales == "none",
         ),
     },
