@@ -44,6 +44,18 @@ def test_dot_explain_shows_each_stage(capsys):
     assert out.strip().endswith("0x3a000000 = 0.00048828125")
 
 
+def test_dot_explain_shows_the_group_stages_of_an_nvfp4_unit(capsys):
+    # 16 products of 1 x 0.5 = 8 per group; scales UE4M3 2.0 (0x40) and 1.5 (0x3C): 8 * 3 = 24
+    hw = str(REPO / "hwconfigs/b200-nvfp4.yaml")
+    args = ["dot", "--hw", hw, "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--a", ",".join(["1"] * 16),
+            "--b", ",".join(["0.5"] * 16), "--scale-a", "0x40", "--scale-b", "0x3c"]
+    status, out, _ = run(capsys, *args, "--explain")
+    assert status == 0 and "group" in out and "scale_a=2.0, scale_b=1.5" in out
+    assert out.strip().endswith("0x41c00000 = 24.0")
+    status, _, err = run(capsys, *args[:-1], "0x80")
+    assert status == 2 and "UE4M3 codes must lie in [0, 127]" in err and "Traceback" not in err
+
+
 def test_dot_json_with_scales(capsys):
     status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp4_e2m1",
                          "--b-format", "fp4_e2m1", "--a", "1,2", "--b", "3,-0.5", "--scale-a", "128", "--json")

@@ -75,6 +75,9 @@ def test_defaults_fill_every_key():
          "adder.trees_in_blocks", "one scale per tree"),
         (with_changes(grid={"fraction_bits": 8}, adder={"accumulator_in_tree": False}),
          "grid.fraction_bits", "do not hold the smallest fp8_e4m3 x fp8_e4m3 product"),
+        (with_changes(grid={"fraction_bits": 34}, inputs={"scales": "group_sum"},
+                      adder={"accumulator_in_tree": False, "group_terms": 16}),
+         "inputs.scales", "a fixed-point grid (grid.fraction_bits) needs 'none' or 'products'"),
     ],
 )
 def test_bad_configs_name_the_file_and_key(data, key_path, message):

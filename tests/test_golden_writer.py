@@ -287,3 +287,28 @@ def test_a_rerun_replaces_the_whole_output(tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names != first and names == sorted(["manifest.json", entry["vectors"], entry["labels"]])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_nvfp4_unit_vectors_carry_ue4m3_scales(tmp_path):
+    """A unit with UE4M3 scales (hwconfigs/b200-nvfp4.yaml): scale fields hold UE4M3 codes
+    (NaN 0x7F among the corners, none above it), d is mxsim.dot's output for the read-back
+    inputs, and the stage dumps are the datapath's explain records (group stages included)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        manifest = generate(REPO / "hwconfigs" / "b200-nvfp4.yaml", tmp_path, cases=40, seed=3,
+                            kinds=["random", "corners"], dot_length=64, stage_dumps=True)
+    (unit,) = manifest["units"]
+    assert unit["scale_format"] == "ue4m3" and unit["block_size"] == 16
+    assert "UE4M3 scale codes" in unit["layout"]["fields"][2]["meaning"]
+    for kind in ("random", "corners"):
+        entry = unit["files"][kind]
+        _, vectors = read_vector_file(tmp_path / entry["vectors"])
+        assert vectors.scale_a.shape == (entry["count"], 4) and int(vectors.scale_a.max()) <= 0x7F
+        bits = mxsim.dot(REPO / "hwconfigs" / "b200-nvfp4.yaml", vectors.a, vectors.b, a_format="fp4_e2m1",
+                         b_format="fp4_e2m1", scale_a=vectors.scale_a, scale_b=vectors.scale_b,
+                         c=vectors.c.view(np.float32))
+        assert np.array_equal(bits, vectors.d)
+        records = [json.loads(line) for line in (tmp_path / entry["stages"]).read_text().splitlines()]
+        assert any(stage["stage"] == "group" for stage in records[0]["stages"])
+    _, corners = read_vector_file(tmp_path / unit["files"]["corners"]["vectors"])
+    assert (corners.scale_a == 0x7F).any() and entry["count"] > 50

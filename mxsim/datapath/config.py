@@ -136,6 +136,11 @@ def check_consistency(params: DatapathParams, source: str) -> None:
                         source, "adder.term_order",
                         "scales: block_sum needs each tree inside one block, but this order mixes blocks in a tree",
                     )
+    if params.scale_format != "e8m0" and params.scales != "group_sum":
+        raise ConfigError(source, "inputs.scale_format",
+                          f"{params.scale_format} scales are not powers of two: they need scales: group_sum")
+    if params.scales == "group_sum":
+        _check_groups(params, source)
     if params.term_order is not None and len(params.term_order) % params.fused_terms:
         raise ConfigError(source, "adder.term_order", f"its length must be a multiple of fused_terms ({params.fused_terms})")
     if params.accumulator_format == "exact" and (
@@ -184,7 +189,7 @@ def _check_grid(params: DatapathParams, source: str) -> None:
         "accumulator.format": (params.accumulator_format == "exact", "a floating format"),
         "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
         "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
-        "inputs.scales": (params.scales == "block_sum", "'none' or 'products'"),
+        "inputs.scales": (params.scales not in ("none", "products"), "'none' or 'products'"),
         "adder.term_order": (params.term_order is not None, "null"),
     }
     for path, (bad, wanted) in needs.items():
@@ -197,6 +202,30 @@ def _check_grid(params: DatapathParams, source: str) -> None:
     if smallest * 2**params.grid_fraction_bits != int(smallest * 2**params.grid_fraction_bits):
         raise ConfigError(source, "grid.fraction_bits", f"{params.grid_fraction_bits} fraction bits do not hold the "
                           f"smallest {params.a_format} x {params.b_format} product ({float(smallest)!r})")
+
+
+def _check_groups(params: DatapathParams, source: str) -> None:
+    """``scales: group_sum``: groups inside one block and one tree, in k order, and every group
+    sum times its scales exact in float64 and inside the window's 62-bit adder."""
+    for key, size in (("inputs.block_size", params.block_size), ("adder.fused_terms", params.fused_terms)):
+        if size % params.group_terms:
+            raise ConfigError(source, key, f"scales: group_sum needs whole groups: {size} is not a multiple of "
+                                           f"adder.group_terms ({params.group_terms})")
+    if params.term_order is not None:
+        raise ConfigError(source, "adder.term_order", "scales: group_sum sums groups in k order: it must be null")
+    a, b, scale = get_format(params.a_format), get_format(params.b_format), get_format(params.scale_format)
+    # Products are multiples of the smallest product step and below max_a * max_b: a group sum
+    # needs that span plus log2(group_terms) bits, times the two scale significands.
+    span = math.frexp(a.max_finite * b.max_finite / (a.min_subnormal * b.min_subnormal))[1]
+    bits = span + params.group_terms.bit_length() + 2 * (scale.mantissa_bits + 1)
+    if bits > 53:
+        raise ConfigError(source, "inputs.scales", f"group sums of {a.name} x {b.name} with {scale.name} scales need "
+                                                   f"{bits} bits, more than float64's exact 53")
+    # A group term may lie above 2^R by the group sum's magnitude and the scale significands.
+    above = math.frexp(a.max_finite * b.max_finite * params.group_terms)[1] + 2
+    if params.align_fraction_bits is not None and params.align_fraction_bits + above + params.fused_terms.bit_length() > 62:
+        raise ConfigError(source, "adder.align_fraction_bits",
+                          f"{params.align_fraction_bits} fraction bits with group sums up to 2^{above} overflow a 62-bit adder")
 
 
 def _check_value(source: str, path: str, key: Key, value: Any) -> Any:

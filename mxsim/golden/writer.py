@@ -371,6 +371,7 @@ def _write_units(hw, units, out: Path, chosen_kinds, cases, seed, stage_dumps, b
                     "dot_length": unit.dot_length,
                     "out_format": unit.out_format,
                     "scaled": unit.scaled,
+                    "scale_format": unit.scale_format,
                     "layout": {
                         "word_bits": layout.word_bits,
                         "hex_digits": layout.hex_digits,
