@@ -9,7 +9,7 @@ import yaml
 
 from conftest import REPO
 from mxsim.datapath.config import load_hwconfig, parse_hwconfig
-from mxsim.errors import ConfigError, UnknownNameError
+from mxsim.errors import ConfigError, MxsimError, UnknownNameError
 
 MINIMAL = {"name": "unit", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]}}
 MARKED = {"mxsim_hwconfig": 1, **MINIMAL}  # a config another may extend
@@ -342,3 +342,12 @@ def test_a_file_that_is_no_config_is_refused_without_echoing_its_lines(tmp_path)
     with pytest.raises(ConfigError, match="not an mxsim hardware config: a top-level key that is not a name") as info:
         load_hwconfig(path)
     assert "SECRETHASH" not in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [["fp8_e4m3"], {"fp8_e4m3": 1}, 3.5])
+def test_params_of_a_name_that_is_no_string_is_an_mxsim_error(bad):
+    # params are remembered per format names: an unhashable argument raised TypeError here before
+    hw = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
+    for args in ((bad, "fp8_e4m3"), ("fp8_e4m3", bad), ("fp8_e4m3", "fp8_e4m3", bad)):
+        with pytest.raises(MxsimError):
+            hw.params(*args)

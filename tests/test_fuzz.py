@@ -513,7 +513,7 @@ def _random_array(rng: random.Random):
     shape = rng.choice([(4, 40), (3, 32), (0, 32), (4, 0), (0,), (), (2, 3, 5), (1, 1), (64,), (2, 2, 0)])
     dtype = rng.choice([np.float32, np.float64, np.float16, np.int64, np.uint8, np.bool_, object, np.complex64])
     nprng = np.random.default_rng(rng.randrange(2**32))
-    array = (nprng.standard_normal(shape) * rng.choice([1, 1e-30, 1e30, 448])).astype(dtype)
+    array = np.asarray((nprng.standard_normal(shape) * rng.choice([1, 1e-30, 1e30, 448])).astype(dtype))
     if rng.random() < 0.2 and array.size and array.dtype.kind == "f":
         array.flat[0] = rng.choice([np.nan, np.inf, -np.inf])
     return array

@@ -72,6 +72,8 @@ class HardwareConfig:
         """The unit's parameters for A/B element formats and an output format (default: the
         config's); remembered per formats (a config does not change)."""
         key = (a_format, b_format, out_format)
+        if not all(name is None or isinstance(name, str) for name in key):  # not a format name: its error
+            return self._resolve_params(a_format, b_format, out_format)
         if key not in self._params_memo:
             self._params_memo[key] = self._resolve_params(a_format, b_format, out_format)
         return self._params_memo[key]
