@@ -36,12 +36,20 @@ CI_PATHS = {
     "h100-fp8-promoted": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),  # promotion at 128 acts
     "bfp-exact": ("mx6", "mx9", "fp32", 32),
     "kulisch": ("int8", "fp8_e4m3", "fp32", 64),
-    "mxdotp": ("fp6_e2m3", "fp4_e2m1", "fp32", 32),
+    "mxdotp": ("fp6_e2m3", "fp6_e2m3", "fp32", 64),  # same_format; trees of 11 restart at each block
+    "mxdotp-paper": ("fp6_e2m3", "fp4_e2m1", "fp32", 32),
+    "mxdotp-rtz": ("fp8_e4m3", "fp8_e4m3", "fp32", 64),
+    "mxdotp-rdn": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),
+    "mxdotp-rup": ("fp8_e5m2", "fp8_e5m2", "fp32", 64),
+    "mxdotp-rmm": ("fp6_e3m2", "fp6_e3m2", "fp32", 64),
     "ocp-exact": ("fp8_e5m2", "fp6_e3m2", "fp32", 64),
+    "h100-wgmma": ("fp8_e4m3", "fp8_e5m2", "fp16", 32),
+    "b200-tcgen05": ("fp6_e3m2", "fp4_e2m1", "fp32", 64),
 }
 #: Configs that extend one above without changing the datapath.
 SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h200-fp8": "h100",
-           "ada-fp8": "ada", "b200-fp8": "b200"}
+           "ada-fp8": "ada", "b200-fp8": "b200", "t4": "a100", "h200-wgmma": "h100-wgmma",
+           "h100-wgmma-fp8": "h100-wgmma", "b200-tcgen05-fp8": "b200-tcgen05", "rtx50": "b200-tcgen05"}
 
 
 def test_every_shipped_config_is_probed():
