@@ -261,6 +261,8 @@ class Context:
             else:
                 batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
                 batch.b[row, place[1]] = b
+                if row % 6 == 1:  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
+                    batch.c[row] = self.random_c(top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2)))
             gap = int(self.rng.integers(4, 30))
             self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
             if row % 2:

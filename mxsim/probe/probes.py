@@ -33,6 +33,11 @@ def _maximum(path: str) -> int:
     return SCHEMA[section][key].maximum
 
 
+#: A window, a rounded tree sum or the accumulator in the tree rule out a fixed-point grid: a
+#: grid kept from an early pass must not lock those keys out of later ones.
+NO_GRID = {"grid.fraction_bits": None}
+
+
 def _scales(ctx: Context, hyp: dict) -> Candidates:
     return [{"inputs.scales": "products"}, {"inputs.scales": "none"},
             {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False}]
@@ -60,7 +65,7 @@ def _output(ctx: Context, hyp: dict) -> Candidates:
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
     return [{"adder.align_fraction_bits": None}] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below}
+        {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
         for bits in range(0, _maximum("adder.align_fraction_bits") + 1)
         for below in SCHEMA["adder"]["below_window"].choices]
 
@@ -71,7 +76,7 @@ def _align_reference(ctx: Context, hyp: dict) -> Candidates:
 
 def _sum_bits(ctx: Context, hyp: dict) -> Candidates:
     return [{"adder.sum_significant_bits": None}] + [
-        {"adder.sum_significant_bits": bits, "adder.sum_rounding": rounding}
+        {"adder.sum_significant_bits": bits, "adder.sum_rounding": rounding, **NO_GRID}
         for bits in range(1, _maximum("adder.sum_significant_bits") + 1) for rounding in DIRECTED_AND_NEAREST]
 
 
@@ -130,7 +135,8 @@ def _trees(ctx: Context, hyp: dict) -> Candidates:
 def _c_entry(ctx: Context, hyp: dict) -> Candidates:
     entries = [{"accumulator.c_entry": "initial"}] + [
         {"accumulator.c_entry": "end", "accumulator.c_add_rounding": rounding} for rounding in DIRECTED_AND_NEAREST]
-    return [{"adder.accumulator_in_tree": in_tree, **entry} for in_tree in (True, False) for entry in entries]
+    return [{"adder.accumulator_in_tree": in_tree, **entry, **(NO_GRID if in_tree else {})}
+            for in_tree in (True, False) for entry in entries]
 
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
@@ -193,6 +199,9 @@ def _families(**counts: int) -> Callable[[Context], Batch]:
 
 
 PROBES: tuple[Probe, ...] = (
+    # First: every family's exact-zero rows read the sign of zero.
+    Probe("zero sign", ("output.zero_sign",), _zero_sign, _families(zero_results=96, corners=32),
+          "the sign of an exact-zero or underflowed result: IEEE or always +0"),
     Probe("scales", ("inputs.scales",), _scales, _families(scales=96, realistic=48, corners=48),
           "whether E8M0 scales matter, and whether they enter the products or the tree sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
@@ -209,8 +218,6 @@ PROBES: tuple[Probe, ...] = (
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
-    Probe("zero sign", ("output.zero_sign",), _zero_sign, _families(zero_results=96, corners=32),
-          "the sign of an exact-zero or underflowed result: IEEE or always +0"),
     Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
           "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
     Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
