@@ -169,10 +169,15 @@ def _zero_term_exponent(ctx: Context, hyp: dict) -> Candidates:
 GRID_FRACTION_BITS = range(0, 81)
 
 
+#: What a grid needs of the other keys (set with it, so that no earlier decision locks it out).
+GRID_NEEDS = {"adder.accumulator_in_tree": False, "adder.align_fraction_bits": None, "adder.sum_significant_bits": None,
+              "adder.term_order": None, "accumulator.promotion_interval": None, "accumulator.c_entry": "initial",
+              "multiplier.product_fraction_bits": None}
+
+
 def _grid(ctx: Context, hyp: dict) -> Candidates:
     return [{"grid.fraction_bits": None}] + [
-        {"grid.fraction_bits": n, "adder.accumulator_in_tree": False, "adder.align_fraction_bits": None,
-         "adder.sum_significant_bits": None} for n in GRID_FRACTION_BITS]
+        {"grid.fraction_bits": n, **GRID_NEEDS} for n in GRID_FRACTION_BITS]
 
 
 #: Accumulator shifts tried: 0 .. 160 places (past that, an fp32 accumulator meets no product).
@@ -239,7 +244,8 @@ PROBES: tuple[Probe, ...] = (
           _families(accumulator_entry=256, ties=64, trees=64),
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
-                   "adder.sum_significant_bits"), _grid,
+                   "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
+                   "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
           _families(grid=128, zero_results=64, corners=64, ties=64, cancellation=64),
           "a fixed-point grid summing each tree's exact products, and its fraction bits"),
     Probe("grid reach", ("grid.accumulator_max_left_shift",), _grid_shift("accumulator_max_left_shift"), _families(grid=256),
