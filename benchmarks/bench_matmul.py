@@ -1,6 +1,8 @@
-"""Emulated MAC/s of MXFP8 GEMMs through hardware configs, beside numpy float64 matmul.
+"""Emulated MAC/s of MXFP8 and NVFP4 GEMMs through hardware configs, beside numpy float64 matmul.
 
-Prints, for an N x N x N GEMM (default 1024) of fp8_e4m3 operands, the emulated MACs per
+Prints, for an N x N x N GEMM (default 1024) of fp8_e4m3 operands (the unit's first element
+format where it takes no fp8_e4m3; NVFP4 operands with their tensor scales for units with
+UE4M3 scales), the emulated MACs per
 second through each config (best of ``--repeats`` runs) and the same run's numpy float64
 matmul of the same shape as a yardstick; ``--generic`` also times the generic datapath
 kernel (``method="kernel"``) for the configs that take a faster route. ``--memory 8192`` measures the peak resident memory of 8192^3 GEMMs (operands
@@ -30,10 +32,18 @@ from mxsim.datapath.window import window_applies
 REPO = Path(__file__).resolve().parent.parent
 
 
-def operands(size: int, rng, unit_scales: bool):
-    """Quantized MXFP8 operands (A along K, B along K); scales set to 1 for scale-less units."""
-    a = mxsim.quantize_mx(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=1)
-    b = mxsim.quantize_mx(rng.standard_normal((size, size)).astype(np.float32), "fp8_e4m3", axis=0)
+def operands(size: int, rng, unit_scales: bool, hw=None):
+    """Quantized operands (A along K, B along K): MXFP8 (or the unit's first element format),
+    scales set to 1 for scale-less units; NVFP4Tensors (B as B^T) for UE4M3-scaled units."""
+    x = rng.standard_normal((size, size)).astype(np.float32)
+    y = rng.standard_normal((size, size)).astype(np.float32)
+    if hw is not None and mxsim.get_format(hw.sections[("inputs", "scale_format")]).mantissa_bits:
+        scale = mxsim.quantize.tensor_scale_from_amax
+        return (mxsim.quantize_nvfp4(x, scale(np.abs(x).max())),
+                mxsim.quantize_nvfp4(np.ascontiguousarray(y.T), scale(np.abs(y).max())))
+    element = "fp8_e4m3" if hw is None or "fp8_e4m3" in hw.a_formats else hw.a_formats[0]
+    a = mxsim.quantize_mx(x, element, axis=1)
+    b = mxsim.quantize_mx(y, element, axis=0)
     if unit_scales:
         a = dataclasses.replace(a, scales=np.full_like(a.scales, 127))
         b = dataclasses.replace(b, scales=np.full_like(b.scales, 127))
@@ -42,6 +52,8 @@ def operands(size: int, rng, unit_scales: bool):
 
 def route(hw, a, b) -> str:
     """Which route mxsim.matmul takes for these operands (the dispatch order of mxsim.datapath.api)."""
+    if isinstance(a, mxsim.NVFP4Tensor):
+        return "generic kernel"  # no fast route takes group-scaled sums
     params = hw.params(a.element_format.name, b.element_format.name)
     _, _, kernel_args = _kernel_arguments(params)
     scales_a, scales_b = _tensor_scales(a, params), _tensor_scales(b, params)
@@ -60,13 +72,15 @@ def throughput(names: list[str], size: int, repeats: int, generic: bool) -> None
     print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
-        a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none")
+        a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none", hw=hw)
         methods = ["auto"]
         way = route(hw, a, b)
         if generic and way != "generic kernel":
             methods.append("kernel")
         for method in methods:
-            small = dataclasses.replace(a, codes=a.codes[:8], scales=a.scales[:8], shape=(8, size))
+            small = dataclasses.replace(a, codes=a.codes[:8], scales=a.scales[:8])
+            if not isinstance(a, mxsim.NVFP4Tensor):
+                small = dataclasses.replace(small, shape=(8, size))
             mxsim.matmul(hw, small, b, method=method)  # compile outside the timing
             best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats)
             rate = size**3 / best

@@ -29,10 +29,12 @@ _EXPORTS = {
     "BFPSpec": "quantize",
     "BFPTensor": "quantize",
     "MXTensor": "quantize",
+    "NVFP4Tensor": "quantize",
     "QuantOptions": "quantize",
     "fake_quantize": "quantize",
     "quantize_bfp": "quantize",
     "quantize_mx": "quantize",
+    "quantize_nvfp4": "quantize",
 }
 _RENAMED = {"quantize_mx": "quantize"}
 

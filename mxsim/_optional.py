@@ -6,7 +6,7 @@ import importlib
 
 from .errors import MxsimError
 
-EXTRAS = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plots"}
+EXTRAS = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plots", "transformers": "models"}
 
 
 def require(module: str):

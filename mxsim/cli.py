@@ -9,7 +9,6 @@ Each subcommand imports what it runs, so ``mxsim --version`` and ``--help`` load
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import numpy as np
 
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
-from .fileio import read_npy_file, write_atomic
-from .limits import BUDGET_VARIABLE, check_block_size
+from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
+from .limits import BUDGET_VARIABLE, check_block_size, check_int
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:
@@ -47,7 +46,7 @@ def cmd_formats(args) -> int:
             }
         )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows, indent=2))
     else:
         _print_table(rows, list(rows[0]))
     return 0
@@ -91,7 +90,8 @@ def cmd_quantize(args) -> int:
         rows.append(
             {
                 "format": fmt.name,
-                "sqnr_db": round(10 * np.log10(signal / noise), 2) if noise > 0 else float("inf"),
+                # exact: inf; a NaN anywhere (input or output) makes the error, so the SQNR, NaN
+                "sqnr_db": round(10 * np.log10(signal / noise), 2) if noise > 0 else float("inf" if noise == 0 else "nan"),
                 "max_abs_error": float(np.max(np.abs(error))),
                 "bits_per_element": fmt.bits + 8 / args.block_size,
             }
@@ -105,7 +105,7 @@ def cmd_quantize(args) -> int:
         "results": rows,
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json_text(result, indent=2))
     else:
         print(f"MX quantization of {result['input']}, shape {tuple(x.shape)}, profile {args.profile}, block {args.block_size}")
         _print_table(rows, ["format", "sqnr_db", "max_abs_error", "bits_per_element"])
@@ -165,7 +165,10 @@ def cmd_dot(args) -> int:
     b = _operand_codes(args.b, args.b_codes, args.b_format, "b")
     scale_a = None if args.scale_a is None else np.array([_code_list(args.scale_a, "--scale-a")], dtype=np.int64)
     scale_b = None if args.scale_b is None else np.array([_code_list(args.scale_b, "--scale-b")], dtype=np.int64)
-    c = np.array([args.c], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        c = np.array([args.c], dtype=np.float32)
+    if not (float(c[0]) == args.c or np.isnan(c[0]) and np.isnan(args.c)):  # as --a and --b: exact values only
+        raise ArgumentError(f"--c: {args.c!r} is not an fp32 value (nearest: {float(c[0])!r}); give an exact fp32 value")
     bits = dot(hw, a, b, a_format=args.a_format, b_format=args.b_format, scale_a=scale_a, scale_b=scale_b,
                c=c, out_format=args.out_format)
     out_format = args.out_format or hw.sections[("output", "format")]
@@ -179,7 +182,7 @@ def cmd_dot(args) -> int:
         result["stages"] = report["stages"]
         result["params"] = report["params"]
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json_text(result, indent=2))
         return 0
     if args.explain:
         print(f"{hw.name}: {args.a_format} x {args.b_format} -> {out_format}")
@@ -190,15 +193,7 @@ def cmd_dot(args) -> int:
 
 
 def _write_json_atomically(path: str, data) -> None:
-    write_atomic(Path(path), json.dumps(data, indent=2, default=_json_default))
-
-
-def _json_default(value):
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
+    write_atomic(Path(path), json_text(data, indent=2))
 
 
 def cmd_replay(args) -> int:
@@ -209,6 +204,7 @@ def cmd_replay(args) -> int:
     from .replay.run import select_layers
     from .trace import load_trace
 
+    _check_cluster_options(args)
     trace = load_trace(args.trace)
     if args.layers is not None:
         if args.end_to_end:
@@ -252,23 +248,36 @@ def _print_replay(report: dict, args, format_report) -> None:
 def cmd_sweep(args) -> int:
     from .datapath import load_hwconfig
     from .parallel import make_runner
-    from .sweep import format_table, parse_knobs, run_sweep, write_outputs, write_plots
+    from .sweep import format_table, parse_knobs, run_sweep, write_outputs
+    from .sweep.run import is_sweep_output
     from .trace import load_trace
 
+    _check_cluster_options(args)
+    check_output_directory(args.out, is_sweep_output, "--out")
     base = load_hwconfig(args.hw)
     knobs = parse_knobs(args.vary, args.hw)
     trace = load_trace(args.trace)
     with make_runner(args.workers, args.scheduler) as runner:
         summary = run_sweep(trace, base, knobs, args.out, runner=runner, element_format=args.format,
                             progress=not args.quiet and sys.stderr.isatty())
-    write_outputs(summary, args.out)
-    print(format_table(summary))
     try:
-        write_plots(summary, args.out)
+        write_outputs(summary, args.out, plots=True)
     except ImportError:
         print("plots skipped: they need matplotlib (pip install 'mxsim[plots]')", file=sys.stderr)
+        write_outputs(summary, args.out)
+    print(format_table(summary))
     print(f"results: {Path(args.out) / 'sweep.json'}, {Path(args.out) / 'sweep.csv'}")
     return 1 if summary["failed"] else 0
+
+
+def _check_cluster_options(args) -> None:
+    """--scheduler and --workers checked before any file is read (make_runner checks them again)."""
+    from .parallel import parse_scheduler_address
+
+    if args.scheduler is not None:
+        parse_scheduler_address(args.scheduler)
+    if args.workers is not None:
+        check_int(args.workers, "--workers", 1, 4096)
 
 
 def _add_run_arguments(parser) -> None:
@@ -305,7 +314,7 @@ def cmd_cycles(args) -> int:
     estimate = estimate_layers(hw.array, layers, storage_for_format(a_format), storage_for_format(b_format),
                                storage_for_format(hw.sections[("output", "format")]))
     if args.json:
-        print(json.dumps(estimate.to_dict(), indent=2, default=_json_default))
+        print(json_text(estimate.to_dict(), indent=2))
     else:
         print(format_table(estimate))
     return 0
@@ -321,6 +330,74 @@ def cmd_capture_onnx(args) -> int:
     return 0
 
 
+def cmd_capture_torch(args) -> int:
+    from ._optional import require
+    from .capture.torch import capture_torch
+    from .evaluate.models import load_factory, load_hf, read_inputs, tokenize
+    from .limits import check_int, check_path
+    from .trace import save_trace
+
+    source = check_path(args.model, "model")
+    out = check_path(args.out, "--out")
+    if out.exists() and not args.force:  # before the model runs
+        raise ArgumentError(f"--out {out}: already exists (pass --force to replace a trace directory)")
+    if out.exists() and not (out / "manifest.yaml").is_file():
+        raise ArgumentError(f"--out {out}: exists and is not a trace directory; refusing to replace it")
+    max_length = check_int(args.max_length, "--max-length", 2, 1 << 16)
+    if source.is_dir():
+        task = args.task or "embedding"
+        if args.inputs is None:
+            raise ArgumentError("capture torch: a model directory needs --inputs (a text file, one input a line)")
+        texts = read_inputs(args.inputs, task).texts
+        model, tokenizer = load_hf(source, task)
+        sample = tokenize(tokenizer, texts, max_length)
+        name = args.name or source.resolve().name
+    else:
+        if args.task is not None:
+            raise ArgumentError("capture torch: --task is for a model directory; a factory's model runs as it is")
+        from .capture.onnx import load_inputs_npz
+
+        arrays = None if args.inputs is None else load_inputs_npz(args.inputs)
+        model, example = load_factory(args.model)
+        inputs = None if arrays is None else {key: require("torch").from_numpy(value) for key, value in arrays.items()}
+        sample = inputs if inputs is not None else example
+        if sample is None:
+            raise ArgumentError(f"capture torch: {args.model} returned no example inputs; pass --inputs FILE.npz")
+        name = args.name or args.model.replace(":", ".")
+    try:
+        trace = capture_torch(model, sample, name=name, source={"model": str(args.model)})
+    except MxsimError:
+        raise
+    except (RuntimeError, TypeError, ValueError, IndexError) as error:  # the model refused its inputs
+        raise MxsimError(f"capture torch: {args.model} failed on its inputs: {type(error).__name__}: {error}") from None
+    save_trace(trace, out, overwrite=args.force)
+    print(f"captured {len(trace.layers)} layers from {args.model} into {out}")
+    return 0
+
+
+def cmd_evaluate_hf(args) -> int:
+    from .evaluate import evaluate_hf, format_report
+
+    if args.json:
+        _check_output_file(args.json)
+    report = evaluate_hf(args.model_dir, args.hw, args.format, args.task, args.inputs, max_length=args.max_length,
+                         batch_size=args.batch_size, scaling=args.scaling, progress=not args.quiet)
+    print(format_report(report))
+    if args.json:
+        _write_json_atomically(args.json, report)
+        print(f"JSON report: {args.json}")
+    return 1 if any("error" in run for run in report["runs"]) else 0
+
+
+def _check_output_file(value) -> None:
+    """An output file path whose directory exists (checked before the work that fills it)."""
+    from .limits import check_path
+
+    path = check_path(value, "--json")
+    if path.is_dir() or not path.parent.is_dir():
+        raise ArgumentError(f"--json {value}: expected a file in an existing directory")
+
+
 def cmd_golden(args) -> int:
     from .golden import generate
 
@@ -334,7 +411,7 @@ def cmd_golden(args) -> int:
                         kinds=args.kind or ["random", "corners"], stage_dumps=args.stages,
                         progress=None if not args.quiet else False, pairs=pairs)
     if args.json:
-        print(json.dumps(manifest, indent=2, default=_json_default))
+        print(json_text(manifest, indent=2))
         return 0
     for unit in manifest["units"]:
         for kind, entry in unit["files"].items():
@@ -419,8 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     dot.add_argument("--b", help="B's elements as comma-separated values")
     dot.add_argument("--a-codes", help="A's elements as comma-separated codes (0x.. allowed)")
     dot.add_argument("--b-codes", help="B's elements as codes")
-    dot.add_argument("--scale-a", help="E8M0 scale codes of A's blocks (default: all 127, scale 1)")
-    dot.add_argument("--scale-b", help="E8M0 scale codes of B's blocks")
+    dot.add_argument("--scale-a", help="scale codes of A's blocks in the unit's inputs.scale_format (E8M0, UE4M3; default: scale 1)")
+    dot.add_argument("--scale-b", help="scale codes of B's blocks (as --scale-a)")
     dot.add_argument("--c", type=float, default=0.0, help="fp32 accumulator input (default 0)")
     dot.add_argument("--out-format", choices=["fp32", "fp16", "bf16"], help="default: the config's")
     dot.add_argument("--explain", action="store_true", help="print every stage: products, alignment, sums, roundings")
@@ -475,6 +552,44 @@ def build_parser() -> argparse.ArgumentParser:
                       help="store MX-quantized operands as codes and scales only, without their floats "
                            "(docs/trace-format.md: which reports need the floats)")
     onnx.set_defaults(run=cmd_capture_onnx)
+
+    torch_capture = capture_sub.add_parser(
+        "torch", help="a PyTorch model: a Hugging Face model directory or module:factory; needs mxsim[torch]",
+        description="MODEL is a Hugging Face model directory (loaded offline with the --task auto class, "
+                    "--inputs a text file, one input a line, tokenized by the directory's tokenizer) or "
+                    "module:factory (factory() returns an nn.Module or (nn.Module, example inputs); --inputs "
+                    "an .npz whose arrays are passed as keyword arguments by name). See docs/evaluate.md.")
+    torch_capture.add_argument("model", help="model directory or module:factory")
+    torch_capture.add_argument("--inputs", help="text file (model directory) or .npz of keyword arguments (factory)")
+    torch_capture.add_argument("--out", required=True, help="trace directory to write")
+    torch_capture.add_argument("--task", choices=["embedding", "causal-lm", "classification"],
+                               help="which auto class loads a model directory (default embedding: AutoModel)")
+    torch_capture.add_argument("--max-length", type=int, default=128, help="tokens per input (default 128)")
+    torch_capture.add_argument("--name", help="trace name (default: the directory's or factory's name)")
+    torch_capture.add_argument("--force", action="store_true", help="overwrite an existing trace directory")
+    torch_capture.set_defaults(run=cmd_capture_torch)
+
+    evaluate = sub.add_parser("evaluate", help="a model in float and with each unit x format in the loop: a verdict")
+    evaluate_sub = evaluate.add_subparsers(dest="source_kind", required=True)
+    hf = evaluate_sub.add_parser(
+        "hf", help="a Hugging Face model directory (offline); needs mxsim[torch,models]",
+        description="Runs the model in float32 and with every matmul on each --hw unit in each --format, and "
+                    "reports per unit x format: embedding: cosine vs float (min, mean) and similarity-ranking "
+                    "agreement; causal-lm: perplexity and top-1 agreement; classification: accuracy (with "
+                    "labels) and top-1 agreement. See docs/evaluate.md.")
+    hf.add_argument("model_dir", help="model directory (config.json, weights, tokenizer)")
+    hf.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
+    hf.add_argument("--format", action="append", required=True, help="element format of both operands (repeatable)")
+    hf.add_argument("--task", required=True, choices=["embedding", "causal-lm", "classification"])
+    hf.add_argument("--inputs", required=True,
+                    help="UTF-8 text file, one input a line (classification: optionally LABEL<TAB>text)")
+    hf.add_argument("--max-length", type=int, default=128, help="tokens per input (default 128)")
+    hf.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default 32)")
+    hf.add_argument("--scaling", choices=["auto", "block", "tensor"], default="auto",
+                    help="operand scaling on the unit (default auto: block scales where the unit has them)")
+    hf.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
+    hf.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    hf.set_defaults(run=cmd_evaluate_hf)
 
     golden = sub.add_parser("golden", help="golden reference vectors for RTL test benches")
     golden.add_argument("--hw", required=True, help="hardware config YAML")

@@ -31,6 +31,8 @@ class ConfigError(MxsimError, ValueError):
     """A hardware-config problem, located by file and key path (``array.rows``)."""
 
     def __init__(self, source: str, key_path: str, message: str):
+        if len(key_path) > 120:  # key paths come from the file: never echo a long one whole
+            key_path = key_path[:117] + "..."
         self.source = source
         self.key_path = key_path
         where = f"{source}: {key_path}" if key_path else source

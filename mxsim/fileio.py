@@ -8,16 +8,20 @@ allocated, and nothing is ever unpickled. Every problem is reported through the 
 ``fail(message)`` (or ``fail(member, message)``), which raises the caller's own error type
 naming its file, so a config error stays a ConfigError and a trace error a TraceError.
 
-Writing: :func:`write_atomic` (temporary file in the same directory, fsync, ``os.replace``)
-and :func:`replace_directory`; :func:`safe_output_path` turns a free-form name (a layer
-name) into a file name that stays inside an output directory.
+Writing: :func:`write_atomic` (temporary file in the same directory, fsync, ``os.replace``),
+:func:`replace_directory`, and for whole outputs :func:`check_output_directory` with
+:func:`staged_directory`; :func:`json_text` writes standard JSON (no ``NaN``/``Infinity``);
+:func:`safe_output_path` turns a free-form name (a layer name) into a file name that stays
+inside an output directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import math
 import os
 import re
@@ -46,23 +50,57 @@ _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib
 
 #: libyaml's safe loader where PyYAML was built with it (tens of times faster), else PyYAML's.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8") -> str:
-    """The text of ``path``: a regular file of at most MAX_TEXT_BYTES bytes, valid ``encoding``."""
+class _UniqueKeyLoader(_LOADER):
+    """The safe loader, refusing a mapping that repeats a key (YAML itself keeps the last,
+    silently); merge keys (``<<``) may still be overridden, as YAML specifies."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    mark = key_node.start_mark
+                    raise _DuplicateKey(f"a key repeats an earlier key of its mapping (line {mark.line + 1}, "
+                                        f"column {mark.column + 1}); each key once")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error without the file's text (PyYAML quotes the offending lines): what and where."""
+    problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return " ".join(str(problem).split())[:120] + where
+
+
+def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8", limit: int = MAX_TEXT_BYTES) -> str:
+    """The text of ``path``: a regular file of at most ``limit`` bytes (MAX_TEXT_BYTES unless the
+    caller has checked a larger size against the budget), valid ``encoding``."""
     try:
         if not path.is_file():
             fail("no such file")
         size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            fail(f"{size} bytes; text inputs are limited to {MAX_TEXT_BYTES} bytes")
+        if size > limit:
+            fail(f"{size} bytes; text inputs are limited to {limit} bytes")
         data = path.read_bytes()
     except OSError as error:
         fail(f"cannot read: {error.strerror or error}")
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as error:
-        fail(f"not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as UTF-8")
+        name = "UTF-8" if encoding.lower().startswith("utf-8") else encoding.upper()
+        fail(f"not {name} text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as {name}")
 
 
 def load_yaml(text: str, fail: Fail) -> Any:
@@ -70,7 +108,9 @@ def load_yaml(text: str, fail: Fail) -> Any:
 
     The event parser is iterative, so a deeply nested document is refused without recursing;
     an alias counts with the full size of what it names, so a "billion laughs" document is
-    refused before it is built.
+    refused before it is built. A mapping may not repeat a key. Messages never quote the
+    text (a file given by mistake, or on purpose, may hold secrets): they say what is wrong
+    and at which line and column.
     """
     depth = 0
     counts = [0]  # nodes so far, per open collection (outermost first)
@@ -98,13 +138,16 @@ def load_yaml(text: str, fail: Fail) -> Any:
                 counts[-1] += sizes.get(event.anchor, 1)
             if sum(counts) > MAX_YAML_NODES:
                 fail(f"YAML expands to more than {MAX_YAML_NODES} nodes")
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
     except MxsimError:
         raise
+    except _DuplicateKey as error:
+        fail(f"{error} (YAML would keep the last value silently)")
     except yaml.YAMLError as error:
-        fail(f"not valid YAML: {' '.join(str(error).split())}")
-    except (RecursionError, ValueError, OverflowError) as error:  # constructors of odd scalars (dates, ints)
-        fail(f"not valid YAML: {type(error).__name__}: {error}")
+        fail(f"not valid YAML: {_yaml_problem(error)}")
+    except (RecursionError, ValueError, OverflowError, KeyError, TypeError) as error:
+        # constructors of odd scalars (dates, tagged values); their messages quote the text
+        fail(f"not valid YAML: a value cannot be read ({type(error).__name__})")
 
 
 # ----------------------------------------------------------------------------- .npy / .npz
@@ -248,6 +291,40 @@ def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
         return out
 
 
+# ----------------------------------------------------------------------------- strict JSON
+
+#: How JSON outputs hold the floats JSON has no literal for (``json`` would write the
+#: non-standard ``NaN``/``Infinity`` that strict parsers refuse).
+NONFINITE_JSON = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def json_ready(value):
+    """``value`` with numpy scalars and arrays as Python values and every non-finite float as
+    the string ``"inf"``, ``"-inf"`` or ``"nan"``; other objects as their ``str``."""
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return {str(key) if not isinstance(key, (str, int, float, bool)) else key: json_ready(item)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [json_ready(item) for item in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    return str(value)
+
+
+def json_text(value, **options) -> str:
+    """Standard JSON of ``value`` (see :func:`json_ready`): no ``NaN`` or ``Infinity``."""
+    return json.dumps(json_ready(value), allow_nan=False, **options)
+
+
 # ----------------------------------------------------------------------------- writing
 
 
@@ -281,9 +358,7 @@ def write_atomic(path, data: str | bytes | Iterable[str], *, encoding: str = "ut
                 handle.write(piece.encode(encoding) if isinstance(piece, str) else piece)
             handle.flush()
             os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -328,6 +403,52 @@ def replace_directory(staging: Path, target: Path) -> None:
         os.replace(staging, target)
         shutil.rmtree(retired, ignore_errors=True)
     _fsync_directory(target.parent)
+
+
+def check_output_directory(target, is_own: Callable[[Path], bool], what: str) -> Path:
+    """``target`` made absolute, if it may be replaced as a whole by a new output: absent, an empty
+    directory, or a directory ``is_own`` recognises as an earlier output of the same kind.
+    Anything else (a file, a symlink, a directory holding other files, the current directory
+    or one of its parents) is an ArgumentError naming ``what``: replacing it would delete
+    files that are not mxsim's."""
+    target = check_path(target, what)
+    if target.is_symlink():
+        raise ArgumentError(f"{what} {target}: is a symlink; give the directory itself")
+    target = target.absolute()
+    if target.exists():
+        if not target.is_dir():
+            raise ArgumentError(f"{what} {target}: exists and is not a directory")
+        if any(target.iterdir()) and not is_own(target):
+            raise ArgumentError(f"{what} {target}: is not empty and holds no earlier output of this kind; the "
+                                "output directory is replaced as a whole, so give a new or empty directory")
+    cwd = Path.cwd()
+    if target.resolve() == cwd or target.resolve() in cwd.parents:
+        raise ArgumentError(f"{what} {target}: is the current directory or holds it; the output directory is "
+                            "replaced as a whole, so give another one")
+    return target
+
+
+@contextlib.contextmanager
+def staged_directory(target: Path):
+    """A fresh hidden directory beside ``target`` to write a whole output into; on a normal
+    exit it replaces ``target`` (:func:`replace_directory`: a kill at any moment leaves the
+    old complete output or the new one), on an exception it is removed. Check ``target``
+    with :func:`check_output_directory` first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; give the usual directory mode
+    replace_directory(staging, target)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def safe_file_stem(name: str, limit: int = 100, default: str = "unnamed") -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,9 +109,20 @@ def check_choice(value, name: str, accepted: Iterable[str]) -> str:
     return value
 
 
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxlist, _SHORT_REPR.maxtuple, _SHORT_REPR.maxdict = 3, 6, 6, 6
+_SHORT_REPR.maxstring, _SHORT_REPR.maxother, _SHORT_REPR.maxlong = 70, 70, 40
+
+
+def shown(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for error messages. Containers are
+    abbreviated as they are walked (a value built from a YAML alias bomb is never expanded
+    into one huge string), and long text keeps only its start."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_show = shown
 
 
 #: The common POSIX limits on a whole path and on one name in it (Linux: PATH_MAX, NAME_MAX).

@@ -20,15 +20,19 @@ travelling with every task.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import sys
+import threading
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import MxsimError
+from .errors import ArgumentError, MxsimError
+from .limits import check_int, shown
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,40 @@ def _matmul_with_c(hw, A, B, c):
     return matmul(hw, A, B, c=c)
 
 
+#: Seconds to reach a running scheduler (a refused port or a silent peer fails after this).
+CONNECT_SECONDS = 10.0
+#: Seconds to wait for a running scheduler to have at least one worker.
+WORKER_WAIT_SECONDS = 30.0
+SCHEDULER_PROTOCOLS = ("tcp", "tls")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
+
+
+def parse_scheduler_address(address) -> str:
+    """``address`` (``tcp://host:port``, ``tls://host:port`` or ``host:port``) checked and
+    normalised to ``protocol://host:port``, before any connection: a host name or IPv4
+    address (an IPv6 address in brackets) and a port 1..65535. Anything else (no port, a
+    non-numeric or out-of-range port, an empty host, another protocol such as ``inproc://``)
+    is an ArgumentError naming the address."""
+    if not isinstance(address, str):
+        raise ArgumentError(f"--scheduler: expected an address such as tcp://host:8786, got {type(address).__name__}")
+    expected = "expected tcp://HOST:PORT, tls://HOST:PORT or HOST:PORT with a port 1..65535"
+    if len(address) > 300:
+        raise ArgumentError(f"--scheduler {shown(address)}: {expected} (at most 300 characters)")
+    protocol, separator, rest = address.strip().partition("://")
+    if not separator:
+        protocol, rest = "tcp", address.strip()
+    if protocol not in SCHEDULER_PROTOCOLS:
+        raise ArgumentError(f"--scheduler {shown(address)}: protocol {protocol[:20]!r} is not accepted; {expected}")
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host:
+        raise ArgumentError(f"--scheduler {shown(address)}: {expected}")
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
+        raise ArgumentError(f"--scheduler {shown(address)}: the port must be an integer 1..65535; {expected}")
+    if not _HOST.fullmatch(host):
+        raise ArgumentError(f"--scheduler {shown(address)}: {shown(host, 40)} is not a host name or address; {expected}")
+    return f"{protocol}://{host}:{int(port)}"
+
+
 def _require_distributed():
     try:
         import distributed
@@ -230,29 +268,72 @@ def _require_distributed():
     return distributed
 
 
+def _probe_scheduler(address: str, timeout: float) -> None:
+    """Check that a Dask scheduler answers at ``address`` within ``timeout`` seconds.
+
+    dask.distributed's ``Client`` bounds the TCP connection by its timeout but not the
+    handshake after it, so a peer that accepts and then stays silent would hang it for ever:
+    this asks the peer for its identity under one overall deadline (in a thread of its own,
+    with its own event loop, so it works whether or not the caller runs one)."""
+    from distributed.comm import connect
+
+    async def identity():
+        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+        try:
+            await asyncio.wait_for(comm.write({"op": "identity"}), timeout)
+            return await asyncio.wait_for(comm.read(), timeout)
+        finally:
+            comm.abort()
+
+    outcome: dict[str, Any] = {}
+
+    def probe():
+        try:
+            outcome["reply"] = asyncio.run(identity())
+        except BaseException as error:  # reported below, in the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=probe, name="mxsim-scheduler-probe", daemon=True)
+    thread.start()
+    thread.join(3 * timeout + 5)  # connect, write and read each have ``timeout``
+    reply = outcome.get("reply")
+    if not isinstance(reply, dict) or reply.get("type") != "Scheduler":
+        error = outcome.get("error")
+        if error is None:
+            detail = "no answer" if "reply" not in outcome else "the peer is not a Dask scheduler"
+        elif isinstance(error, (asyncio.TimeoutError, TimeoutError)) and not str(error):
+            detail = "no answer (a silent peer)"
+        else:
+            detail = " ".join(str(error).split())[:200] or type(error).__name__
+        raise MxsimError(f"cannot reach the Dask scheduler at {address} within {timeout:g} s: {detail}")
+
+
 class DaskRunner:
     """Runs tasks on a Dask cluster: a new ``LocalCluster`` of ``workers`` processes (one
     thread each; numba's parallel kernels get cores // workers threads each), or the running
-    scheduler at ``scheduler`` (``tcp://host:8786``; its workers keep their own settings).
-    ``timeout`` (seconds) bounds connecting and starting workers. GEMMs of more than
-    ``tile_macs`` multiply-adds are split into row tiles (:class:`TiledMatmul`)."""
+    scheduler at ``scheduler`` (``tcp://host:8786``, checked by :func:`parse_scheduler_address`
+    before connecting; its workers keep their own settings). ``timeout`` (seconds) bounds
+    starting a local cluster's workers; a running scheduler must answer within
+    ``connect_timeout`` and have a worker within ``worker_timeout``, else an MxsimError says
+    which. GEMMs of more than ``tile_macs`` multiply-adds are split into row tiles
+    (:class:`TiledMatmul`)."""
 
     def __init__(self, workers: int | None = None, scheduler: str | None = None, timeout: float = 120.0,
-                 tile_macs: int = TILE_MACS):
-        distributed = _require_distributed()
+                 tile_macs: int = TILE_MACS, connect_timeout: float = CONNECT_SECONDS,
+                 worker_timeout: float = WORKER_WAIT_SECONDS):
         if (workers is None) == (scheduler is None):
             raise MxsimError("give exactly one of workers (a local cluster) or scheduler (a running cluster)")
+        if scheduler is not None:
+            scheduler = parse_scheduler_address(scheduler)
+        else:
+            workers = check_int(workers, "--workers", 1, 4096)
+        distributed = _require_distributed()
         self.cluster = None
         self.numba_threads = None
         if scheduler is not None:
-            try:
-                self.client = distributed.Client(scheduler, timeout=timeout)
-            except OSError as error:
-                raise MxsimError(f"cannot reach the Dask scheduler at {scheduler}: {error}") from None
+            self.client = self._connect(distributed, scheduler, connect_timeout, worker_timeout)
             self.matmul = TiledMatmul(tile_macs)
             return
-        if workers < 1:
-            raise MxsimError(f"workers must be at least 1, got {workers}")
         self.numba_threads = max(1, (os.cpu_count() or 1) // workers)
         self.cluster = distributed.LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, death_timeout=timeout,
@@ -261,6 +342,24 @@ class DaskRunner:
         )
         self.client = distributed.Client(self.cluster, timeout=timeout)
         self.matmul = TiledMatmul(tile_macs, self.numba_threads)
+
+    @staticmethod
+    def _connect(distributed, scheduler: str, connect_timeout: float, worker_timeout: float):
+        """A client of the scheduler at ``scheduler`` that has at least one worker."""
+        _probe_scheduler(scheduler, connect_timeout)
+        try:
+            client = distributed.Client(scheduler, timeout=connect_timeout)
+        except (OSError, asyncio.TimeoutError, ValueError, TypeError) as error:
+            detail = " ".join(str(error).split())[:200] or type(error).__name__
+            raise MxsimError(f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout:g} s: "
+                             f"{detail}") from None
+        try:
+            client.wait_for_workers(1, timeout=worker_timeout)
+        except (OSError, asyncio.TimeoutError) as error:
+            client.close()
+            raise MxsimError(f"the Dask scheduler at {scheduler} has no workers (waited {worker_timeout:g} s); "
+                             f"start some with: dask worker {scheduler}") from None
+        return client
 
     def share(self, value):
         """A handle to ``value`` stored once on every worker; pass it as a task argument."""
@@ -314,7 +413,8 @@ class DaskRunner:
 
 
 def make_runner(workers: int | None = None, scheduler: str | None = None, timeout: float = 120.0):
-    """:class:`InProcess` when neither is given, else a :class:`DaskRunner`."""
+    """:class:`InProcess` when neither is given, else a :class:`DaskRunner` (``timeout``:
+    starting a local cluster; a running scheduler gets CONNECT_SECONDS and WORKER_WAIT_SECONDS)."""
     if workers is None and scheduler is None:
         return InProcess()
     return DaskRunner(workers=workers, scheduler=scheduler, timeout=timeout)

@@ -187,6 +187,37 @@ def tiny_transformer(torch, family: str, attn_implementation: str = "sdpa"):
     return _TransformerOutput(torch, model.eval()), sample
 
 
+#: The words of :func:`tiny_hf_dir`'s tokenizer (ids 2..; 0 is padding, 1 unknown).
+TINY_WORDS = ("the a cat dog sat ran on in mat park sun rain big small red blue man woman plays sings guitar song "
+              "market fell rose today cooks dinner train leaves early late").split()
+
+
+def tiny_hf_dir(torch, path: Path, task: str) -> Path:
+    """A Hugging Face model directory (``save_pretrained``) of a seeded 2-layer model for
+    ``task`` (embedding: BERT; classification: BERT with 3 labels; causal-lm: GPT-2) and a
+    word-level tokenizer over TINY_WORDS; no hub."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    torch.manual_seed(0)
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{word: i + 2 for i, word in enumerate(TINY_WORDS)}}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+    if task == "causal-lm":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0))
+    else:
+        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                                         intermediate_size=64, vocab_size=64, max_position_embeddings=32,
+                                         num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
+                                         label2id={"neg": 0, "neu": 1, "pos": 2})
+        model = (transformers.BertForSequenceClassification if task == "classification" else
+                 transformers.BertModel)(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 TRANSFORMER_FAMILIES = ("gpt2", "bert", "llama", "vit")
 
 
@@ -397,7 +428,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not outcomes:
         return
     terminalreporter.section("fuzz outcomes")
-    kinds = ("cases", "ok", "traceback", "escape", "memory", "timeout", "seconds", "max_seconds")
-    terminalreporter.write_line("family     " + "".join(f"{k:>11}" for k in kinds))
+    kinds = ("cases", "ok", "traceback", "timeout", "memory", "wrong", "escape", "disclosure", "seconds",
+             "max_seconds")
+    terminalreporter.write_line("family      " + "".join(f"{k:>11}" for k in kinds))
     for family, counts in outcomes.items():
-        terminalreporter.write_line(f"{family:11s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds))
+        terminalreporter.write_line(f"{family:12s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds))

@@ -18,16 +18,17 @@ LAYERS = (
     ("formats",),
     ("quantize",),
     ("datapath",),
-    ("trace", "capture", "replay", "inloop", "cycles", "golden", "sweep"),
+    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep"),
     ("cli",),
 )
 # Within the consumers' layer, what each package may import (capture -> trace -> replay, the
-# in-the-loop runner on top of all three).
+# in-the-loop runner on top of all three, evaluation on top of the runner).
 CONSUMER_IMPORTS = {
     "trace": set(),
     "capture": {"trace"},
     "replay": {"trace", "cycles"},
     "inloop": {"trace", "capture", "replay"},
+    "evaluate": {"trace", "capture", "replay", "inloop"},
     "cycles": set(),
     "golden": set(),
     "sweep": {"trace", "replay"},

@@ -176,6 +176,20 @@ def test_models_without_matmuls_are_rejected(torch, capture):
         capture(torch.nn.ReLU(), torch.randn(2))
 
 
+def test_sample_inputs_may_be_keyword_arguments(torch, capture):
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x, scale=1.0):
+            return self.fc(x) * scale
+
+    model, x = Scaled(), torch.randn(3, 4)
+    layer, = capture(model, {"scale": torch.tensor(2.0), "x": x}).layers
+    assert layer.name == "fc" and np.array_equal(layer.tensors["input"], x.numpy())
+
+
 def test_hooks_and_modes_are_removed_even_when_the_forward_fails(torch, capture):
     model = torch.nn.Linear(4, 2)
     with pytest.raises(RuntimeError):

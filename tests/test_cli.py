@@ -44,6 +44,18 @@ def test_dot_explain_shows_each_stage(capsys):
     assert out.strip().endswith("0x3a000000 = 0.00048828125")
 
 
+def test_dot_explain_shows_the_group_stages_of_an_nvfp4_unit(capsys):
+    # 16 products of 1 x 0.5 = 8 per group; scales UE4M3 2.0 (0x40) and 1.5 (0x3C): 8 * 3 = 24
+    hw = str(REPO / "hwconfigs/b200-nvfp4.yaml")
+    args = ["dot", "--hw", hw, "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--a", ",".join(["1"] * 16),
+            "--b", ",".join(["0.5"] * 16), "--scale-a", "0x40", "--scale-b", "0x3c"]
+    status, out, _ = run(capsys, *args, "--explain")
+    assert status == 0 and "group" in out and "scale_a=2.0, scale_b=1.5" in out
+    assert out.strip().endswith("0x41c00000 = 24.0")
+    status, _, err = run(capsys, *args[:-1], "0x80")
+    assert status == 2 and "UE4M3 codes must lie in [0, 127]" in err and "Traceback" not in err
+
+
 def test_dot_json_with_scales(capsys):
     status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp4_e2m1",
                          "--b-format", "fp4_e2m1", "--a", "1,2", "--b", "3,-0.5", "--scale-a", "128", "--json")
@@ -137,6 +149,8 @@ def _hostile_files(tmp_path):
     (tmp_path / "binary.csv").write_bytes(bytes(range(256)))
     (tmp_path / "latin1.yaml").write_bytes("name: caf\u00e9\n".encode("latin-1"))
     text = (REPO / "hwconfigs/ocp-exact.yaml").read_text()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text('{"model_type": "bert"}')  # a config and nothing else
     (tmp_path / "promoted.yaml").write_text(text + "overrides:\n  - accumulator: {promotion_interval: 1180591620717411303424}\n")
 
 
@@ -161,6 +175,28 @@ def _hostile_files(tmp_path):
     (["golden", "--hw", "hwconfigs/h100-fp8.yaml", "--out", "{tmp}/g", "--pair", "fp8_e4m3,fp4_e2m1"],
      "format pair fp8_e4m3 x fp4_e2m1 is not accepted by this unit; accepted: fp8_e4m3xfp8_e4m3,"),
     (["bogus"], "invalid choice: 'bogus'"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/h100-fp8.yaml", "--format", "fp4_e2m1", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt"], "unit h100-fp8 does not take fp4_e2m1 for both operands; it takes"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "ner",
+      "--inputs", "x"], "argument --task: invalid choice: 'ner'"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt"], "{tmp}: no config.json"),
+    (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
+      "embedding", "--inputs", "{tmp}/binary.csv"], "not UTF-8 text"),
+    (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
+      "embedding", "--inputs", "examples/minilm/sentences.txt"], "cannot load the embedding model and its tokenizer"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt", "--max-length", "1"], "max_length: expected an integer 2..65536"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
+      "--inputs", "examples/minilm/sentences.txt", "--json", "{tmp}/no/dir.json"],
+     "--json {tmp}/no/dir.json: expected a file in an existing directory"),
+    (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--task", "embedding", "--inputs", "x"],
+     "the following arguments are required: --format"),
+    (["capture", "torch", "nomodule", "--out", "{tmp}/t"], "expected a Hugging Face model directory or module:factory"),
+    (["capture", "torch", "{tmp}", "--out", "{tmp}/t"], "a model directory needs --inputs"),
+    (["capture", "torch", "json:loads", "--out", "{tmp}/t"], "the factory raised TypeError"),
+    (["capture", "torch", "json:loads", "--out", "{tmp}/t", "--task", "embedding"], "--task is for a model directory"),
+    (["capture", "torch", "json:loads", "--out", "{tmp}"], "already exists (pass --force"),
 ])
 def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(REPO)
@@ -174,6 +210,64 @@ def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1, err
     assert message.format(tmp=tmp_path) in lines[0] and "Traceback" not in err
+
+
+def test_evaluate_hf_prints_the_table_and_writes_json(capsys, tmp_path, torch):
+    from conftest import tiny_hf_dir
+
+    model = tiny_hf_dir(torch, tmp_path / "model", "embedding")
+    (tmp_path / "inputs.txt").write_text("the cat sat on the mat\na dog ran in the park\nthe sun\n")
+    status, out, err = run(capsys, "evaluate", "hf", str(model), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
+                           "--format", "fp8_e4m3", "--task", "embedding", "--inputs", str(tmp_path / "inputs.txt"),
+                           "--json", str(tmp_path / "report.json"))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert status == 0 and out.splitlines()[0] == "model: embedding, 3 inputs, 14 tokens, mean pooling"
+    assert out.splitlines()[2].startswith("ocp-exact  fp8_e4m3") and report["runs"][0]["layers"] == 17
+    assert "mxsim evaluate: ocp-exact fp8_e4m3: " in err  # progress lines: stderr is not a terminal here
+
+
+FACTORY = """
+import torch
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval(), torch.ones(3, 8)
+
+def kwargs_model():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x, scale):
+            return self.fc(x) * scale
+
+    return Scaled()
+"""
+
+
+def test_capture_torch_from_a_factory_and_from_a_model_directory(capsys, tmp_path, torch, monkeypatch):
+    from conftest import tiny_hf_dir
+    from mxsim.trace import load_trace
+
+    (tmp_path / "cli_factory.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "capture", "torch", "cli_factory:mlp", "--out", str(tmp_path / "mlp"))
+    trace = load_trace(tmp_path / "mlp")
+    assert status == 0 and [layer.name for layer in trace.layers] == ["0", "2"] and trace.name == "cli_factory.mlp"
+    status, _, err = run(capsys, "capture", "torch", "cli_factory:kwargs_model", "--out", str(tmp_path / "kw"))
+    assert status == 2 and "returned no example inputs; pass --inputs FILE.npz" in err
+    np.savez(tmp_path / "kw.npz", x=np.ones((2, 8), np.float32), scale=np.float32(2.0))
+    status, _, _ = run(capsys, "capture", "torch", "cli_factory:kwargs_model", "--inputs", str(tmp_path / "kw.npz"),
+                       "--out", str(tmp_path / "kw"))
+    assert status == 0 and [layer.name for layer in load_trace(tmp_path / "kw").layers] == ["fc"]
+    model = tiny_hf_dir(torch, tmp_path / "bert", "embedding")
+    (tmp_path / "inputs.txt").write_text("the cat sat\na dog ran in the park\n")
+    status, out, _ = run(capsys, "capture", "torch", str(model), "--inputs", str(tmp_path / "inputs.txt"),
+                         "--out", str(tmp_path / "bert-trace"))
+    trace = load_trace(tmp_path / "bert-trace")
+    assert status == 0 and len(trace.layers) == 17 and trace.name == "bert"
+    assert trace.layers[0].tensors["input"].shape == (2, 6, 32)  # two inputs padded to 6 tokens, hidden 32
 
 
 def test_golden_pairs_of_a_config_with_tf32(capsys, tmp_path):
@@ -264,3 +358,58 @@ def test_capture_onnx_compact_keeps_mx_operands_as_codes(capsys, tmp_path):
     for a, b in zip(*rows):
         if a.status == "model":
             assert np.array_equal(a.bits, b.bits)
+def strict_json(text: str):
+    """json.loads refusing the non-standard NaN, Infinity and -Infinity literals."""
+    def refuse(literal):
+        raise ValueError(f"non-standard JSON literal {literal}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_replay_json_is_strict_with_non_finite_numbers_as_strings(capsys, tmp_path):
+    out_file = tmp_path / "report.json"
+    status, _, _ = run(capsys, "replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/kulisch.yaml"),
+                       "--json", str(out_file), "--quiet")
+    report = strict_json(out_file.read_text())  # an exact unit's SQNR is +inf: "Infinity" before
+    assert status == 0 and report["layers"][0]["results"][0]["sqnr_vs_ideal_db"] == "inf"
+
+
+def test_dot_json_is_strict(capsys):
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", "inf", "--json")
+    assert status == 0 and strict_json(out)["value"] == "inf"
+
+
+@pytest.mark.parametrize("c, message", [
+    ("3.5e38", "--c: 3.5e+38 is not an fp32 value (nearest: inf)"),  # silently +Inf before
+    ("0.1", "--c: 0.1 is not an fp32 value (nearest: 0.10000000149011612)"),
+])
+def test_dot_c_must_be_an_exact_fp32_value_as_a_and_b_are(capsys, c, message):
+    status, _, err = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
+                         "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", c)
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_quantize_refuses_a_scale_format_as_element_format(capsys):
+    status, _, err = run(capsys, "quantize", "--format", "e8m0")
+    assert status == 2 and "e8m0 is not an element format (it is a block scale format); accepted: fp8_e4m3" in err
+
+
+def test_quantize_reports_nan_sqnr_beside_a_nan_error(capsys, tmp_path):
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
+    x[0, 0] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    status, out, _ = run(capsys, "quantize", "--input", str(tmp_path / "x.npy"), "--format", "fp8_e4m3", "--json")
+    (row,) = strict_json(out)["results"]
+    assert status == 0 and row["max_abs_error"] == "nan" and row["sqnr_db"] == "nan"  # was inf beside a NaN error
+
+
+def test_sweep_out_must_be_a_usable_directory(capsys, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("a user's file")
+    for out, message in (("", "--out: expected a file or directory path, got ''"),
+                         (str(tmp_path / "full"), "is not empty and holds no earlier output of this kind")):
+        status, _, err = run(capsys, "sweep", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"),
+                             "--vary", "adder.fused_terms=8,16", "--out", out, "--quiet")
+        assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "full" / "mine.txt").read_text() == "a user's file"

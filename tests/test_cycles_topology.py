@@ -112,3 +112,17 @@ def test_depthwise_layer_count_is_bounded(tmp_path):
                            "Strides,\nDPconv, 8, 8, 3, 3, 1000000000, 1, 1,\n")
     with pytest.raises(MxsimError, match=":2: a depthwise layer of 1000000000 channels would make more than 1000000"):
         read_scalesim_topology(path)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("1_000", "expected an integer, got '1_000'"),
+    ("\u0661\u0662", "expected an integer, got"),  # Arabic-Indic digits: int() would read 12
+    ("1e400", "expected an integer, got '1e400'"),
+    ("99999999999999999999", "expected at most 4294967296, got '99999999999999999999'"),
+    ("9" * 5000, "expected at most 4294967296, got '9999"),
+])
+def test_hostile_dimensions_are_refused_with_a_short_message(tmp_path, value, message):
+    path = write(tmp_path, f"Layer, M, N, K,\nfc, {value}, 2, 3,\n")
+    with pytest.raises(MxsimError, match=message.replace("(", r"\(")) as caught:
+        read_scalesim_topology(path)
+    assert len(str(caught.value)) < len(str(path)) + 150

@@ -104,8 +104,13 @@ ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive"
 @st.composite
 def random_params(draw) -> DatapathParams:
     fused = draw(st.sampled_from([1, 2, 3, 4, 8, 16, 32]))
-    scales = draw(st.sampled_from(["none", "products", "block_sum"]))
+    scales = draw(st.sampled_from(["none", "products", "block_sum", "group_sum"]))
     block = fused * draw(st.integers(1, 3)) if scales == "block_sum" else draw(st.sampled_from([4, 8, 16, 32]))
+    group = 16
+    if scales == "group_sum":  # whole groups in blocks and trees
+        group = draw(st.sampled_from([1, 2, 4, 8, 16]))
+        fused = group * draw(st.integers(1, 4))
+        block = group * draw(st.integers(1, 3))
     acc_format = draw(st.sampled_from(["fp32", "fp16", "bf16", "exact"]))
     exact = acc_format == "exact"
     # sampled_from spreads the choices evenly (one_of(none(), ...) leans on None).
@@ -116,12 +121,12 @@ def random_params(draw) -> DatapathParams:
     if not exact and draw(st.booleans()):
         promotion = fused * draw(st.integers(1, 4))
     order = None
-    if draw(st.booleans()):
+    if scales != "group_sum" and draw(st.booleans()):
         order = tuple(draw(st.permutations(list(range(fused * draw(st.integers(1, 2)))))))
     # A fixed-point grid (cvfpu MXDOTP) in a quarter of the units: exact products outside of
     # which the accumulator is aligned, one scale per tree, small shift limits so that its
     # pass-through rules are met often.
-    grid = not exact and scales != "block_sum" and draw(st.integers(0, 3)) == 0
+    grid = not exact and scales in ("none", "products") and draw(st.integers(0, 3)) == 0
     if grid:
         window, fraction_bits, acc_in_tree, promotion, order = "exact", None, False, None, None
     trees_in_blocks = order is None and promotion is None and draw(st.booleans())
@@ -137,9 +142,11 @@ def random_params(draw) -> DatapathParams:
         grid_max_right_shift=draw(st.integers(0, 30)),
         block_size=block,
         scales=scales,
+        scale_format=draw(st.sampled_from(["e8m0", "ue4m3"])) if scales == "group_sum" else "e8m0",
         input_subnormals=draw(st.booleans()),
         product_fraction_bits=None if grid else draw(st.one_of(st.none(), st.integers(0, 6))),
         fused_terms=fused,
+        group_terms=group,
         term_order=order,
         accumulator_in_tree=acc_in_tree,
         align_reference=draw(st.sampled_from(["exponent_sum", "leading_bit"])),
@@ -170,17 +177,19 @@ def random_params(draw) -> DatapathParams:
     return params
 
 
-def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int):
+def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"):
     """Codes of normal-distributed rows at a few magnitudes (clipped to the format) and, for
-    units with block scales (``block_size`` given), E8M0 scales near 1: what a quantized
-    layer hands a unit. Sums stay well inside fp16's range."""
+    units with block scales (``block_size`` given), scales near 1 (codes of ``scale_format``):
+    what a quantized layer hands a unit. Sums stay well inside fp16's range."""
     fmt = get_format(fmt_name)
     magnitude = np.exp2(rng.integers(-3, 4, size=(rows, 1)).astype(np.float64))
     x = np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
     codes = fmt.encode(x).astype(np.uint32)
     if block_size is None:
         return codes, None
-    return codes, rng.integers(123, 130, size=(rows, -(-length // block_size))).astype(np.uint8)
+    scale_fmt = get_format(scale_format)
+    near_one = scale_fmt.encode(np.exp2(rng.uniform(-4, 3, size=(rows, -(-length // block_size)))))
+    return codes, near_one.astype(np.uint8)
 
 
 CORNER_SHARE = 0.15  # of random cases: uniform codes (NaN/Inf/max), special scales and c
@@ -195,8 +204,10 @@ def random_inputs(draw, params: DatapathParams, rows: int):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if rng.random() >= CORNER_SHARE:  # not a hypothesis draw: those lean on the bounds
         event("inputs: realistic")
-        a, scale_a = realistic_operand(rng, params.a_format, params.block_size if scaled else None, rows, length)
-        b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length)
+        a, scale_a = realistic_operand(rng, params.a_format, params.block_size if scaled else None, rows, length,
+                                       params.scale_format)
+        b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length,
+                                       params.scale_format)
         c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
         c[rng.random(rows) < 0.3] = 0.0
         return a, b, scale_a, scale_b, c
@@ -207,7 +218,9 @@ def random_inputs(draw, params: DatapathParams, rows: int):
                  min_size=rows, max_size=rows)
     ), dtype=np.uint32) << np.uint32(fmt.padding_bits)
     a, b = codes(fmt_a), codes(fmt_b)
-    scale = st.one_of(st.integers(118, 136), st.sampled_from([0, 1, 127, 253, 254, 255]))
+    scale_fmt = get_format(params.scale_format)
+    one, top = int(scale_fmt.encode(np.array([1.0]))[0]), (1 << scale_fmt.bits) - 1
+    scale = st.one_of(st.integers(one - 9, one + 9), st.sampled_from([0, 1, one, top - 2, top - 1, top]))
     scales = lambda: np.array(  # noqa: E731
         draw(st.lists(st.lists(scale, min_size=blocks, max_size=blocks), min_size=rows, max_size=rows)), dtype=np.uint8
     )
@@ -602,7 +615,7 @@ def corner_row(rng, case, params, a, b, scale_a, scale_b, c):
     elif kind == "nan_element":
         a[-1, rng.integers(a.shape[1])] = a_fmt.encode(np.array([np.nan]), overflow="inf_nan")[0]
     else:
-        scale_a[-1, -1] = 255
+        scale_a[-1, -1] = (1 << get_format(params.scale_format).bits) - 1  # the NaN code
 
 
 @pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
@@ -620,8 +633,8 @@ def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
             b_format = a_format
         params = config.params(a_format, b_format, out_format)
         block_size = None if params.scales == "none" else params.block_size
-        a, scale_a = realistic_operand(rng, a_format, block_size, rows, length)
-        b, scale_b = realistic_operand(rng, b_format, block_size, rows, length)
+        a, scale_a = realistic_operand(rng, a_format, block_size, rows, length, params.scale_format)
+        b, scale_b = realistic_operand(rng, b_format, block_size, rows, length, params.scale_format)
         c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
         corner_row(rng, case, params, a, b, scale_a, scale_b, c)
         out = dot(config, a, b, a_format=a_format, b_format=b_format, scale_a=scale_a, scale_b=scale_b, c=c,
@@ -804,3 +817,42 @@ def test_fp32_elements_decode_directly(config):
         if config == "kulisch":
             exact = sum((Fraction(float(p)) * Fraction(float(q)) for p, q in zip(x[i], y[i])), Fraction(0))
             assert out[i] == encode_reference(fp32, exact, "nearest_even", "inf_nan"), i
+
+
+# --- NVFP4 GEMMs ----------------------------------------------------------------------------------
+
+def test_nvfp4_matmul_rows_are_the_units_dot_products_and_values_carry_the_tensor_scales():
+    from mxsim.quantize.nvfp4 import quantize_nvfp4, tensor_scale_from_amax
+
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    w = rng.standard_normal((5, 96)).astype(np.float32)  # B^T, as NVFP4 weights are stored
+    A = quantize_nvfp4(x, tensor_scale_from_amax(np.abs(x).max()))
+    B = quantize_nvfp4(w, tensor_scale_from_amax(np.abs(w).max()))
+    unit = hw("b200-nvfp4")
+    result = matmul(unit, A, B, tile_rows=4)
+    for m in range(6):
+        bits = dot(unit, np.repeat(A.codes[m:m + 1], 5, 0), B.codes, a_format="fp4_e2m1", b_format="fp4_e2m1",
+                   scale_a=np.repeat(A.scales[m:m + 1], 5, 0), scale_b=B.scales)
+        assert np.array_equal(bits, result.bits[m])
+    assert result.tensor_scale == A.tensor_scale * B.tensor_scale
+    np.testing.assert_array_equal(result.values, as_float(result.bits) * (A.tensor_scale * B.tensor_scale))
+    exact = A.exact_values() @ B.exact_values().T
+    assert np.abs(result.values - exact).max() <= 2.0**-20 * np.abs(exact).max()  # truncation to fp32 per k64
+
+
+def test_nvfp4_matmul_refuses_mismatched_operands():
+    from mxsim.quantize.nvfp4 import quantize_nvfp4
+
+    A = quantize_nvfp4(np.ones((2, 32), np.float32))
+    cases = [
+        (lambda: matmul(hw("b200-nvfp4"), A, np.ones((32, 2))), "both must be 2-D NVFP4Tensors"),
+        (lambda: matmul(hw("b200-nvfp4"), A, quantize_nvfp4(np.ones((2, 48), np.float32))), "inner dimensions"),
+        (lambda: matmul(hw("b200-tcgen05-mxf4"), A, A), "ue4m3 scales per 16 differ"),
+        (lambda: matmul(hw("b200-nvfp4"), quantize_nvfp4(np.ones((2, 32), np.float32), 1.0), A,
+                              c=np.zeros((2, 2), np.float32)), "c with NVFP4 tensor scales"),
+        (lambda: matmul(hw("b200-nvfp4"), np.ones((2, 32)), np.ones((32, 2))), "give NVFP4Tensor operands"),
+    ]
+    for call, message in cases:
+        with pytest.raises(MxsimError, match=message):
+            call()

@@ -12,6 +12,7 @@ from mxsim.datapath.config import load_hwconfig, parse_hwconfig
 from mxsim.errors import ConfigError, UnknownNameError
 
 MINIMAL = {"name": "unit", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]}}
+MARKED = {"mxsim_hwconfig": 1, **MINIMAL}  # a config another may extend
 
 
 def with_changes(**sections) -> dict:
@@ -74,6 +75,9 @@ def test_defaults_fill_every_key():
          "adder.trees_in_blocks", "one scale per tree"),
         (with_changes(grid={"fraction_bits": 8}, adder={"accumulator_in_tree": False}),
          "grid.fraction_bits", "do not hold the smallest fp8_e4m3 x fp8_e4m3 product"),
+        (with_changes(grid={"fraction_bits": 34}, inputs={"scales": "group_sum"},
+                      adder={"accumulator_in_tree": False, "group_terms": 16}),
+         "inputs.scales", "a fixed-point grid (grid.fraction_bits) needs 'none' or 'products'"),
     ],
 )
 def test_bad_configs_name_the_file_and_key(data, key_path, message):
@@ -144,7 +148,7 @@ def test_extends_merges_sections_and_appends_overrides(tmp_path):
         adder={"fused_terms": 16, "align_fraction_bits": 13},
         overrides=[{"out_format": "fp16", "adder": {"fused_terms": 8}}],
     )
-    write_yaml(tmp_path / "base.yaml", base)
+    write_yaml(tmp_path / "base.yaml", {"mxsim_hwconfig": 1, **base})  # a base carries the marker
     child = {"extends": "../base.yaml", "name": "child", "adder": {"align_fraction_bits": 20},
              "overrides": [{"a_format": ["fp8_e5m2"], "out_format": "fp16", "adder": {"fused_terms": 4}}]}
     write_yaml(tmp_path / "sub" / "child.yaml", child)  # resolved relative to the extending file
@@ -158,18 +162,18 @@ def test_extends_merges_sections_and_appends_overrides(tmp_path):
 
 
 def test_extends_cycles_and_bad_bases_name_the_files(tmp_path):
-    write_yaml(tmp_path / "a.yaml", {**MINIMAL, "extends": "b.yaml"})
-    write_yaml(tmp_path / "b.yaml", {**MINIMAL, "extends": "a.yaml"})
+    write_yaml(tmp_path / "a.yaml", {**MARKED, "extends": "b.yaml"})
+    write_yaml(tmp_path / "b.yaml", {**MARKED, "extends": "a.yaml"})
     with pytest.raises(ConfigError, match="extends: configs extend each other in a cycle") as info:
         load_hwconfig(tmp_path / "a.yaml")
     assert str(tmp_path / "a.yaml") in str(info.value) and str(tmp_path / "b.yaml") in str(info.value)
-    write_yaml(tmp_path / "self.yaml", {**MINIMAL, "extends": "self.yaml"})
+    write_yaml(tmp_path / "self.yaml", {**MARKED, "extends": "self.yaml"})
     with pytest.raises(ConfigError, match="cycle"):
         load_hwconfig(tmp_path / "self.yaml")
     write_yaml(tmp_path / "orphan.yaml", {**MINIMAL, "extends": "absent.yaml"})
     with pytest.raises(ConfigError, match="orphan.yaml: extends: no such file: .*absent.yaml"):
         load_hwconfig(tmp_path / "orphan.yaml")
-    write_yaml(tmp_path / "bad.yaml", with_changes(adder={"fused_terms": 0}))
+    write_yaml(tmp_path / "bad.yaml", {"mxsim_hwconfig": 1, **with_changes(adder={"fused_terms": 0})})
     write_yaml(tmp_path / "uses-bad.yaml", {"extends": "bad.yaml", "name": "x"})
     with pytest.raises(ConfigError, match="bad.yaml: adder.fused_terms"):  # the base's own file and key
         load_hwconfig(tmp_path / "uses-bad.yaml")
@@ -250,3 +254,91 @@ def test_mxdotp_elements_per_operation_follow_the_element_width():
                  for name in ("mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm")}
     assert roundings == {"mxdotp": "nearest_even", "mxdotp-rtz": "toward_zero", "mxdotp-rdn": "toward_negative",
                          "mxdotp-rup": "toward_positive", "mxdotp-rmm": "nearest_away"}
+# ----------------------------------------------------------------------------- hostile extends
+
+
+def test_extends_a_symlink_loop_is_a_config_error(tmp_path):
+    (tmp_path / "loop1.yaml").symlink_to("loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to("loop1.yaml")
+    write_yaml(tmp_path / "child.yaml", {**MINIMAL, "extends": "loop1.yaml"})
+    with pytest.raises(ConfigError, match=r"child.yaml: extends: not a usable file name \(a symlink loop\)"):
+        load_hwconfig(tmp_path / "child.yaml")
+
+
+def test_extends_chain_depth_is_bounded_and_names_the_loaded_file(tmp_path):
+    from mxsim.datapath.config import MAX_EXTENDS_DEPTH
+
+    for index in range(1000):  # RecursionError naming an innocent file in the middle, before
+        data = {**MARKED, **({"extends": f"c{index + 1}.yaml"} if index < 999 else {})}
+        write_yaml(tmp_path / f"c{index}.yaml", data)
+    with pytest.raises(ConfigError, match=rf"c0.yaml: extends: the chain .* longer than {MAX_EXTENDS_DEPTH} files"):
+        load_hwconfig(tmp_path / "c0.yaml")
+    assert load_hwconfig(tmp_path / f"c{1000 - MAX_EXTENDS_DEPTH}.yaml").name == "unit"  # exactly the bound loads
+
+
+def test_extends_a_file_that_is_no_hwconfig_never_shows_its_content(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("topsecret-first-line:\n  password: hunter2\n")  # parses as a mapping with a key
+    write_yaml(tmp_path / "child.yaml", {**MINIMAL, "extends": str(secret)})
+    with pytest.raises(ConfigError) as info:
+        load_hwconfig(tmp_path / "child.yaml")
+    message = str(info.value)
+    assert "secret.txt' is not an mxsim hardware config (it has no top-level mxsim_hwconfig key)" in message
+    assert "topsecret" not in message and "hunter2" not in message
+    secret.write_text("mxsim_hwconfig: 1\nname: [unclosed topsecret\n")  # a YAML error quotes no text either
+    with pytest.raises(ConfigError, match=r"not valid YAML: .*\(line \d+, column \d+\)") as info:
+        load_hwconfig(tmp_path / "child.yaml")
+    assert "topsecret" not in str(info.value)
+
+
+def test_extends_a_symlink_out_of_the_config_directory_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    write_yaml(outside / "base.yaml", MARKED)
+    inside = tmp_path / "configs"
+    inside.mkdir()
+    (inside / "base.yaml").symlink_to(outside / "base.yaml")
+    (inside / "up").symlink_to(outside)
+    for name in ("base.yaml", "up/base.yaml"):
+        write_yaml(inside / "child.yaml", {**MINIMAL, "extends": name})
+        with pytest.raises(ConfigError, match="is a symlink .* leading out of the config's directory"):
+            load_hwconfig(inside / "child.yaml")
+    write_yaml(inside / "child.yaml", {**MINIMAL, "extends": "../outside/base.yaml"})  # a plain path may leave
+    assert load_hwconfig(inside / "child.yaml").name == "unit"
+    (inside / "local.yaml").symlink_to("child.yaml")  # a symlink staying inside is followed
+    write_yaml(inside / "grandchild.yaml", {**MINIMAL, "extends": "local.yaml"})
+    with pytest.raises(ConfigError, match="child.yaml' is not an mxsim hardware config"):
+        load_hwconfig(inside / "grandchild.yaml")
+
+
+def test_repeated_yaml_keys_are_refused(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: unit\ninputs: {a_formats: [fp8_e4m3], b_formats: [fp8_e4m3]}\nname: other\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml: a key repeats an earlier key of its mapping \(line 3, column 1\)"):
+        load_hwconfig(path)
+    path.write_text("name: unit\ninputs: {a_formats: [fp8_e4m3], b_formats: [fp8_e4m3], a_formats: [fp4_e2m1]}\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        load_hwconfig(path)
+
+
+def test_an_alias_bomb_under_the_node_limit_gives_a_short_error(tmp_path):
+    # Anchors first in the file, in a section checked after adder (sections go in schema order).
+    lines = ["name: unit", "inputs: {a_formats: [fp8_e4m3], b_formats: [fp8_e4m3]}", "accumulator:",
+             "  x0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 5):
+        lines.append(f"  x{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * 9) + "]")
+    # 9**6 = 531,441 nodes here, about 600,000 in all: under the 1,000,000 limit
+    lines += ["adder:", "  align_fraction_bits: [" + ", ".join(["*a4"] * 9) + "]"]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_hwconfig(path)
+    assert "adder.align_fraction_bits: expected an integer or null, got [[[" in str(info.value)
+    assert len(str(info.value)) < 300
+
+
+def test_a_file_that_is_no_config_is_refused_without_echoing_its_lines(tmp_path):
+    path = tmp_path / "shadow"
+    path.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\nbin:*:19000::\n")  # lines ending in ':' are keys
+    with pytest.raises(ConfigError, match="not an mxsim hardware config: a top-level key that is not a name") as info:
+        load_hwconfig(path)
+    assert "SECRETHASH" not in str(info.value)

@@ -15,7 +15,7 @@ from mxsim.datapath import _kernels as K
 from mxsim.datapath import reference, schema
 from mxsim.datapath.api import _kernel_arguments
 from mxsim.datapath.blas import blas_applies
-from mxsim.datapath.config import load_hwconfig, parse_hwconfig, vary_hwconfig
+from mxsim.datapath.config import check_consistency, load_hwconfig, parse_hwconfig, vary_hwconfig
 from mxsim.datapath.window import window_applies
 from mxsim.errors import ConfigError
 
@@ -159,9 +159,21 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
     ("blas", "kulisch", {"output.rounding": "toward_zero"}),
     ("window", "h100-fp8", {"adder.below_window": "sticky"}),
     ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
+    ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
 ])
 def test_route_declarations_refuse_what_the_route_does_not_compute(route, unit, changes):
     config = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
     params = config.params(config.a_formats[0], config.b_formats[0])
     varied = vary_hwconfig(config, changes, "x").params(config.a_formats[0], config.b_formats[0])
+    assert schema.route_accepts(route, params) and not schema.route_accepts(route, varied)
+
+
+@pytest.mark.parametrize("route, unit", [("blas", "ocp-exact"), ("window", "h100-fp8")])
+@pytest.mark.parametrize("scale_format", ["e8m0", "ue4m3"])
+def test_no_route_takes_group_sums(route, unit, scale_format):
+    # Not yet shown exact on either route. (The whole config, with its fp8_e5m2 pairs, would
+    # be refused: their group sums need more than float64's 53 bits.)
+    params = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml").params("fp8_e4m3", "fp8_e4m3")
+    varied = dataclasses.replace(params, scales="group_sum", group_terms=16, scale_format=scale_format)
+    check_consistency(varied, "x")
     assert schema.route_accepts(route, params) and not schema.route_accepts(route, varied)

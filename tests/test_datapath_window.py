@@ -63,6 +63,9 @@ def test_other_units_do_not(name):
     {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
     {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
     {"a_format": "fp32"},  # products wider than float32's significand
+    # group-scaled sums and scales that are not powers of two: not yet shown exact on this route
+    {"scales": "group_sum", "block_size": 32, "group_terms": 16},
+    {"scales": "group_sum", "block_size": 16, "group_terms": 16, "scale_format": "ue4m3"},
 ])
 def test_features_the_kernels_do_not_model_refuse_the_route(changes):
     assert window_applies(h100())
@@ -102,6 +105,7 @@ def window_params(draw) -> DatapathParams:
         zero_term_exponent=draw(st.sampled_from([None, None, -133, -60, -21])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
         output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
+        scale_format="e8m0", group_terms=16,
     )
 
 

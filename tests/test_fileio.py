@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -191,6 +192,16 @@ DRIVERS = {
         for i in itertools.count():
             generate(HW, OUT, cases=200, seed=i % 2, kinds=["random"], progress=False)
     """,
+    "sweep": """
+        from mxsim.datapath import load_hwconfig
+        from mxsim.sweep import parse_knobs, run_sweep, write_outputs
+        from mxsim.trace import load_trace
+        trace, base = load_trace(SMALL_TRACE), load_hwconfig(HW2)
+        print("ready", flush=True)
+        for i in itertools.count():
+            knobs = parse_knobs([["adder.align_fraction_bits=6,13", "adder.align_fraction_bits=8,10,20"][i % 2]])
+            write_outputs(run_sweep(trace, base, knobs, OUT), OUT)
+    """,
     "replay-json": """
         from mxsim.cli import main
         print("ready", flush=True)
@@ -223,6 +234,7 @@ def _run_driver(name: str, out, delay: float, env: dict) -> None:
         MODEL = {str(REPO / 'tests/data/trace/digits_cnn.onnx')!r}
         INPUTS = {str(REPO / 'tests/data/trace/digits_inputs.npz')!r}
         OUT = {str(out)!r}
+        SMALL_TRACE = {str(out.parent / 'small-trace')!r}
     """)
     process = subprocess.Popen([sys.executable, "-c", header + textwrap.dedent(DRIVERS[name])],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
@@ -251,6 +263,14 @@ def _initial_output(writer: str, out, tmp_path) -> None:
 
     if writer == "golden":
         shutil.copytree(tmp_path / "golden-0", out)
+    elif writer == "sweep":
+        from mxsim.datapath import load_hwconfig
+        from mxsim.sweep import parse_knobs, run_sweep, write_outputs
+
+        trace = _small_trace()
+        save_trace(trace, tmp_path / "small-trace")
+        write_outputs(run_sweep(trace, load_hwconfig(REPO / "hwconfigs/h100-fp8.yaml"),
+                                parse_knobs(["adder.align_fraction_bits=6,13"]), out), out)
     elif writer == "replay-json":
         assert main(["replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
                      "--json", str(out), "--quiet"]) == 0
@@ -261,6 +281,39 @@ def _initial_output(writer: str, out, tmp_path) -> None:
     else:
         assert main(["capture", "onnx", str(REPO / "tests/data/trace/digits_cnn.onnx"), "--inputs",
                      str(REPO / "tests/data/trace/digits_inputs.npz"), "--out", str(out), "--name", "first"]) == 0
+
+
+def _small_trace():
+    from mxsim.trace import Layer, Trace
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 32)).astype(np.float32)
+    w = rng.standard_normal((4, 32)).astype(np.float32)
+    return Trace("small", [Layer("fc", "linear", {"input": x, "weight": w, "output": x @ w.T})], {"framework": "numpy"},
+                 {}, None, None)
+
+
+def check_whole_golden_output(out, versions) -> None:
+    """Every file of one version (old or new), none of the other; the manifest's counts and
+    sha256 match the vector files."""
+    files = {path.name: path.read_bytes() for path in out.iterdir() if not path.name.startswith(".")}
+    assert [seed for seed, version in versions.items() if files == version], sorted(files)
+    manifest = json.loads(files["manifest.json"])
+    for unit in manifest["units"]:
+        for entry in unit["files"].values():
+            text = files[entry["vectors"]]
+            assert hashlib.sha256(text).hexdigest() == entry["sha256"]
+            assert len(files[entry["labels"]].splitlines()) == entry["count"]
+
+
+def check_whole_sweep_output(out) -> None:
+    """sweep.json and sweep.csv of one run: the same points, each stored under points/."""
+    summary = json.loads((out / "sweep.json").read_text())
+    rows = (out / "sweep.csv").read_text().splitlines()[1:]
+    values = [record["point"]["adder.align_fraction_bits"] for record in summary["points"]]
+    assert values in ([6, 13], [8, 10, 20])
+    assert [row.split(",")[0] for row in rows] == [f"adder.align_fraction_bits={v}" for v in values]
+    assert all((out / "points" / f"{record['key']}.json").is_file() for record in summary["points"])
 
 
 @pytest.fixture(scope="module")
@@ -281,12 +334,25 @@ def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, dri
         _run_driver(writer, out, rng.uniform(0.0, 3.0), driver_env)
         assert out.exists()
         if writer == "golden":
-            for path in out.iterdir():
-                if path.name.startswith("."):
-                    continue  # a temporary left by the kill
-                assert path.read_bytes() in (golden[0].get(path.name), golden[1].get(path.name)), path.name
+            check_whole_golden_output(out, golden)
+        elif writer == "sweep":
+            check_whole_sweep_output(out)
         elif writer == "replay-json":
             report = json.loads(out.read_text())  # a partial file would not parse
             assert report["units"] in (["ocp-exact"], ["h100-fp8"]) and len(report["layers"]) == 4
         else:
             assert load_trace(out).name in ("first", "second")
+
+
+def test_load_yaml_refuses_repeated_keys_but_allows_merge_overrides():
+    with pytest.raises(MxsimError, match=r"a key repeats an earlier key of its mapping \(line 2, column 1\)"):
+        load_yaml("a: 1\na: 2\n", fail)
+    assert load_yaml("b: &x {a: 1}\nc:\n  <<: *x\n  a: 2\n", fail) == {"b": {"a": 1}, "c": {"a": 2}}
+
+
+@pytest.mark.parametrize("text", ["key: [unclosed SECRET-TEXT\n", "SECRET-TEXT: !!bool x\n", "d: 2001-13-45 # SECRET-TEXT\n",
+                                  "SECRET-TEXT: {a: 1\n"])
+def test_load_yaml_errors_never_quote_the_text(text):
+    with pytest.raises(MxsimError, match="not valid YAML") as error:
+        load_yaml(text, fail)
+    assert "SECRET" not in str(error.value) and "\n" not in str(error.value)

@@ -39,6 +39,7 @@ def overflow_policies(fmt):
         ("fp4_e2m1", 6.0, 2, 0.5),
         ("int8", 127 / 64, 0, 2.0**-6),
         ("e8m0", 2.0**127, 127, 2.0**-127),
+        ("ue4m3", 448.0, 8, 2.0**-9),
         ("fp16", 65504.0, 15, 2.0**-24),
         ("bf16", (2 - 2.0**-7) * 2.0**127, 127, 2.0**-133),
         ("fp32", float(np.finfo(np.float32).max), 127, 2.0**-149),
@@ -88,7 +89,7 @@ def test_storage_facts(name, storage_bits, average_bits):
 def test_roles_partition_the_table():
     assert format_names("element") == ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
     assert format_names("bfp_element") == ("mx4", "mx6", "mx9")
-    assert format_names("scale") == ("e8m0",)
+    assert format_names("scale") == ("e8m0", "ue4m3")
     assert set(format_names("wide")) == {"fp32", "fp16", "bf16"}
     assert get_format("e8m0").bias == E8M0_BIAS and get_format("e8m0").encode(np.array([np.nan]))[0] == E8M0_NAN
 
@@ -272,6 +273,17 @@ def test_round_to_nearest_even_agrees_with_ml_dtypes(name):
     if fmt.bits < 8:  # ml_dtypes stores sub-byte formats in the low bits of a byte
         theirs = theirs & ((1 << fmt.bits) - 1)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_ue4m3_is_e4m3_without_its_sign_bit_per_ml_dtypes():
+    # ml_dtypes has no UE4M3; NVIDIA's UE4M3 is float8_e4m3fn with the sign bit clear.
+    x = _oracle_inputs(FORMATS["fp8_e4m3"])
+    x = np.clip(np.abs(x), 0.0, 448.0)  # abs: -0.0 would carry the sign bit
+    theirs = x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(FORMATS["ue4m3"].encode(x), theirs)
+    codes = np.arange(128)
+    np.testing.assert_array_equal(FORMATS["ue4m3"].decode(codes),
+                                  codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64))
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz"])

@@ -9,7 +9,9 @@ derandomized, so a run is reproducible; a failure prints the family and seed):
 * ``npz``: its NPZ files mutated (``.npy`` headers declaring huge shapes or odd dtypes,
   truncation, pickled members, zip damage), loaded and replayed;
 * ``api``: public functions called with random and hostile arguments;
-* ``cli``: random argument lists for every subcommand, with hostile files.
+* ``cli``: random argument lists for every subcommand, with hostile files (model
+  directories without a model and factories that fail, for ``capture torch`` and
+  ``evaluate hf``: no case runs a model).
 
 Every case must end in success or an mxsim error (the CLI: status 0 or 2, and for 2 exactly
 one line on stderr), write nothing outside its output directory, keep the traced peak of
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import itertools
 import json
@@ -50,8 +53,10 @@ import mxsim.replay.run
 from conftest import FUZZ_OUTCOMES, REPO
 from mxsim.errors import MxsimError
 
-FAMILIES = ("hwconfig", "manifest", "npz", "api", "cli")
+FAMILIES = ("hwconfig", "manifest", "npz", "api", "cli", "sweep", "extends", "golden_pair", "scheduler", "files")
 CI_CASES = 40
+#: CI-sized counts of the families whose cases take longer (seconds each: golden runs, sockets).
+CI_CASES_OF = {"sweep": 25, "extends": 30, "golden_pair": 8, "scheduler": 15, "files": 25}
 FUZZ_RELEASE_CASES = 2000
 FUZZ_BUDGET = "32M"
 PEAK_LIMIT_BYTES = 256 << 20
@@ -199,7 +204,12 @@ def fuzz_env(tmp_path_factory, request):
     mxsim.replay.run.replay(mxsim.trace.load_trace(root / "trace"), [hw], end_to_end=True)
     previous = os.environ.get("MXSIM_MAX_BYTES")
     os.environ["MXSIM_MAX_BYTES"] = FUZZ_BUDGET
-    yield {"root": root, "hw": hw, "cases": FUZZ_RELEASE_CASES if request.config.getoption("--fuzz") else CI_CASES}
+    release = request.config.getoption("--fuzz")
+    env = {"root": root, "hw": hw, "release": release,
+           "cases": int(os.environ.get("MXSIM_FUZZ_CASES", FUZZ_RELEASE_CASES)) if release else None}
+    yield env
+    for sock in env.get("sockets", []):
+        sock.close()
     if previous is None:
         del os.environ["MXSIM_MAX_BYTES"]
     else:
@@ -297,6 +307,10 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
         action()
     except CaseTimeout:
         failure = ("timeout", f"ran past {bound} s")
+    except Disclosure as error:
+        failure = ("disclosure", str(error))
+    except SilentWrong as error:
+        failure = ("wrong", str(error))
     except MxsimError:
         pass
     except Exception:  # anything else is a raw traceback for the user
@@ -648,6 +662,7 @@ def _cli_files(rng: random.Random, env, inputs: Path) -> dict[str, list[str]]:
     (inputs / "deep.yaml").write_text(deep_yaml(rng))
     (inputs / "topo.csv").write_text("Layer, M, N, K,\nfc, 64, 128, 256,\n")
     (inputs / "inputs.npz").write_bytes(mutate_bytes(rng, (REPO / "tests/data/trace/digits_inputs.npz").read_bytes()))
+    (inputs / "inputs.txt").write_bytes(mutate_bytes(rng, "pos\tthe cat sat\n\n0\ta dog ran\n".encode()))
     shutil.copytree(env["root"] / "trace", inputs / "trace")
     bad = [str(inputs / name) for name in ("empty.npy", "huge.npy", "object.npy", "latin1.yaml", "binary.bin",
                                            "deep.yaml", "missing.file")] + [str(inputs), "", "-", "/"]
@@ -656,6 +671,7 @@ def _cli_files(rng: random.Random, env, inputs: Path) -> dict[str, list[str]]:
         "npy": [str(inputs / "good.npy"), str(inputs / "empty2d.npy")] + bad,
         "source": [str(inputs / "topo.csv"), str(inputs / "trace")] + bad,
         "trace": [str(inputs / "trace")] + bad,
+        "text": [str(inputs / "inputs.txt")] + bad,
     }
 
 
@@ -682,7 +698,16 @@ def gen_cli(rng, env, inputs, outputs):
                 "--explain": None, "--json": None},
         "replay": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
                    "--end-to-end": None, "--format": fmt, "--json": lambda: str(outputs / "report.json"),
-                   "--quiet": None},
+                   "--quiet": None, "--plots": lambda: str(outputs / "plots"),
+                   "--conv-order": lambda: rng.choice(["kh_kw_c", "c_kh_kw", "x"]), "--strict": None,
+                   # never a usable --workers: a real cluster is seconds of start-up per case
+                   "--workers": lambda: rng.choice(["0", "-1", "5000", "abc", ""]),
+                   "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "", "localhost", "inproc://"])},
+        "sweep": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
+                  "--vary": lambda: _vary_option(rng) if rng.random() < 0.7 else "adder.fused_terms=8,16",
+                  "--out": lambda: rng.choice([str(outputs / "sweep"), "", str(outputs / "sweep" / ("x" * 300))]),
+                  "--format": fmt, "--quiet": None, "--workers": lambda: rng.choice(["0", "abc"]),
+                  "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "localhost"])},
         "cycles": {"": lambda: rng.choice(files["source"]), "--hw": lambda: rng.choice(files["hw"]),
                    "--a-format": fmt, "--b-format": fmt, "--json": None},
         "golden": {"--hw": lambda: rng.choice(files["hw"]), "--out": lambda: str(outputs / "golden"),
@@ -691,13 +716,20 @@ def gen_cli(rng, env, inputs, outputs):
                    "--pair": lambda: rng.choice(["fp8_e4m3,fp8_e4m3", "fp4_e2m1,fp6_e2m3", "fp16,bf16", "fp8_e5m2,int8",
                                                  "fp16", "tf32,fp16", "x,y", ",", "fp8_e4m3,fp8_e4m3,fp4_e2m1"]),
                    "--stages": None, "--quiet": None, "--json": None},
-        "capture": {"": lambda: "onnx", "--inputs": lambda: str(inputs / "inputs.npz"),
-                    "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None},
+        "capture": {"": lambda: rng.choice(["onnx", "torch"]), "--inputs": lambda: str(inputs / "inputs.npz"),
+                    "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None,
+                    "--name": lambda: rng.choice(["n", "", "../x", "a" * 300]),
+                    "--bfp-kernel": lambda: rng.choice(["cpu", "cuda", "x"])},
+        "evaluate": {"": lambda: "hf", "--hw": lambda: rng.choice(files["hw"]), "--format": fmt,
+                     "--task": lambda: rng.choice(["embedding", "causal-lm", "classification", "ner", ""]),
+                     "--inputs": lambda: rng.choice(files["text"]), "--json": lambda: str(outputs / "report.json"),
+                     "--max-length": lambda: _number_text(rng), "--batch-size": lambda: _number_text(rng),
+                     "--scaling": lambda: rng.choice(["auto", "tensor", "x"]), "--quiet": None},
     }
     command = rng.choice(list(specs))
     argv = [command]
     for option, value in specs[command].items():
-        if rng.random() < (0.9 if option in ("", "--hw", "--out", "--a-format", "--b-format", "--inputs") else 0.4):
+        if rng.random() < (0.9 if option in ("", "--hw", "--out", "--vary", "--a-format", "--b-format", "--inputs") else 0.4):
             if option:
                 argv.append(option)
             if value is not None:
@@ -706,8 +738,12 @@ def gen_cli(rng, env, inputs, outputs):
         # Stage dumps of every pair of a 36-pair config (1000 cases and the corner list each)
         # take minutes of work fixed by the config; one pair takes seconds.
         argv.remove("--stages")
-    if command == "capture":  # the ONNX model (positional) after the subcommand name
+    if command == "capture" and argv[1:2] == ["onnx"]:  # the model (positional) after the subcommand name
         argv.insert(2, rng.choice([str(REPO / "tests/data/trace/digits_cnn.onnx"), str(inputs / "binary.bin")]))
+    elif command == "capture":  # module:factory specs that fail, and directories without a model
+        argv.insert(2, rng.choice(["json:loads", "nomodule", "mxsim:__version__", "a b:c", ":", str(inputs), "/"]))
+    elif command == "evaluate":  # model directories without a config
+        argv.insert(2, rng.choice([str(inputs / "trace"), str(inputs), str(inputs / "binary.bin"), "", "/"]))
     if rng.random() < 0.15:
         argv.insert(rng.randrange(len(argv) + 1), rng.choice(["--bogus", "-x", "--", "--help", "\x00", "%s"]))
     if rng.random() < 0.05:
@@ -722,7 +758,7 @@ def gen_cli(rng, env, inputs, outputs):
             except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
                 status = exit_.code
         lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
-        assert status in (0, 2), f"{argv}: exit status {status}"
+        assert status in ((0, 1, 2) if command == "sweep" else (0, 2)), f"{argv}: exit status {status}"
         if status == 2:
             assert len(lines) == 1 and "Traceback" not in lines[0], f"{argv}: stderr {err.getvalue()!r}"
 
@@ -731,7 +767,294 @@ def gen_cli(rng, env, inputs, outputs):
     return action
 
 
-GENERATORS = {"hwconfig": gen_hwconfig, "manifest": gen_manifest, "npz": gen_npz, "api": gen_api, "cli": gen_cli}
+# ----------------------------------------------------------------------------- new surfaces
+
+
+class Disclosure(Exception):
+    """An error message showed text of a file that is not an input of the expected kind."""
+
+
+class SilentWrong(Exception):
+    """A run ended without error but its result is wrong (e.g. a manifest that does not match its files)."""
+
+
+def _vary_option(rng: random.Random) -> str:
+    key = rng.choice(["adder.fused_terms", "adder.align_fraction_bits", "accumulator.promotion_interval",
+                      "multiplier.product_fraction_bits", "inputs.block_size", "accumulator.format",
+                      "adder.sum_significant_bits", "adder.term_order", "accumulator.subnormals", "adder.nope",
+                      "", "x" * 300, "adder.", ".fused_terms"])
+    number = lambda: rng.choice(["0", "1", "2", "8", "16", "52", "4096", "4097", "1073741824", "99999999999999999999",
+                                 "-1", "0x10", "1_000", "\u0661", "9" * rng.choice([40, 41, 5000]), "", " 3 ", "1e3"])
+    item = lambda: rng.choice(["8", "16", "null", "true", "fp32", "bf16", "!!bool x", "!!float x", "!!python/name:os.system",
+                               "2001-13-45", "2001-12-01", "&a 8", "*a", "[8]", "{a: 1}", "'8'", "1.5", ".inf", "~",
+                               "é", "a" * 300, "%TAG", "? x", "- 1", "@x", "|", "8 # c", number()])
+    shape = rng.random()
+    if shape < 0.45:
+        spec = ":".join(number() for _ in range(rng.choice([1, 2, 2, 3, 4])))
+    elif shape < 0.9:
+        spec = ",".join(item() for _ in range(rng.randint(1, 4)))
+    else:
+        spec = ",".join(map(str, range(rng.choice([100, 10_001]))))
+    return rng.choice([f"{key}={spec}", f"{key}={spec}", key, f"={spec}", f"{key}=={spec}"])
+
+
+def gen_sweep(rng, env, inputs, outputs):
+    """The ``--vary`` grammar and grid bound (parsed and built, not run), and now and then a
+    small sweep through the command line with a hostile ``--out``."""
+    from mxsim.sweep import grid_configs, parse_knobs
+
+    options = [_vary_option(rng) for _ in range(rng.choice([1, 1, 2, 3]))]
+    if rng.random() < 0.1:
+        options = ["multiplier.product_fraction_bits=0:52", "inputs.block_size=1:4096"]
+    (inputs / "file").write_text("not a directory")
+    (inputs / "full").mkdir()
+    (inputs / "full" / "mine.txt").write_text("a user's file")
+
+    def action():
+        knobs = parse_knobs(options, "base.yaml")
+        grid_configs(env["hw"], knobs)
+        if rng.random() < 0.25:
+            from mxsim.cli import main
+
+            out = rng.choice([str(outputs / "sweep"), "", str(inputs / "file"), str(inputs / "full"), "-",
+                              str(outputs / "sweep" / ("x" * 300))])
+            run_cli(main, ["sweep", str(env["root"] / "trace"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
+                           "--vary", rng.choice(["adder.fused_terms=8,16", *options]), "--out", out, "--quiet"],
+                    allowed=(0, 1, 2))
+            if (inputs / "full" / "mine.txt").read_text() != "a user's file":
+                raise SilentWrong("a sweep replaced a directory holding a user's file")
+
+    return action
+
+
+SECRET = "SECRET-7f3a9c"
+
+
+def gen_extends(rng, env, inputs, outputs):
+    """``extends:`` chains: symlink loops, links out of the config's directory, files that are
+    no hwconfig (holding a secret that must never show in a message), deep chains, repeated
+    keys, alias bombs. A base reached through a symlink out of the directory must be refused."""
+    configs, outside = inputs / "configs", inputs / "outside"
+    configs.mkdir()
+    outside.mkdir()
+    good = {"mxsim_hwconfig": 1, "name": "unit", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]}}
+    (outside / "base.yaml").write_text(yaml.safe_dump({**good, "description": "OUTSIDE"}))
+    (outside / "secret.txt").write_text(f"{SECRET}-line:\n  {SECRET}: [unclosed\n")
+    (outside / "secret-map.txt").write_text(f"{SECRET}: 1\nname: {SECRET}\n")
+    depth = rng.choice([1, 2, 3, 31, 32, 33, 200])
+    names = [f"c{i}.yaml" for i in range(depth)]
+    for index, name in enumerate(names):
+        data = dict(good, name=f"c{index}")
+        if index + 1 < depth:
+            data["extends"] = names[index + 1]
+        if index and rng.random() < 0.05:
+            del data["mxsim_hwconfig"]
+        (configs / name).write_text(yaml.safe_dump(data))
+    (configs / "loop1.yaml").symlink_to("loop2.yaml")
+    (configs / "loop2.yaml").symlink_to("loop1.yaml")
+    (configs / "out.yaml").symlink_to(outside / "base.yaml")
+    (configs / "up").symlink_to(outside)
+    (configs / "secret.yaml").symlink_to(outside / "secret-map.txt")
+    (configs / "inside.yaml").symlink_to(names[-1])
+    (configs / "dup.yaml").write_text("mxsim_hwconfig: 1\nname: a\nname: b\n"
+                                      "inputs: {a_formats: [fp8_e4m3], b_formats: [fp8_e4m3]}\n")
+    (configs / "bomb.yaml").write_text(billion_laughs())
+    targets = [names[0], "loop1.yaml", "out.yaml", "up/base.yaml", "secret.yaml", "inside.yaml", "dup.yaml",
+               "bomb.yaml", "../outside/secret.txt", str(outside / "secret.txt"), str(outside / "secret-map.txt"),
+               "../outside/base.yaml", "/etc/passwd", "/etc/shadow", "/proc/self/environ", "/dev/zero", "/",
+               "missing.yaml", "\x00", "a" * 300, rng.choice(names)]
+    via_symlink = {"out.yaml", "up/base.yaml"}
+    target = rng.choice(targets)
+    top = configs / "top.yaml"
+    top.write_text(yaml.safe_dump({**{k: v for k, v in good.items() if k != "mxsim_hwconfig"}, "name": "top",
+                                   "extends": target}))
+
+    def action():
+        try:
+            hw = mxsim.load_hwconfig(top)
+        except MxsimError as error:
+            if SECRET in str(error) or "root:" in str(error):
+                raise Disclosure(str(error)[:300]) from None
+            if len(str(error)) > 2000:
+                raise SilentWrong(f"a {len(str(error))}-character error message") from None
+            raise
+        if target in via_symlink and hw.description == "OUTSIDE":
+            raise SilentWrong(f"extends followed the symlink {target} out of the config's directory")
+
+    return action
+
+
+def _golden_manifest_matches(out: Path, manifest: dict) -> None:
+    """The manifest on disk equals the returned one, lists each pair once, and its counts and
+    sha256 match the files."""
+    on_disk = json.loads((out / "manifest.json").read_text())
+    pairs = [(unit["a_format"], unit["b_format"]) for unit in on_disk["units"]]
+    if on_disk != json.loads(json.dumps(manifest)) or len(set(pairs)) != len(pairs):
+        raise SilentWrong(f"manifest differs from the run or repeats a pair: {pairs}")
+    counts = Counter()
+    for unit in on_disk["units"]:
+        for kind, entry in unit["files"].items():
+            text = (out / entry["vectors"]).read_bytes()
+            labels = (out / entry["labels"]).read_text().splitlines()
+            if hashlib.sha256(text).hexdigest() != entry["sha256"] or len(labels) != entry["count"]:
+                raise SilentWrong(f"{entry['vectors']}: sha256 or count does not match the manifest")
+            counts[kind] += entry["count"]
+    if dict(counts) != {k: v for k, v in on_disk["counts"].items() if v or k in counts}:
+        raise SilentWrong(f"manifest counts {on_disk['counts']} but its files hold {dict(counts)}")
+
+
+def gen_golden_pair(rng, env, inputs, outputs):
+    """``golden --pair``: repeated pairs, aliases, hostile names, exhaustive sets beyond the
+    budget; a finished run's manifest must match its files."""
+    from mxsim.cli import main
+
+    block = rng.choice([1, 2, 32, 4096])
+    hw = inputs / "hw.yaml"
+    hw.write_text(yaml.safe_dump({"mxsim_hwconfig": 1, "name": "g", "inputs": {
+        "a_formats": ["fp4_e2m1", "fp6_e2m3", "int8"], "b_formats": ["fp4_e2m1", "int8"], "block_size": block},
+        "adder": {"fused_terms": 1}}))
+    pair = lambda: rng.choice(["fp4_e2m1,fp4_e2m1", "FP4_E2M1,fp4_e2m1", "fp6_e2m3,int8", "int8,int8", "e8m0,fp4_e2m1",
+                               "fp4_e2m1", "fp4_e2m1,fp4_e2m1,fp4_e2m1", ",", "x,y", "fp32,fp32", "fp4_e2m1 , int8",
+                               "\x00,a", "a" * 300 + ",b"])
+    pairs = [pair() for _ in range(rng.choice([1, 1, 2, 3]))]
+    if rng.random() < 0.3:
+        pairs.append(pairs[0])
+    argv = ["golden", "--hw", str(hw), "--out", str(outputs / "golden"), "--quiet", "--json",
+            "--cases", rng.choice(["0", "1", "3"]), "--seed", rng.choice(["0", "5"])]
+    for text in pairs:
+        argv += ["--pair", text]
+    kinds = rng.sample(["random", "exhaustive", "corners"], rng.choice([1, 1, 2]))
+    if block > 2 and "corners" in kinds:
+        kinds.remove("corners")  # the fixed corner list of a long block: seconds of config-set work
+        kinds = kinds or ["random"]
+    for kind in kinds:
+        argv += ["--kind", kind]
+    if rng.random() < 0.3:  # an earlier output the run must replace whole, or a foreign directory it must refuse
+        (outputs / "golden").mkdir()
+        (outputs / "golden" / rng.choice(["manifest.json", "mine.txt"])).write_text('{"format": "mxsim-golden"}')
+
+    def action():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            status = run_cli(main, argv)
+        if status == 0:
+            _golden_manifest_matches(outputs / "golden", json.loads(out.getvalue()))
+
+    action.seconds = GOLDEN_CASE_SECONDS
+    return action
+
+
+def gen_scheduler(rng, env, inputs, outputs):
+    """``--scheduler`` addresses: parsed before connecting; loopback ones (a refused port, a
+    silent peer) must fail within the connect bound."""
+    import socket
+
+    from mxsim.parallel import DaskRunner, parse_scheduler_address
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    port = silent.getsockname()[1]
+    env.setdefault("sockets", []).append(silent)  # closed with the module's fixture
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    refused = closed.getsockname()[1]
+    closed.close()
+    address = rng.choice([
+        "127.0.0.1:abc", "tcp://", "", "localhost", "inproc://", "inproc://x/1/2", "tcp://h:" + "9" * 5000,
+        "tcp://127.0.0.1:0", "tcp://127.0.0.1:65536", "tcp://:8786", "ucx://127.0.0.1:1", "tcp://a b:1", "tcp://[::1",
+        "tcp://127.0.0.1:-1", "tcp://127.0.0.1:+80", "127.0.0.1:\u0661", "tcp://é:1", "\x00:1", "tcp://host:8786/x",
+        f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", f"127.0.0.1:{refused}", None, 8786, ["tcp://a:1"],
+    ])
+    loopback = isinstance(address, str) and address.rpartition(":")[2] in (str(port), str(refused))
+
+    def action():
+        if loopback:
+            started = time.monotonic()
+            try:
+                DaskRunner(scheduler=address, connect_timeout=1, worker_timeout=1)
+            finally:
+                if time.monotonic() - started > 10:
+                    raise CaseTimeout()
+        elif rng.random() < 0.5:
+            parse_scheduler_address(address)
+        else:
+            from mxsim.cli import main
+
+            run_cli(main, ["replay", str(env["root"] / "trace"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
+                           "--scheduler", str(address), "--quiet"])
+
+    return action
+
+
+def gen_files(rng, env, inputs, outputs):
+    """Hostile files for the readers not covered above: golden vector files, topology CSV,
+    .npy tensors and ONNX input .npz archives."""
+    from mxsim.cycles import read_scalesim_topology
+    from mxsim.golden import generate, read_vector_file
+
+    choice = rng.random()
+    path = inputs / "file"
+    if choice < 0.35:
+        generate(REPO / "hwconfigs/ocp-exact.yaml", inputs / "g", cases=3, kinds=["random"], progress=False,
+                 pairs=[("fp4_e2m1", "fp4_e2m1")])
+        original = next((inputs / "g").glob("*.hex")).read_bytes()
+        how = rng.random()
+        if how < 0.5:
+            path.write_bytes(mutate_bytes(rng, original))
+        elif how < 0.7:
+            path.write_bytes(original.decode().replace("//", "// caf\u00e9", 1).encode("latin-1"))
+        elif how < 0.85:
+            with open(path, "wb") as handle:
+                handle.truncate(rng.choice([5 << 30, 100 << 20]))  # sparse: no disk used
+        else:
+            path.write_bytes(original)
+        return lambda: read_vector_file(rng.choice([path, path, inputs, inputs / "missing", ""]))
+    if choice < 0.7:
+        header = rng.choice(["Layer, M, N, K,\n", "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
+                                                 "Channels, Num Filter, Strides,\n"])
+        width = 3 if header.startswith("Layer,") else 7
+        value = lambda: rng.choice(["1", "64", "0", "-3", "1e400", "nan", "inf", "1_000", "\u0661\u0662", "0x10",
+                                    "9" * rng.choice([10, 20, 5000]), "", "x", str(2**32), str(2**32 + 1)])
+        rows = "".join("fc, " + ", ".join(value() for _ in range(width)) + ",\n" for _ in range(rng.randint(1, 3)))
+        text = (header + rows).encode()
+        path.write_bytes(mutate_bytes(rng, text) if rng.random() < 0.3 else text)
+
+        def topology():
+            from mxsim.cycles import estimate_layers, storage_for_format
+
+            storage = storage_for_format("fp8_e4m3")
+            estimate_layers(mxsim.load_hwconfig(REPO / "hwconfigs/mxdotp.yaml").array, read_scalesim_topology(path),
+                            storage, storage, storage_for_format("fp32"))
+        return topology
+    from mxsim.cli import main
+
+    npy = inputs / "x.npy"
+    data = npy_bytes(rng.choice(["<f4", "<f8", "|O", "<i8", ">f2"]), False,
+                     rng.choice([(2, 32), (10**6, 10**6), (0,), (-1,), (2**62,)]), b"\x00" * rng.choice([0, 256, 255]))
+    npy.write_bytes(mutate_bytes(rng, data) if rng.random() < 0.3 else data)
+    return lambda: run_cli(main, ["quantize", "--input", str(npy), "--format", rng.choice(["fp8_e4m3", "e8m0"])])
+
+
+def run_cli(main, argv, allowed=(0, 2)) -> int:
+    """``main(argv)``: its status must be in ``allowed`` and a status 2 must print exactly one
+    line on stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
+            status = exit_.code
+    lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
+    assert status in allowed, f"{argv}: exit status {status}"
+    if status == 2:
+        assert len(lines) == 1 and "Traceback" not in lines[0], f"{argv}: stderr {err.getvalue()[-500:]!r}"
+    return status
+
+
+GENERATORS = {"hwconfig": gen_hwconfig, "manifest": gen_manifest, "npz": gen_npz, "api": gen_api, "cli": gen_cli,
+              "sweep": gen_sweep, "extends": gen_extends, "golden_pair": gen_golden_pair, "scheduler": gen_scheduler,
+              "files": gen_files}
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -745,8 +1068,9 @@ def test_fuzz_family(family, fuzz_env, tmp_path):
     lists every failure, so its outcome table counts them all.
     """
     failures = []
+    cases = fuzz_env["cases"] or CI_CASES_OF.get(family, CI_CASES)
 
-    @settings(derandomize=True, database=None, deadline=None, max_examples=fuzz_env["cases"],
+    @settings(derandomize=True, database=None, deadline=None, max_examples=cases,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(seed=st.integers(0, 2**32 - 1))
     @example(seed=0)
@@ -754,7 +1078,7 @@ def test_fuzz_family(family, fuzz_env, tmp_path):
         failure = run_case(family, seed, fuzz_env, tmp_path)
         if failure is not None:
             failures.append(failure)
-            assert fuzz_env["cases"] == FUZZ_RELEASE_CASES, failure
+            assert fuzz_env["release"], failure
 
     check()
     assert not failures, "\n".join(failures)

@@ -115,3 +115,39 @@ def test_nonzero_padding_bits_are_refused():
     header = header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
     with pytest.raises(MxsimError, match="padding bits of field 'a'"):
         parse_vector_text("\n".join(header + ["ff_00_7f_7f_00000000_00000000"]))
+
+
+def test_read_vector_file_refuses_non_ascii_and_over_budget_files(tmp_path, monkeypatch):
+    from mxsim.errors import BudgetError, InputFileError
+    from mxsim.golden import read_vector_file
+
+    latin1 = tmp_path / "latin1.hex"
+    latin1.write_bytes("// field caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(InputFileError, match=r"latin1.hex: not ASCII text \(byte 0xe9 at offset 12\)"):
+        read_vector_file(latin1)
+    sparse = tmp_path / "sparse.hex"
+    with open(sparse, "wb") as handle:  # 5 GiB that take no disk: refused on its size, never read
+        handle.truncate(5 << 30)
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "4G")
+    with pytest.raises(InputFileError, match="sparse.hex: reading the vector file .* more than the memory budget"):
+        read_vector_file(sparse)
+    with pytest.raises(InputFileError, match="no such file"):
+        read_vector_file(tmp_path / "absent.hex")
+    assert not issubclass(InputFileError, BudgetError)
+
+
+def test_a_header_without_a_required_field_is_an_mxsim_error():
+    # found by the fuzz family "files" (a mutated header dropped a field line: KeyError before)
+    unit = GoldenUnit("cfg", "0" * 64, "fp4_e2m1", "fp4_e2m1")
+    layout = layout_for(unit)
+    vectors = VectorSet(a=np.zeros((1, 32), np.uint8), b=np.zeros((1, 32), np.uint8),
+                        scale_a=np.full((1, 1), 127, np.uint8), scale_b=np.full((1, 1), 127, np.uint8),
+                        c=np.zeros(1, np.uint32), d=np.zeros(1, np.uint32))
+    text = "\n".join(header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
+                     + format_lines(layout, vectors)) + "\n"
+    assert parse_vector_text(text)[1].a.shape == (1, 32)
+    for name in ("b", "c"):
+        lines = [line for line in text.splitlines() if not line.startswith(f"// field {name} ")]
+        assert len(lines) == len(text.splitlines()) - 1
+        with pytest.raises(MxsimError, match="expected a, b, c, d and optionally scale_a, scale_b, each once"):
+            parse_vector_text("\n".join(lines))

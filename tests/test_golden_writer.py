@@ -229,3 +229,86 @@ def test_bad_arguments_are_refused_before_writing(tmp_path, kwargs, message):
     with pytest.raises(MxsimError) as caught:
         generate(REPO / "hwconfigs/ocp-exact.yaml", tmp_path / "out", **kwargs)
     assert message in str(caught.value) and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- hostile requests
+
+
+@pytest.mark.parametrize("pairs", [[("fp4_e2m1", "fp4_e2m1"), ("fp4_e2m1", "fp4_e2m1")],
+                                   [("fp4_e2m1", "fp8_e4m3"), ("FP4_E2M1", "fp8_e4m3")]])
+def test_a_format_pair_given_twice_is_refused(tmp_path, pairs):
+    if pairs[1][0] == "FP4_E2M1":
+        pytest.importorskip("mxsim.formats").get_format("FP4_E2M1")  # an alias resolves to the same pair
+    with pytest.raises(MxsimError, match=r"format pair fp4_e2m1,fp\w+ is given more than once"):
+        generate(OCP_EXACT, tmp_path / "out", cases=1, kinds="random", pairs=pairs)
+    with pytest.raises(MxsimError, match="is given more than once"):
+        generate([FP4, FP4], tmp_path / "out", cases=1, kinds="random", expected_factory=ocp_exact_expected_fn)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("pairs", ["fp4_e2m1,fp4_e2m1", [("fp4_e2m1",)], [("fp4_e2m1", 3)], 7])
+def test_malformed_pairs_are_argument_errors(tmp_path, pairs):
+    with pytest.raises(MxsimError, match="pairs must be a list of"):
+        generate(OCP_EXACT, tmp_path / "out", cases=1, kinds="random", pairs=pairs)
+
+
+def test_an_exhaustive_set_beyond_the_budget_is_refused_before_work(tmp_path, capsys):
+    from mxsim.cli import main
+
+    hw = tmp_path / "wide.yaml"
+    hw.write_text("mxsim_hwconfig: 1\nname: wide\ninputs: {a_formats: [int8], b_formats: [int8], block_size: 4096}\n")
+    status = main(["golden", "--hw", str(hw), "--pair", "int8,int8", "--kind", "exhaustive", "--out",
+                   str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2 and "golden: exhaustive int8xint8, 65536 vectors of length 4096 needs 16 GiB, more than " \
+                              "the memory budget" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_directory_holding_other_files_is_refused(tmp_path):
+    (tmp_path / "mine.txt").write_text("not a golden file")
+    with pytest.raises(MxsimError, match="is not empty and holds no earlier output of this kind"):
+        run(tmp_path, kinds="random")
+    assert (tmp_path / "mine.txt").read_text() == "not a golden file"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(MxsimError, match="exists and is not a directory"):
+        run(tmp_path / "file", kinds="random")
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(MxsimError, match="is a symlink"):
+        run(tmp_path / "link", kinds="random")
+
+
+def test_a_rerun_replaces_the_whole_output(tmp_path):
+    out = tmp_path / "out"
+    run(out, kinds=["random", "corners"])
+    first = sorted(p.name for p in out.iterdir())
+    manifest = run(out, kinds=["random"], seed=8)  # fewer files: the corner files must go
+    entry = manifest["units"][0]["files"]["random"]
+    names = sorted(p.name for p in out.iterdir())
+    assert names != first and names == sorted(["manifest.json", entry["vectors"], entry["labels"]])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_nvfp4_unit_vectors_carry_ue4m3_scales(tmp_path):
+    """A unit with UE4M3 scales (hwconfigs/b200-nvfp4.yaml): scale fields hold UE4M3 codes
+    (NaN 0x7F among the corners, none above it), d is mxsim.dot's output for the read-back
+    inputs, and the stage dumps are the datapath's explain records (group stages included)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        manifest = generate(REPO / "hwconfigs" / "b200-nvfp4.yaml", tmp_path, cases=40, seed=3,
+                            kinds=["random", "corners"], dot_length=64, stage_dumps=True)
+    (unit,) = manifest["units"]
+    assert unit["scale_format"] == "ue4m3" and unit["block_size"] == 16
+    assert "UE4M3 scale codes" in unit["layout"]["fields"][2]["meaning"]
+    for kind in ("random", "corners"):
+        entry = unit["files"][kind]
+        _, vectors = read_vector_file(tmp_path / entry["vectors"])
+        assert vectors.scale_a.shape == (entry["count"], 4) and int(vectors.scale_a.max()) <= 0x7F
+        bits = mxsim.dot(REPO / "hwconfigs" / "b200-nvfp4.yaml", vectors.a, vectors.b, a_format="fp4_e2m1",
+                         b_format="fp4_e2m1", scale_a=vectors.scale_a, scale_b=vectors.scale_b,
+                         c=vectors.c.view(np.float32))
+        assert np.array_equal(bits, vectors.d)
+        records = [json.loads(line) for line in (tmp_path / entry["stages"]).read_text().splitlines()]
+        assert any(stage["stage"] == "group" for stage in records[0]["stages"])
+    _, corners = read_vector_file(tmp_path / unit["files"]["corners"]["vectors"])
+    assert (corners.scale_a == 0x7F).any() and entry["count"] > 50

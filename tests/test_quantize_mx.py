@@ -503,3 +503,8 @@ def test_quantize_groups_edges():
         quantize_groups(np.ones((2, 2, 4)), "fp8_e4m3", element_rounding="stochastic")
     with pytest.raises(MxsimError, match="groups, rows, K"):
         quantize_groups(np.ones((2, 4)), "fp8_e4m3")
+def test_a_scale_format_is_not_an_element_format():
+    # e8m0 quantized [1, -2, 0, 3] to [1, nan, 6.9e-77, 2] before
+    for function in (fake_quantize, quantize):
+        with pytest.raises(ArgumentError, match="e8m0 is not an element format .* accepted: fp8_e4m3, .*fp4_e2m1"):
+            function(np.array([1.0, -2.0, 0.0, 3.0]), "e8m0")

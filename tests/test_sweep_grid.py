@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO
 from mxsim.datapath import load_hwconfig
-from mxsim.errors import ConfigError, MxsimError
+from mxsim.errors import ArgumentError, BudgetError, ConfigError, MxsimError
 from mxsim.sweep import grid_configs, parse_knob, parse_knobs
 
 BASE = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
@@ -76,3 +76,38 @@ def test_each_key_once_and_at_least_one():
         parse_knobs(["adder.fused_terms=8", "adder.fused_terms=16"])
     with pytest.raises(MxsimError, match="at least one"):
         parse_knobs([])
+
+
+@pytest.mark.parametrize("option, error, message", [
+    # Range ends beyond the key's bounds, refused on the text (no range is built).
+    ("accumulator.promotion_interval=1:99999999999999999999", ConfigError,
+     "accumulator.promotion_interval: the range '1:99999999999999999999' leaves the key's values 1..1073741824"),
+    ("adder.fused_terms=1:" + "9" * 5000, ArgumentError, "is not an integer of at most 40 digits"),
+    ("adder.fused_terms=0x10:0x20", ArgumentError, "'0x10' is not an integer"),
+    # A range within the key's bounds but too long for a grid.
+    ("accumulator.promotion_interval=1:1073741824", BudgetError, "1073741824 values; a knob and a grid hold at most 10000"),
+    # YAML values that are not plain scalars (PyYAML raises ValueError, KeyError on these).
+    ("adder.fused_terms=2001-13-45", ArgumentError, "'2001-13-45' is not a plain value"),
+    ("adder.fused_terms=!!bool x", ArgumentError, "'!!bool x' is not a plain value"),
+    ("adder.fused_terms=!!float x", ArgumentError, "'!!float x' is not a plain value"),
+    ("adder.fused_terms=&a 8", ArgumentError, "is not a plain value"),
+    ("adder.fused_terms=[8]", ArgumentError, "is not a plain value"),
+    ("adder.fused_terms=2001-12-01", ArgumentError, "reads as a date"),
+    ("adder.fused_terms=" + ",".join(map(str, range(10_001))), BudgetError, "10001 values"),
+])
+def test_hostile_vary_text_is_refused_before_any_value_is_built(option, error, message):
+    with pytest.raises(error, match=message.replace("[", r"\[").replace("(", r"\(")) as caught:
+        parse_knobs([option], "base.yaml")
+    assert len(str(caught.value)) < 400  # the option is cut short in the message
+
+
+def test_grid_size_is_computed_and_refused_before_any_point_is_built(monkeypatch):
+    import mxsim.sweep.grid as grid
+
+    monkeypatch.setattr(grid, "vary_hwconfig", lambda *args, **kwargs: pytest.fail("a point was built"))
+    options = ["multiplier.product_fraction_bits=0:52", "inputs.block_size=1:4096"]
+    with pytest.raises(BudgetError, match=r"the grid has 53 x 4096 = 217088 points; at most 10000"):
+        parse_knobs(options)
+    knobs = [parse_knob(option) for option in options]  # each knob alone is within bounds
+    with pytest.raises(BudgetError, match="217088 points"):
+        grid_configs(BASE, knobs)

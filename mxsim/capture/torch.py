@@ -509,7 +509,8 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
 
     Args:
         model: an ``nn.Module``.
-        sample_inputs: a tensor, or a tuple/list of positional arguments.
+        sample_inputs: a tensor, a tuple/list of positional arguments, or a mapping of
+            keyword arguments (e.g. a tokenizer's ``input_ids`` and ``attention_mask``).
         quant: None; a mapping ``{"input": spec, "weight": spec, "bias": spec}`` applied to
             every layer; or ``callable(layer_name, module) -> mapping | None`` (``module``: the
             module owning the layer's weight parameter, else the module running the op). A
@@ -545,10 +546,11 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
     nn = torch.nn
     if not isinstance(model, nn.Module):
         raise MxsimError(f"capture_torch: model must be a torch.nn.Module, got {type(model).__name__}")
-    args = tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
+    kwargs = dict(sample_inputs) if isinstance(sample_inputs, Mapping) else {}
+    args = () if kwargs else tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
     recorder = _Recorder(torch, model, quant)
     with intercepting(torch, model, recorder):
-        model(*args)
+        model(*args, **kwargs)
     if not recorder.layers:
         raise MxsimError("capture_torch: the model ran no matmul or convolution"
                          + (f" that could be captured (skipped: {recorder.skipped})" if recorder.skipped else ""))

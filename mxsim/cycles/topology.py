@@ -26,7 +26,7 @@ from pathlib import Path
 from mxsim.cycles.layers import ConvLayer, GemmLayer, Layer
 from mxsim.errors import InputFileError, MxsimError
 from mxsim.fileio import read_text
-from mxsim.limits import check_path
+from mxsim.limits import check_path, shown
 
 CONV_COLUMNS = ("Layer name", "IFMAP Height", "IFMAP Width", "Filter Height", "Filter Width",
                 "Channels", "Num Filter", "Strides")
@@ -34,6 +34,8 @@ GEMM_COLUMNS = ("Layer", "M", "N", "K")
 _SPARSITY = re.compile(r"^\d+\s*:\s*\d+$")
 #: Most layers one topology file may describe (depthwise layers count once per channel).
 MAX_LAYERS = 1_000_000
+#: Largest value of one dimension (M, N, K, heights, widths, channels, filters, strides).
+MAX_DIMENSION = 1 << 32
 
 
 def detect_topology_kind(header_fields: list[str]) -> str | None:
@@ -95,16 +97,20 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
         extra = fields[len(columns):]
         if extra and not _SPARSITY.match(extra[0]):
             raise MxsimError(f"{where}: column {len(columns) + 1}: expected an N:M sparsity "
-                             f"ratio or nothing, got {extra[0]!r}")
+                             f"ratio or nothing, got {shown(extra[0], 40)}")
         if len(extra) > 1:
-            raise MxsimError(f"{where}: column {len(columns) + 2}: unexpected field {extra[1]!r}")
+            raise MxsimError(f"{where}: column {len(columns) + 2}: unexpected field {shown(extra[1], 40)}")
         values = []
         for index in range(1, len(columns)):
-            try:
-                values.append(int(fields[index]))
-            except ValueError:
-                raise MxsimError(f"{where}: column {index + 1} ({columns[index]}): expected an "
-                                 f"integer, got {fields[index]!r}") from None
+            text = fields[index]
+            # ASCII digits only: int() also takes "1_000", other scripts' digits and 4000-digit numbers
+            if not (text.isascii() and text.lstrip("-").isdigit()):
+                raise MxsimError(f"{where}: column {index + 1} ({columns[index]}): expected an integer, "
+                                 f"got {shown(text, 40)}")
+            if len(text) > 13 or int(text) > MAX_DIMENSION:
+                raise MxsimError(f"{where}: column {index + 1} ({columns[index]}): expected at most "
+                                 f"{MAX_DIMENSION}, got {shown(text, 40)}")
+            values.append(int(text))
         try:
             layers.extend(_make_layers(kind, fields[0], values, MAX_LAYERS - len(layers)))
         except MxsimError as error:

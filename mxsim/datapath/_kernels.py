@@ -6,7 +6,8 @@ each:
 
 - steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
   common unit) or :func:`tree_terms` (any order, per-element scales, specials), each product
-  from :func:`multiply`;
+  from :func:`multiply`; :func:`group_tree_terms` for ``scales: group_sum`` (one term per
+  scaled group sum);
 - step 4, align: :func:`align_and_add` places the window, :func:`keep_in_window` drops the
   bits below it;
 - step 5, add, normalise, round: :func:`adder_register`, then :func:`accumulate` (the tree
@@ -54,7 +55,7 @@ from .schema import NO_ZERO_TERM_EXPONENT
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
-SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM = 0, 1, 2  # inputs.scales
+SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
 # The datapath functions allocate nothing, so they are compiled without Numba's reference
@@ -304,6 +305,7 @@ def uniform_trees(cfg):
     return (
         cfg.term_order_length == 0
         and (cfg.scales == SCALES_NONE or cfg.trees_in_blocks or cfg.block_size % cfg.fused_terms == 0)
+        and cfg.scales != SCALES_GROUP_SUM  # group sums: group_tree_terms
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
     )
@@ -359,7 +361,7 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
     product = a_values[code_a] * b_values[code_b]
     exponent_sum = a_exponents[code_a] + b_exponents[code_b]
     deferred = 0
-    if cfg.scales != SCALES_NONE:
+    if cfg.scales != SCALES_NONE and cfg.scales != SCALES_GROUP_SUM:  # group_sum: scaled per group
         block = k // cfg.block_size
         scale_a = a_scales[block]
         scale_b = b_scales[block]
@@ -405,6 +407,49 @@ def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_
         exponents[count] = floor_log2(product) if cfg.align_leading_bit else exponent_sum
         count += 1
     return count, tree_scale, special, negative_zeros_only, has_zero
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values, b_values,
+                     scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only):
+    """Steps 1-3 of a ``scales: group_sum`` tree, the positions start..stop (k order): one term
+    per group of ``group_terms`` products, the group's exact sum (of products truncated by
+    ``product_fraction_bits`` when set) times its block's two scales (codes indexing
+    ``scale_values``), with the scales' exponent sum as its alignment exponent (whatever
+    ``align_reference``). A group whose products are all zero, or whose scale is zero, is a
+    zero term: no term, only ``has_zero``. NaN/Inf products or a NaN scale join the running
+    special. The config guarantees every group sum and its scaled value are exact in float64.
+    Returns (count, special, negative_zeros_only, has_zero)."""
+    count = 0
+    has_zero = False
+    for group_start in range(start, stop, cfg.group_terms):
+        group_sum = 0.0
+        all_zero = True
+        for k in range(group_start, min(group_start + cfg.group_terms, stop)):
+            product = a_values[a_codes[k]] * b_values[b_codes[k]]
+            if not math.isfinite(product):
+                special += product
+                all_zero = False
+                continue
+            if product != 0.0 or math.copysign(1.0, product) > 0:
+                negative_zeros_only = False
+            if product != 0.0:
+                all_zero = False
+                if cfg.product_fraction_bits >= 0:
+                    product = truncate_significand(product, cfg.product_fraction_bits)
+            group_sum += product  # exact: see the docstring
+        block = group_start // cfg.block_size
+        scale = scale_values[a_scales[block]] * scale_values[b_scales[block]]
+        if math.isnan(scale):
+            special += scale
+            continue
+        if all_zero or scale == 0.0:
+            has_zero = True
+            continue
+        terms[count] = group_sum * scale
+        exponents[count] = scale_exponents[a_scales[block]] + scale_exponents[b_scales[block]]
+        count += 1
+    return count, special, negative_zeros_only, has_zero
 
 
 # --- steps 4-5: align and add -------------------------------------------------------------------
@@ -475,8 +520,13 @@ def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
         if cfg.carry_bits >= 0:
             total = adder_register(total, adder_width_bits(cfg), cfg.adder_saturates)
     else:
+        # A product lies below 2^(R+2), so `count` of them sum below 2^60; a scaled group sum
+        # (scales: group_sum) may lie far above its exponent: beyond that bound the limbs sum the tree.
+        limit = power_of_two(window_bits + 2)
         for i in range(count):
             scaled = terms[i] * factor
+            if not abs(scaled) < limit:
+                return False, np.int64(0), np.int64(0)
             kept = np.int64(scaled)
             if kept != scaled:  # bits below 2^lsb_exponent: the limbs sum this tree
                 return False, np.int64(0), np.int64(0)
@@ -599,7 +649,7 @@ def output_value(result, special, negative_zeros_only, zero_results_positive):
 def dot_one(
     a_codes, b_codes, a_scales, b_scales, c_value,
     a_values, a_exponents, b_values, b_exponents,
-    config, order, acc_params, sum_params, out_params, fp32_params,
+    config, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
     limbs, bounds, terms, exponents,
 ):
     """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
@@ -626,7 +676,11 @@ def dot_one(
                 start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales,
                 a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents)
         has_zero = False
-        if done:
+        if cfg.scales == SCALES_GROUP_SUM:
+            count, special, negative_zeros_only, has_zero = group_tree_terms(
+                start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales, a_values, b_values,
+                scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only)
+        elif done:
             negative_zeros_only = False
             if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
                 for i in range(count):
@@ -682,7 +736,7 @@ def _output_code(value, out_params):
 def dot_pairs(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, out,
+    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, out,
 ):
     """out[i] = output code of the dot product of row i of A with row i of B."""
     n_rows = a_codes.shape[0]
@@ -696,7 +750,7 @@ def dot_pairs(
             value = dot_one(
                 a_codes[i], b_codes[i], a_scales[i], b_scales[i], c_values[i],
                 a_values, a_exponents, b_values, b_exponents,
-                cfg, order, acc_params, sum_params, out_params, fp32_params,
+                cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
                 limbs, bounds, terms, exponents,
             )
             out[i] = _output_code(value, out_params)
@@ -706,7 +760,7 @@ def dot_pairs(
 def matmul_rows(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, out,
+    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, out,
 ):
     """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K).
 
@@ -724,7 +778,7 @@ def matmul_rows(
             value = dot_one(
                 a_codes[m], b_codes[n], a_scales[m], b_scales[n], c_values[m % c_rows, n % c_columns],
                 a_values, a_exponents, b_values, b_exponents,
-                cfg, order, acc_params, sum_params, out_params, fp32_params,
+                cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
                 limbs, bounds, terms, exponents,
             )
             out[m, n] = _output_code(value, out_params)

@@ -188,7 +188,9 @@ def finish_tree(totals, references, acc, flags, cfg):
     zero_floor = cfg[W_ZERO_FLOOR]
     for lane in range(totals.shape[0]):
         reference = references[lane]
-        flags[lane] |= reference < zero_floor  # a zero term might raise R: the generic kernel's case
+        # A zero term might raise R: the generic kernel's case, unless the tree has no nonzero
+        # term at all (its sum is 0 whatever R is).
+        flags[lane] |= NO_REFERENCE < reference < zero_floor
         total = totals[lane]
         previous = acc[lane]
         if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits

@@ -12,14 +12,14 @@ from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.table import as_float_array
 from ..limits import check_array_budget, check_choice, check_int
-from ..quantize import MXTensor, quantize
+from ..quantize import MXTensor, NVFP4Tensor, quantize
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
 from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
 from .schema import DatapathParams, kernel_record
-from .tables import element_operand, element_tables, sum_format
+from .tables import element_operand, element_tables, scale_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
@@ -78,18 +78,26 @@ def _one_row(values, name: str) -> np.ndarray:
 
 
 def _scale_exponents(scales, name: str, rows: int, blocks: int, params: DatapathParams) -> np.ndarray:
+    """The kernel's scale array: E8M0 exponents (0xFF as SCALE_NAN), or with ``scales:
+    group_sum`` the codes of ``scale_format`` themselves (the kernel reads their tables)."""
     if params.scales == "none":
         if scales is not None:
             raise ArgumentError(f"{name}: this unit takes no scales (inputs.scales: none)")
         return np.zeros((rows, blocks), dtype=np.int32)
-    if scales is None:
-        return np.zeros((rows, blocks), dtype=np.int32)  # every scale 1.0 (code 127)
+    fmt = get_format(params.scale_format)
+    label = fmt.name.upper()
+    if scales is None:  # every scale 1.0
+        one = 0 if params.scales != "group_sum" else int(fmt.encode(np.array([1.0]))[0])
+        return np.full((rows, blocks), one, dtype=np.int32)
     if not isinstance(scales, np.ndarray) or not np.issubdtype(scales.dtype, np.integer):
-        raise ArgumentError(f"{name}: expected an integer numpy array of E8M0 codes")
+        raise ArgumentError(f"{name}: expected an integer numpy array of {label} codes")
     if scales.shape != (rows, blocks):
-        raise ArgumentError(f"{name}: expected shape {(rows, blocks)} (one E8M0 code per block of {params.block_size}), got {scales.shape}")
-    if scales.size and (scales.min() < 0 or scales.max() > 255):
-        raise ArgumentError(f"{name}: E8M0 codes must lie in [0, 255]")
+        raise ArgumentError(f"{name}: expected shape {(rows, blocks)} (one {label} code per block of {params.block_size}), got {scales.shape}")
+    top = (1 << fmt.bits) - 1
+    if scales.size and (scales.min() < 0 or scales.max() > top):
+        raise ArgumentError(f"{name}: {label} codes must lie in [0, {top}]")
+    if params.scales == "group_sum":
+        return np.ascontiguousarray(scales, dtype=np.int32)
     return scale_exponents_of_codes(scales)
 
 
@@ -124,7 +132,8 @@ def _kernel_arguments(params: DatapathParams):
     a_values, a_exponents = element_tables(a_fmt, params.input_subnormals)
     b_values, b_exponents = element_tables(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
-    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
+    scale_arguments = scale_tables(get_format(params.scale_format))
+    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments)
 
 
 def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray):
@@ -133,8 +142,9 @@ def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray, fields
     codes_a, a_values, a_exponents = element_operand(get_format(params.a_format), params.input_subnormals, fields_a)
     codes_b, b_values, b_exponents = element_operand(get_format(params.b_format), params.input_subnormals, fields_b)
     cfg, order, formats = _kernel_config(params)
+    scale_arguments = scale_tables(get_format(params.scale_format))
     codes_a, codes_b = _same_width(codes_a, codes_b)
-    return codes_a, codes_b, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats)
+    return codes_a, codes_b, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments)
 
 
 def _check_method(method: str, caller: str) -> None:
@@ -148,8 +158,8 @@ def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out
     Args:
         hw: a HardwareConfig or the path of a hwconfig YAML file.
         a, b: (n, K) integer arrays of element codes of ``a_format`` / ``b_format``.
-        scale_a, scale_b: (n, ceil(K / block_size)) E8M0 codes (0xFF = NaN); None means
-            every scale is 1. Units with ``inputs.scales: none`` accept only None.
+        scale_a, scale_b: (n, ceil(K / block_size)) codes of the unit's ``inputs.scale_format``
+            (E8M0: 0xFF = NaN; UE4M3: 0x7F = NaN); None means every scale is 1. Units with ``inputs.scales: none`` accept only None.
         c: (n,) float32 accumulator inputs; None means +0.
         out_format: fp32, fp16 or bf16; None: the config's ``output.format``.
         method: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
@@ -198,17 +208,22 @@ class MatmulResult:
 
     ``bits`` are what the unit produced. ``scale_exponent`` is Ta + Tb of per-tensor scaled
     operands (0 otherwise): the unit computed ``2^-(Ta+Tb) (c + A @ B)`` and :attr:`values`
-    multiplies by 2^(Ta+Tb) exactly (float64, no rounding).
+    multiplies by 2^(Ta+Tb) exactly (float64, no rounding). ``tensor_scale`` is ta * tb of
+    NVFP4 operands' float32 tensor scales (exact in float64; 1.0 otherwise): the GEMM
+    epilogue's alpha, outside the unit; :attr:`values` multiplies by it, rounding once to
+    float64 (to nearest even) where the product needs more than 53 bits.
     """
 
     bits: np.ndarray
     out_format: str
     scale_exponent: int = 0
+    tensor_scale: float = 1.0
 
     @property
     def values(self) -> np.ndarray:
         values = as_float(self.bits, self.out_format)
-        return np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
+        values = np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
+        return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
 def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,
@@ -274,6 +289,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     if progress is not None and not callable(progress):
         raise ArgumentError(f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
     config = _as_config(hw)
+    if isinstance(A, NVFP4Tensor) or isinstance(B, NVFP4Tensor):
+        return _matmul_float_scaled(config, A, B, c, out_format, progress, tile_rows)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
@@ -320,6 +337,44 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
 
 
+def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, progress, tile_rows: int) -> MatmulResult:
+    """:func:`matmul` of NVFP4 operands: A an (M, K) NVFP4Tensor and B given as the (N, K)
+    NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored), through a unit
+    whose ``inputs.scale_format`` is theirs. The generic kernel computes every output (no
+    fast route takes ``scales: group_sum`` yet); the tensor scales multiply
+    :attr:`MatmulResult.values`, as the GEMM epilogue's alpha does."""
+    for name, tensor in (("A", A), ("B", B)):
+        if not isinstance(tensor, NVFP4Tensor) or tensor.codes.ndim != 2:
+            raise ArgumentError(f"matmul: {name}: with NVFP4 operands both must be 2-D NVFP4Tensors (B as B^T, (N, K))")
+    if A.codes.shape[1] != B.codes.shape[1]:
+        raise ArgumentError(f"matmul: inner dimensions differ: A is {A.codes.shape}, B^T is {B.codes.shape}")
+    params = config.params(A.options.element_format, B.options.element_format, out_format)
+    for name, tensor in (("A", A), ("B", B)):
+        if (tensor.options.scale_format, tensor.options.block_size) != (params.scale_format, params.block_size):
+            raise ArgumentError(f"matmul: {name}: {tensor.options.scale_format} scales per {tensor.options.block_size} "
+                                f"differ from the unit's {params.scale_format} per {params.block_size}")
+    if c is not None and (A.tensor_scale is not None or B.tensor_scale is not None):
+        raise ArgumentError("matmul: c with NVFP4 tensor scales is not modelled (the epilogue scales A @ B, not c)")
+    rows, columns = A.codes.shape[0], B.codes.shape[0]
+    check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
+    scales_a = _scale_exponents(A.scales, "A scales", rows, A.scales.shape[1], params)
+    scales_b = _scale_exponents(B.scales, "B scales", columns, B.scales.shape[1], params)
+    codes_a, codes_b, kernel_args = _operands_and_arguments(
+        params, _codes(A.codes, "A", get_format(params.a_format), fields_given=True),
+        _codes(B.codes, "B", get_format(params.b_format), fields_given=True))
+    c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
+    out = np.empty((rows, columns), dtype=np.uint32)
+    for start in range(0, rows, tile_rows):
+        stop = min(start + tile_rows, rows)
+        c_tile = c_values if c is None else c_values[start:stop]
+        K.matmul_rows(codes_a[start:stop], codes_b, scales_a[start:stop], scales_b, c_tile, *kernel_args, out[start:stop])
+        if progress is not None:
+            progress(stop, rows)
+    tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (1.0 if B.tensor_scale is None else B.tensor_scale)
+    return MatmulResult(out.astype(output_dtype(params.output_format), copy=False), params.output_format,
+                        tensor_scale=tensor_scale)
+
+
 def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:
     """out[m, n] = the generic kernel's outputs for the listed (row, column) pairs."""
     c_pairs = np.full(m.size, c_values[0, 0]) if c_values.shape == (1, 1) else c_values[m, n]
@@ -329,6 +384,10 @@ def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kerne
 
 
 def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
+    if params.scales == "group_sum":  # the kernel reads E8M0 codes themselves there
+        if params.scale_format != "e8m0":
+            raise ArgumentError(f"this unit takes {params.scale_format} scales: give NVFP4Tensor operands")
+        return np.ascontiguousarray(tensor.scales, dtype=np.int32)
     if params.scales == "none":
         if (tensor.scales != 127).any():
             raise ArgumentError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "

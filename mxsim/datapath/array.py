@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mxsim.errors import ConfigError
+from mxsim.limits import shown
 
 DATAFLOWS = ("os", "ws", "is")
 """Output-, weight- and input-stationary, named as in SCALE-Sim's ``Dataflow`` setting."""
@@ -97,16 +98,16 @@ def _check_value(source: str, key: str, value: Any) -> None:
     key_path = f"array.{key}"
     if spec.kind == "dataflow":
         if value not in DATAFLOWS:
-            raise ConfigError(source, key_path, f"got {value!r}; accepted: {_accepted(spec)}")
+            raise ConfigError(source, key_path, f"got {shown(value)}; accepted: {_accepted(spec)}")
         return
     # bool is an int subclass, but `rows: true` is a mistake, never a count
     is_int = isinstance(value, int) and not isinstance(value, bool)
     is_number = is_int or (isinstance(value, float) and math.isfinite(value))
     if (spec.kind == "int" and not is_int) or (spec.kind == "number" and not is_number):
-        raise ConfigError(source, key_path, f"got {value!r}; accepted: {_accepted(spec)}")
+        raise ConfigError(source, key_path, f"got {shown(value)}; accepted: {_accepted(spec)}")
     too_small = value <= 0 if (spec.kind == "number" and spec.minimum == 0) else value < spec.minimum
     if too_small:
-        raise ConfigError(source, key_path, f"got {value!r}; accepted: {_accepted(spec)}")
+        raise ConfigError(source, key_path, f"got {shown(value)}; accepted: {_accepted(spec)}")
 
 
 def parse_array_config(mapping: Any, source: str) -> ArrayConfig:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -19,12 +21,13 @@ import yaml
 from .array import ArrayConfig, parse_array_config
 from ..errors import ConfigError
 from ..fileio import load_yaml, read_text
-from ..limits import check_path
+from ..limits import check_path, shown
 from ..formats import get_format
 from . import schema
 from .schema import REQUIRED, WIDE_FORMATS, DatapathParams, Key
 
 SCHEMA_VERSION = 1
+_KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # what a mistyped key looks like
 OVERRIDE_SELECTORS = ("a_format", "b_format", "out_format")
 
 
@@ -133,6 +136,11 @@ def check_consistency(params: DatapathParams, source: str) -> None:
                         source, "adder.term_order",
                         "scales: block_sum needs each tree inside one block, but this order mixes blocks in a tree",
                     )
+    if params.scale_format != "e8m0" and params.scales != "group_sum":
+        raise ConfigError(source, "inputs.scale_format",
+                          f"{params.scale_format} scales are not powers of two: they need scales: group_sum")
+    if params.scales == "group_sum":
+        _check_groups(params, source)
     if params.term_order is not None and len(params.term_order) % params.fused_terms:
         raise ConfigError(source, "adder.term_order", f"its length must be a multiple of fused_terms ({params.fused_terms})")
     if params.accumulator_format == "exact" and (
@@ -181,7 +189,7 @@ def _check_grid(params: DatapathParams, source: str) -> None:
         "accumulator.format": (params.accumulator_format == "exact", "a floating format"),
         "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
         "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
-        "inputs.scales": (params.scales == "block_sum", "'none' or 'products'"),
+        "inputs.scales": (params.scales not in ("none", "products"), "'none' or 'products'"),
         "adder.term_order": (params.term_order is not None, "null"),
     }
     for path, (bad, wanted) in needs.items():
@@ -196,9 +204,33 @@ def _check_grid(params: DatapathParams, source: str) -> None:
                           f"smallest {params.a_format} x {params.b_format} product ({float(smallest)!r})")
 
 
+def _check_groups(params: DatapathParams, source: str) -> None:
+    """``scales: group_sum``: groups inside one block and one tree, in k order, and every group
+    sum times its scales exact in float64 and inside the window's 62-bit adder."""
+    for key, size in (("inputs.block_size", params.block_size), ("adder.fused_terms", params.fused_terms)):
+        if size % params.group_terms:
+            raise ConfigError(source, key, f"scales: group_sum needs whole groups: {size} is not a multiple of "
+                                           f"adder.group_terms ({params.group_terms})")
+    if params.term_order is not None:
+        raise ConfigError(source, "adder.term_order", "scales: group_sum sums groups in k order: it must be null")
+    a, b, scale = get_format(params.a_format), get_format(params.b_format), get_format(params.scale_format)
+    # Products are multiples of the smallest product step and below max_a * max_b: a group sum
+    # needs that span plus log2(group_terms) bits, times the two scale significands.
+    span = math.frexp(a.max_finite * b.max_finite / (a.min_subnormal * b.min_subnormal))[1]
+    bits = span + params.group_terms.bit_length() + 2 * (scale.mantissa_bits + 1)
+    if bits > 53:
+        raise ConfigError(source, "inputs.scales", f"group sums of {a.name} x {b.name} with {scale.name} scales need "
+                                                   f"{bits} bits, more than float64's exact 53")
+    # A group term may lie above 2^R by the group sum's magnitude and the scale significands.
+    above = math.frexp(a.max_finite * b.max_finite * params.group_terms)[1] + 2
+    if params.align_fraction_bits is not None and params.align_fraction_bits + above + params.fused_terms.bit_length() > 62:
+        raise ConfigError(source, "adder.align_fraction_bits",
+                          f"{params.align_fraction_bits} fraction bits with group sums up to 2^{above} overflow a 62-bit adder")
+
+
 def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
     def fail(expected: str) -> ConfigError:
-        return ConfigError(source, path, f"expected {expected}, got {value!r}")
+        return ConfigError(source, path, f"expected {expected}, got {shown(value)}")
 
     if key.kind == "bool":
         if not isinstance(value, bool):
@@ -237,7 +269,7 @@ def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
         for index, item in enumerate(items):
             name = get_format(item).name if isinstance(item, str) and _is_format(item) else None
             if name not in key.choices:
-                raise ConfigError(source, f"{path}[{index}]", f"expected one of {', '.join(key.choices)}, got {item!r}")
+                raise ConfigError(source, f"{path}[{index}]", f"expected one of {', '.join(key.choices)}, got {shown(item)}")
             resolved.append(name)
         return tuple(resolved)
     raise AssertionError(key.kind)
@@ -278,12 +310,17 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
     top_level = _top_level()
     for name in data:
         if name not in top_level:
-            raise ConfigError(source, str(name), f"unknown key; accepted: {', '.join(sorted(top_level))}")
+            accepted = f"accepted: {', '.join(sorted(top_level))}"
+            if "mxsim_hwconfig" not in data and not _KEY_NAME.fullmatch(str(name)):
+                # not a config at all (a file given by mistake, e.g. /etc/shadow): never echo its text
+                raise ConfigError(source, "", f"not an mxsim hardware config: a top-level key that is not a name "
+                                              f"and no mxsim_hwconfig key; {accepted}")
+            raise ConfigError(source, str(name), f"unknown key; {accepted}")
     if "extends" in data:
         raise ConfigError(source, "extends", "only a config read from a file can extend another (load_hwconfig)")
     version = data.get("mxsim_hwconfig", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
-        raise ConfigError(source, "mxsim_hwconfig", f"unsupported schema version {version!r}; accepted: {SCHEMA_VERSION}")
+        raise ConfigError(source, "mxsim_hwconfig", f"unsupported schema version {shown(version)}; accepted: {SCHEMA_VERSION}")
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(source, "name", "expected a non-empty string")
@@ -307,7 +344,7 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
             if key in OVERRIDE_SELECTORS:
                 names = [value] if isinstance(value, str) else value
                 if not (isinstance(names, list) and names and all(isinstance(n, str) and _is_format(n) for n in names)):
-                    raise ConfigError(source, prefix + key, f"expected a format name or a list of them, got {value!r}")
+                    raise ConfigError(source, prefix + key, f"expected a format name or a list of them, got {shown(value)}")
                 selectors[key] = tuple(get_format(n).name for n in names)
             elif key in schema.SCHEMA and key != "inputs":
                 changes.update(_read_section(source, prefix, key, value, partial=True))
@@ -368,13 +405,20 @@ def load_hwconfig(path: str | Path) -> HardwareConfig:
     ``extends: <file>`` (resolved relative to the extending file) starts from that config:
     the extending file's sections are merged key by key over the base's, its overrides
     follow the base's (so they win), and every other top-level key replaces the base's.
-    Chains may be of any length; a cycle is an error naming the files in it.
+    A base must be an mxsim hardware config (a top-level ``mxsim_hwconfig`` key; anything
+    else is refused without showing its content); a symlink on the way to a base must not
+    lead out of the extending file's directory; a chain holds at most MAX_EXTENDS_DEPTH
+    files; a cycle is an error naming the files in it.
 
-    The file must be UTF-8 YAML nested at most 64 levels deep (see docs/limits.md); any
-    problem raises :class:`~mxsim.errors.ConfigError`.
+    The file must be UTF-8 YAML nested at most 64 levels deep, without repeated keys (see
+    docs/limits.md); any problem raises :class:`~mxsim.errors.ConfigError`.
     """
     path = check_path(path, "load_hwconfig: path")
     return parse_hwconfig(_resolved_data(Path(path), ()), str(path))
+
+
+#: Most files in one ``extends`` chain (the loaded file and its bases).
+MAX_EXTENDS_DEPTH = 32
 
 
 def _read_yaml(path: Path) -> Any:
@@ -384,25 +428,47 @@ def _read_yaml(path: Path) -> Any:
     return load_yaml(read_text(path, fail), fail)
 
 
+def _base_path(path: Path, base_name: str) -> Path:
+    """The resolved file ``extends: base_name`` of ``path`` names; a symlink on the way must
+    not lead out of ``path``'s directory (a plain path may: the base is then checked as any
+    file is)."""
+    try:  # a NUL byte, an over-long name, a symlink loop or an unreadable directory is the file's error
+        directory = path.parent.resolve()
+        lexical = Path(os.path.normpath(directory / base_name))
+        resolved = lexical.resolve()
+        found = resolved.is_file()
+    except (OSError, ValueError, RuntimeError) as error:
+        reason = "a symlink loop" if isinstance(error, RuntimeError) else str(error)[:120]
+        raise ConfigError(str(path), "extends", f"not a usable file name ({reason}): "
+                                                f"{shown(base_name)}") from None
+    if resolved != lexical and not resolved.is_relative_to(directory):
+        raise ConfigError(str(path), "extends", f"{shown(base_name)} is a symlink (or lies behind one) leading out "
+                                                f"of the config's directory {directory}; refused")
+    if not found:
+        raise ConfigError(str(path), "extends", f"no such file: {shown(str(lexical), 200)}")
+    return resolved
+
+
 def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
-    """The YAML mapping of ``path`` with its ``extends`` chain merged in (see load_hwconfig)."""
+    """The YAML mapping of ``path`` with its ``extends`` chain merged in (see load_hwconfig);
+    ``chain`` holds the resolved files that extend it, outermost first."""
     data = _read_yaml(path)
+    if chain and not (isinstance(data, dict) and "mxsim_hwconfig" in data):
+        raise ConfigError(str(chain[-1]), "extends", f"{shown(str(path), 200)} is not an mxsim hardware config "
+                                                     "(it has no top-level mxsim_hwconfig key)")
     if not isinstance(data, dict) or "extends" not in data:
         return data
     base_name = data["extends"]
     if not isinstance(base_name, str) or not base_name:
-        raise ConfigError(str(path), "extends", f"expected the file name of the config this one extends, got {base_name!r}")
-    try:  # a NUL byte, an over-long name or an unreadable directory is the file's error
-        base_path = (path.parent / base_name).resolve()
-        found = base_path.is_file()
-    except (OSError, ValueError) as error:
-        raise ConfigError(str(path), "extends", f"not a usable file name ({error}): {base_name[:200]!r}") from None
-    if not found:
-        raise ConfigError(str(path), "extends", f"no such file: {base_path}")
+        raise ConfigError(str(path), "extends", f"expected the file name of the config this one extends, got {shown(base_name)}")
+    base_path = _base_path(path, base_name)
     chain = chain + (path.resolve(),)
     if base_path in chain:
         cycle = " -> ".join(str(p) for p in chain[chain.index(base_path):] + (base_path,))
         raise ConfigError(str(path), "extends", f"configs extend each other in a cycle: {cycle}")
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(str(chain[0]), "extends", f"the chain of extended configs is longer than "
+                                                    f"{MAX_EXTENDS_DEPTH} files (docs/limits.md)")
     base = _resolved_data(base_path, chain)
     parse_hwconfig(base, str(base_path))  # a base is a complete config: its errors name its file
     merged = {key: value for key, value in base.items()}

@@ -2,7 +2,8 @@
 
 Written from the parameter definitions in ``datapath.schema.SCHEMA`` and the seven steps of
 docs/hwconfig.md (not from the kernel), one function per step as the kernel has them:
-:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3),
+:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3, with
+:func:`_group_terms` for ``scales: group_sum``),
 :func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
 :func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7). Every intermediate value
 is an exact Fraction; every rounding goes through
@@ -125,8 +126,9 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
             sign_negative = (math.copysign(1.0, float(value_a)) < 0) != (math.copysign(1.0, float(value_b)) < 0)
             product = -0.0 if sign_negative else 0.0
     exponent = None if exponent_a is None or exponent_b is None else exponent_a + exponent_b
-    if isinstance(product, Fraction) and params.scales != "none":
+    if isinstance(product, Fraction) and params.scales in ("products", "block_sum"):
         # 'products' scales every product; so does 'block_sum' when no window follows.
+        # ('group_sum' scales each group's sum: _group_terms.)
         if params.scales == "products" or params.align_fraction_bits is None:
             product *= Fraction(2) ** scale_exponent
             exponent += scale_exponent
@@ -176,6 +178,46 @@ def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
         specials.negative_zeros_only = False
         kept.append((product, exponent, scale_exponent))
     return kept
+
+
+def _scale_value(fmt: FormatInfo, code: int):
+    """A block scale's (exact value or NaN, alignment exponent or None for zero and NaN)."""
+    value = decode_reference(fmt, code)
+    if isinstance(value, float) or value == 0:
+        return value, None
+    exponent = floor_log2(value)
+    if fmt.subnormals:
+        exponent = max(exponent, 1 - fmt.bias)
+    return value, exponent
+
+
+def _group_terms(positions, products, scale_codes, params: DatapathParams, specials: _Specials, log):
+    """``scales: group_sum``, steps 1-3 of a tree: per group of ``group_terms`` positions the
+    exact sum g of its products and its block's scales sa, sb give one term g*sa*sb aligned at
+    ea + eb. All-zero groups and zero scales are zero terms (they count only with
+    ``zero_term_exponent``); NaN/Inf products and NaN scales become specials. Returns (the
+    nonzero terms, whether the tree has a zero term)."""
+    scale_fmt = get_format(params.scale_format)
+    terms = []
+    has_zero = False
+    for start in range(0, len(positions), params.group_terms):
+        group = [k for k in positions[start : start + params.group_terms] if k is not None]
+        if not group:
+            continue
+        kept = _finite_terms(group, products, specials)
+        all_zero = not kept and not any(isinstance(products[k][0], float) and not products[k][0] == 0 for k in group)
+        group_sum = sum((p for p, _, _ in kept), Fraction(0))
+        block = group[0] // params.block_size
+        (value_a, exponent_a), (value_b, exponent_b) = (_scale_value(scale_fmt, codes[block]) for codes in scale_codes)
+        log({"stage": "group", "start": group[0], "sum": float(group_sum),
+             "scale_a": _to_float(value_a), "scale_b": _to_float(value_b)})
+        if any(isinstance(v, float) for v in (value_a, value_b)):  # a NaN scale
+            specials.values.append(math.nan)
+        elif all_zero or value_a == 0 or value_b == 0:
+            has_zero = True
+        else:
+            terms.append((group_sum * value_a * value_b, exponent_a + exponent_b, 0))
+    return terms, has_zero
 
 
 # --- steps 4-5: align, add, normalise -----------------------------------------------------------
@@ -346,8 +388,8 @@ def dot_reference(
 ) -> float:
     """The output value (a float, exact for the output format) of c + sum a_k b_k.
 
-    ``scale_a``/``scale_b`` are E8M0 codes per block (None: every scale 1). ``record``,
-    when given, receives one dict per stage.
+    ``scale_a``/``scale_b`` are codes of ``scale_format`` per block (None: every scale 1).
+    ``record``, when given, receives one dict per stage.
     """
     if params.same_format and params.a_format != params.b_format:
         raise ConfigError("<params>", "inputs.same_format", f"one element format for A and B, got "
@@ -368,7 +410,7 @@ def dot_reference(
         value_a, exponent_a = _decode(a_fmt, int(code_a), params.input_subnormals)
         value_b, exponent_b = _decode(b_fmt, int(code_b), params.input_subnormals)
         scale_codes = None
-        if params.scales != "none":
+        if params.scales in ("products", "block_sum"):
             block = k // params.block_size
             scale_codes = (127 if scale_a is None else scale_a[block], 127 if scale_b is None else scale_b[block])
         product, exponent, scale_exponent = _multiply(params, value_a, exponent_a, value_b, exponent_b, scale_codes)
@@ -376,10 +418,21 @@ def dot_reference(
         log({"stage": "product", "k": k, "a_code": code_a, "b_code": code_b, "a": _to_float(value_a),
              "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
     trees = _tree_positions(len(products), params)
+    if params.scales == "group_sum":  # None: every scale 1
+        one = encode_reference(get_format(params.scale_format), Fraction(1))
+        blocks = -(-len(products) // params.block_size)
+        group_scales = tuple([one] * blocks if codes is None else list(codes) for codes in (scale_a, scale_b))
+
+    def tree_terms(positions):
+        """A tree's (nonzero finite terms, whether it has a zero term)."""
+        if params.scales == "group_sum":
+            return _group_terms(positions, products, group_scales, params, specials, log)
+        has_zero = any(k is not None and isinstance(products[k][0], float) and products[k][0] == 0 for k in positions)
+        return _finite_terms(positions, products, specials), has_zero
 
     if acc_fmt is None:  # exact (Kulisch) accumulator: one rounding, at the output
         total = c_exact + sum((p * Fraction(2) ** s for positions in trees
-                               for p, _, s in _finite_terms(positions, products, specials)), Fraction(0))
+                               for p, _, s in tree_terms(positions)[0]), Fraction(0))
         log({"stage": "exact_accumulator", "value": float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
         return _output(result, specials, params, log)
@@ -402,13 +455,12 @@ def dot_reference(
 
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
-        kept = _finite_terms(positions, products, specials)
+        kept, has_zero = tree_terms(positions)
         if params.grid_fraction_bits is not None:
             first = next((k for k in positions if k is not None), None)
             scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
             acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
             continue
-        has_zero = any(k is not None and isinstance(products[k][0], float) and products[k][0] == 0 for k in positions)
         tree_sum = _normalise(_tree_sum(kept, has_zero, acc, tree_start, params, log), params, log)
         acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})

@@ -28,6 +28,7 @@ from ..formats.rounding import ROUNDING_MODES, overflow_code, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
 ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
+SCALE_FORMATS = format_names("scale")
 WIDE_FORMATS = format_names("wide")
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
@@ -111,12 +112,24 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           blas=any_value, window=any_value),
         "scales": Key(
             "str", "products",
-            "where E8M0 scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
+            "where block scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
             "before alignment; 'block_sum' multiplies each tree's sum (trees must lie inside one block); "
+            "'group_sum': each group of adder.group_terms products is summed exactly and times the scale "
+            "pair is one term of the tree, aligned at the scales' exponent sum (Blackwell kind::mxf4nvf4); "
             "'none': the unit takes no scales (plain FP8 tensor cores)",
-            ("none", "products", "block_sum"),
+            ("none", "products", "block_sum", "group_sum"),
             # BLAS: one scale per tree (per block for an exact accumulator); window: one per tree.
-            blas=_exact_accumulator_or(_trees_inside_blocks), window=_trees_inside_blocks,
+            # group_sum: not yet shown exact on either route.
+            blas=lambda value, params: value != "group_sum" and _exact_accumulator_or(_trees_inside_blocks)(value, params),
+            window=lambda value, params: value != "group_sum" and _trees_inside_blocks(value, params),
+        ),
+        "scale_format": Key(
+            "format", "e8m0",
+            "format of the block scale codes: 'e8m0' (2^(code-127), 0xFF NaN) or 'ue4m3' (unsigned E4M3, "
+            "0x7F NaN; needs scales: group_sum). A scale's alignment exponent is floor(log2 s), at least "
+            "the format's emin when it has subnormals",
+            SCALE_FORMATS, record=None,  # the kernel gets the scale format's value and exponent tables
+            blas=only("e8m0"), window=only("e8m0"),
         ),
         "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
                           field="input_subnormals", record=None,  # the element tables read them as zero
@@ -156,6 +169,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "false: trees are cut from the whole of K",
             # Both routes cut trees from K: the same trees whenever fused_terms divides block_size.
             blas=_same_trees_as_k_order, window=_same_trees_as_k_order,
+        ),
+        "group_terms": Key(
+            "int", 16,
+            "scales: group_sum: products per group (a group lies inside one block and one tree). The group's "
+            "exact sum g times its scales sa*sb is one term of value g*sa*sb and alignment exponent "
+            "ea+eb (the scales' exponents); a group whose products are all zero, or whose scale is zero, "
+            "is a zero term (see zero_term_exponent); one whose products cancel keeps ea+eb",
+            minimum=1, maximum=MAX_BLOCK_SIZE,
+            blas=any_value, window=any_value,  # read only with group_sum, which both routes refuse
         ),
         "accumulator_in_tree": Key(
             "bool", True,
@@ -235,14 +257,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "zero_term_exponent": Key(
             "optional_int", None,
             "null: zero products and a zero accumulator take no part in the alignment reference. n: "
-            "in a tree with a zero product, or with the accumulator in the tree and zero (c = 0 "
-            "included), R is at least n, as if the zeros were terms of exponent n (MMA-Sim's e_zero: "
+            "in a tree with a zero product (or zero group: scales: group_sum), or with the accumulator "
+            "in the tree and zero (c = 0 included), R is at least n, as if the zeros were terms of exponent n (MMA-Sim's e_zero: "
             "-133 for fp32 and -21 for fp16 outputs on Hopper and Blackwell); nonzero terms below "
             "2^(n - align_fraction_bits) are then lost",
             minimum=-1100, maximum=1100,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
-            # window: it flags every lane whose R lies below n (without block scales, R is the kernel's)
+            # window: it flags every lane with a nonzero term whose R lies below n (without block
+            # scales, R is the kernel's)
             window=lambda value, params: value is None or params.scales == "none",
         ),
     },

@@ -59,3 +59,19 @@ def _tables_of(fmt: FormatInfo, fields: np.ndarray, subnormals: bool) -> tuple[n
     values.setflags(write=False)
     exponents.setflags(write=False)
     return values, exponents
+
+
+@functools.lru_cache(maxsize=None)
+def scale_tables(fmt: FormatInfo) -> tuple[np.ndarray, np.ndarray]:
+    """Per block-scale code (``inputs.scale_format``, read by ``scales: group_sum``): the exact
+    value (NaN for the NaN code), and the alignment exponent floor(log2 s), at least emin when
+    the format has subnormals (UE4M3: -6; E8M0 has none, its code 0 is 2^-127)."""
+    values = fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64)
+    usable = np.isfinite(values) & (values > 0)
+    exponents = np.full(values.shape, ZERO_EXPONENT, dtype=np.int64)
+    exponents[usable] = np.frexp(values[usable])[1] - 1
+    if fmt.subnormals:
+        exponents[usable] = np.maximum(exponents[usable], alignment_emin(fmt))
+    values.setflags(write=False)
+    exponents.setflags(write=False)
+    return values, exponents

@@ -106,8 +106,10 @@ def encode_reference(
 ) -> int:
     """The code of ``x`` under the named rounding mode and overflow policy.
 
-    ``draw32`` is the 32-bit uniform draw used by stochastic rounding. The code is a stored
-    code: its fields shifted left by ``padding_bits``.
+    ``overflow``: ``"saturate"``, ``"inf_nan"`` (IEEE 754) or ``"inf"`` (every overflow
+    to ±Inf, NaN where the format has no Inf, whatever the rounding). ``draw32`` is the
+    32-bit uniform draw used by stochastic rounding. The code is a stored code: its fields
+    shifted left by ``padding_bits``.
     """
     return _encode_fields(fmt, x, rounding, overflow, draw32) << fmt.padding_bits
 

@@ -377,6 +377,10 @@ FORMATS: dict[str, FormatInfo] = _table(
     # E8M0 scales: 2^(code - 127), 0xFF = NaN (E8M0_NAN), no sign, no zero.
     FormatInfo("e8m0", 8, 8, 0, E8M0_BIAS, signed=False, specials="nan_at_max", subnormals=False, role="scale",
                aliases=("float8_e8m0fnu",)),
+    # UE4M3 scales (NVFP4, Blackwell kind::mxf4nvf4 block16): E4M3 without its sign bit, so
+    # 7 bits (stored in a byte whose top bit the hardware ignores); 0x7F is NaN, 448 the largest.
+    FormatInfo("ue4m3", 7, 4, 3, 7, signed=False, specials="nan_at_max", role="scale",
+               aliases=("float8_ue4m3", "e4m3_unsigned")),
     # Shared-microexponent (MX4/MX6/MX9) elements as the datapath sees them: sign and an
     # integer M <= 2^m (m + 1 magnitude bits: Quark's CUDA stochastic rounding can reach 2^m,
     # its CPU kernel saturates at 2^m - 1), valued M * 2^(1 - m); the sub-block's

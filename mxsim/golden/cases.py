@@ -4,8 +4,9 @@ Three kinds, each a function ``(unit, count, rng) -> VectorSet`` (without expect
 
 ``random``
     ``count`` vectors drawn from a mix of distributions: uniform element codes with scales
-    near 2^0, and MX-quantized (``mxsim.quantize_mx``, OCP profile) Gaussian, sparse and
-    outlier-heavy data; c is ±0, of the block's magnitude (within ±30 binades), any finite
+    near 1, and block-quantized Gaussian, sparse and outlier-heavy data (``mxsim.quantize_mx``,
+    OCP profile, for power-of-two scales; ``mxsim.quantize_nvfp4`` with the unit's scale
+    format otherwise, e.g. UE4M3); c is ±0, of the block's magnitude (within ±30 binades), any finite
     FP32, or the nearest FP32 to minus the block (cancellation).
 ``corners``
     a fixed, deterministic list (``count`` is ignored) built from exact values
@@ -21,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MxsimError
-from ..formats import E8M0_NAN, E8M0_ONE, get_format
+from ..formats import get_format
 from .corners import corner_cases
 from .layout import GoldenUnit
 from .vectors import VectorSet
@@ -36,10 +37,15 @@ C_MODES = ("zero", "near_block", "any_finite", "cancel")
 C_MODE_WEIGHTS = (0.2, 0.45, 0.15, 0.2)
 
 
-def _mx_codes(fmt_name: str, values: np.ndarray, block_size: int):
-    from ..quantize import quantize
+def _block_codes(unit: GoldenUnit, fmt_name: str, values: np.ndarray):
+    """(element codes, scale codes) of ``values`` quantized in blocks for the unit's scales."""
+    from ..quantize import quantize, quantize_nvfp4
 
-    tensor = quantize(values, fmt_name, axis=-1, block_size=block_size, profile="ocp")
+    if unit.power_of_two_scales:
+        tensor = quantize(values, fmt_name, axis=-1, block_size=unit.block_size, profile="ocp")
+        return tensor.codes, tensor.scales
+    tensor = quantize_nvfp4(values.astype(np.float32), element_format=fmt_name, scale_format=unit.scale_format,
+                            block_size=unit.block_size)
     return tensor.codes, tensor.scales
 
 
@@ -49,8 +55,8 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     a = np.zeros((count, K), dtype=fa.code_dtype)
     b = np.zeros((count, K), dtype=fb.code_dtype)
-    scale_a = np.full((count, nb), E8M0_ONE, dtype=np.uint8)
-    scale_b = np.full((count, nb), E8M0_ONE, dtype=np.uint8)
+    scale_a = np.full((count, nb), unit.scale_one, dtype=np.uint8)
+    scale_b = np.full((count, nb), unit.scale_one, dtype=np.uint8)
     distribution = rng.integers(0, len(RANDOM_DISTRIBUTIONS), count)
     for index, name in enumerate(RANDOM_DISTRIBUTIONS):
         rows = np.flatnonzero(distribution == index)
@@ -61,8 +67,8 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
             a[rows] = rng.integers(0, 1 << fa.bits, (n, K))
             b[rows] = rng.integers(0, 1 << fb.bits, (n, K))
             for scale in (scale_a, scale_b):
-                near = E8M0_ONE + rng.integers(-10, 11, (n, nb))
-                anywhere = rng.integers(0, 255, (n, nb))
+                near = np.clip(unit.scale_one + rng.integers(-10, 11, (n, nb)), 0, unit.scale_nan - 1)
+                anywhere = rng.integers(0, unit.scale_nan, (n, nb))
                 scale[rows] = np.where(rng.random((n, nb)) < 0.1, anywhere, near)
             continue
         for codes, scale, fmt in ((a, scale_a, fa), (b, scale_b, fb)):
@@ -72,7 +78,7 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
                 x[rng.random((n, K)) < 0.7] = 0.0
             elif name == "mx_outliers":
                 x *= np.where(rng.random((n, K)) < 0.05, 2.0 ** rng.integers(4, 30, (n, K)), 1.0)
-            element_codes, scales = _mx_codes(fmt.name, x, k)
+            element_codes, scales = _block_codes(unit, fmt.name, x)
             codes[rows] = element_codes
             scale[rows] = scales
     c, c_labels = _random_c(unit, a, b, scale_a, scale_b, rng)
@@ -87,9 +93,8 @@ def _approximate_blocks(unit, a, b, scale_a, scale_b) -> np.ndarray:
         products = fa.decode(a) * fb.decode(b)
         sums = products.reshape(a.shape[0], a.shape[1] // unit.block_size, unit.block_size).sum(axis=2)
         if unit.scaled:
-            exponent = scale_a.astype(np.float64) + scale_b.astype(np.float64) - 254
-            exponent[(scale_a == E8M0_NAN) | (scale_b == E8M0_NAN)] = np.nan
-            sums = sums * np.exp2(exponent)
+            scale_format = get_format(unit.scale_format)
+            sums = sums * scale_format.decode(scale_a) * scale_format.decode(scale_b)  # NaN for NaN codes
         return sums.sum(axis=1)
 
 
@@ -161,7 +166,7 @@ def exhaustive_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generat
     a = np.concatenate(parts_a)
     b = np.concatenate(parts_b)
     n = a.shape[0]
-    scales = np.full((n, nb), E8M0_ONE, dtype=np.uint8) if unit.scaled else None
+    scales = np.full((n, nb), unit.scale_one, dtype=np.uint8) if unit.scaled else None
     return VectorSet(a, b, scales, None if scales is None else scales.copy(), np.zeros(n, dtype=np.uint32), labels=labels)
 
 

@@ -164,13 +164,25 @@ class _Rows:
         self.labels: list[str] = []
 
     def add(self, label: str, a_row, b_row, scale_a, scale_b, c_bits: int) -> None:
+        """Add a vector; scales are given as E8M0 codes (powers of two) and re-encoded in the
+        unit's scale format, the vector dropped when that format cannot hold one exactly."""
         nb = self.unit.dot_length // self.unit.block_size
+        scale_a, scale_b = (self._in_scale_format(_scale_row(s, nb)) for s in (scale_a, scale_b))
+        if scale_a is None or scale_b is None:
+            return
         self.a.append(list(a_row))
         self.b.append(list(b_row))
-        self.scale_a.append(_scale_row(scale_a, nb))
-        self.scale_b.append(_scale_row(scale_b, nb))
+        self.scale_a.append(scale_a)
+        self.scale_b.append(scale_b)
         self.c.append(int(c_bits) & 0xFFFFFFFF)
         self.labels.append(label)
+
+    def _in_scale_format(self, codes: list[int]) -> list[int] | None:
+        if self.unit.power_of_two_scales:
+            return codes
+        converted = [self.unit.scale_nan if code == E8M0_NAN else self.unit.scale_code_of_power(code - E8M0_ONE)
+                     for code in codes]
+        return None if None in converted else converted
 
     def vector_set(self) -> VectorSet:
         unit = self.unit

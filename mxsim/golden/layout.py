@@ -16,9 +16,12 @@ slices are the fields.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from ..errors import ConfigError, MxsimError
+import numpy as np
+
+from ..errors import ArgumentError, ConfigError, MxsimError
 from ..formats import get_format
 
 SCALE_BITS = 8
@@ -36,8 +39,9 @@ class GoldenUnit:
         block_size: k, elements sharing one E8M0 scale.
         dot_length: K, elements per dot product (a vector); a multiple of ``block_size``.
         out_format: the output format whose bits ``d`` holds (``fp32``, ``fp16`` or ``bf16``).
-        scaled: whether the unit takes E8M0 scales (false: no scale fields; the expected
+        scaled: whether the unit takes block scales (false: no scale fields; the expected
             function gets ``None`` scales).
+        scale_format: the scale codes' format (``inputs.scale_format``: ``e8m0``, ``ue4m3``).
         align_fraction_bits: the adder's alignment window (``adder.align_fraction_bits``: terms
             kept to multiples of 2^(R-n) below the reference R) or None when exact; corner
             cases put alignment shifts at its edge.
@@ -52,6 +56,7 @@ class GoldenUnit:
     out_format: str = "fp32"
     scaled: bool = True
     align_fraction_bits: int | None = None
+    scale_format: str = "e8m0"
 
     def __post_init__(self):
         for operand in ("a_format", "b_format"):
@@ -61,6 +66,11 @@ class GoldenUnit:
                     f"golden: {operand} {fmt.name} is wider than {MAX_CODE_BITS} bits; element codes must fit uint16"
                 )
             object.__setattr__(self, operand, fmt.name)
+        scale = get_format(self.scale_format)
+        if scale.role != "scale" or scale.bits > SCALE_BITS:
+            raise MxsimError(f"golden: scale_format must be a block scale format of at most {SCALE_BITS} bits, "
+                             f"got {self.scale_format!r}")
+        object.__setattr__(self, "scale_format", scale.name)
         if self.out_format not in ("fp32", "fp16", "bf16"):
             raise MxsimError(f"golden: out_format must be fp32, fp16 or bf16, got {self.out_format!r}")
         if self.block_size < 1 or self.dot_length < 1 or self.dot_length % self.block_size:
@@ -74,12 +84,40 @@ class GoldenUnit:
         return self.dot_length // self.block_size if self.scaled else 0
 
     @property
+    def scale_one(self) -> int:
+        """The scale code of 1.0."""
+        return int(get_format(self.scale_format).encode(np.array([1.0]))[0])
+
+    @property
+    def scale_nan(self) -> int:
+        """The scale code of NaN (the largest code: E8M0 0xFF, UE4M3 0x7F)."""
+        return (1 << get_format(self.scale_format).bits) - 1
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        """Whether every scale is a power of two (a format without significand bits: E8M0)."""
+        return get_format(self.scale_format).mantissa_bits == 0
+
+    def scale_code_of_power(self, exponent: int) -> int | None:
+        """The scale code of exactly 2^exponent, or None when the scale format has none."""
+        return _power_of_two_codes(self.scale_format).get(exponent)
+
+    @property
     def pair_name(self) -> str:
         return f"{self.a_format}x{self.b_format}"
 
     def file_stem(self, kind: str) -> str:
         """File name stem of this unit's vectors of one case kind: ``<config>.<A>x<B>.<kind>``."""
         return f"{self.config_name}.{self.pair_name}.{kind}"
+
+
+@functools.lru_cache(maxsize=None)
+def _power_of_two_codes(scale_format: str) -> dict[int, int]:
+    """{e: code} of the scale format's codes whose value is exactly 2^e."""
+    fmt = get_format(scale_format)
+    values = fmt.decode(np.arange(1 << fmt.bits))
+    mantissas, exponents = np.frexp(values)
+    return {int(e) - 1: code for code, (m, e) in enumerate(zip(mantissas, exponents)) if m == 0.5}
 
 
 def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[GoldenUnit]:
@@ -104,7 +142,15 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
                 + (f" among {' '.join(usable)}" if usable else ""),
             )
     else:
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (list, tuple)) or not all(
+                isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
+                for pair in pairs):
+            raise ArgumentError("golden: pairs must be a list of (A format, B format) name pairs")
         chosen = [(get_format(a).name, get_format(b).name) for a, b in pairs]
+        repeated = sorted({pair for pair in chosen if chosen.count(pair) > 1})
+        if repeated:  # written twice and counted twice in the manifest otherwise
+            raise ArgumentError(f"golden: format pair {repeated[0][0]},{repeated[0][1]} is given more than once; "
+                                "give each pair once")
         for pair in chosen:
             if pair not in accepted:
                 raise ConfigError(
@@ -126,6 +172,7 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
                 out_format=params.output_format,
                 scaled=params.scales != "none",
                 align_fraction_bits=getattr(params, "align_fraction_bits", None),
+                scale_format=params.scale_format,
             )
         )
     return units
@@ -207,8 +254,8 @@ def layout_for(unit: GoldenUnit) -> VectorLayout:
     if unit.scaled:
         nb = unit.n_blocks
         specs += [
-            ("scale_a", nb, SCALE_BITS, f"A E8M0 scale codes, block j (elements {unit.block_size}j..) at bits [8j+7:8j]"),
-            ("scale_b", nb, SCALE_BITS, "B E8M0 scale codes, block j at bits [8j+7:8j]"),
+            ("scale_a", nb, SCALE_BITS, f"A {unit.scale_format.upper()} scale codes, block j (elements {unit.block_size}j..) at bits [8j+7:8j]"),
+            ("scale_b", nb, SCALE_BITS, f"B {unit.scale_format.upper()} scale codes, block j at bits [8j+7:8j]"),
         ]
     specs += [
         ("c", 1, 32, "accumulator input, FP32 bits"),

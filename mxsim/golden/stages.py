@@ -31,6 +31,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ..errors import MxsimError
 from ..formats import E8M0_BIAS, E8M0_NAN, get_format
 from .layout import GoldenUnit
 from .vectors import VectorSet
@@ -70,6 +71,9 @@ def _product(x: float, y: float, quantum: Fraction):
 
 def exact_stages(unit: GoldenUnit, vectors: VectorSet) -> list[dict]:
     """The exact-arithmetic stage record of every vector (see the module docstring)."""
+    if unit.scaled and not unit.power_of_two_scales:
+        raise MxsimError(f"golden: exact stage records need power-of-two (E8M0) scales; {unit.config_name} "
+                         f"takes {unit.scale_format} scales (use the datapath stages of mxsim dot --explain)")
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     values_a, values_b = fa.decode(vectors.a), fb.decode(vectors.b)
     quantum = Fraction(fa.min_subnormal) * Fraction(fb.min_subnormal)

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MxsimError
+from ..errors import BudgetError, InputFileError, MxsimError
+from ..fileio import read_text
+from ..limits import check_budget, check_path
 from .layout import Field, VectorLayout
 
 FILE_FORMAT_VERSION = 1
@@ -131,6 +133,7 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
         rows.append((number, stripped))
     if not fields:
         raise MxsimError(f"{source}: no '// field' header lines; not an mxsim golden vector file")
+    _check_fields(fields, source)
     layout = VectorLayout(tuple(fields))
     widths = [f.hex_digits for f in layout.fields]
     words = []
@@ -163,9 +166,41 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
     return layout, vectors
 
 
+def _check_fields(fields: list[Field], source: str) -> None:
+    """The header's fields are those generate writes: a, b, c, d (scale_a, scale_b optional),
+    each once, c and d one item each, items of 1..32 bits, at most 65,536 items."""
+    names = [f.name for f in fields]
+    missing = [name for name in ("a", "b", "c", "d") if name not in names]
+    unknown = [name for name in names if name not in ("a", "b", "scale_a", "scale_b", "c", "d")]
+    if missing or unknown or len(set(names)) != len(names):
+        raise MxsimError(f"{source}: the '// field' lines name {', '.join(map(repr, names))[:200]}; expected a, b, "
+                         "c, d and optionally scale_a, scale_b, each once")
+    for f in fields:
+        if not (1 <= f.item_bits <= 32 and 1 <= f.items <= (1 if f.name in ("c", "d") else 1 << 16)):
+            raise MxsimError(f"{source}: field {f.name!r} declares {f.items} items of {f.item_bits} bits; expected "
+                             "items of 1..32 bits, one for c and d, at most 65536 otherwise")
+
+
 def read_vector_file(path: str | Path) -> tuple[VectorLayout, VectorSet]:
-    """Read a vector file written by :func:`mxsim.golden.generate` (see :func:`parse_vector_text`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise MxsimError(f"{path}: no such file")
-    return parse_vector_text(path.read_text(), str(path))
+    """Read a vector file written by :func:`mxsim.golden.generate` (see :func:`parse_vector_text`).
+
+    The file must be ASCII text (as generate writes it) whose size, checked before reading,
+    fits the memory budget (``MXSIM_MAX_BYTES``; parsing takes a few times the text's size);
+    anything else is an :class:`~mxsim.errors.InputFileError` naming the file."""
+    path = check_path(path, "read_vector_file: path")
+
+    def fail(message):
+        raise InputFileError(f"{path}: {message}")
+
+    try:
+        if not path.is_file():
+            fail("no such file")
+        size = path.stat().st_size
+    except OSError as error:
+        fail(f"cannot read: {error.strerror or error}")
+    try:
+        check_budget(4 * size, f"reading the vector file ({size} bytes of text)")
+    except BudgetError as error:
+        fail(str(error))
+    text = read_text(path, fail, encoding="ascii", limit=size)
+    return parse_vector_text(text, str(path))

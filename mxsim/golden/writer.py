@@ -13,9 +13,11 @@ Output directory, for each unit (format pair) and case kind::
     <config>.<A>x<B>.<kind>.stages.jsonl  one JSON stage record per vector (stage_dumps=True)
     manifest.json                         what was generated (see generate())
 
-The same config, arguments and mxsim version give byte-identical files. Each file is written
-to a temporary name in the output directory and moved into place with ``os.replace``, the
-manifest last.
+The same config, arguments and mxsim version give byte-identical files. The whole output is
+written into a fresh hidden directory beside the output directory, which then replaces it in
+one step (:func:`mxsim.fileio.staged_directory`), so a reader or a kill finds the old complete
+set of files or the new one, never a mixture; the output directory must therefore be new,
+empty, or an earlier golden output (one with a golden manifest).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ArgumentError, MxsimError
-from ..fileio import write_atomic
-from ..limits import check_budget, check_int, check_path
+from ..fileio import check_output_directory, staged_directory, write_atomic
+from ..limits import check_budget, check_int
 from ..formats import get_format
 from .cases import GENERATORS, KINDS, exhaustive_count
 from .layout import GoldenUnit, layout_for, units_from_hwconfig
@@ -289,7 +291,10 @@ def generate(
         raise MxsimError("golden: generating from GoldenUnit objects needs expected_fn or expected_factory")
     if len({(u.config_name, u.config_hash) for u in units}) != 1:
         raise MxsimError("golden: all units must come from one config")
-    out = check_path(out_dir, "golden: out_dir")
+    stems = [unit.pair_name for unit in units]
+    if len(set(stems)) != len(stems):  # one file set per pair: a repeated unit would be written twice
+        raise ArgumentError(f"golden: a format pair is given more than once ({', '.join(stems)}); give each once")
+    out = check_output_directory(out_dir, _is_golden_output, "golden: out_dir")
     # Vectors are made, written and dropped one (unit, kind) at a time, so memory holds one
     # set. The progress total starts at the counts known beforehand (random and exhaustive,
     # whose sizes are also checked here, before anything is written) and grows by each
@@ -300,11 +305,31 @@ def generate(
             count = _known_count(unit, kind, cases)
             if stage_dumps:
                 _check_stage_count(unit, kind, count)
+            if kind == "exhaustive":  # the vectors' arrays and hex text, as for random
+                check_budget(count * unit.dot_length * 64,
+                             f"golden: exhaustive {unit.pair_name}, {count} vectors of length {unit.dot_length}")
             total += count
-    out.mkdir(parents=True, exist_ok=True)
     if progress is None:
         progress = total >= 20000 and sys.stderr.isatty()
-    bar = Progress(total, progress)
+    with staged_directory(out) as staging:
+        return _write_units(hw, units, staging, chosen_kinds, cases, seed, stage_dumps, Progress(total, progress),
+                            expected_fn, expected_factory, stage_fn)
+
+
+def _is_golden_output(directory: Path) -> bool:
+    """Whether ``directory`` holds a golden manifest (an earlier output, which may be replaced)."""
+    manifest = directory / MANIFEST_NAME
+    try:
+        if not manifest.is_file() or manifest.stat().st_size > 64 << 20:
+            return False
+        return json.loads(manifest.read_text(encoding="utf-8")).get("format") == "mxsim-golden"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _write_units(hw, units, out: Path, chosen_kinds, cases, seed, stage_dumps, bar: Progress,
+                 expected_fn, expected_factory, stage_fn) -> dict:
+    """Make and write every unit's vectors and the manifest into ``out``; return the manifest."""
     manifest_units = []
     counts = {kind: 0 for kind in chosen_kinds}
     expected_name = None
@@ -346,6 +371,7 @@ def generate(
                     "dot_length": unit.dot_length,
                     "out_format": unit.out_format,
                     "scaled": unit.scaled,
+                    "scale_format": unit.scale_format,
                     "layout": {
                         "word_bits": layout.word_bits,
                         "hex_digits": layout.hex_digits,

@@ -94,8 +94,9 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
             and ``quant`` callables receive its modules), or None.
         hw: a :class:`HardwareConfig`, or the path of a config for :func:`mxsim.load_hwconfig`.
         a_format, b_format: element formats for the input (A) and weight (B) operands, OCP
-            profile (b_format defaults to a_format). None: the layer's ``quant`` spec when the
-            unit can run it, else the unit's first accepted format.
+            profile (b_format defaults to a_format). None: the layer's ``quant`` spec (refused,
+            MxsimError, when the unit cannot take it as recorded: docs/replay.md, "Formats a
+            unit cannot take"); an operand without one gets the unit's first accepted format.
         out_format: the unit's output format (default: the config's).
         scaling: ``"auto"`` (block scales if the unit has them, else one power-of-two scale per
             operand tensor, chosen by the OCP floor rule on the tensor's max, applied to the

@@ -191,6 +191,8 @@ class SubprocessUnit:
         finally:
             selector.close()
         line, _, self._buffer = self._buffer.partition(b"\n")
+        if len(line) > 4096:  # one read may bring a whole long line, newline included
+            raise self._failure("answered a line longer than 4096 bytes")
         return line
 
     def _answer(self, line: bytes) -> int:

@@ -2,6 +2,7 @@
 
 from .bfp import BFP_SPECS, BFPSpec, BFPTensor, get_bfp_spec, quantize_bfp
 from .mx import MXTensor, fake_quantize, quantize, quantize_groups
+from .nvfp4 import NVFP4_PROFILES, NVFP4Options, NVFP4Tensor, quantize_nvfp4, tensor_scale_from_amax
 from .options import PROFILES, QuantOptions, resolve_options
 
 __all__ = [
@@ -10,11 +11,16 @@ __all__ = [
     "BFPSpec",
     "BFPTensor",
     "MXTensor",
+    "NVFP4Options",
+    "NVFP4Tensor",
+    "NVFP4_PROFILES",
     "QuantOptions",
     "fake_quantize",
     "get_bfp_spec",
     "quantize",
     "quantize_bfp",
     "quantize_groups",
+    "quantize_nvfp4",
     "resolve_options",
+    "tensor_scale_from_amax",
 ]

@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import MxsimError
-from ..formats import FormatInfo, get_format
+from ..errors import ArgumentError, MxsimError
+from ..formats import FormatInfo, format_names, get_format
 from ..formats.rounding import overflow_code, rounding_code
 from ..formats.table import E8M0_BIAS, E8M0_NAN, INPUT_FLOATS, as_float_array
 from ..limits import check_array_budget, check_axis, check_block_size, check_int
@@ -241,6 +241,11 @@ def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "
 
 def _prepare(x, fmt, profile, options):
     element_format = get_format(fmt)
+    if element_format.role == "scale" or not element_format.signed:
+        accepted = format_names("element", "bfp_element", "wide", "tensor_input")
+        raise ArgumentError(f"quantize: {element_format.name} is not an element format (it is "
+                            f"{'a block scale format' if element_format.role == 'scale' else 'unsigned'}); "
+                            f"accepted: {', '.join(accepted)} or a signed custom format")
     opts = resolve_options(profile, **options)
     values = as_float_array(x, "quantize")
     if values.ndim == 0:

@@ -128,3 +128,35 @@ def quantize_block_reference(
         draw = draw32_reference(options.seed, first_index + i) if options.element_rounding == "stochastic" else 0
         codes.append(encode_reference(fmt, scaled, options.element_rounding, options.element_overflow, draw))
     return exponent, codes
+
+
+@np.errstate(over="ignore")  # float32 overflow to ±Inf is a step of the recipe
+def quantize_nvfp4_reference(row: list[float], tensor_scale: float | None, element: FormatInfo, scale: FormatInfo,
+                             scale_rounding: str = "nearest_even", element_rounding: str = "nearest_even"):
+    """One NVFP4 block (finite or ±Inf float32 values) as (scale code, element codes), from the
+    steps of :mod:`mxsim.quantize.nvfp4` with each float32 operation an exact Fraction rounded
+    by :func:`float32_reference`."""
+    e_max = Fraction(element.max_finite)
+    amax = max((abs(Fraction(x)) for x in row if math.isfinite(x)), default=Fraction(0))
+    infinite = any(math.isinf(x) for x in row)
+    top, bottom = Fraction(scale.max_finite), Fraction(scale.min_normal)
+    descale = top  # an Inf amax: Inf / 6 (/ t) is Inf, clamped to the scale's largest value
+    if not infinite:
+        descale = float32_reference(amax / e_max)
+        if tensor_scale is not None:
+            descale = float32_reference(Fraction(descale) / Fraction(tensor_scale))  # may overflow to Inf
+    scale_code = encode_reference(scale, min(max(descale, bottom), top), scale_rounding)
+    scale_value = Fraction(decode_reference(scale, scale_code))
+    if tensor_scale is None:
+        reciprocal = Fraction(float32_reference(1 / scale_value))
+    else:
+        reciprocal = Fraction(float32_reference(Fraction(float32_reference(1 / Fraction(tensor_scale))) / scale_value))
+    codes = []
+    for x in row:
+        # fl(x * r), which may overflow to ±Inf, clamped to ±max_E; a zero keeps x's sign
+        y = math.copysign(math.inf, x) if math.isinf(x) else float32_reference(Fraction(x) * reciprocal)
+        y = min(max(y, -e_max), e_max)
+        if y == 0:
+            y = math.copysign(0.0, x)
+        codes.append(encode_reference(element, y, element_rounding))
+    return scale_code, codes

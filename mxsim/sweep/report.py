@@ -1,6 +1,6 @@
 """Sweep outputs: the terminal table, ``sweep.json``, ``sweep.csv`` and PNG plots.
 
-Every file is written atomically (temporary file, then rename). The JSON is the summary of
+The output directory is replaced as a whole (see :func:`write_outputs`). The JSON is the summary of
 :func:`mxsim.sweep.run.run_sweep` (every point with its values, cost terms, metrics, layer
 results and bit digest, or its error); the CSV has one row per point; the plots (with
 matplotlib, the ``plots`` extra) show the worst-layer SQNR vs the ideal MX result (and
@@ -13,10 +13,13 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
+import shutil
 from pathlib import Path
 
+from ..fileio import check_output_directory, staged_directory, write_atomic
 from .grid import point_label
-from .run import to_json, write_text_atomically
+from .run import is_sweep_output, to_json
 
 METRICS = ("worst_layer_sqnr_vs_ideal_db", "max_rel_rms_error_vs_ideal", "max_error_vs_ideal_ulps",
            "worst_layer_sqnr_vs_float_db", "max_abs_error_vs_float", "accuracy", "float_accuracy")
@@ -77,20 +80,48 @@ def csv_text(summary: dict) -> str:
     return buffer.getvalue()
 
 
-def write_outputs(summary: dict, out: str | Path) -> list[str]:
-    """``out/sweep.json`` and ``out/sweep.csv``; returns their paths."""
-    out = Path(out)
-    written = []
-    for name, text in (("sweep.json", to_json(summary)), ("sweep.csv", csv_text(summary))):
-        write_text_atomically(out / name, text)
-        written.append(str(out / name))
-    return written
+def write_outputs(summary: dict, out: str | Path, plots: bool = False) -> list[str]:
+    """``out/sweep.json``, ``out/sweep.csv`` and, with ``plots``, ``out/plots/*.png`` (needs
+    matplotlib: ImportError before anything is written); returns their paths.
+
+    The whole output is replaced in one step: the stored points (``out/points``, linked, not
+    copied), the summary files and the plots are written into a fresh directory beside ``out``
+    that then takes its place (:func:`mxsim.fileio.staged_directory`), so a reader or a kill
+    finds the old complete output or the new one, never a summary of one run beside the
+    table of another."""
+    if plots:
+        import matplotlib  # noqa: F401 - refused before anything is written
+
+    out = check_output_directory(out, is_sweep_output, "sweep: out")
+    names = ["sweep.json", "sweep.csv"]
+    with staged_directory(out) as staging:
+        _link_points(out / "points", staging / "points")
+        for name, text in (("sweep.json", to_json(summary)), ("sweep.csv", csv_text(summary))):
+            write_atomic(staging / name, text)
+        if plots:
+            names += [str(Path(path).relative_to(staging)) for path in write_plots(summary, staging)]
+    return [str(out / name) for name in names]
+
+
+def _link_points(source: Path, target: Path) -> None:
+    """Every stored point of ``source`` in ``target`` (hard links where the file system has
+    them; a point file is never rewritten in place, so a link is as good as a copy)."""
+    target.mkdir()
+    if not source.is_dir():
+        return
+    for path in source.iterdir():
+        if path.name.startswith(".") or not path.is_file():
+            continue  # a temporary left by a killed writer
+        try:
+            os.link(path, target / path.name)
+        except OSError:
+            shutil.copy2(path, target / path.name)
 
 
 def _save(figure, path: Path) -> str:
-    temporary = path.with_name(path.name + ".tmp")
-    figure.savefig(temporary, format="png")
-    temporary.replace(path)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    write_atomic(path, buffer.getvalue())
     return str(path)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import __version__
 from ..datapath import HardwareConfig
+from ..fileio import NONFINITE_JSON, check_output_directory, json_text, write_atomic
 from ..parallel import InProcess, Task
 from ..trace import Trace
 from ..replay import replay
@@ -118,14 +119,26 @@ def replay_point(trace: Trace, config: HardwareConfig, element_format: str | Non
     return point_metrics(report)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
 def to_json(data: Any) -> str:
-    return json.dumps(data, indent=2, default=lambda value: value.item() if isinstance(value, np.generic) else str(value))
+    """Standard JSON (an exact point's SQNR, +inf, is written as the string "inf"; see
+    :func:`mxsim.fileio.json_ready`)."""
+    return json_text(data, indent=2)
+
+
+def _is_metric(key: str) -> bool:
+    return key.endswith(("_db", "_ulps", "_rms", "_fraction", "accuracy")) or key.startswith(("max_", "mean_", "rel_"))
+
+
+def _restore_floats(value, key: str = ""):
+    """A stored record's numbers as floats again: the strings "inf", "-inf", "nan" that
+    :func:`to_json` writes for non-finite metrics (only under metric keys: names stay strings)."""
+    if isinstance(value, dict):
+        return {k: _restore_floats(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore_floats(v, key) for v in value]
+    if isinstance(value, str) and value in NONFINITE_JSON and _is_metric(key):
+        return NONFINITE_JSON[value]
+    return value
 
 
 def _read_point(path: Path, key: str) -> dict | None:
@@ -136,7 +149,19 @@ def _read_point(path: Path, key: str) -> dict | None:
         record = json.loads(path.read_text())
     except (ValueError, OSError):
         return None
-    return record if isinstance(record, dict) and record.get("key") == key and "result" in record else None
+    if not (isinstance(record, dict) and record.get("key") == key and "result" in record):
+        return None
+    return _restore_floats(record)
+
+
+#: What a sweep's output directory holds (docs/sweep.md).
+OUTPUT_NAMES = ("points", "sweep.json", "sweep.csv", "plots")
+
+
+def is_sweep_output(directory: Path) -> bool:
+    """Whether ``directory`` holds an earlier sweep's output and nothing else (hidden files aside)."""
+    names = [path.name for path in directory.iterdir() if not path.name.startswith(".")]
+    return bool(names) and set(names) <= set(OUTPUT_NAMES) and (directory / "points").is_dir()
 
 
 def pareto_front(records: list[dict]) -> list[int]:
@@ -159,7 +184,7 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
     point under ``out/points``; the summary lists every point in grid order with its values,
     cost, metrics (or error), whether it was resumed, and the Pareto front."""
     points = grid_configs(base, knobs)  # validates everything before any work
-    out = Path(out)
+    out = check_output_directory(out, is_sweep_output, "sweep: out")
     store = out / "points"
     store.mkdir(parents=True, exist_ok=True)
     digest = trace_digest(trace)
@@ -179,7 +204,7 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
     def store_point(label: str, result: dict) -> None:
         record = todo[label][0]
         record["result"] = result
-        write_text_atomically(store / f"{record['key']}.json", to_json(record))
+        write_atomic(store / f"{record['key']}.json", to_json(record))
 
     tasks = [Task(label, replay_point, (shared, config, element_format)) for label, (_, config) in todo.items()]
     _, failures = runner.run(tasks, on_result=store_point, progress=progress, unit="point")

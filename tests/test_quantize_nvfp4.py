@@ -1,0 +1,104 @@
+"""NVFP4 quantization (mxsim.quantize.nvfp4) against its Fraction twin, and its argument checks.
+
+The live comparison with torchao's own NVFP4 is in tests/test_oracles_torchao.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import corner_float32, realistic_float32
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mxsim.errors import MxsimError
+from mxsim.formats import get_format
+from mxsim.quantize.nvfp4 import NVFP4_ROUNDINGS, quantize_nvfp4, tensor_scale_from_amax
+from mxsim.quantize.reference import quantize_nvfp4_reference
+
+E2M1, UE4M3 = get_format("fp4_e2m1"), get_format("ue4m3")
+
+
+def _twin_matches(x: np.ndarray, tensor_scale, **options) -> None:
+    tensor = quantize_nvfp4(x, tensor_scale, **options)
+    rows = x.reshape(-1, 16)
+    for i, row in enumerate(rows):
+        scale_code, codes = quantize_nvfp4_reference([float(v) for v in row], tensor.tensor_scale, E2M1, UE4M3,
+                                                     **options)
+        assert tensor.scales.reshape(-1)[i] == scale_code, (row, tensor_scale)
+        assert tensor.codes.reshape(-1, 16)[i].tolist() == codes, (row, tensor_scale)
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(x), np.float32(1.5), x)
+
+
+def test_realistic_and_corner_blocks_match_the_twin():
+    rng = np.random.default_rng(7)
+    x = np.concatenate([realistic_float32(rng, 24, 32), _finite(corner_float32(rng, 8, 32))])
+    x[0, :16] = 0.0
+    x[1, :16] = -0.0
+    _twin_matches(x, None)
+    for t in (tensor_scale_from_amax(np.abs(x[np.isfinite(x)]).max()), 2.0**-100, float(np.float32(3e30))):
+        _twin_matches(x, t)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bits=st.lists(st.integers(0, 2**32 - 1), min_size=16, max_size=16),
+    exponent_shift=st.integers(-20, 20),
+    tensor_scale=st.one_of(st.none(), st.floats(2.0**-100, 2.0**100, width=32)),
+    scale_rounding=st.sampled_from(NVFP4_ROUNDINGS),
+    element_rounding=st.sampled_from(NVFP4_ROUNDINGS),
+)
+def test_hypothesis_blocks_match_the_twin(bits, exponent_shift, tensor_scale, scale_rounding, element_rounding):
+    x = np.array(bits, dtype=np.uint32).view(np.float32)
+    x = _finite(x)
+    x = np.where(np.abs(x) < 1e30, x * np.float32(2.0**exponent_shift), x).astype(np.float32)
+    _twin_matches(x, tensor_scale, scale_rounding=scale_rounding, element_rounding=element_rounding)
+
+
+def test_worked_example():
+    # amax 6 -> d = 1 -> scale 1.0 (code 0x38); elements are x itself rounded to E2M1.
+    x = np.array([6.0, -2.5, 0.25, 1.25] + [0.0] * 12, dtype=np.float32)
+    tensor = quantize_nvfp4(x)
+    assert tensor.scales.tolist() == [0x38]
+    assert E2M1.decode(tensor.codes[:4]).tolist() == [6.0, -2.0, 0.0, 1.0]  # 2.5 and 1.25 tie to even, 0.25 to 0
+    # an all-zero block takes the clamp's scale 2^-6; Inf saturates to 6 with scale 448
+    assert quantize_nvfp4(np.zeros(16, np.float32)).scales.tolist() == [0x08]
+    inf = quantize_nvfp4(np.array([np.inf] + [1.0] * 15, dtype=np.float32))
+    assert inf.scales.tolist() == [0x7E] and E2M1.decode(inf.codes[:1]).tolist() == [6.0]
+    assert inf.exact_values()[0] == 6 * 448
+
+
+def test_dequantize_rounds_as_float32_and_exact_values_do_not():
+    x = np.linspace(-7, 7, 32, dtype=np.float32)
+    t = float(np.float32(0.1))
+    tensor = quantize_nvfp4(x, t)
+    scales = UE4M3.decode(tensor.scales).repeat(16)
+    exact = E2M1.decode(tensor.codes) * scales * float(np.float32(t))
+    np.testing.assert_array_equal(tensor.exact_values(), exact)
+    step = (np.float32(t) * scales.astype(np.float32)).astype(np.float32)
+    np.testing.assert_array_equal(tensor.dequantize(), E2M1.decode(tensor.codes).astype(np.float32) * step)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: quantize_nvfp4(np.zeros(16)), "float32"),
+    (lambda: quantize_nvfp4([1.0] * 16), "float32"),
+    (lambda: quantize_nvfp4(np.zeros(15, np.float32)), "multiple of 16"),
+    (lambda: quantize_nvfp4(np.full(16, np.nan, np.float32)), "NaN"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), 0.0), "tensor_scale"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), np.inf), "tensor_scale"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), 0.1), "tensor_scale"),  # not a float32
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), True), "tensor_scale"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), profile="nope"), "torchao"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), scale_rounding="stochastic"), "nearest_even"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), scale_format="e8m0"), "significand"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), element_format="fp32"), "element format"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), colour="red"), "block_size"),
+    (lambda: tensor_scale_from_amax(-1.0), "amax"),
+    (lambda: quantize_nvfp4(np.zeros(16, np.float32), 2.0**-130), "overflows float32"),
+])
+def test_bad_arguments_get_clear_errors(call, message):
+    with pytest.raises(MxsimError, match=message):
+        call()
