@@ -36,16 +36,42 @@ CI_PATHS = {
     "h100-fp8-promoted": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),  # promotion at 128 acts
     "bfp-exact": ("mx6", "mx9", "fp32", 32),
     "kulisch": ("int8", "fp8_e4m3", "fp32", 64),
-    "mxdotp": ("fp6_e2m3", "fp4_e2m1", "fp32", 32),
+    "mxdotp": ("fp6_e2m3", "fp6_e2m3", "fp32", 64),  # same_format; trees of 11 restart at each block
+    "mxdotp-paper": ("fp6_e2m3", "fp4_e2m1", "fp32", 32),
+    "mxdotp-rtz": ("fp8_e4m3", "fp8_e4m3", "fp32", 64),
+    "mxdotp-rdn": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),
+    "mxdotp-rup": ("fp8_e5m2", "fp8_e5m2", "fp32", 64),
+    "mxdotp-rmm": ("fp6_e3m2", "fp6_e3m2", "fp32", 64),
     "ocp-exact": ("fp8_e5m2", "fp6_e3m2", "fp32", 64),
+    "h100-wgmma": ("fp8_e4m3", "fp8_e5m2", "fp16", 32),
+    "b200-tcgen05": ("fp6_e3m2", "fp4_e2m1", "fp32", 64),
+    "b200-tcgen05-mxf8f6f4": ("fp8_e4m3", "fp6_e2m3", "fp32", 64),
 }
 #: Configs that extend one above without changing the datapath.
 SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h200-fp8": "h100",
-           "ada-fp8": "ada", "b200-fp8": "b200"}
+           "ada-fp8": "ada", "b200-fp8": "b200", "t4": "a100", "h200-wgmma": "h100-wgmma",
+           "h100-wgmma-fp8": "h100-wgmma", "b200-tcgen05-fp8": "b200-tcgen05", "rtx50": "b200-tcgen05",
+           "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4"}
+#: Configs the probe cannot characterise yet: scales: group_sum (its ue4m3 scale codes, and the
+#: group sums, have no probe; docs/probe.md).
+NOT_PROBED = {"b200-tcgen05-mxf4nvf4", "b200-tcgen05-mxf4", "b200-tcgen05-mxf4nvf4-e8m0-block16", "b200-nvfp4",
+              "rtx50-mma-mxf4", "rtx50-mma-mxf4nvf4", "rtx50-mma-mxf4nvf4-e8m0-block16"}
 
 
 def test_every_shipped_config_is_probed():
-    assert {p.stem for p in HW.glob("*.yaml")} == set(CI_PATHS) | set(SAME_AS)
+    assert {p.stem for p in HW.glob("*.yaml")} == set(CI_PATHS) | set(SAME_AS) | NOT_PROBED
+
+
+@pytest.mark.parametrize("name", sorted(NOT_PROBED))
+def test_configs_not_probed_are_the_group_sum_units(name):
+    config = load_hwconfig(HW / f"{name}.yaml")
+    assert config.params(config.a_formats[0], config.b_formats[0]).scales == "group_sum"
+
+
+def test_probed_configs_have_no_group_sums():
+    for name in set(CI_PATHS) | set(SAME_AS):
+        config = load_hwconfig(HW / f"{name}.yaml")
+        assert all(config.params(a, b).scales != "group_sum" for a, b in config.format_pairs), name
 
 
 @pytest.mark.parametrize("name, base", sorted(SAME_AS.items()))

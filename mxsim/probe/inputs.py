@@ -261,6 +261,8 @@ class Context:
             else:
                 batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
                 batch.b[row, place[1]] = b
+                if row % 6 == 1:  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
+                    batch.c[row] = self.random_c(top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2)))
             gap = int(self.rng.integers(4, 30))
             self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
             if row % 2:
@@ -277,6 +279,108 @@ class Context:
                          for p in terms]
             gap = int(self.rng.integers(-40, 41))
             batch.c[row] = self.random_c(max(exponents) + gap, bool(self.rng.integers(2)), bits=int(self.rng.choice([1, 8, 24])))
+        return batch
+
+    def zero_results(self, n: int) -> Batch:
+        """Results that are exactly zero: all products +-0 with c = +-0, a product cancelled
+        by c or by its negation (c = -0 beside it), and negative sums that underflow the
+        output (scales or c that put them far below its range): the sign of a zero."""
+        batch = self.empty(n)
+        for row in range(n):
+            kind = row % 4
+            if kind == 0:  # signed zero elements only
+                batch.a[row, self.rng.random(self.k) < 0.5] = self.A.negative_zero()
+                batch.c[row] = fp32_bits([-0.0 if self.rng.integers(2) else 0.0])[0]
+            elif kind == 1:  # a product and c = -product
+                low, high = self.span()
+                a, b, _ = self.pair_at(int(self.rng.integers(low, high + 1)))
+                place = int(self.rng.integers(self.k))
+                batch.a[row, place], batch.b[row, place] = a, b
+                value = float(self.A.fmt.decode(np.array([a], np.uint64))[0] * self.B.fmt.decode(np.array([b], np.uint64))[0])
+                batch.c[row] = fp32_bits([-value])[0]
+            elif kind == 2:  # a product and its negation, c = -0
+                self._cancel_row(batch, row)
+                batch.c[row] = fp32_bits([-0.0])[0]
+            else:  # a tiny negative result: below the output's smallest subnormal
+                target = self.out_emin - self.out_fmt.mantissa_bits - int(self.rng.integers(1, 4))
+                low, high = self.span()
+                exponent = self.set_term(batch, row, int(self.rng.integers(self.k)), int(np.clip(target, low, high)), True)
+                if exponent > target:  # the elements cannot reach it: c alone is the result
+                    batch.a[row], batch.b[row] = self.A.zero, self.B.zero
+                    batch.c[row] = fp32_bits([-np.ldexp(1.0, max(target, -149))])[0]
+        return batch
+
+    def overflow(self, n: int) -> Batch:
+        """Sums just past the accumulator's range (fp32, or the output format's): c near the
+        format's largest value with a term of its sign, or the largest elements at large
+        scales. Under a directed rounding toward zero this tells +-Inf from the largest value."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            fmt = FP32 if row % 2 else self.out_fmt
+            top = int(np.floor(np.log2(fmt.max_finite)))
+            negative = bool(self.rng.integers(2))
+            if row % 3 == 2:  # the largest elements, scales that carry them past the range
+                batch.a[row], batch.b[row] = self.A.max_code, self.B.max_code
+                if negative:
+                    batch.a[row] = self.A.negate(batch.a[row])
+                need = top + 1 - (high + int(np.log2(self.k)))
+                batch.scale_a[row] = int(np.clip(E8M0_ONE + need // 2 + int(self.rng.integers(0, 3)), 0, 254))
+                batch.scale_b[row] = int(np.clip(E8M0_ONE + need - need // 2, 0, 254))
+                continue
+            significand = fmt.max_finite / 2.0 ** top * (1 - float(self.rng.random()) * 2.0 ** -(fmt.mantissa_bits - 2))
+            batch.c[row] = fp32_bits([np.ldexp(significand, top) * (-1 if negative else 1)])[0]
+            for position in self.positions(int(self.rng.integers(1, 4))):
+                self.set_term(batch, row, int(position), top - int(self.rng.integers(0, fmt.mantissa_bits + 2)), negative)
+        return batch
+
+    def subnormal_accumulator(self, n: int) -> Batch:
+        """c subnormal in fp32 or in the output format, with terms of its size and a little
+        above or below it: the exponent a subnormal accumulator aligns with."""
+        batch = self.empty(n)
+        for row in range(n):
+            fmt = FP32 if row % 2 else self.out_fmt
+            emin = 1 - fmt.bias
+            exponent = emin - int(self.rng.integers(1, fmt.mantissa_bits + 1))
+            bits = max(1, exponent - (emin - fmt.mantissa_bits) + 1)
+            batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=min(bits, 24))
+            for position in self.positions(int(self.rng.integers(1, 4))):
+                self.set_term(batch, row, int(position), exponent + int(self.rng.integers(-30, 8)), bool(self.rng.integers(2)))
+        return batch
+
+    def tiny_terms(self, n: int) -> Batch:
+        """One to three terms far below 1 (2^-200 .. 2^0), zero products beside them and c = +-0
+        or tiny: whether zeros take part in the alignment reference, and where."""
+        batch = self.empty(n)
+        for row in range(n):
+            exponent = int(self.rng.integers(-200, 1))
+            for position in self.positions(int(self.rng.integers(1, 4))):
+                self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 30)), bool(self.rng.integers(2)))
+            if row % 3 == 0:
+                batch.c[row] = self.random_c(exponent - int(self.rng.integers(-10, 30)), bool(self.rng.integers(2)))
+            elif row % 3 == 1:
+                batch.c[row] = fp32_bits([-0.0])[0]
+        return batch
+
+    def grid(self, n: int) -> Batch:
+        """c 0..150 binades above or below the products, and products that sum to exactly zero
+        beside a c far above or below them: a fixed-point grid's reach for the accumulator."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            top = int(self.rng.integers(low, high + 1))
+            if row % 3 == 0:  # an exact zero sum
+                a, b, top = self.pair_at(top)
+                place = self.positions(2)
+                batch.a[row, place[0]], batch.b[row, place[0]] = a, b
+                batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
+                batch.b[row, place[1]] = b
+            else:
+                top = max(self.set_term(batch, row, int(p), top - int(self.rng.integers(0, 8)), bool(self.rng.integers(2)))
+                          for p in self.positions(int(self.rng.integers(1, 4))))
+            gap = int(self.rng.integers(-150, 151))
+            batch.c[row] = self.random_c(int(np.clip(top + gap, -140, 126)), bool(self.rng.integers(2)),
+                                         bits=int(self.rng.choice([1, 8, 24])))
         return batch
 
     def scales(self, n: int) -> Batch:

@@ -33,6 +33,11 @@ def _maximum(path: str) -> int:
     return SCHEMA[section][key].maximum
 
 
+#: A window, a rounded tree sum or the accumulator in the tree rule out a fixed-point grid: a
+#: grid kept from an early pass must not lock those keys out of later ones.
+NO_GRID = {"grid.fraction_bits": None}
+
+
 def _scales(ctx: Context, hyp: dict) -> Candidates:
     return [{"inputs.scales": "products"}, {"inputs.scales": "none"},
             {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False}]
@@ -60,7 +65,7 @@ def _output(ctx: Context, hyp: dict) -> Candidates:
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
     return [{"adder.align_fraction_bits": None}] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below}
+        {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
         for bits in range(0, _maximum("adder.align_fraction_bits") + 1)
         for below in SCHEMA["adder"]["below_window"].choices]
 
@@ -71,7 +76,7 @@ def _align_reference(ctx: Context, hyp: dict) -> Candidates:
 
 def _sum_bits(ctx: Context, hyp: dict) -> Candidates:
     return [{"adder.sum_significant_bits": None}] + [
-        {"adder.sum_significant_bits": bits, "adder.sum_rounding": rounding}
+        {"adder.sum_significant_bits": bits, "adder.sum_rounding": rounding, **NO_GRID}
         for bits in range(1, _maximum("adder.sum_significant_bits") + 1) for rounding in DIRECTED_AND_NEAREST]
 
 
@@ -114,10 +119,15 @@ def _intervals(fused: int, k: int) -> list[int | None]:
 
 def _trees(ctx: Context, hyp: dict) -> Candidates:
     # Promotion rides along: a tree size is only seen right with the promotion interval it has.
-    candidates = [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n}
+    candidates = [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n,
+                   "adder.trees_in_blocks": False}
                   for f in _tree_sizes(ctx.k) for n in _intervals(f, ctx.k)]
+    # Trees that restart at each block (no promotion): only a size that does not divide it differs.
+    candidates += [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
+                    "adder.trees_in_blocks": True}
+                   for f in _tree_sizes(ctx.k) if ctx.k > ctx.block_size and ctx.block_size % f]
     for order in interleaved_orders(ctx.k):
-        candidates += [{"adder.fused_terms": f, "adder.term_order": list(order)}
+        candidates += [{"adder.fused_terms": f, "adder.term_order": list(order), "adder.trees_in_blocks": False}
                        for f in range(1, len(order)) if len(order) % f == 0]
     return candidates
 
@@ -125,13 +135,67 @@ def _trees(ctx: Context, hyp: dict) -> Candidates:
 def _c_entry(ctx: Context, hyp: dict) -> Candidates:
     entries = [{"accumulator.c_entry": "initial"}] + [
         {"accumulator.c_entry": "end", "accumulator.c_add_rounding": rounding} for rounding in DIRECTED_AND_NEAREST]
-    return [{"adder.accumulator_in_tree": in_tree, **entry} for in_tree in (True, False) for entry in entries]
+    return [{"adder.accumulator_in_tree": in_tree, **entry, **(NO_GRID if in_tree else {})}
+            for in_tree in (True, False) for entry in entries]
 
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
     fused = hyp["adder.fused_terms"]
     return [{"accumulator.promotion_interval": None}] + [
         {"accumulator.promotion_interval": n} for n in range(fused, ctx.k, fused)]
+
+
+def _zero_sign(ctx: Context, hyp: dict) -> Candidates:
+    return [{"output.zero_sign": value} for value in SCHEMA["output"]["zero_sign"].choices]
+
+
+def _overflow(ctx: Context, hyp: dict) -> Candidates:
+    return [{"accumulator.overflow": value} for value in SCHEMA["accumulator"]["overflow"].choices]
+
+
+def _accumulator_exponent(ctx: Context, hyp: dict) -> Candidates:
+    return [{"adder.accumulator_exponent": value} for value in SCHEMA["adder"]["accumulator_exponent"].choices]
+
+
+#: Zero-term exponents tried: from below fp32's smallest subnormal exponent to 2^20.
+ZERO_TERM_EXPONENTS = range(-200, 21)
+
+
+def _zero_term_exponent(ctx: Context, hyp: dict) -> Candidates:
+    return [{"adder.zero_term_exponent": None}] + [{"adder.zero_term_exponent": n} for n in ZERO_TERM_EXPONENTS]
+
+
+#: Grid fraction bits tried (the schema allows up to 200): the smallest E5M2 x E5M2 product,
+#: 2^-32, needs 32; 80 leaves room for a wider grid.
+GRID_FRACTION_BITS = range(0, 81)
+
+
+#: What a grid needs of the other keys (set with it, so that no earlier decision locks it out).
+GRID_NEEDS = {"adder.accumulator_in_tree": False, "adder.align_fraction_bits": None, "adder.sum_significant_bits": None,
+              "adder.term_order": None, "accumulator.promotion_interval": None, "accumulator.c_entry": "initial",
+              "multiplier.product_fraction_bits": None}
+
+
+def _grid(ctx: Context, hyp: dict) -> Candidates:
+    return [{"grid.fraction_bits": None}] + [
+        {"grid.fraction_bits": n, **GRID_NEEDS} for n in GRID_FRACTION_BITS]
+
+
+#: Accumulator shifts tried: 0 .. 160 places (past that, an fp32 accumulator meets no product).
+GRID_SHIFTS = range(0, 161)
+
+
+def _grid_shift(key: str) -> Callable[[Context, dict], Candidates]:
+    """The schema's default first: past some shift (about 36 places above the grid under
+    round-to-nearest) every larger one gives the same outputs, and the default is kept."""
+    path = f"grid.{key}"
+
+    def candidates(ctx: Context, hyp: dict) -> Candidates:
+        default = SCHEMA["grid"][key].default
+        if hyp.get("grid.fraction_bits") is None:
+            return [{path: hyp.get(path, default)}]
+        return [{path: default}] + [{path: n} for n in GRID_SHIFTS if n != default]
+    return candidates
 
 
 def _families(**counts: int) -> Callable[[Context], Batch]:
@@ -141,6 +205,9 @@ def _families(**counts: int) -> Callable[[Context], Batch]:
 
 
 PROBES: tuple[Probe, ...] = (
+    # First: every family's exact-zero rows read the sign of zero.
+    Probe("zero sign", ("output.zero_sign",), _zero_sign, _families(zero_results=96, corners=32),
+          "the sign of an exact-zero or underflowed result: IEEE or always +0"),
     Probe("scales", ("inputs.scales",), _scales, _families(scales=96, realistic=48, corners=48),
           "whether E8M0 scales matter, and whether they enter the products or the tree sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
@@ -157,11 +224,18 @@ PROBES: tuple[Probe, ...] = (
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
+    Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
+          "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
     Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
           "product precision: a product and its near negation leave the product's low bits"),
     Probe("alignment reference", ("adder.align_reference",), _align_reference,
           _families(cancellation=128, accumulator_entry=64),
           "the exponent the window hangs from: the largest exponent sum or the largest product's leading bit"),
+    Probe("accumulator exponent", ("adder.accumulator_exponent",), _accumulator_exponent,
+          _families(subnormal_accumulator=128, accumulator_entry=32),
+          "the exponent a subnormal accumulator aligns with in the tree: its leading bit or the format's emin"),
+    Probe("zero terms", ("adder.zero_term_exponent",), _zero_term_exponent, _families(tiny_terms=256, zero_results=32),
+          "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
     Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
           _families(ties=192, cancellation=128, uniform=64),
           "rounding of the tree sum before the accumulator"),
@@ -170,6 +244,15 @@ PROBES: tuple[Probe, ...] = (
     Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
           _families(accumulator_entry=256, ties=64, trees=64),
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
+    Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
+                   "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
+                   "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
+          _families(grid=128, zero_results=64, corners=64, ties=64, cancellation=64),
+          "a fixed-point grid summing each tree's exact products, and its fraction bits"),
+    Probe("grid reach", ("grid.accumulator_max_left_shift",), _grid_shift("accumulator_max_left_shift"), _families(grid=256),
+          "how far above the grid an accumulator passes through unchanged"),
+    Probe("grid zero sum", ("grid.accumulator_max_right_shift",), _grid_shift("accumulator_max_right_shift"), _families(grid=256),
+          "how far below the grid an accumulator passes through when the products sum to zero"),
     Probe("promotion", ("accumulator.promotion_interval",), _promotion,
           _families(trees=128, accumulator_entry=64, realistic=32),
           "an outer fp32 accumulator taking the inner one every n products"),
