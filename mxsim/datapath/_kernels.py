@@ -194,6 +194,16 @@ def grid_lsb_offset(acc, scale_exponent, cfg, acc_params):
     return (exponent - acc_params[P_MANTISSA_BITS]) - (scale_exponent - cfg.grid_fraction_bits)
 
 
+@njit(cache=True, inline="always")
+def round_into_accumulator(limbs, bounds, acc_params, cfg):
+    """The limbs' exact value rounded into the accumulator format (the unit's accumulator
+    rounding, subnormals and overflow rule); the limbs are cleared."""
+    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                         cfg.accumulator_overflow)
+    limbs_clear(limbs, bounds)
+    return result
+
+
 @njit(cache=True, **NO_REFCOUNTS)
 def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, bounds):
     """Steps 5-6 with ``grid.fraction_bits``: the tree's exact products and the accumulator
@@ -213,10 +223,7 @@ def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, b
             limbs_clear(limbs, bounds)
             return acc
     limbs_add_float(limbs, bounds, acc)
-    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                         cfg.accumulator_overflow)
-    limbs_clear(limbs, bounds)
-    return result
+    return round_into_accumulator(limbs, bounds, acc_params, cfg)
 
 
 @njit(cache=True, inline="always")
@@ -590,10 +597,7 @@ def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_p
         limbs_add_float(limbs, bounds, tree_sum)
     if not cfg.accumulator_in_tree:
         limbs_add_float(limbs, bounds, acc)
-    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                         cfg.accumulator_overflow)
-    limbs_clear(limbs, bounds)
-    return result
+    return round_into_accumulator(limbs, bounds, acc_params, cfg)
 
 
 @njit(cache=True, inline="always")
