@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,15 @@ def vectors(tmp_path_factory):
     return {kind: (out / files[kind]["vectors"], files[kind]["count"]) for kind in KINDS}
 
 
+def compile_bench(bench: str, bug: int, out: Path) -> Path:
+    """Compile examples/rtl's ``bench``.sv around mxdot_fp4.sv with parameter BUG; the .vvp path."""
+    target = out / f"{bench}_bug{bug}.vvp"
+    subprocess.run(["iverilog", "-g2012", f"-P{bench}.BUG={bug}", "-o", str(target),
+                    str(RTL / "mxdot_fp4.sv"), str(RTL / f"{bench}.sv")],
+                   check=True, capture_output=True, text=True, timeout=60)
+    return target
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     """Compile the test bench for a BUG value (cached): returns the .vvp path."""
@@ -69,13 +79,7 @@ def build(tmp_path_factory):
 
     def compile_variant(bug: int):
         if bug not in built:
-            target = out / f"mxdot_tb_bug{bug}.vvp"
-            subprocess.run(
-                ["iverilog", "-g2012", f"-Pmxdot_tb.BUG={bug}", "-o", str(target),
-                 str(RTL / "mxdot_fp4.sv"), str(RTL / "mxdot_tb.sv")],
-                check=True, capture_output=True, text=True, timeout=60,
-            )
-            built[bug] = target
+            built[bug] = compile_bench("mxdot_tb", bug, out)
         return built[bug]
 
     return compile_variant

@@ -9,7 +9,6 @@ mismatches -- never as the correct unit with a clean validation.
 
 from __future__ import annotations
 
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,9 +17,8 @@ import yaml
 from conftest import REPO
 from mxsim.datapath import dot, load_hwconfig, parse_hwconfig
 from mxsim.probe import SubprocessUnit, probe
-from test_golden_rtl import BUGS, require_icarus
+from test_golden_rtl import BUGS, compile_bench, require_icarus
 
-RTL = REPO / "examples" / "rtl"
 PAIR = ("fp4_e2m1", "fp4_e2m1")
 #: The faults a key describes: the keys (any of them) whose value must differ from the correct unit's.
 KEYED = {
@@ -39,10 +37,7 @@ def probed(tmp_path_factory):
 
     def run(bug: int):
         if bug not in results:
-            target = out / f"mxdot_probe_tb_bug{bug}.vvp"
-            subprocess.run(["iverilog", "-g2012", f"-Pmxdot_probe_tb.BUG={bug}", "-o", str(target),
-                            str(RTL / "mxdot_fp4.sv"), str(RTL / "mxdot_probe_tb.sv")],
-                           check=True, capture_output=True, text=True, timeout=60)
+            target = compile_bench("mxdot_probe_tb", bug, out)
             unit = SubprocessUnit(f"vvp -n {target}", *PAIR, timeout=60)
             try:
                 result = probe(unit, *PAIR, 32, validation_vectors=768, corner_vectors=512)
