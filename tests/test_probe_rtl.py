@@ -9,7 +9,6 @@ mismatches -- never as the correct unit with a clean validation.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import yaml
