@@ -107,7 +107,9 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
         wanted.add(plan["output"])
         for operand in plan["operands"].values():
             wanted |= operand.names()
-    values = run_graph(g, feeds, wanted, quark_node_function(bfp_kernel), QUARK_DOMAINS)
+    quark_node = quark_node_function(bfp_kernel)
+    values = run_graph(g, feeds, wanted, quark_node, QUARK_DOMAINS)
+    folded = g.plan(quark_node, wanted, QUARK_DOMAINS)[0].folded  # quantized weights
     layers_out, skipped, used_names = [], list(unplanned), set()
     for plan in plans:
         node = plan["node"]
@@ -151,7 +153,7 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
                 source.setdefault("quant_notes", {})[role] = why
         if quant_nodes:
             source["quant_nodes"] = quant_nodes
-        source["weight_is_constant"] = g.is_constant(ops["weight"].value)
+        source["weight_is_constant"] = g.is_constant(ops["weight"].value) or ops["weight"].value in folded
         layers_out.append(Layer(layer_name, op, tensors, attrs, quant, source))
     trace_source = {
         "framework": "onnx",

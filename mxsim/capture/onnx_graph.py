@@ -19,6 +19,7 @@ disabled (``ORT_DISABLE_ALL``) so each node computes its own op, unfused.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -85,12 +86,20 @@ def node_inputs(node) -> list[str]:
 
 
 class Graph:
-    """The model with Constant nodes folded into constants, and its producer/consumer maps."""
+    """The model with Constant nodes folded into constants, and its producer/consumer maps.
 
-    def __init__(self, model):
+    A Graph also keeps the executor's plans (:meth:`plan`), so that running it again reuses
+    them; it is never modified otherwise. ``keep_sessions``: the plans keep each stage's
+    onnxruntime session too (:attr:`sessions` is for its users' own), and every session runs
+    on the calling thread (one intra-op thread: a thread pool per kept session would multiply
+    threads, and its threads would spin between stages while Python works); else a session
+    is made per stage and run, on onnxruntime's default threads, and dropped."""
+
+    def __init__(self, model, keep_sessions: bool = False):
         onnx = require("onnx")
         graph = model.graph
         self.model = model
+        self.keep_sessions = keep_sessions
         self.constants: dict[str, np.ndarray] = {}
         self.constant_protos: dict = {}
         for tensor in graph.initializer:
@@ -113,14 +122,148 @@ class Graph:
         for node in self.nodes:
             for name in node_inputs(node):
                 self.consumers.setdefault(name, []).append(node)
+        self._plans: dict[tuple, Plan] = {}
+        self.sessions: dict = {}
 
     def is_constant(self, name: str) -> bool:
         return name in self.constants
 
+    def session(self, model):
+        """An onnxruntime CPU session of ``model`` (a ModelProto), graph optimizations off,
+        on one thread if the graph keeps its sessions."""
+        ort = require("onnxruntime")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if self.keep_sessions:
+            options.intra_op_num_threads = 1
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
-def _elem_type(array: np.ndarray) -> int:
-    onnx = require("onnx")
-    return onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    def plan(self, python_node, wanted: set[str], python_domains: tuple[str, ...] = ()) -> tuple[Plan, list]:
+        """(the :class:`Plan` that runs this graph with the nodes ``python_node`` claims computed
+        by it, their functions by node position): plans are made once per set of claimed nodes,
+        ``wanted`` and ``python_domains`` (see :func:`run_graph`), then reused."""
+        functions = [python_node(node) if python_node is not None else None for node in self.nodes]
+        claimed = frozenset(index for index, function in enumerate(functions) if function is not None)
+        key = (claimed, frozenset(wanted), tuple(python_domains))
+        if key not in self._plans:
+            self._plans[key] = Plan(self, claimed, set(wanted), python_domains)
+        return self._plans[key], functions
+
+
+class Plan:
+    """How :func:`run_graph` runs a graph for one set of nodes computed in Python: the nodes
+    folded into constants, and per stage the nodes onnxruntime runs (its sub-model: the
+    stage's nodes, the constants they read as initializers, every value that later stages
+    need as outputs) and the Python nodes computed after it. Each stage's onnxruntime session
+    is made on its first run, for the dtypes of its graph inputs, and kept (in memory).
+
+    ``folded``: the names of the Python nodes' outputs computed from constants alone."""
+
+    def __init__(self, g: Graph, claimed: frozenset[int], wanted: set[str], python_domains: tuple[str, ...]):
+        self.g = g
+        stage: dict[str, int] = {info.name: 0 for info in g.inputs}
+        self.folded_nodes: list[int] = []  # positions of claimed nodes with constant inputs, in order
+        self.folded: set[str] = set()
+        stage_nodes: dict[int, list] = {}
+        self.computed_after: dict[int, list[int]] = {}
+        for index, node in enumerate(g.nodes):
+            inputs = node_inputs(node)
+            for name in inputs:
+                if name not in stage and not g.is_constant(name) and name not in self.folded:
+                    raise MxsimError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which no earlier node, "
+                                     "graph input or initializer defines (is the graph topologically sorted?)")
+            if index in claimed and all(g.is_constant(i) or i in self.folded for i in inputs):
+                # weights: computed once per run, before any stage, the result read as a constant
+                self.folded_nodes.append(index)
+                self.folded.add(node.output[0])
+                continue
+            level = max([stage[i] for i in inputs if i in stage], default=0)
+            if index in claimed:
+                self.computed_after.setdefault(level, []).append(index)
+                stage[node.output[0]] = level + 1
+            else:
+                stage_nodes.setdefault(level, []).append(node)
+                for name in node.output:
+                    if name:
+                        stage[name] = level
+        self.levels = max(stage.values(), default=0) + 1
+        later_all = set(wanted) | set(g.outputs)
+        for indices in self.computed_after.values():
+            later_all.update(i for index in indices for i in node_inputs(g.nodes[index]))
+        self.stages: dict[int, _Stage] = {}
+        for level, nodes in stage_nodes.items():
+            later = set(later_all)
+            for other_level, other_nodes in stage_nodes.items():
+                if other_level > level:
+                    later.update(i for n in other_nodes for i in node_inputs(n))
+            self.stages[level] = _Stage(g, level, nodes, later, python_domains)
+
+    def run(self, feeds: dict[str, np.ndarray], functions: list) -> dict[str, np.ndarray]:
+        """Every value of the run (graph inputs ``feeds``, the Python nodes' ``functions`` by
+        node position): the stages' outputs, the Python nodes' outputs, and the folded ones."""
+        g = self.g
+        values: dict[str, np.ndarray] = dict(feeds)
+
+        def read(name):
+            return None if not name else values[name] if name in values else g.constants[name]
+
+        for index in self.folded_nodes:
+            node = g.nodes[index]
+            values[node.output[0]] = np.asarray(functions[index]([read(name) for name in node.input]))
+        for level in range(self.levels):
+            if level in self.stages:
+                values.update(self.stages[level].run(values))
+            for index in self.computed_after.get(level, []):
+                node = g.nodes[index]
+                values[node.output[0]] = np.asarray(functions[index]([read(name) for name in node.input]))
+        return values
+
+
+class _Stage:
+    """One stage's onnxruntime nodes: the sub-model's parts, and its sessions by input dtypes."""
+
+    def __init__(self, g: Graph, level: int, nodes: list, later: set[str], python_domains: tuple[str, ...]):
+        self.g, self.level, self.nodes, self.python_domains = g, level, nodes, python_domains
+        produced = [o for n in nodes for o in n.output if o]
+        self.produced = set(produced)
+        consumed = {i for n in nodes for i in node_inputs(n)}
+        self.inputs = sorted(consumed - self.produced - set(g.constants))
+        self.initializers = sorted(consumed & set(g.constants))
+        self.outputs = [name for name in produced if name in later]
+        self.sessions: dict[tuple, object] = {}
+
+    def _session(self, dtypes: tuple):
+        onnx = require("onnx")
+        g = self.g
+        sub_graph = onnx.helper.make_graph(
+            self.nodes, f"{g.model.graph.name or 'graph'}_stage{self.level}",
+            [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(dtype), None)
+             for name, dtype in zip(self.inputs, dtypes)],
+            [onnx.ValueInfoProto(name=name) for name in self.outputs],
+            initializer=[g.constant_protos[name] for name in self.initializers],
+            value_info=[v for v in g.model.graph.value_info if v.name in self.produced],
+        )
+        opsets = [o for o in g.model.opset_import if o.domain not in self.python_domains]
+        sub_model = onnx.helper.make_model(sub_graph, opset_imports=opsets, ir_version=g.model.ir_version)
+        sub_model.functions.extend(g.model.functions)
+        return g.session(sub_model)
+
+    def run(self, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The stage's outputs that later stages or the caller read, from ``values``."""
+        if not self.outputs:
+            return {}
+        feeds = {name: values[name] for name in self.inputs}
+        dtypes = tuple(feeds[name].dtype for name in self.inputs)
+        try:
+            session = self.sessions.get(dtypes)
+            if session is None:
+                session = self._session(dtypes)
+                if self.g.keep_sessions:
+                    self.sessions[dtypes] = session
+            results = session.run(self.outputs, feeds)
+        except Exception as error:  # onnxruntime raises its own exception types
+            raise MxsimError(f"onnxruntime failed on stage {self.level} of the graph: {error}") from None
+        return dict(zip(self.outputs, (np.asarray(r) for r in results)))
 
 
 def run_graph(g: Graph, feeds: dict[str, np.ndarray], wanted: set[str], python_node=None,
@@ -131,77 +274,10 @@ def run_graph(g: Graph, feeds: dict[str, np.ndarray], wanted: set[str], python_n
     for which it returns a function is computed by that function (on its input arrays, an
     empty input as None) instead of by onnxruntime; it may raise for a node that neither can
     run. ``python_domains``: opset domains onnxruntime cannot load, left out of every
-    session's model (only ``python_node`` computes their nodes)."""
-    onnx = require("onnx")
-    ort = require("onnxruntime")
-    values: dict[str, np.ndarray] = dict(feeds)
-    stage: dict[str, int] = {name: 0 for name in feeds}
-    stage_nodes: dict[int, list] = {}
-    computed_after: dict[int, list] = {}
-    functions: dict[int, object] = {}
-    for node in g.nodes:
-        inputs = node_inputs(node)
-        for name in inputs:
-            if name not in stage and not g.is_constant(name):
-                raise MxsimError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which no earlier node, "
-                                 "graph input or initializer defines (is the graph topologically sorted?)")
-        function = python_node(node) if python_node is not None else None
-        if function is not None and all(g.is_constant(i) for i in inputs):
-            # weights: computed once, the result becomes a constant
-            result = np.asarray(function([None if not i else g.constants[i] for i in node.input]))
-            g.constants[node.output[0]] = result
-            g.constant_protos[node.output[0]] = onnx.numpy_helper.from_array(result, node.output[0])
-            continue
-        level = max([stage[i] for i in inputs if i in stage], default=0)
-        if function is not None:
-            functions[id(node)] = function
-            computed_after.setdefault(level, []).append(node)
-            stage[node.output[0]] = level + 1
-        else:
-            stage_nodes.setdefault(level, []).append(node)
-            for name in node.output:
-                if name:
-                    stage[name] = level
-    last = max(stage.values(), default=0)
-    session_options = ort.SessionOptions()
-    session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opsets = [o for o in g.model.opset_import if o.domain not in python_domains]
-    for level in range(last + 1):
-        nodes = stage_nodes.get(level, [])
-        if nodes:
-            produced = [o for n in nodes for o in n.output if o]
-            produced_set = set(produced)
-            consumed = {i for n in nodes for i in node_inputs(n)}
-            later = set(wanted) | set(g.outputs)
-            for other_level, other_nodes in stage_nodes.items():
-                if other_level > level:
-                    later.update(i for n in other_nodes for i in node_inputs(n))
-            for computed in computed_after.values():
-                later.update(i for n in computed for i in node_inputs(n))
-            graph_inputs = sorted(consumed - produced_set - set(g.constants))
-            sub_graph = onnx.helper.make_graph(
-                nodes, f"{g.model.graph.name or 'graph'}_stage{level}",
-                [onnx.helper.make_tensor_value_info(name, _elem_type(values[name]), values[name].shape)
-                 for name in graph_inputs],
-                [onnx.ValueInfoProto(name=name) for name in produced if name in later],
-                initializer=[g.constant_protos[name] for name in sorted(consumed & set(g.constants))],
-                value_info=[v for v in g.model.graph.value_info if v.name in produced_set],
-            )
-            sub_model = onnx.helper.make_model(sub_graph, opset_imports=opsets, ir_version=g.model.ir_version)
-            sub_model.functions.extend(g.model.functions)
-            output_names = [o.name for o in sub_graph.output]
-            if output_names:
-                try:
-                    session = ort.InferenceSession(sub_model.SerializeToString(), session_options,
-                                                   providers=["CPUExecutionProvider"])
-                    results = session.run(output_names, {name: values[name] for name in graph_inputs})
-                except Exception as error:  # onnxruntime raises its own exception types
-                    raise MxsimError(f"onnxruntime failed on stage {level} of the graph: {error}") from None
-                values.update(zip(output_names, (np.asarray(r) for r in results)))
-        for node in computed_after.get(level, []):
-            operands = [None if not name else values[name] if name in values else g.constants[name]
-                        for name in node.input]
-            values[node.output[0]] = np.asarray(functions[id(node)](operands))
+    session's model (only ``python_node`` computes their nodes). The plan and its sessions
+    are kept in ``g`` (:meth:`Graph.plan`) for the next run."""
+    plan, functions = g.plan(python_node, wanted, python_domains)
+    values = plan.run(feeds, functions)
     missing = [name for name in wanted if name not in values and not g.is_constant(name)]
     if missing:
         raise MxsimError(f"values {missing} were not computed")
@@ -220,6 +296,39 @@ def load_model(model, caller: str):
         return onnx.load(str(path)), path
     except Exception as error:  # protobuf's DecodeError and friends
         raise MxsimError(f"{caller}: {path} is not a readable ONNX model ({error})") from None
+
+
+#: Graphs of model files kept by :func:`load_graph` (the most recently used ones).
+GRAPHS_KEPT = 2
+_graphs: OrderedDict = OrderedDict()
+
+
+def load_graph(model, caller: str) -> Graph:
+    """The :class:`Graph` of a ``.onnx`` path or a ModelProto; errors name ``caller``.
+
+    The Graph of a file is kept in memory, with its plans and sessions, and returned again
+    while the file is unchanged (same resolved path, size, modification time and inode): the
+    :data:`GRAPHS_KEPT` most recently used files. A ModelProto gets a new Graph each time (it
+    may have been changed in place since)."""
+    onnx = require("onnx")
+    if isinstance(model, onnx.ModelProto):
+        return Graph(model, keep_sessions=True)
+    path = Path(model)
+    try:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    except OSError:
+        key = None  # load_model says what is wrong
+    if key is not None and key in _graphs:
+        _graphs.move_to_end(key)
+        return _graphs[key]
+    proto, _ = load_model(path, caller)
+    g = Graph(proto, keep_sessions=True)
+    if key is not None:
+        _graphs[key] = g
+    while len(_graphs) > GRAPHS_KEPT:
+        _graphs.popitem(last=False)
+    return g
 
 
 def check_feeds(g: Graph, inputs: Mapping[str, np.ndarray], caller: str) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .._optional import require
-from ..capture.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_model, run_graph
+from ..capture.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_graph, run_graph
 from ..capture.onnx_layers import IDENTITY, Skip, layer_views
 from ..capture.onnx_quark import QUARK_DOMAINS, quark_node_function
 from ..errors import MxsimError
@@ -30,20 +30,18 @@ from .torch import _unit, check_scaling, layer_on_unit
 UNIT_OP_TYPES = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 
 
-def _node_alone(node, operands: list) -> np.ndarray:
-    """``node`` run by itself in onnxruntime on ``operands``."""
+def _node_alone(g: Graph, node, operands: list) -> np.ndarray:
+    """``node`` run by itself in onnxruntime on ``operands`` (its session kept in ``g``)."""
     onnx = require("onnx")
-    ort = require("onnxruntime")
-    names = [name for name in node.input if name]
-    inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
-              for name, value in zip(node.input, operands) if name]
-    graph = onnx.helper.make_graph([node], "node", inputs, [onnx.ValueInfoProto(name=node.output[0])])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feeds = {name: value for name, value in zip(node.input, operands) if name}
-    return session.run(None, {name: feeds[name] for name in names})[0]
+    named = [(name, value) for name, value in zip(node.input, operands) if name]
+    key = ("node alone", id(node), tuple(value.dtype for _, value in named))
+    if key not in g.sessions:
+        inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), None)
+                  for name, value in named]
+        graph = onnx.helper.make_graph([node], "node", inputs, [onnx.ValueInfoProto(name=node.output[0])])
+        g.sessions[key] = g.session(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)],
+                                                           ir_version=10))
+    return g.sessions[key].run(None, dict(named))[0]
 
 
 def _output_template(node, node_attrs: dict, x: np.ndarray, w: np.ndarray) -> np.ndarray | None:
@@ -84,8 +82,7 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
     """
     hw = _unit(hw)
     per_tensor_scale = check_scaling(scaling)
-    proto, _ = load_model(model, "run_onnx_on_unit")
-    g = Graph(proto)
+    g = load_graph(model, "run_onnx_on_unit")
     feeds = check_feeds(g, inputs, "run_onnx_on_unit")
     quark_node = quark_node_function(bfp_kernel)
 
@@ -100,11 +97,11 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
             x, w = operands[0], operands[1]
             bias = operands[2] if len(operands) > 2 else None
             if x.dtype.kind != "f" or w.dtype.kind != "f":
-                return _node_alone(node, operands)
+                return _node_alone(g, node, operands)
             node_attrs = attributes(node)
             out = _output_template(node, node_attrs, x, w)
             if out is None:
-                out = _node_alone(node, operands)
+                out = _node_alone(g, node, operands)
             try:
                 op, attrs, views, _ = layer_views(node, node_attrs, x, w, out, False)
             except Skip:
