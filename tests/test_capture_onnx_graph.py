@@ -53,3 +53,29 @@ def test_missing_or_broken_model_file(capture, tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"\x07not a protobuf")
     with pytest.raises(MxsimError, match="not a readable ONNX model"):
         capture(tmp_path / "junk.onnx", {})
+
+
+def test_custom_nodes_on_weights_are_computed_once_per_run(onnx, capture):
+    """Two custom nodes in a row on a weight are computed before any stage; the layer's
+    weight (the first one's output) counts as constant; running the graph again reuses its plan."""
+    from mxsim.capture.onnx_graph import Graph, run_graph
+    from mxsim.capture.onnx_quark import QUARK_DOMAINS, quark_node_function
+
+    h = onnx.helper
+    nodes = [h.make_node("MXQuantizeDequantize", ["w"], ["w_a"], name="first", domain="com.amd.quark",
+                         element_dtype="fp8_e4m3", axis=0, block_size=4),
+             h.make_node("MXQuantizeDequantize", ["w_a"], ["w_b"], name="second", domain="com.amd.quark",
+                         element_dtype="fp8_e5m2", axis=0, block_size=4),
+             h.make_node("MatMul", ["x", "w_b"], ["y"], name="mm")]
+    w = f32(8, 3)
+    model = make_onnx_model(onnx, nodes, [("x", [2, 8])], ["y"], [("w", w)], extra_domains=["com.amd.quark"])
+    (layer,) = capture(model, {"x": f32(2, 8)}).layers
+    assert layer.source["weight_is_constant"] is True
+    w_a = fake_quantize(w, "fp8_e4m3", axis=0, block_size=4, profile="quark-onnx").astype(np.float32)
+    assert np.array_equal(layer.weight, w_a)
+    g, hook = Graph(model), quark_node_function("cpu")
+    first = run_graph(g, {"x": f32(2, 8)}, {"w_b", "y"}, hook, QUARK_DOMAINS)
+    second = run_graph(g, {"x": f32(2, 8)}, {"w_b", "y"}, hook, QUARK_DOMAINS)
+    assert len(g._plans) == 1 and np.array_equal(first["w_b"], second["w_b"])
+    w_b = fake_quantize(w_a, "fp8_e5m2", axis=0, block_size=4, profile="quark-onnx").astype(np.float32)
+    assert np.array_equal(second["w_b"], w_b)

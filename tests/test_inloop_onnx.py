@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mxsim import matmul
 from mxsim.datapath import load_hwconfig
 from mxsim.inloop import run_onnx_on_unit
 
-from conftest import REPO
+from conftest import REPO, f32, make_onnx_model
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 
@@ -75,3 +76,56 @@ def test_matmul_output_shapes_follow_numpy(onnx):
     gemm = onnx.helper.make_node("Gemm", ["a", "b"], ["y"], transA=1, transB=1)
     assert _output_template(gemm, {"transA": 1, "transB": 1}, np.ones((8, 4), np.float16),
                             np.ones((3, 8), np.float16)).shape == (4, 3)
+
+
+def _staged_model(onnx, w1, w2):
+    """y = relu(x @ (w1 @ w2)) @ its transpose, per batch: a MatMul of two weights (computed
+    before any stage), one of batched operands, and onnxruntime stages between them."""
+    h = onnx.helper
+    nodes = [h.make_node("MatMul", ["w1", "w2"], ["w"], name="weights"),
+             h.make_node("MatMul", ["x", "w"], ["h"], name="project"),
+             h.make_node("Relu", ["h"], ["p"]),
+             h.make_node("Transpose", ["p"], ["pt"], perm=[0, 2, 1]),
+             h.make_node("MatMul", ["p", "pt"], ["y"], name="scores")]
+    return make_onnx_model(onnx, nodes, [("x", [2, 4, 16])], ["y"], [("w1", w1), ("w2", w2)])
+
+
+def _staged_by_hand(x, w1, w2, fmt):
+    def unit(a, b):
+        return matmul(OCP, a, b, a_format=fmt, b_format=fmt).values.astype(np.float32)
+
+    w = unit(w1, w2)
+    p = [np.maximum(unit(rows, w), 0) for rows in x]
+    return np.stack([unit(rows, rows.T) for rows in p])
+
+
+def test_a_model_file_runs_again_on_its_kept_sessions(onnx, tmp_path, monkeypatch):
+    """The second run of a file makes no onnxruntime session and computes its own unit's
+    values (the weights' product too: it is not kept from the first run); a ModelProto, a
+    changed file, a missing or broken file are read anew."""
+    from mxsim.capture.onnx_graph import Graph
+    from mxsim.errors import MxsimError
+
+    w1, w2, x = f32(16, 16), f32(16, 8), f32(2, 4, 16)
+    model = _staged_model(onnx, w1, w2)
+    path = tmp_path / "staged.onnx"
+    onnx.save(model, str(path))
+    made = []
+    session = Graph.session
+    monkeypatch.setattr(Graph, "session", lambda g, sub_model: made.append(1) or session(g, sub_model))
+    first = run_onnx_on_unit(path, {"x": x}, OCP, a_format="fp8_e4m3")["y"]
+    assert np.array_equal(first, _staged_by_hand(x, w1, w2, "fp8_e4m3")) and len(made) == 1
+    again = run_onnx_on_unit(path, {"x": x}, OCP, a_format="fp8_e5m2")["y"]
+    assert np.array_equal(again, _staged_by_hand(x, w1, w2, "fp8_e5m2")) and len(made) == 1
+    assert np.array_equal(run_onnx_on_unit(model, {"x": x}, OCP, a_format="fp8_e5m2")["y"], again)
+    assert len(made) == 2  # Relu and Transpose: one stage
+    changed = tmp_path / "changed.onnx"
+    onnx.save(_staged_model(onnx, w1, -w2), str(changed))
+    changed.replace(path)
+    assert np.array_equal(run_onnx_on_unit(path, {"x": x}, OCP, a_format="fp8_e5m2")["y"],
+                          _staged_by_hand(x, w1, -w2, "fp8_e5m2"))
+    with pytest.raises(MxsimError, match="no such model file"):
+        run_onnx_on_unit(tmp_path / "absent.onnx", {"x": x}, OCP)
+    (tmp_path / "junk.onnx").write_bytes(b"\x07not a protobuf")
+    with pytest.raises(MxsimError, match="not a readable ONNX model"):
+        run_onnx_on_unit(tmp_path / "junk.onnx", {"x": x}, OCP)
