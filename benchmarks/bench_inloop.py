@@ -7,8 +7,10 @@ the best of ``--repeats`` runs after one warm-up run (kernels compiled and loade
 seconds of this process (``time.process_time``; wall seconds beside them) with torch and
 Numba on ``--threads`` threads (default 1: on a shared machine CPU time is what can be
 compared), and is given with its ratio to the float forward of the same run (torch for
-torch_unit, onnxruntime for run_onnx_on_unit). Also checks that torch_unit and run_onnx_on_unit agree with a saved
-output bit for bit (``--save``/``--check``: exactness across code changes).
+torch_unit, onnxruntime for run_onnx_on_unit); run_onnx_on_unit's is also given as a ratio to
+torch_unit measured again beside it. Also checks that torch_unit's and run_onnx_on_unit's
+outputs agree with saved ones bit for bit (``--save``/``--check``: exactness across code
+changes).
 Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
 """
 
@@ -44,8 +46,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-onnx", action="store_true")
-    parser.add_argument("--save", help="save each unit's torch_unit output to this .npz")
-    parser.add_argument("--check", help="compare each unit's torch_unit output with this .npz, bit for bit")
+    parser.add_argument("--save", help="save each unit's torch_unit and run_onnx_on_unit outputs to this .npz")
+    parser.add_argument("--check", help="compare each unit's outputs with this .npz (from --save), bit for bit")
     args = parser.parse_args()
     import all_minilm_l6_v2
     import numba
@@ -84,16 +86,26 @@ def main() -> None:
         on_unit()  # warm-up: compile or load the kernels
         seconds = best_seconds(on_unit, args.repeats)
         print(f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward")
+    if not args.no_onnx:
+        onnx_runs(args, model, inputs, forward, units, outputs)
     if args.save:
         np.savez(args.save, **outputs)
     if args.check:
         saved = np.load(args.check, allow_pickle=False)
         for name, value in outputs.items():
+            label = f"run_onnx_on_unit {name[:-5]}" if name.endswith(" onnx") else f"torch_unit {name}"
+            if name not in saved.files:
+                print(f"{label}: not in {args.check}")
+                continue
             same = np.array_equal(saved[name].view(np.uint32), value.view(np.uint32))
-            print(f"torch_unit {name}: {'bit-identical to' if same else 'DIFFERS from'} {args.check}")
-    if args.no_onnx:
-        return
+            print(f"{label}: {'bit-identical to' if same else 'DIFFERS from'} {args.check}")
+
+
+def onnx_runs(args, model, inputs, forward, units, outputs) -> None:
+    """The model exported to ONNX: onnxruntime's float forward, then run_onnx_on_unit per unit
+    (outputs kept in ``outputs`` under "UNIT onnx")."""
     import onnxruntime as ort
+    import torch
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "minilm.onnx")
@@ -119,7 +131,8 @@ def main() -> None:
                     "last_hidden_state"]
             on_unit()
             seconds = best_seconds(on_unit, args.repeats)
-            torch_seconds = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward), 1)
+            torch_seconds = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward),
+                                         args.repeats)
             print(f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
                   f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)")
 

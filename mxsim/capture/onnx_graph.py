@@ -8,13 +8,19 @@ every other node runs in the stage of its latest input. Stage 0 runs first as it
 onnxruntime session (a sub-model holding only that stage's nodes, with every value that
 later stages need added as graph outputs); then the hook's nodes whose inputs were produced
 in that stage are computed; their outputs feed the next stage's session as graph inputs;
-and so on. A hook's node whose inputs are all constants (weights) is computed once before
-any session and becomes a constant. Every node therefore runs exactly once, and
+and so on. A hook's node whose inputs are all constants (weights) is computed once per run
+before any session, and read as a constant (a graph input of the sessions, so that a
+session does not depend on it). Every node therefore runs exactly once, and
 intermediate values are exact onnxruntime (or hook) results. Graph optimizations are
-disabled (``ORT_DISABLE_ALL``) so each node computes its own op, unfused.
+disabled (``ORT_DISABLE_ALL``) so each node computes its own op, unfused. A stage's
+sub-model declares its graph inputs' dtypes, not their shapes.
 
-:class:`Graph` folds ``Constant`` nodes into constants and maps producers and consumers;
-:func:`load_model` and :func:`check_feeds` read a model and check its inputs.
+:class:`Graph` folds ``Constant`` nodes into constants and maps producers and consumers,
+and keeps the :class:`Plan` (the stages) made for each set of hook nodes, and with
+``keep_sessions`` the stages' onnxruntime sessions, for the next run: the in-loop runner
+gets its graphs from :func:`load_graph`, which keeps the graphs of model files in memory
+(nothing is written to disk). :func:`load_model` and :func:`check_feeds` read a model and
+check its inputs.
 """
 
 from __future__ import annotations
@@ -154,8 +160,8 @@ class Plan:
     """How :func:`run_graph` runs a graph for one set of nodes computed in Python: the nodes
     folded into constants, and per stage the nodes onnxruntime runs (its sub-model: the
     stage's nodes, the constants they read as initializers, every value that later stages
-    need as outputs) and the Python nodes computed after it. Each stage's onnxruntime session
-    is made on its first run, for the dtypes of its graph inputs, and kept (in memory).
+    need as outputs) and the Python nodes computed after it. A stage's onnxruntime session is
+    made for the dtypes of its graph inputs, and kept if the graph keeps its sessions.
 
     ``folded``: the names of the Python nodes' outputs computed from constants alone."""
 

@@ -11,6 +11,11 @@ a trace layer like capture does and computed by
 ``Conv``'s B, ``Gemm``'s ``beta * C``) is rounded to the node output's dtype. Quantizer nodes
 of the model (QDQ, Quark) run as usual before the node, so the unit re-quantizes the values
 they produced into its own formats. Einsum and nodes capture would skip run in onnxruntime.
+
+A model file's graph, its stages and their onnxruntime sessions (one thread each) are kept
+in memory and reused while the file is unchanged
+(:func:`mxsim.capture.onnx_graph.load_graph`), so a second run of the same file only runs
+the sessions and the unit; a ModelProto is prepared anew on every call.
 """
 
 from __future__ import annotations
