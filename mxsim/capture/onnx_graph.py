@@ -314,8 +314,9 @@ def load_graph(model, caller: str) -> Graph:
 
     The Graph of a file is kept in memory, with its plans and sessions, and returned again
     while the file is unchanged (same resolved path, size, modification time and inode): the
-    :data:`GRAPHS_KEPT` most recently used files. A ModelProto gets a new Graph each time (it
-    may have been changed in place since)."""
+    :data:`GRAPHS_KEPT` most recently used files (each holds the model, its weights as arrays,
+    and the sessions' copies of the weights). A ModelProto gets a new Graph each time (it may
+    have been changed in place since)."""
     onnx = require("onnx")
     if isinstance(model, onnx.ModelProto):
         return Graph(model, keep_sessions=True)
