@@ -147,8 +147,10 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
             c[row] = -0.0 if rng.random() < 0.5 else (0.0 if rng.random() < 0.5 else c[row])
         elif kind == "cancel":  # the second half negates the first: an exact zero sum
             half = k // 2
-            a[row, half:] = a[row, :half]
-            b[row, half:] = _encode(fb, -fb.decode(b[row, :half]))
+            a[row, half : 2 * half] = a[row, :half]
+            b[row, half : 2 * half] = _encode(fb, -fb.decode(b[row, :half]))
+            if k % 2:  # odd K (K = 1 included): the last product is zero
+                a[row, -1] = _encode(fa, [0.0])[0]
             c[row] = (-0.0 if rng.random() < 0.5 else 0.0) if rng.random() < 0.7 else c[row]
         elif kind == "subnormal":  # subnormal elements and a subnormal (or tiny) c
             for fmt, codes in ((fa, a), (fb, b)):
