@@ -168,13 +168,41 @@ def random_params(draw) -> DatapathParams:
         accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
         zero_term_exponent=draw(st.sampled_from([None, -133, -21, -4, 3])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
-        output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
+        input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
+        product_overflow_exponent=draw(st.sampled_from([None, None, None, 0, 6, 12])),
+        structure="fused", parity_windows=False, second_alignment_bits=None, far_accumulator="floor",
     )
+    params = with_adder_structure(draw, params)
     try:
         check_consistency(params, "random")
     except ConfigError:
         assume(False)  # a combination the config loader rejects
     return params
+
+
+def with_adder_structure(draw, params: DatapathParams) -> DatapathParams:
+    """``params`` in a third of the cases turned into a pairwise rounded adder, or a windowed
+    tree with parity windows and/or a second alignment (what those keys need set with them)."""
+    structure = draw(st.sampled_from(["fused"] * 4 + ["pairwise_rounded", "second_alignment"]))
+    if structure == "fused":
+        return params
+    floating = dict(accumulator_format=params.accumulator_format if params.accumulator_format != "exact" else "fp32",
+                    c_entry="initial", promotion_interval=None, grid_fraction_bits=None)
+    if params.scales == "group_sum":
+        floating.update(scales="products", scale_format="e8m0")
+    if structure == "pairwise_rounded":
+        return dataclasses.replace(params, structure=structure, **floating)
+    parity = draw(st.booleans())
+    return dataclasses.replace(
+        params, **floating, parity_windows=parity,
+        second_alignment_bits=None if parity and draw(st.booleans()) else draw(st.integers(0, 40)),
+        far_accumulator=draw(st.sampled_from(["floor", "zero"])), accumulator_in_tree=False,
+        align_fraction_bits=params.align_fraction_bits if params.align_fraction_bits is not None
+        else draw(st.integers(0, 30)),
+        below_window=params.below_window if params.below_window != "sticky" else "floor",
+        sum_significant_bits=None, trees_in_blocks=params.trees_in_blocks and params.term_order is None,
+    )
 
 
 def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"):
@@ -256,6 +284,8 @@ def test_kernel_equals_reference_on_random_configs(data):
     event(f"config: window {window}, below {params.below_window}, carry {params.carry_bits is not None}, "
           f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}, "
           f"grid {params.grid_fraction_bits is not None}, trees in blocks {params.trees_in_blocks}")
+    event(f"adder: {params.structure}, parity windows {params.parity_windows}, "
+          f"second alignment {params.second_alignment_bits is not None}")
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 

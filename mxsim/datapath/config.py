@@ -195,13 +195,6 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
             "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
         })
-
-
-def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) -> None:
-    """Raise ConfigError for the first key (path: (bad, wanted)) that ``what`` cannot take."""
-    for path, (bad, wanted) in needs.items():
-        if bad:
-            raise ConfigError(source, path, f"{what} needs {wanted}")
     if params.promotion_interval is not None:
         if params.promotion_interval % params.fused_terms:
             raise ConfigError(
@@ -212,6 +205,13 @@ def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) ->
             raise ConfigError(source, "accumulator.promotion_interval", "needs a floating accumulator, not 'exact'")
         if params.c_entry != "initial":
             raise ConfigError(source, "accumulator.promotion_interval", "c starts the outer accumulator: c_entry must be 'initial'")
+
+
+def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) -> None:
+    """Raise ConfigError for the first key (path: (bad, wanted)) that ``what`` cannot take."""
+    for path, (bad, wanted) in needs.items():
+        if bad:
+            raise ConfigError(source, path, f"{what} needs {wanted}")
 
 
 def _check_grid(params: DatapathParams, source: str) -> None:
@@ -228,9 +228,7 @@ def _check_grid(params: DatapathParams, source: str) -> None:
         "inputs.scales": (params.scales not in ("none", "products"), "'none' or 'products'"),
         "adder.term_order": (params.term_order is not None, "null"),
     }
-    for path, (bad, wanted) in needs.items():
-        if bad:
-            raise ConfigError(source, path, f"a fixed-point grid (grid.fraction_bits) needs {wanted}")
+    _check_needs(params, source, "a fixed-point grid (grid.fraction_bits)", needs)
     if params.scales != "none" and not params.trees_in_blocks and params.block_size % params.fused_terms:
         raise ConfigError(source, "adder.trees_in_blocks", "a fixed-point grid takes one scale per tree: "
                           f"set it true, or make fused_terms ({params.fused_terms}) divide block_size ({params.block_size})")

@@ -604,24 +604,22 @@ def dot_reference(
         if params.parity_windows:
             tree_sum, reference = _parity_sum([tree_terms(positions[0::2]), tree_terms(positions[1::2])],
                                               tree_start, params, log)
-            acc = _second_alignment(acc, tree_sum, reference, acc_fmt, params, specials, log)
-            continue
-        kept, has_zero = tree_terms(positions)
-        if params.second_alignment_bits is not None:
-            reference = None
-            if kept:
+        else:
+            kept, has_zero = tree_terms(positions)
+            if params.grid_fraction_bits is not None:
+                first = next((k for k in positions if k is not None), None)
+                scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
+                acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
+                continue
+            reference = None  # (read by the second alignment only)
+            if kept and params.align_fraction_bits is not None:
                 tree_scale = kept[0][2] if params.scales == "block_sum" else 0
                 reference = _reference([(p, e) for p, e, _ in kept], has_zero, params) + tree_scale
             tree_sum = _tree_sum(kept, has_zero, acc, tree_start, params, log)
+        if params.second_alignment_bits is not None:
             acc = _second_alignment(acc, tree_sum, reference, acc_fmt, params, specials, log)
             continue
-        if params.grid_fraction_bits is not None:
-            first = next((k for k in positions if k is not None), None)
-            scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
-            acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
-            continue
-        tree_sum = _normalise(_tree_sum(kept, has_zero, acc, tree_start, params, log), params, log)
-        acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
+        acc = _accumulate(acc, _normalise(tree_sum, params, log), acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
         done = tree_start + params.fused_terms
         if params.promotion_interval and done % params.promotion_interval == 0:

@@ -171,6 +171,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
     },
     "adder": {
+        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE,
+                           blas=any_value, window=any_value),
         "structure": Key(
             "str", "fused",
             "'fused': each tree's terms are aligned and added in one pass (steps 4-5). 'pairwise_rounded': "
@@ -183,8 +185,6 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=Record(lambda value: value == "pairwise_rounded", np.bool_, "pairwise_rounded"),
             blas=only("fused"), window=only("fused"),
         ),
-        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE,
-                           blas=any_value, window=any_value),
         "term_order": Key(
             "order", None,
             "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
