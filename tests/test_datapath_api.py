@@ -541,6 +541,37 @@ def test_explain_agrees_with_dot(name):
     assert stages.count("product") == 32 and stages[-1] == "output"
 
 
+@pytest.mark.parametrize("name, a_format, b_format, a, b, c, bits, stage", [
+    # A second alignment (c at E = 0) floors the tree sum 2^-24 + 2^-40 to 2^-32: 1 + 2^-24 is
+    # a tie, to even 1.0; exact (mi100), 1 + 2^-23.
+    ("mi300", "fp16", "fp16", [2.0**-12, 2.0**-20], [2.0**-12, 2.0**-20], 1.0, 0x3F800000, "second_alignment"),
+    ("mi100", "fp16", "fp16", [2.0**-12, 2.0**-20], [2.0**-12, 2.0**-20], 1.0, 0x3F800001, "tree"),
+    # Pairwise rounded adds: (1 + 2^-24) + (2^-24 + 0) rounds twice to 1.0.
+    ("mi250", "fp16", "fp16", [1.0, 2.0**-12, 2.0**-12, 0.0], [1.0, 2.0**-12, 2.0**-12, 1.0], 0.0, 0x3F800000,
+     "pairwise"),
+    ("mi100", "fp16", "fp16", [1.0, 2.0**-12, 2.0**-12, 0.0], [1.0, 2.0**-12, 2.0**-12, 1.0], 0.0, 0x3F800001,
+     "tree"),
+    # Parity windows: the odd product -2^-27 is exact in its own window, then floored to -2^-24.
+    ("mi300", "fp8_e4m3fnuz", "fp8_e5m2fnuz", [1.0, -(2.0**-10)], [1.0, 2.0**-17], 0.0, 0x3F7FFFFF, "parity_windows"),
+    # Products of 2^200 overflow to +Inf and -Inf: NaN; the exact sum is +0.
+    ("mi300", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x7FC00000, "output"),
+    ("mi100", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x00000000, "output"),
+    # Zero signs: -0 sums are +0 (exact_positive; c = -0 read as +0), where IEEE gives -0.
+    ("mi100", "fp16", "fp16", [-0.0], [1.0], -0.0, 0x00000000, "output"),
+    ("mi250", "fp16", "fp16", [-0.0] * 4, [1.0] * 4, -0.0, 0x00000000, "pairwise"),
+    ("mi100", "fp32", "fp32", [-0.0], [1.0], -0.0, 0x80000000, "output"),  # an fma chain: IEEE
+])
+def test_matrix_core_units_explained(name, a_format, b_format, a, b, c, bits, stage):
+    unit = hw(name)
+    a_codes = get_format(a_format).encode(np.array([a])).astype(np.int64)
+    b_codes = get_format(b_format).encode(np.array([b])).astype(np.int64)
+    assert np.array_equal(get_format(a_format).decode(a_codes), np.array([a]))  # the values are exact
+    report = explain(unit, a_codes[0], b_codes[0], a_format=a_format, b_format=b_format, c=c)
+    result = dot(unit, a_codes, b_codes, a_format=a_format, b_format=b_format, c=np.array([c], np.float32))
+    assert report["bits"] == int(result[0]) == bits, (hex(report["bits"]), hex(int(result[0])))
+    assert stage in [s["stage"] for s in report["stages"]]
+
+
 def test_matmul_equals_row_dots():
     rng = np.random.default_rng(5)
     A = rng.standard_normal((5, 70)).astype(np.float32)
