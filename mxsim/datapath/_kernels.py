@@ -14,7 +14,10 @@ each:
   sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);
 - step 6, accumulate: :func:`start_accumulator`, :func:`accumulate`, :func:`promote`,
   :func:`finish_accumulator` (c at the end, the last promotion);
-- step 7, output: :func:`output_value`.
+- step 7, output: :func:`output_value`;
+- the matrix-core adders: :func:`parity_tree_sum` (``parity_windows``), :func:`second_alignment`
+  (``second_alignment_bits``, in place of :func:`accumulate`), and :func:`pairwise_dot` (a whole
+  dot product of ``structure: pairwise_rounded``, its adds by :func:`rounded_add`).
 
 Parameters arrive as the kernel record, a one-element structured array whose dtype
 ``datapath.schema.record_dtype`` derives from the schema (fields named after the keys:
@@ -310,7 +313,7 @@ def tree_bounds(tree, n_elements, cfg):
 @njit(cache=True, inline="always")
 def uniform_trees(cfg):
     """Whether every tree may take :func:`uniform_tree_terms`: k order, one scale pair per
-    tree, the exponent-sum reference and exact products."""
+    tree, the exponent-sum reference, exact products that never overflow, one window."""
     return (
         cfg.term_order_length == 0
         and (cfg.scales == SCALES_NONE or cfg.trees_in_blocks or cfg.block_size % cfg.fused_terms == 0)
@@ -318,6 +321,7 @@ def uniform_trees(cfg):
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
         and cfg.product_overflow_exponent == NO_PRODUCT_OVERFLOW
+        and not cfg.parity_windows  # parity_tree_sum
     )
 
 

@@ -5,7 +5,8 @@ docs/hwconfig.md (not from the kernel), one function per step as the kernel has 
 :func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3, with
 :func:`_group_terms` for ``scales: group_sum``),
 :func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
-:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7). Every intermediate value
+:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7); the matrix-core adders
+:func:`_parity_sum`, :func:`_second_alignment` and :func:`_pairwise_dot`. Every intermediate value
 is an exact Fraction; every rounding goes through
 :func:`mxsim.formats.reference.encode_reference`. It also records each stage, which is what
 ``mxsim dot --explain`` prints.
@@ -112,7 +113,8 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
     """Step 2: (product, alignment exponent, scale exponent still to apply to the tree sum).
 
     The product is a Fraction, or a float for ±0 (its sign), ±Inf and NaN (a NaN scale
-    included, and a product of at least 2^product_overflow_exponent). ``scale_codes`` are the block's E8M0 codes (None: the unit takes no scales)."""
+    included, and a product of at least 2^product_overflow_exponent). ``scale_codes`` are the
+    block's E8M0 codes (None: the unit takes no scales)."""
     scale_exponent = 0
     scale_is_nan = False
     if scale_codes is not None:

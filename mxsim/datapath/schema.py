@@ -147,8 +147,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "str", "keep",
             "the sign of a zero input: 'keep' (-0 is -0, a flushed subnormal keeps its sign); 'positive': "
             "every input element and c that is zero, or read as zero (subnormals: false for elements, "
-            "accumulator.subnormals: false for c), is +0 (MMA-Sim's CDNA2 flush: |x| below the smallest "
-            "normal reads as +0)",
+            "accumulator.subnormals: false for c), is +0 (MMA-Sim's CDNA2 flush: a magnitude below the "
+            "smallest normal reads as +0)",
             ("keep", "positive"),
             field="input_zero_sign",
             record=Record(lambda value: value == "positive", np.bool_, "input_zeros_positive"),
@@ -163,7 +163,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "overflow_exponent": Key(
             "optional_int", None,
-            "null: products never overflow. n: a product with |p| >= 2^n is ±Inf (an infinite product: "
+            "null: products never overflow. n: a product of magnitude 2^n or more is ±Inf (an infinite product: "
             "Inf - Inf gives NaN), as a multiplier with an fp32 exponent range makes it (CDNA3 MFMA: 128)",
             minimum=-1022, maximum=1023, field="product_overflow_exponent",
             record=Record(lambda value: NO_PRODUCT_OVERFLOW if value is None else value),
@@ -290,7 +290,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "null: the accumulator joins the tree or is added to its sum exactly (accumulator_in_tree). "
             "n (with accumulator_in_tree: false and a window): a second alignment adds the accumulator "
             "to the tree's sum at E = max(R, e), R the tree's reference (none for a tree without a "
-            "nonzero product), e the accumulator's exponent floor(log2|acc|), at least its format's emin "
+            "nonzero product), e the accumulator's exponent (of its leading bit), at least its format's emin "
             "(that emin for a zero accumulator); the tree sum keeps multiples of 2^(E-n-1) and the "
             "accumulator multiples of 2^(E - align_fraction_bits), both toward -inf; their exact sum is "
             "cut to n+1 significant bits toward -inf (no finer than 2^(emin-n)), then rounded into the "
