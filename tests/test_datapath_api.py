@@ -300,6 +300,49 @@ def test_kernel_equals_reference_on_shipped_configs(config, data):
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
 
 
+MATRIX_CORE_ELEMENTS = ["fp16", "bf16", "tf32", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp8_e4m3", "fp4_e2m1"]
+
+
+@st.composite
+def matrix_core_params(draw) -> DatapathParams:
+    """The matrix-core adders (AMD CDNA2's pairwise rounded adds, CDNA3's parity windows and
+    second alignment) around their shipped configs, every neighbouring key varied."""
+    pairwise = draw(st.booleans())
+    unit = load_hwconfig(REPO / "hwconfigs" / ("mi250.yaml" if pairwise else "mi300.yaml"))
+    params = dataclasses.replace(
+        unit.params(unit.a_formats[0], unit.b_formats[0], "fp32"),
+        a_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)), b_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)),
+        fused_terms=draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
+        input_subnormals=draw(st.booleans()), input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
+        product_overflow_exponent=draw(st.sampled_from([None, 128, 20, 4])),
+        accumulator_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
+        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)), accumulator_subnormals=draw(st.booleans()),
+        accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
+        output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])), output_rounding=draw(st.sampled_from(ROUNDINGS)),
+        output_subnormals=draw(st.booleans()),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
+    )
+    if not pairwise:
+        parity = draw(st.booleans())
+        params = dataclasses.replace(
+            params, parity_windows=parity, align_fraction_bits=draw(st.integers(0, 30)),
+            below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even"])),
+            second_alignment_bits=draw(st.one_of(st.integers(0, 40), st.none() if parity else st.integers(0, 40))),
+            far_accumulator=draw(st.sampled_from(["floor", "zero"])),
+        )
+    check_consistency(params, "matrix-core")
+    return params
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_kernel_equals_reference_on_matrix_core_adders(data):
+    params = data.draw(matrix_core_params())
+    event(f"adder: {params.structure}, parity windows {params.parity_windows}, "
+          f"second alignment {params.second_alignment_bits is not None}")
+    assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
+
+
 # --- exact configurations against Fraction arithmetic ----------------------------------------------
 
 def exact_value(fmt_name, codes, scale_codes, block_size):
