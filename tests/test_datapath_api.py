@@ -596,6 +596,9 @@ def test_explain_agrees_with_dot(name):
      "tree"),
     # Parity windows: the odd product -2^-27 is exact in its own window, then floored to -2^-24.
     ("mi300", "fp8_e4m3fnuz", "fp8_e5m2fnuz", [1.0, -(2.0**-10)], [1.0, 2.0**-17], 0.0, 0x3F7FFFFF, "parity_windows"),
+    # c = -2^-60 far below E = 0: dropped on the FP8 path (1.0), floored to -2^-24 on fp16's.
+    ("mi300", "fp8_e4m3fnuz", "fp8_e4m3fnuz", [1.0], [1.0], -(2.0**-60), 0x3F800000, "second_alignment"),
+    ("mi300", "fp16", "fp16", [1.0], [1.0], -(2.0**-60), 0x3F7FFFFF, "second_alignment"),
     # Products of 2^200 overflow to +Inf and -Inf: NaN; the exact sum is +0.
     ("mi300", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x7FC00000, "output"),
     ("mi100", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x00000000, "output"),
