@@ -56,6 +56,15 @@ def test_dot_explain_shows_the_group_stages_of_an_nvfp4_unit(capsys):
     assert status == 2 and "UE4M3 codes must lie in [0, 127]" in err and "Traceback" not in err
 
 
+def test_dot_explain_shows_the_second_alignment_of_a_matrix_core(capsys):
+    # mi300 fp16: the tree sum 2^-24 + 2^-40 floored at 2^-32 beside c = 1: a tie, to even 1.0
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/mi300.yaml"), "--a-format", "fp16",
+                         "--b-format", "fp16", "--a", f"{2.0**-12},{2.0**-20}", "--b", f"{2.0**-12},{2.0**-20}",
+                         "--c", "1", "--explain")
+    assert status == 0 and "second_alignment" in out and "tree_sum=5.960464477539063e-08" in out
+    assert out.strip().endswith("0x3f800000 = 1.0")
+
+
 def test_dot_json_with_scales(capsys):
     status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp4_e2m1",
                          "--b-format", "fp4_e2m1", "--a", "1,2", "--b", "3,-0.5", "--scale-a", "128", "--json")

@@ -168,13 +168,41 @@ def random_params(draw) -> DatapathParams:
         accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
         zero_term_exponent=draw(st.sampled_from([None, -133, -21, -4, 3])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
-        output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
+        input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
+        product_overflow_exponent=draw(st.sampled_from([None, None, None, 0, 6, 12])),
+        structure="fused", parity_windows=False, second_alignment_bits=None, far_accumulator="floor",
     )
+    params = with_adder_structure(draw, params)
     try:
         check_consistency(params, "random")
     except ConfigError:
         assume(False)  # a combination the config loader rejects
     return params
+
+
+def with_adder_structure(draw, params: DatapathParams) -> DatapathParams:
+    """``params`` in a third of the cases turned into a pairwise rounded adder, or a windowed
+    tree with parity windows and/or a second alignment (what those keys need set with them)."""
+    structure = draw(st.sampled_from(["fused"] * 4 + ["pairwise_rounded", "second_alignment"]))
+    if structure == "fused":
+        return params
+    floating = dict(accumulator_format=params.accumulator_format if params.accumulator_format != "exact" else "fp32",
+                    c_entry="initial", promotion_interval=None, grid_fraction_bits=None)
+    if params.scales == "group_sum":
+        floating.update(scales="products", scale_format="e8m0")
+    if structure == "pairwise_rounded":
+        return dataclasses.replace(params, structure=structure, **floating)
+    parity = draw(st.booleans())
+    return dataclasses.replace(
+        params, **floating, parity_windows=parity,
+        second_alignment_bits=None if parity and draw(st.booleans()) else draw(st.integers(0, 40)),
+        far_accumulator=draw(st.sampled_from(["floor", "zero"])), accumulator_in_tree=False,
+        align_fraction_bits=params.align_fraction_bits if params.align_fraction_bits is not None
+        else draw(st.integers(0, 30)),
+        below_window=params.below_window if params.below_window != "sticky" else "floor",
+        sum_significant_bits=None, trees_in_blocks=params.trees_in_blocks and params.term_order is None,
+    )
 
 
 def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"):
@@ -256,6 +284,8 @@ def test_kernel_equals_reference_on_random_configs(data):
     event(f"config: window {window}, below {params.below_window}, carry {params.carry_bits is not None}, "
           f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}, "
           f"grid {params.grid_fraction_bits is not None}, trees in blocks {params.trees_in_blocks}")
+    event(f"adder: {params.structure}, parity windows {params.parity_windows}, "
+          f"second alignment {params.second_alignment_bits is not None}")
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
@@ -268,6 +298,49 @@ def test_kernel_equals_reference_on_shipped_configs(config, data):
     out_format = data.draw(st.sampled_from(["fp32", "fp16", "bf16"]))
     params = unit.params(a_format, b_format, out_format)
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
+
+
+MATRIX_CORE_ELEMENTS = ["fp16", "bf16", "tf32", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp8_e4m3", "fp4_e2m1"]
+
+
+@st.composite
+def matrix_core_params(draw) -> DatapathParams:
+    """The matrix-core adders (AMD CDNA2's pairwise rounded adds, CDNA3's parity windows and
+    second alignment) around their shipped configs, every neighbouring key varied."""
+    pairwise = draw(st.booleans())
+    unit = load_hwconfig(REPO / "hwconfigs" / ("mi250.yaml" if pairwise else "mi300.yaml"))
+    params = dataclasses.replace(
+        unit.params(unit.a_formats[0], unit.b_formats[0], "fp32"),
+        a_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)), b_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)),
+        fused_terms=draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
+        input_subnormals=draw(st.booleans()), input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
+        product_overflow_exponent=draw(st.sampled_from([None, 128, 20, 4])),
+        accumulator_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
+        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)), accumulator_subnormals=draw(st.booleans()),
+        accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
+        output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])), output_rounding=draw(st.sampled_from(ROUNDINGS)),
+        output_subnormals=draw(st.booleans()),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
+    )
+    if not pairwise:
+        parity = draw(st.booleans())
+        params = dataclasses.replace(
+            params, parity_windows=parity, align_fraction_bits=draw(st.integers(0, 30)),
+            below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even"])),
+            second_alignment_bits=draw(st.one_of(st.integers(0, 40), st.none() if parity else st.integers(0, 40))),
+            far_accumulator=draw(st.sampled_from(["floor", "zero"])),
+        )
+    check_consistency(params, "matrix-core")
+    return params
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_kernel_equals_reference_on_matrix_core_adders(data):
+    params = data.draw(matrix_core_params())
+    event(f"adder: {params.structure}, parity windows {params.parity_windows}, "
+          f"second alignment {params.second_alignment_bits is not None}")
+    assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
 # --- exact configurations against Fraction arithmetic ----------------------------------------------
@@ -509,6 +582,40 @@ def test_explain_agrees_with_dot(name):
     assert report["bits"] == int(bits[0])
     stages = [s["stage"] for s in report["stages"]]
     assert stages.count("product") == 32 and stages[-1] == "output"
+
+
+@pytest.mark.parametrize("name, a_format, b_format, a, b, c, bits, stage", [
+    # A second alignment (c at E = 0) floors the tree sum 2^-24 + 2^-40 to 2^-32: 1 + 2^-24 is
+    # a tie, to even 1.0; exact (mi100), 1 + 2^-23.
+    ("mi300", "fp16", "fp16", [2.0**-12, 2.0**-20], [2.0**-12, 2.0**-20], 1.0, 0x3F800000, "second_alignment"),
+    ("mi100", "fp16", "fp16", [2.0**-12, 2.0**-20], [2.0**-12, 2.0**-20], 1.0, 0x3F800001, "tree"),
+    # Pairwise rounded adds: (1 + 2^-24) + (2^-24 + 0) rounds twice to 1.0.
+    ("mi250", "fp16", "fp16", [1.0, 2.0**-12, 2.0**-12, 0.0], [1.0, 2.0**-12, 2.0**-12, 1.0], 0.0, 0x3F800000,
+     "pairwise"),
+    ("mi100", "fp16", "fp16", [1.0, 2.0**-12, 2.0**-12, 0.0], [1.0, 2.0**-12, 2.0**-12, 1.0], 0.0, 0x3F800001,
+     "tree"),
+    # Parity windows: the odd product -2^-27 is exact in its own window, then floored to -2^-24.
+    ("mi300", "fp8_e4m3fnuz", "fp8_e5m2fnuz", [1.0, -(2.0**-10)], [1.0, 2.0**-17], 0.0, 0x3F7FFFFF, "parity_windows"),
+    # c = -2^-60 far below E = 0: dropped on the FP8 path (1.0), floored to -2^-24 on fp16's.
+    ("mi300", "fp8_e4m3fnuz", "fp8_e4m3fnuz", [1.0], [1.0], -(2.0**-60), 0x3F800000, "second_alignment"),
+    ("mi300", "fp16", "fp16", [1.0], [1.0], -(2.0**-60), 0x3F7FFFFF, "second_alignment"),
+    # Products of 2^200 overflow to +Inf and -Inf: NaN; the exact sum is +0.
+    ("mi300", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x7FC00000, "output"),
+    ("mi100", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x00000000, "output"),
+    # Zero signs: -0 sums are +0 (exact_positive; c = -0 read as +0), where IEEE gives -0.
+    ("mi100", "fp16", "fp16", [-0.0], [1.0], -0.0, 0x00000000, "output"),
+    ("mi250", "fp16", "fp16", [-0.0] * 4, [1.0] * 4, -0.0, 0x00000000, "pairwise"),
+    ("mi100", "fp32", "fp32", [-0.0], [1.0], -0.0, 0x80000000, "output"),  # an fma chain: IEEE
+])
+def test_matrix_core_units_explained(name, a_format, b_format, a, b, c, bits, stage):
+    unit = hw(name)
+    a_codes = get_format(a_format).encode(np.array([a])).astype(np.int64)
+    b_codes = get_format(b_format).encode(np.array([b])).astype(np.int64)
+    assert np.array_equal(get_format(a_format).decode(a_codes), np.array([a]))  # the values are exact
+    report = explain(unit, a_codes[0], b_codes[0], a_format=a_format, b_format=b_format, c=c)
+    result = dot(unit, a_codes, b_codes, a_format=a_format, b_format=b_format, c=np.array([c], np.float32))
+    assert report["bits"] == int(result[0]) == bits, (hex(report["bits"]), hex(int(result[0])))
+    assert stage in [s["stage"] for s in report["stages"]]
 
 
 def test_matmul_equals_row_dots():

@@ -129,3 +129,11 @@ def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
                             np.zeros((1, 1), np.float32), out)
     assert leftovers == [(0, 0)]
     np.testing.assert_array_equal(matmul(kulisch, qa, qb).bits, matmul(kulisch, qa, qb, method="kernel").bits)
+
+
+def test_fp32_elements_are_refused_without_a_table_of_every_code():
+    # An fma chain of fp32 elements (mi250-fp32) passes every key declaration, but its products
+    # span far more than float64's 53 bits; the span comes from the format, not 2^32 decoded codes.
+    params = load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml").params("fp32", "fp32")
+    assert _span_bits(get_format("fp32")) == (127, -149)
+    assert not exact_in_float64(params)

@@ -160,6 +160,16 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
     ("window", "h100-fp8", {"adder.below_window": "sticky"}),
     ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
     ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
+    ("blas", "ocp-exact", {"output.zero_sign": "exact_positive"}),
+    ("blas", "ocp-exact", {"adder.structure": "pairwise_rounded"}),
+    ("window", "h100-wgmma", {"adder.structure": "pairwise_rounded"}),
+    ("blas", "ocp-exact", {"inputs.zero_sign": "positive"}),
+    ("window", "h100-fp8", {"inputs.zero_sign": "positive"}),
+    ("blas", "ocp-exact", {"multiplier.overflow_exponent": 128}),
+    ("window", "h100-fp8", {"multiplier.overflow_exponent": 128}),
+    ("window", "h100-wgmma", {"adder.parity_windows": True, "adder.accumulator_in_tree": False}),
+    ("window", "h100-wgmma", {"adder.second_alignment_bits": 31, "adder.accumulator_in_tree": False,
+                            "adder.sum_significant_bits": None}),
 ])
 def test_route_declarations_refuse_what_the_route_does_not_compute(route, unit, changes):
     config = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")

@@ -66,6 +66,13 @@ def test_other_units_do_not(name):
     # group-scaled sums and scales that are not powers of two: not yet shown exact on this route
     {"scales": "group_sum", "block_size": 32, "group_terms": 16},
     {"scales": "group_sum", "block_size": 16, "group_terms": 16, "scale_format": "ue4m3"},
+    # matrix-core adders (AMD CDNA): rounded pairwise adds, input zero signs, product overflow,
+    # parity windows, a second alignment with c
+    {"structure": "pairwise_rounded"},
+    {"input_zero_sign": "positive"},
+    {"product_overflow_exponent": 128},
+    {"parity_windows": True, "accumulator_in_tree": False},
+    {"second_alignment_bits": 31, "accumulator_in_tree": False, "sum_significant_bits": None},
 ])
 def test_features_the_kernels_do_not_model_refuse_the_route(changes):
     assert window_applies(h100())
@@ -106,6 +113,8 @@ def window_params(draw) -> DatapathParams:
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
         output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
         scale_format="e8m0", group_terms=16,
+        structure="fused", input_zero_sign="keep", product_overflow_exponent=None, parity_windows=False,
+        second_alignment_bits=None, far_accumulator="floor",
     )
 
 

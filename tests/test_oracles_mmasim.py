@@ -1,9 +1,10 @@
-"""MMA-Sim run live against the NVIDIA tensor-core configs, bit for bit.
+"""MMA-Sim run live against the NVIDIA tensor-core and AMD matrix-core configs, bit for bit.
 
 MMA-Sim (``mmasim``, Xie et al., "MMA-Sim: Bit-Accurate Reference Model of Tensor Cores and
 Matrix Cores", arXiv 2511.10909) models each NVIDIA architecture's ``mma``, ``wgmma`` and
-``tcgen05.mma`` instructions in PyTorch, validated by its authors on the GPUs. Every family
-below (architecture x instruction x input types x output type) runs the same element codes
+``tcgen05.mma`` instructions and each AMD CDNA architecture's ``v_mfma`` instructions in
+PyTorch, validated by its authors on the GPUs. Every family below (architecture x
+instruction x input types x output type; every AMD one but f64) runs the same element codes
 and c through MMA-Sim's ``dpa`` (one instruction: K = the shape's k) and through
 ``mxsim.dot`` with the family's config, and the output bits must agree (any NaN equals any
 NaN: MMA-Sim's NaN payload 0x7FFFFFFF is not modelled). A sample also runs through the
@@ -19,6 +20,7 @@ Needs the ``oracles`` extra; skipped without it, failed instead when CI is set.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -94,6 +96,42 @@ def _families():
 
 FAMILIES = _families()
 
+# AMD v_mfma_f32_* instructions as MMA-Sim names them (mmasim/amd/isa_mfma.py), by input type.
+CDNA1_MFMA = {
+    "fp32": ("f32_32x32x2f32", "f32_32x32x1f32", "f32_16x16x4f32", "f32_16x16x1f32", "f32_4x4x1f32"),
+    "fp16": ("f32_32x32x8f16", "f32_32x32x4f16", "f32_16x16x16f16", "f32_16x16x4f16", "f32_4x4x4f16"),
+    "bf16": ("f32_32x32x4bf16", "f32_32x32x2bf16", "f32_16x16x8bf16", "f32_16x16x2bf16", "f32_4x4x2bf16"),
+}
+CDNA2_BF16_1K = ("f32_32x32x8bf16_1k", "f32_32x32x4bf16_1k", "f32_16x16x16bf16_1k", "f32_16x16x4bf16_1k",
+                 "f32_4x4x4bf16_1k")
+CDNA3_MFMA = {
+    "fp32": ("f32_32x32x1_2b_f32", "f32_16x16x1_4b_f32", "f32_4x4x1_16b_f32", "f32_32x32x2_f32", "f32_16x16x4_f32"),
+    "tf32": ("f32_16x16x8_xf32", "f32_32x32x4_xf32"),
+    "fp16": ("f32_32x32x4_2b_f16", "f32_16x16x4_4b_f16", "f32_4x4x4_16b_f16", "f32_32x32x8_f16", "f32_16x16x16_f16"),
+    "bf16": ("f32_32x32x4_2b_bf16", "f32_16x16x4_4b_bf16", "f32_4x4x4_16b_bf16", "f32_32x32x8_bf16",
+             "f32_16x16x16_bf16"),
+}
+AMD_FP8 = {"fp8": "fp8_e4m3fnuz", "bf8": "fp8_e5m2fnuz"}
+
+
+def _amd_families():
+    """(arch, instruction suffix, config, a format, b format); every output is fp32."""
+    out = []
+    for fmt, suffixes in CDNA1_MFMA.items():
+        out += [("CDNA1", suffix, "mi100", fmt, fmt) for suffix in suffixes]
+    cdna2 = {"fp32": "mi250-fp32", "fp16": "mi250", "bf16": "mi250-bf16-legacy"}  # bf16 without _1k: 2 per add
+    for fmt, suffixes in CDNA1_MFMA.items():
+        out += [("CDNA2", suffix, cdna2[fmt], fmt, fmt) for suffix in suffixes]
+    out += [("CDNA2", suffix, "mi250", "bf16", "bf16") for suffix in CDNA2_BF16_1K]
+    for fmt, suffixes in CDNA3_MFMA.items():
+        out += [("CDNA3", suffix, "mi300", fmt, fmt) for suffix in suffixes]
+    for shape in ("16x16x32", "32x32x16"):
+        out += [("CDNA3", f"f32_{shape}_{a}_{b}", "mi300", AMD_FP8[a], AMD_FP8[b]) for a in AMD_FP8 for b in AMD_FP8]
+    return out
+
+
+AMD_FAMILIES = _amd_families()
+
 
 def family_id(family) -> str:
     arch, op, ptx, config, *_ = family
@@ -147,8 +185,10 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
             c[row] = -0.0 if rng.random() < 0.5 else (0.0 if rng.random() < 0.5 else c[row])
         elif kind == "cancel":  # the second half negates the first: an exact zero sum
             half = k // 2
-            a[row, half:] = a[row, :half]
-            b[row, half:] = _encode(fb, -fb.decode(b[row, :half]))
+            a[row, half : 2 * half] = a[row, :half]
+            b[row, half : 2 * half] = _encode(fb, -fb.decode(b[row, :half]))
+            if k % 2:  # odd K (K = 1 included): the last product is zero
+                a[row, -1] = _encode(fa, [0.0])[0]
             c[row] = (-0.0 if rng.random() < 0.5 else 0.0) if rng.random() < 0.7 else c[row]
         elif kind == "subnormal":  # subnormal elements and a subnormal (or tiny) c
             for fmt, codes in ((fa, a), (fb, b)):
@@ -194,8 +234,7 @@ def _torch_operand(torch, codes: np.ndarray, ptx: str):
         return torch.from_numpy((codes << 2).astype(np.uint8))
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32,
              "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[ptx]
-    storage = {1: np.uint8, 2: np.int16, 4: np.int32}[dtype.itemsize]
-    return torch.from_numpy(codes.astype(storage)).view(dtype)
+    return _torch_view(torch, codes, dtype)
 
 
 def _ptx_types(ptx: str) -> tuple[str, str, str]:
@@ -214,6 +253,12 @@ def mmasim_bits(nv_ptx, family, a, b, c) -> np.ndarray:
     result = op.dpa(_torch_operand(torch, a, ta), _torch_operand(torch, b, tb), c_tensor)
     bits = result.numpy().view(np.uint16 if out_name == "fp16" else np.uint32)
     return bits.astype(np.uint32)
+
+
+def _torch_view(torch, codes: np.ndarray, dtype):
+    """Codes as a tensor of ``dtype`` over the same bits."""
+    storage = {1: np.uint8, 2: np.int16, 4: np.int32}[dtype.itemsize]
+    return torch.from_numpy(codes.astype(storage)).view(dtype)
 
 
 def same_bits(x: np.ndarray, y: np.ndarray, out_name: str) -> np.ndarray:
@@ -240,3 +285,44 @@ def test_family_matches_mmasim(nv_ptx, family):
         value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
         twin = fmt.encode(np.array([value]), overflow="inf_nan")[0]
         assert same_bits(np.array([twin], np.uint32), want[row : row + 1], out_name)[0], f"twin, row {row}"
+
+
+# --- AMD matrix cores ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def amd_mfma():
+    import_or_skip("torch", "oracles")
+    return import_or_skip("mmasim.amd", "oracles")
+
+
+def amd_family_id(family) -> str:
+    arch, suffix, config, *_ = family
+    return f"{config}-{arch.lower()}-mfma-{suffix}"
+
+
+def _mfma_k(suffix: str) -> int:
+    return int(re.search(r"\d+x\d+x(\d+)", suffix).group(1))
+
+
+@pytest.mark.parametrize("family", AMD_FAMILIES, ids=amd_family_id)
+def test_amd_family_matches_mmasim(amd_mfma, family):
+    import torch
+
+    arch, suffix, config, a_name, b_name = family
+    # MMA-Sim reads xf32 operands from fp32 tensors (and drops their low 13 bits, as tf32 codes have them zero).
+    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+              "fp8_e4m3fnuz": torch.float8_e4m3fnuz, "fp8_e5m2fnuz": torch.float8_e5m2fnuz}
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    a, b, c = make_inputs(1000 + AMD_FAMILIES.index(family), ROWS, _mfma_k(suffix), a_name, b_name, "fp32")
+    op = amd_mfma.MFMA(arch, suffix)
+    result = op.dpa(_torch_view(torch, a, dtypes[a_name]), _torch_view(torch, b, dtypes[b_name]), torch.from_numpy(c))
+    want = result.numpy().view(np.uint32)
+    got = dot(hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format="fp32").astype(np.uint32)
+    bad = np.flatnonzero(~same_bits(got, want, "fp32"))
+    assert bad.size == 0, f"{bad.size}/{ROWS} mismatches, rows {bad[:8].tolist()}"
+    params = hw.params(a_name, b_name, "fp32")
+    fp32 = get_format("fp32")
+    for row in range(TWIN_ROWS):
+        value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
+        twin = fp32.encode(np.array([value]), overflow="inf_nan")[0]
+        assert same_bits(np.array([twin], np.uint32), want[row : row + 1], "fp32")[0], f"twin, row {row}"

@@ -58,8 +58,14 @@ NOT_PROBED = {"b200-tcgen05-mxf4nvf4", "b200-tcgen05-mxf4", "b200-tcgen05-mxf4nv
               "rtx50-mma-mxf4", "rtx50-mma-mxf4nvf4", "rtx50-mma-mxf4nvf4-e8m0-block16"}
 
 
+#: Matrix-core configs whose keys no probe decides yet (pairwise rounded adds, the second
+#: alignment, parity windows, product overflow, input and exact-zero signs; docs/gpu-oracles.md
+#: checks them against MMA-Sim instead). mi250-fp32 is mi100's fp32 path.
+MATRIX_CORES_NOT_PROBED = {"mi100", "mi250", "mi250-bf16-legacy", "mi250-fp32", "mi300"}
+
+
 def test_every_shipped_config_is_probed():
-    assert {p.stem for p in HW.glob("*.yaml")} == set(CI_PATHS) | set(SAME_AS) | NOT_PROBED
+    assert {p.stem for p in HW.glob("*.yaml")} == set(CI_PATHS) | set(SAME_AS) | NOT_PROBED | MATRIX_CORES_NOT_PROBED
 
 
 @pytest.mark.parametrize("name", sorted(NOT_PROBED))

@@ -14,7 +14,10 @@ each:
   sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);
 - step 6, accumulate: :func:`start_accumulator`, :func:`accumulate`, :func:`promote`,
   :func:`finish_accumulator` (c at the end, the last promotion);
-- step 7, output: :func:`output_value`.
+- step 7, output: :func:`output_value`;
+- the matrix-core adders: :func:`parity_tree_sum` (``parity_windows``), :func:`second_alignment`
+  (``second_alignment_bits``, in place of :func:`accumulate`), and :func:`pairwise_dot` (a whole
+  dot product of ``structure: pairwise_rounded``, its adds by :func:`rounded_add`).
 
 Parameters arrive as the kernel record, a one-element structured array whose dtype
 ``datapath.schema.record_dtype`` derives from the schema (fields named after the keys:
@@ -45,18 +48,20 @@ from ..formats._kernels import (
     power_of_two,
     scale_by_power_of_two,
     ROUND_NEAREST_EVEN,
+    ROUND_TOWARD_NEGATIVE,
     decode_code,
     decompose,
     encode_bits,
     encode_finite,
 )
 from ..quantize._kernels import SCALE_NAN
-from .schema import NO_ZERO_TERM_EXPONENT
+from .schema import NO_PRODUCT_OVERFLOW, NO_ZERO_TERM_EXPONENT
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
 SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
+ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE = 0, 1, 2  # output.zero_sign
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
 # The datapath functions allocate nothing, so they are compiled without Numba's reference
 # counting (its ``_nrt`` option): Numba would otherwise increment and decrement, atomically,
@@ -308,13 +313,15 @@ def tree_bounds(tree, n_elements, cfg):
 @njit(cache=True, inline="always")
 def uniform_trees(cfg):
     """Whether every tree may take :func:`uniform_tree_terms`: k order, one scale pair per
-    tree, the exponent-sum reference and exact products."""
+    tree, the exponent-sum reference, exact products that never overflow, one window."""
     return (
         cfg.term_order_length == 0
         and (cfg.scales == SCALES_NONE or cfg.trees_in_blocks or cfg.block_size % cfg.fused_terms == 0)
         and cfg.scales != SCALES_GROUP_SUM  # group sums: group_tree_terms
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
+        and cfg.product_overflow_exponent == NO_PRODUCT_OVERFLOW
+        and not cfg.parity_windows  # parity_tree_sum
     )
 
 
@@ -360,12 +367,18 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
 @njit(cache=True, inline="always")
 def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, cfg):
     """Steps 1-2 for element k: (product, exponent sum, deferred scale). The product is exact
-    (NaN for a NaN scale); with ``scales: products`` (or ``block_sum`` on an exact tree) the
-    block's scale exponents multiply it and join its exponent sum, with ``block_sum`` and a
-    window they are deferred to the tree's sum."""
+    (NaN for a NaN scale), ±Inf from 2^product_overflow_exponent up; zero elements are +0
+    with ``inputs.zero_sign: positive``; with ``scales: products`` (or ``block_sum`` on an
+    exact tree) the block's scale exponents multiply it and join its exponent sum, with
+    ``block_sum`` and a window they are deferred to the tree's sum."""
     code_a = a_codes[k]
     code_b = b_codes[k]
-    product = a_values[code_a] * b_values[code_b]
+    value_a = a_values[code_a]
+    value_b = b_values[code_b]
+    if cfg.input_zeros_positive:  # x + 0.0 is +0 for either zero and x otherwise
+        value_a += 0.0
+        value_b += 0.0
+    product = value_a * value_b
     exponent_sum = a_exponents[code_a] + b_exponents[code_b]
     deferred = 0
     if cfg.scales != SCALES_NONE and cfg.scales != SCALES_GROUP_SUM:  # group_sum: scaled per group
@@ -379,13 +392,17 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
             exponent_sum += scale_a + scale_b
         else:
             deferred = scale_a + scale_b
+    limit = cfg.product_overflow_exponent
+    if limit != NO_PRODUCT_OVERFLOW and abs(product) >= power_of_two(limit):  # NaN stays NaN
+        product = math.copysign(math.inf, product)
     return product, exponent_sum, deferred
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-               b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
-    """Steps 1-3 for any tree, the tree positions start..stop (:func:`tree_bounds`): its
+def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
+               b_values, b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
+    """Steps 1-3 for any tree, the tree positions start..stop by ``step`` (:func:`tree_bounds`; 2 for
+    one parity of ``parity_windows``): its
     nonzero finite products (truncated by the multiplier when ``product_fraction_bits`` is
     set) with their alignment exponents into ``terms`` and ``exponents``. NaN/Inf products
     join the running special (an IEEE sum), zeros only their sign's record and ``has_zero``.
@@ -393,7 +410,7 @@ def tree_terms(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_
     count = 0
     has_zero = False
     tree_scale = 0
-    for position in range(start, stop):
+    for position in range(start, stop, step):
         k = ordered_index(position, cfg, order)
         if k >= n_elements:  # a padded position: no term
             continue
@@ -632,20 +649,162 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
     return acc, special
 
 
+# --- steps 4-6 of adder.parity_windows and adder.second_alignment_bits ---------------------------
+
+@njit(cache=True, **NO_REFCOUNTS)
+def parity_tree_sum(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
+                    b_values, b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
+    """Steps 1-5 (to the exact window sum) of a ``parity_windows`` tree: the products at even and
+    at odd tree positions each aligned and added in their own window; each sum then kept, toward
+    -inf, to the LSB of the window with the larger reference. Returns (count, total,
+    lsb_exponent, special, negative_zeros_only): the sum is total * 2^lsb_exponent, and count
+    is 0 when the tree has no nonzero finite product."""
+    count = 0
+    total = np.int64(0)
+    lsb_exponent = np.int64(0)
+    for parity in range(2):
+        half, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
+            start + parity, stop, 2, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
+            b_values, b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
+        if half == 0:
+            continue
+        floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
+        _, half_total, half_lsb = align_and_add(terms, exponents, half, tree_scale, floor, cfg)
+        if count == 0:
+            total, lsb_exponent = half_total, half_lsb
+        elif half_lsb > lsb_exponent:  # arithmetic shifts: toward -inf
+            total = (total >> min(half_lsb - lsb_exponent, 63)) + half_total
+            lsb_exponent = half_lsb
+        else:
+            total += half_total >> min(lsb_exponent - half_lsb, 63)
+        count += half
+    return count, total, lsb_exponent, special, negative_zeros_only
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
+    """``second_alignment_bits`` n: the accumulator added to the tree's window sum (total *
+    2^lsb_exponent, its reference R = lsb_exponent + align_fraction_bits; none when count is
+    0) at E = max(R, e), e the accumulator's exponent (its format's emin at least, and for
+    zero). The sum keeps multiples of 2^(E-n-1), the accumulator multiples of
+    2^(E-align_fraction_bits) (or nothing, ``far_accumulator: zero``, below E - F - 1), both
+    toward -inf; their sum is cut to n+1 significant bits toward -inf (no finer than
+    2^(emin-n)) and rounded into the accumulator format. Returns the new accumulator."""
+    window = cfg.align_fraction_bits
+    bits = cfg.second_alignment_bits
+    emin = 1 - acc_params[P_BIAS]
+    acc_exponent = emin if acc == 0.0 else max(floor_log2(acc), emin)
+    top = acc_exponent if count == 0 else max(acc_exponent, lsb_exponent + window)
+    low = top - max(bits + 1, window)  # the LSB both parts are counted in
+    tree_part = np.int64(0)
+    if count > 0:
+        shift = lsb_exponent - (top - bits - 1)
+        tree_part = total << shift if shift >= 0 else total >> min(-shift, 63)
+        tree_part <<= (top - bits - 1) - low
+    acc_part = np.int64(0)
+    if acc != 0.0 and not (cfg.far_accumulator_dropped and acc_exponent < top - window - 1):
+        acc_part = np.int64(math.floor(scale_by_power_of_two(acc, window - top))) << ((top - window) - low)
+    register = tree_part + acc_part
+    if register != 0:
+        leading = low + _bit_length(abs(register)) - 1
+        cut = max(leading, emin) - bits  # the LSB after the cut
+        if cut > low:
+            register >>= cut - low
+            low = cut
+    return round_integer(register, low, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
+                         cfg.accumulator_overflow)
+
+
+# --- adder.structure: pairwise_rounded ----------------------------------------------------------
+
+@generic_calls
+@njit(cache=True, **NO_REFCOUNTS)
+def rounded_add(x, y, params, rounding, subnormals, overflow, limbs, bounds):
+    """x + y under IEEE 754 rounded into ``params`` (values of that format, NaN and ±Inf
+    included): specials and zero signs as IEEE gives them (an exact zero sum of nonzero
+    values is -0 only under toward_negative), the rest rounded once (flushed without
+    ``subnormals``, keeping its sign)."""
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return x + y
+    if x == 0.0 and y == 0.0:
+        if math.copysign(1.0, x) < 0 and math.copysign(1.0, y) < 0:
+            return -0.0
+        return -0.0 if rounding == ROUND_TOWARD_NEGATIVE else 0.0
+    if x == 0.0:
+        return y
+    if y == 0.0:
+        return x
+    total = x + y
+    y_part = total - x  # Knuth's two-sum: the float64 add was exact when the error is 0
+    error = (x - (total - y_part)) + (y - y_part)
+    if not (math.isfinite(total) and error == 0.0):
+        return add_round(x, y, params, rounding, subnormals, overflow, limbs, bounds)
+    if total == 0.0:
+        return -0.0 if rounding == ROUND_TOWARD_NEGATIVE else 0.0
+    return round_float(total, params, rounding, subnormals, overflow)
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_exponents, b_values, b_exponents,
+                 cfg, order, acc_params, out_params, limbs, bounds, terms):
+    """One dot product through a ``pairwise_rounded`` adder: c rounded into the accumulator
+    format (read as +0 when zero or flushed, with ``inputs.zero_sign: positive``); per tree,
+    each product rounded into it, the products summed by rounded two-operand adds, pair by
+    pair ((p0+p1)+(p2+p3); an odd last one is carried up), and the result added to the
+    accumulator; then the output rounding. IEEE arithmetic throughout."""
+    n_elements = a_codes.shape[0]
+    rounding = cfg.accumulator_rounding
+    subnormals = cfg.accumulator_subnormals
+    overflow = cfg.accumulator_overflow
+    acc = round_float(c_value, acc_params, rounding, subnormals, overflow)
+    if cfg.input_zeros_positive and acc == 0.0:
+        acc = 0.0
+    for tree in range(tree_count(n_elements, cfg)):
+        start, stop = tree_bounds(tree, n_elements, cfg)
+        count = 0
+        for position in range(start, stop):
+            k = ordered_index(position, cfg, order)
+            if k >= n_elements:  # a padded position: no term
+                continue
+            product, _, deferred = multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                                            b_exponents, cfg)
+            if deferred != 0:
+                product = scale_by_power_of_two(product, deferred)
+            if cfg.product_fraction_bits >= 0 and product != 0.0 and math.isfinite(product):
+                product = truncate_significand(product, cfg.product_fraction_bits)
+            terms[count] = round_float(product, acc_params, rounding, subnormals, overflow)
+            count += 1
+        while count > 1:
+            for j in range(count // 2):
+                terms[j] = rounded_add(terms[2 * j], terms[2 * j + 1], acc_params, rounding, subnormals, overflow,
+                                       limbs, bounds)
+            if count % 2:
+                terms[count // 2] = terms[count - 1]
+            count = (count + 1) // 2
+        if count == 1:
+            acc = rounded_add(acc, terms[0], acc_params, rounding, subnormals, overflow, limbs, bounds)
+    result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
+    if math.isnan(result):
+        return np.nan
+    if result == 0.0 and cfg.output_zero_sign == ZERO_SIGN_POSITIVE:
+        return 0.0
+    return result
+
+
 # --- step 7: output -----------------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def output_value(result, special, negative_zeros_only, zero_results_positive):
+def output_value(result, special, negative_zeros_only, zero_sign):
     """The dot product's value from the output-rounded ``result``: the running special wins
     (NaN as the canonical positive quiet NaN); a zero is +0 with ``zero_sign: positive``;
-    else an exact zero is -0 only when c and every product were -0 (IEEE's sum of zeros),
-    while a negative result that rounded to zero kept its sign."""
+    else an exact zero is -0 only when c and every product were -0 (IEEE's sum of zeros;
+    never with ``exact_positive``), while a negative result that rounded to zero kept its sign."""
     if special != 0.0 or math.isnan(special):
         return np.nan if math.isnan(special) else special
-    if result == 0.0 and zero_results_positive:
+    if result == 0.0 and zero_sign == ZERO_SIGN_POSITIVE:
         return 0.0
     if result == 0.0 and not math.copysign(1.0, result) < 0:
-        return -0.0 if negative_zeros_only else 0.0
+        return -0.0 if negative_zeros_only and zero_sign == ZERO_SIGN_IEEE else 0.0
     return result
 
 
@@ -660,6 +819,12 @@ def dot_one(
     a float64 value of the output format (NaN, ±Inf, ±0 included)."""
     cfg = config[0]
     n_elements = a_codes.shape[0]
+    if cfg.input_zeros_positive and (c_value == 0.0 or (
+            not cfg.accumulator_subnormals and abs(c_value) < power_of_two(1 - acc_params[P_BIAS]))):
+        c_value = 0.0  # c read as +0
+    if cfg.pairwise_rounded:
+        return pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_exponents, b_values,
+                            b_exponents, cfg, order, acc_params, out_params, limbs, bounds, terms)
     special = 0.0  # running IEEE sum of every non-finite contribution
     if not math.isfinite(c_value):
         special = c_value
@@ -675,6 +840,8 @@ def dot_one(
         count = 0
         tree_scale = 0
         done = False
+        total = np.int64(0)
+        lsb_exponent = np.int64(0)
         if uniform:
             count, tree_scale, done = uniform_tree_terms(
                 start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales,
@@ -684,6 +851,10 @@ def dot_one(
             count, special, negative_zeros_only, has_zero = group_tree_terms(
                 start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales, a_values, b_values,
                 scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only)
+        elif cfg.parity_windows:
+            count, total, lsb_exponent, special, negative_zeros_only = parity_tree_sum(
+                start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
         elif done:
             negative_zeros_only = False
             if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
@@ -691,7 +862,7 @@ def dot_one(
                     has_zero = has_zero or terms[i] == 0.0
         else:
             count, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
-                start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                start, stop, 1, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
                 b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
         if grid:
             acc = grid_accumulate(acc, terms, count, tree_scale_exponent(start, a_scales, b_scales, cfg), cfg,
@@ -708,12 +879,17 @@ def dot_one(
                 count += 1
             else:
                 has_zero = True
-        floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
-        fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, floor, cfg)
+        fits = True
+        if not cfg.parity_windows:  # (parity_tree_sum has aligned and added)
+            floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
+            fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, floor, cfg)
         if cfg.accumulator_exact:  # Kulisch: the tree's exact sum goes straight into the limbs
             add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
             continue
-        acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
+        if cfg.second_alignment_bits >= 0:
+            acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
+        else:
+            acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
         if not math.isfinite(acc):  # overflow in the accumulator
             special = note_overflow(special, acc)
             acc = 0.0
@@ -726,7 +902,7 @@ def dot_one(
     else:
         acc, special = finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds)
         result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
-    return output_value(result, special, negative_zeros_only, cfg.zero_results_positive)
+    return output_value(result, special, negative_zeros_only, cfg.output_zero_sign)
 
 
 @njit(cache=True)

@@ -44,6 +44,7 @@ from numba import njit
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
+from .tables import FULL_TABLE_BITS
 
 ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~8 MiB per array)
 
@@ -53,9 +54,13 @@ def _span_bits(fmt) -> tuple[int, int]:
     """(exponent of the largest magnitude's leading bit, exponent of the smallest step).
 
     The largest magnitude is read from the decoded code table, not from ``emax``: MX INT8's
-    code 0x80 is -2.0, one binade above its largest positive value 127/64."""
-    values = np.abs(fmt.decode_fields(np.arange(1 << fmt.field_bits)))
-    largest = float(np.max(values[np.isfinite(values)]))
+    code 0x80 is -2.0, one binade above its largest positive value 127/64. A format too wide
+    for a table (fp32) is sign-magnitude floating point: its largest is ``max_finite``."""
+    if fmt.field_bits > FULL_TABLE_BITS:
+        largest = float(fmt.max_finite)
+    else:
+        values = np.abs(fmt.decode_fields(np.arange(1 << fmt.field_bits)))
+        largest = float(np.max(values[np.isfinite(values)]))
     return math.frexp(largest)[1] - 1, 1 - fmt.bias - fmt.mantissa_bits
 
 

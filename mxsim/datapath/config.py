@@ -168,6 +168,33 @@ def check_consistency(params: DatapathParams, source: str) -> None:
                           "(term_order and promotion_interval null)")
     if params.grid_fraction_bits is not None:
         _check_grid(params, source)
+    if params.structure == "pairwise_rounded":
+        _check_needs(params, source, "adder.structure: pairwise_rounded", {
+            "inputs.scales": (params.scales == "group_sum", "'none', 'products' or 'block_sum'"),
+            "accumulator.format": (params.accumulator_format == "exact", "a floating format"),
+            "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
+            "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
+            "grid.fraction_bits": (params.grid_fraction_bits is not None, "null"),
+        })
+    for key, value in (("parity_windows", params.parity_windows),
+                       ("second_alignment_bits", params.second_alignment_bits is not None)):
+        if value:
+            _check_needs(params, source, f"adder.{key}", {
+                "adder.align_fraction_bits": (params.align_fraction_bits is None, "a window"),
+                "adder.below_window": (params.below_window == "sticky", "no sticky bit"),
+                "inputs.scales": (params.scales == "group_sum", "'none', 'products' or 'block_sum'"),
+                "grid.fraction_bits": (params.grid_fraction_bits is not None, "null"),
+            })
+    if params.parity_windows and params.accumulator_in_tree:
+        raise ConfigError(source, "adder.accumulator_in_tree", "adder.parity_windows needs false: the windows hold products only")
+    if params.second_alignment_bits is not None:
+        _check_needs(params, source, "adder.second_alignment_bits", {
+            "adder.accumulator_in_tree": (params.accumulator_in_tree, "false: the accumulator joins the second alignment"),
+            "adder.sum_significant_bits": (params.sum_significant_bits is not None, "null: the second alignment cuts the sum"),
+            "accumulator.format": (params.accumulator_format == "exact", "a floating format"),
+            "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
+            "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
+        })
     if params.promotion_interval is not None:
         if params.promotion_interval % params.fused_terms:
             raise ConfigError(
@@ -178,6 +205,13 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             raise ConfigError(source, "accumulator.promotion_interval", "needs a floating accumulator, not 'exact'")
         if params.c_entry != "initial":
             raise ConfigError(source, "accumulator.promotion_interval", "c starts the outer accumulator: c_entry must be 'initial'")
+
+
+def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) -> None:
+    """Raise ConfigError for the first key (path: (bad, wanted)) that ``what`` cannot take."""
+    for path, (bad, wanted) in needs.items():
+        if bad:
+            raise ConfigError(source, path, f"{what} needs {wanted}")
 
 
 def _check_grid(params: DatapathParams, source: str) -> None:
@@ -194,9 +228,7 @@ def _check_grid(params: DatapathParams, source: str) -> None:
         "inputs.scales": (params.scales not in ("none", "products"), "'none' or 'products'"),
         "adder.term_order": (params.term_order is not None, "null"),
     }
-    for path, (bad, wanted) in needs.items():
-        if bad:
-            raise ConfigError(source, path, f"a fixed-point grid (grid.fraction_bits) needs {wanted}")
+    _check_needs(params, source, "a fixed-point grid (grid.fraction_bits)", needs)
     if params.scales != "none" and not params.trees_in_blocks and params.block_size % params.fused_terms:
         raise ConfigError(source, "adder.trees_in_blocks", "a fixed-point grid takes one scale per tree: "
                           f"set it true, or make fused_terms ({params.fused_terms}) divide block_size ({params.block_size})")

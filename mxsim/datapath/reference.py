@@ -5,7 +5,8 @@ docs/hwconfig.md (not from the kernel), one function per step as the kernel has 
 :func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3, with
 :func:`_group_terms` for ``scales: group_sum``),
 :func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
-:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7). Every intermediate value
+:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7); the matrix-core adders
+:func:`_parity_sum`, :func:`_second_alignment` and :func:`_pairwise_dot`. Every intermediate value
 is an exact Fraction; every rounding goes through
 :func:`mxsim.formats.reference.encode_reference`. It also records each stage, which is what
 ``mxsim dot --explain`` prints.
@@ -92,13 +93,16 @@ class _Specials:
 # --- steps 1-2: decode, multiply ----------------------------------------------------------------
 
 @functools.lru_cache(maxsize=1 << 16)
-def _decode(fmt: FormatInfo, code: int, input_subnormals: bool):
-    """Step 1: (exact value, alignment exponent or None for zero and specials). Memoised: a
-    pure function of its arguments, and decoding every element with Fractions was most of the
-    twin's time (stage dumps of golden vectors call it per vector)."""
+def _decode(fmt: FormatInfo, code: int, input_subnormals: bool, zeros_positive: bool = False):
+    """Step 1: (exact value, alignment exponent or None for zero and specials); with
+    ``zeros_positive`` (``inputs.zero_sign: positive``) a zero is +0. Memoised: a pure function
+    of its arguments, and decoding every element with Fractions was most of the twin's time
+    (stage dumps of golden vectors call it per vector)."""
     value = decode_reference(fmt, code)
     if isinstance(value, Fraction) and not input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
         value = -0.0 if value < 0 else Fraction(0)
+    if zeros_positive and value == 0:
+        value = Fraction(0)
     exponent = None
     if isinstance(value, Fraction) and value != 0:
         exponent = max(floor_log2(abs(value)), alignment_emin(fmt))
@@ -109,7 +113,8 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
     """Step 2: (product, alignment exponent, scale exponent still to apply to the tree sum).
 
     The product is a Fraction, or a float for ±0 (its sign), ±Inf and NaN (a NaN scale
-    included). ``scale_codes`` are the block's E8M0 codes (None: the unit takes no scales)."""
+    included, and a product of at least 2^product_overflow_exponent). ``scale_codes`` are the
+    block's E8M0 codes (None: the unit takes no scales)."""
     scale_exponent = 0
     scale_is_nan = False
     if scale_codes is not None:
@@ -133,6 +138,9 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
             product *= Fraction(2) ** scale_exponent
             exponent += scale_exponent
             scale_exponent = 0
+    if (isinstance(product, Fraction) and params.product_overflow_exponent is not None
+            and abs(product) >= Fraction(2) ** params.product_overflow_exponent):
+        product = math.copysign(INF, product)  # the multiplier overflows
     if isinstance(product, Fraction) and params.product_fraction_bits is not None:
         lead = floor_log2(abs(product))
         step = Fraction(2) ** (lead - params.product_fraction_bits)
@@ -222,12 +230,19 @@ def _group_terms(positions, products, scale_codes, params: DatapathParams, speci
 
 # --- steps 4-5: align, add, normalise -----------------------------------------------------------
 
-def _align(terms: list[tuple], has_zero: bool, params: DatapathParams):
-    """Step 4 with a window: (reference R, LSB 2^(R-F), each term as the adder keeps it). R is
-    the largest exponent, and at least ``zero_term_exponent`` when the tree has a zero term."""
+def _reference(terms: list[tuple], has_zero: bool, params: DatapathParams) -> int:
+    """A tree's reference R: the largest term exponent, at least ``zero_term_exponent`` when
+    the tree has a zero term."""
     reference = max(e for _, e in terms)
     if has_zero and params.zero_term_exponent is not None:
         reference = max(reference, params.zero_term_exponent)
+    return reference
+
+
+def _align(terms: list[tuple], has_zero: bool, params: DatapathParams):
+    """Step 4 with a window: (reference R, LSB 2^(R-F), each term as the adder keeps it). R is
+    the largest exponent, and at least ``zero_term_exponent`` when the tree has a zero term."""
+    reference = _reference(terms, has_zero, params)
     lsb = Fraction(2) ** (reference - params.align_fraction_bits)
     kept_terms = []
     for term, _ in terms:
@@ -303,6 +318,59 @@ def _normalise(tree_sum: Fraction, params: DatapathParams, log):
     return tree_sum
 
 
+# --- steps 4-6 of adder.parity_windows and adder.second_alignment_bits ---------------------------
+
+def _parity_sum(halves: list[tuple], tree_start: int, params: DatapathParams, log):
+    """``parity_windows``: the (nonzero finite terms, has a zero) of a tree's even and odd
+    positions, each aligned and added in its own window; each window sum kept, toward -inf,
+    to multiples of 2^(R - align_fraction_bits) for the larger reference R. Returns (the sum,
+    R), R None when no window has a term."""
+    sums = []
+    for kept, has_zero in halves:
+        if not kept:
+            continue
+        tree_scale = kept[0][2] if params.scales == "block_sum" else 0
+        reference, lsb, kept_terms = _align([(p, e) for p, e, _ in kept], has_zero, params)
+        sums.append((_add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale, reference + tree_scale))
+    if not sums:
+        return Fraction(0), None
+    reference = max(r for _, r in sums)
+    step = Fraction(2) ** (reference - params.align_fraction_bits)
+    total = sum((math.floor(window_sum / step) * step for window_sum, _ in sums), Fraction(0))
+    log({"stage": "parity_windows", "start": tree_start, "window_sums": [float(w) for w, _ in sums],
+         "references": [r for _, r in sums], "reference_exponent": reference, "sum": float(total)})
+    return total, reference
+
+
+def _second_alignment(acc, tree_sum: Fraction, reference: int | None, acc_fmt: FormatInfo, params: DatapathParams,
+                      specials: _Specials, log):
+    """``second_alignment_bits`` n: at E = max(R, e) (e: the accumulator's exponent, at least
+    its format's emin, that emin for zero) the tree sum is kept to multiples of 2^(E-n-1) and
+    the accumulator to multiples of 2^(E-F) (F = align_fraction_bits), both toward -inf (the
+    accumulator dropped below E-F-1 with ``far_accumulator: zero``); their sum is cut to n+1
+    significant bits toward -inf, no finer than 2^(emin-n), and rounded into the accumulator."""
+    emin = 1 - acc_fmt.bias
+    exponent = emin if acc == 0 else max(floor_log2(abs(Fraction(acc))), emin)
+    top = exponent if reference is None else max(reference, exponent)
+    bits, window = params.second_alignment_bits, params.align_fraction_bits
+    sum_step, acc_step = Fraction(2) ** (top - bits - 1), Fraction(2) ** (top - window)
+    kept_sum = math.floor(tree_sum / sum_step) * sum_step
+    dropped = params.far_accumulator == "zero" and exponent < top - window - 1
+    kept_acc = Fraction(0) if dropped else math.floor(Fraction(acc) / acc_step) * acc_step
+    total = kept_sum + kept_acc
+    if total != 0:
+        cut = Fraction(2) ** (max(floor_log2(abs(total)), emin) - bits)
+        total = math.floor(total / cut) * cut
+    result = _round(total, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                    ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
+    log({"stage": "second_alignment", "exponent": top, "tree_sum": float(kept_sum), "accumulator": float(kept_acc),
+         "accumulator_dropped": dropped, "cut_sum": float(total), "result": _to_float(result)})
+    if _is_infinite(result):
+        specials.note_overflow(result)
+        result = Fraction(0)
+    return result
+
+
 # --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
 
 def _grid_accumulate(acc, kept: list[tuple], scale_exponent: int, acc_fmt: FormatInfo, params: DatapathParams,
@@ -375,6 +443,79 @@ def _add_c_at_end(acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathP
     return acc
 
 
+# --- adder.structure: pairwise_rounded ----------------------------------------------------------
+
+def _is_negative_zero(value) -> bool:
+    return isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0
+
+
+def _ieee_round(value, fmt: FormatInfo, params: DatapathParams):
+    """A product or c (Fraction, or float for ±0, ±Inf, NaN) rounded into the accumulator format
+    as an IEEE operation would (flushed, keeping its sign, without accumulator.subnormals)."""
+    if isinstance(value, float):
+        return value
+    return _round(value, fmt, params.accumulator_rounding, params.accumulator_subnormals,
+                  ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
+
+
+def _ieee_add(x, y, fmt: FormatInfo, params: DatapathParams):
+    """x + y as an IEEE 754 add rounded into ``fmt`` with the accumulator's rounding,
+    subnormals and overflow: NaN and Inf rules, the signs of zero sums, one rounding."""
+    if any(isinstance(v, float) and math.isnan(v) for v in (x, y)):
+        return math.nan
+    infinities = [v for v in (x, y) if _is_infinite(v)]
+    if infinities:
+        return math.nan if len(infinities) == 2 and infinities[0] != infinities[1] else infinities[0]
+    toward_negative = params.accumulator_rounding == "toward_negative"
+    if x == 0 and y == 0:
+        return -0.0 if (_is_negative_zero(x) and _is_negative_zero(y)) or toward_negative else Fraction(0)
+    if x == 0 or y == 0:
+        return y if x == 0 else x
+    total = Fraction(x) + Fraction(y)
+    if total == 0:
+        return -0.0 if toward_negative else Fraction(0)
+    return _ieee_round(total, fmt, params)
+
+
+def _pairwise_dot(params: DatapathParams, products: list[tuple], trees, c: float, acc_fmt: FormatInfo,
+                  out_fmt: FormatInfo, log) -> float:
+    """``adder.structure: pairwise_rounded``: c rounded into the accumulator format; per tree
+    each product rounded into it, the products added pair by pair ((p0+p1)+(p2+p3); an odd
+    last one carried up), the tree's result added to the accumulator; every add an IEEE add
+    rounded into the accumulator format; then the output rounding."""
+    acc = c if c == 0 or not math.isfinite(c) else _ieee_round(Fraction(c), acc_fmt, params)
+    if params.input_zero_sign == "positive" and acc == 0:
+        acc = Fraction(0)  # c flushed by the rounding is read as +0 too
+    log({"stage": "accumulator_start", "value": _to_float(acc)})
+    for positions in trees:
+        level = []
+        for k in positions:
+            if k is None:  # a padded position
+                continue
+            product, _, scale_exponent = products[k]
+            if isinstance(product, Fraction):
+                product *= Fraction(2) ** scale_exponent
+            level.append(_ieee_round(product, acc_fmt, params))
+        if not level:
+            continue
+        levels = [level]
+        while len(level) > 1:
+            pairs = [_ieee_add(level[i], level[i + 1], acc_fmt, params) for i in range(0, len(level) - 1, 2)]
+            level = pairs + level[len(pairs) * 2 :]
+            levels.append(level)
+        acc = _ieee_add(acc, level[0], acc_fmt, params)
+        log({"stage": "pairwise", "start": positions[0], "levels": [[_to_float(v) for v in lv] for lv in levels],
+             "accumulator": _to_float(acc)})
+    if isinstance(acc, float):
+        value = math.nan if math.isnan(acc) else acc
+    else:
+        value = _to_float(_round(acc, out_fmt, params.output_rounding, params.output_subnormals))
+    if value == 0 and params.output_zero_sign == "positive":
+        value = 0.0
+    log({"stage": "output", "value": value})
+    return value
+
+
 # --- the dot product ----------------------------------------------------------------------------
 
 def dot_reference(
@@ -399,6 +540,10 @@ def dot_reference(
     out_fmt = get_format(params.output_format)
     log = record.append if record is not None else (lambda item: None)
 
+    if params.input_zero_sign == "positive" and (c == 0 or (
+            acc_fmt is not None and not params.accumulator_subnormals and abs(c) < acc_fmt.min_normal)):
+        c = 0.0  # c read as +0
+    c_given = c  # (a pairwise_rounded adder takes c's specials into its IEEE adds)
     specials = _Specials(c)
     if not math.isfinite(c):
         specials.values.append(c)
@@ -407,8 +552,9 @@ def dot_reference(
 
     products = []  # per k: (value Fraction or float special, alignment exponent, scale exponent)
     for k, (code_a, code_b) in enumerate(zip(a_codes, b_codes)):
-        value_a, exponent_a = _decode(a_fmt, int(code_a), params.input_subnormals)
-        value_b, exponent_b = _decode(b_fmt, int(code_b), params.input_subnormals)
+        zeros_positive = params.input_zero_sign == "positive"
+        value_a, exponent_a = _decode(a_fmt, int(code_a), params.input_subnormals, zeros_positive)
+        value_b, exponent_b = _decode(b_fmt, int(code_b), params.input_subnormals, zeros_positive)
         scale_codes = None
         if params.scales in ("products", "block_sum"):
             block = k // params.block_size
@@ -418,6 +564,8 @@ def dot_reference(
         log({"stage": "product", "k": k, "a_code": code_a, "b_code": code_b, "a": _to_float(value_a),
              "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
     trees = _tree_positions(len(products), params)
+    if params.structure == "pairwise_rounded":
+        return _pairwise_dot(params, products, trees, c_given, acc_fmt, out_fmt, log)
     if params.scales == "group_sum":  # None: every scale 1
         one = encode_reference(get_format(params.scale_format), Fraction(1))
         blocks = -(-len(products) // params.block_size)
@@ -455,14 +603,25 @@ def dot_reference(
 
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
-        kept, has_zero = tree_terms(positions)
-        if params.grid_fraction_bits is not None:
-            first = next((k for k in positions if k is not None), None)
-            scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
-            acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
+        if params.parity_windows:
+            tree_sum, reference = _parity_sum([tree_terms(positions[0::2]), tree_terms(positions[1::2])],
+                                              tree_start, params, log)
+        else:
+            kept, has_zero = tree_terms(positions)
+            if params.grid_fraction_bits is not None:
+                first = next((k for k in positions if k is not None), None)
+                scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
+                acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
+                continue
+            reference = None  # (read by the second alignment only)
+            if kept and params.align_fraction_bits is not None:
+                tree_scale = kept[0][2] if params.scales == "block_sum" else 0
+                reference = _reference([(p, e) for p, e, _ in kept], has_zero, params) + tree_scale
+            tree_sum = _tree_sum(kept, has_zero, acc, tree_start, params, log)
+        if params.second_alignment_bits is not None:
+            acc = _second_alignment(acc, tree_sum, reference, acc_fmt, params, specials, log)
             continue
-        tree_sum = _normalise(_tree_sum(kept, has_zero, acc, tree_start, params, log), params, log)
-        acc = _accumulate(acc, tree_sum, acc_fmt, params, specials)
+        acc = _accumulate(acc, _normalise(tree_sum, params, log), acc_fmt, params, specials)
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
         done = tree_start + params.fused_terms
         if params.promotion_interval and done % params.promotion_interval == 0:
@@ -501,7 +660,7 @@ def _output(result, specials: _Specials, params: DatapathParams, log) -> float:
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:
-        value = -0.0 if specials.negative_zeros_only else 0.0
+        value = -0.0 if specials.negative_zeros_only and params.output_zero_sign == "ieee" else 0.0
     else:
         value = float(result)
     log({"stage": "output", "value": value})

@@ -34,6 +34,8 @@ DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
 #: The kernel record's ``zero_term_exponent`` for null: below every exponent, so zero terms never set R.
 NO_ZERO_TERM_EXPONENT = -(1 << 40)
+#: The kernel record's ``product_overflow_exponent`` for null: above every product's exponent.
+NO_PRODUCT_OVERFLOW = 1 << 40
 #: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
 ACCUMULATOR_OVERFLOW = {"ieee": "inf_nan", "infinity": "inf"}
 ROUTES = ("blas", "window")
@@ -141,6 +143,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=None,  # decided when the params are resolved: the kernel never sees a mixed pair
             blas=any_value, window=any_value,
         ),
+        "zero_sign": Key(
+            "str", "keep",
+            "the sign of a zero input: 'keep' (-0 is -0, a flushed subnormal keeps its sign); 'positive': "
+            "every input element and c that is zero, or read as zero (subnormals: false for elements, "
+            "accumulator.subnormals: false for c), is +0 (MMA-Sim's CDNA2 flush: a magnitude below the "
+            "smallest normal reads as +0)",
+            ("keep", "positive"),
+            field="input_zero_sign",
+            record=Record(lambda value: value == "positive", np.bool_, "input_zeros_positive"),
+            blas=only("keep"), window=only("keep"),
+        ),
     },
     "multiplier": {
         "product_fraction_bits": Key(
@@ -148,10 +161,30 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "null: exact products; n: each product's significand truncated (toward zero) to 1+n bits",
             minimum=0, maximum=52, blas=only(None), window=only(None),
         ),
+        "overflow_exponent": Key(
+            "optional_int", None,
+            "null: products never overflow. n: a product of magnitude 2^n or more is ±Inf (an infinite product: "
+            "Inf - Inf gives NaN), as a multiplier with an fp32 exponent range makes it (CDNA3 MFMA: 128)",
+            minimum=-1022, maximum=1023, field="product_overflow_exponent",
+            record=Record(lambda value: NO_PRODUCT_OVERFLOW if value is None else value),
+            blas=only(None), window=only(None),
+        ),
     },
     "adder": {
         "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE,
                            blas=any_value, window=any_value),
+        "structure": Key(
+            "str", "fused",
+            "'fused': each tree's terms are aligned and added in one pass (steps 4-5). 'pairwise_rounded': "
+            "each product is rounded into the accumulator format (accumulator.rounding, .subnormals, "
+            ".overflow), a tree's products are summed by a balanced binary tree of two-operand adds "
+            "((p0+p1)+(p2+p3)), each rounded the same way, and the tree's result is added to the "
+            "accumulator the same way; IEEE arithmetic throughout (Inf - Inf is NaN, zero signs as IEEE "
+            "adds give them); the alignment keys are not read (MMA-Sim's CDNA2 fp16/bf16 MFMA)",
+            ("fused", "pairwise_rounded"),
+            record=Record(lambda value: value == "pairwise_rounded", np.bool_, "pairwise_rounded"),
+            blas=only("fused"), window=only("fused"),
+        ),
         "term_order": Key(
             "order", None,
             "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
@@ -243,6 +276,35 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=Record(rounding_code),
             blas=any_value,  # read only with sum_significant_bits
             window=only(*DIRECTED_AND_NEAREST),
+        ),
+        "parity_windows": Key(
+            "bool", False,
+            "true: a tree's products at even and at odd positions (counted from the tree's start) are "
+            "aligned and added in two separate windows, each with its own reference R and "
+            "align_fraction_bits; the two sums are then kept to multiples of 2^(R - align_fraction_bits) "
+            "for the larger R, toward -inf, and added, R being that larger one (MMA-Sim's CDNA3 FP8 MFMA)",
+            blas=only(False), window=only(False),
+        ),
+        "second_alignment_bits": Key(
+            "optional_int", None,
+            "null: the accumulator joins the tree or is added to its sum exactly (accumulator_in_tree). "
+            "n (with accumulator_in_tree: false and a window): a second alignment adds the accumulator "
+            "to the tree's sum at E = max(R, e), R the tree's reference (none for a tree without a "
+            "nonzero product), e the accumulator's exponent (of its leading bit), at least its format's emin "
+            "(that emin for a zero accumulator); the tree sum keeps multiples of 2^(E-n-1) and the "
+            "accumulator multiples of 2^(E - align_fraction_bits), both toward -inf; their exact sum is "
+            "cut to n+1 significant bits toward -inf (no finer than 2^(emin-n)), then rounded into the "
+            "accumulator format (MMA-Sim's CDNA3 MFMA: 31)",
+            minimum=0, maximum=40, blas=only(None), window=only(None),
+        ),
+        "far_accumulator": Key(
+            "str", "floor",
+            "second_alignment_bits: an accumulator whose exponent e lies below E - align_fraction_bits - 1: "
+            "'floor' keeps it toward -inf like any other (a negative one becomes -2^(E - align_fraction_bits)); "
+            "'zero' drops it (MMA-Sim's CDNA3 FP8 MFMA)",
+            ("floor", "zero"),
+            record=Record(lambda value: value == "zero", np.bool_, "far_accumulator_dropped"),
+            blas=any_value, window=any_value,  # read only with second_alignment_bits, which both refuse
         ),
         "accumulator_exponent": Key(
             "str", "leading_bit",
@@ -366,10 +428,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "str", "ieee",
             "the sign of a zero result: 'ieee' (+0 unless c and every product are -0, and a negative "
             "result that rounds to zero keeps its sign); 'positive': every zero result is +0 (MMA-Sim's "
-            "tensor cores add +0.0 to each result)",
-            ("ieee", "positive"),
+            "tensor cores add +0.0 to each result); 'exact_positive': an exact zero sum is +0 even when "
+            "c and every product are -0, a negative result that rounds to zero keeps its sign (MMA-Sim's "
+            "CDNA1 MFMA)",
+            ("ieee", "positive", "exact_positive"),
             field="output_zero_sign",
-            record=Record(lambda value: value == "positive", np.bool_, "zero_results_positive"),
             # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged).
             blas=only("ieee"), window=any_value,
         ),
