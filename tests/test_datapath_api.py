@@ -18,7 +18,7 @@ from mxsim import get_format
 from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.api import dot_with_params
+from mxsim.datapath.api import dot_with_params, kernel_c_dtype, kernel_output_dtype
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
@@ -144,6 +144,7 @@ def random_params(draw) -> DatapathParams:
         scales=scales,
         scale_format=draw(st.sampled_from(["e8m0", "ue4m3"])) if scales == "group_sum" else "e8m0",
         input_subnormals=draw(st.booleans()),
+        c_format="fp32",
         product_fraction_bits=None if grid else draw(st.one_of(st.none(), st.integers(0, 6))),
         fused_terms=fused,
         group_terms=group,
@@ -184,7 +185,7 @@ def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, len
     fmt = get_format(fmt_name)
     magnitude = np.exp2(rng.integers(-3, 4, size=(rows, 1)).astype(np.float64))
     x = np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
-    codes = fmt.encode(x).astype(np.uint32)
+    codes = fmt.encode(x)
     if block_size is None:
         return codes, None
     scale_fmt = get_format(scale_format)
@@ -208,15 +209,15 @@ def random_inputs(draw, params: DatapathParams, rows: int):
                                        params.scale_format)
         b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length,
                                        params.scale_format)
-        c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
+        c = rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))
         c[rng.random(rows) < 0.3] = 0.0
-        return a, b, scale_a, scale_b, c
+        return a, b, scale_a, scale_b, c_of_format(c, params.c_format)
     event("inputs: corners")
     fmt_a, fmt_b = get_format(params.a_format), get_format(params.b_format)
     codes = lambda fmt: np.array(draw(  # noqa: E731  (field codes, then placed above the padding: tf32)
         st.lists(st.lists(st.integers(0, (1 << fmt.field_bits) - 1), min_size=length, max_size=length),
                  min_size=rows, max_size=rows)
-    ), dtype=np.uint32) << np.uint32(fmt.padding_bits)
+    ), dtype=fmt.code_dtype) << fmt.code_dtype.type(fmt.padding_bits)
     a, b = codes(fmt_a), codes(fmt_b)
     scale_fmt = get_format(params.scale_format)
     one, top = int(scale_fmt.encode(np.array([1.0]))[0]), (1 << scale_fmt.bits) - 1
@@ -230,8 +231,13 @@ def random_inputs(draw, params: DatapathParams, rows: int):
         st.floats(-100, 100, width=32),
         st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3.4e38]),
     )
-    c = np.array(draw(st.lists(c_value, min_size=rows, max_size=rows)), dtype=np.float32)
-    return a, b, scale_a, scale_b, c
+    c = np.array(draw(st.lists(c_value, min_size=rows, max_size=rows)), dtype=np.float64)
+    return a, b, scale_a, scale_b, c_of_format(c, params.c_format)
+
+
+def c_of_format(c: np.ndarray, c_format: str) -> np.ndarray:
+    """Values rounded into ``c_format`` (±Inf beyond it), in the dtype the kernels read."""
+    return get_format(c_format).round(c, overflow="inf").astype(kernel_c_dtype(c_format))
 
 
 def assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c):
@@ -265,7 +271,7 @@ def test_kernel_equals_reference_on_random_configs(data):
 def test_kernel_equals_reference_on_shipped_configs(config, data):
     unit = load_hwconfig(config)
     a_format, b_format = data.draw(st.sampled_from(unit.format_pairs))
-    out_format = data.draw(st.sampled_from(["fp32", "fp16", "bf16"]))
+    out_format = data.draw(st.sampled_from(sorted({"fp32", "fp16", "bf16", unit.sections[("output", "format")]})))
     params = unit.params(a_format, b_format, out_format)
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
 
@@ -714,7 +720,8 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
 
 
 def test_kernels_see_one_output_dtype_for_every_output_format():
-    """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after)."""
+    """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after);
+    fp64 outputs alone need 64-bit codes."""
     from mxsim.datapath import _kernels
 
     unit = hw("h100-fp8")
@@ -724,8 +731,10 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
         assert bits.dtype == get_format(out_format).code_dtype and (as_float(bits, out_format) == 114.0).all()
         result = matmul(hw("ocp-exact"), np.ones((2, 32)), np.ones((32, 3)), out_format=out_format, method="kernel")
         assert result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
+    assert {str(kernel_output_dtype(name)) for name in ("fp32", "fp16", "bf16")} == {"uint32"}
+    assert str(kernel_output_dtype("fp64")) == "uint64"
     for kernel in (_kernels.dot_pairs, _kernels.matmul_rows):
-        assert {str(signature[-1].dtype) for signature in kernel.signatures} == {"uint32"}
+        assert {str(signature[-1].dtype) for signature in kernel.signatures} <= {"uint32", "uint64"}
 
 
 def test_empty_operands():

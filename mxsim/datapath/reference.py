@@ -17,7 +17,7 @@ import functools
 import math
 from fractions import Fraction
 
-from ..errors import ConfigError
+from ..errors import ArgumentError, ConfigError
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
@@ -404,6 +404,8 @@ def dot_reference(
         specials.values.append(c)
         c = 0.0
     c_exact = Fraction(c)
+    if c_exact != 0 and _round(c_exact, get_format(params.c_format), "nearest_even") != c_exact:
+        raise ArgumentError(f"c = {c!r} is not a {params.c_format} value (inputs.c_format)")
 
     products = []  # per k: (value Fraction or float special, alignment exponent, scale exponent)
     for k, (code_a, code_b) in enumerate(zip(a_codes, b_codes)):

@@ -23,13 +23,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..formats import format_names
+from ..formats import format_names, get_format
 from ..formats.rounding import ROUNDING_MODES, overflow_code, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
 ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
 SCALE_FORMATS = format_names("scale")
 WIDE_FORMATS = format_names("wide")
+#: Wide formats whose values are float32 values: what the fast routes (uint32 outputs, float32 c) hold.
+FLOAT32_FORMATS = tuple(name for name in WIDE_FORMATS if get_format(name).bits <= 32)
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
 #: The kernel record's ``zero_term_exponent`` for null: below every exponent, so zero terms never set R.
@@ -132,8 +134,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("e8m0"), window=only("e8m0"),
         ),
         "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
-                          field="input_subnormals", record=None,  # the element tables read them as zero
+                          field="input_subnormals",  # the element tables read them as zero; so does the kernel's decode
                           blas=only(True), window=any_value),
+        "c_format": Key(
+            "format", "fp32",
+            "format of the accumulator input c (the API may ask for another, as Volta's mma takes f16 or "
+            "f32 c beside an f32 d): every c must be a value of it (the API refuses others); c then enters "
+            "exactly as c_entry says",
+            WIDE_FORMATS, record=None,  # checked by the API; the kernel reads c's exact value
+            blas=only(*FLOAT32_FORMATS), window=only(*FLOAT32_FORMATS),
+        ),
         "same_format": Key(
             "bool", False,
             "true: A and B share one element format per operation (the unit has a single source-format "
@@ -277,7 +287,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             WIDE_FORMATS + ("exact",),
             field="accumulator_format",
             record=Record(lambda value: value == "exact", np.bool_, "accumulator_exact"),  # + its format parameters
-            blas=only("fp32", "exact"), window=only(*WIDE_FORMATS),
+            blas=only("fp32", "exact"), window=only(*FLOAT32_FORMATS),
         ),
         "rounding": Key(
             "str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST,
@@ -351,7 +361,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "output": {
         "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS,
                       field="output_format", record=None,  # the kernel gets its format parameters
-                      blas=only("fp32"), window=only(*WIDE_FORMATS)),
+                      blas=only("fp32"), window=only(*FLOAT32_FORMATS)),
         "rounding": Key(
             "str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST,
             field="output_rounding", record=Record(rounding_code),
