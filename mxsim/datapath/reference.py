@@ -70,8 +70,16 @@ def _is_infinite(value) -> bool:
     return isinstance(value, float) and math.isinf(value)
 
 
-def _to_float(value) -> float:
-    return float(value) if isinstance(value, Fraction) else value
+def _to_float(value) -> float | str:
+    """A stage value for the record: the float of an exact value, or where that would
+    overflow or underflow (fp64 products reach 2^2048 and 2^-2148) the text "m*2^e" with m
+    in [1, 2) rounded to a float."""
+    if not isinstance(value, Fraction):
+        return value
+    if value == 0 or Fraction(2) ** -1074 <= abs(value) < Fraction(2) ** 1024:
+        return float(value)
+    exponent = floor_log2(abs(value))
+    return f"{float(value / Fraction(2) ** exponent)!r}*2^{exponent}"
 
 
 class _Specials:
@@ -283,7 +291,7 @@ def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: D
         has_zero = True  # a zero accumulator is a zero term
     if params.align_fraction_bits is None or not terms:
         tree_sum = sum((t for t, _ in terms), Fraction(0))
-        log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
+        log({"stage": "tree", "start": tree_start, "exact_sum": _to_float(tree_sum)})
         return tree_sum
     reference, lsb, kept_terms = _align(terms, has_zero, params)
     tree_sum = _add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale
@@ -435,7 +443,7 @@ def dot_reference(
     if acc_fmt is None:  # exact (Kulisch) accumulator: one rounding, at the output
         total = c_exact + sum((p * Fraction(2) ** s for positions in trees
                                for p, _, s in tree_terms(positions)[0]), Fraction(0))
-        log({"stage": "exact_accumulator", "value": float(total)})
+        log({"stage": "exact_accumulator", "value": _to_float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
         return _output(result, specials, params, log)
 
