@@ -392,10 +392,10 @@ FORMATS: dict[str, FormatInfo] = _table(
     FormatInfo("mx9", 9, 0, 8, -1, specials="none", storage_bits=8, **_SHARED_MICROEXPONENT),
     # Wide formats for accumulators and outputs.
     FormatInfo("fp32", 32, 8, 23, 127, role="wide", aliases=("float32",)),
-    # IEEE binary64 (FP64 tensor cores and MFMA; a value of every other format is one of its).
-    FormatInfo("fp64", 64, 11, 52, 1023, role="wide", aliases=("float64",)),
     FormatInfo("fp16", 16, 5, 10, 15, role="wide", aliases=("float16",)),
     FormatInfo("bf16", 16, 8, 7, 127, role="wide", aliases=("bfloat16",)),
+    # IEEE binary64 (FP64 tensor cores and MFMA; a value of every other format is one of its).
+    FormatInfo("fp64", 64, 11, 52, 1023, role="wide", aliases=("float64",)),
     # The "fnuz" FP8 formats (AMD MI300 / CDNA3; ml_dtypes float8_e4m3fnuz, float8_e5m2fnuz):
     # every exponent field finite, bias one more than OCP's, the code 0x80 (-0) the only NaN,
     # no Inf, one zero.
