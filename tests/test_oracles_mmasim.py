@@ -167,7 +167,8 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
                 tiny = rng.random(k) * fmt.min_normal * np.where(rng.random(k) < 0.5, -1, 1)
                 pick = rng.random(k) < 0.6
                 codes[row, pick] = _encode(fmt, tiny)[pick]
-            c[row] = rng.random() * out.min_normal * (1 if rng.random() < 0.5 else -1) * 2.0 ** -float(rng.integers(0, 8))
+            c_fmt = get_format(c_name or out_name)  # a subnormal of c's own format (fp16 c beside fp32 d)
+            c[row] = rng.random() * c_fmt.min_normal * (1 if rng.random() < 0.5 else -1) * 2.0 ** -float(rng.integers(0, 8))
         elif kind == "tiny":  # products far below c's zero: the zero-term exponent decides
             target = out.min_normal * 2.0 ** -float(rng.integers(0, 30))
             a[row] = _encode(fa, rng.standard_normal(k) * np.sqrt(target))

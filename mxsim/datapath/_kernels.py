@@ -534,12 +534,15 @@ def wide_tree_into_limbs(start, stop, n_elements, a_codes, b_codes, a_scales, b_
 # --- steps 4-5: align and add -------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def accumulator_exponent(acc, cfg, acc_params):
+def accumulator_exponent(acc, holds_c, cfg, acc_params):
     """The alignment exponent of a nonzero accumulator in the tree: floor(log2|acc|), or at
-    least the accumulator format's emin (``accumulator_exponent: format_emin``)."""
+    least the accumulator format's emin (``accumulator_exponent: format_emin``), and while it
+    still holds c (``holds_c``: the first tree) at least c_format's emin too."""
     exponent = floor_log2(acc)
     if cfg.accumulator_exponent_clamped:
-        return max(exponent, 1 - acc_params[P_BIAS])
+        exponent = max(exponent, 1 - acc_params[P_BIAS])
+        if holds_c:
+            exponent = max(exponent, cfg.c_format_emin)
     return exponent
 
 
@@ -800,7 +803,7 @@ def dot_one(
         if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
             if acc != 0.0:
                 terms[count] = acc
-                exponents[count] = accumulator_exponent(acc, cfg, acc_params)
+                exponents[count] = accumulator_exponent(acc, tree == 0, cfg, acc_params)
                 count += 1
             else:
                 has_zero = True

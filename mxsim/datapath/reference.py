@@ -272,11 +272,14 @@ def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log)
     return register * step
 
 
-def _accumulator_exponent(acc, params: DatapathParams) -> int:
-    """The alignment exponent of a nonzero accumulator (``accumulator_exponent``)."""
+def _accumulator_exponent(acc, holds_c: bool, params: DatapathParams) -> int:
+    """The alignment exponent of a nonzero accumulator (``accumulator_exponent``); with
+    ``format_emin``, while it still holds c (the first tree) c_format's emin bounds it too."""
     exponent = floor_log2(abs(Fraction(acc)))
     if params.accumulator_exponent == "format_emin":
         exponent = max(exponent, alignment_emin(get_format(params.accumulator_format)))
+        if holds_c:
+            exponent = max(exponent, alignment_emin(get_format(params.c_format)))
     return exponent
 
 
@@ -286,7 +289,7 @@ def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: D
     terms = [(p, e) for p, e, _ in kept]
     tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
     if params.accumulator_in_tree and acc != 0:
-        terms.append((Fraction(acc), _accumulator_exponent(acc, params)))
+        terms.append((Fraction(acc), _accumulator_exponent(acc, tree_start == 0, params)))
     elif params.accumulator_in_tree:
         has_zero = True  # a zero accumulator is a zero term
     if params.align_fraction_bits is None or not terms:

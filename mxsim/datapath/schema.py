@@ -140,9 +140,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "format", "fp32",
             "format of the accumulator input c (the API may ask for another, as Volta's mma takes f16 or "
             "f32 c beside an f32 d): every c must be a value of it (the API refuses others); c then enters "
-            "exactly as c_entry says",
-            WIDE_FORMATS, record=None,  # checked by the API; the kernel reads c's exact value
-            blas=only(*FLOAT32_FORMATS), window=only(*FLOAT32_FORMATS),
+            "exactly as c_entry says. With accumulator_exponent: format_emin, c in the first tree aligns at "
+            "no less than this format's emin either (MMA-Sim's Volta m8n8k4 with f16 c: a subnormal fp16 c "
+            "aligns at 2^-14)",
+            WIDE_FORMATS, record=Record(lambda value: 1 - get_format(value).bias, name="c_format_emin"),
+            blas=only(*FLOAT32_FORMATS),  # exact trees: R places no window
+            # window: it flags subnormal accumulators, not c below a wider emin than the accumulator's
+            window=lambda value, params: value in FLOAT32_FORMATS and (
+                params.accumulator_exponent == "leading_bit" or params.accumulator_format == "exact"
+                or get_format(value).bias >= get_format(params.accumulator_format).bias),
         ),
         "same_format": Key(
             "bool", False,
@@ -257,8 +263,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "accumulator_exponent": Key(
             "str", "leading_bit",
             "the exponent the accumulator aligns with when it joins the tree: 'leading_bit' = "
-            "floor(log2|acc|); 'format_emin' = max(floor(log2|acc|), emin of the accumulator format), "
-            "so a subnormal accumulator aligns as a subnormal element does (MMA-Sim's tensor cores)",
+            "floor(log2|acc|); 'format_emin' = max(floor(log2|acc|), emin of the accumulator format, "
+            "and in the first tree, where it holds c, emin of inputs.c_format), so a subnormal accumulator "
+            "aligns as a subnormal element does (MMA-Sim's tensor cores)",
             ("leading_bit", "format_emin"),
             record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
             blas=any_value,  # exact trees: R places no window
