@@ -144,7 +144,7 @@ def random_params(draw) -> DatapathParams:
         scales=scales,
         scale_format=draw(st.sampled_from(["e8m0", "ue4m3"])) if scales == "group_sum" else "e8m0",
         input_subnormals=draw(st.booleans()),
-        c_format="fp32",
+        c_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
         product_fraction_bits=None if grid else draw(st.one_of(st.none(), st.integers(0, 6))),
         fused_terms=fused,
         group_terms=group,

@@ -12,7 +12,9 @@ Fraction twin (``mxsim.datapath.reference``).
 Inputs: mostly realistic rows (normal values of one random magnitude per row, c of the sum's
 size), a quarter corner rows (zeros of both signs, exact cancellation, subnormal elements and
 c, tiny products below the zero-term exponent, near-overflow, uniformly random codes, Inf and
-NaN). ``MXSIM_MMASIM_ROWS`` sets the rows per family (default 192; docs/gpu-oracles.md reports a run of 1024).
+NaN). The fp64 families (NVIDIA mma .f64, AMD f64 MFMA: MMA-Sim's FMA chain) and those whose c
+has another format than d (Volta's m8n8k4 with f16 c) run the same way.
+``MXSIM_MMASIM_ROWS`` sets the rows per family (default 192; docs/gpu-oracles.md reports a run of 1024).
 Needs the ``oracles`` extra; skipped without it, failed instead when CI is set.
 """
 
