@@ -19,7 +19,7 @@ from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
 from .limits import BUDGET_VARIABLE, check_block_size, check_int
 
-OUTPUT_FORMATS = ("fp32", "fp16", "bf16", "fp64")  # the table's wide formats (tests/test_cli.py checks)
+OUTPUT_FORMATS = ("fp32", "fp16", "bf16", "fp64")  # the table's wide formats (no import at start-up; tests/test_cli.py checks)
 
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:

@@ -403,6 +403,13 @@ def test_dot_c_must_be_an_exact_fp32_value_as_a_and_b_are(capsys, c, message):
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_dot_format_choices_are_the_tables_wide_formats():
+    from mxsim.cli import OUTPUT_FORMATS
+    from mxsim.formats import format_names
+
+    assert OUTPUT_FORMATS == format_names("wide")
+
+
 def test_dot_fp64_is_the_fma_chain_with_stages(capsys):
     # d = fma(a_k, b_k, d) in k order, each an exactly rounded binary64 (Python's float of a
     # Fraction rounds to nearest even): the 2^-1993 product vanishes into 1.1, 3 x 0.1 does not.

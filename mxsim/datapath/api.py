@@ -20,7 +20,7 @@ from .blas import blas_applies, blas_matmul
 from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
 from .schema import FLOAT32_FORMATS, DatapathParams, kernel_record
-from .tables import element_operand, element_tables, scale_tables, sum_format
+from .tables import element_operand, scale_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
@@ -153,11 +153,12 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
 
 
 def _kernel_arguments(params: DatapathParams):
-    """(A format, B format, kernel arguments) with tables of every code (formats of at most
-    ``tables.FULL_TABLE_BITS`` field bits; :func:`_operands_and_arguments` takes any)."""
+    """(A format, B format, kernel arguments): the element tables (empty for formats the
+    kernel decodes itself, see ``tables.element_operand``), the kernel record, the term
+    order, the formats' parameters and the scale tables."""
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    a_values, a_exponents = element_tables(a_fmt, params.input_subnormals)
-    b_values, b_exponents = element_tables(b_fmt, params.input_subnormals)
+    a_values, a_exponents = element_operand(a_fmt, params.input_subnormals)
+    b_values, b_exponents = element_operand(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
     scale_arguments = scale_tables(get_format(params.scale_format))
     return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments,
@@ -165,17 +166,10 @@ def _kernel_arguments(params: DatapathParams):
 
 
 def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray):
-    """(A codes, B codes, kernel arguments): the field codes in one dtype, and the kernels'
-    arguments: element tables (empty for formats the kernel decodes itself, see
-    ``tables.element_operand``), the kernel record and the formats' parameters."""
-    a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    a_values, a_exponents = element_operand(a_fmt, params.input_subnormals)
-    b_values, b_exponents = element_operand(b_fmt, params.input_subnormals)
-    cfg, order, formats = _kernel_config(params)
-    scale_arguments = scale_tables(get_format(params.scale_format))
+    """(A codes, B codes, kernel arguments): the field codes in one dtype (mixed formats add no
+    kernel signature) and :func:`_kernel_arguments`."""
     codes_a, codes_b = _same_width(fields_a, fields_b)
-    return codes_a, codes_b, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments,
-                              a_fmt.kernel_params, b_fmt.kernel_params)
+    return codes_a, codes_b, _kernel_arguments(params)[2]
 
 
 def _check_method(method: str, caller: str) -> None:
