@@ -19,6 +19,8 @@ from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
 from .limits import BUDGET_VARIABLE, check_block_size, check_int
 
+OUTPUT_FORMATS = ("fp32", "fp16", "bf16", "fp64")  # the table's wide formats (no import at start-up; tests/test_cli.py checks)
+
 
 def _print_table(rows: list[dict], columns: list[str]) -> None:
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
@@ -119,12 +121,12 @@ def _number_list(text: str, what: str) -> list[float]:
         raise MxsimError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
-def _code_list(text: str, what: str) -> list[int]:
+def _code_list(text: str, what: str, bits: int = 32) -> list[int]:
     try:
         codes = [int(item, 0) for item in text.split(",") if item.strip()]
     except ValueError:
         codes = None
-    if codes is None or any(not 0 <= code < 1 << 32 for code in codes):
+    if codes is None or any(not 0 <= code < 1 << bits for code in codes):
         raise ArgumentError(f"{what}: expected comma-separated non-negative integer codes (0x.. allowed), got {text!r}")
     return codes
 
@@ -135,8 +137,8 @@ def _operand_codes(values: str | None, codes: str | None, fmt_name: str, operand
     fmt = get_format(fmt_name)
     if (values is None) == (codes is None):
         raise MxsimError(f"give exactly one of --{operand} (values) or --{operand}-codes")
-    if codes is not None:
-        return np.array([_code_list(codes, f"--{operand}-codes")], dtype=np.int64)
+    if codes is not None:  # fp64 codes reach 2^64: uint64 (the format then checks its own range)
+        return np.array([_code_list(codes, f"--{operand}-codes", 64)], dtype=np.uint64)
     numbers = np.array([_number_list(values, f"--{operand}")], dtype=np.float64)
     encoded = fmt.encode(numbers, overflow="inf_nan" if fmt.has_nan else "saturate")
     exact = fmt.decode(encoded)
@@ -147,7 +149,7 @@ def _operand_codes(values: str | None, codes: str | None, fmt_name: str, operand
             f"--{operand}: {float(numbers[0, first])!r} is not a {fmt.name} value (nearest: {float(exact[0, first])!r}); "
             f"give exact values or --{operand}-codes"
         )
-    return encoded.astype(np.int64)
+    return encoded
 
 
 def _describe_stage(stage: dict) -> str:
@@ -158,6 +160,7 @@ def _describe_stage(stage: dict) -> str:
 
 def cmd_dot(args) -> int:
     from .datapath import as_float, dot, explain, load_hwconfig
+    from .datapath.api import kernel_c_dtype
     from .formats import get_format
 
     hw = load_hwconfig(args.hw)
@@ -165,12 +168,15 @@ def cmd_dot(args) -> int:
     b = _operand_codes(args.b, args.b_codes, args.b_format, "b")
     scale_a = None if args.scale_a is None else np.array([_code_list(args.scale_a, "--scale-a")], dtype=np.int64)
     scale_b = None if args.scale_b is None else np.array([_code_list(args.scale_b, "--scale-b")], dtype=np.int64)
-    with np.errstate(over="ignore"):
-        c = np.array([args.c], dtype=np.float32)
-    if not (float(c[0]) == args.c or np.isnan(c[0]) and np.isnan(args.c)):  # as --a and --b: exact values only
-        raise ArgumentError(f"--c: {args.c!r} is not an fp32 value (nearest: {float(c[0])!r}); give an exact fp32 value")
+    c_format = args.c_format or hw.sections[("inputs", "c_format")]
+    nearest = float(get_format(c_format).round(np.array([args.c]), overflow="inf")[0])
+    if not (nearest == args.c or np.isnan(nearest) and np.isnan(args.c)):  # as --a and --b: exact values only
+        article = "an" if c_format.startswith("f") else "a"
+        raise ArgumentError(f"--c: {args.c!r} is not {article} {c_format} value (nearest: {nearest!r}); "
+                            f"give an exact {c_format} value")
+    c = np.array([args.c], dtype=kernel_c_dtype(c_format))
     bits = dot(hw, a, b, a_format=args.a_format, b_format=args.b_format, scale_a=scale_a, scale_b=scale_b,
-               c=c, out_format=args.out_format)
+               c=c, out_format=args.out_format, c_format=c_format)
     out_format = args.out_format or hw.sections[("output", "format")]
     value = float(as_float(bits, out_format)[0])
     width = get_format(out_format).bits // 4
@@ -178,7 +184,7 @@ def cmd_dot(args) -> int:
     if args.explain:
         report = explain(hw, a[0], b[0], a_format=args.a_format, b_format=args.b_format,
                          scale_a=None if scale_a is None else scale_a[0], scale_b=None if scale_b is None else scale_b[0],
-                         c=args.c, out_format=args.out_format)
+                         c=args.c, out_format=args.out_format, c_format=c_format)
         result["stages"] = report["stages"]
         result["params"] = report["params"]
     if args.json:
@@ -498,8 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
     dot.add_argument("--b-codes", help="B's elements as codes")
     dot.add_argument("--scale-a", help="scale codes of A's blocks in the unit's inputs.scale_format (E8M0, UE4M3; default: scale 1)")
     dot.add_argument("--scale-b", help="scale codes of B's blocks (as --scale-a)")
-    dot.add_argument("--c", type=float, default=0.0, help="fp32 accumulator input (default 0)")
-    dot.add_argument("--out-format", choices=["fp32", "fp16", "bf16"], help="default: the config's")
+    dot.add_argument("--c", type=float, default=0.0,
+                     help="accumulator input, a value of --c-format (default 0)")
+    dot.add_argument("--c-format", choices=OUTPUT_FORMATS, help="the format of c (default: the config's inputs.c_format)")
+    dot.add_argument("--out-format", choices=OUTPUT_FORMATS, help="default: the config's")
     dot.add_argument("--explain", action="store_true", help="print every stage: products, alignment, sums, roundings")
     dot.add_argument("--json", action="store_true", help="print JSON")
     dot.set_defaults(run=cmd_dot)

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +178,18 @@ def _hostile_files(tmp_path):
     (["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
       "--a-codes", "99999999999999999999", "--b-codes", "1"], "--a-codes: expected comma-separated non-negative"),
     (["golden", "--cases", "x"], "argument --cases: invalid int value: 'x'"),
+    (["dot", "--hw", "hwconfigs/a100-dmma.yaml", "--a-format", "fp64", "--b-format", "fp64",
+      "--a-codes", "0x10000000000000000", "--b-codes", "1"], "--a-codes: expected comma-separated non-negative"),
+    (["dot", "--hw", "hwconfigs/a100-dmma.yaml", "--a-format", "fp64", "--b-format", "fp64", "--a", "1", "--b", "1",
+      "--c-format", "fp8_e4m3"], "argument --c-format: invalid choice: 'fp8_e4m3'"),
+    (["dot", "--hw", "hwconfigs/v100.yaml", "--a-format", "fp16", "--b-format", "fp16", "--a", "1", "--b", "1",
+      "--c", "0.1", "--c-format", "fp16"], "--c: 0.1 is not an fp16 value (nearest: 0.0999755859375)"),
+    (["dot", "--hw", "hwconfigs/a100-dmma.yaml", "--a-format", "fp64", "--b-format", "fp16", "--a", "1", "--b", "1"],
+     "operand B format 'fp16' is not supported by this unit; accepted: fp64"),
+    (["golden", "--hw", "hwconfigs/a100-dmma.yaml", "--out", "{tmp}/g"],
+     "golden vectors hold element codes of at most 16 bits; fp64 x fp64 do not fit"),
+    (["golden", "--hw", "hwconfigs/a100-dmma.yaml", "--out", "{tmp}/g", "--pair", "fp64,fp64"],
+     "golden: a_format fp64 is wider than 16 bits"),
     (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g"],
      "golden vectors hold element codes of at most 16 bits; fp16 x tf32, bf16 x tf32,"),
     (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g", "--pair", "fp16"],
@@ -397,6 +410,29 @@ def test_dot_c_must_be_an_exact_fp32_value_as_a_and_b_are(capsys, c, message):
     status, _, err = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--a-format", "fp8_e4m3",
                          "--b-format", "fp8_e4m3", "--a", "1", "--b", "1", "--c", c)
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_dot_format_choices_are_the_tables_wide_formats():
+    from mxsim.cli import OUTPUT_FORMATS
+    from mxsim.formats import format_names
+
+    assert OUTPUT_FORMATS == format_names("wide")
+
+
+def test_dot_fp64_is_the_fma_chain_with_stages(capsys):
+    # d = fma(a_k, b_k, d) in k order, each an exactly rounded binary64 (Python's float of a
+    # Fraction rounds to nearest even): the 2^-1993 product vanishes into 1.1, 3 x 0.1 does not.
+    a, b, c = [1.0, 1e-300, 3.0], [1.0, 1e-300, 0.1], 0.1
+    want = c
+    for x, y in zip(a, b):
+        want = float(Fraction(x) * Fraction(y) + Fraction(want))
+    status, out, _ = run(capsys, "dot", "--hw", str(REPO / "hwconfigs/a100-dmma.yaml"), "--a-format", "fp64",
+                         "--b-format", "fp64", "--a", ",".join(map(repr, a)), "--b", ",".join(map(repr, b)),
+                         "--c", repr(c), "--explain", "--json")
+    result = strict_json(out)
+    assert status == 0 and result["value"] == want and result["bits"] == f"0x{np.float64(want).view(np.uint64):016x}"
+    assert [s["stage"] for s in result["stages"]].count("accumulate") == 3
+    assert next(s for s in result["stages"] if s["stage"] == "product" and s["k"] == 1)["product"].endswith("*2^-1994")
 
 
 def test_quantize_refuses_a_scale_format_as_element_format(capsys):

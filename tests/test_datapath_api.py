@@ -18,7 +18,7 @@ from mxsim import get_format
 from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.api import dot_with_params
+from mxsim.datapath.api import dot_with_params, kernel_c_dtype, kernel_output_dtype
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
@@ -144,6 +144,7 @@ def random_params(draw) -> DatapathParams:
         scales=scales,
         scale_format=draw(st.sampled_from(["e8m0", "ue4m3"])) if scales == "group_sum" else "e8m0",
         input_subnormals=draw(st.booleans()),
+        c_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
         product_fraction_bits=None if grid else draw(st.one_of(st.none(), st.integers(0, 6))),
         fused_terms=fused,
         group_terms=group,
@@ -212,7 +213,7 @@ def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, len
     fmt = get_format(fmt_name)
     magnitude = np.exp2(rng.integers(-3, 4, size=(rows, 1)).astype(np.float64))
     x = np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
-    codes = fmt.encode(x).astype(np.uint32)
+    codes = fmt.encode(x)
     if block_size is None:
         return codes, None
     scale_fmt = get_format(scale_format)
@@ -236,15 +237,15 @@ def random_inputs(draw, params: DatapathParams, rows: int):
                                        params.scale_format)
         b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length,
                                        params.scale_format)
-        c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
+        c = rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))
         c[rng.random(rows) < 0.3] = 0.0
-        return a, b, scale_a, scale_b, c
+        return a, b, scale_a, scale_b, c_of_format(c, params.c_format)
     event("inputs: corners")
     fmt_a, fmt_b = get_format(params.a_format), get_format(params.b_format)
     codes = lambda fmt: np.array(draw(  # noqa: E731  (field codes, then placed above the padding: tf32)
         st.lists(st.lists(st.integers(0, (1 << fmt.field_bits) - 1), min_size=length, max_size=length),
                  min_size=rows, max_size=rows)
-    ), dtype=np.uint32) << np.uint32(fmt.padding_bits)
+    ), dtype=fmt.code_dtype) << fmt.code_dtype.type(fmt.padding_bits)
     a, b = codes(fmt_a), codes(fmt_b)
     scale_fmt = get_format(params.scale_format)
     one, top = int(scale_fmt.encode(np.array([1.0]))[0]), (1 << scale_fmt.bits) - 1
@@ -258,8 +259,13 @@ def random_inputs(draw, params: DatapathParams, rows: int):
         st.floats(-100, 100, width=32),
         st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3.4e38]),
     )
-    c = np.array(draw(st.lists(c_value, min_size=rows, max_size=rows)), dtype=np.float32)
-    return a, b, scale_a, scale_b, c
+    c = np.array(draw(st.lists(c_value, min_size=rows, max_size=rows)), dtype=np.float64)
+    return a, b, scale_a, scale_b, c_of_format(c, params.c_format)
+
+
+def c_of_format(c: np.ndarray, c_format: str) -> np.ndarray:
+    """Values rounded into ``c_format`` (±Inf beyond it), in the dtype the kernels read."""
+    return get_format(c_format).round(c, overflow="inf").astype(kernel_c_dtype(c_format))
 
 
 def assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c):
@@ -295,7 +301,7 @@ def test_kernel_equals_reference_on_random_configs(data):
 def test_kernel_equals_reference_on_shipped_configs(config, data):
     unit = load_hwconfig(config)
     a_format, b_format = data.draw(st.sampled_from(unit.format_pairs))
-    out_format = data.draw(st.sampled_from(["fp32", "fp16", "bf16"]))
+    out_format = data.draw(st.sampled_from(sorted({"fp32", "fp16", "bf16", unit.sections[("output", "format")]})))
     params = unit.params(a_format, b_format, out_format)
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
 
@@ -821,7 +827,8 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
 
 
 def test_kernels_see_one_output_dtype_for_every_output_format():
-    """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after)."""
+    """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after);
+    fp64 outputs alone need 64-bit codes."""
     from mxsim.datapath import _kernels
 
     unit = hw("h100-fp8")
@@ -831,8 +838,10 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
         assert bits.dtype == get_format(out_format).code_dtype and (as_float(bits, out_format) == 114.0).all()
         result = matmul(hw("ocp-exact"), np.ones((2, 32)), np.ones((32, 3)), out_format=out_format, method="kernel")
         assert result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
+    assert {str(kernel_output_dtype(name)) for name in ("fp32", "fp16", "bf16")} == {"uint32"}
+    assert str(kernel_output_dtype("fp64")) == "uint64"
     for kernel in (_kernels.dot_pairs, _kernels.matmul_rows):
-        assert {str(signature[-1].dtype) for signature in kernel.signatures} == {"uint32"}
+        assert {str(signature[-1].dtype) for signature in kernel.signatures} <= {"uint32", "uint64"}
 
 
 def test_empty_operands():
@@ -901,13 +910,13 @@ def test_mixed_code_widths_add_no_kernel_signature():
     assert all(a == b for a, b in pairs)
 
 
-# --- elements wider than 16 bits: tables of the codes present, not of every code --------------
+# --- elements wider than 16 bits: decoded by the kernel from their bit fields ---------------------
 
 @pytest.mark.parametrize("config", ["kulisch", "h100"])
 def test_fp32_elements_decode_directly(config):
-    # fp32 operands would need a 2^32-entry table of every code; the kernel gets tables of the
-    # codes each operand holds. Exact products (48 bits) and the twin decide every output;
-    # the Kulisch unit is also the exactly rounded sum, computed here in Fractions.
+    # fp32 operands would need a 2^32-entry table of every code; the kernel decodes each code's
+    # bit fields. Exact products (48 bits) and the twin decide every output; the Kulisch unit
+    # is also the exactly rounded sum, computed here in Fractions.
     fp32 = get_format("fp32")
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
     params = dataclasses.replace(hw.params(hw.a_formats[0], hw.b_formats[0], "fp32"),
@@ -924,6 +933,147 @@ def test_fp32_elements_decode_directly(config):
         if config == "kulisch":
             exact = sum((Fraction(float(p)) * Fraction(float(q)) for p, q in zip(x[i], y[i])), Fraction(0))
             assert out[i] == encode_reference(fp32, exact, "nearest_even", "inf_nan"), i
+
+
+WIDE_B_FORMATS = ["fp64", "fp32", "bf16", "fp8_e4m3", "int8"]
+
+
+@st.composite
+def wide_params(draw) -> DatapathParams:
+    """Exact-tree units (what fp64 products allow) over fp64 A and any B, fp64 c."""
+    fused = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    scales = draw(st.sampled_from(["none", "products", "block_sum"]))
+    acc_format = draw(st.sampled_from(["fp64", "fp32", "fp16", "exact"]))
+    promotion = None
+    if acc_format != "exact" and draw(st.booleans()):
+        promotion = fused * draw(st.integers(1, 3))
+    order = None
+    if draw(st.booleans()):
+        order = tuple(draw(st.permutations(list(range(fused * draw(st.integers(1, 2)))))))
+    params = dataclasses.replace(  # fp64 A and c: two kernel signatures (fp64 or narrow outputs)
+        hw("a100-dmma").params("fp64", "fp64"), b_format=draw(st.sampled_from(WIDE_B_FORMATS)),
+        scales=scales, block_size=fused * draw(st.integers(1, 3)), input_subnormals=draw(st.booleans()),
+        fused_terms=fused, term_order=order,
+        trees_in_blocks=order is None and promotion is None and draw(st.booleans()),
+        accumulator_in_tree=scales != "block_sum" and draw(st.booleans()),
+        accumulator_format=acc_format, accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
+        accumulator_subnormals=draw(st.booleans()), promotion_interval=promotion,
+        c_entry="initial" if promotion else draw(st.sampled_from(["initial", "end"])),
+        accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
+        output_format=draw(st.sampled_from(["fp64", "fp32", "bf16"])), output_rounding=draw(st.sampled_from(ROUNDINGS)),
+        output_subnormals=draw(st.booleans()), output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
+    )
+    try:
+        check_consistency(params, "random")
+    except ConfigError:
+        assume(False)
+    return params
+
+
+def wide_operand(rng, fmt_name: str, rows: int, length: int, corners: bool) -> np.ndarray:
+    """Codes of normal values over a wide range of magnitudes (clipped to the format), or
+    uniformly random codes (every exponent, subnormals, Inf and NaN) for corner rows."""
+    fmt = get_format(fmt_name)
+    if corners:
+        return rng.integers(0, 1 << fmt.bits, (rows, length), dtype=np.uint64).astype(fmt.code_dtype)
+    magnitude = np.exp2(rng.integers(-40, 41, size=(rows, 1)).astype(np.float64))
+    return fmt.encode(np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite))
+
+
+@settings(max_examples=60)
+@given(params=wide_params(), seed=st.integers(0, 2**32 - 1), length=st.integers(0, 40))
+def test_wide_elements_kernel_equals_reference(params, seed, length):
+    # fp64 products (106 bits, 2^-2148 .. 2^2048) go exactly into the limbs; the Fraction twin
+    # decides every output, on mostly realistic rows and a minority of uniformly random codes.
+    rng = np.random.default_rng(seed)
+    corners = rng.random() < CORNER_SHARE
+    event("inputs: " + ("corners" if corners else "realistic"))
+    rows = 3
+    a = wide_operand(rng, params.a_format, rows, length, corners)
+    b = wide_operand(rng, params.b_format, rows, length, corners)
+    blocks = -(-length // params.block_size)
+    scale_a, scale_b = (rng.integers(120, 135, (rows, blocks)).astype(np.uint8) for _ in range(2))
+    if params.scales == "none":
+        scale_a = scale_b = None
+    elif corners:
+        scale_a[0, :1] = 0xFF  # a NaN block
+    c = rng.standard_normal(rows) * np.exp2(rng.integers(-40, 41, rows))
+    if corners:
+        c[:2] = rng.choice([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-310], 2)
+    assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c_of_format(c, params.c_format))
+
+
+def test_fp64_kulisch_is_the_exactly_rounded_sum():
+    # An exact accumulator over fp64 products is the exact sum rounded once, whatever the
+    # magnitudes: products from 2^-2148 to 2^2046 and exact cancellation, checked in Fractions.
+    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), accumulator_format="exact", fused_terms=4)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((50, 12)) * np.exp2(rng.integers(-1070, 1020, (50, 12)))
+    y = rng.standard_normal((50, 12)) * np.exp2(rng.integers(-1070, 1020, (50, 12)))
+    x[1, 6:], y[1, 6:] = x[1, :6], -y[1, :6]  # the sum cancels exactly
+    x[2, :2], y[2, :2] = [5e-324, 2.0**1023], [5e-324, 1.5]  # the smallest and a large product
+    out = dot_with_params(params, x.view(np.uint64), y.view(np.uint64))
+    fp64 = get_format("fp64")
+    for i in range(50):
+        exact = sum((Fraction(p) * Fraction(q) for p, q in zip(x[i], y[i])), Fraction(0))
+        assert int(out[i]) == encode_reference(fp64, exact, "nearest_even", "inf_nan"), i
+    assert out[1] == 0
+
+
+@pytest.mark.parametrize("path, value", [
+    ("adder.align_fraction_bits", 40), ("adder.sum_significant_bits", 40), ("multiplier.product_fraction_bits", 52),
+])
+def test_fp64_products_refuse_what_would_cut_them(tmp_path, path, value):
+    section, key = path.split(".")
+    text = (REPO / "hwconfigs" / "a100-dmma.yaml").read_text()
+    if f"\n{section}:\n" in text:
+        text = text.replace(f"\n{section}:\n", f"\n{section}:\n  {key}: {value}\n", 1)
+    else:
+        text += f"{section}:\n  {key}: {value}\n"
+    config = tmp_path / "cut.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{path}: .*106 bits.*exact trees"):
+        load_hwconfig(config)
+
+
+@pytest.mark.parametrize("c, c_format, message", [
+    (np.ones(2, np.float16), None, "expected a float32 or float64 array of fp64 values"),
+    (np.ones(2, np.int64), None, "got dtype int64"),
+    (np.full(2, 1 + 2.0**-20, np.float32), "bf16", "every value must be a bf16 value"),
+    (np.ones(2, np.float32), "fp8_e4m3", "format of c 'fp8_e4m3' is not one of"),
+    (np.ones(2, np.float32), "fp99", "unknown format"),
+])
+def test_c_format_refuses_what_it_cannot_hold(c, c_format, message):
+    codes = get_format("fp64").encode(np.ones((2, 4)))
+    with pytest.raises(MxsimError, match=message):
+        dot(hw("a100-dmma"), codes, codes, a_format="fp64", b_format="fp64", c=c, c_format=c_format)
+
+
+def test_c_format_accepts_its_values_in_float32_or_its_own_dtype():
+    codes = get_format("fp64").encode(np.array([[1.0, 2.0**-60, 3.0, -1.0]]))
+    ones = get_format("fp64").encode(np.array([[1.0, 1.0, 1 / 3, 1.0]]))
+    got = [dot(hw("a100-dmma"), codes, ones, a_format="fp64", b_format="fp64", c=c) for c in
+           (np.array([0.5]), np.array([0.5], np.float32))]
+    # the FMA chain: 0.5 + 1 = 1.5; + 2^-60 rounds back to 1.5; + 3 * RN(1/3) = 2.5 exactly; - 1
+    assert [as_float(bits, "fp64").tolist() for bits in got] == [[1.5], [1.5]]
+    fp16 = get_format("fp16")
+    a = fp16.encode(np.ones((1, 4)))
+    with pytest.raises(MxsimError, match="every value must be a fp16 value"):
+        dot(hw("v100"), a, a, a_format="fp16", b_format="fp16", c=np.array([1 + 2.0**-12], np.float32), c_format="fp16")
+    assert as_float(dot(hw("v100"), a, a, a_format="fp16", b_format="fp16", c=np.array([0.25], np.float16),
+                        c_format="fp16"))[0] == 4.25
+
+
+def test_fp64_explain_agrees_with_dot():
+    rng = np.random.default_rng(3)
+    fp64 = get_format("fp64")
+    a, b = fp64.encode(rng.standard_normal((4, 8))), fp64.encode(rng.standard_normal((4, 8)) * 1e-300)
+    c = rng.standard_normal(4) * 1e-300
+    bits = dot(hw("h100-dmma"), a, b, a_format="fp64", b_format="fp64", c=c)
+    assert bits.dtype == np.uint64
+    for m in range(4):
+        told = explain(hw("h100-dmma"), a[m], b[m], a_format="fp64", b_format="fp64", c=float(c[m]))
+        assert told["bits"] == bits[m] and [s["stage"] for s in told["stages"]].count("accumulate") == 8
 
 
 # --- NVFP4 GEMMs ----------------------------------------------------------------------------------

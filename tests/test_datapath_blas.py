@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -31,6 +33,9 @@ def test_exactness_condition_per_format_pair():
     assert exact_in_float64(params("int8", "int8"))
     assert not exact_in_float64(params("fp8_e5m2", "fp8_e5m2"))  # 64 + 5 bits
     assert not exact_in_float64(params("fp8_e4m3", "fp8_e5m2"))  # 50 + 5 bits
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
+    for wide in ("fp32", "fp64"):  # no table of every code (2^32, 2^64): refused without building one
+        assert not exact_in_float64(dataclasses.replace(kulisch, a_format=wide, b_format=wide))
 
 
 @settings(max_examples=40, deadline=None)

@@ -48,7 +48,7 @@ def test_defaults_fill_every_key():
         (with_changes(adder={"term_order": [0, 0]}), "adder.term_order", "permutation"),
         (with_changes(inputs={"a_formats": ["fp8_e4m3", "fp9"]}), "inputs.a_formats[1]", "fp8_e4m3"),
         (with_changes(inputs={"subnormals": "yes"}), "inputs.subnormals", "true or false"),
-        (with_changes(accumulator={"format": "fp64"}), "accumulator.format", "fp32, fp16, bf16, exact"),
+        (with_changes(accumulator={"format": "tf32"}), "accumulator.format", "fp32, fp16, bf16, fp64, exact"),
         (with_changes(output={"rounding": "stochastic"}), "output.rounding", "nearest_even"),
         (with_changes(widget=1), "widget", "unknown key"),
         (with_changes(mxsim_hwconfig=2), "mxsim_hwconfig", "unsupported schema version"),

@@ -97,7 +97,7 @@ def window_params(draw) -> DatapathParams:
         a_format=draw(st.sampled_from(ELEMENTS)), b_format=draw(st.sampled_from(ELEMENTS)), same_format=False,
         trees_in_blocks=draw(st.booleans()),  # the same trees: fused_terms divides block_size
         grid_fraction_bits=None, grid_max_left_shift=70, grid_max_right_shift=24,
-        block_size=fused * draw(st.integers(1, 3)), scales=scales, input_subnormals=draw(st.booleans()),
+        block_size=fused * draw(st.integers(1, 3)), scales=scales, input_subnormals=draw(st.booleans()), c_format="fp32",
         product_fraction_bits=None, fused_terms=fused, term_order=None, accumulator_in_tree=in_tree,
         align_reference="exponent_sum", align_fraction_bits=draw(st.integers(0, 29)), below_window="truncate",
         carry_bits=None, adder_overflow="wrap", sum_significant_bits=draw(st.one_of(st.none(), st.integers(1, 30))),

@@ -43,6 +43,7 @@ def overflow_policies(fmt):
         ("fp16", 65504.0, 15, 2.0**-24),
         ("bf16", (2 - 2.0**-7) * 2.0**127, 127, 2.0**-133),
         ("fp32", float(np.finfo(np.float32).max), 127, 2.0**-149),
+        ("fp64", float(np.finfo(np.float64).max), 1023, 2.0**-1074),
         ("fp8_e4m3fnuz", 240.0, 7, 2.0**-10),
         ("fp8_e5m2fnuz", 57344.0, 15, 2.0**-17),
     ],
@@ -90,7 +91,7 @@ def test_roles_partition_the_table():
     assert format_names("element") == ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
     assert format_names("bfp_element") == ("mx4", "mx6", "mx9")
     assert format_names("scale") == ("e8m0", "ue4m3")
-    assert set(format_names("wide")) == {"fp32", "fp16", "bf16"}
+    assert set(format_names("wide")) == {"fp32", "fp16", "bf16", "fp64"}
     assert get_format("e8m0").bias == E8M0_BIAS and get_format("e8m0").encode(np.array([np.nan]))[0] == E8M0_NAN
 
 
@@ -312,6 +313,37 @@ def test_float32_round_trips_like_numpy():
     x = np.random.default_rng(2).standard_normal(50000) * np.logspace(-45, 38, 50000)
     fmt = FORMATS["fp32"]
     np.testing.assert_array_equal(fmt.encode(x), x.astype(np.float32).view(np.uint32))
+
+
+def test_fp64_properties_are_numpy_float64s():
+    fmt, info = FORMATS["fp64"], np.finfo(np.float64)
+    assert (fmt.max_finite, fmt.min_normal, fmt.min_subnormal) == (info.max, info.tiny, info.smallest_subnormal)
+    assert (fmt.emax, fmt.top_fraction_bits, fmt.code_dtype) == (info.maxexp - 1, info.nmant, np.uint64)
+    assert (fmt.has_inf, fmt.has_nan, fmt.has_zero) == (True, True, True)
+    assert get_format("float64") is fmt and fmt.decode_table is None
+
+
+def test_fp64_codes_are_numpy_float64_bit_patterns():
+    # Every exponent field, subnormals, zeros and specials: decode is the bit view, and
+    # encode of float64 (and of float16/float32, widened exactly) gives the bits back, under
+    # every rounding mode (nothing rounds) and with quiet NaN as the only NaN code.
+    rng = np.random.default_rng(64)
+    codes = rng.integers(0, 1 << 64, 40000, dtype=np.uint64)
+    codes[:8] = [0, 1 << 63, 1, 0x000FFFFFFFFFFFFF, 0x7FEFFFFFFFFFFFFF, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000000]
+    codes[8:1000] &= np.uint64(0x800FFFFFFFFFFFFF)  # subnormals
+    values = codes.view(np.float64)
+    decoded = FORMATS["fp64"].decode(codes)
+    np.testing.assert_array_equal(decoded, values)
+    finite = ~np.isnan(values)  # NaN codes decode to NaN (its sign is not kept)
+    assert np.signbit(decoded[finite]).tolist() == np.signbit(values[finite]).tolist()
+    for rounding in ("nearest_even", "toward_zero", "toward_negative", "nearest_away"):
+        encoded = FORMATS["fp64"].encode(values, rounding=rounding, overflow="inf_nan")
+        np.testing.assert_array_equal(encoded[finite], codes[finite])
+        quiet = np.where(np.signbit(values[~finite]), 0xFFF8000000000000, 0x7FF8000000000000).astype(np.uint64)
+        np.testing.assert_array_equal(encoded[~finite], quiet)
+    narrow = rng.standard_normal(5000).astype(np.float32) * np.logspace(-45, 38, 5000).astype(np.float32)
+    for x in (narrow, narrow.astype(np.float16)):
+        np.testing.assert_array_equal(FORMATS["fp64"].encode(x, overflow="inf"), x.astype(np.float64).view(np.uint64))
 
 
 def test_float64_inputs_are_not_double_rounded():

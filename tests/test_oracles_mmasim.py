@@ -13,7 +13,9 @@ Fraction twin (``mxsim.datapath.reference``).
 Inputs: mostly realistic rows (normal values of one random magnitude per row, c of the sum's
 size), a quarter corner rows (zeros of both signs, exact cancellation, subnormal elements and
 c, tiny products below the zero-term exponent, near-overflow, uniformly random codes, Inf and
-NaN). ``MXSIM_MMASIM_ROWS`` sets the rows per family (default 192; docs/gpu-oracles.md reports a run of 1024).
+NaN). The fp64 families (NVIDIA mma .f64, AMD f64 MFMA: MMA-Sim's FMA chain) and those whose c
+has another format than d (Volta's m8n8k4 with f16 c) run the same way.
+``MXSIM_MMASIM_ROWS`` sets the rows per family (default 192; docs/gpu-oracles.md reports a run of 1024).
 Needs the ``oracles`` extra; skipped without it, failed instead when CI is set.
 """
 
@@ -33,7 +35,7 @@ from mxsim.datapath.reference import dot_reference
 ROWS = int(os.environ.get("MXSIM_MMASIM_ROWS", "192"))
 TWIN_ROWS = 6  # rows of each family also run through the Fraction twin
 PTX_FORMATS = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
-               "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1", "f32": "fp32"}
+               "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1", "f32": "fp32", "f64": "fp64"}
 F8F6F4 = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 FP8 = ("e4m3", "e5m2")
 
@@ -71,6 +73,8 @@ def _families():
         add("Volta", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d)
         add("Turing", "MMA", _mma("m16n8k8", d, "f16", "f16", d), "t4", "f16", "f16", d)
         add("Turing", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d)  # Volta's path
+    for arch in ("Volta", "Turing"):  # c in f16 beside an f32 d: inputs.c_format fp16
+        add(arch, "MMA", _mma("m8n8k4", "f32", "f16", "f16", "f16"), "v100", "f16", "f16", "f32")
     sm80("Ampere", "a100")
     sm80("Ada Lovelace", "ada")
     for shape in ("m16n8k32", "m16n8k16"):
@@ -138,6 +142,13 @@ def family_id(family) -> str:
     return f"{config}-{op.lower()}-{ptx}"
 
 
+def c_format_of(family) -> str:
+    """The format of c: mma names its type last (Volta's m8n8k4 takes f16 c beside an f32
+    d); wgmma and tcgen05 take c in d's type."""
+    _, op, ptx, _, _, _, out_name = family
+    return PTX_FORMATS[ptx.split(".")[-1]] if op == "MMA" else out_name
+
+
 @pytest.fixture(scope="module")
 def nv_ptx():
     import_or_skip("torch", "oracles")
@@ -148,25 +159,28 @@ def nv_ptx():
 
 def random_finite_codes(rng, fmt, n: int) -> np.ndarray:
     """``n`` codes drawn uniformly from the format's finite codes (every exponent alike)."""
-    codes = np.zeros(0, dtype=np.int64)
+    dtype = np.uint64 if fmt.bits == 64 else np.int64
+    codes = np.zeros(0, dtype=dtype)
     while codes.size < n:
-        draw = rng.integers(0, 1 << fmt.field_bits, 2 * n + 8, dtype=np.int64) << fmt.padding_bits
+        draw = rng.integers(0, 1 << fmt.field_bits, 2 * n + 8, dtype=dtype) << dtype(fmt.padding_bits)
         codes = np.concatenate([codes, draw[np.isfinite(fmt.decode(draw))]])
     return codes[:n]
 
 
 def _encode(fmt, values) -> np.ndarray:
-    return fmt.encode(np.asarray(values, dtype=np.float64)).astype(np.int64)
+    """Codes as int64 (uint64 for 64-bit formats, whose codes reach 2^64)."""
+    return fmt.encode(np.asarray(values, dtype=np.float64)).astype(np.uint64 if fmt.bits == 64 else np.int64)
 
 
 def _special_codes(fmt) -> np.ndarray:
     values = [np.inf, -np.inf, np.nan] if fmt.has_inf else [np.nan] if fmt.has_nan else []
-    return _encode(fmt, values) if values else np.zeros(0, dtype=np.int64)
+    return _encode(fmt, values) if values else np.zeros(0, dtype=np.uint64 if fmt.bits == 64 else np.int64)
 
 
-def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name: str):
-    """(A codes, B codes, c float32): realistic rows, a quarter of them corners (see the
-    module docstring), every row a valid input of the formats (c exact in the output format)."""
+def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name: str, c_name: str | None = None):
+    """(A codes, B codes, c): realistic rows, a quarter of them corners (see the module
+    docstring), every row a valid input of the formats: c a value of ``c_name`` (default:
+    the output format) and of the output format, as float32 (float64 for fp64)."""
     rng = np.random.default_rng(seed)
     fa, fb, out = get_format(a_name), get_format(b_name), get_format(out_name)
     magnitude = rng.integers(-6, 7, (rows, 1)).astype(np.float64)
@@ -195,7 +209,8 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
                 tiny = rng.random(k) * fmt.min_normal * np.where(rng.random(k) < 0.5, -1, 1)
                 pick = rng.random(k) < 0.6
                 codes[row, pick] = _encode(fmt, tiny)[pick]
-            c[row] = rng.random() * out.min_normal * (1 if rng.random() < 0.5 else -1) * 2.0 ** -float(rng.integers(0, 8))
+            c_fmt = get_format(c_name or out_name)  # a subnormal of c's own format (fp16 c beside fp32 d)
+            c[row] = rng.random() * c_fmt.min_normal * (1 if rng.random() < 0.5 else -1) * 2.0 ** -float(rng.integers(0, 8))
         elif kind == "tiny":  # products far below c's zero: the zero-term exponent decides
             target = out.min_normal * 2.0 ** -float(rng.integers(0, 30))
             a[row] = _encode(fa, rng.standard_normal(k) * np.sqrt(target))
@@ -203,7 +218,10 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
             c[row] = 0.0 if rng.random() < 0.6 else target * rng.standard_normal()
         elif kind == "overflow":  # near the largest values, one sign
             sign = 1.0 if rng.random() < 0.5 else -1.0
-            shrink = min(1.0, 4 * out.max_finite / (fa.max_finite * fb.max_finite * k))
+            with np.errstate(over="ignore"):
+                largest = fa.max_finite * fb.max_finite * k
+            shrink = min(1.0, 4 * out.max_finite / largest if np.isfinite(largest)  # fp64: beyond float64
+                         else 4 * out.max_finite / fa.max_finite / fb.max_finite / k)
             a[row] = _encode(fa, sign * fa.max_finite * rng.uniform(0.5, 1.0, k))
             b[row] = _encode(fb, fb.max_finite * rng.uniform(0.5, 1.0, k) * shrink)
             c[row] = sign * out.max_finite * rng.uniform(0.0, 1.0)
@@ -219,8 +237,9 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
                 c[row] = rng.choice([np.inf, -np.inf, np.nan])
         else:  # c far above or below the products
             c[row] = total[row] * 2.0 ** float(rng.choice([-40, -25, 25, 40])) + (2.0 ** -20 if total[row] == 0 else 0.0)
-    c = out.decode(out.encode(c, overflow="inf_nan" if out.has_inf else "saturate")).astype(np.float32)
-    return a, b, c
+    for fmt in (get_format(c_name or out_name), out):
+        c = fmt.decode(fmt.encode(c, overflow="inf_nan" if fmt.has_inf else "saturate"))
+    return a, b, c.astype(np.float64 if out.bits == 64 else np.float32)
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -233,7 +252,7 @@ def _torch_operand(torch, codes: np.ndarray, ptx: str):
     if ptx == "e2m1":
         return torch.from_numpy((codes << 2).astype(np.uint8))
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32,
-             "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[ptx]
+             "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "f64": torch.float64}[ptx]
     return _torch_view(torch, codes, dtype)
 
 
@@ -249,15 +268,24 @@ def mmasim_bits(nv_ptx, family, a, b, c) -> np.ndarray:
     arch, op_name, ptx, _, _, _, out_name = family
     op = getattr(nv_ptx, op_name)(arch, ptx)
     _, ta, tb = _ptx_types(ptx)
-    c_tensor = torch.from_numpy(c.astype(np.float16 if out_name == "fp16" else np.float32))
-    result = op.dpa(_torch_operand(torch, a, ta), _torch_operand(torch, b, tb), c_tensor)
-    bits = result.numpy().view(np.uint16 if out_name == "fp16" else np.uint32)
-    return bits.astype(np.uint32)
+    return mmasim_dpa(op, _torch_operand(torch, a, ta), _torch_operand(torch, b, tb), c, c_format_of(family), out_name)
+
+
+TORCH_FLOATS = {"fp16": "float16", "fp32": "float32", "fp64": "float64"}
+
+
+def mmasim_dpa(op, a_tensor, b_tensor, c: np.ndarray, c_name: str, out_name: str) -> np.ndarray:
+    """MMA-Sim's output bits (as uint64) of one instruction, c given in its own type."""
+    import torch
+
+    c_tensor = torch.from_numpy(c.astype(TORCH_FLOATS[c_name]))
+    result = op.dpa(a_tensor, b_tensor, c_tensor)
+    return result.numpy().view(get_format(out_name).code_dtype).astype(np.uint64)
 
 
 def _torch_view(torch, codes: np.ndarray, dtype):
     """Codes as a tensor of ``dtype`` over the same bits."""
-    storage = {1: np.uint8, 2: np.int16, 4: np.int32}[dtype.itemsize]
+    storage = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize]
     return torch.from_numpy(codes.astype(storage)).view(dtype)
 
 
@@ -274,17 +302,22 @@ def _k_of(ptx: str) -> int:
 def test_family_matches_mmasim(nv_ptx, family):
     arch, op_name, ptx, config, a_name, b_name, out_name = family
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
-    a, b, c = make_inputs(FAMILIES.index(family), ROWS, _k_of(ptx), a_name, b_name, out_name)
+    a, b, c = make_inputs(FAMILIES.index(family), ROWS, _k_of(ptx), a_name, b_name, out_name, c_format_of(family))
     want = mmasim_bits(nv_ptx, family, a, b, c)
-    got = dot(hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format=out_name).astype(np.uint32)
+    check_against(hw, a_name, b_name, out_name, c_format_of(family), a, b, c, want)
+
+
+def check_against(hw, a_name, b_name, out_name, c_name, a, b, c, want) -> None:
+    """mxsim.dot's bits equal ``want`` on every row, and the Fraction twin's on TWIN_ROWS."""
+    got = dot(hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format=out_name, c_format=c_name).astype(np.uint64)
     bad = np.flatnonzero(~same_bits(got, want, out_name))
-    assert bad.size == 0, f"{bad.size}/{ROWS} mismatches, rows {bad[:8].tolist()}"
-    params = hw.params(a_name, b_name, out_name)
+    assert bad.size == 0, f"{bad.size}/{len(want)} mismatches, rows {bad[:8].tolist()}"
+    params = hw.params(a_name, b_name, out_name, c_name)
     fmt = get_format(out_name)
     for row in range(TWIN_ROWS):
         value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
         twin = fmt.encode(np.array([value]), overflow="inf_nan")[0]
-        assert same_bits(np.array([twin], np.uint32), want[row : row + 1], out_name)[0], f"twin, row {row}"
+        assert same_bits(np.array([twin], np.uint64), want[row : row + 1], out_name)[0], f"twin, row {row}"
 
 
 # --- AMD matrix cores ---------------------------------------------------------------------------
@@ -326,3 +359,33 @@ def test_amd_family_matches_mmasim(amd_mfma, family):
         value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
         twin = fp32.encode(np.array([value]), overflow="inf_nan")[0]
         assert same_bits(np.array([twin], np.uint32), want[row : row + 1], "fp32")[0], f"twin, row {row}"
+
+
+# --- fp64: the FMA chain of FP64 tensor cores (NVIDIA DMMA) and matrix cores (AMD f64 MFMA) ------
+
+# MMA-Sim runs every fp64 instruction as MMA_FMA: d = fma(a_k, b_k, d) for k = 0..K-1, each
+# an IEEE binary64 fused multiply-add (its C++ fma on the CPU). NVIDIA: m8n8k4.f64 on every
+# architecture from Ampere (sm_80), m16n8k4/k8/k16.f64 on Hopper (sm_90); AMD: the CDNA2 and
+# CDNA3 f64 MFMA instructions.
+FP64_FAMILIES = [
+    *[("nv_ptx", arch, "m8n8k4.f64.f64.f64.f64", config, 4)
+      for arch, config in (("Ampere", "a100-dmma"), ("Ada Lovelace", "ada-dmma"), ("Hopper", "h100-dmma"),
+                           ("Blackwell", "b200-dmma"), ("RTX Blackwell", "rtx50-dmma"))],
+    *[("nv_ptx", "Hopper", f"m16n8k{k}.f64.f64.f64.f64", "h100-dmma", k) for k in (4, 8, 16)],
+    ("amd", "CDNA2", "f64_16x16x4f64", "mi250-f64", 4),
+    ("amd", "CDNA2", "f64_4x4x4f64", "mi250-f64", 4),
+    ("amd", "CDNA3", "f64_16x16x4_f64", "mi300-f64", 4),
+    ("amd", "CDNA3", "f64_4x4x4_4b_f64", "mi300-f64", 4),
+]
+
+
+@pytest.mark.parametrize("family", FP64_FAMILIES, ids=lambda family: f"{family[3]}-{family[2]}")
+def test_fp64_family_matches_mmasim(family):
+    torch = import_or_skip("torch", "oracles")
+    vendor, arch, instruction, config, k = family
+    module = import_or_skip(f"mmasim.{vendor}", "oracles")
+    op = module.MMA(arch, instruction) if vendor == "nv_ptx" else module.MFMA(arch, instruction)
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    a, b, c = make_inputs(1000 + FP64_FAMILIES.index(family), ROWS, k, "fp64", "fp64", "fp64")
+    want = mmasim_dpa(op, _torch_operand(torch, a, "f64"), _torch_operand(torch, b, "f64"), c, "fp64", "fp64")
+    check_against(hw, "fp64", "fp64", "fp64", "fp64", a, b, c, want)

@@ -51,7 +51,9 @@ CI_PATHS = {
 SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h200-fp8": "h100",
            "ada-fp8": "ada", "b200-fp8": "b200", "t4": "a100", "h200-wgmma": "h100-wgmma",
            "h100-wgmma-fp8": "h100-wgmma", "b200-tcgen05-fp8": "b200-tcgen05", "rtx50": "b200-tcgen05",
-           "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4"}
+           "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4",
+           "ada-dmma": "a100-dmma", "h100-dmma": "a100-dmma", "b200-dmma": "a100-dmma", "rtx50-dmma": "a100-dmma",
+           "mi300-f64": "mi250-f64"}
 #: Configs the probe cannot characterise yet: scales: group_sum (its ue4m3 scale codes, and the
 #: group sums, have no probe; docs/probe.md).
 NOT_PROBED = {"b200-tcgen05-mxf4nvf4", "b200-tcgen05-mxf4", "b200-tcgen05-mxf4nvf4-e8m0-block16", "b200-nvfp4",
@@ -63,9 +65,18 @@ NOT_PROBED = {"b200-tcgen05-mxf4nvf4", "b200-tcgen05-mxf4", "b200-tcgen05-mxf4nv
 #: checks them against MMA-Sim instead). mi250-fp32 is mi100's fp32 path.
 MATRIX_CORES_NOT_PROBED = {"mi100", "mi250", "mi250-bf16-legacy", "mi250-fp32", "mi300"}
 
+#: fp64 units: the probe's inputs and outputs stop at 32-bit formats (docs/probe.md).
+FP64_NOT_PROBED = {"a100-dmma", "mi250-f64"}
+
 
 def test_every_shipped_config_is_probed():
-    assert {p.stem for p in HW.glob("*.yaml")} == set(CI_PATHS) | set(SAME_AS) | NOT_PROBED | MATRIX_CORES_NOT_PROBED
+    assert {p.stem for p in HW.glob("*.yaml")} == (set(CI_PATHS) | set(SAME_AS) | NOT_PROBED | MATRIX_CORES_NOT_PROBED
+                                                   | FP64_NOT_PROBED)
+
+
+@pytest.mark.parametrize("name", sorted(FP64_NOT_PROBED))
+def test_configs_not_probed_are_the_fp64_units(name):
+    assert load_hwconfig(HW / f"{name}.yaml").a_formats == ("fp64",)
 
 
 @pytest.mark.parametrize("name", sorted(NOT_PROBED))

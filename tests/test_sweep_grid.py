@@ -60,7 +60,7 @@ def test_bad_vary_options(option, message):
 @pytest.mark.parametrize("options, message", [
     (["adder.align_fraction_bits=8,99"], "h100-fp8.yaml: adder.align_fraction_bits: expected an integer 0..50, got 99 "
                                           r"\(at sweep point adder.align_fraction_bits=99\)"),
-    (["accumulator.format=fp32,fp64"], "accumulator.format: expected one of fp32, fp16, bf16, exact, got 'fp64'"),
+    (["accumulator.format=fp32,tf32"], "accumulator.format: expected one of fp32, fp16, bf16, fp64, exact, got 'tf32'"),
     (["adder.fused_terms=eight"], "adder.fused_terms: expected an integer, got 'eight'"),
     (["adder.align_fraction_bits=null,13", "adder.carry_bits=2"],
      r"adder.carry_bits: needs a window .* \(at sweep point adder.align_fraction_bits=null,adder.carry_bits=2\)"),

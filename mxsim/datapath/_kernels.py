@@ -23,10 +23,14 @@ Parameters arrive as the kernel record, a one-element structured array whose dty
 ``datapath.schema.record_dtype`` derives from the schema (fields named after the keys:
 ``cfg.block_size``, ``cfg.align_fraction_bits``, ..., null stored as -1), plus the order array
 and the kernel_params vectors of the accumulator, the n-bit tree-sum format, the output and
-fp32. Element values come from per-code tables (float64 value, int64 alignment exponent), so
-every product of two table values times a power-of-two scale is exact in float64. Every
-intermediate value is held as a float64 that is exactly a value of its format; exact sums go
-through ``_limbs``. The slow reference twin is ``datapath.reference``.
+fp32, and those of the A and B element formats. Element values come from per-code tables
+(float64 value, int64 alignment exponent), or, for formats given empty tables (fp32, fp64:
+no table of every code), from the code's bit fields (:func:`element`). Where every product of
+the two formats times a power-of-two scale is exact in float64 (:func:`products_fit_float64`),
+products are float64 terms; otherwise (fp64 operands: 106-bit products) each product goes
+exactly into the limbs (:func:`wide_tree_into_limbs`), which the config allows only for exact
+trees. Every intermediate value is held as a float64 that is exactly a value of its format;
+exact sums go through ``_limbs``. The slow reference twin is ``datapath.reference``.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ from ..formats._kernels import (
 )
 from ..quantize._kernels import SCALE_NAN
 from .schema import NO_PRODUCT_OVERFLOW, NO_ZERO_TERM_EXPONENT
-from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_clear, limbs_round
+from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_add_product, limbs_clear, limbs_round
+from .tables import ZERO_EXPONENT
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
 SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
@@ -267,6 +272,34 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
 # --- steps 1-3: decode, multiply, order and trees -----------------------------------------------
 
 @njit(cache=True, inline="always")
+def element(code, values, exponents, params, subnormals):
+    """Step 1 for one field code: (value, alignment exponent) from the per-code tables, or
+    for a format given empty tables, decoded from the code's bit fields (``params``); with
+    input subnormals off a subnormal value reads as zero of its sign. The exponent is
+    max(floor(log2|v|), emin) (emin = 1 - bias, or emax for fixed point), ZERO_EXPONENT for
+    zeros and specials, as the tables hold it."""
+    if values.shape[0] != 0:
+        return values[code], exponents[code]
+    value = decode_code(code, params)
+    if not subnormals:
+        value = flush_subnormal(value, params, False)
+    if value == 0.0 or not math.isfinite(value):
+        return value, np.int64(ZERO_EXPONENT)
+    emin = 1 - params[P_BIAS] if params[P_EXPONENT_BITS] > 0 else params[P_EMAX]
+    return value, max(floor_log2(value), emin)
+
+
+@njit(cache=True, inline="always")
+def products_fit_float64(a_params, b_params):
+    """Whether every product of an A and a B value times 2^s (|s| <= 254, two E8M0 scale
+    exponents) is exact in float64: at most 53 significant bits, its lowest bit at or above
+    2^-1074 and its magnitude below 2^1024 (fp32 x fp32 fits; a product with fp64 does not)."""
+    bits = a_params[P_MANTISSA_BITS] + b_params[P_MANTISSA_BITS] + 2
+    lowest = (1 - a_params[P_BIAS] - a_params[P_MANTISSA_BITS]) + (1 - b_params[P_BIAS] - b_params[P_MANTISSA_BITS])
+    highest = a_params[P_EMAX] + b_params[P_EMAX] + 1
+    return bits <= 53 and lowest - 254 >= -1074 and highest + 254 < 1024
+
+@njit(cache=True, inline="always")
 def padded_length(n_elements, cfg):
     """K padded to a whole number of term-order periods: the padded positions are empty (no
     term, not even +0), as in a unit fed zero-padded operands."""
@@ -327,7 +360,7 @@ def uniform_trees(cfg):
 
 @njit(cache=True, inline="always")
 def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
-                       a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents):
+                       a_values, a_exponents, b_values, b_exponents, a_params, b_params, cfg, terms, exponents):
     """Steps 1-3 for the elements start..stop of a :func:`uniform_trees` unit in one pass, no
     branch per product: (count, tree_scale, done). Not done (the caller falls back to
     :func:`tree_terms`) for NaN/Inf, NaN scales, and all-zero or exactly cancelling trees
@@ -343,11 +376,11 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
     check = 0.0
     count = 0
     for k in range(start, stop):
-        code_a = a_codes[k]
-        code_b = b_codes[k]
-        product = a_values[code_a] * b_values[code_b]
+        value_a, exponent_a = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
+        value_b, exponent_b = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
+        product = value_a * value_b
         terms[count] = product
-        exponents[count] = a_exponents[code_a] + b_exponents[code_b]
+        exponents[count] = exponent_a + exponent_b
         check += product
         count += 1
     if not (scale_ok and math.isfinite(check) and check != 0.0):
@@ -365,21 +398,20 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
 
 
 @njit(cache=True, inline="always")
-def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, cfg):
+def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, a_params, b_params,
+             cfg):
     """Steps 1-2 for element k: (product, exponent sum, deferred scale). The product is exact
     (NaN for a NaN scale), ±Inf from 2^product_overflow_exponent up; zero elements are +0
     with ``inputs.zero_sign: positive``; with ``scales: products`` (or ``block_sum`` on an
     exact tree) the block's scale exponents multiply it and join its exponent sum, with
     ``block_sum`` and a window they are deferred to the tree's sum."""
-    code_a = a_codes[k]
-    code_b = b_codes[k]
-    value_a = a_values[code_a]
-    value_b = b_values[code_b]
+    value_a, exponent_a = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
+    value_b, exponent_b = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
     if cfg.input_zeros_positive:  # x + 0.0 is +0 for either zero and x otherwise
         value_a += 0.0
         value_b += 0.0
     product = value_a * value_b
-    exponent_sum = a_exponents[code_a] + b_exponents[code_b]
+    exponent_sum = exponent_a + exponent_b
     deferred = 0
     if cfg.scales != SCALES_NONE and cfg.scales != SCALES_GROUP_SUM:  # group_sum: scaled per group
         block = k // cfg.block_size
@@ -400,7 +432,7 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
 
 @njit(cache=True, **NO_REFCOUNTS)
 def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-               b_values, b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
+               b_values, b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only):
     """Steps 1-3 for any tree, the tree positions start..stop by ``step`` (:func:`tree_bounds`; 2 for
     one parity of ``parity_windows``): its
     nonzero finite products (truncated by the multiplier when ``product_fraction_bits`` is
@@ -415,7 +447,8 @@ def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scal
         if k >= n_elements:  # a padded position: no term
             continue
         product, exponent_sum, tree_scale = multiply(
-            k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, cfg)
+            k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, a_params, b_params,
+            cfg)
         if not math.isfinite(product):
             special += product
             continue
@@ -434,8 +467,9 @@ def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scal
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values, b_values,
-                     scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only):
+def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents,
+                     a_params, b_params, scale_values, scale_exponents, cfg, terms, exponents, special,
+                     negative_zeros_only):
     """Steps 1-3 of a ``scales: group_sum`` tree, the positions start..stop (k order): one term
     per group of ``group_terms`` products, the group's exact sum (of products truncated by
     ``product_fraction_bits`` when set) times its block's two scales (codes indexing
@@ -450,7 +484,9 @@ def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values
         group_sum = 0.0
         all_zero = True
         for k in range(group_start, min(group_start + cfg.group_terms, stop)):
-            product = a_values[a_codes[k]] * b_values[b_codes[k]]
+            value_a, _ = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
+            value_b, _ = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
+            product = value_a * value_b
             if not math.isfinite(product):
                 special += product
                 all_zero = False
@@ -476,15 +512,52 @@ def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values
     return count, special, negative_zeros_only, has_zero
 
 
+@njit(cache=True, **NO_REFCOUNTS)
+def wide_tree_into_limbs(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
+                         b_values, b_exponents, a_params, b_params, cfg, order, special, negative_zeros_only,
+                         limbs, bounds):
+    """Steps 1-5 of an exact tree whose products need not fit a float64 (fp64 operands):
+    each nonzero finite product, times its block's scales (``scales: products``, or
+    ``block_sum`` on an exact tree), is added exactly into the limbs. NaN/Inf products and
+    NaN scales join the running special (Inf x 0 is NaN), zeros only their sign's record.
+    Returns (special, negative_zeros_only)."""
+    for position in range(start, stop):
+        k = ordered_index(position, cfg, order)
+        if k >= n_elements:  # a padded position: no term
+            continue
+        value_a, _ = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
+        value_b, _ = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
+        shift = 0
+        if cfg.scales != SCALES_NONE:
+            block = k // cfg.block_size
+            if a_scales[block] == SCALE_NAN or b_scales[block] == SCALE_NAN:
+                special += np.nan
+                continue
+            shift = a_scales[block] + b_scales[block]
+        if not (math.isfinite(value_a) and math.isfinite(value_b)):
+            special += value_a * value_b  # a NaN or Inf factor: the float64 product is the special
+            continue
+        if value_a == 0.0 or value_b == 0.0:
+            if cfg.input_zeros_positive or (math.copysign(1.0, value_a) < 0) == (math.copysign(1.0, value_b) < 0):
+                negative_zeros_only = False
+            continue
+        negative_zeros_only = False
+        limbs_add_product(limbs, bounds, value_a, value_b, shift)
+    return special, negative_zeros_only
+
+
 # --- steps 4-5: align and add -------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def accumulator_exponent(acc, cfg, acc_params):
+def accumulator_exponent(acc, holds_c, cfg, acc_params):
     """The alignment exponent of a nonzero accumulator in the tree: floor(log2|acc|), or at
-    least the accumulator format's emin (``accumulator_exponent: format_emin``)."""
+    least the accumulator format's emin (``accumulator_exponent: format_emin``), and while it
+    still holds c (``holds_c``: the first tree) at least c_format's emin too."""
     exponent = floor_log2(acc)
     if cfg.accumulator_exponent_clamped:
-        return max(exponent, 1 - acc_params[P_BIAS])
+        exponent = max(exponent, 1 - acc_params[P_BIAS])
+        if holds_c:
+            exponent = max(exponent, cfg.c_format_emin)
     return exponent
 
 
@@ -628,6 +701,19 @@ def promote(outer, acc, special, fp32_params, limbs, bounds):
     return outer, special
 
 
+@njit(cache=True, inline="always")
+def after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds):
+    """Step 6 after a tree: an accumulator overflow joins the running special, and every
+    ``promotion_interval`` products the accumulator is promoted. Returns (acc, outer, special)."""
+    if not math.isfinite(acc):  # overflow in the accumulator
+        special = note_overflow(special, acc)
+        acc = 0.0
+    if cfg.promotion_interval > 0 and ((tree + 1) * cfg.fused_terms) % cfg.promotion_interval == 0:
+        outer, special = promote(outer, acc, special, fp32_params, limbs, bounds)
+        acc = 0.0
+    return acc, outer, special
+
+
 @njit(cache=True, **NO_REFCOUNTS)
 def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds):
     """Step 6's end: the outer accumulator's last add (promotion), or c rounded into the
@@ -653,7 +739,8 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
 
 @njit(cache=True, **NO_REFCOUNTS)
 def parity_tree_sum(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-                    b_values, b_exponents, cfg, order, terms, exponents, special, negative_zeros_only):
+                    b_values, b_exponents, a_params, b_params, cfg, order, terms, exponents, special,
+                    negative_zeros_only):
     """Steps 1-5 (to the exact window sum) of a ``parity_windows`` tree: the products at even and
     at odd tree positions each aligned and added in their own window; each sum then kept, toward
     -inf, to the LSB of the window with the larger reference. Returns (count, total,
@@ -665,7 +752,7 @@ def parity_tree_sum(start, stop, n_elements, a_codes, b_codes, a_scales, b_scale
     for parity in range(2):
         half, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
             start + parity, stop, 2, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-            b_values, b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
+            b_values, b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only)
         if half == 0:
             continue
         floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
@@ -746,7 +833,7 @@ def rounded_add(x, y, params, rounding, subnormals, overflow, limbs, bounds):
 
 @njit(cache=True, **NO_REFCOUNTS)
 def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_exponents, b_values, b_exponents,
-                 cfg, order, acc_params, out_params, limbs, bounds, terms):
+                 a_params, b_params, cfg, order, acc_params, out_params, limbs, bounds, terms):
     """One dot product through a ``pairwise_rounded`` adder: c rounded into the accumulator
     format (read as +0 when zero or flushed, with ``inputs.zero_sign: positive``); per tree,
     each product rounded into it, the products summed by rounded two-operand adds, pair by
@@ -767,7 +854,7 @@ def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_expo
             if k >= n_elements:  # a padded position: no term
                 continue
             product, _, deferred = multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                                            b_exponents, cfg)
+                                            b_exponents, a_params, b_params, cfg)
             if deferred != 0:
                 product = scale_by_power_of_two(product, deferred)
             if cfg.product_fraction_bits >= 0 and product != 0.0 and math.isfinite(product):
@@ -812,7 +899,7 @@ def output_value(result, special, negative_zeros_only, zero_sign):
 def dot_one(
     a_codes, b_codes, a_scales, b_scales, c_value,
     a_values, a_exponents, b_values, b_exponents,
-    config, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
+    config, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
     limbs, bounds, terms, exponents,
 ):
     """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
@@ -824,7 +911,7 @@ def dot_one(
         c_value = 0.0  # c read as +0
     if cfg.pairwise_rounded:
         return pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_exponents, b_values,
-                            b_exponents, cfg, order, acc_params, out_params, limbs, bounds, terms)
+                            b_exponents, a_params, b_params, cfg, order, acc_params, out_params, limbs, bounds, terms)
     special = 0.0  # running IEEE sum of every non-finite contribution
     if not math.isfinite(c_value):
         special = c_value
@@ -832,11 +919,21 @@ def dot_one(
     negative_zeros_only = c_value == 0.0 and math.copysign(1.0, c_value) < 0
     acc, outer, special = start_accumulator(c_value, special, cfg, acc_params, limbs, bounds)
 
-    fused_terms = cfg.fused_terms
     grid = cfg.grid_fraction_bits >= 0
-    uniform = uniform_trees(cfg)
+    wide = not products_fit_float64(a_params, b_params)
+    uniform = uniform_trees(cfg) and not wide
     for tree in range(tree_count(n_elements, cfg)):
         start, stop = tree_bounds(tree, n_elements, cfg)
+        if wide:  # exact trees of exact products, in the limbs (Kulisch: they keep the whole sum)
+            special, negative_zeros_only = wide_tree_into_limbs(
+                start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                b_exponents, a_params, b_params, cfg, order, special, negative_zeros_only, limbs, bounds)
+            if cfg.accumulator_exact:
+                continue
+            limbs_add_float(limbs, bounds, acc)
+            acc = round_into_accumulator(limbs, bounds, acc_params, cfg)
+            acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
+            continue
         count = 0
         tree_scale = 0
         done = False
@@ -845,16 +942,17 @@ def dot_one(
         if uniform:
             count, tree_scale, done = uniform_tree_terms(
                 start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales,
-                a_values, a_exponents, b_values, b_exponents, cfg, terms, exponents)
+                a_values, a_exponents, b_values, b_exponents, a_params, b_params, cfg, terms, exponents)
         has_zero = False
         if cfg.scales == SCALES_GROUP_SUM:
             count, special, negative_zeros_only, has_zero = group_tree_terms(
-                start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales, a_values, b_values,
-                scale_values, scale_exponents, cfg, terms, exponents, special, negative_zeros_only)
+                start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
+                b_exponents, a_params, b_params, scale_values, scale_exponents, cfg, terms, exponents, special,
+                negative_zeros_only)
         elif cfg.parity_windows:
             count, total, lsb_exponent, special, negative_zeros_only = parity_tree_sum(
                 start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
+                b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only)
         elif done:
             negative_zeros_only = False
             if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
@@ -863,7 +961,7 @@ def dot_one(
         else:
             count, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
                 start, stop, 1, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                b_exponents, cfg, order, terms, exponents, special, negative_zeros_only)
+                b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only)
         if grid:
             acc = grid_accumulate(acc, terms, count, tree_scale_exponent(start, a_scales, b_scales, cfg), cfg,
                                   acc_params, limbs, bounds)
@@ -875,7 +973,7 @@ def dot_one(
         if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
             if acc != 0.0:
                 terms[count] = acc
-                exponents[count] = accumulator_exponent(acc, cfg, acc_params)
+                exponents[count] = accumulator_exponent(acc, tree == 0, cfg, acc_params)
                 count += 1
             else:
                 has_zero = True
@@ -890,12 +988,7 @@ def dot_one(
             acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
         else:
             acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
-        if not math.isfinite(acc):  # overflow in the accumulator
-            special = note_overflow(special, acc)
-            acc = 0.0
-        if cfg.promotion_interval > 0 and ((tree + 1) * fused_terms) % cfg.promotion_interval == 0:
-            outer, special = promote(outer, acc, special, fp32_params, limbs, bounds)
-            acc = 0.0
+        acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
 
     if cfg.accumulator_exact:
         result = round_limbs(limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
@@ -916,7 +1009,8 @@ def _output_code(value, out_params):
 def dot_pairs(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, out,
+    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
+    out,
 ):
     """out[i] = output code of the dot product of row i of A with row i of B."""
     n_rows = a_codes.shape[0]
@@ -931,7 +1025,7 @@ def dot_pairs(
                 a_codes[i], b_codes[i], a_scales[i], b_scales[i], c_values[i],
                 a_values, a_exponents, b_values, b_exponents,
                 cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
-                limbs, bounds, terms, exponents,
+                a_params, b_params, limbs, bounds, terms, exponents,
             )
             out[i] = _output_code(value, out_params)
 
@@ -940,7 +1034,8 @@ def dot_pairs(
 def matmul_rows(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, out,
+    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
+    out,
 ):
     """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K).
 
@@ -959,7 +1054,7 @@ def matmul_rows(
                 a_codes[m], b_codes[n], a_scales[m], b_scales[n], c_values[m % c_rows, n % c_columns],
                 a_values, a_exponents, b_values, b_exponents,
                 cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
-                limbs, bounds, terms, exponents,
+                a_params, b_params, limbs, bounds, terms, exponents,
             )
             out[m, n] = _output_code(value, out_params)
 

@@ -16,8 +16,10 @@ from .._compile import generic_calls
 from ..formats._kernels import CLASS_FINITE, decompose, encode_finite
 
 LIMB_BITS = 32
-N_LIMBS = 80
-LIMB_BASE_EXPONENT = -1280  # covers 2^-1280 .. 2^1280: every float64 and every product of two
+N_LIMBS = 160
+# Covers 2^-2560 .. 2^2560: every float64, and every exact product of two fp64 values
+# (2^-2148 .. 2^2048) times two E8M0 scales, with room for the carries of any sum.
+LIMB_BASE_EXPONENT = -2560
 LIMB_MASK = (1 << LIMB_BITS) - 1
 
 
@@ -54,6 +56,22 @@ def limbs_add_integer(limbs, bounds, negative, magnitude, lsb_exponent):
         bounds[0] = index
     if index + 2 > bounds[1]:
         bounds[1] = index + 2
+
+
+@njit(cache=True, inline="always")
+def limbs_add_product(limbs, bounds, x, y, exponent_offset):
+    """Add x * y * 2^exponent_offset exactly (x, y finite nonzero float64s): the 106-bit
+    product of the significands as four partial products of 27 x 27 bits."""
+    _, sign_x, significand_x, lsb_x, _ = decompose(np.float64(x).view(np.uint64), 11, 52)
+    _, sign_y, significand_y, lsb_y, _ = decompose(np.float64(y).view(np.uint64), 11, 52)
+    negative = sign_x != sign_y
+    lsb = lsb_x + lsb_y + exponent_offset
+    high_x, low_x = significand_x >> 26, significand_x & ((1 << 26) - 1)
+    high_y, low_y = significand_y >> 26, significand_y & ((1 << 26) - 1)
+    limbs_add_integer(limbs, bounds, negative, low_x * low_y, lsb)
+    limbs_add_integer(limbs, bounds, negative, high_x * low_y, lsb + 26)
+    limbs_add_integer(limbs, bounds, negative, low_x * high_y, lsb + 26)
+    limbs_add_integer(limbs, bounds, negative, high_x * high_y, lsb + 52)
 
 
 @njit(cache=True, inline="always")

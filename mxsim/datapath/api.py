@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +19,8 @@ from . import _kernels as K
 from .blas import blas_applies, blas_matmul
 from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
-from .schema import DatapathParams, kernel_record
-from .tables import element_operand, element_tables, scale_tables, sum_format
+from .schema import FLOAT32_FORMATS, DatapathParams, kernel_record
+from .tables import element_operand, scale_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
@@ -55,7 +56,8 @@ def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.
     if array.ndim != 2:
         raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")
     fields = array if fields_given else fmt.field_codes(array, name)
-    dtype = np.uint8 if fmt.field_bits <= 8 else np.uint16 if fmt.field_bits <= 16 else np.uint32
+    bits = fmt.field_bits
+    dtype = np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32 if bits <= 32 else np.uint64
     return np.ascontiguousarray(fields, dtype=dtype)
 
 
@@ -101,23 +103,48 @@ def _scale_exponents(scales, name: str, rows: int, blocks: int, params: Datapath
     return scale_exponents_of_codes(scales)
 
 
-def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
+#: The formats of the float dtypes c may be given in.
+C_DTYPE_FORMATS = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32", np.dtype(np.float64): "fp64"}
+
+
+def kernel_c_dtype(c_format: str) -> np.dtype:
+    """The dtype the kernels read c in: float32 where the format's values are float32 values
+    (one kernel signature for fp32, fp16 and bf16 c), float64 for fp64."""
+    return np.dtype(np.float64) if c_format not in FLOAT32_FORMATS else np.dtype(np.float32)
+
+
+def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
+    """c as the kernels read it: +0 for None; otherwise a float32 array, or one of the
+    format's own dtype (float16 for fp16, float64 for fp64), whose values are all values of
+    ``c_format`` (NaN and ±Inf included), in :func:`kernel_c_dtype`."""
     if c is None:
-        return np.zeros(shape, dtype=np.float32)
+        return np.zeros(shape, dtype=kernel_c_dtype(c_format))
+    accepted = sorted({"float32"} | {str(dtype) for dtype, name in C_DTYPE_FORMATS.items() if name == c_format})
     try:
         c = np.asarray(c)
     except (TypeError, ValueError):
-        raise ArgumentError(f"c: expected a float32 numpy array of shape {shape} or None") from None
-    if c.dtype != np.float32:
-        raise ArgumentError(f"c: expected a float32 array (the fp32 accumulator input), got dtype {c.dtype}")
+        raise ArgumentError(f"c: expected a {' or '.join(accepted)} numpy array of shape {shape} or None") from None
+    if str(c.dtype) not in accepted:
+        raise ArgumentError(f"c: expected a {' or '.join(accepted)} array of {c_format} values (inputs.c_format), "
+                            f"got dtype {c.dtype}")
     if c.shape != shape:
         raise ArgumentError(f"c: expected shape {shape}, got {c.shape}")
-    return np.ascontiguousarray(c)  # kept float32: the kernels widen each value exactly
+    given, fmt = get_format(C_DTYPE_FORMATS[c.dtype]), get_format(c_format)
+    if given.exponent_bits > fmt.exponent_bits or given.mantissa_bits > fmt.mantissa_bits:  # values to check
+        if not np.array_equal(fmt.round(c, overflow="inf"), c.astype(np.float64), equal_nan=True):
+            raise ArgumentError(f"c: every value must be a {c_format} value (inputs.c_format); round c into it first")
+    return np.ascontiguousarray(c, dtype=kernel_c_dtype(c_format))  # the kernels widen each value exactly
 
 
 def output_dtype(out_format: str) -> np.dtype:
-    """The unsigned dtype of output bit patterns: uint32 for fp32, uint16 for fp16/bf16."""
+    """The unsigned dtype of output bit patterns: uint64 for fp64, uint32 for fp32, uint16 for fp16/bf16."""
     return get_format(out_format).code_dtype
+
+
+def kernel_output_dtype(out_format: str) -> np.dtype:
+    """The dtype the kernels write output codes in: uint32 for every format of at most 32 bits
+    (one kernel signature for fp32, fp16 and bf16), uint64 for fp64."""
+    return np.dtype(np.uint32) if out_format in FLOAT32_FORMATS else np.dtype(np.uint64)
 
 
 def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
@@ -126,32 +153,30 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
 
 
 def _kernel_arguments(params: DatapathParams):
-    """(A format, B format, kernel arguments) with tables of every code (formats of at most
-    ``tables.FULL_TABLE_BITS`` field bits; :func:`_operands_and_arguments` takes any)."""
+    """(A format, B format, kernel arguments): the element tables (empty for formats the
+    kernel decodes itself, see ``tables.element_operand``), the kernel record, the term
+    order, the formats' parameters and the scale tables."""
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    a_values, a_exponents = element_tables(a_fmt, params.input_subnormals)
-    b_values, b_exponents = element_tables(b_fmt, params.input_subnormals)
+    a_values, a_exponents = element_operand(a_fmt, params.input_subnormals)
+    b_values, b_exponents = element_operand(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
     scale_arguments = scale_tables(get_format(params.scale_format))
-    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments)
+    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments,
+                          a_fmt.kernel_params, b_fmt.kernel_params)
 
 
 def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray):
-    """(A codes, B codes, kernel arguments): the codes the element tables index (see
-    ``tables.element_operand``), in one dtype, and the kernels' remaining arguments."""
-    codes_a, a_values, a_exponents = element_operand(get_format(params.a_format), params.input_subnormals, fields_a)
-    codes_b, b_values, b_exponents = element_operand(get_format(params.b_format), params.input_subnormals, fields_b)
-    cfg, order, formats = _kernel_config(params)
-    scale_arguments = scale_tables(get_format(params.scale_format))
-    codes_a, codes_b = _same_width(codes_a, codes_b)
-    return codes_a, codes_b, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments)
+    """(A codes, B codes, kernel arguments): the field codes in one dtype (mixed formats add no
+    kernel signature) and :func:`_kernel_arguments`."""
+    codes_a, codes_b = _same_width(fields_a, fields_b)
+    return codes_a, codes_b, _kernel_arguments(params)[2]
 
 
 def _check_method(method: str, caller: str) -> None:
     check_choice(method, f"{caller}: method", ("auto", "kernel"))
 
 
-def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None,
+def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None, c_format=None,
         method: str = "auto") -> np.ndarray:
     """Row-wise dot products through the unit ``hw``: out[i] = c[i] + sum_k a[i,k] b[i,k].
 
@@ -160,19 +185,20 @@ def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out
         a, b: (n, K) integer arrays of element codes of ``a_format`` / ``b_format``.
         scale_a, scale_b: (n, ceil(K / block_size)) codes of the unit's ``inputs.scale_format``
             (E8M0: 0xFF = NaN; UE4M3: 0x7F = NaN); None means every scale is 1. Units with ``inputs.scales: none`` accept only None.
-        c: (n,) float32 accumulator inputs; None means +0.
-        out_format: fp32, fp16 or bf16; None: the config's ``output.format``.
+        c: (n,) accumulator inputs: a float16/32/64 array of values of ``c_format``; None means +0.
+        out_format: fp32, fp16, bf16 or fp64; None: the config's ``output.format``.
+        c_format: the format of c (as mma's C type); None: the config's ``inputs.c_format``.
         method: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
             uses the vectorised window route (:mod:`mxsim.datapath.window`) where it applies.
 
-    Returns the output bit patterns: uint32 for fp32, uint16 for fp16/bf16 (see
+    Returns the output bit patterns: uint64 for fp64, uint32 for fp32, uint16 for fp16/bf16 (see
     :func:`as_float`). NaN results are the canonical quiet NaN.
 
     Empty inputs: n = 0 gives an empty output; K = 0 gives each c rounded to the output
     format (the empty sum is +0). Bad arguments raise :class:`~mxsim.errors.MxsimError`
     subclasses naming the argument.
     """
-    params = _as_config(hw).params(a_format, b_format, out_format)
+    params = _as_config(hw).params(a_format, b_format, out_format, c_format)
     return dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method=method)
 
 
@@ -189,8 +215,8 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
     blocks = -(-length // params.block_size)
     exponents_a = _scale_exponents(scale_a, "scale_a", rows, blocks, params)
     exponents_b = _scale_exponents(scale_b, "scale_b", rows, blocks, params)
-    c_values = _accumulator_inputs(c, (rows,))
-    out = np.empty(rows, dtype=np.uint32)  # one kernel signature for every output format
+    c_values = _accumulator_inputs(c, (rows,), params.c_format)
+    out = np.empty(rows, dtype=kernel_output_dtype(params.output_format))
     if method == "auto" and window_applies(params):
         left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
         if left.size:  # specials and out-of-range values: the generic kernel
@@ -241,27 +267,27 @@ def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: in
     return quantize(x, fmt, axis=axis, block_size=block_size, per_tensor_scale=per_tensor_scale)
 
 
-def _scaled_accumulator_input(c, shift: int, shape: tuple):
-    """c * 2^-shift as float32, refusing a shift that would round it (under/overflow)."""
+def _scaled_accumulator_input(c, shift: int, shape: tuple, c_format: str):
+    """c * 2^-shift in c's dtype, refusing a shift that would round it (under/overflow) in ``c_format``."""
     if c is None or not shift:
         return c
-    c = _accumulator_inputs(c, shape)
+    c = _accumulator_inputs(c, shape, c_format)
     scaled = np.ldexp(c.astype(np.float64), -shift)
-    narrowed = scaled.astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        if not np.array_equal(narrowed.astype(np.float64), scaled, equal_nan=True):
-            raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in float32")
-    return narrowed
+    with np.errstate(invalid="ignore", over="ignore"):
+        if not np.array_equal(get_format(c_format).round(scaled, overflow="inf"), scaled, equal_nan=True):
+            raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in {c_format}")
+    return scaled.astype(kernel_c_dtype(c_format))
 
 
-def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, progress=None,
+def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c_format=None, progress=None,
            tile_rows: int = 256, method: str = "auto", per_tensor_scale: bool = False) -> MatmulResult:
     """C + A @ B through the unit ``hw``, every output bit exact.
 
     ``A`` (M, K) and ``B`` (K, N) are MXTensors quantized along K (A on axis 1, B on axis 0)
     with the unit's block size, or float arrays, which are quantized here with the OCP
     profile into ``a_format``/``b_format`` (default: the config's first accepted format).
-    ``c`` is an (M, N) float32 accumulator input (None: +0).
+    ``c`` is an (M, N) accumulator input (None: +0) of ``c_format`` (None: the config's
+    ``inputs.c_format``), given as :func:`dot` takes it.
 
     ``per_tensor_scale=True`` quantizes float operands with one power-of-two scale per tensor
     instead of block scales (``mxsim.quantize_mx(..., per_tensor_scale=True)``: the scaling FP8
@@ -290,7 +316,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
         raise ArgumentError(f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
     config = _as_config(hw)
     if isinstance(A, NVFP4Tensor) or isinstance(B, NVFP4Tensor):
-        return _matmul_float_scaled(config, A, B, c, out_format, progress, tile_rows)
+        return _matmul_float_scaled(config, A, B, c, out_format, c_format, progress, tile_rows)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
@@ -298,15 +324,15 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
         raise ArgumentError("matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)")
     if tensor_a.shape[1] != tensor_b.shape[0]:
         raise ArgumentError(f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}")
-    params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format)
+    params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format, c_format)
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
     shift = tensor_a.tensor_scale_exponent + tensor_b.tensor_scale_exponent
-    c = _scaled_accumulator_input(c, shift, (rows, columns))
+    c = _scaled_accumulator_input(c, shift, (rows, columns), params.c_format)
     check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
     exponents_a = _tensor_scales(tensor_a, params)
     exponents_b = _tensor_scales(tensor_b, params)
-    c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
-    out = np.empty((rows, columns), dtype=np.uint32)  # one kernel signature for every output format
+    c_values = _accumulator_inputs(c, (1, 1) if c is None else (rows, columns), params.c_format)
+    out = np.empty((rows, columns), dtype=kernel_output_dtype(params.output_format))
     bits_dtype = output_dtype(params.output_format)
     if out.size == 0:
         return MatmulResult(out.astype(bits_dtype), params.output_format, shift)
@@ -337,7 +363,8 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
 
 
-def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, progress, tile_rows: int) -> MatmulResult:
+def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, progress,
+                         tile_rows: int) -> MatmulResult:
     """:func:`matmul` of NVFP4 operands: A an (M, K) NVFP4Tensor and B given as the (N, K)
     NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored), through a unit
     whose ``inputs.scale_format`` is theirs. The generic kernel computes every output (no
@@ -348,7 +375,7 @@ def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, progress, 
             raise ArgumentError(f"matmul: {name}: with NVFP4 operands both must be 2-D NVFP4Tensors (B as B^T, (N, K))")
     if A.codes.shape[1] != B.codes.shape[1]:
         raise ArgumentError(f"matmul: inner dimensions differ: A is {A.codes.shape}, B^T is {B.codes.shape}")
-    params = config.params(A.options.element_format, B.options.element_format, out_format)
+    params = config.params(A.options.element_format, B.options.element_format, out_format, c_format)
     for name, tensor in (("A", A), ("B", B)):
         if (tensor.options.scale_format, tensor.options.block_size) != (params.scale_format, params.block_size):
             raise ArgumentError(f"matmul: {name}: {tensor.options.scale_format} scales per {tensor.options.block_size} "
@@ -362,8 +389,8 @@ def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, progress, 
     codes_a, codes_b, kernel_args = _operands_and_arguments(
         params, _codes(A.codes, "A", get_format(params.a_format), fields_given=True),
         _codes(B.codes, "B", get_format(params.b_format), fields_given=True))
-    c_values = np.zeros((1, 1), dtype=np.float32) if c is None else _accumulator_inputs(c, (rows, columns))
-    out = np.empty((rows, columns), dtype=np.uint32)
+    c_values = _accumulator_inputs(c, (1, 1) if c is None else (rows, columns), params.c_format)
+    out = np.empty((rows, columns), dtype=kernel_output_dtype(params.output_format))
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
         c_tile = c_values if c is None else c_values[start:stop]
@@ -379,7 +406,7 @@ def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kerne
     """out[m, n] = the generic kernel's outputs for the listed (row, column) pairs."""
     c_pairs = np.full(m.size, c_values[0, 0]) if c_values.shape == (1, 1) else c_values[m, n]
     pairs = np.empty(m.size, dtype=out.dtype)
-    K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(np.float32), *kernel_args, pairs)
+    K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(c_values.dtype), *kernel_args, pairs)
     out[m, n] = pairs
 
 
@@ -396,18 +423,20 @@ def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
     return tensor.scale_exponents
 
 
-def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None) -> dict:
+def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None,
+            c_format=None) -> dict:
     """Every stage of one dot product (1-D codes ``a``, ``b``), from the reference twin.
 
     ``a``, ``b``: integer codes (lists or 1-D arrays) of equal length K, at most
     EXPLAIN_MAX_LENGTH (the reference twin is pure Python); ``scale_a``, ``scale_b``:
-    ceil(K / block_size) E8M0 codes or None; ``c``: a real number (rounded to float32).
+    ceil(K / block_size) E8M0 codes or None; ``c``: a real number, rounded (to nearest even,
+    ±Inf beyond the range) into ``c_format`` (None: the config's ``inputs.c_format``).
     K = 0 explains the empty sum (the result is c rounded to the output format).
     Returns {"params": ..., "stages": [...], "value": float, "bits": int}; the bits equal
     :func:`dot`'s for the same inputs.
     """
     config = _as_config(hw)
-    params = config.params(a_format, b_format, out_format)
+    params = config.params(a_format, b_format, out_format, c_format)
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     a, b = _one_row(a, "a"), _one_row(b, "b")
     _codes(a, "a", a_fmt)  # validated; the twin takes the stored codes (tf32: padding included)
@@ -424,9 +453,12 @@ def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, 
     if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, float, np.integer, np.floating)):
         raise ArgumentError(f"c: expected a real number, got {type(c).__name__}")
     stages: list[dict] = []
-    with np.errstate(over="ignore"):  # c beyond float32 becomes +-Inf, as np.float32 rounds it
-        c32 = float(np.float32(c))
-    value = dot_reference(params, a[0].tolist(), b[0].tolist(), scales[0], scales[1], c32, stages)
+    try:
+        c_value = float(c)
+    except OverflowError:  # an integer beyond float64
+        c_value = math.inf if c > 0 else -math.inf
+    c_value = float(get_format(params.c_format).round(np.array([c_value]), overflow="inf")[0])
+    value = dot_reference(params, a[0].tolist(), b[0].tolist(), scales[0], scales[1], c_value, stages)
     # The value is exact in the output format; IEEE overflow keeps ±Inf as ±Inf.
     bits = int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
     return {"config": config.name, "params": params.__dict__, "stages": stages, "value": value, "bits": bits}

@@ -83,6 +83,8 @@ def slice_width(params: DatapathParams) -> int:
 
 def exact_in_float64(params: DatapathParams) -> bool:
     """Whether every tree sum of this unit's formats is exact in float64 (module docstring)."""
+    if max(get_format(params.a_format).field_bits, get_format(params.b_format).field_bits) > FULL_TABLE_BITS:
+        return False  # no table of every code to read the span from; fp32 alone spans 277 bits
     high_a, low_a = _span_bits(get_format(params.a_format))
     high_b, low_b = _span_bits(get_format(params.b_format))
     return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(slice_width(params))) <= 53

@@ -25,6 +25,7 @@ from ..limits import check_path, shown
 from ..formats import get_format
 from . import schema
 from .schema import REQUIRED, WIDE_FORMATS, DatapathParams, Key
+from .tables import products_fit_float64
 
 SCHEMA_VERSION = 1
 _KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")  # what a mistyped key looks like
@@ -68,21 +69,27 @@ class HardwareConfig:
         same = self.sections[("inputs", "same_format")]
         return tuple((a, b) for a in self.a_formats for b in self.b_formats if not same or a == b)
 
-    def params(self, a_format: str, b_format: str, out_format: str | None = None) -> DatapathParams:
-        """The unit's parameters for A/B element formats and an output format (default: the
-        config's); remembered per formats (a config does not change)."""
-        key = (a_format, b_format, out_format)
+    def params(self, a_format: str, b_format: str, out_format: str | None = None,
+               c_format: str | None = None) -> DatapathParams:
+        """The unit's parameters for A/B element formats, an output format and a format of c
+        (defaults: the config's ``output.format`` and ``inputs.c_format``); remembered per
+        formats (a config does not change)."""
+        key = (a_format, b_format, out_format, c_format)
         if not all(name is None or isinstance(name, str) for name in key):  # not a format name: its error
-            return self._resolve_params(a_format, b_format, out_format)
+            return self._resolve_params(*key)
         if key not in self._params_memo:
-            self._params_memo[key] = self._resolve_params(a_format, b_format, out_format)
+            self._params_memo[key] = self._resolve_params(*key)
         return self._params_memo[key]
 
-    def _resolve_params(self, a_format: str, b_format: str, out_format: str | None) -> DatapathParams:
+    def _resolve_params(self, a_format: str, b_format: str, out_format: str | None,
+                        c_format: str | None = None) -> DatapathParams:
         a_name, b_name = get_format(a_format).name, get_format(b_format).name
         out_name = self.sections[("output", "format")] if out_format is None else get_format(out_format).name
         if out_name not in WIDE_FORMATS:
             raise ConfigError(self.source, "output.format", f"output format {out_name!r} is not one of {', '.join(WIDE_FORMATS)}")
+        c_name = self.sections[("inputs", "c_format")] if c_format is None else get_format(c_format).name
+        if c_name not in WIDE_FORMATS:
+            raise ConfigError(self.source, "inputs.c_format", f"format of c {c_name!r} is not one of {', '.join(WIDE_FORMATS)}")
         for operand, name, accepted in (("A", a_name, self.a_formats), ("B", b_name, self.b_formats)):
             if name not in accepted:
                 raise ConfigError(
@@ -96,6 +103,7 @@ class HardwareConfig:
             )
         values = dict(self.sections)
         values[("output", "format")] = out_name
+        values[("inputs", "c_format")] = c_name
         for selectors, changes in self.overrides:
             chosen = {"a_format": a_name, "b_format": b_name, "out_format": out_name}
             if all(chosen[key] in names for key, names in selectors.items()):
@@ -166,6 +174,8 @@ def check_consistency(params: DatapathParams, source: str) -> None:
     if params.trees_in_blocks and (params.term_order is not None or params.promotion_interval is not None):
         raise ConfigError(source, "adder.trees_in_blocks", "trees restarting at blocks need k order and no promotion "
                           "(term_order and promotion_interval null)")
+    if not products_fit_float64(get_format(params.a_format), get_format(params.b_format)):
+        _check_wide_products(params, source)
     if params.grid_fraction_bits is not None:
         _check_grid(params, source)
     if params.structure == "pairwise_rounded":
@@ -212,6 +222,21 @@ def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) ->
     for path, (bad, wanted) in needs.items():
         if bad:
             raise ConfigError(source, path, f"{what} needs {wanted}")
+
+
+def _check_wide_products(params: DatapathParams, source: str) -> None:
+    """Products wider than a float64 (fp64 operands: 106 bits, down to 2^-2148) are held
+    exactly only as they enter an exact sum: the kernel refuses every key that would cut one."""
+    _check_needs(params, source, f"{params.a_format} x {params.b_format} (products of up to 106 bits, summed exactly "
+                 "only in exact trees)", {
+        "multiplier.product_fraction_bits": (params.product_fraction_bits is not None, "null"),
+        "multiplier.overflow_exponent": (params.product_overflow_exponent is not None, "null"),
+        "adder.align_fraction_bits": (params.align_fraction_bits is not None, "null (an exact tree)"),
+        "adder.sum_significant_bits": (params.sum_significant_bits is not None, "null"),
+        "grid.fraction_bits": (params.grid_fraction_bits is not None, "null"),
+        "inputs.scales": (params.scales == "group_sum", "not 'group_sum'"),
+        "adder.structure": (params.structure == "pairwise_rounded", "not 'pairwise_rounded' (it rounds each product)"),
+    })
 
 
 def _check_grid(params: DatapathParams, source: str) -> None:

@@ -18,7 +18,7 @@ import functools
 import math
 from fractions import Fraction
 
-from ..errors import ConfigError
+from ..errors import ArgumentError, ConfigError
 from ..formats import FormatInfo, custom_format, get_format
 from ..formats.reference import decode_reference, encode_reference
 from ..quantize.reference import floor_log2
@@ -71,8 +71,16 @@ def _is_infinite(value) -> bool:
     return isinstance(value, float) and math.isinf(value)
 
 
-def _to_float(value) -> float:
-    return float(value) if isinstance(value, Fraction) else value
+def _to_float(value) -> float | str:
+    """A stage value for the record: the float of an exact value, or where that would
+    overflow or underflow (fp64 products reach 2^2048 and 2^-2148) the text "m*2^e" with m
+    in [1, 2) rounded to a float."""
+    if not isinstance(value, Fraction):
+        return value
+    if value == 0 or Fraction(2) ** -1074 <= abs(value) < Fraction(2) ** 1024:
+        return float(value)
+    exponent = floor_log2(abs(value))
+    return f"{float(value / Fraction(2) ** exponent)!r}*2^{exponent}"
 
 
 class _Specials:
@@ -279,11 +287,14 @@ def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log)
     return register * step
 
 
-def _accumulator_exponent(acc, params: DatapathParams) -> int:
-    """The alignment exponent of a nonzero accumulator (``accumulator_exponent``)."""
+def _accumulator_exponent(acc, holds_c: bool, params: DatapathParams) -> int:
+    """The alignment exponent of a nonzero accumulator (``accumulator_exponent``); with
+    ``format_emin``, while it still holds c (the first tree) c_format's emin bounds it too."""
     exponent = floor_log2(abs(Fraction(acc)))
     if params.accumulator_exponent == "format_emin":
         exponent = max(exponent, alignment_emin(get_format(params.accumulator_format)))
+        if holds_c:
+            exponent = max(exponent, alignment_emin(get_format(params.c_format)))
     return exponent
 
 
@@ -293,12 +304,12 @@ def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: D
     terms = [(p, e) for p, e, _ in kept]
     tree_scale = kept[0][2] if kept and params.scales == "block_sum" else 0
     if params.accumulator_in_tree and acc != 0:
-        terms.append((Fraction(acc), _accumulator_exponent(acc, params)))
+        terms.append((Fraction(acc), _accumulator_exponent(acc, tree_start == 0, params)))
     elif params.accumulator_in_tree:
         has_zero = True  # a zero accumulator is a zero term
     if params.align_fraction_bits is None or not terms:
         tree_sum = sum((t for t, _ in terms), Fraction(0))
-        log({"stage": "tree", "start": tree_start, "exact_sum": float(tree_sum)})
+        log({"stage": "tree", "start": tree_start, "exact_sum": _to_float(tree_sum)})
         return tree_sum
     reference, lsb, kept_terms = _align(terms, has_zero, params)
     tree_sum = _add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale
@@ -549,6 +560,8 @@ def dot_reference(
         specials.values.append(c)
         c = 0.0
     c_exact = Fraction(c)
+    if c_exact != 0 and _round(c_exact, get_format(params.c_format), "nearest_even") != c_exact:
+        raise ArgumentError(f"c = {c!r} is not a {params.c_format} value (inputs.c_format)")
 
     products = []  # per k: (value Fraction or float special, alignment exponent, scale exponent)
     for k, (code_a, code_b) in enumerate(zip(a_codes, b_codes)):
@@ -581,7 +594,7 @@ def dot_reference(
     if acc_fmt is None:  # exact (Kulisch) accumulator: one rounding, at the output
         total = c_exact + sum((p * Fraction(2) ** s for positions in trees
                                for p, _, s in tree_terms(positions)[0]), Fraction(0))
-        log({"stage": "exact_accumulator", "value": float(total)})
+        log({"stage": "exact_accumulator", "value": _to_float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
         return _output(result, specials, params, log)
 

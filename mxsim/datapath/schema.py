@@ -23,13 +23,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..formats import format_names
+from ..formats import format_names, get_format
 from ..formats.rounding import ROUNDING_MODES, overflow_code, rounding_code
 from ..limits import MAX_BLOCK_SIZE
 
 ELEMENT_FORMATS = format_names("element", "bfp_element", "tensor_input", "wide")
 SCALE_FORMATS = format_names("scale")
 WIDE_FORMATS = format_names("wide")
+#: Wide formats whose values are float32 values: what the fast routes (uint32 outputs, float32 c) hold.
+FLOAT32_FORMATS = tuple(name for name in WIDE_FORMATS if get_format(name).bits <= 32)
 DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
 #: The kernel record's ``zero_term_exponent`` for null: below every exponent, so zero terms never set R.
@@ -134,8 +136,22 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("e8m0"), window=only("e8m0"),
         ),
         "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
-                          field="input_subnormals", record=None,  # the element tables read them as zero
+                          field="input_subnormals",  # the element tables read them as zero; so does the kernel's decode
                           blas=only(True), window=any_value),
+        "c_format": Key(
+            "format", "fp32",
+            "format of the accumulator input c (the API may ask for another, as Volta's mma takes f16 or "
+            "f32 c beside an f32 d): every c must be a value of it (the API refuses others); c then enters "
+            "exactly as c_entry says. With accumulator_exponent: format_emin, c in the first tree aligns at "
+            "no less than this format's emin either (MMA-Sim's Volta m8n8k4 with f16 c: a subnormal fp16 c "
+            "aligns at 2^-14)",
+            WIDE_FORMATS, record=Record(lambda value: 1 - get_format(value).bias, name="c_format_emin"),
+            blas=only(*FLOAT32_FORMATS),  # exact trees: R places no window
+            # window: it flags subnormal accumulators, not c below a wider emin than the accumulator's
+            window=lambda value, params: value in FLOAT32_FORMATS and (
+                params.accumulator_exponent == "leading_bit" or params.accumulator_format == "exact"
+                or get_format(value).bias >= get_format(params.accumulator_format).bias),
+        ),
         "same_format": Key(
             "bool", False,
             "true: A and B share one element format per operation (the unit has a single source-format "
@@ -309,8 +325,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "accumulator_exponent": Key(
             "str", "leading_bit",
             "the exponent the accumulator aligns with when it joins the tree: 'leading_bit' = "
-            "floor(log2|acc|); 'format_emin' = max(floor(log2|acc|), emin of the accumulator format), "
-            "so a subnormal accumulator aligns as a subnormal element does (MMA-Sim's tensor cores)",
+            "floor(log2|acc|); 'format_emin' = max(floor(log2|acc|), emin of the accumulator format, "
+            "and in the first tree, where it holds c, emin of inputs.c_format), so a subnormal accumulator "
+            "aligns as a subnormal element does (MMA-Sim's tensor cores)",
             ("leading_bit", "format_emin"),
             record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
             blas=any_value,  # exact trees: R places no window
@@ -339,7 +356,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             WIDE_FORMATS + ("exact",),
             field="accumulator_format",
             record=Record(lambda value: value == "exact", np.bool_, "accumulator_exact"),  # + its format parameters
-            blas=only("fp32", "exact"), window=only(*WIDE_FORMATS),
+            blas=only("fp32", "exact"), window=only(*FLOAT32_FORMATS),
         ),
         "rounding": Key(
             "str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST,
@@ -413,7 +430,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "output": {
         "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS,
                       field="output_format", record=None,  # the kernel gets its format parameters
-                      blas=only("fp32"), window=only(*WIDE_FORMATS)),
+                      blas=only("fp32"), window=only(*FLOAT32_FORMATS)),
         "rounding": Key(
             "str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST,
             field="output_rounding", record=Record(rounding_code),

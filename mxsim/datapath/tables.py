@@ -4,6 +4,7 @@ sum format. (The reference twin derives the same facts on its own.)"""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -23,8 +24,18 @@ def sum_format(bits: int) -> FormatInfo:
 
 
 #: Formats up to this many field bits get a table of every code (tf32: 2^19 entries); wider
-#: ones (fp32) a table of the codes an operand holds (:func:`element_operand`).
+#: ones (fp32, fp64) none: the kernel decodes their codes' bit fields (:func:`element_operand`).
 FULL_TABLE_BITS = 20
+NO_TABLE = np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
+
+
+def products_fit_float64(a_fmt: FormatInfo, b_fmt: FormatInfo) -> bool:
+    """Whether every product of an A and a B value times 2^s (|s| <= 254: two E8M0 scale
+    exponents) is a float64: at most 53 significant bits, its lowest bit at or above 2^-1074,
+    its magnitude below 2^1024. True for every pair of formats up to fp32; false with fp64."""
+    bits = (a_fmt.mantissa_bits + 1) + (b_fmt.mantissa_bits + 1)
+    lowest = math.log2(a_fmt.min_subnormal) + math.log2(b_fmt.min_subnormal)
+    return bits <= 53 and lowest - 254 >= -1074 and a_fmt.emax + b_fmt.emax + 1 + 254 < 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,16 +44,13 @@ def element_tables(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.nd
     return _tables_of(fmt, np.arange(1 << fmt.field_bits), subnormals)
 
 
-def element_operand(fmt: FormatInfo, subnormals: bool, fields: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes, values, exponents) the kernels take for an operand of field codes: the codes
-    themselves and the tables of every code, or, for a format wider than FULL_TABLE_BITS,
-    each code's index among the distinct codes present and the tables of those codes alone
-    (decoded directly from their bits: an fp32 operand never builds a 2^32-entry table)."""
+def element_operand(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(values, exponents) the kernels take for an operand: the tables of every code, or, for
+    a format wider than FULL_TABLE_BITS, empty tables: the kernel decodes each code from its
+    bit fields (``_kernels.element``)."""
     if fmt.field_bits <= FULL_TABLE_BITS:
-        return fields, *element_tables(fmt, subnormals)
-    present, index = np.unique(fields, return_inverse=True)
-    dtype = np.uint8 if present.size <= 1 << 8 else np.uint16 if present.size <= 1 << 16 else np.uint32
-    return index.reshape(fields.shape).astype(dtype), *_tables_of(fmt, present, subnormals)
+        return element_tables(fmt, subnormals)
+    return NO_TABLE
 
 
 def _tables_of(fmt: FormatInfo, fields: np.ndarray, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -84,7 +84,8 @@ def _neighbours(fmt: FormatInfo, magnitude: Fraction, negative: bool):
         return low, codes[position], low + (low - values[position - 1])
     # Wide IEEE formats: the binade's spacing from the definition.
     min_exponent = 1 - fmt.bias
-    exponent = math.floor(math.log2(magnitude)) if magnitude else min_exponent
+    # Within one of floor(log2): exact for values beyond float64's range (fp64 products).
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length() if magnitude else min_exponent
     while Fraction(2) ** exponent > magnitude:
         exponent -= 1
     while Fraction(2) ** (exponent + 1) <= magnitude:

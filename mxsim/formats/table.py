@@ -111,9 +111,9 @@ class FormatInfo:
         if not isinstance(self.specials, str) or self.specials not in SPECIALS:
             raise UnknownNameError("specials encoding", self.specials, SPECIALS)
         width = self.exponent_bits + self.mantissa_bits + self.signed + self.padding_bits
-        if width != self.bits or self.bits < 2 or self.bits > 62 or self.padding_bits < 0:
+        if width != self.bits or self.bits < 2 or self.bits > 64 or self.padding_bits < 0:
             raise MxsimError(
-                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit + padding_bits must equal bits (2..62)"
+                f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit + padding_bits must equal bits (2..64)"
             )
         if self.specials == "ieee" and (self.exponent_bits < 2 or self.mantissa_bits < 1):
             raise MxsimError(f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits")
@@ -122,7 +122,7 @@ class FormatInfo:
         if self.role not in ROLES:
             raise UnknownNameError("format role", self.role, ROLES)
         if self.scale_emax is None:
-            object.__setattr__(self, "scale_emax", math.floor(math.log2(self.max_finite)))
+            object.__setattr__(self, "scale_emax", _emax_from_fields(self))
         if self.storage_bits is None:
             object.__setattr__(self, "storage_bits", self.bits)
 
@@ -199,8 +199,9 @@ class FormatInfo:
 
     @property
     def emax(self) -> int:
-        """Exponent of the leading bit of the largest finite value."""
-        return math.floor(math.log2(self.max_finite))
+        """Exponent of the leading bit of the largest finite value (from the fields: a float
+        log2 of fp64's largest value rounds up to 1024)."""
+        return _emax_from_fields(self)
 
     @functools.cached_property
     def kernel_params(self) -> np.ndarray:
@@ -393,6 +394,8 @@ FORMATS: dict[str, FormatInfo] = _table(
     FormatInfo("fp32", 32, 8, 23, 127, role="wide", aliases=("float32",)),
     FormatInfo("fp16", 16, 5, 10, 15, role="wide", aliases=("float16",)),
     FormatInfo("bf16", 16, 8, 7, 127, role="wide", aliases=("bfloat16",)),
+    # IEEE binary64 (FP64 tensor cores and MFMA; a value of every other format is one of its).
+    FormatInfo("fp64", 64, 11, 52, 1023, role="wide", aliases=("float64",)),
     # The "fnuz" FP8 formats (AMD MI300 / CDNA3; ml_dtypes float8_e4m3fnuz, float8_e5m2fnuz):
     # every exponent field finite, bias one more than OCP's, the code 0x80 (-0) the only NaN,
     # no Inf, one zero.
