@@ -101,6 +101,8 @@ def test_defaults_fill_every_key():
         (with_changes(adder={"second_alignment_bits": 41}), "adder.second_alignment_bits", "0..40"),
         (with_changes(adder={"far_accumulator": "drop"}), "adder.far_accumulator", "floor, zero"),
         (with_changes(multiplier={"overflow_exponent": 2000}), "multiplier.overflow_exponent", "-1022..1023"),
+        (with_changes(multiplier={"overflow_exponent": 128}, adder={"group_terms": 16}, inputs={"scales": "group_sum"}),
+         "multiplier.overflow_exponent", "needs null with inputs.scales: group_sum"),
         (with_changes(inputs={"zero_sign": "negative"}), "inputs.zero_sign", "keep, positive"),
         (with_changes(output={"zero_sign": "negative"}), "output.zero_sign", "ieee, positive, exact_positive"),
     ],

@@ -178,6 +178,9 @@ def check_consistency(params: DatapathParams, source: str) -> None:
         _check_wide_products(params, source)
     if params.grid_fraction_bits is not None:
         _check_grid(params, source)
+    if params.product_overflow_exponent is not None and params.scales == "group_sum":
+        raise ConfigError(source, "multiplier.overflow_exponent", "needs null with inputs.scales: group_sum (a group "
+                          "sums its exact products before any scale; no unit overflows them)")
     if params.structure == "pairwise_rounded":
         _check_needs(params, source, "adder.structure: pairwise_rounded", {
             "inputs.scales": (params.scales == "group_sum", "'none', 'products' or 'block_sum'"),
