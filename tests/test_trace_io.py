@@ -331,7 +331,7 @@ def _edit_v2(path, change):
 
 @pytest.fixture
 def saved_v2(tmp_path):
-    return save_trace(_shared_input_trace(), tmp_path / "v2", floats=False)
+    return save_trace(_shared_input_trace(), tmp_path / "v2", floats=False, reference="float32")
 
 
 def _blob_of(path, layer=0, key="output"):
