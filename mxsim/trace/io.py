@@ -451,7 +451,7 @@ class _Blobs:
         residual mode, float32, an integer step exponent in range)."""
         label, where = self.label, "tensors.output"
         mode, exponent = entry["reference"], entry["step_exponent"]
-        if mode not in REFERENCE_MODES or mode == "float32":
+        if not isinstance(mode, str) or mode not in REFERENCE_MODES or mode == "float32":
             modes = ", ".join(m for m in REFERENCE_MODES if m != "float32")
             raise trace_error(label, f"unknown residual reference {str(mode)[:40]!r}; accepted: {modes}", layer,
                               f"{where}.reference")
