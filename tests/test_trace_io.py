@@ -523,3 +523,15 @@ def test_corrupt_bomb_or_pickled_residual_blobs_are_refused(saved_residual, monk
     assert_trace_error(saved_residual, "q", "tensors.output.residual", "pickled (object) array")
     blob.write_bytes(good)
     load_trace(saved_residual)
+
+
+def test_a_compact_trace_written_before_residual_references_still_loads(tmp_path):
+    """tests/data/trace/shared-v2-compact: the two-layer trace above saved compact by the code
+    before reference modes existed (float32 outputs as blobs)."""
+    old = load_trace(REPO / "tests/data/trace/shared-v2-compact")
+    trace = _shared_input_trace()
+    for saved, got in zip(trace.layers, old.layers):
+        assert got.reference == "float32" and got.codes_only == {"input", "weight"}
+        assert np.array_equal(got.output, saved.output)
+    again = load_trace(save_trace(old, tmp_path / "again", floats=False))
+    assert [layer.reference for layer in again.layers] == ["residual8", "residual8"]
