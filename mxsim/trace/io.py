@@ -30,7 +30,8 @@ from ..formats import get_format
 from ..quantize import MXTensor, quantize
 from ..quantize.options import QuantOptions
 from .quant import MXQuant, QDQQuant, QuantSpec, spec_from_manifest
-from .reference import COMPACT_REFERENCE, REFERENCE_MODES, RESIDUAL_DTYPE, decode_residual, encode_residual, mx_prediction
+from .reference import (COMPACT_REFERENCE, REFERENCE_MODES, RESIDUAL_DTYPE, decode_residual, encode_residual,
+                        mx_prediction)
 from .validate import trace_error, validate_trace
 
 _QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point)$")
@@ -380,6 +381,11 @@ def _declared(label: str, layer: str | None, expected, extra_keys: tuple = ((),)
     return declared
 
 
+#: The largest |step exponent| a residual reference may name: past float64's exponent range
+#: (2^±1100 turns every step into 0 or inf), so nothing valid is refused.
+_STEP_EXPONENT_LIMIT = 1100
+
+
 class _Blobs:
     """The blobs of one version-2 trace, each read once (checked as any NPZ member, then
     against its content id) and shared by every layer that names it."""
@@ -480,9 +486,6 @@ class _Blobs:
             raise trace_error(label, "the reconstructed reference is not finite (corrupt or edited residual, step "
                                      "exponent or operands)", layer.name, where)
         return output
-
-
-_STEP_EXPONENT_LIMIT = 1100
 
 
 def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field_name: str):

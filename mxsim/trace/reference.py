@@ -9,9 +9,9 @@ makes a compact trace small (docs/trace-format.md, "Reference outputs"). Definit
 * **prediction** ``P`` (:func:`mx_prediction`), float64: ``alpha * E + beta * bias`` where
   ``E`` is the exact sum of the products of the decoded operands rounded once to fp32
   (nearest even) by the exact accumulator unit (:func:`mxsim.datapath.config.exact_unit`),
-  and ``bias`` the stored bias (the float64 products and sum of one multiply and one add,
-  each rounded to nearest even). Defined for ``linear`` and ``matmul`` layers whose input
-  and weight are both blocked along K; every machine computes the same ``P``.
+  and ``bias`` the stored bias (float64 multiplies and one add per element, each rounded to
+  nearest even). Defined for ``linear`` and ``matmul`` layers whose input and weight are
+  both blocked along K; every machine computes the same ``P``, bit for bit.
 * **residual** of mode ``residualN`` (:func:`encode_residual`): with ``r = reference - P``
   and ``rms = sqrt(mean(r**2))``, the step is ``2^s``, ``s = floor(log2(rms)) - (N - 1)``
   (``s = 0`` when ``rms`` is 0), and the stored residual is ``q = round_half_even(r / 2^s)``
