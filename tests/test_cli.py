@@ -363,7 +363,7 @@ def test_capture_onnx_compact_keeps_mx_operands_as_codes(capsys, tmp_path):
             same = row_a["sqnr_vs_float_db"] == row_b["sqnr_vs_float_db"]
             # a residual reference moves SQNR vs float within docs/trace-format.md's bound
             assert same or (b["reference"] == "residual8"
-                            and abs(row_a["sqnr_vs_float_db"] - row_b["sqnr_vs_float_db"]) < 0.035)
+                            and abs(row_a["sqnr_vs_float_db"] - row_b["sqnr_vs_float_db"]) < 0.04)
     rows = [report["_results"]["ocp-exact"] for report in reports]
     assert sum(r.status == "model" for r in rows[0]) >= 1
     for a, b in zip(*rows):
