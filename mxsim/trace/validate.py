@@ -73,7 +73,7 @@ def check_layer(layer: Layer, fail) -> None:
     for operand in sorted(layer.codes_only, key=str):
         if operand not in ("input", "weight") or not isinstance(layer.quant.get(operand), MXQuant):
             fail("codes_only", f"{operand!r}: only an input or weight with an MX spec is stored as codes")
-    if layer.reference not in REFERENCE_MODES:
+    if not isinstance(layer.reference, str) or layer.reference not in REFERENCE_MODES:
         fail("reference", f"unknown reference {layer.reference!r}; accepted: {', '.join(REFERENCE_MODES)}")
     if layer.reference != "float32" and not {"input", "weight"} <= layer.codes_only:
         fail("reference", f"a {layer.reference} output is reconstructed from the operands' codes: both must be "
