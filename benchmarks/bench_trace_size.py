@@ -23,8 +23,6 @@ Run: ``python benchmarks/bench_trace_size.py [--out DIR] [--sqnr kulisch h100-fp
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -135,13 +133,15 @@ def main() -> None:
             figures["sqnr"] = sqnr_differences(full, compact, args.sqnr)
             for name, found in figures["sqnr"].items():
                 totals = ", ".join(f"{k.split('_')[0]} {v['abs_diff_db']:.2e}" for k, v in found["totals"].items())
+                low, high = found["layer_sqnr_vs_float_db_range"]
                 print(f"{name}: |SQNR vs float (compact) - (v2)| over {found['layers']} layers: worst "
                       f"{found['worst_layer_abs_diff_db']:.2e} dB, median {found['median_layer_abs_diff_db']:.2e} dB; "
-                      f"totals (worst/median/mean layer): {totals} dB; layer SQNR vs float "
-                      f"{found['layer_sqnr_vs_float_db_range'][0]:.2f}..{found['layer_sqnr_vs_float_db_range'][1]:.2f} dB; "
-                      f"unit outputs bit-identical")
+                      f"totals (worst/median/mean layer): {totals} dB; layer SQNR vs float {low:.2f}..{high:.2f} dB; "
+                      "unit outputs bit-identical")
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2, default=lambda v: None if not math.isfinite(v) else v))
+        from mxsim.fileio import json_text
+
+        Path(args.json).write_text(json_text(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -116,6 +116,7 @@ def test_tensors_that_stay_whole():
     spike[0, 0] += 1e6  # one residual far beyond the RMS: its steps do not fit int16
     nonfinite = reference.copy()
     nonfinite[1, 1] = np.inf
+    nan_prediction = np.where(prediction > 2, np.nan, prediction)
     for ref, pred in ((reference.astype(np.float64), prediction), (spike, prediction), (nonfinite, prediction),
-                      (reference, None), (reference, prediction[:50]), (reference, np.where(prediction > 2, np.nan, prediction))):
+                      (reference, None), (reference, prediction[:50]), (reference, nan_prediction)):
         assert encode_residual(ref, pred, "residual8") is None
