@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mxsim.quantize import quantize
+from mxsim.trace import reference
 from mxsim.trace.reference import REFERENCE_MODES, decode_residual, encode_residual, mx_prediction
 
 
@@ -49,8 +50,10 @@ def _operand(rng, shape, fmt, axis, block, spread=40):
     return tensor, tensor.dequantize(np.float64)
 
 
-@pytest.mark.parametrize("case", ["linear", "linear 3-d input", "matmul batched", "matmul 2-d weight"])
-def test_prediction_is_the_exact_product_rounded_once_to_fp32(case):
+@pytest.mark.parametrize("case, grouped", [("linear", 0), ("linear 3-d input", 0), ("matmul 2-d weight", 0),
+                                           ("matmul batched", 1 << 14), ("matmul batched", 100), ("matmul batched", 1)])
+def test_prediction_is_the_exact_product_rounded_once_to_fp32(case, grouped, monkeypatch):
+    monkeypatch.setattr(reference, "_GROUPED_OUTPUTS", grouped)  # 6 groups of 4 x 6: per call 6, 2 or 1
     rng = np.random.default_rng(7)
     bias = rng.standard_normal(6).astype(np.float32)
     if case.startswith("linear"):

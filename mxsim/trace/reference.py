@@ -47,6 +47,10 @@ REFERENCE_MODES = {"float32": None, "residual8": 8}
 COMPACT_REFERENCE = "residual8"
 RESIDUAL_DTYPE = "int16"
 _RESIDUAL_LIMIT = np.iinfo(np.int16).max
+#: Outputs of one exact-unit call when a batched matmul's groups share it (2^14: a few groups of
+#: attention heads; one call per head costs more in call overhead, larger calls more in the
+#: products of other groups they compute and drop).
+_GROUPED_OUTPUTS = 1 << 14
 
 
 def _along_k(tensor: MXTensor, length: int, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,13 +94,22 @@ def mx_prediction(op: str, attrs: dict, a: MXTensor, b: MXTensor, bias: np.ndarr
     if len(w_shape) == 2:  # one weight for every row of the input
         rows = product(a_codes.reshape(-1, length), a_scales.reshape(-1, length // block), b_codes, b_scales)
         out = rows.reshape(x_shape[:-1] + (rows.shape[-1],))
-    else:
+    else:  # several groups per call: each group's block of the (rows x rows) product is its result
         batch = np.broadcast_shapes(x_shape[:-2], w_shape[:-2])
-        a_codes, a_scales = (np.broadcast_to(v, batch + v.shape[-2:]) for v in (a_codes, a_scales))
-        b_codes, b_scales = (np.broadcast_to(v, batch + v.shape[-2:]) for v in (b_codes, b_scales))
-        out = np.empty(batch + (x_shape[-2], w_shape[-1]), dtype=np.float64)
-        for index in np.ndindex(*batch):
-            out[index] = product(a_codes[index], a_scales[index], b_codes[index], b_scales[index])
+        rows, columns, groups = x_shape[-2], w_shape[-1], math.prod(batch)
+        a_codes, a_scales, b_codes, b_scales = (
+            np.broadcast_to(v, batch + v.shape[-2:]).reshape((groups,) + v.shape[-2:])
+            for v in (a_codes, a_scales, b_codes, b_scales))
+        out = np.empty((groups, rows, columns), dtype=np.float64)
+        step = max(1, math.isqrt(_GROUPED_OUTPUTS // max(1, rows * columns)))
+        for start in range(0, groups, step):
+            part = slice(start, min(start + step, groups))
+            count = part.stop - start
+            every = product(a_codes[part].reshape(count * rows, -1), a_scales[part].reshape(count * rows, -1),
+                            b_codes[part].reshape(count * columns, -1), b_scales[part].reshape(count * columns, -1))
+            own = np.arange(count)
+            out[part] = every.reshape(count, rows, count, columns)[own, :, own, :]
+        out = out.reshape(batch + (rows, columns))
     out = out * float(attrs.get("alpha", 1.0))
     if bias is not None:
         out = out + np.asarray(bias, dtype=np.float64) * float(attrs.get("beta", 1.0))
