@@ -12,10 +12,14 @@ fp8_e4m3 spec (block 32, OCP) on every input and weight (49 layers), saved as:
   residuals from the exact MX product).
 
 Sizes are the bytes of every file of the trace directory (MB = 10^6 bytes), with the bytes
-of each kind of array in the compact residual8 trace. ``--sqnr HW ...`` also replays the v2
-trace and the compact residual8 trace through each unit and prints, per unit, the worst and
-median |SQNR vs float (compact) - SQNR vs float (v2)| over the layers and the difference of
-the totals (worst, median and mean layer SQNR vs float).
+of each kind of array in the compact residual8 trace. ``--sqnr HW ...`` also replays the two
+compact traces (the same operands; float32 or residual8 reference outputs) through each unit,
+checks that the unit's outputs are bit-identical, and prints, per unit, the worst and median
+|SQNR vs float (residual8) - SQNR vs float (float32)| over the layers and the difference of
+the totals (worst, median and mean layer SQNR vs float). On rows where the unit takes the
+model's operands the float32 compact trace's unit outputs are the version-2 trace's too;
+where replay re-quantizes (a unit without block scales) a compact trace starts from the
+model's quantized values instead of the floats (docs/trace-format.md).
 
 Run: ``python benchmarks/bench_trace_size.py [--out DIR] [--sqnr kulisch h100-fp8] [--json FILE]``.
 """
@@ -80,6 +84,7 @@ def sqnr_differences(full, compact, units) -> dict:
         totals = [r["totals"][unit.name] for r in reports]
         out[name] = {
             "layers": len(pairs),
+            "rows": totals[0]["rows"],
             "unit_outputs_bit_identical": True,
             "worst_layer_abs_diff_db": max(layer_diffs),
             "median_layer_abs_diff_db": float(np.median(layer_diffs)),
@@ -128,13 +133,13 @@ def main() -> None:
         kinds = bytes_by_kind(root / "compact-residual8")
         figures["compact_residual8_mb_by_kind"] = {k: v / 1e6 for k, v in kinds.items()}
         print("compact residual8 by kind: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in kinds.items()))
-        if args.sqnr:
-            full, compact = load_trace(root / "v2"), load_trace(root / "compact-residual8")
+        if args.sqnr:  # the same operands (codes) in both: only the reference outputs differ
+            full, compact = load_trace(root / "compact-float32"), load_trace(root / "compact-residual8")
             figures["sqnr"] = sqnr_differences(full, compact, args.sqnr)
             for name, found in figures["sqnr"].items():
                 totals = ", ".join(f"{k.split('_')[0]} {v['abs_diff_db']:.2e}" for k, v in found["totals"].items())
                 low, high = found["layer_sqnr_vs_float_db_range"]
-                print(f"{name}: |SQNR vs float (compact) - (v2)| over {found['layers']} layers: worst "
+                print(f"{name}: |SQNR vs float (residual8) - (float32)| over {found['layers']} layers: worst "
                       f"{found['worst_layer_abs_diff_db']:.2e} dB, median {found['median_layer_abs_diff_db']:.2e} dB; "
                       f"totals (worst/median/mean layer): {totals} dB; layer SQNR vs float {low:.2f}..{high:.2f} dB; "
                       "unit outputs bit-identical")
