@@ -40,8 +40,8 @@ from ..quantize import MXTensor
 from ..quantize.options import QuantOptions
 
 #: How a layer's float reference output is stored: ``float32`` whole (exact); ``residualN``
-#: as the int16 residual from the exact MX product in steps of ``2^-(N-1)`` to ``2^-N`` of
-#: the residual's RMS (mode -> N).
+#: as the int16 residual from the exact MX product, in steps between ``2^-N`` and
+#: ``2^-(N-1)`` times the residual's RMS (mode -> N).
 REFERENCE_MODES = {"float32": None, "residual8": 8}
 #: The reference mode a compact trace (``floats=False``) gets unless told otherwise.
 COMPACT_REFERENCE = "residual8"
