@@ -88,7 +88,7 @@ def sqnr_differences(full, compact, units) -> dict:
             "unit_outputs_bit_identical": True,
             "worst_layer_abs_diff_db": max(layer_diffs),
             "median_layer_abs_diff_db": float(np.median(layer_diffs)),
-            "totals": {key: {"v2": totals[0][key], "compact": totals[1][key],
+            "totals": {key: {"float32": totals[0][key], "residual8": totals[1][key],
                              "abs_diff_db": abs(totals[1][key] - totals[0][key])}
                        for key in ("worst_layer_sqnr_vs_float_db", "median_layer_sqnr_vs_float_db",
                                    "mean_layer_sqnr_vs_float_db")},
