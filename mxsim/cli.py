@@ -329,9 +329,11 @@ def cmd_cycles(args) -> int:
 def cmd_capture_onnx(args) -> int:
     from .trace import save_trace
     from .capture.onnx import capture_onnx, load_inputs_npz
+    from .trace.io import reference_mode
 
+    reference_mode(args.reference, not args.compact, 2)  # a bad --reference is refused before the capture runs
     trace = capture_onnx(args.model, load_inputs_npz(args.inputs), name=args.name, bfp_kernel=args.bfp_kernel)
-    save_trace(trace, args.out, overwrite=args.force, floats=not args.compact)
+    save_trace(trace, args.out, overwrite=args.force, floats=not args.compact, reference=args.reference)
     print(f"captured {len(trace.layers)} layers from {args.model} into {args.out}")
     return 0
 
@@ -559,6 +561,11 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--compact", action="store_true",
                       help="store MX-quantized operands as codes and scales only, without their floats "
                            "(docs/trace-format.md: which reports need the floats)")
+    onnx.add_argument("--reference", metavar="MODE",
+                      help="how the float reference outputs are stored: float32 (exact; the default without "
+                           "--compact) or residual8 (the residual from the exact MX product, within 2^-8 of the "
+                           "quantization error's RMS; the default with --compact, which it needs; "
+                           "docs/trace-format.md)")
     onnx.set_defaults(run=cmd_capture_onnx)
 
     torch_capture = capture_sub.add_parser(

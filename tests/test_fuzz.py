@@ -262,7 +262,8 @@ def _small_trace() -> mxsim.trace.Trace:
     w2 = rng.standard_normal((6, 4)).astype(np.float32)
     layers = [
         mxsim.trace.Layer("fc1", "linear", {"input": x, "weight": w1, "output": h},
-                          quant={"input": mxsim.trace.MXQuant("fp8_e4m3", -1, 32, "ocp", (), False)}),
+                          quant={"input": mxsim.trace.MXQuant("fp8_e4m3", -1, 32, "ocp", (), False),
+                                 "weight": mxsim.trace.MXQuant("fp8_e4m3", 1, 32)}),  # compact: a residual output
         mxsim.trace.Layer("mm", "matmul", {"input": h, "weight": w2, "output": h @ w2}),
     ]
     dataset = {"inputs": x, "labels": np.array([0, 1, 2], dtype=np.int64)}
@@ -503,7 +504,7 @@ def gen_npz(rng, env, inputs, outputs):
         entry = layer["tensors"][key]
         entry["shape"] = huge
         manifest.write_text(yaml.safe_dump(doc, sort_keys=False))
-        blob = entry.get("blob", entry.get("codes"))
+        blob = entry.get("blob") or entry.get("codes") or entry.get("residual")
         with zipfile.ZipFile(trace_dir / "tensors" / f"{blob}.npz", "a") as archive:
             archive.writestr("data.npy", npy_bytes("|u1", False, (4, huge[0] * huge[1]), b""))
     return lambda: _load_and_replay(rng, env, trace_dir)
@@ -718,6 +719,7 @@ def gen_cli(rng, env, inputs, outputs):
                    "--stages": None, "--quiet": None, "--json": None},
         "capture": {"": lambda: rng.choice(["onnx", "torch"]), "--inputs": lambda: str(inputs / "inputs.npz"),
                     "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None,
+                    "--reference": lambda: rng.choice(["float32", "residual8", "x", ""]),
                     "--name": lambda: rng.choice(["n", "", "../x", "a" * 300]),
                     "--bfp-kernel": lambda: rng.choice(["cpu", "cuda", "x"])},
         "evaluate": {"": lambda: "hf", "--hw": lambda: rng.choice(files["hw"]), "--format": fmt,

@@ -14,6 +14,7 @@ from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError, TraceError
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
+from mxsim.replay.operands import ideal_gemm, layer_operands
 from mxsim.replay.run import format_report, replay, replay_layer, run_layer, write_plots
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")}
@@ -358,3 +359,34 @@ def test_the_plot_ceiling_is_shared_by_every_unit():
     # one unit identical everywhere (inf), another with finite rows: inf is drawn above them all
     assert plot_ceiling([float("inf"), float("inf"), 40.0, 75.5]) == 85.5
     assert plot_ceiling([float("inf")]) == 200.0
+
+
+def test_a_compact_trace_replays_bit_for_bit_and_says_which_reference_it_carries(tmp_path):
+    """Residual reference outputs: the unit's bits are the full trace's; SQNR vs float moves by
+    no more than the reconstruction bound allows (docs/trace-format.md, "Reference outputs")."""
+    from mxsim.trace import save_trace
+
+    rng = np.random.default_rng(23)
+    layers = []
+    for name in ("fc", "fc2"):
+        layer = linear_layer(rng)
+        layer.name = name
+        layers.append(layer)
+    trace = Trace("residual", layers)
+    full = load_trace(save_trace(trace, tmp_path / "full"))
+    compact = load_trace(save_trace(trace, tmp_path / "compact", floats=False))
+    reports = [replay(t, [HW["mxdotp"]]) for t in (full, compact)]
+    assert [r["references"] for r in reports] == [{"float32": 2}, {"residual8": 2}]
+    assert [entry["reference"] for entry in reports[1]["layers"]] == ["residual8", "residual8"]
+    assert "float reference outputs: 2 float32 (exact)" in format_report(reports[0])
+    assert "float reference outputs: 2 residual8 (reconstructed within 2^-8 of the quantization error's RMS)" \
+        in format_report(reports[1])
+    for layer, got, rows in zip(full.layers, compact.layers, zip(*(r["_results"]["mxdotp"] for r in reports))):
+        assert np.array_equal(rows[0].bits, rows[1].bits)
+        unit = rows[0].errors_vs_float + layer.output.reshape(-1)  # the unit's outputs
+        ideal = ideal_gemm(got, layer_operands(got))[0].reshape(-1)  # the residual: reference - exact product
+        residual = np.linalg.norm(layer.output.reshape(-1) - ideal)
+        moved = 2.0 ** -8 * residual + np.linalg.norm(np.spacing(np.abs(got.output)).astype(np.float64))
+        noise, signal = np.linalg.norm(unit - layer.output.reshape(-1)), np.linalg.norm(layer.output)
+        bound = 20 * np.log10((signal + moved) / signal) + 20 * np.log10(noise / (noise - moved))
+        assert 0 < abs(rows[1].sqnr_vs_float_db - rows[0].sqnr_vs_float_db) <= bound < 0.05

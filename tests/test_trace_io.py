@@ -331,7 +331,7 @@ def _edit_v2(path, change):
 
 @pytest.fixture
 def saved_v2(tmp_path):
-    return save_trace(_shared_input_trace(), tmp_path / "v2", floats=False)
+    return save_trace(_shared_input_trace(), tmp_path / "v2", floats=False, reference="float32")
 
 
 def _blob_of(path, layer=0, key="output"):
@@ -405,3 +405,137 @@ def test_version_1_is_still_written_and_read(tmp_path):
     assert np.array_equal(load_trace(path).layers[1].input, trace.layers[1].input)
     with pytest.raises(Exception, match="version must be one of"):
         save_trace(trace, tmp_path / "v3", version=3)
+
+
+# --- compact traces: float reference outputs as residuals -------------------------------------
+
+
+def test_compact_trace_stores_reference_outputs_as_residuals_within_their_bound(tmp_path):
+    from mxsim.errors import ArgumentError
+    from mxsim.quantize import quantize
+    from mxsim.trace.reference import mx_prediction
+
+    trace = _shared_input_trace()
+    exact = load_trace(save_trace(trace, tmp_path / "exact", floats=False, reference="float32"))
+    path = save_trace(trace, tmp_path / "residual", floats=False)  # residual8: the compact default
+    entry = _blob_of(path, 0, "output")
+    assert set(entry) == {"shape", "dtype", "reference", "residual", "step_exponent"}
+    assert entry["reference"] == "residual8" and entry["dtype"] == "float32"
+    loaded = load_trace(path)
+    for saved, whole, got in zip(trace.layers, exact.layers, loaded.layers):
+        assert whole.reference == "float32" and np.array_equal(whole.output, saved.output)
+        assert got.reference == "residual8" and got.codes_only == {"input", "weight"}
+        for key in ("input", "weight"):  # the operands are the compact trace's, bit for bit
+            assert np.array_equal(got.tensors[key], whole.tensors[key])
+        exponent = _blob_of(path, trace.layers.index(saved), "output")["step_exponent"]
+        codes = [quantize(saved.tensors[key], "fp8_e4m3", axis=1) for key in ("input", "weight")]  # the specs'
+        residual = saved.output.astype(np.float64) - mx_prediction("linear", {}, *codes, None)
+        error = np.abs(got.output.astype(np.float64) - saved.output)
+        spacing = np.spacing(np.abs(got.output)).astype(np.float64)
+        assert got.output.dtype == np.float32 and 0 < error.max()
+        assert np.all(error <= 2.0 ** (exponent - 1) + spacing)
+        assert 2.0 ** (exponent - 1) <= 2.0 ** -8 * np.sqrt(np.mean(np.square(residual)))
+    # a reconstructed reference never passes for the exact one: it stays a residual, unchanged
+    again = load_trace(save_trace(loaded, tmp_path / "again", floats=True))
+    assert all(layer.reference == "residual8" for layer in again.layers)
+    assert all(np.array_equal(a.output, b.output) for a, b in zip(loaded.layers, again.layers))
+    with pytest.raises(TraceError, match="cannot be written in version 1"):
+        save_trace(loaded, tmp_path / "v1", version=1)
+    with pytest.raises(ArgumentError, match="reference residual8 needs a compact version-2 trace"):
+        save_trace(trace, tmp_path / "floats", reference="residual8")
+    with pytest.raises(ArgumentError, match="reference must be one of float32, residual8, got 'float16'"):
+        save_trace(trace, tmp_path / "bad", floats=False, reference="float16")
+
+
+@pytest.fixture
+def saved_residual(tmp_path):
+    return save_trace(_shared_input_trace(), tmp_path / "residual", floats=False)
+
+
+def _put_blob(path: Path, array: np.ndarray) -> str:
+    """Store ``array`` as a valid blob of the trace at ``path``; its id."""
+    from mxsim.trace.io import _shuffled, content_id
+
+    blob = content_id(array)
+    np.savez_compressed(path / "tensors" / f"{blob}.npz", data=_shuffled(array))
+    return blob
+
+
+def test_hostile_residual_entries(saved_residual):
+    entry = _blob_of(saved_residual, 0, "output")
+    codes = _blob_of(saved_residual, 0, "input")["codes"]
+    float_blob = _put_blob(saved_residual, np.ones((4, 8), np.float32))
+    wide_blob = _put_blob(saved_residual, np.ones((4, 8), np.int32))
+    out = "tensors.output"
+    cases = [
+        ({"step_exponent": None}, out, "manifest entry must have exactly"),  # the key dropped below
+        ({"step_exponent": "3"}, f"{out}.step_exponent", "must be an integer in [-1100, 1100], got '3'"),
+        ({"step_exponent": 2.5}, f"{out}.step_exponent", "must be an integer in"),
+        ({"step_exponent": True}, f"{out}.step_exponent", "must be an integer in"),
+        ({"step_exponent": 10**6}, f"{out}.step_exponent", "must be an integer in"),
+        ({"step_exponent": 1000}, out, "the reconstructed reference is not finite"),
+        ({"reference": "float32"}, f"{out}.reference", "unknown residual reference 'float32'; accepted: residual8"),
+        ({"reference": ["residual8"]}, f"{out}.reference", "unknown residual reference"),
+        ({"dtype": "float64"}, f"{out}.dtype", "a residual reference output is float32, not float64"),
+        ({"residual": codes}, f"{out}.residual", "holds uint8 (4, 64), the manifest says int16 (4, 8)"),
+        ({"residual": float_blob}, f"{out}.residual", "shape (4, 32) in tensors/"),  # float32 bytes
+        ({"residual": wide_blob}, f"{out}.residual", "shape (4, 32) in tensors/"),  # int32 bytes
+        ({"residual": "0" * 32}, f"{out}.residual", "missing file tensors/" + "0" * 32),
+        ({"residual": "../x"}, f"{out}.residual", "blob must be 32 lower-case hex digits"),
+    ]
+    original = (saved_residual / "manifest.yaml").read_text()
+    for change, field, message in cases:
+        def edit(m, change=change):
+            output = m["layers"][0]["tensors"]["output"]
+            output.update(change)
+            for key in [k for k, v in change.items() if v is None]:
+                del output[key]
+        _edit_v2(saved_residual, edit)
+        assert_trace_error(saved_residual, "q", field, message)
+        (saved_residual / "manifest.yaml").write_text(original)
+    load_trace(saved_residual)
+    assert entry["residual"] not in (float_blob, wide_blob)
+
+
+def test_a_residual_needs_both_operands_as_codes_along_k(saved_residual, tmp_path):
+    trace = _shared_input_trace()
+    whole = save_trace(trace, tmp_path / "whole")  # floats kept: no codes to predict from
+    entry = _blob_of(saved_residual, 0, "output")
+    os.replace(saved_residual / "tensors" / f"{entry['residual']}.npz", whole / "tensors" / f"{entry['residual']}.npz")
+    _edit_v2(whole, lambda m: m["layers"][0]["tensors"].update(output=entry))
+    assert_trace_error(whole, "q", "reference", "a residual8 output is reconstructed from the operands' codes: both "
+                                                "must be codes only")
+
+
+def test_corrupt_bomb_or_pickled_residual_blobs_are_refused(saved_residual, monkeypatch):
+    import zipfile
+
+    blob = saved_residual / "tensors" / f"{_blob_of(saved_residual, 0, 'output')['residual']}.npz"
+    good = blob.read_bytes()
+    blob.write_bytes(good[: len(good) // 2])
+    assert_trace_error(saved_residual, "q", "tensors.output.residual", "truncated or corrupt")
+    # a deflate bomb: a valid header for the residual's shape, then 64 MiB of zeros (64 kB stored)
+    with zipfile.ZipFile(blob, "w", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open("data.npy", "w", force_zip64=True) as member:
+        member.write(_npy_header("|u1", (2, 32)))
+        chunk = bytes(1 << 24)
+        for _ in range(4):
+            member.write(chunk)
+    assert_trace_error(saved_residual, "q", "tensors.output.residual", "the header declares shape (2, 32) of uint8 "
+                                                                       "(64 bytes) but 67108864 data bytes are stored")
+    np.savez(blob, data=np.array([{"payload": "never run"}], dtype=object))  # np.savez pickles object arrays
+    assert_trace_error(saved_residual, "q", "tensors.output.residual", "pickled (object) array")
+    blob.write_bytes(good)
+    load_trace(saved_residual)
+
+
+def test_a_compact_trace_written_before_residual_references_still_loads(tmp_path):
+    """tests/data/trace/shared-v2-compact: the two-layer trace above saved compact by the code
+    before reference modes existed (float32 outputs as blobs)."""
+    old = load_trace(REPO / "tests/data/trace/shared-v2-compact")
+    trace = _shared_input_trace()
+    for saved, got in zip(trace.layers, old.layers):
+        assert got.reference == "float32" and got.codes_only == {"input", "weight"}
+        assert np.array_equal(got.output, saved.output)
+    again = load_trace(save_trace(old, tmp_path / "again", floats=False))
+    assert [layer.reference for layer in again.layers] == ["residual8", "residual8"]

@@ -7,6 +7,7 @@ a unit's :class:`~mxsim.datapath.schema.DatapathParams`. Errors name the file an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -547,3 +548,18 @@ def _resolved_data(path: Path, chain: tuple[Path, ...]) -> Any:
         else:
             merged[key] = value
     return merged
+
+
+@functools.lru_cache(maxsize=None)
+def exact_unit(a_format: str, b_format: str, block_size: int) -> HardwareConfig:
+    """The exact (Kulisch) accumulator unit for these operand formats and block size: every
+    product and c summed exactly, one round-to-nearest-even into fp32 (hwconfigs/kulisch.yaml).
+    Replay's ideal and a compact trace's reference prediction are its results."""
+    return parse_hwconfig({
+        "mxsim_hwconfig": 1, "name": "ideal", "description": "exact accumulation, one final rounding",
+        "inputs": {"a_formats": [a_format], "b_formats": [b_format], "block_size": block_size,
+                   "scales": "products"},
+        "adder": {"fused_terms": block_size, "align_fraction_bits": None},
+        "accumulator": {"format": "exact"},
+        "output": {"format": "fp32", "rounding": "nearest_even"},
+    }, "the ideal (exact accumulator) unit")

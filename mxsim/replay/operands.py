@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..datapath import matmul
-from ..datapath.config import parse_hwconfig
+from ..datapath.config import exact_unit
 from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize, quantize_bfp
@@ -474,20 +474,6 @@ def accumulator_input(c: np.ndarray | None, shift: int = 0) -> np.ndarray | None
     return narrowed if np.array_equal(narrowed.astype(np.float64), scaled) else None
 
 
-@functools.lru_cache(maxsize=None)
-def ideal_unit(a_format: str, b_format: str, block_size: int):
-    """The exact (Kulisch) accumulator unit for these operand formats and block size: every
-    product and c summed exactly, one round-to-nearest-even into fp32 (hwconfigs/kulisch.yaml)."""
-    return parse_hwconfig({
-        "mxsim_hwconfig": 1, "name": "ideal", "description": "exact accumulation, one final rounding",
-        "inputs": {"a_formats": [a_format], "b_formats": [b_format], "block_size": block_size,
-                   "scales": "products"},
-        "adder": {"fused_terms": block_size, "align_fraction_bits": None},
-        "accumulator": {"format": "exact"},
-        "output": {"format": "fp32", "rounding": "nearest_even"},
-    }, "the ideal (exact accumulator) unit")
-
-
 def _pieces_product(a: GemmOperand, b: GemmOperand, group: int, block: int):
     """A (R, K'') and B (N, K'') code and scale arrays whose exact dot products equal the
     operands' (every pair of pieces side by side along K)."""
@@ -516,7 +502,7 @@ def ideal_gemm(layer: Layer, operands: LayerOperands) -> tuple[np.ndarray, bool]
     sum: then it is added in float64 afterwards, a second rounding)."""
     a, b = operands.a, operands.b
     block = exact_block(a, b)
-    unit = ideal_unit(a.element_format.name, b.element_format.name, block)
+    unit = exact_unit(a.element_format.name, b.element_format.name, block)
     scaled_linear = layer.op == "linear" and layer.attrs.get("alpha", 1.0) != 1.0
     bias = None if scaled_linear else gemm_bias(layer, operands.bias)
     c = accumulator_input(bias)

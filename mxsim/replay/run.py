@@ -41,6 +41,7 @@ from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize, quantize_groups, resolve_options
 from ..trace.model import Layer, Trace
 from ..trace.quant import MXQuant
+from ..trace.reference import REFERENCE_MODES
 from .attribution import layer_attribution, output_channel_shares, top_shares
 from .lowering import gemm_shape, lift_output
 from .network import accuracy, layer_with_input
@@ -581,8 +582,10 @@ def _report(trace: Trace, units: Sequence[HardwareConfig], element_format: str |
               "layers": [], "totals": {}, "worst": {}, "agreement": [], "end_to_end": None,
               "legend": {MARKS[s]: s for s in STATUSES if MARKS[s]}}
     for index, layer in enumerate(finished):
-        report["layers"].append({"layer": layer.name, "op": layer.op,
+        report["layers"].append({"layer": layer.name, "op": layer.op, "reference": layer.reference,
                                  "results": [results[n][index].to_dict() for n in names]})
+    report["references"] = {mode: sum(layer.reference == mode for layer in finished)
+                            for mode in dict.fromkeys(layer.reference for layer in finished)}
     for name in names:
         rows = results[name]
         errors = np.concatenate([r.errors_vs_float for r in rows]) if rows else np.zeros(0)
@@ -657,6 +660,17 @@ def _attribution_lines(worst: dict) -> list[str]:
     return lines
 
 
+def reference_line(references: dict) -> str:
+    """Which float reference the SQNR vs float is measured against (docs/trace-format.md,
+    "Reference outputs"): ``{mode: layers}``."""
+    parts = []
+    for mode, count in references.items():
+        bits = REFERENCE_MODES.get(mode)
+        what = "exact" if bits is None else f"reconstructed within 2^-{bits} of the quantization error's RMS"
+        parts.append(f"{count} {mode} ({what})")
+    return "float reference outputs: " + ("; ".join(parts) or "none")
+
+
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
@@ -674,6 +688,7 @@ def format_report(report: dict) -> str:
     columns = [("operands", 22), ("K", 6), ("SQNR/float", 10), ("SQNR/ideal", 10), ("relRMS/ideal", 12),
                ("ulps@rms", 9), ("sat", 6), ("uflow", 7), ("cycles", 10)]
     header = f"  {'layer':{name_width}s}  {'unit':{unit_width}s}  " + " ".join(f"{c:>{w}s}" for c, w in columns)
+    lines.append(reference_line(report.get("references", {})))
     lines += [header, "-" * len(header)]
     for entry in report["layers"]:
         for r in entry["results"]:

@@ -5,6 +5,8 @@
   (YAML manifest + NPZ): :func:`load_trace`, :func:`save_trace`.
 * :mod:`.quant` — per-operand quantization specs (:class:`MXQuant`, :class:`BFPQuant`,
   :class:`QDQQuant`).
+* :mod:`.reference` — a compact trace's float reference outputs as residuals from the
+  exact MX product (:data:`REFERENCE_MODES`).
 * :mod:`.conv` — conv2d / conv_transpose2d geometry (a conv layer's attributes), im2col and
   direct reference convolutions.
 
@@ -24,6 +26,7 @@ from .conv import (
 from .io import load_trace, save_trace
 from .model import FORMAT_VERSION, Layer, Network, Trace
 from .quant import BFPQuant, MXQuant, QDQQuant
+from .reference import REFERENCE_MODES
 
 __all__ = [
     "FORMAT_VERSION",
@@ -34,6 +37,7 @@ __all__ = [
     "MXQuant",
     "Network",
     "QDQQuant",
+    "REFERENCE_MODES",
     "Trace",
     "conv2d_direct",
     "conv2d_im2col",

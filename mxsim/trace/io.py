@@ -30,6 +30,8 @@ from ..formats import get_format
 from ..quantize import MXTensor, quantize
 from ..quantize.options import QuantOptions
 from .quant import MXQuant, QDQQuant, QuantSpec, spec_from_manifest
+from .reference import (COMPACT_REFERENCE, REFERENCE_MODES, RESIDUAL_DTYPE, decode_residual, encode_residual,
+                        mx_prediction)
 from .validate import trace_error, validate_trace
 
 _QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point)$")
@@ -123,12 +125,11 @@ def _as_codes(layer: Layer, operand: str) -> MXTensor | None:
     return tensor
 
 
-def _decoded(spec: MXQuant, codes: np.ndarray, scales: np.ndarray, shape: tuple, dtype: str) -> np.ndarray:
-    """The values stored as ``codes`` and ``scales`` by :func:`_as_codes`, in ``dtype``."""
+def _coded_tensor(spec: MXQuant, codes: np.ndarray, scales: np.ndarray, shape: tuple) -> MXTensor:
+    """The MXTensor stored as ``codes`` and ``scales`` by :func:`_as_codes`."""
     axis = spec.axis % len(shape)
     padding = codes.shape[-1] - shape[axis]
-    tensor = MXTensor(get_format(spec.format), codes, scales, shape, axis, spec.block_size, padding, QuantOptions())
-    return tensor.dequantize(np.float64).astype(dtype)
+    return MXTensor(get_format(spec.format), codes, scales, shape, axis, spec.block_size, padding, QuantOptions())
 
 
 def _code_shapes(spec: MXQuant, shape: tuple) -> tuple[tuple, tuple]:
@@ -149,14 +150,48 @@ def _layer_file(index: int, name: str) -> str:
     return f"layers/{index:03d}-{safe_file_stem(name, 60, 'layer')}.npz"
 
 
-def build_manifest(trace: Trace, floats: bool = True,
-                   version: int = FORMAT_VERSION) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+def reference_mode(reference: str | None, floats: bool, version: int) -> str:
+    """The reference mode ``save_trace`` asked for (None: float32 with floats, else the compact default);
+    ArgumentError for an unknown mode or a residual one without a compact version-2 trace."""
+    mode = (COMPACT_REFERENCE if not floats and version == 2 else "float32") if reference is None else reference
+    if mode not in REFERENCE_MODES:
+        raise ArgumentError(f"reference must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
+    if mode != "float32" and (floats or version != 2):
+        raise ArgumentError(f"reference {mode} needs a compact version-2 trace (floats=False, --compact): the "
+                            "residual is taken from the operands' codes")
+    return mode
+
+
+def _output_entry(files: dict, layer: Layer, coded: dict[str, MXTensor], mode: str, label: str) -> dict:
+    """The manifest entry of a layer's output: a ``residualN`` residual (:mod:`.reference`)
+    where ``mode`` (or the layer's own, for a layer that already holds a reconstructed
+    reference) asks for one and the residual encodes, else the float reference whole."""
+    output = layer.output
+    mode = layer.reference if layer.reference != "float32" else mode
+    if mode != "float32" and {"input", "weight"} <= set(coded):
+        prediction = mx_prediction(layer.op, layer.attrs, coded["input"], coded["weight"], layer.bias)
+        encoded = encode_residual(output, prediction, mode)
+        if encoded is not None:
+            return {**_tensor_entry(output), "reference": mode, "residual": _blob(files, encoded[0]),
+                    "step_exponent": encoded[1]}
+    if layer.reference != "float32":  # never let a reconstructed reference pass for the exact one
+        raise trace_error(label, f"the output is a {layer.reference} reconstruction and cannot be stored as one "
+                                 "again", layer.name, "reference")
+    return {**_tensor_entry(output), "blob": _blob(files, output)}
+
+
+def build_manifest(trace: Trace, floats: bool = True, version: int = FORMAT_VERSION,
+                   reference: str | None = None) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
     """The manifest mapping and the arrays of each file (relative path -> {key: array}).
 
     Version 2: every layer array as a content-addressed blob ``tensors/ID.npz`` (member
     ``data``, :func:`_shuffled`), stored once however many layers hold it; ``floats=False``:
     an input or weight with an MX spec is stored as its element codes and scales only, where
-    :func:`_as_codes` allows (the layer's ``codes_only``, which stay codes whatever ``floats``).
+    :func:`_as_codes` allows (the layer's ``codes_only``, which stay codes whatever ``floats``),
+    and the float reference output as ``reference`` says (:data:`.reference.REFERENCE_MODES`;
+    default for ``floats=False`` :data:`.reference.COMPACT_REFERENCE`, else ``float32``):
+    a ``residualN`` output is stored as its residual from the exact MX product where both
+    operands are codes and it encodes (:func:`_output_entry`), else whole.
     Version 1: one NPZ per layer, every array whole (refused for ``codes_only`` operands, whose
     decoded values would pass for floats).
 
@@ -166,6 +201,7 @@ def build_manifest(trace: Trace, floats: bool = True,
     validate_trace(trace, label)
     if version not in SUPPORTED_VERSIONS:
         raise ArgumentError(f"save_trace: version must be one of {SUPPORTED_VERSIONS}, got {version!r}")
+    mode = reference_mode(reference, floats, version)
     files: dict[str, dict[str, np.ndarray]] = {}
     layers = []
     for index, layer in enumerate(trace.layers):
@@ -177,17 +213,23 @@ def build_manifest(trace: Trace, floats: bool = True,
             path = _layer_file(index, layer.name)
             files[path] = _layer_arrays(layer)
             entries = {k: _tensor_entry(v) for k, v in files[path].items()}
+        coded = {}
         for key, array in _layer_arrays(layer).items() if version == 2 else ():
             tensor = None if floats and key not in layer.codes_only else \
                 _as_codes(layer, key) if key in ("input", "weight") else None
             if tensor is None and key in layer.codes_only:  # never let decoded values pass for floats
                 raise trace_error(label, f"the {key} is kept as codes only, but its values are not those of "
                                          "its MX spec", layer.name, "codes_only")
+            if key == "output":
+                continue  # after the operands: its residual is taken from their codes
             if tensor is None:
                 entries[key] = {**_tensor_entry(array), "blob": _blob(files, array)}
             else:
+                coded[key] = tensor
                 entries[key] = {**_tensor_entry(array), "codes": _blob(files, tensor.codes),
                                 "scales": _blob(files, tensor.scales)}
+        if version == 2:
+            entries["output"] = _output_entry(files, layer, coded, mode, label)
         layers.append({
             "name": layer.name,
             "op": layer.op,
@@ -225,7 +267,7 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> Non
 
 
 def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = True, floats: bool = True,
-               version: int = FORMAT_VERSION) -> Path:
+               version: int = FORMAT_VERSION, reference: str | None = None) -> Path:
     """Write ``trace`` as a directory at ``path``, set ``trace.path`` and return the path.
 
     Everything is written into a new temporary directory beside ``path`` and then moved
@@ -238,7 +280,9 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
 
     ``floats=False`` writes a compact trace: inputs and weights with an MX spec as their codes
     and scales, without the floats before quantization (:func:`build_manifest`;
-    docs/trace-format.md says which reports need those floats). ``version=1`` writes the
+    docs/trace-format.md says which reports need those floats), and by default its float
+    reference outputs as ``residual8`` residuals (``reference``: :func:`build_manifest`;
+    ``"float32"`` keeps them exact). ``version=1`` writes the
     previous format (one NPZ per layer), which older mxsim versions read.
     """
     target = check_path(path, "save_trace: path")
@@ -247,7 +291,7 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
         raise trace_error(label, "already exists (pass overwrite=True to replace it)")
     if target.exists() and not (target / MANIFEST_NAME).is_file():
         raise trace_error(label, "exists and is not a trace directory (no manifest.yaml); refusing to replace it")
-    manifest, files = build_manifest(trace, floats, version)
+    manifest, files = build_manifest(trace, floats, version, reference)
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     staging = parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
@@ -337,6 +381,11 @@ def _declared(label: str, layer: str | None, expected, extra_keys: tuple = ((),)
     return declared
 
 
+#: The largest |step exponent| a residual reference may name: past float64's exponent range
+#: (2^±1100 turns every step into 0 or inf), so nothing valid is refused.
+_STEP_EXPONENT_LIMIT = 1100
+
+
 class _Blobs:
     """The blobs of one version-2 trace, each read once (checked as any NPZ member, then
     against its content id) and shared by every layer that names it."""
@@ -372,19 +421,24 @@ class _Blobs:
         return array
 
     def layer_arrays(self, layer: str, expected) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
-        """A layer's arrays stored whole, and its operands stored as codes (name ->
-        (shape, dtype, entry)), decoded by :meth:`decode` once the specs are known."""
+        """A layer's arrays stored whole, and those stored otherwise (name -> (shape, dtype,
+        entry)): operands as codes, decoded by :meth:`decode` once the specs are known, and an
+        output as a residual, reconstructed by :meth:`reconstruct` from the decoded operands."""
         arrays, coded = {}, {}
-        for key, ((shape, dtype), entry) in _declared(self.label, layer, expected, (("blob",), ("codes", "scales"))).items():
+        forms = (("blob",), ("codes", "scales"), ("reference", "residual", "step_exponent"))
+        for key, ((shape, dtype), entry) in _declared(self.label, layer, expected, forms).items():
             if "blob" in entry:
                 arrays[key] = self.read(entry["blob"], shape, dtype, layer, f"tensors.{key}")
             else:
                 coded[key] = (shape, dtype, entry)
         return arrays, coded
 
-    def decode(self, layer: str, key: str, shape: tuple, dtype: str, entry: dict, spec) -> np.ndarray:
+    def decode(self, layer: str, key: str, shape: tuple, dtype: str, entry: dict, spec) -> MXTensor:
+        """An operand stored as codes and scales, as its MXTensor (checked: an MX spec, a float
+        dtype, codes and scales of the shapes the spec gives, codes of the element format)."""
         where = f"tensors.{key}"
-        if key not in ("input", "weight") or not isinstance(spec, MXQuant) or dtype not in FLOAT_DTYPES:
+        if key not in ("input", "weight") or "codes" not in entry or not isinstance(spec, MXQuant) \
+                or dtype not in FLOAT_DTYPES:
             raise trace_error(self.label, "only a float input or weight with an MX spec is stored as codes and "
                                           "scales", layer, where)
         if not shape or not -len(shape) <= spec.axis < len(shape):
@@ -396,7 +450,42 @@ class _Blobs:
             get_format(spec.format).field_codes(codes, "codes")
         except MxsimError as error:
             raise trace_error(self.label, str(error), layer, f"{where}.codes") from None
-        return _decoded(spec, codes, scales, shape, dtype)
+        return _coded_tensor(spec, codes, scales, shape)
+
+    def residual_mode(self, layer: str, shape: tuple, dtype: str, entry: dict) -> str:
+        """The reference mode of an output stored as a residual, its entry checked (a known
+        residual mode, float32, an integer step exponent in range)."""
+        label, where = self.label, "tensors.output"
+        mode, exponent = entry["reference"], entry["step_exponent"]
+        if not isinstance(mode, str) or mode not in REFERENCE_MODES or mode == "float32":
+            modes = ", ".join(m for m in REFERENCE_MODES if m != "float32")
+            raise trace_error(label, f"unknown residual reference {str(mode)[:40]!r}; accepted: {modes}", layer,
+                              f"{where}.reference")
+        if dtype != "float32":
+            raise trace_error(label, f"a residual reference output is float32, not {dtype}", layer, f"{where}.dtype")
+        if not is_integer(exponent) or not -_STEP_EXPONENT_LIMIT <= exponent <= _STEP_EXPONENT_LIMIT:
+            raise trace_error(label, f"must be an integer in [-{_STEP_EXPONENT_LIMIT}, {_STEP_EXPONENT_LIMIT}], got "
+                                     f"{str(exponent)[:40]!r}", layer, f"{where}.step_exponent")
+        return mode
+
+    def reconstruct(self, layer: Layer, shape: tuple, entry: dict, coded: dict[str, MXTensor]) -> np.ndarray:
+        """An output stored as a residual (entry checked by :meth:`residual_mode`, ``layer``
+        validated): the reference reconstructed from the prediction of the decoded operands
+        (:mod:`.reference`); refused unless both operands are codes blocked along K, the
+        residual is int16 of the output's shape and the result is finite."""
+        label, where = self.label, "tensors.output"
+        prediction = None
+        if {"input", "weight"} <= set(coded):
+            prediction = mx_prediction(layer.op, layer.attrs, coded["input"], coded["weight"], layer.bias)
+        if prediction is None or prediction.shape != shape:
+            raise trace_error(label, "a residual reference needs a linear or matmul layer whose input and weight are "
+                                     "both stored as codes blocked along K", layer.name, where)
+        steps = self.read(entry["residual"], shape, RESIDUAL_DTYPE, layer.name, f"{where}.residual")
+        output = decode_residual(prediction, steps, int(entry["step_exponent"]))
+        if not np.all(np.isfinite(output)):
+            raise trace_error(label, "the reconstructed reference is not finite (corrupt or edited residual, step "
+                                     "exponent or operands)", layer.name, where)
+        return output
 
 
 def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field_name: str):
@@ -456,7 +545,7 @@ def load_trace(path) -> Trace:
     if not isinstance(metadata, dict):
         raise trace_error(label, "must be a mapping", field="metadata")
     entries = _require(doc, "layers", list, label, None, "layers")
-    layers = []
+    layers, residuals = [], []
     blobs = _Blobs(label, root)
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -494,11 +583,21 @@ def load_trace(path) -> Trace:
         for key in sorted(set(quant_arrays) - used, key=str):
             raise trace_error(label, "QDQ array that no qdq spec of this layer uses", layer_name, key)
         tensors = {k: v for k, v in arrays.items() if k not in quant_arrays}
-        for key, (shape, dtype, coded_entry) in coded.items():
-            tensors[key] = blobs.decode(layer_name, key, shape, dtype, coded_entry, quant.get(key))
+        residual = coded.pop("output") if "residual" in coded.get("output", ((), "", {}))[2] else None
+        decoded = {key: blobs.decode(layer_name, key, shape, dtype, coded_entry, quant.get(key))
+                   for key, (shape, dtype, coded_entry) in coded.items()}
+        for key, tensor in decoded.items():
+            tensors[key] = tensor.dequantize(np.float64).astype(coded[key][1])
+        reference = "float32"
+        if residual is not None:  # reconstructed once the whole trace is checked (shapes, attrs)
+            reference = blobs.residual_mode(layer_name, *residual)
+            tensors["output"] = np.zeros(residual[0], dtype=np.float32)
         if not isinstance(entry.get("source") or {}, dict):
             raise trace_error(label, "must be a mapping", layer_name, "source")
-        layers.append(Layer(layer_name, op, tensors, attrs, quant, entry.get("source") or {}, frozenset(coded)))
+        layers.append(Layer(layer_name, op, tensors, attrs, quant, entry.get("source") or {}, frozenset(coded),
+                            reference))
+        if residual is not None:
+            residuals.append((layers[-1], residual, decoded))
     dataset = None
     if doc.get("dataset") is not None:
         spec = doc["dataset"]
@@ -518,4 +617,6 @@ def load_trace(path) -> Trace:
                           spec.get("model"))
     trace = Trace(name, layers, source, metadata, dataset, network, root)
     validate_trace(trace, label)
+    for layer, (shape, _, residual_entry), decoded in residuals:
+        layer.tensors["output"] = blobs.reconstruct(layer, shape, residual_entry, decoded)
     return trace

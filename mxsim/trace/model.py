@@ -65,6 +65,10 @@ class Layer:
     * ``codes_only``: operands (``input``, ``weight``) whose float before quantization the
       trace does not keep (saved with ``floats=False``): their tensor holds the model's
       quantized values, decoded from the stored element codes and scales.
+    * ``reference``: how the trace holds ``output``: ``float32`` (the reference itself) or a
+      residual mode of :data:`mxsim.trace.reference.REFERENCE_MODES` (``residual8``: the
+      reference reconstructed from the exact MX product of the codes and a coarse residual,
+      within the bound that module states).
     """
 
     name: str
@@ -74,6 +78,7 @@ class Layer:
     quant: dict[str, QuantSpec | None] = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     codes_only: frozenset = frozenset()
+    reference: str = "float32"
 
     @property
     def input(self) -> np.ndarray:

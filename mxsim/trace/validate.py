@@ -13,6 +13,7 @@ from ..limits import check_array_budget, is_integer
 from .model import (CONV_OPS, FLOAT_DTYPES, NETWORK_OPS, NUMERIC_DTYPES, OPERANDS, OPS, REQUIRED_TENSORS,
                     TENSOR_ROLES, Layer, Network, Trace)
 from .quant import BFPQuant, MXQuant, QDQQuant
+from .reference import REFERENCE_MODES
 
 
 def trace_error(trace: str, message: str, layer: str | None = None, field: str | None = None) -> TraceError:
@@ -72,6 +73,11 @@ def check_layer(layer: Layer, fail) -> None:
     for operand in sorted(layer.codes_only, key=str):
         if operand not in ("input", "weight") or not isinstance(layer.quant.get(operand), MXQuant):
             fail("codes_only", f"{operand!r}: only an input or weight with an MX spec is stored as codes")
+    if not isinstance(layer.reference, str) or layer.reference not in REFERENCE_MODES:
+        fail("reference", f"unknown reference {layer.reference!r}; accepted: {', '.join(REFERENCE_MODES)}")
+    if layer.reference != "float32" and not {"input", "weight"} <= layer.codes_only:
+        fail("reference", f"a {layer.reference} output is reconstructed from the operands' codes: both must be "
+                          "codes only")
     t = layer.tensors
     if not isinstance(t, dict):
         fail("tensors", f"must be a mapping of tensor name -> numpy array, got {type(t).__name__}")
