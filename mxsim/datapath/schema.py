@@ -264,9 +264,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=-1100, maximum=1100,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
-            # window: it flags every lane with a nonzero term whose R lies below n (without block
-            # scales, R is the kernel's)
-            window=lambda value, params: value is None or params.scales == "none",
+            # window: it flags every lane with a nonzero term whose R lies below n. Its R is the
+            # kernel's without scales and with per-product scales (both add the scale pair to
+            # every exponent sum); with block_sum the kernel compares n with R before the tree's
+            # scale, which the route does not.
+            window=lambda value, params: value is None or params.scales in ("none", "products"),
         ),
     },
     "accumulator": {
