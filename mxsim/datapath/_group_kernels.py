@@ -1,0 +1,125 @@
+"""Numba kernel of the group-sum route (``datapath.groups``): exact group sums, given by a
+BLAS GEMM per group, aligned, truncated and accumulated, the columns of a row as SIMD lanes.
+
+``datapath.groups`` states the exactness argument and decides which units take the route;
+the accumulator, the n-bit tree sum and the output encoding are the window kernels' stages
+(``_window_kernels``: :func:`start_accumulators`, :func:`finish_tree`, :func:`encode_outputs`),
+which also flag what this route leaves to the generic kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..formats._kernels import power_of_two
+from ._window_kernels import (
+    NO_REFERENCE,
+    W_ACC_IN_TREE,
+    W_WINDOW_BITS,
+    W_ZERO_FLOOR,
+    _exponent,
+    encode_outputs,
+    finish_tree,
+    start_accumulators,
+)
+from .schema import NO_ZERO_TERM_EXPONENT
+
+
+@njit(cache=True)
+def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
+    """Whether every product a_k * b_k, k in [start, stop), is zero (a group whose sum is 0:
+    all-zero, a zero term, or cancelling, a term of value 0 that still sets R)."""
+    for k in range(start, stop):
+        if a_values[codes_a[k]] * b_values[codes_b[k]] != 0.0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
+               groups_per_tree, group_terms, cfg, out, flags):
+    """Output row ``m`` (row ``row`` of ``group_sums``): every column is a lane; per tree the
+    reference R of each lane, the truncated group terms summed, then the window kernels'
+    :func:`finish_tree`."""
+    n_groups, _, lanes = group_sums.shape
+    length = codes_a.shape[1]
+    window = cfg[W_WINDOW_BITS]
+    in_tree = cfg[W_ACC_IN_TREE] != 0
+    floor = cfg[W_ZERO_FLOOR]
+    zero_reference = floor if floor != NO_ZERO_TERM_EXPONENT else NO_REFERENCE  # R of a zero term
+    acc = np.empty(lanes)
+    lane_flags = np.empty(lanes, dtype=np.uint8)
+    for lane in range(lanes):
+        lane_flags[lane] = bad_rows[m] | bad_columns[lane]
+    start_accumulators(c_values[m % c_values.shape[0]], 0, acc, lane_flags, cfg)
+    references = np.empty(lanes, dtype=np.int64)
+    factors = np.empty(lanes)
+    sums = np.empty(lanes)
+    totals = np.empty(lanes, dtype=np.int64)
+    zero_terms = np.empty(lanes, dtype=np.bool_)
+    for first in range(0, n_groups, groups_per_tree):
+        last = min(first + groups_per_tree, n_groups)
+        for lane in range(lanes):
+            reference = NO_REFERENCE
+            if in_tree:  # a zero accumulator in the tree is a zero term
+                reference = _exponent(acc[lane]) if acc[lane] != 0.0 else zero_reference
+            references[lane] = reference
+        for g in range(first, last):
+            row_sums = group_sums[g, row]
+            zero_row = zero_a[m, g]
+            exponent_a = scale_a_exponents[m, g]
+            exponents_b = scale_b_exponents[g]
+            zeros_b = zero_b[g]
+            undecided = 0
+            for lane in range(lanes):
+                zero = zero_row | zeros_b[lane]
+                zero_terms[lane] = zero
+                undecided += (row_sums[lane] == 0.0) & (not zero)
+            if undecided:  # a zero sum: all products zero, or cancelling ones (rare: scan them)
+                start = g * group_terms
+                for lane in range(lanes):
+                    if row_sums[lane] == 0.0 and not zero_terms[lane]:
+                        zero_terms[lane] = _products_all_zero(codes_a[m], codes_b[lane], a_values, b_values,
+                                                              start, min(start + group_terms, length))
+            for lane in range(lanes):
+                exponent = zero_reference if zero_terms[lane] else exponent_a + exponents_b[lane]
+                references[lane] = max(references[lane], exponent)
+        for lane in range(lanes):
+            factors[lane] = power_of_two(window - references[lane])
+            sums[lane] = 0.0
+        for g in range(first, last):
+            row_sums = group_sums[g, row]
+            scale_a = scale_a_values[m, g]
+            scales_b = scale_b_values[g]
+            for lane in range(lanes):
+                # Exact up to the truncation toward zero (groups.py); the sum of truncated terms
+                # is an integer below 2^53, exact in float64.
+                sums[lane] += np.trunc(np.float64(row_sums[lane]) * scale_a * scales_b[lane] * factors[lane])
+        for lane in range(lanes):
+            totals[lane] = np.int64(sums[lane])
+        finish_tree(totals, references, acc, lane_flags, cfg)
+    encode_outputs(acc, lane_flags, out[m], cfg)
+    for lane in range(lanes):
+        flags[m, lane] = lane_flags[lane]
+
+
+@njit(cache=True, parallel=True)
+def group_rows(first_row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
+               groups_per_tree, group_terms, cfg, out, flags):
+    """Rows first_row .. first_row + R of the GEMM from ``group_sums`` (G, R, N), the exact sum
+    of each group g of products of those rows of A with the columns of B.
+
+    ``codes_a`` (M, K), ``codes_b`` (N, K) with ``a_values``/``b_values`` (their tables, 0 for
+    non-finite codes) for the rare all-zero check; ``scale_*_values`` the group's scale value
+    (0 for NaN), ``scale_*_exponents`` its alignment exponent, ``zero_*`` whether the operand's
+    group is all zero or its scale is zero, A's as (M, G), B's as (G, N); ``bad_rows``/
+    ``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (M, N) or (1, 1). out[m, n]
+    gets the output code, flags[m, n] = 1 where the generic kernel must compute it."""
+    for row in prange(group_sums.shape[1]):
+        index = np.int64(row)  # the parallel loop's index is unsigned; int64 keeps one signature below
+        _group_row(first_row + index, index, group_sums, codes_a, codes_b, c_values, a_values, b_values,
+                   scale_a_values, scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b,
+                   bad_rows, bad_columns, groups_per_tree, group_terms, cfg, out, flags)
