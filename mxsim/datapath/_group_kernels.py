@@ -10,7 +10,7 @@ which also flag what this route leaves to the generic kernel.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..formats._kernels import power_of_two
 from ._window_kernels import (
@@ -37,10 +37,10 @@ def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
 
 
 @njit(cache=True)
-def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
                scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
                groups_per_tree, group_terms, cfg, out, flags):
-    """Output row ``m`` (row ``row`` of ``group_sums``): every column is a lane; per tree the
+    """Output row ``row``: every column is a lane; per tree the
     reference R of each lane, the truncated group terms summed, then the window kernels'
     :func:`finish_tree`."""
     n_groups, _, lanes = group_sums.shape
@@ -52,8 +52,8 @@ def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_value
     acc = np.empty(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     for lane in range(lanes):
-        lane_flags[lane] = bad_rows[m] | bad_columns[lane]
-    start_accumulators(c_values[m % c_values.shape[0]], 0, acc, lane_flags, cfg)
+        lane_flags[lane] = bad_rows[row] | bad_columns[lane]
+    start_accumulators(c_values[row % c_values.shape[0]], 0, acc, lane_flags, cfg)
     references = np.empty(lanes, dtype=np.int64)
     factors = np.empty(lanes)
     sums = np.empty(lanes)
@@ -68,8 +68,8 @@ def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_value
             references[lane] = reference
         for g in range(first, last):
             row_sums = group_sums[g, row]
-            zero_row = zero_a[m, g]
-            exponent_a = scale_a_exponents[m, g]
+            zero_row = zero_a[row, g]
+            exponent_a = scale_a_exponents[row, g]
             exponents_b = scale_b_exponents[g]
             zeros_b = zero_b[g]
             undecided = 0
@@ -81,7 +81,7 @@ def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_value
                 start = g * group_terms
                 for lane in range(lanes):
                     if row_sums[lane] == 0.0 and not zero_terms[lane]:
-                        zero_terms[lane] = _products_all_zero(codes_a[m], codes_b[lane], a_values, b_values,
+                        zero_terms[lane] = _products_all_zero(codes_a[row], codes_b[lane], a_values, b_values,
                                                               start, min(start + group_terms, length))
             for lane in range(lanes):
                 exponent = zero_reference if zero_terms[lane] else exponent_a + exponents_b[lane]
@@ -91,7 +91,7 @@ def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_value
             sums[lane] = 0.0
         for g in range(first, last):
             row_sums = group_sums[g, row]
-            scale_a = scale_a_values[m, g]
+            scale_a = scale_a_values[row, g]
             scales_b = scale_b_values[g]
             for lane in range(lanes):
                 # Exact up to the truncation toward zero (groups.py); the sum of truncated terms
@@ -100,26 +100,26 @@ def _group_row(m, row, group_sums, codes_a, codes_b, c_values, a_values, b_value
         for lane in range(lanes):
             totals[lane] = np.int64(sums[lane])
         finish_tree(totals, references, acc, lane_flags, cfg)
-    encode_outputs(acc, lane_flags, out[m], cfg)
+    encode_outputs(acc, lane_flags, out[row], cfg)
     for lane in range(lanes):
-        flags[m, lane] = lane_flags[lane]
+        flags[row, lane] = lane_flags[lane]
 
 
-@njit(cache=True, parallel=True)
-def group_rows(first_row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+@njit(cache=True, nogil=True)
+def group_rows(group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
                scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
                groups_per_tree, group_terms, cfg, out, flags):
-    """Rows first_row .. first_row + R of the GEMM from ``group_sums`` (G, R, N), the exact sum
-    of each group g of products of those rows of A with the columns of B.
+    """The R rows of a tile of the GEMM from ``group_sums`` (G, R, N): the exact sum of each
+    group g of products of the tile's rows of A with the columns of B.
 
-    ``codes_a`` (M, K), ``codes_b`` (N, K) with ``a_values``/``b_values`` (their tables, 0 for
+    ``codes_a`` (R, K), ``codes_b`` (N, K) with ``a_values``/``b_values`` (their tables, 0 for
     non-finite codes) for the rare all-zero check; ``scale_*_values`` the group's scale value
     (0 for NaN), ``scale_*_exponents`` its alignment exponent, ``zero_*`` whether the operand's
-    group is all zero or its scale is zero, A's as (M, G), B's as (G, N); ``bad_rows``/
-    ``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (M, N) or (1, 1). out[m, n]
-    gets the output code, flags[m, n] = 1 where the generic kernel must compute it."""
-    for row in prange(group_sums.shape[1]):
-        index = np.int64(row)  # the parallel loop's index is unsigned; int64 keeps one signature below
-        _group_row(first_row + index, index, group_sums, codes_a, codes_b, c_values, a_values, b_values,
+    group is all zero or its scale is zero, A's as (R, G), B's as (G, N); ``bad_rows``/
+    ``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (R, N) or (1, 1). out[r, n]
+    gets the output code, flags[r, n] = 1 where the generic kernel must compute it. Serial and
+    without the GIL: the caller runs row tiles on its own threads, each with its GEMMs."""
+    for row in range(group_sums.shape[1]):
+        _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values,
                    scale_a_values, scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b,
                    bad_rows, bad_columns, groups_per_tree, group_terms, cfg, out, flags)

@@ -51,7 +51,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 from ..formats import get_format
@@ -173,20 +175,21 @@ def groups_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
     gemm_b = np.ascontiguousarray(values_b.reshape(columns, n_groups, group).transpose(1, 2, 0))  # (groups, G, N)
     scale_b, exponents_b, zero_b = (np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, zero_b))
     del values_b
-    scale_a = np.empty((rows, n_groups))
-    exponents_a = np.empty((rows, n_groups), dtype=np.int64)
-    zero_a = np.empty((rows, n_groups), dtype=np.bool_)
-    group_sums = np.empty((n_groups, min(ROW_TILE, rows), columns), dtype=setup.dtype)
-    for start in range(0, rows, ROW_TILE):
+    tiles = range(0, rows, ROW_TILE)
+
+    def run_tile(start):
         stop = min(start + ROW_TILE, rows)
-        values_a, scale_a[start:stop], exponents_a[start:stop], zero_a[start:stop] = _group_operand(
-            setup, setup.a_values, codes_a[start:stop], scales_a[start:stop], params, n_groups)
-        # A short last tile gets its own array: a sliced view would compile a second signature.
-        tile = group_sums if stop - start == group_sums.shape[1] else np.empty((n_groups, stop - start, columns), setup.dtype)
-        np.matmul(values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b, out=tile)
-        GK.group_rows(start, tile, codes_a, codes_b, c_values, setup.a_values, setup.b_values, scale_a,
-                      exponents_a, zero_a, scale_b, exponents_b, zero_b, bad_rows, bad_columns,
-                      params.fused_terms // group, group, setup.cfg, out, flags)
-        if progress is not None:
-            progress(stop, rows)
+        values_a, scale_a, exponents_a, zero_a = _group_operand(setup, setup.a_values, codes_a[start:stop],
+                                                                scales_a[start:stop], params, n_groups)
+        group_sums = np.matmul(values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b)
+        GK.group_rows(group_sums, codes_a[start:stop], codes_b, c_values[start:stop] if c_values.shape[0] > 1
+                      else c_values, setup.a_values, setup.b_values, scale_a, exponents_a, zero_a, scale_b,
+                      exponents_b, zero_b, bad_rows[start:stop], bad_columns, params.fused_terms // group, group,
+                      setup.cfg, out[start:stop], flags[start:stop])
+        return stop
+
+    with ThreadPoolExecutor(max(1, min(numba.get_num_threads(), len(tiles)))) as pool:
+        for stop in pool.map(run_tile, tiles):
+            if progress is not None:
+                progress(stop, rows)
     return np.nonzero(flags)
