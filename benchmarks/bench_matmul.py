@@ -9,7 +9,7 @@ kernel (``method="kernel"``) for the configs that take a faster route. ``--memor
 included) and compares it with the packed operands plus the output; ``--memory-tiles T``
 stops each after T row tiles (the working set is allocated before the first tile and does
 not grow), 0 runs the whole GEMM.
-Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--memory M]``.
+Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--memory M]``.
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def route(hw, a, b) -> str:
     return "window kernel" if window_applies(params) else "generic kernel"
 
 
-def throughput(names: list[str], size: int, repeats: int, generic: bool) -> None:
+def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=time.perf_counter) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, size))
     y = rng.standard_normal((size, size))
     x @ y
-    baseline = size**3 / best_seconds(lambda: x @ y, repeats)
+    baseline = size**3 / best_seconds(lambda: x @ y, repeats, clock)
     print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
@@ -86,7 +86,7 @@ def throughput(names: list[str], size: int, repeats: int, generic: bool) -> None
             if not isinstance(a, mxsim.NVFP4Tensor):
                 small = dataclasses.replace(small, shape=(8, size))
             mxsim.matmul(hw, small, b, method=method)  # compile outside the timing
-            best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats)
+            best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats, clock)
             rate = size**3 / best
             label = f"{name} ({way if method == 'auto' else 'generic kernel'})"
             print(f"  {label:45s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
@@ -155,12 +155,16 @@ def main() -> None:
     parser.add_argument("--generic", action="store_true", help="also time the generic kernel where a faster route applies")
     parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp-paper,kulisch,b200-fp8,h100-wgmma-fp8,"
                         "b200-tcgen05-mxf8f6f4,b200-nvfp4")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the process's CPU time, not wall time: on a loaded machine, with every library "
+                             "on one thread (NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1), what an idle core gives")
     parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
     parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
     parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")
     args = parser.parse_args()
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
-    throughput(args.configs.split(","), args.size, args.repeats, args.generic)
+    throughput(args.configs.split(","), args.size, args.repeats, args.generic,
+               time.process_time if args.cpu_time else time.perf_counter)
     if args.memory:
         peak_memory(args.memory, args.memory_configs.split(","), args.memory_tiles)
 
