@@ -198,3 +198,20 @@ def test_mxfp4_matmul_through_the_route_equals_the_kernel():
     qb = quantize_mx(rng.standard_normal((200, 20)), "fp4_e2m1", axis=0)
     hw = unit("b200-tcgen05-mxf4")
     np.testing.assert_array_equal(matmul(hw, qa, qb).bits, matmul(hw, qa, qb, method="kernel").bits)
+
+
+@pytest.mark.parametrize("shape", [(3, 0, 4), (1, 40, 5), (5, 33, 1), (40, 96, 3)])
+def test_edge_shapes_and_progress(shape):
+    # K = 0 (c rounded), partial last groups and trees, single rows and columns; progress per tile.
+    from mxsim import quantize_mx
+
+    rows, length, columns = shape
+    rng = np.random.default_rng(9)
+    qa = quantize_mx(rng.standard_normal((rows, length)), "fp4_e2m1", axis=1)
+    qb = quantize_mx(rng.standard_normal((length, columns)), "fp4_e2m1", axis=0)
+    c = rng.standard_normal((rows, columns)).astype(np.float32)
+    hw = unit("b200-tcgen05-mxf4")
+    seen = []
+    fast = matmul(hw, qa, qb, c=c, progress=lambda done, total: seen.append((done, total)))
+    np.testing.assert_array_equal(fast.bits, matmul(hw, qa, qb, c=c, method="kernel").bits)
+    assert seen[-1] == (rows, rows) and [done for done, _ in seen] == sorted(done for done, _ in seen)
