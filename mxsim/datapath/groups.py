@@ -113,7 +113,8 @@ def _setup(params: DatapathParams) -> _Setup | None:
     usable = finite_scales > 0
     low_scale = int(scale_exponents[~scale_nan][usable].min())
     high_scale = int(scale_exponents[~scale_nan][usable].max())
-    if sum_bits + 2 * _significant_bits(finite_scales) > 53 or low_a + low_b + 2 * low_scale < -MAX_EXPONENT:
+    smallest_scale = math.frexp(float(finite_scales[usable].min()))[1] - 1  # below low_scale for subnormal scales
+    if sum_bits + 2 * _significant_bits(finite_scales) > 53 or low_a + low_b + 2 * smallest_scale < -MAX_EXPONENT:
         return None
     window = params.align_fraction_bits
     trees_bits = math.ceil(math.log2(params.fused_terms // group + 1))
