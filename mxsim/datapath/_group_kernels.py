@@ -27,12 +27,24 @@ from .schema import NO_ZERO_TERM_EXPONENT
 
 
 @njit(cache=True)
-def _group_row(row, group_sums, nonzero_counts, c_values, scale_a_values, scale_a_exponents, zero_a,
-               scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns, groups_per_tree, cfg, out, flags):
+def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
+    """Whether every product a_k * b_k, k in [start, stop), is zero (a group whose sum is 0:
+    all-zero, a zero term, or cancelling, a term of value 0 that still sets R)."""
+    for k in range(start, stop):
+        if a_values[codes_a[k]] * b_values[codes_b[k]] != 0.0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
+               groups_per_tree, group_terms, cfg, out, flags):
     """Output row ``row``: every column is a lane; per tree the
     reference R of each lane, the truncated group terms summed, then the window kernels'
     :func:`finish_tree`."""
     n_groups, _, lanes = group_sums.shape
+    length = codes_a.shape[1]
     window = cfg[W_WINDOW_BITS]
     in_tree = cfg[W_ACC_IN_TREE] != 0
     floor = cfg[W_ZERO_FLOOR]
@@ -46,6 +58,9 @@ def _group_row(row, group_sums, nonzero_counts, c_values, scale_a_values, scale_
     factors = np.empty(lanes)
     sums = np.empty(lanes)
     totals = np.empty(lanes, dtype=np.int64)
+    exponents = np.empty(lanes, dtype=np.int64)  # the group term's alignment exponent per lane
+    undecided = np.zeros(-(-lanes // 8) * 8, dtype=np.uint8)  # sum 0, neither operand group zero
+    undecided_words = undecided.view(np.uint64)  # eight lanes at a time: most words are 0
     for first in range(0, n_groups, groups_per_tree):
         last = min(first + groups_per_tree, n_groups)
         for lane in range(lanes):
@@ -54,19 +69,24 @@ def _group_row(row, group_sums, nonzero_counts, c_values, scale_a_values, scale_
                 reference = _exponent(acc[lane]) if acc[lane] != 0.0 else zero_reference
             references[lane] = reference
         for g in range(first, last):
-            if zero_a[row, g]:  # a zero term in every lane
-                for lane in range(lanes):
-                    references[lane] = max(references[lane], zero_reference)
-                continue
-            row_counts = nonzero_counts[g, row]
+            row_sums = group_sums[g, row]
+            zero_row = zero_a[row, g]
             exponent_a = scale_a_exponents[row, g]
             exponents_b = scale_b_exponents[g]
             zeros_b = zero_b[g]
             for lane in range(lanes):
-                # No nonzero product (or a zero scale): a zero term; else a term of exponent ea + eb,
-                # of value 0 when its products cancel.
-                zero = zeros_b[lane] | (row_counts[lane] == 0.0)
-                references[lane] = max(references[lane], zero_reference if zero else exponent_a + exponents_b[lane])
+                zero = zero_row | zeros_b[lane]
+                exponents[lane] = zero_reference if zero else exponent_a + exponents_b[lane]
+                undecided[lane] = (row_sums[lane] == 0.0) & (not zero)
+            start = g * group_terms
+            for word in range(undecided_words.shape[0]):  # a zero sum of nonzero operands: rare, scanned
+                if undecided_words[word] != 0:
+                    for lane in range(8 * word, min(8 * word + 8, lanes)):
+                        if undecided[lane] and _products_all_zero(codes_a[row], codes_b[lane], a_values, b_values,
+                                                                  start, min(start + group_terms, length)):
+                            exponents[lane] = zero_reference
+            for lane in range(lanes):
+                references[lane] = max(references[lane], exponents[lane])
         for lane in range(lanes):
             factors[lane] = power_of_two(window - references[lane])
             sums[lane] = 0.0
@@ -87,18 +107,20 @@ def _group_row(row, group_sums, nonzero_counts, c_values, scale_a_values, scale_
 
 
 @njit(cache=True, nogil=True)
-def group_rows(group_sums, nonzero_counts, c_values, scale_a_values, scale_a_exponents, zero_a, scale_b_values,
-               scale_b_exponents, zero_b, bad_rows, bad_columns, groups_per_tree, cfg, out, flags):
-    """The R rows of a tile of the GEMM from ``group_sums`` (G, R, N), the exact sum of each
-    group g of products of the tile's rows of A with the columns of B, and ``nonzero_counts``
-    (G, R, N), how many of those products are nonzero (0: the group is a zero term).
+def group_rows(group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
+               groups_per_tree, group_terms, cfg, out, flags):
+    """The R rows of a tile of the GEMM from ``group_sums`` (G, R, N): the exact sum of each
+    group g of products of the tile's rows of A with the columns of B.
 
-    ``scale_*_values`` the group's scale value (0 for NaN), ``scale_*_exponents`` its
-    alignment exponent, ``zero_*`` whether the operand's group is all zero or its scale is
-    zero, A's as (R, G), B's as (G, N); ``bad_rows``/``bad_columns``: NaN/Inf elements or NaN
-    scales. ``c_values`` (R, N) or (1, 1). out[r, n] gets the output code, flags[r, n] = 1
-    where the generic kernel must compute it. Serial and without the GIL: the caller runs row
-    tiles on its own threads, each with its GEMMs."""
+    ``codes_a`` (R, K), ``codes_b`` (N, K) with ``a_values``/``b_values`` (their tables, 0 for
+    non-finite codes) for the rare all-zero check; ``scale_*_values`` the group's scale value
+    (0 for NaN), ``scale_*_exponents`` its alignment exponent, ``zero_*`` whether the operand's
+    group is all zero or its scale is zero, A's as (R, G), B's as (G, N); ``bad_rows``/
+    ``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (R, N) or (1, 1). out[r, n]
+    gets the output code, flags[r, n] = 1 where the generic kernel must compute it. Serial and
+    without the GIL: the caller runs row tiles on its own threads, each with its GEMMs."""
     for row in range(group_sums.shape[1]):
-        _group_row(row, group_sums, nonzero_counts, c_values, scale_a_values, scale_a_exponents, zero_a,
-                   scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns, groups_per_tree, cfg, out, flags)
+        _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values,
+                   scale_a_values, scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b,
+                   bad_rows, bad_columns, groups_per_tree, group_terms, cfg, out, flags)

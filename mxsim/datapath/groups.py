@@ -23,11 +23,9 @@ element magnitudes and la, lb the exponents of the formats' smallest steps
    float32 GEMM is exact, else when it is <= 53 the float64 GEMM, else the route is refused.
    (fp4_e2m1 x fp4_e2m1, G = 16: 8 + 4 = 12 bits, float32.) Non-finite elements are 0 in the
    tables and their rows and columns are flagged, as are NaN scales.
-2. Zero terms. A second GEMM of the same shapes counts each group's nonzero products (the
-   operands' nonzero masks as 0/1: integers up to G, exact; a product of two nonzero table
-   values is nonzero, its magnitude being at least 2^(la + lb), checked to be normal): a
-   count of 0, or a zero scale, is a zero term; a group whose products cancel has a nonzero
-   count and sum 0.
+2. Zero terms. A group sum of 0 is an all-zero group when either operand's group is all zero
+   (or its scale is zero); otherwise the kernel scans the group's products for a nonzero one
+   (cancelling) — rare (found eight lanes at a time), and exact either way.
 3. Terms. g has at most S - la - lb significant bits and each scale at most ``s`` (read from
    the scale table), so g * sa * sb is exact in float64 when S - la - lb + 2 s <= 53 and
    its magnitude stays normal (checked); multiplying by 2^(W - R) is exact, or gives a value
@@ -176,7 +174,6 @@ def groups_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
     bad_columns = ~setup.b_finite[codes_b].all(axis=1) | setup.scale_nan[scales_b].any(axis=1)
     values_b, scale_b, exponents_b, zero_b = _group_operand(setup, setup.b_values, codes_b, scales_b, params, n_groups)
     gemm_b = np.ascontiguousarray(values_b.reshape(columns, n_groups, group).transpose(1, 2, 0))  # (groups, G, N)
-    mask_b = (gemm_b != 0).astype(setup.dtype)
     scale_b, exponents_b, zero_b = (np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, zero_b))
     del values_b
     tiles = range(0, rows, ROW_TILE)
@@ -185,12 +182,11 @@ def groups_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
         stop = min(start + ROW_TILE, rows)
         values_a, scale_a, exponents_a, zero_a = _group_operand(setup, setup.a_values, codes_a[start:stop],
                                                                 scales_a[start:stop], params, n_groups)
-        tile_a = values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2)  # (groups, rows, G)
-        group_sums = np.matmul(tile_a, gemm_b)
-        nonzero_counts = np.matmul((tile_a != 0).astype(setup.dtype), mask_b)
-        GK.group_rows(group_sums, nonzero_counts, c_values[start:stop] if c_values.shape[0] > 1 else c_values,
-                      scale_a, exponents_a, zero_a, scale_b, exponents_b, zero_b, bad_rows[start:stop], bad_columns,
-                      params.fused_terms // group, setup.cfg, out[start:stop], flags[start:stop])
+        group_sums = np.matmul(values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b)
+        GK.group_rows(group_sums, codes_a[start:stop], codes_b, c_values[start:stop] if c_values.shape[0] > 1
+                      else c_values, setup.a_values, setup.b_values, scale_a, exponents_a, zero_a, scale_b,
+                      exponents_b, zero_b, bad_rows[start:stop], bad_columns, params.fused_terms // group, group,
+                      setup.cfg, out[start:stop], flags[start:stop])
         return stop
 
     with ThreadPoolExecutor(max(1, min(numba.get_num_threads(), len(tiles)))) as pool:
