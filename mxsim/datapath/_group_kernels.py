@@ -40,9 +40,8 @@ def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
 def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
                scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
                groups_per_tree, group_terms, cfg, out, flags):
-    """Output row ``row``: every column is a lane; per tree the
-    reference R of each lane, the truncated group terms summed, then the window kernels'
-    :func:`finish_tree`."""
+    """Output row ``row``, its columns the lanes: per tree each lane's reference R, its
+    truncated group terms summed, then the window kernels' :func:`finish_tree`."""
     n_groups, _, lanes = group_sums.shape
     length = codes_a.shape[1]
     window = cfg[W_WINDOW_BITS]
