@@ -1,15 +1,15 @@
 """Emulated MAC/s of MXFP8 and NVFP4 GEMMs through hardware configs, beside numpy float64 matmul.
 
 Prints, for an N x N x N GEMM (default 1024) of fp8_e4m3 operands (the unit's first element
-format where it takes no fp8_e4m3; NVFP4 operands with their tensor scales for units with
-UE4M3 scales), the emulated MACs per
+format where it takes no fp8_e4m3, e.g. fp4_e2m1 for kind::mxf4; NVFP4 operands with their
+tensor scales for units with UE4M3 scales), the route ``mxsim.matmul`` takes, the emulated MACs per
 second through each config (best of ``--repeats`` runs) and the same run's numpy float64
 matmul of the same shape as a yardstick; ``--generic`` also times the generic datapath
 kernel (``method="kernel"``) for the configs that take a faster route. ``--memory 8192`` measures the peak resident memory of 8192^3 GEMMs (operands
 included) and compares it with the packed operands plus the output; ``--memory-tiles T``
 stops each after T row tiles (the working set is allocated before the first tile and does
 not grow), 0 runs the whole GEMM.
-Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--memory M]``.
+Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--memory M]``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import mxsim
 from _timing import best_seconds
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _tensor_scales
+from mxsim.datapath.groups import groups_apply
 from mxsim.datapath.window import window_applies
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,22 +54,25 @@ def operands(size: int, rng, unit_scales: bool, hw=None):
 def route(hw, a, b) -> str:
     """Which route mxsim.matmul takes for these operands (the dispatch order of mxsim.datapath.api)."""
     if isinstance(a, mxsim.NVFP4Tensor):
-        return "generic kernel"  # no fast route takes group-scaled sums
+        params = hw.params(a.options.element_format, b.options.element_format)
+        return "group-sum route" if groups_apply(params) else "generic kernel"
     params = hw.params(a.element_format.name, b.element_format.name)
     _, _, kernel_args = _kernel_arguments(params)
     scales_a, scales_b = _tensor_scales(a, params), _tensor_scales(b, params)
     codes_a, codes_b = a.codes.reshape(a.shape[0], -1), b.codes.reshape(b.shape[1], -1)
     if blas_applies(params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)):
         return "float64 BLAS"
+    if groups_apply(params):
+        return "group-sum route"
     return "window kernel" if window_applies(params) else "generic kernel"
 
 
-def throughput(names: list[str], size: int, repeats: int, generic: bool) -> None:
+def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=time.perf_counter) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, size))
     y = rng.standard_normal((size, size))
     x @ y
-    baseline = size**3 / best_seconds(lambda: x @ y, repeats)
+    baseline = size**3 / best_seconds(lambda: x @ y, repeats, clock)
     print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
@@ -82,11 +86,11 @@ def throughput(names: list[str], size: int, repeats: int, generic: bool) -> None
             if not isinstance(a, mxsim.NVFP4Tensor):
                 small = dataclasses.replace(small, shape=(8, size))
             mxsim.matmul(hw, small, b, method=method)  # compile outside the timing
-            best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats)
+            best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats, clock)
             rate = size**3 / best
             label = f"{name} ({way if method == 'auto' else 'generic kernel'})"
-            print(f"  {label:34s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
-                  f"{baseline / rate:.1f}x slower than float64)")
+            print(f"  {label:45s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
+                  f"{baseline / rate:.1f}x slower than float64 = {rate / baseline:.3f}x its speed)")
 
 
 class _Stop(Exception):
@@ -149,13 +153,18 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--generic", action="store_true", help="also time the generic kernel where a faster route applies")
-    parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp-paper,kulisch,b200-fp8")
+    parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp-paper,kulisch,b200-fp8,h100-wgmma-fp8,"
+                        "b200-tcgen05-mxf8f6f4,b200-nvfp4")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the process's CPU time, not wall time: on a loaded machine, with every library "
+                             "on one thread (NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1), what an idle core gives")
     parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
     parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
     parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")
     args = parser.parse_args()
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
-    throughput(args.configs.split(","), args.size, args.repeats, args.generic)
+    throughput(args.configs.split(","), args.size, args.repeats, args.generic,
+               time.process_time if args.cpu_time else time.perf_counter)
     if args.memory:
         peak_memory(args.memory, args.memory_configs.split(","), args.memory_tiles)
 

@@ -43,6 +43,13 @@ def test_gpu_fp8_units_take_the_route_for_fp32_outputs(name, formats):
     assert window_applies(unit(name).params(*formats))
 
 
+@pytest.mark.parametrize("name", ["b200-tcgen05-mxf8f6f4", "rtx50-mma-mxf8f6f4"])
+@pytest.mark.parametrize("formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp6_e2m3"), ("fp4_e2m1", "fp8_e4m3")])
+def test_block_scaled_units_with_a_zero_term_exponent_take_the_route(name, formats):
+    # Per-product E8M0 scales join every exponent sum, so the route's R is the kernel's.
+    assert window_applies(unit(name).params(*formats))
+
+
 @pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp-paper", "bfp-exact", "h100-fp8-promoted"])
 def test_other_units_do_not(name):
     config = unit(name)
@@ -62,6 +69,8 @@ def test_other_units_do_not(name):
     {"sum_rounding": "stochastic"},
     {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
     {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
+    # block_sum: the kernel compares the zero-term exponent with R before the tree's scale
+    {"scales": "block_sum", "accumulator_in_tree": False},
     {"a_format": "fp32"},  # products wider than float32's significand
     # group-scaled sums and scales that are not powers of two: not yet shown exact on this route
     {"scales": "group_sum", "block_size": 32, "group_terms": 16},

@@ -9,7 +9,8 @@ compared bit for bit (any NaN equals any NaN: MMA-Sim writes 0x7FFFFFFF, mxsim 0
 - kind::mxf8f6f4 block32 ue8m0, every A x B pair of e4m3, e5m2, e3m2, e2m3, e2m1
   (``b200-tcgen05-mxf8f6f4`` / ``rtx50-mma-mxf8f6f4``);
 - kind::mxf4 block32 ue8m0 and kind::mxf4nvf4 block32 ue8m0 (``*-mxf4``), block16 ue8m0
-  (``*-mxf4nvf4-e8m0-block16``) and block16 ue4m3, NVFP4 (``*-mxf4nvf4``).
+  (``*-mxf4nvf4-e8m0-block16``) and block16 ue4m3, NVFP4 (``*-mxf4nvf4``), through ``dot`` and
+  through the group-sum route's GEMM kernel (its outputs before the generic fallback).
 
 Inputs are mostly realistic (Gaussian and heavy-tailed rows quantized by mxsim's OCP MX or
 NVFP4 quantizers, c of the dot product's size, a tenth of it c = -fl32(a.b) so that the sum
@@ -30,6 +31,7 @@ import pytest
 from conftest import bit_mismatches, import_or_skip
 
 import mxsim
+from mxsim.datapath.groups import groups_apply, groups_matmul
 from mxsim.quantize.nvfp4 import quantize_nvfp4
 
 HWCONFIGS = Path(__file__).resolve().parent.parent / "hwconfigs"
@@ -178,7 +180,16 @@ def _compare(torch, instruction, config: str, a_fmt, b_fmt, a, b, scale_a, scale
     want = _run_mmasim(torch, instruction, a, b, scale_a, scale_b, c, step, block, a_ptx, b_ptx, scale_ptx)
     bits = mxsim.dot(HWCONFIGS / f"{config}.yaml", a, b, a_format=a_fmt, b_format=b_fmt, scale_a=scale_a,
                      scale_b=scale_b, c=c)
-    return bit_mismatches(bits.view(np.float32), want)
+    count, examples = bit_mismatches(bits.view(np.float32), want)
+    params = mxsim.load_hwconfig(HWCONFIGS / f"{config}.yaml").params(a_fmt, b_fmt)
+    if groups_apply(params):  # the group-sum route's own outputs: the diagonal of an (n, n) GEMM
+        grid = np.empty((len(a), len(a)), dtype=np.uint32)
+        rows, columns = groups_matmul(params, a, b, scale_a.astype(np.int32), scale_b.astype(np.int32),
+                                      np.diag(c).astype(np.float32), grid)
+        kept = np.setdiff1d(np.arange(len(a)), rows[rows == columns])
+        route_count, route_examples = bit_mismatches(np.diag(grid)[kept].view(np.float32), want[kept])
+        count, examples = count + route_count, examples + route_examples
+    return count, examples
 
 
 TARGETS = ["b200-tcgen05", "rtx50-mma"]

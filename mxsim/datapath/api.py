@@ -18,6 +18,7 @@ from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import blas_applies, blas_matmul
 from .config import HardwareConfig, load_hwconfig
+from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
 from .schema import FLOAT32_FORMATS, DatapathParams, kernel_record
 from .tables import element_operand, scale_tables, sum_format
@@ -302,8 +303,9 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
     ``method``: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
     uses the float64-BLAS route of :mod:`mxsim.datapath.blas` where it is provably
     bit-identical (exact trees into an RNE fp32 accumulator with formats whose tree sums fit
-    float64), or the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
-    units; outputs either route leaves are computed by the generic kernel.
+    float64), the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
+    units, or the group-sum route of :mod:`mxsim.datapath.groups` for ``scales: group_sum``
+    units; outputs a route leaves are computed by the generic kernel.
 
     Empty operands: M = 0 or N = 0 gives an empty (M, N) result; K = 0 gives ``c`` rounded
     to the output format (the empty sum is +0). The (M, N) output must fit the memory
@@ -316,7 +318,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
         raise ArgumentError(f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
     config = _as_config(hw)
     if isinstance(A, NVFP4Tensor) or isinstance(B, NVFP4Tensor):
-        return _matmul_float_scaled(config, A, B, c, out_format, c_format, progress, tile_rows)
+        return _matmul_float_scaled(config, A, B, c, out_format, c_format, progress, tile_rows, method)
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
@@ -347,6 +349,9 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
             m, n = (np.array(index) for index in zip(*leftovers))
             _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
         return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
+    if method == "auto" and _group_route(params, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out,
+                                         progress):
+        return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
     window = method == "auto" and window_applies(params)
     for start in range(0, rows, tile_rows):
         stop = min(start + tile_rows, rows)
@@ -363,12 +368,12 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
     return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
 
 
-def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, progress,
-                         tile_rows: int) -> MatmulResult:
+def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, progress, tile_rows: int,
+                         method: str) -> MatmulResult:
     """:func:`matmul` of NVFP4 operands: A an (M, K) NVFP4Tensor and B given as the (N, K)
     NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored), through a unit
-    whose ``inputs.scale_format`` is theirs. The generic kernel computes every output (no
-    fast route takes ``scales: group_sum`` yet); the tensor scales multiply
+    whose ``inputs.scale_format`` is theirs, through the group-sum route where it applies
+    (:mod:`mxsim.datapath.groups`), else the generic kernel; the tensor scales multiply
     :attr:`MatmulResult.values`, as the GEMM epilogue's alpha does."""
     for name, tensor in (("A", A), ("B", B)):
         if not isinstance(tensor, NVFP4Tensor) or tensor.codes.ndim != 2:
@@ -391,15 +396,29 @@ def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, 
         _codes(B.codes, "B", get_format(params.b_format), fields_given=True))
     c_values = _accumulator_inputs(c, (1, 1) if c is None else (rows, columns), params.c_format)
     out = np.empty((rows, columns), dtype=kernel_output_dtype(params.output_format))
-    for start in range(0, rows, tile_rows):
-        stop = min(start + tile_rows, rows)
-        c_tile = c_values if c is None else c_values[start:stop]
-        K.matmul_rows(codes_a[start:stop], codes_b, scales_a[start:stop], scales_b, c_tile, *kernel_args, out[start:stop])
-        if progress is not None:
-            progress(stop, rows)
+    if not (method == "auto" and _group_route(params, codes_a, codes_b, scales_a, scales_b, c_values, kernel_args, out,
+                                              progress)):
+        for start in range(0, rows, tile_rows):
+            stop = min(start + tile_rows, rows)
+            c_tile = c_values if c is None else c_values[start:stop]
+            K.matmul_rows(codes_a[start:stop], codes_b, scales_a[start:stop], scales_b, c_tile, *kernel_args,
+                          out[start:stop])
+            if progress is not None:
+                progress(stop, rows)
     tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (1.0 if B.tensor_scale is None else B.tensor_scale)
     return MatmulResult(out.astype(output_dtype(params.output_format), copy=False), params.output_format,
                         tensor_scale=tensor_scale)
+
+
+def _group_route(params, codes_a, codes_b, scales_a, scales_b, c_values, kernel_args, out, progress) -> bool:
+    """Fill ``out`` through the group-sum route (:mod:`mxsim.datapath.groups`) if it applies,
+    the generic kernel computing the outputs it flags; False (nothing done) if it does not."""
+    if out.size == 0 or not groups_apply(params):
+        return False
+    m, n = groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out, progress)
+    if m.size:  # specials and out-of-range values: the generic kernel
+        _recompute(m, n, codes_a, codes_b, scales_a, scales_b, c_values, kernel_args, out)
+    return True
 
 
 def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:

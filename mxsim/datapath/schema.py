@@ -4,7 +4,7 @@ Each :class:`Key` of :data:`SCHEMA` states what the YAML accepts (type, default,
 values), what the key means, the :class:`DatapathParams` field that carries it, how the
 kernel's parameter record holds it (:class:`Record`), and which of its values each fast route
 computes bit for bit (``blas``: the float64-BLAS route of ``blas.py``; ``window``: the
-vectorised route of ``window.py``). Everything else is derived from this one table: the
+vectorised route of ``window.py``; ``groups``: the group-sum route of ``groups.py``). Everything else is derived from this one table: the
 loader's checks (``config.py``), :class:`DatapathParams`, the kernel record's dtype
 (:func:`record_dtype`), the routes' eligibility (:func:`route_accepts`) and the key tables
 of docs/hwconfig.md (:func:`schema_markdown`).
@@ -40,7 +40,7 @@ NO_ZERO_TERM_EXPONENT = -(1 << 40)
 NO_PRODUCT_OVERFLOW = 1 << 40
 #: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
 ACCUMULATOR_OVERFLOW = {"ieee": "inf_nan", "infinity": "inf"}
-ROUTES = ("blas", "window")
+ROUTES = ("blas", "window", "groups")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
 #: the unit bit for bit with this value of the key (given the unit's other values).
@@ -78,8 +78,8 @@ class Key:
     :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
-    format parameters). ``blas``/``window`` are the routes' declarations (None: the route
-    refuses)."""
+    format parameters). ``blas``/``window``/``groups`` are the routes' declarations (None:
+    the route refuses)."""
 
     kind: str
     default: Any
@@ -91,6 +91,7 @@ class Key:
     record: Record | None = BY_KIND
     blas: Accepts | None = None
     window: Accepts | None = None
+    groups: Accepts | None = None
 
 
 def _exact_accumulator_or(accepts: Accepts) -> Accepts:
@@ -109,11 +110,11 @@ def _same_trees_as_k_order(value, params) -> bool:
 SCHEMA: dict[str, dict[str, Key]] = {
     "inputs": {
         "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS,
-                         field=None, record=None, blas=any_value, window=any_value),  # routes check the formats
+                         field=None, record=None, blas=any_value, window=any_value, groups=any_value),  # routes check the formats
         "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS,
-                         field=None, record=None, blas=any_value, window=any_value),
+                         field=None, record=None, blas=any_value, window=any_value, groups=any_value),
         "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE,
-                          blas=any_value, window=any_value),
+                          blas=any_value, window=any_value, groups=any_value),  # groups: whole groups, checked there
         "scales": Key(
             "str", "products",
             "where block scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
@@ -126,6 +127,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             # group_sum: not yet shown exact on either route.
             blas=lambda value, params: value != "group_sum" and _exact_accumulator_or(_trees_inside_blocks)(value, params),
             window=lambda value, params: value != "group_sum" and _trees_inside_blocks(value, params),
+            groups=only("group_sum"),
         ),
         "scale_format": Key(
             "format", "e8m0",
@@ -134,10 +136,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "the format's emin when it has subnormals",
             SCALE_FORMATS, record=None,  # the kernel gets the scale format's value and exponent tables
             blas=only("e8m0"), window=only("e8m0"),
+            groups=any_value,  # the route reads the scale format's tables (groups.py checks them)
         ),
         "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
                           field="input_subnormals",  # the element tables read them as zero; so does the kernel's decode
-                          blas=only(True), window=any_value),
+                          blas=only(True), window=any_value, groups=any_value),
         "c_format": Key(
             "format", "fp32",
             "format of the accumulator input c (the API may ask for another, as Volta's mma takes f16 or "
@@ -151,13 +154,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=lambda value, params: value in FLOAT32_FORMATS and (
                 params.accumulator_exponent == "leading_bit" or params.accumulator_format == "exact"
                 or get_format(value).bias >= get_format(params.accumulator_format).bias),
+            groups=only("fp32"),
         ),
         "same_format": Key(
             "bool", False,
             "true: A and B share one element format per operation (the unit has a single source-format "
             "field, as cvfpu MXDOTP); a mixed (A, B) pair is refused",
             record=None,  # decided when the params are resolved: the kernel never sees a mixed pair
-            blas=any_value, window=any_value,
+            blas=any_value, window=any_value, groups=any_value,
         ),
         "zero_sign": Key(
             "str", "keep",
@@ -168,14 +172,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("keep", "positive"),
             field="input_zero_sign",
             record=Record(lambda value: value == "positive", np.bool_, "input_zeros_positive"),
-            blas=only("keep"), window=only("keep"),
+            blas=only("keep"), window=only("keep"), groups=only("keep"),
         ),
     },
     "multiplier": {
         "product_fraction_bits": Key(
             "optional_int", None,
             "null: exact products; n: each product's significand truncated (toward zero) to 1+n bits",
-            minimum=0, maximum=52, blas=only(None), window=only(None),
+            minimum=0, maximum=52, blas=only(None), window=only(None), groups=only(None),
         ),
         "overflow_exponent": Key(
             "optional_int", None,
@@ -183,12 +187,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "Inf - Inf gives NaN), as a multiplier with an fp32 exponent range makes it (CDNA3 MFMA: 128)",
             minimum=-1022, maximum=1023, field="product_overflow_exponent",
             record=Record(lambda value: NO_PRODUCT_OVERFLOW if value is None else value),
-            blas=only(None), window=only(None),
+            blas=only(None), window=only(None), groups=only(None),
         ),
     },
     "adder": {
         "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE,
-                           blas=any_value, window=any_value),
+                           blas=any_value, window=any_value, groups=any_value),
         "structure": Key(
             "str", "fused",
             "'fused': each tree's terms are aligned and added in one pass (steps 4-5). 'pairwise_rounded': "
@@ -199,7 +203,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "adds give them); the alignment keys are not read (MMA-Sim's CDNA2 fp16/bf16 MFMA)",
             ("fused", "pairwise_rounded"),
             record=Record(lambda value: value == "pairwise_rounded", np.bool_, "pairwise_rounded"),
-            blas=only("fused"), window=only("fused"),
+            blas=only("fused"), window=only("fused"), groups=only("fused"),
         ),
         "term_order": Key(
             "order", None,
@@ -209,7 +213,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "as a unit fed zero-padded operands; a partial last tree of any unit simply has fewer terms",
             maximum=MAX_BLOCK_SIZE,
             record=Record(lambda order: len(order) if order else 0, name="term_order_length"),  # + the order array
-            blas=only(None), window=only(None),
+            blas=only(None), window=only(None), groups=only(None),
         ),
         "trees_in_blocks": Key(
             "bool", False,
@@ -217,7 +221,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "takes one scale pair per operation: a block of 32 in trees of 11 is 11 + 11 + 10 terms). "
             "false: trees are cut from the whole of K",
             # Both routes cut trees from K: the same trees whenever fused_terms divides block_size.
-            blas=_same_trees_as_k_order, window=_same_trees_as_k_order,
+            blas=_same_trees_as_k_order, window=_same_trees_as_k_order, groups=_same_trees_as_k_order,
         ),
         "group_terms": Key(
             "int", 16,
@@ -226,7 +230,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "ea+eb (the scales' exponents); a group whose products are all zero, or whose scale is zero, "
             "is a zero term (see zero_term_exponent); one whose products cancel keeps ea+eb",
             minimum=1, maximum=MAX_BLOCK_SIZE,
-            blas=any_value, window=any_value,  # read only with group_sum, which both routes refuse
+            blas=any_value, window=any_value,  # read only with group_sum, which these two routes refuse
+            groups=any_value,  # whole groups in blocks and trees: checked by groups.py
         ),
         "accumulator_in_tree": Key(
             "bool", True,
@@ -234,7 +239,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "below the window are lost); false: the tree sum is added to the accumulator exactly, "
             "then rounded once",
             blas=any_value,  # exact trees: acc + sum is rounded once either way
-            window=any_value,
+            window=any_value, groups=any_value,
         ),
         "align_reference": Key(
             "str", "exponent_sum",
@@ -246,6 +251,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=Record(lambda value: value == "leading_bit", np.bool_, "align_leading_bit"),
             blas=any_value,  # exact trees: R places no window
             window=only("exponent_sum"),
+            groups=any_value,  # a group term aligns at its scales' exponent sum, whatever this key
         ),
         "align_fraction_bits": Key(
             "optional_int", None,
@@ -254,6 +260,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=0, maximum=50,
             blas=only(None),
             window=lambda value, params: value is not None,  # its range: window.window_applies
+            groups=lambda value, params: value is not None,  # its range: groups.groups_apply
         ),
         "below_window": Key(
             "str", "truncate",
@@ -262,14 +269,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "'sticky' (truncate, and jam a sticky bit one place below the window)",
             ("truncate", "floor", "nearest_even", "sticky"),
             blas=any_value,  # read only with a window
-            window=only("truncate"),
+            window=only("truncate"), groups=only("truncate"),
         ),
         "carry_bits": Key(
             "optional_int", None,
             "null: the adder never overflows. n: with a window, the adder holds signed integers of "
             "1 + (align_fraction_bits + 2) + n bits in units of the window's LSB (one more with "
             "sticky); a tree sum beyond that follows adder_overflow",
-            minimum=0, maximum=40, blas=only(None), window=only(None),
+            minimum=0, maximum=40, blas=only(None), window=only(None), groups=only(None),
         ),
         "adder_overflow": Key(
             "str", "wrap",
@@ -277,7 +284,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "'saturate' (clamped to the most negative / most positive register value)",
             ("wrap", "saturate"),
             record=Record(lambda value: value == "saturate", np.bool_, "adder_saturates"),
-            blas=any_value, window=any_value,  # read only with carry_bits
+            blas=any_value, window=any_value, groups=any_value,  # read only with carry_bits
         ),
         "sum_significant_bits": Key(
             "optional_int", None,
@@ -286,12 +293,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=1, maximum=40,
             blas=only(None),
             window=any_value,  # its range: window.window_applies
+            groups=any_value,  # its range: groups.groups_apply
         ),
         "sum_rounding": Key(
             "str", "toward_zero", "rounding to sum_significant_bits", DIRECTED_AND_NEAREST,
             record=Record(rounding_code),
             blas=any_value,  # read only with sum_significant_bits
-            window=only(*DIRECTED_AND_NEAREST),
+            window=only(*DIRECTED_AND_NEAREST), groups=only(*DIRECTED_AND_NEAREST),
         ),
         "parity_windows": Key(
             "bool", False,
@@ -299,7 +307,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "aligned and added in two separate windows, each with its own reference R and "
             "align_fraction_bits; the two sums are then kept to multiples of 2^(R - align_fraction_bits) "
             "for the larger R, toward -inf, and added, R being that larger one (MMA-Sim's CDNA3 FP8 MFMA)",
-            blas=only(False), window=only(False),
+            blas=only(False), window=only(False), groups=only(False),
         ),
         "second_alignment_bits": Key(
             "optional_int", None,
@@ -311,7 +319,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "accumulator multiples of 2^(E - align_fraction_bits), both toward -inf; their exact sum is "
             "cut to n+1 significant bits toward -inf (no finer than 2^(emin-n)), then rounded into the "
             "accumulator format (MMA-Sim's CDNA3 MFMA: 31)",
-            minimum=0, maximum=40, blas=only(None), window=only(None),
+            minimum=0, maximum=40, blas=only(None), window=only(None), groups=only(None),
         ),
         "far_accumulator": Key(
             "str", "floor",
@@ -320,7 +328,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "'zero' drops it (MMA-Sim's CDNA3 FP8 MFMA)",
             ("floor", "zero"),
             record=Record(lambda value: value == "zero", np.bool_, "far_accumulator_dropped"),
-            blas=any_value, window=any_value,  # read only with second_alignment_bits, which both refuse
+            blas=any_value, window=any_value, groups=any_value,  # read only with second_alignment_bits, which all refuse
         ),
         "accumulator_exponent": Key(
             "str", "leading_bit",
@@ -332,6 +340,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
             blas=any_value,  # exact trees: R places no window
             window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
+            groups=any_value,  # likewise
         ),
         "zero_term_exponent": Key(
             "optional_int", None,
@@ -343,9 +352,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=-1100, maximum=1100,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
-            # window: it flags every lane with a nonzero term whose R lies below n (without block
-            # scales, R is the kernel's)
-            window=lambda value, params: value is None or params.scales == "none",
+            # window: it flags every lane with a nonzero term whose R lies below n. Its R is the
+            # kernel's without scales and with per-product scales (both add the scale pair to
+            # every exponent sum); with block_sum the kernel compares n with R before the tree's
+            # scale, which the route does not.
+            window=lambda value, params: value is None or params.scales in ("none", "products"),
+            groups=any_value,  # it raises R to n for zero groups and a zero accumulator, as the kernel
         ),
     },
     "accumulator": {
@@ -356,18 +368,20 @@ SCHEMA: dict[str, dict[str, Key]] = {
             WIDE_FORMATS + ("exact",),
             field="accumulator_format",
             record=Record(lambda value: value == "exact", np.bool_, "accumulator_exact"),  # + its format parameters
-            blas=only("fp32", "exact"), window=only(*FLOAT32_FORMATS),
+            blas=only("fp32", "exact"), window=only(*FLOAT32_FORMATS), groups=only(*FLOAT32_FORMATS),
         ),
         "rounding": Key(
             "str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST,
             field="accumulator_rounding", record=Record(rounding_code),
             blas=_exact_accumulator_or(only("nearest_even")), window=only(*DIRECTED_AND_NEAREST),
+            groups=only(*DIRECTED_AND_NEAREST),
         ),
         "subnormals": Key(
             "bool", True, "false: subnormal accumulator values flush to zero (same sign)",
             field="accumulator_subnormals",
             blas=_exact_accumulator_or(only(True)),
             window=any_value,  # subnormal accumulator values are flagged for the generic kernel
+            groups=any_value,  # likewise
         ),
         "c_entry": Key(
             "str", "initial",
@@ -376,12 +390,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "(nearest even), is added after the last tree with c_add_rounding (B200, fp16 paths)",
             ("initial", "end"),
             record=Record(lambda value: value == "end", np.bool_, "c_at_end"),
-            blas=_exact_accumulator_or(only("initial")), window=only("initial"),
+            blas=_exact_accumulator_or(only("initial")), window=only("initial"), groups=only("initial"),
         ),
         "c_add_rounding": Key(
             "str", "nearest_even", "rounding of the final c add (c_entry: end)", DIRECTED_AND_NEAREST,
             record=Record(rounding_code),
-            blas=any_value, window=any_value,  # read only with c_entry: end
+            blas=any_value, window=any_value, groups=any_value,  # read only with c_entry: end
         ),
         "overflow": Key(
             "str", "ieee",
@@ -393,13 +407,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=Record(lambda value: overflow_code(ACCUMULATOR_OVERFLOW[value])),
             blas=_exact_accumulator_or(only("ieee")),
             window=any_value,  # the route flags every overflow for the generic kernel
+            groups=any_value,  # likewise
         ),
         "promotion_interval": Key(
             "optional_int", None,
             "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
             "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
             "a multiple of fused_terms",
-            minimum=1, maximum=1 << 30, blas=only(None), window=only(None),
+            minimum=1, maximum=1 << 30, blas=only(None), window=only(None), groups=only(None),
         ),
     },
     "grid": {
@@ -412,12 +427,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "below returns the accumulator unchanged (its bits, -0 included), accumulator + products is "
             "rounded once with accumulator.rounding and an exact zero is +0 (cvfpu MXDOTP: 34)",
             minimum=0, maximum=200, field="grid_fraction_bits", blas=only(None), window=only(None),
+            groups=only(None),
         ),
         "accumulator_max_left_shift": Key(
             "int", 70,
             "with a grid: an accumulator whose LSB lies more than this many places above the grid's LSB is "
             "the result unchanged, whatever the products (cvfpu MXDOTP: 70)",
             minimum=0, maximum=1000, field="grid_max_left_shift", blas=any_value, window=any_value,  # read only with a grid
+            groups=any_value,
         ),
         "accumulator_max_right_shift": Key(
             "int", 24,
@@ -425,22 +442,23 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "(its low bits folded into a sticky bit) is the result unchanged when the tree's products sum "
             "to exactly zero (cvfpu MXDOTP: 24)",
             minimum=0, maximum=1000, field="grid_max_right_shift", blas=any_value, window=any_value,  # read only with a grid
+            groups=any_value,
         ),
     },
     "output": {
         "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS,
                       field="output_format", record=None,  # the kernel gets its format parameters
-                      blas=only("fp32"), window=only(*FLOAT32_FORMATS)),
+                      blas=only("fp32"), window=only(*FLOAT32_FORMATS), groups=only(*FLOAT32_FORMATS)),
         "rounding": Key(
             "str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST,
             field="output_rounding", record=Record(rounding_code),
             # BLAS: an fp32 accumulator into an fp32 output never rounds; an exact one rounds once.
             blas=lambda value, params: params.accumulator_format != "exact" or value == "nearest_even",
-            window=only(*DIRECTED_AND_NEAREST),
+            window=only(*DIRECTED_AND_NEAREST), groups=only(*DIRECTED_AND_NEAREST),
         ),
         "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)",
                           field="output_subnormals",
-                          blas=only(True), window=any_value),  # window: subnormal outputs are flagged
+                          blas=only(True), window=any_value, groups=any_value),  # subnormal outputs are flagged
         "zero_sign": Key(
             "str", "ieee",
             "the sign of a zero result: 'ieee' (+0 unless c and every product are -0, and a negative "
@@ -451,7 +469,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("ieee", "positive", "exact_positive"),
             field="output_zero_sign",
             # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged).
-            blas=only("ieee"), window=any_value,
+            blas=only("ieee"), window=any_value, groups=any_value,  # groups: as the window route
         ),
     },
 }

@@ -100,7 +100,6 @@ def _window_config(params: DatapathParams):
     if (fused + 1) * 2 ** (window + 2) > 2**53:
         return None
     acc = get_format(params.accumulator_format)
-    out = get_format(params.output_format)
     # Every tree sum lies inside the n-bit sum format's normal range (its rounding is then bit arithmetic).
     shift = MAX_SCALE_SHIFT if params.scales != "none" else 0
     lowest = min(a.low + b.low - shift, 1 - acc.bias) - window
@@ -108,10 +107,24 @@ def _window_config(params: DatapathParams):
     sums = sum_format(params.sum_significant_bits or 24)
     if lowest < 1 - sums.bias or highest >= sums.emax:
         return None
-    cfg = np.zeros(W.N_WINDOW_CONFIG, dtype=np.int64)
+    cfg = tree_end_config(params)
     cfg[W.W_FUSED_TERMS] = fused
-    cfg[W.W_WINDOW_BITS] = window
     cfg[W.W_GROUP] = min(fused, 2 ** (MAX_WINDOW_BITS - window))  # |group sum| < group * 2^(W+2) <= 2^31
+    cfg[W.W_BLOCK_SIZE] = params.block_size
+    cfg[W.W_THRESHOLD] = threshold
+    cfg[W.W_SCALED] = params.scales != "none"
+    cfg.setflags(write=False)
+    return cfg, a, b
+
+
+def tree_end_config(params: DatapathParams) -> np.ndarray:
+    """A writable configuration vector with the fields that :func:`_window_kernels.start_accumulators`,
+    ``finish_tree`` and ``encode_outputs`` read: window, accumulator in the tree, the n-bit
+    sum, the accumulator and output formats and roundings, the zero-term exponent."""
+    acc = get_format(params.accumulator_format)
+    out = get_format(params.output_format)
+    cfg = np.zeros(W.N_WINDOW_CONFIG, dtype=np.int64)
+    cfg[W.W_WINDOW_BITS] = params.align_fraction_bits
     cfg[W.W_ACC_IN_TREE] = params.accumulator_in_tree
     cfg[W.W_SUM_BITS] = params.sum_significant_bits or 0
     cfg[W.W_SUM_ROUNDING] = rounding_code(params.sum_rounding)
@@ -126,12 +139,8 @@ def _window_config(params: DatapathParams):
     cfg[W.W_OUT_MANTISSA_BITS] = out.mantissa_bits
     cfg[W.W_OUT_BIAS] = out.bias
     cfg[W.W_OUT_SIGN_SHIFT] = out.bits - 1
-    cfg[W.W_BLOCK_SIZE] = params.block_size
-    cfg[W.W_THRESHOLD] = threshold
-    cfg[W.W_SCALED] = params.scales != "none"
     cfg[W.W_ZERO_FLOOR] = NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
-    cfg.setflags(write=False)
-    return cfg, a, b
+    return cfg
 
 
 def _arguments(params: DatapathParams):

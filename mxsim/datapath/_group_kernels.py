@@ -1,0 +1,125 @@
+"""Numba kernel of the group-sum route (``datapath.groups``): exact group sums, given by a
+BLAS GEMM per group, aligned, truncated and accumulated, the columns of a row as SIMD lanes.
+
+``datapath.groups`` states the exactness argument and decides which units take the route;
+the accumulator, the n-bit tree sum and the output encoding are the window kernels' stages
+(``_window_kernels``: :func:`start_accumulators`, :func:`finish_tree`, :func:`encode_outputs`),
+which also flag what this route leaves to the generic kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..formats._kernels import power_of_two
+from ._window_kernels import (
+    NO_REFERENCE,
+    W_ACC_IN_TREE,
+    W_WINDOW_BITS,
+    W_ZERO_FLOOR,
+    _exponent,
+    encode_outputs,
+    finish_tree,
+    start_accumulators,
+)
+from .schema import NO_ZERO_TERM_EXPONENT
+
+
+@njit(cache=True)
+def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
+    """Whether every product a_k * b_k, k in [start, stop), is zero (a group whose sum is 0:
+    all-zero, a zero term, or cancelling, a term of value 0 that still sets R)."""
+    for k in range(start, stop):
+        if a_values[codes_a[k]] * b_values[codes_b[k]] != 0.0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
+               groups_per_tree, group_terms, cfg, out, flags):
+    """Output row ``row``, its columns the lanes: per tree each lane's reference R, its
+    truncated group terms summed, then the window kernels' :func:`finish_tree`."""
+    n_groups, _, lanes = group_sums.shape
+    length = codes_a.shape[1]
+    window = cfg[W_WINDOW_BITS]
+    in_tree = cfg[W_ACC_IN_TREE] != 0
+    floor = cfg[W_ZERO_FLOOR]
+    zero_reference = floor if floor != NO_ZERO_TERM_EXPONENT else NO_REFERENCE  # R of a zero term
+    acc = np.empty(lanes)
+    lane_flags = np.empty(lanes, dtype=np.uint8)
+    for lane in range(lanes):
+        lane_flags[lane] = bad_rows[row] | bad_columns[lane]
+    start_accumulators(c_values[row % c_values.shape[0]], 0, acc, lane_flags, cfg)
+    references = np.empty(lanes, dtype=np.int64)
+    factors = np.empty(lanes)
+    sums = np.empty(lanes)
+    totals = np.empty(lanes, dtype=np.int64)
+    exponents = np.empty(lanes, dtype=np.int64)  # the group term's alignment exponent per lane
+    undecided = np.zeros(-(-lanes // 8) * 8, dtype=np.uint8)  # sum 0, neither operand group zero
+    undecided_words = undecided.view(np.uint64)  # eight lanes at a time: most words are 0
+    for first in range(0, n_groups, groups_per_tree):
+        last = min(first + groups_per_tree, n_groups)
+        for lane in range(lanes):
+            reference = NO_REFERENCE
+            if in_tree:  # a zero accumulator in the tree is a zero term
+                reference = _exponent(acc[lane]) if acc[lane] != 0.0 else zero_reference
+            references[lane] = reference
+        for g in range(first, last):
+            row_sums = group_sums[g, row]
+            zero_row = zero_a[row, g]
+            exponent_a = scale_a_exponents[row, g]
+            exponents_b = scale_b_exponents[g]
+            zeros_b = zero_b[g]
+            for lane in range(lanes):
+                zero = zero_row | zeros_b[lane]
+                exponents[lane] = zero_reference if zero else exponent_a + exponents_b[lane]
+                undecided[lane] = (row_sums[lane] == 0.0) & (not zero)
+            start = g * group_terms
+            for word in range(undecided_words.shape[0]):  # a zero sum of nonzero operands: rare, scanned
+                if undecided_words[word] != 0:
+                    for lane in range(8 * word, min(8 * word + 8, lanes)):
+                        if undecided[lane] and _products_all_zero(codes_a[row], codes_b[lane], a_values, b_values,
+                                                                  start, min(start + group_terms, length)):
+                            exponents[lane] = zero_reference
+            for lane in range(lanes):
+                references[lane] = max(references[lane], exponents[lane])
+        for lane in range(lanes):
+            factors[lane] = power_of_two(window - references[lane])
+            sums[lane] = 0.0
+        for g in range(first, last):
+            row_sums = group_sums[g, row]
+            scale_a = scale_a_values[row, g]
+            scales_b = scale_b_values[g]
+            for lane in range(lanes):
+                # Exact up to the truncation toward zero (groups.py); the sum of truncated terms
+                # is an integer below 2^53, exact in float64.
+                sums[lane] += np.trunc(np.float64(row_sums[lane]) * scale_a * scales_b[lane] * factors[lane])
+        for lane in range(lanes):
+            totals[lane] = np.int64(sums[lane])
+        finish_tree(totals, references, acc, lane_flags, cfg)
+    encode_outputs(acc, lane_flags, out[row], cfg)
+    for lane in range(lanes):
+        flags[row, lane] = lane_flags[lane]
+
+
+@njit(cache=True, nogil=True)
+def group_rows(group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
+               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
+               groups_per_tree, group_terms, cfg, out, flags):
+    """The R rows of a tile of the GEMM from ``group_sums`` (G, R, N): the exact sum of each
+    group g of products of the tile's rows of A with the columns of B.
+
+    ``codes_a`` (R, K), ``codes_b`` (N, K) with ``a_values``/``b_values`` (their tables, 0 for
+    non-finite codes) for the rare all-zero check; ``scale_*_values`` the group's scale value
+    (0 for NaN), ``scale_*_exponents`` its alignment exponent, ``zero_*`` whether the operand's
+    group is all zero or its scale is zero, A's as (R, G), B's as (G, N); ``bad_rows``/
+    ``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (R, N) or (1, 1). out[r, n]
+    gets the output code, flags[r, n] = 1 where the generic kernel must compute it. Serial and
+    without the GIL: the caller runs row tiles on its own threads, each with its GEMMs."""
+    for row in range(group_sums.shape[1]):
+        _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values,
+                   scale_a_values, scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b,
+                   bad_rows, bad_columns, groups_per_tree, group_terms, cfg, out, flags)

@@ -1,0 +1,196 @@
+"""The group-sum route: units with ``inputs.scales: group_sum`` (Blackwell kind::mxf4 and
+kind::mxf4nvf4: NVFP4, MXFP4) through one BLAS GEMM per group of products and a small
+vectorised kernel (``_group_kernels``), bit-identical to the generic kernel where it applies.
+
+The unit (``datapath._kernels.group_tree_terms``, then ``align_and_add``): each group of
+``group_terms`` products (k order, inside one block and one tree) is summed exactly, g;
+g * sa * sb is one term of alignment exponent ea + eb (the scale codes' exponents,
+``tables.scale_tables``); an all-zero group or a zero scale is a zero term, a group whose
+products cancel a term of value 0 that keeps ea + eb. The tree's reference R is the largest
+term exponent, with the accumulator's exponent when it joins the tree, and at least
+``zero_term_exponent`` when the tree holds a zero term (a zero accumulator in the tree
+counts as one). Every term is truncated toward zero to a multiple of 2^(R - W), W =
+``align_fraction_bits``, the integers summed, then rounded (n-bit sum, accumulator).
+
+Why the route computes exactly that, with ha, hb the leading-bit exponents of the largest
+element magnitudes and la, lb the exponents of the formats' smallest steps
+(``blas._span_bits``), and G = ``group_terms``:
+
+1. Group sums by BLAS. Every product is an integer multiple of 2^(la + lb) below
+   2^(ha + hb + 2), so every partial sum of at most G of them, in any order and with or
+   without fused multiply-adds, is a multiple of 2^(la + lb) below 2^S, S = ha + hb + 2 +
+   ceil(log2 G): when S - la - lb <= 24 (and the values lie in float32's normal range) the
+   float32 GEMM is exact, else when it is <= 53 the float64 GEMM, else the route is refused.
+   (fp4_e2m1 x fp4_e2m1, G = 16: 8 + 4 = 12 bits, float32.) Non-finite elements are 0 in the
+   tables and their rows and columns are flagged, as are NaN scales.
+2. Zero terms. A group sum of 0 is an all-zero group when either operand's group is all zero
+   (or its scale is zero); otherwise the kernel scans the group's products for a nonzero one
+   (cancelling) — rare (found eight lanes at a time), and exact either way.
+3. Terms. g has at most S - la - lb significant bits and each scale at most ``s`` (read from
+   the scale table), so g * sa * sb is exact in float64 when S - la - lb + 2 s <= 53 and
+   its magnitude stays normal (checked); multiplying by 2^(W - R) is exact, or gives a value
+   below 1 whose truncation is 0 either way; ``trunc`` is the truncation toward zero. A
+   nonzero scale s of exponent e lies below 2^(e + 1) (floor(log2 s), or emin for a
+   subnormal scale), so |g sa sb| < 2^(S + E + 2), E = ea + eb <= R: every truncated term is
+   an integer below 2^(S + W + 2), the accumulator's below 2^(W + 1), and a tree of T = F / G
+   groups (F = ``fused_terms``) sums below (T + 1) 2^(S + W + 2) <= 2^53 (checked): every
+   partial sum of the truncated terms is exact in float64.
+4. The tree's integer sum, R and the accumulator go to the window kernels' last stages
+   (``_window_kernels.finish_tree``, ``start_accumulators``, ``encode_outputs``): the n-bit
+   sum and the accumulator and output roundings exactly as the window route does them (see
+   ``datapath.window``), flagging subnormals, overflow, -0 or non-finite c. The exponent
+   range is checked so that 2^(W - R), 2^(R - W) and the tree sum stay normal float64s and
+   inside the n-bit sum format.
+
+Flagged outputs are the caller's to recompute with the generic kernel. Each key of
+``datapath.schema.SCHEMA`` declares what the route accepts (``groups=``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+from ..formats import get_format
+from . import _group_kernels as GK
+from ._window_kernels import NO_REFERENCE
+from .blas import _span_bits
+from .schema import DatapathParams, route_accepts
+from .tables import element_tables, scale_tables, sum_format
+from .window import tree_end_config
+
+ROW_TILE = 16  # rows of A per batch of group GEMMs (their sums: groups x 16 x N values)
+MAX_EXPONENT = 1000  # |2^(W - R)|, |2^(R - W)| and every tree sum stay inside float64's normal range
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    dtype: type  # float32 or float64: the GEMM whose group sums are exact
+    a_values: np.ndarray  # float64 value per code, 0 where not finite
+    a_finite: np.ndarray
+    b_values: np.ndarray
+    b_finite: np.ndarray
+    scale_values: np.ndarray  # float64 value per scale code, 0 for NaN
+    scale_exponents: np.ndarray  # int64 alignment exponent per scale code
+    scale_nan: np.ndarray  # bool per scale code
+    cfg: np.ndarray  # the window kernels' configuration vector (tree end, accumulator, output)
+
+
+def _significant_bits(values: np.ndarray) -> int:
+    """The widest significand among finite nonzero float64 values."""
+    mantissas = np.frexp(np.abs(values[np.isfinite(values) & (values != 0)]))[0]
+    integers = (mantissas * 2.0**53).astype(np.int64).tolist()
+    return max((v >> ((v & -v).bit_length() - 1)).bit_length() for v in integers)
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(params: DatapathParams) -> _Setup | None:
+    """The route's tables, or None where its arithmetic is not exact (module docstring)."""
+    group = params.group_terms
+    if params.block_size % group or params.fused_terms % group:
+        return None
+    a_fmt, b_fmt, scale_fmt = (get_format(name) for name in (params.a_format, params.b_format, params.scale_format))
+    high_a, low_a = _span_bits(a_fmt)
+    high_b, low_b = _span_bits(b_fmt)
+    top = high_a + high_b + 2 + math.ceil(math.log2(group))  # |group sum| < 2^top
+    sum_bits = top - low_a - low_b
+    if sum_bits <= 24 and low_a + low_b >= -126 and top <= 127:
+        dtype = np.float32
+    elif sum_bits <= 53 and low_a + low_b >= -MAX_EXPONENT:
+        dtype = np.float64
+    else:
+        return None
+    scale_values, scale_exponents = scale_tables(scale_fmt)
+    scale_nan = np.isnan(scale_values)
+    finite_scales = scale_values[~scale_nan]
+    if (finite_scales < 0).any() or not np.isfinite(finite_scales).all():
+        return None
+    usable = finite_scales > 0
+    low_scale = int(scale_exponents[~scale_nan][usable].min())
+    high_scale = int(scale_exponents[~scale_nan][usable].max())
+    smallest_scale = math.frexp(float(finite_scales[usable].min()))[1] - 1  # below low_scale for subnormal scales
+    if sum_bits + 2 * _significant_bits(finite_scales) > 53 or low_a + low_b + 2 * smallest_scale < -MAX_EXPONENT:
+        return None
+    window = params.align_fraction_bits
+    trees_bits = math.ceil(math.log2(params.fused_terms // group + 1))
+    if trees_bits + top + window + 2 > 53:
+        return None
+    acc = get_format(params.accumulator_format)
+    floor = params.zero_term_exponent
+    low_r = min(2 * low_scale, 1 - acc.bias, floor if floor is not None else 0)
+    high_r = max(2 * high_scale + 2, acc.emax + 1, floor if floor is not None else 0)
+    lowest, highest = low_r - window, high_r + top + 2 + trees_bits
+    sums = sum_format(params.sum_significant_bits or 24)
+    if not (-MAX_EXPONENT <= lowest and highest <= MAX_EXPONENT and window - NO_REFERENCE <= MAX_EXPONENT):
+        return None
+    if lowest < 1 - sums.bias or highest >= sums.emax:
+        return None
+    a_values, _ = element_tables(a_fmt, params.input_subnormals)
+    b_values, _ = element_tables(b_fmt, params.input_subnormals)
+    cfg = tree_end_config(params)
+    cfg.setflags(write=False)
+    return _Setup(dtype, np.where(np.isfinite(a_values), a_values, 0.0), np.isfinite(a_values),
+                  np.where(np.isfinite(b_values), b_values, 0.0), np.isfinite(b_values),
+                  np.where(scale_nan, 0.0, scale_values), scale_exponents.astype(np.int64), scale_nan, cfg)
+
+
+def groups_apply(params: DatapathParams) -> bool:
+    """Whether this unit and format pair may take the group-sum route: every key's value is
+    one the route computes exactly (each key's ``groups`` declaration in ``datapath.schema``)
+    and the formats, scales and window fit its arithmetic (module docstring)."""
+    return route_accepts("groups", params) and _setup(params) is not None
+
+
+def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups):
+    """(element values (rows, groups * G) in the GEMM's dtype, zero padded; per group: scale
+    value, scale exponent, whether the group is zero (all elements 0 or scale 0))."""
+    rows, length = codes.shape
+    group = params.group_terms
+    values = np.zeros((rows, n_groups * group), dtype=setup.dtype)
+    values[:, :length] = values_table[codes]
+    blocks = (np.arange(n_groups) * group) // params.block_size
+    scale_codes = scales[:, blocks]
+    scale_values = setup.scale_values[scale_codes]
+    zero = (values.reshape(rows, n_groups, group) == 0).all(axis=2) | (scale_values == 0)
+    return values, scale_values, setup.scale_exponents[scale_codes], zero
+
+
+def groups_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out, progress=None):
+    """Fill ``out`` (M, N) with the GEMM's output bits (A (M, K) codes, B given as (N, K),
+    scale codes per block, ``c_values`` (M, N) or (1, 1)); returns the (rows, columns) index
+    arrays of the outputs the generic kernel must compute."""
+    setup = _setup(params)
+    rows, length = codes_a.shape
+    columns = codes_b.shape[0]
+    group = params.group_terms
+    n_groups = -(-length // group)
+    flags = np.empty(out.shape, dtype=np.uint8)
+    bad_rows = ~setup.a_finite[codes_a].all(axis=1) | setup.scale_nan[scales_a].any(axis=1)
+    bad_columns = ~setup.b_finite[codes_b].all(axis=1) | setup.scale_nan[scales_b].any(axis=1)
+    values_b, scale_b, exponents_b, zero_b = _group_operand(setup, setup.b_values, codes_b, scales_b, params, n_groups)
+    gemm_b = np.ascontiguousarray(values_b.reshape(columns, n_groups, group).transpose(1, 2, 0))  # (groups, G, N)
+    scale_b, exponents_b, zero_b = (np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, zero_b))
+    del values_b
+    tiles = range(0, rows, ROW_TILE)
+
+    def run_tile(start):
+        stop = min(start + ROW_TILE, rows)
+        values_a, scale_a, exponents_a, zero_a = _group_operand(setup, setup.a_values, codes_a[start:stop],
+                                                                scales_a[start:stop], params, n_groups)
+        group_sums = np.matmul(values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b)
+        GK.group_rows(group_sums, codes_a[start:stop], codes_b, c_values[start:stop] if c_values.shape[0] > 1
+                      else c_values, setup.a_values, setup.b_values, scale_a, exponents_a, zero_a, scale_b,
+                      exponents_b, zero_b, bad_rows[start:stop], bad_columns, params.fused_terms // group, group,
+                      setup.cfg, out[start:stop], flags[start:stop])
+        return stop
+
+    with ThreadPoolExecutor(max(1, min(numba.get_num_threads(), len(tiles)))) as pool:
+        for stop in pool.map(run_tile, tiles):
+            if progress is not None:
+                progress(stop, rows)
+    return np.nonzero(flags)
