@@ -798,6 +798,18 @@ def test_matmul_batched_refuses_groups_that_differ():
         matmul_batched(config, [a4], [a4])
 
 
+@pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
+def test_as_float_is_the_formats_decode_bit_for_bit(out_format):
+    """numpy's widening of fp32/fp16 bits gives decode's values: subnormals, -0, canonical NaN."""
+    fmt = get_format(out_format)
+    rng = np.random.default_rng(4)
+    every = np.arange(1 << 16) if fmt.bits == 16 else rng.integers(0, 1 << 32, 1 << 16)
+    corners = [0x7F800001, 0xFFC00000, 0x7F800000, 0x80000001, 0x00000001, 0x80000000] if fmt.bits == 32 else []
+    bits = np.concatenate([every, corners]).astype(fmt.code_dtype)
+    np.testing.assert_array_equal(as_float(bits, out_format).view(np.uint64), fmt.decode(bits).view(np.uint64))
+    np.testing.assert_array_equal(as_float(bits.astype(np.int64), out_format), fmt.decode(bits))
+
+
 def test_kernels_see_one_output_dtype_for_every_output_format():
     """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after)."""
     from mxsim.datapath import _kernels

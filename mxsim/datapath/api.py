@@ -10,12 +10,12 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
-from ..formats.table import as_float_array
+from ..formats.table import INPUT_FLOATS, as_float_array
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
-from .blas import batch_passes, blas_applies, blas_matmul
+from .blas import batch_passes, blas_applies, blas_matmul, subnormals_work
 from .config import HardwareConfig, load_hwconfig
 from .reference import dot_reference
 from .schema import DatapathParams, kernel_record
@@ -121,8 +121,31 @@ def output_dtype(out_format: str) -> np.dtype:
 
 
 def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
-    """Output bit patterns as exact float64 values (fp16/bf16 widen exactly)."""
-    return get_format(out_format).decode(np.asarray(bits))
+    """Output bit patterns as exact float64 values (fp16/bf16 widen exactly; NaN codes give
+    the canonical quiet NaN, as ``FormatInfo.decode``)."""
+    fmt = get_format(out_format)
+    bits = np.asarray(bits)
+    native = _native_float(fmt)
+    if native is None or bits.dtype != fmt.code_dtype or not subnormals_work():
+        return fmt.decode(bits)
+    # numpy's own widening of the same IEEE layout: exact, subnormals included (checked above)
+    with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
+        values = bits.view(native).astype(np.float64)
+    nan = np.isnan(values)
+    if nan.any():
+        values[nan] = np.nan
+    return values
+
+
+@functools.lru_cache(maxsize=None)
+def _native_float(fmt: FormatInfo):
+    """The numpy float dtype with ``fmt``'s IEEE binary layout (fp16, fp32), or None."""
+    for dtype, (exponent_bits, mantissa_bits, _) in INPUT_FLOATS.items():
+        if (fmt.bits, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.signed, fmt.twos_complement, fmt.specials,
+                fmt.subnormals, fmt.padding_bits) == (1 + exponent_bits + mantissa_bits, exponent_bits, mantissa_bits,
+                                                      (1 << (exponent_bits - 1)) - 1, True, False, "ieee", True, 0):
+            return dtype
+    return None
 
 
 def _kernel_arguments(params: DatapathParams):

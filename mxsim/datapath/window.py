@@ -147,6 +147,8 @@ def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
     flags = np.empty(out.shape, dtype=np.uint8)
     W.window_matmul(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags,
                     numba.get_num_threads())
+    if not flags.any():  # the common case, several times faster to tell than nonzero
+        return tuple(np.empty(0, dtype=np.intp) for _ in range(flags.ndim))
     return np.nonzero(flags)
 
 

@@ -60,6 +60,7 @@ class UnitInLoop(_Recorder):
     def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
                  per_tensor_scale, bar=None):
         super().__init__(torch, model, quant)
+        self.copies = False  # each layer is computed, and dropped, before the model goes on
         self.hw = hw
         self.a_format, self.b_format, self.out_format = a_format, b_format, out_format
         self.per_tensor_scale = per_tensor_scale
@@ -73,6 +74,18 @@ class UnitInLoop(_Recorder):
         if op == "aten.convolution" and "non-float" not in reason:
             skipped = self.skipped[-1]
             raise MxsimError(f"torch_unit: {skipped['name']} ({op}): {reason}; the unit cannot compute it")
+
+    def run_gemm(self, func, args, kwargs):
+        """A placeholder of the call's output shape and dtype (from torch's meta device: no
+        float GEMM), which the unit's result replaces; calls the unit will not compute
+        (non-float or 0-d operands, kept from torch as :meth:`skip` lists) run in torch."""
+        torch = self.torch
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        if not tensors or any(not t.is_floating_point() or t.dim() == 0 for t in tensors):
+            return func(*args, **kwargs)
+        meta = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in args]
+        shape = func(*meta, **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        return torch.empty(shape.shape, dtype=shape.dtype)
 
     def computed(self, layer: Layer) -> np.ndarray:
         self.layers.pop()  # the operands are not kept
