@@ -269,12 +269,11 @@ def _scaled_accumulator_input(c, shift: int, shape: tuple):
     if c is None or not shift:
         return c
     c = _accumulator_inputs(c, shape)
-    scaled = np.ldexp(c.astype(np.float64), -shift)
-    narrowed = scaled.astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        if not np.array_equal(narrowed.astype(np.float64), scaled, equal_nan=True):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        scaled = np.ldexp(c, -shift)  # float32; power-of-two scaling rounds only on under/overflow,
+        if not np.array_equal(np.ldexp(scaled, shift), c, equal_nan=True):  # which scaling back reveals
             raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in float32")
-    return narrowed
+    return scaled
 
 
 def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, progress=None,
