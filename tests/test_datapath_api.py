@@ -18,7 +18,7 @@ from mxsim import get_format
 from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.api import dot_with_params
+from mxsim.datapath.api import dot_with_params, times_power_of_two
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
@@ -808,6 +808,21 @@ def test_as_float_is_the_formats_decode_bit_for_bit(out_format):
     bits = np.concatenate([every, corners]).astype(fmt.code_dtype)
     np.testing.assert_array_equal(as_float(bits, out_format).view(np.uint64), fmt.decode(bits).view(np.uint64))
     np.testing.assert_array_equal(as_float(bits.astype(np.int64), out_format), fmt.decode(bits))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_times_power_of_two_rounds_as_ldexp(dtype):
+    """Subnormal, underflowing and overflowing results, -0, NaN and Inf included."""
+    rng = np.random.default_rng(9)
+    info = np.finfo(dtype)
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(info.minexp, info.maxexp, 4096))).astype(dtype)
+    x[:6] = [0.0, -0.0, np.nan, np.inf, -np.inf, info.smallest_subnormal]
+    for exponent in (-300, -160, -127, -40, -1, 0, 1, 40, 127, 200):
+        with np.errstate(over="ignore", under="ignore"):
+            np.testing.assert_array_equal(times_power_of_two(x, exponent).view(np.uint8), np.ldexp(x, exponent).view(np.uint8))
+    exponents = rng.integers(-140, 120, (4096,))
+    with np.errstate(over="ignore", under="ignore"):
+        np.testing.assert_array_equal(times_power_of_two(x, exponents).view(np.uint8), np.ldexp(x, exponents).view(np.uint8))
 
 
 def test_kernels_see_one_output_dtype_for_every_output_format():

@@ -252,8 +252,9 @@ class _Recorder:
     def computed(self, layer: Layer) -> np.ndarray | None:
         return None
 
-    def run_gemm(self, func, args, kwargs):
-        """The output of an intercepted ``F.linear`` or matmul call (torch computes it here)."""
+    def run_gemm(self, func, args, kwargs, a, b, bias=None):
+        """The output of an intercepted ``F.linear`` or matmul call, ``a @ b`` (+ ``bias``;
+        ``b`` None for a linear call whose weight is not 2-d): torch computes it here."""
         return func(*args, **kwargs)
 
     def replacing(self, value):
@@ -443,14 +444,15 @@ def _modes(torch, recorder: _Recorder):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
-                out = func(*args, **kwargs) if func is sdpa else recorder.run_gemm(func, args, kwargs)
                 if func is sdpa:
+                    out = func(*args, **kwargs)
                     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
                     attention = recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
                     return out if attention is None else attention.to(out.dtype)
                 if func is F.linear:
                     x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    out = recorder.run_gemm(func, args, kwargs, x, w.t() if w.dim() == 2 else None, bias)
                     if recorder.float_operands("F.linear", x, w, bias):
                         recorder.add("linear", {"input": x, "weight": w, "bias": bias, "output": out}, {},
                                      {"op": "F.linear"}, "linear", recorder.parameter(w))
@@ -458,6 +460,7 @@ def _modes(torch, recorder: _Recorder):
                     a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
                     if matmuls[func]:
                         a, b = b, a
+                    out = recorder.run_gemm(func, args, kwargs, a, b)
                     recorder.matmul_call("torch.matmul", a, b, out)
                 return recorder.replacing(out)
             finally:

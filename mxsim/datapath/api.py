@@ -115,6 +115,19 @@ def _accumulator_inputs(c, shape: tuple) -> np.ndarray:
     return np.ascontiguousarray(c)  # kept float32: the kernels widen each value exactly
 
 
+def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
+    """``x * 2^exponents`` (float32 or float64 ``x``; integer exponents broadcasting against
+    it), rounded once into x's dtype exactly as ``np.ldexp`` rounds it: a vectorised
+    multiplication by the powers of two (a product by a normal power of two is the correctly
+    rounded scaled value, subnormal or overflowing results included) where every power is a
+    normal number of the dtype and the floating point keeps subnormals, else ``np.ldexp``."""
+    exponents = np.asarray(exponents)
+    info = np.finfo(x.dtype)
+    if exponents.size and info.minexp <= exponents.min() and exponents.max() < info.maxexp and subnormals_work():
+        return x * np.ldexp(1.0, exponents).astype(x.dtype)
+    return np.ldexp(x, exponents)
+
+
 def output_dtype(out_format: str) -> np.dtype:
     """The unsigned dtype of output bit patterns: uint32 for fp32, uint16 for fp16/bf16."""
     return get_format(out_format).code_dtype
@@ -245,7 +258,7 @@ class MatmulResult:
     @property
     def values(self) -> np.ndarray:
         values = as_float(self.bits, self.out_format)
-        values = np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
+        values = times_power_of_two(values, self.scale_exponent) if self.scale_exponent else values
         return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
@@ -270,8 +283,9 @@ def _scaled_accumulator_input(c, shift: int, shape: tuple):
         return c
     c = _accumulator_inputs(c, shape)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        scaled = np.ldexp(c, -shift)  # float32; power-of-two scaling rounds only on under/overflow,
-        if not np.array_equal(np.ldexp(scaled, shift), c, equal_nan=True):  # which scaling back reveals
+        scaled = times_power_of_two(c, -shift)  # float32; power-of-two scaling rounds only on under/overflow,
+        back = times_power_of_two(scaled, shift)  # which scaling back reveals (NaN compared only when present)
+        if not (np.array_equal(back, c) or np.array_equal(back, c, equal_nan=True)):
             raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in float32")
     return scaled
 
@@ -354,7 +368,7 @@ class BatchedMatmulResult:
     @property
     def values(self) -> np.ndarray:
         values = as_float(self.bits, self.out_format)
-        return np.ldexp(values, self.scale_exponents[:, None, None]) if self.scale_exponents.any() else values
+        return times_power_of_two(values, self.scale_exponents[:, None, None]) if self.scale_exponents.any() else values
 
 
 def _group_operands(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,

@@ -75,17 +75,22 @@ class UnitInLoop(_Recorder):
             skipped = self.skipped[-1]
             raise MxsimError(f"torch_unit: {skipped['name']} ({op}): {reason}; the unit cannot compute it")
 
-    def run_gemm(self, func, args, kwargs):
-        """A placeholder of the call's output shape and dtype (from torch's meta device: no
-        float GEMM), which the unit's result replaces; calls the unit will not compute
-        (non-float or 0-d operands, kept from torch as :meth:`skip` lists) run in torch."""
+    def run_gemm(self, func, args, kwargs, a, b, bias=None):
+        """A placeholder of the call's output shape and dtype (no float GEMM: the unit's result
+        replaces it) when ``a`` and ``b`` are float matrices (or batches of them) of one dtype
+        whose product torch would compute; any other call runs in torch (which computes it, or
+        raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists)."""
         torch = self.torch
-        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-        if not tensors or any(not t.is_floating_point() or t.dim() == 0 for t in tensors):
+        operands = [t for t in (a, b, bias) if t is not None]
+        if (b is None or a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]
+                or any(not t.is_floating_point() or t.dtype != a.dtype for t in operands)
+                or (bias is not None and tuple(bias.shape) != (b.shape[-1],))):
             return func(*args, **kwargs)
-        meta = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in args]
-        shape = func(*meta, **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
-        return torch.empty(shape.shape, dtype=shape.dtype)
+        try:
+            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except RuntimeError:
+            return func(*args, **kwargs)
+        return torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
 
     def computed(self, layer: Layer) -> np.ndarray:
         self.layers.pop()  # the operands are not kept

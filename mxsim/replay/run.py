@@ -34,6 +34,7 @@ import numpy as np
 from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, as_float, matmul, matmul_batched
+from ..datapath.api import times_power_of_two
 from ..errors import IncompleteResultError, MxsimError
 from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
@@ -350,7 +351,7 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         bits = np.stack([r.bits for r in results])
         out = as_float(bits, results[0].out_format)
         exponents = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
-        out = np.ldexp(out, exponents) if exponents.any() else out
+        out = times_power_of_two(out, exponents) if exponents.any() else out
     if bias is not None and not all(c_entered):
         late = ~np.array(c_entered)
         out[late] += bias[late]
