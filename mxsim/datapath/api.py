@@ -305,7 +305,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, p
     B200 FP8 tensor cores — need). MXTensors may carry such a scale too. The unit multiplies
     the scaled elements (its block scales all 1); ``c`` enters scaled by 2^-(Ta+Tb) (an error
     if that is not exact in float32), and the result's :attr:`MatmulResult.values` are the
-    unit's outputs times 2^(Ta+Tb), exactly. The kernel runs on tiles of
+    unit's outputs times 2^(Ta+Tb), exactly. With ``progress``, the kernel runs on tiles of
     ``tile_rows`` rows of A, calling ``progress(rows_done, rows_total)`` after each; memory
     stays at the operands' codes plus the output bits (plus ``c`` if given).
 
@@ -416,8 +416,9 @@ def matmul_batched(hw, A, B, *, a_format=None, b_format=None, c=None, out_format
     (K, N) quantized along axis 0. Every group has the same shapes and element formats. ``c``:
     (G, M, N) float32 or None (+0); each group's enters scaled by its 2^-(Ta+Tb), as in
     :func:`matmul`. ``a_format``, ``b_format``, ``out_format``, ``method``, ``tile_rows``
-    (rows of all groups per kernel call) and ``progress(rows_done, rows_total)`` (rows of
-    all groups) as in :func:`matmul`. NVFP4 operands are not taken (call :func:`matmul` per group).
+    (rows of all groups per kernel call, with ``progress``) and ``progress(rows_done,
+    rows_total)`` (rows of all groups) as in :func:`matmul`. NVFP4 operands are not taken
+    (call :func:`matmul` per group).
 
     Returns a :class:`BatchedMatmulResult`. G = 0 (float arrays) gives an empty result. Bad
     arguments raise :class:`~mxsim.errors.MxsimError` subclasses naming the argument.
@@ -469,8 +470,9 @@ def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponent
                  method: str, progress, tile_rows: int) -> np.ndarray:
     """The output bits (uint32, (G, M, N)) of the GEMMs of codes A[g] (M, K) times B[g] given
     as (N, K), scale exponents (G, rows, blocks), c (G, M, N) or (1, 1, 1): by the BLAS or the
-    window route where ``method`` and the unit allow, the generic kernel elsewhere, the kernels
-    called on ``tile_rows`` rows at a time (whole groups together when a group has fewer)."""
+    window route where ``method`` and the unit allow, the generic kernel elsewhere. With a
+    ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
+    together when a group has fewer), reporting after each; without, in one call."""
     groups, rows = codes_a.shape[:2]
     out = np.empty((groups, rows, codes_b.shape[1]), dtype=np.uint32)  # one kernel signature for every output format
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
@@ -480,7 +482,7 @@ def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponent
             _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
         return out
     window = method == "auto" and window_applies(params)
-    for g0, g1, r0, r1 in batch_passes(groups, rows, tile_rows):
+    for g0, g1, r0, r1 in batch_passes(groups, rows, tile_rows if progress is not None else max(rows, 1)):
         c_tile = c_values if c_values.shape == (1, 1, 1) else c_values[g0:g1, r0:r1]
         tile = (codes_a[g0:g1, r0:r1], codes_b[g0:g1], exponents_a[g0:g1, r0:r1], exponents_b[g0:g1], c_tile)
         if window:
