@@ -482,7 +482,7 @@ def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponent
             _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
         return out
     window = method == "auto" and window_applies(params)
-    for g0, g1, r0, r1 in batch_passes(groups, rows, tile_rows if progress is not None else max(rows, 1)):
+    for g0, g1, r0, r1 in batch_passes(groups, rows, tile_rows if progress is not None else max(groups * rows, 1)):
         c_tile = c_values if c_values.shape == (1, 1, 1) else c_values[g0:g1, r0:r1]
         tile = (codes_a[g0:g1, r0:r1], codes_b[g0:g1], exponents_a[g0:g1, r0:r1], exponents_b[g0:g1], c_tile)
         if window:
