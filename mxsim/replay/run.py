@@ -33,7 +33,7 @@ import numpy as np
 
 from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
-from ..datapath import HardwareConfig, as_float, matmul, matmul_batched
+from ..datapath import HardwareConfig, as_float, matmul_batched
 from ..datapath.api import times_power_of_two
 from ..errors import IncompleteResultError, MxsimError
 from ..fileio import safe_file_stem, safe_output_path
@@ -290,8 +290,10 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     ``operands`` (from :func:`layer_operands`) and the model's ideal ``ideal`` (a tuple from
     :func:`ideal_gemm`, or a function returning it) may be passed in when already computed
     for this layer. ``with_ideal=False`` skips the ideal (``ideal`` and ``gemm_ideal`` are
-    then None), as end-to-end runs do. ``matmul_fn`` stands in for :func:`mxsim.matmul`
-    (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks).
+    then None), as end-to-end runs do. The layer's groups (attention heads, conv groups) run
+    in one :func:`mxsim.matmul_batched` call; ``matmul_fn`` stands in for :func:`mxsim.matmul`
+    called per group (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into
+    cluster tasks).
     ``weight_format``: the weight's format when it differs from ``element_format``;
     ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
     the unit's output.
