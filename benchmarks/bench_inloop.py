@@ -56,7 +56,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
-    try:  # numpy's BLAS too: the BLAS route of ocp-exact runs a small GEMM per attention head
+    try:  # numpy's BLAS too: the BLAS route of ocp-exact runs its tree sums as (batched) float64 GEMMs
         import threadpoolctl
 
         threadpoolctl.threadpool_limits(args.threads)

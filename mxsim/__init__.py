@@ -20,6 +20,7 @@ _EXPORTS = {
     "explain": "datapath",
     "load_hwconfig": "datapath",
     "matmul": "datapath",
+    "matmul_batched": "datapath",
     "FORMATS": "formats",
     "FormatInfo": "formats",
     "custom_format": "formats",

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from conftest import REPO, same_float
 from mxsim import get_format
 from mxsim.quantize import quantize
-from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul
+from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.api import dot_with_params, kernel_c_dtype, kernel_output_dtype
+from mxsim.datapath.api import dot_with_params, kernel_c_dtype, kernel_output_dtype, times_power_of_two
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
@@ -826,6 +826,124 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
     assert np.abs(result.values - exact).max() < 0.1 * np.abs(exact).max()
 
 
+# --- batches of GEMMs (attention heads): one call, the bits of one call per group -------------
+
+BATCH_UNITS = ["ocp-exact", "h100-fp8", "kulisch", "mxdotp", "b200-fp8"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(BATCH_UNITS), shape=st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 70),
+                                                          st.integers(1, 5)),
+       method=st.sampled_from(["auto", "kernel"]), with_c=st.booleans(), specials=st.integers(0, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(name, shape, method, with_c, specials, seed):
+    config = hw(name)
+    groups, m, k, n = shape
+    per_tensor = config.sections[("inputs", "scales")] == "none"
+    rng = np.random.default_rng(seed)
+    # activations and weights of realistic spread, each group its own magnitude (own per-tensor scale)
+    A = rng.standard_normal((groups, m, k)) * np.exp2(rng.integers(-6, 6, (groups, 1, 1)))
+    B = rng.standard_normal((groups, k, n)) * np.exp2(rng.integers(-6, 6, (groups, 1, 1)))
+    if specials and not per_tensor:  # a minority of corners: NaN/Inf send outputs to the kernel
+        A[rng.integers(groups), rng.integers(m), rng.integers(k)] = [np.nan, np.inf][specials - 1]
+    c = rng.standard_normal((groups, m, n)).astype(np.float32) if with_c else None
+    reports = []  # with progress: passes of 5 rows (whole groups together; the BLAS route's own), each reported
+    batch = matmul_batched(config, A, B, c=c, method=method, per_tensor_scale=per_tensor, tile_rows=5,
+                           progress=lambda done, total: reports.append((done, total)))
+    assert reports[-1] == (groups * m, groups * m)
+    np.testing.assert_array_equal(matmul_batched(config, A, B, c=c, method=method, per_tensor_scale=per_tensor).bits,
+                                  batch.bits)
+    params = config.params(config.a_formats[0], config.b_formats[0])
+    block = params.block_size
+    out_fmt = get_format(params.output_format)
+    for g in range(groups):
+        one = matmul(config, A[g], B[g], c=None if c is None else c[g], method=method, per_tensor_scale=per_tensor)
+        np.testing.assert_array_equal(batch.bits[g], one.bits)
+        assert batch.scale_exponents[g] == one.scale_exponent
+        np.testing.assert_array_equal(batch.values[g], one.values)
+    # the twin on one output per group, from the operands as matmul quantizes them
+    for g in range(groups):
+        qa = quantize(A[g], config.a_formats[0], axis=1, block_size=block, per_tensor_scale=per_tensor)
+        qb = quantize(B[g], config.b_formats[0], axis=0, block_size=block, per_tensor_scale=per_tensor)
+        i, j = rng.integers(m), rng.integers(n)
+        shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
+        c_in = 0.0 if c is None else float(np.ldexp(np.float64(c[g, i, j]), -shift))
+        twin = dot_reference(params, qa.codes[i].tolist(), qb.codes[j].tolist(),
+                             None if per_tensor else qa.scales[i].tolist(),
+                             None if per_tensor else qb.scales[j].tolist(), c_in)
+        assert same_float(float(out_fmt.decode(batch.bits[g, i : i + 1, j])[0]), twin), (g, i, j)
+
+
+def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
+    config = hw("ocp-exact")
+    rng = np.random.default_rng(3)
+    A, B = rng.standard_normal((3, 4, 40)), rng.standard_normal((3, 40, 2))
+    tensors_a = [quantize(a, "fp8_e4m3", axis=1) for a in A]
+    tensors_b = [quantize(b, "fp8_e4m3", axis=0) for b in B]
+    np.testing.assert_array_equal(matmul_batched(config, tensors_a, tensors_b).bits, matmul_batched(config, A, B).bits)
+    empty = matmul_batched(config, np.zeros((0, 4, 40)), np.zeros((0, 40, 2)))
+    assert empty.bits.shape == (0, 4, 2) and empty.values.shape == (0, 4, 2)
+    assert matmul_batched(config, np.zeros((2, 0, 40)), np.zeros((2, 40, 3))).bits.shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("A, B, kwargs, message", [
+    (np.ones((2, 32)), np.ones((2, 32, 2)), {}, "A: expected a (G, rows, columns) float array or a sequence"),
+    (np.ones((2, 3, 32)), 5, {}, "B: expected a (G, rows, columns) float array or a list of MXTensors, got int"),
+    ([], np.ones((1, 32, 2)), {}, "A: an empty list of MXTensors"),
+    (np.ones((2, 3, 32)), np.ones((3, 32, 2)), {}, "matmul_batched: A has 2 groups, B has 3"),
+    (np.ones((2, 3, 32)), np.ones((2, 31, 2)), {}, "matmul_batched: inner dimensions differ"),
+    (np.ones((0, 3, 32)), np.ones((1, 32, 2)), {}, "are not (G, M, K) and (G, K, N)"),
+    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"c": np.ones((2, 3, 2))}, "c: expected a float32 array"),
+    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"c": np.ones((1, 3, 2), np.float32)}, "c: expected shape (2, 3, 2)"),
+    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"tile_rows": 0}, "matmul_batched: tile_rows: expected an integer"),
+    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"method": "blas"}, "matmul_batched: method: expected one of"),
+    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"progress": 1}, "matmul_batched: progress must be None"),
+])
+def test_matmul_batched_refuses_bad_arguments(A, B, kwargs, message):
+    with pytest.raises(MxsimError) as caught:
+        matmul_batched(hw("ocp-exact"), A, B, **kwargs)
+    assert message in str(caught.value)
+
+
+def test_matmul_batched_refuses_groups_that_differ():
+    config = hw("ocp-exact")
+    a4 = quantize(np.ones((2, 32)), "fp8_e4m3", axis=1)
+    a5 = quantize(np.ones((2, 32)), "fp8_e5m2", axis=1)
+    b = quantize(np.ones((32, 2)), "fp8_e4m3", axis=0)
+    with pytest.raises(MxsimError, match=r"A\[1\]: fp8_e5m2 \(2, 32\) along axis 1 differs from A\[0\]'s fp8_e4m3"):
+        matmul_batched(config, [a4, a5], [b, b])
+    with pytest.raises(MxsimError, match=r"B\[0\]: expected an MXTensor quantized along axis 0"):
+        matmul_batched(config, [a4], [a4])
+
+
+@pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
+def test_as_float_is_the_formats_decode_bit_for_bit(out_format):
+    """numpy's widening of fp32/fp16 bits gives decode's values: subnormals, -0, canonical NaN."""
+    fmt = get_format(out_format)
+    rng = np.random.default_rng(4)
+    every = np.arange(1 << 16) if fmt.bits == 16 else rng.integers(0, 1 << 32, 1 << 16)
+    corners = [0x7F800001, 0xFFC00000, 0x7F800000, 0x80000001, 0x00000001, 0x80000000] if fmt.bits == 32 else []
+    bits = np.concatenate([every, corners]).astype(fmt.code_dtype)
+    np.testing.assert_array_equal(as_float(bits, out_format).view(np.uint64), fmt.decode(bits).view(np.uint64))
+    np.testing.assert_array_equal(as_float(bits.astype(np.int64), out_format), fmt.decode(bits))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_times_power_of_two_rounds_as_ldexp(dtype):
+    """Subnormal, underflowing and overflowing results, -0, NaN and Inf included."""
+    rng = np.random.default_rng(9)
+    info = np.finfo(dtype)
+    x = (rng.uniform(-1, 1, 4096) * np.exp2(rng.integers(info.minexp, info.maxexp, 4096))).astype(dtype)
+    x[:6] = [0.0, -0.0, np.nan, np.inf, -np.inf, info.smallest_subnormal]
+    for exponent in (-300, -160, -127, -40, -1, 0, 1, 40, 127, 200):
+        with np.errstate(over="ignore", under="ignore"):
+            np.testing.assert_array_equal(times_power_of_two(x, exponent).view(np.uint8),
+                                          np.ldexp(x, exponent).view(np.uint8))
+    exponents = rng.integers(-140, 120, (4096,))
+    with np.errstate(over="ignore", under="ignore"):
+        np.testing.assert_array_equal(times_power_of_two(x, exponents).view(np.uint8), np.ldexp(x, exponents).view(np.uint8))
+
+
 def test_kernels_see_one_output_dtype_for_every_output_format():
     """fp16/bf16 outputs come from the same compiled kernels as fp32 (bits converted after);
     fp64 outputs alone need 64-bit codes."""
@@ -840,7 +958,7 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
         assert result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
     assert {str(kernel_output_dtype(name)) for name in ("fp32", "fp16", "bf16")} == {"uint32"}
     assert str(kernel_output_dtype("fp64")) == "uint64"
-    for kernel in (_kernels.dot_pairs, _kernels.matmul_rows):
+    for kernel in (_kernels.dot_pairs, _kernels.matmul_groups):
         assert {str(signature[-1].dtype) for signature in kernel.signatures} <= {"uint32", "uint64"}
 
 

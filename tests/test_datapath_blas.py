@@ -14,7 +14,7 @@ from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.blas import _span_bits, blas_applies, exact_in_float64
 from mxsim.formats import get_format
-from mxsim.datapath.api import _kernel_arguments, _tensor_scales
+from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 
 UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp-paper", "h100-fp8")}
 SMALL_SPAN = ["fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
@@ -24,7 +24,8 @@ def route_taken(unit, qa, qb, c=None) -> bool:
     params = unit.params(qa.element_format.name, qb.element_format.name)
     _, _, args = _kernel_arguments(params)
     c_values = np.zeros((1, 1)) if c is None else c.astype(np.float64)
-    return blas_applies(params, args, qa.codes, qb.codes, _tensor_scales(qa, params), _tensor_scales(qb, params), c_values)
+    return blas_applies(params, args, qa.codes, qb.codes, _scales_for_unit(qa.scales, params),
+                        _scales_for_unit(qb.scales, params), c_values)
 
 
 def test_exactness_condition_per_format_pair():
@@ -129,10 +130,10 @@ def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
     kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
     params = kulisch.params("fp8_e4m3", "fp8_e4m3")
     _, _, args = _kernel_arguments(params)
-    out = np.empty((1, 1), dtype=np.uint32)
-    leftovers = blas_matmul(params, args, qa.codes, qb.codes, _tensor_scales(qa, params), _tensor_scales(qb, params),
-                            np.zeros((1, 1), np.float32), out)
-    assert leftovers == [(0, 0)]
+    out = np.empty((1, 1, 1), dtype=np.uint32)
+    leftovers = blas_matmul(params, args, qa.codes[None], qb.codes[None], _scales_for_unit(qa.scales, params)[None],
+                            _scales_for_unit(qb.scales, params)[None], np.zeros((1, 1, 1), np.float32), out)
+    assert leftovers == [(0, 0, 0)]
     np.testing.assert_array_equal(matmul(kulisch, qa, qb).bits, matmul(kulisch, qa, qb, method="kernel").bits)
 
 

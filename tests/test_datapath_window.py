@@ -17,7 +17,7 @@ from mxsim.datapath import _kernels as K
 from mxsim.datapath import _window_kernels as W
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams
-from mxsim.datapath.api import _kernel_arguments, _tensor_scales, dot_with_params
+from mxsim.datapath.api import _kernel_arguments, _scales_for_unit, dot_with_params
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import window_applies, window_dot, window_matmul
 
@@ -159,12 +159,13 @@ def reference_bits(params, qa, qb, c, m, n):
 def gemm(params, qa, qb, c, method):
     a_codes = qa.codes.reshape(qa.shape[0], -1)
     b_codes = qb.codes.reshape(qb.shape[1], -1)
-    scales_a, scales_b = _tensor_scales(qa, params), _tensor_scales(qb, params)
+    scales_a, scales_b = _scales_for_unit(qa.scales, params), _scales_for_unit(qb.scales, params)
     out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=np.uint32)  # the API's one kernel signature
+    tile = (a_codes[None], b_codes[None], scales_a[None], scales_b[None], c[None])  # a batch of one GEMM
     if method == "window":
-        left = window_matmul(params, a_codes, b_codes, scales_a, scales_b, c, out)
-        return out, left
-    K.matmul_rows(a_codes, b_codes, scales_a, scales_b, c, *_kernel_arguments(params)[2], out)
+        _, *left = window_matmul(params, *tile, out[None])
+        return out, tuple(left)
+    K.matmul_groups(*tile, *_kernel_arguments(params)[2], out[None])
     return out, None
 
 
@@ -228,7 +229,8 @@ def test_gpu_data_through_the_window_kernels(gpu, fmt):
         c_grid = np.zeros((size, size), dtype=np.float32)
         np.fill_diagonal(c_grid, c[rows])
         grid = np.empty((size, size), dtype=np.uint32)
-        flagged = window_matmul(params, a[rows], b[rows], zeros[rows], zeros[rows], c_grid, grid)
+        _, *flagged = window_matmul(params, a[rows][None], b[rows][None], zeros[rows][None], zeros[rows][None],
+                                    c_grid[None], grid[None])
         diagonal = np.ones(size, dtype=bool)
         diagonal[flagged[0][flagged[0] == flagged[1]]] = False
         np.testing.assert_array_equal(np.diag(grid)[diagonal], data["d_fp32"][rows][diagonal])

@@ -576,6 +576,18 @@ def gen_api(rng, env, inputs, outputs):
                      progress=_arg(rng, lambda: None), tile_rows=_arg(rng, lambda: 2),
                      method=_arg(rng, lambda: rng.choice(["auto", "kernel"])))
 
+    def matmul_batched_call():
+        shapes = rng.choice([((3, 4, 64), (3, 64, 3)), ((0, 2, 32), (0, 32, 2)), ((2, 0, 32), (2, 32, 2)),
+                             ((2, 3, 5), (2, 4, 2)), ((2, 2, 33), (3, 33, 2)), ((4, 64), (64, 3))])
+        a = _arg(rng, lambda: np.random.default_rng(rng.randrange(99)).standard_normal(shapes[0]))
+        b = _arg(rng, lambda: np.random.default_rng(rng.randrange(99)).standard_normal(shapes[1]))
+        if rng.random() < 0.2 and isinstance(a, np.ndarray) and a.ndim == 3:
+            a = [mxsim.quantize_mx(m, "fp8_e4m3", axis=rng.choice([0, 1])) for m in a]
+        mxsim.matmul_batched(_arg(rng, lambda: hw), a, b, c=_arg(rng, lambda: None),
+                             out_format=_arg(rng, lambda: None), progress=_arg(rng, lambda: None),
+                             tile_rows=_arg(rng, lambda: 2), method=_arg(rng, lambda: rng.choice(["auto", "kernel"])),
+                             per_tensor_scale=_arg(rng, lambda: rng.random() < 0.5))
+
     def explain_call():
         length = rng.choice([0, 1, 5, 32, 40])
         a = _arg(rng, lambda: [rng.randrange(256) for _ in range(length)])
@@ -647,7 +659,7 @@ def gen_api(rng, env, inputs, outputs):
     csv.write_bytes(mutate_bytes(rng, text) if rng.random() < 0.4 else
                     (text + "caf\u00e9".encode("latin-1")) if rng.random() < 0.3 else text)
     calls = [quantize_like(mxsim.quantize_mx), quantize_like(mxsim.fake_quantize), dot_call, matmul_call,
-             explain_call, bfp_call, golden_call, trace_io_call, topology_call, misc_call]
+             matmul_batched_call, explain_call, bfp_call, golden_call, trace_io_call, topology_call, misc_call]
     golden_call.seconds = GOLDEN_CASE_SECONDS
     return rng.choice(calls)
 

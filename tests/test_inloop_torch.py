@@ -69,6 +69,29 @@ def test_bmm_equals_matmul_by_hand(torch):
         assert np.array_equal(got[g], expected)
 
 
+@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
+def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
+    """The heads of a 4-d matmul (one batched call on the unit) and a linear layer with a bias
+    (entering as c, scaled by 2^-(Ta+Tb) on a per-tensor unit) give the bits of one
+    mxsim.matmul call per head and per layer."""
+    per_tensor = unit is H100
+    rng = np.random.default_rng(8)
+    q = (rng.standard_normal((2, 3, 5, 40)) * np.exp2(rng.integers(-4, 4, (2, 3, 1, 1)))).astype(np.float32)
+    k = rng.standard_normal((2, 3, 40, 7)).astype(np.float32)
+    layer = torch.nn.Linear(40, 6)
+    with torch_unit(layer, unit) as loop:
+        scores = torch.matmul(torch.from_numpy(q), torch.from_numpy(k)).numpy()
+        out = layer(torch.from_numpy(q[0, 0])).detach().numpy()
+    assert len(loop.computed_layers) == 2
+    for g, (a, b) in enumerate(zip(q.reshape(6, 5, 40), k.reshape(6, 40, 7))):
+        expected = matmul(unit, a, b, per_tensor_scale=per_tensor).values.astype(np.float32)
+        np.testing.assert_array_equal(scores.reshape(6, 5, 7)[g].view(np.uint32), expected.view(np.uint32))
+    weight, bias = layer.weight.detach().numpy(), layer.bias.detach().numpy()
+    c = np.broadcast_to(bias, (5, 6)).astype(np.float32)
+    expected = matmul(unit, q[0, 0], weight.T, c=c, per_tensor_scale=per_tensor).values.astype(np.float32)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
 def test_per_tensor_scaling_on_a_unit_without_block_scales(torch):
     """h100-style unit: each operand gets one power of two 2^X (X = floor(log2 max) - emax),
     elements x * 2^-X encoded, the product scaled back by 2^(Xa + Xb): operands far below the

@@ -508,3 +508,51 @@ def test_a_scale_format_is_not_an_element_format():
     for function in (fake_quantize, quantize):
         with pytest.raises(ArgumentError, match="e8m0 is not an element format .* accepted: fp8_e4m3, .*fp4_e2m1"):
             function(np.array([1.0, -2.0, 0.0, 3.0]), "e8m0")
+
+
+# --- the encode table: the codes of encode_bits, element by element --------------------------
+
+def _mixed_blocks(dtype, every_float16: bool):
+    """Blocks of mixed magnitudes: values over a wide exponent range, zeros and subnormals of
+    ``dtype``, and with ``every_float16`` every finite float16 (as ``dtype``) in random order."""
+    rng = np.random.default_rng(11)
+    span = 12 if dtype == np.float16 else 120 if dtype == np.float32 else 600
+    wide = (rng.standard_normal(2048) * np.exp2(rng.integers(-span, span, 2048).astype(float))).astype(dtype)
+    wide[::17] = 0.0
+    wide[::19] = np.finfo(dtype).smallest_subnormal * rng.integers(-3, 4, wide[::19].size)
+    if every_float16:
+        every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+        wide = np.concatenate([rng.permutation(every[np.isfinite(every)]).astype(dtype), wide])
+    return wide[: wide.size // 64 * 64].reshape(-1, 64)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_encode_table_gives_the_codes_of_encode_bits(dtype, monkeypatch):
+    """Every element format, deterministic rounding and overflow policy, block and per-tensor
+    scaling: the table path and ``encode_bits`` alone (the path the twin test covers) agree,
+    on every finite float16 value (nearest-even, saturating) and on wide-range values."""
+    from mxsim.formats.rounding import OVERFLOW_POLICIES, ROUNDING_MODES
+    from mxsim.quantize import mx
+
+    with_table = mx._encode_table
+    cases = tables = 0
+    for name in ELEMENT_FORMATS + ["fp16", "bf16", "fp8_e4m3fnuz", "fp8_e5m2fnuz"]:
+        for rounding in sorted(set(ROUNDING_MODES) - {"stochastic"}):
+            for overflow in OVERFLOW_POLICIES:
+                if overflow == "inf_nan" and not get_format(name).has_nan:
+                    continue
+                every = (rounding, overflow) == ("nearest_even", "saturate")
+                x = _mixed_blocks(dtype, every_float16=every)
+                scalings = [{"block_size": 32}, {"per_tensor_scale": True}]
+                for options in scalings if every else scalings[cases % 2:][:1]:  # the others alternate
+                    got = []
+                    for encode_table in (with_table, lambda *args: (mx._NO_TABLE, 0, 0, 0)):
+                        monkeypatch.setattr(mx, "_encode_table", encode_table)
+                        tensor = quantize(x, name, axis=1, element_rounding=rounding, element_overflow=overflow,
+                                          **options)
+                        got.append((tensor.codes, tensor.scales, tensor.tensor_scale_exponent))
+                    np.testing.assert_array_equal(got[0][0], got[1][0], err_msg=f"{name} {rounding} {overflow}")
+                    assert np.array_equal(got[0][1], got[1][1]) and got[0][2] == got[1][2]
+                    cases += 1
+                    tables += with_table(get_format(name), 0, 0, np.finfo(dtype).nmant)[0].size > 0
+    assert tables >= 0.8 * cases  # fp16 and bf16 elements of float16 inputs take encode_bits alone

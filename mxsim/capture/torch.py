@@ -57,12 +57,15 @@ GEMM_LIKE_PREFIXES = ("matmul", "conv", "attention", "linear", "bilinear", "tril
 NOT_GEMM_PREFIXES = ("upsample", "backward", "convert", "im2col", "col2im")
 
 
-def _to_numpy(tensor) -> np.ndarray:
+def _to_numpy(tensor, copy: bool = True) -> np.ndarray:
+    """The tensor's values as a numpy array: a copy, or with ``copy=False`` a view where
+    torch allows one (for a caller that reads it before the model runs on)."""
     torch = require("torch")
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds it exactly
         tensor = tensor.to(torch.float32)
-    return tensor.cpu().numpy().copy()
+    array = tensor.cpu().numpy()
+    return array.copy() if copy else array
 
 
 def _rounded_tensor(torch, values: np.ndarray, dtype):
@@ -150,6 +153,7 @@ class _Recorder:
         self.layers: list[Layer] = []
         self.skipped: list[dict] = []
         self.suppress = 0  # > 0 while a recorded call (or the recorder itself) runs ops
+        self.copies = True  # layers keep copies of their tensors (False: views, read at once by ``computed``)
         self.module_stack: list[tuple[str, object]] = []
         self.calls: dict[str, int] = {}
         self.layer_names: dict[int, list[str]] = {}  # id(module owning the weight) -> layer names
@@ -236,7 +240,7 @@ class _Recorder:
                 continue
             if value.dtype == torch.bfloat16:
                 source["dtype"] = "bfloat16"
-            arrays[key] = _to_numpy(value)
+            arrays[key] = _to_numpy(value, self.copies)
         source.setdefault("module", self.module_path())
         if module is not None:
             source.setdefault("type", type(module).__name__)
@@ -247,6 +251,11 @@ class _Recorder:
 
     def computed(self, layer: Layer) -> np.ndarray | None:
         return None
+
+    def run_gemm(self, func, args, kwargs, a, b, bias=None):
+        """The output of an intercepted ``F.linear`` or matmul call, ``a @ b`` (+ ``bias``;
+        ``b`` None for a linear call whose weight is not 2-d): torch computes it here."""
+        return func(*args, **kwargs)
 
     def replacing(self, value):
         """``value`` (a torch tensor), or the last recorded layer's computed result in its
@@ -435,14 +444,15 @@ def _modes(torch, recorder: _Recorder):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
-                out = func(*args, **kwargs)
                 if func is sdpa:
+                    out = func(*args, **kwargs)
                     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
                     attention = recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
                     return out if attention is None else attention.to(out.dtype)
                 if func is F.linear:
                     x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    out = recorder.run_gemm(func, args, kwargs, x, w.t() if w.dim() == 2 else None, bias)
                     if recorder.float_operands("F.linear", x, w, bias):
                         recorder.add("linear", {"input": x, "weight": w, "bias": bias, "output": out}, {},
                                      {"op": "F.linear"}, "linear", recorder.parameter(w))
@@ -450,6 +460,7 @@ def _modes(torch, recorder: _Recorder):
                     a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
                     if matmuls[func]:
                         a, b = b, a
+                    out = recorder.run_gemm(func, args, kwargs, a, b)
                     recorder.matmul_call("torch.matmul", a, b, out)
                 return recorder.replacing(out)
             finally:

@@ -2,9 +2,10 @@
 
 from .config import HardwareConfig, load_hwconfig, parse_hwconfig
 from .schema import DatapathParams
-from .api import MatmulResult, as_float, dot, explain, matmul
+from .api import BatchedMatmulResult, MatmulResult, as_float, dot, explain, matmul, matmul_batched
 
 __all__ = [
+    "BatchedMatmulResult",
     "DatapathParams",
     "HardwareConfig",
     "MatmulResult",
@@ -13,5 +14,6 @@ __all__ = [
     "explain",
     "load_hwconfig",
     "matmul",
+    "matmul_batched",
     "parse_hwconfig",
 ]

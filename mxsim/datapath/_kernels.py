@@ -1,7 +1,7 @@
 """Numba kernels of the generic MX dot-product datapath.
 
 One dot product at a time (``dot_one``), driven over row pairs (``dot_pairs``) or over a
-GEMM (``matmul_rows``). ``dot_one`` runs the stages of docs/hwconfig.md, one small function
+batch of GEMMs (``matmul_groups``). ``dot_one`` runs the stages of docs/hwconfig.md, one small function
 each:
 
 - steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
@@ -1031,32 +1031,35 @@ def dot_pairs(
 
 
 @njit(cache=True, parallel=True)
-def matmul_rows(
+def matmul_groups(
     a_codes, b_codes, a_scales, b_scales, c_values,
     a_values, a_exponents, b_values, b_exponents,
     cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
     out,
 ):
-    """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K).
+    """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
+    (N, K), for every group g of a (G, M, K) x (G, N, K) batch: G independent GEMMs, one call.
 
-    ``c_values`` is (M, N), or (1, 1) for one value shared by every output (no M x N copy).
+    ``c_values`` is (G, M, N), or (1, 1, 1) for one value shared by every output (no copy).
     """
-    n_rows = a_codes.shape[0]
-    n_columns = b_codes.shape[0]
-    c_rows, c_columns = c_values.shape
+    n_groups, n_rows = a_codes.shape[0], a_codes.shape[1]
+    n_columns = b_codes.shape[1]
+    c_groups, c_rows, c_columns = c_values.shape
     width = cfg[0].fused_terms + 1
-    for m in prange(n_rows):
+    for row in prange(n_groups * n_rows):
+        g, m = row // n_rows, row % n_rows
         limbs, bounds = _thread_limbs()
         terms = np.empty(width, dtype=np.float64)
         exponents = np.empty(width, dtype=np.int64)
         for n in range(n_columns):
             value = dot_one(
-                a_codes[m], b_codes[n], a_scales[m], b_scales[n], c_values[m % c_rows, n % c_columns],
+                a_codes[g, m], b_codes[g, n], a_scales[g, m], b_scales[g, n],
+                c_values[g % c_groups, m % c_rows, n % c_columns],
                 a_values, a_exponents, b_values, b_exponents,
                 cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
                 a_params, b_params, limbs, bounds, terms, exponents,
             )
-            out[m, n] = _output_code(value, out_params)
+            out[g, m, n] = _output_code(value, out_params)
 
 
 @njit(cache=True, inline="always")

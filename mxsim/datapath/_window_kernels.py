@@ -378,30 +378,38 @@ def window_matmul(
     a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
     cfg, out, flags, threads,
 ):
-    """out[m, n] = output code of row m of A (M, K) dotted with row n of B given as (N, K);
-    flags[m, n] = 1 where the generic kernel must compute it instead (module docstring).
+    """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
+    (N, K), for every group g of a (G, M, K) x (G, N, K) batch; flags[g, m, n] = 1 where the
+    generic kernel must compute it instead (module docstring).
 
     ``a_values``/``b_values``: float32 value per code (0 where not finite); ``*_exponents``:
     int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
-    ``*_finite``: whether the code is finite. ``c_values`` is (M, N) or (1, 1). ``threads``:
-    how many threads run the work items (it sets how finely rows are split, not the result).
+    ``*_finite``: whether the code is finite. ``c_values`` is (G, M, N) or (1, 1, 1).
+    ``threads``: how many threads run the work items (it sets how finely rows are split, not
+    the result).
     """
-    n_rows = codes_a.shape[0]
-    n_columns = codes_b.shape[0]
+    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
+    n_columns = codes_b.shape[1]
+    c_groups = c_values.shape[0]
     scaled = cfg[W_SCALED] != 0
-    bad_rows = _unusable_rows(codes_a, scales_a, a_finite, scaled)
-    bad_columns = _unusable_rows(codes_b, scales_b, b_finite, scaled)
-    # Work items are column tiles, each decoding its B tile once; rows are split only as far as
-    # it takes to give every thread work.
+    bad_rows = np.empty((n_groups, n_rows), dtype=np.bool_)
+    bad_columns = np.empty((n_groups, n_columns), dtype=np.bool_)
+    for g in range(n_groups):
+        bad_rows[g] = _unusable_rows(codes_a[g], scales_a[g], a_finite, scaled)
+        bad_columns[g] = _unusable_rows(codes_b[g], scales_b[g], b_finite, scaled)
+    # Work items are column tiles of one group, each decoding its B tile once; rows are split
+    # only as far as it takes to give every thread work.
     n_tiles = (n_columns + LANES - 1) // LANES
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
-    chunks = min(n_blocks, max(1, -(-2 * threads // n_tiles)))
+    chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
     blocks_per_chunk = -(-n_blocks // chunks)
-    for item in prange(n_tiles * chunks):
+    items = n_tiles * chunks  # per group
+    for item in prange(n_groups * items):
         work_item = np.int64(item)  # the parallel loop's index is unsigned; int64 keeps one signature below
-        _column_tile(work_item % n_tiles, (work_item // n_tiles) * blocks_per_chunk, blocks_per_chunk, codes_a, codes_b,
-                     scales_a, scales_b, c_values, a_values, a_exponents, b_values, b_exponents,
-                     bad_rows, bad_columns, cfg, out, flags)
+        g, rest = work_item // items, work_item % items
+        _column_tile(rest % n_tiles, (rest // n_tiles) * blocks_per_chunk, blocks_per_chunk, codes_a[g], codes_b[g],
+                     scales_a[g], scales_b[g], c_values[g % c_groups], a_values, a_exponents, b_values, b_exponents,
+                     bad_rows[g], bad_columns[g], cfg, out[g], flags[g])
 
 
 @njit(cache=True)

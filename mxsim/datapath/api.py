@@ -1,4 +1,4 @@
-"""Public datapath API: ``dot``, ``matmul``, ``explain`` and bit/float views of outputs."""
+"""Public datapath API: ``dot``, ``matmul``, ``matmul_batched``, ``explain`` and bit/float views of outputs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
-from ..formats.table import as_float_array
+from ..formats.table import INPUT_FLOATS, as_float_array
 from ..limits import check_array_budget, check_choice, check_int
-from ..quantize import MXTensor, NVFP4Tensor, quantize
+from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
-from .blas import blas_applies, blas_matmul
+from .blas import batch_passes, blas_applies, blas_matmul, subnormals_work
 from .config import HardwareConfig, load_hwconfig
 from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
@@ -137,6 +137,19 @@ def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
     return np.ascontiguousarray(c, dtype=kernel_c_dtype(c_format))  # the kernels widen each value exactly
 
 
+def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
+    """``x * 2^exponents`` (float32 or float64 ``x``; integer exponents broadcasting against
+    it), rounded once into x's dtype exactly as ``np.ldexp`` rounds it: a vectorised
+    multiplication by the powers of two (a product by a normal power of two is the correctly
+    rounded scaled value, subnormal or overflowing results included) where every power is a
+    normal number of the dtype and the floating point keeps subnormals, else ``np.ldexp``."""
+    exponents = np.asarray(exponents)
+    info = np.finfo(x.dtype)
+    if exponents.size and info.minexp <= exponents.min() and exponents.max() < info.maxexp and subnormals_work():
+        return x * np.ldexp(1.0, exponents).astype(x.dtype)
+    return np.ldexp(x, exponents)
+
+
 def output_dtype(out_format: str) -> np.dtype:
     """The unsigned dtype of output bit patterns: uint64 for fp64, uint32 for fp32, uint16 for fp16/bf16."""
     return get_format(out_format).code_dtype
@@ -149,8 +162,31 @@ def kernel_output_dtype(out_format: str) -> np.dtype:
 
 
 def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
-    """Output bit patterns as exact float64 values (fp16/bf16 widen exactly)."""
-    return get_format(out_format).decode(np.asarray(bits))
+    """Output bit patterns as exact float64 values (fp16/bf16 widen exactly; NaN codes give
+    the canonical quiet NaN, as ``FormatInfo.decode``)."""
+    fmt = get_format(out_format)
+    bits = np.asarray(bits)
+    native = _native_float(fmt)
+    if native is None or bits.dtype != fmt.code_dtype or not subnormals_work():
+        return fmt.decode(bits)
+    # numpy's own widening of the same IEEE layout: exact, subnormals included (checked above)
+    with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
+        values = bits.view(native).astype(np.float64)
+    nan = np.isnan(values)
+    if nan.any():
+        values[nan] = np.nan
+    return values
+
+
+@functools.lru_cache(maxsize=None)
+def _native_float(fmt: FormatInfo):
+    """The numpy float dtype with ``fmt``'s IEEE binary layout (fp16, fp32), or None."""
+    for dtype, (exponent_bits, mantissa_bits, _) in INPUT_FLOATS.items():
+        if (fmt.bits, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.signed, fmt.twos_complement, fmt.specials,
+                fmt.subnormals, fmt.padding_bits) == (1 + exponent_bits + mantissa_bits, exponent_bits, mantissa_bits,
+                                                      (1 << (exponent_bits - 1)) - 1, True, False, "ieee", True, 0):
+            return dtype
+    return None
 
 
 def _kernel_arguments(params: DatapathParams):
@@ -249,7 +285,7 @@ class MatmulResult:
     @property
     def values(self) -> np.ndarray:
         values = as_float(self.bits, self.out_format)
-        values = np.ldexp(values, self.scale_exponent) if self.scale_exponent else values
+        values = times_power_of_two(values, self.scale_exponent) if self.scale_exponent else values
         return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
@@ -273,11 +309,15 @@ def _scaled_accumulator_input(c, shift: int, shape: tuple, c_format: str):
     if c is None or not shift:
         return c
     c = _accumulator_inputs(c, shape, c_format)
-    scaled = np.ldexp(c.astype(np.float64), -shift)
-    with np.errstate(invalid="ignore", over="ignore"):
-        if not np.array_equal(get_format(c_format).round(scaled, overflow="inf"), scaled, equal_nan=True):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        scaled = times_power_of_two(c, -shift)  # c's kernel dtype; power-of-two scaling rounds only on under/overflow,
+        back = times_power_of_two(scaled, shift)  # which scaling back reveals (NaN compared only when present)
+        exact = np.array_equal(back, c) or np.array_equal(back, c, equal_nan=True)
+        if exact and scaled.dtype.itemsize * 8 != get_format(c_format).bits:  # fp16/bf16 c held in float32: its range
+            exact = np.array_equal(get_format(c_format).round(scaled, overflow="inf"), scaled, equal_nan=True)
+        if not exact:
             raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in {c_format}")
-    return scaled.astype(kernel_c_dtype(c_format))
+    return scaled
 
 
 def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c_format=None, progress=None,
@@ -296,7 +336,7 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
     B200 FP8 tensor cores — need). MXTensors may carry such a scale too. The unit multiplies
     the scaled elements (its block scales all 1); ``c`` enters scaled by 2^-(Ta+Tb) (an error
     if that is not exact in float32), and the result's :attr:`MatmulResult.values` are the
-    unit's outputs times 2^(Ta+Tb), exactly. The kernel runs on tiles of
+    unit's outputs times 2^(Ta+Tb), exactly. With ``progress``, the kernel runs on tiles of
     ``tile_rows`` rows of A, calling ``progress(rows_done, rows_total)`` after each; memory
     stays at the operands' codes plus the output bits (plus ``c`` if given).
 
@@ -331,41 +371,171 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
     shift = tensor_a.tensor_scale_exponent + tensor_b.tensor_scale_exponent
     c = _scaled_accumulator_input(c, shift, (rows, columns), params.c_format)
     check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
-    exponents_a = _tensor_scales(tensor_a, params)
-    exponents_b = _tensor_scales(tensor_b, params)
-    c_values = _accumulator_inputs(c, (1, 1) if c is None else (rows, columns), params.c_format)
-    out = np.empty((rows, columns), dtype=kernel_output_dtype(params.output_format))
     bits_dtype = output_dtype(params.output_format)
-    if out.size == 0:
-        return MatmulResult(out.astype(bits_dtype), params.output_format, shift)
+    if rows * columns == 0:
+        return MatmulResult(np.empty((rows, columns), dtype=bits_dtype), params.output_format, shift)
+    c_values = _c_values(c, (rows, columns), params.c_format)
     codes_a, codes_b, kernel_args = _operands_and_arguments(
         params,
         _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format, fields_given=True),
         _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format, fields_given=True),
     )
+    out = _gemm_groups(params, codes_a[None], codes_b[None], _scales_for_unit(tensor_a.scales, params)[None],
+                       _scales_for_unit(tensor_b.scales, params)[None], c_values, kernel_args, method, progress, tile_rows)
+    return MatmulResult(out[0].astype(bits_dtype, copy=False), params.output_format, shift)
+
+
+@dataclass(frozen=True)
+class BatchedMatmulResult:
+    """Output bit patterns (G, M, N) of a batch of GEMMs and their exact values.
+
+    ``scale_exponents`` (G,) holds each group's Ta + Tb (as :attr:`MatmulResult.scale_exponent`);
+    :attr:`values` multiplies group g's outputs by 2^scale_exponents[g] exactly (float64).
+    """
+
+    bits: np.ndarray
+    out_format: str
+    scale_exponents: np.ndarray
+
+    @property
+    def values(self) -> np.ndarray:
+        values = as_float(self.bits, self.out_format)
+        return times_power_of_two(values, self.scale_exponents[:, None, None]) if self.scale_exponents.any() else values
+
+
+def _group_operands(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,
+                    per_tensor_scale: bool) -> list[MXTensor]:
+    """One MXTensor per group: ``x`` a (G, rows, cols) float array, quantized along K group by
+    group (one kernel call; each group a tensor of its own, as :func:`matmul` quantizes it),
+    or a sequence of 2-D MXTensors, checked as :func:`matmul` checks its operands."""
+    if isinstance(x, np.ndarray):
+        if x.ndim != 3:
+            raise ArgumentError(f"{name}: expected a (G, rows, columns) float array or a sequence of MXTensors, "
+                                f"got shape {x.shape}")
+        fmt = default_formats[0] if fmt_name is None else fmt_name
+        along_k = x if axis == 1 else x.transpose(0, 2, 1)  # quantize_groups blocks the last axis
+        tensors = quantize_groups(along_k, fmt, block_size, per_tensor_scale=per_tensor_scale)
+        if axis == 1:
+            return tensors
+        return [MXTensor(t.element_format, t.codes, t.scales, (t.shape[1], t.shape[0]), 0, t.block_size, t.padding,
+                         t.options, t.tensor_scale_exponent) for t in tensors]
+    if not isinstance(x, (list, tuple)) or not all(isinstance(t, MXTensor) for t in x):
+        raise ArgumentError(f"{name}: expected a (G, rows, columns) float array or a list of MXTensors, "
+                            f"got {type(x).__name__}")
+    if not x:
+        raise ArgumentError(f"{name}: an empty list of MXTensors (give a (0, rows, columns) array for no groups)")
+    tensors = [_operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False) for g, t in enumerate(x)]
+    first = tensors[0]
+    for g, t in enumerate(tensors):
+        if t.axis != axis:
+            raise ArgumentError(f"{name}[{g}]: expected an MXTensor quantized along axis {axis} (the K axis), got {t.axis}")
+        if (t.element_format.name, t.shape, t.axis, t.codes.shape) != (first.element_format.name, first.shape,
+                                                                       first.axis, first.codes.shape):
+            raise ArgumentError(f"{name}[{g}]: {t.element_format.name} {t.shape} along axis {t.axis} differs from "
+                                f"{name}[0]'s {first.element_format.name} {first.shape} along axis {first.axis}")
+    return tensors
+
+
+def matmul_batched(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c_format=None, progress=None,
+                   tile_rows: int = 256, method: str = "auto", per_tensor_scale: bool = False) -> BatchedMatmulResult:
+    """C[g] + A[g] @ B[g] for every group g of a batch through the unit ``hw``: every output
+    bit that of :func:`matmul` on the group (``matmul(hw, A[g], B[g], c=c[g], ...)``), the
+    batch computed by one kernel or BLAS pass (attention heads: no call per head).
+
+    ``A``: a (G, M, K) float array, quantized along K group by group (each group a tensor of
+    its own: with ``per_tensor_scale``, one exponent per group), or a list of G MXTensors
+    (M, K) quantized along axis 1; ``B``: a (G, K, N) float array, or a list of G MXTensors
+    (K, N) quantized along axis 0. Every group has the same shapes and element formats. ``c``:
+    (G, M, N) values of ``c_format`` as :func:`matmul` takes them, or None (+0); each group's
+    enters scaled by its 2^-(Ta+Tb), as in :func:`matmul`. ``a_format``, ``b_format``,
+    ``out_format``, ``c_format``, ``method``, ``tile_rows``
+    (rows of all groups per kernel call, with ``progress``) and ``progress(rows_done,
+    rows_total)`` (rows of all groups) as in :func:`matmul`. NVFP4 operands are not taken
+    (call :func:`matmul` per group).
+
+    Returns a :class:`BatchedMatmulResult`. G = 0 (float arrays) gives an empty result. Bad
+    arguments raise :class:`~mxsim.errors.MxsimError` subclasses naming the argument.
+    """
+    _check_method(method, "matmul_batched")
+    tile_rows = check_int(tile_rows, "matmul_batched: tile_rows", 1)
+    if progress is not None and not callable(progress):
+        raise ArgumentError(f"matmul_batched: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
+    config = _as_config(hw)
+    block_size = config.sections[("inputs", "block_size")]
+    if isinstance(A, np.ndarray) and isinstance(B, np.ndarray) and A.ndim == B.ndim == 3 and 0 in (A.shape[0], B.shape[0]):
+        if A.shape[0] != B.shape[0] or A.shape[2] != B.shape[1]:
+            raise ArgumentError(f"matmul_batched: A {A.shape} and B {B.shape} are not (G, M, K) and (G, K, N)")
+        params = config.params(a_format or config.a_formats[0], b_format or config.b_formats[0], out_format, c_format)
+        return BatchedMatmulResult(np.empty((0, A.shape[1], B.shape[2]), output_dtype(params.output_format)),
+                                   params.output_format, np.zeros(0, dtype=np.int64))
+    tensors_a = _group_operands(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
+    tensors_b = _group_operands(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
+    groups = len(tensors_a)
+    if len(tensors_b) != groups:
+        raise ArgumentError(f"matmul_batched: A has {groups} groups, B has {len(tensors_b)}")
+    first_a, first_b = tensors_a[0], tensors_b[0]
+    if first_a.shape[1] != first_b.shape[0]:
+        raise ArgumentError(f"matmul_batched: inner dimensions differ: A is {first_a.shape}, B is {first_b.shape}")
+    params = config.params(first_a.element_format.name, first_b.element_format.name, out_format, c_format)
+    rows, columns = first_a.shape[0], first_b.shape[1]
+    shifts = np.array([a.tensor_scale_exponent + b.tensor_scale_exponent for a, b in zip(tensors_a, tensors_b)])
+    check_array_budget((groups, rows, columns), 8, "matmul_batched: the (G, M, N) output")
+    if c is not None:
+        c = _accumulator_inputs(c, (groups, rows, columns), params.c_format)
+        c = np.stack([_scaled_accumulator_input(c[g], int(shifts[g]), (rows, columns), params.c_format)
+                      for g in range(groups)])
+    bits_dtype = output_dtype(params.output_format)
+    if rows * columns == 0:
+        return BatchedMatmulResult(np.empty((groups, rows, columns), dtype=bits_dtype), params.output_format, shifts)
+    c_values = np.zeros((1, 1, 1), dtype=kernel_c_dtype(params.c_format)) if c is None else c
+    codes_a = np.stack([t.codes for t in tensors_a]) if groups > 1 else first_a.codes[None]
+    codes_b = np.stack([t.codes for t in tensors_b]) if groups > 1 else first_b.codes[None]
+    fields_a = _codes(codes_a.reshape(groups * rows, -1), "A", first_a.element_format, fields_given=True)
+    fields_b = _codes(codes_b.reshape(groups * columns, -1), "B", first_b.element_format, fields_given=True)
+    codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b)
+    scales_a = _scales_for_unit(np.stack([t.scales for t in tensors_a]), params)
+    scales_b = _scales_for_unit(np.stack([t.scales for t in tensors_b]), params)
+    out = _gemm_groups(params, codes_a.reshape(groups, rows, -1), codes_b.reshape(groups, columns, -1), scales_a,
+                       scales_b, c_values, kernel_args, method, progress, tile_rows)
+    return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
+
+
+def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args,
+                 method: str, progress, tile_rows: int) -> np.ndarray:
+    """The output bits (uint32, (G, M, N)) of the GEMMs of codes A[g] (M, K) times B[g] given
+    as (N, K), scale exponents (G, rows, blocks), c (G, M, N) or (1, 1, 1): by the BLAS or the
+    window route where ``method`` and the unit allow, the generic kernel elsewhere. With a
+    ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
+    together when a group has fewer), reporting after each; without, in one call."""
+    groups, rows = codes_a.shape[:2]
+    out = np.empty((groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format))
     if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
         leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
-            m, n = (np.array(index) for index in zip(*leftovers))
-            _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
-        return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
-    if method == "auto" and _group_route(params, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out,
-                                         progress):
-        return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
-    window = method == "auto" and window_applies(params)
-    for start in range(0, rows, tile_rows):
-        stop = min(start + tile_rows, rows)
-        c_tile = c_values if c is None else c_values[start:stop]
-        tile = (codes_a[start:stop], codes_b, exponents_a[start:stop], exponents_b, c_tile)
-        if window:
-            m, n = window_matmul(params, *tile, out[start:stop])
+            g, m, n = (np.array(index) for index in zip(*leftovers))
+            _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
+        return out
+    if method == "auto" and groups_apply(params):
+        for g in range(groups):  # the group-sum route takes one GEMM at a time
+            m, n = groups_matmul(params, codes_a[g], codes_b[g], exponents_a[g], exponents_b[g],
+                                 c_values[0] if c_values.shape == (1, 1, 1) else c_values[g], out[g], progress)
             if m.size:  # specials and out-of-range values: the generic kernel
-                _recompute(m, n, *tile, kernel_args, out[start:stop])
+                _recompute(np.full(m.size, g), m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args,
+                           out)
+        return out
+    window = method == "auto" and window_applies(params)
+    for g0, g1, r0, r1 in batch_passes(groups, rows, tile_rows if progress is not None else max(groups * rows, 1)):
+        c_tile = c_values if c_values.shape == (1, 1, 1) else c_values[g0:g1, r0:r1]
+        tile = (codes_a[g0:g1, r0:r1], codes_b[g0:g1], exponents_a[g0:g1, r0:r1], exponents_b[g0:g1], c_tile)
+        if window:
+            g, m, n = window_matmul(params, *tile, out[g0:g1, r0:r1])
+            if m.size:  # specials and out-of-range values: the generic kernel
+                _recompute(g, m, n, *tile, kernel_args, out[g0:g1, r0:r1])
         else:
-            K.matmul_rows(*tile, *kernel_args, out[start:stop])
+            K.matmul_groups(*tile, *kernel_args, out[g0:g1, r0:r1])
         if progress is not None:
-            progress(stop, rows)
-    return MatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shift)
+            progress((g1 - 1) * rows + r1, groups * rows)
+    return out
 
 
 def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, progress, tile_rows: int,
@@ -394,52 +564,42 @@ def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, 
     codes_a, codes_b, kernel_args = _operands_and_arguments(
         params, _codes(A.codes, "A", get_format(params.a_format), fields_given=True),
         _codes(B.codes, "B", get_format(params.b_format), fields_given=True))
-    c_values = _accumulator_inputs(c, (1, 1) if c is None else (rows, columns), params.c_format)
-    out = np.empty((rows, columns), dtype=kernel_output_dtype(params.output_format))
-    if not (method == "auto" and _group_route(params, codes_a, codes_b, scales_a, scales_b, c_values, kernel_args, out,
-                                              progress)):
-        for start in range(0, rows, tile_rows):
-            stop = min(start + tile_rows, rows)
-            c_tile = c_values if c is None else c_values[start:stop]
-            K.matmul_rows(codes_a[start:stop], codes_b, scales_a[start:stop], scales_b, c_tile, *kernel_args,
-                          out[start:stop])
-            if progress is not None:
-                progress(stop, rows)
+    c_values = _c_values(c, (rows, columns), params.c_format)
+    out = _gemm_groups(params, codes_a[None], codes_b[None], scales_a[None], scales_b[None], c_values, kernel_args,
+                       method, progress, tile_rows)[0]
     tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (1.0 if B.tensor_scale is None else B.tensor_scale)
     return MatmulResult(out.astype(output_dtype(params.output_format), copy=False), params.output_format,
                         tensor_scale=tensor_scale)
 
 
-def _group_route(params, codes_a, codes_b, scales_a, scales_b, c_values, kernel_args, out, progress) -> bool:
-    """Fill ``out`` through the group-sum route (:mod:`mxsim.datapath.groups`) if it applies,
-    the generic kernel computing the outputs it flags; False (nothing done) if it does not."""
-    if out.size == 0 or not groups_apply(params):
-        return False
-    m, n = groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out, progress)
-    if m.size:  # specials and out-of-range values: the generic kernel
-        _recompute(m, n, codes_a, codes_b, scales_a, scales_b, c_values, kernel_args, out)
-    return True
+def _c_values(c, shape: tuple, c_format: str) -> np.ndarray:
+    """The kernels' (1, M, N) c of one GEMM, or (1, 1, 1) +0 for None."""
+    if c is None:
+        return np.zeros((1, 1, 1), dtype=kernel_c_dtype(c_format))
+    return _accumulator_inputs(c, shape, c_format)[None]
 
 
-def _recompute(m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:
-    """out[m, n] = the generic kernel's outputs for the listed (row, column) pairs."""
-    c_pairs = np.full(m.size, c_values[0, 0]) if c_values.shape == (1, 1) else c_values[m, n]
-    pairs = np.empty(m.size, dtype=out.dtype)
-    K.dot_pairs(codes_a[m], codes_b[n], exponents_a[m], exponents_b[n], c_pairs.astype(c_values.dtype), *kernel_args, pairs)
-    out[m, n] = pairs
+def _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:
+    """out[g, m, n] = the generic kernel's outputs for the listed (group, row, column) triples."""
+    c_triples = np.full(m.size, c_values.flat[0]) if c_values.shape == (1, 1, 1) else c_values[g, m, n]
+    triples = np.empty(m.size, dtype=out.dtype)
+    K.dot_pairs(codes_a[g, m], codes_b[g, n], exponents_a[g, m], exponents_b[g, n], c_triples.astype(c_values.dtype),
+                *kernel_args, triples)
+    out[g, m, n] = triples
 
 
-def _tensor_scales(tensor: MXTensor, params: DatapathParams) -> np.ndarray:
+def _scales_for_unit(scales: np.ndarray, params: DatapathParams) -> np.ndarray:
+    """The kernels' scale array of an operand's E8M0 block-scale codes (any shape)."""
     if params.scales == "group_sum":  # the kernel reads E8M0 codes themselves there
         if params.scale_format != "e8m0":
             raise ArgumentError(f"this unit takes {params.scale_format} scales: give NVFP4Tensor operands")
-        return np.ascontiguousarray(tensor.scales, dtype=np.int32)
+        return np.ascontiguousarray(scales, dtype=np.int32)
     if params.scales == "none":
-        if (tensor.scales != 127).any():
+        if (scales != 127).any():
             raise ArgumentError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
                              "all 1: quantize it with per_tensor_scale=True (matmul(..., per_tensor_scale=True))")
-        return np.zeros(tensor.scales.shape, dtype=np.int32)
-    return tensor.scale_exponents
+        return np.zeros(scales.shape, dtype=np.int32)
+    return scale_exponents_of_codes(scales)
 
 
 def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None,

@@ -46,7 +46,7 @@ from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
 from .tables import FULL_TABLE_BITS
 
-ROW_TILE = 512  # rows of A per pass; fewer for wide outputs (scratch ~8 MiB per array)
+ROW_TILE = 512  # rows of A per pass (of all groups in it); fewer for wide outputs (scratch ~8 MiB per array)
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,31 +196,55 @@ def round_double_double_to_fp32(high, low, acc):
             acc[i, j] = np.float32(round_to_odd(total, error))
 
 
+def batch_passes(groups: int, rows: int, tile: int):
+    """(first group, last group + 1, first row, last row + 1) of each pass over a batch of
+    ``groups`` GEMMs of ``rows`` rows: whole groups together while they hold at most ``tile``
+    rows, else one group ``tile`` rows at a time."""
+    if rows <= tile:
+        together = max(1, tile // max(rows, 1))
+        for g in range(0, groups, together):
+            yield g, min(g + together, groups), 0, rows
+        return
+    for g in range(groups):
+        for start in range(0, rows, tile):
+            yield g, g + 1, start, min(start + tile, rows)
+
+
 def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
-                progress=None) -> list[tuple[int, int]]:
-    """Fill ``out`` (uint32 fp32 bits) with the unit's GEMM through float64 BLAS (see module doc).
+                progress=None) -> list[tuple[int, int, int]]:
+    """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
+    given as (N, K) through float64 BLAS (see module doc); codes and scales are (G, rows, ...),
+    ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
+    batch's outputs are those of its groups computed one by one.
 
     For an exact (Kulisch) accumulator the block sums are added exactly in two float64s;
-    returns the (row, column) outputs whose sum needed more (the caller recomputes them
-    with the kernel). Otherwise returns [].
+    returns the (group, row, column) outputs whose sum needed more (the caller recomputes
+    them with the kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts
+    rows of all groups.
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
-    rows, length = codes_a.shape
-    columns = codes_b.shape[0]
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
     width = slice_width(params)
     block = params.block_size
     kulisch = params.accumulator_format == "exact"
     leftovers = []
-    acc_all = out.view(np.float32)
+    # Rows of all groups as one (G * M, ...) array: a pass is a contiguous range of its rows.
+    acc_all = out.view(np.float32).reshape(groups * rows, columns)
+    flat_a = codes_a.reshape(groups * rows, length)
+    flat_scales_a = scales_a.reshape(groups * rows, -1)
+    flat_c = c_values.reshape(-1, columns) if c_values.shape != (1, 1, 1) else None
     tile = max(16, min(ROW_TILE, (1 << 20) // max(columns, 1)))  # scratch stays near 8 MiB per array
-    tree_sums = np.empty((tile, columns))
-    sums = np.empty((tile, columns))
-    errors = np.empty((tile, columns))
-    for start in range(0, rows, tile):
-        stop = min(start + tile, rows)
-        height = stop - start
-        acc = acc_all[start:stop]
-        acc[...] = c_values[0, 0] if c_values.shape == (1, 1) else c_values[start:stop]
+    passes = list(batch_passes(groups, rows, tile))
+    capacity = max(((g1 - g0 - 1) * rows + r1 - r0 for g0, g1, r0, r1 in passes), default=0)
+    tree_sums = np.empty((capacity, columns))
+    sums = np.empty((capacity, columns))
+    errors = np.empty((capacity, columns))
+    for g0, g1, r0, r1 in passes:
+        first, last = g0 * rows + r0, (g1 - 1) * rows + r1
+        height, together = last - first, g1 - g0
+        acc = acc_all[first:last]
+        acc[...] = c_values.flat[0] if flat_c is None else flat_c[first:last]
         if kulisch:
             high = sums[:height]
             low = errors[:height]
@@ -228,19 +252,21 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
             low[...] = 0.0
             inexact = np.zeros((height, columns), dtype=np.bool_)
         for k in range(0, length, width):
-            tree_a = a_values[codes_a[start:stop, k : k + width]]
-            tree_b = b_values[codes_b[:, k : k + width]]
+            tree_a = a_values[flat_a[first:last, k : k + width]]
+            tree_b = b_values[codes_b[g0:g1, :, k : k + width]]
             if params.scales != "none":  # exact power-of-two scaling (ldexp, not a rounded exp2)
-                tree_a = np.ldexp(tree_a, scales_a[start:stop, k // block, None])
-                tree_b = np.ldexp(tree_b, scales_b[:, k // block, None])
-            np.matmul(tree_a, tree_b.T, out=tree_sums[:height])
+                tree_a = np.ldexp(tree_a, flat_scales_a[first:last, k // block, None])
+                tree_b = np.ldexp(tree_b, scales_b[g0:g1, :, k // block, None])
+            products = tree_sums[:height]
+            np.matmul(tree_a.reshape(together, r1 - r0, -1), tree_b.transpose(0, 2, 1),
+                      out=products.reshape(together, r1 - r0, columns))
             if kulisch:
-                accumulate_double_double(high, low, inexact, tree_sums[:height])
+                accumulate_double_double(high, low, inexact, products)
             else:
-                accumulate_rne_fp32(acc, tree_sums[:height], sums[:height], errors[:height])
+                accumulate_rne_fp32(acc, products, sums[:height], errors[:height])
         if kulisch:
             round_double_double_to_fp32(high, low, acc)
-            leftovers.extend((start + int(i), int(j)) for i, j in zip(*np.nonzero(inexact)))
+            leftovers.extend(((first + int(i)) // rows, (first + int(i)) % rows, int(j)) for i, j in zip(*np.nonzero(inexact)))
         if progress is not None:
-            progress(stop, rows)
+            progress(last, groups * rows)
     return leftovers

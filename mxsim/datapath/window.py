@@ -149,11 +149,15 @@ def _arguments(params: DatapathParams):
 
 
 def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
-    """Fill ``out`` (M, N) with the GEMM's output bits; returns the (rows, columns) index
-    arrays of the outputs the generic kernel must compute."""
+    """Fill ``out`` (G, M, N) with the output bits of the batch of GEMMs A[g] (M, K) times
+    B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values`` (G, M, N) or
+    (1, 1, 1)); returns the (groups, rows, columns) index arrays of the outputs the generic
+    kernel must compute."""
     flags = np.empty(out.shape, dtype=np.uint8)
     W.window_matmul(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags,
                     numba.get_num_threads())
+    if not flags.any():  # the common case, several times faster to tell than nonzero
+        return tuple(np.empty(0, dtype=np.intp) for _ in range(flags.ndim))
     return np.nonzero(flags)
 
 

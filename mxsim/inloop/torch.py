@@ -60,6 +60,7 @@ class UnitInLoop(_Recorder):
     def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
                  per_tensor_scale, bar=None):
         super().__init__(torch, model, quant)
+        self.copies = False  # each layer is computed, and dropped, before the model goes on
         self.hw = hw
         self.a_format, self.b_format, self.out_format = a_format, b_format, out_format
         self.per_tensor_scale = per_tensor_scale
@@ -73,6 +74,23 @@ class UnitInLoop(_Recorder):
         if op == "aten.convolution" and "non-float" not in reason:
             skipped = self.skipped[-1]
             raise MxsimError(f"torch_unit: {skipped['name']} ({op}): {reason}; the unit cannot compute it")
+
+    def run_gemm(self, func, args, kwargs, a, b, bias=None):
+        """A placeholder of the call's output shape and dtype (no float GEMM: the unit's result
+        replaces it) when ``a`` and ``b`` are float matrices (or batches of them) of one dtype
+        whose product torch would compute; any other call runs in torch (which computes it, or
+        raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists)."""
+        torch = self.torch
+        operands = [t for t in (a, b, bias) if t is not None]
+        if (b is None or a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]
+                or any(not t.is_floating_point() or t.dtype != a.dtype for t in operands)
+                or (bias is not None and tuple(bias.shape) != (b.shape[-1],))):
+            return func(*args, **kwargs)
+        try:
+            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except RuntimeError:
+            return func(*args, **kwargs)
+        return torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
 
     def computed(self, layer: Layer) -> np.ndarray:
         self.layers.pop()  # the operands are not kept

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..formats._kernels import ROUND_STOCHASTIC, decompose, encode_bits, random32
+from ..formats._kernels import ROUND_STOCHASTIC, decompose, encode_bits, encode_finite, random32
 
 RULE_FLOOR = 0
 RULE_CEIL = 1
@@ -80,12 +80,35 @@ def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source,
     return floor_log2 + (1 if bump else 0) - emax
 
 
+@njit(cache=True)
+def encode_table(params, rounding, overflow, low, top_bits, table):
+    """Fill ``table`` with the code of every class of nonzero value the table path of
+    :func:`quantize_blocks` tells apart: entry ((sign * n + e - low) << (top_bits + 1)) |
+    (top << 1) | sticky, for e in [low, low + n), is the code of (-1)^sign * (2^top_bits + top
+    + sticky / 2) * 2^(e - top_bits) (``encode_finite``, deterministic roundings), n =
+    table.size / 2^(top_bits + 2). Every value whose leading bit is at e, whose next top_bits
+    bits are ``top`` and whose lower bits are nonzero iff ``sticky`` has the same code when
+    the rounding point of the format lies at most top_bits - 1 bits below the leading bit
+    (``_table_shape`` in ``quantize.mx``), as its quotient, round bit and sticky bit are the
+    same."""
+    n_exponents = table.size >> (top_bits + 2)
+    for sign in range(2):
+        for index in range(n_exponents):
+            e = np.int64(low + index)
+            for top in range(1 << top_bits):
+                for sticky in range(2):
+                    significand = (((np.int64(1) << top_bits) | top) << 1) | sticky
+                    entry = ((sign * n_exponents + index) << (top_bits + 1)) | (top << 1) | sticky
+                    table[entry] = encode_finite(np.int64(sign), significand, e - top_bits - 1, e, params, rounding,
+                                                 overflow, np.int64(0))
+
+
 @njit(cache=True, parallel=True)
 def quantize_blocks(
     bits, in_exponent_bits, in_mantissa_bits,
     element_params, rule, source, emax, top_fraction_bits, max_ratio_q52,
     rounding, overflow, nonfinite, underflow, clamp_high, min_exponent, min_scale_element_exponent, seed,
-    codes_out, scale_exponents_out,
+    table, table_low, table_high, table_top_bits, codes_out, scale_exponents_out,
 ):
     """Quantize a (blocks, block_size) array of IEEE-binary bit patterns.
 
@@ -96,6 +119,13 @@ def quantize_blocks(
     x * 2^-``min_scale_element_exponent`` when that is not NO_EXPONENT.
     For the even rule, an amax that rounds past the input format's largest binade (to its
     Inf pattern) counts as an Inf in the block, unless ``nonfinite`` is propagate.
+
+    A nonempty ``table`` (from :func:`encode_table`, for exponents ``table_low`` to
+    ``table_high`` and ``table_top_bits`` bits below the leading one) encodes the normal
+    inputs: the scaled value's exponent, clamped to that range (below it every value rounds
+    as at ``table_low``, above it every value overflows), its top bits and whether any bit
+    below them is set index the code. Zeros, subnormal and non-finite inputs, and every
+    input when the table is empty, go through ``encode_bits``.
     """
     n_blocks, block_size = bits.shape
     total_bits = 1 + in_exponent_bits + in_mantissa_bits
@@ -103,6 +133,14 @@ def quantize_blocks(
     inf_bits = np.uint64((1 << in_exponent_bits) - 1) << np.uint64(in_mantissa_bits)
     # The even rule adds half a unit of the element precision to amax's bits (then drops the
     # fraction): reaching inf_bits means the rounded amax is Inf.
+    input_bias = np.int64((1 << (in_exponent_bits - 1)) - 1)
+    field_mask = np.uint64((1 << in_exponent_bits) - 1)
+    top_shift = np.uint64(max(in_mantissa_bits - table_top_bits, 0))
+    top_mask = np.uint64((1 << table_top_bits) - 1)
+    sticky_mask = (np.uint64(1) << top_shift) - np.uint64(1)
+    sign_shift = np.uint64(total_bits - 1)
+    n_table_exponents = table_high - table_low + 1
+    use_table = table.size > 0 and rounding != ROUND_STOCHASTIC
     even_half_step = np.uint64(0)
     if rule == RULE_EVEN and in_mantissa_bits > top_fraction_bits:
         even_half_step = np.uint64(1) << np.uint64(in_mantissa_bits - top_fraction_bits - 1)
@@ -153,9 +191,18 @@ def quantize_blocks(
         if exponent == E8M0_MIN_EXPONENT and min_scale_element_exponent != NO_EXPONENT:
             element_exponent = min_scale_element_exponent
         for j in range(block_size):
+            value = np.uint64(bits[b, j])
+            field = np.int64((value >> np.uint64(in_mantissa_bits)) & field_mask)
+            if use_table and field != 0 and field != np.int64(field_mask):
+                e = min(max(field - input_bias - element_exponent, table_low), table_high)
+                entry = (((np.int64(value >> sign_shift) * n_table_exponents + e - table_low) << (table_top_bits + 1))
+                         | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
+                         | np.int64((value & sticky_mask) != np.uint64(0)))
+                codes_out[b, j] = table[entry]
+                continue
             draw32 = random32(seed, b * block_size + j) if rounding == ROUND_STOCHASTIC else np.int64(0)
             codes_out[b, j] = encode_bits(
-                bits[b, j], in_exponent_bits, in_mantissa_bits, -element_exponent, element_params, rounding, overflow,
+                value, in_exponent_bits, in_mantissa_bits, -element_exponent, element_params, rounding, overflow,
                 draw32,
             )
 

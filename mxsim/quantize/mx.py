@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -12,6 +13,7 @@ import numpy as np
 from ..errors import ArgumentError, MxsimError
 from ..formats import FormatInfo, format_names, get_format
 from ..formats.rounding import overflow_code, rounding_code
+from ..formats import _kernels as FK
 from ..formats.table import E8M0_BIAS, E8M0_NAN, INPUT_FLOATS, as_float_array
 from ..limits import check_array_budget, check_axis, check_block_size, check_int
 from . import _kernels as K
@@ -292,17 +294,53 @@ def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, ax
     emax = element_format.scale_emax
     max_ratio_q52 = int(Fraction(element_format.max_finite) / Fraction(2) ** emax * 2**52)
     even_fraction_bits = dict(opts.even_fraction_bits).get(element_format.name, element_format.top_fraction_bits)
+    rounding, overflow = rounding_code(opts.element_rounding), overflow_code(opts.element_overflow)
+    table, table_low, table_high, top_bits = _encode_table(element_format, rounding, overflow, mantissa_bits)
     K.quantize_blocks(
         bits, exponent_bits, mantissa_bits,
         element_format.kernel_params, _RULES[opts.scale_rule], _SOURCES[opts.exponent_source],
         emax, even_fraction_bits, max_ratio_q52,
-        rounding_code(opts.element_rounding), overflow_code(opts.element_overflow),
+        rounding, overflow,
         _NONFINITE.get(opts.nonfinite, K.NONFINITE_NAN_BLOCK), _UNDERFLOW[opts.scale_underflow],
         opts.scale_overflow == "clamp", _min_exponent(element_format, opts),
         K.NO_EXPONENT if opts.min_scale_element_exponent is None else opts.min_scale_element_exponent, opts.seed,
-        codes, exponents,
+        table, table_low, table_high, top_bits, codes, exponents,
     )
     return codes.reshape(moved.shape), exponents.reshape(moved.shape[:-1] + (moved.shape[-1] // block_size,)), axis, padding
+
+
+MAX_TABLE_ENTRIES = 1 << 20  # codes of the encode table (uint16: 2 MiB)
+_NO_TABLE = np.zeros(0, dtype=np.uint16)
+_NO_TABLE.setflags(write=False)  # read-only as the tables: one kernel signature
+
+
+@functools.lru_cache(maxsize=64)
+def _encode_table(element_format: FormatInfo, rounding: int, overflow: int, in_mantissa_bits: int):
+    """(table, lowest exponent, highest exponent, top bits) of ``quantize_blocks``'s table path
+    (``_kernels.encode_table``), or an empty table where it does not apply: stochastic
+    rounding (each element draws), codes over 16 bits, inputs with fewer mantissa bits than
+    the table reads, or a table over MAX_TABLE_ENTRIES.
+
+    The table reads ``top_bits`` bits below the leading one: enough that the format's rounding
+    point (its quantum at the value's binade) lies among them for every exponent up to emax,
+    so those bits and one sticky bit decide the rounding. Its exponents run from low, where a
+    value lies below half the format's smallest quantum (every lower one rounds alike), to
+    emax + 1 (every higher one overflows alike)."""
+    params = element_format.kernel_params
+    bias, mantissa_bits, emax = (int(params[FK.P_BIAS]), int(params[FK.P_MANTISSA_BITS]), int(params[FK.P_EMAX]))
+    if params[FK.P_EXPONENT_BITS] == 0:  # fixed point: one quantum 2^(1 - bias - m) at every exponent
+        top_bits = max(mantissa_bits + 1, emax - (1 - bias - mantissa_bits) + 1)
+    else:  # the quantum of a binade e is at least 2^(e - m)
+        top_bits = mantissa_bits + 1
+    low, high = -bias - mantissa_bits - 2, emax + 1
+    entries = 2 * (high - low + 1) << (top_bits + 1)
+    if (rounding == FK.ROUND_STOCHASTIC or element_format.field_bits > 16 or top_bits > in_mantissa_bits
+            or entries > MAX_TABLE_ENTRIES):
+        return _NO_TABLE, 0, 0, 0
+    table = np.empty(entries, dtype=np.uint16)
+    K.encode_table(params, rounding, overflow, low, top_bits, table)
+    table.setflags(write=False)
+    return table, low, high, top_bits
 
 
 def _min_exponent(element_format: FormatInfo, opts: QuantOptions) -> int:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..datapath import matmul
+from ..datapath.api import times_power_of_two
 from ..datapath.config import exact_unit
 from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
@@ -469,8 +470,14 @@ def accumulator_input(c: np.ndarray | None, shift: int = 0) -> np.ndarray | None
     caller adds the bias after the GEMM, in float64)."""
     if c is None:
         return None
-    scaled = np.ldexp(c, -shift)
-    narrowed = scaled.astype(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        narrowed = c.astype(np.float32)
+        if np.array_equal(narrowed, c):  # float32 values (the common bias): scaled in float32, half the bytes
+            scaled = times_power_of_two(narrowed, -shift) if shift else narrowed
+            # exact iff scaling back restores it (power-of-two scaling rounds only on under/overflow)
+            return scaled if not shift or np.array_equal(times_power_of_two(scaled, shift), narrowed) else None
+        scaled = np.ldexp(c, -shift)
+        narrowed = scaled.astype(np.float32)
     return narrowed if np.array_equal(narrowed.astype(np.float64), scaled) else None
 
 

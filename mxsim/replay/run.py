@@ -33,7 +33,8 @@ import numpy as np
 
 from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
-from ..datapath import HardwareConfig, as_float, matmul
+from ..datapath import HardwareConfig, as_float, matmul_batched
+from ..datapath.api import times_power_of_two
 from ..errors import IncompleteResultError, MxsimError
 from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
@@ -290,8 +291,10 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     ``operands`` (from :func:`layer_operands`) and the model's ideal ``ideal`` (a tuple from
     :func:`ideal_gemm`, or a function returning it) may be passed in when already computed
     for this layer. ``with_ideal=False`` skips the ideal (``ideal`` and ``gemm_ideal`` are
-    then None), as end-to-end runs do. ``matmul_fn`` stands in for :func:`mxsim.matmul`
-    (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into cluster tasks).
+    then None), as end-to-end runs do. The layer's groups (attention heads, conv groups) run
+    in one :func:`mxsim.matmul_batched` call; ``matmul_fn`` stands in for :func:`mxsim.matmul`
+    called per group (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into
+    cluster tasks).
     ``weight_format``: the weight's format when it differs from ``element_format``;
     ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
     the unit's output.
@@ -329,24 +332,29 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     scaled_linear = at.op == "linear" and at.attrs.get("alpha", 1.0) != 1.0
     bias = None if scaled_linear else gemm_bias(at, ops.bias)
     matmul_options = {} if out_format is None else {"out_format": out_format}
-    results = []
-    c_entered = []
-    for g in range(shape.groups):
-        qa = tensors["input"][g]
-        rows = tensors["weight"][g]
-        # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
-        qb = MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
-                      rows.padding, rows.options, rows.tensor_scale_exponent)
-        shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
-        # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
-        c = None if bias is None or accumulator_input(bias[g], shift) is None else bias[g].astype(np.float32)
-        c_entered.append(c is not None)
-        results.append((matmul_fn or matmul)(hw, qa, qb, c=c, **matmul_options))
-    # decoded once for all groups: MatmulResult.values, group by group, in one call
-    bits = np.stack([r.bits for r in results]) if results else np.empty((0, shape.m, shape.n), dtype=np.uint32)
-    shifts = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
-    out = as_float(bits, results[0].out_format) if results else np.empty(bits.shape)
-    out = np.ldexp(out, shifts) if shifts.any() else out
+    # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
+    qbs = [MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
+                    rows.padding, rows.options, rows.tensor_scale_exponent) for rows in tensors["weight"]]
+    shifts = [qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)]
+    # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
+    cs = [None if bias is None or accumulator_input(bias[g], shifts[g]) is None else bias[g].astype(np.float32)
+          for g in range(shape.groups)]
+    c_entered = [c is not None for c in cs]
+    if not shape.groups:
+        bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
+        out = np.empty(bits.shape)
+    elif matmul_fn is None:  # all groups (attention heads, conv groups) in one batched call
+        zero = np.zeros((shape.m, shape.n), dtype=np.float32)  # +0: the c of a group without one
+        c = np.stack([zero if c is None else c for c in cs]) if any(c_entered) else None
+        batch = matmul_batched(hw, tensors["input"], qbs, c=c, **matmul_options)
+        bits, out = batch.bits, batch.values
+    else:
+        results = [matmul_fn(hw, qa, qb, c=c, **matmul_options) for qa, qb, c in zip(tensors["input"], qbs, cs)]
+        # decoded once for all groups: MatmulResult.values, group by group, in one call
+        bits = np.stack([r.bits for r in results])
+        out = as_float(bits, results[0].out_format)
+        exponents = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
+        out = times_power_of_two(out, exponents) if exponents.any() else out
     if bias is not None and not all(c_entered):
         late = ~np.array(c_entered)
         out[late] += bias[late]
