@@ -157,7 +157,7 @@ def test_group_route_equals_generic_kernel_and_fraction_twin(params, shape, corn
     fast = np.empty((rows, columns), dtype=np.uint32)
     left = groups_matmul(params, a, b, scale_a, scale_b, c, fast)
     slow = np.empty((rows, columns), dtype=np.uint32)
-    K.matmul_rows(a, b, scale_a, scale_b, c, *_kernel_arguments(params)[2], slow)
+    K.matmul_groups(a[None], b[None], scale_a[None], scale_b[None], c[None], *_kernel_arguments(params)[2], slow[None])
     unflagged = np.ones(fast.shape, dtype=bool)
     unflagged[left] = False
     # The route's own outputs (before any generic fallback) against both.
