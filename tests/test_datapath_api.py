@@ -967,6 +967,11 @@ def test_fp64_explain_agrees_with_dot():
     for m in range(4):
         told = explain(hw("h100-dmma"), a[m], b[m], a_format="fp64", b_format="fp64", c=float(c[m]))
         assert told["bits"] == bits[m] and [s["stage"] for s in told["stages"]].count("accumulate") == 8
+    one = fp64.encode(np.ones(2))
+    assert explain(hw("h100-dmma"), one, one, a_format="fp64", b_format="fp64", c=-10**400)["value"] == -math.inf
+    for c_format, value in (("fp16", 2.0**-24), ("fp32", 3 * 2.0**-26)):  # c rounds into its format first
+        assert explain(hw("v100"), [0], [0], a_format="fp16", b_format="fp16", c=3 * 2.0**-26,
+                       c_format=c_format)["value"] == value
 
 
 # --- NVFP4 GEMMs ----------------------------------------------------------------------------------
