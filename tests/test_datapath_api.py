@@ -927,6 +927,10 @@ def test_fp64_products_refuse_what_would_cut_them(tmp_path, path, value):
     config.write_text(text)
     with pytest.raises(ConfigError, match=rf"{path}: .*106 bits.*exact trees"):
         load_hwconfig(config)
+    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), **{key: value})  # the field is the key
+    codes = get_format("fp64").encode(np.ones((1, 4)))
+    with pytest.raises(ConfigError, match=rf"<params>: {path}: .*106 bits"):  # resolved params: refused as well
+        dot_with_params(params, codes, codes)
 
 
 @pytest.mark.parametrize("c, c_format, message", [

@@ -294,6 +294,7 @@ def products_fit_float64(a_params, b_params):
     highest = a_params[P_EMAX] + b_params[P_EMAX] + 1
     return bits <= 53 and lowest - 254 >= -1074 and highest + 254 < 1024
 
+
 @njit(cache=True, inline="always")
 def padded_length(n_elements, cfg):
     """K padded to a whole number of term-order periods: the padded positions are empty (no

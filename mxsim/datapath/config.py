@@ -175,7 +175,7 @@ def check_consistency(params: DatapathParams, source: str) -> None:
         raise ConfigError(source, "adder.trees_in_blocks", "trees restarting at blocks need k order and no promotion "
                           "(term_order and promotion_interval null)")
     if not products_fit_float64(get_format(params.a_format), get_format(params.b_format)):
-        _check_wide_products(params, source)
+        check_wide_products(params, source)
     if params.grid_fraction_bits is not None:
         _check_grid(params, source)
     if params.promotion_interval is not None:
@@ -190,7 +190,7 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             raise ConfigError(source, "accumulator.promotion_interval", "c starts the outer accumulator: c_entry must be 'initial'")
 
 
-def _check_wide_products(params: DatapathParams, source: str) -> None:
+def check_wide_products(params: DatapathParams, source: str) -> None:
     """Products wider than a float64 (fp64 operands: 106 bits, down to 2^-2148) are held
     exactly only as they enter an exact sum: the kernel refuses every key that would cut one."""
     needs = {
