@@ -1152,6 +1152,10 @@ def test_fp64_products_refuse_what_would_cut_them(tmp_path, path, value):
     config.write_text(text)
     with pytest.raises(ConfigError, match=rf"{path}: .*106 bits.*exact trees"):
         load_hwconfig(config)
+    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), **{key: value})  # the field is the key
+    codes = get_format("fp64").encode(np.ones((1, 4)))
+    with pytest.raises(ConfigError, match=rf"<params>: {path}: .*106 bits"):  # resolved params: refused as well
+        dot_with_params(params, codes, codes)
 
 
 @pytest.mark.parametrize("c, c_format, message", [
@@ -1192,6 +1196,11 @@ def test_fp64_explain_agrees_with_dot():
     for m in range(4):
         told = explain(hw("h100-dmma"), a[m], b[m], a_format="fp64", b_format="fp64", c=float(c[m]))
         assert told["bits"] == bits[m] and [s["stage"] for s in told["stages"]].count("accumulate") == 8
+    one = fp64.encode(np.ones(2))
+    assert explain(hw("h100-dmma"), one, one, a_format="fp64", b_format="fp64", c=-10**400)["value"] == -math.inf
+    for c_format, value in (("fp16", 2.0**-24), ("fp32", 3 * 2.0**-26)):  # c rounds into its format first
+        assert explain(hw("v100"), [0], [0], a_format="fp16", b_format="fp16", c=3 * 2.0**-26,
+                       c_format=c_format)["value"] == value
 
 
 # --- NVFP4 GEMMs ----------------------------------------------------------------------------------

@@ -299,6 +299,7 @@ def products_fit_float64(a_params, b_params):
     highest = a_params[P_EMAX] + b_params[P_EMAX] + 1
     return bits <= 53 and lowest - 254 >= -1074 and highest + 254 < 1024
 
+
 @njit(cache=True, inline="always")
 def padded_length(n_elements, cfg):
     """K padded to a whole number of term-order periods: the padded positions are empty (no
@@ -375,14 +376,24 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
         shift = scale_a + scale_b
     check = 0.0
     count = 0
-    for k in range(start, stop):
-        value_a, exponent_a = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
-        value_b, exponent_b = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
-        product = value_a * value_b
-        terms[count] = product
-        exponents[count] = exponent_a + exponent_b
-        check += product
-        count += 1
+    if a_values.shape[0] != 0 and b_values.shape[0] != 0:  # tables for both: the branch-free loop
+        for k in range(start, stop):
+            code_a = a_codes[k]
+            code_b = b_codes[k]
+            product = a_values[code_a] * b_values[code_b]
+            terms[count] = product
+            exponents[count] = a_exponents[code_a] + b_exponents[code_b]
+            check += product
+            count += 1
+    else:
+        for k in range(start, stop):
+            value_a, exponent_a = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
+            value_b, exponent_b = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
+            product = value_a * value_b
+            terms[count] = product
+            exponents[count] = exponent_a + exponent_b
+            check += product
+            count += 1
     if not (scale_ok and math.isfinite(check) and check != 0.0):
         return count, 0, False
     tree_scale = 0

@@ -17,11 +17,11 @@ from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import batch_passes, blas_applies, blas_matmul, subnormals_work
-from .config import HardwareConfig, load_hwconfig
+from .config import HardwareConfig, check_wide_products, load_hwconfig
 from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
 from .schema import FLOAT32_FORMATS, DatapathParams, kernel_record
-from .tables import element_operand, scale_tables, sum_format
+from .tables import element_operand, products_fit_float64, scale_tables, sum_format
 from .window import window_applies, window_dot, window_matmul
 
 #: Longest dot product :func:`explain` takes (its reference twin runs in pure Python).
@@ -194,6 +194,8 @@ def _kernel_arguments(params: DatapathParams):
     kernel decodes itself, see ``tables.element_operand``), the kernel record, the term
     order, the formats' parameters and the scale tables."""
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
+    if not products_fit_float64(a_fmt, b_fmt):  # resolved params skip the loader: the kernel cannot cut them
+        check_wide_products(params, "<params>")
     a_values, a_exponents = element_operand(a_fmt, params.input_subnormals)
     b_values, b_exponents = element_operand(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)

@@ -176,7 +176,7 @@ def check_consistency(params: DatapathParams, source: str) -> None:
         raise ConfigError(source, "adder.trees_in_blocks", "trees restarting at blocks need k order and no promotion "
                           "(term_order and promotion_interval null)")
     if not products_fit_float64(get_format(params.a_format), get_format(params.b_format)):
-        _check_wide_products(params, source)
+        check_wide_products(params, source)
     if params.grid_fraction_bits is not None:
         _check_grid(params, source)
     if params.product_overflow_exponent is not None and params.scales == "group_sum":
@@ -228,7 +228,7 @@ def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) ->
             raise ConfigError(source, path, f"{what} needs {wanted}")
 
 
-def _check_wide_products(params: DatapathParams, source: str) -> None:
+def check_wide_products(params: DatapathParams, source: str) -> None:
     """Products wider than a float64 (fp64 operands: 106 bits, down to 2^-2148) are held
     exactly only as they enter an exact sum: the kernel refuses every key that would cut one."""
     _check_needs(params, source, f"{params.a_format} x {params.b_format} (products of up to 106 bits, summed exactly "
