@@ -163,6 +163,7 @@ def run(capsys, *argv):
     (["--hw", str(OCP), "--timeout", "0"], "--timeout"),
     (["--hw", str(REPO / "hwconfigs" / "no-such.yaml")], "no-such.yaml"),
     (["--unit", "json:dumps"], "the unit raised"),
+    (["--hw", str(OCP), "--c-format", "fp8_e4m3"], "--c-format"),
 ])
 def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
     out = tmp_path / "unit.yaml"
