@@ -163,7 +163,6 @@ def run(capsys, *argv):
     (["--hw", str(OCP), "--timeout", "0"], "--timeout"),
     (["--hw", str(REPO / "hwconfigs" / "no-such.yaml")], "no-such.yaml"),
     (["--unit", "json:dumps"], "the unit raised"),
-    (["--hw", str(OCP), "--c-format", "fp8_e4m3"], "--c-format"),
 ])
 def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
     out = tmp_path / "unit.yaml"
@@ -172,6 +171,14 @@ def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
     assert status == 2
     assert err.count("\n") == 1 and err.startswith("mxsim probe: error:") and message in err
     assert not out.exists()
+
+
+def test_cli_probe_bad_c_format_is_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
+              "--out", str(tmp_path / "u.yaml"), "--c-format", "fp8_e4m3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--c-format" in err
 
 
 def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
