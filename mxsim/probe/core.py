@@ -11,7 +11,9 @@ a validation on fresh random vectors (realistic data and uniformly random codes)
 counts mismatches; any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
-hypothesis kept is the one whose validation counted the fewest mismatches, and that count,
+hypothesis kept is the one whose validation counted the fewest mismatches (over the main
+search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned
+and one from a coarse joint start: docs/probe.md), and that count,
 measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
 """
 
