@@ -452,7 +452,7 @@ def cmd_probe(args) -> int:
                                         timeout=args.timeout)
     try:
         result = probe(unit, args.a_format, args.b_format, args.k, block_size=32 if block_size is None else block_size,
-                       out_format=args.out_format, seed=args.seed, validation_vectors=args.validation,
+                       out_format=args.out_format, c_format=args.c_format, seed=args.seed, validation_vectors=args.validation,
                        corner_vectors=args.corners, budget=args.budget, name=args.name)
     finally:
         if closing is not None:
@@ -628,8 +628,10 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--a-format", required=True)
     probe.add_argument("--b-format", required=True)
     probe.add_argument("--k", type=int, required=True, help="the dot length the unit takes")
-    probe.add_argument("--block-size", type=int, help="elements per E8M0 scale (default: --hw's, else 32)")
+    probe.add_argument("--block-size", type=int, help="elements per block scale (default: --hw's, else 32)")
     probe.add_argument("--out-format", choices=["fp32", "fp16", "bf16"], default="fp32")
+    probe.add_argument("--c-format", choices=["fp32", "fp16", "bf16"], default="fp32",
+                       help="the values of c the unit takes (sent as fp32 bits; default fp32)")
     probe.add_argument("--out", required=True, help="the hwconfig YAML to write")
     probe.add_argument("--report", metavar="JSON", help="also write the evidence report as JSON")
     probe.add_argument("--seed", type=int, default=0)

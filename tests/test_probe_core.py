@@ -46,18 +46,23 @@ CI_PATHS = {
     "h100-wgmma": ("fp8_e4m3", "fp8_e5m2", "fp16", 32),
     "b200-tcgen05": ("fp6_e3m2", "fp4_e2m1", "fp32", 64),
     "b200-tcgen05-mxf8f6f4": ("fp8_e4m3", "fp6_e2m3", "fp32", 64),
+    # scales: group_sum: exact group sums times the scale pair, one window anchored at the largest scale
+    "b200-tcgen05-mxf4nvf4": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),  # UE4M3 per 16 (NVFP4)
+    "b200-tcgen05-mxf4": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),  # E8M0 per 32
+    "b200-tcgen05-mxf4nvf4-e8m0-block16": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),  # E8M0 per 16
 }
 #: Configs that extend one above without changing the datapath.
 SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h200-fp8": "h100",
            "ada-fp8": "ada", "b200-fp8": "b200", "t4": "a100", "h200-wgmma": "h100-wgmma",
            "h100-wgmma-fp8": "h100-wgmma", "b200-tcgen05-fp8": "b200-tcgen05", "rtx50": "b200-tcgen05",
-           "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4",
+           "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4", "b200-nvfp4": "b200-tcgen05-mxf4nvf4",
+           "rtx50-mma-mxf4nvf4": "b200-tcgen05-mxf4nvf4", "rtx50-mma-mxf4": "b200-tcgen05-mxf4",
+           "rtx50-mma-mxf4nvf4-e8m0-block16": "b200-tcgen05-mxf4nvf4-e8m0-block16",
            "ada-dmma": "a100-dmma", "h100-dmma": "a100-dmma", "b200-dmma": "a100-dmma", "rtx50-dmma": "a100-dmma",
            "mi300-f64": "mi250-f64"}
-#: Configs the probe cannot characterise yet: scales: group_sum (its ue4m3 scale codes, and the
-#: group sums, have no probe; docs/probe.md).
-NOT_PROBED = {"b200-tcgen05-mxf4nvf4", "b200-tcgen05-mxf4", "b200-tcgen05-mxf4nvf4-e8m0-block16", "b200-nvfp4",
-              "rtx50-mma-mxf4", "rtx50-mma-mxf4nvf4", "rtx50-mma-mxf4nvf4-e8m0-block16"}
+#: Keys the probe must find as a group-sum config has them (no other value gives its outputs on
+#: every input: the round trip's vectors alone seldom show a wrong group size).
+GROUP_KEYS = ("scales", "scale_format", "group_terms")
 
 
 #: Matrix-core configs whose keys no probe decides yet (pairwise rounded adds, the second
@@ -70,25 +75,13 @@ FP64_NOT_PROBED = {"a100-dmma", "mi250-f64"}
 
 
 def test_every_shipped_config_is_probed():
-    assert {p.stem for p in HW.glob("*.yaml")} == (set(CI_PATHS) | set(SAME_AS) | NOT_PROBED | MATRIX_CORES_NOT_PROBED
+    assert {p.stem for p in HW.glob("*.yaml")} == (set(CI_PATHS) | set(SAME_AS) | MATRIX_CORES_NOT_PROBED
                                                    | FP64_NOT_PROBED)
 
 
 @pytest.mark.parametrize("name", sorted(FP64_NOT_PROBED))
 def test_configs_not_probed_are_the_fp64_units(name):
     assert load_hwconfig(HW / f"{name}.yaml").a_formats == ("fp64",)
-
-
-@pytest.mark.parametrize("name", sorted(NOT_PROBED))
-def test_configs_not_probed_are_the_group_sum_units(name):
-    config = load_hwconfig(HW / f"{name}.yaml")
-    assert config.params(config.a_formats[0], config.b_formats[0]).scales == "group_sum"
-
-
-def test_probed_configs_have_no_group_sums():
-    for name in set(CI_PATHS) | set(SAME_AS):
-        config = load_hwconfig(HW / f"{name}.yaml")
-        assert all(config.params(a, b).scales != "group_sum" for a, b in config.format_pairs), name
 
 
 @pytest.mark.parametrize("name, base", sorted(SAME_AS.items()))
@@ -125,9 +118,13 @@ def _test_vectors(config, a_format, b_format, k, rng, n=1500):
     if b_fmt.twos_complement:
         b[b == 0x80] = 0
     blocks = -(-k // params.block_size)
-    scales = [rng.integers(118, 137, (n, blocks)).astype(np.uint8) for _ in range(2)]
-    for s in scales:
-        s[rng.random(s.shape) < 0.02] = rng.integers(0, 256)
+    scale_fmt = get_format(params.scale_format)
+    codes = np.arange(1 << scale_fmt.bits, dtype=np.uint64)
+    with np.errstate(divide="ignore"):
+        near_one = codes[np.abs(np.log2(scale_fmt.decode(codes))) <= 9]  # 2^-9 .. 2^9 (NaN out)
+    scales = [rng.choice(near_one, (n, blocks)).astype(np.uint8) for _ in range(2)]
+    for s in scales:  # a few of any code: NaN, zero, extremes
+        s[rng.random(s.shape) < 0.02] = rng.integers(0, len(codes))
     c = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     c[rng.random(n) < 0.5] = np.float32(rng.standard_normal()).view(np.uint32)
     return a, b, scales, c
@@ -139,6 +136,8 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     unit = HwconfigUnit(config, a_format, b_format, out_format)
     result = probe(unit, a_format, b_format, k, block_size=unit.block_size, out_format=out_format,
                    validation_vectors=1024, corner_vectors=256)
+    print(f"{name} {a_format} x {b_format} -> {out_format}, K = {k}: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.passes} passes, {result.validation.mismatches} / {result.validation.vectors} mismatches")
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.queries <= 100_000
     emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>")
@@ -151,6 +150,9 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     got = dot(emitted, a, b, scale_a=sa if probed_scaled else None, scale_b=sb if probed_scaled else None, **kwargs)
     nan = np.isnan(as_values(want, out_format)) & np.isnan(as_values(got, out_format))
     assert int(np.count_nonzero((want != got) & ~nan)) == 0
+    shipped, probed = unit.params, emitted.params(a_format, b_format, out_format)
+    if shipped.scales == "group_sum":
+        assert {key: getattr(probed, key) for key in GROUP_KEYS} == {key: getattr(shipped, key) for key in GROUP_KEYS}
 
 
 def as_values(bits, out_format):
@@ -202,6 +204,24 @@ def test_budget_and_arguments():
         probe(unit, "fp4_e2m1", "fp4_e2m1", 32, out_format="fp8_e4m3")
     with pytest.raises(Exception, match="e8m0"):
         probe(unit, "e8m0", "fp4_e2m1", 32)
+    with pytest.raises(Exception, match="c_format"):
+        probe(unit, "fp4_e2m1", "fp4_e2m1", 32, c_format="fp8_e4m3")
+
+
+def test_a_unit_taking_fp16_c_is_asked_fp16_values_only():
+    """c_format: every c asked is a value fp16 holds; a unit refusing others answers throughout."""
+    unit = HwconfigUnit(HW / "v100.yaml", "fp16", "fp16", "fp32")
+    asked = []
+
+    def fp16_c_only(a, b, sa, sb, c):
+        values = c.view(np.float32)
+        with np.errstate(over="ignore"):
+            assert np.array_equal(values.astype(np.float16).astype(np.float32), values, equal_nan=True)
+        asked.append(len(c))
+        return unit(a, b, sa, sb, c)
+
+    result = probe(fp16_c_only, "fp16", "fp16", 16, c_format="fp16", validation_vectors=256, corner_vectors=64)
+    assert sum(asked) == result.queries and result.validation.mismatches == 0
 
 
 def test_deterministic_for_a_seed():

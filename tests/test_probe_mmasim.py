@@ -1,43 +1,172 @@
-"""The probe on a live model: MMA-Sim's NVIDIA Volta mma (m8n8k4, fp16 in, fp32 out) through
-the callable adapter must come out with the datapath hwconfigs/v100.yaml describes (from
-Khattak & Mikaitis' measurements, an independent source), and the validation must report
-what it measured: MMA-Sim gives +0 for some exact zeros where the IEEE rule (and mxsim) gives
--0, and non-canonical NaNs, so the count is small but not zero (docs/probe.md)."""
+"""The probe on a live model: every NVIDIA family MMA-Sim (``mmasim``; Xie et al., arXiv
+2511.10909) models, probed as a black box through the callable adapter, must come out as a
+config that reproduces it with 0 mismatches on the probe's validation vectors.
+
+The families are read from MMA-Sim's own tables of supported instructions (architecture x
+instruction class x shape-and-type), one per distinct (architecture, class, kind, K, types,
+block, scale type); the instruction objects themselves say the element, c, output and scale
+types. Volta's family must also come out with the datapath of hwconfigs/v100.yaml (from
+Khattak & Mikaitis' measurements, an independent source).
+
+CI probes one family per instruction class and scale type, drawn with a fixed seed;
+``MXSIM_PROBE_LONG=1`` probes every family (docs/probe.md records the long run). Another
+vendor's families are one more entry in ``SOURCES``. Needs the ``oracles`` extra; skipped
+without it, failed instead when CI is set.
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
+import random
+from dataclasses import dataclass
+
 import numpy as np
+import pytest
 import yaml
 
 from conftest import REPO, import_or_skip
 from mxsim.datapath import load_hwconfig, parse_hwconfig
 from mxsim.probe import probe
 
+LONG = bool(os.environ.get("MXSIM_PROBE_LONG"))
+#: MMA-Sim's PTX element and scale types as mxsim formats; families of other types (f64) are left out.
+PTX_FORMATS = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "f32": "fp32", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
+               "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1"}
+SCALE_FORMATS = {"float8_e8m0fnu": "e8m0", "float8_e4m3fn": "ue4m3"}
+VALUE_FORMATS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: Where the families come from: (module, {instruction class: table of supported shape-and-types
+#: per architecture, as "module attribute"}).
+SOURCES = {
+    "mmasim.nv_ptx": {"MMA": "isa_mma.mma_shape_and_type",
+                      "MMABlockScale": "isa_mma.mma_block_scale_shape_and_type",
+                      "WGMMA": "isa_wgmma.wgmma_shape_and_type",
+                      "TCGen05MMA": "isa_tcgen05mma.tcgen05mma_shape_and_type",
+                      "TCGen05MMABlockScale": "isa_tcgen05mma.tcgen05mma_block_scale_shape_and_type"},
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    module: str
+    op: str
+    arch: str
+    ptx: str
+    kind: str
+    a: str
+    b: str
+    c: str
+    out: str
+    k: int
+    block: int | None
+    scale: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.arch}/{self.op}/{self.ptx}".replace(" ", "_")
+
+
+def _families() -> list[Family]:
+    families, seen = [], set()
+    for module_name, tables in SOURCES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for op_name, table in tables.items():
+            owner, attribute = table.split(".")
+            for arch, types in getattr(getattr(module, owner), attribute).items():
+                for ptx in types:
+                    if not all(t in PTX_FORMATS or t.startswith(("m", "kind::", "block", "ue")) for t in ptx.split(".")):
+                        continue  # f64
+                    op = getattr(module, op_name)(arch, ptx)
+                    family = Family(module_name, op_name, arch, ptx, getattr(op, "kind", None) or "", PTX_FORMATS[op.a_type_ptx],
+                                    PTX_FORMATS[op.b_type_ptx], VALUE_FORMATS[str(op.c_type).removeprefix("torch.")],
+                                    VALUE_FORMATS[str(op.d_type).removeprefix("torch.")], op.k, getattr(op, "block_size", None),
+                                    SCALE_FORMATS[str(op.s_type).removeprefix("torch.")] if hasattr(op, "s_type") else None)
+                    key = (module_name, op_name, arch, family.kind, family.a, family.b, family.c, family.out, family.k,
+                           family.block, family.scale)
+                    if key not in seen:  # another m or n: the same dot products
+                        seen.add(key)
+                        families.append(family)
+    return families
+
+
+FAMILIES = _families()
+
+
+def _ci_families() -> list[Family]:
+    """One family per instruction class and scale type, drawn with a fixed seed (CI time)."""
+    groups: dict = {}
+    for family in FAMILIES:
+        groups.setdefault((family.module, family.op, family.scale), []).append(family)
+    draw = random.Random(0)
+    return [draw.choice(members) for members in groups.values()]
+
+
+def mmasim_unit(family: Family):
+    """The family's instruction as a probe unit: element codes as the tensors MMA-Sim reads
+    (FP6 in bits 5:0 and FP4 in bits 5:2 of a byte; kind::mxf4* packs two E2M1 per byte, high
+    nibble first), c in its type (the probe asks only values it holds), scales as their codes."""
+    torch = import_or_skip("torch", "oracles")
+    op = getattr(importlib.import_module(family.module), family.op)(family.arch, family.ptx)
+    packed = getattr(op, "packing", 1) == 2
+
+    def operand(codes, ptx: str):
+        if packed:
+            return torch.from_numpy(((codes[:, 0::2] << 4) | codes[:, 1::2]).astype(np.uint8))
+        if ptx in ("e3m2", "e2m3", "e2m1"):
+            return torch.from_numpy((codes << (2 if ptx == "e2m1" else 0)).astype(np.uint8))
+        dtype = op.a_type if ptx == op.a_type_ptx else op.b_type
+        unsigned, signed = {1: (np.uint8, np.uint8), 2: (np.uint16, np.int16), 4: (np.uint32, np.int32)}[dtype.itemsize]
+        return torch.from_numpy(codes.astype(unsigned).view(signed)).view(dtype)
+
+    def unit(a, b, scale_a, scale_b, c):
+        c_tensor = torch.from_numpy(c.view(np.float32).copy()).to(op.c_type)
+        args = [operand(a, op.a_type_ptx), operand(b, op.b_type_ptx), c_tensor]
+        if family.scale is not None:
+            args += [torch.from_numpy(s.astype(np.uint8)).view(op.s_type) for s in (scale_a, scale_b)]
+        d = op.dpa(*args)
+        if d.dtype == torch.float32:
+            return d.view(torch.int32).numpy().view(np.uint32)
+        return d.view(torch.int16).numpy().view(np.uint16)
+
+    return unit
+
+
+def probe_family(family: Family, **validation):
+    return probe(mmasim_unit(family), family.a, family.b, family.k, block_size=family.block or 32,
+                 out_format=family.out, c_format=family.c, **validation)
+
+
+def test_families_are_read_from_mmasim():
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    ops = {(f.arch, f.op) for f in FAMILIES}
+    assert {("Volta", "MMA"), ("Hopper", "WGMMA"), ("Blackwell", "TCGen05MMABlockScale"),
+            ("RTX Blackwell", "MMABlockScale")} <= ops
+    assert {f.scale for f in FAMILIES} == {None, "e8m0", "ue4m3"}
+
+
+@pytest.mark.parametrize("family", FAMILIES if LONG else _ci_families(), ids=lambda f: f.id)
+def test_probe_reproduces_mmasim(family):
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
+    result = probe_family(family, **sizes)
+    print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.queries <= 100_000
+
+
 DECIDED = ("fused_terms", "term_order", "align_fraction_bits", "below_window", "accumulator_format",
            "accumulator_rounding", "sum_significant_bits", "accumulator_in_tree", "c_entry", "scales",
            "input_subnormals", "product_fraction_bits")
 
 
-def volta_unit():
-    torch = import_or_skip("torch", "torch")
-    sim = import_or_skip("mmasim.nv_ptx", "oracles")
-    op = sim.MMA("Volta", "m8n8k4.f32.f16.f16.f32")
-
-    def unit(a, b, scale_a, scale_b, c):
-        def fp16(codes):
-            return torch.from_numpy(codes.astype(np.uint16).view(np.int16)).view(torch.float16)
-        d = op.dpa(fp16(a), fp16(b), torch.from_numpy(c.view(np.float32).copy()))
-        return d.view(torch.int32).numpy().view(np.uint32)
-
-    return unit
-
-
 def test_mmasim_volta_is_the_v100_datapath():
-    result = probe(volta_unit(), "fp16", "fp16", 16, validation_vectors=512, corner_vectors=256)
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    volta = next(f for f in FAMILIES if f.arch == "Volta" and f.out == "fp32" and f.c == "fp32")
+    result = probe_family(volta, validation_vectors=384, corner_vectors=128)
     probed = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params("fp16", "fp16", "fp32")
     v100 = load_hwconfig(REPO / "hwconfigs" / "v100.yaml").params("fp16", "fp16", "fp32")
     assert {name: getattr(probed, name) for name in DECIDED} == {name: getattr(v100, name) for name in DECIDED}
-    validation = result.validation
-    assert validation.mismatches < 0.02 * validation.vectors
-    for example in validation.examples:  # the zero-sign convention only
-        assert {example["unit_output"], example["config_output"]} in ({"0x0", "0x80000000"},)

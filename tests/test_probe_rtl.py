@@ -43,6 +43,8 @@ def probed(tmp_path_factory):
             finally:
                 unit.close()
             params = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params(*PAIR)
+            print(f"BUG={bug}: {result.queries} queries, {result.seconds:.1f} s ({result.unit_seconds:.1f} s in vvp), "
+                  f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
             results[bug] = (result, params, target)
         return results[bug]
 

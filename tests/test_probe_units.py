@@ -173,6 +173,14 @@ def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
     assert not out.exists()
 
 
+def test_cli_probe_bad_c_format_is_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
+              "--out", str(tmp_path / "u.yaml"), "--c-format", "fp8_e4m3"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--c-format" in err
+
+
 def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
     command = _script(tmp_path, "import sys, time\nfor line in sys.stdin: time.sleep(30)")
     status, _, err = run(capsys, "probe", "--command", command, "--timeout", "0.5", "--a-format", "fp4_e2m1",

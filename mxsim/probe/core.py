@@ -11,7 +11,9 @@ a validation on fresh random vectors (realistic data and uniformly random codes)
 counts mismatches; any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
-hypothesis kept is the one whose validation counted the fewest mismatches, and that count,
+hypothesis kept is the one whose validation counted the fewest mismatches (over the main
+search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned
+and one from a coarse joint start: docs/probe.md), and that count,
 measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
 """
 
@@ -32,7 +34,7 @@ from ..errors import ArgumentError, ConfigError
 from ..formats import get_format
 from ..limits import check_int
 from .inputs import Batch, Context
-from .probes import PROBES, Probe
+from .probes import COARSE, PROBES, Probe
 from .units import CountingUnit, ProbeError
 
 #: Most dot products one probe run may ask of the unit.
@@ -96,6 +98,8 @@ class _Engine:
             section, key = path.split(".")
             self.hyp[path] = SCHEMA[section][key].default
         self.hyp["inputs.block_size"] = ctx.block_size
+        self.start = dict(self.hyp)
+        self.pinned: dict = {}  # key path -> value every candidate must keep (a search with a placement pinned)
         self._template = None
         self._answers: dict = {}
 
@@ -129,7 +133,17 @@ class _Engine:
         return params
 
     def predict(self, params, batch: Batch) -> np.ndarray:
+        """mxsim's output bits; on rows whose scale codes the candidate's scale format cannot
+        hold (E8M0 codes past UE4M3's 7 bits), a value no output has: such a unit could not
+        have answered them."""
         scaled = params.scales != "none"
+        top = (1 << get_format(params.scale_format).bits) - 1
+        readable = ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1)) if scaled else None
+        if readable is not None and not readable.all():
+            out = np.full(len(batch), 1 << get_format(self.ctx.out_format).bits, np.uint64)
+            if readable.any():
+                out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
+            return out
         out = dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
                               scale_b=batch.scale_b if scaled else None, c=batch.c.view(np.float32))
         return out.astype(np.uint64)
@@ -152,7 +166,8 @@ class _Engine:
         """Candidates are predicted chunk by chunk on the probe's inputs; after each chunk only
         those missing the fewest answers stay (all that fit, when any fits), so most of the
         candidates are predicted on the first chunk alone."""
-        candidates = probe.candidates(self.ctx, self.hyp)
+        candidates = [c for c in probe.candidates(self.ctx, self.hyp)
+                      if all(c.get(key, value) == value for key, value in self.pinned.items())] or [{}]
         params = [self.params({**self.hyp, **candidate}) for candidate in candidates]
         alive = [i for i, p in enumerate(params) if p is not None]
         if not alive:
@@ -229,8 +244,9 @@ def _differs(predicted: np.ndarray, answers: np.ndarray, out_format: str) -> np.
 
 def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Validation, Batch]:
     ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
-                  engine.ctx.out_format, seed=seed)
-    batch = Batch.join([ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)])
+                  engine.ctx.out_format, seed=seed, scale_format=engine.hyp["inputs.scale_format"],
+                  c_format=engine.ctx.c_format)
+    batch = ctx.fit_c(Batch.join([ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)]))
     answers = engine.ask(batch)
     predicted = engine.predict(engine.params(engine.hyp), batch)
     differs = _differs(predicted, answers, ctx.out_format)
@@ -243,11 +259,12 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
 
 
 def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
-          seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
+          c_format: str = "fp32", seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
           passes_limit: int = 4,
           budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
-    length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``): decide
+    length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``; every c the
+    unit is asked is a value of ``c_format``, as fp32 bits): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
     that no decision saw.
@@ -260,21 +277,22 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     threads = numba.get_num_threads()
     numba.set_num_threads(1)  # the probe's batches are small: one thread beats waking many
     try:
-        return _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation_vectors,
+        return _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, validation_vectors,
                       corner_vectors, refinements, passes_limit, budget, name)
     finally:
         numba.set_num_threads(threads)
 
 
-def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation_vectors, corner_vectors,
+def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, validation_vectors, corner_vectors,
            refinements, passes_limit, budget, name) -> ProbeResult:
     started = time.perf_counter()
-    for fmt in (a_format, b_format, out_format):
+    for fmt in (a_format, b_format, out_format, c_format):
         get_format(fmt)  # an unknown name lists the known ones
     k = check_int(k, "probe: k", 1, 4096)
     block_size = check_int(block_size, "probe: block_size", 1, 4096)
-    if get_format(out_format).name not in SCHEMA["output"]["format"].choices:
-        raise ArgumentError(f"probe: out_format must be one of {', '.join(SCHEMA['output']['format'].choices)}")
+    for fmt, what in ((out_format, "out_format"), (c_format, "c_format")):
+        if get_format(fmt).name not in SCHEMA["output"]["format"].choices:
+            raise ArgumentError(f"probe: {what} must be one of {', '.join(SCHEMA['output']['format'].choices)}")
     for fmt, operand in ((a_format, "a_format"), (b_format, "b_format")):
         if get_format(fmt).name not in SCHEMA["inputs"]["a_formats"].choices:
             raise ArgumentError(f"probe: {operand} {fmt!r} is not an element format a unit takes; "
@@ -284,13 +302,25 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation
     if validation_vectors + corner_vectors == 0:
         raise ArgumentError("probe: the validation needs at least one vector")
     counting = CountingUnit(unit, out_format, check_int(budget, "probe: budget", 1))
-    ctx = Context(a_format, b_format, k, block_size, out_format, seed=seed)
+    ctx = Context(a_format, b_format, k, block_size, out_format, seed=seed, c_format=c_format)
     engine = _Engine(counting, ctx, name)
+    contexts = {ctx.scale.fmt.name: ctx}
     batches = {}
-    for p in PROBES:  # shuffled, so that each chunk mixes the probe's families
-        batch = p.inputs(ctx)
-        batches[p.name] = batch.take(ctx.rng.permutation(len(batch)))
-    asked = {p.name: 0 for p in PROBES}
+
+    def inputs(p: Probe) -> Batch:
+        """The probe's inputs, written in the scale format held (drawn once per format), shuffled
+        so that each chunk mixes the probe's families."""
+        fmt = engine.hyp["inputs.scale_format"]
+        if (p.name, fmt) not in batches:
+            drawn = contexts.setdefault(fmt, Context(a_format, b_format, k, block_size, out_format, seed=seed,
+                                                     scale_format=fmt, c_format=c_format))
+            drawn.window = engine.hyp["adder.align_fraction_bits"]
+            batch = drawn.fit_c(p.inputs(drawn))
+            batches[p.name, fmt] = batch.take(drawn.rng.permutation(len(batch)))
+        return batches[p.name, fmt]
+
+    asked = {p.name: 0 for p in (*PROBES, COARSE)}
+    probes = PROBES
     decisions: dict[str, Decision] = {}
     passes = refined = 0
 
@@ -299,27 +329,51 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, seed, validation
         nonlocal passes
         passes += 1
         before = dict(engine.hyp)
-        for p in PROBES:
-            batch = batches[p.name] if extra is None else Batch.join([extra, batches[p.name]])
+        for p in probes:
+            batch = inputs(p) if extra is None else Batch.join([extra, inputs(p)])
             decisions[p.name] = engine.decide(p, batch, asked[p.name])
             asked[p.name] = decisions[p.name].asked
         return engine.hyp != before
 
-    extra = None
-    limit = passes_limit
-    best = None  # (validation, hypothesis, decisions) with the fewest mismatches measured
-    while True:
-        for _ in range(limit):  # passes until no decision changes
-            if not run_pass(extra):
-                break
-        validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
-        if best is None or validation.mismatches < best[0].mismatches:
-            best = (validation, dict(engine.hyp), dict(decisions))
-        if not validation.mismatches or refined == refinements:
-            break
-        refined += 1
-        extra = missed if extra is None else Batch.join([extra, missed])
-        limit = 2
+    def search(best):
+        """Passes, then validations and refinements; the best (validation, hypothesis,
+        decisions) measured so far."""
+        nonlocal refined
+        extra, limit, refined = None, passes_limit, 0
+        while True:
+            for _ in range(limit):  # passes until no decision changes
+                if not run_pass(extra):
+                    break
+            validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
+            if best is None or validation.mismatches < best[0].mismatches:
+                best = (validation, dict(engine.hyp), dict(decisions))
+            if not validation.mismatches or refined == refinements:
+                return best
+            refined += 1
+            extra = missed if extra is None else Batch.join([extra, missed])
+            limit = 2
+
+    best = search(None)
+    # E8M0 scales on the products and on exact group sums describe nearly the same unit, their
+    # windows anchored a bit or two apart, and the key-by-key search holds to the one it met
+    # first: while the validation counts mismatches, search again with the other pinned.
+    for placement in ("products", "group_sum"):
+        held = best[1]
+        if not best[0].mismatches or held["inputs.scales"] not in ("products", "group_sum") or held["inputs.scales"] == placement:
+            continue
+        engine.pinned = {"inputs.scales": placement, "inputs.scale_format": held["inputs.scale_format"]}
+        engine.hyp = {**engine.start, **engine.pinned}
+        if engine.params(engine.hyp) is None:
+            continue
+        decisions.clear()
+        best = search(best)
+    engine.pinned = {}
+    if best[0].mismatches:  # again from the start, tree size, window and rounding decided together first
+        engine.hyp = dict(engine.start)
+        decisions.clear()
+        trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")
+        probes = (*PROBES[:trees], COARSE, *PROBES[trees:])
+        best = search(best)
     # A refinement can make things worse when no key describes the unit: keep the best measured.
     validation, engine.hyp, decisions = best
     config = engine.data(engine.hyp)

@@ -11,8 +11,10 @@ import numpy as np
 from ..formats import get_format
 
 FP32 = get_format("fp32")
-E8M0_ONE = 127
-E8M0_NAN = 0xFF
+
+#: Scale codes finite and nonzero both as E8M0 (2^-87 .. 2^-1) and as UE4M3 (2^-3 .. 448): rows
+#: with these tell the two scale formats apart before the probe knows which the unit reads.
+SHARED_SCALE_CODES = np.arange(0x28, 0x7F, dtype=np.uint8)
 
 
 @dataclass
@@ -93,17 +95,53 @@ class _Operand:
         return int(self.negate(np.array([self.zero], dtype=np.uint64))[0])
 
 
-class Context:
-    """What the probes know of the unit's interface: formats, K, block size, output format;
-    a seeded generator; a pool of element pairs indexed by their product's exponent."""
+class _Scales:
+    """One scale format's codes: the code of 1, of NaN, and of each power of two it holds, and
+    its finite codes by value (E8M0: the powers 2^-127..2^127; UE4M3: 0 and 2^-9..448)."""
 
-    def __init__(self, a_format: str, b_format: str, k: int, block_size: int, out_format: str, seed: int = 0):
+    def __init__(self, fmt):
+        self.fmt = fmt
+        codes = np.arange(1 << fmt.bits, dtype=np.uint64)
+        values = fmt.decode(codes)
+        finite = np.isfinite(values)
+        self.codes, self.values = codes[finite].astype(np.uint8), values[finite]
+        self.nan = int(codes[np.isnan(values)][0])
+        self.one = int(self.codes[self.values == 1.0][0])
+        powers = self.values > 0
+        powers &= np.exp2(np.floor(np.log2(np.where(powers, self.values, 1.0)))) == self.values
+        self.power_codes, self.power_exponents = self.codes[powers], np.log2(self.values[powers]).astype(np.int64)
+        self.zero = int(self.codes[self.values == 0][0]) if (self.values == 0).any() else None
+
+    def power(self, exponent) -> np.ndarray:
+        """Codes of 2^exponent (elementwise), the nearest power the format holds."""
+        exponent = np.clip(np.asarray(exponent), self.power_exponents[0], self.power_exponents[-1])
+        return self.power_codes[np.searchsorted(self.power_exponents, exponent)]
+
+    def between(self, rng, low: int, high: int, shape) -> np.ndarray:
+        """Random finite codes of values in [2^low, 2^(high+1)) (the nearest nonzero ones if none)."""
+        inside = np.flatnonzero((self.values >= 2.0 ** low) & (self.values < 2.0 ** (high + 1)))
+        if not inside.size:
+            nonzero = np.flatnonzero(self.values > 0)
+            inside = nonzero[[0]] if 2.0 ** high < self.values[nonzero[0]] else nonzero[[-1]]
+        return self.codes[rng.choice(inside, size=shape)]
+
+
+class Context:
+    """What the probes know of the unit's interface: formats, K, block size, output format,
+    the scale format held so far (scale codes are written in it); a seeded generator; a pool
+    of element pairs indexed by their product's exponent."""
+
+    def __init__(self, a_format: str, b_format: str, k: int, block_size: int, out_format: str, seed: int = 0,
+                 scale_format: str = "e8m0", c_format: str = "fp32"):
         self.a_format, self.b_format = get_format(a_format).name, get_format(b_format).name
         self.out_format = get_format(out_format).name
         self.k, self.block_size = k, block_size
         self.out_fmt = get_format(out_format)
         self.out_emin = 1 - self.out_fmt.bias
+        self.c_format = get_format(c_format).name
         self.blocks = -(-k // block_size)
+        self.scale = _Scales(get_format(scale_format))
+        self.window: int | None = None  # the alignment window held when a family is drawn (groups)
         self.rng = np.random.default_rng(seed)
         self.A = _Operand(get_format(a_format), self.rng)
         self.B = _Operand(get_format(b_format), self.rng)
@@ -118,10 +156,18 @@ class Context:
 
     # -- building blocks
 
+    def fit_c(self, batch: Batch) -> Batch:
+        """The batch with each c rounded (to nearest even, past the range to +-Inf) to a value of
+        the unit's c format: a unit taking fp16 c is asked only fp16 values."""
+        if self.c_format != FP32.name:
+            fmt = get_format(self.c_format)
+            batch.c[:] = fp32_bits(fmt.decode(fmt.encode(batch.c.view(np.float32), overflow="inf_nan")))
+        return batch
+
     def empty(self, n: int) -> Batch:
         """n rows of +0 elements, scales 1, c = +0."""
         return Batch(np.full((n, self.k), self.A.zero, np.uint64), np.full((n, self.k), self.B.zero, np.uint64),
-                     np.full((n, self.blocks), E8M0_ONE, np.uint8), np.full((n, self.blocks), E8M0_ONE, np.uint8),
+                     np.full((n, self.blocks), self.scale.one, np.uint8), np.full((n, self.blocks), self.scale.one, np.uint8),
                      np.zeros(n, np.uint32))
 
     def pair_at(self, exponent: int) -> tuple[int, int, int]:
@@ -135,18 +181,21 @@ class Context:
     def set_term(self, batch: Batch, row: int, position: int, exponent: int, negative: bool) -> int:
         """Put a product of about 2^exponent at (row, position); returns its exponent. Where
         the elements cannot reach it and the position's block holds nothing else yet, the
-        block's A scale makes up the difference (a unit without scales ignores it)."""
+        block's A scale makes up the difference, and B's what A's cannot reach (a unit without
+        scales ignores them)."""
         a, b, got = self.pair_at(exponent)
         if negative:
             a = int(self.A.negate(np.array([a], dtype=np.uint64))[0])
         block = position // self.block_size
         members = slice(block * self.block_size, (block + 1) * self.block_size)
-        alone = (np.all(batch.a[row, members] == self.A.zero) and batch.scale_a[row, block] == E8M0_ONE)
+        alone = (np.all(batch.a[row, members] == self.A.zero) and batch.scale_a[row, block] == self.scale.one
+                 and batch.scale_b[row, block] == self.scale.one)
         batch.a[row, position], batch.b[row, position] = a, b
         if got != exponent and alone:
-            shift = int(np.clip(exponent - got, -E8M0_ONE, 254 - E8M0_ONE))
-            batch.scale_a[row, block] = E8M0_ONE + shift
-            got += shift
+            for scales in (batch.scale_a, batch.scale_b):
+                code = int(self.scale.power(exponent - got))
+                scales[row, block] = code
+                got += int(np.log2(self.scale.fmt.decode(np.array([code], np.uint64))[0]))
         return got
 
     def random_c(self, exponent: int, negative: bool, bits: int = 24) -> int:
@@ -177,8 +226,8 @@ class Context:
                 x[:, start:start + self.block_size] = block / peak * largest * np.exp2(-shift.astype(float))
             out[:] = fmt.encode(x).astype(np.uint64)
         if scaled:
-            batch.scale_a[:] = self.rng.integers(E8M0_ONE - 4, E8M0_ONE + 5, batch.scale_a.shape)
-            batch.scale_b[:] = self.rng.integers(E8M0_ONE - 4, E8M0_ONE + 5, batch.scale_b.shape)
+            batch.scale_a[:] = self.scale.between(self.rng, -4, 4, batch.scale_a.shape)
+            batch.scale_b[:] = self.scale.between(self.rng, -4, 4, batch.scale_b.shape)
         typical = np.sqrt(self.k) * min(self.A.fmt.max_finite, 2.0 ** 16) * min(self.B.fmt.max_finite, 2.0 ** 16) / 4
         c = self.rng.standard_normal(n) * typical * np.exp2(self.rng.integers(-8, 3, n))
         c[self.rng.random(n) < 0.2] = 0.0
@@ -196,8 +245,8 @@ class Context:
             if fmt.twos_complement:  # the most negative code has no negation; keep it rare
                 codes[self.rng.random(codes.shape) < 0.5] = operand.zero
             out[:] = codes
-        batch.scale_a[:] = self.rng.integers(E8M0_ONE - 8, E8M0_ONE + 9, batch.scale_a.shape)
-        batch.scale_b[:] = self.rng.integers(E8M0_ONE - 8, E8M0_ONE + 9, batch.scale_b.shape)
+        batch.scale_a[:] = self.scale.between(self.rng, -8, 8, batch.scale_a.shape)
+        batch.scale_b[:] = self.scale.between(self.rng, -8, 8, batch.scale_b.shape)
         batch.c[:] = self.rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
         sized = self.rng.random(n) < 0.5
         high = float(self.span()[1])
@@ -325,8 +374,8 @@ class Context:
                 if negative:
                     batch.a[row] = self.A.negate(batch.a[row])
                 need = top + 1 - (high + int(np.log2(self.k)))
-                batch.scale_a[row] = int(np.clip(E8M0_ONE + need // 2 + int(self.rng.integers(0, 3)), 0, 254))
-                batch.scale_b[row] = int(np.clip(E8M0_ONE + need - need // 2, 0, 254))
+                batch.scale_a[row] = self.scale.power(need // 2 + int(self.rng.integers(0, 3)))
+                batch.scale_b[row] = self.scale.power(need - need // 2)
                 continue
             significand = fmt.max_finite / 2.0 ** top * (1 - float(self.rng.random()) * 2.0 ** -(fmt.mantissa_bits - 2))
             batch.c[row] = fp32_bits([np.ldexp(significand, top) * (-1 if negative else 1)])[0]
@@ -384,13 +433,62 @@ class Context:
         return batch
 
     def scales(self, n: int) -> Batch:
-        """Realistic rows with scales spread over the E8M0 range (subnormal, huge, NaN scales)."""
+        """Realistic rows with scales spread over the scale format's range (tiny, huge, NaN
+        scales), B's near the reciprocal of A's."""
         batch = self.realistic(n)
         shape = batch.scale_a.shape
-        batch.scale_a[:] = self.rng.integers(0, 255, shape)
-        batch.scale_b[:] = np.clip(254 - batch.scale_a.astype(int) + self.rng.integers(-40, 41, shape), 0, 254)
-        batch.scale_a[self.rng.random(shape) < 0.05] = E8M0_NAN
+        batch.scale_a[:] = self.rng.choice(self.scale.codes, size=shape)
+        value = self.scale.fmt.decode(batch.scale_a.astype(np.uint64))
+        exponent = -np.floor(np.log2(np.where(value > 0, value, 1.0))).astype(np.int64)
+        batch.scale_b[:] = self.scale.power(exponent + self.rng.integers(-40, 41, shape))
+        batch.scale_a[self.rng.random(shape) < 0.05] = self.scale.nan
         batch.c[self.rng.random(n) < 0.5] = 0
+        return batch
+
+    def scale_formats(self, n: int) -> Batch:
+        """Realistic rows whose scale codes are finite both as E8M0 and as UE4M3 (written before
+        the probe knows which the unit reads), c zero in half the rows: whether scales matter,
+        where they enter, and their format."""
+        batch = self.realistic(n, scaled=False)
+        for scales in (batch.scale_a, batch.scale_b):
+            scales[:] = self.rng.choice(SHARED_SCALE_CODES, size=scales.shape)
+        batch.c[self.rng.random(n) < 0.5] = 0
+        return batch
+
+    def groups(self, n: int) -> Batch:
+        """Terms of mixed signs in one block, below the window's anchor (a c of one significant
+        bit, or another block's scale over one product) by the window held (``window``; 0..60
+        binades when it is null), so that the window cuts through their low bits: one cut of a
+        group's exact sum differs from one per product, and an anchor at a binade boundary lets
+        a result rounded toward zero show it. Every third row with another block has that
+        block's products cancel exactly, which keeps its scale the anchor."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            block = int(self.rng.integers(self.blocks))
+            members = np.arange(block * self.block_size, min((block + 1) * self.block_size, self.k))
+            place = self.rng.choice(members, size=min(len(members), int(self.rng.integers(2, 7))), replace=False)
+            top = int(self.rng.integers(max(low, high - 4), high + 1))
+            negative = bool(self.rng.integers(2))
+            for position in place:  # mostly of the anchor's other sign
+                self.set_term(batch, row, int(position), top - int(self.rng.integers(0, 4)), bool(self.rng.random() < 0.7) != negative)
+            gap = (int(self.rng.integers(0, 61)) if self.window is None
+                   else self.window + top - int(self.rng.integers(0, 6)))
+            others = [j for j in range(self.blocks) if j != block]
+            if others and row % 2:  # another block's scale sets the anchor
+                other = int(self.rng.choice(others))
+                width = min(self.block_size, self.k - other * self.block_size)
+                position = other * self.block_size + int(self.rng.integers(width))
+                a, b, got = self.pair_at(int(self.rng.integers(low, high + 1)))  # its leading bit: anywhere
+                if negative:
+                    a = int(self.A.negate(np.array([a], np.uint64))[0])
+                batch.a[row, position], batch.b[row, position] = a, b
+                if row % 3 == 0 and width > 1:  # its products cancel: the anchor is its scale, not its sum
+                    twin = other * self.block_size + (position - other * self.block_size + 1) % width
+                    batch.a[row, twin], batch.b[row, twin] = self.A.negate(np.array([a], np.uint64))[0], b
+                batch.scale_a[row, other] = self.scale.power(gap)
+            else:
+                batch.c[row] = fp32_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
         return batch
 
     def corners(self, n: int) -> Batch:
@@ -419,25 +517,26 @@ class Context:
                 batch.b[row] = self.B.max_code
                 if self.rng.integers(2):
                     batch.a[row, place] = self.A.negate(batch.a[row, place])
-                batch.scale_a[row] = self.rng.integers(150, 255)
-                batch.scale_b[row] = self.rng.integers(127, 255)
+                batch.scale_a[row] = self.scale.between(self.rng, 23, 127, self.blocks)
+                batch.scale_b[row] = self.scale.between(self.rng, 0, 127, self.blocks)
             elif kind == 4 and row % 16 == 4:  # results far below the range: tiny scales
-                batch.scale_a[row] = self.rng.integers(0, 40)
-                batch.scale_b[row] = self.rng.integers(0, 40)
+                batch.scale_a[row] = self.scale.between(self.rng, -127, -88, self.blocks)
+                batch.scale_b[row] = self.scale.between(self.rng, -127, -88, self.blocks)
                 batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))]
             elif kind == 4:  # results in the output's subnormal range: scales that put them there
                 target = self.out_emin - self.out_fmt.mantissa_bits + int(self.rng.integers(-3, self.out_fmt.mantissa_bits + 4))
                 row_exponent = self.span()[1] + int(np.log2(self.k))
                 shift = target - row_exponent
-                batch.scale_a[row] = int(np.clip(E8M0_ONE + shift // 2, 0, 254))
-                batch.scale_b[row] = int(np.clip(E8M0_ONE + shift - shift // 2, 0, 254))
+                batch.scale_a[row] = self.scale.power(shift // 2)
+                batch.scale_b[row] = self.scale.power(shift - shift // 2)
                 batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))] if self.rng.integers(2) else 0
             elif kind == 5:  # subnormal elements
                 batch.a[row, place] = self.A.min_code
                 batch.b[row, place] = self.B.min_code if self.rng.integers(2) else self.B.one
                 batch.c[row] = 0
-            elif kind == 6:  # NaN scale
-                batch.scale_a[row, int(self.rng.integers(self.blocks))] = E8M0_NAN
+            elif kind == 6:  # NaN scale, or a zero scale where the format has one
+                zero = self.scale.zero is not None and row % 16 == 14
+                batch.scale_a[row, int(self.rng.integers(self.blocks))] = self.scale.zero if zero else self.scale.nan
             else:  # exact cancellation to zero with c
                 self._cancel_row(batch, row)
         return batch

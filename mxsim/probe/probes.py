@@ -38,9 +38,53 @@ def _maximum(path: str) -> int:
 NO_GRID = {"grid.fraction_bits": None}
 
 
+def _group_sizes(ctx: Context, hyp: dict) -> list[int]:
+    """Group sizes that divide both the block and the tree (a group lies inside each); not 1,
+    which only moves the products placement's alignment anchor to the scales' exponent."""
+    return [g for g in range(2, ctx.block_size + 1) if ctx.block_size % g == 0 and hyp["adder.fused_terms"] % g == 0]
+
+
+def _all_scales(ctx: Context, hyp: dict) -> Candidates:
+    """Power-of-two E8M0 scales on the products or the tree sums, no scales, or group sums
+    times E8M0 or UE4M3 scales (groups of the size held, or the largest that fits: the groups
+    probe decides the size)."""
+    e8m0 = {"inputs.scale_format": "e8m0"}
+    candidates = [{"inputs.scales": "products", **e8m0}, {"inputs.scales": "none", **e8m0},
+                  {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False, **e8m0}]
+    sizes = _group_sizes(ctx, hyp)
+    if not sizes:
+        return candidates
+    size = hyp["adder.group_terms"] if hyp["adder.group_terms"] in sizes else sizes[-1]
+    return candidates + [{"inputs.scales": "group_sum", "inputs.scale_format": fmt, "adder.group_terms": size, **NO_GRID}
+                         for fmt in SCHEMA["inputs"]["scale_format"].choices]
+
+
+def _near_windows(hyp: dict, reach: int) -> list:
+    """The window held and those up to ``reach`` bits wider or narrower (null: null alone)."""
+    held = hyp["adder.align_fraction_bits"]
+    if held is None:
+        return [None]
+    return [held + d for d in sorted(range(-reach, reach + 1), key=abs) if 0 <= held + d <= _maximum("adder.align_fraction_bits")]
+
+
 def _scales(ctx: Context, hyp: dict) -> Candidates:
-    return [{"inputs.scales": "products"}, {"inputs.scales": "none"},
-            {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False}]
+    """As :func:`_all_scales`, in the scale format held (the inputs are written in it); scales
+    on the products and on group sums each with the window held or up to two bits off: they
+    anchor the window a bit or two apart, so a window decided with one is off for the other."""
+    return [{**c, "adder.align_fraction_bits": window}
+            for c in _all_scales(ctx, hyp) if c["inputs.scale_format"] == hyp["inputs.scale_format"]
+            for window in (_near_windows(hyp, 2) if c["inputs.scales"] in ("products", "group_sum")
+                           else [hyp["adder.align_fraction_bits"]])]
+
+
+def _groups(ctx: Context, hyp: dict) -> Candidates:
+    """Group sums of each size, each with the window held or up to four bits wider or
+    narrower: a group sum is aligned at its scales' exponent, not at its own leading bit, so a
+    window decided with another group size may sit a few bits off."""
+    if hyp["inputs.scales"] != "group_sum":
+        return [{"adder.group_terms": hyp["adder.group_terms"]}]
+    return [{"adder.group_terms": g, "adder.align_fraction_bits": window}
+            for g in _group_sizes(ctx, hyp) for window in _near_windows(hyp, 4)]
 
 
 def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
@@ -139,6 +183,21 @@ def _c_entry(ctx: Context, hyp: dict) -> Candidates:
             for in_tree in (True, False) for entry in entries]
 
 
+#: Window widths the coarse probe tries: fp16/tf32 products up to fp32's significand and a little past.
+COARSE_WINDOWS = range(10, 29)
+
+
+def _coarse(ctx: Context, hyp: dict) -> Candidates:
+    """Tree sizes (powers of two up to K), windows and the accumulator's rounding together."""
+    sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
+    windows = [{"adder.align_fraction_bits": None}] + [
+        {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
+        for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")]
+    return [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
+             "adder.trees_in_blocks": False, "accumulator.rounding": rounding, "output.rounding": rounding, **window}
+            for rounding in ("nearest_even", "toward_zero") for window in windows for f in sizes]
+
+
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
     fused = hyp["adder.fused_terms"]
     return [{"accumulator.promotion_interval": None}] + [
@@ -205,11 +264,16 @@ def _families(**counts: int) -> Callable[[Context], Batch]:
 
 
 PROBES: tuple[Probe, ...] = (
-    # First: every family's exact-zero rows read the sign of zero.
+    # First: every other family writes scale codes in the format held, which this one decides
+    # from codes both formats read as finite.
+    Probe("scale format", ("inputs.scales", "inputs.scale_format"), _all_scales,
+          _families(scale_formats=192),
+          "whether scales matter, where they enter, and whether they are E8M0 powers of two or UE4M3"),
+    # Then: every family's exact-zero rows read the sign of zero.
     Probe("zero sign", ("output.zero_sign",), _zero_sign, _families(zero_results=96, corners=32),
           "the sign of an exact-zero or underflowed result: IEEE or always +0"),
-    Probe("scales", ("inputs.scales",), _scales, _families(scales=96, realistic=48, corners=48),
-          "whether E8M0 scales matter, and whether they enter the products or the tree sums"),
+    Probe("scales", ("inputs.scales", "adder.align_fraction_bits"), _scales, _families(scales=96, realistic=48, corners=48, groups=96),
+          "whether scales matter, and whether they enter the products, the tree sums or the group sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
           "subnormal elements read as themselves or as zero"),
     Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
@@ -218,6 +282,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
           _families(cancellation=256, ties=128, trees=64),
           "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
+    Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
+          "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
     Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
@@ -247,7 +313,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
                    "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
                    "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
-          _families(grid=128, zero_results=64, corners=64, ties=64, cancellation=64),
+          _families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64),
           "a fixed-point grid summing each tree's exact products, and its fraction bits"),
     Probe("grid reach", ("grid.accumulator_max_left_shift",), _grid_shift("accumulator_max_left_shift"), _families(grid=256),
           "how far above the grid an accumulator passes through unchanged"),
@@ -257,3 +323,12 @@ PROBES: tuple[Probe, ...] = (
           _families(trees=128, accumulator_entry=64, realistic=32),
           "an outer fp32 accumulator taking the inner one every n products"),
 )
+
+#: A second start, tried when the search from the schema's defaults ends with mismatches: each of
+#: these keys is seldom seen right while the others are wrong (a 24-bit truncating window with a
+#: rounding toward zero, say, from an exact tree and nearest-even), so they are decided together
+#: on realistic data before the probes of :data:`PROBES` run again.
+COARSE = Probe("coarse", ("adder.fused_terms", "adder.align_fraction_bits", "adder.below_window",
+                          "accumulator.rounding", "output.rounding"), _coarse,
+               _families(realistic=128, ties=64, cancellation=64, trees=64),
+               "tree size, window and rounding together: a second start for the search")

@@ -4,10 +4,12 @@ A *unit* is any callable ``unit(a, b, scale_a, scale_b, c) -> bits`` computing n
 of length K at once:
 
 - ``a``, ``b``: (n, K) ``uint64`` arrays of stored element codes (tf32 as fp32 bit patterns);
-- ``scale_a``, ``scale_b``: (n, ceil(K / block_size)) ``uint8`` arrays of E8M0 codes
-  (0xFF = NaN); a unit that takes no scales ignores them (the probe sends 127, scale 1, until
-  it has seen whether scales matter);
-- ``c``: (n,) ``uint32`` fp32 bit patterns of the accumulator input;
+- ``scale_a``, ``scale_b``: (n, ceil(K / block_size)) ``uint8`` arrays of scale codes: E8M0
+  (127 = 1, 0xFF = NaN), or UE4M3 (7 bits, 0x38 = 1, 0x7F = NaN) once the probe has found the
+  unit reads UE4M3 (before that it sends codes both read as finite); a unit that takes no
+  scales ignores them;
+- ``c``: (n,) ``uint32`` fp32 bit patterns of the accumulator input (values of the probe's
+  ``c_format``);
 - the result: n output bit patterns of the output format (fp32: 32 bits, fp16/bf16: 16).
 
 :class:`CountingUnit` wraps any of them for the probe: it checks every answer (shape, integer,
