@@ -66,7 +66,7 @@ GROUP_KEYS = ("scales", "scale_format", "group_terms")
 
 
 #: Matrix-core configs whose keys no probe decides yet (pairwise rounded adds, the second
-#: alignment, parity windows, product overflow, input and exact-zero signs; docs/gpu-oracles.md
+#: alignment, parity windows, product overflow, the input zero sign; docs/gpu-oracles.md
 #: checks them against MMA-Sim instead). mi250-fp32 is mi100's fp32 path.
 MATRIX_CORES_NOT_PROBED = {"mi100", "mi250", "mi250-bf16-legacy", "mi250-fp32", "mi300"}
 

@@ -23,6 +23,7 @@ PAIR = ("fp4_e2m1", "fp4_e2m1")
 KEYED = {
     1: {"accumulator_rounding", "output_rounding"},          # truncates: toward zero
     4: {"output_subnormals", "accumulator_subnormals"},      # flushes subnormal results
+    5: {"output_zero_sign"},                                  # exact zeros always +0 (exact_positive)
     7: {"input_subnormals"},                                  # subnormal elements read as zero
 }
 

@@ -57,14 +57,14 @@ def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.
     if array.ndim != 2:
         raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")
     fields = array if fields_given else fmt.field_codes(array, name)
-    bits = fmt.field_bits
-    dtype = np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32 if bits <= 32 else np.uint64
+    # Two code widths only: each kernel signature costs tens of seconds to compile, wider
+    # codes of narrow formats cost the kernels little.
+    dtype = np.uint32 if fmt.field_bits <= 32 else np.uint64
     return np.ascontiguousarray(fields, dtype=dtype)
 
 
 def _same_width(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both code arrays in the wider of their dtypes: mixed formats add no kernel signature
-    (three code widths, not nine pairs of them)."""
+    """Both code arrays in the wider of their dtypes: mixed formats add no kernel signature."""
     dtype = np.promote_types(a.dtype, b.dtype)
     return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
 
