@@ -348,17 +348,8 @@ def test_amd_family_matches_mmasim(amd_mfma, family):
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
     a, b, c = make_inputs(1000 + AMD_FAMILIES.index(family), ROWS, _mfma_k(suffix), a_name, b_name, "fp32")
     op = amd_mfma.MFMA(arch, suffix)
-    result = op.dpa(_torch_view(torch, a, dtypes[a_name]), _torch_view(torch, b, dtypes[b_name]), torch.from_numpy(c))
-    want = result.numpy().view(np.uint32)
-    got = dot(hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format="fp32").astype(np.uint32)
-    bad = np.flatnonzero(~same_bits(got, want, "fp32"))
-    assert bad.size == 0, f"{bad.size}/{ROWS} mismatches, rows {bad[:8].tolist()}"
-    params = hw.params(a_name, b_name, "fp32")
-    fp32 = get_format("fp32")
-    for row in range(TWIN_ROWS):
-        value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
-        twin = fp32.encode(np.array([value]), overflow="inf_nan")[0]
-        assert same_bits(np.array([twin], np.uint32), want[row : row + 1], "fp32")[0], f"twin, row {row}"
+    want = mmasim_dpa(op, _torch_view(torch, a, dtypes[a_name]), _torch_view(torch, b, dtypes[b_name]), c, "fp32", "fp32")
+    check_against(hw, a_name, b_name, "fp32", "fp32", a, b, c, want)
 
 
 # --- fp64: the FMA chain of FP64 tensor cores (NVIDIA DMMA) and matrix cores (AMD f64 MFMA) ------
