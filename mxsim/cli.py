@@ -461,7 +461,7 @@ def cmd_probe(args) -> int:
     if args.report:
         _write_json_atomically(args.report, result.report())
     if args.json:
-        print(json.dumps(result.report(), indent=2, default=_json_default))
+        print(json_text(result.report(), indent=2))
         return 0
     for decision in result.decisions:
         values = ", ".join(f"{key}={value}" for key, value in decision.value.items())

@@ -4,6 +4,7 @@ garbage, a callable that raises or answers nonsense, module:function loading, an
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 
@@ -209,3 +210,11 @@ def test_cli_probe_writes_a_loadable_config(capsys, tmp_path):
     assert config.params("fp4_e2m1", "fp4_e2m1").fused_terms == 32
     assert (tmp_path / "report.json").read_text().startswith("{")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_cli_probe_json_prints_the_report(capsys, tmp_path):
+    status, stdout, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
+                              "--k", "8", "--out", str(tmp_path / "unit.yaml"), "--validation", "64", "--corners", "16",
+                              "--json")
+    assert status == 0, err
+    assert json.loads(stdout)["validation"]["mismatches"] == 0
