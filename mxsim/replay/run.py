@@ -543,7 +543,6 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     internal error is re-raised with the same ``partial`` attribute.
     """
     check_replay(trace, units, end_to_end, element_format, conv_order, strict, perplexity_fn)
-    names = [hw.name for hw in units]
     runner = runner or InProcess()
     language_model = trace.network is not None and trace.network.targets is not None
     tasks = [Task(f"layer {layer.name}", replay_layer_on_units, (layer, units, element_format, conv_order, strict,
