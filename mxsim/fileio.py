@@ -144,6 +144,10 @@ def load_yaml(text: str, fail: Fail) -> Any:
     except _DuplicateKey as error:
         fail(f"{error} (YAML would keep the last value silently)")
     except yaml.YAMLError as error:
+        if "nesting depth" in str(getattr(error, "problem", "")):
+            # PyYAML >= 6.0.4 stops at its own depth limit (1000) while scanning ahead,
+            # before the event loop above reaches ours
+            fail(f"YAML nested deeper than {MAX_YAML_DEPTH} levels")
         fail(f"not valid YAML: {_yaml_problem(error)}")
     except (RecursionError, ValueError, OverflowError, KeyError, TypeError) as error:
         # constructors of odd scalars (dates, tagged values); their messages quote the text
