@@ -27,6 +27,8 @@ def sum_format(bits: int) -> FormatInfo:
 #: ones (fp32, fp64) none: the kernel decodes their codes' bit fields (:func:`element_operand`).
 FULL_TABLE_BITS = 20
 NO_TABLE = np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
+for _empty in NO_TABLE:
+    _empty.setflags(write=False)  # read-only as the tables are: one kernel signature for both
 
 
 def products_fit_float64(a_fmt: FormatInfo, b_fmt: FormatInfo) -> bool:
