@@ -1156,6 +1156,17 @@ def test_ieee_steps_zero_signs_on_an_fma_chain(a, b, c, steps, ieee):
             assert value == want and math.copysign(1.0, value) == math.copysign(1.0, want), (zero_sign, value)
 
 
+@pytest.mark.parametrize("zero_sign, want", [("ieee_steps", -0.0), ("ieee", -0.0), ("exact_positive", 0.0)])
+def test_an_exact_accumulator_is_one_step(zero_sign, want):
+    fp64 = get_format("fp64")
+    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), accumulator_format="exact",
+                                 output_zero_sign=zero_sign)
+    a, b = fp64.encode(np.array([[-0.0, 0.0, -0.0]])), fp64.encode(np.array([[1.0, -2.0, 0.0]]))
+    got = as_float(dot_with_params(params, a, b, c=np.array([-0.0])), "fp64")[0]
+    twin = dot_reference(params, a[0].tolist(), b[0].tolist(), c=-0.0)
+    assert [math.copysign(1.0, v) for v in (got, twin)] == [math.copysign(1.0, want)] * 2 and got == twin == 0
+
+
 def test_ieee_steps_refuses_the_steps_it_does_not_sign():
     params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), output_zero_sign="ieee_steps")
     check_consistency(params, "ok")

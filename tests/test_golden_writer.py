@@ -371,6 +371,10 @@ def test_fp64_units_refuse_what_they_cannot_hold(tmp_path):
                  expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c), np.uint64))
     with pytest.raises(MxsimError, match="output bits as integers"):
         generate(unit, tmp_path / "z", cases=2, kinds="random", expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c)))
+    narrow = GoldenUnit("x", "0" * 64, "fp8_e4m3", "fp8_e4m3", scaled=False, c_format="fp64")
+    with pytest.raises(MxsimError, match="built around an FP32 c; x takes fp64 c: use the random kind"):
+        make_cases(narrow, "corners", 0, 0)
+    assert make_cases(narrow, "random", 3, 0).c.dtype == np.uint64
     assert output_bits(np.array([-0.0]), "fp64").tolist() == [1 << 63]
     with pytest.raises(MxsimError, match="do not fit 32-bit fp32"):
         output_bits(np.array([1 << 40], np.uint64), "fp32")

@@ -903,7 +903,8 @@ def output_value(result, special, negative_zeros_only, zero_sign):
     if result == 0.0 and zero_sign == ZERO_SIGN_POSITIVE:
         return 0.0
     if result == 0.0 and not math.copysign(1.0, result) < 0:
-        return -0.0 if negative_zeros_only and zero_sign == ZERO_SIGN_IEEE else 0.0
+        ieee = zero_sign == ZERO_SIGN_IEEE or zero_sign == ZERO_SIGN_IEEE_STEPS  # (exact accumulator: one step)
+        return -0.0 if negative_zeros_only and ieee else 0.0
     return result
 
 

@@ -681,7 +681,7 @@ def _output(result, specials: _Specials, params: DatapathParams, log) -> float:
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:
-        value = -0.0 if specials.negative_zeros_only and params.output_zero_sign == "ieee" else 0.0
+        value = -0.0 if specials.negative_zeros_only and params.output_zero_sign in ("ieee", "ieee_steps") else 0.0
     else:
         value = float(result)
     log({"stage": "output", "value": value})

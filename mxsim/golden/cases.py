@@ -184,7 +184,8 @@ def exhaustive_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generat
     b = np.concatenate(parts_b)
     n = a.shape[0]
     scales = np.full((n, nb), unit.scale_one, dtype=np.uint8) if unit.scaled else None
-    return VectorSet(a, b, scales, None if scales is None else scales.copy(), np.zeros(n, dtype=np.uint32), labels=labels)
+    c = np.zeros(n, dtype=get_format(unit.c_format).code_dtype)
+    return VectorSet(a, b, scales, None if scales is None else scales.copy(), c, labels=labels)
 
 
 GENERATORS = {"random": random_cases, "corners": corner_cases, "exhaustive": exhaustive_cases}

@@ -597,6 +597,9 @@ def corner_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generator) 
     """
     if max(get_format(unit.a_format).bits, get_format(unit.b_format).bits) > CODE_BOOK_MAX_BITS:
         return wide_corner_cases(unit)
+    if unit.c_format != "fp32":
+        raise MxsimError(f"golden: the corner list of {unit.pair_name} is built around an FP32 c; {unit.config_name} "
+                         f"takes {unit.c_format} c: use the random kind")
     return CornerBuilder(unit, rng).build()
 
 
