@@ -186,12 +186,14 @@ def _hostile_files(tmp_path):
       "--c", "0.1", "--c-format", "fp16"], "--c: 0.1 is not an fp16 value (nearest: 0.0999755859375)"),
     (["dot", "--hw", "hwconfigs/a100-dmma.yaml", "--a-format", "fp64", "--b-format", "fp16", "--a", "1", "--b", "1"],
      "operand B format 'fp16' is not supported by this unit; accepted: fp64"),
-    (["golden", "--hw", "hwconfigs/a100-dmma.yaml", "--out", "{tmp}/g"],
-     "golden vectors hold element codes of at most 16 bits; fp64 x fp64 do not fit"),
-    (["golden", "--hw", "hwconfigs/a100-dmma.yaml", "--out", "{tmp}/g", "--pair", "fp64,fp64"],
-     "golden: a_format fp64 is wider than 16 bits"),
+    (["golden", "--hw", "hwconfigs/a100-dmma.yaml", "--out", "{tmp}/g", "--kind", "exhaustive"],
+     "golden: exhaustive needs at most 65536 code pairs; fp64xfp64 has"),
+    (["golden", "--hw", "hwconfigs/a100-dmma.yaml", "--out", "{tmp}/g", "--pair", "fp64,fp32"],
+     "format pair fp64 x fp32 is not accepted by this unit; accepted: fp64xfp64"),
     (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g"],
-     "golden vectors hold element codes of at most 16 bits; fp16 x tf32, bf16 x tf32,"),
+     "golden vectors do not hold element codes with padding bits (tf32); fp16 x tf32, bf16 x tf32,"),
+    (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g", "--pair", "tf32,tf32"],
+     "golden: a_format tf32 codes carry 13 padding bits, which the vectors do not hold"),
     (["golden", "--hw", "hwconfigs/h100.yaml", "--out", "{tmp}/g", "--pair", "fp16"],
      "golden --pair: expected A,B (two format names), got 'fp16'"),
     (["golden", "--hw", "hwconfigs/h100-fp8.yaml", "--out", "{tmp}/g", "--pair", "fp8_e4m3,fp4_e2m1"],
@@ -304,6 +306,15 @@ def test_golden_pairs_of_a_config_with_tf32(capsys, tmp_path):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert [(u["a_format"], u["b_format"]) for u in manifest["units"]] == [("fp16", "bf16"), ("fp8_e4m3", "fp8_e5m2")]
     assert "h100.fp16xbf16.random.hex: 4 vectors" in out
+
+
+def test_golden_fp64_unit(capsys, tmp_path):
+    status, out, err = run(capsys, "golden", "--hw", str(REPO / "hwconfigs/a100-dmma.yaml"), "--out", str(tmp_path),
+                           "--cases", "3")
+    assert status == 0, err
+    unit = json.loads((tmp_path / "manifest.json").read_text())["units"][0]
+    assert (unit["c_format"], unit["out_format"], unit["layout"]["word_bits"]) == ("fp64", "fp64", 2 * 32 * 64 + 128)
+    assert "a100-dmma.fp64xfp64.random.hex: 3 vectors" in out
 
 
 def test_replay_plots_stay_inside_the_output_directory(capsys, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import zlib
 from fractions import Fraction
 from pathlib import Path
@@ -169,7 +170,7 @@ def random_params(draw) -> DatapathParams:
         accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
         zero_term_exponent=draw(st.sampled_from([None, -133, -21, -4, 3])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
-        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive", "ieee_steps"])),
         input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
         product_overflow_exponent=draw(st.sampled_from([None, None, None, 0, 6, 12])),
         structure="fused", parity_windows=False, second_alignment_bits=None, far_accumulator="floor",
@@ -1057,7 +1058,7 @@ WIDE_B_FORMATS = ["fp64", "fp32", "bf16", "fp8_e4m3", "int8"]
 
 
 @st.composite
-def wide_params(draw) -> DatapathParams:
+def wide_params(draw, zero_signs=("ieee", "positive", "ieee_steps")) -> DatapathParams:
     """Exact-tree units (what fp64 products allow) over fp64 A and any B, fp64 c."""
     fused = draw(st.sampled_from([1, 2, 3, 4, 8]))
     scales = draw(st.sampled_from(["none", "products", "block_sum"]))
@@ -1079,8 +1080,12 @@ def wide_params(draw) -> DatapathParams:
         c_entry="initial" if promotion else draw(st.sampled_from(["initial", "end"])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
         output_format=draw(st.sampled_from(["fp64", "fp32", "bf16"])), output_rounding=draw(st.sampled_from(ROUNDINGS)),
-        output_subnormals=draw(st.booleans()), output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
+        output_subnormals=draw(st.booleans()), output_zero_sign=draw(st.sampled_from(zero_signs)),
     )
+    if params.output_zero_sign == "ieee_steps":  # what it needs (see check_consistency)
+        params = dataclasses.replace(params, promotion_interval=None, c_entry="initial", **{
+            field: "nearest_even" for field in ("accumulator_rounding", "output_rounding")
+            if getattr(params, field) == "toward_negative"})
     try:
         check_consistency(params, "random")
     except ConfigError:
@@ -1118,6 +1123,74 @@ def test_wide_elements_kernel_equals_reference(params, seed, length):
     c = rng.standard_normal(rows) * np.exp2(rng.integers(-40, 41, rows))
     if corners:
         c[:2] = rng.choice([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-310], 2)
+    assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c_of_format(c, params.c_format))
+
+
+# --- output.zero_sign: ieee_steps (a chain of IEEE FMAs) -------------------------------------------
+
+FP64_TINY = 2.0**-1074  # times 1/8 it underflows to a zero of its sign under nearest even
+# (a, b, c, result under ieee_steps, result under ieee), one product per FMA step, worked by
+# hand from IEEE 754: an exact zero sum is -0 only when every addend is -0, and a value that
+# rounds to zero keeps its sign.
+ZERO_CHAIN_CORNERS = [
+    ([-FP64_TINY, -0.0, 0.0, -0.0], [0.125, 1.0, -1.0, 1.0], 0.0, -0.0, 0.0),  # -0 after an underflow stays
+    ([-0.0] * 4, [1.0] * 4, -0.0, -0.0, -0.0),  # every addend -0
+    ([1.0, -1.0, -0.0, -0.0], [1.0] * 4, -0.0, 0.0, 0.0),  # a cancellation gives +0, -0 products keep it
+    ([1.0, -0.0, -0.0, -0.0], [-1.0, 1.0, 1.0, 1.0], 1.0, 0.0, 0.0),  # c cancelled
+    ([-FP64_TINY, -0.0, 0.0, 0.0], [0.125, 1.0, 1.0, 1.0], 0.0, 0.0, 0.0),  # a +0 product ends the -0
+    ([0.0, 0.0, 0.0, -FP64_TINY], [1.0, 1.0, 1.0, 0.125], 0.0, -0.0, -0.0),  # the last step underflows
+    ([FP64_TINY, -0.0, -0.0, -0.0], [-0.125, 1.0, 1.0, 1.0], -0.0, -0.0, 0.0),
+    ([FP64_TINY, -0.0, -0.0, -0.0], [0.125, 1.0, 1.0, 1.0], -0.0, 0.0, 0.0),  # +2^-1077 underflows to +0
+]
+
+
+@pytest.mark.parametrize("a, b, c, steps, ieee", ZERO_CHAIN_CORNERS)
+def test_ieee_steps_zero_signs_on_an_fma_chain(a, b, c, steps, ieee):
+    fp64 = get_format("fp64")
+    a_codes, b_codes = fp64.encode(np.array([a])), fp64.encode(np.array([b]))
+    for zero_sign, want in (("ieee_steps", steps), ("ieee", ieee)):
+        params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), output_zero_sign=zero_sign)
+        got = as_float(dot_with_params(params, a_codes, b_codes, c=np.array([c])), "fp64")[0]
+        twin = dot_reference(params, a_codes[0].tolist(), b_codes[0].tolist(), c=c)
+        for value in (got, twin):
+            assert value == want and math.copysign(1.0, value) == math.copysign(1.0, want), (zero_sign, value)
+
+
+@pytest.mark.parametrize("zero_sign, want", [("ieee_steps", -0.0), ("ieee", -0.0), ("exact_positive", 0.0)])
+def test_an_exact_accumulator_is_one_step(zero_sign, want):
+    fp64 = get_format("fp64")
+    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), accumulator_format="exact",
+                                 output_zero_sign=zero_sign)
+    a, b = fp64.encode(np.array([[-0.0, 0.0, -0.0]])), fp64.encode(np.array([[1.0, -2.0, 0.0]]))
+    got = as_float(dot_with_params(params, a, b, c=np.array([-0.0])), "fp64")[0]
+    twin = dot_reference(params, a[0].tolist(), b[0].tolist(), c=-0.0)
+    assert [math.copysign(1.0, v) for v in (got, twin)] == [math.copysign(1.0, want)] * 2 and got == twin == 0
+
+
+def test_ieee_steps_refuses_the_steps_it_does_not_sign():
+    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), output_zero_sign="ieee_steps")
+    check_consistency(params, "ok")
+    for changes, path in (({"accumulator_rounding": "toward_negative"}, "accumulator.rounding"),
+                          ({"accumulator_format": "exact", "output_rounding": "toward_negative"}, "output.rounding"),
+                          ({"c_entry": "end"}, "accumulator.c_entry"),
+                          ({"promotion_interval": 4, "fused_terms": 4}, "accumulator.promotion_interval")):
+        with pytest.raises(ConfigError, match=re.escape(path) + ".*ieee_steps needs"):
+            check_consistency(dataclasses.replace(params, **changes), "unit.yaml")
+
+
+@settings(max_examples=40)
+@given(params=wide_params(zero_signs=("ieee_steps",)), seed=st.integers(0, 2**32 - 1), length=st.integers(1, 12))
+def test_ieee_steps_kernel_equals_reference_near_zero(params, seed, length):
+    # Operands made to meet exact zeros: underflowing products of both signs, signed zeros,
+    # cancelling pairs; the Fraction twin decides every output.
+    rng = np.random.default_rng(seed)
+    a_values = rng.choice([0.0, -0.0, FP64_TINY, -FP64_TINY, 2.0**-1000, -(2.0**-1000), 1.0, -1.0], (3, length))
+    b_values = rng.choice([0.0, -0.0, 0.125, -0.125, 1.0, -1.0], (3, length))
+    a = get_format(params.a_format).encode(a_values)
+    b = get_format(params.b_format).encode(b_values)
+    blocks = -(-length // params.block_size)
+    scale_a = scale_b = None if params.scales == "none" else np.full((3, blocks), 127, np.uint8)
+    c = rng.choice([0.0, -0.0, FP64_TINY, -FP64_TINY, 1.0, -1.0], 3)
     assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c_of_format(c, params.c_format))
 
 

@@ -13,6 +13,7 @@ from conftest import REPO
 from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.blas import _span_bits, blas_applies, exact_in_float64
+from mxsim.datapath.schema import route_accepts
 from mxsim.formats import get_format
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 
@@ -138,8 +139,11 @@ def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
 
 
 def test_fp32_elements_are_refused_without_a_table_of_every_code():
-    # An fma chain of fp32 elements (mi250-fp32) passes every key declaration, but its products
-    # span far more than float64's 53 bits; the span comes from the format, not 2^32 decoded codes.
-    params = load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml").params("fp32", "fp32")
+    # An fma chain of fp32 elements (mi250-fp32, with the whole-sum zero sign rule) passes every
+    # key declaration, but its products span far more than float64's 53 bits; the span comes
+    # from the format, not 2^32 decoded codes.
+    params = dataclasses.replace(load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml").params("fp32", "fp32"),
+                                 output_zero_sign="ieee")
+    assert route_accepts("blas", params)
     assert _span_bits(get_format("fp32")) == (127, -149)
     assert not exact_in_float64(params)

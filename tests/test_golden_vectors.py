@@ -151,3 +151,22 @@ def test_a_header_without_a_required_field_is_an_mxsim_error():
         assert len(lines) == len(text.splitlines()) - 1
         with pytest.raises(MxsimError, match="expected a, b, c, d and optionally scale_a, scale_b, each once"):
             parse_vector_text("\n".join(lines))
+
+
+def test_64_bit_fields_round_trip_and_wider_items_are_refused():
+    unit = GoldenUnit("cfg", "0" * 64, "fp64", "fp64", block_size=2, dot_length=2, scaled=False, out_format="fp64",
+                      c_format="fp64")
+    layout = layout_for(unit)
+    top = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+    vectors = VectorSet(a=np.array([[top, 1]], np.uint64), b=np.array([[0x8000_0000_0000_0000, 2]], np.uint64),
+                        scale_a=None, scale_b=None, c=np.array([top], np.uint64), d=np.array([0x7FF8 << 48], np.uint64))
+    text = "\n".join(header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
+                     + format_lines(layout, vectors)) + "\n"
+    assert text.splitlines()[-1] == ("0000000000000001ffffffffffffffff_00000000000000028000000000000000_"
+                                     "ffffffffffffffff_7ff8000000000000")
+    _, back = parse_vector_text(text)
+    for name in ("a", "b", "c", "d"):
+        assert getattr(back, name).dtype == np.uint64 and np.array_equal(getattr(back, name), getattr(vectors, name))
+    wider = text.replace("(1 x 64): accumulator", "(1 x 65): accumulator")
+    with pytest.raises(MxsimError, match="field 'c' declares 1 items of 65 bits; expected items of 1..64 bits"):
+        parse_vector_text(wider)

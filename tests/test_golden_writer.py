@@ -6,12 +6,16 @@ import hashlib
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mxsim
-from conftest import REPO
+from conftest import REPO, import_or_skip
+from mxsim import get_format
+from mxsim.datapath import load_hwconfig
+from mxsim.datapath.reference import dot_reference
 from mxsim.errors import MxsimError
 from mxsim.golden import GoldenUnit, generate, make_cases, output_bits, read_vector_file, units_from_hwconfig
 from test_golden_model import ocp_exact_expected_fn
@@ -312,3 +316,65 @@ def test_nvfp4_unit_vectors_carry_ue4m3_scales(tmp_path):
         assert any(stage["stage"] == "group" for stage in records[0]["stages"])
     _, corners = read_vector_file(tmp_path / unit["files"]["corners"]["vectors"])
     assert (corners.scale_a == 0x7F).any() and entry["count"] > 50
+
+
+# fp64 units: 64-bit codes, c and d -------------------------------------------------------
+def _labels(path):
+    return [line.split()[1] for line in path.read_text().splitlines()]
+
+
+def test_fp64_vectors_read_back_equal_mmasim_and_the_twin(tmp_path):
+    # a100-dmma's 32-step fp64 FMA chain (K = k = 32) as eight chained MMA-Sim m8n8k4.f64
+    # instructions (each d the next c), and mi250-fp32's fp32 chain through the Fraction twin.
+    torch = import_or_skip("torch", "oracles")
+    nv_ptx = import_or_skip("mmasim.nv_ptx", "oracles")
+    from test_oracles_mmasim import _torch_operand, mmasim_dpa
+
+    generate(REPO / "hwconfigs" / "a100-dmma.yaml", tmp_path / "dmma", cases=40, seed=5, kinds=["random", "corners"])
+    op = nv_ptx.MMA("Ampere", "m8n8k4.f64.f64.f64.f64")
+    fp64 = get_format("fp64")
+    for kind in ("random", "corners"):
+        stem = tmp_path / "dmma" / f"a100-dmma.fp64xfp64.{kind}"
+        layout, vectors = read_vector_file(f"{stem}.hex")
+        assert [layout.field(n).item_bits for n in ("a", "c", "d")] == [64, 64, 64]
+        d = vectors.c.view(np.float64)
+        for start in range(0, 32, 4):
+            d = mmasim_dpa(op, _torch_operand(torch, vectors.a[:, start:start + 4], "f64"),
+                           _torch_operand(torch, vectors.b[:, start:start + 4], "f64"), d, "fp64", "fp64").view(np.float64)
+        want = d.view(np.uint64)
+        same = (want == vectors.d) | (np.isnan(fp64.decode(want)) & np.isnan(fp64.decode(vectors.d)))
+        assert same.all(), [_labels(Path(f"{stem}.labels.txt"))[i] for i in np.flatnonzero(~same)[:5]]
+    labels = _labels(tmp_path / "dmma" / "a100-dmma.fp64xfp64.corners.labels.txt")
+    d = fp64.decode(vectors.d)
+    assert np.signbit(d[labels.index("zero_underflow_then_neg")]) and d[labels.index("zero_underflow_then_neg")] == 0
+
+    hw = load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml")
+    generate(hw, tmp_path / "fp32", cases=12, seed=5, kinds=["random", "corners"])
+    params = hw.params("fp32", "fp32")
+    for kind in ("random", "corners"):
+        layout, vectors = read_vector_file(tmp_path / "fp32" / f"mi250-fp32.fp32xfp32.{kind}.hex")
+        assert vectors.c.dtype == np.uint32 and layout.field("c").meaning == "accumulator input, FP32 bits"
+        for i in range(len(vectors)):
+            value = dot_reference(params, vectors.a[i].tolist(), vectors.b[i].tolist(),
+                                  c=float(vectors.c[i:i + 1].view(np.float32)[0]))
+            want = int(get_format("fp32").encode(np.array([value]), overflow="inf_nan")[0])
+            assert int(vectors.d[i]) == want, (kind, i)
+
+
+def test_fp64_units_refuse_what_they_cannot_hold(tmp_path):
+    dmma = load_hwconfig(REPO / "hwconfigs" / "a100-dmma.yaml")
+    with pytest.raises(MxsimError, match="exhaustive needs at most 65536 code pairs"):
+        generate(dmma, tmp_path / "x", kinds="exhaustive")
+    (unit,) = units_from_hwconfig(dmma)
+    with pytest.raises(MxsimError, match="exact stage records place an FP32 c on their grid"):
+        generate(unit, tmp_path / "y", cases=2, kinds="random", stage_dumps=True,
+                 expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c), np.uint64))
+    with pytest.raises(MxsimError, match="output bits as integers"):
+        generate(unit, tmp_path / "z", cases=2, kinds="random", expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c)))
+    narrow = GoldenUnit("x", "0" * 64, "fp8_e4m3", "fp8_e4m3", scaled=False, c_format="fp64")
+    with pytest.raises(MxsimError, match="built around an FP32 c; x takes fp64 c: use the random kind"):
+        make_cases(narrow, "corners", 0, 0)
+    assert make_cases(narrow, "random", 3, 0).c.dtype == np.uint64
+    assert output_bits(np.array([-0.0]), "fp64").tolist() == [1 << 63]
+    with pytest.raises(MxsimError, match="do not fit 32-bit fp32"):
+        output_bits(np.array([1 << 40], np.uint64), "fp32")

@@ -15,6 +15,8 @@ size), a quarter corner rows (zeros of both signs, exact cancellation, subnormal
 c, tiny products below the zero-term exponent, near-overflow, uniformly random codes, Inf and
 NaN). The fp64 families (NVIDIA mma .f64, AMD f64 MFMA: MMA-Sim's FMA chain) and those whose c
 has another format than d (Volta's m8n8k4 with f16 c) run the same way.
+The FMA chains (fp64 mma and MFMA, AMD fp32 MFMA) also run rows made to meet exact zeros of
+both signs step after step (``output.zero_sign: ieee_steps``).
 ``MXSIM_MMASIM_ROWS`` sets the rows per family (default 192; docs/gpu-oracles.md reports a run of 1024).
 Needs the ``oracles`` extra; skipped without it, failed instead when CI is set.
 """
@@ -380,3 +382,43 @@ def test_fp64_family_matches_mmasim(family):
     a, b, c = make_inputs(1000 + FP64_FAMILIES.index(family), ROWS, k, "fp64", "fp64", "fp64")
     want = mmasim_dpa(op, _torch_operand(torch, a, "f64"), _torch_operand(torch, b, "f64"), c, "fp64", "fp64")
     check_against(hw, "fp64", "fp64", "fp64", "fp64", a, b, c, want)
+
+
+# --- zero signs along an FMA chain ----------------------------------------------------------------
+
+# The AMD fp32 MFMA instructions that MMA-Sim runs as the same FMA chain (CDNA1, CDNA2, CDNA3).
+FP32_FMA_FAMILIES = [("CDNA1", "f32_16x16x4f32", "mi100"), ("CDNA2", "f32_16x16x4f32", "mi250-fp32"),
+                     ("CDNA3", "f32_16x16x4_f32", "mi300")]
+
+
+def zero_chain_inputs(seed: int, rows: int, k: int, name: str):
+    """(A codes, B codes, c) whose FMA steps meet exact zeros of both signs: products of the
+    smallest subnormal and 1/8 (they round to a zero of their sign), signed zeros, a product
+    and its negation, c of ±0, ±the smallest subnormal or ±1."""
+    rng = np.random.default_rng(seed)
+    fmt = get_format(name)
+    tiny = fmt.min_subnormal
+    a = rng.choice([0.0, -0.0, tiny, -tiny, 1.0, -1.0], (rows, k))
+    b = rng.choice([0.0, -0.0, 0.125, -0.125, 1.0], (rows, k))
+    for row in range(0, rows, 3):  # an exact cancellation in the first two steps
+        a[row, 1], b[row, 1] = -a[row, 0], b[row, 0]
+    c = rng.choice([0.0, -0.0, tiny, -tiny, 1.0, -1.0], rows)
+    return _encode(fmt, a), _encode(fmt, b), c.astype(np.float64 if fmt.bits == 64 else np.float32)
+
+
+@pytest.mark.parametrize("family", [*[("fp64", *f) for f in FP64_FAMILIES],
+                                    *[("fp32", "amd", *f, 4) for f in FP32_FMA_FAMILIES]],
+                         ids=lambda family: f"{family[4]}-{family[3]}")
+def test_fma_chain_zero_signs_match_mmasim(family):
+    # output.zero_sign: ieee_steps: a zero that an early step leaves (-0 from an underflow)
+    # stays -0 through later -0 products, as IEEE FMAs leave it.
+    torch = import_or_skip("torch", "oracles")
+    name, vendor, arch, instruction, config, k = family
+    module = import_or_skip(f"mmasim.{vendor}", "oracles")
+    op = module.MMA(arch, instruction) if vendor == "nv_ptx" else module.MFMA(arch, instruction)
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    a, b, c = zero_chain_inputs(77, 96, k, name)
+    dtype = {"fp64": torch.float64, "fp32": torch.float32}[name]
+    want = mmasim_dpa(op, _torch_view(torch, a, dtype), _torch_view(torch, b, dtype), c, name, name)
+    assert np.signbit(get_format(name).decode(want)[get_format(name).decode(want) == 0]).any()  # the corner is met
+    check_against(hw, name, name, name, name, a, b, c, want)

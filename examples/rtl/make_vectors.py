@@ -6,7 +6,9 @@
         [--expected module:factory [--python-path DIR]]
 
 Expected outputs come from mxsim.dot on the config, or from factory(unit) when --expected
-is given (the tests use tests/test_golden_model.py:ocp_exact_expected_fn).
+is given (the tests use tests/test_golden_model.py:ocp_exact_expected_fn). The RTL takes
+fp4 codes only: a config without the fp4_e2m1 x fp4_e2m1 pair (an fp64 unit, whose 64-bit
+vectors mxsim golden writes for other benches) is refused, naming the pairs it accepts.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ from .tables import ZERO_EXPONENT
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
 SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
-ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE = 0, 1, 2  # output.zero_sign
+ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE, ZERO_SIGN_IEEE_STEPS = 0, 1, 2, 3  # output.zero_sign
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
 # The datapath functions allocate nothing, so they are compiled without Numba's reference
 # counting (its ``_nrt`` option): Numba would otherwise increment and decrement, atomically,
@@ -896,13 +896,15 @@ def output_value(result, special, negative_zeros_only, zero_sign):
     """The dot product's value from the output-rounded ``result``: the running special wins
     (NaN as the canonical positive quiet NaN); a zero is +0 with ``zero_sign: positive``;
     else an exact zero is -0 only when c and every product were -0 (IEEE's sum of zeros;
-    never with ``exact_positive``), while a negative result that rounded to zero kept its sign."""
+    never with ``exact_positive``; with ``ieee_steps`` the accumulator's steps have signed it
+    already), while a negative result that rounded to zero kept its sign."""
     if special != 0.0 or math.isnan(special):
         return np.nan if math.isnan(special) else special
     if result == 0.0 and zero_sign == ZERO_SIGN_POSITIVE:
         return 0.0
     if result == 0.0 and not math.copysign(1.0, result) < 0:
-        return -0.0 if negative_zeros_only and zero_sign == ZERO_SIGN_IEEE else 0.0
+        ieee = zero_sign == ZERO_SIGN_IEEE or zero_sign == ZERO_SIGN_IEEE_STEPS  # (exact accumulator: one step)
+        return -0.0 if negative_zeros_only and ieee else 0.0
     return result
 
 
@@ -933,8 +935,13 @@ def dot_one(
     grid = cfg.grid_fraction_bits >= 0
     wide = not products_fit_float64(a_params, b_params)
     uniform = uniform_trees(cfg) and not wide
+    # ieee_steps: each rounding into the accumulator signs its own exact zero, so the record of
+    # -0 addends restarts at every step with the accumulator (an exact accumulator has one step).
+    steps = cfg.output_zero_sign == ZERO_SIGN_IEEE_STEPS and not cfg.accumulator_exact
     for tree in range(tree_count(n_elements, cfg)):
         start, stop = tree_bounds(tree, n_elements, cfg)
+        if steps:
+            negative_zeros_only = acc == 0.0 and math.copysign(1.0, acc) < 0
         if wide:  # exact trees of exact products, in the limbs (Kulisch: they keep the whole sum)
             special, negative_zeros_only = wide_tree_into_limbs(
                 start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
@@ -943,6 +950,8 @@ def dot_one(
                 continue
             limbs_add_float(limbs, bounds, acc)
             acc = round_into_accumulator(limbs, bounds, acc_params, cfg)
+            if steps and negative_zeros_only and acc == 0.0:
+                acc = -0.0  # every addend was -0: IEEE's sum of zeros
             acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
             continue
         count = 0
@@ -999,6 +1008,8 @@ def dot_one(
             acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
         else:
             acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
+        if steps and negative_zeros_only and acc == 0.0:
+            acc = -0.0  # every addend was -0: IEEE's sum of zeros
         acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
 
     if cfg.accumulator_exact:

@@ -219,6 +219,24 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             raise ConfigError(source, "accumulator.promotion_interval", "needs a floating accumulator, not 'exact'")
         if params.c_entry != "initial":
             raise ConfigError(source, "accumulator.promotion_interval", "c starts the outer accumulator: c_entry must be 'initial'")
+    if params.output_zero_sign == "ieee_steps":
+        _check_ieee_steps(params, source)
+
+
+def _check_ieee_steps(params: DatapathParams, source: str) -> None:
+    """``output.zero_sign: ieee_steps`` signs the exact zeros of the accumulator's own steps: it
+    refuses the steps whose zero sign it does not model (a toward_negative exact zero, the outer
+    adds of c_entry: end and promotion, the grid's own rule)."""
+    exact = params.accumulator_format == "exact"
+    _check_needs(params, source, "output.zero_sign: ieee_steps", {
+        "accumulator.rounding": (not exact and params.accumulator_rounding == "toward_negative",
+                                 "a rounding other than toward_negative"),
+        "output.rounding": (exact and params.output_rounding == "toward_negative",
+                            "a rounding other than toward_negative with an exact accumulator"),
+        "accumulator.c_entry": (params.c_entry != "initial", "'initial'"),
+        "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
+        "grid.fraction_bits": (params.grid_fraction_bits is not None, "null"),
+    })
 
 
 def _check_needs(params: DatapathParams, source: str, what: str, needs: dict) -> None:

@@ -608,6 +608,9 @@ def dot_reference(
         if _is_infinite(acc):  # c overflows a narrower accumulator
             specials.note_overflow(acc)
             acc = Fraction(0)
+    steps = params.output_zero_sign == "ieee_steps"  # (an exact accumulator returned above: one step)
+    if steps and _is_negative_zero(c):
+        acc = -0.0  # the first step's addends include c's sign
     if params.grid_fraction_bits is not None:
         # A grid returns the accumulator itself in its pass-through rules: c = -0 stays -0.
         acc = -0.0 if c == 0 and math.copysign(1.0, c) < 0 else acc
@@ -616,6 +619,9 @@ def dot_reference(
 
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
+        # ieee_steps: this step's exact zero is -0 when the accumulator and every product are -0
+        negative_step = steps and _is_negative_zero(acc) and all(
+            _is_negative_zero(products[k][0]) for k in positions if k is not None)
         if params.parity_windows:
             tree_sum, reference = _parity_sum([tree_terms(positions[0::2]), tree_terms(positions[1::2])],
                                               tree_start, params, log)
@@ -633,8 +639,10 @@ def dot_reference(
             tree_sum = _tree_sum(kept, has_zero, acc, tree_start, params, log)
         if params.second_alignment_bits is not None:
             acc = _second_alignment(acc, tree_sum, reference, acc_fmt, params, specials, log)
+            acc = -0.0 if negative_step and acc == 0 else acc
             continue
         acc = _accumulate(acc, _normalise(tree_sum, params, log), acc_fmt, params, specials)
+        acc = -0.0 if negative_step and acc == 0 else acc
         log({"stage": "accumulate", "start": tree_start, "accumulator": _to_float(acc)})
         done = tree_start + params.fused_terms
         if params.promotion_interval and done % params.promotion_interval == 0:
@@ -673,7 +681,7 @@ def _output(result, specials: _Specials, params: DatapathParams, log) -> float:
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:
-        value = -0.0 if specials.negative_zeros_only and params.output_zero_sign == "ieee" else 0.0
+        value = -0.0 if specials.negative_zeros_only and params.output_zero_sign in ("ieee", "ieee_steps") else 0.0
     else:
         value = float(result)
     log({"stage": "output", "value": value})

@@ -465,11 +465,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "result that rounds to zero keeps its sign); 'positive': every zero result is +0 (MMA-Sim's "
             "tensor cores add +0.0 to each result); 'exact_positive': an exact zero sum is +0 even when "
             "c and every product are -0, a negative result that rounds to zero keeps its sign (MMA-Sim's "
-            "CDNA1 MFMA)",
-            ("ieee", "positive", "exact_positive"),
+            "CDNA1 MFMA); 'ieee_steps': each rounding into the accumulator is an IEEE step: its exact zero is "
+            "-0 when every addend of the step (the running accumulator, c at first, and each product of the "
+            "tree) is -0, else +0, a step result that rounds to zero keeps its sign, and the accumulator "
+            "carries that zero into the next step (an IEEE FMA chain: MMA-Sim's fp64 mma and MFMA); needs "
+            "accumulator.rounding other than toward_negative (output.rounding too for an exact accumulator, "
+            "its one step), c_entry: initial, promotion_interval and grid.fraction_bits null",
+            ("ieee", "positive", "exact_positive", "ieee_steps"),
             field="output_zero_sign",
-            # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged).
-            blas=only("ieee"), window=any_value, groups=any_value,  # groups: as the window route
+            # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged);
+            # ieee_steps: not shown exact on the fast routes.
+            blas=only("ieee"), window=only("ieee", "positive", "exact_positive"),
+            groups=only("ieee", "positive", "exact_positive"),  # groups: as the window route
         ),
     },
 }

@@ -7,7 +7,8 @@ Three kinds, each a function ``(unit, count, rng) -> VectorSet`` (without expect
     near 1, and block-quantized Gaussian, sparse and outlier-heavy data (``mxsim.quantize_mx``,
     OCP profile, for power-of-two scales; ``mxsim.quantize_nvfp4`` with the unit's scale
     format otherwise, e.g. UE4M3); c is ±0, of the block's magnitude (within ±30 binades), any finite
-    FP32, or the nearest FP32 to minus the block (cancellation).
+    value of the unit's c format (FP32, or FP64), or the nearest one to minus the block
+    (cancellation).
 ``corners``
     a fixed, deterministic list (``count`` is ignored) built from exact values
     (:mod:`mxsim.golden.corners`).
@@ -64,8 +65,9 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
             continue
         n = rows.size
         if name == "uniform_codes":
-            a[rows] = rng.integers(0, 1 << fa.bits, (n, K))
-            b[rows] = rng.integers(0, 1 << fb.bits, (n, K))
+            for codes, fmt in ((a, fa), (b, fb)):  # field codes above the padding bits (tf32)
+                codes[rows] = rng.integers(0, 1 << fmt.field_bits, (n, K), dtype=_draw_dtype(fmt.field_bits)) \
+                    << fmt.padding_bits
             for scale in (scale_a, scale_b):
                 near = np.clip(unit.scale_one + rng.integers(-10, 11, (n, nb)), 0, unit.scale_nan - 1)
                 anywhere = rng.integers(0, unit.scale_nan, (n, nb))
@@ -86,6 +88,12 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
     return VectorSet(a, b, scale_a if unit.scaled else None, scale_b if unit.scaled else None, c, labels=labels)
 
 
+def _draw_dtype(bits: int) -> type:
+    """The dtype uniform codes of ``bits`` bits are drawn in: int64 (the draws every narrower
+    format always had), uint64 for 64-bit codes."""
+    return np.uint64 if bits >= 63 else np.int64
+
+
 def _approximate_blocks(unit, a, b, scale_a, scale_b) -> np.ndarray:
     """float64 approximation of each vector's scaled block sum (NaN/Inf where specials are)."""
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
@@ -99,27 +107,36 @@ def _approximate_blocks(unit, a, b, scale_a, scale_b) -> np.ndarray:
 
 
 def _random_c(unit, a, b, scale_a, scale_b, rng):
+    """(c bits in the unit's c format, mode per vector). The thresholds are FP32's (c of up to
+    1e38, at least 1e-44 for the block-relative modes, clipped to ±3e38) moved by the c format's
+    exponent range, so FP32 c draws what it always drew."""
     count = a.shape[0]
+    fmt = get_format(unit.c_format)
+    bits_type = fmt.code_dtype.type
+    top = float(2.0 ** (fmt.emax - 127))  # 1 for FP32
+    bottom = float(2.0 ** ((1 - fmt.bias - fmt.mantissa_bits) + 149))  # 1 for FP32
+    float_type = np.dtype(f"f{fmt.bits // 8}")
     approximate = _approximate_blocks(unit, a, b, scale_a, scale_b)
     modes = rng.choice(len(C_MODES), size=count, p=C_MODE_WEIGHTS)
-    usable = np.isfinite(approximate) & (approximate != 0) & (np.abs(approximate) < 1e38) & (np.abs(approximate) > 1e-44)
+    usable = (np.isfinite(approximate) & (approximate != 0) & (np.abs(approximate) < 1e38 * top)
+              & (np.abs(approximate) > 1e-44 * bottom))
     modes = np.where(~usable & ((modes == 1) | (modes == 3)), 2, modes)
-    c = np.zeros(count, dtype=np.uint32)
-    zero_sign = rng.integers(0, 2, count).astype(np.uint32) << np.uint32(31)
+    c = np.zeros(count, dtype=bits_type)
+    zero_sign = rng.integers(0, 2, count).astype(bits_type) << bits_type(fmt.bits - 1)
     c[modes == 0] = zero_sign[modes == 0]
     near = modes == 1
     with np.errstate(over="ignore", under="ignore"):
         value = np.abs(approximate) * np.exp2(rng.integers(-30, 31, count).astype(np.float64)) * (1 + rng.random(count))
         value *= np.where(rng.random(count) < 0.5, -1.0, 1.0)
-        value = np.clip(value, -3.0e38, 3.0e38)
-        c[near] = value[near].astype(np.float32).view(np.uint32)
+        value = np.clip(value, -3.0e38 * top, 3.0e38 * top)
+        c[near] = value[near].astype(float_type).view(bits_type)
         cancel = modes == 3
-        c[cancel] = (-approximate[cancel]).astype(np.float32).view(np.uint32)
+        c[cancel] = (-approximate[cancel]).astype(float_type).view(bits_type)
     anything = modes == 2
-    exponent_field = rng.integers(0, 255, count).astype(np.uint32)
-    fraction = rng.integers(0, 1 << 23, count).astype(np.uint32)
-    sign = rng.integers(0, 2, count).astype(np.uint32)
-    c[anything] = ((sign << np.uint32(31)) | (exponent_field << np.uint32(23)) | fraction)[anything]
+    exponent_field = rng.integers(0, (1 << fmt.exponent_bits) - 1, count).astype(bits_type)
+    fraction = rng.integers(0, 1 << fmt.mantissa_bits, count).astype(bits_type)
+    sign = rng.integers(0, 2, count).astype(bits_type)
+    c[anything] = ((sign << bits_type(fmt.bits - 1)) | (exponent_field << bits_type(fmt.mantissa_bits)) | fraction)[anything]
     return c, [C_MODES[m] for m in modes]
 
 
@@ -167,7 +184,8 @@ def exhaustive_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generat
     b = np.concatenate(parts_b)
     n = a.shape[0]
     scales = np.full((n, nb), unit.scale_one, dtype=np.uint8) if unit.scaled else None
-    return VectorSet(a, b, scales, None if scales is None else scales.copy(), np.zeros(n, dtype=np.uint32), labels=labels)
+    c = np.zeros(n, dtype=get_format(unit.c_format).code_dtype)
+    return VectorSet(a, b, scales, None if scales is None else scales.copy(), c, labels=labels)
 
 
 GENERATORS = {"random": random_cases, "corners": corner_cases, "exhaustive": exhaustive_cases}

@@ -585,10 +585,66 @@ class CornerBuilder:
         return self.rows.vector_set()
 
 
+#: Element formats up to this width get the full corner list (built from a table of every
+#: code); wider ones (fp32, fp64) the value-built list of :func:`wide_corner_cases`.
+CODE_BOOK_MAX_BITS = 16
+
+
 def corner_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generator) -> VectorSet:
     """The corner-case vectors of ``unit`` (``count`` is ignored: the list is fixed).
 
     For a unit without scales only the constructions reachable at scale 2^0 are made.
     """
+    if max(get_format(unit.a_format).bits, get_format(unit.b_format).bits) > CODE_BOOK_MAX_BITS:
+        return wide_corner_cases(unit)
+    if unit.c_format != "fp32":
+        raise MxsimError(f"golden: the corner list of {unit.pair_name} is built around an FP32 c; {unit.config_name} "
+                         f"takes {unit.c_format} c: use the random kind")
     return CornerBuilder(unit, rng).build()
+
+
+def wide_corner_cases(unit: GoldenUnit) -> VectorSet:
+    """The corners of a unit whose element codes are too many to tabulate (fp32, fp64), built
+    from values in lane 0 (and 1) of block 0, every other lane +0 (-0 x +0 in the ``zero_*neg``
+    cases), scales 2^0: signed zeros (``zero_*``: -0 only when every addend is -0, also after a
+    product that underflows to -0, as an IEEE FMA chain keeps it), cancellation, NaN/Inf elements and c, overflow of the largest values, subnormal
+    elements, and ties at the output's rounding point around c = 1."""
+    fa, fb, fc, out = (get_format(n) for n in (unit.a_format, unit.b_format, unit.c_format, unit.out_format))
+    tiny_a, tiny_b = fa.min_subnormal, fb.min_subnormal
+    half_ulp = 2.0 ** -(out.mantissa_bits + 1)  # of 1.0 in the output format
+    inf, nan = float("inf"), float("nan")
+    cases = [  # (label, A lane values, B lane values, c); lanes not given are +0 (x +0)
+        ("zero_all_pos_c_pos", [0.0], [0.0], 0.0), ("zero_all_c_neg", [-0.0, -0.0], [1.0, 1.0], -0.0),
+        ("zero_neg_products_c_pos", [-0.0], [1.0], 0.0), ("zero_one_pos_product_c_neg", [0.0], [1.0], -0.0),
+        ("zero_all_neg", [-0.0], [1.0], -0.0), ("zero_underflow_then_neg", [-tiny_a, -0.0], [0.125, 1.0], 0.0),
+        ("zero_underflow_pos_then_neg", [tiny_a, -0.0], [0.125, 1.0], -0.0),
+        ("cancel_products_c_neg_zero", [1.5, -1.5], [1.0, 1.0], -0.0), ("cancel_c", [1.5], [1.0], -1.5),
+        ("cancel_c_leaves_tiny", [1.0, tiny_a], [1.0, 1.0], -1.0),
+        ("nan_element", [nan], [1.0], 0.0), ("inf_times_zero", [inf], [0.0], 0.0),
+        ("inf_minus_inf", [inf, -inf], [1.0, 1.0], 0.0), ("inf_element", [-inf], [2.0], 1.0),
+        ("nan_c", [1.0], [1.0], nan), ("inf_c", [1.0], [1.0], inf), ("inf_c_against_inf", [inf], [1.0], -inf),
+        ("max_times_two", [fa.max_finite], [2.0], 0.0), ("max_times_max", [-fa.max_finite], [fb.max_finite], 0.0),
+        ("max_c_plus_max", [fa.max_finite], [1.0], fc.max_finite),
+        ("subnormal_elements", [tiny_a, -tiny_a], [1.0, 0.5], 0.0),
+        ("subnormal_product", [tiny_a], [tiny_b], 0.0),
+        ("tie_even_down", [half_ulp], [1.0], 1.0), ("tie_odd_up", [half_ulp], [1.0], 1.0 + 2 * half_ulp),
+        ("tie_plus_tiny_up", [half_ulp, tiny_a], [1.0, 1.0], 1.0),
+        ("tie_minus_tiny_down", [half_ulp, -tiny_a], [1.0, 1.0], 1.0 + 2 * half_ulp),
+    ]
+    K = unit.dot_length
+    cases = [case for case in cases if len(case[1]) <= K]
+    a_values = np.zeros((len(cases), K))
+    b_values = np.zeros((len(cases), K))
+    for row, (label, a_lanes, b_lanes, _) in enumerate(cases):
+        if label.startswith("zero_") and label.endswith("neg"):  # every other product -0 too
+            a_values[row] = -0.0
+        a_values[row, : len(a_lanes)] = a_lanes
+        b_values[row, : len(b_lanes)] = b_lanes
+    c = np.array([case[3] for case in cases])
+    with np.errstate(over="ignore"):
+        a, b = fa.encode(a_values, overflow="inf_nan"), fb.encode(b_values, overflow="inf_nan")
+        c_bits = fc.encode(c, overflow="inf_nan").astype(fc.code_dtype)
+    scales = np.full((len(cases), unit.n_blocks), unit.scale_one, dtype=np.uint8) if unit.scaled else None
+    return VectorSet(a.astype(fa.code_dtype), b.astype(fb.code_dtype), scales, None if scales is None else scales.copy(),
+                     c_bits, labels=[case[0] for case in cases])
 

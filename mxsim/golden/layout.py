@@ -8,7 +8,8 @@ most-significant first::
 ``a`` and ``b`` are packed buses of element codes (element ``i`` at bits
 ``[i*w + w-1 : i*w]`` of the field, ``w`` the format's width), ``scale_a``/``scale_b`` packed
 buses of E8M0 codes (block ``j`` at ``[8j+7 : 8j]``; absent when the unit takes no scales),
-``c`` the FP32 accumulator input bits and ``d`` the expected output bits. Every field is
+``c`` the accumulator input bits (FP32, or FP64 for a unit whose c is fp64) and ``d`` the
+expected output bits. Every field is
 padded with zero bits at its top to a whole number of hexadecimal digits, so fields can be
 separated by ``_`` in the file and ``$readmemh`` reads the line as one number whose bit
 slices are the fields.
@@ -25,7 +26,11 @@ from ..errors import ArgumentError, ConfigError, MxsimError
 from ..formats import get_format
 
 SCALE_BITS = 8
-MAX_CODE_BITS = 16  # element codes are stored as uint16
+MAX_CODE_BITS = 64  # element codes are stored as unsigned integers of up to 64 bits
+#: Formats c may be written in: FP32 for every unit (c is given as FP32 bits), FP64 for a unit
+#: whose ``inputs.c_format`` is fp64 (its c values are not all FP32 values).
+C_FORMATS = ("fp32", "fp64")
+OUT_FORMATS = ("fp32", "fp16", "bf16", "fp64")
 
 
 @dataclass(frozen=True)
@@ -38,13 +43,15 @@ class GoldenUnit:
         a_format, b_format: element format names (table keys) of operands A and B.
         block_size: k, elements sharing one E8M0 scale.
         dot_length: K, elements per dot product (a vector); a multiple of ``block_size``.
-        out_format: the output format whose bits ``d`` holds (``fp32``, ``fp16`` or ``bf16``).
+        out_format: the output format whose bits ``d`` holds (``fp32``, ``fp16``, ``bf16`` or ``fp64``).
         scaled: whether the unit takes block scales (false: no scale fields; the expected
             function gets ``None`` scales).
         scale_format: the scale codes' format (``inputs.scale_format``: ``e8m0``, ``ue4m3``).
         align_fraction_bits: the adder's alignment window (``adder.align_fraction_bits``: terms
             kept to multiples of 2^(R-n) below the reference R) or None when exact; corner
             cases put alignment shifts at its edge.
+        c_format: the format of c's bits in the vectors (``fp32``, or ``fp64`` for a unit whose
+            ``inputs.c_format`` is fp64).
     """
 
     config_name: str
@@ -57,22 +64,28 @@ class GoldenUnit:
     scaled: bool = True
     align_fraction_bits: int | None = None
     scale_format: str = "e8m0"
+    c_format: str = "fp32"
 
     def __post_init__(self):
         for operand in ("a_format", "b_format"):
             fmt = get_format(getattr(self, operand))
             if fmt.bits > MAX_CODE_BITS:
                 raise MxsimError(
-                    f"golden: {operand} {fmt.name} is wider than {MAX_CODE_BITS} bits; element codes must fit uint16"
+                    f"golden: {operand} {fmt.name} is wider than {MAX_CODE_BITS} bits; element codes must fit uint64"
                 )
+            if fmt.padding_bits:
+                raise MxsimError(f"golden: {operand} {fmt.name} codes carry {fmt.padding_bits} padding bits, which "
+                                 "the vectors do not hold; choose other format pairs")
             object.__setattr__(self, operand, fmt.name)
         scale = get_format(self.scale_format)
         if scale.role != "scale" or scale.bits > SCALE_BITS:
             raise MxsimError(f"golden: scale_format must be a block scale format of at most {SCALE_BITS} bits, "
                              f"got {self.scale_format!r}")
         object.__setattr__(self, "scale_format", scale.name)
-        if self.out_format not in ("fp32", "fp16", "bf16"):
-            raise MxsimError(f"golden: out_format must be fp32, fp16 or bf16, got {self.out_format!r}")
+        if self.out_format not in OUT_FORMATS:
+            raise MxsimError(f"golden: out_format must be {', '.join(OUT_FORMATS)}, got {self.out_format!r}")
+        if self.c_format not in C_FORMATS:
+            raise MxsimError(f"golden: c_format must be {' or '.join(C_FORMATS)}, got {self.c_format!r}")
         if self.block_size < 1 or self.dot_length < 1 or self.dot_length % self.block_size:
             raise MxsimError(
                 f"golden: dot_length ({self.dot_length}) must be a positive multiple of block_size ({self.block_size})"
@@ -101,6 +114,11 @@ class GoldenUnit:
     def scale_code_of_power(self, exponent: int) -> int | None:
         """The scale code of exactly 2^exponent, or None when the scale format has none."""
         return _power_of_two_codes(self.scale_format).get(exponent)
+
+    def c_values(self, bits: np.ndarray) -> np.ndarray:
+        """c's bits (uint32 for FP32, uint64 for FP64) as the float values they are."""
+        dtype = np.dtype(f"f{get_format(self.c_format).bits // 8}")
+        return np.asarray(bits, dtype=f"u{dtype.itemsize}").view(dtype)
 
     @property
     def pair_name(self) -> str:
@@ -133,12 +151,12 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
     accepted = list(hw.format_pairs)
     if pairs is None:
         chosen = accepted
-        too_wide = [(a, b) for a, b in accepted if max(get_format(a).bits, get_format(b).bits) > MAX_CODE_BITS]
-        if too_wide:
-            usable = [f"{a},{b}" for a, b in accepted if (a, b) not in too_wide]
+        padded = [(a, b) for a, b in accepted if get_format(a).padding_bits or get_format(b).padding_bits]
+        if padded:
+            usable = [f"{a},{b}" for a, b in accepted if (a, b) not in padded]
             raise ConfigError(
-                source, "inputs", f"golden vectors hold element codes of at most {MAX_CODE_BITS} bits; "
-                f"{', '.join(f'{a} x {b}' for a, b in too_wide)} do not fit: choose pairs (--pair A,B or pairs=)"
+                source, "inputs", "golden vectors do not hold element codes with padding bits (tf32); "
+                f"{', '.join(f'{a} x {b}' for a, b in padded)} do not fit: choose pairs (--pair A,B or pairs=)"
                 + (f" among {' '.join(usable)}" if usable else ""),
             )
     else:
@@ -173,6 +191,7 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
                 scaled=params.scales != "none",
                 align_fraction_bits=getattr(params, "align_fraction_bits", None),
                 scale_format=params.scale_format,
+                c_format=params.c_format if params.c_format in C_FORMATS else "fp32",
             )
         )
     return units
@@ -258,7 +277,7 @@ def layout_for(unit: GoldenUnit) -> VectorLayout:
             ("scale_b", nb, SCALE_BITS, f"B {unit.scale_format.upper()} scale codes, block j at bits [8j+7:8j]"),
         ]
     specs += [
-        ("c", 1, 32, "accumulator input, FP32 bits"),
+        ("c", 1, get_format(unit.c_format).bits, f"accumulator input, {unit.c_format.upper()} bits"),
         ("d", 1, out_bits, f"expected output, {unit.out_format} bits"),
     ]
     fields = []

@@ -74,6 +74,9 @@ def exact_stages(unit: GoldenUnit, vectors: VectorSet) -> list[dict]:
     if unit.scaled and not unit.power_of_two_scales:
         raise MxsimError(f"golden: exact stage records need power-of-two (E8M0) scales; {unit.config_name} "
                          f"takes {unit.scale_format} scales (use the datapath stages of mxsim dot --explain)")
+    if unit.c_format != "fp32":
+        raise MxsimError(f"golden: exact stage records place an FP32 c on their grid; {unit.config_name} takes "
+                         f"{unit.c_format} c (use the datapath stages of mxsim dot --explain)")
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     values_a, values_b = fa.decode(vectors.a), fb.decode(vectors.b)
     quantum = Fraction(fa.min_subnormal) * Fraction(fb.min_subnormal)
@@ -167,7 +170,7 @@ def datapath_stage_fn(hw, unit: GoldenUnit):
         return None
 
     def stages(vectors: VectorSet) -> list[dict]:
-        c_values = vectors.c.view(np.float32)
+        c_values = unit.c_values(vectors.c)
         records = []
         for i in range(len(vectors)):
             result = explain(
@@ -185,7 +188,7 @@ def datapath_stage_fn(hw, unit: GoldenUnit):
                 "bits": result.get("bits"),
             }
             if vectors.d is not None:
-                record["expected"] = f"0x{int(vectors.d[i]):08x}"
+                record["expected"] = f"0x{int(vectors.d[i]):0{vectors.d.dtype.itemsize * 2}x}"
             records.append(json_safe(record))
         return records
 

@@ -40,10 +40,12 @@ class VectorSet:
     """Vectors as arrays: one row per vector.
 
     Attributes:
-        a, b: element codes, shape (n, K), unsigned integers.
+        a, b: element codes, shape (n, K), unsigned integers (up to uint64).
         scale_a, scale_b: E8M0 codes, shape (n, K/k), uint8; None for units without scales.
-        c: accumulator input FP32 bits, shape (n,), uint32.
-        d: expected output bits, shape (n,), uint32 (None before the expected function ran).
+        c: accumulator input bits in the unit's ``c_format``, shape (n,): uint32 for FP32,
+            uint64 for FP64.
+        d: expected output bits, shape (n,): uint32, or uint64 for an fp64 output (None
+            before the expected function ran).
         labels: one short name per vector saying which case it is.
     """
 
@@ -148,7 +150,7 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
     columns = {}
     for f in layout.fields:
         mask = (1 << f.item_bits) - 1
-        dtype = np.uint8 if f.item_bits <= 8 else np.uint16 if f.item_bits <= 16 else np.uint32
+        dtype = _code_dtype(f.item_bits)
         column = np.zeros((len(words), f.items), dtype=dtype)
         for row, word in enumerate(words):
             value = word >> f.lsb
@@ -161,14 +163,25 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
     vectors = VectorSet(
         a=columns["a"], b=columns["b"],
         scale_a=columns.get("scale_a"), scale_b=columns.get("scale_b"),
-        c=columns["c"].reshape(n).astype(np.uint32), d=columns["d"].reshape(n).astype(np.uint32),
+        c=columns["c"].reshape(n).astype(_word_dtype(layout.field("c").item_bits)),
+        d=columns["d"].reshape(n).astype(_word_dtype(layout.field("d").item_bits)),
     )
     return layout, vectors
 
 
+def _code_dtype(bits: int) -> type:
+    """The smallest unsigned dtype of ``bits``-bit items (1..64)."""
+    return np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32 if bits <= 32 else np.uint64
+
+
+def _word_dtype(bits: int) -> type:
+    """c's and d's dtype: uint32 (every unit's FP32 c; fp32, fp16, bf16 outputs), uint64 for 64 bits."""
+    return np.uint32 if bits <= 32 else np.uint64
+
+
 def _check_fields(fields: list[Field], source: str) -> None:
     """The header's fields are those generate writes: a, b, c, d (scale_a, scale_b optional),
-    each once, c and d one item each, items of 1..32 bits, at most 65,536 items."""
+    each once, c and d one item each, items of 1..64 bits, at most 65,536 items."""
     names = [f.name for f in fields]
     missing = [name for name in ("a", "b", "c", "d") if name not in names]
     unknown = [name for name in names if name not in ("a", "b", "scale_a", "scale_b", "c", "d")]
@@ -176,9 +189,9 @@ def _check_fields(fields: list[Field], source: str) -> None:
         raise MxsimError(f"{source}: the '// field' lines name {', '.join(map(repr, names))[:200]}; expected a, b, "
                          "c, d and optionally scale_a, scale_b, each once")
     for f in fields:
-        if not (1 <= f.item_bits <= 32 and 1 <= f.items <= (1 if f.name in ("c", "d") else 1 << 16)):
+        if not (1 <= f.item_bits <= 64 and 1 <= f.items <= (1 if f.name in ("c", "d") else 1 << 16)):
             raise MxsimError(f"{source}: field {f.name!r} declares {f.items} items of {f.item_bits} bits; expected "
-                             "items of 1..32 bits, one for c and d, at most 65536 otherwise")
+                             "items of 1..64 bits, one for c and d, at most 65536 otherwise")
 
 
 def read_vector_file(path: str | Path) -> tuple[VectorLayout, VectorSet]:

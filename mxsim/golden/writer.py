@@ -1,7 +1,8 @@
 """Generate golden vector files and their manifest for a hardware config.
 
 Expected outputs come from an *expected function* ``expected_fn(a, b, scale_a, scale_b, c)``
-(arrays as in :class:`~mxsim.golden.vectors.VectorSet`, c as uint32 FP32 bits) returning the
+(arrays as in :class:`~mxsim.golden.vectors.VectorSet`, c as the bits of the unit's c format:
+uint32 FP32, or uint64 FP64) returning the
 output bits, one per vector. By default it is :func:`dot_expected_fn`, a thin adapter around
 ``mxsim.dot``; pass another (or a factory taking the :class:`GoldenUnit`) to generate from a
 different reference.
@@ -58,7 +59,7 @@ def dot_expected_fn(hw, unit: GoldenUnit) -> ExpectedFn:
     def expected(a, b, scale_a, scale_b, c):
         out = dot(
             hw, a, b, a_format=unit.a_format, b_format=unit.b_format,
-            scale_a=scale_a, scale_b=scale_b, c=np.asarray(c, dtype=np.uint32).view(np.float32),
+            scale_a=scale_a, scale_b=scale_b, c=unit.c_values(c),
             out_format=unit.out_format,
         )
         return output_bits(out, unit.out_format)
@@ -68,20 +69,20 @@ def dot_expected_fn(hw, unit: GoldenUnit) -> ExpectedFn:
 
 
 def output_bits(out, out_format: str) -> np.ndarray:
-    """``out`` as uint32 bit patterns: float arrays are viewed as their bits, integers kept."""
+    """``out`` as bit patterns (uint32, or uint64 for a 64-bit format): float arrays are viewed
+    as their bits, integers kept."""
     out = np.asarray(out)
     bits = get_format(out_format).bits
     if out.dtype.kind == "f":
-        view = {2: np.uint16, 4: np.uint32}.get(out.dtype.itemsize)
+        view = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(out.dtype.itemsize)
         if view is None or out.dtype.itemsize * 8 != bits:
             raise MxsimError(f"golden: expected {out_format} output, got {out.dtype} values")
         out = out.view(view)
     if out.dtype.kind not in "iu":
         raise MxsimError(f"golden: expected output bits as integers, got dtype {out.dtype}")
-    out = out.astype(np.int64)
-    if out.size and (out.min() < 0 or out.max() >> bits):
+    if out.size and (int(out.min()) < 0 or int(out.max()) >> bits):
         raise MxsimError(f"golden: expected output bits do not fit {bits}-bit {out_format}")
-    return out.astype(np.uint32)
+    return out.astype(np.uint32 if bits <= 32 else np.uint64)
 
 
 class Progress:
@@ -170,7 +171,9 @@ def fill_expected(vectors: VectorSet, expected_fn: ExpectedFn, progress: Progres
         bits = np.asarray(bits)
         if bits.shape != (stop - start,):
             raise MxsimError(f"golden: expected_fn returned shape {bits.shape} for {stop - start} vectors")
-        parts.append(bits.astype(np.uint32))
+        if bits.dtype.kind not in "iu":
+            raise MxsimError(f"golden: expected_fn must return output bits as integers, got dtype {bits.dtype}")
+        parts.append(bits.astype(np.uint64 if bits.dtype.itemsize > 4 else np.uint32))
         if progress is not None:
             progress.update(stop - start)
     vectors.d = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
@@ -372,6 +375,7 @@ def _write_units(hw, units, out: Path, chosen_kinds, cases, seed, stage_dumps, b
                     "out_format": unit.out_format,
                     "scaled": unit.scaled,
                     "scale_format": unit.scale_format,
+                    "c_format": unit.c_format,
                     "layout": {
                         "word_bits": layout.word_bits,
                         "hex_digits": layout.hex_digits,

@@ -2,7 +2,9 @@
 
 No vector files: each test makes the inputs with mxsim.golden's case generators (random and
 corners for fp4_e2m1 x fp4_e2m1, K = k = 32), asks the expected function for the output bits
-and compares them with the DUT's, bit for bit. Run through run_cocotb.py. Environment:
+and compares them with the DUT's, bit for bit. The DUT takes fp4 codes only: a config
+without the fp4_e2m1 x fp4_e2m1 pair (an fp64 unit among them) is refused, naming the pairs
+it accepts. Run through run_cocotb.py. Environment:
 
     MXSIM_GOLDEN_EXPECTED  "module:factory": factory(unit) returns the expected function
                            (default: mxsim.dot on MXSIM_HWCONFIG)
