@@ -98,6 +98,7 @@ class _Engine:
             section, key = path.split(".")
             self.hyp[path] = SCHEMA[section][key].default
         self.hyp["inputs.block_size"] = ctx.block_size
+        self.hyp["inputs.c_format"] = ctx.c_format  # the format c is asked in: the "c format" probe may widen it
         self.start = dict(self.hyp)
         self.pinned: dict = {}  # key path -> value every candidate must keep (a search with a placement pinned)
         self._template = None
@@ -140,12 +141,12 @@ class _Engine:
         top = (1 << get_format(params.scale_format).bits) - 1
         readable = ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1)) if scaled else None
         if readable is not None and not readable.all():
-            out = np.full(len(batch), 1 << get_format(self.ctx.out_format).bits, np.uint64)
+            out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
             if readable.any():
                 out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
             return out
         out = dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
-                              scale_b=batch.scale_b if scaled else None, c=batch.c.view(np.float32))
+                              scale_b=batch.scale_b if scaled else None, c=batch.c.view(self.ctx.c_dtype))
         return out.astype(np.uint64)
 
     # -- asking the unit (each distinct input once)
@@ -221,6 +222,14 @@ class _Engine:
         return {"input": row, "unit_output": f"0x{answer:x}", "ruled_out_here": ruled_out,
                 "other_values": [{"value": value, "output": f"0x{got:x}"} for got, value in others.items()],
                 "inputs_asked": len(seen)}
+
+
+def _unanswerable(out_format: str) -> int:
+    """A prediction no unit answers: past the output's width, or for a 64-bit output (every
+    pattern a value) a finite pattern no answer of these inputs has been seen to take (it
+    can only cost a candidate that cannot read the row a miss, as it should)."""
+    bits = get_format(out_format).bits
+    return 1 << bits if bits < 64 else 0x0123456789ABCDEF
 
 
 def _plain(candidate: dict) -> dict:
