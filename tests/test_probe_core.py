@@ -10,8 +10,10 @@ every path, so probing the base covers them.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import fields
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -248,6 +250,67 @@ def test_deterministic_for_a_seed():
     second = probe(unit, "fp4_e2m1", "fp4_e2m1", 32, validation_vectors=256, corner_vectors=64)
     assert first.yaml == second.yaml and first.queries == second.queries
     assert [f.name for f in fields(first.decisions[0])][:3] == ["probe", "keys", "value"]
+
+
+# ----------------------------------------------------------------------------- fp64 units not from a config
+
+
+def correctly_rounded_fp64_dot(a, b, scale_a, scale_b, c):
+    """An fp64 unit written with Python's own arithmetic: c + sum a_k b_k summed exactly
+    (fractions.Fraction) and rounded once to nearest even (float(Fraction)); past fp64's range
+    +-Inf; IEEE specials; an exact zero is -0 only when every addend is -0."""
+    out = []
+    for row_a, row_b, c_value in zip(a.view(np.float64).tolist(), b.view(np.float64).tolist(), c.view(np.float64).tolist()):
+        pairs = list(zip(row_a, row_b))
+        special = [x * y for x, y in pairs if not (math.isfinite(x) and math.isfinite(y))]
+        special += [] if math.isfinite(c_value) else [c_value]
+        if special:
+            out.append(math.nan if any(math.isnan(v) for v in special) or {math.inf, -math.inf} <= set(special)
+                       else special[0])
+            continue
+        total = Fraction(c_value) + sum(Fraction(x) * Fraction(y) for x, y in pairs)
+        if total == 0:
+            negative = [math.copysign(1, c_value) < 0] + [(math.copysign(1, x) < 0) != (math.copysign(1, y) < 0) for x, y in pairs]
+            out.append(-0.0 if all(negative) else 0.0)
+            continue
+        try:
+            out.append(float(total))
+        except OverflowError:
+            out.append(math.inf if total > 0 else -math.inf)
+    return np.array(out, dtype=np.float64).view(np.uint64)
+
+
+def test_fp64_correctly_rounded_dot_is_told_from_the_fma_chain():
+    """An independent fp64 unit (one rounding of the exact sum): the probe describes it with
+    0 mismatches and an exact accumulator, and the shipped FMA chain (a100-dmma) is another
+    unit on the round trip's vectors."""
+    result = probe(correctly_rounded_fp64_dot, "fp64", "fp64", 4, out_format="fp64", c_format="fp64",
+                   validation_vectors=1024, corner_vectors=256)
+    print(f"correctly rounded fp64 dot, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.config["accumulator"]["format"] == "exact"
+    a, b, (sa, sb), c = _fp64_test_vectors(np.random.default_rng(5), 1500, 4)
+    want = correctly_rounded_fp64_dot(a, b, sa, sb, c.view(np.uint64))
+    got = dot(parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>"), a, b, a_format="fp64", b_format="fp64", c=c)
+    nan = np.isnan(want.view(np.float64)) & np.isnan(got.view(np.float64))
+    assert np.count_nonzero((want != got) & ~nan) == 0
+    chain = dot(load_hwconfig(HW / "a100-dmma.yaml"), a, b, a_format="fp64", b_format="fp64", c=c)
+    assert np.count_nonzero((want != chain) & ~nan) > 50
+
+
+def test_an_fp64_unit_no_key_describes_is_reported():
+    """Products rounded to fp64 before each add (no FMA; no key describes a rounded fp64
+    product): the validation must count mismatches."""
+    def unfused(a, b, scale_a, scale_b, c):
+        d = c.view(np.float64).copy()
+        with np.errstate(all="ignore"):
+            for k in range(a.shape[1]):
+                d = a[:, k].view(np.float64) * b[:, k].view(np.float64) + d
+        return d.view(np.uint64)
+
+    result = probe(unfused, "fp64", "fp64", 4, out_format="fp64", c_format="fp64", validation_vectors=512, corner_vectors=128)
+    assert result.validation.mismatches > 0
 
 
 # ----------------------------------------------------------------------------- inputs.c_format
