@@ -225,9 +225,9 @@ class _Engine:
 
 
 def _unanswerable(out_format: str) -> int:
-    """A prediction no unit answers: past the output's width, or for a 64-bit output (every
-    pattern a value) a finite pattern no answer of these inputs has been seen to take (it
-    can only cost a candidate that cannot read the row a miss, as it should)."""
+    """The prediction of a candidate that cannot read a row: a value past the output's width,
+    which no answer has; a 64-bit output has none spare, so there it is one fixed finite
+    pattern (a unit answering exactly that on such a row would be taken to agree)."""
     bits = get_format(out_format).bits
     return 1 << bits if bits < 64 else 0x0123456789ABCDEF
 
@@ -273,7 +273,8 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
           budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``; every c the
-    unit is asked is a value of ``c_format``, as fp32 bits): decide
+    unit is asked is a value of ``c_format``, as fp32 bits, or fp64 bits for fp64; the emitted
+    config's ``inputs.c_format``, unless a wider format is found to read c alike): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
     that no decision saw.

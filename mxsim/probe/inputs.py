@@ -310,7 +310,8 @@ class Context:
 
     def cancellation(self, n: int) -> Batch:
         """A product and its exact negation (or a near negation) and 1-4 small terms 0..60
-        binades below them: what survives shows the window width and how bits below it go."""
+        binades below them (0..2p+8 for a c or output of p > 24 significant bits: fp64's
+        106-bit products): what survives shows the window width and how bits below it go."""
         batch = self.empty(n)
         low, high = self.span()
         for row in range(n):
@@ -330,8 +331,8 @@ class Context:
         return batch
 
     def ties(self, n: int) -> Batch:
-        """c and terms near its rounding points in fp32, fp16 and bf16 (half an ulp, a quarter,
-        just above): rounding modes, ties and sticky bits."""
+        """c and terms near its rounding points in fp32, fp16 and bf16, and fp64 for an fp64 c or
+        output (half an ulp, a quarter, just above): rounding modes, ties and sticky bits."""
         batch = self.empty(n)
         low, high = self.span()
         for row in range(n):
