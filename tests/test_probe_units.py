@@ -151,19 +151,14 @@ def test_load_callable_file_that_raises_on_import(tmp_path):
 
 DMMA = REPO / "hwconfigs" / "a100-dmma.yaml"
 
-# An fp64 unit speaking the protocol: 64-bit element codes, C as fp64 bits (16 digits), 16-digit answers.
+# An fp64 unit speaking the protocol in plain Python: checks each field's width (64-bit elements,
+# 16-digit C) and answers a 64-bit pattern built from C and A's last element (16 digits).
 FP64_SERVER = f"""
     import sys
-    import numpy as np
-    sys.path.insert(0, {str(REPO)!r})
-    from mxsim.datapath import dot, load_hwconfig
-    from mxsim.probe.units import parse_request
-    hw = load_hwconfig({str(DMMA)!r})
     for line in sys.stdin:
-        a, b, sa, sb, c = parse_request(line, {K}, 1, 64, 64, c_bits=64)
-        out = dot(hw, np.array([a], np.uint64), np.array([b], np.uint64), a_format="fp64", b_format="fp64",
-                  c=np.array([c], np.uint64).view(np.float64))
-        print(format(int(out[0]), "016x"), flush=True)
+        fields = line.split()
+        assert [len(f) for f in fields] == [{16 * K}, {16 * K}, 2, 2, 16], fields
+        print(format(int(fields[4], 16) ^ (int(fields[0], 16) >> {64 * (K - 1)}), "016x"), flush=True)
 """
 
 
@@ -193,15 +188,20 @@ def test_fp64_request_round_trips_and_refuses_oversized_fields():
     assert format_request(a[0], b[0], sa[0], sb[0], 0x3F800000, 64, 64).endswith(" 3f800000")  # 32-bit c as before
 
 
-def test_fp64_subprocess_unit_answers_as_mxsim(tmp_path):
+def test_fp64_subprocess_unit_sends_and_reads_64_bit_fields(tmp_path):
     unit = SubprocessUnit(_script(tmp_path, FP64_SERVER), "fp64", "fp64", "fp64", chunk=2, c_format="fp64")
     a, b, sa, sb, c = _fp64_rows()
     try:
         got = unit(a, b, sa, sb, c)
     finally:
         unit.close()
+    assert got.tolist() == (c ^ a[:, K - 1]).tolist() and unit.requests == 3
+
+
+def test_hwconfig_unit_fp64_matches_dot():
+    a, b, sa, sb, c = _fp64_rows()
     want = dot(load_hwconfig(DMMA), a, b, a_format="fp64", b_format="fp64", c=c.view(np.float64))
-    assert got.tolist() == want.tolist() and HwconfigUnit(DMMA, "fp64", "fp64")(a, b, sa, sb, c).tolist() == want.tolist()
+    assert HwconfigUnit(DMMA, "fp64", "fp64")(a, b, sa, sb, c).tolist() == want.tolist()
 
 
 @pytest.mark.parametrize("answer, message", [
