@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats import get_format
+from .units import c_code_bits
 
 FP32 = get_format("fp32")
 FP64 = get_format("fp64")
@@ -169,7 +170,7 @@ class Context:
         """How c travels: as fp32 bits when fp32 holds every value of c's format (fp32, fp16,
         bf16), else as fp64 bits (uint64). The families write c through :meth:`c_bits`; where
         the carrier is wider than fp32 their c and tie points reach its precision and range."""
-        self.c_carrier = FP32 if c_fmt.bits <= FP32.bits else FP64
+        self.c_carrier = FP32 if c_code_bits(c_fmt.name) == FP32.bits else FP64
         self.c_dtype = np.dtype(np.float32 if self.c_carrier is FP32 else np.float64)
         self.c_code_dtype = np.dtype(np.uint32 if self.c_carrier is FP32 else np.uint64)
         self.c_precision = self.c_carrier.mantissa_bits + 1
