@@ -441,18 +441,20 @@ def cmd_probe(args) -> int:
         raise ArgumentError(f"probe: --timeout must be in (0, 3600] seconds, got {args.timeout}")
     block_size = args.block_size
     closing = None
+    out_format, c_format = args.out_format, args.c_format
     if args.hw is not None:
-        unit = HwconfigUnit(args.hw, args.a_format, args.b_format, args.out_format)
+        unit = HwconfigUnit(args.hw, args.a_format, args.b_format, out_format, c_format)
         block_size = unit.block_size if block_size is None else block_size
+        out_format, c_format = unit.out_format, unit.c_format  # unset: the config's own
     elif args.unit is not None:
         python_path_hint()
         unit = load_callable(args.unit)
     else:
-        unit = closing = SubprocessUnit(args.command_line, args.a_format, args.b_format, args.out_format,
-                                        timeout=args.timeout)
+        unit = closing = SubprocessUnit(args.command_line, args.a_format, args.b_format, out_format or "fp32",
+                                        timeout=args.timeout, c_format=c_format or "fp32")
     try:
         result = probe(unit, args.a_format, args.b_format, args.k, block_size=32 if block_size is None else block_size,
-                       out_format=args.out_format, c_format=args.c_format, seed=args.seed, validation_vectors=args.validation,
+                       out_format=out_format or "fp32", c_format=c_format or "fp32", seed=args.seed, validation_vectors=args.validation,
                        corner_vectors=args.corners, budget=args.budget, name=args.name)
     finally:
         if closing is not None:
@@ -629,9 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--b-format", required=True)
     probe.add_argument("--k", type=int, required=True, help="the dot length the unit takes")
     probe.add_argument("--block-size", type=int, help="elements per block scale (default: --hw's, else 32)")
-    probe.add_argument("--out-format", choices=["fp32", "fp16", "bf16"], default="fp32")
-    probe.add_argument("--c-format", choices=["fp32", "fp16", "bf16"], default="fp32",
-                       help="the values of c the unit takes (sent as fp32 bits; default fp32)")
+    probe.add_argument("--out-format", choices=["fp32", "fp16", "bf16", "fp64"],
+                       help="the unit's output format (default: --hw's output.format, else fp32)")
+    probe.add_argument("--c-format", choices=["fp32", "fp16", "bf16", "fp64"],
+                       help="the values of c the unit takes (sent as fp32 bits, fp64 as fp64 bits; "
+                            "default: --hw's inputs.c_format, else fp32)")
     probe.add_argument("--out", required=True, help="the hwconfig YAML to write")
     probe.add_argument("--report", metavar="JSON", help="also write the evidence report as JSON")
     probe.add_argument("--seed", type=int, default=0)

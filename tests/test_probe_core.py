@@ -1,17 +1,19 @@
 """Round trip: every shipped hwconfig, probed as a black box through the callable adapter,
 gives a config that reproduces it bit for bit on vectors the probe never saw.
 
-CI probes one characteristic format path per distinct config (the ``CI_PATHS`` table);
-``MXSIM_PROBE_LONG=1`` probes every (A, B) pair of every config with fp32, fp16 and bf16
-outputs (docs/probe.md). Configs that only extend another without changing a datapath key
+CI probes one characteristic format path per distinct config (the ``CI_PATHS`` table) and
+one fp64 unit (``FP64_PATHS``); ``MXSIM_PROBE_LONG=1`` probes every (A, B) pair of every
+config with fp32, fp16 and bf16 outputs, and every fp64 path (docs/probe.md). Configs that only extend another without changing a datapath key
 (a2, l40s, h200, the *-fp8 views) are checked to resolve to their base's parameters on
 every path, so probing the base covers them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import fields
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -70,18 +72,15 @@ GROUP_KEYS = ("scales", "scale_format", "group_terms")
 #: checks them against MMA-Sim instead). mi250-fp32 is mi100's fp32 path.
 MATRIX_CORES_NOT_PROBED = {"mi100", "mi250", "mi250-bf16-legacy", "mi250-fp32", "mi300"}
 
-#: fp64 units: the probe's inputs and outputs stop at 32-bit formats (docs/probe.md).
-FP64_NOT_PROBED = {"a100-dmma", "mi250-f64"}
+#: fp64 units (64-bit codes, c and outputs; c_format fp64): CI probes a100-dmma's; the long
+#: mode also mi250-f64's (the same FMA chain from another vendor's file) and a longer K.
+FP64_PATHS = {"a100-dmma": ("fp64", "fp64", "fp64", 4)}
+FP64_LONG_PATHS = [("mi250-f64", "fp64", "fp64", "fp64", 4), ("a100-dmma", "fp64", "fp64", "fp64", 16)]
 
 
 def test_every_shipped_config_is_probed():
-    assert {p.stem for p in HW.glob("*.yaml")} == (set(CI_PATHS) | set(SAME_AS) | MATRIX_CORES_NOT_PROBED
-                                                   | FP64_NOT_PROBED)
-
-
-@pytest.mark.parametrize("name", sorted(FP64_NOT_PROBED))
-def test_configs_not_probed_are_the_fp64_units(name):
-    assert load_hwconfig(HW / f"{name}.yaml").a_formats == ("fp64",)
+    probed_fp64 = set(FP64_PATHS) | {path[0] for path in FP64_LONG_PATHS}
+    assert {p.stem for p in HW.glob("*.yaml")} == (set(CI_PATHS) | set(SAME_AS) | MATRIX_CORES_NOT_PROBED | probed_fp64)
 
 
 @pytest.mark.parametrize("name, base", sorted(SAME_AS.items()))
@@ -89,14 +88,16 @@ def test_extending_configs_resolve_to_their_base(name, base):
     config, base_config = load_hwconfig(HW / f"{name}.yaml"), load_hwconfig(HW / f"{base}.yaml")
     for a in config.a_formats:
         for b in config.b_formats:
-            for out in ("fp32", "fp16", "bf16"):
+            own = config.params(a, b).output_format  # fp64 for the fp64 units
+            for out in dict.fromkeys(("fp32", "fp16", "bf16", own)):
                 assert config.params(a, b, out) == base_config.params(a, b, out)
 
 
 def _paths():
+    fp64 = [(name, *path) for name, path in FP64_PATHS.items()] + (FP64_LONG_PATHS if LONG else [])
     if not LONG:
-        return [(name, *path) for name, path in CI_PATHS.items()]
-    paths = []
+        return [(name, *path) for name, path in CI_PATHS.items()] + fp64
+    paths = fp64
     for name in CI_PATHS:
         config = load_hwconfig(HW / f"{name}.yaml")
         k = 64 if config.params(config.a_formats[0], config.b_formats[0]).block_size >= 32 else 32
@@ -106,11 +107,14 @@ def _paths():
 
 def _test_vectors(config, a_format, b_format, k, rng, n=1500):
     """Independent of the probe's own families: uniformly random codes (any code, specials
-    included), random scales near 1 and a few extreme, random c from fp32 bits."""
+    included), random scales near 1 and a few extreme, random c from fp32 bits (fp64 bits
+    for an fp64 unit's c)."""
     from mxsim.formats import get_format
 
     params = config.params(a_format, b_format)
     a_fmt, b_fmt = get_format(a_format), get_format(b_format)
+    if params.c_format == "fp64":
+        return _fp64_test_vectors(rng, n, k)
     a = (rng.integers(0, 1 << (a_fmt.bits - a_fmt.padding_bits), (n, k)) << a_fmt.padding_bits).astype(np.uint64)
     b = (rng.integers(0, 1 << (b_fmt.bits - b_fmt.padding_bits), (n, k)) << b_fmt.padding_bits).astype(np.uint64)
     if a_fmt.twos_complement:
@@ -127,7 +131,22 @@ def _test_vectors(config, a_format, b_format, k, rng, n=1500):
         s[rng.random(s.shape) < 0.02] = rng.integers(0, len(codes))
     c = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     c[rng.random(n) < 0.5] = np.float32(rng.standard_normal()).view(np.uint32)
-    return a, b, scales, c
+    return a, b, scales, c.view(np.float32)
+
+
+def _fp64_test_vectors(rng, n, k):
+    """fp64 units: a third uniformly random codes, the rest data of one size (normal values
+    times 2^-20..2^20, so sums cancel and round), c from random fp64 bits or of the data's size."""
+    a, b = (rng.integers(0, 1 << 64, (n, k), dtype=np.uint64) for _ in range(2))
+    data = rng.random(n) < 2 / 3
+    for codes in (a, b):
+        values = rng.standard_normal((int(data.sum()), k)) * np.exp2(rng.integers(-20, 21, (int(data.sum()), 1)))
+        codes[data] = values.view(np.uint64)
+    c = rng.integers(0, 1 << 64, n, dtype=np.uint64).view(np.float64)
+    sized = rng.random(n) < 0.5
+    c[sized] = rng.standard_normal(int(sized.sum())) * np.exp2(rng.integers(-40, 41, int(sized.sum())))
+    no_scales = np.full((n, 1), 127, np.uint8)
+    return a, b, (no_scales, no_scales), c
 
 
 @pytest.mark.parametrize("name, a_format, b_format, out_format, k", _paths())
@@ -135,7 +154,7 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     config = load_hwconfig(HW / f"{name}.yaml")
     unit = HwconfigUnit(config, a_format, b_format, out_format)
     result = probe(unit, a_format, b_format, k, block_size=unit.block_size, out_format=out_format,
-                   validation_vectors=1024, corner_vectors=256)
+                   c_format=unit.c_format, validation_vectors=1024, corner_vectors=256)
     print(f"{name} {a_format} x {b_format} -> {out_format}, K = {k}: {result.queries} queries, {result.seconds:.1f} s, "
           f"{result.passes} passes, {result.validation.mismatches} / {result.validation.vectors} mismatches")
     assert result.validation.mismatches == 0, result.validation.examples
@@ -144,13 +163,14 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     rng = np.random.default_rng(7)
     a, b, (sa, sb), c = _test_vectors(config, a_format, b_format, k, rng)
     scaled = unit.params.scales != "none"
-    kwargs = dict(a_format=a_format, b_format=b_format, c=c.view(np.float32), out_format=out_format)
+    kwargs = dict(a_format=a_format, b_format=b_format, c=c, out_format=out_format)
     want = dot(config, a, b, scale_a=sa if scaled else None, scale_b=sb if scaled else None, **kwargs)
     probed_scaled = emitted.params(a_format, b_format, out_format).scales != "none"
     got = dot(emitted, a, b, scale_a=sa if probed_scaled else None, scale_b=sb if probed_scaled else None, **kwargs)
     nan = np.isnan(as_values(want, out_format)) & np.isnan(as_values(got, out_format))
     assert int(np.count_nonzero((want != got) & ~nan)) == 0
     shipped, probed = unit.params, emitted.params(a_format, b_format, out_format)
+    assert probed.c_format == shipped.c_format  # inputs.c_format: fp64 for the fp64 units
     if shipped.scales == "group_sum":
         assert {key: getattr(probed, key) for key in GROUP_KEYS} == {key: getattr(shipped, key) for key in GROUP_KEYS}
 
@@ -230,3 +250,98 @@ def test_deterministic_for_a_seed():
     second = probe(unit, "fp4_e2m1", "fp4_e2m1", 32, validation_vectors=256, corner_vectors=64)
     assert first.yaml == second.yaml and first.queries == second.queries
     assert [f.name for f in fields(first.decisions[0])][:3] == ["probe", "keys", "value"]
+
+
+# ----------------------------------------------------------------------------- fp64 units not from a config
+
+
+def correctly_rounded_fp64_dot(a, b, scale_a, scale_b, c):
+    """An fp64 unit written with Python's own arithmetic: c + sum a_k b_k summed exactly
+    (fractions.Fraction) and rounded once to nearest even (float(Fraction)); past fp64's range
+    +-Inf; IEEE specials; an exact zero is -0 only when every addend is -0."""
+    out = []
+    for row_a, row_b, c_value in zip(a.view(np.float64).tolist(), b.view(np.float64).tolist(), c.view(np.float64).tolist()):
+        pairs = list(zip(row_a, row_b))
+        special = [x * y for x, y in pairs if not (math.isfinite(x) and math.isfinite(y))]
+        special += [] if math.isfinite(c_value) else [c_value]
+        if special:
+            out.append(math.nan if any(math.isnan(v) for v in special) or {math.inf, -math.inf} <= set(special)
+                       else special[0])
+            continue
+        total = Fraction(c_value) + sum(Fraction(x) * Fraction(y) for x, y in pairs)
+        if total == 0:
+            negative = [math.copysign(1, c_value) < 0] + [(math.copysign(1, x) < 0) != (math.copysign(1, y) < 0) for x, y in pairs]
+            out.append(-0.0 if all(negative) else 0.0)
+            continue
+        try:
+            out.append(float(total))
+        except OverflowError:
+            out.append(math.inf if total > 0 else -math.inf)
+    return np.array(out, dtype=np.float64).view(np.uint64)
+
+
+def test_fp64_correctly_rounded_dot_is_told_from_the_fma_chain():
+    """An independent fp64 unit (one rounding of the exact sum): the probe describes it with
+    0 mismatches and an exact accumulator, and the shipped FMA chain (a100-dmma) is another
+    unit on the round trip's vectors."""
+    result = probe(correctly_rounded_fp64_dot, "fp64", "fp64", 4, out_format="fp64", c_format="fp64",
+                   validation_vectors=1024, corner_vectors=256)
+    print(f"correctly rounded fp64 dot, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.config["accumulator"]["format"] == "exact"
+    a, b, (sa, sb), c = _fp64_test_vectors(np.random.default_rng(5), 1500, 4)
+    want = correctly_rounded_fp64_dot(a, b, sa, sb, c.view(np.uint64))
+    got = dot(parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>"), a, b, a_format="fp64", b_format="fp64", c=c)
+    nan = np.isnan(want.view(np.float64)) & np.isnan(got.view(np.float64))
+    assert np.count_nonzero((want != got) & ~nan) == 0
+    chain = dot(load_hwconfig(HW / "a100-dmma.yaml"), a, b, a_format="fp64", b_format="fp64", c=c)
+    assert np.count_nonzero((want != chain) & ~nan) > 50
+
+
+@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): the searches a unit no key describes runs cost ~8 s")
+def test_an_fp64_unit_no_key_describes_is_reported():
+    """Products rounded to fp64 before each add (no FMA; no key describes a rounded fp64
+    product): the validation must count mismatches."""
+    def unfused(a, b, scale_a, scale_b, c):
+        d = c.view(np.float64).copy()
+        with np.errstate(all="ignore"):
+            for k in range(a.shape[1]):
+                d = a[:, k].view(np.float64) * b[:, k].view(np.float64) + d
+        return d.view(np.uint64)
+
+    result = probe(unfused, "fp64", "fp64", 4, out_format="fp64", c_format="fp64", validation_vectors=512, corner_vectors=128)
+    assert result.validation.mismatches > 0
+
+
+# ----------------------------------------------------------------------------- inputs.c_format
+
+
+def _small_fp16_rows(rng, n, k):
+    """Independent vectors where c's format shows: fp16 elements below 2^-8 (exponent field
+    up to 6), c an fp16 subnormal or in the lowest normal binades (exponent field up to 2),
+    random signs; c as float32 values."""
+    sign = lambda shape: rng.integers(0, 2, shape).astype(np.uint64) << np.uint64(15)  # noqa: E731
+    a = rng.integers(0, 0x1C00, (n, k)).astype(np.uint64) | sign((n, k))
+    b = rng.integers(0, 0x1C00, (n, k)).astype(np.uint64) | sign((n, k))
+    c = (rng.integers(0, 0x0C00, n).astype(np.uint64) | sign(n)).astype(np.uint16).view(np.float16).astype(np.float32)
+    return a, b, c
+
+
+def test_c_format_is_decided_and_emitted():
+    """v100 taking fp16 c (MMA-Sim's Volta m8n8k4 with f16 c: a subnormal fp16 c aligns at
+    fp16's emin, 2^-14): the emitted config says inputs.c_format fp16 and reproduces the unit on
+    vectors where v100's own fp32 c_format does not."""
+    config = load_hwconfig(HW / "v100.yaml")
+    unit = HwconfigUnit(config, "fp16", "fp16", "fp32", c_format="fp16")
+    result = probe(unit, "fp16", "fp16", 4, c_format="fp16", validation_vectors=512, corner_vectors=128)
+    print(f"v100 with fp16 c, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.config["inputs"]["c_format"] == "fp16"
+    emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>")
+    a, b, c = _small_fp16_rows(np.random.default_rng(11), 2000, 4)
+    kwargs = dict(a_format="fp16", b_format="fp16", c=c, out_format="fp32")
+    want = dot(config, a, b, c_format="fp16", **kwargs)
+    assert np.array_equal(dot(emitted, a, b, **kwargs), want)
+    assert np.count_nonzero(dot(config, a, b, **kwargs) != want) > 20  # fp32 c_format: another unit here

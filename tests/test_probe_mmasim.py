@@ -170,3 +170,93 @@ def test_mmasim_volta_is_the_v100_datapath():
     probed = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params("fp16", "fp16", "fp32")
     v100 = load_hwconfig(REPO / "hwconfigs" / "v100.yaml").params("fp16", "fp16", "fp32")
     assert {name: getattr(probed, name) for name in DECIDED} == {name: getattr(v100, name) for name in DECIDED}
+
+
+# ----------------------------------------------------------------------------- fp64 and c_format
+
+#: fp64 families: MMA-Sim's f64 instructions (NVIDIA mma .f64 per architecture, AMD f64 MFMA),
+#: as (module, instruction class, table of instructions per architecture, "module attribute").
+FP64_SOURCES = {"mmasim.nv_ptx": ("MMA", "isa_mma.mma_shape_and_type"),
+                "mmasim.amd": ("MFMA", "isa_mfma.arch_mfma_suffix")}
+
+
+@dataclass(frozen=True)
+class Fp64Family:
+    module: str
+    op: str
+    arch: str
+    instruction: str
+    k: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.arch}/{self.op}/{self.instruction}".replace(" ", "_")
+
+
+def _fp64_families() -> list[Fp64Family]:
+    """One family per (module, architecture, K): another m or n gives the same dot products."""
+    families, seen = [], set()
+    for module_name, (op_name, table) in FP64_SOURCES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        owner, attribute = table.split(".")
+        for arch, instructions in getattr(getattr(module, owner), attribute).items():
+            for instruction in instructions:
+                op = getattr(module, op_name)(arch, instruction)
+                if str(op.a_type) != "torch.float64" or (module_name, arch, op.k) in seen:
+                    continue
+                seen.add((module_name, arch, op.k))
+                families.append(Fp64Family(module_name, op_name, arch, instruction, op.k))
+    return families
+
+
+FP64_FAMILIES = _fp64_families()
+
+
+def fp64_unit(family: Fp64Family):
+    """An f64 instruction as a probe unit: codes and c as float64 tensors over the same bits."""
+    torch = import_or_skip("torch", "oracles")
+    op = getattr(importlib.import_module(family.module), family.op)(family.arch, family.instruction)
+
+    def unit(a, b, scale_a, scale_b, c):
+        operands = [torch.from_numpy(x.view(np.int64).copy()).view(torch.float64) for x in (a, b)]
+        d = op.dpa(*operands, torch.from_numpy(c.view(np.float64).copy()))
+        return d.numpy().view(np.uint64)
+
+    return unit
+
+
+def test_fp64_families_are_read_from_mmasim():
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    import_or_skip("mmasim.amd", "oracles")
+    assert {(f.arch, f.k) for f in FP64_FAMILIES} == {
+        ("Ampere", 4), ("Ada Lovelace", 4), ("Hopper", 4), ("Hopper", 8), ("Hopper", 16), ("Blackwell", 4),
+        ("RTX Blackwell", 4), ("CDNA2", 4), ("CDNA3", 4)}
+
+
+@pytest.mark.parametrize("family", FP64_FAMILIES if LONG else random.Random(0).sample(FP64_FAMILIES, min(1, len(FP64_FAMILIES))),
+                         ids=lambda f: f.id)
+def test_probe_reproduces_mmasim_fp64(family):
+    """CI: one family drawn with a fixed seed; the long mode: all."""
+    sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
+    result = probe(fp64_unit(family), "fp64", "fp64", family.k, out_format="fp64", c_format="fp64", **sizes)
+    print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.config["inputs"]["c_format"] == "fp64" and result.config["accumulator"]["format"] == "fp64"
+
+
+def test_mmasim_volta_f16_c_is_decided():
+    """Volta's m8n8k4 with f16 c beside an f32 d: the probe emits inputs.c_format fp16 with the
+    format_emin accumulator exponent (a subnormal fp16 c aligns at 2^-14), as v100 read with
+    c_format fp16 has it."""
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    volta = next(f for f in FAMILIES if f.arch == "Volta" and f.out == "fp32" and f.c == "fp16")
+    result = probe_family(volta, validation_vectors=384, corner_vectors=128)
+    print(f"{volta.id}: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    probed = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params("fp16", "fp16", "fp32")
+    assert (probed.c_format, probed.accumulator_exponent) == ("fp16", "format_emin")

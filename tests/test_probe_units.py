@@ -147,6 +147,100 @@ def test_load_callable_file_that_raises_on_import(tmp_path):
         load_callable(f"{path}:f")
 
 
+# ----------------------------------------------------------------------------- 64-bit codes, c and outputs
+
+DMMA = REPO / "hwconfigs" / "a100-dmma.yaml"
+
+# An fp64 unit speaking the protocol in plain Python: checks each field's width (64-bit elements,
+# 16-digit C) and answers a 64-bit pattern built from C and A's last element (16 digits).
+FP64_SERVER = f"""
+    import sys
+    for line in sys.stdin:
+        fields = line.split()
+        assert [len(f) for f in fields] == [{16 * K}, {16 * K}, 2, 2, 16], fields
+        print(format(int(fields[4], 16) ^ (int(fields[0], 16) >> {64 * (K - 1)}), "016x"), flush=True)
+"""
+
+
+def _fp64_rows(n=3, k=K):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((n, k)).view(np.uint64)
+    b = rng.standard_normal((n, k)).view(np.uint64)
+    c = np.array([1.0, -0.0, 2.0 ** -1074][:n]).view(np.uint64)
+    ones = np.full((n, 1), 127, np.uint8)
+    return a, b, ones, ones.copy(), c
+
+
+def test_fp64_request_round_trips_and_refuses_oversized_fields():
+    a, b, sa, sb, c = _fp64_rows(1)
+    line = format_request(a[0], b[0], sa[0], sb[0], c[0], 64, 64, c_bits=64)
+    fields = line.split()
+    assert [len(f) for f in fields] == [64, 64, 2, 2, 16]
+    assert parse_request(line, K, 1, 64, 64, c_bits=64) == (a[0].tolist(), b[0].tolist(), [127], [127], int(c[0]))
+    with pytest.raises(ValueError, match="field C does not fit in 64 bits"):
+        parse_request(" ".join(fields[:4] + ["1" + fields[4]]), K, 1, 64, 64, c_bits=64)
+    with pytest.raises(ValueError, match="field C does not fit in 32 bits"):  # fp64 bits read as fp32 c
+        parse_request(line, K, 1, 64, 64)
+    with pytest.raises(ValueError, match="field A does not fit in 256 bits"):
+        parse_request(" ".join(["1" + fields[0]] + fields[1:]), K, 1, 64, 64, c_bits=64)
+    with pytest.raises(ValueError, match="field SB"):
+        parse_request(" ".join(fields[:3] + ["-1", fields[4]]), K, 1, 64, 64, c_bits=64)
+    assert format_request(a[0], b[0], sa[0], sb[0], 0x3F800000, 64, 64).endswith(" 3f800000")  # 32-bit c as before
+
+
+def test_fp64_subprocess_unit_sends_and_reads_64_bit_fields(tmp_path):
+    unit = SubprocessUnit(_script(tmp_path, FP64_SERVER), "fp64", "fp64", "fp64", chunk=2, c_format="fp64")
+    a, b, sa, sb, c = _fp64_rows()
+    try:
+        got = unit(a, b, sa, sb, c)
+    finally:
+        unit.close()
+    assert got.tolist() == (c ^ a[:, K - 1]).tolist() and unit.requests == 3
+
+
+def test_hwconfig_unit_fp64_matches_dot():
+    a, b, sa, sb, c = _fp64_rows()
+    want = dot(load_hwconfig(DMMA), a, b, a_format="fp64", b_format="fp64", c=c.view(np.float64))
+    assert HwconfigUnit(DMMA, "fp64", "fp64")(a, b, sa, sb, c).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("answer, message", [
+    ("1" * 17, "not 16 hexadecimal digits"),
+    ("-" + "1" * 15, "not 16 hexadecimal digits"),
+    ("0x" + "1" * 14, "not 16 hexadecimal digits"),
+    ("", "not 16 hexadecimal digits"),
+])
+def test_fp64_subprocess_malformed_answers(tmp_path, answer, message):
+    unit = SubprocessUnit(_script(tmp_path, f"import sys\nfor line in sys.stdin: print({answer!r}, flush=True)"),
+                          "fp64", "fp64", "fp64", timeout=5, c_format="fp64")
+    with pytest.raises(ProbeError, match=message) as caught:
+        unit(*_fp64_rows())
+    assert "\n" not in str(caught.value) and unit._process is None
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda a, b, sa, sb, c: np.array([1 << 64] * len(a), dtype=object), "outside 0..2\\^64-1"),
+    (lambda a, b, sa, sb, c: np.full(len(a), -1, np.int64), "outside 0..2\\^64-1"),
+    (lambda a, b, sa, sb, c: c.view(np.float64), "expected 3 integer"),
+])
+def test_counting_unit_checks_64_bit_answers(answer, message):
+    with pytest.raises(ProbeError, match=message):
+        CountingUnit(answer, "fp64", 100)(*_fp64_rows())
+    top = CountingUnit(lambda a, b, sa, sb, c: np.full(len(a), (1 << 64) - 1, np.uint64), "fp64", 100)(*_fp64_rows())
+    assert top.tolist() == [(1 << 64) - 1] * 3
+
+
+def test_hwconfig_unit_c_format():
+    """c in another format than the config's (v100 taking fp16 c): a c no fp16 holds is refused."""
+    unit = HwconfigUnit(REPO / "hwconfigs" / "v100.yaml", "fp16", "fp16", "fp32", c_format="fp16")
+    assert unit.c_format == "fp16"
+    a, b = np.zeros((1, 4), np.uint64), np.zeros((1, 4), np.uint64)
+    ones = np.full((1, 1), 127, np.uint8)
+    assert unit(a, b, ones, ones, np.array([0x3F800000], np.uint32)).tolist() == [0x3F800000]
+    with pytest.raises(ArgumentError, match="fp16 value"):
+        unit(a, b, ones, ones, np.array([0x3F800001], np.uint32))
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -218,3 +312,14 @@ def test_cli_probe_json_prints_the_report(capsys, tmp_path):
                               "--json")
     assert status == 0, err
     assert json.loads(stdout)["validation"]["mismatches"] == 0
+
+
+def test_cli_probe_fp64_unit(capsys, tmp_path):
+    """--hw an fp64 config: output and c formats default to the config's (fp64), 64-bit codes throughout."""
+    out = tmp_path / "dmma.yaml"
+    status, stdout, err = run(capsys, "probe", "--hw", str(DMMA), "--a-format", "fp64", "--b-format", "fp64",
+                              "--k", "4", "--out", str(out), "--validation", "128", "--corners", "32")
+    assert status == 0, err
+    assert "validation: 0 mismatches in 160 vectors" in stdout
+    params = load_hwconfig(out).params("fp64", "fp64")
+    assert (params.output_format, params.c_format, params.accumulator_format) == ("fp64", "fp64", "fp64")

@@ -285,6 +285,12 @@ def _check_grid(params: DatapathParams, source: str) -> None:
                           f"smallest {params.a_format} x {params.b_format} product ({float(smallest)!r})")
 
 
+def _binades(ratio: Fraction) -> int:
+    """math.frexp's exponent of a positive ratio, exact (fp64's spans overflow a float)."""
+    e = ratio.numerator.bit_length() - ratio.denominator.bit_length()  # 2^(e-1) < ratio < 2^(e+1)
+    return e + 1 if ratio >= Fraction(2) ** e else e
+
+
 def _check_groups(params: DatapathParams, source: str) -> None:
     """``scales: group_sum``: groups inside one block and one tree, in k order, and every group
     sum times its scales exact in float64 and inside the window's 62-bit adder."""
@@ -297,7 +303,7 @@ def _check_groups(params: DatapathParams, source: str) -> None:
     a, b, scale = get_format(params.a_format), get_format(params.b_format), get_format(params.scale_format)
     # Products are multiples of the smallest product step and below max_a * max_b: a group sum
     # needs that span plus log2(group_terms) bits, times the two scale significands.
-    span = math.frexp(a.max_finite * b.max_finite / (a.min_subnormal * b.min_subnormal))[1]
+    span = _binades(Fraction(a.max_finite) * Fraction(b.max_finite) / (Fraction(a.min_subnormal) * Fraction(b.min_subnormal)))
     bits = span + params.group_terms.bit_length() + 2 * (scale.mantissa_bits + 1)
     if bits > 53:
         raise ConfigError(source, "inputs.scales", f"group sums of {a.name} x {b.name} with {scale.name} scales need "

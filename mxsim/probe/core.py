@@ -98,6 +98,7 @@ class _Engine:
             section, key = path.split(".")
             self.hyp[path] = SCHEMA[section][key].default
         self.hyp["inputs.block_size"] = ctx.block_size
+        self.hyp["inputs.c_format"] = ctx.c_format  # the format c is asked in: the "c format" probe may widen it
         self.start = dict(self.hyp)
         self.pinned: dict = {}  # key path -> value every candidate must keep (a search with a placement pinned)
         self._template = None
@@ -140,12 +141,12 @@ class _Engine:
         top = (1 << get_format(params.scale_format).bits) - 1
         readable = ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1)) if scaled else None
         if readable is not None and not readable.all():
-            out = np.full(len(batch), 1 << get_format(self.ctx.out_format).bits, np.uint64)
+            out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
             if readable.any():
                 out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
             return out
         out = dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
-                              scale_b=batch.scale_b if scaled else None, c=batch.c.view(np.float32))
+                              scale_b=batch.scale_b if scaled else None, c=batch.c.view(self.ctx.c_dtype))
         return out.astype(np.uint64)
 
     # -- asking the unit (each distinct input once)
@@ -223,6 +224,14 @@ class _Engine:
                 "inputs_asked": len(seen)}
 
 
+def _unanswerable(out_format: str) -> int:
+    """The prediction of a candidate that cannot read a row: a value past the output's width,
+    which no answer has; a 64-bit output has none spare, so there it is one fixed finite
+    pattern (a unit answering exactly that on such a row would be taken to agree)."""
+    bits = get_format(out_format).bits
+    return 1 << bits if bits < 64 else 0x0123456789ABCDEF
+
+
 def _plain(candidate: dict) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in candidate.items()}
 
@@ -264,7 +273,8 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
           budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``; every c the
-    unit is asked is a value of ``c_format``, as fp32 bits): decide
+    unit is asked is a value of ``c_format``, as fp32 bits, or fp64 bits for fp64; the emitted
+    config's ``inputs.c_format``, unless a wider format is found to read c alike): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
     that no decision saw.

@@ -4,13 +4,16 @@ realistic vectors. Everything is built from the format table (no per-format code
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..formats import get_format
+from .units import c_code_bits
 
 FP32 = get_format("fp32")
+FP64 = get_format("fp64")
 
 #: Scale codes finite and nonzero both as E8M0 (2^-87 .. 2^-1) and as UE4M3 (2^-3 .. 448): rows
 #: with these tell the two scale formats apart before the probe knows which the unit reads.
@@ -25,7 +28,7 @@ class Batch:
     b: np.ndarray
     scale_a: np.ndarray  # (n, blocks) uint8
     scale_b: np.ndarray
-    c: np.ndarray        # (n,) uint32 fp32 bits
+    c: np.ndarray        # (n,) c's carrier bits: uint32 fp32 bits, or uint64 fp64 bits for fp64 c
 
     def __len__(self) -> int:
         return len(self.a)
@@ -43,13 +46,18 @@ class Batch:
         """Row i as plain numbers (the evidence report's record of a decisive input)."""
         return {"a": [int(x) for x in self.a[i]], "b": [int(x) for x in self.b[i]],
                 "scale_a": [int(x) for x in self.scale_a[i]], "scale_b": [int(x) for x in self.scale_b[i]],
-                "c": f"0x{int(self.c[i]):08x}"}
+                "c": f"0x{int(self.c[i]):0{2 * self.c.itemsize}x}"}
 
 
 def fp32_bits(values) -> np.ndarray:
     """float64 values rounded to fp32 (past its range: +-Inf), as bit patterns."""
     with np.errstate(over="ignore"):
         return np.asarray(values, dtype=np.float32).view(np.uint32)
+
+
+def random_fields(rng, bits: int, size) -> np.ndarray:
+    """Uniformly random ``bits``-bit fields (int64; uint64 for 64-bit codes, past int64)."""
+    return rng.integers(0, 1 << bits, size=size, dtype=np.int64 if bits < 63 else np.uint64)
 
 
 class _Operand:
@@ -60,9 +68,9 @@ class _Operand:
         field_bits = fmt.bits - fmt.padding_bits
         if field_bits <= 20:
             fields = np.arange(1 << field_bits, dtype=np.int64)
-        else:  # wide formats: a sample of codes
-            fields = rng.integers(0, 1 << field_bits, size=1 << 16, dtype=np.int64)
-        codes = (fields << fmt.padding_bits).astype(np.uint64)
+        else:  # wide formats: a sample of codes (64-bit codes overflow int64)
+            fields = random_fields(rng, field_bits, 1 << 16)
+        codes = (fields << fields.dtype.type(fmt.padding_bits)).astype(np.uint64)
         values = fmt.decode(codes)
         finite = np.isfinite(values) & (values != 0)
         self.codes, self.values = codes[finite], values[finite]
@@ -139,6 +147,7 @@ class Context:
         self.out_fmt = get_format(out_format)
         self.out_emin = 1 - self.out_fmt.bias
         self.c_format = get_format(c_format).name
+        self._c_carrier(get_format(c_format))
         self.blocks = -(-k // block_size)
         self.scale = _Scales(get_format(scale_format))
         self.window: int | None = None  # the alignment window held when a family is drawn (groups)
@@ -148,27 +157,70 @@ class Context:
         pairs = 1 << 15
         ia = self.rng.integers(0, len(self.A.codes), pairs)
         ib = self.rng.integers(0, len(self.B.codes), pairs)
-        products = self.A.values[ia] * self.B.values[ib]
-        keep = products > 0  # positive products; signs are applied per term
+        with np.errstate(over="ignore", under="ignore"):  # fp64 elements: products past float64's range
+            products = self.A.values[ia] * self.B.values[ib]
+        keep = (products > 0) & np.isfinite(products)  # positive products; signs are applied per term
         self.pool_a, self.pool_b = self.A.codes[ia][keep], self.B.codes[ib][keep]
         self.pool_exponent = np.floor(np.log2(products[keep])).astype(np.int64)
         self.exponents = np.unique(self.pool_exponent)
+
+    # -- c wider than 32 bits: its carrier
+
+    def _c_carrier(self, c_fmt) -> None:
+        """How c travels: as fp32 bits when fp32 holds every value of c's format (fp32, fp16,
+        bf16), else as fp64 bits (uint64). The families write c through :meth:`c_bits`; where
+        the carrier is wider than fp32 their c and tie points reach its precision and range."""
+        self.c_carrier = FP32 if c_code_bits(c_fmt.name) == FP32.bits else FP64
+        self.c_dtype = np.dtype(np.float32 if self.c_carrier is FP32 else np.float64)
+        self.c_code_dtype = np.dtype(np.uint32 if self.c_carrier is FP32 else np.uint64)
+        self.c_precision = self.c_carrier.mantissa_bits + 1
+        self.c_min_exponent = 1 - self.c_carrier.bias - self.c_carrier.mantissa_bits  # fp32: -149
+        tiny = np.ldexp(1.0, self.c_min_exponent)
+        # tie points (bf16, fp16, fp32 significands, and c's or the output's when wider) and how
+        # far below a cancelled pair terms go (60 binades; past a 53-bit significand's products)
+        widest = max(self.c_precision, self.out_fmt.mantissa_bits + 1)
+        self.precisions = [8, 11, 24] + ([widest] if widest > 24 else [])
+        self.reach = 61 if widest <= 24 else 2 * widest + 9
+        # special c beyond fp32's list: the carrier's extremes (none for fp32, whose are listed)
+        self.c_extremes = [] if self.c_carrier is FP32 else [
+            self.c_carrier.max_finite, -self.c_carrier.max_finite, tiny, -tiny, np.ldexp(1.0, 1 - self.c_carrier.bias)]
+
+    def c_bits(self, values) -> np.ndarray:
+        """float64 values rounded to c's carrier (nearest even; past its range +-Inf), as bits."""
+        with np.errstate(over="ignore"):
+            return np.asarray(values, dtype=self.c_dtype).view(self.c_code_dtype)
+
+    def c_format_edge(self, n: int) -> Batch:
+        """c subnormal in c's format or in its lowest normal binades (a value of the format
+        after :meth:`fit_c`), with one to three terms of its size and up to 30 binades below:
+        the emin a subnormal c aligns at in the first tree (``inputs.c_format`` under
+        ``accumulator_exponent: format_emin``)."""
+        batch = self.empty(n)
+        fmt = get_format(self.c_format)
+        emin = 1 - fmt.bias
+        for row in range(n):
+            exponent = emin - int(self.rng.integers(-1, fmt.mantissa_bits + 1))
+            negative = bool(self.rng.integers(2))
+            batch.c[row] = self.random_c(exponent, negative, bits=int(self.rng.integers(1, fmt.mantissa_bits + 2)))
+            for position in self.positions(int(self.rng.integers(1, 4))):
+                self.set_term(batch, row, int(position), exponent + int(self.rng.integers(-30, 4)), bool(self.rng.integers(2)))
+        return batch
 
     # -- building blocks
 
     def fit_c(self, batch: Batch) -> Batch:
         """The batch with each c rounded (to nearest even, past the range to +-Inf) to a value of
         the unit's c format: a unit taking fp16 c is asked only fp16 values."""
-        if self.c_format != FP32.name:
+        if self.c_format != self.c_carrier.name:
             fmt = get_format(self.c_format)
-            batch.c[:] = fp32_bits(fmt.decode(fmt.encode(batch.c.view(np.float32), overflow="inf_nan")))
+            batch.c[:] = self.c_bits(fmt.decode(fmt.encode(batch.c.view(self.c_dtype), overflow="inf_nan")))
         return batch
 
     def empty(self, n: int) -> Batch:
         """n rows of +0 elements, scales 1, c = +0."""
         return Batch(np.full((n, self.k), self.A.zero, np.uint64), np.full((n, self.k), self.B.zero, np.uint64),
                      np.full((n, self.blocks), self.scale.one, np.uint8), np.full((n, self.blocks), self.scale.one, np.uint8),
-                     np.zeros(n, np.uint32))
+                     np.zeros(n, self.c_code_dtype))
 
     def pair_at(self, exponent: int) -> tuple[int, int, int]:
         """A random element pair whose product's exponent is the pool's nearest to ``exponent``
@@ -198,10 +250,13 @@ class Context:
                 got += int(np.log2(self.scale.fmt.decode(np.array([code], np.uint64))[0]))
         return got
 
-    def random_c(self, exponent: int, negative: bool, bits: int = 24) -> int:
+    def random_c(self, exponent: int, negative: bool, bits: int | None = None) -> int:
+        """A c of about 2^exponent with ``bits`` significant bits (None: the carrier's precision)."""
+        bits = self.c_precision if bits is None else bits
         significand = (1 << (bits - 1)) | int(self.rng.integers(0, 1 << (bits - 1)))
-        value = np.ldexp(float(significand), exponent - bits + 1) * (-1 if negative else 1)
-        return int(fp32_bits([value])[0])
+        with np.errstate(over="ignore"):  # past the carrier's range: +-Inf, as c_bits rounds it
+            value = np.ldexp(float(significand), exponent - bits + 1) * (-1 if negative else 1)
+        return int(self.c_bits([value])[0])
 
     def positions(self, count: int) -> np.ndarray:
         return self.rng.choice(self.k, size=min(count, self.k), replace=False)
@@ -231,7 +286,7 @@ class Context:
         typical = np.sqrt(self.k) * min(self.A.fmt.max_finite, 2.0 ** 16) * min(self.B.fmt.max_finite, 2.0 ** 16) / 4
         c = self.rng.standard_normal(n) * typical * np.exp2(self.rng.integers(-8, 3, n))
         c[self.rng.random(n) < 0.2] = 0.0
-        batch.c[:] = fp32_bits(np.clip(c, -3e38, 3e38))
+        batch.c[:] = self.c_bits(np.clip(c, -3e38, 3e38))
         return batch
 
     def uniform(self, n: int) -> Batch:
@@ -240,22 +295,24 @@ class Context:
         batch = self.empty(n)
         for operand, out in ((self.A, batch.a), (self.B, batch.b)):
             fmt = operand.fmt
-            fields = self.rng.integers(0, 1 << (fmt.bits - fmt.padding_bits), (n, self.k))
+            fields = random_fields(self.rng, fmt.bits - fmt.padding_bits, (n, self.k))
             codes = (fields << fmt.padding_bits).astype(np.uint64)
             if fmt.twos_complement:  # the most negative code has no negation; keep it rare
                 codes[self.rng.random(codes.shape) < 0.5] = operand.zero
             out[:] = codes
         batch.scale_a[:] = self.scale.between(self.rng, -8, 8, batch.scale_a.shape)
         batch.scale_b[:] = self.scale.between(self.rng, -8, 8, batch.scale_b.shape)
-        batch.c[:] = self.rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+        batch.c[:] = self.rng.integers(0, 1 << self.c_carrier.bits, n, dtype=np.uint64).astype(self.c_code_dtype)
         sized = self.rng.random(n) < 0.5
         high = float(self.span()[1])
-        batch.c[sized] = fp32_bits(self.rng.standard_normal(int(sized.sum())) * np.exp2(high + self.rng.integers(-8, 4, int(sized.sum()))))
+        with np.errstate(over="ignore"):  # fp64 products reach 2^2046: such a c is +-Inf
+            batch.c[sized] = self.c_bits(self.rng.standard_normal(int(sized.sum())) * np.exp2(high + self.rng.integers(-8, 4, int(sized.sum()))))
         return batch
 
     def cancellation(self, n: int) -> Batch:
         """A product and its exact negation (or a near negation) and 1-4 small terms 0..60
-        binades below them: what survives shows the window width and how bits below it go."""
+        binades below them (0..2p+8 for a c or output of p > 24 significant bits: fp64's
+        106-bit products): what survives shows the window width and how bits below it go."""
         batch = self.empty(n)
         low, high = self.span()
         for row in range(n):
@@ -269,14 +326,14 @@ class Context:
                 batch.b[row, place[1]] = b ^ np.uint64(1 << self.B.fmt.padding_bits)
             for i in range(2, 2 + int(self.rng.integers(1, 5))):
                 if i < len(place):
-                    self.set_term(batch, row, place[i], top - int(self.rng.integers(0, 61)), bool(self.rng.integers(2)))
+                    self.set_term(batch, row, place[i], top - int(self.rng.integers(0, self.reach)), bool(self.rng.integers(2)))
             if row % 3 == 2:
-                batch.c[row] = self.random_c(top - int(self.rng.integers(0, 61)), bool(self.rng.integers(2)))
+                batch.c[row] = self.random_c(top - int(self.rng.integers(0, self.reach)), bool(self.rng.integers(2)))
         return batch
 
     def ties(self, n: int) -> Batch:
-        """c and terms near its rounding points in fp32, fp16 and bf16 (half an ulp, a quarter,
-        just above): rounding modes, ties and sticky bits."""
+        """c and terms near its rounding points in fp32, fp16 and bf16, and fp64 for an fp64 c or
+        output (half an ulp, a quarter, just above): rounding modes, ties and sticky bits."""
         batch = self.empty(n)
         low, high = self.span()
         for row in range(n):
@@ -285,9 +342,9 @@ class Context:
                 exponent = self.set_term(batch, row, int(self.rng.integers(self.k)), exponent, bool(self.rng.integers(2)))
                 first = 1
             else:
-                batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=int(self.rng.choice([8, 11, 24])))
+                batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=int(self.rng.choice(self.precisions)))
                 first = 0
-            precision = int(self.rng.choice([8, 11, 24]))
+            precision = int(self.rng.choice(self.precisions))
             place = self.positions(4)
             for i in range(first, first + int(self.rng.integers(1, 4))):
                 gap = precision + int(self.rng.integers(-2, 8))
@@ -305,7 +362,7 @@ class Context:
             a, b, top = self.pair_at(top)
             batch.a[row, place[0]], batch.b[row, place[0]] = a, b
             if row % 3 == 0:
-                batch.c[row] = int(fp32_bits([-(self.A.fmt.decode(np.array([a], np.uint64))[0]
+                batch.c[row] = int(self.c_bits([-(self.A.fmt.decode(np.array([a], np.uint64))[0]
                                                 * self.B.fmt.decode(np.array([b], np.uint64))[0])])[0])
             else:
                 batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
@@ -339,24 +396,24 @@ class Context:
             kind = row % 4
             if kind == 0:  # signed zero elements only
                 batch.a[row, self.rng.random(self.k) < 0.5] = self.A.negative_zero()
-                batch.c[row] = fp32_bits([-0.0 if self.rng.integers(2) else 0.0])[0]
+                batch.c[row] = self.c_bits([-0.0 if self.rng.integers(2) else 0.0])[0]
             elif kind == 1:  # a product and c = -product
                 low, high = self.span()
                 a, b, _ = self.pair_at(int(self.rng.integers(low, high + 1)))
                 place = int(self.rng.integers(self.k))
                 batch.a[row, place], batch.b[row, place] = a, b
                 value = float(self.A.fmt.decode(np.array([a], np.uint64))[0] * self.B.fmt.decode(np.array([b], np.uint64))[0])
-                batch.c[row] = fp32_bits([-value])[0]
+                batch.c[row] = self.c_bits([-value])[0]
             elif kind == 2:  # a product and its negation, c = -0
                 self._cancel_row(batch, row)
-                batch.c[row] = fp32_bits([-0.0])[0]
+                batch.c[row] = self.c_bits([-0.0])[0]
             else:  # a tiny negative result: below the output's smallest subnormal
                 target = self.out_emin - self.out_fmt.mantissa_bits - int(self.rng.integers(1, 4))
                 low, high = self.span()
                 exponent = self.set_term(batch, row, int(self.rng.integers(self.k)), int(np.clip(target, low, high)), True)
                 if exponent > target:  # the elements cannot reach it: c alone is the result
                     batch.a[row], batch.b[row] = self.A.zero, self.B.zero
-                    batch.c[row] = fp32_bits([-np.ldexp(1.0, max(target, -149))])[0]
+                    batch.c[row] = self.c_bits([-np.ldexp(1.0, max(target, self.c_min_exponent))])[0]
         return batch
 
     def overflow(self, n: int) -> Batch:
@@ -367,7 +424,7 @@ class Context:
         low, high = self.span()
         for row in range(n):
             fmt = FP32 if row % 2 else self.out_fmt
-            top = int(np.floor(np.log2(fmt.max_finite)))
+            top = math.frexp(fmt.max_finite)[1] - 1  # np.log2 rounds fp64's largest up to 1024
             negative = bool(self.rng.integers(2))
             if row % 3 == 2:  # the largest elements, scales that carry them past the range
                 batch.a[row], batch.b[row] = self.A.max_code, self.B.max_code
@@ -378,7 +435,7 @@ class Context:
                 batch.scale_b[row] = self.scale.power(need - need // 2)
                 continue
             significand = fmt.max_finite / 2.0 ** top * (1 - float(self.rng.random()) * 2.0 ** -(fmt.mantissa_bits - 2))
-            batch.c[row] = fp32_bits([np.ldexp(significand, top) * (-1 if negative else 1)])[0]
+            batch.c[row] = self.c_bits([np.ldexp(significand, top) * (-1 if negative else 1)])[0]
             for position in self.positions(int(self.rng.integers(1, 4))):
                 self.set_term(batch, row, int(position), top - int(self.rng.integers(0, fmt.mantissa_bits + 2)), negative)
         return batch
@@ -392,7 +449,7 @@ class Context:
             emin = 1 - fmt.bias
             exponent = emin - int(self.rng.integers(1, fmt.mantissa_bits + 1))
             bits = max(1, exponent - (emin - fmt.mantissa_bits) + 1)
-            batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=min(bits, 24))
+            batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=min(bits, self.c_precision))
             for position in self.positions(int(self.rng.integers(1, 4))):
                 self.set_term(batch, row, int(position), exponent + int(self.rng.integers(-30, 8)), bool(self.rng.integers(2)))
         return batch
@@ -408,7 +465,7 @@ class Context:
             if row % 3 == 0:
                 batch.c[row] = self.random_c(exponent - int(self.rng.integers(-10, 30)), bool(self.rng.integers(2)))
             elif row % 3 == 1:
-                batch.c[row] = fp32_bits([-0.0])[0]
+                batch.c[row] = self.c_bits([-0.0])[0]
         return batch
 
     def grid(self, n: int) -> Batch:
@@ -488,15 +545,15 @@ class Context:
                     batch.a[row, twin], batch.b[row, twin] = self.A.negate(np.array([a], np.uint64))[0], b
                 batch.scale_a[row, other] = self.scale.power(gap)
             else:
-                batch.c[row] = fp32_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
+                batch.c[row] = self.c_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
         return batch
 
     def corners(self, n: int) -> Batch:
         """Specials and extremes: NaN/Inf/max/min-subnormal elements, signed zeros, NaN and
         extreme scales, special c, sums past the output's range and below its normal range."""
         batch = self.realistic(n)
-        special_c = fp32_bits([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45,
-                               1.1754944e-38, 6.1e-5, 65504.0, 65520.0, -65536.0])
+        special_c = self.c_bits([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45,
+                               1.1754944e-38, 6.1e-5, 65504.0, 65520.0, -65536.0, *self.c_extremes])
         for row in range(n):
             kind = row % 8
             place = self.positions(int(self.rng.integers(1, 4)))
@@ -548,4 +605,4 @@ class Context:
         batch.a[row, half * 2:] = self.A.zero
         batch.scale_a[row] = batch.scale_a[row, 0]
         batch.scale_b[row] = batch.scale_b[row, 0]
-        batch.c[row] = 0 if self.rng.integers(2) else fp32_bits([-0.0])[0]
+        batch.c[row] = 0 if self.rng.integers(2) else self.c_bits([-0.0])[0]

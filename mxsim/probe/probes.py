@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..datapath.api import kernel_c_dtype
 from ..datapath.schema import DIRECTED_AND_NEAREST, SCHEMA
+from ..formats import get_format
 from .inputs import Batch, Context
 
 Candidates = list[dict]
@@ -99,7 +101,12 @@ def _product_bits(ctx: Context, hyp: dict) -> Candidates:
 
 def _accumulator(ctx: Context, hyp: dict) -> Candidates:
     return [{"accumulator.format": fmt, "accumulator.rounding": rounding}
-            for fmt in ("fp32", "exact", "fp16", "bf16") for rounding in DIRECTED_AND_NEAREST]
+            for fmt in ("fp32", "exact", "fp16", "bf16", *_wide_accumulators(ctx)) for rounding in DIRECTED_AND_NEAREST]
+
+
+def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
+    """The output's or c's format where wider than fp32 (fp64): an accumulator of it."""
+    return tuple(dict.fromkeys(fmt for fmt in (ctx.out_format, ctx.c_format) if get_format(fmt).bits > 32))
 
 
 def _output(ctx: Context, hyp: dict) -> Candidates:
@@ -204,6 +211,30 @@ def _promotion(ctx: Context, hyp: dict) -> Candidates:
         {"accumulator.promotion_interval": n} for n in range(fused, ctx.k, fused)]
 
 
+def _wider_c_formats(ctx: Context) -> list[str]:
+    """The formats holding every value of the format c is asked in that the kernels read c
+    in alike (fp16 c: fp32; none for fp32 or fp64 c)."""
+    given = get_format(ctx.c_format)
+    return [name for name in SCHEMA["inputs"]["c_format"].choices
+            if name != given.name and kernel_c_dtype(name) == kernel_c_dtype(given.name)
+            and get_format(name).exponent_bits >= given.exponent_bits and get_format(name).mantissa_bits >= given.mantissa_bits]
+
+
+def _c_format(ctx: Context, hyp: dict) -> Candidates:
+    """The format c is asked in first, then the wider ones (:func:`_wider_c_formats`), each
+    with the accumulator exponent held first and the other one after: c's format is seen only
+    where a subnormal c aligns at its format's emin, which the accumulator exponent's own
+    inputs (fp32 or output subnormals) cannot show when c is narrower."""
+    given = get_format(ctx.c_format)
+    wider = _wider_c_formats(ctx)
+    if not wider:
+        return [{"inputs.c_format": given.name}]
+    held = hyp["adder.accumulator_exponent"]
+    exponents = [held] + [value for value in SCHEMA["adder"]["accumulator_exponent"].choices if value != held]
+    return [{"inputs.c_format": name, "adder.accumulator_exponent": exponent}
+            for name in (given.name, *wider) for exponent in exponents]
+
+
 def _zero_sign(ctx: Context, hyp: dict) -> Candidates:
     return [{"output.zero_sign": value} for value in SCHEMA["output"]["zero_sign"].choices]
 
@@ -257,6 +288,14 @@ def _grid_shift(key: str) -> Callable[[Context, dict], Candidates]:
     return candidates
 
 
+def _c_format_inputs(ctx: Context) -> Batch:
+    """The c format probe's rows, none where it has nothing to decide: drawing none leaves the
+    random stream, so every other probe's rows, as it was for units taking fp32 c."""
+    if not _wider_c_formats(ctx):
+        return ctx.empty(0)
+    return _families(c_format_edge=128, accumulator_entry=32)(ctx)
+
+
 def _families(**counts: int) -> Callable[[Context], Batch]:
     def draw(ctx: Context) -> Batch:
         return Batch.join(getattr(ctx, family)(count) for family, count in counts.items())
@@ -300,6 +339,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("accumulator exponent", ("adder.accumulator_exponent",), _accumulator_exponent,
           _families(subnormal_accumulator=128, accumulator_entry=32),
           "the exponent a subnormal accumulator aligns with in the tree: its leading bit or the format's emin"),
+    Probe("c format", ("inputs.c_format", "adder.accumulator_exponent"), _c_format, _c_format_inputs,
+          "the format c is read in when it is asked in a narrower one: the emin a subnormal c aligns at"),
     Probe("zero terms", ("adder.zero_term_exponent",), _zero_term_exponent, _families(tiny_terms=256, zero_results=32),
           "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
     Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,

@@ -9,8 +9,9 @@ of length K at once:
   unit reads UE4M3 (before that it sends codes both read as finite); a unit that takes no
   scales ignores them;
 - ``c``: (n,) ``uint32`` fp32 bit patterns of the accumulator input (values of the probe's
-  ``c_format``);
-- the result: n output bit patterns of the output format (fp32: 32 bits, fp16/bf16: 16).
+  ``c_format``); for an fp64 ``c_format``, ``uint64`` fp64 bit patterns;
+- the result: n output bit patterns of the output format (fp64: 64 bits, fp32: 32,
+  fp16/bf16: 16).
 
 :class:`CountingUnit` wraps any of them for the probe: it checks every answer (shape, integer,
 in range), counts queries and time, and turns whatever the unit raises into one
@@ -50,13 +51,14 @@ def _one_line(text) -> str:
 class HwconfigUnit:
     """An mxsim hardware config as a black box: ``mxsim.dot`` on one (A, B, output) format path."""
 
-    def __init__(self, hw, a_format: str, b_format: str, out_format: str | None = None):
+    def __init__(self, hw, a_format: str, b_format: str, out_format: str | None = None, c_format: str | None = None):
         from ..datapath import load_hwconfig
         from ..datapath.config import HardwareConfig
 
         self.config = hw if isinstance(hw, HardwareConfig) else load_hwconfig(hw)
-        self.params = self.config.params(a_format, b_format, out_format)  # checks the pair
+        self.params = self.config.params(a_format, b_format, out_format, c_format)  # checks the pair
         self.a_format, self.b_format, self.out_format = self.params.a_format, self.params.b_format, self.params.output_format
+        self.c_format = self.params.c_format  # c_format None: the config's inputs.c_format
         self.block_size = self.params.block_size
 
     def __call__(self, a, b, scale_a, scale_b, c):
@@ -65,7 +67,20 @@ class HwconfigUnit:
         scaled = self.params.scales != "none"
         return dot(self.config, a, b, a_format=self.a_format, b_format=self.b_format,
                    scale_a=scale_a if scaled else None, scale_b=scale_b if scaled else None,
-                   c=np.asarray(c, dtype=np.uint32).view(np.float32), out_format=self.out_format)
+                   c=c_values(c, self.c_format), out_format=self.out_format, c_format=self.c_format)
+
+
+def c_code_bits(c_format: str) -> int:
+    """Width of c's bit patterns as units get them: 64 (fp64 bits) for a c format wider than
+    32 bits, else 32 (fp32 bits)."""
+    return 64 if get_format(c_format).bits > 32 else 32
+
+
+def c_values(c, c_format: str) -> np.ndarray:
+    """c's bit patterns (see the module docstring) as float32 or float64 values."""
+    if c_code_bits(c_format) == 64:
+        return np.asarray(c, dtype=np.uint64).view(np.float64)
+    return np.asarray(c, dtype=np.uint32).view(np.float32)
 
 
 def load_callable(spec: str):
@@ -105,19 +120,25 @@ def _hex_field(codes: np.ndarray, width: int) -> str:
     return format(value, f"0{digits}x")
 
 
-def format_request(a, b, scale_a, scale_b, c, a_bits: int, b_bits: int) -> str:
-    """One protocol request line (without the newline): ``A B SA SB C`` in hexadecimal."""
+def format_request(a, b, scale_a, scale_b, c, a_bits: int, b_bits: int, c_bits: int = 32) -> str:
+    """One protocol request line (without the newline): ``A B SA SB C`` in hexadecimal (C:
+    ``c_bits`` / 4 digits, 8 for fp32 bits, 16 for fp64 bits)."""
     return " ".join((_hex_field(a, a_bits), _hex_field(b, b_bits), _hex_field(scale_a, 8),
-                     _hex_field(scale_b, 8), format(int(c), "08x")))
+                     _hex_field(scale_b, 8), format(int(c), f"0{c_bits // 4}x")))
 
 
-def parse_request(line: str, k: int, blocks: int, a_bits: int, b_bits: int):
+def parse_request(line: str, k: int, blocks: int, a_bits: int, b_bits: int, c_bits: int = 32):
     """The fields of a request line: (a codes, b codes, scale_a, scale_b, c bits) as int lists
-    (the inverse of :func:`format_request`; a unit written in Python may use it)."""
+    (the inverse of :func:`format_request`; a unit written in Python may use it). A field
+    wider than its codes (or C than ``c_bits``) raises ValueError."""
     fields = line.split()
     if len(fields) != 5:
         raise ValueError(f"expected 5 hexadecimal fields, got {len(fields)}")
     numbers = [int(field, 16) for field in fields]
+    for number, width, name in zip(numbers, (k * a_bits, k * b_bits, 8 * blocks, 8 * blocks, c_bits),
+                                   ("A", "B", "SA", "SB", "C")):
+        if number < 0 or number >> width:
+            raise ValueError(f"field {name} does not fit in {width} bits")
 
     def unpack(value, count, width):
         return [(value >> (width * i)) & ((1 << width) - 1) for i in range(count)]
@@ -131,14 +152,15 @@ class SubprocessUnit:
 
     Each request is one line, ``A B SA SB C`` (hexadecimal; element i of A in bits
     [w*i+w-1 : w*i] of A, w the format's code width; block j's scale in bits [8j+7 : 8j];
-    C the fp32 bits of c); the unit answers each with one line holding the output bits in
+    C the fp32 bits of c, 8 digits, or its fp64 bits, 16 digits, for an fp64 ``c_format``);
+    the unit answers each with one line holding the output bits in
     hexadecimal. Requests go out in chunks of ``chunk`` lines; each answer must come within
     ``timeout`` seconds. Death, silence, or a line that is not a hexadecimal number of the
     output's width raises :class:`ProbeError` (one line, with the end of the unit's stderr).
     """
 
     def __init__(self, command: str, a_format: str, b_format: str, out_format: str = "fp32",
-                 timeout: float = 30.0, chunk: int = 64):
+                 timeout: float = 30.0, chunk: int = 64, c_format: str = "fp32"):
         if not isinstance(command, str) or not command.strip():
             raise ArgumentError("--command: expected a non-empty command line")
         try:
@@ -147,6 +169,7 @@ class SubprocessUnit:
             raise ArgumentError(f"--command: cannot split {command!r}: {error}") from None
         self.a_bits, self.b_bits = get_format(a_format).bits, get_format(b_format).bits
         self.out_bits = get_format(out_format).bits
+        self.c_bits = c_code_bits(c_format)
         self.timeout, self.chunk = float(timeout), int(chunk)
         self.requests = 0
         self._process = None
@@ -211,7 +234,7 @@ class SubprocessUnit:
         out = np.empty(len(a), dtype=np.uint64)
         for start in range(0, len(a), self.chunk):
             stop = min(start + self.chunk, len(a))
-            lines = "".join(format_request(a[i], b[i], scale_a[i], scale_b[i], c[i], self.a_bits, self.b_bits) + "\n"
+            lines = "".join(format_request(a[i], b[i], scale_a[i], scale_b[i], c[i], self.a_bits, self.b_bits, self.c_bits) + "\n"
                             for i in range(start, stop))
             try:
                 self._process.stdin.write(lines.encode("ascii"))
