@@ -26,7 +26,7 @@ import numpy as np
 import mxsim
 from _timing import best_seconds
 from mxsim.datapath.blas import blas_applies
-from mxsim.datapath.api import _kernel_arguments, _tensor_scales
+from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.groups import groups_apply
 from mxsim.datapath.window import window_applies
 
@@ -58,7 +58,7 @@ def route(hw, a, b) -> str:
         return "group-sum route" if groups_apply(params) else "generic kernel"
     params = hw.params(a.element_format.name, b.element_format.name)
     _, _, kernel_args = _kernel_arguments(params)
-    scales_a, scales_b = _tensor_scales(a, params), _tensor_scales(b, params)
+    scales_a, scales_b = _scales_for_unit(a.scales, params), _scales_for_unit(b.scales, params)
     codes_a, codes_b = a.codes.reshape(a.shape[0], -1), b.codes.reshape(b.shape[1], -1)
     if blas_applies(params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)):
         return "float64 BLAS"
