@@ -428,8 +428,8 @@ class Context:
         rows in four put a negative product below a quarter of the smallest subnormal of fp32,
         of c's carrier and of the output (the smallest A element times an element of 2^-3 or
         less, scales making up what the elements cannot reach) in the first half, which a
-        step rounds to -0; the fourth cancels a product with its negation in the first two
-        positions (+0). Every other product is -0 and c is +-0: an accumulator that signs each
+        step rounds to -0; the fourth cancels a * 1 with -a * 1 (a of 2^-60..2^60, which a
+        step holds exactly) in the first two positions (+0). Every other product is -0 and c is +-0: an accumulator that signs each
         step's zero (``zero_sign: ieee_steps``) keeps the -0, the whole sum's rule gives +0.
         Drawn from a generator of its own, so every other family's rows stay as they were."""
         rng = np.random.default_rng([self.seed, 0x2E50])
