@@ -10,6 +10,7 @@ every path, so probing the base covers them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import fields
@@ -171,6 +172,8 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     assert int(np.count_nonzero((want != got) & ~nan)) == 0
     shipped, probed = unit.params, emitted.params(a_format, b_format, out_format)
     assert probed.c_format == shipped.c_format  # inputs.c_format: fp64 for the fp64 units
+    if "ieee_steps" in (shipped.output_zero_sign, probed.output_zero_sign):  # the zero chains tell it apart
+        assert probed.output_zero_sign == shipped.output_zero_sign
     if shipped.scales == "group_sum":
         assert {key: getattr(probed, key) for key in GROUP_KEYS} == {key: getattr(shipped, key) for key in GROUP_KEYS}
 
@@ -345,3 +348,20 @@ def test_c_format_is_decided_and_emitted():
     want = dot(config, a, b, c_format="fp16", **kwargs)
     assert np.array_equal(dot(emitted, a, b, **kwargs), want)
     assert np.count_nonzero(dot(config, a, b, **kwargs) != want) > 20  # fp32 c_format: another unit here
+
+
+def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkeypatch):
+    """With the zero sign probe given its rows without the zero chains, a100-dmma's rule comes
+    out as the whole sum's (ieee); the validation's corners, which hold zero chains, count it."""
+    import mxsim.probe.core as core
+    from mxsim.probe.probes import _families
+
+    blind = tuple(dataclasses.replace(p, inputs=_families(zero_results=96, corners=32)) if p.name == "zero sign" else p
+                  for p in core.PROBES)
+    monkeypatch.setattr(core, "PROBES", blind)
+    unit = HwconfigUnit(HW / "a100-dmma.yaml", "fp64", "fp64", "fp64")
+    result = probe(unit, "fp64", "fp64", 4, out_format="fp64", c_format="fp64", validation_vectors=256,
+                   corner_vectors=256, refinements=0)
+    assert result.config["output"]["zero_sign"] == "ieee"
+    assert result.validation.mismatches > 0
+    assert all(example["kind"] == "corner" for example in result.validation.examples)

@@ -246,6 +246,7 @@ def test_probe_reproduces_mmasim_fp64(family):
           f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.config["inputs"]["c_format"] == "fp64" and result.config["accumulator"]["format"] == "fp64"
+    assert result.config["output"]["zero_sign"] == "ieee_steps"  # an FMA chain: the zero chains show it
 
 
 def test_mmasim_volta_f16_c_is_decided():

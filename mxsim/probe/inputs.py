@@ -36,6 +36,12 @@ class Batch:
     def take(self, rows) -> "Batch":
         return Batch(self.a[rows], self.b[rows], self.scale_a[rows], self.scale_b[rows], self.c[rows])
 
+    def put(self, rows, other: "Batch") -> "Batch":
+        """The batch with ``rows`` replaced by other's rows (in order); returns self."""
+        for name in ("a", "b", "scale_a", "scale_b", "c"):
+            getattr(self, name)[rows] = getattr(other, name)
+        return self
+
     @staticmethod
     def join(batches) -> "Batch":
         batches = [batch for batch in batches if len(batch)]
@@ -151,6 +157,7 @@ class Context:
         self.blocks = -(-k // block_size)
         self.scale = _Scales(get_format(scale_format))
         self.window: int | None = None  # the alignment window held when a family is drawn (groups)
+        self.seed = seed  # (zero_chains draws from a generator of its own)
         self.rng = np.random.default_rng(seed)
         self.A = _Operand(get_format(a_format), self.rng)
         self.B = _Operand(get_format(b_format), self.rng)
@@ -415,6 +422,58 @@ class Context:
                     batch.a[row], batch.b[row] = self.A.zero, self.B.zero
                     batch.c[row] = self.c_bits([-np.ldexp(1.0, max(target, self.c_min_exponent))])[0]
         return batch
+
+    def zero_chains(self, n: int) -> Batch:
+        """Chains whose early step leaves a zero that later steps of -0 products meet: three
+        rows in four put a negative product below a quarter of the smallest subnormal of fp32,
+        of c's carrier and of the output (the smallest A element times an element of 2^-3 or
+        less, scales making up what the elements cannot reach) in the first half, which a
+        step rounds to -0; the fourth cancels a * 1 with -a * 1 (a of 2^-60..2^60, which a
+        step holds exactly) in the first two positions (+0). Every other product is -0 and c is +-0: an accumulator that signs each
+        step's zero (``zero_sign: ieee_steps``) keeps the -0, the whole sum's rule gives +0.
+        Drawn from a generator of its own, so every other family's rows stay as they were."""
+        rng = np.random.default_rng([self.seed, 0x2E50])
+        batch = self.empty(n)
+        batch.a[:] = self.A.negative_zero()
+        batch.b[:] = self.B.one
+        batch.c[:] = self.c_bits(np.where(rng.random(n) < 0.5, -0.0, 0.0))
+        tiny_a, a_exponent = self._smallest_code(self.A)
+        below = min(FP32, self.c_carrier, self.out_fmt, key=lambda fmt: fmt.min_subnormal)
+        target = int(np.log2(below.min_subnormal)) - 2
+        # elements of 2^-60 .. 2^60: a step holds each exactly (one is the smallest when none is)
+        moderate = self.A.codes[np.abs(np.log2(np.abs(self.A.values))) <= 60]
+        moderate = moderate if moderate.size else self.A.codes[[np.argmin(np.abs(self.A.values))]]
+        for row in range(n):
+            position = 0 if row % 2 else int(rng.integers(max(1, self.k // 2)))
+            if row % 4 == 3:  # exact cancellation to +0 in the first two steps: a * 1 and -a * 1
+                a = int(rng.choice(moderate))
+                batch.a[row, :2] = [a, self.A.negate(np.array([a], np.uint64))[0]][:self.k]
+                batch.b[row, :2] = self.B.one
+                continue
+            b, b_exponent = self._smallest_code(self.B, largest=-3, rng=rng)
+            batch.a[row, position] = self.A.negate(np.array([tiny_a], np.uint64))[0]
+            batch.b[row, position] = b
+            shortfall = target - (a_exponent + b_exponent)
+            if shortfall < 0:  # the block's scales take the product down (a unit without scales ignores them)
+                block = position // self.block_size
+                batch.scale_a[row, block] = self.scale.power(shortfall // 2)
+                got = int(np.log2(self.scale.fmt.decode(batch.scale_a[row, block:block + 1].astype(np.uint64))[0]))
+                batch.scale_b[row, block] = self.scale.power(shortfall - got)
+        return batch
+
+    def _smallest_code(self, operand: _Operand, largest: int | None = None, rng=None) -> tuple[int, int]:
+        """A positive code and its value's exponent: the format's smallest value, or (with
+        ``largest``) a random power of two 2^-(0..7) times 2^largest the format holds exactly
+        (its smallest value where none is)."""
+        fmt = operand.fmt
+        values = [fmt.min_subnormal]
+        if largest is not None:
+            values = [np.ldexp(1.0, largest - int(rng.integers(0, 8)))] + values
+        for value in values:
+            code = int(fmt.encode(np.array([value]))[0])
+            if fmt.decode(np.array([code], np.uint64))[0] == value:
+                return code, int(np.log2(value))
+        return operand.min_code, int(np.floor(np.log2(operand.values[operand.values > 0].min())))
 
     def overflow(self, n: int) -> Batch:
         """Sums just past the accumulator's range (fp32, or the output format's): c near the

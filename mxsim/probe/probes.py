@@ -296,6 +296,14 @@ def _c_format_inputs(ctx: Context) -> Batch:
     return _families(c_format_edge=128, accumulator_entry=32)(ctx)
 
 
+def _zero_sign_inputs(ctx: Context) -> Batch:
+    """Zero results and corners, every third zero-result row a zero chain instead (drawn from a
+    generator of its own): the batch keeps its size and the random stream, so every other
+    probe's rows stay as they were."""
+    batch = _families(zero_results=96, corners=32)(ctx)
+    return batch.put(slice(0, 96, 3), ctx.zero_chains(32))
+
+
 def _families(**counts: int) -> Callable[[Context], Batch]:
     def draw(ctx: Context) -> Batch:
         return Batch.join(getattr(ctx, family)(count) for family, count in counts.items())
@@ -309,8 +317,8 @@ PROBES: tuple[Probe, ...] = (
           _families(scale_formats=192),
           "whether scales matter, where they enter, and whether they are E8M0 powers of two or UE4M3"),
     # Then: every family's exact-zero rows read the sign of zero.
-    Probe("zero sign", ("output.zero_sign",), _zero_sign, _families(zero_results=96, corners=32),
-          "the sign of an exact-zero or underflowed result: IEEE or always +0"),
+    Probe("zero sign", ("output.zero_sign",), _zero_sign, _zero_sign_inputs,
+          "the sign of an exact-zero or underflowed result: IEEE (of the whole sum or of each step) or always +0"),
     Probe("scales", ("inputs.scales", "adder.align_fraction_bits"), _scales, _families(scales=96, realistic=48, corners=48, groups=96),
           "whether scales matter, and whether they enter the products, the tree sums or the group sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),

@@ -1,0 +1,78 @@
+"""The probe's input families: the zero chains tell a chain that signs each step's zero
+(``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mxsim.datapath import load_hwconfig
+from mxsim.datapath.api import dot_with_params
+from mxsim.formats import get_format
+from mxsim.probe.inputs import Context
+
+from conftest import REPO
+
+HW = REPO / "hwconfigs"
+
+
+def _chains(name: str, a_format: str, b_format: str, k: int, n: int = 64):
+    params = load_hwconfig(HW / f"{name}.yaml").params(a_format, b_format)
+    ctx = Context(a_format, b_format, k, params.block_size, params.output_format, seed=3,
+                  scale_format=params.scale_format, c_format=params.c_format)
+    return params, ctx, ctx.fit_c(ctx.zero_chains(n))
+
+
+def _outputs(params, ctx, batch, zero_sign: str) -> np.ndarray:
+    params = dataclasses.replace(params, output_zero_sign=zero_sign)
+    scaled = params.scales != "none"
+    return dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
+                           scale_b=batch.scale_b if scaled else None, c=batch.c.view(ctx.c_dtype)).astype(np.uint64)
+
+
+@pytest.mark.parametrize("name, a_format, b_format, k", [
+    ("a100-dmma", "fp64", "fp64", 4),               # fp64 FMA chain
+    ("mi100", "fp32", "fp32", 4),                   # fp32 FMA chain (its fp32 override)
+    ("b200-tcgen05-mxf8f6f4", "fp8_e4m3", "fp6_e2m3", 64),  # narrow elements, E8M0 scales, trees of 32
+])
+def test_zero_chains_tell_ieee_steps_from_ieee(name, a_format, b_format, k):
+    params, ctx, batch = _chains(name, a_format, b_format, k)
+    steps, whole = _outputs(params, ctx, batch, "ieee_steps"), _outputs(params, ctx, batch, "ieee")
+    out = get_format(params.output_format)
+    differ = steps != whole
+    assert np.count_nonzero(differ) >= len(batch) // 2
+    # where they differ: the steps keep an early underflow's -0, the whole sum's rule gives +0
+    assert np.all(np.signbit(out.decode(steps[differ]))) and not np.any(np.signbit(out.decode(whole[differ])))
+    assert np.all(out.decode(steps[differ]) == 0)
+
+
+def _fp64_fma_chain(a, b, c) -> np.ndarray:
+    """d = fma(a_k, b_k, d), k = 0.., each step rounded once to nearest even (Python's float of
+    a Fraction), an exact zero -0 only when d and the product are both -0."""
+    out = []
+    for row_a, row_b, d in zip(a.view(np.float64), b.view(np.float64), c.view(np.float64)):
+        d = float(d)
+        for x, y in zip(row_a, row_b):
+            product = Fraction(float(x)) * Fraction(float(y))
+            exact = Fraction(d) + product
+            negative_product = product == 0 and (math.copysign(1, x) < 0) != (math.copysign(1, y) < 0)
+            if exact == 0:
+                d = -0.0 if math.copysign(1, d) < 0 and negative_product else 0.0
+            else:
+                d = exact.numerator / exact.denominator  # correctly rounded; a negative underflow is -0.0
+        out.append(d)
+    return np.array(out, dtype=np.float64).view(np.uint64)
+
+
+def test_zero_chains_match_an_fp64_fma_chain():
+    """a100-dmma (ieee_steps) reproduces an independent IEEE fp64 FMA chain on the zero chains,
+    -0 results included; the whole sum's rule does not."""
+    params, ctx, batch = _chains("a100-dmma", "fp64", "fp64", 4)
+    want = _fp64_fma_chain(batch.a, batch.b, batch.c)
+    assert np.count_nonzero(want == np.float64(-0.0).view(np.uint64)) >= len(batch) // 2
+    assert np.array_equal(_outputs(params, ctx, batch, params.output_zero_sign), want)
+    assert not np.array_equal(_outputs(params, ctx, batch, "ieee"), want)
