@@ -11,8 +11,8 @@ Khattak & Mikaitis' measurements, an independent source).
 CI probes one family per instruction class and scale type, drawn with a fixed seed;
 ``MXSIM_PROBE_LONG=1`` probes every family (docs/probe.md records the long run), and
 ``MXSIM_PROBE_LONG=PATTERN[,PATTERN...]`` those whose id (``arch/class/shape-and-types``, as
-pytest shows it) matches a shell-style pattern, e.g. ``'Blackwell/TCGen05MMABlockScale/*'``. Another
-vendor's families are one more entry in ``SOURCES``. Needs the ``oracles`` extra; skipped
+pytest shows it) matches a shell-style pattern, e.g. ``'Blackwell/TCGen05MMABlockScale/*'``.
+Another vendor's families are one more entry in ``SOURCES``. Needs the ``oracles`` extra; skipped
 without it, failed instead when CI is set.
 """
 
