@@ -176,6 +176,12 @@ def test_round_trip(name, a_format, b_format, out_format, k):
         assert probed.output_zero_sign == shipped.output_zero_sign
     if shipped.scales == "group_sum":
         assert {key: getattr(probed, key) for key in GROUP_KEYS} == {key: getattr(shipped, key) for key in GROUP_KEYS}
+    if shipped.scales == "group_sum" and shipped.scale_format == "e8m0" and out_format == "fp32":
+        # Seen only where every nonzero group's scales lie below it beside a zero term (the
+        # probe's zero-anchor rows; the random vectors above never meet one). An fp16 output
+        # rounds such results away; a bf16 one (steps of 2^-133) shows them only for group
+        # sums of 2^6 or more over such scales, which no probe family builds.
+        assert probed.zero_term_exponent == shipped.zero_term_exponent
 
 
 def as_values(bits, out_format):

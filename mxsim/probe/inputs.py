@@ -109,6 +109,14 @@ class _Operand:
         return int(self.negate(np.array([self.zero], dtype=np.uint64))[0])
 
 
+def _powers_of_two(operand: _Operand) -> tuple[np.ndarray, np.ndarray]:
+    """An operand format's codes of positive powers of two, and their exponents."""
+    positive = operand.values > 0
+    exponents = np.round(np.log2(np.where(positive, np.abs(operand.values), 1.0)))
+    exact = positive & (np.exp2(exponents) == operand.values)
+    return operand.codes[exact], exponents[exact].astype(np.int64)
+
+
 class _Scales:
     """One scale format's codes: the code of 1, of NaN, and of each power of two it holds, and
     its finite codes by value (E8M0: the powers 2^-127..2^127; UE4M3: 0 and 2^-9..448)."""
@@ -237,12 +245,13 @@ class Context:
         i = choices[self.rng.integers(len(choices))]
         return int(self.pool_a[i]), int(self.pool_b[i]), int(nearest)
 
-    def set_term(self, batch: Batch, row: int, position: int, exponent: int, negative: bool) -> int:
-        """Put a product of about 2^exponent at (row, position); returns its exponent. Where
-        the elements cannot reach it and the position's block holds nothing else yet, the
-        block's A scale makes up the difference, and B's what A's cannot reach (a unit without
-        scales ignores them)."""
-        a, b, got = self.pair_at(exponent)
+    def set_term(self, batch: Batch, row: int, position: int, exponent: int, negative: bool,
+                 pair: tuple[int, int, int] | None = None) -> int:
+        """Put a product of about 2^exponent (``pair``'s, when given) at (row, position);
+        returns its exponent. Where the elements cannot reach it and the position's block
+        holds nothing else yet, the block's A scale makes up the difference, and B's what
+        A's cannot reach (a unit without scales ignores them)."""
+        a, b, got = pair or self.pair_at(exponent)
         if negative:
             a = int(self.A.negate(np.array([a], dtype=np.uint64))[0])
         block = position // self.block_size
@@ -526,6 +535,48 @@ class Context:
             elif row % 3 == 1:
                 batch.c[row] = self.c_bits([-0.0])[0]
         return batch
+
+    def zero_anchor(self, n: int) -> Batch:
+        """c = +-0 beside a power-of-two term in the output's subnormal range or just above
+        (its block's scales carry it there) and, in another block where there is one, a term of
+        the other sign a window below a random anchor at or above the large term: where zero
+        terms (c, zero products, all-zero groups) pull the reference up to that anchor or
+        above, the window drops the small term; else it stays, and the sum rounded toward zero
+        is one step lower. Scaled units meet such references only through tiny scales (E8M0
+        group sums, whose zero groups count at 2^-139 in MMA-Sim's model)."""
+        batch = self.empty(n)
+        lowest = self.out_emin - self.out_fmt.mantissa_bits
+        powers = (_powers_of_two(self.A), _powers_of_two(self.B))
+        for row in range(n):
+            top = int(self.rng.integers(lowest, self.out_emin + 2))
+            negative = bool(self.rng.integers(2))
+            first = int(self.rng.integers(min(self.block_size, self.k)))
+            self.set_term(batch, row, first, top, negative, pair=self._power_pair(powers, top))
+            others = [j for j in range(self.blocks) if j != first // self.block_size]
+            if others:
+                block = int(self.rng.choice(others))
+                position = block * self.block_size + int(self.rng.integers(min(self.block_size, self.k - block * self.block_size)))
+            else:
+                position = (first + 1 + int(self.rng.integers(self.k - 1))) % self.k if self.k > 1 else first
+            anchor = int(self.rng.integers(top, self.out_emin + 3))  # a zero term there or above cuts the small term
+            window = self.window if self.window is not None else int(self.rng.integers(20, 41))
+            gap = top - anchor + window + int(self.rng.integers(0, 3))
+            if position != first:
+                self.set_term(batch, row, position, top - gap, not negative)
+            batch.c[row] = fp32_bits([-0.0 if row % 2 else 0.0])[0]
+        return batch
+
+    def _power_pair(self, powers, exponent: int) -> tuple[int, int, int] | None:
+        """Codes of an A and a B power of two whose product is nearest 2^exponent (a product
+        on the output's grid: the small term's cut shows in a sum rounded toward zero), or
+        None where a format holds none."""
+        (a_codes, a_exponents), (b_codes, b_exponents) = powers
+        if not len(a_codes) or not len(b_codes):
+            return None
+        error = np.abs(a_exponents[:, None] + b_exponents[None, :] - exponent)
+        nearest = np.argwhere(error == error.min())
+        i, j = nearest[int(self.rng.integers(len(nearest)))]
+        return int(a_codes[i]), int(b_codes[j]), int(a_exponents[i] + b_exponents[j])
 
     def grid(self, n: int) -> Batch:
         """c 0..150 binades above or below the products, and products that sum to exactly zero

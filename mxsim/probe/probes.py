@@ -122,7 +122,12 @@ def _window(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _align_reference(ctx: Context, hyp: dict) -> Candidates:
-    return [{"adder.align_reference": value} for value in SCHEMA["adder"]["align_reference"].choices]
+    """Each reference with the window held or a bit wider or narrower: a product's leading bit
+    is its exponent sum or one above, so a window decided under the other reference sits a bit
+    off (tf32's 24-bit window from the exponent sums reads as 25 from the leading bits, and
+    neither key moves alone)."""
+    return [{"adder.align_reference": value, "adder.align_fraction_bits": window}
+            for value in SCHEMA["adder"]["align_reference"].choices for window in _near_windows(hyp, 1)]
 
 
 def _sum_bits(ctx: Context, hyp: dict) -> Candidates:
@@ -341,7 +346,7 @@ PROBES: tuple[Probe, ...] = (
           "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
     Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
           "product precision: a product and its near negation leave the product's low bits"),
-    Probe("alignment reference", ("adder.align_reference",), _align_reference,
+    Probe("alignment reference", ("adder.align_reference", "adder.align_fraction_bits"), _align_reference,
           _families(cancellation=128, accumulator_entry=64),
           "the exponent the window hangs from: the largest exponent sum or the largest product's leading bit"),
     Probe("accumulator exponent", ("adder.accumulator_exponent",), _accumulator_exponent,
@@ -349,7 +354,8 @@ PROBES: tuple[Probe, ...] = (
           "the exponent a subnormal accumulator aligns with in the tree: its leading bit or the format's emin"),
     Probe("c format", ("inputs.c_format", "adder.accumulator_exponent"), _c_format, _c_format_inputs,
           "the format c is read in when it is asked in a narrower one: the emin a subnormal c aligns at"),
-    Probe("zero terms", ("adder.zero_term_exponent",), _zero_term_exponent, _families(tiny_terms=256, zero_results=32),
+    Probe("zero terms", ("adder.zero_term_exponent",), _zero_term_exponent,
+          _families(tiny_terms=256, zero_results=32, zero_anchor=128),
           "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
     Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
           _families(ties=192, cancellation=128, uniform=64),
