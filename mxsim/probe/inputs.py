@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..datapath.schema import SCHEMA
 from ..formats import get_format
 
 FP32 = get_format("fp32")
@@ -318,6 +319,30 @@ class Context:
                 self.set_term(batch, row, place[3], top - int(self.rng.integers(4, 30)), bool(self.rng.integers(2)))
         return batch
 
+    def pair_trees(self, n: int) -> Batch:
+        """B, -B and a term 8..40 binades smaller at three positions of one aligned run of 2^j
+        positions (or B and -B in a run of 2, the small term anywhere): which pairs a balanced
+        tree of rounded adds sums first, against a chain or a fused tree (a small term added to
+        B before -B is lost to the rounding, added to B - B = 0 it stays)."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            size = 1 << int(self.rng.integers(1, max(2, self.k.bit_length())))
+            size = min(size, 1 << (self.k.bit_length() - 1))
+            start = int(self.rng.integers(0, self.k // size)) * size
+            run = self.rng.permutation(np.arange(start, start + size))
+            place = [int(p) for p in run[:3]] if size >= 4 else [*map(int, run[:2]), int(self.rng.integers(self.k))]
+            if place[2] in place[:2]:
+                place = place[:2]
+            a, b, top = self.pair_at(int(np.clip(self.rng.integers(-8, 9), low, high)))  # inside every float's range
+            batch.a[row, place[0]], batch.b[row, place[0]] = a, b
+            batch.a[row, place[1]], batch.b[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0], b
+            if len(place) == 3:
+                self.set_term(batch, row, place[2], top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
+            if row % 4 == 3:
+                batch.c[row] = self.random_c(top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
+        return batch
+
     def accumulator_entry(self, n: int) -> Batch:
         """c far above or below the products, or cancelling one: where c enters."""
         batch = self.empty(n)
@@ -489,6 +514,74 @@ class Context:
                 batch.scale_a[row, other] = self.scale.power(gap)
             else:
                 batch.c[row] = fp32_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
+        return batch
+
+    def overflow_boundaries(self) -> list[int]:
+        """Exponents n where a product of 2^n would overflow a format a multiplier may write it
+        in (emax + 1 of each output format: fp16 16, fp32 and bf16 128, ...), of those the
+        elements' products reach."""
+        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        return sorted({get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices} & set(range(high + 1)))
+
+    def product_overflow(self, n: int) -> Batch:
+        """A product of 2^(n-1) or 2^n for n an overflow boundary (or anywhere in the 64
+        binades below the largest product, when none is reached), beside its negation (an
+        exact zero, or NaN from Inf - Inf), a c of its size and the other sign, or a near
+        negation: where a product becomes ±Inf."""
+        batch = self.empty(n)
+        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        boundaries = self.overflow_boundaries()
+        for row in range(n):
+            place = self.positions(2)
+            negative = bool(self.rng.integers(2))
+            target = (int(self.rng.choice(boundaries)) - int(self.rng.integers(0, 2)) if boundaries
+                      else high - int(self.rng.integers(0, 65)))
+            exponent = self.set_term(batch, row, int(place[0]), target, negative)
+            kind = row % 3
+            if kind == 0 and len(place) > 1:
+                batch.a[row, place[1]] = self.A.negate(batch.a[row, place[[0]]])[0]
+                batch.b[row, place[1]] = batch.b[row, place[0]]
+            elif kind == 1:
+                batch.c[row] = self.random_c(min(exponent, 127), not negative)
+            elif len(place) > 1:
+                self.set_term(batch, row, int(place[1]), exponent - int(self.rng.integers(0, 3)), not negative)
+        return batch
+
+    def flushed_results(self, n: int) -> Batch:
+        """c just inside fp32's normal range and 1-2 terms of the other sign a little smaller:
+        results at and below the smallest normal, negative in half the rows (a flushed or
+        rounded-away result keeps or loses its sign), or subnormal c alone."""
+        batch = self.empty(n)
+        emin = 1 - FP32.bias
+        for row in range(n):
+            negative = bool(self.rng.integers(2))
+            exponent = emin + int(self.rng.integers(0, 4))
+            if row % 4 == 3:  # a subnormal c alone: read as a zero of its sign or as +0
+                batch.c[row] = self.random_c(emin - int(self.rng.integers(1, 20)), negative, bits=1)
+                continue
+            batch.c[row] = self.random_c(exponent, negative, bits=int(self.rng.choice([1, 8, 24])))
+            for position in self.positions(int(self.rng.integers(1, 3))):
+                self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative)
+        return batch
+
+    def subnormal_products(self, n: int) -> Batch:
+        """A subnormal element of A or B times a large one of the other (a product well inside
+        the normal range when the subnormal is read as itself), c zero or of the product's
+        size: subnormal elements read as themselves or as zero, whatever the products become."""
+        batch = self.empty(n)
+        for row in range(n):
+            for position in self.positions(int(self.rng.integers(1, 3))):
+                small, large = (self.A, self.B) if (row + int(position)) % 2 else (self.B, self.A)
+                subnormal = small.codes[np.abs(small.values) < small.fmt.min_normal]
+                if not subnormal.size:
+                    continue
+                big = large.codes[np.abs(large.values) >= large.fmt.max_finite / 16]
+                pair = (int(self.rng.choice(subnormal)), int(self.rng.choice(big)))
+                a, b = pair if small is self.A else pair[::-1]
+                batch.a[row, position], batch.b[row, position] = a, b
+            if row % 2:
+                value = float(self.A.fmt.decode(batch.a[row]) @ self.B.fmt.decode(batch.b[row]))
+                batch.c[row] = fp32_bits([value * float(self.rng.uniform(-2, 2))])[0]
         return batch
 
     def corners(self, n: int) -> Batch:
