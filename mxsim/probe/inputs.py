@@ -314,8 +314,9 @@ class Context:
                 if row % 6 == 1:  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
                     batch.c[row] = self.random_c(top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2)))
             gap = int(self.rng.integers(4, 30))
-            self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
-            if row % 2:
+            if len(place) > 2:  # K = 2: B and -B alone
+                self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
+            if row % 2 and len(place) > 3:
                 self.set_term(batch, row, place[3], top - int(self.rng.integers(4, 30)), bool(self.rng.integers(2)))
         return batch
 
