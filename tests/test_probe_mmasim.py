@@ -194,8 +194,7 @@ class AmdFamily:
 
 def _amd_families() -> list[AmdFamily]:
     """One family per distinct (architecture, A, B, K) of MMA-Sim's table of MFMA instructions
-    (``isa_mfma.arch_mfma_suffix``); f64 left out (another unit), and K of 1 or 2 (the probe's
-    input families place up to four terms: docs/probe.md)."""
+    (``isa_mfma.arch_mfma_suffix``); f64 left out (another unit)."""
     try:
         isa = importlib.import_module("mmasim.amd.isa_mfma")
     except ImportError:
@@ -208,7 +207,7 @@ def _amd_families() -> list[AmdFamily]:
             if not all(n in AMD_FORMATS for n in names):
                 continue
             a, b = ("tf32", "tf32") if "xf32" in suffix else (AMD_FORMATS[names[0]], AMD_FORMATS[names[1]])
-            if op.k >= 4 and (arch, a, b, op.k) not in seen:  # K < 4: the probe's families need 4 positions
+            if (arch, a, b, op.k) not in seen:
                 seen.add((arch, a, b, op.k))
                 families.append(AmdFamily(arch, suffix, a, b, op.k))
     return families

@@ -205,7 +205,12 @@ class Context:
         return int(fp32_bits([value])[0])
 
     def positions(self, count: int) -> np.ndarray:
-        return self.rng.choice(self.k, size=min(count, self.k), replace=False)
+        """Distinct random positions; for K below 4 (a unit of one or two products per dot),
+        up to four, the extra ones repeating a position (a later term there replaces an
+        earlier one), so that every family can place the terms it names."""
+        distinct = self.rng.choice(self.k, size=min(count, self.k), replace=False)
+        extra = min(count, 4) - len(distinct)
+        return np.concatenate([distinct, self.rng.integers(0, self.k, max(extra, 0))]) if extra > 0 else distinct
 
     def span(self) -> tuple[int, int]:
         return int(self.exponents[0]), int(self.exponents[-1])
@@ -332,7 +337,10 @@ class Context:
             size = min(size, 1 << (self.k.bit_length() - 1))
             start = int(self.rng.integers(0, self.k // size)) * size
             run = self.rng.permutation(np.arange(start, start + size))
-            place = [int(p) for p in run[:3]] if size >= 4 else [*map(int, run[:2]), int(self.rng.integers(self.k))]
+            if size < 2:  # K = 1
+                place = [int(p) for p in self.positions(3)]
+            else:
+                place = [int(p) for p in run[:3]] if size >= 4 else [*map(int, run[:2]), int(self.rng.integers(self.k))]
             if place[2] in place[:2]:
                 place = place[:2]
             a, b, top = self.pair_at(int(np.clip(self.rng.integers(-8, 9), low, high)))  # inside every float's range
