@@ -323,6 +323,7 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     probes = PROBES
     decisions: dict[str, Decision] = {}
     passes = refined = 0
+    late = False  # whether the late probes (Probe.late) run in this search's passes yet
 
     def run_pass(extra: Batch | None) -> bool:
         """One decision per probe; whether any kept value changed."""
@@ -330,6 +331,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         passes += 1
         before = dict(engine.hyp)
         for p in probes:
+            if p.late and not late:
+                continue
             batch = inputs(p) if extra is None else Batch.join([extra, inputs(p)])
             decisions[p.name] = engine.decide(p, batch, asked[p.name])
             asked[p.name] = decisions[p.name].asked
@@ -338,12 +341,17 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     def search(best):
         """Passes, then validations and refinements; the best (validation, hypothesis,
         decisions) measured so far."""
-        nonlocal refined
-        extra, limit, refined = None, passes_limit, 0
+        nonlocal refined, late
+        extra, limit, refined, late = None, passes_limit, 0, False
         while True:
             for _ in range(limit):  # passes until no decision changes
                 if not run_pass(extra):
                     break
+            if not late:  # the late probes join a hypothesis the others have settled; passes again
+                late = True
+                for _ in range(limit):
+                    if not run_pass(extra):
+                        break
             validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
             if best is None or validation.mismatches < best[0].mismatches:
                 best = (validation, dict(engine.hyp), dict(decisions))

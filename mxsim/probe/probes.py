@@ -26,6 +26,10 @@ class Probe:
     candidates: Callable[[Context, dict], Candidates]
     inputs: Callable[[Context], Batch]
     what: str  # one line for the report and docs/probe.md
+    #: A late probe runs only once the others have settled (passes until no decision changes):
+    #: its keys (AMD matrix-core datapaths) imitate a window or a tree size decided wrongly in an
+    #: early pass, and one taken then would lock a unit without them into a wrong search.
+    late: bool = False
 
 
 def _maximum(path: str) -> int:
@@ -280,10 +284,13 @@ def _overflow_exponent(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _zero_signs(ctx: Context, hyp: dict) -> Candidates:
-    """Zero inputs kept or read as +0, with each rule for the sign of a zero result: a
-    flushed -0 input and a result that is -0 under IEEE rules are told apart only together."""
-    return [{"inputs.zero_sign": inputs, "output.zero_sign": output}
-            for inputs in SCHEMA["inputs"]["zero_sign"].choices for output in SCHEMA["output"]["zero_sign"].choices]
+    """Zero inputs kept with the result's zero sign held (first: the zero sign probe decides it
+    alone for such a unit, and a second opinion on other inputs would swing it pass by pass),
+    or read as +0 with each rule for the sign of a zero result: a -0 input read as +0 and a
+    result that is -0 under IEEE rules are told apart only together."""
+    return [{"inputs.zero_sign": "keep", "output.zero_sign": hyp["output.zero_sign"]}] + [
+        {"inputs.zero_sign": inputs, "output.zero_sign": output}
+        for inputs in SCHEMA["inputs"]["zero_sign"].choices for output in SCHEMA["output"]["zero_sign"].choices]
 
 
 def _parity_windows(ctx: Context, hyp: dict) -> Candidates:
@@ -343,7 +350,7 @@ PROBES: tuple[Probe, ...] = (
           "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
     Probe("parity windows", ("adder.parity_windows", "adder.below_window"), _parity_windows,
           _families(cancellation=192, ties=64, realistic=64),
-          "even and odd positions aligned in windows of their own: a small negative term floored, not truncated"),
+          "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
     Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
@@ -379,12 +386,12 @@ PROBES: tuple[Probe, ...] = (
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
           _second_alignment, _families(accumulator_entry=192, ties=64, cancellation=64),
-          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits"),
+          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
     # After the fused keys: pairwise rounded adds are weighed against the best fused datapath
     # found, not against exact trees that a window or a second alignment would still refine.
     Probe("structure", ("adder.structure", "adder.fused_terms"), _structure,
           _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
-          "one fused pass per tree, or each product rounded and summed by pairwise rounded adds"),
+          "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True),
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
                    "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
                    "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
