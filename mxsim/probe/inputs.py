@@ -76,6 +76,11 @@ class _Operand:
         positive = self.values > 0
         self.min_code = int(self.codes[positive][np.argmin(self.values[positive])])
         self.special_codes = self._specials()
+        exponents = np.arange(-160, 160)
+        powers = np.exp2(exponents.astype(float))
+        exact = self.fmt.decode(self.fmt.encode(powers)) == powers
+        #: exponent y -> the code of 2^y, for every power of two the format holds (from 2^-160 to 2^159)
+        self.powers = dict(zip(exponents[exact].tolist(), self.fmt.encode(powers[exact]).astype(np.uint64).tolist()))
 
     def _specials(self) -> list[int]:
         field_bits = self.fmt.bits - self.fmt.padding_bits
@@ -591,6 +596,34 @@ class Context:
             if row % 2:
                 value = float(self.A.fmt.decode(batch.a[row]) @ self.B.fmt.decode(batch.b[row]))
                 batch.c[row] = fp32_bits([value * float(self.rng.uniform(-2, 2))])[0]
+        return batch
+
+    def _power_pair(self, exponent: int):
+        """Codes (a, b) whose product is exactly 2^exponent, or None where no two powers of two
+        the formats hold make it."""
+        for y, code in self.A.powers.items():
+            if exponent - y in self.B.powers:
+                return int(code), int(self.B.powers[exponent - y])
+        return None
+
+    def alignment_ties(self, n: int) -> Batch:
+        """c of 24 significant bits, its last one even, with half its ulp (a tie) and a power of
+        two 1..16 binades below that, of c's sign, at two other positions: the tie is broken
+        only if the second alignment keeps that power, so where it stops shows (n + 1 bits)."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            half = int(self.rng.integers(low, high + 1))  # the tie's exponent, within the products
+            j = int(self.rng.integers(1, 17))
+            pairs = [self._power_pair(half), self._power_pair(half - j)]
+            if None in pairs or half + 23 > 127:
+                continue
+            negative = bool(self.rng.integers(2))
+            significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
+            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1 - 23) * (-1 if negative else 1)])[0]
+            for position, (a, b) in zip(self.positions(2), pairs):
+                batch.a[row, position] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
+                batch.b[row, position] = b
         return batch
 
     def corners(self, n: int) -> Batch:

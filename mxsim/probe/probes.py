@@ -385,7 +385,7 @@ PROBES: tuple[Probe, ...] = (
           _families(accumulator_entry=256, ties=64, trees=64),
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
-          _second_alignment, _families(accumulator_entry=192, ties=64, cancellation=64),
+          _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
           "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
     # After the fused keys: pairwise rounded adds are weighed against the best fused datapath
     # found, not against exact trees that a window or a second alignment would still refine.
