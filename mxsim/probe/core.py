@@ -194,9 +194,11 @@ class _Engine:
                 seen.append((chunk.row(int(index)), int(answers[row]), {i: int(p[index]) for i, p in predictions.items()}))
             fewest = min(misses[i] for i in alive)
             alive = [i for i in alive if misses[i] == fewest]
-        held = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
+        held = next((i for i in (range(len(candidates)) if probe.strict else alive)
+                     if params[i] is not None and all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
         # Values that fit every answer: the first listed (the simplest). None fits (another key
-        # is still wrong, or no key describes the unit): the value held stays among the best.
+        # is still wrong, or no key describes the unit): the value held stays among the best
+        # (a strict probe's, whatever it misses).
         chosen = held if misses[alive[0]] and held is not None else alive[0]
         decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
                             equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen],

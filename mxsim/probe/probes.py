@@ -30,6 +30,9 @@ class Probe:
     #: its keys (AMD matrix-core datapaths) imitate a window or a tree size decided wrongly in an
     #: early pass, and one taken then would lock a unit without them into a wrong search.
     late: bool = False
+    #: A strict probe leaves the value held unless another fits every answer: pairwise rounded
+    #: adds imitate a fused datapath whose other keys are still off better than it does itself.
+    strict: bool = False
 
 
 def _maximum(path: str) -> int:
@@ -391,7 +394,8 @@ PROBES: tuple[Probe, ...] = (
     # found, not against exact trees that a window or a second alignment would still refine.
     Probe("structure", ("adder.structure", "adder.fused_terms"), _structure,
           _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
-          "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True),
+          "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True,
+          strict=True),
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
                    "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
                    "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
