@@ -107,7 +107,7 @@ def test_extending_configs_resolve_to_their_base(name, base):
 def _paths():
     if not LONG:
         return [(name, *path) for name, path in CI_PATHS.items() if name not in LONG_ONLY]
-    paths = list(LONG_AMD_PATHS)
+    paths = [(name, *CI_PATHS[name]) for name in sorted(LONG_ONLY)] + LONG_AMD_PATHS
     for name in CI_PATHS:
         config = load_hwconfig(HW / f"{name}.yaml")
         k = 64 if config.params(config.a_formats[0], config.b_formats[0]).block_size >= 32 else 32
