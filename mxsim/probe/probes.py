@@ -31,7 +31,9 @@ class Probe:
     #: early pass, and one taken then would lock a unit without them into a wrong search.
     late: bool = False
     #: A strict probe leaves the value held unless another fits every answer: pairwise rounded
-    #: adds imitate a fused datapath whose other keys are still off better than it does itself.
+    #: adds, parity windows or an overflowing product imitate a datapath
+    #: whose other keys are still off better than it does itself (a unit without them would be
+    #: led astray).
     strict: bool = False
 
 
@@ -353,7 +355,8 @@ PROBES: tuple[Probe, ...] = (
           "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
     Probe("parity windows", ("adder.parity_windows", "adder.below_window"), _parity_windows,
           _families(cancellation=192, ties=64, realistic=64),
-          "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True),
+          "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True,
+          strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
     Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
@@ -368,7 +371,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
           "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
     Probe("product overflow", ("multiplier.overflow_exponent",), _overflow_exponent, _families(product_overflow=192),
-          "products from 2^n up as ±Inf: a product beside its negation or a c of the other sign"),
+          "products from 2^n up as ±Inf: a product beside its negation or a c of the other sign", strict=True),
     Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
           "product precision: a product and its near negation leave the product's low bits"),
     Probe("alignment reference", ("adder.align_reference",), _align_reference,
