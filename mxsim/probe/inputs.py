@@ -4,6 +4,7 @@ realistic vectors. Everything is built from the format table (no per-format code
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -562,6 +563,9 @@ class Context:
         return batch
 
     def flushed_results(self, n: int) -> Batch:
+        return self._aside(self._flushed_results, n)
+
+    def _flushed_results(self, n: int) -> Batch:
         """c just inside fp32's normal range and 1-2 terms of the other sign a little smaller:
         results at and below the smallest normal, negative in half the rows (a flushed or
         rounded-away result keeps or loses its sign), or subnormal c alone."""
@@ -578,7 +582,20 @@ class Context:
                 self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative)
         return batch
 
+    def _aside(self, family, n: int) -> Batch:
+        """A family drawn from a copy of the generator, leaving the shared stream where it was:
+        families added to an existing probe do not change the rows every later probe draws."""
+        shared = self.rng
+        self.rng = np.random.Generator(copy.deepcopy(shared.bit_generator))
+        try:
+            return family(n)
+        finally:
+            self.rng = shared
+
     def subnormal_products(self, n: int) -> Batch:
+        return self._aside(self._subnormal_products, n)
+
+    def _subnormal_products(self, n: int) -> Batch:
         """A subnormal element of A or B times a large one of the other (a product well inside
         the normal range when the subnormal is read as itself), c zero or of the product's
         size: subnormal elements read as themselves or as zero, whatever the products become."""

@@ -97,7 +97,10 @@ def _groups(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
-    return [{"inputs.subnormals": value} for value in (True, False)]
+    # The value held first: two probes decide the key, and one whose inputs tell nothing apart
+    # must not undo the other's decision.
+    held = hyp["inputs.subnormals"]
+    return [{"inputs.subnormals": value} for value in (held, not held)]
 
 
 def _product_bits(ctx: Context, hyp: dict) -> Candidates:
@@ -345,7 +348,7 @@ PROBES: tuple[Probe, ...] = (
           "the sign of an exact-zero or underflowed result: IEEE or always +0"),
     Probe("scales", ("inputs.scales", "adder.align_fraction_bits"), _scales, _families(scales=96, realistic=48, corners=48, groups=96),
           "whether scales matter, and whether they enter the products, the tree sums or the group sums"),
-    Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48, subnormal_products=48),
+    Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
           "subnormal elements read as themselves or as zero"),
     Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
           _families(trees=384, accumulator_entry=64, realistic=32),
@@ -368,6 +371,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("input zero sign", ("inputs.zero_sign", "output.zero_sign"), _zero_signs,
           _families(flushed_results=128, zero_results=64, corners=32),
           "zero and flushed inputs read with their sign or as +0, with the sign of a zero result"),
+    # After the groups probe, so that its rows (drawn from the shared stream) stay as they were.
+    Probe("subnormal products", ("inputs.subnormals",), _input_subnormals, _families(subnormal_products=64),
+          "a subnormal element times a large one: read as itself (a normal product) or as zero"),
     Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
           "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
     Probe("product overflow", ("multiplier.overflow_exponent",), _overflow_exponent, _families(product_overflow=192),
