@@ -53,7 +53,20 @@ CI_PATHS = {
     "b200-tcgen05-mxf4nvf4": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),  # UE4M3 per 16 (NVFP4)
     "b200-tcgen05-mxf4": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),  # E8M0 per 32
     "b200-tcgen05-mxf4nvf4-e8m0-block16": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),  # E8M0 per 16
+    # AMD matrix cores (docs/probe.md, "AMD matrix-core probes")
+    "mi100": ("fp16", "fp16", "fp32", 16),  # exact 4-term trees, exact zero sums +0
+    "mi250": ("bf16", "bf16", "fp32", 16),  # pairwise rounded adds, flush to +0
+    "mi250-bf16-legacy": ("bf16", "bf16", "fp32", 16),
+    "mi300": ("fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp32", 32),  # parity windows, second alignment, far c dropped
 }
+#: Configs whose CI path is probed only with MXSIM_PROBE_LONG (CI time: mi300's FP8 path takes
+#: about 15 passes, docs/probe.md).
+LONG_ONLY = {"mi300"}
+#: AMD paths probed only with MXSIM_PROBE_LONG: the other input kinds, at an instruction's K.
+LONG_AMD_PATHS = [("mi300", "fp16", "fp16", "fp32", 16), ("mi300", "bf16", "bf16", "fp32", 16),
+                  ("mi300", "tf32", "tf32", "fp32", 16), ("mi300", "fp32", "fp32", "fp32", 8),
+                  ("mi250", "fp16", "fp16", "fp32", 16), ("mi100", "bf16", "bf16", "fp32", 16),
+                  ("mi100", "fp32", "fp32", "fp32", 8)]
 #: Configs that extend one above without changing the datapath.
 SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h200-fp8": "h100",
            "ada-fp8": "ada", "b200-fp8": "b200", "t4": "a100", "h200-wgmma": "h100-wgmma",
@@ -62,16 +75,15 @@ SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h20
            "rtx50-mma-mxf4nvf4": "b200-tcgen05-mxf4nvf4", "rtx50-mma-mxf4": "b200-tcgen05-mxf4",
            "rtx50-mma-mxf4nvf4-e8m0-block16": "b200-tcgen05-mxf4nvf4-e8m0-block16",
            "ada-dmma": "a100-dmma", "h100-dmma": "a100-dmma", "b200-dmma": "a100-dmma", "rtx50-dmma": "a100-dmma",
-           "mi300-f64": "mi250-f64"}
+           "mi300-f64": "mi250-f64", "mi250-fp32": "mi100"}
 #: Keys the probe must find as a group-sum config has them (no other value gives its outputs on
 #: every input: the round trip's vectors alone seldom show a wrong group size).
 GROUP_KEYS = ("scales", "scale_format", "group_terms")
+#: AMD keys the probe must find as the config has them on its CI path (other values of these give
+#: other bits on the probes' designed inputs, which random vectors seldom show).
+AMD_KEYS = {"mi250": ("structure", "fused_terms"),
+            "mi300": ("parity_windows", "second_alignment_bits", "far_accumulator", "align_fraction_bits")}
 
-
-#: Matrix-core configs whose keys no probe decides yet (pairwise rounded adds, the second
-#: alignment, parity windows, product overflow, the input zero sign; docs/gpu-oracles.md
-#: checks them against MMA-Sim instead). mi250-fp32 is mi100's fp32 path.
-MATRIX_CORES_NOT_PROBED = {"mi100", "mi250", "mi250-bf16-legacy", "mi250-fp32", "mi300"}
 
 #: fp64 units (64-bit codes, c and outputs; c_format fp64): CI probes a100-dmma's; the long
 #: mode also mi250-f64's (the same FMA chain from another vendor's file) and a longer K.
@@ -81,7 +93,7 @@ FP64_LONG_PATHS = [("mi250-f64", "fp64", "fp64", "fp64", 4), ("a100-dmma", "fp64
 
 def test_every_shipped_config_is_probed():
     probed_fp64 = set(FP64_PATHS) | {path[0] for path in FP64_LONG_PATHS}
-    assert {p.stem for p in HW.glob("*.yaml")} == (set(CI_PATHS) | set(SAME_AS) | MATRIX_CORES_NOT_PROBED | probed_fp64)
+    assert {p.stem for p in HW.glob("*.yaml")} == set(CI_PATHS) | set(SAME_AS) | probed_fp64
 
 
 @pytest.mark.parametrize("name, base", sorted(SAME_AS.items()))
@@ -97,8 +109,8 @@ def test_extending_configs_resolve_to_their_base(name, base):
 def _paths():
     fp64 = [(name, *path) for name, path in FP64_PATHS.items()] + (FP64_LONG_PATHS if LONG else [])
     if not LONG:
-        return [(name, *path) for name, path in CI_PATHS.items()] + fp64
-    paths = fp64
+        return [(name, *path) for name, path in CI_PATHS.items() if name not in LONG_ONLY] + fp64
+    paths = fp64 + [(name, *CI_PATHS[name]) for name in sorted(LONG_ONLY)] + LONG_AMD_PATHS
     for name in CI_PATHS:
         config = load_hwconfig(HW / f"{name}.yaml")
         k = 64 if config.params(config.a_formats[0], config.b_formats[0]).block_size >= 32 else 32
@@ -182,6 +194,9 @@ def test_round_trip(name, a_format, b_format, out_format, k):
         # rounds such results away; a bf16 one (steps of 2^-133) shows them only for group
         # sums of 2^6 or more over such scales, which no probe family builds.
         assert probed.zero_term_exponent == shipped.zero_term_exponent
+    if (a_format, b_format, out_format, k) == CI_PATHS.get(name):
+        decided = AMD_KEYS.get(name, ())
+        assert {key: getattr(probed, key) for key in decided} == {key: getattr(shipped, key) for key in decided}
 
 
 def as_values(bits, out_format):

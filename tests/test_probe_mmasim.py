@@ -289,3 +289,86 @@ def test_mmasim_ampere_tf32_is_the_a100_datapath():
     a100 = load_hwconfig(REPO / "hwconfigs" / "a100.yaml").params("tf32", "tf32", "fp32")
     keys = (*DECIDED, "align_reference", "zero_term_exponent")
     assert {name: getattr(probed, name) for name in keys} == {name: getattr(a100, name) for name in keys}
+
+
+# --- AMD matrix cores (MMA-Sim's v_mfma_f32_* instructions) -------------------------------------
+
+#: MMA-Sim's AMD operand dtypes as mxsim formats (xf32 instructions read fp32 tensors: tf32 here).
+AMD_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fnuz": "fp8_e4m3fnuz",
+               "float8_e5m2fnuz": "fp8_e5m2fnuz"}
+
+
+@dataclass(frozen=True)
+class AmdFamily:
+    arch: str
+    suffix: str
+    a: str
+    b: str
+    k: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.arch}/{self.suffix}"
+
+
+def _amd_families() -> list[AmdFamily]:
+    """One family per distinct (architecture, A, B, K) of MMA-Sim's table of MFMA instructions
+    (``isa_mfma.arch_mfma_suffix``); f64 left out (another unit)."""
+    try:
+        isa = importlib.import_module("mmasim.amd.isa_mfma")
+    except ImportError:
+        return []
+    families, seen = [], set()
+    for arch, suffixes in isa.arch_mfma_suffix.items():
+        for suffix in suffixes:
+            op = isa.MFMA(arch, suffix)
+            names = [str(t).removeprefix("torch.") for t in (op.a_type, op.b_type)]
+            if not all(n in AMD_FORMATS for n in names):
+                continue
+            a, b = ("tf32", "tf32") if "xf32" in suffix else (AMD_FORMATS[names[0]], AMD_FORMATS[names[1]])
+            if (arch, a, b, op.k) not in seen:
+                seen.add((arch, a, b, op.k))
+                families.append(AmdFamily(arch, suffix, a, b, op.k))
+    return families
+
+
+AMD_FAMILIES = _amd_families()
+#: CI: two cheap families (CDNA1's exact trees, CDNA2's pairwise rounded adds); MXSIM_PROBE_LONG=1
+#: probes all (CDNA3's second alignment among them: about a minute each on a loaded machine).
+AMD_CI = {("CDNA1", "f32_32x32x8f16"), ("CDNA2", "f32_32x32x8bf16_1k")}
+
+
+def amd_unit(family: AmdFamily):
+    """The MFMA instruction as a probe unit: element codes viewed as MMA-Sim's operand dtypes
+    (tf32 codes are fp32 bit patterns), c and the result fp32."""
+    torch = import_or_skip("torch", "oracles")
+    op = importlib.import_module("mmasim.amd").MFMA(family.arch, family.suffix)
+
+    def operand(codes, dtype):
+        storage = {1: np.uint8, 2: np.int16, 4: np.int32}[dtype.itemsize]
+        return torch.from_numpy(codes.astype(np.uint64).astype(storage)).view(dtype)
+
+    def unit(a, b, scale_a, scale_b, c):
+        d = op.dpa(operand(a, op.a_type), operand(b, op.b_type), torch.from_numpy(c.view(np.float32).copy()))
+        return d.view(torch.int32).numpy().view(np.uint32)
+
+    return unit
+
+
+def test_amd_families_are_read_from_mmasim():
+    import_or_skip("mmasim.amd", "oracles")
+    assert {f.arch for f in AMD_FAMILIES} == {"CDNA1", "CDNA2", "CDNA3"}
+    assert {"fp8_e4m3fnuz", "fp8_e5m2fnuz", "tf32", "fp32", "fp16", "bf16"} <= {f.a for f in AMD_FAMILIES}
+    assert {(f.arch, f.suffix) for f in AMD_FAMILIES} >= AMD_CI
+
+
+@pytest.mark.parametrize("family", _long_families(LONG, AMD_FAMILIES) if LONG else [f for f in AMD_FAMILIES if (f.arch, f.suffix) in AMD_CI],
+                         ids=lambda f: f.id)
+def test_probe_reproduces_mmasim_amd(family):
+    import_or_skip("mmasim.amd", "oracles")
+    sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
+    result = probe(amd_unit(family), family.a, family.b, family.k, **sizes)
+    print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.queries <= 100_000

@@ -195,9 +195,11 @@ class _Engine:
                 seen.append((chunk.row(int(index)), int(answers[row]), {i: int(p[index]) for i, p in predictions.items()}))
             fewest = min(misses[i] for i in alive)
             alive = [i for i in alive if misses[i] == fewest]
-        held = next((i for i in alive if all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
+        held = next((i for i in (range(len(candidates)) if probe.strict else alive)
+                     if params[i] is not None and all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
         # Values that fit every answer: the first listed (the simplest). None fits (another key
-        # is still wrong, or no key describes the unit): the value held stays among the best.
+        # is still wrong, or no key describes the unit): the value held stays among the best
+        # (a strict probe's, whatever it misses).
         chosen = held if misses[alive[0]] and held is not None else alive[0]
         decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
                             equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen],
@@ -337,6 +339,7 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     probes = PROBES
     decisions: dict[str, Decision] = {}
     passes = refined = 0
+    late = False  # whether the late probes (Probe.late) run in this search's passes yet
 
     def run_pass(extra: Batch | None) -> bool:
         """One decision per probe; whether any kept value changed."""
@@ -344,6 +347,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         passes += 1
         before = dict(engine.hyp)
         for p in probes:
+            if p.late and not late:
+                continue
             batch = inputs(p) if extra is None else Batch.join([extra, inputs(p)])
             decisions[p.name] = engine.decide(p, batch, asked[p.name])
             asked[p.name] = decisions[p.name].asked
@@ -352,12 +357,17 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     def search(best):
         """Passes, then validations and refinements; the best (validation, hypothesis,
         decisions) measured so far."""
-        nonlocal refined
-        extra, limit, refined = None, passes_limit, 0
+        nonlocal refined, late
+        extra, limit, refined, late = None, passes_limit, 0, False
         while True:
             for _ in range(limit):  # passes until no decision changes
                 if not run_pass(extra):
                     break
+            if not late:  # the late probes join a hypothesis the others have settled; passes again
+                late = True
+                for _ in range(limit):
+                    if not run_pass(extra):
+                        break
             validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
             if best is None or validation.mismatches < best[0].mismatches:
                 best = (validation, dict(engine.hyp), dict(decisions))

@@ -4,11 +4,13 @@ realistic vectors. Everything is built from the format table (no per-format code
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..datapath.schema import SCHEMA
 from ..formats import get_format
 from .units import c_code_bits
 
@@ -89,6 +91,11 @@ class _Operand:
         positive = self.values > 0
         self.min_code = int(self.codes[positive][np.argmin(self.values[positive])])
         self.special_codes = self._specials()
+        exponents = np.arange(-160, 160)
+        powers = np.exp2(exponents.astype(float))
+        exact = self.fmt.decode(self.fmt.encode(powers)) == powers
+        #: exponent y -> the code of 2^y, for every power of two the format holds (from 2^-160 to 2^159)
+        self.powers = dict(zip(exponents[exact].tolist(), self.fmt.encode(powers[exact]).astype(np.uint64).tolist()))
 
     def _specials(self) -> list[int]:
         field_bits = self.fmt.bits - self.fmt.padding_bits
@@ -275,7 +282,12 @@ class Context:
         return int(self.c_bits([value])[0])
 
     def positions(self, count: int) -> np.ndarray:
-        return self.rng.choice(self.k, size=min(count, self.k), replace=False)
+        """Distinct random positions; for K below 4 (a unit of one or two products per dot),
+        up to four, the extra ones repeating a position (a later term there replaces an
+        earlier one), so that every family can place the terms it names."""
+        distinct = self.rng.choice(self.k, size=min(count, self.k), replace=False)
+        extra = min(count, 4) - len(distinct)
+        return np.concatenate([distinct, self.rng.integers(0, self.k, max(extra, 0))]) if extra > 0 else distinct
 
     def span(self) -> tuple[int, int]:
         return int(self.exponents[0]), int(self.exponents[-1])
@@ -386,9 +398,37 @@ class Context:
                 if row % 6 == 1:  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
                     batch.c[row] = self.random_c(top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2)))
             gap = int(self.rng.integers(4, 30))
-            self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
-            if row % 2:
+            if len(place) > 2:  # K = 2: B and -B alone
+                self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
+            if row % 2 and len(place) > 3:
                 self.set_term(batch, row, place[3], top - int(self.rng.integers(4, 30)), bool(self.rng.integers(2)))
+        return batch
+
+    def pair_trees(self, n: int) -> Batch:
+        """B, -B and a term 8..40 binades smaller at three positions of one aligned run of 2^j
+        positions (or B and -B in a run of 2, the small term anywhere): which pairs a balanced
+        tree of rounded adds sums first, against a chain or a fused tree (a small term added to
+        B before -B is lost to the rounding, added to B - B = 0 it stays)."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            size = 1 << int(self.rng.integers(1, max(2, self.k.bit_length())))
+            size = min(size, 1 << (self.k.bit_length() - 1))
+            start = int(self.rng.integers(0, self.k // size)) * size
+            run = self.rng.permutation(np.arange(start, start + size))
+            if size < 2:  # K = 1
+                place = [int(p) for p in self.positions(3)]
+            else:
+                place = [int(p) for p in run[:3]] if size >= 4 else [*map(int, run[:2]), int(self.rng.integers(self.k))]
+            if place[2] in place[:2]:
+                place = place[:2]
+            a, b, top = self.pair_at(int(np.clip(self.rng.integers(-8, 9), low, high)))  # inside every float's range
+            batch.a[row, place[0]], batch.b[row, place[0]] = a, b
+            batch.a[row, place[1]], batch.b[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0], b
+            if len(place) == 3:
+                self.set_term(batch, row, place[2], top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
+            if row % 4 == 3:
+                batch.c[row] = self.random_c(top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
         return batch
 
     def accumulator_entry(self, n: int) -> Batch:
@@ -551,7 +591,7 @@ class Context:
             top = int(self.rng.integers(lowest, self.out_emin + 2))
             negative = bool(self.rng.integers(2))
             first = int(self.rng.integers(min(self.block_size, self.k)))
-            self.set_term(batch, row, first, top, negative, pair=self._power_pair(powers, top))
+            self.set_term(batch, row, first, top, negative, pair=self._nearest_power_pair(powers, top))
             others = [j for j in range(self.blocks) if j != first // self.block_size]
             if others:
                 block = int(self.rng.choice(others))
@@ -566,7 +606,7 @@ class Context:
             batch.c[row] = fp32_bits([-0.0 if row % 2 else 0.0])[0]
         return batch
 
-    def _power_pair(self, powers, exponent: int) -> tuple[int, int, int] | None:
+    def _nearest_power_pair(self, powers, exponent: int) -> tuple[int, int, int] | None:
         """Codes of an A and a B power of two whose product is nearest 2^exponent (a product
         on the output's grid: the small term's cut shows in a sum rounded toward zero), or
         None where a format holds none."""
@@ -656,6 +696,118 @@ class Context:
                 batch.scale_a[row, other] = self.scale.power(gap)
             else:
                 batch.c[row] = self.c_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
+        return batch
+
+    def overflow_boundaries(self) -> list[int]:
+        """Exponents n where a product of 2^n would overflow a format a multiplier may write it
+        in (emax + 1 of each output format: fp16 16, fp32 and bf16 128, ...), of those the
+        elements' products reach."""
+        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        return sorted({get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices} & set(range(high + 1)))
+
+    def product_overflow(self, n: int) -> Batch:
+        """A product of 2^(n-1) or 2^n for n an overflow boundary (or anywhere in the 64
+        binades below the largest product, when none is reached), beside its negation (an
+        exact zero, or NaN from Inf - Inf), a c of its size and the other sign, or a near
+        negation: where a product becomes ±Inf."""
+        batch = self.empty(n)
+        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        boundaries = self.overflow_boundaries()
+        for row in range(n):
+            place = self.positions(2)
+            negative = bool(self.rng.integers(2))
+            target = (int(self.rng.choice(boundaries)) - int(self.rng.integers(0, 2)) if boundaries
+                      else high - int(self.rng.integers(0, 65)))
+            exponent = self.set_term(batch, row, int(place[0]), target, negative)
+            kind = row % 3
+            if kind == 0 and len(place) > 1:
+                batch.a[row, place[1]] = self.A.negate(batch.a[row, place[[0]]])[0]
+                batch.b[row, place[1]] = batch.b[row, place[0]]
+            elif kind == 1:
+                batch.c[row] = self.random_c(min(exponent, 127), not negative)
+            elif len(place) > 1:
+                self.set_term(batch, row, int(place[1]), exponent - int(self.rng.integers(0, 3)), not negative)
+        return batch
+
+    def flushed_results(self, n: int) -> Batch:
+        return self._aside(self._flushed_results, n)
+
+    def _flushed_results(self, n: int) -> Batch:
+        """c just inside fp32's normal range and 1-2 terms of the other sign a little smaller:
+        results at and below the smallest normal, negative in half the rows (a flushed or
+        rounded-away result keeps or loses its sign), or subnormal c alone."""
+        batch = self.empty(n)
+        emin = 1 - FP32.bias
+        for row in range(n):
+            negative = bool(self.rng.integers(2))
+            exponent = emin + int(self.rng.integers(0, 4))
+            if row % 4 == 3:  # a subnormal c alone: read as a zero of its sign or as +0
+                batch.c[row] = self.random_c(emin - int(self.rng.integers(1, 20)), negative, bits=1)
+                continue
+            batch.c[row] = self.random_c(exponent, negative, bits=int(self.rng.choice([1, 8, 24])))
+            for position in self.positions(int(self.rng.integers(1, 3))):
+                self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative)
+        return batch
+
+    def _aside(self, family, n: int) -> Batch:
+        """A family drawn from a copy of the generator, leaving the shared stream where it was:
+        families added to an existing probe do not change the rows every later probe draws."""
+        shared = self.rng
+        self.rng = np.random.Generator(copy.deepcopy(shared.bit_generator))
+        try:
+            return family(n)
+        finally:
+            self.rng = shared
+
+    def subnormal_products(self, n: int) -> Batch:
+        return self._aside(self._subnormal_products, n)
+
+    def _subnormal_products(self, n: int) -> Batch:
+        """A subnormal element of A or B times a large one of the other (a product well inside
+        the normal range when the subnormal is read as itself), c zero or of the product's
+        size: subnormal elements read as themselves or as zero, whatever the products become."""
+        batch = self.empty(n)
+        for row in range(n):
+            for position in self.positions(int(self.rng.integers(1, 3))):
+                small, large = (self.A, self.B) if (row + int(position)) % 2 else (self.B, self.A)
+                subnormal = small.codes[np.abs(small.values) < small.fmt.min_normal]
+                if not subnormal.size:
+                    continue
+                big = large.codes[np.abs(large.values) >= large.fmt.max_finite / 16]
+                pair = (int(self.rng.choice(subnormal)), int(self.rng.choice(big)))
+                a, b = pair if small is self.A else pair[::-1]
+                batch.a[row, position], batch.b[row, position] = a, b
+            if row % 2:
+                value = float(self.A.fmt.decode(batch.a[row]) @ self.B.fmt.decode(batch.b[row]))
+                batch.c[row] = fp32_bits([value * float(self.rng.uniform(-2, 2))])[0]
+        return batch
+
+    def _exact_power_pair(self, exponent: int):
+        """Codes (a, b) whose product is exactly 2^exponent, or None where no two powers of two
+        the formats hold make it."""
+        for y, code in self.A.powers.items():
+            if exponent - y in self.B.powers:
+                return int(code), int(self.B.powers[exponent - y])
+        return None
+
+    def alignment_ties(self, n: int) -> Batch:
+        """c of 24 significant bits, its last one even, with half its ulp (a tie) and a power of
+        two 1..16 binades below that, of c's sign, at two other positions: the tie is broken
+        only if the second alignment keeps that power, so where it stops shows (n + 1 bits)."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            half = int(self.rng.integers(low, high + 1))  # the tie's exponent, within the products
+            j = int(self.rng.integers(1, 17))
+            pairs = [self._exact_power_pair(half), self._exact_power_pair(half - j)]
+            if None in pairs or half + 23 > 127:
+                continue
+            negative = bool(self.rng.integers(2))
+            significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
+            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1 - 23) * (-1 if negative else 1)])[0]
+            for position, (a, b) in zip(self.positions(2), pairs):
+                batch.a[row, position] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
+                batch.b[row, position] = b
         return batch
 
     def corners(self, n: int) -> Batch:

@@ -28,6 +28,15 @@ class Probe:
     candidates: Callable[[Context, dict], Candidates]
     inputs: Callable[[Context], Batch]
     what: str  # one line for the report and docs/probe.md
+    #: A late probe runs only once the others have settled (passes until no decision changes):
+    #: its keys (AMD matrix-core datapaths) imitate a window or a tree size decided wrongly in an
+    #: early pass, and one taken then would lock a unit without them into a wrong search.
+    late: bool = False
+    #: A strict probe leaves the value held unless another fits every answer: pairwise rounded
+    #: adds, parity windows or an overflowing product imitate a datapath
+    #: whose other keys are still off better than it does itself (a unit without them would be
+    #: led astray).
+    strict: bool = False
 
 
 def _maximum(path: str) -> int:
@@ -90,7 +99,10 @@ def _groups(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
-    return [{"inputs.subnormals": value} for value in (True, False)]
+    # The value held first: two probes decide the key, and one whose inputs tell nothing apart
+    # must not undo the other's decision.
+    held = hyp["inputs.subnormals"]
+    return [{"inputs.subnormals": value} for value in (held, not held)]
 
 
 def _product_bits(ctx: Context, hyp: dict) -> Candidates:
@@ -115,8 +127,9 @@ def _output(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
+    # A window is read by fused trees only: it brings them back when pairwise adds are held.
     return [{"adder.align_fraction_bits": None}] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
+        {"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
         for bits in range(0, _maximum("adder.align_fraction_bits") + 1)
         for below in SCHEMA["adder"]["below_window"].choices]
 
@@ -308,6 +321,65 @@ def _zero_sign_inputs(ctx: Context) -> Batch:
     batch = _families(zero_results=96, corners=32)(ctx)
     return batch.put(slice(0, 96, 3), ctx.zero_chains(32))
 
+# -- AMD matrix-core keys (pairwise rounded adds, product overflow, input zero sign, parity
+# windows, the second alignment): each its own probe below.
+
+def _structure(ctx: Context, hyp: dict) -> Candidates:
+    """One fused pass per tree, or pairwise rounded adds over balanced trees of 2^j products
+    (the tree size rides along: a pairwise tree is seen right only with its own size)."""
+    sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
+    return [{"adder.structure": "fused"}] + [
+        {"adder.structure": "pairwise_rounded", "adder.fused_terms": f, "adder.term_order": None,
+         "accumulator.promotion_interval": None, "adder.trees_in_blocks": False, "accumulator.c_entry": "initial",
+         **NO_GRID} for f in sizes]
+
+
+def _overflow_exponent(ctx: Context, hyp: dict) -> Candidates:
+    """No product overflow, or ±Inf from 2^n up, n past the largest finite value of a format a
+    multiplier may write its product in (Context.overflow_boundaries: 16, 128, ...), of those
+    the formats' products reach (null where none is)."""
+    return [{"multiplier.overflow_exponent": None}] + [{"multiplier.overflow_exponent": n} for n in ctx.overflow_boundaries()]
+
+
+def _zero_signs(ctx: Context, hyp: dict) -> Candidates:
+    """Zero inputs kept with the result's zero sign held (first: the zero sign probe decides it
+    alone for such a unit, and a second opinion on other inputs would swing it pass by pass),
+    or read as +0 with each rule for the sign of a zero result: a -0 input read as +0 and a
+    result that is -0 under IEEE rules are told apart only together."""
+    return [{"inputs.zero_sign": "keep", "output.zero_sign": hyp["output.zero_sign"]}] + [
+        {"inputs.zero_sign": inputs, "output.zero_sign": output}
+        for inputs in SCHEMA["inputs"]["zero_sign"].choices for output in SCHEMA["output"]["zero_sign"].choices]
+
+
+def _parity_windows(ctx: Context, hyp: dict) -> Candidates:
+    """One window, or even and odd positions in windows of their own (summed toward -inf at
+    the larger one's LSB), with each way bits below a window go but sticky."""
+    if hyp["adder.align_fraction_bits"] is None:
+        return [{"adder.parity_windows": False}]
+    return [{"adder.parity_windows": False}] + [
+        {"adder.parity_windows": True, "adder.below_window": below, "adder.accumulator_in_tree": False}
+        for below in SCHEMA["adder"]["below_window"].choices if below != "sticky"]
+
+
+def _second_alignment(ctx: Context, hyp: dict) -> Candidates:
+    """No second alignment, or one of n + 1 bits with a far accumulator floored or dropped, and
+    with it the window and how bits below it go (but sticky), for the window held or a bit off
+    and any n, or for n the window held or a bit off and up to 16 bits narrower windows (only
+    with a window: the key needs one). A window decided before a second alignment was held
+    sits where it best imitated it: near its own width or near the second alignment's."""
+    held = hyp["adder.align_fraction_bits"]
+    if held is None:
+        return [{"adder.second_alignment_bits": None}]
+    widest = _maximum("adder.second_alignment_bits")
+    pairs = [(n, window) for n in range(widest + 1) for window in _near_windows(hyp, 1)]
+    pairs += [(n, window) for n in _near_windows(hyp, 1) if n <= widest for window in range(max(0, held - 16), held - 1)]
+    return [{"adder.second_alignment_bits": None}] + [
+        {"adder.second_alignment_bits": n, "adder.far_accumulator": far, "adder.align_fraction_bits": window,
+         "adder.below_window": below, "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
+         "accumulator.c_entry": "initial", "accumulator.promotion_interval": None}
+        for n, window in pairs for far in SCHEMA["adder"]["far_accumulator"].choices
+        for below in SCHEMA["adder"]["below_window"].choices if below != "sticky"]
+
 
 def _families(**counts: int) -> Callable[[Context], Batch]:
     def draw(ctx: Context) -> Batch:
@@ -334,16 +406,28 @@ PROBES: tuple[Probe, ...] = (
     Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
           _families(cancellation=256, ties=128, trees=64),
           "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
+    Probe("parity windows", ("adder.parity_windows", "adder.below_window"), _parity_windows,
+          _families(cancellation=192, ties=64, realistic=64),
+          "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True,
+          strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
     Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
-          _families(ties=128, corners=128, uniform=64),
+          _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
+    Probe("input zero sign", ("inputs.zero_sign", "output.zero_sign"), _zero_signs,
+          _families(flushed_results=128, zero_results=64, corners=32),
+          "zero and flushed inputs read with their sign or as +0, with the sign of a zero result"),
+    # After the groups probe, so that its rows (drawn from the shared stream) stay as they were.
+    Probe("subnormal products", ("inputs.subnormals",), _input_subnormals, _families(subnormal_products=64),
+          "a subnormal element times a large one: read as itself (a normal product) or as zero"),
     Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
           "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
+    Probe("product overflow", ("multiplier.overflow_exponent",), _overflow_exponent, _families(product_overflow=192),
+          "products from 2^n up as ±Inf: a product beside its negation or a c of the other sign", strict=True),
     Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
           "product precision: a product and its near negation leave the product's low bits"),
     Probe("alignment reference", ("adder.align_reference", "adder.align_fraction_bits"), _align_reference,
@@ -365,6 +449,15 @@ PROBES: tuple[Probe, ...] = (
     Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
           _families(accumulator_entry=256, ties=64, trees=64),
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
+    Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
+          _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
+          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
+    # After the fused keys: pairwise rounded adds are weighed against the best fused datapath
+    # found, not against exact trees that a window or a second alignment would still refine.
+    Probe("structure", ("adder.structure", "adder.fused_terms"), _structure,
+          _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
+          "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True,
+          strict=True),
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
                    "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
                    "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
