@@ -118,9 +118,10 @@ class _Operand:
 
 def _powers_of_two(operand: _Operand) -> tuple[np.ndarray, np.ndarray]:
     """An operand format's codes of positive powers of two, and their exponents."""
-    positive = operand.values > 0
-    exponents = np.round(np.log2(np.where(positive, np.abs(operand.values), 1.0)))
-    exact = positive & (np.exp2(exponents) == operand.values)
+    positive = np.isfinite(operand.values) & (operand.values > 0)
+    exponents = np.round(np.log2(np.where(positive, operand.values, 1.0)))
+    with np.errstate(over="ignore"):  # fp64's largest values round to 2^1024: inf, not a power held
+        exact = positive & (np.exp2(exponents) == operand.values)
     return operand.codes[exact], exponents[exact].astype(np.int64)
 
 
@@ -698,11 +699,16 @@ class Context:
                 batch.c[row] = self.c_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
         return batch
 
+    def _largest_product_exponent(self) -> int:
+        """floor(log2) of the largest product of two finite elements, summed as logarithms: the
+        product itself overflows float64 for fp64 elements."""
+        return int(np.floor(np.log2(self.A.fmt.max_finite) + np.log2(self.B.fmt.max_finite)))
+
     def overflow_boundaries(self) -> list[int]:
         """Exponents n where a product of 2^n would overflow a format a multiplier may write it
         in (emax + 1 of each output format: fp16 16, fp32 and bf16 128, ...), of those the
         elements' products reach."""
-        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        high = self._largest_product_exponent()
         return sorted({get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices} & set(range(high + 1)))
 
     def product_overflow(self, n: int) -> Batch:
@@ -711,7 +717,7 @@ class Context:
         exact zero, or NaN from Inf - Inf), a c of its size and the other sign, or a near
         negation: where a product becomes ±Inf."""
         batch = self.empty(n)
-        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        high = self._largest_product_exponent()
         boundaries = self.overflow_boundaries()
         for row in range(n):
             place = self.positions(2)
