@@ -796,15 +796,17 @@ class Context:
         only if the second alignment keeps that power, so where it stops shows (n + 1 bits)."""
         batch = self.empty(n)
         low, high = self.span()
+        low, high = max(low, -150), min(high, 103)  # c, 2^(half + 1) to 2^(half + 24), a normal fp32
         for row in range(n):
             half = int(self.rng.integers(low, high + 1))  # the tie's exponent, within the products
             j = int(self.rng.integers(1, 17))
             pairs = [self._exact_power_pair(half), self._exact_power_pair(half - j)]
-            if None in pairs or half + 23 > 127:
+            if None in pairs:
                 continue
             negative = bool(self.rng.integers(2))
             significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
-            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1 - 23) * (-1 if negative else 1)])[0]
+            # c's ulp is 2^(half + 1): the product 2^half is half of it
+            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1) * (-1 if negative else 1)])[0]
             for position, (a, b) in zip(self.positions(2), pairs):
                 batch.a[row, position] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
                 batch.b[row, position] = b
