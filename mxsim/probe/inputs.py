@@ -702,7 +702,7 @@ class Context:
         """Exponents n where a product of 2^n would overflow a format a multiplier may write it
         in (emax + 1 of each output format: fp16 16, fp32 and bf16 128, ...), of those the
         elements' products reach."""
-        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        high = int(np.floor(np.log2(self.A.fmt.max_finite) + np.log2(self.B.fmt.max_finite)))  # fp64: the product overflows
         return sorted({get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices} & set(range(high + 1)))
 
     def product_overflow(self, n: int) -> Batch:
@@ -711,7 +711,7 @@ class Context:
         exact zero, or NaN from Inf - Inf), a c of its size and the other sign, or a near
         negation: where a product becomes ±Inf."""
         batch = self.empty(n)
-        high = int(np.floor(np.log2(self.A.fmt.max_finite * self.B.fmt.max_finite)))
+        high = int(np.floor(np.log2(self.A.fmt.max_finite) + np.log2(self.B.fmt.max_finite)))  # fp64: the product overflows
         boundaries = self.overflow_boundaries()
         for row in range(n):
             place = self.positions(2)
