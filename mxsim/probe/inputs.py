@@ -698,11 +698,17 @@ class Context:
                 batch.c[row] = self.c_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
         return batch
 
+    def _largest_product_exponent(self) -> int:
+        """floor(log2(largest A x largest B)), exact, without forming the product (fp64's
+        overflows a float)."""
+        (ma, ea), (mb, eb) = math.frexp(self.A.fmt.max_finite), math.frexp(self.B.fmt.max_finite)
+        return ea + eb - (1 if ma * mb >= 0.5 else 2)
+
     def overflow_boundaries(self) -> list[int]:
         """Exponents n where a product of 2^n would overflow a format a multiplier may write it
         in (emax + 1 of each output format: fp16 16, fp32 and bf16 128, ...), of those the
         elements' products reach."""
-        high = int(np.floor(np.log2(self.A.fmt.max_finite) + np.log2(self.B.fmt.max_finite)))  # fp64: the product overflows
+        high = self._largest_product_exponent()
         return sorted({get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices} & set(range(high + 1)))
 
     def product_overflow(self, n: int) -> Batch:
@@ -711,7 +717,7 @@ class Context:
         exact zero, or NaN from Inf - Inf), a c of its size and the other sign, or a near
         negation: where a product becomes ±Inf."""
         batch = self.empty(n)
-        high = int(np.floor(np.log2(self.A.fmt.max_finite) + np.log2(self.B.fmt.max_finite)))  # fp64: the product overflows
+        high = self._largest_product_exponent()
         boundaries = self.overflow_boundaries()
         for row in range(n):
             place = self.positions(2)
