@@ -1,5 +1,6 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
-(``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain."""
+(``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
+the alignment ties are ties of c and tell a second alignment's width to the bit."""
 
 from __future__ import annotations
 
@@ -76,3 +77,35 @@ def test_zero_chains_match_an_fp64_fma_chain():
     assert np.count_nonzero(want == np.float64(-0.0).view(np.uint64)) >= len(batch) // 2
     assert np.array_equal(_outputs(params, ctx, batch, params.output_zero_sign), want)
     assert not np.array_equal(_outputs(params, ctx, batch, "ieee"), want)
+
+
+@pytest.mark.parametrize("a_format, k", [("fp16", 16), ("bf16", 16), ("fp8_e4m3fnuz", 32)])
+def test_alignment_ties_are_ties_of_c(a_format, k):
+    """Each row: c of 24 significant bits, its last one even, a product of exactly half c's ulp
+    and one a power of two 1..16 binades below it, all of one sign (exact rationals)."""
+    ctx = Context(a_format, a_format, k, 32, "fp32", seed=5)
+    batch = ctx.alignment_ties(64)
+    fmt = get_format(a_format)
+    rows = 0
+    for a, b, c in zip(batch.a, batch.b, batch.c.view(np.float32)):
+        products = sorted((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(fmt.decode(a), fmt.decode(b))
+                           if x * y != 0), key=abs, reverse=True)
+        if not products:  # a row the formats could not build
+            continue
+        rows += 1
+        tie, power = products
+        ulp = Fraction(2) ** (math.frexp(float(c))[1] - 24)
+        assert (Fraction(float(c)) / ulp).denominator == 1 and (Fraction(float(c)) / ulp) % 2 == 0
+        assert tie == ulp / 2 * (1 if c > 0 else -1)
+        assert (tie / power).denominator == 1 and 2 <= tie / power <= 2 ** 16
+    assert rows >= len(batch) // 2
+
+
+def test_alignment_ties_tell_the_second_alignment_to_the_bit():
+    """mi300's fp16 path (second alignment 31) and the same with 30 differ on some rows."""
+    params = load_hwconfig(HW / "mi300.yaml").params("fp16", "fp16")
+    ctx = Context("fp16", "fp16", 16, params.block_size, params.output_format, seed=5)
+    batch = ctx.alignment_ties(96)
+    out = {n: dot_with_params(dataclasses.replace(params, second_alignment_bits=n), batch.a, batch.b,
+                              c=batch.c.view(np.float32)) for n in (30, 31)}
+    assert np.count_nonzero(out[30] != out[31]) >= 1

@@ -700,9 +700,10 @@ class Context:
         return batch
 
     def _largest_product_exponent(self) -> int:
-        """floor(log2) of the largest product of two finite elements, summed as logarithms: the
-        product itself overflows float64 for fp64 elements."""
-        return int(np.floor(np.log2(self.A.fmt.max_finite) + np.log2(self.B.fmt.max_finite)))
+        """floor(log2(largest A x largest B)), exact, without forming the product (fp64's
+        overflows a float)."""
+        (ma, ea), (mb, eb) = math.frexp(self.A.fmt.max_finite), math.frexp(self.B.fmt.max_finite)
+        return ea + eb - (1 if ma * mb >= 0.5 else 2)
 
     def overflow_boundaries(self) -> list[int]:
         """Exponents n where a product of 2^n would overflow a format a multiplier may write it
@@ -802,15 +803,17 @@ class Context:
         only if the second alignment keeps that power, so where it stops shows (n + 1 bits)."""
         batch = self.empty(n)
         low, high = self.span()
+        low, high = max(low, -150), min(high, 103)  # c, 2^(half + 1) to 2^(half + 24), a normal fp32
         for row in range(n):
             half = int(self.rng.integers(low, high + 1))  # the tie's exponent, within the products
             j = int(self.rng.integers(1, 17))
             pairs = [self._exact_power_pair(half), self._exact_power_pair(half - j)]
-            if None in pairs or half + 23 > 127:
+            if None in pairs:
                 continue
             negative = bool(self.rng.integers(2))
             significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
-            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1 - 23) * (-1 if negative else 1)])[0]
+            # c's ulp is 2^(half + 1): the product 2^half is half of it
+            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1) * (-1 if negative else 1)])[0]
             for position, (a, b) in zip(self.positions(2), pairs):
                 batch.a[row, position] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
                 batch.b[row, position] = b

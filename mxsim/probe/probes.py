@@ -270,7 +270,15 @@ ZERO_TERM_EXPONENTS = range(-200, 21)
 
 
 def _zero_term_exponent(ctx: Context, hyp: dict) -> Candidates:
-    return [{"adder.zero_term_exponent": None}] + [{"adder.zero_term_exponent": n} for n in ZERO_TERM_EXPONENTS]
+    """No zero exponent or 2^n; where a tree sum rounded to some bits is held, each also with
+    none: on tiny sums a rounded sum imitates a zero term pulling the reference up (the tree
+    sum probe comes after this one), and a zero exponent kept beside a rounded sum that is not
+    there cuts ordinary sums (MMA-Sim's Ampere bf16)."""
+    values = [None, *ZERO_TERM_EXPONENTS]
+    candidates = [{"adder.zero_term_exponent": n} for n in values]
+    if hyp["adder.sum_significant_bits"] is not None:
+        candidates += [{"adder.zero_term_exponent": n, "adder.sum_significant_bits": None} for n in values]
+    return candidates
 
 
 #: Grid fraction bits tried (the schema allows up to 200): the smallest E5M2 x E5M2 product,
@@ -438,7 +446,7 @@ PROBES: tuple[Probe, ...] = (
           "the exponent a subnormal accumulator aligns with in the tree: its leading bit or the format's emin"),
     Probe("c format", ("inputs.c_format", "adder.accumulator_exponent"), _c_format, _c_format_inputs,
           "the format c is read in when it is asked in a narrower one: the emin a subnormal c aligns at"),
-    Probe("zero terms", ("adder.zero_term_exponent",), _zero_term_exponent,
+    Probe("zero terms", ("adder.zero_term_exponent", "adder.sum_significant_bits"), _zero_term_exponent,
           _families(tiny_terms=256, zero_results=32, zero_anchor=128),
           "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
     Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
