@@ -268,12 +268,15 @@ def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
     assert not out.exists()
 
 
-def test_cli_probe_bad_c_format_is_one_line(capsys, tmp_path):
+@pytest.mark.parametrize("flag", ["--c-format", "--out-format"])
+@pytest.mark.parametrize("value", ["fp8_e4m3", "", "FP64", "fp64 ", "fp128", "e8m0", "fp32\x00"])
+def test_cli_probe_bad_c_or_out_format_is_one_line(capsys, tmp_path, flag, value):
     with pytest.raises(SystemExit) as exit_info:
         main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
-              "--out", str(tmp_path / "u.yaml"), "--c-format", "fp8_e4m3"])
+              "--out", str(tmp_path / "u.yaml"), flag, value])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--c-format" in err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and flag in err and "invalid choice" in err
+    assert not (tmp_path / "u.yaml").exists()
 
 
 def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
