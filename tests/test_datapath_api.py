@@ -173,7 +173,7 @@ def random_params(draw) -> DatapathParams:
         output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive", "ieee_steps"])),
         input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
         product_overflow_exponent=draw(st.sampled_from([None, None, None, 0, 6, 12])),
-        structure="fused", parity_windows=False, second_alignment_bits=None, far_accumulator="floor",
+        structure="fused", parity_windows=False, second_alignment_bits=None, far_accumulator="floor", special_accumulator_exponent=None,
     )
     params = with_adder_structure(draw, params)
     try:
@@ -196,7 +196,7 @@ def with_adder_structure(draw, params: DatapathParams) -> DatapathParams:
     if structure == "pairwise_rounded":
         return dataclasses.replace(params, structure=structure, **floating)
     parity = draw(st.booleans())
-    return dataclasses.replace(
+    params = dataclasses.replace(
         params, **floating, parity_windows=parity,
         second_alignment_bits=None if parity and draw(st.booleans()) else draw(st.integers(0, 40)),
         far_accumulator=draw(st.sampled_from(["floor", "zero"])), accumulator_in_tree=False,
@@ -205,6 +205,15 @@ def with_adder_structure(draw, params: DatapathParams) -> DatapathParams:
         below_window=params.below_window if params.below_window != "sticky" else "floor",
         sum_significant_bits=None, trees_in_blocks=params.trees_in_blocks and params.term_order is None,
     )
+    return with_special_accumulator_exponent(draw, params)
+
+
+def with_special_accumulator_exponent(draw, params: DatapathParams) -> DatapathParams:
+    """``adder.special_accumulator_exponent`` drawn where it applies (a second alignment that
+    drops far accumulators), null in half the cases."""
+    if params.second_alignment_bits is None or params.far_accumulator != "zero":
+        return params
+    return dataclasses.replace(params, special_accumulator_exponent=draw(st.one_of(st.none(), st.integers(-30, 40))))
 
 
 def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"):
@@ -337,6 +346,7 @@ def matrix_core_params(draw) -> DatapathParams:
             second_alignment_bits=draw(st.one_of(st.integers(0, 40), st.none() if parity else st.integers(0, 40))),
             far_accumulator=draw(st.sampled_from(["floor", "zero"])),
         )
+        params = with_special_accumulator_exponent(draw, params)
     check_consistency(params, "matrix-core")
     return params
 
@@ -606,6 +616,14 @@ def test_explain_agrees_with_dot(name):
     # c = -2^-60 far below E = 0: dropped on the FP8 path (1.0), floored to -2^-24 on fp16's.
     ("mi300", "fp8_e4m3fnuz", "fp8_e4m3fnuz", [1.0], [1.0], -(2.0**-60), 0x3F800000, "second_alignment"),
     ("mi300", "fp16", "fp16", [1.0], [1.0], -(2.0**-60), 0x3F7FFFFF, "second_alignment"),
+    # A NaN or Inf c aligns at exponent -1 on the FP8 path: a product of 2^26 (E = 26) drops it,
+    # one of 2^24 does not; a NaN element in the first tree is dropped with the running sum.
+    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [2.0**13], [2.0**13], np.nan, 0x4C800000, "special_accumulator"),
+    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [2.0**12], [2.0**12], np.inf, 0x7F800000, "output"),
+    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [np.nan] + [1.0] * 15 + [2.0**13], [1.0] * 16 + [2.0**13], 0.0,
+     0x4C800000, "special_accumulator"),
+    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [1.0] * 16 + [2.0**13, np.nan], [1.0] * 16 + [2.0**13, 1.0], 0.0,
+     0x7FC00000, "output"),
     # Products of 2^200 overflow to +Inf and -Inf: NaN; the exact sum is +0.
     ("mi300", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x7FC00000, "output"),
     ("mi100", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x00000000, "output"),
@@ -618,7 +636,7 @@ def test_matrix_core_units_explained(name, a_format, b_format, a, b, c, bits, st
     unit = hw(name)
     a_codes = get_format(a_format).encode(np.array([a])).astype(np.int64)
     b_codes = get_format(b_format).encode(np.array([b])).astype(np.int64)
-    assert np.array_equal(get_format(a_format).decode(a_codes), np.array([a]))  # the values are exact
+    assert np.array_equal(get_format(a_format).decode(a_codes), np.array([a]), equal_nan=True)  # the values are exact
     report = explain(unit, a_codes[0], b_codes[0], a_format=a_format, b_format=b_format, c=c)
     result = dot(unit, a_codes, b_codes, a_format=a_format, b_format=b_format, c=np.array([c], np.float32))
     assert report["bits"] == int(result[0]) == bits, (hex(report["bits"]), hex(int(result[0])))

@@ -123,7 +123,7 @@ def window_params(draw) -> DatapathParams:
         output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
         scale_format="e8m0", group_terms=16,
         structure="fused", input_zero_sign="keep", product_overflow_exponent=None, parity_windows=False,
-        second_alignment_bits=None, far_accumulator="floor",
+        second_alignment_bits=None, far_accumulator="floor", special_accumulator_exponent=None,
     )
 
 

@@ -422,3 +422,65 @@ def test_fma_chain_zero_signs_match_mmasim(family):
     want = mmasim_dpa(op, _torch_view(torch, a, dtype), _torch_view(torch, b, dtype), c, name, name)
     assert np.signbit(get_format(name).decode(want)[get_format(name).decode(want) == 0]).any()  # the corner is met
     check_against(hw, name, name, name, name, a, b, c, want)
+
+
+# --- CDNA3 FP8: a NaN or Inf accumulator at the second alignment ---------------------------------
+
+#: MMA-Sim's CDNA3 FP8 MFMA families (mi300's FP8 override, adder.special_accumulator_exponent).
+CDNA3_FP8_FAMILIES = [family for family in AMD_FAMILIES if family[0] == "CDNA3" and family[3] in AMD_FP8.values()]
+
+
+def special_accumulator_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str):
+    """(A codes, B codes, c) where a NaN or ±Inf accumulator meets later products: half the
+    rows uniformly random codes (the NaN code among them); the rest realistic rows with one
+    product 2^(ea+eb) (ea+eb from 20 up to the formats' largest, so across the 2^25 that
+    drops a special accumulator) in the last tree, and a NaN or ±Inf c, a NaN element in an
+    earlier tree or the same one, or a c near the fp32 maximum that overflows first."""
+    rng = np.random.default_rng(seed)
+    fa, fb = get_format(a_name), get_format(b_name)
+    a = rng.integers(0, 1 << fa.bits, (rows, k))
+    b = rng.integers(0, 1 << fb.bits, (rows, k))
+    c = rng.standard_normal(rows) * 2.0 ** rng.integers(-10, 30, rows)
+    emax_a, emax_b = (int(np.floor(np.log2(fmt.max_finite))) for fmt in (fa, fb))
+    kinds = ("c_special", "nan_earlier", "nan_same", "c_overflow")
+    for row in range(rows // 2, rows):
+        a[row] = _encode(fa, rng.standard_normal(k))
+        b[row] = _encode(fb, rng.standard_normal(k))
+        position = rng.integers(max(k - 16, 0), k)  # in the last tree (16 products)
+        exponent_a = int(rng.integers(min(10, emax_a), emax_a + 1))
+        exponent_b = int(np.clip(rng.integers(min(20, emax_a + emax_b), emax_a + emax_b + 1) - exponent_a, 0, emax_b))
+        a[row, position] = _encode(fa, [2.0 ** exponent_a])[0]
+        b[row, position] = _encode(fb, [(-1.0) ** rng.integers(2) * 2.0 ** exponent_b])[0]
+        kind = kinds[row % len(kinds)]
+        if kind == "c_special":
+            c[row] = rng.choice([np.nan, np.inf, -np.inf])
+        elif kind == "nan_earlier" and k > 16:
+            a[row, rng.integers(0, k - 16)] = _special_codes(fa)[0]
+        elif kind == "nan_same":
+            b[row, (position + 1 + rng.integers(15)) % k] = _special_codes(fb)[0]
+        else:  # the first tree overflows the accumulator to ±Inf
+            c[row] = np.float32(3.4e38) * (-1.0) ** rng.integers(2)
+            b[row, 0] = _encode(fb, [np.sign(c[row]) * 2.0 ** emax_b])[0]
+            a[row, 0] = _encode(fa, [2.0 ** emax_a])[0]
+    return a, b, c.astype(np.float32)
+
+
+@pytest.mark.parametrize("family", CDNA3_FP8_FAMILIES, ids=amd_family_id)
+def test_cdna3_fp8_special_accumulators_match_mmasim(amd_mfma, family):
+    # MMA-Sim aligns a NaN or Inf c (or running sum) at exponent -1, so products from 2^25 up
+    # drop it (adder.special_accumulator_exponent: -1); NaN elements of the tree itself stay NaN.
+    import torch
+
+    arch, suffix, config, a_name, b_name = family
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    # the crafted rows first: the twin runs the first TWIN_ROWS
+    a, b, c = (x[::-1].copy() for x in special_accumulator_inputs(31, 128, _mfma_k(suffix), a_name, b_name))
+    dtypes = {name: getattr(torch, f"float8_{name[4:]}") for name in AMD_FP8.values()}
+    op = amd_mfma.MFMA(arch, suffix)
+    want = mmasim_dpa(op, _torch_view(torch, a, dtypes[a_name]), _torch_view(torch, b, dtypes[b_name]), c, "fp32", "fp32")
+    has_special = (~np.isfinite(c)) | (a == _special_codes(get_format(a_name))[0]).any(axis=1) | (
+        b == _special_codes(get_format(b_name))[0]).any(axis=1)
+    dropped = has_special & np.isfinite(get_format("fp32").decode(want))
+    # the corner is met where products reach 2^25: bf8 x bf8 alone
+    assert dropped.any() == (a_name == b_name == "fp8_e5m2fnuz"), int(dropped.sum())
+    check_against(hw, a_name, b_name, "fp32", "fp32", a, b, c, want)

@@ -59,7 +59,7 @@ from ..formats._kernels import (
     encode_finite,
 )
 from ..quantize._kernels import SCALE_NAN
-from .schema import NO_PRODUCT_OVERFLOW, NO_ZERO_TERM_EXPONENT
+from .schema import NO_PRODUCT_OVERFLOW, NO_SPECIAL_ACCUMULATOR_EXPONENT, NO_ZERO_TERM_EXPONENT
 from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_add_product, limbs_clear, limbs_round
 from .tables import ZERO_EXPONENT
 
@@ -813,6 +813,19 @@ def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
                          cfg.accumulator_overflow)
 
 
+@njit(cache=True, inline="always")
+def special_accumulator_dropped(carried, tree_special, count, lsb_exponent, cfg):
+    """``special_accumulator_exponent`` e: whether the running NaN/±Inf ``carried`` into this
+    tree (c, or an earlier tree's result) is dropped at the second alignment. It is when the
+    tree adds no NaN/Inf of its own (``tree_special`` 0) and e < E - align_fraction_bits - 1,
+    E = max(R, e), R = lsb_exponent + align_fraction_bits (none when ``count`` is 0)."""
+    if carried == 0.0 or tree_special != 0.0 or math.isnan(tree_special):
+        return False
+    exponent = cfg.special_accumulator_exponent
+    top = exponent if count == 0 else max(exponent, lsb_exponent + cfg.align_fraction_bits)
+    return exponent < top - cfg.align_fraction_bits - 1
+
+
 # --- adder.structure: pairwise_rounded ----------------------------------------------------------
 
 @generic_calls
@@ -938,10 +951,15 @@ def dot_one(
     # ieee_steps: each rounding into the accumulator signs its own exact zero, so the record of
     # -0 addends restarts at every step with the accumulator (an exact accumulator has one step).
     steps = cfg.output_zero_sign == ZERO_SIGN_IEEE_STEPS and not cfg.accumulator_exact
+    drops_specials = cfg.special_accumulator_exponent != NO_SPECIAL_ACCUMULATOR_EXPONENT
     for tree in range(tree_count(n_elements, cfg)):
         start, stop = tree_bounds(tree, n_elements, cfg)
         if steps:
             negative_zeros_only = acc == 0.0 and math.copysign(1.0, acc) < 0
+        # special_accumulator_exponent: the tree's own NaN/Inf are told apart from the carried ones
+        carried = special
+        if drops_specials:
+            special = 0.0
         if wide:  # exact trees of exact products, in the limbs (Kulisch: they keep the whole sum)
             special, negative_zeros_only = wide_tree_into_limbs(
                 start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
@@ -1005,6 +1023,11 @@ def dot_one(
             add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
             continue
         if cfg.second_alignment_bits >= 0:
+            if drops_specials:
+                if special_accumulator_dropped(carried, special, count, lsb_exponent, cfg):
+                    acc = 0.0  # a NaN/Inf accumulator carries no finite part
+                else:
+                    special += carried
             acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
         else:
             acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)

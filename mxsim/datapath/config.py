@@ -209,6 +209,13 @@ def check_consistency(params: DatapathParams, source: str) -> None:
             "accumulator.c_entry": (params.c_entry != "initial", "'initial': c is the first accumulator"),
             "accumulator.promotion_interval": (params.promotion_interval is not None, "null"),
         })
+    if params.special_accumulator_exponent is not None:
+        _check_needs(params, source, "adder.special_accumulator_exponent", {
+            "adder.second_alignment_bits": (params.second_alignment_bits is None,
+                                            "an integer: a NaN/Inf accumulator is dropped at the second alignment"),
+            "adder.far_accumulator": (params.far_accumulator != "zero", "'zero'"),
+            "adder.align_fraction_bits": (params.align_fraction_bits is None, "a window"),
+        })
     if params.promotion_interval is not None:
         if params.promotion_interval % params.fused_terms:
             raise ConfigError(

@@ -382,6 +382,21 @@ def _second_alignment(acc, tree_sum: Fraction, reference: int | None, acc_fmt: F
     return result
 
 
+def _special_accumulator(acc, carried: list, reference: int | None, params: DatapathParams, specials: _Specials,
+                         log):
+    """``special_accumulator_exponent`` e: an accumulator that is NaN or ±Inf (``carried``)
+    meets the tree at E = max(R, e). It is dropped, with the finite part kept beside it,
+    when the tree has no NaN/Inf of its own and e < E - align_fraction_bits - 1; otherwise it
+    stays. Returns the accumulator's finite part (0 once dropped)."""
+    exponent = params.special_accumulator_exponent
+    top = exponent if reference is None else max(reference, exponent)
+    if not specials.values and exponent < top - params.align_fraction_bits - 1:
+        log({"stage": "special_accumulator", "dropped": [float(v) for v in carried], "exponent": top})
+        return Fraction(0)
+    specials.values = carried + specials.values
+    return acc
+
+
 # --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
 
 def _grid_accumulate(acc, kept: list[tuple], scale_exponent: int, acc_fmt: FormatInfo, params: DatapathParams,
@@ -622,6 +637,9 @@ def dot_reference(
         # ieee_steps: this step's exact zero is -0 when the accumulator and every product are -0
         negative_step = steps and _is_negative_zero(acc) and all(
             _is_negative_zero(products[k][0]) for k in positions if k is not None)
+        carried = specials.values  # the accumulator's NaN/Inf, told apart from the tree's own
+        if params.special_accumulator_exponent is not None:
+            specials.values = []
         if params.parity_windows:
             tree_sum, reference = _parity_sum([tree_terms(positions[0::2]), tree_terms(positions[1::2])],
                                               tree_start, params, log)
@@ -638,6 +656,8 @@ def dot_reference(
                 reference = _reference([(p, e) for p, e, _ in kept], has_zero, params) + tree_scale
             tree_sum = _tree_sum(kept, has_zero, acc, tree_start, params, log)
         if params.second_alignment_bits is not None:
+            if params.special_accumulator_exponent is not None and carried:
+                acc = _special_accumulator(acc, carried, reference, params, specials, log)
             acc = _second_alignment(acc, tree_sum, reference, acc_fmt, params, specials, log)
             acc = -0.0 if negative_step and acc == 0 else acc
             continue

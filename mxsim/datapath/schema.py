@@ -36,6 +36,8 @@ DIRECTED_AND_NEAREST = tuple(m for m in ROUNDING_MODES if m != "stochastic")
 REQUIRED = object()
 #: The kernel record's ``zero_term_exponent`` for null: below every exponent, so zero terms never set R.
 NO_ZERO_TERM_EXPONENT = -(1 << 40)
+#: The kernel record's ``special_accumulator_exponent`` for null: a NaN/Inf accumulator is never dropped.
+NO_SPECIAL_ACCUMULATOR_EXPONENT = -(1 << 40)
 #: The kernel record's ``product_overflow_exponent`` for null: above every product's exponent.
 NO_PRODUCT_OVERFLOW = 1 << 40
 #: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
@@ -329,6 +331,19 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("floor", "zero"),
             record=Record(lambda value: value == "zero", np.bool_, "far_accumulator_dropped"),
             blas=any_value, window=any_value, groups=any_value,  # read only with second_alignment_bits, which all refuse
+        ),
+        "special_accumulator_exponent": Key(
+            "optional_int", None,
+            "null: an accumulator that is NaN or ±Inf (c, or an earlier tree's result) stays so to the "
+            "output, as in IEEE arithmetic. e (with second_alignment_bits and far_accumulator: zero): such "
+            "an accumulator enters the second alignment with exponent e, so E = max(R, e), and is dropped "
+            "as a far finite one is when e < E - align_fraction_bits - 1: the result is then the tree's sum "
+            "alone. A NaN or ±Inf product in the tree itself keeps the result NaN or ±Inf (MMA-Sim's CDNA3 "
+            "FP8 MFMA: -1, the exponent its frexp gives NaN and Inf, so a NaN or Inf c or running sum "
+            "vanishes under products of 2^25 and more; not measured on hardware)",
+            minimum=-1100, maximum=1100,
+            record=Record(lambda value: NO_SPECIAL_ACCUMULATOR_EXPONENT if value is None else value),
+            blas=only(None), window=only(None), groups=only(None),
         ),
         "accumulator_exponent": Key(
             "str", "leading_bit",

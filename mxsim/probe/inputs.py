@@ -736,6 +736,24 @@ class Context:
                 self.set_term(batch, row, int(place[1]), exponent - int(self.rng.integers(0, 3)), not negative)
         return batch
 
+    def special_accumulator(self, n: int) -> Batch:
+        """A NaN or ±Inf c, or a NaN or Inf element early in the row (half the rows, where A has
+        such codes), then one product of 2^E later in the row, E across every exponent the
+        elements' products reach: whether, and from which E up, a NaN or Inf accumulator no
+        longer reaches the result (``adder.special_accumulator_exponent``)."""
+        batch = self.empty(n)
+        specials = self.c_bits([np.nan, np.inf, -np.inf])
+        for row in range(n):
+            early, late = sorted(int(p) for p in self.positions(2))
+            target = int(self.rng.integers(int(self.exponents[0]), int(self.exponents[-1]) + 1))
+            self.set_term(batch, row, late, target, bool(self.rng.integers(2)))
+            if row % 2 and self.A.special_codes and early != late:
+                batch.a[row, early] = self.rng.choice(self.A.special_codes)
+                batch.b[row, early] = self.B.one
+            else:
+                batch.c[row] = specials[self.rng.integers(len(specials))]
+        return batch
+
     def flushed_results(self, n: int) -> Batch:
         return self._aside(self._flushed_results, n)
 

@@ -37,6 +37,9 @@ class Probe:
     #: whose other keys are still off better than it does itself (a unit without them would be
     #: led astray).
     strict: bool = False
+    #: An aside probe draws (and shuffles) its inputs on a copy of the generator: a probe added
+    #: to the list leaves the rows of every probe after it as they were.
+    aside: bool = False
 
 
 def _maximum(path: str) -> int:
@@ -389,6 +392,19 @@ def _second_alignment(ctx: Context, hyp: dict) -> Candidates:
         for below in SCHEMA["adder"]["below_window"].choices if below != "sticky"]
 
 
+def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
+    """A NaN or Inf accumulator kept to the output (null), or aligned at exponent e by a second
+    alignment that drops far accumulators, so that a tree whose reference reaches
+    e + align_fraction_bits + 2 drops it: every e the products' exponents tell apart (only with
+    such a second alignment; the key needs one)."""
+    window = hyp["adder.align_fraction_bits"]
+    if hyp["adder.second_alignment_bits"] is None or hyp["adder.far_accumulator"] != "zero" or window is None:
+        return [{"adder.special_accumulator_exponent": None}]
+    low, high = int(ctx.exponents[0]), int(ctx.exponents[-1])
+    return [{"adder.special_accumulator_exponent": None}] + [
+        {"adder.special_accumulator_exponent": e} for e in range(low - window - 3, high - window)]
+
+
 def _families(**counts: int) -> Callable[[Context], Batch]:
     def draw(ctx: Context) -> Batch:
         return Batch.join(getattr(ctx, family)(count) for family, count in counts.items())
@@ -460,6 +476,10 @@ PROBES: tuple[Probe, ...] = (
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
           _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
           "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
+    Probe("special accumulator", ("adder.special_accumulator_exponent",), _special_accumulator,
+          _families(special_accumulator=128),
+          "a NaN or Inf c or running sum, dropped by a second alignment from a tree of large products on", late=True,
+          aside=True),
     # After the fused keys: pairwise rounded adds are weighed against the best fused datapath
     # found, not against exact trees that a window or a second alignment would still refine.
     Probe("structure", ("adder.structure", "adder.fused_terms"), _structure,
