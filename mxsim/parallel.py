@@ -355,7 +355,7 @@ class DaskRunner:
                              f"{detail}") from None
         try:
             client.wait_for_workers(1, timeout=worker_timeout)
-        except (OSError, asyncio.TimeoutError) as error:
+        except (OSError, asyncio.TimeoutError):
             client.close()
             raise MxsimError(f"the Dask scheduler at {scheduler} has no workers (waited {worker_timeout:g} s); "
                              f"start some with: dask worker {scheduler}") from None

@@ -52,7 +52,7 @@ def _block_codes(unit: GoldenUnit, fmt_name: str, values: np.ndarray):
 
 def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> VectorSet:
     """``count`` random vectors (see the module docstring for the distributions)."""
-    K, k, nb = unit.dot_length, unit.block_size, unit.dot_length // unit.block_size
+    K, nb = unit.dot_length, unit.dot_length // unit.block_size
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     a = np.zeros((count, K), dtype=fa.code_dtype)
     b = np.zeros((count, K), dtype=fb.code_dtype)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ArgumentError, MxsimError, UnknownNameError
-from ..formats import FormatInfo, get_format
+from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
 from ..limits import check_array_budget
 
