@@ -169,6 +169,11 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
         progress: count the layers computed on stderr (a tqdm bar with ``mxsim[progress]``,
             else a plain counter); None (default): when stderr is a terminal.
 
+    A weight that is one of the model's parameters (or a view of one) is quantized once per
+    context: later calls reuse its quantization while its values are bit for bit the ones
+    quantized (a change in place, through the parameter or ``.data``, is seen); the kept
+    quantizations are dropped when the context ends (:attr:`UnitInLoop.weight_quantizations`).
+
     Yields the :class:`UnitInLoop` (``computed_layers``, ``skipped``). Runs under
     ``torch.no_grad()``; each replaced result is a new tensor of torch's dtype (no autograd
     history): the unit's result with the bias added in float64, rounded once to that dtype
