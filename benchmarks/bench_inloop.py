@@ -8,9 +8,12 @@ seconds of this process (``time.process_time``; wall seconds beside them) with t
 Numba on ``--threads`` threads (default 1: on a shared machine CPU time is what can be
 compared), and is given with its ratio to the float forward of the same run (torch for
 torch_unit, onnxruntime for run_onnx_on_unit); run_onnx_on_unit's is also given as a ratio to
-torch_unit measured again beside it. Also checks that torch_unit's and run_onnx_on_unit's
-outputs agree with saved ones bit for bit (``--save``/``--check``: exactness across code
-changes).
+torch_unit measured again beside it (forwards in one context, as run_onnx_on_unit keeps a
+file's graph, sessions and quantized weights between calls). torch_unit is timed on forwards
+in one context (its weights quantized once, in the warm-up forward) and on forwards each in a
+new context (each quantizing the weights). Also checks that torch_unit's and
+run_onnx_on_unit's outputs agree with saved ones bit for bit (``--save``/``--check``:
+exactness across code changes).
 Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
 """
 
@@ -80,12 +83,14 @@ def main() -> None:
     print(f"torch float forward: {float_seconds}")
     outputs = {}
     for unit in units:
-        def on_unit(unit=unit):
-            with torch_unit(model, unit):
+        with torch_unit(model, unit):
+            def on_unit(unit=unit):
                 outputs[unit.name] = forward().numpy()
-        on_unit()  # warm-up: compile or load the kernels
-        seconds = best_seconds(on_unit, args.repeats)
-        print(f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward")
+            on_unit()  # warm-up: compile or load the kernels, quantize the weights
+            seconds = best_seconds(on_unit, args.repeats)
+        fresh = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward), args.repeats)
+        print(f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
+              f"(forwards in one context); in a new context each: {fresh} = {fresh / float_seconds:.1f}x")
     if not args.no_onnx:
         onnx_runs(args, model, inputs, forward, units, outputs)
     if args.save:
@@ -131,8 +136,9 @@ def onnx_runs(args, model, inputs, forward, units, outputs) -> None:
                     "last_hidden_state"]
             on_unit()
             seconds = best_seconds(on_unit, args.repeats)
-            torch_seconds = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward),
-                                         args.repeats)
+            with torch_unit(model, unit):
+                forward()
+                torch_seconds = best_seconds(forward, args.repeats)
             print(f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
                   f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)")
 

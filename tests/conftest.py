@@ -320,6 +320,17 @@ def fail_replay_of_layer(monkeypatch, name: str, message: str) -> None:
     monkeypatch.setattr(run_module, "replay_layer_on_units", failing)
 
 
+@pytest.fixture
+def counted_quantizations(monkeypatch) -> list:
+    """The shapes of the operands replay quantizes itself (one entry per quantization, as the
+    calls come; the unit in the loop keeps weights' quantizations)."""
+    from mxsim.replay import run
+
+    shapes, requantize = [], run._requantize
+    monkeypatch.setattr(run, "_requantize", lambda values, *args: shapes.append(values.shape) or requantize(values, *args))
+    return shapes
+
+
 def edit_manifest(path: Path, change) -> None:
     manifest = yaml.safe_load((path / "manifest.yaml").read_text())
     change(manifest)

@@ -23,14 +23,33 @@ def test_exported_mlp_equals_matmul_by_hand(onnx, torch, tmp_path):
     path = tmp_path / "mlp.onnx"
     torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
     got = run_onnx_on_unit(path, {"x": x.numpy()}, OCP, a_format="fp8_e4m3")["y"]
-    value = x.numpy()
+    assert np.array_equal(got, _mlp_by_hand(model, x.numpy(), "fp8_e4m3"))
+
+
+def _mlp_by_hand(model, x: np.ndarray, fmt: str) -> np.ndarray:
+    """Linear, ReLU, Linear: each layer mxsim.matmul of the previous value and the weight, bias
+    added in float64, rounded to float32."""
+    value = x
     for index in (0, 2):
         w, b = model[index].weight.detach().numpy(), model[index].bias.detach().numpy()
-        value = (matmul(OCP, value, w.T, a_format="fp8_e4m3", b_format="fp8_e4m3").values
-                 + b.astype(np.float64)).astype(np.float32)
+        value = (matmul(OCP, value, w.T, a_format=fmt, b_format=fmt).values + b.astype(np.float64)).astype(np.float32)
         if index == 0:
             value = np.maximum(value, 0)
-    assert np.array_equal(got, value)
+    return value
+
+
+def test_a_files_constant_weights_are_quantized_on_its_first_run_only(onnx, torch, tmp_path, counted_quantizations):
+    """The weights (initializers) of a file are quantized on its first run and kept with its
+    graph: a later run quantizes only the inputs, with the bits of a first run; other formats
+    get their own quantizations."""
+    torch.manual_seed(10)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).eval()
+    x = torch.randn(5, 32).numpy()
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(model, (torch.from_numpy(x),), str(path), input_names=["x"], output_names=["y"], dynamo=False)
+    for fmt, inputs, quantized in (("fp8_e4m3", x, 4), ("fp8_e4m3", 3 * x, 6), ("fp8_e5m2", x, 10)):
+        got = run_onnx_on_unit(path, {"x": inputs}, OCP, a_format=fmt)["y"]
+        assert np.array_equal(got, _mlp_by_hand(model, inputs, fmt)) and len(counted_quantizations) == quantized
 
 
 def test_conv_goes_through_the_unit(onnx, torch, tmp_path):
@@ -129,3 +148,18 @@ def test_a_model_file_runs_again_on_its_kept_sessions(onnx, tmp_path, monkeypatc
     (tmp_path / "junk.onnx").write_bytes(b"\x07not a protobuf")
     with pytest.raises(MxsimError, match="not a readable ONNX model"):
         run_onnx_on_unit(tmp_path / "junk.onnx", {"x": x}, OCP)
+
+
+def test_one_constant_weight_of_two_nodes_is_kept_per_node(onnx, tmp_path):
+    """A square initializer W used by two Gemm nodes, x @ W and x @ W^T (transB; the same layer
+    op, attributes and shapes): each node keeps its own quantization of its own view."""
+    w, x = f32(32, 32), f32(4, 32)
+    nodes = [onnx.helper.make_node("Gemm", ["x", "w"], ["y"]),
+             onnx.helper.make_node("Gemm", ["x", "w"], ["z"], transB=1)]
+    path = tmp_path / "shared.onnx"
+    onnx.save(make_onnx_model(onnx, nodes, [("x", [4, 32])], ["y", "z"], [("w", w)]), str(path))
+    expected = [matmul(OCP, x, b, a_format="fp8_e4m3", b_format="fp8_e4m3").values.astype(np.float32)
+                for b in (w, w.T)]
+    for _ in range(2):
+        got = run_onnx_on_unit(path, {"x": x}, OCP, a_format="fp8_e4m3")
+        assert np.array_equal(got["y"], expected[0]) and np.array_equal(got["z"], expected[1])

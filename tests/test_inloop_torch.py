@@ -296,3 +296,90 @@ def test_progress_counts_layers_only_when_asked(torch, capsys, monkeypatch):
     with torch_unit(model, OCP, a_format="fp8_e4m3", progress=True):
         model(torch.randn(3, 8))
     assert "2 layers" in capsys.readouterr().err
+
+
+# --- weights quantized once per context -------------------------------------------------------
+
+
+def _two_layers(torch):
+    """Two linear layers of one shape (a cache keyed on the shape alone would mix them up)."""
+    torch.manual_seed(9)
+    return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).eval()
+
+
+def _bits(tensor) -> np.ndarray:
+    return tensor.numpy().view(np.uint32)
+
+
+@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
+def test_weights_are_quantized_once_per_context_with_the_same_bits(torch, monkeypatch, counted_quantizations, unit):
+    """Later forwards in a context quantize only the inputs, and give the bits of forwards
+    whose weights are quantized anew each time (no kept quantizations)."""
+    from mxsim.inloop import UnitInLoop
+
+    model, x = _two_layers(torch), torch.randn(4, 32)
+    quantized = counted_quantizations
+    with torch_unit(model, unit):
+        got = [model(x), model(x), model(3 * x)]
+    assert len(quantized) == 4 + 2 + 2
+    monkeypatch.setattr(UnitInLoop, "kept_quantizations", lambda self, values: None)
+    with torch_unit(model, unit):
+        expected = [model(x), model(x), model(3 * x)]
+    assert len(quantized) == 8 + 4 * 3
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(_bits(g), _bits(e))
+
+
+def _load_state(model, torch):
+    model.load_state_dict({name: value * 0.5 for name, value in model.state_dict().items()})
+
+
+def _optimizer_step(model, torch):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+
+
+def _copy_under_no_grad(model, torch):
+    with torch.no_grad():
+        model[0].weight.copy_(model[0].weight.flip(0))
+
+
+def _data_copy(model, torch):  # through .data: torch's _version counter does not move
+    model[2].weight.data.copy_(-model[2].weight.data)
+
+
+def _one_element_through_data(model, torch):
+    model[0].weight.data[3, 5] = 4 * float(model[0].weight.abs().max())
+
+
+@pytest.mark.parametrize("change", [_load_state, _optimizer_step, _copy_under_no_grad, _data_copy,
+                                    _one_element_through_data], ids=lambda f: f.__name__.strip("_"))
+def test_a_weight_changed_in_place_gives_the_new_result(torch, change):
+    """A weight changed in place between two forwards of a context: the second forward gives
+    the bits of a forward in a new context."""
+    model, x = _two_layers(torch), torch.randn(4, 32)
+    with torch_unit(model, H100):
+        before = model(x)
+        change(model, torch)
+        got = model(x)
+    with torch_unit(model, H100):
+        expected = model(x)
+    np.testing.assert_array_equal(_bits(got), _bits(expected))
+    assert not np.array_equal(_bits(got), _bits(before))  # the change mattered
+
+
+def test_kept_quantizations_end_with_the_context(torch):
+    """One entry per parameter, held weakly, holding copies (no view of the weights), and
+    nothing left when the context ends."""
+    model, x = _two_layers(torch), torch.randn(4, 32)
+    with torch_unit(model, H100) as loop:
+        model(x)
+        kept = dict(loop.weight_quantizations.items())
+        assert [id(param) for param in kept] == [id(model[0].weight), id(model[2].weight)]
+        for param, views in kept.items():
+            (values, quantizations), = views.values()
+            assert len(quantizations) == 1 and not np.shares_memory(values, param.detach().numpy())
+        del kept, param, views, values, quantizations
+    assert len(loop.weight_quantizations) == 0

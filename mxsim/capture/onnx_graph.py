@@ -96,10 +96,12 @@ class Graph:
 
     A Graph also keeps the executor's plans (:meth:`plan`), so that running it again reuses
     them; it is never modified otherwise. ``keep_sessions``: the plans keep each stage's
-    onnxruntime session too (:attr:`sessions` is for its users' own), and every session runs
-    on the calling thread (one intra-op thread: a thread pool per kept session would multiply
-    threads, and its threads would spin between stages while Python works); else a session
-    is made per stage and run, on onnxruntime's default threads, and dropped."""
+    onnxruntime session too (:attr:`sessions` is for its users' own, and
+    :attr:`weight_quantizations` for their quantized constant weights, as
+    :func:`mxsim.replay.run.run_layer` keeps them), and every session runs on the calling
+    thread (one intra-op thread: a thread pool per kept session would multiply threads, and
+    its threads would spin between stages while Python works); else a session is made per
+    stage and run, on onnxruntime's default threads, and dropped."""
 
     def __init__(self, model, keep_sessions: bool = False):
         onnx = require("onnx")
@@ -130,6 +132,8 @@ class Graph:
                 self.consumers.setdefault(name, []).append(node)
         self._plans: dict[tuple, Plan] = {}
         self.sessions: dict = {}
+        # (constant name, id(node)) -> a user's quantizations of that node's constant weight
+        self.weight_quantizations: dict[tuple, dict] = {}
 
     def is_constant(self, name: str) -> bool:
         return name in self.constants

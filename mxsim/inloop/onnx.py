@@ -15,7 +15,9 @@ they produced into its own formats. Einsum and nodes capture would skip run in o
 A model file's graph, its stages and their onnxruntime sessions (one thread each) are kept
 in memory and reused while the file is unchanged
 (:func:`mxsim.capture.onnx_graph.load_graph`), so a second run of the same file only runs
-the sessions and the unit; a ModelProto is prepared anew on every call.
+the sessions and the unit; a ModelProto is prepared anew on every call. The unit's
+quantizations of a node's constant weight (an initializer or Constant node) are kept with the
+graph too, so a file's weights are quantized on its first run only.
 """
 
 from __future__ import annotations
@@ -114,7 +116,10 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
             tensors = {role: views.get(role, IDENTITY).array(value)
                        for role, value in (("input", x), ("weight", w), ("output", out))}
             layer = Layer(node.name or node.op_type, op, tensors, attrs)
-            values = layer_on_unit(layer, hw, a_format, b_format, per_tensor_scale, out_format)
+            kept = None  # a constant weight's quantizations are kept with the graph (it never changes)
+            if g.is_constant(node.input[1]) and w is g.constants[node.input[1]]:
+                kept = g.weight_quantizations.setdefault((node.input[1], id(node)), {})
+            values = layer_on_unit(layer, hw, a_format, b_format, per_tensor_scale, out_format, kept)
             values = values.reshape(out.shape)  # output views only insert unit axes
             if bias is not None:
                 if node.op_type == "Gemm":

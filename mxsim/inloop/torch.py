@@ -42,19 +42,30 @@ def check_scaling(scaling: str) -> bool | None:
     return None if scaling == "auto" else scaling == "tensor"
 
 
-def layer_on_unit(layer: Layer, hw: HardwareConfig, a_format, b_format, per_tensor_scale, out_format) -> np.ndarray:
+def layer_on_unit(layer: Layer, hw: HardwareConfig, a_format, b_format, per_tensor_scale, out_format,
+                  weight_quantizations: dict | None = None) -> np.ndarray:
     """``layer``'s output (float64, the layer's layout) computed by ``hw``, and nothing else
-    (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing."""
+    (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing.
+    ``weight_quantizations``: as for :func:`~mxsim.replay.run.run_layer`."""
     if layer.output.size == 0:
         return np.zeros(layer.output.shape)
     return run_layer(layer, hw, element_format=a_format, weight_format=b_format, per_tensor_scale=per_tensor_scale,
-                     out_format=out_format, with_ideal=False, strict=True, count_clipped=False).values
+                     out_format=out_format, with_ideal=False, strict=True, count_clipped=False,
+                     weight_quantizations=weight_quantizations).values
 
 
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
     ``layers``: names of the layers computed so far, in order; ``skipped``: ops left to torch.
+    ``weight_quantizations``: the quantized weights kept for the next forward, emptied when the
+    context ends: parameter (held by a weak reference) -> {view of it (data pointer, shape,
+    stride, dtype) -> (a copy of the view's values as unsigned integers, the quantizations of
+    those values)}. A view's quantizations are used while its values are bit for bit the copy,
+    however they were changed in between: torch's ``_version`` counter would miss changes
+    through ``param.data`` (``param.data.copy_``), which it does not count. Only weights that
+    are the model's parameters or views of them are kept; activations (attention's keys and
+    values) are quantized per call.
     """
 
     def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
@@ -66,6 +77,8 @@ class UnitInLoop(_Recorder):
         self.per_tensor_scale = per_tensor_scale
         self.computed_layers: list[str] = []
         self.bar = bar
+        self.weight_quantizations = torch.utils.weak.WeakIdKeyDictionary()
+        self.weight = None  # the torch weight of the layer being recorded
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
         """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
@@ -92,10 +105,41 @@ class UnitInLoop(_Recorder):
             return func(*args, **kwargs)
         return torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
 
+    def add(self, op: str, tensors: dict, *args, **kwargs) -> None:
+        """Record (and compute) one layer, its torch weight at hand for :meth:`kept_quantizations`."""
+        self.weight = tensors.get("weight")
+        try:
+            super().add(op, tensors, *args, **kwargs)
+        finally:
+            self.weight = None
+
+    def kept_quantizations(self, weight_values: np.ndarray) -> dict | None:
+        """The kept quantizations (``run_layer``'s ``weight_quantizations``) of the weight of
+        the layer being recorded, whose values are ``weight_values``, emptied if those values
+        changed; None when the weight is not a parameter of the model or a view of one."""
+        weight = self.weight
+        if weight is None or not isinstance(weight, self.torch.Tensor) or weight.layout != self.torch.strided:
+            return None
+        root = weight if weight._base is None else weight._base
+        try:
+            storage = weight.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return None
+        if not any(root is param for _, param, _ in self.params.get(storage, ())):
+            return None
+        views = self.weight_quantizations.setdefault(root, {})
+        view = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
+        bits = weight_values.view(f"u{weight_values.itemsize}")
+        kept = views.get(view)
+        if kept is None or not np.array_equal(kept[0], bits):
+            kept = views[view] = (bits.copy(), {})
+        return kept[1]
+
     def computed(self, layer: Layer) -> np.ndarray:
         self.layers.pop()  # the operands are not kept
         self.computed_layers.append(layer.name)
-        values = layer_on_unit(layer, self.hw, self.a_format, self.b_format, self.per_tensor_scale, self.out_format)
+        values = layer_on_unit(layer, self.hw, self.a_format, self.b_format, self.per_tensor_scale, self.out_format,
+                               self.kept_quantizations(layer.tensors["weight"]))
         if self.bar is not None:
             self.bar.update(1)
         return values
@@ -125,6 +169,11 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
         progress: count the layers computed on stderr (a tqdm bar with ``mxsim[progress]``,
             else a plain counter); None (default): when stderr is a terminal.
 
+    A weight that is one of the model's parameters (or a view of one) is quantized once per
+    context: later calls reuse its quantization while its values are bit for bit the ones
+    quantized (a change in place, through the parameter or ``.data``, is seen); the kept
+    quantizations are dropped when the context ends (:attr:`UnitInLoop.weight_quantizations`).
+
     Yields the :class:`UnitInLoop` (``computed_layers``, ``skipped``). Runs under
     ``torch.no_grad()``; each replaced result is a new tensor of torch's dtype (no autograd
     history): the unit's result with the bias added in float64, rounded once to that dtype
@@ -140,5 +189,6 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
         with intercepting(torch, model, recorder):
             yield recorder
     finally:
+        recorder.weight_quantizations.clear()
         if bar is not None:
             bar.close()

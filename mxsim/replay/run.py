@@ -179,6 +179,19 @@ def _requantize(values: np.ndarray, choice: OperandChoice, options: dict,
     return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
+def _weight_quantization_key(layer: Layer, conv_order: str, floats: np.ndarray, choice: OperandChoice, options: dict,
+                             count_clipped: bool) -> tuple | None:
+    """What :func:`_requantize` of a lowered weight ``floats`` depends on besides the weight's
+    values: the layer's lowering (op, attributes, both operands' specs, which set the K
+    padding, the conv order), the lowered array's shape and dtype, and the quantization chosen;
+    None for stochastic rounding (each call draws its own stream)."""
+    if resolve_options(choice.profile, **options).element_rounding == "stochastic":
+        return None
+    return (layer.op, repr(sorted(layer.attrs.items())), repr(layer.quant.get("input")), repr(layer.quant.get("weight")),
+            conv_order, floats.shape, floats.dtype.str, choice.format, choice.profile, choice.per_tensor_scale,
+            choice.tensor_scale_exponent, choice.block_size, repr(sorted(options.items())), count_clipped)
+
+
 def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
                    per_tensor_scale: bool | None = None, strict: bool = False) -> tuple[OperandChoice, dict]:
     """What ``hw`` gets for one operand, and the quantize options: the one place that decides
@@ -283,7 +296,7 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
               conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
               with_ideal: bool = True, matmul_fn: Callable | None = None, *, weight_format: str | None = None,
               per_tensor_scale: bool | None = None, out_format: str | None = None, strict: bool = False,
-              count_clipped: bool = True) -> LayerRun:
+              count_clipped: bool = True, weight_quantizations: dict | None = None) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
     The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
@@ -299,7 +312,11 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
     the unit's output.
     ``count_clipped=False`` leaves the saturated/underflowed counts of operands replay
-    quantizes itself at 0 (in the loop nobody reads them)."""
+    quantizes itself at 0 (in the loop nobody reads them).
+    ``weight_quantizations``: replay's quantizations of this layer's weight kept across calls
+    (the caller's, for one weight whose values it vouches unchanged since the mapping was
+    filled): looked up, or filled, by everything else the quantization depends on
+    (:func:`_weight_quantization_key`); stochastic rounding is never kept."""
     at = layer if x is None else layer_with_input(layer, x)
     ops = operands if operands is not None else layer_operands(at, conv_order, float_pieces=with_ideal)
     shape = gemm_shape(at)
@@ -318,7 +335,14 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
             if name in at.codes_only:
                 choice.note += "; from the model's quantized values (the trace keeps no float)"
             floats = ops.a_float if name == "input" else ops.b_float
-            tensors[name], choice.saturated, choice.underflowed = _requantize(floats, choice, options, count_clipped)
+            key = None if name == "input" or weight_quantizations is None else \
+                _weight_quantization_key(at, conv_order, floats, choice, options, count_clipped)
+            quantized = None if key is None else weight_quantizations.get(key)
+            if quantized is None:
+                quantized = _requantize(floats, choice, options, count_clipped)
+                if key is not None:
+                    weight_quantizations[key] = quantized
+            tensors[name], choice.saturated, choice.underflowed = quantized
         choices[name] = choice
     if not with_ideal:
         gemm_ideal, exact = None, False
