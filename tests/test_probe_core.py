@@ -114,7 +114,7 @@ def _paths():
     for name in CI_PATHS:
         config = load_hwconfig(HW / f"{name}.yaml")
         k = 64 if config.params(config.a_formats[0], config.b_formats[0]).block_size >= 32 else 32
-        paths += [(name, a, b, out, k) for a in config.a_formats for b in config.b_formats for out in ("fp32", "fp16", "bf16")]
+        paths += [(name, a, b, out, k) for a, b in config.format_pairs for out in ("fp32", "fp16", "bf16")]
     return paths
 
 
