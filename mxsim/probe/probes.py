@@ -221,19 +221,26 @@ def _coarse(ctx: Context, hyp: dict) -> Candidates:
         for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")]
     return [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
              "adder.trees_in_blocks": False, **rounding, **window}
-            for rounding in _coarse_roundings() for window in windows for f in sizes]
+            for rounding in _coarse_roundings(ctx) for window in windows for f in sizes]
 
 
-def _coarse_roundings() -> Candidates:
-    """Nearest-even, or toward zero with either overflow rule. The tree, cancellation and ties
-    rows of formats with 8-bit exponents (bf16, tf32) put products near 2^250, and wherever B
-    and -B fall in different trees the accumulator overflows: under a rounding toward zero
-    its overflow rule (the largest value or Inf) decides most of those rows, so a toward-zero
-    datapath is seen right only with its own rule (a100's tf32 x bf16 -> fp32: 78 of the
-    coarse probe's 320 rows)."""
-    return [{"accumulator.rounding": "nearest_even", "output.rounding": "nearest_even"}] + [
-        {"accumulator.rounding": "toward_zero", "output.rounding": "toward_zero", "accumulator.overflow": overflow}
-        for overflow in SCHEMA["accumulator"]["overflow"].choices]
+def _coarse_roundings(ctx: Context) -> Candidates:
+    """Nearest-even, or toward zero; where the element pairs' products reach past fp32's range
+    (the accumulator the coarse start holds), toward zero with either overflow rule. The tree,
+    cancellation and ties rows of formats with 8-bit exponents (bf16, tf32) put products near
+    2^250, and wherever B and -B fall in different trees the accumulator overflows: under a
+    rounding toward zero its overflow rule (the largest value or Inf) decides those rows, so a
+    toward-zero datapath is seen right only with its own rule (a100's tf32 x bf16 -> fp32: 78
+    of the coarse probe's 320 rows). Narrower formats keep the candidates (and the cost) as they were."""
+    toward_zero = {"accumulator.rounding": "toward_zero", "output.rounding": "toward_zero"}
+    overflowing = ctx.span()[1] >= FP32_PAST_RANGE
+    return [{"accumulator.rounding": "nearest_even", "output.rounding": "nearest_even"}] + (
+        [{**toward_zero, "accumulator.overflow": rule} for rule in SCHEMA["accumulator"]["overflow"].choices]
+        if overflowing else [toward_zero])
+
+
+#: The exponent of the smallest power of two past fp32's largest finite value.
+FP32_PAST_RANGE = 128
 
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
