@@ -298,6 +298,17 @@ def test_cli_probe_c_or_out_format_of_another_width_is_refused(capsys, tmp_path,
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_cli_probe_formats_of_the_config_width_pass_the_check():
+    from mxsim.cli import _check_probe_widths
+
+    for hw, element, formats in (("v100.yaml", "fp16", ("fp32", "fp16", "bf16")), ("a100-dmma.yaml", "fp64", ("fp64",)),
+                                 ("ocp-exact.yaml", "fp4_e2m1", ("fp32", "bf16"))):
+        for out_format in (None, *formats):
+            for c_format in (None, *formats):
+                unit = HwconfigUnit(REPO / "hwconfigs" / hw, element, element, out_format, c_format)
+                _check_probe_widths(unit, hw, out_format, c_format)  # raises ArgumentError otherwise
+
+
 def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
     command = _script(tmp_path, "import sys, time\nfor line in sys.stdin: time.sleep(30)")
     status, _, err = run(capsys, "probe", "--command", command, "--timeout", "0.5", "--a-format", "fp4_e2m1",
