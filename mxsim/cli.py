@@ -434,9 +434,9 @@ def _check_probe_widths(unit, hw: str, out_format: str | None, c_format: str | N
     whose accumulator (on the pair's own path) is fp64 takes c and writes results in fp64
     only; any other accumulates in fp32 or narrower and takes c and writes results in fp32,
     fp16 or bf16. Across the two (an fp32 accumulator written out as fp64, an fp64 one rounded
-    to fp32, fp64 c into an fp32 accumulator or fp32 c into an fp64 one) no shipped unit has
-    such a path and the probe's keys describe none: its search would run until the budget
-    stops it."""
+    to fp32, fp64 c into an fp32 accumulator or fp32 c into an fp64 one) the path is no
+    instruction's: the shipped configs' hardware reads and writes one width, and a probe of
+    such a path would characterise a unit that does not exist."""
     from .datapath.schema import WIDE_FORMATS
     from .formats import get_format
 

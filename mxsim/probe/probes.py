@@ -229,8 +229,8 @@ def _coarse_with(ctx: Context, roundings: Candidates) -> Candidates:
 
 
 def _coarse_overflow(ctx: Context, hyp: dict) -> Candidates:
-    """As :func:`_coarse`, a rounding toward zero with either overflow rule (the largest value
-    or Inf). The tree, cancellation and ties rows of formats with 8-bit exponents (bf16, tf32)
+    """As :func:`_coarse`, the rounding toward zero taken with either overflow rule (the
+    largest value or Inf). The tree, cancellation and ties rows of formats with 8-bit exponents (bf16, tf32)
     put products near 2^250, and wherever B and -B fall in different trees the accumulator
     overflows: under a rounding toward zero its overflow rule decides those rows, so a
     toward-zero datapath is seen right only with its own rule (a100's tf32 x bf16 -> fp32: 78
