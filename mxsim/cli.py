@@ -429,6 +429,26 @@ def cmd_golden(args) -> int:
     return 0
 
 
+def _check_probe_widths(unit, hw: str, out_format: str | None, c_format: str | None) -> None:
+    """--hw: --out-format and --c-format must be of the width the config's unit works in. A unit
+    whose accumulator (on the pair's own path) is fp64 takes c and writes results in fp64
+    only; any other accumulates in fp32 or narrower and takes c and writes results in fp32,
+    fp16 or bf16. Across the two (an fp32 accumulator written out as fp64, an fp64 one rounded
+    to fp32, fp64 c into an fp32 accumulator or fp32 c into an fp64 one) the path is no
+    instruction's: the shipped configs' hardware reads and writes one width, and a probe of
+    such a path would characterise a unit that does not exist."""
+    from .datapath.schema import WIDE_FORMATS
+    from .formats import get_format
+
+    own = unit.config.params(unit.a_format, unit.b_format)
+    wide = own.accumulator_format != "exact" and get_format(own.accumulator_format).bits > 32
+    accepted = [name for name in WIDE_FORMATS if (get_format(name).bits > 32) == wide]
+    for flag, value in (("--out-format", out_format), ("--c-format", c_format)):
+        if value is not None and get_format(value).name not in accepted:
+            raise ArgumentError(f"probe: {flag} {value} does not fit --hw {hw}: its accumulator is "
+                                f"{own.accumulator_format}, so it takes {', '.join(accepted)}")
+
+
 def cmd_probe(args) -> int:
     from .probe import HwconfigUnit, SubprocessUnit, load_callable, probe
     from .probe.units import python_path_hint
@@ -444,6 +464,7 @@ def cmd_probe(args) -> int:
     out_format, c_format = args.out_format, args.c_format
     if args.hw is not None:
         unit = HwconfigUnit(args.hw, args.a_format, args.b_format, out_format, c_format)
+        _check_probe_widths(unit, args.hw, out_format, c_format)
         block_size = unit.block_size if block_size is None else block_size
         out_format, c_format = unit.out_format, unit.c_format  # unset: the config's own
     elif args.unit is not None:

@@ -2,7 +2,7 @@
 gives a config that reproduces it bit for bit on vectors the probe never saw.
 
 CI probes one characteristic format path per distinct config (the ``CI_PATHS`` table) and
-one fp64 unit (``FP64_PATHS``); ``MXSIM_PROBE_LONG=1`` probes every (A, B) pair of every
+one fp64 unit (``FP64_PATHS``); ``MXSIM_PROBE_LONG=1`` probes every (A, B) pair a config takes (``format_pairs``) of every
 config with fp32, fp16 and bf16 outputs, and every fp64 path (docs/probe.md). Configs that only extend another without changing a datapath key
 (a2, l40s, h200, the *-fp8 views) are checked to resolve to their base's parameters on
 every path, so probing the base covers them.
@@ -114,7 +114,7 @@ def _paths():
     for name in CI_PATHS:
         config = load_hwconfig(HW / f"{name}.yaml")
         k = 64 if config.params(config.a_formats[0], config.b_formats[0]).block_size >= 32 else 32
-        paths += [(name, a, b, out, k) for a in config.a_formats for b in config.b_formats for out in ("fp32", "fp16", "bf16")]
+        paths += [(name, a, b, out, k) for a, b in config.format_pairs for out in ("fp32", "fp16", "bf16")]
     return paths
 
 

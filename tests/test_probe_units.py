@@ -279,6 +279,36 @@ def test_cli_probe_bad_c_or_out_format_is_one_line(capsys, tmp_path, flag, value
     assert not (tmp_path / "u.yaml").exists()
 
 
+@pytest.mark.parametrize("hw, element, flag, value, accepted", [
+    ("v100.yaml", "fp16", "--out-format", "fp64", "fp32, fp16, bf16"),   # an fp32 accumulator
+    ("v100.yaml", "fp16", "--c-format", "fp64", "fp32, fp16, bf16"),
+    ("ocp-exact.yaml", "fp4_e2m1", "--out-format", "fp64", "fp32, fp16, bf16"),  # an exact one, written as fp32
+    ("a100-dmma.yaml", "fp64", "--out-format", "fp32", "fp64"),          # an fp64 FMA chain
+    ("a100-dmma.yaml", "fp64", "--c-format", "bf16", "fp64"),
+    ("mi250-f64.yaml", "fp64", "--out-format", "fp16", "fp64"),
+])
+def test_cli_probe_c_or_out_format_of_another_width_is_refused(capsys, tmp_path, hw, element, flag, value, accepted):
+    """--hw: a format of the other width than the config's accumulator is refused before any
+    query, in one line naming the flag, the value and what the unit takes; nothing written."""
+    out = tmp_path / "u.yaml"
+    status, stdout, err = run(capsys, "probe", "--hw", str(REPO / "hwconfigs" / hw), "--a-format", element,
+                              "--b-format", element, "--k", "4", "--out", str(out), flag, value)
+    assert status == 2 and stdout == "" and err.count("\n") == 1 and err.startswith("mxsim probe: error:")
+    assert f"{flag} {value}" in err and f"takes {accepted}" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_cli_probe_formats_of_the_config_width_pass_the_check():
+    from mxsim.cli import _check_probe_widths
+
+    for hw, element, formats in (("v100.yaml", "fp16", ("fp32", "fp16", "bf16")), ("a100-dmma.yaml", "fp64", ("fp64",)),
+                                 ("ocp-exact.yaml", "fp4_e2m1", ("fp32", "bf16"))):
+        for out_format in (None, *formats):
+            for c_format in (None, *formats):
+                unit = HwconfigUnit(REPO / "hwconfigs" / hw, element, element, out_format, c_format)
+                _check_probe_widths(unit, hw, out_format, c_format)  # raises ArgumentError otherwise
+
+
 def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
     command = _script(tmp_path, "import sys, time\nfor line in sys.stdin: time.sleep(30)")
     status, _, err = run(capsys, "probe", "--command", command, "--timeout", "0.5", "--a-format", "fp4_e2m1",

@@ -12,8 +12,9 @@ counts mismatches; any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
 hypothesis kept is the one whose validation counted the fewest mismatches (over the main
-search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned
-and one from a coarse joint start: docs/probe.md), and that count,
+search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned,
+one from a coarse joint start and, where products pass fp32's range, one from a coarse start
+that also weighs the overflow rule: docs/probe.md), and that count,
 measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
 """
 
@@ -35,7 +36,7 @@ from ..errors import ArgumentError, ConfigError
 from ..formats import get_format
 from ..limits import check_int
 from .inputs import Batch, Context
-from .probes import COARSE, PROBES, Probe
+from .probes import COARSE, COARSE_OVERFLOW, PROBES, Probe, products_pass_fp32
 from .units import CountingUnit, ProbeError
 
 #: Most dot products one probe run may ask of the unit.
@@ -404,6 +405,11 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         decisions.clear()
         trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")
         probes = (*PROBES[:trees], COARSE, *PROBES[trees:])
+        best = search(best)
+    if best[0].mismatches and products_pass_fp32(ctx):  # and once more with the overflow rules
+        engine.hyp = dict(engine.start)
+        decisions.clear()
+        probes = (*PROBES[:trees], COARSE_OVERFLOW, *PROBES[trees:])
         best = search(best)
     # A refinement can make things worse when no key describes the unit: keep the best measured.
     validation, engine.hyp, decisions = best

@@ -217,13 +217,40 @@ COARSE_WINDOWS = range(10, 29)
 
 def _coarse(ctx: Context, hyp: dict) -> Candidates:
     """Tree sizes (powers of two up to K), windows and the accumulator's rounding together."""
+    return _coarse_with(ctx, [{"accumulator.rounding": rounding, "output.rounding": rounding}
+                              for rounding in ("nearest_even", "toward_zero")])
+
+
+def _coarse_with(ctx: Context, roundings: Candidates) -> Candidates:
     sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
     windows = [{"adder.align_fraction_bits": None}] + [
         {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
         for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")]
     return [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
-             "adder.trees_in_blocks": False, "accumulator.rounding": rounding, "output.rounding": rounding, **window}
-            for rounding in ("nearest_even", "toward_zero") for window in windows for f in sizes]
+             "adder.trees_in_blocks": False, **rounding, **window}
+            for rounding in roundings for window in windows for f in sizes]
+
+
+def _coarse_overflow(ctx: Context, hyp: dict) -> Candidates:
+    """As :func:`_coarse`, the rounding toward zero taken with either overflow rule (the
+    largest value or Inf). The tree, cancellation and ties rows of formats with 8-bit exponents (bf16, tf32)
+    put products near 2^250, and wherever B and -B fall in different trees the accumulator
+    overflows: under a rounding toward zero its overflow rule decides those rows, so a
+    toward-zero datapath is seen right only with its own rule (a100's tf32 x bf16 -> fp32: 78
+    of the coarse probe's 320 rows)."""
+    return _coarse_with(ctx, [{"accumulator.rounding": "nearest_even", "output.rounding": "nearest_even"}] + [
+        {"accumulator.rounding": "toward_zero", "output.rounding": "toward_zero", "accumulator.overflow": rule}
+        for rule in SCHEMA["accumulator"]["overflow"].choices])
+
+
+def products_pass_fp32(ctx: Context) -> bool:
+    """Whether the element pairs' products reach past fp32's range (bf16, tf32, fp32 elements):
+    only there can the rows of :func:`_coarse_overflow` overflow the accumulator."""
+    return ctx.span()[1] >= FP32_PAST_RANGE
+
+
+#: The exponent of the smallest power of two past fp32's largest finite value.
+FP32_PAST_RANGE = 128
 
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
@@ -508,3 +535,9 @@ COARSE = Probe("coarse", ("adder.fused_terms", "adder.align_fraction_bits", "add
                           "accumulator.rounding", "output.rounding"), _coarse,
                _families(realistic=128, ties=64, cancellation=64, trees=64),
                "tree size, window and rounding together: a second start for the search")
+
+#: A third start where the coarse one still ends with mismatches and the products pass fp32's
+#: range (:func:`products_pass_fp32`): the coarse probe with the overflow rule beside a
+#: rounding toward zero. Named as the coarse probe: it takes the coarse rows, drawn once.
+COARSE_OVERFLOW = Probe("coarse", (*COARSE.keys, "accumulator.overflow"), _coarse_overflow, COARSE.inputs,
+                        "tree size, window, rounding and overflow rule together: a third start for the search")
