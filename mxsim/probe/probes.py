@@ -116,6 +116,19 @@ def _accumulator(ctx: Context, hyp: dict) -> Candidates:
             for fmt in ("fp32", "exact", "fp16", "bf16", *_wide_accumulators(ctx)) for rounding in DIRECTED_AND_NEAREST]
 
 
+def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
+    """:func:`_accumulator`'s candidates with the overflow held, then each directed rounding
+    with the other overflow: under a rounding toward zero an overflowing sum is the largest
+    value or Inf by that key alone, so where products reach past the accumulator's range
+    (bf16, tf32: up to 2^256) a rounding toward zero with the overflow held wrong misses
+    every such row and loses to nearest-even, which the overflow probe then cannot tell
+    apart (MMA-Sim's Ampere and Ada bf16: Inf under a rounding toward zero)."""
+    candidates = _accumulator(ctx, hyp)
+    other = next(value for value in SCHEMA["accumulator"]["overflow"].choices if value != hyp["accumulator.overflow"])
+    return candidates + [{**c, "accumulator.overflow": other} for c in candidates
+                         if not c["accumulator.rounding"].startswith("nearest")]
+
+
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
     """The output's or c's format where wider than fp32 (fp64): an accumulator of it."""
     return tuple(dict.fromkeys(fmt for fmt in (ctx.out_format, ctx.c_format) if get_format(fmt).bits > 32))
@@ -420,7 +433,7 @@ PROBES: tuple[Probe, ...] = (
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
-    Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
+    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
