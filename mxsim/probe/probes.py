@@ -124,9 +124,8 @@ def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
     every such row and loses to nearest-even, which the overflow probe then cannot tell
     apart (MMA-Sim's Ampere and Ada bf16: Inf under a rounding toward zero)."""
     candidates = _accumulator(ctx, hyp)
-    other = next(value for value in SCHEMA["accumulator"]["overflow"].choices if value != hyp["accumulator.overflow"])
-    return candidates + [{**c, "accumulator.overflow": other} for c in candidates
-                         if not c["accumulator.rounding"].startswith("nearest")]
+    return candidates + [{**c, "accumulator.overflow": other} for other in _overflows_held_first(hyp)[1:]
+                         for c in candidates if not c["accumulator.rounding"].startswith("nearest")]
 
 
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
@@ -231,9 +230,21 @@ def _coarse(ctx: Context, hyp: dict) -> Candidates:
     windows = [{"adder.align_fraction_bits": None}] + [
         {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
         for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")]
+    roundings = [{"accumulator.rounding": "nearest_even", "output.rounding": "nearest_even"}] + [
+        {"accumulator.rounding": "toward_zero", "output.rounding": "toward_zero", "accumulator.overflow": overflow}
+        for overflow in _overflows_held_first(hyp)]
     return [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
-             "adder.trees_in_blocks": False, "accumulator.rounding": rounding, "output.rounding": rounding, **window}
-            for rounding in ("nearest_even", "toward_zero") for window in windows for f in sizes]
+             "adder.trees_in_blocks": False, **rounding, **window}
+            for rounding in roundings for window in windows for f in sizes]
+
+
+def _overflows_held_first(hyp: dict) -> list[str]:
+    """The accumulator overflow held, then the other: under a rounding toward zero a sum past
+    the accumulator's range is the largest value or Inf by that key alone, and where products
+    reach past it (bf16, tf32: up to 2^256) a rounding toward zero seen with the wrong one
+    misses every such row (:func:`_accumulator_and_overflow`)."""
+    held = hyp["accumulator.overflow"]
+    return [held] + [value for value in SCHEMA["accumulator"]["overflow"].choices if value != held]
 
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
@@ -498,6 +509,6 @@ PROBES: tuple[Probe, ...] = (
 #: rounding toward zero, say, from an exact tree and nearest-even), so they are decided together
 #: on realistic data before the probes of :data:`PROBES` run again.
 COARSE = Probe("coarse", ("adder.fused_terms", "adder.align_fraction_bits", "adder.below_window",
-                          "accumulator.rounding", "output.rounding"), _coarse,
+                          "accumulator.rounding", "output.rounding", "accumulator.overflow"), _coarse,
                _families(realistic=128, ties=64, cancellation=64, trees=64),
                "tree size, window and rounding together: a second start for the search")
