@@ -282,7 +282,9 @@ def _zero_sign(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _overflow(ctx: Context, hyp: dict) -> Candidates:
-    return [{"accumulator.overflow": value} for value in SCHEMA["accumulator"]["overflow"].choices]
+    # The value held first: the accumulator probe decides the key too, and inputs that tell
+    # nothing apart (a rounding to nearest, or promotion, held) must not undo its decision.
+    return [{"accumulator.overflow": value} for value in _overflows_held_first(hyp)]
 
 
 def _accumulator_exponent(ctx: Context, hyp: dict) -> Candidates:
