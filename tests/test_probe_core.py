@@ -388,7 +388,6 @@ def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkey
     assert all(example["kind"] == "corner" for example in result.validation.examples)
 
 
-
 def test_a_rounding_toward_zero_whose_overflow_is_inf_is_decided_with_it():
     """a100's bf16 path (MMA-Sim's Ampere bf16 -> fp32 model): the accumulator rounded toward
     zero, Inf past its range. bf16 products reach 2^256, so the accumulator probe's rows

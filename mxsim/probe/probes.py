@@ -239,10 +239,8 @@ def _coarse(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _overflows_held_first(hyp: dict) -> list[str]:
-    """The accumulator overflow held, then the other: under a rounding toward zero a sum past
-    the accumulator's range is the largest value or Inf by that key alone, and where products
-    reach past it (bf16, tf32: up to 2^256) a rounding toward zero seen with the wrong one
-    misses every such row (:func:`_accumulator_and_overflow`)."""
+    """The accumulator overflow held, then the other (a rounding toward zero is seen right only
+    with its own overflow: :func:`_accumulator_and_overflow`)."""
     held = hyp["accumulator.overflow"]
     return [held] + [value for value in SCHEMA["accumulator"]["overflow"].choices if value != held]
 
@@ -448,7 +446,7 @@ PROBES: tuple[Probe, ...] = (
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
     Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
-          "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
+          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
