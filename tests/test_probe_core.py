@@ -386,3 +386,29 @@ def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkey
     assert result.config["output"]["zero_sign"] == "ieee"
     assert result.validation.mismatches > 0
     assert all(example["kind"] == "corner" for example in result.validation.examples)
+
+
+def test_a_rounding_toward_zero_whose_overflow_is_inf_is_decided_with_it():
+    """a100's bf16 path (MMA-Sim's Ampere bf16 -> fp32 model): the accumulator rounded toward
+    zero, Inf past its range. bf16 products reach 2^256, so the accumulator probe's rows
+    overflow fp32; from the overflow's default (the largest value under a rounding toward
+    zero) no rounding alone fits them, and nearest-even was kept (Ampere and Ada bf16 ended
+    with 139 mismatches in 2,560). The probe decides the rounding and the overflow together."""
+    from mxsim.datapath.schema import SCHEMA, param_field
+    from mxsim.probe.core import _Engine
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+    from mxsim.probe.units import CountingUnit
+
+    unit = HwconfigUnit(HW / "a100.yaml", "bf16", "bf16", "fp32")
+    ctx = Context("bf16", "bf16", 16, 32, "fp32")
+    engine = _Engine(CountingUnit(unit, "fp32", 10_000), ctx, "probed")
+    for path in engine.hyp:  # every other key as shipped
+        section, key = path.split(".")
+        engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
+    engine.hyp.update({"accumulator.rounding": "nearest_even", "accumulator.overflow": "ieee"})
+    accumulator = next(p for p in PROBES if p.name == "accumulator")
+    decision = engine.decide(accumulator, ctx.fit_c(accumulator.inputs(ctx)), 0)
+    assert decision.mismatches == 0
+    assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero",
+                              "accumulator.overflow": "infinity"}

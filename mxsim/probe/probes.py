@@ -119,6 +119,18 @@ def _accumulator(ctx: Context, hyp: dict) -> Candidates:
             for fmt in ("fp32", "exact", "fp16", "bf16", *_wide_accumulators(ctx)) for rounding in DIRECTED_AND_NEAREST]
 
 
+def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
+    """:func:`_accumulator`'s candidates with the overflow held, then each directed rounding
+    with the other overflow: under a rounding toward zero an overflowing sum is the largest
+    value or Inf by that key alone, so where products reach past the accumulator's range
+    (bf16, tf32: up to 2^256) a rounding toward zero with the overflow held wrong misses
+    every such row and loses to nearest-even, which the overflow probe then cannot tell
+    apart (MMA-Sim's Ampere and Ada bf16: Inf under a rounding toward zero)."""
+    candidates = _accumulator(ctx, hyp)
+    return candidates + [{**c, "accumulator.overflow": other} for other in _overflows_held_first(hyp)[1:]
+                         for c in candidates if not c["accumulator.rounding"].startswith("nearest")]
+
+
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
     """The output's or c's format where wider than fp32 (fp64): an accumulator of it."""
     return tuple(dict.fromkeys(fmt for fmt in (ctx.out_format, ctx.c_format) if get_format(fmt).bits > 32))
@@ -253,6 +265,13 @@ def products_pass_fp32(ctx: Context) -> bool:
 FP32_PAST_RANGE = 128
 
 
+def _overflows_held_first(hyp: dict) -> list[str]:
+    """The accumulator overflow held, then the other (a rounding toward zero is seen right only
+    with its own overflow: :func:`_accumulator_and_overflow`)."""
+    held = hyp["accumulator.overflow"]
+    return [held] + [value for value in SCHEMA["accumulator"]["overflow"].choices if value != held]
+
+
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
     fused = hyp["adder.fused_terms"]
     return [{"accumulator.promotion_interval": None}] + [
@@ -288,7 +307,9 @@ def _zero_sign(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _overflow(ctx: Context, hyp: dict) -> Candidates:
-    return [{"accumulator.overflow": value} for value in SCHEMA["accumulator"]["overflow"].choices]
+    # The value held first: the accumulator probe decides the key too, and inputs that tell
+    # nothing apart (a rounding to nearest, or promotion, held) must not undo its decision.
+    return [{"accumulator.overflow": value} for value in _overflows_held_first(hyp)]
 
 
 def _accumulator_exponent(ctx: Context, hyp: dict) -> Candidates:
@@ -463,9 +484,9 @@ PROBES: tuple[Probe, ...] = (
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
-    Probe("accumulator", ("accumulator.format", "accumulator.rounding"), _accumulator,
+    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
-          "the accumulator's format and rounding: c and terms at fp32/fp16/bf16 ties and sticky points"),
+          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
