@@ -400,10 +400,10 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         decisions.clear()
         best = search(best)
     engine.pinned = {}
+    trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")  # the coarse starts go before it
     if best[0].mismatches:  # again from the start, tree size, window and rounding decided together first
         engine.hyp = dict(engine.start)
         decisions.clear()
-        trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")
         probes = (*PROBES[:trees], COARSE, *PROBES[trees:])
         best = search(best)
     if best[0].mismatches and products_pass_fp32(ctx):  # and once more with the overflow rules
