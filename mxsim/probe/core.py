@@ -20,7 +20,6 @@ measured on vectors its decisions never saw, is the one reported. The count is w
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -333,14 +332,11 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
             drawn = contexts.setdefault(fmt, Context(a_format, b_format, k, block_size, out_format, seed=seed,
                                                      scale_format=fmt, c_format=c_format))
             drawn.window = engine.hyp["adder.align_fraction_bits"]
-            shared = drawn.rng
-            if p.aside:
-                drawn.rng = np.random.Generator(copy.deepcopy(shared.bit_generator))
-            try:
+
+            def draw() -> Batch:
                 batch = drawn.fit_c(p.inputs(drawn))
-                batches[p.name, fmt] = batch.take(drawn.rng.permutation(len(batch)))
-            finally:
-                drawn.rng = shared
+                return batch.take(drawn.rng.permutation(len(batch)))
+            batches[p.name, fmt] = drawn.aside(draw) if p.aside else draw()
         return batches[p.name, fmt]
 
     asked = {p.name: 0 for p in (*PROBES, COARSE)}

@@ -745,7 +745,8 @@ class Context:
         specials = self.c_bits([np.nan, np.inf, -np.inf])
         for row in range(n):
             early, late = sorted(int(p) for p in self.positions(2))
-            target = int(self.rng.integers(int(self.exponents[0]), int(self.exponents[-1]) + 1))
+            low, high = self.span()
+            target = int(self.rng.integers(low, high + 1))
             self.set_term(batch, row, late, target, bool(self.rng.integers(2)))
             if row % 2 and self.A.special_codes and early != late:
                 batch.a[row, early] = self.rng.choice(self.A.special_codes)
@@ -755,7 +756,7 @@ class Context:
         return batch
 
     def flushed_results(self, n: int) -> Batch:
-        return self._aside(self._flushed_results, n)
+        return self.aside(self._flushed_results, n)
 
     def _flushed_results(self, n: int) -> Batch:
         """c just inside fp32's normal range and 1-2 terms of the other sign a little smaller:
@@ -774,18 +775,19 @@ class Context:
                 self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative)
         return batch
 
-    def _aside(self, family, n: int) -> Batch:
-        """A family drawn from a copy of the generator, leaving the shared stream where it was:
-        families added to an existing probe do not change the rows every later probe draws."""
+    def aside(self, draw, *args):
+        """``draw(*args)`` (a family, or a probe's whole draw) on a copy of the generator, leaving
+        the shared stream where it was: families and probes added later do not change the rows
+        every later probe draws."""
         shared = self.rng
         self.rng = np.random.Generator(copy.deepcopy(shared.bit_generator))
         try:
-            return family(n)
+            return draw(*args)
         finally:
             self.rng = shared
 
     def subnormal_products(self, n: int) -> Batch:
-        return self._aside(self._subnormal_products, n)
+        return self.aside(self._subnormal_products, n)
 
     def _subnormal_products(self, n: int) -> Batch:
         """A subnormal element of A or B times a large one of the other (a product well inside

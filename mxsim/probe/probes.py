@@ -448,7 +448,7 @@ def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
     window = hyp["adder.align_fraction_bits"]
     if hyp["adder.second_alignment_bits"] is None or hyp["adder.far_accumulator"] != "zero" or window is None:
         return [{"adder.special_accumulator_exponent": None}]
-    low, high = int(ctx.exponents[0]), int(ctx.exponents[-1])
+    low, high = ctx.span()
     return [{"adder.special_accumulator_exponent": None}] + [
         {"adder.special_accumulator_exponent": e} for e in range(low - window - 3, high - window)]
 
