@@ -818,9 +818,13 @@ class Context:
         return None
 
     def alignment_ties(self, n: int) -> Batch:
-        """c of 24 significant bits, its last one even, with half its ulp (a tie) and a power of
-        two 1..16 binades below that, of c's sign, at two other positions: the tie is broken
-        only if the second alignment keeps that power, so where it stops shows (n + 1 bits)."""
+        """c of 24 significant bits, its last one even, of either sign, with half its ulp (a tie)
+        and a power of two 1..16 binades below that, both positive, at the two positions of one
+        aligned pair (2i, 2i + 1): the tie is broken (away from c's even neighbour) only if the
+        second alignment keeps that power, so where it stops shows (n + 1 bits). In one pair the
+        two share every tree of two or more products (in two trees the tie is rounded before the
+        power arrives); positive, the tree sum's floor toward -inf drops the power (negative,
+        it would break every tie whatever n is)."""
         batch = self.empty(n)
         low, high = self.span()
         low, high = max(low, -150), min(high, 103)  # c, 2^(half + 1) to 2^(half + 24), a normal fp32
@@ -834,9 +838,11 @@ class Context:
             significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
             # c's ulp is 2^(half + 1): the product 2^half is half of it
             batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1) * (-1 if negative else 1)])[0]
-            for position, (a, b) in zip(self.positions(2), pairs):
-                batch.a[row, position] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
-                batch.b[row, position] = b
+            place = self.positions(2)
+            if place[0] ^ 1 < self.k:
+                place[1] = place[0] ^ 1
+            for position, (a, b) in zip(place, pairs):
+                batch.a[row, position], batch.b[row, position] = a, b
         return batch
 
     def corners(self, n: int) -> Batch:
