@@ -8,7 +8,8 @@ the candidates disagree (each input at most once per run); the candidates that r
 every answer survive and the first of them is kept. The decisive input recorded as evidence
 is the answered input that rules out the most other values. After one pass over the probes
 a validation on fresh random vectors (realistic data and uniformly random codes) and corners
-counts mismatches; any
+counts mismatches (when it counts none, also on rows where a decision's equivalent values
+disagree with the held hypothesis: :func:`_targeted`); any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
 hypothesis kept is the one whose validation counted the fewest mismatches (over the main
