@@ -321,10 +321,11 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
     if not asked.size:
         return validation, batch.take(asked)
     answers = engine.ask(batch.take(asked))
-    missed = asked[_differs(held[asked], answers, ctx.out_format)]
+    wrong = _differs(held[asked], answers, ctx.out_format)
+    missed = asked[wrong]
     examples = validation.examples + [
         {"input": batch.row(int(i)), "unit_output": f"0x{int(a):x}", "config_output": f"0x{int(held[i]):x}",
-         "kind": "targeted"} for i, a in zip(asked, answers) if i in set(missed.tolist())][:5 - len(validation.examples)]
+         "kind": "targeted"} for i, a in zip(missed, answers[wrong])][:5 - len(validation.examples)]
     return dataclasses.replace(validation, vectors=validation.vectors + int(asked.size), targeted=int(asked.size),
                                mismatches=validation.mismatches + int(missed.size), examples=examples), batch.take(missed)
 
@@ -360,7 +361,8 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     config's ``inputs.c_format``, unless a wider format is found to read c alike): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
-    that no decision saw.
+    that no decision saw (when they count no mismatch, also on up to :data:`TARGETED_ROWS` rows
+    where values the probes did not tell apart disagree: :func:`_targeted`).
 
     At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
     unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
