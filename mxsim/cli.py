@@ -492,7 +492,7 @@ def cmd_probe(args) -> int:
         print(f"{decision.probe}: {values}; {decision.asked} inputs asked{note}")
     check = result.validation
     print(f"validation: {check.mismatches} mismatches in {check.vectors} vectors "
-          f"({check.random} random, {check.corners} corners)"
+          f"({check.random} random, {check.corners} corners, {check.targeted} targeted)"
           + (f", {check.nan_payload_differences} NaN outputs with another payload" if check.nan_payload_differences else ""))
     print(f"{result.queries} dot products asked in {result.seconds:.1f} s ({result.unit_seconds:.1f} s in the unit); "
           f"config: {args.out}")

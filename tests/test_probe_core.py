@@ -412,3 +412,32 @@ def test_a_rounding_toward_zero_whose_overflow_is_inf_is_decided_with_it():
     assert decision.mismatches == 0
     assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero",
                               "accumulator.overflow": "infinity"}
+
+
+def test_the_targeted_validation_finds_rows_a_bf16_output_hides():
+    """b200-tcgen05's tf32 x E3M2 -> bf16 path held as 4-term interleaved trees with a 27-bit
+    window (what the probe once emitted for its 8-term trees with a 25-bit truncating one): the
+    validation's fresh random vectors count nothing, the targeted rows (where the equivalent
+    8-term trees disagree with the held ones, c cancelling the sum's top) show the unit apart."""
+    from mxsim.datapath.schema import SCHEMA, param_field
+    from mxsim.probe.core import Decision, _Engine, _targeted, _validate
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.units import CountingUnit
+
+    unit = HwconfigUnit(HW / "b200-tcgen05.yaml", "tf32", "fp6_e3m2", "bf16")
+    engine = _Engine(CountingUnit(unit, "bf16", 10_000), Context("tf32", "fp6_e3m2", 64, 32, "bf16"), "probed")
+    for path in engine.hyp:
+        section, key = path.split(".")
+        engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
+    engine.hyp.update({"adder.fused_terms": 4, "adder.term_order": (0, 2, 4, 6, 1, 3, 5, 7), "adder.align_fraction_bits": 27,
+                       "adder.below_window": "nearest_even", "adder.sum_significant_bits": 25,
+                       "adder.accumulator_exponent": "leading_bit", "adder.zero_term_exponent": None,
+                       "accumulator.rounding": "nearest_even", "accumulator.overflow": "ieee"})
+    validation, _ = _validate(engine, 1, 1024, 256)
+    assert validation.mismatches == 0
+    trees = Decision("trees", ("adder.fused_terms", "adder.term_order"), {}, 2, 0,
+                     equivalent=[{"adder.fused_terms": 8, "adder.term_order": None}])
+    targeted, missed = _targeted(engine, [trees], 7, validation)
+    assert 0 < targeted.targeted <= 4 and targeted.mismatches == len(missed) > 0
+    assert targeted.vectors == validation.vectors + targeted.targeted
+    assert all(example["kind"] == "targeted" for example in targeted.examples)

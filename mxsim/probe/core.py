@@ -8,7 +8,8 @@ the candidates disagree (each input at most once per run); the candidates that r
 every answer survive and the first of them is kept. The decisive input recorded as evidence
 is the answered input that rules out the most other values. After one pass over the probes
 a validation on fresh random vectors (realistic data and uniformly random codes) and corners
-counts mismatches; any
+counts mismatches (when it counts none, also on rows where a decision's equivalent values
+disagree with the held hypothesis: :func:`_targeted`); any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
 hypothesis kept is the one whose validation counted the fewest mismatches (over the main
@@ -63,6 +64,7 @@ class Validation:
     mismatches: int
     nan_payload_differences: int
     examples: list
+    targeted: int = 0  # rows asked where an equivalent value disagrees with the held one (in vectors)
 
 
 @dataclass
@@ -274,6 +276,81 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
     return Validation(len(batch), random, corners, int(rows.size), int(np.count_nonzero(payload)), examples), batch.take(rows)
 
 
+#: Rows the targeted validation asks at most, and rows it looks for per equivalent value.
+TARGETED_ROWS, TARGETED_PER_VALUE = 256, 4
+
+
+def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: int = 1024) -> tuple[Validation, Batch]:
+    """The validation extended where a narrow output hides what separates values the probe's
+    rows did not tell apart: each decision's ``equivalent`` values, put in the final hypothesis,
+    are predicted (no query) on ``n`` fresh rows (realistic data and uniformly random codes,
+    each also with a c that cancels the sum's leading bits so that its low bits reach the
+    output); the unit is asked the rows where they disagree with the held hypothesis,
+    nearest values first (those disagreeing on the fewest rows), up to
+    :data:`TARGETED_PER_VALUE` rows per value and :data:`TARGETED_ROWS` in all. The rows it
+    misses are counted as mismatches and returned, as the validation's are."""
+    hyp = engine.hyp
+    ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
+                  engine.ctx.out_format, seed=seed, scale_format=hyp["inputs.scale_format"], c_format=engine.ctx.c_format)
+    drawn = Batch.join([ctx.realistic(n // 4), ctx.uniform(n // 4)])
+    batch = ctx.fit_c(Batch.join([drawn, _cancelling(ctx, drawn, hyp["inputs.scales"] != "none")]))
+    held_params = engine.params(hyp)
+    held = engine.predict(held_params, batch)
+    apart, known = [], {held_params}
+    for decision in decisions:
+        for value in decision.equivalent:
+            params = engine.params({**hyp, **value})
+            if params is None or params in known:
+                continue
+            known.add(params)
+            rows = np.flatnonzero(_differs(engine.predict(params, batch), held, ctx.out_format))
+            if rows.size:
+                apart.append(rows)
+    chosen: set[int] = set()
+    for rows in sorted(apart, key=len):
+        if len(chosen) >= TARGETED_ROWS:
+            break
+        wanted = TARGETED_PER_VALUE - len(chosen.intersection(rows.tolist()))
+        for row in rows.tolist():
+            if wanted <= 0 or len(chosen) >= TARGETED_ROWS:
+                break
+            if row not in chosen:
+                chosen.add(row)
+                wanted -= 1
+    asked = np.array(sorted(chosen), dtype=np.int64)
+    if not asked.size:
+        return validation, batch.take(asked)
+    answers = engine.ask(batch.take(asked))
+    wrong = _differs(held[asked], answers, ctx.out_format)
+    missed = asked[wrong]
+    examples = validation.examples + [
+        {"input": batch.row(int(i)), "unit_output": f"0x{int(a):x}", "config_output": f"0x{int(held[i]):x}",
+         "kind": "targeted"} for i, a in zip(missed, answers[wrong])][:5 - len(validation.examples)]
+    return dataclasses.replace(validation, vectors=validation.vectors + int(asked.size), targeted=int(asked.size),
+                               mismatches=validation.mismatches + int(missed.size), examples=examples), batch.take(missed)
+
+
+def _cancelling(ctx: Context, batch: Batch, scaled: bool) -> Batch:
+    """The rows again, each c now minus the dot's value (float64 sum of the decoded products,
+    scales applied when the unit has them) rounded to 8..24 bits: the result is what lies
+    below those bits, which a narrow output then shows. Rows whose sum is not finite keep c."""
+    a = get_format(ctx.a_format).decode(batch.a)
+    b = get_format(ctx.b_format).decode(batch.b)
+    with np.errstate(all="ignore"):
+        products = a * b
+        if scaled:
+            scale = ctx.scale.fmt.decode(batch.scale_a.astype(np.uint64)) * ctx.scale.fmt.decode(batch.scale_b.astype(np.uint64))
+            products = products * np.repeat(scale, ctx.block_size, axis=1)[:, :ctx.k]
+        total = products.sum(axis=1)
+        bits = ctx.rng.integers(8, 25, len(total))
+        exponent = np.floor(np.log2(np.abs(total)))
+        lead = np.ldexp(np.round(np.ldexp(total, (bits - 1 - exponent).astype(np.int64))), (exponent + 1 - bits).astype(np.int64))
+    c = batch.c.copy()
+    keep = np.isfinite(lead) & (total != 0)
+    c[keep] = ctx.c_bits(-lead[keep])
+    return Batch(batch.a.copy(), batch.b.copy(), batch.scale_a.copy(), batch.scale_b.copy(), c)
+
+
 def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
           c_format: str = "fp32", seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
           passes_limit: int = 4,
@@ -284,7 +361,8 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     config's ``inputs.c_format``, unless a wider format is found to read c alike): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
-    that no decision saw.
+    that no decision saw (when they count no mismatch, also on up to :data:`TARGETED_ROWS` rows
+    where values the probes did not tell apart disagree: :func:`_targeted`).
 
     At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
     unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
@@ -373,6 +451,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
                     if not run_pass(extra):
                         break
             validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
+            if not validation.mismatches:  # then where the output may hide what the probes' rows did not show
+                validation, missed = _targeted(engine, decisions.values(), seed + 1001 + refined, validation)
             if best is None or validation.mismatches < best[0].mismatches:
                 best = (validation, dict(engine.hyp), dict(decisions))
             if not validation.mismatches or refined == refinements:
@@ -438,7 +518,8 @@ def emit_yaml(config: dict, decisions, validation: Validation, queries: int) -> 
                         if isinstance(body, dict) else body) for section, body in config.items()}
     header = [f"# Probed hwconfig: {queries} dot products asked of the unit.",
               f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
-              f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners)"
+              f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners; "
+              f"{validation.targeted} targeted)"
               + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
               + "."]
     for decision in decisions:
