@@ -92,13 +92,17 @@ def _scales(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _groups(ctx: Context, hyp: dict) -> Candidates:
-    """Group sums of each size, each with the window held or up to four bits wider or
-    narrower: a group sum is aligned at its scales' exponent, not at its own leading bit, so a
-    window decided with another group size may sit a few bits off."""
+    """Group sums of each size, the size held first, each with the window held or up to four
+    bits wider or narrower: a group sum is aligned at its scales' exponent, not at its own
+    leading bit, so a window decided with another group size may sit a few bits off. The size
+    held first: without a window (exact sums) no input tells the sizes apart, and a smaller
+    size kept there admits tree sizes that no larger group divides (groups of 2, then trees of
+    30 at K = 32), which lock the larger sizes out of every later pass."""
     if hyp["inputs.scales"] != "group_sum":
         return [{"adder.group_terms": hyp["adder.group_terms"]}]
+    sizes = sorted(_group_sizes(ctx, hyp), key=lambda g: g != hyp["adder.group_terms"])
     return [{"adder.group_terms": g, "adder.align_fraction_bits": window}
-            for g in _group_sizes(ctx, hyp) for window in _near_windows(hyp, 4)]
+            for g in sizes for window in _near_windows(hyp, 4)]
 
 
 def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
