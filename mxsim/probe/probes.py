@@ -433,10 +433,15 @@ def _second_alignment(ctx: Context, hyp: dict) -> Candidates:
     held = hyp["adder.align_fraction_bits"]
     if held is None:
         return [{"adder.second_alignment_bits": None}]
+    none = [{"adder.second_alignment_bits": None}]
+    if hyp["adder.second_alignment_bits"] is not None and not hyp["adder.accumulator_in_tree"]:
+        # A second alignment held took the accumulator out of the tree, and the c entry probe
+        # cannot put it back while one is held (no config has both): null brings it back too.
+        none.append({"adder.second_alignment_bits": None, "adder.accumulator_in_tree": True})
     widest = _maximum("adder.second_alignment_bits")
     pairs = [(n, window) for n in range(widest + 1) for window in _near_windows(hyp, 1)]
     pairs += [(n, window) for n in _near_windows(hyp, 1) if n <= widest for window in range(max(0, held - 16), held - 1)]
-    return [{"adder.second_alignment_bits": None}] + [
+    return none + [
         {"adder.second_alignment_bits": n, "adder.far_accumulator": far, "adder.align_fraction_bits": window,
          "adder.below_window": below, "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
          "accumulator.c_entry": "initial", "accumulator.promotion_interval": None}
