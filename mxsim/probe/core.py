@@ -375,7 +375,10 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
             def draw() -> Batch:
                 batch = drawn.fit_c(p.inputs(drawn))
                 return batch.take(drawn.rng.permutation(len(batch)))
-            batches[p.name, fmt] = drawn.aside(draw) if p.aside else draw()
+            batch = drawn.aside(draw) if p.aside else draw()
+            if p.appended is not None:
+                batch = Batch.join([batch, drawn.aside(lambda: drawn.fit_c(p.appended(drawn)))])
+            batches[p.name, fmt] = batch
         return batches[p.name, fmt]
 
     asked = {p.name: 0 for p in (*PROBES, COARSE)}
