@@ -388,6 +388,40 @@ def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkey
     assert all(example["kind"] == "corner" for example in result.validation.examples)
 
 
+def test_scale_codes_the_unit_refuses_are_evidence_against_the_format_reading_them():
+    """A unit reading UE4M3 scales refuses E8M0 codes past 127 (mxsim raises on them): asked a
+    batch written in E8M0 over its whole range, the probe records the rows it refuses as
+    answers no output has (no ProbeError), asks the others as usual, and from then on keeps
+    E8M0 out of every candidate list, so the scale format probe takes UE4M3 back."""
+    from mxsim.datapath.schema import SCHEMA, param_field
+    from mxsim.probe.core import _Engine
+    from mxsim.probe.inputs import Batch, Context
+    from mxsim.probe.probes import PROBES
+    from mxsim.probe.units import CountingUnit
+
+    unit = HwconfigUnit(HW / "b200-tcgen05-mxf4nvf4.yaml", "fp4_e2m1", "fp4_e2m1", "fp32")
+    ctx = Context("fp4_e2m1", "fp4_e2m1", 32, 16, "fp32")  # codes written in E8M0
+    engine = _Engine(CountingUnit(unit, "fp32", 10_000), ctx, "probed")
+    for path in engine.hyp:  # every key as shipped but the scales, which are E8M0 on products
+        section, key = path.split(".")
+        engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
+    engine.hyp.update({"inputs.scales": "products", "inputs.scale_format": "e8m0"})
+    batch = Batch.join([ctx.scales(32), ctx.scale_formats(32)])  # the latter's codes: both formats read them
+    wide = np.maximum(batch.scale_a.max(axis=1), batch.scale_b.max(axis=1)) > 127
+    assert 0 < wide.sum() < len(batch)
+    with pytest.raises(ProbeError, match="UE4M3 codes"):
+        CountingUnit(unit, "fp32", 10_000)(batch.a, batch.b, batch.scale_a, batch.scale_b, batch.c)
+    answers = engine.ask(batch)
+    assert np.all(answers[wide] == 1 << 32)  # past fp32's width: no output has it
+    narrow = batch.take(np.flatnonzero(~wide))
+    assert np.array_equal(answers[~wide], unit(narrow.a, narrow.b, narrow.scale_a, narrow.scale_b, narrow.c))
+    assert engine.refused == {"e8m0"} and engine.unit.queries == len(narrow)
+    scale_format = next(p for p in PROBES if p.name == "scale format")
+    decision = engine.decide(scale_format, Batch.join([batch, ctx.fit_c(scale_format.inputs(ctx))]), 0)
+    assert decision.value["inputs.scale_format"] == "ue4m3" and decision.value["inputs.scales"] == "group_sum"
+    assert decision.mismatches == 0
+
+
 def test_a_rounding_toward_zero_whose_overflow_is_inf_is_decided_with_it():
     """a100's bf16 path (MMA-Sim's Ampere bf16 -> fp32 model): the accumulator rounded toward
     zero, Inf past its range. bf16 products reach 2^256, so the accumulator probe's rows

@@ -104,6 +104,7 @@ class _Engine:
         self.hyp["inputs.c_format"] = ctx.c_format  # the format c is asked in: the "c format" probe may widen it
         self.start = dict(self.hyp)
         self.pinned: dict = {}  # key path -> value every candidate must keep (a search with a placement pinned)
+        self.refused: set = set()  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._answers: dict = {}
 
@@ -141,7 +142,7 @@ class _Engine:
         hold (E8M0 codes past UE4M3's 7 bits), a value no output has: such a unit could not
         have answered them."""
         scaled = params.scales != "none"
-        top = (1 << get_format(params.scale_format).bits) - 1
+        top = _top_code(params.scale_format)
         readable = ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1)) if scaled else None
         if readable is not None and not readable.all():
             out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
@@ -159,10 +160,42 @@ class _Engine:
                  for i in range(len(batch))]
         missing = [i for i, key in enumerate(keys_) if key not in self._answers]
         if missing:
-            answers = self.unit(*(getattr(batch.take(missing), n) for n in ("a", "b", "scale_a", "scale_b", "c")))
+            answers = self._unit_answers(batch.take(missing))
             for i, answer in zip(missing, answers):
                 self._answers[keys_[i]] = int(answer)
         return np.array([self._answers[key] for key in keys_], dtype=np.uint64)
+
+    def _unit_answers(self, batch: Batch) -> np.ndarray:
+        """The unit's answers. A unit may refuse scale codes that it cannot read (E8M0 codes
+        past 127, written once a wrong E8M0 format is held, to a unit reading UE4M3's 7 bits):
+        where it raises on a batch holding rows with codes some scale format cannot hold, it is
+        asked the other rows alone, and the rows it still refuses get the answer no output has
+        (:func:`_unanswerable`): what a candidate whose scale format cannot hold those codes
+        predicts, so the refusal is evidence against every format that reads them (recorded in
+        ``refused``: no later candidate takes one), not the end of the run. A unit failing on
+        the other rows too, or a batch past the budget, still ends it (:class:`ProbeError`)."""
+        def answer(rows: Batch) -> np.ndarray:
+            return self.unit(rows.a, rows.b, rows.scale_a, rows.scale_b, rows.c)
+
+        try:
+            return answer(batch)
+        except ProbeError:
+            codes = np.maximum(batch.scale_a.max(axis=1, initial=0), batch.scale_b.max(axis=1, initial=0))
+            unreadable = codes > min(_top_code(fmt) for fmt in SCHEMA["inputs"]["scale_format"].choices)
+            if not unreadable.any() or self.unit.queries + len(batch) > self.unit.budget:
+                raise
+        answers = np.empty(len(batch), np.uint64)
+        if not unreadable.all():
+            answers[~unreadable] = answer(batch.take(np.flatnonzero(~unreadable)))
+        try:
+            answers[unreadable] = answer(batch.take(np.flatnonzero(unreadable)))
+        except ProbeError:
+            if self.unit.queries + int(unreadable.sum()) > self.unit.budget:
+                raise
+            answers[unreadable] = _unanswerable(self.ctx.out_format)
+            top = int(codes[unreadable].max())
+            self.refused |= {fmt for fmt in SCHEMA["inputs"]["scale_format"].choices if _top_code(fmt) >= top}
+        return answers
 
     # -- one probe
 
@@ -171,7 +204,8 @@ class _Engine:
         those missing the fewest answers stay (all that fit, when any fits), so most of the
         candidates are predicted on the first chunk alone."""
         candidates = [c for c in probe.candidates(self.ctx, self.hyp)
-                      if all(c.get(key, value) == value for key, value in self.pinned.items())] or [{}]
+                      if all(c.get(key, value) == value for key, value in self.pinned.items())
+                      and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused] or [{}]
         params = [self.params({**self.hyp, **candidate}) for candidate in candidates]
         alive = [i for i, p in enumerate(params) if p is not None]
         if not alive:
@@ -227,6 +261,11 @@ class _Engine:
         return {"input": row, "unit_output": f"0x{answer:x}", "ruled_out_here": ruled_out,
                 "other_values": [{"value": value, "output": f"0x{got:x}"} for got, value in others.items()],
                 "inputs_asked": len(seen)}
+
+
+def _top_code(scale_format: str) -> int:
+    """The largest code a scale format holds (E8M0: 255; UE4M3: 127)."""
+    return (1 << get_format(scale_format).bits) - 1
 
 
 def _unanswerable(out_format: str) -> int:
@@ -414,7 +453,10 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
             def draw() -> Batch:
                 batch = drawn.fit_c(p.inputs(drawn))
                 return batch.take(drawn.rng.permutation(len(batch)))
-            batches[p.name, fmt] = drawn.aside(draw) if p.aside else draw()
+            batch = drawn.aside(draw) if p.aside else draw()
+            if p.appended is not None:
+                batch = Batch.join([batch, drawn.aside(lambda: drawn.fit_c(p.appended(drawn)))])
+            batches[p.name, fmt] = batch
         return batches[p.name, fmt]
 
     asked = {p.name: 0 for p in (*PROBES, COARSE)}

@@ -405,6 +405,33 @@ class Context:
                 self.set_term(batch, row, place[3], top - int(self.rng.integers(4, 30)), bool(self.rng.integers(2)))
         return batch
 
+    def sum_cancel(self, n: int) -> Batch:
+        """A tree's sum cancelled by c down to its low bits: a term of 2^top and 2-5 of either
+        sign 1 to the window held (24 when null) binades below it, in one aligned run of 4..32
+        positions (one tree for every tree size of a power of two at least the run), and c the
+        negated exact sum rounded to 5-10 significant bits, so that what is left is the sum's
+        low bits: a tree sum rounded to fewer bits than the terms span shows even in a narrow
+        output."""
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            size = min(1 << int(self.rng.integers(2, 6)), self.k)
+            start = int(self.rng.integers(0, self.k // size)) * size
+            place = self.rng.permutation(np.arange(start, start + size))[:int(self.rng.integers(3, 7))]
+            reach = max(1, min(self.window if self.window is not None else 24, high - low))
+            top = int(self.rng.integers(min(high, low + reach), high + 1))
+            self.set_term(batch, row, int(place[0]), top, bool(self.rng.integers(2)))
+            for position in place[1:]:
+                self.set_term(batch, row, int(position), top - int(self.rng.integers(1, reach + 1)), bool(self.rng.integers(2)))
+            blocks = np.arange(self.k) // self.block_size
+            scales = (self.scale.fmt.decode(batch.scale_a[row].astype(np.uint64))[blocks]
+                      * self.scale.fmt.decode(batch.scale_b[row].astype(np.uint64))[blocks])
+            total = float(np.sum(self.A.fmt.decode(batch.a[row]) * self.B.fmt.decode(batch.b[row]) * scales))
+            if total and math.isfinite(total):
+                step = 2.0 ** (math.floor(math.log2(abs(total))) - int(self.rng.integers(4, 10)))
+                batch.c[row] = self.c_bits([-round(total / step) * step])[0]
+        return batch
+
     def pair_trees(self, n: int) -> Batch:
         """B, -B and a term 8..40 binades smaller at three positions of one aligned run of 2^j
         positions (or B and -B in a run of 2, the small term anywhere): which pairs a balanced

@@ -40,6 +40,9 @@ class Probe:
     #: An aside probe draws (and shuffles) its inputs on a copy of the generator: a probe added
     #: to the list leaves the rows of every probe after it as they were.
     aside: bool = False
+    #: Rows drawn on a copy of the generator and put after the shuffled ones: rows added to a
+    #: probe this way leave every other row of every probe as it was.
+    appended: Callable[[Context], Batch] | None = None
 
 
 def _maximum(path: str) -> int:
@@ -92,13 +95,17 @@ def _scales(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _groups(ctx: Context, hyp: dict) -> Candidates:
-    """Group sums of each size, each with the window held or up to four bits wider or
-    narrower: a group sum is aligned at its scales' exponent, not at its own leading bit, so a
-    window decided with another group size may sit a few bits off."""
+    """Group sums of each size, the size held first, each with the window held or up to four
+    bits wider or narrower: a group sum is aligned at its scales' exponent, not at its own
+    leading bit, so a window decided with another group size may sit a few bits off. The size
+    held first: without a window (exact sums) no input tells the sizes apart, and a smaller
+    size kept there admits tree sizes that no larger group divides (groups of 2, then trees of
+    30 at K = 32), which lock the larger sizes out of every later pass."""
     if hyp["inputs.scales"] != "group_sum":
         return [{"adder.group_terms": hyp["adder.group_terms"]}]
+    sizes = sorted(_group_sizes(ctx, hyp), key=lambda g: g != hyp["adder.group_terms"])
     return [{"adder.group_terms": g, "adder.align_fraction_bits": window}
-            for g in _group_sizes(ctx, hyp) for window in _near_windows(hyp, 4)]
+            for g in sizes for window in _near_windows(hyp, 4)]
 
 
 def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
@@ -429,10 +436,15 @@ def _second_alignment(ctx: Context, hyp: dict) -> Candidates:
     held = hyp["adder.align_fraction_bits"]
     if held is None:
         return [{"adder.second_alignment_bits": None}]
+    none = [{"adder.second_alignment_bits": None}]
+    if hyp["adder.second_alignment_bits"] is not None and not hyp["adder.accumulator_in_tree"]:
+        # A second alignment held took the accumulator out of the tree, and the c entry probe
+        # cannot put it back while one is held (no config has both): null brings it back too.
+        none.append({"adder.second_alignment_bits": None, "adder.accumulator_in_tree": True})
     widest = _maximum("adder.second_alignment_bits")
     pairs = [(n, window) for n in range(widest + 1) for window in _near_windows(hyp, 1)]
     pairs += [(n, window) for n in _near_windows(hyp, 1) if n <= widest for window in range(max(0, held - 16), held - 1)]
-    return [{"adder.second_alignment_bits": None}] + [
+    return none + [
         {"adder.second_alignment_bits": n, "adder.far_accumulator": far, "adder.align_fraction_bits": window,
          "adder.below_window": below, "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
          "accumulator.c_entry": "initial", "accumulator.promotion_interval": None}
@@ -513,9 +525,11 @@ PROBES: tuple[Probe, ...] = (
     Probe("zero terms", ("adder.zero_term_exponent", "adder.sum_significant_bits"), _zero_term_exponent,
           _families(tiny_terms=256, zero_results=32, zero_anchor=128),
           "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
+    # Its sums cancelled by c come last (appended): bf16 and fp16 outputs show a rounded tree
+    # sum on few other rows (h100-fp8-promoted E5M2 x E4M3 -> bf16: none of the others).
     Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
           _families(ties=192, cancellation=128, uniform=64),
-          "rounding of the tree sum before the accumulator"),
+          "rounding of the tree sum before the accumulator", appended=_families(sum_cancel=64)),
     Probe("adder width", ("adder.carry_bits", "adder.adder_overflow"), _carry, _families(corners=128, realistic=64),
           "carry bits of the tree adder and what happens past them"),
     Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
