@@ -46,6 +46,7 @@ import numpy as np
 
 import mxsim
 from _timing import best_seconds
+from mxsim._compile import compile_seconds
 from mxsim.errors import MxsimError
 from mxsim.fileio import json_text, write_atomic
 from mxsim.probe import HwconfigUnit, SubprocessUnit, probe
@@ -256,10 +257,10 @@ def measure(run: Run) -> dict:
         numba.set_num_threads(1)  # as the probe runs the unit
         rate = unit_alone(unit, run)
         numba.set_num_threads(threads)
-        cpu = time.process_time()
+        cpu, compiling = time.process_time(), compile_seconds()
         result = probe(unit, run.a, run.b, run.k, block_size=run.block_size, out_format=run.out,
                        c_format=run.c_format, **run.sizes)
-        cpu = time.process_time() - cpu
+        cpu, compiling = time.process_time() - cpu, compile_seconds() - compiling
     except (MxsimError, subprocess.CalledProcessError, OSError) as error:
         return {"error": " ".join(str(error).split())}
     finally:
@@ -267,9 +268,17 @@ def measure(run: Run) -> dict:
         if hasattr(unit, "close"):
             unit.close()
     v = result.validation
-    return {"queries": result.queries, "seconds": result.seconds, "cpu_seconds": cpu, "unit_seconds": result.unit_seconds,
-            "passes": result.passes, "mismatches": v.mismatches, "vectors": v.vectors,
-            "unit_rate": rate, "overhead": result.seconds / (result.queries / rate)}
+    return {"queries": result.queries, "seconds": result.seconds, "cpu_seconds": cpu, "compile_seconds": compiling,
+            "unit_seconds": result.unit_seconds, "passes": result.passes, "mismatches": v.mismatches, "vectors": v.vectors,
+            "unit_rate": rate, "overhead": result.seconds / (result.queries / rate), "config": result.config}
+
+
+def keys_differing(config: dict, other: dict) -> list[str]:
+    """``section.key`` of the datapath keys whose values differ between two emitted configs."""
+    sections = [name for name, body in {**config, **other}.items() if isinstance(body, dict)]
+    return sorted(f"{section}.{key}" for section in dict.fromkeys(sections)
+                  for key in {**config.get(section, {}), **other.get(section, {})}
+                  if config.get(section, {}).get(key) != other.get(section, {}).get(key))
 
 
 # ----------------------------------------------------------------------------- printing
@@ -283,7 +292,8 @@ def cells(run: Run) -> list[str]:
     f = run.figures
     if "error" in f:
         return [run.id, run.path, f"error: {f['error']}"]
-    return [run.id, run.path, f"{f['queries']:,}", f"{f['seconds']:.1f}", f"{f['cpu_seconds']:.1f}", f"{f['unit_seconds']:.2f}",
+    compiling = f" ({f['compile_seconds']:.1f} compiling)" if f["compile_seconds"] >= 0.05 else ""
+    return [run.id, run.path, f"{f['queries']:,}", f"{f['seconds']:.1f}{compiling}", f"{f['cpu_seconds']:.1f}", f"{f['unit_seconds']:.2f}",
             str(f["passes"]), f"{f['mismatches']:,} / {f['vectors']:,}", f"{f['unit_rate']:,.0f}",
             f"{f['overhead']:.{0 if f['overhead'] >= 10 else 1}f}x"]
 
@@ -366,6 +376,12 @@ def main(argv=None) -> None:
         show(cells(run), args.markdown)
     for row in totals(runs):
         show(row, args.markdown)
+    correct = next((run.figures.get("config") for run in runs if run.id == "rtl/BUG=0"), None)
+    for run in runs:  # a broken variant: a key its fault touches, or mismatches (docs/probe.md)
+        if run.set == "rtl" and run.name != "BUG=0" and correct and "config" in run.figures:
+            differing = ", ".join(keys_differing(run.figures["config"], correct)) or "none"
+            print(f"{'- ' if args.markdown else ''}{run.id} ({RTL_VARIANTS[int(run.name[4:])]}): keys other than "
+                  f"BUG=0's: {differing}; {run.figures['mismatches']:,} / {run.figures['vectors']:,} mismatches", flush=True)
     after = conditions()
     print(f"load average before {before['load_average']:.1f}, after {after['load_average']:.1f}; "
           f"{after['date']}", flush=True)
