@@ -8,7 +8,8 @@ asked (queries, validation included), the probe's wall seconds, its CPU seconds 
 process (the probe's own work and an in-process unit's; not a subprocess unit's), the seconds
 spent inside the unit (wall), passes, and the validation's mismatches / vectors. The same-run baseline is
 the unit alone: its rate on one batch of ``BASELINE_ROWS`` dot products (half realistic data,
-half uniformly random codes; best of 3, after a warm-up call), and the probe's overhead, its
+half uniformly random codes; best of 10 or of those done in 2 s, at least 2, after a warm-up
+call: on a loaded machine a short call preempted once takes tens of times longer), and the probe's overhead, its
 wall time over the time the unit alone takes for as many dot products at that rate. Totals
 per set follow. ``--markdown`` prints the same as table rows for docs/probe.md. Run it once
 first where the kernel cache is empty: the first run's figures include Numba's compiles.
@@ -241,7 +242,7 @@ def unit_alone(unit, run: Run) -> float:
     batch = ctx.fit_c(Batch.join([ctx.realistic(BASELINE_ROWS // 2), ctx.uniform(BASELINE_ROWS - BASELINE_ROWS // 2)]))
     fields = [getattr(batch, name) for name in ("a", "b", "scale_a", "scale_b", "c")]
     unit(*(x[:8] for x in fields))  # warm: a process started, kernels compiled
-    return BASELINE_ROWS / best_seconds(lambda: unit(*fields), 3)
+    return BASELINE_ROWS / best_seconds(lambda: unit(*fields), 10, budget=2.0)
 
 
 def measure(run: Run) -> dict:
