@@ -1,20 +1,83 @@
 """The benchmark scripts import: each name they take from mxsim still exists (their timed
-work runs from the command line only, see docs/benchmarks.md)."""
+work runs from the command line only, see docs/benchmarks.md). bench_probe.py's tables of
+paths are the probe tests' own, and one cheap run of it goes end to end."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import import_or_skip
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("bench_*.py")))
-def test_benchmark_script_imports(script, monkeypatch):
+def _load(script, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their _timing helper
     spec = importlib.util.spec_from_file_location(f"benchmark_{script[:-3]}", BENCHMARKS / script)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("bench_*.py")))
+def test_benchmark_script_imports(script, monkeypatch):
+    module = _load(script, monkeypatch)
     assert callable(getattr(module, "main", None)), f"{script} has no main()"
+
+
+UPDATE = "update benchmarks/bench_probe.py's table to the tests'"
+
+
+def test_bench_probe_paths_are_the_tests(monkeypatch):
+    import test_golden_rtl
+    import test_probe_core
+
+    bench = _load("bench_probe.py", monkeypatch)
+    assert bench.MXSIM_PATHS == {**test_probe_core.CI_PATHS, **test_probe_core.FP64_PATHS}, UPDATE
+    assert bench.RTL_VARIANTS == {0: "correct", **test_golden_rtl.BUGS}, UPDATE
+
+
+def test_bench_probe_mmasim_families_are_the_tests(monkeypatch):
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    import test_probe_mmasim as t
+
+    bench = _load("bench_probe.py", monkeypatch)
+    known = {(f.module, f.op, f.arch, f.ptx): (f.a, f.b, f.c, f.out, f.k, f.block, f.scale) for f in t.FAMILIES}
+    known.update({(f.module, f.op, f.arch, f.instruction): ("fp64", "fp64", "fp64", "fp64", f.k, None, None)
+                  for f in t.FP64_FAMILIES})
+    known.update({("mmasim.amd", "MFMA", f.arch, f.suffix): (f.a, f.b, "fp32", "fp32", f.k, None, None)
+                  for f in t.AMD_FAMILIES})
+    rows = {tuple(row[:4]): tuple(row[4:]) for row in bench.MMASIM_FAMILIES}
+    assert {key: known.get(key) for key in rows} == rows, UPDATE
+    ci = {(f.module, f.op, f.arch, f.ptx) for f in t._ci_families()}
+    ci |= {("mmasim.amd", "MFMA", arch, suffix) for arch, suffix in t.AMD_CI}
+    assert ci <= rows.keys(), UPDATE
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "mxsim,gpu"], "unknown set 'gpu'"),
+    (["--only", "mxsim/no-such-config"], "matches no run"),
+    (["--set", "rtl", "--only", "mxsim/*"], "matches no run of the sets rtl"),
+    (["--json", "no-such-directory/out.json"], "not a file in an existing directory"),
+    (["--markdown=yes"], "ignored explicit argument"),
+])
+def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, capsys):
+    bench = _load("bench_probe.py", monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_bench_probe_runs_one_path(monkeypatch, tmp_path, capsys):
+    bench = _load("bench_probe.py", monkeypatch)
+    bench.main(["--set", "mxsim", "--only", "mxsim/ocp-exact", "--json", str(tmp_path / "probe.json")])
+    (run,) = json.loads((tmp_path / "probe.json").read_text())["runs"]
+    assert run["id"] == "mxsim/ocp-exact" and "error" not in run, run
+    assert (run["mismatches"], run["vectors"]) == (0, 1280) and 0 < run["queries"] <= 100_000
+    assert run["unit_rate"] > 0 and run["seconds"] >= run["unit_seconds"] > 0
+    assert "mxsim/ocp-exact" in capsys.readouterr().out
