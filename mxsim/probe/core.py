@@ -441,7 +441,7 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     engine = _Engine(counting, ctx, name)
     contexts = {(ctx.scale.fmt.name, False): ctx}
     batches = {}
-    in_output_range = False  # whether the families draw inside the output's range (the last start)
+    in_output_range = False  # whether the families draw inside the output's range (the last two starts)
 
     def inputs(p: Probe) -> Batch:
         """The probe's inputs, written in the scale format held (drawn once per format), shuffled
