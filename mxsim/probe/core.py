@@ -14,8 +14,9 @@ mismatching vectors join every probe's inputs for another pass, in which each de
 all the others (at most ``refinements`` times, each followed by a fresh validation). The
 hypothesis kept is the one whose validation counted the fewest mismatches (over the main
 search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned,
-one from a coarse joint start and, where products pass fp32's range, one from a coarse start
-that also weighs the overflow rule: docs/probe.md), and that count,
+one from a coarse joint start, where products pass fp32's range one from a coarse start
+that also weighs the overflow rule, and where they pass the output's range the first and the
+coarse one on rows drawn inside it: docs/probe.md), and that count,
 measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
 """
 
@@ -438,17 +439,19 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     counting = CountingUnit(unit, out_format, check_int(budget, "probe: budget", 1))
     ctx = Context(a_format, b_format, k, block_size, out_format, seed=seed, c_format=c_format)
     engine = _Engine(counting, ctx, name)
-    contexts = {ctx.scale.fmt.name: ctx}
+    contexts = {(ctx.scale.fmt.name, False): ctx}
     batches = {}
+    in_output_range = False  # whether the families draw inside the output's range (the last two starts)
 
     def inputs(p: Probe) -> Batch:
         """The probe's inputs, written in the scale format held (drawn once per format), shuffled
         so that each chunk mixes the probe's families."""
         fmt = engine.hyp["inputs.scale_format"]
-        if (p.name, fmt) not in batches:
-            drawn = contexts.setdefault(fmt, Context(a_format, b_format, k, block_size, out_format, seed=seed,
-                                                     scale_format=fmt, c_format=c_format))
+        if (p.name, fmt, in_output_range) not in batches:
+            drawn = contexts.setdefault((fmt, in_output_range), Context(a_format, b_format, k, block_size, out_format,
+                                                                        seed=seed, scale_format=fmt, c_format=c_format))
             drawn.window = engine.hyp["adder.align_fraction_bits"]
+            drawn.in_output_range = in_output_range
 
             def draw() -> Batch:
                 batch = drawn.fit_c(p.inputs(drawn))
@@ -456,8 +459,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
             batch = drawn.aside(draw) if p.aside else draw()
             if p.appended is not None:
                 batch = Batch.join([batch, drawn.aside(lambda: drawn.fit_c(p.appended(drawn)))])
-            batches[p.name, fmt] = batch
-        return batches[p.name, fmt]
+            batches[p.name, fmt, in_output_range] = batch
+        return batches[p.name, fmt, in_output_range]
 
     asked = {p.name: 0 for p in (*PROBES, COARSE)}
     probes = PROBES
@@ -528,6 +531,15 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         engine.hyp = dict(engine.start)
         decisions.clear()
         probes = (*PROBES[:trees], COARSE_OVERFLOW, *PROBES[trees:])
+        best = search(best)
+    # Where the products pass the output's range, the first two starts again on rows drawn
+    # inside it (Context.output_span): above it most of the families' results are ±Inf.
+    for probes in (PROBES, (*PROBES[:trees], COARSE, *PROBES[trees:])):
+        if not best[0].mismatches or ctx.output_span() == ctx.full_span():
+            break
+        engine.hyp = dict(engine.start)
+        decisions.clear()
+        in_output_range = True
         best = search(best)
     # A refinement can make things worse when no key describes the unit: keep the best measured.
     validation, engine.hyp, decisions = best

@@ -173,6 +173,8 @@ class Context:
         self.blocks = -(-k // block_size)
         self.scale = _Scales(get_format(scale_format))
         self.window: int | None = None  # the alignment window held when a family is drawn (groups)
+        #: Whether :meth:`span` keeps to the exponents the output shows (:meth:`output_span`).
+        self.in_output_range = False
         self.seed = seed  # (zero_chains draws from a generator of its own)
         self.rng = np.random.default_rng(seed)
         self.A = _Operand(get_format(a_format), self.rng)
@@ -291,7 +293,21 @@ class Context:
         return np.concatenate([distinct, self.rng.integers(0, self.k, max(extra, 0))]) if extra > 0 else distinct
 
     def span(self) -> tuple[int, int]:
+        """The products' exponents the families draw from: all the elements reach, or where
+        ``in_output_range`` is set, :meth:`output_span`."""
+        return self.output_span() if self.in_output_range else self.full_span()
+
+    def full_span(self) -> tuple[int, int]:
+        """The smallest and largest exponent of the elements' products."""
         return int(self.exponents[0]), int(self.exponents[-1])
+
+    def output_span(self) -> tuple[int, int]:
+        """:meth:`full_span` cut to the exponents a finite nonzero output has (fp16: 2^-24 to
+        2^15), where the two overlap: on rows past a narrow output's range most results are
+        ±Inf or zero and tell few keys apart."""
+        low, high = self.full_span()
+        cut = (max(low, self.out_emin - self.out_fmt.mantissa_bits), min(high, self.out_fmt.emax))
+        return cut if cut[0] <= cut[1] else (low, high)
 
     # -- families
 
@@ -557,7 +573,7 @@ class Context:
         format's largest value with a term of its sign, or the largest elements at large
         scales. Under a directed rounding toward zero this tells +-Inf from the largest value."""
         batch = self.empty(n)
-        low, high = self.span()
+        low, high = self.full_span()  # sums past the range: never cut to the output's
         for row in range(n):
             fmt = FP32 if row % 2 else self.out_fmt
             top = math.frexp(fmt.max_finite)[1] - 1  # np.log2 rounds fp64's largest up to 1024
@@ -772,7 +788,7 @@ class Context:
         specials = self.c_bits([np.nan, np.inf, -np.inf])
         for row in range(n):
             early, late = sorted(int(p) for p in self.positions(2))
-            low, high = self.span()
+            low, high = self.full_span()  # products past a narrow output's range drop it too
             target = int(self.rng.integers(low, high + 1))
             self.set_term(batch, row, late, target, bool(self.rng.integers(2)))
             if row % 2 and self.A.special_codes and early != late:

@@ -456,13 +456,22 @@ def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
     """A NaN or Inf accumulator kept to the output (null), or aligned at exponent e by a second
     alignment that drops far accumulators, so that a tree whose reference reaches
     e + align_fraction_bits + 2 drops it: every e the products' exponents tell apart (only with
-    such a second alignment; the key needs one)."""
+    a window; the key needs one). Where no such second alignment is held, each e comes with
+    one of the window's width: a NaN against ±Inf shows the pair where an output too narrow
+    for the second alignment's own rows shows nothing of it (the second alignment probe then
+    settles its width)."""
     window = hyp["adder.align_fraction_bits"]
-    if hyp["adder.second_alignment_bits"] is None or hyp["adder.far_accumulator"] != "zero" or window is None:
+    if window is None:
         return [{"adder.special_accumulator_exponent": None}]
     low, high = ctx.span()
+    exponents = range(low - window - 3, high - window)
+    if hyp["adder.second_alignment_bits"] is not None and hyp["adder.far_accumulator"] == "zero":
+        return [{"adder.special_accumulator_exponent": None}] + [
+            {"adder.special_accumulator_exponent": e} for e in exponents]
     return [{"adder.special_accumulator_exponent": None}] + [
-        {"adder.special_accumulator_exponent": e} for e in range(low - window - 3, high - window)]
+        {"adder.special_accumulator_exponent": e, "adder.second_alignment_bits": min(window, _maximum("adder.second_alignment_bits")),
+         "adder.far_accumulator": "zero", "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
+         "accumulator.c_entry": "initial", "accumulator.promotion_interval": None} for e in exponents]
 
 
 def _families(**counts: int) -> Callable[[Context], Batch]:
@@ -538,7 +547,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
           _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
           "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
-    Probe("special accumulator", ("adder.special_accumulator_exponent",), _special_accumulator,
+    Probe("special accumulator", ("adder.special_accumulator_exponent", "adder.second_alignment_bits", "adder.far_accumulator"),
+          _special_accumulator,
           _families(special_accumulator=128),
           "a NaN or Inf c or running sum, dropped by a second alignment from a tree of large products on", late=True,
           aside=True),
