@@ -271,6 +271,7 @@ def measure(run: Run) -> dict:
     v = result.validation
     return {"queries": result.queries, "seconds": result.seconds, "cpu_seconds": cpu, "compile_seconds": compiling,
             "unit_seconds": result.unit_seconds, "passes": result.passes, "mismatches": v.mismatches, "vectors": v.vectors,
+            "targeted": v.targeted,
             "unit_rate": rate, "overhead": result.seconds / (result.queries / rate), "config": result.config}
 
 
