@@ -318,6 +318,8 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
 
 #: Rows the targeted validation asks at most, and rows it looks for per equivalent value.
 TARGETED_ROWS, TARGETED_PER_VALUE = 256, 4
+#: Rows of partial overflows (:meth:`Context.partial_overflow`) it draws, and asks at most.
+OVERFLOW_ROWS, OVERFLOW_ASKED = 64, 16
 
 
 def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: int = 1024) -> tuple[Validation, Batch]:
@@ -327,13 +329,18 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
     each also with a c that cancels the sum's leading bits so that its low bits reach the
     output); the unit is asked the rows where they disagree with the held hypothesis,
     nearest values first (those disagreeing on the fewest rows), up to
-    :data:`TARGETED_PER_VALUE` rows per value and :data:`TARGETED_ROWS` in all. The rows it
-    misses are counted as mismatches and returned, as the validation's are."""
+    :data:`TARGETED_PER_VALUE` rows per value and :data:`TARGETED_ROWS` in all. Likewise, apart
+    from those, on :data:`OVERFLOW_ROWS` rows where a partial sum overflows with the other sign
+    than the whole (up to :data:`OVERFLOW_ASKED` asked): scales at the extremes, which random
+    rows seldom meet, show where partial sums are rounded. The rows it misses are counted as
+    mismatches and returned, as the validation's are."""
     hyp = engine.hyp
     ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
                   engine.ctx.out_format, seed=seed, scale_format=hyp["inputs.scale_format"], c_format=engine.ctx.c_format)
     drawn = Batch.join([ctx.realistic(n // 4), ctx.uniform(n // 4)])
     batch = ctx.fit_c(Batch.join([drawn, _cancelling(ctx, drawn, hyp["inputs.scales"] != "none")]))
+    cancelling_rows = len(batch)  # drawn last: the rows above stay as they were
+    batch = Batch.join([batch, ctx.fit_c(ctx.partial_overflow(OVERFLOW_ROWS))])
     held_params = engine.params(hyp)
     held = engine.predict(held_params, batch)
     apart, known = [], {held_params}
@@ -346,17 +353,8 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
             rows = np.flatnonzero(_differs(engine.predict(params, batch), held, ctx.out_format))
             if rows.size:
                 apart.append(rows)
-    chosen: set[int] = set()
-    for rows in sorted(apart, key=len):
-        if len(chosen) >= TARGETED_ROWS:
-            break
-        wanted = TARGETED_PER_VALUE - len(chosen.intersection(rows.tolist()))
-        for row in rows.tolist():
-            if wanted <= 0 or len(chosen) >= TARGETED_ROWS:
-                break
-            if row not in chosen:
-                chosen.add(row)
-                wanted -= 1
+    chosen = (_nearest_first([rows[rows < cancelling_rows] for rows in apart], TARGETED_ROWS)
+              | _nearest_first([rows[rows >= cancelling_rows] for rows in apart], OVERFLOW_ASKED))
     asked = np.array(sorted(chosen), dtype=np.int64)
     if not asked.size:
         return validation, batch.take(asked)
@@ -368,6 +366,23 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
          "kind": "targeted"} for i, a in zip(missed, answers[wrong])][:5 - len(validation.examples)]
     return dataclasses.replace(validation, vectors=validation.vectors + int(asked.size), targeted=int(asked.size),
                                mismatches=validation.mismatches + int(missed.size), examples=examples), batch.take(missed)
+
+
+def _nearest_first(apart: list[np.ndarray], limit: int) -> set[int]:
+    """Up to :data:`TARGETED_PER_VALUE` rows of each value's, the values disagreeing on the
+    fewest rows first, ``limit`` in all."""
+    chosen: set[int] = set()
+    for rows in sorted(apart, key=len):
+        if len(chosen) >= limit:
+            break
+        wanted = TARGETED_PER_VALUE - len(chosen.intersection(rows.tolist()))
+        for row in rows.tolist():
+            if wanted <= 0 or len(chosen) >= limit:
+                break
+            if row not in chosen:
+                chosen.add(row)
+                wanted -= 1
+    return chosen
 
 
 def _cancelling(ctx: Context, batch: Batch, scaled: bool) -> Batch:

@@ -592,6 +592,37 @@ class Context:
                 self.set_term(batch, row, int(position), top - int(self.rng.integers(0, fmt.mantissa_bits + 2)), negative)
         return batch
 
+    def partial_overflow(self, n: int) -> Batch:
+        """Realistic rows with one block emptied but for two terms of opposite signs, the later
+        one or two binades above the earlier, the block's scales carrying the earlier just past the range
+        of fp32 or of the output format: the block's exact sum overflows (or stays finite) with
+        the later term's sign, while a tree or step that ends between them takes the earlier
+        alone, overflows with its sign and stays ±Inf. Where partial sums are rounded (tree
+        size, promotion, term order) under scales at the extremes; scales that cannot reach
+        the range leave the terms small."""
+        batch = self.realistic(n)
+        high = self.full_span()[1]
+        for row in range(n):
+            fmt = FP32 if row % 2 else self.out_fmt
+            top = math.frexp(fmt.max_finite)[1] - 1
+            block = int(self.rng.integers(self.blocks))
+            start, stop = block * self.block_size, min((block + 1) * self.block_size, self.k)
+            if stop - start < 2:
+                continue
+            batch.a[row, start:stop], batch.b[row, start:stop] = self.A.zero, self.B.zero
+            early, late = sorted(int(p) for p in start + self.rng.choice(stop - start, 2, replace=False))
+            negative = bool(self.rng.integers(2))
+            a, b, exponent = self.pair_at(high - 3)
+            batch.a[row, early] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
+            batch.b[row, early] = b
+            a, b, _ = self.pair_at(exponent + int(self.rng.integers(1, 3)))
+            batch.a[row, late] = a if negative else self.A.negate(np.array([a], np.uint64))[0]
+            batch.b[row, late] = b
+            shift = top + 1 - exponent
+            batch.scale_a[row, block] = self.scale.power(shift // 2)
+            batch.scale_b[row, block] = self.scale.power(shift - shift // 2)
+        return batch
+
     def subnormal_accumulator(self, n: int) -> Batch:
         """c subnormal in fp32 or in the output format, with terms of its size and a little
         above or below it: the exponent a subnormal accumulator aligns with."""
