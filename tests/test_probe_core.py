@@ -471,7 +471,12 @@ def test_the_targeted_validation_finds_rows_a_bf16_output_hides():
     assert validation.mismatches == 0
     trees = Decision("trees", ("adder.fused_terms", "adder.term_order"), {}, 2, 0,
                      equivalent=[{"adder.fused_terms": 8, "adder.term_order": None}])
-    targeted, missed = _targeted(engine, [trees], 7, validation)
+    targeted, missed = _targeted(engine, [trees], 7, validation, overflow_rows=0)
     assert 0 < targeted.targeted <= 4 and targeted.mismatches == len(missed) > 0
     assert targeted.vectors == validation.vectors + targeted.targeted
     assert all(example["kind"] == "targeted" for example in targeted.examples)
+    # with the partial overflows beside them: up to 4 rows more, and they too show the unit apart
+    # (the interleaved 4-term trees round a partial sum that overflows with the other sign)
+    with_overflows, missed = _targeted(engine, [trees], 7, validation)
+    assert targeted.targeted < with_overflows.targeted <= targeted.targeted + 4
+    assert with_overflows.mismatches == len(missed) > targeted.mismatches

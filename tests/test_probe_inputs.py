@@ -115,3 +115,37 @@ def test_alignment_ties_tell_the_second_alignment_to_the_bit(a_format, k):
     out = {n: dot_with_params(dataclasses.replace(params, second_alignment_bits=n), batch.a, batch.b,
                               c=batch.c.view(np.float32)) for n in (30, 31, 32)}
     assert np.count_nonzero(out[30] != out[31]) >= 3 and np.count_nonzero(out[32] != out[31]) >= 3
+
+
+def test_partial_overflow_rows_show_rounded_partial_sums():
+    """Each row's emptied block holds two terms of opposite signs, the later the larger, the
+    earlier alone past the range of fp32 (odd rows) or of the output (even rows): exact trees
+    of 32 (ocp-exact) give the sign of the block's exact sum, trees of 16 promoted at 32 (what
+    the probe emitted for this path without these rows) the earlier term's ±Inf wherever its
+    tree comes first and the sum overflows fp32 with the other sign."""
+    params = load_hwconfig(HW / "ocp-exact.yaml").params("fp6_e3m2", "int8", "fp16")
+    ctx = Context("fp6_e3m2", "int8", 64, 32, "fp16", seed=5)
+    batch = ctx.fit_c(ctx.partial_overflow(64))
+    split = dataclasses.replace(params, fused_terms=16, promotion_interval=32)
+    exact, rounded = (get_format("fp16").decode(dot_with_params(
+        p, batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b, c=batch.c.view(np.float32)).astype(np.uint64))
+        for p in (params, split))
+
+    def value(fmt: str, codes) -> list[Fraction]:
+        return [Fraction(float(v)) for v in get_format(fmt).decode(np.asarray(codes, np.uint64))]
+
+    told = 0
+    for row in range(len(batch)):
+        products = [x * y for x, y in zip(value("fp6_e3m2", batch.a[row]), value("int8", batch.b[row]))]
+        blocks = [block for block in range(2) if sum(1 for v in products[32 * block:32 * block + 32] if v) == 2]
+        assert len(blocks) == 1
+        block = blocks[0]
+        scale = value("e8m0", batch.scale_a[row, [block]])[0] * value("e8m0", batch.scale_b[row, [block]])[0]
+        (first, early), (second, late) = [(j % 32, v * scale) for j, v in enumerate(products) if v and j // 32 == block]
+        top = get_format("fp32" if row % 2 else "fp16").emax
+        assert abs(early) >= 2 ** (top + 1) and (early > 0) != (late > 0) and abs(late) > abs(early)
+        if row % 2 and first < 16 <= second and abs(early + late) >= 2 ** 128:
+            told += 1
+            assert exact[row] == (math.inf if early + late > 0 else -math.inf)
+            assert rounded[row] == (math.inf if early > 0 else -math.inf)
+    assert told >= 4

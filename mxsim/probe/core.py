@@ -322,7 +322,8 @@ TARGETED_ROWS, TARGETED_PER_VALUE = 256, 4
 OVERFLOW_ROWS, OVERFLOW_ASKED = 64, 16
 
 
-def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: int = 1024) -> tuple[Validation, Batch]:
+def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: int = 1024,
+              overflow_rows: int = OVERFLOW_ROWS) -> tuple[Validation, Batch]:
     """The validation extended where a narrow output hides what separates values the probe's
     rows did not tell apart: each decision's ``equivalent`` values, put in the final hypothesis,
     are predicted (no query) on ``n`` fresh rows (realistic data and uniformly random codes,
@@ -330,7 +331,7 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
     output); the unit is asked the rows where they disagree with the held hypothesis,
     nearest values first (those disagreeing on the fewest rows), up to
     :data:`TARGETED_PER_VALUE` rows per value and :data:`TARGETED_ROWS` in all. Likewise, apart
-    from those, on :data:`OVERFLOW_ROWS` rows where a partial sum overflows with the other sign
+    from those, on ``overflow_rows`` rows where a partial sum overflows with the other sign
     than the whole (up to :data:`OVERFLOW_ASKED` asked): scales at the extremes, which random
     rows seldom meet, show where partial sums are rounded. The rows it misses are counted as
     mismatches and returned, as the validation's are."""
@@ -340,7 +341,7 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
     drawn = Batch.join([ctx.realistic(n // 4), ctx.uniform(n // 4)])
     batch = ctx.fit_c(Batch.join([drawn, _cancelling(ctx, drawn, hyp["inputs.scales"] != "none")]))
     cancelling_rows = len(batch)  # drawn last: the rows above stay as they were
-    batch = Batch.join([batch, ctx.fit_c(ctx.partial_overflow(OVERFLOW_ROWS))])
+    batch = Batch.join([batch, ctx.fit_c(ctx.partial_overflow(overflow_rows))])
     held_params = engine.params(hyp)
     held = engine.predict(held_params, batch)
     apart, known = [], {held_params}
