@@ -594,12 +594,13 @@ class Context:
 
     def partial_overflow(self, n: int) -> Batch:
         """Realistic rows with one block emptied but for two terms of opposite signs, the later
-        one or two binades above the earlier, the block's scales carrying the earlier just past the range
-        of fp32 or of the output format: the block's exact sum overflows (or stays finite) with
-        the later term's sign, while a tree or step that ends between them takes the earlier
-        alone, overflows with its sign and stays ±Inf. Where partial sums are rounded (tree
-        size, promotion, term order) under scales at the extremes; scales that cannot reach
-        the range leave the terms small."""
+        one or two binades above the earlier, the block's scales carrying the earlier just past
+        the range of fp32 (odd rows) or of the output format (even rows): the block's exact sum
+        overflows (or stays finite) with the later term's sign, while a tree, step or promotion
+        that ends between them takes the earlier alone, overflows with its sign and keeps that
+        ±Inf. They show where partial sums are rounded (tree size, promotion, term order) under
+        scales at the extremes. Where the scales cannot carry the terms there (no scales,
+        UE4M3), the products keep their own size, three binades below the largest."""
         batch = self.realistic(n)
         high = self.full_span()[1]
         for row in range(n):
@@ -612,7 +613,7 @@ class Context:
             batch.a[row, start:stop], batch.b[row, start:stop] = self.A.zero, self.B.zero
             early, late = sorted(int(p) for p in start + self.rng.choice(stop - start, 2, replace=False))
             negative = bool(self.rng.integers(2))
-            a, b, exponent = self.pair_at(high - 3)
+            a, b, exponent = self.pair_at(high - 3)  # room for the later term above it
             batch.a[row, early] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
             batch.b[row, early] = b
             a, b, _ = self.pair_at(exponent + int(self.rng.integers(1, 3)))
