@@ -1,6 +1,7 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
-the alignment ties are ties of c and tell a second alignment's width to the bit."""
+the alignment ties are ties of c and tell a second alignment's width to the bit; the partial
+overflows tell exact block sums from rounded partial sums under scales at the extremes."""
 
 from __future__ import annotations
 
