@@ -46,7 +46,8 @@ class Batch:
 
     @staticmethod
     def join(batches) -> "Batch":
-        batches = [batch for batch in batches if len(batch)]
+        batches = list(batches)
+        batches = [batch for batch in batches if len(batch)] or batches[:1]  # all empty: the first
         return Batch(*(np.concatenate([getattr(batch, name) for batch in batches])
                        for name in ("a", "b", "scale_a", "scale_b", "c")))
 
