@@ -1,7 +1,8 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
 the alignment ties are ties of c and tell a second alignment's width to the bit; the partial
-overflows tell exact block sums from rounded partial sums under scales at the extremes."""
+overflows tell exact block sums from rounded partial sums under scales at the extremes; the output
+ties lie a hair off a tie of the output and tell an exact accumulator from a rounded one."""
 
 from __future__ import annotations
 
@@ -150,3 +151,31 @@ def test_partial_overflow_rows_show_rounded_partial_sums():
             assert exact[row] == (math.inf if early + late > 0 else -math.inf)
             assert rounded[row] == (math.inf if early > 0 else -math.inf)
     assert told >= 4
+
+
+def test_output_ties_lie_just_off_a_tie_of_the_output():
+    """kulisch INT8 x E2M1 -> fp16: each row's c is a tie of fp16 (12 significant bits, the
+    last one set), and the exact result (exact rationals, scales applied) lies off it by less
+    than half an fp32 ulp of c, on both sides; an fp32 accumulator rounding toward -inf (which the
+    probe once held there) gives other fp16 outputs than kulisch's exact one on several rows."""
+    params = load_hwconfig(HW / "kulisch.yaml").params("int8", "fp4_e2m1", "fp16")
+    ctx = Context("int8", "fp4_e2m1", 64, params.block_size, "fp16", seed=5)
+    batch = ctx.fit_c(ctx.output_ties(64))
+    a_fmt, b_fmt, scale_fmt = get_format("int8"), get_format("fp4_e2m1"), get_format("e8m0")
+    sides = set()
+    for row in range(len(batch)):
+        c = Fraction(float(batch.c.view(np.float32)[row]))
+        exponent = math.frexp(float(abs(c)))[1] - 1  # |c| in [2^e, 2^(e+1))
+        steps = abs(c) / Fraction(2) ** (exponent - 11)
+        assert steps.denominator == 1 and steps % 2 == 1 and 2 ** 11 < steps < 2 ** 12
+        scale = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(scale_fmt.decode(batch.scale_a[row].astype(np.uint64)),
+                                                                       scale_fmt.decode(batch.scale_b[row].astype(np.uint64)))]
+        off = sum(Fraction(float(x)) * Fraction(float(y)) * scale[i // params.block_size]
+                  for i, (x, y) in enumerate(zip(a_fmt.decode(batch.a[row]), b_fmt.decode(batch.b[row]))))
+        assert 0 < abs(off) < Fraction(2) ** (exponent - 24)
+        sides.add(off > 0)
+    assert sides == {True, False}
+    out = {fmt: dot_with_params(dataclasses.replace(params, accumulator_format=fmt, accumulator_rounding=rounding),
+                                batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b, c=batch.c.view(np.float32))
+           for fmt, rounding in (("exact", "nearest_even"), ("fp32", "toward_negative"))}
+    assert np.count_nonzero(out["exact"] != out["fp32"]) >= 8

@@ -46,7 +46,8 @@ class Batch:
 
     @staticmethod
     def join(batches) -> "Batch":
-        batches = [batch for batch in batches if len(batch)]
+        batches = list(batches)
+        batches = [batch for batch in batches if len(batch)] or batches[:1]  # all empty: the first
         return Batch(*(np.concatenate([getattr(batch, name) for batch in batches])
                        for name in ("a", "b", "scale_a", "scale_b", "c")))
 
@@ -394,6 +395,36 @@ class Context:
             for i in range(first, first + int(self.rng.integers(1, 4))):
                 gap = precision + int(self.rng.integers(-2, 8))
                 self.set_term(batch, row, place[i], exponent - gap, bool(self.rng.integers(2)))
+        return batch
+
+    def output_ties(self, n: int) -> Batch:
+        """c a rounding point of the output (half an ulp past one of its normal values, either
+        sign) and a term of either sign 1..16 binades below the last bit of a wider
+        precision (fp32's 24 bits for an fp16 or bf16 output, fp16's 11 for bf16): the exact
+        result lies a hair off the tie, closer than that precision holds, so an accumulator
+        that rounds to it first puts the result on the tie or beside it, and the output's
+        rounding shows whether and how (an fp32 accumulator rounding toward -inf against an
+        exact one, under an fp16 output). No rows where no precision listed is wider than the
+        output's (an fp32 output with fp32 c)."""
+        output_bits = self.out_fmt.mantissa_bits + 1
+        wider = [p for p in self.precisions if p > output_bits]
+        if not wider:
+            return self.empty(0)
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            precision = int(self.rng.choice(wider))
+            gap = precision + int(self.rng.integers(1, 17))
+            # the tie's exponent: in the output's normal range, where the term gap binades below
+            # it is a product the elements make (else its block's scales make up the difference)
+            first, last = max(self.out_emin, low + gap), min(self.out_fmt.emax - 1, high + gap)
+            if first > last:
+                first, last = self.out_emin, self.out_fmt.emax - 1
+            exponent = int(self.rng.integers(first, last + 1))
+            significand = (1 << output_bits) | int(self.rng.integers(0, 1 << (output_bits - 1))) << 1 | 1
+            negative = bool(self.rng.integers(2))
+            batch.c[row] = self.c_bits([math.ldexp(-significand if negative else significand, exponent - output_bits)])[0]
+            self.set_term(batch, row, int(self.rng.integers(self.k)), exponent - gap, bool(self.rng.integers(2)))
         return batch
 
     def trees(self, n: int) -> Batch:

@@ -505,9 +505,12 @@ PROBES: tuple[Probe, ...] = (
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
+    # Its output ties come last (appended): under an fp16 output an exact accumulator and an
+    # fp32 one rounding toward -inf give the same bits on every other row (kulisch INT8 x E2M1).
     Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
-          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
+          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
+          appended=_families(output_ties=64)),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
