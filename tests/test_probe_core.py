@@ -482,7 +482,8 @@ def test_an_accumulator_rounding_a_bf16_output_hides_is_kept():
     rounded toward zero into bf16): on the accumulator probe's rows the 8-bit output hides the
     accumulator's last bit, so nearest-even fits them as well. Listed first, it replaced the
     rounding toward zero the coarse start had found on realistic rows, and the later probes bent
-    to it (14 mismatches in 1,280); the value held is listed first and stays."""
+    to it (14 mismatches in 1,280). Where the output is narrower than the accumulator held, the
+    value held is listed first and stays."""
     from mxsim.datapath.schema import SCHEMA, param_field
     from mxsim.probe.core import _Engine
     from mxsim.probe.inputs import Context
