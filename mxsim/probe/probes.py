@@ -351,8 +351,15 @@ GRID_NEEDS = {"adder.accumulator_in_tree": False, "adder.align_fraction_bits": N
 
 
 def _grid(ctx: Context, hyp: dict) -> Candidates:
+    """No grid, or n fraction bits with what a grid needs; a grid takes one scale per tree, so
+    where the tree size held does not divide the block its trees restart at each block (a tree
+    size decided before the grid, on rows that a narrow output rounds alike, would otherwise
+    lock every grid out)."""
+    needs = dict(GRID_NEEDS)
+    if ctx.block_size % hyp["adder.fused_terms"]:
+        needs["adder.trees_in_blocks"] = True
     return [{"grid.fraction_bits": None}] + [
-        {"grid.fraction_bits": n, **GRID_NEEDS} for n in GRID_FRACTION_BITS]
+        {"grid.fraction_bits": n, **needs} for n in GRID_FRACTION_BITS]
 
 
 #: Accumulator shifts tried: 0 .. 160 places (past that, an fp32 accumulator meets no product).
