@@ -135,7 +135,20 @@ def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
     apart (MMA-Sim's Ampere and Ada bf16: Inf under a rounding toward zero)."""
     candidates = _accumulator(ctx, hyp)
     return candidates + [{**c, "accumulator.overflow": other} for other in _overflows_held_first(hyp)[1:]
-                         for c in candidates if not c["accumulator.rounding"].startswith("nearest")]
+                         for c in candidates if not c["accumulator.rounding"].startswith("nearest")] + _output_alike(ctx, hyp)
+
+
+def _output_alike(ctx: Context, hyp: dict) -> Candidates:
+    """Where the output is narrower than an accumulator format, that accumulator with each
+    rounding other than the output's held, the output rounded alike. An accumulator rounded
+    to the output's own format hides the output's rounding, so before the output probe has
+    decided it, an fp16 accumulator rounding toward zero imitates an fp32 one with the output
+    rounding toward zero better than the fp32 one does with the output's rounding held
+    (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16)."""
+    bits = get_format(ctx.out_format).bits
+    return [{"accumulator.format": fmt, "accumulator.rounding": rounding, "output.rounding": rounding}
+            for fmt in ("fp32", *_wide_accumulators(ctx)) if get_format(fmt).bits > bits
+            for rounding in DIRECTED_AND_NEAREST if rounding != hyp["output.rounding"]]
 
 
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
@@ -150,10 +163,25 @@ def _output(ctx: Context, hyp: dict) -> Candidates:
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
     # A window is read by fused trees only: it brings them back when pairwise adds are held.
-    return [{"adder.align_fraction_bits": None}] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
-        for bits in range(0, _maximum("adder.align_fraction_bits") + 1)
-        for below in SCHEMA["adder"]["below_window"].choices]
+    # The width held first: where the alignment-reference probe moved it a bit, a narrower
+    # width with another rounding below it that fits the window rows as well would move it
+    # back each pass, and the rounding below the window would never be decided at the width
+    # held (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16: 34 nearest-even and 35 truncated in turn).
+    widths = sorted(range(0, _maximum("adder.align_fraction_bits") + 1), key=lambda bits: bits != hyp["adder.align_fraction_bits"])
+    windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
+               for bits in widths for below in SCHEMA["adder"]["below_window"].choices]
+    return [{"adder.align_fraction_bits": None}] + windows + _windows_with_sum_roundings(windows, hyp)
+
+
+def _windows_with_sum_roundings(windows: Candidates, hyp: dict) -> Candidates:
+    """Where a rounded tree sum is held, each window again with the sum's other roundings: a
+    sum rounded to nearest with no window imitates a cut window with the sum rounded toward
+    zero under a narrow output, and neither key moves alone (b200-tcgen05-mxf4 E2M1 x E2M1 ->
+    fp16: an exact sum to 24 bits to nearest for 35 bits truncated and 24 toward zero)."""
+    if hyp["adder.sum_significant_bits"] is None:
+        return []
+    return [{**window, "adder.sum_rounding": rounding} for rounding in DIRECTED_AND_NEAREST
+            if rounding != hyp["adder.sum_rounding"] for window in windows]
 
 
 def _align_reference(ctx: Context, hyp: dict) -> Candidates:
@@ -512,7 +540,8 @@ PROBES: tuple[Probe, ...] = (
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
-    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
+    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
+          _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
