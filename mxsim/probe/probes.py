@@ -140,15 +140,17 @@ def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
 
 def _output_alike(ctx: Context, hyp: dict) -> Candidates:
     """Where the output is narrower than an accumulator format, that accumulator with each
-    rounding other than the output's held, the output rounded alike. An accumulator rounded
-    to the output's own format hides the output's rounding, so before the output probe has
-    decided it, an fp16 accumulator rounding toward zero imitates an fp32 one with the output
-    rounding toward zero better than the fp32 one does with the output's rounding held
-    (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16)."""
+    directed rounding other than the output's held, the output rounded alike. An accumulator
+    rounded to the output's own format hides the output's rounding, so before the output probe
+    has decided it, an fp16 accumulator rounding toward zero imitates an fp32 one with the
+    output rounding toward zero better than the fp32 one does with the output's rounding held
+    (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16). Directed only: the nearest modes led h100's fp16
+    CI search astray (1,978 -> 3,683 queries), and the output's own default is nearest."""
     bits = get_format(ctx.out_format).bits
     return [{"accumulator.format": fmt, "accumulator.rounding": rounding, "output.rounding": rounding}
             for fmt in ("fp32", *_wide_accumulators(ctx)) if get_format(fmt).bits > bits
-            for rounding in DIRECTED_AND_NEAREST if rounding != hyp["output.rounding"]]
+            for rounding in DIRECTED_AND_NEAREST
+            if not rounding.startswith("nearest") and rounding != hyp["output.rounding"]]
 
 
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
