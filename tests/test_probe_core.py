@@ -448,6 +448,38 @@ def test_a_rounding_toward_zero_whose_overflow_is_inf_is_decided_with_it():
                               "accumulator.overflow": "infinity"}
 
 
+def _engine_holding(unit, ctx, changed: dict):
+    """A probe engine holding every key as ``unit``'s config has it but ``changed``."""
+    from mxsim.datapath.schema import SCHEMA, param_field
+    from mxsim.probe.core import _Engine
+    from mxsim.probe.units import CountingUnit
+
+    engine = _Engine(CountingUnit(unit, ctx.out_format, 10_000), ctx, "probed")
+    for path in engine.hyp:
+        section, key = path.split(".")
+        engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
+    engine.hyp.update(changed)
+    return engine
+
+
+def test_a_grid_is_decided_while_the_trees_held_do_not_divide_the_block():
+    """mxdotp-rup's E3M2 path with fp16 output: a grid of 34 fraction bits over trees of 11
+    restarting at each block of 32. The trees probe, whose rows an fp16 output rounds alike,
+    may hold trees of 11 cut from the whole of K; a grid takes one scale per tree, so the grid
+    probe offers each grid with the trees restarting at each block (else every grid candidate
+    is refused by the loader's checks and the probe keeps no grid)."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+
+    unit = HwconfigUnit(HW / "mxdotp-rup.yaml", "fp6_e3m2", "fp6_e3m2", "fp16")
+    ctx = Context("fp6_e3m2", "fp6_e3m2", 64, 32, "fp16")
+    engine = _engine_holding(unit, ctx, {"grid.fraction_bits": None, "adder.trees_in_blocks": False})
+    grid = next(p for p in PROBES if p.name == "grid")
+    decision = engine.decide(grid, ctx.fit_c(grid.inputs(ctx)), 0)
+    assert decision.mismatches == 0  # 30..34 fraction bits alike on these rows under an fp16 output
+    assert decision.value["grid.fraction_bits"] is not None and decision.value["adder.trees_in_blocks"] is True
+
+
 def test_the_targeted_validation_finds_rows_a_bf16_output_hides():
     """b200-tcgen05's tf32 x E3M2 -> bf16 path held as 4-term interleaved trees with a 27-bit
     window (what the probe once emitted for its 8-term trees with a 25-bit truncating one): the

@@ -135,7 +135,7 @@ def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
     apart (MMA-Sim's Ampere and Ada bf16: Inf under a rounding toward zero)."""
     candidates = _accumulator(ctx, hyp)
     candidates += [{**c, "accumulator.overflow": other} for other in _overflows_held_first(hyp)[1:]
-                   for c in candidates if not c["accumulator.rounding"].startswith("nearest")]
+                   for c in candidates if not c["accumulator.rounding"].startswith("nearest")] + _output_alike(ctx, hyp)
     return _held_first(candidates, hyp) if _output_narrower(ctx, hyp["accumulator.format"]) else candidates
 
 
@@ -156,6 +156,21 @@ def _held_first(candidates: Candidates, hyp: dict) -> Candidates:
     return held + [c for c in candidates if c not in held]
 
 
+def _output_alike(ctx: Context, hyp: dict) -> Candidates:
+    """Where the output is narrower than an accumulator format, that accumulator with each
+    directed rounding other than the output's held, the output rounded alike. An accumulator
+    rounded to the output's own format hides the output's rounding, so before the output probe
+    has decided it, an fp16 accumulator rounding toward zero imitates an fp32 one with the
+    output rounding toward zero better than the fp32 one does with the output's rounding held
+    (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16). Directed only: the nearest modes led h100's fp16
+    CI search astray (1,978 -> 3,683 queries), and the output's own default is nearest."""
+    bits = get_format(ctx.out_format).bits
+    return [{"accumulator.format": fmt, "accumulator.rounding": rounding, "output.rounding": rounding}
+            for fmt in ("fp32", *_wide_accumulators(ctx)) if get_format(fmt).bits > bits
+            for rounding in DIRECTED_AND_NEAREST
+            if not rounding.startswith("nearest") and rounding != hyp["output.rounding"]]
+
+
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
     """The output's or c's format where wider than fp32 (fp64): an accumulator of it."""
     return tuple(dict.fromkeys(fmt for fmt in (ctx.out_format, ctx.c_format) if get_format(fmt).bits > 32))
@@ -168,10 +183,29 @@ def _output(ctx: Context, hyp: dict) -> Candidates:
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
     # A window is read by fused trees only: it brings them back when pairwise adds are held.
-    return [{"adder.align_fraction_bits": None}] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
-        for bits in range(0, _maximum("adder.align_fraction_bits") + 1)
-        for below in SCHEMA["adder"]["below_window"].choices]
+    # The width held first: where the alignment-reference probe moved it a bit, a narrower
+    # width with another rounding below it that fits the window rows as well would move it
+    # back each pass, and the rounding below the window would never be decided at the width
+    # held (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16: 34 nearest-even and 35 truncated in turn).
+    widths = sorted(range(0, _maximum("adder.align_fraction_bits") + 1), key=lambda bits: bits != hyp["adder.align_fraction_bits"])
+    windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
+               for bits in widths for below in SCHEMA["adder"]["below_window"].choices]
+    return [{"adder.align_fraction_bits": None}] + windows + _windows_with_sum_roundings(windows, hyp)
+
+
+def _windows_with_sum_roundings(windows: Candidates, hyp: dict) -> Candidates:
+    """Where a rounded tree sum is held, each window (of the width held, when one is) again
+    with the sum's other roundings: a sum rounded to nearest with no window imitates a cut
+    window with the sum rounded toward zero under a narrow output, and neither key moves alone
+    (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16: an exact sum to 24 bits to nearest for 35 bits
+    truncated and 24 toward zero). Every width with a window held led a CI path's search
+    astray (b200-tcgen05-mxf4nvf4-e8m0-block16: 1,651 -> 4,458 queries)."""
+    if hyp["adder.sum_significant_bits"] is None:
+        return []
+    held = hyp["adder.align_fraction_bits"]
+    return [{**window, "adder.sum_rounding": rounding} for rounding in DIRECTED_AND_NEAREST
+            if rounding != hyp["adder.sum_rounding"] for window in windows
+            if held is None or window["adder.align_fraction_bits"] == held]
 
 
 def _align_reference(ctx: Context, hyp: dict) -> Candidates:
@@ -369,8 +403,15 @@ GRID_NEEDS = {"adder.accumulator_in_tree": False, "adder.align_fraction_bits": N
 
 
 def _grid(ctx: Context, hyp: dict) -> Candidates:
+    """No grid, or n fraction bits with what a grid needs; a grid takes one scale per tree, so
+    where the tree size held does not divide the block its trees restart at each block (a tree
+    size decided before the grid, on rows that a narrow output rounds alike, would otherwise
+    lock every grid out)."""
+    needs = dict(GRID_NEEDS)
+    if ctx.block_size % hyp["adder.fused_terms"]:
+        needs["adder.trees_in_blocks"] = True
     return [{"grid.fraction_bits": None}] + [
-        {"grid.fraction_bits": n, **GRID_NEEDS} for n in GRID_FRACTION_BITS]
+        {"grid.fraction_bits": n, **needs} for n in GRID_FRACTION_BITS]
 
 
 #: Accumulator shifts tried: 0 .. 160 places (past that, an fp32 accumulator meets no product).
@@ -525,7 +566,8 @@ PROBES: tuple[Probe, ...] = (
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
     # Its output ties come last (appended): under an fp16 output an exact accumulator and an
     # fp32 one rounding toward -inf give the same bits on every other row (kulisch INT8 x E2M1).
-    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
+    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
+          _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
           appended=_families(output_ties=64)),
