@@ -505,9 +505,12 @@ PROBES: tuple[Probe, ...] = (
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
+    # Appended where the output is narrower than fp32 (which rounds fp32 ties away): ties whose
+    # rounding a later product's cancellation carries into the output (the second alignment too).
     Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow"), _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
-          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
+          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
+          appended=_families(cancelled_ties=64)),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
@@ -546,7 +549,8 @@ PROBES: tuple[Probe, ...] = (
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
           _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
-          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
+          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True,
+          appended=_families(cancelled_ties=64)),
     Probe("special accumulator", ("adder.special_accumulator_exponent", "adder.second_alignment_bits", "adder.far_accumulator"),
           _special_accumulator,
           _families(special_accumulator=128),
