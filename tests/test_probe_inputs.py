@@ -1,8 +1,9 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
-the alignment ties are ties of c and tell a second alignment's width to the bit; the partial
-overflows tell exact block sums from rounded partial sums under scales at the extremes; the output
-ties lie a hair off a tie of the output and tell an exact accumulator from a rounded one."""
+the alignment ties are ties of c and tell a second alignment's width to the bit, and the
+cancelled ties show it under a narrow output; the partial overflows tell exact block sums from
+rounded partial sums under scales at the extremes; the output ties lie a hair off a tie of the
+output and tell an exact accumulator from a rounded one."""
 
 from __future__ import annotations
 
@@ -179,3 +180,26 @@ def test_output_ties_lie_just_off_a_tie_of_the_output():
                                 batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b, c=batch.c.view(np.float32))
            for fmt, rounding in (("exact", "nearest_even"), ("fp32", "toward_negative"))}
     assert np.count_nonzero(out["exact"] != out["fp32"]) >= 8
+
+
+@pytest.mark.parametrize("a_format, b_format", [("fp16", "fp32"), ("fp8_e4m3fnuz", "fp8_e5m2fnuz")])
+def test_cancelled_ties_show_the_second_alignment_in_a_narrow_output(a_format, b_format):
+    """Under an fp16 output the alignment ties (c's fp32 ties) show nothing; the cancelled ties
+    show mi300's second alignment (31 against 30 or 32) and its accumulator's tie rule (nearest
+    even against nearest toward +inf) on several of 64 rows. An fp32 output gets none: the
+    alignment ties serve it."""
+    params = load_hwconfig(HW / "mi300.yaml").params(a_format, b_format, "fp16")
+    ctx = Context(a_format, b_format, 64, params.block_size, "fp16", seed=5)
+
+    def differing(batch, **change):
+        c = batch.c.view(np.float32)
+        return np.count_nonzero(dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
+                                != dot_with_params(params, batch.a, batch.b, c=c))
+
+    ties = ctx.alignment_ties(64)
+    assert differing(ties, second_alignment_bits=30) == differing(ties, second_alignment_bits=32) == 0
+    batch = ctx.cancelled_ties(64)
+    assert len(batch) == 64
+    assert differing(batch, second_alignment_bits=30) >= 2 and differing(batch, second_alignment_bits=32) >= 2
+    assert differing(batch, accumulator_rounding="nearest_toward_positive") >= 16
+    assert len(Context(a_format, b_format, 64, params.block_size, "fp32", seed=5).cancelled_ties(64)) == 0

@@ -951,6 +951,54 @@ class Context:
                 batch.a[row, position], batch.b[row, position] = a, b
         return batch
 
+    def _normal_power_pair(self, exponent: int):
+        """As :meth:`_exact_power_pair`, both elements normal (a subnormal element's exponent
+        sum lies above its product: a window anchored there cuts the product); None where no
+        such pair exists."""
+        for y, code in self.A.powers.items():
+            if (2.0 ** y >= self.A.fmt.min_normal and exponent - y in self.B.powers
+                    and 2.0 ** (exponent - y) >= self.B.fmt.min_normal):
+                return int(code), int(self.B.powers[exponent - y])
+        return None
+
+    def cancelled_ties(self, n: int) -> Batch:
+        """For an output narrower than fp32 (else no rows): :meth:`alignment_ties` made visible
+        there. c = ±(2^(h+24) + L·2^(h+2)), L of 1..p-1 bits (p the output's precision), an
+        fp32 whose last bit is even; the pair 2^h (half its ulp: a tie) and 2^(h-j), j 1..16, at
+        positions 2i, 2i + 1 in the first half; at position K - 1, in a later tree for any tree
+        shorter than K, 2^(h+24) of c's other sign. The accumulator rounds the tie to c or to c's
+        neighbour as the second alignment keeps 2^(h-j) or not (or, with it gone, as its
+        rounding breaks ties); the last product cancels c's leading bit, so that the result,
+        ±L·2^(h+2) or an fp32 ulp off, is exact in the output. Both elements of every product
+        are normal powers of two."""
+        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits:
+            return self.empty(0)
+        batch = self.empty(n)
+        precision = self.out_fmt.mantissa_bits + 1
+        low, high = self.full_span()  # (the products lie outside the output's range: c cancels them)
+        # products 2^(h-16) .. 2^(h+24); c a normal fp32; the result inside the output's range
+        low = max(low + 16, -150, self.out_emin - precision)
+        high = min(high - 24, 103, self.out_fmt.emax - precision - 1)
+        if low > high:
+            return self.empty(0)
+        for row in range(n):
+            half = int(self.rng.integers(low, high + 1))
+            j = int(self.rng.integers(1, 17))
+            pairs = [self._normal_power_pair(half), self._normal_power_pair(half - j), self._normal_power_pair(half + 24)]
+            negative = bool(self.rng.integers(2))
+            low_bits = int(self.rng.integers(1, 1 << (precision - 1)))
+            first = int(self.rng.integers(0, self.k // 2)) & ~1
+            if None in pairs or first + 1 >= self.k - 1:
+                continue
+            value = np.ldexp(1.0, half + 24) + np.ldexp(float(low_bits), half + 2)
+            batch.c[row] = self.c_bits([-value if negative else value])[0]
+            for position, (a, b) in zip((first, first + 1), pairs[:2]):
+                batch.a[row, position], batch.b[row, position] = a, b
+            a, b = pairs[2]
+            batch.a[row, self.k - 1] = a if negative else self.A.negate(np.array([a], np.uint64))[0]
+            batch.b[row, self.k - 1] = b
+        return batch
+
     def corners(self, n: int) -> Batch:
         """Specials and extremes: NaN/Inf/max/min-subnormal elements, signed zeros, NaN and
         extreme scales, special c, sums past the output's range and below its normal range."""

@@ -539,6 +539,14 @@ def _families(**counts: int) -> Callable[[Context], Batch]:
     return draw
 
 
+def _families_apart(**counts: int) -> Callable[[Context], Batch]:
+    """As :func:`_families`, each family drawn on its own copy of the generator: a family added
+    later leaves the rows of those before it as they were."""
+    def draw(ctx: Context) -> Batch:
+        return Batch.join(ctx.aside(getattr(ctx, family), count) for family, count in counts.items())
+    return draw
+
+
 PROBES: tuple[Probe, ...] = (
     # First: every other family writes scale codes in the format held, which this one decides
     # from codes both formats read as finite.
@@ -564,13 +572,15 @@ PROBES: tuple[Probe, ...] = (
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
-    # Its output ties come last (appended): under an fp16 output an exact accumulator and an
-    # fp32 one rounding toward -inf give the same bits on every other row (kulisch INT8 x E2M1).
+    # Appended, each on its own copy of the generator: its output ties (under an fp16 output an
+    # exact accumulator and an fp32 one rounding toward -inf give the same bits on every other
+    # row: kulisch INT8 x E2M1) and, where the output is narrower than fp32 (which rounds fp32
+    # ties away), ties whose rounding a later product's cancellation carries into the output.
     Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
           _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
-          appended=_families(output_ties=64)),
+          appended=_families_apart(output_ties=64, cancelled_ties=64)),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
@@ -609,7 +619,8 @@ PROBES: tuple[Probe, ...] = (
           "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
           _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
-          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
+          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True,
+          appended=_families(cancelled_ties=64)),
     Probe("special accumulator", ("adder.special_accumulator_exponent", "adder.second_alignment_bits", "adder.far_accumulator"),
           _special_accumulator,
           _families(special_accumulator=128),
