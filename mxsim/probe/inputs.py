@@ -113,8 +113,12 @@ class _Operand:
             return self.fmt.encode(-self.fmt.decode(codes)).astype(np.uint64)
         return codes ^ np.uint64(1 << (self.fmt.bits - 1))
 
+    def negated(self, code: int) -> int:
+        """One code of the value's negative (:meth:`negate`)."""
+        return int(self.negate(np.array([code], dtype=np.uint64))[0])
+
     def negative_zero(self) -> int:
-        return int(self.negate(np.array([self.zero], dtype=np.uint64))[0])
+        return self.negated(self.zero)
 
 
 def _powers_of_two(operand: _Operand) -> tuple[np.ndarray, np.ndarray]:
@@ -264,7 +268,7 @@ class Context:
         A's cannot reach (a unit without scales ignores them)."""
         a, b, got = pair or self.pair_at(exponent)
         if negative:
-            a = int(self.A.negate(np.array([a], dtype=np.uint64))[0])
+            a = self.A.negated(a)
         block = position // self.block_size
         members = slice(block * self.block_size, (block + 1) * self.block_size)
         alone = (np.all(batch.a[row, members] == self.A.zero) and batch.scale_a[row, block] == self.scale.one
@@ -366,7 +370,7 @@ class Context:
             top = int(self.rng.integers(max(low, high - 8), high + 1))
             a, b, top = self.pair_at(top)
             batch.a[row, place[0]], batch.b[row, place[0]] = a, b
-            batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
+            batch.a[row, place[1]] = self.A.negated(a)
             batch.b[row, place[1]] = b
             if row % 4 == 3:  # near negation: b's neighbouring code
                 batch.b[row, place[1]] = b ^ np.uint64(1 << self.B.fmt.padding_bits)
@@ -441,7 +445,7 @@ class Context:
                 batch.c[row] = int(self.c_bits([-(self.A.fmt.decode(np.array([a], np.uint64))[0]
                                                 * self.B.fmt.decode(np.array([b], np.uint64))[0])])[0])
             else:
-                batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
+                batch.a[row, place[1]] = self.A.negated(a)
                 batch.b[row, place[1]] = b
                 if row % 6 == 1:  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
                     batch.c[row] = self.random_c(top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2)))
@@ -499,7 +503,7 @@ class Context:
                 place = place[:2]
             a, b, top = self.pair_at(int(np.clip(self.rng.integers(-8, 9), low, high)))  # inside every float's range
             batch.a[row, place[0]], batch.b[row, place[0]] = a, b
-            batch.a[row, place[1]], batch.b[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0], b
+            batch.a[row, place[1]], batch.b[row, place[1]] = self.A.negated(a), b
             if len(place) == 3:
                 self.set_term(batch, row, place[2], top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
             if row % 4 == 3:
@@ -571,11 +575,11 @@ class Context:
             position = 0 if row % 2 else int(rng.integers(max(1, self.k // 2)))
             if row % 4 == 3:  # exact cancellation to +0 in the first two steps: a * 1 and -a * 1
                 a = int(rng.choice(moderate))
-                batch.a[row, :2] = [a, self.A.negate(np.array([a], np.uint64))[0]][:self.k]
+                batch.a[row, :2] = [a, self.A.negated(a)][:self.k]
                 batch.b[row, :2] = self.B.one
                 continue
             b, b_exponent = self._smallest_code(self.B, largest=-3, rng=rng)
-            batch.a[row, position] = self.A.negate(np.array([tiny_a], np.uint64))[0]
+            batch.a[row, position] = self.A.negated(tiny_a)
             batch.b[row, position] = b
             shortfall = target - (a_exponent + b_exponent)
             if shortfall < 0:  # the block's scales take the product down (a unit without scales ignores them)
@@ -645,10 +649,10 @@ class Context:
             early, late = sorted(int(p) for p in start + self.rng.choice(stop - start, 2, replace=False))
             negative = bool(self.rng.integers(2))
             a, b, exponent = self.pair_at(high - 3)  # room for the later term above it
-            batch.a[row, early] = self.A.negate(np.array([a], np.uint64))[0] if negative else a
+            batch.a[row, early] = self.A.negated(a) if negative else a
             batch.b[row, early] = b
             a, b, _ = self.pair_at(exponent + int(self.rng.integers(1, 3)))
-            batch.a[row, late] = a if negative else self.A.negate(np.array([a], np.uint64))[0]
+            batch.a[row, late] = a if negative else self.A.negated(a)
             batch.b[row, late] = b
             shift = top + 1 - exponent
             batch.scale_a[row, block] = self.scale.power(shift // 2)
@@ -736,7 +740,7 @@ class Context:
                 a, b, top = self.pair_at(top)
                 place = self.positions(2)
                 batch.a[row, place[0]], batch.b[row, place[0]] = a, b
-                batch.a[row, place[1]] = self.A.negate(np.array([a], np.uint64))[0]
+                batch.a[row, place[1]] = self.A.negated(a)
                 batch.b[row, place[1]] = b
             else:
                 top = max(self.set_term(batch, row, int(p), top - int(self.rng.integers(0, 8)), bool(self.rng.integers(2)))
@@ -795,11 +799,11 @@ class Context:
                 position = other * self.block_size + int(self.rng.integers(width))
                 a, b, got = self.pair_at(int(self.rng.integers(low, high + 1)))  # its leading bit: anywhere
                 if negative:
-                    a = int(self.A.negate(np.array([a], np.uint64))[0])
+                    a = self.A.negated(a)
                 batch.a[row, position], batch.b[row, position] = a, b
                 if row % 3 == 0 and width > 1:  # its products cancel: the anchor is its scale, not its sum
                     twin = other * self.block_size + (position - other * self.block_size + 1) % width
-                    batch.a[row, twin], batch.b[row, twin] = self.A.negate(np.array([a], np.uint64))[0], b
+                    batch.a[row, twin], batch.b[row, twin] = self.A.negated(a), b
                 batch.scale_a[row, other] = self.scale.power(gap)
             else:
                 batch.c[row] = self.c_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
@@ -915,11 +919,13 @@ class Context:
                 batch.c[row] = fp32_bits([value * float(self.rng.uniform(-2, 2))])[0]
         return batch
 
-    def _exact_power_pair(self, exponent: int):
+    def _exact_power_pair(self, exponent: int, normal: bool = False):
         """Codes (a, b) whose product is exactly 2^exponent, or None where no two powers of two
-        the formats hold make it."""
+        the formats hold make it; with ``normal``, both elements normal (a subnormal element's
+        exponent sum lies above its product: a window anchored there cuts the product)."""
         for y, code in self.A.powers.items():
-            if exponent - y in self.B.powers:
+            if exponent - y in self.B.powers and (not normal or (2.0 ** y >= self.A.fmt.min_normal
+                                                                 and 2.0 ** (exponent - y) >= self.B.fmt.min_normal)):
                 return int(code), int(self.B.powers[exponent - y])
         return None
 
@@ -951,16 +957,6 @@ class Context:
                 batch.a[row, position], batch.b[row, position] = a, b
         return batch
 
-    def _normal_power_pair(self, exponent: int):
-        """As :meth:`_exact_power_pair`, both elements normal (a subnormal element's exponent
-        sum lies above its product: a window anchored there cuts the product); None where no
-        such pair exists."""
-        for y, code in self.A.powers.items():
-            if (2.0 ** y >= self.A.fmt.min_normal and exponent - y in self.B.powers
-                    and 2.0 ** (exponent - y) >= self.B.fmt.min_normal):
-                return int(code), int(self.B.powers[exponent - y])
-        return None
-
     def cancelled_ties(self, n: int) -> Batch:
         """For an output narrower than fp32 (else no rows): :meth:`alignment_ties` made visible
         there. c = ±(2^(h+24) + L·2^(h+2)), L of 1..p-1 bits (p the output's precision), an
@@ -984,7 +980,7 @@ class Context:
         for row in range(n):
             half = int(self.rng.integers(low, high + 1))
             j = int(self.rng.integers(1, 17))
-            pairs = [self._normal_power_pair(half), self._normal_power_pair(half - j), self._normal_power_pair(half + 24)]
+            pairs = [self._exact_power_pair(exponent, normal=True) for exponent in (half, half - j, half + 24)]
             negative = bool(self.rng.integers(2))
             low_bits = int(self.rng.integers(1, 1 << (precision - 1)))
             first = int(self.rng.integers(0, self.k // 2)) & ~1
@@ -995,7 +991,7 @@ class Context:
             for position, (a, b) in zip((first, first + 1), pairs[:2]):
                 batch.a[row, position], batch.b[row, position] = a, b
             a, b = pairs[2]
-            batch.a[row, self.k - 1] = a if negative else self.A.negate(np.array([a], np.uint64))[0]
+            batch.a[row, self.k - 1] = a if negative else self.A.negated(a)
             batch.b[row, self.k - 1] = b
         return batch
 

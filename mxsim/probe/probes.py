@@ -523,14 +523,13 @@ def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
     if window is None:
         return [{"adder.special_accumulator_exponent": None}]
     low, high = ctx.span()
-    exponents = range(low - window - 3, high - window)
-    if hyp["adder.second_alignment_bits"] is not None and hyp["adder.far_accumulator"] == "zero":
-        return [{"adder.special_accumulator_exponent": None}] + [
-            {"adder.special_accumulator_exponent": e} for e in exponents]
+    held = hyp["adder.second_alignment_bits"] is not None and hyp["adder.far_accumulator"] == "zero"
+    needs = {} if held else {
+        "adder.second_alignment_bits": min(window, _maximum("adder.second_alignment_bits")),
+        "adder.far_accumulator": "zero", "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
+        "accumulator.c_entry": "initial", "accumulator.promotion_interval": None}
     return [{"adder.special_accumulator_exponent": None}] + [
-        {"adder.special_accumulator_exponent": e, "adder.second_alignment_bits": min(window, _maximum("adder.second_alignment_bits")),
-         "adder.far_accumulator": "zero", "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
-         "accumulator.c_entry": "initial", "accumulator.promotion_interval": None} for e in exponents]
+        {"adder.special_accumulator_exponent": e, **needs} for e in range(low - window - 3, high - window)]
 
 
 def _families(**counts: int) -> Callable[[Context], Batch]:
