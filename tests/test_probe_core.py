@@ -144,7 +144,32 @@ def _test_vectors(config, a_format, b_format, k, rng, n=1500):
         s[rng.random(s.shape) < 0.02] = rng.integers(0, len(codes))
     c = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
     c[rng.random(n) < 0.5] = np.float32(rng.standard_normal()).view(np.uint32)
+    _signed_zero_rows(a, b, c, a_fmt, b_fmt, np.random.default_rng(17))
     return a, b, scales, c.view(np.float32)
+
+
+def _signed_zero_rows(a, b, c, a_fmt, b_fmt, rng, rows=48):
+    """The last ``rows`` rows: elements +-0 only and c = +-0, the products all -0, half -0 or
+    all +0 by turns (a -0 product takes its -0 from either format that has one: none for
+    integers and fnuz formats, whose sign bit on zero is NaN; a +0 product is +0 * +0 or, where
+    both have one, -0 * -0): the sign of an exact zero result, which uniformly random codes over
+    K elements almost never make."""
+    negative_codes = []
+    for fmt in (a_fmt, b_fmt):
+        sign = 1 << (fmt.bits - 1)
+        value = fmt.decode(np.array([sign], dtype=np.uint64))[0]
+        negative_codes.append(sign if value == 0 and np.signbit(value) else None)
+    a_negative, b_negative = negative_codes
+    shape = a[-rows:].shape
+    negative_product = rng.random(shape) < np.array([1.0, 0.5, 0.0])[np.arange(rows) % 3, None]
+    from_a = rng.random(shape) < (0.5 if a_negative is not None and b_negative is not None else float(a_negative is not None))
+    both = ~negative_product & (rng.random(shape) < 0.3) & (a_negative is not None) & (b_negative is not None)
+    a[-rows:], b[-rows:] = 0, 0
+    if a_negative is not None:
+        a[-rows:][(negative_product & from_a) | both] = a_negative
+    if b_negative is not None:
+        b[-rows:][(negative_product & ~from_a) | both] = b_negative
+    c[-rows:] = np.where(rng.random(rows) < 0.5, np.uint32(0x80000000), np.uint32(0))
 
 
 def _fp64_test_vectors(rng, n, k):

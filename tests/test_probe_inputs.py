@@ -1,5 +1,6 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
+the zero rows take B's -0 where A has none;
 the alignment ties are ties of c and tell a second alignment's width to the bit, and the
 cancelled ties show it under a narrow output; the partial overflows tell exact block sums from
 rounded partial sums under scales at the extremes; the output ties lie a hair off a tie of the
@@ -17,7 +18,7 @@ import pytest
 from mxsim.datapath import load_hwconfig
 from mxsim.datapath.api import dot_with_params
 from mxsim.formats import get_format
-from mxsim.probe.inputs import Context
+from mxsim.probe.inputs import Batch, Context
 
 from conftest import REPO
 
@@ -52,6 +53,21 @@ def test_zero_chains_tell_ieee_steps_from_ieee(name, a_format, b_format, k):
     # where they differ: the steps keep an early underflow's -0, the whole sum's rule gives +0
     assert np.all(np.signbit(out.decode(steps[differ]))) and not np.any(np.signbit(out.decode(whole[differ])))
     assert np.all(out.decode(steps[differ]) == 0)
+
+
+@pytest.mark.parametrize("name, a_format, b_format", [("mi300", "fp8_e4m3fnuz", "tf32"), ("kulisch", "int8", "fp8_e4m3")])
+def test_zero_rows_take_negative_zero_from_b_where_a_has_none(name, a_format, b_format):
+    """An fnuz or integer A has no -0 (an fnuz zero with the sign bit set is NaN): the zero
+    families and the corners' zero rows take B's -0 instead, so the sign of an exact zero still
+    tells IEEE's rule (all products and c -0 give -0) from a +0 for every exact zero."""
+    params = load_hwconfig(HW / f"{name}.yaml").params(a_format, b_format, "fp16")
+    ctx = Context(a_format, b_format, 64, params.block_size, "fp16", seed=3, c_format=params.c_format)
+    batch = ctx.fit_c(Batch.join([ctx.zero_results(32), ctx.zero_chains(32), ctx.corners(64)]))
+    products = get_format(a_format).decode(batch.a) * get_format(b_format).decode(batch.b)
+    assert not np.isnan(products[:64]).any()
+    assert np.count_nonzero((products == 0) & np.signbit(products)) >= 1024
+    ieee, positive = _outputs(params, ctx, batch, "ieee"), _outputs(params, ctx, batch, "exact_positive")
+    assert np.count_nonzero(ieee != positive) >= 1
 
 
 def _fp64_fma_chain(a, b, c) -> np.ndarray:

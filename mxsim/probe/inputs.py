@@ -87,6 +87,11 @@ class _Operand:
             keep = fmt.decode(fmt.encode(-self.values)) == -self.values
             self.codes, self.values = self.codes[keep], self.values[keep]
         self.zero = int(fmt.encode(np.array([0.0]))[0])
+        flipped = self.zero ^ (1 << (fmt.bits - 1))
+        flipped_value = fmt.decode(np.array([flipped], dtype=np.uint64))[0]
+        #: the code of -0, or None where the format has none (integers; fnuz formats, whose
+        #: zero with the sign bit set is NaN)
+        self.negative_zero = flipped if flipped_value == 0 and np.signbit(flipped_value) else None
         self.one = int(fmt.encode(np.array([1.0]))[0])
         self.max_code = int(self.codes[np.argmax(self.values)])
         positive = self.values > 0
@@ -109,16 +114,18 @@ class _Operand:
         return [int(c) for c in codes[~np.isfinite(values)]]
 
     def negate(self, codes: np.ndarray) -> np.ndarray:
+        """The codes of the values' negatives; a zero stays +0 where the format has no -0."""
         if self.fmt.twos_complement:
             return self.fmt.encode(-self.fmt.decode(codes)).astype(np.uint64)
-        return codes ^ np.uint64(1 << (self.fmt.bits - 1))
+        negated = codes ^ np.uint64(1 << (self.fmt.bits - 1))
+        if self.negative_zero is None:  # fnuz: the sign bit on zero is NaN
+            negated = np.where(codes == self.zero, np.uint64(self.zero), negated)
+        return negated
 
     def negated(self, code: int) -> int:
         """One code of the value's negative (:meth:`negate`)."""
         return int(self.negate(np.array([code], dtype=np.uint64))[0])
 
-    def negative_zero(self) -> int:
-        return self.negated(self.zero)
 
 
 def _powers_of_two(operand: _Operand) -> tuple[np.ndarray, np.ndarray]:
@@ -530,7 +537,7 @@ class Context:
         for row in range(n):
             kind = row % 4
             if kind == 0:  # signed zero elements only
-                batch.a[row, self.rng.random(self.k) < 0.5] = self.A.negative_zero()
+                self._negative_zero_products(batch, row, self.rng.random(self.k) < 0.5)
                 batch.c[row] = self.c_bits([-0.0 if self.rng.integers(2) else 0.0])[0]
             elif kind == 1:  # a product and c = -product
                 low, high = self.span()
@@ -562,8 +569,8 @@ class Context:
         Drawn from a generator of its own, so every other family's rows stay as they were."""
         rng = np.random.default_rng([self.seed, 0x2E50])
         batch = self.empty(n)
-        batch.a[:] = self.A.negative_zero()
-        batch.b[:] = self.B.one
+        batch.b[:] = self.B.one  # +0 * 1, then -0 * 1 (or +0 * -0) where a format has -0
+        self._negative_zero_products(batch, slice(None), slice(None))
         batch.c[:] = self.c_bits(np.where(rng.random(n) < 0.5, -0.0, 0.0))
         tiny_a, a_exponent = self._smallest_code(self.A)
         below = min(FP32, self.c_carrier, self.out_fmt, key=lambda fmt: fmt.min_subnormal)
@@ -588,6 +595,18 @@ class Context:
                 got = int(np.log2(self.scale.fmt.decode(batch.scale_a[row, block:block + 1].astype(np.uint64))[0]))
                 batch.scale_b[row, block] = self.scale.power(shortfall - got)
         return batch
+
+    def _negative_zero_products(self, batch: Batch, rows, positions) -> None:
+        """Make the products at ``positions`` of ``rows`` -0: A's -0 where A has one (B's element
+        left as it is), else B's -0 beside A's +0 (an fnuz or integer A). Where neither format
+        has a -0, no product can be one and the elements are left as they are."""
+        for operand, codes, other, other_codes in ((self.A, batch.a, self.B, batch.b), (self.B, batch.b, self.A, batch.a)):
+            negative = operand.negative_zero
+            if negative is not None:
+                codes[rows, positions] = negative
+                if operand is self.B:
+                    other_codes[rows, positions] = other.zero
+                return
 
     def _smallest_code(self, operand: _Operand, largest: int | None = None, rng=None) -> tuple[int, int]:
         """A positive code and its value's exponent: the format's smallest value, or (with
@@ -1006,13 +1025,15 @@ class Context:
             place = self.positions(int(self.rng.integers(1, 4)))
             if kind == 0:  # special or extreme elements
                 for operand, codes in ((self.A, batch.a), (self.B, batch.b)):
-                    pick = operand.special_codes + [operand.max_code, operand.min_code, operand.negative_zero()]
+                    negative_zero = operand.negative_zero  # +0 where there is none: the same count of picks
+                    pick = operand.special_codes + [operand.max_code, operand.min_code,
+                                                    operand.zero if negative_zero is None else negative_zero]
                     codes[row, place] = self.rng.choice(pick, size=len(place))
             elif kind == 1:  # all zeros, some or all negative: the sign of an exact zero
                 batch.a[row] = self.A.zero
                 batch.b[row] = self.B.zero
                 negative = self.rng.random(self.k) < (0.5 if row % 16 == 1 else 1.0)
-                batch.a[row, negative] = self.A.negative_zero()
+                self._negative_zero_products(batch, row, negative)
                 batch.c[row] = special_c[int(self.rng.integers(0, 2))]
             elif kind == 2:  # special c
                 batch.c[row] = special_c[int(self.rng.integers(len(special_c)))]

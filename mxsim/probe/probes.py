@@ -183,22 +183,28 @@ def _output(ctx: Context, hyp: dict) -> Candidates:
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
     # A window is read by fused trees only: it brings them back when pairwise adds are held.
-    # The width held first: where the alignment-reference probe moved it a bit, a narrower
-    # width with another rounding below it that fits the window rows as well would move it
-    # back each pass, and the rounding below the window would never be decided at the width
-    # held (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16: 34 nearest-even and 35 truncated in turn).
-    widths = sorted(range(0, _maximum("adder.align_fraction_bits") + 1), key=lambda bits: bits != hyp["adder.align_fraction_bits"])
+    widths = range(0, _maximum("adder.align_fraction_bits") + 1)
+    narrow = _output_narrower(ctx, "fp32")
+    if narrow:
+        # The width held first: where the alignment-reference probe moved it a bit, a narrower
+        # width with another rounding below it that fits the window rows as well as the output
+        # shows them would move it back each pass, and the rounding below the window would never
+        # be decided at the width held (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16: 34 nearest-even
+        # and 35 truncated in turn). Under an fp32 output the rows tell the widths apart, and
+        # holding a width first kept a wrong one (MMA-Sim CDNA3 f32_16x16x32_fp8_fp8).
+        widths = sorted(widths, key=lambda bits: bits != hyp["adder.align_fraction_bits"])
     windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
                for bits in widths for below in SCHEMA["adder"]["below_window"].choices]
-    return [{"adder.align_fraction_bits": None}] + windows + _windows_with_sum_roundings(windows, hyp)
+    return [{"adder.align_fraction_bits": None}] + windows + (_windows_with_sum_roundings(windows, hyp) if narrow else [])
 
 
 def _windows_with_sum_roundings(windows: Candidates, hyp: dict) -> Candidates:
     """Where a rounded tree sum is held, each window (of the width held, when one is) again
-    with the sum's other roundings: a sum rounded to nearest with no window imitates a cut
-    window with the sum rounded toward zero under a narrow output, and neither key moves alone
-    (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16: an exact sum to 24 bits to nearest for 35 bits
-    truncated and 24 toward zero). Every width with a window held led a CI path's search
+    with the sum's other roundings (the window probe offers them for outputs narrower than
+    fp32): a sum rounded to nearest with no window imitates a cut window with the sum rounded
+    toward zero under a narrow output, and neither key moves alone (b200-tcgen05-mxf4
+    E2M1 x E2M1 -> fp16: an exact sum to 24 bits to nearest for 35 bits truncated and 24
+    toward zero). Every width with a window held led a CI path's search
     astray (b200-tcgen05-mxf4nvf4-e8m0-block16: 1,651 -> 4,458 queries)."""
     if hyp["adder.sum_significant_bits"] is None:
         return []
