@@ -1,6 +1,6 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
-the zero rows take B's -0 where A has none;
+the zero rows take B's -0 where A has none; the window ties show a window no product reaches;
 the alignment ties are ties of c and tell a second alignment's width to the bit, and the
 cancelled ties show it under a narrow output; the partial overflows tell exact block sums from
 rounded partial sums under scales at the extremes; the output ties lie a hair off a tie of the
@@ -68,6 +68,31 @@ def test_zero_rows_take_negative_zero_from_b_where_a_has_none(name, a_format, b_
     assert np.count_nonzero((products == 0) & np.signbit(products)) >= 1024
     ieee, positive = _outputs(params, ctx, batch, "ieee"), _outputs(params, ctx, batch, "exact_positive")
     assert np.count_nonzero(ieee != positive) >= 1
+
+
+def test_window_ties_show_a_window_products_alone_never_pass():
+    """E2M3 products span 2^-6 to 2^6, too few binades for a 25-bit window to cut any; the
+    window ties (products on an fp16 tie, a tiny c) show b200-tcgen05's window against none and
+    a bit either way; every row's products sum exactly to a tie of the output. An fp32 output
+    gets none."""
+    params = load_hwconfig(HW / "b200-tcgen05.yaml").params("fp6_e2m3", "fp6_e2m3", "fp16")
+    ctx = Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "fp16", seed=5)
+    batch = ctx.fit_c(ctx.window_ties(64))
+    c = batch.c.view(np.float32)
+
+    def differing(**change):
+        return np.count_nonzero(dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
+                                != dot_with_params(params, batch.a, batch.b, c=c))
+
+    assert differing(align_fraction_bits=None) >= 4
+    assert differing(align_fraction_bits=24) >= 1 and differing(align_fraction_bits=26) >= 1
+    element = get_format("fp6_e2m3")
+    fp16 = get_format("fp16")
+    for a, b in zip(batch.a, batch.b):
+        total = sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(element.decode(a), element.decode(b)))
+        ulp = Fraction(2) ** (math.floor(math.log2(total)) - fp16.mantissa_bits)
+        assert (total / ulp).denominator == 2  # half an ulp past a value of the output
+    assert len(Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "fp32", seed=5).window_ties(64)) == 0
 
 
 def _fp64_fma_chain(a, b, c) -> np.ndarray:

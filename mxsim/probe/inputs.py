@@ -433,6 +433,36 @@ class Context:
             self.set_term(batch, row, int(self.rng.integers(self.k)), exponent - gap, bool(self.rng.integers(2)))
         return batch
 
+    def window_ties(self, n: int) -> Batch:
+        """For an output narrower than fp32 (else no rows): positive products summing to a tie
+        of the output, 2^e (one power of two, or two equal ones) and 2^(e-p) (half the output's
+        last place at 2^e; p its precision), e in the output's normal range, all in one aligned
+        group of four positions (one tree of any size from 4, and no narrow accumulator
+        rounding between them), and c = +2^(e-d), d of p+2..50 (every other row at most
+        e + 24, inside fp16's range). Exact, c breaks the tie upward; a window narrower than
+        about d bits drops c and the tie rounds to 2^e's even significand. So the output shows
+        the width where the products span too few binades for any of them to pass a window
+        (E2M3: 2^-6 to 2^6), c alone reaching past it. No rows where the elements make no such
+        sum."""
+        precision = self.out_fmt.mantissa_bits + 1
+        low, high = self.span()
+        powers = {y for y in range(low, high + 1) if self._exact_power_pair(y)}
+        options = [(e, h) for h in sorted(powers) for e in (h, h + 1)
+                   if e - precision in powers and self.out_emin <= e < self.out_fmt.emax and (e == h or self.k >= 3)]
+        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits or self.k < 2 or not options:
+            return self.empty(0)
+        batch = self.empty(n)
+        for row in range(n):
+            e, h = options[int(self.rng.integers(len(options)))]
+            start = 4 * int(self.rng.integers(max(self.k // 4, 1)))
+            group = np.arange(start, min(start + 4, self.k))
+            place = self.rng.choice(group, size=(1 << (e - h)) + 1, replace=False)
+            batch.a[row, place[:-1]], batch.b[row, place[:-1]] = self._exact_power_pair(h)
+            batch.a[row, place[-1]], batch.b[row, place[-1]] = self._exact_power_pair(e - precision)
+            farthest = 50 if row % 2 else max(precision + 2, min(50, e + 24))
+            batch.c[row] = self.c_bits([math.ldexp(1.0, e - int(self.rng.integers(precision + 2, farthest + 1)))])[0]
+        return batch
+
     def trees(self, n: int) -> Batch:
         """A product B at one position, -B at another, a small term at a third (and sometimes
         c = B): which terms share a tree, and in what order trees meet the accumulator."""

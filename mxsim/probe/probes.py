@@ -568,9 +568,13 @@ PROBES: tuple[Probe, ...] = (
     Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
           _families(trees=384, accumulator_entry=64, realistic=32),
           "how many products share a tree and which positions enter together"),
+    # Appended on its own copy of the generator (rows only under an output narrower than fp32):
+    # products on an output tie and a tiny c, which alone passes the window where the products
+    # span too few binades (b200-tcgen05 E2M3 x E2M3 -> fp16).
     Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
           _families(cancellation=256, ties=128, trees=64),
-          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
+          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down",
+          appended=_families_apart(window_ties=64)),
     Probe("parity windows", ("adder.parity_windows", "adder.below_window"), _parity_windows,
           _families(cancellation=192, ties=64, realistic=64),
           "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True,
