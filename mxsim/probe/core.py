@@ -11,7 +11,7 @@ a validation on fresh random vectors (realistic data and uniformly random codes)
 counts mismatches (when it counts none, also on rows where a decision's equivalent values
 disagree with the held hypothesis: :func:`_targeted`); any
 mismatching vectors join every probe's inputs for another pass, in which each decision sees
-all the others (at most ``refinements`` times, each followed by a fresh validation). The
+all the others (at most ``refinements`` times, twice that in the last starts, each followed by a fresh validation). The
 hypothesis kept is the one whose validation counted the fewest mismatches (over the main
 search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned,
 one from a coarse joint start, where products pass fp32's range one from a coarse start
