@@ -444,12 +444,14 @@ class Context:
         the width where the products span too few binades for any of them to pass a window
         (E2M3: 2^-6 to 2^6), c alone reaching past it. No rows where the elements make no such
         sum."""
+        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits or self.k < 2:
+            return self.empty(0)
         precision = self.out_fmt.mantissa_bits + 1
         low, high = self.span()
-        powers = {y for y in range(low, high + 1) if self._exact_power_pair(y)}
-        options = [(e, h) for h in sorted(powers) for e in (h, h + 1)
-                   if e - precision in powers and self.out_emin <= e < self.out_fmt.emax and (e == h or self.k >= 3)]
-        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits or self.k < 2 or not options:
+        pairs = {y: pair for y in range(low, high + 1) if (pair := self._exact_power_pair(y))}
+        options = [(e, h) for h in sorted(pairs) for e in (h, h + 1)
+                   if e - precision in pairs and self.out_emin <= e < self.out_fmt.emax and (e == h or self.k >= 3)]
+        if not options:
             return self.empty(0)
         batch = self.empty(n)
         for row in range(n):
@@ -457,8 +459,8 @@ class Context:
             start = 4 * int(self.rng.integers(max(self.k // 4, 1)))
             group = np.arange(start, min(start + 4, self.k))
             place = self.rng.choice(group, size=(1 << (e - h)) + 1, replace=False)
-            batch.a[row, place[:-1]], batch.b[row, place[:-1]] = self._exact_power_pair(h)
-            batch.a[row, place[-1]], batch.b[row, place[-1]] = self._exact_power_pair(e - precision)
+            batch.a[row, place[:-1]], batch.b[row, place[:-1]] = pairs[h]
+            batch.a[row, place[-1]], batch.b[row, place[-1]] = pairs[e - precision]
             farthest = 50 if row % 2 else max(precision + 2, min(50, e + 24))
             batch.c[row] = self.c_bits([math.ldexp(1.0, e - int(self.rng.integers(precision + 2, farthest + 1)))])[0]
         return batch

@@ -164,9 +164,8 @@ def _output_alike(ctx: Context, hyp: dict) -> Candidates:
     output rounding toward zero better than the fp32 one does with the output's rounding held
     (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16). Directed only: the nearest modes led h100's fp16
     CI search astray (1,978 -> 3,683 queries), and the output's own default is nearest."""
-    bits = get_format(ctx.out_format).bits
     return [{"accumulator.format": fmt, "accumulator.rounding": rounding, "output.rounding": rounding}
-            for fmt in ("fp32", *_wide_accumulators(ctx)) if get_format(fmt).bits > bits
+            for fmt in ("fp32", *_wide_accumulators(ctx)) if get_format(fmt).bits > ctx.out_fmt.bits
             for rounding in DIRECTED_AND_NEAREST
             if not rounding.startswith("nearest") and rounding != hyp["output.rounding"]]
 
