@@ -298,10 +298,18 @@ def _coarse(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _coarse_with(ctx: Context, roundings: Candidates) -> Candidates:
+    """Each tree size with a null window, or 10..28 bits truncated or rounded to nearest even,
+    or even and odd positions in windows of their own, truncated or floored, each with every
+    rounding given. Parity windows are among them because products spanning far more than a
+    window (an fp8 times an fp32) show them on nearly every row, so that no key decided one at
+    a time fits until they are held (mi300 E5M2FNUZ x fp32 -> fp32)."""
     sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
     windows = [{"adder.align_fraction_bits": None}] + [
         {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
-        for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")]
+        for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")] + [
+        {"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.parity_windows": True,
+         "adder.accumulator_in_tree": False, **NO_GRID}
+        for bits in COARSE_WINDOWS for below in ("truncate", "floor")]
     return [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
              "adder.trees_in_blocks": False, **rounding, **window}
             for rounding in roundings for window in windows for f in sizes]
