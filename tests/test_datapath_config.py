@@ -281,6 +281,54 @@ def test_one_format_units_refuse_mixed_pairs():
     assert mixed.format_pairs == (("fp8_e4m3", "fp8_e4m3"), ("fp4_e2m1", "fp8_e4m3"))
 
 
+def test_format_groups_take_the_pairs_one_group_holds():
+    data = with_changes(inputs={"a_formats": ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"],
+                                "b_formats": ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"],
+                                "format_groups": [["fp16"], ["bf16"], ["e4m3", "fp8_e5m2"]]})
+    unit = parse_hwconfig(data, "cfg.yaml")
+    assert unit.format_pairs == (("fp16", "fp16"), ("bf16", "bf16"), ("fp8_e4m3", "fp8_e4m3"),
+                                 ("fp8_e4m3", "fp8_e5m2"), ("fp8_e5m2", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"))
+    assert unit.params("fp8_e5m2", "fp8_e4m3").b_format == "fp8_e4m3"
+    with pytest.raises(ConfigError, match=r"^cfg.yaml: inputs.format_groups: this unit takes no fp16 x bf16 pair: "
+                                          r"A and B must lie in one group \(fp16; bf16; fp8_e4m3, fp8_e5m2\)$"):
+        unit.params("fp16", "bf16")
+    # A group may list a format the unit does not take: a narrower view keeps its base's groups.
+    narrow = parse_hwconfig(with_changes(inputs={"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3", "fp8_e5m2"],
+                                                 "format_groups": [["fp16"], ["fp8_e4m3", "fp8_e5m2"]]}), "cfg.yaml")
+    assert narrow.format_pairs == (("fp8_e4m3", "fp8_e4m3"), ("fp8_e4m3", "fp8_e5m2"))
+
+
+@pytest.mark.parametrize("groups, path, message", [
+    ("fp16", "inputs.format_groups", "expected null or a list of format lists"),
+    ([], "inputs.format_groups", "expected null or a list of format lists"),
+    (["fp16"], "inputs.format_groups[0]", "expected a non-empty list of formats"),
+    ([[]], "inputs.format_groups[0]", "expected a non-empty list of formats"),
+    ([["fp16"], {"a": 1}], "inputs.format_groups[1]", "expected a non-empty list of formats"),
+    ([["fp16", "fp17"]], "inputs.format_groups[0][1]", "expected one of"),
+    ([["fp16", 3]], "inputs.format_groups[0][1]", "expected one of"),
+    ([["fp16"]], "inputs.format_groups", "inputs.a_formats takes bf16 but no group holds it"),
+])
+def test_bad_format_groups_name_the_key(groups, path, message):
+    data = with_changes(inputs={"a_formats": ["fp16", "bf16"], "b_formats": ["fp16"], "format_groups": groups})
+    with pytest.raises(ConfigError) as caught:
+        parse_hwconfig(data, "cfg.yaml")
+    assert str(caught.value).startswith(f"cfg.yaml: {path}: ") and message in str(caught.value)
+
+
+def test_shipped_units_take_only_the_pairs_an_instruction_has():
+    """The GPU configs' mixed pairs are the ones a real instruction takes: FP8 (and on
+    tcgen05 FP6/FP4) formats mix among themselves; fp16, bf16, tf32 and fp32 pair only with
+    themselves."""
+    fp8 = {"fp8_e4m3", "fp8_e5m2"}
+    mixing = {"a100": set(), "mi100": set(), "mi250": set(), "ada": fp8, "h100": fp8, "h100-wgmma": fp8, "b200": fp8,
+              "b200-tcgen05": fp8 | {"fp6_e3m2", "fp6_e2m3", "fp4_e2m1"}, "mi300": {"fp8_e4m3fnuz", "fp8_e5m2fnuz"}}
+    for name, formats in mixing.items():
+        unit = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        mixed = {(a, b) for a, b in unit.format_pairs if a != b}
+        assert mixed == {(a, b) for a in formats for b in formats if a != b}, name
+        assert all((fmt, fmt) in unit.format_pairs for fmt in unit.a_formats), name
+
+
 def test_mxdotp_elements_per_operation_follow_the_element_width():
     unit = load_hwconfig(REPO / "hwconfigs" / "mxdotp.yaml")
     lanes = {fmt: unit.params(fmt, fmt).fused_terms for fmt, _ in unit.format_pairs}

@@ -62,6 +62,24 @@ def test_a_spec_the_unit_cannot_take_is_replaced_and_marked():
     assert replay(trace, [HW["ocp-exact"]], strict=True)["totals"]["ocp-exact"]["rows"]["model"] == 1
 
 
+def test_an_added_operand_takes_a_format_that_pairs_with_the_other():
+    """h100 mixes only its FP8 formats (inputs.format_groups): an E5M2 input with float weights
+    gets E4M3 weights, the first of its B formats pairing with E5M2, not its first B format
+    (fp16, a pair no instruction takes)."""
+    h100 = load_hwconfig(REPO / "hwconfigs" / "h100.yaml")
+    layer = linear_layer(np.random.default_rng(3), "fp8_e5m2")
+    layer.quant["weight"] = None
+    result = run_layer(layer, h100)
+    assert (result.input.format, result.weight.format) == ("fp8_e5m2", "fp8_e4m3")
+    assert result.weight.status == "added" and "fp8_e4m3, the first format pairing with the input's fp8_e5m2" in result.weight.note
+    qa = quantize(layer.input, "fp8_e5m2", axis=1, per_tensor_scale=True)
+    qb = quantize(layer.weight.T, "fp8_e4m3", axis=0, per_tensor_scale=True)
+    np.testing.assert_array_equal(result.bits[0], matmul(h100, qa, qb).bits)
+    with pytest.raises(MxsimError, match=r"^layer 'fc' on h100: takes no fp8_e4m3 x fp16 pair \(input x weight\) and "
+                                         r"neither format is replay's to change; it takes fp16 x fp16, "):
+        run_layer(layer, h100, element_format="fp8_e4m3", weight_format="fp16")
+
+
 def test_a_unit_that_takes_the_spec_equals_the_exact_ideal():
     # ocp-exact rounds once per block into fp32, kulisch once per output: on the model's own
     # operands kulisch is the ideal, bit for bit.

@@ -51,6 +51,7 @@ def test_grid_is_the_product_in_the_given_order():
     ("adder.fused_terms=8:x", "not an integer"),
     ("accumulator.format=fp32:bf16", "accumulator.format: a range 'fp32:bf16' needs an integer key"),
     ("adder.term_order=null", "adder.term_order: cannot be varied"),
+    ("inputs.format_groups=null", "inputs.format_groups: cannot be varied"),
 ])
 def test_bad_vary_options(option, message):
     with pytest.raises(MxsimError, match=message.replace("[", r"\[")):

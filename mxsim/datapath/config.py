@@ -66,9 +66,15 @@ class HardwareConfig:
 
     @property
     def format_pairs(self) -> tuple[tuple[str, str], ...]:
-        """Every (A, B) element-format pair the unit accepts (equal pairs only with ``same_format``)."""
-        same = self.sections[("inputs", "same_format")]
-        return tuple((a, b) for a in self.a_formats for b in self.b_formats if not same or a == b)
+        """Every (A, B) element-format pair the unit accepts (equal pairs only with ``same_format``;
+        pairs one of ``format_groups`` holds only, where it is given)."""
+        return tuple((a, b) for a in self.a_formats for b in self.b_formats if self._takes_pair(a, b))
+
+    def _takes_pair(self, a_name: str, b_name: str) -> bool:
+        groups = self.sections[("inputs", "format_groups")]
+        if self.sections[("inputs", "same_format")] and a_name != b_name:
+            return False
+        return groups is None or any(a_name in group and b_name in group for group in groups)
 
     def params(self, a_format: str, b_format: str, out_format: str | None = None,
                c_format: str | None = None) -> DatapathParams:
@@ -101,6 +107,12 @@ class HardwareConfig:
             raise ConfigError(
                 self.source, "inputs.same_format",
                 f"this unit takes one element format for A and B; got {a_name!r} and {b_name!r}",
+            )
+        if not self._takes_pair(a_name, b_name):
+            groups = "; ".join(", ".join(group) for group in self.sections[("inputs", "format_groups")])
+            raise ConfigError(
+                self.source, "inputs.format_groups",
+                f"this unit takes no {a_name} x {b_name} pair: A and B must lie in one group ({groups})",
             )
         values = dict(self.sections)
         values[("output", "format")] = out_name
@@ -359,14 +371,31 @@ def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not items:
             raise fail(f"a list of formats from {', '.join(key.choices)}")
-        resolved = []
-        for index, item in enumerate(items):
-            name = get_format(item).name if isinstance(item, str) and _is_format(item) else None
-            if name not in key.choices:
-                raise ConfigError(source, f"{path}[{index}]", f"expected one of {', '.join(key.choices)}, got {shown(item)}")
-            resolved.append(name)
-        return tuple(resolved)
+        return _format_names(source, path, key, items)
+    if key.kind == "format_groups":
+        if value is None:
+            return None
+        if not isinstance(value, list) or not value:
+            raise fail("null or a list of format lists, e.g. [[fp16], [fp8_e4m3, fp8_e5m2]]")
+        groups = []
+        for index, group in enumerate(value):
+            if not isinstance(group, list) or not group:
+                raise ConfigError(source, f"{path}[{index}]", f"expected a non-empty list of formats from "
+                                                              f"{', '.join(key.choices)}, got {shown(group)}")
+            groups.append(_format_names(source, f"{path}[{index}]", key, group))
+        return tuple(groups)
     raise AssertionError(key.kind)
+
+
+def _format_names(source: str, path: str, key: Key, items: list) -> tuple[str, ...]:
+    """The canonical names of a list of formats, each one of the key's choices."""
+    resolved = []
+    for index, item in enumerate(items):
+        name = get_format(item).name if isinstance(item, str) and _is_format(item) else None
+        if name not in key.choices:
+            raise ConfigError(source, f"{path}[{index}]", f"expected one of {', '.join(key.choices)}, got {shown(item)}")
+        resolved.append(name)
+    return tuple(resolved)
 
 
 def _is_format(name: str) -> bool:
@@ -454,7 +483,15 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
 
 
 def _check_combinations(config: HardwareConfig) -> None:
-    """Every supported (A, B, output) format combination must resolve consistently."""
+    """Every format the unit takes lies in one of its format groups, and every supported (A, B,
+    output) format combination resolves consistently."""
+    groups = config.sections[("inputs", "format_groups")]
+    for operand, accepted in (("a", config.a_formats), ("b", config.b_formats)):
+        for name in accepted if groups is not None else ():
+            if not any(name in group for group in groups):
+                raise ConfigError(config.source, "inputs.format_groups",
+                                  f"inputs.{operand}_formats takes {name} but no group holds it: "
+                                  f"list it with the formats it pairs with")
     for a_format, b_format in config.format_pairs:
         for out_format in WIDE_FORMATS:
             config.params(a_format, b_format, out_format)

@@ -75,8 +75,8 @@ BY_KIND: Any = object()  # a key's record field follows from its kind (see _reco
 @dataclass(frozen=True)
 class Key:
     """One config key. ``kind``: "int", "optional_int" (null allowed), "bool", "str" (one of
-    ``choices``), "order" (null or a permutation), "format" (one of ``choices``) or
-    "format_list". ``default`` is :data:`REQUIRED` if the key has none. ``field`` names its
+    ``choices``), "order" (null or a permutation), "format" (one of ``choices``),
+    "format_list" or "format_groups" (null or a list of format lists). ``default`` is :data:`REQUIRED` if the key has none. ``field`` names its
     :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
@@ -115,6 +115,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
                          field=None, record=None, blas=any_value, window=any_value, groups=any_value),  # routes check the formats
         "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS,
                          field=None, record=None, blas=any_value, window=any_value, groups=any_value),
+        "format_groups": Key(
+            "format_groups", None,
+            "null: every A format with every B format. A list of format lists: an (A, B) pair is accepted "
+            "only when one list holds both (an instruction's formats that may mix, e.g. [[fp16], [bf16], "
+            "[fp8_e4m3, fp8_e5m2]]); formats the unit does not take may be listed (a narrower view "
+            "extending the config keeps its groups), each it takes must be in a list",
+            ELEMENT_FORMATS, field=None, record=None, blas=any_value, window=any_value, groups=any_value),
         "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE,
                           blas=any_value, window=any_value, groups=any_value),  # groups: whole groups, checked there
         "scales": Key(

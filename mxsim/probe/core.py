@@ -89,8 +89,10 @@ class ProbeResult:
 
 
 def _key_items():
-    for section, name, _ in keys():
-        if (section, name) not in (("inputs", "a_formats"), ("inputs", "b_formats"), ("output", "format")):
+    """Every key the probe decides: not the output format (given) nor the accepted formats and
+    their pairing (the probed pair alone), which no params field holds."""
+    for section, name, key in keys():
+        if param_field(name, key) is not None and (section, name) != ("output", "format"):
             yield f"{section}.{name}"
 
 

@@ -192,6 +192,33 @@ def _weight_quantization_key(layer: Layer, conv_order: str, floats: np.ndarray, 
             choice.tensor_scale_exponent, choice.block_size, repr(sorted(options.items())), count_clipped)
 
 
+def _pair_choices(choices: dict, options: dict, operands: dict, layer: Layer, hw: HardwareConfig,
+                  per_tensor_scale: bool | None) -> None:
+    """Where the two operands' formats are a pair ``hw`` does not take (``inputs.format_groups``:
+    an fp8 input with fp16 weights on an FP8 tensor core), the operand replay quantizes itself
+    (the weight first) is quantized again into the first format of its list that pairs with
+    the other operand's; an operand the model or the caller fixed is never changed. No such
+    operand: MxsimError naming the pair."""
+    pairs = hw.format_pairs
+    if (choices["input"].format, choices["weight"].format) in pairs:
+        return
+    for name, other in (("weight", "input"), ("input", "weight")):
+        if choices[name].status in ("added", "replaced"):
+            fixed = choices[other].format
+            pairing = [fmt for fmt in (hw.a_formats if name == "input" else hw.b_formats)
+                       if ((fmt, fixed) if name == "input" else (fixed, fmt)) in pairs]
+            if pairing:
+                choice, options[name] = choose_operand(operands[name], name, layer.quant.get(name), hw, pairing[0],
+                                                       per_tensor_scale)
+                choices[name] = dataclasses.replace(
+                    choice, status=choices[name].status,
+                    note=f"{choices[name].note}; {pairing[0]}, the first format pairing with the {other}'s {fixed}")
+                return
+    raise MxsimError(f"{hw.name}: takes no {choices['input'].format} x {choices['weight'].format} pair (input x "
+                     f"weight) and neither format is replay's to change; it takes "
+                     f"{', '.join(f'{a} x {b}' for a, b in pairs)}")
+
+
 def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
                    per_tensor_scale: bool | None = None, strict: bool = False) -> tuple[OperandChoice, dict]:
     """What ``hw`` gets for one operand, and the quantize options: the one place that decides
@@ -321,14 +348,17 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     ops = operands if operands is not None else layer_operands(at, conv_order, float_pieces=with_ideal)
     shape = gemm_shape(at)
     gemm_operands = {"input": ops.a, "weight": ops.b}
-    choices, tensors = {}, {}
+    choices, tensors, quantize_options = {}, {}, {}
+    try:
+        for name, operand in gemm_operands.items():
+            chosen_format = (weight_format or element_format) if name == "weight" else element_format
+            choices[name], quantize_options[name] = choose_operand(operand, name, at.quant.get(name), hw, chosen_format,
+                                                                   per_tensor_scale, strict)
+        _pair_choices(choices, quantize_options, gemm_operands, at, hw, per_tensor_scale)
+    except MxsimError as error:
+        raise MxsimError(f"layer {at.name!r} on {error}") from None
     for name, operand in gemm_operands.items():
-        chosen_format = (weight_format or element_format) if name == "weight" else element_format
-        try:
-            choice, options = choose_operand(operand, name, at.quant.get(name), hw, chosen_format, per_tensor_scale,
-                                             strict)
-        except MxsimError as error:
-            raise MxsimError(f"layer {at.name!r} on {error}") from None
+        choice, options = choices[name], quantize_options[name]
         if choice.status == "model":
             tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
         else:
@@ -343,7 +373,6 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
                 if key is not None:
                     weight_quantizations[key] = quantized
             tensors[name], choice.saturated, choice.underflowed = quantized
-        choices[name] = choice
     if not with_ideal:
         gemm_ideal, exact = None, False
     elif choices["input"].status == choices["weight"].status == "model":

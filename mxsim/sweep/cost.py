@@ -1,7 +1,7 @@
 """A hardware-cost proxy for a dot-product unit: bits of adder and accumulator state.
 
 Not an area model: a monotone count that lets sweeps rank configurations. For the unit's
-first accepted formats (A, B) and its default output (``params(a_formats[0], b_formats[0])``),
+first accepted format pair (A, B) and its default output (``params(*format_pairs[0])``),
 with ``top(f) = floor(log2(max_finite))`` and ``lsb(f) = log2(min_subnormal)`` (the smallest
 positive value; both exact for every element format):
 
@@ -46,7 +46,7 @@ def _lsb(fmt) -> int:
 
 def hardware_cost(config: HardwareConfig) -> dict[str, int]:
     """The proxy's terms for ``config`` (module docstring), all in bits."""
-    params = config.params(config.a_formats[0], config.b_formats[0])
+    params = config.params(*config.format_pairs[0])
     a, b = get_format(params.a_format), get_format(params.b_format)
     product_range = (_top(a) + _top(b) + 2) - (_lsb(a) + _lsb(b))
     sticky = params.below_window == "sticky"

@@ -32,7 +32,7 @@ MAX_GRID_POINTS = 10_000
 #: Longest integer text accepted in a range (a 2^63 range end has 19 digits).
 MAX_INTEGER_DIGITS = 40
 INTEGER_KINDS = ("int", "optional_int")
-UNVARIABLE_KINDS = ("order",)  # a permutation per value: not expressible as a comma list
+UNVARIABLE_KINDS = ("order", "format_groups")  # a list (of lists) per value: not expressible as a comma list
 
 
 @dataclass(frozen=True)
