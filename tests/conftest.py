@@ -26,6 +26,18 @@ SIXTEEN_BIT_OR_LESS = [name for name, fmt in FORMATS.items() if fmt.bits <= 16]
 FUZZ_OUTCOMES = pytest.StashKey[dict]()
 
 
+def any_pair(name: str):
+    """The shipped config ``name`` taking every (A, B) pair of its formats (``format_groups``
+    null): its datapath on pairs no instruction takes, for tests of rows that need them."""
+    import dataclasses
+
+    from mxsim.datapath import load_hwconfig
+
+    config = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    return dataclasses.replace(config, name=f"{name}-any-pair",
+                               sections={**config.sections, ("inputs", "format_groups"): None})
+
+
 def same_float(a: float, b: float) -> bool:
     """Equal as values, with NaN equal to NaN and the sign of zero compared."""
     if math.isnan(a) or math.isnan(b):

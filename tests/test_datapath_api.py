@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, same_float
+from conftest import REPO, any_pair, same_float
 from mxsim import get_format
 from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
@@ -1034,12 +1034,9 @@ def test_matmul_output_over_the_memory_budget(monkeypatch):
 def test_mixed_code_widths_add_no_kernel_signature():
     """An fp8 operand beside an fp16 one runs in the kernel compiled for two fp16 operands (h100's
     datapath with every pair accepted: the real unit pairs fp16 only with fp16)."""
-    import yaml
-    from mxsim.datapath import _kernels, parse_hwconfig
+    from mxsim.datapath import _kernels
 
-    data = yaml.safe_load((REPO / "hwconfigs" / "h100.yaml").read_text())
-    del data["inputs"]["format_groups"]
-    unit = parse_hwconfig(data, "h100, any pair")
+    unit = any_pair("h100")
     fp8, fp16 = get_format("fp8_e4m3"), get_format("fp16")
     a8 = fp8.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
     a16 = fp16.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))

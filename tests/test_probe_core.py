@@ -24,7 +24,7 @@ from mxsim.datapath import dot, load_hwconfig, parse_hwconfig
 from mxsim.probe import ProbeError, probe
 from mxsim.probe.units import HwconfigUnit
 
-from conftest import REPO
+from conftest import REPO, any_pair
 
 HW = REPO / "hwconfigs"
 LONG = bool(os.environ.get("MXSIM_PROBE_LONG"))
@@ -198,9 +198,7 @@ def test_round_trip_of_products_far_wider_than_parity_windows():
     some 280 binades show the parity windows on nearly every row, and no key decided one at a
     time fits until they are held; the coarse start offers them (402 / 1,280 mismatches
     without)."""
-    data = yaml.safe_load((HW / "mi300.yaml").read_text())
-    del data["inputs"]["format_groups"]
-    _round_trip(parse_hwconfig(data, "mi300, any pair"), "mi300-any-pair", "fp8_e5m2fnuz", "fp32", "fp32", 64)
+    _round_trip(any_pair("mi300"), "mi300-any-pair", "fp8_e5m2fnuz", "fp32", "fp32", 64)
 
 
 def _round_trip(config, name, a_format, b_format, out_format, k):
@@ -529,7 +527,7 @@ def test_the_targeted_validation_finds_rows_a_bf16_output_hides():
     from mxsim.probe.inputs import Context
     from mxsim.probe.units import CountingUnit
 
-    unit = HwconfigUnit(HW / "b200-tcgen05.yaml", "tf32", "fp6_e3m2", "bf16")
+    unit = HwconfigUnit(any_pair("b200-tcgen05"), "tf32", "fp6_e3m2", "bf16")  # a pair no instruction takes
     engine = _Engine(CountingUnit(unit, "bf16", 10_000), Context("tf32", "fp6_e3m2", 64, 32, "bf16"), "probed")
     for path in engine.hyp:
         section, key = path.split(".")
