@@ -223,6 +223,29 @@ def test_output_ties_lie_just_off_a_tie_of_the_output():
     assert np.count_nonzero(out["exact"] != out["fp32"]) >= 8
 
 
+def test_cancelled_c_shows_c_rounded_with_a_large_first_tree():
+    """b200-tcgen05 E2M3 x E2M1 -> bf16: c enters the first 32-term tree beside a product near
+    the largest and is cut to the fp32 accumulator's last place there; the product's negation
+    in the second tree leaves what was kept. The config the probe emitted without these rows
+    (c added at the end, exact products, one-product steps) reproduced every other row and
+    validation vector, but misses these; an fp32 output gets none."""
+    params = load_hwconfig(HW / "b200-tcgen05.yaml").params("fp6_e2m3", "fp4_e2m1", "bf16")
+    ctx = Context("fp6_e2m3", "fp4_e2m1", 64, params.block_size, "bf16", seed=5)
+    batch = ctx.fit_c(ctx.cancelled_c(64))
+    products = get_format("fp6_e2m3").decode(batch.a) * get_format("fp4_e2m1").decode(batch.b)
+    assert len(batch) == 64 and np.all(products.sum(axis=1) == 0) and np.all(np.count_nonzero(products, axis=1) == 2)
+    c = batch.c.view(np.float32)
+    emitted_before = dataclasses.replace(
+        params, fused_terms=1, align_fraction_bits=None, below_window="floor", sum_rounding="toward_positive",
+        accumulator_exponent="leading_bit", zero_term_exponent=None, c_entry="end", c_add_rounding="nearest_toward_positive",
+        accumulator_overflow="ieee", grid_max_left_shift=67)
+    shipped = dot_with_params(params, batch.a, batch.b, c=c)
+    assert np.count_nonzero(dot_with_params(emitted_before, batch.a, batch.b, c=c) != shipped) >= 16
+    assert np.count_nonzero(dot_with_params(dataclasses.replace(params, c_entry="end"), batch.a, batch.b, c=c)
+                            != shipped) >= 16
+    assert len(Context("fp6_e2m3", "fp4_e2m1", 64, params.block_size, "fp32", seed=5).cancelled_c(64)) == 0
+
+
 @pytest.mark.parametrize("a_format, b_format", [("fp16", "fp32"), ("fp8_e4m3fnuz", "fp8_e5m2fnuz")])
 def test_cancelled_ties_show_the_second_alignment_in_a_narrow_output(a_format, b_format):
     """Under an fp16 output the alignment ties (c's fp32 ties) show nothing; the cancelled ties

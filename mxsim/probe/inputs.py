@@ -465,6 +465,25 @@ class Context:
             batch.c[row] = self.c_bits([math.ldexp(1.0, e - int(self.rng.integers(precision + 2, farthest + 1)))])[0]
         return batch
 
+    def cancelled_c(self, n: int) -> Batch:
+        """For an output narrower than fp32 (else no rows): a product near the largest, 2^top,
+        at position 0, its negation at position K - 1 (in a later tree for every tree shorter
+        than K), and c with 24 random significant bits, of either sign, 16..32 binades below
+        2^top. Where c enters with 2^top, an fp32 accumulator (or a window) keeps only its bits
+        above 2^top's last place, rounded its way, and the cancellation leaves those as the
+        result, which the narrow output shows; c added at the end stays whole. The results of
+        narrow products (b200-tcgen05 E2M3 x E2M1 -> bf16) show this on no other rows."""
+        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits or self.k < 2:
+            return self.empty(0)
+        batch = self.empty(n)
+        low, high = self.span()
+        for row in range(n):
+            a, b, top = self.pair_at(int(self.rng.integers(max(low, high - 3), high + 1)))
+            batch.a[row, 0], batch.b[row, 0] = a, b
+            batch.a[row, self.k - 1], batch.b[row, self.k - 1] = self.A.negated(a), b
+            batch.c[row] = self.random_c(top - int(self.rng.integers(16, 33)), bool(self.rng.integers(2)), bits=24)
+        return batch
+
     def trees(self, n: int) -> Batch:
         """A product B at one position, -B at another, a small term at a third (and sometimes
         c = B): which terms share a tree, and in what order trees meet the accumulator."""

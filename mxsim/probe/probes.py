@@ -591,12 +591,13 @@ PROBES: tuple[Probe, ...] = (
     # Appended, each on its own copy of the generator: its output ties (under an fp16 output an
     # exact accumulator and an fp32 one rounding toward -inf give the same bits on every other
     # row: kulisch INT8 x E2M1) and, where the output is narrower than fp32 (which rounds fp32
-    # ties away), ties whose rounding a later product's cancellation carries into the output.
+    # ties away), ties whose rounding a later product's cancellation carries into the output,
+    # and c rounded with a large first tree that a later one cancels.
     Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
           _accumulator_and_overflow,
           _families(ties=256, realistic=64, uniform=64),
           "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
-          appended=_families_apart(output_ties=64, cancelled_ties=64)),
+          appended=_families_apart(output_ties=64, cancelled_ties=64, cancelled_c=64)),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
@@ -630,9 +631,12 @@ PROBES: tuple[Probe, ...] = (
           "rounding of the tree sum before the accumulator", appended=_families(sum_cancel=64)),
     Probe("adder width", ("adder.carry_bits", "adder.adder_overflow"), _carry, _families(corners=128, realistic=64),
           "carry bits of the tree adder and what happens past them"),
+    # Appended on its own copy of the generator (rows only under an output narrower than fp32):
+    # c rounded with a large first tree that a later one cancels.
     Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
           _families(accumulator_entry=256, ties=64, trees=64),
-          "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
+          "where c enters: in the first tree, added exactly after it, or at the end with its own rounding",
+          appended=_families_apart(cancelled_c=64)),
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
           _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
           "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True,
