@@ -485,10 +485,11 @@ def parse_hwconfig(data: Any, source: str = "<config>") -> HardwareConfig:
 def _check_combinations(config: HardwareConfig) -> None:
     """Every format the unit takes lies in one of its format groups, and every supported (A, B,
     output) format combination resolves consistently."""
-    groups = config.sections[("inputs", "format_groups")]
+    groups = config.sections[("inputs", "format_groups")] or ()
+    grouped = {name for group in groups for name in group}
     for operand, accepted in (("a", config.a_formats), ("b", config.b_formats)):
-        for name in accepted if groups is not None else ():
-            if not any(name in group for group in groups):
+        for name in accepted if groups else ():
+            if name not in grouped:
                 raise ConfigError(config.source, "inputs.format_groups",
                                   f"inputs.{operand}_formats takes {name} but no group holds it: "
                                   f"list it with the formats it pairs with")

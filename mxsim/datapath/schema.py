@@ -76,8 +76,8 @@ BY_KIND: Any = object()  # a key's record field follows from its kind (see _reco
 class Key:
     """One config key. ``kind``: "int", "optional_int" (null allowed), "bool", "str" (one of
     ``choices``), "order" (null or a permutation), "format" (one of ``choices``),
-    "format_list" or "format_groups" (null or a list of format lists). ``default`` is :data:`REQUIRED` if the key has none. ``field`` names its
-    :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
+    "format_list" or "format_groups" (null or a list of format lists). ``default`` is
+    :data:`REQUIRED` if the key has none. ``field`` names its :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
     format parameters). ``blas``/``window``/``groups`` are the routes' declarations (None:

@@ -114,6 +114,8 @@ class _Operand:
         return [int(c) for c in codes[~np.isfinite(values)]]
 
     def negate(self, codes: np.ndarray) -> np.ndarray:
+        """The codes of the values' negatives: the sign bit flipped (a zero's negation is the
+        format's -0, or NaN for an fnuz format), or a two's complement format's negative."""
         if self.fmt.twos_complement:
             return self.fmt.encode(-self.fmt.decode(codes)).astype(np.uint64)
         return codes ^ np.uint64(1 << (self.fmt.bits - 1))
