@@ -493,6 +493,7 @@ def cmd_probe(args) -> int:
     check = result.validation
     print(f"validation: {check.mismatches} mismatches in {check.vectors} vectors "
           f"({check.random} random, {check.corners} corners, {check.targeted} targeted)"
+          + (f", {check.answered} of the run's earlier answers missed" if check.answered else "")
           + (f", {check.nan_payload_differences} NaN outputs with another payload" if check.nan_payload_differences else ""))
     print(f"{result.queries} dot products asked in {result.seconds:.1f} s ({result.unit_seconds:.1f} s in the unit); "
           f"config: {args.out}")

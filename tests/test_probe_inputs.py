@@ -2,9 +2,10 @@
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
 the zero rows take B's -0 where A has none; the window ties show a window no product reaches;
 the alignment ties are ties of c and tell a second alignment's width to the bit, and the
-cancelled ties show it under a narrow output; the partial overflows tell exact block sums from
-rounded partial sums under scales at the extremes; the output ties lie a hair off a tie of the
-output and tell an exact accumulator from a rounded one."""
+cancelled ties show it under a narrow output; the scaled zeros show a grid's last place as the
+sign of zero; the partial overflows tell exact block sums from rounded partial sums under
+scales at the extremes; the output ties lie a hair off a tie of the output and tell an exact
+accumulator from a rounded one."""
 
 from __future__ import annotations
 
@@ -267,3 +268,29 @@ def test_cancelled_ties_show_the_second_alignment_in_a_narrow_output(a_format, b
     assert differing(batch, second_alignment_bits=30) >= 2 and differing(batch, second_alignment_bits=32) >= 2
     assert differing(batch, accumulator_rounding="nearest_toward_positive") >= 16
     assert len(Context(a_format, b_format, 64, params.block_size, "fp32", seed=5).cancelled_ties(64)) == 0
+
+
+def test_scaled_zeros_show_a_grids_last_place_as_the_sign_of_zero():
+    """mxdotp-rmm E2M3 x E2M3 -> bf16: zero elements, c = -0, one block's scale exponent X
+    anywhere in -150..0. The hwconfig reference's rule: a grid of n fraction bits passes the
+    zero accumulator (its last place 2^-150) through, -0, where the grid's last place 2^(X-n)
+    lies more than accumulator_max_right_shift (24) places above it, else the sum is +0 (the
+    blocks of scale 1 pass it through for any grid tried here). Grids of 18 and 34 bits (what
+    the probe once emitted, and the unit) differ on some rows, each as that rule says."""
+    params = load_hwconfig(HW / "mxdotp-rmm.yaml").params("fp6_e2m3", "fp6_e2m3", "bf16")
+    ctx = Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "bf16", seed=6)
+    batch = ctx.fit_c(ctx.scaled_zeros(64))
+    assert np.all(get_format("fp6_e2m3").decode(batch.a) == 0) and np.all(get_format("fp6_e2m3").decode(batch.b) == 0)
+    assert np.all(batch.c.view(np.float32) == 0) and np.all(np.signbit(batch.c.view(np.float32)))
+    exponents = (batch.scale_a.astype(int) - 127) + (batch.scale_b.astype(int) - 127)
+    assert np.all(np.count_nonzero(exponents, axis=1) <= 1)
+    scale_exponent = exponents.sum(axis=1)
+    assert scale_exponent.min() >= -150 and scale_exponent.max() <= 0 and np.ptp(scale_exponent) >= 100
+    outputs = {}
+    for bits in (18, 34):
+        grid = dataclasses.replace(params, grid_fraction_bits=bits)
+        outputs[bits] = dot_with_params(grid, batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b,
+                                        c=batch.c.view(np.float32)).astype(np.uint64)
+        passes = (scale_exponent - bits) - (-150) > params.grid_max_right_shift
+        assert np.array_equal(outputs[bits], np.where(passes, 0x8000, 0))
+    assert np.count_nonzero(outputs[18] != outputs[34]) >= 4

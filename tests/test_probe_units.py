@@ -332,7 +332,7 @@ def test_cli_probe_writes_a_loadable_config(capsys, tmp_path):
                               "--k", "32", "--out", str(out), "--validation", "256", "--corners", "64",
                               "--report", str(tmp_path / "report.json"))
     assert status == 0, err
-    assert "validation: 0 mismatches in 326 vectors (256 random, 64 corners, 6 targeted)" in stdout
+    assert "validation: 0 mismatches in 327 vectors (256 random, 64 corners, 7 targeted)" in stdout
     config = load_hwconfig(out)
     assert config.params("fp4_e2m1", "fp4_e2m1").fused_terms == 32
     assert (tmp_path / "report.json").read_text().startswith("{")

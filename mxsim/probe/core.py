@@ -9,15 +9,18 @@ every answer survive and the first of them is kept. The decisive input recorded 
 is the answered input that rules out the most other values. After one pass over the probes
 a validation on fresh random vectors (realistic data and uniformly random codes) and corners
 counts mismatches (when it counts none, also on rows where a decision's equivalent values
-disagree with the held hypothesis: :func:`_targeted`); any
-mismatching vectors join every probe's inputs for another pass, in which each decision sees
-all the others (at most ``refinements`` times, twice that in the last starts, each followed by a fresh validation). The
-hypothesis kept is the one whose validation counted the fewest mismatches (over the main
-search and, while it ends with mismatches, a search with the other E8M0 scale placement pinned,
-one from a coarse joint start, where products pass fp32's range one from a coarse start
-that also weighs the overflow rule, and where they pass the output's range the first and the
-coarse one on rows drawn inside it: docs/probe.md), and that count,
-measured on vectors its decisions never saw, is the one reported. The count is what was measured on those vectors: nothing is claimed beyond them.
+disagree with the held hypothesis, :func:`_targeted`, and then on every input the unit has
+answered in the run, :func:`_answered`); any mismatching vectors join every probe's inputs
+for another pass, in which each decision sees all the others (at most ``refinements`` times,
+twice that in the last starts, each followed by a fresh validation). The hypothesis kept is
+the one whose validation counted the fewest mismatches (over the main search and, while it
+ends with mismatches, a search with the other E8M0 scale placement pinned, one from a coarse
+joint start, where products pass fp32's range one from a coarse start that also weighs the
+overflow rule, where they pass the output's range the first and the coarse one on rows drawn
+inside it, and last a few rounds polishing the hypotheses measured against every answer of
+the run at once, :meth:`_Engine.polish`: docs/probe.md), and that count, measured on
+vectors its decisions never saw (and on the run's answers), is the one reported. The count
+is what was measured on those vectors: nothing is claimed beyond them.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class Validation:
     nan_payload_differences: int
     examples: list
     targeted: int = 0  # rows asked where an equivalent value disagrees with the held one (in vectors)
+    answered: int = 0  # earlier answers the config misses (in mismatches, not in vectors)
 
 
 @dataclass
@@ -110,6 +114,7 @@ class _Engine:
         self.refused: set = set()  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._answers: dict = {}
+        self._answered: list = []  # (rows, answers) of each batch of new inputs asked, in order
 
     # -- configs and predictions
 
@@ -163,7 +168,9 @@ class _Engine:
                  for i in range(len(batch))]
         missing = [i for i, key in enumerate(keys_) if key not in self._answers]
         if missing:
-            answers = self._unit_answers(batch.take(missing))
+            rows = batch.take(missing)
+            answers = self._unit_answers(rows)
+            self._answered.append((rows, answers))
             for i, answer in zip(missing, answers):
                 self._answers[keys_[i]] = int(answer)
         return np.array([self._answers[key] for key in keys_], dtype=np.uint64)
@@ -200,15 +207,17 @@ class _Engine:
             self.refused |= {fmt for fmt in SCHEMA["inputs"]["scale_format"].choices if _top_code(fmt) >= top}
         return answers
 
+    def answered(self) -> tuple[Batch, np.ndarray]:
+        """Every input the unit has answered in this run, and its answers."""
+        return Batch.join([rows for rows, _ in self._answered]), np.concatenate([answers for _, answers in self._answered])
+
     # -- one probe
 
     def decide(self, probe: Probe, batch: Batch, asked_before: int) -> Decision:
         """Candidates are predicted chunk by chunk on the probe's inputs; after each chunk only
         those missing the fewest answers stay (all that fit, when any fits), so most of the
         candidates are predicted on the first chunk alone."""
-        candidates = [c for c in probe.candidates(self.ctx, self.hyp)
-                      if all(c.get(key, value) == value for key, value in self.pinned.items())
-                      and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused] or [{}]
+        candidates = self.candidates(probe)
         params = [self.params({**self.hyp, **candidate}) for candidate in candidates]
         alive = [i for i, p in enumerate(params) if p is not None]
         if not alive:
@@ -247,6 +256,56 @@ class _Engine:
         decision.evidence = self._evidence(seen, candidates, chosen)
         self.hyp.update(candidates[chosen])
         return decision
+
+    def candidates(self, probe: Probe) -> list[dict]:
+        """The probe's candidates that keep the pinned keys and read no refused scale format."""
+        return [c for c in probe.candidates(self.ctx, self.hyp)
+                if all(c.get(key, value) == value for key, value in self.pinned.items())
+                and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused] or [{}]
+
+    def polish(self, probes, decisions: dict, rounds: int = 8) -> None:
+        """Each probe's keys again, against every answer of the run at once (no query): the
+        candidate missing the fewest answers is taken where it misses fewer than the value held,
+        until no probe's change lowers the count. Candidates are first predicted on the rows
+        the hypothesis misses (few), and only those fitting some of them on the others, chunk
+        by chunk while they still miss fewer than the best so far."""
+        batch, answers = self.answered()
+        out_format = self.ctx.out_format
+        for _ in range(rounds):
+            changed = False
+            for probe in probes:
+                wrong = _differs(self.predict(self.params(self.hyp), batch), answers, out_format)
+                if not wrong.any():
+                    return
+                missed, held_misses = batch.take(np.flatnonzero(wrong)), int(np.count_nonzero(wrong))
+                right = np.flatnonzero(~wrong)
+                chunks = [(batch.take(rows), answers[rows]) for rows in np.array_split(right, -(-right.size // 1024))]
+                best = None
+                for candidate in self.candidates(probe):
+                    params = self.params({**self.hyp, **candidate})
+                    if params is None or all(self.hyp.get(k) == v for k, v in candidate.items()):
+                        continue
+                    misses = int(np.count_nonzero(_differs(self.predict(params, missed), answers[wrong], out_format)))
+                    limit = held_misses if best is None else best[0]
+                    if misses == held_misses:
+                        continue
+                    for rows, expected in chunks:
+                        if misses >= limit:
+                            break
+                        misses += int(np.count_nonzero(_differs(self.predict(params, rows), expected, out_format)))
+                    if misses < limit:
+                        best = (misses, candidate)
+                if best is not None:
+                    misses, candidate = best
+                    self.hyp.update(candidate)
+                    changed = True
+                    decisions[probe.name] = Decision(
+                        probe.name, probe.keys, _plain(candidate), len(self.candidates(probe)),
+                        decisions[probe.name].asked if probe.name in decisions else 0, mismatches=misses, about=probe.what,
+                        evidence={"note": f"taken in the last search, against all {len(batch)} answers of the run: "
+                                          f"misses {misses} of them, the value before {held_misses}"})
+            if not changed:
+                return
 
     def _evidence(self, seen, candidates, chosen) -> dict:
         """The answered input on which the kept value fits and the most other values miss."""
@@ -307,6 +366,11 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
     # then -0 products), from a generator of their own: the other rows stay as they were
     chains = np.arange(random + 15, len(batch), 16)
     batch = ctx.fit_c(batch.put(chains, ctx.zero_chains(len(chains))))
+    # then, drawn aside (the rows above stay as they were), rows a narrow output shows little
+    # of a datapath through but its ties and cancellations (none for an fp32 output with fp32 c)
+    hidden = ctx.fit_c(Batch.join([ctx.aside(getattr(ctx, family), HIDDEN_ROWS) for family in HIDDEN_FAMILIES]))
+    batch = Batch.join([batch, hidden])
+    corners += len(hidden)
     answers = engine.ask(batch)
     predicted = engine.predict(engine.params(engine.hyp), batch)
     differs = _differs(predicted, answers, ctx.out_format)
@@ -317,6 +381,16 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
                 for i in rows[:5]]
     return Validation(len(batch), random, corners, int(rows.size), int(np.count_nonzero(payload)), examples), batch.take(rows)
 
+
+#: Polishing rounds (:meth:`_Engine.polish`, each measured) at most, after every search missed.
+POLISH_ROUNDS = 4
+
+#: The families whose rows the validation adds where the output is narrower than the
+#: accumulator may be (each drawn :data:`HIDDEN_ROWS` times): products on an output tie beside
+#: a tiny c (a window's width), c cancelled after a large first tree (where c enters), and
+#: results just off an output tie (the accumulator's rounding), which random rows almost
+#: never make.
+HIDDEN_FAMILIES, HIDDEN_ROWS = ("window_ties", "cancelled_c", "output_ties"), 32
 
 #: Rows the targeted validation asks at most, and rows it looks for per equivalent value.
 TARGETED_ROWS, TARGETED_PER_VALUE = 256, 4
@@ -371,6 +445,25 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
                                mismatches=validation.mismatches + int(missed.size), examples=examples), batch.take(missed)
 
 
+def _answered(engine: _Engine, validation: Validation) -> tuple[Validation, Batch]:
+    """The validation extended to every input the unit has answered in the run (the probes'
+    rows, earlier validations'): the keys are decided one at a time, so the hypothesis held
+    at the end may miss answers an earlier decision fitted, on rows no fresh vector meets
+    (a bf16 output over FP6 x FP4 products hides most of the accumulator). Those it misses are
+    counted as mismatches, asking nothing more, and returned, as the validation's are."""
+    batch, answers = engine.answered()
+    held = engine.predict(engine.params(engine.hyp), batch)
+    wrong = _differs(held, answers, engine.ctx.out_format)
+    missed = np.flatnonzero(wrong)
+    if not missed.size:
+        return validation, batch.take(missed)
+    examples = validation.examples + [
+        {"input": batch.row(int(i)), "unit_output": f"0x{int(answers[i]):x}", "config_output": f"0x{int(held[i]):x}",
+         "kind": "answered"} for i in missed[:5]][:5 - len(validation.examples)]
+    return dataclasses.replace(validation, answered=int(missed.size), mismatches=validation.mismatches + int(missed.size),
+                               examples=examples), batch.take(missed)
+
+
 def _nearest_first(apart: list[np.ndarray], limit: int) -> set[int]:
     """Up to :data:`TARGETED_PER_VALUE` rows of each value's, the values disagreeing on the
     fewest rows first, ``limit`` in all."""
@@ -419,8 +512,10 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     config's ``inputs.c_format``, unless a wider format is found to read c alike): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
-    that no decision saw (when they count no mismatch, also on up to :data:`TARGETED_ROWS` rows
-    where values the probes did not tell apart disagree: :func:`_targeted`).
+    that no decision saw, with :data:`HIDDEN_ROWS` rows of each of :data:`HIDDEN_FAMILIES`
+    under a narrow output (when they count no mismatch, also on up to :data:`TARGETED_ROWS`
+    rows where values the probes did not tell apart disagree, :func:`_targeted`, and on every
+    answer of the run, :func:`_answered`).
 
     At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
     unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
@@ -513,9 +608,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
                 for _ in range(limit):
                     if not run_pass(extra):
                         break
-            validation, missed = _validate(engine, seed + 1 + refined, validation_vectors, corner_vectors)
-            if not validation.mismatches:  # then where the output may hide what the probes' rows did not show
-                validation, missed = _targeted(engine, decisions.values(), seed + 1001 + refined, validation)
+            validation, missed = measure(decisions, refined)
+            measured.append((validation, dict(engine.hyp), dict(decisions)))
             if best is None or validation.mismatches < best[0].mismatches:
                 best = (validation, dict(engine.hyp), dict(decisions))
             if not validation.mismatches or refined == rounds:
@@ -524,6 +618,17 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
             extra = missed if extra is None else Batch.join([extra, missed])
             limit = 2
 
+    def measure(held_decisions: dict, index: int) -> tuple[Validation, Batch]:
+        """The validation of the hypothesis held, then where the output may hide what the
+        probes' rows did not show, then on every answer the run has: the first that misses."""
+        validation, missed = _validate(engine, seed + 1 + index, validation_vectors, corner_vectors)
+        if not validation.mismatches:
+            validation, missed = _targeted(engine, held_decisions.values(), seed + 1001 + index, validation)
+        if not validation.mismatches:
+            validation, missed = _answered(engine, validation)
+        return validation, missed
+
+    measured: list = []  # (validation, hypothesis, decisions) of every hypothesis measured
     best = search(None)
     # E8M0 scales on the products and on exact group sums describe nearly the same unit, their
     # windows anchored a bit or two apart, and the key-by-key search holds to the one it met
@@ -562,6 +667,26 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         decisions.clear()
         in_output_range = True
         best = search(best, 2 * refinements)
+    # Last, where every search missed: each probe's keys again against every answer of the run
+    # at once, from the hypothesis measured so far that misses the fewest of them (not polished
+    # before), then measured afresh: its validation's answers join the run's for the next round.
+    polished_from: list = []
+    for attempt in range(POLISH_ROUNDS):
+        if not best[0].mismatches:
+            break
+        batch, answers = engine.answered()
+        starts = [item for item in measured if item[1] not in polished_from]
+        if not starts:
+            break
+        start = min(starts, key=lambda item: int(np.count_nonzero(
+            _differs(engine.predict(engine.params(item[1]), batch), answers, ctx.out_format))))
+        polished_from.append(start[1])
+        engine.hyp, polished = dict(start[1]), dict(start[2])
+        engine.polish((*PROBES, COARSE), polished)
+        validation, _ = measure(polished, 2001 + attempt)
+        measured.append((validation, dict(engine.hyp), polished))
+        if validation.mismatches < best[0].mismatches:
+            best = (validation, dict(engine.hyp), polished)
     # A refinement can make things worse when no key describes the unit: keep the best measured.
     validation, engine.hyp, decisions = best
     config = engine.data(engine.hyp)
@@ -595,6 +720,7 @@ def emit_yaml(config: dict, decisions, validation: Validation, queries: int) -> 
               f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
               f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners; "
               f"{validation.targeted} targeted)"
+              + (f", {validation.answered} of the run's earlier answers missed" if validation.answered else "")
               + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
               + "."]
     for decision in decisions:

@@ -486,6 +486,22 @@ class Context:
             batch.c[row] = self.random_c(top - int(self.rng.integers(16, 33)), bool(self.rng.integers(2)), bits=24)
         return batch
 
+    def scaled_zeros(self, n: int) -> Batch:
+        """Elements +0 only, c = -0, and one block's scales putting its trees' scale exponent X
+        anywhere in -150..0 (the other blocks' scales 1). Each tree's products sum to exactly
+        zero: a fixed-point grid whose last place 2^(X-n) lies more than its
+        accumulator_max_right_shift places above the zero accumulator's passes the -0 through,
+        else the sum is +0, so the sign shows n + that shift. Random rows meet such scales only
+        in corners, and where the products are exact on any grid of a few bits (E2M3, E3M2)
+        nothing else shows it (mxdotp-rmm E2M3 x E2M3 -> bf16, E3M2 x E3M2 -> fp32)."""
+        batch = self.empty(n)
+        blocks = self.rng.integers(self.blocks, size=n)
+        exponents = self.rng.integers(-150, 1, size=n)
+        batch.scale_a[np.arange(n), blocks] = self.scale.power(exponents // 2)
+        batch.scale_b[np.arange(n), blocks] = self.scale.power(exponents - exponents // 2)
+        batch.c[:] = self.c_bits([-0.0])[0]
+        return batch
+
     def trees(self, n: int) -> Batch:
         """A product B at one position, -B at another, a small term at a third (and sometimes
         c = B): which terms share a tree, and in what order trees meet the accumulator."""

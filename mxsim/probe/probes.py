@@ -257,12 +257,20 @@ def _tree_sizes(k: int) -> list[int]:
 
 
 def _intervals(fused: int, k: int) -> list[int | None]:
-    """No promotion, or promotion every fused * 2^j products (j >= 0) short of K."""
+    """No promotion, or promotion every fused * 2^j products (j >= 0) short of K, or only at
+    the end (:func:`_at_end`)."""
     intervals, n = [None], fused
     while n < k:
         intervals.append(n)
         n *= 2
-    return intervals
+    return intervals + [_at_end(fused, k)]
+
+
+def _at_end(fused: int, k: int) -> int:
+    """The promotion interval that acts only at the end of K products: the smallest multiple
+    of the tree size reaching K. The accumulator is then added to c rounded to nearest even, as
+    a unit promoting every 128 products does when probed at K = 64."""
+    return -(-k // fused) * fused
 
 
 def _trees(ctx: Context, hyp: dict) -> Candidates:
@@ -346,8 +354,7 @@ def _overflows_held_first(hyp: dict) -> list[str]:
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
     fused = hyp["adder.fused_terms"]
-    return [{"accumulator.promotion_interval": None}] + [
-        {"accumulator.promotion_interval": n} for n in range(fused, ctx.k, fused)]
+    return [{"accumulator.promotion_interval": n} for n in (None, *range(fused, ctx.k, fused), _at_end(fused, ctx.k))]
 
 
 def _wider_c_formats(ctx: Context) -> list[str]:
@@ -652,11 +659,14 @@ PROBES: tuple[Probe, ...] = (
           _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
           "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True,
           strict=True),
+    # Appended on its own copy of the generator: zero products under scales that put the
+    # grid's last place anywhere.
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
                    "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
                    "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
           _families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64),
-          "a fixed-point grid summing each tree's exact products, and its fraction bits"),
+          "a fixed-point grid summing each tree's exact products, and its fraction bits",
+          appended=_families_apart(scaled_zeros=64)),
     Probe("grid reach", ("grid.accumulator_max_left_shift",), _grid_shift("accumulator_max_left_shift"), _families(grid=256),
           "how far above the grid an accumulator passes through unchanged"),
     Probe("grid zero sum", ("grid.accumulator_max_right_shift",), _grid_shift("accumulator_max_right_shift"), _families(grid=256),
@@ -680,3 +690,4 @@ COARSE = Probe("coarse", ("adder.fused_terms", "adder.align_fraction_bits", "add
 #: rounding toward zero. Named as the coarse probe: it takes the coarse rows, drawn once.
 COARSE_OVERFLOW = Probe("coarse", (*COARSE.keys, "accumulator.overflow"), _coarse_overflow, COARSE.inputs,
                         "tree size, window, rounding and overflow rule together: a third start for the search")
+
