@@ -1,8 +1,9 @@
 """Round trip: every shipped hwconfig, probed as a black box through the callable adapter,
 gives a config that reproduces it bit for bit on vectors the probe never saw.
 
-CI probes one characteristic format path per distinct config (the ``CI_PATHS`` table) and
-one fp64 unit (``FP64_PATHS``); ``MXSIM_PROBE_LONG=1`` probes every (A, B) pair a config takes (``format_pairs``) of every
+CI probes one characteristic format path per distinct config (the ``CI_PATHS`` table), one
+fp64 unit (``FP64_PATHS``) and a few paths of the long list whose probe once ended wrong
+(``ONCE_FAILING_PATHS``); ``MXSIM_PROBE_LONG=1`` probes every (A, B) pair a config takes (``format_pairs``) of every
 config with fp32, fp16 and bf16 outputs, and every fp64 path (docs/probe.md). Configs that only extend another without changing a datapath key
 (a2, l40s, h200, the *-fp8 views) are checked to resolve to their base's parameters on
 every path, so probing the base covers them.

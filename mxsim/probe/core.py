@@ -286,9 +286,9 @@ class _Engine:
                     if params is None or all(self.hyp.get(k) == v for k, v in candidate.items()):
                         continue
                     misses = int(np.count_nonzero(_differs(self.predict(params, missed), answers[wrong], out_format)))
-                    limit = held_misses if best is None else best[0]
-                    if misses == held_misses:
+                    if misses == held_misses:  # fits none of the answers the hypothesis misses
                         continue
+                    limit = held_misses if best is None else best[0]
                     for rows, expected in chunks:
                         if misses >= limit:
                             break
@@ -366,11 +366,6 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
     # then -0 products), from a generator of their own: the other rows stay as they were
     chains = np.arange(random + 15, len(batch), 16)
     batch = ctx.fit_c(batch.put(chains, ctx.zero_chains(len(chains))))
-    # then, drawn aside (the rows above stay as they were), rows a narrow output shows little
-    # of a datapath through but its ties and cancellations (none for an fp32 output with fp32 c)
-    hidden = ctx.fit_c(Batch.join([ctx.aside(getattr(ctx, family), HIDDEN_ROWS) for family in HIDDEN_FAMILIES]))
-    batch = Batch.join([batch, hidden])
-    corners += len(hidden)
     answers = engine.ask(batch)
     predicted = engine.predict(engine.params(engine.hyp), batch)
     differs = _differs(predicted, answers, ctx.out_format)
@@ -384,13 +379,6 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
 
 #: Polishing rounds (:meth:`_Engine.polish`, each measured) at most, after every search missed.
 POLISH_ROUNDS = 4
-
-#: The families whose rows the validation adds where the output is narrower than the
-#: accumulator may be (each drawn :data:`HIDDEN_ROWS` times): products on an output tie beside
-#: a tiny c (a window's width), c cancelled after a large first tree (where c enters), and
-#: results just off an output tie (the accumulator's rounding), which random rows almost
-#: never make.
-HIDDEN_FAMILIES, HIDDEN_ROWS = ("window_ties", "cancelled_c", "output_ties"), 32
 
 #: Rows the targeted validation asks at most, and rows it looks for per equivalent value.
 TARGETED_ROWS, TARGETED_PER_VALUE = 256, 4
@@ -512,8 +500,7 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     config's ``inputs.c_format``, unless a wider format is found to read c alike): decide
     every datapath key, emit the hwconfig and validate it on ``validation_vectors`` random
     vectors (half realistic data, half uniformly random codes) and ``corner_vectors`` corners
-    that no decision saw, with :data:`HIDDEN_ROWS` rows of each of :data:`HIDDEN_FAMILIES`
-    under a narrow output (when they count no mismatch, also on up to :data:`TARGETED_ROWS`
+    that no decision saw (when they count no mismatch, also on up to :data:`TARGETED_ROWS`
     rows where values the probes did not tell apart disagree, :func:`_targeted`, and on every
     answer of the run, :func:`_answered`).
 
@@ -683,6 +670,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         polished_from.append(start[1])
         engine.hyp, polished = dict(start[1]), dict(start[2])
         engine.polish((*PROBES, COARSE), polished)
+        if engine.hyp == start[1]:  # no key moved: nothing new to measure
+            continue
         validation, _ = measure(polished, 2001 + attempt)
         measured.append((validation, dict(engine.hyp), polished))
         if validation.mismatches < best[0].mismatches:

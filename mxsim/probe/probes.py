@@ -690,4 +690,3 @@ COARSE = Probe("coarse", ("adder.fused_terms", "adder.align_fraction_bits", "add
 #: rounding toward zero. Named as the coarse probe: it takes the coarse rows, drawn once.
 COARSE_OVERFLOW = Probe("coarse", (*COARSE.keys, "accumulator.overflow"), _coarse_overflow, COARSE.inputs,
                         "tree size, window, rounding and overflow rule together: a third start for the search")
-
