@@ -433,7 +433,9 @@ def test_c_format_is_decided_and_emitted():
 
 def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkeypatch):
     """With the zero sign probe given its rows without the zero chains, a100-dmma's rule comes
-    out as the whole sum's (ieee); the validation's corners, which hold zero chains, count it."""
+    out as the whole sum's (ieee); the validation's corners, which hold zero chains, count it
+    (no refinement, no polishing). With the polishing rounds, which weigh those corners' answers
+    with every other, the rule of the steps is found."""
     import mxsim.probe.core as core
     from mxsim.probe.probes import _families
 
@@ -441,11 +443,14 @@ def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkey
                   for p in core.PROBES)
     monkeypatch.setattr(core, "PROBES", blind)
     unit = HwconfigUnit(HW / "a100-dmma.yaml", "fp64", "fp64", "fp64")
-    result = probe(unit, "fp64", "fp64", 4, out_format="fp64", c_format="fp64", validation_vectors=256,
-                   corner_vectors=256, refinements=0)
+    run = dict(out_format="fp64", c_format="fp64", validation_vectors=256, corner_vectors=256, refinements=0)
+    polished = probe(unit, "fp64", "fp64", 4, **run)
+    monkeypatch.setattr(core, "POLISH_ROUNDS", 0)
+    result = probe(unit, "fp64", "fp64", 4, **run)
     assert result.config["output"]["zero_sign"] == "ieee"
     assert result.validation.mismatches > 0
     assert all(example["kind"] == "corner" for example in result.validation.examples)
+    assert polished.config["output"]["zero_sign"] == "ieee_steps" and polished.validation.mismatches == 0
 
 
 def test_scale_codes_the_unit_refuses_are_evidence_against_the_format_reading_them():
