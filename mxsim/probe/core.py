@@ -263,6 +263,10 @@ class _Engine:
                 if all(c.get(key, value) == value for key, value in self.pinned.items())
                 and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused] or [{}]
 
+    def misses(self, hyp: dict, batch: Batch, answers: np.ndarray) -> np.ndarray:
+        """Which of ``answers`` (the unit's, to ``batch``) the hypothesis misses."""
+        return _differs(self.predict(self.params(hyp), batch), answers, self.ctx.out_format)
+
     def polish(self, probes, decisions: dict, rounds: int = 8) -> None:
         """Each probe's keys again, against every answer of the run at once (no query): the
         candidate missing the fewest answers is taken where it misses fewer than the value held,
@@ -271,10 +275,10 @@ class _Engine:
         by chunk while they still miss fewer than the best so far."""
         batch, answers = self.answered()
         out_format = self.ctx.out_format
+        wrong = self.misses(self.hyp, batch, answers)
         for _ in range(rounds):
             changed = False
             for probe in probes:
-                wrong = _differs(self.predict(self.params(self.hyp), batch), answers, out_format)
                 if not wrong.any():
                     return
                 missed, held_misses = batch.take(np.flatnonzero(wrong)), int(np.count_nonzero(wrong))
@@ -298,6 +302,7 @@ class _Engine:
                 if best is not None:
                     misses, candidate = best
                     self.hyp.update(candidate)
+                    wrong = self.misses(self.hyp, batch, answers)
                     changed = True
                     decisions[probe.name] = Decision(
                         probe.name, probe.keys, _plain(candidate), len(self.candidates(probe)),
@@ -441,8 +446,7 @@ def _answered(engine: _Engine, validation: Validation) -> tuple[Validation, Batc
     counted as mismatches, asking nothing more, and returned, as the validation's are."""
     batch, answers = engine.answered()
     held = engine.predict(engine.params(engine.hyp), batch)
-    wrong = _differs(held, answers, engine.ctx.out_format)
-    missed = np.flatnonzero(wrong)
+    missed = np.flatnonzero(_differs(held, answers, engine.ctx.out_format))
     if not missed.size:
         return validation, batch.take(missed)
     examples = validation.examples + [
@@ -665,8 +669,7 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         starts = [item for item in measured if item[1] not in polished_from]
         if not starts:
             break
-        start = min(starts, key=lambda item: int(np.count_nonzero(
-            _differs(engine.predict(engine.params(item[1]), batch), answers, ctx.out_format))))
+        start = min(starts, key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))))
         polished_from.append(start[1])
         engine.hyp, polished = dict(start[1]), dict(start[2])
         engine.polish((*PROBES, COARSE), polished)
