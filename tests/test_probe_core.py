@@ -216,6 +216,12 @@ ONCE_FAILING_PATHS = [
     # every search ended 1 / 1,287 (a targeted row); polishing the searches' hypotheses against
     # all the run's answers finds the unit
     ("b200-tcgen05", "fp6_e2m3", "fp8_e4m3", "bf16", 64),
+    # products exact in any window, c cut by one: a grid held kept c outside the trees, where no
+    # window reached it (0 / 1,288 in validation, 2 / 1,500 in the round trip)
+    ("b200-tcgen05", "fp6_e3m2", "fp4_e2m1", "fp16", 64),
+    # the same unit under bf16: only c showed the trees, and the trees probe took 15 for 32
+    # (2 / 1,500 in the round trip)
+    ("b200-tcgen05", "fp6_e3m2", "fp4_e2m1", "bf16", 64),
 ]
 
 
@@ -594,6 +600,26 @@ def test_a_grid_is_decided_while_the_trees_held_do_not_divide_the_block():
     decision = engine.decide(grid, ctx.fit_c(grid.inputs(ctx)), 0)
     assert decision.mismatches == 0  # 30..34 fraction bits alike on these rows under an fp16 output
     assert decision.value["grid.fraction_bits"] is not None and decision.value["adder.trees_in_blocks"] is True
+
+
+def test_a_window_cutting_c_alone_is_found_while_a_grid_is_held():
+    """b200-tcgen05 E3M2 x E2M1 -> fp16: products exact in any window, c in the first tree,
+    where the 25-bit truncating window cuts a tiny c. A grid held (exact trees, c outside
+    them) fits every row but the window ties; the window probe offers each window with c in
+    the tree as well, since a window with c still outside imitates the grid there (before,
+    the probe kept the grid and its config missed 2 / 1,500 round-trip vectors)."""
+    from mxsim.probe.inputs import Batch, Context
+    from mxsim.probe.probes import GRID_NEEDS, PROBES
+
+    unit = HwconfigUnit(HW / "b200-tcgen05.yaml", "fp6_e3m2", "fp4_e2m1", "fp16")
+    ctx = Context("fp6_e3m2", "fp4_e2m1", 64, 32, "fp16")
+    engine = _engine_holding(unit, ctx, {**GRID_NEEDS, "grid.fraction_bits": 5})
+    window = next(p for p in PROBES if p.name == "window")
+    rows = Batch.join([ctx.fit_c(window.inputs(ctx)), ctx.aside(lambda: ctx.fit_c(window.appended(ctx)))])
+    decision = engine.decide(window, rows, 0)
+    assert decision.mismatches == 0
+    assert decision.value["adder.align_fraction_bits"] == 25 and decision.value["adder.below_window"] == "truncate"
+    assert decision.value["adder.accumulator_in_tree"] is True and decision.value["grid.fraction_bits"] is None
 
 
 def test_the_targeted_validation_finds_rows_a_bf16_output_hides():

@@ -1,6 +1,7 @@
 """The probe's input families: the zero chains tell a chain that signs each step's zero
 (``output.zero_sign: ieee_steps``) from the whole sum's rule, and match an IEEE fp64 FMA chain;
-the zero rows take B's -0 where A has none; the window ties show a window no product reaches;
+the zero rows take B's -0 where A has none; the window ties show a window no product reaches,
+and the spread ties the trees it does not show;
 the alignment ties are ties of c and tell a second alignment's width to the bit, and the
 cancelled ties show it under a narrow output; the scaled zeros show a grid's last place as the
 sign of zero; the partial overflows tell exact block sums from rounded partial sums under
@@ -94,6 +95,35 @@ def test_window_ties_show_a_window_products_alone_never_pass():
         ulp = Fraction(2) ** (math.floor(math.log2(total)) - fp16.mantissa_bits)
         assert (total / ulp).denominator == 2  # half an ulp past a value of the output
     assert len(Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "fp32", seed=5).window_ties(64)) == 0
+
+
+def test_spread_ties_show_which_positions_share_a_tree_where_windows_cut_no_product():
+    """E3M2 x E2M1 products span 2^-5 to 2^8: b200-tcgen05's 25-bit window cuts none, and under
+    a bf16 output only c shows its 32-term trees. The spread ties tell them from trees of 15
+    and 16 (16 and 32 both divide K): every row's products sum exactly to ±2^e, or on every
+    other row to half a bf16 ulp past it, with a product and its negation among them; c is a
+    power of two 11 or 12 binades below that product (fp16's precision) or 24 or 25 (fp32's,
+    where an fp32 accumulator between two trees drops it and the window keeps it)."""
+    params = load_hwconfig(HW / "b200-tcgen05.yaml").params("fp6_e3m2", "fp4_e2m1", "bf16")
+    ctx = Context("fp6_e3m2", "fp4_e2m1", 64, params.block_size, "bf16", seed=5, c_format=params.c_format)
+    batch = ctx.fit_c(ctx.spread_ties(128))
+    c = batch.c.view(np.float32)
+
+    def differing(**change):
+        return np.count_nonzero(dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
+                                != dot_with_params(params, batch.a, batch.b, c=c))
+
+    assert differing(fused_terms=15) >= 1 and differing(fused_terms=16) >= 1
+    a, b = get_format("fp6_e3m2").decode(batch.a), get_format("fp4_e2m1").decode(batch.b)
+    for row in range(len(batch)):
+        products = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a[row], b[row]) if x * y]
+        total = sum(products)
+        ulp = Fraction(2) ** (math.floor(math.log2(abs(total))) - 7)
+        assert (total / ulp).denominator == (2 if row % 2 else 1)
+        largest = max(products)
+        assert -largest in products
+        assert abs(Fraction(float(c[row]))) in [largest / 2**gap for gap in (11, 12, 24, 25)]
+    assert len(Context("fp6_e3m2", "fp4_e2m1", 64, params.block_size, "fp32", seed=5).spread_ties(64)) == 0
 
 
 def _fp64_fma_chain(a, b, c) -> np.ndarray:

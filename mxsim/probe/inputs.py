@@ -446,15 +446,10 @@ class Context:
         the width where the products span too few binades for any of them to pass a window
         (E2M3: 2^-6 to 2^6), c alone reaching past it. No rows where the elements make no such
         sum."""
-        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits or self.k < 2:
-            return self.empty(0)
-        precision = self.out_fmt.mantissa_bits + 1
-        low, high = self.span()
-        pairs = {y: pair for y in range(low, high + 1) if (pair := self._exact_power_pair(y))}
-        options = [(e, h) for h in sorted(pairs) for e in (h, h + 1)
-                   if e - precision in pairs and self.out_emin <= e < self.out_fmt.emax and (e == h or self.k >= 3)]
+        pairs, options = self._output_ties()
         if not options:
             return self.empty(0)
+        precision = self.out_fmt.mantissa_bits + 1
         batch = self.empty(n)
         for row in range(n):
             e, h = options[int(self.rng.integers(len(options)))]
@@ -463,8 +458,62 @@ class Context:
             place = self.rng.choice(group, size=(1 << (e - h)) + 1, replace=False)
             batch.a[row, place[:-1]], batch.b[row, place[:-1]] = pairs[h]
             batch.a[row, place[-1]], batch.b[row, place[-1]] = pairs[e - precision]
-            farthest = 50 if row % 2 else max(precision + 2, min(50, e + 24))
-            batch.c[row] = self.c_bits([math.ldexp(1.0, e - int(self.rng.integers(precision + 2, farthest + 1)))])[0]
+            batch.c[row] = self.c_bits([math.ldexp(1.0, e - self._tiny_gap(row, e))])[0]
+        return batch
+
+    def _output_ties(self) -> tuple[dict, list[tuple[int, int]]]:
+        """For an output narrower than fp32 (else none): the exact power-of-two products the
+        elements make ({exponent: (a, b)}), and each (e, h) where 2^e, an output value in its
+        normal range, is one product 2^h (h = e) or two (h = e - 1, K >= 3), and its tie's
+        last bit 2^(e-p) is a product too (p the output's precision)."""
+        if self.out_fmt.mantissa_bits >= FP32.mantissa_bits or self.k < 2:
+            return {}, []
+        precision = self.out_fmt.mantissa_bits + 1
+        low, high = self.span()
+        pairs = {y: pair for y in range(low, high + 1) if (pair := self._exact_power_pair(y))}
+        return pairs, [(e, h) for h in sorted(pairs) for e in (h, h + 1)
+                       if e - precision in pairs and self.out_emin <= e < self.out_fmt.emax and (e == h or self.k >= 3)]
+
+    def _tiny_gap(self, row: int, exponent: int) -> int:
+        """How many binades below 2^exponent a tiny c goes: p+2..50 (p the output's precision),
+        every other row at most exponent + 24 (a c inside fp16's range)."""
+        precision = self.out_fmt.mantissa_bits + 1
+        farthest = 50 if row % 2 else max(precision + 2, min(50, exponent + 24))
+        return int(self.rng.integers(precision + 2, farthest + 1))
+
+    def spread_ties(self, n: int) -> Batch:
+        """For an output narrower than fp32 and K >= 5 (else no rows): the products of
+        :meth:`window_ties` (2^e, and on every other row its tie's last bit 2^(e-p)) and a
+        product 2^x beside its negation (x from e to the top of the span), all at random
+        positions across K and negated together on a random half of the rows; c = 2^(x-g), g
+        one of the precisions wider than the output's or one more, of either sign beside a tie and
+        of the sign opposite the products' beside a value. Exact, c moves the result off the
+        tie (which a rounding to nearest shows) or off the value (a rounding toward zero).
+        Where 2^x and -2^x share a tree they cancel there, and c passes where the window
+        reaches it; in two trees the accumulator between them holds 2^x + c, which its
+        precision cuts (g that precision or one more: c passes any window wider). So the rows show which positions share a tree where the
+        products are exact in any window and nothing else does (b200-tcgen05 E3M2 x E2M1 ->
+        bf16)."""
+        pairs, options = self._output_ties()
+        options = [(e, h) for e, h in options if max(pairs) >= e]
+        if not options or self.k < 5:
+            return self.empty(0)
+        precision = self.out_fmt.mantissa_bits + 1
+        wider = [p for p in self.precisions if p > precision]
+        batch = self.empty(n)
+        for row in range(n):
+            e, h = options[int(self.rng.integers(len(options)))]
+            above = [x for x in pairs if x >= e]
+            x = above[int(self.rng.integers(len(above)))]
+            tie = bool(row % 2)
+            terms = [pairs[h]] * (1 << (e - h)) + [pairs[e - precision]] * tie + [
+                pairs[x], (self.A.negated(pairs[x][0]), pairs[x][1])]
+            negative = bool(self.rng.integers(2))
+            for position, (a, b) in zip(self.rng.choice(self.k, size=len(terms), replace=False), terms):
+                batch.a[row, position], batch.b[row, position] = (self.A.negated(a) if negative else a), b
+            c_negative = bool(self.rng.integers(2)) if tie else not negative
+            gap = int(self.rng.choice(wider)) + int(self.rng.integers(0, 2))
+            batch.c[row] = self.c_bits([math.ldexp(-1.0 if c_negative else 1.0, x - gap)])[0]
         return batch
 
     def cancelled_c(self, n: int) -> Batch:

@@ -192,8 +192,13 @@ def _window(ctx: Context, hyp: dict) -> Candidates:
         # and 35 truncated in turn). Under an fp32 output the rows tell the widths apart, and
         # holding a width first kept a wrong one (MMA-Sim CDNA3 f32_16x16x32_fp8_fp8).
         widths = sorted(widths, key=lambda bits: bits != hyp["adder.align_fraction_bits"])
-    windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID}
-               for bits in widths for below in SCHEMA["adder"]["below_window"].choices]
+    # A grid held keeps c outside the trees (it needs it there), where no window reaches it: each
+    # window is also offered with c in the first tree, or a c that the window cuts is locked out
+    # (b200-tcgen05 E3M2 x E2M1 -> fp16: products exact in any window, a tiny c truncated).
+    entries = [{}, {"adder.accumulator_in_tree": True}] if hyp.get("grid.fraction_bits") is not None else [{}]
+    windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID,
+                **entry}
+               for bits in widths for below in SCHEMA["adder"]["below_window"].choices for entry in entries]
     return [{"adder.align_fraction_bits": None}] + windows + (_windows_with_sum_roundings(windows, hyp) if narrow else [])
 
 
@@ -579,9 +584,12 @@ PROBES: tuple[Probe, ...] = (
           "whether scales matter, and whether they enter the products, the tree sums or the group sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
           "subnormal elements read as themselves or as zero"),
+    # Appended on its own copy of the generator (rows only under an output narrower than fp32):
+    # a tiny c off an output value or tie, which shows c's tree where nothing else does.
     Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
           _families(trees=384, accumulator_entry=64, realistic=32),
-          "how many products share a tree and which positions enter together"),
+          "how many products share a tree and which positions enter together",
+          appended=_families_apart(spread_ties=128)),
     # Appended on its own copy of the generator (rows only under an output narrower than fp32):
     # products on an output tie and a tiny c, which alone passes the window where the products
     # span too few binades (b200-tcgen05 E2M3 x E2M3 -> fp16).
