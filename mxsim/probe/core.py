@@ -549,7 +549,8 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
 
     def inputs(p: Probe) -> Batch:
         """The probe's inputs, written in the scale format held (drawn once per format), shuffled
-        so that each chunk mixes the probe's families."""
+        so that each chunk mixes the probe's families; its settled rows after them once the late
+        probes run."""
         fmt = engine.hyp["inputs.scale_format"]
         if (p.name, fmt, in_output_range) not in batches:
             drawn = contexts.setdefault((fmt, in_output_range), Context(a_format, b_format, k, block_size, out_format,
@@ -564,7 +565,14 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
             if p.appended is not None:
                 batch = Batch.join([batch, drawn.aside(lambda: drawn.fit_c(p.appended(drawn)))])
             batches[p.name, fmt, in_output_range] = batch
-        return batches[p.name, fmt, in_output_range]
+        batch = batches[p.name, fmt, in_output_range]
+        if late and p.settled is not None:
+            if (p.name, fmt, in_output_range, "settled") not in batches:
+                drawn = contexts[fmt, in_output_range]
+                batches[p.name, fmt, in_output_range, "settled"] = Batch.join(
+                    [batch, drawn.aside(lambda: drawn.fit_c(p.settled(drawn)))])
+            batch = batches[p.name, fmt, in_output_range, "settled"]
+        return batch
 
     asked = {p.name: 0 for p in (*PROBES, COARSE)}
     probes = PROBES
