@@ -486,14 +486,13 @@ class Context:
         :meth:`window_ties` (2^e, and on every other row its tie's last bit 2^(e-p)) and a
         product 2^x beside its negation (x from e to the top of the span), all at random
         positions across K and negated together on a random half of the rows; c = 2^(x-g), g
-        one of the precisions wider than the output's or one more, of either sign beside a tie and
-        of the sign opposite the products' beside a value. Exact, c moves the result off the
-        tie (which a rounding to nearest shows) or off the value (a rounding toward zero).
-        Where 2^x and -2^x share a tree they cancel there, and c passes where the window
-        reaches it; in two trees the accumulator between them holds 2^x + c, which its
-        precision cuts (g that precision or one more: c passes any window wider). So the rows show which positions share a tree where the
-        products are exact in any window and nothing else does (b200-tcgen05 E3M2 x E2M1 ->
-        bf16)."""
+        one of the precisions wider than the output's or one more, of either sign beside a tie
+        and of the sign opposite the products' beside a value. Exact, c moves the result off
+        the tie (which a rounding to nearest shows) or off the value (a rounding toward zero).
+        Where 2^x and -2^x share a tree they cancel there, and c passes any window wider than
+        g; in two trees the accumulator between them holds 2^x + c, and its precision cuts c.
+        So the rows show which positions share a tree where the products are exact in any
+        window and nothing else does (b200-tcgen05 E3M2 x E2M1 -> bf16)."""
         pairs, options = self._output_ties()
         options = [(e, h) for e, h in options if max(pairs) >= e]
         if not options or self.k < 5:
