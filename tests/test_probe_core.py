@@ -23,6 +23,7 @@ import yaml
 
 from mxsim.datapath import dot, load_hwconfig, parse_hwconfig
 from mxsim.probe import ProbeError, probe
+from mxsim.probe.probes import GRID_NEEDS
 from mxsim.probe.units import HwconfigUnit
 
 from conftest import REPO, any_pair
@@ -602,24 +603,31 @@ def test_a_grid_is_decided_while_the_trees_held_do_not_divide_the_block():
     assert decision.value["grid.fraction_bits"] is not None and decision.value["adder.trees_in_blocks"] is True
 
 
-def test_a_window_cutting_c_alone_is_found_while_a_grid_is_held():
+@pytest.mark.parametrize("outside", [
+    {**GRID_NEEDS, "grid.fraction_bits": 5},  # a grid: exact trees, c outside them
+    {"accumulator.c_entry": "end", "accumulator.c_add_rounding": "toward_zero", "adder.align_fraction_bits": None},
+], ids=["grid", "c at the end"])
+def test_a_window_cutting_c_alone_is_found_while_c_is_held_outside_the_trees(outside):
     """b200-tcgen05 E3M2 x E2M1 -> fp16: products exact in any window, c in the first tree,
-    where the 25-bit truncating window cuts a tiny c. A grid held (exact trees, c outside
-    them) fits every row but the window ties; the window probe offers each window with c in
-    the tree as well, since a window with c still outside imitates the grid there (before,
-    the probe kept the grid and its config missed 2 / 1,500 round-trip vectors)."""
+    where the 25-bit truncating window cuts a tiny c. A hypothesis holding c outside the
+    trees (a grid; or c added at the end, whose rounding toward zero imitates the cut) fits
+    nearly every row; the window probe offers each window with c in the first tree as well,
+    since a window with c still outside reaches no c (before, the probe kept the grid and its
+    config missed 2 / 1,500 round-trip vectors, and MMA-Sim's RTX Blackwell f8f6f4
+    E2M1 x E4M3 -> f16 ended with c at the end, 29 / 2,562)."""
     from mxsim.probe.inputs import Batch, Context
-    from mxsim.probe.probes import GRID_NEEDS, PROBES
+    from mxsim.probe.probes import PROBES
 
     unit = HwconfigUnit(HW / "b200-tcgen05.yaml", "fp6_e3m2", "fp4_e2m1", "fp16")
     ctx = Context("fp6_e3m2", "fp4_e2m1", 64, 32, "fp16")
-    engine = _engine_holding(unit, ctx, {**GRID_NEEDS, "grid.fraction_bits": 5})
+    engine = _engine_holding(unit, ctx, outside)
     window = next(p for p in PROBES if p.name == "window")
     rows = Batch.join([ctx.fit_c(window.inputs(ctx)), ctx.aside(lambda: ctx.fit_c(window.appended(ctx)))])
     decision = engine.decide(window, rows, 0)
     assert decision.mismatches == 0
     assert decision.value["adder.align_fraction_bits"] == 25 and decision.value["adder.below_window"] == "truncate"
-    assert decision.value["adder.accumulator_in_tree"] is True and decision.value["grid.fraction_bits"] is None
+    assert decision.value["adder.accumulator_in_tree"] is True and decision.value["accumulator.c_entry"] == "initial"
+    assert decision.value["grid.fraction_bits"] is None
 
 
 def test_the_targeted_validation_finds_rows_a_bf16_output_hides():

@@ -8,7 +8,8 @@ block, scale type); the instruction objects themselves say the element, c, outpu
 types. Volta's family must also come out with the datapath of hwconfigs/v100.yaml (from
 Khattak & Mikaitis' measurements, an independent source).
 
-CI probes one family per instruction class and scale type, drawn with a fixed seed;
+CI probes one family per instruction class and scale type, drawn with a fixed seed, and
+the families whose long run once ended with mismatches (``ONCE_FAILING``);
 ``MXSIM_PROBE_LONG=1`` probes every family (docs/probe.md records the long run), and
 ``MXSIM_PROBE_LONG=PATTERN[,PATTERN...]`` those whose id (``arch/class/shape-and-types``, as
 pytest shows it) matches a shell-style pattern, e.g. ``'Blackwell/TCGen05MMABlockScale/*'``.
@@ -166,6 +167,25 @@ def test_probe_reproduces_mmasim(family):
     sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
     result = probe_family(family, **sizes)
     print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    assert result.validation.mismatches == 0, result.validation.examples
+    assert result.queries <= 100_000
+
+
+#: Families whose long run (the default validation sizes) once ended with mismatches.
+ONCE_FAILING = [
+    # c added at the end, rounded toward zero, imitated the 25-bit window that cuts c in the
+    # tree, and no window reached c held there (29 / 2,562)
+    "RTX_Blackwell/MMA/m16n8k32.kind::f8f6f4.f16.e2m1.e4m3.f16",
+]
+
+
+@pytest.mark.skipif(bool(LONG), reason="long mode probes every family")
+@pytest.mark.parametrize("family_id", ONCE_FAILING)
+def test_probe_reproduces_mmasim_families_once_failing(family_id):
+    import_or_skip("mmasim.nv_ptx", "oracles")
+    result = probe_family(next(f for f in FAMILIES if f.id == family_id))
+    print(f"{family_id}: {result.queries} queries, {result.seconds:.1f} s, "
           f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.queries <= 100_000

@@ -196,10 +196,14 @@ def _window(ctx: Context, hyp: dict) -> Candidates:
         # and 35 truncated in turn). Under an fp32 output the rows tell the widths apart, and
         # holding a width first kept a wrong one (MMA-Sim CDNA3 f32_16x16x32_fp8_fp8).
         widths = sorted(widths, key=lambda bits: bits != hyp["adder.align_fraction_bits"])
-    # A grid held keeps c outside the trees (it needs it there), where no window reaches it: each
-    # window is also offered with c in the first tree, or a c that the window cuts is locked out
-    # (b200-tcgen05 E3M2 x E2M1 -> fp16: products exact in any window, a tiny c truncated).
-    entries = [{}, {"adder.accumulator_in_tree": True}] if hyp.get("grid.fraction_bits") is not None else [{}]
+    # Where c is held outside the trees (a grid needs it there; or it is added after them or at
+    # the end), no window reaches it: each window is also offered with c in the first tree, or
+    # a c that the window cuts is locked out (b200-tcgen05 E3M2 x E2M1 -> fp16: products exact
+    # in any window, a tiny c truncated, and a grid held; MMA-Sim RTX Blackwell f8f6f4
+    # E2M1 x E4M3 -> f16: c added at the end, rounded toward zero, imitating its cut).
+    outside = (hyp.get("grid.fraction_bits") is not None or not hyp["adder.accumulator_in_tree"]
+               or hyp["accumulator.c_entry"] != "initial")
+    entries = [{}, {"adder.accumulator_in_tree": True, "accumulator.c_entry": "initial"}] if outside else [{}]
     windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID,
                 **entry}
                for bits in widths for below in SCHEMA["adder"]["below_window"].choices for entry in entries]
