@@ -163,8 +163,11 @@ def _long_families(selection: str, families=None) -> list:
 
 @pytest.mark.parametrize("family", _long_families(LONG) if LONG else _ci_families(), ids=lambda f: f.id)
 def test_probe_reproduces_mmasim(family):
+    _reproduces(family, **({} if LONG else {"validation_vectors": 384, "corner_vectors": 128}))
+
+
+def _reproduces(family: Family, **sizes):
     import_or_skip("mmasim.nv_ptx", "oracles")
-    sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
     result = probe_family(family, **sizes)
     print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
           f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
@@ -183,12 +186,7 @@ ONCE_FAILING = [
 @pytest.mark.skipif(bool(LONG), reason="long mode probes every family")
 @pytest.mark.parametrize("family_id", ONCE_FAILING)
 def test_probe_reproduces_mmasim_families_once_failing(family_id):
-    import_or_skip("mmasim.nv_ptx", "oracles")
-    result = probe_family(next(f for f in FAMILIES if f.id == family_id))
-    print(f"{family_id}: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
-    assert result.validation.mismatches == 0, result.validation.examples
-    assert result.queries <= 100_000
+    _reproduces(next(f for f in FAMILIES if f.id == family_id))
 
 
 DECIDED = ("fused_terms", "term_order", "align_fraction_bits", "below_window", "accumulator_format",
