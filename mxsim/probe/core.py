@@ -563,16 +563,19 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
                 return batch.take(drawn.rng.permutation(len(batch)))
             batch = drawn.aside(draw) if p.aside else draw()
             if p.appended is not None:
-                batch = Batch.join([batch, drawn.aside(lambda: drawn.fit_c(p.appended(drawn)))])
+                batch = Batch.join([batch, aside_rows(drawn, p.appended)])
             batches[p.name, fmt, in_output_range] = batch
         batch = batches[p.name, fmt, in_output_range]
         if late and p.settled is not None:
             if (p.name, fmt, in_output_range, "settled") not in batches:
-                drawn = contexts[fmt, in_output_range]
                 batches[p.name, fmt, in_output_range, "settled"] = Batch.join(
-                    [batch, drawn.aside(lambda: drawn.fit_c(p.settled(drawn)))])
+                    [batch, aside_rows(contexts[fmt, in_output_range], p.settled)])
             batch = batches[p.name, fmt, in_output_range, "settled"]
         return batch
+
+    def aside_rows(drawn: Context, draw) -> Batch:
+        """``draw``'s rows, c fitted, on a copy of ``drawn``'s generator (the shared stream stays)."""
+        return drawn.aside(lambda: drawn.fit_c(draw(drawn)))
 
     asked = {p.name: 0 for p in (*PROBES, COARSE)}
     probes = PROBES
