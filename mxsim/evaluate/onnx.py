@@ -29,6 +29,7 @@ import io
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from ..inloop.torch import check_scaling
 from ..limits import check_int, check_path
 from ..parallel import progress_bar
 from ..trace.model import NUMERIC_DTYPES
+from .models import _quiet
 from .run import check_units_take
 
 #: ImageNet's per-channel mean and standard deviation (RGB), as torchvision's models use them.
@@ -65,7 +67,7 @@ class Data:
     source: str
     labels: np.ndarray
     classes: list[str] | None
-    batch: object
+    batch: Callable[[int, int], np.ndarray]
     item_shape: tuple  # one image's shape
 
     @property
@@ -261,16 +263,11 @@ def _check_input(model: _Model, data: Data, what: str) -> int | None:
     return None if dims is None else dims[0]
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Quark's banners and logs kept off stdout while it is imported."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
-
-
 def _quark_library() -> str:
-    """The path of Quark's CPU custom-op library (amd-quark; compiled on first use)."""
-    with _quiet():
+    """The path of Quark's CPU custom-op library (amd-quark; compiled on first use). The
+    banners and log lines of its import (Quark's, torch's, torchao's) are kept off stdout and
+    stderr, so that the command's output is its table and its errors one line."""
+    with _quiet(), contextlib.redirect_stderr(io.StringIO()):
         quark_onnx = require("quark.onnx")
         try:
             return quark_onnx.get_library_path("CPU")
@@ -283,9 +280,10 @@ def ort_runner(model: _Model):
     optimizations), with Quark's custom-op library registered when the model has Quark nodes."""
     ort = require("onnxruntime")
     options = ort.SessionOptions()
-    if model.has_quark_nodes:
-        options.register_custom_ops_library(_quark_library())
+    library = _quark_library() if model.has_quark_nodes else None
     try:
+        if library is not None:
+            options.register_custom_ops_library(library)
         session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types
         raise MxsimError(f"onnxruntime cannot load {model.path}: {' '.join(str(error).split())}") from None
