@@ -83,6 +83,16 @@ def hits_by_rank(logits: np.ndarray, labels: np.ndarray, k: int) -> int:
     return count
 
 
+def test_top_k_hits_count_ranks_with_ties_toward_the_lower_class():
+    from mxsim.evaluate.onnx import top_k_hits
+
+    rng = np.random.default_rng(2)
+    logits = rng.integers(0, 4, size=(500, 7)).astype(np.float32)  # many ties
+    labels = rng.integers(0, 7, size=500)
+    for k in (1, 3, 5, 7, 9):
+        assert int(top_k_hits(logits, labels, k).sum()) == hits_by_rank(logits, labels, k), k
+
+
 def test_preprocessing_is_resize_centre_crop_and_imagenet_normalisation(pil):
     """A 24-pixel-high image resized to 24 (Pillow leaves it as it is) then cropped to 16: the
     centre pixels, over 255, normalised; a wider image's resize keeps its aspect ratio."""
@@ -159,7 +169,7 @@ def test_top1_top5_of_float_runtime_and_an_exact_unit(classifier, evaluated, onn
 
 def test_npz_data_and_a_fixed_batch_axis(classifier, onnx, ort, tmp_path):
     """12 of the images from an npz, run by a copy of the quantized model whose batch axis is
-    fixed to 5 (the last batch of 2 padded to 5): the runtime row is Quark's runtime on the
+    fixed to 5 (the last batch of 2 padded to 5, also when --batch-size is 5): the runtime row is Quark's runtime on the
     12 images, and the exact unit still predicts what it predicts."""
     from mxsim.evaluate.onnx import evaluate_onnx
 
@@ -170,7 +180,7 @@ def test_npz_data_and_a_fixed_batch_axis(classifier, onnx, ort, tmp_path):
     fixed = onnx.load(str(quark_path))
     fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 5
     onnx.save(fixed, str(tmp_path / "fixed.onnx"))
-    report = evaluate_onnx(tmp_path / "fixed.onnx", data, OCP, "fp8_e4m3", batch_size=32)
+    report = evaluate_onnx(tmp_path / "fixed.onnx", data, OCP, "fp8_e4m3", batch_size=5)
     runtime_row, unit_row = report["rows"]
     quark_logits = onnx_reference_values(onnx, ort, onnx.load(str(quark_path)), ["logits"], {"images": x},
                                          quark_ops=True)["logits"]
@@ -233,6 +243,7 @@ HOSTILE = [
     (lambda t, d: [t, "--data", "{tmp}/garbled.npz"], "not a readable NPZ"),
     (lambda t, d: ["{tmp}/conv.onnx", "--data", d], "has shape (6, 2, 2, 2) for 6 images"),
     (lambda t, d: ["{tmp}/twoinputs.onnx", "--data", d], "2 graph inputs"),
+    (lambda t, d: [t, "--data", d, "--float-model", "{tmp}/junk.onnx"], "not a readable ONNX model"),
     (lambda t, d: [t, "--data", d, "--hw", "{tmp}/nohw.yaml"], "nohw.yaml"),
     (lambda t, d: [t, "--data", d, "--format", "fp8_e9m9"], "fp8_e9m9"),
     (lambda t, d: [t, "--data", d, "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"), "--format", "fp4_e2m1"],

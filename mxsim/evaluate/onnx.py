@@ -157,8 +157,7 @@ def read_npz_data(path) -> Data:
         raise InputFileError(f"{path}: " + (message if member is None else f"array {member!r}: {message}"))
 
     arrays = read_npz(path, NUMERIC_DTYPES, fail, label=str(path))
-    wrong = sorted(set(arrays) ^ {"inputs", "labels"})
-    if wrong:
+    if set(arrays) != {"inputs", "labels"}:
         raise InputFileError(f"{path}: holds arrays {sorted(arrays)}; expected exactly 'inputs' (float32, images "
                              "first) and 'labels' (integers, one per image)")
     inputs, labels = arrays["inputs"], arrays["labels"]
@@ -377,6 +376,7 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
              if m is not None} - {None}
     if len(fixed) > 1:
         raise MxsimError(f"the model and the float model fix different batch sizes {sorted(fixed)}")
+    pad = bool(fixed)  # a fixed batch axis takes full batches only
     step = fixed.pop() if fixed else batch_size
 
     rows = [] if reference is None else [_Row("float", "float", reference, ort_runner(reference))]
@@ -400,7 +400,7 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
         for number, start in enumerate(batches, start=1):
             stop = min(start + step, given.count)
             images, labels = given.batch(start, stop), given.labels[start:stop]
-            if len(images) < step and step != batch_size:  # a fixed batch axis: pad with the last image
+            if pad and len(images) < step:
                 images = np.concatenate([images, np.repeat(images[-1:], step - len(images), axis=0)])
             for row in rows:
                 if row.error is None:
@@ -429,7 +429,7 @@ def _run_batch(row: _Row, images: np.ndarray, labels: np.ndarray, runtime_logits
         return
     finally:
         row.seconds += time.perf_counter() - begin
-    # not a row's failure but the model's or the data's: the command stops
+    # the model's or the data's fault, not the row's: the command stops
     logits = _logits(values, row.model, len(images))[:len(labels)]
     if labels.max() >= logits.shape[1]:
         raise MxsimError(f"label {int(labels.max())} is out of range for the {logits.shape[1]} classes of output "
