@@ -248,6 +248,7 @@ HOSTILE = [
     (lambda t, d: [t, "--data", d, "--format", "fp8_e9m9"], "fp8_e9m9"),
     (lambda t, d: [t, "--data", d, "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"), "--format", "fp4_e2m1"],
      "does not take fp4_e2m1"),
+    (lambda t, d: [t, "--data", d, "--hw", "{tmp}/disjoint.yaml"], "takes no format for both operands; give --format"),
     (lambda t, d: [t, "--data", d, "--json", "{tmp}/nodir/out.json"], "expected a file in an existing directory"),
     (lambda t, d: [t, "--data", d, "--json", "{tmp}"], "expected a file in an existing directory"),
     (lambda t, d: [t, "--data", d, "--batch-size", "0"], "batch_size"),
@@ -259,6 +260,10 @@ HOSTILE = [
 def test_bad_input_is_one_line_with_status_2(tiny, onnx, pil, capsys, tmp_path, argv, message):
     path, data = tiny
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07garbage")
+    ocp = (REPO / "hwconfigs" / "ocp-exact.yaml").read_text().splitlines()
+    (tmp_path / "disjoint.yaml").write_text("\n".join(
+        "  a_formats: [fp8_e4m3]" if line.startswith("  a_formats:") else
+        "  b_formats: [int8]" if line.startswith("  b_formats:") else line for line in ocp))
     (tmp_path / "empty").mkdir()
     for name in ("a", "b"):
         (tmp_path / "hollow" / name).mkdir(parents=True)

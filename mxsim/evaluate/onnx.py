@@ -361,11 +361,18 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
              for h in (hw if isinstance(hw, (list, tuple)) else [hw])]
     if not units:
         raise ArgumentError("evaluate onnx: expected at least one unit")
-    if formats is not None:
+    if formats:
         formats = [get_format(f).name for f in (formats if isinstance(formats, (list, tuple)) else [formats])]
         check_units_take(units, formats, scaling)
+        runs = [(unit, fmt) for unit in units for fmt in formats]
     else:
         check_units_take(units, [], scaling)
+        runs = []
+        for unit in units:
+            both = [f for f in unit.a_formats if f in unit.b_formats]
+            if not both:
+                raise ArgumentError(f"unit {unit.name} takes no format for both operands; give --format")
+            runs.append((unit, both[0]))
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
     if bfp_kernel not in ("cpu", "cuda"):
         raise ArgumentError(f"bfp_kernel must be cpu or cuda, got {bfp_kernel!r}")
@@ -386,12 +393,11 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
     except MxsimError as error:
         runtime.error = str(error)
     rows.append(runtime)
-    for unit in units:
-        for fmt in formats or [next(f for f in unit.a_formats if f in unit.b_formats)]:
-            def on_unit(outputs, feeds, _unit=unit, _fmt=fmt):
-                return [run_onnx_on_unit(quantized.path, feeds, _unit, a_format=_fmt, b_format=_fmt, scaling=scaling,
-                                         outputs=outputs, bfp_kernel=bfp_kernel)[outputs[0]]]
-            rows.append(_Row(f"{unit.name} {fmt}", "unit", quantized, on_unit, unit.name, fmt))
+    for unit, fmt in runs:
+        def on_unit(outputs, feeds, _unit=unit, _fmt=fmt):
+            return [run_onnx_on_unit(quantized.path, feeds, _unit, a_format=_fmt, b_format=_fmt, scaling=scaling,
+                                     outputs=outputs, bfp_kernel=bfp_kernel)[outputs[0]]]
+        rows.append(_Row(f"{unit.name} {fmt}", "unit", quantized, on_unit, unit.name, fmt))
 
     batches = range(0, given.count, step)
     bar = progress_bar(len(batches), "batch", progress and sys.stderr.isatty())
