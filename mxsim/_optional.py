@@ -6,7 +6,8 @@ import importlib
 
 from .errors import MxsimError
 
-EXTRAS = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plots", "transformers": "models"}
+EXTRAS = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plots", "transformers": "models",
+          "PIL": "examples", "quark": "oracles"}
 
 
 def require(module: str):

@@ -397,6 +397,21 @@ def cmd_evaluate_hf(args) -> int:
     return 1 if any("error" in run for run in report["runs"]) else 0
 
 
+def cmd_evaluate_onnx(args) -> int:
+    from .evaluate.onnx import evaluate_onnx, format_onnx_report
+
+    if args.json:
+        _check_output_file(args.json)
+    report = evaluate_onnx(args.model, args.data, args.hw, args.format, float_model=args.float_model,
+                           batch_size=args.batch_size, resize=args.resize, crop=args.crop, scaling=args.scaling,
+                           progress=not args.quiet)
+    print(format_onnx_report(report))
+    if args.json:
+        _write_json_atomically(args.json, report)
+        print(f"JSON report: {args.json}")
+    return 1 if any("error" in row for row in report["rows"]) else 0
+
+
 def _check_output_file(value) -> None:
     """An output file path whose directory exists (checked before the work that fills it)."""
     from .limits import check_path
@@ -629,6 +644,28 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
     hf.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     hf.set_defaults(run=cmd_evaluate_hf)
+    onnx_eval = evaluate_sub.add_parser(
+        "onnx", help="an ONNX image classifier: top-1/top-5 in float, in its runtime and on each unit; needs mxsim[onnx]",
+        description="Runs the classifier MODEL.onnx on the images of --data: in onnxruntime (with AMD Quark's "
+                    "custom-op library for a Quark-quantized model), and with every MatMul/Gemm/Conv on each --hw "
+                    "unit in each --format; and --float-model in onnxruntime. Prints top-1 and top-5 accuracy and "
+                    "model size per row. See docs/evaluate.md.")
+    onnx_eval.add_argument("model", help="the (quantized) classifier .onnx: one float32 input, (batch, classes) logits")
+    onnx_eval.add_argument("--data", required=True,
+                           help="image folder (one sub-folder per class; needs Pillow) or .npz with 'inputs' and "
+                                "'labels'")
+    onnx_eval.add_argument("--hw", action="append", required=True, help="hardware config YAML (repeatable)")
+    onnx_eval.add_argument("--format", action="append",
+                           help="element format of both operands (repeatable; default: each unit's first format)")
+    onnx_eval.add_argument("--float-model", metavar="FLOAT.onnx", help="the float classifier, for the float row")
+    onnx_eval.add_argument("--batch-size", type=int, default=32, help="images per run (default 32)")
+    onnx_eval.add_argument("--resize", type=int, default=256, help="an image's shorter side after resizing (default 256)")
+    onnx_eval.add_argument("--crop", type=int, default=224, help="the centre crop's side (default 224)")
+    onnx_eval.add_argument("--scaling", choices=["auto", "block", "tensor"], default="auto",
+                           help="operand scaling on the unit (default auto: block scales where the unit has them)")
+    onnx_eval.add_argument("--json", metavar="OUT", help="write the JSON report to OUT")
+    onnx_eval.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    onnx_eval.set_defaults(run=cmd_evaluate_onnx)
 
     golden = sub.add_parser("golden", help="golden reference vectors for RTL test benches")
     golden.add_argument("--hw", required=True, help="hardware config YAML")
