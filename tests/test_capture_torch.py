@@ -414,6 +414,22 @@ def test_what_the_interception_cannot_see_through_is_refused_in_one_line(torch, 
     with Other(), pytest.raises(MxsimError, match=r"^capture_torch: a torch mode is already active \(Other\)"):
         capture(torch.nn.Linear(4, 2), x)
 
+    class Boxed:  # a library's quantized-tensor object (as Brevitas' QuantTensor): not a torch.Tensor
+        def __init__(self, value):
+            self.value = value
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return func(*[a.value if isinstance(a, Boxed) else a for a in args], **(kwargs or {}))
+
+    class BoxedLinear(torch.nn.Linear):
+        def forward(self, x):
+            return torch.nn.functional.linear(x, Boxed(self.weight), self.bias)
+
+    with pytest.raises(MxsimError, match=r"^capture_torch: module '0' \(BoxedLinear\) calls linear with a Boxed, "
+                                         r"which is not supported"):
+        capture(torch.nn.Sequential(BoxedLinear(4, 2)), x)
+
     class Failing(torch.nn.Module):
         def __init__(self):
             super().__init__()

@@ -156,6 +156,8 @@ class _Recorder:
     on with the value torch computed; a subclass returns an array in the layer's output layout
     to put in its place (the last one is in ``result``)."""
 
+    WHO = "capture_torch"  # names the caller in errors
+
     def __init__(self, torch, model, quant: QuantArg):
         self.torch = torch
         self.quant = quant
@@ -211,6 +213,18 @@ class _Recorder:
         # a tied weight has several names: prefer the one under the module running now
         matches.sort(key=lambda m: (not (m[0].startswith(here + ".") or not here), len(m[0])))
         return matches[0]
+
+    def check_operands(self, op: str, *operands) -> None:
+        """Refuse (one line naming the module) a call whose operands are not plain tensors: a
+        tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...)."""
+        torch = self.torch
+        for value in operands:
+            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter):
+                module = self.current_module()
+                raise MxsimError(f"{self.WHO}: module {self.module_path() or '<model>'!r} "
+                                 f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
+                                 f"{type(value).__name__}, which is not supported (plain tensors and AMD Quark's "
+                                 "quantizer modules are)")
 
     def unique(self, base: str) -> str:
         count = self.calls.get(base, 0) + 1
@@ -494,6 +508,8 @@ def _modes(torch, recorder: _Recorder):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
+                recorder.check_operands(getattr(func, "__name__", "matmul"), *args[:3],
+                                        *(v for v in kwargs.values() if not isinstance(v, (bool, int, float))))
                 if func is sdpa:
                     out = func(*args, **kwargs)
                     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")

@@ -85,6 +85,8 @@ class UnitInLoop(_Recorder):
     values) are quantized per call.
     """
 
+    WHO = "torch_unit"
+
     def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
                  per_tensor_scale, bar=None):
         super().__init__(torch, model, quant)
