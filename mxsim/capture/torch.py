@@ -581,7 +581,7 @@ def check_model(torch, model, who: str) -> None:
 
 
 @contextlib.contextmanager
-def running(torch, recorder: _Recorder, who: str):
+def running(recorder: _Recorder, who: str):
     """Turn an exception torch raises while the model runs into one MxsimError line naming the
     module it was raised in (the last one entered) and the exception (chained)."""
     try:
@@ -713,7 +713,7 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
     args = () if kwargs else tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
     check_model(torch, model, "capture_torch")
     recorder = _Recorder(torch, model, quant)
-    with intercepting(torch, model, recorder), running(torch, recorder, "capture_torch"):
+    with intercepting(torch, model, recorder), running(recorder, "capture_torch"):
         model(*args, **kwargs)
     if not recorder.layers:
         raise MxsimError("capture_torch: the model ran no matmul or convolution"

@@ -30,6 +30,7 @@ from ..errors import MxsimError
 from ..parallel import progress_bar
 from ..replay.run import run_layer
 from ..trace.model import Layer
+from ..trace.quant import QDQQuant
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -64,7 +65,8 @@ def model_quantization(layer: Layer) -> dict[str, str]:
     for operand, quantizer in layer.source["quantizers"].items():
         spec = layer.quant.get(operand)
         if spec is not None:
-            taken[operand] = f"{quantizer}: {spec.kind} {spec.to_manifest(operand) if spec.kind == 'qdq' else spec.to_manifest()}"
+            manifest = spec.to_manifest(operand) if isinstance(spec, QDQQuant) else spec.to_manifest()
+            taken[operand] = f"{quantizer}: {spec.kind} {manifest}"
         else:
             note = layer.source.get("quant_notes", {}).get(operand, "")
             taken[operand] = f"{quantizer}: its values, as floats ({note})"
@@ -209,7 +211,7 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
     bar = progress_bar(None, "layer", sys.stderr.isatty() if progress is None else bool(progress))
     recorder = UnitInLoop(torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar)
     try:
-        with intercepting(torch, model, recorder), running(torch, recorder, "torch_unit"):
+        with intercepting(torch, model, recorder), running(recorder, "torch_unit"):
             yield recorder
     finally:
         recorder.weight_quantizations.clear()
