@@ -192,8 +192,9 @@ def test_sample_inputs_may_be_keyword_arguments(torch, capture):
 
 def test_hooks_and_modes_are_removed_even_when_the_forward_fails(torch, capture):
     model = torch.nn.Linear(4, 2)
-    with pytest.raises(RuntimeError):
-        capture(model, torch.randn(3, 5))  # wrong input width
+    with pytest.raises(MxsimError, match=r"^capture_torch: module 'Linear' raised RuntimeError \(mat1 and mat2") as error:
+        capture(model, torch.randn(3, 5))  # wrong input width: torch's error, in one line
+    assert isinstance(error.value.__cause__, RuntimeError)
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert torch.backends.mha.get_fastpath_enabled()
     assert len(capture(model, torch.randn(3, 4)).layers) == 1  # no mode left behind to double-record
@@ -380,3 +381,62 @@ def test_unsupported_matmul_like_ops_are_listed_and_warned_about(torch, capture)
     assert [(s["name"], s["op"]) for s in skipped] == [("bilinear._trilinear", "aten._trilinear"),
                                                        ("conv3d.convolution", "aten.convolution")]
     assert "3-d convolution" in skipped[1]["reason"]
+
+
+# ----------------------------------------------------------------------------- what capture refuses
+
+
+def subclass_linear(torch):
+    """A Linear whose weight is a tensor subclass with its own dispatch (as torchao's are)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    weight = TwoTensor(torch.randn(2, 4), torch.randn(2, 4))
+    model[0].weight = torch.nn.Parameter(weight, requires_grad=False)
+    return model
+
+
+def test_what_the_interception_cannot_see_through_is_refused_in_one_line(torch, capture):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.randn(3, 4)
+    with pytest.raises(MxsimError, match=r"^capture_torch: 0.weight of module '0' \(Linear\) is a TwoTensor, a tensor "
+                                         r"subclass, which is not supported"):
+        capture(subclass_linear(torch), x)
+    compiled = torch.nn.Sequential(torch.compile(torch.nn.Linear(4, 2)))
+    with pytest.raises(MxsimError, match=r"^capture_torch: module '0' is compiled by torch.compile"):
+        capture(compiled, x)
+
+    class Other(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Other(), pytest.raises(MxsimError, match=r"^capture_torch: a torch mode is already active \(Other\)"):
+        capture(torch.nn.Linear(4, 2), x)
+
+    class Boxed:  # a library's quantized-tensor object (as Brevitas' QuantTensor): not a torch.Tensor
+        def __init__(self, value):
+            self.value = value
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return func(*[a.value if isinstance(a, Boxed) else a for a in args], **(kwargs or {}))
+
+    class BoxedLinear(torch.nn.Linear):
+        def forward(self, x):
+            return torch.nn.functional.linear(x, Boxed(self.weight), self.bias)
+
+    with pytest.raises(MxsimError, match=r"^capture_torch: module '0' \(BoxedLinear\) calls linear with a Boxed, "
+                                         r"which is not supported"):
+        capture(torch.nn.Sequential(BoxedLinear(4, 2)), x)
+
+    class Failing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            raise NotImplementedError("no kernel for this")
+
+    with pytest.raises(MxsimError, match=r"^capture_torch: module 'Failing' raised NotImplementedError \(no kernel"):
+        capture(Failing(), x)

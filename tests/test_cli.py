@@ -274,6 +274,15 @@ def kwargs_model():
 """
 
 
+def test_capture_torch_refuses_what_it_cannot_see_through_in_one_line(capsys, tmp_path, torch, monkeypatch):
+    (tmp_path / "cli_compiled.py").write_text(
+        "import torch\n\ndef compiled():\n    return torch.compile(torch.nn.Linear(8, 4)), torch.ones(3, 8)\n")
+    monkeypatch.chdir(tmp_path)
+    status, _, err = run(capsys, "capture", "torch", "cli_compiled:compiled", "--out", str(tmp_path / "t"))
+    assert status == 2 and err.count("\n") == 1
+    assert "capture_torch: module '<model>' is compiled by torch.compile, which is not supported" in err
+
+
 def test_capture_torch_from_a_factory_and_from_a_model_directory(capsys, tmp_path, torch, monkeypatch):
     from conftest import tiny_hf_dir
     from mxsim.trace import load_trace

@@ -383,3 +383,20 @@ def test_kept_quantizations_end_with_the_context(torch):
             assert len(quantizations) == 1 and not np.shares_memory(values, param.detach().numpy())
         del kept, param, views, values, quantizations
     assert len(loop.weight_quantizations) == 0
+
+
+def test_what_the_loop_cannot_see_through_is_refused_in_one_line(torch):
+    from test_capture_torch import subclass_linear
+
+    x = torch.randn(3, 4)
+    with pytest.raises(MxsimError, match=r"^torch_unit: 0.weight of module '0' \(Linear\) is a TwoTensor, a tensor"):
+        with torch_unit(subclass_linear(torch), OCP):
+            pass
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    with pytest.raises(MxsimError, match=r"^torch_unit: module '0' raised RuntimeError \(mat1 and mat2") as error:
+        with torch_unit(model, OCP):
+            model(torch.randn(3, 5))
+    assert isinstance(error.value.__cause__, RuntimeError)
+    with torch_unit(model, OCP) as unit:  # nothing left behind
+        model(x)
+    assert unit.computed_layers == ["0"]

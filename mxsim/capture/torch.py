@@ -24,7 +24,16 @@ The fast paths of ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` are
 during the capture so that their projections run as separate ops.
 
 Quantization specs (``quant=``) are annotations: the captured tensors are the float values the
-model computed; the specs tell replay how to quantize each operand.
+model computed; the specs tell replay how to quantize each operand. A model quantized by AMD
+Quark's torch quantizer is captured with Quark's own quantization instead
+(:mod:`mxsim.capture.torch_quark`): its quantizer modules run outside the interception, each
+operand is recorded as the quantizer's float input with Quark's output in
+``<operand>_quantized``, and its spec is the quantizer's reading where that reproduces Quark's
+values bit for bit (else none, with ``source.quant_notes``).
+
+What the interception cannot see through is refused with one :class:`MxsimError` line
+(:func:`check_model`); an exception torch raises while the model runs becomes one line naming
+the module (:func:`running`).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from ..formats import get_format
 from ..trace.model import Layer, Network, Trace
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from ..trace.validate import validate_trace
+from . import torch_quark
 
 QuantArg = None | Mapping | Callable
 
@@ -146,6 +156,8 @@ class _Recorder:
     on with the value torch computed; a subclass returns an array in the layer's output layout
     to put in its place (the last one is in ``result``)."""
 
+    WHO = "capture_torch"  # names the caller in errors
+
     def __init__(self, torch, model, quant: QuantArg):
         self.torch = torch
         self.quant = quant
@@ -157,6 +169,9 @@ class _Recorder:
         self.module_stack: list[tuple[str, object]] = []
         self.calls: dict[str, int] = {}
         self.layer_names: dict[int, list[str]] = {}  # id(module owning the weight) -> layer names
+        # id(a library quantizer's output) -> (that output, its float input, quantizer, module path)
+        self.library_outputs: dict[int, tuple] = {}
+        self.last_entered = ""  # the module entered last (named in errors)
         self.params: dict[int, list[tuple[str, object, object]]] = {}  # storage ptr -> (qualified name, param, owner)
         for module_name, module in (model.named_modules(remove_duplicate=False) if model is not None else ()):
             for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
@@ -199,6 +214,18 @@ class _Recorder:
         matches.sort(key=lambda m: (not (m[0].startswith(here + ".") or not here), len(m[0])))
         return matches[0]
 
+    def check_operands(self, op: str, *operands) -> None:
+        """Refuse (one line naming the module) a call whose operands are not plain tensors: a
+        tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...)."""
+        torch = self.torch
+        for value in operands:
+            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter):
+                module = self.current_module()
+                raise MxsimError(f"{self.WHO}: module {self.module_path() or '<model>'!r} "
+                                 f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
+                                 f"{type(value).__name__}, which is not supported (plain tensors and AMD Quark's "
+                                 "quantizer modules are)")
+
     def unique(self, base: str) -> str:
         count = self.calls.get(base, 0) + 1
         self.calls[base] = count
@@ -224,6 +251,9 @@ class _Recorder:
             name: str | None = None) -> None:
         """Record one layer; ``weight_param`` (qualified name, owner, transposed) names it."""
         torch = self.torch
+        library = self.library_operands(tensors)
+        if weight_param is None and "weight" in library:
+            weight_param = self.parameter(library["weight"][0])
         module = self.current_module()
         if name is None:
             if weight_param is not None:
@@ -245,9 +275,43 @@ class _Recorder:
         if module is not None:
             source.setdefault("type", type(module).__name__)
         specs = _resolve_quant(self.quant, name, module, op, arrays)
+        self.library_specs(name, library, arrays, specs, source)
         layer = Layer(name, op, arrays, attrs, specs, source)
         self.layers.append(layer)
         self.result = self.computed(layer)
+
+    def library_operands(self, tensors: dict) -> dict:
+        """The operands of a layer being recorded that a library quantizer produced: each is
+        replaced in ``tensors`` by the quantizer's float input, its quantized values going to
+        ``<operand>_quantized``; returns operand -> (float input, quantizer, quantizer path).
+        The outputs of quantizers no layer consumed (output quantizers) are dropped."""
+        found = {}
+        for operand in ("input", "weight", "bias"):
+            value = tensors.get(operand)
+            entry = self.library_outputs.get(id(value)) if value is not None else None
+            if entry is not None and entry[0] is value:
+                found[operand] = entry[1:]
+                tensors[operand], tensors[f"{operand}_quantized"] = entry[1], value
+        self.library_outputs.clear()
+        return found
+
+    def library_specs(self, name: str, library: dict, arrays: dict, specs: dict, source: dict) -> None:
+        """The specs of the operands a library quantized (they replace ``quant=``'s): the
+        quantizer's reading where it reproduces the library's values bit for bit, else none,
+        with a note (``source.quant_notes``); ``source.quantizers`` names each quantizer."""
+        for operand, (_, quantizer, path) in library.items():
+            where = f"layer {name!r}, {operand} quantizer {path!r}"
+            spec = torch_quark.quantizer_spec(quantizer, arrays[operand].ndim, where)
+            source.setdefault("quantizers", {})[operand] = f"{path} ({type(quantizer).__name__})"
+            note = ""
+            if spec is torch_quark.UNREAD:
+                spec, note = None, f"{type(quantizer).__name__} is not read by mxsim; its values are recorded"
+            elif spec is not None:
+                same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"])
+                spec = spec if same else None
+            if note:
+                source.setdefault("quant_notes", {})[operand] = note
+            specs[operand] = spec
 
     def computed(self, layer: Layer) -> np.ndarray | None:
         return None
@@ -444,6 +508,8 @@ def _modes(torch, recorder: _Recorder):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
+                recorder.check_operands(getattr(func, "__name__", "matmul"), *args[:3],
+                                        *(v for v in kwargs.values() if not isinstance(v, (bool, int, float))))
                 if func is sdpa:
                     out = func(*args, **kwargs)
                     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -483,6 +549,81 @@ def _modes(torch, recorder: _Recorder):
     return FunctionMode(), DispatchMode()
 
 
+def check_model(torch, model, who: str) -> None:
+    """Refuse, one line each, what the interception cannot see through: a ``torch.compile``d
+    module, a parameter or buffer that is a tensor subclass with its own dispatch (torchao's
+    quantized weights...), a torch function or dispatch mode already active."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    modes = [type(m).__name__ for m in (*_get_current_function_mode_stack(), *_get_current_dispatch_mode_stack())]
+    if modes:
+        raise MxsimError(f"{who}: a torch mode is already active ({', '.join(modes)}); run it outside other "
+                         "torch function/dispatch modes")
+    if model is None:
+        return
+    compiled = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    compiled = getattr(compiled, "OptimizedModule", ())
+    for path, module in model.named_modules():
+        if isinstance(module, compiled):
+            raise MxsimError(f"{who}: module {path or '<model>'!r} is compiled by torch.compile, which is not "
+                             "supported; pass the module before compiling (its _orig_mod)")
+        tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, tensor in tensors:
+            plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) or (
+                isinstance(tensor, torch.nn.Parameter) and type(tensor.data) is torch.Tensor)
+            if not plain:
+                qualified = f"{path}.{name}" if path else name
+                raise MxsimError(f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
+                                 f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
+                                 ", a tensor subclass, which is not supported (plain tensors and AMD Quark's "
+                                 "quantizer modules are)")
+
+
+@contextlib.contextmanager
+def running(recorder: _Recorder, who: str):
+    """Turn an exception torch raises while the model runs into one MxsimError line naming the
+    module it was raised in (the last one entered) and the exception (chained)."""
+    try:
+        yield
+    except MxsimError:
+        raise
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError) as error:
+        where = recorder.last_entered or "<model>"
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise MxsimError(f"{who}: module {where!r} raised {type(error).__name__} ({first[:200]}); "
+                         "it is not supported") from error
+
+
+@contextlib.contextmanager
+def _outside_modes(torch):
+    """Every torch function and dispatch mode taken off while active (put back after), so that
+    a library's quantizer runs as it does without mxsim (Quark compiles it with
+    ``torch.compile(fullgraph=True)``, which refuses to run under a dispatch mode)."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with contextlib.ExitStack() as stack:
+        for _ in range(len(_get_current_function_mode_stack())):
+            stack.enter_context(_pop_mode_temporarily())
+        stack.enter_context(_disable_current_modes())
+        yield
+
+
+def _library_forward(torch, recorder: _Recorder, module, path: str, forward):
+    """``module``'s forward run outside the interception modes, its output remembered with its
+    float input (:meth:`_Recorder.library_operands` matches it to the layer that uses it)."""
+
+    def library_forward(x, *args, **kwargs):
+        with _outside_modes(torch):
+            out = forward(x, *args, **kwargs)
+        if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor) and out is not x:
+            recorder.library_outputs[id(out)] = (out, x, module, path)
+        return out
+
+    return library_forward
+
+
 @contextlib.contextmanager
 def intercepting(torch, model, recorder: _Recorder):
     """While active, every matmul and convolution run goes through ``recorder`` (under
@@ -493,14 +634,19 @@ def intercepting(torch, model, recorder: _Recorder):
     def enter(path, module):
         def hook(_module, _inputs):
             recorder.module_stack.append((path, module))
+            recorder.last_entered = path or type(module).__name__
         return hook
 
     def leave(_module, _inputs, _output):
         recorder.module_stack.pop()
 
+    wrapped = []
     for module_name, module in (model.named_modules() if model is not None else ()):
         handles.append(module.register_forward_pre_hook(enter(module_name, module)))
         handles.append(module.register_forward_hook(leave, always_call=True))
+        if torch_quark.is_quark_quantizer(module):
+            wrapped.append((module, vars(module).get("forward")))
+            module.forward = _library_forward(torch, recorder, module, module_name, module.forward)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     function_mode, dispatch_mode = _modes(torch, recorder)
     try:
@@ -511,6 +657,12 @@ def intercepting(torch, model, recorder: _Recorder):
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for handle in handles:
             handle.remove()
+        for module, forward in wrapped:
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
+        recorder.library_outputs.clear()
 
 
 def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "torch-model",
@@ -559,8 +711,9 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
         raise MxsimError(f"capture_torch: model must be a torch.nn.Module, got {type(model).__name__}")
     kwargs = dict(sample_inputs) if isinstance(sample_inputs, Mapping) else {}
     args = () if kwargs else tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
+    check_model(torch, model, "capture_torch")
     recorder = _Recorder(torch, model, quant)
-    with intercepting(torch, model, recorder):
+    with intercepting(torch, model, recorder), running(recorder, "capture_torch"):
         model(*args, **kwargs)
     if not recorder.layers:
         raise MxsimError("capture_torch: the model ran no matmul or convolution"

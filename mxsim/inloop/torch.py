@@ -10,6 +10,9 @@ Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P 
 unit. Ops capture lists as skipped (integer GEMMs, ...) keep
 torch's result and are listed in :attr:`UnitInLoop.skipped`; a float convolution the unit
 cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) computes nothing.
+A model quantized by AMD Quark computes each layer from its own quantized operands, as capture
+records them (:mod:`mxsim.capture.torch_quark`); :attr:`UnitInLoop.model_quantization` says
+which quantizer each operand came from and how it was read.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from .._optional import require
-from ..capture.torch import QuantArg, _Recorder, intercepting
+from ..capture.torch import QuantArg, _Recorder, check_model, intercepting, running
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
 from ..parallel import progress_bar
 from ..replay.run import run_layer
 from ..trace.model import Layer
+from ..trace.quant import QDQQuant
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -54,6 +58,21 @@ def layer_on_unit(layer: Layer, hw: HardwareConfig, a_format, b_format, per_tens
                      weight_quantizations=weight_quantizations).values
 
 
+def model_quantization(layer: Layer) -> dict[str, str]:
+    """Operand -> which of the model's quantizers the unit took it from and how mxsim reads it
+    (the spec the unit computes with), or why the unit got the quantizer's values as floats."""
+    taken = {}
+    for operand, quantizer in layer.source["quantizers"].items():
+        spec = layer.quant.get(operand)
+        if spec is not None:
+            manifest = spec.to_manifest(operand) if isinstance(spec, QDQQuant) else spec.to_manifest()
+            taken[operand] = f"{quantizer}: {spec.kind} {manifest}"
+        else:
+            note = layer.source.get("quant_notes", {}).get(operand, "")
+            taken[operand] = f"{quantizer}: its values, as floats ({note})"
+    return taken
+
+
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
@@ -68,6 +87,8 @@ class UnitInLoop(_Recorder):
     values) are quantized per call.
     """
 
+    WHO = "torch_unit"
+
     def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
                  per_tensor_scale, bar=None):
         super().__init__(torch, model, quant)
@@ -79,6 +100,7 @@ class UnitInLoop(_Recorder):
         self.bar = bar
         self.weight_quantizations = torch.utils.weak.WeakIdKeyDictionary()
         self.weight = None  # the torch weight of the layer being recorded
+        self.model_quantization: dict[str, dict[str, str]] = {}
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
         """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
@@ -138,6 +160,8 @@ class UnitInLoop(_Recorder):
     def computed(self, layer: Layer) -> np.ndarray:
         self.layers.pop()  # the operands are not kept
         self.computed_layers.append(layer.name)
+        if "quantizers" in layer.source:
+            self.model_quantization[layer.name] = model_quantization(layer)
         values = layer_on_unit(layer, self.hw, self.a_format, self.b_format, self.per_tensor_scale, self.out_format,
                                self.kept_quantizations(layer.tensors["weight"]))
         if self.bar is not None:
@@ -182,11 +206,12 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
     torch = require("torch")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise MxsimError(f"torch_unit: model must be a torch.nn.Module or None, got {type(model).__name__}")
+    check_model(torch, model, "torch_unit")
     unit, per_tensor_scale = _unit(hw), check_scaling(scaling)
     bar = progress_bar(None, "layer", sys.stderr.isatty() if progress is None else bool(progress))
     recorder = UnitInLoop(torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar)
     try:
-        with intercepting(torch, model, recorder):
+        with intercepting(torch, model, recorder), running(recorder, "torch_unit"):
             yield recorder
     finally:
         recorder.weight_quantizations.clear()

@@ -1,0 +1,137 @@
+"""AMD Quark's torch quantizers (``quark.torch``, amd-quark 0.13) read as mxsim specs.
+
+Quark's ``ModelQuantizer`` replaces each Linear/Conv with a quantized module (``QuantLinear``,
+``QuantConv2d``...) holding ``_input_quantizer``, ``_weight_quantizer``, ``_bias_quantizer`` and
+``_output_quantizer`` submodules (``FakeQuantizeBase`` subclasses). :func:`quantizer_spec`
+reads one quantizer's configuration:
+
+* OCP MX (``OCP_MXFP8E4M3Spec`` ... ``OCP_MXFP4Spec``: a scaled per-group quantizer with
+  Quark's ``PerBlockMXObserver``; ``OCP_MXINT8Spec``: Quark's ``fake_quantize_mx``) ->
+  :class:`~mxsim.trace.quant.MXQuant` with the ``quark`` / ``quark-floor`` / ``quark-ceil``
+  profile for the scale calculation mode ``even`` / ``floor`` / ``ceil``; block axis
+  ``ch_axis``, block size ``group_size``.
+* ``MX6Spec`` / ``MX9Spec`` -> :class:`~mxsim.trace.quant.BFPQuant` MX6/MX9 (``to_bfp_prime``)
+  with Quark's block size, round half to even (``torch.round``), CPU kernel semantics;
+  ``BFP16Spec`` -> BFP16 the same way.
+* Static per-tensor / per-channel / per-group int8, uint8, fp8 (``Int8PerTensorSpec``,
+  ``FP8E4M3PerTensorSpec``...) -> :class:`~mxsim.trace.quant.QDQQuant` with the quantizer's
+  stored scale and zero point.
+
+A spec is a reading of Quark's configuration, not yet a fact: the capture keeps Quark's own
+quantized values beside the float and keeps the spec only where the spec reproduces them bit
+for bit (:func:`reproduces`). Quark's other quantizers (dynamic per-tensor scales, NVFP4's
+two-level ``SequentialQuantize``, TQT/LSQ observers, ...) give :data:`UNREAD`: their values
+are recorded, with a note, and no spec.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..errors import MxsimError
+from ..formats import get_format
+from ..quantize import BFP_SPECS
+from ..trace.quant import BFPQuant, MXQuant, QDQQuant
+
+#: The attribute names under which Quark's quantized modules hold each operand's quantizer.
+QUANTIZER_OPERANDS = {"_input_quantizer": "input", "_weight_quantizer": "weight", "_bias_quantizer": "bias",
+                      "_output_quantizer": "output"}
+#: Quark ``scale_calculation_mode`` -> mxsim profile (docs/profiles.md, "quark").
+SCALE_MODE_PROFILES = {"even": "quark", "floor": "quark-floor", "ceil": "quark-ceil"}
+#: Quark element dtype names mxsim spells differently.
+ELEMENT_NAMES = {"fp4": "fp4_e2m1"}
+#: Quark non-scaled block dtypes -> mxsim BFP spec name.
+BFP_DTYPES = {"mx6": "MX6", "mx9": "MX9", "bfp16": "BFP16"}
+#: Quark QDQ dtypes -> the ONNX-style names of :class:`~mxsim.trace.quant.QDQQuant`.
+QDQ_DTYPES = {"int8": "int8", "uint8": "uint8", "int16": "int16", "uint16": "uint16", "int4": "int4",
+              "uint4": "uint4", "fp8_e4m3": "float8e4m3fn", "fp8_e5m2": "float8e5m2"}
+#: Returned for a quantizer mxsim does not read (its values are recorded instead).
+UNREAD = "unread"
+
+_QUANTIZE_MODULE = "quark.torch.quantization.tensor_quantize"
+
+
+def quark_quantizer_class():
+    """Quark's ``FakeQuantizeBase`` and ``SequentialQuantize`` if Quark is imported, else None
+    (a model quantized by Quark has imported it; mxsim never imports Quark itself)."""
+    module = sys.modules.get(_QUANTIZE_MODULE)
+    if module is None:
+        return None
+    return module.FakeQuantizeBase, module.SequentialQuantize
+
+
+def is_quark_quantizer(module) -> bool:
+    classes = quark_quantizer_class()
+    return classes is not None and isinstance(module, classes)
+
+
+def _value(field):
+    return getattr(field, "value", field)
+
+
+def _element(name: str) -> str:
+    return get_format(ELEMENT_NAMES.get(name, name)).name
+
+
+def quantizer_spec(quantizer, ndim: int, where: str):
+    """The mxsim spec of Quark ``quantizer`` applied to a rank-``ndim`` tensor, :data:`UNREAD`,
+    or None when the quantizer is switched off. ``where`` names it in errors (MxsimError for a
+    configuration mxsim reads but cannot take, e.g. an unknown element type)."""
+    module = sys.modules[_QUANTIZE_MODULE]
+    if isinstance(quantizer, module.SequentialQuantize):
+        return UNREAD if quantizer.is_fake_quant_enabled else None
+    if not getattr(quantizer, "fake_quant_enabled", False):
+        return None
+    dtype = _value(getattr(quantizer, "dtype", None))
+    try:
+        if isinstance(quantizer, module.NonScaledFakeQuantize):
+            axis = int(quantizer.axis) % ndim
+            if dtype == "mx":
+                profile = SCALE_MODE_PROFILES[quantizer.scale_calculation_mode]
+                return MXQuant(_element(_value(quantizer.mx_element_dtype)), axis, int(quantizer.group_size), profile)
+            if dtype in BFP_DTYPES:
+                named = BFP_SPECS[BFP_DTYPES[dtype]]
+                block = named.block_size if dtype == "bfp16" else int(quantizer.group_size)  # Quark fixes BFP16's 8
+                return BFPQuant(named.replace(block_size=block, rounding_mode=2), axis)
+            return UNREAD
+        if not isinstance(quantizer, module.ScaledFakeQuantize):
+            return UNREAD
+        qscheme, observer = _value(quantizer.qscheme), quantizer.observer
+        if type(observer).__name__ in ("PerBlockMXObserver", "PerBlockMXBufferReuseObserver"):
+            if observer.scale_format != "e8m0" or observer.scale_calculation_mode not in SCALE_MODE_PROFILES:
+                return UNREAD
+            return MXQuant(_element(dtype), int(quantizer.ch_axis) % ndim, int(quantizer.group_size),
+                           SCALE_MODE_PROFILES[observer.scale_calculation_mode])
+        if not isinstance(quantizer, module.StaticScaledFakeQuantize) or dtype not in QDQ_DTYPES \
+                or type(observer).__name__ in ("TQTObserver", "LSQObserver"):
+            return UNREAD
+        scale = quantizer.scale.detach().float().cpu().numpy().astype(np.float32)
+        zero = quantizer.zero_point.detach().cpu().numpy().astype(np.int64)
+        zero = None if not zero.any() else zero
+        if qscheme == "per_tensor":
+            return QDQQuant(QDQ_DTYPES[dtype], scale.reshape(()), None if zero is None else zero.reshape(()))
+        axis = int(quantizer.ch_axis) % ndim
+        if qscheme == "per_channel":
+            return QDQQuant(QDQ_DTYPES[dtype], scale.reshape(-1), None if zero is None else zero.reshape(-1), axis)
+        return UNREAD  # per-group scales: Quark's layout is not read
+    except (KeyError, AttributeError, TypeError, ValueError, MxsimError) as error:
+        raise MxsimError(f"{where}: Quark quantizer {type(quantizer).__name__} ({dtype}) is not supported: "
+                         f"{error}") from None
+
+
+def reproduces(spec, float_values: np.ndarray, quark_values: np.ndarray) -> tuple[bool, str]:
+    """Whether ``spec.fake_quantize(float_values)`` in Quark's dtype is ``quark_values`` bit for
+    bit (NaN equals NaN), and a note saying how many elements differ when not."""
+    if isinstance(spec, QDQQuant) and spec.dtype not in ("int8", "uint8", "int16", "uint16", "int4", "uint4"):
+        return False, f"{spec.dtype} QDQ is recorded, not recomputed"
+    ours = np.asarray(spec.fake_quantize(np.asarray(float_values, dtype=np.float32)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        ours = ours.astype(quark_values.dtype)
+    unsigned = f"u{quark_values.dtype.itemsize}"
+    differ = (ours.view(unsigned) != quark_values.view(unsigned)) & ~(np.isnan(ours) & np.isnan(quark_values))
+    count = int(differ.sum())
+    if count:
+        return False, f"mxsim's {spec.kind} reading differs from Quark's values in {count} of {differ.size} elements"
+    return True, ""
