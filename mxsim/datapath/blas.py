@@ -26,10 +26,15 @@ exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
 
-An exact (Kulisch) accumulator with one final RNE into fp32 takes the same block sums (one
-BLAS call per scale block) and adds them to c exactly in two float64s (TwoSum, and TwoSum
+An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
+blocks: products of blocks whose scale-exponent sums lie between m and h_t (t: the block)
+are multiples of 2^(lsb_a + lsb_b + m) below sum_t F 2^(E + 2 + h_t), so one float64 GEMM
+(or several, their results added in float64: partial sums too) sums a range exactly while
+F 2^(E + 2 - lsb_a - lsb_b) sum_t 2^(h_t - m) <= 2^53 (``_exact_chunks``; for MXFP8 with
+block scales a few binades apart, all of K is one range). The range sums are added to c
+exactly in two float64s (TwoSum, and TwoSum
 again on the low part to prove it did not round); the final fp32 rounding is the same
-round-to-odd step. Outputs whose exact sum needs more than two float64s (block sums more
+round-to-odd step. Outputs whose exact sum needs more than two float64s (range sums more
 than ~2^100 apart that do not cancel) are flagged and recomputed by the kernel.
 """
 
