@@ -104,3 +104,11 @@ def test_guard_results_record_every_case_and_the_conditions(monkeypatch):
     assert set(results["ratios"]) == {case.name for case in guard.CASES}
     assert all(ratio > 0 for ratio in results["ratios"].values())
     assert {"date", "commit", "load_average", "cores"} <= results["conditions"].keys()
+
+
+def test_docs_tables_are_the_results_files(monkeypatch):
+    tables = _load("docs_tables.py", monkeypatch)
+    text = tables.DOC.read_text()
+    names = [match.group(2) for match in tables.BLOCK.finditer(text)]
+    assert {"guard", "matmul", "matmul-fp4_e2m1"} <= set(names)
+    assert tables.render(text) == text, "run python benchmarks/docs_tables.py after recording results"
