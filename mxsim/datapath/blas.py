@@ -40,6 +40,7 @@ than ~2^100 apart that do not cancel) are flagged and recomputed by the kernel.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -278,9 +279,10 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
     batch's outputs are those of its groups computed one by one.
 
     Each operand is decoded once into float64 with its block scales folded in (B in column
-    panels when large); per tile of rows, one batched GEMM gives every tree's sum, (trees,
-    rows, N), and a serial kernel adds them to the accumulators in order. Tiles run on
-    ``numba.get_num_threads()`` threads (BLAS and the kernel release the GIL).
+    panels when large); per tile of rows and chunk of columns, each tree's sums are one GEMM
+    small enough for BLAS to run on the calling thread, added to the accumulators in tree
+    order by a serial kernel while they are in cache. Tiles run on
+    ``numba.get_num_threads()`` threads (BLAS and the kernels release the GIL).
 
     For an exact (Kulisch) accumulator the sums of whole ranges of blocks that one GEMM
     adds exactly (``_exact_chunks``) are added exactly in two float64s; returns the (group,
@@ -307,7 +309,7 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
     passes = list(batch_passes(groups, rows, tile))
     leftovers = []
     threads = max(1, min(numba.get_num_threads(), len(passes)))
-    with ThreadPoolExecutor(threads) as pool:
+    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
         for p, (c0, c1) in enumerate(panels):
             b = _decoded(b_values, codes_b[:, c0:c1], scales_b[:, c0:c1] if scaled else None, block, padded)
             if not kulisch:  # (trees, G, width, n): each tree's slice of B one contiguous matrix
@@ -324,7 +326,7 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
                 _rounding_tile(a, b[:, g0:g1], width, acc)
                 return []
 
-            for index, found in enumerate(pool.map(run, passes)):
+            for index, found in enumerate(map(run, passes) if pool is None else pool.map(run, passes)):
                 leftovers.extend(found)
                 if progress is not None:
                     g0, g1, r0, r1 = passes[index]
