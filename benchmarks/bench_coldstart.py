@@ -2,13 +2,16 @@
 ``mxsim dot`` with an empty kernel cache (first run: compiling) and again (cached).
 
 Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install] [--per-kernel]
+       python benchmarks/bench_coldstart.py --per-config ocp-exact,h100-fp8,mxdotp
 
 Prints wall and CPU seconds of each step (CPU time, user + system of the child, depends far
 less on the machine's load than wall time) beside a same-run baseline, the cold compile of a
 trivial Numba function in the same venv, and the load average. Needs network access or a local wheel cache
 for the install. ``--per-kernel`` also runs the README replay once more in one process with an
 empty cache and prints each kernel's compile seconds, exclusive of the kernels it calls
-(from Numba's compile events).
+(from Numba's compile events). ``--per-config`` instead measures each config's first use
+alone: ``mxsim replay traces/digits-cnn --hw CONFIG`` from this checkout with an empty kernel
+cache, its compile seconds (the replay's own report) and CPU seconds.
 """
 
 from __future__ import annotations
@@ -72,13 +75,30 @@ def timed(command: list[str], env: dict) -> tuple[tuple[float, float], str]:
     return seconds, result.stdout
 
 
+def per_config(configs: list[str]) -> None:
+    """Each config's first use with an empty kernel cache: compile and CPU seconds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    print(f"{'config (README replay, empty cache)':40s} {'compiling':>10s} {'CPU':>8s} {'wall':>8s}  load average")
+    for name in configs:
+        cache = tempfile.mkdtemp(prefix=f"mxsim-cache-{name}-")
+        command = [sys.executable, "-m", "mxsim.cli", *README_REPLAY[:2], "--hw", f"hwconfigs/{name}.yaml"]
+        (wall, cpu), output = timed(command, dict(env, NUMBA_CACHE_DIR=cache))
+        compiling = next((line.split("(+ ")[1].split(" s compiling")[0] for line in output.splitlines()
+                          if "s compiling kernels)" in line), "0")
+        print(f"{name:40s} {float(compiling):8.1f} s {cpu:6.1f} s {wall:6.1f} s  {os.getloadavg()[0]:.1f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", help="venv directory (default: a temporary one)")
     parser.add_argument("--skip-install", action="store_true", help="reuse --venv as it is")
     parser.add_argument("--per-kernel", action="store_true",
                         help="also print the README replay's compile CPU seconds per kernel")
+    parser.add_argument("--per-config", metavar="CONFIGS", help="comma-separated configs: each one's first use alone")
     args = parser.parse_args()
+    if args.per_config:
+        per_config(args.per_config.split(","))
+        return
     work = Path(tempfile.mkdtemp(prefix="mxsim-coldstart-"))
     venv = Path(args.venv) if args.venv else work / "venv"
     python, mxsim = venv / "bin" / "python", venv / "bin" / "mxsim"

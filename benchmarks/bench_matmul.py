@@ -9,7 +9,9 @@ kernel (``method="kernel"``) for the configs that take a faster route. ``--memor
 included) and compares it with the packed operands plus the output; ``--memory-tiles T``
 stops each after T row tiles (the working set is allocated before the first tile and does
 not grow), 0 runs the whole GEMM.
-Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--memory M]``.
+``--record`` writes the figures with the date, commit and load average to
+``benchmarks/results/matmul.json`` (docs/benchmarks.md shows them: ``benchmarks/docs_tables.py``).
+Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--memory M] [--record]``.
 """
 
 from __future__ import annotations
@@ -25,15 +27,18 @@ import numpy as np
 
 import mxsim
 from _timing import best_seconds
+from bench_guard import conditions
+from mxsim.fileio import json_text, write_atomic
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.groups import groups_apply
 from mxsim.datapath.window import window_applies
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "matmul.json"
 
 
-def operands(size: int, rng, unit_scales: bool, hw=None):
+def operands(size: int, rng, unit_scales: bool, hw=None, element: str = "fp8_e4m3"):
     """Quantized operands (A along K, B along K): MXFP8 (or the unit's first element format),
     scales set to 1 for scale-less units; NVFP4Tensors (B as B^T) for UE4M3-scaled units."""
     x = rng.standard_normal((size, size)).astype(np.float32)
@@ -42,7 +47,7 @@ def operands(size: int, rng, unit_scales: bool, hw=None):
         scale = mxsim.quantize.tensor_scale_from_amax
         return (mxsim.quantize_nvfp4(x, scale(np.abs(x).max())),
                 mxsim.quantize_nvfp4(np.ascontiguousarray(y.T), scale(np.abs(y).max())))
-    element = "fp8_e4m3" if hw is None or "fp8_e4m3" in hw.a_formats else hw.a_formats[0]
+    element = element if hw is None or element in hw.a_formats else hw.a_formats[0]
     a = mxsim.quantize_mx(x, element, axis=1)
     b = mxsim.quantize_mx(y, element, axis=0)
     if unit_scales:
@@ -67,16 +72,21 @@ def route(hw, a, b) -> str:
     return "window kernel" if window_applies(params) else "generic kernel"
 
 
-def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=time.perf_counter) -> None:
+def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=time.perf_counter,
+               element: str = "fp8_e4m3") -> list[dict]:
+    """Print and return each config's figures ({config, element, route, gmacs, seconds, ratio}:
+    ratio = its speed / that of float64 matmuls timed right after it)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, size))
     y = rng.standard_normal((size, size))
     x @ y
     baseline = size**3 / best_seconds(lambda: x @ y, repeats, clock)
     print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
+    figures = [{"config": "numpy float64 matmul", "element": "float64", "route": "BLAS", "gmacs": baseline / 1e9,
+                "seconds": size**3 / baseline, "ratio": 1.0}]
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
-        a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none", hw=hw)
+        a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none", hw=hw, element=element)
         methods = ["auto"]
         way = route(hw, a, b)
         if generic and way != "generic kernel":
@@ -87,10 +97,16 @@ def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=t
                 small = dataclasses.replace(small, shape=(8, size))
             mxsim.matmul(hw, small, b, method=method)  # compile outside the timing
             best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats, clock)
+            baseline = size**3 / best_seconds(lambda: x @ y, repeats, clock)  # beside each unit: the load drifts
             rate = size**3 / best
             label = f"{name} ({way if method == 'auto' else 'generic kernel'})"
             print(f"  {label:45s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
                   f"{baseline / rate:.1f}x slower than float64 = {rate / baseline:.3f}x its speed)")
+            taken = a.options.element_format if isinstance(a, mxsim.NVFP4Tensor) else a.element_format.name
+            figures.append({"config": name, "element": f"nvfp4 ({taken})" if isinstance(a, mxsim.NVFP4Tensor)
+                            else taken, "route": way if method == "auto" else "generic kernel",
+                            "gmacs": rate / 1e9, "seconds": best, "ratio": rate / baseline})
+    return figures
 
 
 class _Stop(Exception):
@@ -161,10 +177,17 @@ def main() -> None:
     parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
     parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
     parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")
+    parser.add_argument("--element", default="fp8_e4m3", help="element format where the unit takes it (fp4_e2m1: MXFP4)")
+    parser.add_argument("--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}")
     args = parser.parse_args()
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
-    throughput(args.configs.split(","), args.size, args.repeats, args.generic,
-               time.process_time if args.cpu_time else time.perf_counter)
+    where = conditions()
+    figures = throughput(args.configs.split(","), args.size, args.repeats, args.generic,
+                         time.process_time if args.cpu_time else time.perf_counter, args.element)
+    if args.record:
+        results = RESULTS if args.element == "fp8_e4m3" else RESULTS.with_name(f"matmul-{args.element}.json")
+        write_atomic(results, json_text({"conditions": where, "size": args.size, "clock": "cpu" if args.cpu_time
+                                         else "wall", "figures": figures}, indent=1) + "\n")
     if args.memory:
         peak_memory(args.memory, args.memory_configs.split(","), args.memory_tiles)
 

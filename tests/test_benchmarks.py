@@ -87,3 +87,28 @@ def test_bench_probe_runs_one_path(monkeypatch, tmp_path, capsys):
     assert 0 < run["queries"] <= 100_000
     assert run["unit_rate"] > 0 and run["seconds"] >= run["unit_seconds"] > 0
     assert "mxsim/ocp-exact" in capsys.readouterr().out
+
+
+def test_guard_flags_only_large_regressions_of_a_recorded_ratio(monkeypatch):
+    guard = _load("bench_guard.py", monkeypatch)
+    recorded = {"fast": 0.5, "slow": 0.3}
+    assert guard.regressions(recorded, {"fast": 0.2, "slow": 0.11}) == []  # within 3x: a loaded machine
+    problems = guard.regressions(recorded, {"fast": 0.1, "other": 1.0})
+    assert len(problems) == 2 and problems[0].startswith("fast: 0.100x DGEMM, recorded 0.500x (5.0x slower")
+    assert problems[1] == "slow: not measured"
+
+
+def test_guard_results_record_every_case_and_the_conditions(monkeypatch):
+    guard = _load("bench_guard.py", monkeypatch)
+    results = json.loads(guard.RESULTS.read_text())
+    assert set(results["ratios"]) == {case.name for case in guard.CASES}
+    assert all(ratio > 0 for ratio in results["ratios"].values())
+    assert {"date", "commit", "load_average", "cores"} <= results["conditions"].keys()
+
+
+def test_docs_tables_are_the_results_files(monkeypatch):
+    tables = _load("docs_tables.py", monkeypatch)
+    text = tables.DOC.read_text()
+    names = [match.group(2) for match in tables.BLOCK.finditer(text)]
+    assert {"guard", "matmul", "matmul-fp4_e2m1"} <= set(names)
+    assert tables.render(text) == text, "run python benchmarks/docs_tables.py after recording results"

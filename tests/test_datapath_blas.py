@@ -6,13 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
 from mxsim.quantize import quantize
-from mxsim.datapath import load_hwconfig, matmul
-from mxsim.datapath.blas import _span_bits, blas_applies, exact_in_float64
+from mxsim.datapath import load_hwconfig, matmul, matmul_batched
+from mxsim.datapath.blas import _exact_chunks, _span_bits, blas_applies, exact_in_float64
 from mxsim.datapath.schema import route_accepts
 from mxsim.formats import get_format
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
@@ -147,3 +147,45 @@ def test_fp32_elements_are_refused_without_a_table_of_every_code():
     assert route_accepts("blas", params)
     assert _span_bits(get_format("fp32")) == (127, -149)
     assert not exact_in_float64(params)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # same patch each
+@given(unit=st.sampled_from(["ocp-exact", "mxdotp-paper", "kulisch"]), a_format=st.sampled_from(SMALL_SPAN),
+       shape=st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 100), st.integers(1, 9)),
+       spread=st.integers(0, 8), seed=st.integers(0, 2**32 - 1))
+def test_small_tiles_panels_and_chunks_equal_the_kernel(monkeypatch, unit, a_format, shape, spread, seed):
+    # Tiles of 2 rows, B decoded a few columns at a time, GEMMs of a few MACs, several blocks
+    # per exact-accumulator range (spread: block scales a few binades apart): the kernel's bits.
+    import mxsim.datapath.blas as blas
+
+    monkeypatch.setattr(blas, "TILE_ROWS", 2)
+    monkeypatch.setattr(blas, "DECODED_VALUES", 96)
+    monkeypatch.setattr(blas, "SINGLE_THREAD_MACS", 200)
+    monkeypatch.setattr(blas, "KULISCH_COLUMNS", 3)
+    groups, rows, length, columns = shape
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((groups, rows, length)) * np.exp2(rng.integers(-spread, spread + 1, (groups, rows, length)))
+    B = rng.standard_normal((groups, length, columns)) * np.exp2(rng.integers(-spread, spread + 1, (1, length, 1)))
+    c = rng.standard_normal((groups, rows, columns)).astype(np.float32)
+    hw = UNITS.get(unit) or load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    reports = []
+    fast = matmul_batched(hw, A, B, c=c, a_format=a_format, b_format=a_format,
+                          progress=lambda done, total: reports.append((done, total)))
+    slow = matmul_batched(hw, A, B, c=c, a_format=a_format, b_format=a_format, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+    assert reports[-1] == (groups * rows, groups * rows) and reports == sorted(reports)
+
+
+def test_exact_ranges_of_blocks():
+    # fp8_e4m3 x fp8_e4m3 blocks of 32 need 41 bits: 2^12 blocks of equal scales fit one GEMM,
+    # a block 13 binades above the others' floor does not join them.
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
+    zeros = np.zeros((1, 4), np.int32)
+    assert _exact_chunks(kulisch, zeros, zeros, 32) == [(0, 4)]
+    assert _exact_chunks(kulisch, np.array([[0, 0, 11, 0]]), zeros, 32) == [(0, 4)]  # 1 + 1 + 2^11 + 1 <= 2^12
+    assert _exact_chunks(kulisch, np.array([[0, 0, 12, 0]]), zeros, 32) == [(0, 2), (2, 3), (3, 4)]  # 2^12 + 1
+    assert _exact_chunks(kulisch, np.array([[12, 0, 0, 0]]), zeros, 32) == [(0, 1), (1, 4)]
+    assert _exact_chunks(kulisch, np.array([[0, -13, 0, 0]]), zeros, 32) == [(0, 1), (1, 2), (2, 4)]
+    # the floor is the least exponent sum over rows and columns: a row 12 binades below moves it
+    assert _exact_chunks(kulisch, np.array([[0, 0, 0, 0], [-12, -12, -12, -12]]), zeros, 32) == [(0, 1), (1, 2),
+                                                                                                (2, 3), (3, 4)]

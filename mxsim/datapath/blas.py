@@ -26,18 +26,27 @@ exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
 
-An exact (Kulisch) accumulator with one final RNE into fp32 takes the same block sums (one
-BLAS call per scale block) and adds them to c exactly in two float64s (TwoSum, and TwoSum
+An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
+blocks: products of blocks whose scale-exponent sums lie between m and h_t (t: the block)
+are multiples of 2^(lsb_a + lsb_b + m) below sum_t F 2^(E + 2 + h_t), so one float64 GEMM
+(or several, their results added in float64: partial sums too) sums a range exactly while
+F 2^(E + 2 - lsb_a - lsb_b) sum_t 2^(h_t - m) <= 2^53 (``_exact_chunks``; for MXFP8 with
+block scales a few binades apart, all of K is one range). The range sums are added to c
+exactly in two float64s (TwoSum, and TwoSum
 again on the low part to prove it did not round); the final fp32 rounding is the same
-round-to-odd step. Outputs whose exact sum needs more than two float64s (block sums more
+round-to-odd step. Outputs whose exact sum needs more than two float64s (range sums more
 than ~2^100 apart that do not cancel) are flagged and recomputed by the kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
 from numba import njit
 
@@ -46,7 +55,6 @@ from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
 from .tables import FULL_TABLE_BITS
 
-ROW_TILE = 512  # rows of A per pass (of all groups in it); fewer for wide outputs (scratch ~8 MiB per array)
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,37 +149,36 @@ def round_to_odd(total, error):
     return np.int64((bits - toward_zero) | 1).view(np.float64)
 
 
-@njit(cache=True)  # serial: BLAS's own threads are still spinning right after each GEMM
-def accumulate_rne_fp32(acc, tree_sums, sums, errors):
-    """acc = RNE_fp32(acc + tree_sums) elementwise, exactly: the float64 sum made round-to-odd
-    (TwoSum's exact error says which way the exact sum lies), then rounded to fp32.
-
-    ``sums``/``errors`` are float64 scratch arrays of acc's shape. Written as simple loops
-    over rows so that they vectorise.
-    """
-    rows, columns = acc.shape
+@njit(cache=True, nogil=True)
+def accumulate_rne_fp32(running, tree_sums):
+    """running = RNE_fp32(running + tree_sums) elementwise and exactly (``running`` holds fp32
+    values in float64): the float64 sum made round-to-odd (TwoSum's exact error says which
+    way the exact sum lies), then rounded to fp32. Both are (rows, columns) float64. Serial
+    (the caller runs a tile per thread); simple loops over a row so that they vectorise."""
+    rows, columns = running.shape
+    errors = np.empty(columns)
     for i in range(rows):
-        total_row = sums[i]
-        error_row = errors[i]
+        totals = running[i]
+        sums = tree_sums[i]
         for j in range(columns):
-            a = np.float64(acc[i, j])
-            b = tree_sums[i, j]
+            a = totals[j]
+            b = sums[j]
             total = a + b
             back = total - a
-            total_row[j] = total
-            error_row[j] = (a - (total - back)) + (b - back)  # NaN when total is infinite: left alone
-        bits = total_row.view(np.int64)
+            totals[j] = total
+            errors[j] = (a - (total - back)) + (b - back)  # NaN when total is infinite: left alone
+        bits = totals.view(np.int64)
         for j in range(columns):
-            error = error_row[j]
+            error = errors[j]
             inexact = np.int64(error != 0.0 and error == error)
             # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
-            toward_zero = inexact & np.int64((error > 0.0) != (total_row[j] > 0.0))
+            toward_zero = inexact & np.int64((error > 0.0) != (totals[j] > 0.0))
             bits[j] = (bits[j] - toward_zero) | inexact
         for j in range(columns):
-            acc[i, j] = np.float32(total_row[j])
+            totals[j] = np.float32(totals[j])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def accumulate_double_double(high, low, inexact, block_sums):
     """(high, low) += block_sums exactly as long as ``low`` never rounds; ``inexact`` marks
     the elements where it did (their exact sum needs more than two float64s)."""
@@ -186,7 +193,7 @@ def accumulate_double_double(high, low, inexact, block_sums):
                 inexact[i, j] = True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def round_double_double_to_fp32(high, low, acc):
     """acc = RNE_fp32(high + low) exactly (round-to-odd float64 sum, then fp32)."""
     rows, columns = high.shape
@@ -210,6 +217,60 @@ def batch_passes(groups: int, rows: int, tile: int):
             yield g, g + 1, start, min(start + tile, rows)
 
 
+def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
+    """(..., padded) float64 of the elements' values times 2^(their block's scale exponent)
+    (exact: powers of two, results normal float64s), zeros past the operand's length.
+    ``exponents`` None: no scales."""
+    length = codes.shape[-1]
+    decoded = np.zeros(codes.shape[:-1] + (padded,))
+    decoded[..., :length] = values[codes]
+    if exponents is not None:
+        blocks = padded // block
+        steps = np.ldexp(1.0, exponents[..., :blocks].astype(np.int32))
+        grouped = decoded.reshape(codes.shape[:-1] + (blocks, block))
+        grouped *= steps[..., None]
+    return decoded
+
+
+def _exact_chunks(params: DatapathParams, exponents_a, exponents_b, block: int) -> list[tuple[int, int]]:
+    """Ranges of scale blocks [first, last) whose products one float64 GEMM sums exactly
+    (exact accumulator): the sums of one block need ``base`` bits (module doc); blocks of
+    scale exponents Xa + Xb between m and h_t sum to a multiple of 2^(lsb + m) below
+    width 2^(E + 2 + lsb) sum_t 2^(h_t - m), so they fit when sum_t 2^(h_t - m) <= 2^(53 - base).
+    h_t and m are taken over all rows and columns (exponents (..., blocks) of the pass, of
+    blocks of ``block`` products)."""
+    blocks = exponents_a.shape[-1]
+    high_a, low_a = _span_bits(get_format(params.a_format))
+    high_b, low_b = _span_bits(get_format(params.b_format))
+    base = (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(block))
+    room = 1 << (53 - base)
+    most = (exponents_a.reshape(-1, exponents_a.shape[-1]).max(axis=0).astype(np.int64)
+            + exponents_b.reshape(-1, exponents_b.shape[-1]).max(axis=0)).tolist()
+    least = (exponents_a.reshape(-1, exponents_a.shape[-1]).min(axis=0).astype(np.int64)
+             + exponents_b.reshape(-1, exponents_b.shape[-1]).min(axis=0)).tolist()
+    chunks, first, floor, total = [], 0, least[0] if blocks else 0, 0
+    for t in range(blocks):
+        new_floor = min(floor, least[t])
+        new_total = (total << (floor - new_floor)) + (1 << (most[t] - new_floor))
+        if t > first and new_total > room:
+            chunks.append((first, t))
+            first, new_floor = t, least[t]
+            new_total = 1 << (most[t] - new_floor)
+        floor, total = new_floor, new_total
+    if blocks:
+        chunks.append((first, blocks))
+    return chunks
+
+
+# MACs per GEMM call at most: OpenBLAS runs GEMMs up to 2^18 MACs on the calling thread (its
+# threads, woken for every small GEMM, made them 10-100x slower on a loaded machine), so
+# tiles run on this module's threads instead.
+SINGLE_THREAD_MACS = 1 << 18
+TILE_ROWS = 32  # rows per tile at most, whole groups together when they have fewer
+KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM (deeper GEMMs within the MACs above)
+DECODED_VALUES = 1 << 23  # float64 decoded elements of B kept at once (64 MiB)
+
+
 def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
                 progress=None) -> list[tuple[int, int, int]]:
     """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
@@ -217,56 +278,122 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
     batch's outputs are those of its groups computed one by one.
 
-    For an exact (Kulisch) accumulator the block sums are added exactly in two float64s;
-    returns the (group, row, column) outputs whose sum needed more (the caller recomputes
-    them with the kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts
-    rows of all groups.
+    Each operand is decoded once into float64 with its block scales folded in (B in column
+    panels when large); per tile of rows and chunk of columns, each tree's sums are one GEMM
+    small enough for BLAS to run on the calling thread, added to the accumulators in tree
+    order by a serial kernel while they are in cache. Tiles run on
+    ``numba.get_num_threads()`` threads (BLAS and the kernels release the GIL).
+
+    For an exact (Kulisch) accumulator the sums of whole ranges of blocks that one GEMM
+    adds exactly (``_exact_chunks``) are added exactly in two float64s; returns the (group,
+    row, column) outputs whose sum needed more (the caller recomputes them with the
+    kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts rows of all
+    groups.
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     width = slice_width(params)
-    block = params.block_size
     kulisch = params.accumulator_format == "exact"
-    leftovers = []
-    # Rows of all groups as one (G * M, ...) array: a pass is a contiguous range of its rows.
-    acc_all = out.view(np.float32).reshape(groups * rows, columns)
-    flat_a = codes_a.reshape(groups * rows, length)
-    flat_scales_a = scales_a.reshape(groups * rows, -1)
-    flat_c = c_values.reshape(-1, columns) if c_values.shape != (1, 1, 1) else None
-    tile = max(16, min(ROW_TILE, (1 << 20) // max(columns, 1)))  # scratch stays near 8 MiB per array
+    scaled = params.scales != "none"
+    block = params.block_size if scaled else width
+    padded = -(-length // block) * block
+    trees = padded // width
+    acc_all = out.view(np.float32)
+    acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
+    if length == 0 or rows == 0 or columns == 0:
+        return []
+    panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
+    panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
+    tile = TILE_ROWS
     passes = list(batch_passes(groups, rows, tile))
-    capacity = max(((g1 - g0 - 1) * rows + r1 - r0 for g0, g1, r0, r1 in passes), default=0)
-    tree_sums = np.empty((capacity, columns))
-    sums = np.empty((capacity, columns))
-    errors = np.empty((capacity, columns))
-    for g0, g1, r0, r1 in passes:
-        first, last = g0 * rows + r0, (g1 - 1) * rows + r1
-        height, together = last - first, g1 - g0
-        acc = acc_all[first:last]
-        acc[...] = c_values.flat[0] if flat_c is None else flat_c[first:last]
-        if kulisch:
-            high = sums[:height]
-            low = errors[:height]
-            high[...] = acc
-            low[...] = 0.0
-            inexact = np.zeros((height, columns), dtype=np.bool_)
-        for k in range(0, length, width):
-            tree_a = a_values[flat_a[first:last, k : k + width]]
-            tree_b = b_values[codes_b[g0:g1, :, k : k + width]]
-            if params.scales != "none":  # exact power-of-two scaling (ldexp, not a rounded exp2)
-                tree_a = np.ldexp(tree_a, flat_scales_a[first:last, k // block, None])
-                tree_b = np.ldexp(tree_b, scales_b[g0:g1, :, k // block, None])
-            products = tree_sums[:height]
-            np.matmul(tree_a.reshape(together, r1 - r0, -1), tree_b.transpose(0, 2, 1),
-                      out=products.reshape(together, r1 - r0, columns))
-            if kulisch:
-                accumulate_double_double(high, low, inexact, products)
-            else:
-                accumulate_rne_fp32(acc, products, sums[:height], errors[:height])
-        if kulisch:
-            round_double_double_to_fp32(high, low, acc)
-            leftovers.extend(((first + int(i)) // rows, (first + int(i)) % rows, int(j)) for i, j in zip(*np.nonzero(inexact)))
-        if progress is not None:
-            progress(last, groups * rows)
+    leftovers = []
+    threads = max(1, min(numba.get_num_threads(), len(passes)))
+    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+        for p, (c0, c1) in enumerate(panels):
+            b = _decoded(b_values, codes_b[:, c0:c1], scales_b[:, c0:c1] if scaled else None, block, padded)
+            if not kulisch:  # (trees, G, width, n): each tree's slice of B one contiguous matrix
+                b = np.ascontiguousarray(b.reshape(groups, c1 - c0, trees, width).transpose(2, 0, 3, 1))
+
+            def run(item, b=b, c0=c0, c1=c1):
+                g0, g1, r0, r1 = item
+                exps_a = scales_a[g0:g1, r0:r1] if scaled else None
+                a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)  # (g, r, padded)
+                acc = acc_all[g0:g1, r0:r1, c0:c1]
+                if kulisch:
+                    exps_b = scales_b[g0:g1, c0:c1] if scaled else None
+                    return _kulisch_tile(params, a, b[g0:g1], exps_a, exps_b, block, acc, (g0, r0, c0))
+                _rounding_tile(a, b[:, g0:g1], width, acc)
+                return []
+
+            for index, found in enumerate(map(run, passes) if pool is None else pool.map(run, passes)):
+                leftovers.extend(found)
+                if progress is not None:
+                    g0, g1, r0, r1 = passes[index]
+                    progress((p * groups * rows + (g1 - 1) * rows + r1) // len(panels), groups * rows)
     return leftovers
+
+
+def _column_chunks(columns: int, rows: int, depth: int):
+    """Column ranges of a tile whose GEMMs of ``rows`` x ``depth`` by ``depth`` x chunk stay
+    within ``SINGLE_THREAD_MACS``."""
+    step = max(1, SINGLE_THREAD_MACS // max(rows * depth, 1))
+    return [(c0, min(c0 + step, columns)) for c0 in range(0, columns, step)]
+
+
+def _rounding_tile(a, b_trees, width: int, acc) -> None:
+    """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
+    t's sums are a (g, r, padded)'s tree t times ``b_trees[t]`` (g, width, n), a GEMM per
+    chunk of columns, added while they are in cache."""
+    together, height, padded = a.shape
+    trees = padded // width
+    a_trees = np.ascontiguousarray(a.reshape(together, height, trees, width).transpose(2, 0, 1, 3))
+    for c0, c1 in _column_chunks(acc.shape[-1], together * height, width):
+        running = acc[..., c0:c1].astype(np.float64)
+        sums = np.empty(running.shape)
+        flat_running, flat_sums = running.reshape(-1, c1 - c0), sums.reshape(-1, c1 - c0)
+        for t in range(trees):
+            np.matmul(a_trees[t], b_trees[t, :, :, c0:c1], out=sums)
+            accumulate_rne_fp32(flat_running, flat_sums)
+        acc[..., c0:c1] = running
+
+
+def _kulisch_tile(params, a, b, exponents_a, exponents_b, block: int, acc, origin) -> list[tuple[int, int, int]]:
+    """acc (g, r, n fp32) = RNE_fp32(acc + the exact sum of every product) of a (g, r, padded)
+    by b (g, n, padded): per range of blocks that float64 sums exactly, GEMMs of at most
+    ``SINGLE_THREAD_MACS`` summed in float64 (partial sums of the range: exact), the ranges
+    added in two float64s; returns the (group, row, column) outputs, offset by ``origin``,
+    whose exact sum needed more than two float64s."""
+    together, height, padded = a.shape
+    blocks = padded // block
+    if exponents_a is None:  # every product at scale 1
+        exponents_a = exponents_b = np.zeros((1, blocks), np.int64)
+    chunks = _exact_chunks(params, exponents_a, exponents_b, block)
+    columns = acc.shape[-1]
+    step = KULISCH_COLUMNS
+    depth = max(block, SINGLE_THREAD_MACS // (together * height * step) // block * block)
+    high = acc.astype(np.float64)
+    low = np.zeros_like(high)
+    inexact = np.zeros(high.shape, dtype=np.bool_)
+    for c0 in range(0, columns, step):
+        c1 = min(c0 + step, columns)
+        sums = np.empty((together, height, c1 - c0))
+        part = np.empty_like(sums)
+        b_chunk = b[:, c0:c1].transpose(0, 2, 1)  # (g, padded, n)
+        flat = (x[..., c0:c1].reshape(-1, c1 - c0) for x in (high, low, inexact))
+        flat_high, flat_low, flat_inexact = (np.ascontiguousarray(x) for x in flat)
+        for first, last in chunks:
+            k0, k1 = first * block, last * block
+            for k in range(k0, k1, depth):
+                np.matmul(a[..., k:min(k + depth, k1)], b_chunk[:, k:min(k + depth, k1)], out=part if k > k0 else sums)
+                if k > k0:
+                    sums += part
+            accumulate_double_double(flat_high, flat_low, flat_inexact, sums.reshape(-1, c1 - c0))
+        shape = (together, height, c1 - c0)
+        high[..., c0:c1], low[..., c0:c1] = flat_high.reshape(shape), flat_low.reshape(shape)
+        inexact[..., c0:c1] = flat_inexact.reshape(shape)
+    rounded = np.empty(high.shape, dtype=np.float32)
+    round_double_double_to_fp32(high.reshape(-1, columns), low.reshape(-1, columns), rounded.reshape(-1, columns))
+    acc[...] = rounded
+    g0, r0, c0 = origin
+    return [(g0 + int(g), r0 + int(i), c0 + int(j)) for g, i, j in zip(*np.nonzero(inexact))]

@@ -1,0 +1,70 @@
+"""docs/benchmarks.md's tables of current figures, generated from ``benchmarks/results/*.json``.
+
+Each table sits between ``<!-- results: NAME -->`` and ``<!-- /results -->`` in
+docs/benchmarks.md; NAME is a results file's stem (``guard``: bench_guard.py --record,
+``matmul``/``matmul-fp4_e2m1``: bench_matmul.py --record). Run after recording:
+``python benchmarks/docs_tables.py`` (rewrites the tables), ``--check`` (exit 1 when a table
+differs from its results file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "benchmarks.md"
+RESULTS = REPO / "benchmarks" / "results"
+BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+
+
+def _conditions(results: dict) -> str:
+    c = results["conditions"]
+    return (f"Recorded {c['date']} at commit {c['commit']}, load average {c['load_average']} "
+            f"({c['cores']} cores, {c['machine']}, numpy {c['numpy']}).")
+
+
+def table(name: str) -> str:
+    """The markdown of results file ``name``."""
+    results = json.loads((RESULTS / f"{name}.json").read_text())
+    if "ratios" in results:  # the short tier
+        rows = [f"| {case} | {ratio:.3f}x |" for case, ratio in results["ratios"].items()]
+        head = (f"{results['size']}³ GEMMs, speed as a multiple of the same run's numpy float64 matmul "
+                f"(best of 3 each). {_conditions(results)}\n\n| config, element format | vs DGEMM |\n|---|---|")
+    else:
+        rows = [f"| `{f['config']}` | {f['element']} | {f['route']} | {f['gmacs']:.2f} | {f['seconds']:.3f} s | "
+                f"{f['ratio']:.3f}x |" for f in results["figures"]]
+        head = (f"{results['size']}³ GEMMs, best of N by {results['clock']} clock, every output bit exact. "
+                f"{_conditions(results)}\n\n| config | elements | route | G MAC/s | time | vs DGEMM |\n"
+                "|---|---|---|---|---|---|")
+    return head + "\n" + "\n".join(rows) + "\n"
+
+
+def render(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + table(m.group(2)) + m.group(4), text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date")
+    args = parser.parse_args(argv)
+    text = DOC.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print("docs/benchmarks.md differs from benchmarks/results: run python benchmarks/docs_tables.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        from mxsim.fileio import write_atomic
+
+        write_atomic(DOC, new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
