@@ -126,6 +126,9 @@ def generate(hw, a_format=None, b_format=None, k=None) -> dict[str, str]:
 #ifndef {up}_H
 #define {up}_H
 #include <stdint.h>
+#ifdef __cplusplus
+extern "C" {{  /* a simulator may build the model as C++ (Verilator does) */
+#endif
 
 #define {up}_K {k}                 /* elements per dot product (at most) */
 #define {up}_BLOCK_SIZE {params.block_size}
@@ -155,6 +158,9 @@ typedef struct {{
 uint64_t {name}_dot(const uint64_t *a, const uint64_t *b, const uint32_t *scale_a, const uint32_t *scale_b,
                     uint64_t c, int k, {name}_stages *stages, int *error);
 
+#ifdef __cplusplus
+}}
+#endif
 #endif
 """
     record = "\n".join(_record_macros(params))
@@ -248,6 +254,14 @@ def _dpi(name, params, a_fmt, b_fmt, k, blocks, c_container, out) -> tuple[str, 
 #include <stdio.h>
 #include "svdpi.h"
 #include "{name}.h"
+#ifdef __cplusplus
+extern "C" {{
+#endif
+void {name}_dpi({c_args}, svBitVecVal *d);
+void {name}_dpi_print_stages({c_args});
+#ifdef __cplusplus
+}}
+#endif
 
 static uint64_t field(const svBitVecVal *bus, int lsb, int bits) {{
     uint64_t value = 0; int i;
@@ -270,9 +284,12 @@ void {name}_dpi_print_stages({c_args}) {{
         {name}_stages st; int t;
         uint64_t result = {name}_dot(ea, eb, {scale_args}, cc, {k}, &st, NULL);
         printf("{name}: %d trees, special %d, result 0x%llx\\n", st.trees, st.special, (unsigned long long)result);
-        for (t = 0; t < st.trees && t < {name.upper()}_MAX_TREES; t++)
-            printf("  tree %d: R %lld, window sum %lld * 2^%lld, accumulator 0x%llx\\n", t, (long long)st.reference[t],
-                   (long long)st.sum_total[t], (long long)st.sum_lsb[t], (unsigned long long)st.accumulator[t]);
+        for (t = 0; t < st.trees && t < {name.upper()}_MAX_TREES; t++) {{
+            if (st.reference[t] == -(INT64_C(1) << 40)) printf("  tree %d: exact sum", t);
+            else printf("  tree %d: R %lld, window sum %lld * 2^%lld", t, (long long)st.reference[t],
+                        (long long)st.sum_total[t], (long long)st.sum_lsb[t]);
+            printf(", accumulator after it 0x%llx\\n", (unsigned long long)st.accumulator[t]);
+        }}
     }}
 }}
 """
