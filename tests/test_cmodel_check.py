@@ -28,7 +28,7 @@ FAMILIES = [
     ("b200-nvfp4", "fp4_e2m1", "fp4_e2m1", ("random", "corners")),
     ("mi250", "fp16", "fp16", ("random",)),
     ("a100-dmma", "fp64", "fp64", ("random",)),
-    ("mi300", "fp8_e4m3", "fp8_e4m3", ("random",)),
+    ("mi300", "fp8_e4m3fnuz", "fp8_e4m3fnuz", ("random",)),
     ("h100-fp8-promoted", "fp8_e4m3", "fp8_e4m3", ("random",)),
     ("b200", "fp16", "fp16", ("random",)),
     ("kulisch", "fp8_e5m2", "fp6_e2m3", ("random",)),
