@@ -35,12 +35,13 @@ from ..datapath.schema import (
 from ..datapath.tables import products_fit_float64, sum_format
 from ..errors import ArgumentError, ConfigError
 from ..fileio import check_output_directory, json_text, staged_directory, write_atomic
-from ..formats import get_format
+from ..formats import E8M0_BIAS, E8M0_NAN, get_format
 
 MANIFEST = "cmodel.json"
 KIND = "mxsim C model"
-#: DatapathParams fields the engine reads through its format vectors rather than a CFG_ macro.
-FORMAT_FIELDS = ("scale_format", "same_format", "output_format")
+#: Keys the kernel record does not hold that the export resolves itself: the scale and output
+#: formats (written as format vectors) and same_format (decided when the pair is chosen).
+RESOLVED_FIELDS = ("scale_format", "same_format", "output_format")
 MAX_K = 4096  # the generated code keeps K codes per operand on the stack
 
 
@@ -60,7 +61,7 @@ def uncovered(engine: str) -> list[str]:
     missing = [name for name in record_dtype().names if f"CFG_{name}" not in engine]
     for section, name, key in keys():
         field = param_field(name, key)
-        if key.record is None and field is not None and field not in FORMAT_FIELDS:
+        if key.record is None and field is not None and field not in RESOLVED_FIELDS:
             missing.append(f"{section}.{name}")
     return missing
 
@@ -208,7 +209,10 @@ uint64_t {name}_dot(const uint64_t *a, const uint64_t *b, const uint32_t *scale_
         uint32_t xa = scale_a ? scale_a[i] : {_scale_one(params)}, xb = scale_b ? scale_b[i] : {_scale_one(params)};
         if (xa >> {get_format(params.scale_format).bits} || xb >> {get_format(params.scale_format).bits}) {{ if (error) *error = 1; return 0; }}
         if (CFG_scales == 3) {{ sa[i] = xa; sb[i] = xb; }}
-        else {{ sa[i] = xa == 255 ? SCALE_NAN_EXP : (int64_t)xa - 127; sb[i] = xb == 255 ? SCALE_NAN_EXP : (int64_t)xb - 127; }}
+        else {{  /* E8M0: the exponent, or NaN */
+            sa[i] = xa == {E8M0_NAN} ? SCALE_NAN_EXP : (int64_t)xa - {E8M0_BIAS};
+            sb[i] = xb == {E8M0_NAN} ? SCALE_NAN_EXP : (int64_t)xb - {E8M0_BIAS};
+        }}
     }}
     mxw_init(&w); mxw_init(&tw); mxw_init(&kw);
     d.a = fa; d.b = fb; d.sa = sa; d.sb = sb; d.n = k; d.terms = terms; d.exps = exps; d.w = &w; d.tw = &tw; d.kw = &kw;
@@ -229,7 +233,7 @@ uint64_t {name}_dot(const uint64_t *a, const uint64_t *b, const uint32_t *scale_
 
 def _scale_one(params) -> int:
     """The scale code of 1.0 (what NULL scales mean)."""
-    return 127 if params.scales != "group_sum" else int(get_format(params.scale_format).encode([1.0])[0])
+    return int(get_format(params.scale_format).encode([1.0])[0])
 
 
 def _dpi(name, params, a_fmt, b_fmt, k, blocks, c_container, out) -> tuple[str, str]:
