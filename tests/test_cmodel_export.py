@@ -108,3 +108,21 @@ def test_bad_input_is_one_line_status_2(capsys, tmp_path, monkeypatch, argv, mes
     assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert message.format(tmp=tmp_path) in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_c_api_refuses_codes_out_of_range(tmp_path):
+    import numpy as np
+
+    from mxsim.cmodel.harness import CModel
+    from mxsim.errors import MxsimError
+
+    manifest = export_c(OCP, tmp_path / "m", "fp4_e2m1", "fp4_e2m1")
+    model = CModel(tmp_path / "m", manifest, tmp_path)
+    codes = np.zeros((1, 32), dtype=np.uint64)
+    scales = np.full((1, 1), 127, dtype=np.uint64)
+    got, _ = model.run(codes, codes, scales, scales, np.zeros(1, dtype=np.uint64))
+    assert got.tolist() == [0]  # +0 + sum of +0 products
+    for a, scale, c in ((codes + 16, scales, 0), (codes, scales + 129, 0), (codes, scales, 1 << 32)):
+        with pytest.raises(MxsimError, match="exit 3"):
+            model.run(a, codes, scale, scales, np.array([c], dtype=np.uint64))
