@@ -444,6 +444,16 @@ def cmd_golden(args) -> int:
     return 0
 
 
+def cmd_export_c(args) -> int:
+    from .cmodel import export_c
+
+    manifest = export_c(args.hw, args.out, args.a_format, args.b_format, args.k)
+    for name in manifest["files"]:
+        print(Path(args.out) / name)
+    print(f"{manifest['c_function']}: {manifest['config']} {manifest['a_format']} x {manifest['b_format']}, K = {manifest['k']}")
+    return 0
+
+
 def _check_probe_widths(unit, hw: str, out_format: str | None, c_format: str | None) -> None:
     """--hw: --out-format and --c-format must be of the width the config's unit works in. A unit
     whose accumulator (on the pair's own path) is fp64 takes c and writes results in fp64
@@ -680,6 +690,17 @@ def build_parser() -> argparse.ArgumentParser:
     golden.add_argument("--quiet", action="store_true", help="no progress bar")
     golden.add_argument("--json", action="store_true", help="print the manifest as JSON")
     golden.set_defaults(run=cmd_golden)
+
+    export = sub.add_parser("export", help="export a unit as a model for other tools")
+    export_sub = export.add_subparsers(dest="export_kind", required=True)
+    export_c = export_sub.add_parser(
+        "c", help="a dependency-free C99 model of one unit, with DPI-C entry points (docs/cmodel.md)")
+    export_c.add_argument("--hw", required=True, help="hardware config YAML")
+    export_c.add_argument("--a-format", help="element format of A (needed when the unit takes several pairs)")
+    export_c.add_argument("--b-format", help="element format of B")
+    export_c.add_argument("--k", type=int, help="elements per dot product (default: the unit's block size)")
+    export_c.add_argument("--out", required=True, help="output directory (replaced as a whole)")
+    export_c.set_defaults(run=cmd_export_c)
 
     probe = sub.add_parser("probe", help="characterise a black-box dot-product unit and write its hwconfig")
     probe.add_argument("--unit", metavar="MODULE:FUNCTION", help="a Python function unit(a, b, scale_a, scale_b, c) -> bits")
