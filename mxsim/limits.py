@@ -16,6 +16,7 @@ import re
 import reprlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-def is_integer(value) -> bool:
+def is_integer(value) -> TypeGuard[int | np.integer]:
     """A Python or numpy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 

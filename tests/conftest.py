@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import math
 import os
@@ -456,3 +457,38 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line("family      " + "".join(f"{k:>11}" for k in kinds))
     for family, counts in outcomes.items():
         terminalreporter.write_line(f"{family:12s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds))
+
+
+#: Test tiers (markers registered in pyproject.toml; CONTRIBUTING.md gives each tier's time).
+#: A module's markers are set here by its name, so the quick run, ``pytest -m "not slow"``,
+#: is defined in one place; a heavy test in an otherwise quick module carries
+#: ``@pytest.mark.slow`` itself. ``oracle``: compares against third-party libraries run
+#: live; ``rtl``: runs a Verilog simulator; ``model``: runs transformer models; ``slow``:
+#: left out of the quick run (compiles many kernels or runs long campaigns).
+MODULE_TIERS = {
+    "test_oracles_*": ("oracle", "slow"),
+    "test_probe_mmasim": ("oracle", "slow"),
+    "test_capture_onnx_quark": ("oracle", "slow"),
+    "test_golden_rtl": ("rtl", "slow"),
+    "test_probe_rtl": ("rtl", "slow"),
+    "test_probe_*": ("slow",),
+    "test_fuzz": ("slow",),
+    "test_hwconfigs_gpu": ("slow",),
+    "test_inloop_network": ("slow",),
+    "test_evaluate_onnx": ("slow",),
+}
+#: Markers for the tests that use a fixture, whatever their module.
+FIXTURE_TIERS = {
+    "dask_runner": ("slow",),  # starts a local Dask cluster
+    "minilm_dir": ("model",),  # all-MiniLM-L6-v2, loaded and run in float
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS."""
+    for item in items:
+        module = item.path.stem
+        marks = {m for pattern, tier in MODULE_TIERS.items() if fnmatch.fnmatchcase(module, pattern) for m in tier}
+        marks.update(m for name, tier in FIXTURE_TIERS.items() if name in getattr(item, "fixturenames", ()) for m in tier)
+        for mark in sorted(marks):
+            item.add_marker(mark)

@@ -75,6 +75,7 @@ def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, c
     assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow  # a probe run: compiles the probe's kernels
 def test_bench_probe_runs_one_path(monkeypatch, tmp_path, capsys):
     bench = _load("bench_probe.py", monkeypatch)
     bench.main(["--set", "mxsim", "--only", "mxsim/ocp-exact", "--json", str(tmp_path / "probe.json")])

@@ -150,7 +150,7 @@ def test_quark_quantizers_on_rank0_and_one_element_constants_pass_through_like_q
              ("half", np.array(0.5123456, np.float32)), ("w", f32(4, 3))]
     model = make_onnx_model(onnx, nodes, [("x", [2, 4])], ["y"], inits, extra_domains=(quark,))
     feeds = {"x": f32(2, 4)}
-    trace = capture(model, feeds)  # used to fail: "axis 0 is out of range for a rank-0 input"
+    trace = capture(model, feeds)  # a rank-0 constant has no axis 0: passed through
     quark_values = onnx_reference_values(onnx, ort, model, ["halved", "y"], feeds, quark_ops=True)
     layer = trace.layers[0]
     assert np.array_equal(layer.input, quark_values["halved"])

@@ -126,6 +126,8 @@ def test_progress_is_a_log_line_per_run_when_not_a_terminal(tiny_dirs, capsys):
     assert lines[0].startswith("mxsim evaluate: float run: ") and lines[1].startswith("mxsim evaluate: ocp-exact fp8_e4m3: ")
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_minilm_in_the_loop_keeps_the_paraphrase_neighbours(torch):
     """The real model as a sample: 4 sentences (two paraphrase pairs) on ocp-exact in FP8."""
     require_module("all_minilm_l6_v2", "minilm")

@@ -52,7 +52,7 @@ def test_exhaustive_fp4_puts_every_pair_in_every_lane():
         lane = int(lanes[0]) if len(lanes) else None
         seen.add((lane, int(a_row[lane]) if lane is not None else 0, int(b_row[lane]) if lane is not None else 0))
     for lane in range(32):
-        assert {(a, b) for l, a, b in seen if l == lane} | {(0, 0)} == {(a, b) for a in range(16) for b in range(16)}
+        assert {(a, b) for seen_lane, a, b in seen if seen_lane == lane} | {(0, 0)} == {(a, b) for a in range(16) for b in range(16)}
     rotation_a, rotation_b = vectors.a[256 * 32 :], vectors.b[256 * 32 :]
     for lane in range(32):
         assert len(set(zip(rotation_a[:, lane].tolist(), rotation_b[:, lane].tolist()))) == 256

@@ -11,6 +11,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -97,11 +98,12 @@ class FormatInfo:
     specials: str = "ieee"
     subnormals: bool = True
     allow_min_twos_complement: bool = True
-    scale_emax: int | None = field(default=None, compare=False)
+    # None in the constructor means "derive it"; __post_init__ sets an int, so readers see an int.
+    scale_emax: int = field(default=None, compare=False)  # type: ignore[assignment]
     padding_bits: int = 0
     role: str = field(default="custom", compare=False)
     aliases: tuple[str, ...] = field(default=(), compare=False)
-    storage_bits: int | None = field(default=None, compare=False)
+    storage_bits: int = field(default=None, compare=False)  # type: ignore[assignment]  # as scale_emax
     block_size: int | None = field(default=None, compare=False)
     scale_bits: int = field(default=0, compare=False)
     subblock_size: int | None = field(default=None, compare=False)
@@ -355,9 +357,9 @@ def _table(*formats: FormatInfo) -> dict[str, FormatInfo]:
     return {fmt.name: fmt for fmt in formats}
 
 
-_OCP = dict(block_size=32, scale_bits=8)  # OCP MX v1.0: one 8-bit E8M0 scale per 32 elements
+_OCP: dict[str, Any] = dict(block_size=32, scale_bits=8)  # OCP MX v1.0: one 8-bit E8M0 scale per 32 elements
 # MX4/6/9 (Quark BFP "to_bfp_prime"): an 8-bit exponent per 16 elements, a 1-bit microexponent per 2.
-_SHARED_MICROEXPONENT = dict(role="bfp_element", block_size=16, scale_bits=8, subblock_size=2, microexponent_bits=1)
+_SHARED_MICROEXPONENT: dict[str, Any] = dict(role="bfp_element", block_size=16, scale_bits=8, subblock_size=2, microexponent_bits=1)
 
 FORMATS: dict[str, FormatInfo] = _table(
     # OCP MX v1.0 element formats. Aliases: Quark's MX config names, the OCP short names,

@@ -74,7 +74,7 @@ class MXTensor:
         values = _dequantize_blocked(self.element_format, self.codes, exponents, self.block_size, dtype)
         return _from_blocks(values, self.shape, self.axis, self.padding)
 
-    def block_values(self, index: tuple[int, ...]) -> list[Fraction] | None:
+    def block_values(self, index: tuple[int, ...]) -> list[Fraction | float] | None:
         """Exact values of one block's elements (``index`` into ``scales``); None if its scale is NaN."""
         *outer, block = index
         scale_code = int(self.scales[tuple(index)])
@@ -346,7 +346,7 @@ def _encode_table(element_format: FormatInfo, rounding: int, overflow: int, in_m
 def _min_exponent(element_format: FormatInfo, opts: QuantOptions) -> int:
     """The floor on X from ``int8_min_step_exponent`` (INT8's step is 2^X times its smallest value)."""
     if opts.int8_min_step_exponent is None or not element_format.twos_complement:
-        return K.NO_EXPONENT
+        return int(K.NO_EXPONENT)
     return opts.int8_min_step_exponent - math.frexp(element_format.min_subnormal)[1] + 1
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import MxsimError, UnknownNameError
 from ..formats.rounding import OVERFLOW_POLICIES, ROUNDING_MODES
@@ -135,7 +136,7 @@ class QuantOptions:
 _QUARK_FP_ELEMENTS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1")
 # Quark's C++ element rounding (fake_quantize_element) returns an unsigned 0; torch casts keep the sign.
 _QUARK_TORCH_ZERO_SIGNS = tuple((name, "positive") for name in _QUARK_FP_ELEMENTS[2:])
-_QUARK_TORCH = dict(int8_minus_two=False, int8_min_step_exponent=-126, zero_signs=_QUARK_TORCH_ZERO_SIGNS)
+_QUARK_TORCH: dict[str, Any] = dict(int8_minus_two=False, int8_min_step_exponent=-126, zero_signs=_QUARK_TORCH_ZERO_SIGNS)
 
 PROFILES: dict[str, QuantOptions] = {
     # OCP MX v1.0 as written: floor from exact exponent bits, RNE, saturating elements.

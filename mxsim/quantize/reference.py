@@ -140,7 +140,7 @@ def quantize_nvfp4_reference(row: list[float], tensor_scale: float | None, eleme
     amax = max((abs(Fraction(x)) for x in row if math.isfinite(x)), default=Fraction(0))
     infinite = any(math.isinf(x) for x in row)
     top, bottom = Fraction(scale.max_finite), Fraction(scale.min_normal)
-    descale = top  # an Inf amax: Inf / 6 (/ t) is Inf, clamped to the scale's largest value
+    descale: Fraction | float = top  # an Inf amax: Inf / 6 (/ t) is Inf, clamped to the scale's largest value
     if not infinite:
         descale = float32_reference(amax / e_max)
         if tensor_scale is not None:
@@ -154,7 +154,7 @@ def quantize_nvfp4_reference(row: list[float], tensor_scale: float | None, eleme
     codes = []
     for x in row:
         # fl(x * r), which may overflow to ±Inf, clamped to ±max_E; a zero keeps x's sign
-        y = math.copysign(math.inf, x) if math.isinf(x) else float32_reference(Fraction(x) * reciprocal)
+        y: Fraction | float = math.copysign(math.inf, x) if math.isinf(x) else float32_reference(Fraction(x) * reciprocal)
         y = min(max(y, -e_max), e_max)
         if y == 0:
             y = math.copysign(0.0, x)
