@@ -536,6 +536,11 @@ def test_a_compact_trace_written_before_residual_references_still_loads(tmp_path
     trace = _shared_input_trace()
     for saved, got in zip(trace.layers, old.layers):
         assert got.reference == "float32" and got.codes_only == {"input", "weight"}
-        assert np.array_equal(got.output, saved.output)
+        # The stored output is a float32 product summed by the writing machine's BLAS, which
+        # another machine's float32 matmul need not reproduce bit for bit: it is held to the
+        # float32 summation bound around the exact product instead.
+        x, w = saved.tensors["input"].astype(np.float64), saved.tensors["weight"].astype(np.float64)
+        bound = x.shape[1] * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w).T)
+        assert got.output.dtype == np.float32 and np.all(np.abs(got.output - x @ w.T) <= bound)
     again = load_trace(save_trace(old, tmp_path / "again", floats=False))
     assert [layer.reference for layer in again.layers] == ["residual8", "residual8"]
