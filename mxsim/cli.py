@@ -9,6 +9,7 @@ Each subcommand imports what it runs, so ``mxsim --version`` and ``--help`` load
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
-from .limits import BUDGET_VARIABLE, check_block_size, check_int
+from .limits import BUDGET_VARIABLE, check_block_size, check_int, shown
 
 OUTPUT_FORMATS = ("fp32", "fp16", "bf16", "fp64")  # the table's wide formats (no import at start-up; tests/test_cli.py checks)
 
@@ -358,7 +359,7 @@ def cmd_capture_torch(args) -> int:
             raise ArgumentError("capture torch: a model directory needs --inputs (a text file, one input a line)")
         texts = read_inputs(args.inputs, task).texts
         model, tokenizer = load_hf(source, task)
-        sample = tokenize(tokenizer, texts, max_length)
+        sample = tokenize(tokenizer, texts, max_length, model)
         name = args.name or source.resolve().name
     else:
         if args.task is not None:
@@ -449,6 +450,27 @@ def _check_probe_widths(unit, hw: str, out_format: str | None, c_format: str | N
                                 f"{own.accumulator_format}, so it takes {', '.join(accepted)}")
 
 
+def _check_probe_outputs(args) -> None:
+    """--seed, --out and --report checked before the probe asks anything: a seed in range, and
+    each output a file in an existing directory (two different files), so that a run is not
+    lost to a path that cannot be written."""
+    from .limits import check_path
+    from .probe.core import MAX_SEED
+
+    check_int(args.seed, "--seed", 0, MAX_SEED)
+    paths = {}
+    for flag, value in (("--out", args.out), ("--report", args.report)):
+        if value is None:
+            continue
+        path = check_path(value, flag)
+        if path.is_dir() or not path.parent.is_dir():
+            raise ArgumentError(f"{flag} {shown(value)}: expected a file in an existing directory")
+        real = os.path.realpath(path)  # never raises, unlike Path.resolve on a symlink loop
+        if real in paths.values():
+            raise ArgumentError(f"{flag} {shown(value)}: the same file as --out")
+        paths[flag] = real
+
+
 def cmd_probe(args) -> int:
     from .probe import HwconfigUnit, SubprocessUnit, load_callable, probe
     from .probe.units import python_path_hint
@@ -459,6 +481,7 @@ def cmd_probe(args) -> int:
         raise ArgumentError(f"probe: give exactly one of --unit, --hw, --command (got {', '.join(sources) or 'none'})")
     if not 0 < args.timeout <= 3600:
         raise ArgumentError(f"probe: --timeout must be in (0, 3600] seconds, got {args.timeout}")
+    _check_probe_outputs(args)
     block_size = args.block_size
     closing = None
     out_format, c_format = args.out_format, args.c_format
