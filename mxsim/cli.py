@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -342,7 +343,7 @@ def cmd_capture_onnx(args) -> int:
 def cmd_capture_torch(args) -> int:
     from ._optional import require
     from .capture.torch import capture_torch
-    from .evaluate.models import load_factory, load_hf, read_inputs, tokenize
+    from .evaluate.models import library_error, load_factory, load_hf, read_inputs, tokenize
     from .limits import check_int, check_path
     from .trace import save_trace
 
@@ -377,8 +378,8 @@ def cmd_capture_torch(args) -> int:
         trace = capture_torch(model, sample, name=name, source={"model": str(args.model)})
     except MxsimError:
         raise
-    except (RuntimeError, TypeError, ValueError, IndexError) as error:  # the model refused its inputs
-        raise MxsimError(f"capture torch: {args.model} failed on its inputs: {type(error).__name__}: {error}") from None
+    except BaseException as error:  # the model's own code failed on its inputs (sys.exit too)
+        raise MxsimError(f"capture torch: {shown(args.model)} failed on its inputs: {library_error(error)}") from None
     save_trace(trace, out, overwrite=args.force)
     print(f"captured {len(trace.layers)} layers from {args.model} into {out}")
     return 0
@@ -708,12 +709,22 @@ def _one_line(text) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input of any kind prints one line on stderr and returns 2."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (MxsimError, OSError) as error:
-        message = error
-    except MemoryError:
-        message = f"out of memory; the memory budget ({BUDGET_VARIABLE}, docs/limits.md) is above what this machine has"
+    # Warnings (numpy's RuntimeWarning, torch's UserWarning, ...) are held while the command
+    # runs: shown after it when it ends, dropped when it fails, whose output is the one line.
+    with warnings.catch_warnings(record=True) as held:
+        try:
+            status = args.run(args)
+        except (MxsimError, OSError) as error:
+            message = error
+        except MemoryError:
+            message = f"out of memory; the memory budget ({BUDGET_VARIABLE}, docs/limits.md) is above what this machine has"
+        else:
+            message = None
+    if message is None:
+        for warning in held:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno,
+                                   source=warning.source)
+        return status
     print(f"mxsim {args.command}: error: {_one_line(message)}", file=sys.stderr)
     return 2
 
