@@ -1404,7 +1404,8 @@ def gen_datapath_bounds(rng, env, inputs, outputs):
     """A shipped unit with one to three integer keys drawn to their documented bounds (or
     next to them, or anywhere between): the kernel, the vectorised routes and the Fraction
     twin must give the same bits on realistic and corner inputs, and ``explain`` the same."""
-    from mxsim.datapath import dot_with_params, explain, parse_hwconfig
+    from mxsim.datapath import explain, parse_hwconfig
+    from mxsim.datapath.api import dot_with_params
     from mxsim.datapath.reference import dot_reference
 
     raw = yaml.safe_load(rng.choice(HWCONFIGS).read_text())
@@ -1520,6 +1521,8 @@ def test_fuzz_family(family, fuzz_env, tmp_path):
     """
     failures = []
     cases = fuzz_env["cases"] or CI_CASES_OF.get(family, CI_CASES)
+    if fuzz_env["release"]:  # MXSIM_FUZZ_CASES_<FAMILY>: one family's count in a long campaign
+        cases = int(os.environ.get(f"MXSIM_FUZZ_CASES_{family.upper()}", cases))
 
     @settings(derandomize=True, database=None, deadline=None, max_examples=cases,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
