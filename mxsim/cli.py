@@ -699,7 +699,10 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr and exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+        message = _one_line(message)
+        if len(message) > 240:  # argparse quotes the offending value whole: cut it to the echo bound
+            message = message[:237] + "..."
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _one_line(text) -> str:

@@ -493,3 +493,18 @@ def test_cli_probe_unit_that_exits_is_one_line(capsys, tmp_path):
                            "--b-format", "fp4_e2m1", "--k", "8", "--out", str(tmp_path / "u.yaml"))
     assert status == 2 and err.count("\n") == 1 and "the unit raised SystemExit" in err
     assert not (tmp_path / "u.yaml").exists()
+
+
+def test_subprocess_unit_answering_more_lines_than_asked_is_refused(tmp_path):
+    unit = SubprocessUnit(_script(tmp_path, "import sys\nfor line in sys.stdin: print('0\\n0', flush=True)"),
+                          "fp4_e2m1", "fp4_e2m1", timeout=2, chunk=1)
+    with pytest.raises(ProbeError, match="answered more lines than it was asked"):
+        unit(*_rows())
+
+
+def test_cli_usage_errors_echo_a_value_cut_short(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
+              "--out", str(tmp_path / "u.yaml"), "--seed", "9" * 100 + "x" * 10_000])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 400 and "--seed" in err

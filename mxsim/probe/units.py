@@ -330,6 +330,8 @@ class SubprocessUnit:
             for i in range(start, stop):
                 out[i] = self._answer(self._read_line(time.monotonic() + self.timeout))
                 self.requests += 1
+            if b"\n" in self._buffer:  # an answer no request asked for: every later one would be off by one
+                raise self._failure("answered more lines than it was asked")
         return out
 
     def close(self):
