@@ -1210,7 +1210,8 @@ def gen_model_dir(rng, env, inputs, outputs):
     shutil.copytree(dirs[task], path)
     marker = inputs / "PLANTED_CODE_RAN"
     for _ in range(rng.choice([1, 1, 2])):
-        _model_dir_edit(rng, path, marker)
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # an edit the first one made impossible
+            _model_dir_edit(rng, path, marker)
     texts = [rng.choice(["the cat sat on the mat", "a dog ran", "the cat " * 50, "é ² \u202e", ECHO[:40]])
              for _ in range(rng.randint(2, 4))]
     if task == "classification" and rng.random() < 0.7:
