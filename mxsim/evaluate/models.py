@@ -278,8 +278,7 @@ def _cut(text: str, limit: int = 80) -> str:
 def library_error(error: BaseException, limit: int = 200) -> str:
     """``Type: message`` of an exception a library raised, on one line and cut to ``limit``
     characters (its start, where libraries say what went wrong)."""
-    text = _one_line(error)
-    return f"{type(error).__name__}: {text if len(text) <= limit else text[:limit - 3] + '...'}"
+    return f"{type(error).__name__}: {_cut(_one_line(error), limit)}"
 
 
 @contextlib.contextmanager
@@ -354,7 +353,7 @@ def _check_torch_weights(path: Path) -> None:
             _fail(path / TORCH_FILES[1], "expected a weight_map of tensor names to shard files")
         files = [path / name for name in sorted(set(shards.values()))]
         for file in files:
-            if file.resolve().parent != path.resolve() or not file.is_file():
+            if Path(os.path.realpath(file)).parent != Path(os.path.realpath(path)) or not file.is_file():
                 _fail(path / TORCH_FILES[1], f"shard {shown(file.name)} is not a file of the model directory")
     for file in files:
         try:
