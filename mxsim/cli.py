@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -699,9 +700,9 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr and exit status 2."""
 
     def error(self, message: str):
-        message = _one_line(message)
-        if len(message) > 240:  # argparse quotes the offending value whole: cut it to the echo bound
-            message = message[:237] + "..."
+        # argparse quotes the offending value whole: each quoted value cut to the echo bound
+        message = re.sub(r"'([^']{77})[^']+'", r"'\1...'", _one_line(message))
+        message = message if len(message) <= 400 else message[:397] + "..."  # a value quoted otherwise
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

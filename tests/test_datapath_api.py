@@ -314,7 +314,7 @@ def bounded_fields():
             if key.kind in ("int", "optional_int") and key.minimum is not None and (key.field or name) in fields]
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(data=st.data())
 def test_kernel_equals_reference_with_keys_at_their_bounds(data):
     """Every integer key drawn to its documented bounds (or next to them) in some cases: the

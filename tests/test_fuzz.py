@@ -1241,7 +1241,7 @@ _HOSTILE_ANSWERS = (
     lambda n: [True] * n, lambda n: np.ones(n, bool), lambda n: [1 + 0j] * n, lambda n: np.array([2.0**70] * n, dtype=object),
     lambda n: [-1] * n, lambda n: [1 << 64] * n, lambda n: np.zeros(n + 1, np.uint32), lambda n: None,
     lambda n: iter(range(n)), lambda n: np.zeros((n, 1), np.uint32), lambda n: [ECHO] * n,
-    lambda n: np.array([1, 2.5] * n, dtype=object)[:n], lambda n: {"bits": 0},
+    lambda n: np.array([2.5, 1] * n, dtype=object)[:n], lambda n: {"bits": 0},
 )
 _HOSTILE_RAISES = (SystemExit(0), SystemExit(1), SystemExit(ECHO), KeyboardInterrupt(), BaseException("odd"),
                    GeneratorExit(), RecursionError("deep"), ValueError(ECHO), MemoryError())
