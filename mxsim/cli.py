@@ -9,7 +9,10 @@ Each subcommand imports what it runs, so ``mxsim --version`` and ``--help`` load
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,7 @@ import numpy as np
 from . import __version__
 from .errors import ArgumentError, InputFileError, MxsimError
 from .fileio import check_output_directory, json_text, read_npy_file, write_atomic
-from .limits import BUDGET_VARIABLE, check_block_size, check_int
+from .limits import BUDGET_VARIABLE, check_block_size, check_int, shown
 
 OUTPUT_FORMATS = ("fp32", "fp16", "bf16", "fp64")  # the table's wide formats (no import at start-up; tests/test_cli.py checks)
 
@@ -341,7 +344,7 @@ def cmd_capture_onnx(args) -> int:
 def cmd_capture_torch(args) -> int:
     from ._optional import require
     from .capture.torch import capture_torch
-    from .evaluate.models import load_factory, load_hf, read_inputs, tokenize
+    from .evaluate.models import library_error, load_factory, load_hf, read_inputs, tokenize
     from .limits import check_int, check_path
     from .trace import save_trace
 
@@ -358,7 +361,7 @@ def cmd_capture_torch(args) -> int:
             raise ArgumentError("capture torch: a model directory needs --inputs (a text file, one input a line)")
         texts = read_inputs(args.inputs, task).texts
         model, tokenizer = load_hf(source, task)
-        sample = tokenize(tokenizer, texts, max_length)
+        sample = tokenize(tokenizer, texts, max_length, model)
         name = args.name or source.resolve().name
     else:
         if args.task is not None:
@@ -376,8 +379,8 @@ def cmd_capture_torch(args) -> int:
         trace = capture_torch(model, sample, name=name, source={"model": str(args.model)})
     except MxsimError:
         raise
-    except (RuntimeError, TypeError, ValueError, IndexError) as error:  # the model refused its inputs
-        raise MxsimError(f"capture torch: {args.model} failed on its inputs: {type(error).__name__}: {error}") from None
+    except BaseException as error:  # the model's own code failed on its inputs (sys.exit too)
+        raise MxsimError(f"capture torch: {shown(args.model)} failed on its inputs: {library_error(error)}") from None
     save_trace(trace, out, overwrite=args.force)
     print(f"captured {len(trace.layers)} layers from {args.model} into {out}")
     return 0
@@ -474,6 +477,27 @@ def _check_probe_widths(unit, hw: str, out_format: str | None, c_format: str | N
                                 f"{own.accumulator_format}, so it takes {', '.join(accepted)}")
 
 
+def _check_probe_outputs(args) -> None:
+    """--seed, --out and --report checked before the probe asks anything: a seed in range, and
+    each output a file in an existing directory (two different files), so that a run is not
+    lost to a path that cannot be written."""
+    from .limits import check_path
+    from .probe.core import MAX_SEED
+
+    check_int(args.seed, "--seed", 0, MAX_SEED)
+    paths = {}
+    for flag, value in (("--out", args.out), ("--report", args.report)):
+        if value is None:
+            continue
+        path = check_path(value, flag)
+        if path.is_dir() or not path.parent.is_dir():
+            raise ArgumentError(f"{flag} {shown(value)}: expected a file in an existing directory")
+        real = os.path.realpath(path)  # never raises, unlike Path.resolve on a symlink loop
+        if real in paths.values():
+            raise ArgumentError(f"{flag} {shown(value)}: the same file as --out")
+        paths[flag] = real
+
+
 def cmd_probe(args) -> int:
     from .probe import HwconfigUnit, SubprocessUnit, load_callable, probe
     from .probe.units import python_path_hint
@@ -484,6 +508,7 @@ def cmd_probe(args) -> int:
         raise ArgumentError(f"probe: give exactly one of --unit, --hw, --command (got {', '.join(sources) or 'none'})")
     if not 0 < args.timeout <= 3600:
         raise ArgumentError(f"probe: --timeout must be in (0, 3600] seconds, got {args.timeout}")
+    _check_probe_outputs(args)
     block_size = args.block_size
     closing = None
     out_format, c_format = args.out_format, args.c_format
@@ -733,7 +758,10 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line on stderr and exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+        # argparse quotes the offending value whole: each quoted value cut to the echo bound
+        message = re.sub(r"'([^']{77})[^']+'", r"'\1...'", _one_line(message))
+        message = message if len(message) <= 400 else message[:397] + "..."  # a value quoted otherwise
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _one_line(text) -> str:
@@ -743,12 +771,22 @@ def _one_line(text) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input of any kind prints one line on stderr and returns 2."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except (MxsimError, OSError) as error:
-        message = error
-    except MemoryError:
-        message = f"out of memory; the memory budget ({BUDGET_VARIABLE}, docs/limits.md) is above what this machine has"
+    # Warnings (numpy's RuntimeWarning, torch's UserWarning, ...) are held while the command
+    # runs: shown after it when it ends, dropped when it fails, whose output is the one line.
+    with warnings.catch_warnings(record=True) as held:
+        try:
+            status = args.run(args)
+        except (MxsimError, OSError) as error:
+            message = error
+        except MemoryError:
+            message = f"out of memory; the memory budget ({BUDGET_VARIABLE}, docs/limits.md) is above what this machine has"
+        else:
+            message = None
+    if message is None:
+        for warning in held:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno,
+                                   source=warning.source)
+        return status
     print(f"mxsim {args.command}: error: {_one_line(message)}", file=sys.stderr)
     return 2
 

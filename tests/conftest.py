@@ -452,8 +452,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not outcomes:
         return
     terminalreporter.section("fuzz outcomes")
-    kinds = ("cases", "ok", "traceback", "timeout", "memory", "wrong", "escape", "disclosure", "seconds",
-             "max_seconds")
+    kinds = ("cases", "ok", "traceback", "timeout", "memory", "wrong", "escape", "disclosure", "code", "echo",
+             "seconds", "max_seconds")
     terminalreporter.write_line("family      " + "".join(f"{k:>11}" for k in kinds))
     for family, counts in outcomes.items():
         terminalreporter.write_line(f"{family:12s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds))

@@ -164,6 +164,29 @@ def _hostile_files(tmp_path):
     (tmp_path / "promoted.yaml").write_text(text + "overrides:\n  - accumulator: {promotion_interval: 1180591620717411303424}\n")
 
 
+RAISING_FACTORY = """
+import sys
+import torch
+
+
+class Raising(torch.nn.Module):
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def forward(self, x):
+        raise self.error
+
+
+def make():
+    return Raising(ZeroDivisionError("boom")), torch.ones(2, 4)
+
+
+def make_exiting():
+    return Raising(SystemExit(0)), torch.ones(2, 4)
+"""
+
+
 @pytest.mark.parametrize("argv, message", [
     (["quantize", "--input", "{tmp}/empty.npy"], "--input {tmp}/empty.npy: the file is empty (0 bytes); expected a .npy array"),
     (["quantize", "--input", "{tmp}/empty2d.npy"], "the array is empty (shape (0, 4))"),
@@ -208,7 +231,7 @@ def _hostile_files(tmp_path):
     (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
       "embedding", "--inputs", "{tmp}/binary.csv"], "not UTF-8 text"),
     (["evaluate", "hf", "{tmp}/model", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task",
-      "embedding", "--inputs", "examples/minilm/sentences.txt"], "cannot load the embedding model and its tokenizer"),
+      "embedding", "--inputs", "examples/minilm/sentences.txt"], "{tmp}/model: no tokenizer files"),
     (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
       "--inputs", "examples/minilm/sentences.txt", "--max-length", "1"], "max_length: expected an integer 2..65536"),
     (["evaluate", "hf", "{tmp}", "--hw", "hwconfigs/ocp-exact.yaml", "--format", "fp8_e4m3", "--task", "embedding",
@@ -221,6 +244,9 @@ def _hostile_files(tmp_path):
     (["capture", "torch", "json:loads", "--out", "{tmp}/t"], "the factory raised TypeError"),
     (["capture", "torch", "json:loads", "--out", "{tmp}/t", "--task", "embedding"], "--task is for a model directory"),
     (["capture", "torch", "json:loads", "--out", "{tmp}"], "already exists (pass --force"),
+    (["capture", "torch", "sys:exit", "--out", "{tmp}/t"], "the factory raised SystemExit"),
+    (["capture", "torch", "cli_raising:make", "--out", "{tmp}/t"], "failed on its inputs: ZeroDivisionError: boom"),
+    (["capture", "torch", "cli_raising:make_exiting", "--out", "{tmp}/t"], "failed on its inputs: SystemExit"),
     (["capture", "onnx", "tests/data/trace/digits_cnn_quark.onnx", "--inputs", "tests/data/trace/digits_inputs.npz",
       "--out", "{tmp}/t", "--reference", "float16"], "reference must be one of float32, residual8, got 'float16'"),
     (["capture", "onnx", "tests/data/trace/digits_cnn_quark.onnx", "--inputs", "tests/data/trace/digits_inputs.npz",
@@ -229,6 +255,8 @@ def _hostile_files(tmp_path):
 def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch, argv, message):
     monkeypatch.chdir(REPO)
     _hostile_files(tmp_path)
+    (tmp_path / "cli_raising.py").write_text(RAISING_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
     argv = [arg.format(tmp=tmp_path) for arg in argv]
     try:
         status = main(argv)

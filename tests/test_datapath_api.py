@@ -305,6 +305,66 @@ def test_kernel_equals_reference_on_random_configs(data):
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
+def bounded_fields():
+    """(params field, key) of every integer key with documented bounds."""
+    from mxsim.datapath.schema import SCHEMA
+
+    fields = {f.name for f in dataclasses.fields(DatapathParams)}
+    return [(key.field or name, key) for section in SCHEMA.values() for name, key in section.items()
+            if key.kind in ("int", "optional_int") and key.minimum is not None and (key.field or name) in fields]
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_kernel_equals_reference_with_keys_at_their_bounds(data):
+    """Every integer key drawn to its documented bounds (or next to them) in some cases: the
+    kernel and the Fraction twin agree over the whole documented range, not only the
+    realistic values of the test above."""
+    params = data.draw(random_params())
+    changes = {}
+    for field, key in bounded_fields():
+        if getattr(params, field) is None and key.kind == "optional_int" and field != "zero_term_exponent":
+            continue  # a key that needs others set with it keeps null
+        if data.draw(st.integers(0, 3)) == 0:
+            high = key.maximum if key.maximum is not None else key.minimum + 2**20
+            changes[field] = data.draw(st.sampled_from([key.minimum, high, key.minimum + 1, high - 1]))
+    params = dataclasses.replace(params, **changes)
+    try:
+        check_consistency(params, "bounds")
+    except ConfigError:
+        assume(False)
+    for field, value in changes.items():
+        event(f"{field} at a bound")
+    assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
+
+
+def test_zero_term_exponent_past_fp64_is_refused_and_at_1023_agrees():
+    """1100 made the kernel return -Inf where the twin gives +0, and 1023 with a 0-bit window
+    +0 where the twin floors -4.5 to -2^1023 (-Inf in fp32); the key now ends at 1022, where
+    kernel, twin and explain agree."""
+    import yaml
+
+    from mxsim.datapath import parse_hwconfig
+
+    raw = yaml.safe_load((REPO / "hwconfigs" / "ocp-exact.yaml").read_text())
+    fmt = get_format("fp6_e2m3")
+    a, b = fmt.encode(np.array([[0, -1.5]])), fmt.encode(np.array([[0, 3.0]]))
+    raw["adder"].update(zero_term_exponent=1100, align_fraction_bits=50)
+    for value in (1100, 1023):
+        raw["adder"]["zero_term_exponent"] = value
+        with pytest.raises(ConfigError, match="zero_term_exponent: expected an integer -1100..1022"):
+            parse_hwconfig(raw)
+    for below in ("truncate", "floor", "nearest_even", "sticky"):
+        for fraction_bits in (0, 50):
+            raw["adder"].update(zero_term_exponent=1022, align_fraction_bits=fraction_bits, below_window=below)
+            hw = parse_hwconfig(raw)
+            got = dot(hw, a, b, a_format="fp6_e2m3", b_format="fp6_e2m3", method="kernel")
+            shown = explain(hw, a[0], b[0], a_format="fp6_e2m3", b_format="fp6_e2m3")
+            # -4.5 kept on a grid of 2^(1022 - F): 0 toward zero or to nearest, -2^(1022 - F) (-Inf in fp32) floored
+            floored = below in ("floor", "sticky") and fraction_bits < 1022 - 127
+            assert int(got[0]) == shown["bits"] == (0xFF800000 if floored else 0)
+
+
 @pytest.mark.parametrize("config", HWCONFIGS, ids=lambda p: p.stem)
 @settings(max_examples=60)
 @given(data=st.data())

@@ -89,8 +89,11 @@ def test_a_model_directory_needs_a_config_object(tmp_path):
     with pytest.raises(InputFileError, match="config.json: expected a JSON object"):
         check_model_dir(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(MxsimError, match="cannot load the embedding model and its tokenizer"):
+    with pytest.raises(MxsimError, match="no tokenizer files"):
         load_hf(tmp_path, "embedding")  # a config without weights or tokenizer
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(MxsimError, match="no weights"):
+        load_hf(tmp_path, "embedding")
 
 
 def test_missing_transformers_is_one_error(monkeypatch, tmp_path):
@@ -169,3 +172,126 @@ def test_minilm_float_embeddings_match_sentence_transformers(torch, minilm_dir):
     want = st.SentenceTransformer(str(minilm_dir), device="cpu", local_files_only=True).encode(texts)
     ours = ours / np.linalg.norm(ours, axis=1, keepdims=True)  # the model's Normalize module
     assert np.abs(ours - want).max() < 1e-5
+
+
+# ----------------------------------------------------------------------------- hostile model directories
+
+
+def _hostile_dir(tmp_path, tiny, name, edit=None, files=None, remove=()):
+    import shutil
+
+    path = tmp_path / name
+    shutil.copytree(tiny, path)
+    if edit is not None:
+        config = json.loads((path / "config.json").read_text())
+        edit(config)
+        (path / "config.json").write_text(json.dumps(config))
+    for file, data in (files or {}).items():
+        (path / file).write_bytes(data if isinstance(data, bytes) else data.encode())
+    for file in remove:
+        (path / file).unlink()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tmp_path_factory):
+    from conftest import tiny_hf_dir
+
+    torch = require_module("torch", "torch")
+    return tiny_hf_dir(torch, tmp_path_factory.mktemp("hf") / "classification", "classification")
+
+
+HOSTILE_DIRS = {
+    "auto_map": ({"edit": lambda c: c.update(auto_map={"AutoModelForSequenceClassification": "evil.Model"}),
+                  "files": {"evil.py": "open('PWNED', 'w').close()\n"}}, "config.json: auto_map names code"),
+    "tokenizer auto_map": ({"files": {"tokenizer_config.json": json.dumps({"auto_map": {"AutoTokenizer": ["evil.T", None]}})}},
+                           "tokenizer_config.json: auto_map names code"),
+    "no tokenizer": ({"remove": ("tokenizer.json",)}, "no tokenizer files"),
+    "garbled tokenizer": ({"files": {"tokenizer.json": "{garbage"}}, "cannot load the tokenizer (tokenizer.json)"),
+    "size as a string": ({"edit": lambda c: c.update(hidden_size="32")}, "hidden_size must be a positive integer"),
+    "dtype": ({"edit": lambda c: c.update(dtype="garbage")}, "dtype must be one of"),
+    "torch_dtype": ({"edit": lambda c: c.update(torch_dtype="garbage")}, "torch_dtype must be one of"),
+    "pad past the vocabulary": ({"edit": lambda c: c.update(pad_token_id=1000)}, "pad_token_id must be a token id"),
+    "id2label": ({"edit": lambda c: c.update(id2label=["neg"] * 9000)}, "id2label must map"),
+    "bitsandbytes": ({"edit": lambda c: c.update(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True})},
+                     "cannot load the classification model"),
+    "empty weights": ({"files": {"model.safetensors": b""}}, "model.safetensors: unreadable safetensors weights"),
+    "garbled weights": ({"files": {"model.safetensors": bytes(range(256)) * 8}}, "unreadable safetensors weights"),
+    "no weights": ({"remove": ("model.safetensors",)}, "no weights"),
+    "heads": ({"edit": lambda c: c.update(num_attention_heads=5)}, "cannot load the classification model"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_DIRS))
+def test_hostile_model_directories_are_one_line_errors_naming_the_file(tmp_path, tiny_classifier, monkeypatch, case):
+    changes, message = HOSTILE_DIRS[case]
+    path = _hostile_dir(tmp_path, tiny_classifier, "model", **changes)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MxsimError, match=re.escape(message)) as caught:
+        load_hf(path, "classification")
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 600 and str(path) in str(caught.value)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_truncated_weights_are_refused(tmp_path, tiny_classifier):
+    data = (tiny_classifier / "model.safetensors").read_bytes()
+    path = _hostile_dir(tmp_path, tiny_classifier, "model", files={"model.safetensors": data[: len(data) // 2]})
+    with pytest.raises(MxsimError, match="unreadable safetensors weights"):
+        load_hf(path, "classification")
+
+
+def test_a_pickled_checkpoint_is_refused_and_never_run(tmp_path, tiny_classifier):
+    torch = require_module("torch", "torch")
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "PWNED"), "w"))
+
+    path = _hostile_dir(tmp_path, tiny_classifier, "model", remove=("model.safetensors",))
+    torch.save({"weight": Evil()}, path / "pytorch_model.bin")
+    with pytest.raises(MxsimError, match="pytorch_model.bin: not a weights-only torch checkpoint") as caught:
+        load_hf(path, "classification")
+    assert "\n" not in str(caught.value) and not (tmp_path / "PWNED").exists()
+
+
+def test_no_prompt_reaches_stdin_during_a_load(tmp_path, tiny_classifier, monkeypatch):
+    """A 'y' waiting on stdin is never read: stdin is empty while transformers loads."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    seen = []
+    transformers = require_module("transformers", "models")
+    original = transformers.AutoTokenizer.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append((sys.stdin.read(), kwargs.get("trust_remote_code")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
+    load_hf(tiny_classifier, "classification")
+    assert seen == [("", False)] and sys.stdin.read() == "y\n"
+
+
+def test_a_factory_that_exits_is_an_error(tmp_path, monkeypatch):
+    require_module("torch", "torch")
+    (tmp_path / "exiting.py").write_text("import sys\ndef make():\n    sys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    for spec in ("exiting:make", "sys:exit"):
+        with pytest.raises(MxsimError, match="the factory raised SystemExit"):
+            load_factory(spec)
+
+
+def test_token_ids_past_the_vocabulary_and_lengths_past_the_positions(tmp_path, tiny_classifier):
+    torch = require_module("torch", "torch")
+    tokenizer_json = json.loads((tiny_classifier / "tokenizer.json").read_text())
+    tokenizer_json["model"]["vocab"]["cat"] = 100  # the model embeds 64 tokens
+    path = _hostile_dir(tmp_path, tiny_classifier, "model", files={"tokenizer.json": json.dumps(tokenizer_json)})
+    model, tokenizer = load_hf(path, "classification")
+    with pytest.raises(MxsimError, match="token id 100 but the model embeds 64"):
+        tokenize(tokenizer, ["the cat"], 16, model)
+    model, tokenizer = load_hf(tiny_classifier, "classification")  # 32 positions
+    with pytest.warns(UserWarning, match="truncated to 32 tokens"):
+        batch = tokenize(tokenizer, ["the cat " * 40], 128, model)
+    assert batch["input_ids"].shape == (1, 32)
+    with torch.no_grad():
+        model(**batch)  # runs

@@ -54,6 +54,9 @@ def no_forward(monkeypatch):
     ({"task": "classification", "inputs": ["happy\tthe cat", "pos\ta dog"]},
      "label 'happy' is neither a class index 0..2 nor one of neg, neu, pos"),
     ({"task": "classification", "inputs": ["3\tthe cat", "pos\ta dog"]}, "label '3' is neither"),
+    ({"task": "classification", "inputs": ["--1\tthe cat", "pos\ta dog"]}, "label '--1' is neither"),
+    ({"task": "classification", "inputs": ["\u00b2\tthe cat", "pos\ta dog"]}, "label '\u00b2' is neither"),
+    ({"task": "classification", "inputs": ["x" * 500_000 + "\tthe cat", "pos\ta dog"]}, "label 'xxxxxxxx"),
 ])
 def test_requests_that_cannot_be_met_fail_before_any_model_runs(tiny_dirs, no_forward, tmp_path, change, message):
     (tmp_path / "big.txt").write_text("a\n" * (MAX_INPUT_BYTES // 2 + 1))
@@ -136,3 +139,18 @@ def test_minilm_in_the_loop_keeps_the_paraphrase_neighbours(torch):
     run, = report["runs"]
     assert report["pooling"] == "mean" and run["layers"] == 49 and run["skipped"] == 0  # 6 x 8 + pooler
     assert 0.98 < run["cosine_min"] < 1.0 and run["neighbour_agreement"] == 1.0
+
+
+def test_a_model_failing_on_its_inputs_is_one_error(tiny_dirs, monkeypatch):
+    def failing(*args, **kwargs):
+        raise IndexError("index out of range in self")
+
+    monkeypatch.setattr(evaluate_run.metrics, "pool", failing)
+    with pytest.raises(MxsimError, match="the model failed on the inputs in float32: IndexError: index out of range"):
+        evaluate_hf(tiny_dirs["embedding"], OCP, "fp8_e4m3", "embedding", TEXTS)
+
+
+def test_a_long_label_is_echoed_cut_short(tiny_dirs):
+    with pytest.raises(MxsimError) as caught:
+        evaluate_hf(tiny_dirs["classification"], OCP, "fp8_e4m3", "classification", ["x" * 500_000 + "\ta", "pos\tb"])
+    assert len(str(caught.value)) < 300

@@ -52,11 +52,15 @@ import mxsim.trace
 import mxsim.replay.run
 from conftest import FUZZ_OUTCOMES, REPO
 from mxsim.errors import MxsimError
+from mxsim.formats import get_format
 
-FAMILIES = ("hwconfig", "manifest", "npz", "api", "cli", "sweep", "extends", "golden_pair", "scheduler", "files")
+FAMILIES = ("hwconfig", "manifest", "npz", "api", "cli", "sweep", "extends", "golden_pair", "scheduler", "files",
+            "model_dir", "probe_box", "trace_v2", "datapath_bounds", "nvfp4")
 CI_CASES = 40
-#: CI-sized counts of the families whose cases take longer (seconds each: golden runs, sockets).
-CI_CASES_OF = {"sweep": 25, "extends": 30, "golden_pair": 8, "scheduler": 15, "files": 25}
+#: CI-sized counts of the families whose cases take longer (seconds each: golden runs, sockets,
+#: model loads, unit processes).
+CI_CASES_OF = {"sweep": 25, "extends": 30, "golden_pair": 8, "scheduler": 15, "files": 25, "model_dir": 8,
+               "probe_box": 15, "trace_v2": 20, "datapath_bounds": 20, "nvfp4": 30}
 FUZZ_RELEASE_CASES = 2000
 FUZZ_BUDGET = "32M"
 PEAK_LIMIT_BYTES = 256 << 20
@@ -295,7 +299,10 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
     before = _snapshot(sandbox)
     root_before = set(os.listdir("/"))
 
+    fired = []
+
     def on_alarm(signum, frame):
+        fired.append(True)  # recorded here: code that maps every BaseException to its error still counts as a hang
         raise CaseTimeout()
 
     previous_handler = signal.signal(signal.SIGALRM, on_alarm)
@@ -308,6 +315,10 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
         action()
     except CaseTimeout:
         failure = ("timeout", f"ran past {bound} s")
+    except CodeExecution as error:
+        failure = ("code", str(error))
+    except UnboundedEcho as error:
+        failure = ("echo", str(error))
     except Disclosure as error:
         failure = ("disclosure", str(error))
     except SilentWrong as error:
@@ -322,6 +333,8 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
         elapsed = time.monotonic() - started
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
+    if failure is None and fired:
+        failure = ("timeout", f"ran past {bound} s (the alarm was caught)")
     if failure is None and elapsed > bound:
         failure = ("timeout", f"took {elapsed:.1f} s")
     if failure is None and peak > PEAK_LIMIT_BYTES:
@@ -792,6 +805,14 @@ class SilentWrong(Exception):
     """A run ended without error but its result is wrong (e.g. a manifest that does not match its files)."""
 
 
+class CodeExecution(Exception):
+    """Code planted in an input (a model directory's module, a pickle) ran."""
+
+
+class UnboundedEcho(Exception):
+    """An error message echoed a planted long input beyond the documented bound."""
+
+
 def _vary_option(rng: random.Random) -> str:
     key = rng.choice(["adder.fused_terms", "adder.align_fraction_bits", "accumulator.promotion_interval",
                       "multiplier.product_fraction_bits", "inputs.block_size", "accumulator.format",
@@ -1066,9 +1087,427 @@ def run_cli(main, argv, allowed=(0, 2)) -> int:
     return status
 
 
+# ----------------------------------------------------------------------------- the newest surfaces
+
+#: A long input planted where it may be echoed; an error showing ECHO_PROBE of it echoed it unbounded.
+ECHO = "ECHO" * 256
+ECHO_PROBE = ECHO[:160]
+
+
+def _check_echo(text: str) -> None:
+    if ECHO_PROBE in text:
+        raise UnboundedEcho(f"an error echoed a planted input unbounded: {text[:200]!r}")
+
+
+def _cli_case(argv, stdin_text: str = "y\n", allowed=(0, 1, 2)) -> int:
+    """``main(argv)`` with ``stdin_text`` waiting on stdin (a 'y' for any prompt): its status
+    in ``allowed``, a status 2 one line on stderr, and no planted input echoed unbounded."""
+    import sys
+
+    from mxsim.cli import main
+
+    err = io.StringIO()
+    saved = sys.stdin
+    sys.stdin = io.StringIO(stdin_text)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                status = main(argv)
+            except SystemExit as exit_:  # argparse
+                status = exit_.code
+    finally:
+        sys.stdin = saved
+    text = err.getvalue()
+    _check_echo(text)
+    lines = text.strip("\n").split("\n") if text.strip() else []
+    assert status in allowed, f"{argv}: exit status {status}: {text[-500:]!r}"
+    if status == 2:
+        assert len(lines) == 1 and "Traceback" not in lines[0], f"{argv}: stderr {text[-500:]!r}"
+    return status
+
+
+def _tiny_model_dirs(env) -> dict | None:
+    """The three tiny model directories (built once), or None without torch and transformers."""
+    if "tiny" not in env:
+        try:
+            import torch
+
+            from conftest import tiny_hf_dir
+            env["tiny"] = {task: tiny_hf_dir(torch, env["root"] / "hf" / task, task)
+                           for task in ("embedding", "causal-lm", "classification")}
+        except (ImportError, pytest.skip.Exception):
+            env["tiny"] = None
+    return env["tiny"]
+
+
+_EVIL_MODULE = "from pathlib import Path\nPath({marker!r}).write_text('ran')\n"
+
+
+def _model_dir_edit(rng, path: Path, marker: Path) -> None:
+    """One hostile edit of a model directory."""
+    config_file = path / "config.json"
+    choice = rng.randrange(9)
+    if choice == 0:  # code in the directory, named by auto_map in a config
+        (path / "evil.py").write_text(_EVIL_MODULE.format(marker=str(marker)))
+        target = rng.choice(["config.json", "tokenizer_config.json"])
+        doc = json.loads((path / target).read_text())
+        doc["auto_map"] = {rng.choice(["AutoModel", "AutoConfig", "AutoModelForCausalLM", "AutoTokenizer",
+                                       "AutoModelForSequenceClassification"]): rng.choice(["evil.Model", ["evil.T", None]])}
+        (path / target).write_text(json.dumps(doc))
+    elif choice == 1:  # a pickle that runs code, in place of the safetensors weights
+        import pickle
+
+        class Planted:
+            def __reduce__(self):
+                return (Path.write_text, (marker, "ran"))
+
+        (path / "model.safetensors").unlink()
+        (path / rng.choice(["pytorch_model.bin", "pytorch_model.bin"])).write_bytes(pickle.dumps({"w": Planted()}))
+    elif choice == 2:
+        (path / rng.choice(["tokenizer.json", "tokenizer_config.json"])).unlink()
+    elif choice == 3:
+        victim = path / rng.choice(["config.json", "tokenizer.json", "model.safetensors", "tokenizer_config.json"])
+        victim.write_bytes(mutate_bytes(rng, victim.read_bytes()))
+    elif choice == 4:
+        doc = json.loads(config_file.read_text())
+        key = rng.choice(sorted(doc) + ["quantization_config", "torch_dtype", "dtype", "pad_token_id", "vocab_size",
+                                        "id2label", "max_position_embeddings", "model_type", "num_labels"])
+        doc[key] = rng.choice([hostile(rng), ECHO, {"quant_method": rng.choice(["bitsandbytes", "gptq", ECHO])},
+                               {str(i): ECHO for i in range(rng.choice([3, 300]))}])
+        try:
+            config_file.write_text(json.dumps(doc))
+        except (TypeError, ValueError):
+            config_file.write_text(json.dumps({**doc, key: None}))
+    elif choice == 5:
+        weights = path / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(data[: rng.randrange(len(data))])
+    elif choice == 6:  # a token id past the model's embeddings
+        doc = json.loads((path / "tokenizer.json").read_text())
+        doc["model"]["vocab"]["cat"] = rng.choice([64, 100, 2**31])
+        (path / "tokenizer.json").write_text(json.dumps(doc))
+    elif choice == 7:
+        doc = json.loads(config_file.read_text())
+        for key in ("max_position_embeddings", "n_positions"):
+            if key in doc:
+                doc[key] = rng.choice([1, 2, 4])
+        config_file.write_text(json.dumps(doc))
+    else:  # a symlink out of the directory in place of the weights
+        weights = path / "model.safetensors"
+        outside = path.parent / "outside.safetensors"
+        weights.rename(outside)
+        weights.symlink_to(outside)
+
+
+def gen_model_dir(rng, env, inputs, outputs):
+    """``evaluate hf`` / ``capture torch`` on a tiny model directory edited hostilely: nothing
+    planted in it may run (a 'y' waits on stdin), and every failure is one line."""
+    dirs = _tiny_model_dirs(env)
+    if dirs is None:
+        return lambda: None
+    task = rng.choice(sorted(dirs))
+    path = inputs / "model"
+    shutil.copytree(dirs[task], path)
+    marker = inputs / "PLANTED_CODE_RAN"
+    for _ in range(rng.choice([1, 1, 2])):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # an edit the first one made impossible
+            _model_dir_edit(rng, path, marker)
+    texts = [rng.choice(["the cat sat on the mat", "a dog ran", "the cat " * 50, "é ² \u202e", ECHO[:40]])
+             for _ in range(rng.randint(2, 4))]
+    if task == "classification" and rng.random() < 0.7:
+        texts = [f"{rng.choice(['0', '1', 'pos', '--1', '²', '-0', '3', ' 1', ECHO])}\t{text}" for text in texts]
+    (inputs / "inputs.txt").write_text("\n".join(texts) + "\n")
+    if rng.random() < 0.5:
+        argv = ["evaluate", "hf", str(path), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--format", "fp8_e4m3",
+                "--task", task, "--inputs", str(inputs / "inputs.txt"), "--quiet"]
+        argv += rng.choice([[], ["--max-length", rng.choice(["2", "8", "1000"])], ["--batch-size", "1"]])
+    else:
+        argv = ["capture", "torch", str(path), "--task", task, "--inputs", str(inputs / "inputs.txt"),
+                "--out", str(outputs / "trace")]
+
+    def action():
+        try:
+            _cli_case(argv)
+        finally:
+            if marker.exists():
+                raise CodeExecution(f"{argv[:3]}: code planted in the model directory ran")
+
+    action.seconds = 60.0  # a model load and up to two forward passes on 2 shared cores
+    return action
+
+
+_HOSTILE_ANSWERS = (
+    lambda n: np.full(n, 1.5), lambda n: np.array([1.5] * n, dtype=object), lambda n: ["1"] * n,
+    lambda n: [True] * n, lambda n: np.ones(n, bool), lambda n: [1 + 0j] * n, lambda n: np.array([2.0**70] * n, dtype=object),
+    lambda n: [-1] * n, lambda n: [1 << 64] * n, lambda n: np.zeros(n + 1, np.uint32), lambda n: None,
+    lambda n: iter(range(n)), lambda n: np.zeros((n, 1), np.uint32), lambda n: [ECHO] * n,
+    lambda n: np.array([2.5, 1] * n, dtype=object)[:n], lambda n: {"bits": 0},
+)
+_HOSTILE_RAISES = (SystemExit(0), SystemExit(1), SystemExit(ECHO), KeyboardInterrupt(), BaseException("odd"),
+                   GeneratorExit(), RecursionError("deep"), ValueError(ECHO), MemoryError())
+#: Subprocess units (Python bodies): each fails at its first request in its own way.
+_HOSTILE_BOXES = (
+    "import sys; sys.stdin.readline(); sys.exit({code})",
+    "import os, sys, time\nsys.stdin.readline(); os.close(1); time.sleep(60)",
+    "import os, time\nos.close(0); time.sleep(60)",
+    "import time\ntime.sleep(60)",
+    "import sys\nsys.stderr.write({echo!r} * 20000); sys.stderr.flush(); sys.exit(3)",
+    "import sys, time\nsys.stdin.readline(); sys.stdout.write('ab'); sys.stdout.flush(); time.sleep(60)",
+    "import sys\nfor line in sys.stdin: print({echo!r}, flush=True)",
+    "import sys\nfor line in sys.stdin: print('1.5', flush=True)",
+    "import sys\nfor line in sys.stdin: print('-1', flush=True)",
+    "import sys\nfor line in sys.stdin: print('0\\n' * 100000, flush=True)",
+    "import sys, subprocess\nsubprocess.Popen(['sleep', '60'])\nsys.stdin.readline(); sys.exit(0)",
+    "import sys\nsys.stdout.buffer.write(bytes(range(256)) * 100); sys.stdout.flush(); sys.exit(0)",
+)
+
+
+def _probe_rows(rng, n: int, k: int = 4):
+    a = np.array([[rng.randrange(16) for _ in range(k)] for _ in range(n)], dtype=np.uint64)
+    b = np.array([[rng.randrange(16) for _ in range(k)] for _ in range(n)], dtype=np.uint64)
+    scale = np.array([[rng.choice([127, 126, 128, 0, 255])] for _ in range(n)], dtype=np.uint8)
+    return a, b, scale, scale.copy(), np.zeros(n, np.uint32)
+
+
+def gen_probe_box(rng, env, inputs, outputs):
+    """Probe units that answer what is no bit pattern, raise anything, exit, hang, close
+    their pipes, or flood stderr; and the CLI's seed and output checks."""
+    import sys
+
+    from mxsim.probe import CountingUnit, ProbeError, SubprocessUnit, probe
+
+    kind = rng.randrange(4)
+    n = rng.randint(1, 5)
+    if kind == 0:  # a callable answering hostilely: never accepted
+        make = rng.choice(_HOSTILE_ANSWERS)
+
+        def action():
+            try:
+                got = CountingUnit(lambda a, b, sa, sb, c: make(len(a)), "fp32", 100)(*_probe_rows(rng, n))
+            except ProbeError as error:
+                _check_echo(str(error))
+                return
+            raise SilentWrong(f"a unit answer that is no {n} fp32 bit patterns was taken: {got!r}")
+        return action
+    if kind == 1:  # a callable raising anything, through the whole probe
+        error = rng.choice(_HOSTILE_RAISES)
+
+        def unit(a, b, sa, sb, c):
+            raise error
+
+        def action():
+            try:
+                probe(unit, "fp4_e2m1", "fp4_e2m1", 8, budget=rng.choice([10, 1000]), seed=rng.choice([0, 7]))
+            except MxsimError as caught:
+                _check_echo(str(caught))
+                assert "\n" not in str(caught), str(caught)[:300]
+                return
+            raise SilentWrong("a probe of a unit that raised on every query gave a result")
+        return action
+    if kind == 2:  # a hostile process
+        script = inputs / "box.py"
+        script.write_text(rng.choice(_HOSTILE_BOXES).format(code=rng.choice([0, 1, 3, 255]), echo=ECHO[:200]))
+        timeout = rng.choice([0.3, 0.5, 1.0])
+        unit = SubprocessUnit(f"{sys.executable} {script}", "fp4_e2m1", "fp4_e2m1", timeout=timeout,
+                              chunk=rng.choice([1, 4, 64]))
+        rows = _probe_rows(rng, n)
+
+        def action():
+            started = time.monotonic()
+            try:
+                unit(*rows)
+            except ProbeError as error:
+                _check_echo(str(error))
+                assert "\n" not in str(error) and len(str(error)) < 1000, str(error)[:300]
+                return
+            finally:
+                unit.close()
+                assert time.monotonic() - started < 4 * timeout + 5, "a unit wait ran past its timeout"
+            raise SilentWrong("a unit process that answers no bit patterns was taken")
+        return action
+    # the CLI: hostile seeds and output paths, checked before any query
+    (inputs / "fuzz_probe_unit.py").write_text(
+        f"def unit(a, b, sa, sb, c):\n    open({str(outputs / 'asked')!r}, 'w').close()\n    raise SystemExit(0)\n")
+    argv = ["probe", "--unit", f"{inputs / 'fuzz_probe_unit.py'}:unit", "--a-format", "fp4_e2m1", "--b-format",
+            "fp4_e2m1", "--k", "4", "--budget", "50", "--out", str(outputs / "u.yaml")]
+    argv += rng.choice([["--seed", rng.choice(["-1", str(2**63), "1.5", "0x10", ECHO])],
+                        ["--report", rng.choice([str(outputs / "missing" / "r.json"), str(outputs), str(outputs / "u.yaml"),
+                                                 str(outputs / ("r" * 300)), ECHO])],
+                        ["--out", rng.choice([str(outputs / "missing" / "u.yaml"), str(outputs), ECHO, "\x00"])],
+                        ["--timeout", rng.choice(["0", "nan", "-1", "1e9"])], []])
+
+    def action():
+        status = _cli_case(argv, allowed=(2,))
+        assert status == 2
+        if (outputs / "u.yaml").exists():
+            raise SilentWrong("probe wrote --out though the run failed")
+    return action
+
+
+def gen_trace_v2(rng, env, inputs, outputs):
+    """The compact (version 2) trace's content-addressed blobs edited: swapped, mutated,
+    truncated, removed, duplicated, or members replaced; a trace that loads must hold the
+    tensors it was saved with."""
+    trace_dir = _copy_trace(env, inputs)
+    blobs = sorted((trace_dir / "tensors").iterdir())
+    victim = rng.choice(blobs)
+    choice = rng.randrange(6)
+    if choice == 0 and len(blobs) > 1:  # another blob's content under this blob's name
+        other = rng.choice([blob for blob in blobs if blob != victim])
+        victim.write_bytes(other.read_bytes())
+    elif choice == 1:
+        victim.write_bytes(mutate_bytes(rng, victim.read_bytes()))
+    elif choice == 2:
+        data = victim.read_bytes()
+        victim.write_bytes(data[: rng.randrange(len(data))])
+    elif choice == 3:
+        victim.unlink()
+    elif choice == 4:  # a member replaced by a hostile .npy
+        with zipfile.ZipFile(victim) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()}
+        name = rng.choice(sorted(members))
+        with np.load(victim) as npz:
+            original = npz[name[:-4]] if name.endswith(".npy") else np.zeros(1)
+        members[name] = _mutated_member(rng, original)
+        with zipfile.ZipFile(victim, "w") as archive:
+            for member, data in members.items():
+                archive.writestr(member, data)
+    else:  # the manifest's blob references edited
+        manifest = trace_dir / "manifest.yaml"
+        text = manifest.read_text()
+        names = [blob.name for blob in blobs]
+        text = text.replace(victim.name, rng.choice(names + ["../dataset.npz", "x" * 300 + ".npz", ECHO[:60]]))
+        manifest.write_text(text)
+    original = mxsim.trace.load_trace(env["root"] / "trace")
+
+    def action():
+        try:
+            trace = mxsim.trace.load_trace(trace_dir)
+        except MxsimError as error:
+            _check_echo(str(error))
+            raise
+        for want, got in zip(original.layers, trace.layers):
+            for key in want.tensors:
+                if not np.array_equal(np.asarray(want.tensors[key]), np.asarray(got.tensors[key]), equal_nan=True):
+                    raise SilentWrong(f"the edited trace loaded with other values in {want.name}.{key}")
+        _load_and_replay(rng, env, trace_dir)
+    return action
+
+
+def _integer_keys():
+    from mxsim.datapath.schema import SCHEMA
+
+    return [(section, name, key) for section, keys in SCHEMA.items() for name, key in keys.items()
+            if key.kind in ("int", "optional_int") and key.minimum is not None]
+
+
+def gen_datapath_bounds(rng, env, inputs, outputs):
+    """A shipped unit with one to three integer keys drawn to their documented bounds (or
+    next to them, or anywhere between): the kernel, the vectorised routes and the Fraction
+    twin must give the same bits on realistic and corner inputs, and ``explain`` the same."""
+    from mxsim.datapath import explain, parse_hwconfig
+    from mxsim.datapath.api import dot_with_params
+    from mxsim.datapath.reference import dot_reference
+
+    raw = yaml.safe_load(rng.choice(HWCONFIGS).read_text())
+    raw.pop("extends", None)
+    for section, name, key in rng.sample(_integer_keys(), rng.randint(1, 3)):
+        low, high = key.minimum, key.maximum if key.maximum is not None else key.minimum + 2**20
+        value = rng.choice([low, high, low + 1, high - 1, rng.randint(low, high),
+                            None if key.kind == "optional_int" else low])
+        raw.setdefault(section, {})[name] = value
+
+    def action():
+        hw = parse_hwconfig(raw, "fuzz")
+        a_format = rng.choice(hw.a_formats)
+        b_format = rng.choice(hw.b_formats)
+        params = hw.params(a_format, b_format)
+        fa, fb = get_format(params.a_format), get_format(params.b_format)
+        k = rng.randint(0, 40)
+        rows = 3
+        np_rng = np.random.default_rng(rng.randrange(2**32))
+
+        def operand(fmt):
+            if rng.random() < 0.7:
+                values = np_rng.standard_normal((rows, k)) * np.exp2(np_rng.integers(-3, 4, (rows, 1)))
+                values[np_rng.random((rows, k)) < 0.2] = 0
+                return fmt.encode(np.clip(values, -fmt.max_finite, fmt.max_finite))
+            field = np_rng.integers(0, 1 << fmt.field_bits, (rows, k), dtype=np.uint64)
+            return (field << np.uint64(fmt.padding_bits)).astype(fmt.code_dtype)
+
+        a, b = operand(fa), operand(fb)
+        scale_a = scale_b = None
+        if params.scales != "none":
+            scale_fmt = get_format(params.scale_format)
+            blocks = -(-k // params.block_size)
+            one = int(scale_fmt.encode(np.array([1.0]))[0])
+            scale_a, scale_b = (np_rng.integers(max(0, one - 6), one + 6, (rows, blocks)).astype(np.uint8)
+                                for _ in range(2))
+        c_fmt = get_format(params.c_format)
+        c = c_fmt.round(np_rng.standard_normal(rows) * rng.choice([0, 1, 1e-30, 1e30]), overflow="inf")
+        c = c.astype(np.float64 if c_fmt.bits > 32 else np.float32)
+        out_format = get_format(params.output_format)
+        kernel = dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method="kernel")
+        auto = dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method="auto")
+        for i in range(rows):
+            value = dot_reference(params, a[i].tolist(), b[i].tolist(),
+                                  None if scale_a is None else scale_a[i].tolist(),
+                                  None if scale_b is None else scale_b[i].tolist(), float(c[i]))
+            want = int(out_format.encode(np.array([value]), overflow="inf_nan")[0])
+            if int(kernel[i]) != want or int(auto[i]) != want:
+                raise SilentWrong(f"kernel {int(kernel[i]):#x}, auto {int(auto[i]):#x}, twin {want:#x} with "
+                                  f"{ {s: raw.get(s) for s in ('adder', 'accumulator')} }")
+        if k <= 16 and c_fmt.bits <= 32:
+            shown = explain(hw, a[0], b[0], a_format=a_format, b_format=b_format,
+                            scale_a=None if scale_a is None else scale_a[0], scale_b=None if scale_b is None else scale_b[0],
+                            c=float(c[0]))
+            if shown["bits"] != int(kernel[0]):
+                raise SilentWrong(f"explain {shown['bits']:#x} but dot {int(kernel[0]):#x}")
+    return action
+
+
+def gen_nvfp4(rng, env, inputs, outputs):
+    """NVFP4 quantization with hostile arrays and tensor scales; what it returns must match
+    the Fraction twin block by block."""
+    from mxsim.quantize.nvfp4 import quantize_nvfp4, tensor_scale_from_amax
+    from mxsim.quantize.reference import quantize_nvfp4_reference
+
+    np_rng = np.random.default_rng(rng.randrange(2**32))
+    rows, cols = rng.choice([0, 1, 2, 3]), rng.choice([0, 16, 32, 48, 17, 64])
+    x = (np_rng.standard_normal((rows, cols)) * np.exp2(np_rng.integers(-20, 20, (rows, 1)))).astype(
+        rng.choice([np.float32, np.float32, np.float16, np.float64]))
+    if x.size and rng.random() < 0.3:
+        x.flat[rng.randrange(x.size)] = rng.choice([np.inf, -np.inf, np.nan, 0.0, 3e38, 1e-45])
+    if rng.random() < 0.1:
+        x = np.ma.masked_array(x, mask=np_rng.random(x.shape) < 0.5)
+    if rng.random() < 0.05:
+        x = rng.choice([x.tolist(), np.broadcast_to(np.float32(1), (1 << 20, 1 << 12)), x.astype(np.int32)])
+
+    def action():
+        amax = rng.choice([None, 1.0, float(np.abs(np.asarray(x, dtype=np.float64)).max(initial=0)) if
+                           isinstance(x, np.ndarray) and x.size < 10**6 else 1.0, hostile(rng), 1e-45, "0.5"])
+        if amax is None:
+            tensor_scale = rng.choice([None, hostile(rng), np.float32(0.25), [0.5], 1 + 0j, 10**400])
+        else:
+            tensor_scale = tensor_scale_from_amax(amax)
+        tensor = quantize_nvfp4(x, tensor_scale)
+        if not isinstance(x, np.ndarray) or type(x) is not np.ndarray:
+            raise SilentWrong(f"quantize_nvfp4 took a {type(x).__name__}")
+        element, scale = get_format("fp4_e2m1"), get_format("ue4m3")
+        blocks = x.astype(np.float32).reshape(-1, 16) if x.size else np.zeros((0, 16), np.float32)
+        codes = tensor.codes.reshape(-1, 16) if x.size else np.zeros((0, 16), np.uint8)
+        for i, block in enumerate(blocks[:8]):
+            want_scale, want_codes = quantize_nvfp4_reference(block.tolist(), tensor.tensor_scale, element, scale)
+            if int(tensor.scales.reshape(-1)[i]) != want_scale or codes[i].tolist() != list(want_codes):
+                raise SilentWrong(f"block {i}: scale {int(tensor.scales.reshape(-1)[i])} codes {codes[i].tolist()}, "
+                                  f"twin {want_scale} {list(want_codes)}")
+    return action
+
+
 GENERATORS = {"hwconfig": gen_hwconfig, "manifest": gen_manifest, "npz": gen_npz, "api": gen_api, "cli": gen_cli,
               "sweep": gen_sweep, "extends": gen_extends, "golden_pair": gen_golden_pair, "scheduler": gen_scheduler,
-              "files": gen_files}
+              "files": gen_files, "model_dir": gen_model_dir, "probe_box": gen_probe_box, "trace_v2": gen_trace_v2,
+              "datapath_bounds": gen_datapath_bounds, "nvfp4": gen_nvfp4}
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -1083,6 +1522,8 @@ def test_fuzz_family(family, fuzz_env, tmp_path):
     """
     failures = []
     cases = fuzz_env["cases"] or CI_CASES_OF.get(family, CI_CASES)
+    if fuzz_env["release"]:  # MXSIM_FUZZ_CASES_<FAMILY>: one family's count in a long campaign
+        cases = int(os.environ.get(f"MXSIM_FUZZ_CASES_{family.upper()}", cases))
 
     @settings(derandomize=True, database=None, deadline=None, max_examples=cases,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))

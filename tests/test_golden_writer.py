@@ -378,3 +378,30 @@ def test_fp64_units_refuse_what_they_cannot_hold(tmp_path):
     assert output_bits(np.array([-0.0]), "fp64").tolist() == [1 << 63]
     with pytest.raises(MxsimError, match="do not fit 32-bit fp32"):
         output_bits(np.array([1 << 40], np.uint64), "fp32")
+
+
+@pytest.mark.parametrize("c_format", ["fp16", "bf16"])
+def test_a_config_whose_c_is_fp16_or_bf16_gets_golden_vectors(tmp_path, c_format):
+    """c is written as FP32 bits, each a value of the config's c format (the unit refuses
+    others), and the expected outputs are the unit's for those c."""
+    import yaml
+
+    from mxsim.golden.vectors import read_vector_file
+
+    raw = yaml.safe_load((REPO / "hwconfigs" / "ocp-exact.yaml").read_text())
+    raw["inputs"]["c_format"] = c_format
+    config = tmp_path / "narrow-c.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    manifest = mxsim.golden.generate(config, tmp_path / "out", cases=16, kinds=["random", "corners"],
+                                     pairs=[("fp8_e4m3", "fp8_e4m3")])
+    fmt = mxsim.get_format(c_format)
+    for unit in manifest["units"]:
+        for entry in unit["files"].values():
+            _, vectors = read_vector_file(tmp_path / "out" / entry["vectors"])
+            c = vectors.c.astype(np.uint32).view(np.float32).astype(np.float64)
+            finite = np.isfinite(c)
+            assert np.array_equal(fmt.round(c[finite]), c[finite])
+            hw = mxsim.load_hwconfig(config)
+            want = mxsim.dot(hw, vectors.a, vectors.b, a_format="fp8_e4m3", b_format="fp8_e4m3",
+                             scale_a=vectors.scale_a, scale_b=vectors.scale_b, c=c.astype(np.float32))
+            assert np.array_equal(want.astype(np.uint64), vectors.d.astype(np.uint64))

@@ -356,3 +356,155 @@ def test_cli_probe_fp64_unit(capsys, tmp_path):
     assert "validation: 0 mismatches in 160 vectors" in stdout
     params = load_hwconfig(out).params("fp64", "fp64")
     assert (params.output_format, params.c_format, params.accumulator_format) == ("fp64", "fp64", "fp64")
+
+
+# ----------------------------------------------------------------------------- hostile units
+
+
+@pytest.mark.parametrize("answer", [
+    lambda a, b, sa, sb, c: np.array([1.5, 2**70, 3], dtype=object),   # int() would take 1.5 as 1
+    lambda a, b, sa, sb, c: np.array([1, 2.0, 3], dtype=object),
+    lambda a, b, sa, sb, c: np.array(["1", 2, 3], dtype=object),
+    lambda a, b, sa, sb, c: np.array([True, 1, 2], dtype=object),
+    lambda a, b, sa, sb, c: [True, False, True],
+    lambda a, b, sa, sb, c: np.ones(3, np.float32),
+    lambda a, b, sa, sb, c: ["0x1", "2", "3"],
+    lambda a, b, sa, sb, c: [1 + 0j, 2, 3],
+])
+def test_counting_unit_refuses_answers_that_are_no_integers(answer):
+    with pytest.raises(ProbeError, match="integer output bit patterns"):
+        CountingUnit(answer, "fp32", 100)(*_rows())
+
+
+def test_counting_unit_takes_python_and_numpy_integers():
+    unit = CountingUnit(lambda a, b, sa, sb, c: np.array([1, np.uint32(2), 2**32 - 1], dtype=object), "fp32", 100)
+    assert unit(*_rows()).tolist() == [1, 2, 2**32 - 1]
+
+
+@pytest.mark.parametrize("error", [SystemExit(0), SystemExit(3), KeyboardInterrupt(), BaseException("odd"),
+                                   GeneratorExit(), ValueError("x" * 100_000)])
+def test_counting_unit_turns_anything_raised_into_one_bounded_line(error):
+    def unit(a, b, sa, sb, c):
+        raise error
+
+    with pytest.raises(ProbeError, match=f"the unit raised {type(error).__name__}") as caught:
+        CountingUnit(unit, "fp32", 100)(*_rows())
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+
+
+def test_load_callable_whose_import_exits_or_interrupts(tmp_path):
+    for i, statement in enumerate(("import sys; sys.exit(0)", "raise KeyboardInterrupt", "raise BaseException")):
+        path = tmp_path / f"unit{i}.py"
+        path.write_text(statement + "\n")
+        with pytest.raises(ArgumentError, match="cannot import"):
+            load_callable(f"{path}:f")
+
+
+@pytest.mark.parametrize("body, message", [
+    # closes its stdout but keeps running: bounded by the timeout, then killed
+    ("import os, sys, time\nsys.stdin.readline(); os.close(1); time.sleep(60)", "closed its output and did not exit"),
+    # reads nothing: the requests fill the pipe and the write is bounded too
+    ("import time\ntime.sleep(60)", "gave no answer within 0.5 s"),
+    # closes its stdin and keeps running
+    ("import os, time\nos.close(0); time.sleep(60)", "closed its output and did not exit"),
+])
+def test_subprocess_unit_every_wait_is_bounded(tmp_path, body, message):
+    import time as time_
+
+    unit = SubprocessUnit(_script(tmp_path, body), "fp16", "fp16", timeout=0.5)
+    a = np.zeros((64, 1024), np.uint64)  # 64 requests of 8 KB: more than a pipe holds
+    scale = np.full((64, 32), 127, np.uint8)
+    started = time_.monotonic()
+    with pytest.raises(ProbeError, match=message):
+        unit(a, a, scale, scale, np.zeros(64, np.uint32))
+    assert time_.monotonic() - started < 5
+    assert unit._process is None
+
+
+def test_subprocess_unit_keeps_head_and_tail_of_a_huge_stderr(tmp_path):
+    body = ("import sys\nsys.stderr.write('FIRST ' + 'x' * 20_000_000 + ' LAST')\nsys.stderr.flush()\n"
+            "sys.exit(5)")
+    unit = SubprocessUnit(_script(tmp_path, body), "fp4_e2m1", "fp4_e2m1", timeout=10)
+    with pytest.raises(ProbeError, match="exited") as caught:
+        unit(*_rows())
+    message = str(caught.value)
+    assert "FIRST" in message and "LAST" in message and "20000011 bytes" in message and len(message) < 400
+    assert unit._stderr.size == 20_000_011 and len(unit._stderr.head) + len(unit._stderr.tail) <= 8192
+
+
+def test_subprocess_unit_kills_the_children_it_started(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    body = (f"import subprocess, sys\np = subprocess.Popen(['sleep', '60'])\nopen({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+            "sys.stdin.readline(); print('zz', flush=True)\nimport time; time.sleep(60)")
+    unit = SubprocessUnit(_script(tmp_path, body), "fp4_e2m1", "fp4_e2m1", timeout=5)
+    with pytest.raises(ProbeError, match="not 8 hexadecimal"):
+        unit(*_rows())
+    import os as os_
+    import time as time_
+
+    child = int(pid_file.read_text())
+    for _ in range(50):  # killed with its group; reaped by init
+        try:
+            os_.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time_.sleep(0.1)
+    else:
+        pytest.fail("the unit's child outlived it")
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "1", True, 1e9])
+def test_subprocess_unit_timeout_is_checked(timeout):
+    with pytest.raises(ArgumentError, match="--timeout"):
+        SubprocessUnit("true", "fp4_e2m1", "fp4_e2m1", timeout=timeout)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed", "-1"], "--seed: expected an integer 0..9223372036854775807, got -1"),
+    (["--seed", str(2**63)], "--seed: expected an integer"),
+    (["--report", "{tmp}/no-such-dir/r.json"], "--report"),
+    (["--report", "{tmp}"], "--report"),
+    (["--report", "{tmp}/u.yaml"], "the same file as --out"),
+    (["--out", "{tmp}/missing/u.yaml"], "--out"),
+    (["--out", "{tmp}/" + "x" * 300], "--out"),
+])
+def test_cli_probe_seed_and_outputs_are_checked_before_any_query(capsys, tmp_path, extra, message):
+    asked = tmp_path / "asked"
+    (tmp_path / "unitmod.py").write_text(f"def unit(a, b, sa, sb, c):\n    open({str(asked)!r}, 'w').close()\n"
+                                         "    raise SystemExit(0)\n")
+    argv = ["probe", "--unit", f"{tmp_path / 'unitmod.py'}:unit", "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
+            "--k", "8", "--out", str(tmp_path / "u.yaml")] + [item.replace("{tmp}", str(tmp_path)) for item in extra]
+    status, _, err = run(capsys, *argv)
+    assert status == 2 and err.count("\n") == 1 and message in err
+    assert not asked.exists() and not (tmp_path / "u.yaml").exists()
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", True, 2**63])
+def test_probe_api_seed_is_checked(seed):
+    from mxsim.probe import probe
+
+    with pytest.raises(ArgumentError, match="probe: seed"):
+        probe(lambda a, b, sa, sb, c: np.zeros(len(a), np.uint32), "fp4_e2m1", "fp4_e2m1", 8, seed=seed)
+
+
+def test_cli_probe_unit_that_exits_is_one_line(capsys, tmp_path):
+    (tmp_path / "exitmod.py").write_text("def unit(a, b, sa, sb, c):\n    raise SystemExit(0)\n")
+    status, out, err = run(capsys, "probe", "--unit", f"{tmp_path / 'exitmod.py'}:unit", "--a-format", "fp4_e2m1",
+                           "--b-format", "fp4_e2m1", "--k", "8", "--out", str(tmp_path / "u.yaml"))
+    assert status == 2 and err.count("\n") == 1 and "the unit raised SystemExit" in err
+    assert not (tmp_path / "u.yaml").exists()
+
+
+def test_subprocess_unit_answering_more_lines_than_asked_is_refused(tmp_path):
+    unit = SubprocessUnit(_script(tmp_path, "import sys\nfor line in sys.stdin: print('0\\n0', flush=True)"),
+                          "fp4_e2m1", "fp4_e2m1", timeout=2, chunk=1)
+    with pytest.raises(ProbeError, match="answered more lines than it was asked"):
+        unit(*_rows())
+
+
+def test_cli_usage_errors_echo_a_value_cut_short(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
+              "--out", str(tmp_path / "u.yaml"), "--seed", "9" * 100 + "x" * 10_000])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 250 and "--seed" in err and "9" * 77 + "..." in err

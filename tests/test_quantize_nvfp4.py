@@ -11,7 +11,7 @@ from conftest import corner_float32, realistic_float32
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxsim.errors import MxsimError
+from mxsim.errors import ArgumentError, BudgetError, MxsimError
 from mxsim.formats import get_format
 from mxsim.quantize.nvfp4 import NVFP4_ROUNDINGS, quantize_nvfp4, tensor_scale_from_amax
 from mxsim.quantize.reference import quantize_nvfp4_reference
@@ -102,3 +102,55 @@ def test_dequantize_rounds_as_float32_and_exact_values_do_not():
 def test_bad_arguments_get_clear_errors(call, message):
     with pytest.raises(MxsimError, match=message):
         call()
+
+
+# ----------------------------------------------------------------------------- hostile arguments
+
+
+@pytest.mark.parametrize("scale", [np.array([0.5]), [0.5], (0.5,), 1 + 0j, 10**400, -(10**400), "0.5", b"0.5", True,
+                                   None.__class__, 0, -0.5, float("nan"), float("inf"), 1e39])
+def test_tensor_scale_of_the_wrong_type_or_range_is_refused(scale):
+    with pytest.raises(ArgumentError, match="tensor_scale") as caught:
+        quantize_nvfp4(np.ones((2, 16), np.float32), scale)
+    assert len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("scale", [0.5, np.float32(0.1), np.float64(0.25), 2, np.int64(3)])
+def test_tensor_scale_of_any_real_number_type_holding_a_float32(scale):
+    assert quantize_nvfp4(np.ones((2, 16), np.float32), scale).tensor_scale == float(np.float32(scale))
+
+
+@pytest.mark.parametrize("amax", [1e-45, 1e-42, np.float32(1e-45)])
+def test_tensor_scale_from_an_amax_that_underflows_is_refused(amax):
+    with pytest.raises(ArgumentError, match="underflows"):
+        tensor_scale_from_amax(amax)
+
+
+@pytest.mark.parametrize("amax", ["0.5", [1.0], np.array(1.0), 1 + 0j, 10**400, True, 0, -1.0, float("nan")])
+def test_tensor_scale_from_amax_refuses_what_is_no_positive_number(amax):
+    with pytest.raises(ArgumentError, match="amax"):
+        tensor_scale_from_amax(amax)
+
+
+def test_smallest_amax_with_a_nonzero_scale():
+    # 2688 * 2^-149 / 2: the float32 quotient rounds up to the smallest subnormal
+    assert tensor_scale_from_amax(np.float32(2.0**-149 * 1345)) == 2.0**-149
+
+
+@pytest.mark.parametrize("shape", [(0, 16), (3, 0), (0,), (2, 0, 32)])
+def test_empty_input_gives_empty_codes_and_scales(shape):
+    tensor = quantize_nvfp4(np.zeros(shape, np.float32))
+    assert tensor.codes.shape == shape and tensor.scales.shape == (*shape[:-1], shape[-1] // 16)
+    assert tensor.dequantize().shape == shape
+
+
+def test_masked_array_is_refused():
+    with pytest.raises(ArgumentError, match="masked"):
+        quantize_nvfp4(np.ma.masked_array(np.ones((2, 16), np.float32), mask=[[True] * 16, [False] * 16]))
+
+
+def test_budget_is_checked_before_any_copy(monkeypatch):
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "1M")
+    huge = np.broadcast_to(np.float16(1), (1 << 20, 1 << 14))  # 32 GiB as float16, no memory behind it
+    with pytest.raises(BudgetError):
+        quantize_nvfp4(huge)

@@ -408,3 +408,25 @@ def test_a_compact_trace_replays_bit_for_bit_and_says_which_reference_it_carries
         noise, signal = np.linalg.norm(unit - layer.output.reshape(-1)), np.linalg.norm(layer.output)
         bound = 20 * np.log10((signal + moved) / signal) + 20 * np.log10(noise / (noise - moved))
         assert 0 < abs(rows[1].sqnr_vs_float_db - rows[0].sqnr_vs_float_db) <= bound < 0.05
+
+
+def test_select_layers_bounds_a_backtracking_pattern_in_time(monkeypatch):
+    """``^(a+)+$`` on a 40-character name backtracks for hours in Python's engine: the search
+    runs in a child process stopped at the bound, one error naming the pattern cut short."""
+    import dataclasses
+    import time
+
+    import mxsim.replay.run as run
+    from mxsim.replay.run import select_layers
+
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    layer = dataclasses.replace(trace.layers[0], name="a" * 40 + "!")
+    trace = dataclasses.replace(trace, layers=[layer])
+    monkeypatch.setattr(run, "LAYERS_MATCH_SECONDS", 1.0)
+    started = time.monotonic()
+    with pytest.raises(MxsimError, match=r"took more than 1 s") as caught:
+        select_layers(trace, "^(a+)+$|" + "b" * 10_000)
+    assert time.monotonic() - started < 5 and len(str(caught.value)) < 300
+    with pytest.raises(MxsimError) as caught:
+        select_layers(trace, "(" * 10_000)
+    assert len(str(caught.value)) < 300

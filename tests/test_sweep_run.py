@@ -11,6 +11,7 @@ from conftest import REPO
 from mxsim.cli import main
 from mxsim.datapath import load_hwconfig
 from mxsim.datapath.config import vary_hwconfig
+from mxsim.errors import MxsimError
 from mxsim.sweep import parse_knobs, run_sweep, trace_digest
 from mxsim.sweep.run import bits_digest, pareto_front
 from mxsim.trace import load_trace
@@ -76,15 +77,31 @@ def test_rerun_skips_finished_points(tmp_path):
     assert run_sweep(TRACE, BASE, knobs, tmp_path, element_format="fp8_e5m2")["resumed"] == 0
 
 
-def test_failed_points_are_reported_and_retried(tmp_path):
-    # Every operand in fp8_e5m2: the point whose unit takes only fp8_e4m3 for A fails.
+def test_a_format_a_point_does_not_take_is_refused_before_any_work(tmp_path):
+    # Every operand in fp8_e5m2: the point whose unit takes only fp8_e4m3 for A would fail, as replay refuses it.
     knobs = parse_knobs(["inputs.a_formats=fp8_e4m3,fp8_e5m2"])
-    summary = run_sweep(TRACE, BASE, knobs, tmp_path, element_format="fp8_e5m2")
+    with pytest.raises(MxsimError, match="does not take fp8_e5m2"):
+        run_sweep(TRACE, BASE, knobs, tmp_path / "out", element_format="fp8_e5m2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_points_are_reported_and_retried(tmp_path, monkeypatch):
+    import mxsim.sweep.run as sweep_run
+
+    replay_point = sweep_run.replay_point
+
+    def failing(trace, config, element_format=None):  # the 6-bit window's point fails while it runs
+        if config.params("fp8_e4m3", "fp8_e4m3").align_fraction_bits == 6:
+            raise MxsimError("this point failed")
+        return replay_point(trace, config, element_format)
+
+    monkeypatch.setattr(sweep_run, "replay_point", failing)
+    summary = run_sweep(TRACE, BASE, parse_knobs(KNOBS), tmp_path)
     failed, finished = summary["points"]
-    assert summary["failed"] == 1 and failed["result"] is None and "does not take fp8_e5m2" in failed["error"]
+    assert summary["failed"] == 1 and failed["result"] is None and "this point failed" in failed["error"]
     assert finished["result"] is not None and summary["pareto"] == [1]
     assert len(list((tmp_path / "points").glob("*.json"))) == 1
-    again = run_sweep(TRACE, BASE, knobs, tmp_path, element_format="fp8_e5m2")
+    again = run_sweep(TRACE, BASE, parse_knobs(KNOBS), tmp_path)
     assert again["resumed"] == 1 and again["failed"] == 1
 
 

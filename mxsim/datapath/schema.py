@@ -370,8 +370,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "in a tree with a zero product (or zero group: scales: group_sum), or with the accumulator "
             "in the tree and zero (c = 0 included), R is at least n, as if the zeros were terms of exponent n (MMA-Sim's e_zero: "
             "-133 for fp32 and -21 for fp16 outputs on Hopper and Blackwell); nonzero terms below "
-            "2^(n - align_fraction_bits) are then lost",
-            minimum=-1100, maximum=1100,
+            "2^(n - align_fraction_bits) are then lost. At most 1022, so that the window's lowest bit "
+            "lies below fp64's top binade: a floor that high already loses every term of every unit",
+            minimum=-1100, maximum=1022,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
             # window: it flags every lane with a nonzero term whose R lies below n. Its R is the

@@ -21,10 +21,10 @@ from ..errors import ArgumentError, MxsimError
 from ..formats import get_format
 from ..inloop import torch_unit
 from ..inloop.torch import check_scaling
-from ..limits import check_int
+from ..limits import check_int, shown
 from ..parallel import progress_bar
 from . import metrics
-from .models import check_model_dir, check_task, load_hf, read_inputs, read_pooling, tokenize
+from .models import check_model_dir, check_task, library_error, load_hf, read_inputs, read_pooling, tokenize
 
 #: Most inputs of an embedding evaluation (its order agreement compares every triple).
 MAX_EMBEDDING_INPUTS = 512
@@ -53,7 +53,8 @@ def check_units_take(units: list[HardwareConfig], formats: list[str], scaling: s
 
 
 def _labels(model, labels: list) -> np.ndarray | None:
-    """Label strings -> class indices: an integer, or a name of the config's ``id2label``."""
+    """Label strings -> class indices: ASCII digits (a class index, no sign), or a name of the
+    config's ``id2label``; anything else is refused, echoed cut short."""
     if labels[0] is None:
         return None
     names = {str(name): int(index) for index, name in (model.config.id2label or {}).items()}
@@ -61,10 +62,12 @@ def _labels(model, labels: list) -> np.ndarray | None:
     out = []
     for label in labels:
         label = label.strip()
-        index = int(label) if label.lstrip("-").isdigit() else names.get(label)
+        index = int(label) if label.isascii() and label.isdigit() else names.get(label)
         if index is None or not 0 <= index < classes:
-            raise ArgumentError(f"inputs: label {label!r} is neither a class index 0..{classes - 1} nor one of "
-                                f"{', '.join(names) or 'the config id2label names (none)'}")
+            listed = ", ".join(name if len(name) <= 20 else name[:17] + "..." for name in list(names)[:8]) \
+                + (f", ... ({len(names)} names)" if len(names) > 8 else "")
+            raise ArgumentError(f"inputs: label {shown(label)} is neither a class index 0..{classes - 1} nor one of "
+                                f"{listed or 'the config id2label names (none)'}")
         out.append(index)
     return np.asarray(out)
 
@@ -76,6 +79,8 @@ def _forward(torch, model, task: str, batches: list[dict], pooling: str | None, 
         for batch in batches:
             output = model(**batch)
             mask = batch["attention_mask"].numpy()
+            if task != "embedding" and getattr(output, "logits", None) is None:
+                raise MxsimError(f"the {task} model's output has no logits ({type(output).__name__})")
             if task == "embedding":
                 parts.append(metrics.pool(output[0].float().numpy(), mask, pooling))
             elif task == "causal-lm":
@@ -152,7 +157,7 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
     torch = require("torch")
     model, tokenizer = load_hf(path, task)
     labels = _labels(model, given.labels) if task == "classification" else None
-    batches = [tokenize(tokenizer, given.texts[i:i + batch_size], max_length)
+    batches = [tokenize(tokenizer, given.texts[i:i + batch_size], max_length, model)
                for i in range(0, len(given.texts), batch_size)]
     report = {"model": str(path), "task": task, "inputs": len(given.texts),
               "tokens": int(sum(int(b["attention_mask"].sum()) for b in batches)), "pooling": pooling,
@@ -160,7 +165,12 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
     bar = _Progress(len(batches) * (1 + len(units) * len(formats)), progress)
     try:
         start = time.perf_counter()
-        reference = _forward(torch, model, task, batches, pooling, bar.tick)
+        try:
+            reference = _forward(torch, model, task, batches, pooling, bar.tick)
+        except MxsimError:
+            raise
+        except Exception as error:  # the model directory's model failing on its inputs is a bad input
+            raise MxsimError(f"{path}: the model failed on the inputs in float32: {library_error(error)}") from None
         report["float"]["seconds"] = time.perf_counter() - start
         if task == "causal-lm":
             report["float"]["perplexity"] = metrics.perplexity(reference[0])

@@ -65,6 +65,9 @@ class GoldenUnit:
     align_fraction_bits: int | None = None
     scale_format: str = "e8m0"
     c_format: str = "fp32"
+    #: The config's ``inputs.c_format`` when it is narrower than FP32 (fp16, bf16): c is still
+    #: written as FP32 bits, but every c is a value of this format (the unit refuses others).
+    c_value_format: str = ""
 
     def __post_init__(self):
         for operand in ("a_format", "b_format"):
@@ -114,6 +117,16 @@ class GoldenUnit:
     def scale_code_of_power(self, exponent: int) -> int | None:
         """The scale code of exactly 2^exponent, or None when the scale format has none."""
         return _power_of_two_codes(self.scale_format).get(exponent)
+
+    def c_bits_in_value_format(self, bits: np.ndarray) -> np.ndarray:
+        """c's FP32 bits rounded (to nearest even, ±Inf beyond its range, NaN kept) to values
+        of :attr:`c_value_format`; the bits as they are without one."""
+        if not self.c_value_format:
+            return bits
+        with np.errstate(invalid="ignore"):  # NaN c stays NaN
+            values = self.c_values(bits).astype(np.float64)
+            rounded = get_format(self.c_value_format).round(values, overflow="inf")
+        return np.asarray(rounded, dtype=np.float32).view(np.uint32)
 
     def c_values(self, bits: np.ndarray) -> np.ndarray:
         """c's bits (uint32 for FP32, uint64 for FP64) as the float values they are."""
@@ -192,6 +205,7 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
                 align_fraction_bits=getattr(params, "align_fraction_bits", None),
                 scale_format=params.scale_format,
                 c_format=params.c_format if params.c_format in C_FORMATS else "fp32",
+                c_value_format="" if params.c_format in C_FORMATS else params.c_format,
             )
         )
     return units

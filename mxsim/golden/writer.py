@@ -152,8 +152,11 @@ def case_rng(seed: int, unit: GoldenUnit, kind: str) -> np.random.Generator:
 
 
 def make_cases(unit: GoldenUnit, kind: str, cases: int, seed: int) -> VectorSet:
-    """The input vectors (no expected outputs) of one unit and kind."""
-    return GENERATORS[kind](unit, cases, case_rng(seed, unit, kind))
+    """The input vectors (no expected outputs) of one unit and kind; c rounded into the
+    unit's ``c_value_format`` where it has one (a config whose c is fp16 or bf16)."""
+    vectors = GENERATORS[kind](unit, cases, case_rng(seed, unit, kind))
+    vectors.c = unit.c_bits_in_value_format(vectors.c)
+    return vectors
 
 
 def fill_expected(vectors: VectorSet, expected_fn: ExpectedFn, progress: Progress | None = None) -> VectorSet:

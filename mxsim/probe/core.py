@@ -494,6 +494,10 @@ def _cancelling(ctx: Context, batch: Batch, scaled: bool) -> Batch:
     return Batch(batch.a.copy(), batch.b.copy(), batch.scale_a.copy(), batch.scale_b.copy(), c)
 
 
+#: Largest probe seed (a seed and the offsets added to it stay within numpy's seeding range).
+MAX_SEED = 2**63 - 1
+
+
 def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
           c_format: str = "fp32", seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
           passes_limit: int = 4,
@@ -528,6 +532,7 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     for fmt in (a_format, b_format, out_format, c_format):
         get_format(fmt)  # an unknown name lists the known ones
     k = check_int(k, "probe: k", 1, 4096)
+    seed = check_int(seed, "probe: seed", 0, MAX_SEED)
     block_size = check_int(block_size, "probe: block_size", 1, 4096)
     for fmt, what in ((out_format, "out_format"), (c_format, "c_format")):
         if get_format(fmt).name not in SCHEMA["output"]["format"].choices:

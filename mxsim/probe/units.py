@@ -25,9 +25,10 @@ import importlib.util
 import os
 import selectors
 import shlex
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import numpy as np
 
 from ..errors import ArgumentError, MxsimError
 from ..formats import get_format
+from ..limits import is_integer, shown
 
 
 class ProbeError(MxsimError):
@@ -87,13 +89,13 @@ def load_callable(spec: str):
     """``module:function`` (a dotted module on ``sys.path``, or ``path/to/file.py:function``)
     as the function object; a bad spec raises :class:`ArgumentError` naming it."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ArgumentError(f"--unit: expected module:function or file.py:function, got {spec!r}")
+        raise ArgumentError(f"--unit: expected module:function or file.py:function, got {shown(spec)}")
     module_name, function_name = spec.split(":")
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
             if not path.is_file():
-                raise ArgumentError(f"--unit: no such file {module_name!r}")
+                raise ArgumentError(f"--unit: no such file {shown(module_name)}")
             loader = importlib.util.spec_from_file_location(f"_mxsim_probe_unit_{path.stem}", path)
             module = importlib.util.module_from_spec(loader)
             loader.loader.exec_module(module)
@@ -101,13 +103,12 @@ def load_callable(spec: str):
             module = importlib.import_module(module_name)
     except ArgumentError:
         raise
-    except BaseException as error:  # an import runs arbitrary code: report any failure in one line
-        if isinstance(error, KeyboardInterrupt):
-            raise
-        raise ArgumentError(f"--unit: cannot import {module_name!r}: {type(error).__name__}: {_one_line(error)}") from None
+    except BaseException as error:  # an import runs arbitrary code (sys.exit too): any failure is one line
+        raise ArgumentError(f"--unit: cannot import {shown(module_name)}: {type(error).__name__}: "
+                            f"{shown(_one_line(error))}") from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise ArgumentError(f"--unit: {module_name!r} has no callable {function_name!r}")
+        raise ArgumentError(f"--unit: {shown(module_name)} has no callable {shown(function_name)}")
     return function
 
 
@@ -147,6 +148,52 @@ def parse_request(line: str, k: int, blocks: int, a_bits: int, b_bits: int, c_bi
             unpack(numbers[3], blocks, 8), numbers[4])
 
 
+class _StderrTail:
+    """A unit's stderr, drained by a thread as it comes so the unit never blocks on it, and
+    kept bounded: its first and last :data:`STDERR_KEEP` bytes and a byte count."""
+
+    def __init__(self, stream):
+        self.head, self.tail, self.size = b"", b"", 0
+        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream):
+        try:  # raw reads: the main thread never waits on a lock this thread holds
+            while True:
+                data = os.read(stream.fileno(), 65536)
+                if not data:
+                    break
+                self.size += len(data)
+                if len(self.head) < STDERR_KEEP:
+                    room = STDERR_KEEP - len(self.head)
+                    self.head, data = self.head + data[:room], data[room:]
+                self.tail = (self.tail + data)[-STDERR_KEEP:]
+        except (OSError, ValueError):
+            pass
+        finally:
+            stream.close()
+
+    def text(self) -> str:
+        """`` (stderr: HEAD ... TAIL)``: about 80 characters from each end, or ``""``."""
+        self._thread.join(0.2)  # let the last bytes of a unit that just died arrive
+        head = _one_line(self.head.decode("utf-8", "replace"))
+        tail = _one_line(self.tail.decode("utf-8", "replace"))
+        if not head and not tail:
+            return ""
+        if len(head) > ECHO_CHARS:
+            head = head[:ECHO_CHARS] + "..."
+        if self.size > len(self.head):  # more than the head was written: show its end too
+            tail = tail[-ECHO_CHARS:]
+            return f" (stderr, {self.size} bytes: {head} ... {tail})"
+        return f" (stderr: {head})"
+
+
+#: Bytes of a unit's stderr kept from its start and from its end (the rest is only counted),
+#: and characters of each shown in an error.
+STDERR_KEEP = 4096
+ECHO_CHARS = 80
+
+
 class SubprocessUnit:
     """A unit behind a command speaking the line protocol (docs/probe.md) on stdin/stdout.
 
@@ -155,8 +202,12 @@ class SubprocessUnit:
     C the fp32 bits of c, 8 digits, or its fp64 bits, 16 digits, for an fp64 ``c_format``);
     the unit answers each with one line holding the output bits in
     hexadecimal. Requests go out in chunks of ``chunk`` lines; each answer must come within
-    ``timeout`` seconds. Death, silence, or a line that is not a hexadecimal number of the
-    output's width raises :class:`ProbeError` (one line, with the end of the unit's stderr).
+    ``timeout`` seconds, and every write and wait is bounded by it too (a unit that stops
+    reading, or closes its stdout and keeps running, is stopped). Death, silence, or a line
+    that is not a hexadecimal number of the output's width raises :class:`ProbeError` (one
+    line, with the start and end of the unit's stderr, of which only the first and last
+    :data:`STDERR_KEEP` bytes are kept). The unit runs in its own process group, killed as a
+    whole when it is stopped.
     """
 
     def __init__(self, command: str, a_format: str, b_format: str, out_format: str = "fp32",
@@ -166,7 +217,14 @@ class SubprocessUnit:
         try:
             self.argv = shlex.split(command)
         except ValueError as error:
-            raise ArgumentError(f"--command: cannot split {command!r}: {error}") from None
+            raise ArgumentError(f"--command: cannot split {shown(command)}: {error}") from None
+        if not self.argv or "\x00" in command:
+            raise ArgumentError(f"--command: expected a command line, got {shown(command)}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
+                or not 0 < float(timeout) <= 3600:
+            raise ArgumentError(f"--timeout: expected seconds in (0, 3600], got {shown(timeout)}")
+        if not is_integer(chunk) or not 1 <= chunk <= 4096:
+            raise ArgumentError(f"chunk: expected an integer 1..4096, got {shown(chunk)}")
         self.a_bits, self.b_bits = get_format(a_format).bits, get_format(b_format).bits
         self.out_bits = get_format(out_format).bits
         self.c_bits = c_code_bits(c_format)
@@ -177,44 +235,75 @@ class SubprocessUnit:
         self._buffer = b""
 
     def _start(self):
-        self._stderr = tempfile.TemporaryFile()
         try:
             self._process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=self._stderr, bufsize=0)
-        except OSError as error:
-            raise ProbeError(f"cannot start the unit command {self.argv[0]!r}: {error.strerror or error}") from None
+                                             stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        except (OSError, ValueError) as error:
+            raise ProbeError(f"cannot start the unit command {shown(self.argv[0])}: "
+                             f"{getattr(error, 'strerror', None) or error}") from None
+        self._stderr = _StderrTail(self._process.stderr)
+        self._buffer = b""
         os.set_blocking(self._process.stdout.fileno(), False)
+        os.set_blocking(self._process.stdin.fileno(), False)
 
     def _stderr_tail(self) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.seek(0, os.SEEK_END)
-        size = self._stderr.tell()
-        self._stderr.seek(max(0, size - 300))
-        tail = _one_line(self._stderr.read().decode("utf-8", "replace"))
-        return f" (stderr: {tail})" if tail else ""
+        return "" if self._stderr is None else self._stderr.text()
 
     def _failure(self, what: str) -> ProbeError:
         self.close()
-        return ProbeError(f"unit command {self.argv[0]!r} {what} at request {self.requests + 1}{self._stderr_tail()}")
+        return ProbeError(f"unit command {shown(self.argv[0])} {what} at request {self.requests + 1}{self._stderr_tail()}")
 
-    def _read_line(self, deadline: float) -> bytes:
-        selector = selectors.DefaultSelector()
-        selector.register(self._process.stdout, selectors.EVENT_READ)
+    def _exited(self, deadline: float) -> ProbeError:
+        """The unit closed its stdout (or stdin): its exit status if it ends by ``deadline``."""
         try:
-            while b"\n" not in self._buffer:
-                if len(self._buffer) > 4096:
+            self._process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return self._failure(f"closed its output and did not exit within {self.timeout:g} s")
+        return self._failure(f"exited (status {self._process.returncode})")
+
+    def _pump(self, data: bytes, deadline: float, lines: int) -> None:
+        """Write ``data`` to the unit and read until ``lines`` answer lines are buffered, both
+        at once (a unit answering as it reads may fill its stdout before it has read every
+        request), within ``deadline``."""
+        selector = selectors.DefaultSelector()
+        stdin, stdout = self._process.stdin, self._process.stdout
+        selector.register(stdout, selectors.EVENT_READ)
+        if data:
+            selector.register(stdin, selectors.EVENT_WRITE)
+        try:
+            while data or self._buffer.count(b"\n") < lines:
+                if len(self._buffer) - (self._buffer.rfind(b"\n") + 1) > 4096:
                     raise self._failure("answered a line longer than 4096 bytes")
+                if len(self._buffer) > 4097 * (self.chunk + 1):
+                    raise self._failure("answered more lines than it was asked")
                 left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
+                events = selector.select(left) if left > 0 else []
+                if not events:
                     raise self._failure(f"gave no answer within {self.timeout:g} s")
-                data = self._process.stdout.read(65536)
-                if not data:
-                    self._process.wait()
-                    raise self._failure(f"exited (status {self._process.returncode})")
-                self._buffer += data
+                for key, _ in events:
+                    if key.fileobj is stdin:
+                        try:
+                            written = os.write(stdin.fileno(), data[:65536])
+                        except BlockingIOError:
+                            continue
+                        except OSError:  # BrokenPipeError: the unit closed its stdin or died
+                            raise self._exited(deadline) from None
+                        data = data[written:]
+                        if not data:
+                            selector.unregister(stdin)
+                    else:
+                        try:
+                            chunk = os.read(stdout.fileno(), 65536)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            raise self._exited(deadline)
+                        self._buffer += chunk
         finally:
             selector.close()
+
+    def _read_line(self, deadline: float) -> bytes:
+        self._pump(b"", deadline, 1)
         line, _, self._buffer = self._buffer.partition(b"\n")
         if len(line) > 4096:  # one read may bring a whole long line, newline included
             raise self._failure("answered a line longer than 4096 bytes")
@@ -224,8 +313,8 @@ class SubprocessUnit:
         text = line.decode("ascii", "replace").strip()
         digits = -(-self.out_bits // 4)
         if not text or len(text) > digits or any(ch not in "0123456789abcdefABCDEF" for ch in text):
-            shown = text[:40] + ("..." if len(text) > 40 else "")
-            raise self._failure(f"answered {shown!r}, not {digits} hexadecimal digits")
+            shown_text = text[:40] + ("..." if len(text) > 40 else "")
+            raise self._failure(f"answered {shown_text!r}, not {digits} hexadecimal digits")
         return int(text, 16)
 
     def __call__(self, a, b, scale_a, scale_b, c):
@@ -236,19 +325,18 @@ class SubprocessUnit:
             stop = min(start + self.chunk, len(a))
             lines = "".join(format_request(a[i], b[i], scale_a[i], scale_b[i], c[i], self.a_bits, self.b_bits, self.c_bits) + "\n"
                             for i in range(start, stop))
-            try:
-                self._process.stdin.write(lines.encode("ascii"))
-                self._process.stdin.flush()
-            except (BrokenPipeError, OSError):
-                self._process.wait()
-                raise self._failure(f"exited (status {self._process.returncode})") from None
+            # the writing is bounded as one answer is: a unit must read as it answers
+            self._pump(lines.encode("ascii"), time.monotonic() + self.timeout, 0)
             for i in range(start, stop):
                 out[i] = self._answer(self._read_line(time.monotonic() + self.timeout))
                 self.requests += 1
+            if b"\n" in self._buffer:  # an answer no request asked for: every later one would be off by one
+                raise self._failure("answered more lines than it was asked")
         return out
 
     def close(self):
-        """Stop the unit's process (closing its stdin first, then killing it if it lingers)."""
+        """Stop the unit's process (closing its stdin first, then killing its process group
+        if it lingers past 2 s, or past ``timeout`` if that is shorter)."""
         process, self._process = getattr(self, "_process", None), None
         if process is None:
             return
@@ -257,10 +345,20 @@ class SubprocessUnit:
         except OSError:
             pass
         try:
-            process.wait(timeout=2)
+            process.wait(timeout=min(2.0, self.timeout))
         except subprocess.TimeoutExpired:
+            pass
+        try:  # the group too: children the unit started may hold its pipes open
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if process.returncode is None:
             process.kill()
             process.wait()
+        try:
+            process.stdout.close()  # stderr: its draining thread closes it at its end
+        except OSError:
+            pass
 
     def __del__(self):
         self.close()
@@ -290,21 +388,27 @@ class CountingUnit:
             answer = self.unit(a.copy(), b.copy(), scale_a.copy(), scale_b.copy(), c.copy())
         except ProbeError:
             raise
-        except Exception as error:
-            raise ProbeError(f"the unit raised {type(error).__name__}: {_one_line(error)}") from None
+        except BaseException as error:  # SystemExit, KeyboardInterrupt...: the unit's end is the probe's, in one line
+            raise ProbeError(f"the unit raised {type(error).__name__}: {shown(_one_line(error))}") from None
         finally:
             self.seconds += time.perf_counter() - started
         self.queries += rows
+        return self.check_answer(answer, rows)
+
+    def check_answer(self, answer, rows: int) -> np.ndarray:
+        """``answer`` as ``rows`` output bit patterns (uint64) if it is a sequence of integers
+        (numpy integer dtypes, or Python/numpy integers in an object array; never bools,
+        floats, strings or other objects, even where ``int()`` would take them) each of the
+        output's width; else :class:`ProbeError`."""
         try:
             bits = np.asarray(answer)
-        except Exception:  # an object numpy cannot hold
-            raise ProbeError(f"the unit answered {type(answer).__name__}, not an array of output bits") from None
-        if bits.shape != (rows,) or not (np.issubdtype(bits.dtype, np.integer) or bits.dtype == object):
-            raise ProbeError(f"the unit answered shape {bits.shape} dtype {bits.dtype}; expected {rows} integer output bit patterns")
-        try:
-            values = [int(value) for value in bits.tolist()]
-        except (TypeError, ValueError):
-            raise ProbeError("the unit answered values that are not integers") from None
+        except BaseException:  # an object numpy cannot hold, or whose conversion raises
+            raise ProbeError(f"the unit answered {shown(type(answer).__name__)}, not an array of output bits") from None
+        if bits.shape != (rows,) or not (np.issubdtype(bits.dtype, np.integer) or (
+                bits.dtype == object and all(is_integer(value) for value in bits.tolist()))):
+            raise ProbeError(f"the unit answered shape {shown(bits.shape)} dtype {bits.dtype}; expected {rows} "
+                             "integer output bit patterns (no floats, strings or bools)")
+        values = [int(value) for value in bits.tolist()]
         if any(value < 0 or value >> self.out_bits for value in values):
             raise ProbeError(f"the unit answered a value outside 0..2^{self.out_bits}-1")
         return np.array(values, dtype=np.uint64)

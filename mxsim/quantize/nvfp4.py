@@ -27,6 +27,7 @@ The twin of this module is :func:`mxsim.quantize.reference.quantize_nvfp4_refere
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ import numpy as np
 from ..errors import ArgumentError, MxsimError, UnknownNameError
 from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
-from ..limits import check_array_budget
+from ..limits import check_array_budget, shown
 
 NVFP4_BLOCK_SIZE = 16
 #: Roundings an NVFP4 scale or element may take (stochastic needs a seed plan of its own).
@@ -121,28 +122,53 @@ class NVFP4Tensor:
 
 
 def _float32_input(x, name: str) -> np.ndarray:
-    if not isinstance(x, np.ndarray) or x.dtype not in (np.float16, np.float32):
-        raise ArgumentError(f"{name}: expected a float32 (or float16) numpy array")
+    """``x`` as float32, after the budget check (the copy is 4 bytes an element; the steps
+    after it take about 8)."""
+    if type(x) is not np.ndarray or x.dtype not in (np.float16, np.float32):  # subclasses: a masked array's mask would be dropped
+        raise ArgumentError(f"{name}: expected a float32 (or float16) numpy array (not a subclass such as a masked "
+                            f"array), got {type(x).__name__}")
     if x.ndim < 1:
         raise ArgumentError(f"{name}: expected at least one dimension")
+    check_array_budget(x.shape, 8, name)
     return x.astype(np.float32)  # float16 widens exactly
+
+
+def _positive_float32(value, name: str) -> np.float32:
+    """``value`` (a real Python or numpy number, not a bool, string or array) as a positive
+    finite float32; else ArgumentError naming ``name``."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    try:
+        number = float(value) if real else None
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    with np.errstate(over="ignore"):
+        converted = np.float32(number) if number is not None else None
+    if converted is None or not np.isfinite(converted) or converted <= 0:
+        raise ArgumentError(f"{name}: expected a positive finite float32 number, got {shown(value)}")
+    return converted
 
 
 def tensor_scale_from_amax(amax) -> float:
     """The NVFP4 recipe's tensor scale from a tensor's amax: ``fl(amax / (448 * 6))`` in
     float32 (torchao ``per_tensor_amax_to_scale``), so the largest block's scale can reach
-    UE4M3's largest value."""
-    value = np.float32(amax)
-    if not np.isfinite(value) or value <= 0:
-        raise ArgumentError(f"tensor_scale_from_amax: amax must be a positive finite float32, got {amax!r}")
-    return float(value / np.float32(448.0 * 6.0))
+    UE4M3's largest value. ``amax`` is rounded to float32 first; an amax whose scale
+    underflows float32 to 0 (below about 3.8e-42) is refused, since no tensor scale 0 exists."""
+    value = _positive_float32(amax, "tensor_scale_from_amax: amax")
+    scale = value / np.float32(448.0 * 6.0)
+    if scale == 0:
+        raise ArgumentError(f"tensor_scale_from_amax: amax {shown(amax)} is so small that amax / 2688 underflows "
+                            "float32 to 0; such a tensor needs no tensor scale (pass None)")
+    return float(scale)
 
 
 def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) -> NVFP4Tensor:
     """Quantize ``x`` (float32 or float16, last axis a multiple of the block size) to NVFP4.
 
-    ``tensor_scale``: None (single-level scaling) or a positive finite float32 ``t`` (the
-    two-level recipe; see :func:`tensor_scale_from_amax`). ``profile``: a name of
+    ``tensor_scale``: None (single-level scaling) or a positive finite float32 ``t`` (a Python
+    or numpy real number holding a float32 value exactly; the two-level recipe; see
+    :func:`tensor_scale_from_amax`). ``x``: a plain ndarray (a masked array is refused, its
+    mask has no place in NVFP4); an empty ``x`` (a 0-length axis) gives empty codes and
+    scales. The memory budget is checked before ``x`` is copied. ``profile``: a name of
     :data:`NVFP4_PROFILES`; ``options`` override its fields. Exact steps: module docstring.
     """
     if not isinstance(profile, str) or profile not in NVFP4_PROFILES:
@@ -152,20 +178,19 @@ def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) ->
     except TypeError:
         raise UnknownNameError("NVFP4 option", next(iter(set(options) - set(NVFP4Options.__dataclass_fields__))),
                                NVFP4Options.__dataclass_fields__) from None
+    t = None
+    if tensor_scale is not None:
+        t = _positive_float32(tensor_scale, "quantize_nvfp4: tensor_scale")
+        if float(t) != float(tensor_scale):
+            raise ArgumentError(f"quantize_nvfp4: tensor_scale must be exactly a float32 value, got {shown(tensor_scale)}")
     values = _float32_input(x, "quantize_nvfp4: x")
     block = opts.block_size
     if values.shape[-1] % block:
         raise ArgumentError(f"quantize_nvfp4: the last axis ({values.shape[-1]}) must be a multiple of {block}")
     if np.isnan(values).any():
         raise ArgumentError("quantize_nvfp4: x has NaN, which NVFP4 cannot hold")
-    t = None
-    if tensor_scale is not None:
-        t = np.float32(tensor_scale)
-        if isinstance(tensor_scale, bool) or not np.isfinite(t) or t <= 0 or float(t) != float(tensor_scale):
-            raise ArgumentError(f"quantize_nvfp4: tensor_scale must be a positive finite float32, got {tensor_scale!r}")
-    check_array_budget(values.shape, 8, "quantize_nvfp4: x")
     element, scale = get_format(opts.element_format), get_format(opts.scale_format)
-    blocks = values.reshape(*values.shape[:-1], -1, block)
+    blocks = values.reshape(*values.shape[:-1], values.shape[-1] // block, block)  # an empty x: empty blocks
     e_max = np.float32(element.max_finite)
     with np.errstate(over="ignore", invalid="ignore"):  # Inf inputs saturate (documented)
         descale = np.abs(blocks).max(axis=-1, initial=np.float32(0)) / e_max

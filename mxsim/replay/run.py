@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from ..datapath.api import times_power_of_two
 from ..errors import IncompleteResultError, MxsimError
 from ..fileio import safe_file_stem, safe_output_path
 from ..formats import get_format
+from ..limits import shown
 from ..parallel import InProcess, Task, raise_failures
 from ..quantize import MXTensor, quantize, quantize_groups, resolve_options
 from ..trace.model import Layer, Trace
@@ -515,18 +517,56 @@ def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | 
         count_clipped=False).values)
 
 
+#: Seconds the layer-name search of :func:`select_layers` may take (a time bound: Python's
+#: regular expressions backtrack, and a pattern such as ``^(a+)+$`` takes exponential time).
+LAYERS_MATCH_SECONDS = 10.0
+
+
+def _search_child(compiled, names, connection) -> None:
+    connection.send_bytes(bytes(compiled.search(name) is not None for name in names))
+    connection.close()
+
+
+def _search_bounded(compiled, names: list[str], pattern: str, seconds: float) -> list[bool]:
+    """``compiled.search`` over ``names`` in a forked child stopped after ``seconds`` (the
+    answer comes back as bytes, never pickled)."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_search_child, args=(compiled, names, sender), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(seconds):
+            raise MxsimError(f"--layers {shown(pattern)}: matching the layer names took more than {seconds:g} s "
+                             "(a pattern that backtracks, such as nested repetition); simplify it")
+        try:
+            mask = receiver.recv_bytes()
+        except EOFError:  # the child died (out of memory)
+            raise MxsimError(f"--layers {shown(pattern)}: matching the layer names failed") from None
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+    return [bool(flag) for flag in mask]
+
+
 def select_layers(trace: Trace, pattern: str) -> Trace:
     """``trace`` with only the layers whose name matches the regular expression ``pattern``
     (``re.search``); its network and dataset are dropped (a subset cannot run end to end).
-    MxsimError for an invalid pattern or one that matches no layer."""
+    MxsimError for an invalid pattern, one that matches no layer, or a search of the names
+    taking more than :data:`LAYERS_MATCH_SECONDS` (run in a child process that is then
+    stopped; Python's engine backtracks)."""
     try:
         compiled = re.compile(pattern)
-    except (re.error, TypeError, RecursionError, OverflowError) as error:
-        raise MxsimError(f"--layers {pattern!r}: not a regular expression: {error}") from None
-    layers = [layer for layer in trace.layers if compiled.search(layer.name)]
+    except (re.error, TypeError, RecursionError, OverflowError, ValueError) as error:
+        raise MxsimError(f"--layers {shown(pattern)}: not a regular expression: {shown(str(error))}") from None
+    names = [layer.name for layer in trace.layers]
+    mask = _search_bounded(compiled, names, pattern, LAYERS_MATCH_SECONDS)
+    layers = [layer for layer, keep in zip(trace.layers, mask) if keep]
     if not layers:
-        first = f" (first: {trace.layers[0].name!r})" if trace.layers else ""
-        raise MxsimError(f"--layers {pattern!r} matches none of the trace's {len(trace.layers)} layers{first}")
+        first = f" (first: {shown(trace.layers[0].name)})" if trace.layers else ""
+        raise MxsimError(f"--layers {shown(pattern)} matches none of the trace's {len(trace.layers)} layers{first}")
     return dataclasses.replace(trace, layers=layers, network=None, dataset=None)
 
 

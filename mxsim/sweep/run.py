@@ -26,6 +26,7 @@ from ..fileio import NONFINITE_JSON, check_output_directory, json_text, write_at
 from ..parallel import InProcess, Task
 from ..trace import Trace
 from ..replay import replay
+from ..replay.run import check_replay
 from .cost import hardware_cost
 from .grid import Knob, grid_configs, point_label
 
@@ -184,6 +185,8 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
     point under ``out/points``; the summary lists every point in grid order with its values,
     cost, metrics (or error), whether it was resumed, and the Pareto front."""
     points = grid_configs(base, knobs)  # validates everything before any work
+    for _, config in points:  # what replay would refuse at every point (a format a unit does not take) is refused now
+        check_replay(trace, [config], end_to_end=has_labels(trace), element_format=element_format)
     out = check_output_directory(out, is_sweep_output, "sweep: out")
     store = out / "points"
     store.mkdir(parents=True, exist_ok=True)
