@@ -688,3 +688,23 @@ def test_an_accumulator_rounding_a_bf16_output_hides_is_kept():
     assert {"accumulator.format": "fp32", "accumulator.rounding": "nearest_even"} in decision.equivalent
     assert decision.mismatches == 0
     assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero"}
+
+
+def test_polishing_a_hypothesis_missing_every_answer():
+    """A constant fp64 box (every answer 1.0): the held hypothesis misses every answer, so no
+    row is left to weigh a candidate on beyond those it misses; polishing still runs and
+    leaves a hypothesis missing no more answers than before."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+    from mxsim.probe.units import CountingUnit
+
+    unit = HwconfigUnit(HW / "mi250-f64.yaml", "fp64", "fp64", "fp64", "fp64")
+    ctx = Context("fp64", "fp64", 4, 32, "fp64", seed=3, c_format="fp64")
+    engine = _engine_holding(unit, ctx, {})
+    engine.unit = CountingUnit(lambda a, b, sa, sb, c: np.full(len(a), 0x3FF0000000000000, np.uint64), "fp64", 10_000)
+    engine.ask(ctx.fit_c(ctx.realistic(64)))
+    batch, answers = engine.answered()
+    before = int(np.count_nonzero(engine.misses(engine.hyp, batch, answers)))
+    assert before == len(batch)  # the case: every answer missed
+    engine.polish(PROBES, {})
+    assert int(np.count_nonzero(engine.misses(engine.hyp, batch, answers))) <= before

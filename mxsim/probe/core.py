@@ -283,7 +283,7 @@ class _Engine:
                     return
                 missed, held_misses = batch.take(np.flatnonzero(wrong)), int(np.count_nonzero(wrong))
                 right = np.flatnonzero(~wrong)
-                chunks = [(batch.take(rows), answers[rows]) for rows in np.array_split(right, -(-right.size // 1024))]
+                chunks = [(batch.take(rows), answers[rows]) for rows in np.array_split(right, max(1, -(-right.size // 1024)))]
                 best = None
                 for candidate in self.candidates(probe):
                     params = self.params({**self.hyp, **candidate})
