@@ -194,6 +194,19 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     _round_trip(load_hwconfig(HW / f"{name}.yaml"), name, a_format, b_format, out_format, k)
 
 
+#: The MXDOTP unit's own width per element format: 8 FP8, 11 FP6 or 16 FP4 elements per operation.
+MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+
+
+@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): every mxdotp config at its own width")
+@pytest.mark.parametrize("name", ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"])
+@pytest.mark.parametrize("element", MXDOTP_OWN_K)
+def test_round_trip_at_the_unit_s_own_width(name, element):
+    """Each mxdotp config on each element format at the unit's own K (one operation: 8, 11 or
+    16 elements, fewer than a block): exact, as at K = 64."""
+    _round_trip(load_hwconfig(HW / f"{name}.yaml"), name, element, element, "fp32", MXDOTP_OWN_K[element])
+
+
 def test_round_trip_of_products_far_wider_than_parity_windows():
     """mi300's FP8 datapath (even and odd positions in 24-bit windows of their own) taking fp32
     B elements, a pair no MI300 instruction takes (mi300.yaml refuses it): products spanning
