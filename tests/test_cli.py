@@ -487,6 +487,8 @@ def test_cli_probe_a_config_that_is_not_exact_is_written_and_fails(capsys, tmp_p
     written (marked not exact) with its report, progress goes to stderr, and the exit is 1."""
     import types
 
+    from mxsim.datapath import load_hwconfig
+
     monkeypatch.setitem(sys.modules, "flipping_unit_module", types.SimpleNamespace(unit=_flipping_unit(2000)))
     out, report = tmp_path / "unit.yaml", tmp_path / "report.json"
     status = main(["probe", "--unit", "flipping_unit_module:unit", "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
@@ -513,6 +515,8 @@ def _flipping_unit(stop_after_rows: int):
     """ocp-exact's fp4 path with the last bit of the result flipped where c's lowest bit is set
     (no key describes it), raising on any call after one of ``stop_after_rows`` rows or more
     (the first validation's batch: the unit fails in a later step)."""
+    from mxsim.probe import HwconfigUnit
+
     unit = HwconfigUnit(REPO / "hwconfigs" / "ocp-exact.yaml", "fp4_e2m1", "fp4_e2m1", "fp32")
     seen = []
 
