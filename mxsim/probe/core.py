@@ -593,170 +593,11 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= 1e7):
         raise ArgumentError(f"probe: seconds must be a number in (0, 1e7], got {seconds!r}")
     engine = _Engine(counting, ctx, name, progress, seconds)
-    contexts = {(ctx.scale.fmt.name, False): ctx}
-    batches = {}
-    in_output_range = False  # whether the families draw inside the output's range (the last two starts)
-
-    def inputs(p: Probe) -> Batch:
-        """The probe's inputs, written in the scale format held (drawn once per format), shuffled
-        so that each chunk mixes the probe's families; its settled rows after them once the late
-        probes run."""
-        fmt = engine.hyp["inputs.scale_format"]
-        if (p.name, fmt, in_output_range) not in batches:
-            drawn = contexts.setdefault((fmt, in_output_range), Context(a_format, b_format, k, block_size, out_format,
-                                                                        seed=seed, scale_format=fmt, c_format=c_format))
-            drawn.window = engine.hyp["adder.align_fraction_bits"]
-            drawn.in_output_range = in_output_range
-
-            def draw() -> Batch:
-                batch = drawn.fit_c(p.inputs(drawn))
-                return batch.take(drawn.rng.permutation(len(batch)))
-            batch = drawn.aside(draw) if p.aside else draw()
-            if p.appended is not None:
-                batch = Batch.join([batch, aside_rows(drawn, p.appended)])
-            batches[p.name, fmt, in_output_range] = batch
-        batch = batches[p.name, fmt, in_output_range]
-        if late and p.settled is not None:
-            if (p.name, fmt, in_output_range, "settled") not in batches:
-                batches[p.name, fmt, in_output_range, "settled"] = Batch.join(
-                    [batch, aside_rows(contexts[fmt, in_output_range], p.settled)])
-            batch = batches[p.name, fmt, in_output_range, "settled"]
-        return batch
-
-    def aside_rows(drawn: Context, draw) -> Batch:
-        """``draw``'s rows, c fitted, on a copy of ``drawn``'s generator (the shared stream stays)."""
-        return drawn.aside(lambda: drawn.fit_c(draw(drawn)))
-
-    asked = {p.name: 0 for p in (*PROBES, COARSE)}
-    probes = PROBES
-    decisions: dict[str, Decision] = {}
-    passes = refined = 0
-    late = False  # whether the late probes (Probe.late) run in this search's passes yet
-
-    def run_pass(extra: Batch | None) -> bool:
-        """One decision per probe; whether any kept value changed."""
-        nonlocal passes
-        passes += 1
-        before = dict(engine.hyp)
-        for p in probes:
-            if p.late and not late:
-                continue
-            batch = inputs(p) if extra is None else Batch.join([extra, inputs(p)])
-            decisions[p.name] = engine.decide(p, batch, asked[p.name])
-            asked[p.name] = decisions[p.name].asked
-        return engine.hyp != before
-
-    def search(best, rounds: int = refinements):
-        """Passes, then validations and at most ``rounds`` refinements; the best (validation,
-        hypothesis, decisions) measured so far."""
-        nonlocal refined, late
-        extra, limit, refined, late = None, passes_limit, 0, False
-        while True:
-            for _ in range(limit):  # passes until no decision changes
-                if not run_pass(extra):
-                    break
-            if not late:  # the late probes join a hypothesis the others have settled; passes again
-                late = True
-                for _ in range(limit):
-                    if not run_pass(extra):
-                        break
-            validation, missed = measure(decisions, refined)
-            measured.append((validation, dict(engine.hyp), dict(decisions)))
-            if best is None or validation.mismatches < best[0].mismatches:
-                best = (validation, dict(engine.hyp), dict(decisions))
-            if not validation.mismatches or refined == rounds:
-                return best
-            refined += 1
-            extra = missed if extra is None else Batch.join([extra, missed])
-            limit = 2
-
-    def measure(held_decisions: dict, index: int) -> tuple[Validation, Batch]:
-        """The validation of the hypothesis held, then where the output may hide what the
-        probes' rows did not show, then on every answer the run has: the first that misses."""
-        validation, missed = _validate(engine, seed + 1 + index, validation_vectors, corner_vectors)
-        if not validation.mismatches:
-            validation, missed = _targeted(engine, held_decisions.values(), seed + 1001 + index, validation)
-        if not validation.mismatches:
-            validation, missed = _answered(engine, validation)
-        engine.say(f"validation: {validation.mismatches} mismatches in {validation.vectors} vectors")
-        return validation, missed
-
-    measured: list = []  # (validation, hypothesis, decisions) of every hypothesis measured
-
-    def steps() -> None:
-        """The searches, one after another, each only while every one before it missed."""
-        nonlocal probes, in_output_range
-        best = search(None)
-        # E8M0 scales on the products and on exact group sums describe nearly the same unit, their
-        # windows anchored a bit or two apart, and the key-by-key search holds to the one it met
-        # first: while the validation counts mismatches, search again with the other pinned.
-        for placement in ("products", "group_sum"):
-            held = best[1]
-            if not best[0].mismatches or held["inputs.scales"] not in ("products", "group_sum") or held["inputs.scales"] == placement:
-                continue
-            engine.pinned = {"inputs.scales": placement, "inputs.scale_format": held["inputs.scale_format"]}
-            engine.hyp = {**engine.start, **engine.pinned}
-            if engine.params(engine.hyp) is None:
-                continue
-            decisions.clear()
-            best = search(best)
-        engine.pinned = {}
-        trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")  # the coarse starts go before it
-        if best[0].mismatches:  # again from the start, tree size, window and rounding decided together first
-            engine.hyp = dict(engine.start)
-            decisions.clear()
-            probes = (*PROBES[:trees], COARSE, *PROBES[trees:])
-            best = search(best)
-        if best[0].mismatches and products_pass_fp32(ctx):  # and once more with the overflow rules
-            engine.hyp = dict(engine.start)
-            decisions.clear()
-            probes = (*PROBES[:trees], COARSE_OVERFLOW, *PROBES[trees:])
-            best = search(best)
-        # Where the products pass the output's range, the first two starts again on rows drawn
-        # inside it (Context.output_span): above it most of the families' results are ±Inf. These
-        # run only where every search before missed, and refine twice as often: on rows inside
-        # the output's range a validation misses few rows, and each refinement's rows move a key or
-        # two (mi300 E4M3FNUZ x tf32 -> fp16: 12, 66, 1, 2, then 0 mismatches).
-        for probes in (PROBES, (*PROBES[:trees], COARSE, *PROBES[trees:])):
-            if not best[0].mismatches or ctx.output_span() == ctx.full_span():
-                break
-            engine.hyp = dict(engine.start)
-            decisions.clear()
-            in_output_range = True
-            best = search(best, 2 * refinements)
-        # Last, where every search missed: each probe's keys again against every answer of the run
-        # at once, from the hypothesis measured so far that misses the fewest of them (not polished
-        # before), then measured afresh: its validation's answers join the run's for the next round.
-        polished_from: list = []
-        for attempt in range(POLISH_ROUNDS):
-            if not best[0].mismatches:
-                break
-            batch, answers = engine.answered()
-            starts = [item for item in measured if item[1] not in polished_from]
-            if not starts:
-                break
-            start = min(starts, key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))))
-            polished_from.append(start[1])
-            engine.hyp, polished = dict(start[1]), dict(start[2])
-            engine.polish((*PROBES, COARSE), polished)
-            if engine.hyp == start[1]:  # no key moved: nothing new to measure
-                continue
-            validation, _ = measure(polished, 2001 + attempt)
-            measured.append((validation, dict(engine.hyp), polished))
-            if validation.mismatches < best[0].mismatches:
-                best = (validation, dict(engine.hyp), polished)
-
-    stopped = None  # why the run ended before its last step (the unit failed, a budget ran out)
-    try:
-        steps()
-    except ProbeError as error:
-        if not measured:  # no hypothesis measured: nothing to keep
-            raise
-        stopped = str(error)
-        engine.say(f"stopped: {stopped}; keeping the best hypothesis measured")
+    search = _Search(engine, ctx, seed, validation_vectors, corner_vectors, refinements, passes_limit)
+    search.run()
     # A refinement can make things worse when no key describes the unit: keep the best measured
     # (the first of those missing fewest, as each step keeps a later one only if it misses fewer).
-    best = min(measured, key=lambda item: item[0].mismatches)
+    best, stopped, passes = min(search.measured, key=lambda item: item[0].mismatches), search.stopped, search.passes
     validation, engine.hyp, decisions = best
     rounding_only = _rounding_only(engine, decisions.values(), seed + 3001)
     config = engine.data(engine.hyp)
@@ -769,6 +610,223 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     engine.say(f"done: {validation.mismatches} mismatches in {validation.vectors} validation vectors")
     return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
                        time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only)
+
+
+class _Search:
+    """The search: passes of the probes over a hypothesis, validations and refinements
+    (:meth:`search`), run by the restart steps of :data:`STEPS` in turn, each only while
+    every one before it missed. Every hypothesis measured is kept (``measured``); a
+    :class:`ProbeError` after the first measurement ends the run with them (``stopped``)."""
+
+    def __init__(self, engine: _Engine, ctx: Context, seed: int, validation_vectors: int, corner_vectors: int,
+                 refinements: int, passes_limit: int):
+        self.engine, self.ctx, self.seed = engine, ctx, seed
+        self.validation_vectors, self.corner_vectors = validation_vectors, corner_vectors
+        self.refinements, self.passes_limit = refinements, passes_limit
+        self.contexts = {(ctx.scale.fmt.name, False): ctx}
+        self.batches: dict = {}
+        self.in_output_range = False  # whether the families draw inside the output's range (the last two starts)
+        self.asked = {p.name: 0 for p in (*PROBES, COARSE)}
+        self.probes = PROBES
+        self.decisions: dict[str, Decision] = {}
+        self.passes = self.refined = 0
+        self.late = False  # whether the late probes (Probe.late) run in this search's passes yet
+        self.measured: list = []  # (validation, hypothesis, decisions) of every hypothesis measured
+        self.best = None
+        self.stopped = None  # why the run ended before its last step (the unit failed, a budget ran out)
+
+    # -- the probes' inputs
+
+    def inputs(self, p: Probe) -> Batch:
+        """The probe's inputs, written in the scale format held (drawn once per format), shuffled
+        so that each chunk mixes the probe's families; its settled rows after them once the late
+        probes run."""
+        engine, ctx = self.engine, self.ctx
+        fmt, in_range = engine.hyp["inputs.scale_format"], self.in_output_range
+        if (p.name, fmt, in_range) not in self.batches:
+            drawn = self.contexts.setdefault((fmt, in_range), Context(
+                ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=self.seed, scale_format=fmt,
+                c_format=ctx.c_format))
+            drawn.window = engine.hyp["adder.align_fraction_bits"]
+            drawn.in_output_range = in_range
+
+            def draw() -> Batch:
+                batch = drawn.fit_c(p.inputs(drawn))
+                return batch.take(drawn.rng.permutation(len(batch)))
+            batch = drawn.aside(draw) if p.aside else draw()
+            if p.appended is not None:
+                batch = Batch.join([batch, _aside_rows(drawn, p.appended)])
+            self.batches[p.name, fmt, in_range] = batch
+        batch = self.batches[p.name, fmt, in_range]
+        if self.late and p.settled is not None:
+            if (p.name, fmt, in_range, "settled") not in self.batches:
+                self.batches[p.name, fmt, in_range, "settled"] = Batch.join(
+                    [batch, _aside_rows(self.contexts[fmt, in_range], p.settled)])
+            batch = self.batches[p.name, fmt, in_range, "settled"]
+        return batch
+
+    # -- passes, validations, refinements
+
+    def run_pass(self, extra: Batch | None) -> bool:
+        """One decision per probe; whether any kept value changed."""
+        self.passes += 1
+        before = dict(self.engine.hyp)
+        for p in self.probes:
+            if p.late and not self.late:
+                continue
+            batch = self.inputs(p) if extra is None else Batch.join([extra, self.inputs(p)])
+            self.decisions[p.name] = self.engine.decide(p, batch, self.asked[p.name])
+            self.asked[p.name] = self.decisions[p.name].asked
+        return self.engine.hyp != before
+
+    def search(self, rounds: int | None = None) -> None:
+        """Passes, then validations and at most ``rounds`` refinements (default
+        ``refinements``); ``best`` becomes the best (validation, hypothesis, decisions) measured."""
+        rounds = self.refinements if rounds is None else rounds
+        extra, limit, self.refined, self.late = None, self.passes_limit, 0, False
+        while True:
+            for _ in range(limit):  # passes until no decision changes
+                if not self.run_pass(extra):
+                    break
+            if not self.late:  # the late probes join a hypothesis the others have settled; passes again
+                self.late = True
+                for _ in range(limit):
+                    if not self.run_pass(extra):
+                        break
+            validation, missed = self.measure(self.decisions, self.refined)
+            self.keep(validation, self.decisions)
+            if not validation.mismatches or self.refined == rounds:
+                return
+            self.refined += 1
+            extra = missed if extra is None else Batch.join([extra, missed])
+            limit = 2
+
+    def keep(self, validation: Validation, decisions: dict) -> None:
+        """Record the hypothesis held as measured; the best if it misses fewer than the best so far."""
+        item = (validation, dict(self.engine.hyp), dict(decisions))
+        self.measured.append(item)
+        if self.best is None or validation.mismatches < self.best[0].mismatches:
+            self.best = item
+
+    def measure(self, held_decisions: dict, index: int) -> tuple[Validation, Batch]:
+        """The validation of the hypothesis held, then where the output may hide what the
+        probes' rows did not show, then on every answer the run has: the first that misses."""
+        engine = self.engine
+        validation, missed = _validate(engine, self.seed + 1 + index, self.validation_vectors, self.corner_vectors)
+        if not validation.mismatches:
+            validation, missed = _targeted(engine, held_decisions.values(), self.seed + 1001 + index, validation)
+        if not validation.mismatches:
+            validation, missed = _answered(engine, validation)
+        engine.say(f"validation: {validation.mismatches} mismatches in {validation.vectors} vectors")
+        return validation, missed
+
+    def restart(self, probes=PROBES, hyp: dict | None = None) -> None:
+        """A fresh search's state: the hypothesis (default: the start), the probes, no decisions."""
+        self.engine.hyp = dict(self.engine.start if hyp is None else hyp)
+        self.probes = probes
+        self.decisions.clear()
+
+    # -- the steps
+
+    def run(self) -> None:
+        """The steps of :data:`STEPS` in turn; a :class:`ProbeError` after the first
+        measurement stops the run there (``stopped``), one before it ends the run."""
+        try:
+            for name, step in STEPS:
+                if self.best is not None and not self.best[0].mismatches:
+                    break
+                if self.best is not None:
+                    self.engine.say(f"step: {name}")
+                step(self)
+        except ProbeError as error:
+            if not self.measured:  # no hypothesis measured: nothing to keep
+                raise
+            self.stopped = str(error)
+            self.engine.say(f"stopped: {self.stopped}; keeping the best hypothesis measured")
+
+    def first(self) -> None:
+        self.search()
+
+    def other_placement(self) -> None:
+        """E8M0 scales on the products and on exact group sums describe nearly the same unit,
+        their windows anchored a bit or two apart, and the key-by-key search holds to the one it
+        met first: while the validation counts mismatches, search again with the other pinned."""
+        engine = self.engine
+        for placement in ("products", "group_sum"):
+            held = self.best[1]
+            if not self.best[0].mismatches or held["inputs.scales"] not in ("products", "group_sum") or held["inputs.scales"] == placement:
+                continue
+            engine.pinned = {"inputs.scales": placement, "inputs.scale_format": held["inputs.scale_format"]}
+            if engine.params({**engine.start, **engine.pinned}) is None:
+                engine.hyp = {**engine.start, **engine.pinned}
+                continue
+            self.restart(self.probes, {**engine.start, **engine.pinned})
+            self.search()
+        engine.pinned = {}
+
+    def coarse(self) -> None:
+        """Again from the start, tree size, window and rounding decided together first."""
+        self.restart(_with_before_trees(COARSE))
+        self.search()
+
+    def coarse_overflow(self) -> None:
+        """Once more with the overflow rules, where the products pass fp32's range."""
+        if products_pass_fp32(self.ctx):
+            self.restart(_with_before_trees(COARSE_OVERFLOW))
+            self.search()
+
+    def output_range(self) -> None:
+        """Where the products pass the output's range, the first two starts again on rows drawn
+        inside it (Context.output_span): above it most of the families' results are ±Inf. They
+        refine twice as often: on rows inside the output's range a validation misses few rows,
+        and each refinement's rows move a key or two (mi300 E4M3FNUZ x tf32 -> fp16: 12, 66, 1,
+        2, then 0 mismatches)."""
+        for probes in (PROBES, _with_before_trees(COARSE)):
+            if not self.best[0].mismatches or self.ctx.output_span() == self.ctx.full_span():
+                break
+            self.restart(probes)
+            self.in_output_range = True
+            self.search(2 * self.refinements)
+
+    def polish(self) -> None:
+        """Each probe's keys again against every answer of the run at once, from the hypothesis
+        measured so far that misses the fewest of them (not polished before), then measured
+        afresh: its validation's answers join the run's for the next round."""
+        engine = self.engine
+        polished_from: list = []
+        for attempt in range(POLISH_ROUNDS):
+            if not self.best[0].mismatches:
+                break
+            batch, answers = engine.answered()
+            starts = [item for item in self.measured if item[1] not in polished_from]
+            if not starts:
+                break
+            start = min(starts, key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))))
+            polished_from.append(start[1])
+            engine.hyp, polished = dict(start[1]), dict(start[2])
+            engine.polish((*PROBES, COARSE), polished)
+            if engine.hyp == start[1]:  # no key moved: nothing new to measure
+                continue
+            validation, _ = self.measure(polished, 2001 + attempt)
+            self.keep(validation, polished)
+
+
+#: The search's steps, in order: each runs only while every hypothesis measured before it
+#: misses (docs/probe.md, "How keys are decided").
+STEPS = (("first search", _Search.first), ("the other scale placement", _Search.other_placement),
+         ("coarse start", _Search.coarse), ("coarse start with the overflow rules", _Search.coarse_overflow),
+         ("inside the output's range", _Search.output_range), ("polishing", _Search.polish))
+
+
+def _with_before_trees(start: Probe) -> tuple[Probe, ...]:
+    """The probes with a coarse start put before the trees probe."""
+    trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")
+    return (*PROBES[:trees], start, *PROBES[trees:])
+
+
+def _aside_rows(drawn: Context, draw) -> Batch:
+    """``draw``'s rows, c fitted, on a copy of ``drawn``'s generator (the shared stream stays)."""
+    return drawn.aside(lambda: drawn.fit_c(draw(drawn)))
 
 
 class _FlowList(list):
