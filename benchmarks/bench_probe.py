@@ -2,6 +2,7 @@
 models and the RTL example, beside the unit's own speed.
 
 Usage: python benchmarks/bench_probe.py [--set mxsim,mmasim,rtl] [--only PATTERN ...] [--markdown] [--json OUT]
+       python benchmarks/bench_probe.py --render RESULTS   (the table of docs/probe.md from a --json file)
 
 Each run prints one line: the unit, its path (A x B -> output, K), the dot products the probe
 asked (queries, validation included), the probe's wall seconds, its CPU seconds in this
@@ -16,7 +17,8 @@ first where the kernel cache is empty: the first run's figures include Numba's c
 
 Sets (the tests' paths and validation sizes; docs/probe.md):
 - ``mxsim``: the round-trip paths of tests/test_probe_core.py (``CI_PATHS`` and ``FP64_PATHS``,
-  mi300's long-mode path included) through ``HwconfigUnit``; 1,024 + 256 validation vectors.
+  mi300's long-mode path included) through ``HwconfigUnit``, and mxdotp.yaml at the unit's own
+  width per element format (8 FP8, 11 FP6, 16 FP4); 1,024 + 256 validation vectors.
 - ``mmasim``: the MMA-Sim families tests/test_probe_mmasim.py probes in CI, through a callable
   on MMA-Sim's instructions (the ``oracles`` extra; the set is skipped without it); 384 + 128
   validation vectors (the Ampere tf32 family: the default 2,048 + 512, as its test).
@@ -155,12 +157,20 @@ class Run:
 # ----------------------------------------------------------------------------- the sets
 
 
+#: The MXDOTP unit's own width per element format (tests/test_probe_core.py's MXDOTP_OWN_K):
+#: mxdotp.yaml probed at one operation's K per format, ids ``mxsim/mxdotp@FORMAT``.
+MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+
+
 def mxsim_runs() -> list[Run]:
     def make(name, a, b, out):
         return lambda: HwconfigUnit(REPO / "hwconfigs" / f"{name}.yaml", a, b, out)
 
-    return [Run("mxsim", name, a, b, out, k, {"validation_vectors": 1024, "corner_vectors": 256},
-                make_unit=make(name, a, b, out)) for name, (a, b, out, k) in MXSIM_PATHS.items()]
+    sizes = {"validation_vectors": 1024, "corner_vectors": 256}
+    return [Run("mxsim", name, a, b, out, k, sizes, make_unit=make(name, a, b, out))
+            for name, (a, b, out, k) in MXSIM_PATHS.items()] + [
+        Run("mxsim", f"mxdotp@{element}", element, element, "fp32", k, sizes, make_unit=make("mxdotp", element, element, "fp32"))
+        for element, k in MXDOTP_OWN_K.items()]
 
 
 def mmasim_runs() -> list[Run]:
@@ -316,6 +326,24 @@ def totals(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def render(results: dict) -> str:
+    """The markdown table of a results file written by ``--json`` (docs/probe.md holds it)."""
+    runs = []
+    for entry in results["runs"]:
+        set_name, name = entry["id"].split("/", 1)
+        a_b, rest = entry["path"].split(" -> ")
+        a, b = a_b.split(" x ")
+        out, k = rest.split(", K = ")
+        run = Run(set_name, name, a, b, out, int(k), {})
+        run.figures = {key: value for key, value in entry.items() if key not in ("id", "path")}
+        runs.append(run)
+    rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs] + totals(runs)
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    when = results["before"]
+    return "\n".join([f"Measured {when['date']}, mxsim {when['mxsim']}, {when['cores']} cores, load average "
+                      f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after.", "", *lines])
+
+
 def show(row: list[str], markdown: bool) -> None:
     if markdown:
         print("| " + " | ".join(row) + " |", flush=True)
@@ -343,7 +371,16 @@ def main(argv=None) -> None:
     parser.add_argument("--only", action="append", default=None, metavar="PATTERN", help="shell-style pattern over run ids")
     parser.add_argument("--markdown", action="store_true", help="print table rows for docs/probe.md")
     parser.add_argument("--json", metavar="OUT", help="write every figure to OUT (JSON)")
+    parser.add_argument("--render", metavar="RESULTS", help="print the markdown table of a --json results file; probe nothing")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        import json
+
+        try:
+            print(render(json.loads(Path(args.render).read_text(encoding="utf-8"))))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            parser.error(f"--render: {args.render!r} is not a results file of --json ({type(error).__name__})")
+        return
     chosen = [s for arg in (args.set or [",".join(SETS)]) for s in arg.split(",")]
     unknown = [s for s in chosen if s not in SETS]
     if unknown:

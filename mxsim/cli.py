@@ -526,16 +526,18 @@ def cmd_probe(args) -> int:
     try:
         result = probe(unit, args.a_format, args.b_format, args.k, block_size=32 if block_size is None else block_size,
                        out_format=out_format or "fp32", c_format=c_format or "fp32", seed=args.seed, validation_vectors=args.validation,
-                       corner_vectors=args.corners, budget=args.budget, name=args.name)
+                       corner_vectors=args.corners, budget=args.budget, name=args.name, seconds=args.seconds,
+                       progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         if closing is not None:
             closing.close()
     write_atomic(Path(args.out), result.yaml)
     if args.report:
         _write_json_atomically(args.report, result.report())
+    status = 0 if result.exact else 1  # a config that is not exact is written, and the run fails
     if args.json:
         print(json_text(result.report(), indent=2))
-        return 0
+        return status
     for decision in result.decisions:
         values = ", ".join(f"{key}={value}" for key, value in decision.value.items())
         note = f" (no candidate fits: {decision.mismatches} answers missed)" if decision.mismatches else ""
@@ -547,7 +549,14 @@ def cmd_probe(args) -> int:
           + (f", {check.nan_payload_differences} NaN outputs with another payload" if check.nan_payload_differences else ""))
     print(f"{result.queries} dot products asked in {result.seconds:.1f} s ({result.unit_seconds:.1f} s in the unit); "
           f"config: {args.out}")
-    return 0
+    for entry in result.rounding_only:
+        print(f"decided under {entry['rounding']} only: {entry['key']}={entry['held']} "
+              f"({', '.join(map(str, entry['others']))} alike under it, not under {', '.join(entry['differs_under'])})")
+    if result.stopped:
+        print(f"stopped early: {result.stopped}")
+    if not result.exact:
+        print(f"NOT EXACT: {check.mismatches} mismatches; the config written is the best found")
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -747,6 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--validation", type=int, default=2048, help="random validation vectors, half realistic data, half uniform codes (default 2048)")
     probe.add_argument("--corners", type=int, default=512, help="corner validation vectors (default 512)")
     probe.add_argument("--budget", type=int, default=100_000, help="most dot products to ask (default 100000)")
+    probe.add_argument("--seconds", type=float, help="ask nothing more after this many seconds; keep the best found")
+    probe.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     probe.add_argument("--timeout", type=float, default=30.0, help="seconds --command may take per answer (default 30)")
     probe.add_argument("--name", default="probed", help="the emitted config's name")
     probe.add_argument("--json", action="store_true", help="print the evidence report as JSON")

@@ -15,10 +15,13 @@ PACKAGE = REPO / "mxsim"
 
 # Left to right: a package may import only packages of its own layer or of layers to its left.
 LAYERS = (
+    # the top-level modules every package may use: errors, limits, files, optional imports, compiles
+    ("errors", "limits", "fileio", "_optional", "_compile", "mxsim"),
     ("formats",),
     ("quantize",),
     ("datapath",),
-    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep", "cmodel"),
+    ("parallel",),  # process pools over datapath work, for the consumers
+    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep", "probe", "cmodel"),
     ("cli",),
 )
 # Within the consumers' layer, what each package may import (capture -> trace -> replay, the
@@ -32,6 +35,7 @@ CONSUMER_IMPORTS = {
     "cycles": set(),
     "golden": set(),
     "sweep": {"trace", "replay"},
+    "probe": set(),
     "cmodel": {"golden"},
 }
 
@@ -148,3 +152,8 @@ def test_no_import_circle_between_packages():
 
 def test_imports_follow_the_data_flow():
     assert layering_violations(package_graph()) == []
+
+
+def test_every_package_and_top_level_module_has_a_layer():
+    placed = {name for layer in LAYERS for name in layer}
+    assert set(package_graph()) - placed == set(), "place each new package or top-level module in LAYERS"

@@ -43,6 +43,23 @@ def test_bench_probe_paths_are_the_tests(monkeypatch):
     assert bench.RTL_VARIANTS == {0: "correct", **test_golden_rtl.BUGS}, UPDATE
 
 
+def test_bench_probe_own_widths_are_the_tests(monkeypatch):
+    import test_probe_core
+
+    assert _load("bench_probe.py", monkeypatch).MXDOTP_OWN_K == test_probe_core.MXDOTP_OWN_K, UPDATE
+
+
+def test_the_probe_docs_table_is_the_results_file(monkeypatch):
+    """docs/probe.md's table of queries and time is bench_probe's rendering of its results file."""
+    bench = _load("bench_probe.py", monkeypatch)
+    results = json.loads((BENCHMARKS / "results" / "probe.json").read_text())
+    doc = (BENCHMARKS.parent / "docs" / "probe.md").read_text()
+    start, end = "<!-- table: python benchmarks/bench_probe.py --render benchmarks/results/probe.json -->\n", "\n<!-- end of table -->"
+    assert start in doc and end in doc, "docs/probe.md lost its generated table's markers"
+    assert doc.split(start)[1].split(end)[0] == bench.render(results), (
+        "regenerate docs/probe.md's table: python benchmarks/bench_probe.py --render benchmarks/results/probe.json")
+
+
 def test_bench_probe_mmasim_families_are_the_tests(monkeypatch):
     import_or_skip("mmasim.nv_ptx", "oracles")
     import test_probe_mmasim as t

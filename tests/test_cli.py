@@ -517,3 +517,52 @@ def test_sweep_out_must_be_a_usable_directory(capsys, tmp_path):
                              "--vary", "adder.fused_terms=8,16", "--out", out, "--quiet")
         assert status == 2 and message in err and len(err.strip().splitlines()) == 1
     assert (tmp_path / "full" / "mine.txt").read_text() == "a user's file"
+
+
+def test_cli_probe_a_config_that_is_not_exact_is_written_and_fails(capsys, tmp_path, monkeypatch):
+    """A unit no key describes, failing after the first validation: the best config found is
+    written (marked not exact) with its report, progress goes to stderr, and the exit is 1."""
+    import types
+
+    from mxsim.datapath import load_hwconfig
+
+    monkeypatch.setitem(sys.modules, "flipping_unit_module", types.SimpleNamespace(unit=_flipping_unit(2000)))
+    out, report = tmp_path / "unit.yaml", tmp_path / "report.json"
+    status = main(["probe", "--unit", "flipping_unit_module:unit", "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
+                   "--k", "8", "--out", str(out), "--report", str(report)])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "NOT EXACT" in out.read_text() and "NOT EXACT" in captured.out and "stopped early" in captured.out
+    assert json.loads(report.read_text())["exact"] is False
+    assert "validation:" in captured.err and "probe [" in captured.err
+    assert "the unit went away" in json.loads(report.read_text())["stopped"]
+    load_hwconfig(out)  # what is written loads
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9"])
+def test_cli_probe_bad_seconds_is_one_line(capsys, tmp_path, value):
+    status = main(["probe", "--hw", str(REPO / "hwconfigs" / "ocp-exact.yaml"), "--a-format", "fp4_e2m1",
+                   "--b-format", "fp4_e2m1", "--k", "8", "--out", str(tmp_path / "u.yaml"), "--seconds", value])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "seconds" in err
+    assert not (tmp_path / "u.yaml").exists()
+
+
+def _flipping_unit(stop_after_rows: int):
+    """ocp-exact's fp4 path with the last bit of the result flipped where c's lowest bit is set
+    (no key describes it), raising on any call after one of ``stop_after_rows`` rows or more
+    (the first validation's batch: the unit fails in a later step)."""
+    from mxsim.probe import HwconfigUnit
+
+    unit = HwconfigUnit(REPO / "hwconfigs" / "ocp-exact.yaml", "fp4_e2m1", "fp4_e2m1", "fp32")
+    seen = []
+
+    def flipping(a, b, sa, sb, c):
+        if seen and max(seen) >= stop_after_rows:
+            raise RuntimeError("the unit went away")
+        seen.append(len(a))
+        bits = unit(a, b, sa, sb, c).astype(np.uint64)
+        odd = (c.astype(np.uint64) & 1) == 1
+        bits[odd] ^= 1
+        return bits
+    return flipping

@@ -194,6 +194,19 @@ def test_round_trip(name, a_format, b_format, out_format, k):
     _round_trip(load_hwconfig(HW / f"{name}.yaml"), name, a_format, b_format, out_format, k)
 
 
+#: The MXDOTP unit's own width per element format: 8 FP8, 11 FP6 or 16 FP4 elements per operation.
+MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+
+
+@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): every mxdotp config at its own width")
+@pytest.mark.parametrize("name", ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"])
+@pytest.mark.parametrize("element", MXDOTP_OWN_K)
+def test_round_trip_at_the_unit_s_own_width(name, element):
+    """Each mxdotp config on each element format at the unit's own K (one operation: 8, 11 or
+    16 elements, fewer than a block): exact, as at K = 64."""
+    _round_trip(load_hwconfig(HW / f"{name}.yaml"), name, element, element, "fp32", MXDOTP_OWN_K[element])
+
+
 def test_round_trip_of_products_far_wider_than_parity_windows():
     """mi300's FP8 datapath (even and odd positions in 24-bit windows of their own) taking fp32
     B elements, a pair no MI300 instruction takes (mi300.yaml refuses it): products spanning
@@ -688,3 +701,115 @@ def test_an_accumulator_rounding_a_bf16_output_hides_is_kept():
     assert {"accumulator.format": "fp32", "accumulator.rounding": "nearest_even"} in decision.equivalent
     assert decision.mismatches == 0
     assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero"}
+
+
+def test_polishing_a_hypothesis_missing_every_answer():
+    """A constant fp64 box (every answer 1.0): the held hypothesis misses every answer, so no
+    row is left to weigh a candidate on beyond those it misses; polishing still runs and
+    leaves a hypothesis missing no more answers than before."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+    from mxsim.probe.units import CountingUnit
+
+    unit = HwconfigUnit(HW / "mi250-f64.yaml", "fp64", "fp64", "fp64", "fp64")
+    ctx = Context("fp64", "fp64", 4, 32, "fp64", seed=3, c_format="fp64")
+    engine = _engine_holding(unit, ctx, {})
+    engine.unit = CountingUnit(lambda a, b, sa, sb, c: np.full(len(a), 0x3FF0000000000000, np.uint64), "fp64", 10_000)
+    engine.ask(ctx.fit_c(ctx.realistic(64)))
+    batch, answers = engine.answered()
+    before = int(np.count_nonzero(engine.misses(engine.hyp, batch, answers)))
+    assert before == len(batch)  # the case: every answer missed
+    engine.polish(PROBES, {})
+    assert int(np.count_nonzero(engine.misses(engine.hyp, batch, answers))) <= before
+
+
+# ----------------------------------------------------------------------------- never lose a result
+
+
+def test_trees_at_k_11_hold_group_sums_of_a_size_they_take():
+    """K = 11 (an FP6 unit's width) with group sums of the default 16 held: every tree size up
+    to 11 forms a valid config with a group size that divides it and the block, and is offered
+    so; none is left out for the group size held (the probe used to end there)."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+
+    unit = HwconfigUnit(HW / "mxdotp.yaml", "fp6_e3m2", "fp6_e3m2", "fp32")
+    ctx = Context("fp6_e3m2", "fp6_e3m2", 11, 32, "fp32", seed=0)
+    engine = _engine_holding(unit, ctx, {"inputs.scales": "group_sum", "adder.group_terms": 16, "grid.fraction_bits": None,
+                                         "adder.fused_terms": 32, "adder.trees_in_blocks": False})
+    trees = next(p for p in PROBES if p.name == "trees")
+    offered = [c for c in engine.candidates(trees) if engine.params({**engine.hyp, **c}) is not None]
+    assert {c["adder.fused_terms"] for c in offered} >= {2, 4, 8}
+    decision = engine.decide(trees, ctx.fit_c(trees.inputs(ctx)), 0)
+    assert engine.params(engine.hyp) is not None and decision.probe == "trees"
+
+
+def test_trees_of_a_k_the_block_does_not_divide_are_offered_with_a_grid():
+    """K = 11 under a grid (one scale per tree): trees of 11 are offered restarting at each
+    block (alike within one block, and what a grid admits), before the sizes dividing the block."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+
+    unit = HwconfigUnit(HW / "mxdotp.yaml", "fp6_e3m2", "fp6_e3m2", "fp32")
+    engine = _engine_holding(unit, Context("fp6_e3m2", "fp6_e3m2", 11, 32, "fp32", seed=0), {})
+    trees = next(p for p in PROBES if p.name == "trees")
+    valid = [c["adder.fused_terms"] for c in engine.candidates(trees) if engine.params({**engine.hyp, **c}) is not None]
+    assert 11 in valid and valid.index(11) < valid.index(8)
+
+
+def test_yaml_comments_are_the_config_s_values():
+    """The header is written from the config: a decision whose value a later probe changed
+    (promotion 20, then null) and which missed answers mid-search is shown with the config's
+    value and no claim of misses when the validation counts none."""
+    from mxsim.probe.core import Decision, Validation, emit_yaml
+
+    config = {"mxsim_hwconfig": 1, "name": "x", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]},
+              "accumulator": {"promotion_interval": None}, "adder": {"fused_terms": 8}, "output": {"format": "fp32"}}
+    decision = Decision("trees", ("adder.fused_terms", "accumulator.promotion_interval"),
+                        {"adder.fused_terms": 8, "accumulator.promotion_interval": 20}, 10, 100, mismatches=149)
+    text = emit_yaml(config, [decision], Validation(100, 80, 20, 0, 0, []), 1000)
+    assert_comments_agree(text)
+    assert "149" not in text and "20" not in text.split("trees:")[1].split("\n")[0]
+
+
+def assert_comments_agree(text: str) -> None:
+    """Every ``key=value`` a header line names is the value the YAML body holds (its default if unset)."""
+    import json
+    import re
+
+    from mxsim.datapath.schema import SCHEMA
+
+    body = yaml.safe_load(text)
+    named = 0
+    for line in text.splitlines():
+        if not line.startswith("#   "):
+            continue
+        for path, value in re.findall(r"(\w+\.\w+)=((?:\[[^\]]*\])|(?:\"[^\"]*\")|[^,\s)]+)", line):
+            section, key = path.split(".")
+            assert json.loads(value) == body.get(section, {}).get(key, SCHEMA[section][key].default), line
+            named += 1
+    assert named
+
+
+# ----------------------------------------------------------------------------- rounding modes
+
+
+def test_a_key_alike_under_the_rounding_probed_only_is_named():
+    """mxdotp's E4M3 path at K = 8 holding a grid of 33 fraction bits, with 34 left equivalent:
+    alike under nearest-even, not toward zero (its RTZ view, mxdotp-rtz, holds 34), so the
+    grid is named with the modes it differs under; a value differing under none is not."""
+    from mxsim.probe.core import Decision, _rounding_only
+    from mxsim.probe.inputs import Context
+
+    unit = HwconfigUnit(HW / "mxdotp.yaml", "fp8_e4m3", "fp8_e4m3", "fp32")
+    engine = _engine_holding(unit, Context("fp8_e4m3", "fp8_e4m3", 8, 32, "fp32", seed=0), {"grid.fraction_bits": 33})
+    grid = Decision("grid", ("grid.fraction_bits",), {"grid.fraction_bits": 33}, 80, 10,
+                    equivalent=[{"grid.fraction_bits": 34}])
+    shift = Decision("grid reach", ("grid.accumulator_max_left_shift",), {"grid.accumulator_max_left_shift": 70}, 160, 10,
+                     equivalent=[{"grid.accumulator_max_left_shift": 70}])
+    found = _rounding_only(engine, [grid, shift], seed=5)
+    assert [(e["key"], e["held"], e["others"]) for e in found] == [("grid.fraction_bits", 33, [34])]
+    assert "toward_zero" in found[0]["differs_under"] and "nearest_even" not in found[0]["differs_under"]
+    # and the RTZ unit itself: 34 is right, 33 is not
+    rtz = HwconfigUnit(HW / "mxdotp-rtz.yaml", "fp8_e4m3", "fp8_e4m3", "fp32")
+    assert rtz.params.grid_fraction_bits == 34

@@ -9,6 +9,9 @@ mismatches -- never as the correct unit with a clean validation.
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 import yaml
@@ -86,3 +89,52 @@ def test_broken_variant_is_told_apart(probed, bug):
         return  # the key its fault touches differs from the correct unit's
     assert result.validation.mismatches > 0, (
         f"BUG={bug} ({BUGS[bug]}): keys changed {sorted(changed)} and a clean validation")
+
+
+# ----------------------------------------------------------------------------- an odd width: 11 FP6 elements
+
+FP6 = ("fp6_e3m2", "fp6_e3m2")
+LONG = bool(os.environ.get("MXSIM_PROBE_LONG"))
+
+
+def _probe_fp6_rtl(bug: int, out):
+    """examples/rtl/mxdot_fp6.sv (11 E3M2 elements per operation) with parameter BUG, probed at
+    K = 11 through the line protocol; (result, emitted params, vvp path)."""
+    require_icarus()
+    rtl = REPO / "examples" / "rtl"
+    target = out / f"mxdot_fp6_probe_tb_bug{bug}.vvp"
+    subprocess.run(["iverilog", "-g2012", f"-Pmxdot_fp6_probe_tb.BUG={bug}", "-o", str(target),
+                    str(rtl / "mxdot_fp6.sv"), str(rtl / "mxdot_fp6_probe_tb.sv")], check=True, capture_output=True, timeout=60)
+    unit = SubprocessUnit(f"vvp -n {target}", *FP6, timeout=60)
+    try:
+        result = probe(unit, *FP6, 11, validation_vectors=512, corner_vectors=256)
+    finally:
+        unit.close()
+    return result, parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params(*FP6), target
+
+
+@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): a probe through vvp takes a minute or more")
+def test_an_fp6_unit_of_11_elements_is_probed_exact(tmp_path):
+    result, params, target = _probe_fp6_rtl(0, tmp_path)
+    assert result.exact and params.fused_terms == 11 and params.scales == "products"
+    rng = np.random.default_rng(12)
+    n = 300
+    a, b = (rng.integers(0, 64, (n, 11)).astype(np.uint64) for _ in range(2))
+    sa, sb = (rng.integers(90, 170, (n, 1)).astype(np.uint8) for _ in range(2))
+    c = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    unit = SubprocessUnit(f"vvp -n {target}", *FP6)
+    try:
+        rtl = unit(a, b, sa, sb, c)
+    finally:
+        unit.close()
+    emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>")
+    mine = dot(emitted, a, b, a_format=FP6[0], b_format=FP6[1], scale_a=sa, scale_b=sb, c=c.view(np.float32))
+    assert mine.astype(np.uint64).tolist() == rtl.tolist()
+
+
+@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): a probe through vvp takes a minute or more")
+def test_an_fp6_unit_ignoring_its_eleventh_element_is_caught(tmp_path):
+    """BUG=2: the eleventh product dropped, which no key describes: the config written is marked
+    not exact, with its mismatches."""
+    result, _, _ = _probe_fp6_rtl(2, tmp_path)
+    assert not result.exact and result.validation.mismatches > 0 and "NOT EXACT" in result.yaml

@@ -26,6 +26,7 @@ is what was measured on those vectors: nothing is claimed beyond them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ import yaml
 from ..datapath import parse_hwconfig
 from ..datapath.api import dot_with_params
 from ..datapath.config import check_consistency
-from ..datapath.schema import SCHEMA, keys, param_field
+from ..datapath.schema import DIRECTED_AND_NEAREST, SCHEMA, keys, param_field
 from ..errors import ArgumentError, ConfigError
 from ..formats import get_format
 from ..limits import check_int
@@ -85,10 +86,18 @@ class ProbeResult:
     seconds: float
     unit_seconds: float
     passes: int
+    stopped: str | None = None      # why the run ended before its last step (None: it ran them all)
+    rounding_only: list = field(default_factory=list)  # keys decided only under the rounding probed
+
+    @property
+    def exact(self) -> bool:
+        """Whether the config missed none of the unit's answers it was checked on."""
+        return self.validation.mismatches == 0
 
     def report(self) -> dict:
-        return {"config": self.config, "decisions": [vars(d) for d in self.decisions],
-                "validation": vars(self.validation), "queries": self.queries, "seconds": round(self.seconds, 3),
+        return {"config": self.config, "exact": self.exact, "stopped": self.stopped,
+                "decisions": [vars(d) for d in self.decisions], "validation": vars(self.validation),
+                "rounding_only": self.rounding_only, "queries": self.queries, "seconds": round(self.seconds, 3),
                 "unit_seconds": round(self.unit_seconds, 3), "passes": self.passes}
 
 
@@ -101,8 +110,11 @@ def _key_items():
 
 
 class _Engine:
-    def __init__(self, unit: CountingUnit, ctx: Context, name: str):
+    def __init__(self, unit: CountingUnit, ctx: Context, name: str, progress=None, seconds: float | None = None):
         self.unit, self.ctx, self.name = unit, ctx, name
+        self.progress = progress  # a callable taking one line, or None
+        self.started = time.perf_counter()
+        self.deadline = None if seconds is None else self.started + seconds
         self.hyp = {}
         for path in _key_items():
             section, key = path.split(".")
@@ -167,6 +179,8 @@ class _Engine:
         keys_ = [b"".join(getattr(batch, n)[i].tobytes() for n in ("a", "b", "scale_a", "scale_b", "c"))
                  for i in range(len(batch))]
         missing = [i for i, key in enumerate(keys_) if key not in self._answers]
+        if missing and self.deadline is not None and time.perf_counter() > self.deadline:
+            raise ProbeError(f"the probe ran past its time budget of {self.deadline - self.started:g} s")
         if missing:
             rows = batch.take(missing)
             answers = self._unit_answers(rows)
@@ -220,8 +234,12 @@ class _Engine:
         candidates = self.candidates(probe)
         params = [self.params({**self.hyp, **candidate}) for candidate in candidates]
         alive = [i for i, p in enumerate(params) if p is not None]
-        if not alive:
-            raise ProbeError(f"probe {probe.name!r}: no candidate forms a valid config with the other keys")
+        if not alive:  # the keys held stay (the hypothesis held is a valid config): the run goes on
+            decision = Decision(probe.name, probe.keys, _plain({k: self.hyp[k] for k in probe.keys}), 0, asked_before,
+                                about=probe.what, evidence={"note": "no candidate forms a valid config with the other "
+                                                                    "keys held: the values held stay"})
+            self.say(f"{probe.name}: no candidate valid with the keys held; kept as held")
+            return decision
         considered = len(alive)
         misses = dict.fromkeys(alive, 0)
         seen = []  # (input, answer, {candidate: prediction}) of every input asked
@@ -255,11 +273,18 @@ class _Engine:
                             about=probe.what)
         decision.evidence = self._evidence(seen, candidates, chosen)
         self.hyp.update(candidates[chosen])
+        self.say(f"{probe.name}: {_values(decision.value)}" + (f" ({decision.mismatches} answers missed)" if decision.mismatches else ""))
         return decision
 
+    def say(self, line: str) -> None:
+        """One progress line (with the queries asked and the seconds so far) to the caller's sink."""
+        if self.progress is not None:
+            self.progress(f"probe [{self.unit.queries} queries, {time.perf_counter() - self.started:.1f} s] {line}")
+
     def candidates(self, probe: Probe) -> list[dict]:
-        """The probe's candidates that keep the pinned keys and read no refused scale format."""
-        return [c for c in probe.candidates(self.ctx, self.hyp)
+        """The probe's candidates that keep the pinned keys and read no refused scale format,
+        each with group sums of a size its tree holds (:func:`_fit_groups`)."""
+        return [_fit_groups(self.ctx, self.hyp, c) for c in probe.candidates(self.ctx, self.hyp)
                 if all(c.get(key, value) == value for key, value in self.pinned.items())
                 and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused] or [{}]
 
@@ -283,7 +308,7 @@ class _Engine:
                     return
                 missed, held_misses = batch.take(np.flatnonzero(wrong)), int(np.count_nonzero(wrong))
                 right = np.flatnonzero(~wrong)
-                chunks = [(batch.take(rows), answers[rows]) for rows in np.array_split(right, -(-right.size // 1024))]
+                chunks = [(batch.take(rows), answers[rows]) for rows in np.array_split(right, max(1, -(-right.size // 1024)))]
                 best = None
                 for candidate in self.candidates(probe):
                     params = self.params({**self.hyp, **candidate})
@@ -328,6 +353,23 @@ class _Engine:
         return {"input": row, "unit_output": f"0x{answer:x}", "ruled_out_here": ruled_out,
                 "other_values": [{"value": value, "output": f"0x{got:x}"} for got, value in others.items()],
                 "inputs_asked": len(seen)}
+
+
+def _fit_groups(ctx: Context, hyp: dict, candidate: dict) -> dict:
+    """The candidate, where it leaves group sums held whose size does not divide its tree size
+    (a tree narrower than the default group of 16: units of K = 8 or 11), with the group size
+    held replaced by the largest that divides both the block and the tree; unchanged where
+    none does (the candidate then forms no valid config) or it sets the group size itself."""
+    merged = {**hyp, **candidate}
+    fused = merged["adder.fused_terms"]
+    if merged["inputs.scales"] != "group_sum" or "adder.group_terms" in candidate or not fused % merged["adder.group_terms"]:
+        return candidate
+    sizes = [g for g in range(2, fused + 1) if not fused % g and not ctx.block_size % g]
+    return {**candidate, "adder.group_terms": sizes[-1]} if sizes else candidate
+
+
+def _values(value: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in value.items())
 
 
 def _top_code(scale_format: str) -> int:
@@ -501,7 +543,8 @@ MAX_SEED = 2**63 - 1
 def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
           c_format: str = "fp32", seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
           passes_limit: int = 4,
-          budget: int = DEFAULT_BUDGET, name: str = "probed") -> ProbeResult:
+          budget: int = DEFAULT_BUDGET, name: str = "probed", seconds: float | None = None,
+          progress=None) -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``; every c the
     unit is asked is a value of ``c_format``, as fp32 bits, or fp64 bits for fp64; the emitted
@@ -512,8 +555,13 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     rows where values the probes did not tell apart disagree, :func:`_targeted`, and on every
     answer of the run, :func:`_answered`).
 
-    At most ``budget`` dot products are asked (:class:`ProbeError` past it); whatever the
-    unit raises, or a malformed answer, is a :class:`ProbeError`. Deterministic for a seed.
+    At most ``budget`` dot products are asked, and none after ``seconds`` (None: no limit);
+    ``progress``, a callable taking one line, hears each decision and validation as it comes.
+    Whatever the unit raises, a malformed answer or a budget spent is a :class:`ProbeError`:
+    before any hypothesis was measured it ends the run; after, the run stops there and returns
+    the best hypothesis measured, with ``stopped`` saying why. A result that is not ``exact``
+    (its validation counted mismatches) says so in its YAML. Deterministic for a seed (with
+    no time budget).
     """
     import numba
 
@@ -521,13 +569,13 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     numba.set_num_threads(1)  # the probe's batches are small: one thread beats waking many
     try:
         return _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, validation_vectors,
-                      corner_vectors, refinements, passes_limit, budget, name)
+                      corner_vectors, refinements, passes_limit, budget, name, seconds, progress)
     finally:
         numba.set_num_threads(threads)
 
 
 def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, validation_vectors, corner_vectors,
-           refinements, passes_limit, budget, name) -> ProbeResult:
+           refinements, passes_limit, budget, name, seconds, progress) -> ProbeResult:
     started = time.perf_counter()
     for fmt in (a_format, b_format, out_format, c_format):
         get_format(fmt)  # an unknown name lists the known ones
@@ -547,165 +595,243 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         raise ArgumentError("probe: the validation needs at least one vector")
     counting = CountingUnit(unit, out_format, check_int(budget, "probe: budget", 1))
     ctx = Context(a_format, b_format, k, block_size, out_format, seed=seed, c_format=c_format)
-    engine = _Engine(counting, ctx, name)
-    contexts = {(ctx.scale.fmt.name, False): ctx}
-    batches = {}
-    in_output_range = False  # whether the families draw inside the output's range (the last two starts)
+    if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= 1e7):
+        raise ArgumentError(f"probe: seconds must be a number in (0, 1e7], got {seconds!r}")
+    engine = _Engine(counting, ctx, name, progress, seconds)
+    search = _Search(engine, ctx, seed, validation_vectors, corner_vectors, refinements, passes_limit)
+    search.run()
+    # A refinement can make things worse when no key describes the unit: keep the best measured
+    # (the first of those missing fewest, as each step keeps a later one only if it misses fewer).
+    best, stopped, passes = min(search.measured, key=lambda item: item[0].mismatches), search.stopped, search.passes
+    validation, engine.hyp, decisions = best
+    rounding_only = _rounding_only(engine, decisions.values(), seed + 3001)
+    config = engine.data(engine.hyp)
+    config["description"] = (f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
+                             f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "
+                             f"validation vectors" + ("" if not validation.mismatches else "; NOT EXACT"))
+    config = {key: config[key] for key in ("mxsim_hwconfig", "name", "description", *SCHEMA) if key in config}
+    text = emit_yaml(config, decisions.values(), validation, counting.queries, stopped, rounding_only)
+    parse_hwconfig(yaml.safe_load(text), "<probed config>")  # what is written loads
+    engine.say(f"done: {validation.mismatches} mismatches in {validation.vectors} validation vectors")
+    return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
+                       time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only)
 
-    def inputs(p: Probe) -> Batch:
+
+class _Search:
+    """The search: passes of the probes over a hypothesis, validations and refinements
+    (:meth:`search`), run by the restart steps of :data:`STEPS` in turn, each only while
+    every one before it missed. Every hypothesis measured is kept (``measured``); a
+    :class:`ProbeError` after the first measurement ends the run with them (``stopped``)."""
+
+    def __init__(self, engine: _Engine, ctx: Context, seed: int, validation_vectors: int, corner_vectors: int,
+                 refinements: int, passes_limit: int):
+        self.engine, self.ctx, self.seed = engine, ctx, seed
+        self.validation_vectors, self.corner_vectors = validation_vectors, corner_vectors
+        self.refinements, self.passes_limit = refinements, passes_limit
+        self.contexts = {(ctx.scale.fmt.name, False): ctx}
+        self.batches: dict = {}
+        self.in_output_range = False  # whether the families draw inside the output's range (the last two starts)
+        self.asked = {p.name: 0 for p in (*PROBES, COARSE)}
+        self.probes = PROBES
+        self.decisions: dict[str, Decision] = {}
+        self.passes = self.refined = 0
+        self.late = False  # whether the late probes (Probe.late) run in this search's passes yet
+        self.measured: list = []  # (validation, hypothesis, decisions) of every hypothesis measured
+        self.best = None
+        self.stopped = None  # why the run ended before its last step (the unit failed, a budget ran out)
+
+    # -- the probes' inputs
+
+    def inputs(self, p: Probe) -> Batch:
         """The probe's inputs, written in the scale format held (drawn once per format), shuffled
         so that each chunk mixes the probe's families; its settled rows after them once the late
         probes run."""
-        fmt = engine.hyp["inputs.scale_format"]
-        if (p.name, fmt, in_output_range) not in batches:
-            drawn = contexts.setdefault((fmt, in_output_range), Context(a_format, b_format, k, block_size, out_format,
-                                                                        seed=seed, scale_format=fmt, c_format=c_format))
+        engine, ctx = self.engine, self.ctx
+        fmt, in_range = engine.hyp["inputs.scale_format"], self.in_output_range
+        if (p.name, fmt, in_range) not in self.batches:
+            drawn = self.contexts.setdefault((fmt, in_range), Context(
+                ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=self.seed, scale_format=fmt,
+                c_format=ctx.c_format))
             drawn.window = engine.hyp["adder.align_fraction_bits"]
-            drawn.in_output_range = in_output_range
+            drawn.in_output_range = in_range
 
             def draw() -> Batch:
                 batch = drawn.fit_c(p.inputs(drawn))
                 return batch.take(drawn.rng.permutation(len(batch)))
             batch = drawn.aside(draw) if p.aside else draw()
             if p.appended is not None:
-                batch = Batch.join([batch, aside_rows(drawn, p.appended)])
-            batches[p.name, fmt, in_output_range] = batch
-        batch = batches[p.name, fmt, in_output_range]
-        if late and p.settled is not None:
-            if (p.name, fmt, in_output_range, "settled") not in batches:
-                batches[p.name, fmt, in_output_range, "settled"] = Batch.join(
-                    [batch, aside_rows(contexts[fmt, in_output_range], p.settled)])
-            batch = batches[p.name, fmt, in_output_range, "settled"]
+                batch = Batch.join([batch, _aside_rows(drawn, p.appended)])
+            self.batches[p.name, fmt, in_range] = batch
+        batch = self.batches[p.name, fmt, in_range]
+        if self.late and p.settled is not None:
+            if (p.name, fmt, in_range, "settled") not in self.batches:
+                self.batches[p.name, fmt, in_range, "settled"] = Batch.join(
+                    [batch, _aside_rows(self.contexts[fmt, in_range], p.settled)])
+            batch = self.batches[p.name, fmt, in_range, "settled"]
         return batch
 
-    def aside_rows(drawn: Context, draw) -> Batch:
-        """``draw``'s rows, c fitted, on a copy of ``drawn``'s generator (the shared stream stays)."""
-        return drawn.aside(lambda: drawn.fit_c(draw(drawn)))
+    # -- passes, validations, refinements
 
-    asked = {p.name: 0 for p in (*PROBES, COARSE)}
-    probes = PROBES
-    decisions: dict[str, Decision] = {}
-    passes = refined = 0
-    late = False  # whether the late probes (Probe.late) run in this search's passes yet
-
-    def run_pass(extra: Batch | None) -> bool:
+    def run_pass(self, extra: Batch | None) -> bool:
         """One decision per probe; whether any kept value changed."""
-        nonlocal passes
-        passes += 1
-        before = dict(engine.hyp)
-        for p in probes:
-            if p.late and not late:
+        self.passes += 1
+        before = dict(self.engine.hyp)
+        for p in self.probes:
+            if p.late and not self.late:
                 continue
-            batch = inputs(p) if extra is None else Batch.join([extra, inputs(p)])
-            decisions[p.name] = engine.decide(p, batch, asked[p.name])
-            asked[p.name] = decisions[p.name].asked
-        return engine.hyp != before
+            batch = self.inputs(p) if extra is None else Batch.join([extra, self.inputs(p)])
+            self.decisions[p.name] = self.engine.decide(p, batch, self.asked[p.name])
+            self.asked[p.name] = self.decisions[p.name].asked
+        return self.engine.hyp != before
 
-    def search(best, rounds: int = refinements):
-        """Passes, then validations and at most ``rounds`` refinements; the best (validation,
-        hypothesis, decisions) measured so far."""
-        nonlocal refined, late
-        extra, limit, refined, late = None, passes_limit, 0, False
+    def search(self, rounds: int | None = None) -> None:
+        """Passes, then validations and at most ``rounds`` refinements (default
+        ``refinements``); ``best`` becomes the best (validation, hypothesis, decisions) measured."""
+        rounds = self.refinements if rounds is None else rounds
+        extra, limit, self.refined, self.late = None, self.passes_limit, 0, False
         while True:
             for _ in range(limit):  # passes until no decision changes
-                if not run_pass(extra):
+                if not self.run_pass(extra):
                     break
-            if not late:  # the late probes join a hypothesis the others have settled; passes again
-                late = True
+            if not self.late:  # the late probes join a hypothesis the others have settled; passes again
+                self.late = True
                 for _ in range(limit):
-                    if not run_pass(extra):
+                    if not self.run_pass(extra):
                         break
-            validation, missed = measure(decisions, refined)
-            measured.append((validation, dict(engine.hyp), dict(decisions)))
-            if best is None or validation.mismatches < best[0].mismatches:
-                best = (validation, dict(engine.hyp), dict(decisions))
-            if not validation.mismatches or refined == rounds:
-                return best
-            refined += 1
+            validation, missed = self.measure(self.decisions, self.refined)
+            self.keep(validation, self.decisions)
+            if not validation.mismatches or self.refined == rounds:
+                return
+            self.refined += 1
             extra = missed if extra is None else Batch.join([extra, missed])
             limit = 2
 
-    def measure(held_decisions: dict, index: int) -> tuple[Validation, Batch]:
+    def keep(self, validation: Validation, decisions: dict) -> None:
+        """Record the hypothesis held as measured; the best if it misses fewer than the best so far."""
+        item = (validation, dict(self.engine.hyp), dict(decisions))
+        self.measured.append(item)
+        if self.best is None or validation.mismatches < self.best[0].mismatches:
+            self.best = item
+
+    def measure(self, held_decisions: dict, index: int) -> tuple[Validation, Batch]:
         """The validation of the hypothesis held, then where the output may hide what the
         probes' rows did not show, then on every answer the run has: the first that misses."""
-        validation, missed = _validate(engine, seed + 1 + index, validation_vectors, corner_vectors)
+        engine = self.engine
+        validation, missed = _validate(engine, self.seed + 1 + index, self.validation_vectors, self.corner_vectors)
         if not validation.mismatches:
-            validation, missed = _targeted(engine, held_decisions.values(), seed + 1001 + index, validation)
+            validation, missed = _targeted(engine, held_decisions.values(), self.seed + 1001 + index, validation)
         if not validation.mismatches:
             validation, missed = _answered(engine, validation)
+        engine.say(f"validation: {validation.mismatches} mismatches in {validation.vectors} vectors")
         return validation, missed
 
-    measured: list = []  # (validation, hypothesis, decisions) of every hypothesis measured
-    best = search(None)
-    # E8M0 scales on the products and on exact group sums describe nearly the same unit, their
-    # windows anchored a bit or two apart, and the key-by-key search holds to the one it met
-    # first: while the validation counts mismatches, search again with the other pinned.
-    for placement in ("products", "group_sum"):
-        held = best[1]
-        if not best[0].mismatches or held["inputs.scales"] not in ("products", "group_sum") or held["inputs.scales"] == placement:
-            continue
-        engine.pinned = {"inputs.scales": placement, "inputs.scale_format": held["inputs.scale_format"]}
-        engine.hyp = {**engine.start, **engine.pinned}
-        if engine.params(engine.hyp) is None:
-            continue
-        decisions.clear()
-        best = search(best)
-    engine.pinned = {}
-    trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")  # the coarse starts go before it
-    if best[0].mismatches:  # again from the start, tree size, window and rounding decided together first
-        engine.hyp = dict(engine.start)
-        decisions.clear()
-        probes = (*PROBES[:trees], COARSE, *PROBES[trees:])
-        best = search(best)
-    if best[0].mismatches and products_pass_fp32(ctx):  # and once more with the overflow rules
-        engine.hyp = dict(engine.start)
-        decisions.clear()
-        probes = (*PROBES[:trees], COARSE_OVERFLOW, *PROBES[trees:])
-        best = search(best)
-    # Where the products pass the output's range, the first two starts again on rows drawn
-    # inside it (Context.output_span): above it most of the families' results are ±Inf. These
-    # run only where every search before missed, and refine twice as often: on rows inside
-    # the output's range a validation misses few rows, and each refinement's rows move a key or
-    # two (mi300 E4M3FNUZ x tf32 -> fp16: 12, 66, 1, 2, then 0 mismatches).
-    for probes in (PROBES, (*PROBES[:trees], COARSE, *PROBES[trees:])):
-        if not best[0].mismatches or ctx.output_span() == ctx.full_span():
-            break
-        engine.hyp = dict(engine.start)
-        decisions.clear()
-        in_output_range = True
-        best = search(best, 2 * refinements)
-    # Last, where every search missed: each probe's keys again against every answer of the run
-    # at once, from the hypothesis measured so far that misses the fewest of them (not polished
-    # before), then measured afresh: its validation's answers join the run's for the next round.
-    polished_from: list = []
-    for attempt in range(POLISH_ROUNDS):
-        if not best[0].mismatches:
-            break
-        batch, answers = engine.answered()
-        starts = [item for item in measured if item[1] not in polished_from]
-        if not starts:
-            break
-        start = min(starts, key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))))
-        polished_from.append(start[1])
-        engine.hyp, polished = dict(start[1]), dict(start[2])
-        engine.polish((*PROBES, COARSE), polished)
-        if engine.hyp == start[1]:  # no key moved: nothing new to measure
-            continue
-        validation, _ = measure(polished, 2001 + attempt)
-        measured.append((validation, dict(engine.hyp), polished))
-        if validation.mismatches < best[0].mismatches:
-            best = (validation, dict(engine.hyp), polished)
-    # A refinement can make things worse when no key describes the unit: keep the best measured.
-    validation, engine.hyp, decisions = best
-    config = engine.data(engine.hyp)
-    config["description"] = (f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
-                             f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "
-                             f"validation vectors")
-    config = {key: config[key] for key in ("mxsim_hwconfig", "name", "description", *SCHEMA) if key in config}
-    text = emit_yaml(config, decisions.values(), validation, counting.queries)
-    parse_hwconfig(yaml.safe_load(text), "<probed config>")  # what is written loads
-    return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
-                       time.perf_counter() - started, counting.seconds, passes)
+    def restart(self, probes=PROBES, hyp: dict | None = None) -> None:
+        """A fresh search's state: the hypothesis (default: the start), the probes, no decisions."""
+        self.engine.hyp = dict(self.engine.start if hyp is None else hyp)
+        self.probes = probes
+        self.decisions.clear()
+
+    # -- the steps
+
+    def run(self) -> None:
+        """The steps of :data:`STEPS` in turn; a :class:`ProbeError` after the first
+        measurement stops the run there (``stopped``), one before it ends the run."""
+        try:
+            for name, step in STEPS:
+                if self.best is not None and not self.best[0].mismatches:
+                    break
+                if self.best is not None:
+                    self.engine.say(f"step: {name}")
+                step(self)
+        except ProbeError as error:
+            if not self.measured:  # no hypothesis measured: nothing to keep
+                raise
+            self.stopped = str(error)
+            self.engine.say(f"stopped: {self.stopped}; keeping the best hypothesis measured")
+
+    def first(self) -> None:
+        self.search()
+
+    def other_placement(self) -> None:
+        """E8M0 scales on the products and on exact group sums describe nearly the same unit,
+        their windows anchored a bit or two apart, and the key-by-key search holds to the one it
+        met first: while the validation counts mismatches, search again with the other pinned."""
+        engine = self.engine
+        for placement in ("products", "group_sum"):
+            held = self.best[1]
+            if not self.best[0].mismatches or held["inputs.scales"] not in ("products", "group_sum") or held["inputs.scales"] == placement:
+                continue
+            engine.pinned = {"inputs.scales": placement, "inputs.scale_format": held["inputs.scale_format"]}
+            if engine.params({**engine.start, **engine.pinned}) is None:
+                engine.hyp = {**engine.start, **engine.pinned}
+                continue
+            self.restart(self.probes, {**engine.start, **engine.pinned})
+            self.search()
+        engine.pinned = {}
+
+    def coarse(self) -> None:
+        """Again from the start, tree size, window and rounding decided together first."""
+        self.restart(_with_before_trees(COARSE))
+        self.search()
+
+    def coarse_overflow(self) -> None:
+        """Once more with the overflow rules, where the products pass fp32's range."""
+        if products_pass_fp32(self.ctx):
+            self.restart(_with_before_trees(COARSE_OVERFLOW))
+            self.search()
+
+    def output_range(self) -> None:
+        """Where the products pass the output's range, the first two starts again on rows drawn
+        inside it (Context.output_span): above it most of the families' results are ±Inf. They
+        refine twice as often: on rows inside the output's range a validation misses few rows,
+        and each refinement's rows move a key or two (mi300 E4M3FNUZ x tf32 -> fp16: 12, 66, 1,
+        2, then 0 mismatches)."""
+        for probes in (PROBES, _with_before_trees(COARSE)):
+            if not self.best[0].mismatches or self.ctx.output_span() == self.ctx.full_span():
+                break
+            self.restart(probes)
+            self.in_output_range = True
+            self.search(2 * self.refinements)
+
+    def polish(self) -> None:
+        """Each probe's keys again against every answer of the run at once, from the hypothesis
+        measured so far that misses the fewest of them (not polished before), then measured
+        afresh: its validation's answers join the run's for the next round."""
+        engine = self.engine
+        polished_from: list = []
+        for attempt in range(POLISH_ROUNDS):
+            if not self.best[0].mismatches:
+                break
+            batch, answers = engine.answered()
+            starts = [item for item in self.measured if item[1] not in polished_from]
+            if not starts:
+                break
+            start = min(starts, key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))))
+            polished_from.append(start[1])
+            engine.hyp, polished = dict(start[1]), dict(start[2])
+            engine.polish((*PROBES, COARSE), polished)
+            if engine.hyp == start[1]:  # no key moved: nothing new to measure
+                continue
+            validation, _ = self.measure(polished, 2001 + attempt)
+            self.keep(validation, polished)
+
+
+#: The search's steps, in order: each runs only while every hypothesis measured before it
+#: misses (docs/probe.md, "How keys are decided").
+STEPS = (("first search", _Search.first), ("the other scale placement", _Search.other_placement),
+         ("coarse start", _Search.coarse), ("coarse start with the overflow rules", _Search.coarse_overflow),
+         ("inside the output's range", _Search.output_range), ("polishing", _Search.polish))
+
+
+def _with_before_trees(start: Probe) -> tuple[Probe, ...]:
+    """The probes with a coarse start put before the trees probe."""
+    trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")
+    return (*PROBES[:trees], start, *PROBES[trees:])
+
+
+def _aside_rows(drawn: Context, draw) -> Batch:
+    """``draw``'s rows, c fitted, on a copy of ``drawn``'s generator (the shared stream stays)."""
+    return drawn.aside(lambda: drawn.fit_c(draw(drawn)))
 
 
 class _FlowList(list):
@@ -720,19 +846,86 @@ _Dumper.add_representer(_FlowList, lambda dumper, data: dumper.represent_sequenc
     "tag:yaml.org,2002:seq", data, flow_style=True))
 
 
-def emit_yaml(config: dict, decisions, validation: Validation, queries: int) -> str:
-    """The hwconfig YAML, with a header comment summarising each decision."""
+def emit_yaml(config: dict, decisions, validation: Validation, queries: int, stopped: str | None = None,
+              rounding_only=()) -> str:
+    """The hwconfig YAML, with a header comment written from the config itself and its
+    evidence: each probe's keys with the values the config holds (as JSON), the validation,
+    whether the config is exact, why the run stopped early, and the keys decided only under
+    the rounding probed (:func:`_rounding_only`)."""
     shaped = {section: ({key: (_FlowList(value) if isinstance(value, list) else value) for key, value in body.items()}
                         if isinstance(body, dict) else body) for section, body in config.items()}
-    header = [f"# Probed hwconfig: {queries} dot products asked of the unit.",
-              f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
-              f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners; "
-              f"{validation.targeted} targeted)"
-              + (f", {validation.answered} of the run's earlier answers missed" if validation.answered else "")
-              + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
-              + "."]
+    header = [f"# Probed hwconfig: {queries} dot products asked of the unit."]
+    if validation.mismatches:
+        header.append(f"# NOT EXACT: this config misses {validation.mismatches} of the unit's answers it was checked on.")
+    if stopped:
+        header.append(f"# The run stopped early: {stopped}.")
+    header.append(f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
+                  f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners; "
+                  f"{validation.targeted} targeted)"
+                  + (f", {validation.answered} of the run's earlier answers missed" if validation.answered else "")
+                  + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
+                  + ".")
     for decision in decisions:
-        values = ", ".join(f"{k}={v}" for k, v in decision.value.items())
-        note = f"; no candidate fits, {decision.mismatches} answers missed" if decision.mismatches else ""
-        header.append(f"#   {decision.probe}: {values} ({decision.asked} inputs asked{note})")
+        values = ", ".join(f"{path}={json.dumps(held_value(config, path))}" for path in decision.keys)
+        header.append(f"#   {decision.probe}: {values} ({decision.asked} inputs asked)")
+    for entry in rounding_only:
+        header.append(f"# Decided under {entry['rounding']} only: {entry['key']}={json.dumps(entry['held'])}; "
+                      f"{', '.join(json.dumps(v) for v in entry['others'])} alike under it, "
+                      f"not under {', '.join(entry['differs_under'])}.")
     return "\n".join(header) + "\n" + yaml.dump(shaped, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def held_value(config: dict, path: str):
+    """The value a config mapping holds at a key path (its schema default where unset)."""
+    section, key = path.split(".")
+    return config.get(section, {}).get(key, SCHEMA[section][key].default)
+
+
+#: The keys that carry a unit's rounding mode (a unit taking a mode per operation sets these).
+ROUNDING_KEYS = ("accumulator.rounding", "output.rounding")
+
+
+def _rounding_only(engine: _Engine, decisions, seed: int, n: int = 512) -> list[dict]:
+    """The keys decided only under the rounding held: each decision's equivalent values (those
+    no answer told apart), put in the final hypothesis, are predicted beside it (no query) on
+    ``n`` fresh rows (realistic data, uniformly random codes, each also with c cancelling its
+    leading bits); those alike under the rounding held are predicted again under every other
+    rounding mode (set on :data:`ROUNDING_KEYS`). A key whose value there differs under some
+    mode is listed once, with the other values and the modes: a unit taking its rounding mode
+    per operation, derived from this config by changing the mode alone, is only right where
+    none is listed (an E4M3 grid of 33 or 34 fraction bits: alike to nearest, not toward zero)."""
+    hyp, ctx = engine.hyp, engine.ctx
+    held_mode = hyp["accumulator.rounding"]
+    drawn_ctx = Context(ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=seed,
+                        scale_format=hyp["inputs.scale_format"], c_format=ctx.c_format)
+    drawn = Batch.join([drawn_ctx.realistic(n // 4), drawn_ctx.uniform(n // 4)])
+    batch = drawn_ctx.fit_c(Batch.join([drawn, _cancelling(drawn_ctx, drawn, hyp["inputs.scales"] != "none")]))
+    held = {held_mode: engine.predict(engine.params(hyp), batch)}
+    found: dict = {}
+    tried = set()
+    for decision in decisions:
+        for value in decision.equivalent:
+            other = {**hyp, **value}
+            changed = [path for path in value if hyp.get(path) != value[path] and path not in ROUNDING_KEYS]
+            params = engine.params(other)
+            if not changed or params is None or params in tried:
+                continue
+            tried.add(params)
+            if _differs(engine.predict(params, batch), held[held_mode], ctx.out_format).any():
+                continue  # not alike under the rounding held on these rows: the validation's to judge
+            modes = []
+            for mode in DIRECTED_AND_NEAREST:
+                moved = dict.fromkeys(ROUNDING_KEYS, mode)
+                first, second = engine.params({**hyp, **moved}), engine.params({**other, **moved})
+                if mode == held_mode or first is None or second is None:
+                    continue
+                if mode not in held:
+                    held[mode] = engine.predict(first, batch)
+                if _differs(held[mode], engine.predict(second, batch), ctx.out_format).any():
+                    modes.append(mode)
+            for path in changed if modes else ():
+                entry = found.setdefault(path, {"key": path, "held": _plain({path: hyp[path]})[path], "others": [],
+                                                "rounding": held_mode, "differs_under": []})
+                entry["others"] += [v for v in [_plain({path: value[path]})[path]] if v not in entry["others"]]
+                entry["differs_under"] = [m for m in DIRECTED_AND_NEAREST if m in entry["differs_under"] or m in modes]
+    return list(found.values())

@@ -265,8 +265,12 @@ def interleaved_orders(k: int) -> list[tuple[int, ...]]:
 
 
 def _tree_sizes(k: int) -> list[int]:
-    """Every size up to 64, and the divisors of K beyond."""
-    return sorted(set(range(1, min(k, 64) + 1)) | {f for f in range(1, k + 1) if k % f == 0})
+    """Every size up to 64, and the divisors of K beyond: the divisors of K first (a unit's
+    trees mostly tile its K), then the others, each in ascending order. Where the rows tell a
+    ragged split from whole trees apart only rarely (trees of 8 or 11 at K = 11: fp6 products
+    span fewer binades than fp32 holds), the size tiling K is kept."""
+    sizes = set(range(1, min(k, 64) + 1)) | {f for f in range(1, k + 1) if k % f == 0}
+    return sorted(sizes, key=lambda f: (k % f != 0, f))
 
 
 def _intervals(fused: int, k: int) -> list[int | None]:
@@ -288,13 +292,21 @@ def _at_end(fused: int, k: int) -> int:
 
 def _trees(ctx: Context, hyp: dict) -> Candidates:
     # Promotion rides along: a tree size is only seen right with the promotion interval it has.
-    candidates = [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n,
-                   "adder.trees_in_blocks": False}
-                  for f in _tree_sizes(ctx.k) for n in _intervals(f, ctx.k)]
-    # Trees that restart at each block (no promotion): only a size that does not divide it differs.
+    # Trees that restart at each block (no promotion): only a size that does not divide it
+    # differs. Where K fits in one block they compute as the others, but a grid (one scale per
+    # tree) admits only them: each comes right after its sibling, so that a grid held at
+    # K = 11 keeps trees of 11 rather than the first size dividing the block.
+    within = ctx.k <= ctx.block_size
+    candidates = []
+    for f in _tree_sizes(ctx.k):
+        for n in _intervals(f, ctx.k):
+            candidates.append({"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n,
+                               "adder.trees_in_blocks": False})
+            if within and n is None and ctx.block_size % f:
+                candidates.append({**candidates[-1], "adder.trees_in_blocks": True})
     candidates += [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
                     "adder.trees_in_blocks": True}
-                   for f in _tree_sizes(ctx.k) if ctx.k > ctx.block_size and ctx.block_size % f]
+                   for f in _tree_sizes(ctx.k) if not within and ctx.block_size % f]
     for order in interleaved_orders(ctx.k):
         candidates += [{"adder.fused_terms": f, "adder.term_order": list(order), "adder.trees_in_blocks": False}
                        for f in range(1, len(order)) if len(order) % f == 0]
@@ -325,6 +337,7 @@ def _coarse_with(ctx: Context, roundings: Candidates) -> Candidates:
     window (an fp8 times an fp32) show them on nearly every row, so that no key decided one at
     a time fits until they are held (mi300 E5M2FNUZ x fp32 -> fp32)."""
     sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
+    sizes += [ctx.k] if ctx.k not in sizes else []  # one tree over an odd K (11 FP6 elements)
     windows = [{"adder.align_fraction_bits": None}] + [
         {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
         for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")] + [
