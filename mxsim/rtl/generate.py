@@ -579,7 +579,7 @@ class _Builder:
                 name = f"{prefix}_{depth}_{i // 2}"
                 self.emit(f"  logic {name}_v; logic signed [{EXW - 1}:0] {name};")
                 self.emit(f"  assign {name}_v = {va} || {vb};")
-                self.emit(f"  assign {name} = ({vb} && (!{va} || {xb} > {xa})) ? {xb} : {xa};")
+                self.emit(f"  assign {name} = (({vb}) && (!({va}) || ({xb}) > ({xa}))) ? {xb} : {xa};")
                 nxt.append((f"{name}_v", name))
             if len(level) % 2:
                 nxt.append(level[-1])
