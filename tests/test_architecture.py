@@ -18,7 +18,7 @@ LAYERS = (
     ("formats",),
     ("quantize",),
     ("datapath",),
-    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep"),
+    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep", "rtl"),
     ("cli",),
 )
 # Within the consumers' layer, what each package may import (capture -> trace -> replay, the
@@ -32,6 +32,7 @@ CONSUMER_IMPORTS = {
     "cycles": set(),
     "golden": set(),
     "sweep": {"trace", "replay"},
+    "rtl": set(),
 }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..fileio import check_output_directory, json_text, staged_directory
 from .generate import RtlUnit
-from .simulate import testbench, vector_fields
+from .simulate import probe_testbench, testbench, vector_fields
 
 MANIFEST = "rtl.json"
 
@@ -35,7 +35,7 @@ def manifest(unit: RtlUnit, area: dict | None = None) -> dict:
         "b_format": p.b_format,
         "k": unit.dot_length,
         "pipeline": unit.pipeline,
-        "files": sorted(unit.files) + ["tb.sv"],
+        "files": sorted(unit.files) + ["tb.sv"] + ([] if unit.pipeline else ["probe_tb.sv"]),
         "ports": [{"name": n, "direction": d, "bits": w, "meaning": m} for n, d, w, m in unit.ports],
         "vector_fields": [{"name": n, "lsb": lsb, "bits": bits} for n, lsb, bits in vector_fields(unit)],
         **({"area": area} if area else {}),
@@ -49,5 +49,7 @@ def write_unit(unit: RtlUnit, out_dir, area: dict | None = None) -> Path:
         for name, text in unit.files.items():
             (staging / name).write_text(text, encoding="utf-8")
         (staging / "tb.sv").write_text(testbench(unit), encoding="utf-8")
+        if not unit.pipeline:
+            (staging / "probe_tb.sv").write_text(probe_testbench(unit), encoding="utf-8")
         (staging / MANIFEST).write_text(json_text(manifest(unit, area), indent=2) + "\n", encoding="utf-8")
     return target

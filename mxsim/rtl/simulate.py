@@ -88,6 +88,37 @@ endmodule
 """
 
 
+def probe_testbench(unit: RtlUnit) -> str:
+    """The module ``probe_tb``: ``unit`` speaking mxsim probe's line protocol (docs/probe.md) on
+    stdin/stdout, one answer per request line (``A B SA SB C`` in hex; ``A B C`` without scales)."""
+    if unit.pipeline:
+        raise MxsimError("rtl: the probe test bench drives a combinational unit (pipeline 0)")
+    inputs = [(name, width) for name, direction, width, _ in unit.ports if direction == "input"]
+    declare = "\n".join(f"  logic [{width - 1}:0] {name};" for name, width in inputs)
+    d_bits = next(width for name, _, width, _ in unit.ports if name == "d")
+    names = [name for name, _ in inputs]
+    ports = ", ".join(f".{name}({name})" for name in names + ["d"])
+    return f"""// probe_tb: {unit.name} answering mxsim probe's line protocol (docs/probe.md).
+`timescale 1ns / 1ps
+module probe_tb;
+  localparam int STDIN = 32'h8000_0000;
+{declare}
+  logic [{d_bits - 1}:0] d;
+  int fields;
+  {unit.name} dut ({ports});
+  initial begin
+    forever begin
+      fields = $fscanf(STDIN, "{' '.join(['%h'] * len(names))}", {', '.join(names)});
+      if (fields != {len(names)}) $finish;
+      #1;
+      $display("%h", d);
+      $fflush();
+    end
+  end
+endmodule
+"""
+
+
 def have(simulator: str) -> bool:
     """Whether the simulator's programs are on PATH."""
     programs = {"iverilog": ("iverilog", "vvp"), "verilator": ("verilator",)}[simulator]
