@@ -71,7 +71,7 @@ COVERED = {
     "c_format": _only(*IEEE_FORMATS),
     "same_format": _any,
     "input_zero_sign": lambda v, p: v == "keep" or p.accumulator_subnormals,
-    "product_fraction_bits": _only(None),
+    "product_fraction_bits": _any,
     "product_overflow_exponent": _only(None),
     "fused_terms": _exact_trees_inside_blocks,
     "structure": _only("fused"),
@@ -404,7 +404,13 @@ class _Builder:
         self.emit("    assign p_sign[gk] = a_sign[gk] ^ b_sign[gk];")
         self.emit("    assign p_uexp[gk] = a_exp[gk] + b_exp[gk];")
         self.emit(f"    assign p_exp[gk] = p_uexp[gk]{scale_exp};")
-        self.emit(f"    assign p_sig[gk] = (p_nan[gk] || p_inf[gk]) ? '0 : {self.ps}'(a_sig[gk]) * {self.ps}'(b_sig[gk]);")
+        exact = f"(p_nan[gk] || p_inf[gk]) ? '0 : {self.ps}'(a_sig[gk]) * {self.ps}'(b_sig[gk])"
+        if p.product_fraction_bits is None or p.product_fraction_bits + 1 >= self.ps:
+            self.emit(f"    assign p_sig[gk] = {exact};")
+        else:  # multiplier.product_fraction_bits: the significand cut to 1 + n bits toward zero
+            self.emit(f"    logic [{self.ps - 1}:0] p_full;")
+            self.emit(f"    assign p_full = {exact};")
+            self.emit(f"    mxr_truncate #(.W({self.ps}), .N({p.product_fraction_bits})) cut (.sig(p_full), .out(p_sig[gk]));")
         self.emit("  end")
 
     # step 6's start: c into the accumulator

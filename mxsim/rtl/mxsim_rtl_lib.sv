@@ -227,3 +227,15 @@ module mxr_add_round #(
       .sign(total[WO-1]), .mag(total[WO-1] ? WO'(-total) : WO'(total)), .lsb(wlsb - EXW'(1)),
       .code(code), .ovf(ovf));
 endmodule
+
+// A product's significand truncated toward zero to N + 1 significant bits
+// (multiplier.product_fraction_bits N): the bits below the leading one's position - N cleared.
+module mxr_truncate #(parameter int W = 8, parameter int N = 3) (
+    input  logic [W-1:0] sig,
+    output logic [W-1:0] out
+);
+  localparam int PW = $clog2(W + 1) + 1;
+  logic [PW-1:0] top;
+  mxr_msb #(.W(W), .PW(PW)) msb_i (.x(sig), .pos(top));
+  assign out = (int'(top) > N) ? sig & ~((W'(1) << (int'(top) - N)) - W'(1)) : sig;
+endmodule
