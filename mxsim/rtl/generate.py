@@ -732,11 +732,12 @@ class _Builder:
         self.emit("    end else result = o_rounded;")
         self.emit("  end")
         if u.pipeline:
-            self.emit(f"  logic [{ow - 1}:0] stage [{u.pipeline}];")
+            self.emit(f"  logic [{ow - 1}:0] {', '.join(f'stage{i}' for i in range(u.pipeline))};")
             self.emit("  always_ff @(posedge clk) begin")
-            self.emit("    stage[0] <= result;")
-            self.emit(f"    for (int i = 1; i < {u.pipeline}; i++) stage[i] <= stage[i - 1];")
+            self.emit("    stage0 <= result;")
+            for i in range(1, u.pipeline):
+                self.emit(f"    stage{i} <= stage{i - 1};")
             self.emit("  end")
-            self.emit(f"  assign d = stage[{u.pipeline - 1}];")
+            self.emit(f"  assign d = stage{u.pipeline - 1};")
         else:
             self.emit("  assign d = result;")
