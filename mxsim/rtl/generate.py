@@ -311,6 +311,9 @@ class _Builder:
         self.da = element_decode(self.p.a_format, self.p.input_subnormals, zeros_positive)
         self.db = element_decode(self.p.b_format, self.p.input_subnormals, zeros_positive)
         self.lines: list[str] = []
+        self.tree_specials: list[str] = []   # per tree: its NaN/Inf flag
+        self.negzero_terms: list[str] = []   # per product: it keeps "every addend is -0" true
+        self.ovf_terms: list[tuple] = []     # (overflow, its sign, trees before it) in order
         self.scaled = self.p.scales != "none"
         self.blocks = self.k // self.p.block_size if self.scaled else 0
 
@@ -464,8 +467,6 @@ class _Builder:
         t = f"t{index}"
         ks = [k for k in positions if k is not None]
         self.emit(f"  // Tree {index}: k = {', '.join('pad' if k is None else str(k) for k in positions)}.")
-        if not hasattr(self, "special_terms"):
-            self.special_terms, self.negzero_terms, self.tree_specials = [], [], []
         spec = " || ".join(f"p_nan[{k}] || p_inf[{k}]" for k in ks) or "1'b0"
         self.emit(f"  logic {t}_special; assign {t}_special = {spec};")
         self.tree_specials.append(f"{t}_special")
@@ -656,13 +657,10 @@ class _Builder:
         self.emit(f"  mxr_add_round #(.WX({width}), .WY(24), .EB({ob}), .MB({om}), .MODE({MODES[p.output_rounding]}), "
                   f".SUBN({int(p.output_subnormals)}), .OVF_INF(0), .EXW({EXW})) {t}_add (.x({s}), .lsb_x({lsb}), "
                   f".sign_y(c_finite_sign), .mag_y(c_mag), .lsb_y(c_lsb), .code({t}_out), .ovf({t}_ovf));")
-        self.exact_out = f"{t}_out"
         return f"{t}_out"
 
     def _note_overflow(self, ovf: str, sign: str, trees_seen: int) -> None:
         """An overflow counts (becomes the result's infinity) when no NaN/Inf came before it."""
-        if not hasattr(self, "ovf_terms"):
-            self.ovf_terms = []
         self.ovf_terms.append((ovf, sign, trees_seen))
 
     def _c_at_end(self, acc: str) -> str:
@@ -699,11 +697,11 @@ class _Builder:
         else:
             self._acc_unpack("o_a", acc)
             self.emit(f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', self.acc_mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{self.acc_mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}")
-        specials = getattr(self, "tree_specials", [])
+        specials = self.tree_specials
         # the overflow that counts: the first one with no NaN/Inf (c, products) before it
         self.emit("  logic ovf_counts, ovf_sign;")
         ovfs = ([("c_ovf", "c_rounded[" + str(self.acc_eb + self.acc_mb) + "]", 0)]
-                if p.accumulator_format != "exact" and p.c_entry == "initial" else []) + getattr(self, "ovf_terms", [])
+                if p.accumulator_format != "exact" and p.c_entry == "initial" else []) + self.ovf_terms
         conds = []
         for ovf, sign, seen in ovfs:
             before = " || ".join(["c_special"] + specials[:seen])
@@ -715,7 +713,7 @@ class _Builder:
         self.emit(f"  assign any_nan = {' || '.join(nans)};")
         self.emit(f"  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);")
         self.emit(f"  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);")
-        negzero = [self.negative_zero_c] + (self.negzero_terms if hasattr(self, "negzero_terms") else [])
+        negzero = [self.negative_zero_c] + self.negzero_terms
         if p.grid_fraction_bits is not None or p.output_zero_sign != "ieee":
             self.emit("  logic all_negative_zero; assign all_negative_zero = 1'b0;")
         else:

@@ -237,5 +237,5 @@ module mxr_truncate #(parameter int W = 8, parameter int N = 3) (
   localparam int PW = $clog2(W + 1) + 1;
   logic [PW-1:0] top;
   mxr_msb #(.W(W), .PW(PW)) msb_i (.x(sig), .pos(top));
-  assign out = (int'(top) > N) ? sig & ~((W'(1) << (int'(top) - N)) - W'(1)) : sig;
+  assign out = (top > PW'(N)) ? sig & ~((W'(1) << (top - PW'(N))) - W'(1)) : sig;
 endmodule
