@@ -431,8 +431,9 @@ def cmd_golden(args) -> int:
 
 def cmd_rtl(args) -> int:
     from .rtl import generate_unit
-    from .rtl.output import write_unit
+    from .rtl.output import is_rtl_output, write_unit
 
+    check_output_directory(args.out, is_rtl_output, "--out")  # before any work
     if args.k is not None:
         check_int(args.k, "--k", 1, 4096)
     check_int(args.pipeline, "--pipeline", 0, 8)

@@ -32,7 +32,7 @@ def variant(tmp_path, base: str, changes: dict) -> str:
 
 @pytest.mark.parametrize("changes,key", [
     ({"adder": {"parity_windows": True, "align_fraction_bits": 20, "accumulator_in_tree": False}}, "adder.parity_windows"),
-    ({"multiplier": {"product_overflow_exponent": 6}}, "multiplier.product_overflow_exponent"),
+    ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
     ({"accumulator": {"promotion_interval": 64}}, "accumulator.promotion_interval"),
     ({"output": {"zero_sign": "ieee_steps"}}, "output.zero_sign"),
     ({"adder": {"fused_terms": 64}}, "adder.fused_terms"),  # an exact tree across two blocks' scales

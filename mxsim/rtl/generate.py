@@ -122,10 +122,10 @@ def check_covered(params: DatapathParams, source: str) -> None:
             accepted = getattr(accepts, "accepted", None)
             hint = f" (built: {', '.join('null' if v is None else str(v) for v in accepted)})" if accepted else ""
             raise ConfigError(source, f"{section}.{name}", f"{shown} is not covered by the RTL generator{hint}")
-    for operand in (params.a_format, params.b_format):
+    for key, operand in (("inputs.a_formats", params.a_format), ("inputs.b_formats", params.b_format)):
         fmt = get_format(operand)
         if fmt.bits > 8:
-            raise ConfigError(source, "inputs.a_formats", f"element format {fmt.name} ({fmt.bits} bits) is not covered "
+            raise ConfigError(source, key, f"element format {fmt.name} ({fmt.bits} bits) is not covered "
                               "by the RTL generator (elements of at most 8 bits)")
 
 
