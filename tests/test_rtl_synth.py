@@ -1,0 +1,57 @@
+"""Yosys on generated units: cells, transistors and depth come out of a real synthesis, cached per
+design. CI synthesizes one 1-element unit; ``MXSIM_RTL_LONG`` adds a window comparison and a
+damaged cache entry (each synthesis takes minutes on a loaded 2-core machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+import os
+
+from mxsim.datapath import parse_hwconfig
+from mxsim.rtl import generate_unit
+from mxsim.rtl.synth import design_key, have_yosys, synthesize
+from test_golden_rtl import require
+
+
+LONG = pytest.mark.skipif(not os.environ.get("MXSIM_RTL_LONG"), reason="MXSIM_RTL_LONG=1 (docs/rtl.md)")
+
+
+def small_unit(window: int, k: int = 1):
+    """A k-element FP4 unit (one block, E8M0 scales) with c in a window of ``window`` bits."""
+    config = parse_hwconfig({
+        "mxsim_hwconfig": 1, "name": f"small-w{window}",
+        "inputs": {"a_formats": ["fp4_e2m1"], "b_formats": ["fp4_e2m1"], "block_size": k},
+        "adder": {"fused_terms": k, "accumulator_in_tree": True, "align_fraction_bits": window},
+        "accumulator": {"rounding": "toward_zero"}, "output": {"rounding": "toward_zero"},
+    }, "<small>")
+    return generate_unit(config, "fp4_e2m1", "fp4_e2m1", k)
+
+
+def test_area_and_depth_from_yosys(tmp_path, monkeypatch):
+    require(have_yosys(), "Yosys")
+    monkeypatch.setenv("MXSIM_SYNTH_CACHE", str(tmp_path))
+    unit = small_unit(4)
+    first = synthesize(unit)
+    assert first.cells > 100 and first.transistors > 2 * first.cells and first.depth > 10 and not first.cached
+    again = synthesize(unit)
+    assert again.cached and (again.cells, again.transistors, again.depth) == (first.cells, first.transistors, first.depth)
+    assert (tmp_path / f"{design_key(unit)}.json").is_file()
+
+
+@LONG
+def test_a_wider_window_costs_more(tmp_path, monkeypatch):
+    require(have_yosys(), "Yosys")
+    monkeypatch.setenv("MXSIM_SYNTH_CACHE", str(tmp_path))
+    narrow, wide = synthesize(small_unit(8, 2)), synthesize(small_unit(24, 2))
+    assert wide.cells > narrow.cells and wide.transistors > narrow.transistors
+
+
+@LONG
+def test_a_damaged_cache_entry_is_recomputed(tmp_path, monkeypatch):
+    require(have_yosys(), "Yosys")
+    monkeypatch.setenv("MXSIM_SYNTH_CACHE", str(tmp_path))
+    unit = small_unit(4)
+    (tmp_path / f"{design_key(unit)}.json").write_text("{not json")
+    result = synthesize(unit)
+    assert not result.cached and result.cells > 0
