@@ -540,7 +540,7 @@ class _Builder:
         self.emit(f"  assign {t}_has_zero = {zero_any};")
         if p.zero_term_exponent is not None:
             cands.append((f"{t}_has_zero", _signed(p.zero_term_exponent)))
-        self.emit(f"  // R: the largest exponent of a nonzero term (balanced max tree)")
+        self.emit("  // R: the largest exponent of a nonzero term (balanced max tree)")
         any_name, r_name = self._max_tree(f"{t}_rmax", cands)
         self.emit(f"  assign {t}_any = {any_name};")
         self.emit(f"  assign {t}_r = {r_name};")
@@ -709,10 +709,10 @@ class _Builder:
         self.emit(f"  assign ovf_counts = {' || '.join(c for c, _ in conds) or chr(48)};")
         self.emit(f"  assign ovf_sign = {''.join(f'{c} ? {sg} : ' for c, sg in conds)}1'b0;")
         nans = ["c_nan", "(|p_nan)"]
-        self.emit(f"  logic any_nan, pos_inf, neg_inf;")
+        self.emit("  logic any_nan, pos_inf, neg_inf;")
         self.emit(f"  assign any_nan = {' || '.join(nans)};")
-        self.emit(f"  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);")
-        self.emit(f"  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);")
+        self.emit("  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);")
+        self.emit("  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);")
         negzero = [self.negative_zero_c] + self.negzero_terms
         if p.grid_fraction_bits is not None or p.output_zero_sign != "ieee":
             self.emit("  logic all_negative_zero; assign all_negative_zero = 1'b0;")
