@@ -475,7 +475,12 @@ MODULE_TIERS = {
     "test_fuzz": ("slow",),
     "test_hwconfigs_gpu": ("slow",),
     "test_inloop_network": ("slow",),
-    "test_evaluate_onnx": ("slow",),
+    "test_evaluate_onnx": ("oracle", "slow"),
+    "test_capture_torch_quark": ("oracle", "slow"),
+    "test_rtl_simulate": ("rtl", "slow"),
+    "test_rtl_synth": ("rtl", "slow"),
+    "test_cmodel_rtl": ("rtl", "slow"),
+    "test_cmodel_check": ("slow",),
 }
 #: Markers for the tests that use a fixture, whatever their module.
 FIXTURE_TIERS = {
