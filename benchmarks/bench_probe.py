@@ -340,7 +340,7 @@ def render(results: dict) -> str:
     rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs] + totals(runs)
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     when = results["before"]
-    return "\n".join([f"Measured {when['date']}, mxsim {when['mxsim']}, {when['cores']} cores, load average "
+    return "\n".join([f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, load average "
                       f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after.", "", *lines])
 
 

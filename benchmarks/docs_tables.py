@@ -23,7 +23,7 @@ BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", r
 
 def _conditions(results: dict) -> str:
     c = results["conditions"]
-    return (f"Recorded {c['date']} at commit {c['commit']}, load average {c['load_average']} "
+    return (f"Recorded at commit {c['commit']}, load average {c['load_average']} "
             f"({c['cores']} cores, {c['machine']}, numpy {c['numpy']}).")
 
 

@@ -2,7 +2,7 @@
 
 Written from the parameter definitions in ``datapath.schema.SCHEMA`` and the seven steps of
 docs/hwconfig.md (not from the kernel), one function per step as the kernel has them:
-:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`_tree_positions` (3, with
+:func:`_decode` and :func:`_multiply` (steps 1-2), :func:`tree_positions` (3, with
 :func:`_group_terms` for ``scales: group_sum``),
 :func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
 :func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7); the matrix-core adders
@@ -160,7 +160,7 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
 
 # --- step 3: order and trees --------------------------------------------------------------------
 
-def _tree_positions(length: int, params: DatapathParams) -> list[list[int | None]]:
+def tree_positions(length: int, params: DatapathParams) -> list[list[int | None]]:
     """The k of every tree position, in tree order; None for a padded position (no term)."""
     if params.term_order is not None:
         # K padded to whole periods of the order; padded positions hold no term.
@@ -591,7 +591,7 @@ def dot_reference(
         products.append((product, exponent, scale_exponent))
         log({"stage": "product", "k": k, "a_code": code_a, "b_code": code_b, "a": _to_float(value_a),
              "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
-    trees = _tree_positions(len(products), params)
+    trees = tree_positions(len(products), params)
     if params.structure == "pairwise_rounded":
         return _pairwise_dot(params, products, trees, c_given, acc_fmt, out_fmt, log)
     if params.scales == "group_sum":  # None: every scale 1

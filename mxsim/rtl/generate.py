@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..datapath import DatapathParams, load_hwconfig
 from ..datapath.config import HardwareConfig
+from ..datapath.reference import tree_positions
 from ..datapath.schema import keys, param_field
 from ..errors import ArgumentError, ConfigError
 from ..formats import get_format
@@ -226,20 +227,6 @@ class RtlUnit:
     pipeline: int
     files: dict = field(default_factory=dict)
     ports: list = field(default_factory=list)
-
-
-def tree_positions(length: int, params: DatapathParams) -> list[list[int | None]]:
-    """docs/hwconfig.md step 3: the k of every tree position, None for a padded position."""
-    if params.term_order is not None:
-        period = len(params.term_order)
-        padded = -(-length // period) * period
-        sequence = [(p // period) * period + params.term_order[p % period] for p in range(padded)]
-        sequence = [k if k < length else None for k in sequence]
-    else:
-        sequence = list(range(length))
-    blocks = ([sequence[s : s + params.block_size] for s in range(0, len(sequence), params.block_size)]
-              if params.trees_in_blocks else [sequence])
-    return [block[s : s + params.fused_terms] for block in blocks for s in range(0, len(block), params.fused_terms)]
 
 
 def _format_shape(name: str) -> tuple[int, int]:
