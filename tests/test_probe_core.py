@@ -813,3 +813,22 @@ def test_a_key_alike_under_the_rounding_probed_only_is_named():
     # and the RTZ unit itself: 34 is right, 33 is not
     rtz = HwconfigUnit(HW / "mxdotp-rtz.yaml", "fp8_e4m3", "fp8_e4m3", "fp32")
     assert rtz.params.grid_fraction_bits == 34
+
+
+@pytest.mark.parametrize("out_format", ["fp16", "bf16", "fp32", "fp64"])
+def test_scalar_comparison_agrees_with_the_array_comparison(out_format):
+    from mxsim.formats import get_format
+    from mxsim.probe.core import _differs, _same
+
+    fmt = get_format(out_format)
+    rng = np.random.default_rng(5)
+    nan = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
+    specials = [0, 1, nan, nan | 1, nan | (1 << (fmt.mantissa_bits - 1)), 1 << (fmt.bits - 1) | nan | 3,
+                (1 << fmt.bits) - 1, 1 << fmt.bits if fmt.bits < 64 else 0x0123456789ABCDEF]
+    rows = [int(x) for x in rng.integers(0, 1 << min(fmt.bits, 63), 300, dtype=np.uint64)] + specials
+    pairs = [(p, a) for p in rows[-40:] + specials for a in rows[-60:] + specials] + list(zip(rows, rows[1:]))
+    predicted = np.array([p for p, _ in pairs], np.uint64)
+    answers = np.array([a for _, a in pairs], np.uint64)
+    expected = ~_differs(predicted, answers, out_format)
+    assert [_same(p, a, out_format) for p, a in pairs] == expected.tolist()
+    assert expected.sum() > len(specials)  # NaN pairs with different payloads count as the same

@@ -396,7 +396,14 @@ def _is_nan(bits: np.ndarray, out_format: str) -> np.ndarray:
 
 
 def _same(predicted: int, answer: int, out_format: str) -> bool:
-    return not _differs(np.array([predicted], np.uint64), np.array([answer], np.uint64), out_format)[0]
+    """One pair of :func:`_differs`, negated: equal bits, or both NaN. Plain integers, as the
+    evidence search compares every answered input with every candidate's prediction."""
+    if predicted == answer:
+        return True
+    fmt = get_format(out_format)
+    exponent_mask = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
+    mantissa_mask = (1 << fmt.mantissa_bits) - 1
+    return all(bits & exponent_mask == exponent_mask and bits & mantissa_mask for bits in (predicted, answer))
 
 
 def _differs(predicted: np.ndarray, answers: np.ndarray, out_format: str) -> np.ndarray:
