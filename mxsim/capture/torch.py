@@ -29,7 +29,9 @@ Quark's torch quantizer is captured with Quark's own quantization instead
 (:mod:`mxsim.capture.torch_quark`): its quantizer modules run outside the interception, each
 operand is recorded as the quantizer's float input with Quark's output in
 ``<operand>_quantized``, and its spec is the quantizer's reading where that reproduces Quark's
-values bit for bit (else none, with ``source.quant_notes``).
+values bit for bit (else none, with ``source.quant_notes``). A Linear whose weight is torchao's
+``MXTensor`` is recorded with torchao's quantization of its input and its dequantized weight
+(:mod:`mxsim.capture.torch_torchao`), read the same way.
 
 What the interception cannot see through is refused with one :class:`MxsimError` line
 (:func:`check_model`); an exception torch raises while the model runs becomes one line naming
@@ -51,7 +53,7 @@ from ..formats import get_format
 from ..trace.model import Layer, Network, Trace
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from ..trace.validate import validate_trace
-from . import torch_quark
+from . import torch_quark, torch_torchao
 
 QuantArg = None | Mapping | Callable
 
@@ -177,7 +179,7 @@ class _Recorder:
             for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
                 qualified = f"{module_name}.{param_name}" if module_name else param_name
                 entry = (qualified, param, module)
-                bucket = self.params.setdefault(param.untyped_storage().data_ptr(), [])
+                bucket = self.params.setdefault(self.storage_key(param), [])
                 if all(qualified != other[0] for other in bucket):
                     bucket.append(entry)
 
@@ -189,19 +191,24 @@ class _Recorder:
     def current_module(self):
         return self.module_stack[-1][1] if self.module_stack else None
 
+    @staticmethod
+    def storage_key(tensor):
+        """The data pointer of ``tensor``'s storage; for a wrapper subclass without one
+        (torchao's MXTensor), the tensor's own identity."""
+        try:
+            return tensor.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return ("id", id(tensor))
+
     def parameter(self, tensor):
         """(qualified name, owner module, transposed) if ``tensor`` is a parameter, a slice of one
         (e.g. the q rows of ``in_proj_weight``) or the 2-d transpose of either; else None."""
         torch = self.torch
         if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
             return None
-        try:
-            ptr = tensor.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return None
         here = self.module_path()
         matches = []
-        for qualified, param, owner in self.params.get(ptr, []):
+        for qualified, param, owner in self.params.get(self.storage_key(tensor), []):
             if tensor.dtype != param.dtype or tensor.dim() != param.dim():
                 continue
             if tensor.stride() == param.stride():
@@ -219,12 +226,13 @@ class _Recorder:
         tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...)."""
         torch = self.torch
         for value in operands:
-            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter):
+            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter) \
+                    and not torch_torchao.is_torchao_tensor(value):
                 module = self.current_module()
                 raise MxsimError(f"{self.WHO}: module {self.module_path() or '<model>'!r} "
                                  f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
-                                 f"{type(value).__name__}, which is not supported (plain tensors and AMD Quark's "
-                                 "quantizer modules are)")
+                                 f"{type(value).__name__}, which is not supported (plain tensors, AMD Quark's "
+                                 "quantizer modules and torchao's MXTensor weights are)")
 
     def unique(self, base: str) -> str:
         count = self.calls.get(base, 0) + 1
@@ -301,14 +309,21 @@ class _Recorder:
         with a note (``source.quant_notes``); ``source.quantizers`` names each quantizer."""
         for operand, (_, quantizer, path) in library.items():
             where = f"layer {name!r}, {operand} quantizer {path!r}"
-            spec = torch_quark.quantizer_spec(quantizer, arrays[operand].ndim, where)
-            source.setdefault("quantizers", {})[operand] = f"{path} ({type(quantizer).__name__})"
+            torchao = isinstance(quantizer, torch_torchao.Quantization)
+            ndim = arrays[operand].ndim
+            spec = (quantizer.spec(ndim) or torch_quark.UNREAD) if torchao else \
+                torch_quark.quantizer_spec(quantizer, ndim, where)
+            source.setdefault("quantizers", {})[operand] = f"{path} ({quantizer if torchao else type(quantizer).__name__})"
             note = ""
             if spec is torch_quark.UNREAD:
-                spec, note = None, f"{type(quantizer).__name__} is not read by mxsim; its values are recorded"
+                spec, note = None, f"{quantizer if torchao else type(quantizer).__name__} is not read by mxsim; " \
+                                   "its values are recorded"
             elif spec is not None:
-                same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"])
+                same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"],
+                                                    "torchao" if torchao else "Quark")
                 spec = spec if same else None
+                if spec is not None and torchao and operand == "weight":
+                    note = torch_torchao.weight_scale_note(self.torch, quantizer, spec, arrays[operand])
             if note:
                 source.setdefault("quant_notes", {})[operand] = note
             specs[operand] = spec
@@ -328,6 +343,20 @@ class _Recorder:
             return value
         result, self.result = self.result, None
         return _rounded_tensor(self.torch, result, value.dtype).reshape(value.shape)
+
+    def torchao_linear(self, x, weight) -> tuple:
+        """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor ``weight`` as
+        torchao quantizes them (tensors that :meth:`library_operands` recognises)."""
+        param = self.parameter(weight)
+        path = param[0] if param else f"{self.module_path()}.weight"
+        where = f"{self.WHO}: module {self.module_path() or '<model>'!r}"
+        torch_torchao.check_supported(weight, where)
+        with _outside_modes(self.torch):
+            operands = torch_torchao.linear_operands(self.torch, x, weight, where)
+        for operand, (values, float_values, quantization) in operands.items():
+            where_from = path if operand == "weight" else f"{path}.act_quant_kwargs"
+            self.library_outputs[id(values)] = (values, float_values, quantization, where_from)
+        return operands["input"][0], operands["weight"][0], param
 
     def float_operands(self, op: str, *tensors) -> bool:
         bad = [t for t in tensors if t is not None and not t.is_floating_point()]
@@ -518,10 +547,13 @@ def _modes(torch, recorder: _Recorder):
                 if func is F.linear:
                     x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    # torchao's own quantization of the operands, read first: its refusals are clearer
+                    library = recorder.torchao_linear(x, w) if torch_torchao.is_torchao_tensor(w) else None
                     out = recorder.run_gemm(func, args, kwargs, x, w.t() if w.dim() == 2 else None, bias)
+                    x, w, param = library or (x, w, None)
                     if recorder.float_operands("F.linear", x, w, bias):
                         recorder.add("linear", {"input": x, "weight": w, "bias": bias, "output": out}, {},
-                                     {"op": "F.linear"}, "linear", recorder.parameter(w))
+                                     {"op": "F.linear"}, "linear", param or recorder.parameter(w))
                 else:
                     a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
                     if matmuls[func]:
@@ -551,8 +583,8 @@ def _modes(torch, recorder: _Recorder):
 
 def check_model(torch, model, who: str) -> None:
     """Refuse, one line each, what the interception cannot see through: a ``torch.compile``d
-    module, a parameter or buffer that is a tensor subclass with its own dispatch (torchao's
-    quantized weights...), a torch function or dispatch mode already active."""
+    module, a parameter or buffer that is a tensor subclass with its own dispatch (other than
+    torchao's MXTensor weights), a torch function or dispatch mode already active."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -570,14 +602,17 @@ def check_model(torch, model, who: str) -> None:
                              "supported; pass the module before compiling (its _orig_mod)")
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, tensor in tensors:
+            if torch_torchao.is_torchao_tensor(tensor):
+                torch_torchao.check_supported(tensor, f"{who}: {path}.{name} of module {path or '<model>'!r}")
+                continue
             plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) or (
                 isinstance(tensor, torch.nn.Parameter) and type(tensor.data) is torch.Tensor)
             if not plain:
                 qualified = f"{path}.{name}" if path else name
                 raise MxsimError(f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
                                  f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
-                                 ", a tensor subclass, which is not supported (plain tensors and AMD Quark's "
-                                 "quantizer modules are)")
+                                 ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
+                                 "quantizer modules and torchao's MXTensor weights are)")
 
 
 @contextlib.contextmanager
