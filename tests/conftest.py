@@ -478,6 +478,7 @@ MODULE_TIERS = {
     "test_evaluate_onnx": ("oracle", "slow"),
     "test_capture_torch_quark": ("oracle", "slow"),
     "test_capture_torch_torchao": ("oracle", "slow"),
+    "test_capture_torch_brevitas": ("oracle", "slow"),
     "test_rtl_simulate": ("rtl", "slow"),
     "test_rtl_synth": ("rtl", "slow"),
     "test_cmodel_rtl": ("rtl", "slow"),

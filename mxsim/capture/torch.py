@@ -31,7 +31,8 @@ operand is recorded as the quantizer's float input with Quark's output in
 ``<operand>_quantized``, and its spec is the quantizer's reading where that reproduces Quark's
 values bit for bit (else none, with ``source.quant_notes``). A Linear whose weight is torchao's
 ``MXTensor`` is recorded with torchao's quantization of its input and its dequantized weight
-(:mod:`mxsim.capture.torch_torchao`), read the same way.
+(:mod:`mxsim.capture.torch_torchao`), read the same way; so are Brevitas' quantizer proxies,
+whose QuantTensors a quantized layer passes to ``F.linear`` (:mod:`mxsim.capture.torch_brevitas`).
 
 What the interception cannot see through is refused with one :class:`MxsimError` line
 (:func:`check_model`); an exception torch raises while the model runs becomes one line naming
@@ -53,7 +54,7 @@ from ..formats import get_format
 from ..trace.model import Layer, Network, Trace
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from ..trace.validate import validate_trace
-from . import torch_quark, torch_torchao
+from . import torch_brevitas, torch_quark, torch_torchao
 
 QuantArg = None | Mapping | Callable
 
@@ -311,16 +312,20 @@ class _Recorder:
             where = f"layer {name!r}, {operand} quantizer {path!r}"
             torchao = isinstance(quantizer, torch_torchao.Quantization)
             ndim = arrays[operand].ndim
-            spec = (quantizer.spec(ndim) or torch_quark.UNREAD) if torchao else \
-                torch_quark.quantizer_spec(quantizer, ndim, where)
-            source.setdefault("quantizers", {})[operand] = f"{path} ({quantizer if torchao else type(quantizer).__name__})"
+            if torchao:
+                library_name, spec = "torchao", quantizer.spec(ndim) or torch_quark.UNREAD
+            elif torch_brevitas.is_brevitas_quantizer(quantizer):
+                library_name, spec = "Brevitas", torch_brevitas.quantizer_spec(quantizer, ndim, where)
+            else:
+                library_name, spec = "Quark", torch_quark.quantizer_spec(quantizer, ndim, where)
+            described = quantizer if torchao else type(quantizer).__name__
+            source.setdefault("quantizers", {})[operand] = f"{path} ({described})"
             note = ""
-            if spec is torch_quark.UNREAD:
-                spec, note = None, f"{quantizer if torchao else type(quantizer).__name__} is not read by mxsim; " \
-                                   "its values are recorded"
+            if spec in (torch_quark.UNREAD, torch_brevitas.UNREAD):
+                spec, note = None, f"{described} is not read by mxsim; its values are recorded"
             elif spec is not None:
                 same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"],
-                                                    "torchao" if torchao else "Quark")
+                                                    library_name)
                 spec = spec if same else None
                 if spec is not None and torchao and operand == "weight":
                     note = torch_torchao.weight_scale_note(self.torch, quantizer, spec, arrays[operand])
@@ -357,6 +362,16 @@ class _Recorder:
             where_from = path if operand == "weight" else f"{path}.act_quant_kwargs"
             self.library_outputs[id(values)] = (values, float_values, quantization, where_from)
         return operands["input"][0], operands["weight"][0], param
+
+    def unwrap(self, value):
+        """``value``, or the values of a Brevitas QuantTensor that a recorded quantizer produced
+        (registered as that quantizer's output for :meth:`library_operands`)."""
+        entry = self.library_outputs.get(id(value)) if torch_brevitas.is_quant_tensor(value) else None
+        if entry is None or entry[0] is not value:
+            return value
+        values = value.value
+        self.library_outputs[id(values)] = (values, *entry[1:])
+        return values
 
     def float_operands(self, op: str, *tensors) -> bool:
         bad = [t for t in tensors if t is not None and not t.is_floating_point()]
@@ -537,6 +552,8 @@ def _modes(torch, recorder: _Recorder):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
+                if func is F.linear:  # a Brevitas layer passes its quantizers' QuantTensors: their values
+                    args = tuple(recorder.unwrap(v) for v in args)
                 recorder.check_operands(getattr(func, "__name__", "matmul"), *args[:3],
                                         *(v for v in kwargs.values() if not isinstance(v, (bool, int, float))))
                 if func is sdpa:
@@ -652,7 +669,8 @@ def _library_forward(torch, recorder: _Recorder, module, path: str, forward):
     def library_forward(x, *args, **kwargs):
         with _outside_modes(torch):
             out = forward(x, *args, **kwargs)
-        if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor) and out is not x:
+        if (isinstance(out, torch.Tensor) or torch_brevitas.is_quant_tensor(out)) and isinstance(x, torch.Tensor) \
+                and out is not x:
             recorder.library_outputs[id(out)] = (out, x, module, path)
         return out
 
@@ -679,7 +697,7 @@ def intercepting(torch, model, recorder: _Recorder):
     for module_name, module in (model.named_modules() if model is not None else ()):
         handles.append(module.register_forward_pre_hook(enter(module_name, module)))
         handles.append(module.register_forward_hook(leave, always_call=True))
-        if torch_quark.is_quark_quantizer(module):
+        if torch_quark.is_quark_quantizer(module) or torch_brevitas.is_brevitas_quantizer(module):
             wrapped.append((module, vars(module).get("forward")))
             module.forward = _library_forward(torch, recorder, module, module_name, module.forward)
     fastpath = torch.backends.mha.get_fastpath_enabled()
