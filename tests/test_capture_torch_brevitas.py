@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import REPO, bit_mismatches, import_or_skip
+from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, sqnr_db, trained_like
 
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
@@ -56,31 +56,18 @@ def brevitas(torch):
 MX = {"mxfp8_e4m3": "fp8_e4m3", "mxfp8_e5m2": "fp8_e5m2", "mxfp4": "fp4_e2m1"}
 
 
-def mlp(torch, brevitas, name: str, seed: int = 0):
-    """QuantLinear(64, 96) -> GELU -> QuantLinear(96, 32), Student-t weights scaled 1/sqrt(K)."""
+def mlp(torch, brevitas, name: str):
+    """QuantLinear(64, 96) -> GELU -> QuantLinear(96, 32), trained-like weights."""
     qnn, quantizers = brevitas
     weight_quant, input_quant = quantizers[name]
-    rng = np.random.default_rng(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = torch.nn.Sequential(qnn.QuantLinear(64, 96, bias=True, weight_quant=weight_quant,
                                                     input_quant=input_quant), torch.nn.GELU(),
                                     qnn.QuantLinear(96, 32, bias=True, weight_quant=weight_quant,
                                                     input_quant=input_quant))
-    with torch.no_grad():
-        for layer in (model[0], model[2]):
-            n, k = layer.weight.shape
-            layer.weight.copy_(torch.from_numpy((rng.standard_t(4, (n, k)) / np.sqrt(k)).astype(np.float32)))
-            layer.bias.copy_(torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.1))
+    trained_like(torch, (model[0], model[2]))
     return model.eval()
-
-
-def activations(torch, seed: int = 1):
-    """(2, 6, 64): heavy-tailed tokens, three outlier channels 30-80x the rest (as in LLMs)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_t(5, (2, 6, 64))
-    x[..., [3, 17, 40]] *= [30.0, -80.0, 45.0]
-    return torch.from_numpy(x.astype(np.float32))
 
 
 def brevitas_run(torch, model, x) -> dict:
@@ -105,11 +92,6 @@ def brevitas_run(torch, model, x) -> dict:
     return seen
 
 
-def sqnr_db(want: np.ndarray, got: np.ndarray) -> float:
-    error = np.asarray(got, np.float64) - want
-    return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum(error**2), 1e-300)))
-
-
 def capture(torch, model, x):
     from mxsim.capture.torch import capture_torch
 
@@ -120,7 +102,7 @@ def capture(torch, model, x):
 
 @pytest.mark.parametrize("name", list(MX))
 def test_brevitas_mx_layers_replay_bit_for_bit(torch, brevitas, name):
-    model, x = mlp(torch, brevitas, name), activations(torch)
+    model, x = mlp(torch, brevitas, name), outlier_activations(torch)
     want = brevitas_run(torch, model, x)
     trace = capture(torch, model, x)
     assert [layer.name for layer in trace.layers] == ["0", "2"]
@@ -142,7 +124,7 @@ def test_brevitas_mx_layers_replay_bit_for_bit(torch, brevitas, name):
 
 @pytest.mark.parametrize("name", ["fp8_per_tensor", "mxint8"])
 def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(torch, brevitas, name):
-    model, x = mlp(torch, brevitas, name), activations(torch)
+    model, x = mlp(torch, brevitas, name), outlier_activations(torch)
     want = brevitas_run(torch, model, x)
     trace = capture(torch, model, x)
     for layer in trace.layers:
@@ -155,7 +137,7 @@ def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(t
 def test_brevitas_in_the_loop_takes_the_model_quantization(torch, brevitas):
     from mxsim.inloop.torch import torch_unit
 
-    model, x = mlp(torch, brevitas, "mxfp4"), activations(torch)
+    model, x = mlp(torch, brevitas, "mxfp4"), outlier_activations(torch)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = model(x).numpy()

@@ -8,9 +8,8 @@ captured. torchao's own operands are taken independently of the capture: the wei
 ``MXTensor.to_mx`` of the input a forward hook saw, with the weight's ``act_quant_kwargs``.
 Checked per layer: the recorded input quantized by the recorded spec gives torchao's codes
 and scales; the recorded weight is torchao's dequantized weight bit for bit, and its spec
-gives torchao's codes and scales except, under RCEIL, in blocks where the same values have a
-second encoding one scale lower (counted in the capture's note, as the module says); the
-layer replayed on an exact unit, with the model's operands (status "model") and its result
+(with the stored scales it carries) gives torchao's codes and scales, also after the trace
+is saved and loaded again; the layer replayed on an exact unit, with the model's operands (status "model") and its result
 rounded once to bf16, is within one bf16 ulp of torchao's own bf16 layer output (torchao
 multiplies the dequantized bf16 operands with float32 sums rounded to bf16 once, so the two
 differ only where a float32 sum crossed a bf16 rounding boundary).
@@ -20,12 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import REPO, bit_mismatches, import_or_skip
+from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, trained_like
 
 from mxsim import load_hwconfig, quantize_mx
 from mxsim.errors import MxsimError
 from mxsim.replay.run import run_layer
-from mxsim.trace import MXQuant
+from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp4_e2m1": "float4_e2m1fn_x2"}
@@ -43,24 +42,16 @@ def torchao(torch):
             "utils": utils, "emulated": KernelPreference.EMULATED}
 
 
-def mlp(torch, seed: int = 0):
-    """bf16 Linear(64, 96) -> GELU -> Linear(96, 32): Student-t weights scaled 1/sqrt(K)."""
-    rng = np.random.default_rng(seed)
+def mlp(torch):
+    """bf16 Linear(64, 96) -> GELU -> Linear(96, 32), trained-like weights."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
-    with torch.no_grad():
-        for layer in (model[0], model[2]):
-            n, k = layer.weight.shape
-            layer.weight.copy_(torch.from_numpy((rng.standard_t(4, (n, k)) / np.sqrt(k)).astype(np.float32)))
-            layer.bias.copy_(torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.1))
+    trained_like(torch, (model[0], model[2]))
     return model.to(torch.bfloat16).eval()
 
 
-def activations(torch, seed: int = 1):
-    """(2, 6, 64) bf16: heavy-tailed tokens, three outlier channels 30-80x the rest."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_t(5, (2, 6, 64))
-    x[..., [3, 17, 40]] *= [30.0, -80.0, 45.0]
-    return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+def activations(torch):
+    """The shared outlier activations in bf16."""
+    return outlier_activations(torch).to(torch.bfloat16)
 
 
 def quantized_mlp(torch, torchao, element: str, mode: str):
@@ -119,13 +110,14 @@ def bf16_ulps(torch, got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("mode", list(PROFILES))
 @pytest.mark.parametrize("element", list(DTYPES))
-def test_torchao_mx_layers_replay_as_torchao_computed_them(torch, torchao, element, mode):
+def test_torchao_mx_layers_replay_as_torchao_computed_them(torch, torchao, element, mode, tmp_path):
     from mxsim.capture.torch import capture_torch
 
     model = quantized_mlp(torch, torchao, element, mode)
     x = activations(torch)
     want = torchao_run(torch, torchao, model, x, element)
-    trace = capture_torch(model, x)
+    save_trace(capture_torch(model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")
     assert [layer.name for layer in trace.layers] == ["0", "2"]
     for layer in trace.layers:
         assert layer.source["quantizers"]["weight"] == f"{layer.name}.weight (torchao MX {element} block 32 {mode})"
@@ -139,16 +131,10 @@ def test_torchao_mx_layers_replay_as_torchao_computed_them(torch, torchao, eleme
         codes, scales = want[layer.name]["input"]
         assert np.array_equal(ours.scales, scales) and np.array_equal(ours.codes, codes)
         assert bit_mismatches(layer.weight, want[layer.name]["weight_values"]) == (0, [])
-        ours = quantize_mx(layer.weight, element, axis=1, block_size=32, profile=PROFILES[mode])
+        ours = layer.quant["weight"].quantize(layer.weight)
         codes, scales = want[layer.name]["weight"]
-        other = ours.scales != scales
-        note = layer.source.get("quant_notes", {}).get("weight", "")
-        if mode == "floor":
-            assert not other.any() and np.array_equal(ours.codes, codes) and not note
-        else:  # the same values one scale lower: counted in the note
-            assert np.array_equal(ours.scales[other].astype(int), scales[other].astype(int) - 1)
-            assert np.array_equal(ours.codes[~np.repeat(other, 32, axis=1)], codes[~np.repeat(other, 32, axis=1)])
-            assert note.startswith(f"{int(other.sum())} of {other.size} weight blocks") if other.any() else not note
+        assert np.array_equal(ours.scales, scales) and np.array_equal(ours.codes, codes)
+        assert "quant_notes" not in layer.source
         run = run_layer(layer, OCP)
         assert run.input.status == run.weight.status == "model"
         assert bf16_ulps(torch, run.values, want[layer.name]["output"]).max() <= 1

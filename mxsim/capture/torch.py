@@ -313,7 +313,7 @@ class _Recorder:
             torchao = isinstance(quantizer, torch_torchao.Quantization)
             ndim = arrays[operand].ndim
             if torchao:
-                library_name, spec = "torchao", quantizer.spec(ndim) or torch_quark.UNREAD
+                library_name, spec = "torchao", quantizer.spec(self.torch, ndim) or torch_quark.UNREAD
             elif torch_brevitas.is_brevitas_quantizer(quantizer):
                 library_name, spec = "Brevitas", torch_brevitas.quantizer_spec(quantizer, ndim, where)
             else:
@@ -327,8 +327,6 @@ class _Recorder:
                 same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"],
                                                     library_name)
                 spec = spec if same else None
-                if spec is not None and torchao and operand == "weight":
-                    note = torch_torchao.weight_scale_note(self.torch, quantizer, spec, arrays[operand])
             if note:
                 source.setdefault("quant_notes", {})[operand] = note
             specs[operand] = spec

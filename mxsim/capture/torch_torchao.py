@@ -17,12 +17,10 @@ of ``block_size`` along the last axis and the profile of torchao's ``scaling_mod
 (:data:`SCALE_MODE_PROFILES`, docs/profiles.md), kept only where it reproduces torchao's
 values bit for bit (capture's check, as for Quark). The weight's scaling mode is not stored
 on the tensor: the activation's is the config's, which ``quantize_`` applied to both.
-Re-quantizing a dequantized weight gives torchao's values, but under RCEIL not always its
-scale codes: a block whose largest element rounded to half the element's largest value
-(``max_pos / 2 * 2^X``) holds the same values as the block one scale lower with that
-element at ``max_pos``, and mxsim's RCEIL reads the lower one. Such blocks are counted in
-the weight's ``source.quant_notes`` (same values, other codes: the product is the same on an
-exact unit). Under FLOOR the re-quantization gives torchao's codes and scales.
+The weight's spec carries torchao's stored scale codes (``MXQuant.scales``): its values alone
+do not fix them, since under RCEIL (and CEIL) a block whose largest element rounded to half
+the element's largest value (``max_pos / 2 * 2^X``) holds the same values as the block one
+scale lower with that element at ``max_pos``. Replay then encodes torchao's codes.
 
 NVFP4 tensors (two-level scales: E4M3 per 16 elements and a float32 per tensor) have no
 trace spec: refused with one line naming the module. torchao is never imported here: a
@@ -37,7 +35,6 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
-from ..quantize import quantize
 from ..trace.quant import MXQuant
 
 _MX_MODULE = "torchao.prototype.mx_formats.mx_tensor"
@@ -78,7 +75,7 @@ def check_supported(tensor, where: str) -> None:
 class Quantization:
     """How torchao quantized one operand of a Linear, as read from its ``MXTensor`` weight:
     ``element`` (mxsim format), ``block_size``, ``scaling_mode`` (torchao's mode value) and,
-    for the weight, the tensor itself (for the scale-code comparison)."""
+    for the weight, the tensor itself (its stored scale codes go into the spec)."""
 
     def __init__(self, element: str, block_size: int, scaling_mode: str, weight=None):
         self.element, self.block_size, self.scaling_mode, self.weight = element, block_size, scaling_mode, weight
@@ -86,13 +83,14 @@ class Quantization:
     def __repr__(self) -> str:
         return f"torchao MX {self.element} block {self.block_size} {self.scaling_mode}"
 
-    def spec(self, ndim: int) -> MXQuant | None:
-        """The operand's MX spec along its last axis, or None for a scaling mode mxsim has no
-        profile for."""
+    def spec(self, torch, ndim: int) -> MXQuant | None:
+        """The operand's MX spec along its last axis (the weight's with torchao's stored scale
+        codes), or None for a scaling mode mxsim has no profile for."""
         if self.scaling_mode not in SCALE_MODE_PROFILES:
             return None
         profile, options = SCALE_MODE_PROFILES[self.scaling_mode]
-        return MXQuant(self.element, ndim - 1, self.block_size, profile, options)
+        return MXQuant(self.element, ndim - 1, self.block_size, profile, options,
+                       scales=None if self.weight is None else stored_scales(torch, self.weight))
 
 
 def _element(dtype) -> str:
@@ -100,6 +98,14 @@ def _element(dtype) -> str:
     if name not in ELEMENTS:
         raise MxsimError(f"torchao element dtype {name} is not read; accepted: {', '.join(ELEMENTS)}")
     return get_format(ELEMENTS[name]).name
+
+
+def stored_scales(torch, weight) -> np.ndarray:
+    """The E8M0 scale codes of torchao's 2-d MXTensor ``weight`` (N, K / block), unswizzled."""
+    scale, (rows, cols) = weight.scale, weight.shape
+    if weight.is_swizzled_scales:
+        scale = sys.modules["torchao.prototype.mx_formats.utils"].from_blocked(scale, rows, cols // weight.block_size)
+    return scale.view(torch.uint8).cpu().numpy().reshape(rows, cols // weight.block_size).copy()
 
 
 def linear_operands(torch, x, weight, where: str) -> dict:
@@ -126,22 +132,3 @@ def linear_operands(torch, x, weight, where: str) -> dict:
     weight_values = weight.dequantize(torch.float32)
     return {"input": (input_values, x, input_quantization),
             "weight": (weight_values, weight_values, weight_quantization)}
-
-
-def weight_scale_note(torch, quantization: Quantization, spec: MXQuant, values: np.ndarray) -> str:
-    """A note counting the blocks whose scale code mxsim's reading of the dequantized weight
-    ``values`` differs from torchao's stored one (empty when none do)."""
-    weight = quantization.weight
-    scale = weight.scale
-    rows, cols = weight.shape
-    if weight.is_swizzled_scales:
-        scale = sys.modules["torchao.prototype.mx_formats.utils"].from_blocked(scale, rows, cols // weight.block_size)
-    theirs = scale.view(torch.uint8).cpu().numpy().reshape(rows, -1)
-    ours = quantize(values, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
-                    **dict(spec.options)).scales.reshape(theirs.shape)
-    differ = int((ours != theirs).sum())
-    if not differ:
-        return ""
-    return (f"{differ} of {theirs.size} weight blocks: mxsim's {spec.profile} reading of torchao's values gives "
-            "another scale code for the same values (see mxsim.capture.torch_torchao)")
-

@@ -31,7 +31,7 @@ from ..errors import MxsimError
 from ..parallel import progress_bar
 from ..replay.run import run_layer
 from ..trace.model import Layer
-from ..trace.quant import QDQQuant
+from ..trace.quant import MXQuant, QDQQuant
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -66,7 +66,7 @@ def model_quantization(layer: Layer) -> dict[str, str]:
     for operand, quantizer in layer.source["quantizers"].items():
         spec = layer.quant.get(operand)
         if spec is not None:
-            manifest = spec.to_manifest(operand) if isinstance(spec, QDQQuant) else spec.to_manifest()
+            manifest = spec.to_manifest(operand) if isinstance(spec, (QDQQuant, MXQuant)) else spec.to_manifest()
             taken[operand] = f"{quantizer}: {spec.kind} {manifest}"
         else:
             note = layer.source.get("quant_notes", {}).get(operand, "")
