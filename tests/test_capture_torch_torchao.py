@@ -175,3 +175,15 @@ def test_nvfp4_and_weight_only_mx_are_refused_in_one_line(torch, torchao):
     with pytest.raises(MxsimError, match=r"^capture_torch: module '2': a torchao MXTensor weight without activation "
                                          r"quantization is not supported$"):
         capture_torch(model, x)
+
+    class Matmul(torch.nn.Module):  # an MXTensor used other than as F.linear's weight
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            return x @ self.weight.t()
+
+    with pytest.raises(MxsimError, match=r"^capture_torch: module '<model>' \(Matmul\) calls matmul with a MXTensor, "
+                                         r"which is not supported [^\n]*$"):
+        capture_torch(Matmul(quantized_mlp(torch, torchao, "fp8_e4m3", "floor")[0].weight), x)

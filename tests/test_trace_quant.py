@@ -139,3 +139,18 @@ def test_mx_spec_with_stored_scales_quantizes_at_them_and_names_its_array():
         spec.to_manifest()
     with pytest.raises(MxsimError, match="uint8"):
         MXQuant("fp4_e2m1", 1, 4, scales=np.array([[127]], np.int32))
+
+
+def test_stored_scales_of_another_shape_are_refused_by_validation():
+    from mxsim.trace.model import Layer, Trace
+    from mxsim.trace.validate import validate_trace
+
+    def trace(scales):
+        x, w = np.ones((3, 40), np.float32), np.ones((4, 40), np.float32)
+        layer = Layer("l", "linear", {"input": x, "weight": w, "output": np.ones((3, 4), np.float32)},
+                      quant={"weight": MXQuant("fp8_e4m3", 1, 32, scales=scales)})
+        return Trace("t", [layer])
+
+    validate_trace(trace(np.full((4, 2), 127, np.uint8)))
+    with pytest.raises(MxsimError, match=r"quant\.weight\.scales.*expected \(4, 2\)"):
+        validate_trace(trace(np.full((4, 1), 127, np.uint8)))

@@ -224,11 +224,12 @@ class _Recorder:
 
     def check_operands(self, op: str, *operands) -> None:
         """Refuse (one line naming the module) a call whose operands are not plain tensors: a
-        tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...)."""
+        tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...); a
+        torchao MXTensor is taken as a linear call's weight only."""
         torch = self.torch
         for value in operands:
             if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter) \
-                    and not torch_torchao.is_torchao_tensor(value):
+                    and not (op == "linear" and torch_torchao.is_torchao_tensor(value)):
                 module = self.current_module()
                 raise MxsimError(f"{self.WHO}: module {self.module_path() or '<model>'!r} "
                                  f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
@@ -617,13 +618,13 @@ def check_model(torch, model, who: str) -> None:
                              "supported; pass the module before compiling (its _orig_mod)")
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, tensor in tensors:
+            qualified = f"{path}.{name}" if path else name
             if torch_torchao.is_torchao_tensor(tensor):
-                torch_torchao.check_supported(tensor, f"{who}: {path}.{name} of module {path or '<model>'!r}")
+                torch_torchao.check_supported(tensor, f"{who}: {qualified} of module {path or '<model>'!r}")
                 continue
             plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) or (
                 isinstance(tensor, torch.nn.Parameter) and type(tensor.data) is torch.Tensor)
             if not plain:
-                qualified = f"{path}.{name}" if path else name
                 raise MxsimError(f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
                                  f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
                                  ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
