@@ -27,7 +27,7 @@ from mxsim.replay.run import run_layer
 from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
-DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp4_e2m1": "float4_e2m1fn_x2"}
+DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp6_e2m3": "fp6_e2m3", "fp4_e2m1": "float4_e2m1fn_x2"}  # torch or torchao names
 PROFILES = {"rceil": "torchao-rceil", "floor": "torchao"}
 
 
@@ -55,7 +55,7 @@ def activations(torch):
 
 
 def quantized_mlp(torch, torchao, element: str, mode: str):
-    dtype = getattr(torch, DTYPES[element])
+    dtype = getattr(torch, DTYPES[element], DTYPES[element])
     config = torchao["workflow"].MXDynamicActivationMXWeightConfig(
         activation_dtype=dtype, weight_dtype=dtype, kernel_preference=torchao["emulated"],
         scaling_mode=torchao["mx"].ScaleCalculationMode(mode))
