@@ -9,10 +9,11 @@ captured. torchao's own operands are taken independently of the capture: the wei
 Checked per layer: the recorded input quantized by the recorded spec gives torchao's codes
 and scales; the recorded weight is torchao's dequantized weight bit for bit, and its spec
 (with the stored scales it carries) gives torchao's codes and scales, also after the trace
-is saved and loaded again; the layer replayed on an exact unit, with the model's operands (status "model") and its result
-rounded once to bf16, is within one bf16 ulp of torchao's own bf16 layer output (torchao
-multiplies the dequantized bf16 operands with float32 sums rounded to bf16 once, so the two
-differ only where a float32 sum crossed a bf16 rounding boundary).
+is saved and loaded again; the layer replayed on an exact unit, with the model's operands
+(status "model") and its result rounded once to bf16, is within one bf16 ulp of torchao's
+own bf16 layer output (torchao multiplies the dequantized bf16 operands with float32 sums
+rounded to bf16 once, so the two differ only where a float32 sum crossed a bf16 rounding
+boundary). The end-to-end run with the unit in the loop is held to the same bound.
 """
 
 from __future__ import annotations

@@ -134,5 +134,6 @@ def reproduces(spec, float_values: np.ndarray, quark_values: np.ndarray, library
     differ = (ours.view(unsigned) != quark_values.view(unsigned)) & ~(np.isnan(ours) & np.isnan(quark_values))
     count = int(differ.sum())
     if count:
-        return False, f"mxsim's {spec.kind} reading differs from {library}'s values in {count} of {differ.size} elements"
+        return False, (f"mxsim's {spec.kind} reading differs from {library}'s values in {count} of "
+                       f"{differ.size} elements")
     return True, ""

@@ -40,8 +40,8 @@ from ..trace.quant import MXQuant
 _MX_MODULE = "torchao.prototype.mx_formats.mx_tensor"
 _NVFP4_MODULE = "torchao.prototype.mx_formats.nvfp4_tensor"
 #: torchao ``ScaleCalculationMode`` value -> (mxsim profile, option overrides).
-SCALE_MODE_PROFILES = {"floor": ("torchao", {}), "rceil": ("torchao-rceil", {}), "ceil": ("torchao", {"scale_rule": "ceil"}),
-                       "even": ("torchao", {"scale_rule": "even"})}
+SCALE_MODE_PROFILES = {"floor": ("torchao", {}), "rceil": ("torchao-rceil", {}),
+                       "ceil": ("torchao", {"scale_rule": "ceil"}), "even": ("torchao", {"scale_rule": "even"})}
 #: torchao element dtypes (torch dtypes by name, or torchao's fp6 strings) -> mxsim formats.
 ELEMENTS = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "float4_e2m1fn_x2": "fp4_e2m1",
             "fp6_e2m3": "fp6_e2m3", "fp6_e3m2": "fp6_e3m2"}

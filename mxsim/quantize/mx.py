@@ -167,7 +167,8 @@ def quantize_at_scales(x, fmt, scales, axis: int = -1, block_size: int = 32, pro
     scales = np.asarray(scales)
     shape = moved.shape[:-1] + (moved.shape[-1] // block_size,)
     if scales.dtype != np.uint8 or scales.shape != shape:
-        raise MxsimError(f"quantize_at_scales: scales must be uint8 of shape {shape}, got {scales.dtype} {scales.shape}")
+        raise MxsimError(f"quantize_at_scales: scales must be uint8 of shape {shape}, "
+                         f"got {scales.dtype} {scales.shape}")
     nan_block = np.repeat(scales == E8M0_NAN, block_size, axis=-1)
     wide = np.where(nan_block, 0.0, moved.astype(np.float64))
     if not np.isfinite(wide).all():
