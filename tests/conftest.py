@@ -127,6 +127,32 @@ def bit_mismatches(got, want, where=None) -> tuple[int, list]:
     return int(differ.sum()), examples
 
 
+# --- models quantized by a library, for tests/test_capture_torch_*.py -------------------------
+
+
+def trained_like(torch, layers, seed: int = 0) -> None:
+    """Student-t weights scaled 1/sqrt(K) (as trained layers are) and small biases, in place."""
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for layer in layers:
+            n, k = layer.weight.shape
+            layer.weight.copy_(torch.from_numpy((rng.standard_t(4, (n, k)) / np.sqrt(k)).astype(np.float32)))
+            layer.bias.copy_(torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.1))
+
+
+def outlier_activations(torch, seed: int = 1):
+    """(2, 6, 64) float32: heavy-tailed tokens, three outlier channels 30-80x the rest (as in LLMs)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(5, (2, 6, 64))
+    x[..., [3, 17, 40]] *= [30.0, -80.0, 45.0]
+    return torch.from_numpy(x.astype(np.float32))
+
+
+def sqnr_db(want: np.ndarray, got: np.ndarray) -> float:
+    error = np.asarray(got, np.float64) - want
+    return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum(error**2), 1e-300)))
+
+
 def require_module(name: str, extra: str):
     """Import ``name``, or skip with the install hint (a failure when CI is set: CI has every extra)."""
     try:
@@ -477,6 +503,8 @@ MODULE_TIERS = {
     "test_inloop_network": ("slow",),
     "test_evaluate_onnx": ("oracle", "slow"),
     "test_capture_torch_quark": ("oracle", "slow"),
+    "test_capture_torch_torchao": ("oracle", "slow"),
+    "test_capture_torch_brevitas": ("oracle", "slow"),
     "test_rtl_simulate": ("rtl", "slow"),
     "test_rtl_synth": ("rtl", "slow"),
     "test_cmodel_rtl": ("rtl", "slow"),

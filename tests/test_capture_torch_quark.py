@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import REPO, bit_mismatches, import_or_skip
+from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, sqnr_db, trained_like
 
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
@@ -39,31 +39,18 @@ def quark(torch):
     return ModelQuantizer, config
 
 
-def mlp(torch, seed: int = 0):
-    """Linear(64, 96) -> GELU -> Linear(96, 32): Student-t weights scaled 1/sqrt(K), as trained layers are."""
-    rng = np.random.default_rng(seed)
+def mlp(torch):
+    """Linear(64, 96) -> GELU -> Linear(96, 32), trained-like weights."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).eval()
-    with torch.no_grad():
-        for layer in (model[0], model[2]):
-            n, k = layer.weight.shape
-            layer.weight.copy_(torch.from_numpy((rng.standard_t(4, (n, k)) / np.sqrt(k)).astype(np.float32)))
-            layer.bias.copy_(torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.1))
+    trained_like(torch, (model[0], model[2]))
     return model
-
-
-def activations(torch, seed: int = 1):
-    """(2, 6, 64): heavy-tailed tokens, three outlier channels 30-80x the rest (as in LLMs)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_t(5, (2, 6, 64))
-    x[..., [3, 17, 40]] *= [30.0, -80.0, 45.0]
-    return torch.from_numpy(x.astype(np.float32))
 
 
 def quantize(torch, quark, spec, input_spec=None):
     ModelQuantizer, config = quark
     spec = spec.to_quantization_spec()
     layer = config.QLayerConfig(weight=spec, input_tensors=input_spec.to_quantization_spec() if input_spec else spec)
-    x = activations(torch)
+    x = outlier_activations(torch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = ModelQuantizer(config.QConfig(global_quant_config=layer)).quantize_model(mlp(torch), [x])
@@ -89,11 +76,6 @@ def quark_run(torch, model, x) -> dict:
     for handle in handles:
         handle.remove()
     return seen
-
-
-def sqnr_db(want: np.ndarray, got: np.ndarray) -> float:
-    error = np.asarray(got, np.float64) - want
-    return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum(error**2), 1e-300)))
 
 
 SPECS = {  # name -> (Quark spec factory, mxsim format or BFP name, profile; None: BFP)

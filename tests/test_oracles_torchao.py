@@ -1,6 +1,7 @@
 """torchao's ``to_mx`` and NVFP4 (prototype mx_formats, eager on CPU) run live against mxsim.
 
-FLOOR against ``torchao`` and RCEIL against ``torchao-rceil``: the E8M0 scale byte of every
+FLOOR against ``torchao``, RCEIL against ``torchao-rceil``, CEIL and EVEN against ``torchao``
+with that ``scale_rule`` (the readings of :mod:`mxsim.capture.torch_torchao`): the E8M0 scale byte of every
 block, the element codes of every block whose scale is not NaN, and the float32 values of
 torchao's own ``to_dtype`` against ``MXTensor.dequantize(np.float32)``, bit for bit, on
 corner and realistic rows (``oracle_inputs`` in conftest). NVFP4 (``NVFP4Tensor.to_nvfp4``,
@@ -16,6 +17,7 @@ import pytest
 from conftest import bit_mismatches, import_or_skip, oracle_inputs
 
 import mxsim
+from mxsim.capture.torch_torchao import SCALE_MODE_PROFILES
 from mxsim.quantize.nvfp4 import quantize_nvfp4, tensor_scale_from_amax
 
 X = oracle_inputs(seed=50, rows=128, cols=96)
@@ -44,11 +46,13 @@ def torchao_mx(torch):
 
 
 @pytest.mark.parametrize("block_size", [32, 16])
-@pytest.mark.parametrize("mode, profile", [("floor", "torchao"), ("rceil", "torchao-rceil")])
+@pytest.mark.parametrize("mode", list(SCALE_MODE_PROFILES))
 @pytest.mark.parametrize("element", ELEMENTS)
-def test_to_mx_matches_profile(torchao_mx, element, mode, profile, block_size):
+def test_to_mx_matches_profile(torchao_mx, element, mode, block_size):
+    """Each torchao scaling mode against the profile and options capture reads it as."""
+    profile, options = SCALE_MODE_PROFILES[mode]
     scales, codes, values = torchao_mx(X, element, block_size, mode)
-    tensor = mxsim.quantize_mx(X, element, axis=1, block_size=block_size, profile=profile)
+    tensor = mxsim.quantize_mx(X, element, axis=1, block_size=block_size, profile=profile, **options)
     got_scales = tensor.scales.reshape(scales.shape)
     assert int((got_scales != scales).sum()) == 0, np.argwhere(got_scales != scales)[:5]
     finite_scale = np.repeat(scales != 0xFF, block_size, axis=1)  # a NaN block's codes are free

@@ -556,3 +556,33 @@ def test_encode_table_gives_the_codes_of_encode_bits(dtype, monkeypatch):
                     cases += 1
                     tables += with_table(get_format(name), 0, 0, np.finfo(dtype).nmant)[0].size > 0
     assert tables >= 0.8 * cases  # fp16 and bf16 elements of float16 inputs take encode_bits alone
+
+
+# --- given scales (a model's stored scale codes) -----------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["ocp", "torchao-rceil", "quark"])
+@pytest.mark.parametrize("fmt", ELEMENT_FORMATS)
+def test_quantize_at_the_scales_quantize_chose_gives_its_codes(fmt, profile):
+    from mxsim.quantize import quantize_at_scales
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_t(4, (6, 70)) * np.exp2(rng.integers(-40, 40, (6, 1)))).astype(np.float32)
+    x[0, :5] = 0.0
+    tensor = quantize(x, fmt, axis=1, block_size=32, profile=profile)
+    again = quantize_at_scales(x, fmt, tensor.scales, axis=1, block_size=32, profile=profile)
+    assert np.array_equal(again.codes, tensor.codes) and np.array_equal(again.scales, tensor.scales)
+    assert (again.shape, again.axis, again.padding) == (tensor.shape, tensor.axis, tensor.padding)
+
+
+def test_quantize_at_scales_nan_blocks_and_refusals():
+    from mxsim.quantize import quantize_at_scales
+
+    x = np.array([[1.0, np.nan, 2.0, 3.0], [1.0, 2.0, 4.0, np.inf]], np.float32)
+    tensor = quantize_at_scales(x, "fp8_e4m3", np.array([[0xFF, 127], [127, 0xFF]], np.uint8), axis=1, block_size=2)
+    values = tensor.dequantize()
+    assert np.isnan(values[0, :2]).all() and values[0, 2:].tolist() == [2.0, 3.0] and values[1, :2].tolist() == [1, 2]
+    with pytest.raises(MxsimError, match="NaN or Inf element"):
+        quantize_at_scales(x, "fp8_e4m3", np.full((2, 2), 127, np.uint8), axis=1, block_size=2)
+    with pytest.raises(MxsimError, match=r"uint8 of shape \(2, 2\)"):
+        quantize_at_scales(x, "fp8_e4m3", np.full((2, 1), 127, np.uint8), axis=1, block_size=2)

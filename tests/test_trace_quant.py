@@ -116,3 +116,41 @@ def test_qdq_manifest_names_its_arrays():
 def test_invalid_manifest_entries(entry, message):
     with pytest.raises(MxsimError, match=message):
         spec_from_manifest(entry, {}, "input")
+
+
+def test_mx_spec_with_stored_scales_quantizes_at_them_and_names_its_array():
+    """A block whose values have two encodings (fp4 [3, 1.5, 0.5...] at scale 1 is [6, 3, 1...]
+    at scale 1/2): the stored scale decides the codes; the manifest names the array, and
+    trace loading reads it back. ``==`` compares the reading, not the array."""
+    x = np.array([[3.0, 1.5, 0.5, -2.0], [1.0, 0.0, -0.5, 0.25]], np.float32)
+    plain = MXQuant("fp4_e2m1", 1, 4, "torchao-rceil")
+    assert plain.quantize(x).scales.tolist() == [[126], [125]]  # the rule: the lower scales
+    spec = MXQuant("fp4_e2m1", 1, 4, "torchao-rceil", scales=np.array([[127], [126]], np.uint8))
+    stored = spec.quantize(x)
+    assert stored.scales.tolist() == [[127], [126]] and stored.codes[0, 0] == 0b0101  # 3.0 at scale 1
+    assert np.array_equal(spec.fake_quantize(x), x) and np.array_equal(plain.fake_quantize(x), x)
+    entry = spec.to_manifest("weight")
+    assert entry["scales"] == "quant.weight.scales"
+    back = spec_from_manifest(entry, spec.arrays("weight"), "weight")
+    assert back == plain and np.array_equal(back.scales, spec.scales)
+    with pytest.raises(MxsimError, match="quant.input.scales"):
+        spec_from_manifest(entry, spec.arrays("weight"), "input")
+    with pytest.raises(MxsimError, match="operand"):
+        spec.to_manifest()
+    with pytest.raises(MxsimError, match="uint8"):
+        MXQuant("fp4_e2m1", 1, 4, scales=np.array([[127]], np.int32))
+
+
+def test_stored_scales_of_another_shape_are_refused_by_validation():
+    from mxsim.trace.model import Layer, Trace
+    from mxsim.trace.validate import validate_trace
+
+    def trace(scales):
+        x, w = np.ones((3, 40), np.float32), np.ones((4, 40), np.float32)
+        layer = Layer("l", "linear", {"input": x, "weight": w, "output": np.ones((3, 4), np.float32)},
+                      quant={"weight": MXQuant("fp8_e4m3", 1, 32, scales=scales)})
+        return Trace("t", [layer])
+
+    validate_trace(trace(np.full((4, 2), 127, np.uint8)))
+    with pytest.raises(MxsimError, match=r"quant\.weight\.scales.*expected \(4, 2\)"):
+        validate_trace(trace(np.full((4, 1), 127, np.uint8)))

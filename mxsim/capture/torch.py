@@ -29,7 +29,10 @@ Quark's torch quantizer is captured with Quark's own quantization instead
 (:mod:`mxsim.capture.torch_quark`): its quantizer modules run outside the interception, each
 operand is recorded as the quantizer's float input with Quark's output in
 ``<operand>_quantized``, and its spec is the quantizer's reading where that reproduces Quark's
-values bit for bit (else none, with ``source.quant_notes``).
+values bit for bit (else none, with ``source.quant_notes``). A Linear whose weight is torchao's
+``MXTensor`` is recorded with torchao's quantization of its input and its dequantized weight
+(:mod:`mxsim.capture.torch_torchao`), read the same way; so are Brevitas' quantizer proxies,
+whose QuantTensors a quantized layer passes to ``F.linear`` (:mod:`mxsim.capture.torch_brevitas`).
 
 What the interception cannot see through is refused with one :class:`MxsimError` line
 (:func:`check_model`); an exception torch raises while the model runs becomes one line naming
@@ -51,7 +54,7 @@ from ..formats import get_format
 from ..trace.model import Layer, Network, Trace
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from ..trace.validate import validate_trace
-from . import torch_quark
+from . import torch_brevitas, torch_quark, torch_torchao
 
 QuantArg = None | Mapping | Callable
 
@@ -177,7 +180,7 @@ class _Recorder:
             for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
                 qualified = f"{module_name}.{param_name}" if module_name else param_name
                 entry = (qualified, param, module)
-                bucket = self.params.setdefault(param.untyped_storage().data_ptr(), [])
+                bucket = self.params.setdefault(self.storage_key(param), [])
                 if all(qualified != other[0] for other in bucket):
                     bucket.append(entry)
 
@@ -189,19 +192,24 @@ class _Recorder:
     def current_module(self):
         return self.module_stack[-1][1] if self.module_stack else None
 
+    @staticmethod
+    def storage_key(tensor):
+        """The data pointer of ``tensor``'s storage; for a wrapper subclass without one
+        (torchao's MXTensor), the tensor's own identity."""
+        try:
+            return tensor.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return ("id", id(tensor))
+
     def parameter(self, tensor):
         """(qualified name, owner module, transposed) if ``tensor`` is a parameter, a slice of one
         (e.g. the q rows of ``in_proj_weight``) or the 2-d transpose of either; else None."""
         torch = self.torch
         if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided:
             return None
-        try:
-            ptr = tensor.untyped_storage().data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return None
         here = self.module_path()
         matches = []
-        for qualified, param, owner in self.params.get(ptr, []):
+        for qualified, param, owner in self.params.get(self.storage_key(tensor), []):
             if tensor.dtype != param.dtype or tensor.dim() != param.dim():
                 continue
             if tensor.stride() == param.stride():
@@ -216,15 +224,17 @@ class _Recorder:
 
     def check_operands(self, op: str, *operands) -> None:
         """Refuse (one line naming the module) a call whose operands are not plain tensors: a
-        tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...)."""
+        tensor subclass or a library's quantized tensor object (Brevitas' QuantTensor...); a
+        torchao MXTensor is taken as a linear call's weight only."""
         torch = self.torch
         for value in operands:
-            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter):
+            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter) \
+                    and not (op == "linear" and torch_torchao.is_torchao_tensor(value)):
                 module = self.current_module()
                 raise MxsimError(f"{self.WHO}: module {self.module_path() or '<model>'!r} "
                                  f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
-                                 f"{type(value).__name__}, which is not supported (plain tensors and AMD Quark's "
-                                 "quantizer modules are)")
+                                 f"{type(value).__name__}, which is not supported (plain tensors, AMD Quark's "
+                                 "quantizer modules and torchao's MXTensor weights are)")
 
     def unique(self, base: str) -> str:
         count = self.calls.get(base, 0) + 1
@@ -301,13 +311,22 @@ class _Recorder:
         with a note (``source.quant_notes``); ``source.quantizers`` names each quantizer."""
         for operand, (_, quantizer, path) in library.items():
             where = f"layer {name!r}, {operand} quantizer {path!r}"
-            spec = torch_quark.quantizer_spec(quantizer, arrays[operand].ndim, where)
-            source.setdefault("quantizers", {})[operand] = f"{path} ({type(quantizer).__name__})"
+            torchao = isinstance(quantizer, torch_torchao.Quantization)
+            ndim = arrays[operand].ndim
+            if torchao:
+                library_name, spec = "torchao", quantizer.spec(self.torch, ndim) or torch_quark.UNREAD
+            elif torch_brevitas.is_brevitas_quantizer(quantizer):
+                library_name, spec = "Brevitas", torch_brevitas.quantizer_spec(quantizer, ndim, where)
+            else:
+                library_name, spec = "Quark", torch_quark.quantizer_spec(quantizer, ndim, where)
+            described = quantizer if torchao else type(quantizer).__name__
+            source.setdefault("quantizers", {})[operand] = f"{path} ({described})"
             note = ""
-            if spec is torch_quark.UNREAD:
-                spec, note = None, f"{type(quantizer).__name__} is not read by mxsim; its values are recorded"
+            if spec in (torch_quark.UNREAD, torch_brevitas.UNREAD):
+                spec, note = None, f"{described} is not read by mxsim; its values are recorded"
             elif spec is not None:
-                same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"])
+                same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"],
+                                                    library_name)
                 spec = spec if same else None
             if note:
                 source.setdefault("quant_notes", {})[operand] = note
@@ -328,6 +347,30 @@ class _Recorder:
             return value
         result, self.result = self.result, None
         return _rounded_tensor(self.torch, result, value.dtype).reshape(value.shape)
+
+    def torchao_linear(self, x, weight) -> tuple:
+        """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor ``weight`` as
+        torchao quantizes them (tensors that :meth:`library_operands` recognises)."""
+        param = self.parameter(weight)
+        path = param[0] if param else f"{self.module_path()}.weight"
+        where = f"{self.WHO}: module {self.module_path() or '<model>'!r}"
+        torch_torchao.check_supported(weight, where)
+        with _outside_modes(self.torch):
+            operands = torch_torchao.linear_operands(self.torch, x, weight, where)
+        for operand, (values, float_values, quantization) in operands.items():
+            where_from = path if operand == "weight" else f"{path}.act_quant_kwargs"
+            self.library_outputs[id(values)] = (values, float_values, quantization, where_from)
+        return operands["input"][0], operands["weight"][0], param
+
+    def unwrap(self, value):
+        """``value``, or the values of a Brevitas QuantTensor that a recorded quantizer produced
+        (registered as that quantizer's output for :meth:`library_operands`)."""
+        entry = self.library_outputs.get(id(value)) if torch_brevitas.is_quant_tensor(value) else None
+        if entry is None or entry[0] is not value:
+            return value
+        values = value.value
+        self.library_outputs[id(values)] = (values, *entry[1:])
+        return values
 
     def float_operands(self, op: str, *tensors) -> bool:
         bad = [t for t in tensors if t is not None and not t.is_floating_point()]
@@ -508,6 +551,8 @@ def _modes(torch, recorder: _Recorder):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
+                if func is F.linear:  # a Brevitas layer passes its quantizers' QuantTensors: their values
+                    args = tuple(recorder.unwrap(v) for v in args)
                 recorder.check_operands(getattr(func, "__name__", "matmul"), *args[:3],
                                         *(v for v in kwargs.values() if not isinstance(v, (bool, int, float))))
                 if func is sdpa:
@@ -518,10 +563,13 @@ def _modes(torch, recorder: _Recorder):
                 if func is F.linear:
                     x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                    # torchao's own quantization of the operands, read first: its refusals are clearer
+                    library = recorder.torchao_linear(x, w) if torch_torchao.is_torchao_tensor(w) else None
                     out = recorder.run_gemm(func, args, kwargs, x, w.t() if w.dim() == 2 else None, bias)
+                    x, w, param = library or (x, w, None)
                     if recorder.float_operands("F.linear", x, w, bias):
                         recorder.add("linear", {"input": x, "weight": w, "bias": bias, "output": out}, {},
-                                     {"op": "F.linear"}, "linear", recorder.parameter(w))
+                                     {"op": "F.linear"}, "linear", param or recorder.parameter(w))
                 else:
                     a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
                     if matmuls[func]:
@@ -551,8 +599,8 @@ def _modes(torch, recorder: _Recorder):
 
 def check_model(torch, model, who: str) -> None:
     """Refuse, one line each, what the interception cannot see through: a ``torch.compile``d
-    module, a parameter or buffer that is a tensor subclass with its own dispatch (torchao's
-    quantized weights...), a torch function or dispatch mode already active."""
+    module, a parameter or buffer that is a tensor subclass with its own dispatch (other than
+    torchao's MXTensor weights), a torch function or dispatch mode already active."""
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -570,14 +618,17 @@ def check_model(torch, model, who: str) -> None:
                              "supported; pass the module before compiling (its _orig_mod)")
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, tensor in tensors:
+            qualified = f"{path}.{name}" if path else name
+            if torch_torchao.is_torchao_tensor(tensor):
+                torch_torchao.check_supported(tensor, f"{who}: {qualified} of module {path or '<model>'!r}")
+                continue
             plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) or (
                 isinstance(tensor, torch.nn.Parameter) and type(tensor.data) is torch.Tensor)
             if not plain:
-                qualified = f"{path}.{name}" if path else name
                 raise MxsimError(f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
                                  f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
-                                 ", a tensor subclass, which is not supported (plain tensors and AMD Quark's "
-                                 "quantizer modules are)")
+                                 ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
+                                 "quantizer modules and torchao's MXTensor weights are)")
 
 
 @contextlib.contextmanager
@@ -617,7 +668,8 @@ def _library_forward(torch, recorder: _Recorder, module, path: str, forward):
     def library_forward(x, *args, **kwargs):
         with _outside_modes(torch):
             out = forward(x, *args, **kwargs)
-        if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor) and out is not x:
+        if (isinstance(out, torch.Tensor) or torch_brevitas.is_quant_tensor(out)) and isinstance(x, torch.Tensor) \
+                and out is not x:
             recorder.library_outputs[id(out)] = (out, x, module, path)
         return out
 
@@ -644,7 +696,7 @@ def intercepting(torch, model, recorder: _Recorder):
     for module_name, module in (model.named_modules() if model is not None else ()):
         handles.append(module.register_forward_pre_hook(enter(module_name, module)))
         handles.append(module.register_forward_hook(leave, always_call=True))
-        if torch_quark.is_quark_quantizer(module):
+        if torch_quark.is_quark_quantizer(module) or torch_brevitas.is_brevitas_quantizer(module):
             wrapped.append((module, vars(module).get("forward")))
             module.forward = _library_forward(torch, recorder, module, module_name, module.forward)
     fastpath = torch.backends.mha.get_fastpath_enabled()

@@ -121,9 +121,10 @@ def quantizer_spec(quantizer, ndim: int, where: str):
                          f"{error}") from None
 
 
-def reproduces(spec, float_values: np.ndarray, quark_values: np.ndarray) -> tuple[bool, str]:
-    """Whether ``spec.fake_quantize(float_values)`` in Quark's dtype is ``quark_values`` bit for
-    bit (NaN equals NaN), and a note saying how many elements differ when not."""
+def reproduces(spec, float_values: np.ndarray, quark_values: np.ndarray, library: str = "Quark") -> tuple[bool, str]:
+    """Whether ``spec.fake_quantize(float_values)`` in the library's dtype is ``quark_values``
+    (the library's values) bit for bit (NaN equals NaN), and a note saying how many elements
+    differ when not."""
     if isinstance(spec, QDQQuant) and spec.dtype not in ("int8", "uint8", "int16", "uint16", "int4", "uint4"):
         return False, f"{spec.dtype} QDQ is recorded, not recomputed"
     ours = np.asarray(spec.fake_quantize(np.asarray(float_values, dtype=np.float32)))
@@ -133,5 +134,6 @@ def reproduces(spec, float_values: np.ndarray, quark_values: np.ndarray) -> tupl
     differ = (ours.view(unsigned) != quark_values.view(unsigned)) & ~(np.isnan(ours) & np.isnan(quark_values))
     count = int(differ.sum())
     if count:
-        return False, f"mxsim's {spec.kind} reading differs from Quark's values in {count} of {differ.size} elements"
+        return False, (f"mxsim's {spec.kind} reading differs from {library}'s values in {count} of "
+                       f"{differ.size} elements")
     return True, ""

@@ -10,8 +10,9 @@ Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P 
 unit. Ops capture lists as skipped (integer GEMMs, ...) keep
 torch's result and are listed in :attr:`UnitInLoop.skipped`; a float convolution the unit
 cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) computes nothing.
-A model quantized by AMD Quark computes each layer from its own quantized operands, as capture
-records them (:mod:`mxsim.capture.torch_quark`); :attr:`UnitInLoop.model_quantization` says
+A model quantized by AMD Quark or by torchao's MX workflow computes each layer from its own
+quantized operands, as capture records them (:mod:`mxsim.capture.torch_quark`,
+:mod:`mxsim.capture.torch_torchao`); :attr:`UnitInLoop.model_quantization` says
 which quantizer each operand came from and how it was read.
 """
 
@@ -30,7 +31,7 @@ from ..errors import MxsimError
 from ..parallel import progress_bar
 from ..replay.run import run_layer
 from ..trace.model import Layer
-from ..trace.quant import QDQQuant
+from ..trace.quant import MXQuant, QDQQuant
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -65,7 +66,7 @@ def model_quantization(layer: Layer) -> dict[str, str]:
     for operand, quantizer in layer.source["quantizers"].items():
         spec = layer.quant.get(operand)
         if spec is not None:
-            manifest = spec.to_manifest(operand) if isinstance(spec, QDQQuant) else spec.to_manifest()
+            manifest = spec.to_manifest(operand) if isinstance(spec, (QDQQuant, MXQuant)) else spec.to_manifest()
             taken[operand] = f"{quantizer}: {spec.kind} {manifest}"
         else:
             note = layer.source.get("quant_notes", {}).get(operand, "")

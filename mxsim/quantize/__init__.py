@@ -1,7 +1,7 @@
 """MX block quantization with every semantic choice named, and its profiles."""
 
 from .bfp import BFP_SPECS, BFPSpec, BFPTensor, get_bfp_spec, quantize_bfp
-from .mx import MXTensor, fake_quantize, quantize, quantize_groups
+from .mx import MXTensor, fake_quantize, quantize, quantize_at_scales, quantize_groups
 from .nvfp4 import NVFP4_PROFILES, NVFP4Options, NVFP4Tensor, quantize_nvfp4, tensor_scale_from_amax
 from .options import PROFILES, QuantOptions, resolve_options
 
@@ -18,6 +18,7 @@ __all__ = [
     "fake_quantize",
     "get_bfp_spec",
     "quantize",
+    "quantize_at_scales",
     "quantize_bfp",
     "quantize_groups",
     "quantize_nvfp4",

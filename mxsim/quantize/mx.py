@@ -149,6 +149,36 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     return MXTensor(element_format, codes, scales, values.shape, axis, block_size, padding, opts)
 
 
+def quantize_at_scales(x, fmt, scales, axis: int = -1, block_size: int = 32, profile: str = "ocp",
+                       **options) -> MXTensor:
+    """``x`` quantized to MX against given E8M0 scale codes instead of the profile's scale rule
+    (a model's stored scales, where one set of values has several encodings).
+
+    ``scales``: uint8 codes in the result's layout (``x``'s shape with ``axis`` moved last,
+    one per block of ``block_size``, the last block zero-padded). Each element is ``x * 2^-X``
+    (X = code - 127; exact in float64 for float16/float32 inputs) rounded once into the
+    element format by the profile's ``element_rounding`` and ``element_overflow``; a block
+    whose code is 0xFF is NaN (its element codes 0). The profile's scale options do not apply.
+    Raises MxsimError for a scales array of another dtype or shape, or a NaN/±Inf element in a
+    block whose scale is not NaN.
+    """
+    element_format, opts, values = _prepare(x, fmt, profile, options)
+    moved, axis, padding = _to_blocks(values, axis, block_size)
+    scales = np.asarray(scales)
+    shape = moved.shape[:-1] + (moved.shape[-1] // block_size,)
+    if scales.dtype != np.uint8 or scales.shape != shape:
+        raise MxsimError(f"quantize_at_scales: scales must be uint8 of shape {shape}, "
+                         f"got {scales.dtype} {scales.shape}")
+    nan_block = np.repeat(scales == E8M0_NAN, block_size, axis=-1)
+    wide = np.where(nan_block, 0.0, moved.astype(np.float64))
+    if not np.isfinite(wide).all():
+        raise MxsimError("quantize_at_scales: a NaN or Inf element in a block whose given scale is not NaN")
+    exponents = np.repeat(scales.astype(np.int32) - E8M0_BIAS, block_size, axis=-1)
+    stored = element_format.encode(np.ldexp(wide, -exponents), opts.element_rounding, opts.element_overflow)
+    codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
+    return MXTensor(element_format, codes, scales.copy(), values.shape, axis, block_size, padding, opts)
+
+
 def _quantize_per_tensor(x, fmt, axis, block_size, profile, options, fixed_exponent=None) -> MXTensor:
     element_format, opts, values = _prepare(x, fmt, profile, options)
     block_size = check_block_size(block_size, "quantize: block_size")

@@ -47,7 +47,7 @@ from ..datapath.api import times_power_of_two
 from ..datapath.config import exact_unit
 from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
-from ..quantize import MXTensor, quantize, quantize_bfp
+from ..quantize import MXTensor, quantize_bfp
 from ..quantize.options import QuantOptions
 from ..trace.model import CONV_OPS, Layer
 from ..trace.quant import BFPQuant, MXQuant
@@ -176,8 +176,7 @@ def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
     if not isinstance(spec, (MXQuant, BFPQuant)) or (spec.bypass_single_element and x.size == 1):
         return None
     if isinstance(spec, MXQuant):
-        tensor = quantize(x, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
-                          **dict(spec.options))
+        tensor = spec.quantize(x)
         largest = tensor.element_format.max_finite
         pad_unit = spec.block_size
     else:

@@ -27,14 +27,14 @@ from ..limits import check_path, is_integer
 from .model import (BLOB_DIR, DATASET_FILE, FLOAT_DTYPES, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, NUMERIC_DTYPES,
                     SUPPORTED_VERSIONS, Layer, Network, Trace)
 from ..formats import get_format
-from ..quantize import MXTensor, quantize
+from ..quantize import MXTensor
 from ..quantize.options import QuantOptions
 from .quant import MXQuant, QDQQuant, QuantSpec, spec_from_manifest
 from .reference import (COMPACT_REFERENCE, REFERENCE_MODES, RESIDUAL_DTYPE, decode_residual, encode_residual,
                         mx_prediction)
 from .validate import trace_error, validate_trace
 
-_QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point)$")
+_QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point|scales)$")
 
 
 def _plain(value, where: str):
@@ -87,7 +87,7 @@ def _unshuffled(stored: np.ndarray, shape: tuple, dtype: str) -> np.ndarray:
 def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
     arrays = dict(layer.tensors)
     for operand, spec in layer.quant.items():
-        if isinstance(spec, QDQQuant):
+        if isinstance(spec, (QDQQuant, MXQuant)):
             arrays.update(spec.arrays(operand))
     return arrays
 
@@ -95,14 +95,13 @@ def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
 def _spec_manifest(operand: str, spec: QuantSpec | None):
     if spec is None:
         return None
-    if isinstance(spec, QDQQuant):
+    if isinstance(spec, (QDQQuant, MXQuant)):
         return spec.to_manifest(operand)
     return spec.to_manifest()
 
 
 def _quantize_by(spec: MXQuant, x: np.ndarray) -> MXTensor:
-    return quantize(x, spec.format, axis=spec.axis, block_size=spec.block_size, profile=spec.profile,
-                    **dict(spec.options))
+    return spec.quantize(x)
 
 
 def _as_codes(layer: Layer, operand: str) -> MXTensor | None:
@@ -579,9 +578,10 @@ def load_trace(path) -> Trace:
                 detail = f"missing key {error}" if missing else str(error)
                 raise trace_error(label, f"invalid quantization spec: {detail}", layer_name,
                                   f"quant.{operand}") from None
-        used = {k for operand, spec in quant.items() if isinstance(spec, QDQQuant) for k in spec.arrays(operand)}
+        used = {k for operand, spec in quant.items() if isinstance(spec, (QDQQuant, MXQuant))
+                for k in spec.arrays(operand)}
         for key in sorted(set(quant_arrays) - used, key=str):
-            raise trace_error(label, "QDQ array that no qdq spec of this layer uses", layer_name, key)
+            raise trace_error(label, "a spec array that no spec of this layer uses", layer_name, key)
         tensors = {k: v for k, v in arrays.items() if k not in quant_arrays}
         residual = coded.pop("output") if "residual" in coded.get("output", ((), "", {}))[2] else None
         decoded = {key: blobs.decode(layer_name, key, shape, dtype, coded_entry, quant.get(key))

@@ -19,14 +19,14 @@ and returns the dequantized values.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
 from ..limits import is_integer
-from ..quantize import BFP_SPECS, BFPSpec, fake_quantize, quantize_bfp
+from ..quantize import BFP_SPECS, BFPSpec, MXTensor, fake_quantize, quantize, quantize_at_scales, quantize_bfp
 from ..quantize.options import resolve_options
 
 SPEC_KINDS = ("mx", "bfp", "qdq")
@@ -91,6 +91,12 @@ class MXQuant(_BlockSpec):
       ``options``: overrides of the profile's fields, as sorted (name, value) pairs.
     * ``bypass_single_element``: a tensor with exactly one element is left unquantized
       (Quark's ONNX op wrapper does this; see docs/profiles.md).
+    * ``scales``: None, or the model's own E8M0 scale codes (uint8, in the quantized layout
+      of :class:`mxsim.MXTensor`: the operand's shape with ``axis`` moved last, one code per
+      block), used instead of the profile's scale rule (:func:`mxsim.quantize.quantize_at_scales`):
+      a library that stores its quantized weights (torchao) may hold values whose scale the
+      rule, applied to the values, would choose differently. Stored in the layer's NPZ;
+      not compared by ``==``.
     """
 
     format: str
@@ -99,6 +105,7 @@ class MXQuant(_BlockSpec):
     profile: str = "ocp"
     options: tuple = ()
     bypass_single_element: bool = False
+    scales: np.ndarray | None = field(default=None, compare=False)
 
     kind = "mx"
     _WHAT = "MX spec"
@@ -112,21 +119,45 @@ class MXQuant(_BlockSpec):
         pairs = tuple(sorted((str(k), _plain_option(v)) for k, v in options))
         object.__setattr__(self, "options", pairs)
         resolve_options(self.profile, **dict(pairs))  # validates profile and option names/values
+        if self.scales is not None and (not isinstance(self.scales, np.ndarray) or self.scales.dtype != np.uint8):
+            raise MxsimError("MX spec: scales must be a uint8 numpy array of E8M0 codes, or None")
+
+    def quantize(self, x: np.ndarray) -> MXTensor:
+        """``x`` quantized along ``axis`` (at the given ``scales``, if any)."""
+        if self.axis is None:
+            raise MxsimError(f"{self._WHAT}: axis is unresolved (None); attach the spec to a layer first")
+        if self.scales is not None:
+            return quantize_at_scales(x, self.format, self.scales, axis=self.axis, block_size=self.block_size,
+                                      profile=self.profile, **dict(self.options))
+        return quantize(x, self.format, axis=self.axis, block_size=self.block_size, profile=self.profile,
+                        **dict(self.options))
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
-        """Quantize then dequantize along ``axis`` (float64, exact values; see mxsim.fake_quantize)."""
+        """Quantize then dequantize along ``axis`` (float64, exact values; see mxsim.fake_quantize;
+        with ``scales``, the given scales' :meth:`quantize` dequantized)."""
         bypassed = self._bypassed(x)
         if bypassed is not None:
             return bypassed
+        if self.scales is not None:
+            return self.quantize(x).dequantize(np.float64)
         return fake_quantize(x, self.format, axis=self.axis, block_size=self.block_size,
                              profile=self.profile, **dict(self.options))
 
-    def to_manifest(self) -> dict:
+    def to_manifest(self, operand: str | None = None) -> dict:
+        """The manifest mapping; a spec with ``scales`` names its NPZ array, which needs the operand."""
         entry = {"kind": "mx", "format": self.format, "axis": self.axis, "block_size": int(self.block_size),
                  "profile": self.profile, "options": {k: _yaml_option(v) for k, v in self.options}}
         if self.bypass_single_element:
             entry["bypass_single_element"] = True
+        if self.scales is not None:
+            if operand is None:
+                raise MxsimError("MX spec: a spec with scales is written with its operand's name")
+            entry["scales"] = f"quant.{operand}.scales"
         return entry
+
+    def arrays(self, operand: str) -> dict[str, np.ndarray]:
+        """The arrays this spec stores in its layer's NPZ, by NPZ key."""
+        return {} if self.scales is None else {f"quant.{operand}.scales": self.scales}
 
 
 def _yaml_option(value):
@@ -280,14 +311,20 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
         raise MxsimError(f"expected a mapping, got {type(entry).__name__}")
     kind = entry.get("kind")
     if kind == "mx":
-        unknown = set(entry) - {"kind", "format", "axis", "block_size", "profile", "options", "bypass_single_element"}
+        unknown = set(entry) - {"kind", "format", "axis", "block_size", "profile", "options", "bypass_single_element",
+                                "scales"}
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
         options = entry.get("options") or {}
         if not isinstance(options, dict):
             raise MxsimError("options must be a mapping")
+        scales = None
+        if entry.get("scales") is not None:
+            if entry["scales"] != f"quant.{operand}.scales" or entry["scales"] not in arrays:
+                raise MxsimError(f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}")
+            scales = arrays[entry["scales"]]
         return MXQuant(entry["format"], entry["axis"], entry["block_size"], entry.get("profile", "ocp"),
-                       tuple(options.items()), bool(entry.get("bypass_single_element", False)))
+                       tuple(options.items()), bool(entry.get("bypass_single_element", False)), scales)
     if kind == "bfp":
         unknown = set(entry) - {"kind", "name", "axis", "method", "bit_width", "block_size", "sub_block_size",
                                 "sub_block_shift_bits", "rounding_mode", "kernel", "seed", "bypass_single_element"}

@@ -178,6 +178,13 @@ def check_layer(layer: Layer, fail) -> None:
                 blocked[spec.axis] = -(-dim // spec.block_size)
                 if spec.scale.shape != tuple(blocked):
                     fail(f"quant.{operand}.scale", f"blocked scale shape {spec.scale.shape}, expected {tuple(blocked)}")
+        if isinstance(spec, MXQuant) and spec.scales is not None and spec.axis is not None:
+            shape = list(t[operand].shape)
+            dim = shape.pop(spec.axis)
+            expected = (*shape, -(-dim // spec.block_size))
+            if spec.scales.shape != expected:
+                fail(f"quant.{operand}.scales", f"shape {spec.scales.shape}, expected {expected} (the operand's blocks "
+                                                 "with the axis last)")
         if isinstance(spec, QDQQuant):
             for key, array in spec.arrays(operand).items():
                 if array.dtype.name not in NUMERIC_DTYPES:

@@ -1,0 +1,190 @@
+"""mxsim.capture.torch_torchao: bf16 models quantized by torchao's MX inference workflow, run live.
+
+For each element type and scaling mode, a two-layer bf16 MLP (heavy-tailed weights,
+activations with outlier channels) is quantized by ``quantize_(model,
+MXDynamicActivationMXWeightConfig(...))`` with torchao's emulated kernels (its CPU path) and
+captured. torchao's own operands are taken independently of the capture: the weight's
+``qdata`` and (unswizzled) ``scale``, and the input's codes and scales from torchao's
+``MXTensor.to_mx`` of the input a forward hook saw, with the weight's ``act_quant_kwargs``.
+Checked per layer: the recorded input quantized by the recorded spec gives torchao's codes
+and scales; the recorded weight is torchao's dequantized weight bit for bit, and its spec
+(with the stored scales it carries) gives torchao's codes and scales, also after the trace
+is saved and loaded again; the layer replayed on an exact unit, with the model's operands
+(status "model") and its result rounded once to bf16, is within one bf16 ulp of torchao's
+own bf16 layer output (torchao multiplies the dequantized bf16 operands with float32 sums
+rounded to bf16 once, so the two differ only where a float32 sum crossed a bf16 rounding
+boundary). The end-to-end run with the unit in the loop is held to the same bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, trained_like
+
+from mxsim import load_hwconfig, quantize_mx
+from mxsim.errors import MxsimError
+from mxsim.replay.run import run_layer
+from mxsim.trace import MXQuant, load_trace, save_trace
+
+OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
+DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp6_e2m3": "fp6_e2m3", "fp4_e2m1": "float4_e2m1fn_x2"}  # torch or torchao names
+PROFILES = {"rceil": "torchao-rceil", "floor": "torchao"}
+
+
+@pytest.fixture(scope="module")
+def torchao(torch):
+    import_or_skip("torchao.prototype.mx_formats.inference_workflow", "oracles")
+    from torchao.prototype.mx_formats import inference_workflow, kernels, mx_tensor, utils
+    from torchao.quantization import quantize_
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    return {"quantize_": quantize_, "workflow": inference_workflow, "mx": mx_tensor, "kernels": kernels,
+            "utils": utils, "emulated": KernelPreference.EMULATED}
+
+
+def mlp(torch):
+    """bf16 Linear(64, 96) -> GELU -> Linear(96, 32), trained-like weights."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    trained_like(torch, (model[0], model[2]))
+    return model.to(torch.bfloat16).eval()
+
+
+def activations(torch):
+    """The shared outlier activations in bf16."""
+    return outlier_activations(torch).to(torch.bfloat16)
+
+
+def quantized_mlp(torch, torchao, element: str, mode: str):
+    dtype = getattr(torch, DTYPES[element], DTYPES[element])
+    config = torchao["workflow"].MXDynamicActivationMXWeightConfig(
+        activation_dtype=dtype, weight_dtype=dtype, kernel_preference=torchao["emulated"],
+        scaling_mode=torchao["mx"].ScaleCalculationMode(mode))
+    model = mlp(torch)
+    torchao["quantize_"](model, config)
+    return model
+
+
+def codes_and_scales(torch, torchao, qdata, scale, element: str, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """torchao's element codes (fp4 unpacked) and E8M0 scale bytes as (rows, K) and (rows, K/32)."""
+    codes = qdata.view(torch.uint8)
+    if element == "fp4_e2m1":
+        codes = torchao["kernels"].unpack_uint4(codes)
+    return codes.numpy().reshape(shape), scale.view(torch.uint8).numpy().reshape(shape[0], -1)
+
+
+def torchao_run(torch, torchao, model, x, element: str) -> dict:
+    """layer -> torchao's input and weight (codes, scales), dequantized weight and bf16 output."""
+    seen = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            w = module.weight
+            rows = inputs[0].reshape(-1, inputs[0].shape[-1]).contiguous()
+            k = w.act_quant_kwargs
+            a = torchao["mx"].MXTensor.to_mx(rows, k.elem_dtype, k.block_size, k.scaling_mode, k.kernel_preference)
+            n, kk = w.shape
+            scale = torchao["utils"].from_blocked(w.scale, n, kk // w.block_size) if w.is_swizzled_scales else w.scale
+            seen[name] = {"input": codes_and_scales(torch, torchao, a.qdata, a.scale, element, tuple(rows.shape)),
+                          "weight": codes_and_scales(torch, torchao, w.qdata, scale, element, (n, kk)),
+                          "weight_values": w.dequantize(torch.float32).numpy(),
+                          "output": output.float().numpy()}
+        return hook
+
+    handles = [model[int(name)].register_forward_hook(keep(name)) for name in ("0", "2")]
+    with torch.no_grad():
+        out = model(x)
+    for handle in handles:
+        handle.remove()
+    seen["model"] = out.float().numpy()
+    return seen
+
+
+def bf16_ulps(torch, got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """|got rounded once to bf16 - want| in bf16 ulps of ``want`` (a bf16 value as float32)."""
+    from mxsim.capture.torch import _rounded_tensor
+
+    rounded = _rounded_tensor(torch, got, torch.bfloat16).float().numpy()
+    spacing = np.spacing(np.abs(want).astype(np.float32)) * 2.0**16  # float32's spacing x 2^16: bf16's
+    return np.abs(rounded.astype(np.float64) - want) / spacing
+
+
+@pytest.mark.parametrize("mode", list(PROFILES))
+@pytest.mark.parametrize("element", list(DTYPES))
+def test_torchao_mx_layers_replay_as_torchao_computed_them(torch, torchao, element, mode, tmp_path):
+    from mxsim.capture.torch import capture_torch
+
+    model = quantized_mlp(torch, torchao, element, mode)
+    x = activations(torch)
+    want = torchao_run(torch, torchao, model, x, element)
+    save_trace(capture_torch(model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")
+    assert [layer.name for layer in trace.layers] == ["0", "2"]
+    for layer in trace.layers:
+        assert layer.source["quantizers"]["weight"] == f"{layer.name}.weight (torchao MX {element} block 32 {mode})"
+        for operand in ("input", "weight"):
+            spec = layer.quant[operand]
+            assert isinstance(spec, MXQuant) and (spec.format, spec.profile, spec.block_size) == \
+                (element, PROFILES[mode], 32)
+            assert spec.axis == layer.tensors[operand].ndim - 1
+        rows = layer.input.reshape(-1, layer.input.shape[-1])
+        ours = quantize_mx(rows, element, axis=1, block_size=32, profile=PROFILES[mode])
+        codes, scales = want[layer.name]["input"]
+        assert np.array_equal(ours.scales, scales) and np.array_equal(ours.codes, codes)
+        assert bit_mismatches(layer.weight, want[layer.name]["weight_values"]) == (0, [])
+        ours = layer.quant["weight"].quantize(layer.weight)
+        codes, scales = want[layer.name]["weight"]
+        assert np.array_equal(ours.scales, scales) and np.array_equal(ours.codes, codes)
+        assert "quant_notes" not in layer.source
+        run = run_layer(layer, OCP)
+        assert run.input.status == run.weight.status == "model"
+        assert bf16_ulps(torch, run.values, want[layer.name]["output"]).max() <= 1
+
+
+def test_torchao_in_the_loop_takes_the_model_quantization(torch, torchao):
+    from mxsim.inloop.torch import torch_unit
+
+    model = quantized_mlp(torch, torchao, "fp4_e2m1", "rceil")
+    x = activations(torch)
+    want = torchao_run(torch, torchao, model, x, "fp4_e2m1")["model"]
+    with torch_unit(model, OCP) as unit:
+        with torch.no_grad():
+            got = model(x)
+    assert got.dtype == torch.bfloat16 and unit.computed_layers == ["0", "2"]
+    assert bf16_ulps(torch, got.float().numpy().astype(np.float64), want).max() <= 1
+    taken = unit.model_quantization["2"]
+    assert taken["input"].startswith("2.weight.act_quant_kwargs (torchao MX fp4_e2m1 block 32 rceil): mx")
+    assert "'profile': 'torchao-rceil'" in taken["weight"]
+
+
+def test_nvfp4_and_weight_only_mx_are_refused_in_one_line(torch, torchao):
+    from mxsim.capture.torch import capture_torch
+    from mxsim.inloop.torch import torch_unit
+
+    model = mlp(torch)
+    torchao["quantize_"](model, torchao["workflow"].NVFP4WeightOnlyConfig())
+    x = activations(torch)
+    for attempt in (lambda: capture_torch(model, x), lambda: torch_unit(model, OCP).__enter__()):
+        with pytest.raises(MxsimError, match=r"^\w+: 0\.weight of module '0': a torchao NVFP4Tensor weight is not "
+                                             r"supported [^\n]*$"):
+            attempt()
+    model = mlp(torch)
+    with torch.no_grad():
+        model[2].weight = torch.nn.Parameter(torchao["mx"].MXTensor.to_mx(
+            model[2].weight.detach(), torch.float8_e4m3fn, 32, kernel_preference=torchao["emulated"]),
+            requires_grad=False)
+    with pytest.raises(MxsimError, match=r"^capture_torch: module '2': a torchao MXTensor weight without activation "
+                                         r"quantization is not supported$"):
+        capture_torch(model, x)
+
+    class Matmul(torch.nn.Module):  # an MXTensor used other than as F.linear's weight
+        def __init__(self, weight):
+            super().__init__()
+            self.weight = weight
+
+        def forward(self, x):
+            return x @ self.weight.t()
+
+    with pytest.raises(MxsimError, match=r"^capture_torch: module '<model>' \(Matmul\) calls matmul with a MXTensor, "
+                                         r"which is not supported [^\n]*$"):
+        capture_torch(Matmul(quantized_mlp(torch, torchao, "fp8_e4m3", "floor")[0].weight), x)
