@@ -162,7 +162,7 @@ def test_a_compact_trace_replays_bit_for_bit_and_says_which_reference_it_carries
     for layer, got, rows in zip(full.layers, compact.layers, zip(*(r["_results"]["mxdotp"] for r in reports))):
         assert np.array_equal(rows[0].bits, rows[1].bits)
         unit = rows[0].errors_vs_float + layer.output.reshape(-1)  # the unit's outputs
-        ideal = ideal_gemm(got, layer_operands(got))[0].reshape(-1)  # the residual: reference - exact product
+        ideal = ideal_gemm(layer_operands(got))[0].reshape(-1)  # the residual: reference - exact product
         residual = np.linalg.norm(layer.output.reshape(-1) - ideal)
         moved = 2.0 ** -8 * residual + np.linalg.norm(np.spacing(np.abs(got.output)).astype(np.float64))
         noise, signal = np.linalg.norm(unit - layer.output.reshape(-1)), np.linalg.norm(layer.output)

@@ -1,8 +1,8 @@
 """Replay: a trace's layers computed through hardware datapaths, and its network run end to end.
 
 * :mod:`.lowering` — the GEMM view of a layer (linear, matmul, conv2d / conv_transpose2d
-  through im2col): :func:`gemm_shape`, :func:`lower_input`, :func:`lower_weight`,
-  :func:`lift_output`.
+  through im2col), worked out once per layer: :func:`gemm_view` (a :class:`GemmView`),
+  :func:`gemm_shape`, :func:`lower_input`, :func:`lower_weight`, :func:`lift_output`.
 * :mod:`.operands` — a layer's operands quantized in the model's own layout and lowered
   (per-tap channel blocks), and the exact ideal result.
 * :mod:`.choice` — what a unit gets for each operand, and why (the policy replay and the
@@ -21,7 +21,17 @@ to :func:`replay` as ``perplexity_fn``); this package never imports :mod:`mxsim.
 """
 
 from .layer import run_layer
-from .lowering import GemmShape, gemm_axis, gemm_reference, gemm_shape, lift_output, lower_input, lower_weight
+from .lowering import (
+    GemmShape,
+    GemmView,
+    gemm_axis,
+    gemm_reference,
+    gemm_shape,
+    gemm_view,
+    lift_output,
+    lower_input,
+    lower_weight,
+)
 from .network import accuracy, float_layer, layer_with_input, run_network
 from .plots import write_plots
 from .report import format_report
@@ -29,12 +39,14 @@ from .run import replay
 
 __all__ = [
     "GemmShape",
+    "GemmView",
     "accuracy",
     "float_layer",
     "format_report",
     "gemm_axis",
     "gemm_reference",
     "gemm_shape",
+    "gemm_view",
     "layer_with_input",
     "lift_output",
     "lower_input",

@@ -38,14 +38,13 @@ from ..quantize import MXTensor, quantize, quantize_groups, resolve_options
 from ..trace.model import Layer
 from .attribution import layer_attribution, output_channel_shares
 from .choice import OperandChoice, choose_operand, pair_choices
-from .lowering import gemm_shape, lift_output
+from .lowering import gemm_view
 from .network import layer_with_input
 from .operands import (
     GemmOperand,
     LayerOperands,
     accumulator_input,
     clip_counts,
-    gemm_bias,
     ideal_gemm,
     layer_operands,
 )
@@ -202,9 +201,13 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     (the caller's, for one weight whose values it vouches unchanged since the mapping was
     filled): looked up, or filled, by everything else the quantization depends on
     (:func:`_weight_quantization_key`); stochastic rounding is never kept."""
-    at = layer if x is None else layer_with_input(layer, x)
-    ops = operands if operands is not None else layer_operands(at, conv_order, float_pieces=with_ideal)
-    shape = gemm_shape(at)
+    if operands is None:  # the layer lowered once, for the input it gets
+        view = gemm_view(layer, None if x is None else np.shape(x))
+        at = layer if x is None else layer_with_input(layer, x, view.output_shape)
+        ops = layer_operands(at, conv_order, float_pieces=with_ideal, view=view)
+    else:
+        at, ops = layer if x is None else layer_with_input(layer, x), operands
+    view, shape = ops.gemm.view, ops.gemm.shape
     gemm_operands = {"input": ops.a, "weight": ops.b}
     choices, tensors, quantize_options = {}, {}, {}
     try:
@@ -234,14 +237,14 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     if not with_ideal:
         gemm_ideal, exact = None, False
     elif choices["input"].status == choices["weight"].status == "model":
-        gemm_ideal, exact = ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(at, ops)
+        gemm_ideal, exact = ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(ops)
     else:  # the ideal of the operands this unit got
         unit_ops = dataclasses.replace(
             ops, a=ops.a if choices["input"].status == "model" else _operand_of_tensors(tensors["input"], ops.a),
             b=ops.b if choices["weight"].status == "model" else _operand_of_tensors(tensors["weight"], ops.b))
-        gemm_ideal, exact = ideal_gemm(at, unit_ops)
-    scaled_linear = at.op == "linear" and at.attrs.get("alpha", 1.0) != 1.0
-    bias = None if scaled_linear else gemm_bias(at, ops.bias)
+        gemm_ideal, exact = ideal_gemm(unit_ops)
+    scaled_linear = view.op == "linear" and view.alpha != 1.0
+    bias = None if scaled_linear else view.gemm_bias(ops.bias)
     matmul_options = {} if out_format is None else {"out_format": out_format}
     # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
     qbs = [MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
@@ -270,13 +273,13 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         late = ~np.array(c_entered)
         out[late] += bias[late]
     lift_bias = ops.bias if scaled_linear else None
-    ideal_values = None if gemm_ideal is None else lift_output(at, gemm_ideal, lift_bias)
+    ideal_values = None if gemm_ideal is None else view.lift(gemm_ideal, lift_bias)
     attribution = None
     if with_ideal:  # a replay row (not the unit in the loop): where its error comes from
         a, b = ops.a_float.astype(np.float64), ops.b_float.astype(np.float64)
         attribution = layer_attribution(at, a, _unit_values(tensors["input"], a.shape), b,
                                         _unit_values(tensors["weight"], b.shape), shape.k // shape.k_run, conv_order)
-    return LayerRun(lift_output(at, out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
+    return LayerRun(view.lift(out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
                     choices["weight"], exact, ops, attribution)
 
 
@@ -318,7 +321,7 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
     error = (values - reference)[finite]
     error_ideal = (values - ideal_values)[finite]
     scale = np.maximum(np.abs(reference[finite]), np.finfo(np.float32).tiny)
-    shape = gemm_shape(layer)
+    shape = run.operands.gemm.shape
     out_format = hw.sections[("output", "format")]
     ideal_rms = math.sqrt(float(np.mean(np.square(ideal_values[finite])))) if finite.any() else 0.0
     ulp = _output_ulp(ideal_rms, out_format)

@@ -62,7 +62,7 @@ def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element
 
     def ideal():  # computed once, if a unit takes the model's operands
         if "ideal" not in memo:
-            memo["ideal"] = ideal_gemm(layer, operands)
+            memo["ideal"] = ideal_gemm(operands)
         return memo["ideal"]
 
     return [replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn, strict) for hw in units]
