@@ -13,7 +13,7 @@ from mxsim.quantize import quantize
 from mxsim.replay.layer import replay_layer, run_layer
 from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
-from mxsim.trace import Layer, Trace, conv2d_direct, load_trace
+from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
 
 HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "kulisch", "mxdotp", "h100-fp8")}
 
@@ -116,3 +116,27 @@ def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
     monkeypatch.setattr(layer_module, "run_layer", real_run_layer)
     quiet = replay(trace, [HW["ocp-exact"]])
     assert quiet["totals"]["ocp-exact"]["compile_seconds"] == 0.0 and "compiling" not in format_report(quiet)
+
+
+@pytest.mark.parametrize("channels, geometries", [(32, 1), (6, 2)])
+def test_a_layer_is_lowered_once(monkeypatch, channels, geometries):
+    """The unit in the loop (a new input) works its conv layer's geometry out once per call,
+    plus once for the operands' view when their channels are padded to whole blocks; the
+    result equals the layer's direct convolution."""
+    from mxsim.trace import conv
+
+    made = []
+    real = conv.Conv2dGeometry.from_shapes.__func__
+    monkeypatch.setattr(conv.Conv2dGeometry, "from_shapes",
+                        classmethod(lambda cls, *args: made.append(args[0]) or real(cls, *args)))
+    rng = np.random.default_rng(5)
+    x = rng.integers(-7, 8, size=(1, channels, 5, 5)).astype(np.float32)
+    w = rng.integers(-7, 8, size=(3, channels, 3, 3)).astype(np.float32)
+    attrs = {"stride": [1, 1], "padding": [[1, 1], [1, 1]], "dilation": [1, 1], "groups": 1}
+    spec = MXQuant("fp8_e4m3", axis=1, block_size=32)
+    layer = Layer("conv", "conv2d", {"input": x[:, :, :4], "weight": w, "output": np.zeros((1, 3, 4, 5), np.float32)},
+                  attrs, {"input": spec, "weight": spec, "bias": None}, {})
+    values = run_layer(layer, HW["ocp-exact"], x).values
+    assert len(made) == geometries
+    expected = conv2d_direct(x, w, None, real(conv.Conv2dGeometry, x.shape, w.shape, 1, 1, 1, 1))
+    np.testing.assert_array_equal(values, expected)
