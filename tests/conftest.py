@@ -359,14 +359,26 @@ def fail_replay_of_layer(monkeypatch, name: str, message: str) -> None:
     monkeypatch.setattr(run_module, "replay_layer_on_units", failing)
 
 
+def mx_linear_layer(rng, spec_format="fp8_e4m3"):
+    """A 6x70 by 70x5 linear layer "fc" with both operands under ``spec_format`` blocks of 32 along K."""
+    from mxsim.trace import Layer, MXQuant
+
+    x = rng.standard_normal((6, 70)).astype(np.float32)
+    w = rng.standard_normal((5, 70)).astype(np.float32)
+    tensors = {"input": x, "weight": w, "output": (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)}
+    quant = {"input": MXQuant(spec_format, axis=1, block_size=32), "weight": MXQuant(spec_format, axis=1, block_size=32),
+             "bias": None}
+    return Layer("fc", "linear", tensors, {}, quant, {})
+
+
 @pytest.fixture
 def counted_quantizations(monkeypatch) -> list:
     """The shapes of the operands replay quantizes itself (one entry per quantization, as the
     calls come; the unit in the loop keeps weights' quantizations)."""
-    from mxsim.replay import run
+    from mxsim.replay import layer
 
-    shapes, requantize = [], run._requantize
-    monkeypatch.setattr(run, "_requantize", lambda values, *args: shapes.append(values.shape) or requantize(values, *args))
+    shapes, requantize = [], layer._requantize
+    monkeypatch.setattr(layer, "_requantize", lambda values, *args: shapes.append(values.shape) or requantize(values, *args))
     return shapes
 
 

@@ -22,7 +22,7 @@ from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, 
 
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
-from mxsim.replay.run import run_layer
+from mxsim.replay.layer import run_layer
 from mxsim.trace import BFPQuant, MXQuant, QDQQuant
 
 os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")

@@ -11,7 +11,7 @@ from conftest import REPO
 from mxsim.datapath import load_hwconfig
 from mxsim.quantize import quantize
 from mxsim.replay.attribution import column_shares, layer_attribution, output_channel_shares, top_shares
-from mxsim.replay.run import replay_layer
+from mxsim.replay.layer import replay_layer
 from mxsim.trace import Layer, MXQuant
 
 

@@ -14,6 +14,7 @@ from mxsim.replay.lowering import (
     gemm_axis,
     gemm_reference,
     gemm_shape,
+    gemm_view,
     lift_output,
     lower_input,
     lower_weight,
@@ -128,6 +129,22 @@ def test_lowering_rejects_arrays_of_another_shape():
         lower_input(layer, np.zeros((2, 2)))
     with pytest.raises(MxsimError, match="GEMM result must have shape"):
         lift_output(layer, np.zeros((1, 2, 2)))
+
+
+def test_gemm_view_for_another_input_and_an_unknown_op():
+    """The view of a layer for another batch (the unit in the loop) lowers and lifts it as the
+    layer computes it; an op without a GEMM view is named in the error."""
+    layer = conv_layer()
+    x = ints(5, *layer.input.shape[1:])
+    view = gemm_view(layer, x.shape)
+    assert view.shape.m == 5 * gemm_shape(layer).m // layer.input.shape[0]
+    c = view.lower_input(x) @ view.lower_weight(layer.weight).transpose(0, 2, 1)
+    expected = conv2d_direct(x, layer.weight, layer.bias, layer.conv_geometry(x.shape))
+    assert view.output_shape == expected.shape and np.array_equal(view.lift(c, layer.bias), expected)
+    fc = linear_layer(batch=(3,))
+    assert gemm_view(fc, (7, 5)).output_shape == (7, 4)
+    with pytest.raises(MxsimError, match="layer 'x': unknown op 'conv3d'"):
+        gemm_view(Layer("x", "conv3d", fc.tensors, {}))
 
 
 @pytest.mark.parametrize("op, operand, axis, expected", [

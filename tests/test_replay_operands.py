@@ -167,7 +167,7 @@ def _exact_gemm(a, b, bias):
 
 
 def _ideal(layer):
-    gemm, exact = ideal_gemm(layer, layer_operands(layer))
+    gemm, exact = ideal_gemm(layer_operands(layer))
     assert exact
     return lift_output(layer, gemm, None)
 
@@ -302,7 +302,7 @@ def test_float_operands_are_split_exactly_into_bf16_pieces():
     assert len(ops.a.pieces) == 3 and ops.a.element_format.name == "bf16" and ops.a.exact
     np.testing.assert_array_equal(_gemm_values(ops.a)[0][:, :40], x)
     wq = MXQuant("int8", axis=1, block_size=32).fake_quantize(w)
-    gemm, exact = ideal_gemm(layer, ops)
+    gemm, exact = ideal_gemm(ops)
     assert exact
     np.testing.assert_array_equal(gemm[0].astype(np.float32), _exact_gemm(x, wq.T.astype(np.float32), np.zeros(5)))
 
@@ -310,5 +310,5 @@ def test_float_operands_are_split_exactly_into_bf16_pieces():
 def test_float64_operands_that_are_not_float32_make_the_ideal_inexact():
     x = np.full((2, 4), 1 + 2.0**-40)
     layer = Layer("fc", "linear", {"input": x, "weight": np.ones((3, 4)), "output": np.zeros((2, 3))}, {}, {}, {})
-    _, exact = ideal_gemm(layer, layer_operands(layer))
+    _, exact = ideal_gemm(layer_operands(layer))
     assert not exact

@@ -98,7 +98,7 @@ class Graph:
     them; it is never modified otherwise. ``keep_sessions``: the plans keep each stage's
     onnxruntime session too (:attr:`sessions` is for its users' own, and
     :attr:`weight_quantizations` for their quantized constant weights, as
-    :func:`mxsim.replay.run.run_layer` keeps them), and every session runs on the calling
+    :func:`mxsim.replay.layer.run_layer` keeps them), and every session runs on the calling
     thread (one intra-op thread: a thread pool per kept session would multiply threads, and
     its threads would spin between stages while Python works); else a session is made per
     stage and run, on onnxruntime's default threads, and dropped."""

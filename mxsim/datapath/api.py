@@ -189,7 +189,7 @@ def _native_float(fmt: FormatInfo):
     return None
 
 
-def _kernel_arguments(params: DatapathParams):
+def _kernel_arguments(params: DatapathParams) -> tuple[FormatInfo, FormatInfo, tuple]:
     """(A format, B format, kernel arguments): the element tables (empty for formats the
     kernel decodes itself, see ``tables.element_operand``), the kernel record, the term
     order, the formats' parameters and the scale tables."""
@@ -204,7 +204,8 @@ def _kernel_arguments(params: DatapathParams):
                           a_fmt.kernel_params, b_fmt.kernel_params)
 
 
-def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray):
+def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray,
+                            fields_b: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
     """(A codes, B codes, kernel arguments): the field codes in one dtype (mixed formats add no
     kernel signature) and :func:`_kernel_arguments`."""
     codes_a, codes_b = _same_width(fields_a, fields_b)
@@ -518,11 +519,11 @@ def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponent
             _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
         return out
     if method == "auto" and groups_apply(params):
-        for g in range(groups):  # the group-sum route takes one GEMM at a time
-            m, n = groups_matmul(params, codes_a[g], codes_b[g], exponents_a[g], exponents_b[g],
-                                 c_values[0] if c_values.shape == (1, 1, 1) else c_values[g], out[g], progress)
+        for group in range(groups):  # the group-sum route takes one GEMM at a time
+            m, n = groups_matmul(params, codes_a[group], codes_b[group], exponents_a[group], exponents_b[group],
+                                 c_values[0] if c_values.shape == (1, 1, 1) else c_values[group], out[group], progress)
             if m.size:  # specials and out-of-range values: the generic kernel
-                _recompute(np.full(m.size, g), m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args,
+                _recompute(np.full(m.size, group), m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args,
                            out)
         return out
     window = method == "auto" and window_applies(params)

@@ -121,8 +121,8 @@ class HardwareConfig:
             chosen = {"a_format": a_name, "b_format": b_name, "out_format": out_name}
             if all(chosen[key] in names for key, names in selectors.items()):
                 values.update(changes)
-        fields = {schema.param_field(name, key): values[(section, name)]
-                  for section, name, key in schema.keys() if schema.param_field(name, key) is not None}
+        fields = {field: values[(section, name)]
+                  for section, name, key in schema.keys() if (field := schema.param_field(name, key)) is not None}
         params = schema.DatapathParams(a_format=a_name, b_format=b_name, **fields)
         check_consistency(params, self.source)
         return params
@@ -362,7 +362,7 @@ def _check_value(source: str, path: str, key: Key, value: Any) -> Any:
             not isinstance(value, list)
             or not value
             or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
-            or len(value) > key.maximum
+            or (key.maximum is not None and len(value) > key.maximum)
             or sorted(value) != list(range(len(value)))
         ):
             raise fail(f"null or a permutation of 0..T-1 (a list of at most {key.maximum} distinct integers)")
@@ -392,7 +392,7 @@ def _format_names(source: str, path: str, key: Key, items: list) -> tuple[str, .
     resolved = []
     for index, item in enumerate(items):
         name = get_format(item).name if isinstance(item, str) and _is_format(item) else None
-        if name not in key.choices:
+        if name is None or name not in key.choices:
             raise ConfigError(source, f"{path}[{index}]", f"expected one of {', '.join(key.choices)}, got {shown(item)}")
         resolved.append(name)
     return tuple(resolved)
@@ -526,7 +526,7 @@ def vary_hwconfig(config: HardwareConfig, changes: dict[str, Any], name: str) ->
                 override[(section, key_name)] = checked
     canonical = yaml.safe_dump({"base": config.digest, "changes": dict(changes)}, sort_keys=True)
     varied = HardwareConfig(name, config.description, config.source, sections,
-                            overrides, config.array, hashlib.sha256(canonical.encode()).hexdigest())
+                            tuple(overrides), config.array, hashlib.sha256(canonical.encode()).hexdigest())
     _check_combinations(varied)
     return varied
 

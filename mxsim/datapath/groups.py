@@ -57,6 +57,7 @@ import numba
 import numpy as np
 
 from ..formats import get_format
+from ..formats.bits import odd_part_bits
 from . import _group_kernels as GK
 from ._window_kernels import NO_REFERENCE
 from .blas import _span_bits
@@ -85,7 +86,7 @@ def _significant_bits(values: np.ndarray) -> int:
     """The widest significand among finite nonzero float64 values."""
     mantissas = np.frexp(np.abs(values[np.isfinite(values) & (values != 0)]))[0]
     integers = (mantissas * 2.0**53).astype(np.int64).tolist()
-    return max((v >> ((v & -v).bit_length() - 1)).bit_length() for v in integers)
+    return max(odd_part_bits(v) for v in integers)
 
 
 @functools.lru_cache(maxsize=None)

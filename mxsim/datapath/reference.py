@@ -4,8 +4,9 @@ Written from the parameter definitions in ``datapath.schema.SCHEMA`` and the sev
 docs/hwconfig.md (not from the kernel), one function per step as the kernel has them:
 :func:`_decode` and :func:`_multiply` (steps 1-2), :func:`tree_positions` (3, with
 :func:`_group_terms` for ``scales: group_sum``),
-:func:`_align` (4), :func:`_add` and :func:`_normalise` (5), :func:`_accumulate`,
-:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output` (7); the matrix-core adders
+:func:`_align_and_add` (4-5) and :func:`_normalise` (5), :func:`_accumulate`,
+:func:`_promote` and :func:`_add_c_at_end` (6), :func:`_output_value` (7), named after the
+kernel's stages; the matrix-core adders
 :func:`_parity_sum`, :func:`_second_alignment` and :func:`_pairwise_dot`. Every intermediate value
 is an exact Fraction; every rounding goes through
 :func:`mxsim.formats.reference.encode_reference`. It also records each stage, which is what
@@ -17,14 +18,17 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
+from typing import TypeGuard
 
 from ..errors import ArgumentError, ConfigError
 from ..formats import FormatInfo, custom_format, get_format
+from ..formats.bits import floor_log2
 from ..formats.reference import decode_reference, encode_reference
-from ..quantize.reference import floor_log2
 from .schema import ACCUMULATOR_OVERFLOW, DatapathParams
 
 INF = math.inf
+#: A stage value: exact, or a float for a signed zero, an infinity or NaN.
+Value = Fraction | float
 
 
 def alignment_emin(fmt: FormatInfo) -> int:
@@ -67,7 +71,7 @@ def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True, overf
     return result
 
 
-def _is_infinite(value) -> bool:
+def _is_infinite(value) -> TypeGuard[float]:
     return isinstance(value, float) and math.isinf(value)
 
 
@@ -125,6 +129,7 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
     block's E8M0 codes (None: the unit takes no scales)."""
     scale_exponent = 0
     scale_is_nan = False
+    product: Value
     if scale_codes is not None:
         scale_is_nan = 255 in scale_codes
         scale_exponent = scale_codes[0] + scale_codes[1] - 254
@@ -144,6 +149,7 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
         # ('group_sum' scales each group's sum: _group_terms.)
         if params.scales == "products" or params.align_fraction_bits is None:
             product *= Fraction(2) ** scale_exponent
+            assert exponent is not None  # a finite nonzero product: both elements have exponents
             exponent += scale_exponent
             scale_exponent = 0
     if (isinstance(product, Fraction) and params.product_overflow_exponent is not None
@@ -247,9 +253,11 @@ def _reference(terms: list[tuple], has_zero: bool, params: DatapathParams) -> in
     return reference
 
 
-def _align(terms: list[tuple], has_zero: bool, params: DatapathParams):
-    """Step 4 with a window: (reference R, LSB 2^(R-F), each term as the adder keeps it). R is
-    the largest exponent, and at least ``zero_term_exponent`` when the tree has a zero term."""
+def _align_and_add(terms: list[tuple], has_zero: bool, params: DatapathParams, log):
+    """Steps 4-5 with a window: (reference R, each term as the adder keeps it, their sum
+    through the adder register). R is the largest exponent, and at least
+    ``zero_term_exponent`` when the tree has a zero term; the terms keep multiples of the
+    LSB 2^(R-F) (the rest as ``below_window`` says)."""
     reference = _reference(terms, has_zero, params)
     lsb = Fraction(2) ** (reference - params.align_fraction_bits)
     kept_terms = []
@@ -266,13 +274,12 @@ def _align(terms: list[tuple], has_zero: bool, params: DatapathParams):
             jammed = 2 * whole + (1 if abs(ratio) != whole else 0)
             kept = Fraction(jammed if ratio >= 0 else -jammed) * lsb / 2
         kept_terms.append(kept)
-    return reference, lsb, kept_terms
+    return reference, kept_terms, _adder_register(sum(kept_terms, Fraction(0)), lsb, params, log)
 
 
-def _add(kept_terms: list[Fraction], lsb: Fraction, params: DatapathParams, log) -> Fraction:
-    """Step 5's add: the kept terms' exact sum, through the adder register when ``carry_bits``
-    gives it a width (wrapped or saturated beyond it)."""
-    tree_sum = sum(kept_terms, Fraction(0))
+def _adder_register(tree_sum: Fraction, lsb: Fraction, params: DatapathParams, log) -> Fraction:
+    """Step 5's add: the kept terms' exact sum ``tree_sum`` through the adder register when
+    ``carry_bits`` gives it a width (wrapped or saturated beyond it)."""
     if params.carry_bits is None:
         return tree_sum
     step = lsb / 2 if params.below_window == "sticky" else lsb
@@ -311,8 +318,8 @@ def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: D
         tree_sum = sum((t for t, _ in terms), Fraction(0))
         log({"stage": "tree", "start": tree_start, "exact_sum": _to_float(tree_sum)})
         return tree_sum
-    reference, lsb, kept_terms = _align(terms, has_zero, params)
-    tree_sum = _add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale
+    reference, kept_terms, tree_sum = _align_and_add(terms, has_zero, params, log)
+    tree_sum = tree_sum * Fraction(2) ** tree_scale
     log({"stage": "tree", "start": tree_start, "reference_exponent": reference,
          "lsb_exponent": reference - params.align_fraction_bits,
          "terms": [float(t) for t, _ in terms], "aligned": [float(t) for t in kept_terms],
@@ -341,8 +348,8 @@ def _parity_sum(halves: list[tuple], tree_start: int, params: DatapathParams, lo
         if not kept:
             continue
         tree_scale = kept[0][2] if params.scales == "block_sum" else 0
-        reference, lsb, kept_terms = _align([(p, e) for p, e, _ in kept], has_zero, params)
-        sums.append((_add(kept_terms, lsb, params, log) * Fraction(2) ** tree_scale, reference + tree_scale))
+        reference, _, window_sum = _align_and_add([(p, e) for p, e, _ in kept], has_zero, params, log)
+        sums.append((window_sum * Fraction(2) ** tree_scale, reference + tree_scale))
     if not sums:
         return Fraction(0), None
     reference = max(r for _, r in sums)
@@ -535,7 +542,7 @@ def _pairwise_dot(params: DatapathParams, products: list[tuple], trees, c: float
     if isinstance(acc, float):
         value = math.nan if math.isnan(acc) else acc
     else:
-        value = _to_float(_round(acc, out_fmt, params.output_rounding, params.output_subnormals))
+        value = float(_round(acc, out_fmt, params.output_rounding, params.output_subnormals))  # a value of out_fmt
     if value == 0 and params.output_zero_sign == "positive":
         value = 0.0
     log({"stage": "output", "value": value})
@@ -593,6 +600,8 @@ def dot_reference(
              "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
     trees = tree_positions(len(products), params)
     if params.structure == "pairwise_rounded":
+        if acc_fmt is None:
+            raise ConfigError("<params>", "accumulator.format", "adder.structure: pairwise_rounded needs a floating format")
         return _pairwise_dot(params, products, trees, c_given, acc_fmt, out_fmt, log)
     if params.scales == "group_sum":  # None: every scale 1
         one = encode_reference(get_format(params.scale_format), Fraction(1))
@@ -611,10 +620,10 @@ def dot_reference(
                                for p, _, s in tree_terms(positions)[0]), Fraction(0))
         log({"stage": "exact_accumulator", "value": _to_float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
-        return _output(result, specials, params, log)
+        return _output_value(result, specials, params, log)
 
-    outer = Fraction(0)
-    acc = Fraction(0)
+    outer: Value = Fraction(0)
+    acc: Value = Fraction(0)
     if params.promotion_interval:
         outer = c_exact
     elif params.c_entry == "initial":
@@ -680,12 +689,12 @@ def dot_reference(
     result = _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
     if isinstance(acc, float) and result == 0:  # acc underflowed to -0: rounding keeps the zero's sign
         result = -0.0
-    return _output(result, specials, params, log)
+    return _output_value(result, specials, params, log)
 
 
 # --- step 7: output -----------------------------------------------------------------------------
 
-def _output(result, specials: _Specials, params: DatapathParams, log) -> float:
+def _output_value(result, specials: _Specials, params: DatapathParams, log) -> float:
     """Step 7's value: the specials' IEEE sum when there are any, else the rounded result with
     the sign IEEE gives a zero (+0 for every zero with ``zero_sign: positive``)."""
     if _is_infinite(result) and not specials.values:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -524,11 +524,11 @@ _KIND_TYPES = {"int": int, "optional_int": int | None, "bool": bool, "str": str,
 def params_class(schema: dict[str, dict[str, Key]]) -> type:
     """The frozen dataclass of one unit's resolved parameters: ``a_format``, ``b_format``
     (the chosen element formats), then one field per key of ``schema``."""
-    fields = [("a_format", str), ("b_format", str)]
+    fields: list[tuple[str, Any]] = [("a_format", str), ("b_format", str)]
     for entries in schema.values():
         for name, key in entries.items():
-            if param_field(name, key) is not None:
-                fields.append((param_field(name, key), _KIND_TYPES[key.kind]))
+            if (field := param_field(name, key)) is not None:
+                fields.append((field, _KIND_TYPES[key.kind]))
     cls = dataclasses.make_dataclass("DatapathParams", fields, frozen=True)
     cls.__module__ = __name__  # pickled by reference, as a class written here would be
     cls.__doc__ = ("The resolved parameters of one unit for one (A format, B format) pair: a field per "
@@ -536,21 +536,31 @@ def params_class(schema: dict[str, dict[str, Key]]) -> type:
     return cls
 
 
-DatapathParams = params_class(SCHEMA)
+if TYPE_CHECKING:
+    @dataclass(frozen=True)
+    class DatapathParams:
+        """For the type checker: the fields are made from SCHEMA at run time (:func:`params_class`),
+        each typed by its key's kind (``_KIND_TYPES``), so they are read here as ``Any``."""
+
+        def __init__(self, **fields: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    DatapathParams = params_class(SCHEMA)
 
 
 def param_fields() -> tuple[str, ...]:
     """Every field a :class:`DatapathParams` of the current schema has."""
     return ("a_format", "b_format") + tuple(
-        param_field(name, key) for _, name, key in keys() if param_field(name, key) is not None
+        field for _, name, key in keys() if (field := param_field(name, key)) is not None
     )
 
 
 def _record_of(name: str, key: Key) -> Record | None:
     """The key's record field, with the defaults by kind filled in."""
-    field = param_field(name, key)
     if key.record is None:
         return None
+    field = _recorded_field(name, key)
     if key.record is not BY_KIND:
         return key.record if key.record.name else dataclasses.replace(key.record, name=field)
     if key.kind == "int":
@@ -562,6 +572,14 @@ def _record_of(name: str, key: Key) -> Record | None:
     if key.kind == "str":
         return Record(key.choices.index, np.int64, field)  # the value's position among the choices
     raise ValueError(f"key {name!r} of kind {key.kind!r} must say how the kernel record holds it")
+
+
+def _recorded_field(name: str, key: Key) -> str:
+    """The :class:`DatapathParams` field of a key the kernel record holds (every such key has one)."""
+    field = param_field(name, key)
+    if field is None:
+        raise ValueError(f"key {name!r} has a kernel record but no DatapathParams field")
+    return field
 
 
 def record_dtype() -> np.dtype:
@@ -579,7 +597,7 @@ def kernel_record(params) -> np.ndarray:
     for _, name, key in keys():
         spec = _record_of(name, key)
         if spec is not None:
-            record[spec.name] = spec.encode(getattr(params, param_field(name, key)))
+            record[spec.name] = spec.encode(getattr(params, _recorded_field(name, key)))
     record.setflags(write=False)
     return record
 

@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from ..formats import get_format
+from ..formats.bits import odd_part_bits
 from ..formats.rounding import rounding_code
 from . import _window_kernels as W
 from .schema import NO_ZERO_TERM_EXPONENT, DatapathParams, route_accepts
@@ -56,7 +57,7 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     magnitudes = np.abs(values[usable])
     mantissas, _ = np.frexp(magnitudes)
     integers = (mantissas * 2.0**53).astype(np.int64)
-    significand_bits = max(int(v >> ((v & -v).bit_length() - 1)).bit_length() for v in integers.tolist())
+    significand_bits = max(odd_part_bits(v) for v in integers.tolist())
     low, high = int(exponents[usable].min()), int(exponents[usable].max())
     values32 = np.where(finite, values, 0.0).astype(np.float32)
     if (values32[finite] != values[finite]).any() or low < -60 or high > 60:

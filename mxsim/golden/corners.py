@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..formats import E8M0_NAN, E8M0_ONE, get_format
-from ..quantize.reference import floor_log2
+from ..formats.bits import floor_log2
 from .layout import GoldenUnit
 from .vectors import VectorSet
 

@@ -7,7 +7,7 @@ each matmul node computed between onnxruntime stages: a convolution is first run
 onnxruntime for its float output (its shape, and the check that the layer view is right; a
 MatMul's or Gemm's output shape follows from its operands' and is not run), then lowered to
 a trace layer like capture does and computed by
-:func:`mxsim.replay.run.run_layer` on the unit. The result (float64, bias added in float64:
+:func:`mxsim.replay.layer.run_layer` on the unit. The result (float64, bias added in float64:
 ``Conv``'s B, ``Gemm``'s ``beta * C``) is rounded to the node output's dtype. Quantizer nodes
 of the model (QDQ, Quark) run as usual before the node, so the unit re-quantizes the values
 they produced into its own formats. Einsum and nodes capture would skip run in onnxruntime.

@@ -4,7 +4,7 @@ Interception is the capture's (:mod:`mxsim.capture.torch`): ``F.linear``,
 ``torch.matmul``/``@``, ``F.scaled_dot_product_attention`` at the call, and the ATen GEMMs
 (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``dot``, ``convolution``, CPU fused
 attention) no such call covered. Each becomes a trace layer, is computed by
-:func:`mxsim.replay.run.run_layer` on the unit, and its result replaces torch's, as a
+:func:`mxsim.replay.layer.run_layer` on the unit, and its result replaces torch's, as a
 tensor of the same shape and dtype (the unit's float64 result, bias added, rounded once).
 Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P @ v`` on the
 unit. Ops capture lists as skipped (integer GEMMs, ...) keep
@@ -29,7 +29,7 @@ from ..capture.torch import QuantArg, _Recorder, check_model, intercepting, runn
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
 from ..parallel import progress_bar
-from ..replay.run import run_layer
+from ..replay.layer import run_layer
 from ..trace.model import Layer
 from ..trace.quant import MXQuant, QDQQuant
 
@@ -41,7 +41,7 @@ def _unit(hw) -> HardwareConfig:
 
 
 def check_scaling(scaling: str) -> bool | None:
-    """``scaling`` -> the ``per_tensor_scale`` argument of :func:`~mxsim.replay.run.run_layer`."""
+    """``scaling`` -> the ``per_tensor_scale`` argument of :func:`~mxsim.replay.layer.run_layer`."""
     if scaling not in SCALINGS:
         raise MxsimError(f"scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     return None if scaling == "auto" else scaling == "tensor"
@@ -51,7 +51,7 @@ def layer_on_unit(layer: Layer, hw: HardwareConfig, a_format, b_format, per_tens
                   weight_quantizations: dict | None = None) -> np.ndarray:
     """``layer``'s output (float64, the layer's layout) computed by ``hw``, and nothing else
     (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing.
-    ``weight_quantizations``: as for :func:`~mxsim.replay.run.run_layer`."""
+    ``weight_quantizations``: as for :func:`~mxsim.replay.layer.run_layer`."""
     if layer.output.size == 0:
         return np.zeros(layer.output.shape)
     return run_layer(layer, hw, element_format=a_format, weight_format=b_format, per_tensor_scale=per_tensor_scale,

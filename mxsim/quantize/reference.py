@@ -13,17 +13,11 @@ from fractions import Fraction
 import numpy as np
 
 from ..formats import FormatInfo
+from ..formats.bits import floor_log2
 from ..formats.reference import decode_reference, draw32_reference, encode_reference
 from .options import QuantOptions
 
 NAN_SCALE = None
-
-
-def floor_log2(value: Fraction) -> int:
-    """The e with 2^e <= value < 2^(e+1) of a positive rational, by exact comparison."""
-    value = Fraction(value)
-    exponent = value.numerator.bit_length() - value.denominator.bit_length()
-    return exponent if Fraction(2) ** exponent <= value else exponent - 1
 
 
 # Largest binade (exponent of the largest finite value) of each input float width.

@@ -1,12 +1,17 @@
 """Replay: a trace's layers computed through hardware datapaths, and its network run end to end.
 
 * :mod:`.lowering` — the GEMM view of a layer (linear, matmul, conv2d / conv_transpose2d
-  through im2col): :func:`gemm_shape`, :func:`lower_input`, :func:`lower_weight`,
-  :func:`lift_output`.
+  through im2col), worked out once per layer: :func:`gemm_view` (a :class:`GemmView`),
+  :func:`gemm_shape`, :func:`lower_input`, :func:`lower_weight`, :func:`lift_output`.
 * :mod:`.operands` — a layer's operands quantized in the model's own layout and lowered
   (per-tap channel blocks), and the exact ideal result.
-* :mod:`.run` — :func:`replay` through units, :func:`run_layer` (one layer on one unit, what
-  :mod:`mxsim.inloop` calls), the report and plots.
+* :mod:`.choice` — what a unit gets for each operand, and why (the policy replay and the
+  unit in the loop share).
+* :mod:`.layer` — one layer on one unit: :func:`run_layer` (what :mod:`mxsim.inloop` calls)
+  and a replay row with its metrics (``replay_layer``).
+* :mod:`.run` — :func:`replay`: a trace's layers through units, checked before any work.
+* :mod:`.report` — the report and its terminal table (:func:`format_report`).
+* :mod:`.plots` — the report's PNG plots (:func:`write_plots`).
 * :mod:`.attribution` — where a layer's error is: output channels, input columns, input vs
   weight quantization.
 * :mod:`.network` — running a sequential network recipe end to end in numpy.
@@ -15,18 +20,33 @@ A language model's end to end runs in PyTorch (:func:`mxsim.inloop.network.perpl
 to :func:`replay` as ``perplexity_fn``); this package never imports :mod:`mxsim.inloop`.
 """
 
-from .lowering import GemmShape, gemm_axis, gemm_reference, gemm_shape, lift_output, lower_input, lower_weight
+from .layer import run_layer
+from .lowering import (
+    GemmShape,
+    GemmView,
+    gemm_axis,
+    gemm_reference,
+    gemm_shape,
+    gemm_view,
+    lift_output,
+    lower_input,
+    lower_weight,
+)
 from .network import accuracy, float_layer, layer_with_input, run_network
-from .run import format_report, replay, run_layer, write_plots
+from .plots import write_plots
+from .report import format_report
+from .run import replay
 
 __all__ = [
     "GemmShape",
+    "GemmView",
     "accuracy",
     "float_layer",
     "format_report",
     "gemm_axis",
     "gemm_reference",
     "gemm_shape",
+    "gemm_view",
     "layer_with_input",
     "lift_output",
     "lower_input",

@@ -66,74 +66,165 @@ class GemmShape:
         return self.groups * self.m * self.n * self.k
 
 
-def _matmul_batch(layer: Layer) -> tuple[int, ...]:
-    return tuple(np.broadcast_shapes(layer.input.shape[:-2], layer.weight.shape[:-2]))
+@dataclass(frozen=True)
+class GemmView:
+    """A layer's GEMM view, worked out once (:func:`gemm_view`) and then only read: the
+    dimensions, the conv geometry and the shapes it lowers and lifts.
+
+    ``conv``: the conv2d whose im2col is the GEMM (a conv_transpose2d's equivalent
+    convolution), None for linear and matmul; ``transposed``: a conv_transpose2d's own
+    geometry (its operands are turned into ``conv``'s first); ``batch``: the broadcast batch
+    dims of a matmul whose weight has batch dims, else None; ``alpha``/``beta``: a linear or
+    matmul layer's output scale and bias scale.
+    """
+
+    name: str
+    op: str
+    attrs: dict
+    shape: GemmShape
+    input_shape: tuple
+    weight_shape: tuple
+    output_shape: tuple
+    conv: conv.Conv2dGeometry | None = None
+    transposed: conv.ConvTranspose2dGeometry | None = None
+    batch: tuple | None = None
+
+    @property
+    def alpha(self) -> float:
+        return self.attrs.get("alpha", 1.0)
+
+    @property
+    def beta(self) -> float:
+        return self.attrs.get("beta", 1.0)
+
+    def with_operand_shapes(self, input_shape: tuple, weight_shape: tuple) -> GemmView:
+        """The same layer's view over operands of other shapes (its reduction runs padded)."""
+        return _view(self.name, self.op, self.attrs, tuple(input_shape), tuple(weight_shape), self.output_shape)
+
+    def _check(self, array: np.ndarray, name: str, shape: tuple) -> np.ndarray:
+        if array.shape != shape:
+            raise MxsimError(f"layer {self.name!r}: {name} must have shape {shape}, got {array.shape}")
+        return array
+
+    def lower_input(self, x) -> np.ndarray:
+        """A (G, M, K) for an array of the input's shape. Values are copied unchanged, in ``x``'s dtype."""
+        x = self._check(np.asarray(x), "input", self.input_shape)
+        if self.conv is not None:
+            lowered = x if self.transposed is None else conv.conv_transpose2d_lowered_input(x, self.transposed)
+            return conv.im2col(lowered, self.conv)
+        k = x.shape[-1]
+        if self.batch is not None:
+            groups = int(np.prod(self.batch, dtype=np.int64))  # explicit sizes: -1 is ambiguous for empty arrays
+            return np.ascontiguousarray(np.broadcast_to(x, self.batch + x.shape[-2:])).reshape(groups, x.shape[-2], k)
+        return np.ascontiguousarray(x).reshape(1, int(np.prod(x.shape[:-1], dtype=np.int64)), k)
+
+    def lower_weight(self, w) -> np.ndarray:
+        """B (G, N, K) for an array of the weight's shape."""
+        w = self._check(np.asarray(w), "weight", self.weight_shape)
+        if self.conv is not None:
+            lowered = w if self.transposed is None else conv.conv_transpose2d_conv_weight(w, self.transposed)
+            return conv.weight_matrix(lowered, self.conv)
+        if self.op == "linear":
+            return np.ascontiguousarray(w)[None]
+        if self.batch is None:
+            return np.ascontiguousarray(w.T)[None]
+        full = np.broadcast_to(w, self.batch + w.shape[-2:]).reshape(int(np.prod(self.batch, dtype=np.int64)),
+                                                                      *w.shape[-2:])
+        return np.ascontiguousarray(full.transpose(0, 2, 1))
+
+    def lift(self, c: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        """GEMM results C (G, M, N) in the layer's output layout, ``bias`` (or None) added;
+        linear and matmul layers apply ``alpha``/``beta``. Arithmetic is in C's dtype."""
+        shape = self.shape
+        c = np.asarray(c)
+        if c.shape != (shape.groups, shape.m, shape.n):
+            raise MxsimError(f"layer {self.name!r}: GEMM result must have shape {(shape.groups, shape.m, shape.n)}, "
+                             f"got {c.shape}")
+        if self.conv is not None:
+            out = conv.col2im_output(c, self.conv)
+            if bias is not None:
+                out = out + np.asarray(bias, dtype=c.dtype).reshape(1, -1, 1, 1)
+            return out
+        out = c.reshape(self.output_shape)
+        alpha, beta = self.alpha, self.beta
+        if alpha != 1.0:
+            out = out * c.dtype.type(alpha)
+        if bias is not None:
+            bias = np.asarray(bias, dtype=c.dtype)
+            out = out + (bias * c.dtype.type(beta) if beta != 1.0 else bias)
+        return out
+
+    def gemm_bias(self, bias: np.ndarray | None) -> np.ndarray | None:
+        """``bias`` (as the layer adds it) laid out like the GEMM result (G, M, N), float64."""
+        if bias is None:
+            return None
+        shape = self.shape
+        bias = np.asarray(bias, dtype=np.float64)
+        if self.conv is not None:  # one bias per output channel, output channels grouped
+            per_group = bias.reshape(shape.groups, 1, shape.n)
+            return np.ascontiguousarray(np.broadcast_to(per_group, (shape.groups, shape.m, shape.n)))
+        if self.op == "linear" and self.beta != 1.0:
+            bias = bias * self.attrs["beta"]
+        return np.ascontiguousarray(np.broadcast_to(bias, self.output_shape)).reshape(shape.groups, shape.m, shape.n)
+
+
+def _view(name: str, op: str, attrs: dict, x: tuple, w: tuple, output_shape: tuple | None) -> GemmView:
+    """The one place a GEMM view is worked out (``output_shape`` None: from the op)."""
+    def out(derived: tuple) -> tuple:
+        return derived if output_shape is None else output_shape
+
+    if op == "linear":
+        k = w[1]
+        shape = GemmShape(1, int(np.prod(x[:-1], dtype=np.int64)), w[0], k, k)
+        return GemmView(name, op, attrs, shape, x, w, out(x[:-1] + (w[0],)))
+    if op == "matmul":
+        k = x[-1]
+        if len(w) == 2:
+            shape = GemmShape(1, int(np.prod(x[:-1], dtype=np.int64)), w[-1], k, k)
+            return GemmView(name, op, attrs, shape, x, w, out(x[:-1] + (w[-1],)))
+        batch = tuple(np.broadcast_shapes(x[:-2], w[:-2]))
+        shape = GemmShape(int(np.prod(batch, dtype=np.int64)), x[-2], w[-1], k, k)
+        return GemmView(name, op, attrs, shape, x, w, out(batch + (x[-2], w[-1])), batch=batch)
+    if op in CONV_OPS:
+        a = attrs
+        if op == "conv2d":
+            gm = conv.Conv2dGeometry.from_shapes(x, w, a["stride"], a["padding"], a["dilation"], a["groups"])
+            transposed = None
+        else:
+            transposed = conv.ConvTranspose2dGeometry.from_shapes(x, w, a["stride"], a["padding"],
+                                                                  a["output_padding"], a["dilation"], a["groups"])
+            gm = transposed.equivalent_conv()
+        shape = GemmShape(gm.groups, gm.gemm_m, gm.filters_per_group, gm.gemm_k, gm.channels_per_group)
+        return GemmView(name, op, attrs, shape, x, w, tuple(gm.output_shape), gm, transposed)
+    raise MxsimError(f"layer {name!r}: unknown op {op!r}")
+
+
+def gemm_view(layer: Layer, input_shape: tuple | None = None) -> GemmView:
+    """``layer``'s GEMM view (for an input of ``input_shape``, default the recorded input's:
+    then a linear or matmul layer lifts to its recorded output's shape)."""
+    x = layer.input.shape if input_shape is None else tuple(input_shape)
+    recorded = layer.output.shape if input_shape is None and layer.op not in CONV_OPS else None
+    return _view(layer.name, layer.op, layer.attrs, tuple(x), tuple(layer.weight.shape), recorded)
 
 
 def gemm_shape(layer: Layer) -> GemmShape:
     """The GEMM dimensions of ``layer``."""
-    x, w = layer.input.shape, layer.weight.shape
-    if layer.op == "linear":
-        k = w[1]
-        return GemmShape(1, int(np.prod(x[:-1], dtype=np.int64)), w[0], k, k)
-    if layer.op == "matmul":
-        k = x[-1]
-        if len(w) == 2:
-            return GemmShape(1, int(np.prod(x[:-1], dtype=np.int64)), w[-1], k, k)
-        batch = _matmul_batch(layer)
-        return GemmShape(int(np.prod(batch, dtype=np.int64)), x[-2], w[-1], k, k)
-    if layer.op in CONV_OPS:
-        gm = _conv2d_geometry(layer)
-        return GemmShape(gm.groups, gm.gemm_m, gm.filters_per_group, gm.gemm_k, gm.channels_per_group)
-    raise MxsimError(f"layer {layer.name!r}: unknown op {layer.op!r}")
-
-
-def _conv2d_geometry(layer: Layer) -> conv.Conv2dGeometry:
-    """The conv2d whose GEMM view is the layer's (a conv_transpose2d's equivalent convolution)."""
-    gm = layer.conv_geometry()
-    return gm if layer.op == "conv2d" else gm.equivalent_conv()
-
-
-def _as_conv2d_operand(layer: Layer, array: np.ndarray, from_transposed) -> np.ndarray:
-    """A conv layer's operand as :func:`_conv2d_geometry`'s conv2d reads it: unchanged for a
-    conv2d, ``from_transposed(array, geometry)`` for a conv_transpose2d."""
-    return array if layer.op == "conv2d" else from_transposed(array, layer.conv_geometry())
+    return gemm_view(layer).shape
 
 
 def _operand(layer: Layer, name: str, value):
-    array = layer.tensors[name] if value is None else np.asarray(value)
-    if array.shape != layer.tensors[name].shape:
-        raise MxsimError(f"layer {layer.name!r}: {name} must have shape {layer.tensors[name].shape}, got {array.shape}")
-    return array
+    return layer.tensors[name] if value is None else np.asarray(value)
 
 
 def lower_input(layer: Layer, x: np.ndarray | None = None) -> np.ndarray:
     """A (G, M, K) for the layer input, or for any array of the input's shape (e.g. a
     quantized copy). Values are copied unchanged, in ``x``'s dtype."""
-    x = _operand(layer, "input", x)
-    if layer.op in CONV_OPS:
-        return conv.im2col(_as_conv2d_operand(layer, x, conv.conv_transpose2d_lowered_input), _conv2d_geometry(layer))
-    k = x.shape[-1]
-    if layer.op == "matmul" and layer.weight.ndim > 2:
-        batch = _matmul_batch(layer)
-        groups = int(np.prod(batch, dtype=np.int64))  # explicit sizes: -1 is ambiguous for empty arrays
-        return np.ascontiguousarray(np.broadcast_to(x, batch + x.shape[-2:])).reshape(groups, x.shape[-2], k)
-    return np.ascontiguousarray(x).reshape(1, int(np.prod(x.shape[:-1], dtype=np.int64)), k)
+    return gemm_view(layer).lower_input(_operand(layer, "input", x))
 
 
 def lower_weight(layer: Layer, w: np.ndarray | None = None) -> np.ndarray:
     """B (G, N, K) for the layer weight, or for any array of the weight's shape."""
-    w = _operand(layer, "weight", w)
-    if layer.op in CONV_OPS:
-        return conv.weight_matrix(_as_conv2d_operand(layer, w, conv.conv_transpose2d_conv_weight),
-                                  _conv2d_geometry(layer))
-    if layer.op == "linear":
-        return np.ascontiguousarray(w)[None]
-    if w.ndim == 2:
-        return np.ascontiguousarray(w.T)[None]
-    batch = _matmul_batch(layer)
-    full = np.broadcast_to(w, batch + w.shape[-2:]).reshape(int(np.prod(batch, dtype=np.int64)), *w.shape[-2:])
-    return np.ascontiguousarray(full.transpose(0, 2, 1))
+    return gemm_view(layer).lower_weight(_operand(layer, "weight", w))
 
 
 def lift_output(layer: Layer, c: np.ndarray, bias: np.ndarray | None | str = "layer") -> np.ndarray:
@@ -142,27 +233,7 @@ def lift_output(layer: Layer, c: np.ndarray, bias: np.ndarray | None | str = "la
     ``bias``: ``"layer"`` uses the layer's own bias (if any), None adds none, or an array.
     Linear and matmul layers apply ``alpha``/``beta`` from their attrs. Arithmetic is in C's dtype.
     """
-    shape = gemm_shape(layer)
-    c = np.asarray(c)
-    if c.shape != (shape.groups, shape.m, shape.n):
-        raise MxsimError(f"layer {layer.name!r}: GEMM result must have shape {(shape.groups, shape.m, shape.n)}, "
-                         f"got {c.shape}")
-    if isinstance(bias, str):
-        bias = layer.bias
-    if layer.op in CONV_OPS:
-        out = conv.col2im_output(c, _conv2d_geometry(layer))
-        if bias is not None:
-            out = out + np.asarray(bias, dtype=c.dtype).reshape(1, -1, 1, 1)
-        return out
-    out = c.reshape(layer.output.shape)
-    alpha = layer.attrs.get("alpha", 1.0)
-    beta = layer.attrs.get("beta", 1.0)
-    if alpha != 1.0:
-        out = out * c.dtype.type(alpha)
-    if bias is not None:
-        bias = np.asarray(bias, dtype=c.dtype)
-        out = out + (bias * c.dtype.type(beta) if beta != 1.0 else bias)
-    return out
+    return gemm_view(layer).lift(c, layer.bias if isinstance(bias, str) else bias)
 
 
 def gemm_reference(layer: Layer, *, quantized: bool = True, dtype=np.float64) -> np.ndarray:
@@ -175,11 +246,12 @@ def gemm_reference(layer: Layer, *, quantized: bool = True, dtype=np.float64) ->
         value = layer.quantized(name) if quantized else None
         return layer.tensors.get(name) if value is None else value
 
-    a = lower_input(layer, pick("input")).astype(dtype)
-    b = lower_weight(layer, pick("weight")).astype(dtype)
+    view = gemm_view(layer)
+    a = view.lower_input(pick("input")).astype(dtype)
+    b = view.lower_weight(pick("weight")).astype(dtype)
     c = np.matmul(a, b.transpose(0, 2, 1))
     bias = pick("bias")
-    return lift_output(layer, c, None if bias is None else bias.astype(dtype))
+    return view.lift(c, None if bias is None else bias.astype(dtype))
 
 
 def gemm_axis(layer: Layer, operand: str, axis: int) -> str:

@@ -15,34 +15,30 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..trace.model import Layer, Trace
-from .lowering import lift_output, lower_input, lower_weight
+from .lowering import gemm_view
 
 
-def layer_with_input(layer: Layer, x: np.ndarray) -> Layer:
+def layer_with_input(layer: Layer, x: np.ndarray, output_shape: tuple | None = None) -> Layer:
     """A copy of ``layer`` whose input is ``x`` (the batch may differ): weights, bias, attrs
     and specs kept, the recorded input_quantized dropped and the output replaced by zeros of
-    the new shape, so that the lowering helpers apply to ``x``."""
+    the new shape (``output_shape`` when the caller has worked it out), so that the lowering
+    helpers apply to ``x``."""
     tensors = {k: v for k, v in layer.tensors.items() if k not in ("input", "input_quantized", "output")}
     tensors["input"] = x
-    if layer.op == "linear":
-        out_shape = x.shape[:-1] + (layer.weight.shape[0],)
-    elif layer.op == "matmul":
-        batch = np.broadcast_shapes(x.shape[:-2], layer.weight.shape[:-2])
-        out_shape = tuple(batch) + (x.shape[-2], layer.weight.shape[-1])
-    else:
-        out_shape = layer.conv_geometry(x.shape).output_shape
-    tensors["output"] = np.zeros(out_shape, dtype=np.float64)
+    if output_shape is None:
+        output_shape = gemm_view(layer, x.shape).output_shape
+    tensors["output"] = np.zeros(output_shape, dtype=np.float64)
     return Layer(layer.name, layer.op, tensors, layer.attrs, layer.quant, layer.source, layer.codes_only - {"input"})
 
 
 def float_layer(layer: Layer, x: np.ndarray) -> np.ndarray:
     """The layer applied to ``x`` with its float weights and bias, through the GEMM view in
     float64 (the default ``layer_fn`` of :func:`run_network`)."""
-    at = layer_with_input(layer, x)
-    a = lower_input(at).astype(np.float64)
-    b = lower_weight(at).astype(np.float64)
-    bias = None if at.bias is None else at.bias.astype(np.float64)
-    return lift_output(at, np.matmul(a, b.transpose(0, 2, 1)), bias)
+    view = gemm_view(layer, x.shape)
+    a = view.lower_input(x).astype(np.float64)
+    b = view.lower_weight(layer.weight).astype(np.float64)
+    bias = None if layer.bias is None else layer.bias.astype(np.float64)
+    return view.lift(np.matmul(a, b.transpose(0, 2, 1)), bias)
 
 
 def run_network(trace: Trace, inputs: np.ndarray | None = None,

@@ -51,7 +51,7 @@ from ..quantize import MXTensor, quantize_bfp
 from ..quantize.options import QuantOptions
 from ..trace.model import CONV_OPS, Layer
 from ..trace.quant import BFPQuant, MXQuant
-from .lowering import gemm_axis, gemm_shape, lower_input, lower_weight
+from .lowering import GemmShape, GemmView, gemm_axis, gemm_view
 
 CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
 BF16 = get_format("bf16")
@@ -219,12 +219,6 @@ def _bf16_pieces(values: np.ndarray) -> tuple[list[np.ndarray], bool]:
 # ----------------------------------------------------------------------------- lowering
 
 
-def _with_tensors(layer: Layer, input_array: np.ndarray, weight_array: np.ndarray) -> Layer:
-    """``layer`` with other input and weight arrays (same op and attrs): for lowering codes."""
-    tensors = {"input": input_array, "weight": weight_array, "output": layer.output}
-    return Layer(layer.name, layer.op, tensors, layer.attrs, {}, layer.source)
-
-
 def _reduction_axis(layer: Layer, operand: str) -> int:
     """The axis of ``operand`` that lowers to K runs (conv: channels; else the contraction)."""
     if layer.op in CONV_OPS:  # NCHW input; conv2d weight (O, C/g, kh, kw), transposed (C, O/g, kh, kw)
@@ -259,7 +253,8 @@ class LayerOperands:
     ``bias``: the bias after the model's bias quantizer, float64 (None without a bias);
     ``bias_spec``: a description of that quantizer; ``order``: the conv order used;
     ``a_float``/``b_float``: the float operands before the model's quantizers, in the same
-    GEMM layout (what replay quantizes itself for a unit that cannot take the model's).
+    GEMM layout (what replay quantizes itself for a unit that cannot take the model's);
+    ``gemm``: the layer lowered (:class:`LayerGemm`), which everything after reads.
     """
 
     a: GemmOperand
@@ -269,6 +264,7 @@ class LayerOperands:
     order: str
     a_float: np.ndarray
     b_float: np.ndarray
+    gemm: LayerGemm
 
 
 def _float_values(layer: Layer, operand: str) -> np.ndarray:
@@ -303,23 +299,46 @@ class _Blocks:
 
 
 @dataclass(frozen=True)
-class _KLayout:
-    """How both operands' blocks lie in K (:func:`_k_layout`): ``padded_run`` columns per
-    run of ``k_run``; per operand, ``granule`` and ``layout`` as in :class:`GemmOperand`."""
+class LayerGemm:
+    """A layer lowered once (:func:`lower_layer`): the one GEMM description that operand
+    quantization, the ideal and the units' kernels then only read.
 
+    ``view``: the layer's GEMM (dimensions, conv geometry, lifting results back);
+    ``operand_view``: the same GEMM over the operands as laid out along K, each run of
+    ``k_run`` padded to ``padded_run`` columns (``view`` itself when nothing is padded);
+    ``order``: the conv K order; ``taps``: runs per K; per operand (``input``, ``weight``),
+    ``granule`` and ``layout`` as in :class:`GemmOperand`.
+    """
+
+    view: GemmView
+    operand_view: GemmView
+    order: str
     taps: int
     padded_run: int
     granule: dict
     layout: dict
 
+    @property
+    def shape(self) -> GemmShape:
+        """The layer's GEMM dimensions."""
+        return self.view.shape
 
-def _k_layout(layer: Layer, conv_order: str, blocks: dict) -> _KLayout:
-    """The K layout of ``layer``'s operands given each one's ``_Blocks`` (None: no code form)."""
+    def lower(self, op: str, array: np.ndarray) -> np.ndarray:
+        """``array`` (operand ``op`` in its own layout, its reduction axis padded to
+        ``padded_run``) as GEMM rows (G, R, K') in the K order."""
+        lowered = self.operand_view.lower_input(array) if op == "input" else self.operand_view.lower_weight(array)
+        return _reorder_taps(lowered, self.taps) if self.order == "c_kh_kw" and self.taps > 1 else lowered
+
+
+def lower_layer(layer: Layer, conv_order: str, blocks: dict, view: GemmView | None = None) -> LayerGemm:
+    """``layer`` lowered, given where each operand's blocks lie (``_Blocks``; None: no code
+    form); ``view``: its GEMM view when already worked out (:func:`mxsim.replay.lowering.gemm_view`)."""
     operands = ("input", "weight")
+    view = gemm_view(layer) if view is None else view
     along_k = {op: b is not None and b.axis == _reduction_axis(layer, op) for op, b in blocks.items()}
-    shape = gemm_shape(layer)
+    shape = view.shape
     run, taps = shape.k_run, shape.k // shape.k_run if shape.k_run else 1  # K = 0: no taps to reorder
-    groups = layer.conv_geometry().groups if layer.op == "conv2d" else 1
+    groups = view.conv.groups if layer.op == "conv2d" else 1
     unit = math.lcm(*(b.pad_unit for op, b in blocks.items() if along_k[op]))
     # Every quantized operand blocked along K, and no block straddling a conv group.
     aligned = all(along_k[op] or blocks[op] is None for op in operands) and (groups == 1 or run % unit == 0)
@@ -344,7 +363,15 @@ def _k_layout(layer: Layer, conv_order: str, blocks: dict) -> _KLayout:
             layout[op] = f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
         else:
             layout[op] = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
-    return _KLayout(taps, padded_run, granule, layout)
+    padded = [_padded_shape(view.input_shape, _reduction_axis(layer, "input"), padded_run),
+              _padded_shape(view.weight_shape, _reduction_axis(layer, "weight"), padded_run)]
+    operand_view = view if padded == [view.input_shape, view.weight_shape] else view.with_operand_shapes(*padded)
+    return LayerGemm(view, operand_view, conv_order, taps, padded_run, granule, layout)
+
+
+def _padded_shape(shape: tuple, axis: int, length: int) -> tuple:
+    """``shape`` with ``axis`` grown to ``length`` (as :func:`_pad_axis` pads)."""
+    return tuple(max(size, length) if i == axis else size for i, size in enumerate(shape))
 
 
 @dataclass(frozen=True)
@@ -383,7 +410,7 @@ def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, Operan
     if conv_order not in CONV_ORDERS:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     found = {op: _spec_blocks(layer.quant.get(op), layer.tensors[op]) for op in ("input", "weight")}
-    k = _k_layout(layer, conv_order, {op: f and f[1] for op, f in found.items()})
+    k = lower_layer(layer, conv_order, {op: f and f[1] for op, f in found.items()})
     plans = {}
     for op, f in found.items():
         spec = layer.quant.get(op)
@@ -395,9 +422,11 @@ def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, Operan
     return plans
 
 
-def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool = True) -> LayerOperands:
-    """Quantize ``layer``'s operands as its trace specs say, in their own layout, and lower
-    them to the GEMM view (module docstring). Raises MxsimError for an unknown order.
+def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool = True,
+                   view: GemmView | None = None) -> LayerOperands:
+    """Quantize ``layer``'s operands as its trace specs say, in their own layout, lower the
+    layer once (:func:`lower_layer`) and the operands through it (module docstring). Raises
+    MxsimError for an unknown order. ``view``: the layer's GEMM view when already worked out.
 
     ``float_pieces=False``: an operand without an MX/BFP code form gets no bf16 pieces and no
     scales (``pieces`` empty, ``scales`` None, ``exact`` False): enough to choose a unit's
@@ -406,9 +435,9 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     operands = ("input", "weight")
     quantized = {op: _quantize_spec(layer.tensors[op], layer.quant.get(op)) for op in operands}
-    k = _k_layout(layer, conv_order, {op: q and _Blocks(q.axis, q.block_size, q.pad_unit)
-                                      for op, q in quantized.items()})
-    taps, padded_run = k.taps, k.padded_run
+    k = lower_layer(layer, conv_order, {op: q and _Blocks(q.axis, q.block_size, q.pad_unit)
+                                        for op, q in quantized.items()}, view)
+    padded_run = k.padded_run
     arrays = {}
     for op in operands:
         q, axis = quantized[op], _reduction_axis(layer, op)
@@ -421,12 +450,6 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool
         keep = np.arange(layer.tensors[op].shape[q.axis])  # the model's own elements, its padding dropped
         codes, scales = np.take(q.codes, keep, axis=q.axis), np.take(q.scales, keep, axis=q.axis)
         arrays[op] = ([_pad_axis(codes, axis, padded_run)], _pad_axis(scales, axis, padded_run, "edge"), True)
-
-    def lower(op, array):
-        other = arrays["weight" if op == "input" else "input"][1]  # only its shape matters
-        at = _with_tensors(layer, *((array, other) if op == "input" else (other, array)))
-        lowered = lower_input(at) if op == "input" else lower_weight(at)
-        return _reorder_taps(lowered, taps) if conv_order == "c_kh_kw" and taps > 1 else lowered
 
     result = {}
     for op in operands:
@@ -442,26 +465,12 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool
             saturated = underflowed = None
         # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
         lowered_scales = None if q is None and not float_pieces else \
-            (lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
-        result[op] = GemmOperand(fmt, [lower(op, p) for p in pieces], lowered_scales, k.granule[op], q is not None,
+            (k.lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
+        result[op] = GemmOperand(fmt, [k.lower(op, p) for p in pieces], lowered_scales, k.granule[op], q is not None,
                                  name, k.layout[op], saturated, underflowed, exact)
-    floats = [lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
+    floats = [k.lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
     bias, bias_spec = quantized_bias(layer)
-    return LayerOperands(result["input"], result["weight"], bias, bias_spec, conv_order, *floats)
-
-
-def gemm_bias(layer: Layer, bias: np.ndarray | None) -> np.ndarray | None:
-    """``bias`` (as the layer adds it) laid out like the GEMM result (G, M, N), float64."""
-    if bias is None:
-        return None
-    shape = gemm_shape(layer)
-    bias = np.asarray(bias, dtype=np.float64)
-    if layer.op in CONV_OPS:  # one bias per output channel, output channels grouped
-        per_group = bias.reshape(shape.groups, 1, shape.n)
-        return np.ascontiguousarray(np.broadcast_to(per_group, (shape.groups, shape.m, shape.n)))
-    if layer.op == "linear" and layer.attrs.get("beta", 1.0) != 1.0:
-        bias = bias * layer.attrs["beta"]
-    return np.ascontiguousarray(np.broadcast_to(bias, layer.output.shape)).reshape(shape.groups, shape.m, shape.n)
+    return LayerOperands(result["input"], result["weight"], bias, bias_spec, conv_order, *floats, k)
 
 
 def accumulator_input(c: np.ndarray | None, shift: int = 0) -> np.ndarray | None:
@@ -501,7 +510,7 @@ def exact_block(a: GemmOperand, b: GemmOperand) -> int:
     return functools.reduce(math.gcd, granules) if granules else 32
 
 
-def ideal_gemm(layer: Layer, operands: LayerOperands) -> tuple[np.ndarray, bool]:
+def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
     """The exact GEMM result (G, M, N) of the model's quantized operands plus its quantized
     bias, rounded once to fp32 (module docstring), as float64; and whether it is exact (False
     when a float operand could not be split exactly or the bias could not enter the exact
@@ -509,11 +518,12 @@ def ideal_gemm(layer: Layer, operands: LayerOperands) -> tuple[np.ndarray, bool]
     a, b = operands.a, operands.b
     block = exact_block(a, b)
     unit = exact_unit(a.element_format.name, b.element_format.name, block)
-    scaled_linear = layer.op == "linear" and layer.attrs.get("alpha", 1.0) != 1.0
-    bias = None if scaled_linear else gemm_bias(layer, operands.bias)
+    view = operands.gemm.view
+    scaled_linear = view.op == "linear" and view.alpha != 1.0
+    bias = None if scaled_linear else view.gemm_bias(operands.bias)
     c = accumulator_input(bias)
     exact = a.exact and b.exact and (bias is None or c is not None) and not (scaled_linear and operands.bias is not None)
-    shape = gemm_shape(layer)
+    shape = view.shape
     out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
     for group in range(shape.groups):
         a_codes, a_scales, b_codes, b_scales = _pieces_product(a, b, group, block)

@@ -33,6 +33,7 @@ from ..datapath.reference import tree_positions
 from ..datapath.schema import keys, param_field
 from ..errors import ArgumentError, ConfigError
 from ..formats import get_format
+from ..formats.bits import floor_log2
 from ..formats.reference import decode_reference
 
 LIBRARY = Path(__file__).with_name("mxsim_rtl_lib.sv")
@@ -132,11 +133,6 @@ def check_covered(params: DatapathParams, source: str) -> None:
 
 # --- element decode tables ----------------------------------------------------------------------
 
-def _floor_log2(value: Fraction) -> int:
-    exponent = value.numerator.bit_length() - value.denominator.bit_length()
-    return exponent if Fraction(2) ** exponent <= value else exponent - 1
-
-
 @dataclass(frozen=True)
 class ElementDecode:
     """One element format's decode as the datapath reads it (docs/hwconfig.md step 1): per
@@ -157,7 +153,7 @@ class ElementDecode:
 def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> ElementDecode:
     fmt = get_format(fmt_name)
     anchor = Fraction(fmt.min_normal if fmt.exponent_bits else fmt.max_finite)
-    emin = _floor_log2(anchor)
+    emin = floor_log2(anchor)
     values = []
     for code in range(1 << fmt.bits):
         value = decode_reference(fmt, code)
@@ -165,7 +161,7 @@ def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> Ele
             value = Fraction(0) if value > 0 else -0.0
         values.append(value)
     finite = [abs(Fraction(v)) for v in values if not (isinstance(v, float) and not math.isfinite(v)) and v != 0]
-    exponents = [max(_floor_log2(v), emin) for v in finite]
+    exponents = [max(floor_log2(v), emin) for v in finite]
     frac = max((Fraction(v / Fraction(2) ** e).denominator.bit_length() - 1 for v, e in zip(finite, exponents)), default=0)
     rows = []
     for value in values:
@@ -178,7 +174,7 @@ def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> Ele
             rows.append((0, 0, 1, int(negative), 0, 0))
         else:
             magnitude = abs(Fraction(value))
-            exponent = max(_floor_log2(magnitude), emin)
+            exponent = max(floor_log2(magnitude), emin)
             sig = magnitude / Fraction(2) ** (exponent - frac)
             assert sig.denominator == 1 and sig < 2 ** (frac + 1)
             rows.append((0, 0, 0, int(value < 0), exponent, int(sig)))

@@ -1,0 +1,147 @@
+"""What a unit gets for each operand of a layer, and why (docs/replay.md, "Formats a unit
+cannot take"): the one policy replay and the unit in the loop share.
+
+A unit takes an operand as the model has it when it accepts the element format, has block
+scales, and its block size divides the model's scale runs along K. Otherwise replay quantizes
+the operand itself (the model's format if the unit takes it, else the unit's first; units
+without block scales get one power-of-two scale per tensor) and marks the row: ``replaced``
+when the model had a spec the unit cannot take, ``added`` when the model multiplied floats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..datapath import HardwareConfig
+from ..errors import MxsimError
+from ..formats import get_format
+from ..trace.model import Layer
+from ..trace.quant import MXQuant
+
+#: Row statuses: the unit multiplied the model's own operand values; replay re-quantized an
+#: operand whose recorded spec the unit cannot take; replay quantized an operand the model
+#: left in float; the caller chose the format (``element_format``).
+STATUSES = ("model", "replaced", "added", "caller")
+MARKS = {"model": "", "replaced": "*", "added": "+", "caller": "="}
+
+
+@dataclass
+class OperandChoice:
+    """How one operand was quantized for one unit, and why.
+
+    ``format``/``profile``/``per_tensor_scale``: what the unit received (per-tensor scaling:
+    ``tensor_scale_exponent`` 0 for a wide format, a plain cast, else the amax rule; see
+    :func:`choose_operand`); ``block_size``: the
+    unit's block; ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
+    ``layout``: how the model's blocks lie in K; ``saturated``/``underflowed``: elements
+    clipped to the largest magnitude / nonzero elements flushed to zero by the quantization
+    the unit received (the model's, counted once per tensor element; or replay's, counted
+    over the GEMM operand); ``note``: why, when not the model's.
+    """
+
+    format: str
+    profile: str
+    per_tensor_scale: bool
+    note: str = ""
+    tensor_scale_exponent: int | None = None
+    block_size: int = 0
+    status: str = "model"
+    spec: str = ""
+    layout: str = ""
+    saturated: int | None = 0
+    underflowed: int | None = 0
+
+
+def pair_choices(choices: dict, options: dict, operands: dict, layer: Layer, hw: HardwareConfig,
+                  per_tensor_scale: bool | None) -> None:
+    """Where the two operands' formats are a pair ``hw`` does not take (``inputs.format_groups``:
+    an fp8 input with fp16 weights on an FP8 tensor core), the operand replay quantizes itself
+    (the weight first) is quantized again into the first format of its list that pairs with
+    the other operand's; an operand the model or the caller fixed is never changed. No such
+    operand: MxsimError naming the pair."""
+    pairs = hw.format_pairs
+    if (choices["input"].format, choices["weight"].format) in pairs:
+        return
+    for name, other in (("weight", "input"), ("input", "weight")):
+        if choices[name].status in ("added", "replaced"):
+            fixed = choices[other].format
+            pairing = [fmt for fmt in (hw.a_formats if name == "input" else hw.b_formats)
+                       if ((fmt, fixed) if name == "input" else (fixed, fmt)) in pairs]
+            if pairing:
+                choice, options[name] = choose_operand(operands[name], name, layer.quant.get(name), hw, pairing[0],
+                                                       per_tensor_scale)
+                choices[name] = dataclasses.replace(
+                    choice, status=choices[name].status,
+                    note=f"{choices[name].note}; {pairing[0]}, the first format pairing with the {other}'s {fixed}")
+                return
+    raise MxsimError(f"{hw.name}: takes no {choices['input'].format} x {choices['weight'].format} pair (input x "
+                     f"weight) and neither format is replay's to change; it takes "
+                     f"{', '.join(f'{a} x {b}' for a, b in pairs)}")
+
+
+def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
+                   per_tensor_scale: bool | None = None, strict: bool = False) -> tuple[OperandChoice, dict]:
+    """What ``hw`` gets for one operand, and the quantize options: the one place that decides
+    what happens to a format a unit cannot take (docs/replay.md, "Formats a unit cannot take"),
+    for replay and for the unit in the loop alike.
+
+    ``operand``: the model's operand (:class:`~mxsim.replay.operands.GemmOperand`, or its
+    :class:`~mxsim.replay.operands.OperandPlan` to decide before any work). The policy:
+
+    * a format the caller chose (``element_format``) that the unit does not take is refused
+      (MxsimError): a request that cannot be met;
+    * the model's recorded quantization, when the unit cannot take it as it is (element format
+      not accepted, no block scales, or blocks that do not fit the model's), is re-quantized
+      by replay into a format the unit takes (the model's if accepted, else the unit's first)
+      and the row is marked ``replaced`` — or, with ``strict``, refused (MxsimError);
+    * an operand the model left unquantized is quantized by replay (``added``).
+
+    ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales);
+    True forces it; False on a unit without block scales is an error. Per-tensor scaling by
+    the amax rule is FP8 practice; formats as wide as fp16, bf16 and tf32 take the values
+    rounded straight in (scale 1, a framework's cast): scaled up to their largest values,
+    products would overflow the unit's sums."""
+    choice, options = _choose_scaling(operand, name, spec, hw, element_format, per_tensor_scale)
+    if strict and choice.status == "replaced":
+        raise MxsimError(f"{hw.name}: {choice.note} (strict)")
+    if choice.per_tensor_scale and get_format(choice.format).role in ("wide", "tensor_input"):
+        choice = dataclasses.replace(choice, tensor_scale_exponent=0)
+    return choice, options
+
+
+def _choose_scaling(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
+                    per_tensor_scale: bool | None) -> tuple[OperandChoice, dict]:
+    """:func:`choose_operand` before the strict and wide-format rules."""
+    accepted = hw.a_formats if name == "input" else hw.b_formats
+    block = hw.sections[("inputs", "block_size")]
+    per_tensor = hw.sections[("inputs", "scales")] == "none"
+    if per_tensor_scale is not None:
+        if per_tensor and not per_tensor_scale:
+            raise MxsimError(f"{hw.name} has no block scales: its operands need per-tensor scaling")
+        per_tensor = per_tensor_scale
+    base = dict(block_size=block, spec=operand.spec, layout=operand.layout)
+    if element_format is not None:
+        fmt = get_format(element_format).name
+        if fmt not in accepted:
+            raise MxsimError(f"{hw.name} does not take {fmt} for the {name}; it takes {', '.join(accepted)}")
+        return OperandChoice(fmt, "ocp", per_tensor, "format chosen by the caller", status="caller", **base), {}
+    fmt = operand.element_format.name
+    if operand.quantized:
+        if fmt in accepted and not per_tensor and operand.granule and operand.granule % block == 0:
+            return OperandChoice(fmt, getattr(spec, "profile", "bfp"), False, status="model",
+                                 saturated=operand.saturated, underflowed=operand.underflowed, **base), {}
+        reasons = []
+        if fmt not in accepted:
+            reasons.append(f"takes {', '.join(accepted)}, not {fmt}")
+        if per_tensor:
+            reasons.append("has no block scales")
+        elif not operand.granule or operand.granule % block:
+            reasons.append(f"blocks of {block} do not fit the model's blocks ({operand.layout})")
+        note = f"the unit cannot take {operand.spec}: it {'; '.join(reasons)}"
+        status = "replaced"
+    else:
+        note, status = f"the model multiplies {operand.spec} values; the unit needs a quantization", "added"
+    if isinstance(spec, MXQuant) and spec.format in accepted:
+        return OperandChoice(spec.format, spec.profile, per_tensor, note, status=status, **base), dict(spec.options)
+    return OperandChoice(accepted[0], "ocp", per_tensor, note, status=status, **base), {}

@@ -1,0 +1,352 @@
+"""One layer through one unit: :func:`run_layer` (its outputs, what :mod:`mxsim.inloop`
+calls) and :func:`replay_layer` (a replay row: those outputs measured against the float
+reference and the ideal, and the cycle estimate).
+
+Per layer (docs/replay.md defines everything precisely):
+
+* The model's operands (:mod:`mxsim.replay.operands`): each operand quantized by its recorded
+  spec in its own layout and lowered to the GEMM the unit sees (conv: K ordered
+  (kh, kw, C) with C blocked and padded per tap, by default); the bias through its
+  recorded bias quantizer.
+* The ideal: the exact sum of the products of the operands the unit got plus the bias,
+  rounded once to fp32 (:func:`mxsim.replay.operands.ideal_gemm`) — on rows where the unit
+  takes the model's operands, the model's own quantized computation.
+* Per unit, what it gets for each operand (:func:`mxsim.replay.choice.choose_operand`);
+  replay's own quantization along K where it is not the model's (per-tensor scaling through
+  ``mxsim.quantize_mx(..., per_tensor_scale=True)``). The bias enters as the accumulator
+  input c when it is exact in fp32 (else it is added in float64 after the GEMM).
+  ``mxsim.matmul`` computes every output bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._compile import compile_seconds
+from ..cycles import GemmLayer, estimate_layer, storage_for_format
+from ..datapath import HardwareConfig, as_float, matmul_batched
+from ..datapath.api import times_power_of_two
+from ..errors import MxsimError
+from ..formats import get_format
+from ..quantize import MXTensor, quantize, quantize_groups, resolve_options
+from ..trace.model import Layer
+from .attribution import layer_attribution, output_channel_shares
+from .choice import OperandChoice, choose_operand, pair_choices
+from .lowering import gemm_view
+from .network import layer_with_input
+from .operands import (
+    GemmOperand,
+    LayerOperands,
+    accumulator_input,
+    clip_counts,
+    ideal_gemm,
+    layer_operands,
+)
+
+@dataclass
+class LayerResult:
+    """Numbers of one layer through one unit (see :func:`replay_layer` and docs/replay.md)."""
+
+    layer: str
+    hw: str
+    macs: int
+    input: OperandChoice
+    weight: OperandChoice
+    k: int
+    bias: str
+    sqnr_vs_float_db: float
+    max_abs_error_vs_float: float
+    max_rel_error_vs_float: float
+    rel_rms_error_vs_float: float
+    sqnr_vs_ideal_db: float
+    max_abs_error_vs_ideal: float
+    rel_rms_error_vs_ideal: float
+    max_error_vs_ideal_ulps: float
+    mean_error_vs_ideal_ulps: float
+    identical_to_ideal_fraction: float
+    ideal_rms: float
+    ideal_exact: bool
+    seconds: float
+    compile_seconds: float = 0.0
+    cycles: dict | None = None
+    bits: np.ndarray | None = field(default=None, repr=False)
+    errors_vs_float: np.ndarray | None = field(default=None, repr=False)
+    errors_vs_ideal: np.ndarray | None = field(default=None, repr=False)
+    attribution: dict | None = None
+    channel_error_shares: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def status(self) -> str:
+        """The row's status: the most severe of its operands' (replaced > added > caller > model)."""
+        for status in ("replaced", "added", "caller"):
+            if status in (self.input.status, self.weight.status):
+                return status
+        return "model"
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        for key in ("bits", "errors_vs_float", "errors_vs_ideal", "channel_error_shares"):
+            out.pop(key)
+        out["status"] = self.status
+        return out
+
+
+def _sqnr_db(reference: np.ndarray, error: np.ndarray) -> float:
+    noise = float(np.sum(np.square(error)))
+    signal = float(np.sum(np.square(reference)))
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
+    signal = float(np.sum(np.square(reference)))
+    noise = float(np.sum(np.square(error)))
+    if noise == 0:
+        return 0.0
+    return math.sqrt(noise / signal) if signal > 0 else math.inf
+
+
+def _requantize(values: np.ndarray, choice: OperandChoice, options: dict,
+                count_clipped: bool = True) -> tuple[list[MXTensor], int, int]:
+    """Replay's own quantization of a lowered operand (G, R, K) along K, each group a tensor
+    of its own (:func:`mxsim.quantize.quantize_groups`: one kernel call for all groups); with
+    ``count_clipped`` the saturated and underflowed elements too (else 0, 0)."""
+    kwargs = dict(block_size=choice.block_size, profile=choice.profile, per_tensor_scale=choice.per_tensor_scale,
+                  tensor_scale_exponent=choice.tensor_scale_exponent, **options)
+    if resolve_options(choice.profile, **options).element_rounding == "stochastic":  # each group's own stream
+        tensors = [quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values]
+    else:
+        tensors = quantize_groups(values, choice.format, **kwargs)
+    if not count_clipped:
+        return tensors, 0, 0
+    counts = [clip_counts(matrix, tensor) for matrix, tensor in zip(values, tensors)]
+    return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _weight_quantization_key(layer: Layer, conv_order: str, floats: np.ndarray, choice: OperandChoice, options: dict,
+                             count_clipped: bool) -> tuple | None:
+    """What :func:`_requantize` of a lowered weight ``floats`` depends on besides the weight's
+    values: the layer's lowering (op, attributes, both operands' specs, which set the K
+    padding, the conv order), the lowered array's shape and dtype, and the quantization chosen;
+    None for stochastic rounding (each call draws its own stream)."""
+    if resolve_options(choice.profile, **options).element_rounding == "stochastic":
+        return None
+    return (layer.op, repr(sorted(layer.attrs.items())), repr(layer.quant.get("input")), repr(layer.quant.get("weight")),
+            conv_order, floats.shape, floats.dtype.str, choice.format, choice.profile, choice.per_tensor_scale,
+            choice.tensor_scale_exponent, choice.block_size, repr(sorted(options.items())), count_clipped)
+
+
+def _operand_of_tensors(tensors: list[MXTensor], template: GemmOperand) -> GemmOperand:
+    """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row)."""
+    block = tensors[0].block_size
+    codes = np.stack([t.codes for t in tensors])
+    scales = np.stack([np.repeat(t.scales.astype(np.int32), block, axis=1) + t.tensor_scale_exponent for t in tensors])
+    return dataclasses.replace(template, element_format=tensors[0].element_format, pieces=[codes],
+                               scales=scales.astype(np.uint8), granule=block, quantized=True, exact=True)
+
+
+@dataclass
+class LayerRun:
+    """Everything one layer through one unit produced (see :func:`run_layer`).
+
+    ``values``/``ideal``: outputs in the layer's layout (float64); ``gemm_values``/
+    ``gemm_ideal``: (G, M, N) including the bias where it entered as c (ideal: None when
+    skipped); ``bits``: the unit's
+    raw output bits (G, M, N); ``operands``: the model's operands and bias; ``attribution``:
+    :func:`mxsim.replay.attribution.layer_attribution` of the operands the unit got (None
+    without the ideal).
+    """
+
+    values: np.ndarray
+    ideal: np.ndarray | None
+    bits: np.ndarray
+    gemm_values: np.ndarray
+    gemm_ideal: np.ndarray | None
+    input: OperandChoice
+    weight: OperandChoice
+    ideal_exact: bool
+    operands: LayerOperands
+    attribution: dict | None = None
+
+
+def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
+              conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
+              with_ideal: bool = True, matmul_fn: Callable | None = None, *, weight_format: str | None = None,
+              per_tensor_scale: bool | None = None, out_format: str | None = None, strict: bool = False,
+              count_clipped: bool = True, weight_quantizations: dict | None = None) -> LayerRun:
+    """``layer`` (its recorded input, or ``x``) through ``hw``.
+
+    The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
+    ``operands``) when the unit took both, else with replay's quantization of the others.
+    ``operands`` (from :func:`layer_operands`) and the model's ideal ``ideal`` (a tuple from
+    :func:`ideal_gemm`, or a function returning it) may be passed in when already computed
+    for this layer. ``with_ideal=False`` skips the ideal (``ideal`` and ``gemm_ideal`` are
+    then None), as end-to-end runs do. The layer's groups (attention heads, conv groups) run
+    in one :func:`mxsim.matmul_batched` call; ``matmul_fn`` stands in for :func:`mxsim.matmul`
+    called per group (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into
+    cluster tasks).
+    ``weight_format``: the weight's format when it differs from ``element_format``;
+    ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
+    the unit's output.
+    ``count_clipped=False`` leaves the saturated/underflowed counts of operands replay
+    quantizes itself at 0 (in the loop nobody reads them).
+    ``weight_quantizations``: replay's quantizations of this layer's weight kept across calls
+    (the caller's, for one weight whose values it vouches unchanged since the mapping was
+    filled): looked up, or filled, by everything else the quantization depends on
+    (:func:`_weight_quantization_key`); stochastic rounding is never kept."""
+    if operands is None:  # the layer lowered once, for the input it gets
+        view = gemm_view(layer, None if x is None else np.shape(x))
+        at = layer if x is None else layer_with_input(layer, x, view.output_shape)
+        ops = layer_operands(at, conv_order, float_pieces=with_ideal, view=view)
+    else:
+        at, ops = layer if x is None else layer_with_input(layer, x), operands
+    view, shape = ops.gemm.view, ops.gemm.shape
+    gemm_operands = {"input": ops.a, "weight": ops.b}
+    choices, tensors, quantize_options = {}, {}, {}
+    try:
+        for name, operand in gemm_operands.items():
+            chosen_format = (weight_format or element_format) if name == "weight" else element_format
+            choices[name], quantize_options[name] = choose_operand(operand, name, at.quant.get(name), hw, chosen_format,
+                                                                   per_tensor_scale, strict)
+        pair_choices(choices, quantize_options, gemm_operands, at, hw, per_tensor_scale)
+    except MxsimError as error:
+        raise MxsimError(f"layer {at.name!r} on {error}") from None
+    for name, operand in gemm_operands.items():
+        choice, options = choices[name], quantize_options[name]
+        if choice.status == "model":
+            tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
+        else:
+            if name in at.codes_only:
+                choice.note += "; from the model's quantized values (the trace keeps no float)"
+            floats = ops.a_float if name == "input" else ops.b_float
+            key = None if name == "input" or weight_quantizations is None else \
+                _weight_quantization_key(at, conv_order, floats, choice, options, count_clipped)
+            quantized = None if key is None else weight_quantizations.get(key)
+            if quantized is None:
+                quantized = _requantize(floats, choice, options, count_clipped)
+                if key is not None:
+                    weight_quantizations[key] = quantized
+            tensors[name], choice.saturated, choice.underflowed = quantized
+    if not with_ideal:
+        gemm_ideal, exact = None, False
+    elif choices["input"].status == choices["weight"].status == "model":
+        gemm_ideal, exact = ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(ops)
+    else:  # the ideal of the operands this unit got
+        unit_ops = dataclasses.replace(
+            ops, a=ops.a if choices["input"].status == "model" else _operand_of_tensors(tensors["input"], ops.a),
+            b=ops.b if choices["weight"].status == "model" else _operand_of_tensors(tensors["weight"], ops.b))
+        gemm_ideal, exact = ideal_gemm(unit_ops)
+    scaled_linear = view.op == "linear" and view.alpha != 1.0
+    bias = None if scaled_linear else view.gemm_bias(ops.bias)
+    matmul_options = {} if out_format is None else {"out_format": out_format}
+    # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
+    qbs = [MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
+                    rows.padding, rows.options, rows.tensor_scale_exponent) for rows in tensors["weight"]]
+    shifts = [qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)]
+    # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
+    cs = [None if bias is None or accumulator_input(bias[g], shifts[g]) is None else bias[g].astype(np.float32)
+          for g in range(shape.groups)]
+    c_entered = [c is not None for c in cs]
+    if not shape.groups:
+        bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
+        out = np.empty(bits.shape)
+    elif matmul_fn is None:  # all groups (attention heads, conv groups) in one batched call
+        zero = np.zeros((shape.m, shape.n), dtype=np.float32)  # +0: the c of a group without one
+        c = np.stack([zero if c is None else c for c in cs]) if any(c_entered) else None
+        batch = matmul_batched(hw, tensors["input"], qbs, c=c, **matmul_options)
+        bits, out = batch.bits, batch.values
+    else:
+        results = [matmul_fn(hw, qa, qb, c=c, **matmul_options) for qa, qb, c in zip(tensors["input"], qbs, cs)]
+        # decoded once for all groups: MatmulResult.values, group by group, in one call
+        bits = np.stack([r.bits for r in results])
+        out = as_float(bits, results[0].out_format)
+        exponents = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
+        out = times_power_of_two(out, exponents) if exponents.any() else out
+    if bias is not None and not all(c_entered):
+        late = ~np.array(c_entered)
+        out[late] += bias[late]
+    lift_bias = ops.bias if scaled_linear else None
+    ideal_values = None if gemm_ideal is None else view.lift(gemm_ideal, lift_bias)
+    attribution = None
+    if with_ideal:  # a replay row (not the unit in the loop): where its error comes from
+        a, b = ops.a_float.astype(np.float64), ops.b_float.astype(np.float64)
+        attribution = layer_attribution(at, a, _unit_values(tensors["input"], a.shape), b,
+                                        _unit_values(tensors["weight"], b.shape), shape.k // shape.k_run, conv_order)
+    return LayerRun(view.lift(out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
+                    choices["weight"], exact, ops, attribution)
+
+
+def _unit_values(tensors: list[MXTensor], shape: tuple) -> np.ndarray:
+    """The exact values (float64) of a unit's operand, one MXTensor (R, K') per group, cut or
+    zero-padded along K to ``shape`` (G, R, K)."""
+    values = np.zeros(shape, dtype=np.float64)
+    for g, tensor in enumerate(tensors):
+        got = tensor.dequantize(np.float64)
+        k = min(got.shape[-1], shape[-1])
+        values[g, :, :k] = got[:, :k]
+    return values
+
+
+def _output_ulp(rms: float, out_format: str) -> float:
+    """The spacing of ``out_format`` at the layer's output magnitude ``rms`` (the RMS of the
+    ideal outputs): the ulp of its binade, or of the smallest normal binade below that."""
+    fmt = get_format(out_format)
+    exponent = math.floor(math.log2(max(rms, fmt.min_normal)))
+    return 2.0 ** (exponent - fmt.mantissa_bits)
+
+
+def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None, conv_order: str = "kh_kw_c",
+                 ideal=None, operands: LayerOperands | None = None, matmul_fn: Callable | None = None,
+                 strict: bool = False) -> LayerResult:
+    """One layer through one unit, with its metrics and (if the config has ``array:``) cycles.
+
+    ``seconds`` is the time it took without compiling kernels, ``compile_seconds`` the time
+    spent compiling them (nonzero only on a first run; see :mod:`mxsim._compile`)."""
+    start = time.perf_counter()
+    compiled_before = compile_seconds()
+    run = run_layer(layer, hw, element_format=element_format, conv_order=conv_order, ideal=ideal, operands=operands,
+                    matmul_fn=matmul_fn, strict=strict)
+    compiling = compile_seconds() - compiled_before
+    seconds = time.perf_counter() - start - compiling
+    values, ideal_values = run.values, run.ideal
+    reference = layer.output.astype(np.float64)
+    finite = np.isfinite(values) & np.isfinite(reference) & np.isfinite(ideal_values)
+    error = (values - reference)[finite]
+    error_ideal = (values - ideal_values)[finite]
+    scale = np.maximum(np.abs(reference[finite]), np.finfo(np.float32).tiny)
+    shape = run.operands.gemm.shape
+    out_format = hw.sections[("output", "format")]
+    ideal_rms = math.sqrt(float(np.mean(np.square(ideal_values[finite])))) if finite.any() else 0.0
+    ulp = _output_ulp(ideal_rms, out_format)
+    cycles = None
+    if hw.array is not None:
+        estimate = estimate_layer(hw.array, GemmLayer(layer.name, shape.m, shape.n * shape.groups, shape.k),
+                                  storage_for_format(run.input.format), storage_for_format(run.weight.format),
+                                  storage_for_format(out_format))
+        cycles = {"total_cycles": estimate.total_cycles, "compute_cycles": estimate.compute_cycles,
+                  "memory_cycles": estimate.memory_cycles, "utilisation": estimate.utilisation}
+    same = values == ideal_values
+    return LayerResult(
+        layer=layer.name, hw=hw.name, macs=shape.macs, input=run.input, weight=run.weight, k=shape.k,
+        bias=run.operands.bias_spec,
+        sqnr_vs_float_db=_sqnr_db(reference[finite], error),
+        max_abs_error_vs_float=float(np.max(np.abs(error), initial=0.0)),
+        max_rel_error_vs_float=float(np.max(np.abs(error) / scale, initial=0.0)),
+        rel_rms_error_vs_float=_rel_rms(reference[finite], error),
+        sqnr_vs_ideal_db=_sqnr_db(ideal_values[finite], error_ideal),
+        max_abs_error_vs_ideal=float(np.max(np.abs(error_ideal), initial=0.0)),
+        rel_rms_error_vs_ideal=_rel_rms(ideal_values[finite], error_ideal),
+        max_error_vs_ideal_ulps=float(np.max(np.abs(error_ideal), initial=0.0)) / ulp,
+        mean_error_vs_ideal_ulps=float(np.mean(np.abs(error_ideal))) / ulp if error_ideal.size else 0.0,
+        identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0, ideal_rms=ideal_rms,
+        ideal_exact=run.ideal_exact, seconds=seconds, compile_seconds=compiling, cycles=cycles, bits=run.bits,
+        errors_vs_float=error, errors_vs_ideal=error_ideal,
+        attribution=run.attribution, channel_error_shares=output_channel_shares(layer, values - reference),
+    )
