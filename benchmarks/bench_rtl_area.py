@@ -33,7 +33,7 @@ from mxsim.datapath.config import vary_hwconfig
 from mxsim.fileio import write_atomic
 from mxsim.rtl import generate_unit
 from mxsim.rtl.synth import synthesize
-from mxsim.sweep import replay_point
+from mxsim.sweep import hardware_cost, replay_point
 from mxsim.trace import load_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,14 +105,17 @@ def table(results: dict) -> str:
              f"{', '.join(sorted({r['commit'] for r in rows}))}; Yosys: processor seconds (Yosys and ABC) on a "
              f"shared 2-core machine (load average {min(float(r['load_average'].split()[0]) for r in rows):.0f} to "
              f"{max(float(r['load_average'].split()[0]) for r in rows):.0f}).", "",
-             "| elements | variant | cells | transistors | vs base | depth | SQNR (dB) | Yosys s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| elements | variant | cells | transistors | vs base | depth | SQNR (dB) | proxy bits | Yosys s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     bases = {r["format"]: r["transistors"] for r in rows if r["variant"] == "base"}
+    base = base_config(str(REPO / s["hw"]), s["block_size"], s["fused_terms"])
     for r in rows:
         ratio = f"{r['transistors'] / bases[r['format']]:.2f}" if r["format"] in bases else ""
         sqnr = "exact" if r["sqnr_vs_ideal_db"] == "inf" else f"{r['sqnr_vs_ideal_db']:.1f}"
+        only = {"inputs.a_formats": [r["format"]], "inputs.b_formats": [r["format"]]}  # the proxy counts the first pair
+        proxy = hardware_cost(vary_hwconfig(base, {**r["changes"], **only}, "proxy"))["cost_bits"]
         lines.append(f"| {r['format']} | {r['variant']} | {r['cells']:,} | {r['transistors']:,} | {ratio} | "
-                     f"{r['depth']} | {sqnr} | {r['synthesis_cpu_seconds']:.0f} |")
+                     f"{r['depth']} | {sqnr} | {proxy} | {r['synthesis_cpu_seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

