@@ -100,7 +100,7 @@ def table(results: dict) -> str:
     """docs/area.md's table of a results file (no dates: those stay in the file)."""
     s = results["setup"]
     rows = results["rows"]
-    lines = [f"K = {s['k']}, {s['block_size']}-element blocks, base `{s['hw']}` with a {s['fused_terms']}-term tree; "
+    lines = [f"K = {s['k']}, {s['block_size']}-element blocks, base `{s['hw']}` with a tree of {s['fused_terms']} terms; "
              f"SQNR: worst layer of `{s['trace']}` vs the ideal MX result. Synthesized at commit "
              f"{', '.join(sorted({r['commit'] for r in rows}))}; Yosys: processor seconds (Yosys and ABC) on a "
              f"shared 2-core machine (load average {min(float(r['load_average'].split()[0]) for r in rows):.0f} to "

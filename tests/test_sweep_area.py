@@ -101,3 +101,15 @@ def test_without_yosys_area_is_a_clear_error(capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err
     assert status == 2 and "yosys is not installed" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_area_front_ranks_by_transistors():
+    from mxsim.sweep.run import area_transistors, pareto_front
+
+    def record(bits, transistors, sqnr):
+        return {"cost": {"cost_bits": bits}, "area": {"transistors": transistors},
+                "result": {"metrics": {"worst_layer_sqnr_vs_ideal_db": sqnr}}}
+
+    records = [record(10, 900, 40.0), record(20, 500, 30.0), record(30, 700, 50.0), record(5, 800, 20.0)]
+    assert pareto_front(records) == [3, 0, 2]
+    assert pareto_front(records, area_transistors) == [1, 2]
