@@ -6,8 +6,8 @@ combinational datapath; the generic-gate ABC run inside ``synth`` is skipped bec
 next step maps again from scratch). ``abc -g cmos2`` then maps to 2-input NAND/NOR and
 inverters with the script :data:`ABC_SCRIPT`: structural hashing, SAT sweeping of equivalent
 nodes (``&fraig -x``: the step that shrinks these units most, with at most 100 SAT conflicts
-per node: without a limit, its hardest SAT calls took 90 % of ABC's time on a K = 32 unit), ``dc2`` rewriting and the standard-cell mapper ``map`` (delay-oriented with area
-recovery). Against Yosys's default ABC script it drops ``scorr`` and ``dretime``
+per node: without a limit, its hardest SAT calls took 90 % of ABC's time on a K = 32 unit),
+``dc2`` rewriting and the standard-cell mapper ``map`` (delay-oriented with area recovery). Against Yosys's default ABC script it drops ``scorr`` and ``dretime``
 (sequential passes: no-ops in a combinational unit) and maps with ``map`` instead of
 ``&dch -f; &nf``; on these units that takes a fraction of the time and gives smaller
 netlists (benchmarks/bench_synth_flow.py runs both flows; docs/area.md).
