@@ -3,11 +3,11 @@
 Each point's config is turned into RTL (:func:`mxsim.rtl.generate_unit`) for one element-format
 pair and one dot length K, and synthesized with Yosys (:func:`mxsim.rtl.synth.synthesize`:
 NAND/NOR/NOT cells, a transistor estimate, gate levels on the longest path), cached per
-generated design in the per-user cache, so points that generate the same RTL, and reruns,
-synthesize once. The pair is (F, F) with ``--format F``, else the config's first accepted
-pair (the one the cost proxy counts); K is ``--area-k`` or the unit's block size, the same for
-every point so that the units do the same work. Every point's RTL is generated before any
-replay runs: a point the generator does not cover is refused with its key and point named.
+generated design in the per-user cache, so a rerun synthesizes nothing again. The pair is
+(F, F) with ``--format F``, else the config's first accepted pair (the one the cost proxy
+counts); K is ``--area-k`` for every point (units doing the same work), else each point's
+block size. Every point's RTL is generated before any replay runs: a point the generator
+does not cover is refused with its key and point named.
 """
 
 from __future__ import annotations
