@@ -9,7 +9,7 @@ operand quantized to that format (mxsim.sweep.replay_point: the worst layer's SQ
 the ideal MX result, the same quantized operands multiplied exactly). The base row comes
 first, so ratios between rows are what to read.
 
-    python benchmarks/bench_rtl_area.py --format fp4_e2m1 --record benchmarks/results/rtl-area.json
+    python benchmarks/bench_rtl_area.py --format fp4_e2m1 --format fp8_e4m3 --record benchmarks/results/rtl-area.json
     python benchmarks/bench_rtl_area.py --render   # docs/area.md's table from the results file
 
 ``--record`` rewrites the results file after every row (a long run keeps what it finished, and
