@@ -262,13 +262,18 @@ def cmd_sweep(args) -> int:
     from .trace import load_trace
 
     _check_cluster_options(args)
+    if args.area_k is not None:
+        if not args.area:
+            raise ArgumentError("--area-k needs --area")
+        check_int(args.area_k, "--area-k", 1, 4096)
     check_output_directory(args.out, is_sweep_output, "--out")
     base = load_hwconfig(args.hw)
     knobs = parse_knobs(args.vary, args.hw)
     trace = load_trace(args.trace)
     with make_runner(args.workers, args.scheduler) as runner:
         summary = run_sweep(trace, base, knobs, args.out, runner=runner, element_format=args.format,
-                            progress=not args.quiet and sys.stderr.isatty())
+                            progress=not args.quiet and sys.stderr.isatty(), area=args.area, area_k=args.area_k,
+                            report=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
     try:
         write_outputs(summary, args.out, plots=True)
     except ImportError:
@@ -646,6 +651,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--vary", action="append", required=True, metavar="KEY=VALUES",
                        help="a key path and its values: a:b, a:b:step (integers) or x,y,z (repeatable; docs/sweep.md)")
     sweep.add_argument("--out", required=True, help="output directory (finished points are kept there and reused)")
+    sweep.add_argument("--area", action="store_true",
+                       help="also synthesize each point's unit with yosys: area and depth columns (slow; docs/area.md)")
+    sweep.add_argument("--area-k", type=int, metavar="K", help="elements per dot product of the synthesized units "
+                       "(default: the block size)")
     _add_run_arguments(sweep)
     sweep.set_defaults(run=cmd_sweep)
 

@@ -34,7 +34,7 @@ CONSUMER_IMPORTS = {
     "evaluate": {"trace", "capture", "replay", "inloop"},
     "cycles": set(),
     "golden": set(),
-    "sweep": {"trace", "replay"},
+    "sweep": {"trace", "replay", "rtl"},
     "probe": set(),
     "cmodel": {"golden"},
     "rtl": set(),

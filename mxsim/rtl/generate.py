@@ -589,7 +589,7 @@ class _Builder:
         self.emit(f"  {self._round_inst(f'{t}_n_round', f'{s}[{width - 1}]', f'{s}[{width - 1}] ? {width}' + chr(39) + f'(-{s}) : {width}' + chr(39) + f'({s})', width, lsb, (10, mb), p.sum_rounding, True, 0, f'{t}_n_code', f'{t}_n_ovf')}")
         self.emit(f"  mxr_unpack #(.EB(10), .MB({mb}), .EXW({EXW})) {t}_n_unpack (.code({t}_n_code), .nan({t}_n_nan), "
                   f".inf({t}_n_inf), .zero({t}_n_zero), .sign({t}_n_sign), .exp({t}_n_exp), .sig({t}_n_sig));")
-        self.emit(f"  logic signed [{mb + 1}:0] {t}_n; assign {t}_n = {t}_n_sign ? -{mb + 2}'($unsigned({t}_n_sig)) : {mb + 2}'($unsigned({t}_n_sig));")
+        self.emit(f"  logic signed [{mb + 1}:0] {t}_n; assign {t}_n = {t}_n_sign ? -({mb + 2}'($unsigned({t}_n_sig))) : {mb + 2}'($unsigned({t}_n_sig));")
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_n_lsb; assign {t}_n_lsb = {t}_n_exp - {EXW}'sd{mb};")
         return f"{t}_n", mb + 2, f"{t}_n_lsb"
 
@@ -659,7 +659,7 @@ class _Builder:
         common = (f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.c_add_rounding]}), "
                   f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})")
         w = self.acc_mb + 2
-        self.emit(f"  logic signed [{w - 1}:0] ce_x; assign ce_x = ce_a_sign ? -{w}'($unsigned(ce_a_sig)) : {w}'($unsigned(ce_a_sig));")
+        self.emit(f"  logic signed [{w - 1}:0] ce_x; assign ce_x = ce_a_sign ? -({w}'($unsigned(ce_a_sig))) : {w}'($unsigned(ce_a_sig));")
         self.emit(f"  mxr_add_round #(.WX({w}), .WY({self.acc_mb + 1}), {common}) ce_add (.x(ce_x), .lsb_x(ce_a_exp - {EXW}'sd{self.acc_mb}), "
                   f".sign_y(ce_cc_sign), .mag_y(ce_c_ovf ? {self.acc_mb + 1}'d0 : ce_cc_sig), .lsb_y(ce_cc_exp - {EXW}'sd{self.acc_mb}), "
                   ".code(ce_sum), .ovf(ce_ovf));")

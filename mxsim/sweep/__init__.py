@@ -2,6 +2,7 @@
 
 * :mod:`.grid` — ``--vary KEY=VALUES`` knobs and the validated grid of configs.
 * :mod:`.cost` — the hardware-cost proxy (bits of adder and accumulator state).
+* :mod:`.area` — synthesized area and depth of each point's unit (``--area``, Yosys via :mod:`mxsim.rtl`).
 * :mod:`.run` — running the points (in-process or on Dask), resumable per-point storage.
 * :mod:`.report` — table, JSON, CSV and plots.
 """

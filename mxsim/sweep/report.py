@@ -38,16 +38,21 @@ def format_table(summary: dict) -> str:
     """One line per point: knob values, cost, errors vs ideal and float, accuracy, Pareto mark."""
     paths = [knob["key_path"] for knob in summary["knobs"]]
     accuracy = any(r.get("result") and r["result"]["metrics"]["accuracy"] is not None for r in summary["points"])
-    header = [*paths, "cost bits", "SQNR/ideal dB", "rel RMS/ideal", "SQNR/float dB"] + (["accuracy"] if accuracy else []) + ["pareto"]
+    area = "pareto_area" in summary
+    header = ([*paths, "cost bits"] + (["area (transistors)", "depth"] if area else [])
+              + ["SQNR/ideal dB", "rel RMS/ideal", "SQNR/float dB"] + (["accuracy"] if accuracy else []) + ["pareto"]
+              + (["pareto/area"] if area else []))
     rows = []
     for index, record in enumerate(summary["points"]):
         row = [_cell(record["point"][path]) for path in paths] + [str(record["cost"]["cost_bits"])]
+        row += [str(record["area"]["transistors"]), str(record["area"]["depth"])] if area else []
         if record.get("result"):
             m = record["result"]["metrics"]
             row += [f"{m['worst_layer_sqnr_vs_ideal_db']:.2f}", f"{m['max_rel_rms_error_vs_ideal']:.3g}",
                     f"{m['worst_layer_sqnr_vs_float_db']:.2f}"]
             row += [f"{100 * m['accuracy']:.2f}%"] if accuracy else []
             row.append("*" if index in summary["pareto"] else "")
+            row += ["*" if index in summary["pareto_area"] else ""] if area else []
         else:
             row += ["failed: " + record.get("error", "")]
         rows.append(row)
@@ -70,13 +75,17 @@ def csv_text(summary: dict) -> str:
     paths = [knob["key_path"] for knob in summary["knobs"]]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["point", *paths, *COST_TERMS, *METRICS, "bits_sha256", "pareto", "error"])
+    area = "pareto_area" in summary
+    writer.writerow(["point", *paths, *COST_TERMS, *METRICS, "bits_sha256", "pareto", "error"]
+                    + (["area_cells", "area_transistors", "depth", "pareto_area"] if area else []))
     for index, record in enumerate(summary["points"]):
         result = record.get("result")
         metrics = [_cell(result["metrics"][m]) for m in METRICS] if result else [""] * len(METRICS)
         writer.writerow([point_label(record["point"]), *(_cell(record["point"][p]) for p in paths),
                          *(record["cost"][t] for t in COST_TERMS), *metrics, result["bits_sha256"] if result else "",
-                         int(index in summary["pareto"]), record.get("error", "")])
+                         int(index in summary["pareto"]), record.get("error", "")]
+                        + ([*(record["area"][t] for t in ("cells", "transistors", "depth")),
+                            int(index in summary["pareto_area"])] if area else []))
     return buffer.getvalue()
 
 
@@ -178,19 +187,23 @@ def write_plots(summary: dict, out: str | Path) -> list[str]:
         figure.tight_layout()
         written.append(_save(figure, directory / f"error-vs-{path}.png"))
         plt.close(figure)
-    figure, axis = plt.subplots(figsize=(6, 4))
-    cost = [r["cost"]["cost_bits"] for r in done]
-    axis.scatter(cost, sqnr, color="tab:gray", label="points")
+    fronts = [("pareto", "cost_bits", "cost proxy (bits, docs/sweep.md)", "cost")]
+    if "pareto_area" in summary:
+        fronts.append(("pareto_area", "transistors", "area (transistors after Yosys, docs/area.md)", "area"))
     index_of = {id(r): i for i, r in enumerate(done)}
-    front = [index_of[id(summary["points"][i])] for i in summary["pareto"]]
-    axis.step([cost[i] for i in front], [sqnr[i] for i in front], where="post", color="tab:red", marker="o",
-              label="Pareto front")
-    axis.set_xlabel("cost proxy (bits, docs/sweep.md)")
-    axis.set_ylabel("worst-layer SQNR vs ideal MX (dB)")
-    axis.set_title(f"{summary['base']} on {summary['trace']}: error vs cost")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    written.append(_save(figure, directory / "pareto.png"))
-    plt.close(figure)
+    for key, term, xlabel, name in fronts:
+        figure, axis = plt.subplots(figsize=(6, 4))
+        cost = [r["cost"][term] if key == "pareto" else r["area"][term] for r in done]
+        axis.scatter(cost, sqnr, color="tab:gray", label="points")
+        front = [index_of[id(summary["points"][i])] for i in summary[key]]
+        axis.step([cost[i] for i in front], [sqnr[i] for i in front], where="post", color="tab:red", marker="o",
+                  label="Pareto front")
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("worst-layer SQNR vs ideal MX (dB)")
+        axis.set_title(f"{summary['base']} on {summary['trace']}: error vs {name}")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        written.append(_save(figure, directory / f"{key.replace('_', '-')}.png"))
+        plt.close(figure)
     return written

@@ -27,6 +27,7 @@ from ..parallel import InProcess, Task
 from ..trace import Trace
 from ..replay import replay
 from ..replay.run import check_replay
+from .area import add_area, plan_units
 from .cost import hardware_cost
 from .grid import Knob, grid_configs, point_label
 
@@ -165,10 +166,19 @@ def is_sweep_output(directory: Path) -> bool:
     return bool(names) and set(names) <= set(OUTPUT_NAMES) and (directory / "points").is_dir()
 
 
-def pareto_front(records: list[dict]) -> list[int]:
-    """Indexes of the finished points no other point beats on both cost (fewer bits) and error
-    (higher worst-layer SQNR vs ideal): the Pareto front, cheapest first."""
-    finished = [(r["cost"]["cost_bits"], -r["result"]["metrics"]["worst_layer_sqnr_vs_ideal_db"], i)
+def cost_bits(record: dict) -> int:
+    return record["cost"]["cost_bits"]
+
+
+def area_transistors(record: dict) -> int:
+    return record["area"]["transistors"]
+
+
+def pareto_front(records: list[dict], cost=cost_bits) -> list[int]:
+    """Indexes of the finished points no other point beats on both cost (fewer bits of the
+    proxy, or ``cost(record)``) and error (higher worst-layer SQNR vs ideal): the Pareto
+    front, cheapest first."""
+    finished = [(cost(r), -r["result"]["metrics"]["worst_layer_sqnr_vs_ideal_db"], i)
                 for i, r in enumerate(records) if r.get("result")]
     front = []
     best = math.inf
@@ -180,13 +190,18 @@ def pareto_front(records: list[dict]) -> list[int]:
 
 
 def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | Path, runner=None,
-              element_format: str | None = None, progress: bool = False) -> dict:
+              element_format: str | None = None, progress: bool = False, area: bool = False,
+              area_k: int | None = None, report=None) -> dict:
     """Run (or resume) the sweep of ``base`` over ``knobs`` on ``trace``, storing each finished
     point under ``out/points``; the summary lists every point in grid order with its values,
-    cost, metrics (or error), whether it was resumed, and the Pareto front."""
+    cost, metrics (or error), whether it was resumed, and the Pareto front. With ``area``,
+    each point's unit (K = ``area_k`` elements) is also synthesized (:mod:`.area`; ``report``
+    gets its progress lines): ``area`` in each record and ``pareto_area``, the front against
+    transistors."""
     points = grid_configs(base, knobs)  # validates everything before any work
     for _, config in points:  # what replay would refuse at every point (a format a unit does not take) is refused now
         check_replay(trace, [config], end_to_end=has_labels(trace), element_format=element_format)
+    units = plan_units(points, element_format, area_k) if area else None  # every point's RTL, before any replay
     out = check_output_directory(out, is_sweep_output, "sweep: out")
     store = out / "points"
     store.mkdir(parents=True, exist_ok=True)
@@ -216,8 +231,12 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
         todo[failure.key][0]["traceback"] = failure.traceback
     for record in records:
         record.setdefault("resumed", False)
-    return {"trace": trace.name, "base": base.name, "base_digest": base.digest, "element_format": element_format,
-            "knobs": [{"key_path": k.key_path, "values": list(k.values)} for k in knobs],
-            "points": records, "pareto": pareto_front(records), "failed": len(failures),
-            "resumed": sum(r["resumed"] for r in records)}
+    summary = {"trace": trace.name, "base": base.name, "base_digest": base.digest, "element_format": element_format,
+               "knobs": [{"key_path": k.key_path, "values": list(k.values)} for k in knobs],
+               "points": records, "pareto": pareto_front(records), "failed": len(failures),
+               "resumed": sum(r["resumed"] for r in records)}
+    if units is not None:
+        add_area(records, units, report)
+        summary["pareto_area"] = pareto_front(records, area_transistors)
+    return summary
 
