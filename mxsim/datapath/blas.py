@@ -50,6 +50,8 @@ import numba
 import numpy as np
 from numba import njit
 
+from .._compile import NO_REFCOUNTS
+
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
@@ -131,7 +133,7 @@ def values_finite_and_not_negative_zero(values):
     return True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def two_sum(a, b):
     """(a + b rounded, its exact rounding error): a + b == total + error exactly (finite sums)."""
     total = a + b
@@ -139,7 +141,7 @@ def two_sum(a, b):
     return total, (a - (total - back)) + (b - back)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def round_to_odd(total, error):
     """The float64 round-to-odd of total + error (total = RN(exact), error its exact remainder)."""
     if error == 0.0 or not math.isfinite(total):
