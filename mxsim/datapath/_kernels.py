@@ -70,7 +70,7 @@ ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE, ZERO_SIGN_IEEE_STE
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def floor_log2(value):
     """floor(log2|value|) of a nonzero finite float64, from its bits."""
     _, _, _, _, result = decompose(np.float64(value).view(np.uint64), 11, 52)
@@ -121,7 +121,7 @@ def add_round(x, y, params, rounding, subnormals, overflow, limbs, bounds):
     return result
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def note_overflow(special, value):
     """The running special value after an overflow to ``value``: an earlier NaN/Inf (an input,
     or a first overflow) absorbs it, as an infinite accumulator absorbs any finite sum."""
@@ -130,7 +130,7 @@ def note_overflow(special, value):
     return special
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def adder_register(total, width, saturate):
     """``total`` as a ``width``-bit signed adder register holds it: wrapped or saturated."""
     limit = np.int64(1) << (width - 1)
@@ -141,7 +141,7 @@ def adder_register(total, width, saturate):
     return ((total + limit) & ((limit << 1) - 1)) - limit
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def _bit_length(value):
     """Number of bits of a positive int64 (its leading one's index + 1)."""
     # float() may round up to the next power of two: correct with an integer comparison.
@@ -180,7 +180,7 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals, overflow):
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def truncate_significand(value, fraction_bits):
     """``value`` with its significand truncated toward zero to 1 + fraction_bits bits."""
     mantissa, exponent = math.frexp(value)
@@ -190,7 +190,7 @@ def truncate_significand(value, fraction_bits):
 
 # --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def grid_lsb_offset(acc, scale_exponent, cfg, acc_params):
     """How many places the accumulator's LSB lies above the grid's LSB (negative: below).
     The accumulator's exponent is its format's emin when subnormal, emin - 1 when zero (the
@@ -200,7 +200,7 @@ def grid_lsb_offset(acc, scale_exponent, cfg, acc_params):
     return (exponent - acc_params[P_MANTISSA_BITS]) - (scale_exponent - cfg.grid_fraction_bits)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def round_into_accumulator(limbs, bounds, acc_params, cfg):
     """The limbs' exact value rounded into the accumulator format (the unit's accumulator
     rounding, subnormals and overflow rule); the limbs are cleared."""
@@ -232,7 +232,7 @@ def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, b
     return round_into_accumulator(limbs, bounds, acc_params, cfg)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def tree_scale_exponent(start, a_scales, b_scales, cfg):
     """The scale exponent (Xa-127)+(Xb-127) of the block holding tree position ``start``
     (0 without scales; a NaN scale has made the tree's products NaN already)."""
@@ -285,7 +285,7 @@ def element(code, values, exponents, params, subnormals):
     return value, max(floor_log2(value), emin)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def products_fit_float64(a_params, b_params):
     """Whether every product of an A and a B value times 2^s (|s| <= 254, two E8M0 scale
     exponents) is exact in float64: at most 53 significant bits, its lowest bit at or above
@@ -296,7 +296,7 @@ def products_fit_float64(a_params, b_params):
     return bits <= 53 and lowest - 254 >= -1074 and highest + 254 < 1024
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def padded_length(n_elements, cfg):
     """K padded to a whole number of term-order periods: the padded positions are empty (no
     term, not even +0), as in a unit fed zero-padded operands."""
@@ -306,7 +306,7 @@ def padded_length(n_elements, cfg):
     return (n_elements + period - 1) // period * period
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def ordered_index(position, cfg, order):
     """The element k a tree position takes: k itself in k order, else its period's permutation."""
     period = cfg.term_order_length
@@ -583,7 +583,7 @@ def keep_in_window(scaled, below):
     return -jammed if scaled < 0 else jammed
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def adder_width_bits(cfg):
     """The adder register (``carry_bits`` set): a sign bit, the window's fraction bits and two
     integer bits, the carry bits, and the sticky bit."""
@@ -650,7 +650,7 @@ def add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count):
 
 # --- steps 5-6: normalise, round, accumulate ----------------------------------------------------
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def is_accumulator_value(tree_sum, cfg, acc_params):
     """Whether a nonzero tree sum of ``sum_significant_bits`` bits is a normal value of the
     accumulator format (then rounding into it is the identity)."""
@@ -697,7 +697,7 @@ def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_p
     return round_into_accumulator(limbs, bounds, acc_params, cfg)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def promote(outer, acc, special, fp32_params, limbs, bounds):
     """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE),
     which overflows into the running special. Returns (outer, special)."""

@@ -23,7 +23,7 @@ LIMB_BASE_EXPONENT = -2560
 LIMB_MASK = (1 << LIMB_BITS) - 1
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def limbs_clear(limbs, bounds):
     for i in range(max(bounds[0], 0), min(bounds[1] + 1, N_LIMBS)):
         limbs[i] = 0
@@ -74,7 +74,7 @@ def limbs_add_product(limbs, bounds, x, y, exponent_offset):
     limbs_add_integer(limbs, bounds, negative, high_x * high_y, lsb + 52)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def limbs_add_float(limbs, bounds, value):
     """Add a finite float64 exactly."""
     value_class, sign, significand, lsb_exponent, _ = decompose(np.float64(value).view(np.uint64), 11, 52)

@@ -79,13 +79,13 @@ W_ZERO_FLOOR = 20  # adder.zero_term_exponent (or far below every R): lanes whos
 N_WINDOW_CONFIG = 21
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def _exponent(value):
     """floor(log2|value|) of a nonzero normal float64 (from its bits); -1023 for zero."""
     return np.int64((np.float64(value).view(np.int64) >> 52) & 0x7FF) - 1023
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def _power_of_two_32(exponent):
     """2^exponent as a float32 (exponent in -126..127)."""
     return np.int32((exponent + 127) << 23).view(np.float32)
@@ -137,7 +137,7 @@ def round_bits(value, rule):
     return np.int64(((magnitude + bias) & (np.int64(-1) << shift)) | sign).view(np.float64)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def _round_in_range(value, rule, min_exponent, max_exponent):
     """(``value`` rounded by ``rule``, True) when the result is a normal value of the format
     (or 0); else (0.0, False): subnormals and overflow are the generic kernel's."""

@@ -50,7 +50,6 @@ import numba
 import numpy as np
 from numba import njit
 
-from .._compile import NO_REFCOUNTS
 
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
@@ -133,7 +132,7 @@ def values_finite_and_not_negative_zero(values):
     return True
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def two_sum(a, b):
     """(a + b rounded, its exact rounding error): a + b == total + error exactly (finite sums)."""
     total = a + b
@@ -141,7 +140,7 @@ def two_sum(a, b):
     return total, (a - (total - back)) + (b - back)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def round_to_odd(total, error):
     """The float64 round-to-odd of total + error (total = RN(exact), error its exact remainder)."""
     if error == 0.0 or not math.isfinite(total):

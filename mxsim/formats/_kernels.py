@@ -60,13 +60,13 @@ CLASS_INF = 2
 CLASS_NAN = 3
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def power_of_two(exponent):
     """2^exponent as a float64 built from its bits (exponent in -1022..1023; faster than ldexp)."""
     return np.uint64((exponent + 1023) << 52).view(np.float64)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def scale_by_power_of_two(value, exponent):
     """value * 2^exponent, exact when the result is a normal float64 (ldexp for the rest)."""
     if -1022 <= exponent <= 1023:
@@ -74,7 +74,7 @@ def scale_by_power_of_two(value, exponent):
     return math.ldexp(value, exponent)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, inline="always")
 def random32(seed, index):
     """32 uniform bits from (seed, index): SplitMix64 finaliser, counter-based."""
     z = np.uint64(seed) + np.uint64(index) * np.uint64(0x9E3779B97F4A7C15)
