@@ -137,6 +137,14 @@ def compile_seconds() -> float:
     return 0.0 if _watch is None else _watch.total_seconds
 
 
+#: Compile options of every kernel and stage that allocates nothing: no reference counting
+#: (Numba's ``_nrt``), which would otherwise increment and decrement, atomically, every array
+#: passed to every stage call. Stages are separate functions, not inlined in Numba's IR
+#: (``inline="always"``): LLVM still inlines them where it pays, and IR inlining recompiled each
+#: stage inside every caller, which multiplied compile times.
+NO_REFCOUNTS = {"_nrt": False}
+
+
 def generic_calls(dispatcher):
     """Decorator (above ``@njit``): calls from other kernels compile this function once for
     the plain argument types, not once more for every combination of constants

@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._compile import generic_calls
+from .._compile import NO_REFCOUNTS, generic_calls
 
 from ..formats._kernels import (
     OVERFLOW_INF_NAN,
@@ -68,10 +68,6 @@ SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  #
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
 ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE, ZERO_SIGN_IEEE_STEPS = 0, 1, 2, 3  # output.zero_sign
 EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
-# The datapath functions allocate nothing, so they are compiled without Numba's reference
-# counting (its ``_nrt`` option): Numba would otherwise increment and decrement, atomically,
-# every array passed into each inlined stage of every tree, which took half the kernel's time.
-NO_REFCOUNTS = {"_nrt": False}
 
 
 @njit(cache=True, inline="always")
@@ -248,7 +244,7 @@ def tree_scale_exponent(start, a_scales, b_scales, cfg):
 
 # --- step 6 (start): c enters -------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     """(accumulator, outer accumulator, running special) once c (finite) has entered: into the
     exact limbs (Kulisch), as the outer fp32 accumulator's first value (promotion), rounded
@@ -271,7 +267,7 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
 
 # --- steps 1-3: decode, multiply, order and trees -----------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def element(code, values, exponents, params, subnormals):
     """Step 1 for one field code: (value, alignment exponent) from the per-code tables, or
     for a format given empty tables, decoded from the code's bit fields (``params``); with
@@ -319,7 +315,7 @@ def ordered_index(position, cfg, order):
     return (position // period) * period + order[position % period]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def tree_count(n_elements, cfg):
     """Number of trees: K (padded to whole term-order periods) cut into runs of fused_terms,
     or with ``trees_in_blocks`` each block cut so (the last tree of a block may be short)."""
@@ -331,7 +327,7 @@ def tree_count(n_elements, cfg):
     return (padded_length(n_elements, cfg) + fused_terms - 1) // fused_terms
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def tree_bounds(tree, n_elements, cfg):
     """(start, stop) tree positions of tree number ``tree`` (see :func:`tree_count`)."""
     fused_terms = cfg.fused_terms
@@ -344,7 +340,7 @@ def tree_bounds(tree, n_elements, cfg):
     return start, min(start + fused_terms, padded_length(n_elements, cfg))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def uniform_trees(cfg):
     """Whether every tree may take :func:`uniform_tree_terms`: k order, one scale pair per
     tree, the exponent-sum reference, exact products that never overflow, one window."""
@@ -359,7 +355,7 @@ def uniform_trees(cfg):
     )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
                        a_values, a_exponents, b_values, b_exponents, a_params, b_params, cfg, terms, exponents):
     """Steps 1-3 for the elements start..stop of a :func:`uniform_trees` unit in one pass, no
@@ -408,7 +404,7 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
     return count, tree_scale, True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, a_params, b_params,
              cfg):
     """Steps 1-2 for element k: (product, exponent sum, deferred scale). The product is exact
@@ -559,7 +555,7 @@ def wide_tree_into_limbs(start, stop, n_elements, a_codes, b_codes, a_scales, b_
 
 # --- steps 4-5: align and add -------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def accumulator_exponent(acc, holds_c, cfg, acc_params):
     """The alignment exponent of a nonzero accumulator in the tree: floor(log2|acc|), or at
     least the accumulator format's emin (``accumulator_exponent: format_emin``), and while it
@@ -572,7 +568,7 @@ def accumulator_exponent(acc, holds_c, cfg, acc_params):
     return exponent
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def keep_in_window(scaled, below):
     """A term in units of the window's LSB (``scaled``, exact) as the adder keeps it, per
     ``below_window`` other than ``truncate`` (:func:`align_and_add`); with ``sticky`` in
@@ -594,7 +590,7 @@ def adder_width_bits(cfg):
     return 1 + (cfg.align_fraction_bits + 2) + cfg.carry_bits + (1 if cfg.below_window == BELOW_STICKY else 0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
     """Steps 4-5 (align, add) of a tree's ``count`` terms: (fits, total, lsb_exponent), the
     sum being total * 2^lsb_exponent (int64 total). The reference R is the largest exponent;
@@ -665,7 +661,7 @@ def is_accumulator_value(tree_sum, cfg, acc_params):
     )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
     """Steps 5-6 after the add: the tree sum rounded to ``sum_significant_bits`` (when set)
     with ``sum_rounding``, added exactly to the accumulator when that is outside the tree,
@@ -712,7 +708,7 @@ def promote(outer, acc, special, fp32_params, limbs, bounds):
     return outer, special
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds):
     """Step 6 after a tree: an accumulator overflow joins the running special, and every
     ``promotion_interval`` products the accumulator is promoted. Returns (acc, outer, special)."""
@@ -813,7 +809,7 @@ def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
                          cfg.accumulator_overflow)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def special_accumulator_dropped(carried, tree_special, count, lsb_exponent, cfg):
     """``special_accumulator_exponent`` e: whether the running NaN/±Inf ``carried`` into this
     tree (c, or an earlier tree's result) is dropped at the second alignment. It is when the
@@ -904,7 +900,7 @@ def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_expo
 
 # --- step 7: output -----------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def output_value(result, special, negative_zeros_only, zero_sign):
     """The dot product's value from the output-rounded ``result``: the running special wins
     (NaN as the canonical positive quiet NaN); a zero is +0 with ``zero_sign: positive``;
@@ -1107,6 +1103,6 @@ def matmul_groups(
             out[g, m, n] = _output_code(value, out_params)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _thread_limbs():
     return np.zeros(N_LIMBS, dtype=np.int64), np.array([N_LIMBS, -1], dtype=np.int64)

@@ -36,6 +36,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .._compile import NO_REFCOUNTS
+
 from ..formats._kernels import (
     ROUND_NEAREST_AWAY,
     ROUND_NEAREST_EVEN,
@@ -89,7 +91,7 @@ def _power_of_two_32(exponent):
     return np.int32((exponent + 127) << 23).view(np.float32)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def rounding_rule(precision, rounding):
     """How :func:`round_bits` rounds to ``precision`` (1..51) significant bits with
     ``rounding``: (bits cut off, bias added to a positive magnitude, to a negative one, 1 if
@@ -111,7 +113,7 @@ def rounding_rule(precision, rounding):
     return shift, positive, negative, np.int64(rounding == ROUND_NEAREST_EVEN)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def round_bits(value, rule):
     """``value`` (a nonzero normal float64, or +0) rounded as ``rule`` (:func:`rounding_rule`)
     says, exponent range unbounded. Exact when ``value`` is the exact value, and also when it
@@ -158,7 +160,7 @@ def start_accumulators(c_values, offset, acc, flags, cfg):
         flags[lane] |= not (ok and usable)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def tree_references(maxima, shifts, acc, references, factors, cfg):
     """Per lane: the tree's reference exponent R (block scale included) and the float32
     factor 2^(W + scale - R) that puts unscaled products in units of the window's LSB."""
@@ -175,7 +177,7 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
         factors[lane] = _power_of_two_32(min(max(window + shift - reference, -126), 127))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def finish_tree(totals, references, acc, flags, cfg):
     """Per lane: the tree's integer sum (in LSBs of 2^(R - W)), the accumulator when it
     joins the tree truncated to the window too, then the n-bit sum and the accumulation."""
@@ -226,7 +228,7 @@ def encode_outputs(acc, flags, out, cfg):
         out[lane] = code
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
     (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
@@ -267,7 +269,7 @@ def _unusable_rows(codes, scales, finite, scaled):
     return bad
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
     window factors, int32 group sums and int64 tree sums."""
@@ -275,7 +277,7 @@ def _lane_scratch(lanes):
             np.empty(lanes, dtype=np.float32), np.empty(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
     """maxima[lane] = max over k in [start, stop) of exponents[codes[k]] + tile_exponents[k, lane]
     (int8): one row of A against a tile of B's columns. Four k per pass over the lanes, so
@@ -296,7 +298,7 @@ def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
             maxima[lane] = max(maxima[lane], np.int8(e0 + b0[lane]))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def _row_group(codes, values, tile_values, factors, start, stop, partial):
     """partial[lane] = sum over k in [start, stop) of the truncated term
     int32(values[codes[k]] * tile_values[k, lane] * factors[lane]): one int32 group of one row

@@ -50,6 +50,7 @@ import numba
 import numpy as np
 from numba import njit
 
+
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts

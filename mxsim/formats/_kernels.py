@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._compile import generic_calls, watch_compiles
+from .._compile import NO_REFCOUNTS, generic_calls, watch_compiles
 
 watch_compiles()  # every kernel module imports this one: the compile notice starts here
 
@@ -84,7 +84,7 @@ def random32(seed, index):
     return np.int64(z >> np.uint64(32))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def decompose(bits, in_exponent_bits, in_mantissa_bits):
     """Split IEEE binary bits into (class, sign, significand, lsb_exponent, floor_log2).
 
@@ -114,7 +114,7 @@ def decompose(bits, in_exponent_bits, in_mantissa_bits):
     return CLASS_FINITE, sign, significand, lsb_exponent, lsb_exponent + in_mantissa_bits
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def nan_code(sign, params):
     """The canonical NaN code (quiet NaN for IEEE-like formats), keeping the sign."""
     bits = params[P_BITS]
@@ -130,7 +130,7 @@ def nan_code(sign, params):
     return magnitude
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def magnitude_to_code(sign, magnitude_index, params):
     """Assemble a code from a sign and a magnitude index."""
     bits = params[P_BITS]
@@ -146,7 +146,7 @@ def magnitude_to_code(sign, magnitude_index, params):
     return magnitude_index
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def overflow_code(sign, rounding, overflow, params):
     """Code for a result whose magnitude is above the largest finite value."""
     max_index = params[P_MAX_INDEX_NEGATIVE] if sign else params[P_MAX_INDEX]
@@ -164,7 +164,7 @@ def overflow_code(sign, rounding, overflow, params):
     return nan_code(sign, params)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def round_up(rounding, sign, odd, below_half, tie, inexact, fraction32, draw32):
     """Whether to step from the lower neighbour to the upper one (magnitudes)."""
     if not inexact:
@@ -237,7 +237,7 @@ def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding,
     return magnitude_to_code(sign, magnitude_index, params)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def encode_bits(bits, in_exponent_bits, in_mantissa_bits, exponent_offset, params, rounding, overflow, draw32):
     """Code of the IEEE-binary value ``bits`` times 2^exponent_offset (exact, one rounding)."""
     value_class, sign, significand, lsb_exponent, floor_log2 = decompose(bits, in_exponent_bits, in_mantissa_bits)
@@ -265,7 +265,7 @@ def encode_array(bits, in_exponent_bits, in_mantissa_bits, params, rounding, ove
         out[i] = encode_bits(bits[i], in_exponent_bits, in_mantissa_bits, 0, params, rounding, overflow, draw32)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def decode_code(code, params):
     """The float64 value of one code (exact: every format here fits in float64)."""
     bits = params[P_BITS]

@@ -7,6 +7,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .._compile import NO_REFCOUNTS
+
 from ..formats._kernels import ROUND_STOCHASTIC, decompose, encode_bits, encode_finite, random32
 
 RULE_FLOOR = 0
@@ -35,7 +37,7 @@ E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source, emax, top_fraction_bits, max_ratio_q52):
     """X = E - emax for a nonzero finite amax, E chosen by ``rule`` from amax's exact bits.
 
