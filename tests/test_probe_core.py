@@ -628,15 +628,14 @@ def test_a_window_cutting_c_alone_is_found_while_c_is_held_outside_the_trees(out
     since a window with c still outside reaches no c (before, the probe kept the grid and its
     config missed 2 / 1,500 round-trip vectors, and MMA-Sim's RTX Blackwell f8f6f4
     E2M1 x E4M3 -> f16 ended with c at the end, 29 / 2,562)."""
-    from mxsim.probe.inputs import Batch, Context
+    from mxsim.probe.inputs import Context
     from mxsim.probe.probes import PROBES
 
     unit = HwconfigUnit(HW / "b200-tcgen05.yaml", "fp6_e3m2", "fp4_e2m1", "fp16")
     ctx = Context("fp6_e3m2", "fp4_e2m1", 64, 32, "fp16")
     engine = _engine_holding(unit, ctx, outside)
     window = next(p for p in PROBES if p.name == "window")
-    rows = Batch.join([ctx.fit_c(window.inputs(ctx)), ctx.aside(lambda: ctx.fit_c(window.appended(ctx)))])
-    decision = engine.decide(window, rows, 0)
+    decision = engine.decide(window, window.inputs(ctx), 0)
     assert decision.mismatches == 0
     assert decision.value["adder.align_fraction_bits"] == 25 and decision.value["adder.below_window"] == "truncate"
     assert decision.value["adder.accumulator_in_tree"] is True and decision.value["accumulator.c_entry"] == "initial"
@@ -813,3 +812,26 @@ def test_a_key_alike_under_the_rounding_probed_only_is_named():
     # and the RTZ unit itself: 34 is right, 33 is not
     rtz = HwconfigUnit(HW / "mxdotp-rtz.yaml", "fp8_e4m3", "fp8_e4m3", "fp32")
     assert rtz.params.grid_fraction_bits == 34
+
+
+def test_each_probe_draws_its_rows_from_its_own_stream():
+    """A probe's rows (its last rows and, once the late probes run, its settled rows included)
+    are the same whichever probes drew before it, or none: adding, removing or reordering probes
+    moves no other probe's rows. Another seed draws other rows."""
+    from mxsim.probe.core import _Engine, _Search
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+    from mxsim.probe.units import CountingUnit
+
+    def rows(order, seed=0):
+        ctx = Context("fp8_e4m3", "fp8_e4m3", 11, 32, "fp16", seed=seed)
+        search = _Search(_Engine(CountingUnit(lambda *_: None, "fp16", 1), ctx, "probed"), ctx, seed, 64, 16, 2, 4)
+        search.late = True
+        return {p.name: search.inputs(p) for p in order}
+
+    watched = [p for p in PROBES if p.name in ("trees", "window")]  # settled rows, last rows
+    every = rows([PROBES[0], *watched])
+    alone = rows(watched[::-1])
+    for name in ("trees", "window"):
+        assert all(np.array_equal(getattr(every[name], f), getattr(alone[name], f)) for f in ("a", "b", "scale_a", "scale_b", "c"))
+    assert not np.array_equal(rows([PROBES[0]], seed=1)[PROBES[0].name].a, every[PROBES[0].name].a)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -324,3 +325,18 @@ def test_scaled_zeros_show_a_grids_last_place_as_the_sign_of_zero():
         passes = (scale_exponent - bits) - (-150) > params.grid_max_right_shift
         assert np.array_equal(outputs[bits], np.where(passes, 0x8000, 0))
     assert np.count_nonzero(outputs[18] != outputs[34]) >= 4
+
+
+def test_a_stream_is_the_same_in_every_process():
+    """A probe's stream hangs on its name through a digest, not on Python's ``hash`` (salted per
+    process): a process with another hash seed draws the same numbers; other names, others."""
+    import subprocess
+    import sys
+
+    from mxsim.probe.inputs import stream
+
+    code = "from mxsim.probe.inputs import stream; print(stream(3, 'trees', 'settled').integers(1 << 62, size=4))"
+    drawn = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                           env={**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": str(REPO)}).stdout
+    assert drawn == f"{stream(3, 'trees', 'settled').integers(1 << 62, size=4)}\n"
+    assert not np.array_equal(stream(3, "trees").integers(1 << 62, size=4), stream(3, "window").integers(1 << 62, size=4))

@@ -4,7 +4,7 @@ realistic vectors. Everything is built from the format table (no per-format code
 
 from __future__ import annotations
 
-import copy
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -62,6 +62,15 @@ def fp32_bits(values) -> np.ndarray:
     """float64 values rounded to fp32 (past its range: +-Inf), as bit patterns."""
     with np.errstate(over="ignore"):
         return np.asarray(values, dtype=np.float32).view(np.uint32)
+
+
+def stream(seed: int, *names: str) -> np.random.Generator:
+    """A random generator of its own for ``names`` (a probe's name, a part of the run) under a
+    run's ``seed``: numpy's SeedSequence over the seed and a BLAKE2b digest of each name, so
+    that it is the same in every process (Python's ``hash`` of a string is salted per
+    process) and no other stream's draws move it."""
+    digests = [int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") for name in names]
+    return np.random.default_rng(np.random.SeedSequence([seed, *digests]))
 
 
 def random_fields(rng, bits: int, size) -> np.ndarray:
@@ -184,8 +193,8 @@ class Context:
         self.window: int | None = None  # the alignment window held when a family is drawn (groups)
         #: Whether :meth:`span` keeps to the exponents the output shows (:meth:`output_span`).
         self.in_output_range = False
-        self.seed = seed  # (zero_chains draws from a generator of its own)
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)  # the operands' codes and the pool; then draw_from
         self.A = _Operand(get_format(a_format), self.rng)
         self.B = _Operand(get_format(b_format), self.rng)
         pairs = 1 << 15
@@ -677,13 +686,11 @@ class Context:
         less, scales making up what the elements cannot reach) in the first half, which a
         step rounds to -0; the fourth cancels a * 1 with -a * 1 (a of 2^-60..2^60, which a
         step holds exactly) in the first two positions (+0). Every other product is -0 and c is +-0: an accumulator that signs each
-        step's zero (``zero_sign: ieee_steps``) keeps the -0, the whole sum's rule gives +0.
-        Drawn from a generator of its own, so every other family's rows stay as they were."""
-        rng = np.random.default_rng([self.seed, 0x2E50])
+        step's zero (``zero_sign: ieee_steps``) keeps the -0, the whole sum's rule gives +0."""
         batch = self.empty(n)
         batch.b[:] = self.B.one  # -0 * 1 (or +0 * -0 where only B has a -0)
         self._negative_zero_products(batch, slice(None), slice(None))
-        batch.c[:] = self.c_bits(np.where(rng.random(n) < 0.5, -0.0, 0.0))
+        batch.c[:] = self.c_bits(np.where(self.rng.random(n) < 0.5, -0.0, 0.0))
         tiny_a, a_exponent = self._smallest_code(self.A)
         below = min(FP32, self.c_carrier, self.out_fmt, key=lambda fmt: fmt.min_subnormal)
         target = int(np.log2(below.min_subnormal)) - 2
@@ -691,13 +698,13 @@ class Context:
         moderate = self.A.codes[np.abs(np.log2(np.abs(self.A.values))) <= 60]
         moderate = moderate if moderate.size else self.A.codes[[np.argmin(np.abs(self.A.values))]]
         for row in range(n):
-            position = 0 if row % 2 else int(rng.integers(max(1, self.k // 2)))
+            position = 0 if row % 2 else int(self.rng.integers(max(1, self.k // 2)))
             if row % 4 == 3:  # exact cancellation to +0 in the first two steps: a * 1 and -a * 1
-                a = int(rng.choice(moderate))
+                a = int(self.rng.choice(moderate))
                 batch.a[row, :2] = [a, self.A.negated(a)][:self.k]
                 batch.b[row, :2] = self.B.one
                 continue
-            b, b_exponent = self._smallest_code(self.B, largest=-3, rng=rng)
+            b, b_exponent = self._smallest_code(self.B, largest=-3, rng=self.rng)
             batch.a[row, position] = self.A.negated(tiny_a)
             batch.b[row, position] = b
             shortfall = target - (a_exponent + b_exponent)
@@ -997,9 +1004,6 @@ class Context:
         return batch
 
     def flushed_results(self, n: int) -> Batch:
-        return self.aside(self._flushed_results, n)
-
-    def _flushed_results(self, n: int) -> Batch:
         """c just inside fp32's normal range and 1-2 terms of the other sign a little smaller:
         results at and below the smallest normal, negative in half the rows (a flushed or
         rounded-away result keeps or loses its sign), or subnormal c alone."""
@@ -1016,21 +1020,13 @@ class Context:
                 self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative)
         return batch
 
-    def aside(self, draw, *args):
-        """``draw(*args)`` (a family, or a probe's whole draw) on a copy of the generator, leaving
-        the shared stream where it was: families and probes added later do not change the rows
-        every later probe draws."""
-        shared = self.rng
-        self.rng = np.random.Generator(copy.deepcopy(shared.bit_generator))
-        try:
-            return draw(*args)
-        finally:
-            self.rng = shared
+    def draw_from(self, *names: str) -> "Context":
+        """Draw the families from here on from the stream of ``names`` under the context's seed
+        (:func:`stream`): what one caller draws moves no other's rows."""
+        self.rng = stream(self.seed, *names)
+        return self
 
     def subnormal_products(self, n: int) -> Batch:
-        return self.aside(self._subnormal_products, n)
-
-    def _subnormal_products(self, n: int) -> Batch:
         """A subnormal element of A or B times a large one of the other (a product well inside
         the normal range when the subnormal is read as itself), c zero or of the product's
         size: subnormal elements read as themselves or as zero, whatever the products become."""
