@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,9 @@ class ProbeResult:
     passes: int
     stopped: str | None = None      # why the run ended before its last step (None: it ran them all)
     rounding_only: list = field(default_factory=list)  # keys decided only under the rounding probed
+    #: How many of the unit's answers in this run (every probe's rows and every validation's)
+    #: a config mapping of the same path misses (all of them for a mapping no unit can have).
+    misses: Callable[[dict], int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def exact(self) -> bool:
@@ -613,8 +617,15 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     text = emit_yaml(config, decisions.values(), validation, counting.queries, stopped, rounding_only)
     parse_hwconfig(yaml.safe_load(text), "<probed config>")  # what is written loads
     engine.say(f"done: {validation.mismatches} mismatches in {validation.vectors} validation vectors")
+    batch, answers = engine.answered()
+
+    def misses(other: dict) -> int:
+        hyp = {path: held_value(other, path) for path in engine.hyp}
+        if engine.params(hyp) is None:
+            return len(batch)
+        return int(np.count_nonzero(engine.misses(hyp, batch, answers)))
     return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
-                       time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only)
+                       time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only, misses)
 
 
 class _Search:
