@@ -65,7 +65,7 @@ def test_zero_rows_take_negative_zero_from_b_where_a_has_none(name, a_format, b_
     tells IEEE's rule (all products and c -0 give -0) from a +0 for every exact zero."""
     params = any_pair(name).params(a_format, b_format, "fp16")  # mi300 takes no FP8 x tf32 pair
     ctx = Context(a_format, b_format, 64, params.block_size, "fp16", seed=3, c_format=params.c_format)
-    batch = ctx.fit_c(Batch.join([ctx.zero_results(32), ctx.zero_chains(32), ctx.corners(64)]))
+    batch = ctx.fit_c(Batch.join([ctx.zero_results(32), ctx.zero_chains(32), ctx.corners(128)]))
     products = get_format(a_format).decode(batch.a) * get_format(b_format).decode(batch.b)
     assert not np.isnan(products[0:32:4]).any() and not np.isnan(products[32:64]).any()  # signed-zero rows, chains
     assert np.count_nonzero((products == 0) & np.signbit(products)) >= 1024
