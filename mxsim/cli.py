@@ -528,17 +528,81 @@ def _check_probe_outputs(args) -> None:
         paths[flag] = real
 
 
+#: A --mode name: it names the view's file, so letters, digits, '_' and '-' only.
+MODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+
+
+def _probe_modes(args) -> int:
+    """--mode NAME=CMD (repeated): one box per rounding mode, each a --command; the base config
+    is written to --out and each mode's view beside it as STEM-NAME.yaml, extending the base
+    (mxsim.probe.modes). Exit 0 when every mode's probe is exact, else 1 (all files written)."""
+    from .probe import SubprocessUnit
+    from .probe.modes import probe_modes
+
+    modes: dict = {}
+    for item in args.mode:
+        name, sep, command = item.partition("=")
+        if not sep or not MODE_NAME.fullmatch(name) or not command.strip():
+            raise ArgumentError(f"--mode {shown(item)}: expected NAME=COMMAND, NAME of letters, digits, '_' and '-' "
+                                "(at most 32, first a letter or digit) and a command")
+        if name in modes:
+            raise ArgumentError(f"--mode {shown(name)}: given twice")
+        modes[name] = command
+    if len(modes) < 2:
+        raise ArgumentError("--mode: give at least two modes (one box per rounding mode); for one box use --command")
+    out = Path(args.out)
+    views = {name: out.with_name(f"{out.stem}-{name}{out.suffix or '.yaml'}") for name in modes}
+    taken = {os.path.realpath(path) for path in (args.out, args.report) if path is not None}
+    for name, path in views.items():
+        if os.path.realpath(path) in taken or path.is_dir():
+            raise ArgumentError(f"--mode {name}: its view {shown(str(path))} would overwrite --out, --report or a directory")
+    units = {}
+    try:
+        for name, command in modes.items():
+            try:
+                units[name] = SubprocessUnit(command, args.a_format, args.b_format, args.out_format or "fp32",
+                                             timeout=args.timeout, c_format=args.c_format or "fp32")
+            except ArgumentError as error:
+                raise ArgumentError(f"--mode {name}: {str(error).removeprefix('--command: ')}") from None
+        result = probe_modes(units, args.a_format, args.b_format, args.k,
+                             block_size=32 if args.block_size is None else args.block_size,
+                             out_format=args.out_format or "fp32", c_format=args.c_format or "fp32", seed=args.seed,
+                             validation_vectors=args.validation, corner_vectors=args.corners, budget=args.budget,
+                             name=args.name, seconds=args.seconds,
+                             progress=None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        for unit in units.values():
+            unit.close()
+    write_atomic(out, result.results[result.base].yaml)
+    for name, path in views.items():
+        write_atomic(path, result.view_yaml(name, out.name, f"{args.name}-{name}"))
+    if args.report:
+        _write_json_atomically(args.report, result.report())
+    if args.json:
+        print(json_text(result.report(), indent=2))
+    else:
+        print(f"base: mode {result.base}; config: {args.out}")
+        for name, path in views.items():
+            check = result.results[name].validation
+            held = ", ".join(f"{key}={value}" for key, value in result.views[name].items()) or "the base as it is"
+            print(f"mode {name}: {held}; its probe {check.mismatches} mismatches in {check.vectors} vectors, "
+                  f"{result.results[name].queries} dot products; view: {path}")
+    return 0 if result.exact else 1
+
+
 def cmd_probe(args) -> int:
     from .probe import HwconfigUnit, SubprocessUnit, load_callable, probe
     from .probe.units import python_path_hint
 
-    sources = [name for name, value in (("--unit", args.unit), ("--hw", args.hw), ("--command", args.command_line))
-               if value is not None]
+    sources = [name for name, value in (("--unit", args.unit), ("--hw", args.hw), ("--command", args.command_line),
+                                        ("--mode", args.mode)) if value is not None]
     if len(sources) != 1:
-        raise ArgumentError(f"probe: give exactly one of --unit, --hw, --command (got {', '.join(sources) or 'none'})")
+        raise ArgumentError(f"probe: give exactly one of --unit, --hw, --command, --mode (got {', '.join(sources) or 'none'})")
     if not 0 < args.timeout <= 3600:
         raise ArgumentError(f"probe: --timeout must be in (0, 3600] seconds, got {args.timeout}")
     _check_probe_outputs(args)
+    if args.mode is not None:
+        return _probe_modes(args)
     block_size = args.block_size
     closing = None
     out_format, c_format = args.out_format, args.c_format
@@ -795,6 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--c-format", choices=["fp32", "fp16", "bf16", "fp64"],
                        help="the values of c the unit takes (sent as fp32 bits, fp64 as fp64 bits; "
                             "default: --hw's inputs.c_format, else fp32)")
+    probe.add_argument("--mode", action="append", metavar="NAME=CMD",
+                       help="one box per rounding mode, as --command (repeat, at least two): the base config is "
+                            "written to --out, each mode's view beside it as STEM-NAME.yaml")
     probe.add_argument("--out", required=True, help="the hwconfig YAML to write")
     probe.add_argument("--report", metavar="JSON", help="also write the evidence report as JSON")
     probe.add_argument("--seed", type=int, default=0)

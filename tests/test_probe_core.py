@@ -628,15 +628,14 @@ def test_a_window_cutting_c_alone_is_found_while_c_is_held_outside_the_trees(out
     since a window with c still outside reaches no c (before, the probe kept the grid and its
     config missed 2 / 1,500 round-trip vectors, and MMA-Sim's RTX Blackwell f8f6f4
     E2M1 x E4M3 -> f16 ended with c at the end, 29 / 2,562)."""
-    from mxsim.probe.inputs import Batch, Context
+    from mxsim.probe.inputs import Context
     from mxsim.probe.probes import PROBES
 
     unit = HwconfigUnit(HW / "b200-tcgen05.yaml", "fp6_e3m2", "fp4_e2m1", "fp16")
     ctx = Context("fp6_e3m2", "fp4_e2m1", 64, 32, "fp16")
     engine = _engine_holding(unit, ctx, outside)
     window = next(p for p in PROBES if p.name == "window")
-    rows = Batch.join([ctx.fit_c(window.inputs(ctx)), ctx.aside(lambda: ctx.fit_c(window.appended(ctx)))])
-    decision = engine.decide(window, rows, 0)
+    decision = engine.decide(window, window.inputs(ctx), 0)
     assert decision.mismatches == 0
     assert decision.value["adder.align_fraction_bits"] == 25 and decision.value["adder.below_window"] == "truncate"
     assert decision.value["adder.accumulator_in_tree"] is True and decision.value["accumulator.c_entry"] == "initial"
@@ -686,7 +685,7 @@ def test_an_accumulator_rounding_a_bf16_output_hides_is_kept():
     value held is listed first and stays."""
     from mxsim.datapath.schema import SCHEMA, param_field
     from mxsim.probe.core import _Engine
-    from mxsim.probe.inputs import Context
+    from mxsim.probe.inputs import Batch, Context
     from mxsim.probe.probes import PROBES
     from mxsim.probe.units import CountingUnit
 
@@ -697,7 +696,9 @@ def test_an_accumulator_rounding_a_bf16_output_hides_is_kept():
         section, key = path.split(".")
         engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
     accumulator = next(p for p in PROBES if p.name == "accumulator")
-    decision = engine.decide(accumulator, ctx.fit_c(accumulator.inputs(ctx)), 0)
+    # its mixed rows alone: its last rows (output and cancelled ties) tell nearest-even apart
+    rows = ctx.fit_c(Batch.join([ctx.ties(256), ctx.realistic(64), ctx.uniform(64)]))
+    decision = engine.decide(accumulator, rows, 0)
     assert {"accumulator.format": "fp32", "accumulator.rounding": "nearest_even"} in decision.equivalent
     assert decision.mismatches == 0
     assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero"}
@@ -832,3 +833,25 @@ def test_scalar_comparison_agrees_with_the_array_comparison(out_format):
     expected = ~_differs(predicted, answers, out_format)
     assert [_same(p, a, out_format) for p, a in pairs] == expected.tolist()
     assert expected.sum() > len(specials)  # NaN pairs with different payloads count as the same
+
+def test_each_probe_draws_its_rows_from_its_own_stream():
+    """A probe's rows (its last rows and, once the late probes run, its settled rows included)
+    are the same whichever probes drew before it, or none: adding, removing or reordering probes
+    moves no other probe's rows. Another seed draws other rows."""
+    from mxsim.probe.core import _Engine, _Search
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+    from mxsim.probe.units import CountingUnit
+
+    def rows(order, seed=0):
+        ctx = Context("fp8_e4m3", "fp8_e4m3", 11, 32, "fp16", seed=seed)
+        search = _Search(_Engine(CountingUnit(lambda *_: None, "fp16", 1), ctx, "probed"), ctx, seed, 64, 16, 2, 4)
+        search.late = True
+        return {p.name: search.inputs(p) for p in order}
+
+    watched = [p for p in PROBES if p.name in ("trees", "window")]  # settled rows, last rows
+    every = rows([PROBES[0], *watched])
+    alone = rows(watched[::-1])
+    for name in ("trees", "window"):
+        assert all(np.array_equal(getattr(every[name], f), getattr(alone[name], f)) for f in ("a", "b", "scale_a", "scale_b", "c"))
+    assert not np.array_equal(rows([PROBES[0]], seed=1)[PROBES[0].name].a, every[PROBES[0].name].a)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -64,7 +65,7 @@ def test_zero_rows_take_negative_zero_from_b_where_a_has_none(name, a_format, b_
     tells IEEE's rule (all products and c -0 give -0) from a +0 for every exact zero."""
     params = any_pair(name).params(a_format, b_format, "fp16")  # mi300 takes no FP8 x tf32 pair
     ctx = Context(a_format, b_format, 64, params.block_size, "fp16", seed=3, c_format=params.c_format)
-    batch = ctx.fit_c(Batch.join([ctx.zero_results(32), ctx.zero_chains(32), ctx.corners(64)]))
+    batch = ctx.fit_c(Batch.join([ctx.zero_results(32), ctx.zero_chains(32), ctx.corners(128)]))
     products = get_format(a_format).decode(batch.a) * get_format(b_format).decode(batch.b)
     assert not np.isnan(products[0:32:4]).any() and not np.isnan(products[32:64]).any()  # signed-zero rows, chains
     assert np.count_nonzero((products == 0) & np.signbit(products)) >= 1024
@@ -324,3 +325,18 @@ def test_scaled_zeros_show_a_grids_last_place_as_the_sign_of_zero():
         passes = (scale_exponent - bits) - (-150) > params.grid_max_right_shift
         assert np.array_equal(outputs[bits], np.where(passes, 0x8000, 0))
     assert np.count_nonzero(outputs[18] != outputs[34]) >= 4
+
+
+def test_a_stream_is_the_same_in_every_process():
+    """A probe's stream hangs on its name through a digest, not on Python's ``hash`` (salted per
+    process): a process with another hash seed draws the same numbers; other names, others."""
+    import subprocess
+    import sys
+
+    from mxsim.probe.inputs import stream
+
+    code = "from mxsim.probe.inputs import stream; print(stream(3, 'trees', 'settled').integers(1 << 62, size=4))"
+    drawn = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                           env={**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": str(REPO)}).stdout
+    assert drawn == f"{stream(3, 'trees', 'settled').integers(1 << 62, size=4)}\n"
+    assert not np.array_equal(stream(3, "trees").integers(1 << 62, size=4), stream(3, "window").integers(1 << 62, size=4))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +89,9 @@ class ProbeResult:
     passes: int
     stopped: str | None = None      # why the run ended before its last step (None: it ran them all)
     rounding_only: list = field(default_factory=list)  # keys decided only under the rounding probed
+    #: How many of the unit's answers in this run (every probe's rows and every validation's)
+    #: a config mapping of the same path misses (all of them for a mapping no unit can have).
+    misses: Callable[[dict], int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def exact(self) -> bool:
@@ -417,7 +421,7 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
                   c_format=engine.ctx.c_format)
     batch = Batch.join([ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)])
     # half the corners that cancel exactly are zero chains instead (a zero an early step leaves,
-    # then -0 products), from a generator of their own: the other rows stay as they were
+    # then -0 products), drawn after the others
     chains = np.arange(random + 15, len(batch), 16)
     batch = ctx.fit_c(batch.put(chains, ctx.zero_chains(len(chains))))
     answers = engine.ask(batch)
@@ -620,8 +624,15 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     text = emit_yaml(config, decisions.values(), validation, counting.queries, stopped, rounding_only)
     parse_hwconfig(yaml.safe_load(text), "<probed config>")  # what is written loads
     engine.say(f"done: {validation.mismatches} mismatches in {validation.vectors} validation vectors")
+    batch, answers = engine.answered()
+
+    def misses(other: dict) -> int:
+        hyp = {path: held_value(other, path) for path in engine.hyp}
+        if engine.params(hyp) is None:
+            return len(batch)
+        return int(np.count_nonzero(engine.misses(hyp, batch, answers)))
     return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
-                       time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only)
+                       time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only, misses)
 
 
 class _Search:
@@ -650,30 +661,23 @@ class _Search:
     # -- the probes' inputs
 
     def inputs(self, p: Probe) -> Batch:
-        """The probe's inputs, written in the scale format held (drawn once per format), shuffled
-        so that each chunk mixes the probe's families; its settled rows after them once the late
-        probes run."""
+        """The probe's rows, drawn from its own stream (Context.draw_from: adding, removing or
+        reordering probes moves no other probe's rows) once per scale format held (scale codes
+        are written in it), with its settled rows after them once the late probes run."""
         engine, ctx = self.engine, self.ctx
         fmt, in_range = engine.hyp["inputs.scale_format"], self.in_output_range
+        drawn = self.contexts.setdefault((fmt, in_range), Context(
+            ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=self.seed, scale_format=fmt,
+            c_format=ctx.c_format))
         if (p.name, fmt, in_range) not in self.batches:
-            drawn = self.contexts.setdefault((fmt, in_range), Context(
-                ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=self.seed, scale_format=fmt,
-                c_format=ctx.c_format))
             drawn.window = engine.hyp["adder.align_fraction_bits"]
             drawn.in_output_range = in_range
-
-            def draw() -> Batch:
-                batch = drawn.fit_c(p.inputs(drawn))
-                return batch.take(drawn.rng.permutation(len(batch)))
-            batch = drawn.aside(draw) if p.aside else draw()
-            if p.appended is not None:
-                batch = Batch.join([batch, _aside_rows(drawn, p.appended)])
-            self.batches[p.name, fmt, in_range] = batch
+            self.batches[p.name, fmt, in_range] = p.inputs(drawn.draw_from(p.name))
         batch = self.batches[p.name, fmt, in_range]
         if self.late and p.settled is not None:
             if (p.name, fmt, in_range, "settled") not in self.batches:
                 self.batches[p.name, fmt, in_range, "settled"] = Batch.join(
-                    [batch, _aside_rows(self.contexts[fmt, in_range], p.settled)])
+                    [batch, p.settled(drawn.draw_from(p.name, "settled"))])
             batch = self.batches[p.name, fmt, in_range, "settled"]
         return batch
 
@@ -834,11 +838,6 @@ def _with_before_trees(start: Probe) -> tuple[Probe, ...]:
     """The probes with a coarse start put before the trees probe."""
     trees = next(i for i, p in enumerate(PROBES) if p.name == "trees")
     return (*PROBES[:trees], start, *PROBES[trees:])
-
-
-def _aside_rows(drawn: Context, draw) -> Batch:
-    """``draw``'s rows, c fitted, on a copy of ``drawn``'s generator (the shared stream stays)."""
-    return drawn.aside(lambda: drawn.fit_c(draw(drawn)))
 
 
 class _FlowList(list):

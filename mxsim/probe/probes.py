@@ -26,6 +26,8 @@ class Probe:
     name: str
     keys: tuple[str, ...]
     candidates: Callable[[Context, dict], Candidates]
+    #: The probe's rows in the order the engine predicts them (it asks chunk by chunk, the
+    #: first chunks the most candidates), drawn from the probe's own stream (Context.draw_from).
     inputs: Callable[[Context], Batch]
     what: str  # one line for the report and docs/probe.md
     #: A late probe runs only once the others have settled (passes until no decision changes):
@@ -37,15 +39,8 @@ class Probe:
     #: whose other keys are still off better than it does itself (a unit without them would be
     #: led astray).
     strict: bool = False
-    #: An aside probe draws (and shuffles) its inputs on a copy of the generator: a probe added
-    #: to the list leaves the rows of every probe after it as they were.
-    aside: bool = False
-    #: Rows drawn on a copy of the generator and put after the shuffled ones: rows added to a
-    #: probe this way leave every other row of every probe as it was.
-    appended: Callable[[Context], Batch] | None = None
-    #: Rows put after those once the late probes run (drawn then, on a copy of the generator):
-    #: rows that tell a key apart only under a settled hypothesis, and under an early one would
-    #: lead a search astray.
+    #: Rows joined after the others once the late probes run: rows that tell a key apart only
+    #: under a settled hypothesis, and under an early one would lead a search astray.
     settled: Callable[[Context], Batch] | None = None
 
 
@@ -478,19 +473,15 @@ def _grid_shift(key: str) -> Callable[[Context, dict], Candidates]:
 
 
 def _c_format_inputs(ctx: Context) -> Batch:
-    """The c format probe's rows, none where it has nothing to decide: drawing none leaves the
-    random stream, so every other probe's rows, as it was for units taking fp32 c."""
+    """The c format probe's rows, none where it has nothing to decide."""
     if not _wider_c_formats(ctx):
         return ctx.empty(0)
     return _families(c_format_edge=128, accumulator_entry=32)(ctx)
 
 
 def _zero_sign_inputs(ctx: Context) -> Batch:
-    """Zero results and corners, every third zero-result row a zero chain instead (drawn from a
-    generator of its own): the batch keeps its size and the random stream, so every other
-    probe's rows stay as they were."""
-    batch = _families(zero_results=96, corners=32)(ctx)
-    return batch.put(slice(0, 96, 3), ctx.zero_chains(32))
+    """Zero results, zero chains and corners, shuffled together."""
+    return _families(zero_results=64, zero_chains=32, corners=32)(ctx)
 
 # -- AMD matrix-core keys (pairwise rounded adds, product overflow, input zero sign, parity
 # windows, the second alignment): each its own probe below.
@@ -579,16 +570,25 @@ def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _families(**counts: int) -> Callable[[Context], Batch]:
+    """The families' rows shuffled together, so that each chunk the engine predicts mixes them."""
     def draw(ctx: Context) -> Batch:
-        return Batch.join(getattr(ctx, family)(count) for family, count in counts.items())
+        batch = ctx.fit_c(Batch.join(getattr(ctx, family)(count) for family, count in counts.items()))
+        return batch.take(ctx.rng.permutation(len(batch)))
     return draw
 
 
-def _families_apart(**counts: int) -> Callable[[Context], Batch]:
-    """As :func:`_families`, each family drawn on its own copy of the generator: a family added
-    later leaves the rows of those before it as they were."""
+def _in_turn(**counts: int) -> Callable[[Context], Batch]:
+    """The families' rows one family after another."""
     def draw(ctx: Context) -> Batch:
-        return Batch.join(ctx.aside(getattr(ctx, family), count) for family, count in counts.items())
+        return Batch.join(ctx.fit_c(getattr(ctx, family)(count)) for family, count in counts.items())
+    return draw
+
+
+def _then(first: Callable[[Context], Batch], **last: int) -> Callable[[Context], Batch]:
+    """``first``'s rows, then each family of ``last`` in turn: rows the engine reaches only while
+    the earlier ones leave candidates apart."""
+    def draw(ctx: Context) -> Batch:
+        return Batch.join([first(ctx), _in_turn(**last)(ctx)])
     return draw
 
 
@@ -605,44 +605,40 @@ PROBES: tuple[Probe, ...] = (
           "whether scales matter, and whether they enter the products, the tree sums or the group sums"),
     Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
           "subnormal elements read as themselves or as zero"),
-    # Once the late probes run, on its own copy of the generator (rows only under an output
-    # narrower than fp32): a tiny c off an output value or tie, which shows c's tree where
-    # nothing else does; in early passes these rows moved h100 E4M3 x E5M2 -> fp16's first
-    # search off the unit (2,404 -> 12,667 queries).
+    # Once the late probes run (rows only under an output narrower than fp32): a tiny c off an
+    # output value or tie, which shows c's tree where nothing else does; in early passes these
+    # rows moved h100 E4M3 x E5M2 -> fp16's first search off the unit (2,404 -> 12,667 queries).
     Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
           _families(trees=384, accumulator_entry=64, realistic=32),
           "how many products share a tree and which positions enter together",
-          settled=_families_apart(spread_ties=128)),
-    # Appended on its own copy of the generator (rows only under an output narrower than fp32):
-    # products on an output tie and a tiny c, which alone passes the window where the products
-    # span too few binades (b200-tcgen05 E2M3 x E2M3 -> fp16).
+          settled=_in_turn(spread_ties=128)),
+    # Last (rows only under an output narrower than fp32): products on an output tie and a tiny
+    # c, which alone passes the window where the products span too few binades (b200-tcgen05
+    # E2M3 x E2M3 -> fp16).
     Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
-          _families(cancellation=256, ties=128, trees=64),
-          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down",
-          appended=_families_apart(window_ties=64)),
+          _then(_families(cancellation=256, ties=128, trees=64), window_ties=64),
+          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
     Probe("parity windows", ("adder.parity_windows", "adder.below_window"), _parity_windows,
           _families(cancellation=192, ties=64, realistic=64),
           "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True,
           strict=True),
     Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
           "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
-    # Appended, each on its own copy of the generator: its output ties (under an fp16 output an
+    # Last, in turn: its output ties (under an fp16 output an
     # exact accumulator and an fp32 one rounding toward -inf give the same bits on every other
     # row: kulisch INT8 x E2M1) and, where the output is narrower than fp32 (which rounds fp32
     # ties away), ties whose rounding a later product's cancellation carries into the output,
     # and c rounded with a large first tree that a later one cancels.
     Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
           _accumulator_and_overflow,
-          _families(ties=256, realistic=64, uniform=64),
-          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
-          appended=_families_apart(output_ties=64, cancelled_ties=64, cancelled_c=64)),
+          _then(_families(ties=256, realistic=64, uniform=64), output_ties=64, cancelled_ties=64, cancelled_c=64),
+          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
     Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
           _families(ties=128, corners=128, uniform=64, flushed_results=64),
           "output rounding and subnormal flushing of the accumulator and the output"),
     Probe("input zero sign", ("inputs.zero_sign", "output.zero_sign"), _zero_signs,
           _families(flushed_results=128, zero_results=64, corners=32),
           "zero and flushed inputs read with their sign or as +0, with the sign of a zero result"),
-    # After the groups probe, so that its rows (drawn from the shared stream) stay as they were.
     Probe("subnormal products", ("inputs.subnormals",), _input_subnormals, _families(subnormal_products=64),
           "a subnormal element times a large one: read as itself (a normal product) or as zero"),
     Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
@@ -662,42 +658,38 @@ PROBES: tuple[Probe, ...] = (
     Probe("zero terms", ("adder.zero_term_exponent", "adder.sum_significant_bits"), _zero_term_exponent,
           _families(tiny_terms=256, zero_results=32, zero_anchor=128),
           "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
-    # Its sums cancelled by c come last (appended): bf16 and fp16 outputs show a rounded tree
+    # Its sums cancelled by c come last: bf16 and fp16 outputs show a rounded tree
     # sum on few other rows (h100-fp8-promoted E5M2 x E4M3 -> bf16: none of the others).
     Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
-          _families(ties=192, cancellation=128, uniform=64),
-          "rounding of the tree sum before the accumulator", appended=_families(sum_cancel=64)),
+          _then(_families(ties=192, cancellation=128, uniform=64), sum_cancel=64),
+          "rounding of the tree sum before the accumulator"),
     Probe("adder width", ("adder.carry_bits", "adder.adder_overflow"), _carry, _families(corners=128, realistic=64),
           "carry bits of the tree adder and what happens past them"),
-    # Appended on its own copy of the generator (rows only under an output narrower than fp32):
-    # c rounded with a large first tree that a later one cancels.
+    # Last (rows only under an output narrower than fp32): c rounded with a large first tree
+    # that a later one cancels.
     Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
-          _families(accumulator_entry=256, ties=64, trees=64),
-          "where c enters: in the first tree, added exactly after it, or at the end with its own rounding",
-          appended=_families_apart(cancelled_c=64)),
+          _then(_families(accumulator_entry=256, ties=64, trees=64), cancelled_c=64),
+          "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
     Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
-          _second_alignment, _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
-          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True,
-          appended=_families(cancelled_ties=64)),
+          _second_alignment, _then(_families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64), cancelled_ties=64),
+          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
     Probe("special accumulator", ("adder.special_accumulator_exponent", "adder.second_alignment_bits", "adder.far_accumulator"),
           _special_accumulator,
           _families(special_accumulator=128),
-          "a NaN or Inf c or running sum, dropped by a second alignment from a tree of large products on", late=True,
-          aside=True),
+          "a NaN or Inf c or running sum, dropped by a second alignment from a tree of large products on", late=True),
     # After the fused keys: pairwise rounded adds are weighed against the best fused datapath
     # found, not against exact trees that a window or a second alignment would still refine.
     Probe("structure", ("adder.structure", "adder.fused_terms"), _structure,
           _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
           "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True,
           strict=True),
-    # Appended on its own copy of the generator: zero products under scales that put the
+    # Last: zero products under scales that put the
     # grid's last place anywhere.
     Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
                    "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
                    "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
-          _families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64),
-          "a fixed-point grid summing each tree's exact products, and its fraction bits",
-          appended=_families_apart(scaled_zeros=64)),
+          _then(_families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64), scaled_zeros=64),
+          "a fixed-point grid summing each tree's exact products, and its fraction bits"),
     Probe("grid reach", ("grid.accumulator_max_left_shift",), _grid_shift("accumulator_max_left_shift"), _families(grid=256),
           "how far above the grid an accumulator passes through unchanged"),
     Probe("grid zero sum", ("grid.accumulator_max_right_shift",), _grid_shift("accumulator_max_right_shift"), _families(grid=256),
