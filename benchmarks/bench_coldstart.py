@@ -27,11 +27,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 README_REPLAY = [
-    "replay", "traces/digits-cnn", "--hw", "hwconfigs/ocp-exact.yaml", "--hw", "hwconfigs/h100-fp8.yaml",
-    "--hw", "hwconfigs/mxdotp.yaml", "--end-to-end",
+    "replay",
+    "traces/digits-cnn",
+    "--hw",
+    "hwconfigs/ocp-exact.yaml",
+    "--hw",
+    "hwconfigs/h100-fp8.yaml",
+    "--hw",
+    "hwconfigs/mxdotp.yaml",
+    "--end-to-end",
 ]
-DOT = ["dot", "--hw", "hwconfigs/h100-fp8.yaml", "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3",
-       "--a", "1,1,1", "--b", "1,1,1"]
+DOT = [
+    "dot",
+    "--hw",
+    "hwconfigs/h100-fp8.yaml",
+    "--a-format",
+    "fp8_e4m3",
+    "--b-format",
+    "fp8_e4m3",
+    "--a",
+    "1,1,1",
+    "--b",
+    "1,1,1",
+]
 PER_KERNEL = """
 import sys, time, collections
 from numba.core import event
@@ -78,23 +96,48 @@ def timed(command: list[str], env: dict) -> tuple[tuple[float, float], str]:
 def per_config(configs: list[str]) -> None:
     """Each config's first use with an empty kernel cache: compile and CPU seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
-    print(f"{'config (README replay, empty cache)':40s} {'compiling':>10s} {'CPU':>8s} {'wall':>8s}  load average")
+    print(
+        f"{'config (README replay, empty cache)':40s} {'compiling':>10s} {'CPU':>8s} {'wall':>8s}  load average"
+    )
     for name in configs:
         cache = tempfile.mkdtemp(prefix=f"mxsim-cache-{name}-")
-        command = [sys.executable, "-m", "mxsim.cli", *README_REPLAY[:2], "--hw", f"hwconfigs/{name}.yaml"]
+        command = [
+            sys.executable,
+            "-m",
+            "mxsim.cli",
+            *README_REPLAY[:2],
+            "--hw",
+            f"hwconfigs/{name}.yaml",
+        ]
         (wall, cpu), output = timed(command, dict(env, NUMBA_CACHE_DIR=cache))
-        compiling = next((line.split("(+ ")[1].split(" s compiling")[0] for line in output.splitlines()
-                          if "s compiling kernels)" in line), "0")
-        print(f"{name:40s} {float(compiling):8.1f} s {cpu:6.1f} s {wall:6.1f} s  {os.getloadavg()[0]:.1f}", flush=True)
+        compiling = next(
+            (
+                line.split("(+ ")[1].split(" s compiling")[0]
+                for line in output.splitlines()
+                if "s compiling kernels)" in line
+            ),
+            "0",
+        )
+        print(
+            f"{name:40s} {float(compiling):8.1f} s {cpu:6.1f} s {wall:6.1f} s  {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", help="venv directory (default: a temporary one)")
     parser.add_argument("--skip-install", action="store_true", help="reuse --venv as it is")
-    parser.add_argument("--per-kernel", action="store_true",
-                        help="also print the README replay's compile CPU seconds per kernel")
-    parser.add_argument("--per-config", metavar="CONFIGS", help="comma-separated configs: each one's first use alone")
+    parser.add_argument(
+        "--per-kernel",
+        action="store_true",
+        help="also print the README replay's compile CPU seconds per kernel",
+    )
+    parser.add_argument(
+        "--per-config",
+        metavar="CONFIGS",
+        help="comma-separated configs: each one's first use alone",
+    )
     args = parser.parse_args()
     if args.per_config:
         per_config(args.per_config.split(","))
@@ -116,28 +159,46 @@ def main() -> None:
         warm, _ = timed([str(mxsim), *command], run_env)
         rows.append((f"{label}, cold cache", cold))
         rows.append((f"{label}, cached", warm))
-        print(f"{label}: cold {cold[0]:.1f} s wall, {cold[1]:.1f} s CPU; cached {warm[0]:.1f} s wall, {warm[1]:.1f} s CPU",
-              file=sys.stderr, flush=True)
+        print(
+            f"{label}: cold {cold[0]:.1f} s wall, {cold[1]:.1f} s CPU; cached {warm[0]:.1f} s wall, {warm[1]:.1f} s CPU",
+            file=sys.stderr,
+            flush=True,
+        )
         if label == "README replay":
-            rows.append(("  (replay's own report)", next(line for line in output.splitlines() if line.startswith("total "))))
-    baseline, _ = timed([str(python), "-c", BASELINE], dict(env, NUMBA_CACHE_DIR=str(work / "cache-baseline")))
+            rows.append(
+                (
+                    "  (replay's own report)",
+                    next(line for line in output.splitlines() if line.startswith("total ")),
+                )
+            )
+    baseline, _ = timed(
+        [str(python), "-c", BASELINE], dict(env, NUMBA_CACHE_DIR=str(work / "cache-baseline"))
+    )
     rows.append(("baseline: trivial numba function, cold", baseline))
     load_after = os.getloadavg()
     print(f"{'step':42s} {'wall':>8s}   {'CPU':>8s}   CPU vs baseline")
     for label, value in rows:
         if isinstance(value, tuple):
-            print(f"{label:42s} {value[0]:8.1f} s {value[1]:8.1f} s  {value[1] / baseline[1]:5.1f}x")
+            print(
+                f"{label:42s} {value[0]:8.1f} s {value[1]:8.1f} s  {value[1] / baseline[1]:5.1f}x"
+            )
         else:
             print(f"{label:42s} {value}")
     if args.per_kernel:
         per_kernel_env = dict(env, NUMBA_CACHE_DIR=str(work / "cache-per-kernel"))
         _, output = timed([str(python), "-c", PER_KERNEL, *README_REPLAY], per_kernel_env)
         rows = [line.split()[1:] for line in output.splitlines() if line.startswith("PER_KERNEL ")]
-        print(f"{'kernel (README replay, exclusive compile CPU)':50s} {'signatures':>10s} {'CPU':>8s}")
+        print(
+            f"{'kernel (README replay, exclusive compile CPU)':50s} {'signatures':>10s} {'CPU':>8s}"
+        )
         for name, count, seconds in rows:
             print(f"{name:50s} {count:>10s} {float(seconds):8.1f} s")
-        print(f"{'total':50s} {sum(int(c) for _, c, _ in rows):10d} {sum(float(s) for *_, s in rows):8.1f} s")
-    print(f"cores {os.cpu_count()}, load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
+        print(
+            f"{'total':50s} {sum(int(c) for _, c, _ in rows):10d} {sum(float(s) for *_, s in rows):8.1f} s"
+        )
+    print(
+        f"cores {os.cpu_count()}, load average before {load_before[0]:.1f}, after {load_after[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

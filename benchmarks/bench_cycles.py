@@ -27,8 +27,10 @@ def bert_base_trace() -> list:
             GemmLayer(f"block{block}.ffn_up", M=512, N=3072, K=768),
             GemmLayer(f"block{block}.ffn_down", M=512, N=768, K=3072),
         ]
-    layers += [ConvLayer("stem", 224, 224, 7, 7, 3, 64, 2, 2),
-               ConvLayer("conv3x3", 56, 56, 3, 3, 64, 64, 1, 1)]
+    layers += [
+        ConvLayer("stem", 224, 224, 7, 7, 3, 64, 2, 2),
+        ConvLayer("conv3x3", 56, 56, 3, 3, 64, 64, 1, 1),
+    ]
     return layers
 
 
@@ -37,17 +39,26 @@ def main() -> None:
     fp8, bf16 = storage_for_format("fp8_e4m3"), storage_for_format("bf16")
     repeats = 50
     for dataflow in ("os", "ws", "is"):
-        array = ArrayConfig(rows=128, columns=128, lanes_per_unit=32, dataflow=dataflow,
-                            offchip_bytes_per_cycle=256, ifmap_buffer_kib=1024,
-                            filter_buffer_kib=1024, ofmap_buffer_kib=1024)
+        array = ArrayConfig(
+            rows=128,
+            columns=128,
+            lanes_per_unit=32,
+            dataflow=dataflow,
+            offchip_bytes_per_cycle=256,
+            ifmap_buffer_kib=1024,
+            filter_buffer_kib=1024,
+            ofmap_buffer_kib=1024,
+        )
         timings = []
         for _ in range(repeats):
             start = time.perf_counter()
             trace = estimate_layers(array, layers, fp8, fp8, bf16)
             timings.append(time.perf_counter() - start)
-        print(f"{dataflow}: {len(layers)}-layer trace estimated in "
-              f"{statistics.median(timings) * 1e3:.3f} ms (median of {repeats}); "
-              f"{trace.total_cycles} cycles, {trace.total_bytes} bytes off chip")
+        print(
+            f"{dataflow}: {len(layers)}-layer trace estimated in "
+            f"{statistics.median(timings) * 1e3:.3f} ms (median of {repeats}); "
+            f"{trace.total_cycles} cycles, {trace.total_bytes} bytes off chip"
+        )
 
 
 if __name__ == "__main__":

@@ -47,25 +47,41 @@ class Case:
 
 
 CASES = [
-    Case("ocp-exact", "fp8_e4m3"), Case("ocp-exact", "fp4_e2m1"), Case("kulisch", "fp8_e4m3"),
-    Case("mxdotp-paper", "fp8_e4m3"), Case("h100-fp8", "fp8_e4m3"), Case("b200-fp8", "fp8_e4m3"),
+    Case("ocp-exact", "fp8_e4m3"),
+    Case("ocp-exact", "fp4_e2m1"),
+    Case("kulisch", "fp8_e4m3"),
+    Case("mxdotp-paper", "fp8_e4m3"),
+    Case("h100-fp8", "fp8_e4m3"),
+    Case("b200-fp8", "fp8_e4m3"),
 ]
 
 
 def conditions() -> dict:
     """Where and when: date, commit, load average, machine, library versions."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     try:
         load = Path("/proc/loadavg").read_text().split()[:3]
     except OSError:
         load = [f"{x:.2f}" for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-            "load_average": " ".join(load), "cores": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version(), "numpy": np.__version__, "mxsim": mxsim.__version__}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "load_average": " ".join(load),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "mxsim": mxsim.__version__,
+    }
 
 
 def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]:
@@ -76,9 +92,15 @@ def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]
     ratios = {}
     for case in cases:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{case.config}.yaml")
-        per_tensor = hw.sections[("inputs", "scales")] == "none"  # one power-of-two scale per operand
-        a = mxsim.quantize_mx(x.astype(np.float32), case.element, axis=1, per_tensor_scale=per_tensor)
-        b = mxsim.quantize_mx(y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor)
+        per_tensor = (
+            hw.sections[("inputs", "scales")] == "none"
+        )  # one power-of-two scale per operand
+        a = mxsim.quantize_mx(
+            x.astype(np.float32), case.element, axis=1, per_tensor_scale=per_tensor
+        )
+        b = mxsim.quantize_mx(
+            y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor
+        )
         mxsim.matmul(hw, a, b)  # compiles or loads the kernels outside the timing
         gemm = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats)
         dgemm = best_seconds(lambda: x @ y, repeats)
@@ -86,21 +108,27 @@ def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]
     return ratios
 
 
-def regressions(recorded: dict[str, float], measured: dict[str, float], margin: float = MARGIN) -> list[str]:
+def regressions(
+    recorded: dict[str, float], measured: dict[str, float], margin: float = MARGIN
+) -> list[str]:
     """One line per case whose measured ratio fell below recorded / margin, or that is missing."""
     problems = []
     for name, ratio in recorded.items():
         if name not in measured:
             problems.append(f"{name}: not measured")
         elif measured[name] < ratio / margin:
-            problems.append(f"{name}: {measured[name]:.3f}x DGEMM, recorded {ratio:.3f}x "
-                            f"({ratio / measured[name]:.1f}x slower; the margin is {margin:g}x)")
+            problems.append(
+                f"{name}: {measured[name]:.3f}x DGEMM, recorded {ratio:.3f}x "
+                f"({ratio / measured[name]:.1f}x slower; the margin is {margin:g}x)"
+            )
     return problems
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}")
+    parser.add_argument(
+        "--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--margin", type=float, default=MARGIN)
     args = parser.parse_args(argv)
@@ -109,9 +137,15 @@ def main(argv=None) -> int:
     print(f"{where['date']}, commit {where['commit']}, load average {where['load_average']}")
     recorded = {} if args.record else __import__("json").loads(RESULTS.read_text())["ratios"]
     for name, ratio in measured.items():
-        print(f"  {name:26s} {ratio:6.3f}x DGEMM" + (f"  (recorded {recorded[name]:.3f}x)" if name in recorded else ""))
+        print(
+            f"  {name:26s} {ratio:6.3f}x DGEMM"
+            + (f"  (recorded {recorded[name]:.3f}x)" if name in recorded else "")
+        )
     if args.record:
-        write_atomic(RESULTS, json_text({"conditions": where, "size": SIZE, "ratios": measured}, indent=1) + "\n")
+        write_atomic(
+            RESULTS,
+            json_text({"conditions": where, "size": SIZE, "ratios": measured}, indent=1) + "\n",
+        )
         return 0
     problems = regressions(recorded, measured, args.margin)
     for line in problems:

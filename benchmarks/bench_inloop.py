@@ -32,14 +32,22 @@ from mxsim.inloop import run_onnx_on_unit, torch_unit
 
 REPO = Path(__file__).resolve().parent.parent
 SENTENCES = [
-    "A man is playing a guitar on the stage tonight.", "Someone plays an acoustic guitar in front of a crowd.",
-    "The cat sleeps on the warm windowsill all afternoon.", "A kitten is napping in the sunshine by the window.",
-    "Stock markets fell sharply after the announcement.", "Shares dropped quickly once the news was released.",
-    "She is cooking pasta with tomatoes and fresh basil.", "A woman prepares a spaghetti dinner in the kitchen.",
-    "The train to the airport leaves every fifteen minutes.", "Trains for the airport depart four times an hour.",
-    "Heavy rain is expected across the region tomorrow.", "Forecasters predict storms and showers for tomorrow.",
-    "He repaired the bicycle's flat tyre in the garage.", "The children built a sandcastle at the beach.",
-    "This laptop's battery lasts about ten hours.", "The museum opens its new dinosaur exhibit next week.",
+    "A man is playing a guitar on the stage tonight.",
+    "Someone plays an acoustic guitar in front of a crowd.",
+    "The cat sleeps on the warm windowsill all afternoon.",
+    "A kitten is napping in the sunshine by the window.",
+    "Stock markets fell sharply after the announcement.",
+    "Shares dropped quickly once the news was released.",
+    "She is cooking pasta with tomatoes and fresh basil.",
+    "A woman prepares a spaghetti dinner in the kitchen.",
+    "The train to the airport leaves every fifteen minutes.",
+    "Trains for the airport depart four times an hour.",
+    "Heavy rain is expected across the region tomorrow.",
+    "Forecasters predict storms and showers for tomorrow.",
+    "He repaired the bicycle's flat tyre in the garage.",
+    "The children built a sandcastle at the beach.",
+    "This laptop's battery lasts about ten hours.",
+    "The museum opens its new dinosaur exhibit next week.",
 ]
 
 
@@ -49,8 +57,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-onnx", action="store_true")
-    parser.add_argument("--save", help="save each unit's torch_unit and run_onnx_on_unit outputs to this .npz")
-    parser.add_argument("--check", help="compare each unit's outputs with this .npz (from --save), bit for bit")
+    parser.add_argument(
+        "--save", help="save each unit's torch_unit and run_onnx_on_unit outputs to this .npz"
+    )
+    parser.add_argument(
+        "--check", help="compare each unit's outputs with this .npz (from --save), bit for bit"
+    )
     args = parser.parse_args()
     import all_minilm_l6_v2
     import numba
@@ -64,16 +76,23 @@ def main() -> None:
 
         threadpoolctl.threadpool_limits(args.threads)
     except ImportError:
-        print("threadpoolctl is not installed: numpy's BLAS keeps its own thread count (set OPENBLAS_NUM_THREADS)")
+        print(
+            "threadpoolctl is not installed: numpy's BLAS keeps its own thread count (set OPENBLAS_NUM_THREADS)"
+        )
 
     directory = all_minilm_l6_v2.get_model_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.AutoModel.from_pretrained(directory).eval()
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     inputs = (batch["input_ids"], batch["attention_mask"])
-    units = [mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml") for n in (args.hw or ["ocp-exact", "h100-fp8"])]
-    print(f"mxsim {mxsim.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, "
-          f"torch threads {torch.get_num_threads()}; input {tuple(batch['input_ids'].shape)}")
+    units = [
+        mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml")
+        for n in (args.hw or ["ocp-exact", "h100-fp8"])
+    ]
+    print(
+        f"mxsim {mxsim.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"torch threads {torch.get_num_threads()}; input {tuple(batch['input_ids'].shape)}"
+    )
 
     def forward():
         with torch.no_grad():
@@ -84,13 +103,19 @@ def main() -> None:
     outputs = {}
     for unit in units:
         with torch_unit(model, unit):
+
             def on_unit(unit=unit):
                 outputs[unit.name] = forward().numpy()
+
             on_unit()  # warm-up: compile or load the kernels, quantize the weights
             seconds = best_seconds(on_unit, args.repeats)
-        fresh = best_seconds(lambda unit=unit: _torch_unit_forward(model, unit, forward), args.repeats)
-        print(f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
-              f"(forwards in one context); in a new context each: {fresh} = {fresh / float_seconds:.1f}x")
+        fresh = best_seconds(
+            lambda unit=unit: _torch_unit_forward(model, unit, forward), args.repeats
+        )
+        print(
+            f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
+            f"(forwards in one context); in a new context each: {fresh} = {fresh / float_seconds:.1f}x"
+        )
     if not args.no_onnx:
         onnx_runs(args, model, inputs, forward, units, outputs)
     if args.save:
@@ -98,7 +123,9 @@ def main() -> None:
     if args.check:
         saved = np.load(args.check, allow_pickle=False)
         for name, value in outputs.items():
-            label = f"run_onnx_on_unit {name[:-5]}" if name.endswith(" onnx") else f"torch_unit {name}"
+            label = (
+                f"run_onnx_on_unit {name[:-5]}" if name.endswith(" onnx") else f"torch_unit {name}"
+            )
             if name not in saved.files:
                 print(f"{label}: not in {args.check}")
                 continue
@@ -114,33 +141,49 @@ def onnx_runs(args, model, inputs, forward, units, outputs) -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "minilm.onnx")
+
         class Encoder(torch.nn.Module):  # positional inputs, one output, for the exporter
             def __init__(self):
                 super().__init__()
                 self.model = model
 
             def forward(self, input_ids, attention_mask):
-                return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                return self.model(
+                    input_ids=input_ids, attention_mask=attention_mask
+                ).last_hidden_state
 
-        torch.onnx.export(Encoder().eval(), inputs, path, input_names=["input_ids", "attention_mask"],
-                          output_names=["last_hidden_state"], dynamo=False)
+        torch.onnx.export(
+            Encoder().eval(),
+            inputs,
+            path,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["last_hidden_state"],
+            dynamo=False,
+        )
         feeds = {"input_ids": inputs[0].numpy(), "attention_mask": inputs[1].numpy()}
         options = ort.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = args.threads
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        onnx_float = best_seconds(lambda: session.run(["last_hidden_state"], feeds), args.repeats + 1)
+        onnx_float = best_seconds(
+            lambda: session.run(["last_hidden_state"], feeds), args.repeats + 1
+        )
         print(f"onnxruntime float forward: {onnx_float}")
         for unit in units:
+
             def on_unit(unit=unit):
-                outputs[unit.name + " onnx"] = run_onnx_on_unit(path, feeds, unit, outputs=["last_hidden_state"])[
-                    "last_hidden_state"]
+                outputs[unit.name + " onnx"] = run_onnx_on_unit(
+                    path, feeds, unit, outputs=["last_hidden_state"]
+                )["last_hidden_state"]
+
             on_unit()
             seconds = best_seconds(on_unit, args.repeats)
             with torch_unit(model, unit):
                 forward()
                 torch_seconds = best_seconds(forward, args.repeats)
-            print(f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
-                  f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)")
+            print(
+                f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
+                f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)"
+            )
 
 
 class Seconds:

@@ -45,8 +45,10 @@ def operands(size: int, rng, unit_scales: bool, hw=None, element: str = "fp8_e4m
     y = rng.standard_normal((size, size)).astype(np.float32)
     if hw is not None and mxsim.get_format(hw.sections[("inputs", "scale_format")]).mantissa_bits:
         scale = mxsim.quantize.tensor_scale_from_amax
-        return (mxsim.quantize_nvfp4(x, scale(np.abs(x).max())),
-                mxsim.quantize_nvfp4(np.ascontiguousarray(y.T), scale(np.abs(y).max())))
+        return (
+            mxsim.quantize_nvfp4(x, scale(np.abs(x).max())),
+            mxsim.quantize_nvfp4(np.ascontiguousarray(y.T), scale(np.abs(y).max())),
+        )
     element = element if hw is None or element in hw.a_formats else hw.a_formats[0]
     a = mxsim.quantize_mx(x, element, axis=1)
     b = mxsim.quantize_mx(y, element, axis=0)
@@ -65,15 +67,23 @@ def route(hw, a, b) -> str:
     _, _, kernel_args = _kernel_arguments(params)
     scales_a, scales_b = _scales_for_unit(a.scales, params), _scales_for_unit(b.scales, params)
     codes_a, codes_b = a.codes.reshape(a.shape[0], -1), b.codes.reshape(b.shape[1], -1)
-    if blas_applies(params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)):
+    if blas_applies(
+        params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)
+    ):
         return "float64 BLAS"
     if groups_apply(params):
         return "group-sum route"
     return "window kernel" if window_applies(params) else "generic kernel"
 
 
-def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=time.perf_counter,
-               element: str = "fp8_e4m3") -> list[dict]:
+def throughput(
+    names: list[str],
+    size: int,
+    repeats: int,
+    generic: bool,
+    clock=time.perf_counter,
+    element: str = "fp8_e4m3",
+) -> list[dict]:
     """Print and return each config's figures ({config, element, route, gmacs, seconds, ratio}:
     ratio = its speed / that of float64 matmuls timed right after it)."""
     rng = np.random.default_rng(0)
@@ -82,11 +92,25 @@ def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=t
     x @ y
     baseline = size**3 / best_seconds(lambda: x @ y, repeats, clock)
     print(f"  numpy float64 matmul {size}^3: {baseline / 1e9:8.3f} G MAC/s")
-    figures = [{"config": "numpy float64 matmul", "element": "float64", "route": "BLAS", "gmacs": baseline / 1e9,
-                "seconds": size**3 / baseline, "ratio": 1.0}]
+    figures = [
+        {
+            "config": "numpy float64 matmul",
+            "element": "float64",
+            "route": "BLAS",
+            "gmacs": baseline / 1e9,
+            "seconds": size**3 / baseline,
+            "ratio": 1.0,
+        }
+    ]
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
-        a, b = operands(size, rng, unit_scales=hw.sections[("inputs", "scales")] == "none", hw=hw, element=element)
+        a, b = operands(
+            size,
+            rng,
+            unit_scales=hw.sections[("inputs", "scales")] == "none",
+            hw=hw,
+            element=element,
+        )
         methods = ["auto"]
         way = route(hw, a, b)
         if generic and way != "generic kernel":
@@ -97,15 +121,30 @@ def throughput(names: list[str], size: int, repeats: int, generic: bool, clock=t
                 small = dataclasses.replace(small, shape=(8, size))
             mxsim.matmul(hw, small, b, method=method)  # compile outside the timing
             best = best_seconds(lambda: mxsim.matmul(hw, a, b, method=method), repeats, clock)
-            baseline = size**3 / best_seconds(lambda: x @ y, repeats, clock)  # beside each unit: the load drifts
+            baseline = size**3 / best_seconds(
+                lambda: x @ y, repeats, clock
+            )  # beside each unit: the load drifts
             rate = size**3 / best
             label = f"{name} ({way if method == 'auto' else 'generic kernel'})"
-            print(f"  {label:45s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
-                  f"{baseline / rate:.1f}x slower than float64 = {rate / baseline:.3f}x its speed)")
-            taken = a.options.element_format if isinstance(a, mxsim.NVFP4Tensor) else a.element_format.name
-            figures.append({"config": name, "element": f"nvfp4 ({taken})" if isinstance(a, mxsim.NVFP4Tensor)
-                            else taken, "route": way if method == "auto" else "generic kernel",
-                            "gmacs": rate / 1e9, "seconds": best, "ratio": rate / baseline})
+            print(
+                f"  {label:45s} {size}^3: {rate / 1e9:8.3f} G MAC/s  ({best:.2f} s; "
+                f"{baseline / rate:.1f}x slower than float64 = {rate / baseline:.3f}x its speed)"
+            )
+            taken = (
+                a.options.element_format
+                if isinstance(a, mxsim.NVFP4Tensor)
+                else a.element_format.name
+            )
+            figures.append(
+                {
+                    "config": name,
+                    "element": f"nvfp4 ({taken})" if isinstance(a, mxsim.NVFP4Tensor) else taken,
+                    "route": way if method == "auto" else "generic kernel",
+                    "gmacs": rate / 1e9,
+                    "seconds": best,
+                    "ratio": rate / baseline,
+                }
+            )
     return figures
 
 
@@ -135,11 +174,17 @@ def peak_memory(size: int, configs: list[str], tiles: int) -> None:
         mxsim.matmul(hw, *operands(64, np.random.default_rng(1), unit_scales=True))  # compile first
         baseline = _status_kib("VmRSS")
         rng = np.random.default_rng(2)
-        codes_a = finite[rng.integers(0, finite.size, size=(size, size), dtype=np.uint8) % finite.size]
-        codes_b = finite[rng.integers(0, finite.size, size=(size, size), dtype=np.uint8) % finite.size]
+        codes_a = finite[
+            rng.integers(0, finite.size, size=(size, size), dtype=np.uint8) % finite.size
+        ]
+        codes_b = finite[
+            rng.integers(0, finite.size, size=(size, size), dtype=np.uint8) % finite.size
+        ]
         scales = np.full((size, size // 32), 127, dtype=np.uint8)
         a = mxsim.MXTensor(fmt, codes_a, scales, (size, size), 1, 32, 0, mxsim.QuantOptions())
-        b = mxsim.MXTensor(fmt, codes_b, scales.copy(), (size, size), 0, 32, 0, mxsim.QuantOptions())
+        b = mxsim.MXTensor(
+            fmt, codes_b, scales.copy(), (size, size), 0, 32, 0, mxsim.QuantOptions()
+        )
         _reset_peak()
         done = []
 
@@ -158,9 +203,11 @@ def peak_memory(size: int, configs: list[str], tiles: int) -> None:
         packed = codes_a.nbytes + codes_b.nbytes + 2 * scales.nbytes
         output = size * size * 4
         covered = "all" if result is not None else f"first {done[-1]} of {size}"
-        print(f"  {name:10s} {size}^3 GEMM, {covered} rows in {seconds:.1f} s: peak memory {peak / 2**20:.0f} MiB = "
-              f"{peak / (packed + output):.2f} x (packed operands {packed / 2**20:.0f} MiB + output {output / 2**20:.0f} MiB); "
-              f"limit 1.5 x packed + output = {(1.5 * packed + output) / 2**20:.0f} MiB")
+        print(
+            f"  {name:10s} {size}^3 GEMM, {covered} rows in {seconds:.1f} s: peak memory {peak / 2**20:.0f} MiB = "
+            f"{peak / (packed + output):.2f} x (packed operands {packed / 2**20:.0f} MiB + output {output / 2**20:.0f} MiB); "
+            f"limit 1.5 x packed + output = {(1.5 * packed + output) / 2**20:.0f} MiB"
+        )
         del a, b, codes_a, codes_b, result
 
 
@@ -168,26 +215,69 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--generic", action="store_true", help="also time the generic kernel where a faster route applies")
-    parser.add_argument("--configs", default="h100-fp8,ocp-exact,mxdotp-paper,kulisch,b200-fp8,h100-wgmma-fp8,"
-                        "b200-tcgen05-mxf8f6f4,b200-nvfp4")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time by the process's CPU time, not wall time: on a loaded machine, with every library "
-                             "on one thread (NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1), what an idle core gives")
-    parser.add_argument("--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory")
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="also time the generic kernel where a faster route applies",
+    )
+    parser.add_argument(
+        "--configs",
+        default="h100-fp8,ocp-exact,mxdotp-paper,kulisch,b200-fp8,h100-wgmma-fp8,"
+        "b200-tcgen05-mxf8f6f4,b200-nvfp4",
+    )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time by the process's CPU time, not wall time: on a loaded machine, with every library "
+        "on one thread (NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1), what an idle core gives",
+    )
+    parser.add_argument(
+        "--memory", type=int, default=0, metavar="SIZE", help="also measure an SIZE^3 GEMM's memory"
+    )
     parser.add_argument("--memory-configs", default="ocp-exact,h100-fp8")
-    parser.add_argument("--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)")
-    parser.add_argument("--element", default="fp8_e4m3", help="element format where the unit takes it (fp4_e2m1: MXFP4)")
-    parser.add_argument("--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}")
+    parser.add_argument(
+        "--memory-tiles", type=int, default=2, help="stop after this many row tiles (0: whole GEMM)"
+    )
+    parser.add_argument(
+        "--element",
+        default="fp8_e4m3",
+        help="element format where the unit takes it (fp4_e2m1: MXFP4)",
+    )
+    parser.add_argument(
+        "--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}"
+    )
     args = parser.parse_args()
-    print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}")
+    print(
+        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}"
+    )
     where = conditions()
-    figures = throughput(args.configs.split(","), args.size, args.repeats, args.generic,
-                         time.process_time if args.cpu_time else time.perf_counter, args.element)
+    figures = throughput(
+        args.configs.split(","),
+        args.size,
+        args.repeats,
+        args.generic,
+        time.process_time if args.cpu_time else time.perf_counter,
+        args.element,
+    )
     if args.record:
-        results = RESULTS if args.element == "fp8_e4m3" else RESULTS.with_name(f"matmul-{args.element}.json")
-        write_atomic(results, json_text({"conditions": where, "size": args.size, "clock": "cpu" if args.cpu_time
-                                         else "wall", "figures": figures}, indent=1) + "\n")
+        results = (
+            RESULTS
+            if args.element == "fp8_e4m3"
+            else RESULTS.with_name(f"matmul-{args.element}.json")
+        )
+        write_atomic(
+            results,
+            json_text(
+                {
+                    "conditions": where,
+                    "size": args.size,
+                    "clock": "cpu" if args.cpu_time else "wall",
+                    "figures": figures,
+                },
+                indent=1,
+            )
+            + "\n",
+        )
     if args.memory:
         peak_memory(args.memory, args.memory_configs.split(","), args.memory_tiles)
 

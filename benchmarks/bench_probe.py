@@ -93,25 +93,175 @@ MXSIM_PATHS = {
 #: MMA-Sim instructions tests/test_probe_mmasim.py probes in CI: (module, instruction class,
 #: architecture, instruction, A, B, c, output, K, scale block, scale format).
 MMASIM_FAMILIES = [
-    ("mmasim.nv_ptx", "MMA", "RTX Blackwell", "m16n8k32.kind::f8f6f4.f16.e2m3.e3m2.f16",
-     "fp6_e2m3", "fp6_e3m2", "fp16", "fp16", 32, None, None),
-    ("mmasim.nv_ptx", "MMABlockScale", "RTX Blackwell", "m16n8k32.kind::mxf8f6f4.block32.f32.e2m1.e2m1.f32.ue8m0",
-     "fp4_e2m1", "fp4_e2m1", "fp32", "fp32", 32, 32, "e8m0"),
-    ("mmasim.nv_ptx", "MMABlockScale", "RTX Blackwell", "m16n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.f32.ue4m3",
-     "fp4_e2m1", "fp4_e2m1", "fp32", "fp32", 64, 16, "ue4m3"),
-    ("mmasim.nv_ptx", "WGMMA", "Hopper", "m64n8k8.f32.tf32.tf32", "tf32", "tf32", "fp32", "fp32", 8, None, None),
-    ("mmasim.nv_ptx", "TCGen05MMA", "Blackwell", "m64n8k32.kind::f8f6f4.f32.e3m2.e3m2",
-     "fp6_e3m2", "fp6_e3m2", "fp32", "fp32", 32, None, None),
-    ("mmasim.nv_ptx", "TCGen05MMABlockScale", "Blackwell", "m128n8k32.kind::mxf8f6f4.block32.f32.e2m3.e4m3.ue8m0",
-     "fp6_e2m3", "fp8_e4m3", "fp32", "fp32", 32, 32, "e8m0"),
-    ("mmasim.nv_ptx", "TCGen05MMABlockScale", "Blackwell", "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3",
-     "fp4_e2m1", "fp4_e2m1", "fp32", "fp32", 64, 16, "ue4m3"),
-    ("mmasim.nv_ptx", "MMA", "Volta", "m8n8k4.f32.f16.f16.f32", "fp16", "fp16", "fp32", "fp32", 4, None, None),
-    ("mmasim.nv_ptx", "MMA", "Volta", "m8n8k4.f32.f16.f16.f16", "fp16", "fp16", "fp16", "fp32", 4, None, None),
-    ("mmasim.nv_ptx", "MMA", "Ampere", "m16n8k8.f32.tf32.tf32.f32", "tf32", "tf32", "fp32", "fp32", 8, None, None),
-    ("mmasim.nv_ptx", "MMA", "RTX Blackwell", "m8n8k4.f64.f64.f64.f64", "fp64", "fp64", "fp64", "fp64", 4, None, None),
-    ("mmasim.amd", "MFMA", "CDNA1", "f32_32x32x8f16", "fp16", "fp16", "fp32", "fp32", 8, None, None),
-    ("mmasim.amd", "MFMA", "CDNA2", "f32_32x32x8bf16_1k", "bf16", "bf16", "fp32", "fp32", 8, None, None),
+    (
+        "mmasim.nv_ptx",
+        "MMA",
+        "RTX Blackwell",
+        "m16n8k32.kind::f8f6f4.f16.e2m3.e3m2.f16",
+        "fp6_e2m3",
+        "fp6_e3m2",
+        "fp16",
+        "fp16",
+        32,
+        None,
+        None,
+    ),
+    (
+        "mmasim.nv_ptx",
+        "MMABlockScale",
+        "RTX Blackwell",
+        "m16n8k32.kind::mxf8f6f4.block32.f32.e2m1.e2m1.f32.ue8m0",
+        "fp4_e2m1",
+        "fp4_e2m1",
+        "fp32",
+        "fp32",
+        32,
+        32,
+        "e8m0",
+    ),
+    (
+        "mmasim.nv_ptx",
+        "MMABlockScale",
+        "RTX Blackwell",
+        "m16n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.f32.ue4m3",
+        "fp4_e2m1",
+        "fp4_e2m1",
+        "fp32",
+        "fp32",
+        64,
+        16,
+        "ue4m3",
+    ),
+    (
+        "mmasim.nv_ptx",
+        "WGMMA",
+        "Hopper",
+        "m64n8k8.f32.tf32.tf32",
+        "tf32",
+        "tf32",
+        "fp32",
+        "fp32",
+        8,
+        None,
+        None,
+    ),
+    (
+        "mmasim.nv_ptx",
+        "TCGen05MMA",
+        "Blackwell",
+        "m64n8k32.kind::f8f6f4.f32.e3m2.e3m2",
+        "fp6_e3m2",
+        "fp6_e3m2",
+        "fp32",
+        "fp32",
+        32,
+        None,
+        None,
+    ),
+    (
+        "mmasim.nv_ptx",
+        "TCGen05MMABlockScale",
+        "Blackwell",
+        "m128n8k32.kind::mxf8f6f4.block32.f32.e2m3.e4m3.ue8m0",
+        "fp6_e2m3",
+        "fp8_e4m3",
+        "fp32",
+        "fp32",
+        32,
+        32,
+        "e8m0",
+    ),
+    (
+        "mmasim.nv_ptx",
+        "TCGen05MMABlockScale",
+        "Blackwell",
+        "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3",
+        "fp4_e2m1",
+        "fp4_e2m1",
+        "fp32",
+        "fp32",
+        64,
+        16,
+        "ue4m3",
+    ),
+    (
+        "mmasim.nv_ptx",
+        "MMA",
+        "Volta",
+        "m8n8k4.f32.f16.f16.f32",
+        "fp16",
+        "fp16",
+        "fp32",
+        "fp32",
+        4,
+        None,
+        None,
+    ),
+    (
+        "mmasim.nv_ptx",
+        "MMA",
+        "Volta",
+        "m8n8k4.f32.f16.f16.f16",
+        "fp16",
+        "fp16",
+        "fp16",
+        "fp32",
+        4,
+        None,
+        None,
+    ),
+    (
+        "mmasim.nv_ptx",
+        "MMA",
+        "Ampere",
+        "m16n8k8.f32.tf32.tf32.f32",
+        "tf32",
+        "tf32",
+        "fp32",
+        "fp32",
+        8,
+        None,
+        None,
+    ),
+    (
+        "mmasim.nv_ptx",
+        "MMA",
+        "RTX Blackwell",
+        "m8n8k4.f64.f64.f64.f64",
+        "fp64",
+        "fp64",
+        "fp64",
+        "fp64",
+        4,
+        None,
+        None,
+    ),
+    (
+        "mmasim.amd",
+        "MFMA",
+        "CDNA1",
+        "f32_32x32x8f16",
+        "fp16",
+        "fp16",
+        "fp32",
+        "fp32",
+        8,
+        None,
+        None,
+    ),
+    (
+        "mmasim.amd",
+        "MFMA",
+        "CDNA2",
+        "f32_32x32x8bf16_1k",
+        "bf16",
+        "bf16",
+        "fp32",
+        "fp32",
+        8,
+        None,
+        None,
+    ),
 ]
 #: Families whose test probes with the default validation sizes.
 MMASIM_DEFAULT_SIZES = {"Ampere/MMA/m16n8k8.f32.tf32.tf32.f32"}
@@ -167,20 +317,50 @@ def mxsim_runs() -> list[Run]:
         return lambda: HwconfigUnit(REPO / "hwconfigs" / f"{name}.yaml", a, b, out)
 
     sizes = {"validation_vectors": 1024, "corner_vectors": 256}
-    return [Run("mxsim", name, a, b, out, k, sizes, make_unit=make(name, a, b, out))
-            for name, (a, b, out, k) in MXSIM_PATHS.items()] + [
-        Run("mxsim", f"mxdotp@{element}", element, element, "fp32", k, sizes, make_unit=make("mxdotp", element, element, "fp32"))
-        for element, k in MXDOTP_OWN_K.items()]
+    return [
+        Run("mxsim", name, a, b, out, k, sizes, make_unit=make(name, a, b, out))
+        for name, (a, b, out, k) in MXSIM_PATHS.items()
+    ] + [
+        Run(
+            "mxsim",
+            f"mxdotp@{element}",
+            element,
+            element,
+            "fp32",
+            k,
+            sizes,
+            make_unit=make("mxdotp", element, element, "fp32"),
+        )
+        for element, k in MXDOTP_OWN_K.items()
+    ]
 
 
 def mmasim_runs() -> list[Run]:
     runs = []
     for module, op, arch, instruction, a, b, c, out, k, block, scale in MMASIM_FAMILIES:
         name = f"{arch}/{op}/{instruction}".replace(" ", "_")
-        sizes = {} if name in MMASIM_DEFAULT_SIZES else {"validation_vectors": 384, "corner_vectors": 128}
-        runs.append(Run("mmasim", name, a, b, out, k, sizes, block_size=block or 32, c_format=c,
-                        scale_format=scale or "e8m0",
-                        make_unit=lambda m=module, o=op, r=arch, i=instruction, s=scale is not None: mmasim_unit(m, o, r, i, s)))
+        sizes = (
+            {}
+            if name in MMASIM_DEFAULT_SIZES
+            else {"validation_vectors": 384, "corner_vectors": 128}
+        )
+        runs.append(
+            Run(
+                "mmasim",
+                name,
+                a,
+                b,
+                out,
+                k,
+                sizes,
+                block_size=block or 32,
+                c_format=c,
+                scale_format=scale or "e8m0",
+                make_unit=lambda m=module, o=op, r=arch, i=instruction, s=scale is not None: (
+                    mmasim_unit(m, o, r, i, s)
+                ),
+            )
+        )
     return runs
 
 
@@ -204,10 +384,15 @@ def mmasim_unit(module: str, op_name: str, arch: str, instruction: str, scaled: 
 
     def unit(a, b, scale_a, scale_b, c):
         c_values = c.view(np.float64 if c.dtype == np.uint64 else np.float32).copy()
-        args = [operand(a, getattr(op, "a_type_ptx", None), op.a_type), operand(b, getattr(op, "b_type_ptx", None), op.b_type),
-                torch.from_numpy(c_values).to(op.c_type)]
+        args = [
+            operand(a, getattr(op, "a_type_ptx", None), op.a_type),
+            operand(b, getattr(op, "b_type_ptx", None), op.b_type),
+            torch.from_numpy(c_values).to(op.c_type),
+        ]
         if scaled:
-            args += [torch.from_numpy(s.astype(np.uint8)).view(op.s_type) for s in (scale_a, scale_b)]
+            args += [
+                torch.from_numpy(s.astype(np.uint8)).view(op.s_type) for s in (scale_a, scale_b)
+            ]
         d = op.dpa(*args)
         bits = 8 * d.element_size()
         return d.view(getattr(torch, f"int{bits}")).numpy().view(f"uint{bits}")
@@ -216,16 +401,38 @@ def mmasim_unit(module: str, op_name: str, arch: str, instruction: str, scaled: 
 
 
 def rtl_runs(build: Path) -> list[Run]:
-    return [Run("rtl", f"BUG={bug}", *RTL_PAIR, "fp32", 32, {"validation_vectors": 768, "corner_vectors": 512},
-                make_unit=lambda bug=bug: rtl_unit(bug, build)) for bug in RTL_VARIANTS]
+    return [
+        Run(
+            "rtl",
+            f"BUG={bug}",
+            *RTL_PAIR,
+            "fp32",
+            32,
+            {"validation_vectors": 768, "corner_vectors": 512},
+            make_unit=lambda bug=bug: rtl_unit(bug, build),
+        )
+        for bug in RTL_VARIANTS
+    ]
 
 
 def rtl_unit(bug: int, build: Path) -> SubprocessUnit:
     """The line-protocol bench around mxdot_fp4.sv with parameter BUG, compiled by Icarus."""
     rtl = REPO / "examples" / "rtl"
     target = build / f"mxdot_probe_tb_bug{bug}.vvp"
-    subprocess.run(["iverilog", "-g2012", f"-Pmxdot_probe_tb.BUG={bug}", "-o", str(target),
-                    str(rtl / "mxdot_fp4.sv"), str(rtl / "mxdot_probe_tb.sv")], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            "iverilog",
+            "-g2012",
+            f"-Pmxdot_probe_tb.BUG={bug}",
+            "-o",
+            str(target),
+            str(rtl / "mxdot_fp4.sv"),
+            str(rtl / "mxdot_probe_tb.sv"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return SubprocessUnit(f"vvp -n {target}", *RTL_PAIR, timeout=60)
 
 
@@ -247,9 +454,21 @@ def missing(set_name: str) -> str | None:
 
 def unit_alone(unit, run: Run) -> float:
     """Dot products per second of the unit alone on one batch of BASELINE_ROWS."""
-    ctx = Context(run.a, run.b, run.k, run.block_size, run.out, seed=12345, scale_format=run.scale_format,
-                  c_format=run.c_format)
-    batch = ctx.fit_c(Batch.join([ctx.realistic(BASELINE_ROWS // 2), ctx.uniform(BASELINE_ROWS - BASELINE_ROWS // 2)]))
+    ctx = Context(
+        run.a,
+        run.b,
+        run.k,
+        run.block_size,
+        run.out,
+        seed=12345,
+        scale_format=run.scale_format,
+        c_format=run.c_format,
+    )
+    batch = ctx.fit_c(
+        Batch.join(
+            [ctx.realistic(BASELINE_ROWS // 2), ctx.uniform(BASELINE_ROWS - BASELINE_ROWS // 2)]
+        )
+    )
     fields = [getattr(batch, name) for name in ("a", "b", "scale_a", "scale_b", "c")]
     unit(*(x[:8] for x in fields))  # warm: a process started, kernels compiled
     return BASELINE_ROWS / best_seconds(lambda: unit(*fields), 10, budget=2.0)
@@ -264,13 +483,25 @@ def measure(run: Run) -> dict:
     try:
         unit = run.make_unit()
         if isinstance(unit, HwconfigUnit):
-            run.block_size, run.c_format, run.scale_format = unit.block_size, unit.c_format, unit.params.scale_format
+            run.block_size, run.c_format, run.scale_format = (
+                unit.block_size,
+                unit.c_format,
+                unit.params.scale_format,
+            )
         numba.set_num_threads(1)  # as the probe runs the unit
         rate = unit_alone(unit, run)
         numba.set_num_threads(threads)
         cpu, compiling = time.process_time(), compile_seconds()
-        result = probe(unit, run.a, run.b, run.k, block_size=run.block_size, out_format=run.out,
-                       c_format=run.c_format, **run.sizes)
+        result = probe(
+            unit,
+            run.a,
+            run.b,
+            run.k,
+            block_size=run.block_size,
+            out_format=run.out,
+            c_format=run.c_format,
+            **run.sizes,
+        )
         cpu, compiling = time.process_time() - cpu, compile_seconds() - compiling
     except (MxsimError, subprocess.CalledProcessError, OSError) as error:
         return {"error": " ".join(str(error).split())}
@@ -279,25 +510,48 @@ def measure(run: Run) -> dict:
         if hasattr(unit, "close"):
             unit.close()
     v = result.validation
-    return {"queries": result.queries, "seconds": result.seconds, "cpu_seconds": cpu, "compile_seconds": compiling,
-            "unit_seconds": result.unit_seconds, "passes": result.passes, "mismatches": v.mismatches, "vectors": v.vectors,
-            "targeted": v.targeted,
-            "unit_rate": rate, "overhead": result.seconds / (result.queries / rate), "config": result.config}
+    return {
+        "queries": result.queries,
+        "seconds": result.seconds,
+        "cpu_seconds": cpu,
+        "compile_seconds": compiling,
+        "unit_seconds": result.unit_seconds,
+        "passes": result.passes,
+        "mismatches": v.mismatches,
+        "vectors": v.vectors,
+        "targeted": v.targeted,
+        "unit_rate": rate,
+        "overhead": result.seconds / (result.queries / rate),
+        "config": result.config,
+    }
 
 
 def keys_differing(config: dict, other: dict) -> list[str]:
     """``section.key`` of the datapath keys whose values differ between two emitted configs."""
     sections = [name for name, body in {**config, **other}.items() if isinstance(body, dict)]
-    return sorted(f"{section}.{key}" for section in dict.fromkeys(sections)
-                  for key in {**config.get(section, {}), **other.get(section, {})}
-                  if config.get(section, {}).get(key) != other.get(section, {}).get(key))
+    return sorted(
+        f"{section}.{key}"
+        for section in dict.fromkeys(sections)
+        for key in {**config.get(section, {}), **other.get(section, {})}
+        if config.get(section, {}).get(key) != other.get(section, {}).get(key)
+    )
 
 
 # ----------------------------------------------------------------------------- printing
 
 
-COLUMNS = ("run", "path (A x B -> out, K)", "queries", "wall s", "CPU s", "in unit s", "passes", "mismatches",
-           "unit alone dot/s", "probe / unit alone")
+COLUMNS = (
+    "run",
+    "path (A x B -> out, K)",
+    "queries",
+    "wall s",
+    "CPU s",
+    "in unit s",
+    "passes",
+    "mismatches",
+    "unit alone dot/s",
+    "probe / unit alone",
+)
 
 
 def cells(run: Run) -> list[str]:
@@ -305,9 +559,18 @@ def cells(run: Run) -> list[str]:
     if "error" in f:
         return [run.id, run.path, f"error: {f['error']}"]
     compiling = f" ({f['compile_seconds']:.1f} compiling)" if f["compile_seconds"] >= 0.05 else ""
-    return [run.id, run.path, f"{f['queries']:,}", f"{f['seconds']:.1f}{compiling}", f"{f['cpu_seconds']:.1f}", f"{f['unit_seconds']:.2f}",
-            str(f["passes"]), f"{f['mismatches']:,} / {f['vectors']:,}", f"{f['unit_rate']:,.0f}",
-            f"{f['overhead']:.{0 if f['overhead'] >= 10 else 1}f}x"]
+    return [
+        run.id,
+        run.path,
+        f"{f['queries']:,}",
+        f"{f['seconds']:.1f}{compiling}",
+        f"{f['cpu_seconds']:.1f}",
+        f"{f['unit_seconds']:.2f}",
+        str(f["passes"]),
+        f"{f['mismatches']:,} / {f['vectors']:,}",
+        f"{f['unit_rate']:,.0f}",
+        f"{f['overhead']:.{0 if f['overhead'] >= 10 else 1}f}x",
+    ]
 
 
 def totals(runs: list[Run]) -> list[list[str]]:
@@ -318,11 +581,20 @@ def totals(runs: list[Run]) -> list[list[str]]:
             continue
         failed = sum(1 for r in runs if r.set == set_name and "error" in r.figures)
         mismatched = sum(1 for f in done if f["mismatches"])
-        rows.append([f"total {set_name}: {len(done)} runs", f"{mismatched} with mismatches, {failed} failed",
-                     f"{sum(f['queries'] for f in done):,}", f"{sum(f['seconds'] for f in done):.1f}",
-                     f"{sum(f['cpu_seconds'] for f in done):.1f}", f"{sum(f['unit_seconds'] for f in done):.2f}",
-                     str(sum(f["passes"] for f in done)),
-                     f"{sum(f['mismatches'] for f in done):,} / {sum(f['vectors'] for f in done):,}", "", ""])
+        rows.append(
+            [
+                f"total {set_name}: {len(done)} runs",
+                f"{mismatched} with mismatches, {failed} failed",
+                f"{sum(f['queries'] for f in done):,}",
+                f"{sum(f['seconds'] for f in done):.1f}",
+                f"{sum(f['cpu_seconds'] for f in done):.1f}",
+                f"{sum(f['unit_seconds'] for f in done):.2f}",
+                str(sum(f["passes"] for f in done)),
+                f"{sum(f['mismatches'] for f in done):,} / {sum(f['vectors'] for f in done):,}",
+                "",
+                "",
+            ]
+        )
     return rows
 
 
@@ -340,8 +612,14 @@ def render(results: dict) -> str:
     rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs] + totals(runs)
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     when = results["before"]
-    return "\n".join([f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, load average "
-                      f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after.", "", *lines])
+    return "\n".join(
+        [
+            f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, load average "
+            f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after.",
+            "",
+            *lines,
+        ]
+    )
 
 
 def show(row: list[str], markdown: bool) -> None:
@@ -349,14 +627,23 @@ def show(row: list[str], markdown: bool) -> None:
         print("| " + " | ".join(row) + " |", flush=True)
     else:
         widths = (44, 40, 8, 8, 8, 9, 6, 13, 16, 18)
-        print(" ".join(f"{cell:>{w}s}" if i > 1 else f"{cell:{w}s}" for i, (cell, w) in enumerate(zip(row, widths))),
-              flush=True)
+        print(
+            " ".join(
+                f"{cell:>{w}s}" if i > 1 else f"{cell:{w}s}"
+                for i, (cell, w) in enumerate(zip(row, widths))
+            ),
+            flush=True,
+        )
 
 
 def conditions() -> dict:
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "mxsim": mxsim.__version__, "numpy": np.__version__, "cores": os.cpu_count(),
-            "load_average": round(os.getloadavg()[0], 2)}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "mxsim": mxsim.__version__,
+        "numpy": np.__version__,
+        "cores": os.cpu_count(),
+        "load_average": round(os.getloadavg()[0], 2),
+    }
 
 
 class _Parser(argparse.ArgumentParser):
@@ -367,11 +654,28 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv=None) -> None:
     parser = _Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", action="append", default=None, help=f"comma-separated, of {', '.join(SETS)} (default: all)")
-    parser.add_argument("--only", action="append", default=None, metavar="PATTERN", help="shell-style pattern over run ids")
-    parser.add_argument("--markdown", action="store_true", help="print table rows for docs/probe.md")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        help=f"comma-separated, of {', '.join(SETS)} (default: all)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="shell-style pattern over run ids",
+    )
+    parser.add_argument(
+        "--markdown", action="store_true", help="print table rows for docs/probe.md"
+    )
     parser.add_argument("--json", metavar="OUT", help="write every figure to OUT (JSON)")
-    parser.add_argument("--render", metavar="RESULTS", help="print the markdown table of a --json results file; probe nothing")
+    parser.add_argument(
+        "--render",
+        metavar="RESULTS",
+        help="print the markdown table of a --json results file; probe nothing",
+    )
     args = parser.parse_args(argv)
     if args.render is not None:
         import json
@@ -379,7 +683,9 @@ def main(argv=None) -> None:
         try:
             print(render(json.loads(Path(args.render).read_text(encoding="utf-8"))))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            parser.error(f"--render: {args.render!r} is not a results file of --json ({type(error).__name__})")
+            parser.error(
+                f"--render: {args.render!r} is not a results file of --json ({type(error).__name__})"
+            )
         return
     chosen = [s for arg in (args.set or [",".join(SETS)]) for s in arg.split(",")]
     unknown = [s for s in chosen if s not in SETS]
@@ -390,17 +696,27 @@ def main(argv=None) -> None:
         if not args.json or out.is_dir() or not out.parent.is_dir():
             parser.error(f"--json: {args.json!r} is not a file in an existing directory")
     build = Path(tempfile.mkdtemp(prefix="mxsim-bench-probe-"))
-    runs = [run for set_name in dict.fromkeys(chosen)
-            for run in {"mxsim": mxsim_runs, "mmasim": mmasim_runs, "rtl": lambda: rtl_runs(build)}[set_name]()]
+    runs = [
+        run
+        for set_name in dict.fromkeys(chosen)
+        for run in {"mxsim": mxsim_runs, "mmasim": mmasim_runs, "rtl": lambda: rtl_runs(build)}[
+            set_name
+        ]()
+    ]
     for pattern in args.only or []:
         if not any(fnmatch.fnmatchcase(run.id, pattern) for run in runs):
-            parser.error(f"--only: {pattern!r} matches no run of the sets {', '.join(dict.fromkeys(chosen))} "
-                         f"(ids are set/name, e.g. mxsim/h100, rtl/BUG=0)")
+            parser.error(
+                f"--only: {pattern!r} matches no run of the sets {', '.join(dict.fromkeys(chosen))} "
+                f"(ids are set/name, e.g. mxsim/h100, rtl/BUG=0)"
+            )
     if args.only:
         runs = [run for run in runs if any(fnmatch.fnmatchcase(run.id, p) for p in args.only)]
     before = conditions()
-    print(f"mxsim {before['mxsim']}, numpy {before['numpy']}, {before['cores']} cores, {before['date']}, "
-          f"load average {before['load_average']:.1f}; one Numba thread (as the probe sets)", flush=True)
+    print(
+        f"mxsim {before['mxsim']}, numpy {before['numpy']}, {before['cores']} cores, {before['date']}, "
+        f"load average {before['load_average']:.1f}; one Numba thread (as the probe sets)",
+        flush=True,
+    )
     skipped = {}
     for set_name in dict.fromkeys(run.set for run in runs):
         skipped[set_name] = missing(set_name)
@@ -419,16 +735,32 @@ def main(argv=None) -> None:
     for run in runs:  # a broken variant: a key its fault touches, or mismatches (docs/probe.md)
         if run.set == "rtl" and run.name != "BUG=0" and correct and "config" in run.figures:
             differing = ", ".join(keys_differing(run.figures["config"], correct)) or "none"
-            print(f"{'- ' if args.markdown else ''}{run.id} ({RTL_VARIANTS[int(run.name[4:])]}): keys other than "
-                  f"BUG=0's: {differing}; {run.figures['mismatches']:,} / {run.figures['vectors']:,} mismatches", flush=True)
+            print(
+                f"{'- ' if args.markdown else ''}{run.id} ({RTL_VARIANTS[int(run.name[4:])]}): keys other than "
+                f"BUG=0's: {differing}; {run.figures['mismatches']:,} / {run.figures['vectors']:,} mismatches",
+                flush=True,
+            )
     after = conditions()
-    print(f"load average before {before['load_average']:.1f}, after {after['load_average']:.1f}; "
-          f"{after['date']}", flush=True)
+    print(
+        f"load average before {before['load_average']:.1f}, after {after['load_average']:.1f}; "
+        f"{after['date']}",
+        flush=True,
+    )
     shutil.rmtree(build, ignore_errors=True)
     if args.json is not None:
-        write_atomic(args.json, json_text({"before": before, "after": after, "skipped": [s for s in skipped.values() if s],
-                                           "runs": [{"id": run.id, "path": run.path, **run.figures} for run in runs]},
-                                          indent=1) + "\n")
+        write_atomic(
+            args.json,
+            json_text(
+                {
+                    "before": before,
+                    "after": after,
+                    "skipped": [s for s in skipped.values() if s],
+                    "runs": [{"id": run.id, "path": run.path, **run.figures} for run in runs],
+                },
+                indent=1,
+            )
+            + "\n",
+        )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     x = np.random.default_rng(0).standard_normal(args.elements).astype(np.float32)
-    print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}")
+    print(
+        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+    )
     print(f"{args.elements} float32 elements, best of {args.repeats}")
     baseline = best_seconds(lambda: x.astype(np.float16), args.repeats)
     print(f"  numpy float32->float16 cast : {args.elements / baseline / 1e6:8.1f} M elements/s")

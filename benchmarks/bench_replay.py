@@ -26,7 +26,10 @@ def main() -> None:
     parser.add_argument("--hw", action="append", default=None)
     parser.add_argument("--traces", default="digits-cnn,ppocr-cls")
     args = parser.parse_args()
-    units = [mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml") for n in (args.hw or ["ocp-exact", "h100-fp8"])]
+    units = [
+        mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml")
+        for n in (args.hw or ["ocp-exact", "h100-fp8"])
+    ]
     print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores")
     import mxsim.replay.layer as layer_module
 
@@ -45,7 +48,9 @@ def main() -> None:
         for unit in units:  # warm the kernels for this unit outside the timing
             replay_layer(trace.layers[0], unit)
         print(f"\n{name}: {len(trace.layers)} layers")
-        print(f"  {'layer':14s} {'unit':10s} {'MACs':>10s} {'total s':>8s} {'matmul s':>8s} {'other s':>8s} {'M MAC/s':>8s}")
+        print(
+            f"  {'layer':14s} {'unit':10s} {'MACs':>10s} {'total s':>8s} {'matmul s':>8s} {'other s':>8s} {'M MAC/s':>8s}"
+        )
         for unit in units:
             total_time = total_macs = 0
             for layer in trace.layers:
@@ -55,8 +60,10 @@ def main() -> None:
                 seconds = time.perf_counter() - start
                 total_time += seconds
                 total_macs += result.macs
-                print(f"  {layer.name[:14]:14s} {unit.name[:10]:10s} {result.macs:10d} {seconds:8.3f} {spent['matmul']:8.3f} "
-                      f"{seconds - spent['matmul']:8.3f} {result.macs / seconds / 1e6:8.1f}")
+                print(
+                    f"  {layer.name[:14]:14s} {unit.name[:10]:10s} {result.macs:10d} {seconds:8.3f} {spent['matmul']:8.3f} "
+                    f"{seconds - spent['matmul']:8.3f} {result.macs / seconds / 1e6:8.1f}"
+                )
             print(f"  {'total':14s} {unit.name[:10]:10s} {total_macs:10d} {total_time:8.3f}")
 
 

@@ -57,41 +57,76 @@ VARIANTS = [
 
 def conditions() -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-            "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()), "cores": os.cpu_count()}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "cores": os.cpu_count(),
+    }
 
 
 def base_config(path: str, block: int, terms: int):
     base = load_hwconfig(path)
-    return vary_hwconfig(base, {"inputs.block_size": block, "adder.fused_terms": terms}, f"{base.name}-b{block}")
+    return vary_hwconfig(
+        base, {"inputs.block_size": block, "adder.fused_terms": terms}, f"{base.name}-b{block}"
+    )
 
 
 def measure(args) -> None:
     base = base_config(args.hw, args.block, args.k)
     trace = load_trace(args.trace)
-    setup = {"hw": args.hw, "block_size": args.block, "k": args.k, "fused_terms": args.k, "trace": args.trace}
-    old = json.loads(Path(args.record).read_text()) if args.record and Path(args.record).is_file() else None
+    setup = {
+        "hw": args.hw,
+        "block_size": args.block,
+        "k": args.k,
+        "fused_terms": args.k,
+        "trace": args.trace,
+    }
+    old = (
+        json.loads(Path(args.record).read_text())
+        if args.record and Path(args.record).is_file()
+        else None
+    )
     results = old if old and old.get("setup") == setup else {"setup": setup, "rows": []}
     done = {(row["format"], row["variant"]) for row in results["rows"]}
     for fmt in args.format or ["fp4_e2m1"]:
         for label, changes in VARIANTS:
-            if (args.only and changes and not any(part in label for part in args.only)) or (fmt, label) in done:
+            if (args.only and changes and not any(part in label for part in args.only)) or (
+                fmt,
+                label,
+            ) in done:
                 continue
             hw = vary_hwconfig(base, changes, f"{base.name}-v") if changes else base
             result = synthesize(generate_unit(hw, fmt, fmt, args.k))
             sqnr = replay_point(trace, hw, fmt)["metrics"]["worst_layer_sqnr_vs_ideal_db"]
-            row = {"format": fmt, "variant": label, "changes": changes, "cells": result.cells,
-                   "transistors": result.transistors, "depth": result.depth, "synthesis_seconds": result.seconds,
-                   "synthesis_cpu_seconds": result.cpu_seconds,
-                   "sqnr_vs_ideal_db": "inf" if math.isinf(sqnr) else round(sqnr, 2), **conditions()}
+            row = {
+                "format": fmt,
+                "variant": label,
+                "changes": changes,
+                "cells": result.cells,
+                "transistors": result.transistors,
+                "depth": result.depth,
+                "synthesis_seconds": result.seconds,
+                "synthesis_cpu_seconds": result.cpu_seconds,
+                "sqnr_vs_ideal_db": "inf" if math.isinf(sqnr) else round(sqnr, 2),
+                **conditions(),
+            }
             results["rows"].append(row)
-            print(f"{fmt:10s} {label:34s} {result.cells:7d} cells {result.transistors:8d} transistors "
-                  f"depth {result.depth:4d} SQNR {row['sqnr_vs_ideal_db']} dB "
-                  f"({result.cpu_seconds:.0f} s processor, {result.seconds:.0f} s wall{', cached' if result.cached else ''})", flush=True)
+            print(
+                f"{fmt:10s} {label:34s} {result.cells:7d} cells {result.transistors:8d} transistors "
+                f"depth {result.depth:4d} SQNR {row['sqnr_vs_ideal_db']} dB "
+                f"({result.cpu_seconds:.0f} s processor, {result.seconds:.0f} s wall{', cached' if result.cached else ''})",
+                flush=True,
+            )
             if args.record:
                 write_atomic(Path(args.record), json.dumps(results, indent=1) + "\n")
 
@@ -100,28 +135,38 @@ def table(results: dict) -> str:
     """docs/area.md's table of a results file (no dates: those stay in the file)."""
     s = results["setup"]
     rows = results["rows"]
-    lines = [f"K = {s['k']}, {s['block_size']}-element blocks, base `{s['hw']}` with a tree of {s['fused_terms']} terms; "
-             f"SQNR: worst layer of `{s['trace']}` vs the ideal MX result. Synthesized at commit "
-             f"{', '.join(sorted({r['commit'] for r in rows}))}; Yosys: processor seconds (Yosys and ABC) on a "
-             f"shared 2-core machine (load average {min(float(r['load_average'].split()[0]) for r in rows):.0f} to "
-             f"{max(float(r['load_average'].split()[0]) for r in rows):.0f}).", "",
-             "| elements | variant | cells | transistors | vs base | depth | SQNR (dB) | proxy bits | Yosys s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"K = {s['k']}, {s['block_size']}-element blocks, base `{s['hw']}` with a tree of {s['fused_terms']} terms; "
+        f"SQNR: worst layer of `{s['trace']}` vs the ideal MX result. Synthesized at commit "
+        f"{', '.join(sorted({r['commit'] for r in rows}))}; Yosys: processor seconds (Yosys and ABC) on a "
+        f"shared 2-core machine (load average {min(float(r['load_average'].split()[0]) for r in rows):.0f} to "
+        f"{max(float(r['load_average'].split()[0]) for r in rows):.0f}).",
+        "",
+        "| elements | variant | cells | transistors | vs base | depth | SQNR (dB) | proxy bits | Yosys s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     bases = {r["format"]: r["transistors"] for r in rows if r["variant"] == "base"}
     base = base_config(str(REPO / s["hw"]), s["block_size"], s["fused_terms"])
     for r in rows:
         ratio = f"{r['transistors'] / bases[r['format']]:.2f}" if r["format"] in bases else ""
         sqnr = "exact" if r["sqnr_vs_ideal_db"] == "inf" else f"{r['sqnr_vs_ideal_db']:.1f}"
-        only = {"inputs.a_formats": [r["format"]], "inputs.b_formats": [r["format"]]}  # the proxy counts the first pair
+        only = {
+            "inputs.a_formats": [r["format"]],
+            "inputs.b_formats": [r["format"]],
+        }  # the proxy counts the first pair
         proxy = hardware_cost(vary_hwconfig(base, {**r["changes"], **only}, "proxy"))["cost_bits"]
-        lines.append(f"| {r['format']} | {r['variant']} | {r['cells']:,} | {r['transistors']:,} | {ratio} | "
-                     f"{r['depth']} | {sqnr} | {proxy} | {r['synthesis_cpu_seconds']:.0f} |")
+        lines.append(
+            f"| {r['format']} | {r['variant']} | {r['cells']:,} | {r['transistors']:,} | {ratio} | "
+            f"{r['depth']} | {sqnr} | {proxy} | {r['synthesis_cpu_seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def render(check: bool) -> int:
     text = DOC.read_text(encoding="utf-8")
-    new = BLOCK.sub(lambda m: m.group(1) + table(json.loads(RESULTS.read_text())) + m.group(3), text)
+    new = BLOCK.sub(
+        lambda m: m.group(1) + table(json.loads(RESULTS.read_text())) + m.group(3), text
+    )
     if check:
         return int(new != text)
     if new != text:
@@ -132,14 +177,24 @@ def render(check: bool) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hw", default="hwconfigs/b200-tcgen05-mxf8f6f4.yaml")
-    parser.add_argument("--format", action="append", help="element format (repeatable; default fp4_e2m1)")
-    parser.add_argument("--k", type=int, default=8, help="elements per dot product, and the base tree's size")
+    parser.add_argument(
+        "--format", action="append", help="element format (repeatable; default fp4_e2m1)"
+    )
+    parser.add_argument(
+        "--k", type=int, default=8, help="elements per dot product, and the base tree's size"
+    )
     parser.add_argument("--block", type=int, default=8, help="inputs.block_size of the base unit")
     parser.add_argument("--trace", default="traces/digits-cnn")
-    parser.add_argument("--only", action="append", help="run only the variants whose label contains this")
+    parser.add_argument(
+        "--only", action="append", help="run only the variants whose label contains this"
+    )
     parser.add_argument("--record", help="results JSON, rewritten after every row")
-    parser.add_argument("--render", action="store_true", help="rewrite docs/area.md's table from " + str(RESULTS))
-    parser.add_argument("--check", action="store_true", help="with --render: exit 1 when docs/area.md is stale")
+    parser.add_argument(
+        "--render", action="store_true", help="rewrite docs/area.md's table from " + str(RESULTS)
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="with --render: exit 1 when docs/area.md is stale"
+    )
     args = parser.parse_args()
     if args.render:
         return render(args.check)

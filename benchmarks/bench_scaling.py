@@ -43,7 +43,9 @@ def timed_replay(trace, units, runner) -> tuple[float, list[np.ndarray]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep-trace", default="digits-cnn")
-    parser.add_argument("--points", type=int, default=8, help="sweep points (align_fraction_bits 8, 9, ...)")
+    parser.add_argument(
+        "--points", type=int, default=8, help="sweep points (align_fraction_bits 8, 9, ...)"
+    )
     parser.add_argument("--replay-trace", default="ppocr-cls")
     parser.add_argument("--hw", default="h100-fp8")
     args = parser.parse_args()
@@ -52,9 +54,13 @@ def main() -> None:
     replay_trace = load_trace(REPO / "traces" / args.replay_trace)
     knobs = parse_knobs([f"adder.align_fraction_bits=8:{7 + args.points}"])
     warm_knobs = parse_knobs(["adder.align_fraction_bits=20:21"])
-    print(f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f} at start")
-    print(f"sweep: {args.sweep_trace} x {args.points} points of {args.hw}; replay: {args.replay_trace} through {args.hw}")
+    print(
+        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f} at start"
+    )
+    print(
+        f"sweep: {args.sweep_trace} x {args.points} points of {args.hw}; replay: {args.replay_trace} through {args.hw}"
+    )
     rows = []
     baseline = {}
     for workers in (None, 1, 2):
@@ -69,20 +75,39 @@ def main() -> None:
         finally:
             runner.close()
         if workers is None:
-            baseline = {"sweep": (sweep_seconds, sweep_bits), "replay": (replay_seconds, replay_bits)}
+            baseline = {
+                "sweep": (sweep_seconds, sweep_bits),
+                "replay": (replay_seconds, replay_bits),
+            }
         else:
-            assert sweep_bits == baseline["sweep"][1], "sweep results differ from the in-process run"
-            assert all(np.array_equal(a, b) for a, b in zip(replay_bits, baseline["replay"][1], strict=True)), \
-                "replay bits differ from the in-process run"
-        rows.append(("in-process" if workers is None else f"{workers} worker{'s' * (workers > 1)}",
-                     startup, sweep_seconds, replay_seconds))
-    print(f"\n{'runner':12s} {'start s':>8s} {'sweep s':>8s} {'vs in-proc':>10s} {'replay s':>9s} {'vs in-proc':>10s}")
+            assert sweep_bits == baseline["sweep"][1], (
+                "sweep results differ from the in-process run"
+            )
+            assert all(
+                np.array_equal(a, b)
+                for a, b in zip(replay_bits, baseline["replay"][1], strict=True)
+            ), "replay bits differ from the in-process run"
+        rows.append(
+            (
+                "in-process" if workers is None else f"{workers} worker{'s' * (workers > 1)}",
+                startup,
+                sweep_seconds,
+                replay_seconds,
+            )
+        )
+    print(
+        f"\n{'runner':12s} {'start s':>8s} {'sweep s':>8s} {'vs in-proc':>10s} {'replay s':>9s} {'vs in-proc':>10s}"
+    )
     for name, startup, sweep_seconds, replay_seconds in rows:
-        print(f"{name:12s} {startup:8.2f} {sweep_seconds:8.2f} {baseline['sweep'][0] / sweep_seconds:9.2f}x "
-              f"{replay_seconds:9.2f} {baseline['replay'][0] / replay_seconds:9.2f}x")
+        print(
+            f"{name:12s} {startup:8.2f} {sweep_seconds:8.2f} {baseline['sweep'][0] / sweep_seconds:9.2f}x "
+            f"{replay_seconds:9.2f} {baseline['replay'][0] / replay_seconds:9.2f}x"
+        )
     one, two = rows[1], rows[2]
-    print(f"\n2 vs 1 worker: sweep {one[2] / two[2]:.2f}x, replay {one[3] / two[3]:.2f}x "
-          "(results bit-identical to in-process)")
+    print(
+        f"\n2 vs 1 worker: sweep {one[2] / two[2]:.2f}x, replay {one[3] / two[3]:.2f}x "
+        "(results bit-identical to in-process)"
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", r
 
 def _conditions(results: dict) -> str:
     c = results["conditions"]
-    return (f"Recorded at commit {c['commit']}, load average {c['load_average']} "
-            f"({c['cores']} cores, {c['machine']}, numpy {c['numpy']}).")
+    return (
+        f"Recorded at commit {c['commit']}, load average {c['load_average']} "
+        f"({c['cores']} cores, {c['machine']}, numpy {c['numpy']})."
+    )
 
 
 def table(name: str) -> str:
@@ -32,14 +34,21 @@ def table(name: str) -> str:
     results = json.loads((RESULTS / f"{name}.json").read_text())
     if "ratios" in results:  # the short tier
         rows = [f"| {case} | {ratio:.3f}x |" for case, ratio in results["ratios"].items()]
-        head = (f"{results['size']}³ GEMMs, speed as a multiple of the same run's numpy float64 matmul "
-                f"(best of 3 each). {_conditions(results)}\n\n| config, element format | vs DGEMM |\n|---|---|")
+        head = (
+            f"{results['size']}³ GEMMs, speed as a multiple of the same run's numpy float64 matmul "
+            f"(best of 3 each). {_conditions(results)}\n\n| config, element format | vs DGEMM |\n|---|---|"
+        )
     else:
-        rows = [f"| `{f['config']}` | {f['element']} | {f['route']} | {f['gmacs']:.2f} | {f['seconds']:.3f} s | "
-                f"{f['ratio']:.3f}x |" for f in results["figures"]]
-        head = (f"{results['size']}³ GEMMs, best of N by {results['clock']} clock, every output bit exact. "
-                f"{_conditions(results)}\n\n| config | elements | route | G MAC/s | time | vs DGEMM |\n"
-                "|---|---|---|---|---|---|")
+        rows = [
+            f"| `{f['config']}` | {f['element']} | {f['route']} | {f['gmacs']:.2f} | {f['seconds']:.3f} s | "
+            f"{f['ratio']:.3f}x |"
+            for f in results["figures"]
+        ]
+        head = (
+            f"{results['size']}³ GEMMs, best of N by {results['clock']} clock, every output bit exact. "
+            f"{_conditions(results)}\n\n| config | elements | route | G MAC/s | time | vs DGEMM |\n"
+            "|---|---|---|---|---|---|"
+        )
     return head + "\n" + "\n".join(rows) + "\n"
 
 
@@ -49,14 +58,18 @@ def render(text: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date"
+    )
     args = parser.parse_args(argv)
     text = DOC.read_text()
     new = render(text)
     if args.check:
         if new != text:
-            print("docs/benchmarks.md differs from benchmarks/results: run python benchmarks/docs_tables.py",
-                  file=sys.stderr)
+            print(
+                "docs/benchmarks.md differs from benchmarks/results: run python benchmarks/docs_tables.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if new != text:

@@ -36,7 +36,9 @@ def main() -> None:
             float_accuracy = report["end_to_end"]["float_accuracy"]
             cells.append(f"{100 * report['end_to_end']['accuracy'][unit.name]:.2f} %")
         rows.append(f"| {fmt} | " + " | ".join(cells) + " |")
-    print(f"{trace.name}: float accuracy {100 * float_accuracy:.2f} % on {len(trace.dataset[trace.network.labels])} test images")
+    print(
+        f"{trace.name}: float accuracy {100 * float_accuracy:.2f} % on {len(trace.dataset[trace.network.labels])} test images"
+    )
     print()
     print("| element format | " + " | ".join(UNITS) + " |")
     print("|---|" + "---|" * len(UNITS))

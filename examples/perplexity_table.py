@@ -26,7 +26,9 @@ def main() -> None:
     names = sys.argv[2:] or UNITS
     units = [mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in names]
     tokens = trace.dataset[trace.network.input]
-    print(f"{trace.name}: float32 perplexity {perplexity(trace):.4f} on {tokens.size} held-out tokens")
+    print(
+        f"{trace.name}: float32 perplexity {perplexity(trace):.4f} on {tokens.size} held-out tokens"
+    )
     print()
     print("| element format | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names), flush=True)

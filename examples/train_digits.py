@@ -39,13 +39,20 @@ def load_data():
 
 def build_model(torch):
     nn = torch.nn
-    return nn.Sequential(OrderedDict([
-        ("conv1", nn.Conv2d(1, 8, 3, padding=1)), ("relu1", nn.ReLU()),
-        ("conv2", nn.Conv2d(8, 16, 3, stride=2, padding=1)), ("relu2", nn.ReLU()),
-        ("flatten", nn.Flatten()),
-        ("fc1", nn.Linear(256, 32)), ("relu3", nn.ReLU()),
-        ("fc2", nn.Linear(32, 10)),
-    ]))
+    return nn.Sequential(
+        OrderedDict(
+            [
+                ("conv1", nn.Conv2d(1, 8, 3, padding=1)),
+                ("relu1", nn.ReLU()),
+                ("conv2", nn.Conv2d(8, 16, 3, stride=2, padding=1)),
+                ("relu2", nn.ReLU()),
+                ("flatten", nn.Flatten()),
+                ("fc1", nn.Linear(256, 32)),
+                ("relu3", nn.ReLU()),
+                ("fc2", nn.Linear(32, 10)),
+            ]
+        )
+    )
 
 
 def train(torch, model, x_train, y_train, epochs: int):
@@ -59,7 +66,7 @@ def train(torch, model, x_train, y_train, epochs: int):
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator)
         for start in range(0, len(x), 64):
-            batch = order[start:start + 64]
+            batch = order[start : start + 64]
             optimizer.zero_grad()
             loss_fn(model(x[batch]), y[batch]).backward()
             optimizer.step()
@@ -69,9 +76,15 @@ def train(torch, model, x_train, y_train, epochs: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=REPO / "traces" / "digits-cnn")
-    parser.add_argument("--onnx", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_cnn.onnx")
-    parser.add_argument("--inputs", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_inputs.npz",
-                        help="a few test images under the ONNX input name, for `mxsim capture onnx --inputs`")
+    parser.add_argument(
+        "--onnx", type=Path, default=REPO / "tests" / "data" / "trace" / "digits_cnn.onnx"
+    )
+    parser.add_argument(
+        "--inputs",
+        type=Path,
+        default=REPO / "tests" / "data" / "trace" / "digits_inputs.npz",
+        help="a few test images under the ONNX input name, for `mxsim capture onnx --inputs`",
+    )
     parser.add_argument("--epochs", type=int, default=40)
     args = parser.parse_args(argv)
 
@@ -88,15 +101,27 @@ def main(argv=None) -> int:
     with torch.no_grad():
         logits = model(torch.from_numpy(x_test)).numpy()
     accuracy = float(np.mean(logits.argmax(axis=1) == y_test))
-    print(f"float test accuracy: {accuracy:.4f} ({int(round(accuracy * len(y_test)))}/{len(y_test)})")
+    print(
+        f"float test accuracy: {accuracy:.4f} ({int(round(accuracy * len(y_test)))}/{len(y_test)})"
+    )
 
     trace = capture_torch(
-        model, torch.from_numpy(x_test), name="digits-cnn",
-        source={"model": "DigitsCNN (examples/train_digits.py)",
-                "dataset": "scikit-learn load_digits, 20% stratified test split, seed 2026"},
-        metadata={"float_accuracy": accuracy, "test_samples": int(len(y_test)),
-                  "train_samples": int(len(y_train)), "epochs": args.epochs, "seed": SEED,
-                  "classes": list(range(10)), "input_scaling": "pixel / 16"},
+        model,
+        torch.from_numpy(x_test),
+        name="digits-cnn",
+        source={
+            "model": "DigitsCNN (examples/train_digits.py)",
+            "dataset": "scikit-learn load_digits, 20% stratified test split, seed 2026",
+        },
+        metadata={
+            "float_accuracy": accuracy,
+            "test_samples": int(len(y_test)),
+            "train_samples": int(len(y_train)),
+            "epochs": args.epochs,
+            "seed": SEED,
+            "classes": list(range(10)),
+            "input_scaling": "pixel / 16",
+        },
         dataset={"inputs": x_test, "labels": y_test},
         network=True,
     )
@@ -106,9 +131,16 @@ def main(argv=None) -> int:
     args.onnx.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(model, (torch.from_numpy(x_test[:1]),), str(args.onnx), dynamo=False,
-                          input_names=[ONNX_INPUT], output_names=["logits"],
-                          dynamic_axes={ONNX_INPUT: {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+        torch.onnx.export(
+            model,
+            (torch.from_numpy(x_test[:1]),),
+            str(args.onnx),
+            dynamo=False,
+            input_names=[ONNX_INPUT],
+            output_names=["logits"],
+            dynamic_axes={ONNX_INPUT: {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=17,
+        )
     print(f"onnx: {args.onnx}")
     np.savez(args.inputs, **{ONNX_INPUT: x_test[:16]})
     print(f"inputs: {args.inputs}")

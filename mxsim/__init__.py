@@ -42,7 +42,19 @@ _RENAMED = {"quantize_mx": "quantize"}
 __all__ = sorted(_EXPORTS)
 
 
-_SUBPACKAGES = ("capture", "cycles", "datapath", "errors", "formats", "golden", "inloop", "probe", "quantize", "replay", "trace")
+_SUBPACKAGES = (
+    "capture",
+    "cycles",
+    "datapath",
+    "errors",
+    "formats",
+    "golden",
+    "inloop",
+    "probe",
+    "quantize",
+    "replay",
+    "trace",
+)
 
 
 def __getattr__(name: str):

@@ -75,7 +75,9 @@ class _CompileWatch:
             notice = self._spin if stream.isatty() else None if self.logged else self._log
             if notice is not None:
                 self._stop = threading.Event()
-                self._thread = threading.Thread(target=notice, args=(stream, self._stop), daemon=True)
+                self._thread = threading.Thread(
+                    target=notice, args=(stream, self._stop), daemon=True
+                )
                 self._thread.start()
 
     def on_end(self, _event) -> None:
@@ -155,7 +157,9 @@ def generic_calls(dispatcher):
     specialise = dispatcher.get_call_template
 
     def get_call_template(args, kws):
-        return specialise(tuple(types.unliteral(a) for a in args), {k: types.unliteral(v) for k, v in kws.items()})
+        return specialise(
+            tuple(types.unliteral(a) for a in args), {k: types.unliteral(v) for k, v in kws.items()}
+        )
 
     dispatcher.get_call_template = get_call_template
     return dispatcher

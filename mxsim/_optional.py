@@ -6,8 +6,15 @@ import importlib
 
 from .errors import MxsimError
 
-EXTRAS = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plots", "transformers": "models",
-          "PIL": "examples", "quark": "oracles"}
+EXTRAS = {
+    "torch": "torch",
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "matplotlib": "plots",
+    "transformers": "models",
+    "PIL": "examples",
+    "quark": "oracles",
+}
 
 
 def require(module: str):
@@ -17,4 +24,5 @@ def require(module: str):
     except ImportError as error:
         extra = EXTRAS.get(module.split(".")[0], module)
         raise MxsimError(
-            f"{module} is not installed ({error}); install it with: pip install 'mxsim[{extra}]'") from None
+            f"{module} is not installed ({error}); install it with: pip install 'mxsim[{extra}]'"
+        ) from None

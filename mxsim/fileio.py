@@ -43,8 +43,17 @@ from .limits import MAX_TEXT_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, check_array_
 Fail = Callable[[str], NoReturn]
 MemberFail = Callable[[str | None, str], NoReturn]
 #: Errors a corrupt zip archive or member can raise while being read.
-_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error, NotImplementedError,
-               RuntimeError, ValueError, OverflowError)
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    EOFError,
+    OSError,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+    OverflowError,
+)
 
 # ----------------------------------------------------------------------------- text and YAML
 
@@ -66,8 +75,10 @@ class _UniqueKeyLoader(_LOADER):
                 key = self.construct_object(key_node)
                 if key in seen:
                     mark = key_node.start_mark
-                    raise _DuplicateKey(f"a key repeats an earlier key of its mapping (line {mark.line + 1}, "
-                                        f"column {mark.column + 1}); each key once")
+                    raise _DuplicateKey(
+                        f"a key repeats an earlier key of its mapping (line {mark.line + 1}, "
+                        f"column {mark.column + 1}); each key once"
+                    )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -78,13 +89,17 @@ class _DuplicateKey(Exception):
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
     """A YAML error without the file's text (PyYAML quotes the offending lines): what and where."""
-    problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    problem = (
+        getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    )
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
     return " ".join(str(problem).split())[:120] + where
 
 
-def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8", limit: int = MAX_TEXT_BYTES) -> str:
+def read_text(
+    path: Path, fail: Fail, *, encoding: str = "utf-8", limit: int = MAX_TEXT_BYTES
+) -> str:
     """The text of ``path``: a regular file of at most ``limit`` bytes (MAX_TEXT_BYTES unless the
     caller has checked a larger size against the budget), valid ``encoding``."""
     try:
@@ -100,7 +115,9 @@ def read_text(path: Path, fail: Fail, *, encoding: str = "utf-8", limit: int = M
         return data.decode(encoding)
     except UnicodeDecodeError as error:
         name = "UTF-8" if encoding.lower().startswith("utf-8") else encoding.upper()
-        fail(f"not {name} text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as {name}")
+        fail(
+            f"not {name} text (byte 0x{data[error.start]:02x} at offset {error.start}); save it as {name}"
+        )
 
 
 def load_yaml(text: str, fail: Fail) -> Any:
@@ -169,14 +186,24 @@ def _read_header(stream, where: str, fail: Fail) -> tuple[np.dtype, tuple, bool,
             fail(f".npy format version {version} in {where} is not supported (accepted: 1.0, 2.0)")
     except MxsimError:
         raise
-    except Exception as error:  # numpy's header parser raises many kinds on hostile bytes; all mean "corrupt"
+    except (
+        Exception
+    ) as error:  # numpy's header parser raises many kinds on hostile bytes; all mean "corrupt"
         detail = " ".join(str(error).split())[:200]
-        fail(f"truncated or corrupt in {where}: not a valid .npy array header ({type(error).__name__}: {detail})")
+        fail(
+            f"truncated or corrupt in {where}: not a valid .npy array header ({type(error).__name__}: {detail})"
+        )
     return dtype, shape, fortran, stream.tell()
 
 
-def read_npy(stream, stored_bytes: int, where: str, allowed_dtypes: Iterable[str], fail: Fail,
-             expected: tuple[tuple, str] | None = None) -> np.ndarray:
+def read_npy(
+    stream,
+    stored_bytes: int,
+    where: str,
+    allowed_dtypes: Iterable[str],
+    fail: Fail,
+    expected: tuple[tuple, str] | None = None,
+) -> np.ndarray:
     """One .npy array from ``stream`` whose stored size is ``stored_bytes``, checked before allocation.
 
     The header must declare a dtype named in ``allowed_dtypes`` (never an object or
@@ -198,10 +225,14 @@ def read_npy(stream, stored_bytes: int, where: str, allowed_dtypes: Iterable[str
             fail(f"shape {tuple(shape)} in {where}, manifest says {tuple(expected_shape)}")
     nbytes = math.prod(shape) * dtype.itemsize
     if header_bytes + nbytes != stored_bytes:
-        fail(f"truncated or corrupt in {where}: the header declares shape {tuple(shape)} of {dtype.name} "
-             f"({nbytes} bytes) but {stored_bytes - header_bytes} data bytes are stored")
+        fail(
+            f"truncated or corrupt in {where}: the header declares shape {tuple(shape)} of {dtype.name} "
+            f"({nbytes} bytes) but {stored_bytes - header_bytes} data bytes are stored"
+        )
     try:
-        check_array_budget(shape, dtype.itemsize, f"shape {tuple(shape)} of {dtype.name} in {where}")
+        check_array_budget(
+            shape, dtype.itemsize, f"shape {tuple(shape)} of {dtype.name} in {where}"
+        )
     except BudgetError as error:
         fail(str(error))
     buffer = bytearray(nbytes)
@@ -233,8 +264,13 @@ def read_npy_file(path: Path, allowed_dtypes: Iterable[str], fail: Fail) -> np.n
         fail(f"cannot read: {error.strerror or error}")
 
 
-def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
-             expected: dict[str, tuple[tuple, str]] | None = None, label: str | None = None) -> dict[str, np.ndarray]:
+def read_npz(
+    path: Path,
+    allowed_dtypes: Iterable[str],
+    fail: MemberFail,
+    expected: dict[str, tuple[tuple, str]] | None = None,
+    label: str | None = None,
+) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` archive, each checked as :func:`read_npy` checks it.
 
     ``fail(member, message)`` reports a problem (``member`` None for the archive itself);
@@ -259,7 +295,10 @@ def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
     except MxsimError:
         raise
     except _ZIP_ERRORS as error:
-        fail(None, f"{label} is truncated or corrupt: not a readable NPZ (zip) archive ({type(error).__name__}: {error})")
+        fail(
+            None,
+            f"{label} is truncated or corrupt: not a readable NPZ (zip) archive ({type(error).__name__}: {error})",
+        )
     with archive:
         members = {}
         for info in archive.infolist():
@@ -285,9 +324,14 @@ def read_npz(path: Path, allowed_dtypes: Iterable[str], fail: MemberFail,
         for name, info in members.items():
             try:
                 with archive.open(info) as stream:
-                    out[name] = read_npy(stream, info.file_size, label, allowed,
-                                         lambda message, _name=name: fail(_name, message),
-                                         None if expected is None else expected[name])
+                    out[name] = read_npy(
+                        stream,
+                        info.file_size,
+                        label,
+                        allowed,
+                        lambda message, _name=name: fail(_name, message),
+                        None if expected is None else expected[name],
+                    )
             except MxsimError:
                 raise
             except _ZIP_ERRORS as error:
@@ -317,10 +361,15 @@ def json_ready(value):
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict):
-        return {str(key) if not isinstance(key, (str, int, float, bool)) else key: json_ready(item)
-                for key, item in value.items()}
+        return {
+            str(key) if not isinstance(key, (str, int, float, bool)) else key: json_ready(item)
+            for key, item in value.items()
+        }
     if isinstance(value, (list, tuple, np.ndarray)):
-        return [json_ready(item) for item in (value.tolist() if isinstance(value, np.ndarray) else value)]
+        return [
+            json_ready(item)
+            for item in (value.tolist() if isinstance(value, np.ndarray) else value)
+        ]
     return str(value)
 
 
@@ -355,7 +404,9 @@ def write_atomic(path, data: str | bytes | Iterable[str], *, encoding: str = "ut
     """
     path = check_path(path, "output file")
     pieces = [data] if isinstance(data, (str, bytes)) else data
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
+    )
     try:
         with os.fdopen(descriptor, "wb") as handle:
             for piece in pieces:
@@ -377,7 +428,9 @@ _RENAME_EXCHANGE = 2
 def _exchange(first: Path, second: Path) -> bool:
     """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
     library = ctypes.util.find_library("c")
-    renameat2 = getattr(ctypes.CDLL(library, use_errno=True), "renameat2", None) if library else None
+    renameat2 = (
+        getattr(ctypes.CDLL(library, use_errno=True), "renameat2", None) if library else None
+    )
     if renameat2 is None:
         return False
     at_cwd = -100
@@ -423,12 +476,16 @@ def check_output_directory(target, is_own: Callable[[Path], bool], what: str) ->
         if not target.is_dir():
             raise ArgumentError(f"{what} {target}: exists and is not a directory")
         if any(target.iterdir()) and not is_own(target):
-            raise ArgumentError(f"{what} {target}: is not empty and holds no earlier output of this kind; the "
-                                "output directory is replaced as a whole, so give a new or empty directory")
+            raise ArgumentError(
+                f"{what} {target}: is not empty and holds no earlier output of this kind; the "
+                "output directory is replaced as a whole, so give a new or empty directory"
+            )
     cwd = Path.cwd()
     if target.resolve() == cwd or target.resolve() in cwd.parents:
-        raise ArgumentError(f"{what} {target}: is the current directory or holds it; the output directory is "
-                            "replaced as a whole, so give another one")
+        raise ArgumentError(
+            f"{what} {target}: is the current directory or holds it; the output directory is "
+            "replaced as a whole, so give another one"
+        )
     return target
 
 

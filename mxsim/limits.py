@@ -85,7 +85,11 @@ def check_int(value, name: str, low: int | None = None, high: int | None = None)
         accepted = f"an integer >= {low}"
     else:
         accepted = "an integer"
-    if not is_integer(value) or (low is not None and value < low) or (high is not None and value > high):
+    if (
+        not is_integer(value)
+        or (low is not None and value < low)
+        or (high is not None and value > high)
+    ):
         raise ArgumentError(f"{name}: expected {accepted}, got {_show(value)}")
     return int(value)
 
@@ -134,12 +138,18 @@ NAME_MAX_BYTES = 255
 def check_path(value, name: str) -> Path:
     """``value`` as a Path if it is a str or os.PathLike without NUL characters."""
     if not isinstance(value, (str, os.PathLike)):
-        raise ArgumentError(f"{name}: expected a file or directory path, got {type(value).__name__}")
+        raise ArgumentError(
+            f"{name}: expected a file or directory path, got {type(value).__name__}"
+        )
     path = Path(value)
     if "\x00" in str(path) or not str(value):
         raise ArgumentError(f"{name}: expected a file or directory path, got {_show(str(value))}")
     # Checked here because Path.is_file() raises (not False) on names the OS refuses.
-    if len(os.fsencode(path)) > PATH_MAX_BYTES or any(len(os.fsencode(part)) > NAME_MAX_BYTES for part in path.parts):
-        raise ArgumentError(f"{name}: a path of at most {PATH_MAX_BYTES} bytes with names of at most "
-                            f"{NAME_MAX_BYTES} bytes each, got {_show(str(value))}")
+    if len(os.fsencode(path)) > PATH_MAX_BYTES or any(
+        len(os.fsencode(part)) > NAME_MAX_BYTES for part in path.parts
+    ):
+        raise ArgumentError(
+            f"{name}: a path of at most {PATH_MAX_BYTES} bytes with names of at most "
+            f"{NAME_MAX_BYTES} bytes each, got {_show(str(value))}"
+        )
     return path

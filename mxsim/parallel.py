@@ -79,7 +79,9 @@ def raise_failures(what: str, total: int, failures: Sequence[TaskFailure]) -> No
 
 def _failure(key: str, error: BaseException, trace: str) -> TaskFailure:
     user_error = isinstance(error, MxsimError)
-    return TaskFailure(key, str(error) if user_error else f"{type(error).__name__}: {error}", user_error, trace)
+    return TaskFailure(
+        key, str(error) if user_error else f"{type(error).__name__}: {error}", user_error, trace
+    )
 
 
 def progress_bar(total: int | None, unit: str, enabled: bool):
@@ -92,6 +94,7 @@ def progress_bar(total: int | None, unit: str, enabled: bool):
 
         return tqdm(total=total, unit=unit, file=sys.stderr)
     except ImportError:
+
         class Counter:
             done = 0
 
@@ -124,8 +127,13 @@ class InProcess:
     def share(self, value):
         return value
 
-    def run(self, tasks: Sequence[Task], on_result: Callable[[str, Any], None] | None = None,
-            progress: bool = False, unit: str = "task") -> Results:
+    def run(
+        self,
+        tasks: Sequence[Task],
+        on_result: Callable[[str, Any], None] | None = None,
+        progress: bool = False,
+        unit: str = "task",
+    ) -> Results:
         """Run every task; (results by key, failures in task order)."""
         _check_keys(tasks)
         bar = progress_bar(len(tasks), unit, progress)
@@ -173,8 +181,12 @@ def _row_tile(tensor, start: int, stop: int):
     """Rows start:stop of an MXTensor quantized along axis 1 (its blocks lie inside rows)."""
     import dataclasses
 
-    return dataclasses.replace(tensor, codes=tensor.codes[start:stop], scales=tensor.scales[start:stop],
-                               shape=(stop - start, tensor.shape[1]))
+    return dataclasses.replace(
+        tensor,
+        codes=tensor.codes[start:stop],
+        scales=tensor.scales[start:stop],
+        shape=(stop - start, tensor.shape[1]),
+    )
 
 
 @dataclass(frozen=True)
@@ -209,13 +221,26 @@ class TiledMatmul:
             return matmul(hw, A, B, c=c)
         with worker_client() as client:
             shared_b = client.scatter(B, hash=False)
-            futures = [client.submit(_run_with_threads, self.numba_threads, _matmul_with_c, hw,
-                                     _row_tile(A, start, min(start + tile_rows, rows)), shared_b,
-                                     None if c is None else c[start : start + tile_rows],
-                                     key=f"mxsim-tile-{uuid.uuid4().hex}", pure=False)
-                       for start in range(0, rows, tile_rows)]
+            futures = [
+                client.submit(
+                    _run_with_threads,
+                    self.numba_threads,
+                    _matmul_with_c,
+                    hw,
+                    _row_tile(A, start, min(start + tile_rows, rows)),
+                    shared_b,
+                    None if c is None else c[start : start + tile_rows],
+                    key=f"mxsim-tile-{uuid.uuid4().hex}",
+                    pure=False,
+                )
+                for start in range(0, rows, tile_rows)
+            ]
             tiles = client.gather(futures)
-        return MatmulResult(np.concatenate([tile.bits for tile in tiles]), tiles[0].out_format, tiles[0].scale_exponent)
+        return MatmulResult(
+            np.concatenate([tile.bits for tile in tiles]),
+            tiles[0].out_format,
+            tiles[0].scale_exponent,
+        )
 
 
 def _matmul_with_c(hw, A, B, c):
@@ -239,7 +264,9 @@ def parse_scheduler_address(address) -> str:
     non-numeric or out-of-range port, an empty host, another protocol such as ``inproc://``)
     is an ArgumentError naming the address."""
     if not isinstance(address, str):
-        raise ArgumentError(f"--scheduler: expected an address such as tcp://host:8786, got {type(address).__name__}")
+        raise ArgumentError(
+            f"--scheduler: expected an address such as tcp://host:8786, got {type(address).__name__}"
+        )
     expected = "expected tcp://HOST:PORT, tls://HOST:PORT or HOST:PORT with a port 1..65535"
     if len(address) > 300:
         raise ArgumentError(f"--scheduler {shown(address)}: {expected} (at most 300 characters)")
@@ -247,14 +274,20 @@ def parse_scheduler_address(address) -> str:
     if not separator:
         protocol, rest = "tcp", address.strip()
     if protocol not in SCHEDULER_PROTOCOLS:
-        raise ArgumentError(f"--scheduler {shown(address)}: protocol {protocol[:20]!r} is not accepted; {expected}")
+        raise ArgumentError(
+            f"--scheduler {shown(address)}: protocol {protocol[:20]!r} is not accepted; {expected}"
+        )
     host, colon, port = rest.rpartition(":")
     if not colon or not host:
         raise ArgumentError(f"--scheduler {shown(address)}: {expected}")
     if not (port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535):
-        raise ArgumentError(f"--scheduler {shown(address)}: the port must be an integer 1..65535; {expected}")
+        raise ArgumentError(
+            f"--scheduler {shown(address)}: the port must be an integer 1..65535; {expected}"
+        )
     if not _HOST.fullmatch(host):
-        raise ArgumentError(f"--scheduler {shown(address)}: {shown(host, 40)} is not a host name or address; {expected}")
+        raise ArgumentError(
+            f"--scheduler {shown(address)}: {shown(host, 40)} is not a host name or address; {expected}"
+        )
     return f"{protocol}://{host}:{int(port)}"
 
 
@@ -305,7 +338,9 @@ def _probe_scheduler(address: str, timeout: float) -> None:
             detail = "no answer (a silent peer)"
         else:
             detail = " ".join(str(error).split())[:200] or type(error).__name__
-        raise MxsimError(f"cannot reach the Dask scheduler at {address} within {timeout:g} s: {detail}")
+        raise MxsimError(
+            f"cannot reach the Dask scheduler at {address} within {timeout:g} s: {detail}"
+        )
 
 
 class DaskRunner:
@@ -318,11 +353,19 @@ class DaskRunner:
     which. GEMMs of more than ``tile_macs`` multiply-adds are split into row tiles
     (:class:`TiledMatmul`)."""
 
-    def __init__(self, workers: int | None = None, scheduler: str | None = None, timeout: float = 120.0,
-                 tile_macs: int = TILE_MACS, connect_timeout: float = CONNECT_SECONDS,
-                 worker_timeout: float = WORKER_WAIT_SECONDS):
+    def __init__(
+        self,
+        workers: int | None = None,
+        scheduler: str | None = None,
+        timeout: float = 120.0,
+        tile_macs: int = TILE_MACS,
+        connect_timeout: float = CONNECT_SECONDS,
+        worker_timeout: float = WORKER_WAIT_SECONDS,
+    ):
         if (workers is None) == (scheduler is None):
-            raise MxsimError("give exactly one of workers (a local cluster) or scheduler (a running cluster)")
+            raise MxsimError(
+                "give exactly one of workers (a local cluster) or scheduler (a running cluster)"
+            )
         if scheduler is not None:
             scheduler = parse_scheduler_address(scheduler)
         else:
@@ -336,9 +379,13 @@ class DaskRunner:
             return
         self.numba_threads = max(1, (os.cpu_count() or 1) // workers)
         self.cluster = distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, death_timeout=timeout,
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            death_timeout=timeout,
             # No dashboard; the scheduler's small HTTP server on a free port, not 8787.
-            dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": ":0"},
         )
         self.client = distributed.Client(self.cluster, timeout=timeout)
         self.matmul = TiledMatmul(tile_macs, self.numba_threads)
@@ -351,30 +398,46 @@ class DaskRunner:
             client = distributed.Client(scheduler, timeout=connect_timeout)
         except (OSError, asyncio.TimeoutError, ValueError, TypeError) as error:
             detail = " ".join(str(error).split())[:200] or type(error).__name__
-            raise MxsimError(f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout:g} s: "
-                             f"{detail}") from None
+            raise MxsimError(
+                f"cannot reach the Dask scheduler at {scheduler} within {connect_timeout:g} s: "
+                f"{detail}"
+            ) from None
         try:
             client.wait_for_workers(1, timeout=worker_timeout)
         except (OSError, asyncio.TimeoutError):
             client.close()
-            raise MxsimError(f"the Dask scheduler at {scheduler} has no workers (waited {worker_timeout:g} s); "
-                             f"start some with: dask worker {scheduler}") from None
+            raise MxsimError(
+                f"the Dask scheduler at {scheduler} has no workers (waited {worker_timeout:g} s); "
+                f"start some with: dask worker {scheduler}"
+            ) from None
         return client
 
     def share(self, value):
         """A handle to ``value`` stored once on every worker; pass it as a task argument."""
         return self.client.scatter(value, broadcast=True, hash=False)
 
-    def run(self, tasks: Sequence[Task], on_result: Callable[[str, Any], None] | None = None,
-            progress: bool = False, unit: str = "task") -> Results:
+    def run(
+        self,
+        tasks: Sequence[Task],
+        on_result: Callable[[str, Any], None] | None = None,
+        progress: bool = False,
+        unit: str = "task",
+    ) -> Results:
         """Submit every task, collect results as they finish; (results by key, failures in task order)."""
         distributed = _require_distributed()
         bar = progress_bar(len(tasks), unit, progress)
         _check_keys(tasks)
         futures = {}
         for task in tasks:
-            future = self.client.submit(_run_with_threads, self.numba_threads, task.function, *task.args,
-                                        key=f"mxsim-{task.key}-{uuid.uuid4().hex}", pure=False, retries=0)
+            future = self.client.submit(
+                _run_with_threads,
+                self.numba_threads,
+                task.function,
+                *task.args,
+                key=f"mxsim-{task.key}-{uuid.uuid4().hex}",
+                pure=False,
+                retries=0,
+            )
             futures[future] = task.key
         results: dict[str, Any] = {}
         failed: dict[str, TaskFailure] = {}
@@ -388,10 +451,16 @@ class DaskRunner:
                         on_result(key, value)
                 elif future.status == "error":
                     error = future.exception()
-                    trace = "".join(traceback.format_tb(future.traceback())) if future.traceback() else ""
+                    trace = (
+                        "".join(traceback.format_tb(future.traceback()))
+                        if future.traceback()
+                        else ""
+                    )
                     failed[key] = _failure(key, error, trace)
                 else:  # cancelled, e.g. the cluster lost it
-                    failed[key] = TaskFailure(key, f"task {future.status} by the cluster", False, "")
+                    failed[key] = TaskFailure(
+                        key, f"task {future.status} by the cluster", False, ""
+                    )
                 future.release()
                 if bar:
                     bar.update(1)

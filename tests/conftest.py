@@ -35,8 +35,11 @@ def any_pair(name: str):
     from mxsim.datapath import load_hwconfig
 
     config = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
-    return dataclasses.replace(config, name=f"{name}-any-pair",
-                               sections={**config.sections, ("inputs", "format_groups"): None})
+    return dataclasses.replace(
+        config,
+        name=f"{name}-any-pair",
+        sections={**config.sections, ("inputs", "format_groups"): None},
+    )
 
 
 def same_float(a: float, b: float) -> bool:
@@ -68,13 +71,29 @@ def torch():
 
 #: float32 corners: +-0, subnormals (smallest, largest, 2^-127), smallest normals, +-max, then
 #: Inf/NaN (last four; ``nonfinite=False`` leaves them out).
-CORNER_BITS = np.array([
-    0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x00400000, 0x00800000, 0x80800000, 0x7F7FFFFF, 0xFF7FFFFF,
-    0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001,
-], np.uint32)
+CORNER_BITS = np.array(
+    [
+        0x00000000,
+        0x80000000,
+        0x00000001,
+        0x807FFFFF,
+        0x00400000,
+        0x00800000,
+        0x80800000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0xFFC00001,
+    ],
+    np.uint32,
+)
 
 
-def corner_float32(rng: np.random.Generator, rows: int, cols: int, nonfinite: bool = True) -> np.ndarray:
+def corner_float32(
+    rng: np.random.Generator, rows: int, cols: int, nonfinite: bool = True
+) -> np.ndarray:
     """float32 (rows, cols) that hit rounding corners of any block quantizer along axis 1.
 
     Each row clusters its exponents just below a random top exponent (an eighth of the rows
@@ -86,7 +105,7 @@ def corner_float32(rng: np.random.Generator, rows: int, cols: int, nonfinite: bo
     """
     top = rng.integers(1, 255, size=(rows, 1))
     top[: rows // 8] = rng.integers(1, 6, size=(rows // 8, 1))
-    top[rows // 8: rows // 4] = 254
+    top[rows // 8 : rows // 4] = 254
     exponent = np.clip(top - rng.geometric(0.35, size=(rows, cols)) + 1, 0, 254)
     low = (1 << (23 - rng.integers(0, 24, size=(rows, cols)))) - 1  # fraction bits cut off
     fraction = rng.integers(0, 2**23, size=(rows, cols)) & ~low
@@ -111,19 +130,29 @@ def realistic_float32(rng: np.random.Generator, rows: int, cols: int) -> np.ndar
 def oracle_inputs(seed: int, rows: int = 96, cols: int = 96, nonfinite: bool = True) -> np.ndarray:
     """Corner rows stacked on realistic rows (2 * rows, cols), float32."""
     rng = np.random.default_rng(seed)
-    return np.concatenate([corner_float32(rng, rows, cols, nonfinite), realistic_float32(rng, rows, cols)])
+    return np.concatenate(
+        [corner_float32(rng, rows, cols, nonfinite), realistic_float32(rng, rows, cols)]
+    )
 
 
 def bit_mismatches(got, want, where=None) -> tuple[int, list]:
     """(count, first few) of elements whose float bits differ; any NaN equals any NaN (the
     libraries' NaN payloads are not modelled). ``where`` restricts the comparison."""
     got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    assert got.shape == want.shape and got.dtype == want.dtype, (
+        got.shape,
+        got.dtype,
+        want.shape,
+        want.dtype,
+    )
     unsigned = {4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
     differ = (got.view(unsigned) != want.view(unsigned)) & ~(np.isnan(got) & np.isnan(want))
     if where is not None:
         differ &= where
-    examples = [(tuple(int(i) for i in index), got[tuple(index)], want[tuple(index)]) for index in np.argwhere(differ)[:5]]
+    examples = [
+        (tuple(int(i) for i in index), got[tuple(index)], want[tuple(index)])
+        for index in np.argwhere(differ)[:5]
+    ]
     return int(differ.sum()), examples
 
 
@@ -136,7 +165,9 @@ def trained_like(torch, layers, seed: int = 0) -> None:
     with torch.no_grad():
         for layer in layers:
             n, k = layer.weight.shape
-            layer.weight.copy_(torch.from_numpy((rng.standard_t(4, (n, k)) / np.sqrt(k)).astype(np.float32)))
+            layer.weight.copy_(
+                torch.from_numpy((rng.standard_t(4, (n, k)) / np.sqrt(k)).astype(np.float32))
+            )
             layer.bias.copy_(torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 0.1))
 
 
@@ -150,7 +181,9 @@ def outlier_activations(torch, seed: int = 1):
 
 def sqnr_db(want: np.ndarray, got: np.ndarray) -> float:
     error = np.asarray(got, np.float64) - want
-    return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum(error**2), 1e-300)))
+    return float(
+        10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum(error**2), 1e-300))
+    )
 
 
 def require_module(name: str, extra: str):
@@ -159,7 +192,9 @@ def require_module(name: str, extra: str):
         return importlib.import_module(name)
     except ImportError:
         if os.environ.get("CI"):
-            pytest.fail(f"{name} is required when CI is set: pip install 'mxsim[{extra}]'", pytrace=False)
+            pytest.fail(
+                f"{name} is required when CI is set: pip install 'mxsim[{extra}]'", pytrace=False
+            )
         pytest.skip(f"{name} is not installed (pip install 'mxsim[{extra}]')")
 
 
@@ -186,8 +221,13 @@ class _TransformerOutput:
             def forward(self, x):
                 if x.is_floating_point():
                     return self.model(pixel_values=x).pooler_output
-                if hasattr(self.model.config, "use_cache") and "Bert" not in type(self.model).__name__:
-                    return self.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False).logits
+                if (
+                    hasattr(self.model.config, "use_cache")
+                    and "Bert" not in type(self.model).__name__
+                ):
+                    return self.model(
+                        input_ids=x, attention_mask=torch.ones_like(x), use_cache=False
+                    ).logits
                 return self.model(input_ids=x, attention_mask=torch.ones_like(x)).pooler_output
 
         return Wrapped().eval()
@@ -200,21 +240,53 @@ def tiny_transformer(torch, family: str, attn_implementation: str = "sdpa"):
     torch.manual_seed(0)
     common = {"attn_implementation": attn_implementation}
     if family == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16,
-                                         bos_token_id=0, eos_token_id=0, **common)
+        config = transformers.GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=4,
+            vocab_size=64,
+            n_positions=16,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
         model = transformers.GPT2LMHeadModel(config)
     elif family == "bert":
-        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                         intermediate_size=64, vocab_size=64, max_position_embeddings=16, **common)
+        config = transformers.BertConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=16,
+            **common,
+        )
         model = transformers.BertModel(config)
     elif family == "llama":
-        config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                          num_key_value_heads=2, intermediate_size=64, vocab_size=64,
-                                          max_position_embeddings=16, bos_token_id=0, eos_token_id=0, **common)
+        config = transformers.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=16,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
         model = transformers.LlamaForCausalLM(config)
     elif family == "vit":
-        config = transformers.ViTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                        intermediate_size=64, image_size=16, patch_size=4, num_channels=3, **common)
+        config = transformers.ViTConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=4,
+            num_channels=3,
+            **common,
+        )
         model = transformers.ViTModel(config)
     else:
         raise ValueError(family)
@@ -227,8 +299,10 @@ def tiny_transformer(torch, family: str, attn_implementation: str = "sdpa"):
 
 
 #: The words of :func:`tiny_hf_dir`'s tokenizer (ids 2..; 0 is padding, 1 unknown).
-TINY_WORDS = ("the a cat dog sat ran on in mat park sun rain big small red blue man woman plays sings guitar song "
-              "market fell rose today cooks dinner train leaves early late").split()
+TINY_WORDS = (
+    "the a cat dog sat ran on in mat park sun rain big small red blue man woman plays sings guitar song "
+    "market fell rose today cooks dinner train leaves early late"
+).split()
 
 
 def tiny_hf_dir(torch, path: Path, task: str) -> Path:
@@ -241,17 +315,38 @@ def tiny_hf_dir(torch, path: Path, task: str) -> Path:
     vocab = {"[PAD]": 0, "[UNK]": 1, **{word: i + 2 for i, word in enumerate(TINY_WORDS)}}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]"
+    )
     if task == "causal-lm":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0))
+        model = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                n_layer=2,
+                n_embd=32,
+                n_head=4,
+                vocab_size=64,
+                n_positions=32,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        )
     else:
-        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                         intermediate_size=64, vocab_size=64, max_position_embeddings=32,
-                                         num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
-                                         label2id={"neg": 0, "neu": 1, "pos": 2})
-        model = (transformers.BertForSequenceClassification if task == "classification" else
-                 transformers.BertModel)(config)
+        config = transformers.BertConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=32,
+            num_labels=3,
+            id2label={0: "neg", 1: "neu", 2: "pos"},
+            label2id={"neg": 0, "neu": 1, "pos": 2},
+        )
+        model = (
+            transformers.BertForSequenceClassification
+            if task == "classification"
+            else transformers.BertModel
+        )(config)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -266,8 +361,16 @@ def count_gemm_kernels(torch, model, sample) -> dict:
     scaled-dot-product-attention kernel (its Q.K^T and P.V)."""
     from torch.profiler import ProfilerActivity, profile
 
-    single = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mv", "aten::addmv", "aten::dot",
-              "aten::convolution")
+    single = (
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::mv",
+        "aten::addmv",
+        "aten::dot",
+        "aten::convolution",
+    )
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
         model(sample)
     counts = {}
@@ -277,6 +380,8 @@ def count_gemm_kernels(torch, model, sample) -> dict:
         elif event.name == "aten::_scaled_dot_product_flash_attention_for_cpu":
             counts[event.name] = counts.get(event.name, 0) + 2
     return counts
+
+
 @pytest.fixture(scope="session")
 def dask_runner():
     """A 2-worker Dask LocalCluster (processes), shared by the tests that need one; skipped
@@ -285,7 +390,10 @@ def dask_runner():
         importlib.import_module("distributed")
     except ImportError:
         if os.environ.get("CI"):
-            pytest.fail("dask.distributed is required when CI is set: pip install 'mxsim[dask]'", pytrace=False)
+            pytest.fail(
+                "dask.distributed is required when CI is set: pip install 'mxsim[dask]'",
+                pytrace=False,
+            )
         pytest.skip("dask.distributed is not installed (pip install 'mxsim[dask]')")
     from mxsim.parallel import DaskRunner
 
@@ -297,6 +405,7 @@ def dask_runner():
 
 # --- a sample trace on disk and its error checks (tests/test_trace_*.py) ----------------------
 
+
 def sample_trace():
     """conv -> relu -> flatten -> linear (a network over the dataset), plus a batched matmul."""
     from mxsim.trace import BFPQuant, Layer, MXQuant, Network, QDQQuant, Trace
@@ -306,33 +415,74 @@ def sample_trace():
     images = rng.standard_normal((4, 1, 5, 5)).astype(np.float32)
     conv_w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
     conv_b = rng.standard_normal(2).astype(np.float32)
-    conv = Layer("conv", "conv2d", {"input": images, "weight": conv_w, "bias": conv_b, "output": np.zeros(1)},
-                 {"stride": [1, 1], "padding": [[1, 1], [1, 1]], "dilation": [1, 1], "groups": 1},
-                 {"input": MXQuant("fp8_e4m3", 1, 32), "weight": BFPQuant("MX6", 1)}, {"module": "conv"})
-    conv.tensors["output"] = conv2d_direct(images, conv_w, conv_b, conv.conv_geometry()).astype(np.float32)
+    conv = Layer(
+        "conv",
+        "conv2d",
+        {"input": images, "weight": conv_w, "bias": conv_b, "output": np.zeros(1)},
+        {"stride": [1, 1], "padding": [[1, 1], [1, 1]], "dilation": [1, 1], "groups": 1},
+        {"input": MXQuant("fp8_e4m3", 1, 32), "weight": BFPQuant("MX6", 1)},
+        {"module": "conv"},
+    )
+    conv.tensors["output"] = conv2d_direct(images, conv_w, conv_b, conv.conv_geometry()).astype(
+        np.float32
+    )
     hidden = np.maximum(conv.output, 0).reshape(4, -1)
     fc_w = rng.standard_normal((3, 50)).astype(np.float32)
     fc_in_q = QDQQuant("int8", np.array(0.05, np.float32), np.array(0, np.int8))
     fc_w_q = QDQQuant("int8", np.full(3, 0.02, np.float32), np.zeros(3, np.int8), axis=0)
-    fc = Layer("fc", "linear", {"input": hidden, "weight": fc_w, "output": hidden @ fc_w.T,
-                                "input_quantized": fc_in_q.fake_quantize(hidden),
-                                "weight_quantized": fc_w_q.fake_quantize(fc_w)},
-               {}, {"input": fc_in_q, "weight": fc_w_q, "bias": None})
+    fc = Layer(
+        "fc",
+        "linear",
+        {
+            "input": hidden,
+            "weight": fc_w,
+            "output": hidden @ fc_w.T,
+            "input_quantized": fc_in_q.fake_quantize(hidden),
+            "weight_quantized": fc_w_q.fake_quantize(fc_w),
+        },
+        {},
+        {"input": fc_in_q, "weight": fc_w_q, "bias": None},
+    )
     a = rng.standard_normal((2, 3, 4)).astype(np.float32)
     b = rng.standard_normal((2, 4, 5)).astype(np.float32)
-    bmm = Layer("attention scores", "matmul", {"input": a, "weight": b, "output": a @ b},
-                quant={"input": MXQuant("int8", 2, 4, "quark-onnx", {"element_rounding": "nearest_even"})})
+    bmm = Layer(
+        "attention scores",
+        "matmul",
+        {"input": a, "weight": b, "output": a @ b},
+        quant={"input": MXQuant("int8", 2, 4, "quark-onnx", {"element_rounding": "nearest_even"})},
+    )
     up_x = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
     up_w = rng.standard_normal((4, 1, 3, 2)).astype(np.float32)
-    up = Layer("up", "conv_transpose2d", {"input": up_x, "weight": up_w, "output": np.zeros(1)},
-               {"stride": [2, 2], "padding": [[1, 0], [0, 1]], "dilation": [1, 1], "groups": 2,
-                "output_padding": [1, 0]}, {"weight": MXQuant("fp8_e5m2", 0, 2)})
-    up.tensors["output"] = conv_transpose2d_direct(up_x, up_w, None, up.conv_geometry()).astype(np.float32)
+    up = Layer(
+        "up",
+        "conv_transpose2d",
+        {"input": up_x, "weight": up_w, "output": np.zeros(1)},
+        {
+            "stride": [2, 2],
+            "padding": [[1, 0], [0, 1]],
+            "dilation": [1, 1],
+            "groups": 2,
+            "output_padding": [1, 0],
+        },
+        {"weight": MXQuant("fp8_e5m2", 0, 2)},
+    )
+    up.tensors["output"] = conv_transpose2d_direct(up_x, up_w, None, up.conv_geometry()).astype(
+        np.float32
+    )
     dataset = {"inputs": images, "labels": np.array([0, 1, 2, 1], np.int64)}
-    network = Network("inputs", ({"layer": "conv"}, {"op": "relu"}, {"op": "flatten", "start_dim": 1}, {"layer": "fc"}),
-                      "labels")
-    return Trace("sample", [conv, fc, bmm, up], {"framework": "test"}, {"note": "hand-made", "accuracy": 0.5},
-                 dataset, network)
+    network = Network(
+        "inputs",
+        ({"layer": "conv"}, {"op": "relu"}, {"op": "flatten", "start_dim": 1}, {"layer": "fc"}),
+        "labels",
+    )
+    return Trace(
+        "sample",
+        [conv, fc, bmm, up],
+        {"framework": "test"},
+        {"note": "hand-made", "accuracy": 0.5},
+        dataset,
+        network,
+    )
 
 
 @pytest.fixture
@@ -365,9 +515,16 @@ def mx_linear_layer(rng, spec_format="fp8_e4m3"):
 
     x = rng.standard_normal((6, 70)).astype(np.float32)
     w = rng.standard_normal((5, 70)).astype(np.float32)
-    tensors = {"input": x, "weight": w, "output": (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)}
-    quant = {"input": MXQuant(spec_format, axis=1, block_size=32), "weight": MXQuant(spec_format, axis=1, block_size=32),
-             "bias": None}
+    tensors = {
+        "input": x,
+        "weight": w,
+        "output": (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32),
+    }
+    quant = {
+        "input": MXQuant(spec_format, axis=1, block_size=32),
+        "weight": MXQuant(spec_format, axis=1, block_size=32),
+        "bias": None,
+    }
     return Layer("fc", "linear", tensors, {}, quant, {})
 
 
@@ -378,7 +535,11 @@ def counted_quantizations(monkeypatch) -> list:
     from mxsim.replay import layer
 
     shapes, requantize = [], layer._requantize
-    monkeypatch.setattr(layer, "_requantize", lambda values, *args: shapes.append(values.shape) or requantize(values, *args))
+    monkeypatch.setattr(
+        layer,
+        "_requantize",
+        lambda values, *args: shapes.append(values.shape) or requantize(values, *args),
+    )
     return shapes
 
 
@@ -446,10 +607,15 @@ def make_onnx_model(onnx, nodes, inputs, outputs, initializers=(), opset=17, ext
     """A model of ``nodes`` with float inputs ``[(name, shape)]``, outputs by name and initializers ``[(name, array)]``."""
     helper = onnx.helper
     graph = helper.make_graph(
-        nodes, "test",
-        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape) for name, shape in inputs],
+        nodes,
+        "test",
+        [
+            helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+            for name, shape in inputs
+        ],
         [onnx.ValueInfoProto(name=name) for name in outputs],
-        initializer=[onnx.numpy_helper.from_array(array, name) for name, array in initializers])
+        initializer=[onnx.numpy_helper.from_array(array, name) for name, array in initializers],
+    )
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in extra_domains]
     return helper.make_model(graph, opset_imports=opsets, ir_version=ONNX_IR_VERSION)
 
@@ -462,8 +628,12 @@ def onnx_reference_values(onnx, ort, model, names, feeds, quark_ops: bool = Fals
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
     options = ort.SessionOptions()
     if quark_ops:
-        options.register_custom_ops_library(pytest.importorskip("quark.onnx").get_library_path("CPU"))
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        options.register_custom_ops_library(
+            pytest.importorskip("quark.onnx").get_library_path("CPU")
+        )
+    session = ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     return dict(zip(names, session.run(list(names), feeds)))
 
 
@@ -476,12 +646,19 @@ def assert_close_to(actual, expected, rtol=1e-5):
 def layer_node_outputs(model, trace):
     """Each layer's ONNX output tensor name (a fused bias Add's output for a MatMul with bias)."""
     produced = {node.name: node.output[0] for node in model.graph.node}
-    return {layer.name: produced[layer.source.get("fused_add") or layer.source["node"]] for layer in trace.layers}
+    return {
+        layer.name: produced[layer.source.get("fused_add") or layer.source["node"]]
+        for layer in trace.layers
+    }
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fuzz", action="store_true", default=False,
-                     help="run the long fuzz campaign of tests/test_fuzz.py (release checks)")
+    parser.addoption(
+        "--fuzz",
+        action="store_true",
+        default=False,
+        help="run the long fuzz campaign of tests/test_fuzz.py (release checks)",
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -490,11 +667,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not outcomes:
         return
     terminalreporter.section("fuzz outcomes")
-    kinds = ("cases", "ok", "traceback", "timeout", "memory", "wrong", "escape", "disclosure", "code", "echo",
-             "seconds", "max_seconds")
+    kinds = (
+        "cases",
+        "ok",
+        "traceback",
+        "timeout",
+        "memory",
+        "wrong",
+        "escape",
+        "disclosure",
+        "code",
+        "echo",
+        "seconds",
+        "max_seconds",
+    )
     terminalreporter.write_line("family      " + "".join(f"{k:>11}" for k in kinds))
     for family, counts in outcomes.items():
-        terminalreporter.write_line(f"{family:12s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds))
+        terminalreporter.write_line(
+            f"{family:12s}" + "".join(f"{counts.get(k, 0):>11}" for k in kinds)
+        )
 
 
 #: Test tiers (markers registered in pyproject.toml; CONTRIBUTING.md gives each tier's time).
@@ -533,7 +724,17 @@ def pytest_collection_modifyitems(config, items):
     """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS."""
     for item in items:
         module = item.path.stem
-        marks = {m for pattern, tier in MODULE_TIERS.items() if fnmatch.fnmatchcase(module, pattern) for m in tier}
-        marks.update(m for name, tier in FIXTURE_TIERS.items() if name in getattr(item, "fixturenames", ()) for m in tier)
+        marks = {
+            m
+            for pattern, tier in MODULE_TIERS.items()
+            if fnmatch.fnmatchcase(module, pattern)
+            for m in tier
+        }
+        marks.update(
+            m
+            for name, tier in FIXTURE_TIERS.items()
+            if name in getattr(item, "fixturenames", ())
+            for m in tier
+        )
         for mark in sorted(marks):
             item.add_marker(mark)

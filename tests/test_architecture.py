@@ -21,7 +21,19 @@ LAYERS = (
     ("quantize",),
     ("datapath",),
     ("parallel",),  # process pools over datapath work, for the consumers
-    ("trace", "capture", "replay", "inloop", "evaluate", "cycles", "golden", "sweep", "probe", "cmodel", "rtl"),
+    (
+        "trace",
+        "capture",
+        "replay",
+        "inloop",
+        "evaluate",
+        "cycles",
+        "golden",
+        "sweep",
+        "probe",
+        "cmodel",
+        "rtl",
+    ),
     ("cli",),
 )
 # Within the consumers' layer, what each package may import (capture -> trace -> replay, the
@@ -67,7 +79,10 @@ def _imported_modules(path: Path) -> list[list[str]]:
             if node.module:
                 found.append(module)
             else:  # ``from . import x``: x is a module when one exists, else a name of the package
-                found += [module + [alias.name] if _exists(module + [alias.name]) else module for alias in node.names]
+                found += [
+                    module + [alias.name] if _exists(module + [alias.name]) else module
+                    for alias in node.names
+                ]
     return [name for name in found if name[0] == "mxsim"]
 
 
@@ -95,7 +110,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state:
                 cycle = visit(target)
                 if cycle:
@@ -122,24 +137,39 @@ def layering_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if rank[target] > rank[source]:
                 bad.append(f"{source} -> {target} (against the data flow)")
-            elif source in consumers and target in consumers and target not in CONSUMER_IMPORTS[source]:
-                bad.append(f"{source} -> {target} (allowed for {source}: {sorted(CONSUMER_IMPORTS[source]) or 'none'})")
+            elif (
+                source in consumers
+                and target in consumers
+                and target not in CONSUMER_IMPORTS[source]
+            ):
+                bad.append(
+                    f"{source} -> {target} (allowed for {source}: {sorted(CONSUMER_IMPORTS[source]) or 'none'})"
+                )
     return bad
 
 
 def test_the_graph_sees_lazy_relative_and_package_imports():
     graph = package_graph()
     assert "errors" in graph["formats"]
-    assert "trace" in graph["replay"]  # ``from ..trace import conv`` and ``from ..trace.model import ...``
+    assert (
+        "trace" in graph["replay"]
+    )  # ``from ..trace import conv`` and ``from ..trace.model import ...``
     assert "inloop" in graph["cli"]  # imported inside a function only
     assert {"capture", "replay", "trace", "inloop"} <= set(graph)
 
 
 def test_the_checks_find_a_circle_and_an_upward_import():
-    graph = {"trace": {"errors"}, "replay": {"trace", "inloop"}, "inloop": {"replay"}, "errors": set()}
+    graph = {
+        "trace": {"errors"},
+        "replay": {"trace", "inloop"},
+        "inloop": {"replay"},
+        "errors": set(),
+    }
     assert find_cycle(graph) == ["inloop", "replay", "inloop"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
-    assert layering_violations({"trace": {"replay"}, "datapath": {"cycles"}, "replay": {"inloop"}}) == [
+    assert layering_violations(
+        {"trace": {"replay"}, "datapath": {"cycles"}, "replay": {"inloop"}}
+    ) == [
         "datapath -> cycles (against the data flow)",
         "replay -> inloop (allowed for replay: ['cycles', 'trace'])",
         "trace -> replay (allowed for trace: none)",
@@ -157,4 +187,6 @@ def test_imports_follow_the_data_flow():
 
 def test_every_package_and_top_level_module_has_a_layer():
     placed = {name for layer in LAYERS for name in layer}
-    assert set(package_graph()) - placed == set(), "place each new package or top-level module in LAYERS"
+    assert set(package_graph()) - placed == set(), (
+        "place each new package or top-level module in LAYERS"
+    )

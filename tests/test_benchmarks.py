@@ -54,10 +54,14 @@ def test_the_probe_docs_table_is_the_results_file(monkeypatch):
     bench = _load("bench_probe.py", monkeypatch)
     results = json.loads((BENCHMARKS / "results" / "probe.json").read_text())
     doc = (BENCHMARKS.parent / "docs" / "probe.md").read_text()
-    start, end = "<!-- table: python benchmarks/bench_probe.py --render benchmarks/results/probe.json -->\n", "\n<!-- end of table -->"
+    start, end = (
+        "<!-- table: python benchmarks/bench_probe.py --render benchmarks/results/probe.json -->\n",
+        "\n<!-- end of table -->",
+    )
     assert start in doc and end in doc, "docs/probe.md lost its generated table's markers"
     assert doc.split(start)[1].split(end)[0] == bench.render(results), (
-        "regenerate docs/probe.md's table: python benchmarks/bench_probe.py --render benchmarks/results/probe.json")
+        "regenerate docs/probe.md's table: python benchmarks/bench_probe.py --render benchmarks/results/probe.json"
+    )
 
 
 def test_bench_probe_mmasim_families_are_the_tests(monkeypatch):
@@ -65,11 +69,30 @@ def test_bench_probe_mmasim_families_are_the_tests(monkeypatch):
     import test_probe_mmasim as t
 
     bench = _load("bench_probe.py", monkeypatch)
-    known = {(f.module, f.op, f.arch, f.ptx): (f.a, f.b, f.c, f.out, f.k, f.block, f.scale) for f in t.FAMILIES}
-    known.update({(f.module, f.op, f.arch, f.instruction): ("fp64", "fp64", "fp64", "fp64", f.k, None, None)
-                  for f in t.FP64_FAMILIES})
-    known.update({("mmasim.amd", "MFMA", f.arch, f.suffix): (f.a, f.b, "fp32", "fp32", f.k, None, None)
-                  for f in t.AMD_FAMILIES})
+    known = {
+        (f.module, f.op, f.arch, f.ptx): (f.a, f.b, f.c, f.out, f.k, f.block, f.scale)
+        for f in t.FAMILIES
+    }
+    known.update(
+        {
+            (f.module, f.op, f.arch, f.instruction): (
+                "fp64",
+                "fp64",
+                "fp64",
+                "fp64",
+                f.k,
+                None,
+                None,
+            )
+            for f in t.FP64_FAMILIES
+        }
+    )
+    known.update(
+        {
+            ("mmasim.amd", "MFMA", f.arch, f.suffix): (f.a, f.b, "fp32", "fp32", f.k, None, None)
+            for f in t.AMD_FAMILIES
+        }
+    )
     rows = {tuple(row[:4]): tuple(row[4:]) for row in bench.MMASIM_FAMILIES}
     assert {key: known.get(key) for key in rows} == rows, UPDATE
     ci = {(f.module, f.op, f.arch, f.ptx) for f in t._ci_families()}
@@ -77,13 +100,16 @@ def test_bench_probe_mmasim_families_are_the_tests(monkeypatch):
     assert ci <= rows.keys(), UPDATE
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--set", "mxsim,gpu"], "unknown set 'gpu'"),
-    (["--only", "mxsim/no-such-config"], "matches no run"),
-    (["--set", "rtl", "--only", "mxsim/*"], "matches no run of the sets rtl"),
-    (["--json", "no-such-directory/out.json"], "not a file in an existing directory"),
-    (["--markdown=yes"], "ignored explicit argument"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "mxsim,gpu"], "unknown set 'gpu'"),
+        (["--only", "mxsim/no-such-config"], "matches no run"),
+        (["--set", "rtl", "--only", "mxsim/*"], "matches no run of the sets rtl"),
+        (["--json", "no-such-directory/out.json"], "not a file in an existing directory"),
+        (["--markdown=yes"], "ignored explicit argument"),
+    ],
+)
 def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, capsys):
     bench = _load("bench_probe.py", monkeypatch)
     with pytest.raises(SystemExit) as exit_:
@@ -95,7 +121,9 @@ def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, c
 @pytest.mark.slow  # a probe run: compiles the probe's kernels
 def test_bench_probe_runs_one_path(monkeypatch, tmp_path, capsys):
     bench = _load("bench_probe.py", monkeypatch)
-    bench.main(["--set", "mxsim", "--only", "mxsim/ocp-exact", "--json", str(tmp_path / "probe.json")])
+    bench.main(
+        ["--set", "mxsim", "--only", "mxsim/ocp-exact", "--json", str(tmp_path / "probe.json")]
+    )
     (run,) = json.loads((tmp_path / "probe.json").read_text())["runs"]
     assert run["id"] == "mxsim/ocp-exact" and "error" not in run, run
     # 1,024 random and 256 corner vectors (an fp32 output: no narrow-output rows), and the targeted
@@ -110,9 +138,13 @@ def test_bench_probe_runs_one_path(monkeypatch, tmp_path, capsys):
 def test_guard_flags_only_large_regressions_of_a_recorded_ratio(monkeypatch):
     guard = _load("bench_guard.py", monkeypatch)
     recorded = {"fast": 0.5, "slow": 0.3}
-    assert guard.regressions(recorded, {"fast": 0.2, "slow": 0.11}) == []  # within 3x: a loaded machine
+    assert (
+        guard.regressions(recorded, {"fast": 0.2, "slow": 0.11}) == []
+    )  # within 3x: a loaded machine
     problems = guard.regressions(recorded, {"fast": 0.1, "other": 1.0})
-    assert len(problems) == 2 and problems[0].startswith("fast: 0.100x DGEMM, recorded 0.500x (5.0x slower")
+    assert len(problems) == 2 and problems[0].startswith(
+        "fast: 0.100x DGEMM, recorded 0.500x (5.0x slower"
+    )
     assert problems[1] == "slow: not measured"
 
 
@@ -129,4 +161,6 @@ def test_docs_tables_are_the_results_files(monkeypatch):
     text = tables.DOC.read_text()
     names = [match.group(2) for match in tables.BLOCK.finditer(text)]
     assert {"guard", "matmul", "matmul-fp4_e2m1"} <= set(names)
-    assert tables.render(text) == text, "run python benchmarks/docs_tables.py after recording results"
+    assert tables.render(text) == text, (
+        "run python benchmarks/docs_tables.py after recording results"
+    )

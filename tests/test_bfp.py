@@ -198,7 +198,9 @@ def test_subnormals_flush_in_prime_but_not_in_plain_bfp():
     # to_bfp_prime: exponent field 0 -> significand 0, for every rounding mode and kernel.
     for kernel in BFP_KERNELS:
         for mode in (0, 1):
-            t = quantize_bfp(block(sub), BFP_SPECS["MX9"].replace(kernel=kernel, rounding_mode=mode))
+            t = quantize_bfp(
+                block(sub), BFP_SPECS["MX9"].replace(kernel=kernel, rounding_mode=mode)
+            )
             assert not t.mantissas.any() and t.shared_exponents.tolist() == [0]
             assert bits_of(t.dequantize()[:2]).tolist() == [0x00000000, 0x80000000]
     # to_bfp: E = 0, LSB = 2**(0-126-7) = 2**-133; 2**-127 = 64 LSBs, 1.5 * 2**-127 = 96 LSBs.
@@ -276,11 +278,21 @@ def test_stochastic_quirks_exponent_bit_and_subnormals():
 # --------------------------------------------------------------------------------------------
 
 FINITE_EDGE_BITS = [
-    0x00000000, 0x80000000,  # +-0
-    0x00000001, 0x80000001, 0x007FFFFF, 0x00400000,  # subnormals
-    0x00800000, 0x80800000,  # smallest normals
-    0x7F7FFFFF, 0xFF7FFFFF, 0x7F000000,  # largest
-    0x3F800000, 0xBF800000, 0x3FFC28F6, 0x3FFFFFFF,  # 1, -1, 1.97, just below 2
+    0x00000000,
+    0x80000000,  # +-0
+    0x00000001,
+    0x80000001,
+    0x007FFFFF,
+    0x00400000,  # subnormals
+    0x00800000,
+    0x80800000,  # smallest normals
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7F000000,  # largest
+    0x3F800000,
+    0xBF800000,
+    0x3FFC28F6,
+    0x3FFFFFFF,  # 1, -1, 1.97, just below 2
 ]
 NONFINITE_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001]
 
@@ -288,9 +300,9 @@ NONFINITE_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7F800001]
 @st.composite
 def near_exponent_bits(draw, base):
     exponent = min(max(base - draw(st.integers(-1, 12)), 0), 254)
-    fraction = draw(st.one_of(
-        st.integers(0, 2**23 - 1), st.sampled_from([0, 1, 0x7FFFFF, 0x7FFFF0, 0x400000])
-    ))
+    fraction = draw(
+        st.one_of(st.integers(0, 2**23 - 1), st.sampled_from([0, 1, 0x7FFFFF, 0x7FFFF0, 0x400000]))
+    )
     return (draw(st.integers(0, 1)) << 31) | (exponent << 23) | fraction
 
 
@@ -322,8 +334,10 @@ def place_exact_ties(rows: np.ndarray, spec: BFPSpec, chosen: list[bool]) -> np.
         if spec.has_microexponents:
             shared = max(exps)
             s = spec.sub_block_size
-            micro = [min(shared - max(exps[i - i % s: i - i % s + s]),
-                         2**spec.sub_block_shift_bits - 1) for i in range(len(row))]
+            micro = [
+                min(shared - max(exps[i - i % s : i - i % s + s]), 2**spec.sub_block_shift_bits - 1)
+                for i in range(len(row))
+            ]
         else:
             shared = max([e for e in exps if e != 255], default=0)
             micro = [0] * len(row)
@@ -343,8 +357,13 @@ def run_kernel(spec: BFPSpec, rows: np.ndarray, words: np.ndarray):
     m = spec.mantissa_bits
     if spec.has_microexponents:
         shared, micro, mant, sign = _bfp_kernels.bfp_prime_kernel(
-            rows, m, spec.sub_block_size, spec.sub_block_shift_bits, spec.rounding_mode,
-            spec.kernel == "cuda", words,
+            rows,
+            m,
+            spec.sub_block_size,
+            spec.sub_block_shift_bits,
+            spec.rounding_mode,
+            spec.kernel == "cuda",
+            words,
         )
         return shared, micro, mant, sign, np.zeros(rows.shape, np.uint32)
     return _bfp_kernels.bfp_plain_kernel(rows, m, spec.rounding_mode)
@@ -352,8 +371,14 @@ def run_kernel(spec: BFPSpec, rows: np.ndarray, words: np.ndarray):
 
 def run_reference(spec: BFPSpec, rows: np.ndarray, words):
     return _bfp_reference.quantize_blocks_reference(
-        rows, spec.method, spec.mantissa_bits, spec.sub_block_size, spec.sub_block_shift_bits,
-        spec.rounding_mode, spec.kernel == "cuda", words,
+        rows,
+        spec.method,
+        spec.mantissa_bits,
+        spec.sub_block_size,
+        spec.sub_block_shift_bits,
+        spec.rounding_mode,
+        spec.kernel == "cuda",
+        words,
     )
 
 
@@ -401,9 +426,13 @@ def free_specs(draw):
         block_size = sub_block_size * draw(st.integers(1, 6))
         shift_bits = draw(st.integers(0, 8))
     return BFPSpec(
-        method, bit_width=9 + draw(st.integers(1, 23)), block_size=block_size,
-        sub_block_size=sub_block_size, sub_block_shift_bits=shift_bits,
-        rounding_mode=draw(st.integers(0, 2)), kernel=draw(st.sampled_from(BFP_KERNELS)),
+        method,
+        bit_width=9 + draw(st.integers(1, 23)),
+        block_size=block_size,
+        sub_block_size=sub_block_size,
+        sub_block_shift_bits=shift_bits,
+        rounding_mode=draw(st.integers(0, 2)),
+        kernel=draw(st.sampled_from(BFP_KERNELS)),
         seed=draw(st.integers(0, 2**32)),
     )
 
@@ -426,14 +455,15 @@ def reference_dequantize_bits(x32: np.ndarray, spec: BFPSpec, axis: int) -> np.n
     order of the other axes), zero-pad, cut into blocks, quantize each with the twin."""
     moved = np.moveaxis(x32, axis, -1)
     length = moved.shape[-1]
-    lanes = [lane.view(np.uint32).tolist() for lane in moved.reshape(
-        math.prod(moved.shape[:-1]), length)]
+    lanes = [
+        lane.view(np.uint32).tolist() for lane in moved.reshape(math.prod(moved.shape[:-1]), length)
+    ]
     bs = spec.block_size
     n_blocks = -(-length // bs)
     rows = []
     for lane in lanes:
         lane = lane + [0] * (n_blocks * bs - length)
-        rows += [lane[i * bs:(i + 1) * bs] for i in range(n_blocks)]
+        rows += [lane[i * bs : (i + 1) * bs] for i in range(n_blocks)]
     rows = np.array(rows, np.uint32).reshape(len(rows), bs)
     words = None
     if spec.has_microexponents and spec.kernel == "cuda" and spec.rounding_mode == 2:
@@ -450,7 +480,8 @@ def reference_dequantize_bits(x32: np.ndarray, spec: BFPSpec, axis: int) -> np.n
             else:
                 d = int(micro[b, j // spec.sub_block_size]) if spec.has_microexponents else 0
                 value = _bfp_reference.exact_element_value(
-                    int(shared[b]), d, int(mant[b, j]), spec.mantissa_bits, spec.method)
+                    int(shared[b]), d, int(mant[b, j]), spec.mantissa_bits, spec.method
+                )
                 out[b, j] = _bfp_reference.float32_output_bits(value, bool(sign[b, j]))
     per_lane = out.reshape(len(lanes), n_blocks * bs)[:, :length]
     return np.moveaxis(per_lane.reshape(*moved.shape), -1, axis)
@@ -465,9 +496,14 @@ def tensors(draw):
     shape[axis] = draw(st.integers(0, 40))
     size = math.prod(shape)
     element = st.one_of(
-        st.integers(0, 2**32 - 1), st.sampled_from(FINITE_EDGE_BITS),
-        st.builds(lambda s, e, f: (s << 31) | (e << 23) | f,
-                  st.integers(0, 1), st.integers(110, 135), st.integers(0, 2**23 - 1)),
+        st.integers(0, 2**32 - 1),
+        st.sampled_from(FINITE_EDGE_BITS),
+        st.builds(
+            lambda s, e, f: (s << 31) | (e << 23) | f,
+            st.integers(0, 1),
+            st.integers(110, 135),
+            st.integers(0, 2**23 - 1),
+        ),
     )
     bits = np.array(draw(st.lists(element, min_size=size, max_size=size)), np.uint32)
     return bits.view(np.float32).reshape(shape), axis
@@ -477,12 +513,18 @@ def tensors(draw):
 @given(data=st.data())
 def test_quantize_bfp_matches_reference_lane_by_lane(data):
     x, axis = data.draw(tensors())
-    spec = data.draw(st.one_of(
-        st.builds(lambda s, k, r, seed: s.replace(kernel=k, rounding_mode=r, seed=seed),
-                  st.sampled_from(list(BFP_SPECS.values())), st.sampled_from(BFP_KERNELS),
-                  st.integers(0, 2), st.integers(0, 1000)),
-        free_specs(),
-    ))
+    spec = data.draw(
+        st.one_of(
+            st.builds(
+                lambda s, k, r, seed: s.replace(kernel=k, rounding_mode=r, seed=seed),
+                st.sampled_from(list(BFP_SPECS.values())),
+                st.sampled_from(BFP_KERNELS),
+                st.integers(0, 2),
+                st.integers(0, 1000),
+            ),
+            free_specs(),
+        )
+    )
     t = quantize_bfp(x, spec, axis=axis)
     want = reference_dequantize_bits(x, spec, axis % x.ndim)
     got = t.dequantize()
@@ -570,17 +612,20 @@ def test_non_array_and_scalar():
         quantize_bfp(np.array(1.0, np.float32), "MX9")
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(bit_width=9), "bit_width must be in \\[10, 32\\]"),
-    (dict(bit_width=33), "bit_width must be in \\[10, 32\\]"),
-    (dict(block_size=0), r"block_size must be in \[1, 4096\], got 0"),
-    (dict(sub_block_size=3), "must divide block_size"),
-    (dict(sub_block_shift_bits=9), "sub_block_shift_bits must be in \\[0, 8\\]"),
-    (dict(rounding_mode=3), "rounding_mode must be in \\[0, 2\\]"),
-    (dict(seed=-1), r"seed must be in \[0, 9223372036854775807\], got -1"),
-    (dict(bit_width=True), "bit_width must be an int"),
-    (dict(method="to_bfp"), "to_bfp has no microexponents"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(bit_width=9), "bit_width must be in \\[10, 32\\]"),
+        (dict(bit_width=33), "bit_width must be in \\[10, 32\\]"),
+        (dict(block_size=0), r"block_size must be in \[1, 4096\], got 0"),
+        (dict(sub_block_size=3), "must divide block_size"),
+        (dict(sub_block_shift_bits=9), "sub_block_shift_bits must be in \\[0, 8\\]"),
+        (dict(rounding_mode=3), "rounding_mode must be in \\[0, 2\\]"),
+        (dict(seed=-1), r"seed must be in \[0, 9223372036854775807\], got -1"),
+        (dict(bit_width=True), "bit_width must be an int"),
+        (dict(method="to_bfp"), "to_bfp has no microexponents"),
+    ],
+)
 def test_spec_validation(changes, message):
     with pytest.raises(BFPSpecError, match=message):
         BFP_SPECS["MX9"].replace(**changes)
@@ -593,8 +638,10 @@ def test_smallest_lsb_is_still_a_float32():
     value = _bfp_reference.exact_element_value(0, 0, 3, 23, "to_bfp")
     assert value == Fraction(3, 2**149)
     assert _bfp_reference.float32_output_bits(value, True) == 0x80000003
-    t = quantize_bfp(np.array([3, 0x00700000], np.uint32).view(np.float32),
-                     BFP_SPECS["BFP16"].replace(bit_width=32))
+    t = quantize_bfp(
+        np.array([3, 0x00700000], np.uint32).view(np.float32),
+        BFP_SPECS["BFP16"].replace(bit_width=32),
+    )
     assert t.shared_exponents.tolist() == [0] and t.element_lsb_exponents()[0] == -149
     assert bits_of(t.dequantize()).tolist() == [3, 0x00700000]
 
@@ -611,6 +658,8 @@ def test_as_mx_tensor_keeps_every_value(name):
 
 def test_as_mx_tensor_needs_an_element_format():
     with pytest.raises(MxsimError, match="mantissa bits"):
-        quantize_bfp(np.ones((2, 8), np.float32), BFP_SPECS["BFP16"].replace(bit_width=32), axis=1).as_mx_tensor()
+        quantize_bfp(
+            np.ones((2, 8), np.float32), BFP_SPECS["BFP16"].replace(bit_width=32), axis=1
+        ).as_mx_tensor()
     with pytest.raises(MxsimError, match="Inf/NaN"):
         quantize_bfp(np.array([[1.0, np.inf] * 4], np.float32), "BFP16", axis=1).as_mx_tensor()

@@ -26,7 +26,9 @@ def test_digits_onnx_export_captures_like_the_torch_trace(capture):
         assert np.array_equal(ours.weight, theirs.weight) and np.array_equal(ours.bias, theirs.bias)
         assert_close_to(ours.input, theirs.input)
         assert_close_to(ours.output, theirs.output)
-    assert trace.source["sha256"] and trace.source["inputs"] == {"image": {"shape": [360, 1, 8, 8], "dtype": "float32"}}
+    assert trace.source["sha256"] and trace.source["inputs"] == {
+        "image": {"shape": [360, 1, 8, 8], "dtype": "float32"}
+    }
 
 
 def test_shipped_quark_style_digits_model_replays_with_its_own_formats(capture):
@@ -35,15 +37,30 @@ def test_shipped_quark_style_digits_model_replays_with_its_own_formats(capture):
     trace = capture(DATA / "digits_cnn_quark.onnx", load_inputs_npz(DATA / "digits_inputs.npz"))
     mxfp8 = MXQuant("fp8_e4m3", 1, 32, "quark-onnx", bypass_single_element=True)
     mx6 = BFPQuant(BFP_SPECS["MX6"].replace(rounding_mode=2), 1, bypass_single_element=True)
-    mxint8 = MXQuant("int8", 1, 32, "quark-onnx", {"element_rounding": "nearest_even"}, bypass_single_element=True)
+    mxint8 = MXQuant(
+        "int8",
+        1,
+        32,
+        "quark-onnx",
+        {"element_rounding": "nearest_even"},
+        bypass_single_element=True,
+    )
     assert [(layer.quant["input"], layer.quant["weight"]) for layer in trace.layers] == [
-        (mxfp8, mx6), (mxfp8, mx6), (mxfp8, mxint8), (mxfp8, mxint8)]
+        (mxfp8, mx6),
+        (mxfp8, mx6),
+        (mxfp8, mxint8),
+        (mxfp8, mxint8),
+    ]
     for layer in trace.layers:
         for operand in ("input", "weight"):
             spec = layer.quant[operand]
-            assert np.array_equal(np.float32(spec.fake_quantize(layer.tensors[operand])), layer.quantized(operand))
+            assert np.array_equal(
+                np.float32(spec.fake_quantize(layer.tensors[operand])), layer.quantized(operand)
+            )
     labels = load_trace(REPO / "traces" / "digits-cnn").dataset["labels"][:16]
-    assert np.sum(trace.layers[-1].output.argmax(axis=1) == labels) >= 15  # quantized, still a digit classifier
+    assert (
+        np.sum(trace.layers[-1].output.argmax(axis=1) == labels) >= 15
+    )  # quantized, still a digit classifier
 
 
 def test_load_inputs_npz_never_unpickles(capture, tmp_path):
@@ -51,7 +68,9 @@ def test_load_inputs_npz_never_unpickles(capture, tmp_path):
 
     assert set(load_inputs_npz(DATA / "digits_inputs.npz")) == {"image"}
     np.savez(tmp_path / "evil.npz", image=np.array([object()], dtype=object))
-    with pytest.raises(MxsimError, match=r"is a pickled \(object\) array in .*; mxsim never unpickles"):
+    with pytest.raises(
+        MxsimError, match=r"is a pickled \(object\) array in .*; mxsim never unpickles"
+    ):
         load_inputs_npz(tmp_path / "evil.npz")
     np.save(tmp_path / "single.npy", np.zeros(2))
     with pytest.raises(MxsimError, match="is a single .npy array, not an NPZ archive"):
@@ -71,7 +90,9 @@ def test_real_model_weights_come_from_constant_nodes(onnx, ppocr):
     assert len(model.graph.initializer) == 0
     assert len(trace.layers) == 54 and not trace.source.get("skipped")
     assert all(layer.source["weight_is_constant"] for layer in trace.layers)
-    assert sum(layer.op == "conv2d" and layer.attrs["groups"] > 1 for layer in trace.layers) == 11  # depthwise
+    assert (
+        sum(layer.op == "conv2d" and layer.attrs["groups"] > 1 for layer in trace.layers) == 11
+    )  # depthwise
     assert trace.layers[-1].op == "matmul" and trace.layers[-1].source["fused_add"]
 
 

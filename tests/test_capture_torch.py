@@ -32,17 +32,23 @@ def conv_zoo(torch):
         def __init__(self):
             super().__init__()
             self.plain = nn.Conv2d(3, 4, 3)
-            self.strided = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), bias=False)
+            self.strided = nn.Conv2d(
+                4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), bias=False
+            )
             self.grouped = nn.Conv2d(6, 6, 3, padding=1, groups=3)
             self.depthwise = nn.Conv2d(6, 6, 3, padding=1, groups=6)
-            self.same = nn.Conv2d(6, 4, 4, padding="same", dilation=1)  # even kernel: 1 before, 2 after
+            self.same = nn.Conv2d(
+                6, 4, 4, padding="same", dilation=1
+            )  # even kernel: 1 before, 2 after
             self.reflect = nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")
             self.head = nn.Linear(4, 5)
 
         def forward(self, x):
             x = self.depthwise(self.grouped(self.strided(self.plain(x))))
             x = self.reflect(self.same(x))
-            return self.head(x.permute(0, 2, 3, 1).flatten(1, 2))  # (N, H*W, C) -> linear on the last axis
+            return self.head(
+                x.permute(0, 2, 3, 1).flatten(1, 2)
+            )  # (N, H*W, C) -> linear on the last axis
 
     torch.manual_seed(0)
     return Zoo().eval()
@@ -52,20 +58,41 @@ def test_every_conv_and_linear_is_captured_with_its_attributes(torch, capture):
     model = conv_zoo(torch)
     x = torch.randn(2, 3, 9, 8)
     trace = capture(model, x, name="zoo")
-    assert [layer.name for layer in trace.layers] == ["plain", "strided", "grouped", "depthwise", "same", "reflect", "head"]
+    assert [layer.name for layer in trace.layers] == [
+        "plain",
+        "strided",
+        "grouped",
+        "depthwise",
+        "same",
+        "reflect",
+        "head",
+    ]
     by_name = {layer.name: layer for layer in trace.layers}
-    assert by_name["strided"].attrs == {"stride": [2, 1], "padding": [[1, 1], [2, 2]], "dilation": [1, 2], "groups": 1}
+    assert by_name["strided"].attrs == {
+        "stride": [2, 1],
+        "padding": [[1, 1], [2, 2]],
+        "dilation": [1, 2],
+        "groups": 1,
+    }
     assert "bias" not in by_name["strided"].tensors
     assert by_name["grouped"].attrs["groups"] == 3 and by_name["depthwise"].attrs["groups"] == 6
     # the padding torch applies outside the convolution kernel arrives in the input: "same" with
     # an even kernel pads the extra pixel after, reflect padding is done before the conv
     assert by_name["same"].attrs["padding"] == [[1, 1], [1, 1]]
-    assert by_name["same"].input.shape[2:] == (by_name["depthwise"].output.shape[2] + 1,
-                                               by_name["depthwise"].output.shape[3] + 1)
+    assert by_name["same"].input.shape[2:] == (
+        by_name["depthwise"].output.shape[2] + 1,
+        by_name["depthwise"].output.shape[3] + 1,
+    )
     assert by_name["reflect"].attrs["padding"] == [[0, 0], [0, 0]]
-    assert by_name["reflect"].input.shape[2:] == tuple(d + 2 for d in by_name["same"].output.shape[2:])
-    assert by_name["reflect"].source == {"op": "aten.convolution", "parameter": "reflect.weight", "module": "reflect",
-                                         "type": "Conv2d"}
+    assert by_name["reflect"].input.shape[2:] == tuple(
+        d + 2 for d in by_name["same"].output.shape[2:]
+    )
+    assert by_name["reflect"].source == {
+        "op": "aten.convolution",
+        "parameter": "reflect.weight",
+        "module": "reflect",
+        "type": "Conv2d",
+    }
     assert by_name["head"].op == "linear" and by_name["head"].input.ndim == 3
     for layer in trace.layers:
         module = getattr(model, layer.name)
@@ -83,8 +110,14 @@ def test_captured_outputs_equal_torch_recomputed_from_the_captured_operands(torc
             expected = F.linear(x, w, b)
         else:
             (top, bottom), (left, right) = layer.attrs["padding"]
-            expected = F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, stride=layer.attrs["stride"],
-                                dilation=layer.attrs["dilation"], groups=layer.attrs["groups"])
+            expected = F.conv2d(
+                F.pad(x, (left, right, top, bottom)),
+                w,
+                b,
+                stride=layer.attrs["stride"],
+                dilation=layer.attrs["dilation"],
+                groups=layer.attrs["groups"],
+            )
         np.testing.assert_allclose(layer.output, expected.numpy(), rtol=1e-6, atol=1e-6)
 
 
@@ -100,22 +133,37 @@ def test_captured_outputs_equal_the_float64_gemm_view_and_direct_convolution(tor
 
 
 def test_quant_specs_default_to_the_reduction_axis(torch, capture):
-    trace = capture(conv_zoo(torch), torch.randn(1, 3, 9, 8),
-                    quant={"input": MXQuant("fp8_e4m3"), "weight": BFPQuant("MX6"), "bias": MXQuant("int8", 0)})
+    trace = capture(
+        conv_zoo(torch),
+        torch.randn(1, 3, 9, 8),
+        quant={"input": MXQuant("fp8_e4m3"), "weight": BFPQuant("MX6"), "bias": MXQuant("int8", 0)},
+    )
     plain, strided, head = trace.layers[0], trace.layers[1], trace.layers[-1]
-    assert plain.quant["input"] == MXQuant("fp8_e4m3", 1) and plain.quant["weight"] == BFPQuant("MX6", 1)
-    assert head.quant["input"].axis == 2 and head.quant["weight"].axis == 1  # linear input (N, HW, C)
+    assert plain.quant["input"] == MXQuant("fp8_e4m3", 1) and plain.quant["weight"] == BFPQuant(
+        "MX6", 1
+    )
+    assert (
+        head.quant["input"].axis == 2 and head.quant["weight"].axis == 1
+    )  # linear input (N, HW, C)
     assert plain.quant["bias"].axis == 0 and "bias" not in strided.quant  # no bias, no bias entry
 
 
 def test_quant_callable_chooses_per_layer(torch, capture):
     def per_layer(name, module):
-        return {"weight": MXQuant("fp4_e2m1", block_size=16)} if isinstance(module, torch.nn.Linear) else None
+        return (
+            {"weight": MXQuant("fp4_e2m1", block_size=16)}
+            if isinstance(module, torch.nn.Linear)
+            else None
+        )
 
     trace = capture(conv_zoo(torch), torch.randn(1, 3, 9, 8), quant=per_layer)
     assert all(spec is None for layer in trace.layers[:-1] for spec in layer.quant.values())
     assert trace.layers[0].quant == {"input": None, "weight": None, "bias": None}
-    assert trace.layers[-1].quant == {"input": None, "weight": MXQuant("fp4_e2m1", 1, 16), "bias": None}
+    assert trace.layers[-1].quant == {
+        "input": None,
+        "weight": MXQuant("fp4_e2m1", 1, 16),
+        "bias": None,
+    }
     with pytest.raises(MxsimError, match="quant operand must be input, weight or bias"):
         capture(conv_zoo(torch), torch.randn(1, 3, 9, 8), quant={"output": MXQuant("int8")})
 
@@ -137,12 +185,24 @@ def test_a_module_called_twice_gets_numbered_names(torch, capture):
 def test_sequential_models_record_a_network(torch, capture, tmp_path):
     nn = torch.nn
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(),
-                          nn.Sequential(nn.Linear(27, 6), nn.ReLU(), nn.Identity(), nn.Linear(6, 2))).eval()
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 3),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Flatten(),
+        nn.Sequential(nn.Linear(27, 6), nn.ReLU(), nn.Identity(), nn.Linear(6, 2)),
+    ).eval()
     x = torch.randn(5, 1, 5, 5)
     labels = np.array([0, 1, 1, 0, 1])
     trace = capture(model, x, dataset={"inputs": x.numpy(), "labels": labels}, network=True)
-    assert [s.get("layer", s.get("op")) for s in trace.network.steps] == ["0", "relu", "flatten", "4.0", "relu", "4.3"]
+    assert [s.get("layer", s.get("op")) for s in trace.network.steps] == [
+        "0",
+        "relu",
+        "flatten",
+        "4.0",
+        "relu",
+        "4.3",
+    ]
     assert trace.network.labels == "labels"
     saved = load_trace(save_trace(trace, tmp_path / "seq"))
     with torch.no_grad():
@@ -186,18 +246,22 @@ def test_sample_inputs_may_be_keyword_arguments(torch, capture):
             return self.fc(x) * scale
 
     model, x = Scaled(), torch.randn(3, 4)
-    layer, = capture(model, {"scale": torch.tensor(2.0), "x": x}).layers
+    (layer,) = capture(model, {"scale": torch.tensor(2.0), "x": x}).layers
     assert layer.name == "fc" and np.array_equal(layer.tensors["input"], x.numpy())
 
 
 def test_hooks_and_modes_are_removed_even_when_the_forward_fails(torch, capture):
     model = torch.nn.Linear(4, 2)
-    with pytest.raises(MxsimError, match=r"^capture_torch: module 'Linear' raised RuntimeError \(mat1 and mat2") as error:
+    with pytest.raises(
+        MxsimError, match=r"^capture_torch: module 'Linear' raised RuntimeError \(mat1 and mat2"
+    ) as error:
         capture(model, torch.randn(3, 5))  # wrong input width: torch's error, in one line
     assert isinstance(error.value.__cause__, RuntimeError)
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert torch.backends.mha.get_fastpath_enabled()
-    assert len(capture(model, torch.randn(3, 4)).layers) == 1  # no mode left behind to double-record
+    assert (
+        len(capture(model, torch.randn(3, 4)).layers) == 1
+    )  # no mode left behind to double-record
 
 
 # ----------------------------------------------------------------------------- real transformers
@@ -205,7 +269,9 @@ def test_hooks_and_modes_are_removed_even_when_the_forward_fails(torch, capture)
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", TRANSFORMER_FAMILIES)
-def test_transformers_capture_every_gemm_kernel_the_profiler_counts(torch, capture, family, attention):
+def test_transformers_capture_every_gemm_kernel_the_profiler_counts(
+    torch, capture, family, attention
+):
     model, sample = tiny_transformer(torch, family, attention)
     counted = count_gemm_kernels(torch, model, sample)
     trace = capture(model, sample)
@@ -218,7 +284,9 @@ def test_transformers_capture_every_gemm_kernel_the_profiler_counts(torch, captu
     assert len(set(names)) == len(names)
     for layer in trace.layers:
         reference = gemm_reference(layer)
-        np.testing.assert_allclose(layer.output, reference, rtol=0, atol=1e-5 * max(np.abs(reference).max(), 1))
+        np.testing.assert_allclose(
+            layer.output, reference, rtol=0, atol=1e-5 * max(np.abs(reference).max(), 1)
+        )
 
 
 def test_transformer_layer_names_and_shapes(torch, capture):
@@ -226,16 +294,30 @@ def test_transformer_layer_names_and_shapes(torch, capture):
     by_name = {layer.name: layer for layer in capture(model, sample).layers}
     c_attn = by_name["model.transformer.h.0.attn.c_attn"]  # HF Conv1D: addmm with a (K, N) weight
     assert c_attn.op == "matmul" and c_attn.weight.shape == (32, 96) and c_attn.bias.shape == (96,)
-    assert np.array_equal(c_attn.weight, model.model.transformer.h[0].attn.c_attn.weight.detach().numpy())
-    qk, pv = by_name["model.transformer.h.0.attn.sdpa.qk"], by_name["model.transformer.h.0.attn.sdpa.pv"]
-    assert qk.input.shape == (2, 4, 8, 8) and qk.weight.shape == (2, 4, 8, 8)  # (batch, heads, ...) kept
+    assert np.array_equal(
+        c_attn.weight, model.model.transformer.h[0].attn.c_attn.weight.detach().numpy()
+    )
+    qk, pv = (
+        by_name["model.transformer.h.0.attn.sdpa.qk"],
+        by_name["model.transformer.h.0.attn.sdpa.pv"],
+    )
+    assert qk.input.shape == (2, 4, 8, 8) and qk.weight.shape == (
+        2,
+        4,
+        8,
+        8,
+    )  # (batch, heads, ...) kept
     assert qk.source["is_causal"] or qk.source["mask"] is not None
     probabilities = pv.input
     np.testing.assert_allclose(probabilities.sum(-1), 1, rtol=1e-6)
     assert np.all(np.triu(probabilities[0, 0], 1) == 0)  # causal
     assert by_name["model.lm_head"].op == "linear"
-    eager = {layer.name: layer for layer in capture(*tiny_transformer(torch, "bert", "eager")).layers}
-    scores = eager["model.encoder.layer.0.attention.self.matmul"]  # torch.matmul with its batch dims
+    eager = {
+        layer.name: layer for layer in capture(*tiny_transformer(torch, "bert", "eager")).layers
+    }
+    scores = eager[
+        "model.encoder.layer.0.attention.self.matmul"
+    ]  # torch.matmul with its batch dims
     assert scores.input.shape == (2, 4, 8, 8) and scores.weight.shape == (2, 4, 8, 8)
 
 
@@ -244,20 +326,38 @@ def test_sdpa_decomposition_matches_torch_sdpa(torch, capture):
 
     class Attention(torch.nn.Module):
         def forward(self, q, k, v, mask):
-            return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-                    + F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3))
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask
+            ) + F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
 
     torch.manual_seed(3)
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 4)
     mask = torch.rand(5, 6) > 0.3
     mask[:, 0] = True
     trace = capture(Attention(), (q, k, v, mask))
-    assert [layer.name for layer in trace.layers] == ["sdpa.qk", "sdpa.pv", "sdpa#2.qk", "sdpa#2.pv"]
-    for pv, kwargs in ((trace.layers[1], {"attn_mask": mask}), (trace.layers[3], {"is_causal": True, "scale": 0.3})):
-        np.testing.assert_allclose(pv.output, F.scaled_dot_product_attention(q, k, v, **kwargs).numpy(),
-                                   rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(trace.layers[0].output, (q @ k.transpose(-2, -1)).numpy(), rtol=1e-6, atol=1e-6)
-    assert trace.layers[2].source["softmax_scale"] == 0.3 and trace.layers[0].source["mask"] == "boolean"
+    assert [layer.name for layer in trace.layers] == [
+        "sdpa.qk",
+        "sdpa.pv",
+        "sdpa#2.qk",
+        "sdpa#2.pv",
+    ]
+    for pv, kwargs in (
+        (trace.layers[1], {"attn_mask": mask}),
+        (trace.layers[3], {"is_causal": True, "scale": 0.3}),
+    ):
+        np.testing.assert_allclose(
+            pv.output,
+            F.scaled_dot_product_attention(q, k, v, **kwargs).numpy(),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+    np.testing.assert_allclose(
+        trace.layers[0].output, (q @ k.transpose(-2, -1)).numpy(), rtol=1e-6, atol=1e-6
+    )
+    assert (
+        trace.layers[2].source["softmax_scale"] == 0.3
+        and trace.layers[0].source["mask"] == "boolean"
+    )
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -270,11 +370,15 @@ def test_multihead_attention_projections_and_matmuls(torch, capture, need_weight
             self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
 
         def forward(self, x, memory):
-            return self.attn(x, x, x, need_weights=need_weights)[0] + self.attn(x, memory, memory)[0]
+            return (
+                self.attn(x, x, x, need_weights=need_weights)[0] + self.attn(x, memory, memory)[0]
+            )
 
     model = Block().eval()
     x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-    torch.backends.mha.set_fastpath_enabled(False)  # count the unfused kernels, as capture runs them
+    torch.backends.mha.set_fastpath_enabled(
+        False
+    )  # count the unfused kernels, as capture runs them
     try:
         counted = count_gemm_kernels(torch, lambda a: model(a, memory), x)
     finally:
@@ -305,10 +409,10 @@ def test_matmul_family_ops(torch, capture):
             self.weight = torch.nn.Parameter(torch.randn(4, 6))
 
         def forward(self, x, y, v):
-            a = torch.einsum("bij,bjk->bik", x, y)                   # bmm inside einsum
+            a = torch.einsum("bij,bjk->bik", x, y)  # bmm inside einsum
             b = torch.baddbmm(a, x, y, beta=0.5, alpha=2.0)
             c = torch.addmm(torch.zeros(4), x[0], self.weight.t(), alpha=3.0)  # linear with alpha
-            d = x[0] @ v                                               # 1-d operand
+            d = x[0] @ v  # 1-d operand
             e = torch.mv(x[1], v) + torch.dot(v, v)
             return b.sum() + c.sum() + d.sum() + e.sum() + (x @ y).sum()
 
@@ -320,11 +424,20 @@ def test_matmul_family_ops(torch, capture):
     assert len(trace.layers) == sum(counted.values()) == 7
     by_name = {layer.name: layer for layer in trace.layers}
     assert set(by_name) == {"bmm", "baddbmm", "weight", "matmul", "mv", "dot", "matmul#2"}
-    assert by_name["baddbmm"].attrs == {"alpha": 2.0, "beta": 0.5} and by_name["baddbmm"].bias.shape == (2, 3, 5)
+    assert by_name["baddbmm"].attrs == {"alpha": 2.0, "beta": 0.5} and by_name[
+        "baddbmm"
+    ].bias.shape == (2, 3, 5)
     assert by_name["weight"].op == "linear" and by_name["weight"].attrs == {"alpha": 3.0}
-    assert by_name["matmul"].weight.shape == (6, 1) and by_name["matmul"].source["promoted"] == "vector"
+    assert (
+        by_name["matmul"].weight.shape == (6, 1)
+        and by_name["matmul"].source["promoted"] == "vector"
+    )
     assert by_name["dot"].input.shape == (1, 6) and by_name["dot"].output.shape == (1, 1)
-    assert by_name["matmul#2"].input.shape == (2, 3, 6) and by_name["matmul#2"].weight.shape == (2, 6, 5)
+    assert by_name["matmul#2"].input.shape == (2, 3, 6) and by_name["matmul#2"].weight.shape == (
+        2,
+        6,
+        5,
+    )
     for layer in trace.layers:
         np.testing.assert_allclose(layer.output, gemm_reference(layer), rtol=1e-5, atol=1e-5)
 
@@ -332,13 +445,22 @@ def test_matmul_family_ops(torch, capture):
 def test_conv1d_and_transposed_convolutions(torch, capture):
     nn = torch.nn
     torch.manual_seed(6)
+
     class Convs(nn.Module):
         def __init__(self):
             super().__init__()
             self.c1 = nn.Conv1d(4, 6, 3, padding=1, groups=2)
             self.t1 = nn.ConvTranspose1d(6, 4, 3, stride=2)
-            self.t2 = nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 3), padding=(1, 0), output_padding=(1, 2),
-                                         dilation=(1, 2), groups=2)
+            self.t2 = nn.ConvTranspose2d(
+                4,
+                6,
+                (3, 2),
+                stride=(2, 3),
+                padding=(1, 0),
+                output_padding=(1, 2),
+                dilation=(1, 2),
+                groups=2,
+            )
             self.c2 = nn.Conv2d(6, 6, 3, groups=6)
 
         def forward(self, x):
@@ -348,11 +470,21 @@ def test_conv1d_and_transposed_convolutions(torch, capture):
     model = Convs().eval()
     x = torch.randn(2, 4, 9)
     trace = capture(model, x)
-    assert [layer.op for layer in trace.layers] == ["conv2d", "conv_transpose2d", "conv_transpose2d", "conv2d"]
+    assert [layer.op for layer in trace.layers] == [
+        "conv2d",
+        "conv_transpose2d",
+        "conv_transpose2d",
+        "conv2d",
+    ]
     assert trace.layers[0].source["conv1d_as_2d"] and trace.layers[0].input.shape == (2, 4, 1, 9)
     transposed = trace.layers[2]
-    assert transposed.attrs == {"stride": [2, 3], "padding": [[1, 1], [0, 0]], "dilation": [1, 2], "groups": 2,
-                                "output_padding": [1, 2]}
+    assert transposed.attrs == {
+        "stride": [2, 3],
+        "padding": [[1, 1], [0, 0]],
+        "dilation": [1, 2],
+        "groups": 2,
+        "output_padding": [1, 2],
+    }
     for layer in trace.layers:
         direct = conv2d_direct if layer.op == "conv2d" else conv_transpose2d_direct
         reference = direct(layer.input, layer.weight, layer.bias, layer.conv_geometry())
@@ -378,8 +510,10 @@ def test_unsupported_matmul_like_ops_are_listed_and_warned_about(torch, capture)
         trace = capture(Mixed(), (torch.randn(2, 3), torch.randn(2, 4), torch.randn(1, 1, 3, 3, 3)))
     assert [layer.name for layer in trace.layers] == ["fc"]
     skipped = trace.source["skipped"]
-    assert [(s["name"], s["op"]) for s in skipped] == [("bilinear._trilinear", "aten._trilinear"),
-                                                       ("conv3d.convolution", "aten.convolution")]
+    assert [(s["name"], s["op"]) for s in skipped] == [
+        ("bilinear._trilinear", "aten._trilinear"),
+        ("conv3d.convolution", "aten.convolution"),
+    ]
     assert "3-d convolution" in skipped[1]["reason"]
 
 
@@ -400,18 +534,28 @@ def test_what_the_interception_cannot_see_through_is_refused_in_one_line(torch, 
     from torch.utils._python_dispatch import TorchDispatchMode
 
     x = torch.randn(3, 4)
-    with pytest.raises(MxsimError, match=r"^capture_torch: 0.weight of module '0' \(Linear\) is a TwoTensor, a tensor "
-                                         r"subclass, which is not supported"):
+    with pytest.raises(
+        MxsimError,
+        match=r"^capture_torch: 0.weight of module '0' \(Linear\) is a TwoTensor, a tensor "
+        r"subclass, which is not supported",
+    ):
         capture(subclass_linear(torch), x)
     compiled = torch.nn.Sequential(torch.compile(torch.nn.Linear(4, 2)))
-    with pytest.raises(MxsimError, match=r"^capture_torch: module '0' is compiled by torch.compile"):
+    with pytest.raises(
+        MxsimError, match=r"^capture_torch: module '0' is compiled by torch.compile"
+    ):
         capture(compiled, x)
 
     class Other(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    with Other(), pytest.raises(MxsimError, match=r"^capture_torch: a torch mode is already active \(Other\)"):
+    with (
+        Other(),
+        pytest.raises(
+            MxsimError, match=r"^capture_torch: a torch mode is already active \(Other\)"
+        ),
+    ):
         capture(torch.nn.Linear(4, 2), x)
 
     class Boxed:  # a library's quantized-tensor object (as Brevitas' QuantTensor): not a torch.Tensor
@@ -426,8 +570,11 @@ def test_what_the_interception_cannot_see_through_is_refused_in_one_line(torch, 
         def forward(self, x):
             return torch.nn.functional.linear(x, Boxed(self.weight), self.bias)
 
-    with pytest.raises(MxsimError, match=r"^capture_torch: module '0' \(BoxedLinear\) calls linear with a Boxed, "
-                                         r"which is not supported"):
+    with pytest.raises(
+        MxsimError,
+        match=r"^capture_torch: module '0' \(BoxedLinear\) calls linear with a Boxed, "
+        r"which is not supported",
+    ):
         capture(torch.nn.Sequential(BoxedLinear(4, 2)), x)
 
     class Failing(torch.nn.Module):
@@ -438,5 +585,7 @@ def test_what_the_interception_cannot_see_through_is_refused_in_one_line(torch, 
         def forward(self, x):
             raise NotImplementedError("no kernel for this")
 
-    with pytest.raises(MxsimError, match=r"^capture_torch: module 'Failing' raised NotImplementedError \(no kernel"):
+    with pytest.raises(
+        MxsimError, match=r"^capture_torch: module 'Failing' raised NotImplementedError \(no kernel"
+    ):
         capture(Failing(), x)

@@ -18,7 +18,14 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, sqnr_db, trained_like
+from conftest import (
+    REPO,
+    bit_mismatches,
+    import_or_skip,
+    outlier_activations,
+    sqnr_db,
+    trained_like,
+)
 
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
@@ -39,9 +46,15 @@ def brevitas(torch):
 
     def element(base, exponent: int, mantissa: int):
         """Brevitas' MX quantizer class ``base`` with other element widths (how its MX formats are made)."""
-        return type(f"{base.__name__}E{exponent}M{mantissa}", (base,),
-                    {"bit_width": 1 + exponent + mantissa, "exponent_bit_width": exponent,
-                     "mantissa_bit_width": mantissa})
+        return type(
+            f"{base.__name__}E{exponent}M{mantissa}",
+            (base,),
+            {
+                "bit_width": 1 + exponent + mantissa,
+                "exponent_bit_width": exponent,
+                "mantissa_bit_width": mantissa,
+            },
+        )
 
     quantizers = {
         "mxfp8_e4m3": (mx.MXFloat8e4m3Weight, mx.MXFloat8e4m3Act),
@@ -62,10 +75,11 @@ def mlp(torch, brevitas, name: str):
     weight_quant, input_quant = quantizers[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = torch.nn.Sequential(qnn.QuantLinear(64, 96, bias=True, weight_quant=weight_quant,
-                                                    input_quant=input_quant), torch.nn.GELU(),
-                                    qnn.QuantLinear(96, 32, bias=True, weight_quant=weight_quant,
-                                                    input_quant=input_quant))
+        model = torch.nn.Sequential(
+            qnn.QuantLinear(64, 96, bias=True, weight_quant=weight_quant, input_quant=input_quant),
+            torch.nn.GELU(),
+            qnn.QuantLinear(96, 32, bias=True, weight_quant=weight_quant, input_quant=input_quant),
+        )
     trained_like(torch, (model[0], model[2]))
     return model.eval()
 
@@ -76,7 +90,10 @@ def brevitas_run(torch, model, x) -> dict:
 
     def keep(name, key):
         def hook(_module, _inputs, output):
-            seen.setdefault(name, {})[key] = getattr(output, "value", output).detach().numpy().copy()
+            seen.setdefault(name, {})[key] = (
+                getattr(output, "value", output).detach().numpy().copy()
+            )
+
         return hook
 
     handles = []
@@ -107,12 +124,20 @@ def test_brevitas_mx_layers_replay_bit_for_bit(torch, brevitas, name):
     trace = capture(torch, model, x)
     assert [layer.name for layer in trace.layers] == ["0", "2"]
     for layer in trace.layers:
-        assert layer.source["quantizers"]["weight"] == f"{layer.name}.weight_quant " \
-                                                       "(GroupwiseWeightFloatQuantProxyFromInjector)"
-        assert np.array_equal(layer.weight, model[int(layer.name)].weight.detach().numpy())  # the float weight
+        assert (
+            layer.source["quantizers"]["weight"] == f"{layer.name}.weight_quant "
+            "(GroupwiseWeightFloatQuantProxyFromInjector)"
+        )
+        assert np.array_equal(
+            layer.weight, model[int(layer.name)].weight.detach().numpy()
+        )  # the float weight
         for operand in ("input", "weight"):
             spec = layer.quant[operand]
-            assert isinstance(spec, MXQuant) and (spec.format, spec.profile, spec.block_size) == (MX[name], "ocp", 32)
+            assert isinstance(spec, MXQuant) and (spec.format, spec.profile, spec.block_size) == (
+                MX[name],
+                "ocp",
+                32,
+            )
             assert spec.axis == layer.tensors[operand].ndim - 1
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand]) == (0, [])
             ours = np.asarray(spec.fake_quantize(layer.tensors[operand])).astype(np.float32)
@@ -123,13 +148,18 @@ def test_brevitas_mx_layers_replay_bit_for_bit(torch, brevitas, name):
 
 
 @pytest.mark.parametrize("name", ["fp8_per_tensor", "mxint8"])
-def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(torch, brevitas, name):
+def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
+    torch, brevitas, name
+):
     model, x = mlp(torch, brevitas, name), outlier_activations(torch)
     want = brevitas_run(torch, model, x)
     trace = capture(torch, model, x)
     for layer in trace.layers:
         for operand in ("input", "weight"):
-            assert layer.quant[operand] is None and "is not read by mxsim" in layer.source["quant_notes"][operand]
+            assert (
+                layer.quant[operand] is None
+                and "is not read by mxsim" in layer.source["quant_notes"][operand]
+            )
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
 

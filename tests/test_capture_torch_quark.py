@@ -18,7 +18,14 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import REPO, bit_mismatches, import_or_skip, outlier_activations, sqnr_db, trained_like
+from conftest import (
+    REPO,
+    bit_mismatches,
+    import_or_skip,
+    outlier_activations,
+    sqnr_db,
+    trained_like,
+)
 
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
@@ -41,7 +48,9 @@ def quark(torch):
 
 def mlp(torch):
     """Linear(64, 96) -> GELU -> Linear(96, 32), trained-like weights."""
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)
+    ).eval()
     trained_like(torch, (model[0], model[2]))
     return model
 
@@ -49,11 +58,15 @@ def mlp(torch):
 def quantize(torch, quark, spec, input_spec=None):
     ModelQuantizer, config = quark
     spec = spec.to_quantization_spec()
-    layer = config.QLayerConfig(weight=spec, input_tensors=input_spec.to_quantization_spec() if input_spec else spec)
+    layer = config.QLayerConfig(
+        weight=spec, input_tensors=input_spec.to_quantization_spec() if input_spec else spec
+    )
     x = outlier_activations(torch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = ModelQuantizer(config.QConfig(global_quant_config=layer)).quantize_model(mlp(torch), [x])
+        model = ModelQuantizer(config.QConfig(global_quant_config=layer)).quantize_model(
+            mlp(torch), [x]
+        )
     return model, x
 
 
@@ -64,13 +77,16 @@ def quark_run(torch, model, x) -> dict:
     def keep(name, key):
         def hook(_module, _inputs, output):
             seen.setdefault(name, {})[key] = output.detach().numpy().copy()
+
         return hook
 
     handles = []
     for name in ("0", "2"):
         handles.append(model[int(name)].register_forward_hook(keep(name, "output")))
         handles.append(model[int(name)]._input_quantizer.register_forward_hook(keep(name, "input")))
-        handles.append(model[int(name)]._weight_quantizer.register_forward_hook(keep(name, "weight")))
+        handles.append(
+            model[int(name)]._weight_quantizer.register_forward_hook(keep(name, "weight"))
+        )
     with torch.no_grad():
         model(x)
     for handle in handles:
@@ -85,9 +101,16 @@ SPECS = {  # name -> (Quark spec factory, mxsim format or BFP name, profile; Non
     "mxfp6_e3m2": (lambda c: c.OCP_MXFP6E3M2Spec(ch_axis=-1), "fp6_e3m2", "quark"),
     "mxfp4": (lambda c: c.OCP_MXFP4Spec(ch_axis=-1), "fp4_e2m1", "quark"),
     "mxint8": (lambda c: c.OCP_MXINT8Spec(ch_axis=-1), "int8", "quark"),
-    "mxfp8_e4m3 floor": (lambda c: c.OCP_MXFP8E4M3Spec(ch_axis=-1, scale_calculation_mode="floor"), "fp8_e4m3",
-                         "quark-floor"),
-    "mxfp4 ceil": (lambda c: c.OCP_MXFP4Spec(ch_axis=-1, scale_calculation_mode="ceil"), "fp4_e2m1", "quark-ceil"),
+    "mxfp8_e4m3 floor": (
+        lambda c: c.OCP_MXFP8E4M3Spec(ch_axis=-1, scale_calculation_mode="floor"),
+        "fp8_e4m3",
+        "quark-floor",
+    ),
+    "mxfp4 ceil": (
+        lambda c: c.OCP_MXFP4Spec(ch_axis=-1, scale_calculation_mode="ceil"),
+        "fp4_e2m1",
+        "quark-ceil",
+    ),
     "mx6": (lambda c: c.MX6Spec(ch_axis=-1, block_size=16), "MX6", None),
     "mx9": (lambda c: c.MX9Spec(ch_axis=-1, block_size=16), "MX9", None),
 }
@@ -106,13 +129,21 @@ def test_quark_quantized_layers_replay_bit_for_bit(torch, quark, name):
         quantizers = layer.source["quantizers"]
         assert quantizers["input"].startswith(f"{layer.name}._input_quantizer (")
         assert quantizers["weight"].startswith(f"{layer.name}._weight_quantizer (")
-        assert np.array_equal(layer.weight, model[int(layer.name)].weight.detach().numpy())  # the float weight
+        assert np.array_equal(
+            layer.weight, model[int(layer.name)].weight.detach().numpy()
+        )  # the float weight
         for operand in ("input", "weight"):
             spec = layer.quant[operand]
             if profile:
-                assert isinstance(spec, MXQuant) and (spec.format, spec.profile, spec.block_size) == (fmt, profile, 32)
+                assert isinstance(spec, MXQuant) and (
+                    spec.format,
+                    spec.profile,
+                    spec.block_size,
+                ) == (fmt, profile, 32)
             else:
-                assert isinstance(spec, BFPQuant) and spec.name == fmt and spec.spec.block_size == 16
+                assert (
+                    isinstance(spec, BFPQuant) and spec.name == fmt and spec.spec.block_size == 16
+                )
             assert spec.axis == layer.tensors[operand].ndim - 1
             quark_values = want[layer.name][operand]
             assert bit_mismatches(layer.quantized(operand), quark_values)[0] == 0
@@ -124,7 +155,9 @@ def test_quark_quantized_layers_replay_bit_for_bit(torch, quark, name):
 
 
 @pytest.mark.parametrize("name", ["bfp16", "fp8_per_tensor", "int8_per_tensor"])
-def test_quantizers_mxsim_does_not_reproduce_are_recorded_as_quark_computed_them(torch, quark, name):
+def test_quantizers_mxsim_does_not_reproduce_are_recorded_as_quark_computed_them(
+    torch, quark, name
+):
     """BFP16 (Quark torch's own BFP16 differs from its ONNX kernel's in zero signs and rare
     roundings) and fp8 per-tensor (a float QDQ): spec none, Quark's values recorded, a note;
     int8 per-tensor is onnxruntime's QDQ arithmetic: a qdq spec with Quark's scale. Either way
@@ -132,8 +165,11 @@ def test_quantizers_mxsim_does_not_reproduce_are_recorded_as_quark_computed_them
     from mxsim.capture.torch import capture_torch
 
     c = quark[1]
-    spec = {"bfp16": c.BFP16Spec(ch_axis=-1), "fp8_per_tensor": c.FP8E4M3PerTensorSpec(),
-            "int8_per_tensor": c.Int8PerTensorSpec()}[name]
+    spec = {
+        "bfp16": c.BFP16Spec(ch_axis=-1),
+        "fp8_per_tensor": c.FP8E4M3PerTensorSpec(),
+        "int8_per_tensor": c.Int8PerTensorSpec(),
+    }[name]
     model, x = quantize(torch, quark, spec)
     want = quark_run(torch, model, x)
     trace = capture_torch(model, x)
@@ -176,6 +212,8 @@ def test_each_operand_gets_its_own_quantizer_reading(torch, quark):
     want = quark_run(torch, model, x)
     trace = capture_torch(model, x)
     for layer in trace.layers:
-        assert isinstance(layer.quant["input"], QDQQuant) and isinstance(layer.quant["weight"], MXQuant)
+        assert isinstance(layer.quant["input"], QDQQuant) and isinstance(
+            layer.quant["weight"], MXQuant
+        )
         assert bit_mismatches(layer.quantized("weight"), want[layer.name]["weight"])[0] == 0
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100

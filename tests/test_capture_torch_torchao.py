@@ -28,7 +28,11 @@ from mxsim.replay.run import run_layer
 from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
-DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp6_e2m3": "fp6_e2m3", "fp4_e2m1": "float4_e2m1fn_x2"}  # torch or torchao names
+DTYPES = {
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp6_e2m3": "fp6_e2m3",
+    "fp4_e2m1": "float4_e2m1fn_x2",
+}  # torch or torchao names
 PROFILES = {"rceil": "torchao-rceil", "floor": "torchao"}
 
 
@@ -39,8 +43,14 @@ def torchao(torch):
     from torchao.quantization import quantize_
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
-    return {"quantize_": quantize_, "workflow": inference_workflow, "mx": mx_tensor, "kernels": kernels,
-            "utils": utils, "emulated": KernelPreference.EMULATED}
+    return {
+        "quantize_": quantize_,
+        "workflow": inference_workflow,
+        "mx": mx_tensor,
+        "kernels": kernels,
+        "utils": utils,
+        "emulated": KernelPreference.EMULATED,
+    }
 
 
 def mlp(torch):
@@ -58,14 +68,19 @@ def activations(torch):
 def quantized_mlp(torch, torchao, element: str, mode: str):
     dtype = getattr(torch, DTYPES[element], DTYPES[element])
     config = torchao["workflow"].MXDynamicActivationMXWeightConfig(
-        activation_dtype=dtype, weight_dtype=dtype, kernel_preference=torchao["emulated"],
-        scaling_mode=torchao["mx"].ScaleCalculationMode(mode))
+        activation_dtype=dtype,
+        weight_dtype=dtype,
+        kernel_preference=torchao["emulated"],
+        scaling_mode=torchao["mx"].ScaleCalculationMode(mode),
+    )
     model = mlp(torch)
     torchao["quantize_"](model, config)
     return model
 
 
-def codes_and_scales(torch, torchao, qdata, scale, element: str, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+def codes_and_scales(
+    torch, torchao, qdata, scale, element: str, shape: tuple
+) -> tuple[np.ndarray, np.ndarray]:
     """torchao's element codes (fp4 unpacked) and E8M0 scale bytes as (rows, K) and (rows, K/32)."""
     codes = qdata.view(torch.uint8)
     if element == "fp4_e2m1":
@@ -82,13 +97,24 @@ def torchao_run(torch, torchao, model, x, element: str) -> dict:
             w = module.weight
             rows = inputs[0].reshape(-1, inputs[0].shape[-1]).contiguous()
             k = w.act_quant_kwargs
-            a = torchao["mx"].MXTensor.to_mx(rows, k.elem_dtype, k.block_size, k.scaling_mode, k.kernel_preference)
+            a = torchao["mx"].MXTensor.to_mx(
+                rows, k.elem_dtype, k.block_size, k.scaling_mode, k.kernel_preference
+            )
             n, kk = w.shape
-            scale = torchao["utils"].from_blocked(w.scale, n, kk // w.block_size) if w.is_swizzled_scales else w.scale
-            seen[name] = {"input": codes_and_scales(torch, torchao, a.qdata, a.scale, element, tuple(rows.shape)),
-                          "weight": codes_and_scales(torch, torchao, w.qdata, scale, element, (n, kk)),
-                          "weight_values": w.dequantize(torch.float32).numpy(),
-                          "output": output.float().numpy()}
+            scale = (
+                torchao["utils"].from_blocked(w.scale, n, kk // w.block_size)
+                if w.is_swizzled_scales
+                else w.scale
+            )
+            seen[name] = {
+                "input": codes_and_scales(
+                    torch, torchao, a.qdata, a.scale, element, tuple(rows.shape)
+                ),
+                "weight": codes_and_scales(torch, torchao, w.qdata, scale, element, (n, kk)),
+                "weight_values": w.dequantize(torch.float32).numpy(),
+                "output": output.float().numpy(),
+            }
+
         return hook
 
     handles = [model[int(name)].register_forward_hook(keep(name)) for name in ("0", "2")]
@@ -105,7 +131,9 @@ def bf16_ulps(torch, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     from mxsim.capture.torch import _rounded_tensor
 
     rounded = _rounded_tensor(torch, got, torch.bfloat16).float().numpy()
-    spacing = np.spacing(np.abs(want).astype(np.float32)) * 2.0**16  # float32's spacing x 2^16: bf16's
+    spacing = (
+        np.spacing(np.abs(want).astype(np.float32)) * 2.0**16
+    )  # float32's spacing x 2^16: bf16's
     return np.abs(rounded.astype(np.float64) - want) / spacing
 
 
@@ -121,11 +149,17 @@ def test_torchao_mx_layers_replay_as_torchao_computed_them(torch, torchao, eleme
     trace = load_trace(tmp_path / "trace")
     assert [layer.name for layer in trace.layers] == ["0", "2"]
     for layer in trace.layers:
-        assert layer.source["quantizers"]["weight"] == f"{layer.name}.weight (torchao MX {element} block 32 {mode})"
+        assert (
+            layer.source["quantizers"]["weight"]
+            == f"{layer.name}.weight (torchao MX {element} block 32 {mode})"
+        )
         for operand in ("input", "weight"):
             spec = layer.quant[operand]
-            assert isinstance(spec, MXQuant) and (spec.format, spec.profile, spec.block_size) == \
-                (element, PROFILES[mode], 32)
+            assert isinstance(spec, MXQuant) and (spec.format, spec.profile, spec.block_size) == (
+                element,
+                PROFILES[mode],
+                32,
+            )
             assert spec.axis == layer.tensors[operand].ndim - 1
         rows = layer.input.reshape(-1, layer.input.shape[-1])
         ours = quantize_mx(rows, element, axis=1, block_size=32, profile=PROFILES[mode])
@@ -153,7 +187,9 @@ def test_torchao_in_the_loop_takes_the_model_quantization(torch, torchao):
     assert got.dtype == torch.bfloat16 and unit.computed_layers == ["0", "2"]
     assert bf16_ulps(torch, got.float().numpy().astype(np.float64), want).max() <= 1
     taken = unit.model_quantization["2"]
-    assert taken["input"].startswith("2.weight.act_quant_kwargs (torchao MX fp4_e2m1 block 32 rceil): mx")
+    assert taken["input"].startswith(
+        "2.weight.act_quant_kwargs (torchao MX fp4_e2m1 block 32 rceil): mx"
+    )
     assert "'profile': 'torchao-rceil'" in taken["weight"]
 
 
@@ -165,16 +201,28 @@ def test_nvfp4_and_weight_only_mx_are_refused_in_one_line(torch, torchao):
     torchao["quantize_"](model, torchao["workflow"].NVFP4WeightOnlyConfig())
     x = activations(torch)
     for attempt in (lambda: capture_torch(model, x), lambda: torch_unit(model, OCP).__enter__()):
-        with pytest.raises(MxsimError, match=r"^\w+: 0\.weight of module '0': a torchao NVFP4Tensor weight is not "
-                                             r"supported [^\n]*$"):
+        with pytest.raises(
+            MxsimError,
+            match=r"^\w+: 0\.weight of module '0': a torchao NVFP4Tensor weight is not "
+            r"supported [^\n]*$",
+        ):
             attempt()
     model = mlp(torch)
     with torch.no_grad():
-        model[2].weight = torch.nn.Parameter(torchao["mx"].MXTensor.to_mx(
-            model[2].weight.detach(), torch.float8_e4m3fn, 32, kernel_preference=torchao["emulated"]),
-            requires_grad=False)
-    with pytest.raises(MxsimError, match=r"^capture_torch: module '2': a torchao MXTensor weight without activation "
-                                         r"quantization is not supported$"):
+        model[2].weight = torch.nn.Parameter(
+            torchao["mx"].MXTensor.to_mx(
+                model[2].weight.detach(),
+                torch.float8_e4m3fn,
+                32,
+                kernel_preference=torchao["emulated"],
+            ),
+            requires_grad=False,
+        )
+    with pytest.raises(
+        MxsimError,
+        match=r"^capture_torch: module '2': a torchao MXTensor weight without activation "
+        r"quantization is not supported$",
+    ):
         capture_torch(model, x)
 
     class Matmul(torch.nn.Module):  # an MXTensor used other than as F.linear's weight
@@ -185,6 +233,9 @@ def test_nvfp4_and_weight_only_mx_are_refused_in_one_line(torch, torchao):
         def forward(self, x):
             return x @ self.weight.t()
 
-    with pytest.raises(MxsimError, match=r"^capture_torch: module '<model>' \(Matmul\) calls matmul with a MXTensor, "
-                                         r"which is not supported [^\n]*$"):
+    with pytest.raises(
+        MxsimError,
+        match=r"^capture_torch: module '<model>' \(Matmul\) calls matmul with a MXTensor, "
+        r"which is not supported [^\n]*$",
+    ):
         capture_torch(Matmul(quantized_mlp(torch, torchao, "fp8_e4m3", "floor")[0].weight), x)

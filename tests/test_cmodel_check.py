@@ -18,8 +18,9 @@ import mxsim
 from conftest import REPO
 from mxsim.cmodel.check import check_unit
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                                reason="needs a C compiler")
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler"
+)
 
 FAMILIES = [
     ("ocp-exact", "fp4_e2m1", "fp4_e2m1", ("random", "corners", "exhaustive")),
@@ -36,16 +37,31 @@ FAMILIES = [
 ]
 
 
-@pytest.mark.parametrize("config, a_format, b_format, kinds", FAMILIES, ids=[f"{c}-{a}x{b}" for c, a, b, _ in FAMILIES])
+@pytest.mark.parametrize(
+    "config, a_format, b_format, kinds", FAMILIES, ids=[f"{c}-{a}x{b}" for c, a, b, _ in FAMILIES]
+)
 def test_equal_to_mxsim(tmp_path, config, a_format, b_format, kinds):
-    result = check_unit(REPO / "hwconfigs" / f"{config}.yaml", a_format, b_format, cases=200, kinds=kinds,
-                        build=tmp_path)
+    result = check_unit(
+        REPO / "hwconfigs" / f"{config}.yaml",
+        a_format,
+        b_format,
+        cases=200,
+        kinds=kinds,
+        build=tmp_path,
+    )
     assert result["vectors"] >= 200 and result["mismatches"] == 0, result
 
 
 def test_a_longer_k_of_several_blocks(tmp_path):
-    result = check_unit(REPO / "hwconfigs" / "b200-tcgen05-mxf8f6f4.yaml", "fp8_e4m3", "fp6_e3m2", k=128, cases=200,
-                        kinds=("random",), build=tmp_path)
+    result = check_unit(
+        REPO / "hwconfigs" / "b200-tcgen05-mxf8f6f4.yaml",
+        "fp8_e4m3",
+        "fp6_e3m2",
+        k=128,
+        cases=200,
+        kinds=("random",),
+        build=tmp_path,
+    )
     assert result["mismatches"] == 0, result
 
 
@@ -55,8 +71,14 @@ def _every_pair():
             yield path.stem, a_format, b_format
 
 
-@pytest.mark.skipif(not os.environ.get("MXSIM_CMODEL_LONG"), reason="long run: set MXSIM_CMODEL_LONG=1")
-@pytest.mark.parametrize("config, a_format, b_format", list(_every_pair()) if os.environ.get("MXSIM_CMODEL_LONG") else [])
+@pytest.mark.skipif(
+    not os.environ.get("MXSIM_CMODEL_LONG"), reason="long run: set MXSIM_CMODEL_LONG=1"
+)
+@pytest.mark.parametrize(
+    "config, a_format, b_format", list(_every_pair()) if os.environ.get("MXSIM_CMODEL_LONG") else []
+)
 def test_every_shipped_pair(tmp_path, config, a_format, b_format):
-    result = check_unit(REPO / "hwconfigs" / f"{config}.yaml", a_format, b_format, cases=1000, build=tmp_path)
+    result = check_unit(
+        REPO / "hwconfigs" / f"{config}.yaml", a_format, b_format, cases=1000, build=tmp_path
+    )
     assert result["mismatches"] == 0, result

@@ -29,25 +29,41 @@ def bench(tmp_path_factory):
         pytest.skip(message)
     build = tmp_path_factory.mktemp("dpi")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run(["make", "-C", str(RTL), "dpi-build", f"BUILD={build}", f"PYTHON={sys.executable}"], check=True,
-                   capture_output=True, text=True, timeout=900, env=env)
+    subprocess.run(
+        ["make", "-C", str(RTL), "dpi-build", f"BUILD={build}", f"PYTHON={sys.executable}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     return build / "dpi_obj" / "mxdot_dpi_tb"
 
 
 def run_bench(bench, bug: int, count: int) -> subprocess.CompletedProcess:
-    return subprocess.run([str(bench), f"+bug={bug}", f"+count={count}", "+verilator+seed+7"], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [str(bench), f"+bug={bug}", f"+count={count}", "+verilator+seed+7"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_good_unit_passes(bench):
     done = run_bench(bench, 0, 5000)
-    assert done.returncode == 0 and "BUG=0: 5000 passed, 0 failed" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "BUG=0: 5000 passed, 0 failed" in done.stdout, (
+        done.stdout + done.stderr
+    )
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_broken_variant_is_caught_with_its_stages(bench, bug):
     done = run_bench(bench, bug, 5000)
     assert done.returncode != 0, f"BUG={bug} ({BUGS[bug]}) passed the scoreboard"
-    match = re.search(r"MISMATCH \(BUG=(\d+)\) \d+: .*: unit ([0-9a-f]{8}), C model ([0-9a-f]{8})", done.stdout)
+    match = re.search(
+        r"MISMATCH \(BUG=(\d+)\) \d+: .*: unit ([0-9a-f]{8}), C model ([0-9a-f]{8})", done.stdout
+    )
     assert match and int(match.group(1)) == bug and match.group(2) != match.group(3), done.stdout
-    assert "tree 0:" in done.stdout and "accumulator after it" in done.stdout  # the model's stage values
+    assert (
+        "tree 0:" in done.stdout and "accumulator after it" in done.stdout
+    )  # the model's stage values

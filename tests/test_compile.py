@@ -20,7 +20,9 @@ REPO_ROOT = PACKAGE.parent
 
 
 def _python(code: str, env: dict) -> str:
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -34,7 +36,11 @@ def _clean_env(tmp_path: Path) -> dict:
 
 
 def _cache_files(root: Path) -> dict:
-    return {path: path.stat().st_mtime_ns for pattern in ("*.nbi", "*.nbc") for path in root.rglob(pattern)}
+    return {
+        path: path.stat().st_mtime_ns
+        for pattern in ("*.nbi", "*.nbc")
+        for path in root.rglob(pattern)
+    }
 
 
 def test_kernel_cache_dir_is_numba_cache_dir_when_set(monkeypatch, tmp_path):
@@ -44,7 +50,9 @@ def test_kernel_cache_dir_is_numba_cache_dir_when_set(monkeypatch, tmp_path):
 
 def test_kernel_cache_dir_defaults_to_the_per_user_cache(monkeypatch):
     monkeypatch.delenv(_compile.CACHE_ENV, raising=False)
-    assert _compile.kernel_cache_dir() == os.path.join(platformdirs.user_cache_dir("mxsim"), "numba")
+    assert _compile.kernel_cache_dir() == os.path.join(
+        platformdirs.user_cache_dir("mxsim"), "numba"
+    )
 
 
 def test_compiled_kernels_are_cached_in_the_user_cache_not_in_the_package(tmp_path):
@@ -86,7 +94,9 @@ def test_public_names_resolve_and_modules_are_not_shadowed():
     for name in mxsim.__all__:
         assert getattr(mxsim, name) is not None
     assert mxsim.quantize_mx is importlib.import_module("mxsim.quantize.mx").quantize
-    assert importlib.import_module("mxsim.quantize") is mxsim.quantize  # the package, not a function
+    assert (
+        importlib.import_module("mxsim.quantize") is mxsim.quantize
+    )  # the package, not a function
     import mxsim.datapath.api as api
 
     assert mxsim.datapath.dot is api.dot and mxsim.dot is api.dot
@@ -94,12 +104,16 @@ def test_public_names_resolve_and_modules_are_not_shadowed():
     import pkgutil
     import types
 
-    packages = ["mxsim"] + [p.name for p in pkgutil.walk_packages(mxsim.__path__, "mxsim.") if p.ispkg]
+    packages = ["mxsim"] + [
+        p.name for p in pkgutil.walk_packages(mxsim.__path__, "mxsim.") if p.ispkg
+    ]
     for name in packages:
         module = importlib.import_module(name)
         for sub in pkgutil.iter_modules(module.__path__):
             value = getattr(module, sub.name, None)
-            assert value is None or isinstance(value, types.ModuleType), f"{name}.{sub.name} shadows a module"
+            assert value is None or isinstance(value, types.ModuleType), (
+                f"{name}.{sub.name} shadows a module"
+            )
 
 
 class _Terminal(io.StringIO):
@@ -135,7 +149,9 @@ def test_one_log_line_off_a_terminal():
         watch.on_end(None)
     lines = log.getvalue().splitlines(keepends=True)
     assert len(lines) == 1 and lines[0].endswith("\n") and "\r" not in lines[0]
-    assert lines[0].startswith(f"mxsim: compiling kernels (first run only, ~{_compile.TYPICAL_COMPILE_SECONDS} s)")
+    assert lines[0].startswith(
+        f"mxsim: compiling kernels (first run only, ~{_compile.TYPICAL_COMPILE_SECONDS} s)"
+    )
     assert _compile.kernel_cache_dir() in lines[0]
 
 

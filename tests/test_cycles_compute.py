@@ -11,8 +11,13 @@ from mxsim.cycles.reference import walk_layer
 
 
 def closed_form(rows, columns, dataflow, layer, lanes=1, latency=1):
-    array = ArrayConfig(rows=rows, columns=columns, dataflow=dataflow, lanes_per_unit=lanes,
-                        pipeline_latency=latency)
+    array = ArrayConfig(
+        rows=rows,
+        columns=columns,
+        dataflow=dataflow,
+        lanes_per_unit=lanes,
+        pipeline_latency=latency,
+    )
     return fold_schedule(array, layer.M, layer.N, layer.reduction_steps(lanes))
 
 
@@ -50,8 +55,9 @@ HAND_CASES = [
 ]
 
 
-@pytest.mark.parametrize("rows, columns, dataflow, shape, lanes, latency, cycles, folds, mapping",
-                         HAND_CASES)
+@pytest.mark.parametrize(
+    "rows, columns, dataflow, shape, lanes, latency, cycles, folds, mapping", HAND_CASES
+)
 def test_hand_derived_cases(rows, columns, dataflow, shape, lanes, latency, cycles, folds, mapping):
     layer = GemmLayer("hand", *shape)
     schedule = closed_form(rows, columns, dataflow, layer, lanes, latency)
@@ -79,22 +85,36 @@ def test_extents_follow_scalesim_per_dataflow():
     assert spatiotemporal_extents("is", 10, 20, 30) == (30, 10, 20)
 
 
-gemm_layers = st.builds(GemmLayer, st.just("g"), st.integers(1, 12), st.integers(1, 12),
-                        st.integers(1, 20))
+gemm_layers = st.builds(
+    GemmLayer, st.just("g"), st.integers(1, 12), st.integers(1, 12), st.integers(1, 20)
+)
 
 
 @st.composite
 def conv_layers(draw):
     height, width = draw(st.integers(1, 7)), draw(st.integers(1, 7))
-    return ConvLayer("c", height, width, draw(st.integers(1, height)), draw(st.integers(1, width)),
-                     draw(st.integers(1, 5)), draw(st.integers(1, 5)),
-                     draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    return ConvLayer(
+        "c",
+        height,
+        width,
+        draw(st.integers(1, height)),
+        draw(st.integers(1, width)),
+        draw(st.integers(1, 5)),
+        draw(st.integers(1, 5)),
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3)),
+    )
 
 
 @pytest.mark.parametrize("dataflow", ["os", "ws", "is"])
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 6), columns=st.integers(1, 6), lanes=st.integers(1, 4),
-       latency=st.integers(1, 3), layer=st.one_of(gemm_layers, conv_layers()))
+@given(
+    rows=st.integers(1, 6),
+    columns=st.integers(1, 6),
+    lanes=st.integers(1, 4),
+    latency=st.integers(1, 3),
+    layer=st.one_of(gemm_layers, conv_layers()),
+)
 def test_closed_form_equals_cycle_walking_twin(dataflow, rows, columns, lanes, latency, layer):
     schedule = closed_form(rows, columns, dataflow, layer, lanes, latency)
     twin = walk_layer(rows, columns, dataflow, layer, lanes, latency)
@@ -106,8 +126,9 @@ def test_closed_form_equals_cycle_walking_twin(dataflow, rows, columns, lanes, l
 
 @pytest.mark.parametrize("dataflow", ["os", "ws", "is"])
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 64), columns=st.integers(1, 64), lanes=st.integers(1, 32),
-       layer=gemm_layers)
+@given(
+    rows=st.integers(1, 64), columns=st.integers(1, 64), lanes=st.integers(1, 32), layer=gemm_layers
+)
 def test_more_lanes_never_costs_cycles(dataflow, rows, columns, lanes, layer):
     one_lane = closed_form(rows, columns, dataflow, layer, 1)
     many_lanes = closed_form(rows, columns, dataflow, layer, lanes)

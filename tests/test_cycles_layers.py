@@ -27,7 +27,7 @@ def test_conv_output_size_with_stride_that_does_not_divide():
 def test_gemm_reduction_steps_group_k_by_lanes():
     layer = GemmLayer("g", M=4, N=4, K=70)
     assert layer.reduction_steps(1) == 70
-    assert layer.reduction_steps(32) == 3   # 32 + 32 + 6
+    assert layer.reduction_steps(32) == 3  # 32 + 32 + 6
     assert layer.reduction_steps(70) == 1
 
 
@@ -48,17 +48,20 @@ def test_operand_layouts():
     assert gemm.filter_layout == OperandLayout(7, 3)
     assert gemm.ofmap_layout == OperandLayout(5, 7)
     conv = ConvLayer("c", 12, 10, 3, 2, 4, 8, 1, 1)
-    assert conv.ifmap_layout == OperandLayout(120, 4)        # pixels x channels, not im2col
+    assert conv.ifmap_layout == OperandLayout(120, 4)  # pixels x channels, not im2col
     assert conv.filter_layout == OperandLayout(8 * 3 * 2, 4)  # filter taps x channels
     assert conv.ofmap_layout == OperandLayout(10 * 9, 8)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: GemmLayer("g", M=0, N=1, K=1),
-    lambda: GemmLayer("g", M=1, N=2.5, K=1),
-    lambda: ConvLayer("c", 4, 4, 5, 1, 1, 1, 1, 1),   # filter taller than ifmap
-    lambda: ConvLayer("c", 4, 4, 1, 1, 1, 1, 0, 1),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GemmLayer("g", M=0, N=1, K=1),
+        lambda: GemmLayer("g", M=1, N=2.5, K=1),
+        lambda: ConvLayer("c", 4, 4, 5, 1, 1, 1, 1, 1),  # filter taller than ifmap
+        lambda: ConvLayer("c", 4, 4, 1, 1, 1, 1, 0, 1),
+    ],
+)
 def test_bad_dimensions_are_user_errors(make):
     with pytest.raises(MxsimError):
         make()

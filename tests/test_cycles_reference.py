@@ -24,8 +24,14 @@ def recorded_rows():
                 topologies[row["topology"]] = read_scalesim_topology(DATA / row["topology"])
             layer = topologies[row["topology"]][int(row["layer_id"])]
             if layer.M * layer.N * layer.K <= 100_000:
-                rows.append(pytest.param(row, layer, id=f"{row['topology']}-{row['dataflow']}-"
-                                         f"{row['array_rows']}x{row['array_columns']}-{layer.name}"))
+                rows.append(
+                    pytest.param(
+                        row,
+                        layer,
+                        id=f"{row['topology']}-{row['dataflow']}-"
+                        f"{row['array_rows']}x{row['array_columns']}-{layer.name}",
+                    )
+                )
     return rows
 
 
@@ -60,7 +66,9 @@ def test_twin_rejects_a_schedule_without_skew(monkeypatch):
 
 def test_twin_rejects_a_schedule_that_drops_a_fold(monkeypatch):
     real_ranges = reference._fold_ranges
-    monkeypatch.setattr(reference, "_fold_ranges", lambda extent, size: real_ranges(extent, size)[:1])
+    monkeypatch.setattr(
+        reference, "_fold_ranges", lambda extent, size: real_ranges(extent, size)[:1]
+    )
     with pytest.raises(AssertionError, match="zero times"):
         walk_layer(2, 2, "ws", GemmLayer("g", 3, 3, 5))
 

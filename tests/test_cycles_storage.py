@@ -13,19 +13,22 @@ def test_plain_words_have_no_scales():
     assert OperandStorage.plain(2).operand_bytes(7, 5) == StorageBytes(70, 0)
 
 
-@pytest.mark.parametrize("name, element_bytes, scale_bytes", [
-    # one row of 64 elements
-    ("fp8_e4m3", 64, 2),   # 64 x 8 bits; 2 blocks of 32 -> two 8-bit scales
-    ("fp6_e3m2", 48, 2),   # 64 x 6 = 384 bits = 48 bytes
-    ("fp4_e2m1", 32, 2),   # 64 x 4 = 256 bits = 32 bytes
-    ("int8", 64, 2),
-    # MX9/6/4: 4 blocks of 16 -> 4 x 8 = 32 bits; 32 subblocks of 2 -> 32 x 1 bit; 64 bits = 8 B
-    ("mx9", 64, 8),        # 1 sign + 7 mantissa = 8 bits each
-    ("mx6", 40, 8),        # 1 + 4 = 5 bits: 320 bits = 40 bytes
-    ("mx4", 24, 8),        # 1 + 2 = 3 bits: 192 bits = 24 bytes
-    ("bf16", 128, 0),
-    ("fp32", 256, 0),
-])
+@pytest.mark.parametrize(
+    "name, element_bytes, scale_bytes",
+    [
+        # one row of 64 elements
+        ("fp8_e4m3", 64, 2),  # 64 x 8 bits; 2 blocks of 32 -> two 8-bit scales
+        ("fp6_e3m2", 48, 2),  # 64 x 6 = 384 bits = 48 bytes
+        ("fp4_e2m1", 32, 2),  # 64 x 4 = 256 bits = 32 bytes
+        ("int8", 64, 2),
+        # MX9/6/4: 4 blocks of 16 -> 4 x 8 = 32 bits; 32 subblocks of 2 -> 32 x 1 bit; 64 bits = 8 B
+        ("mx9", 64, 8),  # 1 sign + 7 mantissa = 8 bits each
+        ("mx6", 40, 8),  # 1 + 4 = 5 bits: 320 bits = 40 bytes
+        ("mx4", 24, 8),  # 1 + 2 = 3 bits: 192 bits = 24 bytes
+        ("bf16", 128, 0),
+        ("fp32", 256, 0),
+    ],
+)
 def test_one_row_of_64_elements(name, element_bytes, scale_bytes):
     assert storage_for_format(name).row_bytes(64) == StorageBytes(element_bytes, scale_bytes)
 
@@ -58,14 +61,17 @@ def test_lookup_takes_the_format_table_names_and_rejects_unknown_ones():
     assert "fp4_e2m1" in str(caught.value)
 
 
-@pytest.mark.parametrize("arguments", [
-    dict(element_bits=0, block_size=32),
-    dict(element_bits=8, block_size=0),
-    dict(element_bits=8, block_size=16, subblock_size=3, microexponent_bits=1),
-    dict(element_bits=8, block_size=16, microexponent_bits=1),
-    dict(element_bits=8, block_size=None, subblock_size=2),
-    dict(element_bits=8, block_size=32, scale_bits=-1),
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        dict(element_bits=0, block_size=32),
+        dict(element_bits=8, block_size=0),
+        dict(element_bits=8, block_size=16, subblock_size=3, microexponent_bits=1),
+        dict(element_bits=8, block_size=16, microexponent_bits=1),
+        dict(element_bits=8, block_size=None, subblock_size=2),
+        dict(element_bits=8, block_size=32, scale_bits=-1),
+    ],
+)
 def test_inconsistent_storage_is_refused(arguments):
     with pytest.raises(ValueError):
         OperandStorage(**arguments)

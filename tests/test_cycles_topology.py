@@ -21,8 +21,16 @@ def test_sample_conv_file_with_trailing_commas_and_depthwise_split():
     layers = read_scalesim_topology(DATA / "conv_small.csv")
     names = [layer.name for layer in layers]
     # DPConv3 has 4 channels: SCALE-Sim runs it as 4 single-channel layers
-    assert names == ["Conv1", "Conv2", "DPConv3Channel_0", "DPConv3Channel_1",
-                     "DPConv3Channel_2", "DPConv3Channel_3", "Conv4", "FC5"]
+    assert names == [
+        "Conv1",
+        "Conv2",
+        "DPConv3Channel_0",
+        "DPConv3Channel_1",
+        "DPConv3Channel_2",
+        "DPConv3Channel_3",
+        "Conv4",
+        "FC5",
+    ]
     assert layers[0] == ConvLayer("Conv1", 12, 12, 3, 3, 3, 8, 2, 2)
     assert layers[2] == ConvLayer("DPConv3Channel_0", 6, 6, 3, 3, 1, 1, 1, 1)
 
@@ -36,12 +44,14 @@ def test_sample_gemm_file():
 def test_rows_without_trailing_comma_and_with_comments(tmp_path):
     # as in SCALE-Sim's mobilnet_paper.csv: a blank line, '#dw' after the comma, a row
     # without the trailing comma, and a tab-indented row
-    path = write(tmp_path,
-                 "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
-                 "\n"
-                 "Conv2_dw, 112, 112, 3, 3, 1, 1, 1,#dw\n"
-                 "Conv11,28,28,1,1,256,256,1\n"
-                 "\tConv14_dw_0,14,14,3,3,1,1,1,\n")
+    path = write(
+        tmp_path,
+        "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
+        "\n"
+        "Conv2_dw, 112, 112, 3, 3, 1, 1, 1,#dw\n"
+        "Conv11,28,28,1,1,256,256,1\n"
+        "\tConv14_dw_0,14,14,3,3,1,1,1,\n",
+    )
     layers = read_scalesim_topology(path)
     assert [layer.name for layer in layers] == ["Conv2_dw", "Conv11", "Conv14_dw_0"]
     assert layers[1] == ConvLayer("Conv11", 28, 28, 1, 1, 256, 256, 1, 1)
@@ -70,9 +80,11 @@ def test_bad_integer_names_file_line_and_column(tmp_path):
 
 
 def test_missing_field_names_the_column(tmp_path):
-    path = write(tmp_path,
-                 "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
-                 "C1, 8, 8, 3, 3, 4,\n")
+    path = write(
+        tmp_path,
+        "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
+        "C1, 8, 8, 3, 3, 4,\n",
+    )
     with pytest.raises(MxsimError, match=r":2: column 7 \(Num Filter\): missing"):
         read_scalesim_topology(path)
 
@@ -84,9 +96,11 @@ def test_extra_field_is_refused(tmp_path):
 
 
 def test_bad_layer_shape_is_located(tmp_path):
-    path = write(tmp_path,
-                 "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
-                 "C1, 2, 8, 3, 3, 4, 8, 1,\n")
+    path = write(
+        tmp_path,
+        "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
+        "C1, 2, 8, 3, 3, 4, 8, 1,\n",
+    )
     with pytest.raises(MxsimError, match=r":2: layer 'C1': filter 3x3 is larger than ifmap 2x8"):
         read_scalesim_topology(path)
 
@@ -103,24 +117,35 @@ def test_empty_and_header_only_files(tmp_path):
 def test_non_utf8_file_is_a_clear_error(tmp_path):
     path = tmp_path / "topology.csv"
     path.write_bytes("Layer, M, N, K,\ncaf\u00e9, 1, 2, 3,\n".encode("latin-1"))
-    with pytest.raises(MxsimError, match=r"cannot read topology file: not UTF-8 text \(byte 0xe9 at offset 19\)"):
+    with pytest.raises(
+        MxsimError, match=r"cannot read topology file: not UTF-8 text \(byte 0xe9 at offset 19\)"
+    ):
         read_scalesim_topology(path)
 
 
 def test_depthwise_layer_count_is_bounded(tmp_path):
-    path = write(tmp_path, "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, "
-                           "Strides,\nDPconv, 8, 8, 3, 3, 1000000000, 1, 1,\n")
-    with pytest.raises(MxsimError, match=":2: a depthwise layer of 1000000000 channels would make more than 1000000"):
+    path = write(
+        tmp_path,
+        "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, "
+        "Strides,\nDPconv, 8, 8, 3, 3, 1000000000, 1, 1,\n",
+    )
+    with pytest.raises(
+        MxsimError,
+        match=":2: a depthwise layer of 1000000000 channels would make more than 1000000",
+    ):
         read_scalesim_topology(path)
 
 
-@pytest.mark.parametrize("value, message", [
-    ("1_000", "expected an integer, got '1_000'"),
-    ("\u0661\u0662", "expected an integer, got"),  # Arabic-Indic digits: int() would read 12
-    ("1e400", "expected an integer, got '1e400'"),
-    ("99999999999999999999", "expected at most 4294967296, got '99999999999999999999'"),
-    ("9" * 5000, "expected at most 4294967296, got '9999"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("1_000", "expected an integer, got '1_000'"),
+        ("\u0661\u0662", "expected an integer, got"),  # Arabic-Indic digits: int() would read 12
+        ("1e400", "expected an integer, got '1e400'"),
+        ("99999999999999999999", "expected at most 4294967296, got '99999999999999999999'"),
+        ("9" * 5000, "expected at most 4294967296, got '9999"),
+    ],
+)
 def test_hostile_dimensions_are_refused_with_a_short_message(tmp_path, value, message):
     path = write(tmp_path, f"Layer, M, N, K,\nfc, {value}, 2, 3,\n")
     with pytest.raises(MxsimError, match=message.replace("(", r"\(")) as caught:

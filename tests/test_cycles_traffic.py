@@ -20,8 +20,14 @@ BF16 = storage_for_format("bf16")
 def traffic(layer=GEMM, a="fp8_e4m3", b="fp8_e4m3", out=BF16, **array_keys):
     array = ArrayConfig(**{"rows": 8, "columns": 8, **array_keys})
     schedule = fold_schedule(array, layer.M, layer.N, layer.reduction_steps(array.lanes_per_unit))
-    return offchip_traffic(array, layer, schedule, storage_for_format(a), storage_for_format(b),
-                           out if isinstance(out, OperandStorage) else storage_for_format(out))
+    return offchip_traffic(
+        array,
+        layer,
+        schedule,
+        storage_for_format(a),
+        storage_for_format(b),
+        out if isinstance(out, OperandStorage) else storage_for_format(out),
+    )
 
 
 @pytest.mark.parametrize("dataflow", ["os", "ws", "is"])
@@ -36,8 +42,11 @@ def test_everything_fits_so_each_operand_moves_once(dataflow):
 
 
 def test_scale_traffic_and_packing_per_format():
-    fp8, fp4, mx9 = traffic(a="fp8_e4m3", b="fp8_e4m3"), traffic(a="fp4_e2m1", b="fp4_e2m1"), \
-        traffic(a="mx9", b="mx9")
+    fp8, fp4, mx9 = (
+        traffic(a="fp8_e4m3", b="fp8_e4m3"),
+        traffic(a="fp4_e2m1", b="fp4_e2m1"),
+        traffic(a="mx9", b="mx9"),
+    )
     # FP4: 64 x 4 bits = 32 element bytes per row, same 2 scale bytes
     assert fp4.ifmap == StorageBytes(64 * 32, 64 * 2)
     # MX9: 8-bit elements; 4 exponents of 8 bits + 32 one-bit microexponents = 8 bytes per row
@@ -56,8 +65,8 @@ def test_os_rereads_a_per_column_fold_when_it_does_not_fit():
 
 def test_os_rereads_b_per_row_fold_when_one_fold_of_filters_does_not_fit():
     # one column fold needs 8 filters x (64 + 2) B = 528 B
-    assert traffic(dataflow="os", filter_buffer_kib=1.5).filter_passes == 1   # 768 B of room
-    moved = traffic(dataflow="os", filter_buffer_kib=0.5)                     # 256 B of room
+    assert traffic(dataflow="os", filter_buffer_kib=1.5).filter_passes == 1  # 768 B of room
+    moved = traffic(dataflow="os", filter_buffer_kib=0.5)  # 256 B of room
     assert moved.filter_passes == 8
     assert moved.filter.total_bytes == 8 * 4224
 
@@ -81,10 +90,12 @@ def test_ws_partial_sums_spill_when_one_column_fold_does_not_fit():
     assert moved.partial_sum_spills == 7
     assert moved.partial_sum_bytes == 229376
     assert moved.total_bytes == 4224 + 4224 + 8192 + 229376
-    assert traffic(dataflow="ws", ofmap_buffer_kib=4).partial_sum_bytes == 0        # 2048 B of room
+    assert traffic(dataflow="ws", ofmap_buffer_kib=4).partial_sum_bytes == 0  # 2048 B of room
     assert traffic(dataflow="ws", ofmap_buffer_kib=2, accumulator_bits=16).partial_sum_bytes == 0
     # odd accumulator width: 2 x 7 x 4096 x 20 bits = 1146880 bits = 143360 bytes
-    assert traffic(dataflow="ws", ofmap_buffer_kib=2, accumulator_bits=20).partial_sum_bytes == 143360
+    assert (
+        traffic(dataflow="ws", ofmap_buffer_kib=2, accumulator_bits=20).partial_sum_bytes == 143360
+    )
 
 
 def test_is_partial_sums_and_no_spill_with_a_single_row_fold():

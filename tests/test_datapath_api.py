@@ -19,7 +19,12 @@ from mxsim import get_format
 from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.api import dot_with_params, kernel_c_dtype, kernel_output_dtype, times_power_of_two
+from mxsim.datapath.api import (
+    dot_with_params,
+    kernel_c_dtype,
+    kernel_output_dtype,
+    times_power_of_two,
+)
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
@@ -38,11 +43,14 @@ def oracle(gpu: str, fmt: str):
     element = get_format(FP8[fmt])
     a = element.encode(data["a"].view(np.float32))
     b = element.encode(data["b"].view(np.float32))
-    assert (element.decode(a) == data["a"].view(np.float32)).all()  # the inputs are exact FP8 values
+    assert (
+        element.decode(a) == data["a"].view(np.float32)
+    ).all()  # the inputs are exact FP8 values
     return a, b, data["c"].view(np.float32), data["d_fp32"], data["d_fp16"]
 
 
 # --- real hardware ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gpu", ["H100", "B200"])
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
@@ -58,7 +66,9 @@ def test_gpu_fp32_results_bit_for_bit(gpu, fmt):
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
 def test_gpu_fp16_results_bit_for_bit(gpu, fmt):
     a, b, c, _, d_fp16 = oracle(gpu, fmt)
-    out = dot(hw(gpu.lower() + "-fp8"), a, b, a_format=FP8[fmt], b_format=FP8[fmt], c=c, out_format="fp16")
+    out = dot(
+        hw(gpu.lower() + "-fp8"), a, b, a_format=FP8[fmt], b_format=FP8[fmt], c=c, out_format="fp16"
+    )
     widened = as_float(out, "fp16").astype(np.float32).view(np.uint32)
     assert int((widened != d_fp16).sum()) == 0
 
@@ -66,17 +76,28 @@ def test_gpu_fp16_results_bit_for_bit(gpu, fmt):
 def published_b200(rounding: str) -> DatapathParams:
     """Khattak & Mikaitis' B200 model: c aligned into a 25-fraction-bit window, one rounding."""
     base = hw("b200-fp8").params("fp8_e4m3", "fp8_e4m3")
-    return DatapathParams(**{
-        **base.__dict__, "accumulator_in_tree": True, "sum_significant_bits": None,
-        "accumulator_rounding": rounding, "output_rounding": rounding,
-    })
+    return DatapathParams(
+        **{
+            **base.__dict__,
+            "accumulator_in_tree": True,
+            "sum_significant_bits": None,
+            "accumulator_rounding": rounding,
+            "output_rounding": rounding,
+        }
+    )
 
 
 @pytest.mark.parametrize(
     "fmt, rounding, misses_all, misses_first_200",
-    [("E4M3", "toward_zero", 1793, 67), ("E4M3", "nearest_even", 246, 14), ("E5M2", "toward_zero", 1764, 72)],
+    [
+        ("E4M3", "toward_zero", 1793, 67),
+        ("E4M3", "nearest_even", 246, 14),
+        ("E5M2", "toward_zero", 1764, 72),
+    ],
 )
-def test_published_b200_model_misses_what_its_authors_report(fmt, rounding, misses_all, misses_first_200):
+def test_published_b200_model_misses_what_its_authors_report(
+    fmt, rounding, misses_all, misses_first_200
+):
     # The oracle README quotes 67/200 (14/200 round-to-nearest) for E4M3: an independent check
     # that mxsim's generic datapath reproduces the published model itself.
     a, b, c, d_fp32, _ = oracle("B200", fmt)
@@ -106,7 +127,11 @@ ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive"
 def random_params(draw) -> DatapathParams:
     fused = draw(st.sampled_from([1, 2, 3, 4, 8, 16, 32]))
     scales = draw(st.sampled_from(["none", "products", "block_sum", "group_sum"]))
-    block = fused * draw(st.integers(1, 3)) if scales == "block_sum" else draw(st.sampled_from([4, 8, 16, 32]))
+    block = (
+        fused * draw(st.integers(1, 3))
+        if scales == "block_sum"
+        else draw(st.sampled_from([4, 8, 16, 32]))
+    )
     group = 16
     if scales == "group_sum":  # whole groups in blocks and trees
         group = draw(st.sampled_from([1, 2, 4, 8, 16]))
@@ -116,7 +141,11 @@ def random_params(draw) -> DatapathParams:
     exact = acc_format == "exact"
     # sampled_from spreads the choices evenly (one_of(none(), ...) leans on None).
     window = "exact" if exact else draw(st.sampled_from(["exact", "narrow", "wide"]))
-    fraction_bits = {"exact": None, "narrow": draw(st.integers(0, 11)), "wide": draw(st.integers(12, 30))}[window]
+    fraction_bits = {
+        "exact": None,
+        "narrow": draw(st.integers(0, 11)),
+        "wide": draw(st.integers(12, 30)),
+    }[window]
     acc_in_tree = False if scales == "block_sum" else draw(st.booleans())
     promotion = None
     if not exact and draw(st.booleans()):
@@ -154,9 +183,13 @@ def random_params(draw) -> DatapathParams:
         align_reference=draw(st.sampled_from(["exponent_sum", "leading_bit"])),
         align_fraction_bits=fraction_bits,
         below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even", "sticky"])),
-        carry_bits=None if fraction_bits is None or not draw(st.booleans()) else draw(st.integers(0, 6)),
+        carry_bits=None
+        if fraction_bits is None or not draw(st.booleans())
+        else draw(st.integers(0, 6)),
         adder_overflow=draw(st.sampled_from(["wrap", "saturate"])),
-        sum_significant_bits=None if exact or grid or not draw(st.booleans()) else draw(st.integers(1, 30)),
+        sum_significant_bits=None
+        if exact or grid or not draw(st.booleans())
+        else draw(st.integers(1, 30)),
         sum_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_format=acc_format,
         accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
@@ -170,10 +203,16 @@ def random_params(draw) -> DatapathParams:
         accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
         zero_term_exponent=draw(st.sampled_from([None, -133, -21, -4, 3])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
-        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive", "ieee_steps"])),
+        output_zero_sign=draw(
+            st.sampled_from(["ieee", "positive", "exact_positive", "ieee_steps"])
+        ),
         input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
         product_overflow_exponent=draw(st.sampled_from([None, None, None, 0, 6, 12])),
-        structure="fused", parity_windows=False, second_alignment_bits=None, far_accumulator="floor", special_accumulator_exponent=None,
+        structure="fused",
+        parity_windows=False,
+        second_alignment_bits=None,
+        far_accumulator="floor",
+        special_accumulator_exponent=None,
     )
     params = with_adder_structure(draw, params)
     try:
@@ -189,21 +228,32 @@ def with_adder_structure(draw, params: DatapathParams) -> DatapathParams:
     structure = draw(st.sampled_from(["fused"] * 4 + ["pairwise_rounded", "second_alignment"]))
     if structure == "fused":
         return params
-    floating = dict(accumulator_format=params.accumulator_format if params.accumulator_format != "exact" else "fp32",
-                    c_entry="initial", promotion_interval=None, grid_fraction_bits=None)
+    floating = dict(
+        accumulator_format=params.accumulator_format
+        if params.accumulator_format != "exact"
+        else "fp32",
+        c_entry="initial",
+        promotion_interval=None,
+        grid_fraction_bits=None,
+    )
     if params.scales == "group_sum":
         floating.update(scales="products", scale_format="e8m0")
     if structure == "pairwise_rounded":
         return dataclasses.replace(params, structure=structure, **floating)
     parity = draw(st.booleans())
     params = dataclasses.replace(
-        params, **floating, parity_windows=parity,
+        params,
+        **floating,
+        parity_windows=parity,
         second_alignment_bits=None if parity and draw(st.booleans()) else draw(st.integers(0, 40)),
-        far_accumulator=draw(st.sampled_from(["floor", "zero"])), accumulator_in_tree=False,
-        align_fraction_bits=params.align_fraction_bits if params.align_fraction_bits is not None
+        far_accumulator=draw(st.sampled_from(["floor", "zero"])),
+        accumulator_in_tree=False,
+        align_fraction_bits=params.align_fraction_bits
+        if params.align_fraction_bits is not None
         else draw(st.integers(0, 30)),
         below_window=params.below_window if params.below_window != "sticky" else "floor",
-        sum_significant_bits=None, trees_in_blocks=params.trees_in_blocks and params.term_order is None,
+        sum_significant_bits=None,
+        trees_in_blocks=params.trees_in_blocks and params.term_order is None,
     )
     return with_special_accumulator_exponent(draw, params)
 
@@ -213,10 +263,14 @@ def with_special_accumulator_exponent(draw, params: DatapathParams) -> DatapathP
     drops far accumulators), null in half the cases."""
     if params.second_alignment_bits is None or params.far_accumulator != "zero":
         return params
-    return dataclasses.replace(params, special_accumulator_exponent=draw(st.one_of(st.none(), st.integers(-30, 40))))
+    return dataclasses.replace(
+        params, special_accumulator_exponent=draw(st.one_of(st.none(), st.integers(-30, 40)))
+    )
 
 
-def realistic_operand(rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"):
+def realistic_operand(
+    rng, fmt_name: str, block_size: int | None, rows: int, length: int, scale_format: str = "e8m0"
+):
     """Codes of normal-distributed rows at a few magnitudes (clipped to the format) and, for
     units with block scales (``block_size`` given), scales near 1 (codes of ``scale_format``):
     what a quantized layer hands a unit. Sums stay well inside fp16's range."""
@@ -243,25 +297,55 @@ def random_inputs(draw, params: DatapathParams, rows: int):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if rng.random() >= CORNER_SHARE:  # not a hypothesis draw: those lean on the bounds
         event("inputs: realistic")
-        a, scale_a = realistic_operand(rng, params.a_format, params.block_size if scaled else None, rows, length,
-                                       params.scale_format)
-        b, scale_b = realistic_operand(rng, params.b_format, params.block_size if scaled else None, rows, length,
-                                       params.scale_format)
+        a, scale_a = realistic_operand(
+            rng,
+            params.a_format,
+            params.block_size if scaled else None,
+            rows,
+            length,
+            params.scale_format,
+        )
+        b, scale_b = realistic_operand(
+            rng,
+            params.b_format,
+            params.block_size if scaled else None,
+            rows,
+            length,
+            params.scale_format,
+        )
         c = rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))
         c[rng.random(rows) < 0.3] = 0.0
         return a, b, scale_a, scale_b, c_of_format(c, params.c_format)
     event("inputs: corners")
     fmt_a, fmt_b = get_format(params.a_format), get_format(params.b_format)
-    codes = lambda fmt: np.array(draw(  # noqa: E731  (field codes, then placed above the padding: tf32)
-        st.lists(st.lists(st.integers(0, (1 << fmt.field_bits) - 1), min_size=length, max_size=length),
-                 min_size=rows, max_size=rows)
-    ), dtype=fmt.code_dtype) << fmt.code_dtype.type(fmt.padding_bits)
+    codes = lambda fmt: (
+        np.array(
+            draw(  # noqa: E731  (field codes, then placed above the padding: tf32)
+                st.lists(
+                    st.lists(
+                        st.integers(0, (1 << fmt.field_bits) - 1), min_size=length, max_size=length
+                    ),
+                    min_size=rows,
+                    max_size=rows,
+                )
+            ),
+            dtype=fmt.code_dtype,
+        )
+        << fmt.code_dtype.type(fmt.padding_bits)
+    )
     a, b = codes(fmt_a), codes(fmt_b)
     scale_fmt = get_format(params.scale_format)
     one, top = int(scale_fmt.encode(np.array([1.0]))[0]), (1 << scale_fmt.bits) - 1
-    scale = st.one_of(st.integers(one - 9, one + 9), st.sampled_from([0, 1, one, top - 2, top - 1, top]))
+    scale = st.one_of(
+        st.integers(one - 9, one + 9), st.sampled_from([0, 1, one, top - 2, top - 1, top])
+    )
     scales = lambda: np.array(  # noqa: E731
-        draw(st.lists(st.lists(scale, min_size=blocks, max_size=blocks), min_size=rows, max_size=rows)), dtype=np.uint8
+        draw(
+            st.lists(
+                st.lists(scale, min_size=blocks, max_size=blocks), min_size=rows, max_size=rows
+            )
+        ),
+        dtype=np.uint8,
     )
     scale_a, scale_b = (scales(), scales()) if scaled else (None, None)
     c_value = st.one_of(
@@ -283,25 +367,47 @@ def assert_kernel_matches_reference(params, a, b, scale_a, scale_b, c):
     out_format = get_format(params.output_format)
     for i in range(a.shape[0]):
         value = dot_reference(
-            params, a[i].tolist(), b[i].tolist(),
-            None if scale_a is None else scale_a[i].tolist(), None if scale_b is None else scale_b[i].tolist(),
+            params,
+            a[i].tolist(),
+            b[i].tolist(),
+            None if scale_a is None else scale_a[i].tolist(),
+            None if scale_b is None else scale_b[i].tolist(),
             float(c[i]),
         )
         want = int(out_format.encode(np.array([value]), overflow="inf_nan")[0])
         assert int(out[i]) == want, (i, params, hex(int(out[i])), hex(want), value)
-        event("output: " + ("NaN/Inf" if not math.isfinite(value) else "zero" if value == 0 else "finite nonzero"))
+        event(
+            "output: "
+            + (
+                "NaN/Inf"
+                if not math.isfinite(value)
+                else "zero"
+                if value == 0
+                else "finite nonzero"
+            )
+        )
 
 
 @settings(max_examples=120)
 @given(data=st.data())
 def test_kernel_equals_reference_on_random_configs(data):
     params = data.draw(random_params())
-    window = "exact" if params.align_fraction_bits is None else "narrow" if params.align_fraction_bits < 12 else "wide"
-    event(f"config: window {window}, below {params.below_window}, carry {params.carry_bits is not None}, "
-          f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}, "
-          f"grid {params.grid_fraction_bits is not None}, trees in blocks {params.trees_in_blocks}")
-    event(f"adder: {params.structure}, parity windows {params.parity_windows}, "
-          f"second alignment {params.second_alignment_bits is not None}")
+    window = (
+        "exact"
+        if params.align_fraction_bits is None
+        else "narrow"
+        if params.align_fraction_bits < 12
+        else "wide"
+    )
+    event(
+        f"config: window {window}, below {params.below_window}, carry {params.carry_bits is not None}, "
+        f"sum bits {params.sum_significant_bits is not None}, order {params.term_order is not None}, "
+        f"grid {params.grid_fraction_bits is not None}, trees in blocks {params.trees_in_blocks}"
+    )
+    event(
+        f"adder: {params.structure}, parity windows {params.parity_windows}, "
+        f"second alignment {params.second_alignment_bits is not None}"
+    )
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
@@ -310,8 +416,14 @@ def bounded_fields():
     from mxsim.datapath.schema import SCHEMA
 
     fields = {f.name for f in dataclasses.fields(DatapathParams)}
-    return [(key.field or name, key) for section in SCHEMA.values() for name, key in section.items()
-            if key.kind in ("int", "optional_int") and key.minimum is not None and (key.field or name) in fields]
+    return [
+        (key.field or name, key)
+        for section in SCHEMA.values()
+        for name, key in section.items()
+        if key.kind in ("int", "optional_int")
+        and key.minimum is not None
+        and (key.field or name) in fields
+    ]
 
 
 @settings(max_examples=40)
@@ -323,11 +435,17 @@ def test_kernel_equals_reference_with_keys_at_their_bounds(data):
     params = data.draw(random_params())
     changes = {}
     for field, key in bounded_fields():
-        if getattr(params, field) is None and key.kind == "optional_int" and field != "zero_term_exponent":
+        if (
+            getattr(params, field) is None
+            and key.kind == "optional_int"
+            and field != "zero_term_exponent"
+        ):
             continue  # a key that needs others set with it keeps null
         if data.draw(st.integers(0, 3)) == 0:
             high = key.maximum if key.maximum is not None else key.minimum + 2**20
-            changes[field] = data.draw(st.sampled_from([key.minimum, high, key.minimum + 1, high - 1]))
+            changes[field] = data.draw(
+                st.sampled_from([key.minimum, high, key.minimum + 1, high - 1])
+            )
     params = dataclasses.replace(params, **changes)
     try:
         check_consistency(params, "bounds")
@@ -352,11 +470,15 @@ def test_zero_term_exponent_past_fp64_is_refused_and_at_1023_agrees():
     raw["adder"].update(zero_term_exponent=1100, align_fraction_bits=50)
     for value in (1100, 1023):
         raw["adder"]["zero_term_exponent"] = value
-        with pytest.raises(ConfigError, match="zero_term_exponent: expected an integer -1100..1022"):
+        with pytest.raises(
+            ConfigError, match="zero_term_exponent: expected an integer -1100..1022"
+        ):
             parse_hwconfig(raw)
     for below in ("truncate", "floor", "nearest_even", "sticky"):
         for fraction_bits in (0, 50):
-            raw["adder"].update(zero_term_exponent=1022, align_fraction_bits=fraction_bits, below_window=below)
+            raw["adder"].update(
+                zero_term_exponent=1022, align_fraction_bits=fraction_bits, below_window=below
+            )
             hw = parse_hwconfig(raw)
             got = dot(hw, a, b, a_format="fp6_e2m3", b_format="fp6_e2m3", method="kernel")
             shown = explain(hw, a[0], b[0], a_format="fp6_e2m3", b_format="fp6_e2m3")
@@ -371,12 +493,22 @@ def test_zero_term_exponent_past_fp64_is_refused_and_at_1023_agrees():
 def test_kernel_equals_reference_on_shipped_configs(config, data):
     unit = load_hwconfig(config)
     a_format, b_format = data.draw(st.sampled_from(unit.format_pairs))
-    out_format = data.draw(st.sampled_from(sorted({"fp32", "fp16", "bf16", unit.sections[("output", "format")]})))
+    out_format = data.draw(
+        st.sampled_from(sorted({"fp32", "fp16", "bf16", unit.sections[("output", "format")]}))
+    )
     params = unit.params(a_format, b_format, out_format)
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=2))
 
 
-MATRIX_CORE_ELEMENTS = ["fp16", "bf16", "tf32", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp8_e4m3", "fp4_e2m1"]
+MATRIX_CORE_ELEMENTS = [
+    "fp16",
+    "bf16",
+    "tf32",
+    "fp8_e4m3fnuz",
+    "fp8_e5m2fnuz",
+    "fp8_e4m3",
+    "fp4_e2m1",
+]
 
 
 @st.composite
@@ -387,23 +519,31 @@ def matrix_core_params(draw) -> DatapathParams:
     unit = load_hwconfig(REPO / "hwconfigs" / ("mi250.yaml" if pairwise else "mi300.yaml"))
     params = dataclasses.replace(
         unit.params(unit.a_formats[0], unit.b_formats[0], "fp32"),
-        a_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)), b_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)),
+        a_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)),
+        b_format=draw(st.sampled_from(MATRIX_CORE_ELEMENTS)),
         fused_terms=draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
-        input_subnormals=draw(st.booleans()), input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
+        input_subnormals=draw(st.booleans()),
+        input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
         product_overflow_exponent=draw(st.sampled_from([None, 128, 20, 4])),
         accumulator_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
-        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)), accumulator_subnormals=draw(st.booleans()),
+        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
+        accumulator_subnormals=draw(st.booleans()),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
-        output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])), output_rounding=draw(st.sampled_from(ROUNDINGS)),
+        output_format=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
+        output_rounding=draw(st.sampled_from(ROUNDINGS)),
         output_subnormals=draw(st.booleans()),
         output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
     )
     if not pairwise:
         parity = draw(st.booleans())
         params = dataclasses.replace(
-            params, parity_windows=parity, align_fraction_bits=draw(st.integers(0, 30)),
+            params,
+            parity_windows=parity,
+            align_fraction_bits=draw(st.integers(0, 30)),
             below_window=draw(st.sampled_from(["truncate", "floor", "nearest_even"])),
-            second_alignment_bits=draw(st.one_of(st.integers(0, 40), st.none() if parity else st.integers(0, 40))),
+            second_alignment_bits=draw(
+                st.one_of(st.integers(0, 40), st.none() if parity else st.integers(0, 40))
+            ),
             far_accumulator=draw(st.sampled_from(["floor", "zero"])),
         )
         params = with_special_accumulator_exponent(draw, params)
@@ -415,41 +555,72 @@ def matrix_core_params(draw) -> DatapathParams:
 @given(data=st.data())
 def test_kernel_equals_reference_on_matrix_core_adders(data):
     params = data.draw(matrix_core_params())
-    event(f"adder: {params.structure}, parity windows {params.parity_windows}, "
-          f"second alignment {params.second_alignment_bits is not None}")
+    event(
+        f"adder: {params.structure}, parity windows {params.parity_windows}, "
+        f"second alignment {params.second_alignment_bits is not None}"
+    )
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
 
 
 # --- exact configurations against Fraction arithmetic ----------------------------------------------
 
+
 def exact_value(fmt_name, codes, scale_codes, block_size):
     fmt = get_format(fmt_name)
     values = [fmt.value_of(int(code)) for code in codes]
-    return [v * Fraction(2) ** (int(scale_codes[i // block_size]) - 127) for i, v in enumerate(values)]
+    return [
+        v * Fraction(2) ** (int(scale_codes[i // block_size]) - 127) for i, v in enumerate(values)
+    ]
 
 
 def rne_fp32(value: Fraction) -> Fraction:
-    return get_format("fp32").value_of(encode_reference(get_format("fp32"), value, "nearest_even", "inf_nan"))
+    return get_format("fp32").value_of(
+        encode_reference(get_format("fp32"), value, "nearest_even", "inf_nan")
+    )
 
 
 @settings(max_examples=80)
 @given(data=st.data())
 def test_exact_configs_equal_exactly_rounded_fraction_sums(data):
     fmt = data.draw(st.sampled_from(["fp8_e4m3", "fp6_e2m3", "fp4_e2m1", "int8", "fp8_e5m2"]))
-    finite_codes = [int(c) for c in np.flatnonzero(np.isfinite(get_format(fmt).decode(np.arange(1 << get_format(fmt).bits))))]
+    finite_codes = [
+        int(c)
+        for c in np.flatnonzero(
+            np.isfinite(get_format(fmt).decode(np.arange(1 << get_format(fmt).bits)))
+        )
+    ]
     length = data.draw(st.integers(1, 96))
-    a = np.array([data.draw(st.lists(st.sampled_from(finite_codes), min_size=length, max_size=length))], dtype=np.uint8)
-    b = np.array([data.draw(st.lists(st.sampled_from(finite_codes), min_size=length, max_size=length))], dtype=np.uint8)
+    a = np.array(
+        [data.draw(st.lists(st.sampled_from(finite_codes), min_size=length, max_size=length))],
+        dtype=np.uint8,
+    )
+    b = np.array(
+        [data.draw(st.lists(st.sampled_from(finite_codes), min_size=length, max_size=length))],
+        dtype=np.uint8,
+    )
     blocks = -(-length // 32)
-    scale_a = np.array([data.draw(st.lists(st.integers(100, 154), min_size=blocks, max_size=blocks))], dtype=np.uint8)
-    scale_b = np.array([data.draw(st.lists(st.integers(100, 154), min_size=blocks, max_size=blocks))], dtype=np.uint8)
+    scale_a = np.array(
+        [data.draw(st.lists(st.integers(100, 154), min_size=blocks, max_size=blocks))],
+        dtype=np.uint8,
+    )
+    scale_b = np.array(
+        [data.draw(st.lists(st.integers(100, 154), min_size=blocks, max_size=blocks))],
+        dtype=np.uint8,
+    )
     c = np.array([data.draw(st.floats(-1e3, 1e3, width=32))], dtype=np.float32)
-    products = [x * y for x, y in zip(exact_value(fmt, a[0], scale_a[0], 32), exact_value(fmt, b[0], scale_b[0], 32))]
+    products = [
+        x * y
+        for x, y in zip(
+            exact_value(fmt, a[0], scale_a[0], 32), exact_value(fmt, b[0], scale_b[0], 32)
+        )
+    ]
     kulisch = rne_fp32(Fraction(float(c[0])) + sum(products))
     ocp = Fraction(float(c[0]))
     for start in range(0, length, 32):
         ocp = rne_fp32(ocp + sum(products[start : start + 32]))
-    mxdotp = Fraction(float(c[0]))  # the RTL: 8 FP8, 11 FP6 or 16 FP4 per operation, each block on its own
+    mxdotp = Fraction(
+        float(c[0])
+    )  # the RTL: 8 FP8, 11 FP6 or 16 FP4 per operation, each block on its own
     lanes = 16 if fmt == "fp4_e2m1" else 11 if fmt.startswith("fp6") else 8
     for block in range(0, length, 32):
         for start in range(block, min(block + 32, length), lanes):
@@ -461,34 +632,55 @@ def test_exact_configs_equal_exactly_rounded_fraction_sums(data):
         assert Fraction(float(as_float(out)[0])) == expected, name
 
 
-@pytest.mark.parametrize("a_format, b_format", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3", "fp8_e5m2")])
+@pytest.mark.parametrize(
+    "a_format, b_format",
+    [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3", "fp8_e5m2")],
+)
 def test_every_fp8_pair_product_is_exact(a_format, b_format):
     # One-term dot products through the Kulisch unit: fp32 holds every FP8 x FP8 product.
-    grid_a, grid_b = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij")
+    grid_a, grid_b = np.meshgrid(
+        np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij"
+    )
     a, b = grid_a.reshape(-1, 1), grid_b.reshape(-1, 1)
     out = as_float(dot(hw("kulisch"), a, b, a_format=a_format, b_format=b_format))
     with np.errstate(invalid="ignore"):
-        expected = get_format(a_format).decode(a[:, 0]) * get_format(b_format).decode(b[:, 0])  # exact in float64
+        expected = get_format(a_format).decode(a[:, 0]) * get_format(b_format).decode(
+            b[:, 0]
+        )  # exact in float64
     finite = np.isfinite(expected)
     np.testing.assert_array_equal(out[finite], expected[finite])
     # NaN inputs and Inf x 0 give NaN; Inf x finite nonzero gives a signed Inf.
     assert np.array_equal(np.isnan(out), np.isnan(expected))
     assert np.array_equal(out[np.isinf(expected)], expected[np.isinf(expected)])
     zero = expected == 0
-    assert np.array_equal(np.signbit(out[zero]), np.zeros(zero.sum(), dtype=bool))  # +0 unless c and all are -0
+    assert np.array_equal(
+        np.signbit(out[zero]), np.zeros(zero.sum(), dtype=bool)
+    )  # +0 unless c and all are -0
 
 
 # --- special values and corners ------------------------------------------------------------------------
 
-def one_dot(unit, a_values, b_values, fmt="fp8_e5m2", c=0.0, scale_a=None, scale_b=None, out_format=None):
+
+def one_dot(
+    unit, a_values, b_values, fmt="fp8_e5m2", c=0.0, scale_a=None, scale_b=None, out_format=None
+):
     element = get_format(fmt)
     overflow = "inf_nan" if element.has_nan else "saturate"
     a = element.encode(np.array([a_values], dtype=np.float64), overflow=overflow)
     b = element.encode(np.array([b_values], dtype=np.float64), overflow=overflow)
     sa = None if scale_a is None else np.array([scale_a], dtype=np.uint8)
     sb = None if scale_b is None else np.array([scale_b], dtype=np.uint8)
-    out = dot(unit, a, b, a_format=fmt, b_format=fmt, scale_a=sa, scale_b=sb,
-              c=np.array([c], dtype=np.float32), out_format=out_format)
+    out = dot(
+        unit,
+        a,
+        b,
+        a_format=fmt,
+        b_format=fmt,
+        scale_a=sa,
+        scale_b=sb,
+        c=np.array([c], dtype=np.float32),
+        out_format=out_format,
+    )
     return float(as_float(out, out_format or "fp32")[0]), int(out[0])
 
 
@@ -507,8 +699,13 @@ def test_nan_and_infinity_follow_ieee(name):
 def test_nan_scale_makes_its_block_nan():
     unit = hw("ocp-exact")
     ones = [1.0] * 64
-    assert math.isnan(one_dot(unit, ones, ones, fmt="fp8_e4m3", scale_a=[127, 255], scale_b=[127, 127])[0])
-    assert one_dot(unit, ones, ones, fmt="fp8_e4m3", scale_a=[127, 128], scale_b=[126, 127])[0] == 32 * 0.5 + 32 * 2
+    assert math.isnan(
+        one_dot(unit, ones, ones, fmt="fp8_e4m3", scale_a=[127, 255], scale_b=[127, 127])[0]
+    )
+    assert (
+        one_dot(unit, ones, ones, fmt="fp8_e4m3", scale_a=[127, 128], scale_b=[126, 127])[0]
+        == 32 * 0.5 + 32 * 2
+    )
 
 
 def test_overflow_beyond_fp32_depends_on_the_rounding():
@@ -521,8 +718,13 @@ def test_overflow_beyond_fp32_depends_on_the_rounding():
     params = hw("ocp-exact").params("fp8_e5m2", "fp8_e5m2")
     toward_zero = DatapathParams(**{**params.__dict__, "accumulator_rounding": "toward_zero"})
     codes = get_format("fp8_e5m2").encode(np.array([big]))
-    out = dot_with_params(toward_zero, codes, codes, scale_a=np.array([scales], dtype=np.uint8),
-                          scale_b=np.array([[127]], dtype=np.uint8))
+    out = dot_with_params(
+        toward_zero,
+        codes,
+        codes,
+        scale_a=np.array([scales], dtype=np.uint8),
+        scale_b=np.array([[127]], dtype=np.uint8),
+    )
     assert as_float(out)[0] == float(np.finfo(np.float32).max)
 
 
@@ -538,7 +740,9 @@ def test_massive_cancellation_is_exact_in_exact_units_and_lossy_on_h100():
     b = [57344.0, 2.0**-16, 57344.0]
     assert one_dot(hw("kulisch"), a, b)[0] == 2.0**-32
     assert one_dot(hw("ocp-exact"), a, b)[0] == 2.0**-32
-    assert one_dot(hw("h100-fp8"), a, b)[0] == 0.0  # the tiny product falls out of the 13-bit window
+    assert (
+        one_dot(hw("h100-fp8"), a, b)[0] == 0.0
+    )  # the tiny product falls out of the 13-bit window
 
 
 def test_alignment_window_edge_on_h100():
@@ -565,18 +769,28 @@ def test_promotion_interval_recovers_precision_lost_by_hopper():
 
 # --- each adder key on hand-worked examples ------------------------------------------------------
 
+
 def windowed(**changes) -> DatapathParams:
     """H100's fp32 unit (window of 13 fraction bits, accumulator in the tree) with a plain fp32
     round-to-nearest-even accumulator and no n-bit normalisation, so one key shows at a time."""
     base = hw("h100-fp8").params("fp8_e5m2", "fp8_e5m2")
-    return DatapathParams(**{**base.__dict__, "sum_significant_bits": None, "accumulator_rounding": "nearest_even",
-                             "output_rounding": "nearest_even", **changes})
+    return DatapathParams(
+        **{
+            **base.__dict__,
+            "sum_significant_bits": None,
+            "accumulator_rounding": "nearest_even",
+            "output_rounding": "nearest_even",
+            **changes,
+        }
+    )
 
 
 def dot_values(params, a_values, b_values, c=0.0, scale_a=None, scale_b=None) -> float:
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     a, b = a_fmt.encode(np.array([a_values])), b_fmt.encode(np.array([b_values]))
-    assert (a_fmt.decode(a) == a_values).all() and (b_fmt.decode(b) == b_values).all()  # exact inputs
+    assert (a_fmt.decode(a) == a_values).all() and (
+        b_fmt.decode(b) == b_values
+    ).all()  # exact inputs
     sa = None if scale_a is None else np.array([scale_a], dtype=np.uint8)
     sb = None if scale_b is None else np.array([scale_b], dtype=np.uint8)
     out = dot_with_params(params, a, b, scale_a=sa, scale_b=sb, c=np.array([c], dtype=np.float32))
@@ -587,21 +801,30 @@ def dot_values(params, a_values, b_values, c=0.0, scale_a=None, scale_b=None) ->
 
 
 # R = 0 (1.0 x 1.0), window LSB 2^-13; the second term is -0.75 or -0.5 LSB.
-@pytest.mark.parametrize("below, three_quarters, half", [
-    ("truncate", 1.0, 1.0),                       # toward zero: both vanish
-    ("floor", 1 - 2.0**-13, 1 - 2.0**-13),        # toward -inf: one LSB each
-    ("nearest_even", 1 - 2.0**-13, 1.0),          # -0.75 -> -1; the tie -0.5 -> -0 (even)
-    ("sticky", 1 - 2.0**-14, 1 - 2.0**-14),       # one half-LSB bit, set: -2^-14
-])
+@pytest.mark.parametrize(
+    "below, three_quarters, half",
+    [
+        ("truncate", 1.0, 1.0),  # toward zero: both vanish
+        ("floor", 1 - 2.0**-13, 1 - 2.0**-13),  # toward -inf: one LSB each
+        ("nearest_even", 1 - 2.0**-13, 1.0),  # -0.75 -> -1; the tie -0.5 -> -0 (even)
+        ("sticky", 1 - 2.0**-14, 1 - 2.0**-14),  # one half-LSB bit, set: -2^-14
+    ],
+)
 def test_below_window_rules(below, three_quarters, half):
     params = windowed(below_window=below)
     assert dot_values(params, [1.0, -(2.0**-14 + 2.0**-15)], [1.0, 1.0]) == three_quarters
     assert dot_values(params, [1.0, -(2.0**-14)], [1.0, 1.0]) == half
 
 
-@pytest.mark.parametrize("carry_bits, overflow, expected", [
-    (0, "wrap", -2.0), (0, "saturate", 3.5), (1, "wrap", 6.0), (1, "saturate", 6.0),
-])
+@pytest.mark.parametrize(
+    "carry_bits, overflow, expected",
+    [
+        (0, "wrap", -2.0),
+        (0, "saturate", 3.5),
+        (1, "wrap", 6.0),
+        (1, "saturate", 6.0),
+    ],
+)
 def test_carry_bits_set_the_adder_width(carry_bits, overflow, expected):
     # Window of 1 fraction bit below R = 0: the register holds 1 + (1 + 2) + carry_bits bits in
     # units of 2^-1. Four products of 1.5 are 12 units: a 4-bit register (-8..7) wraps to -4
@@ -610,7 +833,9 @@ def test_carry_bits_set_the_adder_width(carry_bits, overflow, expected):
     assert dot_values(params, [1.5] * 4, [1.0] * 4) == expected
 
 
-@pytest.mark.parametrize("fraction_bits, expected", [(None, 3.0625), (5, 3.0625), (4, 3.0), (1, 3.0), (0, 2.0)])
+@pytest.mark.parametrize(
+    "fraction_bits, expected", [(None, 3.0625), (5, 3.0625), (4, 3.0), (1, 3.0), (0, 2.0)]
+)
 def test_product_fraction_bits_truncate_each_product(fraction_bits, expected):
     # 1.75^2 = 3.0625 = 1.10001b x 2^1: five fraction bits keep it, four or fewer lose the 2^-4.
     params = windowed(align_fraction_bits=None, product_fraction_bits=fraction_bits)
@@ -630,9 +855,17 @@ def test_alignment_reference(reference, expected):
 def test_block_sum_scales_apply_to_each_tree_sum():
     # Two blocks of four, one tree each, scales 2^1 and 2^-1 on A: 4 x 1 x 2 + 4 x 1.25 x 0.5.
     params = windowed(scales="block_sum", block_size=4, fused_terms=4, accumulator_in_tree=False)
-    assert dot_values(params, [1.0] * 4 + [1.25] * 4, [1.0] * 8, scale_a=[128, 126], scale_b=[127, 127]) == 10.5
+    assert (
+        dot_values(
+            params, [1.0] * 4 + [1.25] * 4, [1.0] * 8, scale_a=[128, 126], scale_b=[127, 127]
+        )
+        == 10.5
+    )
     # The window is the unscaled tree's: 1 + 2^-14 loses its 2^-14 whatever the scale.
-    assert dot_values(params, [1.0, 2.0**-14, 0.0, 0.0], [1.0] * 4, scale_a=[137], scale_b=[127]) == 1024.0
+    assert (
+        dot_values(params, [1.0, 2.0**-14, 0.0, 0.0], [1.0] * 4, scale_a=[137], scale_b=[127])
+        == 1024.0
+    )
 
 
 def test_c_entry_initial_or_end():
@@ -640,7 +873,9 @@ def test_c_entry_initial_or_end():
     # alignment (R = 11, LSB 2^1), so the product 1.0 truncates away and 3.0 keeps 2; added at
     # the end, the product survives its tree whole and 2048 + 1 and 2048 + 3 are ties that
     # round (nearest even) to 2048 and 2052 in fp16.
-    start = windowed(align_fraction_bits=10, accumulator_format="fp16", output_format="fp16", c_entry="initial")
+    start = windowed(
+        align_fraction_bits=10, accumulator_format="fp16", output_format="fp16", c_entry="initial"
+    )
     end = DatapathParams(**{**start.__dict__, "c_entry": "end", "c_add_rounding": "nearest_even"})
     assert dot_values(start, [1.0], [1.0], c=2048.0) == 2048.0
     assert dot_values(start, [3.0], [1.0], c=2048.0) == 2050.0
@@ -649,6 +884,7 @@ def test_c_entry_initial_or_end():
 
 
 # --- explain, matmul, errors -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["h100-fp8", "ocp-exact", "b200-fp8"])
 def test_explain_agrees_with_dot(name):
@@ -661,44 +897,155 @@ def test_explain_agrees_with_dot(name):
     assert stages.count("product") == 32 and stages[-1] == "output"
 
 
-@pytest.mark.parametrize("name, a_format, b_format, a, b, c, bits, stage", [
-    # A second alignment (c at E = 0) floors the tree sum 2^-24 + 2^-40 to 2^-32: 1 + 2^-24 is
-    # a tie, to even 1.0; exact (mi100), 1 + 2^-23.
-    ("mi300", "fp16", "fp16", [2.0**-12, 2.0**-20], [2.0**-12, 2.0**-20], 1.0, 0x3F800000, "second_alignment"),
-    ("mi100", "fp16", "fp16", [2.0**-12, 2.0**-20], [2.0**-12, 2.0**-20], 1.0, 0x3F800001, "tree"),
-    # Pairwise rounded adds: (1 + 2^-24) + (2^-24 + 0) rounds twice to 1.0.
-    ("mi250", "fp16", "fp16", [1.0, 2.0**-12, 2.0**-12, 0.0], [1.0, 2.0**-12, 2.0**-12, 1.0], 0.0, 0x3F800000,
-     "pairwise"),
-    ("mi100", "fp16", "fp16", [1.0, 2.0**-12, 2.0**-12, 0.0], [1.0, 2.0**-12, 2.0**-12, 1.0], 0.0, 0x3F800001,
-     "tree"),
-    # Parity windows: the odd product -2^-27 is exact in its own window, then floored to -2^-24.
-    ("mi300", "fp8_e4m3fnuz", "fp8_e5m2fnuz", [1.0, -(2.0**-10)], [1.0, 2.0**-17], 0.0, 0x3F7FFFFF, "parity_windows"),
-    # c = -2^-60 far below E = 0: dropped on the FP8 path (1.0), floored to -2^-24 on fp16's.
-    ("mi300", "fp8_e4m3fnuz", "fp8_e4m3fnuz", [1.0], [1.0], -(2.0**-60), 0x3F800000, "second_alignment"),
-    ("mi300", "fp16", "fp16", [1.0], [1.0], -(2.0**-60), 0x3F7FFFFF, "second_alignment"),
-    # A NaN or Inf c aligns at exponent -1 on the FP8 path: a product of 2^26 (E = 26) drops it,
-    # one of 2^24 does not; a NaN element in the first tree is dropped with the running sum.
-    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [2.0**13], [2.0**13], np.nan, 0x4C800000, "special_accumulator"),
-    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [2.0**12], [2.0**12], np.inf, 0x7F800000, "output"),
-    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [np.nan] + [1.0] * 15 + [2.0**13], [1.0] * 16 + [2.0**13], 0.0,
-     0x4C800000, "special_accumulator"),
-    ("mi300", "fp8_e5m2fnuz", "fp8_e5m2fnuz", [1.0] * 16 + [2.0**13, np.nan], [1.0] * 16 + [2.0**13, 1.0], 0.0,
-     0x7FC00000, "output"),
-    # Products of 2^200 overflow to +Inf and -Inf: NaN; the exact sum is +0.
-    ("mi300", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x7FC00000, "output"),
-    ("mi100", "bf16", "bf16", [2.0**100, -(2.0**100)], [2.0**100, 2.0**100], 0.0, 0x00000000, "output"),
-    # Zero signs: -0 sums are +0 (exact_positive; c = -0 read as +0), where IEEE gives -0.
-    ("mi100", "fp16", "fp16", [-0.0], [1.0], -0.0, 0x00000000, "output"),
-    ("mi250", "fp16", "fp16", [-0.0] * 4, [1.0] * 4, -0.0, 0x00000000, "pairwise"),
-    ("mi100", "fp32", "fp32", [-0.0], [1.0], -0.0, 0x80000000, "output"),  # an fma chain: IEEE
-])
+@pytest.mark.parametrize(
+    "name, a_format, b_format, a, b, c, bits, stage",
+    [
+        # A second alignment (c at E = 0) floors the tree sum 2^-24 + 2^-40 to 2^-32: 1 + 2^-24 is
+        # a tie, to even 1.0; exact (mi100), 1 + 2^-23.
+        (
+            "mi300",
+            "fp16",
+            "fp16",
+            [2.0**-12, 2.0**-20],
+            [2.0**-12, 2.0**-20],
+            1.0,
+            0x3F800000,
+            "second_alignment",
+        ),
+        (
+            "mi100",
+            "fp16",
+            "fp16",
+            [2.0**-12, 2.0**-20],
+            [2.0**-12, 2.0**-20],
+            1.0,
+            0x3F800001,
+            "tree",
+        ),
+        # Pairwise rounded adds: (1 + 2^-24) + (2^-24 + 0) rounds twice to 1.0.
+        (
+            "mi250",
+            "fp16",
+            "fp16",
+            [1.0, 2.0**-12, 2.0**-12, 0.0],
+            [1.0, 2.0**-12, 2.0**-12, 1.0],
+            0.0,
+            0x3F800000,
+            "pairwise",
+        ),
+        (
+            "mi100",
+            "fp16",
+            "fp16",
+            [1.0, 2.0**-12, 2.0**-12, 0.0],
+            [1.0, 2.0**-12, 2.0**-12, 1.0],
+            0.0,
+            0x3F800001,
+            "tree",
+        ),
+        # Parity windows: the odd product -2^-27 is exact in its own window, then floored to -2^-24.
+        (
+            "mi300",
+            "fp8_e4m3fnuz",
+            "fp8_e5m2fnuz",
+            [1.0, -(2.0**-10)],
+            [1.0, 2.0**-17],
+            0.0,
+            0x3F7FFFFF,
+            "parity_windows",
+        ),
+        # c = -2^-60 far below E = 0: dropped on the FP8 path (1.0), floored to -2^-24 on fp16's.
+        (
+            "mi300",
+            "fp8_e4m3fnuz",
+            "fp8_e4m3fnuz",
+            [1.0],
+            [1.0],
+            -(2.0**-60),
+            0x3F800000,
+            "second_alignment",
+        ),
+        ("mi300", "fp16", "fp16", [1.0], [1.0], -(2.0**-60), 0x3F7FFFFF, "second_alignment"),
+        # A NaN or Inf c aligns at exponent -1 on the FP8 path: a product of 2^26 (E = 26) drops it,
+        # one of 2^24 does not; a NaN element in the first tree is dropped with the running sum.
+        (
+            "mi300",
+            "fp8_e5m2fnuz",
+            "fp8_e5m2fnuz",
+            [2.0**13],
+            [2.0**13],
+            np.nan,
+            0x4C800000,
+            "special_accumulator",
+        ),
+        (
+            "mi300",
+            "fp8_e5m2fnuz",
+            "fp8_e5m2fnuz",
+            [2.0**12],
+            [2.0**12],
+            np.inf,
+            0x7F800000,
+            "output",
+        ),
+        (
+            "mi300",
+            "fp8_e5m2fnuz",
+            "fp8_e5m2fnuz",
+            [np.nan] + [1.0] * 15 + [2.0**13],
+            [1.0] * 16 + [2.0**13],
+            0.0,
+            0x4C800000,
+            "special_accumulator",
+        ),
+        (
+            "mi300",
+            "fp8_e5m2fnuz",
+            "fp8_e5m2fnuz",
+            [1.0] * 16 + [2.0**13, np.nan],
+            [1.0] * 16 + [2.0**13, 1.0],
+            0.0,
+            0x7FC00000,
+            "output",
+        ),
+        # Products of 2^200 overflow to +Inf and -Inf: NaN; the exact sum is +0.
+        (
+            "mi300",
+            "bf16",
+            "bf16",
+            [2.0**100, -(2.0**100)],
+            [2.0**100, 2.0**100],
+            0.0,
+            0x7FC00000,
+            "output",
+        ),
+        (
+            "mi100",
+            "bf16",
+            "bf16",
+            [2.0**100, -(2.0**100)],
+            [2.0**100, 2.0**100],
+            0.0,
+            0x00000000,
+            "output",
+        ),
+        # Zero signs: -0 sums are +0 (exact_positive; c = -0 read as +0), where IEEE gives -0.
+        ("mi100", "fp16", "fp16", [-0.0], [1.0], -0.0, 0x00000000, "output"),
+        ("mi250", "fp16", "fp16", [-0.0] * 4, [1.0] * 4, -0.0, 0x00000000, "pairwise"),
+        ("mi100", "fp32", "fp32", [-0.0], [1.0], -0.0, 0x80000000, "output"),  # an fma chain: IEEE
+    ],
+)
 def test_matrix_core_units_explained(name, a_format, b_format, a, b, c, bits, stage):
     unit = hw(name)
     a_codes = get_format(a_format).encode(np.array([a])).astype(np.int64)
     b_codes = get_format(b_format).encode(np.array([b])).astype(np.int64)
-    assert np.array_equal(get_format(a_format).decode(a_codes), np.array([a]), equal_nan=True)  # the values are exact
+    assert np.array_equal(
+        get_format(a_format).decode(a_codes), np.array([a]), equal_nan=True
+    )  # the values are exact
     report = explain(unit, a_codes[0], b_codes[0], a_format=a_format, b_format=b_format, c=c)
-    result = dot(unit, a_codes, b_codes, a_format=a_format, b_format=b_format, c=np.array([c], np.float32))
+    result = dot(
+        unit, a_codes, b_codes, a_format=a_format, b_format=b_format, c=np.array([c], np.float32)
+    )
     assert report["bits"] == int(result[0]) == bits, (hex(report["bits"]), hex(int(result[0])))
     assert stage in [s["stage"] for s in report["stages"]]
 
@@ -712,8 +1059,15 @@ def test_matmul_equals_row_dots():
     result = matmul(unit, qa, qb)
     for m in range(5):
         for n in range(3):
-            row = dot(unit, qa.codes[m : m + 1], qb.codes[n : n + 1], a_format="fp8_e4m3", b_format="fp6_e2m3",
-                      scale_a=qa.scales[m : m + 1], scale_b=qb.scales[n : n + 1])
+            row = dot(
+                unit,
+                qa.codes[m : m + 1],
+                qb.codes[n : n + 1],
+                a_format="fp8_e4m3",
+                b_format="fp6_e2m3",
+                scale_a=qa.scales[m : m + 1],
+                scale_b=qb.scales[n : n + 1],
+            )
             assert result.bits[m, n] == row[0]
     assert np.allclose(result.values, qa.dequantize() @ qb.dequantize(), rtol=1e-6)
 
@@ -728,13 +1082,27 @@ def test_bad_inputs_get_clear_errors():
     with pytest.raises(MxsimError, match="codes must lie"):
         dot(unit, a + 16, a, a_format="fp4_e2m1", b_format="fp4_e2m1")
     with pytest.raises(MxsimError, match=r"shape \(2, 1\)"):
-        dot(unit, a, a, a_format="fp8_e4m3", b_format="fp8_e4m3", scale_a=np.zeros((2, 2), dtype=np.uint8))
+        dot(
+            unit,
+            a,
+            a,
+            a_format="fp8_e4m3",
+            b_format="fp8_e4m3",
+            scale_a=np.zeros((2, 2), dtype=np.uint8),
+        )
     with pytest.raises(MxsimError, match="float32"):
         dot(unit, a, a, a_format="fp8_e4m3", b_format="fp8_e4m3", c=np.zeros(2))
     with pytest.raises(ConfigError, match="not supported by this unit"):
         dot(hw("h100-fp8"), a, a, a_format="fp4_e2m1", b_format="fp8_e4m3")
     with pytest.raises(MxsimError, match="takes no scales"):
-        dot(hw("h100-fp8"), a, a, a_format="fp8_e4m3", b_format="fp8_e4m3", scale_a=np.zeros((2, 1), dtype=np.uint8))
+        dot(
+            hw("h100-fp8"),
+            a,
+            a,
+            a_format="fp8_e4m3",
+            b_format="fp8_e4m3",
+            scale_a=np.zeros((2, 1), dtype=np.uint8),
+        )
     with pytest.raises(MxsimError, match="HardwareConfig"):
         dot(42, a, a, a_format="fp8_e4m3", b_format="fp8_e4m3")
     with pytest.raises(ConfigError, match="no such file"):
@@ -757,7 +1125,10 @@ def test_shared_microexponent_operands_multiply_exactly(name):
         for n in range(3):
             acc = Fraction(0)
             for start in range(0, 48, 16):
-                block = sum(Fraction(float(qa[m, k])) * Fraction(float(qb[k, n])) for k in range(start, start + 16))
+                block = sum(
+                    Fraction(float(qa[m, k])) * Fraction(float(qb[k, n]))
+                    for k in range(start, start + 16)
+                )
                 acc = rne_fp32(acc + block)
             assert Fraction(float(result.values[m, n])) == acc
     # The microexponents matter: a sub-block shifted by d = 1 halves its step.
@@ -770,8 +1141,15 @@ def test_adder_overflow_wraps_or_saturates(overflow):
     # = 4-bit signed integers in units of 2^-1 (-8 .. 7). Four products of 1.5 sum to 6.0 = 12
     # units: wrapped to 12 - 16 = -4 units (-2.0), or saturated at 7 units (3.5).
     params = hw("h100-fp8").params("fp8_e4m3", "fp8_e4m3")
-    params = DatapathParams(**{**params.__dict__, "align_fraction_bits": 1, "carry_bits": 0,
-                               "adder_overflow": overflow, "sum_significant_bits": None})
+    params = DatapathParams(
+        **{
+            **params.__dict__,
+            "align_fraction_bits": 1,
+            "carry_bits": 0,
+            "adder_overflow": overflow,
+            "sum_significant_bits": None,
+        }
+    )
     codes = get_format("fp8_e4m3").encode(np.array([[1.5, 1.5, 1.5, 1.5]]))
     ones = get_format("fp8_e4m3").encode(np.array([[1.0, 1.0, 1.0, 1.0]]))
     value = float(as_float(dot_with_params(params, codes, ones))[0])
@@ -829,17 +1207,41 @@ def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
         b, scale_b = realistic_operand(rng, b_format, block_size, rows, length, params.scale_format)
         c = (rng.standard_normal(rows) * np.exp2(rng.integers(-4, 5, size=rows))).astype(np.float32)
         corner_row(rng, case, params, a, b, scale_a, scale_b, c)
-        out = dot(config, a, b, a_format=a_format, b_format=b_format, scale_a=scale_a, scale_b=scale_b, c=c,
-                  out_format=out_format)
+        out = dot(
+            config,
+            a,
+            b,
+            a_format=a_format,
+            b_format=b_format,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            c=c,
+            out_format=out_format,
+        )
         values = as_float(out, out_format)
         for row in range(rows):
-            record = explain(config, a[row], b[row], a_format=a_format, b_format=b_format,  # the twin, staged
-                             scale_a=None if scale_a is None else scale_a[row],
-                             scale_b=None if scale_b is None else scale_b[row], c=float(c[row]), out_format=out_format)
-            assert record["bits"] == int(out[row]), (length, row, hex(record["bits"]), hex(int(out[row])))
+            record = explain(
+                config,
+                a[row],
+                b[row],
+                a_format=a_format,
+                b_format=b_format,  # the twin, staged
+                scale_a=None if scale_a is None else scale_a[row],
+                scale_b=None if scale_b is None else scale_b[row],
+                c=float(c[row]),
+                out_format=out_format,
+            )
+            assert record["bits"] == int(out[row]), (
+                length,
+                row,
+                hex(record["bits"]),
+                hex(int(out[row])),
+            )
             assert same_float(record["value"], float(values[row]))
         finite += int(np.isfinite(values[:FINITE_ROWS]).sum())
-    assert finite >= 0.9 * FINITE_ROWS * len(PARTIAL_LENGTHS)  # finite arithmetic is what this exercises
+    assert finite >= 0.9 * FINITE_ROWS * len(
+        PARTIAL_LENGTHS
+    )  # finite arithmetic is what this exercises
 
 
 @pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "h200-fp8"])
@@ -849,13 +1251,23 @@ def test_fp16_output_with_a_term_order_sums_short_rows(name, length):
     ones = np.full((2, length), get_format("fp8_e4m3").encode(np.array([1.0]))[0])
     out = dot(hw(name), ones, ones, a_format="fp8_e4m3", b_format="fp8_e4m3", out_format="fp16")
     assert as_float(out, "fp16").tolist() == [float(length)] * 2
-    record = explain(hw(name), ones[0], ones[0], a_format="fp8_e4m3", b_format="fp8_e4m3", out_format="fp16")
+    record = explain(
+        hw(name), ones[0], ones[0], a_format="fp8_e4m3", b_format="fp8_e4m3", out_format="fp16"
+    )
     assert record["value"] == float(length) and record["bits"] == int(out[0])
 
 
 @pytest.mark.parametrize("method", ["kernel", "auto"])
-@pytest.mark.parametrize("name, out_format", [("h100-fp8", "fp16"), ("b200-fp8", "fp16"), ("h100-fp8", "fp32"),
-                                              ("ocp-exact", "fp32"), ("mxdotp", "bf16")])
+@pytest.mark.parametrize(
+    "name, out_format",
+    [
+        ("h100-fp8", "fp16"),
+        ("b200-fp8", "fp16"),
+        ("h100-fp8", "fp32"),
+        ("ocp-exact", "fp32"),
+        ("mxdotp", "bf16"),
+    ],
+)
 def test_gemm_with_ragged_shapes_equals_the_twin(name, out_format, method):
     # M, N and K are multiples of no tile, tree or term-order period.
     config = hw(name)
@@ -875,9 +1287,14 @@ def test_gemm_with_ragged_shapes_equals_the_twin(name, out_format, method):
     out_fmt = get_format(out_format)
     for i in range(m):
         for j in range(n):
-            twin = dot_reference(params, codes_a[i].tolist(), codes_b[j].tolist(),
-                                 None if params.scales == "none" else scales_a[i].tolist(),
-                                 None if params.scales == "none" else scales_b[j].tolist(), float(c[i, j]))
+            twin = dot_reference(
+                params,
+                codes_a[i].tolist(),
+                codes_b[j].tolist(),
+                None if params.scales == "none" else scales_a[i].tolist(),
+                None if params.scales == "none" else scales_b[j].tolist(),
+                float(c[i, j]),
+            )
             assert same_float(float(out_fmt.decode(result.bits[i : i + 1, j])[0]), twin), (i, j)
 
 
@@ -892,13 +1309,29 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
     with pytest.raises(MxsimError, match="per_tensor_scale=True"):
         matmul(hw, a, b)
     result = matmul(hw, a, b, c=c, per_tensor_scale=True)
-    qa = quantize(a, "fp8_e4m3", axis=1, block_size=hw.sections[("inputs", "block_size")], per_tensor_scale=True)
-    qb = quantize(b, "fp8_e4m3", axis=0, block_size=hw.sections[("inputs", "block_size")], per_tensor_scale=True)
+    qa = quantize(
+        a,
+        "fp8_e4m3",
+        axis=1,
+        block_size=hw.sections[("inputs", "block_size")],
+        per_tensor_scale=True,
+    )
+    qb = quantize(
+        b,
+        "fp8_e4m3",
+        axis=0,
+        block_size=hw.sections[("inputs", "block_size")],
+        per_tensor_scale=True,
+    )
     shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
     assert result.scale_exponent == shift != 0
     # the unit multiplies the scaled elements with c * 2^-shift; values are scaled back exactly
-    unscaled = matmul(hw, dataclasses.replace(qa, tensor_scale_exponent=0),
-                      dataclasses.replace(qb, tensor_scale_exponent=0), c=np.ldexp(c, -shift).astype(np.float32))
+    unscaled = matmul(
+        hw,
+        dataclasses.replace(qa, tensor_scale_exponent=0),
+        dataclasses.replace(qb, tensor_scale_exponent=0),
+        c=np.ldexp(c, -shift).astype(np.float32),
+    )
     np.testing.assert_array_equal(result.bits, unscaled.bits)
     np.testing.assert_array_equal(result.values, np.ldexp(unscaled.values, shift))
     exact = a.astype(np.float64) @ b.astype(np.float64) + c
@@ -911,11 +1344,17 @@ BATCH_UNITS = ["ocp-exact", "h100-fp8", "kulisch", "mxdotp", "b200-fp8"]
 
 
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(BATCH_UNITS), shape=st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 70),
-                                                          st.integers(1, 5)),
-       method=st.sampled_from(["auto", "kernel"]), with_c=st.booleans(), specials=st.integers(0, 2),
-       seed=st.integers(0, 2**32 - 1))
-def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(name, shape, method, with_c, specials, seed):
+@given(
+    name=st.sampled_from(BATCH_UNITS),
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 70), st.integers(1, 5)),
+    method=st.sampled_from(["auto", "kernel"]),
+    with_c=st.booleans(),
+    specials=st.integers(0, 2),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
+    name, shape, method, with_c, specials, seed
+):
     config = hw(name)
     groups, m, k, n = shape
     per_tensor = config.sections[("inputs", "scales")] == "none"
@@ -927,29 +1366,55 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(name, shape, me
         A[rng.integers(groups), rng.integers(m), rng.integers(k)] = [np.nan, np.inf][specials - 1]
     c = rng.standard_normal((groups, m, n)).astype(np.float32) if with_c else None
     reports = []  # with progress: passes of 5 rows (whole groups together; the BLAS route's own), each reported
-    batch = matmul_batched(config, A, B, c=c, method=method, per_tensor_scale=per_tensor, tile_rows=5,
-                           progress=lambda done, total: reports.append((done, total)))
+    batch = matmul_batched(
+        config,
+        A,
+        B,
+        c=c,
+        method=method,
+        per_tensor_scale=per_tensor,
+        tile_rows=5,
+        progress=lambda done, total: reports.append((done, total)),
+    )
     assert reports[-1] == (groups * m, groups * m)
-    np.testing.assert_array_equal(matmul_batched(config, A, B, c=c, method=method, per_tensor_scale=per_tensor).bits,
-                                  batch.bits)
+    np.testing.assert_array_equal(
+        matmul_batched(config, A, B, c=c, method=method, per_tensor_scale=per_tensor).bits,
+        batch.bits,
+    )
     params = config.params(config.a_formats[0], config.b_formats[0])
     block = params.block_size
     out_fmt = get_format(params.output_format)
     for g in range(groups):
-        one = matmul(config, A[g], B[g], c=None if c is None else c[g], method=method, per_tensor_scale=per_tensor)
+        one = matmul(
+            config,
+            A[g],
+            B[g],
+            c=None if c is None else c[g],
+            method=method,
+            per_tensor_scale=per_tensor,
+        )
         np.testing.assert_array_equal(batch.bits[g], one.bits)
         assert batch.scale_exponents[g] == one.scale_exponent
         np.testing.assert_array_equal(batch.values[g], one.values)
     # the twin on one output per group, from the operands as matmul quantizes them
     for g in range(groups):
-        qa = quantize(A[g], config.a_formats[0], axis=1, block_size=block, per_tensor_scale=per_tensor)
-        qb = quantize(B[g], config.b_formats[0], axis=0, block_size=block, per_tensor_scale=per_tensor)
+        qa = quantize(
+            A[g], config.a_formats[0], axis=1, block_size=block, per_tensor_scale=per_tensor
+        )
+        qb = quantize(
+            B[g], config.b_formats[0], axis=0, block_size=block, per_tensor_scale=per_tensor
+        )
         i, j = rng.integers(m), rng.integers(n)
         shift = qa.tensor_scale_exponent + qb.tensor_scale_exponent
         c_in = 0.0 if c is None else float(np.ldexp(np.float64(c[g, i, j]), -shift))
-        twin = dot_reference(params, qa.codes[i].tolist(), qb.codes[j].tolist(),
-                             None if per_tensor else qa.scales[i].tolist(),
-                             None if per_tensor else qb.scales[j].tolist(), c_in)
+        twin = dot_reference(
+            params,
+            qa.codes[i].tolist(),
+            qb.codes[j].tolist(),
+            None if per_tensor else qa.scales[i].tolist(),
+            None if per_tensor else qb.scales[j].tolist(),
+            c_in,
+        )
         assert same_float(float(out_fmt.decode(batch.bits[g, i : i + 1, j])[0]), twin), (g, i, j)
 
 
@@ -959,25 +1424,69 @@ def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
     A, B = rng.standard_normal((3, 4, 40)), rng.standard_normal((3, 40, 2))
     tensors_a = [quantize(a, "fp8_e4m3", axis=1) for a in A]
     tensors_b = [quantize(b, "fp8_e4m3", axis=0) for b in B]
-    np.testing.assert_array_equal(matmul_batched(config, tensors_a, tensors_b).bits, matmul_batched(config, A, B).bits)
+    np.testing.assert_array_equal(
+        matmul_batched(config, tensors_a, tensors_b).bits, matmul_batched(config, A, B).bits
+    )
     empty = matmul_batched(config, np.zeros((0, 4, 40)), np.zeros((0, 40, 2)))
     assert empty.bits.shape == (0, 4, 2) and empty.values.shape == (0, 4, 2)
-    assert matmul_batched(config, np.zeros((2, 0, 40)), np.zeros((2, 40, 3))).bits.shape == (2, 0, 3)
+    assert matmul_batched(config, np.zeros((2, 0, 40)), np.zeros((2, 40, 3))).bits.shape == (
+        2,
+        0,
+        3,
+    )
 
 
-@pytest.mark.parametrize("A, B, kwargs, message", [
-    (np.ones((2, 32)), np.ones((2, 32, 2)), {}, "A: expected a (G, rows, columns) float array or a sequence"),
-    (np.ones((2, 3, 32)), 5, {}, "B: expected a (G, rows, columns) float array or a list of MXTensors, got int"),
-    ([], np.ones((1, 32, 2)), {}, "A: an empty list of MXTensors"),
-    (np.ones((2, 3, 32)), np.ones((3, 32, 2)), {}, "matmul_batched: A has 2 groups, B has 3"),
-    (np.ones((2, 3, 32)), np.ones((2, 31, 2)), {}, "matmul_batched: inner dimensions differ"),
-    (np.ones((0, 3, 32)), np.ones((1, 32, 2)), {}, "are not (G, M, K) and (G, K, N)"),
-    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"c": np.ones((2, 3, 2))}, "c: expected a float32 array"),
-    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"c": np.ones((1, 3, 2), np.float32)}, "c: expected shape (2, 3, 2)"),
-    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"tile_rows": 0}, "matmul_batched: tile_rows: expected an integer"),
-    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"method": "blas"}, "matmul_batched: method: expected one of"),
-    (np.ones((2, 3, 32)), np.ones((2, 32, 2)), {"progress": 1}, "matmul_batched: progress must be None"),
-])
+@pytest.mark.parametrize(
+    "A, B, kwargs, message",
+    [
+        (
+            np.ones((2, 32)),
+            np.ones((2, 32, 2)),
+            {},
+            "A: expected a (G, rows, columns) float array or a sequence",
+        ),
+        (
+            np.ones((2, 3, 32)),
+            5,
+            {},
+            "B: expected a (G, rows, columns) float array or a list of MXTensors, got int",
+        ),
+        ([], np.ones((1, 32, 2)), {}, "A: an empty list of MXTensors"),
+        (np.ones((2, 3, 32)), np.ones((3, 32, 2)), {}, "matmul_batched: A has 2 groups, B has 3"),
+        (np.ones((2, 3, 32)), np.ones((2, 31, 2)), {}, "matmul_batched: inner dimensions differ"),
+        (np.ones((0, 3, 32)), np.ones((1, 32, 2)), {}, "are not (G, M, K) and (G, K, N)"),
+        (
+            np.ones((2, 3, 32)),
+            np.ones((2, 32, 2)),
+            {"c": np.ones((2, 3, 2))},
+            "c: expected a float32 array",
+        ),
+        (
+            np.ones((2, 3, 32)),
+            np.ones((2, 32, 2)),
+            {"c": np.ones((1, 3, 2), np.float32)},
+            "c: expected shape (2, 3, 2)",
+        ),
+        (
+            np.ones((2, 3, 32)),
+            np.ones((2, 32, 2)),
+            {"tile_rows": 0},
+            "matmul_batched: tile_rows: expected an integer",
+        ),
+        (
+            np.ones((2, 3, 32)),
+            np.ones((2, 32, 2)),
+            {"method": "blas"},
+            "matmul_batched: method: expected one of",
+        ),
+        (
+            np.ones((2, 3, 32)),
+            np.ones((2, 32, 2)),
+            {"progress": 1},
+            "matmul_batched: progress must be None",
+        ),
+    ],
+)
 def test_matmul_batched_refuses_bad_arguments(A, B, kwargs, message):
     with pytest.raises(MxsimError) as caught:
         matmul_batched(hw("ocp-exact"), A, B, **kwargs)
@@ -989,7 +1498,9 @@ def test_matmul_batched_refuses_groups_that_differ():
     a4 = quantize(np.ones((2, 32)), "fp8_e4m3", axis=1)
     a5 = quantize(np.ones((2, 32)), "fp8_e5m2", axis=1)
     b = quantize(np.ones((32, 2)), "fp8_e4m3", axis=0)
-    with pytest.raises(MxsimError, match=r"A\[1\]: fp8_e5m2 \(2, 32\) along axis 1 differs from A\[0\]'s fp8_e4m3"):
+    with pytest.raises(
+        MxsimError, match=r"A\[1\]: fp8_e5m2 \(2, 32\) along axis 1 differs from A\[0\]'s fp8_e4m3"
+    ):
         matmul_batched(config, [a4, a5], [b, b])
     with pytest.raises(MxsimError, match=r"B\[0\]: expected an MXTensor quantized along axis 0"):
         matmul_batched(config, [a4], [a4])
@@ -1001,9 +1512,15 @@ def test_as_float_is_the_formats_decode_bit_for_bit(out_format):
     fmt = get_format(out_format)
     rng = np.random.default_rng(4)
     every = np.arange(1 << 16) if fmt.bits == 16 else rng.integers(0, 1 << 32, 1 << 16)
-    corners = [0x7F800001, 0xFFC00000, 0x7F800000, 0x80000001, 0x00000001, 0x80000000] if fmt.bits == 32 else []
+    corners = (
+        [0x7F800001, 0xFFC00000, 0x7F800000, 0x80000001, 0x00000001, 0x80000000]
+        if fmt.bits == 32
+        else []
+    )
     bits = np.concatenate([every, corners]).astype(fmt.code_dtype)
-    np.testing.assert_array_equal(as_float(bits, out_format).view(np.uint64), fmt.decode(bits).view(np.uint64))
+    np.testing.assert_array_equal(
+        as_float(bits, out_format).view(np.uint64), fmt.decode(bits).view(np.uint64)
+    )
     np.testing.assert_array_equal(as_float(bits.astype(np.int64), out_format), fmt.decode(bits))
 
 
@@ -1012,15 +1529,20 @@ def test_times_power_of_two_rounds_as_ldexp(dtype):
     """Subnormal, underflowing and overflowing results, -0, NaN and Inf included."""
     rng = np.random.default_rng(9)
     info = np.finfo(dtype)
-    x = (rng.uniform(-1, 1, 4096) * np.exp2(rng.integers(info.minexp, info.maxexp, 4096))).astype(dtype)
+    x = (rng.uniform(-1, 1, 4096) * np.exp2(rng.integers(info.minexp, info.maxexp, 4096))).astype(
+        dtype
+    )
     x[:6] = [0.0, -0.0, np.nan, np.inf, -np.inf, info.smallest_subnormal]
     for exponent in (-300, -160, -127, -40, -1, 0, 1, 40, 127, 200):
         with np.errstate(over="ignore", under="ignore"):
-            np.testing.assert_array_equal(times_power_of_two(x, exponent).view(np.uint8),
-                                          np.ldexp(x, exponent).view(np.uint8))
+            np.testing.assert_array_equal(
+                times_power_of_two(x, exponent).view(np.uint8), np.ldexp(x, exponent).view(np.uint8)
+            )
     exponents = rng.integers(-140, 120, (4096,))
     with np.errstate(over="ignore", under="ignore"):
-        np.testing.assert_array_equal(times_power_of_two(x, exponents).view(np.uint8), np.ldexp(x, exponents).view(np.uint8))
+        np.testing.assert_array_equal(
+            times_power_of_two(x, exponents).view(np.uint8), np.ldexp(x, exponents).view(np.uint8)
+        )
 
 
 def test_kernels_see_one_output_dtype_for_every_output_format():
@@ -1031,10 +1553,23 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
     unit = hw("h100-fp8")
     codes = get_format("fp8_e4m3").encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
     for out_format in ("fp32", "fp16", "bf16"):
-        bits = dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", out_format=out_format)
-        assert bits.dtype == get_format(out_format).code_dtype and (as_float(bits, out_format) == 114.0).all()
-        result = matmul(hw("ocp-exact"), np.ones((2, 32)), np.ones((32, 3)), out_format=out_format, method="kernel")
-        assert result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
+        bits = dot(
+            unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", out_format=out_format
+        )
+        assert (
+            bits.dtype == get_format(out_format).code_dtype
+            and (as_float(bits, out_format) == 114.0).all()
+        )
+        result = matmul(
+            hw("ocp-exact"),
+            np.ones((2, 32)),
+            np.ones((32, 3)),
+            out_format=out_format,
+            method="kernel",
+        )
+        assert (
+            result.bits.dtype == get_format(out_format).code_dtype and (result.values == 32.0).all()
+        )
     assert {str(kernel_output_dtype(name)) for name in ("fp32", "fp16", "bf16")} == {"uint32"}
     assert str(kernel_output_dtype("fp64")) == "uint64"
     for kernel in (_kernels.dot_pairs, _kernels.matmul_groups):
@@ -1049,35 +1584,48 @@ def test_empty_operands():
     c = np.array([[1.5, -2.0]], np.float32)
     assert matmul(unit, np.zeros((1, 0)), np.zeros((0, 2)), c=c).values.tolist() == [[1.5, -2.0]]
     codes = np.zeros((3, 0), np.int64)
-    bits = dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=np.full(3, 0.25, np.float32))
+    bits = dot(
+        unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=np.full(3, 0.25, np.float32)
+    )
     assert as_float(bits).tolist() == [0.25] * 3
-    assert dot(unit, np.zeros((0, 8), np.int64), np.zeros((0, 8), np.int64), a_format="fp8_e4m3",
-               b_format="fp8_e4m3").shape == (0,)
+    assert dot(
+        unit,
+        np.zeros((0, 8), np.int64),
+        np.zeros((0, 8), np.int64),
+        a_format="fp8_e4m3",
+        b_format="fp8_e4m3",
+    ).shape == (0,)
     assert explain(unit, [], [], a_format="fp8_e4m3", b_format="fp8_e4m3", c=3.0)["value"] == 3.0
 
 
-@pytest.mark.parametrize("a, b, kwargs, message", [
-    ([1.5, 2], [1, 2], {}, "a: expected an integer numpy array of fp8_e4m3 codes"),
-    (["x"], [1], {}, "a: expected an integer numpy array"),
-    ([1, 2], [1], {}, "a and b must have the same length, got 2 and 1"),
-    ([1, 300], [1, 2], {}, "a: codes must lie in [0, 256)"),
-    ([1], [1], {"c": "1"}, "c: expected a real number, got str"),
-    ([1], [1], {"scale_a": [127, 127]}, "scale_a: expected shape (1, 1)"),
-    ([[1]], [[1]], {}, "a: expected a list or 1-D array of integer codes, got shape (1, 1)"),
-])
+@pytest.mark.parametrize(
+    "a, b, kwargs, message",
+    [
+        ([1.5, 2], [1, 2], {}, "a: expected an integer numpy array of fp8_e4m3 codes"),
+        (["x"], [1], {}, "a: expected an integer numpy array"),
+        ([1, 2], [1], {}, "a and b must have the same length, got 2 and 1"),
+        ([1, 300], [1, 2], {}, "a: codes must lie in [0, 256)"),
+        ([1], [1], {"c": "1"}, "c: expected a real number, got str"),
+        ([1], [1], {"scale_a": [127, 127]}, "scale_a: expected shape (1, 1)"),
+        ([[1]], [[1]], {}, "a: expected a list or 1-D array of integer codes, got shape (1, 1)"),
+    ],
+)
 def test_explain_refuses_bad_operands(a, b, kwargs, message):
     with pytest.raises(MxsimError) as caught:
         explain(hw("ocp-exact"), a, b, a_format="fp8_e4m3", b_format="fp8_e4m3", **kwargs)
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"progress": 3}, "matmul: progress must be None or a callable"),
-    ({"tile_rows": 0}, "matmul: tile_rows: expected an integer >= 1, got 0"),
-    ({"method": ["auto"]}, "matmul: method: expected one of auto, kernel, got ['auto']"),
-    ({"A": 3}, "A: expected a 2-D float array or an MXTensor, got int"),
-    ({"B": [["x"]]}, "B: expected numbers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"progress": 3}, "matmul: progress must be None or a callable"),
+        ({"tile_rows": 0}, "matmul: tile_rows: expected an integer >= 1, got 0"),
+        ({"method": ["auto"]}, "matmul: method: expected one of auto, kernel, got ['auto']"),
+        ({"A": 3}, "A: expected a 2-D float array or an MXTensor, got int"),
+        ({"B": [["x"]]}, "B: expected numbers"),
+    ],
+)
 def test_matmul_refuses_argument_mix_ups(kwargs, message):
     arguments = {"A": np.ones((2, 32)), "B": np.ones((32, 2)), **kwargs}
     with pytest.raises(MxsimError) as caught:
@@ -1110,6 +1658,7 @@ def test_mixed_code_widths_add_no_kernel_signature():
 
 # --- elements wider than 16 bits: decoded by the kernel from their bit fields ---------------------
 
+
 @pytest.mark.parametrize("config", ["kulisch", "h100"])
 def test_fp32_elements_decode_directly(config):
     # fp32 operands would need a 2^32-entry table of every code; the kernel decodes each code's
@@ -1117,11 +1666,19 @@ def test_fp32_elements_decode_directly(config):
     # is also the exactly rounded sum, computed here in Fractions.
     fp32 = get_format("fp32")
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
-    params = dataclasses.replace(hw.params(hw.a_formats[0], hw.b_formats[0], "fp32"),
-                                 a_format="fp32", b_format="fp32", scales="none")
+    params = dataclasses.replace(
+        hw.params(hw.a_formats[0], hw.b_formats[0], "fp32"),
+        a_format="fp32",
+        b_format="fp32",
+        scales="none",
+    )
     rng = np.random.default_rng(7)
-    x = (rng.standard_normal((40, 48)) * np.exp2(rng.integers(-60, 60, (40, 48)))).astype(np.float32)
-    y = (rng.standard_normal((40, 48)) * np.exp2(rng.integers(-60, 60, (40, 48)))).astype(np.float32)
+    x = (rng.standard_normal((40, 48)) * np.exp2(rng.integers(-60, 60, (40, 48)))).astype(
+        np.float32
+    )
+    y = (rng.standard_normal((40, 48)) * np.exp2(rng.integers(-60, 60, (40, 48)))).astype(
+        np.float32
+    )
     x[0, :3] = [0.0, -0.0, np.float32(2.0**-149)]  # zeros and a subnormal element
     a, b = fp32.encode(x), fp32.encode(y)
     out = dot_with_params(params, a, b)
@@ -1129,7 +1686,9 @@ def test_fp32_elements_decode_directly(config):
         value = dot_reference(params, a[i].tolist(), b[i].tolist())
         assert int(out[i]) == int(fp32.encode(np.array([value]), overflow="inf_nan")[0]), i
         if config == "kulisch":
-            exact = sum((Fraction(float(p)) * Fraction(float(q)) for p, q in zip(x[i], y[i])), Fraction(0))
+            exact = sum(
+                (Fraction(float(p)) * Fraction(float(q)) for p, q in zip(x[i], y[i])), Fraction(0)
+            )
             assert out[i] == encode_reference(fp32, exact, "nearest_even", "inf_nan"), i
 
 
@@ -1149,22 +1708,37 @@ def wide_params(draw, zero_signs=("ieee", "positive", "ieee_steps")) -> Datapath
     if draw(st.booleans()):
         order = tuple(draw(st.permutations(list(range(fused * draw(st.integers(1, 2)))))))
     params = dataclasses.replace(  # fp64 A and c: two kernel signatures (fp64 or narrow outputs)
-        hw("a100-dmma").params("fp64", "fp64"), b_format=draw(st.sampled_from(WIDE_B_FORMATS)),
-        scales=scales, block_size=fused * draw(st.integers(1, 3)), input_subnormals=draw(st.booleans()),
-        fused_terms=fused, term_order=order,
+        hw("a100-dmma").params("fp64", "fp64"),
+        b_format=draw(st.sampled_from(WIDE_B_FORMATS)),
+        scales=scales,
+        block_size=fused * draw(st.integers(1, 3)),
+        input_subnormals=draw(st.booleans()),
+        fused_terms=fused,
+        term_order=order,
         trees_in_blocks=order is None and promotion is None and draw(st.booleans()),
         accumulator_in_tree=scales != "block_sum" and draw(st.booleans()),
-        accumulator_format=acc_format, accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
-        accumulator_subnormals=draw(st.booleans()), promotion_interval=promotion,
+        accumulator_format=acc_format,
+        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
+        accumulator_subnormals=draw(st.booleans()),
+        promotion_interval=promotion,
         c_entry="initial" if promotion else draw(st.sampled_from(["initial", "end"])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
-        output_format=draw(st.sampled_from(["fp64", "fp32", "bf16"])), output_rounding=draw(st.sampled_from(ROUNDINGS)),
-        output_subnormals=draw(st.booleans()), output_zero_sign=draw(st.sampled_from(zero_signs)),
+        output_format=draw(st.sampled_from(["fp64", "fp32", "bf16"])),
+        output_rounding=draw(st.sampled_from(ROUNDINGS)),
+        output_subnormals=draw(st.booleans()),
+        output_zero_sign=draw(st.sampled_from(zero_signs)),
     )
     if params.output_zero_sign == "ieee_steps":  # what it needs (see check_consistency)
-        params = dataclasses.replace(params, promotion_interval=None, c_entry="initial", **{
-            field: "nearest_even" for field in ("accumulator_rounding", "output_rounding")
-            if getattr(params, field) == "toward_negative"})
+        params = dataclasses.replace(
+            params,
+            promotion_interval=None,
+            c_entry="initial",
+            **{
+                field: "nearest_even"
+                for field in ("accumulator_rounding", "output_rounding")
+                if getattr(params, field) == "toward_negative"
+            },
+        )
     try:
         check_consistency(params, "random")
     except ConfigError:
@@ -1177,9 +1751,13 @@ def wide_operand(rng, fmt_name: str, rows: int, length: int, corners: bool) -> n
     uniformly random codes (every exponent, subnormals, Inf and NaN) for corner rows."""
     fmt = get_format(fmt_name)
     if corners:
-        return rng.integers(0, 1 << fmt.bits, (rows, length), dtype=np.uint64).astype(fmt.code_dtype)
+        return rng.integers(0, 1 << fmt.bits, (rows, length), dtype=np.uint64).astype(
+            fmt.code_dtype
+        )
     magnitude = np.exp2(rng.integers(-40, 41, size=(rows, 1)).astype(np.float64))
-    return fmt.encode(np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite))
+    return fmt.encode(
+        np.clip(rng.standard_normal((rows, length)) * magnitude, -fmt.max_finite, fmt.max_finite)
+    )
 
 
 @settings(max_examples=60)
@@ -1212,14 +1790,44 @@ FP64_TINY = 2.0**-1074  # times 1/8 it underflows to a zero of its sign under ne
 # hand from IEEE 754: an exact zero sum is -0 only when every addend is -0, and a value that
 # rounds to zero keeps its sign.
 ZERO_CHAIN_CORNERS = [
-    ([-FP64_TINY, -0.0, 0.0, -0.0], [0.125, 1.0, -1.0, 1.0], 0.0, -0.0, 0.0),  # -0 after an underflow stays
+    (
+        [-FP64_TINY, -0.0, 0.0, -0.0],
+        [0.125, 1.0, -1.0, 1.0],
+        0.0,
+        -0.0,
+        0.0,
+    ),  # -0 after an underflow stays
     ([-0.0] * 4, [1.0] * 4, -0.0, -0.0, -0.0),  # every addend -0
-    ([1.0, -1.0, -0.0, -0.0], [1.0] * 4, -0.0, 0.0, 0.0),  # a cancellation gives +0, -0 products keep it
+    (
+        [1.0, -1.0, -0.0, -0.0],
+        [1.0] * 4,
+        -0.0,
+        0.0,
+        0.0,
+    ),  # a cancellation gives +0, -0 products keep it
     ([1.0, -0.0, -0.0, -0.0], [-1.0, 1.0, 1.0, 1.0], 1.0, 0.0, 0.0),  # c cancelled
-    ([-FP64_TINY, -0.0, 0.0, 0.0], [0.125, 1.0, 1.0, 1.0], 0.0, 0.0, 0.0),  # a +0 product ends the -0
-    ([0.0, 0.0, 0.0, -FP64_TINY], [1.0, 1.0, 1.0, 0.125], 0.0, -0.0, -0.0),  # the last step underflows
+    (
+        [-FP64_TINY, -0.0, 0.0, 0.0],
+        [0.125, 1.0, 1.0, 1.0],
+        0.0,
+        0.0,
+        0.0,
+    ),  # a +0 product ends the -0
+    (
+        [0.0, 0.0, 0.0, -FP64_TINY],
+        [1.0, 1.0, 1.0, 0.125],
+        0.0,
+        -0.0,
+        -0.0,
+    ),  # the last step underflows
     ([FP64_TINY, -0.0, -0.0, -0.0], [-0.125, 1.0, 1.0, 1.0], -0.0, -0.0, 0.0),
-    ([FP64_TINY, -0.0, -0.0, -0.0], [0.125, 1.0, 1.0, 1.0], -0.0, 0.0, 0.0),  # +2^-1077 underflows to +0
+    (
+        [FP64_TINY, -0.0, -0.0, -0.0],
+        [0.125, 1.0, 1.0, 1.0],
+        -0.0,
+        0.0,
+        0.0,
+    ),  # +2^-1077 underflows to +0
 ]
 
 
@@ -1228,42 +1836,64 @@ def test_ieee_steps_zero_signs_on_an_fma_chain(a, b, c, steps, ieee):
     fp64 = get_format("fp64")
     a_codes, b_codes = fp64.encode(np.array([a])), fp64.encode(np.array([b]))
     for zero_sign, want in (("ieee_steps", steps), ("ieee", ieee)):
-        params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), output_zero_sign=zero_sign)
+        params = dataclasses.replace(
+            hw("a100-dmma").params("fp64", "fp64"), output_zero_sign=zero_sign
+        )
         got = as_float(dot_with_params(params, a_codes, b_codes, c=np.array([c])), "fp64")[0]
         twin = dot_reference(params, a_codes[0].tolist(), b_codes[0].tolist(), c=c)
         for value in (got, twin):
-            assert value == want and math.copysign(1.0, value) == math.copysign(1.0, want), (zero_sign, value)
+            assert value == want and math.copysign(1.0, value) == math.copysign(1.0, want), (
+                zero_sign,
+                value,
+            )
 
 
-@pytest.mark.parametrize("zero_sign, want", [("ieee_steps", -0.0), ("ieee", -0.0), ("exact_positive", 0.0)])
+@pytest.mark.parametrize(
+    "zero_sign, want", [("ieee_steps", -0.0), ("ieee", -0.0), ("exact_positive", 0.0)]
+)
 def test_an_exact_accumulator_is_one_step(zero_sign, want):
     fp64 = get_format("fp64")
-    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), accumulator_format="exact",
-                                 output_zero_sign=zero_sign)
+    params = dataclasses.replace(
+        hw("a100-dmma").params("fp64", "fp64"),
+        accumulator_format="exact",
+        output_zero_sign=zero_sign,
+    )
     a, b = fp64.encode(np.array([[-0.0, 0.0, -0.0]])), fp64.encode(np.array([[1.0, -2.0, 0.0]]))
     got = as_float(dot_with_params(params, a, b, c=np.array([-0.0])), "fp64")[0]
     twin = dot_reference(params, a[0].tolist(), b[0].tolist(), c=-0.0)
-    assert [math.copysign(1.0, v) for v in (got, twin)] == [math.copysign(1.0, want)] * 2 and got == twin == 0
+    assert [math.copysign(1.0, v) for v in (got, twin)] == [
+        math.copysign(1.0, want)
+    ] * 2 and got == twin == 0
 
 
 def test_ieee_steps_refuses_the_steps_it_does_not_sign():
-    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), output_zero_sign="ieee_steps")
+    params = dataclasses.replace(
+        hw("a100-dmma").params("fp64", "fp64"), output_zero_sign="ieee_steps"
+    )
     check_consistency(params, "ok")
-    for changes, path in (({"accumulator_rounding": "toward_negative"}, "accumulator.rounding"),
-                          ({"accumulator_format": "exact", "output_rounding": "toward_negative"}, "output.rounding"),
-                          ({"c_entry": "end"}, "accumulator.c_entry"),
-                          ({"promotion_interval": 4, "fused_terms": 4}, "accumulator.promotion_interval")):
+    for changes, path in (
+        ({"accumulator_rounding": "toward_negative"}, "accumulator.rounding"),
+        ({"accumulator_format": "exact", "output_rounding": "toward_negative"}, "output.rounding"),
+        ({"c_entry": "end"}, "accumulator.c_entry"),
+        ({"promotion_interval": 4, "fused_terms": 4}, "accumulator.promotion_interval"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(path) + ".*ieee_steps needs"):
             check_consistency(dataclasses.replace(params, **changes), "unit.yaml")
 
 
 @settings(max_examples=40)
-@given(params=wide_params(zero_signs=("ieee_steps",)), seed=st.integers(0, 2**32 - 1), length=st.integers(1, 12))
+@given(
+    params=wide_params(zero_signs=("ieee_steps",)),
+    seed=st.integers(0, 2**32 - 1),
+    length=st.integers(1, 12),
+)
 def test_ieee_steps_kernel_equals_reference_near_zero(params, seed, length):
     # Operands made to meet exact zeros: underflowing products of both signs, signed zeros,
     # cancelling pairs; the Fraction twin decides every output.
     rng = np.random.default_rng(seed)
-    a_values = rng.choice([0.0, -0.0, FP64_TINY, -FP64_TINY, 2.0**-1000, -(2.0**-1000), 1.0, -1.0], (3, length))
+    a_values = rng.choice(
+        [0.0, -0.0, FP64_TINY, -FP64_TINY, 2.0**-1000, -(2.0**-1000), 1.0, -1.0], (3, length)
+    )
     b_values = rng.choice([0.0, -0.0, 0.125, -0.125, 1.0, -1.0], (3, length))
     a = get_format(params.a_format).encode(a_values)
     b = get_format(params.b_format).encode(b_values)
@@ -1276,7 +1906,9 @@ def test_ieee_steps_kernel_equals_reference_near_zero(params, seed, length):
 def test_fp64_kulisch_is_the_exactly_rounded_sum():
     # An exact accumulator over fp64 products is the exact sum rounded once, whatever the
     # magnitudes: products from 2^-2148 to 2^2046 and exact cancellation, checked in Fractions.
-    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), accumulator_format="exact", fused_terms=4)
+    params = dataclasses.replace(
+        hw("a100-dmma").params("fp64", "fp64"), accumulator_format="exact", fused_terms=4
+    )
     rng = np.random.default_rng(11)
     x = rng.standard_normal((50, 12)) * np.exp2(rng.integers(-1070, 1020, (50, 12)))
     y = rng.standard_normal((50, 12)) * np.exp2(rng.integers(-1070, 1020, (50, 12)))
@@ -1290,9 +1922,14 @@ def test_fp64_kulisch_is_the_exactly_rounded_sum():
     assert out[1] == 0
 
 
-@pytest.mark.parametrize("path, value", [
-    ("adder.align_fraction_bits", 40), ("adder.sum_significant_bits", 40), ("multiplier.product_fraction_bits", 52),
-])
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("adder.align_fraction_bits", 40),
+        ("adder.sum_significant_bits", 40),
+        ("multiplier.product_fraction_bits", 52),
+    ],
+)
 def test_fp64_products_refuse_what_would_cut_them(tmp_path, path, value):
     section, key = path.split(".")
     text = (REPO / "hwconfigs" / "a100-dmma.yaml").read_text()
@@ -1304,19 +1941,26 @@ def test_fp64_products_refuse_what_would_cut_them(tmp_path, path, value):
     config.write_text(text)
     with pytest.raises(ConfigError, match=rf"{path}: .*106 bits.*exact trees"):
         load_hwconfig(config)
-    params = dataclasses.replace(hw("a100-dmma").params("fp64", "fp64"), **{key: value})  # the field is the key
+    params = dataclasses.replace(
+        hw("a100-dmma").params("fp64", "fp64"), **{key: value}
+    )  # the field is the key
     codes = get_format("fp64").encode(np.ones((1, 4)))
-    with pytest.raises(ConfigError, match=rf"<params>: {path}: .*106 bits"):  # resolved params: refused as well
+    with pytest.raises(
+        ConfigError, match=rf"<params>: {path}: .*106 bits"
+    ):  # resolved params: refused as well
         dot_with_params(params, codes, codes)
 
 
-@pytest.mark.parametrize("c, c_format, message", [
-    (np.ones(2, np.float16), None, "expected a float32 or float64 array of fp64 values"),
-    (np.ones(2, np.int64), None, "got dtype int64"),
-    (np.full(2, 1 + 2.0**-20, np.float32), "bf16", "every value must be a bf16 value"),
-    (np.ones(2, np.float32), "fp8_e4m3", "format of c 'fp8_e4m3' is not one of"),
-    (np.ones(2, np.float32), "fp99", "unknown format"),
-])
+@pytest.mark.parametrize(
+    "c, c_format, message",
+    [
+        (np.ones(2, np.float16), None, "expected a float32 or float64 array of fp64 values"),
+        (np.ones(2, np.int64), None, "got dtype int64"),
+        (np.full(2, 1 + 2.0**-20, np.float32), "bf16", "every value must be a bf16 value"),
+        (np.ones(2, np.float32), "fp8_e4m3", "format of c 'fp8_e4m3' is not one of"),
+        (np.ones(2, np.float32), "fp99", "unknown format"),
+    ],
+)
 def test_c_format_refuses_what_it_cannot_hold(c, c_format, message):
     codes = get_format("fp64").encode(np.ones((2, 4)))
     with pytest.raises(MxsimError, match=message):
@@ -1326,36 +1970,81 @@ def test_c_format_refuses_what_it_cannot_hold(c, c_format, message):
 def test_c_format_accepts_its_values_in_float32_or_its_own_dtype():
     codes = get_format("fp64").encode(np.array([[1.0, 2.0**-60, 3.0, -1.0]]))
     ones = get_format("fp64").encode(np.array([[1.0, 1.0, 1 / 3, 1.0]]))
-    got = [dot(hw("a100-dmma"), codes, ones, a_format="fp64", b_format="fp64", c=c) for c in
-           (np.array([0.5]), np.array([0.5], np.float32))]
+    got = [
+        dot(hw("a100-dmma"), codes, ones, a_format="fp64", b_format="fp64", c=c)
+        for c in (np.array([0.5]), np.array([0.5], np.float32))
+    ]
     # the FMA chain: 0.5 + 1 = 1.5; + 2^-60 rounds back to 1.5; + 3 * RN(1/3) = 2.5 exactly; - 1
     assert [as_float(bits, "fp64").tolist() for bits in got] == [[1.5], [1.5]]
     fp16 = get_format("fp16")
     a = fp16.encode(np.ones((1, 4)))
     with pytest.raises(MxsimError, match="every value must be a fp16 value"):
-        dot(hw("v100"), a, a, a_format="fp16", b_format="fp16", c=np.array([1 + 2.0**-12], np.float32), c_format="fp16")
-    assert as_float(dot(hw("v100"), a, a, a_format="fp16", b_format="fp16", c=np.array([0.25], np.float16),
-                        c_format="fp16"))[0] == 4.25
+        dot(
+            hw("v100"),
+            a,
+            a,
+            a_format="fp16",
+            b_format="fp16",
+            c=np.array([1 + 2.0**-12], np.float32),
+            c_format="fp16",
+        )
+    assert (
+        as_float(
+            dot(
+                hw("v100"),
+                a,
+                a,
+                a_format="fp16",
+                b_format="fp16",
+                c=np.array([0.25], np.float16),
+                c_format="fp16",
+            )
+        )[0]
+        == 4.25
+    )
 
 
 def test_fp64_explain_agrees_with_dot():
     rng = np.random.default_rng(3)
     fp64 = get_format("fp64")
-    a, b = fp64.encode(rng.standard_normal((4, 8))), fp64.encode(rng.standard_normal((4, 8)) * 1e-300)
+    a, b = (
+        fp64.encode(rng.standard_normal((4, 8))),
+        fp64.encode(rng.standard_normal((4, 8)) * 1e-300),
+    )
     c = rng.standard_normal(4) * 1e-300
     bits = dot(hw("h100-dmma"), a, b, a_format="fp64", b_format="fp64", c=c)
     assert bits.dtype == np.uint64
     for m in range(4):
         told = explain(hw("h100-dmma"), a[m], b[m], a_format="fp64", b_format="fp64", c=float(c[m]))
-        assert told["bits"] == bits[m] and [s["stage"] for s in told["stages"]].count("accumulate") == 8
+        assert (
+            told["bits"] == bits[m]
+            and [s["stage"] for s in told["stages"]].count("accumulate") == 8
+        )
     one = fp64.encode(np.ones(2))
-    assert explain(hw("h100-dmma"), one, one, a_format="fp64", b_format="fp64", c=-10**400)["value"] == -math.inf
-    for c_format, value in (("fp16", 2.0**-24), ("fp32", 3 * 2.0**-26)):  # c rounds into its format first
-        assert explain(hw("v100"), [0], [0], a_format="fp16", b_format="fp16", c=3 * 2.0**-26,
-                       c_format=c_format)["value"] == value
+    assert (
+        explain(hw("h100-dmma"), one, one, a_format="fp64", b_format="fp64", c=-(10**400))["value"]
+        == -math.inf
+    )
+    for c_format, value in (
+        ("fp16", 2.0**-24),
+        ("fp32", 3 * 2.0**-26),
+    ):  # c rounds into its format first
+        assert (
+            explain(
+                hw("v100"),
+                [0],
+                [0],
+                a_format="fp16",
+                b_format="fp16",
+                c=3 * 2.0**-26,
+                c_format=c_format,
+            )["value"]
+            == value
+        )
 
 
 # --- NVFP4 GEMMs ----------------------------------------------------------------------------------
+
 
 def test_nvfp4_matmul_rows_are_the_units_dot_products_and_values_carry_the_tensor_scales():
     from mxsim.quantize.nvfp4 import quantize_nvfp4, tensor_scale_from_amax
@@ -1368,13 +2057,24 @@ def test_nvfp4_matmul_rows_are_the_units_dot_products_and_values_carry_the_tenso
     unit = hw("b200-nvfp4")
     result = matmul(unit, A, B, tile_rows=4)
     for m in range(6):
-        bits = dot(unit, np.repeat(A.codes[m:m + 1], 5, 0), B.codes, a_format="fp4_e2m1", b_format="fp4_e2m1",
-                   scale_a=np.repeat(A.scales[m:m + 1], 5, 0), scale_b=B.scales)
+        bits = dot(
+            unit,
+            np.repeat(A.codes[m : m + 1], 5, 0),
+            B.codes,
+            a_format="fp4_e2m1",
+            b_format="fp4_e2m1",
+            scale_a=np.repeat(A.scales[m : m + 1], 5, 0),
+            scale_b=B.scales,
+        )
         assert np.array_equal(bits, result.bits[m])
     assert result.tensor_scale == A.tensor_scale * B.tensor_scale
-    np.testing.assert_array_equal(result.values, as_float(result.bits) * (A.tensor_scale * B.tensor_scale))
+    np.testing.assert_array_equal(
+        result.values, as_float(result.bits) * (A.tensor_scale * B.tensor_scale)
+    )
     exact = A.exact_values() @ B.exact_values().T
-    assert np.abs(result.values - exact).max() <= 2.0**-20 * np.abs(exact).max()  # truncation to fp32 per k64
+    assert (
+        np.abs(result.values - exact).max() <= 2.0**-20 * np.abs(exact).max()
+    )  # truncation to fp32 per k64
 
 
 def test_nvfp4_matmul_refuses_mismatched_operands():
@@ -1383,11 +2083,24 @@ def test_nvfp4_matmul_refuses_mismatched_operands():
     A = quantize_nvfp4(np.ones((2, 32), np.float32))
     cases = [
         (lambda: matmul(hw("b200-nvfp4"), A, np.ones((32, 2))), "both must be 2-D NVFP4Tensors"),
-        (lambda: matmul(hw("b200-nvfp4"), A, quantize_nvfp4(np.ones((2, 48), np.float32))), "inner dimensions"),
+        (
+            lambda: matmul(hw("b200-nvfp4"), A, quantize_nvfp4(np.ones((2, 48), np.float32))),
+            "inner dimensions",
+        ),
         (lambda: matmul(hw("b200-tcgen05-mxf4"), A, A), "ue4m3 scales per 16 differ"),
-        (lambda: matmul(hw("b200-nvfp4"), quantize_nvfp4(np.ones((2, 32), np.float32), 1.0), A,
-                              c=np.zeros((2, 2), np.float32)), "c with NVFP4 tensor scales"),
-        (lambda: matmul(hw("b200-nvfp4"), np.ones((2, 32)), np.ones((32, 2))), "give NVFP4Tensor operands"),
+        (
+            lambda: matmul(
+                hw("b200-nvfp4"),
+                quantize_nvfp4(np.ones((2, 32), np.float32), 1.0),
+                A,
+                c=np.zeros((2, 2), np.float32),
+            ),
+            "c with NVFP4 tensor scales",
+        ),
+        (
+            lambda: matmul(hw("b200-nvfp4"), np.ones((2, 32)), np.ones((32, 2))),
+            "give NVFP4Tensor operands",
+        ),
     ]
     for call, message in cases:
         with pytest.raises(MxsimError, match=message):

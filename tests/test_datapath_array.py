@@ -35,10 +35,19 @@ def test_every_key_from_yaml():
       accumulator_bits: 24
     """
     config = parse_array_config(yaml.safe_load(text)["array"], "hw.yaml")
-    assert config == ArrayConfig(rows=8, columns=4, lanes_per_unit=32, pipeline_latency=3,
-                                 clock_mhz=1500, dataflow="ws", ifmap_buffer_kib=128,
-                                 filter_buffer_kib=0.5, ofmap_buffer_kib=32,
-                                 offchip_bytes_per_cycle=25.6, accumulator_bits=24)
+    assert config == ArrayConfig(
+        rows=8,
+        columns=4,
+        lanes_per_unit=32,
+        pipeline_latency=3,
+        clock_mhz=1500,
+        dataflow="ws",
+        ifmap_buffer_kib=128,
+        filter_buffer_kib=0.5,
+        ofmap_buffer_kib=32,
+        offchip_bytes_per_cycle=25.6,
+        accumulator_bits=24,
+    )
     assert config.units == 32
     assert config.buffer_bytes("filter") == 512
 
@@ -66,20 +75,23 @@ def test_unknown_key_lists_valid_keys():
         assert key in message
 
 
-@pytest.mark.parametrize("key, value, accepted", [
-    ("rows", 0, "an integer >= 1"),
-    ("rows", 4.0, "an integer >= 1"),
-    ("rows", True, "an integer >= 1"),
-    ("columns", "8", "an integer >= 1"),
-    ("lanes_per_unit", -2, "an integer >= 1"),
-    ("pipeline_latency", 0, "an integer >= 1"),
-    ("dataflow", "rs", "one of os, ws, is"),
-    ("ifmap_buffer_kib", 0, "a number > 0"),
-    ("offchip_bytes_per_cycle", float("inf"), "a number > 0"),
-    ("offchip_bytes_per_cycle", -1, "a number > 0"),
-    ("clock_mhz", None, "a number > 0"),
-    ("accumulator_bits", 0, "an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, accepted",
+    [
+        ("rows", 0, "an integer >= 1"),
+        ("rows", 4.0, "an integer >= 1"),
+        ("rows", True, "an integer >= 1"),
+        ("columns", "8", "an integer >= 1"),
+        ("lanes_per_unit", -2, "an integer >= 1"),
+        ("pipeline_latency", 0, "an integer >= 1"),
+        ("dataflow", "rs", "one of os, ws, is"),
+        ("ifmap_buffer_kib", 0, "a number > 0"),
+        ("offchip_bytes_per_cycle", float("inf"), "a number > 0"),
+        ("offchip_bytes_per_cycle", -1, "a number > 0"),
+        ("clock_mhz", None, "a number > 0"),
+        ("accumulator_bits", 0, "an integer >= 1"),
+    ],
+)
 def test_bad_value_says_what_is_accepted(key, value, accepted):
     mapping = {"rows": 4, "columns": 4, key: value}
     with pytest.raises(ConfigError) as caught:

@@ -17,7 +17,10 @@ from mxsim.datapath.schema import route_accepts
 from mxsim.formats import get_format
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 
-UNITS = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "mxdotp-paper", "h100-fp8")}
+UNITS = {
+    name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    for name in ("ocp-exact", "mxdotp-paper", "h100-fp8")
+}
 SMALL_SPAN = ["fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
 
 
@@ -25,8 +28,15 @@ def route_taken(unit, qa, qb, c=None) -> bool:
     params = unit.params(qa.element_format.name, qb.element_format.name)
     _, _, args = _kernel_arguments(params)
     c_values = np.zeros((1, 1)) if c is None else c.astype(np.float64)
-    return blas_applies(params, args, qa.codes, qb.codes, _scales_for_unit(qa.scales, params),
-                        _scales_for_unit(qb.scales, params), c_values)
+    return blas_applies(
+        params,
+        args,
+        qa.codes,
+        qb.codes,
+        _scales_for_unit(qa.scales, params),
+        _scales_for_unit(qb.scales, params),
+        c_values,
+    )
 
 
 def test_exactness_condition_per_format_pair():
@@ -36,7 +46,10 @@ def test_exactness_condition_per_format_pair():
     assert not exact_in_float64(params("fp8_e5m2", "fp8_e5m2"))  # 64 + 5 bits
     assert not exact_in_float64(params("fp8_e4m3", "fp8_e5m2"))  # 50 + 5 bits
     kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
-    for wide in ("fp32", "fp64"):  # no table of every code (2^32, 2^64): refused without building one
+    for wide in (
+        "fp32",
+        "fp64",
+    ):  # no table of every code (2^32, 2^64): refused without building one
         assert not exact_in_float64(dataclasses.replace(kulisch, a_format=wide, b_format=wide))
 
 
@@ -55,10 +68,16 @@ def test_blas_route_equals_the_kernel(unit, a_format, b_format, shape, spread, w
     rows, length, columns = shape
     # Wide per-row and per-column magnitudes reach fp32 subnormals and overflow.
     A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)) * 3)
-    B = rng.standard_normal((length, columns)) * np.exp2(rng.uniform(-spread, spread, (1, columns)) * 3)
+    B = rng.standard_normal((length, columns)) * np.exp2(
+        rng.uniform(-spread, spread, (1, columns)) * 3
+    )
     qa = quantize(A, a_format, axis=1)
     qb = quantize(B, b_format, axis=0)
-    c = (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32) if with_c else None
+    c = (
+        (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32)
+        if with_c
+        else None
+    )
     if c is not None:
         c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
     hw = UNITS[unit]
@@ -106,7 +125,11 @@ def test_unknown_method_is_an_error():
 
 
 @settings(max_examples=30, deadline=None)
-@given(a_format=st.sampled_from(SMALL_SPAN + ["int8"]), spread=st.integers(0, 120), seed=st.integers(0, 2**32 - 1))
+@given(
+    a_format=st.sampled_from(SMALL_SPAN + ["int8"]),
+    spread=st.integers(0, 120),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_kulisch_blas_route_equals_the_kernel(a_format, spread, seed):
     # Block scales spread over up to 2 x 120 binades: some exact sums need more than two
     # float64s; those outputs go back to the kernel, and every output must still match.
@@ -117,7 +140,9 @@ def test_kulisch_blas_route_equals_the_kernel(a_format, spread, seed):
     c = rng.standard_normal((6, 5)).astype(np.float32)
     kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
     assert route_taken(kulisch, qa, qb, c)
-    np.testing.assert_array_equal(matmul(kulisch, qa, qb, c=c).bits, matmul(kulisch, qa, qb, c=c, method="kernel").bits)
+    np.testing.assert_array_equal(
+        matmul(kulisch, qa, qb, c=c).bits, matmul(kulisch, qa, qb, c=c, method="kernel").bits
+    )
 
 
 def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
@@ -132,28 +157,48 @@ def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
     params = kulisch.params("fp8_e4m3", "fp8_e4m3")
     _, _, args = _kernel_arguments(params)
     out = np.empty((1, 1, 1), dtype=np.uint32)
-    leftovers = blas_matmul(params, args, qa.codes[None], qb.codes[None], _scales_for_unit(qa.scales, params)[None],
-                            _scales_for_unit(qb.scales, params)[None], np.zeros((1, 1, 1), np.float32), out)
+    leftovers = blas_matmul(
+        params,
+        args,
+        qa.codes[None],
+        qb.codes[None],
+        _scales_for_unit(qa.scales, params)[None],
+        _scales_for_unit(qb.scales, params)[None],
+        np.zeros((1, 1, 1), np.float32),
+        out,
+    )
     assert leftovers == [(0, 0, 0)]
-    np.testing.assert_array_equal(matmul(kulisch, qa, qb).bits, matmul(kulisch, qa, qb, method="kernel").bits)
+    np.testing.assert_array_equal(
+        matmul(kulisch, qa, qb).bits, matmul(kulisch, qa, qb, method="kernel").bits
+    )
 
 
 def test_fp32_elements_are_refused_without_a_table_of_every_code():
     # An fma chain of fp32 elements (mi250-fp32, with the whole-sum zero sign rule) passes every
     # key declaration, but its products span far more than float64's 53 bits; the span comes
     # from the format, not 2^32 decoded codes.
-    params = dataclasses.replace(load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml").params("fp32", "fp32"),
-                                 output_zero_sign="ieee")
+    params = dataclasses.replace(
+        load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml").params("fp32", "fp32"),
+        output_zero_sign="ieee",
+    )
     assert route_accepts("blas", params)
     assert _span_bits(get_format("fp32")) == (127, -149)
     assert not exact_in_float64(params)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # same patch each
-@given(unit=st.sampled_from(["ocp-exact", "mxdotp-paper", "kulisch"]), a_format=st.sampled_from(SMALL_SPAN),
-       shape=st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 100), st.integers(1, 9)),
-       spread=st.integers(0, 8), seed=st.integers(0, 2**32 - 1))
-def test_small_tiles_panels_and_chunks_equal_the_kernel(monkeypatch, unit, a_format, shape, spread, seed):
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # same patch each
+@given(
+    unit=st.sampled_from(["ocp-exact", "mxdotp-paper", "kulisch"]),
+    a_format=st.sampled_from(SMALL_SPAN),
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 100), st.integers(1, 9)),
+    spread=st.integers(0, 8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_small_tiles_panels_and_chunks_equal_the_kernel(
+    monkeypatch, unit, a_format, shape, spread, seed
+):
     # Tiles of 2 rows, B decoded a few columns at a time, GEMMs of a few MACs, several blocks
     # per exact-accumulator range (spread: block scales a few binades apart): the kernel's bits.
     import mxsim.datapath.blas as blas
@@ -164,13 +209,24 @@ def test_small_tiles_panels_and_chunks_equal_the_kernel(monkeypatch, unit, a_for
     monkeypatch.setattr(blas, "KULISCH_COLUMNS", 3)
     groups, rows, length, columns = shape
     rng = np.random.default_rng(seed)
-    A = rng.standard_normal((groups, rows, length)) * np.exp2(rng.integers(-spread, spread + 1, (groups, rows, length)))
-    B = rng.standard_normal((groups, length, columns)) * np.exp2(rng.integers(-spread, spread + 1, (1, length, 1)))
+    A = rng.standard_normal((groups, rows, length)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, rows, length))
+    )
+    B = rng.standard_normal((groups, length, columns)) * np.exp2(
+        rng.integers(-spread, spread + 1, (1, length, 1))
+    )
     c = rng.standard_normal((groups, rows, columns)).astype(np.float32)
     hw = UNITS.get(unit) or load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
     reports = []
-    fast = matmul_batched(hw, A, B, c=c, a_format=a_format, b_format=a_format,
-                          progress=lambda done, total: reports.append((done, total)))
+    fast = matmul_batched(
+        hw,
+        A,
+        B,
+        c=c,
+        a_format=a_format,
+        b_format=a_format,
+        progress=lambda done, total: reports.append((done, total)),
+    )
     slow = matmul_batched(hw, A, B, c=c, a_format=a_format, b_format=a_format, method="kernel")
     np.testing.assert_array_equal(fast.bits, slow.bits)
     assert reports[-1] == (groups * rows, groups * rows) and reports == sorted(reports)
@@ -182,10 +238,20 @@ def test_exact_ranges_of_blocks():
     kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
     zeros = np.zeros((1, 4), np.int32)
     assert _exact_chunks(kulisch, zeros, zeros, 32) == [(0, 4)]
-    assert _exact_chunks(kulisch, np.array([[0, 0, 11, 0]]), zeros, 32) == [(0, 4)]  # 1 + 1 + 2^11 + 1 <= 2^12
-    assert _exact_chunks(kulisch, np.array([[0, 0, 12, 0]]), zeros, 32) == [(0, 2), (2, 3), (3, 4)]  # 2^12 + 1
+    assert _exact_chunks(kulisch, np.array([[0, 0, 11, 0]]), zeros, 32) == [
+        (0, 4)
+    ]  # 1 + 1 + 2^11 + 1 <= 2^12
+    assert _exact_chunks(kulisch, np.array([[0, 0, 12, 0]]), zeros, 32) == [
+        (0, 2),
+        (2, 3),
+        (3, 4),
+    ]  # 2^12 + 1
     assert _exact_chunks(kulisch, np.array([[12, 0, 0, 0]]), zeros, 32) == [(0, 1), (1, 4)]
     assert _exact_chunks(kulisch, np.array([[0, -13, 0, 0]]), zeros, 32) == [(0, 1), (1, 2), (2, 4)]
     # the floor is the least exponent sum over rows and columns: a row 12 binades below moves it
-    assert _exact_chunks(kulisch, np.array([[0, 0, 0, 0], [-12, -12, -12, -12]]), zeros, 32) == [(0, 1), (1, 2),
-                                                                                                (2, 3), (3, 4)]
+    assert _exact_chunks(kulisch, np.array([[0, 0, 0, 0], [-12, -12, -12, -12]]), zeros, 32) == [
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 4),
+    ]

@@ -20,11 +20,24 @@ from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError
 from mxsim.quantize import quantize_nvfp4
 
-ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive", "nearest_away",
-             "nearest_toward_positive"]
+ROUNDINGS = [
+    "nearest_even",
+    "toward_zero",
+    "toward_negative",
+    "toward_positive",
+    "nearest_away",
+    "nearest_toward_positive",
+]
 ELEMENTS = ["fp4_e2m1", "fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3"]
-GROUP_UNITS = ["b200-nvfp4", "b200-tcgen05-mxf4", "b200-tcgen05-mxf4nvf4", "b200-tcgen05-mxf4nvf4-e8m0-block16",
-               "rtx50-mma-mxf4", "rtx50-mma-mxf4nvf4", "rtx50-mma-mxf4nvf4-e8m0-block16"]
+GROUP_UNITS = [
+    "b200-nvfp4",
+    "b200-tcgen05-mxf4",
+    "b200-tcgen05-mxf4nvf4",
+    "b200-tcgen05-mxf4nvf4-e8m0-block16",
+    "rtx50-mma-mxf4",
+    "rtx50-mma-mxf4nvf4",
+    "rtx50-mma-mxf4nvf4-e8m0-block16",
+]
 
 
 def unit(name: str):
@@ -37,54 +50,71 @@ def nvfp4(**changes) -> DatapathParams:
 
 # --- which units take the route --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", GROUP_UNITS)
 def test_the_group_sum_units_take_the_route(name):
     assert groups_apply(unit(name).params("fp4_e2m1", "fp4_e2m1"))
 
 
-@pytest.mark.parametrize("name", ["ocp-exact", "h100-fp8", "b200-tcgen05-mxf8f6f4", "mxdotp", "kulisch"])
+@pytest.mark.parametrize(
+    "name", ["ocp-exact", "h100-fp8", "b200-tcgen05-mxf8f6f4", "mxdotp", "kulisch"]
+)
 def test_units_without_group_sums_do_not(name):
     config = unit(name)
     assert not groups_apply(config.params(config.a_formats[0], config.b_formats[0]))
 
 
-@pytest.mark.parametrize("changes", [
-    {"below_window": "floor"}, {"below_window": "sticky"},
-    {"carry_bits": 4},
-    {"product_fraction_bits": 1},
-    {"align_fraction_bits": None},
-    {"c_entry": "end"},
-    {"promotion_interval": 128},
-    {"accumulator_format": "exact"},
-    {"sum_rounding": "stochastic", "sum_significant_bits": 20},
-    {"scales": "products", "scale_format": "e8m0"},
-    {"group_terms": 32},  # groups would straddle blocks of 16
-    # E4M3 group sums below 2^22 in a 35-bit window: a tree's sum could pass 2^53
-    {"a_format": "fp8_e4m3", "b_format": "fp8_e4m3"},
-    {"zero_term_exponent": -1000},  # 2^(W - R) would leave float64's normal range
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"below_window": "floor"},
+        {"below_window": "sticky"},
+        {"carry_bits": 4},
+        {"product_fraction_bits": 1},
+        {"align_fraction_bits": None},
+        {"c_entry": "end"},
+        {"promotion_interval": 128},
+        {"accumulator_format": "exact"},
+        {"sum_rounding": "stochastic", "sum_significant_bits": 20},
+        {"scales": "products", "scale_format": "e8m0"},
+        {"group_terms": 32},  # groups would straddle blocks of 16
+        # E4M3 group sums below 2^22 in a 35-bit window: a tree's sum could pass 2^53
+        {"a_format": "fp8_e4m3", "b_format": "fp8_e4m3"},
+        {"zero_term_exponent": -1000},  # 2^(W - R) would leave float64's normal range
+    ],
+)
 def test_what_the_route_does_not_compute_refuses_it(changes):
     assert groups_apply(nvfp4())
     assert not groups_apply(nvfp4(**changes))
 
 
 def test_an_unknown_parameter_refuses_the_route():
-    Extended = dataclasses.make_dataclass("Extended", [("new_key", int, dataclasses.field(default=0))],
-                                          bases=(DatapathParams,), frozen=True)
+    Extended = dataclasses.make_dataclass(
+        "Extended",
+        [("new_key", int, dataclasses.field(default=0))],
+        bases=(DatapathParams,),
+        frozen=True,
+    )
     assert not groups_apply(Extended(**nvfp4().__dict__))
 
 
 # --- random units of the family, mostly realistic inputs -------------------------------------------
+
 
 @st.composite
 def group_params(draw) -> DatapathParams:
     group = draw(st.sampled_from([4, 8, 16, 16, 32]))
     block = group * draw(st.sampled_from([1, 1, 2]))
     return nvfp4(
-        a_format=draw(st.sampled_from(ELEMENTS)), b_format=draw(st.sampled_from(ELEMENTS)),
-        group_terms=group, block_size=block, fused_terms=block * draw(st.sampled_from([1, 2, 4])),
-        scale_format=draw(st.sampled_from(["ue4m3", "e8m0"])), input_subnormals=draw(st.booleans()),
-        accumulator_in_tree=draw(st.booleans()), align_fraction_bits=draw(st.integers(0, 36)),
+        a_format=draw(st.sampled_from(ELEMENTS)),
+        b_format=draw(st.sampled_from(ELEMENTS)),
+        group_terms=group,
+        block_size=block,
+        fused_terms=block * draw(st.sampled_from([1, 2, 4])),
+        scale_format=draw(st.sampled_from(["ue4m3", "e8m0"])),
+        input_subnormals=draw(st.booleans()),
+        accumulator_in_tree=draw(st.booleans()),
+        align_fraction_bits=draw(st.integers(0, 36)),
         sum_significant_bits=draw(st.sampled_from([None, None, 24, 12])),
         sum_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
@@ -104,9 +134,17 @@ def operands(params, rng, rows, length, columns, corners: bool, spread: int):
     with ``corners`` scattered zeros, an all-zero group, a group whose products cancel, zero
     and NaN scales and (E4M3) a NaN element."""
     codes = []
-    for fmt_name, shape in ((params.a_format, (rows, length)), (params.b_format, (columns, length))):
+    for fmt_name, shape in (
+        (params.a_format, (rows, length)),
+        (params.b_format, (columns, length)),
+    ):
         fmt = get_format(fmt_name)
-        values = rng.standard_normal(shape) * fmt.max_finite / 4 * np.exp2(rng.integers(-3, 1, (shape[0], 1)))
+        values = (
+            rng.standard_normal(shape)
+            * fmt.max_finite
+            / 4
+            * np.exp2(rng.integers(-3, 1, (shape[0], 1)))
+        )
         if corners:
             values[rng.random(shape) < 0.3] = 0.0
             values[0, : params.group_terms] = 0.0  # an all-zero group
@@ -116,16 +154,24 @@ def operands(params, rng, rows, length, columns, corners: bool, spread: int):
         fmt = get_format(params.a_format)
         b[:, :2] = get_format(params.b_format).encode(np.array([1.0]))[0]
         a[-1, : params.group_terms] = 0
-        a[-1, :2] = fmt.encode(np.array([1.0, -1.0]))  # a[-1] . b over this group: 1 - 1 = 0, products nonzero
+        a[-1, :2] = fmt.encode(
+            np.array([1.0, -1.0])
+        )  # a[-1] . b over this group: 1 - 1 = 0, products nonzero
     blocks = -(-length // params.block_size)
     scale = get_format(params.scale_format)
     scales = []
     for count in (rows, columns):
-        values = np.exp2(rng.uniform(-spread, spread, (count, blocks))) * rng.uniform(1, 2, (count, blocks))
-        codes_ = scale.encode(np.clip(values, scale.min_subnormal, scale.max_finite)).astype(np.int32)
+        values = np.exp2(rng.uniform(-spread, spread, (count, blocks))) * rng.uniform(
+            1, 2, (count, blocks)
+        )
+        codes_ = scale.encode(np.clip(values, scale.min_subnormal, scale.max_finite)).astype(
+            np.int32
+        )
         if corners:
             codes_[rng.random(codes_.shape) < 0.05] = 0  # UE4M3 0; E8M0 2^-127
-            codes_[rng.random(codes_.shape) < 0.02] = 0xFF if params.scale_format == "e8m0" else 0x7F  # NaN
+            codes_[rng.random(codes_.shape) < 0.02] = (
+                0xFF if params.scale_format == "e8m0" else 0x7F
+            )  # NaN
         scales.append(codes_)
     if corners and length >= 2:  # the cancelling group's scale the tree's largest: it alone sets R
         scales[0][-1, 0] = 0xFE if params.scale_format == "e8m0" else 0x7E
@@ -135,13 +181,25 @@ def operands(params, rng, rows, length, columns, corners: bool, spread: int):
 
 
 def reference_bits(params, a, b, scale_a, scale_b, c, m, n):
-    value = dot_reference(params, a[m].tolist(), b[n].tolist(), scale_a[m].tolist(), scale_b[n].tolist(), float(c[m, n]))
+    value = dot_reference(
+        params,
+        a[m].tolist(),
+        b[n].tolist(),
+        scale_a[m].tolist(),
+        scale_b[n].tolist(),
+        float(c[m, n]),
+    )
     return int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
 
 
 @settings(max_examples=50, deadline=None)
-@given(params=group_params(), shape=st.tuples(st.integers(1, 5), st.integers(1, 130), st.integers(1, 6)),
-       corners=st.integers(0, 3), spread=st.sampled_from([0, 3, 20, 60]), seed=st.integers(0, 2**32 - 1))
+@given(
+    params=group_params(),
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 130), st.integers(1, 6)),
+    corners=st.integers(0, 3),
+    spread=st.sampled_from([0, 3, 20, 60]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_group_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
     try:
         check_consistency(params, "x")
@@ -157,18 +215,31 @@ def test_group_route_equals_generic_kernel_and_fraction_twin(params, shape, corn
     fast = np.empty((rows, columns), dtype=np.uint32)
     left = groups_matmul(params, a, b, scale_a, scale_b, c, fast)
     slow = np.empty((rows, columns), dtype=np.uint32)
-    K.matmul_groups(a[None], b[None], scale_a[None], scale_b[None], c[None], *_kernel_arguments(params)[2], slow[None])
+    K.matmul_groups(
+        a[None],
+        b[None],
+        scale_a[None],
+        scale_b[None],
+        c[None],
+        *_kernel_arguments(params)[2],
+        slow[None],
+    )
     unflagged = np.ones(fast.shape, dtype=bool)
     unflagged[left] = False
     # The route's own outputs (before any generic fallback) against both.
     np.testing.assert_array_equal(fast[unflagged], slow[unflagged])
     for m, n in zip(*np.nonzero(unflagged)):
-        assert int(fast[m, n]) == reference_bits(params, a, b, scale_a, scale_b, c, m, n), (m, n, params)
+        assert int(fast[m, n]) == reference_bits(params, a, b, scale_a, scale_b, c, m, n), (
+            m,
+            n,
+            params,
+        )
     if corners and spread <= 20 and params.accumulator_format == params.output_format == "fp32":
         assert unflagged.all()  # realistic data stays on the fast path
 
 
 # --- the shipped NVFP4 unit through the public API ---------------------------------------------------
+
 
 def test_nvfp4_matmul_takes_the_route_and_recomputes_flagged_outputs():
     rng = np.random.default_rng(7)
@@ -182,7 +253,9 @@ def test_nvfp4_matmul_takes_the_route_and_recomputes_flagged_outputs():
     hw = unit("b200-nvfp4")
     params = hw.params("fp4_e2m1", "fp4_e2m1")
     out = np.empty((40, 30), dtype=np.uint32)
-    m, _ = groups_matmul(params, qa.codes, qb.codes, qa.scales.astype(np.int32), qb.scales.astype(np.int32), c, out)
+    m, _ = groups_matmul(
+        params, qa.codes, qb.codes, qa.scales.astype(np.int32), qb.scales.astype(np.int32), c, out
+    )
     assert set(m.tolist()) == {0, 5}
     fast = matmul(hw, qa, qb, c=c)
     slow = matmul(hw, qa, qb, c=c, method="kernel")
@@ -214,4 +287,6 @@ def test_edge_shapes_and_progress(shape):
     seen = []
     fast = matmul(hw, qa, qb, c=c, progress=lambda done, total: seen.append((done, total)))
     np.testing.assert_array_equal(fast.bits, matmul(hw, qa, qb, c=c, method="kernel").bits)
-    assert seen[-1] == (rows, rows) and [done for done, _ in seen] == sorted(done for done, _ in seen)
+    assert seen[-1] == (rows, rows) and [done for done, _ in seen] == sorted(
+        done for done, _ in seen
+    )

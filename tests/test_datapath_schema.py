@@ -34,12 +34,18 @@ def test_every_key_has_a_field_a_record_rule_and_both_route_declarations():
     fields = [schema.param_field(name, key) for _, name, key in schema.keys()]
     named = [field for field in fields if field is not None]
     assert len(set(named)) == len(named)  # no two keys share a params field
-    assert [f.name for f in dataclasses.fields(schema.DatapathParams)] == ["a_format", "b_format", *named]
+    assert [f.name for f in dataclasses.fields(schema.DatapathParams)] == [
+        "a_format",
+        "b_format",
+        *named,
+    ]
     record_names = schema.record_dtype().names
     assert len(set(record_names)) == len(record_names)
     for section, name, key in schema.keys():
         for route in schema.ROUTES:
-            assert callable(getattr(key, route)), f"{section}.{name} declares nothing for the {route} route"
+            assert callable(getattr(key, route)), (
+                f"{section}.{name} declares nothing for the {route} route"
+            )
 
 
 def test_the_kernel_reads_every_record_field_and_the_twin_every_param():
@@ -55,23 +61,35 @@ def test_kernel_choice_codes_follow_the_schema():
     scales = schema.SCHEMA["inputs"]["scales"].choices
     below = schema.SCHEMA["adder"]["below_window"].choices
     assert [scales.index(c) for c in ("none", "products", "block_sum")] == [
-        K.SCALES_NONE, K.SCALES_PRODUCTS, K.SCALES_BLOCK_SUM]
+        K.SCALES_NONE,
+        K.SCALES_PRODUCTS,
+        K.SCALES_BLOCK_SUM,
+    ]
     assert [below.index(c) for c in ("truncate", "floor", "nearest_even", "sticky")] == [
-        K.BELOW_TRUNCATE, K.BELOW_FLOOR, K.BELOW_NEAREST_EVEN, K.BELOW_STICKY]
+        K.BELOW_TRUNCATE,
+        K.BELOW_FLOOR,
+        K.BELOW_NEAREST_EVEN,
+        K.BELOW_STICKY,
+    ]
 
 
 def test_kernel_record_holds_each_key_as_declared():
-    params = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml").params("fp8_e4m3", "fp8_e4m3", "fp16")
+    params = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml").params(
+        "fp8_e4m3", "fp8_e4m3", "fp16"
+    )
     record = schema.kernel_record(params)[0]
     assert record["fused_terms"] == params.fused_terms == 16
     assert record["align_fraction_bits"] == params.align_fraction_bits == 25
     assert params.carry_bits is None and record["carry_bits"] == -1  # null is -1
     assert record["scales"] == K.SCALES_NONE and bool(record["c_at_end"]) is True
-    assert bool(record["accumulator_exact"]) is False and record["term_order_length"] == len(params.term_order or ())
+    assert bool(record["accumulator_exact"]) is False and record["term_order_length"] == len(
+        params.term_order or ()
+    )
     assert schema.kernel_record(params).dtype == schema.record_dtype()  # one dtype for every unit
 
 
 # --- a key added through the table reaches every consumer ------------------------------------------
+
 
 @pytest.fixture
 def add_dummy_key(monkeypatch):
@@ -79,7 +97,9 @@ def add_dummy_key(monkeypatch):
     new key is added: one table entry, with the given route declarations (none by default)."""
 
     def install(**declarations):
-        key = schema.Key("int", 0, "a dummy key for the tests", minimum=0, maximum=3, **declarations)
+        key = schema.Key(
+            "int", 0, "a dummy key for the tests", minimum=0, maximum=3, **declarations
+        )
         table = {**schema.SCHEMA, "adder": {**schema.SCHEMA["adder"], "dummy_bits": key}}
         monkeypatch.setattr(schema, "SCHEMA", table)
         monkeypatch.setattr(schema, "DatapathParams", schema.params_class(table))
@@ -97,7 +117,10 @@ def test_a_new_key_is_validated_and_reaches_the_params(add_dummy_key):
     add_dummy_key()
     assert parse_hwconfig(MINIMAL).params("fp8_e4m3", "fp8_e4m3").dummy_bits == 0  # the default
     assert parse_hwconfig(with_adder(dummy_bits=2)).params("fp8_e4m3", "fp8_e4m3").dummy_bits == 2
-    for value, message in ((7, "expected an integer 0..3, got 7"), ("2", "expected an integer, got '2'")):
+    for value, message in (
+        (7, "expected an integer 0..3, got 7"),
+        ("2", "expected an integer, got '2'"),
+    ):
         with pytest.raises(ConfigError) as caught:
             parse_hwconfig(with_adder(dummy_bits=value), "cfg.yaml")
         assert str(caught.value) == f"cfg.yaml: adder.dummy_bits: {message}"
@@ -105,15 +128,28 @@ def test_a_new_key_is_validated_and_reaches_the_params(add_dummy_key):
         parse_hwconfig(with_adder(dummy_bit=1), "cfg.yaml")
     data = {**MINIMAL, "overrides": [{"out_format": "fp16", "adder": {"dummy_bits": 3}}]}
     config = parse_hwconfig(data)
-    assert [config.params("fp8_e4m3", "fp8_e4m3", out).dummy_bits for out in ("fp32", "fp16")] == [0, 3]
-    assert vary_hwconfig(config, {"adder.dummy_bits": 1}, "x").params("fp8_e4m3", "fp8_e4m3", "fp16").dummy_bits == 1
+    assert [config.params("fp8_e4m3", "fp8_e4m3", out).dummy_bits for out in ("fp32", "fp16")] == [
+        0,
+        3,
+    ]
+    assert (
+        vary_hwconfig(config, {"adder.dummy_bits": 1}, "x")
+        .params("fp8_e4m3", "fp8_e4m3", "fp16")
+        .dummy_bits
+        == 1
+    )
 
 
 def test_a_new_key_reaches_the_docs_tables(add_dummy_key):
     add_dummy_key()
-    assert "| `dummy_bits` | int | `0` | 0..3 | a dummy key for the tests |" in schema.schema_markdown()
+    assert (
+        "| `dummy_bits` | int | `0` | 0..3 | a dummy key for the tests |"
+        in schema.schema_markdown()
+    )
     text = HWCONFIG_DOCS.read_text()
-    assert schema.docs_with_schema(text) != text  # the docs test would ask for the regenerated tables
+    assert (
+        schema.docs_with_schema(text) != text
+    )  # the docs test would ask for the regenerated tables
 
 
 def test_a_new_key_reaches_the_kernel_record(add_dummy_key):
@@ -151,26 +187,40 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
     assert not window_applies(h100.params("fp8_e4m3", "fp8_e4m3"))
 
 
-@pytest.mark.parametrize("route, unit, changes", [
-    ("blas", "ocp-exact", {"adder.align_fraction_bits": 20}),
-    ("blas", "ocp-exact", {"accumulator.rounding": "toward_zero"}),
-    ("blas", "ocp-exact", {"output.format": "bf16"}),
-    ("blas", "ocp-exact", {"inputs.subnormals": False}),
-    ("blas", "kulisch", {"output.rounding": "toward_zero"}),
-    ("window", "h100-fp8", {"adder.below_window": "sticky"}),
-    ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
-    ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
-    ("blas", "ocp-exact", {"output.zero_sign": "exact_positive"}),
-    ("blas", "ocp-exact", {"adder.structure": "pairwise_rounded"}),
-    ("window", "h100-wgmma", {"adder.structure": "pairwise_rounded"}),
-    ("blas", "ocp-exact", {"inputs.zero_sign": "positive"}),
-    ("window", "h100-fp8", {"inputs.zero_sign": "positive"}),
-    ("blas", "ocp-exact", {"multiplier.overflow_exponent": 128}),
-    ("window", "h100-fp8", {"multiplier.overflow_exponent": 128}),
-    ("window", "h100-wgmma", {"adder.parity_windows": True, "adder.accumulator_in_tree": False}),
-    ("window", "h100-wgmma", {"adder.second_alignment_bits": 31, "adder.accumulator_in_tree": False,
-                            "adder.sum_significant_bits": None}),
-])
+@pytest.mark.parametrize(
+    "route, unit, changes",
+    [
+        ("blas", "ocp-exact", {"adder.align_fraction_bits": 20}),
+        ("blas", "ocp-exact", {"accumulator.rounding": "toward_zero"}),
+        ("blas", "ocp-exact", {"output.format": "bf16"}),
+        ("blas", "ocp-exact", {"inputs.subnormals": False}),
+        ("blas", "kulisch", {"output.rounding": "toward_zero"}),
+        ("window", "h100-fp8", {"adder.below_window": "sticky"}),
+        ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
+        ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
+        ("blas", "ocp-exact", {"output.zero_sign": "exact_positive"}),
+        ("blas", "ocp-exact", {"adder.structure": "pairwise_rounded"}),
+        ("window", "h100-wgmma", {"adder.structure": "pairwise_rounded"}),
+        ("blas", "ocp-exact", {"inputs.zero_sign": "positive"}),
+        ("window", "h100-fp8", {"inputs.zero_sign": "positive"}),
+        ("blas", "ocp-exact", {"multiplier.overflow_exponent": 128}),
+        ("window", "h100-fp8", {"multiplier.overflow_exponent": 128}),
+        (
+            "window",
+            "h100-wgmma",
+            {"adder.parity_windows": True, "adder.accumulator_in_tree": False},
+        ),
+        (
+            "window",
+            "h100-wgmma",
+            {
+                "adder.second_alignment_bits": 31,
+                "adder.accumulator_in_tree": False,
+                "adder.sum_significant_bits": None,
+            },
+        ),
+    ],
+)
 def test_route_declarations_refuse_what_the_route_does_not_compute(route, unit, changes):
     config = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
     params = config.params(config.a_formats[0], config.b_formats[0])
@@ -184,6 +234,8 @@ def test_no_route_takes_group_sums(route, unit, scale_format):
     # Not yet shown exact on either route. (The whole config, with its fp8_e5m2 pairs, would
     # be refused: their group sums need more than float64's 53 bits.)
     params = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml").params("fp8_e4m3", "fp8_e4m3")
-    varied = dataclasses.replace(params, scales="group_sum", group_terms=16, scale_format=scale_format)
+    varied = dataclasses.replace(
+        params, scales="group_sum", group_terms=16, scale_format=scale_format
+    )
     check_consistency(varied, "x")
     assert schema.route_accepts(route, params) and not schema.route_accepts(route, varied)

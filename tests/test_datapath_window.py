@@ -21,8 +21,14 @@ from mxsim.datapath.api import _kernel_arguments, _scales_for_unit, dot_with_par
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import window_applies, window_dot, window_matmul
 
-ROUNDINGS = ["nearest_even", "toward_zero", "toward_negative", "toward_positive", "nearest_away",
-             "nearest_toward_positive"]
+ROUNDINGS = [
+    "nearest_even",
+    "toward_zero",
+    "toward_negative",
+    "toward_positive",
+    "nearest_away",
+    "nearest_toward_positive",
+]
 ELEMENTS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]
 ORACLES = REPO / "tests" / "data" / "gpu-fp8"
 
@@ -37,52 +43,64 @@ def h100(**changes) -> DatapathParams:
 
 # --- which units take the route --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "ada-fp8", "h200-fp8"])
-@pytest.mark.parametrize("formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3", "fp8_e5m2")])
+@pytest.mark.parametrize(
+    "formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3", "fp8_e5m2")]
+)
 def test_gpu_fp8_units_take_the_route_for_fp32_outputs(name, formats):
     assert window_applies(unit(name).params(*formats))
 
 
 @pytest.mark.parametrize("name", ["b200-tcgen05-mxf8f6f4", "rtx50-mma-mxf8f6f4"])
-@pytest.mark.parametrize("formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp6_e2m3"), ("fp4_e2m1", "fp8_e4m3")])
+@pytest.mark.parametrize(
+    "formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp6_e2m3"), ("fp4_e2m1", "fp8_e4m3")]
+)
 def test_block_scaled_units_with_a_zero_term_exponent_take_the_route(name, formats):
     # Per-product E8M0 scales join every exponent sum, so the route's R is the kernel's.
     assert window_applies(unit(name).params(*formats))
 
 
-@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "mxdotp-paper", "bfp-exact", "h100-fp8-promoted"])
+@pytest.mark.parametrize(
+    "name", ["ocp-exact", "kulisch", "mxdotp-paper", "bfp-exact", "h100-fp8-promoted"]
+)
 def test_other_units_do_not(name):
     config = unit(name)
     assert not window_applies(config.params(config.a_formats[0], config.b_formats[0]))
 
 
-@pytest.mark.parametrize("changes", [
-    {"term_order": tuple(range(32))},  # the fp16 paths' reordered trees
-    {"below_window": "floor"}, {"below_window": "nearest_even"}, {"below_window": "sticky"},
-    {"carry_bits": 4},
-    {"product_fraction_bits": 10},
-    {"align_reference": "leading_bit"},
-    {"align_fraction_bits": None, "sum_significant_bits": None},
-    {"align_fraction_bits": 30},  # truncated terms would not fit an int32
-    {"promotion_interval": 128},
-    {"c_entry": "end"},
-    {"sum_rounding": "stochastic"},
-    {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
-    {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
-    # block_sum: the kernel compares the zero-term exponent with R before the tree's scale
-    {"scales": "block_sum", "accumulator_in_tree": False},
-    {"a_format": "fp32"},  # products wider than float32's significand
-    # group-scaled sums and scales that are not powers of two: not yet shown exact on this route
-    {"scales": "group_sum", "block_size": 32, "group_terms": 16},
-    {"scales": "group_sum", "block_size": 16, "group_terms": 16, "scale_format": "ue4m3"},
-    # matrix-core adders (AMD CDNA): rounded pairwise adds, input zero signs, product overflow,
-    # parity windows, a second alignment with c
-    {"structure": "pairwise_rounded"},
-    {"input_zero_sign": "positive"},
-    {"product_overflow_exponent": 128},
-    {"parity_windows": True, "accumulator_in_tree": False},
-    {"second_alignment_bits": 31, "accumulator_in_tree": False, "sum_significant_bits": None},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"term_order": tuple(range(32))},  # the fp16 paths' reordered trees
+        {"below_window": "floor"},
+        {"below_window": "nearest_even"},
+        {"below_window": "sticky"},
+        {"carry_bits": 4},
+        {"product_fraction_bits": 10},
+        {"align_reference": "leading_bit"},
+        {"align_fraction_bits": None, "sum_significant_bits": None},
+        {"align_fraction_bits": 30},  # truncated terms would not fit an int32
+        {"promotion_interval": 128},
+        {"c_entry": "end"},
+        {"sum_rounding": "stochastic"},
+        {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
+        {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
+        # block_sum: the kernel compares the zero-term exponent with R before the tree's scale
+        {"scales": "block_sum", "accumulator_in_tree": False},
+        {"a_format": "fp32"},  # products wider than float32's significand
+        # group-scaled sums and scales that are not powers of two: not yet shown exact on this route
+        {"scales": "group_sum", "block_size": 32, "group_terms": 16},
+        {"scales": "group_sum", "block_size": 16, "group_terms": 16, "scale_format": "ue4m3"},
+        # matrix-core adders (AMD CDNA): rounded pairwise adds, input zero signs, product overflow,
+        # parity windows, a second alignment with c
+        {"structure": "pairwise_rounded"},
+        {"input_zero_sign": "positive"},
+        {"product_overflow_exponent": 128},
+        {"parity_windows": True, "accumulator_in_tree": False},
+        {"second_alignment_bits": 31, "accumulator_in_tree": False, "sum_significant_bits": None},
+    ],
+)
 def test_features_the_kernels_do_not_model_refuse_the_route(changes):
     assert window_applies(h100())
     assert not window_applies(h100(**changes))
@@ -90,12 +108,17 @@ def test_features_the_kernels_do_not_model_refuse_the_route(changes):
 
 def test_an_unknown_parameter_refuses_the_route():
     # A datapath key added later is not silently ignored: the route must be taught it first.
-    Extended = dataclasses.make_dataclass("Extended", [("new_key", int, dataclasses.field(default=0))],
-                                          bases=(DatapathParams,), frozen=True)
+    Extended = dataclasses.make_dataclass(
+        "Extended",
+        [("new_key", int, dataclasses.field(default=0))],
+        bases=(DatapathParams,),
+        frozen=True,
+    )
     assert not window_applies(Extended(**h100().__dict__))
 
 
 # --- random units of the family, realistic inputs ------------------------------------------------
+
 
 @st.composite
 def window_params(draw) -> DatapathParams:
@@ -103,27 +126,51 @@ def window_params(draw) -> DatapathParams:
     scales = draw(st.sampled_from(["none", "products", "block_sum"]))
     in_tree = False if scales == "block_sum" else draw(st.booleans())
     return DatapathParams(
-        a_format=draw(st.sampled_from(ELEMENTS)), b_format=draw(st.sampled_from(ELEMENTS)), same_format=False,
+        a_format=draw(st.sampled_from(ELEMENTS)),
+        b_format=draw(st.sampled_from(ELEMENTS)),
+        same_format=False,
         trees_in_blocks=draw(st.booleans()),  # the same trees: fused_terms divides block_size
-        grid_fraction_bits=None, grid_max_left_shift=70, grid_max_right_shift=24,
-        block_size=fused * draw(st.integers(1, 3)), scales=scales, input_subnormals=draw(st.booleans()), c_format="fp32",
-        product_fraction_bits=None, fused_terms=fused, term_order=None, accumulator_in_tree=in_tree,
-        align_reference="exponent_sum", align_fraction_bits=draw(st.integers(0, 29)), below_window="truncate",
-        carry_bits=None, adder_overflow="wrap", sum_significant_bits=draw(st.one_of(st.none(), st.integers(1, 30))),
+        grid_fraction_bits=None,
+        grid_max_left_shift=70,
+        grid_max_right_shift=24,
+        block_size=fused * draw(st.integers(1, 3)),
+        scales=scales,
+        input_subnormals=draw(st.booleans()),
+        c_format="fp32",
+        product_fraction_bits=None,
+        fused_terms=fused,
+        term_order=None,
+        accumulator_in_tree=in_tree,
+        align_reference="exponent_sum",
+        align_fraction_bits=draw(st.integers(0, 29)),
+        below_window="truncate",
+        carry_bits=None,
+        adder_overflow="wrap",
+        sum_significant_bits=draw(st.one_of(st.none(), st.integers(1, 30))),
         sum_rounding=draw(st.sampled_from(ROUNDINGS)),
         accumulator_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
-        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)), accumulator_subnormals=draw(st.booleans()),
-        c_entry="initial", c_add_rounding="nearest_even", promotion_interval=None,
+        accumulator_rounding=draw(st.sampled_from(ROUNDINGS)),
+        accumulator_subnormals=draw(st.booleans()),
+        c_entry="initial",
+        c_add_rounding="nearest_even",
+        promotion_interval=None,
         output_format=draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"])),
-        output_rounding=draw(st.sampled_from(ROUNDINGS)), output_subnormals=draw(st.booleans()),
+        output_rounding=draw(st.sampled_from(ROUNDINGS)),
+        output_subnormals=draw(st.booleans()),
         # MMA-Sim's conventions: the route takes them where it is exact (datapath.schema).
         accumulator_exponent=draw(st.sampled_from(["leading_bit", "format_emin"])),
         zero_term_exponent=draw(st.sampled_from([None, None, -133, -60, -21])),
         accumulator_overflow=draw(st.sampled_from(["ieee", "infinity"])),
         output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
-        scale_format="e8m0", group_terms=16,
-        structure="fused", input_zero_sign="keep", product_overflow_exponent=None, parity_windows=False,
-        second_alignment_bits=None, far_accumulator="floor", special_accumulator_exponent=None,
+        scale_format="e8m0",
+        group_terms=16,
+        structure="fused",
+        input_zero_sign="keep",
+        product_overflow_exponent=None,
+        parity_windows=False,
+        second_alignment_bits=None,
+        far_accumulator="floor",
+        special_accumulator_exponent=None,
     )
 
 
@@ -150,9 +197,14 @@ def operands(params, rng, rows, length, columns, corners: bool, spread: float):
 
 def reference_bits(params, qa, qb, c, m, n):
     # The codes as the kernels see them: K zero-padded to whole blocks.
-    value = dot_reference(params, qa.codes[m].tolist(), qb.codes[n].tolist(),
-                          qa.scales[m].tolist() if params.scales != "none" else None,
-                          qb.scales[n].tolist() if params.scales != "none" else None, float(c[m, n]))
+    value = dot_reference(
+        params,
+        qa.codes[m].tolist(),
+        qb.codes[n].tolist(),
+        qa.scales[m].tolist() if params.scales != "none" else None,
+        qb.scales[n].tolist() if params.scales != "none" else None,
+        float(c[m, n]),
+    )
     return int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
 
 
@@ -160,8 +212,16 @@ def gemm(params, qa, qb, c, method):
     a_codes = qa.codes.reshape(qa.shape[0], -1)
     b_codes = qb.codes.reshape(qb.shape[1], -1)
     scales_a, scales_b = _scales_for_unit(qa.scales, params), _scales_for_unit(qb.scales, params)
-    out = np.empty((a_codes.shape[0], b_codes.shape[0]), dtype=np.uint32)  # the API's one kernel signature
-    tile = (a_codes[None], b_codes[None], scales_a[None], scales_b[None], c[None])  # a batch of one GEMM
+    out = np.empty(
+        (a_codes.shape[0], b_codes.shape[0]), dtype=np.uint32
+    )  # the API's one kernel signature
+    tile = (
+        a_codes[None],
+        b_codes[None],
+        scales_a[None],
+        scales_b[None],
+        c[None],
+    )  # a batch of one GEMM
     if method == "window":
         _, *left = window_matmul(params, *tile, out[None])
         return out, tuple(left)
@@ -170,8 +230,13 @@ def gemm(params, qa, qb, c, method):
 
 
 @settings(max_examples=60, deadline=None)
-@given(params=window_params(), shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
-       corners=st.integers(0, 3), spread=st.sampled_from([0, 4, 20, 60]), seed=st.integers(0, 2**32 - 1))
+@given(
+    params=window_params(),
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
+    corners=st.integers(0, 3),
+    spread=st.sampled_from([0, 4, 20, 60]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
     assume(window_applies(params))  # every pair of ELEMENTS fits; kept as a guard
     rng = np.random.default_rng(seed)
@@ -198,12 +263,19 @@ def row_dot_bits(params, qa, qb, c):
     """Every (m, n) output as one row-wise dot through the public ``dot`` (the pairs kernel)."""
     m, n = (index.ravel() for index in np.indices(c.shape))
     scaled = params.scales != "none"
-    out = dot_with_params(params, qa.codes[m], qb.codes[n], scale_a=qa.scales[m] if scaled else None,
-                          scale_b=qb.scales[n] if scaled else None, c=c[m, n])
+    out = dot_with_params(
+        params,
+        qa.codes[m],
+        qb.codes[n],
+        scale_a=qa.scales[m] if scaled else None,
+        scale_b=qb.scales[n] if scaled else None,
+        c=c[m, n],
+    )
     return out.reshape(c.shape)
 
 
 # --- the shipped GPU units on real GPU data and at GEMM scale --------------------------------------
+
 
 @pytest.mark.parametrize("gpu", ["H100", "B200"])
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
@@ -229,8 +301,15 @@ def test_gpu_data_through_the_window_kernels(gpu, fmt):
         c_grid = np.zeros((size, size), dtype=np.float32)
         np.fill_diagonal(c_grid, c[rows])
         grid = np.empty((size, size), dtype=np.uint32)
-        _, *flagged = window_matmul(params, a[rows][None], b[rows][None], zeros[rows][None], zeros[rows][None],
-                                    c_grid[None], grid[None])
+        _, *flagged = window_matmul(
+            params,
+            a[rows][None],
+            b[rows][None],
+            zeros[rows][None],
+            zeros[rows][None],
+            c_grid[None],
+            grid[None],
+        )
         diagonal = np.ones(size, dtype=bool)
         diagonal[flagged[0][flagged[0] == flagged[1]]] = False
         np.testing.assert_array_equal(np.diag(grid)[diagonal], data["d_fp32"][rows][diagonal])
@@ -269,11 +348,13 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     params = unit(name).params("fp8_e4m3", "fp8_e4m3")
     _, left = gemm(params, qa, qb, c, "window")
     assert 0 < left[0].size < c.size
-    np.testing.assert_array_equal(matmul(unit(name), qa, qb, c=c).bits,
-                                  matmul(unit(name), qa, qb, c=c, method="kernel").bits)
+    np.testing.assert_array_equal(
+        matmul(unit(name), qa, qb, c=c).bits, matmul(unit(name), qa, qb, c=c, method="kernel").bits
+    )
 
 
 # --- the kernels' rounding against plain integer arithmetic --------------------------------------
+
 
 def rounded_reference(value: float, precision: int, mode: str) -> float:
     """``value`` rounded to ``precision`` significant bits, from its integer significand.
@@ -308,10 +389,18 @@ def test_round_bits_equals_integer_rounding(mode):
         significands = [int(s) for s in rng.integers(2**52, 2**53, 40)]
         for kept in rng.integers(2 ** (precision - 1), 2**precision, 10).tolist():
             base = int(kept) << cut
-            significands += [base, base + (1 << (cut - 1)), base + (1 << (cut - 1)) - 1, base + (1 << (cut - 1)) + 1,
-                             base + (1 << cut) - 1]
+            significands += [
+                base,
+                base + (1 << (cut - 1)),
+                base + (1 << (cut - 1)) - 1,
+                base + (1 << (cut - 1)) + 1,
+                base + (1 << cut) - 1,
+            ]
         for significand in significands:
             for sign in (1.0, -1.0):
                 value = sign * math.ldexp(significand, int(rng.integers(-60, 60)))
-                assert W.round_bits(value, rule) == rounded_reference(value, precision, mode), (value, precision)
+                assert W.round_bits(value, rule) == rounded_reference(value, precision, mode), (
+                    value,
+                    precision,
+                )
     assert W.round_bits(0.0, W.rounding_rule(24, code)) == 0.0

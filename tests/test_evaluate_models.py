@@ -12,8 +12,19 @@ import pytest
 
 from conftest import REPO, require_module
 from mxsim.errors import ArgumentError, InputFileError, MxsimError
-from mxsim.evaluate.models import (MAX_INPUT_BYTES, MAX_INPUTS, check_model_dir, check_task, load_factory, load_hf,
-                                   minilm_model_dir, parse_inputs, read_inputs, read_pooling, tokenize)
+from mxsim.evaluate.models import (
+    MAX_INPUT_BYTES,
+    MAX_INPUTS,
+    check_model_dir,
+    check_task,
+    load_factory,
+    load_hf,
+    minilm_model_dir,
+    parse_inputs,
+    read_inputs,
+    read_pooling,
+    tokenize,
+)
 from mxsim.evaluate.metrics import pool
 
 SENTENCES = REPO / "examples/minilm/sentences.txt"
@@ -21,17 +32,23 @@ SENTENCES = REPO / "examples/minilm/sentences.txt"
 
 def test_inputs_are_non_blank_lines_with_optional_labels():
     got = parse_inputs(["a b\n", "   \n", "c\td\r\n"], "embedding", "x")
-    assert got.texts == ["a b", "c\td"] and got.labels == [None, None]  # a tab is text outside classification
+    assert got.texts == ["a b", "c\td"] and got.labels == [
+        None,
+        None,
+    ]  # a tab is text outside classification
     got = parse_inputs(["pos\tgood", "0\tbad"], "classification", "x")
     assert got.texts == ["good", "bad"] and got.labels == ["pos", "0"]
     assert len(read_inputs(SENTENCES, "embedding").texts) == 24
 
 
-@pytest.mark.parametrize("lines, message", [
-    (["", "  "], "no inputs (every line is blank)"),
-    (["pos\ta", "b"], "some lines have a LABEL<TAB> prefix and some not"),
-    (["x"] * (MAX_INPUTS + 1), f"at most {MAX_INPUTS} are taken"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["", "  "], "no inputs (every line is blank)"),
+        (["pos\ta", "b"], "some lines have a LABEL<TAB> prefix and some not"),
+        (["x"] * (MAX_INPUTS + 1), f"at most {MAX_INPUTS} are taken"),
+    ],
+)
 def test_bad_inputs_are_refused(lines, message):
     with pytest.raises(InputFileError, match=re.escape(message)):
         parse_inputs(lines, "classification", "x")
@@ -41,22 +58,35 @@ def test_bad_input_files_are_refused(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
     (tmp_path / "big.txt").write_text("a\n" * (MAX_INPUT_BYTES // 2 + 1))
-    for name, message in [("empty.txt", "no inputs"), ("latin1.txt", "not UTF-8"), ("big.txt", "limited to"),
-                          ("missing.txt", "no such file"), ("", "no such file")]:
+    for name, message in [
+        ("empty.txt", "no inputs"),
+        ("latin1.txt", "not UTF-8"),
+        ("big.txt", "limited to"),
+        ("missing.txt", "no such file"),
+        ("", "no such file"),
+    ]:
         with pytest.raises(InputFileError, match=message):
             read_inputs(tmp_path / name, "embedding")
     with pytest.raises(ArgumentError, match="expected a file path or a list of strings"):
         read_inputs(["a", 3], "embedding")
-    with pytest.raises(ArgumentError, match="unknown task 'ner'; accepted: embedding, causal-lm, classification"):
+    with pytest.raises(
+        ArgumentError, match="unknown task 'ner'; accepted: embedding, causal-lm, classification"
+    ):
         check_task("ner")
 
 
 def _pooling_dir(path, config, modules=None):
     path.mkdir()
-    (path / "modules.json").write_text(json.dumps(modules or [
-        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (path / "modules.json").write_text(
+        json.dumps(
+            modules
+            or [
+                {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
     (path / "1_Pooling").mkdir()
     (path / "1_Pooling/config.json").write_text(json.dumps(config))
     return path
@@ -64,16 +94,35 @@ def _pooling_dir(path, config, modules=None):
 
 def test_pooling_is_read_and_unimplemented_ones_refused(tmp_path):
     assert read_pooling(tmp_path) == "mean"  # no sentence-transformers files: mean pooling
-    assert read_pooling(_pooling_dir(tmp_path / "mean", {"pooling_mode_mean_tokens": True,
-                                                         "pooling_mode_cls_token": False})) == "mean"
+    assert (
+        read_pooling(
+            _pooling_dir(
+                tmp_path / "mean",
+                {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False},
+            )
+        )
+        == "mean"
+    )
     assert read_pooling(_pooling_dir(tmp_path / "cls", {"pooling_mode_cls_token": True})) == "cls"
-    with pytest.raises(MxsimError, match="pooling mean_sqrt_len is not implemented; implemented: one of mean, cls"):
+    with pytest.raises(
+        MxsimError, match="pooling mean_sqrt_len is not implemented; implemented: one of mean, cls"
+    ):
         read_pooling(_pooling_dir(tmp_path / "sqrt", {"pooling_mode_mean_sqrt_len_tokens": True}))
     with pytest.raises(MxsimError, match="pooling mean \\+ max is not implemented"):
-        read_pooling(_pooling_dir(tmp_path / "two", {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}))
+        read_pooling(
+            _pooling_dir(
+                tmp_path / "two",
+                {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True},
+            )
+        )
     with pytest.raises(MxsimError, match="module 'Dense' is not implemented"):
-        read_pooling(_pooling_dir(tmp_path / "dense", {"pooling_mode_mean_tokens": True},
-                                  [{"path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
+        read_pooling(
+            _pooling_dir(
+                tmp_path / "dense",
+                {"pooling_mode_mean_tokens": True},
+                [{"path": "2_Dense", "type": "sentence_transformers.models.Dense"}],
+            )
+        )
     bad = _pooling_dir(tmp_path / "bad", {})
     (bad / "1_Pooling/config.json").write_text("{not json")
     with pytest.raises(InputFileError, match="the pooling config is not valid JSON"):
@@ -83,7 +132,9 @@ def test_pooling_is_read_and_unimplemented_ones_refused(tmp_path):
 def test_a_model_directory_needs_a_config_object(tmp_path):
     with pytest.raises(InputFileError, match="not a model directory"):
         check_model_dir(tmp_path / "missing")
-    with pytest.raises(InputFileError, match="no config.json; expected a Hugging Face model directory"):
+    with pytest.raises(
+        InputFileError, match="no config.json; expected a Hugging Face model directory"
+    ):
         check_model_dir(tmp_path)
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(InputFileError, match="config.json: expected a JSON object"):
@@ -99,11 +150,13 @@ def test_a_model_directory_needs_a_config_object(tmp_path):
 def test_missing_transformers_is_one_error(monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(MxsimError, match=r"transformers is not installed .* pip install 'mxsim\[models\]'"):
+    with pytest.raises(
+        MxsimError, match=r"transformers is not installed .* pip install 'mxsim\[models\]'"
+    ):
         load_hf(tmp_path, "embedding")
 
 
-FACTORY = '''
+FACTORY = """
 import torch
 
 def model_and_inputs():
@@ -117,18 +170,21 @@ def broken():
 
 def not_a_model():
     return 42
-'''
+"""
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("nomodule", "expected a Hugging Face model directory or module:factory"),
-    ("a b:c", "expected a Hugging Face model directory or module:factory"),
-    ("mxsim_no_such_module:f", "cannot import mxsim_no_such_module: ModuleNotFoundError"),
-    ("evaluate_factory_syntax:f", "cannot import evaluate_factory_syntax: SyntaxError"),
-    ("evaluate_factory:missing", "evaluate_factory has no callable missing"),
-    ("evaluate_factory:broken", "the factory raised ValueError: no weights here"),
-    ("evaluate_factory:not_a_model", "the factory returned int; expected an nn.Module"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nomodule", "expected a Hugging Face model directory or module:factory"),
+        ("a b:c", "expected a Hugging Face model directory or module:factory"),
+        ("mxsim_no_such_module:f", "cannot import mxsim_no_such_module: ModuleNotFoundError"),
+        ("evaluate_factory_syntax:f", "cannot import evaluate_factory_syntax: SyntaxError"),
+        ("evaluate_factory:missing", "evaluate_factory has no callable missing"),
+        ("evaluate_factory:broken", "the factory raised ValueError: no weights here"),
+        ("evaluate_factory:not_a_model", "the factory returned int; expected an nn.Module"),
+    ],
+)
 def test_bad_factories_are_refused(torch, tmp_path, monkeypatch, spec, message):
     (tmp_path / "evaluate_factory.py").write_text(FACTORY)
     (tmp_path / "evaluate_factory_syntax.py").write_text("def f(:\n")
@@ -146,7 +202,9 @@ def test_a_factory_gives_a_model_and_maybe_inputs(torch, tmp_path, monkeypatch):
     assert isinstance(model, torch.nn.Sequential) and example.shape == (2, 4)
     model, example = load_factory("evaluate_factory:model_only")
     assert isinstance(model, torch.nn.Linear) and example is None
-    assert str(tmp_path) not in sys.path  # the current directory is on the path only while importing
+    assert (
+        str(tmp_path) not in sys.path
+    )  # the current directory is on the path only while importing
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +227,9 @@ def test_minilm_float_embeddings_match_sentence_transformers(torch, minilm_dir):
     batch = tokenize(tokenizer, texts, 128)
     with torch.no_grad():
         ours = pool(model(**batch)[0].numpy(), batch["attention_mask"].numpy(), "mean")
-    want = st.SentenceTransformer(str(minilm_dir), device="cpu", local_files_only=True).encode(texts)
+    want = st.SentenceTransformer(str(minilm_dir), device="cpu", local_files_only=True).encode(
+        texts
+    )
     ours = ours / np.linalg.norm(ours, axis=1, keepdims=True)  # the model's Normalize module
     assert np.abs(ours - want).max() < 1e-5
 
@@ -202,40 +262,90 @@ def tiny_classifier(tmp_path_factory):
 
 
 HOSTILE_DIRS = {
-    "auto_map": ({"edit": lambda c: c.update(auto_map={"AutoModelForSequenceClassification": "evil.Model"}),
-                  "files": {"evil.py": "open('PWNED', 'w').close()\n"}}, "config.json: auto_map names code"),
-    "tokenizer auto_map": ({"files": {"tokenizer_config.json": json.dumps({"auto_map": {"AutoTokenizer": ["evil.T", None]}})}},
-                           "tokenizer_config.json: auto_map names code"),
+    "auto_map": (
+        {
+            "edit": lambda c: c.update(
+                auto_map={"AutoModelForSequenceClassification": "evil.Model"}
+            ),
+            "files": {"evil.py": "open('PWNED', 'w').close()\n"},
+        },
+        "config.json: auto_map names code",
+    ),
+    "tokenizer auto_map": (
+        {
+            "files": {
+                "tokenizer_config.json": json.dumps(
+                    {"auto_map": {"AutoTokenizer": ["evil.T", None]}}
+                )
+            }
+        },
+        "tokenizer_config.json: auto_map names code",
+    ),
     "no tokenizer": ({"remove": ("tokenizer.json",)}, "no tokenizer files"),
-    "garbled tokenizer": ({"files": {"tokenizer.json": "{garbage"}}, "cannot load the tokenizer (tokenizer.json)"),
-    "size as a string": ({"edit": lambda c: c.update(hidden_size="32")}, "hidden_size must be a positive integer"),
+    "garbled tokenizer": (
+        {"files": {"tokenizer.json": "{garbage"}},
+        "cannot load the tokenizer (tokenizer.json)",
+    ),
+    "size as a string": (
+        {"edit": lambda c: c.update(hidden_size="32")},
+        "hidden_size must be a positive integer",
+    ),
     "dtype": ({"edit": lambda c: c.update(dtype="garbage")}, "dtype must be one of"),
-    "torch_dtype": ({"edit": lambda c: c.update(torch_dtype="garbage")}, "torch_dtype must be one of"),
-    "pad past the vocabulary": ({"edit": lambda c: c.update(pad_token_id=1000)}, "pad_token_id must be a token id"),
+    "torch_dtype": (
+        {"edit": lambda c: c.update(torch_dtype="garbage")},
+        "torch_dtype must be one of",
+    ),
+    "pad past the vocabulary": (
+        {"edit": lambda c: c.update(pad_token_id=1000)},
+        "pad_token_id must be a token id",
+    ),
     "id2label": ({"edit": lambda c: c.update(id2label=["neg"] * 9000)}, "id2label must map"),
-    "bitsandbytes": ({"edit": lambda c: c.update(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True})},
-                     "cannot load the classification model"),
-    "empty weights": ({"files": {"model.safetensors": b""}}, "model.safetensors: unreadable safetensors weights"),
-    "garbled weights": ({"files": {"model.safetensors": bytes(range(256)) * 8}}, "unreadable safetensors weights"),
+    "bitsandbytes": (
+        {
+            "edit": lambda c: c.update(
+                quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}
+            )
+        },
+        "cannot load the classification model",
+    ),
+    "empty weights": (
+        {"files": {"model.safetensors": b""}},
+        "model.safetensors: unreadable safetensors weights",
+    ),
+    "garbled weights": (
+        {"files": {"model.safetensors": bytes(range(256)) * 8}},
+        "unreadable safetensors weights",
+    ),
     "no weights": ({"remove": ("model.safetensors",)}, "no weights"),
-    "heads": ({"edit": lambda c: c.update(num_attention_heads=5)}, "cannot load the classification model"),
+    "heads": (
+        {"edit": lambda c: c.update(num_attention_heads=5)},
+        "cannot load the classification model",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(HOSTILE_DIRS))
-def test_hostile_model_directories_are_one_line_errors_naming_the_file(tmp_path, tiny_classifier, monkeypatch, case):
+def test_hostile_model_directories_are_one_line_errors_naming_the_file(
+    tmp_path, tiny_classifier, monkeypatch, case
+):
     changes, message = HOSTILE_DIRS[case]
     path = _hostile_dir(tmp_path, tiny_classifier, "model", **changes)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MxsimError, match=re.escape(message)) as caught:
         load_hf(path, "classification")
-    assert "\n" not in str(caught.value) and len(str(caught.value)) < 600 and str(path) in str(caught.value)
+    assert (
+        "\n" not in str(caught.value)
+        and len(str(caught.value)) < 600
+        and str(path) in str(caught.value)
+    )
     assert not (tmp_path / "PWNED").exists()
 
 
 def test_truncated_weights_are_refused(tmp_path, tiny_classifier):
     data = (tiny_classifier / "model.safetensors").read_bytes()
-    path = _hostile_dir(tmp_path, tiny_classifier, "model", files={"model.safetensors": data[: len(data) // 2]})
+    path = _hostile_dir(
+        tmp_path, tiny_classifier, "model", files={"model.safetensors": data[: len(data) // 2]}
+    )
     with pytest.raises(MxsimError, match="unreadable safetensors weights"):
         load_hf(path, "classification")
 
@@ -249,7 +359,9 @@ def test_a_pickled_checkpoint_is_refused_and_never_run(tmp_path, tiny_classifier
 
     path = _hostile_dir(tmp_path, tiny_classifier, "model", remove=("model.safetensors",))
     torch.save({"weight": Evil()}, path / "pytorch_model.bin")
-    with pytest.raises(MxsimError, match="pytorch_model.bin: not a weights-only torch checkpoint") as caught:
+    with pytest.raises(
+        MxsimError, match="pytorch_model.bin: not a weights-only torch checkpoint"
+    ) as caught:
         load_hf(path, "classification")
     assert "\n" not in str(caught.value) and not (tmp_path / "PWNED").exists()
 
@@ -285,7 +397,9 @@ def test_token_ids_past_the_vocabulary_and_lengths_past_the_positions(tmp_path, 
     torch = require_module("torch", "torch")
     tokenizer_json = json.loads((tiny_classifier / "tokenizer.json").read_text())
     tokenizer_json["model"]["vocab"]["cat"] = 100  # the model embeds 64 tokens
-    path = _hostile_dir(tmp_path, tiny_classifier, "model", files={"tokenizer.json": json.dumps(tokenizer_json)})
+    path = _hostile_dir(
+        tmp_path, tiny_classifier, "model", files={"tokenizer.json": json.dumps(tokenizer_json)}
+    )
     model, tokenizer = load_hf(path, "classification")
     with pytest.raises(MxsimError, match="token id 100 but the model embeds 64"):
         tokenize(tokenizer, ["the cat"], 16, model)

@@ -42,23 +42,39 @@ def classifier(torch, onnx, pil, tmp_path_factory):
     x, labels = data.batch(0, data.count), data.labels
     nn = torch.nn
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 8))
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 8),
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # threads only contend at this size
     try:
         for _ in range(15):
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(labels)).backward()
+            nn.functional.cross_entropy(
+                model(torch.from_numpy(x)), torch.from_numpy(labels)
+            ).backward()
             optimizer.step()
     finally:
         torch.set_num_threads(threads)
     folder = tmp_path_factory.mktemp("classifier")
     float_path, quark_path = folder / "float.onnx", folder / "mxfp8.onnx"
-    torch.onnx.export(model.eval(), (torch.from_numpy(x[:2]),), str(float_path), input_names=["images"],
-                      output_names=["logits"], dynamic_axes={"images": {0: "n"}, "logits": {0: "n"}}, dynamo=False,
-                      opset_version=17)
+    torch.onnx.export(
+        model.eval(),
+        (torch.from_numpy(x[:2]),),
+        str(float_path),
+        input_names=["images"],
+        output_names=["logits"],
+        dynamic_axes={"images": {0: "n"}, "logits": {0: "n"}},
+        dynamo=False,
+        opset_version=17,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -69,7 +85,8 @@ def classifier(torch, onnx, pil, tmp_path_factory):
 
     with contextlib.chdir(folder):  # the quantizer writes a report into the working directory
         ModelQuantizer(Config(global_quant_config=get_default_config("MXFP8E4M3"))).quantize_model(
-            str(float_path), str(quark_path), Reader())
+            str(float_path), str(quark_path), Reader()
+        )
     return float_path, quark_path, x, labels
 
 
@@ -106,12 +123,20 @@ def test_preprocessing_is_resize_centre_crop_and_imagenet_normalisation(pil):
     expected = ((centre - mean) / std).transpose(2, 0, 1)
     assert got.dtype == np.float32 and got.shape == (3, 16, 16)
     assert np.abs(got - expected).max() < 1e-5
-    resized = np.asarray(pil.fromarray(pixels).resize((15, 12), pil.BILINEAR))  # width int(12 * 30 / 24)
+    resized = np.asarray(
+        pil.fromarray(pixels).resize((15, 12), pil.BILINEAR)
+    )  # width int(12 * 30 / 24)
     got = preprocess_image(pil.fromarray(pixels), resize=12, crop=12)
-    expected = ((resized[:, 2:14].astype(np.float64) / 255 - mean) / std).transpose(2, 0, 1)  # left round(1.5)
+    expected = ((resized[:, 2:14].astype(np.float64) / 255 - mean) / std).transpose(
+        2, 0, 1
+    )  # left round(1.5)
     assert np.abs(got - expected).max() < 1e-5
-    gray = preprocess_image(pil.fromarray(pixels[..., 0]), resize=24, crop=16)  # one channel, made RGB
-    assert np.allclose(gray * std[:, None, None] + mean[:, None, None], centre[..., 0][None], atol=1e-6)
+    gray = preprocess_image(
+        pil.fromarray(pixels[..., 0]), resize=24, crop=16
+    )  # one channel, made RGB
+    assert np.allclose(
+        gray * std[:, None, None] + mean[:, None, None], centre[..., 0][None], atol=1e-6
+    )
 
 
 def test_the_image_folder_reads_classes_in_sorted_order(pil):
@@ -131,9 +156,29 @@ def evaluated(classifier, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "report.json"
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        status = main(["evaluate", "onnx", str(quark_path), "--data", str(IMAGES), "--hw", OCP, "--format",
-                       "fp8_e4m3", "--float-model", str(float_path), "--resize", str(CROP), "--crop", str(CROP),
-                       "--batch-size", "16", "--json", str(out)])
+        status = main(
+            [
+                "evaluate",
+                "onnx",
+                str(quark_path),
+                "--data",
+                str(IMAGES),
+                "--hw",
+                OCP,
+                "--format",
+                "fp8_e4m3",
+                "--float-model",
+                str(float_path),
+                "--resize",
+                str(CROP),
+                "--crop",
+                str(CROP),
+                "--batch-size",
+                "16",
+                "--json",
+                str(out),
+            ]
+        )
     return status, stdout.getvalue(), stderr.getvalue(), json.loads(out.read_text())
 
 
@@ -146,9 +191,11 @@ def test_top1_top5_of_float_runtime_and_an_exact_unit(classifier, evaluated, onn
     assert status == 0, err
     float_row, runtime_row, unit_row = report["rows"]
     float_logits = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"]).run(
-        None, {"images": x})[0]
-    quark_logits = onnx_reference_values(onnx, ort, onnx.load(str(quark_path)), ["logits"], {"images": x},
-                                         quark_ops=True)["logits"]
+        None, {"images": x}
+    )[0]
+    quark_logits = onnx_reference_values(
+        onnx, ort, onnx.load(str(quark_path)), ["logits"], {"images": x}, quark_ops=True
+    )["logits"]
     for row, logits in ((float_row, float_logits), (runtime_row, quark_logits)):
         for k in (1, 5):
             assert row[f"top{k}"] == hits_by_rank(logits, labels, k) / 40, (row["name"], k)
@@ -160,11 +207,26 @@ def test_top1_top5_of_float_runtime_and_an_exact_unit(classifier, evaluated, onn
     assert unit_row["runtime_logit_max_abs_diff"] < 0.05 * np.abs(quark_logits).max()
     assert float_row["model_size"] == onnx.load(str(float_path)).ByteSize()
     table = out.splitlines()
-    assert table[1].split() == ["DataType", "/", "Config", "Model", "Size", "Top1", "Top5", "Top1", "=", "runtime",
-                                "seconds"]
-    assert table[2].startswith("float (float.onnx)") and f"{100 * float_row['top1']:.3f} %" in table[2]
+    assert table[1].split() == [
+        "DataType",
+        "/",
+        "Config",
+        "Model",
+        "Size",
+        "Top1",
+        "Top5",
+        "Top1",
+        "=",
+        "runtime",
+        "seconds",
+    ]
+    assert (
+        table[2].startswith("float (float.onnx)") and f"{100 * float_row['top1']:.3f} %" in table[2]
+    )
     assert table[4].startswith("ocp-exact fp8_e4m3") and "100.000 %" in table[4]
-    assert "mxsim evaluate onnx: batch 3/3, 40/40 images" in err  # progress: stderr is not a terminal
+    assert (
+        "mxsim evaluate onnx: batch 3/3, 40/40 images" in err
+    )  # progress: stderr is not a terminal
 
 
 def test_npz_data_and_a_fixed_batch_axis(classifier, onnx, ort, tmp_path):
@@ -182,8 +244,9 @@ def test_npz_data_and_a_fixed_batch_axis(classifier, onnx, ort, tmp_path):
     onnx.save(fixed, str(tmp_path / "fixed.onnx"))
     report = evaluate_onnx(tmp_path / "fixed.onnx", data, OCP, "fp8_e4m3", batch_size=5)
     runtime_row, unit_row = report["rows"]
-    quark_logits = onnx_reference_values(onnx, ort, onnx.load(str(quark_path)), ["logits"], {"images": x},
-                                         quark_ops=True)["logits"]
+    quark_logits = onnx_reference_values(
+        onnx, ort, onnx.load(str(quark_path)), ["logits"], {"images": x}, quark_ops=True
+    )["logits"]
     assert report["images"] == 12 and report["classes"] is None
     for k in (1, 5):
         assert runtime_row[f"top{k}"] == hits_by_rank(quark_logits, labels, k) / 12
@@ -197,13 +260,23 @@ def test_npz_data_and_a_fixed_batch_axis(classifier, onnx, ort, tmp_path):
 def tiny(onnx, tmp_path):
     """(model path, npz path, folder path) of a Flatten + Gemm classifier with 5 classes."""
     rng = np.random.default_rng(1)
-    nodes = [onnx.helper.make_node("Flatten", ["x"], ["f"]), onnx.helper.make_node("Gemm", ["f", "w"], ["y"])]
-    model = make_onnx_model(onnx, nodes, [("x", ["n", 3, 4, 4])], ["y"],
-                            [("w", rng.standard_normal((48, 5)).astype(np.float32))])
+    nodes = [
+        onnx.helper.make_node("Flatten", ["x"], ["f"]),
+        onnx.helper.make_node("Gemm", ["f", "w"], ["y"]),
+    ]
+    model = make_onnx_model(
+        onnx,
+        nodes,
+        [("x", ["n", 3, 4, 4])],
+        ["y"],
+        [("w", rng.standard_normal((48, 5)).astype(np.float32))],
+    )
     path = tmp_path / "tiny.onnx"
     onnx.save(model, str(path))
     data = tmp_path / "data.npz"
-    np.savez(data, inputs=rng.standard_normal((6, 3, 4, 4)).astype(np.float32), labels=np.arange(6) % 5)
+    np.savez(
+        data, inputs=rng.standard_normal((6, 3, 4, 4)).astype(np.float32), labels=np.arange(6) % 5
+    )
     return path, data
 
 
@@ -215,7 +288,9 @@ def run_cli(capsys, *argv):
 
 def test_tiny_classifier_runs_from_an_npz(tiny, capsys, tmp_path):
     path, data = tiny
-    status, out, _ = run_cli(capsys, "evaluate", "onnx", str(path), "--data", str(data), "--hw", OCP, "--quiet")
+    status, out, _ = run_cli(
+        capsys, "evaluate", "onnx", str(path), "--data", str(data), "--hw", OCP, "--quiet"
+    )
     assert status == 0 and "ocp-exact fp8_e4m3" in out  # the unit's first format by default
     assert "runtime (tiny.onnx)" in out and "float" not in out
 
@@ -243,13 +318,32 @@ HOSTILE = [
     (lambda t, d: [t, "--data", "{tmp}/garbled.npz"], "not a readable NPZ"),
     (lambda t, d: ["{tmp}/conv.onnx", "--data", d], "has shape (6, 2, 2, 2) for 6 images"),
     (lambda t, d: ["{tmp}/twoinputs.onnx", "--data", d], "2 graph inputs"),
-    (lambda t, d: [t, "--data", d, "--float-model", "{tmp}/junk.onnx"], "not a readable ONNX model"),
+    (
+        lambda t, d: [t, "--data", d, "--float-model", "{tmp}/junk.onnx"],
+        "not a readable ONNX model",
+    ),
     (lambda t, d: [t, "--data", d, "--hw", "{tmp}/nohw.yaml"], "nohw.yaml"),
     (lambda t, d: [t, "--data", d, "--format", "fp8_e9m9"], "fp8_e9m9"),
-    (lambda t, d: [t, "--data", d, "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"), "--format", "fp4_e2m1"],
-     "does not take fp4_e2m1"),
-    (lambda t, d: [t, "--data", d, "--hw", "{tmp}/disjoint.yaml"], "takes no format for both operands; give --format"),
-    (lambda t, d: [t, "--data", d, "--json", "{tmp}/nodir/out.json"], "expected a file in an existing directory"),
+    (
+        lambda t, d: [
+            t,
+            "--data",
+            d,
+            "--hw",
+            str(REPO / "hwconfigs/h100-fp8.yaml"),
+            "--format",
+            "fp4_e2m1",
+        ],
+        "does not take fp4_e2m1",
+    ),
+    (
+        lambda t, d: [t, "--data", d, "--hw", "{tmp}/disjoint.yaml"],
+        "takes no format for both operands; give --format",
+    ),
+    (
+        lambda t, d: [t, "--data", d, "--json", "{tmp}/nodir/out.json"],
+        "expected a file in an existing directory",
+    ),
     (lambda t, d: [t, "--data", d, "--json", "{tmp}"], "expected a file in an existing directory"),
     (lambda t, d: [t, "--data", d, "--batch-size", "0"], "batch_size"),
     (lambda t, d: [t, "--data", "{tmp}/nonimage", "--crop", "300"], "crop"),
@@ -261,9 +355,16 @@ def test_bad_input_is_one_line_with_status_2(tiny, onnx, pil, capsys, tmp_path, 
     path, data = tiny
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07garbage")
     ocp = (REPO / "hwconfigs" / "ocp-exact.yaml").read_text().splitlines()
-    (tmp_path / "disjoint.yaml").write_text("\n".join(
-        "  a_formats: [fp8_e4m3]" if line.startswith("  a_formats:") else
-        "  b_formats: [int8]" if line.startswith("  b_formats:") else line for line in ocp))
+    (tmp_path / "disjoint.yaml").write_text(
+        "\n".join(
+            "  a_formats: [fp8_e4m3]"
+            if line.startswith("  a_formats:")
+            else "  b_formats: [int8]"
+            if line.startswith("  b_formats:")
+            else line
+            for line in ocp
+        )
+    )
     (tmp_path / "empty").mkdir()
     for name in ("a", "b"):
         (tmp_path / "hollow" / name).mkdir(parents=True)
@@ -274,19 +375,36 @@ def test_bad_input_is_one_line_with_status_2(tiny, onnx, pil, capsys, tmp_path, 
     (tmp_path / "stray" / "README").write_text("hello")
     inputs = np.zeros((6, 3, 4, 4), np.float32)
     _write_npz(tmp_path / "keys.npz", images=inputs, labels=np.zeros(6, np.int64))
-    _write_npz(tmp_path / "float64.npz", inputs=inputs.astype(np.float64), labels=np.zeros(6, np.int64))
+    _write_npz(
+        tmp_path / "float64.npz", inputs=inputs.astype(np.float64), labels=np.zeros(6, np.int64)
+    )
     _write_npz(tmp_path / "shape.npz", inputs=inputs, labels=np.zeros((6, 1), np.int64))
     _write_npz(tmp_path / "floatlabels.npz", inputs=inputs, labels=np.zeros(6, np.float32))
     _write_npz(tmp_path / "negative.npz", inputs=inputs, labels=-np.ones(6, np.int64))
     _write_npz(tmp_path / "range.npz", inputs=inputs, labels=np.full(6, 5, np.int64))
-    _write_npz(tmp_path / "wrongsize.npz", inputs=np.zeros((6, 3, 5, 5), np.float32), labels=np.zeros(6, np.int64))
-    _write_npz(tmp_path / "pickle.npz", inputs=np.array([None] * 6, dtype=object), labels=np.zeros(6, np.int64))
+    _write_npz(
+        tmp_path / "wrongsize.npz",
+        inputs=np.zeros((6, 3, 5, 5), np.float32),
+        labels=np.zeros(6, np.int64),
+    )
+    _write_npz(
+        tmp_path / "pickle.npz",
+        inputs=np.array([None] * 6, dtype=object),
+        labels=np.zeros(6, np.int64),
+    )
     (tmp_path / "garbled.npz").write_bytes(b"PK\x03\x04 truncated")
     h = onnx.helper
-    conv = make_onnx_model(onnx, [h.make_node("Conv", ["x", "w"], ["y"])], [("x", ["n", 3, 4, 4])], ["y"],
-                           [("w", np.ones((2, 3, 3, 3), np.float32))])
+    conv = make_onnx_model(
+        onnx,
+        [h.make_node("Conv", ["x", "w"], ["y"])],
+        [("x", ["n", 3, 4, 4])],
+        ["y"],
+        [("w", np.ones((2, 3, 3, 3), np.float32))],
+    )
     onnx.save(conv, str(tmp_path / "conv.onnx"))
-    two = make_onnx_model(onnx, [h.make_node("Add", ["x", "z"], ["y"])], [("x", [2, 5]), ("z", [2, 5])], ["y"])
+    two = make_onnx_model(
+        onnx, [h.make_node("Add", ["x", "z"], ["y"])], [("x", [2, 5]), ("z", [2, 5])], ["y"]
+    )
     onnx.save(two, str(tmp_path / "twoinputs.onnx"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv(str(path), str(data))]
     if "--hw" not in args:
@@ -307,8 +425,19 @@ def test_a_failing_row_keeps_its_error_and_the_others_run(tiny, capsys, tmp_path
     path, data = tiny
     monkeypatch.setattr(module, "run_onnx_on_unit", failing)
     out = tmp_path / "r.json"
-    status, printed, _ = run_cli(capsys, "evaluate", "onnx", str(path), "--data", str(data), "--hw", OCP,
-                                 "--json", str(out), "--quiet")
+    status, printed, _ = run_cli(
+        capsys,
+        "evaluate",
+        "onnx",
+        str(path),
+        "--data",
+        str(data),
+        "--hw",
+        OCP,
+        "--json",
+        str(out),
+        "--quiet",
+    )
     report = json.loads(out.read_text())
     assert status == 1 and report["rows"][1]["error"] == "layer 'gemm' on unit: boom"
     assert report["rows"][0]["top1"] is not None and "error: layer 'gemm' on unit: boom" in printed

@@ -17,57 +17,99 @@ from mxsim.evaluate.models import MAX_INPUT_BYTES
 
 OCP = str(REPO / "hwconfigs/ocp-exact.yaml")
 H100 = str(REPO / "hwconfigs/h100-fp8.yaml")
-TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the man plays guitar", "a woman sings a song today"]
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog ran in the park",
+    "the man plays guitar",
+    "a woman sings a song today",
+]
 
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     torch = require_module("torch", "torch")
     root = tmp_path_factory.mktemp("hf")
-    return {task: tiny_hf_dir(torch, root / task, task) for task in ("embedding", "causal-lm", "classification")}
+    return {
+        task: tiny_hf_dir(torch, root / task, task)
+        for task in ("embedding", "causal-lm", "classification")
+    }
 
 
 @pytest.fixture
 def no_forward(monkeypatch):
     """Fails the test if any model runs."""
+
     def forward(*args, **kwargs):
         raise AssertionError("a model ran before the request was checked")
+
     monkeypatch.setattr(evaluate_run, "_forward", forward)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"formats": ["fp8_e4m3", "fp4_e2m1"], "hw": [OCP, H100]},
-     "unit h100-fp8 does not take fp4_e2m1 for both operands; it takes fp8_e4m3, fp8_e5m2"),
-    ({"formats": "fp9"}, "unknown format 'fp9'"),
-    ({"hw": []}, "expected at least one unit and one format"),
-    ({"task": "ner"}, "unknown task 'ner'"),
-    ({"inputs": ["", " "]}, "no inputs (every line is blank)"),
-    ({"inputs": ["just one"]}, "give 2..512 inputs, not 1"),
-    ({"inputs": ["x"] * 513}, "give 2..512 inputs, not 513"),
-    ({"inputs": "{tmp}/big.txt"}, f"an inputs file is limited to {MAX_INPUT_BYTES} bytes"),
-    ({"inputs": "{tmp}/missing.txt"}, "no such file"),
-    ({"model_dir": "{tmp}"}, "no config.json"),
-    ({"max_length": 1}, "max_length: expected an integer 2..65536, got 1"),
-    ({"scaling": "row"}, "scaling must be one of auto, block, tensor, got 'row'"),
-    ({"scaling": "block", "hw": [OCP, H100]}, "unit h100-fp8 has no block scales; its operands take scaling auto"),
-    ({"batch_size": 0}, "batch_size: expected an integer 1..65536, got 0"),
-    ({"task": "classification", "inputs": ["happy\tthe cat", "pos\ta dog"]},
-     "label 'happy' is neither a class index 0..2 nor one of neg, neu, pos"),
-    ({"task": "classification", "inputs": ["3\tthe cat", "pos\ta dog"]}, "label '3' is neither"),
-    ({"task": "classification", "inputs": ["--1\tthe cat", "pos\ta dog"]}, "label '--1' is neither"),
-    ({"task": "classification", "inputs": ["\u00b2\tthe cat", "pos\ta dog"]}, "label '\u00b2' is neither"),
-    ({"task": "classification", "inputs": ["x" * 500_000 + "\tthe cat", "pos\ta dog"]}, "label 'xxxxxxxx"),
-])
-def test_requests_that_cannot_be_met_fail_before_any_model_runs(tiny_dirs, no_forward, tmp_path, change, message):
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"formats": ["fp8_e4m3", "fp4_e2m1"], "hw": [OCP, H100]},
+            "unit h100-fp8 does not take fp4_e2m1 for both operands; it takes fp8_e4m3, fp8_e5m2",
+        ),
+        ({"formats": "fp9"}, "unknown format 'fp9'"),
+        ({"hw": []}, "expected at least one unit and one format"),
+        ({"task": "ner"}, "unknown task 'ner'"),
+        ({"inputs": ["", " "]}, "no inputs (every line is blank)"),
+        ({"inputs": ["just one"]}, "give 2..512 inputs, not 1"),
+        ({"inputs": ["x"] * 513}, "give 2..512 inputs, not 513"),
+        ({"inputs": "{tmp}/big.txt"}, f"an inputs file is limited to {MAX_INPUT_BYTES} bytes"),
+        ({"inputs": "{tmp}/missing.txt"}, "no such file"),
+        ({"model_dir": "{tmp}"}, "no config.json"),
+        ({"max_length": 1}, "max_length: expected an integer 2..65536, got 1"),
+        ({"scaling": "row"}, "scaling must be one of auto, block, tensor, got 'row'"),
+        (
+            {"scaling": "block", "hw": [OCP, H100]},
+            "unit h100-fp8 has no block scales; its operands take scaling auto",
+        ),
+        ({"batch_size": 0}, "batch_size: expected an integer 1..65536, got 0"),
+        (
+            {"task": "classification", "inputs": ["happy\tthe cat", "pos\ta dog"]},
+            "label 'happy' is neither a class index 0..2 nor one of neg, neu, pos",
+        ),
+        (
+            {"task": "classification", "inputs": ["3\tthe cat", "pos\ta dog"]},
+            "label '3' is neither",
+        ),
+        (
+            {"task": "classification", "inputs": ["--1\tthe cat", "pos\ta dog"]},
+            "label '--1' is neither",
+        ),
+        (
+            {"task": "classification", "inputs": ["\u00b2\tthe cat", "pos\ta dog"]},
+            "label '\u00b2' is neither",
+        ),
+        (
+            {"task": "classification", "inputs": ["x" * 500_000 + "\tthe cat", "pos\ta dog"]},
+            "label 'xxxxxxxx",
+        ),
+    ],
+)
+def test_requests_that_cannot_be_met_fail_before_any_model_runs(
+    tiny_dirs, no_forward, tmp_path, change, message
+):
     (tmp_path / "big.txt").write_text("a\n" * (MAX_INPUT_BYTES // 2 + 1))
-    args = {"model_dir": tiny_dirs["embedding"], "hw": OCP, "formats": "fp8_e4m3", "task": "embedding",
-            "inputs": TEXTS, **change}
+    args = {
+        "model_dir": tiny_dirs["embedding"],
+        "hw": OCP,
+        "formats": "fp8_e4m3",
+        "task": "embedding",
+        "inputs": TEXTS,
+        **change,
+    }
     if args["task"] == "classification":
         args["model_dir"] = tiny_dirs["classification"]
     args = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in args.items()}
     options = {k: args.pop(k) for k in ("max_length", "batch_size", "scaling") if k in args}
     with pytest.raises(MxsimError, match=re.escape(message)):
-        evaluate_hf(args["model_dir"], args["hw"], args["formats"], args["task"], args["inputs"], **options)
+        evaluate_hf(
+            args["model_dir"], args["hw"], args["formats"], args["task"], args["inputs"], **options
+        )
 
 
 def test_missing_torch_fails_before_work(tiny_dirs, no_forward, monkeypatch):
@@ -91,20 +133,34 @@ def test_causal_lm_perplexity_matches_the_models_own_loss(torch, tiny_dirs):
     want = math.exp(np.dot(losses, counts) / sum(counts))
     assert report["float"]["perplexity"] == pytest.approx(want, rel=1e-6)
     assert report["float"]["predicted_tokens"] == sum(counts)
-    run, = report["runs"]
-    assert run["unit"] == "ocp-exact" and run["layers"] == 13 and run["skipped"] == 0  # 2 x (qkv, 2 attn, proj, 2 mlp) + head
+    (run,) = report["runs"]
+    assert (
+        run["unit"] == "ocp-exact" and run["layers"] == 13 and run["skipped"] == 0
+    )  # 2 x (qkv, 2 attn, proj, 2 mlp) + head
     assert 0.9 < run["perplexity"] / want < 1.1 and 0.5 <= run["top1_agreement"] <= 1.0
 
 
 def test_classification_with_labels(tiny_dirs):
     labels = ["pos", "0", "neu", "2"]
-    report = evaluate_hf(tiny_dirs["classification"], [OCP, H100], ["fp8_e4m3"], "classification",
-                         [f"{label}\t{text}" for label, text in zip(labels, TEXTS)], batch_size=3)
-    assert [(run["unit"], run["format"]) for run in report["runs"]] == [("ocp-exact", "fp8_e4m3"),
-                                                                        ("h100-fp8", "fp8_e4m3")]
+    report = evaluate_hf(
+        tiny_dirs["classification"],
+        [OCP, H100],
+        ["fp8_e4m3"],
+        "classification",
+        [f"{label}\t{text}" for label, text in zip(labels, TEXTS)],
+        batch_size=3,
+    )
+    assert [(run["unit"], run["format"]) for run in report["runs"]] == [
+        ("ocp-exact", "fp8_e4m3"),
+        ("h100-fp8", "fp8_e4m3"),
+    ]
     assert report["float"]["accuracy"] in (0.0, 0.25, 0.5, 0.75, 1.0)
     for run in report["runs"]:
-        assert run["layers"] == 18 and 0 < run["logit_max_abs_diff"] < 0.1 and run["top1_agreement"] >= 0.75
+        assert (
+            run["layers"] == 18
+            and 0 < run["logit_max_abs_diff"] < 0.1
+            and run["top1_agreement"] >= 0.75
+        )
     table = format_report(report)
     assert "accuracy" in table.splitlines()[2] and "h100-fp8" in table
 
@@ -126,7 +182,9 @@ def test_a_failed_run_keeps_its_row_and_the_others(tiny_dirs, monkeypatch):
 def test_progress_is_a_log_line_per_run_when_not_a_terminal(tiny_dirs, capsys):
     evaluate_hf(tiny_dirs["embedding"], OCP, "fp8_e4m3", "embedding", TEXTS, progress=True)
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[0].startswith("mxsim evaluate: float run: ") and lines[1].startswith("mxsim evaluate: ocp-exact fp8_e4m3: ")
+    assert lines[0].startswith("mxsim evaluate: float run: ") and lines[1].startswith(
+        "mxsim evaluate: ocp-exact fp8_e4m3: "
+    )
 
 
 @pytest.mark.model
@@ -136,8 +194,10 @@ def test_minilm_in_the_loop_keeps_the_paraphrase_neighbours(torch):
     require_module("all_minilm_l6_v2", "minilm")
     sentences = (REPO / "examples/minilm/sentences.txt").read_text().splitlines()[:4]
     report = evaluate_hf(minilm_model_dir(), OCP, "fp8_e4m3", "embedding", sentences)
-    run, = report["runs"]
-    assert report["pooling"] == "mean" and run["layers"] == 49 and run["skipped"] == 0  # 6 x 8 + pooler
+    (run,) = report["runs"]
+    assert (
+        report["pooling"] == "mean" and run["layers"] == 49 and run["skipped"] == 0
+    )  # 6 x 8 + pooler
     assert 0.98 < run["cosine_min"] < 1.0 and run["neighbour_agreement"] == 1.0
 
 
@@ -146,11 +206,20 @@ def test_a_model_failing_on_its_inputs_is_one_error(tiny_dirs, monkeypatch):
         raise IndexError("index out of range in self")
 
     monkeypatch.setattr(evaluate_run.metrics, "pool", failing)
-    with pytest.raises(MxsimError, match="the model failed on the inputs in float32: IndexError: index out of range"):
+    with pytest.raises(
+        MxsimError,
+        match="the model failed on the inputs in float32: IndexError: index out of range",
+    ):
         evaluate_hf(tiny_dirs["embedding"], OCP, "fp8_e4m3", "embedding", TEXTS)
 
 
 def test_a_long_label_is_echoed_cut_short(tiny_dirs):
     with pytest.raises(MxsimError) as caught:
-        evaluate_hf(tiny_dirs["classification"], OCP, "fp8_e4m3", "classification", ["x" * 500_000 + "\ta", "pos\tb"])
+        evaluate_hf(
+            tiny_dirs["classification"],
+            OCP,
+            "fp8_e4m3",
+            "classification",
+            ["x" * 500_000 + "\ta", "pos\tb"],
+        )
     assert len(str(caught.value)) < 300

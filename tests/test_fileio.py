@@ -20,7 +20,15 @@ import pytest
 
 from conftest import REPO
 from mxsim.errors import MxsimError
-from mxsim.fileio import load_yaml, read_npy_file, read_npz, read_text, replace_directory, safe_output_path, write_atomic
+from mxsim.fileio import (
+    load_yaml,
+    read_npy_file,
+    read_npz,
+    read_text,
+    replace_directory,
+    safe_output_path,
+    write_atomic,
+)
 from mxsim.limits import MAX_YAML_DEPTH
 
 
@@ -47,10 +55,13 @@ def test_read_text_refuses_latin1_and_names_the_offset(tmp_path):
         read_text(tmp_path / "missing", fail)
 
 
-@pytest.mark.parametrize("text", [
-    "[" * (MAX_YAML_DEPTH + 1) + "]" * (MAX_YAML_DEPTH + 1),
-    "[" * 100000 + "]" * 100000,  # deep enough to overflow a recursive loader
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * (MAX_YAML_DEPTH + 1) + "]" * (MAX_YAML_DEPTH + 1),
+        "[" * 100000 + "]" * 100000,  # deep enough to overflow a recursive loader
+    ],
+)
 def test_load_yaml_refuses_deep_nesting_without_recursing(text):
     with pytest.raises(MxsimError, match=f"nested deeper than {MAX_YAML_DEPTH} levels"):
         load_yaml(text, fail)
@@ -59,7 +70,11 @@ def test_load_yaml_refuses_deep_nesting_without_recursing(text):
 def test_load_yaml_counts_aliases_at_their_full_size():
     lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
     for level in range(1, 8):
-        lines.append(f"{chr(97 + level)}: &{chr(97 + level)} [" + ", ".join([f"*{chr(96 + level)}"] * 10) + "]")
+        lines.append(
+            f"{chr(97 + level)}: &{chr(97 + level)} ["
+            + ", ".join([f"*{chr(96 + level)}"] * 10)
+            + "]"
+        )
     with pytest.raises(MxsimError, match="expands to more than"):
         load_yaml("\n".join(lines), fail)
     assert load_yaml("a: &x [1, 2]\nb: *x\n", fail) == {"a": [1, 2], "b": [1, 2]}
@@ -80,7 +95,9 @@ def test_read_npy_checks_the_header_before_allocating(tmp_path):
     with pytest.raises(MxsimError, match="truncated or corrupt"):
         read_npy_file(path, ("float32",), fail)
     path.write_bytes(npy_bytes("|O", (2,), b"\x00" * 16))
-    with pytest.raises(MxsimError, match="pickled \\(object\\) array in the file; mxsim never unpickles"):
+    with pytest.raises(
+        MxsimError, match="pickled \\(object\\) array in the file; mxsim never unpickles"
+    ):
         read_npy_file(path, ("float32",), fail)
     path.write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'descr': 3}   \n")
     with pytest.raises(MxsimError, match="not a valid .npy array header"):
@@ -91,7 +108,9 @@ def test_read_npy_fits_the_budget(tmp_path, monkeypatch):
     path = tmp_path / "x.npy"
     np.save(path, np.zeros((64, 64), np.float64))
     monkeypatch.setenv("MXSIM_MAX_BYTES", "16K")
-    with pytest.raises(MxsimError, match="more than the memory budget of 16 KiB; raise it with MXSIM_MAX_BYTES"):
+    with pytest.raises(
+        MxsimError, match="more than the memory budget of 16 KiB; raise it with MXSIM_MAX_BYTES"
+    ):
         read_npy_file(path, ("float64",), fail)
     monkeypatch.setenv("MXSIM_MAX_BYTES", "32K")
     assert read_npy_file(path, ("float64",), fail).shape == (64, 64)
@@ -107,12 +126,24 @@ def test_read_npy_reads_fortran_order_and_big_endian_exactly(tmp_path):
 
 def test_read_npz_round_trips_and_checks_the_manifest(tmp_path):
     path = tmp_path / "x.npz"
-    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, 2], dtype=np.int64)}
+    arrays = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([1, 2], dtype=np.int64),
+    }
     np.savez_compressed(path, **arrays)
-    out = read_npz(path, ("float32", "int64"), fail_member, {"a": ((2, 3), "float32"), "b": ((2,), "int64")})
-    assert all(np.array_equal(out[k], arrays[k]) and out[k].dtype == arrays[k].dtype for k in arrays)
+    out = read_npz(
+        path, ("float32", "int64"), fail_member, {"a": ((2, 3), "float32"), "b": ((2,), "int64")}
+    )
+    assert all(
+        np.array_equal(out[k], arrays[k]) and out[k].dtype == arrays[k].dtype for k in arrays
+    )
     with pytest.raises(MxsimError, match=r"a: shape \(2, 3\) in x.npz, manifest says \(3, 2\)"):
-        read_npz(path, ("float32", "int64"), fail_member, {"a": ((3, 2), "float32"), "b": ((2,), "int64")})
+        read_npz(
+            path,
+            ("float32", "int64"),
+            fail_member,
+            {"a": ((3, 2), "float32"), "b": ((2,), "int64")},
+        )
     with pytest.raises(MxsimError, match="b: x.npz holds arrays the manifest does not list"):
         read_npz(path, ("float32", "int64"), fail_member, {"a": ((2, 3), "float32")})
 
@@ -121,7 +152,9 @@ def test_read_npz_refuses_broken_members(tmp_path):
     path = tmp_path / "x.npz"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("a.npy", b"\x93NUMPY\x01\x00garbage")
-    with pytest.raises(MxsimError, match="a: truncated or corrupt in x.npz: not a valid .npy array header"):
+    with pytest.raises(
+        MxsimError, match="a: truncated or corrupt in x.npz: not a valid .npy array header"
+    ):
         read_npz(path, ("float32",), fail_member)
     buffer = io.BytesIO()
     np.save(buffer, np.array([None], dtype=object), allow_pickle=True)
@@ -168,12 +201,15 @@ def test_replace_directory_swaps_old_for_new(tmp_path):
     assert [p.name for p in old.iterdir()] == ["b"]
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("/model/conv/Conv", "model_conv_Conv.png"),
-    ("../../etc/passwd", "etc_passwd.png"),
-    ("..", "unnamed.png"),
-    ("fc1", "fc1.png"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("/model/conv/Conv", "model_conv_Conv.png"),
+        ("../../etc/passwd", "etc_passwd.png"),
+        ("..", "unnamed.png"),
+        ("fc1", "fc1.png"),
+    ],
+)
 def test_safe_output_path_stays_inside_the_directory(tmp_path, name, expected):
     path = safe_output_path(tmp_path, name, ".png")
     assert path.parent == tmp_path.resolve() and path.name == expected
@@ -228,16 +264,20 @@ DRIVERS = {
 def _run_driver(name: str, out, delay: float, env: dict) -> None:
     header = textwrap.dedent(f"""
         import itertools, sys
-        HW = {str(REPO / 'hwconfigs/ocp-exact.yaml')!r}
-        HW2 = {str(REPO / 'hwconfigs/h100-fp8.yaml')!r}
-        TRACE = {str(REPO / 'traces/digits-cnn')!r}
-        MODEL = {str(REPO / 'tests/data/trace/digits_cnn.onnx')!r}
-        INPUTS = {str(REPO / 'tests/data/trace/digits_inputs.npz')!r}
+        HW = {str(REPO / "hwconfigs/ocp-exact.yaml")!r}
+        HW2 = {str(REPO / "hwconfigs/h100-fp8.yaml")!r}
+        TRACE = {str(REPO / "traces/digits-cnn")!r}
+        MODEL = {str(REPO / "tests/data/trace/digits_cnn.onnx")!r}
+        INPUTS = {str(REPO / "tests/data/trace/digits_inputs.npz")!r}
         OUT = {str(out)!r}
-        SMALL_TRACE = {str(out.parent / 'small-trace')!r}
+        SMALL_TRACE = {str(out.parent / "small-trace")!r}
     """)
-    process = subprocess.Popen([sys.executable, "-c", header + textwrap.dedent(DRIVERS[name])],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-c", header + textwrap.dedent(DRIVERS[name])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         assert process.stdout.readline().strip() == b"ready"
         time.sleep(delay)
@@ -252,7 +292,14 @@ def _golden_versions(tmp_path):
     versions = {}
     for seed in (0, 1):
         directory = tmp_path / f"golden-{seed}"
-        generate(REPO / "hwconfigs/ocp-exact.yaml", directory, cases=200, seed=seed, kinds=["random"], progress=False)
+        generate(
+            REPO / "hwconfigs/ocp-exact.yaml",
+            directory,
+            cases=200,
+            seed=seed,
+            kinds=["random"],
+            progress=False,
+        )
         versions[seed] = {p.name: p.read_bytes() for p in directory.iterdir()}
     return versions
 
@@ -269,18 +316,51 @@ def _initial_output(writer: str, out, tmp_path) -> None:
 
         trace = _small_trace()
         save_trace(trace, tmp_path / "small-trace")
-        write_outputs(run_sweep(trace, load_hwconfig(REPO / "hwconfigs/h100-fp8.yaml"),
-                                parse_knobs(["adder.align_fraction_bits=6,13"]), out), out)
+        write_outputs(
+            run_sweep(
+                trace,
+                load_hwconfig(REPO / "hwconfigs/h100-fp8.yaml"),
+                parse_knobs(["adder.align_fraction_bits=6,13"]),
+                out,
+            ),
+            out,
+        )
     elif writer == "replay-json":
-        assert main(["replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
-                     "--json", str(out), "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "replay",
+                    str(REPO / "traces/digits-cnn"),
+                    "--hw",
+                    str(REPO / "hwconfigs/ocp-exact.yaml"),
+                    "--json",
+                    str(out),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
     elif writer == "save-trace":
         trace = load_trace(REPO / "traces/digits-cnn")
         trace.name = "first"
         save_trace(trace, out)
     else:
-        assert main(["capture", "onnx", str(REPO / "tests/data/trace/digits_cnn.onnx"), "--inputs",
-                     str(REPO / "tests/data/trace/digits_inputs.npz"), "--out", str(out), "--name", "first"]) == 0
+        assert (
+            main(
+                [
+                    "capture",
+                    "onnx",
+                    str(REPO / "tests/data/trace/digits_cnn.onnx"),
+                    "--inputs",
+                    str(REPO / "tests/data/trace/digits_inputs.npz"),
+                    "--out",
+                    str(out),
+                    "--name",
+                    "first",
+                ]
+            )
+            == 0
+        )
 
 
 def _small_trace():
@@ -289,14 +369,22 @@ def _small_trace():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 32)).astype(np.float32)
     w = rng.standard_normal((4, 32)).astype(np.float32)
-    return Trace("small", [Layer("fc", "linear", {"input": x, "weight": w, "output": x @ w.T})], {"framework": "numpy"},
-                 {}, None, None)
+    return Trace(
+        "small",
+        [Layer("fc", "linear", {"input": x, "weight": w, "output": x @ w.T})],
+        {"framework": "numpy"},
+        {},
+        None,
+        None,
+    )
 
 
 def check_whole_golden_output(out, versions) -> None:
     """Every file of one version (old or new), none of the other; the manifest's counts and
     sha256 match the vector files."""
-    files = {path.name: path.read_bytes() for path in out.iterdir() if not path.name.startswith(".")}
+    files = {
+        path.name: path.read_bytes() for path in out.iterdir() if not path.name.startswith(".")
+    }
     assert [seed for seed, version in versions.items() if files == version], sorted(files)
     manifest = json.loads(files["manifest.json"])
     for unit in manifest["units"]:
@@ -329,7 +417,9 @@ def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, dri
     rng = random.Random(writer)
     out = tmp_path / ("out.json" if writer == "replay-json" else "out")
     golden = _golden_versions(tmp_path) if writer == "golden" else None
-    _initial_output(writer, out, tmp_path)  # the old complete output every kill must leave or replace
+    _initial_output(
+        writer, out, tmp_path
+    )  # the old complete output every kill must leave or replace
     for _ in range(KILLS_PER_WRITER):
         _run_driver(writer, out, rng.uniform(0.0, 3.0), driver_env)
         assert out.exists()
@@ -345,13 +435,22 @@ def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, dri
 
 
 def test_load_yaml_refuses_repeated_keys_but_allows_merge_overrides():
-    with pytest.raises(MxsimError, match=r"a key repeats an earlier key of its mapping \(line 2, column 1\)"):
+    with pytest.raises(
+        MxsimError, match=r"a key repeats an earlier key of its mapping \(line 2, column 1\)"
+    ):
         load_yaml("a: 1\na: 2\n", fail)
     assert load_yaml("b: &x {a: 1}\nc:\n  <<: *x\n  a: 2\n", fail) == {"b": {"a": 1}, "c": {"a": 2}}
 
 
-@pytest.mark.parametrize("text", ["key: [unclosed SECRET-TEXT\n", "SECRET-TEXT: !!bool x\n", "d: 2001-13-45 # SECRET-TEXT\n",
-                                  "SECRET-TEXT: {a: 1\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "key: [unclosed SECRET-TEXT\n",
+        "SECRET-TEXT: !!bool x\n",
+        "d: 2001-13-45 # SECRET-TEXT\n",
+        "SECRET-TEXT: {a: 1\n",
+    ],
+)
 def test_load_yaml_errors_never_quote_the_text(text):
     with pytest.raises(MxsimError, match="not valid YAML") as error:
         load_yaml(text, fail)

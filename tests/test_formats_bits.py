@@ -11,14 +11,27 @@ from hypothesis import strategies as st
 from mxsim.formats.bits import floor_log2, odd_part_bits
 
 
-@given(st.fractions(min_value=Fraction(1, 2**200), max_value=Fraction(2**200)).filter(lambda v: v > 0))
+@given(
+    st.fractions(min_value=Fraction(1, 2**200), max_value=Fraction(2**200)).filter(lambda v: v > 0)
+)
 def test_floor_log2_brackets_the_value_between_powers_of_two(value):
     e = floor_log2(value)
     assert Fraction(2) ** e <= value < Fraction(2) ** (e + 1)
 
 
-@pytest.mark.parametrize("value, expected", [(1, 0), (2, 1), (3, 1), (Fraction(1, 2), -1), (Fraction(3, 4), -1),
-                                             (Fraction(1, 3), -2), (2**100 - 1, 99), (Fraction(1, 2**60), -60)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (1, 0),
+        (2, 1),
+        (3, 1),
+        (Fraction(1, 2), -1),
+        (Fraction(3, 4), -1),
+        (Fraction(1, 3), -2),
+        (2**100 - 1, 99),
+        (Fraction(1, 2**60), -60),
+    ],
+)
 def test_floor_log2_known_values(value, expected):
     assert floor_log2(value) == expected
 

@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 from conftest import NARROW_FORMATS, SIXTEEN_BIT_OR_LESS, same_float
 from mxsim.errors import MxsimError, UnknownNameError
-from mxsim.formats import E8M0_BIAS, E8M0_NAN, FORMATS, ROUNDING_MODES, custom_format, format_names, get_format
+from mxsim.formats import (
+    E8M0_BIAS,
+    E8M0_NAN,
+    FORMATS,
+    ROUNDING_MODES,
+    custom_format,
+    format_names,
+    get_format,
+)
 from mxsim.formats.reference import decode_reference, draw32_reference, encode_reference
 
 ALL_FORMATS = list(FORMATS)
@@ -28,6 +36,7 @@ def overflow_policies(fmt):
 
 
 # --- the table --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "name, max_finite, scale_emax, min_subnormal",
@@ -60,27 +69,41 @@ def test_quark_names_alias_the_element_formats():
     assert get_format("MXINT8") is FORMATS["int8"]
 
 
-@pytest.mark.parametrize("alias, key", [
-    ("mxfp4", "fp4_e2m1"), ("e2m1", "fp4_e2m1"), ("MXFP4E2M1", "fp4_e2m1"), ("float4_e2m1fn", "fp4_e2m1"),
-    ("E4M3", "fp8_e4m3"), ("float8_e4m3fn", "fp8_e4m3"), ("MX9", "mx9"), ("mxint8", "int8"),
-    ("FP8_E5M2", "fp8_e5m2"), ("float8_e8m0fnu", "e8m0"), ("bfloat16", "bf16"),
-])
+@pytest.mark.parametrize(
+    "alias, key",
+    [
+        ("mxfp4", "fp4_e2m1"),
+        ("e2m1", "fp4_e2m1"),
+        ("MXFP4E2M1", "fp4_e2m1"),
+        ("float4_e2m1fn", "fp4_e2m1"),
+        ("E4M3", "fp8_e4m3"),
+        ("float8_e4m3fn", "fp8_e4m3"),
+        ("MX9", "mx9"),
+        ("mxint8", "int8"),
+        ("FP8_E5M2", "fp8_e5m2"),
+        ("float8_e8m0fnu", "e8m0"),
+        ("bfloat16", "bf16"),
+    ],
+)
 def test_aliases_resolve_case_insensitively(alias, key):
     assert get_format(alias) is FORMATS[key]
 
 
-@pytest.mark.parametrize("name, storage_bits, average_bits", [
-    # elements + shared metadata per element, by hand: OCP one 8-bit scale per 32;
-    # MX4/6/9 one 8-bit exponent per 16 and one 1-bit microexponent per 2
-    ("fp8_e4m3", 8, Fraction(33, 4)),   # 8 + 8/32
-    ("fp4_e2m1", 4, Fraction(17, 4)),   # 4 + 8/32
-    ("fp6_e2m3", 6, Fraction(25, 4)),
-    ("mx9", 8, 9),                      # 1 sign + 7 mantissa, + 8/16 + 1/2
-    ("mx6", 5, 6),
-    ("mx4", 3, 4),
-    ("bf16", 16, 16),
-    ("fp32", 32, 32),
-])
+@pytest.mark.parametrize(
+    "name, storage_bits, average_bits",
+    [
+        # elements + shared metadata per element, by hand: OCP one 8-bit scale per 32;
+        # MX4/6/9 one 8-bit exponent per 16 and one 1-bit microexponent per 2
+        ("fp8_e4m3", 8, Fraction(33, 4)),  # 8 + 8/32
+        ("fp4_e2m1", 4, Fraction(17, 4)),  # 4 + 8/32
+        ("fp6_e2m3", 6, Fraction(25, 4)),
+        ("mx9", 8, 9),  # 1 sign + 7 mantissa, + 8/16 + 1/2
+        ("mx6", 5, 6),
+        ("mx4", 3, 4),
+        ("bf16", 16, 16),
+        ("fp32", 32, 32),
+    ],
+)
 def test_storage_facts(name, storage_bits, average_bits):
     fmt = get_format(name)
     assert fmt.storage_bits == storage_bits
@@ -88,11 +111,21 @@ def test_storage_facts(name, storage_bits, average_bits):
 
 
 def test_roles_partition_the_table():
-    assert format_names("element") == ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+    assert format_names("element") == (
+        "fp8_e4m3",
+        "fp8_e5m2",
+        "fp6_e3m2",
+        "fp6_e2m3",
+        "fp4_e2m1",
+        "int8",
+    )
     assert format_names("bfp_element") == ("mx4", "mx6", "mx9")
     assert format_names("scale") == ("e8m0", "ue4m3")
     assert set(format_names("wide")) == {"fp32", "fp16", "bf16", "fp64"}
-    assert get_format("e8m0").bias == E8M0_BIAS and get_format("e8m0").encode(np.array([np.nan]))[0] == E8M0_NAN
+    assert (
+        get_format("e8m0").bias == E8M0_BIAS
+        and get_format("e8m0").encode(np.array([np.nan]))[0] == E8M0_NAN
+    )
 
 
 def test_unknown_format_lists_the_valid_names():
@@ -120,6 +153,7 @@ def test_bad_inputs_get_clear_errors():
 
 
 # --- every code, against the reference twin ------------------------------------------------
+
 
 @pytest.mark.parametrize("name", SIXTEEN_BIT_OR_LESS)
 def test_every_code_decodes_as_the_reference(name):
@@ -159,9 +193,9 @@ finite_or_special = st.floats(allow_nan=True, allow_infinity=True, allow_subnorm
 def _value_near(fmt_name):
     """Values near a format's representable points: exact ties and one-ulp offsets."""
     fmt = FORMATS[fmt_name]
-    return st.tuples(st.integers(0, (1 << fmt.bits) - 1), st.sampled_from([-1, 0, 1]), st.booleans()).map(
-        lambda t: _near(fmt, *t)
-    )
+    return st.tuples(
+        st.integers(0, (1 << fmt.bits) - 1), st.sampled_from([-1, 0, 1]), st.booleans()
+    ).map(lambda t: _near(fmt, *t))
 
 
 def _near(fmt, code, offset, midpoint):
@@ -175,7 +209,11 @@ def _near(fmt, code, offset, midpoint):
     return float(np.nextafter(value, math.inf * offset)) if offset else value
 
 
-@pytest.mark.parametrize("fmt", [FORMATS[n] for n in ALL_FORMATS] + [INT8_NO_MINUS_TWO, E3M4, E5M3_IEEE], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt",
+    [FORMATS[n] for n in ALL_FORMATS] + [INT8_NO_MINUS_TWO, E3M4, E5M3_IEEE],
+    ids=lambda f: f.name,
+)
 @given(data=st.data())
 def test_kernel_equals_reference_twin(fmt, data):
     source = _value_near(fmt.name) if fmt.name in FORMATS and fmt.bits <= 16 else finite_or_special
@@ -194,7 +232,10 @@ def test_kernel_equals_reference_twin(fmt, data):
 def test_stochastic_draws_depend_on_seed_and_index_only(values, seed):
     fmt = FORMATS["fp8_e4m3"]
     got = fmt.encode(np.array(values), rounding="stochastic", seed=seed)
-    want = [encode_reference(fmt, v, "stochastic", "saturate", draw32_reference(seed, i)) for i, v in enumerate(values)]
+    want = [
+        encode_reference(fmt, v, "stochastic", "saturate", draw32_reference(seed, i))
+        for i, v in enumerate(values)
+    ]
     assert got.tolist() == want
 
 
@@ -268,7 +309,9 @@ def test_round_to_nearest_even_agrees_with_ml_dtypes(name):
         x = x[x >= np.finfo(np.float32).tiny]
         ours = fmt.encode(x, rounding="nearest_away")  # ml_dtypes rounds E8M0 ties up (3.0 -> 4.0)
     else:
-        x = np.clip(x, -fmt.max_finite, fmt.max_finite)  # ml_dtypes' overflow differs: saturate first
+        x = np.clip(
+            x, -fmt.max_finite, fmt.max_finite
+        )  # ml_dtypes' overflow differs: saturate first
         ours = fmt.encode(x)
     theirs = x.astype(ML_DTYPES[name]).view(np.uint8 if fmt.bits <= 8 else np.uint16)
     if fmt.bits < 8:  # ml_dtypes stores sub-byte formats in the low bits of a byte
@@ -283,14 +326,18 @@ def test_ue4m3_is_e4m3_without_its_sign_bit_per_ml_dtypes():
     theirs = x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     np.testing.assert_array_equal(FORMATS["ue4m3"].encode(x), theirs)
     codes = np.arange(128)
-    np.testing.assert_array_equal(FORMATS["ue4m3"].decode(codes),
-                                  codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64))
+    np.testing.assert_array_equal(
+        FORMATS["ue4m3"].decode(codes),
+        codes.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64),
+    )
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz"])
 def test_overflow_to_nan_or_inf_agrees_with_ml_dtypes(name):
     fmt = FORMATS[name]
-    x = np.array([fmt.max_finite * k for k in (1.01, 1.05, 1.1, 2, 10)] + [np.inf], dtype=np.float32)
+    x = np.array(
+        [fmt.max_finite * k for k in (1.01, 1.05, 1.1, 2, 10)] + [np.inf], dtype=np.float32
+    )
     x = np.concatenate([x, -x])
     ours = fmt.decode(fmt.encode(x, overflow="inf_nan"))
     theirs = x.astype(ML_DTYPES[name]).astype(np.float64)
@@ -317,8 +364,16 @@ def test_float32_round_trips_like_numpy():
 
 def test_fp64_properties_are_numpy_float64s():
     fmt, info = FORMATS["fp64"], np.finfo(np.float64)
-    assert (fmt.max_finite, fmt.min_normal, fmt.min_subnormal) == (info.max, info.tiny, info.smallest_subnormal)
-    assert (fmt.emax, fmt.top_fraction_bits, fmt.code_dtype) == (info.maxexp - 1, info.nmant, np.uint64)
+    assert (fmt.max_finite, fmt.min_normal, fmt.min_subnormal) == (
+        info.max,
+        info.tiny,
+        info.smallest_subnormal,
+    )
+    assert (fmt.emax, fmt.top_fraction_bits, fmt.code_dtype) == (
+        info.maxexp - 1,
+        info.nmant,
+        np.uint64,
+    )
     assert (fmt.has_inf, fmt.has_nan, fmt.has_zero) == (True, True, True)
     assert get_format("float64") is fmt and fmt.decode_table is None
 
@@ -329,7 +384,16 @@ def test_fp64_codes_are_numpy_float64_bit_patterns():
     # every rounding mode (nothing rounds) and with quiet NaN as the only NaN code.
     rng = np.random.default_rng(64)
     codes = rng.integers(0, 1 << 64, 40000, dtype=np.uint64)
-    codes[:8] = [0, 1 << 63, 1, 0x000FFFFFFFFFFFFF, 0x7FEFFFFFFFFFFFFF, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000000]
+    codes[:8] = [
+        0,
+        1 << 63,
+        1,
+        0x000FFFFFFFFFFFFF,
+        0x7FEFFFFFFFFFFFFF,
+        0x7FF0000000000000,
+        0xFFF0000000000000,
+        0x7FF8000000000000,
+    ]
     codes[8:1000] &= np.uint64(0x800FFFFFFFFFFFFF)  # subnormals
     values = codes.view(np.float64)
     decoded = FORMATS["fp64"].decode(codes)
@@ -339,11 +403,17 @@ def test_fp64_codes_are_numpy_float64_bit_patterns():
     for rounding in ("nearest_even", "toward_zero", "toward_negative", "nearest_away"):
         encoded = FORMATS["fp64"].encode(values, rounding=rounding, overflow="inf_nan")
         np.testing.assert_array_equal(encoded[finite], codes[finite])
-        quiet = np.where(np.signbit(values[~finite]), 0xFFF8000000000000, 0x7FF8000000000000).astype(np.uint64)
+        quiet = np.where(
+            np.signbit(values[~finite]), 0xFFF8000000000000, 0x7FF8000000000000
+        ).astype(np.uint64)
         np.testing.assert_array_equal(encoded[~finite], quiet)
-    narrow = rng.standard_normal(5000).astype(np.float32) * np.logspace(-45, 38, 5000).astype(np.float32)
+    narrow = rng.standard_normal(5000).astype(np.float32) * np.logspace(-45, 38, 5000).astype(
+        np.float32
+    )
     for x in (narrow, narrow.astype(np.float16)):
-        np.testing.assert_array_equal(FORMATS["fp64"].encode(x, overflow="inf"), x.astype(np.float64).view(np.uint64))
+        np.testing.assert_array_equal(
+            FORMATS["fp64"].encode(x, overflow="inf"), x.astype(np.float64).view(np.uint64)
+        )
 
 
 def test_float64_inputs_are_not_double_rounded():
@@ -357,6 +427,7 @@ def test_float64_inputs_are_not_double_rounded():
 
 
 # --- corner vectors (docs/profiles.md §3) ----------------------------------------------------
+
 
 def test_e4m3_corner_vector_ties_away_and_nearest_even():
     x = np.array([485, 475, 400, -485, -475, -450, 2.0**-6, -(2.0**-6)])
@@ -376,7 +447,9 @@ def test_e4m3_overflow_saturates_or_gives_nan():
 
 def test_mxint8_corners():
     fmt = get_format("int8")
-    np.testing.assert_array_equal(fmt.round(np.array([0.0078125, 1.99609375]), "nearest_away"), [0.015625, 1.984375])
+    np.testing.assert_array_equal(
+        fmt.round(np.array([0.0078125, 1.99609375]), "nearest_away"), [0.015625, 1.984375]
+    )
     assert fmt.round(np.array([-2.0]))[0] == -2.0
     assert INT8_NO_MINUS_TWO.round(np.array([-2.0]))[0] == -127 / 64
     assert fmt.encode(np.array([-0.0]))[0] == 0  # two's complement has one zero
@@ -398,15 +471,24 @@ def test_directed_overflow_follows_ieee():
     np.testing.assert_array_equal(fmt.round(big, "toward_positive", "inf_nan"), [np.inf, -65504])
     np.testing.assert_array_equal(fmt.round(big, "toward_negative", "inf_nan"), [65504, -np.inf])
     np.testing.assert_array_equal(fmt.round(big, "nearest_even", "inf_nan"), [np.inf, -np.inf])
-    for rounding in ("toward_zero", "toward_positive", "toward_negative", "nearest_even"):  # "inf": always Inf
+    for rounding in (
+        "toward_zero",
+        "toward_positive",
+        "toward_negative",
+        "nearest_even",
+    ):  # "inf": always Inf
         np.testing.assert_array_equal(fmt.round(big, rounding, "inf"), [np.inf, -np.inf])
-    np.testing.assert_array_equal(fmt.round(np.array([65504.0, 65519.0]), "toward_zero", "inf"), [65504, 65504])
+    np.testing.assert_array_equal(
+        fmt.round(np.array([65504.0, 65519.0]), "toward_zero", "inf"), [65504, 65504]
+    )
 
 
 def test_float16_and_float32_inputs_are_read_exactly():
     fmt = get_format("fp4_e2m1")
     for dtype in (np.float16, np.float32, np.float64):
-        np.testing.assert_array_equal(fmt.round(np.array([2.5, 2.75, -5.0], dtype=dtype)), [2, 3, -4])
+        np.testing.assert_array_equal(
+            fmt.round(np.array([2.5, 2.75, -5.0], dtype=dtype)), [2, 3, -4]
+        )
 
 
 def test_custom_format_from_fields():
@@ -430,6 +512,7 @@ def test_one_encode_kernel_signature_for_every_input_and_code_width():
 
 # --- tf32: fp32 bit patterns with 10 fraction bits ---------------------------------------------
 
+
 def test_tf32_rounds_like_the_fp32_bit_trick():
     # Round-to-nearest-even of the low 13 bits of an fp32 pattern (the conversion CUDA's
     # __float_to_tf32 documents): carries run into the exponent and up to Inf, and subnormals
@@ -439,11 +522,17 @@ def test_tf32_rounds_like_the_fp32_bit_trick():
     x = np.concatenate([x, np.float32([3.4028235e38, -3.4028235e38, 1e-45, 0.0, -0.0])])
     bits = x.view(np.uint32).astype(np.uint64)
     expected = ((bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)).astype(np.uint32)
-    expected = np.where(np.abs(x) >= np.float32(3.4028235e38), (bits & 0x80000000) | 0x7F800000, expected)
+    expected = np.where(
+        np.abs(x) >= np.float32(3.4028235e38), (bits & 0x80000000) | 0x7F800000, expected
+    )
     fmt = FORMATS["tf32"]
     np.testing.assert_array_equal(fmt.encode(x, overflow="inf_nan"), expected)
     assert fmt.encode(np.float32([1.0]))[0] == 0x3F800000  # stored as the fp32 bit pattern
-    assert (fmt.max_finite, fmt.min_subnormal, fmt.code_dtype) == ((2 - 2**-10) * 2.0**127, 2.0**-136, np.uint32)
+    assert (fmt.max_finite, fmt.min_subnormal, fmt.code_dtype) == (
+        (2 - 2**-10) * 2.0**127,
+        2.0**-136,
+        np.uint32,
+    )
 
 
 def test_tf32_codes_decode_as_fp32_and_as_the_reference():

@@ -54,13 +54,38 @@ from conftest import FUZZ_OUTCOMES, REPO
 from mxsim.errors import MxsimError
 from mxsim.formats import get_format
 
-FAMILIES = ("hwconfig", "manifest", "npz", "api", "cli", "sweep", "extends", "golden_pair", "scheduler", "files",
-            "model_dir", "probe_box", "trace_v2", "datapath_bounds", "nvfp4")
+FAMILIES = (
+    "hwconfig",
+    "manifest",
+    "npz",
+    "api",
+    "cli",
+    "sweep",
+    "extends",
+    "golden_pair",
+    "scheduler",
+    "files",
+    "model_dir",
+    "probe_box",
+    "trace_v2",
+    "datapath_bounds",
+    "nvfp4",
+)
 CI_CASES = 40
 #: CI-sized counts of the families whose cases take longer (seconds each: golden runs, sockets,
 #: model loads, unit processes).
-CI_CASES_OF = {"sweep": 25, "extends": 30, "golden_pair": 8, "scheduler": 15, "files": 25, "model_dir": 8,
-               "probe_box": 15, "trace_v2": 20, "datapath_bounds": 20, "nvfp4": 30}
+CI_CASES_OF = {
+    "sweep": 25,
+    "extends": 30,
+    "golden_pair": 8,
+    "scheduler": 15,
+    "files": 25,
+    "model_dir": 8,
+    "probe_box": 15,
+    "trace_v2": 20,
+    "datapath_bounds": 20,
+    "nvfp4": 30,
+}
 FUZZ_RELEASE_CASES = 2000
 FUZZ_BUDGET = "32M"
 PEAK_LIMIT_BYTES = 256 << 20
@@ -83,10 +108,43 @@ class CaseTimeout(BaseException):
 def hostile(rng: random.Random, depth: int = 0):
     """One value a careless or hostile user might put anywhere."""
     pool = [
-        0, 1, -1, 2, 7, 31, 32, 33, 4096, 4097, 2**31, 2**32 + 1, 2**63, 10**30, -(10**30),
-        0.5, 1.5, -0.0, math.nan, math.inf, -math.inf, 1e308,
-        "", "x", "fp8_e4m3", "fp32", "exact", "nearest_even", "ocp", "../../outside", "/abs/name", "\x00",
-        "é" * 3, "a" * 500, True, False, None,
+        0,
+        1,
+        -1,
+        2,
+        7,
+        31,
+        32,
+        33,
+        4096,
+        4097,
+        2**31,
+        2**32 + 1,
+        2**63,
+        10**30,
+        -(10**30),
+        0.5,
+        1.5,
+        -0.0,
+        math.nan,
+        math.inf,
+        -math.inf,
+        1e308,
+        "",
+        "x",
+        "fp8_e4m3",
+        "fp32",
+        "exact",
+        "nearest_even",
+        "ocp",
+        "../../outside",
+        "/abs/name",
+        "\x00",
+        "é" * 3,
+        "a" * 500,
+        True,
+        False,
+        None,
     ]
     kind = rng.random()
     if kind < 0.7 or depth > 2:
@@ -94,7 +152,10 @@ def hostile(rng: random.Random, depth: int = 0):
     if kind < 0.8:
         return [hostile(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     if kind < 0.9:
-        return {rng.choice(["a", "name", "kind", "format", 1]): hostile(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+        return {
+            rng.choice(["a", "name", "kind", "format", 1]): hostile(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))
+        }
     if kind < 0.95:
         return list(range(rng.choice([100, 5000])))
     nested: list = []
@@ -152,7 +213,9 @@ def mutate_document(rng: random.Random, doc, rounds: int | None = None):
         else:
             value = parent[key]
             if isinstance(value, int) and not isinstance(value, bool):
-                parent[key] = rng.choice([value * 1000, -value, value + 1, 10**rng.randint(3, 20), 0])
+                parent[key] = rng.choice(
+                    [value * 1000, -value, value + 1, 10 ** rng.randint(3, 20), 0]
+                )
             else:
                 parent[key] = hostile(rng)
     return doc
@@ -168,7 +231,7 @@ def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
         if action < 0.4:
             data[position] = rng.randrange(256)
         elif action < 0.6:
-            del data[position: position + rng.randint(1, 64)]
+            del data[position : position + rng.randint(1, 64)]
         elif action < 0.8:
             data[position:position] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
         else:
@@ -202,15 +265,21 @@ def fuzz_env(tmp_path_factory, request):
     """The base trace, the hostile files, warm kernels, and the fuzz budget."""
     root = tmp_path_factory.mktemp("fuzz-base")
     trace = _small_trace()
-    mxsim.trace.save_trace(trace, root / "trace", floats=False)  # version 2: blobs, codes and scales
+    mxsim.trace.save_trace(
+        trace, root / "trace", floats=False
+    )  # version 2: blobs, codes and scales
     hw = mxsim.load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
     warm_kernels()
     mxsim.replay.run.replay(mxsim.trace.load_trace(root / "trace"), [hw], end_to_end=True)
     previous = os.environ.get("MXSIM_MAX_BYTES")
     os.environ["MXSIM_MAX_BYTES"] = FUZZ_BUDGET
     release = request.config.getoption("--fuzz")
-    env = {"root": root, "hw": hw, "release": release,
-           "cases": int(os.environ.get("MXSIM_FUZZ_CASES", FUZZ_RELEASE_CASES)) if release else None}
+    env = {
+        "root": root,
+        "hw": hw,
+        "release": release,
+        "cases": int(os.environ.get("MXSIM_FUZZ_CASES", FUZZ_RELEASE_CASES)) if release else None,
+    }
     yield env
     for sock in env.get("sockets", []):
         sock.close()
@@ -218,7 +287,9 @@ def fuzz_env(tmp_path_factory, request):
         del os.environ["MXSIM_MAX_BYTES"]
     else:
         os.environ["MXSIM_MAX_BYTES"] = previous
-    request.config.stash[FUZZ_OUTCOMES] = {family: dict(counts) for family, counts in OUTCOMES.items() if counts}
+    request.config.stash[FUZZ_OUTCOMES] = {
+        family: dict(counts) for family, counts in OUTCOMES.items() if counts
+    }
 
 
 def warm_kernels() -> None:
@@ -233,7 +304,12 @@ def warm_kernels() -> None:
         for element in ("fp8_e4m3", "fp16", "tf32"):  # codes of 8, 16 and 32 bits
             tensor = mxsim.quantize_mx(x, element)
             tensor.dequantize(np.float32), tensor.dequantize(np.float64)
-    for name in ("fp8_e4m3", "fp32", "fp16", "mx9"):  # encode: the CLI's exact values, explain's outputs
+    for name in (
+        "fp8_e4m3",
+        "fp32",
+        "fp16",
+        "mx9",
+    ):  # encode: the CLI's exact values, explain's outputs
         fmt = mxsim.get_format(name)
         fmt.decode(fmt.encode(np.linspace(-3, 3, 80)))
     for spec in mxsim.BFP_SPECS:
@@ -243,17 +319,41 @@ def warm_kernels() -> None:
         for a_format in hw.a_formats:
             b_format = a_format if a_format in hw.b_formats else hw.b_formats[0]
             # codes of 1.0: valid in every format (tf32 codes keep their low 13 bits zero)
-            a_codes, b_codes = (mxsim.get_format(name).encode(np.ones((1, 33))) for name in (a_format, b_format))
-            for out_format, method in itertools.product(("fp32", "fp16", "bf16"), ("auto", "kernel")):
+            a_codes, b_codes = (
+                mxsim.get_format(name).encode(np.ones((1, 33))) for name in (a_format, b_format)
+            )
+            for out_format, method in itertools.product(
+                ("fp32", "fp16", "bf16"), ("auto", "kernel")
+            ):
                 with contextlib.suppress(MxsimError):
-                    mxsim.dot(hw, a_codes, b_codes, a_format=a_format, b_format=b_format, out_format=out_format,
-                              method=method)
+                    mxsim.dot(
+                        hw,
+                        a_codes,
+                        b_codes,
+                        a_format=a_format,
+                        b_format=b_format,
+                        out_format=out_format,
+                        method=method,
+                    )
         b_format = hw.b_formats[0]
-        unscaled = hw.sections[("inputs", "scales")] == "none"  # per-tensor operands reach the window route
+        unscaled = (
+            hw.sections[("inputs", "scales")] == "none"
+        )  # per-tensor operands reach the window route
         for method in ("auto", "kernel"):
-            a = mxsim.quantize_mx(np.ones((2, 64)), hw.a_formats[0], axis=1, per_tensor_scale=unscaled,
-                                  block_size=hw.params(hw.a_formats[0], b_format).block_size)
-            b = mxsim.quantize_mx(np.ones((64, 2)), b_format, axis=0, block_size=a.block_size, per_tensor_scale=unscaled)
+            a = mxsim.quantize_mx(
+                np.ones((2, 64)),
+                hw.a_formats[0],
+                axis=1,
+                per_tensor_scale=unscaled,
+                block_size=hw.params(hw.a_formats[0], b_format).block_size,
+            )
+            b = mxsim.quantize_mx(
+                np.ones((64, 2)),
+                b_format,
+                axis=0,
+                block_size=a.block_size,
+                per_tensor_scale=unscaled,
+            )
             with contextlib.suppress(MxsimError):  # units without scales refuse scaled operands
                 mxsim.matmul(hw, a, b, method=method)
 
@@ -265,9 +365,15 @@ def _small_trace() -> mxsim.trace.Trace:
     h = x @ w1.T
     w2 = rng.standard_normal((6, 4)).astype(np.float32)
     layers = [
-        mxsim.trace.Layer("fc1", "linear", {"input": x, "weight": w1, "output": h},
-                          quant={"input": mxsim.trace.MXQuant("fp8_e4m3", -1, 32, "ocp", (), False),
-                                 "weight": mxsim.trace.MXQuant("fp8_e4m3", 1, 32)}),  # compact: a residual output
+        mxsim.trace.Layer(
+            "fc1",
+            "linear",
+            {"input": x, "weight": w1, "output": h},
+            quant={
+                "input": mxsim.trace.MXQuant("fp8_e4m3", -1, 32, "ocp", (), False),
+                "weight": mxsim.trace.MXQuant("fp8_e4m3", 1, 32),
+            },
+        ),  # compact: a residual output
         mxsim.trace.Layer("mm", "matmul", {"input": h, "weight": w2, "output": h @ w2}),
     ]
     dataset = {"inputs": x, "labels": np.array([0, 1, 2], dtype=np.int64)}
@@ -296,7 +402,9 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
     inputs.mkdir(parents=True)
     outputs.mkdir()
     action = GENERATORS[family](rng, env, inputs, outputs)
-    if env.get("release") and hasattr(action, "warm"):  # first-use compiles outside the bound (not in CI: its cost)
+    if env.get("release") and hasattr(
+        action, "warm"
+    ):  # first-use compiles outside the bound (not in CI: its cost)
         with contextlib.suppress(Exception):
             action.warm()
     before = _snapshot(sandbox)
@@ -305,7 +413,9 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
     fired = []
 
     def on_alarm(signum, frame):
-        fired.append(True)  # recorded here: code that maps every BaseException to its error still counts as a hang
+        fired.append(
+            True
+        )  # recorded here: code that maps every BaseException to its error still counts as a hang
         raise CaseTimeout()
 
     previous_handler = signal.signal(signal.SIGALRM, on_alarm)
@@ -344,7 +454,9 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
         failure = ("memory", f"traced peak {peak >> 20} MiB")
     if failure is None:
         after = _snapshot(sandbox)
-        changed = [p for p, v in after.items() if before.get(p) != v and not p.startswith(str(outputs))]
+        changed = [
+            p for p, v in after.items() if before.get(p) != v and not p.startswith(str(outputs))
+        ]
         escaped = sorted(set(os.listdir("/")) - root_before)
         if changed or escaped:
             failure = ("escape", f"wrote outside the output directory: {(changed + escaped)[:3]}")
@@ -355,9 +467,19 @@ def run_case(family: str, seed: int, env: dict, sandbox: Path) -> str | None:
     OUTCOMES[family]["max_seconds"] = round(max(OUTCOMES[family]["max_seconds"], elapsed), 2)
     if os.environ.get("MXSIM_FUZZ_LOG"):  # one JSON line per case, for long campaigns
         with open(os.environ["MXSIM_FUZZ_LOG"], "a", encoding="utf-8") as log:
-            log.write(json.dumps({"family": family, "seed": seed, "outcome": failure[0] if failure else "ok",
-                                  "seconds": round(elapsed, 3), "peak_bytes": peak,
-                                  "detail": failure[1][-2000:] if failure else None}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "family": family,
+                        "seed": seed,
+                        "outcome": failure[0] if failure else "ok",
+                        "seconds": round(elapsed, 3),
+                        "peak_bytes": peak,
+                        "detail": failure[1][-2000:] if failure else None,
+                    }
+                )
+                + "\n"
+            )
     return None if failure is None else f"{family} case seed={seed}: {failure[0]}: {failure[1]}"
 
 
@@ -374,14 +496,26 @@ def _exercise_config(rng: random.Random, hw) -> None:
     b = np.array([[rng.randrange(1 << b_bits) for _ in range(length)]], dtype=np.int64)
     mxsim.dot(hw, a, b, a_format=a_format, b_format=b_format)
     short = min(length, 64)  # explain runs the pure-Python reference twin
-    mxsim.explain(hw, a[0, :short], b[0, :short], a_format=a_format, b_format=b_format, c=rng.choice([0.0, -1.5, 1e30]))
+    mxsim.explain(
+        hw,
+        a[0, :short],
+        b[0, :short],
+        a_format=a_format,
+        b_format=b_format,
+        c=rng.choice([0.0, -1.5, 1e30]),
+    )
     if hw.array is not None:
         from mxsim.cycles import estimate_layers, storage_for_format
         from mxsim.cycles.layers import GemmLayer
 
         storage = storage_for_format(a_format)
-        estimate_layers(hw.array, [GemmLayer("g", rng.choice([1, 64, 10**6]), 64, 256)], storage, storage,
-                        storage_for_format("fp32"))
+        estimate_layers(
+            hw.array,
+            [GemmLayer("g", rng.choice([1, 64, 10**6]), 64, 256)],
+            storage,
+            storage,
+            storage_for_format("fp32"),
+        )
 
 
 def gen_hwconfig(rng, env, inputs, outputs):
@@ -423,16 +557,24 @@ def _hostile_trace_edit(rng, trace_dir: Path, inputs: Path) -> None:
     doc = yaml.safe_load(manifest.read_text())
     choice = rng.randrange(3)
     if choice == 0:  # a symlink leading out of the trace
-        victim = rng.choice([manifest, trace_dir / "tensors", trace_dir / "dataset.npz",
-                             rng.choice(sorted((trace_dir / "tensors").iterdir()))])
+        victim = rng.choice(
+            [
+                manifest,
+                trace_dir / "tensors",
+                trace_dir / "dataset.npz",
+                rng.choice(sorted((trace_dir / "tensors").iterdir())),
+            ]
+        )
         outside = inputs / "outside" / victim.name
         outside.parent.mkdir(exist_ok=True)
         victim.rename(outside)
         victim.symlink_to(outside)
         return
     if choice == 1:
-        doc["network"]["steps"].insert(rng.randrange(len(doc["network"]["steps"]) + 1),
-                                       {"op": "flatten", "start_dim": rng.choice([0, 1, 2, 3, 5, 2**40])})
+        doc["network"]["steps"].insert(
+            rng.randrange(len(doc["network"]["steps"]) + 1),
+            {"op": "flatten", "start_dim": rng.choice([0, 1, 2, 3, 5, 2**40])},
+        )
     else:
         with np.load(trace_dir / "dataset.npz") as npz:
             arrays = {key: npz[key] for key in npz.files}
@@ -472,10 +614,36 @@ def npy_bytes(descr, fortran, shape, data: bytes, version=(1, 0)) -> bytes:
 
 def _mutated_member(rng: random.Random, original: np.ndarray) -> bytes:
     data = original.tobytes()
-    descr = rng.choice(["<f4", "<f8", ">f4", "|O", "<i8", "|b1", "V8", "<c16", [("a", "<f4")], "garbage", 7,
-                        original.dtype.str])
-    shape = rng.choice([original.shape, (2**40,), (2**31, 2**31), (-1,), (0,), (1, 2, 3), "x", (10**30,),
-                        original.shape[::-1], (original.size + 1,)])
+    descr = rng.choice(
+        [
+            "<f4",
+            "<f8",
+            ">f4",
+            "|O",
+            "<i8",
+            "|b1",
+            "V8",
+            "<c16",
+            [("a", "<f4")],
+            "garbage",
+            7,
+            original.dtype.str,
+        ]
+    )
+    shape = rng.choice(
+        [
+            original.shape,
+            (2**40,),
+            (2**31, 2**31),
+            (-1,),
+            (0,),
+            (1, 2, 3),
+            "x",
+            (10**30,),
+            original.shape[::-1],
+            (original.size + 1,),
+        ]
+    )
     if rng.random() < 0.3:
         data = data[: rng.randrange(len(data) + 1)]
     elif rng.random() < 0.2:
@@ -496,11 +664,16 @@ def gen_npz(rng, env, inputs, outputs):
     action = rng.random()
     if action < 0.5:  # one member with a lying or broken header
         victim = rng.choice(sorted(arrays))
-        with zipfile.ZipFile(target, "w", rng.choice([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])) as archive:
+        with zipfile.ZipFile(
+            target, "w", rng.choice([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+        ) as archive:
             for key, array in arrays.items():
                 buffer = io.BytesIO()
                 np.save(buffer, array)
-                archive.writestr(f"{key}.npy", _mutated_member(rng, array) if key == victim else buffer.getvalue())
+                archive.writestr(
+                    f"{key}.npy",
+                    _mutated_member(rng, array) if key == victim else buffer.getvalue(),
+                )
     elif action < 0.65:
         target.write_bytes(mutate_bytes(rng, target.read_bytes()))
     elif action < 0.75:  # a pickled object array
@@ -527,10 +700,16 @@ def gen_npz(rng, env, inputs, outputs):
 
 
 def _random_array(rng: random.Random):
-    shape = rng.choice([(4, 40), (3, 32), (0, 32), (4, 0), (0,), (), (2, 3, 5), (1, 1), (64,), (2, 2, 0)])
-    dtype = rng.choice([np.float32, np.float64, np.float16, np.int64, np.uint8, np.bool_, object, np.complex64])
+    shape = rng.choice(
+        [(4, 40), (3, 32), (0, 32), (4, 0), (0,), (), (2, 3, 5), (1, 1), (64,), (2, 2, 0)]
+    )
+    dtype = rng.choice(
+        [np.float32, np.float64, np.float16, np.int64, np.uint8, np.bool_, object, np.complex64]
+    )
     nprng = np.random.default_rng(rng.randrange(2**32))
-    array = np.asarray((nprng.standard_normal(shape) * rng.choice([1, 1e-30, 1e30, 448])).astype(dtype))
+    array = np.asarray(
+        (nprng.standard_normal(shape) * rng.choice([1, 1e-30, 1e30, 448])).astype(dtype)
+    )
     if rng.random() < 0.2 and array.size and array.dtype.kind == "f":
         array.flat[0] = rng.choice([np.nan, np.inf, -np.inf])
     return array
@@ -543,8 +722,9 @@ def _arg(rng: random.Random, good):
 
 def _codes(rng: random.Random, bits: int):
     rows, length = rng.choice([(2, 32), (1, 5), (0, 8), (3, 0), (1, 64)])
-    return np.array([[rng.randrange(1 << bits) for _ in range(length)] for _ in range(rows)], dtype=np.int64
-                    ).reshape(rows, length)
+    return np.array(
+        [[rng.randrange(1 << bits) for _ in range(length)] for _ in range(rows)], dtype=np.int64
+    ).reshape(rows, length)
 
 
 def gen_api(rng, env, inputs, outputs):
@@ -553,19 +733,52 @@ def gen_api(rng, env, inputs, outputs):
 
     hw = env["hw"]
     formats = list(mxsim.FORMATS) + ["MXFP4E2M1"]
-    option_names = ["scale_rule", "exponent_source", "element_rounding", "element_overflow", "nonfinite",
-                    "scale_underflow", "scale_overflow", "int8_minus_two", "even_fraction_bits", "seed", "bogus"]
-    option_values = ["floor", "even", "rceil", "bits", "log2", "nearest_even", "stochastic", "saturate",
-                     "inf_nan", "propagate", "clamp", "unclamped", True, (("int8", 8),), 3]
+    option_names = [
+        "scale_rule",
+        "exponent_source",
+        "element_rounding",
+        "element_overflow",
+        "nonfinite",
+        "scale_underflow",
+        "scale_overflow",
+        "int8_minus_two",
+        "even_fraction_bits",
+        "seed",
+        "bogus",
+    ]
+    option_values = [
+        "floor",
+        "even",
+        "rceil",
+        "bits",
+        "log2",
+        "nearest_even",
+        "stochastic",
+        "saturate",
+        "inf_nan",
+        "propagate",
+        "clamp",
+        "unclamped",
+        True,
+        (("int8", 8),),
+        3,
+    ]
 
     def options():
-        return {rng.choice(option_names): _arg(rng, lambda: rng.choice(option_values)) for _ in range(rng.randint(0, 2))}
+        return {
+            rng.choice(option_names): _arg(rng, lambda: rng.choice(option_values))
+            for _ in range(rng.randint(0, 2))
+        }
 
     def quantize_like(fn):
-        return lambda: fn(_arg(rng, lambda: _random_array(rng)), _arg(rng, lambda: rng.choice(formats)),
-                          axis=_arg(rng, lambda: rng.choice([-1, 0, 1, 2, -3])),
-                          block_size=_arg(rng, lambda: rng.choice([1, 2, 32, 33, 4096, 4097, 0, 10**12])),
-                          profile=_arg(rng, lambda: rng.choice(list(mxsim.PROFILES))), **options())
+        return lambda: fn(
+            _arg(rng, lambda: _random_array(rng)),
+            _arg(rng, lambda: rng.choice(formats)),
+            axis=_arg(rng, lambda: rng.choice([-1, 0, 1, 2, -3])),
+            block_size=_arg(rng, lambda: rng.choice([1, 2, 32, 33, 4096, 4097, 0, 10**12])),
+            profile=_arg(rng, lambda: rng.choice(list(mxsim.PROFILES))),
+            **options(),
+        )
 
     def dot_call():
         a_format = _arg(rng, lambda: rng.choice(hw.a_formats))
@@ -574,35 +787,76 @@ def gen_api(rng, env, inputs, outputs):
         b = _arg(rng, lambda: a if isinstance(a, np.ndarray) else _codes(rng, 8))
         rows = a.shape[0] if isinstance(a, np.ndarray) and a.ndim == 2 else 1
         length = a.shape[1] if isinstance(a, np.ndarray) and a.ndim == 2 else 1
-        scale = _arg(rng, lambda: np.full((rows, -(-length // 32)), rng.choice([0, 127, 254, 255]), np.int64))
+        scale = _arg(
+            rng, lambda: np.full((rows, -(-length // 32)), rng.choice([0, 127, 254, 255]), np.int64)
+        )
         c = _arg(rng, lambda: np.full(rows, rng.choice([0.0, np.nan, 3e38]), np.float32))
-        mxsim.dot(_arg(rng, lambda: hw), a, b, a_format=a_format, b_format=b_format, scale_a=scale,
-                  scale_b=None if rng.random() < 0.5 else scale, c=c,
-                  out_format=_arg(rng, lambda: rng.choice([None, "fp32", "fp16", "bf16"])))
+        mxsim.dot(
+            _arg(rng, lambda: hw),
+            a,
+            b,
+            a_format=a_format,
+            b_format=b_format,
+            scale_a=scale,
+            scale_b=None if rng.random() < 0.5 else scale,
+            c=c,
+            out_format=_arg(rng, lambda: rng.choice([None, "fp32", "fp16", "bf16"])),
+        )
 
     def matmul_call():
-        shapes = rng.choice([((4, 64), (64, 3)), ((0, 32), (32, 2)), ((2, 32), (32, 0)), ((2, 0), (0, 2)),
-                             ((3, 5), (4, 2)), ((2, 33), (33, 2))])
+        shapes = rng.choice(
+            [
+                ((4, 64), (64, 3)),
+                ((0, 32), (32, 2)),
+                ((2, 32), (32, 0)),
+                ((2, 0), (0, 2)),
+                ((3, 5), (4, 2)),
+                ((2, 33), (33, 2)),
+            ]
+        )
         a = _arg(rng, lambda: np.random.default_rng(rng.randrange(99)).standard_normal(shapes[0]))
         b = _arg(rng, lambda: np.random.default_rng(rng.randrange(99)).standard_normal(shapes[1]))
         if rng.random() < 0.2:
             a, b = b, a
-        mxsim.matmul(_arg(rng, lambda: hw), a, b, a_format=_arg(rng, lambda: None), b_format=_arg(rng, lambda: None),
-                     c=_arg(rng, lambda: None), out_format=_arg(rng, lambda: None),
-                     progress=_arg(rng, lambda: None), tile_rows=_arg(rng, lambda: 2),
-                     method=_arg(rng, lambda: rng.choice(["auto", "kernel"])))
+        mxsim.matmul(
+            _arg(rng, lambda: hw),
+            a,
+            b,
+            a_format=_arg(rng, lambda: None),
+            b_format=_arg(rng, lambda: None),
+            c=_arg(rng, lambda: None),
+            out_format=_arg(rng, lambda: None),
+            progress=_arg(rng, lambda: None),
+            tile_rows=_arg(rng, lambda: 2),
+            method=_arg(rng, lambda: rng.choice(["auto", "kernel"])),
+        )
 
     def matmul_batched_call():
-        shapes = rng.choice([((3, 4, 64), (3, 64, 3)), ((0, 2, 32), (0, 32, 2)), ((2, 0, 32), (2, 32, 2)),
-                             ((2, 3, 5), (2, 4, 2)), ((2, 2, 33), (3, 33, 2)), ((4, 64), (64, 3))])
+        shapes = rng.choice(
+            [
+                ((3, 4, 64), (3, 64, 3)),
+                ((0, 2, 32), (0, 32, 2)),
+                ((2, 0, 32), (2, 32, 2)),
+                ((2, 3, 5), (2, 4, 2)),
+                ((2, 2, 33), (3, 33, 2)),
+                ((4, 64), (64, 3)),
+            ]
+        )
         a = _arg(rng, lambda: np.random.default_rng(rng.randrange(99)).standard_normal(shapes[0]))
         b = _arg(rng, lambda: np.random.default_rng(rng.randrange(99)).standard_normal(shapes[1]))
         if rng.random() < 0.2 and isinstance(a, np.ndarray) and a.ndim == 3:
             a = [mxsim.quantize_mx(m, "fp8_e4m3", axis=rng.choice([0, 1])) for m in a]
-        mxsim.matmul_batched(_arg(rng, lambda: hw), a, b, c=_arg(rng, lambda: None),
-                             out_format=_arg(rng, lambda: None), progress=_arg(rng, lambda: None),
-                             tile_rows=_arg(rng, lambda: 2), method=_arg(rng, lambda: rng.choice(["auto", "kernel"])),
-                             per_tensor_scale=_arg(rng, lambda: rng.random() < 0.5))
+        mxsim.matmul_batched(
+            _arg(rng, lambda: hw),
+            a,
+            b,
+            c=_arg(rng, lambda: None),
+            out_format=_arg(rng, lambda: None),
+            progress=_arg(rng, lambda: None),
+            tile_rows=_arg(rng, lambda: 2),
+            method=_arg(rng, lambda: rng.choice(["auto", "kernel"])),
+            per_tensor_scale=_arg(rng, lambda: rng.random() < 0.5),
+        )
 
     def explain_call():
         length = rng.choice([0, 1, 5, 32, 40])
@@ -612,22 +866,39 @@ def gen_api(rng, env, inputs, outputs):
             a = [float(v) for v in a if isinstance(v, (int, float))] if isinstance(a, list) else a
         if rng.random() < 0.1 and isinstance(b, list):
             b = b[:-1]
-        mxsim.explain(hw, a, b, a_format="fp8_e4m3", b_format="fp8_e4m3",
-                      scale_a=_arg(rng, lambda: None), scale_b=_arg(rng, lambda: [127] * -(-length // 32)),
-                      c=_arg(rng, lambda: rng.choice([0.0, 1.5, -7])), out_format=_arg(rng, lambda: None))
+        mxsim.explain(
+            hw,
+            a,
+            b,
+            a_format="fp8_e4m3",
+            b_format="fp8_e4m3",
+            scale_a=_arg(rng, lambda: None),
+            scale_b=_arg(rng, lambda: [127] * -(-length // 32)),
+            c=_arg(rng, lambda: rng.choice([0.0, 1.5, -7])),
+            out_format=_arg(rng, lambda: None),
+        )
 
     def bfp_call():
         spec = _arg(rng, lambda: rng.choice(list(mxsim.BFP_SPECS)))
         if rng.random() < 0.3:
-            spec = mxsim.BFPSpec(_arg(rng, lambda: "to_bfp"), _arg(rng, lambda: 16), _arg(rng, lambda: 8),
-                                 _arg(rng, lambda: 8), _arg(rng, lambda: 0))
+            spec = mxsim.BFPSpec(
+                _arg(rng, lambda: "to_bfp"),
+                _arg(rng, lambda: 16),
+                _arg(rng, lambda: 8),
+                _arg(rng, lambda: 8),
+                _arg(rng, lambda: 0),
+            )
         mxsim.quantize_bfp(_arg(rng, lambda: _random_array(rng)), spec, axis=_arg(rng, lambda: -1))
 
     def golden_call():
-        generate(_arg(rng, lambda: REPO / "hwconfigs" / "ocp-exact.yaml"), outputs / "golden",
-                 cases=_arg(rng, lambda: rng.choice([0, 1, 5])), seed=_arg(rng, lambda: rng.choice([0, 7])),
-                 kinds=_arg(rng, lambda: rng.choice([["random"], ["corners"], "random"])),
-                 dot_length=_arg(rng, lambda: None))
+        generate(
+            _arg(rng, lambda: REPO / "hwconfigs" / "ocp-exact.yaml"),
+            outputs / "golden",
+            cases=_arg(rng, lambda: rng.choice([0, 1, 5])),
+            seed=_arg(rng, lambda: rng.choice([0, 7])),
+            kinds=_arg(rng, lambda: rng.choice([["random"], ["corners"], "random"])),
+            dot_length=_arg(rng, lambda: None),
+        )
 
     def trace_io_call():
         trace = _small_trace()
@@ -652,8 +923,13 @@ def gen_api(rng, env, inputs, outputs):
 
         layers = read_scalesim_topology(csv)
         storage = storage_for_format("fp8_e4m3")
-        estimate_layers(mxsim.load_hwconfig(REPO / "hwconfigs" / "mxdotp.yaml").array, layers, storage, storage,
-                        storage_for_format("fp32"))
+        estimate_layers(
+            mxsim.load_hwconfig(REPO / "hwconfigs" / "mxdotp.yaml").array,
+            layers,
+            storage,
+            storage,
+            storage_for_format("fp32"),
+        )
 
     def misc_call():
         choice = rng.random()
@@ -666,16 +942,34 @@ def gen_api(rng, env, inputs, outputs):
         else:
             mxsim.trace.load_trace(rng.choice([hostile(rng), inputs, inputs / "missing"]))
 
-    text = rng.choice([
-        "Layer, M, N, K,\nfc, 64, 128, 256,\n",
-        "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
-        f"DPconv, 8, 8, 3, 3, {rng.choice([3, 10**9])}, 1, 1,\n",
-        f"Layer, M, N, K,\nfc, {10**rng.randint(1, 40)}, 1, -3,\n",
-    ]).encode()
-    csv.write_bytes(mutate_bytes(rng, text) if rng.random() < 0.4 else
-                    (text + "caf\u00e9".encode("latin-1")) if rng.random() < 0.3 else text)
-    calls = [quantize_like(mxsim.quantize_mx), quantize_like(mxsim.fake_quantize), dot_call, matmul_call,
-             matmul_batched_call, explain_call, bfp_call, golden_call, trace_io_call, topology_call, misc_call]
+    text = rng.choice(
+        [
+            "Layer, M, N, K,\nfc, 64, 128, 256,\n",
+            "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, Channels, Num Filter, Strides,\n"
+            f"DPconv, 8, 8, 3, 3, {rng.choice([3, 10**9])}, 1, 1,\n",
+            f"Layer, M, N, K,\nfc, {10 ** rng.randint(1, 40)}, 1, -3,\n",
+        ]
+    ).encode()
+    csv.write_bytes(
+        mutate_bytes(rng, text)
+        if rng.random() < 0.4
+        else (text + "caf\u00e9".encode("latin-1"))
+        if rng.random() < 0.3
+        else text
+    )
+    calls = [
+        quantize_like(mxsim.quantize_mx),
+        quantize_like(mxsim.fake_quantize),
+        dot_call,
+        matmul_call,
+        matmul_batched_call,
+        explain_call,
+        bfp_call,
+        golden_call,
+        trace_io_call,
+        topology_call,
+        misc_call,
+    ]
     golden_call.seconds = GOLDEN_CASE_SECONDS
     return rng.choice(calls)
 
@@ -690,11 +984,25 @@ def _cli_files(rng: random.Random, env, inputs: Path) -> dict[str, list[str]]:
     (inputs / "binary.bin").write_bytes(bytes(range(256)) * 4)
     (inputs / "deep.yaml").write_text(deep_yaml(rng))
     (inputs / "topo.csv").write_text("Layer, M, N, K,\nfc, 64, 128, 256,\n")
-    (inputs / "inputs.npz").write_bytes(mutate_bytes(rng, (REPO / "tests/data/trace/digits_inputs.npz").read_bytes()))
-    (inputs / "inputs.txt").write_bytes(mutate_bytes(rng, "pos\tthe cat sat\n\n0\ta dog ran\n".encode()))
+    (inputs / "inputs.npz").write_bytes(
+        mutate_bytes(rng, (REPO / "tests/data/trace/digits_inputs.npz").read_bytes())
+    )
+    (inputs / "inputs.txt").write_bytes(
+        mutate_bytes(rng, "pos\tthe cat sat\n\n0\ta dog ran\n".encode())
+    )
     shutil.copytree(env["root"] / "trace", inputs / "trace")
-    bad = [str(inputs / name) for name in ("empty.npy", "huge.npy", "object.npy", "latin1.yaml", "binary.bin",
-                                           "deep.yaml", "missing.file")] + [str(inputs), "", "-", "/"]
+    bad = [
+        str(inputs / name)
+        for name in (
+            "empty.npy",
+            "huge.npy",
+            "object.npy",
+            "latin1.yaml",
+            "binary.bin",
+            "deep.yaml",
+            "missing.file",
+        )
+    ] + [str(inputs), "", "-", "/"]
     return {
         "hw": [str(p) for p in HWCONFIGS] + bad,
         "npy": [str(inputs / "good.npy"), str(inputs / "empty2d.npy")] + bad,
@@ -705,61 +1013,153 @@ def _cli_files(rng: random.Random, env, inputs: Path) -> dict[str, list[str]]:
 
 
 def _number_text(rng: random.Random) -> str:
-    return rng.choice(["0", "1", "-1", "32", "4096", "0x10", "1000000000000", "-5", "1.5", "nan", "inf", "",
-                       "abc", "9" * 40, "2147483648"])
+    return rng.choice(
+        [
+            "0",
+            "1",
+            "-1",
+            "32",
+            "4096",
+            "0x10",
+            "1000000000000",
+            "-5",
+            "1.5",
+            "nan",
+            "inf",
+            "",
+            "abc",
+            "9" * 40,
+            "2147483648",
+        ]
+    )
 
 
 def gen_cli(rng, env, inputs, outputs):
     from mxsim.cli import main
 
     files = _cli_files(rng, env, inputs)
-    values = lambda: rng.choice(["1,2,0.5", "0.001953125", "", "1e309", "nan", "x,y", ",,", "1," * 70, "-0"])
-    codes = lambda: rng.choice(["0x38,0x40", "1", "", "300", "-1", "99999999999999999999", "0xzz", "1.5"])
+    values = lambda: rng.choice(
+        ["1,2,0.5", "0.001953125", "", "1e309", "nan", "x,y", ",,", "1," * 70, "-0"]
+    )
+    codes = lambda: rng.choice(
+        ["0x38,0x40", "1", "", "300", "-1", "99999999999999999999", "0xzz", "1.5"]
+    )
     fmt = lambda: rng.choice(["fp8_e4m3", "fp4_e2m1", "int8", "fp32", "bogus", "", "MXFP6E2M3"])
     specs = {
         "formats": {"--json": None},
-        "quantize": {"--input": lambda: rng.choice(files["npy"]), "--format": fmt, "--profile":
-                     lambda: rng.choice(["ocp", "quark", "bogus"]), "--scale-rule": lambda: rng.choice(["floor", "x"]),
-                     "--axis": lambda: _number_text(rng), "--block-size": lambda: _number_text(rng), "--json": None},
-        "dot": {"--hw": lambda: rng.choice(files["hw"]), "--a-format": fmt, "--b-format": fmt, "--a": values,
-                "--b": values, "--a-codes": codes, "--b-codes": codes, "--scale-a": codes, "--scale-b": codes,
-                "--c": lambda: _number_text(rng), "--out-format": lambda: rng.choice(["fp32", "bf16", "x"]),
-                "--explain": None, "--json": None},
-        "replay": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
-                   "--end-to-end": None, "--format": fmt, "--json": lambda: str(outputs / "report.json"),
-                   "--quiet": None, "--plots": lambda: str(outputs / "plots"),
-                   "--conv-order": lambda: rng.choice(["kh_kw_c", "c_kh_kw", "x"]), "--strict": None,
-                   # never a usable --workers: a real cluster is seconds of start-up per case
-                   "--workers": lambda: rng.choice(["0", "-1", "5000", "abc", ""]),
-                   "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "", "localhost", "inproc://"])},
-        "sweep": {"": lambda: rng.choice(files["trace"]), "--hw": lambda: rng.choice(files["hw"]),
-                  "--vary": lambda: _vary_option(rng) if rng.random() < 0.7 else "adder.fused_terms=8,16",
-                  "--out": lambda: rng.choice([str(outputs / "sweep"), "", str(outputs / "sweep" / ("x" * 300))]),
-                  "--format": fmt, "--quiet": None, "--workers": lambda: rng.choice(["0", "abc"]),
-                  "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "localhost"])},
-        "cycles": {"": lambda: rng.choice(files["source"]), "--hw": lambda: rng.choice(files["hw"]),
-                   "--a-format": fmt, "--b-format": fmt, "--json": None},
-        "golden": {"--hw": lambda: rng.choice(files["hw"]), "--out": lambda: str(outputs / "golden"),
-                   "--cases": lambda: _number_text(rng), "--seed": lambda: _number_text(rng),
-                   "--kind": lambda: rng.choice(["random", "corners", "exhaustive", "x"]),
-                   "--pair": lambda: rng.choice(["fp8_e4m3,fp8_e4m3", "fp4_e2m1,fp6_e2m3", "fp16,bf16", "fp8_e5m2,int8",
-                                                 "fp16", "tf32,fp16", "x,y", ",", "fp8_e4m3,fp8_e4m3,fp4_e2m1"]),
-                   "--stages": None, "--quiet": None, "--json": None},
-        "capture": {"": lambda: rng.choice(["onnx", "torch"]), "--inputs": lambda: str(inputs / "inputs.npz"),
-                    "--out": lambda: str(outputs / "captured"), "--force": None, "--compact": None,
-                    "--reference": lambda: rng.choice(["float32", "residual8", "x", ""]),
-                    "--name": lambda: rng.choice(["n", "", "../x", "a" * 300]),
-                    "--bfp-kernel": lambda: rng.choice(["cpu", "cuda", "x"])},
-        "evaluate": {"": lambda: "hf", "--hw": lambda: rng.choice(files["hw"]), "--format": fmt,
-                     "--task": lambda: rng.choice(["embedding", "causal-lm", "classification", "ner", ""]),
-                     "--inputs": lambda: rng.choice(files["text"]), "--json": lambda: str(outputs / "report.json"),
-                     "--max-length": lambda: _number_text(rng), "--batch-size": lambda: _number_text(rng),
-                     "--scaling": lambda: rng.choice(["auto", "tensor", "x"]), "--quiet": None},
+        "quantize": {
+            "--input": lambda: rng.choice(files["npy"]),
+            "--format": fmt,
+            "--profile": lambda: rng.choice(["ocp", "quark", "bogus"]),
+            "--scale-rule": lambda: rng.choice(["floor", "x"]),
+            "--axis": lambda: _number_text(rng),
+            "--block-size": lambda: _number_text(rng),
+            "--json": None,
+        },
+        "dot": {
+            "--hw": lambda: rng.choice(files["hw"]),
+            "--a-format": fmt,
+            "--b-format": fmt,
+            "--a": values,
+            "--b": values,
+            "--a-codes": codes,
+            "--b-codes": codes,
+            "--scale-a": codes,
+            "--scale-b": codes,
+            "--c": lambda: _number_text(rng),
+            "--out-format": lambda: rng.choice(["fp32", "bf16", "x"]),
+            "--explain": None,
+            "--json": None,
+        },
+        "replay": {
+            "": lambda: rng.choice(files["trace"]),
+            "--hw": lambda: rng.choice(files["hw"]),
+            "--end-to-end": None,
+            "--format": fmt,
+            "--json": lambda: str(outputs / "report.json"),
+            "--quiet": None,
+            "--plots": lambda: str(outputs / "plots"),
+            "--conv-order": lambda: rng.choice(["kh_kw_c", "c_kh_kw", "x"]),
+            "--strict": None,
+            # never a usable --workers: a real cluster is seconds of start-up per case
+            "--workers": lambda: rng.choice(["0", "-1", "5000", "abc", ""]),
+            "--scheduler": lambda: rng.choice(
+                ["127.0.0.1:abc", "tcp://", "", "localhost", "inproc://"]
+            ),
+        },
+        "sweep": {
+            "": lambda: rng.choice(files["trace"]),
+            "--hw": lambda: rng.choice(files["hw"]),
+            "--vary": lambda: _vary_option(rng) if rng.random() < 0.7 else "adder.fused_terms=8,16",
+            "--out": lambda: rng.choice(
+                [str(outputs / "sweep"), "", str(outputs / "sweep" / ("x" * 300))]
+            ),
+            "--format": fmt,
+            "--quiet": None,
+            "--workers": lambda: rng.choice(["0", "abc"]),
+            "--scheduler": lambda: rng.choice(["127.0.0.1:abc", "tcp://", "localhost"]),
+        },
+        "cycles": {
+            "": lambda: rng.choice(files["source"]),
+            "--hw": lambda: rng.choice(files["hw"]),
+            "--a-format": fmt,
+            "--b-format": fmt,
+            "--json": None,
+        },
+        "golden": {
+            "--hw": lambda: rng.choice(files["hw"]),
+            "--out": lambda: str(outputs / "golden"),
+            "--cases": lambda: _number_text(rng),
+            "--seed": lambda: _number_text(rng),
+            "--kind": lambda: rng.choice(["random", "corners", "exhaustive", "x"]),
+            "--pair": lambda: rng.choice(
+                [
+                    "fp8_e4m3,fp8_e4m3",
+                    "fp4_e2m1,fp6_e2m3",
+                    "fp16,bf16",
+                    "fp8_e5m2,int8",
+                    "fp16",
+                    "tf32,fp16",
+                    "x,y",
+                    ",",
+                    "fp8_e4m3,fp8_e4m3,fp4_e2m1",
+                ]
+            ),
+            "--stages": None,
+            "--quiet": None,
+            "--json": None,
+        },
+        "capture": {
+            "": lambda: rng.choice(["onnx", "torch"]),
+            "--inputs": lambda: str(inputs / "inputs.npz"),
+            "--out": lambda: str(outputs / "captured"),
+            "--force": None,
+            "--compact": None,
+            "--reference": lambda: rng.choice(["float32", "residual8", "x", ""]),
+            "--name": lambda: rng.choice(["n", "", "../x", "a" * 300]),
+            "--bfp-kernel": lambda: rng.choice(["cpu", "cuda", "x"]),
+        },
+        "evaluate": {
+            "": lambda: "hf",
+            "--hw": lambda: rng.choice(files["hw"]),
+            "--format": fmt,
+            "--task": lambda: rng.choice(["embedding", "causal-lm", "classification", "ner", ""]),
+            "--inputs": lambda: rng.choice(files["text"]),
+            "--json": lambda: str(outputs / "report.json"),
+            "--max-length": lambda: _number_text(rng),
+            "--batch-size": lambda: _number_text(rng),
+            "--scaling": lambda: rng.choice(["auto", "tensor", "x"]),
+            "--quiet": None,
+        },
     }
     command = rng.choice(list(specs))
     argv = [command]
     for option, value in specs[command].items():
-        if rng.random() < (0.9 if option in ("", "--hw", "--out", "--vary", "--a-format", "--b-format", "--inputs") else 0.4):
+        if rng.random() < (
+            0.9
+            if option in ("", "--hw", "--out", "--vary", "--a-format", "--b-format", "--inputs")
+            else 0.4
+        ):
             if option:
                 argv.append(option)
             if value is not None:
@@ -768,14 +1168,31 @@ def gen_cli(rng, env, inputs, outputs):
         # Stage dumps of every pair of a 36-pair config (1000 cases and the corner list each)
         # take minutes of work fixed by the config; one pair takes seconds.
         argv.remove("--stages")
-    if command == "capture" and argv[1:2] == ["onnx"]:  # the model (positional) after the subcommand name
-        argv.insert(2, rng.choice([str(REPO / "tests/data/trace/digits_cnn.onnx"), str(inputs / "binary.bin")]))
+    if command == "capture" and argv[1:2] == [
+        "onnx"
+    ]:  # the model (positional) after the subcommand name
+        argv.insert(
+            2,
+            rng.choice(
+                [str(REPO / "tests/data/trace/digits_cnn.onnx"), str(inputs / "binary.bin")]
+            ),
+        )
     elif command == "capture":  # module:factory specs that fail, and directories without a model
-        argv.insert(2, rng.choice(["json:loads", "nomodule", "mxsim:__version__", "a b:c", ":", str(inputs), "/"]))
+        argv.insert(
+            2,
+            rng.choice(
+                ["json:loads", "nomodule", "mxsim:__version__", "a b:c", ":", str(inputs), "/"]
+            ),
+        )
     elif command == "evaluate":  # model directories without a config
-        argv.insert(2, rng.choice([str(inputs / "trace"), str(inputs), str(inputs / "binary.bin"), "", "/"]))
+        argv.insert(
+            2, rng.choice([str(inputs / "trace"), str(inputs), str(inputs / "binary.bin"), "", "/"])
+        )
     if rng.random() < 0.15:
-        argv.insert(rng.randrange(len(argv) + 1), rng.choice(["--bogus", "-x", "--", "--help", "\x00", "%s"]))
+        argv.insert(
+            rng.randrange(len(argv) + 1),
+            rng.choice(["--bogus", "-x", "--", "--help", "\x00", "%s"]),
+        )
     if rng.random() < 0.05:
         argv = [hostile(rng) if not isinstance(hostile(rng), str) else "x" for _ in range(2)]
         argv = [str(a) for a in argv]
@@ -788,9 +1205,13 @@ def gen_cli(rng, env, inputs, outputs):
             except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
                 status = exit_.code
         lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
-        assert status in ((0, 1, 2) if command == "sweep" else (0, 2)), f"{argv}: exit status {status}"
+        assert status in ((0, 1, 2) if command == "sweep" else (0, 2)), (
+            f"{argv}: exit status {status}"
+        )
         if status == 2:
-            assert len(lines) == 1 and "Traceback" not in lines[0], f"{argv}: stderr {err.getvalue()!r}"
+            assert len(lines) == 1 and "Traceback" not in lines[0], (
+                f"{argv}: stderr {err.getvalue()!r}"
+            )
 
     if "golden" in argv:
         action.seconds = GOLDEN_CASE_SECONDS
@@ -817,15 +1238,78 @@ class UnboundedEcho(Exception):
 
 
 def _vary_option(rng: random.Random) -> str:
-    key = rng.choice(["adder.fused_terms", "adder.align_fraction_bits", "accumulator.promotion_interval",
-                      "multiplier.product_fraction_bits", "inputs.block_size", "accumulator.format",
-                      "adder.sum_significant_bits", "adder.term_order", "accumulator.subnormals", "adder.nope",
-                      "", "x" * 300, "adder.", ".fused_terms"])
-    number = lambda: rng.choice(["0", "1", "2", "8", "16", "52", "4096", "4097", "1073741824", "99999999999999999999",
-                                 "-1", "0x10", "1_000", "\u0661", "9" * rng.choice([40, 41, 5000]), "", " 3 ", "1e3"])
-    item = lambda: rng.choice(["8", "16", "null", "true", "fp32", "bf16", "!!bool x", "!!float x", "!!python/name:os.system",
-                               "2001-13-45", "2001-12-01", "&a 8", "*a", "[8]", "{a: 1}", "'8'", "1.5", ".inf", "~",
-                               "é", "a" * 300, "%TAG", "? x", "- 1", "@x", "|", "8 # c", number()])
+    key = rng.choice(
+        [
+            "adder.fused_terms",
+            "adder.align_fraction_bits",
+            "accumulator.promotion_interval",
+            "multiplier.product_fraction_bits",
+            "inputs.block_size",
+            "accumulator.format",
+            "adder.sum_significant_bits",
+            "adder.term_order",
+            "accumulator.subnormals",
+            "adder.nope",
+            "",
+            "x" * 300,
+            "adder.",
+            ".fused_terms",
+        ]
+    )
+    number = lambda: rng.choice(
+        [
+            "0",
+            "1",
+            "2",
+            "8",
+            "16",
+            "52",
+            "4096",
+            "4097",
+            "1073741824",
+            "99999999999999999999",
+            "-1",
+            "0x10",
+            "1_000",
+            "\u0661",
+            "9" * rng.choice([40, 41, 5000]),
+            "",
+            " 3 ",
+            "1e3",
+        ]
+    )
+    item = lambda: rng.choice(
+        [
+            "8",
+            "16",
+            "null",
+            "true",
+            "fp32",
+            "bf16",
+            "!!bool x",
+            "!!float x",
+            "!!python/name:os.system",
+            "2001-13-45",
+            "2001-12-01",
+            "&a 8",
+            "*a",
+            "[8]",
+            "{a: 1}",
+            "'8'",
+            "1.5",
+            ".inf",
+            "~",
+            "é",
+            "a" * 300,
+            "%TAG",
+            "? x",
+            "- 1",
+            "@x",
+            "|",
+            "8 # c",
+            number(),
+        ]
+    )
     shape = rng.random()
     if shape < 0.45:
         spec = ":".join(number() for _ in range(rng.choice([1, 2, 2, 3, 4])))
@@ -854,11 +1338,31 @@ def gen_sweep(rng, env, inputs, outputs):
         if rng.random() < 0.25:
             from mxsim.cli import main
 
-            out = rng.choice([str(outputs / "sweep"), "", str(inputs / "file"), str(inputs / "full"), "-",
-                              str(outputs / "sweep" / ("x" * 300))])
-            run_cli(main, ["sweep", str(env["root"] / "trace"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
-                           "--vary", rng.choice(["adder.fused_terms=8,16", *options]), "--out", out, "--quiet"],
-                    allowed=(0, 1, 2))
+            out = rng.choice(
+                [
+                    str(outputs / "sweep"),
+                    "",
+                    str(inputs / "file"),
+                    str(inputs / "full"),
+                    "-",
+                    str(outputs / "sweep" / ("x" * 300)),
+                ]
+            )
+            run_cli(
+                main,
+                [
+                    "sweep",
+                    str(env["root"] / "trace"),
+                    "--hw",
+                    str(REPO / "hwconfigs/ocp-exact.yaml"),
+                    "--vary",
+                    rng.choice(["adder.fused_terms=8,16", *options]),
+                    "--out",
+                    out,
+                    "--quiet",
+                ],
+                allowed=(0, 1, 2),
+            )
             if (inputs / "full" / "mine.txt").read_text() != "a user's file":
                 raise SilentWrong("a sweep replaced a directory holding a user's file")
 
@@ -875,7 +1379,11 @@ def gen_extends(rng, env, inputs, outputs):
     configs, outside = inputs / "configs", inputs / "outside"
     configs.mkdir()
     outside.mkdir()
-    good = {"mxsim_hwconfig": 1, "name": "unit", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]}}
+    good = {
+        "mxsim_hwconfig": 1,
+        "name": "unit",
+        "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]},
+    }
     (outside / "base.yaml").write_text(yaml.safe_dump({**good, "description": "OUTSIDE"}))
     (outside / "secret.txt").write_text(f"{SECRET}-line:\n  {SECRET}: [unclosed\n")
     (outside / "secret-map.txt").write_text(f"{SECRET}: 1\nname: {SECRET}\n")
@@ -894,18 +1402,46 @@ def gen_extends(rng, env, inputs, outputs):
     (configs / "up").symlink_to(outside)
     (configs / "secret.yaml").symlink_to(outside / "secret-map.txt")
     (configs / "inside.yaml").symlink_to(names[-1])
-    (configs / "dup.yaml").write_text("mxsim_hwconfig: 1\nname: a\nname: b\n"
-                                      "inputs: {a_formats: [fp8_e4m3], b_formats: [fp8_e4m3]}\n")
+    (configs / "dup.yaml").write_text(
+        "mxsim_hwconfig: 1\nname: a\nname: b\n"
+        "inputs: {a_formats: [fp8_e4m3], b_formats: [fp8_e4m3]}\n"
+    )
     (configs / "bomb.yaml").write_text(billion_laughs())
-    targets = [names[0], "loop1.yaml", "out.yaml", "up/base.yaml", "secret.yaml", "inside.yaml", "dup.yaml",
-               "bomb.yaml", "../outside/secret.txt", str(outside / "secret.txt"), str(outside / "secret-map.txt"),
-               "../outside/base.yaml", "/etc/passwd", "/etc/shadow", "/proc/self/environ", "/dev/zero", "/",
-               "missing.yaml", "\x00", "a" * 300, rng.choice(names)]
+    targets = [
+        names[0],
+        "loop1.yaml",
+        "out.yaml",
+        "up/base.yaml",
+        "secret.yaml",
+        "inside.yaml",
+        "dup.yaml",
+        "bomb.yaml",
+        "../outside/secret.txt",
+        str(outside / "secret.txt"),
+        str(outside / "secret-map.txt"),
+        "../outside/base.yaml",
+        "/etc/passwd",
+        "/etc/shadow",
+        "/proc/self/environ",
+        "/dev/zero",
+        "/",
+        "missing.yaml",
+        "\x00",
+        "a" * 300,
+        rng.choice(names),
+    ]
     via_symlink = {"out.yaml", "up/base.yaml"}
     target = rng.choice(targets)
     top = configs / "top.yaml"
-    top.write_text(yaml.safe_dump({**{k: v for k, v in good.items() if k != "mxsim_hwconfig"}, "name": "top",
-                                   "extends": target}))
+    top.write_text(
+        yaml.safe_dump(
+            {
+                **{k: v for k, v in good.items() if k != "mxsim_hwconfig"},
+                "name": "top",
+                "extends": target,
+            }
+        )
+    )
 
     def action():
         try:
@@ -917,7 +1453,9 @@ def gen_extends(rng, env, inputs, outputs):
                 raise SilentWrong(f"a {len(str(error))}-character error message") from None
             raise
         if target in via_symlink and hw.description == "OUTSIDE":
-            raise SilentWrong(f"extends followed the symlink {target} out of the config's directory")
+            raise SilentWrong(
+                f"extends followed the symlink {target} out of the config's directory"
+            )
 
     return action
 
@@ -935,7 +1473,9 @@ def _golden_manifest_matches(out: Path, manifest: dict) -> None:
             text = (out / entry["vectors"]).read_bytes()
             labels = (out / entry["labels"]).read_text().splitlines()
             if hashlib.sha256(text).hexdigest() != entry["sha256"] or len(labels) != entry["count"]:
-                raise SilentWrong(f"{entry['vectors']}: sha256 or count does not match the manifest")
+                raise SilentWrong(
+                    f"{entry['vectors']}: sha256 or count does not match the manifest"
+                )
             counts[kind] += entry["count"]
     if dict(counts) != {k: v for k, v in on_disk["counts"].items() if v or k in counts}:
         raise SilentWrong(f"manifest counts {on_disk['counts']} but its files hold {dict(counts)}")
@@ -948,17 +1488,53 @@ def gen_golden_pair(rng, env, inputs, outputs):
 
     block = rng.choice([1, 2, 32, 4096])
     hw = inputs / "hw.yaml"
-    hw.write_text(yaml.safe_dump({"mxsim_hwconfig": 1, "name": "g", "inputs": {
-        "a_formats": ["fp4_e2m1", "fp6_e2m3", "int8"], "b_formats": ["fp4_e2m1", "int8"], "block_size": block},
-        "adder": {"fused_terms": 1}}))
-    pair = lambda: rng.choice(["fp4_e2m1,fp4_e2m1", "FP4_E2M1,fp4_e2m1", "fp6_e2m3,int8", "int8,int8", "e8m0,fp4_e2m1",
-                               "fp4_e2m1", "fp4_e2m1,fp4_e2m1,fp4_e2m1", ",", "x,y", "fp32,fp32", "fp4_e2m1 , int8",
-                               "\x00,a", "a" * 300 + ",b"])
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "mxsim_hwconfig": 1,
+                "name": "g",
+                "inputs": {
+                    "a_formats": ["fp4_e2m1", "fp6_e2m3", "int8"],
+                    "b_formats": ["fp4_e2m1", "int8"],
+                    "block_size": block,
+                },
+                "adder": {"fused_terms": 1},
+            }
+        )
+    )
+    pair = lambda: rng.choice(
+        [
+            "fp4_e2m1,fp4_e2m1",
+            "FP4_E2M1,fp4_e2m1",
+            "fp6_e2m3,int8",
+            "int8,int8",
+            "e8m0,fp4_e2m1",
+            "fp4_e2m1",
+            "fp4_e2m1,fp4_e2m1,fp4_e2m1",
+            ",",
+            "x,y",
+            "fp32,fp32",
+            "fp4_e2m1 , int8",
+            "\x00,a",
+            "a" * 300 + ",b",
+        ]
+    )
     pairs = [pair() for _ in range(rng.choice([1, 1, 2, 3]))]
     if rng.random() < 0.3:
         pairs.append(pairs[0])
-    argv = ["golden", "--hw", str(hw), "--out", str(outputs / "golden"), "--quiet", "--json",
-            "--cases", rng.choice(["0", "1", "3"]), "--seed", rng.choice(["0", "5"])]
+    argv = [
+        "golden",
+        "--hw",
+        str(hw),
+        "--out",
+        str(outputs / "golden"),
+        "--quiet",
+        "--json",
+        "--cases",
+        rng.choice(["0", "1", "3"]),
+        "--seed",
+        rng.choice(["0", "5"]),
+    ]
     for text in pairs:
         argv += ["--pair", text]
     kinds = rng.sample(["random", "exhaustive", "corners"], rng.choice([1, 1, 2]))
@@ -967,9 +1543,13 @@ def gen_golden_pair(rng, env, inputs, outputs):
         kinds = kinds or ["random"]
     for kind in kinds:
         argv += ["--kind", kind]
-    if rng.random() < 0.3:  # an earlier output the run must replace whole, or a foreign directory it must refuse
+    if (
+        rng.random() < 0.3
+    ):  # an earlier output the run must replace whole, or a foreign directory it must refuse
         (outputs / "golden").mkdir()
-        (outputs / "golden" / rng.choice(["manifest.json", "mine.txt"])).write_text('{"format": "mxsim-golden"}')
+        (outputs / "golden" / rng.choice(["manifest.json", "mine.txt"])).write_text(
+            '{"format": "mxsim-golden"}'
+        )
 
     def action():
         out = io.StringIO()
@@ -998,12 +1578,35 @@ def gen_scheduler(rng, env, inputs, outputs):
     closed.bind(("127.0.0.1", 0))
     refused = closed.getsockname()[1]
     closed.close()
-    address = rng.choice([
-        "127.0.0.1:abc", "tcp://", "", "localhost", "inproc://", "inproc://x/1/2", "tcp://h:" + "9" * 5000,
-        "tcp://127.0.0.1:0", "tcp://127.0.0.1:65536", "tcp://:8786", "ucx://127.0.0.1:1", "tcp://a b:1", "tcp://[::1",
-        "tcp://127.0.0.1:-1", "tcp://127.0.0.1:+80", "127.0.0.1:\u0661", "tcp://é:1", "\x00:1", "tcp://host:8786/x",
-        f"127.0.0.1:{port}", f"tcp://127.0.0.1:{port}", f"127.0.0.1:{refused}", None, 8786, ["tcp://a:1"],
-    ])
+    address = rng.choice(
+        [
+            "127.0.0.1:abc",
+            "tcp://",
+            "",
+            "localhost",
+            "inproc://",
+            "inproc://x/1/2",
+            "tcp://h:" + "9" * 5000,
+            "tcp://127.0.0.1:0",
+            "tcp://127.0.0.1:65536",
+            "tcp://:8786",
+            "ucx://127.0.0.1:1",
+            "tcp://a b:1",
+            "tcp://[::1",
+            "tcp://127.0.0.1:-1",
+            "tcp://127.0.0.1:+80",
+            "127.0.0.1:\u0661",
+            "tcp://é:1",
+            "\x00:1",
+            "tcp://host:8786/x",
+            f"127.0.0.1:{port}",
+            f"tcp://127.0.0.1:{port}",
+            f"127.0.0.1:{refused}",
+            None,
+            8786,
+            ["tcp://a:1"],
+        ]
+    )
     loopback = isinstance(address, str) and address.rpartition(":")[2] in (str(port), str(refused))
 
     def action():
@@ -1019,8 +1622,18 @@ def gen_scheduler(rng, env, inputs, outputs):
         else:
             from mxsim.cli import main
 
-            run_cli(main, ["replay", str(env["root"] / "trace"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
-                           "--scheduler", str(address), "--quiet"])
+            run_cli(
+                main,
+                [
+                    "replay",
+                    str(env["root"] / "trace"),
+                    "--hw",
+                    str(REPO / "hwconfigs/ocp-exact.yaml"),
+                    "--scheduler",
+                    str(address),
+                    "--quiet",
+                ],
+            )
 
     return action
 
@@ -1034,8 +1647,14 @@ def gen_files(rng, env, inputs, outputs):
     choice = rng.random()
     path = inputs / "file"
     if choice < 0.35:
-        generate(REPO / "hwconfigs/ocp-exact.yaml", inputs / "g", cases=3, kinds=["random"], progress=False,
-                 pairs=[("fp4_e2m1", "fp4_e2m1")])
+        generate(
+            REPO / "hwconfigs/ocp-exact.yaml",
+            inputs / "g",
+            cases=3,
+            kinds=["random"],
+            progress=False,
+            pairs=[("fp4_e2m1", "fp4_e2m1")],
+        )
         original = next((inputs / "g").glob("*.hex")).read_bytes()
         how = rng.random()
         if how < 0.5:
@@ -1049,12 +1668,37 @@ def gen_files(rng, env, inputs, outputs):
             path.write_bytes(original)
         return lambda: read_vector_file(rng.choice([path, path, inputs, inputs / "missing", ""]))
     if choice < 0.7:
-        header = rng.choice(["Layer, M, N, K,\n", "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
-                                                 "Channels, Num Filter, Strides,\n"])
+        header = rng.choice(
+            [
+                "Layer, M, N, K,\n",
+                "Layer name, IFMAP Height, IFMAP Width, Filter Height, Filter Width, "
+                "Channels, Num Filter, Strides,\n",
+            ]
+        )
         width = 3 if header.startswith("Layer,") else 7
-        value = lambda: rng.choice(["1", "64", "0", "-3", "1e400", "nan", "inf", "1_000", "\u0661\u0662", "0x10",
-                                    "9" * rng.choice([10, 20, 5000]), "", "x", str(2**32), str(2**32 + 1)])
-        rows = "".join("fc, " + ", ".join(value() for _ in range(width)) + ",\n" for _ in range(rng.randint(1, 3)))
+        value = lambda: rng.choice(
+            [
+                "1",
+                "64",
+                "0",
+                "-3",
+                "1e400",
+                "nan",
+                "inf",
+                "1_000",
+                "\u0661\u0662",
+                "0x10",
+                "9" * rng.choice([10, 20, 5000]),
+                "",
+                "x",
+                str(2**32),
+                str(2**32 + 1),
+            ]
+        )
+        rows = "".join(
+            "fc, " + ", ".join(value() for _ in range(width)) + ",\n"
+            for _ in range(rng.randint(1, 3))
+        )
         text = (header + rows).encode()
         path.write_bytes(mutate_bytes(rng, text) if rng.random() < 0.3 else text)
 
@@ -1062,16 +1706,28 @@ def gen_files(rng, env, inputs, outputs):
             from mxsim.cycles import estimate_layers, storage_for_format
 
             storage = storage_for_format("fp8_e4m3")
-            estimate_layers(mxsim.load_hwconfig(REPO / "hwconfigs/mxdotp.yaml").array, read_scalesim_topology(path),
-                            storage, storage, storage_for_format("fp32"))
+            estimate_layers(
+                mxsim.load_hwconfig(REPO / "hwconfigs/mxdotp.yaml").array,
+                read_scalesim_topology(path),
+                storage,
+                storage,
+                storage_for_format("fp32"),
+            )
+
         return topology
     from mxsim.cli import main
 
     npy = inputs / "x.npy"
-    data = npy_bytes(rng.choice(["<f4", "<f8", "|O", "<i8", ">f2"]), False,
-                     rng.choice([(2, 32), (10**6, 10**6), (0,), (-1,), (2**62,)]), b"\x00" * rng.choice([0, 256, 255]))
+    data = npy_bytes(
+        rng.choice(["<f4", "<f8", "|O", "<i8", ">f2"]),
+        False,
+        rng.choice([(2, 32), (10**6, 10**6), (0,), (-1,), (2**62,)]),
+        b"\x00" * rng.choice([0, 256, 255]),
+    )
     npy.write_bytes(mutate_bytes(rng, data) if rng.random() < 0.3 else data)
-    return lambda: run_cli(main, ["quantize", "--input", str(npy), "--format", rng.choice(["fp8_e4m3", "e8m0"])])
+    return lambda: run_cli(
+        main, ["quantize", "--input", str(npy), "--format", rng.choice(["fp8_e4m3", "e8m0"])]
+    )
 
 
 def run_cli(main, argv, allowed=(0, 2)) -> int:
@@ -1086,7 +1742,9 @@ def run_cli(main, argv, allowed=(0, 2)) -> int:
     lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
     assert status in allowed, f"{argv}: exit status {status}"
     if status == 2:
-        assert len(lines) == 1 and "Traceback" not in lines[0], f"{argv}: stderr {err.getvalue()[-500:]!r}"
+        assert len(lines) == 1 and "Traceback" not in lines[0], (
+            f"{argv}: stderr {err.getvalue()[-500:]!r}"
+        )
     return status
 
 
@@ -1136,12 +1794,17 @@ def _tiny_model_dirs(env) -> dict | None:
             import torch
 
             from conftest import tiny_hf_dir
-            env["tiny"] = {task: tiny_hf_dir(torch, env["root"] / "hf" / task, task)
-                           for task in ("embedding", "causal-lm", "classification")}
+
+            env["tiny"] = {
+                task: tiny_hf_dir(torch, env["root"] / "hf" / task, task)
+                for task in ("embedding", "causal-lm", "classification")
+            }
         except (ImportError, pytest.skip.Exception):
             env["tiny"] = None
         else:
-            if env.get("release"):  # a long campaign; CI's few cases keep the 60 s bound's margin instead
+            if env.get(
+                "release"
+            ):  # a long campaign; CI's few cases keep the 60 s bound's margin instead
                 _warm_model_dirs(env)
     return env["tiny"]
 
@@ -1155,10 +1818,37 @@ def _warm_model_dirs(env) -> None:
     warm.mkdir(exist_ok=True)
     (warm / "inputs.txt").write_text("0\tthe cat sat\n1\ta dog ran\n")
     for task, path in env["tiny"].items():
-        _cli_case(["evaluate", "hf", str(path), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--format",
-                   "fp8_e4m3", "--task", task, "--inputs", str(warm / "inputs.txt"), "--quiet"], allowed=(0,))
-        _cli_case(["capture", "torch", str(path), "--task", task, "--inputs", str(warm / "inputs.txt"),
-                   "--out", str(warm / task)], allowed=(0,))
+        _cli_case(
+            [
+                "evaluate",
+                "hf",
+                str(path),
+                "--hw",
+                str(REPO / "hwconfigs/ocp-exact.yaml"),
+                "--format",
+                "fp8_e4m3",
+                "--task",
+                task,
+                "--inputs",
+                str(warm / "inputs.txt"),
+                "--quiet",
+            ],
+            allowed=(0,),
+        )
+        _cli_case(
+            [
+                "capture",
+                "torch",
+                str(path),
+                "--task",
+                task,
+                "--inputs",
+                str(warm / "inputs.txt"),
+                "--out",
+                str(warm / task),
+            ],
+            allowed=(0,),
+        )
 
 
 _EVIL_MODULE = "from pathlib import Path\nPath({marker!r}).write_text('ran')\n"
@@ -1172,8 +1862,17 @@ def _model_dir_edit(rng, path: Path, marker: Path) -> None:
         (path / "evil.py").write_text(_EVIL_MODULE.format(marker=str(marker)))
         target = rng.choice(["config.json", "tokenizer_config.json"])
         doc = json.loads((path / target).read_text())
-        doc["auto_map"] = {rng.choice(["AutoModel", "AutoConfig", "AutoModelForCausalLM", "AutoTokenizer",
-                                       "AutoModelForSequenceClassification"]): rng.choice(["evil.Model", ["evil.T", None]])}
+        doc["auto_map"] = {
+            rng.choice(
+                [
+                    "AutoModel",
+                    "AutoConfig",
+                    "AutoModelForCausalLM",
+                    "AutoTokenizer",
+                    "AutoModelForSequenceClassification",
+                ]
+            ): rng.choice(["evil.Model", ["evil.T", None]])
+        }
         (path / target).write_text(json.dumps(doc))
     elif choice == 1:  # a pickle that runs code, in place of the safetensors weights
         import pickle
@@ -1183,18 +1882,40 @@ def _model_dir_edit(rng, path: Path, marker: Path) -> None:
                 return (Path.write_text, (marker, "ran"))
 
         (path / "model.safetensors").unlink()
-        (path / rng.choice(["pytorch_model.bin", "pytorch_model.bin"])).write_bytes(pickle.dumps({"w": Planted()}))
+        (path / rng.choice(["pytorch_model.bin", "pytorch_model.bin"])).write_bytes(
+            pickle.dumps({"w": Planted()})
+        )
     elif choice == 2:
         (path / rng.choice(["tokenizer.json", "tokenizer_config.json"])).unlink()
     elif choice == 3:
-        victim = path / rng.choice(["config.json", "tokenizer.json", "model.safetensors", "tokenizer_config.json"])
+        victim = path / rng.choice(
+            ["config.json", "tokenizer.json", "model.safetensors", "tokenizer_config.json"]
+        )
         victim.write_bytes(mutate_bytes(rng, victim.read_bytes()))
     elif choice == 4:
         doc = json.loads(config_file.read_text())
-        key = rng.choice(sorted(doc) + ["quantization_config", "torch_dtype", "dtype", "pad_token_id", "vocab_size",
-                                        "id2label", "max_position_embeddings", "model_type", "num_labels"])
-        doc[key] = rng.choice([hostile(rng), ECHO, {"quant_method": rng.choice(["bitsandbytes", "gptq", ECHO])},
-                               {str(i): ECHO for i in range(rng.choice([3, 300]))}])
+        key = rng.choice(
+            sorted(doc)
+            + [
+                "quantization_config",
+                "torch_dtype",
+                "dtype",
+                "pad_token_id",
+                "vocab_size",
+                "id2label",
+                "max_position_embeddings",
+                "model_type",
+                "num_labels",
+            ]
+        )
+        doc[key] = rng.choice(
+            [
+                hostile(rng),
+                ECHO,
+                {"quant_method": rng.choice(["bitsandbytes", "gptq", ECHO])},
+                {str(i): ECHO for i in range(rng.choice([3, 300]))},
+            ]
+        )
         try:
             config_file.write_text(json.dumps(doc))
         except (TypeError, ValueError):
@@ -1231,20 +1952,52 @@ def gen_model_dir(rng, env, inputs, outputs):
     shutil.copytree(dirs[task], path)
     marker = inputs / "PLANTED_CODE_RAN"
     for _ in range(rng.choice([1, 1, 2])):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # an edit the first one made impossible
+        with contextlib.suppress(
+            OSError, ValueError, KeyError, TypeError
+        ):  # an edit the first one made impossible
             _model_dir_edit(rng, path, marker)
-    texts = [rng.choice(["the cat sat on the mat", "a dog ran", "the cat " * 50, "é ² \u202e", ECHO[:40]])
-             for _ in range(rng.randint(2, 4))]
+    texts = [
+        rng.choice(
+            ["the cat sat on the mat", "a dog ran", "the cat " * 50, "é ² \u202e", ECHO[:40]]
+        )
+        for _ in range(rng.randint(2, 4))
+    ]
     if task == "classification" and rng.random() < 0.7:
-        texts = [f"{rng.choice(['0', '1', 'pos', '--1', '²', '-0', '3', ' 1', ECHO])}\t{text}" for text in texts]
+        texts = [
+            f"{rng.choice(['0', '1', 'pos', '--1', '²', '-0', '3', ' 1', ECHO])}\t{text}"
+            for text in texts
+        ]
     (inputs / "inputs.txt").write_text("\n".join(texts) + "\n")
     if rng.random() < 0.5:
-        argv = ["evaluate", "hf", str(path), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"), "--format", "fp8_e4m3",
-                "--task", task, "--inputs", str(inputs / "inputs.txt"), "--quiet"]
-        argv += rng.choice([[], ["--max-length", rng.choice(["2", "8", "1000"])], ["--batch-size", "1"]])
+        argv = [
+            "evaluate",
+            "hf",
+            str(path),
+            "--hw",
+            str(REPO / "hwconfigs/ocp-exact.yaml"),
+            "--format",
+            "fp8_e4m3",
+            "--task",
+            task,
+            "--inputs",
+            str(inputs / "inputs.txt"),
+            "--quiet",
+        ]
+        argv += rng.choice(
+            [[], ["--max-length", rng.choice(["2", "8", "1000"])], ["--batch-size", "1"]]
+        )
     else:
-        argv = ["capture", "torch", str(path), "--task", task, "--inputs", str(inputs / "inputs.txt"),
-                "--out", str(outputs / "trace")]
+        argv = [
+            "capture",
+            "torch",
+            str(path),
+            "--task",
+            task,
+            "--inputs",
+            str(inputs / "inputs.txt"),
+            "--out",
+            str(outputs / "trace"),
+        ]
 
     def action():
         try:
@@ -1258,14 +2011,34 @@ def gen_model_dir(rng, env, inputs, outputs):
 
 
 _HOSTILE_ANSWERS = (
-    lambda n: np.full(n, 1.5), lambda n: np.array([1.5] * n, dtype=object), lambda n: ["1"] * n,
-    lambda n: [True] * n, lambda n: np.ones(n, bool), lambda n: [1 + 0j] * n, lambda n: np.array([2.0**70] * n, dtype=object),
-    lambda n: [-1] * n, lambda n: [1 << 64] * n, lambda n: np.zeros(n + 1, np.uint32), lambda n: None,
-    lambda n: iter(range(n)), lambda n: np.zeros((n, 1), np.uint32), lambda n: [ECHO] * n,
-    lambda n: np.array([2.5, 1] * n, dtype=object)[:n], lambda n: {"bits": 0},
+    lambda n: np.full(n, 1.5),
+    lambda n: np.array([1.5] * n, dtype=object),
+    lambda n: ["1"] * n,
+    lambda n: [True] * n,
+    lambda n: np.ones(n, bool),
+    lambda n: [1 + 0j] * n,
+    lambda n: np.array([2.0**70] * n, dtype=object),
+    lambda n: [-1] * n,
+    lambda n: [1 << 64] * n,
+    lambda n: np.zeros(n + 1, np.uint32),
+    lambda n: None,
+    lambda n: iter(range(n)),
+    lambda n: np.zeros((n, 1), np.uint32),
+    lambda n: [ECHO] * n,
+    lambda n: np.array([2.5, 1] * n, dtype=object)[:n],
+    lambda n: {"bits": 0},
 )
-_HOSTILE_RAISES = (SystemExit(0), SystemExit(1), SystemExit(ECHO), KeyboardInterrupt(), BaseException("odd"),
-                   GeneratorExit(), RecursionError("deep"), ValueError(ECHO), MemoryError())
+_HOSTILE_RAISES = (
+    SystemExit(0),
+    SystemExit(1),
+    SystemExit(ECHO),
+    KeyboardInterrupt(),
+    BaseException("odd"),
+    GeneratorExit(),
+    RecursionError("deep"),
+    ValueError(ECHO),
+    MemoryError(),
+)
 #: Subprocess units (Python bodies): each fails at its first request in its own way.
 _HOSTILE_BOXES = (
     "import sys; sys.stdin.readline(); sys.exit({code})",
@@ -1304,11 +2077,14 @@ def gen_probe_box(rng, env, inputs, outputs):
 
         def action():
             try:
-                got = CountingUnit(lambda a, b, sa, sb, c: make(len(a)), "fp32", 100)(*_probe_rows(rng, n))
+                got = CountingUnit(lambda a, b, sa, sb, c: make(len(a)), "fp32", 100)(
+                    *_probe_rows(rng, n)
+                )
             except ProbeError as error:
                 _check_echo(str(error))
                 return
             raise SilentWrong(f"a unit answer that is no {n} fp32 bit patterns was taken: {got!r}")
+
         return action
     if kind == 1:  # a callable raising anything, through the whole probe
         error = rng.choice(_HOSTILE_RAISES)
@@ -1318,19 +2094,34 @@ def gen_probe_box(rng, env, inputs, outputs):
 
         def action():
             try:
-                probe(unit, "fp4_e2m1", "fp4_e2m1", 8, budget=rng.choice([10, 1000]), seed=rng.choice([0, 7]))
+                probe(
+                    unit,
+                    "fp4_e2m1",
+                    "fp4_e2m1",
+                    8,
+                    budget=rng.choice([10, 1000]),
+                    seed=rng.choice([0, 7]),
+                )
             except MxsimError as caught:
                 _check_echo(str(caught))
                 assert "\n" not in str(caught), str(caught)[:300]
                 return
             raise SilentWrong("a probe of a unit that raised on every query gave a result")
+
         return action
     if kind == 2:  # a hostile process
         script = inputs / "box.py"
-        script.write_text(rng.choice(_HOSTILE_BOXES).format(code=rng.choice([0, 1, 3, 255]), echo=ECHO[:200]))
+        script.write_text(
+            rng.choice(_HOSTILE_BOXES).format(code=rng.choice([0, 1, 3, 255]), echo=ECHO[:200])
+        )
         timeout = rng.choice([0.3, 0.5, 1.0])
-        unit = SubprocessUnit(f"{sys.executable} {script}", "fp4_e2m1", "fp4_e2m1", timeout=timeout,
-                              chunk=rng.choice([1, 4, 64]))
+        unit = SubprocessUnit(
+            f"{sys.executable} {script}",
+            "fp4_e2m1",
+            "fp4_e2m1",
+            timeout=timeout,
+            chunk=rng.choice([1, 4, 64]),
+        )
         rows = _probe_rows(rng, n)
 
         def action():
@@ -1343,25 +2134,61 @@ def gen_probe_box(rng, env, inputs, outputs):
                 return
             finally:
                 unit.close()
-                assert time.monotonic() - started < 4 * timeout + 5, "a unit wait ran past its timeout"
+                assert time.monotonic() - started < 4 * timeout + 5, (
+                    "a unit wait ran past its timeout"
+                )
             raise SilentWrong("a unit process that answers no bit patterns was taken")
+
         return action
     # the CLI: hostile seeds and output paths, checked before any query
     (inputs / "fuzz_probe_unit.py").write_text(
-        f"def unit(a, b, sa, sb, c):\n    open({str(outputs / 'asked')!r}, 'w').close()\n    raise SystemExit(0)\n")
-    argv = ["probe", "--unit", f"{inputs / 'fuzz_probe_unit.py'}:unit", "--a-format", "fp4_e2m1", "--b-format",
-            "fp4_e2m1", "--k", "4", "--budget", "50", "--out", str(outputs / "u.yaml")]
-    argv += rng.choice([["--seed", rng.choice(["-1", str(2**63), "1.5", "0x10", ECHO])],
-                        ["--report", rng.choice([str(outputs / "missing" / "r.json"), str(outputs), str(outputs / "u.yaml"),
-                                                 str(outputs / ("r" * 300)), ECHO])],
-                        ["--out", rng.choice([str(outputs / "missing" / "u.yaml"), str(outputs), ECHO, "\x00"])],
-                        ["--timeout", rng.choice(["0", "nan", "-1", "1e9"])], []])
+        f"def unit(a, b, sa, sb, c):\n    open({str(outputs / 'asked')!r}, 'w').close()\n    raise SystemExit(0)\n"
+    )
+    argv = [
+        "probe",
+        "--unit",
+        f"{inputs / 'fuzz_probe_unit.py'}:unit",
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "4",
+        "--budget",
+        "50",
+        "--out",
+        str(outputs / "u.yaml"),
+    ]
+    argv += rng.choice(
+        [
+            ["--seed", rng.choice(["-1", str(2**63), "1.5", "0x10", ECHO])],
+            [
+                "--report",
+                rng.choice(
+                    [
+                        str(outputs / "missing" / "r.json"),
+                        str(outputs),
+                        str(outputs / "u.yaml"),
+                        str(outputs / ("r" * 300)),
+                        ECHO,
+                    ]
+                ),
+            ],
+            [
+                "--out",
+                rng.choice([str(outputs / "missing" / "u.yaml"), str(outputs), ECHO, "\x00"]),
+            ],
+            ["--timeout", rng.choice(["0", "nan", "-1", "1e9"])],
+            [],
+        ]
+    )
 
     def action():
         status = _cli_case(argv, allowed=(2,))
         assert status == 2
         if (outputs / "u.yaml").exists():
             raise SilentWrong("probe wrote --out though the run failed")
+
     return action
 
 
@@ -1397,7 +2224,9 @@ def gen_trace_v2(rng, env, inputs, outputs):
         manifest = trace_dir / "manifest.yaml"
         text = manifest.read_text()
         names = [blob.name for blob in blobs]
-        text = text.replace(victim.name, rng.choice(names + ["../dataset.npz", "x" * 300 + ".npz", ECHO[:60]]))
+        text = text.replace(
+            victim.name, rng.choice(names + ["../dataset.npz", "x" * 300 + ".npz", ECHO[:60]])
+        )
         manifest.write_text(text)
     original = mxsim.trace.load_trace(env["root"] / "trace")
 
@@ -1409,17 +2238,26 @@ def gen_trace_v2(rng, env, inputs, outputs):
             raise
         for want, got in zip(original.layers, trace.layers):
             for key in want.tensors:
-                if not np.array_equal(np.asarray(want.tensors[key]), np.asarray(got.tensors[key]), equal_nan=True):
-                    raise SilentWrong(f"the edited trace loaded with other values in {want.name}.{key}")
+                if not np.array_equal(
+                    np.asarray(want.tensors[key]), np.asarray(got.tensors[key]), equal_nan=True
+                ):
+                    raise SilentWrong(
+                        f"the edited trace loaded with other values in {want.name}.{key}"
+                    )
         _load_and_replay(rng, env, trace_dir)
+
     return action
 
 
 def _integer_keys():
     from mxsim.datapath.schema import SCHEMA
 
-    return [(section, name, key) for section, keys in SCHEMA.items() for name, key in keys.items()
-            if key.kind in ("int", "optional_int") and key.minimum is not None]
+    return [
+        (section, name, key)
+        for section, keys in SCHEMA.items()
+        for name, key in keys.items()
+        if key.kind in ("int", "optional_int") and key.minimum is not None
+    ]
 
 
 def gen_datapath_bounds(rng, env, inputs, outputs):
@@ -1434,8 +2272,16 @@ def gen_datapath_bounds(rng, env, inputs, outputs):
     raw.pop("extends", None)
     for section, name, key in rng.sample(_integer_keys(), rng.randint(1, 3)):
         low, high = key.minimum, key.maximum if key.maximum is not None else key.minimum + 2**20
-        value = rng.choice([low, high, low + 1, high - 1, rng.randint(low, high),
-                            None if key.kind == "optional_int" else low])
+        value = rng.choice(
+            [
+                low,
+                high,
+                low + 1,
+                high - 1,
+                rng.randint(low, high),
+                None if key.kind == "optional_int" else low,
+            ]
+        )
         raw.setdefault(section, {})[name] = value
 
     def action():
@@ -1450,7 +2296,9 @@ def gen_datapath_bounds(rng, env, inputs, outputs):
 
         def operand(fmt):
             if rng.random() < 0.7:
-                values = np_rng.standard_normal((rows, k)) * np.exp2(np_rng.integers(-3, 4, (rows, 1)))
+                values = np_rng.standard_normal((rows, k)) * np.exp2(
+                    np_rng.integers(-3, 4, (rows, 1))
+                )
                 values[np_rng.random((rows, k)) < 0.2] = 0
                 return fmt.encode(np.clip(values, -fmt.max_finite, fmt.max_finite))
             field = np_rng.integers(0, 1 << fmt.field_bits, (rows, k), dtype=np.uint64)
@@ -1462,26 +2310,46 @@ def gen_datapath_bounds(rng, env, inputs, outputs):
             scale_fmt = get_format(params.scale_format)
             blocks = -(-k // params.block_size)
             one = int(scale_fmt.encode(np.array([1.0]))[0])
-            scale_a, scale_b = (np_rng.integers(max(0, one - 6), one + 6, (rows, blocks)).astype(np.uint8)
-                                for _ in range(2))
+            scale_a, scale_b = (
+                np_rng.integers(max(0, one - 6), one + 6, (rows, blocks)).astype(np.uint8)
+                for _ in range(2)
+            )
         c_fmt = get_format(params.c_format)
-        c = c_fmt.round(np_rng.standard_normal(rows) * rng.choice([0, 1, 1e-30, 1e30]), overflow="inf")
+        c = c_fmt.round(
+            np_rng.standard_normal(rows) * rng.choice([0, 1, 1e-30, 1e30]), overflow="inf"
+        )
         c = c.astype(np.float64 if c_fmt.bits > 32 else np.float32)
         out_format = get_format(params.output_format)
-        kernel = dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method="kernel")
+        kernel = dot_with_params(
+            params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method="kernel"
+        )
         auto = dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method="auto")
         for i in range(rows):
-            value = dot_reference(params, a[i].tolist(), b[i].tolist(),
-                                  None if scale_a is None else scale_a[i].tolist(),
-                                  None if scale_b is None else scale_b[i].tolist(), float(c[i]))
+            value = dot_reference(
+                params,
+                a[i].tolist(),
+                b[i].tolist(),
+                None if scale_a is None else scale_a[i].tolist(),
+                None if scale_b is None else scale_b[i].tolist(),
+                float(c[i]),
+            )
             want = int(out_format.encode(np.array([value]), overflow="inf_nan")[0])
             if int(kernel[i]) != want or int(auto[i]) != want:
-                raise SilentWrong(f"kernel {int(kernel[i]):#x}, auto {int(auto[i]):#x}, twin {want:#x} with "
-                                  f"{ {s: raw.get(s) for s in ('adder', 'accumulator')} }")
+                raise SilentWrong(
+                    f"kernel {int(kernel[i]):#x}, auto {int(auto[i]):#x}, twin {want:#x} with "
+                    f"{ {s: raw.get(s) for s in ('adder', 'accumulator')} }"
+                )
         if k <= 16 and c_fmt.bits <= 32:
-            shown = explain(hw, a[0], b[0], a_format=a_format, b_format=b_format,
-                            scale_a=None if scale_a is None else scale_a[0], scale_b=None if scale_b is None else scale_b[0],
-                            c=float(c[0]))
+            shown = explain(
+                hw,
+                a[0],
+                b[0],
+                a_format=a_format,
+                b_format=b_format,
+                scale_a=None if scale_a is None else scale_a[0],
+                scale_b=None if scale_b is None else scale_b[0],
+                c=float(c[0]),
+            )
             if shown["bits"] != int(kernel[0]):
                 raise SilentWrong(f"explain {shown['bits']:#x} but dot {int(kernel[0]):#x}")
 
@@ -1494,10 +2362,21 @@ def gen_datapath_bounds(rng, env, inputs, outputs):
             with contextlib.suppress(MxsimError):
                 params = hw.params(a_format, b_format)
                 c = np.zeros(1, np.float64 if get_format(params.c_format).bits > 32 else np.float32)
-                for k, method in itertools.product((1, 40), ("kernel", "auto")):  # routes may depend on k
-                    a, b = (np.zeros((1, k), get_format(name).code_dtype) for name in (params.a_format, params.b_format))
-                    scales = None if params.scales == "none" else np.full((1, -(-k // params.block_size)), 127, np.uint8)
-                    dot_with_params(params, a, b, scale_a=scales, scale_b=scales, c=c, method=method)
+                for k, method in itertools.product(
+                    (1, 40), ("kernel", "auto")
+                ):  # routes may depend on k
+                    a, b = (
+                        np.zeros((1, k), get_format(name).code_dtype)
+                        for name in (params.a_format, params.b_format)
+                    )
+                    scales = (
+                        None
+                        if params.scales == "none"
+                        else np.full((1, -(-k // params.block_size)), 127, np.uint8)
+                    )
+                    dot_with_params(
+                        params, a, b, scale_a=scales, scale_b=scales, c=c, method=method
+                    )
 
     action.warm = warm
     return action
@@ -1511,20 +2390,35 @@ def gen_nvfp4(rng, env, inputs, outputs):
 
     np_rng = np.random.default_rng(rng.randrange(2**32))
     rows, cols = rng.choice([0, 1, 2, 3]), rng.choice([0, 16, 32, 48, 17, 64])
-    x = (np_rng.standard_normal((rows, cols)) * np.exp2(np_rng.integers(-20, 20, (rows, 1)))).astype(
-        rng.choice([np.float32, np.float32, np.float16, np.float64]))
+    x = (
+        np_rng.standard_normal((rows, cols)) * np.exp2(np_rng.integers(-20, 20, (rows, 1)))
+    ).astype(rng.choice([np.float32, np.float32, np.float16, np.float64]))
     if x.size and rng.random() < 0.3:
         x.flat[rng.randrange(x.size)] = rng.choice([np.inf, -np.inf, np.nan, 0.0, 3e38, 1e-45])
     if rng.random() < 0.1:
         x = np.ma.masked_array(x, mask=np_rng.random(x.shape) < 0.5)
     if rng.random() < 0.05:
-        x = rng.choice([x.tolist(), np.broadcast_to(np.float32(1), (1 << 20, 1 << 12)), x.astype(np.int32)])
+        x = rng.choice(
+            [x.tolist(), np.broadcast_to(np.float32(1), (1 << 20, 1 << 12)), x.astype(np.int32)]
+        )
 
     def action():
-        amax = rng.choice([None, 1.0, float(np.abs(np.asarray(x, dtype=np.float64)).max(initial=0)) if
-                           isinstance(x, np.ndarray) and x.size < 10**6 else 1.0, hostile(rng), 1e-45, "0.5"])
+        amax = rng.choice(
+            [
+                None,
+                1.0,
+                float(np.abs(np.asarray(x, dtype=np.float64)).max(initial=0))
+                if isinstance(x, np.ndarray) and x.size < 10**6
+                else 1.0,
+                hostile(rng),
+                1e-45,
+                "0.5",
+            ]
+        )
         if amax is None:
-            tensor_scale = rng.choice([None, hostile(rng), np.float32(0.25), [0.5], 1 + 0j, 10**400])
+            tensor_scale = rng.choice(
+                [None, hostile(rng), np.float32(0.25), [0.5], 1 + 0j, 10**400]
+            )
         else:
             tensor_scale = tensor_scale_from_amax(amax)
         tensor = quantize_nvfp4(x, tensor_scale)
@@ -1534,17 +2428,37 @@ def gen_nvfp4(rng, env, inputs, outputs):
         blocks = x.astype(np.float32).reshape(-1, 16) if x.size else np.zeros((0, 16), np.float32)
         codes = tensor.codes.reshape(-1, 16) if x.size else np.zeros((0, 16), np.uint8)
         for i, block in enumerate(blocks[:8]):
-            want_scale, want_codes = quantize_nvfp4_reference(block.tolist(), tensor.tensor_scale, element, scale)
-            if int(tensor.scales.reshape(-1)[i]) != want_scale or codes[i].tolist() != list(want_codes):
-                raise SilentWrong(f"block {i}: scale {int(tensor.scales.reshape(-1)[i])} codes {codes[i].tolist()}, "
-                                  f"twin {want_scale} {list(want_codes)}")
+            want_scale, want_codes = quantize_nvfp4_reference(
+                block.tolist(), tensor.tensor_scale, element, scale
+            )
+            if int(tensor.scales.reshape(-1)[i]) != want_scale or codes[i].tolist() != list(
+                want_codes
+            ):
+                raise SilentWrong(
+                    f"block {i}: scale {int(tensor.scales.reshape(-1)[i])} codes {codes[i].tolist()}, "
+                    f"twin {want_scale} {list(want_codes)}"
+                )
+
     return action
 
 
-GENERATORS = {"hwconfig": gen_hwconfig, "manifest": gen_manifest, "npz": gen_npz, "api": gen_api, "cli": gen_cli,
-              "sweep": gen_sweep, "extends": gen_extends, "golden_pair": gen_golden_pair, "scheduler": gen_scheduler,
-              "files": gen_files, "model_dir": gen_model_dir, "probe_box": gen_probe_box, "trace_v2": gen_trace_v2,
-              "datapath_bounds": gen_datapath_bounds, "nvfp4": gen_nvfp4}
+GENERATORS = {
+    "hwconfig": gen_hwconfig,
+    "manifest": gen_manifest,
+    "npz": gen_npz,
+    "api": gen_api,
+    "cli": gen_cli,
+    "sweep": gen_sweep,
+    "extends": gen_extends,
+    "golden_pair": gen_golden_pair,
+    "scheduler": gen_scheduler,
+    "files": gen_files,
+    "model_dir": gen_model_dir,
+    "probe_box": gen_probe_box,
+    "trace_v2": gen_trace_v2,
+    "datapath_bounds": gen_datapath_bounds,
+    "nvfp4": gen_nvfp4,
+}
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -1562,8 +2476,14 @@ def test_fuzz_family(family, fuzz_env, tmp_path):
     if fuzz_env["release"]:  # MXSIM_FUZZ_CASES_<FAMILY>: one family's count in a long campaign
         cases = int(os.environ.get(f"MXSIM_FUZZ_CASES_{family.upper()}", cases))
 
-    @settings(derandomize=True, database=None, deadline=None, max_examples=cases,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        derandomize=True,
+        database=None,
+        deadline=None,
+        max_examples=cases,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(seed=st.integers(0, 2**32 - 1))
     @example(seed=0)
     def check(seed):

@@ -25,7 +25,15 @@ def fp4_corners():
 
 
 def exact(vectors, i, unit=FP4):
-    return exact_value(vectors.a[i], vectors.b[i], vectors.scale_a[i], vectors.scale_b[i], vectors.c[i], unit.a_format, unit.b_format)
+    return exact_value(
+        vectors.a[i],
+        vectors.b[i],
+        vectors.scale_a[i],
+        vectors.scale_b[i],
+        vectors.c[i],
+        unit.a_format,
+        unit.b_format,
+    )
 
 
 def spacing(x: Fraction) -> Fraction:
@@ -50,19 +58,30 @@ def labelled(vectors, pattern):
 
 
 def test_exact_ties_are_midpoints_and_near_ties_are_not(fp4_corners):
-    ties = labelled(fp4_corners, r"tie_(even_down|odd_up)_e-?\d+_j\d+|tie_carry_.*|tie_subnormal_m\d+_(plus|minus)_half_(pos|neg)")
+    ties = labelled(
+        fp4_corners,
+        r"tie_(even_down|odd_up)_e-?\d+_j\d+|tie_carry_.*|tie_subnormal_m\d+_(plus|minus)_half_(pos|neg)",
+    )
     for i in ties:
         value = exact(fp4_corners, i)
-        assert value.kind == "finite" and ulp_fraction(value.value) == Fraction(1, 2), fp4_corners.labels[i]
+        assert value.kind == "finite" and ulp_fraction(value.value) == Fraction(1, 2), (
+            fp4_corners.labels[i]
+        )
     near = labelled(fp4_corners, r"tie_.*(tiny|plus_half_plus_2\^-\d+).*")
     for i in near:
         where = ulp_fraction(exact(fp4_corners, i).value)
         # off the midpoint by a quarter ulp or less: only the bits below the round bit decide
-        assert where != Fraction(1, 2) and Fraction(1, 4) <= where <= Fraction(3, 4), fp4_corners.labels[i]
+        assert where != Fraction(1, 2) and Fraction(1, 4) <= where <= Fraction(3, 4), (
+            fp4_corners.labels[i]
+        )
 
 
 def test_ties_cover_every_fp32_binade(fp4_corners):
-    exponents = {int(m.group(1)) for label in fp4_corners.labels if (m := re.fullmatch(r"tie_odd_up_e(-?\d+)_j\d+", label))}
+    exponents = {
+        int(m.group(1))
+        for label in fp4_corners.labels
+        if (m := re.fullmatch(r"tie_odd_up_e(-?\d+)_j\d+", label))
+    }
     assert exponents == set(range(-126, 128))
 
 
@@ -97,26 +116,40 @@ def test_cancellation_when_max_times_max_blocks_exceed_fp32():
     for i in rows:
         value = exact(vectors, i, unit)
         assert value.kind == "finite" and value.value == 0
-        assert abs(decode_fp32(int(vectors.c[i])).value) > FP32_MAX / 8  # still near the top of the range
+        assert (
+            abs(decode_fp32(int(vectors.c[i])).value) > FP32_MAX / 8
+        )  # still near the top of the range
 
 
 def test_overflow_corners(fp4_corners):
     (i,) = labelled(fp4_corners, r"overflow_max_plus_half_ulp_tie_pos")
     assert exact(fp4_corners, i).value == FP32_MAX + Fraction(2) ** 103
     (i,) = labelled(fp4_corners, r"overflow_block_2\^128_vs_c_minus_max_pos")
-    assert exact(fp4_corners, i).value == Fraction(2) ** 104  # a block past the range cancelled back in
+    assert (
+        exact(fp4_corners, i).value == Fraction(2) ** 104
+    )  # a block past the range cancelled back in
     for i in labelled(fp4_corners, r"overflow_all_max_block_scale_sum_\d+"):
         assert exact(fp4_corners, i).kind == "finite"
-    sums = sorted(int(label.rsplit("_", 1)[1]) for label in fp4_corners.labels if label.startswith("overflow_all_max_block_scale_sum_"))
+    sums = sorted(
+        int(label.rsplit("_", 1)[1])
+        for label in fp4_corners.labels
+        if label.startswith("overflow_all_max_block_scale_sum_")
+    )
     # 1152 * 2^(s - 254) first reaches the round-to-Inf threshold (2 - 2^-24) 2^127 at s = 372
     assert {371, 372} <= set(sums) and max(sums) == 508
 
 
 def test_alignment_corners_are_what_they_say(fp4_corners):
     for i in labelled(fp4_corners, r"align_c_2\^(-?\d+)_minus_2\^-(\d+)"):
-        e0, d = map(int, re.fullmatch(r"align_c_2\^(-?\d+)_minus_2\^-(\d+)", fp4_corners.labels[i]).groups())
+        e0, d = map(
+            int, re.fullmatch(r"align_c_2\^(-?\d+)_minus_2\^-(\d+)", fp4_corners.labels[i]).groups()
+        )
         assert exact(fp4_corners, i).value == Fraction(2) ** e0 - Fraction(2) ** (e0 - d)
-    shifts = {int(m.group(1)) for label in fp4_corners.labels if (m := re.fullmatch(r"align_c_2\^0_plus_2\^-(\d+)", label))}
+    shifts = {
+        int(m.group(1))
+        for label in fp4_corners.labels
+        if (m := re.fullmatch(r"align_c_2\^0_plus_2\^-(\d+)", label))
+    }
     assert {23, 24, 25, 26} <= shifts  # around the 24-bit output significand
 
 
@@ -127,7 +160,10 @@ def test_special_corners(fp4_corners):
         assert decode_fp32(int(fp4_corners.c[i])).kind == "nan"
     for i in labelled(fp4_corners, r"inf_c_.*"):
         assert decode_fp32(int(fp4_corners.c[i])).kind == "inf"
-    scales = {(int(fp4_corners.scale_a[i, 0]), int(fp4_corners.scale_b[i, 0])) for i in range(len(fp4_corners))}
+    scales = {
+        (int(fp4_corners.scale_a[i, 0]), int(fp4_corners.scale_b[i, 0]))
+        for i in range(len(fp4_corners))
+    }
     assert {(0, 0), (254, 254), (0, 254), (254, 0)} <= scales
 
 
@@ -135,14 +171,20 @@ def test_zero_sign_corners(fp4_corners):
     for i in labelled(fp4_corners, r"neg_zero_products_neg_zero_c|neg_zero_a_products_neg_zero_c"):
         value = exact(fp4_corners, i)
         assert value.value == 0 and value.negative  # every addend -0
-    for i in labelled(fp4_corners, r"neg_zero_products_but_one_pos_zero_neg_zero_c|neg_zero_times_neg_zero_products_neg_zero_c"):
+    for i in labelled(
+        fp4_corners,
+        r"neg_zero_products_but_one_pos_zero_neg_zero_c|neg_zero_times_neg_zero_products_neg_zero_c",
+    ):
         value = exact(fp4_corners, i)
         assert value.value == 0 and not value.negative
 
 
 def test_subnormal_element_corners_use_subnormal_codes(fp4_corners):
     for i in labelled(fp4_corners, r"subnormal_min_sub_x_min_sub_.*"):
-        assert decode_element(int(fp4_corners.a[i, 0]), "fp4_e2m1").value in (Fraction(1, 2), Fraction(-1, 2))
+        assert decode_element(int(fp4_corners.a[i, 0]), "fp4_e2m1").value in (
+            Fraction(1, 2),
+            Fraction(-1, 2),
+        )
 
 
 def test_corner_families_present_for_formats_with_specials():
@@ -170,7 +212,10 @@ def test_product_table_realizes_every_small_sum_exactly():
     for units in range(0, 2001):
         pairs = table.realize(units, 32)
         assert pairs is not None and len(pairs) <= 32
-        total = sum(decode_element(a, "fp4_e2m1").value * decode_element(b, "fp4_e2m1").value for a, b in pairs)
+        total = sum(
+            decode_element(a, "fp4_e2m1").value * decode_element(b, "fp4_e2m1").value
+            for a, b in pairs
+        )
         assert total == units * Fraction(1, 4)
     assert table.realize(144 * 32 + 1, 32) is None  # past 32 lanes of 6 x 6
 
@@ -178,4 +223,6 @@ def test_product_table_realizes_every_small_sum_exactly():
 def test_corners_depend_only_on_the_generator_state():
     one = corner_cases(FP4, None, np.random.default_rng(5))
     two = corner_cases(FP4, None, np.random.default_rng(5))
-    assert one.labels == two.labels and np.array_equal(one.c, two.c) and np.array_equal(one.a, two.a)
+    assert (
+        one.labels == two.labels and np.array_equal(one.c, two.c) and np.array_equal(one.a, two.a)
+    )

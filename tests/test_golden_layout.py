@@ -65,7 +65,13 @@ def test_fp16_output_is_sixteen_bits():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(k=32, K=48), dict(k=0, K=32), dict(out_format="fp8_e4m3"), dict(c_format="fp16"), dict(c_format="bf16")],
+    [
+        dict(k=32, K=48),
+        dict(k=0, K=32),
+        dict(out_format="fp8_e4m3"),
+        dict(c_format="fp16"),
+        dict(c_format="bf16"),
+    ],
 )
 def test_invalid_units_are_refused(kwargs):
     with pytest.raises(MxsimError):
@@ -73,16 +79,25 @@ def test_invalid_units_are_refused(kwargs):
 
 
 def test_fp64_unit_has_64_bit_codes_c_and_d():
-    layout = layout_for(unit("fp64", "fp32", k=4, K=4, scaled=False, out_format="fp64", c_format="fp64"))
-    assert slices(layout) == [("a", 511, 256, 256, 4, 64), ("b", 255, 128, 128, 4, 32),
-                              ("c", 127, 64, 64, 1, 64), ("d", 63, 0, 64, 1, 64)]
+    layout = layout_for(
+        unit("fp64", "fp32", k=4, K=4, scaled=False, out_format="fp64", c_format="fp64")
+    )
+    assert slices(layout) == [
+        ("a", 511, 256, 256, 4, 64),
+        ("b", 255, 128, 128, 4, 32),
+        ("c", 127, 64, 64, 1, 64),
+        ("d", 63, 0, 64, 1, 64),
+    ]
     assert layout.field("c").meaning == "accumulator input, FP64 bits"
 
 
 def test_units_from_hwconfig_take_fp64_c_from_the_config():
     (dmma,) = units_from_hwconfig(load_hwconfig(REPO / "hwconfigs" / "a100-dmma.yaml"))
     assert (dmma.a_format, dmma.c_format, dmma.out_format) == ("fp64", "fp64", "fp64")
-    assert all(u.c_format == "fp32" for u in units_from_hwconfig(load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")))
+    assert all(
+        u.c_format == "fp32"
+        for u in units_from_hwconfig(load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml"))
+    )
 
 
 def test_quark_names_are_normalised():
@@ -103,7 +118,10 @@ def test_units_from_hwconfig_cover_every_accepted_pair(ocp_exact):
     assert len(units) == len(ocp_exact.a_formats) * len(ocp_exact.b_formats)
     first = units[0]
     assert first.config_name == ocp_exact.name and first.config_hash == ocp_exact.digest
-    assert all(u.block_size == 32 and u.dot_length == 32 and u.scaled and u.out_format == "fp32" for u in units)
+    assert all(
+        u.block_size == 32 and u.dot_length == 32 and u.scaled and u.out_format == "fp32"
+        for u in units
+    )
 
 
 def test_units_from_hwconfig_pairs_and_dot_length(ocp_exact):

@@ -136,13 +136,18 @@ def to_bits(v: Value) -> int:
     return round_to_fp32(v.value)
 
 
-def ocp_exact_dot_one(a, b, scale_a, scale_b, c_bits: int, a_format: str, b_format: str, block_size: int) -> int:
+def ocp_exact_dot_one(
+    a, b, scale_a, scale_b, c_bits: int, a_format: str, b_format: str, block_size: int
+) -> int:
     """FP32 bits of one ocp-exact dot product (see the module docstring)."""
     acc = decode_fp32(int(c_bits))
     K = len(a)
     for block in range(K // block_size):
         lanes = range(block * block_size, (block + 1) * block_size)
-        products = [multiply(decode_element(int(a[i]), a_format), decode_element(int(b[i]), b_format)) for i in lanes]
+        products = [
+            multiply(decode_element(int(a[i]), a_format), decode_element(int(b[i]), b_format))
+            for i in lanes
+        ]
         if scale_a is not None:
             xa, xb = int(scale_a[block]), int(scale_b[block])
             if 0xFF in (xa, xb):
@@ -163,8 +168,14 @@ def ocp_exact_expected_fn(unit):
         return np.array(
             [
                 ocp_exact_dot_one(
-                    a[i], b[i], None if scale_a is None else scale_a[i], None if scale_b is None else scale_b[i],
-                    c[i], unit.a_format, unit.b_format, unit.block_size,
+                    a[i],
+                    b[i],
+                    None if scale_a is None else scale_a[i],
+                    None if scale_b is None else scale_b[i],
+                    c[i],
+                    unit.a_format,
+                    unit.b_format,
+                    unit.block_size,
                 )
                 for i in range(len(c))
             ],
@@ -177,7 +188,10 @@ def ocp_exact_expected_fn(unit):
 
 def exact_value(a, b, scale_a, scale_b, c_bits, a_format, b_format) -> Value:
     """The exact (unrounded) single-block sum c + 2^(Xa+Xb-254) Σ a_i b_i, for checking corner labels."""
-    products = [multiply(decode_element(int(x), a_format), decode_element(int(y), b_format)) for x, y in zip(a, b)]
+    products = [
+        multiply(decode_element(int(x), a_format), decode_element(int(y), b_format))
+        for x, y in zip(a, b)
+    ]
     if 0xFF in (int(scale_a[0]), int(scale_b[0])):
         return Value("nan")
     factor = Fraction(2) ** (int(scale_a[0]) + int(scale_b[0]) - 254)
@@ -206,13 +220,31 @@ def dot(lanes, sa=127, sb=127, c=0):
         ([(FP4[1.5], FP4[3.0])], 128, 126, 0x3F800000, 0x40B00000),  # 4.5 + 1 = 5.5
         ([(FP4[0.5], FP4[0.5])], 116, 116, 0x3F800000, 0x3F800000),  # 1 + 2^-24: tie, to even 1.0
         ([(FP4[0.5], FP4[0.5])], 116, 116, 0x3F800001, 0x3F800002),  # (1 + 2^-23) + 2^-24: tie, up
-        ([(FP4[0.5], FP4[0.5]), (FP4[0.5], FP4[0.5])], 115, 116, 0x3F800000, 0x3F800000),  # 2^-24 split: tie
+        (
+            [(FP4[0.5], FP4[0.5]), (FP4[0.5], FP4[0.5])],
+            115,
+            116,
+            0x3F800000,
+            0x3F800000,
+        ),  # 2^-24 split: tie
         ([(FP4[0.5], FP4[0.5])], 107, 0, 0, 0x00000001),  # 2^-2 × 2^-147 = 2^-149, min subnormal
         ([(FP4[0.5] | NEG, FP4[0.5])], 107, 0, 0, 0x80000001),
         ([(FP4[0.5] | NEG, FP4[0.5])], 105, 0, 0, 0x80000000),  # −2^-151 rounds to −0
-        ([(FP4[0.5], FP4[1.0])], 105, 0, 0, 0x00000000),  # 2^-150: tie between 0 and 2^-149, to even 0
+        (
+            [(FP4[0.5], FP4[1.0])],
+            105,
+            0,
+            0,
+            0x00000000,
+        ),  # 2^-150: tie between 0 and 2^-149, to even 0
         ([(FP4[0.5], FP4[1.5])], 105, 0, 0, 0x00000001),  # 1.5 × 2^-150 rounds up
-        ([(FP4[0.5], FP4[0.5])], 180, 179, 0x7F7FFFFF, 0x7F800000),  # max + 2^103 (half ulp): tie, to Inf
+        (
+            [(FP4[0.5], FP4[0.5])],
+            180,
+            179,
+            0x7F7FFFFF,
+            0x7F800000,
+        ),  # max + 2^103 (half ulp): tie, to Inf
         ([(FP4[1.0], FP4[1.5])], 178, 178, 0x7F7FFFFF, 0x7F7FFFFF),  # max + 1.5 × 2^102 < half ulp
         ([(FP4[6.0], FP4[6.0])] * 32, 254, 254, 0, 0x7F800000),  # 1152 × 2^254 overflows
         ([(FP4[1.0], FP4[1.0])], 255, 127, 0, QNAN),  # NaN scale
@@ -225,7 +257,13 @@ def dot(lanes, sa=127, sb=127, c=0):
         ([(0x0, FP4[1.0] | NEG)] * 32, 127, 127, 0x80000000, 0x80000000),  # all −0 addends
         ([(0x0, FP4[1.0] | NEG)] * 32, 127, 127, 0x00000000, 0x00000000),
         ([(NEG, NEG)] * 32, 127, 127, 0x80000000, 0x00000000),  # (−0)(−0) = +0
-        ([(FP4[6.0], FP4[6.0]), (FP4[6.0] | NEG, FP4[6.0])], 127, 127, 0x80000000, 0x00000000),  # cancel: +0
+        (
+            [(FP4[6.0], FP4[6.0]), (FP4[6.0] | NEG, FP4[6.0])],
+            127,
+            127,
+            0x80000000,
+            0x00000000,
+        ),  # cancel: +0
         ([(FP4[6.0], FP4[6.0])] * 32, 127, 127, 0xC4900000, 0x00000000),  # 1152 − 1152
     ],
 )
@@ -236,7 +274,9 @@ def test_model_matches_hand_worked_values(lanes, sa, sb, c, expected):
 def test_model_infinities_in_e5m2_elements():
     inf, neg_inf, one = 0x7C, 0xFC, 0x3C  # e5m2: exponent 31 is Inf/NaN; 0x3C = 1.0
     pad = [0] * 30
-    run = lambda a, b, c=0: ocp_exact_dot_one(a + pad, b + pad, [127], [127], c, "fp8_e5m2", "fp8_e5m2", 32)
+    run = lambda a, b, c=0: ocp_exact_dot_one(
+        a + pad, b + pad, [127], [127], c, "fp8_e5m2", "fp8_e5m2", 32
+    )
     assert run([inf, one], [one, one]) == INF
     assert run([inf, neg_inf], [one, one]) == QNAN  # Inf − Inf
     assert run([inf, 0], [0, one]) == QNAN  # Inf × 0
@@ -246,7 +286,9 @@ def test_model_infinities_in_e5m2_elements():
 
 def test_model_e4m3_nan_and_max():
     pad = [0] * 31
-    run = lambda a, b: ocp_exact_dot_one([a] + pad, [b] + pad, [127], [127], 0, "fp8_e4m3", "fp8_e4m3", 32)
+    run = lambda a, b: ocp_exact_dot_one(
+        [a] + pad, [b] + pad, [127], [127], 0, "fp8_e4m3", "fp8_e4m3", 32
+    )
     assert run(0x7F, 0x38) == QNAN  # S.1111.111 is NaN
     assert run(0x7E, 0x38) == 0x43E00000  # 448 × 1 = 448
 
@@ -265,7 +307,10 @@ def test_decoders_agree_with_mxsim_format_table():
             elif np.isinf(reference):
                 assert mine.kind == "inf" and mine.negative == (reference < 0), (name, code)
             else:
-                assert mine.kind == "finite" and mine.value == Fraction(float(reference)), (name, code)
+                assert mine.kind == "finite" and mine.value == Fraction(float(reference)), (
+                    name,
+                    code,
+                )
 
 
 def test_rounding_agrees_with_numpy_on_float64_exact_values():

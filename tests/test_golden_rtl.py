@@ -48,7 +48,10 @@ def require(available: bool, what: str) -> None:
 
 
 def require_icarus() -> None:
-    require(shutil.which("iverilog") is not None and shutil.which("vvp") is not None, "Icarus Verilog (iverilog, vvp)")
+    require(
+        shutil.which("iverilog") is not None and shutil.which("vvp") is not None,
+        "Icarus Verilog (iverilog, vvp)",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,9 @@ def vectors(tmp_path_factory):
     """fp4 x fp4 vector files (K = k = 32) with expected bits from the Fraction model: kind -> (path, count)."""
     out = tmp_path_factory.mktemp("golden")
     unit = GoldenUnit("ocp-exact", "fraction-model", "fp4_e2m1", "fp4_e2m1")
-    manifest = generate(unit, out, cases=1000, seed=2024, kinds=KINDS, expected_fn=ocp_exact_expected_fn(unit))
+    manifest = generate(
+        unit, out, cases=1000, seed=2024, kinds=KINDS, expected_fn=ocp_exact_expected_fn(unit)
+    )
     files = manifest["units"][0]["files"]
     return {kind: (out / files[kind]["vectors"], files[kind]["count"]) for kind in KINDS}
 
@@ -64,9 +69,21 @@ def vectors(tmp_path_factory):
 def compile_bench(bench: str, bug: int, out: Path) -> Path:
     """Compile examples/rtl's ``bench``.sv around mxdot_fp4.sv with parameter BUG; the .vvp path."""
     target = out / f"{bench}_bug{bug}.vvp"
-    subprocess.run(["iverilog", "-g2012", f"-P{bench}.BUG={bug}", "-o", str(target),
-                    str(RTL / "mxdot_fp4.sv"), str(RTL / f"{bench}.sv")],
-                   check=True, capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        [
+            "iverilog",
+            "-g2012",
+            f"-P{bench}.BUG={bug}",
+            "-o",
+            str(target),
+            str(RTL / "mxdot_fp4.sv"),
+            str(RTL / f"{bench}.sv"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return target
 
 
@@ -104,7 +121,9 @@ def test_correct_rtl_passes_every_vector(build, vectors, kind):
     assert (status, passed, failed) == (0, count, 0), output
 
 
-@pytest.mark.parametrize("bug", sorted(BUGS), ids=[f"bug{b}-{BUGS[b].replace(' ', '-')}" for b in sorted(BUGS)])
+@pytest.mark.parametrize(
+    "bug", sorted(BUGS), ids=[f"bug{b}-{BUGS[b].replace(' ', '-')}" for b in sorted(BUGS)]
+)
 def test_broken_rtl_is_caught_by_the_corner_vectors(build, vectors, bug):
     path, count = vectors["corners"]
     status, passed, failed, output = simulate(build(bug), path, count)
@@ -144,15 +163,39 @@ def test_cocotb_flow_good_and_broken(tmp_path):
         require(False, "cocotb 2.x (pip install cocotb)")
     script = RTL / "cocotb" / "run_cocotb.py"
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    common = ["--cases", "200", "--expected", "test_golden_model:ocp_exact_expected_fn",
-              "--python-path", str(REPO / "tests"), "--build-dir", str(tmp_path)]
-    good = subprocess.run([sys.executable, str(script), "--bug", "0", *common],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert good.returncode == 0 and "cocotb: 2 passed, 0 failed" in good.stdout, good.stdout[-3000:] + good.stderr[-3000:]
+    common = [
+        "--cases",
+        "200",
+        "--expected",
+        "test_golden_model:ocp_exact_expected_fn",
+        "--python-path",
+        str(REPO / "tests"),
+        "--build-dir",
+        str(tmp_path),
+    ]
+    good = subprocess.run(
+        [sys.executable, str(script), "--bug", "0", *common],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert good.returncode == 0 and "cocotb: 2 passed, 0 failed" in good.stdout, (
+        good.stdout[-3000:] + good.stderr[-3000:]
+    )
     corners = re.search(r"corners: (\d+) passed, (\d+) failed", good.stdout + good.stderr)
     assert corners and int(corners.group(1)) > 1000 and corners.group(2) == "0"
-    broken = subprocess.run([sys.executable, str(script), "--bug", "3", *common],
-                            capture_output=True, text=True, timeout=120, env=env)
+    broken = subprocess.run(
+        [sys.executable, str(script), "--bug", "3", *common],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     output = broken.stdout + broken.stderr
-    assert broken.returncode == 1 and re.search(r"mxdot_cocotb\.corner_vectors\s+FAIL", output), output[-3000:]
-    assert re.search(r"corners: \d+ passed, [1-9]\d* failed", output), output[-3000:]  # failed on vectors, not on an error
+    assert broken.returncode == 1 and re.search(r"mxdot_cocotb\.corner_vectors\s+FAIL", output), (
+        output[-3000:]
+    )
+    assert re.search(r"corners: \d+ passed, [1-9]\d* failed", output), output[
+        -3000:
+    ]  # failed on vectors, not on an error

@@ -23,8 +23,12 @@ def one_vector(unit, lanes, scale_a=127, scale_b=127, c_bits=0):
         a[0, lane], b[0, lane] = x, y
     nb = unit.dot_length // unit.block_size
     return VectorSet(
-        a, b, np.full((1, nb), scale_a, np.uint8), np.full((1, nb), scale_b, np.uint8),
-        np.array([c_bits], dtype=np.uint32), labels=["hand"],
+        a,
+        b,
+        np.full((1, nb), scale_a, np.uint8),
+        np.full((1, nb), scale_b, np.uint8),
+        np.array([c_bits], dtype=np.uint32),
+        labels=["hand"],
     )
 
 
@@ -66,14 +70,18 @@ def test_exact_stages_specials_and_signed_zero():
     record = exact_stages(e5m2, one_vector(e5m2, [(inf, one), (neg_inf, one)]))[0]
     assert record["accumulator"][:2] == ["inf", "nan"] and record["exact_sum"] == "nan"
     record = exact_stages(e5m2, one_vector(e5m2, [(inf, one)], c_bits=0xFF800000))[0]
-    assert record["accumulator"][0] == "inf" and record["c"] == "-inf" and record["exact_sum"] == "nan"
+    assert (
+        record["accumulator"][0] == "inf" and record["c"] == "-inf" and record["exact_sum"] == "nan"
+    )
     record = exact_stages(e5m2, one_vector(e5m2, [(inf, 0x00)]))[0]  # Inf x 0
     assert record["products"][0][0] == "nan"
 
 
 def test_exact_stages_two_blocks():
     unit = GoldenUnit("t", "0", "fp4_e2m1", "fp4_e2m1", block_size=2, dot_length=4)
-    vectors = one_vector(unit, [(0x2, 0x2), (0, 0), (0x2, 0x2)], scale_a=128)  # block scales 2^1 each
+    vectors = one_vector(
+        unit, [(0x2, 0x2), (0, 0), (0x2, 0x2)], scale_a=128
+    )  # block scales 2^1 each
     record = exact_stages(unit, vectors)[0]
     assert record["scale_exponents"] == [1, 1]
     assert record["accumulator"][-1] == on_grid(Fraction(4), -149)

@@ -54,12 +54,17 @@ UNITS = [
 ]
 
 
-@given(unit_index=st.integers(0, len(UNITS) - 1), n=st.integers(0, 20), seed=st.integers(0, 2**32 - 1))
+@given(
+    unit_index=st.integers(0, len(UNITS) - 1), n=st.integers(0, 20), seed=st.integers(0, 2**32 - 1)
+)
 def test_written_text_parses_back_to_the_same_vectors(unit_index, n, seed):
     unit = UNITS[unit_index]
     layout = layout_for(unit)
     vectors = random_vectors(unit, n, seed)
-    text = "\n".join(header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=n) + format_lines(layout, vectors))
+    text = "\n".join(
+        header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=n)
+        + format_lines(layout, vectors)
+    )
     parsed_layout, parsed = parse_vector_text(text)
     assert parsed_layout == layout
     for name in layout.names:
@@ -123,13 +128,17 @@ def test_read_vector_file_refuses_non_ascii_and_over_budget_files(tmp_path, monk
 
     latin1 = tmp_path / "latin1.hex"
     latin1.write_bytes("// field caf\u00e9\n".encode("latin-1"))
-    with pytest.raises(InputFileError, match=r"latin1.hex: not ASCII text \(byte 0xe9 at offset 12\)"):
+    with pytest.raises(
+        InputFileError, match=r"latin1.hex: not ASCII text \(byte 0xe9 at offset 12\)"
+    ):
         read_vector_file(latin1)
     sparse = tmp_path / "sparse.hex"
     with open(sparse, "wb") as handle:  # 5 GiB that take no disk: refused on its size, never read
         handle.truncate(5 << 30)
     monkeypatch.setenv("MXSIM_MAX_BYTES", "4G")
-    with pytest.raises(InputFileError, match="sparse.hex: reading the vector file .* more than the memory budget"):
+    with pytest.raises(
+        InputFileError, match="sparse.hex: reading the vector file .* more than the memory budget"
+    ):
         read_vector_file(sparse)
     with pytest.raises(InputFileError, match="no such file"):
         read_vector_file(tmp_path / "absent.hex")
@@ -140,33 +149,71 @@ def test_a_header_without_a_required_field_is_an_mxsim_error():
     # found by the fuzz family "files" (a mutated header dropped a field line: KeyError before)
     unit = GoldenUnit("cfg", "0" * 64, "fp4_e2m1", "fp4_e2m1")
     layout = layout_for(unit)
-    vectors = VectorSet(a=np.zeros((1, 32), np.uint8), b=np.zeros((1, 32), np.uint8),
-                        scale_a=np.full((1, 1), 127, np.uint8), scale_b=np.full((1, 1), 127, np.uint8),
-                        c=np.zeros(1, np.uint32), d=np.zeros(1, np.uint32))
-    text = "\n".join(header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
-                     + format_lines(layout, vectors)) + "\n"
+    vectors = VectorSet(
+        a=np.zeros((1, 32), np.uint8),
+        b=np.zeros((1, 32), np.uint8),
+        scale_a=np.full((1, 1), 127, np.uint8),
+        scale_b=np.full((1, 1), 127, np.uint8),
+        c=np.zeros(1, np.uint32),
+        d=np.zeros(1, np.uint32),
+    )
+    text = (
+        "\n".join(
+            header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
+            + format_lines(layout, vectors)
+        )
+        + "\n"
+    )
     assert parse_vector_text(text)[1].a.shape == (1, 32)
     for name in ("b", "c"):
         lines = [line for line in text.splitlines() if not line.startswith(f"// field {name} ")]
         assert len(lines) == len(text.splitlines()) - 1
-        with pytest.raises(MxsimError, match="expected a, b, c, d and optionally scale_a, scale_b, each once"):
+        with pytest.raises(
+            MxsimError, match="expected a, b, c, d and optionally scale_a, scale_b, each once"
+        ):
             parse_vector_text("\n".join(lines))
 
 
 def test_64_bit_fields_round_trip_and_wider_items_are_refused():
-    unit = GoldenUnit("cfg", "0" * 64, "fp64", "fp64", block_size=2, dot_length=2, scaled=False, out_format="fp64",
-                      c_format="fp64")
+    unit = GoldenUnit(
+        "cfg",
+        "0" * 64,
+        "fp64",
+        "fp64",
+        block_size=2,
+        dot_length=2,
+        scaled=False,
+        out_format="fp64",
+        c_format="fp64",
+    )
     layout = layout_for(unit)
     top = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
-    vectors = VectorSet(a=np.array([[top, 1]], np.uint64), b=np.array([[0x8000_0000_0000_0000, 2]], np.uint64),
-                        scale_a=None, scale_b=None, c=np.array([top], np.uint64), d=np.array([0x7FF8 << 48], np.uint64))
-    text = "\n".join(header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
-                     + format_lines(layout, vectors)) + "\n"
-    assert text.splitlines()[-1] == ("0000000000000001ffffffffffffffff_00000000000000028000000000000000_"
-                                     "ffffffffffffffff_7ff8000000000000")
+    vectors = VectorSet(
+        a=np.array([[top, 1]], np.uint64),
+        b=np.array([[0x8000_0000_0000_0000, 2]], np.uint64),
+        scale_a=None,
+        scale_b=None,
+        c=np.array([top], np.uint64),
+        d=np.array([0x7FF8 << 48], np.uint64),
+    )
+    text = (
+        "\n".join(
+            header_lines(layout, unit, mxsim_version="x", seed=0, kind="random", count=1)
+            + format_lines(layout, vectors)
+        )
+        + "\n"
+    )
+    assert text.splitlines()[-1] == (
+        "0000000000000001ffffffffffffffff_00000000000000028000000000000000_"
+        "ffffffffffffffff_7ff8000000000000"
+    )
     _, back = parse_vector_text(text)
     for name in ("a", "b", "c", "d"):
-        assert getattr(back, name).dtype == np.uint64 and np.array_equal(getattr(back, name), getattr(vectors, name))
+        assert getattr(back, name).dtype == np.uint64 and np.array_equal(
+            getattr(back, name), getattr(vectors, name)
+        )
     wider = text.replace("(1 x 64): accumulator", "(1 x 65): accumulator")
-    with pytest.raises(MxsimError, match="field 'c' declares 1 items of 65 bits; expected items of 1..64 bits"):
+    with pytest.raises(
+        MxsimError, match="field 'c' declares 1 items of 65 bits; expected items of 1..64 bits"
+    ):
         parse_vector_text(wider)

@@ -17,7 +17,14 @@ from mxsim import get_format
 from mxsim.datapath import load_hwconfig
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import MxsimError
-from mxsim.golden import GoldenUnit, generate, make_cases, output_bits, read_vector_file, units_from_hwconfig
+from mxsim.golden import (
+    GoldenUnit,
+    generate,
+    make_cases,
+    output_bits,
+    read_vector_file,
+    units_from_hwconfig,
+)
 from test_golden_model import ocp_exact_expected_fn
 
 FP4 = GoldenUnit("ocp-exact", "c0ffee" * 10 + "abcd", "fp4_e2m1", "fp4_e2m1")
@@ -34,12 +41,23 @@ def test_files_and_manifest(tmp_path):
     manifest = run(tmp_path, kinds=["random", "corners"], stage_dumps=True)
     assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
     assert manifest["config"] == {"name": "ocp-exact", "sha256": FP4.config_hash}
-    assert manifest["seed"] == 7 and manifest["cases"] == 50 and manifest["kinds"] == ["random", "corners"]
+    assert (
+        manifest["seed"] == 7
+        and manifest["cases"] == 50
+        and manifest["kinds"] == ["random", "corners"]
+    )
     assert manifest["mxsim_version"] == mxsim.__version__
     assert manifest["expected"] == "tests.test_golden_model.ocp_exact"
     (unit,) = manifest["units"]
     assert unit["layout"]["word_bits"] == 336
-    assert [f["name"] for f in unit["layout"]["fields"]] == ["a", "b", "scale_a", "scale_b", "c", "d"]
+    assert [f["name"] for f in unit["layout"]["fields"]] == [
+        "a",
+        "b",
+        "scale_a",
+        "scale_b",
+        "c",
+        "d",
+    ]
     assert manifest["counts"]["random"] == 50 == unit["files"]["random"]["count"]
     for kind, entry in unit["files"].items():
         text = (tmp_path / entry["vectors"]).read_text()
@@ -48,7 +66,9 @@ def test_files_and_manifest(tmp_path):
         labels = (tmp_path / entry["labels"]).read_text().splitlines()
         assert len(labels) == entry["count"] and labels[0].startswith("0 ")
         stages = (tmp_path / entry["stages"]).read_text().splitlines()
-        assert len(stages) == entry["count"] and json.loads(stages[-1])["index"] == entry["count"] - 1
+        assert (
+            len(stages) == entry["count"] and json.loads(stages[-1])["index"] == entry["count"] - 1
+        )
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -57,7 +77,9 @@ def test_written_expected_bits_are_the_models(tmp_path):
     manifest = run(tmp_path, kinds=["corners"])
     entry = manifest["units"][0]["files"]["corners"]
     layout, vectors = read_vector_file(tmp_path / entry["vectors"])
-    recomputed = ocp_exact_expected_fn(FP4)(vectors.a, vectors.b, vectors.scale_a, vectors.scale_b, vectors.c)
+    recomputed = ocp_exact_expected_fn(FP4)(
+        vectors.a, vectors.b, vectors.scale_a, vectors.scale_b, vectors.c
+    )
     assert np.array_equal(vectors.d, recomputed)
     original = make_cases(FP4, "corners", 50, 7)
     assert np.array_equal(vectors.a, original.a) and np.array_equal(vectors.c, original.c)
@@ -69,15 +91,23 @@ def test_same_arguments_give_byte_identical_files(tmp_path):
     names = sorted(p.name for p in (tmp_path / "one").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
     for name in names:
-        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), (
+            name
+        )
     run(tmp_path / "three", kinds=["random"], seed=8)
     random_name = "ocp-exact.fp4_e2m1xfp4_e2m1.random.hex"
-    assert (tmp_path / "three" / random_name).read_bytes() != (tmp_path / "one" / random_name).read_bytes()
+    assert (tmp_path / "three" / random_name).read_bytes() != (
+        tmp_path / "one" / random_name
+    ).read_bytes()
 
 
 def test_progress_callback_and_plain_counter(tmp_path, monkeypatch, capsys):
     calls = []
-    manifest = run(tmp_path / "a", kinds=["random", "corners"], progress=lambda done, total: calls.append((done, total)))
+    manifest = run(
+        tmp_path / "a",
+        kinds=["random", "corners"],
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert calls[-1][0] == calls[-1][1] and all(d <= t for d, t in calls)
     # The total starts at what is known beforehand (the 50 random vectors) and grows by the
     # corner list when it is made.
@@ -91,8 +121,15 @@ def test_progress_callback_and_plain_counter(tmp_path, monkeypatch, capsys):
 
 def test_too_large_exhaustive_spaces_are_refused_before_writing(tmp_path):
     units = [FP4, GoldenUnit("ocp-exact", FP4.config_hash, "fp8_e4m3", "bf16")]
-    with pytest.raises(MxsimError, match="exhaustive needs at most 65536 code pairs; fp8_e4m3xbf16 has 16777216"):
-        generate(units, tmp_path / "out", kinds=["random", "exhaustive"], expected_factory=ocp_exact_expected_fn)
+    with pytest.raises(
+        MxsimError, match="exhaustive needs at most 65536 code pairs; fp8_e4m3xbf16 has 16777216"
+    ):
+        generate(
+            units,
+            tmp_path / "out",
+            kinds=["random", "exhaustive"],
+            expected_factory=ocp_exact_expected_fn,
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -108,15 +145,31 @@ def test_stage_dumps_stream_in_chunks_and_have_a_size_limit(tmp_path, monkeypatc
     monkeypatch.setattr(writer, "CHUNK", 16)
     manifest = run(tmp_path / "a", cases=40, kinds="random", stage_dumps=True, stage_fn=stage_fn)
     assert calls == [16, 16, 8]  # consecutive slices
-    records = [json.loads(line) for line in (tmp_path / "a" / manifest["units"][0]["files"]["random"]["stages"])
-               .read_text().splitlines()]
-    labels = (tmp_path / "a" / manifest["units"][0]["files"]["random"]["labels"]).read_text().splitlines()
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "a" / manifest["units"][0]["files"]["random"]["stages"])
+        .read_text()
+        .splitlines()
+    ]
+    labels = (
+        (tmp_path / "a" / manifest["units"][0]["files"]["random"]["labels"])
+        .read_text()
+        .splitlines()
+    )
     assert [r["index"] for r in records] == list(range(40))  # positions in the whole file
     assert [f"{r['index']} {r['label']}" for r in records] == labels
     with pytest.raises(MxsimError, match="one dict per vector; got 15 records for 16 vectors"):
-        run(tmp_path / "b", cases=40, kinds="random", stage_dumps=True, stage_fn=lambda v: stage_fn(v)[1:])
+        run(
+            tmp_path / "b",
+            cases=40,
+            kinds="random",
+            stage_dumps=True,
+            stage_fn=lambda v: stage_fn(v)[1:],
+        )
     monkeypatch.setattr(writer, "MAX_STAGE_VECTORS", 39)
-    with pytest.raises(MxsimError, match="stage dumps are limited to 39 vectors per file.*random has 40"):
+    with pytest.raises(
+        MxsimError, match="stage dumps are limited to 39 vectors per file.*random has 40"
+    ):
         run(tmp_path / "c", cases=40, kinds="random", stage_dumps=True, stage_fn=stage_fn)
     assert not (tmp_path / "c").exists()
 
@@ -127,13 +180,23 @@ def test_memory_holds_one_format_pair_at_a_time(tmp_path):
     import tracemalloc
 
     formats = ["fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3", "fp8_e5m2", "int8"]
-    units = [GoldenUnit("pairs", FP4.config_hash, a_format, b_format) for a_format in ("fp8_e4m3", "fp8_e5m2")
-             for b_format in formats]
+    units = [
+        GoldenUnit("pairs", FP4.config_hash, a_format, b_format)
+        for a_format in ("fp8_e4m3", "fp8_e5m2")
+        for b_format in formats
+    ]
     peaks = []
     for chosen in (units, units[:1], units):  # the first run is a warm-up (imports, kernels)
         tracemalloc.start()
-        generate(chosen, tmp_path / str(len(peaks)), cases=3000, kinds="random",
-                 expected_factory=lambda unit: lambda a, b, scale_a, scale_b, c: np.zeros(len(c), np.uint32))
+        generate(
+            chosen,
+            tmp_path / str(len(peaks)),
+            cases=3000,
+            kinds="random",
+            expected_factory=lambda unit: (
+                lambda a, b, scale_a, scale_b, c: np.zeros(len(c), np.uint32)
+            ),
+        )
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     del peaks[0]
@@ -157,11 +220,19 @@ def test_expected_function_contract(tmp_path):
     with pytest.raises(MxsimError, match="needs expected_fn"):
         generate(FP4, tmp_path, cases=5)
     with pytest.raises(MxsimError, match="returned shape"):
-        generate(FP4, tmp_path, cases=5, kinds="random", expected_fn=lambda a, b, sa, sb, c: np.zeros(3, np.uint32))
+        generate(
+            FP4,
+            tmp_path,
+            cases=5,
+            kinds="random",
+            expected_fn=lambda a, b, sa, sb, c: np.zeros(3, np.uint32),
+        )
     other = GoldenUnit("ocp-exact", FP4.config_hash, "fp4_e2m1", "fp6_e2m3")
     with pytest.raises(MxsimError, match="serve one format pair"):
         generate([FP4, other], tmp_path, cases=5, expected_fn=ocp_exact_expected_fn(FP4))
-    manifest = generate([FP4, other], tmp_path, cases=5, kinds="random", expected_factory=ocp_exact_expected_fn)
+    manifest = generate(
+        [FP4, other], tmp_path, cases=5, kinds="random", expected_factory=ocp_exact_expected_fn
+    )
     assert [u["b_format"] for u in manifest["units"]] == ["fp4_e2m1", "fp6_e2m3"]
 
 
@@ -204,15 +275,24 @@ def test_default_expected_fn_equals_the_exact_model(tmp_path, ocp_exact, pair, k
         labels = (tmp_path / entry["labels"]).read_text().split("\n")
         want = model(vectors.a, vectors.b, vectors.scale_a, vectors.scale_b, vectors.c)
         for i in np.flatnonzero(vectors.d != want):
-            differences.append(f"{labels[i]}: mxsim.dot {int(vectors.d[i]):08x}, model {int(want[i]):08x}")
+            differences.append(
+                f"{labels[i]}: mxsim.dot {int(vectors.d[i]):08x}, model {int(want[i]):08x}"
+            )
     assert not differences, f"{len(differences)} differences:\n" + "\n".join(differences[:20])
 
 
 def test_generate_from_a_config_path_with_explain_stages(tmp_path, ocp_exact):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        manifest = generate(OCP_EXACT, tmp_path, cases=20, seed=1, kinds="random", pairs=[("fp4_e2m1", "fp6_e2m3")],
-                            stage_dumps=True)
+        manifest = generate(
+            OCP_EXACT,
+            tmp_path,
+            cases=20,
+            seed=1,
+            kinds="random",
+            pairs=[("fp4_e2m1", "fp6_e2m3")],
+            stage_dumps=True,
+        )
     entry = manifest["units"][0]["files"]["random"]
     records = [json.loads(line) for line in (tmp_path / entry["stages"]).read_text().splitlines()]
     _, vectors = read_vector_file(tmp_path / entry["vectors"])
@@ -220,15 +300,18 @@ def test_generate_from_a_config_path_with_explain_stages(tmp_path, ocp_exact):
     assert [r["bits"] for r in records] == vectors.d.tolist()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"seed": -1}, "golden: seed: expected an integer 0..9223372036854775807, got -1"),
-    ({"seed": 1.5}, "golden: seed: expected an integer"),
-    ({"cases": -3}, "golden: cases: expected an integer >= 0, got -3"),
-    ({"cases": 10**12}, "more than the memory budget"),
-    ({"kinds": [["random"]]}, "golden: unknown case kind ['random']"),
-    ({"kinds": 3}, "golden: kinds must be a case kind or a list of them"),
-    ({"dot_length": 0}, "golden: dot_length: expected an integer 1..65536, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seed": -1}, "golden: seed: expected an integer 0..9223372036854775807, got -1"),
+        ({"seed": 1.5}, "golden: seed: expected an integer"),
+        ({"cases": -3}, "golden: cases: expected an integer >= 0, got -3"),
+        ({"cases": 10**12}, "more than the memory budget"),
+        ({"kinds": [["random"]]}, "golden: unknown case kind ['random']"),
+        ({"kinds": 3}, "golden: kinds must be a case kind or a list of them"),
+        ({"dot_length": 0}, "golden: dot_length: expected an integer 1..65536, got 0"),
+    ],
+)
 def test_bad_arguments_are_refused_before_writing(tmp_path, kwargs, message):
     with pytest.raises(MxsimError) as caught:
         generate(REPO / "hwconfigs/ocp-exact.yaml", tmp_path / "out", **kwargs)
@@ -238,15 +321,28 @@ def test_bad_arguments_are_refused_before_writing(tmp_path, kwargs, message):
 # ----------------------------------------------------------------------------- hostile requests
 
 
-@pytest.mark.parametrize("pairs", [[("fp4_e2m1", "fp4_e2m1"), ("fp4_e2m1", "fp4_e2m1")],
-                                   [("fp4_e2m1", "fp8_e4m3"), ("FP4_E2M1", "fp8_e4m3")]])
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [("fp4_e2m1", "fp4_e2m1"), ("fp4_e2m1", "fp4_e2m1")],
+        [("fp4_e2m1", "fp8_e4m3"), ("FP4_E2M1", "fp8_e4m3")],
+    ],
+)
 def test_a_format_pair_given_twice_is_refused(tmp_path, pairs):
     if pairs[1][0] == "FP4_E2M1":
-        pytest.importorskip("mxsim.formats").get_format("FP4_E2M1")  # an alias resolves to the same pair
+        pytest.importorskip("mxsim.formats").get_format(
+            "FP4_E2M1"
+        )  # an alias resolves to the same pair
     with pytest.raises(MxsimError, match=r"format pair fp4_e2m1,fp\w+ is given more than once"):
         generate(OCP_EXACT, tmp_path / "out", cases=1, kinds="random", pairs=pairs)
     with pytest.raises(MxsimError, match="is given more than once"):
-        generate([FP4, FP4], tmp_path / "out", cases=1, kinds="random", expected_factory=ocp_exact_expected_fn)
+        generate(
+            [FP4, FP4],
+            tmp_path / "out",
+            cases=1,
+            kinds="random",
+            expected_factory=ocp_exact_expected_fn,
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -260,12 +356,30 @@ def test_an_exhaustive_set_beyond_the_budget_is_refused_before_work(tmp_path, ca
     from mxsim.cli import main
 
     hw = tmp_path / "wide.yaml"
-    hw.write_text("mxsim_hwconfig: 1\nname: wide\ninputs: {a_formats: [int8], b_formats: [int8], block_size: 4096}\n")
-    status = main(["golden", "--hw", str(hw), "--pair", "int8,int8", "--kind", "exhaustive", "--out",
-                   str(tmp_path / "out"), "--quiet"])
+    hw.write_text(
+        "mxsim_hwconfig: 1\nname: wide\ninputs: {a_formats: [int8], b_formats: [int8], block_size: 4096}\n"
+    )
+    status = main(
+        [
+            "golden",
+            "--hw",
+            str(hw),
+            "--pair",
+            "int8,int8",
+            "--kind",
+            "exhaustive",
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
-    assert status == 2 and "golden: exhaustive int8xint8, 65536 vectors of length 4096 needs 16 GiB, more than " \
-                              "the memory budget" in err, err
+    assert (
+        status == 2
+        and "golden: exhaustive int8xint8, 65536 vectors of length 4096 needs 16 GiB, more than "
+        "the memory budget"
+        in err
+    ), err
     assert not (tmp_path / "out").exists()
 
 
@@ -299,8 +413,15 @@ def test_nvfp4_unit_vectors_carry_ue4m3_scales(tmp_path):
     inputs, and the stage dumps are the datapath's explain records (group stages included)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        manifest = generate(REPO / "hwconfigs" / "b200-nvfp4.yaml", tmp_path, cases=40, seed=3,
-                            kinds=["random", "corners"], dot_length=64, stage_dumps=True)
+        manifest = generate(
+            REPO / "hwconfigs" / "b200-nvfp4.yaml",
+            tmp_path,
+            cases=40,
+            seed=3,
+            kinds=["random", "corners"],
+            dot_length=64,
+            stage_dumps=True,
+        )
     (unit,) = manifest["units"]
     assert unit["scale_format"] == "ue4m3" and unit["block_size"] == 16
     assert "UE4M3 scale codes" in unit["layout"]["fields"][2]["meaning"]
@@ -308,11 +429,20 @@ def test_nvfp4_unit_vectors_carry_ue4m3_scales(tmp_path):
         entry = unit["files"][kind]
         _, vectors = read_vector_file(tmp_path / entry["vectors"])
         assert vectors.scale_a.shape == (entry["count"], 4) and int(vectors.scale_a.max()) <= 0x7F
-        bits = mxsim.dot(REPO / "hwconfigs" / "b200-nvfp4.yaml", vectors.a, vectors.b, a_format="fp4_e2m1",
-                         b_format="fp4_e2m1", scale_a=vectors.scale_a, scale_b=vectors.scale_b,
-                         c=vectors.c.view(np.float32))
+        bits = mxsim.dot(
+            REPO / "hwconfigs" / "b200-nvfp4.yaml",
+            vectors.a,
+            vectors.b,
+            a_format="fp4_e2m1",
+            b_format="fp4_e2m1",
+            scale_a=vectors.scale_a,
+            scale_b=vectors.scale_b,
+            c=vectors.c.view(np.float32),
+        )
         assert np.array_equal(bits, vectors.d)
-        records = [json.loads(line) for line in (tmp_path / entry["stages"]).read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (tmp_path / entry["stages"]).read_text().splitlines()
+        ]
         assert any(stage["stage"] == "group" for stage in records[0]["stages"])
     _, corners = read_vector_file(tmp_path / unit["files"]["corners"]["vectors"])
     assert (corners.scale_a == 0x7F).any() and entry["count"] > 50
@@ -330,7 +460,13 @@ def test_fp64_vectors_read_back_equal_mmasim_and_the_twin(tmp_path):
     nv_ptx = import_or_skip("mmasim.nv_ptx", "oracles")
     from test_oracles_mmasim import _torch_operand, mmasim_dpa
 
-    generate(REPO / "hwconfigs" / "a100-dmma.yaml", tmp_path / "dmma", cases=40, seed=5, kinds=["random", "corners"])
+    generate(
+        REPO / "hwconfigs" / "a100-dmma.yaml",
+        tmp_path / "dmma",
+        cases=40,
+        seed=5,
+        kinds=["random", "corners"],
+    )
     op = nv_ptx.MMA("Ampere", "m8n8k4.f64.f64.f64.f64")
     fp64 = get_format("fp64")
     for kind in ("random", "corners"):
@@ -339,24 +475,44 @@ def test_fp64_vectors_read_back_equal_mmasim_and_the_twin(tmp_path):
         assert [layout.field(n).item_bits for n in ("a", "c", "d")] == [64, 64, 64]
         d = vectors.c.view(np.float64)
         for start in range(0, 32, 4):
-            d = mmasim_dpa(op, _torch_operand(torch, vectors.a[:, start:start + 4], "f64"),
-                           _torch_operand(torch, vectors.b[:, start:start + 4], "f64"), d, "fp64", "fp64").view(np.float64)
+            d = mmasim_dpa(
+                op,
+                _torch_operand(torch, vectors.a[:, start : start + 4], "f64"),
+                _torch_operand(torch, vectors.b[:, start : start + 4], "f64"),
+                d,
+                "fp64",
+                "fp64",
+            ).view(np.float64)
         want = d.view(np.uint64)
-        same = (want == vectors.d) | (np.isnan(fp64.decode(want)) & np.isnan(fp64.decode(vectors.d)))
-        assert same.all(), [_labels(Path(f"{stem}.labels.txt"))[i] for i in np.flatnonzero(~same)[:5]]
+        same = (want == vectors.d) | (
+            np.isnan(fp64.decode(want)) & np.isnan(fp64.decode(vectors.d))
+        )
+        assert same.all(), [
+            _labels(Path(f"{stem}.labels.txt"))[i] for i in np.flatnonzero(~same)[:5]
+        ]
     labels = _labels(tmp_path / "dmma" / "a100-dmma.fp64xfp64.corners.labels.txt")
     d = fp64.decode(vectors.d)
-    assert np.signbit(d[labels.index("zero_underflow_then_neg")]) and d[labels.index("zero_underflow_then_neg")] == 0
+    assert (
+        np.signbit(d[labels.index("zero_underflow_then_neg")])
+        and d[labels.index("zero_underflow_then_neg")] == 0
+    )
 
     hw = load_hwconfig(REPO / "hwconfigs" / "mi250-fp32.yaml")
     generate(hw, tmp_path / "fp32", cases=12, seed=5, kinds=["random", "corners"])
     params = hw.params("fp32", "fp32")
     for kind in ("random", "corners"):
         layout, vectors = read_vector_file(tmp_path / "fp32" / f"mi250-fp32.fp32xfp32.{kind}.hex")
-        assert vectors.c.dtype == np.uint32 and layout.field("c").meaning == "accumulator input, FP32 bits"
+        assert (
+            vectors.c.dtype == np.uint32
+            and layout.field("c").meaning == "accumulator input, FP32 bits"
+        )
         for i in range(len(vectors)):
-            value = dot_reference(params, vectors.a[i].tolist(), vectors.b[i].tolist(),
-                                  c=float(vectors.c[i:i + 1].view(np.float32)[0]))
+            value = dot_reference(
+                params,
+                vectors.a[i].tolist(),
+                vectors.b[i].tolist(),
+                c=float(vectors.c[i : i + 1].view(np.float32)[0]),
+            )
             want = int(get_format("fp32").encode(np.array([value]), overflow="inf_nan")[0])
             assert int(vectors.d[i]) == want, (kind, i)
 
@@ -367,12 +523,26 @@ def test_fp64_units_refuse_what_they_cannot_hold(tmp_path):
         generate(dmma, tmp_path / "x", kinds="exhaustive")
     (unit,) = units_from_hwconfig(dmma)
     with pytest.raises(MxsimError, match="exact stage records place an FP32 c on their grid"):
-        generate(unit, tmp_path / "y", cases=2, kinds="random", stage_dumps=True,
-                 expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c), np.uint64))
+        generate(
+            unit,
+            tmp_path / "y",
+            cases=2,
+            kinds="random",
+            stage_dumps=True,
+            expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c), np.uint64),
+        )
     with pytest.raises(MxsimError, match="output bits as integers"):
-        generate(unit, tmp_path / "z", cases=2, kinds="random", expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c)))
+        generate(
+            unit,
+            tmp_path / "z",
+            cases=2,
+            kinds="random",
+            expected_fn=lambda a, b, sa, sb, c: np.zeros(len(c)),
+        )
     narrow = GoldenUnit("x", "0" * 64, "fp8_e4m3", "fp8_e4m3", scaled=False, c_format="fp64")
-    with pytest.raises(MxsimError, match="built around an FP32 c; x takes fp64 c: use the random kind"):
+    with pytest.raises(
+        MxsimError, match="built around an FP32 c; x takes fp64 c: use the random kind"
+    ):
         make_cases(narrow, "corners", 0, 0)
     assert make_cases(narrow, "random", 3, 0).c.dtype == np.uint64
     assert output_bits(np.array([-0.0]), "fp64").tolist() == [1 << 63]
@@ -392,8 +562,13 @@ def test_a_config_whose_c_is_fp16_or_bf16_gets_golden_vectors(tmp_path, c_format
     raw["inputs"]["c_format"] = c_format
     config = tmp_path / "narrow-c.yaml"
     config.write_text(yaml.safe_dump(raw))
-    manifest = mxsim.golden.generate(config, tmp_path / "out", cases=16, kinds=["random", "corners"],
-                                     pairs=[("fp8_e4m3", "fp8_e4m3")])
+    manifest = mxsim.golden.generate(
+        config,
+        tmp_path / "out",
+        cases=16,
+        kinds=["random", "corners"],
+        pairs=[("fp8_e4m3", "fp8_e4m3")],
+    )
     fmt = mxsim.get_format(c_format)
     for unit in manifest["units"]:
         for entry in unit["files"].values():
@@ -402,6 +577,14 @@ def test_a_config_whose_c_is_fp16_or_bf16_gets_golden_vectors(tmp_path, c_format
             finite = np.isfinite(c)
             assert np.array_equal(fmt.round(c[finite]), c[finite])
             hw = mxsim.load_hwconfig(config)
-            want = mxsim.dot(hw, vectors.a, vectors.b, a_format="fp8_e4m3", b_format="fp8_e4m3",
-                             scale_a=vectors.scale_a, scale_b=vectors.scale_b, c=c.astype(np.float32))
+            want = mxsim.dot(
+                hw,
+                vectors.a,
+                vectors.b,
+                a_format="fp8_e4m3",
+                b_format="fp8_e4m3",
+                scale_a=vectors.scale_a,
+                scale_b=vectors.scale_b,
+                c=c.astype(np.float32),
+            )
             assert np.array_equal(want.astype(np.uint64), vectors.d.astype(np.uint64))

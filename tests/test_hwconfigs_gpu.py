@@ -76,7 +76,9 @@ def test_every_measured_case_bit_for_bit(case):
     assert len(expected) == 5000
     result = dot(hw(gpu), a, b, a_format=ELEMENT[fmt], b_format=ELEMENT[fmt], c=c, out_format=out)
     mismatches = np.flatnonzero(output_bits_as_fp32(result, out) != expected)
-    assert mismatches.size == 0, f"{mismatches.size} mismatches, first cases {mismatches[:5].tolist()}"
+    assert mismatches.size == 0, (
+        f"{mismatches.size} mismatches, first cases {mismatches[:5].tolist()}"
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -120,7 +122,9 @@ def test_a100_steps_are_four_tf32_terms_or_eight_fp16_terms(fmt, expected):
     assert as_float(dot(hw("a100"), a, b, a_format=fmt, b_format=fmt))[0] == expected
 
 
-@pytest.mark.parametrize("gpu, expected", [("a100", 1.0), ("h100", 1.0 + 2.0**-23), ("b200", 1.0 + 2.0**-23)])
+@pytest.mark.parametrize(
+    "gpu, expected", [("a100", 1.0), ("h100", 1.0 + 2.0**-23), ("b200", 1.0 + 2.0**-23)]
+)
 def test_tf32_steps_are_four_terms_on_ampere_and_eight_on_hopper_and_blackwell(gpu, expected):
     # K = 8 tf32 (mma.sync m16n8k8): Ampere's two 4-term steps round 1 + 2^-24 toward zero to 1
     # before the second 2^-24 arrives; Hopper's and Blackwell's one 8-term step keeps both

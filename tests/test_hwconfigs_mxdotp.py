@@ -12,7 +12,13 @@ from mxsim.datapath.reference import dot_reference
 
 DATA = REPO / "tests" / "data" / "mxdotp-rtl" / "mxdotp_rtl.npz"
 FORMATS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]  # the data's format index
-CONFIGS = ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"]  # by RISC-V rounding mode 0..4
+CONFIGS = [
+    "mxdotp",
+    "mxdotp-rtz",
+    "mxdotp-rdn",
+    "mxdotp-rup",
+    "mxdotp-rmm",
+]  # by RISC-V rounding mode 0..4
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +28,26 @@ def vectors():
 
 
 def rows_of(vectors, fmt_index: int, rounding: int, length: int) -> np.ndarray:
-    return np.flatnonzero((vectors["format"] == fmt_index) & (vectors["rounding"] == rounding)
-                          & (vectors["length"] == length))
+    return np.flatnonzero(
+        (vectors["format"] == fmt_index)
+        & (vectors["rounding"] == rounding)
+        & (vectors["length"] == length)
+    )
 
 
 def run(config: str, vectors, rows: np.ndarray, fmt: str) -> np.ndarray:
     length = int(vectors["length"][rows[0]])
     blocks = -(-length // 32)
-    return dot(load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml"),
-               vectors["a"][rows, :length], vectors["b"][rows, :length], a_format=fmt, b_format=fmt,
-               scale_a=vectors["scale_a"][rows, :blocks], scale_b=vectors["scale_b"][rows, :blocks],
-               c=vectors["c"][rows].view(np.float32))
+    return dot(
+        load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml"),
+        vectors["a"][rows, :length],
+        vectors["b"][rows, :length],
+        a_format=fmt,
+        b_format=fmt,
+        scale_a=vectors["scale_a"][rows, :blocks],
+        scale_b=vectors["scale_b"][rows, :blocks],
+        c=vectors["c"][rows].view(np.float32),
+    )
 
 
 def test_the_data_covers_every_format_rounding_mode_and_kind(vectors):
@@ -40,12 +55,20 @@ def test_the_data_covers_every_format_rounding_mode_and_kind(vectors):
     for index, fmt in enumerate(FORMATS):
         for rounding in range(5):
             assert rows_of(vectors, index, rounding, lanes[fmt]).size == 240  # one operation
-            assert rows_of(vectors, index, rounding, 64).size == 40  # two blocks, operation after operation
+            assert (
+                rows_of(vectors, index, rounding, 64).size == 40
+            )  # two blocks, operation after operation
     results = vectors["result"].view(np.float32)
     assert np.isnan(results).sum() > 100 and np.isinf(results).sum() > 50
-    assert (results == 0).sum() > 100 and np.signbit(results[results == 0]).sum() > 30  # zeros of both signs
-    assert ((results != 0) & (np.abs(results) < np.finfo(np.float32).tiny)).sum() > 20  # subnormal results
-    assert (vectors["result"] == vectors["c"]).sum() > 1000  # the accumulator passed through unchanged
+    assert (results == 0).sum() > 100 and np.signbit(
+        results[results == 0]
+    ).sum() > 30  # zeros of both signs
+    assert (
+        (results != 0) & (np.abs(results) < np.finfo(np.float32).tiny)
+    ).sum() > 20  # subnormal results
+    assert (
+        vectors["result"] == vectors["c"]
+    ).sum() > 1000  # the accumulator passed through unchanged
 
 
 @pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
@@ -56,8 +79,10 @@ def test_config_equals_the_rtl_bit_for_bit(vectors, fmt, rounding):
         rows = rows_of(vectors, index, rounding, length)
         out = run(CONFIGS[rounding], vectors, rows, fmt)
         mismatches = np.flatnonzero(out != vectors["result"][rows])
-        assert mismatches.size == 0, [(int(rows[i]), hex(int(out[i])), hex(int(vectors["result"][rows[i]])))
-                                      for i in mismatches[:5]]
+        assert mismatches.size == 0, [
+            (int(rows[i]), hex(int(out[i])), hex(int(vectors["result"][rows[i]])))
+            for i in mismatches[:5]
+        ]
 
 
 @pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
@@ -68,11 +93,24 @@ def test_reference_twin_equals_the_rtl(vectors, rounding):
         rows = np.flatnonzero((vectors["format"] == index) & (vectors["rounding"] == rounding))[::8]
         for row in rows:
             length = int(vectors["length"][row])
-            value = dot_reference(params, vectors["a"][row, :length].tolist(), vectors["b"][row, :length].tolist(),
-                                  vectors["scale_a"][row].tolist(), vectors["scale_b"][row].tolist(),
-                                  float(vectors["c"][row:row + 1].view(np.float32)[0]))
-            bits = int(np.array([value], dtype=np.float32).view(np.uint32)[0]) if value == value else 0x7FC00000
-            assert bits == int(vectors["result"][row]), (int(row), value, hex(int(vectors["result"][row])))
+            value = dot_reference(
+                params,
+                vectors["a"][row, :length].tolist(),
+                vectors["b"][row, :length].tolist(),
+                vectors["scale_a"][row].tolist(),
+                vectors["scale_b"][row].tolist(),
+                float(vectors["c"][row : row + 1].view(np.float32)[0]),
+            )
+            bits = (
+                int(np.array([value], dtype=np.float32).view(np.uint32)[0])
+                if value == value
+                else 0x7FC00000
+            )
+            assert bits == int(vectors["result"][row]), (
+                int(row),
+                value,
+                hex(int(vectors["result"][row])),
+            )
 
 
 def test_the_eight_lane_summary_misses_fp6_and_fp4(vectors):

@@ -28,7 +28,9 @@ def test_char_lm_float_perplexity_matches_the_recorded_one(torch):
     trace = load_trace(CHAR_LM)
     assert trace.network.model["architecture"] == "char-transformer"
     value = perplexity(trace)
-    assert abs(value - trace.metadata["float_perplexity"]) <= 1e-6 * value  # float32 sums may differ by thread count
+    assert (
+        abs(value - trace.metadata["float_perplexity"]) <= 1e-6 * value
+    )  # float32 sums may differ by thread count
     assert value < 0.5 * len(trace.metadata["vocabulary"])  # trained: far better than uniform
 
 
@@ -38,7 +40,9 @@ def test_char_lm_perplexity_with_every_matmul_on_a_unit(torch, unit):
 
     trace = _first_sequences(load_trace(CHAR_LM), 2)
     reference = perplexity(trace)
-    value = perplexity(trace, load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml"), a_format="fp8_e4m3")
+    value = perplexity(
+        trace, load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml"), a_format="fp8_e4m3"
+    )
     assert value != reference  # the unit computed the matmuls
     assert abs(value - reference) < 0.2 * reference
 
@@ -48,9 +52,15 @@ def test_replay_end_to_end_of_a_language_model_needs_the_perplexity_runner_befor
 
     trace = load_trace(CHAR_LM)
     calls = []
-    with pytest.raises(MxsimError, match=r"language model.*perplexity_fn=mxsim.inloop.network.perplexity"):
-        replay(trace, [load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")], end_to_end=True,
-               on_layer=calls.append)
+    with pytest.raises(
+        MxsimError, match=r"language model.*perplexity_fn=mxsim.inloop.network.perplexity"
+    ):
+        replay(
+            trace,
+            [load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")],
+            end_to_end=True,
+            on_layer=calls.append,
+        )
     assert calls == []  # refused before any layer ran
 
 
@@ -59,6 +69,8 @@ def test_replay_end_to_end_of_a_language_model_through_the_perplexity_runner(tor
 
     trace = _first_sequences(load_trace(CHAR_LM), 1)
     hw = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
-    report = replay(trace, [hw], end_to_end=True, element_format="fp8_e4m3", perplexity_fn=perplexity)
+    report = replay(
+        trace, [hw], end_to_end=True, element_format="fp8_e4m3", perplexity_fn=perplexity
+    )
     assert report["end_to_end"]["float_perplexity"] == perplexity(trace)
     assert report["end_to_end"]["perplexity"][hw.name] == perplexity(trace, hw, a_format="fp8_e4m3")

@@ -30,15 +30,24 @@ def _by_hand(hw, x, w, bias, fmt):
 
 def test_linear_layers_bit_for_bit(torch):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    ).eval()
     x = torch.randn(6, 64)
     with torch_unit(model, OCP, a_format="fp8_e4m3") as unit:
         got = model(x)
     assert unit.computed_layers == ["0", "2"]
     first, second = model[0], model[2]
-    hidden = _by_hand(OCP, x.numpy(), first.weight.detach().numpy(), first.bias.detach().numpy(), "fp8_e4m3")
-    expected = _by_hand(OCP, np.maximum(hidden, 0), second.weight.detach().numpy(), second.bias.detach().numpy(),
-                        "fp8_e4m3")
+    hidden = _by_hand(
+        OCP, x.numpy(), first.weight.detach().numpy(), first.bias.detach().numpy(), "fp8_e4m3"
+    )
+    expected = _by_hand(
+        OCP,
+        np.maximum(hidden, 0),
+        second.weight.detach().numpy(),
+        second.bias.detach().numpy(),
+        "fp8_e4m3",
+    )
     assert got.dtype == torch.float32
     assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
     with torch.no_grad():  # and it differs from float: the unit really computed it
@@ -61,11 +70,16 @@ def test_batched_matmul_and_attention_go_through_the_unit(torch):
 
 def test_bmm_equals_matmul_by_hand(torch):
     rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((3, 4, 64)).astype(np.float32), rng.standard_normal((3, 64, 5)).astype(np.float32)
+    a, b = (
+        rng.standard_normal((3, 4, 64)).astype(np.float32),
+        rng.standard_normal((3, 64, 5)).astype(np.float32),
+    )
     with torch_unit(None, OCP, a_format="fp8_e5m2"):
         got = torch.bmm(torch.from_numpy(a), torch.from_numpy(b)).numpy()
     for g in range(3):
-        expected = matmul(OCP, a[g], b[g], a_format="fp8_e5m2", b_format="fp8_e5m2").values.astype(np.float32)
+        expected = matmul(OCP, a[g], b[g], a_format="fp8_e5m2", b_format="fp8_e5m2").values.astype(
+            np.float32
+        )
         assert np.array_equal(got[g], expected)
 
 
@@ -76,7 +90,9 @@ def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
     mxsim.matmul call per head and per layer."""
     per_tensor = unit is H100
     rng = np.random.default_rng(8)
-    q = (rng.standard_normal((2, 3, 5, 40)) * np.exp2(rng.integers(-4, 4, (2, 3, 1, 1)))).astype(np.float32)
+    q = (rng.standard_normal((2, 3, 5, 40)) * np.exp2(rng.integers(-4, 4, (2, 3, 1, 1)))).astype(
+        np.float32
+    )
     k = rng.standard_normal((2, 3, 40, 7)).astype(np.float32)
     layer = torch.nn.Linear(40, 6)
     with torch_unit(layer, unit) as loop:
@@ -85,10 +101,14 @@ def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
     assert len(loop.computed_layers) == 2
     for g, (a, b) in enumerate(zip(q.reshape(6, 5, 40), k.reshape(6, 40, 7))):
         expected = matmul(unit, a, b, per_tensor_scale=per_tensor).values.astype(np.float32)
-        np.testing.assert_array_equal(scores.reshape(6, 5, 7)[g].view(np.uint32), expected.view(np.uint32))
+        np.testing.assert_array_equal(
+            scores.reshape(6, 5, 7)[g].view(np.uint32), expected.view(np.uint32)
+        )
     weight, bias = layer.weight.detach().numpy(), layer.bias.detach().numpy()
     c = np.broadcast_to(bias, (5, 6)).astype(np.float32)
-    expected = matmul(unit, q[0, 0], weight.T, c=c, per_tensor_scale=per_tensor).values.astype(np.float32)
+    expected = matmul(unit, q[0, 0], weight.T, c=c, per_tensor_scale=per_tensor).values.astype(
+        np.float32
+    )
     np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
@@ -97,7 +117,9 @@ def test_per_tensor_scaling_on_a_unit_without_block_scales(torch):
     elements x * 2^-X encoded, the product scaled back by 2^(Xa + Xb): operands far below the
     format's range still come out close to the float product."""
     rng = np.random.default_rng(3)
-    x = (rng.standard_normal((4, 64)) * 1e-6).astype(np.float32)  # below fp8 e4m3's smallest subnormal
+    x = (rng.standard_normal((4, 64)) * 1e-6).astype(
+        np.float32
+    )  # below fp8 e4m3's smallest subnormal
     w = (rng.standard_normal((8, 64)) * 50).astype(np.float32)
     layer = torch.nn.Linear(64, 8, bias=False)
     layer.weight.data = torch.from_numpy(w)
@@ -107,8 +129,8 @@ def test_per_tensor_scaling_on_a_unit_without_block_scales(torch):
     info = get_format(H100.a_formats[0])
     ea = int(np.floor(np.log2(np.abs(x).max()))) - info.scale_emax
     eb = int(np.floor(np.log2(np.abs(w).max()))) - info.scale_emax
-    a = info.decode(info.encode(x.astype(np.float64) * 2.0 ** -ea)) * 2.0 ** ea
-    b = info.decode(info.encode(w.astype(np.float64) * 2.0 ** -eb)) * 2.0 ** eb
+    a = info.decode(info.encode(x.astype(np.float64) * 2.0**-ea)) * 2.0**ea
+    b = info.decode(info.encode(w.astype(np.float64) * 2.0**-eb)) * 2.0**eb
     ideal = a @ b.T
     assert np.max(np.abs(got - ideal)) <= 1e-2 * np.max(np.abs(ideal))
     assert np.max(np.abs(got)) > 0
@@ -137,12 +159,18 @@ def test_a_format_the_unit_cannot_take_is_refused_in_the_loop(torch):
         with torch_unit(model, H100, a_format="fp4_e2m1"):
             model(x)
     spec = MXQuant("fp4_e2m1")
-    with pytest.raises(MxsimError, match="layer '0' on h100-fp8: the unit cannot take fp4_e2m1 block 32.*strict"):
+    with pytest.raises(
+        MxsimError, match="layer '0' on h100-fp8: the unit cannot take fp4_e2m1 block 32.*strict"
+    ):
         with torch_unit(model, H100, quant={"input": spec, "weight": spec}):
             model(x)
-    with torch_unit(model, OCP, quant={"input": spec, "weight": spec}) as unit:  # a unit that takes it
+    with torch_unit(
+        model, OCP, quant={"input": spec, "weight": spec}
+    ) as unit:  # a unit that takes it
         model(x)
     assert unit.computed_layers == ["0"]
+
+
 # --- shapes, dtypes and convolutions a model may bring -----------------------------------------
 
 
@@ -152,9 +180,13 @@ def test_empty_batches_give_empty_results(torch):
     attention = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
     q = torch.zeros(0, 5, 32)
     with torch_unit(None, OCP, a_format="fp8_e4m3"):
-        results = [linear(torch.zeros(0, 4)), conv(torch.zeros(0, 4, 5, 5)),
-                   torch.bmm(torch.zeros(0, 2, 4), torch.zeros(0, 4, 3)), torch.zeros(0, 4) @ torch.ones(4, 2),
-                   attention(q, q, q, need_weights=False)[0]]
+        results = [
+            linear(torch.zeros(0, 4)),
+            conv(torch.zeros(0, 4, 5, 5)),
+            torch.bmm(torch.zeros(0, 2, 4), torch.zeros(0, 4, 3)),
+            torch.zeros(0, 4) @ torch.ones(4, 2),
+            attention(q, q, q, need_weights=False)[0],
+        ]
     shapes = [(0, 3), (0, 3, 3, 3), (0, 2, 3), (0, 2), (0, 5, 32)]
     assert [tuple(r.shape) for r in results] == shapes
     assert all(r.dtype == torch.float32 for r in results)
@@ -177,7 +209,9 @@ def _nearest_even_bf16(value: float, got: float) -> bool:
     from fractions import Fraction
 
     bits = int(np.array([got], dtype=np.float32).view(np.uint32)[0])
-    neighbours = [np.array([b], dtype=np.uint32).view(np.float32)[0] for b in (bits - 0x10000, bits + 0x10000)]
+    neighbours = [
+        np.array([b], dtype=np.uint32).view(np.float32)[0] for b in (bits - 0x10000, bits + 0x10000)
+    ]
     distance = abs(Fraction(value) - Fraction(float(got)))
     for other in neighbours:
         other_distance = abs(Fraction(value) - Fraction(float(other)))
@@ -213,7 +247,9 @@ def test_results_come_back_in_the_models_dtype(torch):
 
 def _fake_quantized(torch, tensor, axis: int):
     """``tensor`` quantized to fp8_e4m3 in blocks of 32 along ``axis`` and back, float64."""
-    return torch.from_numpy(fake_quantize(tensor.detach().double().numpy(), "fp8_e4m3", axis=axis, block_size=32))
+    return torch.from_numpy(
+        fake_quantize(tensor.detach().double().numpy(), "fp8_e4m3", axis=axis, block_size=32)
+    )
 
 
 # (module, input shape): channels per group a multiple of the unit's block (32), so that the
@@ -221,20 +257,35 @@ def _fake_quantized(torch, tensor, axis: int):
 # quantized along the channels is the unit's result up to its fp32 accumulation.
 CONVOLUTIONS = {
     "conv1d": (lambda nn: nn.Conv1d(32, 8, 3, padding=1), (2, 32, 9)),
-    "conv1d grouped dilated circular": (lambda nn: nn.Conv1d(64, 16, 3, groups=2, dilation=2, padding=2,
-                                                             padding_mode="circular"), (1, 64, 11)),
-    "conv2d strided dilated": (lambda nn: nn.Conv2d(32, 8, 3, stride=2, padding=1, dilation=2), (1, 32, 9, 8)),
-    "conv2d same reflect grouped": (lambda nn: nn.Conv2d(64, 16, 3, groups=2, padding="same", padding_mode="reflect"),
-                                    (1, 64, 6, 5)),
+    "conv1d grouped dilated circular": (
+        lambda nn: nn.Conv1d(64, 16, 3, groups=2, dilation=2, padding=2, padding_mode="circular"),
+        (1, 64, 11),
+    ),
+    "conv2d strided dilated": (
+        lambda nn: nn.Conv2d(32, 8, 3, stride=2, padding=1, dilation=2),
+        (1, 32, 9, 8),
+    ),
+    "conv2d same reflect grouped": (
+        lambda nn: nn.Conv2d(64, 16, 3, groups=2, padding="same", padding_mode="reflect"),
+        (1, 64, 6, 5),
+    ),
     "conv2d same even kernel": (lambda nn: nn.Conv2d(32, 8, (2, 4), padding="same"), (1, 32, 5, 6)),
-    "conv2d replicate": (lambda nn: nn.Conv2d(32, 8, 3, padding=2, padding_mode="replicate", bias=False),
-                         (1, 32, 4, 4)),
-    "conv_transpose1d output_padding": (lambda nn: nn.ConvTranspose1d(32, 8, 3, stride=2, output_padding=1),
-                                        (2, 32, 5)),
-    "conv_transpose2d dilated": (lambda nn: nn.ConvTranspose2d(32, 8, 3, stride=2, padding=1, output_padding=1,
-                                                               dilation=2), (1, 32, 4, 5)),
-    "conv_transpose2d grouped": (lambda nn: nn.ConvTranspose2d(64, 16, (3, 2), stride=(2, 3), groups=2),
-                                 (1, 64, 3, 4)),
+    "conv2d replicate": (
+        lambda nn: nn.Conv2d(32, 8, 3, padding=2, padding_mode="replicate", bias=False),
+        (1, 32, 4, 4),
+    ),
+    "conv_transpose1d output_padding": (
+        lambda nn: nn.ConvTranspose1d(32, 8, 3, stride=2, output_padding=1),
+        (2, 32, 5),
+    ),
+    "conv_transpose2d dilated": (
+        lambda nn: nn.ConvTranspose2d(32, 8, 3, stride=2, padding=1, output_padding=1, dilation=2),
+        (1, 32, 4, 5),
+    ),
+    "conv_transpose2d grouped": (
+        lambda nn: nn.ConvTranspose2d(64, 16, (3, 2), stride=(2, 3), groups=2),
+        (1, 64, 3, 4),
+    ),
 }
 
 
@@ -258,7 +309,9 @@ def test_convolutions_equal_the_quantized_float64_convolution(torch, name):
         reference.weight.copy_(reference.weight.abs())
         if reference.bias is not None:
             reference.bias.zero_()
-        bound = reference(_fake_quantized(torch, x, 1).abs())  # sum of |products|: the scale of fp32 rounding
+        bound = reference(
+            _fake_quantized(torch, x, 1).abs()
+        )  # sum of |products|: the scale of fp32 rounding
     assert got.shape == expected.shape
     assert torch.all((got - expected).abs() <= 1e-6 * bound + 1e-30)
     assert not torch.equal(got, float_result)  # the unit computed it (fp8 is not float)
@@ -268,8 +321,10 @@ def test_small_channel_counts_and_transposed_bias(torch):
     """Blocks that straddle filter taps (3 channels) and a transposed convolution's bias:
     computed, close to float."""
     torch.manual_seed(6)
-    for model, shape in ((torch.nn.ConvTranspose2d(3, 2, 3, stride=2), (1, 3, 4, 4)),
-                         (torch.nn.Conv2d(8, 8, 3, groups=8), (1, 8, 6, 6))):
+    for model, shape in (
+        (torch.nn.ConvTranspose2d(3, 2, 3, stride=2), (1, 3, 4, 4)),
+        (torch.nn.Conv2d(8, 8, 3, groups=8), (1, 8, 6, 6)),
+    ):
         x = torch.randn(*shape)
         with torch_unit(model, OCP, a_format="fp8_e4m3") as unit:
             got = model(x)
@@ -281,7 +336,10 @@ def test_small_channel_counts_and_transposed_bias(torch):
 
 
 def test_three_dimensional_convolutions_are_refused(torch):
-    for model, shape in ((torch.nn.Conv3d(4, 2, 3), (1, 4, 5, 5, 5)), (torch.nn.ConvTranspose3d(4, 2, 3), (1, 4, 3, 3, 3))):
+    for model, shape in (
+        (torch.nn.Conv3d(4, 2, 3), (1, 4, 5, 5, 5)),
+        (torch.nn.ConvTranspose3d(4, 2, 3), (1, 4, 3, 3, 3)),
+    ):
         with pytest.raises(MxsimError, match=r"aten.convolution.*3-d convolution.*cannot compute"):
             with torch_unit(model, OCP):
                 model(torch.randn(*shape))
@@ -304,7 +362,9 @@ def test_progress_counts_layers_only_when_asked(torch, capsys, monkeypatch):
 def _two_layers(torch):
     """Two linear layers of one shape (a cache keyed on the shape alone would mix them up)."""
     torch.manual_seed(9)
-    return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).eval()
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)
+    ).eval()
 
 
 def _bits(tensor) -> np.ndarray:
@@ -312,7 +372,9 @@ def _bits(tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
-def test_weights_are_quantized_once_per_context_with_the_same_bits(torch, monkeypatch, counted_quantizations, unit):
+def test_weights_are_quantized_once_per_context_with_the_same_bits(
+    torch, monkeypatch, counted_quantizations, unit
+):
     """Later forwards in a context quantize only the inputs, and give the bits of forwards
     whose weights are quantized anew each time (no kept quantizations)."""
     from mxsim.inloop import UnitInLoop
@@ -354,8 +416,11 @@ def _one_element_through_data(model, torch):
     model[0].weight.data[3, 5] = 4 * float(model[0].weight.abs().max())
 
 
-@pytest.mark.parametrize("change", [_load_state, _optimizer_step, _copy_under_no_grad, _data_copy,
-                                    _one_element_through_data], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "change",
+    [_load_state, _optimizer_step, _copy_under_no_grad, _data_copy, _one_element_through_data],
+    ids=lambda f: f.__name__.strip("_"),
+)
 def test_a_weight_changed_in_place_gives_the_new_result(torch, change):
     """A weight changed in place between two forwards of a context: the second forward gives
     the bits of a forward in a new context."""
@@ -379,7 +444,7 @@ def test_kept_quantizations_end_with_the_context(torch):
         kept = dict(loop.weight_quantizations.items())
         assert [id(param) for param in kept] == [id(model[0].weight), id(model[2].weight)]
         for param, views in kept.items():
-            (values, quantizations), = views.values()
+            ((values, quantizations),) = views.values()
             assert len(quantizations) == 1 and not np.shares_memory(values, param.detach().numpy())
         del kept, param, views, values, quantizations
     assert len(loop.weight_quantizations) == 0
@@ -389,11 +454,15 @@ def test_what_the_loop_cannot_see_through_is_refused_in_one_line(torch):
     from test_capture_torch import subclass_linear
 
     x = torch.randn(3, 4)
-    with pytest.raises(MxsimError, match=r"^torch_unit: 0.weight of module '0' \(Linear\) is a TwoTensor, a tensor"):
+    with pytest.raises(
+        MxsimError, match=r"^torch_unit: 0.weight of module '0' \(Linear\) is a TwoTensor, a tensor"
+    ):
         with torch_unit(subclass_linear(torch), OCP):
             pass
     model = torch.nn.Sequential(torch.nn.Linear(4, 2))
-    with pytest.raises(MxsimError, match=r"^torch_unit: module '0' raised RuntimeError \(mat1 and mat2") as error:
+    with pytest.raises(
+        MxsimError, match=r"^torch_unit: module '0' raised RuntimeError \(mat1 and mat2"
+    ) as error:
         with torch_unit(model, OCP):
             model(torch.randn(3, 5))
     assert isinstance(error.value.__cause__, RuntimeError)

@@ -7,13 +7,28 @@ import pytest
 
 from mxsim.errors import ArgumentError, BudgetError
 from mxsim.limits import (
-    DEFAULT_BUDGET_BYTES, check_array_budget, check_axis, check_block_size, check_choice, check_int, check_path,
+    DEFAULT_BUDGET_BYTES,
+    check_array_budget,
+    check_axis,
+    check_block_size,
+    check_choice,
+    check_int,
+    check_path,
     memory_budget,
 )
 
 
-@pytest.mark.parametrize("text, expected", [("", DEFAULT_BUDGET_BYTES), ("123", 123), ("16K", 16384),
-                                            ("2G", 2 << 30), ("3 MiB", 3 << 20), ("1t", 1 << 40)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", DEFAULT_BUDGET_BYTES),
+        ("123", 123),
+        ("16K", 16384),
+        ("2G", 2 << 30),
+        ("3 MiB", 3 << 20),
+        ("1t", 1 << 40),
+    ],
+)
 def test_memory_budget_reads_the_environment(monkeypatch, text, expected):
     monkeypatch.setenv("MXSIM_MAX_BYTES", text)
     assert memory_budget() == expected
@@ -29,7 +44,9 @@ def test_memory_budget_refuses_nonsense(monkeypatch, text):
 def test_check_array_budget_uses_exact_integers(monkeypatch):
     monkeypatch.setenv("MXSIM_MAX_BYTES", "1M")
     assert check_array_budget((1024, 128), 8, "x") == 131072
-    with pytest.raises(BudgetError, match=r"x needs 1\.68e\+07 TiB, more than the memory budget of 1 MiB"):
+    with pytest.raises(
+        BudgetError, match=r"x needs 1\.68e\+07 TiB, more than the memory budget of 1 MiB"
+    ):
         check_array_budget((2**31, 2**31, 4), 1, "x")  # would overflow int64 arithmetic
 
 
@@ -54,7 +71,9 @@ def test_check_int_ranges_and_numpy_integers():
 
 def test_check_choice_handles_unhashable_values():
     assert check_choice("auto", "method", ("auto", "kernel")) == "auto"
-    with pytest.raises(ArgumentError, match=r"method: expected one of auto, kernel, got \['auto'\]"):
+    with pytest.raises(
+        ArgumentError, match=r"method: expected one of auto, kernel, got \['auto'\]"
+    ):
         check_choice(["auto"], "method", ("auto", "kernel"))
 
 

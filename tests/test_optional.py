@@ -13,12 +13,17 @@ def test_an_installed_module_is_returned():
     assert require("numpy") is numpy
 
 
-@pytest.mark.parametrize("module, extra", [
-    ("mxsim_absent_module_for_test", "mxsim_absent_module_for_test"),  # unknown: named as is
-    # a missing submodule, or onnx itself missing: either way the onnx extra is named
-    ("onnx.mxsim_absent_submodule", "onnx"),
-    ("onnxruntime.mxsim_absent_submodule", "onnx"),
-])
+@pytest.mark.parametrize(
+    "module, extra",
+    [
+        ("mxsim_absent_module_for_test", "mxsim_absent_module_for_test"),  # unknown: named as is
+        # a missing submodule, or onnx itself missing: either way the onnx extra is named
+        ("onnx.mxsim_absent_submodule", "onnx"),
+        ("onnxruntime.mxsim_absent_submodule", "onnx"),
+    ],
+)
 def test_a_missing_module_names_the_extra(module, extra):
-    with pytest.raises(MxsimError, match=rf"{module} is not installed .*pip install 'mxsim\[{extra}\]'"):
+    with pytest.raises(
+        MxsimError, match=rf"{module} is not installed .*pip install 'mxsim\[{extra}\]'"
+    ):
         require(module)

@@ -18,8 +18,12 @@ import mxsim
 
 BLOCK = 32
 GFLOAT_FORMATS = {
-    "fp8_e4m3": "format_info_ocp_e4m3", "fp8_e5m2": "format_info_ocp_e5m2", "fp6_e3m2": "format_info_ocp_e3m2",
-    "fp6_e2m3": "format_info_ocp_e2m3", "fp4_e2m1": "format_info_ocp_e2m1", "int8": "format_info_ocp_int8",
+    "fp8_e4m3": "format_info_ocp_e4m3",
+    "fp8_e5m2": "format_info_ocp_e5m2",
+    "fp6_e3m2": "format_info_ocp_e3m2",
+    "fp6_e2m3": "format_info_ocp_e2m3",
+    "fp4_e2m1": "format_info_ocp_e2m1",
+    "int8": "format_info_ocp_int8",
 }
 
 
@@ -29,9 +33,13 @@ def gfloat_quantize():
     block = import_or_skip("gfloat.block", "oracles")
 
     def run(x: np.ndarray, element: str) -> np.ndarray:
-        info = block.BlockFormatInfo(element, getattr(formats, GFLOAT_FORMATS[element]), BLOCK, formats.format_info_ocp_e8m0)
+        info = block.BlockFormatInfo(
+            element, getattr(formats, GFLOAT_FORMATS[element]), BLOCK, formats.format_info_ocp_e8m0
+        )
         blocks = x.reshape(-1, BLOCK)
-        out = np.stack([block.quantize_block(info, row, block.compute_scale_amax) for row in blocks])
+        out = np.stack(
+            [block.quantize_block(info, row, block.compute_scale_amax) for row in blocks]
+        )
         return out.reshape(x.shape)
 
     return run

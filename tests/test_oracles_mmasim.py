@@ -36,8 +36,18 @@ from mxsim.datapath.reference import dot_reference
 
 ROWS = int(os.environ.get("MXSIM_MMASIM_ROWS", "192"))
 TWIN_ROWS = 6  # rows of each family also run through the Fraction twin
-PTX_FORMATS = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
-               "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1", "f32": "fp32", "f64": "fp64"}
+PTX_FORMATS = {
+    "f16": "fp16",
+    "bf16": "bf16",
+    "tf32": "tf32",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "e3m2": "fp6_e3m2",
+    "e2m3": "fp6_e2m3",
+    "e2m1": "fp4_e2m1",
+    "f32": "fp32",
+    "f64": "fp64",
+}
 F8F6F4 = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
 FP8 = ("e4m3", "e5m2")
 
@@ -59,22 +69,44 @@ def _families():
             add(arch, "MMA", _mma("m16n8k16", d, "f16", "f16", d), config, "f16", "f16", d)
             add(arch, "MMA", _mma("m16n8k8", d, "f16", "f16", d), config, "f16", "f16", d)
         for shape in ("m16n8k16", "m16n8k8"):
-            add(arch, "MMA", _mma(shape, "f32", "bf16", "bf16", "f32"), config, "bf16", "bf16", "f32")
+            add(
+                arch,
+                "MMA",
+                _mma(shape, "f32", "bf16", "bf16", "f32"),
+                config,
+                "bf16",
+                "bf16",
+                "f32",
+            )
         for shape in ("m16n8k8", "m16n8k4"):
-            add(arch, "MMA", _mma(shape, "f32", "tf32", "tf32", "f32"), config, "tf32", "tf32", "f32")
+            add(
+                arch,
+                "MMA",
+                _mma(shape, "f32", "tf32", "tf32", "f32"),
+                config,
+                "tf32",
+                "tf32",
+                "f32",
+            )
 
     def fp8_pairs(arch, op, shape, config, types=FP8, kind=""):
         for d in ("f32", "f16"):
             for a in types:
                 for b in types:
                     # mma names C's type last; wgmma and tcgen05 take C in D's type
-                    ptx = _mma(shape, d, a, b, d, kind) if op == "MMA" else _mma(shape, d, a, b, "", kind)[:-1]
+                    ptx = (
+                        _mma(shape, d, a, b, d, kind)
+                        if op == "MMA"
+                        else _mma(shape, d, a, b, "", kind)[:-1]
+                    )
                     add(arch, op, ptx, config, a, b, d)
 
     for d in ("f32", "f16"):
         add("Volta", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d)
         add("Turing", "MMA", _mma("m16n8k8", d, "f16", "f16", d), "t4", "f16", "f16", d)
-        add("Turing", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d)  # Volta's path
+        add(
+            "Turing", "MMA", _mma("m8n8k4", d, "f16", "f16", d), "v100", "f16", "f16", d
+        )  # Volta's path
     for arch in ("Volta", "Turing"):  # c in f16 beside an f32 d: inputs.c_format fp16
         add(arch, "MMA", _mma("m8n8k4", "f32", "f16", "f16", "f16"), "v100", "f16", "f16", "f32")
     sm80("Ampere", "a100")
@@ -88,10 +120,34 @@ def _families():
     add("Hopper", "WGMMA", "m64n8k8.f32.tf32.tf32", "h100-wgmma", "tf32", "tf32", "f32")
     fp8_pairs("Hopper", "WGMMA", "m64n8k32", "h100-wgmma")
     sm80("Blackwell", "b200")
-    add("Blackwell", "TCGen05MMA", "m64n8k8.kind::tf32.f32.tf32.tf32", "b200-tcgen05", "tf32", "tf32", "f32")
+    add(
+        "Blackwell",
+        "TCGen05MMA",
+        "m64n8k8.kind::tf32.f32.tf32.tf32",
+        "b200-tcgen05",
+        "tf32",
+        "tf32",
+        "f32",
+    )
     for ab in ("f16", "bf16"):
-        add("Blackwell", "TCGen05MMA", f"m64n8k16.kind::f16.f32.{ab}.{ab}", "b200-tcgen05", ab, ab, "f32")
-    add("Blackwell", "TCGen05MMA", "m64n8k16.kind::f16.f16.f16.f16", "b200-tcgen05", "f16", "f16", "f16")
+        add(
+            "Blackwell",
+            "TCGen05MMA",
+            f"m64n8k16.kind::f16.f32.{ab}.{ab}",
+            "b200-tcgen05",
+            ab,
+            ab,
+            "f32",
+        )
+    add(
+        "Blackwell",
+        "TCGen05MMA",
+        "m64n8k16.kind::f16.f16.f16.f16",
+        "b200-tcgen05",
+        "f16",
+        "f16",
+        "f16",
+    )
     fp8_pairs("Blackwell", "TCGen05MMA", "m64n8k32", "b200-tcgen05", F8F6F4, "f8f6f4")
     sm80("RTX Blackwell", "rtx50")
     for shape in ("m16n8k32", "m16n8k16"):
@@ -104,18 +160,58 @@ FAMILIES = _families()
 
 # AMD v_mfma_f32_* instructions as MMA-Sim names them (mmasim/amd/isa_mfma.py), by input type.
 CDNA1_MFMA = {
-    "fp32": ("f32_32x32x2f32", "f32_32x32x1f32", "f32_16x16x4f32", "f32_16x16x1f32", "f32_4x4x1f32"),
-    "fp16": ("f32_32x32x8f16", "f32_32x32x4f16", "f32_16x16x16f16", "f32_16x16x4f16", "f32_4x4x4f16"),
-    "bf16": ("f32_32x32x4bf16", "f32_32x32x2bf16", "f32_16x16x8bf16", "f32_16x16x2bf16", "f32_4x4x2bf16"),
+    "fp32": (
+        "f32_32x32x2f32",
+        "f32_32x32x1f32",
+        "f32_16x16x4f32",
+        "f32_16x16x1f32",
+        "f32_4x4x1f32",
+    ),
+    "fp16": (
+        "f32_32x32x8f16",
+        "f32_32x32x4f16",
+        "f32_16x16x16f16",
+        "f32_16x16x4f16",
+        "f32_4x4x4f16",
+    ),
+    "bf16": (
+        "f32_32x32x4bf16",
+        "f32_32x32x2bf16",
+        "f32_16x16x8bf16",
+        "f32_16x16x2bf16",
+        "f32_4x4x2bf16",
+    ),
 }
-CDNA2_BF16_1K = ("f32_32x32x8bf16_1k", "f32_32x32x4bf16_1k", "f32_16x16x16bf16_1k", "f32_16x16x4bf16_1k",
-                 "f32_4x4x4bf16_1k")
+CDNA2_BF16_1K = (
+    "f32_32x32x8bf16_1k",
+    "f32_32x32x4bf16_1k",
+    "f32_16x16x16bf16_1k",
+    "f32_16x16x4bf16_1k",
+    "f32_4x4x4bf16_1k",
+)
 CDNA3_MFMA = {
-    "fp32": ("f32_32x32x1_2b_f32", "f32_16x16x1_4b_f32", "f32_4x4x1_16b_f32", "f32_32x32x2_f32", "f32_16x16x4_f32"),
+    "fp32": (
+        "f32_32x32x1_2b_f32",
+        "f32_16x16x1_4b_f32",
+        "f32_4x4x1_16b_f32",
+        "f32_32x32x2_f32",
+        "f32_16x16x4_f32",
+    ),
     "tf32": ("f32_16x16x8_xf32", "f32_32x32x4_xf32"),
-    "fp16": ("f32_32x32x4_2b_f16", "f32_16x16x4_4b_f16", "f32_4x4x4_16b_f16", "f32_32x32x8_f16", "f32_16x16x16_f16"),
-    "bf16": ("f32_32x32x4_2b_bf16", "f32_16x16x4_4b_bf16", "f32_4x4x4_16b_bf16", "f32_32x32x8_bf16",
-             "f32_16x16x16_bf16"),
+    "fp16": (
+        "f32_32x32x4_2b_f16",
+        "f32_16x16x4_4b_f16",
+        "f32_4x4x4_16b_f16",
+        "f32_32x32x8_f16",
+        "f32_16x16x16_f16",
+    ),
+    "bf16": (
+        "f32_32x32x4_2b_bf16",
+        "f32_16x16x4_4b_bf16",
+        "f32_4x4x4_16b_bf16",
+        "f32_32x32x8_bf16",
+        "f32_16x16x16_bf16",
+    ),
 }
 AMD_FP8 = {"fp8": "fp8_e4m3fnuz", "bf8": "fp8_e5m2fnuz"}
 
@@ -125,14 +221,22 @@ def _amd_families():
     out = []
     for fmt, suffixes in CDNA1_MFMA.items():
         out += [("CDNA1", suffix, "mi100", fmt, fmt) for suffix in suffixes]
-    cdna2 = {"fp32": "mi250-fp32", "fp16": "mi250", "bf16": "mi250-bf16-legacy"}  # bf16 without _1k: 2 per add
+    cdna2 = {
+        "fp32": "mi250-fp32",
+        "fp16": "mi250",
+        "bf16": "mi250-bf16-legacy",
+    }  # bf16 without _1k: 2 per add
     for fmt, suffixes in CDNA1_MFMA.items():
         out += [("CDNA2", suffix, cdna2[fmt], fmt, fmt) for suffix in suffixes]
     out += [("CDNA2", suffix, "mi250", "bf16", "bf16") for suffix in CDNA2_BF16_1K]
     for fmt, suffixes in CDNA3_MFMA.items():
         out += [("CDNA3", suffix, "mi300", fmt, fmt) for suffix in suffixes]
     for shape in ("16x16x32", "32x32x16"):
-        out += [("CDNA3", f"f32_{shape}_{a}_{b}", "mi300", AMD_FP8[a], AMD_FP8[b]) for a in AMD_FP8 for b in AMD_FP8]
+        out += [
+            ("CDNA3", f"f32_{shape}_{a}_{b}", "mi300", AMD_FP8[a], AMD_FP8[b])
+            for a in AMD_FP8
+            for b in AMD_FP8
+        ]
     return out
 
 
@@ -159,35 +263,49 @@ def nv_ptx():
 
 # --- inputs -------------------------------------------------------------------------------------
 
+
 def random_finite_codes(rng, fmt, n: int) -> np.ndarray:
     """``n`` codes drawn uniformly from the format's finite codes (every exponent alike)."""
     dtype = np.uint64 if fmt.bits == 64 else np.int64
     codes = np.zeros(0, dtype=dtype)
     while codes.size < n:
-        draw = rng.integers(0, 1 << fmt.field_bits, 2 * n + 8, dtype=dtype) << dtype(fmt.padding_bits)
+        draw = rng.integers(0, 1 << fmt.field_bits, 2 * n + 8, dtype=dtype) << dtype(
+            fmt.padding_bits
+        )
         codes = np.concatenate([codes, draw[np.isfinite(fmt.decode(draw))]])
     return codes[:n]
 
 
 def _encode(fmt, values) -> np.ndarray:
     """Codes as int64 (uint64 for 64-bit formats, whose codes reach 2^64)."""
-    return fmt.encode(np.asarray(values, dtype=np.float64)).astype(np.uint64 if fmt.bits == 64 else np.int64)
+    return fmt.encode(np.asarray(values, dtype=np.float64)).astype(
+        np.uint64 if fmt.bits == 64 else np.int64
+    )
 
 
 def _special_codes(fmt) -> np.ndarray:
     values = [np.inf, -np.inf, np.nan] if fmt.has_inf else [np.nan] if fmt.has_nan else []
-    return _encode(fmt, values) if values else np.zeros(0, dtype=np.uint64 if fmt.bits == 64 else np.int64)
+    return (
+        _encode(fmt, values)
+        if values
+        else np.zeros(0, dtype=np.uint64 if fmt.bits == 64 else np.int64)
+    )
 
 
-def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name: str, c_name: str | None = None):
+def make_inputs(
+    seed: int, rows: int, k: int, a_name: str, b_name: str, out_name: str, c_name: str | None = None
+):
     """(A codes, B codes, c): realistic rows, a quarter of them corners (see the module
     docstring), every row a valid input of the formats: c a value of ``c_name`` (default:
     the output format) and of the output format, as float32 (float64 for fp64)."""
     rng = np.random.default_rng(seed)
     fa, fb, out = get_format(a_name), get_format(b_name), get_format(out_name)
     magnitude = rng.integers(-6, 7, (rows, 1)).astype(np.float64)
-    a = _encode(fa, rng.standard_normal((rows, k)) * 2.0 ** magnitude)
-    b = _encode(fb, rng.standard_normal((rows, k)) * 2.0 ** -rng.integers(-2, 3, (rows, 1)).astype(np.float64))
+    a = _encode(fa, rng.standard_normal((rows, k)) * 2.0**magnitude)
+    b = _encode(
+        fb,
+        rng.standard_normal((rows, k)) * 2.0 ** -rng.integers(-2, 3, (rows, 1)).astype(np.float64),
+    )
     with np.errstate(over="ignore", invalid="ignore"):
         total = np.sum(fa.decode(a) * fb.decode(b), axis=1)
         c = rng.standard_normal(rows) * (np.abs(total) + 2.0 ** magnitude[:, 0])
@@ -211,8 +329,15 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
                 tiny = rng.random(k) * fmt.min_normal * np.where(rng.random(k) < 0.5, -1, 1)
                 pick = rng.random(k) < 0.6
                 codes[row, pick] = _encode(fmt, tiny)[pick]
-            c_fmt = get_format(c_name or out_name)  # a subnormal of c's own format (fp16 c beside fp32 d)
-            c[row] = rng.random() * c_fmt.min_normal * (1 if rng.random() < 0.5 else -1) * 2.0 ** -float(rng.integers(0, 8))
+            c_fmt = get_format(
+                c_name or out_name
+            )  # a subnormal of c's own format (fp16 c beside fp32 d)
+            c[row] = (
+                rng.random()
+                * c_fmt.min_normal
+                * (1 if rng.random() < 0.5 else -1)
+                * 2.0 ** -float(rng.integers(0, 8))
+            )
         elif kind == "tiny":  # products far below c's zero: the zero-term exponent decides
             target = out.min_normal * 2.0 ** -float(rng.integers(0, 30))
             a[row] = _encode(fa, rng.standard_normal(k) * np.sqrt(target))
@@ -222,8 +347,12 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
             sign = 1.0 if rng.random() < 0.5 else -1.0
             with np.errstate(over="ignore"):
                 largest = fa.max_finite * fb.max_finite * k
-            shrink = min(1.0, 4 * out.max_finite / largest if np.isfinite(largest)  # fp64: beyond float64
-                         else 4 * out.max_finite / fa.max_finite / fb.max_finite / k)
+            shrink = min(
+                1.0,
+                4 * out.max_finite / largest
+                if np.isfinite(largest)  # fp64: beyond float64
+                else 4 * out.max_finite / fa.max_finite / fb.max_finite / k,
+            )
             a[row] = _encode(fa, sign * fa.max_finite * rng.uniform(0.5, 1.0, k))
             b[row] = _encode(fb, fb.max_finite * rng.uniform(0.5, 1.0, k) * shrink)
             c[row] = sign * out.max_finite * rng.uniform(0.0, 1.0)
@@ -238,13 +367,16 @@ def make_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str, out_name
             else:
                 c[row] = rng.choice([np.inf, -np.inf, np.nan])
         else:  # c far above or below the products
-            c[row] = total[row] * 2.0 ** float(rng.choice([-40, -25, 25, 40])) + (2.0 ** -20 if total[row] == 0 else 0.0)
+            c[row] = total[row] * 2.0 ** float(rng.choice([-40, -25, 25, 40])) + (
+                2.0**-20 if total[row] == 0 else 0.0
+            )
     for fmt in (get_format(c_name or out_name), out):
         c = fmt.decode(fmt.encode(c, overflow="inf_nan" if fmt.has_inf else "saturate"))
     return a, b, c.astype(np.float64 if out.bits == 64 else np.float32)
 
 
 # --- the two sides ------------------------------------------------------------------------------
+
 
 def _torch_operand(torch, codes: np.ndarray, ptx: str):
     """Element codes as the tensor MMA-Sim reads: the format's dtype over the same bits; FP6
@@ -253,8 +385,14 @@ def _torch_operand(torch, codes: np.ndarray, ptx: str):
         return torch.from_numpy(codes.astype(np.uint8))
     if ptx == "e2m1":
         return torch.from_numpy((codes << 2).astype(np.uint8))
-    dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32,
-             "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "f64": torch.float64}[ptx]
+    dtype = {
+        "f16": torch.float16,
+        "bf16": torch.bfloat16,
+        "tf32": torch.float32,
+        "e4m3": torch.float8_e4m3fn,
+        "e5m2": torch.float8_e5m2,
+        "f64": torch.float64,
+    }[ptx]
     return _torch_view(torch, codes, dtype)
 
 
@@ -270,7 +408,14 @@ def mmasim_bits(nv_ptx, family, a, b, c) -> np.ndarray:
     arch, op_name, ptx, _, _, _, out_name = family
     op = getattr(nv_ptx, op_name)(arch, ptx)
     _, ta, tb = _ptx_types(ptx)
-    return mmasim_dpa(op, _torch_operand(torch, a, ta), _torch_operand(torch, b, tb), c, c_format_of(family), out_name)
+    return mmasim_dpa(
+        op,
+        _torch_operand(torch, a, ta),
+        _torch_operand(torch, b, tb),
+        c,
+        c_format_of(family),
+        out_name,
+    )
 
 
 TORCH_FLOATS = {"fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -304,14 +449,18 @@ def _k_of(ptx: str) -> int:
 def test_family_matches_mmasim(nv_ptx, family):
     arch, op_name, ptx, config, a_name, b_name, out_name = family
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
-    a, b, c = make_inputs(FAMILIES.index(family), ROWS, _k_of(ptx), a_name, b_name, out_name, c_format_of(family))
+    a, b, c = make_inputs(
+        FAMILIES.index(family), ROWS, _k_of(ptx), a_name, b_name, out_name, c_format_of(family)
+    )
     want = mmasim_bits(nv_ptx, family, a, b, c)
     check_against(hw, a_name, b_name, out_name, c_format_of(family), a, b, c, want)
 
 
 def check_against(hw, a_name, b_name, out_name, c_name, a, b, c, want) -> None:
     """mxsim.dot's bits equal ``want`` on every row, and the Fraction twin's on TWIN_ROWS."""
-    got = dot(hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format=out_name, c_format=c_name).astype(np.uint64)
+    got = dot(
+        hw, a, b, a_format=a_name, b_format=b_name, c=c, out_format=out_name, c_format=c_name
+    ).astype(np.uint64)
     bad = np.flatnonzero(~same_bits(got, want, out_name))
     assert bad.size == 0, f"{bad.size}/{len(want)} mismatches, rows {bad[:8].tolist()}"
     params = hw.params(a_name, b_name, out_name, c_name)
@@ -319,10 +468,13 @@ def check_against(hw, a_name, b_name, out_name, c_name, a, b, c, want) -> None:
     for row in range(TWIN_ROWS):
         value = dot_reference(params, a[row].tolist(), b[row].tolist(), c=float(c[row]))
         twin = fmt.encode(np.array([value]), overflow="inf_nan")[0]
-        assert same_bits(np.array([twin], np.uint64), want[row : row + 1], out_name)[0], f"twin, row {row}"
+        assert same_bits(np.array([twin], np.uint64), want[row : row + 1], out_name)[0], (
+            f"twin, row {row}"
+        )
 
 
 # --- AMD matrix cores ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def amd_mfma():
@@ -345,12 +497,27 @@ def test_amd_family_matches_mmasim(amd_mfma, family):
 
     arch, suffix, config, a_name, b_name = family
     # MMA-Sim reads xf32 operands from fp32 tensors (and drops their low 13 bits, as tf32 codes have them zero).
-    dtypes = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-              "fp8_e4m3fnuz": torch.float8_e4m3fnuz, "fp8_e5m2fnuz": torch.float8_e5m2fnuz}
+    dtypes = {
+        "fp32": torch.float32,
+        "tf32": torch.float32,
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+        "fp8_e4m3fnuz": torch.float8_e4m3fnuz,
+        "fp8_e5m2fnuz": torch.float8_e5m2fnuz,
+    }
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
-    a, b, c = make_inputs(1000 + AMD_FAMILIES.index(family), ROWS, _mfma_k(suffix), a_name, b_name, "fp32")
+    a, b, c = make_inputs(
+        1000 + AMD_FAMILIES.index(family), ROWS, _mfma_k(suffix), a_name, b_name, "fp32"
+    )
     op = amd_mfma.MFMA(arch, suffix)
-    want = mmasim_dpa(op, _torch_view(torch, a, dtypes[a_name]), _torch_view(torch, b, dtypes[b_name]), c, "fp32", "fp32")
+    want = mmasim_dpa(
+        op,
+        _torch_view(torch, a, dtypes[a_name]),
+        _torch_view(torch, b, dtypes[b_name]),
+        c,
+        "fp32",
+        "fp32",
+    )
     check_against(hw, a_name, b_name, "fp32", "fp32", a, b, c, want)
 
 
@@ -361,9 +528,16 @@ def test_amd_family_matches_mmasim(amd_mfma, family):
 # architecture from Ampere (sm_80), m16n8k4/k8/k16.f64 on Hopper (sm_90); AMD: the CDNA2 and
 # CDNA3 f64 MFMA instructions.
 FP64_FAMILIES = [
-    *[("nv_ptx", arch, "m8n8k4.f64.f64.f64.f64", config, 4)
-      for arch, config in (("Ampere", "a100-dmma"), ("Ada Lovelace", "ada-dmma"), ("Hopper", "h100-dmma"),
-                           ("Blackwell", "b200-dmma"), ("RTX Blackwell", "rtx50-dmma"))],
+    *[
+        ("nv_ptx", arch, "m8n8k4.f64.f64.f64.f64", config, 4)
+        for arch, config in (
+            ("Ampere", "a100-dmma"),
+            ("Ada Lovelace", "ada-dmma"),
+            ("Hopper", "h100-dmma"),
+            ("Blackwell", "b200-dmma"),
+            ("RTX Blackwell", "rtx50-dmma"),
+        )
+    ],
     *[("nv_ptx", "Hopper", f"m16n8k{k}.f64.f64.f64.f64", "h100-dmma", k) for k in (4, 8, 16)],
     ("amd", "CDNA2", "f64_16x16x4f64", "mi250-f64", 4),
     ("amd", "CDNA2", "f64_4x4x4f64", "mi250-f64", 4),
@@ -380,15 +554,20 @@ def test_fp64_family_matches_mmasim(family):
     op = module.MMA(arch, instruction) if vendor == "nv_ptx" else module.MFMA(arch, instruction)
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
     a, b, c = make_inputs(1000 + FP64_FAMILIES.index(family), ROWS, k, "fp64", "fp64", "fp64")
-    want = mmasim_dpa(op, _torch_operand(torch, a, "f64"), _torch_operand(torch, b, "f64"), c, "fp64", "fp64")
+    want = mmasim_dpa(
+        op, _torch_operand(torch, a, "f64"), _torch_operand(torch, b, "f64"), c, "fp64", "fp64"
+    )
     check_against(hw, "fp64", "fp64", "fp64", "fp64", a, b, c, want)
 
 
 # --- zero signs along an FMA chain ----------------------------------------------------------------
 
 # The AMD fp32 MFMA instructions that MMA-Sim runs as the same FMA chain (CDNA1, CDNA2, CDNA3).
-FP32_FMA_FAMILIES = [("CDNA1", "f32_16x16x4f32", "mi100"), ("CDNA2", "f32_16x16x4f32", "mi250-fp32"),
-                     ("CDNA3", "f32_16x16x4_f32", "mi300")]
+FP32_FMA_FAMILIES = [
+    ("CDNA1", "f32_16x16x4f32", "mi100"),
+    ("CDNA2", "f32_16x16x4f32", "mi250-fp32"),
+    ("CDNA3", "f32_16x16x4_f32", "mi300"),
+]
 
 
 def zero_chain_inputs(seed: int, rows: int, k: int, name: str):
@@ -406,9 +585,11 @@ def zero_chain_inputs(seed: int, rows: int, k: int, name: str):
     return _encode(fmt, a), _encode(fmt, b), c.astype(np.float64 if fmt.bits == 64 else np.float32)
 
 
-@pytest.mark.parametrize("family", [*[("fp64", *f) for f in FP64_FAMILIES],
-                                    *[("fp32", "amd", *f, 4) for f in FP32_FMA_FAMILIES]],
-                         ids=lambda family: f"{family[4]}-{family[3]}")
+@pytest.mark.parametrize(
+    "family",
+    [*[("fp64", *f) for f in FP64_FAMILIES], *[("fp32", "amd", *f, 4) for f in FP32_FMA_FAMILIES]],
+    ids=lambda family: f"{family[4]}-{family[3]}",
+)
 def test_fma_chain_zero_signs_match_mmasim(family):
     # output.zero_sign: ieee_steps: a zero that an early step leaves (-0 from an underflow)
     # stays -0 through later -0 products, as IEEE FMAs leave it.
@@ -420,14 +601,18 @@ def test_fma_chain_zero_signs_match_mmasim(family):
     a, b, c = zero_chain_inputs(77, 96, k, name)
     dtype = {"fp64": torch.float64, "fp32": torch.float32}[name]
     want = mmasim_dpa(op, _torch_view(torch, a, dtype), _torch_view(torch, b, dtype), c, name, name)
-    assert np.signbit(get_format(name).decode(want)[get_format(name).decode(want) == 0]).any()  # the corner is met
+    assert np.signbit(
+        get_format(name).decode(want)[get_format(name).decode(want) == 0]
+    ).any()  # the corner is met
     check_against(hw, name, name, name, name, a, b, c, want)
 
 
 # --- CDNA3 FP8: a NaN or Inf accumulator at the second alignment ---------------------------------
 
 #: MMA-Sim's CDNA3 FP8 MFMA families (mi300's FP8 override, adder.special_accumulator_exponent).
-CDNA3_FP8_FAMILIES = [family for family in AMD_FAMILIES if family[0] == "CDNA3" and family[3] in AMD_FP8.values()]
+CDNA3_FP8_FAMILIES = [
+    family for family in AMD_FAMILIES if family[0] == "CDNA3" and family[3] in AMD_FP8.values()
+]
 
 
 def special_accumulator_inputs(seed: int, rows: int, k: int, a_name: str, b_name: str):
@@ -448,9 +633,13 @@ def special_accumulator_inputs(seed: int, rows: int, k: int, a_name: str, b_name
         b[row] = _encode(fb, rng.standard_normal(k))
         position = rng.integers(max(k - 16, 0), k)  # in the last tree (16 products)
         exponent_a = int(rng.integers(min(10, emax_a), emax_a + 1))
-        exponent_b = int(np.clip(rng.integers(min(20, emax_a + emax_b), emax_a + emax_b + 1) - exponent_a, 0, emax_b))
-        a[row, position] = _encode(fa, [2.0 ** exponent_a])[0]
-        b[row, position] = _encode(fb, [(-1.0) ** rng.integers(2) * 2.0 ** exponent_b])[0]
+        exponent_b = int(
+            np.clip(
+                rng.integers(min(20, emax_a + emax_b), emax_a + emax_b + 1) - exponent_a, 0, emax_b
+            )
+        )
+        a[row, position] = _encode(fa, [2.0**exponent_a])[0]
+        b[row, position] = _encode(fb, [(-1.0) ** rng.integers(2) * 2.0**exponent_b])[0]
         kind = kinds[row % len(kinds)]
         if kind == "c_special":
             c[row] = rng.choice([np.nan, np.inf, -np.inf])
@@ -460,8 +649,8 @@ def special_accumulator_inputs(seed: int, rows: int, k: int, a_name: str, b_name
             b[row, (position + 1 + rng.integers(15)) % k] = _special_codes(fb)[0]
         else:  # the first tree overflows the accumulator to ±Inf
             c[row] = np.float32(3.4e38) * (-1.0) ** rng.integers(2)
-            b[row, 0] = _encode(fb, [np.sign(c[row]) * 2.0 ** emax_b])[0]
-            a[row, 0] = _encode(fa, [2.0 ** emax_a])[0]
+            b[row, 0] = _encode(fb, [np.sign(c[row]) * 2.0**emax_b])[0]
+            a[row, 0] = _encode(fa, [2.0**emax_a])[0]
     return a, b, c.astype(np.float32)
 
 
@@ -474,12 +663,24 @@ def test_cdna3_fp8_special_accumulators_match_mmasim(amd_mfma, family):
     arch, suffix, config, a_name, b_name = family
     hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
     # the crafted rows first: the twin runs the first TWIN_ROWS
-    a, b, c = (x[::-1].copy() for x in special_accumulator_inputs(31, 128, _mfma_k(suffix), a_name, b_name))
+    a, b, c = (
+        x[::-1].copy() for x in special_accumulator_inputs(31, 128, _mfma_k(suffix), a_name, b_name)
+    )
     dtypes = {name: getattr(torch, f"float8_{name[4:]}") for name in AMD_FP8.values()}
     op = amd_mfma.MFMA(arch, suffix)
-    want = mmasim_dpa(op, _torch_view(torch, a, dtypes[a_name]), _torch_view(torch, b, dtypes[b_name]), c, "fp32", "fp32")
-    has_special = (~np.isfinite(c)) | (a == _special_codes(get_format(a_name))[0]).any(axis=1) | (
-        b == _special_codes(get_format(b_name))[0]).any(axis=1)
+    want = mmasim_dpa(
+        op,
+        _torch_view(torch, a, dtypes[a_name]),
+        _torch_view(torch, b, dtypes[b_name]),
+        c,
+        "fp32",
+        "fp32",
+    )
+    has_special = (
+        (~np.isfinite(c))
+        | (a == _special_codes(get_format(a_name))[0]).any(axis=1)
+        | (b == _special_codes(get_format(b_name))[0]).any(axis=1)
+    )
     dropped = has_special & np.isfinite(get_format("fp32").decode(want))
     # the corner is met where products reach 2^25: bf8 x bf8 alone
     assert dropped.any() == (a_name == b_name == "fp8_e5m2fnuz"), int(dropped.sum())

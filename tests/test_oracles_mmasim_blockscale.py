@@ -35,21 +35,49 @@ from mxsim.datapath.groups import groups_apply, groups_matmul
 from mxsim.quantize.nvfp4 import quantize_nvfp4
 
 HWCONFIGS = Path(__file__).resolve().parent.parent / "hwconfigs"
-F8F6F4 = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1"}
+F8F6F4 = {
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "e3m2": "fp6_e3m2",
+    "e2m3": "fp6_e2m3",
+    "e2m1": "fp4_e2m1",
+}
 ROWS = 768  # dot products per family and config
-C_CORNERS = np.array([0.0, -0.0, 2.0**-149, -(2.0**-130), 3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan],
-                     dtype=np.float32)
+C_CORNERS = np.array(
+    [0.0, -0.0, 2.0**-149, -(2.0**-130), 3.4028235e38, -3.4028235e38, np.inf, -np.inf, np.nan],
+    dtype=np.float32,
+)
 
 # (arch, instruction, shape_and_type template, mxsim config stem, element ptx type, K of one instruction)
 FP4_FAMILIES = [
-    ("m128n8k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0", "m16n8k64.kind::mxf4.block32.f32.e2m1.e2m1.f32.ue8m0",
-     "mxf4", 32, "ue8m0"),
-    ("m128n8k64.kind::mxf4nvf4.block32.f32.e2m1.e2m1.ue8m0",
-     "m16n8k64.kind::mxf4nvf4.block32.f32.e2m1.e2m1.f32.ue8m0", "mxf4", 32, "ue8m0"),
-    ("m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue8m0",
-     "m16n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.f32.ue8m0", "mxf4nvf4-e8m0-block16", 16, "ue8m0"),
-    ("m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3",
-     "m16n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.f32.ue4m3", "mxf4nvf4", 16, "ue4m3"),
+    (
+        "m128n8k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0",
+        "m16n8k64.kind::mxf4.block32.f32.e2m1.e2m1.f32.ue8m0",
+        "mxf4",
+        32,
+        "ue8m0",
+    ),
+    (
+        "m128n8k64.kind::mxf4nvf4.block32.f32.e2m1.e2m1.ue8m0",
+        "m16n8k64.kind::mxf4nvf4.block32.f32.e2m1.e2m1.f32.ue8m0",
+        "mxf4",
+        32,
+        "ue8m0",
+    ),
+    (
+        "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue8m0",
+        "m16n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.f32.ue8m0",
+        "mxf4nvf4-e8m0-block16",
+        16,
+        "ue8m0",
+    ),
+    (
+        "m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3",
+        "m16n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.f32.ue4m3",
+        "mxf4nvf4",
+        16,
+        "ue4m3",
+    ),
 ]
 
 
@@ -65,6 +93,7 @@ def _instruction(mmasim, target: str, tcgen05_type: str, mma_type: str):
 
 
 # --- inputs ---------------------------------------------------------------------------------------
+
 
 def _realistic_float32(rng, rows: int, cols: int) -> np.ndarray:
     scale = np.exp2(rng.integers(-20, 21, size=(rows, 1)).astype(np.float64))
@@ -83,7 +112,10 @@ def _mx_operands(rng, fmt: str, rows: int, k: int, block: int) -> tuple[np.ndarr
     codes[corner] = rng.integers(0, 1 << fields, size=(corner.sum(), k))
     # tiny scales put products below fp32's subnormals; 45..65 around 2^-133 (the zero exponent)
     # and 2^-149, where the window's placement decides the truncation; 254 overflows
-    scales[corner] = rng.choice([0, 5, 45, 50, 52, 55, 58, 60, 65, 127, 127, 200, 254, 255], size=(corner.sum(), scales.shape[1]))
+    scales[corner] = rng.choice(
+        [0, 5, 45, 50, 52, 55, 58, 60, 65, 127, 127, 200, 254, 255],
+        size=(corner.sum(), scales.shape[1]),
+    )
     return codes, scales
 
 
@@ -94,16 +126,23 @@ def _nvfp4_operands(rng, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     scales = tensor.scales.astype(np.int64)
     corner = rng.random(rows) < 0.25
     codes[corner] = rng.integers(0, 16, size=(corner.sum(), k))
-    scales[corner] = rng.choice([0, 1, 7, 8, 0x38, 0x38, 0x70, 0x7E, 0x7F], size=(corner.sum(), scales.shape[1]))
+    scales[corner] = rng.choice(
+        [0, 1, 7, 8, 0x38, 0x38, 0x70, 0x7E, 0x7F], size=(corner.sum(), scales.shape[1])
+    )
     return codes, scales
 
 
 def _dot_float64(a, b, scale_a, scale_b, a_fmt: str, b_fmt: str, scale_fmt: str) -> np.ndarray:
     """The dot products in float64 (near the exact value; NaN where an input is NaN/Inf)."""
+
     def values(codes, scales, fmt):
         blocks = scales.shape[1]
         scale_values = mxsim.get_format(scale_fmt).decode(scales)
-        return (mxsim.get_format(fmt).decode(codes).reshape(codes.shape[0], blocks, -1) * scale_values[..., None])
+        return (
+            mxsim.get_format(fmt).decode(codes).reshape(codes.shape[0], blocks, -1)
+            * scale_values[..., None]
+        )
+
     with np.errstate(invalid="ignore", over="ignore"):
         return (values(a, scale_a, a_fmt) * values(b, scale_b, b_fmt)).sum(axis=(1, 2))
 
@@ -148,16 +187,21 @@ def _cancel(rng, a, b, scale_a, scale_b, sign_bit: int) -> None:
 
 # --- running both ---------------------------------------------------------------------------------
 
+
 def _as_torch_elements(torch, codes: np.ndarray, ptx: str):
     if ptx == "e4m3":
         return torch.from_numpy(codes.astype(np.uint8)).view(torch.float8_e4m3fn)
     if ptx == "e5m2":
         return torch.from_numpy(codes.astype(np.uint8)).view(torch.float8_e5m2)
     width = 4 if ptx == "e2m1" else 6
-    return torch.from_numpy((codes << (6 - width)).astype(np.uint8))  # MMA-Sim: fp6 in bits 5:0, fp4 in 5:2
+    return torch.from_numpy(
+        (codes << (6 - width)).astype(np.uint8)
+    )  # MMA-Sim: fp6 in bits 5:0, fp4 in 5:2
 
 
-def _run_mmasim(torch, instruction, a, b, scale_a, scale_b, c, step: int, block: int, a_ptx, b_ptx, scale_ptx):
+def _run_mmasim(
+    torch, instruction, a, b, scale_a, scale_b, c, step: int, block: int, a_ptx, b_ptx, scale_ptx
+):
     """MMA-Sim's fp32 outputs: instructions of ``step`` elements chained through c."""
     out = torch.from_numpy(c.copy())
     scale_dtype = torch.float8_e8m0fnu if scale_ptx == "ue8m0" else torch.float8_e4m3fn
@@ -166,28 +210,70 @@ def _run_mmasim(torch, instruction, a, b, scale_a, scale_b, c, step: int, block:
     for start in range(0, a.shape[1], step):
         blocks = slice(start // block, (start + step) // block)
         if a_ptx == "e2m1" and step == 64:  # kind::mxf4*: two E2M1 per byte, high nibble first
-            pa = torch.from_numpy(((a[:, start:start + step:2] << 4) | a[:, start + 1:start + step:2]).astype(np.uint8))
-            pb = torch.from_numpy(((b[:, start:start + step:2] << 4) | b[:, start + 1:start + step:2]).astype(np.uint8))
+            pa = torch.from_numpy(
+                ((a[:, start : start + step : 2] << 4) | a[:, start + 1 : start + step : 2]).astype(
+                    np.uint8
+                )
+            )
+            pb = torch.from_numpy(
+                ((b[:, start : start + step : 2] << 4) | b[:, start + 1 : start + step : 2]).astype(
+                    np.uint8
+                )
+            )
         else:
-            pa = _as_torch_elements(torch, a[:, start:start + step], a_ptx)
-            pb = _as_torch_elements(torch, b[:, start:start + step], b_ptx)
+            pa = _as_torch_elements(torch, a[:, start : start + step], a_ptx)
+            pb = _as_torch_elements(torch, b[:, start : start + step], b_ptx)
         out = instruction.dpa(pa, pb, out, alpha[:, blocks], beta[:, blocks])
     return out.numpy()
 
 
-def _compare(torch, instruction, config: str, a_fmt, b_fmt, a, b, scale_a, scale_b, c, step, block, a_ptx, b_ptx,
-             scale_ptx) -> tuple[int, list]:
-    want = _run_mmasim(torch, instruction, a, b, scale_a, scale_b, c, step, block, a_ptx, b_ptx, scale_ptx)
-    bits = mxsim.dot(HWCONFIGS / f"{config}.yaml", a, b, a_format=a_fmt, b_format=b_fmt, scale_a=scale_a,
-                     scale_b=scale_b, c=c)
+def _compare(
+    torch,
+    instruction,
+    config: str,
+    a_fmt,
+    b_fmt,
+    a,
+    b,
+    scale_a,
+    scale_b,
+    c,
+    step,
+    block,
+    a_ptx,
+    b_ptx,
+    scale_ptx,
+) -> tuple[int, list]:
+    want = _run_mmasim(
+        torch, instruction, a, b, scale_a, scale_b, c, step, block, a_ptx, b_ptx, scale_ptx
+    )
+    bits = mxsim.dot(
+        HWCONFIGS / f"{config}.yaml",
+        a,
+        b,
+        a_format=a_fmt,
+        b_format=b_fmt,
+        scale_a=scale_a,
+        scale_b=scale_b,
+        c=c,
+    )
     count, examples = bit_mismatches(bits.view(np.float32), want)
     params = mxsim.load_hwconfig(HWCONFIGS / f"{config}.yaml").params(a_fmt, b_fmt)
     if groups_apply(params):  # the group-sum route's own outputs: the diagonal of an (n, n) GEMM
         grid = np.empty((len(a), len(a)), dtype=np.uint32)
-        rows, columns = groups_matmul(params, a, b, scale_a.astype(np.int32), scale_b.astype(np.int32),
-                                      np.diag(c).astype(np.float32), grid)
+        rows, columns = groups_matmul(
+            params,
+            a,
+            b,
+            scale_a.astype(np.int32),
+            scale_b.astype(np.int32),
+            np.diag(c).astype(np.float32),
+            grid,
+        )
         kept = np.setdiff1d(np.arange(len(a)), rows[rows == columns])
-        route_count, route_examples = bit_mismatches(np.diag(grid)[kept].view(np.float32), want[kept])
+        route_count, route_examples = bit_mismatches(
+            np.diag(grid)[kept].view(np.float32), want[kept]
+        )
         count, examples = count + route_count, examples + route_examples
     return count, examples
 
@@ -210,10 +296,29 @@ def test_mxf8f6f4_matches_mmasim(torch, mmasim, target, a_ptx):
         _cancel(rng, a, b, scale_a, scale_b, sign_bit)
         c = _c_values(rng, _dot_float64(a, b, scale_a, scale_b, a_fmt, b_fmt, "e8m0"))
         _zero_rows(rng, a, b, c, sign_bit)
-        instruction = _instruction(mmasim, target, f"m128n8k32.kind::mxf8f6f4.block32.f32.{a_ptx}.{b_ptx}.ue8m0",
-                                   f"m16n8k32.kind::mxf8f6f4.block32.f32.{a_ptx}.{b_ptx}.f32.ue8m0")
-        count, examples = _compare(torch, instruction, f"{target}-mxf8f6f4", a_fmt, b_fmt, a, b, scale_a, scale_b,
-                                   c, 32, 32, a_ptx, b_ptx, "ue8m0")
+        instruction = _instruction(
+            mmasim,
+            target,
+            f"m128n8k32.kind::mxf8f6f4.block32.f32.{a_ptx}.{b_ptx}.ue8m0",
+            f"m16n8k32.kind::mxf8f6f4.block32.f32.{a_ptx}.{b_ptx}.f32.ue8m0",
+        )
+        count, examples = _compare(
+            torch,
+            instruction,
+            f"{target}-mxf8f6f4",
+            a_fmt,
+            b_fmt,
+            a,
+            b,
+            scale_a,
+            scale_b,
+            c,
+            32,
+            32,
+            a_ptx,
+            b_ptx,
+            "ue8m0",
+        )
         if count:
             mismatches.append((b_ptx, count, examples))
     assert not mismatches, mismatches
@@ -221,7 +326,9 @@ def test_mxf8f6f4_matches_mmasim(torch, mmasim, target, a_ptx):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("tcgen05_type, mma_type, config, block, scale_ptx", FP4_FAMILIES)
-def test_fp4_block_scaled_matches_mmasim(torch, mmasim, target, tcgen05_type, mma_type, config, block, scale_ptx):
+def test_fp4_block_scaled_matches_mmasim(
+    torch, mmasim, target, tcgen05_type, mma_type, config, block, scale_ptx
+):
     rng = np.random.default_rng(zlib.crc32(f"{target} {tcgen05_type}".encode()))
     k = 128  # two k64 instructions, chained through c
     if scale_ptx == "ue4m3":
@@ -235,8 +342,23 @@ def test_fp4_block_scaled_matches_mmasim(torch, mmasim, target, tcgen05_type, mm
     c = _c_values(rng, _dot_float64(a, b, scale_a, scale_b, "fp4_e2m1", "fp4_e2m1", scale_fmt))
     _zero_rows(rng, a, b, c, 0x8)
     instruction = _instruction(mmasim, target, tcgen05_type, mma_type)
-    count, examples = _compare(torch, instruction, f"{target}-{config}", "fp4_e2m1", "fp4_e2m1", a, b, scale_a,
-                               scale_b, c, 64, block, "e2m1", "e2m1", scale_ptx)
+    count, examples = _compare(
+        torch,
+        instruction,
+        f"{target}-{config}",
+        "fp4_e2m1",
+        "fp4_e2m1",
+        a,
+        b,
+        scale_a,
+        scale_b,
+        c,
+        64,
+        block,
+        "e2m1",
+        "e2m1",
+        scale_ptx,
+    )
     assert count == 0, (count, examples)
 
 
@@ -244,6 +366,7 @@ def test_fp4_block_scaled_matches_mmasim(torch, mmasim, target, tcgen05_type, mm
 # Random inputs almost never show where a zero term or a subnormal c is aligned (the bits it moves
 # lie below fp32's subnormals); these rows do, and each convention is shown to matter: with it
 # reverted to mxsim's default, the row mismatches MMA-Sim.
+
 
 def _window_rows_mxf8f6f4():
     """e4m3 x e4m3, K = 32, scales 2^-74 each. Row 0: products 2^-140 and -2^-160 beside 30
@@ -281,7 +404,9 @@ CONVENTIONS = {"adder.zero_term_exponent": None, "adder.accumulator_exponent": "
 
 
 def _mismatches_per_row(config, a, b, a_fmt, scale_a, scale_b, c, want) -> np.ndarray:
-    bits = mxsim.dot(config, a, b, a_format=a_fmt, b_format=a_fmt, scale_a=scale_a, scale_b=scale_b, c=c)
+    bits = mxsim.dot(
+        config, a, b, a_format=a_fmt, b_format=a_fmt, scale_a=scale_a, scale_b=scale_b, c=c
+    )
     return bits.view(np.float32).view(np.uint32) != want.view(np.uint32)
 
 
@@ -291,8 +416,12 @@ def test_window_corners_match_mmasim_and_need_each_convention(torch, mmasim, tar
     if family == "mxf8f6f4":
         a, b, scale, c = _window_rows_mxf8f6f4()
         scale_a = scale_b = scale
-        instruction = _instruction(mmasim, target, "m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0",
-                                   "m16n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.f32.ue8m0")
+        instruction = _instruction(
+            mmasim,
+            target,
+            "m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0",
+            "m16n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.f32.ue8m0",
+        )
         a_fmt, step, block, ptx = "fp8_e4m3", 32, 32, "e4m3"
     else:
         block = 32 if family == "mxf4" else 16
@@ -300,7 +429,9 @@ def test_window_corners_match_mmasim_and_need_each_convention(torch, mmasim, tar
         tcgen05_type, mma_type = next((t, m) for t, m, name, _, s in FP4_FAMILIES if name == family)
         instruction = _instruction(mmasim, target, tcgen05_type, mma_type)
         a_fmt, step, ptx = "fp4_e2m1", 64, "e2m1"
-    want = _run_mmasim(torch, instruction, a, b, scale_a, scale_b, c, step, block, ptx, ptx, "ue8m0")
+    want = _run_mmasim(
+        torch, instruction, a, b, scale_a, scale_b, c, step, block, ptx, ptx, "ue8m0"
+    )
     config = mxsim.load_hwconfig(HWCONFIGS / f"{target}-{family}.yaml")
     assert not _mismatches_per_row(config, a, b, a_fmt, scale_a, scale_b, c, want).any()
     for row, (key, default) in enumerate(CONVENTIONS.items()):
@@ -313,13 +444,31 @@ def test_golden_vectors_of_the_nvfp4_unit_match_mmasim(torch, mmasim, tmp_path):
     K = 64: one instruction) are MMA-Sim's."""
     from mxsim.golden import generate, read_vector_file
 
-    manifest = generate(HWCONFIGS / "b200-nvfp4.yaml", tmp_path, cases=30, seed=5, kinds=["random", "corners"],
-                        dot_length=64)
+    manifest = generate(
+        HWCONFIGS / "b200-nvfp4.yaml",
+        tmp_path,
+        cases=30,
+        seed=5,
+        kinds=["random", "corners"],
+        dot_length=64,
+    )
     instruction = _instruction(mmasim, "b200-tcgen05", FP4_FAMILIES[3][0], FP4_FAMILIES[3][1])
     for kind, entry in manifest["units"][0]["files"].items():
         _, vectors = read_vector_file(tmp_path / entry["vectors"])
         a, b = vectors.a.astype(np.int64), vectors.b.astype(np.int64)
-        want = _run_mmasim(torch, instruction, a, b, vectors.scale_a, vectors.scale_b, vectors.c.view(np.float32),
-                           64, 16, "e2m1", "e2m1", "ue4m3")
+        want = _run_mmasim(
+            torch,
+            instruction,
+            a,
+            b,
+            vectors.scale_a,
+            vectors.scale_b,
+            vectors.c.view(np.float32),
+            64,
+            16,
+            "e2m1",
+            "e2m1",
+            "ue4m3",
+        )
         count, examples = bit_mismatches(vectors.d.view(np.float32), want)
         assert count == 0, (kind, count, examples)

@@ -46,13 +46,19 @@ def quark_runtime():
     def run(op: str, attributes: dict, x: np.ndarray) -> np.ndarray:
         node = helper.make_node(op, ["x"], ["y"], domain=QUARK_DOMAIN, **attributes)
         graph = helper.make_graph(
-            [node], "oracle", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+            [node],
+            "oracle",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
             [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(QUARK_DOMAIN, 1)])
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(QUARK_DOMAIN, 1)]
+        )
         options = ort.SessionOptions()
         options.register_custom_ops_library(library)
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
         (y,) = session.run(None, {"x": x})
         assert y.dtype == np.float32 and y.shape == x.shape
         return y
@@ -62,8 +68,12 @@ def quark_runtime():
 
 def bfp_attributes(spec: BFPSpec, axis: int) -> dict:
     return dict(
-        bfp_method=spec.method, axis=axis, bit_width=spec.bit_width, block_size=spec.block_size,
-        sub_block_size=spec.sub_block_size, sub_block_shift_bits=spec.sub_block_shift_bits,
+        bfp_method=spec.method,
+        axis=axis,
+        bit_width=spec.bit_width,
+        block_size=spec.block_size,
+        sub_block_size=spec.sub_block_size,
+        sub_block_shift_bits=spec.sub_block_shift_bits,
         rounding_mode=spec.rounding_mode,
     )
 
@@ -77,7 +87,11 @@ def bfp_corner_counts(x: np.ndarray, spec: BFPSpec) -> dict[str, int]:
     shared = field.max(axis=1, keepdims=True)
     if spec.has_microexponents:
         sub_max = field.reshape(len(field), -1, spec.sub_block_size).max(axis=2)
-        micro = np.repeat(np.minimum(shared - sub_max, 2**spec.sub_block_shift_bits - 1), spec.sub_block_size, axis=1)
+        micro = np.repeat(
+            np.minimum(shared - sub_max, 2**spec.sub_block_shift_bits - 1),
+            spec.sub_block_size,
+            axis=1,
+        )
         shift = shared - micro - field + 24 - m
         significand = np.where(field == 0, 0, (bits & 0x7FFFFF) | 0x800000)
     else:
@@ -116,16 +130,27 @@ def test_bfp_named_specs_match_quark_runtime(quark_runtime, name, mode):
 # (method, bit_width, block_size, sub_block_size, shift bits): widths 10..32, blocks 2..64,
 # sub-blocks 1..block, 0..3 shift bits.
 FREE_SPECS = [
-    ("to_bfp_prime", 10, 16, 2, 1), ("to_bfp_prime", 12, 8, 4, 2), ("to_bfp_prime", 14, 32, 8, 1),
-    ("to_bfp_prime", 13, 16, 1, 3), ("to_bfp_prime", 16, 64, 16, 2), ("to_bfp_prime", 20, 4, 2, 0),
-    ("to_bfp_prime", 11, 16, 16, 1), ("to_bfp_prime", 32, 8, 2, 1), ("to_bfp_prime", 24, 2, 1, 3),
-    ("to_bfp", 10, 4, 4, 0), ("to_bfp", 12, 16, 16, 0), ("to_bfp", 20, 32, 32, 0), ("to_bfp", 32, 8, 8, 0),
+    ("to_bfp_prime", 10, 16, 2, 1),
+    ("to_bfp_prime", 12, 8, 4, 2),
+    ("to_bfp_prime", 14, 32, 8, 1),
+    ("to_bfp_prime", 13, 16, 1, 3),
+    ("to_bfp_prime", 16, 64, 16, 2),
+    ("to_bfp_prime", 20, 4, 2, 0),
+    ("to_bfp_prime", 11, 16, 16, 1),
+    ("to_bfp_prime", 32, 8, 2, 1),
+    ("to_bfp_prime", 24, 2, 1, 3),
+    ("to_bfp", 10, 4, 4, 0),
+    ("to_bfp", 12, 16, 16, 0),
+    ("to_bfp", 20, 32, 32, 0),
+    ("to_bfp", 32, 8, 8, 0),
 ]
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("method, bit_width, block, sub_block, shift_bits", FREE_SPECS)
-def test_bfp_free_parameters_match_quark_runtime(quark_runtime, method, bit_width, block, sub_block, shift_bits, mode):
+def test_bfp_free_parameters_match_quark_runtime(
+    quark_runtime, method, bit_width, block, sub_block, shift_bits, mode
+):
     spec = BFPSpec(method, bit_width, block, sub_block, shift_bits, rounding_mode=mode)
     x = oracle_inputs(seed=bit_width * 100 + block, rows=48, cols=64)
     got = quark_runtime("BFPQuantizeDequantize", bfp_attributes(spec, axis=1), x)
@@ -135,14 +160,25 @@ def test_bfp_free_parameters_match_quark_runtime(quark_runtime, method, bit_widt
 
 # (shape, axis): 3-D along each axis (lengths 7, 21, 5: never a multiple of 16, so padded),
 # negative axes, and a 1-D tensor (Quark ignores axis there).
-SHAPES_AXES = [((7, 21, 5), 0), ((7, 21, 5), 1), ((7, 21, 5), 2), ((7, 21, 5), -1), ((6, 37), -2), ((1001,), 0)]
+SHAPES_AXES = [
+    ((7, 21, 5), 0),
+    ((7, 21, 5), 1),
+    ((7, 21, 5), 2),
+    ((7, 21, 5), -1),
+    ((6, 37), -2),
+    ((1001,), 0),
+]
 
 
 @pytest.mark.parametrize("shape, axis", SHAPES_AXES)
 @pytest.mark.parametrize("name", ["MX6", "BFP16"])
 def test_bfp_axes_and_padding_match_quark_runtime(quark_runtime, name, shape, axis):
     spec = BFP_SPECS[name].replace(rounding_mode=2)
-    x = oracle_inputs(seed=len(shape) + axis, rows=32, cols=64).reshape(-1)[: int(np.prod(shape))].reshape(shape)
+    x = (
+        oracle_inputs(seed=len(shape) + axis, rows=32, cols=64)
+        .reshape(-1)[: int(np.prod(shape))]
+        .reshape(shape)
+    )
     got = quark_runtime("BFPQuantizeDequantize", bfp_attributes(spec, axis=axis), x)
     mismatches, examples = bit_mismatches(mxsim.quantize_bfp(x, spec, axis=axis).dequantize(), got)
     assert mismatches == 0, (spec, shape, axis, mismatches, examples)
@@ -153,8 +189,11 @@ def test_bfp_carry_out_of_the_top_keeps_the_largest_mantissa(quark_runtime):
     # not 2.0; FLT_MAX stays finite at 127 * 2^121 in MX9 (docs/bfp.md).
     x = np.zeros((3, 16), np.float32)
     x[:, 0] = [1.97, -1.97, np.finfo(np.float32).max]
-    for name, expected in [("MX6", [1.875, -1.875, 15 * 2.0**124]), ("MX4", [1.5, -1.5, 3 * 2.0**126]),
-                           ("MX9", [1.96875, -1.96875, 127 * 2.0**121])]:
+    for name, expected in [
+        ("MX6", [1.875, -1.875, 15 * 2.0**124]),
+        ("MX4", [1.5, -1.5, 3 * 2.0**126]),
+        ("MX9", [1.96875, -1.96875, 127 * 2.0**121]),
+    ]:
         got = quark_runtime("BFPQuantizeDequantize", bfp_attributes(BFP_SPECS[name], axis=1), x)
         assert got[:, 0].tolist() == expected
         assert mxsim.quantize_bfp(x, name, axis=1).dequantize()[:, 0].tolist() == expected
@@ -168,23 +207,40 @@ MX_X = oracle_inputs(seed=20, rows=128, cols=96)
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("element", MX_ELEMENTS)
 def test_mx_elements_match_quark_runtime(quark_runtime, element, mode):
-    got = quark_runtime("MXQuantizeDequantize", dict(element_dtype=element, axis=1, block_size=32, rounding_mode=mode), MX_X)
+    got = quark_runtime(
+        "MXQuantizeDequantize",
+        dict(element_dtype=element, axis=1, block_size=32, rounding_mode=mode),
+        MX_X,
+    )
     options = INT8_ROUNDING[mode] if element == "int8" else {}  # rounding_mode only acts on MXINT8
     with np.errstate(over="ignore"):  # +-FLT_MAX blocks can round to 2^128: Inf, as in Quark
-        want = mxsim.fake_quantize(MX_X, element, axis=1, block_size=32, profile="quark-onnx", **options).astype(np.float32)
+        want = mxsim.fake_quantize(
+            MX_X, element, axis=1, block_size=32, profile="quark-onnx", **options
+        ).astype(np.float32)
     mismatches, examples = bit_mismatches(want, got)
     assert mismatches == 0, (element, mode, mismatches, examples)
 
 
 @pytest.mark.parametrize("block_size", [2, 16, 64])
 @pytest.mark.parametrize("shape, axis", SHAPES_AXES)
-def test_mx_axes_block_sizes_and_padding_match_quark_runtime(quark_runtime, shape, axis, block_size):
-    x = oracle_inputs(seed=30 + block_size, rows=32, cols=64).reshape(-1)[: int(np.prod(shape))].reshape(shape)
+def test_mx_axes_block_sizes_and_padding_match_quark_runtime(
+    quark_runtime, shape, axis, block_size
+):
+    x = (
+        oracle_inputs(seed=30 + block_size, rows=32, cols=64)
+        .reshape(-1)[: int(np.prod(shape))]
+        .reshape(shape)
+    )
     for element in ["fp8_e4m3", "fp4_e2m1", "int8"]:
-        got = quark_runtime("MXQuantizeDequantize", dict(element_dtype=element, axis=axis, block_size=block_size,
-                                                          rounding_mode=2), x)
+        got = quark_runtime(
+            "MXQuantizeDequantize",
+            dict(element_dtype=element, axis=axis, block_size=block_size, rounding_mode=2),
+            x,
+        )
         with np.errstate(over="ignore"):
-            want = mxsim.fake_quantize(x, element, axis=axis, block_size=block_size, profile="quark-onnx").astype(np.float32)
+            want = mxsim.fake_quantize(
+                x, element, axis=axis, block_size=block_size, profile="quark-onnx"
+            ).astype(np.float32)
         mismatches, examples = bit_mismatches(want, got)
         assert mismatches == 0, (element, shape, axis, block_size, mismatches, examples)
 
@@ -202,13 +258,25 @@ def fake_quantize_mx(torch):
     return module.fake_quantize_mx
 
 
-@pytest.mark.parametrize("mode, profile", [("even", "quark"), ("floor", "quark-floor"), ("ceil", "quark-ceil")])
+@pytest.mark.parametrize(
+    "mode, profile", [("even", "quark"), ("floor", "quark-floor"), ("ceil", "quark-ceil")]
+)
 @pytest.mark.parametrize("element", MX_ELEMENTS)
 def test_quark_torch_fake_quantize_mx_matches(torch, fake_quantize_mx, element, mode, profile):
-    for x, axis, block_size in [(TORCH_X, 1, 32), (TORCH_X[:, :90].T.copy(), 0, 16)]:  # padded along axis 0
-        got = fake_quantize_mx(torch.from_numpy(x), axis, block_size, mode,
-                               mx_element_dtype=QUARK_TORCH_NAMES.get(element, element)).numpy()
+    for x, axis, block_size in [
+        (TORCH_X, 1, 32),
+        (TORCH_X[:, :90].T.copy(), 0, 16),
+    ]:  # padded along axis 0
+        got = fake_quantize_mx(
+            torch.from_numpy(x),
+            axis,
+            block_size,
+            mode,
+            mx_element_dtype=QUARK_TORCH_NAMES.get(element, element),
+        ).numpy()
         with np.errstate(over="ignore"):
-            want = mxsim.fake_quantize(x, element, axis=axis, block_size=block_size, profile=profile).astype(np.float32)
+            want = mxsim.fake_quantize(
+                x, element, axis=axis, block_size=block_size, profile=profile
+            ).astype(np.float32)
         mismatches, examples = bit_mismatches(want, got)
         assert mismatches == 0, (element, mode, axis, mismatches, examples)

@@ -29,18 +29,29 @@ def torchao_mx(torch):
     mx_tensor = import_or_skip("torchao.prototype.mx_formats.mx_tensor", "oracles")
     config = import_or_skip("torchao.prototype.mx_formats.config", "oracles")
     kernels = import_or_skip("torchao.prototype.mx_formats.kernels", "oracles")
-    dtypes = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "fp6_e3m2": "fp6_e3m2",
-              "fp6_e2m3": "fp6_e2m3", "fp4_e2m1": torch.float4_e2m1fn_x2}
+    dtypes = {
+        "fp8_e4m3": torch.float8_e4m3fn,
+        "fp8_e5m2": torch.float8_e5m2,
+        "fp6_e3m2": "fp6_e3m2",
+        "fp6_e2m3": "fp6_e2m3",
+        "fp4_e2m1": torch.float4_e2m1fn_x2,
+    }
 
     def run(x: np.ndarray, element: str, block_size: int, mode: str):
         """(scale bytes, element codes, dequantized float32) from torchao."""
         elem_dtype = dtypes[element]
-        scale, data = mx_tensor.to_mx(torch.from_numpy(x), elem_dtype, block_size, config.ScaleCalculationMode(mode))
+        scale, data = mx_tensor.to_mx(
+            torch.from_numpy(x), elem_dtype, block_size, config.ScaleCalculationMode(mode)
+        )
         values = mx_tensor.to_dtype(data, scale, elem_dtype, block_size, torch.float32).numpy()
         codes = data.view(torch.uint8)
         if element == "fp4_e2m1":
             codes = kernels.unpack_uint4(codes)
-        return scale.view(torch.uint8).numpy().reshape(x.shape[0], -1), codes.numpy().reshape(x.shape), values
+        return (
+            scale.view(torch.uint8).numpy().reshape(x.shape[0], -1),
+            codes.numpy().reshape(x.shape),
+            values,
+        )
 
     return run
 
@@ -52,7 +63,9 @@ def test_to_mx_matches_profile(torchao_mx, element, mode, block_size):
     """Each torchao scaling mode against the profile and options capture reads it as."""
     profile, options = SCALE_MODE_PROFILES[mode]
     scales, codes, values = torchao_mx(X, element, block_size, mode)
-    tensor = mxsim.quantize_mx(X, element, axis=1, block_size=block_size, profile=profile, **options)
+    tensor = mxsim.quantize_mx(
+        X, element, axis=1, block_size=block_size, profile=profile, **options
+    )
     got_scales = tensor.scales.reshape(scales.shape)
     assert int((got_scales != scales).sum()) == 0, np.argwhere(got_scales != scales)[:5]
     finite_scale = np.repeat(scales != 0xFF, block_size, axis=1)  # a NaN block's codes are free
@@ -88,8 +101,16 @@ def torchao_nvfp4(torch):
         """(UE4M3 scale bytes, E2M1 codes, dequantized float32) from torchao."""
         t = None if tensor_scale is None else torch.tensor(tensor_scale, dtype=torch.float32)
         tensor = nvfp4.NVFP4Tensor.to_nvfp4(torch.from_numpy(x), per_tensor_scale=t)
-        codes = kernels.unpack_uint4(tensor.qdata.contiguous().view(torch.uint8)).numpy().reshape(x.shape)
-        return tensor.scale.view(torch.uint8).numpy(), codes, tensor.dequantize(torch.float32).numpy()
+        codes = (
+            kernels.unpack_uint4(tensor.qdata.contiguous().view(torch.uint8))
+            .numpy()
+            .reshape(x.shape)
+        )
+        return (
+            tensor.scale.view(torch.uint8).numpy(),
+            codes,
+            tensor.dequantize(torch.float32).numpy(),
+        )
 
     return run
 
@@ -98,10 +119,14 @@ def torchao_nvfp4(torch):
 def test_nvfp4_matches_torchao(torchao_nvfp4, two_level):
     finite = np.abs(X_NVFP4[np.isfinite(X_NVFP4)])
     tensor_scale = None
-    if two_level:  # the recipe's scale, and one chosen from the realistic rows' amax (corners clamp)
+    if (
+        two_level
+    ):  # the recipe's scale, and one chosen from the realistic rows' amax (corners clamp)
         tensor_scale = tensor_scale_from_amax(finite.max())
     rows = [X_NVFP4, X_NVFP4[128:]] if two_level else [X_NVFP4]
-    scales_per = [tensor_scale, tensor_scale_from_amax(np.abs(X_NVFP4[128:]).max())] if two_level else [None]
+    scales_per = (
+        [tensor_scale, tensor_scale_from_amax(np.abs(X_NVFP4[128:]).max())] if two_level else [None]
+    )
     compared = 0
     for x, t in zip(rows, scales_per):
         scales, codes, values = torchao_nvfp4(x, t)

@@ -41,7 +41,12 @@ CI_PATHS = {
     "h100-fp8-promoted": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),  # promotion at 128 acts
     "bfp-exact": ("mx6", "mx9", "fp32", 32),
     "kulisch": ("int8", "fp8_e4m3", "fp32", 64),
-    "mxdotp": ("fp6_e2m3", "fp6_e2m3", "fp32", 64),  # same_format; trees of 11 restart at each block
+    "mxdotp": (
+        "fp6_e2m3",
+        "fp6_e2m3",
+        "fp32",
+        64,
+    ),  # same_format; trees of 11 restart at each block
     "mxdotp-paper": ("fp6_e2m3", "fp4_e2m1", "fp32", 32),
     "mxdotp-rtz": ("fp8_e4m3", "fp8_e4m3", "fp32", 64),
     "mxdotp-rdn": ("fp4_e2m1", "fp4_e2m1", "fp32", 64),
@@ -59,38 +64,70 @@ CI_PATHS = {
     "mi100": ("fp16", "fp16", "fp32", 16),  # exact 4-term trees, exact zero sums +0
     "mi250": ("bf16", "bf16", "fp32", 16),  # pairwise rounded adds, flush to +0
     "mi250-bf16-legacy": ("bf16", "bf16", "fp32", 16),
-    "mi300": ("fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp32", 32),  # parity windows, second alignment, far c dropped
+    "mi300": (
+        "fp8_e4m3fnuz",
+        "fp8_e5m2fnuz",
+        "fp32",
+        32,
+    ),  # parity windows, second alignment, far c dropped
 }
 #: Configs whose CI path is probed only with MXSIM_PROBE_LONG (CI time: mi300's FP8 path takes
 #: about 15 passes, docs/probe.md).
 LONG_ONLY = {"mi300"}
 #: AMD paths probed only with MXSIM_PROBE_LONG: the other input kinds, at an instruction's K.
-LONG_AMD_PATHS = [("mi300", "fp16", "fp16", "fp32", 16), ("mi300", "bf16", "bf16", "fp32", 16),
-                  ("mi300", "tf32", "tf32", "fp32", 16), ("mi300", "fp32", "fp32", "fp32", 8),
-                  ("mi250", "fp16", "fp16", "fp32", 16), ("mi100", "bf16", "bf16", "fp32", 16),
-                  ("mi100", "fp32", "fp32", "fp32", 8)]
+LONG_AMD_PATHS = [
+    ("mi300", "fp16", "fp16", "fp32", 16),
+    ("mi300", "bf16", "bf16", "fp32", 16),
+    ("mi300", "tf32", "tf32", "fp32", 16),
+    ("mi300", "fp32", "fp32", "fp32", 8),
+    ("mi250", "fp16", "fp16", "fp32", 16),
+    ("mi100", "bf16", "bf16", "fp32", 16),
+    ("mi100", "fp32", "fp32", "fp32", 8),
+]
 #: Configs that extend one above without changing the datapath.
-SAME_AS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h100-fp8": "h100", "h200-fp8": "h100",
-           "ada-fp8": "ada", "b200-fp8": "b200", "t4": "a100", "h200-wgmma": "h100-wgmma",
-           "h100-wgmma-fp8": "h100-wgmma", "b200-tcgen05-fp8": "b200-tcgen05", "rtx50": "b200-tcgen05",
-           "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4", "b200-nvfp4": "b200-tcgen05-mxf4nvf4",
-           "rtx50-mma-mxf4nvf4": "b200-tcgen05-mxf4nvf4", "rtx50-mma-mxf4": "b200-tcgen05-mxf4",
-           "rtx50-mma-mxf4nvf4-e8m0-block16": "b200-tcgen05-mxf4nvf4-e8m0-block16",
-           "ada-dmma": "a100-dmma", "h100-dmma": "a100-dmma", "b200-dmma": "a100-dmma", "rtx50-dmma": "a100-dmma",
-           "mi300-f64": "mi250-f64", "mi250-fp32": "mi100"}
+SAME_AS = {
+    "a2": "a100",
+    "l40s": "ada",
+    "h200": "h100",
+    "h100-fp8": "h100",
+    "h200-fp8": "h100",
+    "ada-fp8": "ada",
+    "b200-fp8": "b200",
+    "t4": "a100",
+    "h200-wgmma": "h100-wgmma",
+    "h100-wgmma-fp8": "h100-wgmma",
+    "b200-tcgen05-fp8": "b200-tcgen05",
+    "rtx50": "b200-tcgen05",
+    "rtx50-mma-mxf8f6f4": "b200-tcgen05-mxf8f6f4",
+    "b200-nvfp4": "b200-tcgen05-mxf4nvf4",
+    "rtx50-mma-mxf4nvf4": "b200-tcgen05-mxf4nvf4",
+    "rtx50-mma-mxf4": "b200-tcgen05-mxf4",
+    "rtx50-mma-mxf4nvf4-e8m0-block16": "b200-tcgen05-mxf4nvf4-e8m0-block16",
+    "ada-dmma": "a100-dmma",
+    "h100-dmma": "a100-dmma",
+    "b200-dmma": "a100-dmma",
+    "rtx50-dmma": "a100-dmma",
+    "mi300-f64": "mi250-f64",
+    "mi250-fp32": "mi100",
+}
 #: Keys the probe must find as a group-sum config has them (no other value gives its outputs on
 #: every input: the round trip's vectors alone seldom show a wrong group size).
 GROUP_KEYS = ("scales", "scale_format", "group_terms")
 #: AMD keys the probe must find as the config has them on its CI path (other values of these give
 #: other bits on the probes' designed inputs, which random vectors seldom show).
-AMD_KEYS = {"mi250": ("structure", "fused_terms"),
-            "mi300": ("parity_windows", "second_alignment_bits", "far_accumulator", "align_fraction_bits")}
+AMD_KEYS = {
+    "mi250": ("structure", "fused_terms"),
+    "mi300": ("parity_windows", "second_alignment_bits", "far_accumulator", "align_fraction_bits"),
+}
 
 
 #: fp64 units (64-bit codes, c and outputs; c_format fp64): CI probes a100-dmma's; the long
 #: mode also mi250-f64's (the same FMA chain from another vendor's file) and a longer K.
 FP64_PATHS = {"a100-dmma": ("fp64", "fp64", "fp64", 4)}
-FP64_LONG_PATHS = [("mi250-f64", "fp64", "fp64", "fp64", 4), ("a100-dmma", "fp64", "fp64", "fp64", 16)]
+FP64_LONG_PATHS = [
+    ("mi250-f64", "fp64", "fp64", "fp64", 4),
+    ("a100-dmma", "fp64", "fp64", "fp64", 16),
+]
 
 
 def test_every_shipped_config_is_probed():
@@ -116,7 +153,9 @@ def _paths():
     for name in CI_PATHS:
         config = load_hwconfig(HW / f"{name}.yaml")
         k = 64 if config.params(config.a_formats[0], config.b_formats[0]).block_size >= 32 else 32
-        paths += [(name, a, b, out, k) for a, b in config.format_pairs for out in ("fp32", "fp16", "bf16")]
+        paths += [
+            (name, a, b, out, k) for a, b in config.format_pairs for out in ("fp32", "fp16", "bf16")
+        ]
     return paths
 
 
@@ -130,8 +169,12 @@ def _test_vectors(config, a_format, b_format, k, rng, n=1500):
     a_fmt, b_fmt = get_format(a_format), get_format(b_format)
     if params.c_format == "fp64":
         return _fp64_test_vectors(rng, n, k)
-    a = (rng.integers(0, 1 << (a_fmt.bits - a_fmt.padding_bits), (n, k)) << a_fmt.padding_bits).astype(np.uint64)
-    b = (rng.integers(0, 1 << (b_fmt.bits - b_fmt.padding_bits), (n, k)) << b_fmt.padding_bits).astype(np.uint64)
+    a = (
+        rng.integers(0, 1 << (a_fmt.bits - a_fmt.padding_bits), (n, k)) << a_fmt.padding_bits
+    ).astype(np.uint64)
+    b = (
+        rng.integers(0, 1 << (b_fmt.bits - b_fmt.padding_bits), (n, k)) << b_fmt.padding_bits
+    ).astype(np.uint64)
     if a_fmt.twos_complement:
         a[a == 0x80] = 0
     if b_fmt.twos_complement:
@@ -164,8 +207,15 @@ def _signed_zero_rows(a, b, c, a_fmt, b_fmt, rng, rows=48):
     a_negative, b_negative = negative_codes
     shape = a[-rows:].shape
     negative_product = rng.random(shape) < np.array([1.0, 0.5, 0.0])[np.arange(rows) % 3, None]
-    from_a = rng.random(shape) < (0.5 if a_negative is not None and b_negative is not None else float(a_negative is not None))
-    both = ~negative_product & (rng.random(shape) < 0.3) & (a_negative is not None) & (b_negative is not None)
+    from_a = rng.random(shape) < (
+        0.5 if a_negative is not None and b_negative is not None else float(a_negative is not None)
+    )
+    both = (
+        ~negative_product
+        & (rng.random(shape) < 0.3)
+        & (a_negative is not None)
+        & (b_negative is not None)
+    )
     a[-rows:], b[-rows:] = 0, 0
     if a_negative is not None:
         a[-rows:][(negative_product & from_a) | both] = a_negative
@@ -180,11 +230,15 @@ def _fp64_test_vectors(rng, n, k):
     a, b = (rng.integers(0, 1 << 64, (n, k), dtype=np.uint64) for _ in range(2))
     data = rng.random(n) < 2 / 3
     for codes in (a, b):
-        values = rng.standard_normal((int(data.sum()), k)) * np.exp2(rng.integers(-20, 21, (int(data.sum()), 1)))
+        values = rng.standard_normal((int(data.sum()), k)) * np.exp2(
+            rng.integers(-20, 21, (int(data.sum()), 1))
+        )
         codes[data] = values.view(np.uint64)
     c = rng.integers(0, 1 << 64, n, dtype=np.uint64).view(np.float64)
     sized = rng.random(n) < 0.5
-    c[sized] = rng.standard_normal(int(sized.sum())) * np.exp2(rng.integers(-40, 41, int(sized.sum())))
+    c[sized] = rng.standard_normal(int(sized.sum())) * np.exp2(
+        rng.integers(-40, 41, int(sized.sum()))
+    )
     no_scales = np.full((n, 1), 127, np.uint8)
     return a, b, (no_scales, no_scales), c
 
@@ -198,13 +252,17 @@ def test_round_trip(name, a_format, b_format, out_format, k):
 MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
 
 
-@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): every mxdotp config at its own width")
+@pytest.mark.skipif(
+    not LONG, reason="long mode (MXSIM_PROBE_LONG=1): every mxdotp config at its own width"
+)
 @pytest.mark.parametrize("name", ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"])
 @pytest.mark.parametrize("element", MXDOTP_OWN_K)
 def test_round_trip_at_the_unit_s_own_width(name, element):
     """Each mxdotp config on each element format at the unit's own K (one operation: 8, 11 or
     16 elements, fewer than a block): exact, as at K = 64."""
-    _round_trip(load_hwconfig(HW / f"{name}.yaml"), name, element, element, "fp32", MXDOTP_OWN_K[element])
+    _round_trip(
+        load_hwconfig(HW / f"{name}.yaml"), name, element, element, "fp32", MXDOTP_OWN_K[element]
+    )
 
 
 def test_round_trip_of_products_far_wider_than_parity_windows():
@@ -246,10 +304,21 @@ def test_round_trip_of_paths_once_failing(name, a_format, b_format, out_format, 
 
 def _round_trip(config, name, a_format, b_format, out_format, k):
     unit = HwconfigUnit(config, a_format, b_format, out_format)
-    result = probe(unit, a_format, b_format, k, block_size=unit.block_size, out_format=out_format,
-                   c_format=unit.c_format, validation_vectors=1024, corner_vectors=256)
-    print(f"{name} {a_format} x {b_format} -> {out_format}, K = {k}: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.passes} passes, {result.validation.mismatches} / {result.validation.vectors} mismatches")
+    result = probe(
+        unit,
+        a_format,
+        b_format,
+        k,
+        block_size=unit.block_size,
+        out_format=out_format,
+        c_format=unit.c_format,
+        validation_vectors=1024,
+        corner_vectors=256,
+    )
+    print(
+        f"{name} {a_format} x {b_format} -> {out_format}, K = {k}: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.passes} passes, {result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.queries <= 100_000
     emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>")
@@ -257,17 +326,31 @@ def _round_trip(config, name, a_format, b_format, out_format, k):
     a, b, (sa, sb), c = _test_vectors(config, a_format, b_format, k, rng)
     scaled = unit.params.scales != "none"
     kwargs = dict(a_format=a_format, b_format=b_format, c=c, out_format=out_format)
-    want = dot(config, a, b, scale_a=sa if scaled else None, scale_b=sb if scaled else None, **kwargs)
+    want = dot(
+        config, a, b, scale_a=sa if scaled else None, scale_b=sb if scaled else None, **kwargs
+    )
     probed_scaled = emitted.params(a_format, b_format, out_format).scales != "none"
-    got = dot(emitted, a, b, scale_a=sa if probed_scaled else None, scale_b=sb if probed_scaled else None, **kwargs)
+    got = dot(
+        emitted,
+        a,
+        b,
+        scale_a=sa if probed_scaled else None,
+        scale_b=sb if probed_scaled else None,
+        **kwargs,
+    )
     nan = np.isnan(as_values(want, out_format)) & np.isnan(as_values(got, out_format))
     assert int(np.count_nonzero((want != got) & ~nan)) == 0
     shipped, probed = unit.params, emitted.params(a_format, b_format, out_format)
     assert probed.c_format == shipped.c_format  # inputs.c_format: fp64 for the fp64 units
-    if "ieee_steps" in (shipped.output_zero_sign, probed.output_zero_sign):  # the zero chains tell it apart
+    if "ieee_steps" in (
+        shipped.output_zero_sign,
+        probed.output_zero_sign,
+    ):  # the zero chains tell it apart
         assert probed.output_zero_sign == shipped.output_zero_sign
     if shipped.scales == "group_sum":
-        assert {key: getattr(probed, key) for key in GROUP_KEYS} == {key: getattr(shipped, key) for key in GROUP_KEYS}
+        assert {key: getattr(probed, key) for key in GROUP_KEYS} == {
+            key: getattr(shipped, key) for key in GROUP_KEYS
+        }
     if shipped.scales == "group_sum" and shipped.scale_format == "e8m0" and out_format == "fp32":
         # Seen only where every nonzero group's scales lie below it beside a zero term (the
         # probe's zero-anchor rows; the random vectors above never meet one). An fp16 output
@@ -276,7 +359,9 @@ def _round_trip(config, name, a_format, b_format, out_format, k):
         assert probed.zero_term_exponent == shipped.zero_term_exponent
     if (a_format, b_format, out_format, k) == CI_PATHS.get(name):
         decided = AMD_KEYS.get(name, ())
-        assert {key: getattr(probed, key) for key in decided} == {key: getattr(shipped, key) for key in decided}
+        assert {key: getattr(probed, key) for key in decided} == {
+            key: getattr(shipped, key) for key in decided
+        }
 
 
 def as_values(bits, out_format):
@@ -297,8 +382,13 @@ def test_probed_keys_that_differ_are_listed_as_equivalent():
     evidence = window.evidence
     assert evidence["other_values"] and evidence["ruled_out_here"] > 0
     row = evidence["input"]
-    answer = unit(np.array([row["a"]], np.uint64), np.array([row["b"]], np.uint64), np.array([row["scale_a"]], np.uint8),
-                  np.array([row["scale_b"]], np.uint8), np.array([int(row["c"], 16)], np.uint32))
+    answer = unit(
+        np.array([row["a"]], np.uint64),
+        np.array([row["b"]], np.uint64),
+        np.array([row["scale_a"]], np.uint8),
+        np.array([row["scale_b"]], np.uint8),
+        np.array([int(row["c"], 16)], np.uint32),
+    )
     assert f"0x{int(answer[0]):x}" == evidence["unit_output"]
     assert all(other["output"] != evidence["unit_output"] for other in evidence["other_values"])
 
@@ -315,7 +405,9 @@ def test_a_fault_no_key_describes_is_reported_not_matched():
         bits[overflow] = (bits[overflow] & 0x80000000) | 0x7F7FFFFF
         return bits
 
-    result = probe(saturating, "fp8_e4m3", "fp8_e4m3", 32, validation_vectors=256, corner_vectors=256)
+    result = probe(
+        saturating, "fp8_e4m3", "fp8_e4m3", 32, validation_vectors=256, corner_vectors=256
+    )
     assert result.validation.mismatches > 0
     assert f"{result.validation.mismatches} mismatches" in result.yaml
 
@@ -340,11 +432,15 @@ def test_a_unit_taking_fp16_c_is_asked_fp16_values_only():
     def fp16_c_only(a, b, sa, sb, c):
         values = c.view(np.float32)
         with np.errstate(over="ignore"):
-            assert np.array_equal(values.astype(np.float16).astype(np.float32), values, equal_nan=True)
+            assert np.array_equal(
+                values.astype(np.float16).astype(np.float32), values, equal_nan=True
+            )
         asked.append(len(c))
         return unit(a, b, sa, sb, c)
 
-    result = probe(fp16_c_only, "fp16", "fp16", 16, c_format="fp16", validation_vectors=256, corner_vectors=64)
+    result = probe(
+        fp16_c_only, "fp16", "fp16", 16, c_format="fp16", validation_vectors=256, corner_vectors=64
+    )
     assert sum(asked) == result.queries and result.validation.mismatches == 0
 
 
@@ -364,17 +460,24 @@ def correctly_rounded_fp64_dot(a, b, scale_a, scale_b, c):
     (fractions.Fraction) and rounded once to nearest even (float(Fraction)); past fp64's range
     +-Inf; IEEE specials; an exact zero is -0 only when every addend is -0."""
     out = []
-    for row_a, row_b, c_value in zip(a.view(np.float64).tolist(), b.view(np.float64).tolist(), c.view(np.float64).tolist()):
+    for row_a, row_b, c_value in zip(
+        a.view(np.float64).tolist(), b.view(np.float64).tolist(), c.view(np.float64).tolist()
+    ):
         pairs = list(zip(row_a, row_b))
         special = [x * y for x, y in pairs if not (math.isfinite(x) and math.isfinite(y))]
         special += [] if math.isfinite(c_value) else [c_value]
         if special:
-            out.append(math.nan if any(math.isnan(v) for v in special) or {math.inf, -math.inf} <= set(special)
-                       else special[0])
+            out.append(
+                math.nan
+                if any(math.isnan(v) for v in special) or {math.inf, -math.inf} <= set(special)
+                else special[0]
+            )
             continue
         total = Fraction(c_value) + sum(Fraction(x) * Fraction(y) for x, y in pairs)
         if total == 0:
-            negative = [math.copysign(1, c_value) < 0] + [(math.copysign(1, x) < 0) != (math.copysign(1, y) < 0) for x, y in pairs]
+            negative = [math.copysign(1, c_value) < 0] + [
+                (math.copysign(1, x) < 0) != (math.copysign(1, y) < 0) for x, y in pairs
+            ]
             out.append(-0.0 if all(negative) else 0.0)
             continue
         try:
@@ -388,25 +491,46 @@ def test_fp64_correctly_rounded_dot_is_told_from_the_fma_chain():
     """An independent fp64 unit (one rounding of the exact sum): the probe describes it with
     0 mismatches and an exact accumulator, and the shipped FMA chain (a100-dmma) is another
     unit on the round trip's vectors."""
-    result = probe(correctly_rounded_fp64_dot, "fp64", "fp64", 4, out_format="fp64", c_format="fp64",
-                   validation_vectors=1024, corner_vectors=256)
-    print(f"correctly rounded fp64 dot, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    result = probe(
+        correctly_rounded_fp64_dot,
+        "fp64",
+        "fp64",
+        4,
+        out_format="fp64",
+        c_format="fp64",
+        validation_vectors=1024,
+        corner_vectors=256,
+    )
+    print(
+        f"correctly rounded fp64 dot, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.config["accumulator"]["format"] == "exact"
     a, b, (sa, sb), c = _fp64_test_vectors(np.random.default_rng(5), 1500, 4)
     want = correctly_rounded_fp64_dot(a, b, sa, sb, c.view(np.uint64))
-    got = dot(parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>"), a, b, a_format="fp64", b_format="fp64", c=c)
+    got = dot(
+        parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>"),
+        a,
+        b,
+        a_format="fp64",
+        b_format="fp64",
+        c=c,
+    )
     nan = np.isnan(want.view(np.float64)) & np.isnan(got.view(np.float64))
     assert np.count_nonzero((want != got) & ~nan) == 0
     chain = dot(load_hwconfig(HW / "a100-dmma.yaml"), a, b, a_format="fp64", b_format="fp64", c=c)
     assert np.count_nonzero((want != chain) & ~nan) > 50
 
 
-@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): the searches a unit no key describes runs cost ~8 s")
+@pytest.mark.skipif(
+    not LONG,
+    reason="long mode (MXSIM_PROBE_LONG=1): the searches a unit no key describes runs cost ~8 s",
+)
 def test_an_fp64_unit_no_key_describes_is_reported():
     """Products rounded to fp64 before each add (no FMA; no key describes a rounded fp64
     product): the validation must count mismatches."""
+
     def unfused(a, b, scale_a, scale_b, c):
         d = c.view(np.float64).copy()
         with np.errstate(all="ignore"):
@@ -414,7 +538,16 @@ def test_an_fp64_unit_no_key_describes_is_reported():
                 d = a[:, k].view(np.float64) * b[:, k].view(np.float64) + d
         return d.view(np.uint64)
 
-    result = probe(unfused, "fp64", "fp64", 4, out_format="fp64", c_format="fp64", validation_vectors=512, corner_vectors=128)
+    result = probe(
+        unfused,
+        "fp64",
+        "fp64",
+        4,
+        out_format="fp64",
+        c_format="fp64",
+        validation_vectors=512,
+        corner_vectors=128,
+    )
     assert result.validation.mismatches > 0
 
 
@@ -428,7 +561,12 @@ def _small_fp16_rows(rng, n, k):
     sign = lambda shape: rng.integers(0, 2, shape).astype(np.uint64) << np.uint64(15)  # noqa: E731
     a = rng.integers(0, 0x1C00, (n, k)).astype(np.uint64) | sign((n, k))
     b = rng.integers(0, 0x1C00, (n, k)).astype(np.uint64) | sign((n, k))
-    c = (rng.integers(0, 0x0C00, n).astype(np.uint64) | sign(n)).astype(np.uint16).view(np.float16).astype(np.float32)
+    c = (
+        (rng.integers(0, 0x0C00, n).astype(np.uint64) | sign(n))
+        .astype(np.uint16)
+        .view(np.float16)
+        .astype(np.float32)
+    )
     return a, b, c
 
 
@@ -438,9 +576,13 @@ def test_c_format_is_decided_and_emitted():
     vectors where v100's own fp32 c_format does not."""
     config = load_hwconfig(HW / "v100.yaml")
     unit = HwconfigUnit(config, "fp16", "fp16", "fp32", c_format="fp16")
-    result = probe(unit, "fp16", "fp16", 4, c_format="fp16", validation_vectors=512, corner_vectors=128)
-    print(f"v100 with fp16 c, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    result = probe(
+        unit, "fp16", "fp16", 4, c_format="fp16", validation_vectors=512, corner_vectors=128
+    )
+    print(
+        f"v100 with fp16 c, K = 4: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.config["inputs"]["c_format"] == "fp16"
     emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<emitted>")
@@ -448,7 +590,9 @@ def test_c_format_is_decided_and_emitted():
     kwargs = dict(a_format="fp16", b_format="fp16", c=c, out_format="fp32")
     want = dot(config, a, b, c_format="fp16", **kwargs)
     assert np.array_equal(dot(emitted, a, b, **kwargs), want)
-    assert np.count_nonzero(dot(config, a, b, **kwargs) != want) > 20  # fp32 c_format: another unit here
+    assert (
+        np.count_nonzero(dot(config, a, b, **kwargs) != want) > 20
+    )  # fp32 c_format: another unit here
 
 
 def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkeypatch):
@@ -459,18 +603,31 @@ def test_the_validation_corners_catch_a_zero_sign_rule_blind_to_the_steps(monkey
     import mxsim.probe.core as core
     from mxsim.probe.probes import _families
 
-    blind = tuple(dataclasses.replace(p, inputs=_families(zero_results=96, corners=32)) if p.name == "zero sign" else p
-                  for p in core.PROBES)
+    blind = tuple(
+        dataclasses.replace(p, inputs=_families(zero_results=96, corners=32))
+        if p.name == "zero sign"
+        else p
+        for p in core.PROBES
+    )
     monkeypatch.setattr(core, "PROBES", blind)
     unit = HwconfigUnit(HW / "a100-dmma.yaml", "fp64", "fp64", "fp64")
-    run = dict(out_format="fp64", c_format="fp64", validation_vectors=256, corner_vectors=256, refinements=0)
+    run = dict(
+        out_format="fp64",
+        c_format="fp64",
+        validation_vectors=256,
+        corner_vectors=256,
+        refinements=0,
+    )
     polished = probe(unit, "fp64", "fp64", 4, **run)
     monkeypatch.setattr(core, "POLISH_ROUNDS", 0)
     result = probe(unit, "fp64", "fp64", 4, **run)
     assert result.config["output"]["zero_sign"] == "ieee"
     assert result.validation.mismatches > 0
     assert all(example["kind"] == "corner" for example in result.validation.examples)
-    assert polished.config["output"]["zero_sign"] == "ieee_steps" and polished.validation.mismatches == 0
+    assert (
+        polished.config["output"]["zero_sign"] == "ieee_steps"
+        and polished.validation.mismatches == 0
+    )
 
 
 def test_scale_codes_the_unit_refuses_are_evidence_against_the_format_reading_them():
@@ -491,7 +648,9 @@ def test_scale_codes_the_unit_refuses_are_evidence_against_the_format_reading_th
         section, key = path.split(".")
         engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
     engine.hyp.update({"inputs.scales": "products", "inputs.scale_format": "e8m0"})
-    batch = Batch.join([ctx.scales(32), ctx.scale_formats(32)])  # the latter's codes: both formats read them
+    batch = Batch.join(
+        [ctx.scales(32), ctx.scale_formats(32)]
+    )  # the latter's codes: both formats read them
     wide = np.maximum(batch.scale_a.max(axis=1), batch.scale_b.max(axis=1)) > 127
     assert 0 < wide.sum() < len(batch)
     with pytest.raises(ProbeError, match="UE4M3 codes"):
@@ -499,11 +658,18 @@ def test_scale_codes_the_unit_refuses_are_evidence_against_the_format_reading_th
     answers = engine.ask(batch)
     assert np.all(answers[wide] == 1 << 32)  # past fp32's width: no output has it
     narrow = batch.take(np.flatnonzero(~wide))
-    assert np.array_equal(answers[~wide], unit(narrow.a, narrow.b, narrow.scale_a, narrow.scale_b, narrow.c))
+    assert np.array_equal(
+        answers[~wide], unit(narrow.a, narrow.b, narrow.scale_a, narrow.scale_b, narrow.c)
+    )
     assert engine.refused == {"e8m0"} and engine.unit.queries == len(narrow)
     scale_format = next(p for p in PROBES if p.name == "scale format")
-    decision = engine.decide(scale_format, Batch.join([batch, ctx.fit_c(scale_format.inputs(ctx))]), 0)
-    assert decision.value["inputs.scale_format"] == "ue4m3" and decision.value["inputs.scales"] == "group_sum"
+    decision = engine.decide(
+        scale_format, Batch.join([batch, ctx.fit_c(scale_format.inputs(ctx))]), 0
+    )
+    assert (
+        decision.value["inputs.scale_format"] == "ue4m3"
+        and decision.value["inputs.scales"] == "group_sum"
+    )
     assert decision.mismatches == 0
 
 
@@ -529,8 +695,11 @@ def test_a_rounding_toward_zero_whose_overflow_is_inf_is_decided_with_it():
     accumulator = next(p for p in PROBES if p.name == "accumulator")
     decision = engine.decide(accumulator, ctx.fit_c(accumulator.inputs(ctx)), 0)
     assert decision.mismatches == 0
-    assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero",
-                              "accumulator.overflow": "infinity"}
+    assert decision.value == {
+        "accumulator.format": "fp32",
+        "accumulator.rounding": "toward_zero",
+        "accumulator.overflow": "infinity",
+    }
 
 
 def _engine_holding(unit, ctx, changed: dict):
@@ -563,14 +732,26 @@ def test_the_validation_counts_answers_the_held_hypothesis_misses():
     assert _answered(engine, clean)[0] == clean
     engine = _engine_holding(unit, ctx, {"grid.fraction_bits": 18})
     engine.ask(batch)
-    held = dot(parse_hwconfig(engine.data(engine.hyp), "<held>"), batch.a, batch.b, scale_a=batch.scale_a,
-               scale_b=batch.scale_b, a_format="fp6_e3m2", b_format="fp6_e3m2", c=batch.c.view(np.float32))
+    held = dot(
+        parse_hwconfig(engine.data(engine.hyp), "<held>"),
+        batch.a,
+        batch.b,
+        scale_a=batch.scale_a,
+        scale_b=batch.scale_b,
+        a_format="fp6_e3m2",
+        b_format="fp6_e3m2",
+        c=batch.c.view(np.float32),
+    )
     wrong = np.flatnonzero(held != answers)
     assert wrong.size
     validation, missed = _answered(engine, clean)
     assert validation.answered == validation.mismatches == len(missed) == wrong.size
-    assert validation.vectors == clean.vectors and engine.unit.queries == len(batch)  # nothing more asked
-    assert np.array_equal(missed.c, batch.c[wrong]) and all(e["kind"] == "answered" for e in validation.examples)
+    assert validation.vectors == clean.vectors and engine.unit.queries == len(
+        batch
+    )  # nothing more asked
+    assert np.array_equal(missed.c, batch.c[wrong]) and all(
+        e["kind"] == "answered" for e in validation.examples
+    )
 
 
 def test_polishing_takes_the_value_fewest_answers_rule_out():
@@ -589,9 +770,20 @@ def test_polishing_takes_the_value_fewest_answers_rule_out():
     batch, answers = engine.answered()
     engine.polish(PROBES, decisions)
     assert engine.hyp["grid.fraction_bits"] != 18 and list(decisions) == ["grid"]
-    assert decisions["grid"].mismatches == 0 and "the value before" in decisions["grid"].evidence["note"]
-    held = dot(parse_hwconfig(engine.data(engine.hyp), "<held>"), batch.a, batch.b, scale_a=batch.scale_a,
-               scale_b=batch.scale_b, a_format="fp6_e3m2", b_format="fp6_e3m2", c=batch.c.view(np.float32))
+    assert (
+        decisions["grid"].mismatches == 0
+        and "the value before" in decisions["grid"].evidence["note"]
+    )
+    held = dot(
+        parse_hwconfig(engine.data(engine.hyp), "<held>"),
+        batch.a,
+        batch.b,
+        scale_a=batch.scale_a,
+        scale_b=batch.scale_b,
+        a_format="fp6_e3m2",
+        b_format="fp6_e3m2",
+        c=batch.c.view(np.float32),
+    )
     assert np.array_equal(held, answers)
     held = dict(engine.hyp)
     engine.polish(PROBES, decisions)
@@ -609,17 +801,30 @@ def test_a_grid_is_decided_while_the_trees_held_do_not_divide_the_block():
 
     unit = HwconfigUnit(HW / "mxdotp-rup.yaml", "fp6_e3m2", "fp6_e3m2", "fp16")
     ctx = Context("fp6_e3m2", "fp6_e3m2", 64, 32, "fp16")
-    engine = _engine_holding(unit, ctx, {"grid.fraction_bits": None, "adder.trees_in_blocks": False})
+    engine = _engine_holding(
+        unit, ctx, {"grid.fraction_bits": None, "adder.trees_in_blocks": False}
+    )
     grid = next(p for p in PROBES if p.name == "grid")
     decision = engine.decide(grid, ctx.fit_c(grid.inputs(ctx)), 0)
     assert decision.mismatches == 0  # 30..34 fraction bits alike on these rows under an fp16 output
-    assert decision.value["grid.fraction_bits"] is not None and decision.value["adder.trees_in_blocks"] is True
+    assert (
+        decision.value["grid.fraction_bits"] is not None
+        and decision.value["adder.trees_in_blocks"] is True
+    )
 
 
-@pytest.mark.parametrize("outside", [
-    {**GRID_NEEDS, "grid.fraction_bits": 5},  # a grid: exact trees, c outside them
-    {"accumulator.c_entry": "end", "accumulator.c_add_rounding": "toward_zero", "adder.align_fraction_bits": None},
-], ids=["grid", "c at the end"])
+@pytest.mark.parametrize(
+    "outside",
+    [
+        {**GRID_NEEDS, "grid.fraction_bits": 5},  # a grid: exact trees, c outside them
+        {
+            "accumulator.c_entry": "end",
+            "accumulator.c_add_rounding": "toward_zero",
+            "adder.align_fraction_bits": None,
+        },
+    ],
+    ids=["grid", "c at the end"],
+)
 def test_a_window_cutting_c_alone_is_found_while_c_is_held_outside_the_trees(outside):
     """b200-tcgen05 E3M2 x E2M1 -> fp16: products exact in any window, c in the first tree,
     where the 25-bit truncating window cuts a tiny c. A hypothesis holding c outside the
@@ -637,8 +842,14 @@ def test_a_window_cutting_c_alone_is_found_while_c_is_held_outside_the_trees(out
     window = next(p for p in PROBES if p.name == "window")
     decision = engine.decide(window, window.inputs(ctx), 0)
     assert decision.mismatches == 0
-    assert decision.value["adder.align_fraction_bits"] == 25 and decision.value["adder.below_window"] == "truncate"
-    assert decision.value["adder.accumulator_in_tree"] is True and decision.value["accumulator.c_entry"] == "initial"
+    assert (
+        decision.value["adder.align_fraction_bits"] == 25
+        and decision.value["adder.below_window"] == "truncate"
+    )
+    assert (
+        decision.value["adder.accumulator_in_tree"] is True
+        and decision.value["accumulator.c_entry"] == "initial"
+    )
     assert decision.value["grid.fraction_bits"] is None
 
 
@@ -652,19 +863,38 @@ def test_the_targeted_validation_finds_rows_a_bf16_output_hides():
     from mxsim.probe.inputs import Context
     from mxsim.probe.units import CountingUnit
 
-    unit = HwconfigUnit(any_pair("b200-tcgen05"), "tf32", "fp6_e3m2", "bf16")  # a pair no instruction takes
-    engine = _Engine(CountingUnit(unit, "bf16", 10_000), Context("tf32", "fp6_e3m2", 64, 32, "bf16"), "probed")
+    unit = HwconfigUnit(
+        any_pair("b200-tcgen05"), "tf32", "fp6_e3m2", "bf16"
+    )  # a pair no instruction takes
+    engine = _Engine(
+        CountingUnit(unit, "bf16", 10_000), Context("tf32", "fp6_e3m2", 64, 32, "bf16"), "probed"
+    )
     for path in engine.hyp:
         section, key = path.split(".")
         engine.hyp[path] = getattr(unit.params, param_field(key, SCHEMA[section][key]))
-    engine.hyp.update({"adder.fused_terms": 4, "adder.term_order": (0, 2, 4, 6, 1, 3, 5, 7), "adder.align_fraction_bits": 27,
-                       "adder.below_window": "nearest_even", "adder.sum_significant_bits": 25,
-                       "adder.accumulator_exponent": "leading_bit", "adder.zero_term_exponent": None,
-                       "accumulator.rounding": "nearest_even", "accumulator.overflow": "ieee"})
+    engine.hyp.update(
+        {
+            "adder.fused_terms": 4,
+            "adder.term_order": (0, 2, 4, 6, 1, 3, 5, 7),
+            "adder.align_fraction_bits": 27,
+            "adder.below_window": "nearest_even",
+            "adder.sum_significant_bits": 25,
+            "adder.accumulator_exponent": "leading_bit",
+            "adder.zero_term_exponent": None,
+            "accumulator.rounding": "nearest_even",
+            "accumulator.overflow": "ieee",
+        }
+    )
     validation, _ = _validate(engine, 1, 1024, 256)
     assert validation.mismatches == 0
-    trees = Decision("trees", ("adder.fused_terms", "adder.term_order"), {}, 2, 0,
-                     equivalent=[{"adder.fused_terms": 8, "adder.term_order": None}])
+    trees = Decision(
+        "trees",
+        ("adder.fused_terms", "adder.term_order"),
+        {},
+        2,
+        0,
+        equivalent=[{"adder.fused_terms": 8, "adder.term_order": None}],
+    )
     targeted, missed = _targeted(engine, [trees], 7, validation, overflow_rows=0)
     assert 0 < targeted.targeted <= 4 and targeted.mismatches == len(missed) > 0
     assert targeted.vectors == validation.vectors + targeted.targeted
@@ -699,7 +929,10 @@ def test_an_accumulator_rounding_a_bf16_output_hides_is_kept():
     # its mixed rows alone: its last rows (output and cancelled ties) tell nearest-even apart
     rows = ctx.fit_c(Batch.join([ctx.ties(256), ctx.realistic(64), ctx.uniform(64)]))
     decision = engine.decide(accumulator, rows, 0)
-    assert {"accumulator.format": "fp32", "accumulator.rounding": "nearest_even"} in decision.equivalent
+    assert {
+        "accumulator.format": "fp32",
+        "accumulator.rounding": "nearest_even",
+    } in decision.equivalent
     assert decision.mismatches == 0
     assert decision.value == {"accumulator.format": "fp32", "accumulator.rounding": "toward_zero"}
 
@@ -715,7 +948,9 @@ def test_polishing_a_hypothesis_missing_every_answer():
     unit = HwconfigUnit(HW / "mi250-f64.yaml", "fp64", "fp64", "fp64", "fp64")
     ctx = Context("fp64", "fp64", 4, 32, "fp64", seed=3, c_format="fp64")
     engine = _engine_holding(unit, ctx, {})
-    engine.unit = CountingUnit(lambda a, b, sa, sb, c: np.full(len(a), 0x3FF0000000000000, np.uint64), "fp64", 10_000)
+    engine.unit = CountingUnit(
+        lambda a, b, sa, sb, c: np.full(len(a), 0x3FF0000000000000, np.uint64), "fp64", 10_000
+    )
     engine.ask(ctx.fit_c(ctx.realistic(64)))
     batch, answers = engine.answered()
     before = int(np.count_nonzero(engine.misses(engine.hyp, batch, answers)))
@@ -736,10 +971,21 @@ def test_trees_at_k_11_hold_group_sums_of_a_size_they_take():
 
     unit = HwconfigUnit(HW / "mxdotp.yaml", "fp6_e3m2", "fp6_e3m2", "fp32")
     ctx = Context("fp6_e3m2", "fp6_e3m2", 11, 32, "fp32", seed=0)
-    engine = _engine_holding(unit, ctx, {"inputs.scales": "group_sum", "adder.group_terms": 16, "grid.fraction_bits": None,
-                                         "adder.fused_terms": 32, "adder.trees_in_blocks": False})
+    engine = _engine_holding(
+        unit,
+        ctx,
+        {
+            "inputs.scales": "group_sum",
+            "adder.group_terms": 16,
+            "grid.fraction_bits": None,
+            "adder.fused_terms": 32,
+            "adder.trees_in_blocks": False,
+        },
+    )
     trees = next(p for p in PROBES if p.name == "trees")
-    offered = [c for c in engine.candidates(trees) if engine.params({**engine.hyp, **c}) is not None]
+    offered = [
+        c for c in engine.candidates(trees) if engine.params({**engine.hyp, **c}) is not None
+    ]
     assert {c["adder.fused_terms"] for c in offered} >= {2, 4, 8}
     decision = engine.decide(trees, ctx.fit_c(trees.inputs(ctx)), 0)
     assert engine.params(engine.hyp) is not None and decision.probe == "trees"
@@ -754,7 +1000,11 @@ def test_trees_of_a_k_the_block_does_not_divide_are_offered_with_a_grid():
     unit = HwconfigUnit(HW / "mxdotp.yaml", "fp6_e3m2", "fp6_e3m2", "fp32")
     engine = _engine_holding(unit, Context("fp6_e3m2", "fp6_e3m2", 11, 32, "fp32", seed=0), {})
     trees = next(p for p in PROBES if p.name == "trees")
-    valid = [c["adder.fused_terms"] for c in engine.candidates(trees) if engine.params({**engine.hyp, **c}) is not None]
+    valid = [
+        c["adder.fused_terms"]
+        for c in engine.candidates(trees)
+        if engine.params({**engine.hyp, **c}) is not None
+    ]
     assert 11 in valid and valid.index(11) < valid.index(8)
 
 
@@ -764,10 +1014,22 @@ def test_yaml_comments_are_the_config_s_values():
     value and no claim of misses when the validation counts none."""
     from mxsim.probe.core import Decision, Validation, emit_yaml
 
-    config = {"mxsim_hwconfig": 1, "name": "x", "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]},
-              "accumulator": {"promotion_interval": None}, "adder": {"fused_terms": 8}, "output": {"format": "fp32"}}
-    decision = Decision("trees", ("adder.fused_terms", "accumulator.promotion_interval"),
-                        {"adder.fused_terms": 8, "accumulator.promotion_interval": 20}, 10, 100, mismatches=149)
+    config = {
+        "mxsim_hwconfig": 1,
+        "name": "x",
+        "inputs": {"a_formats": ["fp8_e4m3"], "b_formats": ["fp8_e4m3"]},
+        "accumulator": {"promotion_interval": None},
+        "adder": {"fused_terms": 8},
+        "output": {"format": "fp32"},
+    }
+    decision = Decision(
+        "trees",
+        ("adder.fused_terms", "accumulator.promotion_interval"),
+        {"adder.fused_terms": 8, "accumulator.promotion_interval": 20},
+        10,
+        100,
+        mismatches=149,
+    )
     text = emit_yaml(config, [decision], Validation(100, 80, 20, 0, 0, []), 1000)
     assert_comments_agree(text)
     assert "149" not in text and "20" not in text.split("trees:")[1].split("\n")[0]
@@ -787,7 +1049,9 @@ def assert_comments_agree(text: str) -> None:
             continue
         for path, value in re.findall(r"(\w+\.\w+)=((?:\[[^\]]*\])|(?:\"[^\"]*\")|[^,\s)]+)", line):
             section, key = path.split(".")
-            assert json.loads(value) == body.get(section, {}).get(key, SCHEMA[section][key].default), line
+            assert json.loads(value) == body.get(section, {}).get(
+                key, SCHEMA[section][key].default
+            ), line
             named += 1
     assert named
 
@@ -803,14 +1067,31 @@ def test_a_key_alike_under_the_rounding_probed_only_is_named():
     from mxsim.probe.inputs import Context
 
     unit = HwconfigUnit(HW / "mxdotp.yaml", "fp8_e4m3", "fp8_e4m3", "fp32")
-    engine = _engine_holding(unit, Context("fp8_e4m3", "fp8_e4m3", 8, 32, "fp32", seed=0), {"grid.fraction_bits": 33})
-    grid = Decision("grid", ("grid.fraction_bits",), {"grid.fraction_bits": 33}, 80, 10,
-                    equivalent=[{"grid.fraction_bits": 34}])
-    shift = Decision("grid reach", ("grid.accumulator_max_left_shift",), {"grid.accumulator_max_left_shift": 70}, 160, 10,
-                     equivalent=[{"grid.accumulator_max_left_shift": 70}])
+    engine = _engine_holding(
+        unit, Context("fp8_e4m3", "fp8_e4m3", 8, 32, "fp32", seed=0), {"grid.fraction_bits": 33}
+    )
+    grid = Decision(
+        "grid",
+        ("grid.fraction_bits",),
+        {"grid.fraction_bits": 33},
+        80,
+        10,
+        equivalent=[{"grid.fraction_bits": 34}],
+    )
+    shift = Decision(
+        "grid reach",
+        ("grid.accumulator_max_left_shift",),
+        {"grid.accumulator_max_left_shift": 70},
+        160,
+        10,
+        equivalent=[{"grid.accumulator_max_left_shift": 70}],
+    )
     found = _rounding_only(engine, [grid, shift], seed=5)
     assert [(e["key"], e["held"], e["others"]) for e in found] == [("grid.fraction_bits", 33, [34])]
-    assert "toward_zero" in found[0]["differs_under"] and "nearest_even" not in found[0]["differs_under"]
+    assert (
+        "toward_zero" in found[0]["differs_under"]
+        and "nearest_even" not in found[0]["differs_under"]
+    )
     # and the RTZ unit itself: 34 is right, 33 is not
     rtz = HwconfigUnit(HW / "mxdotp-rtz.yaml", "fp8_e4m3", "fp8_e4m3", "fp32")
     assert rtz.params.grid_fraction_bits == 34
@@ -824,15 +1105,28 @@ def test_scalar_comparison_agrees_with_the_array_comparison(out_format):
     fmt = get_format(out_format)
     rng = np.random.default_rng(5)
     nan = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
-    specials = [0, 1, nan, nan | 1, nan | (1 << (fmt.mantissa_bits - 1)), 1 << (fmt.bits - 1) | nan | 3,
-                (1 << fmt.bits) - 1, 1 << fmt.bits if fmt.bits < 64 else 0x0123456789ABCDEF]
-    rows = [int(x) for x in rng.integers(0, 1 << min(fmt.bits, 63), 300, dtype=np.uint64)] + specials
-    pairs = [(p, a) for p in rows[-40:] + specials for a in rows[-60:] + specials] + list(zip(rows, rows[1:]))
+    specials = [
+        0,
+        1,
+        nan,
+        nan | 1,
+        nan | (1 << (fmt.mantissa_bits - 1)),
+        1 << (fmt.bits - 1) | nan | 3,
+        (1 << fmt.bits) - 1,
+        1 << fmt.bits if fmt.bits < 64 else 0x0123456789ABCDEF,
+    ]
+    rows = [
+        int(x) for x in rng.integers(0, 1 << min(fmt.bits, 63), 300, dtype=np.uint64)
+    ] + specials
+    pairs = [(p, a) for p in rows[-40:] + specials for a in rows[-60:] + specials] + list(
+        zip(rows, rows[1:])
+    )
     predicted = np.array([p for p, _ in pairs], np.uint64)
     answers = np.array([a for _, a in pairs], np.uint64)
     expected = ~_differs(predicted, answers, out_format)
     assert [_same(p, a, out_format) for p, a in pairs] == expected.tolist()
     assert expected.sum() > len(specials)  # NaN pairs with different payloads count as the same
+
 
 def test_each_probe_draws_its_rows_from_its_own_stream():
     """A probe's rows (its last rows and, once the late probes run, its settled rows included)
@@ -845,7 +1139,15 @@ def test_each_probe_draws_its_rows_from_its_own_stream():
 
     def rows(order, seed=0):
         ctx = Context("fp8_e4m3", "fp8_e4m3", 11, 32, "fp16", seed=seed)
-        search = _Search(_Engine(CountingUnit(lambda *_: None, "fp16", 1), ctx, "probed"), ctx, seed, 64, 16, 2, 4)
+        search = _Search(
+            _Engine(CountingUnit(lambda *_: None, "fp16", 1), ctx, "probed"),
+            ctx,
+            seed,
+            64,
+            16,
+            2,
+            4,
+        )
         search.late = True
         return {p.name: search.inputs(p) for p in order}
 
@@ -853,5 +1155,8 @@ def test_each_probe_draws_its_rows_from_its_own_stream():
     every = rows([PROBES[0], *watched])
     alone = rows(watched[::-1])
     for name in ("trees", "window"):
-        assert all(np.array_equal(getattr(every[name], f), getattr(alone[name], f)) for f in ("a", "b", "scale_a", "scale_b", "c"))
+        assert all(
+            np.array_equal(getattr(every[name], f), getattr(alone[name], f))
+            for f in ("a", "b", "scale_a", "scale_b", "c")
+        )
     assert not np.array_equal(rows([PROBES[0]], seed=1)[PROBES[0].name].a, every[PROBES[0].name].a)

@@ -30,23 +30,45 @@ HW = REPO / "hwconfigs"
 
 def _chains(name: str, a_format: str, b_format: str, k: int, n: int = 64):
     params = load_hwconfig(HW / f"{name}.yaml").params(a_format, b_format)
-    ctx = Context(a_format, b_format, k, params.block_size, params.output_format, seed=3,
-                  scale_format=params.scale_format, c_format=params.c_format)
+    ctx = Context(
+        a_format,
+        b_format,
+        k,
+        params.block_size,
+        params.output_format,
+        seed=3,
+        scale_format=params.scale_format,
+        c_format=params.c_format,
+    )
     return params, ctx, ctx.fit_c(ctx.zero_chains(n))
 
 
 def _outputs(params, ctx, batch, zero_sign: str) -> np.ndarray:
     params = dataclasses.replace(params, output_zero_sign=zero_sign)
     scaled = params.scales != "none"
-    return dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
-                           scale_b=batch.scale_b if scaled else None, c=batch.c.view(ctx.c_dtype)).astype(np.uint64)
+    return dot_with_params(
+        params,
+        batch.a,
+        batch.b,
+        scale_a=batch.scale_a if scaled else None,
+        scale_b=batch.scale_b if scaled else None,
+        c=batch.c.view(ctx.c_dtype),
+    ).astype(np.uint64)
 
 
-@pytest.mark.parametrize("name, a_format, b_format, k", [
-    ("a100-dmma", "fp64", "fp64", 4),               # fp64 FMA chain
-    ("mi100", "fp32", "fp32", 4),                   # fp32 FMA chain (its fp32 override)
-    ("b200-tcgen05-mxf8f6f4", "fp8_e4m3", "fp6_e2m3", 64),  # narrow elements, E8M0 scales, trees of 32
-])
+@pytest.mark.parametrize(
+    "name, a_format, b_format, k",
+    [
+        ("a100-dmma", "fp64", "fp64", 4),  # fp64 FMA chain
+        ("mi100", "fp32", "fp32", 4),  # fp32 FMA chain (its fp32 override)
+        (
+            "b200-tcgen05-mxf8f6f4",
+            "fp8_e4m3",
+            "fp6_e2m3",
+            64,
+        ),  # narrow elements, E8M0 scales, trees of 32
+    ],
+)
 def test_zero_chains_tell_ieee_steps_from_ieee(name, a_format, b_format, k):
     params, ctx, batch = _chains(name, a_format, b_format, k)
     steps, whole = _outputs(params, ctx, batch, "ieee_steps"), _outputs(params, ctx, batch, "ieee")
@@ -54,22 +76,33 @@ def test_zero_chains_tell_ieee_steps_from_ieee(name, a_format, b_format, k):
     differ = steps != whole
     assert np.count_nonzero(differ) >= len(batch) // 2
     # where they differ: the steps keep an early underflow's -0, the whole sum's rule gives +0
-    assert np.all(np.signbit(out.decode(steps[differ]))) and not np.any(np.signbit(out.decode(whole[differ])))
+    assert np.all(np.signbit(out.decode(steps[differ]))) and not np.any(
+        np.signbit(out.decode(whole[differ]))
+    )
     assert np.all(out.decode(steps[differ]) == 0)
 
 
-@pytest.mark.parametrize("name, a_format, b_format", [("mi300", "fp8_e4m3fnuz", "tf32"), ("kulisch", "int8", "fp8_e4m3")])
+@pytest.mark.parametrize(
+    "name, a_format, b_format", [("mi300", "fp8_e4m3fnuz", "tf32"), ("kulisch", "int8", "fp8_e4m3")]
+)
 def test_zero_rows_take_negative_zero_from_b_where_a_has_none(name, a_format, b_format):
     """An fnuz or integer A has no -0 (an fnuz zero with the sign bit set is NaN): the zero
     families and the corners' zero rows take B's -0 instead, so the sign of an exact zero still
     tells IEEE's rule (all products and c -0 give -0) from a +0 for every exact zero."""
     params = any_pair(name).params(a_format, b_format, "fp16")  # mi300 takes no FP8 x tf32 pair
-    ctx = Context(a_format, b_format, 64, params.block_size, "fp16", seed=3, c_format=params.c_format)
+    ctx = Context(
+        a_format, b_format, 64, params.block_size, "fp16", seed=3, c_format=params.c_format
+    )
     batch = ctx.fit_c(Batch.join([ctx.zero_results(32), ctx.zero_chains(32), ctx.corners(128)]))
     products = get_format(a_format).decode(batch.a) * get_format(b_format).decode(batch.b)
-    assert not np.isnan(products[0:32:4]).any() and not np.isnan(products[32:64]).any()  # signed-zero rows, chains
+    assert (
+        not np.isnan(products[0:32:4]).any() and not np.isnan(products[32:64]).any()
+    )  # signed-zero rows, chains
     assert np.count_nonzero((products == 0) & np.signbit(products)) >= 1024
-    ieee, positive = _outputs(params, ctx, batch, "ieee"), _outputs(params, ctx, batch, "exact_positive")
+    ieee, positive = (
+        _outputs(params, ctx, batch, "ieee"),
+        _outputs(params, ctx, batch, "exact_positive"),
+    )
     assert np.count_nonzero(ieee != positive) >= 1
 
 
@@ -84,18 +117,26 @@ def test_window_ties_show_a_window_products_alone_never_pass():
     c = batch.c.view(np.float32)
 
     def differing(**change):
-        return np.count_nonzero(dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
-                                != dot_with_params(params, batch.a, batch.b, c=c))
+        return np.count_nonzero(
+            dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
+            != dot_with_params(params, batch.a, batch.b, c=c)
+        )
 
     assert differing(align_fraction_bits=None) >= 4
     assert differing(align_fraction_bits=24) >= 1 and differing(align_fraction_bits=26) >= 1
     element = get_format("fp6_e2m3")
     fp16 = get_format("fp16")
     for a, b in zip(batch.a, batch.b):
-        total = sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(element.decode(a), element.decode(b)))
+        total = sum(
+            Fraction(float(x)) * Fraction(float(y))
+            for x, y in zip(element.decode(a), element.decode(b))
+        )
         ulp = Fraction(2) ** (math.floor(math.log2(total)) - fp16.mantissa_bits)
         assert (total / ulp).denominator == 2  # half an ulp past a value of the output
-    assert len(Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "fp32", seed=5).window_ties(64)) == 0
+    assert (
+        len(Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "fp32", seed=5).window_ties(64))
+        == 0
+    )
 
 
 def test_spread_ties_show_which_positions_share_a_tree_where_windows_cut_no_product():
@@ -106,25 +147,34 @@ def test_spread_ties_show_which_positions_share_a_tree_where_windows_cut_no_prod
     power of two 11 or 12 binades below that product (fp16's precision) or 24 or 25 (fp32's,
     where an fp32 accumulator between two trees drops it and the window keeps it)."""
     params = load_hwconfig(HW / "b200-tcgen05.yaml").params("fp6_e3m2", "fp4_e2m1", "bf16")
-    ctx = Context("fp6_e3m2", "fp4_e2m1", 64, params.block_size, "bf16", seed=5, c_format=params.c_format)
+    ctx = Context(
+        "fp6_e3m2", "fp4_e2m1", 64, params.block_size, "bf16", seed=5, c_format=params.c_format
+    )
     batch = ctx.fit_c(ctx.spread_ties(128))
     c = batch.c.view(np.float32)
 
     def differing(**change):
-        return np.count_nonzero(dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
-                                != dot_with_params(params, batch.a, batch.b, c=c))
+        return np.count_nonzero(
+            dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
+            != dot_with_params(params, batch.a, batch.b, c=c)
+        )
 
     assert differing(fused_terms=15) >= 1 and differing(fused_terms=16) >= 1
     a, b = get_format("fp6_e3m2").decode(batch.a), get_format("fp4_e2m1").decode(batch.b)
     for row in range(len(batch)):
-        products = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a[row], b[row]) if x * y]
+        products = [
+            Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a[row], b[row]) if x * y
+        ]
         total = sum(products)
         ulp = Fraction(2) ** (math.floor(math.log2(abs(total))) - 7)
         assert (total / ulp).denominator == (2 if row % 2 else 1)
         largest = max(products)
         assert -largest in products
         assert abs(Fraction(float(c[row]))) in [largest / 2**gap for gap in (11, 12, 24, 25)]
-    assert len(Context("fp6_e3m2", "fp4_e2m1", 64, params.block_size, "fp32", seed=5).spread_ties(64)) == 0
+    assert (
+        len(Context("fp6_e3m2", "fp4_e2m1", 64, params.block_size, "fp32", seed=5).spread_ties(64))
+        == 0
+    )
 
 
 def _fp64_fma_chain(a, b, c) -> np.ndarray:
@@ -136,11 +186,15 @@ def _fp64_fma_chain(a, b, c) -> np.ndarray:
         for x, y in zip(row_a, row_b):
             product = Fraction(float(x)) * Fraction(float(y))
             exact = Fraction(d) + product
-            negative_product = product == 0 and (math.copysign(1, x) < 0) != (math.copysign(1, y) < 0)
+            negative_product = product == 0 and (math.copysign(1, x) < 0) != (
+                math.copysign(1, y) < 0
+            )
             if exact == 0:
                 d = -0.0 if math.copysign(1, d) < 0 and negative_product else 0.0
             else:
-                d = exact.numerator / exact.denominator  # correctly rounded; a negative underflow is -0.0
+                d = (
+                    exact.numerator / exact.denominator
+                )  # correctly rounded; a negative underflow is -0.0
         out.append(d)
     return np.array(out, dtype=np.float64).view(np.uint64)
 
@@ -165,8 +219,11 @@ def test_alignment_ties_are_ties_of_c(a_format, k):
     fmt = get_format(a_format)
     rows, signs = 0, set()
     for a, b, c in zip(batch.a, batch.b, batch.c.view(np.float32)):
-        products = {i: Fraction(float(x)) * Fraction(float(y)) for i, (x, y) in enumerate(zip(fmt.decode(a), fmt.decode(b)))
-                    if x * y != 0}
+        products = {
+            i: Fraction(float(x)) * Fraction(float(y))
+            for i, (x, y) in enumerate(zip(fmt.decode(a), fmt.decode(b)))
+            if x * y != 0
+        }
         if not products:  # a row the formats could not build
             continue
         rows += 1
@@ -176,7 +233,7 @@ def test_alignment_ties_are_ties_of_c(a_format, k):
         ulp = Fraction(2) ** (math.frexp(float(c))[1] - 24)
         assert (Fraction(float(c)) / ulp).denominator == 1 and (Fraction(float(c)) / ulp) % 2 == 0
         assert tie == ulp / 2
-        assert (tie / power).denominator == 1 and 2 <= tie / power <= 2 ** 16
+        assert (tie / power).denominator == 1 and 2 <= tie / power <= 2**16
     assert rows >= len(batch) // 2 and signs == {True, False}
 
 
@@ -188,8 +245,15 @@ def test_alignment_ties_tell_the_second_alignment_to_the_bit(a_format, k):
     params = load_hwconfig(HW / "mi300.yaml").params(a_format, a_format)
     ctx = Context(a_format, a_format, k, params.block_size, params.output_format, seed=5)
     batch = ctx.alignment_ties(96)
-    out = {n: dot_with_params(dataclasses.replace(params, second_alignment_bits=n), batch.a, batch.b,
-                              c=batch.c.view(np.float32)) for n in (30, 31, 32)}
+    out = {
+        n: dot_with_params(
+            dataclasses.replace(params, second_alignment_bits=n),
+            batch.a,
+            batch.b,
+            c=batch.c.view(np.float32),
+        )
+        for n in (30, 31, 32)
+    }
     assert np.count_nonzero(out[30] != out[31]) >= 3 and np.count_nonzero(out[32] != out[31]) >= 3
 
 
@@ -203,24 +267,45 @@ def test_partial_overflow_rows_show_rounded_partial_sums():
     ctx = Context("fp6_e3m2", "int8", 64, 32, "fp16", seed=5)
     batch = ctx.fit_c(ctx.partial_overflow(64))
     split = dataclasses.replace(params, fused_terms=16, promotion_interval=32)
-    exact, rounded = (get_format("fp16").decode(dot_with_params(
-        p, batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b, c=batch.c.view(np.float32)).astype(np.uint64))
-        for p in (params, split))
+    exact, rounded = (
+        get_format("fp16").decode(
+            dot_with_params(
+                p,
+                batch.a,
+                batch.b,
+                scale_a=batch.scale_a,
+                scale_b=batch.scale_b,
+                c=batch.c.view(np.float32),
+            ).astype(np.uint64)
+        )
+        for p in (params, split)
+    )
 
     def value(fmt: str, codes) -> list[Fraction]:
         return [Fraction(float(v)) for v in get_format(fmt).decode(np.asarray(codes, np.uint64))]
 
     told = 0
     for row in range(len(batch)):
-        products = [x * y for x, y in zip(value("fp6_e3m2", batch.a[row]), value("int8", batch.b[row]))]
-        blocks = [block for block in range(2) if sum(1 for v in products[32 * block:32 * block + 32] if v) == 2]
+        products = [
+            x * y for x, y in zip(value("fp6_e3m2", batch.a[row]), value("int8", batch.b[row]))
+        ]
+        blocks = [
+            block
+            for block in range(2)
+            if sum(1 for v in products[32 * block : 32 * block + 32] if v) == 2
+        ]
         assert len(blocks) == 1
         block = blocks[0]
-        scale = value("e8m0", batch.scale_a[row, [block]])[0] * value("e8m0", batch.scale_b[row, [block]])[0]
-        (first, early), (second, late) = [(j % 32, v * scale) for j, v in enumerate(products) if v and j // 32 == block]
+        scale = (
+            value("e8m0", batch.scale_a[row, [block]])[0]
+            * value("e8m0", batch.scale_b[row, [block]])[0]
+        )
+        (first, early), (second, late) = [
+            (j % 32, v * scale) for j, v in enumerate(products) if v and j // 32 == block
+        ]
         top = get_format("fp32" if row % 2 else "fp16").emax
         assert abs(early) >= 2 ** (top + 1) and (early > 0) != (late > 0) and abs(late) > abs(early)
-        if row % 2 and first < 16 <= second and abs(early + late) >= 2 ** 128:
+        if row % 2 and first < 16 <= second and abs(early + late) >= 2**128:
             told += 1
             assert exact[row] == (math.inf if early + late > 0 else -math.inf)
             assert rounded[row] == (math.inf if early > 0 else -math.inf)
@@ -241,17 +326,32 @@ def test_output_ties_lie_just_off_a_tie_of_the_output():
         c = Fraction(float(batch.c.view(np.float32)[row]))
         exponent = math.frexp(float(abs(c)))[1] - 1  # |c| in [2^e, 2^(e+1))
         steps = abs(c) / Fraction(2) ** (exponent - 11)
-        assert steps.denominator == 1 and steps % 2 == 1 and 2 ** 11 < steps < 2 ** 12
-        scale = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(scale_fmt.decode(batch.scale_a[row].astype(np.uint64)),
-                                                                       scale_fmt.decode(batch.scale_b[row].astype(np.uint64)))]
-        off = sum(Fraction(float(x)) * Fraction(float(y)) * scale[i // params.block_size]
-                  for i, (x, y) in enumerate(zip(a_fmt.decode(batch.a[row]), b_fmt.decode(batch.b[row]))))
+        assert steps.denominator == 1 and steps % 2 == 1 and 2**11 < steps < 2**12
+        scale = [
+            Fraction(float(x)) * Fraction(float(y))
+            for x, y in zip(
+                scale_fmt.decode(batch.scale_a[row].astype(np.uint64)),
+                scale_fmt.decode(batch.scale_b[row].astype(np.uint64)),
+            )
+        ]
+        off = sum(
+            Fraction(float(x)) * Fraction(float(y)) * scale[i // params.block_size]
+            for i, (x, y) in enumerate(zip(a_fmt.decode(batch.a[row]), b_fmt.decode(batch.b[row])))
+        )
         assert 0 < abs(off) < Fraction(2) ** (exponent - 24)
         sides.add(off > 0)
     assert sides == {True, False}
-    out = {fmt: dot_with_params(dataclasses.replace(params, accumulator_format=fmt, accumulator_rounding=rounding),
-                                batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b, c=batch.c.view(np.float32))
-           for fmt, rounding in (("exact", "nearest_even"), ("fp32", "toward_negative"))}
+    out = {
+        fmt: dot_with_params(
+            dataclasses.replace(params, accumulator_format=fmt, accumulator_rounding=rounding),
+            batch.a,
+            batch.b,
+            scale_a=batch.scale_a,
+            scale_b=batch.scale_b,
+            c=batch.c.view(np.float32),
+        )
+        for fmt, rounding in (("exact", "nearest_even"), ("fp32", "toward_negative"))
+    }
     assert np.count_nonzero(out["exact"] != out["fp32"]) >= 8
 
 
@@ -265,17 +365,38 @@ def test_cancelled_c_shows_c_rounded_with_a_large_first_tree():
     ctx = Context("fp6_e2m3", "fp4_e2m1", 64, params.block_size, "bf16", seed=5)
     batch = ctx.fit_c(ctx.cancelled_c(64))
     products = get_format("fp6_e2m3").decode(batch.a) * get_format("fp4_e2m1").decode(batch.b)
-    assert len(batch) == 64 and np.all(products.sum(axis=1) == 0) and np.all(np.count_nonzero(products, axis=1) == 2)
+    assert (
+        len(batch) == 64
+        and np.all(products.sum(axis=1) == 0)
+        and np.all(np.count_nonzero(products, axis=1) == 2)
+    )
     c = batch.c.view(np.float32)
     emitted_before = dataclasses.replace(
-        params, fused_terms=1, align_fraction_bits=None, below_window="floor", sum_rounding="toward_positive",
-        accumulator_exponent="leading_bit", zero_term_exponent=None, c_entry="end", c_add_rounding="nearest_toward_positive",
-        accumulator_overflow="ieee", grid_max_left_shift=67)
+        params,
+        fused_terms=1,
+        align_fraction_bits=None,
+        below_window="floor",
+        sum_rounding="toward_positive",
+        accumulator_exponent="leading_bit",
+        zero_term_exponent=None,
+        c_entry="end",
+        c_add_rounding="nearest_toward_positive",
+        accumulator_overflow="ieee",
+        grid_max_left_shift=67,
+    )
     shipped = dot_with_params(params, batch.a, batch.b, c=c)
     assert np.count_nonzero(dot_with_params(emitted_before, batch.a, batch.b, c=c) != shipped) >= 16
-    assert np.count_nonzero(dot_with_params(dataclasses.replace(params, c_entry="end"), batch.a, batch.b, c=c)
-                            != shipped) >= 16
-    assert len(Context("fp6_e2m3", "fp4_e2m1", 64, params.block_size, "fp32", seed=5).cancelled_c(64)) == 0
+    assert (
+        np.count_nonzero(
+            dot_with_params(dataclasses.replace(params, c_entry="end"), batch.a, batch.b, c=c)
+            != shipped
+        )
+        >= 16
+    )
+    assert (
+        len(Context("fp6_e2m3", "fp4_e2m1", 64, params.block_size, "fp32", seed=5).cancelled_c(64))
+        == 0
+    )
 
 
 @pytest.mark.parametrize("a_format, b_format", [("fp16", "fp32"), ("fp8_e4m3fnuz", "fp8_e5m2fnuz")])
@@ -284,21 +405,33 @@ def test_cancelled_ties_show_the_second_alignment_in_a_narrow_output(a_format, b
     show mi300's second alignment (31 against 30 or 32) and its accumulator's tie rule (nearest
     even against nearest toward +inf) on several of 64 rows. An fp32 output gets none: the
     alignment ties serve it."""
-    params = any_pair("mi300").params(a_format, b_format, "fp16")  # fp16 x fp32: no instruction's pair
+    params = any_pair("mi300").params(
+        a_format, b_format, "fp16"
+    )  # fp16 x fp32: no instruction's pair
     ctx = Context(a_format, b_format, 64, params.block_size, "fp16", seed=5)
 
     def differing(batch, **change):
         c = batch.c.view(np.float32)
-        return np.count_nonzero(dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
-                                != dot_with_params(params, batch.a, batch.b, c=c))
+        return np.count_nonzero(
+            dot_with_params(dataclasses.replace(params, **change), batch.a, batch.b, c=c)
+            != dot_with_params(params, batch.a, batch.b, c=c)
+        )
 
     ties = ctx.alignment_ties(64)
-    assert differing(ties, second_alignment_bits=30) == differing(ties, second_alignment_bits=32) == 0
+    assert (
+        differing(ties, second_alignment_bits=30) == differing(ties, second_alignment_bits=32) == 0
+    )
     batch = ctx.cancelled_ties(64)
     assert len(batch) == 64
-    assert differing(batch, second_alignment_bits=30) >= 2 and differing(batch, second_alignment_bits=32) >= 2
+    assert (
+        differing(batch, second_alignment_bits=30) >= 2
+        and differing(batch, second_alignment_bits=32) >= 2
+    )
     assert differing(batch, accumulator_rounding="nearest_toward_positive") >= 16
-    assert len(Context(a_format, b_format, 64, params.block_size, "fp32", seed=5).cancelled_ties(64)) == 0
+    assert (
+        len(Context(a_format, b_format, 64, params.block_size, "fp32", seed=5).cancelled_ties(64))
+        == 0
+    )
 
 
 def test_scaled_zeros_show_a_grids_last_place_as_the_sign_of_zero():
@@ -311,17 +444,27 @@ def test_scaled_zeros_show_a_grids_last_place_as_the_sign_of_zero():
     params = load_hwconfig(HW / "mxdotp-rmm.yaml").params("fp6_e2m3", "fp6_e2m3", "bf16")
     ctx = Context("fp6_e2m3", "fp6_e2m3", 64, params.block_size, "bf16", seed=6)
     batch = ctx.fit_c(ctx.scaled_zeros(64))
-    assert np.all(get_format("fp6_e2m3").decode(batch.a) == 0) and np.all(get_format("fp6_e2m3").decode(batch.b) == 0)
+    assert np.all(get_format("fp6_e2m3").decode(batch.a) == 0) and np.all(
+        get_format("fp6_e2m3").decode(batch.b) == 0
+    )
     assert np.all(batch.c.view(np.float32) == 0) and np.all(np.signbit(batch.c.view(np.float32)))
     exponents = (batch.scale_a.astype(int) - 127) + (batch.scale_b.astype(int) - 127)
     assert np.all(np.count_nonzero(exponents, axis=1) <= 1)
     scale_exponent = exponents.sum(axis=1)
-    assert scale_exponent.min() >= -150 and scale_exponent.max() <= 0 and np.ptp(scale_exponent) >= 100
+    assert (
+        scale_exponent.min() >= -150 and scale_exponent.max() <= 0 and np.ptp(scale_exponent) >= 100
+    )
     outputs = {}
     for bits in (18, 34):
         grid = dataclasses.replace(params, grid_fraction_bits=bits)
-        outputs[bits] = dot_with_params(grid, batch.a, batch.b, scale_a=batch.scale_a, scale_b=batch.scale_b,
-                                        c=batch.c.view(np.float32)).astype(np.uint64)
+        outputs[bits] = dot_with_params(
+            grid,
+            batch.a,
+            batch.b,
+            scale_a=batch.scale_a,
+            scale_b=batch.scale_b,
+            c=batch.c.view(np.float32),
+        ).astype(np.uint64)
         passes = (scale_exponent - bits) - (-150) > params.grid_max_right_shift
         assert np.array_equal(outputs[bits], np.where(passes, 0x8000, 0))
     assert np.count_nonzero(outputs[18] != outputs[34]) >= 4
@@ -336,7 +479,15 @@ def test_a_stream_is_the_same_in_every_process():
     from mxsim.probe.inputs import stream
 
     code = "from mxsim.probe.inputs import stream; print(stream(3, 'trees', 'settled').integers(1 << 62, size=4))"
-    drawn = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
-                           env={**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": str(REPO)}).stdout
+    drawn = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONHASHSEED": "1", "PYTHONPATH": str(REPO)},
+    ).stdout
     assert drawn == f"{stream(3, 'trees', 'settled').integers(1 << 62, size=4)}\n"
-    assert not np.array_equal(stream(3, "trees").integers(1 << 62, size=4), stream(3, "window").integers(1 << 62, size=4))
+    assert not np.array_equal(
+        stream(3, "trees").integers(1 << 62, size=4), stream(3, "window").integers(1 << 62, size=4)
+    )

@@ -35,18 +35,29 @@ from mxsim.probe import probe
 
 LONG = os.environ.get("MXSIM_PROBE_LONG", "")
 #: MMA-Sim's PTX element and scale types as mxsim formats; families of other types (f64) are left out.
-PTX_FORMATS = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "f32": "fp32", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2",
-               "e3m2": "fp6_e3m2", "e2m3": "fp6_e2m3", "e2m1": "fp4_e2m1"}
+PTX_FORMATS = {
+    "f16": "fp16",
+    "bf16": "bf16",
+    "tf32": "tf32",
+    "f32": "fp32",
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "e3m2": "fp6_e3m2",
+    "e2m3": "fp6_e2m3",
+    "e2m1": "fp4_e2m1",
+}
 SCALE_FORMATS = {"float8_e8m0fnu": "e8m0", "float8_e4m3fn": "ue4m3"}
 VALUE_FORMATS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: Where the families come from: (module, {instruction class: table of supported shape-and-types
 #: per architecture, as "module attribute"}).
 SOURCES = {
-    "mmasim.nv_ptx": {"MMA": "isa_mma.mma_shape_and_type",
-                      "MMABlockScale": "isa_mma.mma_block_scale_shape_and_type",
-                      "WGMMA": "isa_wgmma.wgmma_shape_and_type",
-                      "TCGen05MMA": "isa_tcgen05mma.tcgen05mma_shape_and_type",
-                      "TCGen05MMABlockScale": "isa_tcgen05mma.tcgen05mma_block_scale_shape_and_type"},
+    "mmasim.nv_ptx": {
+        "MMA": "isa_mma.mma_shape_and_type",
+        "MMABlockScale": "isa_mma.mma_block_scale_shape_and_type",
+        "WGMMA": "isa_wgmma.wgmma_shape_and_type",
+        "TCGen05MMA": "isa_tcgen05mma.tcgen05mma_shape_and_type",
+        "TCGen05MMABlockScale": "isa_tcgen05mma.tcgen05mma_block_scale_shape_and_type",
+    },
 }
 
 
@@ -81,15 +92,41 @@ def _families() -> list[Family]:
             owner, attribute = table.split(".")
             for arch, types in getattr(getattr(module, owner), attribute).items():
                 for ptx in types:
-                    if not all(t in PTX_FORMATS or t.startswith(("m", "kind::", "block", "ue")) for t in ptx.split(".")):
+                    if not all(
+                        t in PTX_FORMATS or t.startswith(("m", "kind::", "block", "ue"))
+                        for t in ptx.split(".")
+                    ):
                         continue  # f64
                     op = getattr(module, op_name)(arch, ptx)
-                    family = Family(module_name, op_name, arch, ptx, getattr(op, "kind", None) or "", PTX_FORMATS[op.a_type_ptx],
-                                    PTX_FORMATS[op.b_type_ptx], VALUE_FORMATS[str(op.c_type).removeprefix("torch.")],
-                                    VALUE_FORMATS[str(op.d_type).removeprefix("torch.")], op.k, getattr(op, "block_size", None),
-                                    SCALE_FORMATS[str(op.s_type).removeprefix("torch.")] if hasattr(op, "s_type") else None)
-                    key = (module_name, op_name, arch, family.kind, family.a, family.b, family.c, family.out, family.k,
-                           family.block, family.scale)
+                    family = Family(
+                        module_name,
+                        op_name,
+                        arch,
+                        ptx,
+                        getattr(op, "kind", None) or "",
+                        PTX_FORMATS[op.a_type_ptx],
+                        PTX_FORMATS[op.b_type_ptx],
+                        VALUE_FORMATS[str(op.c_type).removeprefix("torch.")],
+                        VALUE_FORMATS[str(op.d_type).removeprefix("torch.")],
+                        op.k,
+                        getattr(op, "block_size", None),
+                        SCALE_FORMATS[str(op.s_type).removeprefix("torch.")]
+                        if hasattr(op, "s_type")
+                        else None,
+                    )
+                    key = (
+                        module_name,
+                        op_name,
+                        arch,
+                        family.kind,
+                        family.a,
+                        family.b,
+                        family.c,
+                        family.out,
+                        family.k,
+                        family.block,
+                        family.scale,
+                    )
                     if key not in seen:  # another m or n: the same dot products
                         seen.add(key)
                         families.append(family)
@@ -122,14 +159,20 @@ def mmasim_unit(family: Family):
         if ptx in ("e3m2", "e2m3", "e2m1"):
             return torch.from_numpy((codes << (2 if ptx == "e2m1" else 0)).astype(np.uint8))
         dtype = op.a_type if ptx == op.a_type_ptx else op.b_type
-        unsigned, signed = {1: (np.uint8, np.uint8), 2: (np.uint16, np.int16), 4: (np.uint32, np.int32)}[dtype.itemsize]
+        unsigned, signed = {
+            1: (np.uint8, np.uint8),
+            2: (np.uint16, np.int16),
+            4: (np.uint32, np.int32),
+        }[dtype.itemsize]
         return torch.from_numpy(codes.astype(unsigned).view(signed)).view(dtype)
 
     def unit(a, b, scale_a, scale_b, c):
         c_tensor = torch.from_numpy(c.view(np.float32).copy()).to(op.c_type)
         args = [operand(a, op.a_type_ptx), operand(b, op.b_type_ptx), c_tensor]
         if family.scale is not None:
-            args += [torch.from_numpy(s.astype(np.uint8)).view(op.s_type) for s in (scale_a, scale_b)]
+            args += [
+                torch.from_numpy(s.astype(np.uint8)).view(op.s_type) for s in (scale_a, scale_b)
+            ]
         d = op.dpa(*args)
         if d.dtype == torch.float32:
             return d.view(torch.int32).numpy().view(np.uint32)
@@ -139,15 +182,27 @@ def mmasim_unit(family: Family):
 
 
 def probe_family(family: Family, **validation):
-    return probe(mmasim_unit(family), family.a, family.b, family.k, block_size=family.block or 32,
-                 out_format=family.out, c_format=family.c, **validation)
+    return probe(
+        mmasim_unit(family),
+        family.a,
+        family.b,
+        family.k,
+        block_size=family.block or 32,
+        out_format=family.out,
+        c_format=family.c,
+        **validation,
+    )
 
 
 def test_families_are_read_from_mmasim():
     import_or_skip("mmasim.nv_ptx", "oracles")
     ops = {(f.arch, f.op) for f in FAMILIES}
-    assert {("Volta", "MMA"), ("Hopper", "WGMMA"), ("Blackwell", "TCGen05MMABlockScale"),
-            ("RTX Blackwell", "MMABlockScale")} <= ops
+    assert {
+        ("Volta", "MMA"),
+        ("Hopper", "WGMMA"),
+        ("Blackwell", "TCGen05MMABlockScale"),
+        ("RTX Blackwell", "MMABlockScale"),
+    } <= ops
     assert {f.scale for f in FAMILIES} == {None, "e8m0", "ue4m3"}
 
 
@@ -158,10 +213,14 @@ def _long_families(selection: str, families=None) -> list:
     if selection == "1":
         return families
     patterns = selection.split(",")
-    return [f for f in families if any(fnmatch.fnmatchcase(f.id, p.replace(" ", "_")) for p in patterns)]
+    return [
+        f for f in families if any(fnmatch.fnmatchcase(f.id, p.replace(" ", "_")) for p in patterns)
+    ]
 
 
-@pytest.mark.parametrize("family", _long_families(LONG) if LONG else _ci_families(), ids=lambda f: f.id)
+@pytest.mark.parametrize(
+    "family", _long_families(LONG) if LONG else _ci_families(), ids=lambda f: f.id
+)
 def test_probe_reproduces_mmasim(family):
     _reproduces(family, **({} if LONG else {"validation_vectors": 384, "corner_vectors": 128}))
 
@@ -169,8 +228,10 @@ def test_probe_reproduces_mmasim(family):
 def _reproduces(family: Family, **sizes):
     import_or_skip("mmasim.nv_ptx", "oracles")
     result = probe_family(family, **sizes)
-    print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    print(
+        f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.queries <= 100_000
 
@@ -189,9 +250,20 @@ def test_probe_reproduces_mmasim_families_once_failing(family_id):
     _reproduces(next(f for f in FAMILIES if f.id == family_id))
 
 
-DECIDED = ("fused_terms", "term_order", "align_fraction_bits", "below_window", "accumulator_format",
-           "accumulator_rounding", "sum_significant_bits", "accumulator_in_tree", "c_entry", "scales",
-           "input_subnormals", "product_fraction_bits")
+DECIDED = (
+    "fused_terms",
+    "term_order",
+    "align_fraction_bits",
+    "below_window",
+    "accumulator_format",
+    "accumulator_rounding",
+    "sum_significant_bits",
+    "accumulator_in_tree",
+    "c_entry",
+    "scales",
+    "input_subnormals",
+    "product_fraction_bits",
+)
 
 
 def test_mmasim_volta_is_the_v100_datapath():
@@ -200,15 +272,19 @@ def test_mmasim_volta_is_the_v100_datapath():
     result = probe_family(volta, validation_vectors=384, corner_vectors=128)
     probed = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params("fp16", "fp16", "fp32")
     v100 = load_hwconfig(REPO / "hwconfigs" / "v100.yaml").params("fp16", "fp16", "fp32")
-    assert {name: getattr(probed, name) for name in DECIDED} == {name: getattr(v100, name) for name in DECIDED}
+    assert {name: getattr(probed, name) for name in DECIDED} == {
+        name: getattr(v100, name) for name in DECIDED
+    }
 
 
 # ----------------------------------------------------------------------------- fp64 and c_format
 
 #: fp64 families: MMA-Sim's f64 instructions (NVIDIA mma .f64 per architecture, AMD f64 MFMA),
 #: as (module, instruction class, table of instructions per architecture, "module attribute").
-FP64_SOURCES = {"mmasim.nv_ptx": ("MMA", "isa_mma.mma_shape_and_type"),
-                "mmasim.amd": ("MFMA", "isa_mfma.arch_mfma_suffix")}
+FP64_SOURCES = {
+    "mmasim.nv_ptx": ("MMA", "isa_mma.mma_shape_and_type"),
+    "mmasim.amd": ("MFMA", "isa_mfma.arch_mfma_suffix"),
+}
 
 
 @dataclass(frozen=True)
@@ -263,21 +339,43 @@ def test_fp64_families_are_read_from_mmasim():
     import_or_skip("mmasim.nv_ptx", "oracles")
     import_or_skip("mmasim.amd", "oracles")
     assert {(f.arch, f.k) for f in FP64_FAMILIES} == {
-        ("Ampere", 4), ("Ada Lovelace", 4), ("Hopper", 4), ("Hopper", 8), ("Hopper", 16), ("Blackwell", 4),
-        ("RTX Blackwell", 4), ("CDNA2", 4), ("CDNA3", 4)}
+        ("Ampere", 4),
+        ("Ada Lovelace", 4),
+        ("Hopper", 4),
+        ("Hopper", 8),
+        ("Hopper", 16),
+        ("Blackwell", 4),
+        ("RTX Blackwell", 4),
+        ("CDNA2", 4),
+        ("CDNA3", 4),
+    }
 
 
-@pytest.mark.parametrize("family", _long_families(LONG, FP64_FAMILIES) if LONG else random.Random(0).sample(FP64_FAMILIES, min(1, len(FP64_FAMILIES))),
-                         ids=lambda f: f.id)
+@pytest.mark.parametrize(
+    "family",
+    _long_families(LONG, FP64_FAMILIES)
+    if LONG
+    else random.Random(0).sample(FP64_FAMILIES, min(1, len(FP64_FAMILIES))),
+    ids=lambda f: f.id,
+)
 def test_probe_reproduces_mmasim_fp64(family):
     """CI: one family drawn with a fixed seed; the long mode: all."""
     sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
-    result = probe(fp64_unit(family), "fp64", "fp64", family.k, out_format="fp64", c_format="fp64", **sizes)
-    print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    result = probe(
+        fp64_unit(family), "fp64", "fp64", family.k, out_format="fp64", c_format="fp64", **sizes
+    )
+    print(
+        f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
-    assert result.config["inputs"]["c_format"] == "fp64" and result.config["accumulator"]["format"] == "fp64"
-    assert result.config["output"]["zero_sign"] == "ieee_steps"  # an FMA chain: the zero chains show it
+    assert (
+        result.config["inputs"]["c_format"] == "fp64"
+        and result.config["accumulator"]["format"] == "fp64"
+    )
+    assert (
+        result.config["output"]["zero_sign"] == "ieee_steps"
+    )  # an FMA chain: the zero chains show it
 
 
 def test_mmasim_volta_f16_c_is_decided():
@@ -287,8 +385,10 @@ def test_mmasim_volta_f16_c_is_decided():
     import_or_skip("mmasim.nv_ptx", "oracles")
     volta = next(f for f in FAMILIES if f.arch == "Volta" and f.out == "fp32" and f.c == "fp16")
     result = probe_family(volta, validation_vectors=384, corner_vectors=128)
-    print(f"{volta.id}: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    print(
+        f"{volta.id}: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
     probed = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params("fp16", "fp16", "fp32")
     assert (probed.c_format, probed.accumulator_exponent) == ("fp16", "format_emin")
@@ -300,20 +400,29 @@ def test_mmasim_ampere_tf32_is_the_a100_datapath():
     there (hundreds of mismatches) until the reference and the window were decided together;
     the default validation's 2,560 vectors are the ones that showed it."""
     import_or_skip("mmasim.nv_ptx", "oracles")
-    ampere = next(f for f in FAMILIES if f.arch == "Ampere" and f.ptx == "m16n8k8.f32.tf32.tf32.f32")
+    ampere = next(
+        f for f in FAMILIES if f.arch == "Ampere" and f.ptx == "m16n8k8.f32.tf32.tf32.f32"
+    )
     result = probe_family(ampere)
     assert result.validation.mismatches == 0, result.validation.examples
     probed = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params("tf32", "tf32", "fp32")
     a100 = load_hwconfig(REPO / "hwconfigs" / "a100.yaml").params("tf32", "tf32", "fp32")
     keys = (*DECIDED, "align_reference", "zero_term_exponent")
-    assert {name: getattr(probed, name) for name in keys} == {name: getattr(a100, name) for name in keys}
+    assert {name: getattr(probed, name) for name in keys} == {
+        name: getattr(a100, name) for name in keys
+    }
 
 
 # --- AMD matrix cores (MMA-Sim's v_mfma_f32_* instructions) -------------------------------------
 
 #: MMA-Sim's AMD operand dtypes as mxsim formats (xf32 instructions read fp32 tensors: tf32 here).
-AMD_FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fnuz": "fp8_e4m3fnuz",
-               "float8_e5m2fnuz": "fp8_e5m2fnuz"}
+AMD_FORMATS = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "fp32",
+    "float8_e4m3fnuz": "fp8_e4m3fnuz",
+    "float8_e5m2fnuz": "fp8_e5m2fnuz",
+}
 
 
 @dataclass(frozen=True)
@@ -343,7 +452,11 @@ def _amd_families() -> list[AmdFamily]:
             names = [str(t).removeprefix("torch.") for t in (op.a_type, op.b_type)]
             if not all(n in AMD_FORMATS for n in names):
                 continue
-            a, b = ("tf32", "tf32") if "xf32" in suffix else (AMD_FORMATS[names[0]], AMD_FORMATS[names[1]])
+            a, b = (
+                ("tf32", "tf32")
+                if "xf32" in suffix
+                else (AMD_FORMATS[names[0]], AMD_FORMATS[names[1]])
+            )
             if (arch, a, b, op.k) not in seen:
                 seen.add((arch, a, b, op.k))
                 families.append(AmdFamily(arch, suffix, a, b, op.k))
@@ -367,7 +480,11 @@ def amd_unit(family: AmdFamily):
         return torch.from_numpy(codes.astype(np.uint64).astype(storage)).view(dtype)
 
     def unit(a, b, scale_a, scale_b, c):
-        d = op.dpa(operand(a, op.a_type), operand(b, op.b_type), torch.from_numpy(c.view(np.float32).copy()))
+        d = op.dpa(
+            operand(a, op.a_type),
+            operand(b, op.b_type),
+            torch.from_numpy(c.view(np.float32).copy()),
+        )
         return d.view(torch.int32).numpy().view(np.uint32)
 
     return unit
@@ -376,17 +493,26 @@ def amd_unit(family: AmdFamily):
 def test_amd_families_are_read_from_mmasim():
     import_or_skip("mmasim.amd", "oracles")
     assert {f.arch for f in AMD_FAMILIES} == {"CDNA1", "CDNA2", "CDNA3"}
-    assert {"fp8_e4m3fnuz", "fp8_e5m2fnuz", "tf32", "fp32", "fp16", "bf16"} <= {f.a for f in AMD_FAMILIES}
+    assert {"fp8_e4m3fnuz", "fp8_e5m2fnuz", "tf32", "fp32", "fp16", "bf16"} <= {
+        f.a for f in AMD_FAMILIES
+    }
     assert {(f.arch, f.suffix) for f in AMD_FAMILIES} >= AMD_CI
 
 
-@pytest.mark.parametrize("family", _long_families(LONG, AMD_FAMILIES) if LONG else [f for f in AMD_FAMILIES if (f.arch, f.suffix) in AMD_CI],
-                         ids=lambda f: f.id)
+@pytest.mark.parametrize(
+    "family",
+    _long_families(LONG, AMD_FAMILIES)
+    if LONG
+    else [f for f in AMD_FAMILIES if (f.arch, f.suffix) in AMD_CI],
+    ids=lambda f: f.id,
+)
 def test_probe_reproduces_mmasim_amd(family):
     import_or_skip("mmasim.amd", "oracles")
     sizes = {} if LONG else {"validation_vectors": 384, "corner_vectors": 128}
     result = probe(amd_unit(family), family.a, family.b, family.k, **sizes)
-    print(f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
-          f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+    print(
+        f"{family.id}: {result.queries} queries, {result.seconds:.1f} s, "
+        f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+    )
     assert result.validation.mismatches == 0, result.validation.examples
     assert result.queries <= 100_000

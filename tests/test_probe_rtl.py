@@ -24,10 +24,10 @@ from test_golden_rtl import BUGS, compile_bench, require_icarus
 PAIR = ("fp4_e2m1", "fp4_e2m1")
 #: The faults a key describes: the keys (any of them) whose value must differ from the correct unit's.
 KEYED = {
-    1: {"accumulator_rounding", "output_rounding"},          # truncates: toward zero
-    4: {"output_subnormals", "accumulator_subnormals"},      # flushes subnormal results
-    5: {"output_zero_sign"},                                  # exact zeros always +0 (exact_positive)
-    7: {"input_subnormals"},                                  # subnormal elements read as zero
+    1: {"accumulator_rounding", "output_rounding"},  # truncates: toward zero
+    4: {"output_subnormals", "accumulator_subnormals"},  # flushes subnormal results
+    5: {"output_zero_sign"},  # exact zeros always +0 (exact_positive)
+    7: {"input_subnormals"},  # subnormal elements read as zero
 }
 
 
@@ -47,8 +47,10 @@ def probed(tmp_path_factory):
             finally:
                 unit.close()
             params = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params(*PAIR)
-            print(f"BUG={bug}: {result.queries} queries, {result.seconds:.1f} s ({result.unit_seconds:.1f} s in vvp), "
-                  f"{result.validation.mismatches} / {result.validation.vectors} mismatches")
+            print(
+                f"BUG={bug}: {result.queries} queries, {result.seconds:.1f} s ({result.unit_seconds:.1f} s in vvp), "
+                f"{result.validation.mismatches} / {result.validation.vectors} mismatches"
+            )
             results[bug] = (result, params, target)
         return results[bug]
 
@@ -60,8 +62,15 @@ def test_correct_unit_is_ocp_exact_and_reproduces_the_rtl(probed):
     assert result.validation.mismatches == 0
     assert result.queries <= 100_000
     reference = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml").params(*PAIR)
-    assert params.scales == "products" and params.fused_terms == 32 and params.align_fraction_bits is None
-    assert (params.accumulator_rounding, params.output_rounding) == (reference.accumulator_rounding, "nearest_even")
+    assert (
+        params.scales == "products"
+        and params.fused_terms == 32
+        and params.align_fraction_bits is None
+    )
+    assert (params.accumulator_rounding, params.output_rounding) == (
+        reference.accumulator_rounding,
+        "nearest_even",
+    )
     # Vectors of this test's own: uniformly random codes, scales over a wide range, random c bits.
     rng = np.random.default_rng(11)
     n = 300
@@ -76,7 +85,16 @@ def test_correct_unit_is_ocp_exact_and_reproduces_the_rtl(probed):
     finally:
         unit.close()
     emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>")
-    mine = dot(emitted, a, b, a_format=PAIR[0], b_format=PAIR[1], scale_a=sa, scale_b=sb, c=c.view(np.float32))
+    mine = dot(
+        emitted,
+        a,
+        b,
+        a_format=PAIR[0],
+        b_format=PAIR[1],
+        scale_a=sa,
+        scale_b=sb,
+        c=c.view(np.float32),
+    )
     assert mine.astype(np.uint64).tolist() == rtl.tolist()
 
 
@@ -84,11 +102,16 @@ def test_correct_unit_is_ocp_exact_and_reproduces_the_rtl(probed):
 def test_broken_variant_is_told_apart(probed, bug):
     good = probed(0)[1]
     result, params, _ = probed(bug)
-    changed = {field for field in good.__dataclass_fields__ if getattr(params, field) != getattr(good, field)}
+    changed = {
+        field
+        for field in good.__dataclass_fields__
+        if getattr(params, field) != getattr(good, field)
+    }
     if bug in KEYED and changed & KEYED[bug]:
         return  # the key its fault touches differs from the correct unit's
     assert result.validation.mismatches > 0, (
-        f"BUG={bug} ({BUGS[bug]}): keys changed {sorted(changed)} and a clean validation")
+        f"BUG={bug} ({BUGS[bug]}): keys changed {sorted(changed)} and a clean validation"
+    )
 
 
 # ----------------------------------------------------------------------------- an odd width: 11 FP6 elements
@@ -103,8 +126,20 @@ def _probe_fp6_rtl(bug: int, out):
     require_icarus()
     rtl = REPO / "examples" / "rtl"
     target = out / f"mxdot_fp6_probe_tb_bug{bug}.vvp"
-    subprocess.run(["iverilog", "-g2012", f"-Pmxdot_fp6_probe_tb.BUG={bug}", "-o", str(target),
-                    str(rtl / "mxdot_fp6.sv"), str(rtl / "mxdot_fp6_probe_tb.sv")], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "iverilog",
+            "-g2012",
+            f"-Pmxdot_fp6_probe_tb.BUG={bug}",
+            "-o",
+            str(target),
+            str(rtl / "mxdot_fp6.sv"),
+            str(rtl / "mxdot_fp6_probe_tb.sv"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     unit = SubprocessUnit(f"vvp -n {target}", *FP6, timeout=60)
     try:
         result = probe(unit, *FP6, 11, validation_vectors=512, corner_vectors=256)
@@ -113,7 +148,9 @@ def _probe_fp6_rtl(bug: int, out):
     return result, parse_hwconfig(yaml.safe_load(result.yaml), "<probed>").params(*FP6), target
 
 
-@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): a probe through vvp takes a minute or more")
+@pytest.mark.skipif(
+    not LONG, reason="long mode (MXSIM_PROBE_LONG=1): a probe through vvp takes a minute or more"
+)
 def test_an_fp6_unit_of_11_elements_is_probed_exact(tmp_path):
     result, params, target = _probe_fp6_rtl(0, tmp_path)
     assert result.exact and params.fused_terms == 11 and params.scales == "products"
@@ -128,11 +165,22 @@ def test_an_fp6_unit_of_11_elements_is_probed_exact(tmp_path):
     finally:
         unit.close()
     emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>")
-    mine = dot(emitted, a, b, a_format=FP6[0], b_format=FP6[1], scale_a=sa, scale_b=sb, c=c.view(np.float32))
+    mine = dot(
+        emitted,
+        a,
+        b,
+        a_format=FP6[0],
+        b_format=FP6[1],
+        scale_a=sa,
+        scale_b=sb,
+        c=c.view(np.float32),
+    )
     assert mine.astype(np.uint64).tolist() == rtl.tolist()
 
 
-@pytest.mark.skipif(not LONG, reason="long mode (MXSIM_PROBE_LONG=1): a probe through vvp takes a minute or more")
+@pytest.mark.skipif(
+    not LONG, reason="long mode (MXSIM_PROBE_LONG=1): a probe through vvp takes a minute or more"
+)
 def test_an_fp6_unit_ignoring_its_eleventh_element_is_caught(tmp_path):
     """BUG=2: the eleventh product dropped, which no key describes: the config written is marked
     not exact, with its mismatches."""

@@ -57,9 +57,17 @@ SERVER = f"""
 
 def test_request_format_places_element_i_in_its_bits():
     a = np.array([0x1, 0x2, 0x3, 0xF], dtype=np.uint64)
-    line = format_request(a, a, np.array([0x7F], np.uint8), np.array([0x80], np.uint8), 0x3F800000, 4, 4)
+    line = format_request(
+        a, a, np.array([0x7F], np.uint8), np.array([0x80], np.uint8), 0x3F800000, 4, 4
+    )
     assert line == "f321 f321 7f 80 3f800000"
-    assert parse_request(line, 4, 1, 4, 4) == ([1, 2, 3, 15], [1, 2, 3, 15], [0x7F], [0x80], 0x3F800000)
+    assert parse_request(line, 4, 1, 4, 4) == (
+        [1, 2, 3, 15],
+        [1, 2, 3, 15],
+        [0x7F],
+        [0x80],
+        0x3F800000,
+    )
 
 
 def test_subprocess_unit_answers_as_mxsim(tmp_path):
@@ -69,20 +77,40 @@ def test_subprocess_unit_answers_as_mxsim(tmp_path):
         got = unit(a, b, sa, sb, c)
     finally:
         unit.close()
-    want = dot(load_hwconfig(OCP), a, b, a_format="fp4_e2m1", b_format="fp4_e2m1", scale_a=sa, scale_b=sb,
-               c=c.view(np.float32))
+    want = dot(
+        load_hwconfig(OCP),
+        a,
+        b,
+        a_format="fp4_e2m1",
+        b_format="fp4_e2m1",
+        scale_a=sa,
+        scale_b=sb,
+        c=c.view(np.float32),
+    )
     assert got.tolist() == want.tolist()
     assert unit.requests == 3
 
 
-@pytest.mark.parametrize("body, message", [
-    ("import sys; sys.stdin.readline(); sys.exit(3)", "exited (status 3)"),
-    ("import sys, time\nfor line in sys.stdin: time.sleep(30)", "gave no answer within 0.5 s"),
-    ("import sys\nfor line in sys.stdin: print('hello world', flush=True)", "not 8 hexadecimal digits"),
-    ("import sys\nfor line in sys.stdin: print('1' * 9, flush=True)", "not 8 hexadecimal digits"),
-    ("import sys\nsys.stderr.write('boom: no licence'); sys.exit(1)", "boom: no licence"),
-    ("import sys\nfor line in sys.stdin: print('x' * 10000, flush=True)", "longer than 4096 bytes"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("import sys; sys.stdin.readline(); sys.exit(3)", "exited (status 3)"),
+        ("import sys, time\nfor line in sys.stdin: time.sleep(30)", "gave no answer within 0.5 s"),
+        (
+            "import sys\nfor line in sys.stdin: print('hello world', flush=True)",
+            "not 8 hexadecimal digits",
+        ),
+        (
+            "import sys\nfor line in sys.stdin: print('1' * 9, flush=True)",
+            "not 8 hexadecimal digits",
+        ),
+        ("import sys\nsys.stderr.write('boom: no licence'); sys.exit(1)", "boom: no licence"),
+        (
+            "import sys\nfor line in sys.stdin: print('x' * 10000, flush=True)",
+            "longer than 4096 bytes",
+        ),
+    ],
+)
 def test_subprocess_failures_are_one_line_probe_errors(tmp_path, body, message):
     unit = SubprocessUnit(_script(tmp_path, body), "fp4_e2m1", "fp4_e2m1", timeout=0.5)
     with pytest.raises(ProbeError, match=message.replace("(", r"\(").replace(")", r"\)")) as caught:
@@ -100,13 +128,16 @@ def test_missing_command_and_bad_quoting():
         SubprocessUnit("  ", "fp4_e2m1", "fp4_e2m1")
 
 
-@pytest.mark.parametrize("answer, message", [
-    (lambda a, b, sa, sb, c: 1 / 0, "raised ZeroDivisionError"),
-    (lambda a, b, sa, sb, c: np.zeros(len(a) + 1, np.uint32), "expected 3 integer"),
-    (lambda a, b, sa, sb, c: np.full(len(a), 1 << 33), "outside 0..2"),
-    (lambda a, b, sa, sb, c: np.zeros(len(a)), "expected 3 integer"),
-    (lambda a, b, sa, sb, c: ["x"] * len(a), "expected 3 integer"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (lambda a, b, sa, sb, c: 1 / 0, "raised ZeroDivisionError"),
+        (lambda a, b, sa, sb, c: np.zeros(len(a) + 1, np.uint32), "expected 3 integer"),
+        (lambda a, b, sa, sb, c: np.full(len(a), 1 << 33), "outside 0..2"),
+        (lambda a, b, sa, sb, c: np.zeros(len(a)), "expected 3 integer"),
+        (lambda a, b, sa, sb, c: ["x"] * len(a), "expected 3 integer"),
+    ],
+)
 def test_counting_unit_checks_answers(answer, message):
     with pytest.raises(ProbeError, match=message):
         CountingUnit(answer, "fp32", 100)(*_rows())
@@ -123,19 +154,29 @@ def test_counting_unit_budget():
 def test_hwconfig_unit_matches_dot_and_ignores_scales_of_a_scaleless_unit():
     unit = HwconfigUnit(REPO / "hwconfigs" / "h100.yaml", "fp8_e4m3", "fp8_e4m3", "fp16")
     a, b, sa, sb, c = _rows()
-    want = dot(load_hwconfig(REPO / "hwconfigs" / "h100.yaml"), a, b, a_format="fp8_e4m3", b_format="fp8_e4m3",
-               c=c.view(np.float32), out_format="fp16")
+    want = dot(
+        load_hwconfig(REPO / "hwconfigs" / "h100.yaml"),
+        a,
+        b,
+        a_format="fp8_e4m3",
+        b_format="fp8_e4m3",
+        c=c.view(np.float32),
+        out_format="fp16",
+    )
     assert unit(a, b, sa, sb, c).tolist() == want.tolist()
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("nocolon", "expected module:function"),
-    ("a:b:c", "expected module:function"),
-    (":f", "expected module:function"),
-    ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
-    ("json:no_such_function", "has no callable 'no_such_function'"),
-    ("missing_file.py:f", "no such file"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nocolon", "expected module:function"),
+        ("a:b:c", "expected module:function"),
+        (":f", "expected module:function"),
+        ("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+        ("json:no_such_function", "has no callable 'no_such_function'"),
+        ("missing_file.py:f", "no such file"),
+    ],
+)
 def test_load_callable_errors(spec, message):
     with pytest.raises(ArgumentError, match=message):
         load_callable(spec)
@@ -167,7 +208,7 @@ def _fp64_rows(n=3, k=K):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((n, k)).view(np.uint64)
     b = rng.standard_normal((n, k)).view(np.uint64)
-    c = np.array([1.0, -0.0, 2.0 ** -1074][:n]).view(np.uint64)
+    c = np.array([1.0, -0.0, 2.0**-1074][:n]).view(np.uint64)
     ones = np.full((n, 1), 127, np.uint8)
     return a, b, ones, ones.copy(), c
 
@@ -177,20 +218,32 @@ def test_fp64_request_round_trips_and_refuses_oversized_fields():
     line = format_request(a[0], b[0], sa[0], sb[0], c[0], 64, 64, c_bits=64)
     fields = line.split()
     assert [len(f) for f in fields] == [64, 64, 2, 2, 16]
-    assert parse_request(line, K, 1, 64, 64, c_bits=64) == (a[0].tolist(), b[0].tolist(), [127], [127], int(c[0]))
+    assert parse_request(line, K, 1, 64, 64, c_bits=64) == (
+        a[0].tolist(),
+        b[0].tolist(),
+        [127],
+        [127],
+        int(c[0]),
+    )
     with pytest.raises(ValueError, match="field C does not fit in 64 bits"):
         parse_request(" ".join(fields[:4] + ["1" + fields[4]]), K, 1, 64, 64, c_bits=64)
-    with pytest.raises(ValueError, match="field C does not fit in 32 bits"):  # fp64 bits read as fp32 c
+    with pytest.raises(
+        ValueError, match="field C does not fit in 32 bits"
+    ):  # fp64 bits read as fp32 c
         parse_request(line, K, 1, 64, 64)
     with pytest.raises(ValueError, match="field A does not fit in 256 bits"):
         parse_request(" ".join(["1" + fields[0]] + fields[1:]), K, 1, 64, 64, c_bits=64)
     with pytest.raises(ValueError, match="field SB"):
         parse_request(" ".join(fields[:3] + ["-1", fields[4]]), K, 1, 64, 64, c_bits=64)
-    assert format_request(a[0], b[0], sa[0], sb[0], 0x3F800000, 64, 64).endswith(" 3f800000")  # 32-bit c as before
+    assert format_request(a[0], b[0], sa[0], sb[0], 0x3F800000, 64, 64).endswith(
+        " 3f800000"
+    )  # 32-bit c as before
 
 
 def test_fp64_subprocess_unit_sends_and_reads_64_bit_fields(tmp_path):
-    unit = SubprocessUnit(_script(tmp_path, FP64_SERVER), "fp64", "fp64", "fp64", chunk=2, c_format="fp64")
+    unit = SubprocessUnit(
+        _script(tmp_path, FP64_SERVER), "fp64", "fp64", "fp64", chunk=2, c_format="fp64"
+    )
     a, b, sa, sb, c = _fp64_rows()
     try:
         got = unit(a, b, sa, sb, c)
@@ -205,29 +258,43 @@ def test_hwconfig_unit_fp64_matches_dot():
     assert HwconfigUnit(DMMA, "fp64", "fp64")(a, b, sa, sb, c).tolist() == want.tolist()
 
 
-@pytest.mark.parametrize("answer, message", [
-    ("1" * 17, "not 16 hexadecimal digits"),
-    ("-" + "1" * 15, "not 16 hexadecimal digits"),
-    ("0x" + "1" * 14, "not 16 hexadecimal digits"),
-    ("", "not 16 hexadecimal digits"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ("1" * 17, "not 16 hexadecimal digits"),
+        ("-" + "1" * 15, "not 16 hexadecimal digits"),
+        ("0x" + "1" * 14, "not 16 hexadecimal digits"),
+        ("", "not 16 hexadecimal digits"),
+    ],
+)
 def test_fp64_subprocess_malformed_answers(tmp_path, answer, message):
-    unit = SubprocessUnit(_script(tmp_path, f"import sys\nfor line in sys.stdin: print({answer!r}, flush=True)"),
-                          "fp64", "fp64", "fp64", timeout=5, c_format="fp64")
+    unit = SubprocessUnit(
+        _script(tmp_path, f"import sys\nfor line in sys.stdin: print({answer!r}, flush=True)"),
+        "fp64",
+        "fp64",
+        "fp64",
+        timeout=5,
+        c_format="fp64",
+    )
     with pytest.raises(ProbeError, match=message) as caught:
         unit(*_fp64_rows())
     assert "\n" not in str(caught.value) and unit._process is None
 
 
-@pytest.mark.parametrize("answer, message", [
-    (lambda a, b, sa, sb, c: np.array([1 << 64] * len(a), dtype=object), "outside 0..2\\^64-1"),
-    (lambda a, b, sa, sb, c: np.full(len(a), -1, np.int64), "outside 0..2\\^64-1"),
-    (lambda a, b, sa, sb, c: c.view(np.float64), "expected 3 integer"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (lambda a, b, sa, sb, c: np.array([1 << 64] * len(a), dtype=object), "outside 0..2\\^64-1"),
+        (lambda a, b, sa, sb, c: np.full(len(a), -1, np.int64), "outside 0..2\\^64-1"),
+        (lambda a, b, sa, sb, c: c.view(np.float64), "expected 3 integer"),
+    ],
+)
 def test_counting_unit_checks_64_bit_answers(answer, message):
     with pytest.raises(ProbeError, match=message):
         CountingUnit(answer, "fp64", 100)(*_fp64_rows())
-    top = CountingUnit(lambda a, b, sa, sb, c: np.full(len(a), (1 << 64) - 1, np.uint64), "fp64", 100)(*_fp64_rows())
+    top = CountingUnit(
+        lambda a, b, sa, sb, c: np.full(len(a), (1 << 64) - 1, np.uint64), "fp64", 100
+    )(*_fp64_rows())
     assert top.tolist() == [(1 << 64) - 1] * 3
 
 
@@ -251,19 +318,33 @@ def run(capsys, *argv):
     return status, captured.out, captured.err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--unit", "nonexistent_module_q:f"], "cannot import"),
-    (["--unit", "json:dumps", "--hw", str(OCP)], "exactly one of --unit, --hw, --command"),
-    ([], "exactly one of"),
-    (["--command", "/nonexistent/binary"], "cannot start"),
-    (["--hw", str(OCP), "--timeout", "0"], "--timeout"),
-    (["--hw", str(REPO / "hwconfigs" / "no-such.yaml")], "no-such.yaml"),
-    (["--unit", "json:dumps"], "the unit raised"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--unit", "nonexistent_module_q:f"], "cannot import"),
+        (["--unit", "json:dumps", "--hw", str(OCP)], "exactly one of --unit, --hw, --command"),
+        ([], "exactly one of"),
+        (["--command", "/nonexistent/binary"], "cannot start"),
+        (["--hw", str(OCP), "--timeout", "0"], "--timeout"),
+        (["--hw", str(REPO / "hwconfigs" / "no-such.yaml")], "no-such.yaml"),
+        (["--unit", "json:dumps"], "the unit raised"),
+    ],
+)
 def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
     out = tmp_path / "unit.yaml"
-    status, _, err = run(capsys, "probe", *argv, "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
-                         "--out", str(out))
+    status, _, err = run(
+        capsys,
+        "probe",
+        *argv,
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "8",
+        "--out",
+        str(out),
+    )
     assert status == 2
     assert err.count("\n") == 1 and err.startswith("mxsim probe: error:") and message in err
     assert not out.exists()
@@ -273,28 +354,78 @@ def test_cli_probe_bad_input_is_one_line(capsys, tmp_path, argv, message):
 @pytest.mark.parametrize("value", ["fp8_e4m3", "", "FP64", "fp64 ", "fp128", "e8m0", "fp32\x00"])
 def test_cli_probe_bad_c_or_out_format_is_one_line(capsys, tmp_path, flag, value):
     with pytest.raises(SystemExit) as exit_info:
-        main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
-              "--out", str(tmp_path / "u.yaml"), flag, value])
+        main(
+            [
+                "probe",
+                "--hw",
+                str(OCP),
+                "--a-format",
+                "fp4_e2m1",
+                "--b-format",
+                "fp4_e2m1",
+                "--k",
+                "8",
+                "--out",
+                str(tmp_path / "u.yaml"),
+                flag,
+                value,
+            ]
+        )
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and flag in err and "invalid choice" in err
+    assert (
+        exit_info.value.code == 2
+        and err.count("\n") == 1
+        and flag in err
+        and "invalid choice" in err
+    )
     assert not (tmp_path / "u.yaml").exists()
 
 
-@pytest.mark.parametrize("hw, element, flag, value, accepted", [
-    ("v100.yaml", "fp16", "--out-format", "fp64", "fp32, fp16, bf16"),   # an fp32 accumulator
-    ("v100.yaml", "fp16", "--c-format", "fp64", "fp32, fp16, bf16"),
-    ("ocp-exact.yaml", "fp4_e2m1", "--out-format", "fp64", "fp32, fp16, bf16"),  # an exact one, written as fp32
-    ("a100-dmma.yaml", "fp64", "--out-format", "fp32", "fp64"),          # an fp64 FMA chain
-    ("a100-dmma.yaml", "fp64", "--c-format", "bf16", "fp64"),
-    ("mi250-f64.yaml", "fp64", "--out-format", "fp16", "fp64"),
-])
-def test_cli_probe_c_or_out_format_of_another_width_is_refused(capsys, tmp_path, hw, element, flag, value, accepted):
+@pytest.mark.parametrize(
+    "hw, element, flag, value, accepted",
+    [
+        ("v100.yaml", "fp16", "--out-format", "fp64", "fp32, fp16, bf16"),  # an fp32 accumulator
+        ("v100.yaml", "fp16", "--c-format", "fp64", "fp32, fp16, bf16"),
+        (
+            "ocp-exact.yaml",
+            "fp4_e2m1",
+            "--out-format",
+            "fp64",
+            "fp32, fp16, bf16",
+        ),  # an exact one, written as fp32
+        ("a100-dmma.yaml", "fp64", "--out-format", "fp32", "fp64"),  # an fp64 FMA chain
+        ("a100-dmma.yaml", "fp64", "--c-format", "bf16", "fp64"),
+        ("mi250-f64.yaml", "fp64", "--out-format", "fp16", "fp64"),
+    ],
+)
+def test_cli_probe_c_or_out_format_of_another_width_is_refused(
+    capsys, tmp_path, hw, element, flag, value, accepted
+):
     """--hw: a format of the other width than the config's accumulator is refused before any
     query, in one line naming the flag, the value and what the unit takes; nothing written."""
     out = tmp_path / "u.yaml"
-    status, stdout, err = run(capsys, "probe", "--hw", str(REPO / "hwconfigs" / hw), "--a-format", element,
-                              "--b-format", element, "--k", "4", "--out", str(out), flag, value)
-    assert status == 2 and stdout == "" and err.count("\n") == 1 and err.startswith("mxsim probe: error:")
+    status, stdout, err = run(
+        capsys,
+        "probe",
+        "--hw",
+        str(REPO / "hwconfigs" / hw),
+        "--a-format",
+        element,
+        "--b-format",
+        element,
+        "--k",
+        "4",
+        "--out",
+        str(out),
+        flag,
+        value,
+    )
+    assert (
+        status == 2
+        and stdout == ""
+        and err.count("\n") == 1
+        and err.startswith("mxsim probe: error:")
+    )
     assert f"{flag} {value}" in err and f"takes {accepted}" in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -302,38 +433,101 @@ def test_cli_probe_c_or_out_format_of_another_width_is_refused(capsys, tmp_path,
 def test_cli_probe_formats_of_the_config_width_pass_the_check():
     from mxsim.cli import _check_probe_widths
 
-    for hw, element, formats in (("v100.yaml", "fp16", ("fp32", "fp16", "bf16")), ("a100-dmma.yaml", "fp64", ("fp64",)),
-                                 ("ocp-exact.yaml", "fp4_e2m1", ("fp32", "bf16"))):
+    for hw, element, formats in (
+        ("v100.yaml", "fp16", ("fp32", "fp16", "bf16")),
+        ("a100-dmma.yaml", "fp64", ("fp64",)),
+        ("ocp-exact.yaml", "fp4_e2m1", ("fp32", "bf16")),
+    ):
         for out_format in (None, *formats):
             for c_format in (None, *formats):
                 unit = HwconfigUnit(REPO / "hwconfigs" / hw, element, element, out_format, c_format)
-                _check_probe_widths(unit, hw, out_format, c_format)  # raises ArgumentError otherwise
+                _check_probe_widths(
+                    unit, hw, out_format, c_format
+                )  # raises ArgumentError otherwise
 
 
 def test_cli_probe_hanging_command_times_out(capsys, tmp_path):
     command = _script(tmp_path, "import sys, time\nfor line in sys.stdin: time.sleep(30)")
-    status, _, err = run(capsys, "probe", "--command", command, "--timeout", "0.5", "--a-format", "fp4_e2m1",
-                         "--b-format", "fp4_e2m1", "--k", "8", "--out", str(tmp_path / "u.yaml"))
+    status, _, err = run(
+        capsys,
+        "probe",
+        "--command",
+        command,
+        "--timeout",
+        "0.5",
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "8",
+        "--out",
+        str(tmp_path / "u.yaml"),
+    )
     assert status == 2 and "gave no answer within 0.5 s" in err and err.count("\n") == 1
 
 
 def test_cli_probe_unknown_format_and_bad_k(capsys, tmp_path):
-    status, _, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp9", "--b-format", "fp4_e2m1",
-                         "--k", "8", "--out", str(tmp_path / "u.yaml"))
+    status, _, err = run(
+        capsys,
+        "probe",
+        "--hw",
+        str(OCP),
+        "--a-format",
+        "fp9",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "8",
+        "--out",
+        str(tmp_path / "u.yaml"),
+    )
     assert status == 2 and "fp9" in err
-    status, _, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
-                         "--k", "0", "--out", str(tmp_path / "u.yaml"))
+    status, _, err = run(
+        capsys,
+        "probe",
+        "--hw",
+        str(OCP),
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "0",
+        "--out",
+        str(tmp_path / "u.yaml"),
+    )
     assert status == 2 and "k" in err
 
 
 def test_cli_probe_writes_a_loadable_config(capsys, tmp_path):
     out = tmp_path / "unit.yaml"
     out.write_text("old contents\n")
-    status, stdout, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
-                              "--k", "32", "--out", str(out), "--validation", "256", "--corners", "64",
-                              "--report", str(tmp_path / "report.json"))
+    status, stdout, err = run(
+        capsys,
+        "probe",
+        "--hw",
+        str(OCP),
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "32",
+        "--out",
+        str(out),
+        "--validation",
+        "256",
+        "--corners",
+        "64",
+        "--report",
+        str(tmp_path / "report.json"),
+    )
     assert status == 0, err
-    line = re.search(r"validation: 0 mismatches in (\d+) vectors \(256 random, 64 corners, (\d+) targeted\)", stdout)
+    line = re.search(
+        r"validation: 0 mismatches in (\d+) vectors \(256 random, 64 corners, (\d+) targeted\)",
+        stdout,
+    )
     assert line and int(line[1]) == 256 + 64 + int(line[2]), stdout
     config = load_hwconfig(out)
     assert config.params("fp4_e2m1", "fp4_e2m1").fused_terms == 32
@@ -342,9 +536,25 @@ def test_cli_probe_writes_a_loadable_config(capsys, tmp_path):
 
 
 def test_cli_probe_json_prints_the_report(capsys, tmp_path):
-    status, stdout, err = run(capsys, "probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
-                              "--k", "8", "--out", str(tmp_path / "unit.yaml"), "--validation", "64", "--corners", "16",
-                              "--json")
+    status, stdout, err = run(
+        capsys,
+        "probe",
+        "--hw",
+        str(OCP),
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "8",
+        "--out",
+        str(tmp_path / "unit.yaml"),
+        "--validation",
+        "64",
+        "--corners",
+        "16",
+        "--json",
+    )
     assert status == 0, err
     assert json.loads(stdout)["validation"]["mismatches"] == 0
 
@@ -352,39 +562,75 @@ def test_cli_probe_json_prints_the_report(capsys, tmp_path):
 def test_cli_probe_fp64_unit(capsys, tmp_path):
     """--hw an fp64 config: output and c formats default to the config's (fp64), 64-bit codes throughout."""
     out = tmp_path / "dmma.yaml"
-    status, stdout, err = run(capsys, "probe", "--hw", str(DMMA), "--a-format", "fp64", "--b-format", "fp64",
-                              "--k", "4", "--out", str(out), "--validation", "128", "--corners", "32")
+    status, stdout, err = run(
+        capsys,
+        "probe",
+        "--hw",
+        str(DMMA),
+        "--a-format",
+        "fp64",
+        "--b-format",
+        "fp64",
+        "--k",
+        "4",
+        "--out",
+        str(out),
+        "--validation",
+        "128",
+        "--corners",
+        "32",
+    )
     assert status == 0, err
     assert "validation: 0 mismatches in 160 vectors" in stdout
     params = load_hwconfig(out).params("fp64", "fp64")
-    assert (params.output_format, params.c_format, params.accumulator_format) == ("fp64", "fp64", "fp64")
+    assert (params.output_format, params.c_format, params.accumulator_format) == (
+        "fp64",
+        "fp64",
+        "fp64",
+    )
 
 
 # ----------------------------------------------------------------------------- hostile units
 
 
-@pytest.mark.parametrize("answer", [
-    lambda a, b, sa, sb, c: np.array([1.5, 2**70, 3], dtype=object),   # int() would take 1.5 as 1
-    lambda a, b, sa, sb, c: np.array([1, 2.0, 3], dtype=object),
-    lambda a, b, sa, sb, c: np.array(["1", 2, 3], dtype=object),
-    lambda a, b, sa, sb, c: np.array([True, 1, 2], dtype=object),
-    lambda a, b, sa, sb, c: [True, False, True],
-    lambda a, b, sa, sb, c: np.ones(3, np.float32),
-    lambda a, b, sa, sb, c: ["0x1", "2", "3"],
-    lambda a, b, sa, sb, c: [1 + 0j, 2, 3],
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda a, b, sa, sb, c: np.array(
+            [1.5, 2**70, 3], dtype=object
+        ),  # int() would take 1.5 as 1
+        lambda a, b, sa, sb, c: np.array([1, 2.0, 3], dtype=object),
+        lambda a, b, sa, sb, c: np.array(["1", 2, 3], dtype=object),
+        lambda a, b, sa, sb, c: np.array([True, 1, 2], dtype=object),
+        lambda a, b, sa, sb, c: [True, False, True],
+        lambda a, b, sa, sb, c: np.ones(3, np.float32),
+        lambda a, b, sa, sb, c: ["0x1", "2", "3"],
+        lambda a, b, sa, sb, c: [1 + 0j, 2, 3],
+    ],
+)
 def test_counting_unit_refuses_answers_that_are_no_integers(answer):
     with pytest.raises(ProbeError, match="integer output bit patterns"):
         CountingUnit(answer, "fp32", 100)(*_rows())
 
 
 def test_counting_unit_takes_python_and_numpy_integers():
-    unit = CountingUnit(lambda a, b, sa, sb, c: np.array([1, np.uint32(2), 2**32 - 1], dtype=object), "fp32", 100)
+    unit = CountingUnit(
+        lambda a, b, sa, sb, c: np.array([1, np.uint32(2), 2**32 - 1], dtype=object), "fp32", 100
+    )
     assert unit(*_rows()).tolist() == [1, 2, 2**32 - 1]
 
 
-@pytest.mark.parametrize("error", [SystemExit(0), SystemExit(3), KeyboardInterrupt(), BaseException("odd"),
-                                   GeneratorExit(), ValueError("x" * 100_000)])
+@pytest.mark.parametrize(
+    "error",
+    [
+        SystemExit(0),
+        SystemExit(3),
+        KeyboardInterrupt(),
+        BaseException("odd"),
+        GeneratorExit(),
+        ValueError("x" * 100_000),
+    ],
+)
 def test_counting_unit_turns_anything_raised_into_one_bounded_line(error):
     def unit(a, b, sa, sb, c):
         raise error
@@ -395,21 +641,29 @@ def test_counting_unit_turns_anything_raised_into_one_bounded_line(error):
 
 
 def test_load_callable_whose_import_exits_or_interrupts(tmp_path):
-    for i, statement in enumerate(("import sys; sys.exit(0)", "raise KeyboardInterrupt", "raise BaseException")):
+    for i, statement in enumerate(
+        ("import sys; sys.exit(0)", "raise KeyboardInterrupt", "raise BaseException")
+    ):
         path = tmp_path / f"unit{i}.py"
         path.write_text(statement + "\n")
         with pytest.raises(ArgumentError, match="cannot import"):
             load_callable(f"{path}:f")
 
 
-@pytest.mark.parametrize("body, message", [
-    # closes its stdout but keeps running: bounded by the timeout, then killed
-    ("import os, sys, time\nsys.stdin.readline(); os.close(1); time.sleep(60)", "closed its output and did not exit"),
-    # reads nothing: the requests fill the pipe and the write is bounded too
-    ("import time\ntime.sleep(60)", "gave no answer within 0.5 s"),
-    # closes its stdin and keeps running
-    ("import os, time\nos.close(0); time.sleep(60)", "closed its output and did not exit"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        # closes its stdout but keeps running: bounded by the timeout, then killed
+        (
+            "import os, sys, time\nsys.stdin.readline(); os.close(1); time.sleep(60)",
+            "closed its output and did not exit",
+        ),
+        # reads nothing: the requests fill the pipe and the write is bounded too
+        ("import time\ntime.sleep(60)", "gave no answer within 0.5 s"),
+        # closes its stdin and keeps running
+        ("import os, time\nos.close(0); time.sleep(60)", "closed its output and did not exit"),
+    ],
+)
 def test_subprocess_unit_every_wait_is_bounded(tmp_path, body, message):
     import time as time_
 
@@ -424,20 +678,31 @@ def test_subprocess_unit_every_wait_is_bounded(tmp_path, body, message):
 
 
 def test_subprocess_unit_keeps_head_and_tail_of_a_huge_stderr(tmp_path):
-    body = ("import sys\nsys.stderr.write('FIRST ' + 'x' * 20_000_000 + ' LAST')\nsys.stderr.flush()\n"
-            "sys.exit(5)")
+    body = (
+        "import sys\nsys.stderr.write('FIRST ' + 'x' * 20_000_000 + ' LAST')\nsys.stderr.flush()\n"
+        "sys.exit(5)"
+    )
     unit = SubprocessUnit(_script(tmp_path, body), "fp4_e2m1", "fp4_e2m1", timeout=10)
     with pytest.raises(ProbeError, match="exited") as caught:
         unit(*_rows())
     message = str(caught.value)
-    assert "FIRST" in message and "LAST" in message and "20000011 bytes" in message and len(message) < 400
-    assert unit._stderr.size == 20_000_011 and len(unit._stderr.head) + len(unit._stderr.tail) <= 8192
+    assert (
+        "FIRST" in message
+        and "LAST" in message
+        and "20000011 bytes" in message
+        and len(message) < 400
+    )
+    assert (
+        unit._stderr.size == 20_000_011 and len(unit._stderr.head) + len(unit._stderr.tail) <= 8192
+    )
 
 
 def test_subprocess_unit_kills_the_children_it_started(tmp_path):
     pid_file = tmp_path / "child.pid"
-    body = (f"import subprocess, sys\np = subprocess.Popen(['sleep', '60'])\nopen({str(pid_file)!r}, 'w').write(str(p.pid))\n"
-            "sys.stdin.readline(); print('zz', flush=True)\nimport time; time.sleep(60)")
+    body = (
+        f"import subprocess, sys\np = subprocess.Popen(['sleep', '60'])\nopen({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "sys.stdin.readline(); print('zz', flush=True)\nimport time; time.sleep(60)"
+    )
     unit = SubprocessUnit(_script(tmp_path, body), "fp4_e2m1", "fp4_e2m1", timeout=5)
     with pytest.raises(ProbeError, match="not 8 hexadecimal"):
         unit(*_rows())
@@ -461,21 +726,37 @@ def test_subprocess_unit_timeout_is_checked(timeout):
         SubprocessUnit("true", "fp4_e2m1", "fp4_e2m1", timeout=timeout)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--seed", "-1"], "--seed: expected an integer 0..9223372036854775807, got -1"),
-    (["--seed", str(2**63)], "--seed: expected an integer"),
-    (["--report", "{tmp}/no-such-dir/r.json"], "--report"),
-    (["--report", "{tmp}"], "--report"),
-    (["--report", "{tmp}/u.yaml"], "the same file as --out"),
-    (["--out", "{tmp}/missing/u.yaml"], "--out"),
-    (["--out", "{tmp}/" + "x" * 300], "--out"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--seed", "-1"], "--seed: expected an integer 0..9223372036854775807, got -1"),
+        (["--seed", str(2**63)], "--seed: expected an integer"),
+        (["--report", "{tmp}/no-such-dir/r.json"], "--report"),
+        (["--report", "{tmp}"], "--report"),
+        (["--report", "{tmp}/u.yaml"], "the same file as --out"),
+        (["--out", "{tmp}/missing/u.yaml"], "--out"),
+        (["--out", "{tmp}/" + "x" * 300], "--out"),
+    ],
+)
 def test_cli_probe_seed_and_outputs_are_checked_before_any_query(capsys, tmp_path, extra, message):
     asked = tmp_path / "asked"
-    (tmp_path / "unitmod.py").write_text(f"def unit(a, b, sa, sb, c):\n    open({str(asked)!r}, 'w').close()\n"
-                                         "    raise SystemExit(0)\n")
-    argv = ["probe", "--unit", f"{tmp_path / 'unitmod.py'}:unit", "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
-            "--k", "8", "--out", str(tmp_path / "u.yaml")] + [item.replace("{tmp}", str(tmp_path)) for item in extra]
+    (tmp_path / "unitmod.py").write_text(
+        f"def unit(a, b, sa, sb, c):\n    open({str(asked)!r}, 'w').close()\n"
+        "    raise SystemExit(0)\n"
+    )
+    argv = [
+        "probe",
+        "--unit",
+        f"{tmp_path / 'unitmod.py'}:unit",
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "8",
+        "--out",
+        str(tmp_path / "u.yaml"),
+    ] + [item.replace("{tmp}", str(tmp_path)) for item in extra]
     status, _, err = run(capsys, *argv)
     assert status == 2 and err.count("\n") == 1 and message in err
     assert not asked.exists() and not (tmp_path / "u.yaml").exists()
@@ -486,28 +767,66 @@ def test_probe_api_seed_is_checked(seed):
     from mxsim.probe import probe
 
     with pytest.raises(ArgumentError, match="probe: seed"):
-        probe(lambda a, b, sa, sb, c: np.zeros(len(a), np.uint32), "fp4_e2m1", "fp4_e2m1", 8, seed=seed)
+        probe(
+            lambda a, b, sa, sb, c: np.zeros(len(a), np.uint32),
+            "fp4_e2m1",
+            "fp4_e2m1",
+            8,
+            seed=seed,
+        )
 
 
 def test_cli_probe_unit_that_exits_is_one_line(capsys, tmp_path):
     (tmp_path / "exitmod.py").write_text("def unit(a, b, sa, sb, c):\n    raise SystemExit(0)\n")
-    status, out, err = run(capsys, "probe", "--unit", f"{tmp_path / 'exitmod.py'}:unit", "--a-format", "fp4_e2m1",
-                           "--b-format", "fp4_e2m1", "--k", "8", "--out", str(tmp_path / "u.yaml"))
+    status, out, err = run(
+        capsys,
+        "probe",
+        "--unit",
+        f"{tmp_path / 'exitmod.py'}:unit",
+        "--a-format",
+        "fp4_e2m1",
+        "--b-format",
+        "fp4_e2m1",
+        "--k",
+        "8",
+        "--out",
+        str(tmp_path / "u.yaml"),
+    )
     assert status == 2 and err.count("\n") == 1 and "the unit raised SystemExit" in err
     assert not (tmp_path / "u.yaml").exists()
 
 
 def test_subprocess_unit_answering_more_lines_than_asked_is_refused(tmp_path):
     # one write(2) of both lines: a pipe delivers it whole, so the extra line is already there
-    unit = SubprocessUnit(_script(tmp_path, "import os, sys\nfor line in sys.stdin: os.write(1, b'0\\n0\\n')"),
-                          "fp4_e2m1", "fp4_e2m1", timeout=2, chunk=1)
+    unit = SubprocessUnit(
+        _script(tmp_path, "import os, sys\nfor line in sys.stdin: os.write(1, b'0\\n0\\n')"),
+        "fp4_e2m1",
+        "fp4_e2m1",
+        timeout=2,
+        chunk=1,
+    )
     with pytest.raises(ProbeError, match="answered more lines than it was asked"):
         unit(*_rows())
 
 
 def test_cli_usage_errors_echo_a_value_cut_short(capsys, tmp_path):
     with pytest.raises(SystemExit):
-        main(["probe", "--hw", str(OCP), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "8",
-              "--out", str(tmp_path / "u.yaml"), "--seed", "9" * 100 + "x" * 10_000])
+        main(
+            [
+                "probe",
+                "--hw",
+                str(OCP),
+                "--a-format",
+                "fp4_e2m1",
+                "--b-format",
+                "fp4_e2m1",
+                "--k",
+                "8",
+                "--out",
+                str(tmp_path / "u.yaml"),
+                "--seed",
+                "9" * 100 + "x" * 10_000,
+            ]
+        )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) < 250 and "--seed" in err and "9" * 77 + "..." in err

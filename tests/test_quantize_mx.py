@@ -27,6 +27,7 @@ def one_block(values, fmt, **options):
 
 # --- separating vectors (docs/profiles.md §3, vector 2; torchao): block amax -> dequantized max -
 
+
 @pytest.mark.parametrize(
     "fmt, amax, expected",
     [
@@ -74,8 +75,11 @@ def test_mxint8_corners_at_scale_one():
 
 # --- nonfinite, zero, and scale-range policies ------------------------------------------------
 
+
 def test_nan_block_policy_makes_the_whole_block_nan():
-    tensor = quantize(np.array([1.0, np.nan, 2.0, 3.0, 1.0, 2.0], dtype=np.float32), "fp8_e4m3", block_size=3)
+    tensor = quantize(
+        np.array([1.0, np.nan, 2.0, 3.0, 1.0, 2.0], dtype=np.float32), "fp8_e4m3", block_size=3
+    )
     assert tensor.scales.tolist() == [0xFF, 127 + 1 - 8]  # amax 3: E = 1, emax 8
     out = tensor.dequantize()
     assert np.isnan(out[:3]).all()
@@ -87,7 +91,9 @@ def test_propagate_keeps_other_elements():
     out = fake_quantize(x, "fp4_e2m1", block_size=4, nonfinite="propagate")
     # amax over the finite values is 3: X = 1 - 2 = -1; NaN and Inf come back unchanged.
     assert np.isnan(out[0]) and out[1:].tolist() == [3.0, np.inf, 1.0]
-    e5m2 = quantize(x, "fp8_e5m2", block_size=4, nonfinite="propagate", element_overflow="inf_nan").dequantize()
+    e5m2 = quantize(
+        x, "fp8_e5m2", block_size=4, nonfinite="propagate", element_overflow="inf_nan"
+    ).dequantize()
     assert np.isnan(e5m2[0]) and e5m2[1:].tolist() == [3.0, np.inf, 1.0]
     with pytest.raises(MxsimError, match="no NaN code"):
         quantize(x, "fp4_e2m1", block_size=4, nonfinite="propagate")
@@ -107,10 +113,16 @@ def test_scale_underflow_clamp_versus_unclamped():
     clamped = fake_quantize(x, "fp8_e4m3", block_size=2)
     unclamped = fake_quantize(x, "fp8_e4m3", block_size=2, scale_underflow="unclamped")
     assert unclamped.tolist() == x.tolist()  # the ideal scale 2^-138 keeps them exact
-    assert clamped.tolist() == [2.0**-130, 2.0**-131]  # within e4m3 subnormals of 2^-127: still exact
+    assert clamped.tolist() == [
+        2.0**-130,
+        2.0**-131,
+    ]  # within e4m3 subnormals of 2^-127: still exact
     tiny = np.array([2.0**-140, 3 * 2.0**-141])
     assert fake_quantize(tiny, "fp8_e4m3", block_size=2)[0] == 0.0  # below 2^-136: flushed
-    assert fake_quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped").tolist() == tiny.tolist()
+    assert (
+        fake_quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped").tolist()
+        == tiny.tolist()
+    )
     with pytest.raises(MxsimError, match="fake_quantize"):
         quantize(tiny, "fp8_e4m3", block_size=2, scale_underflow="unclamped")
 
@@ -131,8 +143,12 @@ def test_zero_signs():
         assert np.signbit(out[1:]).astype(int).tolist() == expected, rule
     # INT8 has one zero code (+0); "input" restores the sign; other formats are unaffected.
     assert np.signbit(fake_quantize(x, "int8", block_size=4)[1:]).tolist() == [False] * 3
-    assert np.signbit(fake_quantize(x, "int8", block_size=4, zero_signs=(("int8", "input"),))[1:]).all()
-    assert np.signbit(fake_quantize(x, "fp4_e2m1", block_size=4, zero_signs=(("int8", "positive"),))[1:]).all()
+    assert np.signbit(
+        fake_quantize(x, "int8", block_size=4, zero_signs=(("int8", "input"),))[1:]
+    ).all()
+    assert np.signbit(
+        fake_quantize(x, "fp4_e2m1", block_size=4, zero_signs=(("int8", "positive"),))[1:]
+    ).all()
     with pytest.raises(MxsimError, match="zero sign rule"):
         QuantOptions(zero_signs=(("int8", "negative"),))
 
@@ -146,11 +162,20 @@ def test_inf_field_and_even_rounding_to_inf():
     # even, fp4_e2m1 (p = 1): amax = 1.75 * 2^127 rounds to 2^128, float32's Inf pattern, so
     # the block behaves as if it held an Inf: NaN block, X = 127, or X = 128 - 2 = 126.
     y = np.array([1.75 * 2.0**127, 2.0**124], dtype=np.float32)
-    for nonfinite, code in [("nan_block", 0xFF), ("inf_scale_max", 254), ("inf_field", 253), ("propagate", 253)]:
-        assert quantize(y, "fp4_e2m1", block_size=2, scale_rule="even", nonfinite=nonfinite).scales.tolist() == [code]
+    for nonfinite, code in [
+        ("nan_block", 0xFF),
+        ("inf_scale_max", 254),
+        ("inf_field", 253),
+        ("propagate", 253),
+    ]:
+        assert quantize(
+            y, "fp4_e2m1", block_size=2, scale_rule="even", nonfinite=nonfinite
+        ).scales.tolist() == [code]
     # Just below the rounding threshold (1.7499999 * 2^127) nothing changes: X = 127 - 2.
     below = np.array([np.nextafter(np.float32(1.75 * 2.0**127), np.float32(0))], np.float32)
-    assert quantize(below, "fp4_e2m1", block_size=1, scale_rule="even", nonfinite="inf_scale_max").scales.tolist() == [252]
+    assert quantize(
+        below, "fp4_e2m1", block_size=1, scale_rule="even", nonfinite="inf_scale_max"
+    ).scales.tolist() == [252]
 
 
 def test_int8_min_step_and_min_scale_element_exponent():
@@ -161,8 +186,10 @@ def test_int8_min_step_and_min_scale_element_exponent():
     raised = quantize(x, "int8", block_size=2, int8_min_step_exponent=-126)
     assert raised.scale_exponents.tolist() == [-120]
     assert raised.dequantize().tolist() == [2.0**-125, 2.0**-125]
-    assert fake_quantize(x, "fp4_e2m1", block_size=2, int8_min_step_exponent=-126).tolist() == \
-        fake_quantize(x, "fp4_e2m1", block_size=2).tolist()  # INT8 only
+    assert (
+        fake_quantize(x, "fp4_e2m1", block_size=2, int8_min_step_exponent=-126).tolist()
+        == fake_quantize(x, "fp4_e2m1", block_size=2).tolist()
+    )  # INT8 only
     # A block whose scale is 2^-127 (fp8_e4m3: amax < 2^-119) encodes x * 2^126 but keeps
     # the scale: 2^-121 -> 32 = code 0x60, read back as 32 * 2^-127 = 2^-122.
     z = np.array([2.0**-121], dtype=np.float32)
@@ -170,7 +197,9 @@ def test_int8_min_step_and_min_scale_element_exponent():
     assert tensor.scales.tolist() == [0] and tensor.codes.tolist() == [0x60]
     assert tensor.dequantize().tolist() == [2.0**-122]
     # k = 0: elements unscaled, so 2^-121 is far below e4m3's smallest subnormal: 0.
-    assert fake_quantize(z, "fp8_e4m3", block_size=1, min_scale_element_exponent=0).tolist() == [0.0]
+    assert fake_quantize(z, "fp8_e4m3", block_size=1, min_scale_element_exponent=0).tolist() == [
+        0.0
+    ]
 
 
 def test_rceil_from_float_log2():
@@ -179,20 +208,28 @@ def test_rceil_from_float_log2():
     # log2 (1.7e-7) is nonzero, ceil 1.  The exact rule agrees on both.
     for amax, code in [(448.0, 127), (float(np.nextafter(np.float32(448), np.float32(1e9))), 128)]:
         x = np.array([amax], np.float32)
-        assert quantize(x, "fp8_e4m3", block_size=1, scale_rule="rceil", exponent_source="log2").scales.tolist() == [code]
+        assert quantize(
+            x, "fp8_e4m3", block_size=1, scale_rule="rceil", exponent_source="log2"
+        ).scales.tolist() == [code]
         assert quantize(x, "fp8_e4m3", block_size=1, scale_rule="rceil").scales.tolist() == [code]
     # amax = 2^-140: the float32 quotient 2^-140 / 448 = 1.14 * 2^-149 rounds to the
     # subnormal 2^-149, log2 -149, clamped to -127.
-    assert quantize(np.array([2.0**-140], np.float32), "fp8_e4m3", block_size=1, profile="torchao-rceil").scales.tolist() == [0]
+    assert quantize(
+        np.array([2.0**-140], np.float32), "fp8_e4m3", block_size=1, profile="torchao-rceil"
+    ).scales.tolist() == [0]
 
 
 def test_scale_overflow_nan_or_clamp():
     x = np.array([2.0**127 * 1.5, 1.0], dtype=np.float32)
     assert quantize(x, "int8", block_size=2, scale_rule="ceil").scales[0] == 0xFF
-    assert quantize(x, "int8", block_size=2, scale_rule="ceil", scale_overflow="clamp").scales[0] == 254
+    assert (
+        quantize(x, "int8", block_size=2, scale_rule="ceil", scale_overflow="clamp").scales[0]
+        == 254
+    )
 
 
 # --- shapes, axes, padding ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
 def test_any_axis_round_trips_shape_and_matches_per_block(axis):
@@ -206,10 +243,14 @@ def test_any_axis_round_trips_shape_and_matches_per_block(axis):
     for index in np.ndindex(tensor.scales.shape):
         *outer, block = index
         chunk = list(moved[tuple(outer)][block * 4 : (block + 1) * 4]) + [0.0] * 4
-        exponent, codes = quantize_block_reference([float(v) for v in chunk[:4]], get_format("fp8_e5m2"), QuantOptions())
+        exponent, codes = quantize_block_reference(
+            [float(v) for v in chunk[:4]], get_format("fp8_e5m2"), QuantOptions()
+        )
         assert tensor.scales[index] == exponent + 127
         values = tensor.block_values(index)
-        assert [float(v) for v in values[: len(codes)]] == [float(get_format("fp8_e5m2").value_of(c)) * 2.0**exponent for c in codes]
+        assert [float(v) for v in values[: len(codes)]] == [
+            float(get_format("fp8_e5m2").value_of(c)) * 2.0**exponent for c in codes
+        ]
 
 
 def test_quark_names_and_float_dtypes():
@@ -217,14 +258,17 @@ def test_quark_names_and_float_dtypes():
     for dtype in (np.float16, np.float32, np.float64):
         assert isinstance(quantize(x.astype(dtype), "MXFP6E2M3"), MXTensor)
     np.testing.assert_array_equal(
-        quantize(x.astype(np.float32), "MXFP6E2M3").dequantize(), quantize(x.astype(np.float32), "fp6_e2m3").dequantize()
+        quantize(x.astype(np.float32), "MXFP6E2M3").dequantize(),
+        quantize(x.astype(np.float32), "fp6_e2m3").dequantize(),
     )
 
 
 def test_dequantize_float32_is_the_rounded_exact_value():
     x = np.random.default_rng(4).standard_normal(256).astype(np.float32)
     tensor = quantize(x, "fp8_e4m3")
-    np.testing.assert_array_equal(tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32))
+    np.testing.assert_array_equal(
+        tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32)
+    )
 
 
 def test_bad_arguments_get_clear_errors():
@@ -258,8 +302,25 @@ block_values = st.lists(
     st.one_of(
         st.floats(-1e6, 1e6, width=32),
         st.floats(allow_nan=False, allow_infinity=False, width=32),
-        st.sampled_from([0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, 448.0, 464.0, 6.0, 7.0, 480.0,
-                         1.75 * 2.0**127, 1.9375 * 2.0**127, 2.0**-127, 2.0**-121]),
+        st.sampled_from(
+            [
+                0.0,
+                -0.0,
+                np.inf,
+                -np.inf,
+                np.nan,
+                2.0**-149,
+                448.0,
+                464.0,
+                6.0,
+                7.0,
+                480.0,
+                1.75 * 2.0**127,
+                1.9375 * 2.0**127,
+                2.0**-127,
+                2.0**-121,
+            ]
+        ),
     ),
     min_size=1,
     max_size=9,
@@ -330,7 +391,13 @@ PROFILE_VECTORS = [
     (15, "quark-onnx", "fp8_e5m2", [2.0**-140], [2.0**-140]),
     (16, "ocp", "fp8_e4m3", [np.nan, 1.0], [np.nan, np.nan]),
     (16, "quark-onnx", "fp8_e4m3", [np.nan, 1.0], [np.nan, 1.0]),
-    (17, "torchao", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**120, 0.0]),  # torchao 0.18: Inf reads as 2^128
+    (
+        17,
+        "torchao",
+        "fp8_e4m3",
+        [np.inf, 1.0],
+        [448.0 * 2.0**120, 0.0],
+    ),  # torchao 0.18: Inf reads as 2^128
     (17, "quark", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**127, 0.0]),  # float32: +Inf
     (17, "gfloat", "fp8_e4m3", [np.inf, 1.0], [448.0 * 2.0**127, 0.0]),
     (18, "quark", "int8", [np.inf, 1.0], [127 * 2.0**121, 0.0]),
@@ -342,7 +409,9 @@ PROFILE_VECTORS = [
 
 @pytest.mark.parametrize("vector, profile, fmt, block, expected", PROFILE_VECTORS)
 def test_profile_vectors(vector, profile, fmt, block, expected):
-    got = fake_quantize(np.array(block, dtype=np.float32), fmt, block_size=len(block), profile=profile)
+    got = fake_quantize(
+        np.array(block, dtype=np.float32), fmt, block_size=len(block), profile=profile
+    )
     np.testing.assert_array_equal(got, np.array(expected), err_msg=f"vector {vector}")
 
 
@@ -388,12 +457,18 @@ def test_one_kernel_signature_for_every_input_width_and_output_dtype():
     counts = []  # compiled signatures after each input width (other tests may have added their own)
     for dtype in (np.float16, np.float32, np.float64):
         tensor = quantize(x.astype(dtype), "fp8_e4m3", axis=1)
-        np.testing.assert_array_equal(tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32))
-        counts.append((len(_kernels.quantize_blocks.signatures), len(_kernels.dequantize_blocks.signatures)))
+        np.testing.assert_array_equal(
+            tensor.dequantize(np.float32), tensor.dequantize().astype(np.float32)
+        )
+        counts.append(
+            (len(_kernels.quantize_blocks.signatures), len(_kernels.dequantize_blocks.signatures))
+        )
     assert counts[0] == counts[1] == counts[2], (counts, _kernels.quantize_blocks.signatures)
 
 
-@pytest.mark.parametrize("shape, axis", [((0, 32), -1), ((4, 0), -1), ((0, 5), 1), ((2, 0, 3), 1), ((0,), 0)])
+@pytest.mark.parametrize(
+    "shape, axis", [((0, 32), -1), ((4, 0), -1), ((0, 5), 1), ((2, 0, 3), 1), ((0,), 0)]
+)
 def test_empty_input_gives_an_empty_result_of_the_same_shape(shape, axis):
     x = np.zeros(shape, np.float32)
     out = fake_quantize(x, "fp8_e4m3", axis=axis)
@@ -402,16 +477,22 @@ def test_empty_input_gives_an_empty_result_of_the_same_shape(shape, axis):
     assert tensor.shape == shape and tensor.dequantize().shape == shape
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"profile": ["ocp"]}, "unknown profile ['ocp']"),
-    ({"scale_rule": ["floor"]}, "unknown value for option scale_rule ['floor']"),
-    ({"nonfinite": {"a": 1}}, "unknown value for option nonfinite {'a': 1}"),
-    ({"block_size": 0}, "quantize: block_size: expected an integer 1..4096, got 0"),
-    ({"block_size": 10**12}, "quantize: block_size: expected an integer 1..4096, got 1000000000000"),
-    ({"block_size": 2.0}, "quantize: block_size: expected an integer 1..4096, got 2.0"),
-    ({"axis": 1.0}, "quantize: axis: expected an integer -2..1, got 1.0"),
-    ({"seed": -1}, "option seed must be an integer 0..2**63-1, got -1"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"profile": ["ocp"]}, "unknown profile ['ocp']"),
+        ({"scale_rule": ["floor"]}, "unknown value for option scale_rule ['floor']"),
+        ({"nonfinite": {"a": 1}}, "unknown value for option nonfinite {'a': 1}"),
+        ({"block_size": 0}, "quantize: block_size: expected an integer 1..4096, got 0"),
+        (
+            {"block_size": 10**12},
+            "quantize: block_size: expected an integer 1..4096, got 1000000000000",
+        ),
+        ({"block_size": 2.0}, "quantize: block_size: expected an integer 1..4096, got 2.0"),
+        ({"axis": 1.0}, "quantize: axis: expected an integer -2..1, got 1.0"),
+        ({"seed": -1}, "option seed must be an integer 0..2**63-1, got -1"),
+    ],
+)
 def test_bad_arguments_are_mxsim_errors(options, message):
     with pytest.raises(MxsimError) as caught:
         fake_quantize(np.ones((2, 32), np.float32), "fp8_e4m3", **options)
@@ -428,7 +509,9 @@ def test_lists_of_numbers_are_read_and_other_lists_refused():
 
 def test_tensors_over_the_memory_budget_are_refused(monkeypatch):
     monkeypatch.setenv("MXSIM_MAX_BYTES", "1K")
-    with pytest.raises(MxsimError, match="quantize: the blocked tensor needs 2 KiB, more than the memory budget"):
+    with pytest.raises(
+        MxsimError, match="quantize: the blocked tensor needs 2 KiB, more than the memory budget"
+    ):
         fake_quantize(np.ones((8, 1), np.float32), "fp8_e4m3", block_size=32)
 
 
@@ -436,7 +519,9 @@ def _tf32_value(code: int, scale_code: int) -> float:
     """A tf32 field code (1 + 8 + 10 bits) times 2^(scale - 127), by hand (finite codes only)."""
     sign = -1.0 if code >> 18 else 1.0
     exponent, mantissa = (code >> 10) & 0xFF, code & 0x3FF
-    magnitude = math.ldexp(mantissa, -149) if exponent == 0 else math.ldexp(1024 + mantissa, exponent - 137)
+    magnitude = (
+        math.ldexp(mantissa, -149) if exponent == 0 else math.ldexp(1024 + mantissa, exponent - 137)
+    )
     return sign * math.ldexp(magnitude, scale_code - 127)
 
 
@@ -451,7 +536,10 @@ def test_wide_element_formats_dequantize(name):
         np.testing.assert_array_equal(out, x.astype(np.float64))
     else:
         scales = np.repeat(tensor.scales.reshape(4, -1), 32, axis=1)
-        expected = [[_tf32_value(int(c), int(s)) for c, s in zip(row, srow)] for row, srow in zip(tensor.codes, scales)]
+        expected = [
+            [_tf32_value(int(c), int(s)) for c, s in zip(row, srow)]
+            for row, srow in zip(tensor.codes, scales)
+        ]
         np.testing.assert_array_equal(out, np.array(expected))
         assert np.max(np.abs(out - x) / np.abs(x)) <= 2.0**-11  # 10 fraction bits, nearest
     np.testing.assert_array_equal(fake_quantize(x, name), out)
@@ -467,8 +555,12 @@ def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
     tensor = quantize(x, name, tensor_scale_exponent=0, element_overflow="inf_nan")
     np.testing.assert_array_equal(tensor.dequantize(), x.astype(target).astype(np.float64))
     assert tensor.tensor_scale_exponent == 0 and (tensor.scales == 127).all()
-    shifted = quantize(x, name, tensor_scale_exponent=-3, element_overflow="inf_nan")  # x * 2^3, rounded
-    np.testing.assert_array_equal(shifted.dequantize(), (x * 8).astype(target).astype(np.float64) / 8)
+    shifted = quantize(
+        x, name, tensor_scale_exponent=-3, element_overflow="inf_nan"
+    )  # x * 2^3, rounded
+    np.testing.assert_array_equal(
+        shifted.dequantize(), (x * 8).astype(target).astype(np.float64) / 8
+    )
     with pytest.raises(ArgumentError, match="tensor_scale_exponent"):
         quantize(x, name, tensor_scale_exponent=200)
 
@@ -477,8 +569,10 @@ def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1", "int8"])
-@pytest.mark.parametrize("scaling", [{}, {"per_tensor_scale": True}, {"tensor_scale_exponent": 0},
-                                     {"tensor_scale_exponent": -3}])
+@pytest.mark.parametrize(
+    "scaling",
+    [{}, {"per_tensor_scale": True}, {"tensor_scale_exponent": 0}, {"tensor_scale_exponent": -3}],
+)
 def test_quantize_groups_equals_group_by_group(fmt, scaling):
     rng = np.random.default_rng(11)
     # groups of very different magnitudes (per-tensor exponents differ), K not a multiple of the block
@@ -487,37 +581,54 @@ def test_quantize_groups_equals_group_by_group(fmt, scaling):
     assert len(got) == 5
     for group, tensor in zip(x, got):
         alone = quantize(group, fmt, axis=1, block_size=16, **scaling)
-        assert tensor.shape == alone.shape and tensor.padding == alone.padding and tensor.axis == alone.axis
+        assert (
+            tensor.shape == alone.shape
+            and tensor.padding == alone.padding
+            and tensor.axis == alone.axis
+        )
         assert tensor.tensor_scale_exponent == alone.tensor_scale_exponent
-        assert np.array_equal(tensor.codes, alone.codes) and np.array_equal(tensor.scales, alone.scales)
+        assert np.array_equal(tensor.codes, alone.codes) and np.array_equal(
+            tensor.scales, alone.scales
+        )
         assert np.array_equal(tensor.dequantize(), alone.dequantize())
 
 
 def test_quantize_groups_edges():
-    assert [t.codes.shape for t in quantize_groups(np.zeros((2, 0, 8)), "fp8_e4m3", per_tensor_scale=True)] == \
-        [(0, 32), (0, 32)]
+    assert [
+        t.codes.shape
+        for t in quantize_groups(np.zeros((2, 0, 8)), "fp8_e4m3", per_tensor_scale=True)
+    ] == [(0, 32), (0, 32)]
     assert quantize_groups(np.zeros((0, 3, 8)), "fp8_e4m3") == []
     with pytest.raises(MxsimError, match="finite"):
-        quantize_groups(np.array([[[1.0, np.inf]], [[1.0, 2.0]]]), "fp8_e4m3", per_tensor_scale=True)
+        quantize_groups(
+            np.array([[[1.0, np.inf]], [[1.0, 2.0]]]), "fp8_e4m3", per_tensor_scale=True
+        )
     with pytest.raises(MxsimError, match="stochastic"):
         quantize_groups(np.ones((2, 2, 4)), "fp8_e4m3", element_rounding="stochastic")
     with pytest.raises(MxsimError, match="groups, rows, K"):
         quantize_groups(np.ones((2, 4)), "fp8_e4m3")
+
+
 def test_a_scale_format_is_not_an_element_format():
     # e8m0 quantized [1, -2, 0, 3] to [1, nan, 6.9e-77, 2] before
     for function in (fake_quantize, quantize):
-        with pytest.raises(ArgumentError, match="e8m0 is not an element format .* accepted: fp8_e4m3, .*fp4_e2m1"):
+        with pytest.raises(
+            ArgumentError, match="e8m0 is not an element format .* accepted: fp8_e4m3, .*fp4_e2m1"
+        ):
             function(np.array([1.0, -2.0, 0.0, 3.0]), "e8m0")
 
 
 # --- the encode table: the codes of encode_bits, element by element --------------------------
+
 
 def _mixed_blocks(dtype, every_float16: bool):
     """Blocks of mixed magnitudes: values over a wide exponent range, zeros and subnormals of
     ``dtype``, and with ``every_float16`` every finite float16 (as ``dtype``) in random order."""
     rng = np.random.default_rng(11)
     span = 12 if dtype == np.float16 else 120 if dtype == np.float32 else 600
-    wide = (rng.standard_normal(2048) * np.exp2(rng.integers(-span, span, 2048).astype(float))).astype(dtype)
+    wide = (
+        rng.standard_normal(2048) * np.exp2(rng.integers(-span, span, 2048).astype(float))
+    ).astype(dtype)
     wide[::17] = 0.0
     wide[::19] = np.finfo(dtype).smallest_subnormal * rng.integers(-3, 4, wide[::19].size)
     if every_float16:
@@ -544,14 +655,24 @@ def test_encode_table_gives_the_codes_of_encode_bits(dtype, monkeypatch):
                 every = (rounding, overflow) == ("nearest_even", "saturate")
                 x = _mixed_blocks(dtype, every_float16=every)
                 scalings = [{"block_size": 32}, {"per_tensor_scale": True}]
-                for options in scalings if every else scalings[cases % 2:][:1]:  # the others alternate
+                for options in (
+                    scalings if every else scalings[cases % 2 :][:1]
+                ):  # the others alternate
                     got = []
                     for encode_table in (with_table, lambda *args: (mx._NO_TABLE, 0, 0, 0)):
                         monkeypatch.setattr(mx, "_encode_table", encode_table)
-                        tensor = quantize(x, name, axis=1, element_rounding=rounding, element_overflow=overflow,
-                                          **options)
+                        tensor = quantize(
+                            x,
+                            name,
+                            axis=1,
+                            element_rounding=rounding,
+                            element_overflow=overflow,
+                            **options,
+                        )
                         got.append((tensor.codes, tensor.scales, tensor.tensor_scale_exponent))
-                    np.testing.assert_array_equal(got[0][0], got[1][0], err_msg=f"{name} {rounding} {overflow}")
+                    np.testing.assert_array_equal(
+                        got[0][0], got[1][0], err_msg=f"{name} {rounding} {overflow}"
+                    )
                     assert np.array_equal(got[0][1], got[1][1]) and got[0][2] == got[1][2]
                     cases += 1
                     tables += with_table(get_format(name), 0, 0, np.finfo(dtype).nmant)[0].size > 0
@@ -579,9 +700,15 @@ def test_quantize_at_scales_nan_blocks_and_refusals():
     from mxsim.quantize import quantize_at_scales
 
     x = np.array([[1.0, np.nan, 2.0, 3.0], [1.0, 2.0, 4.0, np.inf]], np.float32)
-    tensor = quantize_at_scales(x, "fp8_e4m3", np.array([[0xFF, 127], [127, 0xFF]], np.uint8), axis=1, block_size=2)
+    tensor = quantize_at_scales(
+        x, "fp8_e4m3", np.array([[0xFF, 127], [127, 0xFF]], np.uint8), axis=1, block_size=2
+    )
     values = tensor.dequantize()
-    assert np.isnan(values[0, :2]).all() and values[0, 2:].tolist() == [2.0, 3.0] and values[1, :2].tolist() == [1, 2]
+    assert (
+        np.isnan(values[0, :2]).all()
+        and values[0, 2:].tolist() == [2.0, 3.0]
+        and values[1, :2].tolist() == [1, 2]
+    )
     with pytest.raises(MxsimError, match="NaN or Inf element"):
         quantize_at_scales(x, "fp8_e4m3", np.full((2, 2), 127, np.uint8), axis=1, block_size=2)
     with pytest.raises(MxsimError, match=r"uint8 of shape \(2, 2\)"):

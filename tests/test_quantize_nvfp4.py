@@ -23,8 +23,9 @@ def _twin_matches(x: np.ndarray, tensor_scale, **options) -> None:
     tensor = quantize_nvfp4(x, tensor_scale, **options)
     rows = x.reshape(-1, 16)
     for i, row in enumerate(rows):
-        scale_code, codes = quantize_nvfp4_reference([float(v) for v in row], tensor.tensor_scale, E2M1, UE4M3,
-                                                     **options)
+        scale_code, codes = quantize_nvfp4_reference(
+            [float(v) for v in row], tensor.tensor_scale, E2M1, UE4M3, **options
+        )
         assert tensor.scales.reshape(-1)[i] == scale_code, (row, tensor_scale)
         assert tensor.codes.reshape(-1, 16)[i].tolist() == codes, (row, tensor_scale)
 
@@ -39,7 +40,11 @@ def test_realistic_and_corner_blocks_match_the_twin():
     x[0, :16] = 0.0
     x[1, :16] = -0.0
     _twin_matches(x, None)
-    for t in (tensor_scale_from_amax(np.abs(x[np.isfinite(x)]).max()), 2.0**-100, float(np.float32(3e30))):
+    for t in (
+        tensor_scale_from_amax(np.abs(x[np.isfinite(x)]).max()),
+        2.0**-100,
+        float(np.float32(3e30)),
+    ):
         _twin_matches(x, t)
 
 
@@ -51,7 +56,9 @@ def test_realistic_and_corner_blocks_match_the_twin():
     scale_rounding=st.sampled_from(NVFP4_ROUNDINGS),
     element_rounding=st.sampled_from(NVFP4_ROUNDINGS),
 )
-def test_hypothesis_blocks_match_the_twin(bits, exponent_shift, tensor_scale, scale_rounding, element_rounding):
+def test_hypothesis_blocks_match_the_twin(
+    bits, exponent_shift, tensor_scale, scale_rounding, element_rounding
+):
     x = np.array(bits, dtype=np.uint32).view(np.float32)
     x = _finite(x)
     x = np.where(np.abs(x) < 1e30, x * np.float32(2.0**exponent_shift), x).astype(np.float32)
@@ -63,7 +70,12 @@ def test_worked_example():
     x = np.array([6.0, -2.5, 0.25, 1.25] + [0.0] * 12, dtype=np.float32)
     tensor = quantize_nvfp4(x)
     assert tensor.scales.tolist() == [0x38]
-    assert E2M1.decode(tensor.codes[:4]).tolist() == [6.0, -2.0, 0.0, 1.0]  # 2.5 and 1.25 tie to even, 0.25 to 0
+    assert E2M1.decode(tensor.codes[:4]).tolist() == [
+        6.0,
+        -2.0,
+        0.0,
+        1.0,
+    ]  # 2.5 and 1.25 tie to even, 0.25 to 0
     # an all-zero block takes the clamp's scale 2^-6; Inf saturates to 6 with scale 448
     assert quantize_nvfp4(np.zeros(16, np.float32)).scales.tolist() == [0x08]
     inf = quantize_nvfp4(np.array([np.inf] + [1.0] * 15, dtype=np.float32))
@@ -79,26 +91,34 @@ def test_dequantize_rounds_as_float32_and_exact_values_do_not():
     exact = E2M1.decode(tensor.codes) * scales * float(np.float32(t))
     np.testing.assert_array_equal(tensor.exact_values(), exact)
     step = (np.float32(t) * scales.astype(np.float32)).astype(np.float32)
-    np.testing.assert_array_equal(tensor.dequantize(), E2M1.decode(tensor.codes).astype(np.float32) * step)
+    np.testing.assert_array_equal(
+        tensor.dequantize(), E2M1.decode(tensor.codes).astype(np.float32) * step
+    )
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: quantize_nvfp4(np.zeros(16)), "float32"),
-    (lambda: quantize_nvfp4([1.0] * 16), "float32"),
-    (lambda: quantize_nvfp4(np.zeros(15, np.float32)), "multiple of 16"),
-    (lambda: quantize_nvfp4(np.full(16, np.nan, np.float32)), "NaN"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), 0.0), "tensor_scale"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), np.inf), "tensor_scale"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), 0.1), "tensor_scale"),  # not a float32
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), True), "tensor_scale"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), profile="nope"), "torchao"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), scale_rounding="stochastic"), "nearest_even"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), scale_format="e8m0"), "significand"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), element_format="fp32"), "element format"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), colour="red"), "block_size"),
-    (lambda: tensor_scale_from_amax(-1.0), "amax"),
-    (lambda: quantize_nvfp4(np.zeros(16, np.float32), 2.0**-130), "overflows float32"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: quantize_nvfp4(np.zeros(16)), "float32"),
+        (lambda: quantize_nvfp4([1.0] * 16), "float32"),
+        (lambda: quantize_nvfp4(np.zeros(15, np.float32)), "multiple of 16"),
+        (lambda: quantize_nvfp4(np.full(16, np.nan, np.float32)), "NaN"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), 0.0), "tensor_scale"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), np.inf), "tensor_scale"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), 0.1), "tensor_scale"),  # not a float32
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), True), "tensor_scale"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), profile="nope"), "torchao"),
+        (
+            lambda: quantize_nvfp4(np.zeros(16, np.float32), scale_rounding="stochastic"),
+            "nearest_even",
+        ),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), scale_format="e8m0"), "significand"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), element_format="fp32"), "element format"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), colour="red"), "block_size"),
+        (lambda: tensor_scale_from_amax(-1.0), "amax"),
+        (lambda: quantize_nvfp4(np.zeros(16, np.float32), 2.0**-130), "overflows float32"),
+    ],
+)
 def test_bad_arguments_get_clear_errors(call, message):
     with pytest.raises(MxsimError, match=message):
         call()
@@ -107,8 +127,26 @@ def test_bad_arguments_get_clear_errors(call, message):
 # ----------------------------------------------------------------------------- hostile arguments
 
 
-@pytest.mark.parametrize("scale", [np.array([0.5]), [0.5], (0.5,), 1 + 0j, 10**400, -(10**400), "0.5", b"0.5", True,
-                                   None.__class__, 0, -0.5, float("nan"), float("inf"), 1e39])
+@pytest.mark.parametrize(
+    "scale",
+    [
+        np.array([0.5]),
+        [0.5],
+        (0.5,),
+        1 + 0j,
+        10**400,
+        -(10**400),
+        "0.5",
+        b"0.5",
+        True,
+        None.__class__,
+        0,
+        -0.5,
+        float("nan"),
+        float("inf"),
+        1e39,
+    ],
+)
 def test_tensor_scale_of_the_wrong_type_or_range_is_refused(scale):
     with pytest.raises(ArgumentError, match="tensor_scale") as caught:
         quantize_nvfp4(np.ones((2, 16), np.float32), scale)
@@ -117,7 +155,9 @@ def test_tensor_scale_of_the_wrong_type_or_range_is_refused(scale):
 
 @pytest.mark.parametrize("scale", [0.5, np.float32(0.1), np.float64(0.25), 2, np.int64(3)])
 def test_tensor_scale_of_any_real_number_type_holding_a_float32(scale):
-    assert quantize_nvfp4(np.ones((2, 16), np.float32), scale).tensor_scale == float(np.float32(scale))
+    assert quantize_nvfp4(np.ones((2, 16), np.float32), scale).tensor_scale == float(
+        np.float32(scale)
+    )
 
 
 @pytest.mark.parametrize("amax", [1e-45, 1e-42, np.float32(1e-45)])
@@ -126,7 +166,9 @@ def test_tensor_scale_from_an_amax_that_underflows_is_refused(amax):
         tensor_scale_from_amax(amax)
 
 
-@pytest.mark.parametrize("amax", ["0.5", [1.0], np.array(1.0), 1 + 0j, 10**400, True, 0, -1.0, float("nan")])
+@pytest.mark.parametrize(
+    "amax", ["0.5", [1.0], np.array(1.0), 1 + 0j, 10**400, True, 0, -1.0, float("nan")]
+)
 def test_tensor_scale_from_amax_refuses_what_is_no_positive_number(amax):
     with pytest.raises(ArgumentError, match="amax"):
         tensor_scale_from_amax(amax)
@@ -146,11 +188,15 @@ def test_empty_input_gives_empty_codes_and_scales(shape):
 
 def test_masked_array_is_refused():
     with pytest.raises(ArgumentError, match="masked"):
-        quantize_nvfp4(np.ma.masked_array(np.ones((2, 16), np.float32), mask=[[True] * 16, [False] * 16]))
+        quantize_nvfp4(
+            np.ma.masked_array(np.ones((2, 16), np.float32), mask=[[True] * 16, [False] * 16])
+        )
 
 
 def test_budget_is_checked_before_any_copy(monkeypatch):
     monkeypatch.setenv("MXSIM_MAX_BYTES", "1M")
-    huge = np.broadcast_to(np.float16(1), (1 << 20, 1 << 14))  # 32 GiB as float16, no memory behind it
+    huge = np.broadcast_to(
+        np.float16(1), (1 << 20, 1 << 14)
+    )  # 32 GiB as float16, no memory behind it
     with pytest.raises(BudgetError):
         quantize_nvfp4(huge)

@@ -22,7 +22,9 @@ def test_fp6_four_codes_in_three_bytes():
 
 @given(bits=st.integers(1, 8), data=st.data())
 def test_round_trip(bits, data):
-    codes = np.array(data.draw(st.lists(st.integers(0, (1 << bits) - 1), max_size=50)), dtype=np.uint8)
+    codes = np.array(
+        data.draw(st.lists(st.integers(0, (1 << bits) - 1), max_size=50)), dtype=np.uint8
+    )
     packed = pack_codes(codes, bits)
     assert packed.size == (codes.size * bits + 7) // 8
     np.testing.assert_array_equal(unpack_codes(packed, bits, codes.size), codes)

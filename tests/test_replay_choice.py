@@ -16,7 +16,10 @@ from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
 from mxsim.trace import Layer, MXQuant, Trace, load_trace
 
-HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch")}
+HW = {
+    name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    for name in ("ocp-exact", "h100-fp8", "kulisch")
+}
 
 
 def test_a_spec_the_unit_cannot_take_is_replaced_and_marked():
@@ -39,7 +42,9 @@ def test_a_spec_the_unit_cannot_take_is_replaced_and_marked():
     assert report["layers"][0]["results"][1]["status"] == "replaced"
     with pytest.raises(MxsimError, match="cannot take fp4_e2m1.*strict"):
         replay(trace, [HW["ocp-exact"], HW["h100-fp8"]], strict=True)
-    assert replay(trace, [HW["ocp-exact"]], strict=True)["totals"]["ocp-exact"]["rows"]["model"] == 1
+    assert (
+        replay(trace, [HW["ocp-exact"]], strict=True)["totals"]["ocp-exact"]["rows"]["model"] == 1
+    )
 
 
 def test_an_added_operand_takes_a_format_that_pairs_with_the_other():
@@ -51,24 +56,34 @@ def test_an_added_operand_takes_a_format_that_pairs_with_the_other():
     layer.quant["weight"] = None
     result = run_layer(layer, h100)
     assert (result.input.format, result.weight.format) == ("fp8_e5m2", "fp8_e4m3")
-    assert result.weight.status == "added" and "fp8_e4m3, the first format pairing with the input's fp8_e5m2" in result.weight.note
+    assert (
+        result.weight.status == "added"
+        and "fp8_e4m3, the first format pairing with the input's fp8_e5m2" in result.weight.note
+    )
     qa = quantize(layer.input, "fp8_e5m2", axis=1, per_tensor_scale=True)
     qb = quantize(layer.weight.T, "fp8_e4m3", axis=0, per_tensor_scale=True)
     np.testing.assert_array_equal(result.bits[0], matmul(h100, qa, qb).bits)
-    with pytest.raises(MxsimError, match=r"^layer 'fc' on h100: takes no fp8_e4m3 x fp16 pair \(input x weight\) and "
-                                         r"neither format is replay's to change; it takes fp16 x fp16, "):
+    with pytest.raises(
+        MxsimError,
+        match=r"^layer 'fc' on h100: takes no fp8_e4m3 x fp16 pair \(input x weight\) and "
+        r"neither format is replay's to change; it takes fp16 x fp16, ",
+    ):
         run_layer(layer, h100, element_format="fp8_e4m3", weight_format="fp16")
 
 
 def test_a_finer_model_block_than_the_unit_block_is_replaced():
     layer = mx_linear_layer(np.random.default_rng(10), "fp4_e2m1")
     spec = MXQuant("fp4_e2m1", axis=1, block_size=16)
-    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs, {"input": spec, "weight": spec}, {})
+    layer = Layer(
+        layer.name, layer.op, layer.tensors, layer.attrs, {"input": spec, "weight": spec}, {}
+    )
     result = replay_layer(layer, HW["ocp-exact"])
     assert result.status == "replaced" and "blocks of 32 do not fit" in result.input.note
     assert result.input.format == "fp4_e2m1" and not result.input.per_tensor_scale
     coarse = MXQuant("fp4_e2m1", axis=1, block_size=64)  # whole unit blocks inside each model block
-    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs, {"input": coarse, "weight": coarse}, {})
+    layer = Layer(
+        layer.name, layer.op, layer.tensors, layer.attrs, {"input": coarse, "weight": coarse}, {}
+    )
     result = replay_layer(layer, HW["ocp-exact"])
     assert result.status == "model"
     assert result.input.saturated + result.input.underflowed > 0
@@ -83,13 +98,17 @@ def test_wide_formats_on_a_unit_without_block_scales_are_cast_not_scaled(fmt, le
     trace = load_trace(REPO / "traces" / "digits-cnn")
     report = replay(trace, [load_hwconfig(REPO / "hwconfigs" / "h100.yaml")], element_format=fmt)
     rows = [r for entry in report["layers"] for r in entry["results"]]
-    assert {(r["input"]["tensor_scale_exponent"], r["weight"]["tensor_scale_exponent"]) for r in rows} == {(0, 0)}
+    assert {
+        (r["input"]["tensor_scale_exponent"], r["weight"]["tensor_scale_exponent"]) for r in rows
+    } == {(0, 0)}
     assert min(r["sqnr_vs_float_db"] for r in rows) > least_db
 
 
 def test_element_format_override():
     trace = load_trace(REPO / "traces" / "digits-cnn")
     report = replay(trace, [HW["ocp-exact"]], element_format="fp4_e2m1")
-    assert {r["input"]["format"] for entry in report["layers"] for r in entry["results"]} == {"fp4_e2m1"}
+    assert {r["input"]["format"] for entry in report["layers"] for r in entry["results"]} == {
+        "fp4_e2m1"
+    }
     with pytest.raises(MxsimError, match="does not take fp4_e2m1"):
         replay(trace, [HW["h100-fp8"]], element_format="fp4_e2m1")

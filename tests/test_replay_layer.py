@@ -15,7 +15,10 @@ from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
 
-HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "kulisch", "mxdotp", "h100-fp8")}
+HW = {
+    name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    for name in ("ocp-exact", "kulisch", "mxdotp", "h100-fp8")
+}
 
 
 def test_linear_layer_replays_as_matmul_bit_for_bit():
@@ -33,7 +36,9 @@ def test_a_unit_that_takes_the_spec_equals_the_exact_ideal():
     # operands kulisch is the ideal, bit for bit.
     layer = mx_linear_layer(np.random.default_rng(8), "fp6_e3m2")
     exact = replay_layer(layer, HW["kulisch"])
-    assert exact.status == "model" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
+    assert (
+        exact.status == "model" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
+    )
     assert exact.sqnr_vs_ideal_db == float("inf") and exact.max_error_vs_ideal_ulps == 0
     blockwise = replay_layer(layer, HW["ocp-exact"])
     assert blockwise.max_error_vs_ideal_ulps <= 3 and blockwise.rel_rms_error_vs_ideal < 2.0**-20
@@ -49,11 +54,23 @@ def test_conv_layer_equals_an_independent_direct_convolution(unit):
     w = rng.integers(-7, 8, size=(4, 3, 3, 3)).astype(np.float32)
     bias = np.array([0.5, -1.0, 0.25, 2.0], dtype=np.float32)
     attrs = {"stride": [2, 1], "padding": [[1, 0], [2, 1]], "dilation": [1, 2], "groups": 2}
-    probe = Layer("conv", "conv2d", {"input": x, "weight": w, "output": np.zeros(1, np.float32)}, attrs,
-                  {"input": None, "weight": None, "bias": None}, {})
+    probe = Layer(
+        "conv",
+        "conv2d",
+        {"input": x, "weight": w, "output": np.zeros(1, np.float32)},
+        attrs,
+        {"input": None, "weight": None, "bias": None},
+        {},
+    )
     expected = conv2d_direct(x, w, bias, probe.conv_geometry())
-    layer = Layer("conv", "conv2d", {"input": x, "weight": w, "bias": bias, "output": expected.astype(np.float32)},
-                  attrs, {"input": None, "weight": None, "bias": None}, {})
+    layer = Layer(
+        "conv",
+        "conv2d",
+        {"input": x, "weight": w, "bias": bias, "output": expected.astype(np.float32)},
+        attrs,
+        {"input": None, "weight": None, "bias": None},
+        {},
+    )
     values = run_layer(layer, HW[unit]).values
     np.testing.assert_array_equal(values, expected)
     assert replay_layer(layer, HW[unit]).sqnr_vs_float_db == float("inf")
@@ -64,11 +81,20 @@ def test_bfp_spec_replays_with_microexponents():
     from mxsim.trace import BFPQuant
 
     layer = mx_linear_layer(np.random.default_rng(4))
-    layer = Layer(layer.name, layer.op, layer.tensors, layer.attrs,
-                  {"input": BFPQuant("MX9", axis=1), "weight": BFPQuant("MX6", axis=1), "bias": None}, {})
+    layer = Layer(
+        layer.name,
+        layer.op,
+        layer.tensors,
+        layer.attrs,
+        {"input": BFPQuant("MX9", axis=1), "weight": BFPQuant("MX6", axis=1), "bias": None},
+        {},
+    )
     unit = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
     result = replay_layer(layer, unit)
-    assert (result.input.format, result.weight.format) == ("mx9", "mx6") and result.status == "model"
+    assert (result.input.format, result.weight.format) == (
+        "mx9",
+        "mx6",
+    ) and result.status == "model"
     qa = quantize_bfp(layer.input, "MX9", axis=1).as_mx_tensor()
     qb = quantize_bfp(layer.weight.T, "MX6", axis=0).as_mx_tensor()
     np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
@@ -82,10 +108,20 @@ def test_the_ideal_of_a_row_is_that_of_the_operands_the_unit_got():
     trace = load_trace(REPO / "traces" / "digits-cnn")
     for layer in trace.layers:
         exact = replay_layer(layer, HW["kulisch"])
-        assert exact.status == "added" and exact.identical_to_ideal_fraction == 1.0 and exact.ideal_exact
+        assert (
+            exact.status == "added"
+            and exact.identical_to_ideal_fraction == 1.0
+            and exact.ideal_exact
+        )
         fp8 = replay_layer(layer, HW["h100-fp8"])
-        assert fp8.input.per_tensor_scale and fp8.max_error_vs_ideal_ulps > 0 and fp8.rel_rms_error_vs_ideal < 2**-10
-        assert fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 30  # arithmetic error far below quantization error
+        assert (
+            fp8.input.per_tensor_scale
+            and fp8.max_error_vs_ideal_ulps > 0
+            and fp8.rel_rms_error_vs_ideal < 2**-10
+        )
+        assert (
+            fp8.sqnr_vs_ideal_db > fp8.sqnr_vs_float_db + 30
+        )  # arithmetic error far below quantization error
 
 
 def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
@@ -115,7 +151,9 @@ def test_compile_time_is_reported_apart_from_run_time(monkeypatch):
     assert "(+ 0.3 s compiling kernels)" in format_report(report)
     monkeypatch.setattr(layer_module, "run_layer", real_run_layer)
     quiet = replay(trace, [HW["ocp-exact"]])
-    assert quiet["totals"]["ocp-exact"]["compile_seconds"] == 0.0 and "compiling" not in format_report(quiet)
+    assert quiet["totals"]["ocp-exact"][
+        "compile_seconds"
+    ] == 0.0 and "compiling" not in format_report(quiet)
 
 
 @pytest.mark.parametrize("channels, geometries", [(32, 1), (6, 2)])
@@ -127,15 +165,24 @@ def test_a_layer_is_lowered_once(monkeypatch, channels, geometries):
 
     made = []
     real = conv.Conv2dGeometry.from_shapes.__func__
-    monkeypatch.setattr(conv.Conv2dGeometry, "from_shapes",
-                        classmethod(lambda cls, *args: made.append(args[0]) or real(cls, *args)))
+    monkeypatch.setattr(
+        conv.Conv2dGeometry,
+        "from_shapes",
+        classmethod(lambda cls, *args: made.append(args[0]) or real(cls, *args)),
+    )
     rng = np.random.default_rng(5)
     x = rng.integers(-7, 8, size=(1, channels, 5, 5)).astype(np.float32)
     w = rng.integers(-7, 8, size=(3, channels, 3, 3)).astype(np.float32)
     attrs = {"stride": [1, 1], "padding": [[1, 1], [1, 1]], "dilation": [1, 1], "groups": 1}
     spec = MXQuant("fp8_e4m3", axis=1, block_size=32)
-    layer = Layer("conv", "conv2d", {"input": x[:, :, :4], "weight": w, "output": np.zeros((1, 3, 4, 5), np.float32)},
-                  attrs, {"input": spec, "weight": spec, "bias": None}, {})
+    layer = Layer(
+        "conv",
+        "conv2d",
+        {"input": x[:, :, :4], "weight": w, "output": np.zeros((1, 3, 4, 5), np.float32)},
+        attrs,
+        {"input": spec, "weight": spec, "bias": None},
+        {},
+    )
     values = run_layer(layer, HW["ocp-exact"], x).values
     assert len(made) == geometries
     expected = conv2d_direct(x, w, None, real(conv.Conv2dGeometry, x.shape, w.shape, 1, 1, 1, 1))

@@ -38,11 +38,24 @@ def linear_layer(batch=(3,), k=5, n=4, bias=True, **attrs):
     return Layer("fc", "linear", tensors, attrs)
 
 
-def conv_layer(x_shape=(2, 6, 5, 4), w_shape=(4, 3, 3, 2), stride=(2, 1), padding=((1, 0), (2, 1)),
-               dilation=(1, 2), groups=2):
+def conv_layer(
+    x_shape=(2, 6, 5, 4),
+    w_shape=(4, 3, 3, 2),
+    stride=(2, 1),
+    padding=((1, 0), (2, 1)),
+    dilation=(1, 2),
+    groups=2,
+):
     x, w, b = ints(*x_shape), ints(*w_shape), ints(w_shape[0])
-    attrs = {"stride": list(stride), "padding": [list(p) for p in padding], "dilation": list(dilation), "groups": groups}
-    layer = Layer("conv", "conv2d", {"input": x, "weight": w, "bias": b, "output": np.zeros(1)}, attrs)
+    attrs = {
+        "stride": list(stride),
+        "padding": [list(p) for p in padding],
+        "dilation": list(dilation),
+        "groups": groups,
+    }
+    layer = Layer(
+        "conv", "conv2d", {"input": x, "weight": w, "bias": b, "output": np.zeros(1)}, attrs
+    )
     layer.tensors["output"] = conv2d_direct(x, w, b, layer.conv_geometry())
     return layer
 
@@ -60,7 +73,9 @@ def test_linear_gemm_view():
 
 def test_linear_alpha_beta_follow_onnx_gemm():
     layer = linear_layer(alpha=0.5, beta=2.0)
-    assert np.array_equal(gemm_reference(layer), 0.5 * (layer.input @ layer.weight.T) + 2.0 * layer.bias)
+    assert np.array_equal(
+        gemm_reference(layer), 0.5 * (layer.input @ layer.weight.T) + 2.0 * layer.bias
+    )
 
 
 def test_matmul_with_2d_weight_flattens_batch_into_m():
@@ -92,9 +107,16 @@ def test_conv_gemm_view_round_trips_to_the_direct_convolution():
 
 def conv_transpose_layer():
     x, w, b = ints(2, 4, 3, 3), ints(4, 3, 2, 3), ints(6)
-    attrs = {"stride": [2, 1], "padding": [[1, 0], [0, 2]], "dilation": [1, 2], "groups": 2,
-             "output_padding": [1, 0]}
-    layer = Layer("up", "conv_transpose2d", {"input": x, "weight": w, "bias": b, "output": np.zeros(1)}, attrs)
+    attrs = {
+        "stride": [2, 1],
+        "padding": [[1, 0], [0, 2]],
+        "dilation": [1, 2],
+        "groups": 2,
+        "output_padding": [1, 0],
+    }
+    layer = Layer(
+        "up", "conv_transpose2d", {"input": x, "weight": w, "bias": b, "output": np.zeros(1)}, attrs
+    )
     layer.tensors["output"] = conv_transpose2d_direct(x, w, b, layer.conv_geometry())
     return layer
 
@@ -104,14 +126,24 @@ def test_conv_transpose_gemm_view_round_trips_to_the_direct_scatter():
     shape = gemm_shape(layer)
     out = layer.output.shape
     # every output pixel is one dot product over (tap, channel): K = kh*kw*C/groups
-    assert (shape.groups, shape.m, shape.n, shape.k, shape.k_run) == (2, out[0] * out[2] * out[3], 3, 2 * 3 * 2, 2)
+    assert (shape.groups, shape.m, shape.n, shape.k, shape.k_run) == (
+        2,
+        out[0] * out[2] * out[3],
+        3,
+        2 * 3 * 2,
+        2,
+    )
     assert np.array_equal(gemm_reference(layer), layer.output)
 
 
 def test_matmul_alpha_beta():
     x, w, bias = ints(2, 3, 4), ints(2, 4, 5), ints(2, 3, 5)
-    layer = Layer("baddbmm", "matmul", {"input": x, "weight": w, "bias": bias, "output": 2 * (x @ w) + 0.5 * bias},
-                  {"alpha": 2.0, "beta": 0.5})
+    layer = Layer(
+        "baddbmm",
+        "matmul",
+        {"input": x, "weight": w, "bias": bias, "output": 2 * (x @ w) + 0.5 * bias},
+        {"alpha": 2.0, "beta": 0.5},
+    )
     assert np.array_equal(gemm_reference(layer), layer.output)
 
 
@@ -140,23 +172,41 @@ def test_gemm_view_for_another_input_and_an_unknown_op():
     assert view.shape.m == 5 * gemm_shape(layer).m // layer.input.shape[0]
     c = view.lower_input(x) @ view.lower_weight(layer.weight).transpose(0, 2, 1)
     expected = conv2d_direct(x, layer.weight, layer.bias, layer.conv_geometry(x.shape))
-    assert view.output_shape == expected.shape and np.array_equal(view.lift(c, layer.bias), expected)
+    assert view.output_shape == expected.shape and np.array_equal(
+        view.lift(c, layer.bias), expected
+    )
     fc = linear_layer(batch=(3,))
     assert gemm_view(fc, (7, 5)).output_shape == (7, 4)
     with pytest.raises(MxsimError, match="layer 'x': unknown op 'conv3d'"):
         gemm_view(Layer("x", "conv3d", fc.tensors, {}))
 
 
-@pytest.mark.parametrize("op, operand, axis, expected", [
-    ("conv2d", "input", 1, "K"), ("conv2d", "input", 0, "M"), ("conv2d", "input", 3, "spatial"),
-    ("conv2d", "weight", 0, "N"), ("conv2d", "weight", 1, "K"), ("conv2d", "weight", -1, "taps"),
-    ("linear", "input", -1, "K"), ("linear", "input", 0, "M"), ("linear", "weight", 1, "K"), ("linear", "weight", 0, "N"),
-    ("matmul", "input", 3, "K"), ("matmul", "input", 2, "M"), ("matmul", "input", 0, "G"),
-    ("matmul", "weight", 1, "K"), ("matmul", "weight", 2, "N"), ("matmul", "weight", 0, "G"),
-    ("conv_transpose2d", "input", 1, "K"), ("conv_transpose2d", "input", 2, "spatial"),
-    ("conv_transpose2d", "weight", 0, "K"), ("conv_transpose2d", "weight", 1, "N"),
-    ("conv_transpose2d", "weight", 3, "taps"),
-])
+@pytest.mark.parametrize(
+    "op, operand, axis, expected",
+    [
+        ("conv2d", "input", 1, "K"),
+        ("conv2d", "input", 0, "M"),
+        ("conv2d", "input", 3, "spatial"),
+        ("conv2d", "weight", 0, "N"),
+        ("conv2d", "weight", 1, "K"),
+        ("conv2d", "weight", -1, "taps"),
+        ("linear", "input", -1, "K"),
+        ("linear", "input", 0, "M"),
+        ("linear", "weight", 1, "K"),
+        ("linear", "weight", 0, "N"),
+        ("matmul", "input", 3, "K"),
+        ("matmul", "input", 2, "M"),
+        ("matmul", "input", 0, "G"),
+        ("matmul", "weight", 1, "K"),
+        ("matmul", "weight", 2, "N"),
+        ("matmul", "weight", 0, "G"),
+        ("conv_transpose2d", "input", 1, "K"),
+        ("conv_transpose2d", "input", 2, "spatial"),
+        ("conv_transpose2d", "weight", 0, "K"),
+        ("conv_transpose2d", "weight", 1, "N"),
+        ("conv_transpose2d", "weight", 3, "taps"),
+    ],
+)
 def test_gemm_axis(op, operand, axis, expected):
     if op == "conv2d":
         layer = conv_layer()
@@ -173,12 +223,22 @@ def test_gemm_axis(op, operand, axis, expected):
 @pytest.mark.parametrize("block_size", [1, 2, 4])
 def test_channel_blocks_equal_k_blocks_when_the_block_divides_the_channel_run(block_size):
     # conv with C/groups = 4 channels per K run: blocks of 1, 2 or 4 channels never straddle taps
-    layer = conv_layer(x_shape=(2, 8, 5, 5), w_shape=(6, 4, 3, 3), stride=(1, 2), padding=((1, 1), (0, 2)),
-                       dilation=(1, 1), groups=2)
+    layer = conv_layer(
+        x_shape=(2, 8, 5, 5),
+        w_shape=(6, 4, 3, 3),
+        stride=(1, 2),
+        padding=((1, 1), (0, 2)),
+        dilation=(1, 1),
+        groups=2,
+    )
     x = RNG.standard_normal(layer.input.shape)
     w = RNG.standard_normal(layer.weight.shape)
-    quantize_then_lower = lower_input(layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=block_size))
-    lower_then_quantize = fake_quantize(lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=block_size)
+    quantize_then_lower = lower_input(
+        layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=block_size)
+    )
+    lower_then_quantize = fake_quantize(
+        lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=block_size
+    )
     assert np.array_equal(quantize_then_lower, lower_then_quantize)
     weight_first = lower_weight(layer, fake_quantize(w, "fp8_e4m3", axis=1, block_size=block_size))
     weight_after = fake_quantize(lower_weight(layer, w), "fp8_e4m3", axis=-1, block_size=block_size)
@@ -187,8 +247,14 @@ def test_channel_blocks_equal_k_blocks_when_the_block_divides_the_channel_run(bl
 
 def test_channel_blocks_differ_from_k_blocks_when_they_straddle_taps():
     # C = 3 per run with blocks of 2: K blocks mix two taps, channel blocks never do
-    layer = conv_layer(x_shape=(1, 3, 4, 4), w_shape=(2, 3, 2, 2), stride=(1, 1), padding=((0, 0), (0, 0)),
-                       dilation=(1, 1), groups=1)
+    layer = conv_layer(
+        x_shape=(1, 3, 4, 4),
+        w_shape=(2, 3, 2, 2),
+        stride=(1, 1),
+        padding=((0, 0), (0, 0)),
+        dilation=(1, 1),
+        groups=1,
+    )
     x = RNG.standard_normal(layer.input.shape) * np.array([1.0, 1.0, 1000.0]).reshape(1, 3, 1, 1)
     quantize_then_lower = lower_input(layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=2))
     lower_then_quantize = fake_quantize(lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=2)
@@ -201,7 +267,11 @@ def test_conv_transpose_channel_blocks_equal_k_blocks(block_size):
     layer = conv_transpose_layer()
     x = RNG.standard_normal(layer.input.shape)
     w = RNG.standard_normal(layer.weight.shape)
-    assert np.array_equal(lower_input(layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=block_size)),
-                          fake_quantize(lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=block_size))
-    assert np.array_equal(lower_weight(layer, fake_quantize(w, "fp8_e4m3", axis=0, block_size=block_size)),
-                          fake_quantize(lower_weight(layer, w), "fp8_e4m3", axis=-1, block_size=block_size))
+    assert np.array_equal(
+        lower_input(layer, fake_quantize(x, "fp4_e2m1", axis=1, block_size=block_size)),
+        fake_quantize(lower_input(layer, x), "fp4_e2m1", axis=-1, block_size=block_size),
+    )
+    assert np.array_equal(
+        lower_weight(layer, fake_quantize(w, "fp8_e4m3", axis=0, block_size=block_size)),
+        fake_quantize(lower_weight(layer, w), "fp8_e4m3", axis=-1, block_size=block_size),
+    )

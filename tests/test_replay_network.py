@@ -29,7 +29,16 @@ def test_digits_float_accuracy_is_reproduced_from_the_trace_alone(digits):
 
 def test_digits_network_chains_the_captured_layers(digits):
     steps = digits.network.steps
-    assert [s.get("layer", s.get("op")) for s in steps] == ["conv1", "relu", "conv2", "relu", "flatten", "fc1", "relu", "fc2"]
+    assert [s.get("layer", s.get("op")) for s in steps] == [
+        "conv1",
+        "relu",
+        "conv2",
+        "relu",
+        "flatten",
+        "fc1",
+        "relu",
+        "fc2",
+    ]
     # each captured input is the previous captured output after the recipe's ops, bit for bit
     conv1, conv2, fc1, fc2 = digits.layers
     assert np.array_equal(conv1.input, digits.dataset["inputs"])
@@ -48,7 +57,12 @@ def test_layer_fn_sees_every_layer_in_order_with_the_running_value(digits):
         return gemm_reference(layer_with_input(layer, x))
 
     run_network(digits, digits.dataset["inputs"][:5], layer_fn=record)
-    assert seen == [("conv1", (5, 1, 8, 8)), ("conv2", (5, 8, 8, 8)), ("fc1", (5, 256)), ("fc2", (5, 32))]
+    assert seen == [
+        ("conv1", (5, 1, 8, 8)),
+        ("conv2", (5, 8, 8, 8)),
+        ("fc1", (5, 256)),
+        ("fc2", (5, 32)),
+    ]
 
 
 def test_layer_with_input_keeps_weights_and_reshapes_the_output(digits):
@@ -74,8 +88,14 @@ def test_traces_without_network_say_so():
 
 
 def test_network_validation_on_save(tmp_path, digits):
-    bad = Trace(digits.name, digits.layers, digits.source, digits.metadata, digits.dataset,
-                Network("inputs", ({"layer": "conv1"}, {"op": "softmax"})))
+    bad = Trace(
+        digits.name,
+        digits.layers,
+        digits.source,
+        digits.metadata,
+        digits.dataset,
+        Network("inputs", ({"layer": "conv1"}, {"op": "softmax"})),
+    )
     with pytest.raises(TraceError, match=r"field 'network.steps\[1\]': unknown op 'softmax'"):
         save_trace(bad, tmp_path / "bad")
     bad.network = Network("images", ({"layer": "conv1"},))

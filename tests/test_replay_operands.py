@@ -19,9 +19,21 @@ from mxsim.trace import BFPQuant, Layer, MXQuant
 from mxsim.replay.lowering import lift_output
 from mxsim.replay.operands import CONV_ORDERS, exact_block, ideal_gemm, layer_operands
 
-QUARK_CONFIGS = ["MXINT8", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E3M2", "MXFP6E2M3", "MXFP4E2M1", "MX9", "MX6", "MX4",
-                 "BFP16"]
+QUARK_CONFIGS = [
+    "MXINT8",
+    "MXFP8E4M3",
+    "MXFP8E5M2",
+    "MXFP6E3M2",
+    "MXFP6E2M3",
+    "MXFP4E2M1",
+    "MX9",
+    "MX6",
+    "MX4",
+    "BFP16",
+]
 CHANNELS, FILTERS, SIZE, CLASSES = 20, 12, 6, 10
+
+
 def _float_model(onnx, path, rng):
     h = onnx.helper
     tensor = onnx.TensorProto.FLOAT
@@ -29,13 +41,22 @@ def _float_model(onnx, path, rng):
     b1 = (rng.standard_normal(FILTERS) * 0.1).astype(np.float32)
     w2 = (rng.standard_normal((FILTERS * SIZE * SIZE, CLASSES)) * 0.05).astype(np.float32)
     b2 = (rng.standard_normal(CLASSES) * 0.1).astype(np.float32)
-    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv", pads=[1, 1, 1, 1]),
-             h.make_node("Relu", ["c1"], ["r1"]),
-             h.make_node("Flatten", ["r1"], ["f"]),
-             h.make_node("Gemm", ["f", "w2", "b2"], ["y"], name="fc")]
-    graph = h.make_graph(nodes, "tiny", [h.make_tensor_value_info("x", tensor, [2, CHANNELS, SIZE, SIZE])],
-                         [h.make_tensor_value_info("y", tensor, [2, CLASSES])],
-                         [onnx.numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv", pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Flatten", ["r1"], ["f"]),
+        h.make_node("Gemm", ["f", "w2", "b2"], ["y"], name="fc"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "tiny",
+        [h.make_tensor_value_info("x", tensor, [2, CHANNELS, SIZE, SIZE])],
+        [h.make_tensor_value_info("y", tensor, [2, CLASSES])],
+        [
+            onnx.numpy_helper.from_array(a, n)
+            for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))
+        ],
+    )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
@@ -76,18 +97,22 @@ def quark_models(tmp_path_factory):
         os.chdir(directory)  # Quark writes a quantized_info.csv into the working directory
         try:
             ModelQuantizer(Config(global_quant_config=get_default_config(name))).quantize_model(
-                str(directory / "float.onnx"), str(path), Reader())
+                str(directory / "float.onnx"), str(path), Reader()
+            )
         finally:
             os.chdir(here)
         model = onnx.load(path)
         known = {o.name for o in model.graph.output}
         for node in model.graph.node:  # every intermediate value becomes an output
-            model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in node.output
-                                      if o not in known)
+            model.graph.output.extend(
+                onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o not in known
+            )
         options = ort.SessionOptions()
         options.register_custom_ops_library(get_library_path("CPU"))
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
         values = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"x": x})))
         values.update({i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer})
         values["x"] = x
@@ -146,7 +171,7 @@ def _exact_conv(x, w, b):
     for i in range(n):
         for y in range(height):
             for z in range(width):
-                patch = _exact(padded[i, :, y:y + 3, z:z + 3])
+                patch = _exact(padded[i, :, y : y + 3, z : z + 3])
                 for o in range(w.shape[0]):
                     products = [(ma * mb, ea + eb) for (ma, ea), (mb, eb) in zip(patch, w_terms[o])]
                     out[i, o, y, z] = _round_float32(products + [b_terms[o]])
@@ -195,7 +220,9 @@ def test_replay_operands_are_quarks_runtime_operands(quark_models, name):
     np.testing.assert_array_equal(taps_a[..., 4, :CHANNELS], xq.transpose(0, 2, 3, 1))
     assert not taps_a[..., CHANNELS:].any()
     taps_b = b[0].reshape(FILTERS, 9, padded)
-    np.testing.assert_array_equal(taps_b[..., :CHANNELS], wq.reshape(FILTERS, CHANNELS, 9).transpose(0, 2, 1))
+    np.testing.assert_array_equal(
+        taps_b[..., :CHANNELS], wq.reshape(FILTERS, CHANNELS, 9).transpose(0, 2, 1)
+    )
     np.testing.assert_array_equal(ops.bias, bq)
     (fq, w2q, b2q), _ = _runtime_operands(model, values, "fc")
     ops = layer_operands(fc)
@@ -224,7 +251,9 @@ def test_replay_ideal_is_quarks_own_quantized_computation(quark_models, name, re
             if layer_name == "conv":
                 magnitude = _exact_conv_abs(aq, wq, bq)
             else:
-                magnitude = np.abs(aq.astype(np.float64)) @ np.abs(wq.astype(np.float64)) + np.abs(bq)
+                magnitude = np.abs(aq.astype(np.float64)) @ np.abs(wq.astype(np.float64)) + np.abs(
+                    bq
+                )
             k = aq[0].size if layer_name == "fc" else 9 * CHANNELS
             bound = (k + 2) * 2.0**-24 * magnitude
             assert (np.abs(runtime_out.astype(np.float64) - ideal)[differ] <= bound[differ]).all()
@@ -235,8 +264,12 @@ def _exact_conv_abs(x, w, b):
     from mxsim.trace.conv import Conv2dGeometry, conv2d_direct
 
     geometry = Conv2dGeometry.from_shapes(x.shape, w.shape, 1, 1)
-    return conv2d_direct(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), np.abs(b.astype(np.float64)),
-                         geometry)
+    return conv2d_direct(
+        np.abs(x.astype(np.float64)),
+        np.abs(w.astype(np.float64)),
+        np.abs(b.astype(np.float64)),
+        geometry,
+    )
 
 
 @pytest.mark.parametrize("name", QUARK_CONFIGS)
@@ -245,7 +278,9 @@ def test_replay_ideal_is_exact_on_the_recorded_quantized_operands(quark_models, 
     # layers equals the exact, once-rounded sum over the quantized operands the capture recorded.
     trace, _, _ = quark_models(name)
     conv, fc = trace.layer("conv"), trace.layer("fc")
-    expected = _exact_conv(conv.quantized("input"), conv.quantized("weight"), conv.quantized("bias"))
+    expected = _exact_conv(
+        conv.quantized("input"), conv.quantized("weight"), conv.quantized("bias")
+    )
     np.testing.assert_array_equal(_ideal(conv).astype(np.float32), expected)
     expected = _exact_gemm(fc.quantized("input"), fc.quantized("weight").T, fc.quantized("bias"))
     np.testing.assert_array_equal(_ideal(fc).astype(np.float32), expected)
@@ -258,7 +293,14 @@ def _conv_layer(rng, channels, groups=1, quant=None, kernel=3):
     x = rng.standard_normal((1, channels, 4, 4)).astype(np.float32)
     w = rng.standard_normal((6, channels // groups, kernel, kernel)).astype(np.float32)
     attrs = {"stride": [1, 1], "padding": [[1, 1], [1, 1]], "dilation": [1, 1], "groups": groups}
-    probe = Layer("conv", "conv2d", {"input": x, "weight": w, "output": np.zeros(1, np.float32)}, attrs, {}, {})
+    probe = Layer(
+        "conv",
+        "conv2d",
+        {"input": x, "weight": w, "output": np.zeros(1, np.float32)},
+        attrs,
+        {},
+        {},
+    )
     out = np.zeros(probe.conv_geometry().output_shape, np.float32)
     return Layer("conv", "conv2d", {"input": x, "weight": w, "output": out}, attrs, quant or {}, {})
 
@@ -296,19 +338,34 @@ def test_float_operands_are_split_exactly_into_bf16_pieces():
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((3, 40)) * 2.0 ** rng.integers(-20, 20, (3, 40))).astype(np.float32)
     w = rng.standard_normal((5, 40)).astype(np.float32)
-    layer = Layer("fc", "linear", {"input": x, "weight": w, "output": np.zeros((3, 5), np.float32)}, {},
-                  {"input": None, "weight": MXQuant("int8", axis=1, block_size=32)}, {})
+    layer = Layer(
+        "fc",
+        "linear",
+        {"input": x, "weight": w, "output": np.zeros((3, 5), np.float32)},
+        {},
+        {"input": None, "weight": MXQuant("int8", axis=1, block_size=32)},
+        {},
+    )
     ops = layer_operands(layer)
     assert len(ops.a.pieces) == 3 and ops.a.element_format.name == "bf16" and ops.a.exact
     np.testing.assert_array_equal(_gemm_values(ops.a)[0][:, :40], x)
     wq = MXQuant("int8", axis=1, block_size=32).fake_quantize(w)
     gemm, exact = ideal_gemm(ops)
     assert exact
-    np.testing.assert_array_equal(gemm[0].astype(np.float32), _exact_gemm(x, wq.T.astype(np.float32), np.zeros(5)))
+    np.testing.assert_array_equal(
+        gemm[0].astype(np.float32), _exact_gemm(x, wq.T.astype(np.float32), np.zeros(5))
+    )
 
 
 def test_float64_operands_that_are_not_float32_make_the_ideal_inexact():
     x = np.full((2, 4), 1 + 2.0**-40)
-    layer = Layer("fc", "linear", {"input": x, "weight": np.ones((3, 4)), "output": np.zeros((2, 3))}, {}, {}, {})
+    layer = Layer(
+        "fc",
+        "linear",
+        {"input": x, "weight": np.ones((3, 4)), "output": np.zeros((2, 3))},
+        {},
+        {},
+        {},
+    )
     _, exact = ideal_gemm(layer_operands(layer))
     assert not exact

@@ -14,7 +14,9 @@ from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
 from mxsim.trace import Layer, Trace
 
-HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8")}
+HW = {
+    name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8")
+}
 
 
 def test_report_names_formats_and_plot_paths(tmp_path):
@@ -24,21 +26,33 @@ def test_report_names_formats_and_plot_paths(tmp_path):
     layers = []
     for suffix in ("q", "k"):
         layer = mx_linear_layer(rng)
-        layers.append(Layer(f"/m/transformer/h.0/attn/{suffix}_proj/MatMul", layer.op, layer.tensors, layer.attrs,
-                            layer.quant, {}))
+        layers.append(
+            Layer(
+                f"/m/transformer/h.0/attn/{suffix}_proj/MatMul",
+                layer.op,
+                layer.tensors,
+                layer.attrs,
+                layer.quant,
+                {},
+            )
+        )
     report = replay(Trace("onnx", layers), [HW["ocp-exact"]])
     text = format_report(report)
     for layer in layers:
         assert any(line.startswith(f"  {layer.name} ") for line in text.splitlines())
     assert "fp8_e4m3/32 x fp8_e4m3/32" in text and "worst layers on ocp-exact" in text
     worst = report["worst"]["ocp-exact"]
-    assert [w["k"] for w in worst] == [70, 70] and worst[0]["sqnr_vs_float_db"] <= worst[1]["sqnr_vs_float_db"]
+    assert [w["k"] for w in worst] == [70, 70] and worst[0]["sqnr_vs_float_db"] <= worst[1][
+        "sqnr_vs_float_db"
+    ]
     directory = tmp_path / "plots"
     written = write_plots(report, directory)
     assert all(Path(p).parent == directory.resolve() for p in written)
     assert sorted(p.name for p in directory.iterdir()) == [
-        "000-m_transformer_h.0_attn_q_proj_MatMul.png", "001-m_transformer_h.0_attn_k_proj_MatMul.png",
-        "overview.png"]
+        "000-m_transformer_h.0_attn_q_proj_MatMul.png",
+        "001-m_transformer_h.0_attn_k_proj_MatMul.png",
+        "overview.png",
+    ]
 
 
 def test_totals_give_mean_and_median_layer_sqnr_and_what_was_replaced():
@@ -50,15 +64,27 @@ def test_totals_give_mean_and_median_layer_sqnr_and_what_was_replaced():
         layers.append(layer)
     report = replay(Trace("t", layers), [HW["ocp-exact"], HW["h100-fp8"]])
     for unit in ("ocp-exact", "h100-fp8"):
-        sqnrs = [entry["results"][report["units"].index(unit)]["sqnr_vs_float_db"] for entry in report["layers"]]
+        sqnrs = [
+            entry["results"][report["units"].index(unit)]["sqnr_vs_float_db"]
+            for entry in report["layers"]
+        ]
         total = report["totals"][unit]
         assert total["mean_layer_sqnr_vs_float_db"] == pytest.approx(sum(sqnrs) / 3)
         assert total["median_layer_sqnr_vs_float_db"] == sorted(sqnrs)[1]
         assert total["worst_layer_sqnr_vs_float_db"] == min(sqnrs)
     assert report["totals"]["ocp-exact"]["replaced"] == []
-    assert report["totals"]["h100-fp8"]["replaced"] == [  # no block scales: even fp8 blocks are re-quantized
-        "fp4_e2m1 block 32 -> fp8_e4m3/pt", "fp6_e2m3 block 32 -> fp8_e4m3/pt", "fp8_e4m3 block 32 -> fp8_e4m3/pt"]
-    totals_line = next(line for line in format_report(report).splitlines() if line.startswith("total h100-fp8"))
+    assert report["totals"]["h100-fp8"][
+        "replaced"
+    ] == [  # no block scales: even fp8 blocks are re-quantized
+        "fp4_e2m1 block 32 -> fp8_e4m3/pt",
+        "fp6_e2m3 block 32 -> fp8_e4m3/pt",
+        "fp8_e4m3 block 32 -> fp8_e4m3/pt",
+    ]
+    totals_line = next(
+        line for line in format_report(report).splitlines() if line.startswith("total h100-fp8")
+    )
     assert "/ median" in totals_line and "/ mean" in totals_line
-    assert "(* re-quantized by replay: fp4_e2m1 block 32 -> fp8_e4m3/pt; fp6_e2m3 block 32 -> fp8_e4m3/pt; " \
-           "fp8_e4m3 block 32 -> fp8_e4m3/pt)" in totals_line
+    assert (
+        "(* re-quantized by replay: fp4_e2m1 block 32 -> fp8_e4m3/pt; fp6_e2m3 block 32 -> fp8_e4m3/pt; "
+        "fp8_e4m3 block 32 -> fp8_e4m3/pt)" in totals_line
+    )

@@ -17,7 +17,10 @@ from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
 from mxsim.trace import Trace, load_trace
 
-HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")}
+HW = {
+    name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    for name in ("ocp-exact", "h100-fp8", "kulisch", "mxdotp")
+}
 
 
 def test_digits_sample_replays_end_to_end(tmp_path):
@@ -29,7 +32,9 @@ def test_digits_sample_replays_end_to_end(tmp_path):
     for name in ("ocp-exact", "h100-fp8", "mxdotp"):
         assert abs(e2e["accuracy"][name] - e2e["float_accuracy"]) < 0.05
         assert report["totals"][name]["worst_layer_sqnr_vs_float_db"] > 20
-    assert report["totals"]["mxdotp"]["cycles"] > 0 and report["totals"]["ocp-exact"]["cycles"] is None
+    assert (
+        report["totals"]["mxdotp"]["cycles"] > 0 and report["totals"]["ocp-exact"]["cycles"] is None
+    )
     pair = next(p for p in report["agreement"] if p["units"] == ["ocp-exact", "mxdotp"])
     assert 0.9 < pair["bit_identical_fraction"] <= 1.0
     text = format_report(report)
@@ -37,7 +42,12 @@ def test_digits_sample_replays_end_to_end(tmp_path):
     plots = write_plots(report, tmp_path / "plots")
     assert len(plots) == 1 + 4 and all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in plots)
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "000-conv1.png", "001-conv2.png", "002-fc1.png", "003-fc2.png", "overview.png"]
+        "000-conv1.png",
+        "001-conv2.png",
+        "002-fc1.png",
+        "003-fc2.png",
+        "overview.png",
+    ]
     report.pop("_results")
     json.dumps(report, default=str)
 
@@ -80,9 +90,13 @@ def layer_calls(monkeypatch):
 
 def test_requests_that_cannot_be_met_are_refused_before_any_layer_runs(layer_calls):
     trace = Trace("t", [mx_linear_layer(np.random.default_rng(3), "fp4_e2m1")])
-    with pytest.raises(MxsimError, match="end to end needs a network with labels .* this trace has no network"):
+    with pytest.raises(
+        MxsimError, match="end to end needs a network with labels .* this trace has no network"
+    ):
         replay(trace, [HW["ocp-exact"]], end_to_end=True)
-    with pytest.raises(MxsimError, match="layer 'fc' on h100-fp8: the unit cannot take fp4_e2m1 block 32.*strict"):
+    with pytest.raises(
+        MxsimError, match="layer 'fc' on h100-fp8: the unit cannot take fp4_e2m1 block 32.*strict"
+    ):
         replay(trace, [HW["ocp-exact"], HW["h100-fp8"]], strict=True)
     with pytest.raises(MxsimError, match="h100-fp8 does not take fp4_e2m1 for the input"):
         replay(trace, [HW["ocp-exact"], HW["h100-fp8"]], element_format="fp4_e2m1")
@@ -107,8 +121,19 @@ def test_strict_checked_before_work_agrees_with_the_rows_replay_marks():
             plans, operands = operand_plans(layer, order), layer_operands(layer, order)
             for name, operand in (("input", operands.a), ("weight", operands.b)):
                 plan = plans[name]
-                assert (plan.element_format, plan.quantized, plan.granule, plan.spec, plan.layout) == (
-                    operand.element_format, operand.quantized, operand.granule, operand.spec, operand.layout)
+                assert (
+                    plan.element_format,
+                    plan.quantized,
+                    plan.granule,
+                    plan.spec,
+                    plan.layout,
+                ) == (
+                    operand.element_format,
+                    operand.quantized,
+                    operand.granule,
+                    operand.spec,
+                    operand.layout,
+                )
 
 
 def test_a_failure_after_work_keeps_the_finished_layers(monkeypatch):
@@ -118,7 +143,9 @@ def test_a_failure_after_work_keeps_the_finished_layers(monkeypatch):
     good, bad = mx_linear_layer(rng), mx_linear_layer(rng)
     bad.name = "bad"
     fail_replay_of_layer(monkeypatch, "bad", "this layer fails")
-    with pytest.raises(IncompleteResultError, match="1 of 2 replay tasks failed: layer bad: this layer fails") as caught:
+    with pytest.raises(
+        IncompleteResultError, match="1 of 2 replay tasks failed: layer bad: this layer fails"
+    ) as caught:
         replay(Trace("t", [good, bad]), [HW["ocp-exact"]])
     partial = caught.value.partial
     assert [entry["layer"] for entry in partial["layers"]] == ["fc"]
@@ -132,7 +159,12 @@ def test_select_layers_by_regular_expression():
     trace = load_trace(REPO / "traces" / "digits-cnn")
     subset = select_layers(trace, r"^fc")
     assert [layer.name for layer in subset.layers] == ["fc1", "fc2"] and subset.network is None
-    assert [layer.name for layer in trace.layers] == ["conv1", "conv2", "fc1", "fc2"]  # the trace is kept
+    assert [layer.name for layer in trace.layers] == [
+        "conv1",
+        "conv2",
+        "fc1",
+        "fc2",
+    ]  # the trace is kept
     with pytest.raises(MxsimError, match="matches none of the trace's 4 layers"):
         select_layers(trace, "attention")
     with pytest.raises(MxsimError, match="not a regular expression"):
@@ -157,15 +189,26 @@ def test_a_compact_trace_replays_bit_for_bit_and_says_which_reference_it_carries
     assert [r["references"] for r in reports] == [{"float32": 2}, {"residual8": 2}]
     assert [entry["reference"] for entry in reports[1]["layers"]] == ["residual8", "residual8"]
     assert "float reference outputs: 2 float32 (exact)" in format_report(reports[0])
-    assert "float reference outputs: 2 residual8 (reconstructed within 2^-8 of the quantization error's RMS)" \
+    assert (
+        "float reference outputs: 2 residual8 (reconstructed within 2^-8 of the quantization error's RMS)"
         in format_report(reports[1])
-    for layer, got, rows in zip(full.layers, compact.layers, zip(*(r["_results"]["mxdotp"] for r in reports))):
+    )
+    for layer, got, rows in zip(
+        full.layers, compact.layers, zip(*(r["_results"]["mxdotp"] for r in reports))
+    ):
         assert np.array_equal(rows[0].bits, rows[1].bits)
         unit = rows[0].errors_vs_float + layer.output.reshape(-1)  # the unit's outputs
-        ideal = ideal_gemm(layer_operands(got))[0].reshape(-1)  # the residual: reference - exact product
+        ideal = ideal_gemm(layer_operands(got))[0].reshape(
+            -1
+        )  # the residual: reference - exact product
         residual = np.linalg.norm(layer.output.reshape(-1) - ideal)
-        moved = 2.0 ** -8 * residual + np.linalg.norm(np.spacing(np.abs(got.output)).astype(np.float64))
-        noise, signal = np.linalg.norm(unit - layer.output.reshape(-1)), np.linalg.norm(layer.output)
+        moved = 2.0**-8 * residual + np.linalg.norm(
+            np.spacing(np.abs(got.output)).astype(np.float64)
+        )
+        noise, signal = (
+            np.linalg.norm(unit - layer.output.reshape(-1)),
+            np.linalg.norm(layer.output),
+        )
         bound = 20 * np.log10((signal + moved) / signal) + 20 * np.log10(noise / (noise - moved))
         assert 0 < abs(rows[1].sqnr_vs_float_db - rows[0].sqnr_vs_float_db) <= bound < 0.05
 

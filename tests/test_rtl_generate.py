@@ -30,16 +30,33 @@ def variant(tmp_path, base: str, changes: dict) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("changes,key", [
-    ({"adder": {"parity_windows": True, "align_fraction_bits": 20, "accumulator_in_tree": False}}, "adder.parity_windows"),
-    ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
-    ({"accumulator": {"promotion_interval": 64}}, "accumulator.promotion_interval"),
-    ({"output": {"zero_sign": "ieee_steps"}}, "output.zero_sign"),
-    ({"adder": {"fused_terms": 64}}, "adder.fused_terms"),  # an exact tree across two blocks' scales
-])
+@pytest.mark.parametrize(
+    "changes,key",
+    [
+        (
+            {
+                "adder": {
+                    "parity_windows": True,
+                    "align_fraction_bits": 20,
+                    "accumulator_in_tree": False,
+                }
+            },
+            "adder.parity_windows",
+        ),
+        ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
+        ({"accumulator": {"promotion_interval": 64}}, "accumulator.promotion_interval"),
+        ({"output": {"zero_sign": "ieee_steps"}}, "output.zero_sign"),
+        (
+            {"adder": {"fused_terms": 64}},
+            "adder.fused_terms",
+        ),  # an exact tree across two blocks' scales
+    ],
+)
 def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
     path = variant(tmp_path, "ocp-exact", changes)
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + r": .* not covered by the RTL generator"):
+    with pytest.raises(
+        ConfigError, match=key.replace(".", r"\.") + r": .* not covered by the RTL generator"
+    ):
         generate_unit(path, "fp8_e4m3", "fp8_e4m3")
 
 
@@ -88,7 +105,9 @@ def test_ports_pack_as_the_golden_vectors():
     assert [(f.name, f.lsb, f.bits) for f in golden.fields] == vector_fields(unit)
 
 
-@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx9", "fp8_e4m3fnuz"])
+@pytest.mark.parametrize(
+    "fmt", ["fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp4_e2m1", "int8", "mx9", "fp8_e4m3fnuz"]
+)
 def test_decode_table_rows_are_the_format_values(fmt):
     """Every row's sig * 2^(exp - frac) is the code's value (from the format table's decode)."""
     table = element_decode(fmt, True, False)
@@ -103,5 +122,6 @@ def test_decode_table_rows_are_the_format_values(fmt):
             assert value == 0
         else:
             from fractions import Fraction
+
             assert (-1) ** sign * sig * Fraction(2) ** (exponent - table.frac) == value
             assert exponent >= table.emin and sig < 2 ** (table.frac + 1)

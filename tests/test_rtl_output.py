@@ -23,32 +23,55 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 def test_writes_the_unit_its_test_benches_and_manifest(tmp_path, capsys):
     out = tmp_path / "unit"
-    code, stdout, err = run(capsys, "--hw", OCP, "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--out", str(out))
+    code, stdout, err = run(
+        capsys, "--hw", OCP, "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--out", str(out)
+    )
     assert code == 0, err
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["mxdot_ocp_exact_fp4_e2m1xfp4_e2m1_k32.sv", "mxsim_rtl_lib.sv", "tb.sv", "probe_tb.sv",
-                            MANIFEST])
+    assert names == sorted(
+        [
+            "mxdot_ocp_exact_fp4_e2m1xfp4_e2m1_k32.sv",
+            "mxsim_rtl_lib.sv",
+            "tb.sv",
+            "probe_tb.sv",
+            MANIFEST,
+        ]
+    )
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["top"] == "mxdot_ocp_exact_fp4_e2m1xfp4_e2m1_k32" and manifest["k"] == 32
     assert [p["name"] for p in manifest["ports"]] == ["a", "b", "scale_a", "scale_b", "c", "d"]
     # an earlier output is replaced as a whole
-    code, _, err = run(capsys, "--hw", OCP, "--a-format", "fp8_e4m3", "--b-format", "fp8_e4m3", "--k", "64",
-                       "--out", str(out))
+    code, _, err = run(
+        capsys,
+        "--hw",
+        OCP,
+        "--a-format",
+        "fp8_e4m3",
+        "--b-format",
+        "fp8_e4m3",
+        "--k",
+        "64",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     assert not (out / "mxdot_ocp_exact_fp4_e2m1xfp4_e2m1_k32.sv").exists()
     assert (out / "mxdot_ocp_exact_fp8_e4m3xfp8_e4m3_k64.sv").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "0"], "--k"),
-    (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "100000000000"], "--k"),
-    (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "48"], "multiple"),
-    (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--pipeline", "99"], "--pipeline"),
-    (["--a-format", "nope", "--b-format", "fp4_e2m1"], "nope"),
-    (["--a-format", "fp16", "--b-format", "fp4_e2m1"], "a_formats"),
-    (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--name", "1bad"], "module name"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "0"], "--k"),
+        (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "100000000000"], "--k"),
+        (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--k", "48"], "multiple"),
+        (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--pipeline", "99"], "--pipeline"),
+        (["--a-format", "nope", "--b-format", "fp4_e2m1"], "nope"),
+        (["--a-format", "fp16", "--b-format", "fp4_e2m1"], "a_formats"),
+        (["--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1", "--name", "1bad"], "module name"),
+    ],
+)
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, words):
     out = tmp_path / "unit"
     code, _, err = run(capsys, "--hw", OCP, *argv, "--out", str(out))
@@ -59,12 +82,26 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, argv, words):
 
 def test_bad_configs_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("mxsim_hwconfig: 1\nname: bad\ninputs: {a_formats: [fp4_e2m1], b_formats: [fp4_e2m1]}\n"
-                   "adder: {parity_windows: true, align_fraction_bits: 10, accumulator_in_tree: false}\n")
-    for hw, words in ((bad, "adder.parity_windows"), (tmp_path / "missing.yaml", "missing.yaml"),
-                      (tmp_path, str(tmp_path))):
-        code, _, err = run(capsys, "--hw", str(hw), "--a-format", "fp4_e2m1", "--b-format", "fp4_e2m1",
-                           "--out", str(tmp_path / "unit"))
+    bad.write_text(
+        "mxsim_hwconfig: 1\nname: bad\ninputs: {a_formats: [fp4_e2m1], b_formats: [fp4_e2m1]}\n"
+        "adder: {parity_windows: true, align_fraction_bits: 10, accumulator_in_tree: false}\n"
+    )
+    for hw, words in (
+        (bad, "adder.parity_windows"),
+        (tmp_path / "missing.yaml", "missing.yaml"),
+        (tmp_path, str(tmp_path)),
+    ):
+        code, _, err = run(
+            capsys,
+            "--hw",
+            str(hw),
+            "--a-format",
+            "fp4_e2m1",
+            "--b-format",
+            "fp4_e2m1",
+            "--out",
+            str(tmp_path / "unit"),
+        )
         assert code == 2 and err.count("\n") == 1 and words in err, err
 
 

@@ -14,17 +14,24 @@ from mxsim.rtl.synth import design_key, have_yosys, synthesize
 from test_golden_rtl import require
 
 
-LONG = pytest.mark.skipif(not os.environ.get("MXSIM_RTL_LONG"), reason="MXSIM_RTL_LONG=1 (docs/rtl.md)")
+LONG = pytest.mark.skipif(
+    not os.environ.get("MXSIM_RTL_LONG"), reason="MXSIM_RTL_LONG=1 (docs/rtl.md)"
+)
 
 
 def small_unit(window: int, k: int = 1):
     """A k-element FP4 unit (one block, E8M0 scales) with c in a window of ``window`` bits."""
-    config = parse_hwconfig({
-        "mxsim_hwconfig": 1, "name": f"small-w{window}",
-        "inputs": {"a_formats": ["fp4_e2m1"], "b_formats": ["fp4_e2m1"], "block_size": k},
-        "adder": {"fused_terms": k, "accumulator_in_tree": True, "align_fraction_bits": window},
-        "accumulator": {"rounding": "toward_zero"}, "output": {"rounding": "toward_zero"},
-    }, "<small>")
+    config = parse_hwconfig(
+        {
+            "mxsim_hwconfig": 1,
+            "name": f"small-w{window}",
+            "inputs": {"a_formats": ["fp4_e2m1"], "b_formats": ["fp4_e2m1"], "block_size": k},
+            "adder": {"fused_terms": k, "accumulator_in_tree": True, "align_fraction_bits": window},
+            "accumulator": {"rounding": "toward_zero"},
+            "output": {"rounding": "toward_zero"},
+        },
+        "<small>",
+    )
     return generate_unit(config, "fp4_e2m1", "fp4_e2m1", k)
 
 
@@ -33,9 +40,18 @@ def test_area_and_depth_from_yosys(tmp_path, monkeypatch):
     monkeypatch.setenv("MXSIM_SYNTH_CACHE", str(tmp_path))
     unit = small_unit(4)
     first = synthesize(unit)
-    assert first.cells > 100 and first.transistors > 2 * first.cells and first.depth > 10 and not first.cached
+    assert (
+        first.cells > 100
+        and first.transistors > 2 * first.cells
+        and first.depth > 10
+        and not first.cached
+    )
     again = synthesize(unit)
-    assert again.cached and (again.cells, again.transistors, again.depth) == (first.cells, first.transistors, first.depth)
+    assert again.cached and (again.cells, again.transistors, again.depth) == (
+        first.cells,
+        first.transistors,
+        first.depth,
+    )
     assert (tmp_path / f"{design_key(unit)}.json").is_file()
 
 

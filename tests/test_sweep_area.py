@@ -25,8 +25,19 @@ output: {rounding: toward_zero}
 def sweep(tmp_path, *extra, hw=None, vary="adder.align_fraction_bits=4,8"):
     """The command's exit status (argparse's refusals exit through SystemExit)."""
     try:
-        return main(["sweep", TRACE, "--hw", hw or str(tiny_config(tmp_path)), "--vary", vary,
-                     "--out", str(tmp_path / "out"), *extra])
+        return main(
+            [
+                "sweep",
+                TRACE,
+                "--hw",
+                hw or str(tiny_config(tmp_path)),
+                "--vary",
+                vary,
+                "--out",
+                str(tmp_path / "out"),
+                *extra,
+            ]
+        )
     except SystemExit as exit_:
         return exit_.code
 
@@ -56,19 +67,26 @@ def test_area_and_depth_columns_from_yosys(capsys, tmp_path, monkeypatch):
     assert summary["pareto_area"] and set(summary["pareto_area"]) <= {0, 1}
     rows = (tmp_path / "out/sweep.csv").read_text().splitlines()
     assert rows[0].endswith(",area_cells,area_transistors,depth,pareto_area")
-    assert rows[1].split(",")[-4:-1] == [str(narrow["cells"]), str(narrow["transistors"]), str(narrow["depth"])]
+    assert rows[1].split(",")[-4:-1] == [
+        str(narrow["cells"]),
+        str(narrow["transistors"]),
+        str(narrow["depth"]),
+    ]
     assert (tmp_path / "out/plots/pareto-area.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list((tmp_path / "cache").glob("*.json"))) == 2
     assert sweep(tmp_path, "--area", "--format", "fp4_e2m1") == 0
     assert capsys.readouterr().err.count("(cached)") == 2
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--area-k", "8"], "--area-k needs --area"),
-    (["--area", "--area-k", "0"], "--area-k"),
-    (["--area", "--area-k", "5000"], "--area-k"),
-    (["--area", "--area-k", "x"], "--area-k: invalid int value"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--area-k", "8"], "--area-k needs --area"),
+        (["--area", "--area-k", "0"], "--area-k"),
+        (["--area", "--area-k", "5000"], "--area-k"),
+        (["--area", "--area-k", "x"], "--area-k: invalid int value"),
+    ],
+)
 def test_bad_area_options_are_refused(capsys, tmp_path, extra, message):
     status = sweep(tmp_path, *extra)
     err = capsys.readouterr().err
@@ -78,19 +96,37 @@ def test_bad_area_options_are_refused(capsys, tmp_path, extra, message):
 
 def test_a_k_the_units_do_not_take_is_refused(capsys, tmp_path):
     require(have_yosys(), "Yosys")
-    status = sweep(tmp_path, "--area", "--area-k", "33", hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
-                   vary="adder.align_fraction_bits=13,25")
+    status = sweep(
+        tmp_path,
+        "--area",
+        "--area-k",
+        "33",
+        hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
+        vary="adder.align_fraction_bits=13,25",
+    )
     err = capsys.readouterr().err
-    assert status == 2 and "at point adder.align_fraction_bits=13" in err and "multiple of inputs.block_size" in err
+    assert (
+        status == 2
+        and "at point adder.align_fraction_bits=13" in err
+        and "multiple of inputs.block_size" in err
+    )
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 def test_a_point_the_generator_does_not_cover_is_refused_before_any_replay(capsys, tmp_path):
     require(have_yosys(), "Yosys")
-    status = sweep(tmp_path, "--area", hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
-                   vary="output.zero_sign=ieee,ieee_steps")
+    status = sweep(
+        tmp_path,
+        "--area",
+        hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
+        vary="output.zero_sign=ieee,ieee_steps",
+    )
     err = capsys.readouterr().err
-    assert status == 2 and "output.zero_sign: ieee_steps" in err and "not covered by the RTL generator" in err
+    assert (
+        status == 2
+        and "output.zero_sign: ieee_steps" in err
+        and "not covered by the RTL generator" in err
+    )
     assert "at point output.zero_sign=ieee_steps" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
@@ -107,9 +143,17 @@ def test_the_area_front_ranks_by_transistors():
     from mxsim.sweep.run import area_transistors, pareto_front
 
     def record(bits, transistors, sqnr):
-        return {"cost": {"cost_bits": bits}, "area": {"transistors": transistors},
-                "result": {"metrics": {"worst_layer_sqnr_vs_ideal_db": sqnr}}}
+        return {
+            "cost": {"cost_bits": bits},
+            "area": {"transistors": transistors},
+            "result": {"metrics": {"worst_layer_sqnr_vs_ideal_db": sqnr}},
+        }
 
-    records = [record(10, 900, 40.0), record(20, 500, 30.0), record(30, 700, 50.0), record(5, 800, 20.0)]
+    records = [
+        record(10, 900, 40.0),
+        record(20, 500, 30.0),
+        record(30, 700, 50.0),
+        record(5, 800, 20.0),
+    ]
     assert pareto_front(records) == [3, 0, 2]
     assert pareto_front(records, area_transistors) == [1, 2]

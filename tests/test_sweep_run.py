@@ -31,7 +31,9 @@ def separate_replays():
 
 def check_equals_replays(summary, reports):
     assert [record["point"] for record in summary["points"]] == [
-        {"adder.align_fraction_bits": 6}, {"adder.align_fraction_bits": 13}]
+        {"adder.align_fraction_bits": 6},
+        {"adder.align_fraction_bits": 13},
+    ]
     for record, report in zip(summary["points"], reports, strict=True):
         (name,) = report["units"]
         result = record["result"]
@@ -42,9 +44,15 @@ def check_equals_replays(summary, reports):
             expected["hw"] = record["hw"]
             assert layer == expected
         assert result["metrics"]["accuracy"] == report["end_to_end"]["accuracy"][name]
-        assert result["metrics"]["max_rel_rms_error_vs_ideal"] == report["totals"][name]["max_rel_rms_error_vs_ideal"]
+        assert (
+            result["metrics"]["max_rel_rms_error_vs_ideal"]
+            == report["totals"][name]["max_rel_rms_error_vs_ideal"]
+        )
     # The knob matters: the 6-bit window changes output bits.
-    assert summary["points"][0]["result"]["bits_sha256"] != summary["points"][1]["result"]["bits_sha256"]
+    assert (
+        summary["points"][0]["result"]["bits_sha256"]
+        != summary["points"][1]["result"]["bits_sha256"]
+    )
 
 
 def test_two_point_sweep_equals_two_replays(tmp_path, separate_replays):
@@ -72,7 +80,10 @@ def test_rerun_skips_finished_points(tmp_path):
     assert second["resumed"] == 3
     assert [f.stat().st_mtime_ns for f in files[1:]] == stamps[1:]
     strip = [{k: v for k, v in r.items() if k != "resumed"} for r in second["points"]]
-    assert strip == [{k: v for k, v in r.items() if k != "resumed"} for r in json.loads(json.dumps(first["points"]))]
+    assert strip == [
+        {k: v for k, v in r.items() if k != "resumed"}
+        for r in json.loads(json.dumps(first["points"]))
+    ]
     # Another element format is another key: nothing is reused.
     assert run_sweep(TRACE, BASE, knobs, tmp_path, element_format="fp8_e5m2")["resumed"] == 0
 
@@ -98,7 +109,11 @@ def test_failed_points_are_reported_and_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_run, "replay_point", failing)
     summary = run_sweep(TRACE, BASE, parse_knobs(KNOBS), tmp_path)
     failed, finished = summary["points"]
-    assert summary["failed"] == 1 and failed["result"] is None and "this point failed" in failed["error"]
+    assert (
+        summary["failed"] == 1
+        and failed["result"] is None
+        and "this point failed" in failed["error"]
+    )
     assert finished["result"] is not None and summary["pareto"] == [1]
     assert len(list((tmp_path / "points").glob("*.json"))) == 1
     again = run_sweep(TRACE, BASE, parse_knobs(KNOBS), tmp_path)
@@ -114,16 +129,34 @@ def test_trace_digest_sees_contents():
 
 def test_pareto_front():
     def record(cost, sqnr):
-        return {"cost": {"cost_bits": cost}, "result": {"metrics": {"worst_layer_sqnr_vs_ideal_db": sqnr}}}
+        return {
+            "cost": {"cost_bits": cost},
+            "result": {"metrics": {"worst_layer_sqnr_vs_ideal_db": sqnr}},
+        }
 
-    records = [record(100, 30.0), record(50, 20.0), record(80, 10.0), {"cost": {"cost_bits": 1}, "result": None},
-               record(200, float("inf")), record(150, 30.0)]
+    records = [
+        record(100, 30.0),
+        record(50, 20.0),
+        record(80, 10.0),
+        {"cost": {"cost_bits": 1}, "result": None},
+        record(200, float("inf")),
+        record(150, 30.0),
+    ]
     assert pareto_front(records) == [1, 0, 4]
 
 
 def test_command_line_sweep(capsys, tmp_path):
-    argv = ["sweep", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"),
-            "--vary", "adder.align_fraction_bits=6,13", "--out", str(tmp_path), "--quiet"]
+    argv = [
+        "sweep",
+        str(REPO / "traces/digits-cnn"),
+        "--hw",
+        str(REPO / "hwconfigs/h100-fp8.yaml"),
+        "--vary",
+        "adder.align_fraction_bits=6,13",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "2 points (0 resumed, 0 failed)" in out and "accuracy" in out
@@ -131,18 +164,36 @@ def test_command_line_sweep(capsys, tmp_path):
     rows = (tmp_path / "sweep.csv").read_text().splitlines()
     assert len(summary["points"]) == 2 and len(rows) == 3
     assert rows[0].startswith("point,adder.align_fraction_bits,cost_bits")
-    assert all(open(tmp_path / "plots" / name, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-               for name in ("error-vs-adder.align_fraction_bits.png", "pareto.png"))
+    assert all(
+        open(tmp_path / "plots" / name, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+        for name in ("error-vs-adder.align_fraction_bits.png", "pareto.png")
+    )
     assert main(argv) == 0 and "2 points (2 resumed, 0 failed)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("vary, message", [
-    ("adder.width=8", "adder.width: unknown key path; accepted: "),
-    ("adder.align_fraction_bits=8,77", "adder.align_fraction_bits: expected an integer 0..50, got 77"),
-])
+@pytest.mark.parametrize(
+    "vary, message",
+    [
+        ("adder.width=8", "adder.width: unknown key path; accepted: "),
+        (
+            "adder.align_fraction_bits=8,77",
+            "adder.align_fraction_bits: expected an integer 0..50, got 77",
+        ),
+    ],
+)
 def test_command_line_errors(capsys, tmp_path, vary, message):
-    status = main(["sweep", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/h100-fp8.yaml"),
-                   "--vary", vary, "--out", str(tmp_path / "out")])
+    status = main(
+        [
+            "sweep",
+            str(REPO / "traces/digits-cnn"),
+            "--hw",
+            str(REPO / "hwconfigs/h100-fp8.yaml"),
+            "--vary",
+            vary,
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
@@ -152,7 +203,15 @@ def test_workers_without_dask_is_a_clear_error(capsys, tmp_path, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "distributed", None)
-    status = main(["replay", str(REPO / "traces/digits-cnn"), "--hw", str(REPO / "hwconfigs/ocp-exact.yaml"),
-                   "--workers", "2"])
+    status = main(
+        [
+            "replay",
+            str(REPO / "traces/digits-cnn"),
+            "--hw",
+            str(REPO / "hwconfigs/ocp-exact.yaml"),
+            "--workers",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2 and "pip install 'mxsim[dask]'" in err

@@ -32,21 +32,36 @@ def conv_cases(draw):
     while geometry is None:
         kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
         dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-        padding = ((draw(st.integers(0, 2)), draw(st.integers(0, 2))), (draw(st.integers(0, 2)), draw(st.integers(0, 2))))
+        padding = (
+            (draw(st.integers(0, 2)), draw(st.integers(0, 2))),
+            (draw(st.integers(0, 2)), draw(st.integers(0, 2))),
+        )
         height, width = draw(st.integers(1, 7)), draw(st.integers(1, 7))
         span_h, span_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
         if height + sum(padding[0]) < span_h or width + sum(padding[1]) < span_w:
             continue
         geometry = Conv2dGeometry(
-            batch=draw(st.integers(1, 2)), in_channels=groups * draw(st.integers(1, 3)), height=height, width=width,
-            out_channels=groups * draw(st.integers(1, 3)), kernel_height=kh, kernel_width=kw,
-            stride=(draw(st.integers(1, 3)), draw(st.integers(1, 3))), padding=padding, dilation=dilation,
-            groups=groups)
+            batch=draw(st.integers(1, 2)),
+            in_channels=groups * draw(st.integers(1, 3)),
+            height=height,
+            width=width,
+            out_channels=groups * draw(st.integers(1, 3)),
+            kernel_height=kh,
+            kernel_width=kw,
+            stride=(draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+        )
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     x = rng.integers(-8, 9, geometry.input_shape).astype(np.float64)
     w = rng.integers(-8, 9, geometry.weight_shape).astype(np.float64)
-    bias = rng.integers(-8, 9, geometry.out_channels).astype(np.float64) if draw(st.booleans()) else None
+    bias = (
+        rng.integers(-8, 9, geometry.out_channels).astype(np.float64)
+        if draw(st.booleans())
+        else None
+    )
     return geometry, x, w, bias
 
 
@@ -78,13 +93,15 @@ def test_im2col_splits_groups_and_orders_rows_by_image_then_pixel():
     for g in range(2):
         for n in range(2):
             for y in range(2):
-                assert lowered[g, n * 2 + y].tolist() == x[n, 2 * g:2 * g + 2, y, 0].tolist()
+                assert lowered[g, n * 2 + y].tolist() == x[n, 2 * g : 2 * g + 2, y, 0].tolist()
 
 
 def test_col2im_is_the_inverse_layout_of_the_gemm_result():
     geometry = Conv2dGeometry.from_shapes((2, 4, 3, 3), (6, 2, 1, 1), groups=2)
     out = np.arange(2 * 6 * 3 * 3, dtype=np.float64).reshape(2, 6, 3, 3)
-    c = out.reshape(2, 2, 3, 3, 3).transpose(1, 0, 3, 4, 2).reshape(2, 18, 3)  # (G, M, F) by definition
+    c = (
+        out.reshape(2, 2, 3, 3, 3).transpose(1, 0, 3, 4, 2).reshape(2, 18, 3)
+    )  # (G, M, F) by definition
     assert np.array_equal(col2im_output(c, geometry), out)
 
 
@@ -105,38 +122,53 @@ def test_im2col_lowering_equals_torch_conv2d(torch, case):
     (top, bottom), (left, right) = geometry.padding
     padded = torch.nn.functional.pad(torch.from_numpy(x), (left, right, top, bottom))
     expected = torch.nn.functional.conv2d(
-        padded, torch.from_numpy(w), None if bias is None else torch.from_numpy(bias),
-        stride=geometry.stride, dilation=geometry.dilation, groups=geometry.groups).numpy()
+        padded,
+        torch.from_numpy(w),
+        None if bias is None else torch.from_numpy(bias),
+        stride=geometry.stride,
+        dilation=geometry.dilation,
+        groups=geometry.groups,
+    ).numpy()
     assert np.array_equal(conv2d_im2col(x, w, bias, geometry), expected)
     assert np.array_equal(conv2d_direct(x, w, bias, geometry), expected)
 
 
 def test_output_size_uses_floor_division():
-    geometry = Conv2dGeometry(1, 1, 7, 6, 1, 3, 2, stride=(2, 3), padding=((1, 0), (0, 2)), dilation=(2, 1))
+    geometry = Conv2dGeometry(
+        1, 1, 7, 6, 1, 3, 2, stride=(2, 3), padding=((1, 0), (0, 2)), dilation=(2, 1)
+    )
     # H: (7 + 1 - 5) // 2 + 1 = 2;  W: (6 + 2 - 2) // 3 + 1 = 3
     assert (geometry.out_height, geometry.out_width) == (2, 3)
     assert geometry.gemm_m == 6 and geometry.gemm_k == 6
 
 
-@pytest.mark.parametrize("padding, expected", [
-    (1, ((1, 1), (1, 1))),
-    ((1, 2), ((1, 1), (2, 2))),
-    ([1, 2, 3, 4], ((1, 3), (2, 4))),  # ONNX pads: top, left, bottom, right
-    (((0, 1), (2, 3)), ((0, 1), (2, 3))),
-])
+@pytest.mark.parametrize(
+    "padding, expected",
+    [
+        (1, ((1, 1), (1, 1))),
+        ((1, 2), ((1, 1), (2, 2))),
+        ([1, 2, 3, 4], ((1, 3), (2, 4))),  # ONNX pads: top, left, bottom, right
+        (((0, 1), (2, 3)), ((0, 1), (2, 3))),
+    ],
+)
 def test_padding_forms(padding, expected):
     assert normalize_padding(padding) == expected
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(groups=3), "groups 3 must divide"),
-    (dict(kernel_height=9), "does not fit"),
-    (dict(stride=(0, 1)), "stride and dilation"),
-    (dict(padding=-1), "non-negative"),
-    (dict(batch=0), "batch must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(groups=3), "groups 3 must divide"),
+        (dict(kernel_height=9), "does not fit"),
+        (dict(stride=(0, 1)), "stride and dilation"),
+        (dict(padding=-1), "non-negative"),
+        (dict(batch=0), "batch must be a positive int"),
+    ],
+)
 def test_invalid_geometry_is_rejected(kwargs, message):
-    base = dict(batch=1, in_channels=4, height=5, width=5, out_channels=4, kernel_height=3, kernel_width=3)
+    base = dict(
+        batch=1, in_channels=4, height=5, width=5, out_channels=4, kernel_height=3, kernel_width=3
+    )
     with pytest.raises(MxsimError, match=message):
         Conv2dGeometry(**{**base, **kwargs})
 
@@ -167,21 +199,39 @@ def conv_transpose_cases(draw):
         kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
         stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
         dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-        output_padding = (draw(st.integers(0, max(stride[0], dilation[0]) - 1)),
-                          draw(st.integers(0, max(stride[1], dilation[1]) - 1)))
-        padding = ((draw(st.integers(0, 2)), draw(st.integers(0, 2))), (draw(st.integers(0, 2)), draw(st.integers(0, 2))))
+        output_padding = (
+            draw(st.integers(0, max(stride[0], dilation[0]) - 1)),
+            draw(st.integers(0, max(stride[1], dilation[1]) - 1)),
+        )
+        padding = (
+            (draw(st.integers(0, 2)), draw(st.integers(0, 2))),
+            (draw(st.integers(0, 2)), draw(st.integers(0, 2))),
+        )
         try:
             geometry = ConvTranspose2dGeometry(
-                batch=draw(st.integers(1, 2)), in_channels=groups * draw(st.integers(1, 3)),
-                height=draw(st.integers(1, 5)), width=draw(st.integers(1, 5)),
-                out_channels=groups * draw(st.integers(1, 3)), kernel_height=kh, kernel_width=kw, stride=stride,
-                padding=padding, output_padding=output_padding, dilation=dilation, groups=groups)
+                batch=draw(st.integers(1, 2)),
+                in_channels=groups * draw(st.integers(1, 3)),
+                height=draw(st.integers(1, 5)),
+                width=draw(st.integers(1, 5)),
+                out_channels=groups * draw(st.integers(1, 3)),
+                kernel_height=kh,
+                kernel_width=kw,
+                stride=stride,
+                padding=padding,
+                output_padding=output_padding,
+                dilation=dilation,
+                groups=groups,
+            )
         except MxsimError:  # padding larger than the output
             continue
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     x = rng.integers(-8, 9, geometry.input_shape).astype(np.float64)
     w = rng.integers(-8, 9, geometry.weight_shape).astype(np.float64)
-    bias = rng.integers(-8, 9, geometry.out_channels).astype(np.float64) if draw(st.booleans()) else None
+    bias = (
+        rng.integers(-8, 9, geometry.out_channels).astype(np.float64)
+        if draw(st.booleans())
+        else None
+    )
     return geometry, x, w, bias
 
 
@@ -190,9 +240,15 @@ def torch_conv_transpose2d(torch, geometry, x, w, bias):
     then the surplus rows/columns cropped from the output (torch only takes symmetric padding)."""
     (top, bottom), (left, right) = geometry.padding
     out = torch.nn.functional.conv_transpose2d(
-        torch.from_numpy(x), torch.from_numpy(w), None if bias is None else torch.from_numpy(bias),
-        stride=geometry.stride, padding=(min(top, bottom), min(left, right)), output_padding=geometry.output_padding,
-        dilation=geometry.dilation, groups=geometry.groups).numpy()
+        torch.from_numpy(x),
+        torch.from_numpy(w),
+        None if bias is None else torch.from_numpy(bias),
+        stride=geometry.stride,
+        padding=(min(top, bottom), min(left, right)),
+        output_padding=geometry.output_padding,
+        dilation=geometry.dilation,
+        groups=geometry.groups,
+    ).numpy()
     rows = slice(top - min(top, bottom), out.shape[2] - (bottom - min(top, bottom)))
     cols = slice(left - min(left, right), out.shape[3] - (right - min(left, right)))
     return out[:, :, rows, cols]
@@ -213,11 +269,14 @@ def test_conv_transpose_direct_matches_a_hand_computed_example():
     x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]])
     w = np.array([[[[1.0, 10.0], [100.0, 1000.0]]]])
     geometry = ConvTranspose2dGeometry.from_shapes(x.shape, w.shape, stride=2)
-    expected = np.array([[1, 10, 2, 20], [100, 1000, 200, 2000], [3, 30, 4, 40], [300, 3000, 400, 4000]], float)
+    expected = np.array(
+        [[1, 10, 2, 20], [100, 1000, 200, 2000], [3, 30, 4, 40], [300, 3000, 400, 4000]], float
+    )
     assert np.array_equal(conv_transpose2d_direct(x, w, None, geometry)[0, 0], expected)
     # padding crops the output's border, output padding extends it at the bottom/right
-    cropped = ConvTranspose2dGeometry.from_shapes(x.shape, w.shape, stride=2, padding=((1, 0), (0, 1)),
-                                                  output_padding=(1, 0))
+    cropped = ConvTranspose2dGeometry.from_shapes(
+        x.shape, w.shape, stride=2, padding=((1, 0), (0, 1)), output_padding=(1, 0)
+    )
     assert cropped.output_shape == (1, 1, 4, 3)
     result = conv_transpose2d_direct(x, w, None, cropped)[0, 0]
     assert np.array_equal(result[:3], expected[1:, :3]) and not result[3].any()

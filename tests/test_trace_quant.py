@@ -13,19 +13,28 @@ RNG = np.random.default_rng(3)
 
 
 def test_mx_spec_canonicalises_the_format_and_sorts_options():
-    spec = MXQuant("MXFP8E4M3", 1, 32, "quark-onnx", {"int8_minus_two": True, "element_rounding": "nearest_away"})
+    spec = MXQuant(
+        "MXFP8E4M3",
+        1,
+        32,
+        "quark-onnx",
+        {"int8_minus_two": True, "element_rounding": "nearest_away"},
+    )
     assert spec.format == "fp8_e4m3"
     assert spec.options == (("element_rounding", "nearest_away"), ("int8_minus_two", True))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(format="fp7"), "unknown format"),
-    (dict(format="fp8_e4m3", profile="nvidia"), "unknown profile"),
-    (dict(format="fp8_e4m3", options={"scale_rule": "round"}), "scale_rule"),
-    (dict(format="fp8_e4m3", options={"no_such_option": 1}), "unknown quantization option"),
-    (dict(format="fp8_e4m3", block_size=0), "block_size must be a positive int"),
-    (dict(format="fp8_e4m3", axis=1.5), "axis must be an int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(format="fp7"), "unknown format"),
+        (dict(format="fp8_e4m3", profile="nvidia"), "unknown profile"),
+        (dict(format="fp8_e4m3", options={"scale_rule": "round"}), "scale_rule"),
+        (dict(format="fp8_e4m3", options={"no_such_option": 1}), "unknown quantization option"),
+        (dict(format="fp8_e4m3", block_size=0), "block_size must be a positive int"),
+        (dict(format="fp8_e4m3", axis=1.5), "axis must be an int"),
+    ],
+)
 def test_mx_spec_rejects_invalid_values(kwargs, message):
     with pytest.raises(MxsimError, match=message):
         MXQuant(**kwargs)
@@ -34,7 +43,10 @@ def test_mx_spec_rejects_invalid_values(kwargs, message):
 def test_mx_fake_quantize_is_mxsim_fake_quantize_along_the_axis():
     x = RNG.standard_normal((4, 64)).astype(np.float32)
     spec = MXQuant("fp4_e2m1", axis=1, block_size=16, profile="quark-onnx")
-    assert np.array_equal(spec.fake_quantize(x), fake_quantize(x, "fp4_e2m1", axis=1, block_size=16, profile="quark-onnx"))
+    assert np.array_equal(
+        spec.fake_quantize(x),
+        fake_quantize(x, "fp4_e2m1", axis=1, block_size=16, profile="quark-onnx"),
+    )
 
 
 def test_unresolved_axis_cannot_quantize():
@@ -51,7 +63,9 @@ def test_single_element_bypass_returns_the_input():
 def test_bfp_spec_names_and_fake_quantize():
     spec = BFPQuant("mx6", axis=0)
     assert spec.spec == BFP_SPECS["MX6"] and spec.name == "MX6"
-    assert BFPQuant(BFP_SPECS["MX6"].replace(rounding_mode=2), 0).name == "MX6"  # rounding is not layout
+    assert (
+        BFPQuant(BFP_SPECS["MX6"].replace(rounding_mode=2), 0).name == "MX6"
+    )  # rounding is not layout
     assert BFPQuant(BFP_SPECS["MX6"].replace(block_size=8), 0).name is None
     x = RNG.standard_normal((32, 3)).astype(np.float32)
     assert np.array_equal(spec.fake_quantize(x), quantize_bfp(x, "MX6", axis=0).dequantize())
@@ -87,12 +101,22 @@ def test_qdq_spec_validation():
         QDQQuant("float8e4m3fn", np.ones(1, np.float32)).fake_quantize(np.ones(2, np.float32))
 
 
-@pytest.mark.parametrize("spec", [
-    MXQuant("int8", 1, 32, "quark-onnx", {"element_rounding": "nearest_toward_positive"}, bypass_single_element=True),
-    MXQuant("fp6_e2m3", 0, 16, "quark", {"even_fraction_bits": (("int8", 8),)}),
-    BFPQuant(BFP_SPECS["MX9"].replace(kernel="cuda", rounding_mode=2, seed=5), 1),
-    BFPQuant("BFP16", 0, bypass_single_element=True),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        MXQuant(
+            "int8",
+            1,
+            32,
+            "quark-onnx",
+            {"element_rounding": "nearest_toward_positive"},
+            bypass_single_element=True,
+        ),
+        MXQuant("fp6_e2m3", 0, 16, "quark", {"even_fraction_bits": (("int8", 8),)}),
+        BFPQuant(BFP_SPECS["MX9"].replace(kernel="cuda", rounding_mode=2, seed=5), 1),
+        BFPQuant("BFP16", 0, bypass_single_element=True),
+    ],
+)
 def test_manifest_round_trip(spec):
     assert spec_from_manifest(spec.to_manifest(), {}, "weight") == spec
 
@@ -100,19 +124,40 @@ def test_manifest_round_trip(spec):
 def test_qdq_manifest_names_its_arrays():
     spec = QDQQuant("int8", np.array([0.5, 0.25], np.float32), np.array([0, 1], np.int8), axis=0)
     entry = spec.to_manifest("weight")
-    assert entry["scale"] == "quant.weight.scale" and entry["zero_point"] == "quant.weight.zero_point"
+    assert (
+        entry["scale"] == "quant.weight.scale" and entry["zero_point"] == "quant.weight.zero_point"
+    )
     back = spec_from_manifest(entry, spec.arrays("weight"), "weight")
-    assert np.array_equal(back.scale, spec.scale) and np.array_equal(back.zero_point, spec.zero_point)
+    assert np.array_equal(back.scale, spec.scale) and np.array_equal(
+        back.zero_point, spec.zero_point
+    )
     with pytest.raises(MxsimError, match="quant.input.scale"):
         spec_from_manifest(entry, spec.arrays("weight"), "input")
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"kind": "mx", "format": "fp8_e4m3", "axis": 1, "block_size": 32, "colour": 1}, "unknown keys"),
-    ({"kind": "bfp", "name": "MX4", "axis": 0, "method": "to_bfp_prime", "bit_width": 13, "block_size": 16,
-      "sub_block_size": 2, "sub_block_shift_bits": 1}, "does not match"),
-    ({"kind": "fixed"}, "unknown kind"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            {"kind": "mx", "format": "fp8_e4m3", "axis": 1, "block_size": 32, "colour": 1},
+            "unknown keys",
+        ),
+        (
+            {
+                "kind": "bfp",
+                "name": "MX4",
+                "axis": 0,
+                "method": "to_bfp_prime",
+                "bit_width": 13,
+                "block_size": 16,
+                "sub_block_size": 2,
+                "sub_block_shift_bits": 1,
+            },
+            "does not match",
+        ),
+        ({"kind": "fixed"}, "unknown kind"),
+    ],
+)
 def test_invalid_manifest_entries(entry, message):
     with pytest.raises(MxsimError, match=message):
         spec_from_manifest(entry, {}, "input")
@@ -127,7 +172,9 @@ def test_mx_spec_with_stored_scales_quantizes_at_them_and_names_its_array():
     assert plain.quantize(x).scales.tolist() == [[126], [125]]  # the rule: the lower scales
     spec = MXQuant("fp4_e2m1", 1, 4, "torchao-rceil", scales=np.array([[127], [126]], np.uint8))
     stored = spec.quantize(x)
-    assert stored.scales.tolist() == [[127], [126]] and stored.codes[0, 0] == 0b0101  # 3.0 at scale 1
+    assert (
+        stored.scales.tolist() == [[127], [126]] and stored.codes[0, 0] == 0b0101
+    )  # 3.0 at scale 1
     assert np.array_equal(spec.fake_quantize(x), x) and np.array_equal(plain.fake_quantize(x), x)
     entry = spec.to_manifest("weight")
     assert entry["scales"] == "quant.weight.scales"
@@ -147,8 +194,12 @@ def test_stored_scales_of_another_shape_are_refused_by_validation():
 
     def trace(scales):
         x, w = np.ones((3, 40), np.float32), np.ones((4, 40), np.float32)
-        layer = Layer("l", "linear", {"input": x, "weight": w, "output": np.ones((3, 4), np.float32)},
-                      quant={"weight": MXQuant("fp8_e4m3", 1, 32, scales=scales)})
+        layer = Layer(
+            "l",
+            "linear",
+            {"input": x, "weight": w, "output": np.ones((3, 4), np.float32)},
+            quant={"weight": MXQuant("fp8_e4m3", 1, 32, scales=scales)},
+        )
         return Trace("t", [layer])
 
     validate_trace(trace(np.full((4, 2), 127, np.uint8)))

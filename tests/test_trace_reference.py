@@ -37,7 +37,9 @@ def _exact_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     for index in np.ndindex(*out.shape):
         *group, m, n = index
         row, column = xb[tuple(group)][m], wb[tuple(group)][:, n]
-        out[index] = _fp32_nearest_even(sum((Fraction(a) * Fraction(b) for a, b in zip(row, column)), Fraction(0)))
+        out[index] = _fp32_nearest_even(
+            sum((Fraction(a) * Fraction(b) for a, b in zip(row, column)), Fraction(0))
+        )
     return out
 
 
@@ -50,10 +52,21 @@ def _operand(rng, shape, fmt, axis, block, spread=40):
     return tensor, tensor.dequantize(np.float64)
 
 
-@pytest.mark.parametrize("case, grouped", [("linear", 0), ("linear 3-d input", 0), ("matmul 2-d weight", 0),
-                                           ("matmul batched", 1 << 14), ("matmul batched", 100), ("matmul batched", 1)])
+@pytest.mark.parametrize(
+    "case, grouped",
+    [
+        ("linear", 0),
+        ("linear 3-d input", 0),
+        ("matmul 2-d weight", 0),
+        ("matmul batched", 1 << 14),
+        ("matmul batched", 100),
+        ("matmul batched", 1),
+    ],
+)
 def test_prediction_is_the_exact_product_rounded_once_to_fp32(case, grouped, monkeypatch):
-    monkeypatch.setattr(reference, "_GROUPED_OUTPUTS", grouped)  # 6 groups of 4 x 6: per call 6, 2 or 1
+    monkeypatch.setattr(
+        reference, "_GROUPED_OUTPUTS", grouped
+    )  # 6 groups of 4 x 6: per call 6, 2 or 1
     rng = np.random.default_rng(7)
     bias = rng.standard_normal(6).astype(np.float32)
     if case.startswith("linear"):
@@ -62,7 +75,9 @@ def test_prediction_is_the_exact_product_rounded_once_to_fp32(case, grouped, mon
         b, w = _operand(rng, (6, 40), "int8", 1, 8)  # a weight block of 8 inside the input's 32
         attrs = {"alpha": 0.75, "beta": -2.0}
         got = mx_prediction("linear", attrs, a, b, bias)
-        want = _exact_products(x[..., None, :], w.T)[..., 0, :] * 0.75 + bias.astype(np.float64) * -2.0
+        want = (
+            _exact_products(x[..., None, :], w.T)[..., 0, :] * 0.75 + bias.astype(np.float64) * -2.0
+        )
     else:
         w_shape = (2, 1, 40, 6) if "batched" in case else (40, 6)
         a, x = _operand(rng, (1, 3, 4, 40), "fp4_e2m1", 3, 32)
@@ -93,14 +108,17 @@ def test_reconstruction_is_within_the_stated_bound():
         assert steps.dtype == np.int16
         r = reference.astype(np.float64) - prediction
         rms = math.sqrt(np.mean(np.square(r)))
-        assert rms * 2.0 ** -bits < 2.0 ** exponent <= rms * 2.0 ** -(bits - 1)  # the step
+        assert rms * 2.0**-bits < 2.0**exponent <= rms * 2.0 ** -(bits - 1)  # the step
         rebuilt = decode_residual(prediction, steps, exponent)
         assert rebuilt.dtype == np.float32
         error = np.abs(rebuilt.astype(np.float64) - reference)
-        assert np.all(error <= 2.0 ** (exponent - 1) + np.spacing(np.abs(rebuilt)).astype(np.float64))
-        assert np.all(error <= 2.0 ** -bits * rms + np.spacing(np.abs(rebuilt)).astype(np.float64))
-        assert np.sqrt(np.sum(np.square(error))) <= 2.0 ** -bits * np.sqrt(np.sum(np.square(r))) \
-            + np.sqrt(np.sum(np.square(np.spacing(np.abs(rebuilt)).astype(np.float64))))
+        assert np.all(
+            error <= 2.0 ** (exponent - 1) + np.spacing(np.abs(rebuilt)).astype(np.float64)
+        )
+        assert np.all(error <= 2.0**-bits * rms + np.spacing(np.abs(rebuilt)).astype(np.float64))
+        assert np.sqrt(np.sum(np.square(error))) <= 2.0**-bits * np.sqrt(
+            np.sum(np.square(r))
+        ) + np.sqrt(np.sum(np.square(np.spacing(np.abs(rebuilt)).astype(np.float64))))
         assert 0 < np.max(error)  # lossy at this scale: the bound, not equality, is what holds
 
 
@@ -108,7 +126,9 @@ def test_an_exact_prediction_gives_a_zero_residual():
     prediction = np.array([[1.5, -2.0], [0.25, 3.0]])
     steps, exponent = encode_residual(prediction.astype(np.float32), prediction, "residual8")
     assert exponent == 0 and not steps.any()
-    assert np.array_equal(decode_residual(prediction, steps, exponent), prediction.astype(np.float32))
+    assert np.array_equal(
+        decode_residual(prediction, steps, exponent), prediction.astype(np.float32)
+    )
 
 
 def test_tensors_that_stay_whole():
@@ -120,6 +140,12 @@ def test_tensors_that_stay_whole():
     nonfinite = reference.copy()
     nonfinite[1, 1] = np.inf
     nan_prediction = np.where(prediction > 2, np.nan, prediction)
-    for ref, pred in ((reference.astype(np.float64), prediction), (spike, prediction), (nonfinite, prediction),
-                      (reference, None), (reference, prediction[:50]), (reference, nan_prediction)):
+    for ref, pred in (
+        (reference.astype(np.float64), prediction),
+        (spike, prediction),
+        (nonfinite, prediction),
+        (reference, None),
+        (reference, prediction[:50]),
+        (reference, nan_prediction),
+    ):
         assert encode_residual(ref, pred, "residual8") is None

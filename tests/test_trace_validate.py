@@ -10,19 +10,26 @@ from mxsim.trace import save_trace
 
 from conftest import assert_trace_error, edit_manifest, layer_file, sample_trace
 
+
 def test_shapes_that_disagree_between_tensors(saved_trace):
     path = layer_file(saved_trace, "conv")
     with np.load(path, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     arrays["output"] = arrays["output"][:, :, :4]
     np.savez(path, **arrays)
-    edit_manifest(saved_trace, lambda m: m["layers"][0]["tensors"]["output"].update(shape=[4, 2, 4, 5]))
-    assert_trace_error(saved_trace, "conv", "output", "does not match the convolution: expected (4, 2, 5, 5)")
+    edit_manifest(
+        saved_trace, lambda m: m["layers"][0]["tensors"]["output"].update(shape=[4, 2, 4, 5])
+    )
+    assert_trace_error(
+        saved_trace, "conv", "output", "does not match the convolution: expected (4, 2, 5, 5)"
+    )
 
 
 def test_quant_axis_out_of_range(saved_trace):
     edit_manifest(saved_trace, lambda m: m["layers"][2]["quant"]["input"].update(axis=3))
-    assert_trace_error(saved_trace, "attention scores", "quant.input.axis", "3 is out of range for the 3-d input")
+    assert_trace_error(
+        saved_trace, "attention scores", "quant.input.axis", "3 is out of range for the 3-d input"
+    )
 
 
 def test_unknown_op_and_bad_attrs(saved_trace):
@@ -62,7 +69,9 @@ def test_network_referring_to_an_unknown_layer(saved_trace):
 def test_lists_where_names_are_expected(saved_trace):
     edit_manifest(saved_trace, lambda m: m["network"].update(labels=["labels"]))
     assert_trace_error(saved_trace, None, "network.labels", "['labels'] is not a dataset array")
-    edit_manifest(saved_trace, lambda m: m["network"].update(labels="labels", steps=[{"layer": ["conv"]}]))
+    edit_manifest(
+        saved_trace, lambda m: m["network"].update(labels="labels", steps=[{"layer": ["conv"]}])
+    )
     assert_trace_error(saved_trace, None, "network.steps[0]", "unknown layer ['conv']")
     edit_manifest(saved_trace, lambda m: m["network"].update(steps=[{"op": {"relu": 1}}]))
     assert_trace_error(saved_trace, None, "network.steps[0]", "unknown op {'relu': 1}")
@@ -81,24 +90,42 @@ def test_empty_batch_is_refused(tmp_path):
 def test_save_validates_before_writing(tmp_path):
     trace = sample_trace()
     trace.layers[1].tensors["weight"] = trace.layers[1].weight[:, :10]
-    with pytest.raises(TraceError, match=r"layer 'fc': field 'input': shape \(4, 50\) does not end in K = 10"):
+    with pytest.raises(
+        TraceError, match=r"layer 'fc': field 'input': shape \(4, 50\) does not end in K = 10"
+    ):
         save_trace(trace, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("start_dim, field, message", [
-    (4, "network.steps[2]", "flatten start_dim 4 is not below the rank 4 of its input (4, 2, 5, 5)"),
-    (3, "network.steps[3]", "layer 'fc' takes inputs (..., 50), gets (4, 2, 5, 5)"),
-])
-def test_a_flatten_the_tensor_cannot_take_is_refused_on_load(saved_trace, start_dim, field, message):
+@pytest.mark.parametrize(
+    "start_dim, field, message",
+    [
+        (
+            4,
+            "network.steps[2]",
+            "flatten start_dim 4 is not below the rank 4 of its input (4, 2, 5, 5)",
+        ),
+        (3, "network.steps[3]", "layer 'fc' takes inputs (..., 50), gets (4, 2, 5, 5)"),
+    ],
+)
+def test_a_flatten_the_tensor_cannot_take_is_refused_on_load(
+    saved_trace, start_dim, field, message
+):
     edit_manifest(saved_trace, lambda m: m["network"]["steps"][2].update(start_dim=start_dim))
     assert_trace_error(saved_trace, None, field, message)
 
 
 def test_labels_must_give_one_label_per_output_row():
     trace = sample_trace()
-    for labels in (np.array([0, 1, 2], np.int64), np.array([0, 1, 2, 1, 0], np.int64), np.zeros((4, 1), np.int64)):
+    for labels in (
+        np.array([0, 1, 2], np.int64),
+        np.array([0, 1, 2, 1, 0], np.int64),
+        np.zeros((4, 1), np.int64),
+    ):
         trace.dataset["labels"] = labels
-        with pytest.raises(TraceError, match=r"network.labels.*do not give one label per row of the network's "
-                                             r"output \(4, 3\)"):
+        with pytest.raises(
+            TraceError,
+            match=r"network.labels.*do not give one label per row of the network's "
+            r"output \(4, 3\)",
+        ):
             save_trace(trace, "unused")

@@ -37,18 +37,28 @@ def main() -> None:
     for fmt in FORMATS:
         takers = [hw for hw in units if fmt in hw.a_formats and fmt in hw.b_formats]
         if takers:
-            report = evaluate_hf(model_dir, takers, fmt, "embedding", REPO / "examples/minilm/sentences.txt",
-                                 progress=True)
+            report = evaluate_hf(
+                model_dir,
+                takers,
+                fmt,
+                "embedding",
+                REPO / "examples/minilm/sentences.txt",
+                progress=True,
+            )
             print(format_report(report), flush=True)
             reports.append(report)
-    print("\n| unit | format | cos min | cos mean | nn agree | order agree | spearman |\n|---|---|---|---|---|---|---|")
+    print(
+        "\n| unit | format | cos min | cos mean | nn agree | order agree | spearman |\n|---|---|---|---|---|---|---|"
+    )
     for report in reports:
         for run in report["runs"]:
             if "error" in run:
                 print(f"| {run['unit']} | {run['format']} | error: {run['error']} | | | | |")
                 continue
-            print(f"| {run['unit']} | {run['format']} | {run['cosine_min']:.6f} | {run['cosine_mean']:.6f} | "
-                  f"{run['neighbour_agreement']:.4f} | {run['order_agreement']:.4f} | {run['spearman_mean']:.4f} |")
+            print(
+                f"| {run['unit']} | {run['format']} | {run['cosine_min']:.6f} | {run['cosine_mean']:.6f} | "
+                f"{run['neighbour_agreement']:.4f} | {run['order_agreement']:.4f} | {run['spearman_mean']:.4f} |"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=2))
 

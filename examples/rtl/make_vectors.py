@@ -30,7 +30,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kind", action="append", choices=["random", "corners", "exhaustive"])
-    parser.add_argument("--expected", help="module:factory; factory(unit) returns the expected function")
+    parser.add_argument(
+        "--expected", help="module:factory; factory(unit) returns the expected function"
+    )
     parser.add_argument("--python-path", action="append", default=[])
     args = parser.parse_args(argv)
     sys.path[:0] = [str(Path(p).resolve()) for p in args.python_path]
@@ -43,8 +45,13 @@ def main(argv=None) -> int:
         module, _, name = args.expected.partition(":")
         factory = getattr(importlib.import_module(module), name)
     manifest = generate(
-        load_hwconfig(args.hw), args.out, cases=args.cases, seed=args.seed,
-        kinds=args.kind or ["random", "corners", "exhaustive"], pairs=[PAIR], expected_factory=factory,
+        load_hwconfig(args.hw),
+        args.out,
+        cases=args.cases,
+        seed=args.seed,
+        kinds=args.kind or ["random", "corners", "exhaustive"],
+        pairs=[PAIR],
+        expected_factory=factory,
         progress=True,
     )
     for kind, entry in manifest["units"][0]["files"].items():

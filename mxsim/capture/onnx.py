@@ -44,6 +44,7 @@ from .onnx_layers import IDENTITY, LAYER_OP_TYPES, Skip, layer_views, plan_layer
 from .onnx_qdq import qdq_spec
 from .onnx_quark import QUARK_DOMAINS, quark_node_function, quark_spec
 
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -61,9 +62,16 @@ def _unique(name: str, used: set[str]) -> str:
     return candidate
 
 
-def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = None,
-                 metadata: Mapping | None = None, dataset: Mapping[str, np.ndarray] | None = None,
-                 bfp_kernel: str = "cpu", layers=None) -> Trace:
+def capture_onnx(
+    model,
+    inputs: Mapping[str, np.ndarray],
+    *,
+    name: str | None = None,
+    metadata: Mapping | None = None,
+    dataset: Mapping[str, np.ndarray] | None = None,
+    bfp_kernel: str = "cpu",
+    layers=None,
+) -> Trace:
     """Run an ONNX model on ``inputs`` and capture its MatMul/Gemm/2-D Conv layers as a trace.
 
     Args:
@@ -93,9 +101,13 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
     select = layers
     if layers is not None and not callable(layers):
         names = set(layers)
-        known = {n.name for n in g.nodes if n.op_type in LAYER_OP_TYPES and n.domain in STANDARD_DOMAINS}
+        known = {
+            n.name for n in g.nodes if n.op_type in LAYER_OP_TYPES and n.domain in STANDARD_DOMAINS
+        }
         if names - known:
-            raise MxsimError(f"capture_onnx: no MatMul/Gemm/Conv node named {sorted(names - known)}")
+            raise MxsimError(
+                f"capture_onnx: no MatMul/Gemm/Conv node named {sorted(names - known)}"
+            )
 
         def select_by_name(node):
             return node.name in names
@@ -120,8 +132,9 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
         try:
             if x.dtype.kind != "f" or w.dtype.kind != "f":
                 raise Skip(f"non-float operands ({x.dtype}, {w.dtype})")
-            op, attrs, views, details = layer_views(node, node_attrs, x, w, values[plan["output"]],
-                                                     "bias" in ops)
+            op, attrs, views, details = layer_views(
+                node, node_attrs, x, w, values[plan["output"]], "bias" in ops
+            )
         except Skip as why:
             skipped.append({"name": layer_name, "op": node.op_type, "reason": str(why)})
             continue
@@ -144,16 +157,22 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
                 spec, lost = view.spec(spec)
                 why = why or lost
             tensors[role] = view.array(value)
-            if quantized is not None:  # kept even when the spec was not recognised: it is what the node read
+            if (
+                quantized is not None
+            ):  # kept even when the spec was not recognised: it is what the node read
                 tensors[f"{role}_quantized"] = view.array(quantized)
             quant[role] = spec
             if operand.nodes:
-                quant_nodes[role] = operand.nodes[-1].name if operand.kind == "qdq" else operand.nodes[0].name
+                quant_nodes[role] = (
+                    operand.nodes[-1].name if operand.kind == "qdq" else operand.nodes[0].name
+                )
             if why:
                 source.setdefault("quant_notes", {})[role] = why
         if quant_nodes:
             source["quant_nodes"] = quant_nodes
-        source["weight_is_constant"] = g.is_constant(ops["weight"].value) or ops["weight"].value in folded
+        source["weight_is_constant"] = (
+            g.is_constant(ops["weight"].value) or ops["weight"].value in folded
+        )
         layers_out.append(Layer(layer_name, op, tensors, attrs, quant, source))
     trace_source = {
         "framework": "onnx",
@@ -167,15 +186,26 @@ def capture_onnx(model, inputs: Mapping[str, np.ndarray], *, name: str | None = 
         trace_source["sha256"] = _sha256(path)
     if skipped:
         trace_source["skipped"] = skipped
-        listed = "; ".join(f"{entry['name']} ({entry['op']}): {entry['reason']}" for entry in skipped[:5])
+        listed = "; ".join(
+            f"{entry['name']} ({entry['op']}): {entry['reason']}" for entry in skipped[:5]
+        )
         more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-        warnings.warn(f"capture_onnx: {len(skipped)} matmul-like node(s) not captured, listed in source.skipped: "
-                      f"{listed}{more}", CaptureWarning, stacklevel=2)
+        warnings.warn(
+            f"capture_onnx: {len(skipped)} matmul-like node(s) not captured, listed in source.skipped: "
+            f"{listed}{more}",
+            CaptureWarning,
+            stacklevel=2,
+        )
     if layers is not None:
         trace_source["selected_layers"] = [layer.name for layer in layers_out]
     trace_name = name or (path.stem if path is not None else (proto.graph.name or "onnx-model"))
-    trace = Trace(trace_name, layers_out, trace_source, dict(metadata or {}),
-                  None if dataset is None else {k: np.asarray(v) for k, v in dataset.items()})
+    trace = Trace(
+        trace_name,
+        layers_out,
+        trace_source,
+        dict(metadata or {}),
+        None if dataset is None else {k: np.asarray(v) for k, v in dataset.items()},
+    )
     validate_trace(trace)
     return trace
 

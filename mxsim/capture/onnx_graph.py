@@ -55,12 +55,18 @@ def _constant_node_value(node):
     if "value" in attrs:
         return numpy_helper.to_array(attrs["value"].t), attrs["value"].t
     value = attributes(node)
-    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
-                       ("value_ints", np.int64)):
+    for key, dtype in (
+        ("value_float", np.float32),
+        ("value_floats", np.float32),
+        ("value_int", np.int64),
+        ("value_ints", np.int64),
+    ):
         if key in value:
             array = np.array(value[key], dtype=dtype)
             return array, numpy_helper.from_array(array, node.output[0])
-    raise MxsimError(f"Constant node {node.name!r}: only value/value_float(s)/value_int(s) are supported")
+    raise MxsimError(
+        f"Constant node {node.name!r}: only value/value_float(s)/value_int(s) are supported"
+    )
 
 
 def _subgraph_references(graph) -> set[str]:
@@ -146,14 +152,20 @@ class Graph:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         if self.keep_sessions:
             options.intra_op_num_threads = 1
-        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
 
-    def plan(self, python_node, wanted: set[str], python_domains: tuple[str, ...] = ()) -> tuple[Plan, list]:
+    def plan(
+        self, python_node, wanted: set[str], python_domains: tuple[str, ...] = ()
+    ) -> tuple[Plan, list]:
         """(the :class:`Plan` that runs this graph with the nodes ``python_node`` claims computed
         by it, their functions by node position): plans are made once per set of claimed nodes,
         ``wanted`` and ``python_domains`` (see :func:`run_graph`), then reused."""
         functions = [python_node(node) if python_node is not None else None for node in self.nodes]
-        claimed = frozenset(index for index, function in enumerate(functions) if function is not None)
+        claimed = frozenset(
+            index for index, function in enumerate(functions) if function is not None
+        )
         key = (claimed, frozenset(wanted), tuple(python_domains))
         if key not in self._plans:
             self._plans[key] = Plan(self, claimed, set(wanted), python_domains)
@@ -169,10 +181,14 @@ class Plan:
 
     ``folded``: the names of the Python nodes' outputs computed from constants alone."""
 
-    def __init__(self, g: Graph, claimed: frozenset[int], wanted: set[str], python_domains: tuple[str, ...]):
+    def __init__(
+        self, g: Graph, claimed: frozenset[int], wanted: set[str], python_domains: tuple[str, ...]
+    ):
         self.g = g
         stage: dict[str, int] = {info.name: 0 for info in g.inputs}
-        self.folded_nodes: list[int] = []  # positions of claimed nodes with constant inputs, in order
+        self.folded_nodes: list[
+            int
+        ] = []  # positions of claimed nodes with constant inputs, in order
         self.folded: set[str] = set()
         stage_nodes: dict[int, list] = {}
         self.computed_after: dict[int, list[int]] = {}
@@ -180,8 +196,10 @@ class Plan:
             inputs = node_inputs(node)
             for name in inputs:
                 if name not in stage and not g.is_constant(name) and name not in self.folded:
-                    raise MxsimError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which no earlier node, "
-                                     "graph input or initializer defines (is the graph topologically sorted?)")
+                    raise MxsimError(
+                        f"node {node.name!r} ({node.op_type}) reads {name!r}, which no earlier node, "
+                        "graph input or initializer defines (is the graph topologically sorted?)"
+                    )
             if index in claimed and all(g.is_constant(i) or i in self.folded for i in inputs):
                 # weights: computed once per run, before any stage, the result read as a constant
                 self.folded_nodes.append(index)
@@ -219,20 +237,26 @@ class Plan:
 
         for index in self.folded_nodes:
             node = g.nodes[index]
-            values[node.output[0]] = np.asarray(functions[index]([read(name) for name in node.input]))
+            values[node.output[0]] = np.asarray(
+                functions[index]([read(name) for name in node.input])
+            )
         for level in range(self.levels):
             if level in self.stages:
                 values.update(self.stages[level].run(values))
             for index in self.computed_after.get(level, []):
                 node = g.nodes[index]
-                values[node.output[0]] = np.asarray(functions[index]([read(name) for name in node.input]))
+                values[node.output[0]] = np.asarray(
+                    functions[index]([read(name) for name in node.input])
+                )
         return values
 
 
 class _Stage:
     """One stage's onnxruntime nodes: the sub-model's parts, and its sessions by input dtypes."""
 
-    def __init__(self, g: Graph, level: int, nodes: list, later: set[str], python_domains: tuple[str, ...]):
+    def __init__(
+        self, g: Graph, level: int, nodes: list, later: set[str], python_domains: tuple[str, ...]
+    ):
         self.g, self.level, self.nodes, self.python_domains = g, level, nodes, python_domains
         produced = [o for n in nodes for o in n.output if o]
         self.produced = set(produced)
@@ -246,15 +270,22 @@ class _Stage:
         onnx = require("onnx")
         g = self.g
         sub_graph = onnx.helper.make_graph(
-            self.nodes, f"{g.model.graph.name or 'graph'}_stage{self.level}",
-            [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(dtype), None)
-             for name, dtype in zip(self.inputs, dtypes)],
+            self.nodes,
+            f"{g.model.graph.name or 'graph'}_stage{self.level}",
+            [
+                onnx.helper.make_tensor_value_info(
+                    name, onnx.helper.np_dtype_to_tensor_dtype(dtype), None
+                )
+                for name, dtype in zip(self.inputs, dtypes)
+            ],
             [onnx.ValueInfoProto(name=name) for name in self.outputs],
             initializer=[g.constant_protos[name] for name in self.initializers],
             value_info=[v for v in g.model.graph.value_info if v.name in self.produced],
         )
         opsets = [o for o in g.model.opset_import if o.domain not in self.python_domains]
-        sub_model = onnx.helper.make_model(sub_graph, opset_imports=opsets, ir_version=g.model.ir_version)
+        sub_model = onnx.helper.make_model(
+            sub_graph, opset_imports=opsets, ir_version=g.model.ir_version
+        )
         sub_model.functions.extend(g.model.functions)
         return g.session(sub_model)
 
@@ -272,12 +303,19 @@ class _Stage:
                     self.sessions[dtypes] = session
             results = session.run(self.outputs, feeds)
         except Exception as error:  # onnxruntime raises its own exception types
-            raise MxsimError(f"onnxruntime failed on stage {self.level} of the graph: {error}") from None
+            raise MxsimError(
+                f"onnxruntime failed on stage {self.level} of the graph: {error}"
+            ) from None
         return dict(zip(self.outputs, (np.asarray(r) for r in results)))
 
 
-def run_graph(g: Graph, feeds: dict[str, np.ndarray], wanted: set[str], python_node=None,
-              python_domains: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+def run_graph(
+    g: Graph,
+    feeds: dict[str, np.ndarray],
+    wanted: set[str],
+    python_node=None,
+    python_domains: tuple[str, ...] = (),
+) -> dict[str, np.ndarray]:
     """Run the graph (see the module docstring) and return every value in ``wanted``.
 
     ``python_node``: None, or ``callable(node) -> None | callable(inputs) -> output``: a node
@@ -351,7 +389,9 @@ def check_feeds(g: Graph, inputs: Mapping[str, np.ndarray], caller: str) -> dict
     missing = [n for n in names if n not in inputs]
     extra = [n for n in inputs if n not in names]
     if missing or extra:
-        raise MxsimError(f"{caller}: the model's inputs are {names}; missing {missing}, unexpected {extra}")
+        raise MxsimError(
+            f"{caller}: the model's inputs are {names}; missing {missing}, unexpected {extra}"
+        )
     feeds = {}
     for info in g.inputs:
         array = np.asarray(inputs[info.name])
@@ -359,15 +399,20 @@ def check_feeds(g: Graph, inputs: Mapping[str, np.ndarray], caller: str) -> dict
         if elem_type:
             expected = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
             if array.dtype != expected:
-                raise MxsimError(f"{caller}: input {info.name!r} must be {expected}, got {array.dtype}")
+                raise MxsimError(
+                    f"{caller}: input {info.name!r} must be {expected}, got {array.dtype}"
+                )
         dims = info.type.tensor_type.shape.dim
         if info.type.tensor_type.HasField("shape"):
             if len(dims) != array.ndim:
-                raise MxsimError(f"{caller}: input {info.name!r} must be {len(dims)}-d, got shape {array.shape}")
+                raise MxsimError(
+                    f"{caller}: input {info.name!r} must be {len(dims)}-d, got shape {array.shape}"
+                )
             for axis, (dim, size) in enumerate(zip(dims, array.shape)):
                 if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
-                    raise MxsimError(f"{caller}: input {info.name!r} axis {axis} must be {dim.dim_value}, "
-                                     f"got shape {array.shape}")
+                    raise MxsimError(
+                        f"{caller}: input {info.name!r} axis {axis} must be {dim.dim_value}, "
+                        f"got shape {array.shape}"
+                    )
         feeds[info.name] = array
     return feeds
-

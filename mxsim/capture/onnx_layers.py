@@ -29,8 +29,12 @@ GEMM_LIKE_WORDS = ("MatMul", "Gemm", "Conv", "Attention", "LSTM", "GRU", "RNN", 
 def _spatial_attrs(attrs: dict, input_shape) -> tuple[str, int, list[int], list[int]]:
     """(auto_pad, number of spatial axes, strides, dilations) of an ONNX Conv / ConvTranspose node."""
     spatial = len(input_shape) - 2
-    return (text(attrs.get("auto_pad", "NOTSET")), spatial, [int(v) for v in attrs.get("strides", [1] * spatial)],
-            [int(v) for v in attrs.get("dilations", [1] * spatial)])
+    return (
+        text(attrs.get("auto_pad", "NOTSET")),
+        spatial,
+        [int(v) for v in attrs.get("strides", [1] * spatial)],
+        [int(v) for v in attrs.get("dilations", [1] * spatial)],
+    )
 
 
 def _explicit_pads(attrs: dict, spatial: int) -> list[list[int]]:
@@ -47,7 +51,9 @@ def _conv_padding(attrs: dict, input_shape, weight_shape) -> list[list[int]]:
     if auto_pad == "VALID":
         return [[0, 0] for _ in range(spatial)]
     pairs = []
-    for size, kernel, stride, dilation in zip(input_shape[2:], weight_shape[2:], strides, dilations):
+    for size, kernel, stride, dilation in zip(
+        input_shape[2:], weight_shape[2:], strides, dilations
+    ):
         out = -(-size // stride)
         total = max(0, (out - 1) * stride + dilation * (kernel - 1) + 1 - size)
         small, large = total // 2, total - total // 2
@@ -80,26 +86,49 @@ def plan_layers(g: Graph, select):
             continue
         if node.op_type not in LAYER_OP_TYPES or node.domain not in STANDARD_DOMAINS:
             if any(word in node.op_type for word in GEMM_LIKE_WORDS):
-                unplanned.append({"name": node.name or f"{node.op_type}_{index}",
-                                  "op": f"{node.domain}::{node.op_type}" if node.domain else node.op_type,
-                                  "reason": "a matmul-like op that capture does not lower to a GEMM layer"})
+                unplanned.append(
+                    {
+                        "name": node.name or f"{node.op_type}_{index}",
+                        "op": f"{node.domain}::{node.op_type}" if node.domain else node.op_type,
+                        "reason": "a matmul-like op that capture does not lower to a GEMM layer",
+                    }
+                )
             continue
         if node.op_type == "Einsum" and len(node.input) != 2:
-            unplanned.append({"name": node.name or f"Einsum_{index}", "op": "Einsum",
-                              "reason": f"{len(node.input)} operands (only two-operand contractions are layers)"})
+            unplanned.append(
+                {
+                    "name": node.name or f"Einsum_{index}",
+                    "op": "Einsum",
+                    "reason": f"{len(node.input)} operands (only two-operand contractions are layers)",
+                }
+            )
             continue
-        operands = {"input": trace_operand(g, node.input[0]), "weight": trace_operand(g, node.input[1])}
+        operands = {
+            "input": trace_operand(g, node.input[0]),
+            "weight": trace_operand(g, node.input[1]),
+        }
         output = node.output[0]
         fused = None
-        if node.op_type in ("Gemm", "Conv", "ConvTranspose") and len(node.input) > 2 and node.input[2]:
+        if (
+            node.op_type in ("Gemm", "Conv", "ConvTranspose")
+            and len(node.input) > 2
+            and node.input[2]
+        ):
             operands["bias"] = trace_operand(g, node.input[2])
         elif node.op_type == "MatMul":
             fused = _fused_bias(g, node)
             if fused is not None:
                 output = fused[0].output[0]
                 operands["bias"] = Operand(fused[1])
-        plans.append({"index": index, "node": node, "operands": operands, "output": output,
-                      "fused_add": None if fused is None else fused[0]})
+        plans.append(
+            {
+                "index": index,
+                "node": node,
+                "operands": operands,
+                "output": output,
+                "fused_add": None if fused is None else fused[0],
+            }
+        )
     return plans, unplanned
 
 
@@ -126,9 +155,13 @@ class View:
         axis = self._axis_map(spec.axis)
         if axis is None:
             return None, f"the spec's axis {spec.axis} is merged with other axes in the GEMM layout"
-        if isinstance(spec, QDQQuant) and spec.block_size:  # the blocked scale has the operand's layout
+        if (
+            isinstance(spec, QDQQuant) and spec.block_size
+        ):  # the blocked scale has the operand's layout
             zero = None if spec.zero_point is None else self.array(spec.zero_point)
-            return QDQQuant(spec.dtype, self.array(spec.scale), zero, axis, spec.block_size, spec.saturate), None
+            return QDQQuant(
+                spec.dtype, self.array(spec.scale), zero, axis, spec.block_size, spec.saturate
+            ), None
         return spec.with_axis(axis), None
 
 
@@ -174,11 +207,15 @@ def _einsum_views(equation: str, x: np.ndarray, w: np.ndarray):
             if len(group) != 1:
                 return None
             return len(batch) + (0 if order.index(c) == len(batch) else 1)
+
         return View(array, axis_map)
 
     m, k, n = flat(left), flat(contract), flat(right)
-    return {"input": view(a, batch + left + contract, (m, k)), "weight": view(b, batch + contract + right, (k, n)),
-            "output": view(out, batch + left + right, (m, n))}
+    return {
+        "input": view(a, batch + left + contract, (m, k)),
+        "weight": view(b, batch + contract + right, (k, n)),
+        "output": view(out, batch + left + right, (m, n)),
+    }
 
 
 def _conv_transpose_padding(attrs: dict, input_shape, weight_shape) -> list[list[int]]:
@@ -186,11 +223,18 @@ def _conv_transpose_padding(attrs: dict, input_shape, weight_shape) -> list[list
     auto_pad, spatial, strides, dilations = _spatial_attrs(attrs, input_shape)
     output_padding = list(attrs.get("output_padding", [0] * spatial))
     if "output_shape" not in attrs and auto_pad in ("NOTSET", "", "VALID"):
-        return _explicit_pads(attrs, spatial) if auto_pad in ("NOTSET", "") else [[0, 0] for _ in range(spatial)]
-    targets = list(attrs.get("output_shape", []))[-spatial:] or [size * s for size, s in zip(input_shape[2:], strides)]
+        return (
+            _explicit_pads(attrs, spatial)
+            if auto_pad in ("NOTSET", "")
+            else [[0, 0] for _ in range(spatial)]
+        )
+    targets = list(attrs.get("output_shape", []))[-spatial:] or [
+        size * s for size, s in zip(input_shape[2:], strides)
+    ]
     pairs = []
-    for size, kernel, stride, dilation, extra, target in zip(input_shape[2:], weight_shape[2:], strides, dilations,
-                                                              output_padding, targets):
+    for size, kernel, stride, dilation, extra, target in zip(
+        input_shape[2:], weight_shape[2:], strides, dilations, output_padding, targets
+    ):
         total = stride * (size - 1) + extra + (kernel - 1) * dilation + 1 - target
         if total < 0:
             raise Skip(f"output_shape {targets} is larger than the transposed convolution produces")
@@ -200,7 +244,9 @@ def _conv_transpose_padding(attrs: dict, input_shape, weight_shape) -> list[list
     return pairs
 
 
-def layer_views(node, node_attrs: dict, x: np.ndarray, w: np.ndarray, out: np.ndarray, has_bias: bool):
+def layer_views(
+    node, node_attrs: dict, x: np.ndarray, w: np.ndarray, out: np.ndarray, has_bias: bool
+):
     """(op, attrs, views of input/weight/bias/output, source details) of a layer node, or Skip."""
     op_type = node.op_type
     views = {}
@@ -217,43 +263,80 @@ def layer_views(node, node_attrs: dict, x: np.ndarray, w: np.ndarray, out: np.nd
             padding = _conv_padding(node_attrs, x.shape, w.shape)
         else:
             padding = _conv_transpose_padding(node_attrs, x.shape, w.shape)
-        attrs = {"stride": strides, "padding": padding, "dilation": dilations, "groups": int(node_attrs.get("group", 1))}
+        attrs = {
+            "stride": strides,
+            "padding": padding,
+            "dilation": dilations,
+            "groups": int(node_attrs.get("group", 1)),
+        }
         if spatial == 1:
-            attrs = {"stride": [1] + strides, "padding": [[0, 0]] + padding, "dilation": [1] + dilations,
-                     "groups": attrs["groups"]}
+            attrs = {
+                "stride": [1] + strides,
+                "padding": [[0, 0]] + padding,
+                "dilation": [1] + dilations,
+                "groups": attrs["groups"],
+            }
         if op_type == "ConvTranspose":
             extra = [int(v) for v in node_attrs.get("output_padding", [0] * spatial)]
             attrs["output_padding"] = [0] + extra if spatial == 1 else extra
         op = "conv2d" if op_type == "Conv" else "conv_transpose2d"
-        layer = Layer("check", op, {"input": views.get("input", IDENTITY).array(x),
-                                    "weight": views.get("weight", IDENTITY).array(w),
-                                    "output": views.get("output", IDENTITY).array(out)}, attrs)
+        layer = Layer(
+            "check",
+            op,
+            {
+                "input": views.get("input", IDENTITY).array(x),
+                "weight": views.get("weight", IDENTITY).array(w),
+                "output": views.get("output", IDENTITY).array(out),
+            },
+            attrs,
+        )
         try:
             expected = layer.conv_geometry().output_shape
         except MxsimError as error:
             raise Skip(str(error)) from None
         if expected != layer.output.shape:
-            raise Skip(f"attributes give output {expected}, onnxruntime produced {layer.output.shape}")
+            raise Skip(
+                f"attributes give output {expected}, onnxruntime produced {layer.output.shape}"
+            )
         return op, attrs, views, details
     if op_type == "Gemm":
         if node_attrs.get("transA", 0):
             views["input"] = _TRANSPOSE
         if not node_attrs.get("transB", 0):
             views["weight"] = _TRANSPOSE  # stored as (N, K)
-        attrs = {k: float(node_attrs[k]) for k in ("alpha", "beta") if node_attrs.get(k, 1.0) != 1.0}
-        details = {"transA": int(node_attrs.get("transA", 0)), "transB": int(node_attrs.get("transB", 0))}
+        attrs = {
+            k: float(node_attrs[k]) for k in ("alpha", "beta") if node_attrs.get(k, 1.0) != 1.0
+        }
+        details = {
+            "transA": int(node_attrs.get("transA", 0)),
+            "transB": int(node_attrs.get("transB", 0)),
+        }
         return "linear", attrs, views, details
     if op_type == "Einsum":
         equation = text(node_attrs.get("equation", ""))
         return "matmul", {}, _einsum_views(equation, x, w), {"equation": equation}
     # MatMul: numpy semantics; a 1-d operand becomes a 1-row / 1-column matrix
     if x.ndim == 1 and w.ndim == 1:
-        return "matmul", {}, {"input": View(lambda a: a[None, :], lambda axis: 1),
-                              "weight": View(lambda a: a[:, None], lambda axis: 0),
-                              "output": View(lambda a: a.reshape(1, 1), None)}, {"promoted": "dot"}
+        return (
+            "matmul",
+            {},
+            {
+                "input": View(lambda a: a[None, :], lambda axis: 1),
+                "weight": View(lambda a: a[:, None], lambda axis: 0),
+                "output": View(lambda a: a.reshape(1, 1), None),
+            },
+            {"promoted": "dot"},
+        )
     if x.ndim == 1:
-        return "matmul", {}, {"input": View(lambda a: a[None, :], lambda axis: 1),
-                              "output": View(lambda a: a[..., None, :], None)}, {"promoted": "row"}
+        return (
+            "matmul",
+            {},
+            {
+                "input": View(lambda a: a[None, :], lambda axis: 1),
+                "output": View(lambda a: a[..., None, :], None),
+            },
+            {"promoted": "row"},
+        )
     if w.ndim == 1:
         column = View(lambda a: a[..., None], None)
         views = {"weight": View(lambda a: a[:, None], lambda axis: 0), "output": column}

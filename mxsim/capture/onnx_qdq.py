@@ -17,9 +17,22 @@ from .onnx_quark import is_quark
 
 #: ONNX TensorProto data types -> the names QDQQuant takes.
 _QDQ_TYPE_NAMES = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 17: "float8e4m3fn",
-    18: "float8e4m3fnuz", 19: "float8e5m2", 20: "float8e5m2fnuz", 21: "uint4", 22: "int4", 23: "float4e2m1",
-    24: "float8e8m0", 25: "uint2", 26: "int2",
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    17: "float8e4m3fn",
+    18: "float8e4m3fnuz",
+    19: "float8e5m2",
+    20: "float8e5m2fnuz",
+    21: "uint4",
+    22: "int4",
+    23: "float4e2m1",
+    24: "float8e8m0",
+    25: "uint2",
+    26: "int2",
 }
 
 
@@ -51,7 +64,11 @@ def trace_operand(g: Graph, name: str) -> Operand:
         return Operand(producer.input[0], name, "quark", [producer])
     if producer.op_type == "DequantizeLinear" and producer.domain in STANDARD_DOMAINS:
         quantize = g.producer.get(producer.input[0])
-        if quantize is not None and quantize.op_type == "QuantizeLinear" and quantize.domain in STANDARD_DOMAINS:
+        if (
+            quantize is not None
+            and quantize.op_type == "QuantizeLinear"
+            and quantize.domain in STANDARD_DOMAINS
+        ):
             return Operand(quantize.input[0], name, "qdq", [producer, quantize])
         return Operand(name, None, "qdq", [producer])
     return Operand(name)
@@ -70,7 +87,9 @@ def _qdq_type(g: Graph, dq, q) -> str:
     return "uint8"  # ONNX QuantizeLinear default without a zero point
 
 
-def qdq_spec(g: Graph, operand: Operand, values: dict, rank: int) -> tuple[QDQQuant | None, str | None]:
+def qdq_spec(
+    g: Graph, operand: Operand, values: dict, rank: int
+) -> tuple[QDQQuant | None, str | None]:
     """The QDQ spec of an operand, or (None, why not)."""
     dq = operand.nodes[0]
     q = operand.nodes[1] if len(operand.nodes) > 1 else None
@@ -99,6 +118,11 @@ def qdq_spec(g: Graph, operand: Operand, values: dict, rank: int) -> tuple[QDQQu
     if zero is not None:
         zero = zero.astype(np.float32) if dtype in QDQ_FLOAT_TYPES else zero.astype(np.int64)
     saturate = bool(attributes(q).get("saturate", 1)) if q is not None else True
-    return QDQQuant(dtype, scale.astype(np.float32) if scale.dtype != np.float64 else scale, zero, axis,
-                    block_size, saturate), None
-
+    return QDQQuant(
+        dtype,
+        scale.astype(np.float32) if scale.dtype != np.float64 else scale,
+        zero,
+        axis,
+        block_size,
+        saturate,
+    ), None

@@ -33,9 +33,17 @@ QUARK_INT8_OPTIONS = {
 }
 #: Attribute defaults of Quark's custom ops (Quark's op documentation / custom_op_*.h).
 MX_DEFAULTS = {"element_dtype": "int8", "axis": 1, "block_size": 32, "rounding_mode": 0}
-BFP_DEFAULTS = {"bfp_method": "to_bfp", "axis": 1, "bit_width": 16, "block_size": 8, "rounding_mode": 0,
-                "sub_block_size": 2, "sub_block_shift_bits": 1, "convert_to_bfloat_before_bfp": 0,
-                "use_compiler_version_cpu_kernel": 0}
+BFP_DEFAULTS = {
+    "bfp_method": "to_bfp",
+    "axis": 1,
+    "bit_width": 16,
+    "block_size": 8,
+    "rounding_mode": 0,
+    "sub_block_size": 2,
+    "sub_block_shift_bits": 1,
+    "convert_to_bfloat_before_bfp": 0,
+    "use_compiler_version_cpu_kernel": 0,
+}
 
 
 def is_quark(node) -> bool:
@@ -75,17 +83,34 @@ def quark_spec(node, rank: int, bfp_kernel: str = "cpu") -> MXQuant | BFPQuant:
             if rounding not in QUARK_INT8_OPTIONS:
                 raise MxsimError(f"rounding_mode must be 0, 1 or 2, got {rounding!r}")
             options = QUARK_INT8_OPTIONS[rounding] if fmt.name == "int8" else {}
-            return MXQuant(fmt.name, axis, attrs["block_size"], "quark-onnx", options, bypass_single_element=True)
+            return MXQuant(
+                fmt.name,
+                axis,
+                attrs["block_size"],
+                "quark-onnx",
+                options,
+                bypass_single_element=True,
+            )
         if attrs["convert_to_bfloat_before_bfp"]:
             raise MxsimError("convert_to_bfloat_before_bfp=1 is not modelled by mxsim")
         if attrs["use_compiler_version_cpu_kernel"]:
             raise MxsimError("use_compiler_version_cpu_kernel=1 is not modelled by mxsim")
-        method = "to_bfp_prime" if attrs["bfp_method"] == "to_bfp_prime_shared" else attrs["bfp_method"]
+        method = (
+            "to_bfp_prime" if attrs["bfp_method"] == "to_bfp_prime_shared" else attrs["bfp_method"]
+        )
         if method == "to_bfp":  # Quark ignores the sub-block attributes for plain BFP
             sub, shift = attrs["block_size"], 0
         else:
             sub, shift = attrs["sub_block_size"], attrs["sub_block_shift_bits"]
-        spec = BFPSpec(method, attrs["bit_width"], attrs["block_size"], sub, shift, attrs["rounding_mode"], bfp_kernel)
+        spec = BFPSpec(
+            method,
+            attrs["bit_width"],
+            attrs["block_size"],
+            sub,
+            shift,
+            attrs["rounding_mode"],
+            bfp_kernel,
+        )
         return BFPQuant(spec, axis, bypass_single_element=True)
     except (MxsimError, UnknownNameError) as error:
         raise MxsimError(f"{where}: {error}") from None
@@ -97,7 +122,9 @@ def evaluate_quark(node, x: np.ndarray, bfp_kernel: str) -> np.ndarray:
     A tensor of one element (rank 0 included, e.g. hardswish's constants 3 and 6) passes
     through unchanged, as Quark's runtime passes it."""
     if x.dtype not in (np.float32, np.float16):
-        raise MxsimError(f"node {node.name!r} ({node.op_type}): input must be float32 or float16, got {x.dtype}")
+        raise MxsimError(
+            f"node {node.name!r} ({node.op_type}): input must be float32 or float16, got {x.dtype}"
+        )
     if x.size == 1:
         quark_spec(node, max(x.ndim, 1), bfp_kernel)  # attributes are still checked
         return x.copy()
@@ -114,8 +141,10 @@ def quark_node_function(bfp_kernel: str):
         if is_quark(node):
             return lambda inputs: evaluate_quark(node, inputs[0], bfp_kernel)
         if node.domain in QUARK_DOMAINS:
-            raise MxsimError(f"node {node.name!r}: {node.domain}::{node.op_type} needs Quark's custom-op library "
-                             "and is not emulated by mxsim (supported: MXQuantizeDequantize, BFPQuantizeDequantize)")
+            raise MxsimError(
+                f"node {node.name!r}: {node.domain}::{node.op_type} needs Quark's custom-op library "
+                "and is not emulated by mxsim (supported: MXQuantizeDequantize, BFPQuantizeDequantize)"
+            )
         return None
 
     return python_node

@@ -59,13 +59,35 @@ from . import torch_brevitas, torch_quark, torch_torchao
 QuantArg = None | Mapping | Callable
 
 #: ATen ops recorded as layers (by overload-packet name).
-DISPATCH_GEMMS = ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "convolution",
-                  "_scaled_dot_product_flash_attention_for_cpu")
+DISPATCH_GEMMS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "mv",
+    "addmv",
+    "dot",
+    "vdot",
+    "convolution",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
 #: Prefixes of the ``_``-separated words of ATen op names that multiply matrices (besides
 #: words ending in ``mm`` and the vector products); such an op not in DISPATCH_GEMMS is
 #: listed as skipped.
-GEMM_LIKE_PREFIXES = ("matmul", "conv", "attention", "linear", "bilinear", "trilinear", "einsum", "tensordot", "rnn",
-                      "lstm", "gru", "transformer")
+GEMM_LIKE_PREFIXES = (
+    "matmul",
+    "conv",
+    "attention",
+    "linear",
+    "bilinear",
+    "trilinear",
+    "einsum",
+    "tensordot",
+    "rnn",
+    "lstm",
+    "gru",
+    "transformer",
+)
 #: Words of ops that match the above but do not multiply matrices.
 NOT_GEMM_PREFIXES = ("upsample", "backward", "convert", "im2col", "col2im")
 
@@ -89,9 +111,15 @@ def _rounded_tensor(torch, values: np.ndarray, dtype):
     if dtype == torch.bfloat16:
         codes = get_format("bf16").encode(values, "nearest_even", "inf_nan")
         return torch.from_numpy(np.ascontiguousarray(codes).view(np.int16)).view(torch.bfloat16)
-    numpy_dtype = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}.get(dtype)
+    numpy_dtype = {
+        torch.float16: np.float16,
+        torch.float32: np.float32,
+        torch.float64: np.float64,
+    }.get(dtype)
     if numpy_dtype is None:
-        raise MxsimError(f"a unit's result cannot be returned as {dtype}: float16, bfloat16, float32 or float64 only")
+        raise MxsimError(
+            f"a unit's result cannot be returned as {dtype}: float16, bfloat16, float32 or float64 only"
+        )
     with np.errstate(over="ignore"):  # overflow gives Inf, as the IEEE cast does
         return torch.from_numpy(np.ascontiguousarray(values.astype(numpy_dtype)))
 
@@ -100,8 +128,10 @@ def _looks_like_gemm(op_name: str) -> bool:
     words = [w for w in op_name.lower().split("_") if w]
     if any(w.startswith(NOT_GEMM_PREFIXES) for w in words):
         return False
-    return any(w.endswith("mm") or w in ("mv", "addmv", "dot", "vdot") or w.startswith(GEMM_LIKE_PREFIXES)
-               for w in words)
+    return any(
+        w.endswith("mm") or w in ("mv", "addmv", "dot", "vdot") or w.startswith(GEMM_LIKE_PREFIXES)
+        for w in words
+    )
 
 
 def _default_axis(op: str, operand: str, ndim: int) -> int:
@@ -125,14 +155,19 @@ def _resolve_quant(quant: QuantArg, name: str, module, op: str, tensors: dict) -
         return resolved
     if not isinstance(specs, Mapping):
         raise MxsimError(
-            f"capture_torch: quant for layer {name!r} must map operand -> spec, got {type(specs).__name__}")
+            f"capture_torch: quant for layer {name!r} must map operand -> spec, got {type(specs).__name__}"
+        )
     for operand, spec in specs.items():
         if operand not in ("input", "weight", "bias"):
-            raise MxsimError(f"capture_torch: quant operand must be input, weight or bias, got {operand!r}")
+            raise MxsimError(
+                f"capture_torch: quant operand must be input, weight or bias, got {operand!r}"
+            )
         if operand not in tensors or spec is None:  # e.g. a bias spec for a layer without bias
             continue
         if not isinstance(spec, (MXQuant, BFPQuant, QDQQuant)):
-            raise MxsimError(f"capture_torch: quant[{operand!r}] must be MXQuant, BFPQuant or QDQQuant")
+            raise MxsimError(
+                f"capture_torch: quant[{operand!r}] must be MXQuant, BFPQuant or QDQQuant"
+            )
         ndim = tensors[operand].ndim
         axis = _default_axis(op, operand, ndim) if spec.axis is None else spec.axis % ndim
         resolved[operand] = spec.with_axis(axis)
@@ -168,15 +203,21 @@ class _Recorder:
         self.layers: list[Layer] = []
         self.skipped: list[dict] = []
         self.suppress = 0  # > 0 while a recorded call (or the recorder itself) runs ops
-        self.copies = True  # layers keep copies of their tensors (False: views, read at once by ``computed``)
+        self.copies = (
+            True  # layers keep copies of their tensors (False: views, read at once by ``computed``)
+        )
         self.module_stack: list[tuple[str, object]] = []
         self.calls: dict[str, int] = {}
         self.layer_names: dict[int, list[str]] = {}  # id(module owning the weight) -> layer names
         # id(a library quantizer's output) -> (that output, its float input, quantizer, module path)
         self.library_outputs: dict[int, tuple] = {}
         self.last_entered = ""  # the module entered last (named in errors)
-        self.params: dict[int, list[tuple[str, object, object]]] = {}  # storage ptr -> (qualified name, param, owner)
-        for module_name, module in (model.named_modules(remove_duplicate=False) if model is not None else ()):
+        self.params: dict[
+            int, list[tuple[str, object, object]]
+        ] = {}  # storage ptr -> (qualified name, param, owner)
+        for module_name, module in (
+            model.named_modules(remove_duplicate=False) if model is not None else ()
+        ):
             for param_name, param in module.named_parameters(recurse=False, remove_duplicate=False):
                 qualified = f"{module_name}.{param_name}" if module_name else param_name
                 entry = (qualified, param, module)
@@ -228,13 +269,18 @@ class _Recorder:
         torchao MXTensor is taken as a linear call's weight only."""
         torch = self.torch
         for value in operands:
-            if value is not None and type(value) not in (torch.Tensor, torch.nn.Parameter) \
-                    and not (op == "linear" and torch_torchao.is_torchao_tensor(value)):
+            if (
+                value is not None
+                and type(value) not in (torch.Tensor, torch.nn.Parameter)
+                and not (op == "linear" and torch_torchao.is_torchao_tensor(value))
+            ):
                 module = self.current_module()
-                raise MxsimError(f"{self.WHO}: module {self.module_path() or '<model>'!r} "
-                                 f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
-                                 f"{type(value).__name__}, which is not supported (plain tensors, AMD Quark's "
-                                 "quantizer modules and torchao's MXTensor weights are)")
+                raise MxsimError(
+                    f"{self.WHO}: module {self.module_path() or '<model>'!r} "
+                    f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
+                    f"{type(value).__name__}, which is not supported (plain tensors, AMD Quark's "
+                    "quantizer modules and torchao's MXTensor weights are)"
+                )
 
     def unique(self, base: str) -> str:
         count = self.calls.get(base, 0) + 1
@@ -255,10 +301,20 @@ class _Recorder:
     # ------------------------------------------------------------------ recording
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
-        self.skipped.append({"name": name or self.local_name(op.split(".")[-1]), "op": op, "reason": reason})
+        self.skipped.append(
+            {"name": name or self.local_name(op.split(".")[-1]), "op": op, "reason": reason}
+        )
 
-    def add(self, op: str, tensors: dict, attrs: dict, source: dict, op_name: str, weight_param=None,
-            name: str | None = None) -> None:
+    def add(
+        self,
+        op: str,
+        tensors: dict,
+        attrs: dict,
+        source: dict,
+        op_name: str,
+        weight_param=None,
+        name: str | None = None,
+    ) -> None:
         """Record one layer; ``weight_param`` (qualified name, owner, transposed) names it."""
         torch = self.torch
         library = self.library_operands(tensors)
@@ -305,7 +361,9 @@ class _Recorder:
         self.library_outputs.clear()
         return found
 
-    def library_specs(self, name: str, library: dict, arrays: dict, specs: dict, source: dict) -> None:
+    def library_specs(
+        self, name: str, library: dict, arrays: dict, specs: dict, source: dict
+    ) -> None:
         """The specs of the operands a library quantized (they replace ``quant=``'s): the
         quantizer's reading where it reproduces the library's values bit for bit, else none,
         with a note (``source.quant_notes``); ``source.quantizers`` names each quantizer."""
@@ -314,9 +372,15 @@ class _Recorder:
             torchao = isinstance(quantizer, torch_torchao.Quantization)
             ndim = arrays[operand].ndim
             if torchao:
-                library_name, spec = "torchao", quantizer.spec(self.torch, ndim) or torch_quark.UNREAD
+                library_name, spec = (
+                    "torchao",
+                    quantizer.spec(self.torch, ndim) or torch_quark.UNREAD,
+                )
             elif torch_brevitas.is_brevitas_quantizer(quantizer):
-                library_name, spec = "Brevitas", torch_brevitas.quantizer_spec(quantizer, ndim, where)
+                library_name, spec = (
+                    "Brevitas",
+                    torch_brevitas.quantizer_spec(quantizer, ndim, where),
+                )
             else:
                 library_name, spec = "Quark", torch_quark.quantizer_spec(quantizer, ndim, where)
             described = quantizer if torchao else type(quantizer).__name__
@@ -325,8 +389,9 @@ class _Recorder:
             if spec in (torch_quark.UNREAD, torch_brevitas.UNREAD):
                 spec, note = None, f"{described} is not read by mxsim; its values are recorded"
             elif spec is not None:
-                same, note = torch_quark.reproduces(spec, arrays[operand], arrays[f"{operand}_quantized"],
-                                                    library_name)
+                same, note = torch_quark.reproduces(
+                    spec, arrays[operand], arrays[f"{operand}_quantized"], library_name
+                )
                 spec = spec if same else None
             if note:
                 source.setdefault("quant_notes", {})[operand] = note
@@ -365,7 +430,9 @@ class _Recorder:
     def unwrap(self, value):
         """``value``, or the values of a Brevitas QuantTensor that a recorded quantizer produced
         (registered as that quantizer's output for :meth:`library_operands`)."""
-        entry = self.library_outputs.get(id(value)) if torch_brevitas.is_quant_tensor(value) else None
+        entry = (
+            self.library_outputs.get(id(value)) if torch_brevitas.is_quant_tensor(value) else None
+        )
         if entry is None or entry[0] is not value:
             return value
         values = value.value
@@ -378,8 +445,18 @@ class _Recorder:
             self.skip(op, f"non-float operands ({', '.join(str(t.dtype) for t in bad)})")
         return not bad
 
-    def gemm(self, op: str, a, b, out, bias=None, alpha=1.0, beta=1.0, promoted: str | None = None,
-             op_name: str = "matmul") -> None:
+    def gemm(
+        self,
+        op: str,
+        a,
+        b,
+        out,
+        bias=None,
+        alpha=1.0,
+        beta=1.0,
+        promoted: str | None = None,
+        op_name: str = "matmul",
+    ) -> None:
         """``alpha * a @ b + beta * bias`` (numpy matmul semantics; a 1-d operand is promoted to
         a 1-row / 1-column matrix): a ``linear`` layer when ``b`` is a 2-d parameter's
         transpose, else ``matmul`` (named after a parameter operand if there is one)."""
@@ -393,13 +470,27 @@ class _Recorder:
             bias = bias[:, None]  # addmv: (M,) is per row, the promoted output is (M, 1)
         param = self.parameter(b)
         if param is not None and param[2]:
-            self.add("linear", {"input": a, "weight": b.t(), "bias": bias, "output": out}, attrs, source,
-                     op_name, param)
+            self.add(
+                "linear",
+                {"input": a, "weight": b.t(), "bias": bias, "output": out},
+                attrs,
+                source,
+                op_name,
+                param,
+            )
             return
-        self.add("matmul", {"input": a, "weight": b, "bias": bias, "output": out}, attrs, source, op_name,
-                 param or self.parameter(a))
+        self.add(
+            "matmul",
+            {"input": a, "weight": b, "bias": bias, "output": out},
+            attrs,
+            source,
+            op_name,
+            param or self.parameter(a),
+        )
 
-    def matmul_call(self, op: str, a, b, out, op_name: str = "matmul", bias=None, alpha=1.0, beta=1.0) -> None:
+    def matmul_call(
+        self, op: str, a, b, out, op_name: str = "matmul", bias=None, alpha=1.0, beta=1.0
+    ) -> None:
         """torch.matmul semantics incl. 1-d operands."""
         if a.dim() == 0 or b.dim() == 0:
             self.skip(op, "0-d operand")
@@ -428,14 +519,29 @@ class _Recorder:
         source = {"op": op}
         if spatial == 1:  # a 1-d convolution is a 2-d one of height 1
             x, w, out = x.unsqueeze(2), w.unsqueeze(2), out.unsqueeze(2)
-            stride, padding, dilation, output_padding = [1] + stride, [0] + padding, [1] + dilation, [0] + output_padding
+            stride, padding, dilation, output_padding = (
+                [1] + stride,
+                [0] + padding,
+                [1] + dilation,
+                [0] + output_padding,
+            )
             source["conv1d_as_2d"] = True
-        attrs = {"stride": [int(v) for v in stride], "padding": [[int(p), int(p)] for p in padding],
-                 "dilation": [int(v) for v in dilation], "groups": int(bound["groups"])}
+        attrs = {
+            "stride": [int(v) for v in stride],
+            "padding": [[int(p), int(p)] for p in padding],
+            "dilation": [int(v) for v in dilation],
+            "groups": int(bound["groups"]),
+        }
         if transposed:
             attrs["output_padding"] = [int(v) for v in output_padding]
-        self.add(kind, {"input": x, "weight": w, "bias": bias, "output": out}, attrs, source, kind,
-                 self.parameter(bound["weight"]))
+        self.add(
+            kind,
+            {"input": x, "weight": w, "bias": bias, "output": out},
+            attrs,
+            source,
+            kind,
+            self.parameter(bound["weight"]),
+        )
 
     def sdpa(self, op: str, bound: dict):
         """Scaled dot-product attention as its two matmuls (see the module docstring); returns
@@ -448,27 +554,52 @@ class _Recorder:
         if float(bound.get("dropout_p", 0.0)) > 0:
             self.skip(op, "attention dropout (dropout_p > 0) is random; capture in eval mode")
             return
-        if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query attention: a k/v head serves several q heads
+        if (
+            q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+        ):  # grouped-query attention: a k/v head serves several q heads
             repeat = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         key_t = k.transpose(-2, -1)
         scores = torch.matmul(q, key_t)
         base = self.unique(self.local_name("sdpa"))
-        details = {"op": op, "softmax_scale": scale, "is_causal": bool(bound.get("is_causal")),
-                   "mask": None if mask is None else ("boolean" if mask.dtype == torch.bool else "additive")}
-        self.add("matmul", {"input": q, "weight": key_t, "output": scores}, {}, dict(details), "", name=f"{base}.qk")
+        details = {
+            "op": op,
+            "softmax_scale": scale,
+            "is_causal": bool(bound.get("is_causal")),
+            "mask": None
+            if mask is None
+            else ("boolean" if mask.dtype == torch.bool else "additive"),
+        }
+        self.add(
+            "matmul",
+            {"input": q, "weight": key_t, "output": scores},
+            {},
+            dict(details),
+            "",
+            name=f"{base}.qk",
+        )
         scores = self.replacing(scores).to(q.dtype)
         logits = scores * scale
         if bound.get("is_causal"):
             causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
             logits = logits.masked_fill(~causal, float("-inf"))
         if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+            logits = (
+                logits.masked_fill(~mask, float("-inf"))
+                if mask.dtype == torch.bool
+                else logits + mask
+            )
         probabilities = torch.softmax(logits, dim=-1)
         out = torch.matmul(probabilities, v)
-        self.add("matmul", {"input": probabilities, "weight": v, "output": out}, {}, dict(details), "",
-                 name=f"{base}.pv")
+        self.add(
+            "matmul",
+            {"input": probabilities, "weight": v, "output": out},
+            {},
+            dict(details),
+            "",
+            name=f"{base}.pv",
+        )
         return self.replacing(out)
 
     def dispatch(self, func, args, kwargs, out):
@@ -514,7 +645,9 @@ def _sequential_network(model, layer_names: dict, input_name: str) -> Network | 
                 names = layer_names.get(id(module), [])
                 if len(names) != 1:
                     return False
-                if isinstance(module, nn.Conv2d) and (module.padding_mode != "zeros" or module.padding == "same"):
+                if isinstance(module, nn.Conv2d) and (
+                    module.padding_mode != "zeros" or module.padding == "same"
+                ):
                     return False  # the recorded input is already padded
                 steps.append({"layer": names[0]})
             elif isinstance(module, nn.ReLU):
@@ -525,7 +658,9 @@ def _sequential_network(model, layer_names: dict, input_name: str) -> Network | 
                 steps.append({"op": "flatten", "start_dim": int(module.start_dim)})
             elif isinstance(module, nn.Identity):
                 continue
-            elif isinstance(module, (nn.Dropout, nn.Dropout1d, nn.Dropout2d)) and not module.training:
+            elif (
+                isinstance(module, (nn.Dropout, nn.Dropout1d, nn.Dropout2d)) and not module.training
+            ):
                 continue  # identity in eval mode
             else:
                 return False
@@ -541,35 +676,72 @@ def _modes(torch, recorder: _Recorder):
 
     F = torch.nn.functional
     sdpa = F.scaled_dot_product_attention
-    matmuls = {torch.matmul: False, torch.Tensor.matmul: False, torch.Tensor.__matmul__: False,
-               torch.Tensor.__rmatmul__: True}
+    matmuls = {
+        torch.matmul: False,
+        torch.Tensor.matmul: False,
+        torch.Tensor.__matmul__: False,
+        torch.Tensor.__rmatmul__: True,
+    }
 
     class FunctionMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if recorder.suppress or (func is not F.linear and func is not sdpa and func not in matmuls):
+            if recorder.suppress or (
+                func is not F.linear and func is not sdpa and func not in matmuls
+            ):
                 return func(*args, **kwargs)
             recorder.suppress += 1
             try:
-                if func is F.linear:  # a Brevitas layer passes its quantizers' QuantTensors: their values
+                if (
+                    func is F.linear
+                ):  # a Brevitas layer passes its quantizers' QuantTensors: their values
                     args = tuple(recorder.unwrap(v) for v in args)
-                recorder.check_operands(getattr(func, "__name__", "matmul"), *args[:3],
-                                        *(v for v in kwargs.values() if not isinstance(v, (bool, int, float))))
+                recorder.check_operands(
+                    getattr(func, "__name__", "matmul"),
+                    *args[:3],
+                    *(v for v in kwargs.values() if not isinstance(v, (bool, int, float))),
+                )
                 if func is sdpa:
                     out = func(*args, **kwargs)
-                    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-                    attention = recorder.sdpa("F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs})
+                    names = (
+                        "query",
+                        "key",
+                        "value",
+                        "attn_mask",
+                        "dropout_p",
+                        "is_causal",
+                        "scale",
+                        "enable_gqa",
+                    )
+                    attention = recorder.sdpa(
+                        "F.scaled_dot_product_attention", {**dict(zip(names, args)), **kwargs}
+                    )
                     return out if attention is None else attention.to(out.dtype)
                 if func is F.linear:
-                    x, w = args[0] if args else kwargs["input"], args[1] if len(args) > 1 else kwargs["weight"]
+                    x, w = (
+                        args[0] if args else kwargs["input"],
+                        args[1] if len(args) > 1 else kwargs["weight"],
+                    )
                     bias = args[2] if len(args) > 2 else kwargs.get("bias")
                     # torchao's own quantization of the operands, read first: its refusals are clearer
-                    library = recorder.torchao_linear(x, w) if torch_torchao.is_torchao_tensor(w) else None
-                    out = recorder.run_gemm(func, args, kwargs, x, w.t() if w.dim() == 2 else None, bias)
+                    library = (
+                        recorder.torchao_linear(x, w)
+                        if torch_torchao.is_torchao_tensor(w)
+                        else None
+                    )
+                    out = recorder.run_gemm(
+                        func, args, kwargs, x, w.t() if w.dim() == 2 else None, bias
+                    )
                     x, w, param = library or (x, w, None)
                     if recorder.float_operands("F.linear", x, w, bias):
-                        recorder.add("linear", {"input": x, "weight": w, "bias": bias, "output": out}, {},
-                                     {"op": "F.linear"}, "linear", param or recorder.parameter(w))
+                        recorder.add(
+                            "linear",
+                            {"input": x, "weight": w, "bias": bias, "output": out},
+                            {},
+                            {"op": "F.linear"},
+                            "linear",
+                            param or recorder.parameter(w),
+                        )
                 else:
                     a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
                     if matmuls[func]:
@@ -604,31 +776,43 @@ def check_model(torch, model, who: str) -> None:
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    modes = [type(m).__name__ for m in (*_get_current_function_mode_stack(), *_get_current_dispatch_mode_stack())]
+    modes = [
+        type(m).__name__
+        for m in (*_get_current_function_mode_stack(), *_get_current_dispatch_mode_stack())
+    ]
     if modes:
-        raise MxsimError(f"{who}: a torch mode is already active ({', '.join(modes)}); run it outside other "
-                         "torch function/dispatch modes")
+        raise MxsimError(
+            f"{who}: a torch mode is already active ({', '.join(modes)}); run it outside other "
+            "torch function/dispatch modes"
+        )
     if model is None:
         return
     compiled = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
     compiled = getattr(compiled, "OptimizedModule", ())
     for path, module in model.named_modules():
         if isinstance(module, compiled):
-            raise MxsimError(f"{who}: module {path or '<model>'!r} is compiled by torch.compile, which is not "
-                             "supported; pass the module before compiling (its _orig_mod)")
+            raise MxsimError(
+                f"{who}: module {path or '<model>'!r} is compiled by torch.compile, which is not "
+                "supported; pass the module before compiling (its _orig_mod)"
+            )
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, tensor in tensors:
             qualified = f"{path}.{name}" if path else name
             if torch_torchao.is_torchao_tensor(tensor):
-                torch_torchao.check_supported(tensor, f"{who}: {qualified} of module {path or '<model>'!r}")
+                torch_torchao.check_supported(
+                    tensor, f"{who}: {qualified} of module {path or '<model>'!r}"
+                )
                 continue
             plain = type(tensor) in (torch.Tensor, torch.nn.Parameter) or (
-                isinstance(tensor, torch.nn.Parameter) and type(tensor.data) is torch.Tensor)
+                isinstance(tensor, torch.nn.Parameter) and type(tensor.data) is torch.Tensor
+            )
             if not plain:
-                raise MxsimError(f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
-                                 f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
-                                 ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
-                                 "quantizer modules and torchao's MXTensor weights are)")
+                raise MxsimError(
+                    f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
+                    f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
+                    ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
+                    "quantizer modules and torchao's MXTensor weights are)"
+                )
 
 
 @contextlib.contextmanager
@@ -642,8 +826,10 @@ def running(recorder: _Recorder, who: str):
     except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError) as error:
         where = recorder.last_entered or "<model>"
         first = (str(error).strip().splitlines() or [""])[0]
-        raise MxsimError(f"{who}: module {where!r} raised {type(error).__name__} ({first[:200]}); "
-                         "it is not supported") from error
+        raise MxsimError(
+            f"{who}: module {where!r} raised {type(error).__name__} ({first[:200]}); "
+            "it is not supported"
+        ) from error
 
 
 @contextlib.contextmanager
@@ -668,8 +854,11 @@ def _library_forward(torch, recorder: _Recorder, module, path: str, forward):
     def library_forward(x, *args, **kwargs):
         with _outside_modes(torch):
             out = forward(x, *args, **kwargs)
-        if (isinstance(out, torch.Tensor) or torch_brevitas.is_quant_tensor(out)) and isinstance(x, torch.Tensor) \
-                and out is not x:
+        if (
+            (isinstance(out, torch.Tensor) or torch_brevitas.is_quant_tensor(out))
+            and isinstance(x, torch.Tensor)
+            and out is not x
+        ):
             recorder.library_outputs[id(out)] = (out, x, module, path)
         return out
 
@@ -687,13 +876,14 @@ def intercepting(torch, model, recorder: _Recorder):
         def hook(_module, _inputs):
             recorder.module_stack.append((path, module))
             recorder.last_entered = path or type(module).__name__
+
         return hook
 
     def leave(_module, _inputs, _output):
         recorder.module_stack.pop()
 
     wrapped = []
-    for module_name, module in (model.named_modules() if model is not None else ()):
+    for module_name, module in model.named_modules() if model is not None else ():
         handles.append(module.register_forward_pre_hook(enter(module_name, module)))
         handles.append(module.register_forward_hook(leave, always_call=True))
         if torch_quark.is_quark_quantizer(module) or torch_brevitas.is_brevitas_quantizer(module):
@@ -717,9 +907,17 @@ def intercepting(torch, model, recorder: _Recorder):
         recorder.library_outputs.clear()
 
 
-def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "torch-model",
-                  source: Mapping | None = None, metadata: Mapping | None = None,
-                  dataset: Mapping[str, np.ndarray] | None = None, network: bool | None = None) -> Trace:
+def capture_torch(
+    model,
+    sample_inputs,
+    *,
+    quant: QuantArg = None,
+    name: str = "torch-model",
+    source: Mapping | None = None,
+    metadata: Mapping | None = None,
+    dataset: Mapping[str, np.ndarray] | None = None,
+    network: bool | None = None,
+) -> Trace:
     """Run ``model`` once on ``sample_inputs`` and capture every matmul and convolution it runs.
 
     Args:
@@ -760,36 +958,64 @@ def capture_torch(model, sample_inputs, *, quant: QuantArg = None, name: str = "
     torch = require("torch")
     nn = torch.nn
     if not isinstance(model, nn.Module):
-        raise MxsimError(f"capture_torch: model must be a torch.nn.Module, got {type(model).__name__}")
+        raise MxsimError(
+            f"capture_torch: model must be a torch.nn.Module, got {type(model).__name__}"
+        )
     kwargs = dict(sample_inputs) if isinstance(sample_inputs, Mapping) else {}
-    args = () if kwargs else tuple(sample_inputs) if isinstance(sample_inputs, (tuple, list)) else (sample_inputs,)
+    args = (
+        ()
+        if kwargs
+        else tuple(sample_inputs)
+        if isinstance(sample_inputs, (tuple, list))
+        else (sample_inputs,)
+    )
     check_model(torch, model, "capture_torch")
     recorder = _Recorder(torch, model, quant)
     with intercepting(torch, model, recorder), running(recorder, "capture_torch"):
         model(*args, **kwargs)
     if not recorder.layers:
-        raise MxsimError("capture_torch: the model ran no matmul or convolution"
-                         + (f" that could be captured (skipped: {recorder.skipped})" if recorder.skipped else ""))
+        raise MxsimError(
+            "capture_torch: the model ran no matmul or convolution"
+            + (f" that could be captured (skipped: {recorder.skipped})" if recorder.skipped else "")
+        )
     if recorder.skipped:
         listed = "; ".join(f"{s['name']} ({s['op']}): {s['reason']}" for s in recorder.skipped[:5])
         more = f"; and {len(recorder.skipped) - 5} more" if len(recorder.skipped) > 5 else ""
-        warnings.warn(f"capture_torch: {len(recorder.skipped)} matmul-like op(s) not captured, listed in "
-                      f"source.skipped: {listed}{more}", CaptureWarning, stacklevel=2)
+        warnings.warn(
+            f"capture_torch: {len(recorder.skipped)} matmul-like op(s) not captured, listed in "
+            f"source.skipped: {listed}{more}",
+            CaptureWarning,
+            stacklevel=2,
+        )
     recipe = None
     if network is not False:
-        input_matches = (dataset is not None and "inputs" in dataset and len(args) == 1
-                         and np.array_equal(np.asarray(dataset["inputs"]), _to_numpy(args[0])))
-        recipe = _sequential_network(model, recorder.layer_names, "inputs") if input_matches else None
+        input_matches = (
+            dataset is not None
+            and "inputs" in dataset
+            and len(args) == 1
+            and np.array_equal(np.asarray(dataset["inputs"]), _to_numpy(args[0]))
+        )
+        recipe = (
+            _sequential_network(model, recorder.layer_names, "inputs") if input_matches else None
+        )
         if recipe is not None and "labels" in dataset:
             recipe = Network(recipe.input, recipe.steps, "labels")
         if network is True and recipe is None:
-            raise MxsimError("capture_torch: network=True needs an nn.Sequential of Linear/Conv2d/ReLU/Flatten/"
-                             "Identity/eval Dropout, each layer called once, and dataset['inputs'] equal to "
-                             "the sample input")
+            raise MxsimError(
+                "capture_torch: network=True needs an nn.Sequential of Linear/Conv2d/ReLU/Flatten/"
+                "Identity/eval Dropout, each layer called once, and dataset['inputs'] equal to "
+                "the sample input"
+            )
     trace_source = {"framework": "torch", "torch_version": torch.__version__, **dict(source or {})}
     if recorder.skipped:
         trace_source["skipped"] = recorder.skipped
-    trace = Trace(name, recorder.layers, trace_source, dict(metadata or {}),
-                  None if dataset is None else {k: np.asarray(v) for k, v in dataset.items()}, recipe)
+    trace = Trace(
+        name,
+        recorder.layers,
+        trace_source,
+        dict(metadata or {}),
+        None if dataset is None else {k: np.asarray(v) for k, v in dataset.items()},
+        recipe,
+    )
     validate_trace(trace)
     return trace

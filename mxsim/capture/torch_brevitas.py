@@ -28,10 +28,21 @@ from ..formats import get_format
 from ..trace.quant import MXQuant
 
 #: (exponent bits, mantissa bits) of Brevitas' minifloat elements -> mxsim element formats.
-ELEMENTS = {(4, 3): "fp8_e4m3", (5, 2): "fp8_e5m2", (2, 3): "fp6_e2m3", (3, 2): "fp6_e3m2", (2, 1): "fp4_e2m1"}
+ELEMENTS = {
+    (4, 3): "fp8_e4m3",
+    (5, 2): "fp8_e5m2",
+    (2, 3): "fp6_e2m3",
+    (3, 2): "fp6_e3m2",
+    (2, 1): "fp4_e2m1",
+}
 #: Brevitas' groupwise float proxies (module, class name): the OCP MX quantizers.
-GROUPWISE_FLOAT = (("brevitas.proxy.groupwise_float_parameter_quant", "GroupwiseWeightFloatQuantProxyFromInjector"),
-                   ("brevitas.proxy.groupwise_float_runtime_quant", "GroupwiseActFloatQuantProxyFromInjector"))
+GROUPWISE_FLOAT = (
+    (
+        "brevitas.proxy.groupwise_float_parameter_quant",
+        "GroupwiseWeightFloatQuantProxyFromInjector",
+    ),
+    ("brevitas.proxy.groupwise_float_runtime_quant", "GroupwiseActFloatQuantProxyFromInjector"),
+)
 #: Returned for a proxy mxsim does not read (its values are recorded instead).
 UNREAD = "unread"
 
@@ -70,6 +81,13 @@ def quantizer_spec(proxy, ndim: int, where: str):
         bits = (int(injector.exponent_bit_width), int(injector.mantissa_bit_width))
         if bits not in ELEMENTS:
             return UNREAD
-        return MXQuant(get_format(ELEMENTS[bits]).name, int(injector.group_dim) % ndim, int(injector.group_size), "ocp")
+        return MXQuant(
+            get_format(ELEMENTS[bits]).name,
+            int(injector.group_dim) % ndim,
+            int(injector.group_size),
+            "ocp",
+        )
     except (AttributeError, TypeError, ValueError, RuntimeError, MxsimError) as error:
-        raise MxsimError(f"{where}: Brevitas quantizer {type(proxy).__name__} is not supported: {error}") from None
+        raise MxsimError(
+            f"{where}: Brevitas quantizer {type(proxy).__name__} is not supported: {error}"
+        ) from None

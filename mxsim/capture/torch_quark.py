@@ -36,8 +36,12 @@ from ..quantize import BFP_SPECS
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 
 #: The attribute names under which Quark's quantized modules hold each operand's quantizer.
-QUANTIZER_OPERANDS = {"_input_quantizer": "input", "_weight_quantizer": "weight", "_bias_quantizer": "bias",
-                      "_output_quantizer": "output"}
+QUANTIZER_OPERANDS = {
+    "_input_quantizer": "input",
+    "_weight_quantizer": "weight",
+    "_bias_quantizer": "bias",
+    "_output_quantizer": "output",
+}
 #: Quark ``scale_calculation_mode`` -> mxsim profile (docs/profiles.md, "quark").
 SCALE_MODE_PROFILES = {"even": "quark", "floor": "quark-floor", "ceil": "quark-ceil"}
 #: Quark element dtype names mxsim spells differently.
@@ -45,8 +49,16 @@ ELEMENT_NAMES = {"fp4": "fp4_e2m1"}
 #: Quark non-scaled block dtypes -> mxsim BFP spec name.
 BFP_DTYPES = {"mx6": "MX6", "mx9": "MX9", "bfp16": "BFP16"}
 #: Quark QDQ dtypes -> the ONNX-style names of :class:`~mxsim.trace.quant.QDQQuant`.
-QDQ_DTYPES = {"int8": "int8", "uint8": "uint8", "int16": "int16", "uint16": "uint16", "int4": "int4",
-              "uint4": "uint4", "fp8_e4m3": "float8e4m3fn", "fp8_e5m2": "float8e5m2"}
+QDQ_DTYPES = {
+    "int8": "int8",
+    "uint8": "uint8",
+    "int16": "int16",
+    "uint16": "uint16",
+    "int4": "int4",
+    "uint4": "uint4",
+    "fp8_e4m3": "float8e4m3fn",
+    "fp8_e5m2": "float8e5m2",
+}
 #: Returned for a quantizer mxsim does not read (its values are recorded instead).
 UNREAD = "unread"
 
@@ -90,50 +102,89 @@ def quantizer_spec(quantizer, ndim: int, where: str):
             axis = int(quantizer.axis) % ndim
             if dtype == "mx":
                 profile = SCALE_MODE_PROFILES[quantizer.scale_calculation_mode]
-                return MXQuant(_element(_value(quantizer.mx_element_dtype)), axis, int(quantizer.group_size), profile)
+                return MXQuant(
+                    _element(_value(quantizer.mx_element_dtype)),
+                    axis,
+                    int(quantizer.group_size),
+                    profile,
+                )
             if dtype in BFP_DTYPES:
                 named = BFP_SPECS[BFP_DTYPES[dtype]]
-                block = named.block_size if dtype == "bfp16" else int(quantizer.group_size)  # Quark fixes BFP16's 8
+                block = (
+                    named.block_size if dtype == "bfp16" else int(quantizer.group_size)
+                )  # Quark fixes BFP16's 8
                 return BFPQuant(named.replace(block_size=block, rounding_mode=2), axis)
             return UNREAD
         if not isinstance(quantizer, module.ScaledFakeQuantize):
             return UNREAD
         qscheme, observer = _value(quantizer.qscheme), quantizer.observer
         if type(observer).__name__ in ("PerBlockMXObserver", "PerBlockMXBufferReuseObserver"):
-            if observer.scale_format != "e8m0" or observer.scale_calculation_mode not in SCALE_MODE_PROFILES:
+            if (
+                observer.scale_format != "e8m0"
+                or observer.scale_calculation_mode not in SCALE_MODE_PROFILES
+            ):
                 return UNREAD
-            return MXQuant(_element(dtype), int(quantizer.ch_axis) % ndim, int(quantizer.group_size),
-                           SCALE_MODE_PROFILES[observer.scale_calculation_mode])
-        if not isinstance(quantizer, module.StaticScaledFakeQuantize) or dtype not in QDQ_DTYPES \
-                or type(observer).__name__ in ("TQTObserver", "LSQObserver"):
+            return MXQuant(
+                _element(dtype),
+                int(quantizer.ch_axis) % ndim,
+                int(quantizer.group_size),
+                SCALE_MODE_PROFILES[observer.scale_calculation_mode],
+            )
+        if (
+            not isinstance(quantizer, module.StaticScaledFakeQuantize)
+            or dtype not in QDQ_DTYPES
+            or type(observer).__name__ in ("TQTObserver", "LSQObserver")
+        ):
             return UNREAD
         scale = quantizer.scale.detach().float().cpu().numpy().astype(np.float32)
         zero = quantizer.zero_point.detach().cpu().numpy().astype(np.int64)
         zero = None if not zero.any() else zero
         if qscheme == "per_tensor":
-            return QDQQuant(QDQ_DTYPES[dtype], scale.reshape(()), None if zero is None else zero.reshape(()))
+            return QDQQuant(
+                QDQ_DTYPES[dtype], scale.reshape(()), None if zero is None else zero.reshape(())
+            )
         axis = int(quantizer.ch_axis) % ndim
         if qscheme == "per_channel":
-            return QDQQuant(QDQ_DTYPES[dtype], scale.reshape(-1), None if zero is None else zero.reshape(-1), axis)
+            return QDQQuant(
+                QDQ_DTYPES[dtype],
+                scale.reshape(-1),
+                None if zero is None else zero.reshape(-1),
+                axis,
+            )
         return UNREAD  # per-group scales: Quark's layout is not read
     except (KeyError, AttributeError, TypeError, ValueError, MxsimError) as error:
-        raise MxsimError(f"{where}: Quark quantizer {type(quantizer).__name__} ({dtype}) is not supported: "
-                         f"{error}") from None
+        raise MxsimError(
+            f"{where}: Quark quantizer {type(quantizer).__name__} ({dtype}) is not supported: "
+            f"{error}"
+        ) from None
 
 
-def reproduces(spec, float_values: np.ndarray, quark_values: np.ndarray, library: str = "Quark") -> tuple[bool, str]:
+def reproduces(
+    spec, float_values: np.ndarray, quark_values: np.ndarray, library: str = "Quark"
+) -> tuple[bool, str]:
     """Whether ``spec.fake_quantize(float_values)`` in the library's dtype is ``quark_values``
     (the library's values) bit for bit (NaN equals NaN), and a note saying how many elements
     differ when not."""
-    if isinstance(spec, QDQQuant) and spec.dtype not in ("int8", "uint8", "int16", "uint16", "int4", "uint4"):
+    if isinstance(spec, QDQQuant) and spec.dtype not in (
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int4",
+        "uint4",
+    ):
         return False, f"{spec.dtype} QDQ is recorded, not recomputed"
     ours = np.asarray(spec.fake_quantize(np.asarray(float_values, dtype=np.float32)))
     with np.errstate(over="ignore", invalid="ignore"):
         ours = ours.astype(quark_values.dtype)
     unsigned = f"u{quark_values.dtype.itemsize}"
-    differ = (ours.view(unsigned) != quark_values.view(unsigned)) & ~(np.isnan(ours) & np.isnan(quark_values))
+    differ = (ours.view(unsigned) != quark_values.view(unsigned)) & ~(
+        np.isnan(ours) & np.isnan(quark_values)
+    )
     count = int(differ.sum())
     if count:
-        return False, (f"mxsim's {spec.kind} reading differs from {library}'s values in {count} of "
-                       f"{differ.size} elements")
+        return False, (
+            f"mxsim's {spec.kind} reading differs from {library}'s values in {count} of "
+            f"{differ.size} elements"
+        )
     return True, ""

@@ -40,11 +40,20 @@ from ..trace.quant import MXQuant
 _MX_MODULE = "torchao.prototype.mx_formats.mx_tensor"
 _NVFP4_MODULE = "torchao.prototype.mx_formats.nvfp4_tensor"
 #: torchao ``ScaleCalculationMode`` value -> (mxsim profile, option overrides).
-SCALE_MODE_PROFILES = {"floor": ("torchao", {}), "rceil": ("torchao-rceil", {}),
-                       "ceil": ("torchao", {"scale_rule": "ceil"}), "even": ("torchao", {"scale_rule": "even"})}
+SCALE_MODE_PROFILES = {
+    "floor": ("torchao", {}),
+    "rceil": ("torchao-rceil", {}),
+    "ceil": ("torchao", {"scale_rule": "ceil"}),
+    "even": ("torchao", {"scale_rule": "even"}),
+}
 #: torchao element dtypes (torch dtypes by name, or torchao's fp6 strings) -> mxsim formats.
-ELEMENTS = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "float4_e2m1fn_x2": "fp4_e2m1",
-            "fp6_e2m3": "fp6_e2m3", "fp6_e3m2": "fp6_e3m2"}
+ELEMENTS = {
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+    "float4_e2m1fn_x2": "fp4_e2m1",
+    "fp6_e2m3": "fp6_e2m3",
+    "fp6_e3m2": "fp6_e3m2",
+}
 
 
 def _class(module: str, name: str):
@@ -59,17 +68,25 @@ def is_mx_tensor(tensor) -> bool:
 
 def is_torchao_tensor(tensor) -> bool:
     """Whether ``tensor`` is one of torchao's MX or NVFP4 tensor subclasses."""
-    classes = [c for c in (_class(_MX_MODULE, "MXTensor"), _class(_NVFP4_MODULE, "NVFP4Tensor")) if c is not None]
+    classes = [
+        c
+        for c in (_class(_MX_MODULE, "MXTensor"), _class(_NVFP4_MODULE, "NVFP4Tensor"))
+        if c is not None
+    ]
     return bool(classes) and isinstance(tensor, tuple(classes))
 
 
 def check_supported(tensor, where: str) -> None:
     """Refuse (one line, ``where`` naming the module) a torchao tensor mxsim does not read."""
     if not is_mx_tensor(tensor):
-        raise MxsimError(f"{where}: a torchao {type(tensor).__name__} weight is not supported (its two-level "
-                         "scales have no trace spec); torchao's MXTensor weights are")
+        raise MxsimError(
+            f"{where}: a torchao {type(tensor).__name__} weight is not supported (its two-level "
+            "scales have no trace spec); torchao's MXTensor weights are"
+        )
     if tensor.dim() != 2:
-        raise MxsimError(f"{where}: a {tensor.dim()}-d torchao MXTensor weight is not supported (2-d only)")
+        raise MxsimError(
+            f"{where}: a {tensor.dim()}-d torchao MXTensor weight is not supported (2-d only)"
+        )
 
 
 class Quantization:
@@ -78,7 +95,12 @@ class Quantization:
     for the weight, the tensor itself (its stored scale codes go into the spec)."""
 
     def __init__(self, element: str, block_size: int, scaling_mode: str, weight=None):
-        self.element, self.block_size, self.scaling_mode, self.weight = element, block_size, scaling_mode, weight
+        self.element, self.block_size, self.scaling_mode, self.weight = (
+            element,
+            block_size,
+            scaling_mode,
+            weight,
+        )
 
     def __repr__(self) -> str:
         return f"torchao MX {self.element} block {self.block_size} {self.scaling_mode}"
@@ -89,14 +111,22 @@ class Quantization:
         if self.scaling_mode not in SCALE_MODE_PROFILES:
             return None
         profile, options = SCALE_MODE_PROFILES[self.scaling_mode]
-        return MXQuant(self.element, ndim - 1, self.block_size, profile, options,
-                       scales=None if self.weight is None else stored_scales(torch, self.weight))
+        return MXQuant(
+            self.element,
+            ndim - 1,
+            self.block_size,
+            profile,
+            options,
+            scales=None if self.weight is None else stored_scales(torch, self.weight),
+        )
 
 
 def _element(dtype) -> str:
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if name not in ELEMENTS:
-        raise MxsimError(f"torchao element dtype {name} is not read; accepted: {', '.join(ELEMENTS)}")
+        raise MxsimError(
+            f"torchao element dtype {name} is not read; accepted: {', '.join(ELEMENTS)}"
+        )
     return get_format(ELEMENTS[name]).name
 
 
@@ -104,7 +134,9 @@ def stored_scales(torch, weight) -> np.ndarray:
     """The E8M0 scale codes of torchao's 2-d MXTensor ``weight`` (N, K / block), unswizzled."""
     scale, (rows, cols) = weight.scale, weight.shape
     if weight.is_swizzled_scales:
-        scale = sys.modules["torchao.prototype.mx_formats.utils"].from_blocked(scale, rows, cols // weight.block_size)
+        scale = sys.modules["torchao.prototype.mx_formats.utils"].from_blocked(
+            scale, rows, cols // weight.block_size
+        )
     return scale.view(torch.uint8).cpu().numpy().reshape(rows, cols // weight.block_size).copy()
 
 
@@ -116,19 +148,34 @@ def linear_operands(torch, x, weight, where: str) -> dict:
     element dtype."""
     kwargs = weight.act_quant_kwargs
     if kwargs is None:
-        raise MxsimError(f"{where}: a torchao MXTensor weight without activation quantization is not supported")
+        raise MxsimError(
+            f"{where}: a torchao MXTensor weight without activation quantization is not supported"
+        )
     try:
-        weight_quantization = Quantization(_element(weight.elem_dtype), int(weight.block_size),
-                                           str(getattr(kwargs.scaling_mode, "value", kwargs.scaling_mode)), weight)
-        input_quantization = Quantization(_element(kwargs.elem_dtype), int(kwargs.block_size),
-                                          weight_quantization.scaling_mode)
+        weight_quantization = Quantization(
+            _element(weight.elem_dtype),
+            int(weight.block_size),
+            str(getattr(kwargs.scaling_mode, "value", kwargs.scaling_mode)),
+            weight,
+        )
+        input_quantization = Quantization(
+            _element(kwargs.elem_dtype), int(kwargs.block_size), weight_quantization.scaling_mode
+        )
     except MxsimError as error:
         raise MxsimError(f"{where}: {error}") from None
     mx_tensor = sys.modules[_MX_MODULE].MXTensor
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    quantized = mx_tensor.to_mx(rows, kwargs.elem_dtype, kwargs.block_size, kwargs.scaling_mode,
-                                kwargs.kernel_preference, kwargs.is_swizzled_scales)
+    quantized = mx_tensor.to_mx(
+        rows,
+        kwargs.elem_dtype,
+        kwargs.block_size,
+        kwargs.scaling_mode,
+        kwargs.kernel_preference,
+        kwargs.is_swizzled_scales,
+    )
     input_values = quantized.dequantize(x.dtype).reshape(x.shape)
     weight_values = weight.dequantize(torch.float32)
-    return {"input": (input_values, x, input_quantization),
-            "weight": (weight_values, weight_values, weight_quantization)}
+    return {
+        "input": (input_values, x, input_quantization),
+        "weight": (weight_values, weight_values, weight_quantization),
+    }

@@ -52,7 +52,9 @@ def engine_text() -> str:
 
 def c_name(*parts: str) -> str:
     """A C identifier from a config name and format names (``mxc_ocp_exact_fp4_e2m1_fp4_e2m1``)."""
-    return "mxc_" + "_".join(re.sub(r"[^0-9A-Za-z]+", "_", part).strip("_").lower() for part in parts)
+    return "mxc_" + "_".join(
+        re.sub(r"[^0-9A-Za-z]+", "_", part).strip("_").lower() for part in parts
+    )
 
 
 def uncovered(engine: str) -> list[str]:
@@ -80,24 +82,32 @@ def _unit(hw, a_format, b_format, k):
     if a_format is None:
         if len(pairs) != 1:
             listed = " ".join(f"{a},{b}" for a, b in pairs)
-            raise ArgumentError(f"export c: the unit takes {len(pairs)} format pairs; choose one with --a-format and "
-                                f"--b-format among {listed}")
+            raise ArgumentError(
+                f"export c: the unit takes {len(pairs)} format pairs; choose one with --a-format and "
+                f"--b-format among {listed}"
+            )
         a_format, b_format = pairs[0]
     a_name, b_name = get_format(a_format).name, get_format(b_format).name
     if (a_name, b_name) not in pairs:
-        raise ArgumentError(f"export c: {config.source}: the unit does not take {a_name} x {b_name}; accepted: "
-                            + " ".join(f"{a},{b}" for a, b in pairs))
+        raise ArgumentError(
+            f"export c: {config.source}: the unit does not take {a_name} x {b_name}; accepted: "
+            + " ".join(f"{a},{b}" for a, b in pairs)
+        )
     params = config.params(a_name, b_name)
     if k is None:
         k = params.block_size
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise ArgumentError(f"export c: --k must be an integer 1..{MAX_K}, got {k!r}")
     if params.scales != "none" and k % params.block_size:
-        raise ArgumentError(f"export c: --k ({k}) must be a multiple of the unit's block size ({params.block_size}), "
-                            "as the golden vectors' layout is")
+        raise ArgumentError(
+            f"export c: --k ({k}) must be a multiple of the unit's block size ({params.block_size}), "
+            "as the golden vectors' layout is"
+        )
     missing = uncovered(engine_text())
     if missing:
-        raise ConfigError(config.source, missing[0], "this key is not covered by the C model (mxsim export c)")
+        raise ConfigError(
+            config.source, missing[0], "this key is not covered by the C model (mxsim export c)"
+        )
     return config, params, get_format(a_name), get_format(b_name), k
 
 
@@ -221,14 +231,28 @@ uint64_t {name}_dot(const uint64_t *a, const uint64_t *b, const uint32_t *scale_
 """
     dpi, svh = _dpi(name, params, a_fmt, b_fmt, k, blocks, c_container, out)
     manifest = {
-        "kind": KIND, "config": config.name, "config_sha256": config.digest, "a_format": a_fmt.name,
-        "b_format": b_fmt.name, "k": k, "block_size": params.block_size, "scaled": scaled,
-        "scale_format": params.scale_format, "c_bits": c_container.name, "out_format": out.name,
-        "c_function": f"{name}_dot", "dpi_functions": [f"{name}_dpi", f"{name}_dpi_print_stages"],
+        "kind": KIND,
+        "config": config.name,
+        "config_sha256": config.digest,
+        "a_format": a_fmt.name,
+        "b_format": b_fmt.name,
+        "k": k,
+        "block_size": params.block_size,
+        "scaled": scaled,
+        "scale_format": params.scale_format,
+        "c_bits": c_container.name,
+        "out_format": out.name,
+        "c_function": f"{name}_dot",
+        "dpi_functions": [f"{name}_dpi", f"{name}_dpi_print_stages"],
         "files": [f"{name}.h", f"{name}.c", f"{name}_dpi.c", f"{name}_dpi.svh"],
     }
-    return {f"{name}.h": header, f"{name}.c": source, f"{name}_dpi.c": dpi, f"{name}_dpi.svh": svh,
-            MANIFEST: json_text(manifest, indent=2) + "\n"}
+    return {
+        f"{name}.h": header,
+        f"{name}.c": source,
+        f"{name}_dpi.c": dpi,
+        f"{name}_dpi.svh": svh,
+        MANIFEST: json_text(manifest, indent=2) + "\n",
+    }
 
 
 def _scale_one(params) -> int:
@@ -245,8 +269,12 @@ def _dpi(name, params, a_fmt, b_fmt, k, blocks, c_container, out) -> tuple[str, 
     ports.append(("c", c_container.bits))
     c_args = ", ".join(f"const svBitVecVal *{port}" for port, _ in ports)
     sv_args = ", ".join(f"input bit [{bits - 1}:0] {port}" for port, bits in ports)
-    unpack_scales = (f"""    for (i = 0; i < {blocks}; i++) {{ xa[i] = (uint32_t)field(scale_a, i * 8, 8); xb[i] = (uint32_t)field(scale_b, i * 8, 8); }}
-""" if scaled else "")
+    unpack_scales = (
+        f"""    for (i = 0; i < {blocks}; i++) {{ xa[i] = (uint32_t)field(scale_a, i * 8, 8); xb[i] = (uint32_t)field(scale_b, i * 8, 8); }}
+"""
+        if scaled
+        else ""
+    )
     scale_args = "xa, xb" if scaled else "NULL, NULL"
     unpack = f"""    uint64_t ea[{k}], eb[{k}], cc; uint32_t xa[{blocks}], xb[{blocks}]; int i;
     for (i = 0; i < {k}; i++) {{ ea[i] = field(a, i * {a_fmt.bits}, {a_fmt.bits}); eb[i] = field(b, i * {b_fmt.bits}, {b_fmt.bits}); }}

@@ -67,12 +67,33 @@ class CModel:
         name = manifest["c_function"][: -len("_dot")]
         self.k = manifest["k"]
         self.blocks = -(-self.k // manifest["block_size"]) if manifest["scaled"] else 0
-        self.scale_blocks = -(-self.k // manifest["block_size"])  # the C API reads one code per block
+        self.scale_blocks = -(
+            -self.k // manifest["block_size"]
+        )  # the C API reads one code per block
         main = build / "harness.c"
-        main.write_text(HARNESS.format(name=name, k=self.k, blocks=self.scale_blocks), encoding="utf-8")
+        main.write_text(
+            HARNESS.format(name=name, k=self.k, blocks=self.scale_blocks), encoding="utf-8"
+        )
         self.exe = build / "harness"
-        subprocess.run([cc, "-std=c99", "-O2", "-Wall", "-Werror", "-I", str(model_dir), "-o", str(self.exe), str(main),
-                        str(model_dir / f"{name}.c")], check=True, capture_output=True, text=True, timeout=300)
+        subprocess.run(
+            [
+                cc,
+                "-std=c99",
+                "-O2",
+                "-Wall",
+                "-Werror",
+                "-I",
+                str(model_dir),
+                "-o",
+                str(self.exe),
+                str(main),
+                str(model_dir / f"{name}.c"),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         self.build = build
 
     def run(self, a, b, scale_a, scale_b, c, repeat: int = 0) -> tuple[np.ndarray, list[float]]:
@@ -80,13 +101,22 @@ class CModel:
         n = a.shape[0]
         if scale_a is None:
             scale_a = scale_b = np.zeros((n, self.scale_blocks), dtype=np.uint64)
-        rows = np.concatenate([np.asarray(x, dtype=np.uint64).reshape(n, -1) for x in (a, b, scale_a, scale_b, c)], axis=1)
+        rows = np.concatenate(
+            [np.asarray(x, dtype=np.uint64).reshape(n, -1) for x in (a, b, scale_a, scale_b, c)],
+            axis=1,
+        )
         with tempfile.TemporaryDirectory(dir=self.build) as tmp:
             source, target = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
             rows.astype("<u8").tofile(source)
-            done = subprocess.run([str(self.exe), str(source), str(target), str(n), str(repeat)], capture_output=True,
-                                  text=True, timeout=3600)
+            done = subprocess.run(
+                [str(self.exe), str(source), str(target), str(n), str(repeat)],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
             if done.returncode:
-                raise MxsimError(f"C model harness failed (exit {done.returncode}): {done.stderr.strip()[:200]}")
+                raise MxsimError(
+                    f"C model harness failed (exit {done.returncode}): {done.stderr.strip()[:200]}"
+                )
             rates = [float(line) for line in done.stdout.split()]
             return np.fromfile(target, dtype="<u8"), rates

@@ -55,7 +55,8 @@ class FoldSchedule:
 
 
 def spatiotemporal_extents(
-        dataflow: str, M: int, N: int, reduction_steps: int) -> tuple[int, int, int]:
+    dataflow: str, M: int, N: int, reduction_steps: int
+) -> tuple[int, int, int]:
     """(Sr, Sc, T) as in SCALE-Sim's ``calc_spatio_temporal_params``, K replaced by steps."""
     if dataflow == "os":
         return M, N, reduction_steps
@@ -70,7 +71,8 @@ def fold_schedule(array: ArrayConfig, M: int, N: int, reduction_steps: int) -> F
     """Folds and compute cycles of an (M, N, reduction_steps) GEMM on ``array``."""
     rows, columns = array.rows, array.columns
     spatial_rows, spatial_columns, temporal = spatiotemporal_extents(
-        array.dataflow, M, N, reduction_steps)
+        array.dataflow, M, N, reduction_steps
+    )
     row_folds = ceil_div(spatial_rows, rows)
     column_folds = ceil_div(spatial_columns, columns)
     if array.dataflow == "os":
@@ -86,7 +88,13 @@ def fold_schedule(array: ArrayConfig, M: int, N: int, reduction_steps: int) -> F
     # mean of rows_used * columns_used / (rows * columns) over all folds factorises.
     mapping_efficiency = (spatial_rows * spatial_columns) / (rows * columns * folds)
     return FoldSchedule(
-        dataflow=array.dataflow, spatial_rows=spatial_rows, spatial_columns=spatial_columns,
-        temporal=temporal, row_folds=row_folds, column_folds=column_folds,
-        cycles_per_fold=cycles_per_fold, compute_cycles=folds * cycles_per_fold - 1,
-        mapping_efficiency=mapping_efficiency)
+        dataflow=array.dataflow,
+        spatial_rows=spatial_rows,
+        spatial_columns=spatial_columns,
+        temporal=temporal,
+        row_folds=row_folds,
+        column_folds=column_folds,
+        cycles_per_fold=cycles_per_fold,
+        compute_cycles=folds * cycles_per_fold - 1,
+        mapping_efficiency=mapping_efficiency,
+    )

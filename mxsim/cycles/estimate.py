@@ -16,8 +16,12 @@ from mxsim.errors import MxsimError
 
 def _bytes_dict(traffic: Traffic) -> dict:
     def operand(storage_bytes, passes):
-        return {"elements": storage_bytes.element_bytes, "scales": storage_bytes.scale_bytes,
-                "passes": passes}
+        return {
+            "elements": storage_bytes.element_bytes,
+            "scales": storage_bytes.scale_bytes,
+            "passes": passes,
+        }
+
     return {
         "ifmap": operand(traffic.ifmap, traffic.ifmap_passes),
         "filter": operand(traffic.filter, traffic.filter_passes),
@@ -73,12 +77,25 @@ class LayerEstimate:
         """A JSON-ready dict of every figure."""
         schedule = self.schedule
         return {
-            "name": self.name, "M": self.M, "N": self.N, "K": self.K, "macs": self.macs,
-            "dataflow": schedule.dataflow, "reduction_steps": self.reduction_steps,
-            "folds": {"row": schedule.row_folds, "column": schedule.column_folds,
-                      "total": schedule.folds, "cycles_each": schedule.cycles_per_fold},
-            "cycles": {"compute": self.compute_cycles, "memory": self.memory_cycles,
-                       "total": self.total_cycles, "bound": self.bound},
+            "name": self.name,
+            "M": self.M,
+            "N": self.N,
+            "K": self.K,
+            "macs": self.macs,
+            "dataflow": schedule.dataflow,
+            "reduction_steps": self.reduction_steps,
+            "folds": {
+                "row": schedule.row_folds,
+                "column": schedule.column_folds,
+                "total": schedule.folds,
+                "cycles_each": schedule.cycles_per_fold,
+            },
+            "cycles": {
+                "compute": self.compute_cycles,
+                "memory": self.memory_cycles,
+                "total": self.total_cycles,
+                "bound": self.bound,
+            },
             "seconds": self.seconds,
             "mapping_efficiency": schedule.mapping_efficiency,
             "compute_utilisation": self.compute_utilisation,
@@ -90,7 +107,9 @@ class LayerEstimate:
 def _layer_sum(figure: str) -> property:
     """A :class:`TraceEstimate` total: the layers' ``figure`` (a dotted attribute path) summed."""
     read = attrgetter(figure)
-    return property(lambda self: sum(read(layer) for layer in self.layers), doc=f"Sum of the layers' {figure}.")
+    return property(
+        lambda self: sum(read(layer) for layer in self.layers), doc=f"Sum of the layers' {figure}."
+    )
 
 
 @dataclass(frozen=True)
@@ -126,12 +145,21 @@ class TraceEstimate:
             "array": asdict(self.array),
             "layers": [layer.to_dict() for layer in self.layers],
             "totals": {
-                "layers": len(self.layers), "macs": self.macs,
-                "cycles": {"compute": self.compute_cycles, "memory": self.memory_cycles,
-                           "total": self.total_cycles},
-                "seconds": self.seconds, "utilisation": self.utilisation,
-                "bytes": {"elements": self.element_bytes, "scales": self.scale_bytes,
-                          "partial_sums": self.partial_sum_bytes, "total": self.total_bytes},
+                "layers": len(self.layers),
+                "macs": self.macs,
+                "cycles": {
+                    "compute": self.compute_cycles,
+                    "memory": self.memory_cycles,
+                    "total": self.total_cycles,
+                },
+                "seconds": self.seconds,
+                "utilisation": self.utilisation,
+                "bytes": {
+                    "elements": self.element_bytes,
+                    "scales": self.scale_bytes,
+                    "partial_sums": self.partial_sum_bytes,
+                    "total": self.total_bytes,
+                },
             },
         }
 
@@ -141,7 +169,8 @@ def _check_lanes(array: ArrayConfig, storage: OperandStorage, operand: str) -> N
     if block is not None and block % array.lanes_per_unit:
         raise MxsimError(
             f"array.lanes_per_unit {array.lanes_per_unit} does not divide the block size {block} "
-            f"of operand {operand}; a unit would mix two scale blocks (use a divisor of {block})")
+            f"of operand {operand}; a unit would mix two scale blocks (use a divisor of {block})"
+        )
 
 
 def estimate_layer(
@@ -167,11 +196,20 @@ def estimate_layer(
     macs = layer.M * layer.N * layer.K
     lanes = array.units * array.lanes_per_unit
     return LayerEstimate(
-        name=layer.name, M=layer.M, N=layer.N, K=layer.K, macs=macs, reduction_steps=steps,
-        schedule=schedule, traffic=traffic, memory_cycles=memory_cycles, total_cycles=total_cycles,
+        name=layer.name,
+        M=layer.M,
+        N=layer.N,
+        K=layer.K,
+        macs=macs,
+        reduction_steps=steps,
+        schedule=schedule,
+        traffic=traffic,
+        memory_cycles=memory_cycles,
+        total_cycles=total_cycles,
         utilisation=macs / (max(total_cycles, 1) * lanes),
         compute_utilisation=macs / (max(schedule.compute_cycles, 1) * lanes),
-        seconds=total_cycles / (array.clock_mhz * 1e6))
+        seconds=total_cycles / (array.clock_mhz * 1e6),
+    )
 
 
 def estimate_layers(
@@ -182,5 +220,7 @@ def estimate_layers(
     out_storage: OperandStorage,
 ) -> TraceEstimate:
     """Estimate every layer with the same operand storages; see :func:`estimate_layer`."""
-    return TraceEstimate(array, tuple(
-        estimate_layer(array, layer, a_storage, b_storage, out_storage) for layer in layers))
+    return TraceEstimate(
+        array,
+        tuple(estimate_layer(array, layer, a_storage, b_storage, out_storage) for layer in layers),
+    )

@@ -96,14 +96,22 @@ class ConvLayer:
 
     def __post_init__(self) -> None:
         _check_dimensions(
-            self.name, ifmap_height=self.ifmap_height, ifmap_width=self.ifmap_width,
-            filter_height=self.filter_height, filter_width=self.filter_width,
-            channels=self.channels, filters=self.filters,
-            stride_height=self.stride_height, stride_width=self.stride_width)
+            self.name,
+            ifmap_height=self.ifmap_height,
+            ifmap_width=self.ifmap_width,
+            filter_height=self.filter_height,
+            filter_width=self.filter_width,
+            channels=self.channels,
+            filters=self.filters,
+            stride_height=self.stride_height,
+            stride_width=self.stride_width,
+        )
         # SCALE-Sim asserts the same (topology_utils.append_topo_arrays)
         if self.filter_height > self.ifmap_height or self.filter_width > self.ifmap_width:
-            raise MxsimError(f"layer {self.name!r}: filter {self.filter_height}x{self.filter_width} "
-                             f"is larger than ifmap {self.ifmap_height}x{self.ifmap_width}")
+            raise MxsimError(
+                f"layer {self.name!r}: filter {self.filter_height}x{self.filter_width} "
+                f"is larger than ifmap {self.ifmap_height}x{self.ifmap_width}"
+            )
 
     @property
     def ofmap_height(self) -> int:
@@ -118,8 +126,11 @@ class ConvLayer:
     def gemm(self) -> GemmLayer:
         """SCALE-Sim's lowering: M = output pixels, N = filters, K = filter window size."""
         return GemmLayer(
-            self.name, M=self.ofmap_height * self.ofmap_width, N=self.filters,
-            K=self.filter_height * self.filter_width * self.channels)
+            self.name,
+            M=self.ofmap_height * self.ofmap_width,
+            N=self.filters,
+            K=self.filter_height * self.filter_width * self.channels,
+        )
 
     @property
     def M(self) -> int:

@@ -50,11 +50,18 @@ def reduction_groups(layer: Layer, lanes_per_unit: int) -> list[list[int]]:
     """
     if isinstance(layer, ConvLayer):
         taps, channels = layer.filter_height * layer.filter_width, layer.channels
-        return [[tap * channels + channel
-                 for channel in range(start, min(start + lanes_per_unit, channels))]
-                for tap in range(taps) for start in range(0, channels, lanes_per_unit)]
-    return [list(range(start, min(start + lanes_per_unit, layer.K)))
-            for start in range(0, layer.K, lanes_per_unit)]
+        return [
+            [
+                tap * channels + channel
+                for channel in range(start, min(start + lanes_per_unit, channels))
+            ]
+            for tap in range(taps)
+            for start in range(0, channels, lanes_per_unit)
+        ]
+    return [
+        list(range(start, min(start + lanes_per_unit, layer.K)))
+        for start in range(0, layer.K, lanes_per_unit)
+    ]
 
 
 def skew(matrix: np.ndarray) -> np.ndarray:
@@ -62,7 +69,7 @@ def skew(matrix: np.ndarray) -> np.ndarray:
     lines, width = matrix.shape
     out = np.full((lines + width - 1, width), NULL, dtype=np.int64)
     for column in range(width):
-        out[column:column + lines, column] = matrix[:, column]
+        out[column : column + lines, column] = matrix[:, column]
     return out
 
 
@@ -73,7 +80,7 @@ def _null(lines: int, width: int) -> np.ndarray:
 def _pad(block: np.ndarray, lines: int, width: int) -> np.ndarray:
     """Fill an under-used fold with null requests up to lines x width."""
     out = _null(lines, width)
-    out[:block.shape[0], :block.shape[1]] = block
+    out[: block.shape[0], : block.shape[1]] = block
     return out
 
 
@@ -160,8 +167,14 @@ def _walk_fold(dataflow, rows, columns, ifmap, filters, groups, N, counts, laten
     return int(active.sum()), last_product
 
 
-def walk_layer(rows: int, columns: int, dataflow: str, layer: Layer,
-               lanes_per_unit: int = 1, pipeline_latency: int = 1) -> TwinResult:
+def walk_layer(
+    rows: int,
+    columns: int,
+    dataflow: str,
+    layer: Layer,
+    lanes_per_unit: int = 1,
+    pipeline_latency: int = 1,
+) -> TwinResult:
     """Walk ``layer`` on a rows x columns array the way SCALE-Sim does; see the module doc."""
     groups = reduction_groups(layer, lanes_per_unit)
     M, N, G = layer.M, layer.N, len(groups)
@@ -186,16 +199,24 @@ def walk_layer(rows: int, columns: int, dataflow: str, layer: Layer,
     for fold_columns in _fold_ranges(spatial_columns, columns):
         for fold_rows in _fold_ranges(spatial_rows, rows):
             ifmap, filters, ofmap = _fold_demands(
-                dataflow, rows, columns, ifmap_op, filter_op, ofmap_op,
-                np.array(fold_rows), np.array(fold_columns))
+                dataflow,
+                rows,
+                columns,
+                ifmap_op,
+                filter_op,
+                ofmap_op,
+                np.array(fold_rows),
+                np.array(fold_columns),
+            )
             # a deeper unit pipeline: operands stop extra cycles earlier than the results land
             ifmap = np.concatenate([ifmap, _null(extra, ifmap.shape[1])])
             filters = np.concatenate([filters, _null(extra, filters.shape[1])])
             ofmap = np.concatenate([_null(extra, ofmap.shape[1]), ofmap])
             if not ifmap.shape[0] == filters.shape[0] == ofmap.shape[0]:
                 raise AssertionError("ifmap, filter and ofmap demands out of sync")
-            used_units, _ = _walk_fold(dataflow, rows, columns, ifmap, filters, groups, N, counts,
-                                       pipeline_latency)
+            used_units, _ = _walk_fold(
+                dataflow, rows, columns, ifmap, filters, groups, N, counts, pipeline_latency
+            )
             efficiencies.append(used_units / (rows * columns))
             ifmap_lines.append(ifmap)
             filter_lines.append(filters)
@@ -215,5 +236,9 @@ def walk_layer(rows: int, columns: int, dataflow: str, layer: Layer,
         raise AssertionError("some products were computed zero times or more than once")
 
     return TwinResult(
-        compute_cycles=max(serviced), demand_lines=ofmap_demand.shape[0], folds=len(efficiencies),
-        mapping_efficiency=sum(efficiencies) / len(efficiencies), products_checked=int(products.sum()))
+        compute_cycles=max(serviced),
+        demand_lines=ofmap_demand.shape[0],
+        folds=len(efficiencies),
+        mapping_efficiency=sum(efficiencies) / len(efficiencies),
+        products_checked=int(products.sum()),
+    )

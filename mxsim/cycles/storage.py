@@ -63,10 +63,14 @@ class OperandStorage:
         if self.microexponent_bits and self.subblock_size is None:
             raise ValueError("microexponent_bits needs a subblock_size")
         if self.subblock_size is not None:
-            if (self.block_size is None or self.subblock_size < 1
-                    or self.block_size % self.subblock_size):
+            if (
+                self.block_size is None
+                or self.subblock_size < 1
+                or self.block_size % self.subblock_size
+            ):
                 raise ValueError(
-                    f"subblock_size {self.subblock_size} must divide block_size {self.block_size}")
+                    f"subblock_size {self.subblock_size} must divide block_size {self.block_size}"
+                )
 
     @classmethod
     def plain(cls, bytes_per_word: int) -> OperandStorage:
@@ -89,7 +93,9 @@ class OperandStorage:
 
 
 FORMAT_STORAGE: dict[str, OperandStorage] = {
-    name: OperandStorage(fmt.storage_bits, fmt.block_size, fmt.scale_bits, fmt.subblock_size, fmt.microexponent_bits)
+    name: OperandStorage(
+        fmt.storage_bits, fmt.block_size, fmt.scale_bits, fmt.subblock_size, fmt.microexponent_bits
+    )
     for name, fmt in FORMATS.items()
     if fmt.role != "scale"
 }

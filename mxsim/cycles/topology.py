@@ -28,8 +28,16 @@ from mxsim.errors import InputFileError, MxsimError
 from mxsim.fileio import read_text
 from mxsim.limits import check_path, shown
 
-CONV_COLUMNS = ("Layer name", "IFMAP Height", "IFMAP Width", "Filter Height", "Filter Width",
-                "Channels", "Num Filter", "Strides")
+CONV_COLUMNS = (
+    "Layer name",
+    "IFMAP Height",
+    "IFMAP Width",
+    "Filter Height",
+    "Filter Width",
+    "Channels",
+    "Num Filter",
+    "Strides",
+)
 GEMM_COLUMNS = ("Layer", "M", "N", "K")
 _SPARSITY = re.compile(r"^\d+\s*:\s*\d+$")
 #: Most layers one topology file may describe (depthwise layers count once per channel).
@@ -79,7 +87,8 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
         if kind is None:
             raise MxsimError(
                 f"{path}:1: cannot tell conv from GEMM topology by the header; expected "
-                f"'{', '.join(CONV_COLUMNS)}' or '{', '.join(GEMM_COLUMNS)}'")
+                f"'{', '.join(CONV_COLUMNS)}' or '{', '.join(GEMM_COLUMNS)}'"
+            )
     if kind not in ("conv", "gemm"):
         raise MxsimError(f"topology kind must be 'conv' or 'gemm', got {kind!r}")
     columns = CONV_COLUMNS if kind == "conv" else GEMM_COLUMNS
@@ -93,23 +102,32 @@ def read_scalesim_topology(path: str | Path, kind: str | None = None) -> list[La
         if len(fields) < len(columns):
             raise MxsimError(
                 f"{where}: column {len(fields) + 1} ({columns[len(fields)]}): missing; a {kind} row "
-                f"has {len(columns)} fields: {', '.join(columns)}")
-        extra = fields[len(columns):]
+                f"has {len(columns)} fields: {', '.join(columns)}"
+            )
+        extra = fields[len(columns) :]
         if extra and not _SPARSITY.match(extra[0]):
-            raise MxsimError(f"{where}: column {len(columns) + 1}: expected an N:M sparsity "
-                             f"ratio or nothing, got {shown(extra[0], 40)}")
+            raise MxsimError(
+                f"{where}: column {len(columns) + 1}: expected an N:M sparsity "
+                f"ratio or nothing, got {shown(extra[0], 40)}"
+            )
         if len(extra) > 1:
-            raise MxsimError(f"{where}: column {len(columns) + 2}: unexpected field {shown(extra[1], 40)}")
+            raise MxsimError(
+                f"{where}: column {len(columns) + 2}: unexpected field {shown(extra[1], 40)}"
+            )
         values = []
         for index in range(1, len(columns)):
             text = fields[index]
             # ASCII digits only: int() also takes "1_000", other scripts' digits and 4000-digit numbers
             if not (text.isascii() and text.lstrip("-").isdigit()):
-                raise MxsimError(f"{where}: column {index + 1} ({columns[index]}): expected an integer, "
-                                 f"got {shown(text, 40)}")
+                raise MxsimError(
+                    f"{where}: column {index + 1} ({columns[index]}): expected an integer, "
+                    f"got {shown(text, 40)}"
+                )
             if len(text) > 13 or int(text) > MAX_DIMENSION:
-                raise MxsimError(f"{where}: column {index + 1} ({columns[index]}): expected at most "
-                                 f"{MAX_DIMENSION}, got {shown(text, 40)}")
+                raise MxsimError(
+                    f"{where}: column {index + 1} ({columns[index]}): expected at most "
+                    f"{MAX_DIMENSION}, got {shown(text, 40)}"
+                )
             values.append(int(text))
         try:
             layers.extend(_make_layers(kind, fields[0], values, MAX_LAYERS - len(layers)))
@@ -125,11 +143,16 @@ def _make_layers(kind: str, name: str, values: list[int], room: int) -> list[Lay
         m, n, k = values
         return [GemmLayer(name, M=m, N=n, K=k)]
     height, width, filter_height, filter_width, channels, filters, stride = values
-    layer = ConvLayer(name, height, width, filter_height, filter_width, channels, filters,
-                      stride, stride)
+    layer = ConvLayer(
+        name, height, width, filter_height, filter_width, channels, filters, stride, stride
+    )
     if "DP" in name:
         if channels > room:
-            raise MxsimError(f"a depthwise layer of {channels} channels would make more than "
-                             f"{MAX_LAYERS} layers in all (one per channel)")
-        return [replace(layer, name=f"{name}Channel_{index}", channels=1) for index in range(channels)]
+            raise MxsimError(
+                f"a depthwise layer of {channels} channels would make more than "
+                f"{MAX_LAYERS} layers in all (one per channel)"
+            )
+        return [
+            replace(layer, name=f"{name}Channel_{index}", channels=1) for index in range(channels)
+        ]
     return [layer]

@@ -93,12 +93,19 @@ def offchip_traffic(
 
     partial_sum_spills = 0
     if dataflow in ("ws", "is") and schedule.row_folds > 1:
-        psums_per_fold = M * min(array.columns, N) if dataflow == "ws" else min(array.columns, M) * N
+        psums_per_fold = (
+            M * min(array.columns, N) if dataflow == "ws" else min(array.columns, M) * N
+        )
         if psums_per_fold * array.accumulator_bits > 8 * psum_room:
             partial_sum_spills = schedule.row_folds - 1
     partial_sum_bytes = -(-2 * partial_sum_spills * M * N * array.accumulator_bits // 8)
 
     return Traffic(
-        ifmap=a_bytes.times(ifmap_passes), filter=b_bytes.times(filter_passes), ofmap=out_bytes,
-        partial_sum_bytes=partial_sum_bytes, ifmap_passes=ifmap_passes,
-        filter_passes=filter_passes, partial_sum_spills=partial_sum_spills)
+        ifmap=a_bytes.times(ifmap_passes),
+        filter=b_bytes.times(filter_passes),
+        ofmap=out_bytes,
+        partial_sum_bytes=partial_sum_bytes,
+        ifmap_passes=ifmap_passes,
+        filter_passes=filter_passes,
+        partial_sum_spills=partial_sum_spills,
+    )

@@ -37,9 +37,28 @@ def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
 
 
 @njit(cache=True)
-def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
-               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
-               groups_per_tree, group_terms, cfg, out, flags):
+def _group_row(
+    row,
+    group_sums,
+    codes_a,
+    codes_b,
+    c_values,
+    a_values,
+    b_values,
+    scale_a_values,
+    scale_a_exponents,
+    zero_a,
+    scale_b_values,
+    scale_b_exponents,
+    zero_b,
+    bad_rows,
+    bad_columns,
+    groups_per_tree,
+    group_terms,
+    cfg,
+    out,
+    flags,
+):
     """Output row ``row``, its columns the lanes: per tree each lane's reference R, its
     truncated group terms summed, then the window kernels' :func:`finish_tree`."""
     n_groups, _, lanes = group_sums.shape
@@ -78,11 +97,19 @@ def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, 
                 exponents[lane] = zero_reference if zero else exponent_a + exponents_b[lane]
                 undecided[lane] = (row_sums[lane] == 0.0) & (not zero)
             start = g * group_terms
-            for word in range(undecided_words.shape[0]):  # a zero sum of nonzero operands: rare, scanned
+            for word in range(
+                undecided_words.shape[0]
+            ):  # a zero sum of nonzero operands: rare, scanned
                 if undecided_words[word] != 0:
                     for lane in range(8 * word, min(8 * word + 8, lanes)):
-                        if undecided[lane] and _products_all_zero(codes_a[row], codes_b[lane], a_values, b_values,
-                                                                  start, min(start + group_terms, length)):
+                        if undecided[lane] and _products_all_zero(
+                            codes_a[row],
+                            codes_b[lane],
+                            a_values,
+                            b_values,
+                            start,
+                            min(start + group_terms, length),
+                        ):
                             exponents[lane] = zero_reference
             for lane in range(lanes):
                 references[lane] = max(references[lane], exponents[lane])
@@ -96,7 +123,9 @@ def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, 
             for lane in range(lanes):
                 # Exact up to the truncation toward zero (groups.py); the sum of truncated terms
                 # is an integer below 2^53, exact in float64.
-                sums[lane] += np.trunc(np.float64(row_sums[lane]) * scale_a * scales_b[lane] * factors[lane])
+                sums[lane] += np.trunc(
+                    np.float64(row_sums[lane]) * scale_a * scales_b[lane] * factors[lane]
+                )
         for lane in range(lanes):
             totals[lane] = np.int64(sums[lane])
         finish_tree(totals, references, acc, lane_flags, cfg)
@@ -106,9 +135,27 @@ def _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values, 
 
 
 @njit(cache=True, nogil=True)
-def group_rows(group_sums, codes_a, codes_b, c_values, a_values, b_values, scale_a_values,
-               scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b, bad_rows, bad_columns,
-               groups_per_tree, group_terms, cfg, out, flags):
+def group_rows(
+    group_sums,
+    codes_a,
+    codes_b,
+    c_values,
+    a_values,
+    b_values,
+    scale_a_values,
+    scale_a_exponents,
+    zero_a,
+    scale_b_values,
+    scale_b_exponents,
+    zero_b,
+    bad_rows,
+    bad_columns,
+    groups_per_tree,
+    group_terms,
+    cfg,
+    out,
+    flags,
+):
     """The R rows of a tile of the GEMM from ``group_sums`` (G, R, N): the exact sum of each
     group g of products of the tile's rows of A with the columns of B.
 
@@ -120,6 +167,25 @@ def group_rows(group_sums, codes_a, codes_b, c_values, a_values, b_values, scale
     gets the output code, flags[r, n] = 1 where the generic kernel must compute it. Serial and
     without the GIL: the caller runs row tiles on its own threads, each with its GEMMs."""
     for row in range(group_sums.shape[1]):
-        _group_row(row, group_sums, codes_a, codes_b, c_values, a_values, b_values,
-                   scale_a_values, scale_a_exponents, zero_a, scale_b_values, scale_b_exponents, zero_b,
-                   bad_rows, bad_columns, groups_per_tree, group_terms, cfg, out, flags)
+        _group_row(
+            row,
+            group_sums,
+            codes_a,
+            codes_b,
+            c_values,
+            a_values,
+            b_values,
+            scale_a_values,
+            scale_a_exponents,
+            zero_a,
+            scale_b_values,
+            scale_b_exponents,
+            zero_b,
+            bad_rows,
+            bad_columns,
+            groups_per_tree,
+            group_terms,
+            cfg,
+            out,
+            flags,
+        )

@@ -60,14 +60,28 @@ from ..formats._kernels import (
 )
 from ..quantize._kernels import SCALE_NAN
 from .schema import NO_PRODUCT_OVERFLOW, NO_SPECIAL_ACCUMULATOR_EXPONENT, NO_ZERO_TERM_EXPONENT
-from ._limbs import N_LIMBS, limbs_add_float, limbs_add_integer, limbs_add_product, limbs_clear, limbs_round
+from ._limbs import (
+    N_LIMBS,
+    limbs_add_float,
+    limbs_add_integer,
+    limbs_add_product,
+    limbs_clear,
+    limbs_round,
+)
 from .tables import ZERO_EXPONENT
 
 # Codes of the record's choice fields: a choice's position in its key's list in the schema.
 SCALES_NONE, SCALES_PRODUCTS, SCALES_BLOCK_SUM, SCALES_GROUP_SUM = 0, 1, 2, 3  # inputs.scales
 BELOW_TRUNCATE, BELOW_FLOOR, BELOW_NEAREST_EVEN, BELOW_STICKY = 0, 1, 2, 3  # adder.below_window
-ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE, ZERO_SIGN_IEEE_STEPS = 0, 1, 2, 3  # output.zero_sign
-EXACT_TREE_BITS = 58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
+ZERO_SIGN_IEEE, ZERO_SIGN_POSITIVE, ZERO_SIGN_EXACT_POSITIVE, ZERO_SIGN_IEEE_STEPS = (
+    0,
+    1,
+    2,
+    3,
+)  # output.zero_sign
+EXACT_TREE_BITS = (
+    58  # an exact tree's terms are summed as int64 when they fit this many bits below the largest
+)
 
 
 @njit(cache=True, inline="always")
@@ -94,7 +108,9 @@ def round_float(value, params, rounding, subnormals, overflow):
     """``value`` rounded once into the format ``params`` (overflow: a formats overflow policy), as float64."""
     if value == 0.0 or not math.isfinite(value):
         return value
-    value_class, sign, significand, lsb_exponent, leading = decompose(np.float64(value).view(np.uint64), 11, 52)
+    value_class, sign, significand, lsb_exponent, leading = decompose(
+        np.float64(value).view(np.uint64), 11, 52
+    )
     code = encode_finite(sign, significand, lsb_exponent, leading, params, rounding, overflow, 0)
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
@@ -145,7 +161,9 @@ def adder_register(total, width, saturate):
 def _bit_length(value):
     """Number of bits of a positive int64 (its leading one's index + 1)."""
     # float() may round up to the next power of two: correct with an integer comparison.
-    exponent = np.int64((np.float64(value).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF)) - 1022
+    exponent = (
+        np.int64((np.float64(value).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF)) - 1022
+    )
     if exponent > 0 and (np.int64(1) << (exponent - 1)) > value:
         exponent -= 1
     return exponent
@@ -161,7 +179,11 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals, overflow):
     bits = _bit_length(magnitude)
     leading = lsb_exponent + bits - 1
     precision = params[P_MANTISSA_BITS] + 1
-    if params[P_EXPONENT_BITS] > 0 and precision > 1 and 1 - params[P_BIAS] <= leading < params[P_EMAX]:
+    if (
+        params[P_EXPONENT_BITS] > 0
+        and precision > 1
+        and 1 - params[P_BIAS] <= leading < params[P_EMAX]
+    ):
         # Normal range, no overflow possible: round the integer directly (the common case).
         # (With one significant bit the code's last bit, which ties to even, is the exponent's.)
         shift = bits - precision
@@ -169,14 +191,24 @@ def round_integer(total, lsb_exponent, params, rounding, subnormals, overflow):
             quotient = magnitude >> shift
             remainder = magnitude - (quotient << shift)
             half = np.int64(1) << (shift - 1)
-            if round_up(rounding, 1 if total < 0 else 0, quotient & 1, remainder < half, remainder == half,
-                        remainder != 0, np.int64(0), np.int64(0)):
+            if round_up(
+                rounding,
+                1 if total < 0 else 0,
+                quotient & 1,
+                remainder < half,
+                remainder == half,
+                remainder != 0,
+                np.int64(0),
+                np.int64(0),
+            ):
                 quotient += 1
             magnitude = quotient
             lsb_exponent += shift
         value = scale_by_power_of_two(float(magnitude), lsb_exponent)
         return -value if total < 0 else value
-    code = encode_finite(1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, overflow, 0)
+    code = encode_finite(
+        1 if total < 0 else 0, magnitude, lsb_exponent, leading, params, rounding, overflow, 0
+    )
     return flush_subnormal(decode_code(code, params), params, subnormals)
 
 
@@ -189,6 +221,7 @@ def truncate_significand(value, fraction_bits):
 
 
 # --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
+
 
 @njit(cache=True, inline="always")
 def grid_lsb_offset(acc, scale_exponent, cfg, acc_params):
@@ -204,8 +237,14 @@ def grid_lsb_offset(acc, scale_exponent, cfg, acc_params):
 def round_into_accumulator(limbs, bounds, acc_params, cfg):
     """The limbs' exact value rounded into the accumulator format (the unit's accumulator
     rounding, subnormals and overflow rule); the limbs are cleared."""
-    result = round_limbs(limbs, bounds, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                         cfg.accumulator_overflow)
+    result = round_limbs(
+        limbs,
+        bounds,
+        acc_params,
+        cfg.accumulator_rounding,
+        cfg.accumulator_subnormals,
+        cfg.accumulator_overflow,
+    )
     limbs_clear(limbs, bounds)
     return result
 
@@ -224,7 +263,9 @@ def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, b
     for i in range(count):
         limbs_add_float(limbs, bounds, terms[i])
     if offset < -cfg.grid_max_right_shift:
-        _, products_zero = limbs_round(limbs, bounds, acc_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN)
+        _, products_zero = limbs_round(
+            limbs, bounds, acc_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN
+        )
         if products_zero:
             limbs_clear(limbs, bounds)
             return acc
@@ -244,6 +285,7 @@ def tree_scale_exponent(start, a_scales, b_scales, cfg):
 
 # --- step 6 (start): c enters -------------------------------------------------------------------
 
+
 @njit(cache=True, **NO_REFCOUNTS)
 def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     """(accumulator, outer accumulator, running special) once c (finite) has entered: into the
@@ -257,8 +299,13 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     elif cfg.promotion_interval > 0:
         outer = c_value
     elif not cfg.c_at_end:
-        acc = round_float(c_value, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                          cfg.accumulator_overflow)
+        acc = round_float(
+            c_value,
+            acc_params,
+            cfg.accumulator_rounding,
+            cfg.accumulator_subnormals,
+            cfg.accumulator_overflow,
+        )
         if not math.isfinite(acc):  # c overflows a narrower accumulator
             special = note_overflow(special, acc)
             acc = 0.0
@@ -266,6 +313,7 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
 
 
 # --- steps 1-3: decode, multiply, order and trees -----------------------------------------------
+
 
 @njit(cache=True, **NO_REFCOUNTS)
 def element(code, values, exponents, params, subnormals):
@@ -291,7 +339,9 @@ def products_fit_float64(a_params, b_params):
     exponents) is exact in float64: at most 53 significant bits, its lowest bit at or above
     2^-1074 and its magnitude below 2^1024 (fp32 x fp32 fits; a product with fp64 does not)."""
     bits = a_params[P_MANTISSA_BITS] + b_params[P_MANTISSA_BITS] + 2
-    lowest = (1 - a_params[P_BIAS] - a_params[P_MANTISSA_BITS]) + (1 - b_params[P_BIAS] - b_params[P_MANTISSA_BITS])
+    lowest = (1 - a_params[P_BIAS] - a_params[P_MANTISSA_BITS]) + (
+        1 - b_params[P_BIAS] - b_params[P_MANTISSA_BITS]
+    )
     highest = a_params[P_EMAX] + b_params[P_EMAX] + 1
     return bits <= 53 and lowest - 254 >= -1074 and highest + 254 < 1024
 
@@ -346,7 +396,11 @@ def uniform_trees(cfg):
     tree, the exponent-sum reference, exact products that never overflow, one window."""
     return (
         cfg.term_order_length == 0
-        and (cfg.scales == SCALES_NONE or cfg.trees_in_blocks or cfg.block_size % cfg.fused_terms == 0)
+        and (
+            cfg.scales == SCALES_NONE
+            or cfg.trees_in_blocks
+            or cfg.block_size % cfg.fused_terms == 0
+        )
         and cfg.scales != SCALES_GROUP_SUM  # group sums: group_tree_terms
         and not cfg.align_leading_bit
         and cfg.product_fraction_bits < 0
@@ -356,8 +410,23 @@ def uniform_trees(cfg):
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
-                       a_values, a_exponents, b_values, b_exponents, a_params, b_params, cfg, terms, exponents):
+def uniform_tree_terms(
+    start,
+    stop,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    cfg,
+    terms,
+    exponents,
+):
     """Steps 1-3 for the elements start..stop of a :func:`uniform_trees` unit in one pass, no
     branch per product: (count, tree_scale, done). Not done (the caller falls back to
     :func:`tree_terms`) for NaN/Inf, NaN scales, and all-zero or exactly cancelling trees
@@ -383,8 +452,12 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
             count += 1
     else:
         for k in range(start, stop):
-            value_a, exponent_a = element(a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals)
-            value_b, exponent_b = element(b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals)
+            value_a, exponent_a = element(
+                a_codes[k], a_values, a_exponents, a_params, cfg.input_subnormals
+            )
+            value_b, exponent_b = element(
+                b_codes[k], b_values, b_exponents, b_params, cfg.input_subnormals
+            )
             product = value_a * value_b
             terms[count] = product
             exponents[count] = exponent_a + exponent_b
@@ -405,8 +478,20 @@ def uniform_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales,
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, a_params, b_params,
-             cfg):
+def multiply(
+    k,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    cfg,
+):
     """Steps 1-2 for element k: (product, exponent sum, deferred scale). The product is exact
     (NaN for a NaN scale), ±Inf from 2^product_overflow_exponent up; zero elements are +0
     with ``inputs.zero_sign: positive``; with ``scales: products`` (or ``block_sum`` on an
@@ -438,8 +523,28 @@ def multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_v
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-               b_values, b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only):
+def tree_terms(
+    start,
+    stop,
+    step,
+    n_elements,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    cfg,
+    order,
+    terms,
+    exponents,
+    special,
+    negative_zeros_only,
+):
     """Steps 1-3 for any tree, the tree positions start..stop by ``step`` (:func:`tree_bounds`; 2 for
     one parity of ``parity_windows``): its
     nonzero finite products (truncated by the multiplier when ``product_fraction_bits`` is
@@ -454,8 +559,19 @@ def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scal
         if k >= n_elements:  # a padded position: no term
             continue
         product, exponent_sum, tree_scale = multiply(
-            k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents, a_params, b_params,
-            cfg)
+            k,
+            a_codes,
+            b_codes,
+            a_scales,
+            b_scales,
+            a_values,
+            a_exponents,
+            b_values,
+            b_exponents,
+            a_params,
+            b_params,
+            cfg,
+        )
         if not math.isfinite(product):
             special += product
             continue
@@ -474,9 +590,27 @@ def tree_terms(start, stop, step, n_elements, a_codes, b_codes, a_scales, b_scal
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values, b_exponents,
-                     a_params, b_params, scale_values, scale_exponents, cfg, terms, exponents, special,
-                     negative_zeros_only):
+def group_tree_terms(
+    start,
+    stop,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    scale_values,
+    scale_exponents,
+    cfg,
+    terms,
+    exponents,
+    special,
+    negative_zeros_only,
+):
     """Steps 1-3 of a ``scales: group_sum`` tree, the positions start..stop (k order): one term
     per group of ``group_terms`` products, the group's exact sum (of products truncated by
     ``product_fraction_bits`` when set) times its block's two scales (codes indexing
@@ -520,9 +654,27 @@ def group_tree_terms(start, stop, a_codes, b_codes, a_scales, b_scales, a_values
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def wide_tree_into_limbs(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-                         b_values, b_exponents, a_params, b_params, cfg, order, special, negative_zeros_only,
-                         limbs, bounds):
+def wide_tree_into_limbs(
+    start,
+    stop,
+    n_elements,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    cfg,
+    order,
+    special,
+    negative_zeros_only,
+    limbs,
+    bounds,
+):
     """Steps 1-5 of an exact tree whose products need not fit a float64 (fp64 operands):
     each nonzero finite product, times its block's scales (``scales: products``, or
     ``block_sum`` on an exact tree), is added exactly into the limbs. NaN/Inf products and
@@ -545,7 +697,9 @@ def wide_tree_into_limbs(start, stop, n_elements, a_codes, b_codes, a_scales, b_
             special += value_a * value_b  # a NaN or Inf factor: the float64 product is the special
             continue
         if value_a == 0.0 or value_b == 0.0:
-            if cfg.input_zeros_positive or (math.copysign(1.0, value_a) < 0) == (math.copysign(1.0, value_b) < 0):
+            if cfg.input_zeros_positive or (math.copysign(1.0, value_a) < 0) == (
+                math.copysign(1.0, value_b) < 0
+            ):
                 negative_zeros_only = False
             continue
         negative_zeros_only = False
@@ -554,6 +708,7 @@ def wide_tree_into_limbs(start, stop, n_elements, a_codes, b_codes, a_scales, b_
 
 
 # --- steps 4-5: align and add -------------------------------------------------------------------
+
 
 @njit(cache=True, **NO_REFCOUNTS)
 def accumulator_exponent(acc, holds_c, cfg, acc_params):
@@ -587,7 +742,12 @@ def keep_in_window(scaled, below):
 def adder_width_bits(cfg):
     """The adder register (``carry_bits`` set): a sign bit, the window's fraction bits and two
     integer bits, the carry bits, and the sticky bit."""
-    return 1 + (cfg.align_fraction_bits + 2) + cfg.carry_bits + (1 if cfg.below_window == BELOW_STICKY else 0)
+    return (
+        1
+        + (cfg.align_fraction_bits + 2)
+        + cfg.carry_bits
+        + (1 if cfg.below_window == BELOW_STICKY else 0)
+    )
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -618,7 +778,9 @@ def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
                 total += np.int64(terms[i] * factor)  # toward zero: the int conversion truncates
         else:
             for i in range(count):
-                total += keep_in_window(terms[i] * factor, below)  # exact: a power-of-two scaling in range
+                total += keep_in_window(
+                    terms[i] * factor, below
+                )  # exact: a power-of-two scaling in range
         if below == BELOW_STICKY:
             lsb_exponent -= 1
         if cfg.carry_bits >= 0:
@@ -650,6 +812,7 @@ def add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count):
 
 # --- steps 5-6: normalise, round, accumulate ----------------------------------------------------
 
+
 @njit(cache=True, inline="always")
 def is_accumulator_value(tree_sum, cfg, acc_params):
     """Whether a nonzero tree sum of ``sum_significant_bits`` bits is a normal value of the
@@ -662,28 +825,55 @@ def is_accumulator_value(tree_sum, cfg, acc_params):
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
+def accumulate(
+    acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds
+):
     """Steps 5-6 after the add: the tree sum rounded to ``sum_significant_bits`` (when set)
     with ``sum_rounding``, added exactly to the accumulator when that is outside the tree,
     rounded once into the accumulator format. Returns the new accumulator (±Inf on overflow)."""
     joined = cfg.accumulator_in_tree or acc == 0.0  # the sum already holds the accumulator
     if fits and cfg.sum_significant_bits > 0:
-        tree_sum = round_integer(total, lsb_exponent, sum_params, cfg.sum_rounding, True, OVERFLOW_INF_NAN)
+        tree_sum = round_integer(
+            total, lsb_exponent, sum_params, cfg.sum_rounding, True, OVERFLOW_INF_NAN
+        )
         if not joined:
-            return add_round(acc, tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                             cfg.accumulator_overflow, limbs, bounds)
+            return add_round(
+                acc,
+                tree_sum,
+                acc_params,
+                cfg.accumulator_rounding,
+                cfg.accumulator_subnormals,
+                cfg.accumulator_overflow,
+                limbs,
+                bounds,
+            )
         if is_accumulator_value(tree_sum, cfg, acc_params):
             return tree_sum
-        return round_float(tree_sum, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                           cfg.accumulator_overflow)
+        return round_float(
+            tree_sum,
+            acc_params,
+            cfg.accumulator_rounding,
+            cfg.accumulator_subnormals,
+            cfg.accumulator_overflow,
+        )
     if fits and joined:
-        return round_integer(total, lsb_exponent, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                             cfg.accumulator_overflow)
-    return accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
+        return round_integer(
+            total,
+            lsb_exponent,
+            acc_params,
+            cfg.accumulator_rounding,
+            cfg.accumulator_subnormals,
+            cfg.accumulator_overflow,
+        )
+    return accumulate_in_limbs(
+        acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds
+    )
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds):
+def accumulate_in_limbs(
+    acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds
+):
     """:func:`accumulate` with exact sums in the limbs: for a wide exact tree, or the
     accumulator outside the tree with no n-bit sum."""
     limbs_clear(limbs, bounds)
@@ -701,7 +891,9 @@ def accumulate_in_limbs(acc, fits, total, lsb_exponent, terms, count, cfg, acc_p
 def promote(outer, acc, special, fp32_params, limbs, bounds):
     """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE),
     which overflows into the running special. Returns (outer, special)."""
-    outer = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds)
+    outer = add_round(
+        outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds
+    )
     if not math.isfinite(outer):
         special = note_overflow(special, outer)
         outer = 0.0
@@ -727,13 +919,28 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
     accumulator format (nearest even) and added with ``c_add_rounding`` (``c_entry: end``).
     Returns (acc, special)."""
     if cfg.promotion_interval > 0:
-        acc = add_round(outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds)
+        acc = add_round(
+            outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds
+        )
     elif cfg.c_at_end:
-        c_converted = round_float(c_value, acc_params, ROUND_NEAREST_EVEN, cfg.accumulator_subnormals,
-                                  cfg.accumulator_overflow)
+        c_converted = round_float(
+            c_value,
+            acc_params,
+            ROUND_NEAREST_EVEN,
+            cfg.accumulator_subnormals,
+            cfg.accumulator_overflow,
+        )
         if math.isfinite(c_converted):
-            acc = add_round(acc, c_converted, acc_params, cfg.c_add_rounding, cfg.accumulator_subnormals,
-                            cfg.accumulator_overflow, limbs, bounds)
+            acc = add_round(
+                acc,
+                c_converted,
+                acc_params,
+                cfg.c_add_rounding,
+                cfg.accumulator_subnormals,
+                cfg.accumulator_overflow,
+                limbs,
+                bounds,
+            )
         else:
             special = note_overflow(special, c_converted)
     if not math.isfinite(acc):
@@ -744,10 +951,29 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
 
 # --- steps 4-6 of adder.parity_windows and adder.second_alignment_bits ---------------------------
 
+
 @njit(cache=True, **NO_REFCOUNTS)
-def parity_tree_sum(start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-                    b_values, b_exponents, a_params, b_params, cfg, order, terms, exponents, special,
-                    negative_zeros_only):
+def parity_tree_sum(
+    start,
+    stop,
+    n_elements,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    cfg,
+    order,
+    terms,
+    exponents,
+    special,
+    negative_zeros_only,
+):
     """Steps 1-5 (to the exact window sum) of a ``parity_windows`` tree: the products at even and
     at odd tree positions each aligned and added in their own window; each sum then kept, toward
     -inf, to the LSB of the window with the larger reference. Returns (count, total,
@@ -758,8 +984,27 @@ def parity_tree_sum(start, stop, n_elements, a_codes, b_codes, a_scales, b_scale
     lsb_exponent = np.int64(0)
     for parity in range(2):
         half, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
-            start + parity, stop, 2, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents,
-            b_values, b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only)
+            start + parity,
+            stop,
+            2,
+            n_elements,
+            a_codes,
+            b_codes,
+            a_scales,
+            b_scales,
+            a_values,
+            a_exponents,
+            b_values,
+            b_exponents,
+            a_params,
+            b_params,
+            cfg,
+            order,
+            terms,
+            exponents,
+            special,
+            negative_zeros_only,
+        )
         if half == 0:
             continue
         floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
@@ -797,7 +1042,9 @@ def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
         tree_part <<= (top - bits - 1) - low
     acc_part = np.int64(0)
     if acc != 0.0 and not (cfg.far_accumulator_dropped and acc_exponent < top - window - 1):
-        acc_part = np.int64(math.floor(scale_by_power_of_two(acc, window - top))) << ((top - window) - low)
+        acc_part = np.int64(math.floor(scale_by_power_of_two(acc, window - top))) << (
+            (top - window) - low
+        )
     register = tree_part + acc_part
     if register != 0:
         leading = low + _bit_length(abs(register)) - 1
@@ -805,8 +1052,14 @@ def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
         if cut > low:
             register >>= cut - low
             low = cut
-    return round_integer(register, low, acc_params, cfg.accumulator_rounding, cfg.accumulator_subnormals,
-                         cfg.accumulator_overflow)
+    return round_integer(
+        register,
+        low,
+        acc_params,
+        cfg.accumulator_rounding,
+        cfg.accumulator_subnormals,
+        cfg.accumulator_overflow,
+    )
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -823,6 +1076,7 @@ def special_accumulator_dropped(carried, tree_special, count, lsb_exponent, cfg)
 
 
 # --- adder.structure: pairwise_rounded ----------------------------------------------------------
+
 
 @generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
@@ -852,8 +1106,26 @@ def rounded_add(x, y, params, rounding, subnormals, overflow, limbs, bounds):
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_exponents, b_values, b_exponents,
-                 a_params, b_params, cfg, order, acc_params, out_params, limbs, bounds, terms):
+def pairwise_dot(
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    c_value,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    a_params,
+    b_params,
+    cfg,
+    order,
+    acc_params,
+    out_params,
+    limbs,
+    bounds,
+    terms,
+):
     """One dot product through a ``pairwise_rounded`` adder: c rounded into the accumulator
     format (read as +0 when zero or flushed, with ``inputs.zero_sign: positive``); per tree,
     each product rounded into it, the products summed by rounded two-operand adds, pair by
@@ -873,8 +1145,20 @@ def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_expo
             k = ordered_index(position, cfg, order)
             if k >= n_elements:  # a padded position: no term
                 continue
-            product, _, deferred = multiply(k, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                                            b_exponents, a_params, b_params, cfg)
+            product, _, deferred = multiply(
+                k,
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                a_params,
+                b_params,
+                cfg,
+            )
             if deferred != 0:
                 product = scale_by_power_of_two(product, deferred)
             if cfg.product_fraction_bits >= 0 and product != 0.0 and math.isfinite(product):
@@ -883,14 +1167,26 @@ def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_expo
             count += 1
         while count > 1:
             for j in range(count // 2):
-                terms[j] = rounded_add(terms[2 * j], terms[2 * j + 1], acc_params, rounding, subnormals, overflow,
-                                       limbs, bounds)
+                terms[j] = rounded_add(
+                    terms[2 * j],
+                    terms[2 * j + 1],
+                    acc_params,
+                    rounding,
+                    subnormals,
+                    overflow,
+                    limbs,
+                    bounds,
+                )
             if count % 2:
                 terms[count // 2] = terms[count - 1]
             count = (count + 1) // 2
         if count == 1:
-            acc = rounded_add(acc, terms[0], acc_params, rounding, subnormals, overflow, limbs, bounds)
-    result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
+            acc = rounded_add(
+                acc, terms[0], acc_params, rounding, subnormals, overflow, limbs, bounds
+            )
+    result = round_float(
+        acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN
+    )
     if math.isnan(result):
         return np.nan
     if result == 0.0 and cfg.output_zero_sign == ZERO_SIGN_POSITIVE:
@@ -899,6 +1195,7 @@ def pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_expo
 
 
 # --- step 7: output -----------------------------------------------------------------------------
+
 
 @njit(cache=True, **NO_REFCOUNTS)
 def output_value(result, special, negative_zeros_only, zero_sign):
@@ -912,28 +1209,69 @@ def output_value(result, special, negative_zeros_only, zero_sign):
     if result == 0.0 and zero_sign == ZERO_SIGN_POSITIVE:
         return 0.0
     if result == 0.0 and not math.copysign(1.0, result) < 0:
-        ieee = zero_sign == ZERO_SIGN_IEEE or zero_sign == ZERO_SIGN_IEEE_STEPS  # (exact accumulator: one step)
+        ieee = (
+            zero_sign == ZERO_SIGN_IEEE or zero_sign == ZERO_SIGN_IEEE_STEPS
+        )  # (exact accumulator: one step)
         return -0.0 if negative_zeros_only and ieee else 0.0
     return result
 
 
 @njit(cache=True, **NO_REFCOUNTS)
 def dot_one(
-    a_codes, b_codes, a_scales, b_scales, c_value,
-    a_values, a_exponents, b_values, b_exponents,
-    config, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
-    limbs, bounds, terms, exponents,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    c_value,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    config,
+    order,
+    acc_params,
+    sum_params,
+    out_params,
+    fp32_params,
+    scale_values,
+    scale_exponents,
+    a_params,
+    b_params,
+    limbs,
+    bounds,
+    terms,
+    exponents,
 ):
     """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
     a float64 value of the output format (NaN, ±Inf, ±0 included)."""
     cfg = config[0]
     n_elements = a_codes.shape[0]
-    if cfg.input_zeros_positive and (c_value == 0.0 or (
-            not cfg.accumulator_subnormals and abs(c_value) < power_of_two(1 - acc_params[P_BIAS]))):
+    if cfg.input_zeros_positive and (
+        c_value == 0.0
+        or (not cfg.accumulator_subnormals and abs(c_value) < power_of_two(1 - acc_params[P_BIAS]))
+    ):
         c_value = 0.0  # c read as +0
     if cfg.pairwise_rounded:
-        return pairwise_dot(a_codes, b_codes, a_scales, b_scales, c_value, a_values, a_exponents, b_values,
-                            b_exponents, a_params, b_params, cfg, order, acc_params, out_params, limbs, bounds, terms)
+        return pairwise_dot(
+            a_codes,
+            b_codes,
+            a_scales,
+            b_scales,
+            c_value,
+            a_values,
+            a_exponents,
+            b_values,
+            b_exponents,
+            a_params,
+            b_params,
+            cfg,
+            order,
+            acc_params,
+            out_params,
+            limbs,
+            bounds,
+            terms,
+        )
     special = 0.0  # running IEEE sum of every non-finite contribution
     if not math.isfinite(c_value):
         special = c_value
@@ -958,15 +1296,35 @@ def dot_one(
             special = 0.0
         if wide:  # exact trees of exact products, in the limbs (Kulisch: they keep the whole sum)
             special, negative_zeros_only = wide_tree_into_limbs(
-                start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                b_exponents, a_params, b_params, cfg, order, special, negative_zeros_only, limbs, bounds)
+                start,
+                stop,
+                n_elements,
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                a_params,
+                b_params,
+                cfg,
+                order,
+                special,
+                negative_zeros_only,
+                limbs,
+                bounds,
+            )
             if cfg.accumulator_exact:
                 continue
             limbs_add_float(limbs, bounds, acc)
             acc = round_into_accumulator(limbs, bounds, acc_params, cfg)
             if steps and negative_zeros_only and acc == 0.0:
                 acc = -0.0  # every addend was -0: IEEE's sum of zeros
-            acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
+            acc, outer, special = after_tree(
+                acc, outer, special, tree, cfg, fp32_params, limbs, bounds
+            )
             continue
         count = 0
         tree_scale = 0
@@ -975,18 +1333,67 @@ def dot_one(
         lsb_exponent = np.int64(0)
         if uniform:
             count, tree_scale, done = uniform_tree_terms(
-                start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales,
-                a_values, a_exponents, b_values, b_exponents, a_params, b_params, cfg, terms, exponents)
+                start,
+                min(stop, n_elements),
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                a_params,
+                b_params,
+                cfg,
+                terms,
+                exponents,
+            )
         has_zero = False
         if cfg.scales == SCALES_GROUP_SUM:
             count, special, negative_zeros_only, has_zero = group_tree_terms(
-                start, min(stop, n_elements), a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                b_exponents, a_params, b_params, scale_values, scale_exponents, cfg, terms, exponents, special,
-                negative_zeros_only)
+                start,
+                min(stop, n_elements),
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                a_params,
+                b_params,
+                scale_values,
+                scale_exponents,
+                cfg,
+                terms,
+                exponents,
+                special,
+                negative_zeros_only,
+            )
         elif cfg.parity_windows:
             count, total, lsb_exponent, special, negative_zeros_only = parity_tree_sum(
-                start, stop, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only)
+                start,
+                stop,
+                n_elements,
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                a_params,
+                b_params,
+                cfg,
+                order,
+                terms,
+                exponents,
+                special,
+                negative_zeros_only,
+            )
         elif done:
             negative_zeros_only = False
             if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
@@ -994,11 +1401,38 @@ def dot_one(
                     has_zero = has_zero or terms[i] == 0.0
         else:
             count, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
-                start, stop, 1, n_elements, a_codes, b_codes, a_scales, b_scales, a_values, a_exponents, b_values,
-                b_exponents, a_params, b_params, cfg, order, terms, exponents, special, negative_zeros_only)
+                start,
+                stop,
+                1,
+                n_elements,
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                a_params,
+                b_params,
+                cfg,
+                order,
+                terms,
+                exponents,
+                special,
+                negative_zeros_only,
+            )
         if grid:
-            acc = grid_accumulate(acc, terms, count, tree_scale_exponent(start, a_scales, b_scales, cfg), cfg,
-                                  acc_params, limbs, bounds)
+            acc = grid_accumulate(
+                acc,
+                terms,
+                count,
+                tree_scale_exponent(start, a_scales, b_scales, cfg),
+                cfg,
+                acc_params,
+                limbs,
+                bounds,
+            )
             negative_zeros_only = False  # the grid's rules set the sign of a zero
             if not math.isfinite(acc):  # overflow in the accumulator
                 special = note_overflow(special, acc)
@@ -1014,7 +1448,9 @@ def dot_one(
         fits = True
         if not cfg.parity_windows:  # (parity_tree_sum has aligned and added)
             floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
-            fits, total, lsb_exponent = align_and_add(terms, exponents, count, tree_scale, floor, cfg)
+            fits, total, lsb_exponent = align_and_add(
+                terms, exponents, count, tree_scale, floor, cfg
+            )
         if cfg.accumulator_exact:  # Kulisch: the tree's exact sum goes straight into the limbs
             add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
             continue
@@ -1026,16 +1462,34 @@ def dot_one(
                     special += carried
             acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
         else:
-            acc = accumulate(acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds)
+            acc = accumulate(
+                acc,
+                fits,
+                total,
+                lsb_exponent,
+                terms,
+                count,
+                cfg,
+                acc_params,
+                sum_params,
+                limbs,
+                bounds,
+            )
         if steps and negative_zeros_only and acc == 0.0:
             acc = -0.0  # every addend was -0: IEEE's sum of zeros
         acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
 
     if cfg.accumulator_exact:
-        result = round_limbs(limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
+        result = round_limbs(
+            limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN
+        )
     else:
-        acc, special = finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds)
-        result = round_float(acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN)
+        acc, special = finish_accumulator(
+            acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds
+        )
+        result = round_float(
+            acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN
+        )
     return output_value(result, special, negative_zeros_only, cfg.output_zero_sign)
 
 
@@ -1048,9 +1502,25 @@ def _output_code(value, out_params):
 
 @njit(cache=True, parallel=True)
 def dot_pairs(
-    a_codes, b_codes, a_scales, b_scales, c_values,
-    a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    c_values,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    cfg,
+    order,
+    acc_params,
+    sum_params,
+    out_params,
+    fp32_params,
+    scale_values,
+    scale_exponents,
+    a_params,
+    b_params,
     out,
 ):
     """out[i] = output code of the dot product of row i of A with row i of B."""
@@ -1063,19 +1533,54 @@ def dot_pairs(
         exponents = np.empty(width, dtype=np.int64)
         for i in range(chunk * n_rows // n_chunks, (chunk + 1) * n_rows // n_chunks):
             value = dot_one(
-                a_codes[i], b_codes[i], a_scales[i], b_scales[i], c_values[i],
-                a_values, a_exponents, b_values, b_exponents,
-                cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
-                a_params, b_params, limbs, bounds, terms, exponents,
+                a_codes[i],
+                b_codes[i],
+                a_scales[i],
+                b_scales[i],
+                c_values[i],
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                cfg,
+                order,
+                acc_params,
+                sum_params,
+                out_params,
+                fp32_params,
+                scale_values,
+                scale_exponents,
+                a_params,
+                b_params,
+                limbs,
+                bounds,
+                terms,
+                exponents,
             )
             out[i] = _output_code(value, out_params)
 
 
 @njit(cache=True, parallel=True)
 def matmul_groups(
-    a_codes, b_codes, a_scales, b_scales, c_values,
-    a_values, a_exponents, b_values, b_exponents,
-    cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents, a_params, b_params,
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    c_values,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    cfg,
+    order,
+    acc_params,
+    sum_params,
+    out_params,
+    fp32_params,
+    scale_values,
+    scale_exponents,
+    a_params,
+    b_params,
     out,
 ):
     """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
@@ -1094,11 +1599,29 @@ def matmul_groups(
         exponents = np.empty(width, dtype=np.int64)
         for n in range(n_columns):
             value = dot_one(
-                a_codes[g, m], b_codes[g, n], a_scales[g, m], b_scales[g, n],
+                a_codes[g, m],
+                b_codes[g, n],
+                a_scales[g, m],
+                b_scales[g, n],
                 c_values[g % c_groups, m % c_rows, n % c_columns],
-                a_values, a_exponents, b_values, b_exponents,
-                cfg, order, acc_params, sum_params, out_params, fp32_params, scale_values, scale_exponents,
-                a_params, b_params, limbs, bounds, terms, exponents,
+                a_values,
+                a_exponents,
+                b_values,
+                b_exponents,
+                cfg,
+                order,
+                acc_params,
+                sum_params,
+                out_params,
+                fp32_params,
+                scale_values,
+                scale_exponents,
+                a_params,
+                b_params,
+                limbs,
+                bounds,
+                terms,
+                exponents,
             )
             out[g, m, n] = _output_code(value, out_params)
 

@@ -77,7 +77,9 @@ def limbs_add_product(limbs, bounds, x, y, exponent_offset):
 @njit(cache=True, inline="always")
 def limbs_add_float(limbs, bounds, value):
     """Add a finite float64 exactly."""
-    value_class, sign, significand, lsb_exponent, _ = decompose(np.float64(value).view(np.uint64), 11, 52)
+    value_class, sign, significand, lsb_exponent, _ = decompose(
+        np.float64(value).view(np.uint64), 11, 52
+    )
     if value_class == CLASS_FINITE:
         limbs_add_integer(limbs, bounds, sign, significand, lsb_exponent)
 
@@ -129,11 +131,15 @@ def limbs_round(limbs, bounds, params, rounding, overflow):
         if limbs[i] != 0:
             sticky = True
     lsb_exponent = (top - 2) * 32 + shift + LIMB_BASE_EXPONENT
-    significand = (significand << 1) | (1 if sticky else 0)  # the sticky bit sits below all kept bits
+    significand = (significand << 1) | (
+        1 if sticky else 0
+    )  # the sticky bit sits below all kept bits
     lsb_exponent -= 1
     floor_log2 = top * 32 + leading + LIMB_BASE_EXPONENT
     if negative:  # restore the sign so the limbs still hold the sum
         for i in range(low, high + 1):
             limbs[i] = -limbs[i]
-    code = encode_finite(1 if negative else 0, significand, lsb_exponent, floor_log2, params, rounding, overflow, 0)
+    code = encode_finite(
+        1 if negative else 0, significand, lsb_exponent, floor_log2, params, rounding, overflow, 0
+    )
     return code, False

@@ -50,7 +50,9 @@ from ..quantize._kernels import SCALE_NAN
 from .blas import round_to_odd, two_sum
 
 ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
-NO_REFERENCE = -900  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
+NO_REFERENCE = (
+    -900
+)  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
 LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
@@ -75,7 +77,9 @@ W_OUT_SIGN_SHIFT = 16  # position of the output format's sign bit
 W_BLOCK_SIZE = 17
 W_THRESHOLD = 18  # int8 exponent sums below this involve a zero element
 W_SCALED = 19  # 1: the unit takes block scales
-W_ZERO_FLOOR = 20  # adder.zero_term_exponent (or far below every R): lanes whose R lies below it are flagged
+W_ZERO_FLOOR = (
+    20  # adder.zero_term_exponent (or far below every R): lanes whose R lies below it are flagged
+)
 N_WINDOW_CONFIG = 21
 
 
@@ -142,7 +146,9 @@ def _round_in_range(value, rule, min_exponent, max_exponent):
     """(``value`` rounded by ``rule``, True) when the result is a normal value of the format
     (or 0); else (0.0, False): subnormals and overflow are the generic kernel's."""
     rounded = round_bits(value, rule)
-    ok = (value == 0.0) | ((_exponent(value) >= min_exponent) & (_exponent(rounded) <= max_exponent))
+    ok = (value == 0.0) | (
+        (_exponent(value) >= min_exponent) & (_exponent(rounded) <= max_exponent)
+    )
     return (rounded if ok else 0.0), ok
 
 
@@ -169,7 +175,9 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
     in_tree = cfg[W_ACC_IN_TREE] != 0
     for lane in range(references.shape[0]):
         shift = np.int64(shifts[lane])
-        reference = np.int64(maxima[lane]) + shift if maxima[lane] >= threshold else np.int64(NO_REFERENCE)
+        reference = (
+            np.int64(maxima[lane]) + shift if maxima[lane] >= threshold else np.int64(NO_REFERENCE)
+        )
         if in_tree and acc[lane] != 0.0:
             reference = max(reference, _exponent(acc[lane]))
         references[lane] = reference
@@ -213,7 +221,11 @@ def encode_outputs(acc, flags, out, cfg):
     """out = the output format's bits of acc rounded into it (flags where not normal)."""
     rule = rounding_rule(cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING])
     low, high = cfg[W_OUT_MIN_EXPONENT], cfg[W_OUT_MAX_EXPONENT]
-    mantissa_bits, bias, sign_shift = cfg[W_OUT_MANTISSA_BITS], cfg[W_OUT_BIAS], cfg[W_OUT_SIGN_SHIFT]
+    mantissa_bits, bias, sign_shift = (
+        cfg[W_OUT_MANTISSA_BITS],
+        cfg[W_OUT_BIAS],
+        cfg[W_OUT_SIGN_SHIFT],
+    )
     for lane in range(acc.shape[0]):
         value, ok = _round_in_range(acc[lane], rule, low, high)
         flags[lane] |= not ok
@@ -273,8 +285,14 @@ def _unusable_rows(codes, scales, finite, scaled):
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
     window factors, int32 group sums and int64 tree sums."""
-    return (np.empty(lanes, dtype=np.int8), np.zeros(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64),
-            np.empty(lanes, dtype=np.float32), np.empty(lanes, dtype=np.int32), np.empty(lanes, dtype=np.int64))
+    return (
+        np.empty(lanes, dtype=np.int8),
+        np.zeros(lanes, dtype=np.int32),
+        np.empty(lanes, dtype=np.int64),
+        np.empty(lanes, dtype=np.float32),
+        np.empty(lanes, dtype=np.int32),
+        np.empty(lanes, dtype=np.int64),
+    )
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -285,8 +303,18 @@ def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
     maxima[:] = -128
     k = start
     while k + 4 <= stop:
-        e0, e1, e2, e3 = exponents[codes[k]], exponents[codes[k + 1]], exponents[codes[k + 2]], exponents[codes[k + 3]]
-        b0, b1, b2, b3 = tile_exponents[k], tile_exponents[k + 1], tile_exponents[k + 2], tile_exponents[k + 3]
+        e0, e1, e2, e3 = (
+            exponents[codes[k]],
+            exponents[codes[k + 1]],
+            exponents[codes[k + 2]],
+            exponents[codes[k + 3]],
+        )
+        b0, b1, b2, b3 = (
+            tile_exponents[k],
+            tile_exponents[k + 1],
+            tile_exponents[k + 2],
+            tile_exponents[k + 3],
+        )
         for lane in range(maxima.shape[0]):
             first = max(np.int8(e0 + b0[lane]), np.int8(e1 + b1[lane]))
             second = max(np.int8(e2 + b2[lane]), np.int8(e3 + b3[lane]))
@@ -307,7 +335,12 @@ def _row_group(codes, values, tile_values, factors, start, stop, partial):
     partial[:] = 0
     k = start
     while k + 4 <= stop:
-        v0, v1, v2, v3 = values[codes[k]], values[codes[k + 1]], values[codes[k + 2]], values[codes[k + 3]]
+        v0, v1, v2, v3 = (
+            values[codes[k]],
+            values[codes[k + 1]],
+            values[codes[k + 2]],
+            values[codes[k + 3]],
+        )
         b0, b1, b2, b3 = tile_values[k], tile_values[k + 1], tile_values[k + 2], tile_values[k + 3]
         for lane in range(partial.shape[0]):
             factor = factors[lane]
@@ -322,8 +355,25 @@ def _row_group(codes, values, tile_values, factors, start, stop, partial):
 
 
 @njit(cache=True)
-def _column_tile(tile, first_block, blocks_per_chunk, codes_a, codes_b, scales_a, scales_b, c_values,
-                 a_values, a_exponents, b_values, b_exponents, bad_rows, bad_columns, cfg, out, flags):
+def _column_tile(
+    tile,
+    first_block,
+    blocks_per_chunk,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    bad_rows,
+    bad_columns,
+    cfg,
+    out,
+    flags,
+):
     """One work item of :func:`window_matmul`: the outputs of the columns of tile ``tile`` in
     row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end). A
     plain kernel called from the parallel loop rather than written as its body: Numba's
@@ -363,22 +413,45 @@ def _column_tile(tile, first_block, blocks_per_chunk, codes_a, codes_b, scales_a
                 tree_references(maxima, shifts, acc[row], references, factors, cfg)
                 totals[:] = 0
                 for group_start in range(start, stop, group):
-                    _row_group(row_codes, a_values, tile_values, factors, group_start,
-                               min(group_start + group, stop), partial)
+                    _row_group(
+                        row_codes,
+                        a_values,
+                        tile_values,
+                        factors,
+                        group_start,
+                        min(group_start + group, stop),
+                        partial,
+                    )
                     for lane in range(lanes):
                         totals[lane] += partial[lane]
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
         for row in range(rows):
-            encode_outputs(acc[row], tile_flags[row], out[row0 + row, column0:column0 + lanes], cfg)
-            for lane in range(lanes):  # a loop: a slice assignment compiles Numba's shape-error formatting (seconds)
+            encode_outputs(
+                acc[row], tile_flags[row], out[row0 + row, column0 : column0 + lanes], cfg
+            )
+            for lane in range(
+                lanes
+            ):  # a loop: a slice assignment compiles Numba's shape-error formatting (seconds)
                 flags[row0 + row, column0 + lane] = tile_flags[row, lane]
 
 
 @njit(cache=True, parallel=True)
 def window_matmul(
-    codes_a, codes_b, scales_a, scales_b, c_values,
-    a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
-    cfg, out, flags, threads,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    a_finite,
+    b_values,
+    b_exponents,
+    b_finite,
+    cfg,
+    out,
+    flags,
+    threads,
 ):
     """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
     (N, K), for every group g of a (G, M, K) x (G, N, K) batch; flags[g, m, n] = 1 where the
@@ -407,16 +480,49 @@ def window_matmul(
     blocks_per_chunk = -(-n_blocks // chunks)
     items = n_tiles * chunks  # per group
     for item in prange(n_groups * items):
-        work_item = np.int64(item)  # the parallel loop's index is unsigned; int64 keeps one signature below
+        work_item = np.int64(
+            item
+        )  # the parallel loop's index is unsigned; int64 keeps one signature below
         g, rest = work_item // items, work_item % items
-        _column_tile(rest % n_tiles, (rest // n_tiles) * blocks_per_chunk, blocks_per_chunk, codes_a[g], codes_b[g],
-                     scales_a[g], scales_b[g], c_values[g % c_groups], a_values, a_exponents, b_values, b_exponents,
-                     bad_rows[g], bad_columns[g], cfg, out[g], flags[g])
+        _column_tile(
+            rest % n_tiles,
+            (rest // n_tiles) * blocks_per_chunk,
+            blocks_per_chunk,
+            codes_a[g],
+            codes_b[g],
+            scales_a[g],
+            scales_b[g],
+            c_values[g % c_groups],
+            a_values,
+            a_exponents,
+            b_values,
+            b_exponents,
+            bad_rows[g],
+            bad_columns[g],
+            cfg,
+            out[g],
+            flags[g],
+        )
 
 
 @njit(cache=True)
-def _row_tile(row0, codes_a, codes_b, scales_a, scales_b, c_values,
-              a_values, a_exponents, a_finite, b_values, b_exponents, b_finite, cfg, out, flags):
+def _row_tile(
+    row0,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    a_finite,
+    b_values,
+    b_exponents,
+    b_finite,
+    cfg,
+    out,
+    flags,
+):
     """One work item of :func:`window_pairs`: rows ``row0`` onwards, ``LANES`` of them (fewer
     at the end). A plain kernel called from the parallel loop, as :func:`_column_tile`."""
     n_rows, length = codes_a.shape
@@ -428,8 +534,9 @@ def _row_tile(row0, codes_a, codes_b, scales_a, scales_b, c_values,
     lane_flags = np.empty(lanes, dtype=np.uint8)
     for lane in range(lanes):
         i = row0 + lane
-        lane_flags[lane] = (_unusable(codes_a[i], scales_a[i], a_finite, scaled)
-                            | _unusable(codes_b[i], scales_b[i], b_finite, scaled))
+        lane_flags[lane] = _unusable(codes_a[i], scales_a[i], a_finite, scaled) | _unusable(
+            codes_b[i], scales_b[i], b_finite, scaled
+        )
     acc = np.empty(lanes)
     start_accumulators(c_values, row0, acc, lane_flags, cfg)
     maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
@@ -439,11 +546,15 @@ def _row_tile(row0, codes_a, codes_b, scales_a, scales_b, c_values,
         maxima[:] = -128
         for k in range(start, stop):
             for lane in range(lanes):
-                maxima[lane] = max(maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane]))
+                maxima[lane] = max(
+                    maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane])
+                )
         if scaled:
             for lane in range(lanes):
                 scale_a, scale_b = scales_a[row0 + lane, block], scales_b[row0 + lane, block]
-                shifts[lane] = (0 if scale_a == SCALE_NAN else scale_a) + (0 if scale_b == SCALE_NAN else scale_b)
+                shifts[lane] = (0 if scale_a == SCALE_NAN else scale_a) + (
+                    0 if scale_b == SCALE_NAN else scale_b
+                )
         tree_references(maxima, shifts, acc, references, factors, cfg)
         totals[:] = 0
         for group_start in range(start, stop, group):
@@ -454,20 +565,46 @@ def _row_tile(row0, codes_a, codes_b, scales_a, scales_b, c_values,
             for lane in range(lanes):
                 totals[lane] += partial[lane]
         finish_tree(totals, references, acc, lane_flags, cfg)
-    encode_outputs(acc, lane_flags, out[row0:row0 + lanes], cfg)
+    encode_outputs(acc, lane_flags, out[row0 : row0 + lanes], cfg)
     for lane in range(lanes):
         flags[row0 + lane] = lane_flags[lane]
 
 
 @njit(cache=True, parallel=True)
 def window_pairs(
-    codes_a, codes_b, scales_a, scales_b, c_values,
-    a_values, a_exponents, a_finite, b_values, b_exponents, b_finite,
-    cfg, out, flags,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    a_finite,
+    b_values,
+    b_exponents,
+    b_finite,
+    cfg,
+    out,
+    flags,
 ):
     """out[i] = output code of row i of A dotted with row i of B (both (n, K)); flags as
     :func:`window_matmul`. The rows are the lanes."""
     n_rows = codes_a.shape[0]
     for item in prange((n_rows + LANES - 1) // LANES):
-        _row_tile(np.int64(item) * LANES, codes_a, codes_b, scales_a, scales_b, c_values,
-                  a_values, a_exponents, a_finite, b_values, b_exponents, b_finite, cfg, out, flags)
+        _row_tile(
+            np.int64(item) * LANES,
+            codes_a,
+            codes_b,
+            scales_a,
+            scales_b,
+            c_values,
+            a_values,
+            a_exponents,
+            a_finite,
+            b_values,
+            b_exponents,
+            b_finite,
+            cfg,
+            out,
+            flags,
+        )

@@ -33,7 +33,9 @@ def _as_config(hw) -> HardwareConfig:
         return hw
     if isinstance(hw, (str, Path)):
         return load_hwconfig(hw)
-    raise ArgumentError(f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}")
+    raise ArgumentError(
+        f"expected a HardwareConfig or a path to a hwconfig YAML file, got {type(hw).__name__}"
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -45,7 +47,12 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
     fp32 = get_format("fp32")
     acc = fp32 if params.accumulator_format == "exact" else get_format(params.accumulator_format)
     sums = sum_format(params.sum_significant_bits or 24)
-    formats = (acc.kernel_params, sums.kernel_params, get_format(params.output_format).kernel_params, fp32.kernel_params)
+    formats = (
+        acc.kernel_params,
+        sums.kernel_params,
+        get_format(params.output_format).kernel_params,
+        fp32.kernel_params,
+    )
     return kernel_record(params), order, formats
 
 
@@ -76,11 +83,15 @@ def _one_row(values, name: str) -> np.ndarray:
     except (TypeError, ValueError):
         raise ArgumentError(f"{name}: expected a list or 1-D array of integer codes") from None
     if array.ndim != 1:
-        raise ArgumentError(f"{name}: expected a list or 1-D array of integer codes, got shape {array.shape}")
+        raise ArgumentError(
+            f"{name}: expected a list or 1-D array of integer codes, got shape {array.shape}"
+        )
     return array.reshape(1, -1).astype(np.int64) if array.size == 0 else array.reshape(1, -1)
 
 
-def _scale_exponents(scales, name: str, rows: int, blocks: int, params: DatapathParams) -> np.ndarray:
+def _scale_exponents(
+    scales, name: str, rows: int, blocks: int, params: DatapathParams
+) -> np.ndarray:
     """The kernel's scale array: E8M0 exponents (0xFF as SCALE_NAN), or with ``scales:
     group_sum`` the codes of ``scale_format`` themselves (the kernel reads their tables)."""
     if params.scales == "none":
@@ -95,7 +106,9 @@ def _scale_exponents(scales, name: str, rows: int, blocks: int, params: Datapath
     if not isinstance(scales, np.ndarray) or not np.issubdtype(scales.dtype, np.integer):
         raise ArgumentError(f"{name}: expected an integer numpy array of {label} codes")
     if scales.shape != (rows, blocks):
-        raise ArgumentError(f"{name}: expected shape {(rows, blocks)} (one {label} code per block of {params.block_size}), got {scales.shape}")
+        raise ArgumentError(
+            f"{name}: expected shape {(rows, blocks)} (one {label} code per block of {params.block_size}), got {scales.shape}"
+        )
     top = (1 << fmt.bits) - 1
     if scales.size and (scales.min() < 0 or scales.max() > top):
         raise ArgumentError(f"{name}: {label} codes must lie in [0, {top}]")
@@ -105,7 +118,11 @@ def _scale_exponents(scales, name: str, rows: int, blocks: int, params: Datapath
 
 
 #: The formats of the float dtypes c may be given in.
-C_DTYPE_FORMATS = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32", np.dtype(np.float64): "fp64"}
+C_DTYPE_FORMATS = {
+    np.dtype(np.float16): "fp16",
+    np.dtype(np.float32): "fp32",
+    np.dtype(np.float64): "fp64",
+}
 
 
 def kernel_c_dtype(c_format: str) -> np.dtype:
@@ -120,21 +137,33 @@ def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
     ``c_format`` (NaN and ±Inf included), in :func:`kernel_c_dtype`."""
     if c is None:
         return np.zeros(shape, dtype=kernel_c_dtype(c_format))
-    accepted = sorted({"float32"} | {str(dtype) for dtype, name in C_DTYPE_FORMATS.items() if name == c_format})
+    accepted = sorted(
+        {"float32"} | {str(dtype) for dtype, name in C_DTYPE_FORMATS.items() if name == c_format}
+    )
     try:
         c = np.asarray(c)
     except (TypeError, ValueError):
-        raise ArgumentError(f"c: expected a {' or '.join(accepted)} numpy array of shape {shape} or None") from None
+        raise ArgumentError(
+            f"c: expected a {' or '.join(accepted)} numpy array of shape {shape} or None"
+        ) from None
     if str(c.dtype) not in accepted:
-        raise ArgumentError(f"c: expected a {' or '.join(accepted)} array of {c_format} values (inputs.c_format), "
-                            f"got dtype {c.dtype}")
+        raise ArgumentError(
+            f"c: expected a {' or '.join(accepted)} array of {c_format} values (inputs.c_format), "
+            f"got dtype {c.dtype}"
+        )
     if c.shape != shape:
         raise ArgumentError(f"c: expected shape {shape}, got {c.shape}")
     given, fmt = get_format(C_DTYPE_FORMATS[c.dtype]), get_format(c_format)
-    if given.exponent_bits > fmt.exponent_bits or given.mantissa_bits > fmt.mantissa_bits:  # values to check
+    if (
+        given.exponent_bits > fmt.exponent_bits or given.mantissa_bits > fmt.mantissa_bits
+    ):  # values to check
         if not np.array_equal(fmt.round(c, overflow="inf"), c.astype(np.float64), equal_nan=True):
-            raise ArgumentError(f"c: every value must be a {c_format} value (inputs.c_format); round c into it first")
-    return np.ascontiguousarray(c, dtype=kernel_c_dtype(c_format))  # the kernels widen each value exactly
+            raise ArgumentError(
+                f"c: every value must be a {c_format} value (inputs.c_format); round c into it first"
+            )
+    return np.ascontiguousarray(
+        c, dtype=kernel_c_dtype(c_format)
+    )  # the kernels widen each value exactly
 
 
 def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
@@ -145,7 +174,12 @@ def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
     normal number of the dtype and the floating point keeps subnormals, else ``np.ldexp``."""
     exponents = np.asarray(exponents)
     info = np.finfo(x.dtype)
-    if exponents.size and info.minexp <= exponents.min() and exponents.max() < info.maxexp and subnormals_work():
+    if (
+        exponents.size
+        and info.minexp <= exponents.min()
+        and exponents.max() < info.maxexp
+        and subnormals_work()
+    ):
         return x * np.ldexp(1.0, exponents).astype(x.dtype)
     return np.ldexp(x, exponents)
 
@@ -182,9 +216,27 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
 def _native_float(fmt: FormatInfo):
     """The numpy float dtype with ``fmt``'s IEEE binary layout (fp16, fp32), or None."""
     for dtype, (exponent_bits, mantissa_bits, _) in INPUT_FLOATS.items():
-        if (fmt.bits, fmt.exponent_bits, fmt.mantissa_bits, fmt.bias, fmt.signed, fmt.twos_complement, fmt.specials,
-                fmt.subnormals, fmt.padding_bits) == (1 + exponent_bits + mantissa_bits, exponent_bits, mantissa_bits,
-                                                      (1 << (exponent_bits - 1)) - 1, True, False, "ieee", True, 0):
+        if (
+            fmt.bits,
+            fmt.exponent_bits,
+            fmt.mantissa_bits,
+            fmt.bias,
+            fmt.signed,
+            fmt.twos_complement,
+            fmt.specials,
+            fmt.subnormals,
+            fmt.padding_bits,
+        ) == (
+            1 + exponent_bits + mantissa_bits,
+            exponent_bits,
+            mantissa_bits,
+            (1 << (exponent_bits - 1)) - 1,
+            True,
+            False,
+            "ieee",
+            True,
+            0,
+        ):
             return dtype
     return None
 
@@ -194,18 +246,35 @@ def _kernel_arguments(params: DatapathParams) -> tuple[FormatInfo, FormatInfo, t
     kernel decodes itself, see ``tables.element_operand``), the kernel record, the term
     order, the formats' parameters and the scale tables."""
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    if not products_fit_float64(a_fmt, b_fmt):  # resolved params skip the loader: the kernel cannot cut them
+    if not products_fit_float64(
+        a_fmt, b_fmt
+    ):  # resolved params skip the loader: the kernel cannot cut them
         check_wide_products(params, "<params>")
     a_values, a_exponents = element_operand(a_fmt, params.input_subnormals)
     b_values, b_exponents = element_operand(b_fmt, params.input_subnormals)
     cfg, order, formats = _kernel_config(params)
     scale_arguments = scale_tables(get_format(params.scale_format))
-    return a_fmt, b_fmt, (a_values, a_exponents, b_values, b_exponents, cfg, order, *formats, *scale_arguments,
-                          a_fmt.kernel_params, b_fmt.kernel_params)
+    return (
+        a_fmt,
+        b_fmt,
+        (
+            a_values,
+            a_exponents,
+            b_values,
+            b_exponents,
+            cfg,
+            order,
+            *formats,
+            *scale_arguments,
+            a_fmt.kernel_params,
+            b_fmt.kernel_params,
+        ),
+    )
 
 
-def _operands_and_arguments(params: DatapathParams, fields_a: np.ndarray,
-                            fields_b: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
+def _operands_and_arguments(
+    params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple]:
     """(A codes, B codes, kernel arguments): the field codes in one dtype (mixed formats add no
     kernel signature) and :func:`_kernel_arguments`."""
     codes_a, codes_b = _same_width(fields_a, fields_b)
@@ -216,8 +285,20 @@ def _check_method(method: str, caller: str) -> None:
     check_choice(method, f"{caller}: method", ("auto", "kernel"))
 
 
-def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out_format=None, c_format=None,
-        method: str = "auto") -> np.ndarray:
+def dot(
+    hw,
+    a,
+    b,
+    *,
+    a_format,
+    b_format,
+    scale_a=None,
+    scale_b=None,
+    c=None,
+    out_format=None,
+    c_format=None,
+    method: str = "auto",
+) -> np.ndarray:
     """Row-wise dot products through the unit ``hw``: out[i] = c[i] + sum_k a[i,k] b[i,k].
 
     Args:
@@ -242,8 +323,9 @@ def dot(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=None, out
     return dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b, c=c, method=method)
 
 
-def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None, c=None,
-                    method: str = "auto") -> np.ndarray:
+def dot_with_params(
+    params: DatapathParams, a, b, *, scale_a=None, scale_b=None, c=None, method: str = "auto"
+) -> np.ndarray:
     """:func:`dot` for already-resolved parameters (what-if studies, tests)."""
     _check_method(method, "dot")
     a = _codes(a, "a", get_format(params.a_format))
@@ -261,7 +343,15 @@ def dot_with_params(params: DatapathParams, a, b, *, scale_a=None, scale_b=None,
         left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
         if left.size:  # specials and out-of-range values: the generic kernel
             part = np.empty(left.size, dtype=out.dtype)
-            K.dot_pairs(a[left], b[left], exponents_a[left], exponents_b[left], c_values[left], *kernel_args, part)
+            K.dot_pairs(
+                a[left],
+                b[left],
+                exponents_a[left],
+                exponents_b[left],
+                c_values[left],
+                *kernel_args,
+                part,
+            )
             out[left] = part
         return out.astype(output_dtype(params.output_format), copy=False)
     K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
@@ -292,18 +382,29 @@ class MatmulResult:
         return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
-def _operand(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,
-             per_tensor_scale: bool) -> MXTensor:
+def _operand(
+    x,
+    name: str,
+    fmt_name: str | None,
+    default_formats,
+    block_size: int,
+    axis: int,
+    per_tensor_scale: bool,
+) -> MXTensor:
     if isinstance(x, MXTensor):
         if x.block_size != block_size:
-            raise ArgumentError(f"{name}: block size {x.block_size} differs from the unit's {block_size}")
+            raise ArgumentError(
+                f"{name}: block size {x.block_size} differs from the unit's {block_size}"
+            )
         if len(x.shape) != 2:
             raise ArgumentError(f"{name}: expected a 2-D MXTensor")
         return x
     fmt = default_formats[0] if fmt_name is None else fmt_name
     x = as_float_array(x, name) if isinstance(x, (list, tuple)) else x
     if not isinstance(x, np.ndarray) or x.ndim != 2:
-        raise ArgumentError(f"{name}: expected a 2-D float array or an MXTensor, got {type(x).__name__}")
+        raise ArgumentError(
+            f"{name}: expected a 2-D float array or an MXTensor, got {type(x).__name__}"
+        )
     return quantize(x, fmt, axis=axis, block_size=block_size, per_tensor_scale=per_tensor_scale)
 
 
@@ -313,18 +414,41 @@ def _scaled_accumulator_input(c, shift: int, shape: tuple, c_format: str):
         return c
     c = _accumulator_inputs(c, shape, c_format)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        scaled = times_power_of_two(c, -shift)  # c's kernel dtype; power-of-two scaling rounds only on under/overflow,
-        back = times_power_of_two(scaled, shift)  # which scaling back reveals (NaN compared only when present)
+        scaled = times_power_of_two(
+            c, -shift
+        )  # c's kernel dtype; power-of-two scaling rounds only on under/overflow,
+        back = times_power_of_two(
+            scaled, shift
+        )  # which scaling back reveals (NaN compared only when present)
         exact = np.array_equal(back, c) or np.array_equal(back, c, equal_nan=True)
-        if exact and scaled.dtype.itemsize * 8 != get_format(c_format).bits:  # fp16/bf16 c held in float32: its range
-            exact = np.array_equal(get_format(c_format).round(scaled, overflow="inf"), scaled, equal_nan=True)
+        if (
+            exact and scaled.dtype.itemsize * 8 != get_format(c_format).bits
+        ):  # fp16/bf16 c held in float32: its range
+            exact = np.array_equal(
+                get_format(c_format).round(scaled, overflow="inf"), scaled, equal_nan=True
+            )
         if not exact:
-            raise ArgumentError(f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in {c_format}")
+            raise ArgumentError(
+                f"c: scaling by the operands' per-tensor 2^-{shift} is not exact in {c_format}"
+            )
     return scaled
 
 
-def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c_format=None, progress=None,
-           tile_rows: int = 256, method: str = "auto", per_tensor_scale: bool = False) -> MatmulResult:
+def matmul(
+    hw,
+    A,
+    B,
+    *,
+    a_format=None,
+    b_format=None,
+    c=None,
+    out_format=None,
+    c_format=None,
+    progress=None,
+    tile_rows: int = 256,
+    method: str = "auto",
+    per_tensor_scale: bool = False,
+) -> MatmulResult:
     """C + A @ B through the unit ``hw``, every output bit exact.
 
     ``A`` (M, K) and ``B`` (K, N) are MXTensors quantized along K (A on axis 1, B on axis 0)
@@ -358,33 +482,65 @@ def matmul(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c
     _check_method(method, "matmul")
     tile_rows = check_int(tile_rows, "matmul: tile_rows", 1)
     if progress is not None and not callable(progress):
-        raise ArgumentError(f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
+        raise ArgumentError(
+            f"matmul: progress must be None or a callable (rows_done, rows_total), got {progress!r}"
+        )
     config = _as_config(hw)
     if isinstance(A, NVFP4Tensor) or isinstance(B, NVFP4Tensor):
-        return _matmul_float_scaled(config, A, B, c, out_format, c_format, progress, tile_rows, method)
+        return _matmul_float_scaled(
+            config, A, B, c, out_format, c_format, progress, tile_rows, method
+        )
     block_size = config.sections[("inputs", "block_size")]
     tensor_a = _operand(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensor_b = _operand(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
     if tensor_a.axis != 1 or tensor_b.axis != 0:
-        raise ArgumentError("matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)")
+        raise ArgumentError(
+            "matmul: A must be quantized along axis 1 and B along axis 0 (the K axis)"
+        )
     if tensor_a.shape[1] != tensor_b.shape[0]:
-        raise ArgumentError(f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}")
-    params = config.params(tensor_a.element_format.name, tensor_b.element_format.name, out_format, c_format)
+        raise ArgumentError(
+            f"matmul: inner dimensions differ: A is {tensor_a.shape}, B is {tensor_b.shape}"
+        )
+    params = config.params(
+        tensor_a.element_format.name, tensor_b.element_format.name, out_format, c_format
+    )
     rows, columns = tensor_a.shape[0], tensor_b.shape[1]
     shift = tensor_a.tensor_scale_exponent + tensor_b.tensor_scale_exponent
     c = _scaled_accumulator_input(c, shift, (rows, columns), params.c_format)
     check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
     bits_dtype = output_dtype(params.output_format)
     if rows * columns == 0:
-        return MatmulResult(np.empty((rows, columns), dtype=bits_dtype), params.output_format, shift)
+        return MatmulResult(
+            np.empty((rows, columns), dtype=bits_dtype), params.output_format, shift
+        )
     c_values = _c_values(c, (rows, columns), params.c_format)
     codes_a, codes_b, kernel_args = _operands_and_arguments(
         params,
-        _codes(tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]), "A", tensor_a.element_format, fields_given=True),
-        _codes(tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]), "B", tensor_b.element_format, fields_given=True),
+        _codes(
+            tensor_a.codes.reshape(rows, tensor_a.codes.shape[-1]),
+            "A",
+            tensor_a.element_format,
+            fields_given=True,
+        ),
+        _codes(
+            tensor_b.codes.reshape(columns, tensor_b.codes.shape[-1]),
+            "B",
+            tensor_b.element_format,
+            fields_given=True,
+        ),
     )
-    out = _gemm_groups(params, codes_a[None], codes_b[None], _scales_for_unit(tensor_a.scales, params)[None],
-                       _scales_for_unit(tensor_b.scales, params)[None], c_values, kernel_args, method, progress, tile_rows)
+    out = _gemm_groups(
+        params,
+        codes_a[None],
+        codes_b[None],
+        _scales_for_unit(tensor_a.scales, params)[None],
+        _scales_for_unit(tensor_b.scales, params)[None],
+        c_values,
+        kernel_args,
+        method,
+        progress,
+        tile_rows,
+    )
     return MatmulResult(out[0].astype(bits_dtype, copy=False), params.output_format, shift)
 
 
@@ -403,44 +559,97 @@ class BatchedMatmulResult:
     @property
     def values(self) -> np.ndarray:
         values = as_float(self.bits, self.out_format)
-        return times_power_of_two(values, self.scale_exponents[:, None, None]) if self.scale_exponents.any() else values
+        return (
+            times_power_of_two(values, self.scale_exponents[:, None, None])
+            if self.scale_exponents.any()
+            else values
+        )
 
 
-def _group_operands(x, name: str, fmt_name: str | None, default_formats, block_size: int, axis: int,
-                    per_tensor_scale: bool) -> list[MXTensor]:
+def _group_operands(
+    x,
+    name: str,
+    fmt_name: str | None,
+    default_formats,
+    block_size: int,
+    axis: int,
+    per_tensor_scale: bool,
+) -> list[MXTensor]:
     """One MXTensor per group: ``x`` a (G, rows, cols) float array, quantized along K group by
     group (one kernel call; each group a tensor of its own, as :func:`matmul` quantizes it),
     or a sequence of 2-D MXTensors, checked as :func:`matmul` checks its operands."""
     if isinstance(x, np.ndarray):
         if x.ndim != 3:
-            raise ArgumentError(f"{name}: expected a (G, rows, columns) float array or a sequence of MXTensors, "
-                                f"got shape {x.shape}")
+            raise ArgumentError(
+                f"{name}: expected a (G, rows, columns) float array or a sequence of MXTensors, "
+                f"got shape {x.shape}"
+            )
         fmt = default_formats[0] if fmt_name is None else fmt_name
         along_k = x if axis == 1 else x.transpose(0, 2, 1)  # quantize_groups blocks the last axis
         tensors = quantize_groups(along_k, fmt, block_size, per_tensor_scale=per_tensor_scale)
         if axis == 1:
             return tensors
-        return [MXTensor(t.element_format, t.codes, t.scales, (t.shape[1], t.shape[0]), 0, t.block_size, t.padding,
-                         t.options, t.tensor_scale_exponent) for t in tensors]
+        return [
+            MXTensor(
+                t.element_format,
+                t.codes,
+                t.scales,
+                (t.shape[1], t.shape[0]),
+                0,
+                t.block_size,
+                t.padding,
+                t.options,
+                t.tensor_scale_exponent,
+            )
+            for t in tensors
+        ]
     if not isinstance(x, (list, tuple)) or not all(isinstance(t, MXTensor) for t in x):
-        raise ArgumentError(f"{name}: expected a (G, rows, columns) float array or a list of MXTensors, "
-                            f"got {type(x).__name__}")
+        raise ArgumentError(
+            f"{name}: expected a (G, rows, columns) float array or a list of MXTensors, "
+            f"got {type(x).__name__}"
+        )
     if not x:
-        raise ArgumentError(f"{name}: an empty list of MXTensors (give a (0, rows, columns) array for no groups)")
-    tensors = [_operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False) for g, t in enumerate(x)]
+        raise ArgumentError(
+            f"{name}: an empty list of MXTensors (give a (0, rows, columns) array for no groups)"
+        )
+    tensors = [
+        _operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False)
+        for g, t in enumerate(x)
+    ]
     first = tensors[0]
     for g, t in enumerate(tensors):
         if t.axis != axis:
-            raise ArgumentError(f"{name}[{g}]: expected an MXTensor quantized along axis {axis} (the K axis), got {t.axis}")
-        if (t.element_format.name, t.shape, t.axis, t.codes.shape) != (first.element_format.name, first.shape,
-                                                                       first.axis, first.codes.shape):
-            raise ArgumentError(f"{name}[{g}]: {t.element_format.name} {t.shape} along axis {t.axis} differs from "
-                                f"{name}[0]'s {first.element_format.name} {first.shape} along axis {first.axis}")
+            raise ArgumentError(
+                f"{name}[{g}]: expected an MXTensor quantized along axis {axis} (the K axis), got {t.axis}"
+            )
+        if (t.element_format.name, t.shape, t.axis, t.codes.shape) != (
+            first.element_format.name,
+            first.shape,
+            first.axis,
+            first.codes.shape,
+        ):
+            raise ArgumentError(
+                f"{name}[{g}]: {t.element_format.name} {t.shape} along axis {t.axis} differs from "
+                f"{name}[0]'s {first.element_format.name} {first.shape} along axis {first.axis}"
+            )
     return tensors
 
 
-def matmul_batched(hw, A, B, *, a_format=None, b_format=None, c=None, out_format=None, c_format=None, progress=None,
-                   tile_rows: int = 256, method: str = "auto", per_tensor_scale: bool = False) -> BatchedMatmulResult:
+def matmul_batched(
+    hw,
+    A,
+    B,
+    *,
+    a_format=None,
+    b_format=None,
+    c=None,
+    out_format=None,
+    c_format=None,
+    progress=None,
+    tile_rows: int = 256,
+    method: str = "auto",
+    per_tensor_scale: bool = False,
+) -> BatchedMatmulResult:
     """C[g] + A[g] @ B[g] for every group g of a batch through the unit ``hw``: every output
     bit that of :func:`matmul` on the group (``matmul(hw, A[g], B[g], c=c[g], ...)``), the
     batch computed by one kernel or BLAS pass (attention heads: no call per head).
@@ -462,15 +671,29 @@ def matmul_batched(hw, A, B, *, a_format=None, b_format=None, c=None, out_format
     _check_method(method, "matmul_batched")
     tile_rows = check_int(tile_rows, "matmul_batched: tile_rows", 1)
     if progress is not None and not callable(progress):
-        raise ArgumentError(f"matmul_batched: progress must be None or a callable (rows_done, rows_total), got {progress!r}")
+        raise ArgumentError(
+            f"matmul_batched: progress must be None or a callable (rows_done, rows_total), got {progress!r}"
+        )
     config = _as_config(hw)
     block_size = config.sections[("inputs", "block_size")]
-    if isinstance(A, np.ndarray) and isinstance(B, np.ndarray) and A.ndim == B.ndim == 3 and 0 in (A.shape[0], B.shape[0]):
+    if (
+        isinstance(A, np.ndarray)
+        and isinstance(B, np.ndarray)
+        and A.ndim == B.ndim == 3
+        and 0 in (A.shape[0], B.shape[0])
+    ):
         if A.shape[0] != B.shape[0] or A.shape[2] != B.shape[1]:
-            raise ArgumentError(f"matmul_batched: A {A.shape} and B {B.shape} are not (G, M, K) and (G, K, N)")
-        params = config.params(a_format or config.a_formats[0], b_format or config.b_formats[0], out_format, c_format)
-        return BatchedMatmulResult(np.empty((0, A.shape[1], B.shape[2]), output_dtype(params.output_format)),
-                                   params.output_format, np.zeros(0, dtype=np.int64))
+            raise ArgumentError(
+                f"matmul_batched: A {A.shape} and B {B.shape} are not (G, M, K) and (G, K, N)"
+            )
+        params = config.params(
+            a_format or config.a_formats[0], b_format or config.b_formats[0], out_format, c_format
+        )
+        return BatchedMatmulResult(
+            np.empty((0, A.shape[1], B.shape[2]), output_dtype(params.output_format)),
+            params.output_format,
+            np.zeros(0, dtype=np.int64),
+        )
     tensors_a = _group_operands(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
     tensors_b = _group_operands(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
     groups = len(tensors_a)
@@ -478,58 +701,128 @@ def matmul_batched(hw, A, B, *, a_format=None, b_format=None, c=None, out_format
         raise ArgumentError(f"matmul_batched: A has {groups} groups, B has {len(tensors_b)}")
     first_a, first_b = tensors_a[0], tensors_b[0]
     if first_a.shape[1] != first_b.shape[0]:
-        raise ArgumentError(f"matmul_batched: inner dimensions differ: A is {first_a.shape}, B is {first_b.shape}")
-    params = config.params(first_a.element_format.name, first_b.element_format.name, out_format, c_format)
+        raise ArgumentError(
+            f"matmul_batched: inner dimensions differ: A is {first_a.shape}, B is {first_b.shape}"
+        )
+    params = config.params(
+        first_a.element_format.name, first_b.element_format.name, out_format, c_format
+    )
     rows, columns = first_a.shape[0], first_b.shape[1]
-    shifts = np.array([a.tensor_scale_exponent + b.tensor_scale_exponent for a, b in zip(tensors_a, tensors_b)])
+    shifts = np.array(
+        [a.tensor_scale_exponent + b.tensor_scale_exponent for a, b in zip(tensors_a, tensors_b)]
+    )
     check_array_budget((groups, rows, columns), 8, "matmul_batched: the (G, M, N) output")
     if c is not None:
         c = _accumulator_inputs(c, (groups, rows, columns), params.c_format)
-        c = np.stack([_scaled_accumulator_input(c[g], int(shifts[g]), (rows, columns), params.c_format)
-                      for g in range(groups)])
+        c = np.stack(
+            [
+                _scaled_accumulator_input(c[g], int(shifts[g]), (rows, columns), params.c_format)
+                for g in range(groups)
+            ]
+        )
     bits_dtype = output_dtype(params.output_format)
     if rows * columns == 0:
-        return BatchedMatmulResult(np.empty((groups, rows, columns), dtype=bits_dtype), params.output_format, shifts)
+        return BatchedMatmulResult(
+            np.empty((groups, rows, columns), dtype=bits_dtype), params.output_format, shifts
+        )
     c_values = np.zeros((1, 1, 1), dtype=kernel_c_dtype(params.c_format)) if c is None else c
     codes_a = np.stack([t.codes for t in tensors_a]) if groups > 1 else first_a.codes[None]
     codes_b = np.stack([t.codes for t in tensors_b]) if groups > 1 else first_b.codes[None]
-    fields_a = _codes(codes_a.reshape(groups * rows, -1), "A", first_a.element_format, fields_given=True)
-    fields_b = _codes(codes_b.reshape(groups * columns, -1), "B", first_b.element_format, fields_given=True)
+    fields_a = _codes(
+        codes_a.reshape(groups * rows, -1), "A", first_a.element_format, fields_given=True
+    )
+    fields_b = _codes(
+        codes_b.reshape(groups * columns, -1), "B", first_b.element_format, fields_given=True
+    )
     codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b)
     scales_a = _scales_for_unit(np.stack([t.scales for t in tensors_a]), params)
     scales_b = _scales_for_unit(np.stack([t.scales for t in tensors_b]), params)
-    out = _gemm_groups(params, codes_a.reshape(groups, rows, -1), codes_b.reshape(groups, columns, -1), scales_a,
-                       scales_b, c_values, kernel_args, method, progress, tile_rows)
+    out = _gemm_groups(
+        params,
+        codes_a.reshape(groups, rows, -1),
+        codes_b.reshape(groups, columns, -1),
+        scales_a,
+        scales_b,
+        c_values,
+        kernel_args,
+        method,
+        progress,
+        tile_rows,
+    )
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
 
-def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args,
-                 method: str, progress, tile_rows: int) -> np.ndarray:
+def _gemm_groups(
+    params: DatapathParams,
+    codes_a,
+    codes_b,
+    exponents_a,
+    exponents_b,
+    c_values,
+    kernel_args,
+    method: str,
+    progress,
+    tile_rows: int,
+) -> np.ndarray:
     """The output bits (uint32, (G, M, N)) of the GEMMs of codes A[g] (M, K) times B[g] given
     as (N, K), scale exponents (G, rows, blocks), c (G, M, N) or (1, 1, 1): by the BLAS or the
     window route where ``method`` and the unit allow, the generic kernel elsewhere. With a
     ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
     together when a group has fewer), reporting after each; without, in one call."""
     groups, rows = codes_a.shape[:2]
-    out = np.empty((groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format))
-    if method == "auto" and blas_applies(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values):
-        leftovers = blas_matmul(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress)
+    out = np.empty(
+        (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
+    )
+    if method == "auto" and blas_applies(
+        params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values
+    ):
+        leftovers = blas_matmul(
+            params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress
+        )
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
             g, m, n = (np.array(index) for index in zip(*leftovers))
-            _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out)
+            _recompute(
+                g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
+            )
         return out
     if method == "auto" and groups_apply(params):
         for group in range(groups):  # the group-sum route takes one GEMM at a time
-            m, n = groups_matmul(params, codes_a[group], codes_b[group], exponents_a[group], exponents_b[group],
-                                 c_values[0] if c_values.shape == (1, 1, 1) else c_values[group], out[group], progress)
+            m, n = groups_matmul(
+                params,
+                codes_a[group],
+                codes_b[group],
+                exponents_a[group],
+                exponents_b[group],
+                c_values[0] if c_values.shape == (1, 1, 1) else c_values[group],
+                out[group],
+                progress,
+            )
             if m.size:  # specials and out-of-range values: the generic kernel
-                _recompute(np.full(m.size, group), m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args,
-                           out)
+                _recompute(
+                    np.full(m.size, group),
+                    m,
+                    n,
+                    codes_a,
+                    codes_b,
+                    exponents_a,
+                    exponents_b,
+                    c_values,
+                    kernel_args,
+                    out,
+                )
         return out
     window = method == "auto" and window_applies(params)
-    for g0, g1, r0, r1 in batch_passes(groups, rows, tile_rows if progress is not None else max(groups * rows, 1)):
+    for g0, g1, r0, r1 in batch_passes(
+        groups, rows, tile_rows if progress is not None else max(groups * rows, 1)
+    ):
         c_tile = c_values if c_values.shape == (1, 1, 1) else c_values[g0:g1, r0:r1]
-        tile = (codes_a[g0:g1, r0:r1], codes_b[g0:g1], exponents_a[g0:g1, r0:r1], exponents_b[g0:g1], c_tile)
+        tile = (
+            codes_a[g0:g1, r0:r1],
+            codes_b[g0:g1],
+            exponents_a[g0:g1, r0:r1],
+            exponents_b[g0:g1],
+            c_tile,
+        )
         if window:
             g, m, n = window_matmul(params, *tile, out[g0:g1, r0:r1])
             if m.size:  # specials and out-of-range values: the generic kernel
@@ -541,8 +834,9 @@ def _gemm_groups(params: DatapathParams, codes_a, codes_b, exponents_a, exponent
     return out
 
 
-def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, progress, tile_rows: int,
-                         method: str) -> MatmulResult:
+def _matmul_float_scaled(
+    config: HardwareConfig, A, B, c, out_format, c_format, progress, tile_rows: int, method: str
+) -> MatmulResult:
     """:func:`matmul` of NVFP4 operands: A an (M, K) NVFP4Tensor and B given as the (N, K)
     NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored), through a unit
     whose ``inputs.scale_format`` is theirs, through the group-sum route where it applies
@@ -550,29 +844,57 @@ def _matmul_float_scaled(config: HardwareConfig, A, B, c, out_format, c_format, 
     :attr:`MatmulResult.values`, as the GEMM epilogue's alpha does."""
     for name, tensor in (("A", A), ("B", B)):
         if not isinstance(tensor, NVFP4Tensor) or tensor.codes.ndim != 2:
-            raise ArgumentError(f"matmul: {name}: with NVFP4 operands both must be 2-D NVFP4Tensors (B as B^T, (N, K))")
+            raise ArgumentError(
+                f"matmul: {name}: with NVFP4 operands both must be 2-D NVFP4Tensors (B as B^T, (N, K))"
+            )
     if A.codes.shape[1] != B.codes.shape[1]:
-        raise ArgumentError(f"matmul: inner dimensions differ: A is {A.codes.shape}, B^T is {B.codes.shape}")
+        raise ArgumentError(
+            f"matmul: inner dimensions differ: A is {A.codes.shape}, B^T is {B.codes.shape}"
+        )
     params = config.params(A.options.element_format, B.options.element_format, out_format, c_format)
     for name, tensor in (("A", A), ("B", B)):
-        if (tensor.options.scale_format, tensor.options.block_size) != (params.scale_format, params.block_size):
-            raise ArgumentError(f"matmul: {name}: {tensor.options.scale_format} scales per {tensor.options.block_size} "
-                                f"differ from the unit's {params.scale_format} per {params.block_size}")
+        if (tensor.options.scale_format, tensor.options.block_size) != (
+            params.scale_format,
+            params.block_size,
+        ):
+            raise ArgumentError(
+                f"matmul: {name}: {tensor.options.scale_format} scales per {tensor.options.block_size} "
+                f"differ from the unit's {params.scale_format} per {params.block_size}"
+            )
     if c is not None and (A.tensor_scale is not None or B.tensor_scale is not None):
-        raise ArgumentError("matmul: c with NVFP4 tensor scales is not modelled (the epilogue scales A @ B, not c)")
+        raise ArgumentError(
+            "matmul: c with NVFP4 tensor scales is not modelled (the epilogue scales A @ B, not c)"
+        )
     rows, columns = A.codes.shape[0], B.codes.shape[0]
     check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
     scales_a = _scale_exponents(A.scales, "A scales", rows, A.scales.shape[1], params)
     scales_b = _scale_exponents(B.scales, "B scales", columns, B.scales.shape[1], params)
     codes_a, codes_b, kernel_args = _operands_and_arguments(
-        params, _codes(A.codes, "A", get_format(params.a_format), fields_given=True),
-        _codes(B.codes, "B", get_format(params.b_format), fields_given=True))
+        params,
+        _codes(A.codes, "A", get_format(params.a_format), fields_given=True),
+        _codes(B.codes, "B", get_format(params.b_format), fields_given=True),
+    )
     c_values = _c_values(c, (rows, columns), params.c_format)
-    out = _gemm_groups(params, codes_a[None], codes_b[None], scales_a[None], scales_b[None], c_values, kernel_args,
-                       method, progress, tile_rows)[0]
-    tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (1.0 if B.tensor_scale is None else B.tensor_scale)
-    return MatmulResult(out.astype(output_dtype(params.output_format), copy=False), params.output_format,
-                        tensor_scale=tensor_scale)
+    out = _gemm_groups(
+        params,
+        codes_a[None],
+        codes_b[None],
+        scales_a[None],
+        scales_b[None],
+        c_values,
+        kernel_args,
+        method,
+        progress,
+        tile_rows,
+    )[0]
+    tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (
+        1.0 if B.tensor_scale is None else B.tensor_scale
+    )
+    return MatmulResult(
+        out.astype(output_dtype(params.output_format), copy=False),
+        params.output_format,
+        tensor_scale=tensor_scale,
+    )
 
 
 def _c_values(c, shape: tuple, c_format: str) -> np.ndarray:
@@ -582,12 +904,23 @@ def _c_values(c, shape: tuple, c_format: str) -> np.ndarray:
     return _accumulator_inputs(c, shape, c_format)[None]
 
 
-def _recompute(g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out) -> None:
+def _recompute(
+    g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
+) -> None:
     """out[g, m, n] = the generic kernel's outputs for the listed (group, row, column) triples."""
-    c_triples = np.full(m.size, c_values.flat[0]) if c_values.shape == (1, 1, 1) else c_values[g, m, n]
+    c_triples = (
+        np.full(m.size, c_values.flat[0]) if c_values.shape == (1, 1, 1) else c_values[g, m, n]
+    )
     triples = np.empty(m.size, dtype=out.dtype)
-    K.dot_pairs(codes_a[g, m], codes_b[g, n], exponents_a[g, m], exponents_b[g, n], c_triples.astype(c_values.dtype),
-                *kernel_args, triples)
+    K.dot_pairs(
+        codes_a[g, m],
+        codes_b[g, n],
+        exponents_a[g, m],
+        exponents_b[g, n],
+        c_triples.astype(c_values.dtype),
+        *kernel_args,
+        triples,
+    )
     out[g, m, n] = triples
 
 
@@ -595,18 +928,33 @@ def _scales_for_unit(scales: np.ndarray, params: DatapathParams) -> np.ndarray:
     """The kernels' scale array of an operand's E8M0 block-scale codes (any shape)."""
     if params.scales == "group_sum":  # the kernel reads E8M0 codes themselves there
         if params.scale_format != "e8m0":
-            raise ArgumentError(f"this unit takes {params.scale_format} scales: give NVFP4Tensor operands")
+            raise ArgumentError(
+                f"this unit takes {params.scale_format} scales: give NVFP4Tensor operands"
+            )
         return np.ascontiguousarray(scales, dtype=np.int32)
     if params.scales == "none":
         if (scales != 127).any():
-            raise ArgumentError("this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
-                             "all 1: quantize it with per_tensor_scale=True (matmul(..., per_tensor_scale=True))")
+            raise ArgumentError(
+                "this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
+                "all 1: quantize it with per_tensor_scale=True (matmul(..., per_tensor_scale=True))"
+            )
         return np.zeros(scales.shape, dtype=np.int32)
     return scale_exponents_of_codes(scales)
 
 
-def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, out_format=None,
-            c_format=None) -> dict:
+def explain(
+    hw,
+    a,
+    b,
+    *,
+    a_format,
+    b_format,
+    scale_a=None,
+    scale_b=None,
+    c=0.0,
+    out_format=None,
+    c_format=None,
+) -> dict:
     """Every stage of one dot product (1-D codes ``a``, ``b``), from the reference twin.
 
     ``a``, ``b``: integer codes (lists or 1-D arrays) of equal length K, at most
@@ -640,7 +988,15 @@ def explain(hw, a, b, *, a_format, b_format, scale_a=None, scale_b=None, c=0.0, 
     except OverflowError:  # an integer beyond float64
         c_value = math.inf if c > 0 else -math.inf
     c_value = float(get_format(params.c_format).round(np.array([c_value]), overflow="inf")[0])
-    value = dot_reference(params, a[0].tolist(), b[0].tolist(), scales[0], scales[1], c_value, stages)
+    value = dot_reference(
+        params, a[0].tolist(), b[0].tolist(), scales[0], scales[1], c_value, stages
+    )
     # The value is exact in the output format; IEEE overflow keeps ±Inf as ±Inf.
     bits = int(get_format(params.output_format).encode(np.array([value]), overflow="inf_nan")[0])
-    return {"config": config.name, "params": params.__dict__, "stages": stages, "value": value, "bits": bits}
+    return {
+        "config": config.name,
+        "params": params.__dict__,
+        "stages": stages,
+        "value": value,
+        "bits": bits,
+    }

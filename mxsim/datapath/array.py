@@ -29,24 +29,38 @@ class _KeySpec:
 # Defaults other than rows/columns mirror SCALE-Sim's sample configs/scale.cfg (64 kB buffers,
 # 10 words per cycle, output-stationary), so a SCALE-Sim user gets comparable numbers.
 ARRAY_KEYS: dict[str, _KeySpec] = {
-    "rows": _KeySpec("int", None, 1, "units", "dot-product units per column (SCALE-Sim ArrayHeight)"),
-    "columns": _KeySpec("int", None, 1, "units", "dot-product units per row (SCALE-Sim ArrayWidth)"),
+    "rows": _KeySpec(
+        "int", None, 1, "units", "dot-product units per column (SCALE-Sim ArrayHeight)"
+    ),
+    "columns": _KeySpec(
+        "int", None, 1, "units", "dot-product units per row (SCALE-Sim ArrayWidth)"
+    ),
     "lanes_per_unit": _KeySpec(
-        "int", 1, 1, "multipliers",
+        "int",
+        1,
+        1,
+        "multipliers",
         "products each unit sums per cycle along K; 1 is a plain systolic PE; for MX "
-        "operands it must divide the block size"),
+        "operands it must divide the block size",
+    ),
     "pipeline_latency": _KeySpec(
-        "int", 1, 1, "cycles",
-        "cycles from a unit's operands to its result; 1 is SCALE-Sim's single-cycle MAC"),
+        "int",
+        1,
+        1,
+        "cycles",
+        "cycles from a unit's operands to its result; 1 is SCALE-Sim's single-cycle MAC",
+    ),
     "clock_mhz": _KeySpec("number", 1000.0, 0, "MHz", "clock frequency, only for seconds"),
     "dataflow": _KeySpec("dataflow", "os", None, "", "os, ws or is"),
     "ifmap_buffer_kib": _KeySpec("number", 64, 0, "KiB", "on-chip buffer for operand A (ifmap)"),
     "filter_buffer_kib": _KeySpec("number", 64, 0, "KiB", "on-chip buffer for operand B (filter)"),
     "ofmap_buffer_kib": _KeySpec(
-        "number", 64, 0, "KiB", "on-chip buffer for outputs and partial sums"),
+        "number", 64, 0, "KiB", "on-chip buffer for outputs and partial sums"
+    ),
     "offchip_bytes_per_cycle": _KeySpec("number", 10, 0, "bytes/cycle", "off-chip bandwidth"),
     "accumulator_bits": _KeySpec(
-        "int", 32, 1, "bits", "width of a partial sum spilled off chip (ws and is only)"),
+        "int", 32, 1, "bits", "width of a partial sum spilled off chip (ws and is only)"
+    ),
 }
 
 
@@ -105,7 +119,9 @@ def _check_value(source: str, key: str, value: Any) -> None:
     is_number = is_int or (isinstance(value, float) and math.isfinite(value))
     if (spec.kind == "int" and not is_int) or (spec.kind == "number" and not is_number):
         raise ConfigError(source, key_path, f"got {shown(value)}; accepted: {_accepted(spec)}")
-    too_small = value <= 0 if (spec.kind == "number" and spec.minimum == 0) else value < spec.minimum
+    too_small = (
+        value <= 0 if (spec.kind == "number" and spec.minimum == 0) else value < spec.minimum
+    )
     if too_small:
         raise ConfigError(source, key_path, f"got {shown(value)}; accepted: {_accepted(spec)}")
 
@@ -118,19 +134,21 @@ def parse_array_config(mapping: Any, source: str) -> ArrayConfig:
     ones), or a value of the wrong type or range (saying what is accepted).
     """
     if not isinstance(mapping, dict):
-        raise ConfigError(source, "array",
-                          f"must be a mapping of keys to values, got {type(mapping).__name__}")
+        raise ConfigError(
+            source, "array", f"must be a mapping of keys to values, got {type(mapping).__name__}"
+        )
     unknown = sorted(str(key) for key in mapping if key not in ARRAY_KEYS)
     if unknown:
         raise ConfigError(
-            source, f"array.{unknown[0]}",
-            f"unknown key; valid keys: {', '.join(ARRAY_KEYS)}")
+            source, f"array.{unknown[0]}", f"unknown key; valid keys: {', '.join(ARRAY_KEYS)}"
+        )
     values = {}
     for key, spec in ARRAY_KEYS.items():
         if key not in mapping:
             if spec.default is None:
-                raise ConfigError(source, f"array.{key}",
-                                  f"required; {_accepted(spec)} ({spec.meaning})")
+                raise ConfigError(
+                    source, f"array.{key}", f"required; {_accepted(spec)} ({spec.meaning})"
+                )
             continue
         _check_value(source, key, mapping[key])
         values[key] = mapping[key]

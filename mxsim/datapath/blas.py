@@ -57,7 +57,6 @@ from .schema import DatapathParams, route_accepts
 from .tables import FULL_TABLE_BITS
 
 
-
 @functools.lru_cache(maxsize=None)
 def _span_bits(fmt) -> tuple[int, int]:
     """(exponent of the largest magnitude's leading bit, exponent of the smallest step).
@@ -92,14 +91,19 @@ def slice_width(params: DatapathParams) -> int:
 
 def exact_in_float64(params: DatapathParams) -> bool:
     """Whether every tree sum of this unit's formats is exact in float64 (module docstring)."""
-    if max(get_format(params.a_format).field_bits, get_format(params.b_format).field_bits) > FULL_TABLE_BITS:
+    if (
+        max(get_format(params.a_format).field_bits, get_format(params.b_format).field_bits)
+        > FULL_TABLE_BITS
+    ):
         return False  # no table of every code to read the span from; fp32 alone spans 277 bits
     high_a, low_a = _span_bits(get_format(params.a_format))
     high_b, low_b = _span_bits(get_format(params.b_format))
     return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(slice_width(params))) <= 53
 
 
-def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values) -> bool:
+def blas_applies(
+    params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values
+) -> bool:
     """Whether this GEMM may take the BLAS route: every key's value is one the route computes
     exactly (each key's ``blas`` declaration in ``datapath.schema``), the formats' tree sums
     fit float64, and the data holds no special value the route leaves to the kernel."""
@@ -107,7 +111,10 @@ def blas_applies(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a
     if not unit_ok or not subnormals_work():
         return False
     a_values, b_values = kernel_args[0], kernel_args[2]
-    if not (codes_all_finite(codes_a, np.isfinite(a_values)) and codes_all_finite(codes_b, np.isfinite(b_values))):
+    if not (
+        codes_all_finite(codes_a, np.isfinite(a_values))
+        and codes_all_finite(codes_b, np.isfinite(b_values))
+    ):
         return False
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return False
@@ -233,7 +240,9 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     return decoded
 
 
-def _exact_chunks(params: DatapathParams, exponents_a, exponents_b, block: int) -> list[tuple[int, int]]:
+def _exact_chunks(
+    params: DatapathParams, exponents_a, exponents_b, block: int
+) -> list[tuple[int, int]]:
     """Ranges of scale blocks [first, last) whose products one float64 GEMM sums exactly
     (exact accumulator): the sums of one block need ``base`` bits (module doc); blocks of
     scale exponents Xa + Xb between m and h_t sum to a multiple of 2^(lsb + m) below
@@ -245,10 +254,14 @@ def _exact_chunks(params: DatapathParams, exponents_a, exponents_b, block: int) 
     high_b, low_b = _span_bits(get_format(params.b_format))
     base = (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(block))
     room = 1 << (53 - base)
-    most = (exponents_a.reshape(-1, exponents_a.shape[-1]).max(axis=0).astype(np.int64)
-            + exponents_b.reshape(-1, exponents_b.shape[-1]).max(axis=0)).tolist()
-    least = (exponents_a.reshape(-1, exponents_a.shape[-1]).min(axis=0).astype(np.int64)
-             + exponents_b.reshape(-1, exponents_b.shape[-1]).min(axis=0)).tolist()
+    most = (
+        exponents_a.reshape(-1, exponents_a.shape[-1]).max(axis=0).astype(np.int64)
+        + exponents_b.reshape(-1, exponents_b.shape[-1]).max(axis=0)
+    ).tolist()
+    least = (
+        exponents_a.reshape(-1, exponents_a.shape[-1]).min(axis=0).astype(np.int64)
+        + exponents_b.reshape(-1, exponents_b.shape[-1]).min(axis=0)
+    ).tolist()
     chunks, first, floor, total = [], 0, least[0] if blocks else 0, 0
     for t in range(blocks):
         new_floor = min(floor, least[t])
@@ -272,8 +285,17 @@ KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM (deeper GEMMs within 
 DECODED_VALUES = 1 << 23  # float64 decoded elements of B kept at once (64 MiB)
 
 
-def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out,
-                progress=None) -> list[tuple[int, int, int]]:
+def blas_matmul(
+    params: DatapathParams,
+    kernel_args,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    out,
+    progress=None,
+) -> list[tuple[int, int, int]]:
     """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
     given as (N, K) through float64 BLAS (see module doc); codes and scales are (G, rows, ...),
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
@@ -312,26 +334,38 @@ def blas_matmul(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a,
     threads = max(1, min(numba.get_num_threads(), len(passes)))
     with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
         for p, (c0, c1) in enumerate(panels):
-            b = _decoded(b_values, codes_b[:, c0:c1], scales_b[:, c0:c1] if scaled else None, block, padded)
+            b = _decoded(
+                b_values, codes_b[:, c0:c1], scales_b[:, c0:c1] if scaled else None, block, padded
+            )
             if not kulisch:  # (trees, G, width, n): each tree's slice of B one contiguous matrix
-                b = np.ascontiguousarray(b.reshape(groups, c1 - c0, trees, width).transpose(2, 0, 3, 1))
+                b = np.ascontiguousarray(
+                    b.reshape(groups, c1 - c0, trees, width).transpose(2, 0, 3, 1)
+                )
 
             def run(item, b=b, c0=c0, c1=c1):
                 g0, g1, r0, r1 = item
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
-                a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)  # (g, r, padded)
+                a = _decoded(
+                    a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded
+                )  # (g, r, padded)
                 acc = acc_all[g0:g1, r0:r1, c0:c1]
                 if kulisch:
                     exps_b = scales_b[g0:g1, c0:c1] if scaled else None
-                    return _kulisch_tile(params, a, b[g0:g1], exps_a, exps_b, block, acc, (g0, r0, c0))
+                    return _kulisch_tile(
+                        params, a, b[g0:g1], exps_a, exps_b, block, acc, (g0, r0, c0)
+                    )
                 _rounding_tile(a, b[:, g0:g1], width, acc)
                 return []
 
-            for index, found in enumerate(map(run, passes) if pool is None else pool.map(run, passes)):
+            for index, found in enumerate(
+                map(run, passes) if pool is None else pool.map(run, passes)
+            ):
                 leftovers.extend(found)
                 if progress is not None:
                     g0, g1, r0, r1 = passes[index]
-                    progress((p * groups * rows + (g1 - 1) * rows + r1) // len(panels), groups * rows)
+                    progress(
+                        (p * groups * rows + (g1 - 1) * rows + r1) // len(panels), groups * rows
+                    )
     return leftovers
 
 
@@ -359,7 +393,9 @@ def _rounding_tile(a, b_trees, width: int, acc) -> None:
         acc[..., c0:c1] = running
 
 
-def _kulisch_tile(params, a, b, exponents_a, exponents_b, block: int, acc, origin) -> list[tuple[int, int, int]]:
+def _kulisch_tile(
+    params, a, b, exponents_a, exponents_b, block: int, acc, origin
+) -> list[tuple[int, int, int]]:
     """acc (g, r, n fp32) = RNE_fp32(acc + the exact sum of every product) of a (g, r, padded)
     by b (g, n, padded): per range of blocks that float64 sums exactly, GEMMs of at most
     ``SINGLE_THREAD_MACS`` summed in float64 (partial sums of the range: exact), the ranges
@@ -386,7 +422,11 @@ def _kulisch_tile(params, a, b, exponents_a, exponents_b, block: int, acc, origi
         for first, last in chunks:
             k0, k1 = first * block, last * block
             for k in range(k0, k1, depth):
-                np.matmul(a[..., k:min(k + depth, k1)], b_chunk[:, k:min(k + depth, k1)], out=part if k > k0 else sums)
+                np.matmul(
+                    a[..., k : min(k + depth, k1)],
+                    b_chunk[:, k : min(k + depth, k1)],
+                    out=part if k > k0 else sums,
+                )
                 if k > k0:
                     sums += part
             accumulate_double_double(flat_high, flat_low, flat_inexact, sums.reshape(-1, c1 - c0))
@@ -394,7 +434,9 @@ def _kulisch_tile(params, a, b, exponents_a, exponents_b, block: int, acc, origi
         high[..., c0:c1], low[..., c0:c1] = flat_high.reshape(shape), flat_low.reshape(shape)
         inexact[..., c0:c1] = flat_inexact.reshape(shape)
     rounded = np.empty(high.shape, dtype=np.float32)
-    round_double_double_to_fp32(high.reshape(-1, columns), low.reshape(-1, columns), rounded.reshape(-1, columns))
+    round_double_double_to_fp32(
+        high.reshape(-1, columns), low.reshape(-1, columns), rounded.reshape(-1, columns)
+    )
     acc[...] = rounded
     g0, r0, c0 = origin
     return [(g0 + int(g), r0 + int(i), c0 + int(j)) for g, i, j in zip(*np.nonzero(inexact))]

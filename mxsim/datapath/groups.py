@@ -66,7 +66,9 @@ from .tables import element_tables, scale_tables, sum_format
 from .window import tree_end_config
 
 ROW_TILE = 16  # rows of A per batch of group GEMMs (their sums: groups x 16 x N values)
-MAX_EXPONENT = 1000  # |2^(W - R)|, |2^(R - W)| and every tree sum stay inside float64's normal range
+MAX_EXPONENT = (
+    1000  # |2^(W - R)|, |2^(R - W)| and every tree sum stay inside float64's normal range
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +97,9 @@ def _setup(params: DatapathParams) -> _Setup | None:
     group = params.group_terms
     if params.block_size % group or params.fused_terms % group:
         return None
-    a_fmt, b_fmt, scale_fmt = (get_format(name) for name in (params.a_format, params.b_format, params.scale_format))
+    a_fmt, b_fmt, scale_fmt = (
+        get_format(name) for name in (params.a_format, params.b_format, params.scale_format)
+    )
     high_a, low_a = _span_bits(a_fmt)
     high_b, low_b = _span_bits(b_fmt)
     top = high_a + high_b + 2 + math.ceil(math.log2(group))  # |group sum| < 2^top
@@ -114,8 +118,13 @@ def _setup(params: DatapathParams) -> _Setup | None:
     usable = finite_scales > 0
     low_scale = int(scale_exponents[~scale_nan][usable].min())
     high_scale = int(scale_exponents[~scale_nan][usable].max())
-    smallest_scale = math.frexp(float(finite_scales[usable].min()))[1] - 1  # below low_scale for subnormal scales
-    if sum_bits + 2 * _significant_bits(finite_scales) > 53 or low_a + low_b + 2 * smallest_scale < -MAX_EXPONENT:
+    smallest_scale = (
+        math.frexp(float(finite_scales[usable].min()))[1] - 1
+    )  # below low_scale for subnormal scales
+    if (
+        sum_bits + 2 * _significant_bits(finite_scales) > 53
+        or low_a + low_b + 2 * smallest_scale < -MAX_EXPONENT
+    ):
         return None
     window = params.align_fraction_bits
     trees_bits = math.ceil(math.log2(params.fused_terms // group + 1))
@@ -127,7 +136,11 @@ def _setup(params: DatapathParams) -> _Setup | None:
     high_r = max(2 * high_scale + 2, acc.emax + 1, floor if floor is not None else 0)
     lowest, highest = low_r - window, high_r + top + 2 + trees_bits
     sums = sum_format(params.sum_significant_bits or 24)
-    if not (-MAX_EXPONENT <= lowest and highest <= MAX_EXPONENT and window - NO_REFERENCE <= MAX_EXPONENT):
+    if not (
+        -MAX_EXPONENT <= lowest
+        and highest <= MAX_EXPONENT
+        and window - NO_REFERENCE <= MAX_EXPONENT
+    ):
         return None
     if lowest < 1 - sums.bias or highest >= sums.emax:
         return None
@@ -135,9 +148,17 @@ def _setup(params: DatapathParams) -> _Setup | None:
     b_values, _ = element_tables(b_fmt, params.input_subnormals)
     cfg = tree_end_config(params)
     cfg.setflags(write=False)
-    return _Setup(dtype, np.where(np.isfinite(a_values), a_values, 0.0), np.isfinite(a_values),
-                  np.where(np.isfinite(b_values), b_values, 0.0), np.isfinite(b_values),
-                  np.where(scale_nan, 0.0, scale_values), scale_exponents.astype(np.int64), scale_nan, cfg)
+    return _Setup(
+        dtype,
+        np.where(np.isfinite(a_values), a_values, 0.0),
+        np.isfinite(a_values),
+        np.where(np.isfinite(b_values), b_values, 0.0),
+        np.isfinite(b_values),
+        np.where(scale_nan, 0.0, scale_values),
+        scale_exponents.astype(np.int64),
+        scale_nan,
+        cfg,
+    )
 
 
 def groups_apply(params: DatapathParams) -> bool:
@@ -161,7 +182,9 @@ def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups)
     return values, scale_values, setup.scale_exponents[scale_codes], zero
 
 
-def groups_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out, progress=None):
+def groups_matmul(
+    params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out, progress=None
+):
     """Fill ``out`` (M, N) with the GEMM's output bits (A (M, K) codes, B given as (N, K),
     scale codes per block, ``c_values`` (M, N) or (1, 1)); returns the (rows, columns) index
     arrays of the outputs the generic kernel must compute."""
@@ -173,21 +196,47 @@ def groups_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
     flags = np.empty(out.shape, dtype=np.uint8)
     bad_rows = ~setup.a_finite[codes_a].all(axis=1) | setup.scale_nan[scales_a].any(axis=1)
     bad_columns = ~setup.b_finite[codes_b].all(axis=1) | setup.scale_nan[scales_b].any(axis=1)
-    values_b, scale_b, exponents_b, zero_b = _group_operand(setup, setup.b_values, codes_b, scales_b, params, n_groups)
-    gemm_b = np.ascontiguousarray(values_b.reshape(columns, n_groups, group).transpose(1, 2, 0))  # (groups, G, N)
-    scale_b, exponents_b, zero_b = (np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, zero_b))
+    values_b, scale_b, exponents_b, zero_b = _group_operand(
+        setup, setup.b_values, codes_b, scales_b, params, n_groups
+    )
+    gemm_b = np.ascontiguousarray(
+        values_b.reshape(columns, n_groups, group).transpose(1, 2, 0)
+    )  # (groups, G, N)
+    scale_b, exponents_b, zero_b = (
+        np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, zero_b)
+    )
     del values_b
     tiles = range(0, rows, ROW_TILE)
 
     def run_tile(start):
         stop = min(start + ROW_TILE, rows)
-        values_a, scale_a, exponents_a, zero_a = _group_operand(setup, setup.a_values, codes_a[start:stop],
-                                                                scales_a[start:stop], params, n_groups)
-        group_sums = np.matmul(values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b)
-        GK.group_rows(group_sums, codes_a[start:stop], codes_b, c_values[start:stop] if c_values.shape[0] > 1
-                      else c_values, setup.a_values, setup.b_values, scale_a, exponents_a, zero_a, scale_b,
-                      exponents_b, zero_b, bad_rows[start:stop], bad_columns, params.fused_terms // group, group,
-                      setup.cfg, out[start:stop], flags[start:stop])
+        values_a, scale_a, exponents_a, zero_a = _group_operand(
+            setup, setup.a_values, codes_a[start:stop], scales_a[start:stop], params, n_groups
+        )
+        group_sums = np.matmul(
+            values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b
+        )
+        GK.group_rows(
+            group_sums,
+            codes_a[start:stop],
+            codes_b,
+            c_values[start:stop] if c_values.shape[0] > 1 else c_values,
+            setup.a_values,
+            setup.b_values,
+            scale_a,
+            exponents_a,
+            zero_a,
+            scale_b,
+            exponents_b,
+            zero_b,
+            bad_rows[start:stop],
+            bad_columns,
+            params.fused_terms // group,
+            group,
+            setup.cfg,
+            out[start:stop],
+            flags[start:stop],
+        )
         return stop
 
     with ThreadPoolExecutor(max(1, min(numba.get_num_threads(), len(tiles)))) as pool:

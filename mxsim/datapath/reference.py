@@ -51,7 +51,9 @@ def adder_register_bits(params: DatapathParams) -> int:
     return 1 + (params.align_fraction_bits + 2) + params.carry_bits + sticky
 
 
-def _round(value, fmt: FormatInfo, rounding: str, subnormals: bool = True, overflow: str = "inf_nan"):
+def _round(
+    value, fmt: FormatInfo, rounding: str, subnormals: bool = True, overflow: str = "inf_nan"
+):
     """Round an exact value into ``fmt`` (``overflow``: a formats overflow policy, IEEE's by default).
 
     Returns a Fraction, ±inf, or -0.0 for a negative value that rounds to zero (IEEE keeps
@@ -104,6 +106,7 @@ class _Specials:
 
 # --- steps 1-2: decode, multiply ----------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1 << 16)
 def _decode(fmt: FormatInfo, code: int, input_subnormals: bool, zeros_positive: bool = False):
     """Step 1: (exact value, alignment exponent or None for zero and specials); with
@@ -111,7 +114,12 @@ def _decode(fmt: FormatInfo, code: int, input_subnormals: bool, zeros_positive: 
     of its arguments, and decoding every element with Fractions was most of the twin's time
     (stage dumps of golden vectors call it per vector)."""
     value = decode_reference(fmt, code)
-    if isinstance(value, Fraction) and not input_subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
+    if (
+        isinstance(value, Fraction)
+        and not input_subnormals
+        and value != 0
+        and abs(value) < Fraction(fmt.min_normal)
+    ):
         value = -0.0 if value < 0 else Fraction(0)
     if zeros_positive and value == 0:
         value = Fraction(0)
@@ -141,7 +149,9 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
     else:
         product = Fraction(value_a) * Fraction(value_b)
         if product == 0:
-            sign_negative = (math.copysign(1.0, float(value_a)) < 0) != (math.copysign(1.0, float(value_b)) < 0)
+            sign_negative = (math.copysign(1.0, float(value_a)) < 0) != (
+                math.copysign(1.0, float(value_b)) < 0
+            )
             product = -0.0 if sign_negative else 0.0
     exponent = None if exponent_a is None or exponent_b is None else exponent_a + exponent_b
     if isinstance(product, Fraction) and params.scales in ("products", "block_sum"):
@@ -152,8 +162,11 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
             assert exponent is not None  # a finite nonzero product: both elements have exponents
             exponent += scale_exponent
             scale_exponent = 0
-    if (isinstance(product, Fraction) and params.product_overflow_exponent is not None
-            and abs(product) >= Fraction(2) ** params.product_overflow_exponent):
+    if (
+        isinstance(product, Fraction)
+        and params.product_overflow_exponent is not None
+        and abs(product) >= Fraction(2) ** params.product_overflow_exponent
+    ):
         product = math.copysign(INF, product)  # the multiplier overflows
     if isinstance(product, Fraction) and params.product_fraction_bits is not None:
         lead = floor_log2(abs(product))
@@ -166,6 +179,7 @@ def _multiply(params: DatapathParams, value_a, exponent_a, value_b, exponent_b, 
 
 # --- step 3: order and trees --------------------------------------------------------------------
 
+
 def tree_positions(length: int, params: DatapathParams) -> list[list[int | None]]:
     """The k of every tree position, in tree order; None for a padded position (no term)."""
     if params.term_order is not None:
@@ -176,12 +190,20 @@ def tree_positions(length: int, params: DatapathParams) -> list[list[int | None]
         sequence = [k if k < length else None for k in sequence]
     else:
         sequence = list(range(length))
-    if params.trees_in_blocks:  # each block cut into trees on its own: a block's last tree may be short
-        blocks = [sequence[start : start + params.block_size] for start in range(0, len(sequence), params.block_size)]
+    if (
+        params.trees_in_blocks
+    ):  # each block cut into trees on its own: a block's last tree may be short
+        blocks = [
+            sequence[start : start + params.block_size]
+            for start in range(0, len(sequence), params.block_size)
+        ]
     else:
         blocks = [sequence]
-    return [block[start : start + params.fused_terms] for block in blocks
-            for start in range(0, len(block), params.fused_terms)]
+    return [
+        block[start : start + params.fused_terms]
+        for block in blocks
+        for start in range(0, len(block), params.fused_terms)
+    ]
 
 
 def _finite_terms(positions, products, specials: _Specials) -> list[tuple]:
@@ -213,7 +235,9 @@ def _scale_value(fmt: FormatInfo, code: int):
     return value, exponent
 
 
-def _group_terms(positions, products, scale_codes, params: DatapathParams, specials: _Specials, log):
+def _group_terms(
+    positions, products, scale_codes, params: DatapathParams, specials: _Specials, log
+):
     """``scales: group_sum``, steps 1-3 of a tree: per group of ``group_terms`` positions the
     exact sum g of its products and its block's scales sa, sb give one term g*sa*sb aligned at
     ea + eb. All-zero groups and zero scales are zero terms (they count only with
@@ -227,12 +251,23 @@ def _group_terms(positions, products, scale_codes, params: DatapathParams, speci
         if not group:
             continue
         kept = _finite_terms(group, products, specials)
-        all_zero = not kept and not any(isinstance(products[k][0], float) and not products[k][0] == 0 for k in group)
+        all_zero = not kept and not any(
+            isinstance(products[k][0], float) and not products[k][0] == 0 for k in group
+        )
         group_sum = sum((p for p, _, _ in kept), Fraction(0))
         block = group[0] // params.block_size
-        (value_a, exponent_a), (value_b, exponent_b) = (_scale_value(scale_fmt, codes[block]) for codes in scale_codes)
-        log({"stage": "group", "start": group[0], "sum": float(group_sum),
-             "scale_a": _to_float(value_a), "scale_b": _to_float(value_b)})
+        (value_a, exponent_a), (value_b, exponent_b) = (
+            _scale_value(scale_fmt, codes[block]) for codes in scale_codes
+        )
+        log(
+            {
+                "stage": "group",
+                "start": group[0],
+                "sum": float(group_sum),
+                "scale_a": _to_float(value_a),
+                "scale_b": _to_float(value_b),
+            }
+        )
         if any(isinstance(v, float) for v in (value_a, value_b)):  # a NaN scale
             specials.values.append(math.nan)
         elif all_zero or value_a == 0 or value_b == 0:
@@ -243,6 +278,7 @@ def _group_terms(positions, products, scale_codes, params: DatapathParams, speci
 
 
 # --- steps 4-5: align, add, normalise -----------------------------------------------------------
+
 
 def _reference(terms: list[tuple], has_zero: bool, params: DatapathParams) -> int:
     """A tree's reference R: the largest term exponent, at least ``zero_term_exponent`` when
@@ -305,7 +341,9 @@ def _accumulator_exponent(acc, holds_c: bool, params: DatapathParams) -> int:
     return exponent
 
 
-def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: DatapathParams, log) -> Fraction:
+def _tree_sum(
+    kept: list[tuple], has_zero: bool, acc, tree_start: int, params: DatapathParams, log
+) -> Fraction:
     """Steps 4-5 of one tree: its sum (with the accumulator when it joins the tree), the
     block scale applied (``block_sum``). ``has_zero``: the tree has a zero product."""
     terms = [(p, e) for p, e, _ in kept]
@@ -320,10 +358,18 @@ def _tree_sum(kept: list[tuple], has_zero: bool, acc, tree_start: int, params: D
         return tree_sum
     reference, kept_terms, tree_sum = _align_and_add(terms, has_zero, params, log)
     tree_sum = tree_sum * Fraction(2) ** tree_scale
-    log({"stage": "tree", "start": tree_start, "reference_exponent": reference,
-         "lsb_exponent": reference - params.align_fraction_bits,
-         "terms": [float(t) for t, _ in terms], "aligned": [float(t) for t in kept_terms],
-         "dropped": [float(t - k) for (t, _), k in zip(terms, kept_terms)], "sum": float(tree_sum)})
+    log(
+        {
+            "stage": "tree",
+            "start": tree_start,
+            "reference_exponent": reference,
+            "lsb_exponent": reference - params.align_fraction_bits,
+            "terms": [float(t) for t, _ in terms],
+            "aligned": [float(t) for t in kept_terms],
+            "dropped": [float(t - k) for (t, _), k in zip(terms, kept_terms)],
+            "sum": float(tree_sum),
+        }
+    )
     return tree_sum
 
 
@@ -338,6 +384,7 @@ def _normalise(tree_sum: Fraction, params: DatapathParams, log):
 
 # --- steps 4-6 of adder.parity_windows and adder.second_alignment_bits ---------------------------
 
+
 def _parity_sum(halves: list[tuple], tree_start: int, params: DatapathParams, log):
     """``parity_windows``: the (nonzero finite terms, has a zero) of a tree's even and odd
     positions, each aligned and added in its own window; each window sum kept, toward -inf,
@@ -348,20 +395,37 @@ def _parity_sum(halves: list[tuple], tree_start: int, params: DatapathParams, lo
         if not kept:
             continue
         tree_scale = kept[0][2] if params.scales == "block_sum" else 0
-        reference, _, window_sum = _align_and_add([(p, e) for p, e, _ in kept], has_zero, params, log)
+        reference, _, window_sum = _align_and_add(
+            [(p, e) for p, e, _ in kept], has_zero, params, log
+        )
         sums.append((window_sum * Fraction(2) ** tree_scale, reference + tree_scale))
     if not sums:
         return Fraction(0), None
     reference = max(r for _, r in sums)
     step = Fraction(2) ** (reference - params.align_fraction_bits)
     total = sum((math.floor(window_sum / step) * step for window_sum, _ in sums), Fraction(0))
-    log({"stage": "parity_windows", "start": tree_start, "window_sums": [float(w) for w, _ in sums],
-         "references": [r for _, r in sums], "reference_exponent": reference, "sum": float(total)})
+    log(
+        {
+            "stage": "parity_windows",
+            "start": tree_start,
+            "window_sums": [float(w) for w, _ in sums],
+            "references": [r for _, r in sums],
+            "reference_exponent": reference,
+            "sum": float(total),
+        }
+    )
     return total, reference
 
 
-def _second_alignment(acc, tree_sum: Fraction, reference: int | None, acc_fmt: FormatInfo, params: DatapathParams,
-                      specials: _Specials, log):
+def _second_alignment(
+    acc,
+    tree_sum: Fraction,
+    reference: int | None,
+    acc_fmt: FormatInfo,
+    params: DatapathParams,
+    specials: _Specials,
+    log,
+):
     """``second_alignment_bits`` n: at E = max(R, e) (e: the accumulator's exponent, at least
     its format's emin, that emin for zero) the tree sum is kept to multiples of 2^(E-n-1) and
     the accumulator to multiples of 2^(E-F) (F = align_fraction_bits), both toward -inf (the
@@ -379,18 +443,33 @@ def _second_alignment(acc, tree_sum: Fraction, reference: int | None, acc_fmt: F
     if total != 0:
         cut = Fraction(2) ** (max(floor_log2(abs(total)), emin) - bits)
         total = math.floor(total / cut) * cut
-    result = _round(total, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
-                    ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
-    log({"stage": "second_alignment", "exponent": top, "tree_sum": float(kept_sum), "accumulator": float(kept_acc),
-         "accumulator_dropped": dropped, "cut_sum": float(total), "result": _to_float(result)})
+    result = _round(
+        total,
+        acc_fmt,
+        params.accumulator_rounding,
+        params.accumulator_subnormals,
+        ACCUMULATOR_OVERFLOW[params.accumulator_overflow],
+    )
+    log(
+        {
+            "stage": "second_alignment",
+            "exponent": top,
+            "tree_sum": float(kept_sum),
+            "accumulator": float(kept_acc),
+            "accumulator_dropped": dropped,
+            "cut_sum": float(total),
+            "result": _to_float(result),
+        }
+    )
     if _is_infinite(result):
         specials.note_overflow(result)
         result = Fraction(0)
     return result
 
 
-def _special_accumulator(acc, carried: list, reference: int | None, params: DatapathParams, specials: _Specials,
-                         log):
+def _special_accumulator(
+    acc, carried: list, reference: int | None, params: DatapathParams, specials: _Specials, log
+):
     """``special_accumulator_exponent`` e: an accumulator that is NaN or ±Inf (``carried``)
     meets the tree at E = max(R, e). It is dropped, with the finite part kept beside it,
     when the tree has no NaN/Inf of its own and e < E - align_fraction_bits - 1; otherwise it
@@ -398,7 +477,13 @@ def _special_accumulator(acc, carried: list, reference: int | None, params: Data
     exponent = params.special_accumulator_exponent
     top = exponent if reference is None else max(reference, exponent)
     if not specials.values and exponent < top - params.align_fraction_bits - 1:
-        log({"stage": "special_accumulator", "dropped": [float(v) for v in carried], "exponent": top})
+        log(
+            {
+                "stage": "special_accumulator",
+                "dropped": [float(v) for v in carried],
+                "exponent": top,
+            }
+        )
         return Fraction(0)
     specials.values = carried + specials.values
     return acc
@@ -406,8 +491,16 @@ def _special_accumulator(acc, carried: list, reference: int | None, params: Data
 
 # --- steps 5-6 with a fixed-point grid ----------------------------------------------------------
 
-def _grid_accumulate(acc, kept: list[tuple], scale_exponent: int, acc_fmt: FormatInfo, params: DatapathParams,
-                     specials: _Specials, log):
+
+def _grid_accumulate(
+    acc,
+    kept: list[tuple],
+    scale_exponent: int,
+    acc_fmt: FormatInfo,
+    params: DatapathParams,
+    specials: _Specials,
+    log,
+):
     """``grid.fraction_bits``: the tree's exact product sum S on the grid of LSB 2^(X - n); the
     accumulator's LSB 2^(e - m) (e: its exponent, emin when subnormal, emin - 1 when zero)
     lies d places above the grid's. The result is the accumulator itself (a float -0.0
@@ -418,15 +511,29 @@ def _grid_accumulate(acc, kept: list[tuple], scale_exponent: int, acc_fmt: Forma
     offset = (exponent - acc_fmt.mantissa_bits) - (scale_exponent - params.grid_fraction_bits)
     products = sum((p for p, _, _ in kept), Fraction(0))
     passes = offset > params.grid_max_left_shift or (
-        offset < -params.grid_max_right_shift and products == 0)
+        offset < -params.grid_max_right_shift and products == 0
+    )
     if not passes:
-        acc = _round(Fraction(acc) + products, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
-                     ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
+        acc = _round(
+            Fraction(acc) + products,
+            acc_fmt,
+            params.accumulator_rounding,
+            params.accumulator_subnormals,
+            ACCUMULATOR_OVERFLOW[params.accumulator_overflow],
+        )
         if _is_infinite(acc):
             specials.note_overflow(acc)
             acc = Fraction(0)
-    log({"stage": "grid", "scale_exponent": scale_exponent, "accumulator_lsb_above_grid": offset,
-         "product_sum": float(products), "pass_through": passes, "accumulator": _to_float(acc)})
+    log(
+        {
+            "stage": "grid",
+            "scale_exponent": scale_exponent,
+            "accumulator_lsb_above_grid": offset,
+            "product_sum": float(products),
+            "pass_through": passes,
+            "accumulator": _to_float(acc),
+        }
+    )
     return acc
 
 
@@ -435,18 +542,28 @@ def _block_scale_exponent(k: int, scale_a, scale_b, params: DatapathParams) -> i
     if params.scales == "none":
         return 0
     block = k // params.block_size
-    return (127 if scale_a is None else scale_a[block]) + (127 if scale_b is None else scale_b[block]) - 254
+    return (
+        (127 if scale_a is None else scale_a[block])
+        + (127 if scale_b is None else scale_b[block])
+        - 254
+    )
 
 
 # --- step 6: accumulate -------------------------------------------------------------------------
+
 
 def _accumulate(acc, tree_sum, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials):
     """Step 6: the tree sum (plus the accumulator when it is outside the tree) rounded once
     into the accumulator format; an overflow becomes the running special."""
     if not params.accumulator_in_tree:
         tree_sum += Fraction(acc)
-    acc = _round(tree_sum, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
-                 ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
+    acc = _round(
+        tree_sum,
+        acc_fmt,
+        params.accumulator_rounding,
+        params.accumulator_subnormals,
+        ACCUMULATOR_OVERFLOW[params.accumulator_overflow],
+    )
     if _is_infinite(acc):  # overflow to infinity
         specials.note_overflow(acc)
         acc = Fraction(0)
@@ -462,7 +579,9 @@ def _promote(outer, acc, specials: _Specials):
     return outer
 
 
-def _add_c_at_end(acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials, log):
+def _add_c_at_end(
+    acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathParams, specials: _Specials, log
+):
     """``c_entry: end``: c rounded into the accumulator format (nearest even), then added with
     ``c_add_rounding``."""
     overflow = ACCUMULATOR_OVERFLOW[params.accumulator_overflow]
@@ -470,13 +589,19 @@ def _add_c_at_end(acc, c_exact: Fraction, acc_fmt: FormatInfo, params: DatapathP
     if _is_infinite(c_converted):
         specials.note_overflow(c_converted)
     else:
-        acc = _round(Fraction(acc) + Fraction(c_converted), acc_fmt, params.c_add_rounding,
-                     params.accumulator_subnormals, overflow)
+        acc = _round(
+            Fraction(acc) + Fraction(c_converted),
+            acc_fmt,
+            params.c_add_rounding,
+            params.accumulator_subnormals,
+            overflow,
+        )
     log({"stage": "add_c", "c": _to_float(c_converted), "accumulator": _to_float(acc)})
     return acc
 
 
 # --- adder.structure: pairwise_rounded ----------------------------------------------------------
+
 
 def _is_negative_zero(value) -> bool:
     return isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0
@@ -487,8 +612,13 @@ def _ieee_round(value, fmt: FormatInfo, params: DatapathParams):
     as an IEEE operation would (flushed, keeping its sign, without accumulator.subnormals)."""
     if isinstance(value, float):
         return value
-    return _round(value, fmt, params.accumulator_rounding, params.accumulator_subnormals,
-                  ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
+    return _round(
+        value,
+        fmt,
+        params.accumulator_rounding,
+        params.accumulator_subnormals,
+        ACCUMULATOR_OVERFLOW[params.accumulator_overflow],
+    )
 
 
 def _ieee_add(x, y, fmt: FormatInfo, params: DatapathParams):
@@ -498,10 +628,16 @@ def _ieee_add(x, y, fmt: FormatInfo, params: DatapathParams):
         return math.nan
     infinities = [v for v in (x, y) if _is_infinite(v)]
     if infinities:
-        return math.nan if len(infinities) == 2 and infinities[0] != infinities[1] else infinities[0]
+        return (
+            math.nan if len(infinities) == 2 and infinities[0] != infinities[1] else infinities[0]
+        )
     toward_negative = params.accumulator_rounding == "toward_negative"
     if x == 0 and y == 0:
-        return -0.0 if (_is_negative_zero(x) and _is_negative_zero(y)) or toward_negative else Fraction(0)
+        return (
+            -0.0
+            if (_is_negative_zero(x) and _is_negative_zero(y)) or toward_negative
+            else Fraction(0)
+        )
     if x == 0 or y == 0:
         return y if x == 0 else x
     total = Fraction(x) + Fraction(y)
@@ -510,8 +646,15 @@ def _ieee_add(x, y, fmt: FormatInfo, params: DatapathParams):
     return _ieee_round(total, fmt, params)
 
 
-def _pairwise_dot(params: DatapathParams, products: list[tuple], trees, c: float, acc_fmt: FormatInfo,
-                  out_fmt: FormatInfo, log) -> float:
+def _pairwise_dot(
+    params: DatapathParams,
+    products: list[tuple],
+    trees,
+    c: float,
+    acc_fmt: FormatInfo,
+    out_fmt: FormatInfo,
+    log,
+) -> float:
     """``adder.structure: pairwise_rounded``: c rounded into the accumulator format; per tree
     each product rounded into it, the products added pair by pair ((p0+p1)+(p2+p3); an odd
     last one carried up), the tree's result added to the accumulator; every add an IEEE add
@@ -533,16 +676,27 @@ def _pairwise_dot(params: DatapathParams, products: list[tuple], trees, c: float
             continue
         levels = [level]
         while len(level) > 1:
-            pairs = [_ieee_add(level[i], level[i + 1], acc_fmt, params) for i in range(0, len(level) - 1, 2)]
+            pairs = [
+                _ieee_add(level[i], level[i + 1], acc_fmt, params)
+                for i in range(0, len(level) - 1, 2)
+            ]
             level = pairs + level[len(pairs) * 2 :]
             levels.append(level)
         acc = _ieee_add(acc, level[0], acc_fmt, params)
-        log({"stage": "pairwise", "start": positions[0], "levels": [[_to_float(v) for v in lv] for lv in levels],
-             "accumulator": _to_float(acc)})
+        log(
+            {
+                "stage": "pairwise",
+                "start": positions[0],
+                "levels": [[_to_float(v) for v in lv] for lv in levels],
+                "accumulator": _to_float(acc),
+            }
+        )
     if isinstance(acc, float):
         value = math.nan if math.isnan(acc) else acc
     else:
-        value = float(_round(acc, out_fmt, params.output_rounding, params.output_subnormals))  # a value of out_fmt
+        value = float(
+            _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
+        )  # a value of out_fmt
     if value == 0 and params.output_zero_sign == "positive":
         value = 0.0
     log({"stage": "output", "value": value})
@@ -550,6 +704,7 @@ def _pairwise_dot(params: DatapathParams, products: list[tuple], trees, c: float
 
 
 # --- the dot product ----------------------------------------------------------------------------
+
 
 def dot_reference(
     params: DatapathParams,
@@ -566,15 +721,26 @@ def dot_reference(
     ``record``, when given, receives one dict per stage.
     """
     if params.same_format and params.a_format != params.b_format:
-        raise ConfigError("<params>", "inputs.same_format", f"one element format for A and B, got "
-                          f"{params.a_format!r} and {params.b_format!r}")
+        raise ConfigError(
+            "<params>",
+            "inputs.same_format",
+            f"one element format for A and B, got {params.a_format!r} and {params.b_format!r}",
+        )
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
-    acc_fmt = None if params.accumulator_format == "exact" else get_format(params.accumulator_format)
+    acc_fmt = (
+        None if params.accumulator_format == "exact" else get_format(params.accumulator_format)
+    )
     out_fmt = get_format(params.output_format)
     log = record.append if record is not None else (lambda item: None)
 
-    if params.input_zero_sign == "positive" and (c == 0 or (
-            acc_fmt is not None and not params.accumulator_subnormals and abs(c) < acc_fmt.min_normal)):
+    if params.input_zero_sign == "positive" and (
+        c == 0
+        or (
+            acc_fmt is not None
+            and not params.accumulator_subnormals
+            and abs(c) < acc_fmt.min_normal
+        )
+    ):
         c = 0.0  # c read as +0
     c_given = c  # (a pairwise_rounded adder takes c's specials into its IEEE adds)
     specials = _Specials(c)
@@ -593,31 +759,58 @@ def dot_reference(
         scale_codes = None
         if params.scales in ("products", "block_sum"):
             block = k // params.block_size
-            scale_codes = (127 if scale_a is None else scale_a[block], 127 if scale_b is None else scale_b[block])
-        product, exponent, scale_exponent = _multiply(params, value_a, exponent_a, value_b, exponent_b, scale_codes)
+            scale_codes = (
+                127 if scale_a is None else scale_a[block],
+                127 if scale_b is None else scale_b[block],
+            )
+        product, exponent, scale_exponent = _multiply(
+            params, value_a, exponent_a, value_b, exponent_b, scale_codes
+        )
         products.append((product, exponent, scale_exponent))
-        log({"stage": "product", "k": k, "a_code": code_a, "b_code": code_b, "a": _to_float(value_a),
-             "b": _to_float(value_b), "product": _to_float(product), "exponent": exponent, "block_scale_exponent": scale_exponent})
+        log(
+            {
+                "stage": "product",
+                "k": k,
+                "a_code": code_a,
+                "b_code": code_b,
+                "a": _to_float(value_a),
+                "b": _to_float(value_b),
+                "product": _to_float(product),
+                "exponent": exponent,
+                "block_scale_exponent": scale_exponent,
+            }
+        )
     trees = tree_positions(len(products), params)
     if params.structure == "pairwise_rounded":
         if acc_fmt is None:
-            raise ConfigError("<params>", "accumulator.format", "adder.structure: pairwise_rounded needs a floating format")
+            raise ConfigError(
+                "<params>",
+                "accumulator.format",
+                "adder.structure: pairwise_rounded needs a floating format",
+            )
         return _pairwise_dot(params, products, trees, c_given, acc_fmt, out_fmt, log)
     if params.scales == "group_sum":  # None: every scale 1
         one = encode_reference(get_format(params.scale_format), Fraction(1))
         blocks = -(-len(products) // params.block_size)
-        group_scales = tuple([one] * blocks if codes is None else list(codes) for codes in (scale_a, scale_b))
+        group_scales = tuple(
+            [one] * blocks if codes is None else list(codes) for codes in (scale_a, scale_b)
+        )
 
     def tree_terms(positions):
         """A tree's (nonzero finite terms, whether it has a zero term)."""
         if params.scales == "group_sum":
             return _group_terms(positions, products, group_scales, params, specials, log)
-        has_zero = any(k is not None and isinstance(products[k][0], float) and products[k][0] == 0 for k in positions)
+        has_zero = any(
+            k is not None and isinstance(products[k][0], float) and products[k][0] == 0
+            for k in positions
+        )
         return _finite_terms(positions, products, specials), has_zero
 
     if acc_fmt is None:  # exact (Kulisch) accumulator: one rounding, at the output
-        total = c_exact + sum((p * Fraction(2) ** s for positions in trees
-                               for p, _, s in tree_terms(positions)[0]), Fraction(0))
+        total = c_exact + sum(
+            (p * Fraction(2) ** s for positions in trees for p, _, s in tree_terms(positions)[0]),
+            Fraction(0),
+        )
         log({"stage": "exact_accumulator", "value": _to_float(total)})
         result = _round(total, out_fmt, params.output_rounding, params.output_subnormals)
         return _output_value(result, specials, params, log)
@@ -627,12 +820,19 @@ def dot_reference(
     if params.promotion_interval:
         outer = c_exact
     elif params.c_entry == "initial":
-        acc = _round(c_exact, acc_fmt, params.accumulator_rounding, params.accumulator_subnormals,
-                     ACCUMULATOR_OVERFLOW[params.accumulator_overflow])
+        acc = _round(
+            c_exact,
+            acc_fmt,
+            params.accumulator_rounding,
+            params.accumulator_subnormals,
+            ACCUMULATOR_OVERFLOW[params.accumulator_overflow],
+        )
         if _is_infinite(acc):  # c overflows a narrower accumulator
             specials.note_overflow(acc)
             acc = Fraction(0)
-    steps = params.output_zero_sign == "ieee_steps"  # (an exact accumulator returned above: one step)
+    steps = (
+        params.output_zero_sign == "ieee_steps"
+    )  # (an exact accumulator returned above: one step)
     if steps and _is_negative_zero(c):
         acc = -0.0  # the first step's addends include c's sign
     if params.grid_fraction_bits is not None:
@@ -644,19 +844,25 @@ def dot_reference(
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
         # ieee_steps: this step's exact zero is -0 when the accumulator and every product are -0
-        negative_step = steps and _is_negative_zero(acc) and all(
-            _is_negative_zero(products[k][0]) for k in positions if k is not None)
+        negative_step = (
+            steps
+            and _is_negative_zero(acc)
+            and all(_is_negative_zero(products[k][0]) for k in positions if k is not None)
+        )
         carried = specials.values  # the accumulator's NaN/Inf, told apart from the tree's own
         if params.special_accumulator_exponent is not None:
             specials.values = []
         if params.parity_windows:
-            tree_sum, reference = _parity_sum([tree_terms(positions[0::2]), tree_terms(positions[1::2])],
-                                              tree_start, params, log)
+            tree_sum, reference = _parity_sum(
+                [tree_terms(positions[0::2]), tree_terms(positions[1::2])], tree_start, params, log
+            )
         else:
             kept, has_zero = tree_terms(positions)
             if params.grid_fraction_bits is not None:
                 first = next((k for k in positions if k is not None), None)
-                scale_exponent = 0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
+                scale_exponent = (
+                    0 if first is None else _block_scale_exponent(first, scale_a, scale_b, params)
+                )
                 acc = _grid_accumulate(acc, kept, scale_exponent, acc_fmt, params, specials, log)
                 continue
             reference = None  # (read by the second alignment only)
@@ -687,12 +893,15 @@ def dot_reference(
         specials.note_overflow(acc)
         acc = Fraction(0)
     result = _round(acc, out_fmt, params.output_rounding, params.output_subnormals)
-    if isinstance(acc, float) and result == 0:  # acc underflowed to -0: rounding keeps the zero's sign
+    if (
+        isinstance(acc, float) and result == 0
+    ):  # acc underflowed to -0: rounding keeps the zero's sign
         result = -0.0
     return _output_value(result, specials, params, log)
 
 
 # --- step 7: output -----------------------------------------------------------------------------
+
 
 def _output_value(result, specials: _Specials, params: DatapathParams, log) -> float:
     """Step 7's value: the specials' IEEE sum when there are any, else the rounded result with
@@ -710,7 +919,11 @@ def _output_value(result, specials: _Specials, params: DatapathParams, log) -> f
     elif isinstance(result, float) and result == 0:
         value = -0.0  # a negative result that rounded to zero
     elif result == 0:
-        value = -0.0 if specials.negative_zeros_only and params.output_zero_sign in ("ieee", "ieee_steps") else 0.0
+        value = (
+            -0.0
+            if specials.negative_zeros_only and params.output_zero_sign in ("ieee", "ieee_steps")
+            else 0.0
+        )
     else:
         value = float(result)
     log({"stage": "output", "value": value})

@@ -111,21 +111,55 @@ def _same_trees_as_k_order(value, params) -> bool:
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "inputs": {
-        "a_formats": Key("format_list", REQUIRED, "element formats accepted for operand A", ELEMENT_FORMATS,
-                         field=None, record=None, blas=any_value, window=any_value, groups=any_value),  # routes check the formats
-        "b_formats": Key("format_list", REQUIRED, "element formats accepted for operand B", ELEMENT_FORMATS,
-                         field=None, record=None, blas=any_value, window=any_value, groups=any_value),
+        "a_formats": Key(
+            "format_list",
+            REQUIRED,
+            "element formats accepted for operand A",
+            ELEMENT_FORMATS,
+            field=None,
+            record=None,
+            blas=any_value,
+            window=any_value,
+            groups=any_value,
+        ),  # routes check the formats
+        "b_formats": Key(
+            "format_list",
+            REQUIRED,
+            "element formats accepted for operand B",
+            ELEMENT_FORMATS,
+            field=None,
+            record=None,
+            blas=any_value,
+            window=any_value,
+            groups=any_value,
+        ),
         "format_groups": Key(
-            "format_groups", None,
+            "format_groups",
+            None,
             "null: every A format with every B format. A list of format lists: an (A, B) pair is accepted "
             "only when one list holds both (an instruction's formats that may mix, e.g. [[fp16], [bf16], "
             "[fp8_e4m3, fp8_e5m2]]); formats the unit does not take may be listed (a narrower view "
             "extending the config keeps its groups), each it takes must be in a list",
-            ELEMENT_FORMATS, field=None, record=None, blas=any_value, window=any_value, groups=any_value),
-        "block_size": Key("int", 32, "k: elements sharing one E8M0 scale", minimum=1, maximum=MAX_BLOCK_SIZE,
-                          blas=any_value, window=any_value, groups=any_value),  # groups: whole groups, checked there
+            ELEMENT_FORMATS,
+            field=None,
+            record=None,
+            blas=any_value,
+            window=any_value,
+            groups=any_value,
+        ),
+        "block_size": Key(
+            "int",
+            32,
+            "k: elements sharing one E8M0 scale",
+            minimum=1,
+            maximum=MAX_BLOCK_SIZE,
+            blas=any_value,
+            window=any_value,
+            groups=any_value,
+        ),  # groups: whole groups, checked there
         "scales": Key(
-            "str", "products",
+            "str",
+            "products",
             "where block scales enter: 'products' adds (Xa-127)+(Xb-127) to every product's exponent "
             "before alignment; 'block_sum' multiplies each tree's sum (trees must lie inside one block); "
             "'group_sum': each group of adder.group_terms products is summed exactly and times the scale "
@@ -134,46 +168,70 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("none", "products", "block_sum", "group_sum"),
             # BLAS: one scale per tree (per block for an exact accumulator); window: one per tree.
             # group_sum: not yet shown exact on either route.
-            blas=lambda value, params: value != "group_sum" and _exact_accumulator_or(_trees_inside_blocks)(value, params),
-            window=lambda value, params: value != "group_sum" and _trees_inside_blocks(value, params),
+            blas=lambda value, params: (
+                value != "group_sum" and _exact_accumulator_or(_trees_inside_blocks)(value, params)
+            ),
+            window=lambda value, params: (
+                value != "group_sum" and _trees_inside_blocks(value, params)
+            ),
             groups=only("group_sum"),
         ),
         "scale_format": Key(
-            "format", "e8m0",
+            "format",
+            "e8m0",
             "format of the block scale codes: 'e8m0' (2^(code-127), 0xFF NaN) or 'ue4m3' (unsigned E4M3, "
             "0x7F NaN; needs scales: group_sum). A scale's alignment exponent is floor(log2 s), at least "
             "the format's emin when it has subnormals",
-            SCALE_FORMATS, record=None,  # the kernel gets the scale format's value and exponent tables
-            blas=only("e8m0"), window=only("e8m0"),
+            SCALE_FORMATS,
+            record=None,  # the kernel gets the scale format's value and exponent tables
+            blas=only("e8m0"),
+            window=only("e8m0"),
             groups=any_value,  # the route reads the scale format's tables (groups.py checks them)
         ),
-        "subnormals": Key("bool", True, "false: subnormal input elements are read as zero (same sign)",
-                          field="input_subnormals",  # the element tables read them as zero; so does the kernel's decode
-                          blas=only(True), window=any_value, groups=any_value),
+        "subnormals": Key(
+            "bool",
+            True,
+            "false: subnormal input elements are read as zero (same sign)",
+            field="input_subnormals",  # the element tables read them as zero; so does the kernel's decode
+            blas=only(True),
+            window=any_value,
+            groups=any_value,
+        ),
         "c_format": Key(
-            "format", "fp32",
+            "format",
+            "fp32",
             "format of the accumulator input c (the API may ask for another, as Volta's mma takes f16 or "
             "f32 c beside an f32 d): every c must be a value of it (the API refuses others); c then enters "
             "exactly as c_entry says. With accumulator_exponent: format_emin, c in the first tree aligns at "
             "no less than this format's emin either (MMA-Sim's Volta m8n8k4 with f16 c: a subnormal fp16 c "
             "aligns at 2^-14)",
-            WIDE_FORMATS, record=Record(lambda value: 1 - get_format(value).bias, name="c_format_emin"),
+            WIDE_FORMATS,
+            record=Record(lambda value: 1 - get_format(value).bias, name="c_format_emin"),
             blas=only(*FLOAT32_FORMATS),  # exact trees: R places no window
             # window: it flags subnormal accumulators, not c below a wider emin than the accumulator's
-            window=lambda value, params: value in FLOAT32_FORMATS and (
-                params.accumulator_exponent == "leading_bit" or params.accumulator_format == "exact"
-                or get_format(value).bias >= get_format(params.accumulator_format).bias),
+            window=lambda value, params: (
+                value in FLOAT32_FORMATS
+                and (
+                    params.accumulator_exponent == "leading_bit"
+                    or params.accumulator_format == "exact"
+                    or get_format(value).bias >= get_format(params.accumulator_format).bias
+                )
+            ),
             groups=only("fp32"),
         ),
         "same_format": Key(
-            "bool", False,
+            "bool",
+            False,
             "true: A and B share one element format per operation (the unit has a single source-format "
             "field, as cvfpu MXDOTP); a mixed (A, B) pair is refused",
             record=None,  # decided when the params are resolved: the kernel never sees a mixed pair
-            blas=any_value, window=any_value, groups=any_value,
+            blas=any_value,
+            window=any_value,
+            groups=any_value,
         ),
         "zero_sign": Key(
-            "str", "keep",
+            "str",
+            "keep",
             "the sign of a zero input: 'keep' (-0 is -0, a flushed subnormal keeps its sign); 'positive': "
             "every input element and c that is zero, or read as zero (subnormals: false for elements, "
             "accumulator.subnormals: false for c), is +0 (MMA-Sim's CDNA2 flush: a magnitude below the "
@@ -181,29 +239,50 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("keep", "positive"),
             field="input_zero_sign",
             record=Record(lambda value: value == "positive", np.bool_, "input_zeros_positive"),
-            blas=only("keep"), window=only("keep"), groups=only("keep"),
+            blas=only("keep"),
+            window=only("keep"),
+            groups=only("keep"),
         ),
     },
     "multiplier": {
         "product_fraction_bits": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: exact products; n: each product's significand truncated (toward zero) to 1+n bits",
-            minimum=0, maximum=52, blas=only(None), window=only(None), groups=only(None),
+            minimum=0,
+            maximum=52,
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
         "overflow_exponent": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: products never overflow. n: a product of magnitude 2^n or more is ±Inf (an infinite product: "
             "Inf - Inf gives NaN), as a multiplier with an fp32 exponent range makes it (CDNA3 MFMA: 128)",
-            minimum=-1022, maximum=1023, field="product_overflow_exponent",
+            minimum=-1022,
+            maximum=1023,
+            field="product_overflow_exponent",
             record=Record(lambda value: NO_PRODUCT_OVERFLOW if value is None else value),
-            blas=only(None), window=only(None), groups=only(None),
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
     },
     "adder": {
-        "fused_terms": Key("int", 32, "products aligned and added in one tree pass", minimum=1, maximum=MAX_BLOCK_SIZE,
-                           blas=any_value, window=any_value, groups=any_value),
+        "fused_terms": Key(
+            "int",
+            32,
+            "products aligned and added in one tree pass",
+            minimum=1,
+            maximum=MAX_BLOCK_SIZE,
+            blas=any_value,
+            window=any_value,
+            groups=any_value,
+        ),
         "structure": Key(
-            "str", "fused",
+            "str",
+            "fused",
             "'fused': each tree's terms are aligned and added in one pass (steps 4-5). 'pairwise_rounded': "
             "each product is rounded into the accumulator format (accumulator.rounding, .subnormals, "
             ".overflow), a tree's products are summed by a balanced binary tree of two-operand adds "
@@ -212,46 +291,62 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "adds give them); the alignment keys are not read (MMA-Sim's CDNA2 fp16/bf16 MFMA)",
             ("fused", "pairwise_rounded"),
             record=Record(lambda value: value == "pairwise_rounded", np.bool_, "pairwise_rounded"),
-            blas=only("fused"), window=only("fused"), groups=only("fused"),
+            blas=only("fused"),
+            window=only("fused"),
+            groups=only("fused"),
         ),
         "term_order": Key(
-            "order", None,
+            "order",
+            None,
             "null: products enter trees in k order. A permutation of 0..T-1: each run of T products "
             "is reordered by it before being cut into trees (H100/B200 fp16 path: k mod 4 in {0,1} first). "
             "K that is not a multiple of T is padded to one with empty positions (no term, not even +0), "
             "as a unit fed zero-padded operands; a partial last tree of any unit simply has fewer terms",
             maximum=MAX_BLOCK_SIZE,
-            record=Record(lambda order: len(order) if order else 0, name="term_order_length"),  # + the order array
-            blas=only(None), window=only(None), groups=only(None),
+            record=Record(
+                lambda order: len(order) if order else 0, name="term_order_length"
+            ),  # + the order array
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
         "trees_in_blocks": Key(
-            "bool", False,
+            "bool",
+            False,
             "true: trees restart at every block boundary, so a tree never mixes blocks (a unit that "
             "takes one scale pair per operation: a block of 32 in trees of 11 is 11 + 11 + 10 terms). "
             "false: trees are cut from the whole of K",
             # Both routes cut trees from K: the same trees whenever fused_terms divides block_size.
-            blas=_same_trees_as_k_order, window=_same_trees_as_k_order, groups=_same_trees_as_k_order,
+            blas=_same_trees_as_k_order,
+            window=_same_trees_as_k_order,
+            groups=_same_trees_as_k_order,
         ),
         "group_terms": Key(
-            "int", 16,
+            "int",
+            16,
             "scales: group_sum: products per group (a group lies inside one block and one tree). The group's "
             "exact sum g times its scales sa*sb is one term of value g*sa*sb and alignment exponent "
             "ea+eb (the scales' exponents); a group whose products are all zero, or whose scale is zero, "
             "is a zero term (see zero_term_exponent); one whose products cancel keeps ea+eb",
-            minimum=1, maximum=MAX_BLOCK_SIZE,
-            blas=any_value, window=any_value,  # read only with group_sum, which these two routes refuse
+            minimum=1,
+            maximum=MAX_BLOCK_SIZE,
+            blas=any_value,
+            window=any_value,  # read only with group_sum, which these two routes refuse
             groups=any_value,  # whole groups in blocks and trees: checked by groups.py
         ),
         "accumulator_in_tree": Key(
-            "bool", True,
+            "bool",
+            True,
             "true: the running accumulator joins the tree's alignment like one more term (its bits "
             "below the window are lost); false: the tree sum is added to the accumulator exactly, "
             "then rounded once",
             blas=any_value,  # exact trees: acc + sum is rounded once either way
-            window=any_value, groups=any_value,
+            window=any_value,
+            groups=any_value,
         ),
         "align_reference": Key(
-            "str", "exponent_sum",
+            "str",
+            "exponent_sum",
             "the alignment reference R: 'exponent_sum' = max of ea+eb over the tree's nonzero products "
             "(element exponents clamped to their format's emin, scale exponents added), as tensor cores "
             "do; 'leading_bit' = max floor(log2|p|). The accumulator, when in the tree, counts with "
@@ -263,63 +358,85 @@ SCHEMA: dict[str, dict[str, Key]] = {
             groups=any_value,  # a group term aligns at its scales' exponent sum, whatever this key
         ),
         "align_fraction_bits": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: exact, no bits lost. n: terms are kept to multiples of 2^(R-n); what falls below "
             "follows below_window (H100 FP8: 13)",
-            minimum=0, maximum=50,
+            minimum=0,
+            maximum=50,
             blas=only(None),
             window=lambda value, params: value is not None,  # its range: window.window_applies
             groups=lambda value, params: value is not None,  # its range: groups.groups_apply
         ),
         "below_window": Key(
-            "str", "truncate",
+            "str",
+            "truncate",
             "bits below the window: 'truncate' (each term's magnitude toward zero, sign-magnitude), "
             "'floor' (toward -inf, two's complement), 'nearest_even' (each term rounded to the window), "
             "'sticky' (truncate, and jam a sticky bit one place below the window)",
             ("truncate", "floor", "nearest_even", "sticky"),
             blas=any_value,  # read only with a window
-            window=only("truncate"), groups=only("truncate"),
+            window=only("truncate"),
+            groups=only("truncate"),
         ),
         "carry_bits": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: the adder never overflows. n: with a window, the adder holds signed integers of "
             "1 + (align_fraction_bits + 2) + n bits in units of the window's LSB (one more with "
             "sticky); a tree sum beyond that follows adder_overflow",
-            minimum=0, maximum=40, blas=only(None), window=only(None), groups=only(None),
+            minimum=0,
+            maximum=40,
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
         "adder_overflow": Key(
-            "str", "wrap",
+            "str",
+            "wrap",
             "a tree sum beyond the adder's width: 'wrap' (two's complement, modulo 2^width) or "
             "'saturate' (clamped to the most negative / most positive register value)",
             ("wrap", "saturate"),
             record=Record(lambda value: value == "saturate", np.bool_, "adder_saturates"),
-            blas=any_value, window=any_value, groups=any_value,  # read only with carry_bits
+            blas=any_value,
+            window=any_value,
+            groups=any_value,  # read only with carry_bits
         ),
         "sum_significant_bits": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: the tree sum goes straight to the accumulator rounding. n: the normalised tree sum "
             "is first rounded to n significant bits with sum_rounding (H100 FP8: 14, toward zero)",
-            minimum=1, maximum=40,
+            minimum=1,
+            maximum=40,
             blas=only(None),
             window=any_value,  # its range: window.window_applies
             groups=any_value,  # its range: groups.groups_apply
         ),
         "sum_rounding": Key(
-            "str", "toward_zero", "rounding to sum_significant_bits", DIRECTED_AND_NEAREST,
+            "str",
+            "toward_zero",
+            "rounding to sum_significant_bits",
+            DIRECTED_AND_NEAREST,
             record=Record(rounding_code),
             blas=any_value,  # read only with sum_significant_bits
-            window=only(*DIRECTED_AND_NEAREST), groups=only(*DIRECTED_AND_NEAREST),
+            window=only(*DIRECTED_AND_NEAREST),
+            groups=only(*DIRECTED_AND_NEAREST),
         ),
         "parity_windows": Key(
-            "bool", False,
+            "bool",
+            False,
             "true: a tree's products at even and at odd positions (counted from the tree's start) are "
             "aligned and added in two separate windows, each with its own reference R and "
             "align_fraction_bits; the two sums are then kept to multiples of 2^(R - align_fraction_bits) "
             "for the larger R, toward -inf, and added, R being that larger one (MMA-Sim's CDNA3 FP8 MFMA)",
-            blas=only(False), window=only(False), groups=only(False),
+            blas=only(False),
+            window=only(False),
+            groups=only(False),
         ),
         "second_alignment_bits": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: the accumulator joins the tree or is added to its sum exactly (accumulator_in_tree). "
             "n (with accumulator_in_tree: false and a window): a second alignment adds the accumulator "
             "to the tree's sum at E = max(R, e), R the tree's reference (none for a tree without a "
@@ -328,19 +445,27 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "accumulator multiples of 2^(E - align_fraction_bits), both toward -inf; their exact sum is "
             "cut to n+1 significant bits toward -inf (no finer than 2^(emin-n)), then rounded into the "
             "accumulator format (MMA-Sim's CDNA3 MFMA: 31)",
-            minimum=0, maximum=40, blas=only(None), window=only(None), groups=only(None),
+            minimum=0,
+            maximum=40,
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
         "far_accumulator": Key(
-            "str", "floor",
+            "str",
+            "floor",
             "second_alignment_bits: an accumulator whose exponent e lies below E - align_fraction_bits - 1: "
             "'floor' keeps it toward -inf like any other (a negative one becomes -2^(E - align_fraction_bits)); "
             "'zero' drops it (MMA-Sim's CDNA3 FP8 MFMA)",
             ("floor", "zero"),
             record=Record(lambda value: value == "zero", np.bool_, "far_accumulator_dropped"),
-            blas=any_value, window=any_value, groups=any_value,  # read only with second_alignment_bits, which all refuse
+            blas=any_value,
+            window=any_value,
+            groups=any_value,  # read only with second_alignment_bits, which all refuse
         ),
         "special_accumulator_exponent": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: an accumulator that is NaN or ±Inf (c, or an earlier tree's result) stays so to the "
             "output, as in IEEE arithmetic. e (with second_alignment_bits and far_accumulator: zero): such "
             "an accumulator enters the second alignment with exponent e, so E = max(R, e), and is dropped "
@@ -348,31 +473,41 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "alone. A NaN or ±Inf product in the tree itself keeps the result NaN or ±Inf (MMA-Sim's CDNA3 "
             "FP8 MFMA: -1, the exponent its frexp gives NaN and Inf, so a NaN or Inf c or running sum "
             "vanishes under products of 2^25 and more; not measured on hardware)",
-            minimum=-1100, maximum=1100,
-            record=Record(lambda value: NO_SPECIAL_ACCUMULATOR_EXPONENT if value is None else value),
-            blas=only(None), window=only(None), groups=only(None),
+            minimum=-1100,
+            maximum=1100,
+            record=Record(
+                lambda value: NO_SPECIAL_ACCUMULATOR_EXPONENT if value is None else value
+            ),
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
         "accumulator_exponent": Key(
-            "str", "leading_bit",
+            "str",
+            "leading_bit",
             "the exponent the accumulator aligns with when it joins the tree: 'leading_bit' = "
             "floor(log2|acc|); 'format_emin' = max(floor(log2|acc|), emin of the accumulator format, "
             "and in the first tree, where it holds c, emin of inputs.c_format), so a subnormal accumulator "
             "aligns as a subnormal element does (MMA-Sim's tensor cores)",
             ("leading_bit", "format_emin"),
-            record=Record(lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"),
+            record=Record(
+                lambda value: value == "format_emin", np.bool_, "accumulator_exponent_clamped"
+            ),
             blas=any_value,  # exact trees: R places no window
             window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
             groups=any_value,  # likewise
         ),
         "zero_term_exponent": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: zero products and a zero accumulator take no part in the alignment reference. n: "
             "in a tree with a zero product (or zero group: scales: group_sum), or with the accumulator "
             "in the tree and zero (c = 0 included), R is at least n, as if the zeros were terms of exponent n (MMA-Sim's e_zero: "
             "-133 for fp32 and -21 for fp16 outputs on Hopper and Blackwell); nonzero terms below "
             "2^(n - align_fraction_bits) are then lost. At most 1022, so that the window's lowest bit "
             "lies below fp64's top binade: a floor that high already loses every term of every unit",
-            minimum=-1100, maximum=1022,
+            minimum=-1100,
+            maximum=1022,
             record=Record(lambda value: NO_ZERO_TERM_EXPONENT if value is None else value),
             blas=any_value,  # exact trees: R places no window
             # window: it flags every lane with a nonzero term whose R lies below n. Its R is the
@@ -385,43 +520,64 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "accumulator": {
         "format": Key(
-            "format", "fp32",
+            "format",
+            "fp32",
             "format each tree result is rounded into ('exact': a wide fixed-point that never rounds, "
             "Kulisch; then only the output rounds)",
             WIDE_FORMATS + ("exact",),
             field="accumulator_format",
-            record=Record(lambda value: value == "exact", np.bool_, "accumulator_exact"),  # + its format parameters
-            blas=only("fp32", "exact"), window=only(*FLOAT32_FORMATS), groups=only(*FLOAT32_FORMATS),
+            record=Record(
+                lambda value: value == "exact", np.bool_, "accumulator_exact"
+            ),  # + its format parameters
+            blas=only("fp32", "exact"),
+            window=only(*FLOAT32_FORMATS),
+            groups=only(*FLOAT32_FORMATS),
         ),
         "rounding": Key(
-            "str", "nearest_even", "rounding into the accumulator", DIRECTED_AND_NEAREST,
-            field="accumulator_rounding", record=Record(rounding_code),
-            blas=_exact_accumulator_or(only("nearest_even")), window=only(*DIRECTED_AND_NEAREST),
+            "str",
+            "nearest_even",
+            "rounding into the accumulator",
+            DIRECTED_AND_NEAREST,
+            field="accumulator_rounding",
+            record=Record(rounding_code),
+            blas=_exact_accumulator_or(only("nearest_even")),
+            window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
         ),
         "subnormals": Key(
-            "bool", True, "false: subnormal accumulator values flush to zero (same sign)",
+            "bool",
+            True,
+            "false: subnormal accumulator values flush to zero (same sign)",
             field="accumulator_subnormals",
             blas=_exact_accumulator_or(only(True)),
             window=any_value,  # subnormal accumulator values are flagged for the generic kernel
             groups=any_value,  # likewise
         ),
         "c_entry": Key(
-            "str", "initial",
+            "str",
+            "initial",
             "'initial': c (converted to the accumulator format with its rounding) is the accumulator's "
             "first value; 'end': the accumulator starts at 0 and c, rounded to the accumulator format "
             "(nearest even), is added after the last tree with c_add_rounding (B200, fp16 paths)",
             ("initial", "end"),
             record=Record(lambda value: value == "end", np.bool_, "c_at_end"),
-            blas=_exact_accumulator_or(only("initial")), window=only("initial"), groups=only("initial"),
+            blas=_exact_accumulator_or(only("initial")),
+            window=only("initial"),
+            groups=only("initial"),
         ),
         "c_add_rounding": Key(
-            "str", "nearest_even", "rounding of the final c add (c_entry: end)", DIRECTED_AND_NEAREST,
+            "str",
+            "nearest_even",
+            "rounding of the final c add (c_entry: end)",
+            DIRECTED_AND_NEAREST,
             record=Record(rounding_code),
-            blas=any_value, window=any_value, groups=any_value,  # read only with c_entry: end
+            blas=any_value,
+            window=any_value,
+            groups=any_value,  # read only with c_entry: end
         ),
         "overflow": Key(
-            "str", "ieee",
+            "str",
+            "ieee",
             "a result beyond the accumulator format's range: 'ieee' gives ±Inf, or the largest finite "
             "value under the directed modes that round toward it (toward_zero); 'infinity' gives ±Inf "
             "under every rounding (MMA-Sim's tensor cores: the sum is rounded and then converted)",
@@ -433,57 +589,99 @@ SCHEMA: dict[str, dict[str, Key]] = {
             groups=any_value,  # likewise
         ),
         "promotion_interval": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: one accumulator. n: every n products the accumulator is added (RNE, fp32) into an "
             "outer fp32 accumulator, which c starts, and cleared (DeepSeek-V3's fix for Hopper); "
             "a multiple of fused_terms",
-            minimum=1, maximum=1 << 30, blas=only(None), window=only(None), groups=only(None),
+            minimum=1,
+            maximum=1 << 30,
+            blas=only(None),
+            window=only(None),
+            groups=only(None),
         ),
     },
     "grid": {
         "fraction_bits": Key(
-            "optional_int", None,
+            "optional_int",
+            None,
             "null: no fixed-point grid. n: each tree's products (exact) are summed exactly on a fixed-point "
             "grid whose LSB weighs 2^(X - n), X the tree's scale exponent (Xa-127)+(Xb-127); the accumulator "
             "(outside the tree) is aligned to that grid by its LSB, 2^(e - m) with e its exponent (the format's "
             "emin for subnormals, emin - 1 for zero) and m its mantissa bits; unless a pass-through rule "
             "below returns the accumulator unchanged (its bits, -0 included), accumulator + products is "
             "rounded once with accumulator.rounding and an exact zero is +0 (cvfpu MXDOTP: 34)",
-            minimum=0, maximum=200, field="grid_fraction_bits", blas=only(None), window=only(None),
+            minimum=0,
+            maximum=200,
+            field="grid_fraction_bits",
+            blas=only(None),
+            window=only(None),
             groups=only(None),
         ),
         "accumulator_max_left_shift": Key(
-            "int", 70,
+            "int",
+            70,
             "with a grid: an accumulator whose LSB lies more than this many places above the grid's LSB is "
             "the result unchanged, whatever the products (cvfpu MXDOTP: 70)",
-            minimum=0, maximum=1000, field="grid_max_left_shift", blas=any_value, window=any_value,  # read only with a grid
+            minimum=0,
+            maximum=1000,
+            field="grid_max_left_shift",
+            blas=any_value,
+            window=any_value,  # read only with a grid
             groups=any_value,
         ),
         "accumulator_max_right_shift": Key(
-            "int", 24,
+            "int",
+            24,
             "with a grid: an accumulator whose LSB lies more than this many places below the grid's LSB "
             "(its low bits folded into a sticky bit) is the result unchanged when the tree's products sum "
             "to exactly zero (cvfpu MXDOTP: 24)",
-            minimum=0, maximum=1000, field="grid_max_right_shift", blas=any_value, window=any_value,  # read only with a grid
+            minimum=0,
+            maximum=1000,
+            field="grid_max_right_shift",
+            blas=any_value,
+            window=any_value,  # read only with a grid
             groups=any_value,
         ),
     },
     "output": {
-        "format": Key("format", "fp32", "default output format (the API may ask for another)", WIDE_FORMATS,
-                      field="output_format", record=None,  # the kernel gets its format parameters
-                      blas=only("fp32"), window=only(*FLOAT32_FORMATS), groups=only(*FLOAT32_FORMATS)),
-        "rounding": Key(
-            "str", "nearest_even", "rounding of the accumulator into the output", DIRECTED_AND_NEAREST,
-            field="output_rounding", record=Record(rounding_code),
-            # BLAS: an fp32 accumulator into an fp32 output never rounds; an exact one rounds once.
-            blas=lambda value, params: params.accumulator_format != "exact" or value == "nearest_even",
-            window=only(*DIRECTED_AND_NEAREST), groups=only(*DIRECTED_AND_NEAREST),
+        "format": Key(
+            "format",
+            "fp32",
+            "default output format (the API may ask for another)",
+            WIDE_FORMATS,
+            field="output_format",
+            record=None,  # the kernel gets its format parameters
+            blas=only("fp32"),
+            window=only(*FLOAT32_FORMATS),
+            groups=only(*FLOAT32_FORMATS),
         ),
-        "subnormals": Key("bool", True, "false: subnormal outputs flush to zero (same sign)",
-                          field="output_subnormals",
-                          blas=only(True), window=any_value, groups=any_value),  # subnormal outputs are flagged
+        "rounding": Key(
+            "str",
+            "nearest_even",
+            "rounding of the accumulator into the output",
+            DIRECTED_AND_NEAREST,
+            field="output_rounding",
+            record=Record(rounding_code),
+            # BLAS: an fp32 accumulator into an fp32 output never rounds; an exact one rounds once.
+            blas=lambda value, params: (
+                params.accumulator_format != "exact" or value == "nearest_even"
+            ),
+            window=only(*DIRECTED_AND_NEAREST),
+            groups=only(*DIRECTED_AND_NEAREST),
+        ),
+        "subnormals": Key(
+            "bool",
+            True,
+            "false: subnormal outputs flush to zero (same sign)",
+            field="output_subnormals",
+            blas=only(True),
+            window=any_value,
+            groups=any_value,
+        ),  # subnormal outputs are flagged
         "zero_sign": Key(
-            "str", "ieee",
+            "str",
+            "ieee",
             "the sign of a zero result: 'ieee' (+0 unless c and every product are -0, and a negative "
             "result that rounds to zero keeps its sign); 'positive': every zero result is +0 (MMA-Sim's "
             "tensor cores add +0.0 to each result); 'exact_positive': an exact zero sum is +0 even when "
@@ -498,7 +696,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             field="output_zero_sign",
             # window: a lane it leaves unflagged is never -0 (c = -0 and underflows are flagged);
             # ieee_steps: not shown exact on the fast routes.
-            blas=only("ieee"), window=only("ieee", "positive", "exact_positive"),
+            blas=only("ieee"),
+            window=only("ieee", "positive", "exact_positive"),
             groups=only("ieee", "positive", "exact_positive"),  # groups: as the window route
         ),
     },
@@ -517,8 +716,14 @@ def param_field(name: str, key: Key) -> str | None:
     return None if key.field is None else key.field or name
 
 
-_KIND_TYPES = {"int": int, "optional_int": int | None, "bool": bool, "str": str, "format": str,
-               "order": tuple[int, ...] | None}
+_KIND_TYPES = {
+    "int": int,
+    "optional_int": int | None,
+    "bool": bool,
+    "str": str,
+    "format": str,
+    "order": tuple[int, ...] | None,
+}
 
 
 def params_class(schema: dict[str, dict[str, Key]]) -> type:
@@ -531,12 +736,15 @@ def params_class(schema: dict[str, dict[str, Key]]) -> type:
                 fields.append((field, _KIND_TYPES[key.kind]))
     cls = dataclasses.make_dataclass("DatapathParams", fields, frozen=True)
     cls.__module__ = __name__  # pickled by reference, as a class written here would be
-    cls.__doc__ = ("The resolved parameters of one unit for one (A format, B format) pair: a field per "
-                   "key of SCHEMA (see it, or docs/hwconfig.md, for exact meanings).")
+    cls.__doc__ = (
+        "The resolved parameters of one unit for one (A format, B format) pair: a field per "
+        "key of SCHEMA (see it, or docs/hwconfig.md, for exact meanings)."
+    )
     return cls
 
 
 if TYPE_CHECKING:
+
     @dataclass(frozen=True)
     class DatapathParams:
         """For the type checker: the fields are made from SCHEMA at run time (:func:`params_class`),
@@ -585,7 +793,9 @@ def _recorded_field(name: str, key: Key) -> str:
 def record_dtype() -> np.dtype:
     """The numpy structured dtype of the kernel's parameter record: one field per key that has
     one, in table order (one dtype for every unit, so the kernels compile once)."""
-    fields = [(record.name, record.dtype) for _, name, key in keys() if (record := _record_of(name, key))]
+    fields = [
+        (record.name, record.dtype) for _, name, key in keys() if (record := _record_of(name, key))
+    ]
     return np.dtype(fields, align=True)
 
 
@@ -628,7 +838,9 @@ def _route_accepts(route: str, params) -> bool:
     for _, name, key in keys():
         accepts = getattr(key, route)
         field = param_field(name, key)
-        if accepts is None or not accepts(None if field is None else getattr(params, field), params):
+        if accepts is None or not accepts(
+            None if field is None else getattr(params, field), params
+        ):
             return False
     return True
 
@@ -637,9 +849,18 @@ def schema_markdown() -> str:
     """The schema as Markdown tables (docs/hwconfig.md embeds this text verbatim)."""
     lines = []
     for section, entries in SCHEMA.items():
-        lines += [f"### `{section}`", "", "| key | type | default | accepted | meaning |", "|---|---|---|---|---|"]
+        lines += [
+            f"### `{section}`",
+            "",
+            "| key | type | default | accepted | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for name, key in entries.items():
-            default = "required" if key.default is REQUIRED else ("null" if key.default is None else f"`{key.default}`")
+            default = (
+                "required"
+                if key.default is REQUIRED
+                else ("null" if key.default is None else f"`{key.default}`")
+            )
             if isinstance(key.default, bool):
                 default = f"`{str(key.default).lower()}`"
             if key.choices:
@@ -647,7 +868,11 @@ def schema_markdown() -> str:
             elif key.kind == "order":
                 accepted = f"null or at most {key.maximum} entries"
             elif key.minimum is not None:
-                accepted = f"{key.minimum}..{key.maximum}" if key.maximum is not None else f">= {key.minimum}"
+                accepted = (
+                    f"{key.minimum}..{key.maximum}"
+                    if key.maximum is not None
+                    else f">= {key.minimum}"
+                )
             else:
                 accepted = "true, false" if key.kind == "bool" else ""
             lines.append(f"| `{name}` | {key.kind} | {default} | {accepted} | {key.meaning} |")
@@ -666,4 +891,3 @@ def docs_with_schema(text: str) -> str:
     if not (begin and end):
         raise ValueError(f"the text lacks the markers {DOCS_BEGIN!r} ... {DOCS_END!r}")
     return f"{before}{DOCS_BEGIN}\n\n{schema_markdown()}\n{DOCS_END}{after}"
-

@@ -55,7 +55,9 @@ def element_operand(fmt: FormatInfo, subnormals: bool) -> tuple[np.ndarray, np.n
     return NO_TABLE
 
 
-def _tables_of(fmt: FormatInfo, fields: np.ndarray, subnormals: bool) -> tuple[np.ndarray, np.ndarray]:
+def _tables_of(
+    fmt: FormatInfo, fields: np.ndarray, subnormals: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """(values, alignment exponents) of the given field codes."""
     values = fmt.decode_fields(fields).astype(np.float64)
     if not subnormals:

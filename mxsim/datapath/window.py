@@ -34,7 +34,9 @@ MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 
 @dataclasses.dataclass(frozen=True)
 class _Tables:
     values: np.ndarray  # float32 value per code, 0 where not finite
-    exponents: np.ndarray  # int8 alignment exponent per code, ZERO_EXPONENT for zeros and non-finite codes
+    exponents: (
+        np.ndarray
+    )  # int8 alignment exponent per code, ZERO_EXPONENT for zeros and non-finite codes
     finite: np.ndarray  # bool per code
     significand_bits: int  # widest significand of a finite nonzero value
     low: int  # smallest alignment exponent of a finite nonzero value
@@ -63,8 +65,16 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     if (values32[finite] != values[finite]).any() or low < -60 or high > 60:
         return None
     exponents8 = np.where(usable, exponents, W.ZERO_EXPONENT).astype(np.int8)
-    return _Tables(values32, exponents8, finite, significand_bits, low, high, float(magnitudes.min()),
-                   float(magnitudes.max()))
+    return _Tables(
+        values32,
+        exponents8,
+        finite,
+        significand_bits,
+        low,
+        high,
+        float(magnitudes.min()),
+        float(magnitudes.max()),
+    )
 
 
 def window_applies(params: DatapathParams) -> bool:
@@ -110,7 +120,9 @@ def _window_config(params: DatapathParams):
         return None
     cfg = tree_end_config(params)
     cfg[W.W_FUSED_TERMS] = fused
-    cfg[W.W_GROUP] = min(fused, 2 ** (MAX_WINDOW_BITS - window))  # |group sum| < group * 2^(W+2) <= 2^31
+    cfg[W.W_GROUP] = min(
+        fused, 2 ** (MAX_WINDOW_BITS - window)
+    )  # |group sum| < group * 2^(W+2) <= 2^31
     cfg[W.W_BLOCK_SIZE] = params.block_size
     cfg[W.W_THRESHOLD] = threshold
     cfg[W.W_SCALED] = params.scales != "none"
@@ -140,7 +152,9 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     cfg[W.W_OUT_MANTISSA_BITS] = out.mantissa_bits
     cfg[W.W_OUT_BIAS] = out.bias
     cfg[W.W_OUT_SIGN_SHIFT] = out.bits - 1
-    cfg[W.W_ZERO_FLOOR] = NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
+    cfg[W.W_ZERO_FLOOR] = (
+        NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
+    )
     return cfg
 
 
@@ -155,8 +169,17 @@ def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
     (1, 1, 1)); returns the (groups, rows, columns) index arrays of the outputs the generic
     kernel must compute."""
     flags = np.empty(out.shape, dtype=np.uint8)
-    W.window_matmul(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags,
-                    numba.get_num_threads())
+    W.window_matmul(
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        *_arguments(params),
+        out,
+        flags,
+        numba.get_num_threads(),
+    )
     if not flags.any():  # the common case, several times faster to tell than nonzero
         return tuple(np.empty(0, dtype=np.intp) for _ in range(flags.ndim))
     return np.nonzero(flags)

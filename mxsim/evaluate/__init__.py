@@ -18,6 +18,17 @@ from .models import TASKS, load_factory, load_hf, minilm_model_dir, read_inputs
 from .onnx import evaluate_onnx, format_onnx_report
 from .run import evaluate_hf, format_report
 
-__all__ = ["TASKS", "causal_lm_metrics", "classification_metrics", "embedding_metrics", "evaluate_hf",
-           "evaluate_onnx", "format_onnx_report", "format_report", "load_factory", "load_hf", "minilm_model_dir",
-           "read_inputs"]
+__all__ = [
+    "TASKS",
+    "causal_lm_metrics",
+    "classification_metrics",
+    "embedding_metrics",
+    "evaluate_hf",
+    "evaluate_onnx",
+    "format_onnx_report",
+    "format_report",
+    "load_factory",
+    "load_hf",
+    "minilm_model_dir",
+    "read_inputs",
+]

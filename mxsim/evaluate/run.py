@@ -24,32 +24,54 @@ from ..inloop.torch import check_scaling
 from ..limits import check_int, shown
 from ..parallel import progress_bar
 from . import metrics
-from .models import check_model_dir, check_task, library_error, load_hf, read_inputs, read_pooling, tokenize
+from .models import (
+    check_model_dir,
+    check_task,
+    library_error,
+    load_hf,
+    read_inputs,
+    read_pooling,
+    tokenize,
+)
 
 #: Most inputs of an embedding evaluation (its order agreement compares every triple).
 MAX_EMBEDDING_INPUTS = 512
 #: The metrics each task's table shows, in order: (key, column heading, decimals).
 COLUMNS = {
-    "embedding": (("cosine_min", "cos min", 6), ("cosine_mean", "cos mean", 6), ("neighbour_agreement", "nn agree", 4),
-                  ("order_agreement", "order agree", 4), ("spearman_mean", "spearman", 4)),
+    "embedding": (
+        ("cosine_min", "cos min", 6),
+        ("cosine_mean", "cos mean", 6),
+        ("neighbour_agreement", "nn agree", 4),
+        ("order_agreement", "order agree", 4),
+        ("spearman_mean", "spearman", 4),
+    ),
     "causal-lm": (("perplexity", "perplexity", 4), ("top1_agreement", "top-1 agree", 4)),
-    "classification": (("accuracy", "accuracy", 4), ("top1_agreement", "top-1 agree", 4),
-                       ("logit_max_abs_diff", "max |dlogit|", 6)),
+    "classification": (
+        ("accuracy", "accuracy", 4),
+        ("top1_agreement", "top-1 agree", 4),
+        ("logit_max_abs_diff", "max |dlogit|", 6),
+    ),
 }
 
 
-def check_units_take(units: list[HardwareConfig], formats: list[str], scaling: str = "auto") -> None:
+def check_units_take(
+    units: list[HardwareConfig], formats: list[str], scaling: str = "auto"
+) -> None:
     """Every unit takes every format for both operands, and block scales if ``scaling`` is
     ``"block"``; else one error naming the unit and what it takes."""
     check_scaling(scaling)
     for hw in units:
         if scaling == "block" and hw.sections[("inputs", "scales")] == "none":
-            raise ArgumentError(f"unit {hw.name} has no block scales; its operands take scaling auto or tensor")
+            raise ArgumentError(
+                f"unit {hw.name} has no block scales; its operands take scaling auto or tensor"
+            )
         for fmt in formats:
             if fmt not in hw.a_formats or fmt not in hw.b_formats:
                 takes = sorted(set(hw.a_formats) & set(hw.b_formats), key=hw.a_formats.index)
-                raise ArgumentError(f"unit {hw.name} does not take {fmt} for both operands; it takes "
-                                    f"{', '.join(takes)}")
+                raise ArgumentError(
+                    f"unit {hw.name} does not take {fmt} for both operands; it takes "
+                    f"{', '.join(takes)}"
+                )
 
 
 def _labels(model, labels: list) -> np.ndarray | None:
@@ -64,10 +86,13 @@ def _labels(model, labels: list) -> np.ndarray | None:
         label = label.strip()
         index = int(label) if label.isascii() and label.isdigit() else names.get(label)
         if index is None or not 0 <= index < classes:
-            listed = ", ".join(name if len(name) <= 20 else name[:17] + "..." for name in list(names)[:8]) \
-                + (f", ... ({len(names)} names)" if len(names) > 8 else "")
-            raise ArgumentError(f"inputs: label {shown(label)} is neither a class index 0..{classes - 1} nor one of "
-                                f"{listed or 'the config id2label names (none)'}")
+            listed = ", ".join(
+                name if len(name) <= 20 else name[:17] + "..." for name in list(names)[:8]
+            ) + (f", ... ({len(names)} names)" if len(names) > 8 else "")
+            raise ArgumentError(
+                f"inputs: label {shown(label)} is neither a class index 0..{classes - 1} nor one of "
+                f"{listed or 'the config id2label names (none)'}"
+            )
         out.append(index)
     return np.asarray(out)
 
@@ -80,12 +105,17 @@ def _forward(torch, model, task: str, batches: list[dict], pooling: str | None, 
             output = model(**batch)
             mask = batch["attention_mask"].numpy()
             if task != "embedding" and getattr(output, "logits", None) is None:
-                raise MxsimError(f"the {task} model's output has no logits ({type(output).__name__})")
+                raise MxsimError(
+                    f"the {task} model's output has no logits ({type(output).__name__})"
+                )
             if task == "embedding":
                 parts.append(metrics.pool(output[0].float().numpy(), mask, pooling))
             elif task == "causal-lm":
-                parts.append(metrics.next_token_results(output.logits.float().numpy(), batch["input_ids"].numpy(),
-                                                        mask))
+                parts.append(
+                    metrics.next_token_results(
+                        output.logits.float().numpy(), batch["input_ids"].numpy(), mask
+                    )
+                )
             else:
                 parts.append(output.logits.float().numpy().astype(np.float64))
             tick()
@@ -114,8 +144,18 @@ class _Progress:
             self.bar.close()
 
 
-def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 128, batch_size: int = 32,
-                scaling: str = "auto", progress: bool = False) -> dict:
+def evaluate_hf(
+    model_dir,
+    hw,
+    formats,
+    task: str,
+    inputs,
+    *,
+    max_length: int = 128,
+    batch_size: int = 32,
+    scaling: str = "auto",
+    progress: bool = False,
+) -> dict:
     """Run the Hugging Face model in ``model_dir`` in float32 and with every matmul on each unit
     of ``hw`` in each element format of ``formats``; compare each run with the float one.
 
@@ -140,9 +180,13 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
     forward pass), ``skipped`` (matmul-like ops left to torch), or ``error``.
     """
     check_task(task)
-    units = [h if isinstance(h, HardwareConfig) else load_hwconfig(h)
-             for h in (hw if isinstance(hw, (list, tuple)) else [hw])]
-    formats = [get_format(f).name for f in (formats if isinstance(formats, (list, tuple)) else [formats])]
+    units = [
+        h if isinstance(h, HardwareConfig) else load_hwconfig(h)
+        for h in (hw if isinstance(hw, (list, tuple)) else [hw])
+    ]
+    formats = [
+        get_format(f).name for f in (formats if isinstance(formats, (list, tuple)) else [formats])
+    ]
     if not units or not formats:
         raise ArgumentError("evaluate: expected at least one unit and one format")
     check_units_take(units, formats, scaling)
@@ -152,16 +196,26 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
     pooling = read_pooling(path) if task == "embedding" else None
     given = read_inputs(inputs, task)
     if task == "embedding" and not 2 <= len(given.texts) <= MAX_EMBEDDING_INPUTS:
-        raise ArgumentError(f"inputs: embedding evaluation compares every pair of inputs; give 2..{MAX_EMBEDDING_INPUTS}"
-                            f" inputs, not {len(given.texts)}")
+        raise ArgumentError(
+            f"inputs: embedding evaluation compares every pair of inputs; give 2..{MAX_EMBEDDING_INPUTS}"
+            f" inputs, not {len(given.texts)}"
+        )
     torch = require("torch")
     model, tokenizer = load_hf(path, task)
     labels = _labels(model, given.labels) if task == "classification" else None
-    batches = [tokenize(tokenizer, given.texts[i:i + batch_size], max_length, model)
-               for i in range(0, len(given.texts), batch_size)]
-    report = {"model": str(path), "task": task, "inputs": len(given.texts),
-              "tokens": int(sum(int(b["attention_mask"].sum()) for b in batches)), "pooling": pooling,
-              "float": {}, "runs": []}
+    batches = [
+        tokenize(tokenizer, given.texts[i : i + batch_size], max_length, model)
+        for i in range(0, len(given.texts), batch_size)
+    ]
+    report = {
+        "model": str(path),
+        "task": task,
+        "inputs": len(given.texts),
+        "tokens": int(sum(int(b["attention_mask"].sum()) for b in batches)),
+        "pooling": pooling,
+        "float": {},
+        "runs": [],
+    }
     bar = _Progress(len(batches) * (1 + len(units) * len(formats)), progress)
     try:
         start = time.perf_counter()
@@ -169,8 +223,12 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
             reference = _forward(torch, model, task, batches, pooling, bar.tick)
         except MxsimError:
             raise
-        except Exception as error:  # the model directory's model failing on its inputs is a bad input
-            raise MxsimError(f"{path}: the model failed on the inputs in float32: {library_error(error)}") from None
+        except (
+            Exception
+        ) as error:  # the model directory's model failing on its inputs is a bad input
+            raise MxsimError(
+                f"{path}: the model failed on the inputs in float32: {library_error(error)}"
+            ) from None
         report["float"]["seconds"] = time.perf_counter() - start
         if task == "causal-lm":
             report["float"]["perplexity"] = metrics.perplexity(reference[0])
@@ -187,14 +245,21 @@ def evaluate_hf(model_dir, hw, formats, task: str, inputs, *, max_length: int = 
                         result = _forward(torch, model, task, batches, pooling, bar.tick)
                     row["layers"] = len(loop.computed_layers) // len(batches)
                     row["skipped"] = len(loop.skipped)
-                    row.update(metrics.embedding_metrics(reference, result) if task == "embedding" else
-                               metrics.causal_lm_metrics(reference, result) if task == "causal-lm" else
-                               metrics.classification_metrics(reference, result, labels))
+                    row.update(
+                        metrics.embedding_metrics(reference, result)
+                        if task == "embedding"
+                        else metrics.causal_lm_metrics(reference, result)
+                        if task == "causal-lm"
+                        else metrics.classification_metrics(reference, result, labels)
+                    )
                 except MxsimError as error:
                     row["error"] = str(error)
                 row["seconds"] = time.perf_counter() - start
                 report["runs"].append(row)
-                bar.log(f"{unit.name} {fmt}: {row['seconds']:.1f} s" + (" (failed)" if "error" in row else ""))
+                bar.log(
+                    f"{unit.name} {fmt}: {row['seconds']:.1f} s"
+                    + (" (failed)" if "error" in row else "")
+                )
     finally:
         bar.close()
     return report
@@ -207,19 +272,37 @@ def _cell(value, decimals: int = 4) -> str:
 def format_report(report: dict) -> str:
     """The report as a text table: one row per unit x format."""
     task = report["task"]
-    lines = [f"{Path(report['model']).name}: {task}, {report['inputs']} inputs, {report['tokens']} tokens"
-             + (f", {report['pooling']} pooling" if report.get("pooling") else "")]
-    float_figures = {k: v for k, v in report["float"].items() if k in ("perplexity", "accuracy") and v is not None}
+    lines = [
+        f"{Path(report['model']).name}: {task}, {report['inputs']} inputs, {report['tokens']} tokens"
+        + (f", {report['pooling']} pooling" if report.get("pooling") else "")
+    ]
+    float_figures = {
+        k: v
+        for k, v in report["float"].items()
+        if k in ("perplexity", "accuracy") and v is not None
+    }
     if float_figures:
         lines.append("float32: " + ", ".join(f"{k} {_cell(v)}" for k, v in float_figures.items()))
     columns = COLUMNS[task]
     header = ["unit", "format"] + [title for _, title, _ in columns] + ["layers", "seconds"]
-    rows = [[run["unit"], run["format"]] + ([f"error: {run['error']}"] if "error" in run else
-                                            [_cell(run.get(key), decimals) for key, _, decimals in columns]
-                                            + [str(run["layers"]), f"{run['seconds']:.1f}"])
-            for run in report["runs"]]
-    widths = [max(len(row[i]) for row in [header] + rows if len(row) == len(header)) for i in range(len(header))]
+    rows = [
+        [run["unit"], run["format"]]
+        + (
+            [f"error: {run['error']}"]
+            if "error" in run
+            else [_cell(run.get(key), decimals) for key, _, decimals in columns]
+            + [str(run["layers"]), f"{run['seconds']:.1f}"]
+        )
+        for run in report["runs"]
+    ]
+    widths = [
+        max(len(row[i]) for row in [header] + rows if len(row) == len(header))
+        for i in range(len(header))
+    ]
     for row in [header] + rows:
-        cells = [cell.ljust(width) if i < 2 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths))]
+        cells = [
+            cell.ljust(width) if i < 2 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths))
+        ]
         lines.append("  ".join(cells if len(row) == len(header) else cells[:2] + row[2:]).rstrip())
     return "\n".join(lines)

@@ -94,7 +94,9 @@ def decompose(bits, in_exponent_bits, in_mantissa_bits):
     b = np.uint64(bits)
     total = 1 + in_exponent_bits + in_mantissa_bits
     sign = np.int64((b >> np.uint64(total - 1)) & np.uint64(1))
-    exponent_field = np.int64((b >> np.uint64(in_mantissa_bits)) & np.uint64((1 << in_exponent_bits) - 1))
+    exponent_field = np.int64(
+        (b >> np.uint64(in_mantissa_bits)) & np.uint64((1 << in_exponent_bits) - 1)
+    )
     fraction = np.int64(b & np.uint64((1 << in_mantissa_bits) - 1))
     bias = (1 << (in_exponent_bits - 1)) - 1
     if exponent_field == (1 << in_exponent_bits) - 1:
@@ -120,7 +122,9 @@ def nan_code(sign, params):
     bits = params[P_BITS]
     mantissa_bits = params[P_MANTISSA_BITS]
     if params[P_SPECIALS] == SPECIALS_IEEE:
-        magnitude = (((1 << params[P_EXPONENT_BITS]) - 1) << mantissa_bits) | (1 << (mantissa_bits - 1))
+        magnitude = (((1 << params[P_EXPONENT_BITS]) - 1) << mantissa_bits) | (
+            1 << (mantissa_bits - 1)
+        )
     elif params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO:
         return np.int64(1) << (bits - 1)
     else:
@@ -160,7 +164,9 @@ def overflow_code(sign, rounding, overflow, params):
     if toward_finite or params[P_SPECIALS] == SPECIALS_NONE:
         return magnitude_to_code(sign, max_index, params)
     if params[P_SPECIALS] == SPECIALS_IEEE:
-        return magnitude_to_code(sign, ((1 << params[P_EXPONENT_BITS]) - 1) << params[P_MANTISSA_BITS], params)
+        return magnitude_to_code(
+            sign, ((1 << params[P_EXPONENT_BITS]) - 1) << params[P_MANTISSA_BITS], params
+        )
     return nan_code(sign, params)
 
 
@@ -238,21 +244,38 @@ def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding,
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def encode_bits(bits, in_exponent_bits, in_mantissa_bits, exponent_offset, params, rounding, overflow, draw32):
+def encode_bits(
+    bits, in_exponent_bits, in_mantissa_bits, exponent_offset, params, rounding, overflow, draw32
+):
     """Code of the IEEE-binary value ``bits`` times 2^exponent_offset (exact, one rounding)."""
-    value_class, sign, significand, lsb_exponent, floor_log2 = decompose(bits, in_exponent_bits, in_mantissa_bits)
+    value_class, sign, significand, lsb_exponent, floor_log2 = decompose(
+        bits, in_exponent_bits, in_mantissa_bits
+    )
     if value_class == CLASS_FINITE:
         return encode_finite(
-            sign, significand, lsb_exponent + exponent_offset, floor_log2 + exponent_offset,
-            params, rounding, overflow, draw32,
+            sign,
+            significand,
+            lsb_exponent + exponent_offset,
+            floor_log2 + exponent_offset,
+            params,
+            rounding,
+            overflow,
+            draw32,
         )
     if value_class == CLASS_ZERO:
-        return magnitude_to_code(sign if params[P_SIGNED] and not params[P_TWOS_COMPLEMENT] else 0, np.int64(0), params)
-    no_inf = params[P_SPECIALS] == SPECIALS_NAN_AT_MAX or params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO
+        return magnitude_to_code(
+            sign if params[P_SIGNED] and not params[P_TWOS_COMPLEMENT] else 0, np.int64(0), params
+        )
+    no_inf = (
+        params[P_SPECIALS] == SPECIALS_NAN_AT_MAX
+        or params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO
+    )
     if value_class == CLASS_NAN or (no_inf and overflow != OVERFLOW_SATURATE):
         return nan_code(sign, params)
     if params[P_SPECIALS] == SPECIALS_IEEE and overflow != OVERFLOW_SATURATE:
-        return magnitude_to_code(sign, ((1 << params[P_EXPONENT_BITS]) - 1) << params[P_MANTISSA_BITS], params)
+        return magnitude_to_code(
+            sign, ((1 << params[P_EXPONENT_BITS]) - 1) << params[P_MANTISSA_BITS], params
+        )
     max_index = params[P_MAX_INDEX_NEGATIVE] if sign else params[P_MAX_INDEX]
     return magnitude_to_code(sign, max_index, params)  # Inf saturates
 
@@ -262,7 +285,9 @@ def encode_array(bits, in_exponent_bits, in_mantissa_bits, params, rounding, ove
     """Encode a flat array of IEEE-binary bit patterns into ``out`` (one code each)."""
     for i in prange(bits.size):
         draw32 = random32(seed, i) if rounding == ROUND_STOCHASTIC else np.int64(0)
-        out[i] = encode_bits(bits[i], in_exponent_bits, in_mantissa_bits, 0, params, rounding, overflow, draw32)
+        out[i] = encode_bits(
+            bits[i], in_exponent_bits, in_mantissa_bits, 0, params, rounding, overflow, draw32
+        )
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -284,11 +309,17 @@ def decode_code(code, params):
         sign = 0
         magnitude_index = code
     mantissa_mask = (np.int64(1) << mantissa_bits) - 1
-    if params[P_SPECIALS] == SPECIALS_IEEE and (magnitude_index >> mantissa_bits) == (1 << exponent_bits) - 1:
+    if (
+        params[P_SPECIALS] == SPECIALS_IEEE
+        and (magnitude_index >> mantissa_bits) == (1 << exponent_bits) - 1
+    ):
         if magnitude_index & mantissa_mask:
             return np.nan
         return -np.inf if sign else np.inf
-    if params[P_SPECIALS] == SPECIALS_NAN_AT_MAX and magnitude_index == (np.int64(1) << (bits - params[P_SIGNED])) - 1:
+    if (
+        params[P_SPECIALS] == SPECIALS_NAN_AT_MAX
+        and magnitude_index == (np.int64(1) << (bits - params[P_SIGNED])) - 1
+    ):
         return np.nan
     if params[P_SPECIALS] == SPECIALS_NAN_AT_NEGATIVE_ZERO and sign and magnitude_index == 0:
         return np.nan

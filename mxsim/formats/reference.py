@@ -46,7 +46,9 @@ def decode_reference(fmt: FormatInfo, code: int) -> Fraction | float:
     elif exponent_field == 0 and fmt.subnormals:
         magnitude = Fraction(mantissa_field, 1 << fmt.mantissa_bits) * Fraction(2) ** (1 - fmt.bias)
     else:
-        magnitude = (1 + Fraction(mantissa_field, 1 << fmt.mantissa_bits)) * Fraction(2) ** (exponent_field - fmt.bias)
+        magnitude = (1 + Fraction(mantissa_field, 1 << fmt.mantissa_bits)) * Fraction(2) ** (
+            exponent_field - fmt.bias
+        )
     if sign and magnitude == 0:
         return -0.0
     return -magnitude if sign else magnitude
@@ -85,7 +87,11 @@ def _neighbours(fmt: FormatInfo, magnitude: Fraction, negative: bool):
     # Wide IEEE formats: the binade's spacing from the definition.
     min_exponent = 1 - fmt.bias
     # Within one of floor(log2): exact for values beyond float64's range (fp64 products).
-    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length() if magnitude else min_exponent
+    exponent = (
+        magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+        if magnitude
+        else min_exponent
+    )
     while Fraction(2) ** exponent > magnitude:
         exponent -= 1
     while Fraction(2) ** (exponent + 1) <= magnitude:
@@ -119,7 +125,9 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
     negative = (math.copysign(1.0, x) < 0) if isinstance(x, float) else x < 0
     width = fmt.bits - fmt.padding_bits
     sign_bit = 1 << (width - 1)
-    max_magnitude = fmt.max_index + (negative and fmt.twos_complement and fmt.allow_min_twos_complement)
+    max_magnitude = fmt.max_index + (
+        negative and fmt.twos_complement and fmt.allow_min_twos_complement
+    )
 
     def assemble(magnitude_code: int) -> int:
         if fmt.specials == "nan_at_negative_zero" and magnitude_code == 0:
@@ -134,7 +142,9 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         if fmt.specials == "nan_at_negative_zero":
             return sign_bit
         if fmt.specials == "ieee":
-            magnitude = (((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) | (1 << (fmt.mantissa_bits - 1))
+            magnitude = (((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) | (
+                1 << (fmt.mantissa_bits - 1)
+            )
         else:
             magnitude = (1 << (width - fmt.signed)) - 1
         return (sign_bit if negative and fmt.signed else 0) | magnitude
@@ -157,7 +167,11 @@ def _encode_fields(fmt: FormatInfo, x, rounding: str, overflow: str, draw32: int
         if overflow == "saturate" or fmt.specials == "none":
             return assemble(max_magnitude)
         # An infinite input is exact, not an overflow: NaN where the format has no infinity.
-        return assemble(((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits) if fmt.specials == "ieee" else nan()
+        return (
+            assemble(((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits)
+            if fmt.specials == "ieee"
+            else nan()
+        )
     magnitude = abs(Fraction(x))
     if magnitude == 0:
         return 0 if (fmt.twos_complement or not fmt.signed) else assemble(0)

@@ -34,8 +34,12 @@ E8M0_BIAS = 127  # E8M0 code c is the scale 2^(c - 127)
 E8M0_ONE = E8M0_BIAS  # the E8M0 code of the scale 2^0 = 1.0
 E8M0_NAN = 0xFF  # the E8M0 code that marks a block's scale (and so the whole block) NaN
 
-SPECIALS = {"none": K.SPECIALS_NONE, "ieee": K.SPECIALS_IEEE, "nan_at_max": K.SPECIALS_NAN_AT_MAX,
-            "nan_at_negative_zero": K.SPECIALS_NAN_AT_NEGATIVE_ZERO}
+SPECIALS = {
+    "none": K.SPECIALS_NONE,
+    "ieee": K.SPECIALS_IEEE,
+    "nan_at_max": K.SPECIALS_NAN_AT_MAX,
+    "nan_at_negative_zero": K.SPECIALS_NAN_AT_NEGATIVE_ZERO,
+}
 
 # Float input dtypes accepted by encode, with their (exponent bits, mantissa bits, bit view).
 INPUT_FLOATS = {
@@ -118,9 +122,13 @@ class FormatInfo:
                 f"format {self.name!r}: exponent_bits + mantissa_bits + sign bit + padding_bits must equal bits (2..64)"
             )
         if self.specials == "ieee" and (self.exponent_bits < 2 or self.mantissa_bits < 1):
-            raise MxsimError(f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits")
+            raise MxsimError(
+                f"format {self.name!r}: ieee specials need >= 2 exponent and >= 1 mantissa bits"
+            )
         if self.twos_complement and self.exponent_bits:
-            raise MxsimError(f"format {self.name!r}: two's complement is only for fixed-point formats")
+            raise MxsimError(
+                f"format {self.name!r}: two's complement is only for fixed-point formats"
+            )
         if self.role not in ROLES:
             raise UnknownNameError("format role", self.role, ROLES)
         if self.scale_emax is None:
@@ -135,7 +143,11 @@ class FormatInfo:
         if self.block_size is None:
             return self.storage_bits
         microexponents = self.block_size // self.subblock_size if self.subblock_size else 0
-        return self.block_size * self.storage_bits + self.scale_bits + microexponents * self.microexponent_bits
+        return (
+            self.block_size * self.storage_bits
+            + self.scale_bits
+            + microexponents * self.microexponent_bits
+        )
 
     @property
     def average_bits_per_element(self) -> Fraction:
@@ -196,7 +208,13 @@ class FormatInfo:
     def code_dtype(self) -> np.dtype:
         """Smallest unsigned dtype holding a code."""
         return np.dtype(
-            np.uint8 if self.bits <= 8 else np.uint16 if self.bits <= 16 else np.uint32 if self.bits <= 32 else np.uint64
+            np.uint8
+            if self.bits <= 8
+            else np.uint16
+            if self.bits <= 16
+            else np.uint32
+            if self.bits <= 32
+            else np.uint64
         )
 
     @property
@@ -219,7 +237,9 @@ class FormatInfo:
         params[K.P_SPECIALS] = SPECIALS[self.specials]
         params[K.P_SUBNORMALS] = self.subnormals
         params[K.P_MAX_INDEX] = self.max_index
-        params[K.P_MAX_INDEX_NEGATIVE] = self.max_index + (self.twos_complement and self.allow_min_twos_complement)
+        params[K.P_MAX_INDEX_NEGATIVE] = self.max_index + (
+            self.twos_complement and self.allow_min_twos_complement
+        )
         params[K.P_EMAX] = _emax_from_fields(self)
         return params
 
@@ -272,7 +292,9 @@ class FormatInfo:
         K.decode_array(np.ascontiguousarray(codes, dtype=np.int64).ravel(), self.kernel_params, out)
         return out.reshape(codes.shape)
 
-    def encode(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
+    def encode(
+        self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0
+    ) -> np.ndarray:
         """Codes of the values ``x``, each rounded once, exactly, from its float16/32/64 value.
 
         Args:
@@ -298,19 +320,34 @@ class FormatInfo:
         rounding_mode = rounding_code(rounding)
         overflow_policy = overflow_code(overflow)
         if overflow != "saturate" and not self.has_nan:
-            raise MxsimError(f"encode({self.name}): overflow={overflow!r} needs a format with Inf or NaN; use 'saturate'")
+            raise MxsimError(
+                f"encode({self.name}): overflow={overflow!r} needs a format with Inf or NaN; use 'saturate'"
+            )
         if not self.has_nan and np.isnan(values).any():
-            raise MxsimError(f"encode({self.name}): input has NaN but the format has no NaN encoding")
+            raise MxsimError(
+                f"encode({self.name}): input has NaN but the format has no NaN encoding"
+            )
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
         # One kernel signature for every input and code width: bits and codes travel as uint64.
         flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
         out = np.empty(flat.size, dtype=np.uint64)
-        K.encode_array(flat, exponent_bits, mantissa_bits, self.kernel_params, rounding_mode, overflow_policy, seed, out)
+        K.encode_array(
+            flat,
+            exponent_bits,
+            mantissa_bits,
+            self.kernel_params,
+            rounding_mode,
+            overflow_policy,
+            seed,
+            out,
+        )
         if self.padding_bits:
             out <<= out.dtype.type(self.padding_bits)
         return out.astype(self.code_dtype).reshape(values.shape)
 
-    def round(self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0) -> np.ndarray:
+    def round(
+        self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0
+    ) -> np.ndarray:
         """``decode(encode(x, ...))``: the values ``x`` rounded into this format, as float64."""
         return self.decode(self.encode(x, rounding=rounding, overflow=overflow, seed=seed))
 
@@ -326,7 +363,9 @@ def _magnitude_from_fields(fmt: FormatInfo, index: int) -> float:
     if fmt.exponent_bits == 0 or (fmt.subnormals and index >> fmt.mantissa_bits == 0):
         return math.ldexp(float(index), 1 - fmt.bias - fmt.mantissa_bits)
     significand = (index & ((1 << fmt.mantissa_bits) - 1)) | (1 << fmt.mantissa_bits)
-    return math.ldexp(float(significand), (index >> fmt.mantissa_bits) - fmt.bias - fmt.mantissa_bits)
+    return math.ldexp(
+        float(significand), (index >> fmt.mantissa_bits) - fmt.bias - fmt.mantissa_bits
+    )
 
 
 def _emax_from_fields(fmt: FormatInfo) -> int:
@@ -341,15 +380,21 @@ def _emax_from_fields(fmt: FormatInfo) -> int:
 
 
 def as_float_array(x, where: str) -> np.ndarray:
-    if isinstance(x, (int, float)) or (isinstance(x, (list, tuple)) and not isinstance(x, np.ndarray)):
+    if isinstance(x, (int, float)) or (
+        isinstance(x, (list, tuple)) and not isinstance(x, np.ndarray)
+    ):
         try:
             x = np.asarray(x, dtype=np.float64)
         except (TypeError, ValueError, OverflowError):
-            raise MxsimError(f"{where}: expected numbers (a float array, or a list of numbers of one shape)") from None
+            raise MxsimError(
+                f"{where}: expected numbers (a float array, or a list of numbers of one shape)"
+            ) from None
     if not isinstance(x, np.ndarray):
         raise MxsimError(f"{where}: expected a numpy array of floats, got {type(x).__name__}")
     if x.dtype not in INPUT_FLOATS:
-        raise MxsimError(f"{where}: expected float16, float32 or float64 values, got dtype {x.dtype}")
+        raise MxsimError(
+            f"{where}: expected float16, float32 or float64 values, got dtype {x.dtype}"
+        )
     return x
 
 
@@ -357,33 +402,110 @@ def _table(*formats: FormatInfo) -> dict[str, FormatInfo]:
     return {fmt.name: fmt for fmt in formats}
 
 
-_OCP: dict[str, Any] = dict(block_size=32, scale_bits=8)  # OCP MX v1.0: one 8-bit E8M0 scale per 32 elements
+_OCP: dict[str, Any] = dict(
+    block_size=32, scale_bits=8
+)  # OCP MX v1.0: one 8-bit E8M0 scale per 32 elements
 # MX4/6/9 (Quark BFP "to_bfp_prime"): an 8-bit exponent per 16 elements, a 1-bit microexponent per 2.
-_SHARED_MICROEXPONENT: dict[str, Any] = dict(role="bfp_element", block_size=16, scale_bits=8, subblock_size=2, microexponent_bits=1)
+_SHARED_MICROEXPONENT: dict[str, Any] = dict(
+    role="bfp_element", block_size=16, scale_bits=8, subblock_size=2, microexponent_bits=1
+)
 
 FORMATS: dict[str, FormatInfo] = _table(
     # OCP MX v1.0 element formats. Aliases: Quark's MX config names, the OCP short names,
     # ml_dtypes' dtype names.
-    FormatInfo("fp8_e4m3", 8, 4, 3, 7, specials="nan_at_max", role="element",
-               aliases=("MXFP8E4M3", "mxfp8_e4m3", "e4m3", "float8_e4m3fn"), **_OCP),
-    FormatInfo("fp8_e5m2", 8, 5, 2, 15, role="element",
-               aliases=("MXFP8E5M2", "mxfp8_e5m2", "e5m2", "float8_e5m2"), **_OCP),
-    FormatInfo("fp6_e3m2", 6, 3, 2, 3, specials="none", role="element",
-               aliases=("MXFP6E3M2", "mxfp6_e3m2", "e3m2", "float6_e3m2fn"), **_OCP),
-    FormatInfo("fp6_e2m3", 6, 2, 3, 1, specials="none", role="element",
-               aliases=("MXFP6E2M3", "mxfp6_e2m3", "e2m3", "float6_e2m3fn"), **_OCP),
-    FormatInfo("fp4_e2m1", 4, 2, 1, 1, specials="none", role="element",
-               aliases=("MXFP4E2M1", "mxfp4", "mxfp4_e2m1", "e2m1", "float4_e2m1fn"), **_OCP),
+    FormatInfo(
+        "fp8_e4m3",
+        8,
+        4,
+        3,
+        7,
+        specials="nan_at_max",
+        role="element",
+        aliases=("MXFP8E4M3", "mxfp8_e4m3", "e4m3", "float8_e4m3fn"),
+        **_OCP,
+    ),
+    FormatInfo(
+        "fp8_e5m2",
+        8,
+        5,
+        2,
+        15,
+        role="element",
+        aliases=("MXFP8E5M2", "mxfp8_e5m2", "e5m2", "float8_e5m2"),
+        **_OCP,
+    ),
+    FormatInfo(
+        "fp6_e3m2",
+        6,
+        3,
+        2,
+        3,
+        specials="none",
+        role="element",
+        aliases=("MXFP6E3M2", "mxfp6_e3m2", "e3m2", "float6_e3m2fn"),
+        **_OCP,
+    ),
+    FormatInfo(
+        "fp6_e2m3",
+        6,
+        2,
+        3,
+        1,
+        specials="none",
+        role="element",
+        aliases=("MXFP6E2M3", "mxfp6_e2m3", "e2m3", "float6_e2m3fn"),
+        **_OCP,
+    ),
+    FormatInfo(
+        "fp4_e2m1",
+        4,
+        2,
+        1,
+        1,
+        specials="none",
+        role="element",
+        aliases=("MXFP4E2M1", "mxfp4", "mxfp4_e2m1", "e2m1", "float4_e2m1fn"),
+        **_OCP,
+    ),
     # MX INT8: two's complement with an implicit 2^-6 (1 - bias - mantissa_bits = -6).
-    FormatInfo("int8", 8, 0, 7, 0, twos_complement=True, specials="none", role="element",
-               aliases=("MXINT8", "mxint8"), **_OCP),
+    FormatInfo(
+        "int8",
+        8,
+        0,
+        7,
+        0,
+        twos_complement=True,
+        specials="none",
+        role="element",
+        aliases=("MXINT8", "mxint8"),
+        **_OCP,
+    ),
     # E8M0 scales: 2^(code - 127), 0xFF = NaN (E8M0_NAN), no sign, no zero.
-    FormatInfo("e8m0", 8, 8, 0, E8M0_BIAS, signed=False, specials="nan_at_max", subnormals=False, role="scale",
-               aliases=("float8_e8m0fnu",)),
+    FormatInfo(
+        "e8m0",
+        8,
+        8,
+        0,
+        E8M0_BIAS,
+        signed=False,
+        specials="nan_at_max",
+        subnormals=False,
+        role="scale",
+        aliases=("float8_e8m0fnu",),
+    ),
     # UE4M3 scales (NVFP4, Blackwell kind::mxf4nvf4 block16): E4M3 without its sign bit, so
     # 7 bits (stored in a byte whose top bit the hardware ignores); 0x7F is NaN, 448 the largest.
-    FormatInfo("ue4m3", 7, 4, 3, 7, signed=False, specials="nan_at_max", role="scale",
-               aliases=("float8_ue4m3", "e4m3_unsigned")),
+    FormatInfo(
+        "ue4m3",
+        7,
+        4,
+        3,
+        7,
+        signed=False,
+        specials="nan_at_max",
+        role="scale",
+        aliases=("float8_ue4m3", "e4m3_unsigned"),
+    ),
     # Shared-microexponent (MX4/MX6/MX9) elements as the datapath sees them: sign and an
     # integer M <= 2^m (m + 1 magnitude bits: Quark's CUDA stochastic rounding can reach 2^m,
     # its CPU kernel saturates at 2^m - 1), valued M * 2^(1 - m); the sub-block's
@@ -401,13 +523,31 @@ FORMATS: dict[str, FormatInfo] = _table(
     # The "fnuz" FP8 formats (AMD MI300 / CDNA3; ml_dtypes float8_e4m3fnuz, float8_e5m2fnuz):
     # every exponent field finite, bias one more than OCP's, the code 0x80 (-0) the only NaN,
     # no Inf, one zero.
-    FormatInfo("fp8_e4m3fnuz", 8, 4, 3, 8, specials="nan_at_negative_zero", role="tensor_input",
-               aliases=("e4m3fnuz", "float8_e4m3fnuz")),
-    FormatInfo("fp8_e5m2fnuz", 8, 5, 2, 16, specials="nan_at_negative_zero", role="tensor_input",
-               aliases=("e5m2fnuz", "float8_e5m2fnuz")),
+    FormatInfo(
+        "fp8_e4m3fnuz",
+        8,
+        4,
+        3,
+        8,
+        specials="nan_at_negative_zero",
+        role="tensor_input",
+        aliases=("e4m3fnuz", "float8_e4m3fnuz"),
+    ),
+    FormatInfo(
+        "fp8_e5m2fnuz",
+        8,
+        5,
+        2,
+        16,
+        specials="nan_at_negative_zero",
+        role="tensor_input",
+        aliases=("e5m2fnuz", "float8_e5m2fnuz"),
+    ),
     # NVIDIA TensorFloat-32: fp32's sign and exponent with 10 fraction bits, stored as fp32
     # bit patterns whose low 13 bits are zero (tensor cores read only the top 19 bits).
-    FormatInfo("tf32", 32, 8, 10, 127, padding_bits=13, role="tensor_input", aliases=("tensorfloat32",)),
+    FormatInfo(
+        "tf32", 32, 8, 10, 127, padding_bits=13, role="tensor_input", aliases=("tensorfloat32",)
+    ),
 )
 
 
@@ -421,7 +561,9 @@ def _lookup_table() -> dict[str, str]:
     for key, fmt in FORMATS.items():
         for name in (key, *fmt.aliases):
             if lookup.setdefault(name.lower(), key) != key:
-                raise MxsimError(f"format name {name!r} is given to both {lookup[name.lower()]!r} and {key!r}")
+                raise MxsimError(
+                    f"format name {name!r} is given to both {lookup[name.lower()]!r} and {key!r}"
+                )
     return lookup
 
 
@@ -435,7 +577,9 @@ def get_format(name: str | FormatInfo) -> FormatInfo:
         return name
     if isinstance(name, str) and name.lower() in _LOOKUP:
         return FORMATS[_LOOKUP[name.lower()]]
-    raise UnknownNameError("format", name, [n for fmt in FORMATS.values() for n in (fmt.name, *fmt.aliases)])
+    raise UnknownNameError(
+        "format", name, [n for fmt in FORMATS.values() for n in (fmt.name, *fmt.aliases)]
+    )
 
 
 def custom_format(
@@ -456,10 +600,16 @@ def custom_format(
     exponent_bits = check_int(exponent_bits, "custom_format: exponent_bits", 1, 11)
     mantissa_bits = check_int(mantissa_bits, "custom_format: mantissa_bits", 0, 52)
     lowest, highest = (1 << exponent_bits) - 1 - 1023, 1075 - mantissa_bits
-    bias = (1 << (exponent_bits - 1)) - 1 if bias is None else check_int(bias, "custom_format: bias", lowest, highest)
+    bias = (
+        (1 << (exponent_bits - 1)) - 1
+        if bias is None
+        else check_int(bias, "custom_format: bias", lowest, highest)
+    )
     check_choice(specials, "custom_format: specials", SPECIALS)
     if not isinstance(subnormals, bool):
-        raise ArgumentError(f"custom_format: subnormals: expected True or False, got {subnormals!r}")
+        raise ArgumentError(
+            f"custom_format: subnormals: expected True or False, got {subnormals!r}"
+        )
     if name is not None and not isinstance(name, str):
         raise ArgumentError(f"custom_format: name: expected a string or None, got {name!r}")
     return FormatInfo(

@@ -45,8 +45,12 @@ def _block_codes(unit: GoldenUnit, fmt_name: str, values: np.ndarray):
     if unit.power_of_two_scales:
         tensor = quantize(values, fmt_name, axis=-1, block_size=unit.block_size, profile="ocp")
         return tensor.codes, tensor.scales
-    tensor = quantize_nvfp4(values.astype(np.float32), element_format=fmt_name, scale_format=unit.scale_format,
-                            block_size=unit.block_size)
+    tensor = quantize_nvfp4(
+        values.astype(np.float32),
+        element_format=fmt_name,
+        scale_format=unit.scale_format,
+        block_size=unit.block_size,
+    )
     return tensor.codes, tensor.scales
 
 
@@ -66,10 +70,14 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
         n = rows.size
         if name == "uniform_codes":
             for codes, fmt in ((a, fa), (b, fb)):  # field codes above the padding bits (tf32)
-                codes[rows] = rng.integers(0, 1 << fmt.field_bits, (n, K), dtype=_draw_dtype(fmt.field_bits)) \
+                codes[rows] = (
+                    rng.integers(0, 1 << fmt.field_bits, (n, K), dtype=_draw_dtype(fmt.field_bits))
                     << fmt.padding_bits
+                )
             for scale in (scale_a, scale_b):
-                near = np.clip(unit.scale_one + rng.integers(-10, 11, (n, nb)), 0, unit.scale_nan - 1)
+                near = np.clip(
+                    unit.scale_one + rng.integers(-10, 11, (n, nb)), 0, unit.scale_nan - 1
+                )
                 anywhere = rng.integers(0, unit.scale_nan, (n, nb))
                 scale[rows] = np.where(rng.random((n, nb)) < 0.1, anywhere, near)
             continue
@@ -85,7 +93,9 @@ def random_cases(unit: GoldenUnit, count: int, rng: np.random.Generator) -> Vect
             scale[rows] = scales
     c, c_labels = _random_c(unit, a, b, scale_a, scale_b, rng)
     labels = [f"random_{RANDOM_DISTRIBUTIONS[d]}_c_{m}" for d, m in zip(distribution, c_labels)]
-    return VectorSet(a, b, scale_a if unit.scaled else None, scale_b if unit.scaled else None, c, labels=labels)
+    return VectorSet(
+        a, b, scale_a if unit.scaled else None, scale_b if unit.scaled else None, c, labels=labels
+    )
 
 
 def _draw_dtype(bits: int) -> type:
@@ -99,10 +109,14 @@ def _approximate_blocks(unit, a, b, scale_a, scale_b) -> np.ndarray:
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     with np.errstate(over="ignore", invalid="ignore"):
         products = fa.decode(a) * fb.decode(b)
-        sums = products.reshape(a.shape[0], a.shape[1] // unit.block_size, unit.block_size).sum(axis=2)
+        sums = products.reshape(a.shape[0], a.shape[1] // unit.block_size, unit.block_size).sum(
+            axis=2
+        )
         if unit.scaled:
             scale_format = get_format(unit.scale_format)
-            sums = sums * scale_format.decode(scale_a) * scale_format.decode(scale_b)  # NaN for NaN codes
+            sums = (
+                sums * scale_format.decode(scale_a) * scale_format.decode(scale_b)
+            )  # NaN for NaN codes
         return sums.sum(axis=1)
 
 
@@ -118,15 +132,23 @@ def _random_c(unit, a, b, scale_a, scale_b, rng):
     float_type = np.dtype(f"f{fmt.bits // 8}")
     approximate = _approximate_blocks(unit, a, b, scale_a, scale_b)
     modes = rng.choice(len(C_MODES), size=count, p=C_MODE_WEIGHTS)
-    usable = (np.isfinite(approximate) & (approximate != 0) & (np.abs(approximate) < 1e38 * top)
-              & (np.abs(approximate) > 1e-44 * bottom))
+    usable = (
+        np.isfinite(approximate)
+        & (approximate != 0)
+        & (np.abs(approximate) < 1e38 * top)
+        & (np.abs(approximate) > 1e-44 * bottom)
+    )
     modes = np.where(~usable & ((modes == 1) | (modes == 3)), 2, modes)
     c = np.zeros(count, dtype=bits_type)
     zero_sign = rng.integers(0, 2, count).astype(bits_type) << bits_type(fmt.bits - 1)
     c[modes == 0] = zero_sign[modes == 0]
     near = modes == 1
     with np.errstate(over="ignore", under="ignore"):
-        value = np.abs(approximate) * np.exp2(rng.integers(-30, 31, count).astype(np.float64)) * (1 + rng.random(count))
+        value = (
+            np.abs(approximate)
+            * np.exp2(rng.integers(-30, 31, count).astype(np.float64))
+            * (1 + rng.random(count))
+        )
         value *= np.where(rng.random(count) < 0.5, -1.0, 1.0)
         value = np.clip(value, -3.0e38 * top, 3.0e38 * top)
         c[near] = value[near].astype(float_type).view(bits_type)
@@ -136,7 +158,11 @@ def _random_c(unit, a, b, scale_a, scale_b, rng):
     exponent_field = rng.integers(0, (1 << fmt.exponent_bits) - 1, count).astype(bits_type)
     fraction = rng.integers(0, 1 << fmt.mantissa_bits, count).astype(bits_type)
     sign = rng.integers(0, 2, count).astype(bits_type)
-    c[anything] = ((sign << bits_type(fmt.bits - 1)) | (exponent_field << bits_type(fmt.mantissa_bits)) | fraction)[anything]
+    c[anything] = (
+        (sign << bits_type(fmt.bits - 1))
+        | (exponent_field << bits_type(fmt.mantissa_bits))
+        | fraction
+    )[anything]
     return c, [C_MODES[m] for m in modes]
 
 
@@ -175,8 +201,14 @@ def exhaustive_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generat
             lane_b[lane, :, lane] = pair_b
         parts_a.append(lane_a.reshape(-1, K))
         parts_b.append(lane_b.reshape(-1, K))
-        labels += [f"exhaustive_lane{lane}_{ca:x}x{cb:x}" for lane in range(K) for ca, cb in zip(pair_a, pair_b)]
-    index = (np.arange(n_pairs)[:, None] + np.arange(K)[None, :]) % n_pairs  # rotation: lane i gets pair v + i
+        labels += [
+            f"exhaustive_lane{lane}_{ca:x}x{cb:x}"
+            for lane in range(K)
+            for ca, cb in zip(pair_a, pair_b)
+        ]
+    index = (
+        np.arange(n_pairs)[:, None] + np.arange(K)[None, :]
+    ) % n_pairs  # rotation: lane i gets pair v + i
     parts_a.append(pair_a[index].astype(fa.code_dtype))
     parts_b.append(pair_b[index].astype(fb.code_dtype))
     labels += [f"exhaustive_rotation_{v}" for v in range(n_pairs)]

@@ -59,12 +59,16 @@ class CodeBook:
             self.by_value.setdefault(Fraction(float(values[code])), int(code))
         self.zero = 0
         self.negative_zero = (1 << (fmt.bits - 1)) if self.sign_magnitude else None
-        positive = sorted((Fraction(float(values[c])), int(c)) for c in codes[finite & (values > 0)])
+        positive = sorted(
+            (Fraction(float(values[c])), int(c)) for c in codes[finite & (values > 0)]
+        )
         self.positive = positive  # (value, code), ascending
         self.min_positive = positive[0][1]
         self.max = positive[-1][1]
         self.one = self.code(Fraction(1))
-        self.subnormals = [c for v, c in positive if fmt.exponent_bits and v < Fraction(fmt.min_normal)]
+        self.subnormals = [
+            c for v, c in positive if fmt.exponent_bits and v < Fraction(fmt.min_normal)
+        ]
         self.nans = [int(c) for c in codes[np.isnan(values)]]
         self.infs = [int(c) for c in codes[np.isinf(values)]]
         self.positive_inf = next((c for c in self.infs if values[c] > 0), None)
@@ -105,7 +109,9 @@ class ProductTable:
         self.quantum_exponent = _exact_log2(qa) + _exact_log2(qb)
         a_items = [(int(v / qa), c) for v, c in a.positive]
         b_items = [(int(v / qb), c) for v, c in b.positive]
-        wide = len(a_items) * len(b_items) > (1 << 16)  # wide formats: all of one side times powers of two
+        wide = len(a_items) * len(b_items) > (
+            1 << 16
+        )  # wide formats: all of one side times powers of two
         b_powers = [(u, c) for u, c in b_items if u & (u - 1) == 0] if wide else b_items
         # For each product, the smallest (A code, B code) pair giving it: codes go from the
         # largest down and a smaller one overwrites (fp16 x bf16 has millions of candidates,
@@ -180,13 +186,20 @@ class _Rows:
     def _in_scale_format(self, codes: list[int]) -> list[int] | None:
         if self.unit.power_of_two_scales:
             return codes
-        converted = [self.unit.scale_nan if code == E8M0_NAN else self.unit.scale_code_of_power(code - E8M0_ONE)
-                     for code in codes]
+        converted = [
+            self.unit.scale_nan
+            if code == E8M0_NAN
+            else self.unit.scale_code_of_power(code - E8M0_ONE)
+            for code in codes
+        ]
         return None if None in converted else converted
 
     def vector_set(self) -> VectorSet:
         unit = self.unit
-        a_dtype, b_dtype = get_format(unit.a_format).code_dtype, get_format(unit.b_format).code_dtype
+        a_dtype, b_dtype = (
+            get_format(unit.a_format).code_dtype,
+            get_format(unit.b_format).code_dtype,
+        )
         n = len(self.c)
         return VectorSet(
             a=np.array(self.a, dtype=a_dtype).reshape(n, unit.dot_length),
@@ -292,7 +305,11 @@ class CornerBuilder:
     def specials(self) -> None:
         A, B = self.A, self.B
         one = (A.one, B.one)
-        for sa, sb, tag in ((E8M0_NAN, E8M0_ONE, "a"), (E8M0_ONE, E8M0_NAN, "b"), (E8M0_NAN, E8M0_NAN, "both")):
+        for sa, sb, tag in (
+            (E8M0_NAN, E8M0_ONE, "a"),
+            (E8M0_ONE, E8M0_NAN, "b"),
+            (E8M0_NAN, E8M0_NAN, "both"),
+        ):
             if not self.unit.scaled:
                 break
             self.add_pairs(f"nan_scale_{tag}", [one] * self.k, sa, sb, 0)
@@ -311,30 +328,75 @@ class CornerBuilder:
             self.add_pairs(f"inf_c_{tag}_zero_block", [], E8M0_ONE, E8M0_ONE, F32_INF | sign)
             big = (A.max, B.max) if sign else (A.negate(A.max), B.max)  # block of the other sign
             for sa, sb in self.scales((254, 254)):
-                self.add_pairs(f"inf_c_{tag}_vs_huge_opposite_block", [big] * self.k, sa, sb, F32_INF | sign)
+                self.add_pairs(
+                    f"inf_c_{tag}_vs_huge_opposite_block", [big] * self.k, sa, sb, F32_INF | sign
+                )
         for book, other, operand in ((A, B, "a"), (B, A, "b")):
+
             def pair(x, y):
                 return (x, y) if operand == "a" else (y, x)
 
             for nan in book.nans[:1] + book.nans[-1:]:
-                self.add_pairs(f"nan_element_{operand}_{nan:x}_lane0", [pair(nan, other.one)], E8M0_ONE, E8M0_ONE, 0)
+                self.add_pairs(
+                    f"nan_element_{operand}_{nan:x}_lane0",
+                    [pair(nan, other.one)],
+                    E8M0_ONE,
+                    E8M0_ONE,
+                    0,
+                )
                 pairs = [pair(book.one, other.one)] * (self.k - 1) + [pair(nan, other.zero)]
-                self.add_pairs(f"nan_element_{operand}_{nan:x}_times_zero_last_lane", pairs, E8M0_ONE, E8M0_ONE, 0)
+                self.add_pairs(
+                    f"nan_element_{operand}_{nan:x}_times_zero_last_lane",
+                    pairs,
+                    E8M0_ONE,
+                    E8M0_ONE,
+                    0,
+                )
             if book.positive_inf is None:
                 continue
             pinf, ninf = book.positive_inf, book.negative_inf
-            self.add_pairs(f"inf_element_{operand}_pos", [pair(pinf, other.one)], E8M0_ONE, E8M0_ONE, 0)
-            self.add_pairs(f"inf_element_{operand}_neg", [pair(ninf, other.one)], E8M0_ONE, E8M0_ONE, 0)
-            for sa, sb in self.scales((0, 0)):
-                self.add_pairs(f"inf_element_{operand}_tiny_scale", [pair(pinf, other.min_positive)], sa, sb, 0)
-            self.add_pairs(f"inf_element_{operand}_times_zero", [pair(pinf, other.zero)], E8M0_ONE, E8M0_ONE, 0)
             self.add_pairs(
-                f"inf_element_{operand}_pos_and_neg", [pair(pinf, other.one), pair(ninf, other.one)], E8M0_ONE, E8M0_ONE, 0
+                f"inf_element_{operand}_pos", [pair(pinf, other.one)], E8M0_ONE, E8M0_ONE, 0
             )
-            self.add_pairs(f"inf_element_{operand}_vs_neg_inf_c", [pair(pinf, other.one)], E8M0_ONE, E8M0_ONE, F32_INF | F32_SIGN)
-            self.add_pairs(f"inf_element_{operand}_with_pos_inf_c", [pair(pinf, other.one)], E8M0_ONE, E8M0_ONE, F32_INF)
+            self.add_pairs(
+                f"inf_element_{operand}_neg", [pair(ninf, other.one)], E8M0_ONE, E8M0_ONE, 0
+            )
+            for sa, sb in self.scales((0, 0)):
+                self.add_pairs(
+                    f"inf_element_{operand}_tiny_scale", [pair(pinf, other.min_positive)], sa, sb, 0
+                )
+            self.add_pairs(
+                f"inf_element_{operand}_times_zero", [pair(pinf, other.zero)], E8M0_ONE, E8M0_ONE, 0
+            )
+            self.add_pairs(
+                f"inf_element_{operand}_pos_and_neg",
+                [pair(pinf, other.one), pair(ninf, other.one)],
+                E8M0_ONE,
+                E8M0_ONE,
+                0,
+            )
+            self.add_pairs(
+                f"inf_element_{operand}_vs_neg_inf_c",
+                [pair(pinf, other.one)],
+                E8M0_ONE,
+                E8M0_ONE,
+                F32_INF | F32_SIGN,
+            )
+            self.add_pairs(
+                f"inf_element_{operand}_with_pos_inf_c",
+                [pair(pinf, other.one)],
+                E8M0_ONE,
+                E8M0_ONE,
+                F32_INF,
+            )
             if self.unit.scaled:
-                self.add_pairs(f"inf_element_{operand}_nan_scale", [pair(pinf, other.one)], E8M0_NAN, E8M0_ONE, 0)
+                self.add_pairs(
+                    f"inf_element_{operand}_nan_scale",
+                    [pair(pinf, other.one)],
+                    E8M0_NAN,
+                    E8M0_ONE,
+                    0,
+                )
 
     def scale_extremes(self) -> None:
         if not self.unit.scaled:
@@ -346,7 +408,18 @@ class CornerBuilder:
             "all_neg_max": [(A.negate(A.max), B.max)] * self.k,
             "min_positive": [(A.min_positive, B.min_positive)],
         }
-        scales = [(0, 0), (0, 1), (1, 0), (0, 127), (127, 0), (0, 254), (254, 0), (127, 127), (253, 254), (254, 254)]
+        scales = [
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (0, 127),
+            (127, 0),
+            (0, 254),
+            (254, 0),
+            (127, 127),
+            (253, 254),
+            (254, 254),
+        ]
         for sa, sb in scales:
             for name, pairs in patterns.items():
                 for c_name, c_bits in (("zero_c", 0), ("one_c", f32_bits(1))):
@@ -361,9 +434,13 @@ class CornerBuilder:
         self.add_pairs("max_all_lanes_pos", [top] * self.k, E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("max_all_lanes_neg", [neg] * self.k, E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("max_alternating_signs_cancel", alternating, E8M0_ONE, E8M0_ONE, 0)
-        self.add_pairs("max_alternating_signs_cancel_neg_zero_c", alternating, E8M0_ONE, E8M0_ONE, F32_SIGN)
+        self.add_pairs(
+            "max_alternating_signs_cancel_neg_zero_c", alternating, E8M0_ONE, E8M0_ONE, F32_SIGN
+        )
         self.add_pairs("max_all_lanes_c_fp32_max", [top] * self.k, E8M0_ONE, E8M0_ONE, fmax)
-        self.add_pairs("max_all_lanes_neg_c_neg_fp32_max", [neg] * self.k, E8M0_ONE, E8M0_ONE, fmax | F32_SIGN)
+        self.add_pairs(
+            "max_all_lanes_neg_c_neg_fp32_max", [neg] * self.k, E8M0_ONE, E8M0_ONE, fmax | F32_SIGN
+        )
         self.add_pairs("max_a_times_one", [(A.max, B.one)] * self.k, E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("one_times_max_b", [(A.one, B.max)] * self.k, E8M0_ONE, E8M0_ONE, 0)
 
@@ -382,7 +459,13 @@ class CornerBuilder:
         for name, (ca, cb) in patterns.items():
             for sa, sb in self.scales((127, 127), (0, 0), (20, 20), (254, 254)):
                 self.add_pairs(f"subnormal_{name}_scale_{sa}_{sb}", [(ca, cb)] * self.k, sa, sb, 0)
-                self.add_pairs(f"subnormal_{name}_neg_scale_{sa}_{sb}", [(A.negate(ca), cb)] * self.k, sa, sb, F32_SIGN)
+                self.add_pairs(
+                    f"subnormal_{name}_neg_scale_{sa}_{sb}",
+                    [(A.negate(ca), cb)] * self.k,
+                    sa,
+                    sb,
+                    F32_SIGN,
+                )
 
     def zeros(self) -> None:
         A, B = self.A, self.B
@@ -390,25 +473,42 @@ class CornerBuilder:
         pos = (A.zero, B.zero)
         self.add_pairs("zero_block_pos_zero_c", [], E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("zero_block_neg_zero_c", [], E8M0_ONE, E8M0_ONE, F32_SIGN)
-        self.add_pairs("zero_block_c_one_and_half", [], E8M0_ONE, E8M0_ONE, f32_bits(Fraction(3, 2)))
+        self.add_pairs(
+            "zero_block_c_one_and_half", [], E8M0_ONE, E8M0_ONE, f32_bits(Fraction(3, 2))
+        )
         self.add_pairs("zero_block_c_neg_min_subnormal", [], E8M0_ONE, E8M0_ONE, 0x80000001)
         neg_one_b = B.negate(B.one)
         zero_neg = (A.zero, neg_one_b)  # +0 × −1 = −0
         self.add_pairs("neg_zero_products_neg_zero_c", [zero_neg] * k, E8M0_ONE, E8M0_ONE, F32_SIGN)
         self.add_pairs("neg_zero_products_pos_zero_c", [zero_neg] * k, E8M0_ONE, E8M0_ONE, 0)
-        self.add_pairs("neg_zero_products_but_one_pos_zero_neg_zero_c", [zero_neg] * (k - 1) + [pos], E8M0_ONE, E8M0_ONE, F32_SIGN)
+        self.add_pairs(
+            "neg_zero_products_but_one_pos_zero_neg_zero_c",
+            [zero_neg] * (k - 1) + [pos],
+            E8M0_ONE,
+            E8M0_ONE,
+            F32_SIGN,
+        )
         for sa, sb in self.scales((0, 0), (254, 254)):
-            self.add_pairs(f"neg_zero_products_scale_{sa}_{sb}_neg_zero_c", [zero_neg] * k, sa, sb, F32_SIGN)
+            self.add_pairs(
+                f"neg_zero_products_scale_{sa}_{sb}_neg_zero_c", [zero_neg] * k, sa, sb, F32_SIGN
+            )
         if A.negative_zero is not None:
             nz_pos = (A.negative_zero, B.zero)  # −0 × +0 = −0
-            self.add_pairs("neg_zero_a_products_neg_zero_c", [nz_pos] * k, E8M0_ONE, E8M0_ONE, F32_SIGN)
+            self.add_pairs(
+                "neg_zero_a_products_neg_zero_c", [nz_pos] * k, E8M0_ONE, E8M0_ONE, F32_SIGN
+            )
             if B.negative_zero is not None:
                 self.add_pairs(
                     "neg_zero_times_neg_zero_products_neg_zero_c",  # (−0)(−0) = +0
-                    [(A.negative_zero, B.negative_zero)] * k, E8M0_ONE, E8M0_ONE, F32_SIGN,
+                    [(A.negative_zero, B.negative_zero)] * k,
+                    E8M0_ONE,
+                    E8M0_ONE,
+                    F32_SIGN,
                 )
         if self.K > k:  # −0 products in block 0, +0 × +0 in the other blocks
-            self.add_pairs("neg_zero_block0_only_neg_zero_c", [zero_neg] * k, E8M0_ONE, E8M0_ONE, F32_SIGN)
+            self.add_pairs(
+                "neg_zero_block0_only_neg_zero_c", [zero_neg] * k, E8M0_ONE, E8M0_ONE, F32_SIGN
+            )
 
     def _largest_exact_block(self) -> tuple[tuple[int, int], Fraction]:
         """(A code, B code) of the largest product whose k-lane block sum at scale 2^0 is an
@@ -422,15 +522,21 @@ class CornerBuilder:
                     return (self.A.max, self.B.max), block
                 return self.products.pair[units], block
         # Unreachable for the formats golden accepts: their smallest products' blocks are FP32 values.
-        raise MxsimError(f"golden: no product of {self.A.fmt.name} x {self.B.fmt.name} sums to an FP32 block")
+        raise MxsimError(
+            f"golden: no product of {self.A.fmt.name} x {self.B.fmt.name} sums to an FP32 block"
+        )
 
     def cancellation(self) -> None:
         A, B = self.A, self.B
         top, block = self._largest_exact_block()  # all lanes top at scale 2^0 sum to block
         neg = (A.negate(top[0]), top[1])
         half = self.k // 2
-        self.add_pairs("cancel_block_vs_c_exact", [top] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(-block))
-        self.add_pairs("cancel_block_vs_c_exact_neg", [neg] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(block))
+        self.add_pairs(
+            "cancel_block_vs_c_exact", [top] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(-block)
+        )
+        self.add_pairs(
+            "cancel_block_vs_c_exact_neg", [neg] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(block)
+        )
         e = floor_log2(block)
         for delta_bits in (1, 2, 11, 23):
             tiny = Fraction(2) ** (e - delta_bits)
@@ -440,13 +546,31 @@ class CornerBuilder:
                     c_bits = f32_bits(c_value)
                 except MxsimError:
                     continue
-                self.add_pairs(f"cancel_block_vs_c_{sign_name}_2^-{delta_bits}", [top] * self.k, E8M0_ONE, E8M0_ONE, c_bits)
+                self.add_pairs(
+                    f"cancel_block_vs_c_{sign_name}_2^-{delta_bits}",
+                    [top] * self.k,
+                    E8M0_ONE,
+                    E8M0_ONE,
+                    c_bits,
+                )
         if half:
             inner = [top, neg] * (half - 1)
             tiny_pair = (A.min_positive, B.min_positive)
             for sa, sb in self.scales((127, 127), (200, 200), (30, 30)):
-                self.add_pairs(f"cancel_inside_block_leaves_min_product_scale_{sa}_{sb}", inner + [tiny_pair], sa, sb, 0)
-            self.add_pairs("cancel_inside_block_exact_zero_neg_zero_c", [top, neg] * half, E8M0_ONE, E8M0_ONE, F32_SIGN)
+                self.add_pairs(
+                    f"cancel_inside_block_leaves_min_product_scale_{sa}_{sb}",
+                    inner + [tiny_pair],
+                    sa,
+                    sb,
+                    0,
+                )
+            self.add_pairs(
+                "cancel_inside_block_exact_zero_neg_zero_c",
+                [top, neg] * half,
+                E8M0_ONE,
+                E8M0_ONE,
+                F32_SIGN,
+            )
         # c removes every leading bit of the block but the last: the result 2^e needs a long
         # normalisation shift after the subtraction.
         for j in range(1, 13):
@@ -456,10 +580,15 @@ class CornerBuilder:
                 if found is None:
                     continue
                 pairs, sa, sb = found
-                self.add_pairs(f"cancel_long_2^{j}+1_minus_2^{j}_e{e}", pairs, sa, sb, f32_bits(-(2**j) * lsb))
+                self.add_pairs(
+                    f"cancel_long_2^{j}+1_minus_2^{j}_e{e}", pairs, sa, sb, f32_bits(-(2**j) * lsb)
+                )
                 self.add_pairs(
                     f"cancel_long_neg_2^{j}+1_plus_2^{j}_e{e}",
-                    [(A.negate(ca), cb) for ca, cb in pairs], sa, sb, f32_bits((2**j) * lsb),
+                    [(A.negate(ca), cb) for ca, cb in pairs],
+                    sa,
+                    sb,
+                    f32_bits((2**j) * lsb),
                 )
 
     def overflow(self) -> None:
@@ -474,24 +603,47 @@ class CornerBuilder:
             self.add_value(f"overflow_max_plus_half_ulp_tie_{tag}", sign * half, c_bits)
             self.add_value(f"overflow_max_plus_ulp_{tag}", sign * ulp, c_bits)
             for j in (1, 8):
-                self.add_value(f"overflow_max_plus_half_ulp_minus_2^-{j}_{tag}", sign * (half - half / 2**j), c_bits)
+                self.add_value(
+                    f"overflow_max_plus_half_ulp_minus_2^-{j}_{tag}",
+                    sign * (half - half / 2**j),
+                    c_bits,
+                )
             self.add_value(f"overflow_max_minus_half_ulp_{tag}", -sign * half, c_bits)
             # A block far above the output range, cancelled by c = ∓max: 2^(emax+1) − max = ulp is finite.
             for i in range(1, 6):
-                self.add_value(f"overflow_block_2^{emax + i}_vs_c_minus_max_{tag}", sign * Fraction(2) ** (emax + i),
-                               max_bits | (F32_SIGN if sign > 0 else 0))
-                self.add_value(f"overflow_block_2^{emax + i}_zero_c_{tag}", sign * Fraction(2) ** (emax + i), 0)
+                self.add_value(
+                    f"overflow_block_2^{emax + i}_vs_c_minus_max_{tag}",
+                    sign * Fraction(2) ** (emax + i),
+                    max_bits | (F32_SIGN if sign > 0 else 0),
+                )
+                self.add_value(
+                    f"overflow_block_2^{emax + i}_zero_c_{tag}", sign * Fraction(2) ** (emax + i), 0
+                )
         if self.unit.scaled:
             q = Fraction(2) ** self.products.quantum_exponent
-            block = self.products.units[-1] * self.k * q  # all lanes max × max: the largest block sum
+            block = (
+                self.products.units[-1] * self.k * q
+            )  # all lanes max × max: the largest block sum
             threshold = out_max + half  # at or above rounds to Inf
             xs = 0
             while block * Fraction(2) ** (xs - 254) < threshold and xs < 508:
                 xs += 1
             for x in sorted({max(xs - 2, 0), max(xs - 1, 0), xs, min(xs + 1, 508), 508}):
                 sa = min(x, 254)
-                self.add_pairs(f"overflow_all_max_block_scale_sum_{x}", [(A.max, B.max)] * self.k, sa, x - sa, 0)
-                self.add_pairs(f"overflow_all_neg_max_block_scale_sum_{x}", [(A.negate(A.max), B.max)] * self.k, sa, x - sa, 0)
+                self.add_pairs(
+                    f"overflow_all_max_block_scale_sum_{x}",
+                    [(A.max, B.max)] * self.k,
+                    sa,
+                    x - sa,
+                    0,
+                )
+                self.add_pairs(
+                    f"overflow_all_neg_max_block_scale_sum_{x}",
+                    [(A.negate(A.max), B.max)] * self.k,
+                    sa,
+                    x - sa,
+                    0,
+                )
 
     def ties(self) -> None:
         """Exact ties, and ties ± 2^-j of a half ulp, at the rounding point of every output binade."""
@@ -515,31 +667,71 @@ class CornerBuilder:
                 self.add_value(f"tie_{name}_e{e}_j{j}", sign * delta, f32_bits(sign * m * ulp))
             if e in (emin, 0, emax - 1):  # odd top mantissa: the tie carries into the next binade
                 top = (1 << (mbits + 1)) - 1
-                self.add_value(f"tie_carry_to_next_binade_e{e}", sign * half, f32_bits(sign * top * ulp))
+                self.add_value(
+                    f"tie_carry_to_next_binade_e{e}", sign * half, f32_bits(sign * top * ulp)
+                )
         # Subnormal range: one fixed spacing; c = M ulp with M across the range, j reaching
         # far below the half ulp (below any internal sticky cut two or three bits down).
         ulp = self.ulp(emin - 1)
         half = ulp / 2
         sub_depths = (1, 2, 3, 4, 6, 10, 12)
-        ms = (0, 1, 2, 3, (1 << (mbits - 1)) - 1, 1 << (mbits - 1), (1 << mbits) - 2, (1 << mbits) - 1)
+        ms = (
+            0,
+            1,
+            2,
+            3,
+            (1 << (mbits - 1)) - 1,
+            1 << (mbits - 1),
+            (1 << mbits) - 2,
+            (1 << mbits) - 1,
+        )
         for index, m in enumerate(ms):
             j = sub_depths[index % len(sub_depths)]
             for sign, tag in ((1, "pos"), (-1, "neg")):
                 c_bits = f32_bits(sign * m * ulp) if m else (F32_SIGN if sign < 0 else 0)
                 self.add_value(f"tie_subnormal_m{m}_plus_half_{tag}", sign * half, c_bits)
-                self.add_value(f"tie_subnormal_m{m}_plus_half_plus_tiny_j{j}_{tag}", sign * (half + half / 2**j), c_bits)
-                self.add_value(f"tie_subnormal_m{m}_plus_half_minus_tiny_j{j}_{tag}", sign * (half - half / 2**j), c_bits)
+                self.add_value(
+                    f"tie_subnormal_m{m}_plus_half_plus_tiny_j{j}_{tag}",
+                    sign * (half + half / 2**j),
+                    c_bits,
+                )
+                self.add_value(
+                    f"tie_subnormal_m{m}_plus_half_minus_tiny_j{j}_{tag}",
+                    sign * (half - half / 2**j),
+                    c_bits,
+                )
                 self.add_value(f"tie_subnormal_m{m}_minus_half_{tag}", -sign * half, c_bits)
                 for deep in (3, 5, 9):  # half + a bit 3..9 places below it: only a sticky bit knows
-                    self.add_value(f"tie_subnormal_m{m}_plus_half_plus_2^-{deep}_{tag}", sign * (half + half / 2**deep), c_bits)
+                    self.add_value(
+                        f"tie_subnormal_m{m}_plus_half_plus_2^-{deep}_{tag}",
+                        sign * (half + half / 2**deep),
+                        c_bits,
+                    )
 
     def alignment(self) -> None:
         """Shifts around the window edge: the unit's alignment window, else the output precision."""
         precision = self.out.mantissa_bits + 1
         window = self.unit.align_fraction_bits or precision
-        shifts = sorted({s for s in (window - 2, window - 1, window, window + 1, window + 2, window + 3,
-                                     precision - 1, precision, precision + 1, precision + 2, 2 * window, 3 * window + 7)
-                         if s > 0})
+        shifts = sorted(
+            {
+                s
+                for s in (
+                    window - 2,
+                    window - 1,
+                    window,
+                    window + 1,
+                    window + 2,
+                    window + 3,
+                    precision - 1,
+                    precision,
+                    precision + 1,
+                    precision + 2,
+                    2 * window,
+                    3 * window + 7,
+                )
+                if s > 0
+            }
+        )
         emin = 1 - self.out.bias
         for d in shifts:
             for e0 in (0, emin + 3):
@@ -563,7 +755,13 @@ class CornerBuilder:
         A, B = self.A, self.B
         spread = [(A.max, B.max), (A.min_positive, B.min_positive)]
         self.add_pairs("align_widest_product_spread", spread, E8M0_ONE, E8M0_ONE, 0)
-        self.add_pairs("align_widest_product_spread_neg", [(A.negate(A.max), B.max), spread[1]], E8M0_ONE, E8M0_ONE, 0)
+        self.add_pairs(
+            "align_widest_product_spread_neg",
+            [(A.negate(A.max), B.max), spread[1]],
+            E8M0_ONE,
+            E8M0_ONE,
+            0,
+        )
         largest = self.products.units[-1]
         for d in (window - 1, window, window + 1):
             small = Fraction(largest, 2**d)
@@ -598,8 +796,10 @@ def corner_cases(unit: GoldenUnit, count: int | None, rng: np.random.Generator) 
     if max(get_format(unit.a_format).bits, get_format(unit.b_format).bits) > CODE_BOOK_MAX_BITS:
         return wide_corner_cases(unit)
     if unit.c_format != "fp32":
-        raise MxsimError(f"golden: the corner list of {unit.pair_name} is built around an FP32 c; {unit.config_name} "
-                         f"takes {unit.c_format} c: use the random kind")
+        raise MxsimError(
+            f"golden: the corner list of {unit.pair_name} is built around an FP32 c; {unit.config_name} "
+            f"takes {unit.c_format} c: use the random kind"
+        )
     return CornerBuilder(unit, rng).build()
 
 
@@ -609,25 +809,37 @@ def wide_corner_cases(unit: GoldenUnit) -> VectorSet:
     cases), scales 2^0: signed zeros (``zero_*``: -0 only when every addend is -0, also after a
     product that underflows to -0, as an IEEE FMA chain keeps it), cancellation, NaN/Inf elements and c, overflow of the largest values, subnormal
     elements, and ties at the output's rounding point around c = 1."""
-    fa, fb, fc, out = (get_format(n) for n in (unit.a_format, unit.b_format, unit.c_format, unit.out_format))
+    fa, fb, fc, out = (
+        get_format(n) for n in (unit.a_format, unit.b_format, unit.c_format, unit.out_format)
+    )
     tiny_a, tiny_b = fa.min_subnormal, fb.min_subnormal
     half_ulp = 2.0 ** -(out.mantissa_bits + 1)  # of 1.0 in the output format
     inf, nan = float("inf"), float("nan")
     cases = [  # (label, A lane values, B lane values, c); lanes not given are +0 (x +0)
-        ("zero_all_pos_c_pos", [0.0], [0.0], 0.0), ("zero_all_c_neg", [-0.0, -0.0], [1.0, 1.0], -0.0),
-        ("zero_neg_products_c_pos", [-0.0], [1.0], 0.0), ("zero_one_pos_product_c_neg", [0.0], [1.0], -0.0),
-        ("zero_all_neg", [-0.0], [1.0], -0.0), ("zero_underflow_then_neg", [-tiny_a, -0.0], [0.125, 1.0], 0.0),
+        ("zero_all_pos_c_pos", [0.0], [0.0], 0.0),
+        ("zero_all_c_neg", [-0.0, -0.0], [1.0, 1.0], -0.0),
+        ("zero_neg_products_c_pos", [-0.0], [1.0], 0.0),
+        ("zero_one_pos_product_c_neg", [0.0], [1.0], -0.0),
+        ("zero_all_neg", [-0.0], [1.0], -0.0),
+        ("zero_underflow_then_neg", [-tiny_a, -0.0], [0.125, 1.0], 0.0),
         ("zero_underflow_pos_then_neg", [tiny_a, -0.0], [0.125, 1.0], -0.0),
-        ("cancel_products_c_neg_zero", [1.5, -1.5], [1.0, 1.0], -0.0), ("cancel_c", [1.5], [1.0], -1.5),
+        ("cancel_products_c_neg_zero", [1.5, -1.5], [1.0, 1.0], -0.0),
+        ("cancel_c", [1.5], [1.0], -1.5),
         ("cancel_c_leaves_tiny", [1.0, tiny_a], [1.0, 1.0], -1.0),
-        ("nan_element", [nan], [1.0], 0.0), ("inf_times_zero", [inf], [0.0], 0.0),
-        ("inf_minus_inf", [inf, -inf], [1.0, 1.0], 0.0), ("inf_element", [-inf], [2.0], 1.0),
-        ("nan_c", [1.0], [1.0], nan), ("inf_c", [1.0], [1.0], inf), ("inf_c_against_inf", [inf], [1.0], -inf),
-        ("max_times_two", [fa.max_finite], [2.0], 0.0), ("max_times_max", [-fa.max_finite], [fb.max_finite], 0.0),
+        ("nan_element", [nan], [1.0], 0.0),
+        ("inf_times_zero", [inf], [0.0], 0.0),
+        ("inf_minus_inf", [inf, -inf], [1.0, 1.0], 0.0),
+        ("inf_element", [-inf], [2.0], 1.0),
+        ("nan_c", [1.0], [1.0], nan),
+        ("inf_c", [1.0], [1.0], inf),
+        ("inf_c_against_inf", [inf], [1.0], -inf),
+        ("max_times_two", [fa.max_finite], [2.0], 0.0),
+        ("max_times_max", [-fa.max_finite], [fb.max_finite], 0.0),
         ("max_c_plus_max", [fa.max_finite], [1.0], fc.max_finite),
         ("subnormal_elements", [tiny_a, -tiny_a], [1.0, 0.5], 0.0),
         ("subnormal_product", [tiny_a], [tiny_b], 0.0),
-        ("tie_even_down", [half_ulp], [1.0], 1.0), ("tie_odd_up", [half_ulp], [1.0], 1.0 + 2 * half_ulp),
+        ("tie_even_down", [half_ulp], [1.0], 1.0),
+        ("tie_odd_up", [half_ulp], [1.0], 1.0 + 2 * half_ulp),
         ("tie_plus_tiny_up", [half_ulp, tiny_a], [1.0, 1.0], 1.0),
         ("tie_minus_tiny_down", [half_ulp, -tiny_a], [1.0, 1.0], 1.0 + 2 * half_ulp),
     ]
@@ -644,7 +856,16 @@ def wide_corner_cases(unit: GoldenUnit) -> VectorSet:
     with np.errstate(over="ignore"):
         a, b = fa.encode(a_values, overflow="inf_nan"), fb.encode(b_values, overflow="inf_nan")
         c_bits = fc.encode(c, overflow="inf_nan").astype(fc.code_dtype)
-    scales = np.full((len(cases), unit.n_blocks), unit.scale_one, dtype=np.uint8) if unit.scaled else None
-    return VectorSet(a.astype(fa.code_dtype), b.astype(fb.code_dtype), scales, None if scales is None else scales.copy(),
-                     c_bits, labels=[case[0] for case in cases])
-
+    scales = (
+        np.full((len(cases), unit.n_blocks), unit.scale_one, dtype=np.uint8)
+        if unit.scaled
+        else None
+    )
+    return VectorSet(
+        a.astype(fa.code_dtype),
+        b.astype(fb.code_dtype),
+        scales,
+        None if scales is None else scales.copy(),
+        c_bits,
+        labels=[case[0] for case in cases],
+    )

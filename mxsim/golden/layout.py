@@ -77,18 +77,26 @@ class GoldenUnit:
                     f"golden: {operand} {fmt.name} is wider than {MAX_CODE_BITS} bits; element codes must fit uint64"
                 )
             if fmt.padding_bits:
-                raise MxsimError(f"golden: {operand} {fmt.name} codes carry {fmt.padding_bits} padding bits, which "
-                                 "the vectors do not hold; choose other format pairs")
+                raise MxsimError(
+                    f"golden: {operand} {fmt.name} codes carry {fmt.padding_bits} padding bits, which "
+                    "the vectors do not hold; choose other format pairs"
+                )
             object.__setattr__(self, operand, fmt.name)
         scale = get_format(self.scale_format)
         if scale.role != "scale" or scale.bits > SCALE_BITS:
-            raise MxsimError(f"golden: scale_format must be a block scale format of at most {SCALE_BITS} bits, "
-                             f"got {self.scale_format!r}")
+            raise MxsimError(
+                f"golden: scale_format must be a block scale format of at most {SCALE_BITS} bits, "
+                f"got {self.scale_format!r}"
+            )
         object.__setattr__(self, "scale_format", scale.name)
         if self.out_format not in OUT_FORMATS:
-            raise MxsimError(f"golden: out_format must be {', '.join(OUT_FORMATS)}, got {self.out_format!r}")
+            raise MxsimError(
+                f"golden: out_format must be {', '.join(OUT_FORMATS)}, got {self.out_format!r}"
+            )
         if self.c_format not in C_FORMATS:
-            raise MxsimError(f"golden: c_format must be {' or '.join(C_FORMATS)}, got {self.c_format!r}")
+            raise MxsimError(
+                f"golden: c_format must be {' or '.join(C_FORMATS)}, got {self.c_format!r}"
+            )
         if self.block_size < 1 or self.dot_length < 1 or self.dot_length % self.block_size:
             raise MxsimError(
                 f"golden: dot_length ({self.dot_length}) must be a positive multiple of block_size ({self.block_size})"
@@ -164,28 +172,43 @@ def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[G
     accepted = list(hw.format_pairs)
     if pairs is None:
         chosen = accepted
-        padded = [(a, b) for a, b in accepted if get_format(a).padding_bits or get_format(b).padding_bits]
+        padded = [
+            (a, b) for a, b in accepted if get_format(a).padding_bits or get_format(b).padding_bits
+        ]
         if padded:
             usable = [f"{a},{b}" for a, b in accepted if (a, b) not in padded]
             raise ConfigError(
-                source, "inputs", "golden vectors do not hold element codes with padding bits (tf32); "
+                source,
+                "inputs",
+                "golden vectors do not hold element codes with padding bits (tf32); "
                 f"{', '.join(f'{a} x {b}' for a, b in padded)} do not fit: choose pairs (--pair A,B or pairs=)"
                 + (f" among {' '.join(usable)}" if usable else ""),
             )
     else:
-        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, (list, tuple)) or not all(
-                isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(n, str) for n in pair)
-                for pair in pairs):
+        if (
+            isinstance(pairs, (str, bytes))
+            or not isinstance(pairs, (list, tuple))
+            or not all(
+                isinstance(pair, (list, tuple))
+                and len(pair) == 2
+                and all(isinstance(n, str) for n in pair)
+                for pair in pairs
+            )
+        ):
             raise ArgumentError("golden: pairs must be a list of (A format, B format) name pairs")
         chosen = [(get_format(a).name, get_format(b).name) for a, b in pairs]
         repeated = sorted({pair for pair in chosen if chosen.count(pair) > 1})
         if repeated:  # written twice and counted twice in the manifest otherwise
-            raise ArgumentError(f"golden: format pair {repeated[0][0]},{repeated[0][1]} is given more than once; "
-                                "give each pair once")
+            raise ArgumentError(
+                f"golden: format pair {repeated[0][0]},{repeated[0][1]} is given more than once; "
+                "give each pair once"
+            )
         for pair in chosen:
             if pair not in accepted:
                 raise ConfigError(
-                    source, "inputs", f"format pair {pair[0]} x {pair[1]} is not accepted by this unit; "
+                    source,
+                    "inputs",
+                    f"format pair {pair[0]} x {pair[1]} is not accepted by this unit; "
                     f"accepted: {', '.join(f'{a}x{b}' for a, b in accepted)}",
                 )
     units = []
@@ -244,8 +267,13 @@ class Field:
 
     def as_dict(self) -> dict:
         return {
-            "name": self.name, "msb": self.msb, "lsb": self.lsb, "bits": self.bits,
-            "hex_digits": self.hex_digits, "items": self.items, "item_bits": self.item_bits,
+            "name": self.name,
+            "msb": self.msb,
+            "lsb": self.lsb,
+            "bits": self.bits,
+            "hex_digits": self.hex_digits,
+            "items": self.items,
+            "item_bits": self.item_bits,
             "meaning": self.meaning,
         }
 
@@ -281,17 +309,42 @@ def layout_for(unit: GoldenUnit) -> VectorLayout:
     out_bits = get_format(unit.out_format).bits
     K = unit.dot_length
     specs = [
-        ("a", K, a_bits, f"A element codes ({unit.a_format}), element i at bits [{a_bits}i+{a_bits - 1}:{a_bits}i]"),
-        ("b", K, b_bits, f"B element codes ({unit.b_format}), element i at bits [{b_bits}i+{b_bits - 1}:{b_bits}i]"),
+        (
+            "a",
+            K,
+            a_bits,
+            f"A element codes ({unit.a_format}), element i at bits [{a_bits}i+{a_bits - 1}:{a_bits}i]",
+        ),
+        (
+            "b",
+            K,
+            b_bits,
+            f"B element codes ({unit.b_format}), element i at bits [{b_bits}i+{b_bits - 1}:{b_bits}i]",
+        ),
     ]
     if unit.scaled:
         nb = unit.n_blocks
         specs += [
-            ("scale_a", nb, SCALE_BITS, f"A {unit.scale_format.upper()} scale codes, block j (elements {unit.block_size}j..) at bits [8j+7:8j]"),
-            ("scale_b", nb, SCALE_BITS, f"B {unit.scale_format.upper()} scale codes, block j at bits [8j+7:8j]"),
+            (
+                "scale_a",
+                nb,
+                SCALE_BITS,
+                f"A {unit.scale_format.upper()} scale codes, block j (elements {unit.block_size}j..) at bits [8j+7:8j]",
+            ),
+            (
+                "scale_b",
+                nb,
+                SCALE_BITS,
+                f"B {unit.scale_format.upper()} scale codes, block j at bits [8j+7:8j]",
+            ),
         ]
     specs += [
-        ("c", 1, get_format(unit.c_format).bits, f"accumulator input, {unit.c_format.upper()} bits"),
+        (
+            "c",
+            1,
+            get_format(unit.c_format).bits,
+            f"accumulator input, {unit.c_format.upper()} bits",
+        ),
         ("d", 1, out_bits, f"expected output, {unit.out_format} bits"),
     ]
     fields = []

@@ -72,15 +72,21 @@ def _product(x: float, y: float, quantum: Fraction):
 def exact_stages(unit: GoldenUnit, vectors: VectorSet) -> list[dict]:
     """The exact-arithmetic stage record of every vector (see the module docstring)."""
     if unit.scaled and not unit.power_of_two_scales:
-        raise MxsimError(f"golden: exact stage records need power-of-two (E8M0) scales; {unit.config_name} "
-                         f"takes {unit.scale_format} scales (use the datapath stages of mxsim dot --explain)")
+        raise MxsimError(
+            f"golden: exact stage records need power-of-two (E8M0) scales; {unit.config_name} "
+            f"takes {unit.scale_format} scales (use the datapath stages of mxsim dot --explain)"
+        )
     if unit.c_format != "fp32":
-        raise MxsimError(f"golden: exact stage records place an FP32 c on their grid; {unit.config_name} takes "
-                         f"{unit.c_format} c (use the datapath stages of mxsim dot --explain)")
+        raise MxsimError(
+            f"golden: exact stage records place an FP32 c on their grid; {unit.config_name} takes "
+            f"{unit.c_format} c (use the datapath stages of mxsim dot --explain)"
+        )
     fa, fb = get_format(unit.a_format), get_format(unit.b_format)
     values_a, values_b = fa.decode(vectors.a), fb.decode(vectors.b)
     quantum = Fraction(fa.min_subnormal) * Fraction(fb.min_subnormal)
-    product_lsb = quantum.numerator.bit_length() - quantum.denominator.bit_length()  # a power of two
+    product_lsb = (
+        quantum.numerator.bit_length() - quantum.denominator.bit_length()
+    )  # a power of two
     k, n_blocks = unit.block_size, unit.dot_length // unit.block_size
     records = []
     for row in range(len(vectors)):
@@ -92,8 +98,12 @@ def exact_stages(unit: GoldenUnit, vectors: VectorSet) -> list[dict]:
             else:
                 scales.append(0)
             lanes = range(block * k, (block + 1) * k)
-            products.append([_product(float(values_a[row, i]), float(values_b[row, i]), quantum) for i in lanes])
-        lsb = min([product_lsb + s for s in scales if s is not None] + [-149])  # -149: FP32 c's grid
+            products.append(
+                [_product(float(values_a[row, i]), float(values_b[row, i]), quantum) for i in lanes]
+            )
+        lsb = min(
+            [product_lsb + s for s in scales if s is not None] + [-149]
+        )  # -149: FP32 c's grid
         aligned, accumulator = [], []
         running, special = 0, None
         for scale, block_products in zip(scales, products):
@@ -174,10 +184,15 @@ def datapath_stage_fn(hw, unit: GoldenUnit):
         records = []
         for i in range(len(vectors)):
             result = explain(
-                hw, vectors.a[i], vectors.b[i], a_format=unit.a_format, b_format=unit.b_format,
+                hw,
+                vectors.a[i],
+                vectors.b[i],
+                a_format=unit.a_format,
+                b_format=unit.b_format,
                 scale_a=None if vectors.scale_a is None else vectors.scale_a[i],
                 scale_b=None if vectors.scale_b is None else vectors.scale_b[i],
-                c=c_values[i], out_format=unit.out_format,
+                c=c_values[i],
+                out_format=unit.out_format,
             )
             record = {
                 "index": i,

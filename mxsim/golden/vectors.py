@@ -62,11 +62,19 @@ class VectorSet:
 
     def rows(self, start: int, stop: int) -> "VectorSet":
         """Vectors ``start`` to ``stop - 1`` (views of the arrays, not copies)."""
+
         def part(array):
             return None if array is None else array[start:stop]
 
-        return VectorSet(self.a[start:stop], self.b[start:stop], part(self.scale_a), part(self.scale_b),
-                         self.c[start:stop], part(self.d), self.labels[start:stop])
+        return VectorSet(
+            self.a[start:stop],
+            self.b[start:stop],
+            part(self.scale_a),
+            part(self.scale_b),
+            self.c[start:stop],
+            part(self.d),
+            self.labels[start:stop],
+        )
 
     def column(self, name: str) -> np.ndarray:
         """The field ``name`` as an (n, items) integer array."""
@@ -83,7 +91,9 @@ def hex_column(values: np.ndarray, item_bits: int, hex_digits: int) -> np.ndarra
     n, items = values.shape
     if item_bits < 64 and values.size and int(values.max()) >> item_bits:
         raise MxsimError(f"golden: a value does not fit its {item_bits}-bit field")
-    bits = ((values[:, :, None] >> np.arange(item_bits, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
+    bits = ((values[:, :, None] >> np.arange(item_bits, dtype=np.uint64)) & np.uint64(1)).astype(
+        np.uint8
+    )
     bits = bits.reshape(n, items * item_bits)
     padded = np.zeros((n, 4 * hex_digits), dtype=np.uint8)
     padded[:, : items * item_bits] = bits
@@ -98,7 +108,9 @@ def format_lines(layout: VectorLayout, vectors: VectorSet) -> list[str]:
     return ["_".join(parts) for parts in zip(*columns)]
 
 
-def header_lines(layout: VectorLayout, unit, *, mxsim_version: str, seed: int, kind: str, count: int) -> list[str]:
+def header_lines(
+    layout: VectorLayout, unit, *, mxsim_version: str, seed: int, kind: str, count: int
+) -> list[str]:
     """The ``//`` header lines (no newline) that describe a vector file."""
     lines = [
         f"// mxsim golden vectors, format {FILE_FORMAT_VERSION}",
@@ -109,7 +121,9 @@ def header_lines(layout: VectorLayout, unit, *, mxsim_version: str, seed: int, k
         "fields most significant first, '_' between fields",
     ]
     for f in layout.fields:
-        lines.append(f"// field {f.name} [{f.msb}:{f.lsb}] {f.bits} bits ({f.items} x {f.item_bits}): {f.meaning}")
+        lines.append(
+            f"// field {f.name} [{f.msb}:{f.lsb}] {f.bits} bits ({f.items} x {f.item_bits}): {f.meaning}"
+        )
     return lines
 
 
@@ -130,7 +144,17 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
             if match:
                 name, msb, lsb, bits, items, item_bits, meaning = match.groups()
                 msb, lsb = int(msb), int(lsb)
-                fields.append(Field(name, lsb, int(bits), (msb - lsb + 1) // 4, int(items), int(item_bits), meaning))
+                fields.append(
+                    Field(
+                        name,
+                        lsb,
+                        int(bits),
+                        (msb - lsb + 1) // 4,
+                        int(items),
+                        int(item_bits),
+                        meaning,
+                    )
+                )
             continue
         rows.append((number, stripped))
     if not fields:
@@ -142,7 +166,9 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
     for number, line in rows:
         parts = line.split("_")
         if [len(p) for p in parts] != widths:
-            raise MxsimError(f"{source}:{number}: expected fields of {widths} hex digits, got {line!r}")
+            raise MxsimError(
+                f"{source}:{number}: expected fields of {widths} hex digits, got {line!r}"
+            )
         try:
             words.append(int("".join(parts), 16))
         except ValueError:
@@ -155,14 +181,18 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
         for row, word in enumerate(words):
             value = word >> f.lsb
             if value >> f.bits & ((1 << (f.width - f.bits)) - 1):
-                raise MxsimError(f"{source}:{rows[row][0]}: padding bits of field {f.name!r} are not zero")
+                raise MxsimError(
+                    f"{source}:{rows[row][0]}: padding bits of field {f.name!r} are not zero"
+                )
             for item in range(f.items):
                 column[row, item] = (value >> (item * f.item_bits)) & mask
         columns[f.name] = column
     n = len(words)
     vectors = VectorSet(
-        a=columns["a"], b=columns["b"],
-        scale_a=columns.get("scale_a"), scale_b=columns.get("scale_b"),
+        a=columns["a"],
+        b=columns["b"],
+        scale_a=columns.get("scale_a"),
+        scale_b=columns.get("scale_b"),
         c=columns["c"].reshape(n).astype(_word_dtype(layout.field("c").item_bits)),
         d=columns["d"].reshape(n).astype(_word_dtype(layout.field("d").item_bits)),
     )
@@ -171,7 +201,15 @@ def parse_vector_text(text: str, source: str = "<vectors>") -> tuple[VectorLayou
 
 def _code_dtype(bits: int) -> type:
     """The smallest unsigned dtype of ``bits``-bit items (1..64)."""
-    return np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32 if bits <= 32 else np.uint64
+    return (
+        np.uint8
+        if bits <= 8
+        else np.uint16
+        if bits <= 16
+        else np.uint32
+        if bits <= 32
+        else np.uint64
+    )
 
 
 def _word_dtype(bits: int) -> type:
@@ -186,12 +224,18 @@ def _check_fields(fields: list[Field], source: str) -> None:
     missing = [name for name in ("a", "b", "c", "d") if name not in names]
     unknown = [name for name in names if name not in ("a", "b", "scale_a", "scale_b", "c", "d")]
     if missing or unknown or len(set(names)) != len(names):
-        raise MxsimError(f"{source}: the '// field' lines name {', '.join(map(repr, names))[:200]}; expected a, b, "
-                         "c, d and optionally scale_a, scale_b, each once")
+        raise MxsimError(
+            f"{source}: the '// field' lines name {', '.join(map(repr, names))[:200]}; expected a, b, "
+            "c, d and optionally scale_a, scale_b, each once"
+        )
     for f in fields:
-        if not (1 <= f.item_bits <= 64 and 1 <= f.items <= (1 if f.name in ("c", "d") else 1 << 16)):
-            raise MxsimError(f"{source}: field {f.name!r} declares {f.items} items of {f.item_bits} bits; expected "
-                             "items of 1..64 bits, one for c and d, at most 65536 otherwise")
+        if not (
+            1 <= f.item_bits <= 64 and 1 <= f.items <= (1 if f.name in ("c", "d") else 1 << 16)
+        ):
+            raise MxsimError(
+                f"{source}: field {f.name!r} declares {f.items} items of {f.item_bits} bits; expected "
+                "items of 1..64 bits, one for c and d, at most 65536 otherwise"
+            )
 
 
 def read_vector_file(path: str | Path) -> tuple[VectorLayout, VectorSet]:

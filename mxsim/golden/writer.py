@@ -47,19 +47,29 @@ from .vectors import FILE_FORMAT_VERSION, VectorSet, format_lines, header_lines
 MANIFEST_NAME = "manifest.json"
 CHUNK = 2048  # vectors per expected_fn call (progress granularity)
 MAX_DOT_LENGTH = 1 << 16
-MAX_STAGE_VECTORS = 10_000  # per stage file: fp4 x fp4 exhaustive (8448) fits, fp8 x fp8 (65536) does not
+MAX_STAGE_VECTORS = (
+    10_000  # per stage file: fp4 x fp4 exhaustive (8448) fits, fp8 x fp8 (65536) does not
+)
 
 ExpectedFn = Callable[..., np.ndarray]
 
 
 def dot_expected_fn(hw, unit: GoldenUnit) -> ExpectedFn:
     """The default expected function: ``mxsim.dot`` on one unit's format pair, as output bits."""
-    from mxsim.datapath import dot  # lazily: the datapath is not needed to read or write vector files
+    from mxsim.datapath import (
+        dot,
+    )  # lazily: the datapath is not needed to read or write vector files
 
     def expected(a, b, scale_a, scale_b, c):
         out = dot(
-            hw, a, b, a_format=unit.a_format, b_format=unit.b_format,
-            scale_a=scale_a, scale_b=scale_b, c=unit.c_values(c),
+            hw,
+            a,
+            b,
+            a_format=unit.a_format,
+            b_format=unit.b_format,
+            scale_a=scale_a,
+            scale_b=scale_b,
+            c=unit.c_values(c),
             out_format=unit.out_format,
         )
         return output_bits(out, unit.out_format)
@@ -121,7 +131,12 @@ class Progress:
             now = time.monotonic()
             if now - self.last >= 0.5 or self.done == self.total:
                 self.last = now
-                print(f"\r{self.description}: {self.done}/{self.total} vectors", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\r{self.description}: {self.done}/{self.total} vectors",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -134,7 +149,9 @@ def _kinds(kinds) -> list[str]:
     if isinstance(kinds, str):
         kinds = [kinds]
     if not isinstance(kinds, (list, tuple)):
-        raise ArgumentError(f"golden: kinds must be a case kind or a list of them ({', '.join(KINDS)})")
+        raise ArgumentError(
+            f"golden: kinds must be a case kind or a list of them ({', '.join(KINDS)})"
+        )
     chosen = []
     for kind in kinds:
         if not isinstance(kind, str) or kind not in KINDS:
@@ -159,23 +176,30 @@ def make_cases(unit: GoldenUnit, kind: str, cases: int, seed: int) -> VectorSet:
     return vectors
 
 
-def fill_expected(vectors: VectorSet, expected_fn: ExpectedFn, progress: Progress | None = None) -> VectorSet:
+def fill_expected(
+    vectors: VectorSet, expected_fn: ExpectedFn, progress: Progress | None = None
+) -> VectorSet:
     """Set ``vectors.d`` from ``expected_fn``, called in chunks of CHUNK vectors."""
     parts = []
     for start in range(0, len(vectors), CHUNK):
         stop = min(start + CHUNK, len(vectors))
         rows = slice(start, stop)
         bits = expected_fn(
-            vectors.a[rows], vectors.b[rows],
+            vectors.a[rows],
+            vectors.b[rows],
             None if vectors.scale_a is None else vectors.scale_a[rows],
             None if vectors.scale_b is None else vectors.scale_b[rows],
             vectors.c[rows],
         )
         bits = np.asarray(bits)
         if bits.shape != (stop - start,):
-            raise MxsimError(f"golden: expected_fn returned shape {bits.shape} for {stop - start} vectors")
+            raise MxsimError(
+                f"golden: expected_fn returned shape {bits.shape} for {stop - start} vectors"
+            )
         if bits.dtype.kind not in "iu":
-            raise MxsimError(f"golden: expected_fn must return output bits as integers, got dtype {bits.dtype}")
+            raise MxsimError(
+                f"golden: expected_fn must return output bits as integers, got dtype {bits.dtype}"
+            )
         parts.append(bits.astype(np.uint64 if bits.dtype.itemsize > 4 else np.uint32))
         if progress is not None:
             progress.update(stop - start)
@@ -200,12 +224,16 @@ def _stage_lines(vectors: VectorSet, stage_fn) -> Iterable[str]:
         stop = min(start + CHUNK, len(vectors))
         records = list(stage_fn(vectors.rows(start, stop)))
         if len(records) != stop - start or not all(isinstance(record, dict) for record in records):
-            raise MxsimError(f"golden: the stage function must give one dict per vector; got {len(records)} "
-                             f"records for {stop - start} vectors")
+            raise MxsimError(
+                f"golden: the stage function must give one dict per vector; got {len(records)} "
+                f"records for {stop - start} vectors"
+            )
         lines = []
         for offset, record in enumerate(records):
             record = dict(json_safe(record), index=start + offset)
-            lines.append(json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n")
+            lines.append(
+                json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
+            )
         yield "".join(lines)
 
 
@@ -229,7 +257,9 @@ def _resolve_units(hw, pairs, dot_length) -> tuple[object, list[GoldenUnit]]:
     from ..datapath.config import HardwareConfig
 
     if not isinstance(hw, HardwareConfig):
-        raise ArgumentError(f"golden: hw must be a HardwareConfig, a hwconfig path or GoldenUnits, got {type(hw).__name__}")
+        raise ArgumentError(
+            f"golden: hw must be a HardwareConfig, a hwconfig path or GoldenUnits, got {type(hw).__name__}"
+        )
     return hw, units_from_hwconfig(hw, pairs=pairs, dot_length=dot_length)
 
 
@@ -285,7 +315,10 @@ def generate(
         dot_length = check_int(dot_length, "golden: dot_length", 1, MAX_DOT_LENGTH)
     hw, units = _resolve_units(hw, pairs, dot_length)
     for unit in units:  # the vectors' arrays and hex text, about 64 bytes per element
-        check_budget(cases * unit.dot_length * 64, f"golden: {cases} random vectors of length {unit.dot_length}")
+        check_budget(
+            cases * unit.dot_length * 64,
+            f"golden: {cases} random vectors of length {unit.dot_length}",
+        )
     if expected_fn is not None and expected_factory is not None:
         raise MxsimError("golden: pass expected_fn or expected_factory, not both")
     if (expected_fn is not None or stage_fn is not None) and len(units) != 1:
@@ -294,12 +327,18 @@ def generate(
             "restrict pairs= or pass expected_factory"
         )
     if expected_fn is None and expected_factory is None and hw is None:
-        raise MxsimError("golden: generating from GoldenUnit objects needs expected_fn or expected_factory")
+        raise MxsimError(
+            "golden: generating from GoldenUnit objects needs expected_fn or expected_factory"
+        )
     if len({(u.config_name, u.config_hash) for u in units}) != 1:
         raise MxsimError("golden: all units must come from one config")
     stems = [unit.pair_name for unit in units]
-    if len(set(stems)) != len(stems):  # one file set per pair: a repeated unit would be written twice
-        raise ArgumentError(f"golden: a format pair is given more than once ({', '.join(stems)}); give each once")
+    if len(set(stems)) != len(
+        stems
+    ):  # one file set per pair: a repeated unit would be written twice
+        raise ArgumentError(
+            f"golden: a format pair is given more than once ({', '.join(stems)}); give each once"
+        )
     out = check_output_directory(out_dir, _is_golden_output, "golden: out_dir")
     # Vectors are made, written and dropped one (unit, kind) at a time, so memory holds one
     # set. The progress total starts at the counts known beforehand (random and exhaustive,
@@ -312,14 +351,27 @@ def generate(
             if stage_dumps:
                 _check_stage_count(unit, kind, count)
             if kind == "exhaustive":  # the vectors' arrays and hex text, as for random
-                check_budget(count * unit.dot_length * 64,
-                             f"golden: exhaustive {unit.pair_name}, {count} vectors of length {unit.dot_length}")
+                check_budget(
+                    count * unit.dot_length * 64,
+                    f"golden: exhaustive {unit.pair_name}, {count} vectors of length {unit.dot_length}",
+                )
             total += count
     if progress is None:
         progress = total >= 20000 and sys.stderr.isatty()
     with staged_directory(out) as staging:
-        return _write_units(hw, units, staging, chosen_kinds, cases, seed, stage_dumps, Progress(total, progress),
-                            expected_fn, expected_factory, stage_fn)
+        return _write_units(
+            hw,
+            units,
+            staging,
+            chosen_kinds,
+            cases,
+            seed,
+            stage_dumps,
+            Progress(total, progress),
+            expected_fn,
+            expected_factory,
+            stage_fn,
+        )
 
 
 def _is_golden_output(directory: Path) -> bool:
@@ -333,15 +385,28 @@ def _is_golden_output(directory: Path) -> bool:
         return False
 
 
-def _write_units(hw, units, out: Path, chosen_kinds, cases, seed, stage_dumps, bar: Progress,
-                 expected_fn, expected_factory, stage_fn) -> dict:
+def _write_units(
+    hw,
+    units,
+    out: Path,
+    chosen_kinds,
+    cases,
+    seed,
+    stage_dumps,
+    bar: Progress,
+    expected_fn,
+    expected_factory,
+    stage_fn,
+) -> dict:
     """Make and write every unit's vectors and the manifest into ``out``; return the manifest."""
     manifest_units = []
     counts = {kind: 0 for kind in chosen_kinds}
     expected_name = None
     try:
         for unit in units:
-            fn = expected_fn or (expected_factory(unit) if expected_factory else dot_expected_fn(hw, unit))
+            fn = expected_fn or (
+                expected_factory(unit) if expected_factory else dot_expected_fn(hw, unit)
+            )
             expected_name = expected_name or getattr(fn, "__qualname__", type(fn).__name__)
             stages = stage_fn or (datapath_stage_fn(hw, unit) if stage_dumps else None)
             layout = layout_for(unit)
@@ -351,7 +416,14 @@ def _write_units(hw, units, out: Path, chosen_kinds, cases, seed, stage_dumps, b
                 bar.grow(len(vectors) - _known_count(unit, kind, cases))
                 fill_expected(vectors, fn, bar)
                 stem = unit.file_stem(kind)
-                lines = header_lines(layout, unit, mxsim_version=__version__, seed=seed, kind=kind, count=len(vectors))
+                lines = header_lines(
+                    layout,
+                    unit,
+                    mxsim_version=__version__,
+                    seed=seed,
+                    kind=kind,
+                    count=len(vectors),
+                )
                 text = "\n".join(lines + format_lines(layout, vectors)) + "\n"
                 write_atomic(out / f"{stem}.hex", text)
                 labels = "".join(f"{i} {label}\n" for i, label in enumerate(vectors.labels))
@@ -365,7 +437,10 @@ def _write_units(hw, units, out: Path, chosen_kinds, cases, seed, stage_dumps, b
                 }
                 if stage_dumps:
                     _check_stage_count(unit, kind, len(vectors))
-                    write_atomic(out / f"{stem}.stages.jsonl", _stage_lines(vectors, stages or partial(exact_stages, unit)))
+                    write_atomic(
+                        out / f"{stem}.stages.jsonl",
+                        _stage_lines(vectors, stages or partial(exact_stages, unit)),
+                    )
                     entry["stages"] = f"{stem}.stages.jsonl"
                 files[kind] = entry
                 counts[kind] += len(vectors)

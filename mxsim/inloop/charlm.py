@@ -25,7 +25,9 @@ def build_char_transformer(config: dict):
     nn, F = torch.nn, torch.nn.functional
     missing = [k for k in CONFIG_KEYS if k not in config]
     if missing:
-        raise MxsimError(f"char-transformer config needs {', '.join(CONFIG_KEYS)}; missing {', '.join(missing)}")
+        raise MxsimError(
+            f"char-transformer config needs {', '.join(CONFIG_KEYS)}; missing {', '.join(missing)}"
+        )
     vocab, d, n_layers, heads, context = (int(config[k]) for k in CONFIG_KEYS)
 
     class Block(nn.Module):
@@ -68,12 +70,16 @@ def build_model(architecture: str, config: dict, state: dict[str, np.ndarray]):
     """The named architecture built from ``config`` with parameters ``state`` (eval mode)."""
     torch = require("torch")
     if architecture not in ARCHITECTURES:
-        raise MxsimError(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
+        raise MxsimError(
+            f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}"
+        )
     model = ARCHITECTURES[architecture](config)
     try:
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
     except RuntimeError as error:
-        raise MxsimError(f"{architecture}: the state arrays do not fit the config: {error}") from None
+        raise MxsimError(
+            f"{architecture}: the state arrays do not fit the config: {error}"
+        ) from None
     return model.eval()
 
 
@@ -84,5 +90,7 @@ def perplexity(model, tokens: np.ndarray, targets: np.ndarray) -> float:
     with torch.no_grad():
         logits = model(torch.from_numpy(np.asarray(tokens, dtype=np.int64)))
         log_probs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-        picked = log_probs.gather(-1, torch.from_numpy(np.asarray(targets, dtype=np.int64))[..., None])
+        picked = log_probs.gather(
+            -1, torch.from_numpy(np.asarray(targets, dtype=np.int64))[..., None]
+        )
     return math.exp(-float(picked.mean()))

@@ -20,7 +20,11 @@ def rebuild_model(trace: Trace):
     if network is None or network.model is None:
         raise MxsimError(f"trace {trace.name!r} has no network.model to rebuild")
     prefix = network.model["state"]
-    state = {name[len(prefix):]: array for name, array in trace.dataset.items() if name.startswith(prefix)}
+    state = {
+        name[len(prefix) :]: array
+        for name, array in trace.dataset.items()
+        if name.startswith(prefix)
+    }
     return build_model(network.model["architecture"], network.model["config"], state)
 
 

@@ -27,7 +27,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from .._optional import require
-from ..capture.onnx_graph import STANDARD_DOMAINS, Graph, attributes, check_feeds, load_graph, run_graph
+from ..capture.onnx_graph import (
+    STANDARD_DOMAINS,
+    Graph,
+    attributes,
+    check_feeds,
+    load_graph,
+    run_graph,
+)
 from ..capture.onnx_layers import IDENTITY, Skip, layer_views
 from ..capture.onnx_quark import QUARK_DOMAINS, quark_node_function
 from ..errors import MxsimError
@@ -43,11 +50,20 @@ def _node_alone(g: Graph, node, operands: list) -> np.ndarray:
     named = [(name, value) for name, value in zip(node.input, operands) if name]
     key = ("node alone", id(node), tuple(value.dtype for _, value in named))
     if key not in g.sessions:
-        inputs = [onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), None)
-                  for name, value in named]
-        graph = onnx.helper.make_graph([node], "node", inputs, [onnx.ValueInfoProto(name=node.output[0])])
-        g.sessions[key] = g.session(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)],
-                                                           ir_version=10))
+        inputs = [
+            onnx.helper.make_tensor_value_info(
+                name, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), None
+            )
+            for name, value in named
+        ]
+        graph = onnx.helper.make_graph(
+            [node], "node", inputs, [onnx.ValueInfoProto(name=node.output[0])]
+        )
+        g.sessions[key] = g.session(
+            onnx.helper.make_model(
+                graph, opset_imports=[onnx.helper.make_opsetid("", 21)], ir_version=10
+            )
+        )
     return g.sessions[key].run(None, dict(named))[0]
 
 
@@ -77,9 +93,18 @@ def _output_template(node, node_attrs: dict, x: np.ndarray, w: np.ndarray) -> np
     return np.empty(shape, dtype=x.dtype)
 
 
-def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: str | None = None,
-                     b_format: str | None = None, out_format: str | None = None, scaling: str = "auto",
-                     outputs=None, bfp_kernel: str = "cpu") -> dict[str, np.ndarray]:
+def run_onnx_on_unit(
+    model,
+    inputs: Mapping[str, np.ndarray],
+    hw,
+    *,
+    a_format: str | None = None,
+    b_format: str | None = None,
+    out_format: str | None = None,
+    scaling: str = "auto",
+    outputs=None,
+    bfp_kernel: str = "cpu",
+) -> dict[str, np.ndarray]:
     """Run ``model`` on ``inputs`` with every float MatMul/Gemm/Conv/ConvTranspose node
     computed by the unit ``hw``; return the graph outputs (or the values named in ``outputs``).
 
@@ -113,19 +138,27 @@ def run_onnx_on_unit(model, inputs: Mapping[str, np.ndarray], hw, *, a_format: s
                 op, attrs, views, _ = layer_views(node, node_attrs, x, w, out, False)
             except Skip:
                 return out
-            tensors = {role: views.get(role, IDENTITY).array(value)
-                       for role, value in (("input", x), ("weight", w), ("output", out))}
+            tensors = {
+                role: views.get(role, IDENTITY).array(value)
+                for role, value in (("input", x), ("weight", w), ("output", out))
+            }
             layer = Layer(node.name or node.op_type, op, tensors, attrs)
-            kept = None  # a constant weight's quantizations are kept with the graph (it never changes)
+            kept = (
+                None  # a constant weight's quantizations are kept with the graph (it never changes)
+            )
             if g.is_constant(node.input[1]) and w is g.constants[node.input[1]]:
                 kept = g.weight_quantizations.setdefault((node.input[1], id(node)), {})
-            values = layer_on_unit(layer, hw, a_format, b_format, per_tensor_scale, out_format, kept)
+            values = layer_on_unit(
+                layer, hw, a_format, b_format, per_tensor_scale, out_format, kept
+            )
             values = values.reshape(out.shape)  # output views only insert unit axes
             if bias is not None:
                 if node.op_type == "Gemm":
                     values = values + float(node_attrs.get("beta", 1.0)) * bias.astype(np.float64)
                 else:
-                    values = values + bias.astype(np.float64).reshape((1, -1) + (1,) * (out.ndim - 2))
+                    values = values + bias.astype(np.float64).reshape(
+                        (1, -1) + (1,) * (out.ndim - 2)
+                    )
             return values.astype(out.dtype)
 
         return compute

@@ -47,16 +47,32 @@ def check_scaling(scaling: str) -> bool | None:
     return None if scaling == "auto" else scaling == "tensor"
 
 
-def layer_on_unit(layer: Layer, hw: HardwareConfig, a_format, b_format, per_tensor_scale, out_format,
-                  weight_quantizations: dict | None = None) -> np.ndarray:
+def layer_on_unit(
+    layer: Layer,
+    hw: HardwareConfig,
+    a_format,
+    b_format,
+    per_tensor_scale,
+    out_format,
+    weight_quantizations: dict | None = None,
+) -> np.ndarray:
     """``layer``'s output (float64, the layer's layout) computed by ``hw``, and nothing else
     (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing.
     ``weight_quantizations``: as for :func:`~mxsim.replay.layer.run_layer`."""
     if layer.output.size == 0:
         return np.zeros(layer.output.shape)
-    return run_layer(layer, hw, element_format=a_format, weight_format=b_format, per_tensor_scale=per_tensor_scale,
-                     out_format=out_format, with_ideal=False, strict=True, count_clipped=False,
-                     weight_quantizations=weight_quantizations).values
+    return run_layer(
+        layer,
+        hw,
+        element_format=a_format,
+        weight_format=b_format,
+        per_tensor_scale=per_tensor_scale,
+        out_format=out_format,
+        with_ideal=False,
+        strict=True,
+        count_clipped=False,
+        weight_quantizations=weight_quantizations,
+    ).values
 
 
 def model_quantization(layer: Layer) -> dict[str, str]:
@@ -66,7 +82,11 @@ def model_quantization(layer: Layer) -> dict[str, str]:
     for operand, quantizer in layer.source["quantizers"].items():
         spec = layer.quant.get(operand)
         if spec is not None:
-            manifest = spec.to_manifest(operand) if isinstance(spec, (QDQQuant, MXQuant)) else spec.to_manifest()
+            manifest = (
+                spec.to_manifest(operand)
+                if isinstance(spec, (QDQQuant, MXQuant))
+                else spec.to_manifest()
+            )
             taken[operand] = f"{quantizer}: {spec.kind} {manifest}"
         else:
             note = layer.source.get("quant_notes", {}).get(operand, "")
@@ -90,8 +110,18 @@ class UnitInLoop(_Recorder):
 
     WHO = "torch_unit"
 
-    def __init__(self, torch, model, hw: HardwareConfig, quant: QuantArg, a_format, b_format, out_format,
-                 per_tensor_scale, bar=None):
+    def __init__(
+        self,
+        torch,
+        model,
+        hw: HardwareConfig,
+        quant: QuantArg,
+        a_format,
+        b_format,
+        out_format,
+        per_tensor_scale,
+        bar=None,
+    ):
         super().__init__(torch, model, quant)
         self.copies = False  # each layer is computed, and dropped, before the model goes on
         self.hw = hw
@@ -109,7 +139,9 @@ class UnitInLoop(_Recorder):
         super().skip(op, reason, name)
         if op == "aten.convolution" and "non-float" not in reason:
             skipped = self.skipped[-1]
-            raise MxsimError(f"torch_unit: {skipped['name']} ({op}): {reason}; the unit cannot compute it")
+            raise MxsimError(
+                f"torch_unit: {skipped['name']} ({op}): {reason}; the unit cannot compute it"
+            )
 
     def run_gemm(self, func, args, kwargs, a, b, bias=None):
         """A placeholder of the call's output shape and dtype (no float GEMM: the unit's result
@@ -118,9 +150,14 @@ class UnitInLoop(_Recorder):
         raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists)."""
         torch = self.torch
         operands = [t for t in (a, b, bias) if t is not None]
-        if (b is None or a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]
-                or any(not t.is_floating_point() or t.dtype != a.dtype for t in operands)
-                or (bias is not None and tuple(bias.shape) != (b.shape[-1],))):
+        if (
+            b is None
+            or a.dim() < 2
+            or b.dim() < 2
+            or a.shape[-1] != b.shape[-2]
+            or any(not t.is_floating_point() or t.dtype != a.dtype for t in operands)
+            or (bias is not None and tuple(bias.shape) != (b.shape[-1],))
+        ):
             return func(*args, **kwargs)
         try:
             batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -141,7 +178,11 @@ class UnitInLoop(_Recorder):
         the layer being recorded, whose values are ``weight_values``, emptied if those values
         changed; None when the weight is not a parameter of the model or a view of one."""
         weight = self.weight
-        if weight is None or not isinstance(weight, self.torch.Tensor) or weight.layout != self.torch.strided:
+        if (
+            weight is None
+            or not isinstance(weight, self.torch.Tensor)
+            or weight.layout != self.torch.strided
+        ):
             return None
         root = weight if weight._base is None else weight._base
         try:
@@ -163,17 +204,32 @@ class UnitInLoop(_Recorder):
         self.computed_layers.append(layer.name)
         if "quantizers" in layer.source:
             self.model_quantization[layer.name] = model_quantization(layer)
-        values = layer_on_unit(layer, self.hw, self.a_format, self.b_format, self.per_tensor_scale, self.out_format,
-                               self.kept_quantizations(layer.tensors["weight"]))
+        values = layer_on_unit(
+            layer,
+            self.hw,
+            self.a_format,
+            self.b_format,
+            self.per_tensor_scale,
+            self.out_format,
+            self.kept_quantizations(layer.tensors["weight"]),
+        )
         if self.bar is not None:
             self.bar.update(1)
         return values
 
 
 @contextlib.contextmanager
-def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None = None,
-               out_format: str | None = None, scaling: str = "auto", quant: QuantArg = None,
-               progress: bool | None = None) -> Iterator[UnitInLoop]:
+def torch_unit(
+    model,
+    hw,
+    *,
+    a_format: str | None = None,
+    b_format: str | None = None,
+    out_format: str | None = None,
+    scaling: str = "auto",
+    quant: QuantArg = None,
+    progress: bool | None = None,
+) -> Iterator[UnitInLoop]:
     """While active, every matmul and convolution PyTorch runs is computed by the unit ``hw``.
 
     Args:
@@ -206,11 +262,15 @@ def torch_unit(model, hw, *, a_format: str | None = None, b_format: str | None =
     """
     torch = require("torch")
     if model is not None and not isinstance(model, torch.nn.Module):
-        raise MxsimError(f"torch_unit: model must be a torch.nn.Module or None, got {type(model).__name__}")
+        raise MxsimError(
+            f"torch_unit: model must be a torch.nn.Module or None, got {type(model).__name__}"
+        )
     check_model(torch, model, "torch_unit")
     unit, per_tensor_scale = _unit(hw), check_scaling(scaling)
     bar = progress_bar(None, "layer", sys.stderr.isatty() if progress is None else bool(progress))
-    recorder = UnitInLoop(torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar)
+    recorder = UnitInLoop(
+        torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar
+    )
     try:
         with intercepting(torch, model, recorder), running(recorder, "torch_unit"):
             yield recorder

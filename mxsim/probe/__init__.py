@@ -8,5 +8,15 @@ disagree. See docs/probe.md.
 from .core import DEFAULT_BUDGET, Decision, ProbeResult, Validation, probe
 from .units import CountingUnit, HwconfigUnit, ProbeError, SubprocessUnit, load_callable
 
-__all__ = ["DEFAULT_BUDGET", "CountingUnit", "Decision", "HwconfigUnit", "ProbeError", "ProbeResult",
-           "SubprocessUnit", "Validation", "load_callable", "probe"]
+__all__ = [
+    "DEFAULT_BUDGET",
+    "CountingUnit",
+    "Decision",
+    "HwconfigUnit",
+    "ProbeError",
+    "ProbeResult",
+    "SubprocessUnit",
+    "Validation",
+    "load_callable",
+    "probe",
+]

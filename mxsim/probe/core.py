@@ -55,11 +55,11 @@ class Decision:
     keys: tuple[str, ...]
     value: dict
     candidates: int
-    asked: int                      # inputs the unit answered for this probe (all passes)
+    asked: int  # inputs the unit answered for this probe (all passes)
     equivalent: list = field(default_factory=list)  # other candidates no answer told apart
-    mismatches: int = 0             # answers the kept value misses (0 unless no candidate fits)
+    mismatches: int = 0  # answers the kept value misses (0 unless no candidate fits)
     evidence: dict | None = None
-    about: str = ""                 # what the probe looks at (Probe.what)
+    about: str = ""  # what the probe looks at (Probe.what)
 
 
 @dataclass
@@ -70,7 +70,9 @@ class Validation:
     mismatches: int
     nan_payload_differences: int
     examples: list
-    targeted: int = 0  # rows asked where an equivalent value disagrees with the held one (in vectors)
+    targeted: int = (
+        0  # rows asked where an equivalent value disagrees with the held one (in vectors)
+    )
     answered: int = 0  # earlier answers the config misses (in mismatches, not in vectors)
 
 
@@ -87,7 +89,7 @@ class ProbeResult:
     seconds: float
     unit_seconds: float
     passes: int
-    stopped: str | None = None      # why the run ended before its last step (None: it ran them all)
+    stopped: str | None = None  # why the run ended before its last step (None: it ran them all)
     rounding_only: list = field(default_factory=list)  # keys decided only under the rounding probed
     #: How many of the unit's answers in this run (every probe's rows and every validation's)
     #: a config mapping of the same path misses (all of them for a mapping no unit can have).
@@ -99,10 +101,18 @@ class ProbeResult:
         return self.validation.mismatches == 0
 
     def report(self) -> dict:
-        return {"config": self.config, "exact": self.exact, "stopped": self.stopped,
-                "decisions": [vars(d) for d in self.decisions], "validation": vars(self.validation),
-                "rounding_only": self.rounding_only, "queries": self.queries, "seconds": round(self.seconds, 3),
-                "unit_seconds": round(self.unit_seconds, 3), "passes": self.passes}
+        return {
+            "config": self.config,
+            "exact": self.exact,
+            "stopped": self.stopped,
+            "decisions": [vars(d) for d in self.decisions],
+            "validation": vars(self.validation),
+            "rounding_only": self.rounding_only,
+            "queries": self.queries,
+            "seconds": round(self.seconds, 3),
+            "unit_seconds": round(self.unit_seconds, 3),
+            "passes": self.passes,
+        }
 
 
 def _key_items():
@@ -114,7 +124,14 @@ def _key_items():
 
 
 class _Engine:
-    def __init__(self, unit: CountingUnit, ctx: Context, name: str, progress=None, seconds: float | None = None):
+    def __init__(
+        self,
+        unit: CountingUnit,
+        ctx: Context,
+        name: str,
+        progress=None,
+        seconds: float | None = None,
+    ):
         self.unit, self.ctx, self.name = unit, ctx, name
         self.progress = progress  # a callable taking one line, or None
         self.started = time.perf_counter()
@@ -124,10 +141,14 @@ class _Engine:
             section, key = path.split(".")
             self.hyp[path] = SCHEMA[section][key].default
         self.hyp["inputs.block_size"] = ctx.block_size
-        self.hyp["inputs.c_format"] = ctx.c_format  # the format c is asked in: the "c format" probe may widen it
+        self.hyp["inputs.c_format"] = (
+            ctx.c_format
+        )  # the format c is asked in: the "c format" probe may widen it
         self.start = dict(self.hyp)
         self.pinned: dict = {}  # key path -> value every candidate must keep (a search with a placement pinned)
-        self.refused: set = set()  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
+        self.refused: set = (
+            set()
+        )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._answers: dict = {}
         self._answered: list = []  # (rows, answers) of each batch of new inputs asked, in order
@@ -135,9 +156,12 @@ class _Engine:
     # -- configs and predictions
 
     def data(self, hyp: dict, name: str | None = None) -> dict:
-        data = {"mxsim_hwconfig": 1, "name": name or self.name,
-                "inputs": {"a_formats": [self.ctx.a_format], "b_formats": [self.ctx.b_format]},
-                "output": {"format": self.ctx.out_format}}
+        data = {
+            "mxsim_hwconfig": 1,
+            "name": name or self.name,
+            "inputs": {"a_formats": [self.ctx.a_format], "b_formats": [self.ctx.b_format]},
+            "output": {"format": self.ctx.out_format},
+        }
         for path, value in hyp.items():
             section, key = path.split(".")
             data.setdefault(section, {})[key] = list(value) if isinstance(value, tuple) else value
@@ -149,11 +173,14 @@ class _Engine:
         loader checks them)."""
         if self._template is None:
             self._template = parse_hwconfig(self.data(self.hyp), "<probe>").params(
-                self.ctx.a_format, self.ctx.b_format, self.ctx.out_format)
+                self.ctx.a_format, self.ctx.b_format, self.ctx.out_format
+            )
         fields = {}
         for path, value in hyp.items():
             section, key = path.split(".")
-            fields[param_field(key, SCHEMA[section][key])] = tuple(value) if isinstance(value, list) else value
+            fields[param_field(key, SCHEMA[section][key])] = (
+                tuple(value) if isinstance(value, list) else value
+            )
         params = dataclasses.replace(self._template, **fields)
         try:
             check_consistency(params, "<probe candidate>")
@@ -167,24 +194,38 @@ class _Engine:
         have answered them."""
         scaled = params.scales != "none"
         top = _top_code(params.scale_format)
-        readable = ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1)) if scaled else None
+        readable = (
+            ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1))
+            if scaled
+            else None
+        )
         if readable is not None and not readable.all():
             out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
             if readable.any():
                 out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
             return out
-        out = dot_with_params(params, batch.a, batch.b, scale_a=batch.scale_a if scaled else None,
-                              scale_b=batch.scale_b if scaled else None, c=batch.c.view(self.ctx.c_dtype))
+        out = dot_with_params(
+            params,
+            batch.a,
+            batch.b,
+            scale_a=batch.scale_a if scaled else None,
+            scale_b=batch.scale_b if scaled else None,
+            c=batch.c.view(self.ctx.c_dtype),
+        )
         return out.astype(np.uint64)
 
     # -- asking the unit (each distinct input once)
 
     def ask(self, batch: Batch) -> np.ndarray:
-        keys_ = [b"".join(getattr(batch, n)[i].tobytes() for n in ("a", "b", "scale_a", "scale_b", "c"))
-                 for i in range(len(batch))]
+        keys_ = [
+            b"".join(getattr(batch, n)[i].tobytes() for n in ("a", "b", "scale_a", "scale_b", "c"))
+            for i in range(len(batch))
+        ]
         missing = [i for i, key in enumerate(keys_) if key not in self._answers]
         if missing and self.deadline is not None and time.perf_counter() > self.deadline:
-            raise ProbeError(f"the probe ran past its time budget of {self.deadline - self.started:g} s")
+            raise ProbeError(
+                f"the probe ran past its time budget of {self.deadline - self.started:g} s"
+            )
         if missing:
             rows = batch.take(missing)
             answers = self._unit_answers(rows)
@@ -202,14 +243,19 @@ class _Engine:
         predicts, so the refusal is evidence against every format that reads them (recorded in
         ``refused``: no later candidate takes one), not the end of the run. A unit failing on
         the other rows too, or a batch past the budget, still ends it (:class:`ProbeError`)."""
+
         def answer(rows: Batch) -> np.ndarray:
             return self.unit(rows.a, rows.b, rows.scale_a, rows.scale_b, rows.c)
 
         try:
             return answer(batch)
         except ProbeError:
-            codes = np.maximum(batch.scale_a.max(axis=1, initial=0), batch.scale_b.max(axis=1, initial=0))
-            unreadable = codes > min(_top_code(fmt) for fmt in SCHEMA["inputs"]["scale_format"].choices)
+            codes = np.maximum(
+                batch.scale_a.max(axis=1, initial=0), batch.scale_b.max(axis=1, initial=0)
+            )
+            unreadable = codes > min(
+                _top_code(fmt) for fmt in SCHEMA["inputs"]["scale_format"].choices
+            )
             if not unreadable.any() or self.unit.queries + len(batch) > self.unit.budget:
                 raise
         answers = np.empty(len(batch), np.uint64)
@@ -222,12 +268,16 @@ class _Engine:
                 raise
             answers[unreadable] = _unanswerable(self.ctx.out_format)
             top = int(codes[unreadable].max())
-            self.refused |= {fmt for fmt in SCHEMA["inputs"]["scale_format"].choices if _top_code(fmt) >= top}
+            self.refused |= {
+                fmt for fmt in SCHEMA["inputs"]["scale_format"].choices if _top_code(fmt) >= top
+            }
         return answers
 
     def answered(self) -> tuple[Batch, np.ndarray]:
         """Every input the unit has answered in this run, and its answers."""
-        return Batch.join([rows for rows, _ in self._answered]), np.concatenate([answers for _, answers in self._answered])
+        return Batch.join([rows for rows, _ in self._answered]), np.concatenate(
+            [answers for _, answers in self._answered]
+        )
 
     # -- one probe
 
@@ -239,9 +289,18 @@ class _Engine:
         params = [self.params({**self.hyp, **candidate}) for candidate in candidates]
         alive = [i for i, p in enumerate(params) if p is not None]
         if not alive:  # the keys held stay (the hypothesis held is a valid config): the run goes on
-            decision = Decision(probe.name, probe.keys, _plain({k: self.hyp[k] for k in probe.keys}), 0, asked_before,
-                                about=probe.what, evidence={"note": "no candidate forms a valid config with the other "
-                                                                    "keys held: the values held stay"})
+            decision = Decision(
+                probe.name,
+                probe.keys,
+                _plain({k: self.hyp[k] for k in probe.keys}),
+                0,
+                asked_before,
+                about=probe.what,
+                evidence={
+                    "note": "no candidate forms a valid config with the other "
+                    "keys held: the values held stay"
+                },
+            )
             self.say(f"{probe.name}: no candidate valid with the keys held; kept as held")
             return decision
         considered = len(alive)
@@ -263,34 +322,62 @@ class _Engine:
                 wrong = _differs(predictions[i][disagree], answers, self.ctx.out_format)
                 misses[i] += int(np.count_nonzero(wrong))
             for row, index in enumerate(disagree):
-                seen.append((chunk.row(int(index)), int(answers[row]), {i: int(p[index]) for i, p in predictions.items()}))
+                seen.append(
+                    (
+                        chunk.row(int(index)),
+                        int(answers[row]),
+                        {i: int(p[index]) for i, p in predictions.items()},
+                    )
+                )
             fewest = min(misses[i] for i in alive)
             alive = [i for i in alive if misses[i] == fewest]
-        held = next((i for i in (range(len(candidates)) if probe.strict else alive)
-                     if params[i] is not None and all(self.hyp.get(k) == v for k, v in candidates[i].items())), None)
+        held = next(
+            (
+                i
+                for i in (range(len(candidates)) if probe.strict else alive)
+                if params[i] is not None
+                and all(self.hyp.get(k) == v for k, v in candidates[i].items())
+            ),
+            None,
+        )
         # Values that fit every answer: the first listed (the simplest). None fits (another key
         # is still wrong, or no key describes the unit): the value held stays among the best
         # (a strict probe's, whatever it misses).
         chosen = held if misses[alive[0]] and held is not None else alive[0]
-        decision = Decision(probe.name, probe.keys, _plain(candidates[chosen]), considered, asked_before + asked,
-                            equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8], mismatches=misses[chosen],
-                            about=probe.what)
+        decision = Decision(
+            probe.name,
+            probe.keys,
+            _plain(candidates[chosen]),
+            considered,
+            asked_before + asked,
+            equivalent=[_plain(candidates[i]) for i in alive if i != chosen][:8],
+            mismatches=misses[chosen],
+            about=probe.what,
+        )
         decision.evidence = self._evidence(seen, candidates, chosen)
         self.hyp.update(candidates[chosen])
-        self.say(f"{probe.name}: {_values(decision.value)}" + (f" ({decision.mismatches} answers missed)" if decision.mismatches else ""))
+        self.say(
+            f"{probe.name}: {_values(decision.value)}"
+            + (f" ({decision.mismatches} answers missed)" if decision.mismatches else "")
+        )
         return decision
 
     def say(self, line: str) -> None:
         """One progress line (with the queries asked and the seconds so far) to the caller's sink."""
         if self.progress is not None:
-            self.progress(f"probe [{self.unit.queries} queries, {time.perf_counter() - self.started:.1f} s] {line}")
+            self.progress(
+                f"probe [{self.unit.queries} queries, {time.perf_counter() - self.started:.1f} s] {line}"
+            )
 
     def candidates(self, probe: Probe) -> list[dict]:
         """The probe's candidates that keep the pinned keys and read no refused scale format,
         each with group sums of a size its tree holds (:func:`_fit_groups`)."""
-        return [_fit_groups(self.ctx, self.hyp, c) for c in probe.candidates(self.ctx, self.hyp)
-                if all(c.get(key, value) == value for key, value in self.pinned.items())
-                and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused] or [{}]
+        return [
+            _fit_groups(self.ctx, self.hyp, c)
+            for c in probe.candidates(self.ctx, self.hyp)
+            if all(c.get(key, value) == value for key, value in self.pinned.items())
+            and c.get("inputs.scale_format", self.hyp["inputs.scale_format"]) not in self.refused
+        ] or [{}]
 
     def misses(self, hyp: dict, batch: Batch, answers: np.ndarray) -> np.ndarray:
         """Which of ``answers`` (the unit's, to ``batch``) the hypothesis misses."""
@@ -310,22 +397,36 @@ class _Engine:
             for probe in probes:
                 if not wrong.any():
                     return
-                missed, held_misses = batch.take(np.flatnonzero(wrong)), int(np.count_nonzero(wrong))
+                missed, held_misses = (
+                    batch.take(np.flatnonzero(wrong)),
+                    int(np.count_nonzero(wrong)),
+                )
                 right = np.flatnonzero(~wrong)
-                chunks = [(batch.take(rows), answers[rows]) for rows in np.array_split(right, max(1, -(-right.size // 1024)))]
+                chunks = [
+                    (batch.take(rows), answers[rows])
+                    for rows in np.array_split(right, max(1, -(-right.size // 1024)))
+                ]
                 best = None
                 for candidate in self.candidates(probe):
                     params = self.params({**self.hyp, **candidate})
                     if params is None or all(self.hyp.get(k) == v for k, v in candidate.items()):
                         continue
-                    misses = int(np.count_nonzero(_differs(self.predict(params, missed), answers[wrong], out_format)))
+                    misses = int(
+                        np.count_nonzero(
+                            _differs(self.predict(params, missed), answers[wrong], out_format)
+                        )
+                    )
                     if misses == held_misses:  # fits none of the answers the hypothesis misses
                         continue
                     limit = held_misses if best is None else best[0]
                     for rows, expected in chunks:
                         if misses >= limit:
                             break
-                        misses += int(np.count_nonzero(_differs(self.predict(params, rows), expected, out_format)))
+                        misses += int(
+                            np.count_nonzero(
+                                _differs(self.predict(params, rows), expected, out_format)
+                            )
+                        )
                     if misses < limit:
                         best = (misses, candidate)
                 if best is not None:
@@ -334,29 +435,57 @@ class _Engine:
                     wrong = self.misses(self.hyp, batch, answers)
                     changed = True
                     decisions[probe.name] = Decision(
-                        probe.name, probe.keys, _plain(candidate), len(self.candidates(probe)),
-                        decisions[probe.name].asked if probe.name in decisions else 0, mismatches=misses, about=probe.what,
-                        evidence={"note": f"taken in the last search, against all {len(batch)} answers of the run: "
-                                          f"misses {misses} of them, the value before {held_misses}"})
+                        probe.name,
+                        probe.keys,
+                        _plain(candidate),
+                        len(self.candidates(probe)),
+                        decisions[probe.name].asked if probe.name in decisions else 0,
+                        mismatches=misses,
+                        about=probe.what,
+                        evidence={
+                            "note": f"taken in the last search, against all {len(batch)} answers of the run: "
+                            f"misses {misses} of them, the value before {held_misses}"
+                        },
+                    )
             if not changed:
                 return
 
     def _evidence(self, seen, candidates, chosen) -> dict:
         """The answered input on which the kept value fits and the most other values miss."""
-        fitting = [(sum(not _same(p, answer, self.ctx.out_format) for p in predictions.values()), row, answer, predictions)
-                   for row, answer, predictions in seen
-                   if chosen in predictions and _same(predictions[chosen], answer, self.ctx.out_format)]
+        fitting = [
+            (
+                sum(not _same(p, answer, self.ctx.out_format) for p in predictions.values()),
+                row,
+                answer,
+                predictions,
+            )
+            for row, answer, predictions in seen
+            if chosen in predictions and _same(predictions[chosen], answer, self.ctx.out_format)
+        ]
         if not fitting:
-            return {"note": "no probe input told the candidates apart (every one gives the same outputs)"
-                    if not seen else "the kept value fits no answered input it was tried on"}
+            return {
+                "note": "no probe input told the candidates apart (every one gives the same outputs)"
+                if not seen
+                else "the kept value fits no answered input it was tried on"
+            }
         ruled_out, row, answer, predictions = max(fitting, key=lambda item: item[0])
         others = {}
         for i, got in predictions.items():
-            if not _same(got, answer, self.ctx.out_format) and len(others) < 4 and got not in others:
+            if (
+                not _same(got, answer, self.ctx.out_format)
+                and len(others) < 4
+                and got not in others
+            ):
                 others[got] = _plain(candidates[i])
-        return {"input": row, "unit_output": f"0x{answer:x}", "ruled_out_here": ruled_out,
-                "other_values": [{"value": value, "output": f"0x{got:x}"} for got, value in others.items()],
-                "inputs_asked": len(seen)}
+        return {
+            "input": row,
+            "unit_output": f"0x{answer:x}",
+            "ruled_out_here": ruled_out,
+            "other_values": [
+                {"value": value, "output": f"0x{got:x}"} for got, value in others.items()
+            ],
+            "inputs_asked": len(seen),
+        }
 
 
 def _fit_groups(ctx: Context, hyp: dict, candidate: dict) -> dict:
@@ -366,7 +495,11 @@ def _fit_groups(ctx: Context, hyp: dict, candidate: dict) -> dict:
     none does (the candidate then forms no valid config) or it sets the group size itself."""
     merged = {**hyp, **candidate}
     fused = merged["adder.fused_terms"]
-    if merged["inputs.scales"] != "group_sum" or "adder.group_terms" in candidate or not fused % merged["adder.group_terms"]:
+    if (
+        merged["inputs.scales"] != "group_sum"
+        or "adder.group_terms" in candidate
+        or not fused % merged["adder.group_terms"]
+    ):
         return candidate
     sizes = [g for g in range(2, fused + 1) if not fused % g and not ctx.block_size % g]
     return {**candidate, "adder.group_terms": sizes[-1]} if sizes else candidate
@@ -396,7 +529,9 @@ def _plain(candidate: dict) -> dict:
 def _is_nan(bits: np.ndarray, out_format: str) -> np.ndarray:
     fmt = get_format(out_format)
     exponent = (bits >> np.uint64(fmt.mantissa_bits)) & np.uint64((1 << fmt.exponent_bits) - 1)
-    return (exponent == (1 << fmt.exponent_bits) - 1) & ((bits & np.uint64((1 << fmt.mantissa_bits) - 1)) != 0)
+    return (exponent == (1 << fmt.exponent_bits) - 1) & (
+        (bits & np.uint64((1 << fmt.mantissa_bits) - 1)) != 0
+    )
 
 
 def _same(predicted: int, answer: int, out_format: str) -> bool:
@@ -407,7 +542,10 @@ def _same(predicted: int, answer: int, out_format: str) -> bool:
     fmt = get_format(out_format)
     exponent_mask = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
     mantissa_mask = (1 << fmt.mantissa_bits) - 1
-    return all(bits & exponent_mask == exponent_mask and bits & mantissa_mask for bits in (predicted, answer))
+    return all(
+        bits & exponent_mask == exponent_mask and bits & mantissa_mask
+        for bits in (predicted, answer)
+    )
 
 
 def _differs(predicted: np.ndarray, answers: np.ndarray, out_format: str) -> np.ndarray:
@@ -416,10 +554,19 @@ def _differs(predicted: np.ndarray, answers: np.ndarray, out_format: str) -> np.
 
 
 def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Validation, Batch]:
-    ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
-                  engine.ctx.out_format, seed=seed, scale_format=engine.hyp["inputs.scale_format"],
-                  c_format=engine.ctx.c_format)
-    batch = Batch.join([ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)])
+    ctx = Context(
+        engine.ctx.a_format,
+        engine.ctx.b_format,
+        engine.ctx.k,
+        engine.ctx.block_size,
+        engine.ctx.out_format,
+        seed=seed,
+        scale_format=engine.hyp["inputs.scale_format"],
+        c_format=engine.ctx.c_format,
+    )
+    batch = Batch.join(
+        [ctx.realistic(random - random // 2), ctx.uniform(random // 2), ctx.corners(corners)]
+    )
     # half the corners that cancel exactly are zero chains instead (a zero an early step leaves,
     # then -0 products), drawn after the others
     chains = np.arange(random + 15, len(batch), 16)
@@ -429,10 +576,18 @@ def _validate(engine: _Engine, seed: int, random: int, corners: int) -> tuple[Va
     differs = _differs(predicted, answers, ctx.out_format)
     payload = (predicted != answers) & ~differs
     rows = np.flatnonzero(differs)
-    examples = [{"input": batch.row(int(i)), "unit_output": f"0x{int(answers[i]):x}",
-                 "config_output": f"0x{int(predicted[i]):x}", "kind": "random" if i < random else "corner"}
-                for i in rows[:5]]
-    return Validation(len(batch), random, corners, int(rows.size), int(np.count_nonzero(payload)), examples), batch.take(rows)
+    examples = [
+        {
+            "input": batch.row(int(i)),
+            "unit_output": f"0x{int(answers[i]):x}",
+            "config_output": f"0x{int(predicted[i]):x}",
+            "kind": "random" if i < random else "corner",
+        }
+        for i in rows[:5]
+    ]
+    return Validation(
+        len(batch), random, corners, int(rows.size), int(np.count_nonzero(payload)), examples
+    ), batch.take(rows)
 
 
 #: Polishing rounds (:meth:`_Engine.polish`, each measured) at most, after every search missed.
@@ -444,8 +599,14 @@ TARGETED_ROWS, TARGETED_PER_VALUE = 256, 4
 OVERFLOW_ROWS, OVERFLOW_ASKED = 64, 16
 
 
-def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: int = 1024,
-              overflow_rows: int = OVERFLOW_ROWS) -> tuple[Validation, Batch]:
+def _targeted(
+    engine: _Engine,
+    decisions,
+    seed: int,
+    validation: Validation,
+    n: int = 1024,
+    overflow_rows: int = OVERFLOW_ROWS,
+) -> tuple[Validation, Batch]:
     """The validation extended where a narrow output hides what separates values the probe's
     rows did not tell apart: each decision's ``equivalent`` values, put in the final hypothesis,
     are predicted (no query) on ``n`` fresh rows (realistic data and uniformly random codes,
@@ -458,8 +619,16 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
     rows seldom meet, show where partial sums are rounded. The rows it misses are counted as
     mismatches and returned, as the validation's are."""
     hyp = engine.hyp
-    ctx = Context(engine.ctx.a_format, engine.ctx.b_format, engine.ctx.k, engine.ctx.block_size,
-                  engine.ctx.out_format, seed=seed, scale_format=hyp["inputs.scale_format"], c_format=engine.ctx.c_format)
+    ctx = Context(
+        engine.ctx.a_format,
+        engine.ctx.b_format,
+        engine.ctx.k,
+        engine.ctx.block_size,
+        engine.ctx.out_format,
+        seed=seed,
+        scale_format=hyp["inputs.scale_format"],
+        c_format=engine.ctx.c_format,
+    )
     drawn = Batch.join([ctx.realistic(n // 4), ctx.uniform(n // 4)])
     batch = ctx.fit_c(Batch.join([drawn, _cancelling(ctx, drawn, hyp["inputs.scales"] != "none")]))
     cancelling_rows = len(batch)  # drawn last: the rows above stay as they were
@@ -476,19 +645,34 @@ def _targeted(engine: _Engine, decisions, seed: int, validation: Validation, n: 
             rows = np.flatnonzero(_differs(engine.predict(params, batch), held, ctx.out_format))
             if rows.size:
                 apart.append(rows)
-    chosen = (_nearest_first([rows[rows < cancelling_rows] for rows in apart], TARGETED_ROWS)
-              | _nearest_first([rows[rows >= cancelling_rows] for rows in apart], OVERFLOW_ASKED))
+    chosen = _nearest_first(
+        [rows[rows < cancelling_rows] for rows in apart], TARGETED_ROWS
+    ) | _nearest_first([rows[rows >= cancelling_rows] for rows in apart], OVERFLOW_ASKED)
     asked = np.array(sorted(chosen), dtype=np.int64)
     if not asked.size:
         return validation, batch.take(asked)
     answers = engine.ask(batch.take(asked))
     wrong = _differs(held[asked], answers, ctx.out_format)
     missed = asked[wrong]
-    examples = validation.examples + [
-        {"input": batch.row(int(i)), "unit_output": f"0x{int(a):x}", "config_output": f"0x{int(held[i]):x}",
-         "kind": "targeted"} for i, a in zip(missed, answers[wrong])][:5 - len(validation.examples)]
-    return dataclasses.replace(validation, vectors=validation.vectors + int(asked.size), targeted=int(asked.size),
-                               mismatches=validation.mismatches + int(missed.size), examples=examples), batch.take(missed)
+    examples = (
+        validation.examples
+        + [
+            {
+                "input": batch.row(int(i)),
+                "unit_output": f"0x{int(a):x}",
+                "config_output": f"0x{int(held[i]):x}",
+                "kind": "targeted",
+            }
+            for i, a in zip(missed, answers[wrong])
+        ][: 5 - len(validation.examples)]
+    )
+    return dataclasses.replace(
+        validation,
+        vectors=validation.vectors + int(asked.size),
+        targeted=int(asked.size),
+        mismatches=validation.mismatches + int(missed.size),
+        examples=examples,
+    ), batch.take(missed)
 
 
 def _answered(engine: _Engine, validation: Validation) -> tuple[Validation, Batch]:
@@ -502,11 +686,24 @@ def _answered(engine: _Engine, validation: Validation) -> tuple[Validation, Batc
     missed = np.flatnonzero(_differs(held, answers, engine.ctx.out_format))
     if not missed.size:
         return validation, batch.take(missed)
-    examples = validation.examples + [
-        {"input": batch.row(int(i)), "unit_output": f"0x{int(answers[i]):x}", "config_output": f"0x{int(held[i]):x}",
-         "kind": "answered"} for i in missed[:5]][:5 - len(validation.examples)]
-    return dataclasses.replace(validation, answered=int(missed.size), mismatches=validation.mismatches + int(missed.size),
-                               examples=examples), batch.take(missed)
+    examples = (
+        validation.examples
+        + [
+            {
+                "input": batch.row(int(i)),
+                "unit_output": f"0x{int(answers[i]):x}",
+                "config_output": f"0x{int(held[i]):x}",
+                "kind": "answered",
+            }
+            for i in missed[:5]
+        ][: 5 - len(validation.examples)]
+    )
+    return dataclasses.replace(
+        validation,
+        answered=int(missed.size),
+        mismatches=validation.mismatches + int(missed.size),
+        examples=examples,
+    ), batch.take(missed)
 
 
 def _nearest_first(apart: list[np.ndarray], limit: int) -> set[int]:
@@ -535,12 +732,17 @@ def _cancelling(ctx: Context, batch: Batch, scaled: bool) -> Batch:
     with np.errstate(all="ignore"):
         products = a * b
         if scaled:
-            scale = ctx.scale.fmt.decode(batch.scale_a.astype(np.uint64)) * ctx.scale.fmt.decode(batch.scale_b.astype(np.uint64))
-            products = products * np.repeat(scale, ctx.block_size, axis=1)[:, :ctx.k]
+            scale = ctx.scale.fmt.decode(batch.scale_a.astype(np.uint64)) * ctx.scale.fmt.decode(
+                batch.scale_b.astype(np.uint64)
+            )
+            products = products * np.repeat(scale, ctx.block_size, axis=1)[:, : ctx.k]
         total = products.sum(axis=1)
         bits = ctx.rng.integers(8, 25, len(total))
         exponent = np.floor(np.log2(np.abs(total)))
-        lead = np.ldexp(np.round(np.ldexp(total, (bits - 1 - exponent).astype(np.int64))), (exponent + 1 - bits).astype(np.int64))
+        lead = np.ldexp(
+            np.round(np.ldexp(total, (bits - 1 - exponent).astype(np.int64))),
+            (exponent + 1 - bits).astype(np.int64),
+        )
     c = batch.c.copy()
     keep = np.isfinite(lead) & (total != 0)
     c[keep] = ctx.c_bits(-lead[keep])
@@ -551,11 +753,25 @@ def _cancelling(ctx: Context, batch: Batch, scaled: bool) -> Batch:
 MAX_SEED = 2**63 - 1
 
 
-def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, out_format: str = "fp32",
-          c_format: str = "fp32", seed: int = 0, validation_vectors: int = 2048, corner_vectors: int = 512, refinements: int = 2,
-          passes_limit: int = 4,
-          budget: int = DEFAULT_BUDGET, name: str = "probed", seconds: float | None = None,
-          progress=None) -> ProbeResult:
+def probe(
+    unit,
+    a_format: str,
+    b_format: str,
+    k: int,
+    *,
+    block_size: int = 32,
+    out_format: str = "fp32",
+    c_format: str = "fp32",
+    seed: int = 0,
+    validation_vectors: int = 2048,
+    corner_vectors: int = 512,
+    refinements: int = 2,
+    passes_limit: int = 4,
+    budget: int = DEFAULT_BUDGET,
+    name: str = "probed",
+    seconds: float | None = None,
+    progress=None,
+) -> ProbeResult:
     """Characterise ``unit`` (see :mod:`mxsim.probe.units`) for A/B element formats and dot
     length ``k`` (scales per ``block_size`` elements; outputs in ``out_format``; every c the
     unit is asked is a value of ``c_format``, as fp32 bits, or fp64 bits for fp64; the emitted
@@ -579,14 +795,46 @@ def probe(unit, a_format: str, b_format: str, k: int, *, block_size: int = 32, o
     threads = numba.get_num_threads()
     numba.set_num_threads(1)  # the probe's batches are small: one thread beats waking many
     try:
-        return _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, validation_vectors,
-                      corner_vectors, refinements, passes_limit, budget, name, seconds, progress)
+        return _probe(
+            unit,
+            a_format,
+            b_format,
+            k,
+            block_size,
+            out_format,
+            c_format,
+            seed,
+            validation_vectors,
+            corner_vectors,
+            refinements,
+            passes_limit,
+            budget,
+            name,
+            seconds,
+            progress,
+        )
     finally:
         numba.set_num_threads(threads)
 
 
-def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, validation_vectors, corner_vectors,
-           refinements, passes_limit, budget, name, seconds, progress) -> ProbeResult:
+def _probe(
+    unit,
+    a_format,
+    b_format,
+    k,
+    block_size,
+    out_format,
+    c_format,
+    seed,
+    validation_vectors,
+    corner_vectors,
+    refinements,
+    passes_limit,
+    budget,
+    name,
+    seconds,
+    progress,
+) -> ProbeResult:
     started = time.perf_counter()
     for fmt in (a_format, b_format, out_format, c_format):
         get_format(fmt)  # an unknown name lists the known ones
@@ -595,11 +843,15 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     block_size = check_int(block_size, "probe: block_size", 1, 4096)
     for fmt, what in ((out_format, "out_format"), (c_format, "c_format")):
         if get_format(fmt).name not in SCHEMA["output"]["format"].choices:
-            raise ArgumentError(f"probe: {what} must be one of {', '.join(SCHEMA['output']['format'].choices)}")
+            raise ArgumentError(
+                f"probe: {what} must be one of {', '.join(SCHEMA['output']['format'].choices)}"
+            )
     for fmt, operand in ((a_format, "a_format"), (b_format, "b_format")):
         if get_format(fmt).name not in SCHEMA["inputs"]["a_formats"].choices:
-            raise ArgumentError(f"probe: {operand} {fmt!r} is not an element format a unit takes; "
-                                f"accepted: {', '.join(SCHEMA['inputs']['a_formats'].choices)}")
+            raise ArgumentError(
+                f"probe: {operand} {fmt!r} is not an element format a unit takes; "
+                f"accepted: {', '.join(SCHEMA['inputs']['a_formats'].choices)}"
+            )
     validation_vectors = check_int(validation_vectors, "probe: validation_vectors", 0, 1 << 20)
     corner_vectors = check_int(corner_vectors, "probe: corner_vectors", 0, 1 << 20)
     if validation_vectors + corner_vectors == 0:
@@ -609,21 +861,37 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
     if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= 1e7):
         raise ArgumentError(f"probe: seconds must be a number in (0, 1e7], got {seconds!r}")
     engine = _Engine(counting, ctx, name, progress, seconds)
-    search = _Search(engine, ctx, seed, validation_vectors, corner_vectors, refinements, passes_limit)
+    search = _Search(
+        engine, ctx, seed, validation_vectors, corner_vectors, refinements, passes_limit
+    )
     search.run()
     # A refinement can make things worse when no key describes the unit: keep the best measured
     # (the first of those missing fewest, as each step keeps a later one only if it misses fewer).
-    best, stopped, passes = min(search.measured, key=lambda item: item[0].mismatches), search.stopped, search.passes
+    best, stopped, passes = (
+        min(search.measured, key=lambda item: item[0].mismatches),
+        search.stopped,
+        search.passes,
+    )
     validation, engine.hyp, decisions = best
     rounding_only = _rounding_only(engine, decisions.values(), seed + 3001)
     config = engine.data(engine.hyp)
-    config["description"] = (f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
-                             f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "
-                             f"validation vectors" + ("" if not validation.mismatches else "; NOT EXACT"))
-    config = {key: config[key] for key in ("mxsim_hwconfig", "name", "description", *SCHEMA) if key in config}
-    text = emit_yaml(config, decisions.values(), validation, counting.queries, stopped, rounding_only)
+    config["description"] = (
+        f"probed from a black box: {ctx.a_format} x {ctx.b_format}, K = {k}, "
+        f"{ctx.out_format} output; {validation.mismatches} mismatches in {validation.vectors} "
+        f"validation vectors" + ("" if not validation.mismatches else "; NOT EXACT")
+    )
+    config = {
+        key: config[key]
+        for key in ("mxsim_hwconfig", "name", "description", *SCHEMA)
+        if key in config
+    }
+    text = emit_yaml(
+        config, decisions.values(), validation, counting.queries, stopped, rounding_only
+    )
     parse_hwconfig(yaml.safe_load(text), "<probed config>")  # what is written loads
-    engine.say(f"done: {validation.mismatches} mismatches in {validation.vectors} validation vectors")
+    engine.say(
+        f"done: {validation.mismatches} mismatches in {validation.vectors} validation vectors"
+    )
     batch, answers = engine.answered()
 
     def misses(other: dict) -> int:
@@ -631,8 +899,20 @@ def _probe(unit, a_format, b_format, k, block_size, out_format, c_format, seed, 
         if engine.params(hyp) is None:
             return len(batch)
         return int(np.count_nonzero(engine.misses(hyp, batch, answers)))
-    return ProbeResult(config, text, list(decisions.values()), validation, counting.queries,
-                       time.perf_counter() - started, counting.seconds, passes, stopped, rounding_only, misses)
+
+    return ProbeResult(
+        config,
+        text,
+        list(decisions.values()),
+        validation,
+        counting.queries,
+        time.perf_counter() - started,
+        counting.seconds,
+        passes,
+        stopped,
+        rounding_only,
+        misses,
+    )
 
 
 class _Search:
@@ -641,14 +921,24 @@ class _Search:
     every one before it missed. Every hypothesis measured is kept (``measured``); a
     :class:`ProbeError` after the first measurement ends the run with them (``stopped``)."""
 
-    def __init__(self, engine: _Engine, ctx: Context, seed: int, validation_vectors: int, corner_vectors: int,
-                 refinements: int, passes_limit: int):
+    def __init__(
+        self,
+        engine: _Engine,
+        ctx: Context,
+        seed: int,
+        validation_vectors: int,
+        corner_vectors: int,
+        refinements: int,
+        passes_limit: int,
+    ):
         self.engine, self.ctx, self.seed = engine, ctx, seed
         self.validation_vectors, self.corner_vectors = validation_vectors, corner_vectors
         self.refinements, self.passes_limit = refinements, passes_limit
         self.contexts = {(ctx.scale.fmt.name, False): ctx}
         self.batches: dict = {}
-        self.in_output_range = False  # whether the families draw inside the output's range (the last two starts)
+        self.in_output_range = (
+            False  # whether the families draw inside the output's range (the last two starts)
+        )
         self.asked = {p.name: 0 for p in (*PROBES, COARSE)}
         self.probes = PROBES
         self.decisions: dict[str, Decision] = {}
@@ -656,7 +946,9 @@ class _Search:
         self.late = False  # whether the late probes (Probe.late) run in this search's passes yet
         self.measured: list = []  # (validation, hypothesis, decisions) of every hypothesis measured
         self.best = None
-        self.stopped = None  # why the run ended before its last step (the unit failed, a budget ran out)
+        self.stopped = (
+            None  # why the run ended before its last step (the unit failed, a budget ran out)
+        )
 
     # -- the probes' inputs
 
@@ -666,9 +958,19 @@ class _Search:
         are written in it), with its settled rows after them once the late probes run."""
         engine, ctx = self.engine, self.ctx
         fmt, in_range = engine.hyp["inputs.scale_format"], self.in_output_range
-        drawn = self.contexts.setdefault((fmt, in_range), Context(
-            ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=self.seed, scale_format=fmt,
-            c_format=ctx.c_format))
+        drawn = self.contexts.setdefault(
+            (fmt, in_range),
+            Context(
+                ctx.a_format,
+                ctx.b_format,
+                ctx.k,
+                ctx.block_size,
+                ctx.out_format,
+                seed=self.seed,
+                scale_format=fmt,
+                c_format=ctx.c_format,
+            ),
+        )
         if (p.name, fmt, in_range) not in self.batches:
             drawn.window = engine.hyp["adder.align_fraction_bits"]
             drawn.in_output_range = in_range
@@ -677,7 +979,8 @@ class _Search:
         if self.late and p.settled is not None:
             if (p.name, fmt, in_range, "settled") not in self.batches:
                 self.batches[p.name, fmt, in_range, "settled"] = Batch.join(
-                    [batch, p.settled(drawn.draw_from(p.name, "settled"))])
+                    [batch, p.settled(drawn.draw_from(p.name, "settled"))]
+                )
             batch = self.batches[p.name, fmt, in_range, "settled"]
         return batch
 
@@ -704,7 +1007,9 @@ class _Search:
             for _ in range(limit):  # passes until no decision changes
                 if not self.run_pass(extra):
                     break
-            if not self.late:  # the late probes join a hypothesis the others have settled; passes again
+            if (
+                not self.late
+            ):  # the late probes join a hypothesis the others have settled; passes again
                 self.late = True
                 for _ in range(limit):
                     if not self.run_pass(extra):
@@ -728,12 +1033,18 @@ class _Search:
         """The validation of the hypothesis held, then where the output may hide what the
         probes' rows did not show, then on every answer the run has: the first that misses."""
         engine = self.engine
-        validation, missed = _validate(engine, self.seed + 1 + index, self.validation_vectors, self.corner_vectors)
+        validation, missed = _validate(
+            engine, self.seed + 1 + index, self.validation_vectors, self.corner_vectors
+        )
         if not validation.mismatches:
-            validation, missed = _targeted(engine, held_decisions.values(), self.seed + 1001 + index, validation)
+            validation, missed = _targeted(
+                engine, held_decisions.values(), self.seed + 1001 + index, validation
+            )
         if not validation.mismatches:
             validation, missed = _answered(engine, validation)
-        engine.say(f"validation: {validation.mismatches} mismatches in {validation.vectors} vectors")
+        engine.say(
+            f"validation: {validation.mismatches} mismatches in {validation.vectors} vectors"
+        )
         return validation, missed
 
     def restart(self, probes=PROBES, hyp: dict | None = None) -> None:
@@ -770,9 +1081,16 @@ class _Search:
         engine = self.engine
         for placement in ("products", "group_sum"):
             held = self.best[1]
-            if not self.best[0].mismatches or held["inputs.scales"] not in ("products", "group_sum") or held["inputs.scales"] == placement:
+            if (
+                not self.best[0].mismatches
+                or held["inputs.scales"] not in ("products", "group_sum")
+                or held["inputs.scales"] == placement
+            ):
                 continue
-            engine.pinned = {"inputs.scales": placement, "inputs.scale_format": held["inputs.scale_format"]}
+            engine.pinned = {
+                "inputs.scales": placement,
+                "inputs.scale_format": held["inputs.scale_format"],
+            }
             if engine.params({**engine.start, **engine.pinned}) is None:
                 engine.hyp = {**engine.start, **engine.pinned}
                 continue
@@ -817,7 +1135,10 @@ class _Search:
             starts = [item for item in self.measured if item[1] not in polished_from]
             if not starts:
                 break
-            start = min(starts, key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))))
+            start = min(
+                starts,
+                key=lambda item: int(np.count_nonzero(engine.misses(item[1], batch, answers))),
+            )
             polished_from.append(start[1])
             engine.hyp, polished = dict(start[1]), dict(start[2])
             engine.polish((*PROBES, COARSE), polished)
@@ -829,9 +1150,14 @@ class _Search:
 
 #: The search's steps, in order: each runs only while every hypothesis measured before it
 #: misses (docs/probe.md, "How keys are decided").
-STEPS = (("first search", _Search.first), ("the other scale placement", _Search.other_placement),
-         ("coarse start", _Search.coarse), ("coarse start with the overflow rules", _Search.coarse_overflow),
-         ("inside the output's range", _Search.output_range), ("polishing", _Search.polish))
+STEPS = (
+    ("first search", _Search.first),
+    ("the other scale placement", _Search.other_placement),
+    ("coarse start", _Search.coarse),
+    ("coarse start with the overflow rules", _Search.coarse_overflow),
+    ("inside the output's range", _Search.output_range),
+    ("polishing", _Search.polish),
+)
 
 
 def _with_before_trees(start: Probe) -> tuple[Probe, ...]:
@@ -848,37 +1174,74 @@ class _Dumper(yaml.SafeDumper):
     """Lists (formats, term orders) on one line."""
 
 
-_Dumper.add_representer(_FlowList, lambda dumper, data: dumper.represent_sequence(
-    "tag:yaml.org,2002:seq", data, flow_style=True))
+_Dumper.add_representer(
+    _FlowList,
+    lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True),
+)
 
 
-def emit_yaml(config: dict, decisions, validation: Validation, queries: int, stopped: str | None = None,
-              rounding_only=()) -> str:
+def emit_yaml(
+    config: dict,
+    decisions,
+    validation: Validation,
+    queries: int,
+    stopped: str | None = None,
+    rounding_only=(),
+) -> str:
     """The hwconfig YAML, with a header comment written from the config itself and its
     evidence: each probe's keys with the values the config holds (as JSON), the validation,
     whether the config is exact, why the run stopped early, and the keys decided only under
     the rounding probed (:func:`_rounding_only`)."""
-    shaped = {section: ({key: (_FlowList(value) if isinstance(value, list) else value) for key, value in body.items()}
-                        if isinstance(body, dict) else body) for section, body in config.items()}
+    shaped = {
+        section: (
+            {
+                key: (_FlowList(value) if isinstance(value, list) else value)
+                for key, value in body.items()
+            }
+            if isinstance(body, dict)
+            else body
+        )
+        for section, body in config.items()
+    }
     header = [f"# Probed hwconfig: {queries} dot products asked of the unit."]
     if validation.mismatches:
-        header.append(f"# NOT EXACT: this config misses {validation.mismatches} of the unit's answers it was checked on.")
+        header.append(
+            f"# NOT EXACT: this config misses {validation.mismatches} of the unit's answers it was checked on."
+        )
     if stopped:
         header.append(f"# The run stopped early: {stopped}.")
-    header.append(f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
-                  f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners; "
-                  f"{validation.targeted} targeted)"
-                  + (f", {validation.answered} of the run's earlier answers missed" if validation.answered else "")
-                  + (f", {validation.nan_payload_differences} NaN outputs with another payload" if validation.nan_payload_differences else "")
-                  + ".")
+    header.append(
+        f"# Validation: {validation.mismatches} mismatches in {validation.vectors} vectors "
+        f"({validation.random} random: half realistic, half uniform codes; {validation.corners} corners; "
+        f"{validation.targeted} targeted)"
+        + (
+            f", {validation.answered} of the run's earlier answers missed"
+            if validation.answered
+            else ""
+        )
+        + (
+            f", {validation.nan_payload_differences} NaN outputs with another payload"
+            if validation.nan_payload_differences
+            else ""
+        )
+        + "."
+    )
     for decision in decisions:
-        values = ", ".join(f"{path}={json.dumps(held_value(config, path))}" for path in decision.keys)
+        values = ", ".join(
+            f"{path}={json.dumps(held_value(config, path))}" for path in decision.keys
+        )
         header.append(f"#   {decision.probe}: {values} ({decision.asked} inputs asked)")
     for entry in rounding_only:
-        header.append(f"# Decided under {entry['rounding']} only: {entry['key']}={json.dumps(entry['held'])}; "
-                      f"{', '.join(json.dumps(v) for v in entry['others'])} alike under it, "
-                      f"not under {', '.join(entry['differs_under'])}.")
-    return "\n".join(header) + "\n" + yaml.dump(shaped, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+        header.append(
+            f"# Decided under {entry['rounding']} only: {entry['key']}={json.dumps(entry['held'])}; "
+            f"{', '.join(json.dumps(v) for v in entry['others'])} alike under it, "
+            f"not under {', '.join(entry['differs_under'])}."
+        )
+    return (
+        "\n".join(header)
+        + "\n"
+        + yaml.dump(shaped, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    )
 
 
 def held_value(config: dict, path: str):
@@ -902,17 +1265,29 @@ def _rounding_only(engine: _Engine, decisions, seed: int, n: int = 512) -> list[
     none is listed (an E4M3 grid of 33 or 34 fraction bits: alike to nearest, not toward zero)."""
     hyp, ctx = engine.hyp, engine.ctx
     held_mode = hyp["accumulator.rounding"]
-    drawn_ctx = Context(ctx.a_format, ctx.b_format, ctx.k, ctx.block_size, ctx.out_format, seed=seed,
-                        scale_format=hyp["inputs.scale_format"], c_format=ctx.c_format)
+    drawn_ctx = Context(
+        ctx.a_format,
+        ctx.b_format,
+        ctx.k,
+        ctx.block_size,
+        ctx.out_format,
+        seed=seed,
+        scale_format=hyp["inputs.scale_format"],
+        c_format=ctx.c_format,
+    )
     drawn = Batch.join([drawn_ctx.realistic(n // 4), drawn_ctx.uniform(n // 4)])
-    batch = drawn_ctx.fit_c(Batch.join([drawn, _cancelling(drawn_ctx, drawn, hyp["inputs.scales"] != "none")]))
+    batch = drawn_ctx.fit_c(
+        Batch.join([drawn, _cancelling(drawn_ctx, drawn, hyp["inputs.scales"] != "none")])
+    )
     held = {held_mode: engine.predict(engine.params(hyp), batch)}
     found: dict = {}
     tried = set()
     for decision in decisions:
         for value in decision.equivalent:
             other = {**hyp, **value}
-            changed = [path for path in value if hyp.get(path) != value[path] and path not in ROUNDING_KEYS]
+            changed = [
+                path for path in value if hyp.get(path) != value[path] and path not in ROUNDING_KEYS
+            ]
             params = engine.params(other)
             if not changed or params is None or params in tried:
                 continue
@@ -930,8 +1305,20 @@ def _rounding_only(engine: _Engine, decisions, seed: int, n: int = 512) -> list[
                 if _differs(held[mode], engine.predict(second, batch), ctx.out_format).any():
                     modes.append(mode)
             for path in changed if modes else ():
-                entry = found.setdefault(path, {"key": path, "held": _plain({path: hyp[path]})[path], "others": [],
-                                                "rounding": held_mode, "differs_under": []})
-                entry["others"] += [v for v in [_plain({path: value[path]})[path]] if v not in entry["others"]]
-                entry["differs_under"] = [m for m in DIRECTED_AND_NEAREST if m in entry["differs_under"] or m in modes]
+                entry = found.setdefault(
+                    path,
+                    {
+                        "key": path,
+                        "held": _plain({path: hyp[path]})[path],
+                        "others": [],
+                        "rounding": held_mode,
+                        "differs_under": [],
+                    },
+                )
+                entry["others"] += [
+                    v for v in [_plain({path: value[path]})[path]] if v not in entry["others"]
+                ]
+                entry["differs_under"] = [
+                    m for m in DIRECTED_AND_NEAREST if m in entry["differs_under"] or m in modes
+                ]
     return list(found.values())

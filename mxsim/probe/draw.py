@@ -28,17 +28,19 @@ SHARED_SCALE_CODES = np.arange(0x28, 0x7F, dtype=np.uint8)
 class Batch:
     """n dot products as the unit takes them (see :mod:`mxsim.probe.units`)."""
 
-    a: np.ndarray        # (n, K) uint64 stored codes
+    a: np.ndarray  # (n, K) uint64 stored codes
     b: np.ndarray
     scale_a: np.ndarray  # (n, blocks) uint8
     scale_b: np.ndarray
-    c: np.ndarray        # (n,) c's carrier bits: uint32 fp32 bits, or uint64 fp64 bits for fp64 c
+    c: np.ndarray  # (n,) c's carrier bits: uint32 fp32 bits, or uint64 fp64 bits for fp64 c
 
     def __len__(self) -> int:
         return len(self.a)
 
     def take(self, rows) -> "Batch":
-        return Batch(self.a[rows], self.b[rows], self.scale_a[rows], self.scale_b[rows], self.c[rows])
+        return Batch(
+            self.a[rows], self.b[rows], self.scale_a[rows], self.scale_b[rows], self.c[rows]
+        )
 
     def put(self, rows, other: "Batch") -> "Batch":
         """The batch with ``rows`` replaced by other's rows (in order); returns self."""
@@ -50,14 +52,22 @@ class Batch:
     def join(batches) -> "Batch":
         batches = list(batches)
         batches = [batch for batch in batches if len(batch)] or batches[:1]  # all empty: the first
-        return Batch(*(np.concatenate([getattr(batch, name) for batch in batches])
-                       for name in ("a", "b", "scale_a", "scale_b", "c")))
+        return Batch(
+            *(
+                np.concatenate([getattr(batch, name) for batch in batches])
+                for name in ("a", "b", "scale_a", "scale_b", "c")
+            )
+        )
 
     def row(self, i: int) -> dict:
         """Row i as plain numbers (the evidence report's record of a decisive input)."""
-        return {"a": [int(x) for x in self.a[i]], "b": [int(x) for x in self.b[i]],
-                "scale_a": [int(x) for x in self.scale_a[i]], "scale_b": [int(x) for x in self.scale_b[i]],
-                "c": f"0x{int(self.c[i]):0{2 * self.c.itemsize}x}"}
+        return {
+            "a": [int(x) for x in self.a[i]],
+            "b": [int(x) for x in self.b[i]],
+            "scale_a": [int(x) for x in self.scale_a[i]],
+            "scale_b": [int(x) for x in self.scale_b[i]],
+            "c": f"0x{int(self.c[i]):0{2 * self.c.itemsize}x}",
+        }
 
 
 def fp32_bits(values) -> np.ndarray:
@@ -71,7 +81,10 @@ def stream(seed: int, *names: str) -> np.random.Generator:
     run's ``seed``: numpy's SeedSequence over the seed and a BLAKE2b digest of each name, so
     that it is the same in every process (Python's ``hash`` of a string is salted per
     process) and no other stream's draws move it."""
-    digests = [int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") for name in names]
+    digests = [
+        int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+        for name in names
+    ]
     return np.random.default_rng(np.random.SeedSequence([seed, *digests]))
 
 
@@ -112,15 +125,27 @@ class _Operand:
         powers = np.exp2(exponents.astype(float))
         exact = self.fmt.decode(self.fmt.encode(powers)) == powers
         #: exponent y -> the code of 2^y, for every power of two the format holds (from 2^-160 to 2^159)
-        self.powers = dict(zip(exponents[exact].tolist(), self.fmt.encode(powers[exact]).astype(np.uint64).tolist()))
+        self.powers = dict(
+            zip(
+                exponents[exact].tolist(), self.fmt.encode(powers[exact]).astype(np.uint64).tolist()
+            )
+        )
 
     def _specials(self) -> list[int]:
         field_bits = self.fmt.bits - self.fmt.padding_bits
         if field_bits > 20:
             probe = np.array([np.inf, -np.inf, np.nan], dtype=np.float64)
-            codes = self.fmt.encode(probe, overflow="inf_nan") if self.fmt.has_nan else np.array([], dtype=np.uint64)
-            return sorted({int(c) for c, v in zip(codes, self.fmt.decode(codes)) if not np.isfinite(v)})
-        codes = (np.arange(1 << field_bits, dtype=np.int64) << self.fmt.padding_bits).astype(np.uint64)
+            codes = (
+                self.fmt.encode(probe, overflow="inf_nan")
+                if self.fmt.has_nan
+                else np.array([], dtype=np.uint64)
+            )
+            return sorted(
+                {int(c) for c, v in zip(codes, self.fmt.decode(codes)) if not np.isfinite(v)}
+            )
+        codes = (np.arange(1 << field_bits, dtype=np.int64) << self.fmt.padding_bits).astype(
+            np.uint64
+        )
         values = self.fmt.decode(codes)
         return [int(c) for c in codes[~np.isfinite(values)]]
 
@@ -159,7 +184,10 @@ class _Scales:
         self.one = int(self.codes[self.values == 1.0][0])
         powers = self.values > 0
         powers &= np.exp2(np.floor(np.log2(np.where(powers, self.values, 1.0)))) == self.values
-        self.power_codes, self.power_exponents = self.codes[powers], np.log2(self.values[powers]).astype(np.int64)
+        self.power_codes, self.power_exponents = (
+            self.codes[powers],
+            np.log2(self.values[powers]).astype(np.int64),
+        )
         self.zero = int(self.codes[self.values == 0][0]) if (self.values == 0).any() else None
 
     def power(self, exponent) -> np.ndarray:
@@ -169,10 +197,10 @@ class _Scales:
 
     def between(self, rng, low: int, high: int, shape) -> np.ndarray:
         """Random finite codes of values in [2^low, 2^(high+1)) (the nearest nonzero ones if none)."""
-        inside = np.flatnonzero((self.values >= 2.0 ** low) & (self.values < 2.0 ** (high + 1)))
+        inside = np.flatnonzero((self.values >= 2.0**low) & (self.values < 2.0 ** (high + 1)))
         if not inside.size:
             nonzero = np.flatnonzero(self.values > 0)
-            inside = nonzero[[0]] if 2.0 ** high < self.values[nonzero[0]] else nonzero[[-1]]
+            inside = nonzero[[0]] if 2.0**high < self.values[nonzero[0]] else nonzero[[-1]]
         return self.codes[rng.choice(inside, size=shape)]
 
 
@@ -182,8 +210,17 @@ class Drawing:
     of element pairs indexed by their product's exponent; and the building blocks the
     families (:mod:`mxsim.probe.families`) share."""
 
-    def __init__(self, a_format: str, b_format: str, k: int, block_size: int, out_format: str, seed: int = 0,
-                 scale_format: str = "e8m0", c_format: str = "fp32"):
+    def __init__(
+        self,
+        a_format: str,
+        b_format: str,
+        k: int,
+        block_size: int,
+        out_format: str,
+        seed: int = 0,
+        scale_format: str = "e8m0",
+        c_format: str = "fp32",
+    ):
         self.a_format, self.b_format = get_format(a_format).name, get_format(b_format).name
         self.out_format = get_format(out_format).name
         self.k, self.block_size = k, block_size
@@ -203,9 +240,13 @@ class Drawing:
         pairs = 1 << 15
         ia = self.rng.integers(0, len(self.A.codes), pairs)
         ib = self.rng.integers(0, len(self.B.codes), pairs)
-        with np.errstate(over="ignore", under="ignore"):  # fp64 elements: products past float64's range
+        with np.errstate(
+            over="ignore", under="ignore"
+        ):  # fp64 elements: products past float64's range
             products = self.A.values[ia] * self.B.values[ib]
-        keep = (products > 0) & np.isfinite(products)  # positive products; signs are applied per term
+        keep = (products > 0) & np.isfinite(
+            products
+        )  # positive products; signs are applied per term
         self.pool_a, self.pool_b = self.A.codes[ia][keep], self.B.codes[ib][keep]
         self.pool_exponent = np.floor(np.log2(products[keep])).astype(np.int64)
         self.exponents = np.unique(self.pool_exponent)
@@ -226,8 +267,17 @@ class Drawing:
         self.precisions = [8, 11, 24] + ([widest] if widest > 24 else [])
         self.reach = 61 if widest <= 24 else 2 * widest + 9
         # special c beyond fp32's list: the carrier's extremes (none for fp32, whose are listed)
-        self.c_extremes = [] if self.c_carrier is FP32 else [
-            self.c_carrier.max_finite, -self.c_carrier.max_finite, tiny, -tiny, np.ldexp(1.0, 1 - self.c_carrier.bias)]
+        self.c_extremes = (
+            []
+            if self.c_carrier is FP32
+            else [
+                self.c_carrier.max_finite,
+                -self.c_carrier.max_finite,
+                tiny,
+                -tiny,
+                np.ldexp(1.0, 1 - self.c_carrier.bias),
+            ]
+        )
 
     def c_bits(self, values) -> np.ndarray:
         """float64 values rounded to c's carrier (nearest even; past its range +-Inf), as bits."""
@@ -239,14 +289,20 @@ class Drawing:
         the unit's c format: a unit taking fp16 c is asked only fp16 values."""
         if self.c_format != self.c_carrier.name:
             fmt = get_format(self.c_format)
-            batch.c[:] = self.c_bits(fmt.decode(fmt.encode(batch.c.view(self.c_dtype), overflow="inf_nan")))
+            batch.c[:] = self.c_bits(
+                fmt.decode(fmt.encode(batch.c.view(self.c_dtype), overflow="inf_nan"))
+            )
         return batch
 
     def empty(self, n: int) -> Batch:
         """n rows of +0 elements, scales 1, c = +0."""
-        return Batch(np.full((n, self.k), self.A.zero, np.uint64), np.full((n, self.k), self.B.zero, np.uint64),
-                     np.full((n, self.blocks), self.scale.one, np.uint8), np.full((n, self.blocks), self.scale.one, np.uint8),
-                     np.zeros(n, self.c_code_dtype))
+        return Batch(
+            np.full((n, self.k), self.A.zero, np.uint64),
+            np.full((n, self.k), self.B.zero, np.uint64),
+            np.full((n, self.blocks), self.scale.one, np.uint8),
+            np.full((n, self.blocks), self.scale.one, np.uint8),
+            np.zeros(n, self.c_code_dtype),
+        )
 
     def pair_at(self, exponent: int) -> tuple[int, int, int]:
         """A random element pair whose product's exponent is the pool's nearest to ``exponent``
@@ -256,8 +312,15 @@ class Drawing:
         i = choices[self.rng.integers(len(choices))]
         return int(self.pool_a[i]), int(self.pool_b[i]), int(nearest)
 
-    def set_term(self, batch: Batch, row: int, position: int, exponent: int, negative: bool,
-                 pair: tuple[int, int, int] | None = None) -> int:
+    def set_term(
+        self,
+        batch: Batch,
+        row: int,
+        position: int,
+        exponent: int,
+        negative: bool,
+        pair: tuple[int, int, int] | None = None,
+    ) -> int:
         """Put a product of about 2^exponent (``pair``'s, when given) at (row, position);
         returns its exponent. Where the elements cannot reach it and the position's block
         holds nothing else yet, the block's A scale makes up the difference, and B's what
@@ -267,8 +330,11 @@ class Drawing:
             a = self.A.negated(a)
         block = position // self.block_size
         members = slice(block * self.block_size, (block + 1) * self.block_size)
-        alone = (np.all(batch.a[row, members] == self.A.zero) and batch.scale_a[row, block] == self.scale.one
-                 and batch.scale_b[row, block] == self.scale.one)
+        alone = (
+            np.all(batch.a[row, members] == self.A.zero)
+            and batch.scale_a[row, block] == self.scale.one
+            and batch.scale_b[row, block] == self.scale.one
+        )
         batch.a[row, position], batch.b[row, position] = a, b
         if got != exponent and alone:
             for scales in (batch.scale_a, batch.scale_b):
@@ -291,7 +357,11 @@ class Drawing:
         earlier one), so that every family can place the terms it names."""
         distinct = self.rng.choice(self.k, size=min(count, self.k), replace=False)
         extra = min(count, 4) - len(distinct)
-        return np.concatenate([distinct, self.rng.integers(0, self.k, max(extra, 0))]) if extra > 0 else distinct
+        return (
+            np.concatenate([distinct, self.rng.integers(0, self.k, max(extra, 0))])
+            if extra > 0
+            else distinct
+        )
 
     def span(self) -> tuple[int, int]:
         """The products' exponents the families draw from: all the elements reach, or where
@@ -320,8 +390,14 @@ class Drawing:
         precision = self.out_fmt.mantissa_bits + 1
         low, high = self.span()
         pairs = {y: pair for y in range(low, high + 1) if (pair := self._exact_power_pair(y))}
-        return pairs, [(e, h) for h in sorted(pairs) for e in (h, h + 1)
-                       if e - precision in pairs and self.out_emin <= e < self.out_fmt.emax and (e == h or self.k >= 3)]
+        return pairs, [
+            (e, h)
+            for h in sorted(pairs)
+            for e in (h, h + 1)
+            if e - precision in pairs
+            and self.out_emin <= e < self.out_fmt.emax
+            and (e == h or self.k >= 3)
+        ]
 
     def _tiny_gap(self, row: int, exponent: int) -> int:
         """How many binades below 2^exponent a tiny c goes: p+2..50 (p the output's precision),
@@ -342,7 +418,9 @@ class Drawing:
         else:
             batch.a[rows, positions] = self.A.negated(self.A.zero)
 
-    def _smallest_code(self, operand: _Operand, largest: int | None = None, rng=None) -> tuple[int, int]:
+    def _smallest_code(
+        self, operand: _Operand, largest: int | None = None, rng=None
+    ) -> tuple[int, int]:
         """A positive code and its value's exponent: the format's smallest value, or (with
         ``largest``) a random power of two 2^-(0..7) times 2^largest the format holds exactly
         (its smallest value where none is)."""
@@ -379,7 +457,10 @@ class Drawing:
         in (emax + 1 of each output format: fp16 16, fp32 and bf16 128, ...), of those the
         elements' products reach."""
         high = self._largest_product_exponent()
-        return sorted({get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices} & set(range(high + 1)))
+        return sorted(
+            {get_format(name).emax + 1 for name in SCHEMA["output"]["format"].choices}
+            & set(range(high + 1))
+        )
 
     def draw_from(self, *names: str) -> "Drawing":
         """Draw the families from here on from the stream of ``names`` under the context's seed
@@ -392,16 +473,21 @@ class Drawing:
         the formats hold make it; with ``normal``, both elements normal (a subnormal element's
         exponent sum lies above its product: a window anchored there cuts the product)."""
         for y, code in self.A.powers.items():
-            if exponent - y in self.B.powers and (not normal or (2.0 ** y >= self.A.fmt.min_normal
-                                                                 and 2.0 ** (exponent - y) >= self.B.fmt.min_normal)):
+            if exponent - y in self.B.powers and (
+                not normal
+                or (
+                    2.0**y >= self.A.fmt.min_normal
+                    and 2.0 ** (exponent - y) >= self.B.fmt.min_normal
+                )
+            ):
                 return int(code), int(self.B.powers[exponent - y])
         return None
 
     def _cancel_row(self, batch: Batch, row: int) -> None:
         half = self.k // 2
-        batch.a[row, half:half * 2] = self.A.negate(batch.a[row, :half])
-        batch.b[row, half:half * 2] = batch.b[row, :half]
-        batch.a[row, half * 2:] = self.A.zero
+        batch.a[row, half : half * 2] = self.A.negate(batch.a[row, :half])
+        batch.b[row, half : half * 2] = batch.b[row, :half]
+        batch.a[row, half * 2 :] = self.A.zero
         batch.scale_a[row] = batch.scale_a[row, 0]
         batch.scale_b[row] = batch.scale_b[row, 0]
         batch.c[row] = 0 if self.rng.integers(2) else self.c_bits([-0.0])[0]

@@ -14,10 +14,27 @@ from .families.zeros import ZerosFamilies
 from .families.ranges import RangesFamilies
 from .families.scales import ScalesFamilies
 
-__all__ = ["FP32", "FP64", "SHARED_SCALE_CODES", "Batch", "Context", "fp32_bits", "random_fields", "stream"]
+__all__ = [
+    "FP32",
+    "FP64",
+    "SHARED_SCALE_CODES",
+    "Batch",
+    "Context",
+    "fp32_bits",
+    "random_fields",
+    "stream",
+]
 
 
-class Context(RealisticFamilies, TiesFamilies, SumsFamilies, ZerosFamilies, RangesFamilies, ScalesFamilies, Drawing):
+class Context(
+    RealisticFamilies,
+    TiesFamilies,
+    SumsFamilies,
+    ZerosFamilies,
+    RangesFamilies,
+    ScalesFamilies,
+    Drawing,
+):
     """What the probes know of the unit's interface: formats, K, block size, output format,
     the scale format held so far (scale codes are written in it); a seeded generator; a pool
     of element pairs indexed by their product's exponent."""

@@ -57,7 +57,11 @@ NO_GRID = {"grid.fraction_bits": None}
 def _group_sizes(ctx: Context, hyp: dict) -> list[int]:
     """Group sizes that divide both the block and the tree (a group lies inside each); not 1,
     which only moves the products placement's alignment anchor to the scales' exponent."""
-    return [g for g in range(2, ctx.block_size + 1) if ctx.block_size % g == 0 and hyp["adder.fused_terms"] % g == 0]
+    return [
+        g
+        for g in range(2, ctx.block_size + 1)
+        if ctx.block_size % g == 0 and hyp["adder.fused_terms"] % g == 0
+    ]
 
 
 def _all_scales(ctx: Context, hyp: dict) -> Candidates:
@@ -65,14 +69,24 @@ def _all_scales(ctx: Context, hyp: dict) -> Candidates:
     times E8M0 or UE4M3 scales (groups of the size held, or the largest that fits: the groups
     probe decides the size)."""
     e8m0 = {"inputs.scale_format": "e8m0"}
-    candidates = [{"inputs.scales": "products", **e8m0}, {"inputs.scales": "none", **e8m0},
-                  {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False, **e8m0}]
+    candidates = [
+        {"inputs.scales": "products", **e8m0},
+        {"inputs.scales": "none", **e8m0},
+        {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False, **e8m0},
+    ]
     sizes = _group_sizes(ctx, hyp)
     if not sizes:
         return candidates
     size = hyp["adder.group_terms"] if hyp["adder.group_terms"] in sizes else sizes[-1]
-    return candidates + [{"inputs.scales": "group_sum", "inputs.scale_format": fmt, "adder.group_terms": size, **NO_GRID}
-                         for fmt in SCHEMA["inputs"]["scale_format"].choices]
+    return candidates + [
+        {
+            "inputs.scales": "group_sum",
+            "inputs.scale_format": fmt,
+            "adder.group_terms": size,
+            **NO_GRID,
+        }
+        for fmt in SCHEMA["inputs"]["scale_format"].choices
+    ]
 
 
 def _near_windows(hyp: dict, reach: int) -> list:
@@ -80,17 +94,27 @@ def _near_windows(hyp: dict, reach: int) -> list:
     held = hyp["adder.align_fraction_bits"]
     if held is None:
         return [None]
-    return [held + d for d in sorted(range(-reach, reach + 1), key=abs) if 0 <= held + d <= _maximum("adder.align_fraction_bits")]
+    return [
+        held + d
+        for d in sorted(range(-reach, reach + 1), key=abs)
+        if 0 <= held + d <= _maximum("adder.align_fraction_bits")
+    ]
 
 
 def _scales(ctx: Context, hyp: dict) -> Candidates:
     """As :func:`_all_scales`, in the scale format held (the inputs are written in it); scales
     on the products and on group sums each with the window held or up to two bits off: they
     anchor the window a bit or two apart, so a window decided with one is off for the other."""
-    return [{**c, "adder.align_fraction_bits": window}
-            for c in _all_scales(ctx, hyp) if c["inputs.scale_format"] == hyp["inputs.scale_format"]
-            for window in (_near_windows(hyp, 2) if c["inputs.scales"] in ("products", "group_sum")
-                           else [hyp["adder.align_fraction_bits"]])]
+    return [
+        {**c, "adder.align_fraction_bits": window}
+        for c in _all_scales(ctx, hyp)
+        if c["inputs.scale_format"] == hyp["inputs.scale_format"]
+        for window in (
+            _near_windows(hyp, 2)
+            if c["inputs.scales"] in ("products", "group_sum")
+            else [hyp["adder.align_fraction_bits"]]
+        )
+    ]
 
 
 def _groups(ctx: Context, hyp: dict) -> Candidates:
@@ -103,8 +127,11 @@ def _groups(ctx: Context, hyp: dict) -> Candidates:
     if hyp["inputs.scales"] != "group_sum":
         return [{"adder.group_terms": hyp["adder.group_terms"]}]
     sizes = sorted(_group_sizes(ctx, hyp), key=lambda g: g != hyp["adder.group_terms"])
-    return [{"adder.group_terms": g, "adder.align_fraction_bits": window}
-            for g in sizes for window in _near_windows(hyp, 4)]
+    return [
+        {"adder.group_terms": g, "adder.align_fraction_bits": window}
+        for g in sizes
+        for window in _near_windows(hyp, 4)
+    ]
 
 
 def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
@@ -117,12 +144,17 @@ def _input_subnormals(ctx: Context, hyp: dict) -> Candidates:
 def _product_bits(ctx: Context, hyp: dict) -> Candidates:
     widest = 2 * (ctx.A.fmt.mantissa_bits + ctx.B.fmt.mantissa_bits) + 2
     return [{"multiplier.product_fraction_bits": None}] + [
-        {"multiplier.product_fraction_bits": n} for n in range(0, min(widest, _maximum("multiplier.product_fraction_bits")) + 1)]
+        {"multiplier.product_fraction_bits": n}
+        for n in range(0, min(widest, _maximum("multiplier.product_fraction_bits")) + 1)
+    ]
 
 
 def _accumulator(ctx: Context, hyp: dict) -> Candidates:
-    return [{"accumulator.format": fmt, "accumulator.rounding": rounding}
-            for fmt in ("fp32", "exact", "fp16", "bf16", *_wide_accumulators(ctx)) for rounding in DIRECTED_AND_NEAREST]
+    return [
+        {"accumulator.format": fmt, "accumulator.rounding": rounding}
+        for fmt in ("fp32", "exact", "fp16", "bf16", *_wide_accumulators(ctx))
+        for rounding in DIRECTED_AND_NEAREST
+    ]
 
 
 def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
@@ -133,15 +165,25 @@ def _accumulator_and_overflow(ctx: Context, hyp: dict) -> Candidates:
     every such row and loses to nearest-even, which the overflow probe then cannot tell
     apart (MMA-Sim's Ampere and Ada bf16: Inf under a rounding toward zero)."""
     candidates = _accumulator(ctx, hyp)
-    candidates += [{**c, "accumulator.overflow": other} for other in _overflows_held_first(hyp)[1:]
-                   for c in candidates if not c["accumulator.rounding"].startswith("nearest")] + _output_alike(ctx, hyp)
-    return _held_first(candidates, hyp) if _output_narrower(ctx, hyp["accumulator.format"]) else candidates
+    candidates += [
+        {**c, "accumulator.overflow": other}
+        for other in _overflows_held_first(hyp)[1:]
+        for c in candidates
+        if not c["accumulator.rounding"].startswith("nearest")
+    ] + _output_alike(ctx, hyp)
+    return (
+        _held_first(candidates, hyp)
+        if _output_narrower(ctx, hyp["accumulator.format"])
+        else candidates
+    )
 
 
 def _output_narrower(ctx: Context, accumulator: str) -> bool:
     """Whether the output keeps fewer significant bits than the accumulator format (not an exact
     one, which rounds nothing): the accumulator's last bits may then not reach the output."""
-    return accumulator != "exact" and get_format(accumulator).mantissa_bits > ctx.out_fmt.mantissa_bits
+    return (
+        accumulator != "exact" and get_format(accumulator).mantissa_bits > ctx.out_fmt.mantissa_bits
+    )
 
 
 def _held_first(candidates: Candidates, hyp: dict) -> Candidates:
@@ -163,20 +205,33 @@ def _output_alike(ctx: Context, hyp: dict) -> Candidates:
     output rounding toward zero better than the fp32 one does with the output's rounding held
     (b200-tcgen05-mxf4 E2M1 x E2M1 -> fp16). Directed only: the nearest modes led h100's fp16
     CI search astray (1,978 -> 3,683 queries), and the output's own default is nearest."""
-    return [{"accumulator.format": fmt, "accumulator.rounding": rounding, "output.rounding": rounding}
-            for fmt in ("fp32", *_wide_accumulators(ctx)) if get_format(fmt).bits > ctx.out_fmt.bits
-            for rounding in DIRECTED_AND_NEAREST
-            if not rounding.startswith("nearest") and rounding != hyp["output.rounding"]]
+    return [
+        {"accumulator.format": fmt, "accumulator.rounding": rounding, "output.rounding": rounding}
+        for fmt in ("fp32", *_wide_accumulators(ctx))
+        if get_format(fmt).bits > ctx.out_fmt.bits
+        for rounding in DIRECTED_AND_NEAREST
+        if not rounding.startswith("nearest") and rounding != hyp["output.rounding"]
+    ]
 
 
 def _wide_accumulators(ctx: Context) -> tuple[str, ...]:
     """The output's or c's format where wider than fp32 (fp64): an accumulator of it."""
-    return tuple(dict.fromkeys(fmt for fmt in (ctx.out_format, ctx.c_format) if get_format(fmt).bits > 32))
+    return tuple(
+        dict.fromkeys(fmt for fmt in (ctx.out_format, ctx.c_format) if get_format(fmt).bits > 32)
+    )
 
 
 def _output(ctx: Context, hyp: dict) -> Candidates:
-    return [{"output.rounding": rounding, "output.subnormals": out_sub, "accumulator.subnormals": acc_sub}
-            for rounding in DIRECTED_AND_NEAREST for out_sub in (True, False) for acc_sub in (True, False)]
+    return [
+        {
+            "output.rounding": rounding,
+            "output.subnormals": out_sub,
+            "accumulator.subnormals": acc_sub,
+        }
+        for rounding in DIRECTED_AND_NEAREST
+        for out_sub in (True, False)
+        for acc_sub in (True, False)
+    ]
 
 
 def _window(ctx: Context, hyp: dict) -> Candidates:
@@ -196,13 +251,33 @@ def _window(ctx: Context, hyp: dict) -> Candidates:
     # a c that the window cuts is locked out (b200-tcgen05 E3M2 x E2M1 -> fp16: products exact
     # in any window, a tiny c truncated, and a grid held; MMA-Sim RTX Blackwell f8f6f4
     # E2M1 x E4M3 -> f16: c added at the end, rounded toward zero, imitating its cut).
-    outside = (hyp.get("grid.fraction_bits") is not None or not hyp["adder.accumulator_in_tree"]
-               or hyp["accumulator.c_entry"] != "initial")
-    entries = [{}, {"adder.accumulator_in_tree": True, "accumulator.c_entry": "initial"}] if outside else [{}]
-    windows = [{"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.structure": "fused", **NO_GRID,
-                **entry}
-               for bits in widths for below in SCHEMA["adder"]["below_window"].choices for entry in entries]
-    return [{"adder.align_fraction_bits": None}] + windows + (_windows_with_sum_roundings(windows, hyp) if narrow else [])
+    outside = (
+        hyp.get("grid.fraction_bits") is not None
+        or not hyp["adder.accumulator_in_tree"]
+        or hyp["accumulator.c_entry"] != "initial"
+    )
+    entries = (
+        [{}, {"adder.accumulator_in_tree": True, "accumulator.c_entry": "initial"}]
+        if outside
+        else [{}]
+    )
+    windows = [
+        {
+            "adder.align_fraction_bits": bits,
+            "adder.below_window": below,
+            "adder.structure": "fused",
+            **NO_GRID,
+            **entry,
+        }
+        for bits in widths
+        for below in SCHEMA["adder"]["below_window"].choices
+        for entry in entries
+    ]
+    return (
+        [{"adder.align_fraction_bits": None}]
+        + windows
+        + (_windows_with_sum_roundings(windows, hyp) if narrow else [])
+    )
 
 
 def _windows_with_sum_roundings(windows: Candidates, hyp: dict) -> Candidates:
@@ -216,9 +291,13 @@ def _windows_with_sum_roundings(windows: Candidates, hyp: dict) -> Candidates:
     if hyp["adder.sum_significant_bits"] is None:
         return []
     held = hyp["adder.align_fraction_bits"]
-    return [{**window, "adder.sum_rounding": rounding} for rounding in DIRECTED_AND_NEAREST
-            if rounding != hyp["adder.sum_rounding"] for window in windows
-            if held is None or window["adder.align_fraction_bits"] == held]
+    return [
+        {**window, "adder.sum_rounding": rounding}
+        for rounding in DIRECTED_AND_NEAREST
+        if rounding != hyp["adder.sum_rounding"]
+        for window in windows
+        if held is None or window["adder.align_fraction_bits"] == held
+    ]
 
 
 def _align_reference(ctx: Context, hyp: dict) -> Candidates:
@@ -226,14 +305,19 @@ def _align_reference(ctx: Context, hyp: dict) -> Candidates:
     is its exponent sum or one above, so a window decided under the other reference sits a bit
     off (tf32's 24-bit window from the exponent sums reads as 25 from the leading bits, and
     neither key moves alone)."""
-    return [{"adder.align_reference": value, "adder.align_fraction_bits": window}
-            for value in SCHEMA["adder"]["align_reference"].choices for window in _near_windows(hyp, 1)]
+    return [
+        {"adder.align_reference": value, "adder.align_fraction_bits": window}
+        for value in SCHEMA["adder"]["align_reference"].choices
+        for window in _near_windows(hyp, 1)
+    ]
 
 
 def _sum_bits(ctx: Context, hyp: dict) -> Candidates:
     return [{"adder.sum_significant_bits": None}] + [
         {"adder.sum_significant_bits": bits, "adder.sum_rounding": rounding, **NO_GRID}
-        for bits in range(1, _maximum("adder.sum_significant_bits") + 1) for rounding in DIRECTED_AND_NEAREST]
+        for bits in range(1, _maximum("adder.sum_significant_bits") + 1)
+        for rounding in DIRECTED_AND_NEAREST
+    ]
 
 
 def _carry(ctx: Context, hyp: dict) -> Candidates:
@@ -241,7 +325,9 @@ def _carry(ctx: Context, hyp: dict) -> Candidates:
         return [{"adder.carry_bits": None}]
     return [{"adder.carry_bits": None}] + [
         {"adder.carry_bits": bits, "adder.adder_overflow": overflow}
-        for bits in range(0, _maximum("adder.carry_bits") + 1) for overflow in SCHEMA["adder"]["adder_overflow"].choices]
+        for bits in range(0, _maximum("adder.carry_bits") + 1)
+        for overflow in SCHEMA["adder"]["adder_overflow"].choices
+    ]
 
 
 def interleaved_orders(k: int) -> list[tuple[int, ...]]:
@@ -295,24 +381,49 @@ def _trees(ctx: Context, hyp: dict) -> Candidates:
     candidates = []
     for f in _tree_sizes(ctx.k):
         for n in _intervals(f, ctx.k):
-            candidates.append({"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": n,
-                               "adder.trees_in_blocks": False})
+            candidates.append(
+                {
+                    "adder.fused_terms": f,
+                    "adder.term_order": None,
+                    "accumulator.promotion_interval": n,
+                    "adder.trees_in_blocks": False,
+                }
+            )
             if within and n is None and ctx.block_size % f:
                 candidates.append({**candidates[-1], "adder.trees_in_blocks": True})
-    candidates += [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
-                    "adder.trees_in_blocks": True}
-                   for f in _tree_sizes(ctx.k) if not within and ctx.block_size % f]
+    candidates += [
+        {
+            "adder.fused_terms": f,
+            "adder.term_order": None,
+            "accumulator.promotion_interval": None,
+            "adder.trees_in_blocks": True,
+        }
+        for f in _tree_sizes(ctx.k)
+        if not within and ctx.block_size % f
+    ]
     for order in interleaved_orders(ctx.k):
-        candidates += [{"adder.fused_terms": f, "adder.term_order": list(order), "adder.trees_in_blocks": False}
-                       for f in range(1, len(order)) if len(order) % f == 0]
+        candidates += [
+            {
+                "adder.fused_terms": f,
+                "adder.term_order": list(order),
+                "adder.trees_in_blocks": False,
+            }
+            for f in range(1, len(order))
+            if len(order) % f == 0
+        ]
     return candidates
 
 
 def _c_entry(ctx: Context, hyp: dict) -> Candidates:
     entries = [{"accumulator.c_entry": "initial"}] + [
-        {"accumulator.c_entry": "end", "accumulator.c_add_rounding": rounding} for rounding in DIRECTED_AND_NEAREST]
-    return [{"adder.accumulator_in_tree": in_tree, **entry, **(NO_GRID if in_tree else {})}
-            for in_tree in (True, False) for entry in entries]
+        {"accumulator.c_entry": "end", "accumulator.c_add_rounding": rounding}
+        for rounding in DIRECTED_AND_NEAREST
+    ]
+    return [
+        {"adder.accumulator_in_tree": in_tree, **entry, **(NO_GRID if in_tree else {})}
+        for in_tree in (True, False)
+        for entry in entries
+    ]
 
 
 #: Window widths the coarse probe tries: fp16/tf32 products up to fp32's significand and a little past.
@@ -321,8 +432,13 @@ COARSE_WINDOWS = range(10, 29)
 
 def _coarse(ctx: Context, hyp: dict) -> Candidates:
     """Tree sizes (powers of two up to K), windows and the accumulator's rounding together."""
-    return _coarse_with(ctx, [{"accumulator.rounding": rounding, "output.rounding": rounding}
-                              for rounding in ("nearest_even", "toward_zero")])
+    return _coarse_with(
+        ctx,
+        [
+            {"accumulator.rounding": rounding, "output.rounding": rounding}
+            for rounding in ("nearest_even", "toward_zero")
+        ],
+    )
 
 
 def _coarse_with(ctx: Context, roundings: Candidates) -> Candidates:
@@ -333,15 +449,38 @@ def _coarse_with(ctx: Context, roundings: Candidates) -> Candidates:
     a time fits until they are held (mi300 E5M2FNUZ x fp32 -> fp32)."""
     sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
     sizes += [ctx.k] if ctx.k not in sizes else []  # one tree over an odd K (11 FP6 elements)
-    windows = [{"adder.align_fraction_bits": None}] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
-        for bits in COARSE_WINDOWS for below in ("truncate", "nearest_even")] + [
-        {"adder.align_fraction_bits": bits, "adder.below_window": below, "adder.parity_windows": True,
-         "adder.accumulator_in_tree": False, **NO_GRID}
-        for bits in COARSE_WINDOWS for below in ("truncate", "floor")]
-    return [{"adder.fused_terms": f, "adder.term_order": None, "accumulator.promotion_interval": None,
-             "adder.trees_in_blocks": False, **rounding, **window}
-            for rounding in roundings for window in windows for f in sizes]
+    windows = (
+        [{"adder.align_fraction_bits": None}]
+        + [
+            {"adder.align_fraction_bits": bits, "adder.below_window": below, **NO_GRID}
+            for bits in COARSE_WINDOWS
+            for below in ("truncate", "nearest_even")
+        ]
+        + [
+            {
+                "adder.align_fraction_bits": bits,
+                "adder.below_window": below,
+                "adder.parity_windows": True,
+                "adder.accumulator_in_tree": False,
+                **NO_GRID,
+            }
+            for bits in COARSE_WINDOWS
+            for below in ("truncate", "floor")
+        ]
+    )
+    return [
+        {
+            "adder.fused_terms": f,
+            "adder.term_order": None,
+            "accumulator.promotion_interval": None,
+            "adder.trees_in_blocks": False,
+            **rounding,
+            **window,
+        }
+        for rounding in roundings
+        for window in windows
+        for f in sizes
+    ]
 
 
 def _coarse_overflow(ctx: Context, hyp: dict) -> Candidates:
@@ -351,9 +490,18 @@ def _coarse_overflow(ctx: Context, hyp: dict) -> Candidates:
     overflows: under a rounding toward zero its overflow rule decides those rows, so a
     toward-zero datapath is seen right only with its own rule (a100's tf32 x bf16 -> fp32: 78
     of the coarse probe's 320 rows)."""
-    return _coarse_with(ctx, [{"accumulator.rounding": "nearest_even", "output.rounding": "nearest_even"}] + [
-        {"accumulator.rounding": "toward_zero", "output.rounding": "toward_zero", "accumulator.overflow": rule}
-        for rule in SCHEMA["accumulator"]["overflow"].choices])
+    return _coarse_with(
+        ctx,
+        [{"accumulator.rounding": "nearest_even", "output.rounding": "nearest_even"}]
+        + [
+            {
+                "accumulator.rounding": "toward_zero",
+                "output.rounding": "toward_zero",
+                "accumulator.overflow": rule,
+            }
+            for rule in SCHEMA["accumulator"]["overflow"].choices
+        ],
+    )
 
 
 def products_pass_fp32(ctx: Context) -> bool:
@@ -375,16 +523,24 @@ def _overflows_held_first(hyp: dict) -> list[str]:
 
 def _promotion(ctx: Context, hyp: dict) -> Candidates:
     fused = hyp["adder.fused_terms"]
-    return [{"accumulator.promotion_interval": n} for n in (None, *range(fused, ctx.k, fused), _at_end(fused, ctx.k))]
+    return [
+        {"accumulator.promotion_interval": n}
+        for n in (None, *range(fused, ctx.k, fused), _at_end(fused, ctx.k))
+    ]
 
 
 def _wider_c_formats(ctx: Context) -> list[str]:
     """The formats holding every value of the format c is asked in that the kernels read c
     in alike (fp16 c: fp32; none for fp32 or fp64 c)."""
     given = get_format(ctx.c_format)
-    return [name for name in SCHEMA["inputs"]["c_format"].choices
-            if name != given.name and kernel_c_dtype(name) == kernel_c_dtype(given.name)
-            and get_format(name).exponent_bits >= given.exponent_bits and get_format(name).mantissa_bits >= given.mantissa_bits]
+    return [
+        name
+        for name in SCHEMA["inputs"]["c_format"].choices
+        if name != given.name
+        and kernel_c_dtype(name) == kernel_c_dtype(given.name)
+        and get_format(name).exponent_bits >= given.exponent_bits
+        and get_format(name).mantissa_bits >= given.mantissa_bits
+    ]
 
 
 def _c_format(ctx: Context, hyp: dict) -> Candidates:
@@ -397,9 +553,14 @@ def _c_format(ctx: Context, hyp: dict) -> Candidates:
     if not wider:
         return [{"inputs.c_format": given.name}]
     held = hyp["adder.accumulator_exponent"]
-    exponents = [held] + [value for value in SCHEMA["adder"]["accumulator_exponent"].choices if value != held]
-    return [{"inputs.c_format": name, "adder.accumulator_exponent": exponent}
-            for name in (given.name, *wider) for exponent in exponents]
+    exponents = [held] + [
+        value for value in SCHEMA["adder"]["accumulator_exponent"].choices if value != held
+    ]
+    return [
+        {"inputs.c_format": name, "adder.accumulator_exponent": exponent}
+        for name in (given.name, *wider)
+        for exponent in exponents
+    ]
 
 
 def _zero_sign(ctx: Context, hyp: dict) -> Candidates:
@@ -413,7 +574,10 @@ def _overflow(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _accumulator_exponent(ctx: Context, hyp: dict) -> Candidates:
-    return [{"adder.accumulator_exponent": value} for value in SCHEMA["adder"]["accumulator_exponent"].choices]
+    return [
+        {"adder.accumulator_exponent": value}
+        for value in SCHEMA["adder"]["accumulator_exponent"].choices
+    ]
 
 
 #: Zero-term exponents tried: from below fp32's smallest subnormal exponent to 2^20.
@@ -428,7 +592,9 @@ def _zero_term_exponent(ctx: Context, hyp: dict) -> Candidates:
     values = [None, *ZERO_TERM_EXPONENTS]
     candidates = [{"adder.zero_term_exponent": n} for n in values]
     if hyp["adder.sum_significant_bits"] is not None:
-        candidates += [{"adder.zero_term_exponent": n, "adder.sum_significant_bits": None} for n in values]
+        candidates += [
+            {"adder.zero_term_exponent": n, "adder.sum_significant_bits": None} for n in values
+        ]
     return candidates
 
 
@@ -438,9 +604,15 @@ GRID_FRACTION_BITS = range(0, 81)
 
 
 #: What a grid needs of the other keys (set with it, so that no earlier decision locks it out).
-GRID_NEEDS = {"adder.accumulator_in_tree": False, "adder.align_fraction_bits": None, "adder.sum_significant_bits": None,
-              "adder.term_order": None, "accumulator.promotion_interval": None, "accumulator.c_entry": "initial",
-              "multiplier.product_fraction_bits": None}
+GRID_NEEDS = {
+    "adder.accumulator_in_tree": False,
+    "adder.align_fraction_bits": None,
+    "adder.sum_significant_bits": None,
+    "adder.term_order": None,
+    "accumulator.promotion_interval": None,
+    "accumulator.c_entry": "initial",
+    "multiplier.product_fraction_bits": None,
+}
 
 
 def _grid(ctx: Context, hyp: dict) -> Candidates:
@@ -452,7 +624,8 @@ def _grid(ctx: Context, hyp: dict) -> Candidates:
     if ctx.block_size % hyp["adder.fused_terms"]:
         needs["adder.trees_in_blocks"] = True
     return [{"grid.fraction_bits": None}] + [
-        {"grid.fraction_bits": n, **needs} for n in GRID_FRACTION_BITS]
+        {"grid.fraction_bits": n, **needs} for n in GRID_FRACTION_BITS
+    ]
 
 
 #: Accumulator shifts tried: 0 .. 160 places (past that, an fp32 accumulator meets no product).
@@ -469,6 +642,7 @@ def _grid_shift(key: str) -> Callable[[Context, dict], Candidates]:
         if hyp.get("grid.fraction_bits") is None:
             return [{path: hyp.get(path, default)}]
         return [{path: default}] + [{path: n} for n in GRID_SHIFTS if n != default]
+
     return candidates
 
 
@@ -483,24 +657,36 @@ def _zero_sign_inputs(ctx: Context) -> Batch:
     """Zero results, zero chains and corners, shuffled together."""
     return _families(zero_results=64, zero_chains=32, corners=32)(ctx)
 
+
 # -- AMD matrix-core keys (pairwise rounded adds, product overflow, input zero sign, parity
 # windows, the second alignment): each its own probe below.
+
 
 def _structure(ctx: Context, hyp: dict) -> Candidates:
     """One fused pass per tree, or pairwise rounded adds over balanced trees of 2^j products
     (the tree size rides along: a pairwise tree is seen right only with its own size)."""
     sizes = [f for f in (1 << j for j in range(ctx.k.bit_length())) if f <= ctx.k]
     return [{"adder.structure": "fused"}] + [
-        {"adder.structure": "pairwise_rounded", "adder.fused_terms": f, "adder.term_order": None,
-         "accumulator.promotion_interval": None, "adder.trees_in_blocks": False, "accumulator.c_entry": "initial",
-         **NO_GRID} for f in sizes]
+        {
+            "adder.structure": "pairwise_rounded",
+            "adder.fused_terms": f,
+            "adder.term_order": None,
+            "accumulator.promotion_interval": None,
+            "adder.trees_in_blocks": False,
+            "accumulator.c_entry": "initial",
+            **NO_GRID,
+        }
+        for f in sizes
+    ]
 
 
 def _overflow_exponent(ctx: Context, hyp: dict) -> Candidates:
     """No product overflow, or ±Inf from 2^n up, n past the largest finite value of a format a
     multiplier may write its product in (Context.overflow_boundaries: 16, 128, ...), of those
     the formats' products reach (null where none is)."""
-    return [{"multiplier.overflow_exponent": None}] + [{"multiplier.overflow_exponent": n} for n in ctx.overflow_boundaries()]
+    return [{"multiplier.overflow_exponent": None}] + [
+        {"multiplier.overflow_exponent": n} for n in ctx.overflow_boundaries()
+    ]
 
 
 def _zero_signs(ctx: Context, hyp: dict) -> Candidates:
@@ -510,7 +696,9 @@ def _zero_signs(ctx: Context, hyp: dict) -> Candidates:
     result that is -0 under IEEE rules are told apart only together."""
     return [{"inputs.zero_sign": "keep", "output.zero_sign": hyp["output.zero_sign"]}] + [
         {"inputs.zero_sign": inputs, "output.zero_sign": output}
-        for inputs in SCHEMA["inputs"]["zero_sign"].choices for output in SCHEMA["output"]["zero_sign"].choices]
+        for inputs in SCHEMA["inputs"]["zero_sign"].choices
+        for output in SCHEMA["output"]["zero_sign"].choices
+    ]
 
 
 def _parity_windows(ctx: Context, hyp: dict) -> Candidates:
@@ -519,8 +707,14 @@ def _parity_windows(ctx: Context, hyp: dict) -> Candidates:
     if hyp["adder.align_fraction_bits"] is None:
         return [{"adder.parity_windows": False}]
     return [{"adder.parity_windows": False}] + [
-        {"adder.parity_windows": True, "adder.below_window": below, "adder.accumulator_in_tree": False}
-        for below in SCHEMA["adder"]["below_window"].choices if below != "sticky"]
+        {
+            "adder.parity_windows": True,
+            "adder.below_window": below,
+            "adder.accumulator_in_tree": False,
+        }
+        for below in SCHEMA["adder"]["below_window"].choices
+        if below != "sticky"
+    ]
 
 
 def _second_alignment(ctx: Context, hyp: dict) -> Candidates:
@@ -539,13 +733,28 @@ def _second_alignment(ctx: Context, hyp: dict) -> Candidates:
         none.append({"adder.second_alignment_bits": None, "adder.accumulator_in_tree": True})
     widest = _maximum("adder.second_alignment_bits")
     pairs = [(n, window) for n in range(widest + 1) for window in _near_windows(hyp, 1)]
-    pairs += [(n, window) for n in _near_windows(hyp, 1) if n <= widest for window in range(max(0, held - 16), held - 1)]
+    pairs += [
+        (n, window)
+        for n in _near_windows(hyp, 1)
+        if n <= widest
+        for window in range(max(0, held - 16), held - 1)
+    ]
     return none + [
-        {"adder.second_alignment_bits": n, "adder.far_accumulator": far, "adder.align_fraction_bits": window,
-         "adder.below_window": below, "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
-         "accumulator.c_entry": "initial", "accumulator.promotion_interval": None}
-        for n, window in pairs for far in SCHEMA["adder"]["far_accumulator"].choices
-        for below in SCHEMA["adder"]["below_window"].choices if below != "sticky"]
+        {
+            "adder.second_alignment_bits": n,
+            "adder.far_accumulator": far,
+            "adder.align_fraction_bits": window,
+            "adder.below_window": below,
+            "adder.accumulator_in_tree": False,
+            "adder.sum_significant_bits": None,
+            "accumulator.c_entry": "initial",
+            "accumulator.promotion_interval": None,
+        }
+        for n, window in pairs
+        for far in SCHEMA["adder"]["far_accumulator"].choices
+        for below in SCHEMA["adder"]["below_window"].choices
+        if below != "sticky"
+    ]
 
 
 def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
@@ -561,155 +770,342 @@ def _special_accumulator(ctx: Context, hyp: dict) -> Candidates:
         return [{"adder.special_accumulator_exponent": None}]
     low, high = ctx.span()
     held = hyp["adder.second_alignment_bits"] is not None and hyp["adder.far_accumulator"] == "zero"
-    needs = {} if held else {
-        "adder.second_alignment_bits": min(window, _maximum("adder.second_alignment_bits")),
-        "adder.far_accumulator": "zero", "adder.accumulator_in_tree": False, "adder.sum_significant_bits": None,
-        "accumulator.c_entry": "initial", "accumulator.promotion_interval": None}
+    needs = (
+        {}
+        if held
+        else {
+            "adder.second_alignment_bits": min(window, _maximum("adder.second_alignment_bits")),
+            "adder.far_accumulator": "zero",
+            "adder.accumulator_in_tree": False,
+            "adder.sum_significant_bits": None,
+            "accumulator.c_entry": "initial",
+            "accumulator.promotion_interval": None,
+        }
+    )
     return [{"adder.special_accumulator_exponent": None}] + [
-        {"adder.special_accumulator_exponent": e, **needs} for e in range(low - window - 3, high - window)]
+        {"adder.special_accumulator_exponent": e, **needs}
+        for e in range(low - window - 3, high - window)
+    ]
 
 
 def _families(**counts: int) -> Callable[[Context], Batch]:
     """The families' rows shuffled together, so that each chunk the engine predicts mixes them."""
+
     def draw(ctx: Context) -> Batch:
-        batch = ctx.fit_c(Batch.join(getattr(ctx, family)(count) for family, count in counts.items()))
+        batch = ctx.fit_c(
+            Batch.join(getattr(ctx, family)(count) for family, count in counts.items())
+        )
         return batch.take(ctx.rng.permutation(len(batch)))
+
     return draw
 
 
 def _in_turn(**counts: int) -> Callable[[Context], Batch]:
     """The families' rows one family after another."""
+
     def draw(ctx: Context) -> Batch:
-        return Batch.join(ctx.fit_c(getattr(ctx, family)(count)) for family, count in counts.items())
+        return Batch.join(
+            ctx.fit_c(getattr(ctx, family)(count)) for family, count in counts.items()
+        )
+
     return draw
 
 
 def _then(first: Callable[[Context], Batch], **last: int) -> Callable[[Context], Batch]:
     """``first``'s rows, then each family of ``last`` in turn: rows the engine reaches only while
     the earlier ones leave candidates apart."""
+
     def draw(ctx: Context) -> Batch:
         return Batch.join([first(ctx), _in_turn(**last)(ctx)])
+
     return draw
 
 
 PROBES: tuple[Probe, ...] = (
     # First: every other family writes scale codes in the format held, which this one decides
     # from codes both formats read as finite.
-    Probe("scale format", ("inputs.scales", "inputs.scale_format"), _all_scales,
-          _families(scale_formats=192),
-          "whether scales matter, where they enter, and whether they are E8M0 powers of two or UE4M3"),
+    Probe(
+        "scale format",
+        ("inputs.scales", "inputs.scale_format"),
+        _all_scales,
+        _families(scale_formats=192),
+        "whether scales matter, where they enter, and whether they are E8M0 powers of two or UE4M3",
+    ),
     # Then: every family's exact-zero rows read the sign of zero.
-    Probe("zero sign", ("output.zero_sign",), _zero_sign, _zero_sign_inputs,
-          "the sign of an exact-zero or underflowed result: IEEE (of the whole sum or of each step) or always +0"),
-    Probe("scales", ("inputs.scales", "adder.align_fraction_bits"), _scales, _families(scales=96, realistic=48, corners=48, groups=96),
-          "whether scales matter, and whether they enter the products, the tree sums or the group sums"),
-    Probe("input subnormals", ("inputs.subnormals",), _input_subnormals, _families(corners=96, cancellation=48),
-          "subnormal elements read as themselves or as zero"),
+    Probe(
+        "zero sign",
+        ("output.zero_sign",),
+        _zero_sign,
+        _zero_sign_inputs,
+        "the sign of an exact-zero or underflowed result: IEEE (of the whole sum or of each step) or always +0",
+    ),
+    Probe(
+        "scales",
+        ("inputs.scales", "adder.align_fraction_bits"),
+        _scales,
+        _families(scales=96, realistic=48, corners=48, groups=96),
+        "whether scales matter, and whether they enter the products, the tree sums or the group sums",
+    ),
+    Probe(
+        "input subnormals",
+        ("inputs.subnormals",),
+        _input_subnormals,
+        _families(corners=96, cancellation=48),
+        "subnormal elements read as themselves or as zero",
+    ),
     # Once the late probes run (rows only under an output narrower than fp32): a tiny c off an
     # output value or tie, which shows c's tree where nothing else does; in early passes these
     # rows moved h100 E4M3 x E5M2 -> fp16's first search off the unit (2,404 -> 12,667 queries).
-    Probe("trees", ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"), _trees,
-          _families(trees=384, accumulator_entry=64, realistic=32),
-          "how many products share a tree and which positions enter together",
-          settled=_in_turn(spread_ties=128)),
+    Probe(
+        "trees",
+        ("adder.fused_terms", "adder.term_order", "accumulator.promotion_interval"),
+        _trees,
+        _families(trees=384, accumulator_entry=64, realistic=32),
+        "how many products share a tree and which positions enter together",
+        settled=_in_turn(spread_ties=128),
+    ),
     # Last (rows only under an output narrower than fp32): products on an output tie and a tiny
     # c, which alone passes the window where the products span too few binades (b200-tcgen05
     # E2M3 x E2M3 -> fp16).
-    Probe("window", ("adder.align_fraction_bits", "adder.below_window"), _window,
-          _then(_families(cancellation=256, ties=128, trees=64), window_ties=64),
-          "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down"),
-    Probe("parity windows", ("adder.parity_windows", "adder.below_window"), _parity_windows,
-          _families(cancellation=192, ties=64, realistic=64),
-          "even and odd positions aligned in windows of their own: a small negative term floored, not truncated", late=True,
-          strict=True),
-    Probe("groups", ("adder.group_terms", "adder.align_fraction_bits"), _groups, _families(groups=256, cancellation=64, realistic=32),
-          "how many products a group sums exactly before its scales: a window anchored above cuts group sums"),
+    Probe(
+        "window",
+        ("adder.align_fraction_bits", "adder.below_window"),
+        _window,
+        _then(_families(cancellation=256, ties=128, trees=64), window_ties=64),
+        "alignment window width and how bits below it go: cancellation leaves terms 0..60 binades down",
+    ),
+    Probe(
+        "parity windows",
+        ("adder.parity_windows", "adder.below_window"),
+        _parity_windows,
+        _families(cancellation=192, ties=64, realistic=64),
+        "even and odd positions aligned in windows of their own: a small negative term floored, not truncated",
+        late=True,
+        strict=True,
+    ),
+    Probe(
+        "groups",
+        ("adder.group_terms", "adder.align_fraction_bits"),
+        _groups,
+        _families(groups=256, cancellation=64, realistic=32),
+        "how many products a group sums exactly before its scales: a window anchored above cuts group sums",
+    ),
     # Last, in turn: its output ties (under an fp16 output an
     # exact accumulator and an fp32 one rounding toward -inf give the same bits on every other
     # row: kulisch INT8 x E2M1) and, where the output is narrower than fp32 (which rounds fp32
     # ties away), ties whose rounding a later product's cancellation carries into the output,
     # and c rounded with a large first tree that a later one cancels.
-    Probe("accumulator", ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
-          _accumulator_and_overflow,
-          _then(_families(ties=256, realistic=64, uniform=64), output_ties=64, cancelled_ties=64, cancelled_c=64),
-          "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points"),
-    Probe("output", ("output.rounding", "output.subnormals", "accumulator.subnormals"), _output,
-          _families(ties=128, corners=128, uniform=64, flushed_results=64),
-          "output rounding and subnormal flushing of the accumulator and the output"),
-    Probe("input zero sign", ("inputs.zero_sign", "output.zero_sign"), _zero_signs,
-          _families(flushed_results=128, zero_results=64, corners=32),
-          "zero and flushed inputs read with their sign or as +0, with the sign of a zero result"),
-    Probe("subnormal products", ("inputs.subnormals",), _input_subnormals, _families(subnormal_products=64),
-          "a subnormal element times a large one: read as itself (a normal product) or as zero"),
-    Probe("accumulator overflow", ("accumulator.overflow",), _overflow, _families(overflow=96, corners=32),
-          "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf"),
-    Probe("product overflow", ("multiplier.overflow_exponent",), _overflow_exponent, _families(product_overflow=192),
-          "products from 2^n up as ±Inf: a product beside its negation or a c of the other sign", strict=True),
-    Probe("products", ("multiplier.product_fraction_bits",), _product_bits, _families(cancellation=192, ties=64),
-          "product precision: a product and its near negation leave the product's low bits"),
-    Probe("alignment reference", ("adder.align_reference", "adder.align_fraction_bits"), _align_reference,
-          _families(cancellation=128, accumulator_entry=64),
-          "the exponent the window hangs from: the largest exponent sum or the largest product's leading bit"),
-    Probe("accumulator exponent", ("adder.accumulator_exponent",), _accumulator_exponent,
-          _families(subnormal_accumulator=128, accumulator_entry=32),
-          "the exponent a subnormal accumulator aligns with in the tree: its leading bit or the format's emin"),
-    Probe("c format", ("inputs.c_format", "adder.accumulator_exponent"), _c_format, _c_format_inputs,
-          "the format c is read in when it is asked in a narrower one: the emin a subnormal c aligns at"),
-    Probe("zero terms", ("adder.zero_term_exponent", "adder.sum_significant_bits"), _zero_term_exponent,
-          _families(tiny_terms=256, zero_results=32, zero_anchor=128),
-          "whether zero products and a zero accumulator pull the alignment reference up to 2^n"),
+    Probe(
+        "accumulator",
+        ("accumulator.format", "accumulator.rounding", "accumulator.overflow", "output.rounding"),
+        _accumulator_and_overflow,
+        _then(
+            _families(ties=256, realistic=64, uniform=64),
+            output_ties=64,
+            cancelled_ties=64,
+            cancelled_c=64,
+        ),
+        "the accumulator's format, rounding and overflow: c and terms at fp32/fp16/bf16 ties and sticky points",
+    ),
+    Probe(
+        "output",
+        ("output.rounding", "output.subnormals", "accumulator.subnormals"),
+        _output,
+        _families(ties=128, corners=128, uniform=64, flushed_results=64),
+        "output rounding and subnormal flushing of the accumulator and the output",
+    ),
+    Probe(
+        "input zero sign",
+        ("inputs.zero_sign", "output.zero_sign"),
+        _zero_signs,
+        _families(flushed_results=128, zero_results=64, corners=32),
+        "zero and flushed inputs read with their sign or as +0, with the sign of a zero result",
+    ),
+    Probe(
+        "subnormal products",
+        ("inputs.subnormals",),
+        _input_subnormals,
+        _families(subnormal_products=64),
+        "a subnormal element times a large one: read as itself (a normal product) or as zero",
+    ),
+    Probe(
+        "accumulator overflow",
+        ("accumulator.overflow",),
+        _overflow,
+        _families(overflow=96, corners=32),
+        "a sum past the accumulator's range under a rounding toward zero: the largest value or Inf",
+    ),
+    Probe(
+        "product overflow",
+        ("multiplier.overflow_exponent",),
+        _overflow_exponent,
+        _families(product_overflow=192),
+        "products from 2^n up as ±Inf: a product beside its negation or a c of the other sign",
+        strict=True,
+    ),
+    Probe(
+        "products",
+        ("multiplier.product_fraction_bits",),
+        _product_bits,
+        _families(cancellation=192, ties=64),
+        "product precision: a product and its near negation leave the product's low bits",
+    ),
+    Probe(
+        "alignment reference",
+        ("adder.align_reference", "adder.align_fraction_bits"),
+        _align_reference,
+        _families(cancellation=128, accumulator_entry=64),
+        "the exponent the window hangs from: the largest exponent sum or the largest product's leading bit",
+    ),
+    Probe(
+        "accumulator exponent",
+        ("adder.accumulator_exponent",),
+        _accumulator_exponent,
+        _families(subnormal_accumulator=128, accumulator_entry=32),
+        "the exponent a subnormal accumulator aligns with in the tree: its leading bit or the format's emin",
+    ),
+    Probe(
+        "c format",
+        ("inputs.c_format", "adder.accumulator_exponent"),
+        _c_format,
+        _c_format_inputs,
+        "the format c is read in when it is asked in a narrower one: the emin a subnormal c aligns at",
+    ),
+    Probe(
+        "zero terms",
+        ("adder.zero_term_exponent", "adder.sum_significant_bits"),
+        _zero_term_exponent,
+        _families(tiny_terms=256, zero_results=32, zero_anchor=128),
+        "whether zero products and a zero accumulator pull the alignment reference up to 2^n",
+    ),
     # Its sums cancelled by c come last: bf16 and fp16 outputs show a rounded tree
     # sum on few other rows (h100-fp8-promoted E5M2 x E4M3 -> bf16: none of the others).
-    Probe("tree sum", ("adder.sum_significant_bits", "adder.sum_rounding"), _sum_bits,
-          _then(_families(ties=192, cancellation=128, uniform=64), sum_cancel=64),
-          "rounding of the tree sum before the accumulator"),
-    Probe("adder width", ("adder.carry_bits", "adder.adder_overflow"), _carry, _families(corners=128, realistic=64),
-          "carry bits of the tree adder and what happens past them"),
+    Probe(
+        "tree sum",
+        ("adder.sum_significant_bits", "adder.sum_rounding"),
+        _sum_bits,
+        _then(_families(ties=192, cancellation=128, uniform=64), sum_cancel=64),
+        "rounding of the tree sum before the accumulator",
+    ),
+    Probe(
+        "adder width",
+        ("adder.carry_bits", "adder.adder_overflow"),
+        _carry,
+        _families(corners=128, realistic=64),
+        "carry bits of the tree adder and what happens past them",
+    ),
     # Last (rows only under an output narrower than fp32): c rounded with a large first tree
     # that a later one cancels.
-    Probe("c entry", ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"), _c_entry,
-          _then(_families(accumulator_entry=256, ties=64, trees=64), cancelled_c=64),
-          "where c enters: in the first tree, added exactly after it, or at the end with its own rounding"),
-    Probe("second alignment", ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
-          _second_alignment, _then(_families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64), cancelled_ties=64),
-          "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits", late=True),
-    Probe("special accumulator", ("adder.special_accumulator_exponent", "adder.second_alignment_bits", "adder.far_accumulator"),
-          _special_accumulator,
-          _families(special_accumulator=128),
-          "a NaN or Inf c or running sum, dropped by a second alignment from a tree of large products on", late=True),
+    Probe(
+        "c entry",
+        ("adder.accumulator_in_tree", "accumulator.c_entry", "accumulator.c_add_rounding"),
+        _c_entry,
+        _then(_families(accumulator_entry=256, ties=64, trees=64), cancelled_c=64),
+        "where c enters: in the first tree, added exactly after it, or at the end with its own rounding",
+    ),
+    Probe(
+        "second alignment",
+        ("adder.second_alignment_bits", "adder.far_accumulator", "adder.accumulator_in_tree"),
+        _second_alignment,
+        _then(
+            _families(accumulator_entry=192, alignment_ties=96, ties=64, cancellation=64),
+            cancelled_ties=64,
+        ),
+        "the tree sum and c aligned again at the larger exponent, both floored, the sum cut to n + 1 bits",
+        late=True,
+    ),
+    Probe(
+        "special accumulator",
+        (
+            "adder.special_accumulator_exponent",
+            "adder.second_alignment_bits",
+            "adder.far_accumulator",
+        ),
+        _special_accumulator,
+        _families(special_accumulator=128),
+        "a NaN or Inf c or running sum, dropped by a second alignment from a tree of large products on",
+        late=True,
+    ),
     # After the fused keys: pairwise rounded adds are weighed against the best fused datapath
     # found, not against exact trees that a window or a second alignment would still refine.
-    Probe("structure", ("adder.structure", "adder.fused_terms"), _structure,
-          _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
-          "one fused pass per tree, or each product rounded and summed by pairwise rounded adds", late=True,
-          strict=True),
+    Probe(
+        "structure",
+        ("adder.structure", "adder.fused_terms"),
+        _structure,
+        _families(pair_trees=192, trees=96, cancellation=64, ties=64, realistic=32),
+        "one fused pass per tree, or each product rounded and summed by pairwise rounded adds",
+        late=True,
+        strict=True,
+    ),
     # Last: zero products under scales that put the
     # grid's last place anywhere.
-    Probe("grid", ("grid.fraction_bits", "adder.accumulator_in_tree", "adder.align_fraction_bits",
-                   "adder.sum_significant_bits", "adder.term_order", "accumulator.promotion_interval",
-                   "accumulator.c_entry", "multiplier.product_fraction_bits"), _grid,
-          _then(_families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64), scaled_zeros=64),
-          "a fixed-point grid summing each tree's exact products, and its fraction bits"),
-    Probe("grid reach", ("grid.accumulator_max_left_shift",), _grid_shift("accumulator_max_left_shift"), _families(grid=256),
-          "how far above the grid an accumulator passes through unchanged"),
-    Probe("grid zero sum", ("grid.accumulator_max_right_shift",), _grid_shift("accumulator_max_right_shift"), _families(grid=256),
-          "how far below the grid an accumulator passes through when the products sum to zero"),
-    Probe("promotion", ("accumulator.promotion_interval",), _promotion,
-          _families(trees=128, accumulator_entry=64, realistic=32),
-          "an outer fp32 accumulator taking the inner one every n products"),
+    Probe(
+        "grid",
+        (
+            "grid.fraction_bits",
+            "adder.accumulator_in_tree",
+            "adder.align_fraction_bits",
+            "adder.sum_significant_bits",
+            "adder.term_order",
+            "accumulator.promotion_interval",
+            "accumulator.c_entry",
+            "multiplier.product_fraction_bits",
+        ),
+        _grid,
+        _then(
+            _families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64),
+            scaled_zeros=64,
+        ),
+        "a fixed-point grid summing each tree's exact products, and its fraction bits",
+    ),
+    Probe(
+        "grid reach",
+        ("grid.accumulator_max_left_shift",),
+        _grid_shift("accumulator_max_left_shift"),
+        _families(grid=256),
+        "how far above the grid an accumulator passes through unchanged",
+    ),
+    Probe(
+        "grid zero sum",
+        ("grid.accumulator_max_right_shift",),
+        _grid_shift("accumulator_max_right_shift"),
+        _families(grid=256),
+        "how far below the grid an accumulator passes through when the products sum to zero",
+    ),
+    Probe(
+        "promotion",
+        ("accumulator.promotion_interval",),
+        _promotion,
+        _families(trees=128, accumulator_entry=64, realistic=32),
+        "an outer fp32 accumulator taking the inner one every n products",
+    ),
 )
 
 #: A second start, tried when the search from the schema's defaults ends with mismatches: each of
 #: these keys is seldom seen right while the others are wrong (a 24-bit truncating window with a
 #: rounding toward zero, say, from an exact tree and nearest-even), so they are decided together
 #: on realistic data before the probes of :data:`PROBES` run again.
-COARSE = Probe("coarse", ("adder.fused_terms", "adder.align_fraction_bits", "adder.below_window",
-                          "accumulator.rounding", "output.rounding"), _coarse,
-               _families(realistic=128, ties=64, cancellation=64, trees=64),
-               "tree size, window and rounding together: a second start for the search")
+COARSE = Probe(
+    "coarse",
+    (
+        "adder.fused_terms",
+        "adder.align_fraction_bits",
+        "adder.below_window",
+        "accumulator.rounding",
+        "output.rounding",
+    ),
+    _coarse,
+    _families(realistic=128, ties=64, cancellation=64, trees=64),
+    "tree size, window and rounding together: a second start for the search",
+)
 
 #: A third start where the coarse one still ends with mismatches and the products pass fp32's
 #: range (:func:`products_pass_fp32`): the coarse probe with the overflow rule beside a
 #: rounding toward zero. Named as the coarse probe: it takes the coarse rows, drawn once.
-COARSE_OVERFLOW = Probe("coarse", (*COARSE.keys, "accumulator.overflow"), _coarse_overflow, COARSE.inputs,
-                        "tree size, window, rounding and overflow rule together: a third start for the search")
+COARSE_OVERFLOW = Probe(
+    "coarse",
+    (*COARSE.keys, "accumulator.overflow"),
+    _coarse_overflow,
+    COARSE.inputs,
+    "tree size, window, rounding and overflow rule together: a third start for the search",
+)

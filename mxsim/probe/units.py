@@ -53,13 +53,26 @@ def _one_line(text) -> str:
 class HwconfigUnit:
     """An mxsim hardware config as a black box: ``mxsim.dot`` on one (A, B, output) format path."""
 
-    def __init__(self, hw, a_format: str, b_format: str, out_format: str | None = None, c_format: str | None = None):
+    def __init__(
+        self,
+        hw,
+        a_format: str,
+        b_format: str,
+        out_format: str | None = None,
+        c_format: str | None = None,
+    ):
         from ..datapath import load_hwconfig
         from ..datapath.config import HardwareConfig
 
         self.config = hw if isinstance(hw, HardwareConfig) else load_hwconfig(hw)
-        self.params = self.config.params(a_format, b_format, out_format, c_format)  # checks the pair
-        self.a_format, self.b_format, self.out_format = self.params.a_format, self.params.b_format, self.params.output_format
+        self.params = self.config.params(
+            a_format, b_format, out_format, c_format
+        )  # checks the pair
+        self.a_format, self.b_format, self.out_format = (
+            self.params.a_format,
+            self.params.b_format,
+            self.params.output_format,
+        )
         self.c_format = self.params.c_format  # c_format None: the config's inputs.c_format
         self.block_size = self.params.block_size
 
@@ -67,9 +80,18 @@ class HwconfigUnit:
         from ..datapath import dot
 
         scaled = self.params.scales != "none"
-        return dot(self.config, a, b, a_format=self.a_format, b_format=self.b_format,
-                   scale_a=scale_a if scaled else None, scale_b=scale_b if scaled else None,
-                   c=c_values(c, self.c_format), out_format=self.out_format, c_format=self.c_format)
+        return dot(
+            self.config,
+            a,
+            b,
+            a_format=self.a_format,
+            b_format=self.b_format,
+            scale_a=scale_a if scaled else None,
+            scale_b=scale_b if scaled else None,
+            c=c_values(c, self.c_format),
+            out_format=self.out_format,
+            c_format=self.c_format,
+        )
 
 
 def c_code_bits(c_format: str) -> int:
@@ -89,7 +111,9 @@ def load_callable(spec: str):
     """``module:function`` (a dotted module on ``sys.path``, or ``path/to/file.py:function``)
     as the function object; a bad spec raises :class:`ArgumentError` naming it."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ArgumentError(f"--unit: expected module:function or file.py:function, got {shown(spec)}")
+        raise ArgumentError(
+            f"--unit: expected module:function or file.py:function, got {shown(spec)}"
+        )
     module_name, function_name = spec.split(":")
     try:
         if module_name.endswith(".py"):
@@ -103,9 +127,13 @@ def load_callable(spec: str):
             module = importlib.import_module(module_name)
     except ArgumentError:
         raise
-    except BaseException as error:  # an import runs arbitrary code (sys.exit too): any failure is one line
-        raise ArgumentError(f"--unit: cannot import {shown(module_name)}: {type(error).__name__}: "
-                            f"{shown(_one_line(error))}") from None
+    except (
+        BaseException
+    ) as error:  # an import runs arbitrary code (sys.exit too): any failure is one line
+        raise ArgumentError(
+            f"--unit: cannot import {shown(module_name)}: {type(error).__name__}: "
+            f"{shown(_one_line(error))}"
+        ) from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ArgumentError(f"--unit: {shown(module_name)} has no callable {shown(function_name)}")
@@ -124,8 +152,15 @@ def _hex_field(codes: np.ndarray, width: int) -> str:
 def format_request(a, b, scale_a, scale_b, c, a_bits: int, b_bits: int, c_bits: int = 32) -> str:
     """One protocol request line (without the newline): ``A B SA SB C`` in hexadecimal (C:
     ``c_bits`` / 4 digits, 8 for fp32 bits, 16 for fp64 bits)."""
-    return " ".join((_hex_field(a, a_bits), _hex_field(b, b_bits), _hex_field(scale_a, 8),
-                     _hex_field(scale_b, 8), format(int(c), f"0{c_bits // 4}x")))
+    return " ".join(
+        (
+            _hex_field(a, a_bits),
+            _hex_field(b, b_bits),
+            _hex_field(scale_a, 8),
+            _hex_field(scale_b, 8),
+            format(int(c), f"0{c_bits // 4}x"),
+        )
+    )
 
 
 def parse_request(line: str, k: int, blocks: int, a_bits: int, b_bits: int, c_bits: int = 32):
@@ -136,16 +171,24 @@ def parse_request(line: str, k: int, blocks: int, a_bits: int, b_bits: int, c_bi
     if len(fields) != 5:
         raise ValueError(f"expected 5 hexadecimal fields, got {len(fields)}")
     numbers = [int(field, 16) for field in fields]
-    for number, width, name in zip(numbers, (k * a_bits, k * b_bits, 8 * blocks, 8 * blocks, c_bits),
-                                   ("A", "B", "SA", "SB", "C")):
+    for number, width, name in zip(
+        numbers,
+        (k * a_bits, k * b_bits, 8 * blocks, 8 * blocks, c_bits),
+        ("A", "B", "SA", "SB", "C"),
+    ):
         if number < 0 or number >> width:
             raise ValueError(f"field {name} does not fit in {width} bits")
 
     def unpack(value, count, width):
         return [(value >> (width * i)) & ((1 << width) - 1) for i in range(count)]
 
-    return (unpack(numbers[0], k, a_bits), unpack(numbers[1], k, b_bits), unpack(numbers[2], blocks, 8),
-            unpack(numbers[3], blocks, 8), numbers[4])
+    return (
+        unpack(numbers[0], k, a_bits),
+        unpack(numbers[1], k, b_bits),
+        unpack(numbers[2], blocks, 8),
+        unpack(numbers[3], blocks, 8),
+        numbers[4],
+    )
 
 
 class _StderrTail:
@@ -210,8 +253,16 @@ class SubprocessUnit:
     whole when it is stopped.
     """
 
-    def __init__(self, command: str, a_format: str, b_format: str, out_format: str = "fp32",
-                 timeout: float = 30.0, chunk: int = 64, c_format: str = "fp32"):
+    def __init__(
+        self,
+        command: str,
+        a_format: str,
+        b_format: str,
+        out_format: str = "fp32",
+        timeout: float = 30.0,
+        chunk: int = 64,
+        c_format: str = "fp32",
+    ):
         if not isinstance(command, str) or not command.strip():
             raise ArgumentError("--command: expected a non-empty command line")
         try:
@@ -220,8 +271,11 @@ class SubprocessUnit:
             raise ArgumentError(f"--command: cannot split {shown(command)}: {error}") from None
         if not self.argv or "\x00" in command:
             raise ArgumentError(f"--command: expected a command line, got {shown(command)}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
-                or not 0 < float(timeout) <= 3600:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float, np.integer, np.floating))
+            or not 0 < float(timeout) <= 3600
+        ):
             raise ArgumentError(f"--timeout: expected seconds in (0, 3600], got {shown(timeout)}")
         if not is_integer(chunk) or not 1 <= chunk <= 4096:
             raise ArgumentError(f"chunk: expected an integer 1..4096, got {shown(chunk)}")
@@ -236,11 +290,19 @@ class SubprocessUnit:
 
     def _start(self):
         try:
-            self._process = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+            self._process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+                start_new_session=True,
+            )
         except (OSError, ValueError) as error:
-            raise ProbeError(f"cannot start the unit command {shown(self.argv[0])}: "
-                             f"{getattr(error, 'strerror', None) or error}") from None
+            raise ProbeError(
+                f"cannot start the unit command {shown(self.argv[0])}: "
+                f"{getattr(error, 'strerror', None) or error}"
+            ) from None
         self._stderr = _StderrTail(self._process.stderr)
         self._buffer = b""
         os.set_blocking(self._process.stdout.fileno(), False)
@@ -251,7 +313,9 @@ class SubprocessUnit:
 
     def _failure(self, what: str) -> ProbeError:
         self.close()
-        return ProbeError(f"unit command {shown(self.argv[0])} {what} at request {self.requests + 1}{self._stderr_tail()}")
+        return ProbeError(
+            f"unit command {shown(self.argv[0])} {what} at request {self.requests + 1}{self._stderr_tail()}"
+        )
 
     def _exited(self, deadline: float) -> ProbeError:
         """The unit closed its stdout (or stdin): its exit status if it ends by ``deadline``."""
@@ -323,14 +387,21 @@ class SubprocessUnit:
         out = np.empty(len(a), dtype=np.uint64)
         for start in range(0, len(a), self.chunk):
             stop = min(start + self.chunk, len(a))
-            lines = "".join(format_request(a[i], b[i], scale_a[i], scale_b[i], c[i], self.a_bits, self.b_bits, self.c_bits) + "\n"
-                            for i in range(start, stop))
+            lines = "".join(
+                format_request(
+                    a[i], b[i], scale_a[i], scale_b[i], c[i], self.a_bits, self.b_bits, self.c_bits
+                )
+                + "\n"
+                for i in range(start, stop)
+            )
             # the writing is bounded as one answer is: a unit must read as it answers
             self._pump(lines.encode("ascii"), time.monotonic() + self.timeout, 0)
             for i in range(start, stop):
                 out[i] = self._answer(self._read_line(time.monotonic() + self.timeout))
                 self.requests += 1
-            if b"\n" in self._buffer:  # an answer no request asked for: every later one would be off by one
+            if (
+                b"\n" in self._buffer
+            ):  # an answer no request asked for: every later one would be off by one
                 raise self._failure("answered more lines than it was asked")
         return out
 
@@ -372,7 +443,9 @@ class CountingUnit:
 
     def __init__(self, unit, out_format: str, budget: int):
         if not callable(unit):
-            raise ArgumentError(f"probe: unit must be callable (a, b, scale_a, scale_b, c) -> bits, got {type(unit).__name__}")
+            raise ArgumentError(
+                f"probe: unit must be callable (a, b, scale_a, scale_b, c) -> bits, got {type(unit).__name__}"
+            )
         self.unit = unit
         self.out_bits = get_format(out_format).bits
         self.budget = budget
@@ -382,14 +455,20 @@ class CountingUnit:
     def __call__(self, a, b, scale_a, scale_b, c) -> np.ndarray:
         rows = len(a)
         if self.queries + rows > self.budget:
-            raise ProbeError(f"the probe would need more than its budget of {self.budget} dot products")
+            raise ProbeError(
+                f"the probe would need more than its budget of {self.budget} dot products"
+            )
         started = time.perf_counter()
         try:
             answer = self.unit(a.copy(), b.copy(), scale_a.copy(), scale_b.copy(), c.copy())
         except ProbeError:
             raise
-        except BaseException as error:  # SystemExit, KeyboardInterrupt...: the unit's end is the probe's, in one line
-            raise ProbeError(f"the unit raised {type(error).__name__}: {shown(_one_line(error))}") from None
+        except (
+            BaseException
+        ) as error:  # SystemExit, KeyboardInterrupt...: the unit's end is the probe's, in one line
+            raise ProbeError(
+                f"the unit raised {type(error).__name__}: {shown(_one_line(error))}"
+            ) from None
         finally:
             self.seconds += time.perf_counter() - started
         self.queries += rows
@@ -403,11 +482,17 @@ class CountingUnit:
         try:
             bits = np.asarray(answer)
         except BaseException:  # an object numpy cannot hold, or whose conversion raises
-            raise ProbeError(f"the unit answered {shown(type(answer).__name__)}, not an array of output bits") from None
-        if bits.shape != (rows,) or not (np.issubdtype(bits.dtype, np.integer) or (
-                bits.dtype == object and all(is_integer(value) for value in bits.tolist()))):
-            raise ProbeError(f"the unit answered shape {shown(bits.shape)} dtype {bits.dtype}; expected {rows} "
-                             "integer output bit patterns (no floats, strings or bools)")
+            raise ProbeError(
+                f"the unit answered {shown(type(answer).__name__)}, not an array of output bits"
+            ) from None
+        if bits.shape != (rows,) or not (
+            np.issubdtype(bits.dtype, np.integer)
+            or (bits.dtype == object and all(is_integer(value) for value in bits.tolist()))
+        ):
+            raise ProbeError(
+                f"the unit answered shape {shown(bits.shape)} dtype {bits.dtype}; expected {rows} "
+                "integer output bit patterns (no floats, strings or bools)"
+            )
         values = [int(value) for value in bits.tolist()]
         if any(value < 0 or value >> self.out_bits for value in values):
             raise ProbeError(f"the unit answered a value outside 0..2^{self.out_bits}-1")

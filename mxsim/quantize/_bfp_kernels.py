@@ -92,8 +92,12 @@ def _cuda_prime_round(bits, significand, shift, mantissa_bits, rounding_mode, ra
 @njit(cache=True, nogil=True)
 def _zero_codes(n_blocks, block_size, n_micro):
     """Zeroed ``(shared, micro, mant, sign)`` code arrays for ``n_blocks`` blocks."""
-    return (np.zeros(n_blocks, np.uint8), np.zeros((n_blocks, n_micro), np.uint8),
-            np.zeros((n_blocks, block_size), np.int32), np.zeros((n_blocks, block_size), np.uint8))
+    return (
+        np.zeros(n_blocks, np.uint8),
+        np.zeros((n_blocks, n_micro), np.uint8),
+        np.zeros((n_blocks, block_size), np.int32),
+        np.zeros((n_blocks, block_size), np.uint8),
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -110,7 +114,12 @@ def _largest_exponent(block_bits, b, start, stop, finite_only):
 
 @njit(cache=True, nogil=True)
 def bfp_prime_kernel(
-    block_bits, mantissa_bits, sub_block_size, sub_block_shift_bits, rounding_mode, cuda,
+    block_bits,
+    mantissa_bits,
+    sub_block_size,
+    sub_block_shift_bits,
+    rounding_mode,
+    cuda,
     random_words,
 ):
     """Quantize blocks with shared exponent + per-sub-block microexponent (``to_bfp_prime``).
@@ -148,12 +157,18 @@ def bfp_prime_kernel(
                     if rounding_mode == CUDA_PRIME_STOCHASTIC:
                         word = np.int64(random_words[b, j])
                     m = _cuda_prime_round(
-                        bits, significand, shared_exp - d - e + 23 - mantissa_bits,
-                        mantissa_bits, rounding_mode, word,
+                        bits,
+                        significand,
+                        shared_exp - d - e + 23 - mantissa_bits,
+                        mantissa_bits,
+                        rounding_mode,
+                        word,
                     )
                 else:
                     m = _round_shift_nearest(
-                        significand, shared_exp - d - e + 24 - mantissa_bits, negative,
+                        significand,
+                        shared_exp - d - e + 24 - mantissa_bits,
+                        negative,
                         rounding_mode,
                     )
                     if m > max_mag:

@@ -72,8 +72,13 @@ def round_to_nearest(q: Fraction, negative: bool, rounding_mode: int) -> int:
 
 
 def prime_block_reference(
-    block_bits, mantissa_bits: int, sub_block_size: int, shift_bits: int,
-    rounding_mode: int, cuda: bool, random_words=None,
+    block_bits,
+    mantissa_bits: int,
+    sub_block_size: int,
+    shift_bits: int,
+    rounding_mode: int,
+    cuda: bool,
+    random_words=None,
 ):
     """One ``to_bfp_prime`` block.  Returns (E, [d per sub-block], [+-M], [sign bit])."""
     m = mantissa_bits
@@ -105,9 +110,7 @@ def prime_block_reference(
             elif rounding_mode == 1:
                 mag = min(math.floor(q + HALF), 2**m - 1)
             else:
-                mag = _cuda_stochastic_magnitude(
-                    x, q, shared_exp - d, m, int(random_words[i])
-                )
+                mag = _cuda_stochastic_magnitude(x, q, shared_exp - d, m, int(random_words[i]))
             mantissas.append(-mag if x.negative else mag)
             signs.append(int(x.negative))
     return shared_exp, micro, mantissas, signs
@@ -161,8 +164,14 @@ def plain_block_reference(block_bits, mantissa_bits: int, rounding_mode: int):
 
 
 def quantize_blocks_reference(
-    block_bits: np.ndarray, method: str, mantissa_bits: int, sub_block_size: int,
-    shift_bits: int, rounding_mode: int, cuda: bool, random_words=None,
+    block_bits: np.ndarray,
+    method: str,
+    mantissa_bits: int,
+    sub_block_size: int,
+    shift_bits: int,
+    rounding_mode: int,
+    cuda: bool,
+    random_words=None,
 ):
     """Whole (blocks, block_size) uint32 array, codes shaped like the kernels' outputs."""
     shared, micro, mant, sign, special = [], [], [], [], []
@@ -191,8 +200,9 @@ def quantize_blocks_reference(
     )
 
 
-def exact_element_value(shared_exp: int, micro: int, signed_mantissa: int, mantissa_bits: int,
-                        method: str) -> Fraction:
+def exact_element_value(
+    shared_exp: int, micro: int, signed_mantissa: int, mantissa_bits: int, method: str
+) -> Fraction:
     """Exact value +-M * 2**(E - 127 - d + 1 - m) of one finite element."""
     d = micro if method == "to_bfp_prime" else 0
     return signed_mantissa * Fraction(2) ** (shared_exp - 127 - d + 1 - mantissa_bits)

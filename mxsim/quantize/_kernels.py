@@ -38,7 +38,16 @@ E8M0_MAX_EXPONENT = 127
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source, emax, top_fraction_bits, max_ratio_q52):
+def shared_exponent(
+    amax_bits,
+    in_exponent_bits,
+    in_mantissa_bits,
+    rule,
+    source,
+    emax,
+    top_fraction_bits,
+    max_ratio_q52,
+):
     """X = E - emax for a nonzero finite amax, E chosen by ``rule`` from amax's exact bits.
 
     With amax = m * 2^e, m in [1, 2) held as the 53-bit integer m * 2^52:
@@ -50,7 +59,9 @@ def shared_exponent(amax_bits, in_exponent_bits, in_mantissa_bits, rule, source,
     and rceil as ceil(log2(amax / max_finite)) with the quotient and the log2 each rounded
     to that precision.
     """
-    _, _, significand, lsb_exponent, floor_log2 = decompose(amax_bits, in_exponent_bits, in_mantissa_bits)
+    _, _, significand, lsb_exponent, floor_log2 = decompose(
+        amax_bits, in_exponent_bits, in_mantissa_bits
+    )
     if source == SOURCE_LOG2:
         value = math.ldexp(float(significand), lsb_exponent)
         if rule == RULE_RCEIL:
@@ -101,16 +112,43 @@ def encode_table(params, rounding, overflow, low, top_bits, table):
                 for sticky in range(2):
                     significand = (((np.int64(1) << top_bits) | top) << 1) | sticky
                     entry = ((sign * n_exponents + index) << (top_bits + 1)) | (top << 1) | sticky
-                    table[entry] = encode_finite(np.int64(sign), significand, e - top_bits - 1, e, params, rounding,
-                                                 overflow, np.int64(0))
+                    table[entry] = encode_finite(
+                        np.int64(sign),
+                        significand,
+                        e - top_bits - 1,
+                        e,
+                        params,
+                        rounding,
+                        overflow,
+                        np.int64(0),
+                    )
 
 
 @njit(cache=True, parallel=True)
 def quantize_blocks(
-    bits, in_exponent_bits, in_mantissa_bits,
-    element_params, rule, source, emax, top_fraction_bits, max_ratio_q52,
-    rounding, overflow, nonfinite, underflow, clamp_high, min_exponent, min_scale_element_exponent, seed,
-    table, table_low, table_high, table_top_bits, codes_out, scale_exponents_out,
+    bits,
+    in_exponent_bits,
+    in_mantissa_bits,
+    element_params,
+    rule,
+    source,
+    emax,
+    top_fraction_bits,
+    max_ratio_q52,
+    rounding,
+    overflow,
+    nonfinite,
+    underflow,
+    clamp_high,
+    min_exponent,
+    min_scale_element_exponent,
+    seed,
+    table,
+    table_low,
+    table_high,
+    table_top_bits,
+    codes_out,
+    scale_exponents_out,
 ):
     """Quantize a (blocks, block_size) array of IEEE-binary bit patterns.
 
@@ -158,9 +196,15 @@ def quantize_blocks(
                 inf_seen = True
             elif magnitude > amax:
                 amax = magnitude
-        if even_half_step != 0 and nonfinite != NONFINITE_PROPAGATE and amax + even_half_step >= inf_bits:
+        if (
+            even_half_step != 0
+            and nonfinite != NONFINITE_PROPAGATE
+            and amax + even_half_step >= inf_bits
+        ):
             inf_seen = True
-        if (nan_seen and nonfinite != NONFINITE_PROPAGATE) or (inf_seen and nonfinite == NONFINITE_NAN_BLOCK):
+        if (nan_seen and nonfinite != NONFINITE_PROPAGATE) or (
+            inf_seen and nonfinite == NONFINITE_NAN_BLOCK
+        ):
             scale_exponents_out[b] = SCALE_NAN
             for j in range(block_size):
                 codes_out[b, j] = 0
@@ -168,12 +212,21 @@ def quantize_blocks(
         if inf_seen and nonfinite == NONFINITE_INF_SCALE_MAX:
             exponent = np.int64(E8M0_MAX_EXPONENT)  # log2(Inf) clamped to the largest scale
         elif inf_seen and nonfinite == NONFINITE_INF_FIELD:
-            exponent = np.int64(1 << (in_exponent_bits - 1)) - emax  # Inf's exponent field read as a binade
+            exponent = (
+                np.int64(1 << (in_exponent_bits - 1)) - emax
+            )  # Inf's exponent field read as a binade
         elif amax == 0:
             exponent = np.int64(E8M0_MIN_EXPONENT)
         else:
             exponent = shared_exponent(
-                amax, in_exponent_bits, in_mantissa_bits, rule, source, emax, top_fraction_bits, max_ratio_q52
+                amax,
+                in_exponent_bits,
+                in_mantissa_bits,
+                rule,
+                source,
+                emax,
+                top_fraction_bits,
+                max_ratio_q52,
             )
         if underflow == UNDERFLOW_CLAMP and exponent < E8M0_MIN_EXPONENT:
             exponent = np.int64(E8M0_MIN_EXPONENT)
@@ -197,14 +250,27 @@ def quantize_blocks(
             field = np.int64((value >> np.uint64(in_mantissa_bits)) & field_mask)
             if use_table and field != 0 and field != np.int64(field_mask):
                 e = min(max(field - input_bias - element_exponent, table_low), table_high)
-                entry = (((np.int64(value >> sign_shift) * n_table_exponents + e - table_low) << (table_top_bits + 1))
-                         | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
-                         | np.int64((value & sticky_mask) != np.uint64(0)))
+                entry = (
+                    (
+                        (np.int64(value >> sign_shift) * n_table_exponents + e - table_low)
+                        << (table_top_bits + 1)
+                    )
+                    | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
+                    | np.int64((value & sticky_mask) != np.uint64(0))
+                )
                 codes_out[b, j] = table[entry]
                 continue
-            draw32 = random32(seed, b * block_size + j) if rounding == ROUND_STOCHASTIC else np.int64(0)
+            draw32 = (
+                random32(seed, b * block_size + j) if rounding == ROUND_STOCHASTIC else np.int64(0)
+            )
             codes_out[b, j] = encode_bits(
-                value, in_exponent_bits, in_mantissa_bits, -element_exponent, element_params, rounding, overflow,
+                value,
+                in_exponent_bits,
+                in_mantissa_bits,
+                -element_exponent,
+                element_params,
+                rounding,
+                overflow,
                 draw32,
             )
 

@@ -184,14 +184,18 @@ class BFPSpec:
 #: and 1 shift bit (the Microexponents paper's formats); BFP16 is Quark's op default
 #: (to_bfp, bit_width 16, block 8).  rounding_mode 0 and the CPU kernel are Quark's defaults.
 BFP_SPECS: dict[str, BFPSpec] = {
-    "MX4": BFPSpec("to_bfp_prime", bit_width=11, block_size=16, sub_block_size=2,
-                   sub_block_shift_bits=1),
-    "MX6": BFPSpec("to_bfp_prime", bit_width=13, block_size=16, sub_block_size=2,
-                   sub_block_shift_bits=1),
-    "MX9": BFPSpec("to_bfp_prime", bit_width=16, block_size=16, sub_block_size=2,
-                   sub_block_shift_bits=1),
-    "BFP16": BFPSpec("to_bfp", bit_width=16, block_size=8, sub_block_size=8,
-                     sub_block_shift_bits=0),
+    "MX4": BFPSpec(
+        "to_bfp_prime", bit_width=11, block_size=16, sub_block_size=2, sub_block_shift_bits=1
+    ),
+    "MX6": BFPSpec(
+        "to_bfp_prime", bit_width=13, block_size=16, sub_block_size=2, sub_block_shift_bits=1
+    ),
+    "MX9": BFPSpec(
+        "to_bfp_prime", bit_width=16, block_size=16, sub_block_size=2, sub_block_shift_bits=1
+    ),
+    "BFP16": BFPSpec(
+        "to_bfp", bit_width=16, block_size=8, sub_block_size=8, sub_block_shift_bits=0
+    ),
 }
 
 
@@ -310,20 +314,34 @@ class BFPTensor:
         names = {2: "mx4", 4: "mx6", 7: "mx9"}
         m = self.spec.mantissa_bits
         if m not in names:
-            raise BFPSpecError(f"as_mx_tensor needs 2, 4 or 7 mantissa bits (MX4/6/9, BFP16), got {self.spec}")
+            raise BFPSpecError(
+                f"as_mx_tensor needs 2, 4 or 7 mantissa bits (MX4/6/9, BFP16), got {self.spec}"
+            )
         if self.special_bits is not None and self.special_bits.any():
-            raise BFPSpecError("as_mx_tensor: the tensor holds Inf/NaN passed through by to_bfp; no element code holds them")
+            raise BFPSpecError(
+                "as_mx_tensor: the tensor holds Inf/NaN passed through by to_bfp; no element code holds them"
+            )
         fmt = get_format(names[m])
         magnitude = np.abs(self.mantissas).astype(np.uint16)
         codes = (self.sign_bits.astype(np.uint16) << (fmt.bits - 1)) | magnitude
         codes = codes.reshape(*codes.shape[:-2], -1)
         sub = self.spec.sub_block_size
-        exponents = self.shared_exponents.astype(np.int32)[..., None] - self.microexponents.astype(np.int32)
+        exponents = self.shared_exponents.astype(np.int32)[..., None] - self.microexponents.astype(
+            np.int32
+        )
         scale_codes = np.where(self.nan_blocks[..., None], 255, exponents).astype(np.uint8)
         scale_codes = scale_codes.reshape(*scale_codes.shape[:-2], -1)
         padding = codes.shape[-1] - self.shape[self.axis]
-        return MXTensor(fmt, codes.astype(fmt.code_dtype), scale_codes, self.shape, self.axis, sub, padding,
-                        QuantOptions())
+        return MXTensor(
+            fmt,
+            codes.astype(fmt.code_dtype),
+            scale_codes,
+            self.shape,
+            self.axis,
+            sub,
+            padding,
+            QuantOptions(),
+        )
 
     def dequantize(self) -> np.ndarray:
         """float32 in the input's shape, bit-identical to Quark's output.
@@ -406,8 +424,13 @@ def quantize_bfp(x: np.ndarray, spec_or_name: BFPSpec | str, axis: int = -1) -> 
         else:
             random_words = np.zeros((0, 0), np.uint32)
         shared, micro, mant, sign = _bfp_kernels.bfp_prime_kernel(
-            block_bits, m, spec.sub_block_size, spec.sub_block_shift_bits,
-            spec.rounding_mode, cuda, random_words,
+            block_bits,
+            m,
+            spec.sub_block_size,
+            spec.sub_block_shift_bits,
+            spec.rounding_mode,
+            cuda,
+            random_words,
         )
         special = None
     else:

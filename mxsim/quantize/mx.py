@@ -22,10 +22,16 @@ from .options import QuantOptions, resolve_options
 _RULES = {"floor": K.RULE_FLOOR, "ceil": K.RULE_CEIL, "even": K.RULE_EVEN, "rceil": K.RULE_RCEIL}
 _SOURCES = {"bits": K.SOURCE_EXACT, "field": K.SOURCE_FIELD, "log2": K.SOURCE_LOG2}
 _NONFINITE = {
-    "nan_block": K.NONFINITE_NAN_BLOCK, "propagate": K.NONFINITE_PROPAGATE, "inf_scale_max": K.NONFINITE_INF_SCALE_MAX,
+    "nan_block": K.NONFINITE_NAN_BLOCK,
+    "propagate": K.NONFINITE_PROPAGATE,
+    "inf_scale_max": K.NONFINITE_INF_SCALE_MAX,
     "inf_field": K.NONFINITE_INF_FIELD,
 }
-_UNDERFLOW = {"clamp": K.UNDERFLOW_CLAMP, "unclamped": K.UNDERFLOW_UNCLAMPED, "unclamped_eps": K.UNDERFLOW_UNCLAMPED_EPS}
+_UNDERFLOW = {
+    "clamp": K.UNDERFLOW_CLAMP,
+    "unclamped": K.UNDERFLOW_UNCLAMPED,
+    "unclamped_eps": K.UNDERFLOW_UNCLAMPED_EPS,
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,8 +76,12 @@ class MXTensor:
         """
         exponents = self.scale_exponents
         if self.tensor_scale_exponent:
-            exponents = np.where(exponents == K.SCALE_NAN, exponents, exponents + self.tensor_scale_exponent)
-        values = _dequantize_blocked(self.element_format, self.codes, exponents, self.block_size, dtype)
+            exponents = np.where(
+                exponents == K.SCALE_NAN, exponents, exponents + self.tensor_scale_exponent
+            )
+        values = _dequantize_blocked(
+            self.element_format, self.codes, exponents, self.block_size, dtype
+        )
         return _from_blocks(values, self.shape, self.axis, self.padding)
 
     def block_values(self, index: tuple[int, ...]) -> list[Fraction | float] | None:
@@ -92,8 +102,17 @@ def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
     return exponents
 
 
-def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", *, per_tensor_scale: bool = False,
-             tensor_scale_exponent: int | None = None, **options) -> MXTensor:
+def quantize(
+    x,
+    fmt,
+    axis: int = -1,
+    block_size: int = 32,
+    profile: str = "ocp",
+    *,
+    per_tensor_scale: bool = False,
+    tensor_scale_exponent: int | None = None,
+    **options,
+) -> MXTensor:
     """Quantize ``x`` to MX: blocks of ``block_size`` along ``axis`` share one E8M0 scale.
 
     Args:
@@ -133,24 +152,37 @@ def quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp",
     exceed the memory budget raises :class:`~mxsim.errors.BudgetError` (docs/limits.md).
     """
     if per_tensor_scale or tensor_scale_exponent is not None:
-        return _quantize_per_tensor(x, fmt, axis, block_size, profile, options, tensor_scale_exponent)
+        return _quantize_per_tensor(
+            x, fmt, axis, block_size, profile, options, tensor_scale_exponent
+        )
     element_format, opts, values = _prepare(x, fmt, profile, options)
-    codes, exponents, axis, padding = _quantize_blocked(values, element_format, opts, axis, block_size)
+    codes, exponents, axis, padding = _quantize_blocked(
+        values, element_format, opts, axis, block_size
+    )
     if (exponents < K.E8M0_MIN_EXPONENT).any():
-        raise MxsimError("quantize: a scale below 2^-127 is not an E8M0 code (scale_underflow='unclamped'); use fake_quantize")
+        raise MxsimError(
+            "quantize: a scale below 2^-127 is not an E8M0 code (scale_underflow='unclamped'); use fake_quantize"
+        )
     if opts.nonfinite == "propagate" and not element_format.has_nan and np.isnan(values).any():
-        raise MxsimError(f"quantize: {element_format.name} has no NaN code to propagate; use fake_quantize")
-    if opts.nonfinite == "propagate" and np.isinf(values).any() and not (
-        element_format.has_inf and opts.element_overflow == "inf_nan"
+        raise MxsimError(
+            f"quantize: {element_format.name} has no NaN code to propagate; use fake_quantize"
+        )
+    if (
+        opts.nonfinite == "propagate"
+        and np.isinf(values).any()
+        and not (element_format.has_inf and opts.element_overflow == "inf_nan")
     ):
-        raise MxsimError(f"quantize: ±Inf passes through unchanged under nonfinite='propagate', which {element_format.name} "
-                         f"codes with element_overflow={opts.element_overflow!r} cannot hold; use fake_quantize")
+        raise MxsimError(
+            f"quantize: ±Inf passes through unchanged under nonfinite='propagate', which {element_format.name} "
+            f"codes with element_overflow={opts.element_overflow!r} cannot hold; use fake_quantize"
+        )
     scales = np.where(exponents == K.SCALE_NAN, E8M0_NAN, exponents + E8M0_BIAS).astype(np.uint8)
     return MXTensor(element_format, codes, scales, values.shape, axis, block_size, padding, opts)
 
 
-def quantize_at_scales(x, fmt, scales, axis: int = -1, block_size: int = 32, profile: str = "ocp",
-                       **options) -> MXTensor:
+def quantize_at_scales(
+    x, fmt, scales, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options
+) -> MXTensor:
     """``x`` quantized to MX against given E8M0 scale codes instead of the profile's scale rule
     (a model's stored scales, where one set of values has several encodings).
 
@@ -167,43 +199,77 @@ def quantize_at_scales(x, fmt, scales, axis: int = -1, block_size: int = 32, pro
     scales = np.asarray(scales)
     shape = moved.shape[:-1] + (moved.shape[-1] // block_size,)
     if scales.dtype != np.uint8 or scales.shape != shape:
-        raise MxsimError(f"quantize_at_scales: scales must be uint8 of shape {shape}, "
-                         f"got {scales.dtype} {scales.shape}")
+        raise MxsimError(
+            f"quantize_at_scales: scales must be uint8 of shape {shape}, "
+            f"got {scales.dtype} {scales.shape}"
+        )
     nan_block = np.repeat(scales == E8M0_NAN, block_size, axis=-1)
     wide = np.where(nan_block, 0.0, moved.astype(np.float64))
     if not np.isfinite(wide).all():
-        raise MxsimError("quantize_at_scales: a NaN or Inf element in a block whose given scale is not NaN")
+        raise MxsimError(
+            "quantize_at_scales: a NaN or Inf element in a block whose given scale is not NaN"
+        )
     exponents = np.repeat(scales.astype(np.int32) - E8M0_BIAS, block_size, axis=-1)
-    stored = element_format.encode(np.ldexp(wide, -exponents), opts.element_rounding, opts.element_overflow)
+    stored = element_format.encode(
+        np.ldexp(wide, -exponents), opts.element_rounding, opts.element_overflow
+    )
     codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
-    return MXTensor(element_format, codes, scales.copy(), values.shape, axis, block_size, padding, opts)
+    return MXTensor(
+        element_format, codes, scales.copy(), values.shape, axis, block_size, padding, opts
+    )
 
 
-def _quantize_per_tensor(x, fmt, axis, block_size, profile, options, fixed_exponent=None) -> MXTensor:
+def _quantize_per_tensor(
+    x, fmt, axis, block_size, profile, options, fixed_exponent=None
+) -> MXTensor:
     element_format, opts, values = _prepare(x, fmt, profile, options)
     block_size = check_block_size(block_size, "quantize: block_size")
     if fixed_exponent is not None:
-        exponent = check_int(fixed_exponent, "quantize: tensor_scale_exponent", K.E8M0_MIN_EXPONENT, K.E8M0_MAX_EXPONENT)
-        stored = element_format.encode(np.ldexp(values.astype(np.float64), -exponent), opts.element_rounding,
-                                       opts.element_overflow)  # x * 2^-T rounded once (exact scaling)
+        exponent = check_int(
+            fixed_exponent,
+            "quantize: tensor_scale_exponent",
+            K.E8M0_MIN_EXPONENT,
+            K.E8M0_MAX_EXPONENT,
+        )
+        stored = element_format.encode(
+            np.ldexp(values.astype(np.float64), -exponent),
+            opts.element_rounding,
+            opts.element_overflow,
+        )  # x * 2^-T rounded once (exact scaling)
         codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
     else:
         if not np.isfinite(values).all():
-            raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
+            raise MxsimError(
+                "quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)"
+            )
         # The whole tensor as one block: its scale exponent is T, its codes are x * 2^-T rounded.
         flat = np.ascontiguousarray(values).reshape(1, -1)
-        codes, exponents, _, _ = _quantize_blocked(flat, element_format, opts, 1, max(flat.size, 1), whole_tensor=True)
+        codes, exponents, _, _ = _quantize_blocked(
+            flat, element_format, opts, 1, max(flat.size, 1), whole_tensor=True
+        )
         exponent = int(exponents[0, 0]) if values.size else 0  # no elements: a plain cast
         if exponent < K.E8M0_MIN_EXPONENT:
-            raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
+            raise MxsimError(
+                "quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')"
+            )
         codes = codes[:, : values.size].reshape(values.shape)
     moved, axis, padding = _to_blocks(codes, axis, block_size)
     scales = np.full(moved.shape[:-1] + (moved.shape[-1] // block_size,), E8M0_BIAS, dtype=np.uint8)
-    return MXTensor(element_format, moved, scales, values.shape, axis, block_size, padding, opts, exponent)
+    return MXTensor(
+        element_format, moved, scales, values.shape, axis, block_size, padding, opts, exponent
+    )
 
 
-def quantize_groups(x, fmt, block_size: int = 32, profile: str = "ocp", *, per_tensor_scale: bool = False,
-                    tensor_scale_exponent: int | None = None, **options) -> list[MXTensor]:
+def quantize_groups(
+    x,
+    fmt,
+    block_size: int = 32,
+    profile: str = "ocp",
+    *,
+    per_tensor_scale: bool = False,
+    tensor_scale_exponent: int | None = None,
+    **options,
+) -> list[MXTensor]:
     """``[quantize(x[g], fmt, axis=1, ...) for g in range(G)]`` for a (G, R, K) array, in one
     kernel call: each group is quantized as a tensor of its own (with ``per_tensor_scale``,
     one exponent per group, chosen from the group's amax). The element codes and scales are
@@ -214,33 +280,65 @@ def quantize_groups(x, fmt, block_size: int = 32, profile: str = "ocp", *, per_t
     if values.ndim != 3:
         raise MxsimError(f"quantize_groups: x must be (groups, rows, K), got shape {values.shape}")
     if opts.element_rounding == "stochastic":
-        raise MxsimError("quantize_groups: stochastic rounding draws depend on the layout; quantize each group")
+        raise MxsimError(
+            "quantize_groups: stochastic rounding draws depend on the layout; quantize each group"
+        )
     groups, rows, k = values.shape
     if not (per_tensor_scale and tensor_scale_exponent is None):
-        whole = quantize(values.reshape(groups * rows, k), fmt, 1, block_size, profile,
-                         per_tensor_scale=per_tensor_scale, tensor_scale_exponent=tensor_scale_exponent, **options)
+        whole = quantize(
+            values.reshape(groups * rows, k),
+            fmt,
+            1,
+            block_size,
+            profile,
+            per_tensor_scale=per_tensor_scale,
+            tensor_scale_exponent=tensor_scale_exponent,
+            **options,
+        )
         exponents = [whole.tensor_scale_exponent] * groups
     else:
         if not np.isfinite(values).all():
-            raise MxsimError("quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)")
+            raise MxsimError(
+                "quantize: per_tensor_scale needs a finite tensor (NaN/Inf have no per-tensor scale)"
+            )
         block_size = check_block_size(block_size, "quantize: block_size")
         # Each group as one block: its scale exponent is the group's T, its codes x * 2^-T rounded.
         flat = np.ascontiguousarray(values).reshape(groups, rows * k)
         if flat.size:
-            codes, chosen, _, _ = _quantize_blocked(flat, element_format, opts, 1, rows * k, whole_tensor=True)
+            codes, chosen, _, _ = _quantize_blocked(
+                flat, element_format, opts, 1, rows * k, whole_tensor=True
+            )
             exponents = [int(e) for e in chosen[:, 0]]
         else:  # no elements: a plain cast, as quantize gives it
             codes, exponents = flat.astype(element_format.code_dtype), [0] * groups
         if any(e < K.E8M0_MIN_EXPONENT for e in exponents):
-            raise MxsimError("quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')")
+            raise MxsimError(
+                "quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')"
+            )
         moved, _, padding = _to_blocks(codes.reshape(groups * rows, k), 1, block_size)
         scales = np.full((groups * rows, moved.shape[-1] // block_size), E8M0_BIAS, dtype=np.uint8)
-        whole = MXTensor(element_format, moved, scales, (groups * rows, k), 1, block_size, padding, opts)
-    return [MXTensor(whole.element_format, whole.codes[g * rows:(g + 1) * rows], whole.scales[g * rows:(g + 1) * rows],
-                     (rows, k), 1, whole.block_size, whole.padding, whole.options, exponents[g]) for g in range(groups)]
+        whole = MXTensor(
+            element_format, moved, scales, (groups * rows, k), 1, block_size, padding, opts
+        )
+    return [
+        MXTensor(
+            whole.element_format,
+            whole.codes[g * rows : (g + 1) * rows],
+            whole.scales[g * rows : (g + 1) * rows],
+            (rows, k),
+            1,
+            whole.block_size,
+            whole.padding,
+            whole.options,
+            exponents[g],
+        )
+        for g in range(groups)
+    ]
 
 
-def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options) -> np.ndarray:
+def fake_quantize(
+    x, fmt, axis: int = -1, block_size: int = 32, profile: str = "ocp", **options
+) -> np.ndarray:
     """Quantize then dequantize in one step, as float64 in ``x``'s shape.
 
     Accepts every option, including those an MXTensor cannot hold: scales below 2^-127
@@ -252,7 +350,9 @@ def fake_quantize(x, fmt, axis: int = -1, block_size: int = 32, profile: str = "
     array of the same shape.
     """
     element_format, opts, values = _prepare(x, fmt, profile, options)
-    codes, exponents, axis, padding = _quantize_blocked(values, element_format, opts, axis, block_size)
+    codes, exponents, axis, padding = _quantize_blocked(
+        values, element_format, opts, axis, block_size
+    )
     blocked = _dequantize_blocked(element_format, codes, exponents, block_size)
     out = _from_blocks(blocked, values.shape, axis, padding)
     zero_sign = dict(opts.zero_signs).get(element_format.name, "code")
@@ -275,17 +375,23 @@ def _prepare(x, fmt, profile, options):
     element_format = get_format(fmt)
     if element_format.role == "scale" or not element_format.signed:
         accepted = format_names("element", "bfp_element", "wide", "tensor_input")
-        raise ArgumentError(f"quantize: {element_format.name} is not an element format (it is "
-                            f"{'a block scale format' if element_format.role == 'scale' else 'unsigned'}); "
-                            f"accepted: {', '.join(accepted)} or a signed custom format")
+        raise ArgumentError(
+            f"quantize: {element_format.name} is not an element format (it is "
+            f"{'a block scale format' if element_format.role == 'scale' else 'unsigned'}); "
+            f"accepted: {', '.join(accepted)} or a signed custom format"
+        )
     opts = resolve_options(profile, **options)
     values = as_float_array(x, "quantize")
     if values.ndim == 0:
         raise MxsimError("quantize: x must have at least one dimension")
     if element_format.twos_complement:
-        element_format = dataclasses.replace(element_format, allow_min_twos_complement=opts.int8_minus_two)
+        element_format = dataclasses.replace(
+            element_format, allow_min_twos_complement=opts.int8_minus_two
+        )
     if opts.element_overflow == "inf_nan" and not element_format.has_nan:
-        raise MxsimError(f"quantize: element_overflow='inf_nan' needs a format with Inf or NaN; {element_format.name} has neither")
+        raise MxsimError(
+            f"quantize: element_overflow='inf_nan' needs a format with Inf or NaN; {element_format.name} has neither"
+        )
     if opts.nonfinite == "raise" and not np.isfinite(values).all():
         raise MxsimError("quantize: input has NaN or Inf (nonfinite='raise')")
     return element_format, opts, values
@@ -300,9 +406,13 @@ def _to_blocks(values: np.ndarray, axis: int, block_size: int, whole_tensor: boo
     moved = np.moveaxis(values, axis, -1)
     padding = -moved.shape[-1] % block_size
     # the largest array made is the float64 result (fake_quantize, dequantize), padded
-    check_array_budget(moved.shape[:-1] + (moved.shape[-1] + padding,), 8, "quantize: the blocked tensor")
+    check_array_budget(
+        moved.shape[:-1] + (moved.shape[-1] + padding,), 8, "quantize: the blocked tensor"
+    )
     if padding:
-        moved = np.concatenate([moved, np.zeros(moved.shape[:-1] + (padding,), dtype=moved.dtype)], axis=-1)
+        moved = np.concatenate(
+            [moved, np.zeros(moved.shape[:-1] + (padding,), dtype=moved.dtype)], axis=-1
+        )
     return np.ascontiguousarray(moved), axis, padding
 
 
@@ -313,8 +423,14 @@ def _from_blocks(blocked: np.ndarray, shape: tuple, axis: int, padding: int) -> 
     return np.moveaxis(moved, -1, axis)
 
 
-def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, axis: int, block_size: int,
-                      whole_tensor: bool = False):
+def _quantize_blocked(
+    values,
+    element_format: FormatInfo,
+    opts: QuantOptions,
+    axis: int,
+    block_size: int,
+    whole_tensor: bool = False,
+):
     moved, axis, padding = _to_blocks(values, axis, block_size, whole_tensor)
     exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
     # One kernel signature for every input width: the kernel reads the bits as uint64.
@@ -323,20 +439,46 @@ def _quantize_blocked(values, element_format: FormatInfo, opts: QuantOptions, ax
     exponents = np.empty(bits.shape[0], dtype=np.int32)
     emax = element_format.scale_emax
     max_ratio_q52 = int(Fraction(element_format.max_finite) / Fraction(2) ** emax * 2**52)
-    even_fraction_bits = dict(opts.even_fraction_bits).get(element_format.name, element_format.top_fraction_bits)
-    rounding, overflow = rounding_code(opts.element_rounding), overflow_code(opts.element_overflow)
-    table, table_low, table_high, top_bits = _encode_table(element_format, rounding, overflow, mantissa_bits)
-    K.quantize_blocks(
-        bits, exponent_bits, mantissa_bits,
-        element_format.kernel_params, _RULES[opts.scale_rule], _SOURCES[opts.exponent_source],
-        emax, even_fraction_bits, max_ratio_q52,
-        rounding, overflow,
-        _NONFINITE.get(opts.nonfinite, K.NONFINITE_NAN_BLOCK), _UNDERFLOW[opts.scale_underflow],
-        opts.scale_overflow == "clamp", _min_exponent(element_format, opts),
-        K.NO_EXPONENT if opts.min_scale_element_exponent is None else opts.min_scale_element_exponent, opts.seed,
-        table, table_low, table_high, top_bits, codes, exponents,
+    even_fraction_bits = dict(opts.even_fraction_bits).get(
+        element_format.name, element_format.top_fraction_bits
     )
-    return codes.reshape(moved.shape), exponents.reshape(moved.shape[:-1] + (moved.shape[-1] // block_size,)), axis, padding
+    rounding, overflow = rounding_code(opts.element_rounding), overflow_code(opts.element_overflow)
+    table, table_low, table_high, top_bits = _encode_table(
+        element_format, rounding, overflow, mantissa_bits
+    )
+    K.quantize_blocks(
+        bits,
+        exponent_bits,
+        mantissa_bits,
+        element_format.kernel_params,
+        _RULES[opts.scale_rule],
+        _SOURCES[opts.exponent_source],
+        emax,
+        even_fraction_bits,
+        max_ratio_q52,
+        rounding,
+        overflow,
+        _NONFINITE.get(opts.nonfinite, K.NONFINITE_NAN_BLOCK),
+        _UNDERFLOW[opts.scale_underflow],
+        opts.scale_overflow == "clamp",
+        _min_exponent(element_format, opts),
+        K.NO_EXPONENT
+        if opts.min_scale_element_exponent is None
+        else opts.min_scale_element_exponent,
+        opts.seed,
+        table,
+        table_low,
+        table_high,
+        top_bits,
+        codes,
+        exponents,
+    )
+    return (
+        codes.reshape(moved.shape),
+        exponents.reshape(moved.shape[:-1] + (moved.shape[-1] // block_size,)),
+        axis,
+        padding,
+    )
 
 
 MAX_TABLE_ENTRIES = 1 << 20  # codes of the encode table (uint16: 2 MiB)
@@ -357,15 +499,25 @@ def _encode_table(element_format: FormatInfo, rounding: int, overflow: int, in_m
     value lies below half the format's smallest quantum (every lower one rounds alike), to
     emax + 1 (every higher one overflows alike)."""
     params = element_format.kernel_params
-    bias, mantissa_bits, emax = (int(params[FK.P_BIAS]), int(params[FK.P_MANTISSA_BITS]), int(params[FK.P_EMAX]))
-    if params[FK.P_EXPONENT_BITS] == 0:  # fixed point: one quantum 2^(1 - bias - m) at every exponent
+    bias, mantissa_bits, emax = (
+        int(params[FK.P_BIAS]),
+        int(params[FK.P_MANTISSA_BITS]),
+        int(params[FK.P_EMAX]),
+    )
+    if (
+        params[FK.P_EXPONENT_BITS] == 0
+    ):  # fixed point: one quantum 2^(1 - bias - m) at every exponent
         top_bits = max(mantissa_bits + 1, emax - (1 - bias - mantissa_bits) + 1)
     else:  # the quantum of a binade e is at least 2^(e - m)
         top_bits = mantissa_bits + 1
     low, high = -bias - mantissa_bits - 2, emax + 1
     entries = 2 * (high - low + 1) << (top_bits + 1)
-    if (rounding == FK.ROUND_STOCHASTIC or element_format.field_bits > 16 or top_bits > in_mantissa_bits
-            or entries > MAX_TABLE_ENTRIES):
+    if (
+        rounding == FK.ROUND_STOCHASTIC
+        or element_format.field_bits > 16
+        or top_bits > in_mantissa_bits
+        or entries > MAX_TABLE_ENTRIES
+    ):
         return _NO_TABLE, 0, 0, 0
     table = np.empty(entries, dtype=np.uint16)
     K.encode_table(params, rounding, overflow, low, top_bits, table)
@@ -383,16 +535,23 @@ def _min_exponent(element_format: FormatInfo, opts: QuantOptions) -> int:
 def _dequantize_blocked(element_format, codes, exponents, block_size, dtype=np.float64):
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise MxsimError(f"dequantize: dtype must be float32 or float64, got {np.dtype(dtype)}")
-    if element_format.decode_table is None:  # fields over 16 bits (tf32, fp32): decoded without a table
+    if (
+        element_format.decode_table is None
+    ):  # fields over 16 bits (tf32, fp32): decoded without a table
         values = element_format.decode_fields(codes.reshape(-1, block_size))
         nan_scale = exponents.reshape(-1, 1) == K.SCALE_NAN
-        scaled = np.ldexp(values, np.where(nan_scale, 0, exponents.reshape(-1, 1)))  # exact in float64
+        scaled = np.ldexp(
+            values, np.where(nan_scale, 0, exponents.reshape(-1, 1))
+        )  # exact in float64
         return np.where(nan_scale, np.nan, scaled).reshape(codes.shape).astype(dtype, copy=False)
     # Written in the requested dtype: each value is exact in float64 and rounded once on the
     # store. A float32 signature of its own (a small kernel, under a second to compile) saves a
     # float64 copy and a second pass, about 3x on large tensors.
     out = np.empty(codes.shape, dtype=dtype)
     K.dequantize_blocks(
-        codes.reshape(-1, block_size), exponents.reshape(-1), element_format.decode_table, out.reshape(-1, block_size)
+        codes.reshape(-1, block_size),
+        exponents.reshape(-1),
+        element_format.decode_table,
+        out.reshape(-1, block_size),
     )
     return out

@@ -64,15 +64,27 @@ class NVFP4Options:
     def __post_init__(self):
         for name in ("scale_rounding", "element_rounding"):
             if getattr(self, name) not in NVFP4_ROUNDINGS:
-                raise UnknownNameError(f"value for option {name}", getattr(self, name), NVFP4_ROUNDINGS)
+                raise UnknownNameError(
+                    f"value for option {name}", getattr(self, name), NVFP4_ROUNDINGS
+                )
         element, scale = get_format(self.element_format), get_format(self.scale_format)
         if element.role != "element" or not element.signed:
-            raise MxsimError(f"NVFP4 options: element_format must be a signed element format, got {self.element_format!r}")
+            raise MxsimError(
+                f"NVFP4 options: element_format must be a signed element format, got {self.element_format!r}"
+            )
         if scale.role != "scale" or scale.mantissa_bits == 0 or not scale.has_zero:
-            raise MxsimError(f"NVFP4 options: scale_format must be a scale format with a significand (ue4m3), "
-                             f"got {self.scale_format!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or not 1 <= self.block_size <= 4096:
-            raise MxsimError(f"NVFP4 options: block_size must be an integer 1..4096, got {self.block_size!r}")
+            raise MxsimError(
+                f"NVFP4 options: scale_format must be a scale format with a significand (ue4m3), "
+                f"got {self.scale_format!r}"
+            )
+        if (
+            isinstance(self.block_size, bool)
+            or not isinstance(self.block_size, int)
+            or not 1 <= self.block_size <= 4096
+        ):
+            raise MxsimError(
+                f"NVFP4 options: block_size must be an integer 1..4096, got {self.block_size!r}"
+            )
 
 
 #: Named bundles of options; each value's source is in docs/profiles.md.
@@ -124,9 +136,14 @@ class NVFP4Tensor:
 def _float32_input(x, name: str) -> np.ndarray:
     """``x`` as float32, after the budget check (the copy is 4 bytes an element; the steps
     after it take about 8)."""
-    if type(x) is not np.ndarray or x.dtype not in (np.float16, np.float32):  # subclasses: a masked array's mask would be dropped
-        raise ArgumentError(f"{name}: expected a float32 (or float16) numpy array (not a subclass such as a masked "
-                            f"array), got {type(x).__name__}")
+    if type(x) is not np.ndarray or x.dtype not in (
+        np.float16,
+        np.float32,
+    ):  # subclasses: a masked array's mask would be dropped
+        raise ArgumentError(
+            f"{name}: expected a float32 (or float16) numpy array (not a subclass such as a masked "
+            f"array), got {type(x).__name__}"
+        )
     if x.ndim < 1:
         raise ArgumentError(f"{name}: expected at least one dimension")
     check_array_budget(x.shape, 8, name)
@@ -136,7 +153,9 @@ def _float32_input(x, name: str) -> np.ndarray:
 def _positive_float32(value, name: str) -> np.float32:
     """``value`` (a real Python or numpy number, not a bool, string or array) as a positive
     finite float32; else ArgumentError naming ``name``."""
-    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
     try:
         number = float(value) if real else None
     except OverflowError:  # an int beyond any float
@@ -144,7 +163,9 @@ def _positive_float32(value, name: str) -> np.float32:
     with np.errstate(over="ignore"):
         converted = np.float32(number) if number is not None else None
     if converted is None or not np.isfinite(converted) or converted <= 0:
-        raise ArgumentError(f"{name}: expected a positive finite float32 number, got {shown(value)}")
+        raise ArgumentError(
+            f"{name}: expected a positive finite float32 number, got {shown(value)}"
+        )
     return converted
 
 
@@ -156,8 +177,10 @@ def tensor_scale_from_amax(amax) -> float:
     value = _positive_float32(amax, "tensor_scale_from_amax: amax")
     scale = value / np.float32(448.0 * 6.0)
     if scale == 0:
-        raise ArgumentError(f"tensor_scale_from_amax: amax {shown(amax)} is so small that amax / 2688 underflows "
-                            "float32 to 0; such a tensor needs no tensor scale (pass None)")
+        raise ArgumentError(
+            f"tensor_scale_from_amax: amax {shown(amax)} is so small that amax / 2688 underflows "
+            "float32 to 0; such a tensor needs no tensor scale (pass None)"
+        )
     return float(scale)
 
 
@@ -176,21 +199,30 @@ def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) ->
     try:
         opts = NVFP4Options(**{**NVFP4_PROFILES[profile].__dict__, **options})
     except TypeError:
-        raise UnknownNameError("NVFP4 option", next(iter(set(options) - set(NVFP4Options.__dataclass_fields__))),
-                               NVFP4Options.__dataclass_fields__) from None
+        raise UnknownNameError(
+            "NVFP4 option",
+            next(iter(set(options) - set(NVFP4Options.__dataclass_fields__))),
+            NVFP4Options.__dataclass_fields__,
+        ) from None
     t = None
     if tensor_scale is not None:
         t = _positive_float32(tensor_scale, "quantize_nvfp4: tensor_scale")
         if float(t) != float(tensor_scale):
-            raise ArgumentError(f"quantize_nvfp4: tensor_scale must be exactly a float32 value, got {shown(tensor_scale)}")
+            raise ArgumentError(
+                f"quantize_nvfp4: tensor_scale must be exactly a float32 value, got {shown(tensor_scale)}"
+            )
     values = _float32_input(x, "quantize_nvfp4: x")
     block = opts.block_size
     if values.shape[-1] % block:
-        raise ArgumentError(f"quantize_nvfp4: the last axis ({values.shape[-1]}) must be a multiple of {block}")
+        raise ArgumentError(
+            f"quantize_nvfp4: the last axis ({values.shape[-1]}) must be a multiple of {block}"
+        )
     if np.isnan(values).any():
         raise ArgumentError("quantize_nvfp4: x has NaN, which NVFP4 cannot hold")
     element, scale = get_format(opts.element_format), get_format(opts.scale_format)
-    blocks = values.reshape(*values.shape[:-1], values.shape[-1] // block, block)  # an empty x: empty blocks
+    blocks = values.reshape(
+        *values.shape[:-1], values.shape[-1] // block, block
+    )  # an empty x: empty blocks
     e_max = np.float32(element.max_finite)
     with np.errstate(over="ignore", invalid="ignore"):  # Inf inputs saturate (documented)
         descale = np.abs(blocks).max(axis=-1, initial=np.float32(0)) / e_max
@@ -202,8 +234,10 @@ def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) ->
         one = np.float32(1.0)
         reciprocal = one / scale_values if t is None else (one / t) / scale_values
         if not np.isfinite(reciprocal).all():
-            raise ArgumentError("quantize_nvfp4: 1 / (tensor_scale * block scale) overflows float32 (a tensor_scale far "
-                                "below the blocks' amax / 2688); choose it with tensor_scale_from_amax")
+            raise ArgumentError(
+                "quantize_nvfp4: 1 / (tensor_scale * block scale) overflows float32 (a tensor_scale far "
+                "below the blocks' amax / 2688); choose it with tensor_scale_from_amax"
+            )
         scaled = np.clip(blocks * reciprocal[..., None], -e_max, e_max)
     codes = element.encode(scaled, opts.element_rounding).astype(np.uint8).reshape(values.shape)
     return NVFP4Tensor(codes, scale_codes, None if t is None else float(t), opts)

@@ -112,13 +112,21 @@ class QuantOptions:
             raise MxsimError("option int8_minus_two must be True or False")
         pairs = self.even_fraction_bits
         if not isinstance(pairs, tuple) or not all(
-            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int) and 0 <= p[1] <= 50
+            isinstance(p, tuple)
+            and len(p) == 2
+            and isinstance(p[0], str)
+            and isinstance(p[1], int)
+            and 0 <= p[1] <= 50
             for p in pairs
         ):
-            raise MxsimError("option even_fraction_bits must be a tuple of (format name, bits 0..50) pairs")
+            raise MxsimError(
+                "option even_fraction_bits must be a tuple of (format name, bits 0..50) pairs"
+            )
         for name in ("int8_min_step_exponent", "min_scale_element_exponent"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -1000 < value < 1000):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not -1000 < value < 1000
+            ):
                 raise MxsimError(f"option {name} must be None or an integer exponent")
         pairs = self.zero_signs
         if not isinstance(pairs, tuple) or not all(
@@ -128,7 +136,11 @@ class QuantOptions:
         for _, rule in pairs:
             if rule not in ZERO_SIGNS:
                 raise UnknownNameError("zero sign rule", rule, ZERO_SIGNS)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 1 << 63:
+        if (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not 0 <= self.seed < 1 << 63
+        ):
             raise MxsimError(f"option seed must be an integer 0..2**63-1, got {self.seed!r}")
 
 
@@ -136,44 +148,68 @@ class QuantOptions:
 _QUARK_FP_ELEMENTS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1")
 # Quark's C++ element rounding (fake_quantize_element) returns an unsigned 0; torch casts keep the sign.
 _QUARK_TORCH_ZERO_SIGNS = tuple((name, "positive") for name in _QUARK_FP_ELEMENTS[2:])
-_QUARK_TORCH: dict[str, Any] = dict(int8_minus_two=False, int8_min_step_exponent=-126, zero_signs=_QUARK_TORCH_ZERO_SIGNS)
+_QUARK_TORCH: dict[str, Any] = dict(
+    int8_minus_two=False, int8_min_step_exponent=-126, zero_signs=_QUARK_TORCH_ZERO_SIGNS
+)
 
 PROFILES: dict[str, QuantOptions] = {
     # OCP MX v1.0 as written: floor from exact exponent bits, RNE, saturating elements.
     "ocp": QuantOptions(),
     # microsoft/microxcaling, default MxSpecs, Python path: float log2 in the input dtype,
     # ties away from zero, MXINT8 clamped to ±127/64, NaN/Inf -> NaN block.
-    "microxcaling": QuantOptions(exponent_source="log2", element_rounding="nearest_away", int8_minus_two=False),
+    "microxcaling": QuantOptions(
+        exponent_source="log2", element_rounding="nearest_away", int8_minus_two=False
+    ),
     # AMD Quark torch fake_quantize_mx, default scale_calculation_mode="even" (bit trick).
     "quark": QuantOptions(
-        scale_rule="even", nonfinite="inf_scale_max", scale_overflow="clamp", even_fraction_bits=(("int8", 8),),
+        scale_rule="even",
+        nonfinite="inf_scale_max",
+        scale_overflow="clamp",
+        even_fraction_bits=(("int8", 8),),
         **_QUARK_TORCH,
     ),
     # Quark torch floor / ceil modes: float log2 in the input dtype, no clamp, eps fallback.
-    "quark-floor": QuantOptions(exponent_source="log2", scale_underflow="unclamped_eps", **_QUARK_TORCH),
-    "quark-ceil": QuantOptions(scale_rule="ceil", exponent_source="log2", scale_underflow="unclamped_eps", **_QUARK_TORCH),
+    "quark-floor": QuantOptions(
+        exponent_source="log2", scale_underflow="unclamped_eps", **_QUARK_TORCH
+    ),
+    "quark-ceil": QuantOptions(
+        scale_rule="ceil", exponent_source="log2", scale_underflow="unclamped_eps", **_QUARK_TORCH
+    ),
     # Quark ONNX MXQuantizeDequantize (CPU runtime): exponent field, unclamped, NaN/Inf passed
     # through, MXINT8 ties to even (rounding_mode 2, as Quark's configs set it).
     "quark-onnx": QuantOptions(
-        exponent_source="field", nonfinite="propagate", scale_underflow="unclamped",
-        zero_signs=tuple((name, "positive") for name in _QUARK_FP_ELEMENTS) + (("int8", "input_if_underflow"),),
+        exponent_source="field",
+        nonfinite="propagate",
+        scale_underflow="unclamped",
+        zero_signs=tuple((name, "positive") for name in _QUARK_FP_ELEMENTS)
+        + (("int8", "input_if_underflow"),),
     ),
     # torchao prototype mx_formats to_mx (0.18, eager): FLOOR (default) from exponent bits,
     # Inf read as 2^128, code-0x00 blocks quantized against 2^-126.
-    "torchao": QuantOptions(exponent_source="field", nonfinite="inf_field", min_scale_element_exponent=-126),
+    "torchao": QuantOptions(
+        exponent_source="field", nonfinite="inf_field", min_scale_element_exponent=-126
+    ),
     # torchao RCEIL, eager fallback: ceil(float32 log2(amax / max)), Inf -> 0xFE, code-0x00 blocks unscaled.
     "torchao-rceil": QuantOptions(
-        scale_rule="rceil", exponent_source="log2", nonfinite="inf_scale_max", min_scale_element_exponent=0
+        scale_rule="rceil",
+        exponent_source="log2",
+        nonfinite="inf_scale_max",
+        min_scale_element_exponent=0,
     ),
     # gfloat quantize_block + compute_scale_amax: float log2, Inf -> scale 2^127, X clipped to 127.
-    "gfloat": QuantOptions(exponent_source="log2", nonfinite="inf_scale_max", scale_overflow="clamp"),
+    "gfloat": QuantOptions(
+        exponent_source="log2", nonfinite="inf_scale_max", scale_overflow="clamp"
+    ),
 }
 
 
 def profiles_markdown() -> str:
     """The PROFILES table as Markdown (docs/profiles.md embeds it verbatim)."""
     names = list(PROFILES)
-    lines = ["| option | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        "| option | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for field in dataclasses.fields(QuantOptions):
         if field.name == "seed":
             continue

@@ -32,6 +32,8 @@ def unpack_codes(data: np.ndarray, bits: int, count: int) -> np.ndarray:
     if not 1 <= bits <= 8:
         raise MxsimError(f"unpack_codes: bits must be in 1..8, got {bits}")
     if data.size * 8 < count * bits:
-        raise MxsimError(f"unpack_codes: {data.size} bytes hold fewer than {count} codes of {bits} bits")
+        raise MxsimError(
+            f"unpack_codes: {data.size} bytes hold fewer than {count} codes of {bits} bits"
+        )
     stream = np.unpackbits(data, bitorder="little")[: count * bits].reshape(count, bits)
     return np.packbits(stream, axis=1, bitorder="little").reshape(-1)

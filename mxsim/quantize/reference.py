@@ -27,13 +27,19 @@ INPUT_MAX_EXPONENT = {16: 15, 32: 127, 64: 1023}
 def even_fraction_bits(fmt: FormatInfo, options: QuantOptions) -> int:
     """p of the even rule: the option's override, else the fraction bits of fmt's top binade."""
     top_step = Fraction(fmt.max_finite) - Fraction(float(decode_reference(fmt, fmt.max_index - 1)))
-    return dict(options.even_fraction_bits).get(fmt.name, floor_log2(Fraction(2) ** fmt.scale_emax / top_step))
+    return dict(options.even_fraction_bits).get(
+        fmt.name, floor_log2(Fraction(2) ** fmt.scale_emax / top_step)
+    )
 
 
-def even_rounds_to_inf(amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int) -> bool:
+def even_rounds_to_inf(
+    amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int
+) -> bool:
     """Whether the even rule's rounded amax (half-up to p fraction bits) leaves the input's range."""
     top = Fraction(2) ** INPUT_MAX_EXPONENT[input_bits]
-    return options.scale_rule == "even" and amax >= top * (2 - Fraction(1, 2 ** (even_fraction_bits(fmt, options) + 1)))
+    return options.scale_rule == "even" and amax >= top * (
+        2 - Fraction(1, 2 ** (even_fraction_bits(fmt, options) + 1))
+    )
 
 
 def float32_reference(value: Fraction) -> float:
@@ -42,7 +48,9 @@ def float32_reference(value: Fraction) -> float:
     return float(np.float32(float(value)))
 
 
-def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int = 32) -> int:
+def scale_exponent_reference(
+    amax: Fraction, fmt: FormatInfo, options: QuantOptions, input_bits: int = 32
+) -> int:
     """X = E - emax for a positive amax under the options' rule and exponent source."""
     rule = options.scale_rule
     e = floor_log2(amax)
@@ -62,7 +70,9 @@ def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOpti
         log2_value = math.log2(amax)
         if input_bits <= 32:
             log2_value = float(np.float32(log2_value))
-        return (math.floor(log2_value) if rule == "floor" else math.ceil(log2_value)) - fmt.scale_emax
+        return (
+            math.floor(log2_value) if rule == "floor" else math.ceil(log2_value)
+        ) - fmt.scale_emax
     input_min_exponent = -126 if input_bits == 32 else (-14 if input_bits == 16 else -1022)
     if options.exponent_source == "field" and e < input_min_exponent:
         return input_min_exponent - 1 - fmt.scale_emax
@@ -70,14 +80,19 @@ def scale_exponent_reference(amax: Fraction, fmt: FormatInfo, options: QuantOpti
     bump = {
         "floor": False,
         "ceil": m > 1,
-        "even": rule == "even" and m >= 2 - Fraction(1, 2 ** (even_fraction_bits(fmt, options) + 1)),
+        "even": rule == "even"
+        and m >= 2 - Fraction(1, 2 ** (even_fraction_bits(fmt, options) + 1)),
         "rceil": m > Fraction(fmt.max_finite) / Fraction(2) ** fmt.scale_emax,
     }[rule]
     return e + bump - fmt.scale_emax
 
 
 def quantize_block_reference(
-    block: list[float], fmt: FormatInfo, options: QuantOptions, first_index: int = 0, input_bits: int = 32
+    block: list[float],
+    fmt: FormatInfo,
+    options: QuantOptions,
+    first_index: int = 0,
+    input_bits: int = 32,
 ):
     """(scale exponent or None for a NaN scale, element codes) of one block.
 
@@ -86,7 +101,9 @@ def quantize_block_reference(
     """
     has_nan = any(math.isnan(x) for x in block)
     has_inf = any(math.isinf(x) for x in block)
-    if (has_nan and options.nonfinite != "propagate") or (has_inf and options.nonfinite == "nan_block"):
+    if (has_nan and options.nonfinite != "propagate") or (
+        has_inf and options.nonfinite == "nan_block"
+    ):
         return NAN_SCALE, [0] * len(block)
     amax = max((abs(Fraction(x)) for x in block if math.isfinite(x)), default=Fraction(0))
     if options.nonfinite != "propagate" and even_rounds_to_inf(amax, fmt, options, input_bits):
@@ -108,7 +125,9 @@ def quantize_block_reference(
         exponent = -23
     if options.int8_min_step_exponent is not None and fmt.twos_complement:
         # INT8's step is 2^X times its smallest value; raise X until the step reaches 2^k.
-        exponent = max(exponent, options.int8_min_step_exponent - floor_log2(Fraction(fmt.min_subnormal)))
+        exponent = max(
+            exponent, options.int8_min_step_exponent - floor_log2(Fraction(fmt.min_subnormal))
+        )
     if exponent > 127:
         if options.scale_overflow == "nan":
             return NAN_SCALE, [0] * len(block)
@@ -118,15 +137,33 @@ def quantize_block_reference(
         element_exponent = options.min_scale_element_exponent
     codes = []
     for i, x in enumerate(block):
-        scaled = x if not math.isfinite(x) else (math.copysign(0.0, x) if x == 0 else Fraction(x) / Fraction(2) ** element_exponent)
-        draw = draw32_reference(options.seed, first_index + i) if options.element_rounding == "stochastic" else 0
-        codes.append(encode_reference(fmt, scaled, options.element_rounding, options.element_overflow, draw))
+        scaled = (
+            x
+            if not math.isfinite(x)
+            else (
+                math.copysign(0.0, x) if x == 0 else Fraction(x) / Fraction(2) ** element_exponent
+            )
+        )
+        draw = (
+            draw32_reference(options.seed, first_index + i)
+            if options.element_rounding == "stochastic"
+            else 0
+        )
+        codes.append(
+            encode_reference(fmt, scaled, options.element_rounding, options.element_overflow, draw)
+        )
     return exponent, codes
 
 
 @np.errstate(over="ignore")  # float32 overflow to ±Inf is a step of the recipe
-def quantize_nvfp4_reference(row: list[float], tensor_scale: float | None, element: FormatInfo, scale: FormatInfo,
-                             scale_rounding: str = "nearest_even", element_rounding: str = "nearest_even"):
+def quantize_nvfp4_reference(
+    row: list[float],
+    tensor_scale: float | None,
+    element: FormatInfo,
+    scale: FormatInfo,
+    scale_rounding: str = "nearest_even",
+    element_rounding: str = "nearest_even",
+):
     """One NVFP4 block (finite or ±Inf float32 values) as (scale code, element codes), from the
     steps of :mod:`mxsim.quantize.nvfp4` with each float32 operation an exact Fraction rounded
     by :func:`float32_reference`."""
@@ -134,21 +171,31 @@ def quantize_nvfp4_reference(row: list[float], tensor_scale: float | None, eleme
     amax = max((abs(Fraction(x)) for x in row if math.isfinite(x)), default=Fraction(0))
     infinite = any(math.isinf(x) for x in row)
     top, bottom = Fraction(scale.max_finite), Fraction(scale.min_normal)
-    descale: Fraction | float = top  # an Inf amax: Inf / 6 (/ t) is Inf, clamped to the scale's largest value
+    descale: Fraction | float = (
+        top  # an Inf amax: Inf / 6 (/ t) is Inf, clamped to the scale's largest value
+    )
     if not infinite:
         descale = float32_reference(amax / e_max)
         if tensor_scale is not None:
-            descale = float32_reference(Fraction(descale) / Fraction(tensor_scale))  # may overflow to Inf
+            descale = float32_reference(
+                Fraction(descale) / Fraction(tensor_scale)
+            )  # may overflow to Inf
     scale_code = encode_reference(scale, min(max(descale, bottom), top), scale_rounding)
     scale_value = Fraction(decode_reference(scale, scale_code))
     if tensor_scale is None:
         reciprocal = Fraction(float32_reference(1 / scale_value))
     else:
-        reciprocal = Fraction(float32_reference(Fraction(float32_reference(1 / Fraction(tensor_scale))) / scale_value))
+        reciprocal = Fraction(
+            float32_reference(Fraction(float32_reference(1 / Fraction(tensor_scale))) / scale_value)
+        )
     codes = []
     for x in row:
         # fl(x * r), which may overflow to ±Inf, clamped to ±max_E; a zero keeps x's sign
-        y: Fraction | float = math.copysign(math.inf, x) if math.isinf(x) else float32_reference(Fraction(x) * reciprocal)
+        y: Fraction | float = (
+            math.copysign(math.inf, x)
+            if math.isinf(x)
+            else float32_reference(Fraction(x) * reciprocal)
+        )
         y = min(max(y, -e_max), e_max)
         if y == 0:
             y = math.copysign(0.0, x)

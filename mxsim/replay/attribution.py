@@ -56,16 +56,26 @@ def column_shares(a: np.ndarray, aq: np.ndarray, b: np.ndarray, bq: np.ndarray) 
     (G, M, K) / (G, N, K) operands."""
     da, db = aq - a, bq - b
     # sum_mn (da[m] bq[n] + a[m] db[n])^2 per group g and column k, then summed over the groups
-    energy = np.sum(np.einsum("gmk,gmk->gk", da, da) * np.einsum("gnk,gnk->gk", bq, bq)
-                    + 2 * np.einsum("gmk,gmk->gk", da, a) * np.einsum("gnk,gnk->gk", bq, db)
-                    + np.einsum("gmk,gmk->gk", a, a) * np.einsum("gnk,gnk->gk", db, db), axis=0)
+    energy = np.sum(
+        np.einsum("gmk,gmk->gk", da, da) * np.einsum("gnk,gnk->gk", bq, bq)
+        + 2 * np.einsum("gmk,gmk->gk", da, a) * np.einsum("gnk,gnk->gk", bq, db)
+        + np.einsum("gmk,gmk->gk", a, a) * np.einsum("gnk,gnk->gk", db, db),
+        axis=0,
+    )
     energy = np.where(np.isfinite(energy), energy, 0.0)
     total = energy.sum()
     return energy / total if total > 0 else np.zeros_like(energy)
 
 
-def layer_attribution(layer: Layer, a: np.ndarray, aq: np.ndarray, b: np.ndarray, bq: np.ndarray, taps: int,
-                      order: str) -> dict | None:
+def layer_attribution(
+    layer: Layer,
+    a: np.ndarray,
+    aq: np.ndarray,
+    b: np.ndarray,
+    bq: np.ndarray,
+    taps: int,
+    order: str,
+) -> dict | None:
     """Input column shares (folded onto input channels for a convolution: ``taps`` filter taps
     of ``K / taps`` columns each, in conv ``order``) and the input-only / weight-only SQNRs of
     float operands ``a`` (G, M, K), ``b`` (G, N, K) quantized as ``aq``, ``bq`` (what the unit
@@ -81,6 +91,9 @@ def layer_attribution(layer: Layer, a: np.ndarray, aq: np.ndarray, b: np.ndarray
     signal = float(np.sum(np.square(reference)))
     input_noise = float(np.sum(np.square(np.matmul(aq - a, b.transpose(0, 2, 1)))))
     weight_noise = float(np.sum(np.square(np.matmul(a, (bq - b).transpose(0, 2, 1)))))
-    return {"input_columns": top_shares(shares), "column_kind": "input channel" if taps > 1 else "input column",
-            "sqnr_input_only_db": _sqnr_db(signal, input_noise),
-            "sqnr_weight_only_db": _sqnr_db(signal, weight_noise)}
+    return {
+        "input_columns": top_shares(shares),
+        "column_kind": "input channel" if taps > 1 else "input column",
+        "sqnr_input_only_db": _sqnr_db(signal, input_noise),
+        "sqnr_weight_only_db": _sqnr_db(signal, weight_noise),
+    }

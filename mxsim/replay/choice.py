@@ -53,8 +53,14 @@ class OperandChoice:
     underflowed: int | None = 0
 
 
-def pair_choices(choices: dict, options: dict, operands: dict, layer: Layer, hw: HardwareConfig,
-                  per_tensor_scale: bool | None) -> None:
+def pair_choices(
+    choices: dict,
+    options: dict,
+    operands: dict,
+    layer: Layer,
+    hw: HardwareConfig,
+    per_tensor_scale: bool | None,
+) -> None:
     """Where the two operands' formats are a pair ``hw`` does not take (``inputs.format_groups``:
     an fp8 input with fp16 weights on an FP8 tensor core), the operand replay quantizes itself
     (the weight first) is quantized again into the first format of its list that pairs with
@@ -66,22 +72,37 @@ def pair_choices(choices: dict, options: dict, operands: dict, layer: Layer, hw:
     for name, other in (("weight", "input"), ("input", "weight")):
         if choices[name].status in ("added", "replaced"):
             fixed = choices[other].format
-            pairing = [fmt for fmt in (hw.a_formats if name == "input" else hw.b_formats)
-                       if ((fmt, fixed) if name == "input" else (fixed, fmt)) in pairs]
+            pairing = [
+                fmt
+                for fmt in (hw.a_formats if name == "input" else hw.b_formats)
+                if ((fmt, fixed) if name == "input" else (fixed, fmt)) in pairs
+            ]
             if pairing:
-                choice, options[name] = choose_operand(operands[name], name, layer.quant.get(name), hw, pairing[0],
-                                                       per_tensor_scale)
+                choice, options[name] = choose_operand(
+                    operands[name], name, layer.quant.get(name), hw, pairing[0], per_tensor_scale
+                )
                 choices[name] = dataclasses.replace(
-                    choice, status=choices[name].status,
-                    note=f"{choices[name].note}; {pairing[0]}, the first format pairing with the {other}'s {fixed}")
+                    choice,
+                    status=choices[name].status,
+                    note=f"{choices[name].note}; {pairing[0]}, the first format pairing with the {other}'s {fixed}",
+                )
                 return
-    raise MxsimError(f"{hw.name}: takes no {choices['input'].format} x {choices['weight'].format} pair (input x "
-                     f"weight) and neither format is replay's to change; it takes "
-                     f"{', '.join(f'{a} x {b}' for a, b in pairs)}")
+    raise MxsimError(
+        f"{hw.name}: takes no {choices['input'].format} x {choices['weight'].format} pair (input x "
+        f"weight) and neither format is replay's to change; it takes "
+        f"{', '.join(f'{a} x {b}' for a, b in pairs)}"
+    )
 
 
-def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
-                   per_tensor_scale: bool | None = None, strict: bool = False) -> tuple[OperandChoice, dict]:
+def choose_operand(
+    operand,
+    name: str,
+    spec,
+    hw: HardwareConfig,
+    element_format: str | None,
+    per_tensor_scale: bool | None = None,
+    strict: bool = False,
+) -> tuple[OperandChoice, dict]:
     """What ``hw`` gets for one operand, and the quantize options: the one place that decides
     what happens to a format a unit cannot take (docs/replay.md, "Formats a unit cannot take"),
     for replay and for the unit in the loop alike.
@@ -110,8 +131,14 @@ def choose_operand(operand, name: str, spec, hw: HardwareConfig, element_format:
     return choice, options
 
 
-def _choose_scaling(operand, name: str, spec, hw: HardwareConfig, element_format: str | None,
-                    per_tensor_scale: bool | None) -> tuple[OperandChoice, dict]:
+def _choose_scaling(
+    operand,
+    name: str,
+    spec,
+    hw: HardwareConfig,
+    element_format: str | None,
+    per_tensor_scale: bool | None,
+) -> tuple[OperandChoice, dict]:
     """:func:`choose_operand` before the strict and wide-format rules."""
     accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
@@ -124,13 +151,24 @@ def _choose_scaling(operand, name: str, spec, hw: HardwareConfig, element_format
     if element_format is not None:
         fmt = get_format(element_format).name
         if fmt not in accepted:
-            raise MxsimError(f"{hw.name} does not take {fmt} for the {name}; it takes {', '.join(accepted)}")
-        return OperandChoice(fmt, "ocp", per_tensor, "format chosen by the caller", status="caller", **base), {}
+            raise MxsimError(
+                f"{hw.name} does not take {fmt} for the {name}; it takes {', '.join(accepted)}"
+            )
+        return OperandChoice(
+            fmt, "ocp", per_tensor, "format chosen by the caller", status="caller", **base
+        ), {}
     fmt = operand.element_format.name
     if operand.quantized:
         if fmt in accepted and not per_tensor and operand.granule and operand.granule % block == 0:
-            return OperandChoice(fmt, getattr(spec, "profile", "bfp"), False, status="model",
-                                 saturated=operand.saturated, underflowed=operand.underflowed, **base), {}
+            return OperandChoice(
+                fmt,
+                getattr(spec, "profile", "bfp"),
+                False,
+                status="model",
+                saturated=operand.saturated,
+                underflowed=operand.underflowed,
+                **base,
+            ), {}
         reasons = []
         if fmt not in accepted:
             reasons.append(f"takes {', '.join(accepted)}, not {fmt}")
@@ -141,7 +179,12 @@ def _choose_scaling(operand, name: str, spec, hw: HardwareConfig, element_format
         note = f"the unit cannot take {operand.spec}: it {'; '.join(reasons)}"
         status = "replaced"
     else:
-        note, status = f"the model multiplies {operand.spec} values; the unit needs a quantization", "added"
+        note, status = (
+            f"the model multiplies {operand.spec} values; the unit needs a quantization",
+            "added",
+        )
     if isinstance(spec, MXQuant) and spec.format in accepted:
-        return OperandChoice(spec.format, spec.profile, per_tensor, note, status=status, **base), dict(spec.options)
+        return OperandChoice(
+            spec.format, spec.profile, per_tensor, note, status=status, **base
+        ), dict(spec.options)
     return OperandChoice(accepted[0], "ocp", per_tensor, note, status=status, **base), {}

@@ -49,6 +49,7 @@ from .operands import (
     layer_operands,
 )
 
+
 @dataclass
 class LayerResult:
     """Numbers of one layer through one unit (see :func:`replay_layer` and docs/replay.md)."""
@@ -113,14 +114,22 @@ def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
     return math.sqrt(noise / signal) if signal > 0 else math.inf
 
 
-def _requantize(values: np.ndarray, choice: OperandChoice, options: dict,
-                count_clipped: bool = True) -> tuple[list[MXTensor], int, int]:
+def _requantize(
+    values: np.ndarray, choice: OperandChoice, options: dict, count_clipped: bool = True
+) -> tuple[list[MXTensor], int, int]:
     """Replay's own quantization of a lowered operand (G, R, K) along K, each group a tensor
     of its own (:func:`mxsim.quantize.quantize_groups`: one kernel call for all groups); with
     ``count_clipped`` the saturated and underflowed elements too (else 0, 0)."""
-    kwargs = dict(block_size=choice.block_size, profile=choice.profile, per_tensor_scale=choice.per_tensor_scale,
-                  tensor_scale_exponent=choice.tensor_scale_exponent, **options)
-    if resolve_options(choice.profile, **options).element_rounding == "stochastic":  # each group's own stream
+    kwargs = dict(
+        block_size=choice.block_size,
+        profile=choice.profile,
+        per_tensor_scale=choice.per_tensor_scale,
+        tensor_scale_exponent=choice.tensor_scale_exponent,
+        **options,
+    )
+    if (
+        resolve_options(choice.profile, **options).element_rounding == "stochastic"
+    ):  # each group's own stream
         tensors = [quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values]
     else:
         tensors = quantize_groups(values, choice.format, **kwargs)
@@ -130,26 +139,57 @@ def _requantize(values: np.ndarray, choice: OperandChoice, options: dict,
     return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
-def _weight_quantization_key(layer: Layer, conv_order: str, floats: np.ndarray, choice: OperandChoice, options: dict,
-                             count_clipped: bool) -> tuple | None:
+def _weight_quantization_key(
+    layer: Layer,
+    conv_order: str,
+    floats: np.ndarray,
+    choice: OperandChoice,
+    options: dict,
+    count_clipped: bool,
+) -> tuple | None:
     """What :func:`_requantize` of a lowered weight ``floats`` depends on besides the weight's
     values: the layer's lowering (op, attributes, both operands' specs, which set the K
     padding, the conv order), the lowered array's shape and dtype, and the quantization chosen;
     None for stochastic rounding (each call draws its own stream)."""
     if resolve_options(choice.profile, **options).element_rounding == "stochastic":
         return None
-    return (layer.op, repr(sorted(layer.attrs.items())), repr(layer.quant.get("input")), repr(layer.quant.get("weight")),
-            conv_order, floats.shape, floats.dtype.str, choice.format, choice.profile, choice.per_tensor_scale,
-            choice.tensor_scale_exponent, choice.block_size, repr(sorted(options.items())), count_clipped)
+    return (
+        layer.op,
+        repr(sorted(layer.attrs.items())),
+        repr(layer.quant.get("input")),
+        repr(layer.quant.get("weight")),
+        conv_order,
+        floats.shape,
+        floats.dtype.str,
+        choice.format,
+        choice.profile,
+        choice.per_tensor_scale,
+        choice.tensor_scale_exponent,
+        choice.block_size,
+        repr(sorted(options.items())),
+        count_clipped,
+    )
 
 
 def _operand_of_tensors(tensors: list[MXTensor], template: GemmOperand) -> GemmOperand:
     """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row)."""
     block = tensors[0].block_size
     codes = np.stack([t.codes for t in tensors])
-    scales = np.stack([np.repeat(t.scales.astype(np.int32), block, axis=1) + t.tensor_scale_exponent for t in tensors])
-    return dataclasses.replace(template, element_format=tensors[0].element_format, pieces=[codes],
-                               scales=scales.astype(np.uint8), granule=block, quantized=True, exact=True)
+    scales = np.stack(
+        [
+            np.repeat(t.scales.astype(np.int32), block, axis=1) + t.tensor_scale_exponent
+            for t in tensors
+        ]
+    )
+    return dataclasses.replace(
+        template,
+        element_format=tensors[0].element_format,
+        pieces=[codes],
+        scales=scales.astype(np.uint8),
+        granule=block,
+        quantized=True,
+        exact=True,
+    )
 
 
 @dataclass
@@ -176,11 +216,24 @@ class LayerRun:
     attribution: dict | None = None
 
 
-def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, element_format: str | None = None,
-              conv_order: str = "kh_kw_c", ideal=None, operands: LayerOperands | None = None,
-              with_ideal: bool = True, matmul_fn: Callable | None = None, *, weight_format: str | None = None,
-              per_tensor_scale: bool | None = None, out_format: str | None = None, strict: bool = False,
-              count_clipped: bool = True, weight_quantizations: dict | None = None) -> LayerRun:
+def run_layer(
+    layer: Layer,
+    hw: HardwareConfig,
+    x: np.ndarray | None = None,
+    element_format: str | None = None,
+    conv_order: str = "kh_kw_c",
+    ideal=None,
+    operands: LayerOperands | None = None,
+    with_ideal: bool = True,
+    matmul_fn: Callable | None = None,
+    *,
+    weight_format: str | None = None,
+    per_tensor_scale: bool | None = None,
+    out_format: str | None = None,
+    strict: bool = False,
+    count_clipped: bool = True,
+    weight_quantizations: dict | None = None,
+) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
     The ideal is that of the operands the unit got: the model's own (:func:`ideal_gemm` of
@@ -212,9 +265,12 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     choices, tensors, quantize_options = {}, {}, {}
     try:
         for name, operand in gemm_operands.items():
-            chosen_format = (weight_format or element_format) if name == "weight" else element_format
-            choices[name], quantize_options[name] = choose_operand(operand, name, at.quant.get(name), hw, chosen_format,
-                                                                   per_tensor_scale, strict)
+            chosen_format = (
+                (weight_format or element_format) if name == "weight" else element_format
+            )
+            choices[name], quantize_options[name] = choose_operand(
+                operand, name, at.quant.get(name), hw, chosen_format, per_tensor_scale, strict
+            )
         pair_choices(choices, quantize_options, gemm_operands, at, hw, per_tensor_scale)
     except MxsimError as error:
         raise MxsimError(f"layer {at.name!r} on {error}") from None
@@ -226,8 +282,13 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
             if name in at.codes_only:
                 choice.note += "; from the model's quantized values (the trace keeps no float)"
             floats = ops.a_float if name == "input" else ops.b_float
-            key = None if name == "input" or weight_quantizations is None else \
-                _weight_quantization_key(at, conv_order, floats, choice, options, count_clipped)
+            key = (
+                None
+                if name == "input" or weight_quantizations is None
+                else _weight_quantization_key(
+                    at, conv_order, floats, choice, options, count_clipped
+                )
+            )
             quantized = None if key is None else weight_quantizations.get(key)
             if quantized is None:
                 quantized = _requantize(floats, choice, options, count_clipped)
@@ -237,22 +298,48 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     if not with_ideal:
         gemm_ideal, exact = None, False
     elif choices["input"].status == choices["weight"].status == "model":
-        gemm_ideal, exact = ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(ops)
+        gemm_ideal, exact = (
+            ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(ops)
+        )
     else:  # the ideal of the operands this unit got
         unit_ops = dataclasses.replace(
-            ops, a=ops.a if choices["input"].status == "model" else _operand_of_tensors(tensors["input"], ops.a),
-            b=ops.b if choices["weight"].status == "model" else _operand_of_tensors(tensors["weight"], ops.b))
+            ops,
+            a=ops.a
+            if choices["input"].status == "model"
+            else _operand_of_tensors(tensors["input"], ops.a),
+            b=ops.b
+            if choices["weight"].status == "model"
+            else _operand_of_tensors(tensors["weight"], ops.b),
+        )
         gemm_ideal, exact = ideal_gemm(unit_ops)
     scaled_linear = view.op == "linear" and view.alpha != 1.0
     bias = None if scaled_linear else view.gemm_bias(ops.bias)
     matmul_options = {} if out_format is None else {"out_format": out_format}
     # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
-    qbs = [MXTensor(rows.element_format, rows.codes, rows.scales, (rows.shape[1], rows.shape[0]), 0, rows.block_size,
-                    rows.padding, rows.options, rows.tensor_scale_exponent) for rows in tensors["weight"]]
-    shifts = [qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)]
+    qbs = [
+        MXTensor(
+            rows.element_format,
+            rows.codes,
+            rows.scales,
+            (rows.shape[1], rows.shape[0]),
+            0,
+            rows.block_size,
+            rows.padding,
+            rows.options,
+            rows.tensor_scale_exponent,
+        )
+        for rows in tensors["weight"]
+    ]
+    shifts = [
+        qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)
+    ]
     # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
-    cs = [None if bias is None or accumulator_input(bias[g], shifts[g]) is None else bias[g].astype(np.float32)
-          for g in range(shape.groups)]
+    cs = [
+        None
+        if bias is None or accumulator_input(bias[g], shifts[g]) is None
+        else bias[g].astype(np.float32)
+        for g in range(shape.groups)
+    ]
     c_entered = [c is not None for c in cs]
     if not shape.groups:
         bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
@@ -263,7 +350,10 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
         batch = matmul_batched(hw, tensors["input"], qbs, c=c, **matmul_options)
         bits, out = batch.bits, batch.values
     else:
-        results = [matmul_fn(hw, qa, qb, c=c, **matmul_options) for qa, qb, c in zip(tensors["input"], qbs, cs)]
+        results = [
+            matmul_fn(hw, qa, qb, c=c, **matmul_options)
+            for qa, qb, c in zip(tensors["input"], qbs, cs)
+        ]
         # decoded once for all groups: MatmulResult.values, group by group, in one call
         bits = np.stack([r.bits for r in results])
         out = as_float(bits, results[0].out_format)
@@ -277,10 +367,27 @@ def run_layer(layer: Layer, hw: HardwareConfig, x: np.ndarray | None = None, ele
     attribution = None
     if with_ideal:  # a replay row (not the unit in the loop): where its error comes from
         a, b = ops.a_float.astype(np.float64), ops.b_float.astype(np.float64)
-        attribution = layer_attribution(at, a, _unit_values(tensors["input"], a.shape), b,
-                                        _unit_values(tensors["weight"], b.shape), shape.k // shape.k_run, conv_order)
-    return LayerRun(view.lift(out, lift_bias), ideal_values, bits, out, gemm_ideal, choices["input"],
-                    choices["weight"], exact, ops, attribution)
+        attribution = layer_attribution(
+            at,
+            a,
+            _unit_values(tensors["input"], a.shape),
+            b,
+            _unit_values(tensors["weight"], b.shape),
+            shape.k // shape.k_run,
+            conv_order,
+        )
+    return LayerRun(
+        view.lift(out, lift_bias),
+        ideal_values,
+        bits,
+        out,
+        gemm_ideal,
+        choices["input"],
+        choices["weight"],
+        exact,
+        ops,
+        attribution,
+    )
 
 
 def _unit_values(tensors: list[MXTensor], shape: tuple) -> np.ndarray:
@@ -302,17 +409,32 @@ def _output_ulp(rms: float, out_format: str) -> float:
     return 2.0 ** (exponent - fmt.mantissa_bits)
 
 
-def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = None, conv_order: str = "kh_kw_c",
-                 ideal=None, operands: LayerOperands | None = None, matmul_fn: Callable | None = None,
-                 strict: bool = False) -> LayerResult:
+def replay_layer(
+    layer: Layer,
+    hw: HardwareConfig,
+    element_format: str | None = None,
+    conv_order: str = "kh_kw_c",
+    ideal=None,
+    operands: LayerOperands | None = None,
+    matmul_fn: Callable | None = None,
+    strict: bool = False,
+) -> LayerResult:
     """One layer through one unit, with its metrics and (if the config has ``array:``) cycles.
 
     ``seconds`` is the time it took without compiling kernels, ``compile_seconds`` the time
     spent compiling them (nonzero only on a first run; see :mod:`mxsim._compile`)."""
     start = time.perf_counter()
     compiled_before = compile_seconds()
-    run = run_layer(layer, hw, element_format=element_format, conv_order=conv_order, ideal=ideal, operands=operands,
-                    matmul_fn=matmul_fn, strict=strict)
+    run = run_layer(
+        layer,
+        hw,
+        element_format=element_format,
+        conv_order=conv_order,
+        ideal=ideal,
+        operands=operands,
+        matmul_fn=matmul_fn,
+        strict=strict,
+    )
     compiling = compile_seconds() - compiled_before
     seconds = time.perf_counter() - start - compiling
     values, ideal_values = run.values, run.ideal
@@ -327,14 +449,27 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
     ulp = _output_ulp(ideal_rms, out_format)
     cycles = None
     if hw.array is not None:
-        estimate = estimate_layer(hw.array, GemmLayer(layer.name, shape.m, shape.n * shape.groups, shape.k),
-                                  storage_for_format(run.input.format), storage_for_format(run.weight.format),
-                                  storage_for_format(out_format))
-        cycles = {"total_cycles": estimate.total_cycles, "compute_cycles": estimate.compute_cycles,
-                  "memory_cycles": estimate.memory_cycles, "utilisation": estimate.utilisation}
+        estimate = estimate_layer(
+            hw.array,
+            GemmLayer(layer.name, shape.m, shape.n * shape.groups, shape.k),
+            storage_for_format(run.input.format),
+            storage_for_format(run.weight.format),
+            storage_for_format(out_format),
+        )
+        cycles = {
+            "total_cycles": estimate.total_cycles,
+            "compute_cycles": estimate.compute_cycles,
+            "memory_cycles": estimate.memory_cycles,
+            "utilisation": estimate.utilisation,
+        }
     same = values == ideal_values
     return LayerResult(
-        layer=layer.name, hw=hw.name, macs=shape.macs, input=run.input, weight=run.weight, k=shape.k,
+        layer=layer.name,
+        hw=hw.name,
+        macs=shape.macs,
+        input=run.input,
+        weight=run.weight,
+        k=shape.k,
         bias=run.operands.bias_spec,
         sqnr_vs_float_db=_sqnr_db(reference[finite], error),
         max_abs_error_vs_float=float(np.max(np.abs(error), initial=0.0)),
@@ -344,9 +479,18 @@ def replay_layer(layer: Layer, hw: HardwareConfig, element_format: str | None = 
         max_abs_error_vs_ideal=float(np.max(np.abs(error_ideal), initial=0.0)),
         rel_rms_error_vs_ideal=_rel_rms(ideal_values[finite], error_ideal),
         max_error_vs_ideal_ulps=float(np.max(np.abs(error_ideal), initial=0.0)) / ulp,
-        mean_error_vs_ideal_ulps=float(np.mean(np.abs(error_ideal))) / ulp if error_ideal.size else 0.0,
-        identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0, ideal_rms=ideal_rms,
-        ideal_exact=run.ideal_exact, seconds=seconds, compile_seconds=compiling, cycles=cycles, bits=run.bits,
-        errors_vs_float=error, errors_vs_ideal=error_ideal,
-        attribution=run.attribution, channel_error_shares=output_channel_shares(layer, values - reference),
+        mean_error_vs_ideal_ulps=float(np.mean(np.abs(error_ideal))) / ulp
+        if error_ideal.size
+        else 0.0,
+        identical_to_ideal_fraction=float(np.mean(same)) if same.size else 1.0,
+        ideal_rms=ideal_rms,
+        ideal_exact=run.ideal_exact,
+        seconds=seconds,
+        compile_seconds=compiling,
+        cycles=cycles,
+        bits=run.bits,
+        errors_vs_float=error,
+        errors_vs_ideal=error_ideal,
+        attribution=run.attribution,
+        channel_error_shares=output_channel_shares(layer, values - reference),
     )

@@ -99,37 +99,59 @@ class GemmView:
 
     def with_operand_shapes(self, input_shape: tuple, weight_shape: tuple) -> GemmView:
         """The same layer's view over operands of other shapes (its reduction runs padded)."""
-        return _view(self.name, self.op, self.attrs, tuple(input_shape), tuple(weight_shape), self.output_shape)
+        return _view(
+            self.name,
+            self.op,
+            self.attrs,
+            tuple(input_shape),
+            tuple(weight_shape),
+            self.output_shape,
+        )
 
     def _check(self, array: np.ndarray, name: str, shape: tuple) -> np.ndarray:
         if array.shape != shape:
-            raise MxsimError(f"layer {self.name!r}: {name} must have shape {shape}, got {array.shape}")
+            raise MxsimError(
+                f"layer {self.name!r}: {name} must have shape {shape}, got {array.shape}"
+            )
         return array
 
     def lower_input(self, x) -> np.ndarray:
         """A (G, M, K) for an array of the input's shape. Values are copied unchanged, in ``x``'s dtype."""
         x = self._check(np.asarray(x), "input", self.input_shape)
         if self.conv is not None:
-            lowered = x if self.transposed is None else conv.conv_transpose2d_lowered_input(x, self.transposed)
+            lowered = (
+                x
+                if self.transposed is None
+                else conv.conv_transpose2d_lowered_input(x, self.transposed)
+            )
             return conv.im2col(lowered, self.conv)
         k = x.shape[-1]
         if self.batch is not None:
-            groups = int(np.prod(self.batch, dtype=np.int64))  # explicit sizes: -1 is ambiguous for empty arrays
-            return np.ascontiguousarray(np.broadcast_to(x, self.batch + x.shape[-2:])).reshape(groups, x.shape[-2], k)
+            groups = int(
+                np.prod(self.batch, dtype=np.int64)
+            )  # explicit sizes: -1 is ambiguous for empty arrays
+            return np.ascontiguousarray(np.broadcast_to(x, self.batch + x.shape[-2:])).reshape(
+                groups, x.shape[-2], k
+            )
         return np.ascontiguousarray(x).reshape(1, int(np.prod(x.shape[:-1], dtype=np.int64)), k)
 
     def lower_weight(self, w) -> np.ndarray:
         """B (G, N, K) for an array of the weight's shape."""
         w = self._check(np.asarray(w), "weight", self.weight_shape)
         if self.conv is not None:
-            lowered = w if self.transposed is None else conv.conv_transpose2d_conv_weight(w, self.transposed)
+            lowered = (
+                w
+                if self.transposed is None
+                else conv.conv_transpose2d_conv_weight(w, self.transposed)
+            )
             return conv.weight_matrix(lowered, self.conv)
         if self.op == "linear":
             return np.ascontiguousarray(w)[None]
         if self.batch is None:
             return np.ascontiguousarray(w.T)[None]
-        full = np.broadcast_to(w, self.batch + w.shape[-2:]).reshape(int(np.prod(self.batch, dtype=np.int64)),
-                                                                      *w.shape[-2:])
+        full = np.broadcast_to(w, self.batch + w.shape[-2:]).reshape(
+            int(np.prod(self.batch, dtype=np.int64)), *w.shape[-2:]
+        )
         return np.ascontiguousarray(full.transpose(0, 2, 1))
 
     def lift(self, c: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -138,8 +160,10 @@ class GemmView:
         shape = self.shape
         c = np.asarray(c)
         if c.shape != (shape.groups, shape.m, shape.n):
-            raise MxsimError(f"layer {self.name!r}: GEMM result must have shape {(shape.groups, shape.m, shape.n)}, "
-                             f"got {c.shape}")
+            raise MxsimError(
+                f"layer {self.name!r}: GEMM result must have shape {(shape.groups, shape.m, shape.n)}, "
+                f"got {c.shape}"
+            )
         if self.conv is not None:
             out = conv.col2im_output(c, self.conv)
             if bias is not None:
@@ -162,14 +186,21 @@ class GemmView:
         bias = np.asarray(bias, dtype=np.float64)
         if self.conv is not None:  # one bias per output channel, output channels grouped
             per_group = bias.reshape(shape.groups, 1, shape.n)
-            return np.ascontiguousarray(np.broadcast_to(per_group, (shape.groups, shape.m, shape.n)))
+            return np.ascontiguousarray(
+                np.broadcast_to(per_group, (shape.groups, shape.m, shape.n))
+            )
         if self.op == "linear" and self.beta != 1.0:
             bias = bias * self.attrs["beta"]
-        return np.ascontiguousarray(np.broadcast_to(bias, self.output_shape)).reshape(shape.groups, shape.m, shape.n)
+        return np.ascontiguousarray(np.broadcast_to(bias, self.output_shape)).reshape(
+            shape.groups, shape.m, shape.n
+        )
 
 
-def _view(name: str, op: str, attrs: dict, x: tuple, w: tuple, output_shape: tuple | None) -> GemmView:
+def _view(
+    name: str, op: str, attrs: dict, x: tuple, w: tuple, output_shape: tuple | None
+) -> GemmView:
     """The one place a GEMM view is worked out (``output_shape`` None: from the op)."""
+
     def out(derived: tuple) -> tuple:
         return derived if output_shape is None else output_shape
 
@@ -188,13 +219,18 @@ def _view(name: str, op: str, attrs: dict, x: tuple, w: tuple, output_shape: tup
     if op in CONV_OPS:
         a = attrs
         if op == "conv2d":
-            gm = conv.Conv2dGeometry.from_shapes(x, w, a["stride"], a["padding"], a["dilation"], a["groups"])
+            gm = conv.Conv2dGeometry.from_shapes(
+                x, w, a["stride"], a["padding"], a["dilation"], a["groups"]
+            )
             transposed = None
         else:
-            transposed = conv.ConvTranspose2dGeometry.from_shapes(x, w, a["stride"], a["padding"],
-                                                                  a["output_padding"], a["dilation"], a["groups"])
+            transposed = conv.ConvTranspose2dGeometry.from_shapes(
+                x, w, a["stride"], a["padding"], a["output_padding"], a["dilation"], a["groups"]
+            )
             gm = transposed.equivalent_conv()
-        shape = GemmShape(gm.groups, gm.gemm_m, gm.filters_per_group, gm.gemm_k, gm.channels_per_group)
+        shape = GemmShape(
+            gm.groups, gm.gemm_m, gm.filters_per_group, gm.gemm_k, gm.channels_per_group
+        )
         return GemmView(name, op, attrs, shape, x, w, tuple(gm.output_shape), gm, transposed)
     raise MxsimError(f"layer {name!r}: unknown op {op!r}")
 
@@ -242,6 +278,7 @@ def gemm_reference(layer: Layer, *, quantized: bool = True, dtype=np.float64) ->
     With ``quantized=True`` each operand's ``<operand>_quantized`` tensor is used where the
     trace has one (what the source model actually multiplied), else the operand itself.
     """
+
     def pick(name):
         value = layer.quantized(name) if quantized else None
         return layer.tensors.get(name) if value is None else value

@@ -23,12 +23,22 @@ def layer_with_input(layer: Layer, x: np.ndarray, output_shape: tuple | None = N
     and specs kept, the recorded input_quantized dropped and the output replaced by zeros of
     the new shape (``output_shape`` when the caller has worked it out), so that the lowering
     helpers apply to ``x``."""
-    tensors = {k: v for k, v in layer.tensors.items() if k not in ("input", "input_quantized", "output")}
+    tensors = {
+        k: v for k, v in layer.tensors.items() if k not in ("input", "input_quantized", "output")
+    }
     tensors["input"] = x
     if output_shape is None:
         output_shape = gemm_view(layer, x.shape).output_shape
     tensors["output"] = np.zeros(output_shape, dtype=np.float64)
-    return Layer(layer.name, layer.op, tensors, layer.attrs, layer.quant, layer.source, layer.codes_only - {"input"})
+    return Layer(
+        layer.name,
+        layer.op,
+        tensors,
+        layer.attrs,
+        layer.quant,
+        layer.source,
+        layer.codes_only - {"input"},
+    )
 
 
 def float_layer(layer: Layer, x: np.ndarray) -> np.ndarray:
@@ -41,13 +51,18 @@ def float_layer(layer: Layer, x: np.ndarray) -> np.ndarray:
     return view.lift(np.matmul(a, b.transpose(0, 2, 1)), bias)
 
 
-def run_network(trace: Trace, inputs: np.ndarray | None = None,
-                layer_fn: Callable[[Layer, np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+def run_network(
+    trace: Trace,
+    inputs: np.ndarray | None = None,
+    layer_fn: Callable[[Layer, np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
     """Run ``trace.network`` on ``inputs`` (default: its dataset input array) and return the
     last value. ``layer_fn(layer, x)`` computes a layer step (default :func:`float_layer`)."""
     network = trace.network
     if network is None:
-        raise MxsimError(f"trace {trace.name!r} has no network recipe (only per-layer replay is possible)")
+        raise MxsimError(
+            f"trace {trace.name!r} has no network recipe (only per-layer replay is possible)"
+        )
     if inputs is None:
         inputs = trace.dataset[network.input]
     layer_fn = layer_fn or float_layer
@@ -65,7 +80,9 @@ def run_network(trace: Trace, inputs: np.ndarray | None = None,
     return x
 
 
-def accuracy(trace: Trace, layer_fn: Callable[[Layer, np.ndarray], np.ndarray] | None = None) -> float:
+def accuracy(
+    trace: Trace, layer_fn: Callable[[Layer, np.ndarray], np.ndarray] | None = None
+) -> float:
     """Top-1 accuracy of the network on its dataset: argmax of the last value vs the labels."""
     network = trace.network
     if network is None or network.labels is None:

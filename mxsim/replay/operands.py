@@ -103,8 +103,16 @@ class GemmOperand:
             raise MxsimError(f"operand ({self.layout}) cannot be cut into blocks of {block_size}")
         codes = _pad_k(self.pieces[0][group], block_size)
         scales = _pad_k(self.scales[group], block_size, fill=E8M0_ONE)[:, ::block_size]
-        return MXTensor(self.element_format, np.ascontiguousarray(codes), np.ascontiguousarray(scales),
-                        codes.shape, 1, block_size, 0, QuantOptions())
+        return MXTensor(
+            self.element_format,
+            np.ascontiguousarray(codes),
+            np.ascontiguousarray(scales),
+            codes.shape,
+            1,
+            block_size,
+            0,
+            QuantOptions(),
+        )
 
 
 def _pad_to(array: np.ndarray, length: int, fill: int = 0) -> np.ndarray:
@@ -193,8 +201,17 @@ def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
     scales = np.moveaxis(np.repeat(tensor.scales, tensor.block_size, axis=-1), -1, axis)
     if scales.shape != codes.shape:  # BFP: the last block's sub-blocks cover its padding too
         raise MxsimError("internal: scale and code layouts differ")
-    return _Quantized(tensor.element_format, codes, scales, axis, tensor.block_size, pad_unit,
-                      _spec_description(spec), saturated, underflowed)
+    return _Quantized(
+        tensor.element_format,
+        codes,
+        scales,
+        axis,
+        tensor.block_size,
+        pad_unit,
+        _spec_description(spec),
+        saturated,
+        underflowed,
+    )
 
 
 def _bf16_pieces(values: np.ndarray) -> tuple[list[np.ndarray], bool]:
@@ -206,7 +223,9 @@ def _bf16_pieces(values: np.ndarray) -> tuple[list[np.ndarray], bool]:
     rest = np.where(np.isfinite(as32), as32, np.float32(0))
     pieces = []
     for _ in range(3):
-        head = (rest.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # truncated: rest - head is exact
+        head = (rest.view(np.uint32) & np.uint32(0xFFFF0000)).view(
+            np.float32
+        )  # truncated: rest - head is exact
         pieces.append((head.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
         rest = rest - head
     if rest.any():
@@ -221,7 +240,9 @@ def _bf16_pieces(values: np.ndarray) -> tuple[list[np.ndarray], bool]:
 
 def _reduction_axis(layer: Layer, operand: str) -> int:
     """The axis of ``operand`` that lowers to K runs (conv: channels; else the contraction)."""
-    if layer.op in CONV_OPS:  # NCHW input; conv2d weight (O, C/g, kh, kw), transposed (C, O/g, kh, kw)
+    if (
+        layer.op in CONV_OPS
+    ):  # NCHW input; conv2d weight (O, C/g, kh, kw), transposed (C, O/g, kh, kw)
         return 0 if (layer.op, operand) == ("conv_transpose2d", "weight") else 1
     if operand == "input":
         return layer.input.ndim - 1
@@ -242,7 +263,9 @@ def _pad_axis(array: np.ndarray, axis: int, length: int, fill=0) -> np.ndarray:
 def _reorder_taps(lowered: np.ndarray, taps: int) -> np.ndarray:
     """(G, R, taps*C) in (tap, channel) order -> (channel, tap) order."""
     g, r, k = lowered.shape
-    return np.ascontiguousarray(lowered.reshape(g, r, taps, k // taps).transpose(0, 1, 3, 2)).reshape(g, r, k)
+    return np.ascontiguousarray(
+        lowered.reshape(g, r, taps, k // taps).transpose(0, 1, 3, 2)
+    ).reshape(g, r, k)
 
 
 @dataclass
@@ -284,7 +307,9 @@ def quantized_bias(layer: Layer) -> tuple[np.ndarray | None, str]:
         return np.asarray(spec.fake_quantize(layer.bias), dtype=np.float64), name
     recorded = layer.quantized("bias")
     if recorded is not None:
-        return recorded.astype(np.float64), f"recorded ({type(spec).__name__ if spec else 'unknown'})"
+        return recorded.astype(
+            np.float64
+        ), f"recorded ({type(spec).__name__ if spec else 'unknown'})"
     return layer.bias.astype(np.float64), "float"
 
 
@@ -326,25 +351,44 @@ class LayerGemm:
     def lower(self, op: str, array: np.ndarray) -> np.ndarray:
         """``array`` (operand ``op`` in its own layout, its reduction axis padded to
         ``padded_run``) as GEMM rows (G, R, K') in the K order."""
-        lowered = self.operand_view.lower_input(array) if op == "input" else self.operand_view.lower_weight(array)
-        return _reorder_taps(lowered, self.taps) if self.order == "c_kh_kw" and self.taps > 1 else lowered
+        lowered = (
+            self.operand_view.lower_input(array)
+            if op == "input"
+            else self.operand_view.lower_weight(array)
+        )
+        return (
+            _reorder_taps(lowered, self.taps)
+            if self.order == "c_kh_kw" and self.taps > 1
+            else lowered
+        )
 
 
-def lower_layer(layer: Layer, conv_order: str, blocks: dict, view: GemmView | None = None) -> LayerGemm:
+def lower_layer(
+    layer: Layer, conv_order: str, blocks: dict, view: GemmView | None = None
+) -> LayerGemm:
     """``layer`` lowered, given where each operand's blocks lie (``_Blocks``; None: no code
     form); ``view``: its GEMM view when already worked out (:func:`mxsim.replay.lowering.gemm_view`)."""
     operands = ("input", "weight")
     view = gemm_view(layer) if view is None else view
-    along_k = {op: b is not None and b.axis == _reduction_axis(layer, op) for op, b in blocks.items()}
+    along_k = {
+        op: b is not None and b.axis == _reduction_axis(layer, op) for op, b in blocks.items()
+    }
     shape = view.shape
-    run, taps = shape.k_run, shape.k // shape.k_run if shape.k_run else 1  # K = 0: no taps to reorder
+    run, taps = (
+        shape.k_run,
+        shape.k // shape.k_run if shape.k_run else 1,
+    )  # K = 0: no taps to reorder
     groups = view.conv.groups if layer.op == "conv2d" else 1
     unit = math.lcm(*(b.pad_unit for op, b in blocks.items() if along_k[op]))
     # Every quantized operand blocked along K, and no block straddling a conv group.
-    aligned = all(along_k[op] or blocks[op] is None for op in operands) and (groups == 1 or run % unit == 0)
+    aligned = all(along_k[op] or blocks[op] is None for op in operands) and (
+        groups == 1 or run % unit == 0
+    )
     padded_run = -(-run // unit) * unit if aligned else run
     if padded_run != run and groups != 1:
-        raise MxsimError("internal: grouped layers are padded only when their groups hold whole blocks")
+        raise MxsimError(
+            "internal: grouped layers are padded only when their groups hold whole blocks"
+        )
     granule, layout = {}, {}
     for op in operands:
         b = blocks[op]
@@ -356,16 +400,30 @@ def lower_layer(layer: Layer, conv_order: str, blocks: dict, view: GemmView | No
         if not along_k[op]:
             layout[op] = f"blocks along {gemm_axis(layer, op, b.axis)}, not K"
         elif not aligned:
-            layout[op] = "blocks straddle conv groups" if groups > 1 else "blocks not along K in the other operand"
+            layout[op] = (
+                "blocks straddle conv groups"
+                if groups > 1
+                else "blocks not along K in the other operand"
+            )
         elif taps > 1 and conv_order == "c_kh_kw":
             layout[op] = f"C blocked, K order (C, kh, kw): blocks strided by {taps}"
         elif taps > 1:
-            layout[op] = f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
+            layout[op] = (
+                f"C blocked per tap, K order (kh, kw, C), C padded {run}->{padded_run} per tap"
+            )
         else:
-            layout[op] = "K blocked" + (f", padded {run}->{padded_run}" if padded_run != run else "")
-    padded = [_padded_shape(view.input_shape, _reduction_axis(layer, "input"), padded_run),
-              _padded_shape(view.weight_shape, _reduction_axis(layer, "weight"), padded_run)]
-    operand_view = view if padded == [view.input_shape, view.weight_shape] else view.with_operand_shapes(*padded)
+            layout[op] = "K blocked" + (
+                f", padded {run}->{padded_run}" if padded_run != run else ""
+            )
+    padded = [
+        _padded_shape(view.input_shape, _reduction_axis(layer, "input"), padded_run),
+        _padded_shape(view.weight_shape, _reduction_axis(layer, "weight"), padded_run),
+    ]
+    operand_view = (
+        view
+        if padded == [view.input_shape, view.weight_shape]
+        else view.with_operand_shapes(*padded)
+    )
     return LayerGemm(view, operand_view, conv_order, taps, padded_run, granule, layout)
 
 
@@ -418,12 +476,18 @@ def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, Operan
             name = "float" if spec is None else f"{spec.kind} (as recorded)"
             plans[op] = OperandPlan(BF16, False, 0, name, k.layout[op])
         else:
-            plans[op] = OperandPlan(get_format(f[0]), True, k.granule[op], _spec_description(spec), k.layout[op])
+            plans[op] = OperandPlan(
+                get_format(f[0]), True, k.granule[op], _spec_description(spec), k.layout[op]
+            )
     return plans
 
 
-def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool = True,
-                   view: GemmView | None = None) -> LayerOperands:
+def layer_operands(
+    layer: Layer,
+    conv_order: str = "kh_kw_c",
+    float_pieces: bool = True,
+    view: GemmView | None = None,
+) -> LayerOperands:
     """Quantize ``layer``'s operands as its trace specs say, in their own layout, lower the
     layer once (:func:`lower_layer`) and the operands through it (module docstring). Raises
     MxsimError for an unknown order. ``view``: the layer's GEMM view when already worked out.
@@ -435,21 +499,36 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     operands = ("input", "weight")
     quantized = {op: _quantize_spec(layer.tensors[op], layer.quant.get(op)) for op in operands}
-    k = lower_layer(layer, conv_order, {op: q and _Blocks(q.axis, q.block_size, q.pad_unit)
-                                        for op, q in quantized.items()}, view)
+    k = lower_layer(
+        layer,
+        conv_order,
+        {op: q and _Blocks(q.axis, q.block_size, q.pad_unit) for op, q in quantized.items()},
+        view,
+    )
     padded_run = k.padded_run
     arrays = {}
     for op in operands:
         q, axis = quantized[op], _reduction_axis(layer, op)
         if q is None:
-            pieces, exact = _bf16_pieces(np.asarray(_float_values(layer, op))) if float_pieces else ([], False)
+            pieces, exact = (
+                _bf16_pieces(np.asarray(_float_values(layer, op))) if float_pieces else ([], False)
+            )
             scales = np.full(layer.tensors[op].shape, E8M0_ONE, dtype=np.uint8)
-            arrays[op] = ([_pad_axis(p, axis, padded_run) for p in pieces], _pad_axis(scales, axis, padded_run, 127),
-                          exact)
+            arrays[op] = (
+                [_pad_axis(p, axis, padded_run) for p in pieces],
+                _pad_axis(scales, axis, padded_run, 127),
+                exact,
+            )
             continue
-        keep = np.arange(layer.tensors[op].shape[q.axis])  # the model's own elements, its padding dropped
+        keep = np.arange(
+            layer.tensors[op].shape[q.axis]
+        )  # the model's own elements, its padding dropped
         codes, scales = np.take(q.codes, keep, axis=q.axis), np.take(q.scales, keep, axis=q.axis)
-        arrays[op] = ([_pad_axis(codes, axis, padded_run)], _pad_axis(scales, axis, padded_run, "edge"), True)
+        arrays[op] = (
+            [_pad_axis(codes, axis, padded_run)],
+            _pad_axis(scales, axis, padded_run, "edge"),
+            True,
+        )
 
     result = {}
     for op in operands:
@@ -461,14 +540,32 @@ def layer_operands(layer: Layer, conv_order: str = "kh_kw_c", float_pieces: bool
             saturated = underflowed = 0
         else:
             fmt, name, saturated, underflowed = q.element_format, q.spec, q.saturated, q.underflowed
-        if op in layer.codes_only:  # the float is not in the trace: what its quantizer clipped is unknown
+        if (
+            op in layer.codes_only
+        ):  # the float is not in the trace: what its quantizer clipped is unknown
             saturated = underflowed = None
         # im2col fills out-of-image positions with 0: lower (scale - 127) so that they get scale 1
-        lowered_scales = None if q is None and not float_pieces else \
-            (k.lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
-        result[op] = GemmOperand(fmt, [k.lower(op, p) for p in pieces], lowered_scales, k.granule[op], q is not None,
-                                 name, k.layout[op], saturated, underflowed, exact)
-    floats = [k.lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run)) for op in operands]
+        lowered_scales = (
+            None
+            if q is None and not float_pieces
+            else (k.lower(op, scales.astype(np.int16) - E8M0_ONE) + E8M0_ONE).astype(np.uint8)
+        )
+        result[op] = GemmOperand(
+            fmt,
+            [k.lower(op, p) for p in pieces],
+            lowered_scales,
+            k.granule[op],
+            q is not None,
+            name,
+            k.layout[op],
+            saturated,
+            underflowed,
+            exact,
+        )
+    floats = [
+        k.lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run))
+        for op in operands
+    ]
     bias, bias_spec = quantized_bias(layer)
     return LayerOperands(result["input"], result["weight"], bias, bias_spec, conv_order, *floats, k)
 
@@ -480,10 +577,16 @@ def accumulator_input(c: np.ndarray | None, shift: int = 0) -> np.ndarray | None
         return None
     with np.errstate(over="ignore", under="ignore"):
         narrowed = c.astype(np.float32)
-        if np.array_equal(narrowed, c):  # float32 values (the common bias): scaled in float32, half the bytes
+        if np.array_equal(
+            narrowed, c
+        ):  # float32 values (the common bias): scaled in float32, half the bytes
             scaled = times_power_of_two(narrowed, -shift) if shift else narrowed
             # exact iff scaling back restores it (power-of-two scaling rounds only on under/overflow)
-            return scaled if not shift or np.array_equal(times_power_of_two(scaled, shift), narrowed) else None
+            return (
+                scaled
+                if not shift or np.array_equal(times_power_of_two(scaled, shift), narrowed)
+                else None
+            )
         scaled = np.ldexp(c, -shift)
         narrowed = scaled.astype(np.float32)
     return narrowed if np.array_equal(narrowed.astype(np.float64), scaled) else None
@@ -500,8 +603,12 @@ def _pieces_product(a: GemmOperand, b: GemmOperand, group: int, block: int):
             b_codes.append(_pad_to(piece_b[group], length))
             a_scales.append(_pad_to(a.scales[group], length, E8M0_ONE))
             b_scales.append(_pad_to(b.scales[group], length, E8M0_ONE))
-    return (np.concatenate(a_codes, axis=1), np.concatenate(a_scales, axis=1),
-            np.concatenate(b_codes, axis=1), np.concatenate(b_scales, axis=1))
+    return (
+        np.concatenate(a_codes, axis=1),
+        np.concatenate(a_scales, axis=1),
+        np.concatenate(b_codes, axis=1),
+        np.concatenate(b_scales, axis=1),
+    )
 
 
 def exact_block(a: GemmOperand, b: GemmOperand) -> int:
@@ -522,17 +629,40 @@ def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
     scaled_linear = view.op == "linear" and view.alpha != 1.0
     bias = None if scaled_linear else view.gemm_bias(operands.bias)
     c = accumulator_input(bias)
-    exact = a.exact and b.exact and (bias is None or c is not None) and not (scaled_linear and operands.bias is not None)
+    exact = (
+        a.exact
+        and b.exact
+        and (bias is None or c is not None)
+        and not (scaled_linear and operands.bias is not None)
+    )
     shape = view.shape
     out = np.empty((shape.groups, shape.m, shape.n), dtype=np.float64)
     for group in range(shape.groups):
         a_codes, a_scales, b_codes, b_scales = _pieces_product(a, b, group, block)
         k = a_codes.shape[1]
-        tensor_a = MXTensor(a.element_format, a_codes, a_scales[:, ::block].copy(), a_codes.shape, 1, block, 0,
-                            QuantOptions())
-        tensor_b = MXTensor(b.element_format, b_codes, b_scales[:, ::block].copy(), (k, b_codes.shape[0]), 0, block,
-                            0, QuantOptions())
-        result = matmul(unit, tensor_a, tensor_b, c=None if c is None else c[group].astype(np.float32))
+        tensor_a = MXTensor(
+            a.element_format,
+            a_codes,
+            a_scales[:, ::block].copy(),
+            a_codes.shape,
+            1,
+            block,
+            0,
+            QuantOptions(),
+        )
+        tensor_b = MXTensor(
+            b.element_format,
+            b_codes,
+            b_scales[:, ::block].copy(),
+            (k, b_codes.shape[0]),
+            0,
+            block,
+            0,
+            QuantOptions(),
+        )
+        result = matmul(
+            unit, tensor_a, tensor_b, c=None if c is None else c[group].astype(np.float32)
+        )
         out[group] = result.values
         if bias is not None and c is None:
             out[group] += bias[group]

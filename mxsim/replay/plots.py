@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import MxsimError
 from ..fileio import safe_file_stem, safe_output_path
 
+
 def _save(figure, path: Path) -> None:
     temporary = path.with_name(path.name + ".tmp")
     figure.savefig(temporary, format="png")
@@ -51,7 +52,9 @@ def write_plots(report: dict, directory) -> list[str]:
     axes[0].set_ylabel("SQNR vs float (dB)")
     axes[1].set_ylabel("SQNR vs ideal (dB)\n(identical: plotted at the top)")
     axes[1].set_xticks(range(len(layers)))
-    axes[1].set_xticklabels([f"{i}: {n[-40:]}" for i, n in enumerate(layers)], rotation=90, fontsize=7)
+    axes[1].set_xticklabels(
+        [f"{i}: {n[-40:]}" for i, n in enumerate(layers)], rotation=90, fontsize=7
+    )
     axes[0].legend(fontsize=8)
     axes[0].set_title(f"{report['trace']}: every layer on every unit")
     figure.tight_layout()
@@ -81,7 +84,9 @@ def write_plots(report: dict, directory) -> list[str]:
         axis.set_title(f"{layer}"[-70:], fontsize=8)
         axis.legend(fontsize=7)
         figure.tight_layout()
-        path = safe_output_path(directory, f"{index:03d}-{safe_file_stem(layer, default='layer')}", ".png")
+        path = safe_output_path(
+            directory, f"{index:03d}-{safe_file_stem(layer, default='layer')}", ".png"
+        )
         _save(figure, path)
         plt.close(figure)
         written.append(str(path))

@@ -52,9 +52,15 @@ __all__ = [
     "write_plots",
 ]
 
-def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element_format: str | None = None,
-                          conv_order: str = "kh_kw_c", strict: bool = False,
-                          matmul_fn: Callable | None = None) -> list[LayerResult]:
+
+def replay_layer_on_units(
+    layer: Layer,
+    units: Sequence[HardwareConfig],
+    element_format: str | None = None,
+    conv_order: str = "kh_kw_c",
+    strict: bool = False,
+    matmul_fn: Callable | None = None,
+) -> list[LayerResult]:
     """:func:`replay_layer` through each unit, the layer's operands quantized and its ideal
     computed once for all of them. ``strict``: MxsimError for a ``replaced`` row (:func:`choose_operand`)."""
     operands = layer_operands(layer, conv_order)
@@ -65,15 +71,37 @@ def replay_layer_on_units(layer: Layer, units: Sequence[HardwareConfig], element
             memo["ideal"] = ideal_gemm(operands)
         return memo["ideal"]
 
-    return [replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn, strict) for hw in units]
+    return [
+        replay_layer(layer, hw, element_format, conv_order, ideal, operands, matmul_fn, strict)
+        for hw in units
+    ]
 
 
-def end_to_end_accuracy(trace: Trace, hw: HardwareConfig, element_format: str | None = None,
-                        matmul_fn: Callable | None = None, conv_order: str = "kh_kw_c", strict: bool = False) -> float:
+def end_to_end_accuracy(
+    trace: Trace,
+    hw: HardwareConfig,
+    element_format: str | None = None,
+    matmul_fn: Callable | None = None,
+    conv_order: str = "kh_kw_c",
+    strict: bool = False,
+) -> float:
     """Top-1 accuracy of the trace's network with every layer computed by ``hw`` (no ideal)."""
-    return accuracy(trace, layer_fn=lambda layer, x: run_layer(
-        layer, hw, x, element_format, conv_order, with_ideal=False, matmul_fn=matmul_fn, strict=strict,
-        count_clipped=False).values)
+    return accuracy(
+        trace,
+        layer_fn=lambda layer, x: (
+            run_layer(
+                layer,
+                hw,
+                x,
+                element_format,
+                conv_order,
+                with_ideal=False,
+                matmul_fn=matmul_fn,
+                strict=strict,
+                count_clipped=False,
+            ).values
+        ),
+    )
 
 
 #: Seconds the layer-name search of :func:`select_layers` may take (a time bound: Python's
@@ -96,12 +124,16 @@ def _search_bounded(compiled, names: list[str], pattern: str, seconds: float) ->
     sender.close()
     try:
         if not receiver.poll(seconds):
-            raise MxsimError(f"--layers {shown(pattern)}: matching the layer names took more than {seconds:g} s "
-                             "(a pattern that backtracks, such as nested repetition); simplify it")
+            raise MxsimError(
+                f"--layers {shown(pattern)}: matching the layer names took more than {seconds:g} s "
+                "(a pattern that backtracks, such as nested repetition); simplify it"
+            )
         try:
             mask = receiver.recv_bytes()
         except EOFError:  # the child died (out of memory)
-            raise MxsimError(f"--layers {shown(pattern)}: matching the layer names failed") from None
+            raise MxsimError(
+                f"--layers {shown(pattern)}: matching the layer names failed"
+            ) from None
     finally:
         receiver.close()
         if child.is_alive():
@@ -119,19 +151,29 @@ def select_layers(trace: Trace, pattern: str) -> Trace:
     try:
         compiled = re.compile(pattern)
     except (re.error, TypeError, RecursionError, OverflowError, ValueError) as error:
-        raise MxsimError(f"--layers {shown(pattern)}: not a regular expression: {shown(str(error))}") from None
+        raise MxsimError(
+            f"--layers {shown(pattern)}: not a regular expression: {shown(str(error))}"
+        ) from None
     names = [layer.name for layer in trace.layers]
     mask = _search_bounded(compiled, names, pattern, LAYERS_MATCH_SECONDS)
     layers = [layer for layer, keep in zip(trace.layers, mask) if keep]
     if not layers:
         first = f" (first: {shown(trace.layers[0].name)})" if trace.layers else ""
-        raise MxsimError(f"--layers {shown(pattern)} matches none of the trace's {len(trace.layers)} layers{first}")
+        raise MxsimError(
+            f"--layers {shown(pattern)} matches none of the trace's {len(trace.layers)} layers{first}"
+        )
     return dataclasses.replace(trace, layers=layers, network=None, dataset=None)
 
 
-def check_replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
-                 element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False,
-                 perplexity_fn: Callable | None = None) -> None:
+def check_replay(
+    trace: Trace,
+    units: Sequence[HardwareConfig],
+    end_to_end: bool = False,
+    element_format: str | None = None,
+    conv_order: str = "kh_kw_c",
+    strict: bool = False,
+    perplexity_fn: Callable | None = None,
+) -> None:
     """Every check :func:`replay` makes before it starts any work; MxsimError for a request
     that cannot be met: no units or two of one name, an unknown conv order, end to end on a
     trace whose network cannot give a metric, a caller's format a unit does not take, and,
@@ -147,12 +189,16 @@ def check_replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool
     network = trace.network
     if end_to_end:
         if network is None or (network.labels is None and network.targets is None):
-            raise MxsimError(f"trace {trace.name!r}: end to end needs a network with labels (accuracy) or targets "
-                             "(perplexity); this trace has "
-                             + ("no network" if network is None else "a network without labels or targets"))
+            raise MxsimError(
+                f"trace {trace.name!r}: end to end needs a network with labels (accuracy) or targets "
+                "(perplexity); this trace has "
+                + ("no network" if network is None else "a network without labels or targets")
+            )
         if network.targets is not None and perplexity_fn is None:
-            raise MxsimError(f"trace {trace.name!r} is a language model: its end to end runs in PyTorch; pass "
-                             "perplexity_fn=mxsim.inloop.network.perplexity")
+            raise MxsimError(
+                f"trace {trace.name!r} is a language model: its end to end runs in PyTorch; pass "
+                "perplexity_fn=mxsim.inloop.network.perplexity"
+            )
     if element_format is not None:  # the caller's format for every operand: one check per unit
         blank = OperandPlan(get_format("bf16"), False, 0, "float", "unquantized")
         for hw in units:
@@ -164,15 +210,25 @@ def check_replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool
             for hw in units:
                 for name in ("input", "weight"):
                     try:
-                        choose_operand(plans[name], name, layer.quant.get(name), hw, None, strict=True)
+                        choose_operand(
+                            plans[name], name, layer.quant.get(name), hw, None, strict=True
+                        )
                     except MxsimError as error:
                         raise MxsimError(f"layer {layer.name!r} on {error}") from None
 
 
-def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = False,
-           progress: bool = False, on_layer: Callable[[LayerResult], None] | None = None,
-           element_format: str | None = None, conv_order: str = "kh_kw_c", strict: bool = False, runner=None,
-           perplexity_fn: Callable[..., float] | None = None) -> dict:
+def replay(
+    trace: Trace,
+    units: Sequence[HardwareConfig],
+    end_to_end: bool = False,
+    progress: bool = False,
+    on_layer: Callable[[LayerResult], None] | None = None,
+    element_format: str | None = None,
+    conv_order: str = "kh_kw_c",
+    strict: bool = False,
+    runner=None,
+    perplexity_fn: Callable[..., float] | None = None,
+) -> dict:
     """Replay every layer of ``trace`` through each unit; totals, the worst layers, pairwise bit
     agreement and, with ``end_to_end``, the task metric with every layer computed by each unit:
     accuracy for a network with labels, perplexity for one with targets. A language model runs
@@ -197,13 +253,24 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     check_replay(trace, units, end_to_end, element_format, conv_order, strict, perplexity_fn)
     runner = runner or InProcess()
     language_model = trace.network is not None and trace.network.targets is not None
-    tasks = [Task(f"layer {layer.name}", replay_layer_on_units, (layer, units, element_format, conv_order, strict,
-                                                                 runner.matmul))
-             for layer in trace.layers]
+    tasks = [
+        Task(
+            f"layer {layer.name}",
+            replay_layer_on_units,
+            (layer, units, element_format, conv_order, strict, runner.matmul),
+        )
+        for layer in trace.layers
+    ]
     if end_to_end and not language_model:
         shared = runner.share(trace)
-        tasks += [Task(f"end to end on {hw.name}", end_to_end_accuracy,
-                       (shared, hw, element_format, runner.matmul, conv_order, strict)) for hw in units]
+        tasks += [
+            Task(
+                f"end to end on {hw.name}",
+                end_to_end_accuracy,
+                (shared, hw, element_format, runner.matmul, conv_order, strict),
+            )
+            for hw in units
+        ]
 
     def layer_done(key, value):
         if on_layer and key.startswith("layer "):
@@ -215,14 +282,21 @@ def replay(trace: Trace, units: Sequence[HardwareConfig], end_to_end: bool = Fal
     try:
         raise_failures("replay", len(tasks), failures)
         if end_to_end and language_model:
-            report["end_to_end"] = {"float_perplexity": perplexity_fn(trace), "perplexity": {
-                hw.name: perplexity_fn(trace, hw, a_format=element_format) for hw in units}}
+            report["end_to_end"] = {
+                "float_perplexity": perplexity_fn(trace),
+                "perplexity": {
+                    hw.name: perplexity_fn(trace, hw, a_format=element_format) for hw in units
+                },
+            }
         elif end_to_end:
-            report["end_to_end"] = {"float_accuracy": accuracy(trace),
-                                    "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units}}
+            report["end_to_end"] = {
+                "float_accuracy": accuracy(trace),
+                "accuracy": {hw.name: done[f"end to end on {hw.name}"] for hw in units},
+            }
     except MxsimError as error:
-        report["failures"] = [{"task": f.key, "error": f.message} for f in failures] or [{"task": "end to end",
-                                                                                        "error": str(error)}]
+        report["failures"] = [{"task": f.key, "error": f.message} for f in failures] or [
+            {"task": "end to end", "error": str(error)}
+        ]
         raise IncompleteResultError(str(error), report) from error
     except Exception as error:
         report["failures"] = [{"task": f.key, "error": f.message} for f in failures]

@@ -39,8 +39,14 @@ from ..formats.reference import decode_reference
 LIBRARY = Path(__file__).with_name("mxsim_rtl_lib.sv")
 EXW = 16  # exponent bus width: every exponent of a covered unit lies within +-2^15
 MAX_K = 4096  # elements per dot product a generated unit may take
-MODES = {"nearest_even": 0, "nearest_away": 1, "toward_zero": 2, "toward_positive": 3, "toward_negative": 4,
-         "nearest_toward_positive": 5}
+MODES = {
+    "nearest_even": 0,
+    "nearest_away": 1,
+    "toward_zero": 2,
+    "toward_positive": 3,
+    "toward_negative": 4,
+    "nearest_toward_positive": 5,
+}
 WINDOW_MODES = {"truncate": 0, "floor": 1, "nearest_even": 2, "sticky": 3}
 IEEE_FORMATS = ("fp32", "fp16", "bf16")  # accumulator, output and c formats the generator builds
 
@@ -52,13 +58,18 @@ def _any(value, params) -> bool:
 def _only(*accepted):
     def accepts(value, params) -> bool:
         return value in accepted
+
     accepts.accepted = accepted
     return accepts
 
 
 def _exact_trees_inside_blocks(value, params) -> bool:
     """An exact tree sums on one grid: its products must share a block scale."""
-    if params.align_fraction_bits is not None or params.scales == "none" or params.grid_fraction_bits is not None:
+    if (
+        params.align_fraction_bits is not None
+        or params.scales == "none"
+        or params.grid_fraction_bits is not None
+    ):
         return True
     return params.trees_in_blocks or (value <= params.block_size and params.block_size % value == 0)
 
@@ -120,18 +131,38 @@ def check_covered(params: DatapathParams, source: str) -> None:
         value = getattr(params, fieldname)
         accepts = COVERED.get(fieldname)
         if accepts is None or not accepts(value, params):
-            shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+            shown = (
+                "null"
+                if value is None
+                else str(value).lower()
+                if isinstance(value, bool)
+                else value
+            )
             accepted = getattr(accepts, "accepted", None)
-            hint = f" (built: {', '.join('null' if v is None else str(v) for v in accepted)})" if accepted else ""
-            raise ConfigError(source, f"{section}.{name}", f"{shown} is not covered by the RTL generator{hint}")
-    for key, operand in (("inputs.a_formats", params.a_format), ("inputs.b_formats", params.b_format)):
+            hint = (
+                f" (built: {', '.join('null' if v is None else str(v) for v in accepted)})"
+                if accepted
+                else ""
+            )
+            raise ConfigError(
+                source, f"{section}.{name}", f"{shown} is not covered by the RTL generator{hint}"
+            )
+    for key, operand in (
+        ("inputs.a_formats", params.a_format),
+        ("inputs.b_formats", params.b_format),
+    ):
         fmt = get_format(operand)
         if fmt.bits > 8:
-            raise ConfigError(source, key, f"element format {fmt.name} ({fmt.bits} bits) is not covered "
-                              "by the RTL generator (elements of at most 8 bits)")
+            raise ConfigError(
+                source,
+                key,
+                f"element format {fmt.name} ({fmt.bits} bits) is not covered "
+                "by the RTL generator (elements of at most 8 bits)",
+            )
 
 
 # --- element decode tables ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ElementDecode:
@@ -157,12 +188,27 @@ def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> Ele
     values = []
     for code in range(1 << fmt.bits):
         value = decode_reference(fmt, code)
-        if isinstance(value, Fraction) and not subnormals and value != 0 and abs(value) < Fraction(fmt.min_normal):
+        if (
+            isinstance(value, Fraction)
+            and not subnormals
+            and value != 0
+            and abs(value) < Fraction(fmt.min_normal)
+        ):
             value = Fraction(0) if value > 0 else -0.0
         values.append(value)
-    finite = [abs(Fraction(v)) for v in values if not (isinstance(v, float) and not math.isfinite(v)) and v != 0]
+    finite = [
+        abs(Fraction(v))
+        for v in values
+        if not (isinstance(v, float) and not math.isfinite(v)) and v != 0
+    ]
     exponents = [max(floor_log2(v), emin) for v in finite]
-    frac = max((Fraction(v / Fraction(2) ** e).denominator.bit_length() - 1 for v, e in zip(finite, exponents)), default=0)
+    frac = max(
+        (
+            Fraction(v / Fraction(2) ** e).denominator.bit_length() - 1
+            for v, e in zip(finite, exponents)
+        ),
+        default=0,
+    )
     rows = []
     for value in values:
         if isinstance(value, float) and math.isnan(value):
@@ -170,7 +216,9 @@ def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> Ele
         elif isinstance(value, float) and math.isinf(value):
             rows.append((0, 1, 0, int(value < 0), 0, 0))
         elif value == 0:
-            negative = isinstance(value, float) and math.copysign(1.0, value) < 0 and not zeros_positive
+            negative = (
+                isinstance(value, float) and math.copysign(1.0, value) < 0 and not zeros_positive
+            )
             rows.append((0, 0, 1, int(negative), 0, 0))
         else:
             magnitude = abs(Fraction(value))
@@ -200,14 +248,22 @@ def _decode_module(name: str, table: ElementDecode) -> str:
         "    case (code)",
     ]
     for code, (nan, inf, zero, sign, exponent, sig) in enumerate(table.rows):
-        lines.append(f"      {w}'d{code}: begin nan = 1'b{nan}; inf = 1'b{inf}; zero = 1'b{zero}; sign = 1'b{sign}; "
-                     f"exp = {_signed(exponent)}; sig = {s}'d{sig}; end")
-    lines += ["      default: begin nan = 1'b0; inf = 1'b0; zero = 1'b1; sign = 1'b0; exp = '0; sig = '0; end",
-              "    endcase", "  end", "endmodule", ""]
+        lines.append(
+            f"      {w}'d{code}: begin nan = 1'b{nan}; inf = 1'b{inf}; zero = 1'b{zero}; sign = 1'b{sign}; "
+            f"exp = {_signed(exponent)}; sig = {s}'d{sig}; end"
+        )
+    lines += [
+        "      default: begin nan = 1'b0; inf = 1'b0; zero = 1'b1; sign = 1'b0; exp = '0; sig = '0; end",
+        "    endcase",
+        "  end",
+        "endmodule",
+        "",
+    ]
     return "\n".join(lines)
 
 
 # --- the unit -----------------------------------------------------------------------------------
+
 
 @dataclass
 class RtlUnit:
@@ -240,7 +296,9 @@ def _balanced_sum(terms: list[str]) -> str:
     if not terms:
         return "'0"
     while len(terms) > 1:
-        terms = [f"({terms[i]} + {terms[i + 1]})" for i in range(0, len(terms) - 1, 2)] + terms[len(terms) // 2 * 2:]
+        terms = [f"({terms[i]} + {terms[i + 1]})" for i in range(0, len(terms) - 1, 2)] + terms[
+            len(terms) // 2 * 2 :
+        ]
     return terms[0]
 
 
@@ -248,8 +306,15 @@ def _bits(n: int) -> int:
     return max(1, n.bit_length())
 
 
-def generate_unit(hw, a_format: str, b_format: str, k: int | None = None, *, name: str | None = None,
-                  pipeline: int = 0) -> RtlUnit:
+def generate_unit(
+    hw,
+    a_format: str,
+    b_format: str,
+    k: int | None = None,
+    *,
+    name: str | None = None,
+    pipeline: int = 0,
+) -> RtlUnit:
     """The RTL of ``hw`` (a loaded config or a YAML path) for one element-format pair.
 
     ``k``: elements per dot product (default: the block size; a multiple of it when the unit
@@ -265,18 +330,26 @@ def generate_unit(hw, a_format: str, b_format: str, k: int | None = None, *, nam
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise ArgumentError(f"rtl: k must be an integer 1..{MAX_K}, got {k!r}")
     if params.scales != "none" and k % params.block_size:
-        raise ArgumentError(f"rtl: k ({k}) must be a multiple of inputs.block_size ({params.block_size})")
+        raise ArgumentError(
+            f"rtl: k ({k}) must be a multiple of inputs.block_size ({params.block_size})"
+        )
     if params.accumulator_format == "exact" and params.scales != "none" and k > params.block_size:
-        raise ConfigError(config.source, "accumulator.format", "exact with more than one block "
-                          f"(k = {k} > block_size {params.block_size}) is not covered by the RTL generator "
-                          "(one block: k <= block_size)")
+        raise ConfigError(
+            config.source,
+            "accumulator.format",
+            "exact with more than one block "
+            f"(k = {k} > block_size {params.block_size}) is not covered by the RTL generator "
+            "(one block: k <= block_size)",
+        )
     if isinstance(pipeline, bool) or not isinstance(pipeline, int) or not 0 <= pipeline <= 8:
         raise ArgumentError(f"rtl: pipeline must be an integer 0..8, got {pipeline!r}")
     if name is None:
         name = f"mxdot_{config.name}_{params.a_format}x{params.b_format}_k{k}"
     name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
     if not name or not (name[0].isalpha() or name[0] == "_") or len(name) > 120:
-        raise ArgumentError(f"rtl: module name {name!r} must start with a letter and be at most 120 characters")
+        raise ArgumentError(
+            f"rtl: module name {name!r} must start with a letter and be at most 120 characters"
+        )
     unit = RtlUnit(name=name, params=params, dot_length=k, pipeline=pipeline)
     body, ports = _Builder(unit, config).build()
     unit.ports = ports
@@ -294,9 +367,9 @@ class _Builder:
         self.da = element_decode(self.p.a_format, self.p.input_subnormals, zeros_positive)
         self.db = element_decode(self.p.b_format, self.p.input_subnormals, zeros_positive)
         self.lines: list[str] = []
-        self.tree_specials: list[str] = []   # per tree: its NaN/Inf flag
-        self.negzero_terms: list[str] = []   # per product: it keeps "every addend is -0" true
-        self.ovf_terms: list[tuple] = []     # (overflow, its sign, trees before it) in order
+        self.tree_specials: list[str] = []  # per tree: its NaN/Inf flag
+        self.negzero_terms: list[str] = []  # per product: it keeps "every addend is -0" true
+        self.ovf_terms: list[tuple] = []  # (overflow, its sign, trees before it) in order
         self.scaled = self.p.scales != "none"
         self.blocks = self.k // self.p.block_size if self.scaled else 0
 
@@ -307,27 +380,69 @@ class _Builder:
         p, u = self.p, self.unit
         wa, wb = self.da.bits, self.db.bits
         out_eb, out_mb = _format_shape(p.output_format)
-        ports = [("a", "input", self.k * wa, f"A element codes ({p.a_format}), element i at [{wa}i+{wa - 1}:{wa}i]"),
-                 ("b", "input", self.k * wb, f"B element codes ({p.b_format}), element i at [{wb}i+{wb - 1}:{wb}i]")]
+        ports = [
+            (
+                "a",
+                "input",
+                self.k * wa,
+                f"A element codes ({p.a_format}), element i at [{wa}i+{wa - 1}:{wa}i]",
+            ),
+            (
+                "b",
+                "input",
+                self.k * wb,
+                f"B element codes ({p.b_format}), element i at [{wb}i+{wb - 1}:{wb}i]",
+            ),
+        ]
         if self.scaled:
-            ports += [("scale_a", "input", 8 * self.blocks, "A E8M0 scale codes, block j at [8j+7:8j]"),
-                      ("scale_b", "input", 8 * self.blocks, "B E8M0 scale codes, block j at [8j+7:8j]")]
-        ports += [("c", "input", 32, f"accumulator input c, FP32 bits (a {p.c_format} value)"),
-                  ("d", "output", 1 + out_eb + out_mb, f"result, {p.output_format} bits")]
+            ports += [
+                ("scale_a", "input", 8 * self.blocks, "A E8M0 scale codes, block j at [8j+7:8j]"),
+                ("scale_b", "input", 8 * self.blocks, "B E8M0 scale codes, block j at [8j+7:8j]"),
+            ]
+        ports += [
+            ("c", "input", 32, f"accumulator input c, FP32 bits (a {p.c_format} value)"),
+            ("d", "output", 1 + out_eb + out_mb, f"result, {p.output_format} bits"),
+        ]
         if u.pipeline:
-            ports.insert(0, ("clk", "input", 1, f"clock of the {u.pipeline} result register stage(s)"))
+            ports.insert(
+                0, ("clk", "input", 1, f"clock of the {u.pipeline} result register stage(s)")
+            )
         dec_a, dec_b = f"{u.name}_decode_a", f"{u.name}_decode_b"
-        text = [f"// {u.name}: generated by mxsim rtl from hardware config '{self.config.name}'",
-                f"// ({self.config.digest[:16]}), A {p.a_format}, B {p.b_format}, K = {self.k}.",
-                "//", "//   d = the unit's dot product c + sum_k a_k * b_k (docs/hwconfig.md), bit for bit as mxsim.dot.",
-                "//", "// Ports:"]
+        text = [
+            f"// {u.name}: generated by mxsim rtl from hardware config '{self.config.name}'",
+            f"// ({self.config.digest[:16]}), A {p.a_format}, B {p.b_format}, K = {self.k}.",
+            "//",
+            "//   d = the unit's dot product c + sum_k a_k * b_k (docs/hwconfig.md), bit for bit as mxsim.dot.",
+            "//",
+            "// Ports:",
+        ]
         text += [f"//   {n:8s} {d:6s} [{w - 1}:0]  {m}" for n, d, w, m in ports]
-        text += ["//", f"// {'Combinational' if not u.pipeline else f'{u.pipeline} register stage(s) on the result'}.",
-                 "// Key values: " + ", ".join(f"{f}={getattr(p, f)}" for f in (
-                     "block_size", "scales", "fused_terms", "accumulator_in_tree", "align_fraction_bits", "below_window",
-                     "carry_bits", "sum_significant_bits", "zero_term_exponent", "grid_fraction_bits",
-                     "accumulator_format", "accumulator_rounding", "output_rounding", "output_zero_sign")),
-                 "", _decode_module(dec_a, self.da)]
+        text += [
+            "//",
+            f"// {'Combinational' if not u.pipeline else f'{u.pipeline} register stage(s) on the result'}.",
+            "// Key values: "
+            + ", ".join(
+                f"{f}={getattr(p, f)}"
+                for f in (
+                    "block_size",
+                    "scales",
+                    "fused_terms",
+                    "accumulator_in_tree",
+                    "align_fraction_bits",
+                    "below_window",
+                    "carry_bits",
+                    "sum_significant_bits",
+                    "zero_term_exponent",
+                    "grid_fraction_bits",
+                    "accumulator_format",
+                    "accumulator_rounding",
+                    "output_rounding",
+                    "output_zero_sign",
+                )
+            ),
+            "",
+            _decode_module(dec_a, self.da),
+        ]
         if self.da != self.db:
             text.append(_decode_module(dec_b, self.db))
         else:
@@ -355,36 +470,54 @@ class _Builder:
         self.ps = sa + sb
         self.pemin, self.pemax = da.emin + db.emin, da.emax + db.emax
         k = self.k
-        self.emit("  // Steps 1-2: decode each element, multiply exactly (value = psig * 2^(pexp - "
-                  f"{self.ft}), pexp with the block's scale exponent).")
+        self.emit(
+            "  // Steps 1-2: decode each element, multiply exactly (value = psig * 2^(pexp - "
+            f"{self.ft}), pexp with the block's scale exponent)."
+        )
         for name, n in (("a", sa), ("b", sb)):
             self.emit(f"  logic [{k - 1}:0] {name}_nan, {name}_inf, {name}_zero, {name}_sign;")
             self.emit(f"  logic signed [{EXW - 1}:0] {name}_exp [{k}];")
             self.emit(f"  logic [{n - 1}:0] {name}_sig [{k}];")
         self.emit(f"  logic [{k - 1}:0] p_nan, p_inf, p_zero, p_sign;")
-        self.emit(f"  logic signed [{EXW - 1}:0] p_exp [{k}];  // alignment exponent, scale included")
+        self.emit(
+            f"  logic signed [{EXW - 1}:0] p_exp [{k}];  // alignment exponent, scale included"
+        )
         self.emit(f"  logic signed [{EXW - 1}:0] p_uexp [{k}];  // without the scale")
         self.emit(f"  logic [{self.ps - 1}:0] p_sig [{k}];")
         if self.scaled:
             nb = self.blocks
-            self.emit(f"  logic signed [{EXW - 1}:0] x_exp [{nb}];  // block scale exponent (Xa-127)+(Xb-127)")
+            self.emit(
+                f"  logic signed [{EXW - 1}:0] x_exp [{nb}];  // block scale exponent (Xa-127)+(Xb-127)"
+            )
             self.emit(f"  logic [{nb - 1}:0] x_nan;")
             self.emit("  always_comb begin")
             self.emit(f"    for (int j = 0; j < {nb}; j++) begin")
-            self.emit(f"      x_exp[j] = {EXW}'($signed({{1'b0, scale_a[8*j +: 8]}})) + {EXW}'($signed({{1'b0, scale_b[8*j +: 8]}})) - {EXW}'sd254;")
-            self.emit("      x_nan[j] = (scale_a[8*j +: 8] == 8'hff) || (scale_b[8*j +: 8] == 8'hff);")
+            self.emit(
+                f"      x_exp[j] = {EXW}'($signed({{1'b0, scale_a[8*j +: 8]}})) + {EXW}'($signed({{1'b0, scale_b[8*j +: 8]}})) - {EXW}'sd254;"
+            )
+            self.emit(
+                "      x_nan[j] = (scale_a[8*j +: 8] == 8'hff) || (scale_b[8*j +: 8] == 8'hff);"
+            )
             self.emit("    end")
             self.emit("  end")
         wa, wb = da.bits, db.bits
         self.emit("  genvar gk;")
         self.emit(f"  for (gk = 0; gk < {k}; gk++) begin : element")
-        self.emit(f"    {dec_a} dec_a (.code(a[{wa}*gk +: {wa}]), .nan(a_nan[gk]), .inf(a_inf[gk]), .zero(a_zero[gk]), "
-                  ".sign(a_sign[gk]), .exp(a_exp[gk]), .sig(a_sig[gk]));")
-        self.emit(f"    {dec_b} dec_b (.code(b[{wb}*gk +: {wb}]), .nan(b_nan[gk]), .inf(b_inf[gk]), .zero(b_zero[gk]), "
-                  ".sign(b_sign[gk]), .exp(b_exp[gk]), .sig(b_sig[gk]));")
+        self.emit(
+            f"    {dec_a} dec_a (.code(a[{wa}*gk +: {wa}]), .nan(a_nan[gk]), .inf(a_inf[gk]), .zero(a_zero[gk]), "
+            ".sign(a_sign[gk]), .exp(a_exp[gk]), .sig(a_sig[gk]));"
+        )
+        self.emit(
+            f"    {dec_b} dec_b (.code(b[{wb}*gk +: {wb}]), .nan(b_nan[gk]), .inf(b_inf[gk]), .zero(b_zero[gk]), "
+            ".sign(b_sign[gk]), .exp(b_exp[gk]), .sig(b_sig[gk]));"
+        )
         scale_nan = f" || x_nan[gk / {p.block_size}]" if self.scaled else ""
-        scale_exp = f" + x_exp[gk / {p.block_size}]" if self.scaled and p.scales == "products" else ""
-        self.emit(f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);")
+        scale_exp = (
+            f" + x_exp[gk / {p.block_size}]" if self.scaled and p.scales == "products" else ""
+        )
+        self.emit(
+            f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);"
+        )
         self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk]);")
         self.emit("    assign p_zero[gk] = !p_nan[gk] && !p_inf[gk] && (a_zero[gk] || b_zero[gk]);")
         self.emit("    assign p_sign[gk] = a_sign[gk] ^ b_sign[gk];")
@@ -396,33 +529,47 @@ class _Builder:
         else:  # multiplier.product_fraction_bits: the significand cut to 1 + n bits toward zero
             self.emit(f"    logic [{self.ps - 1}:0] p_full;")
             self.emit(f"    assign p_full = {exact};")
-            self.emit(f"    mxr_truncate #(.W({self.ps}), .N({p.product_fraction_bits})) cut (.sig(p_full), .out(p_sig[gk]));")
+            self.emit(
+                f"    mxr_truncate #(.W({self.ps}), .N({p.product_fraction_bits})) cut (.sig(p_full), .out(p_sig[gk]));"
+            )
         self.emit("  end")
 
     # step 6's start: c into the accumulator
     def _c_entry(self) -> None:
         p = self.p
-        self.emit("  // c: unpacked; NaN and Inf go to the specials, the finite value enters the accumulator.")
-        self.emit(f"  logic c_nan, c_inf, c_zero, c_sign; logic signed [{EXW - 1}:0] c_exp; logic [23:0] c_sig;")
-        self.emit(f"  mxr_unpack #(.EB(8), .MB(23), .EXW({EXW})) c_unpack (.code(c), .nan(c_nan), .inf(c_inf), .zero(c_zero), "
-                  ".sign(c_sign), .exp(c_exp), .sig(c_sig));")
+        self.emit(
+            "  // c: unpacked; NaN and Inf go to the specials, the finite value enters the accumulator."
+        )
+        self.emit(
+            f"  logic c_nan, c_inf, c_zero, c_sign; logic signed [{EXW - 1}:0] c_exp; logic [23:0] c_sig;"
+        )
+        self.emit(
+            f"  mxr_unpack #(.EB(8), .MB(23), .EXW({EXW})) c_unpack (.code(c), .nan(c_nan), .inf(c_inf), .zero(c_zero), "
+            ".sign(c_sign), .exp(c_exp), .sig(c_sig));"
+        )
         self.emit("  logic c_special; assign c_special = c_nan || c_inf;")
         # a zero c, or a NaN/Inf one, is +0 in the accumulator (exact zero)
         self.emit("  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special;")
         self.emit("  logic [23:0] c_mag; assign c_mag = c_special ? 24'd0 : c_sig;")
         self.emit(f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd23;")
-        self.negative_zero_c = "(c_zero && c_sign" + (")" if p.input_zero_sign == "keep" else " && 1'b0)")
+        self.negative_zero_c = "(c_zero && c_sign" + (
+            ")" if p.input_zero_sign == "keep" else " && 1'b0)"
+        )
         if p.accumulator_format == "exact":
             self.acc_eb = None
             self.emit("  logic c_ovf; assign c_ovf = 1'b0;")
             return
         self.acc_eb, self.acc_mb = _format_shape(p.accumulator_format)
         aw = 1 + self.acc_eb + self.acc_mb
-        self.emit(f"  logic [{aw - 1}:0] acc0;  // the accumulator's first value ({p.accumulator_format} code)")
+        self.emit(
+            f"  logic [{aw - 1}:0] acc0;  // the accumulator's first value ({p.accumulator_format} code)"
+        )
         self.emit("  logic c_ovf;")
         if p.c_entry == "initial" and not p.promotion_interval:
             self.emit(f"  logic [{aw - 1}:0] c_rounded;")
-            self.emit(f"  {self._round_inst('c_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), 'c_rounded', 'c_ovf')}")
+            self.emit(
+                f"  {self._round_inst('c_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), 'c_rounded', 'c_ovf')}"
+            )
             grid_minus = p.grid_fraction_bits is not None and p.input_zero_sign == "keep"
             neg = f"c_zero && c_sign && !c_special ? {{1'b1, {aw - 1}'d0}} : " if grid_minus else ""
             self.emit(f"  assign acc0 = c_ovf ? '0 : {neg}c_rounded;")
@@ -432,28 +579,40 @@ class _Builder:
     def _acc_ovf_inf(self) -> int:
         return int(self.p.accumulator_overflow == "infinity")
 
-    def _round_inst(self, inst, sign, mag, width, lsb, fmt, rounding, subnormals, ovf_inf, code, ovf) -> str:
+    def _round_inst(
+        self, inst, sign, mag, width, lsb, fmt, rounding, subnormals, ovf_inf, code, ovf
+    ) -> str:
         eb, mb = _format_shape(fmt) if isinstance(fmt, str) else fmt
-        return (f"mxr_round #(.W({width}), .EB({eb}), .MB({mb}), .MODE({MODES[rounding]}), .SUBN({int(subnormals)}), "
-                f".OVF_INF({ovf_inf}), .EXW({EXW})) {inst} (.sign({sign}), .mag({mag}), .lsb({lsb}), .code({code}), .ovf({ovf}));")
+        return (
+            f"mxr_round #(.W({width}), .EB({eb}), .MB({mb}), .MODE({MODES[rounding]}), .SUBN({int(subnormals)}), "
+            f".OVF_INF({ovf_inf}), .EXW({EXW})) {inst} (.sign({sign}), .mag({mag}), .lsb({lsb}), .code({code}), .ovf({ovf}));"
+        )
 
     def _acc_unpack(self, prefix: str, acc: str) -> None:
         eb, mb = self.acc_eb, self.acc_mb
-        self.emit(f"  logic {prefix}_nan, {prefix}_inf, {prefix}_zero, {prefix}_sign; logic signed [{EXW - 1}:0] {prefix}_exp; "
-                  f"logic [{mb}:0] {prefix}_sig;")
-        self.emit(f"  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) {prefix}_unpack (.code({acc}), .nan({prefix}_nan), "
-                  f".inf({prefix}_inf), .zero({prefix}_zero), .sign({prefix}_sign), .exp({prefix}_exp), .sig({prefix}_sig));")
+        self.emit(
+            f"  logic {prefix}_nan, {prefix}_inf, {prefix}_zero, {prefix}_sign; logic signed [{EXW - 1}:0] {prefix}_exp; "
+            f"logic [{mb}:0] {prefix}_sig;"
+        )
+        self.emit(
+            f"  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) {prefix}_unpack (.code({acc}), .nan({prefix}_nan), "
+            f".inf({prefix}_inf), .zero({prefix}_zero), .sign({prefix}_sign), .exp({prefix}_exp), .sig({prefix}_sig));"
+        )
 
     # steps 3-6, one tree
     def _tree(self, index: int, positions: list, acc_in: str) -> str:
         p = self.p
         t = f"t{index}"
         ks = [k for k in positions if k is not None]
-        self.emit(f"  // Tree {index}: k = {', '.join('pad' if k is None else str(k) for k in positions)}.")
+        self.emit(
+            f"  // Tree {index}: k = {', '.join('pad' if k is None else str(k) for k in positions)}."
+        )
         spec = " || ".join(f"p_nan[{k}] || p_inf[{k}]" for k in ks) or "1'b0"
         self.emit(f"  logic {t}_special; assign {t}_special = {spec};")
         self.tree_specials.append(f"{t}_special")
-        self.negzero_terms += [f"(p_zero[{k}] && p_sign[{k}]) || p_nan[{k}] || p_inf[{k}]" for k in ks]
+        self.negzero_terms += [
+            f"(p_zero[{k}] && p_sign[{k}]) || p_nan[{k}] || p_inf[{k}]" for k in ks
+        ]
         nz = {k: f"!p_zero[{k}] && !p_nan[{k}] && !p_inf[{k}]" for k in ks}
         exact_acc = p.accumulator_format == "exact"
         if not exact_acc:
@@ -475,13 +634,19 @@ class _Builder:
         """An exact tree's product sum: S * 2^lsb, S two's complement on one fixed-point grid."""
         span = self.pemax - self.pemin
         width = self.ps + span + _bits(max(len(ks), 1)) + 1
-        self.emit(f"  logic signed [{width - 1}:0] {t}_s;  // exact product sum, LSB 2^(pemin - ft + X)")
+        self.emit(
+            f"  logic signed [{width - 1}:0] {t}_s;  // exact product sum, LSB 2^(pemin - ft + X)"
+        )
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_s_lsb;")
         terms = []
         for i, k in enumerate(ks):
-            self.emit(f"  logic signed [{width - 1}:0] {t}_f{i};  // product k = {k} on the grid, signed")
-            self.emit(f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)}))"
-                      f" : {width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)});")
+            self.emit(
+                f"  logic signed [{width - 1}:0] {t}_f{i};  // product k = {k} on the grid, signed"
+            )
+            self.emit(
+                f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)}))"
+                f" : {width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)});"
+            )
             terms.append(f"{t}_f{i}")
         self.emit(f"  assign {t}_s = {_balanced_sum(terms)};")
         x = f" + x_exp[{ks[0] // self.p.block_size}]" if ks and self.scaled else ""
@@ -498,7 +663,9 @@ class _Builder:
         wo = f + 3 + int(sticky) + 1
         width = wo + _bits(max(terms, 1))
         a = f"{t}_a"
-        self.emit(f"  logic signed [{EXW - 1}:0] {t}_r, {t}_wlsb;  // reference R, window LSB R - F")
+        self.emit(
+            f"  logic signed [{EXW - 1}:0] {t}_r, {t}_wlsb;  // reference R, window LSB R - F"
+        )
         self.emit(f"  logic {t}_any, {t}_has_zero;")
         acc_exp = None
         if p.accumulator_in_tree:
@@ -512,8 +679,12 @@ class _Builder:
             else:
                 pw = _bits(self.acc_mb + 1) + 1
                 self.emit(f"  logic [{pw - 1}:0] {t}_acc_top;")
-                self.emit(f"  mxr_msb #(.W({self.acc_mb + 1}), .PW({pw})) {t}_acc_msb (.x({a}_sig), .pos({t}_acc_top));")
-                self.emit(f"  assign {t}_acc_exp = {a}_exp - {EXW}'sd{self.acc_mb} + {EXW}'($signed({{1'b0, {t}_acc_top}}));")
+                self.emit(
+                    f"  mxr_msb #(.W({self.acc_mb + 1}), .PW({pw})) {t}_acc_msb (.x({a}_sig), .pos({t}_acc_top));"
+                )
+                self.emit(
+                    f"  assign {t}_acc_exp = {a}_exp - {EXW}'sd{self.acc_mb} + {EXW}'($signed({{1'b0, {t}_acc_top}}));"
+                )
             acc_exp = f"{t}_acc_exp"
         cands = [(f"({nz[k]})", f"p_exp[{k}]") for k in ks]
         if acc_exp:
@@ -531,25 +702,35 @@ class _Builder:
         self.emit(f"  logic signed [{wo - 1}:0] {t}_al [{terms}];")
         lmax_p = max(0, f - self.ft)
         for i, kk in enumerate(ks):
-            self.emit(f"  mxr_window_term #(.WI({self.ps}), .LMAX({lmax_p}), .WO({wo}), .MODE({WINDOW_MODES[p.below_window]}), "
-                      f".EXW({EXW})) {t}_term{i} (.sign(p_sign[{kk}]), .sig(({nz[kk]}) ? p_sig[{kk}] : {self.ps}'d0), "
-                      f".lsb(p_exp[{kk}] - {EXW}'sd{self.ft}), .wlsb({t}_wlsb), .out({t}_al[{i}]));")
+            self.emit(
+                f"  mxr_window_term #(.WI({self.ps}), .LMAX({lmax_p}), .WO({wo}), .MODE({WINDOW_MODES[p.below_window]}), "
+                f".EXW({EXW})) {t}_term{i} (.sign(p_sign[{kk}]), .sig(({nz[kk]}) ? p_sig[{kk}] : {self.ps}'d0), "
+                f".lsb(p_exp[{kk}] - {EXW}'sd{self.ft}), .wlsb({t}_wlsb), .out({t}_al[{i}]));"
+            )
         if acc_exp:
-            self.emit(f"  mxr_window_term #(.WI({self.acc_mb + 1}), .LMAX({f + self.acc_mb + 1}), .WO({wo}), "
-                      f".MODE({WINDOW_MODES[p.below_window]}), .EXW({EXW})) {t}_term_acc (.sign({a}_sign), .sig({a}_sig), "
-                      f".lsb({a}_exp - {EXW}'sd{self.acc_mb}), .wlsb({t}_wlsb), .out({t}_al[{terms - 1}]));")
+            self.emit(
+                f"  mxr_window_term #(.WI({self.acc_mb + 1}), .LMAX({f + self.acc_mb + 1}), .WO({wo}), "
+                f".MODE({WINDOW_MODES[p.below_window]}), .EXW({EXW})) {t}_term_acc (.sign({a}_sign), .sig({a}_sig), "
+                f".lsb({a}_exp - {EXW}'sd{self.acc_mb}), .wlsb({t}_wlsb), .out({t}_al[{terms - 1}]));"
+            )
         self.emit(f"  logic signed [{width - 1}:0] {t}_total, {t}_sum;")
-        self.emit(f"  assign {t}_total = {_balanced_sum([_sext(f'{t}_al[{i}]', wo, width) for i in range(terms)])};")
+        self.emit(
+            f"  assign {t}_total = {_balanced_sum([_sext(f'{t}_al[{i}]', wo, width) for i in range(terms)])};"
+        )
         total = f"{t}_total"
         if p.carry_bits is not None and 1 + f + 2 + p.carry_bits + int(sticky) < width:
             rw = 1 + f + 2 + p.carry_bits + int(sticky)
             lo, hi = f"-({width}'sd1 <<< {rw - 1})", f"({width}'sd1 <<< {rw - 1}) - {width}'sd1"
             if p.adder_overflow == "saturate":
-                self.emit(f"  assign {t}_sum = ({total} > {hi}) ? {hi} : ({total} < {lo}) ? {lo} : {total};  "
-                          f"// saturates the {rw}-bit register")
+                self.emit(
+                    f"  assign {t}_sum = ({total} > {hi}) ? {hi} : ({total} < {lo}) ? {lo} : {total};  "
+                    f"// saturates the {rw}-bit register"
+                )
             else:
-                self.emit(f"  assign {t}_sum = {{{{{width - rw}{{{total}[{rw - 1}]}}}}, {total}[{rw - 1}:0]}};  "
-                          f"// wraps in the {rw}-bit register")
+                self.emit(
+                    f"  assign {t}_sum = {{{{{width - rw}{{{total}[{rw - 1}]}}}}, {total}[{rw - 1}:0]}};  "
+                    f"// wraps in the {rw}-bit register"
+                )
         else:
             self.emit(f"  assign {t}_sum = {total};")
         lsb = f"{t}_wlsb - {EXW}'sd1" if sticky else f"{t}_wlsb"
@@ -569,7 +750,9 @@ class _Builder:
                 name = f"{prefix}_{depth}_{i // 2}"
                 self.emit(f"  logic {name}_v; logic signed [{EXW - 1}:0] {name};")
                 self.emit(f"  assign {name}_v = {va} || {vb};")
-                self.emit(f"  assign {name} = (({vb}) && (!({va}) || ({xb}) > ({xa}))) ? {xb} : {xa};")
+                self.emit(
+                    f"  assign {name} = (({vb}) && (!({va}) || ({xb}) > ({xa}))) ? {xb} : {xa};"
+                )
                 nxt.append((f"{name}_v", name))
             if len(level) % 2:
                 nxt.append(level[-1])
@@ -584,13 +767,23 @@ class _Builder:
             return s, width, lsb
         mb = n - 1
         self.emit(f"  // sum_significant_bits: rounded to {n} bits ({p.sum_rounding}).")
-        self.emit(f"  logic [{10 + mb}:0] {t}_n_code; logic {t}_n_ovf, {t}_n_nan, {t}_n_inf, {t}_n_zero, {t}_n_sign;")
+        self.emit(
+            f"  logic [{10 + mb}:0] {t}_n_code; logic {t}_n_ovf, {t}_n_nan, {t}_n_inf, {t}_n_zero, {t}_n_sign;"
+        )
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_n_exp; logic [{mb}:0] {t}_n_sig;")
-        self.emit(f"  {self._round_inst(f'{t}_n_round', f'{s}[{width - 1}]', f'{s}[{width - 1}] ? {width}' + chr(39) + f'(-{s}) : {width}' + chr(39) + f'({s})', width, lsb, (10, mb), p.sum_rounding, True, 0, f'{t}_n_code', f'{t}_n_ovf')}")
-        self.emit(f"  mxr_unpack #(.EB(10), .MB({mb}), .EXW({EXW})) {t}_n_unpack (.code({t}_n_code), .nan({t}_n_nan), "
-                  f".inf({t}_n_inf), .zero({t}_n_zero), .sign({t}_n_sign), .exp({t}_n_exp), .sig({t}_n_sig));")
-        self.emit(f"  logic signed [{mb + 1}:0] {t}_n; assign {t}_n = {t}_n_sign ? -({mb + 2}'($unsigned({t}_n_sig))) : {mb + 2}'($unsigned({t}_n_sig));")
-        self.emit(f"  logic signed [{EXW - 1}:0] {t}_n_lsb; assign {t}_n_lsb = {t}_n_exp - {EXW}'sd{mb};")
+        self.emit(
+            f"  {self._round_inst(f'{t}_n_round', f'{s}[{width - 1}]', f'{s}[{width - 1}] ? {width}' + chr(39) + f'(-{s}) : {width}' + chr(39) + f'({s})', width, lsb, (10, mb), p.sum_rounding, True, 0, f'{t}_n_code', f'{t}_n_ovf')}"
+        )
+        self.emit(
+            f"  mxr_unpack #(.EB(10), .MB({mb}), .EXW({EXW})) {t}_n_unpack (.code({t}_n_code), .nan({t}_n_nan), "
+            f".inf({t}_n_inf), .zero({t}_n_zero), .sign({t}_n_sign), .exp({t}_n_exp), .sig({t}_n_sig));"
+        )
+        self.emit(
+            f"  logic signed [{mb + 1}:0] {t}_n; assign {t}_n = {t}_n_sign ? -({mb + 2}'($unsigned({t}_n_sig))) : {mb + 2}'($unsigned({t}_n_sig));"
+        )
+        self.emit(
+            f"  logic signed [{EXW - 1}:0] {t}_n_lsb; assign {t}_n_lsb = {t}_n_exp - {EXW}'sd{mb};"
+        )
         return f"{t}_n", mb + 2, f"{t}_n_lsb"
 
     def _accumulate(self, t: str, x: tuple, in_tree: bool) -> str:
@@ -601,15 +794,21 @@ class _Builder:
         aw = 1 + self.acc_eb + self.acc_mb
         a = f"{t}_a"
         self.emit(f"  logic [{aw - 1}:0] {t}_rounded, {t}_acc; logic {t}_ovf;")
-        common = (f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.accumulator_rounding]}), "
-                  f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})")
+        common = (
+            f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.accumulator_rounding]}), "
+            f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})"
+        )
         if in_tree:
             mag = f"{s}[{width - 1}] ? {width}'(-{s}) : {width}'({s})"
-            self.emit(f"  mxr_round #(.W({width}), {common}) {t}_round (.sign({s}[{width - 1}]), .mag({mag}), .lsb({lsb}), "
-                      f".code({t}_rounded), .ovf({t}_ovf));")
+            self.emit(
+                f"  mxr_round #(.W({width}), {common}) {t}_round (.sign({s}[{width - 1}]), .mag({mag}), .lsb({lsb}), "
+                f".code({t}_rounded), .ovf({t}_ovf));"
+            )
         else:
-            self.emit(f"  mxr_add_round #(.WX({width}), .WY({self.acc_mb + 1}), {common}) {t}_add (.x({s}), .lsb_x({lsb}), "
-                      f".sign_y({a}_sign), .mag_y({a}_sig), .lsb_y({a}_exp - {EXW}'sd{self.acc_mb}), .code({t}_rounded), .ovf({t}_ovf));")
+            self.emit(
+                f"  mxr_add_round #(.WX({width}), .WY({self.acc_mb + 1}), {common}) {t}_add (.x({s}), .lsb_x({lsb}), "
+                f".sign_y({a}_sign), .mag_y({a}_sig), .lsb_y({a}_exp - {EXW}'sd{self.acc_mb}), .code({t}_rounded), .ovf({t}_ovf));"
+            )
         self.emit(f"  assign {t}_acc = {t}_ovf ? '0 : {t}_rounded;")
         self._note_overflow(f"{t}_ovf", f"{t}_rounded[{aw - 1}]", len(self.tree_specials))
         return f"{t}_acc"
@@ -623,10 +822,16 @@ class _Builder:
         aw = 1 + self.acc_eb + self.acc_mb
         x = f"x_exp[{ks[0] // p.block_size}]" if ks and self.scaled else f"{EXW}'sd0"
         emin = 1 - get_format(p.accumulator_format).bias
-        self.emit(f"  logic signed [{EXW - 1}:0] {t}_offset;  // accumulator LSB above the grid's LSB")
-        self.emit(f"  assign {t}_offset = ({a}_zero ? {_signed(emin - 1)} : {a}_exp) - {EXW}'sd{self.acc_mb} - ({x} - {EXW}'sd{p.grid_fraction_bits});")
-        self.emit(f"  logic {t}_pass; assign {t}_pass = ({t}_offset > {EXW}'sd{p.grid_max_left_shift}) || "
-                  f"(({t}_offset < -{EXW}'sd{p.grid_max_right_shift}) && ({s} == '0));")
+        self.emit(
+            f"  logic signed [{EXW - 1}:0] {t}_offset;  // accumulator LSB above the grid's LSB"
+        )
+        self.emit(
+            f"  assign {t}_offset = ({a}_zero ? {_signed(emin - 1)} : {a}_exp) - {EXW}'sd{self.acc_mb} - ({x} - {EXW}'sd{p.grid_fraction_bits});"
+        )
+        self.emit(
+            f"  logic {t}_pass; assign {t}_pass = ({t}_offset > {EXW}'sd{p.grid_max_left_shift}) || "
+            f"(({t}_offset < -{EXW}'sd{p.grid_max_right_shift}) && ({s} == '0));"
+        )
         acc = self._accumulate(t, (s, width, lsb), False)
         self.emit(f"  logic [{aw - 1}:0] {t}_grid; assign {t}_grid = {t}_pass ? {acc_in} : {acc};")
         self.ovf_terms[-1] = (f"({self.ovf_terms[-1][0]} && !{t}_pass)",) + self.ovf_terms[-1][1:]
@@ -637,9 +842,11 @@ class _Builder:
         p = self.p
         ob, om = _format_shape(p.output_format)
         self.emit(f"  logic [{ob + om}:0] {t}_out; logic {t}_ovf;")
-        self.emit(f"  mxr_add_round #(.WX({width}), .WY(24), .EB({ob}), .MB({om}), .MODE({MODES[p.output_rounding]}), "
-                  f".SUBN({int(p.output_subnormals)}), .OVF_INF(0), .EXW({EXW})) {t}_add (.x({s}), .lsb_x({lsb}), "
-                  f".sign_y(c_finite_sign), .mag_y(c_mag), .lsb_y(c_lsb), .code({t}_out), .ovf({t}_ovf));")
+        self.emit(
+            f"  mxr_add_round #(.WX({width}), .WY(24), .EB({ob}), .MB({om}), .MODE({MODES[p.output_rounding]}), "
+            f".SUBN({int(p.output_subnormals)}), .OVF_INF(0), .EXW({EXW})) {t}_add (.x({s}), .lsb_x({lsb}), "
+            f".sign_y(c_finite_sign), .mag_y(c_mag), .lsb_y(c_lsb), .code({t}_out), .ovf({t}_ovf));"
+        )
         return f"{t}_out"
 
     def _note_overflow(self, ovf: str, sign: str, trees_seen: int) -> None:
@@ -651,21 +858,33 @@ class _Builder:
         if p.accumulator_format == "exact" or p.c_entry != "end":
             return acc
         aw = 1 + self.acc_eb + self.acc_mb
-        self.emit("  // c_entry end: c rounded into the accumulator format (nearest even), then added.")
+        self.emit(
+            "  // c_entry end: c rounded into the accumulator format (nearest even), then added."
+        )
         self.emit(f"  logic [{aw - 1}:0] ce_c, ce_sum, ce_acc; logic ce_c_ovf, ce_ovf;")
-        self.emit(f"  {self._round_inst('ce_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, 'nearest_even', p.accumulator_subnormals, self._acc_ovf_inf(), 'ce_c', 'ce_c_ovf')}")
+        self.emit(
+            f"  {self._round_inst('ce_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, 'nearest_even', p.accumulator_subnormals, self._acc_ovf_inf(), 'ce_c', 'ce_c_ovf')}"
+        )
         self._acc_unpack("ce_a", acc)
         self._acc_unpack("ce_cc", "ce_c")
-        common = (f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.c_add_rounding]}), "
-                  f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})")
+        common = (
+            f".EB({self.acc_eb}), .MB({self.acc_mb}), .MODE({MODES[p.c_add_rounding]}), "
+            f".SUBN({int(p.accumulator_subnormals)}), .OVF_INF({self._acc_ovf_inf()}), .EXW({EXW})"
+        )
         w = self.acc_mb + 2
-        self.emit(f"  logic signed [{w - 1}:0] ce_x; assign ce_x = ce_a_sign ? -({w}'($unsigned(ce_a_sig))) : {w}'($unsigned(ce_a_sig));")
-        self.emit(f"  mxr_add_round #(.WX({w}), .WY({self.acc_mb + 1}), {common}) ce_add (.x(ce_x), .lsb_x(ce_a_exp - {EXW}'sd{self.acc_mb}), "
-                  f".sign_y(ce_cc_sign), .mag_y(ce_c_ovf ? {self.acc_mb + 1}'d0 : ce_cc_sig), .lsb_y(ce_cc_exp - {EXW}'sd{self.acc_mb}), "
-                  ".code(ce_sum), .ovf(ce_ovf));")
+        self.emit(
+            f"  logic signed [{w - 1}:0] ce_x; assign ce_x = ce_a_sign ? -({w}'($unsigned(ce_a_sig))) : {w}'($unsigned(ce_a_sig));"
+        )
+        self.emit(
+            f"  mxr_add_round #(.WX({w}), .WY({self.acc_mb + 1}), {common}) ce_add (.x(ce_x), .lsb_x(ce_a_exp - {EXW}'sd{self.acc_mb}), "
+            f".sign_y(ce_cc_sign), .mag_y(ce_c_ovf ? {self.acc_mb + 1}'d0 : ce_cc_sig), .lsb_y(ce_cc_exp - {EXW}'sd{self.acc_mb}), "
+            ".code(ce_sum), .ovf(ce_ovf));"
+        )
         self.emit(f"  assign ce_acc = ce_c_ovf ? {acc} : (ce_ovf ? '0 : ce_sum);")
         self._note_overflow("ce_c_ovf", "ce_c[" + str(aw - 1) + "]", len(self.tree_specials))
-        self._note_overflow("(ce_ovf && !ce_c_ovf)", "ce_sum[" + str(aw - 1) + "]", len(self.tree_specials))
+        self._note_overflow(
+            "(ce_ovf && !ce_c_ovf)", "ce_sum[" + str(aw - 1) + "]", len(self.tree_specials)
+        )
         return "ce_acc"
 
     def _output(self, acc: str) -> None:
@@ -673,18 +892,25 @@ class _Builder:
         p, u = self.p, self.unit
         ob, om = _format_shape(p.output_format)
         ow = 1 + ob + om
-        self.emit("  // Step 7: the accumulator rounded into the output format; specials; the sign of zero.")
+        self.emit(
+            "  // Step 7: the accumulator rounded into the output format; specials; the sign of zero."
+        )
         self.emit(f"  logic [{ow - 1}:0] o_rounded; logic o_ovf;")
         if p.accumulator_format == "exact":
             self.emit(f"  assign o_rounded = {acc}; assign o_ovf = 1'b0;")
         else:
             self._acc_unpack("o_a", acc)
-            self.emit(f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', self.acc_mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{self.acc_mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}")
+            self.emit(
+                f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', self.acc_mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{self.acc_mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}"
+            )
         specials = self.tree_specials
         # the overflow that counts: the first one with no NaN/Inf (c, products) before it
         self.emit("  logic ovf_counts, ovf_sign;")
-        ovfs = ([("c_ovf", "c_rounded[" + str(self.acc_eb + self.acc_mb) + "]", 0)]
-                if p.accumulator_format != "exact" and p.c_entry == "initial" else []) + self.ovf_terms
+        ovfs = (
+            [("c_ovf", "c_rounded[" + str(self.acc_eb + self.acc_mb) + "]", 0)]
+            if p.accumulator_format != "exact" and p.c_entry == "initial"
+            else []
+        ) + self.ovf_terms
         conds = []
         for ovf, sign, seen in ovfs:
             before = " || ".join(["c_special"] + specials[:seen])
@@ -694,17 +920,29 @@ class _Builder:
         nans = ["c_nan", "(|p_nan)"]
         self.emit("  logic any_nan, pos_inf, neg_inf;")
         self.emit(f"  assign any_nan = {' || '.join(nans)};")
-        self.emit("  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);")
-        self.emit("  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);")
+        self.emit(
+            "  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);"
+        )
+        self.emit(
+            "  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);"
+        )
         negzero = [self.negative_zero_c] + self.negzero_terms
         if p.grid_fraction_bits is not None or p.output_zero_sign != "ieee":
             self.emit("  logic all_negative_zero; assign all_negative_zero = 1'b0;")
         else:
-            self.emit("  logic all_negative_zero; assign all_negative_zero = " + " && ".join(f"({z})" for z in negzero) + ";")
+            self.emit(
+                "  logic all_negative_zero; assign all_negative_zero = "
+                + " && ".join(f"({z})" for z in negzero)
+                + ";"
+            )
         self.emit(f"  logic [{ow - 1}:0] result;")
         self.emit("  always_comb begin")
-        self.emit(f"    if (any_nan || (pos_inf && neg_inf)) result = {{1'b0, {{{ob}{{1'b1}}}}, 1'b1, {om - 1}'d0}};")
-        self.emit(f"    else if (pos_inf || neg_inf) result = {{neg_inf, {{{ob}{{1'b1}}}}, {om}'d0}};")
+        self.emit(
+            f"    if (any_nan || (pos_inf && neg_inf)) result = {{1'b0, {{{ob}{{1'b1}}}}, 1'b1, {om - 1}'d0}};"
+        )
+        self.emit(
+            f"    else if (pos_inf || neg_inf) result = {{neg_inf, {{{ob}{{1'b1}}}}, {om}'d0}};"
+        )
         self.emit(f"    else if (o_rounded[{ow - 2}:0] == '0) begin")
         if p.output_zero_sign == "positive":
             self.emit("      result = '0;")

@@ -21,7 +21,10 @@ def is_rtl_output(directory: Path) -> bool:
     """Whether ``directory`` holds an earlier ``mxsim rtl`` output (its manifest)."""
     manifest = directory / MANIFEST
     try:
-        return manifest.is_file() and json.loads(manifest.read_text(encoding="utf-8")).get("tool") == "mxsim rtl"
+        return (
+            manifest.is_file()
+            and json.loads(manifest.read_text(encoding="utf-8")).get("tool") == "mxsim rtl"
+        )
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -36,8 +39,12 @@ def manifest(unit: RtlUnit, area: dict | None = None) -> dict:
         "k": unit.dot_length,
         "pipeline": unit.pipeline,
         "files": sorted(unit.files) + ["tb.sv"] + ([] if unit.pipeline else ["probe_tb.sv"]),
-        "ports": [{"name": n, "direction": d, "bits": w, "meaning": m} for n, d, w, m in unit.ports],
-        "vector_fields": [{"name": n, "lsb": lsb, "bits": bits} for n, lsb, bits in vector_fields(unit)],
+        "ports": [
+            {"name": n, "direction": d, "bits": w, "meaning": m} for n, d, w, m in unit.ports
+        ],
+        "vector_fields": [
+            {"name": n, "lsb": lsb, "bits": bits} for n, lsb, bits in vector_fields(unit)
+        ],
         **({"area": area} if area else {}),
     }
 
@@ -51,5 +58,7 @@ def write_unit(unit: RtlUnit, out_dir, area: dict | None = None) -> Path:
         (staging / "tb.sv").write_text(testbench(unit), encoding="utf-8")
         if not unit.pipeline:
             (staging / "probe_tb.sv").write_text(probe_testbench(unit), encoding="utf-8")
-        (staging / MANIFEST).write_text(json_text(manifest(unit, area), indent=2) + "\n", encoding="utf-8")
+        (staging / MANIFEST).write_text(
+            json_text(manifest(unit, area), indent=2) + "\n", encoding="utf-8"
+        )
     return target

@@ -46,15 +46,22 @@ def testbench(unit: RtlUnit, max_vectors: int = 1 << 20) -> str:
     """The test bench module ``tb`` for ``unit`` (plusargs: +vectors=FILE, +count=N, +show=N)."""
     fields = vector_fields(unit)
     word = sum(-(-bits // 4) * 4 for _, _, bits in fields)
-    declare = "\n".join(f"  logic [{bits - 1}:0] {name};" for name, _, bits in fields if name != "d")
-    slices = "\n".join(f"        {name} = word[{lsb} +: {bits}];" for name, lsb, bits in fields if name != "d")
+    declare = "\n".join(
+        f"  logic [{bits - 1}:0] {name};" for name, _, bits in fields if name != "d"
+    )
+    slices = "\n".join(
+        f"        {name} = word[{lsb} +: {bits}];" for name, lsb, bits in fields if name != "d"
+    )
     d_lsb, d_bits = next((lsb, bits) for name, lsb, bits in fields if name == "d")
     ports = ", ".join(f".{name}({name})" for name, _, _ in fields)
     clock = ""
     if unit.pipeline:
         ports = ".clk(clk), " + ports
         clock = "  logic clk = 1'b0;\n"
-    settle = "".join("        #1 clk = 1'b1; #1 clk = 1'b0;\n" for _ in range(unit.pipeline)) or "        #1;\n"
+    settle = (
+        "".join("        #1 clk = 1'b1; #1 clk = 1'b0;\n" for _ in range(unit.pipeline))
+        or "        #1;\n"
+    )
     return f"""// tb: golden vectors through {unit.name}, every output bit compared.
 `timescale 1ns / 1ps
 module tb;
@@ -111,7 +118,7 @@ module probe_tb;
   {unit.name} dut ({ports});
   initial begin
     forever begin
-      fields = $fscanf(STDIN, "{' '.join(['%h'] * len(names))}", {', '.join(names)});
+      fields = $fscanf(STDIN, "{" ".join(["%h"] * len(names))}", {", ".join(names)});
       if (fields != {len(names)}) $finish;
       #1;
       $display("%h", d);
@@ -128,11 +135,14 @@ def have(simulator: str) -> bool:
     return all(shutil.which(p) for p in programs)
 
 
-def simulate(unit: RtlUnit, vector_files, simulator: str = "iverilog", work_dir=None,
-             timeout: float = 1800) -> dict[str, SimResult]:
+def simulate(
+    unit: RtlUnit, vector_files, simulator: str = "iverilog", work_dir=None, timeout: float = 1800
+) -> dict[str, SimResult]:
     """Compile ``unit`` with its test bench once and run every vector file; {file name: result}."""
     if simulator not in SIMULATORS:
-        raise MxsimError(f"rtl: simulator must be one of {', '.join(SIMULATORS)}, got {simulator!r}")
+        raise MxsimError(
+            f"rtl: simulator must be one of {', '.join(SIMULATORS)}, got {simulator!r}"
+        )
     if not have(simulator):
         raise MxsimError(f"rtl: {simulator} is not installed (apt-get install {simulator})")
     with tempfile.TemporaryDirectory(prefix="mxsim-rtl-", dir=work_dir) as tmp:
@@ -145,22 +155,50 @@ def simulate(unit: RtlUnit, vector_files, simulator: str = "iverilog", work_dir=
         for path in vector_files:
             lines = Path(path).read_text(encoding="ascii").splitlines()
             counts[path] = sum(1 for line in lines if line.strip() and not line.startswith("//"))
-        (root / "tb.sv").write_text(testbench(unit, max(max(counts.values(), default=1), 1)), encoding="utf-8")
+        (root / "tb.sv").write_text(
+            testbench(unit, max(max(counts.values(), default=1), 1)), encoding="utf-8"
+        )
         sources.append(str(root / "tb.sv"))
         if simulator == "iverilog":
             _run(["iverilog", "-g2012", "-o", str(root / "tb.vvp"), *sources], root, timeout)
             command = ["vvp", "-n", str(root / "tb.vvp")]
         else:
             # -O0: the C++ compile dominates a run of a few thousand vectors
-            _run(["verilator", "--binary", "-j", "1", "-CFLAGS", "-O0", "-Wno-fatal", "-Wno-lint", "-Wno-style",
-                  "--top-module", "tb", "-Mdir", str(root / "obj"), "-o", "tb", *sources], root, timeout)
+            _run(
+                [
+                    "verilator",
+                    "--binary",
+                    "-j",
+                    "1",
+                    "-CFLAGS",
+                    "-O0",
+                    "-Wno-fatal",
+                    "-Wno-lint",
+                    "-Wno-style",
+                    "--top-module",
+                    "tb",
+                    "-Mdir",
+                    str(root / "obj"),
+                    "-o",
+                    "tb",
+                    *sources,
+                ],
+                root,
+                timeout,
+            )
             command = [str(root / "obj" / "tb")]
         results = {}
         for path in vector_files:
-            output = _run(command + [f"+vectors={Path(path).resolve()}", f"+count={counts[path]}"], root, timeout)
+            output = _run(
+                command + [f"+vectors={Path(path).resolve()}", f"+count={counts[path]}"],
+                root,
+                timeout,
+            )
             match = _RESULT.search(output)
             if match is None:
-                raise MxsimError(f"rtl: {simulator} printed no result for {path}:\n{output[-2000:]}")
+                raise MxsimError(
+                    f"rtl: {simulator} printed no result for {path}:\n{output[-2000:]}"
+                )
             failures = tuple(line for line in output.splitlines() if line.startswith("FAIL"))
             results[Path(path).name] = SimResult(int(match.group(1)), int(match.group(2)), failures)
         return results
@@ -169,5 +207,7 @@ def simulate(unit: RtlUnit, vector_files, simulator: str = "iverilog", work_dir=
 def _run(command: list[str], cwd: Path, timeout: float) -> str:
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        raise MxsimError(f"rtl: {command[0]} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        raise MxsimError(
+            f"rtl: {command[0]} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}"
+        )
     return done.stdout + done.stderr

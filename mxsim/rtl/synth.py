@@ -41,7 +41,9 @@ from .generate import RtlUnit
 
 CACHE_ENV = "MXSIM_SYNTH_CACHE"
 _CELLS = re.compile(r"Number of cells:\s+(\d+)")
-_TRANSISTORS = re.compile(r"Estimated number of transistors:\s+(\d+\+?)")  # "+": cells it cannot count
+_TRANSISTORS = re.compile(
+    r"Estimated number of transistors:\s+(\d+\+?)"
+)  # "+": cells it cannot count
 _LTP = re.compile(r"Longest topological path in \S+ \(length=(\d+)\)")
 
 
@@ -65,12 +67,14 @@ ABC_SCRIPT = "+strash;&get,-n;&fraig,-x,-C,100;&put;dc2;map"
 
 def script(unit: RtlUnit) -> str:
     """The Yosys script that measures ``unit`` (module docstring)."""
-    return (f"read_verilog -sv {' '.join(unit.files)}\n"
-            f"synth -top {unit.name} -flatten -noshare -noabc\n"
-            f"abc -g cmos2 -script {ABC_SCRIPT}\n"
-            "opt_clean\n"
-            "stat -tech cmos\n"
-            "ltp -noff\n")
+    return (
+        f"read_verilog -sv {' '.join(unit.files)}\n"
+        f"synth -top {unit.name} -flatten -noshare -noabc\n"
+        f"abc -g cmos2 -script {ABC_SCRIPT}\n"
+        "opt_clean\n"
+        "stat -tech cmos\n"
+        "ltp -noff\n"
+    )
 
 
 def cache_dir() -> Path:
@@ -122,22 +126,42 @@ def run_yosys(unit: RtlUnit, text: str, timeout: float = 3600) -> SynthResult:
         (root / "synth.ys").write_text(text, encoding="utf-8")
         start, cpu_start = time.perf_counter(), _children_cpu()
         try:
-            done = subprocess.run(["yosys", "-q", "-l", "synth.log", "-s", "synth.ys"], cwd=root, capture_output=True,
-                                  text=True, timeout=timeout)
+            done = subprocess.run(
+                ["yosys", "-q", "-l", "synth.log", "-s", "synth.ys"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             raise MxsimError(f"rtl: yosys took more than {timeout:.0f} s on {unit.name}") from None
         seconds, cpu_seconds = time.perf_counter() - start, _children_cpu() - cpu_start
-        log = (root / "synth.log").read_text(encoding="utf-8") if (root / "synth.log").is_file() else ""
+        log = (
+            (root / "synth.log").read_text(encoding="utf-8")
+            if (root / "synth.log").is_file()
+            else ""
+        )
         if done.returncode != 0:
-            raise MxsimError(f"rtl: yosys failed on {unit.name} (exit {done.returncode}): "
-                             f"{(done.stderr or log)[-1500:]}")
+            raise MxsimError(
+                f"rtl: yosys failed on {unit.name} (exit {done.returncode}): "
+                f"{(done.stderr or log)[-1500:]}"
+            )
     found = [pattern.findall(log) for pattern in (_CELLS, _TRANSISTORS, _LTP)]
     if not all(found):
-        raise MxsimError(f"rtl: yosys printed no cell count, transistor estimate or path length for {unit.name}")
+        raise MxsimError(
+            f"rtl: yosys printed no cell count, transistor estimate or path length for {unit.name}"
+        )
     if found[1][-1].endswith("+"):
-        raise MxsimError(f"rtl: yosys left cells outside the CMOS gate set in {unit.name}: no transistor count")
-    return SynthResult(int(found[0][-1]), int(found[1][-1]), int(found[2][-1]), round(seconds, 2),
-                       round(cpu_seconds, 2))
+        raise MxsimError(
+            f"rtl: yosys left cells outside the CMOS gate set in {unit.name}: no transistor count"
+        )
+    return SynthResult(
+        int(found[0][-1]),
+        int(found[1][-1]),
+        int(found[2][-1]),
+        round(seconds, 2),
+        round(cpu_seconds, 2),
+    )
 
 
 def _children_cpu() -> float:

@@ -50,18 +50,30 @@ def hardware_cost(config: HardwareConfig) -> dict[str, int]:
     a, b = get_format(params.a_format), get_format(params.b_format)
     product_range = (_top(a) + _top(b) + 2) - (_lsb(a) + _lsb(b))
     sticky = params.below_window == "sticky"
-    window = product_range if params.align_fraction_bits is None else params.align_fraction_bits + 2 + sticky
+    window = (
+        product_range
+        if params.align_fraction_bits is None
+        else params.align_fraction_bits + 2 + sticky
+    )
     if params.carry_bits is not None:
         adder = adder_width_bits(params)
     else:
         terms = params.fused_terms + params.accumulator_in_tree
         adder = 1 + window + math.ceil(math.log2(terms))
     if params.accumulator_format == "exact":
-        accumulator = product_range + (0 if params.scales == "none" else SCALE_SPAN_BITS) + KULISCH_GUARD_BITS
+        accumulator = (
+            product_range + (0 if params.scales == "none" else SCALE_SPAN_BITS) + KULISCH_GUARD_BITS
+        )
     else:
         accumulator = get_format(params.accumulator_format).bits
     if params.promotion_interval is not None:
         accumulator += 32
     tree = params.fused_terms * adder
-    return {"product_range_bits": product_range, "window_bits": window, "adder_width_bits": adder,
-            "tree_bits": tree, "accumulator_bits": accumulator, "cost_bits": tree + accumulator}
+    return {
+        "product_range_bits": product_range,
+        "window_bits": window,
+        "adder_width_bits": adder,
+        "tree_bits": tree,
+        "accumulator_bits": accumulator,
+        "cost_bits": tree + accumulator,
+    }

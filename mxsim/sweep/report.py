@@ -21,9 +21,23 @@ from ..fileio import check_output_directory, staged_directory, write_atomic
 from .grid import point_label
 from .run import is_sweep_output, to_json
 
-METRICS = ("worst_layer_sqnr_vs_ideal_db", "max_rel_rms_error_vs_ideal", "max_error_vs_ideal_ulps",
-           "worst_layer_sqnr_vs_float_db", "max_abs_error_vs_float", "accuracy", "float_accuracy")
-COST_TERMS = ("cost_bits", "tree_bits", "adder_width_bits", "window_bits", "accumulator_bits", "product_range_bits")
+METRICS = (
+    "worst_layer_sqnr_vs_ideal_db",
+    "max_rel_rms_error_vs_ideal",
+    "max_error_vs_ideal_ulps",
+    "worst_layer_sqnr_vs_float_db",
+    "max_abs_error_vs_float",
+    "accuracy",
+    "float_accuracy",
+)
+COST_TERMS = (
+    "cost_bits",
+    "tree_bits",
+    "adder_width_bits",
+    "window_bits",
+    "accumulator_bits",
+    "product_range_bits",
+)
 
 
 def _cell(value) -> str:
@@ -37,19 +51,30 @@ def _cell(value) -> str:
 def format_table(summary: dict) -> str:
     """One line per point: knob values, cost, errors vs ideal and float, accuracy, Pareto mark."""
     paths = [knob["key_path"] for knob in summary["knobs"]]
-    accuracy = any(r.get("result") and r["result"]["metrics"]["accuracy"] is not None for r in summary["points"])
+    accuracy = any(
+        r.get("result") and r["result"]["metrics"]["accuracy"] is not None
+        for r in summary["points"]
+    )
     area = "pareto_area" in summary
-    header = ([*paths, "cost bits"] + (["area (transistors)", "depth"] if area else [])
-              + ["SQNR/ideal dB", "rel RMS/ideal", "SQNR/float dB"] + (["accuracy"] if accuracy else []) + ["pareto"]
-              + (["pareto/area"] if area else []))
+    header = (
+        [*paths, "cost bits"]
+        + (["area (transistors)", "depth"] if area else [])
+        + ["SQNR/ideal dB", "rel RMS/ideal", "SQNR/float dB"]
+        + (["accuracy"] if accuracy else [])
+        + ["pareto"]
+        + (["pareto/area"] if area else [])
+    )
     rows = []
     for index, record in enumerate(summary["points"]):
         row = [_cell(record["point"][path]) for path in paths] + [str(record["cost"]["cost_bits"])]
         row += [str(record["area"]["transistors"]), str(record["area"]["depth"])] if area else []
         if record.get("result"):
             m = record["result"]["metrics"]
-            row += [f"{m['worst_layer_sqnr_vs_ideal_db']:.2f}", f"{m['max_rel_rms_error_vs_ideal']:.3g}",
-                    f"{m['worst_layer_sqnr_vs_float_db']:.2f}"]
+            row += [
+                f"{m['worst_layer_sqnr_vs_ideal_db']:.2f}",
+                f"{m['max_rel_rms_error_vs_ideal']:.3g}",
+                f"{m['worst_layer_sqnr_vs_float_db']:.2f}",
+            ]
             row += [f"{100 * m['accuracy']:.2f}%"] if accuracy else []
             row.append("*" if index in summary["pareto"] else "")
             row += ["*" if index in summary["pareto_area"] else ""] if area else []
@@ -58,13 +83,18 @@ def format_table(summary: dict) -> str:
         rows.append(row)
     complete = [row for row in rows if len(row) == len(header)]
     widths = [max(len(cell) for cell in column) for column in zip(header, *complete)]
-    lines = [f"sweep of {summary['base']} on trace {summary['trace']}: {len(rows)} points "
-             f"({summary['resumed']} resumed, {summary['failed']} failed)",
-             "  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines = [
+        f"sweep of {summary['base']} on trace {summary['trace']}: {len(rows)} points "
+        f"({summary['resumed']} resumed, {summary['failed']} failed)",
+        "  ".join(h.rjust(w) for h, w in zip(header, widths)),
+    ]
     lines.append("-" * len(lines[-1]))
     for row in rows:  # a failed point's message runs past the metric columns
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) if len(row) == len(header)
-                     else "  ".join([*(c.rjust(w) for c, w in zip(row[:-1], widths)), row[-1]]))
+        lines.append(
+            "  ".join(cell.rjust(w) for cell, w in zip(row, widths))
+            if len(row) == len(header)
+            else "  ".join([*(c.rjust(w) for c, w in zip(row[:-1], widths)), row[-1]])
+        )
     if accuracy:
         first = next(r for r in summary["points"] if r.get("result"))
         lines.append(f"float accuracy {100 * first['result']['metrics']['float_accuracy']:.2f}%")
@@ -76,16 +106,32 @@ def csv_text(summary: dict) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     area = "pareto_area" in summary
-    writer.writerow(["point", *paths, *COST_TERMS, *METRICS, "bits_sha256", "pareto", "error"]
-                    + (["area_cells", "area_transistors", "depth", "pareto_area"] if area else []))
+    writer.writerow(
+        ["point", *paths, *COST_TERMS, *METRICS, "bits_sha256", "pareto", "error"]
+        + (["area_cells", "area_transistors", "depth", "pareto_area"] if area else [])
+    )
     for index, record in enumerate(summary["points"]):
         result = record.get("result")
         metrics = [_cell(result["metrics"][m]) for m in METRICS] if result else [""] * len(METRICS)
-        writer.writerow([point_label(record["point"]), *(_cell(record["point"][p]) for p in paths),
-                         *(record["cost"][t] for t in COST_TERMS), *metrics, result["bits_sha256"] if result else "",
-                         int(index in summary["pareto"]), record.get("error", "")]
-                        + ([*(record["area"][t] for t in ("cells", "transistors", "depth")),
-                            int(index in summary["pareto_area"])] if area else []))
+        writer.writerow(
+            [
+                point_label(record["point"]),
+                *(_cell(record["point"][p]) for p in paths),
+                *(record["cost"][t] for t in COST_TERMS),
+                *metrics,
+                result["bits_sha256"] if result else "",
+                int(index in summary["pareto"]),
+                record.get("error", ""),
+            ]
+            + (
+                [
+                    *(record["area"][t] for t in ("cells", "transistors", "depth")),
+                    int(index in summary["pareto_area"]),
+                ]
+                if area
+                else []
+            )
+        )
     return buffer.getvalue()
 
 
@@ -108,7 +154,9 @@ def write_outputs(summary: dict, out: str | Path, plots: bool = False) -> list[s
         for name, text in (("sweep.json", to_json(summary)), ("sweep.csv", csv_text(summary))):
             write_atomic(staging / name, text)
         if plots:
-            names += [str(Path(path).relative_to(staging)) for path in write_plots(summary, staging)]
+            names += [
+                str(Path(path).relative_to(staging)) for path in write_plots(summary, staging)
+            ]
     return [str(out / name) for name in names]
 
 
@@ -138,7 +186,9 @@ def _finite_sqnr(values: list[float]) -> tuple[list[float], float | None]:
     """SQNRs with +inf (exact outputs) drawn 10 dB above the largest finite one."""
     finite = [v for v in values if math.isfinite(v)]
     ceiling = (max(finite) if finite else 0.0) + 10.0
-    return [v if math.isfinite(v) else ceiling for v in values], ceiling if len(finite) < len(values) else None
+    return [v if math.isfinite(v) else ceiling for v in values], ceiling if len(finite) < len(
+        values
+    ) else None
 
 
 def write_plots(summary: dict, out: str | Path) -> list[str]:
@@ -154,7 +204,9 @@ def write_plots(summary: dict, out: str | Path) -> list[str]:
     done = [r for r in summary["points"] if r.get("result")]
     if not done:
         return []
-    sqnr, exact_at = _finite_sqnr([r["result"]["metrics"]["worst_layer_sqnr_vs_ideal_db"] for r in done])
+    sqnr, exact_at = _finite_sqnr(
+        [r["result"]["metrics"]["worst_layer_sqnr_vs_ideal_db"] for r in done]
+    )
     accuracy = [r["result"]["metrics"]["accuracy"] for r in done]
     paths = [knob["key_path"] for knob in summary["knobs"]]
     written = []
@@ -175,7 +227,9 @@ def write_plots(summary: dict, out: str | Path) -> list[str]:
             if panels == 2:
                 axes[0][1].plot(x, [100 * i[2] for i in items], marker="o", label=label)
         for axis, ylabel in zip(axes[0], ["worst-layer SQNR vs ideal MX (dB)", "accuracy (%)"]):
-            axis.set_xticks(range(len(positions)), list(positions), rotation=45 if len(positions) > 12 else 0)
+            axis.set_xticks(
+                range(len(positions)), list(positions), rotation=45 if len(positions) > 12 else 0
+            )
             axis.set_xlabel(path)
             axis.set_ylabel(ylabel)
             axis.grid(alpha=0.3)
@@ -189,15 +243,23 @@ def write_plots(summary: dict, out: str | Path) -> list[str]:
         plt.close(figure)
     fronts = [("pareto", "cost_bits", "cost proxy (bits, docs/sweep.md)", "cost")]
     if "pareto_area" in summary:
-        fronts.append(("pareto_area", "transistors", "area (transistors after Yosys, docs/area.md)", "area"))
+        fronts.append(
+            ("pareto_area", "transistors", "area (transistors after Yosys, docs/area.md)", "area")
+        )
     index_of = {id(r): i for i, r in enumerate(done)}
     for key, term, xlabel, name in fronts:
         figure, axis = plt.subplots(figsize=(6, 4))
         cost = [r["cost"][term] if key == "pareto" else r["area"][term] for r in done]
         axis.scatter(cost, sqnr, color="tab:gray", label="points")
         front = [index_of[id(summary["points"][i])] for i in summary[key]]
-        axis.step([cost[i] for i in front], [sqnr[i] for i in front], where="post", color="tab:red", marker="o",
-                  label="Pareto front")
+        axis.step(
+            [cost[i] for i in front],
+            [sqnr[i] for i in front],
+            where="post",
+            color="tab:red",
+            marker="o",
+            label="Pareto front",
+        )
         axis.set_xlabel(xlabel)
         axis.set_ylabel("worst-layer SQNR vs ideal MX (dB)")
         axis.set_title(f"{summary['base']} on {summary['trace']}: error vs {name}")

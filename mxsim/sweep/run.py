@@ -50,7 +50,9 @@ def trace_digest(trace: Trace) -> str:
 
     add(trace.name)
     for layer in trace.layers:
-        add(f"{layer.name} {layer.op} {json.dumps(layer.attrs, sort_keys=True, default=str)} {layer.quant!r}")
+        add(
+            f"{layer.name} {layer.op} {json.dumps(layer.attrs, sort_keys=True, default=str)} {layer.quant!r}"
+        )
         for name in sorted(layer.tensors):
             if layer.tensors[name] is not None:
                 add_array(name, layer.tensors[name])
@@ -62,18 +64,31 @@ def trace_digest(trace: Trace) -> str:
 
 def resolved_config(config: HardwareConfig) -> dict:
     """Every value the unit runs with, as plain data (the name and description excluded)."""
+
     def plain(values: dict) -> dict:
         return {f"{section}.{key}": value for (section, key), value in sorted(values.items())}
 
-    return {"sections": plain(config.sections),
-            "overrides": [[dict(sorted(selectors.items())), plain(changes)] for selectors, changes in config.overrides],
-            "array": None if config.array is None else dataclasses.asdict(config.array)}
+    return {
+        "sections": plain(config.sections),
+        "overrides": [
+            [dict(sorted(selectors.items())), plain(changes)]
+            for selectors, changes in config.overrides
+        ],
+        "array": None if config.array is None else dataclasses.asdict(config.array),
+    }
 
 
 def point_key(config: HardwareConfig, digest_of_trace: str, element_format: str | None) -> str:
-    payload = {"point_format": POINT_FORMAT, "mxsim": __version__, "trace": digest_of_trace,
-               "element_format": element_format, "config": resolved_config(config)}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[:24]
+    payload = {
+        "point_format": POINT_FORMAT,
+        "mxsim": __version__,
+        "trace": digest_of_trace,
+        "element_format": element_format,
+        "config": resolved_config(config),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=list).encode()).hexdigest()[
+        :24
+    ]
 
 
 def has_labels(trace: Trace) -> bool:
@@ -102,7 +117,8 @@ def point_metrics(report: dict) -> dict:
         "max_error_vs_ideal_ulps": max(r.max_error_vs_ideal_ulps for r in results),
         "worst_layer_sqnr_vs_float_db": totals["worst_layer_sqnr_vs_float_db"],
         "max_abs_error_vs_float": totals["max_abs_error_vs_float"],
-        "accuracy": None, "float_accuracy": None,
+        "accuracy": None,
+        "float_accuracy": None,
     }
     if report["end_to_end"]:
         metrics["accuracy"] = report["end_to_end"]["accuracy"][name]
@@ -128,7 +144,9 @@ def to_json(data: Any) -> str:
 
 
 def _is_metric(key: str) -> bool:
-    return key.endswith(("_db", "_ulps", "_rms", "_fraction", "accuracy")) or key.startswith(("max_", "mean_", "rel_"))
+    return key.endswith(("_db", "_ulps", "_rms", "_fraction", "accuracy")) or key.startswith(
+        ("max_", "mean_", "rel_")
+    )
 
 
 def _restore_floats(value, key: str = ""):
@@ -178,8 +196,11 @@ def pareto_front(records: list[dict], cost=cost_bits) -> list[int]:
     """Indexes of the finished points no other point beats on both cost (fewer bits of the
     proxy, or ``cost(record)``) and error (higher worst-layer SQNR vs ideal): the Pareto
     front, cheapest first."""
-    finished = [(cost(r), -r["result"]["metrics"]["worst_layer_sqnr_vs_ideal_db"], i)
-                for i, r in enumerate(records) if r.get("result")]
+    finished = [
+        (cost(r), -r["result"]["metrics"]["worst_layer_sqnr_vs_ideal_db"], i)
+        for i, r in enumerate(records)
+        if r.get("result")
+    ]
     front = []
     best = math.inf
     for cost, error, index in sorted(finished):
@@ -189,9 +210,18 @@ def pareto_front(records: list[dict], cost=cost_bits) -> list[int]:
     return front
 
 
-def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | Path, runner=None,
-              element_format: str | None = None, progress: bool = False, area: bool = False,
-              area_k: int | None = None, report=None) -> dict:
+def run_sweep(
+    trace: Trace,
+    base: HardwareConfig,
+    knobs: list[Knob],
+    out: str | Path,
+    runner=None,
+    element_format: str | None = None,
+    progress: bool = False,
+    area: bool = False,
+    area_k: int | None = None,
+    report=None,
+) -> dict:
     """Run (or resume) the sweep of ``base`` over ``knobs`` on ``trace``, storing each finished
     point under ``out/points``; the summary lists every point in grid order with its values,
     cost, metrics (or error), whether it was resumed, and the Pareto front. With ``area``,
@@ -199,9 +229,16 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
     gets its progress lines): ``area`` in each record and ``pareto_area``, the front against
     transistors."""
     points = grid_configs(base, knobs)  # validates everything before any work
-    for _, config in points:  # what replay would refuse at every point (a format a unit does not take) is refused now
+    for (
+        _,
+        config,
+    ) in (
+        points
+    ):  # what replay would refuse at every point (a format a unit does not take) is refused now
         check_replay(trace, [config], end_to_end=has_labels(trace), element_format=element_format)
-    units = plan_units(points, element_format, area_k) if area else None  # every point's RTL, before any replay
+    units = (
+        plan_units(points, element_format, area_k) if area else None
+    )  # every point's RTL, before any replay
     out = check_output_directory(out, is_sweep_output, "sweep: out")
     store = out / "points"
     store.mkdir(parents=True, exist_ok=True)
@@ -213,7 +250,13 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
         if stored is not None:
             records.append(dict(stored, resumed=True))
             continue
-        record = {"key": key, "point": point, "hw": config.name, "cost": hardware_cost(config), "result": None}
+        record = {
+            "key": key,
+            "point": point,
+            "hw": config.name,
+            "cost": hardware_cost(config),
+            "result": None,
+        }
         records.append(record)
         todo[point_label(point)] = (record, config)
     runner = runner or InProcess()
@@ -224,19 +267,28 @@ def run_sweep(trace: Trace, base: HardwareConfig, knobs: list[Knob], out: str | 
         record["result"] = result
         write_atomic(store / f"{record['key']}.json", to_json(record))
 
-    tasks = [Task(label, replay_point, (shared, config, element_format)) for label, (_, config) in todo.items()]
+    tasks = [
+        Task(label, replay_point, (shared, config, element_format))
+        for label, (_, config) in todo.items()
+    ]
     _, failures = runner.run(tasks, on_result=store_point, progress=progress, unit="point")
     for failure in failures:
         todo[failure.key][0]["error"] = failure.message
         todo[failure.key][0]["traceback"] = failure.traceback
     for record in records:
         record.setdefault("resumed", False)
-    summary = {"trace": trace.name, "base": base.name, "base_digest": base.digest, "element_format": element_format,
-               "knobs": [{"key_path": k.key_path, "values": list(k.values)} for k in knobs],
-               "points": records, "pareto": pareto_front(records), "failed": len(failures),
-               "resumed": sum(r["resumed"] for r in records)}
+    summary = {
+        "trace": trace.name,
+        "base": base.name,
+        "base_digest": base.digest,
+        "element_format": element_format,
+        "knobs": [{"key_path": k.key_path, "values": list(k.values)} for k in knobs],
+        "points": records,
+        "pareto": pareto_front(records),
+        "failed": len(failures),
+        "resumed": sum(r["resumed"] for r in records),
+    }
     if units is not None:
         add_area(records, units, report)
         summary["pareto_area"] = pareto_front(records, area_transistors)
     return summary
-

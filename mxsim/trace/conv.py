@@ -35,7 +35,9 @@ def _pair(value, name: str) -> tuple[int, int]:
     try:
         first, second = value
     except (TypeError, ValueError):
-        raise MxsimError(f"conv2d: {name} must be an int or a pair of ints, got {value!r}") from None
+        raise MxsimError(
+            f"conv2d: {name} must be an int or a pair of ints, got {value!r}"
+        ) from None
     for item in (first, second):
         if not is_integer(item):
             raise MxsimError(f"conv2d: {name} must hold ints, got {value!r}")
@@ -68,7 +70,16 @@ def normalize_padding(padding) -> tuple[tuple[int, int], tuple[int, int]]:
     return result
 
 
-_SIZES = ("batch", "in_channels", "height", "width", "out_channels", "kernel_height", "kernel_width", "groups")
+_SIZES = (
+    "batch",
+    "in_channels",
+    "height",
+    "width",
+    "out_channels",
+    "kernel_height",
+    "kernel_width",
+    "groups",
+)
 
 
 def _check_groups(groups, op: str) -> int:
@@ -106,7 +117,8 @@ class _Grouped:
         if self.in_channels % self.groups or self.out_channels % self.groups:
             raise MxsimError(
                 f"{self._OP}: groups {self.groups} must divide in_channels {self.in_channels} "
-                f"and out_channels {self.out_channels}")
+                f"and out_channels {self.out_channels}"
+            )
 
     @property
     def channels_per_group(self) -> int:
@@ -137,26 +149,31 @@ class Conv2dGeometry(_Grouped):
     def __post_init__(self):
         self._check_common()
         if min(self.stride) < 1 or min(self.dilation) < 1:
-            raise MxsimError(f"conv2d: stride and dilation must be >= 1, got {self.stride}, {self.dilation}")
+            raise MxsimError(
+                f"conv2d: stride and dilation must be >= 1, got {self.stride}, {self.dilation}"
+            )
         if self.out_height < 1 or self.out_width < 1:
             raise MxsimError(
                 f"conv2d: the dilated kernel ({self.kernel_height}x{self.kernel_width}, dilation "
                 f"{self.dilation}) does not fit the padded input ({self.height}x{self.width}, "
-                f"padding {self.padding})")
+                f"padding {self.padding})"
+            )
 
     @classmethod
     def from_shapes(cls, input_shape, weight_shape, stride=1, padding=0, dilation=1, groups=1):
         """Geometry from an input (N, C, H, W) and a weight (O, C/groups, kh, kw) shape."""
         if len(input_shape) != 4 or len(weight_shape) != 4:
             raise MxsimError(
-                f"conv2d: input and weight must be 4-d, got {tuple(input_shape)} and {tuple(weight_shape)}")
+                f"conv2d: input and weight must be 4-d, got {tuple(input_shape)} and {tuple(weight_shape)}"
+            )
         n, c, h, w = (int(v) for v in input_shape)
         o, cg, kh, kw = (int(v) for v in weight_shape)
         groups = _check_groups(groups, "conv2d")
         if cg * groups != c:
             raise MxsimError(
                 f"conv2d: weight has {cg} input channels per group x {groups} groups, "
-                f"but the input has {c} channels")
+                f"but the input has {c} channels"
+            )
         return cls(n, c, h, w, o, kh, kw, stride, padding, dilation, groups)
 
     @property
@@ -214,7 +231,11 @@ def im2col(x: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
         for j in range(gm.kernel_width):
             row0, col0 = i * dh, j * dw
             # (N, C, Ho, Wo): the input pixel this tap reads for every output pixel
-            taps.append(padded[:, :, row0:row0 + sh * (ho - 1) + 1:sh, col0:col0 + sw * (wo - 1) + 1:sw])
+            taps.append(
+                padded[
+                    :, :, row0 : row0 + sh * (ho - 1) + 1 : sh, col0 : col0 + sw * (wo - 1) + 1 : sw
+                ]
+            )
     stacked = np.stack(taps, axis=0)  # (T, N, C, Ho, Wo)
     t = len(taps)
     cg = gm.channels_per_group
@@ -232,8 +253,12 @@ def weight_matrix(w: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
     """
     gm = geometry
     _check_array(w, gm.weight_shape, "weight")
-    per_group = w.reshape(gm.groups, gm.filters_per_group, gm.channels_per_group, gm.kernel_height, gm.kernel_width)
-    return np.ascontiguousarray(per_group.transpose(0, 1, 3, 4, 2)).reshape(gm.groups, gm.filters_per_group, gm.gemm_k)
+    per_group = w.reshape(
+        gm.groups, gm.filters_per_group, gm.channels_per_group, gm.kernel_height, gm.kernel_width
+    )
+    return np.ascontiguousarray(per_group.transpose(0, 1, 3, 4, 2)).reshape(
+        gm.groups, gm.filters_per_group, gm.gemm_k
+    )
 
 
 def col2im_output(c: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
@@ -245,8 +270,13 @@ def col2im_output(c: np.ndarray, geometry: Conv2dGeometry) -> np.ndarray:
     return np.ascontiguousarray(per_pixel.transpose(1, 0, 4, 2, 3)).reshape(gm.output_shape)
 
 
-def conv2d_im2col(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometry: Conv2dGeometry,
-                  dtype=np.float64) -> np.ndarray:
+def conv2d_im2col(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geometry: Conv2dGeometry,
+    dtype=np.float64,
+) -> np.ndarray:
     """Convolution through the GEMM lowering, accumulated in ``dtype`` (float64 by default)."""
     a = im2col(x, geometry).astype(dtype, copy=False)
     b = weight_matrix(w, geometry).astype(dtype, copy=False)
@@ -257,8 +287,13 @@ def conv2d_im2col(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometr
     return out
 
 
-def conv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometry: Conv2dGeometry,
-                  dtype=np.float64) -> np.ndarray:
+def conv2d_direct(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geometry: Conv2dGeometry,
+    dtype=np.float64,
+) -> np.ndarray:
     """Direct convolution from the definition, independent of :func:`im2col`.
 
     Loops over output rows/columns and filter taps; an input position outside the image
@@ -268,7 +303,9 @@ def conv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geometr
     return _direct(x, w, bias, geometry, dtype, transposed=False)
 
 
-def _direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gm, dtype, transposed: bool) -> np.ndarray:
+def _direct(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gm, dtype, transposed: bool
+) -> np.ndarray:
     """The loop both direct definitions share, over (position, tap) pairs: a convolution's
     output pixel gathers the input pixel under each tap (weight (O, C/groups, kh, kw)); a
     transposed convolution's input pixel scatters to the output pixel under each tap (weight
@@ -284,9 +321,13 @@ def _direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gm, dtype, tr
         for g in range(gm.groups):
             channels, filters = slice(g * cg, (g + 1) * cg), slice(g * fg, (g + 1) * fg)
             if transposed:
-                out[:, filters, row, col] += np.einsum("nc,cf->nf", xs[:, channels, y, x_pos], ws[channels, :, i, j])
+                out[:, filters, row, col] += np.einsum(
+                    "nc,cf->nf", xs[:, channels, y, x_pos], ws[channels, :, i, j]
+                )
             else:
-                out[:, filters, y, x_pos] += np.einsum("nc,fc->nf", xs[:, channels, row, col], ws[filters, :, i, j])
+                out[:, filters, y, x_pos] += np.einsum(
+                    "nc,fc->nf", xs[:, channels, row, col], ws[filters, :, i, j]
+                )
     if bias is not None:
         _check_array(bias, (gm.out_channels,), "bias")
         out += bias.astype(dtype).reshape(1, -1, 1, 1)
@@ -347,39 +388,72 @@ class ConvTranspose2dGeometry(_Grouped):
         self._check_common()
         object.__setattr__(self, "output_padding", _pair(self.output_padding, "output_padding"))
         if min(self.stride) < 1 or min(self.dilation) < 1 or min(self.output_padding) < 0:
-            raise MxsimError(f"conv_transpose2d: stride and dilation must be >= 1 and output_padding >= 0, got "
-                             f"{self.stride}, {self.dilation}, {self.output_padding}")
+            raise MxsimError(
+                f"conv_transpose2d: stride and dilation must be >= 1 and output_padding >= 0, got "
+                f"{self.stride}, {self.dilation}, {self.output_padding}"
+            )
         if self.out_height < 1 or self.out_width < 1:
-            raise MxsimError(f"conv_transpose2d: padding {self.padding} leaves no output "
-                             f"({self.out_height}x{self.out_width})")
+            raise MxsimError(
+                f"conv_transpose2d: padding {self.padding} leaves no output "
+                f"({self.out_height}x{self.out_width})"
+            )
 
     @classmethod
-    def from_shapes(cls, input_shape, weight_shape, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+    def from_shapes(
+        cls, input_shape, weight_shape, stride=1, padding=0, output_padding=0, dilation=1, groups=1
+    ):
         """Geometry from an input (N, C, H, W) and a weight (C, O/groups, kh, kw) shape."""
         if len(input_shape) != 4 or len(weight_shape) != 4:
-            raise MxsimError(f"conv_transpose2d: input and weight must be 4-d, got {tuple(input_shape)} "
-                             f"and {tuple(weight_shape)}")
+            raise MxsimError(
+                f"conv_transpose2d: input and weight must be 4-d, got {tuple(input_shape)} "
+                f"and {tuple(weight_shape)}"
+            )
         n, c, h, w = (int(v) for v in input_shape)
         cw, og, kh, kw = (int(v) for v in weight_shape)
         groups = _check_groups(groups, "conv_transpose2d")
         if cw != c:
             raise MxsimError(f"conv_transpose2d: weight has {cw} input channels, the input has {c}")
-        return cls(n, c, h, w, og * groups, kh, kw, stride, padding, output_padding, dilation, groups)
+        return cls(
+            n, c, h, w, og * groups, kh, kw, stride, padding, output_padding, dilation, groups
+        )
 
-    def _out(self, size: int, stride: int, before: int, after: int, dilation: int, kernel: int, extra: int) -> int:
+    def _out(
+        self,
+        size: int,
+        stride: int,
+        before: int,
+        after: int,
+        dilation: int,
+        kernel: int,
+        extra: int,
+    ) -> int:
         return (size - 1) * stride - before - after + dilation * (kernel - 1) + extra + 1
 
     @property
     def out_height(self) -> int:
         (top, bottom), _ = self.padding
-        return self._out(self.height, self.stride[0], top, bottom, self.dilation[0], self.kernel_height,
-                         self.output_padding[0])
+        return self._out(
+            self.height,
+            self.stride[0],
+            top,
+            bottom,
+            self.dilation[0],
+            self.kernel_height,
+            self.output_padding[0],
+        )
 
     @property
     def out_width(self) -> int:
         _, (left, right) = self.padding
-        return self._out(self.width, self.stride[1], left, right, self.dilation[1], self.kernel_width,
-                         self.output_padding[1])
+        return self._out(
+            self.width,
+            self.stride[1],
+            left,
+            right,
+            self.dilation[1],
+            self.kernel_width,
+            self.output_padding[1],
+        )
 
     @property
     def weight_shape(self) -> tuple[int, int, int, int]:
@@ -390,8 +464,10 @@ class ConvTranspose2dGeometry(_Grouped):
         (top, bottom), (left, right) = self.padding
         span_h = self.dilation[0] * (self.kernel_height - 1)
         span_w = self.dilation[1] * (self.kernel_width - 1)
-        return ((span_h - top, span_h - bottom + self.output_padding[0]),
-                (span_w - left, span_w - right + self.output_padding[1]))
+        return (
+            (span_h - top, span_h - bottom + self.output_padding[0]),
+            (span_w - left, span_w - right + self.output_padding[1]),
+        )
 
     @property
     def gemm_m(self) -> int:
@@ -408,8 +484,19 @@ class ConvTranspose2dGeometry(_Grouped):
         (before_h, after_h), (before_w, after_w) = self._edges()
         height = (self.height - 1) * self.stride[0] + 1 + before_h + after_h
         width = (self.width - 1) * self.stride[1] + 1 + before_w + after_w
-        return Conv2dGeometry(self.batch, self.in_channels, height, width, self.out_channels, self.kernel_height,
-                              self.kernel_width, (1, 1), ((0, 0), (0, 0)), self.dilation, self.groups)
+        return Conv2dGeometry(
+            self.batch,
+            self.in_channels,
+            height,
+            width,
+            self.out_channels,
+            self.kernel_height,
+            self.kernel_width,
+            (1, 1),
+            ((0, 0), (0, 0)),
+            self.dilation,
+            self.groups,
+        )
 
 
 def conv_transpose2d_lowered_input(x: np.ndarray, geometry: ConvTranspose2dGeometry) -> np.ndarray:
@@ -417,10 +504,15 @@ def conv_transpose2d_lowered_input(x: np.ndarray, geometry: ConvTranspose2dGeome
     gm = geometry
     _check_array(x, gm.input_shape, "input")
     sh, sw = gm.stride
-    up = np.zeros((gm.batch, gm.in_channels, (gm.height - 1) * sh + 1, (gm.width - 1) * sw + 1), dtype=x.dtype)
+    up = np.zeros(
+        (gm.batch, gm.in_channels, (gm.height - 1) * sh + 1, (gm.width - 1) * sw + 1), dtype=x.dtype
+    )
     up[:, :, ::sh, ::sw] = x
     (before_h, after_h), (before_w, after_w) = gm._edges()
-    up = np.pad(up, ((0, 0), (0, 0), (max(before_h, 0), max(after_h, 0)), (max(before_w, 0), max(after_w, 0))))
+    up = np.pad(
+        up,
+        ((0, 0), (0, 0), (max(before_h, 0), max(after_h, 0)), (max(before_w, 0), max(after_w, 0))),
+    )
     rows = slice(max(-before_h, 0), up.shape[2] - max(-after_h, 0))
     cols = slice(max(-before_w, 0), up.shape[3] - max(-after_w, 0))
     return np.ascontiguousarray(up[:, :, rows, cols])
@@ -433,18 +525,35 @@ def conv_transpose2d_conv_weight(w: np.ndarray, geometry: ConvTranspose2dGeometr
     g, cg, fg = gm.groups, gm.channels_per_group, gm.filters_per_group
     per_group = w.reshape(g, cg, fg, gm.kernel_height, gm.kernel_width)[:, :, :, ::-1, ::-1]
     swapped = per_group.transpose(0, 2, 1, 3, 4)  # (G, F, Cg, kh, kw)
-    return np.ascontiguousarray(swapped).reshape(gm.out_channels, cg, gm.kernel_height, gm.kernel_width)
+    return np.ascontiguousarray(swapped).reshape(
+        gm.out_channels, cg, gm.kernel_height, gm.kernel_width
+    )
 
 
-def conv_transpose2d_im2col(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
-                            geometry: ConvTranspose2dGeometry, dtype=np.float64) -> np.ndarray:
+def conv_transpose2d_im2col(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geometry: ConvTranspose2dGeometry,
+    dtype=np.float64,
+) -> np.ndarray:
     """Transposed convolution through the GEMM lowering, accumulated in ``dtype``."""
-    return conv2d_im2col(conv_transpose2d_lowered_input(x, geometry), conv_transpose2d_conv_weight(w, geometry),
-                         bias, geometry.equivalent_conv(), dtype)
+    return conv2d_im2col(
+        conv_transpose2d_lowered_input(x, geometry),
+        conv_transpose2d_conv_weight(w, geometry),
+        bias,
+        geometry.equivalent_conv(),
+        dtype,
+    )
 
 
-def conv_transpose2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
-                            geometry: ConvTranspose2dGeometry, dtype=np.float64) -> np.ndarray:
+def conv_transpose2d_direct(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geometry: ConvTranspose2dGeometry,
+    dtype=np.float64,
+) -> np.ndarray:
     """Transposed convolution from its scatter definition, independent of the lowering.
 
     Loops over input rows/columns and filter taps; each input pixel's channel vector times the

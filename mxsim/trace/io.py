@@ -24,14 +24,31 @@ import yaml
 from ..errors import ArgumentError, MxsimError
 from ..fileio import load_yaml, read_npz, read_text, replace_directory, safe_file_stem
 from ..limits import check_path, is_integer
-from .model import (BLOB_DIR, DATASET_FILE, FLOAT_DTYPES, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, NUMERIC_DTYPES,
-                    SUPPORTED_VERSIONS, Layer, Network, Trace)
+from .model import (
+    BLOB_DIR,
+    DATASET_FILE,
+    FLOAT_DTYPES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    NUMERIC_DTYPES,
+    SUPPORTED_VERSIONS,
+    Layer,
+    Network,
+    Trace,
+)
 from ..formats import get_format
 from ..quantize import MXTensor
 from ..quantize.options import QuantOptions
 from .quant import MXQuant, QDQQuant, QuantSpec, spec_from_manifest
-from .reference import (COMPACT_REFERENCE, REFERENCE_MODES, RESIDUAL_DTYPE, decode_residual, encode_residual,
-                        mx_prediction)
+from .reference import (
+    COMPACT_REFERENCE,
+    REFERENCE_MODES,
+    RESIDUAL_DTYPE,
+    decode_residual,
+    encode_residual,
+    mx_prediction,
+)
 from .validate import trace_error, validate_trace
 
 _QUANT_ARRAY = re.compile(r"^quant\.(input|weight|bias)\.(scale|zero_point|scales)$")
@@ -47,10 +64,16 @@ def _plain(value, where: str):
         return value.item()
     if value is None or isinstance(value, bool):
         return value
-    for kind in (int, float, str):  # plain types, also for subclasses such as torch's version string
+    for kind in (
+        int,
+        float,
+        str,
+    ):  # plain types, also for subclasses such as torch's version string
         if isinstance(value, kind):
             return kind(value)
-    raise MxsimError(f"{where}: {type(value).__name__} is not plain data (mapping, list, str, number, bool, None)")
+    raise MxsimError(
+        f"{where}: {type(value).__name__} is not plain data (mapping, list, str, number, bool, None)"
+    )
 
 
 def _tensor_entry(array: np.ndarray) -> dict:
@@ -76,12 +99,19 @@ def _shuffled(array: np.ndarray) -> np.ndarray:
     """The blob of ``array``: its bytes as uint8 (itemsize, size), byte j of every element in
     row j (a lossless byte shuffle: deflate then finds the repeats in the sign and exponent
     bytes of floats)."""
-    return np.ascontiguousarray(_little_endian(array).view(np.uint8).reshape(-1, array.dtype.itemsize).T)
+    return np.ascontiguousarray(
+        _little_endian(array).view(np.uint8).reshape(-1, array.dtype.itemsize).T
+    )
 
 
 def _unshuffled(stored: np.ndarray, shape: tuple, dtype: str) -> np.ndarray:
     little = np.dtype(dtype).newbyteorder("<")
-    return np.ascontiguousarray(stored.T).view(little).reshape(shape).astype(np.dtype(dtype), copy=False)
+    return (
+        np.ascontiguousarray(stored.T)
+        .view(little)
+        .reshape(shape)
+        .astype(np.dtype(dtype), copy=False)
+    )
 
 
 def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
@@ -119,7 +149,9 @@ def _as_codes(layer: Layer, operand: str) -> MXTensor | None:
     if operand in layer.codes_only and not np.array_equal(decoded, x, equal_nan=True):
         return None  # claimed to be decoded codes, but other values
     again = _quantize_by(spec, decoded)
-    if not (np.array_equal(again.codes, tensor.codes) and np.array_equal(again.scales, tensor.scales)):
+    if not (
+        np.array_equal(again.codes, tensor.codes) and np.array_equal(again.scales, tensor.scales)
+    ):
         return None
     return tensor
 
@@ -128,7 +160,16 @@ def _coded_tensor(spec: MXQuant, codes: np.ndarray, scales: np.ndarray, shape: t
     """The MXTensor stored as ``codes`` and ``scales`` by :func:`_as_codes`."""
     axis = spec.axis % len(shape)
     padding = codes.shape[-1] - shape[axis]
-    return MXTensor(get_format(spec.format), codes, scales, shape, axis, spec.block_size, padding, QuantOptions())
+    return MXTensor(
+        get_format(spec.format),
+        codes,
+        scales,
+        shape,
+        axis,
+        spec.block_size,
+        padding,
+        QuantOptions(),
+    )
 
 
 def _code_shapes(spec: MXQuant, shape: tuple) -> tuple[tuple, tuple]:
@@ -152,35 +193,56 @@ def _layer_file(index: int, name: str) -> str:
 def reference_mode(reference: str | None, floats: bool, version: int) -> str:
     """The reference mode ``save_trace`` asked for (None: float32 with floats, else the compact default);
     ArgumentError for an unknown mode or a residual one without a compact version-2 trace."""
-    mode = (COMPACT_REFERENCE if not floats and version == 2 else "float32") if reference is None else reference
+    mode = (
+        (COMPACT_REFERENCE if not floats and version == 2 else "float32")
+        if reference is None
+        else reference
+    )
     if mode not in REFERENCE_MODES:
-        raise ArgumentError(f"reference must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
+        raise ArgumentError(
+            f"reference must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}"
+        )
     if mode != "float32" and (floats or version != 2):
-        raise ArgumentError(f"reference {mode} needs a compact version-2 trace (floats=False, --compact): the "
-                            "residual is taken from the operands' codes")
+        raise ArgumentError(
+            f"reference {mode} needs a compact version-2 trace (floats=False, --compact): the "
+            "residual is taken from the operands' codes"
+        )
     return mode
 
 
-def _output_entry(files: dict, layer: Layer, coded: dict[str, MXTensor], mode: str, label: str) -> dict:
+def _output_entry(
+    files: dict, layer: Layer, coded: dict[str, MXTensor], mode: str, label: str
+) -> dict:
     """The manifest entry of a layer's output: a ``residualN`` residual (:mod:`.reference`)
     where ``mode`` (or the layer's own, for a layer that already holds a reconstructed
     reference) asks for one and the residual encodes, else the float reference whole."""
     output = layer.output
     mode = layer.reference if layer.reference != "float32" else mode
     if mode != "float32" and {"input", "weight"} <= set(coded):
-        prediction = mx_prediction(layer.op, layer.attrs, coded["input"], coded["weight"], layer.bias)
+        prediction = mx_prediction(
+            layer.op, layer.attrs, coded["input"], coded["weight"], layer.bias
+        )
         encoded = encode_residual(output, prediction, mode)
         if encoded is not None:
-            return {**_tensor_entry(output), "reference": mode, "residual": _blob(files, encoded[0]),
-                    "step_exponent": encoded[1]}
+            return {
+                **_tensor_entry(output),
+                "reference": mode,
+                "residual": _blob(files, encoded[0]),
+                "step_exponent": encoded[1],
+            }
     if layer.reference != "float32":  # never let a reconstructed reference pass for the exact one
-        raise trace_error(label, f"the output is a {layer.reference} reconstruction and cannot be stored as one "
-                                 "again", layer.name, "reference")
+        raise trace_error(
+            label,
+            f"the output is a {layer.reference} reconstruction and cannot be stored as one again",
+            layer.name,
+            "reference",
+        )
     return {**_tensor_entry(output), "blob": _blob(files, output)}
 
 
-def build_manifest(trace: Trace, floats: bool = True, version: int = FORMAT_VERSION,
-                   reference: str | None = None) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+def build_manifest(
+    trace: Trace, floats: bool = True, version: int = FORMAT_VERSION, reference: str | None = None
+) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
     """The manifest mapping and the arrays of each file (relative path -> {key: array}).
 
     Version 2: every layer array as a content-addressed blob ``tensors/ID.npz`` (member
@@ -199,7 +261,9 @@ def build_manifest(trace: Trace, floats: bool = True, version: int = FORMAT_VERS
     label = trace.name
     validate_trace(trace, label)
     if version not in SUPPORTED_VERSIONS:
-        raise ArgumentError(f"save_trace: version must be one of {SUPPORTED_VERSIONS}, got {version!r}")
+        raise ArgumentError(
+            f"save_trace: version must be one of {SUPPORTED_VERSIONS}, got {version!r}"
+        )
     mode = reference_mode(reference, floats, version)
     files: dict[str, dict[str, np.ndarray]] = {}
     layers = []
@@ -207,37 +271,57 @@ def build_manifest(trace: Trace, floats: bool = True, version: int = FORMAT_VERS
         entries = {}
         if version == 1:
             if layer.codes_only:  # its decoded values would pass for the floats
-                raise trace_error(label, "a compact trace (operands kept as codes only) cannot be written in "
-                                         "version 1", layer.name, "codes_only")
+                raise trace_error(
+                    label,
+                    "a compact trace (operands kept as codes only) cannot be written in version 1",
+                    layer.name,
+                    "codes_only",
+                )
             path = _layer_file(index, layer.name)
             files[path] = _layer_arrays(layer)
             entries = {k: _tensor_entry(v) for k, v in files[path].items()}
         coded = {}
         for key, array in _layer_arrays(layer).items() if version == 2 else ():
-            tensor = None if floats and key not in layer.codes_only else \
-                _as_codes(layer, key) if key in ("input", "weight") else None
-            if tensor is None and key in layer.codes_only:  # never let decoded values pass for floats
-                raise trace_error(label, f"the {key} is kept as codes only, but its values are not those of "
-                                         "its MX spec", layer.name, "codes_only")
+            tensor = (
+                None
+                if floats and key not in layer.codes_only
+                else _as_codes(layer, key)
+                if key in ("input", "weight")
+                else None
+            )
+            if (
+                tensor is None and key in layer.codes_only
+            ):  # never let decoded values pass for floats
+                raise trace_error(
+                    label,
+                    f"the {key} is kept as codes only, but its values are not those of its MX spec",
+                    layer.name,
+                    "codes_only",
+                )
             if key == "output":
                 continue  # after the operands: its residual is taken from their codes
             if tensor is None:
                 entries[key] = {**_tensor_entry(array), "blob": _blob(files, array)}
             else:
                 coded[key] = tensor
-                entries[key] = {**_tensor_entry(array), "codes": _blob(files, tensor.codes),
-                                "scales": _blob(files, tensor.scales)}
+                entries[key] = {
+                    **_tensor_entry(array),
+                    "codes": _blob(files, tensor.codes),
+                    "scales": _blob(files, tensor.scales),
+                }
         if version == 2:
             entries["output"] = _output_entry(files, layer, coded, mode, label)
-        layers.append({
-            "name": layer.name,
-            "op": layer.op,
-            **({"file": _layer_file(index, layer.name)} if version == 1 else {}),
-            "attrs": _plain(layer.attrs, f"layer {layer.name}: attrs"),
-            "tensors": entries,
-            "quant": {k: _spec_manifest(k, v) for k, v in layer.quant.items()},
-            "source": _plain(layer.source, f"layer {layer.name}: source"),
-        })
+        layers.append(
+            {
+                "name": layer.name,
+                "op": layer.op,
+                **({"file": _layer_file(index, layer.name)} if version == 1 else {}),
+                "attrs": _plain(layer.attrs, f"layer {layer.name}: attrs"),
+                "tensors": entries,
+                "quant": {k: _spec_manifest(k, v) for k, v in layer.quant.items()},
+                "source": _plain(layer.source, f"layer {layer.name}: source"),
+            }
+        )
     manifest = {
         "format": FORMAT_NAME,
         "version": version,
@@ -248,8 +332,10 @@ def build_manifest(trace: Trace, floats: bool = True, version: int = FORMAT_VERS
     }
     if trace.dataset is not None:
         files[DATASET_FILE] = dict(trace.dataset)
-        manifest["dataset"] = {"file": DATASET_FILE,
-                               "tensors": {k: _tensor_entry(v) for k, v in trace.dataset.items()}}
+        manifest["dataset"] = {
+            "file": DATASET_FILE,
+            "tensors": {k: _tensor_entry(v) for k, v in trace.dataset.items()},
+        }
     if trace.network is not None:
         manifest["network"] = trace.network.to_manifest()
     return _plain(manifest, "manifest"), files
@@ -265,8 +351,16 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> Non
         os.fsync(handle.fileno())
 
 
-def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = True, floats: bool = True,
-               version: int = FORMAT_VERSION, reference: str | None = None) -> Path:
+def save_trace(
+    trace: Trace,
+    path,
+    *,
+    overwrite: bool = False,
+    compress: bool = True,
+    floats: bool = True,
+    version: int = FORMAT_VERSION,
+    reference: str | None = None,
+) -> Path:
     """Write ``trace`` as a directory at ``path``, set ``trace.path`` and return the path.
 
     Everything is written into a new temporary directory beside ``path`` and then moved
@@ -289,7 +383,9 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
     if target.exists() and not overwrite:
         raise trace_error(label, "already exists (pass overwrite=True to replace it)")
     if target.exists() and not (target / MANIFEST_NAME).is_file():
-        raise trace_error(label, "exists and is not a trace directory (no manifest.yaml); refusing to replace it")
+        raise trace_error(
+            label, "exists and is not a trace directory (no manifest.yaml); refusing to replace it"
+        )
     manifest, files = build_manifest(trace, floats, version, reference)
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -316,7 +412,9 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False, compress: bool = 
 # ----------------------------------------------------------------------------- loading
 
 
-def _check_inside(root: Path, path: Path, relative: str, label: str, layer: str | None, field_name: str) -> None:
+def _check_inside(
+    root: Path, path: Path, relative: str, label: str, layer: str | None, field_name: str
+) -> None:
     """Refuse a file that resolves outside the trace directory (a symlink, at any level,
     pointing out of it): a trace reads only its own files."""
     try:
@@ -324,11 +422,17 @@ def _check_inside(root: Path, path: Path, relative: str, label: str, layer: str 
     except (OSError, RuntimeError):  # a symlink loop
         inside = False
     if not inside:
-        raise trace_error(label, f"{relative} leads out of the trace directory (a symlink); refused", layer,
-                          field_name)
+        raise trace_error(
+            label,
+            f"{relative} leads out of the trace directory (a symlink); refused",
+            layer,
+            field_name,
+        )
 
 
-def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> dict[str, np.ndarray]:
+def _read_npz(
+    label: str, layer: str | None, root: Path, relative, expected
+) -> dict[str, np.ndarray]:
     """Read the arrays listed in ``expected`` ({key: {shape, dtype}}) from one NPZ, checking each.
 
     The manifest entries are checked first, then every member's ``.npy`` header (dtype,
@@ -343,12 +447,16 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> 
     except ArgumentError as error:
         raise trace_error(label, str(error), layer, file_field) from None
     if rel.is_absolute() or ".." in rel.parts:
-        raise trace_error(label, f"{relative!r} must be a relative path inside the trace", layer, file_field)
+        raise trace_error(
+            label, f"{relative!r} must be a relative path inside the trace", layer, file_field
+        )
     path = root / rel
     if not path.is_file():
         raise trace_error(label, f"missing file {relative}", layer, file_field)
     _check_inside(root, path, relative, label, layer, file_field)
-    declared = {key: shape_dtype for key, (shape_dtype, _) in _declared(label, layer, expected).items()}
+    declared = {
+        key: shape_dtype for key, (shape_dtype, _) in _declared(label, layer, expected).items()
+    }
 
     def fail(member, message):
         raise trace_error(label, message, layer, file_field if member is None else member)
@@ -356,11 +464,15 @@ def _read_npz(label: str, layer: str | None, root: Path, relative, expected) -> 
     return read_npz(path, NUMERIC_DTYPES, fail, declared, label=relative)
 
 
-def _declared(label: str, layer: str | None, expected, extra_keys: tuple = ((),)) -> dict[str, tuple[tuple, dict]]:
+def _declared(
+    label: str, layer: str | None, expected, extra_keys: tuple = ((),)
+) -> dict[str, tuple[tuple, dict]]:
     """The manifest's ``tensors`` mapping checked: {name: ((shape, dtype), entry)}; each entry
     has exactly shape, dtype and one of the key sets ``extra_keys``."""
     if not isinstance(expected, dict) or not expected:
-        raise trace_error(label, "must list the layer's arrays with shape and dtype", layer, "tensors")
+        raise trace_error(
+            label, "must list the layer's arrays with shape and dtype", layer, "tensors"
+        )
     accepted = [{"shape", "dtype", *extra} for extra in extra_keys]
     declared = {}
     for key, entry in expected.items():
@@ -372,10 +484,16 @@ def _declared(label: str, layer: str | None, expected, extra_keys: tuple = ((),)
             raise trace_error(label, f"manifest entry must have exactly {keys}", layer, where)
         shape, dtype = entry["shape"], entry["dtype"]
         if not isinstance(shape, list) or not all(is_integer(v) and v >= 0 for v in shape):
-            raise trace_error(label, f"manifest shape must be a list of ints >= 0, got {shape!r}", layer, where)
+            raise trace_error(
+                label, f"manifest shape must be a list of ints >= 0, got {shape!r}", layer, where
+            )
         if not isinstance(dtype, str) or dtype not in NUMERIC_DTYPES:
-            raise trace_error(label, f"manifest dtype must be one of {', '.join(NUMERIC_DTYPES)}, got {dtype!r}",
-                              layer, where)
+            raise trace_error(
+                label,
+                f"manifest dtype must be one of {', '.join(NUMERIC_DTYPES)}, got {dtype!r}",
+                layer,
+                where,
+            )
         declared[key] = ((tuple(shape), dtype), entry)
     return declared
 
@@ -395,7 +513,12 @@ class _Blobs:
     def read(self, blob, shape: tuple, dtype: str, layer: str, where: str) -> np.ndarray:
         label = self.label
         if not isinstance(blob, str) or not _BLOB_ID.match(blob):
-            raise trace_error(label, f"blob must be 32 lower-case hex digits, got {str(blob)[:40]!r}", layer, where)
+            raise trace_error(
+                label,
+                f"blob must be 32 lower-case hex digits, got {str(blob)[:40]!r}",
+                layer,
+                where,
+            )
         relative = f"{BLOB_DIR}/{blob}.npz"
         if blob not in self.cache:
             path = self.root / relative
@@ -407,16 +530,27 @@ class _Blobs:
             def fail(member, message):
                 raise trace_error(label, message, layer, where)
 
-            stored = read_npz(path, ("uint8",), fail, {"data": (stored_shape, "uint8")}, label=relative)["data"]
+            stored = read_npz(
+                path, ("uint8",), fail, {"data": (stored_shape, "uint8")}, label=relative
+            )["data"]
             array = _unshuffled(stored, shape, dtype)
             if content_id(array) != blob:
-                raise trace_error(label, f"{relative} does not hold the array its name says (corrupt or edited)",
-                                  layer, where)
+                raise trace_error(
+                    label,
+                    f"{relative} does not hold the array its name says (corrupt or edited)",
+                    layer,
+                    where,
+                )
             self.cache[blob] = array
         array = self.cache[blob]
         if array.shape != shape or array.dtype.name != dtype:
-            raise trace_error(label, f"blob {blob} holds {array.dtype.name} {array.shape}, the manifest says "
-                                     f"{dtype} {shape}", layer, where)
+            raise trace_error(
+                label,
+                f"blob {blob} holds {array.dtype.name} {array.shape}, the manifest says "
+                f"{dtype} {shape}",
+                layer,
+                where,
+            )
         return array
 
     def layer_arrays(self, layer: str, expected) -> tuple[dict[str, np.ndarray], dict[str, tuple]]:
@@ -436,12 +570,25 @@ class _Blobs:
         """An operand stored as codes and scales, as its MXTensor (checked: an MX spec, a float
         dtype, codes and scales of the shapes the spec gives, codes of the element format)."""
         where = f"tensors.{key}"
-        if key not in ("input", "weight") or "codes" not in entry or not isinstance(spec, MXQuant) \
-                or dtype not in FLOAT_DTYPES:
-            raise trace_error(self.label, "only a float input or weight with an MX spec is stored as codes and "
-                                          "scales", layer, where)
+        if (
+            key not in ("input", "weight")
+            or "codes" not in entry
+            or not isinstance(spec, MXQuant)
+            or dtype not in FLOAT_DTYPES
+        ):
+            raise trace_error(
+                self.label,
+                "only a float input or weight with an MX spec is stored as codes and scales",
+                layer,
+                where,
+            )
         if not shape or not -len(shape) <= spec.axis < len(shape):
-            raise trace_error(self.label, f"the spec's axis {spec.axis} does not fit the shape {shape}", layer, where)
+            raise trace_error(
+                self.label,
+                f"the spec's axis {spec.axis} does not fit the shape {shape}",
+                layer,
+                where,
+            )
         code_shape, scale_shape = _code_shapes(spec, shape)
         codes = self.read(entry["codes"], code_shape, "uint8", layer, f"{where}.codes")
         scales = self.read(entry["scales"], scale_shape, "uint8", layer, f"{where}.scales")
@@ -458,16 +605,35 @@ class _Blobs:
         mode, exponent = entry["reference"], entry["step_exponent"]
         if not isinstance(mode, str) or mode not in REFERENCE_MODES or mode == "float32":
             modes = ", ".join(m for m in REFERENCE_MODES if m != "float32")
-            raise trace_error(label, f"unknown residual reference {str(mode)[:40]!r}; accepted: {modes}", layer,
-                              f"{where}.reference")
+            raise trace_error(
+                label,
+                f"unknown residual reference {str(mode)[:40]!r}; accepted: {modes}",
+                layer,
+                f"{where}.reference",
+            )
         if dtype != "float32":
-            raise trace_error(label, f"a residual reference output is float32, not {dtype}", layer, f"{where}.dtype")
-        if not is_integer(exponent) or not -_STEP_EXPONENT_LIMIT <= exponent <= _STEP_EXPONENT_LIMIT:
-            raise trace_error(label, f"must be an integer in [-{_STEP_EXPONENT_LIMIT}, {_STEP_EXPONENT_LIMIT}], got "
-                                     f"{str(exponent)[:40]!r}", layer, f"{where}.step_exponent")
+            raise trace_error(
+                label,
+                f"a residual reference output is float32, not {dtype}",
+                layer,
+                f"{where}.dtype",
+            )
+        if (
+            not is_integer(exponent)
+            or not -_STEP_EXPONENT_LIMIT <= exponent <= _STEP_EXPONENT_LIMIT
+        ):
+            raise trace_error(
+                label,
+                f"must be an integer in [-{_STEP_EXPONENT_LIMIT}, {_STEP_EXPONENT_LIMIT}], got "
+                f"{str(exponent)[:40]!r}",
+                layer,
+                f"{where}.step_exponent",
+            )
         return mode
 
-    def reconstruct(self, layer: Layer, shape: tuple, entry: dict, coded: dict[str, MXTensor]) -> np.ndarray:
+    def reconstruct(
+        self, layer: Layer, shape: tuple, entry: dict, coded: dict[str, MXTensor]
+    ) -> np.ndarray:
         """An output stored as a residual (entry checked by :meth:`residual_mode`, ``layer``
         validated): the reference reconstructed from the prediction of the decoded operands
         (:mod:`.reference`); refused unless both operands are codes blocked along K, the
@@ -475,15 +641,27 @@ class _Blobs:
         label, where = self.label, "tensors.output"
         prediction = None
         if {"input", "weight"} <= set(coded):
-            prediction = mx_prediction(layer.op, layer.attrs, coded["input"], coded["weight"], layer.bias)
+            prediction = mx_prediction(
+                layer.op, layer.attrs, coded["input"], coded["weight"], layer.bias
+            )
         if prediction is None or prediction.shape != shape:
-            raise trace_error(label, "a residual reference needs a linear or matmul layer whose input and weight are "
-                                     "both stored as codes blocked along K", layer.name, where)
+            raise trace_error(
+                label,
+                "a residual reference needs a linear or matmul layer whose input and weight are "
+                "both stored as codes blocked along K",
+                layer.name,
+                where,
+            )
         steps = self.read(entry["residual"], shape, RESIDUAL_DTYPE, layer.name, f"{where}.residual")
         output = decode_residual(prediction, steps, int(entry["step_exponent"]))
         if not np.all(np.isfinite(output)):
-            raise trace_error(label, "the reconstructed reference is not finite (corrupt or edited residual, step "
-                                     "exponent or operands)", layer.name, where)
+            raise trace_error(
+                label,
+                "the reconstructed reference is not finite (corrupt or edited residual, step "
+                "exponent or operands)",
+                layer.name,
+                where,
+            )
         return output
 
 
@@ -499,8 +677,10 @@ def _require(mapping: dict, key: str, kind, label: str, layer: str | None, field
 
 _TOP_KEYS = {"format", "version", "name", "source", "metadata", "layers", "dataset", "network"}
 #: Layer keys by format version: version 1 names one NPZ file per layer, version 2 a blob per array.
-_LAYER_KEYS = {1: {"name", "op", "file", "attrs", "tensors", "quant", "source"},
-               2: {"name", "op", "attrs", "tensors", "quant", "source"}}
+_LAYER_KEYS = {
+    1: {"name", "op", "file", "attrs", "tensors", "quant", "source"},
+    2: {"name", "op", "attrs", "tensors", "quant", "source"},
+}
 
 
 def load_trace(path) -> Trace:
@@ -528,11 +708,17 @@ def load_trace(path) -> Trace:
     if not isinstance(doc, dict):
         raise trace_error(label, f"{MANIFEST_NAME} must be a mapping", field=MANIFEST_NAME)
     if doc.get("format") != FORMAT_NAME:
-        raise trace_error(label, f"expected {FORMAT_NAME!r}, got {doc.get('format')!r}", field="format")
+        raise trace_error(
+            label, f"expected {FORMAT_NAME!r}, got {doc.get('format')!r}", field="format"
+        )
     version = doc.get("version")
     if not is_integer(version) or version not in SUPPORTED_VERSIONS:
-        raise trace_error(label, f"unknown trace format version {version!r} (this mxsim reads "
-                                 f"{', '.join(map(str, SUPPORTED_VERSIONS))})", field="version")
+        raise trace_error(
+            label,
+            f"unknown trace format version {version!r} (this mxsim reads "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))})",
+            field="version",
+        )
     unknown = set(doc) - _TOP_KEYS
     if unknown:
         raise trace_error(label, "unknown manifest key", field=sorted(unknown, key=str)[0])
@@ -552,8 +738,12 @@ def load_trace(path) -> Trace:
         layer_name = _require(entry, "name", str, label, None, f"layers[{index}].name")
         unknown = set(entry) - _LAYER_KEYS[version]
         if unknown:
-            raise trace_error(label, f"unknown layer key (format version {version})", layer_name,
-                              sorted(unknown, key=str)[0])
+            raise trace_error(
+                label,
+                f"unknown layer key (format version {version})",
+                layer_name,
+                sorted(unknown, key=str)[0],
+            )
         op = _require(entry, "op", str, label, layer_name, "op")
         coded = {}
         if version == 1:
@@ -576,16 +766,27 @@ def load_trace(path) -> Trace:
                 # UnknownNameError is a KeyError too, but its message is already complete
                 missing = isinstance(error, KeyError) and not isinstance(error, MxsimError)
                 detail = f"missing key {error}" if missing else str(error)
-                raise trace_error(label, f"invalid quantization spec: {detail}", layer_name,
-                                  f"quant.{operand}") from None
-        used = {k for operand, spec in quant.items() if isinstance(spec, (QDQQuant, MXQuant))
-                for k in spec.arrays(operand)}
+                raise trace_error(
+                    label, f"invalid quantization spec: {detail}", layer_name, f"quant.{operand}"
+                ) from None
+        used = {
+            k
+            for operand, spec in quant.items()
+            if isinstance(spec, (QDQQuant, MXQuant))
+            for k in spec.arrays(operand)
+        }
         for key in sorted(set(quant_arrays) - used, key=str):
-            raise trace_error(label, "a spec array that no spec of this layer uses", layer_name, key)
+            raise trace_error(
+                label, "a spec array that no spec of this layer uses", layer_name, key
+            )
         tensors = {k: v for k, v in arrays.items() if k not in quant_arrays}
-        residual = coded.pop("output") if "residual" in coded.get("output", ((), "", {}))[2] else None
-        decoded = {key: blobs.decode(layer_name, key, shape, dtype, coded_entry, quant.get(key))
-                   for key, (shape, dtype, coded_entry) in coded.items()}
+        residual = (
+            coded.pop("output") if "residual" in coded.get("output", ((), "", {}))[2] else None
+        )
+        decoded = {
+            key: blobs.decode(layer_name, key, shape, dtype, coded_entry, quant.get(key))
+            for key, (shape, dtype, coded_entry) in coded.items()
+        }
         for key, tensor in decoded.items():
             tensors[key] = tensor.dequantize(np.float64).astype(coded[key][1])
         reference = "float32"
@@ -594,8 +795,18 @@ def load_trace(path) -> Trace:
             tensors["output"] = np.zeros(residual[0], dtype=np.float32)
         if not isinstance(entry.get("source") or {}, dict):
             raise trace_error(label, "must be a mapping", layer_name, "source")
-        layers.append(Layer(layer_name, op, tensors, attrs, quant, entry.get("source") or {}, frozenset(coded),
-                            reference))
+        layers.append(
+            Layer(
+                layer_name,
+                op,
+                tensors,
+                attrs,
+                quant,
+                entry.get("source") or {},
+                frozenset(coded),
+                reference,
+            )
+        )
         if residual is not None:
             residuals.append((layers[-1], residual, decoded))
     dataset = None
@@ -609,12 +820,20 @@ def load_trace(path) -> Trace:
         spec = doc["network"]
         keys = {"input", "steps", "labels", "targets", "model"}
         if not isinstance(spec, dict) or not {"input", "steps"} <= set(spec) <= keys:
-            raise trace_error(label, "must be a mapping with input, steps and optional labels, targets, model",
-                              field="network")
+            raise trace_error(
+                label,
+                "must be a mapping with input, steps and optional labels, targets, model",
+                field="network",
+            )
         if not isinstance(spec["steps"], list):
             raise trace_error(label, "must be a list", field="network.steps")
-        network = Network(spec["input"], tuple(spec["steps"]), spec.get("labels"), spec.get("targets"),
-                          spec.get("model"))
+        network = Network(
+            spec["input"],
+            tuple(spec["steps"]),
+            spec.get("labels"),
+            spec.get("targets"),
+            spec.get("model"),
+        )
     trace = Trace(name, layers, source, metadata, dataset, network, root)
     validate_trace(trace, label)
     for layer, (shape, _, residual_entry), decoded in residuals:

@@ -35,13 +35,30 @@ OPS = ("linear", "matmul", "conv2d", "conv_transpose2d")
 CONV_OPS = ("conv2d", "conv_transpose2d")
 OPERANDS = ("input", "weight", "bias")
 #: Tensor names a layer file may hold besides the QDQ arrays ``quant.<operand>.scale|zero_point``.
-TENSOR_ROLES = ("input", "weight", "bias", "output", "input_quantized", "weight_quantized", "bias_quantized")
+TENSOR_ROLES = (
+    "input",
+    "weight",
+    "bias",
+    "output",
+    "input_quantized",
+    "weight_quantized",
+    "bias_quantized",
+)
 REQUIRED_TENSORS = ("input", "weight", "output")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 #: dtypes allowed anywhere (QDQ zero points, dataset labels): plain numbers only.
-NUMERIC_DTYPES = FLOAT_DTYPES + ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+NUMERIC_DTYPES = FLOAT_DTYPES + (
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+)
 NETWORK_OPS = {"relu": {}, "flatten": {"start_dim": 1}, "identity": {}}
-
 
 
 @dataclass(eq=False)
@@ -100,7 +117,9 @@ class Layer:
         """What the source model fed the GEMM for ``operand`` after its own quantizer, if recorded."""
         return self.tensors.get(f"{operand}_quantized")
 
-    def conv_geometry(self, input_shape: tuple | None = None) -> Conv2dGeometry | ConvTranspose2dGeometry:
+    def conv_geometry(
+        self, input_shape: tuple | None = None
+    ) -> Conv2dGeometry | ConvTranspose2dGeometry:
         """The geometry of a conv2d / conv_transpose2d layer (from its input/weight shapes and
         attrs; ``input_shape`` replaces the recorded input's shape, e.g. another batch size)."""
         if self.op not in CONV_OPS:
@@ -108,10 +127,18 @@ class Layer:
         a = self.attrs
         shape = self.input.shape if input_shape is None else tuple(input_shape)
         if self.op == "conv2d":
-            return Conv2dGeometry.from_shapes(shape, self.weight.shape, a["stride"], a["padding"], a["dilation"],
-                                              a["groups"])
-        return ConvTranspose2dGeometry.from_shapes(shape, self.weight.shape, a["stride"], a["padding"],
-                                                   a["output_padding"], a["dilation"], a["groups"])
+            return Conv2dGeometry.from_shapes(
+                shape, self.weight.shape, a["stride"], a["padding"], a["dilation"], a["groups"]
+            )
+        return ConvTranspose2dGeometry.from_shapes(
+            shape,
+            self.weight.shape,
+            a["stride"],
+            a["padding"],
+            a["output_padding"],
+            a["dilation"],
+            a["groups"],
+        )
 
 
 @dataclass(frozen=True)
@@ -142,8 +169,11 @@ class Network:
         if self.targets is not None:
             out["targets"] = self.targets
         if self.model is not None:
-            out["model"] = {"architecture": self.model["architecture"], "config": dict(self.model["config"]),
-                            "state": self.model["state"]}
+            out["model"] = {
+                "architecture": self.model["architecture"],
+                "config": dict(self.model["config"]),
+                "state": self.model["state"],
+            }
         return out
 
 
@@ -170,4 +200,3 @@ class Trace:
                 return layer
         names = ", ".join(layer.name for layer in self.layers)
         raise MxsimError(f"trace {self.name!r} has no layer {name!r}; layers: {names}")
-

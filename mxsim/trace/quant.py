@@ -26,7 +26,15 @@ import numpy as np
 from ..errors import MxsimError
 from ..formats import get_format
 from ..limits import is_integer
-from ..quantize import BFP_SPECS, BFPSpec, MXTensor, fake_quantize, quantize, quantize_at_scales, quantize_bfp
+from ..quantize import (
+    BFP_SPECS,
+    BFPSpec,
+    MXTensor,
+    fake_quantize,
+    quantize,
+    quantize_at_scales,
+    quantize_bfp,
+)
 from ..quantize.options import resolve_options
 
 SPEC_KINDS = ("mx", "bfp", "qdq")
@@ -44,7 +52,14 @@ QDQ_INTEGER_RANGES = {
     "uint2": (0, 3),
 }
 #: ONNX QuantizeLinear float output types (recorded; fake_quantize is not modelled for them).
-QDQ_FLOAT_TYPES = ("float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "float4e2m1", "float8e8m0")
+QDQ_FLOAT_TYPES = (
+    "float8e4m3fn",
+    "float8e4m3fnuz",
+    "float8e5m2",
+    "float8e5m2fnuz",
+    "float4e2m1",
+    "float8e8m0",
+)
 
 
 def _plain_option(value):
@@ -74,7 +89,9 @@ class _BlockSpec:
         """``x`` unchanged where the spec leaves it so (one element, bypass set), else None;
         an unresolved axis is refused."""
         if self.axis is None:
-            raise MxsimError(f"{self._WHAT}: axis is unresolved (None); attach the spec to a layer first")
+            raise MxsimError(
+                f"{self._WHAT}: axis is unresolved (None); attach the spec to a layer first"
+            )
         if self.bypass_single_element and x.size == 1:
             return np.asarray(x, dtype=self._BYPASS_DTYPE).copy()
         return None
@@ -119,18 +136,35 @@ class MXQuant(_BlockSpec):
         pairs = tuple(sorted((str(k), _plain_option(v)) for k, v in options))
         object.__setattr__(self, "options", pairs)
         resolve_options(self.profile, **dict(pairs))  # validates profile and option names/values
-        if self.scales is not None and (not isinstance(self.scales, np.ndarray) or self.scales.dtype != np.uint8):
+        if self.scales is not None and (
+            not isinstance(self.scales, np.ndarray) or self.scales.dtype != np.uint8
+        ):
             raise MxsimError("MX spec: scales must be a uint8 numpy array of E8M0 codes, or None")
 
     def quantize(self, x: np.ndarray) -> MXTensor:
         """``x`` quantized along ``axis`` (at the given ``scales``, if any)."""
         if self.axis is None:
-            raise MxsimError(f"{self._WHAT}: axis is unresolved (None); attach the spec to a layer first")
+            raise MxsimError(
+                f"{self._WHAT}: axis is unresolved (None); attach the spec to a layer first"
+            )
         if self.scales is not None:
-            return quantize_at_scales(x, self.format, self.scales, axis=self.axis, block_size=self.block_size,
-                                      profile=self.profile, **dict(self.options))
-        return quantize(x, self.format, axis=self.axis, block_size=self.block_size, profile=self.profile,
-                        **dict(self.options))
+            return quantize_at_scales(
+                x,
+                self.format,
+                self.scales,
+                axis=self.axis,
+                block_size=self.block_size,
+                profile=self.profile,
+                **dict(self.options),
+            )
+        return quantize(
+            x,
+            self.format,
+            axis=self.axis,
+            block_size=self.block_size,
+            profile=self.profile,
+            **dict(self.options),
+        )
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
         """Quantize then dequantize along ``axis`` (float64, exact values; see mxsim.fake_quantize;
@@ -140,13 +174,25 @@ class MXQuant(_BlockSpec):
             return bypassed
         if self.scales is not None:
             return self.quantize(x).dequantize(np.float64)
-        return fake_quantize(x, self.format, axis=self.axis, block_size=self.block_size,
-                             profile=self.profile, **dict(self.options))
+        return fake_quantize(
+            x,
+            self.format,
+            axis=self.axis,
+            block_size=self.block_size,
+            profile=self.profile,
+            **dict(self.options),
+        )
 
     def to_manifest(self, operand: str | None = None) -> dict:
         """The manifest mapping; a spec with ``scales`` names its NPZ array, which needs the operand."""
-        entry = {"kind": "mx", "format": self.format, "axis": self.axis, "block_size": int(self.block_size),
-                 "profile": self.profile, "options": {k: _yaml_option(v) for k, v in self.options}}
+        entry = {
+            "kind": "mx",
+            "format": self.format,
+            "axis": self.axis,
+            "block_size": int(self.block_size),
+            "profile": self.profile,
+            "options": {k: _yaml_option(v) for k, v in self.options},
+        }
         if self.bypass_single_element:
             entry["bypass_single_element"] = True
         if self.scales is not None:
@@ -186,10 +232,14 @@ class BFPQuant(_BlockSpec):
         if isinstance(self.spec, str):
             name = self.spec.upper()
             if name not in BFP_SPECS:
-                raise MxsimError(f"BFP spec: unknown name {self.spec!r}; accepted: {', '.join(BFP_SPECS)}")
+                raise MxsimError(
+                    f"BFP spec: unknown name {self.spec!r}; accepted: {', '.join(BFP_SPECS)}"
+                )
             object.__setattr__(self, "spec", BFP_SPECS[name])
         if not isinstance(self.spec, BFPSpec):
-            raise MxsimError(f"BFP spec: expected a BFPSpec or a name, got {type(self.spec).__name__}")
+            raise MxsimError(
+                f"BFP spec: expected a BFPSpec or a name, got {type(self.spec).__name__}"
+            )
         _check_axis(self.axis, "BFP spec")
 
     @property
@@ -197,9 +247,19 @@ class BFPQuant(_BlockSpec):
         """MX4/MX6/MX9/BFP16 when the layout parameters match a named spec (rounding mode,
         kernel and seed aside), else None."""
         for name, named in BFP_SPECS.items():
-            if (named.method, named.bit_width, named.block_size, named.sub_block_size, named.sub_block_shift_bits) == (
-                self.spec.method, self.spec.bit_width, self.spec.block_size, self.spec.sub_block_size,
-                self.spec.sub_block_shift_bits):
+            if (
+                named.method,
+                named.bit_width,
+                named.block_size,
+                named.sub_block_size,
+                named.sub_block_shift_bits,
+            ) == (
+                self.spec.method,
+                self.spec.bit_width,
+                self.spec.block_size,
+                self.spec.sub_block_size,
+                self.spec.sub_block_shift_bits,
+            ):
                 return name
         return None
 
@@ -212,10 +272,19 @@ class BFPQuant(_BlockSpec):
 
     def to_manifest(self) -> dict:
         s = self.spec
-        entry = {"kind": "bfp", "name": self.name, "axis": self.axis, "method": s.method, "bit_width": s.bit_width,
-                 "block_size": s.block_size, "sub_block_size": s.sub_block_size,
-                 "sub_block_shift_bits": s.sub_block_shift_bits, "rounding_mode": s.rounding_mode,
-                 "kernel": s.kernel, "seed": s.seed}
+        entry = {
+            "kind": "bfp",
+            "name": self.name,
+            "axis": self.axis,
+            "method": s.method,
+            "bit_width": s.bit_width,
+            "block_size": s.block_size,
+            "sub_block_size": s.sub_block_size,
+            "sub_block_shift_bits": s.sub_block_shift_bits,
+            "rounding_mode": s.rounding_mode,
+            "kernel": s.kernel,
+            "seed": s.seed,
+        }
         if self.bypass_single_element:
             entry["bypass_single_element"] = True
         return entry
@@ -244,15 +313,18 @@ class QDQQuant:
 
     def __post_init__(self):
         if self.dtype not in QDQ_INTEGER_RANGES and self.dtype not in QDQ_FLOAT_TYPES:
-            raise MxsimError(f"QDQ spec: unknown quantized type {self.dtype!r}; accepted: "
-                             f"{', '.join([*QDQ_INTEGER_RANGES, *QDQ_FLOAT_TYPES])}")
+            raise MxsimError(
+                f"QDQ spec: unknown quantized type {self.dtype!r}; accepted: "
+                f"{', '.join([*QDQ_INTEGER_RANGES, *QDQ_FLOAT_TYPES])}"
+            )
         _check_axis(self.axis, "QDQ spec")
         if not is_integer(self.block_size) or self.block_size < 0:
             raise MxsimError(f"QDQ spec: block_size must be an int >= 0, got {self.block_size!r}")
         if not isinstance(self.scale, np.ndarray) or self.scale.dtype.kind != "f":
             raise MxsimError("QDQ spec: scale must be a float numpy array")
-        if self.zero_point is not None and (not isinstance(self.zero_point, np.ndarray)
-                                            or self.zero_point.shape != self.scale.shape):
+        if self.zero_point is not None and (
+            not isinstance(self.zero_point, np.ndarray) or self.zero_point.shape != self.scale.shape
+        ):
             raise MxsimError("QDQ spec: zero_point must be a numpy array with the scale's shape")
         if self.scale.size > 1 and self.axis is None:
             raise MxsimError("QDQ spec: a scale with more than one element needs an axis")
@@ -268,7 +340,9 @@ class QDQQuant:
             shape = [1] * x.ndim
             shape[axis] = -1
             return values.reshape(shape)
-        return np.repeat(values, self.block_size, axis=axis).take(np.arange(x.shape[axis]), axis=axis)
+        return np.repeat(values, self.block_size, axis=axis).take(
+            np.arange(x.shape[axis]), axis=axis
+        )
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
         """Quantize-dequantize as onnxruntime computes it for integer types: float32 division,
@@ -278,16 +352,24 @@ class QDQQuant:
         low, high = QDQ_INTEGER_RANGES[self.dtype]
         x32 = np.asarray(x, dtype=np.float32)
         scale = self._broadcast(self.scale.astype(np.float32), x32)
-        zero = 0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
+        zero = (
+            0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
+        )
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             q = np.rint(x32 / scale).astype(np.float64) + zero
             q = np.clip(q, low, high)
             return ((q - zero).astype(np.float32) * scale).astype(np.float32)
 
     def to_manifest(self, operand: str) -> dict:
-        entry = {"kind": "qdq", "dtype": self.dtype, "axis": self.axis, "block_size": int(self.block_size),
-                 "saturate": bool(self.saturate), "scale": f"quant.{operand}.scale",
-                 "zero_point": None if self.zero_point is None else f"quant.{operand}.zero_point"}
+        entry = {
+            "kind": "qdq",
+            "dtype": self.dtype,
+            "axis": self.axis,
+            "block_size": int(self.block_size),
+            "saturate": bool(self.saturate),
+            "scale": f"quant.{operand}.scale",
+            "zero_point": None if self.zero_point is None else f"quant.{operand}.zero_point",
+        }
         return entry
 
     def arrays(self, operand: str) -> dict[str, np.ndarray]:
@@ -311,8 +393,16 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
         raise MxsimError(f"expected a mapping, got {type(entry).__name__}")
     kind = entry.get("kind")
     if kind == "mx":
-        unknown = set(entry) - {"kind", "format", "axis", "block_size", "profile", "options", "bypass_single_element",
-                                "scales"}
+        unknown = set(entry) - {
+            "kind",
+            "format",
+            "axis",
+            "block_size",
+            "profile",
+            "options",
+            "bypass_single_element",
+            "scales",
+        }
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
         options = entry.get("options") or {}
@@ -321,33 +411,83 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
         scales = None
         if entry.get("scales") is not None:
             if entry["scales"] != f"quant.{operand}.scales" or entry["scales"] not in arrays:
-                raise MxsimError(f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}")
+                raise MxsimError(
+                    f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}"
+                )
             scales = arrays[entry["scales"]]
-        return MXQuant(entry["format"], entry["axis"], entry["block_size"], entry.get("profile", "ocp"),
-                       tuple(options.items()), bool(entry.get("bypass_single_element", False)), scales)
+        return MXQuant(
+            entry["format"],
+            entry["axis"],
+            entry["block_size"],
+            entry.get("profile", "ocp"),
+            tuple(options.items()),
+            bool(entry.get("bypass_single_element", False)),
+            scales,
+        )
     if kind == "bfp":
-        unknown = set(entry) - {"kind", "name", "axis", "method", "bit_width", "block_size", "sub_block_size",
-                                "sub_block_shift_bits", "rounding_mode", "kernel", "seed", "bypass_single_element"}
+        unknown = set(entry) - {
+            "kind",
+            "name",
+            "axis",
+            "method",
+            "bit_width",
+            "block_size",
+            "sub_block_size",
+            "sub_block_shift_bits",
+            "rounding_mode",
+            "kernel",
+            "seed",
+            "bypass_single_element",
+        }
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
-        spec = BFPSpec(entry["method"], entry["bit_width"], entry["block_size"], entry["sub_block_size"],
-                       entry["sub_block_shift_bits"], entry.get("rounding_mode", 0), entry.get("kernel", "cpu"),
-                       entry.get("seed", 0))
+        spec = BFPSpec(
+            entry["method"],
+            entry["bit_width"],
+            entry["block_size"],
+            entry["sub_block_size"],
+            entry["sub_block_shift_bits"],
+            entry.get("rounding_mode", 0),
+            entry.get("kernel", "cpu"),
+            entry.get("seed", 0),
+        )
         built = BFPQuant(spec, entry["axis"], bool(entry.get("bypass_single_element", False)))
         if entry.get("name") is not None and entry["name"] != built.name:
-            raise MxsimError(f"name {entry['name']!r} does not match the parameters (which are {built.name!r})")
+            raise MxsimError(
+                f"name {entry['name']!r} does not match the parameters (which are {built.name!r})"
+            )
         return built
     if kind == "qdq":
-        unknown = set(entry) - {"kind", "dtype", "axis", "block_size", "saturate", "scale", "zero_point"}
+        unknown = set(entry) - {
+            "kind",
+            "dtype",
+            "axis",
+            "block_size",
+            "saturate",
+            "scale",
+            "zero_point",
+        }
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
         scale_key = entry["scale"]
         if scale_key != f"quant.{operand}.scale" or scale_key not in arrays:
-            raise MxsimError(f"scale must name the array quant.{operand}.scale in the layer's file, got {scale_key!r}")
+            raise MxsimError(
+                f"scale must name the array quant.{operand}.scale in the layer's file, got {scale_key!r}"
+            )
         zero_key = entry.get("zero_point")
-        if zero_key is not None and (zero_key != f"quant.{operand}.zero_point" or zero_key not in arrays):
-            raise MxsimError(f"zero_point must be null or name the array quant.{operand}.zero_point in the "
-                             f"layer's file, got {zero_key!r}")
-        return QDQQuant(entry["dtype"], arrays[scale_key], None if zero_key is None else arrays[zero_key],
-                        entry.get("axis"), entry.get("block_size", 0), bool(entry.get("saturate", True)))
+        if zero_key is not None and (
+            zero_key != f"quant.{operand}.zero_point" or zero_key not in arrays
+        ):
+            raise MxsimError(
+                f"zero_point must be null or name the array quant.{operand}.zero_point in the "
+                f"layer's file, got {zero_key!r}"
+            )
+        return QDQQuant(
+            entry["dtype"],
+            arrays[scale_key],
+            None if zero_key is None else arrays[zero_key],
+            entry.get("axis"),
+            entry.get("block_size", 0),
+            bool(entry.get("saturate", True)),
+        )
     raise MxsimError(f"unknown kind {kind!r}; accepted: {', '.join(SPEC_KINDS)}")

@@ -61,11 +61,15 @@ def _along_k(tensor: MXTensor, length: int, block: int) -> tuple[np.ndarray, np.
     extra = length - codes.shape[-1]
     pad = [(0, 0)] * (codes.ndim - 1)
     codes = np.pad(codes, pad + [(0, extra)])
-    scales = np.pad(scales, pad + [(0, length // block - scales.shape[-1])], constant_values=E8M0_ONE)
+    scales = np.pad(
+        scales, pad + [(0, length // block - scales.shape[-1])], constant_values=E8M0_ONE
+    )
     return codes, scales
 
 
-def mx_prediction(op: str, attrs: dict, a: MXTensor, b: MXTensor, bias: np.ndarray | None) -> np.ndarray | None:
+def mx_prediction(
+    op: str, attrs: dict, a: MXTensor, b: MXTensor, bias: np.ndarray | None
+) -> np.ndarray | None:
     """``P`` of the module docstring for a layer with input ``a`` and weight ``b`` (the
     model's MX codes of its input and weight, as :func:`mxsim.quantize_mx` gives them), or
     None when the layer is not a linear or matmul layer with both operands blocked along K."""
@@ -76,37 +80,69 @@ def mx_prediction(op: str, attrs: dict, a: MXTensor, b: MXTensor, bias: np.ndarr
         weight_k_axis = len(w_shape) - 2
     else:
         return None
-    if a.axis != len(x_shape) - 1 or b.axis != weight_k_axis or a.tensor_scale_exponent or b.tensor_scale_exponent:
+    if (
+        a.axis != len(x_shape) - 1
+        or b.axis != weight_k_axis
+        or a.tensor_scale_exponent
+        or b.tensor_scale_exponent
+    ):
         return None
     block = math.gcd(a.block_size, b.block_size)
     length = max(a.codes.shape[-1], b.codes.shape[-1])
     a_codes, a_scales = _along_k(a, length, block)
-    b_codes, b_scales = _along_k(b, length, block)  # (..., N, length): the weight's K axis moved last
+    b_codes, b_scales = _along_k(
+        b, length, block
+    )  # (..., N, length): the weight's K axis moved last
     unit = exact_unit(a.element_format.name, b.element_format.name, block)
 
     def product(rows_a, scales_a, rows_b, scales_b) -> np.ndarray:
-        left = MXTensor(a.element_format, np.ascontiguousarray(rows_a), np.ascontiguousarray(scales_a),
-                        rows_a.shape, 1, block, 0, QuantOptions())
-        right = MXTensor(b.element_format, np.ascontiguousarray(rows_b), np.ascontiguousarray(scales_b),
-                         (length, rows_b.shape[0]), 0, block, 0, QuantOptions())
-        return matmul(unit, left, right).bits.view(np.float32).astype(np.float64)  # the unit's fp32 results
+        left = MXTensor(
+            a.element_format,
+            np.ascontiguousarray(rows_a),
+            np.ascontiguousarray(scales_a),
+            rows_a.shape,
+            1,
+            block,
+            0,
+            QuantOptions(),
+        )
+        right = MXTensor(
+            b.element_format,
+            np.ascontiguousarray(rows_b),
+            np.ascontiguousarray(scales_b),
+            (length, rows_b.shape[0]),
+            0,
+            block,
+            0,
+            QuantOptions(),
+        )
+        return (
+            matmul(unit, left, right).bits.view(np.float32).astype(np.float64)
+        )  # the unit's fp32 results
 
     if len(w_shape) == 2:  # one weight for every row of the input
-        rows = product(a_codes.reshape(-1, length), a_scales.reshape(-1, length // block), b_codes, b_scales)
+        rows = product(
+            a_codes.reshape(-1, length), a_scales.reshape(-1, length // block), b_codes, b_scales
+        )
         out = rows.reshape(x_shape[:-1] + (rows.shape[-1],))
     else:  # several groups per call: each group's block of the (rows x rows) product is its result
         batch = np.broadcast_shapes(x_shape[:-2], w_shape[:-2])
         rows, columns, groups = x_shape[-2], w_shape[-1], math.prod(batch)
         a_codes, a_scales, b_codes, b_scales = (
             np.broadcast_to(v, batch + v.shape[-2:]).reshape((groups,) + v.shape[-2:])
-            for v in (a_codes, a_scales, b_codes, b_scales))
+            for v in (a_codes, a_scales, b_codes, b_scales)
+        )
         out = np.empty((groups, rows, columns), dtype=np.float64)
         step = max(1, math.isqrt(_GROUPED_OUTPUTS // max(1, rows * columns)))
         for start in range(0, groups, step):
             part = slice(start, min(start + step, groups))
             count = part.stop - start
-            every = product(a_codes[part].reshape(count * rows, -1), a_scales[part].reshape(count * rows, -1),
-                            b_codes[part].reshape(count * columns, -1), b_scales[part].reshape(count * columns, -1))
+            every = product(
+                a_codes[part].reshape(count * rows, -1),
+                a_scales[part].reshape(count * rows, -1),
+                b_codes[part].reshape(count * columns, -1),
+                b_scales[part].reshape(count * columns, -1),
+            )
             own = np.arange(count)
             out[part] = every.reshape(count, rows, count, columns)[own, :, own, :]
         out = out.reshape(batch + (rows, columns))
@@ -116,8 +152,9 @@ def mx_prediction(op: str, attrs: dict, a: MXTensor, b: MXTensor, bias: np.ndarr
     return out
 
 
-def encode_residual(reference: np.ndarray, prediction: np.ndarray | None,
-                    mode: str) -> tuple[np.ndarray, int] | None:
+def encode_residual(
+    reference: np.ndarray, prediction: np.ndarray | None, mode: str
+) -> tuple[np.ndarray, int] | None:
     """``(q, s)`` of the module docstring for a ``residualN`` mode, or None where the
     reference must be stored whole (no prediction, not float32, not finite, or a residual
     too wide for int16)."""

@@ -32,7 +32,9 @@ REPO = Path(__file__).resolve().parents[3]
 def golden_unit_and_expected():
     """The unit the DUT implements and its expected function (see the module docstring)."""
     spec = os.environ.get("MXSIM_GOLDEN_EXPECTED")
-    config = os.environ.get("MXSIM_HWCONFIG") or ("" if spec else str(REPO / "hwconfigs" / "ocp-exact.yaml"))
+    config = os.environ.get("MXSIM_HWCONFIG") or (
+        "" if spec else str(REPO / "hwconfigs" / "ocp-exact.yaml")
+    )
     hw = None
     if config and Path(config).is_file():
         from mxsim.datapath import load_hwconfig
@@ -45,7 +47,9 @@ def golden_unit_and_expected():
         module, _, name = spec.partition(":")
         return unit, getattr(importlib.import_module(module), name)(unit)
     if hw is None:
-        raise RuntimeError(f"no hardware config at {config}: set MXSIM_HWCONFIG or MXSIM_GOLDEN_EXPECTED")
+        raise RuntimeError(
+            f"no hardware config at {config}: set MXSIM_HWCONFIG or MXSIM_GOLDEN_EXPECTED"
+        )
     return unit, dot_expected_fn(hw, unit)
 
 
@@ -71,7 +75,15 @@ async def check_kind(dut, kind: str) -> None:
         if got != want:
             failed += 1
             if failed <= 10:
-                dut._log.error("%s %d (%s): c=%08x got %08x, expected %08x", kind, i, vectors.labels[i], int(vectors.c[i]), got, want)
+                dut._log.error(
+                    "%s %d (%s): c=%08x got %08x, expected %08x",
+                    kind,
+                    i,
+                    vectors.labels[i],
+                    int(vectors.c[i]),
+                    got,
+                    want,
+                )
     dut._log.info("%s: %d passed, %d failed", kind, len(vectors) - failed, failed)
     assert failed == 0, f"{kind}: {failed} of {len(vectors)} vectors differ from the golden model"
 

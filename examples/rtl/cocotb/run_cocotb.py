@@ -23,10 +23,14 @@ def main(argv=None) -> int:
     parser.add_argument("--bug", type=int, default=0, help="broken RTL variant (0: correct)")
     parser.add_argument("--cases", type=int, default=500, help="random vectors")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--expected", help="module:factory giving the expected function (default: mxsim.dot)")
+    parser.add_argument(
+        "--expected", help="module:factory giving the expected function (default: mxsim.dot)"
+    )
     parser.add_argument("--hwconfig", help="hardware config YAML for mxsim.dot")
     parser.add_argument("--build-dir", default=str(HERE / "sim_build"))
-    parser.add_argument("--python-path", action="append", default=[], help="extra import path for --expected")
+    parser.add_argument(
+        "--python-path", action="append", default=[], help="extra import path for --expected"
+    )
     args = parser.parse_args(argv)
 
     os.environ.pop("PYTEST_CURRENT_TEST", None)  # the runner exits the process under pytest
@@ -44,7 +48,9 @@ def main(argv=None) -> int:
         timescale=("1ns", "1ps"),
         always=True,
     )
-    sys.path[:0] = [str(Path(p).resolve()) for p in args.python_path]  # the runner passes sys.path on
+    sys.path[:0] = [
+        str(Path(p).resolve()) for p in args.python_path
+    ]  # the runner passes sys.path on
     env = {"MXSIM_GOLDEN_CASES": str(args.cases), "MXSIM_GOLDEN_SEED": str(args.seed)}
     if args.expected:
         env["MXSIM_GOLDEN_EXPECTED"] = args.expected

@@ -31,10 +31,20 @@ class RangesFamilies(Drawing):
                 batch.scale_a[row] = self.scale.power(need // 2 + int(self.rng.integers(0, 3)))
                 batch.scale_b[row] = self.scale.power(need - need // 2)
                 continue
-            significand = fmt.max_finite / 2.0 ** top * (1 - float(self.rng.random()) * 2.0 ** -(fmt.mantissa_bits - 2))
+            significand = (
+                fmt.max_finite
+                / 2.0**top
+                * (1 - float(self.rng.random()) * 2.0 ** -(fmt.mantissa_bits - 2))
+            )
             batch.c[row] = self.c_bits([np.ldexp(significand, top) * (-1 if negative else 1)])[0]
             for position in self.positions(int(self.rng.integers(1, 4))):
-                self.set_term(batch, row, int(position), top - int(self.rng.integers(0, fmt.mantissa_bits + 2)), negative)
+                self.set_term(
+                    batch,
+                    row,
+                    int(position),
+                    top - int(self.rng.integers(0, fmt.mantissa_bits + 2)),
+                    negative,
+                )
         return batch
 
     def partial_overflow(self, n: int) -> Batch:
@@ -56,7 +66,9 @@ class RangesFamilies(Drawing):
             if stop - start < 2:
                 continue
             batch.a[row, start:stop], batch.b[row, start:stop] = self.A.zero, self.B.zero
-            early, late = sorted(int(p) for p in start + self.rng.choice(stop - start, 2, replace=False))
+            early, late = sorted(
+                int(p) for p in start + self.rng.choice(stop - start, 2, replace=False)
+            )
             negative = bool(self.rng.integers(2))
             a, b, exponent = self.pair_at(high - 3)  # room for the later term above it
             batch.a[row, early] = self.A.negated(a) if negative else a
@@ -80,8 +92,11 @@ class RangesFamilies(Drawing):
         for row in range(n):
             place = self.positions(2)
             negative = bool(self.rng.integers(2))
-            target = (int(self.rng.choice(boundaries)) - int(self.rng.integers(0, 2)) if boundaries
-                      else high - int(self.rng.integers(0, 65)))
+            target = (
+                int(self.rng.choice(boundaries)) - int(self.rng.integers(0, 2))
+                if boundaries
+                else high - int(self.rng.integers(0, 65))
+            )
             exponent = self.set_term(batch, row, int(place[0]), target, negative)
             kind = row % 3
             if kind == 0 and len(place) > 1:
@@ -90,7 +105,9 @@ class RangesFamilies(Drawing):
             elif kind == 1:
                 batch.c[row] = self.random_c(min(exponent, 127), not negative)
             elif len(place) > 1:
-                self.set_term(batch, row, int(place[1]), exponent - int(self.rng.integers(0, 3)), not negative)
+                self.set_term(
+                    batch, row, int(place[1]), exponent - int(self.rng.integers(0, 3)), not negative
+                )
         return batch
 
     def special_accumulator(self, n: int) -> Batch:
@@ -143,7 +160,15 @@ class RangesFamilies(Drawing):
         for row in range(n):
             exponent = emin - int(self.rng.integers(-1, fmt.mantissa_bits + 1))
             negative = bool(self.rng.integers(2))
-            batch.c[row] = self.random_c(exponent, negative, bits=int(self.rng.integers(1, fmt.mantissa_bits + 2)))
+            batch.c[row] = self.random_c(
+                exponent, negative, bits=int(self.rng.integers(1, fmt.mantissa_bits + 2))
+            )
             for position in self.positions(int(self.rng.integers(1, 4))):
-                self.set_term(batch, row, int(position), exponent + int(self.rng.integers(-30, 4)), bool(self.rng.integers(2)))
+                self.set_term(
+                    batch,
+                    row,
+                    int(position),
+                    exponent + int(self.rng.integers(-30, 4)),
+                    bool(self.rng.integers(2)),
+                )
         return batch

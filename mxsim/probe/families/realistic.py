@@ -18,16 +18,25 @@ class RealisticFamilies(Drawing):
             fmt = operand.fmt
             x = self.rng.standard_normal((n, self.k))
             for start in range(0, self.k, self.block_size):
-                block = x[:, start:start + self.block_size]
+                block = x[:, start : start + self.block_size]
                 peak = np.abs(block).max(axis=1, keepdims=True)
-                largest = min(fmt.max_finite, 2.0 ** 16)  # wide formats: moderate magnitudes
-                shift = self.rng.integers(0, 4, (n, 1)) + (self.rng.integers(-6, 7, (n, 1)) if largest >= 2 ** 16 else 0)
-                x[:, start:start + self.block_size] = block / peak * largest * np.exp2(-shift.astype(float))
+                largest = min(fmt.max_finite, 2.0**16)  # wide formats: moderate magnitudes
+                shift = self.rng.integers(0, 4, (n, 1)) + (
+                    self.rng.integers(-6, 7, (n, 1)) if largest >= 2**16 else 0
+                )
+                x[:, start : start + self.block_size] = (
+                    block / peak * largest * np.exp2(-shift.astype(float))
+                )
             out[:] = fmt.encode(x).astype(np.uint64)
         if scaled:
             batch.scale_a[:] = self.scale.between(self.rng, -4, 4, batch.scale_a.shape)
             batch.scale_b[:] = self.scale.between(self.rng, -4, 4, batch.scale_b.shape)
-        typical = np.sqrt(self.k) * min(self.A.fmt.max_finite, 2.0 ** 16) * min(self.B.fmt.max_finite, 2.0 ** 16) / 4
+        typical = (
+            np.sqrt(self.k)
+            * min(self.A.fmt.max_finite, 2.0**16)
+            * min(self.B.fmt.max_finite, 2.0**16)
+            / 4
+        )
         c = self.rng.standard_normal(n) * typical * np.exp2(self.rng.integers(-8, 3, n))
         c[self.rng.random(n) < 0.2] = 0.0
         batch.c[:] = self.c_bits(np.clip(c, -3e38, 3e38))
@@ -46,25 +55,51 @@ class RealisticFamilies(Drawing):
             out[:] = codes
         batch.scale_a[:] = self.scale.between(self.rng, -8, 8, batch.scale_a.shape)
         batch.scale_b[:] = self.scale.between(self.rng, -8, 8, batch.scale_b.shape)
-        batch.c[:] = self.rng.integers(0, 1 << self.c_carrier.bits, n, dtype=np.uint64).astype(self.c_code_dtype)
+        batch.c[:] = self.rng.integers(0, 1 << self.c_carrier.bits, n, dtype=np.uint64).astype(
+            self.c_code_dtype
+        )
         sized = self.rng.random(n) < 0.5
         high = float(self.span()[1])
         with np.errstate(over="ignore"):  # fp64 products reach 2^2046: such a c is +-Inf
-            batch.c[sized] = self.c_bits(self.rng.standard_normal(int(sized.sum())) * np.exp2(high + self.rng.integers(-8, 4, int(sized.sum()))))
+            batch.c[sized] = self.c_bits(
+                self.rng.standard_normal(int(sized.sum()))
+                * np.exp2(high + self.rng.integers(-8, 4, int(sized.sum())))
+            )
         return batch
 
     def corners(self, n: int) -> Batch:
         """Specials and extremes: NaN/Inf/max/min-subnormal elements, signed zeros, NaN and
         extreme scales, special c, sums past the output's range and below its normal range."""
         batch = self.realistic(n)
-        special_c = self.c_bits([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45,
-                               1.1754944e-38, 6.1e-5, 65504.0, 65520.0, -65536.0, *self.c_extremes])
+        special_c = self.c_bits(
+            [
+                0.0,
+                -0.0,
+                np.inf,
+                -np.inf,
+                np.nan,
+                3.4028235e38,
+                -3.4028235e38,
+                1e-45,
+                -1e-45,
+                1.1754944e-38,
+                6.1e-5,
+                65504.0,
+                65520.0,
+                -65536.0,
+                *self.c_extremes,
+            ]
+        )
         for row in range(n):
             kind = row % 8
             place = self.positions(int(self.rng.integers(1, 4)))
             if kind == 0:  # special or extreme elements
                 for operand, codes in ((self.A, batch.a), (self.B, batch.b)):
-                    pick = operand.special_codes + [operand.max_code, operand.min_code, operand.negated(operand.zero)]
+                    pick = operand.special_codes + [
+                        operand.max_code,
+                        operand.min_code,
+                        operand.negated(operand.zero),
+                    ]
                     codes[row, place] = self.rng.choice(pick, size=len(place))
             elif kind == 1:  # all zeros, some or all negative: the sign of an exact zero
                 batch.a[row] = self.A.zero
@@ -86,19 +121,27 @@ class RealisticFamilies(Drawing):
                 batch.scale_b[row] = self.scale.between(self.rng, -127, -88, self.blocks)
                 batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))]
             elif kind == 4:  # results in the output's subnormal range: scales that put them there
-                target = self.out_emin - self.out_fmt.mantissa_bits + int(self.rng.integers(-3, self.out_fmt.mantissa_bits + 4))
+                target = (
+                    self.out_emin
+                    - self.out_fmt.mantissa_bits
+                    + int(self.rng.integers(-3, self.out_fmt.mantissa_bits + 4))
+                )
                 row_exponent = self.span()[1] + int(np.log2(self.k))
                 shift = target - row_exponent
                 batch.scale_a[row] = self.scale.power(shift // 2)
                 batch.scale_b[row] = self.scale.power(shift - shift // 2)
-                batch.c[row] = special_c[int(self.rng.choice([0, 7, 8, 9]))] if self.rng.integers(2) else 0
+                batch.c[row] = (
+                    special_c[int(self.rng.choice([0, 7, 8, 9]))] if self.rng.integers(2) else 0
+                )
             elif kind == 5:  # subnormal elements
                 batch.a[row, place] = self.A.min_code
                 batch.b[row, place] = self.B.min_code if self.rng.integers(2) else self.B.one
                 batch.c[row] = 0
             elif kind == 6:  # NaN scale, or a zero scale where the format has one
                 zero = self.scale.zero is not None and row % 16 == 14
-                batch.scale_a[row, int(self.rng.integers(self.blocks))] = self.scale.zero if zero else self.scale.nan
+                batch.scale_a[row, int(self.rng.integers(self.blocks))] = (
+                    self.scale.zero if zero else self.scale.nan
+                )
             else:  # exact cancellation to zero with c
                 self._cancel_row(batch, row)
         return batch

@@ -45,28 +45,47 @@ class ScalesFamilies(Drawing):
         for row in range(n):
             block = int(self.rng.integers(self.blocks))
             members = np.arange(block * self.block_size, min((block + 1) * self.block_size, self.k))
-            place = self.rng.choice(members, size=min(len(members), int(self.rng.integers(2, 7))), replace=False)
+            place = self.rng.choice(
+                members, size=min(len(members), int(self.rng.integers(2, 7))), replace=False
+            )
             top = int(self.rng.integers(max(low, high - 4), high + 1))
             negative = bool(self.rng.integers(2))
             for position in place:  # mostly of the anchor's other sign
-                self.set_term(batch, row, int(position), top - int(self.rng.integers(0, 4)), bool(self.rng.random() < 0.7) != negative)
-            gap = (int(self.rng.integers(0, 61)) if self.window is None
-                   else self.window + top - int(self.rng.integers(0, 6)))
+                self.set_term(
+                    batch,
+                    row,
+                    int(position),
+                    top - int(self.rng.integers(0, 4)),
+                    bool(self.rng.random() < 0.7) != negative,
+                )
+            gap = (
+                int(self.rng.integers(0, 61))
+                if self.window is None
+                else self.window + top - int(self.rng.integers(0, 6))
+            )
             others = [j for j in range(self.blocks) if j != block]
             if others and row % 2:  # another block's scale sets the anchor
                 other = int(self.rng.choice(others))
                 width = min(self.block_size, self.k - other * self.block_size)
                 position = other * self.block_size + int(self.rng.integers(width))
-                a, b, got = self.pair_at(int(self.rng.integers(low, high + 1)))  # its leading bit: anywhere
+                a, b, got = self.pair_at(
+                    int(self.rng.integers(low, high + 1))
+                )  # its leading bit: anywhere
                 if negative:
                     a = self.A.negated(a)
                 batch.a[row, position], batch.b[row, position] = a, b
-                if row % 3 == 0 and width > 1:  # its products cancel: the anchor is its scale, not its sum
-                    twin = other * self.block_size + (position - other * self.block_size + 1) % width
+                if (
+                    row % 3 == 0 and width > 1
+                ):  # its products cancel: the anchor is its scale, not its sum
+                    twin = (
+                        other * self.block_size + (position - other * self.block_size + 1) % width
+                    )
                     batch.a[row, twin], batch.b[row, twin] = self.A.negated(a), b
                 batch.scale_a[row, other] = self.scale.power(gap)
             else:
-                batch.c[row] = self.c_bits([np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))])[0]
+                batch.c[row] = self.c_bits(
+                    [np.ldexp(-1.0 if negative else 1.0, int(np.clip(gap, -126, 127)))]
+                )[0]
         return batch
 
     def grid(self, n: int) -> Batch:
@@ -83,9 +102,20 @@ class ScalesFamilies(Drawing):
                 batch.a[row, place[1]] = self.A.negated(a)
                 batch.b[row, place[1]] = b
             else:
-                top = max(self.set_term(batch, row, int(p), top - int(self.rng.integers(0, 8)), bool(self.rng.integers(2)))
-                          for p in self.positions(int(self.rng.integers(1, 4))))
+                top = max(
+                    self.set_term(
+                        batch,
+                        row,
+                        int(p),
+                        top - int(self.rng.integers(0, 8)),
+                        bool(self.rng.integers(2)),
+                    )
+                    for p in self.positions(int(self.rng.integers(1, 4)))
+                )
             gap = int(self.rng.integers(-150, 151))
-            batch.c[row] = self.random_c(int(np.clip(top + gap, -140, 126)), bool(self.rng.integers(2)),
-                                         bits=int(self.rng.choice([1, 8, 24])))
+            batch.c[row] = self.random_c(
+                int(np.clip(top + gap, -140, 126)),
+                bool(self.rng.integers(2)),
+                bits=int(self.rng.choice([1, 8, 24])),
+            )
         return batch

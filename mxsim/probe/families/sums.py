@@ -29,9 +29,17 @@ class SumsFamilies(Drawing):
                 batch.b[row, place[1]] = b ^ np.uint64(1 << self.B.fmt.padding_bits)
             for i in range(2, 2 + int(self.rng.integers(1, 5))):
                 if i < len(place):
-                    self.set_term(batch, row, place[i], top - int(self.rng.integers(0, self.reach)), bool(self.rng.integers(2)))
+                    self.set_term(
+                        batch,
+                        row,
+                        place[i],
+                        top - int(self.rng.integers(0, self.reach)),
+                        bool(self.rng.integers(2)),
+                    )
             if row % 3 == 2:
-                batch.c[row] = self.random_c(top - int(self.rng.integers(0, self.reach)), bool(self.rng.integers(2)))
+                batch.c[row] = self.random_c(
+                    top - int(self.rng.integers(0, self.reach)), bool(self.rng.integers(2))
+                )
         return batch
 
     def trees(self, n: int) -> Batch:
@@ -45,18 +53,36 @@ class SumsFamilies(Drawing):
             a, b, top = self.pair_at(top)
             batch.a[row, place[0]], batch.b[row, place[0]] = a, b
             if row % 3 == 0:
-                batch.c[row] = int(self.c_bits([-(self.A.fmt.decode(np.array([a], np.uint64))[0]
-                                                * self.B.fmt.decode(np.array([b], np.uint64))[0])])[0])
+                batch.c[row] = int(
+                    self.c_bits(
+                        [
+                            -(
+                                self.A.fmt.decode(np.array([a], np.uint64))[0]
+                                * self.B.fmt.decode(np.array([b], np.uint64))[0]
+                            )
+                        ]
+                    )[0]
+                )
             else:
                 batch.a[row, place[1]] = self.A.negated(a)
                 batch.b[row, place[1]] = b
-                if row % 6 == 1:  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
-                    batch.c[row] = self.random_c(top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2)))
+                if (
+                    row % 6 == 1
+                ):  # a full-precision c below B: rounded with B in the accumulator unless B cancels first
+                    batch.c[row] = self.random_c(
+                        top - int(self.rng.integers(1, 13)), bool(self.rng.integers(2))
+                    )
             gap = int(self.rng.integers(4, 30))
             if len(place) > 2:  # K = 2: B and -B alone
                 self.set_term(batch, row, place[2], top - gap, bool(self.rng.integers(2)))
             if row % 2 and len(place) > 3:
-                self.set_term(batch, row, place[3], top - int(self.rng.integers(4, 30)), bool(self.rng.integers(2)))
+                self.set_term(
+                    batch,
+                    row,
+                    place[3],
+                    top - int(self.rng.integers(4, 30)),
+                    bool(self.rng.integers(2)),
+                )
         return batch
 
     def sum_cancel(self, n: int) -> Batch:
@@ -71,16 +97,28 @@ class SumsFamilies(Drawing):
         for row in range(n):
             size = min(1 << int(self.rng.integers(2, 6)), self.k)
             start = int(self.rng.integers(0, self.k // size)) * size
-            place = self.rng.permutation(np.arange(start, start + size))[:int(self.rng.integers(3, 7))]
+            place = self.rng.permutation(np.arange(start, start + size))[
+                : int(self.rng.integers(3, 7))
+            ]
             reach = max(1, min(self.window if self.window is not None else 24, high - low))
             top = int(self.rng.integers(min(high, low + reach), high + 1))
             self.set_term(batch, row, int(place[0]), top, bool(self.rng.integers(2)))
             for position in place[1:]:
-                self.set_term(batch, row, int(position), top - int(self.rng.integers(1, reach + 1)), bool(self.rng.integers(2)))
+                self.set_term(
+                    batch,
+                    row,
+                    int(position),
+                    top - int(self.rng.integers(1, reach + 1)),
+                    bool(self.rng.integers(2)),
+                )
             blocks = np.arange(self.k) // self.block_size
-            scales = (self.scale.fmt.decode(batch.scale_a[row].astype(np.uint64))[blocks]
-                      * self.scale.fmt.decode(batch.scale_b[row].astype(np.uint64))[blocks])
-            total = float(np.sum(self.A.fmt.decode(batch.a[row]) * self.B.fmt.decode(batch.b[row]) * scales))
+            scales = (
+                self.scale.fmt.decode(batch.scale_a[row].astype(np.uint64))[blocks]
+                * self.scale.fmt.decode(batch.scale_b[row].astype(np.uint64))[blocks]
+            )
+            total = float(
+                np.sum(self.A.fmt.decode(batch.a[row]) * self.B.fmt.decode(batch.b[row]) * scales)
+            )
             if total and math.isfinite(total):
                 step = 2.0 ** (math.floor(math.log2(abs(total))) - int(self.rng.integers(4, 10)))
                 batch.c[row] = self.c_bits([-round(total / step) * step])[0]
@@ -101,16 +139,30 @@ class SumsFamilies(Drawing):
             if size < 2:  # K = 1
                 place = [int(p) for p in self.positions(3)]
             else:
-                place = [int(p) for p in run[:3]] if size >= 4 else [*map(int, run[:2]), int(self.rng.integers(self.k))]
+                place = (
+                    [int(p) for p in run[:3]]
+                    if size >= 4
+                    else [*map(int, run[:2]), int(self.rng.integers(self.k))]
+                )
             if place[2] in place[:2]:
                 place = place[:2]
-            a, b, top = self.pair_at(int(np.clip(self.rng.integers(-8, 9), low, high)))  # inside every float's range
+            a, b, top = self.pair_at(
+                int(np.clip(self.rng.integers(-8, 9), low, high))
+            )  # inside every float's range
             batch.a[row, place[0]], batch.b[row, place[0]] = a, b
             batch.a[row, place[1]], batch.b[row, place[1]] = self.A.negated(a), b
             if len(place) == 3:
-                self.set_term(batch, row, place[2], top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
+                self.set_term(
+                    batch,
+                    row,
+                    place[2],
+                    top - int(self.rng.integers(8, 41)),
+                    bool(self.rng.integers(2)),
+                )
             if row % 4 == 3:
-                batch.c[row] = self.random_c(top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2)))
+                batch.c[row] = self.random_c(
+                    top - int(self.rng.integers(8, 41)), bool(self.rng.integers(2))
+                )
         return batch
 
     def accumulator_entry(self, n: int) -> Batch:
@@ -119,10 +171,18 @@ class SumsFamilies(Drawing):
         low, high = self.span()
         for row in range(n):
             terms = self.positions(int(self.rng.integers(1, 5)))
-            exponents = [self.set_term(batch, row, p, int(self.rng.integers(low, high + 1)), bool(self.rng.integers(2)))
-                         for p in terms]
+            exponents = [
+                self.set_term(
+                    batch, row, p, int(self.rng.integers(low, high + 1)), bool(self.rng.integers(2))
+                )
+                for p in terms
+            ]
             gap = int(self.rng.integers(-40, 41))
-            batch.c[row] = self.random_c(max(exponents) + gap, bool(self.rng.integers(2)), bits=int(self.rng.choice([1, 8, 24])))
+            batch.c[row] = self.random_c(
+                max(exponents) + gap,
+                bool(self.rng.integers(2)),
+                bits=int(self.rng.choice([1, 8, 24])),
+            )
         return batch
 
     def subnormal_accumulator(self, n: int) -> Batch:
@@ -134,9 +194,17 @@ class SumsFamilies(Drawing):
             emin = 1 - fmt.bias
             exponent = emin - int(self.rng.integers(1, fmt.mantissa_bits + 1))
             bits = max(1, exponent - (emin - fmt.mantissa_bits) + 1)
-            batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=min(bits, self.c_precision))
+            batch.c[row] = self.random_c(
+                exponent, bool(self.rng.integers(2)), bits=min(bits, self.c_precision)
+            )
             for position in self.positions(int(self.rng.integers(1, 4))):
-                self.set_term(batch, row, int(position), exponent + int(self.rng.integers(-30, 8)), bool(self.rng.integers(2)))
+                self.set_term(
+                    batch,
+                    row,
+                    int(position),
+                    exponent + int(self.rng.integers(-30, 8)),
+                    bool(self.rng.integers(2)),
+                )
         return batch
 
     def tiny_terms(self, n: int) -> Batch:
@@ -146,9 +214,17 @@ class SumsFamilies(Drawing):
         for row in range(n):
             exponent = int(self.rng.integers(-200, 1))
             for position in self.positions(int(self.rng.integers(1, 4))):
-                self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 30)), bool(self.rng.integers(2)))
+                self.set_term(
+                    batch,
+                    row,
+                    int(position),
+                    exponent - int(self.rng.integers(0, 30)),
+                    bool(self.rng.integers(2)),
+                )
             if row % 3 == 0:
-                batch.c[row] = self.random_c(exponent - int(self.rng.integers(-10, 30)), bool(self.rng.integers(2)))
+                batch.c[row] = self.random_c(
+                    exponent - int(self.rng.integers(-10, 30)), bool(self.rng.integers(2))
+                )
             elif row % 3 == 1:
                 batch.c[row] = self.c_bits([-0.0])[0]
         return batch
@@ -168,14 +244,24 @@ class SumsFamilies(Drawing):
             top = int(self.rng.integers(lowest, self.out_emin + 2))
             negative = bool(self.rng.integers(2))
             first = int(self.rng.integers(min(self.block_size, self.k)))
-            self.set_term(batch, row, first, top, negative, pair=self._nearest_power_pair(powers, top))
+            self.set_term(
+                batch, row, first, top, negative, pair=self._nearest_power_pair(powers, top)
+            )
             others = [j for j in range(self.blocks) if j != first // self.block_size]
             if others:
                 block = int(self.rng.choice(others))
-                position = block * self.block_size + int(self.rng.integers(min(self.block_size, self.k - block * self.block_size)))
+                position = block * self.block_size + int(
+                    self.rng.integers(min(self.block_size, self.k - block * self.block_size))
+                )
             else:
-                position = (first + 1 + int(self.rng.integers(self.k - 1))) % self.k if self.k > 1 else first
-            anchor = int(self.rng.integers(top, self.out_emin + 3))  # a zero term there or above cuts the small term
+                position = (
+                    (first + 1 + int(self.rng.integers(self.k - 1))) % self.k
+                    if self.k > 1
+                    else first
+                )
+            anchor = int(
+                self.rng.integers(top, self.out_emin + 3)
+            )  # a zero term there or above cuts the small term
             window = self.window if self.window is not None else int(self.rng.integers(20, 41))
             gap = top - anchor + window + int(self.rng.integers(0, 3))
             if position != first:

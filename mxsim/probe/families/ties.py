@@ -20,10 +20,14 @@ class TiesFamilies(Drawing):
         for row in range(n):
             exponent = int(self.rng.integers(low, high + 3))
             if row % 4 == 0:  # no c: a large term is the reference
-                exponent = self.set_term(batch, row, int(self.rng.integers(self.k)), exponent, bool(self.rng.integers(2)))
+                exponent = self.set_term(
+                    batch, row, int(self.rng.integers(self.k)), exponent, bool(self.rng.integers(2))
+                )
                 first = 1
             else:
-                batch.c[row] = self.random_c(exponent, bool(self.rng.integers(2)), bits=int(self.rng.choice(self.precisions)))
+                batch.c[row] = self.random_c(
+                    exponent, bool(self.rng.integers(2)), bits=int(self.rng.choice(self.precisions))
+                )
                 first = 0
             precision = int(self.rng.choice(self.precisions))
             place = self.positions(4)
@@ -56,10 +60,20 @@ class TiesFamilies(Drawing):
             if first > last:
                 first, last = self.out_emin, self.out_fmt.emax - 1
             exponent = int(self.rng.integers(first, last + 1))
-            significand = (1 << output_bits) | int(self.rng.integers(0, 1 << (output_bits - 1))) << 1 | 1
+            significand = (
+                (1 << output_bits) | int(self.rng.integers(0, 1 << (output_bits - 1))) << 1 | 1
+            )
             negative = bool(self.rng.integers(2))
-            batch.c[row] = self.c_bits([math.ldexp(-significand if negative else significand, exponent - output_bits)])[0]
-            self.set_term(batch, row, int(self.rng.integers(self.k)), exponent - gap, bool(self.rng.integers(2)))
+            batch.c[row] = self.c_bits(
+                [math.ldexp(-significand if negative else significand, exponent - output_bits)]
+            )[0]
+            self.set_term(
+                batch,
+                row,
+                int(self.rng.integers(self.k)),
+                exponent - gap,
+                bool(self.rng.integers(2)),
+            )
         return batch
 
     def window_ties(self, n: int) -> Batch:
@@ -112,11 +126,19 @@ class TiesFamilies(Drawing):
             above = [x for x in pairs if x >= e]
             x = above[int(self.rng.integers(len(above)))]
             tie = bool(row % 2)
-            terms = [pairs[h]] * (1 << (e - h)) + [pairs[e - precision]] * tie + [
-                pairs[x], (self.A.negated(pairs[x][0]), pairs[x][1])]
+            terms = (
+                [pairs[h]] * (1 << (e - h))
+                + [pairs[e - precision]] * tie
+                + [pairs[x], (self.A.negated(pairs[x][0]), pairs[x][1])]
+            )
             negative = bool(self.rng.integers(2))
-            for position, (a, b) in zip(self.rng.choice(self.k, size=len(terms), replace=False), terms):
-                batch.a[row, position], batch.b[row, position] = (self.A.negated(a) if negative else a), b
+            for position, (a, b) in zip(
+                self.rng.choice(self.k, size=len(terms), replace=False), terms
+            ):
+                batch.a[row, position], batch.b[row, position] = (
+                    (self.A.negated(a) if negative else a),
+                    b,
+                )
             c_negative = bool(self.rng.integers(2)) if tie else not negative
             gap = int(self.rng.choice(wider)) + int(self.rng.integers(0, 2))
             batch.c[row] = self.c_bits([math.ldexp(-1.0 if c_negative else 1.0, x - gap)])[0]
@@ -132,7 +154,10 @@ class TiesFamilies(Drawing):
         it would break every tie whatever n is)."""
         batch = self.empty(n)
         low, high = self.span()
-        low, high = max(low, -150), min(high, 103)  # c, 2^(half + 1) to 2^(half + 24), a normal fp32
+        low, high = (
+            max(low, -150),
+            min(high, 103),
+        )  # c, 2^(half + 1) to 2^(half + 24), a normal fp32
         for row in range(n):
             half = int(self.rng.integers(low, high + 1))  # the tie's exponent, within the products
             j = int(self.rng.integers(1, 17))
@@ -142,7 +167,9 @@ class TiesFamilies(Drawing):
             negative = bool(self.rng.integers(2))
             significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
             # c's ulp is 2^(half + 1): the product 2^half is half of it
-            batch.c[row] = fp32_bits([np.ldexp(float(significand), half + 1) * (-1 if negative else 1)])[0]
+            batch.c[row] = fp32_bits(
+                [np.ldexp(float(significand), half + 1) * (-1 if negative else 1)]
+            )[0]
             place = self.positions(2)
             if place[0] ^ 1 < self.k:
                 place[1] = place[0] ^ 1
@@ -164,7 +191,9 @@ class TiesFamilies(Drawing):
             return self.empty(0)
         batch = self.empty(n)
         precision = self.out_fmt.mantissa_bits + 1
-        low, high = self.full_span()  # (the products lie outside the output's range: c cancels them)
+        low, high = (
+            self.full_span()
+        )  # (the products lie outside the output's range: c cancels them)
         # products 2^(h-16) .. 2^(h+24); c a normal fp32; the result inside the output's range
         low = max(low + 16, -150, self.out_emin - precision)
         high = min(high - 24, 103, self.out_fmt.emax - precision - 1)
@@ -173,7 +202,10 @@ class TiesFamilies(Drawing):
         for row in range(n):
             half = int(self.rng.integers(low, high + 1))
             j = int(self.rng.integers(1, 17))
-            pairs = [self._exact_power_pair(exponent, normal=True) for exponent in (half, half - j, half + 24)]
+            pairs = [
+                self._exact_power_pair(exponent, normal=True)
+                for exponent in (half, half - j, half + 24)
+            ]
             negative = bool(self.rng.integers(2))
             low_bits = int(self.rng.integers(1, 1 << (precision - 1)))
             first = int(self.rng.integers(0, self.k // 2)) & ~1
@@ -204,5 +236,7 @@ class TiesFamilies(Drawing):
             a, b, top = self.pair_at(int(self.rng.integers(max(low, high - 3), high + 1)))
             batch.a[row, 0], batch.b[row, 0] = a, b
             batch.a[row, self.k - 1], batch.b[row, self.k - 1] = self.A.negated(a), b
-            batch.c[row] = self.random_c(top - int(self.rng.integers(16, 33)), bool(self.rng.integers(2)), bits=24)
+            batch.c[row] = self.random_c(
+                top - int(self.rng.integers(16, 33)), bool(self.rng.integers(2)), bits=24
+            )
         return batch

@@ -25,7 +25,10 @@ class ZerosFamilies(Drawing):
                 a, b, _ = self.pair_at(int(self.rng.integers(low, high + 1)))
                 place = int(self.rng.integers(self.k))
                 batch.a[row, place], batch.b[row, place] = a, b
-                value = float(self.A.fmt.decode(np.array([a], np.uint64))[0] * self.B.fmt.decode(np.array([b], np.uint64))[0])
+                value = float(
+                    self.A.fmt.decode(np.array([a], np.uint64))[0]
+                    * self.B.fmt.decode(np.array([b], np.uint64))[0]
+                )
                 batch.c[row] = self.c_bits([-value])[0]
             elif kind == 2:  # a product and its negation, c = -0
                 self._cancel_row(batch, row)
@@ -33,10 +36,18 @@ class ZerosFamilies(Drawing):
             else:  # a tiny negative result: below the output's smallest subnormal
                 target = self.out_emin - self.out_fmt.mantissa_bits - int(self.rng.integers(1, 4))
                 low, high = self.span()
-                exponent = self.set_term(batch, row, int(self.rng.integers(self.k)), int(np.clip(target, low, high)), True)
+                exponent = self.set_term(
+                    batch,
+                    row,
+                    int(self.rng.integers(self.k)),
+                    int(np.clip(target, low, high)),
+                    True,
+                )
                 if exponent > target:  # the elements cannot reach it: c alone is the result
                     batch.a[row], batch.b[row] = self.A.zero, self.B.zero
-                    batch.c[row] = self.c_bits([-np.ldexp(1.0, max(target, self.c_min_exponent))])[0]
+                    batch.c[row] = self.c_bits([-np.ldexp(1.0, max(target, self.c_min_exponent))])[
+                        0
+                    ]
         return batch
 
     def zero_chains(self, n: int) -> Batch:
@@ -61,17 +72,25 @@ class ZerosFamilies(Drawing):
             position = 0 if row % 2 else int(self.rng.integers(max(1, self.k // 2)))
             if row % 4 == 3:  # exact cancellation to +0 in the first two steps: a * 1 and -a * 1
                 a = int(self.rng.choice(moderate))
-                batch.a[row, :2] = [a, self.A.negated(a)][:self.k]
+                batch.a[row, :2] = [a, self.A.negated(a)][: self.k]
                 batch.b[row, :2] = self.B.one
                 continue
             b, b_exponent = self._smallest_code(self.B, largest=-3, rng=self.rng)
             batch.a[row, position] = self.A.negated(tiny_a)
             batch.b[row, position] = b
             shortfall = target - (a_exponent + b_exponent)
-            if shortfall < 0:  # the block's scales take the product down (a unit without scales ignores them)
+            if (
+                shortfall < 0
+            ):  # the block's scales take the product down (a unit without scales ignores them)
                 block = position // self.block_size
                 batch.scale_a[row, block] = self.scale.power(shortfall // 2)
-                got = int(np.log2(self.scale.fmt.decode(batch.scale_a[row, block:block + 1].astype(np.uint64))[0]))
+                got = int(
+                    np.log2(
+                        self.scale.fmt.decode(
+                            batch.scale_a[row, block : block + 1].astype(np.uint64)
+                        )[0]
+                    )
+                )
                 batch.scale_b[row, block] = self.scale.power(shortfall - got)
         return batch
 
@@ -105,5 +124,7 @@ class ZerosFamilies(Drawing):
                 continue
             batch.c[row] = self.random_c(exponent, negative, bits=int(self.rng.choice([1, 8, 24])))
             for position in self.positions(int(self.rng.integers(1, 3))):
-                self.set_term(batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative)
+                self.set_term(
+                    batch, row, int(position), exponent - int(self.rng.integers(0, 3)), not negative
+                )
         return batch

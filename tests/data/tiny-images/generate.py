@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-CLASSES = ("checker", "disc-blue", "disc-green", "disc-red", "gradient", "noise-dark", "stripes-horizontal",
-           "stripes-vertical")
+CLASSES = (
+    "checker",
+    "disc-blue",
+    "disc-green",
+    "disc-red",
+    "gradient",
+    "noise-dark",
+    "stripes-horizontal",
+    "stripes-vertical",
+)
 PER_CLASS = 5
 
 
@@ -24,7 +32,7 @@ def draw(kind: str, rng: np.random.Generator) -> np.ndarray:
     if kind.startswith("disc-"):
         channel = ("red", "green", "blue").index(kind[5:])
         cy, cx, radius = rng.uniform(8, height - 8), rng.uniform(8, width - 8), rng.uniform(4, 7)
-        inside = (y - cy) ** 2 + (x - cx) ** 2 <= radius ** 2
+        inside = (y - cy) ** 2 + (x - cx) ** 2 <= radius**2
         image[inside] = 0.15
         image[inside, channel] = 0.95
     elif kind == "stripes-horizontal":
@@ -47,7 +55,9 @@ def main(folder: Path = Path(__file__).parent / "images") -> None:
     for kind in CLASSES:
         (folder / kind).mkdir(parents=True, exist_ok=True)
         for index in range(PER_CLASS):
-            Image.fromarray(draw(kind, rng)).save(folder / kind / f"{kind}-{index}.png", optimize=True)
+            Image.fromarray(draw(kind, rng)).save(
+                folder / kind / f"{kind}-{index}.png", optimize=True
+            )
 
 
 if __name__ == "__main__":
