@@ -492,8 +492,9 @@ def _exercise_config(rng: random.Random, hw) -> None:
     params = hw.params(a_format, b_format)
     length = rng.choice([0, 1, params.block_size, 2 * params.block_size + 1])
     a_bits, b_bits = mxsim.get_format(a_format).bits, mxsim.get_format(b_format).bits
-    a = np.array([[rng.randrange(1 << a_bits) for _ in range(length)]], dtype=np.int64)
-    b = np.array([[rng.randrange(1 << b_bits) for _ in range(length)]], dtype=np.int64)
+    # uint64: fp64 codes reach 2^64 - 1, past int64
+    a = np.array([[rng.randrange(1 << a_bits) for _ in range(length)]], dtype=np.uint64)
+    b = np.array([[rng.randrange(1 << b_bits) for _ in range(length)]], dtype=np.uint64)
     mxsim.dot(hw, a, b, a_format=a_format, b_format=b_format)
     short = min(length, 64)  # explain runs the pure-Python reference twin
     mxsim.explain(
