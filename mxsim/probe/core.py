@@ -526,12 +526,16 @@ def _plain(candidate: dict) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in candidate.items()}
 
 
-def _is_nan(bits: np.ndarray, out_format: str) -> np.ndarray:
+def _nan_masks(out_format: str) -> tuple[int, int]:
+    """(exponent field mask, mantissa field mask) of the output format: a NaN has every
+    exponent bit set and a mantissa bit set."""
     fmt = get_format(out_format)
-    exponent = (bits >> np.uint64(fmt.mantissa_bits)) & np.uint64((1 << fmt.exponent_bits) - 1)
-    return (exponent == (1 << fmt.exponent_bits) - 1) & (
-        (bits & np.uint64((1 << fmt.mantissa_bits) - 1)) != 0
-    )
+    return ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits, (1 << fmt.mantissa_bits) - 1
+
+
+def _is_nan(bits: np.ndarray, out_format: str) -> np.ndarray:
+    exponent_mask, mantissa_mask = (np.uint64(mask) for mask in _nan_masks(out_format))
+    return ((bits & exponent_mask) == exponent_mask) & ((bits & mantissa_mask) != 0)
 
 
 def _same(predicted: int, answer: int, out_format: str) -> bool:
@@ -539,9 +543,7 @@ def _same(predicted: int, answer: int, out_format: str) -> bool:
     evidence search compares every answered input with every candidate's prediction."""
     if predicted == answer:
         return True
-    fmt = get_format(out_format)
-    exponent_mask = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
-    mantissa_mask = (1 << fmt.mantissa_bits) - 1
+    exponent_mask, mantissa_mask = _nan_masks(out_format)
     return all(
         bits & exponent_mask == exponent_mask and bits & mantissa_mask
         for bits in (predicted, answer)
