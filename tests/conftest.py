@@ -720,6 +720,19 @@ FIXTURE_TIERS = {
 }
 
 
+def pytest_configure(config):
+    """On an xdist worker, Numba's parallel kernels use the worker's share of the cores: the
+    workers already fill them, and a kernel waiting for threads another worker's process holds
+    only spins (tests/test_threads.py runs the kernels on two threads itself)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    import numba
+
+    workers = int(workerinput.get("workercount", 1))
+    numba.set_num_threads(max(1, min(numba.get_num_threads(), (os.cpu_count() or 1) // workers)))
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS."""
     for item in items:

@@ -15,8 +15,9 @@ PACKAGE = REPO / "mxsim"
 
 # Left to right: a package may import only packages of its own layer or of layers to its left.
 LAYERS = (
-    # the top-level modules every package may use: errors, limits, files, optional imports, compiles
-    ("errors", "limits", "fileio", "_optional", "_compile", "mxsim"),
+    # the top-level modules every package may use: errors, limits, files, optional imports,
+    # compiles, thread counts
+    ("errors", "limits", "fileio", "_optional", "_compile", "_threads", "mxsim"),
     ("formats",),
     ("quantize",),
     ("datapath",),

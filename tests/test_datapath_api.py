@@ -30,6 +30,26 @@ from mxsim.errors import ConfigError, MxsimError
 from mxsim.formats.reference import encode_reference
 
 HWCONFIGS = sorted((REPO / "hwconfigs").glob("*.yaml"))
+
+
+def _distinct_datapaths(paths) -> list:
+    """One param per distinct datapath among the configs ``paths``: configs whose params agree
+    for every format pair and output format compute the same bits, so the comparisons with the
+    twin run once for them; the param's id names every config sharing it."""
+    shared: dict[tuple, list] = {}
+    for path in paths:
+        config = load_hwconfig(path)
+        outs = sorted({"fp32", "fp16", "bf16", config.sections[("output", "format")]})
+        key = tuple(
+            repr(config.params(a_format, b_format, out_format))
+            for a_format, b_format in config.format_pairs
+            for out_format in outs
+        )
+        shared.setdefault(key, []).append(path)
+    return [pytest.param(group[0], id="+".join(p.stem for p in group)) for group in shared.values()]
+
+
+DATAPATHS = _distinct_datapaths(HWCONFIGS)
 ORACLES = REPO / "tests" / "data" / "gpu-fp8"
 FP8 = {"E4M3": "fp8_e4m3", "E5M2": "fp8_e5m2"}
 
@@ -487,7 +507,7 @@ def test_zero_term_exponent_past_fp64_is_refused_and_at_1023_agrees():
             assert int(got[0]) == shown["bits"] == (0xFF800000 if floored else 0)
 
 
-@pytest.mark.parametrize("config", HWCONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", DATAPATHS)
 @settings(max_examples=60)
 @given(data=st.data())
 def test_kernel_equals_reference_on_shipped_configs(config, data):
@@ -1189,7 +1209,7 @@ def corner_row(rng, case, params, a, b, scale_a, scale_b, c):
 
 
 @pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("config_path", HWCONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config_path", DATAPATHS)
 def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
     # Every K of PARTIAL_LENGTHS; the element formats rotate through the unit's accepted ones.
     config = load_hwconfig(config_path)

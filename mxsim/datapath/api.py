@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.table import INPUT_FLOATS, as_float_array
+from .._threads import threads_for
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
@@ -38,7 +39,7 @@ def _as_config(hw) -> HardwareConfig:
     )
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The kernel record (``schema.kernel_record``), the term-order array and the kernel_params
     of the accumulator, tree-sum, output and fp32 formats (cached per params: the kernels
@@ -339,22 +340,23 @@ def dot_with_params(
     exponents_b = _scale_exponents(scale_b, "scale_b", rows, blocks, params)
     c_values = _accumulator_inputs(c, (rows,), params.c_format)
     out = np.empty(rows, dtype=kernel_output_dtype(params.output_format))
-    if method == "auto" and window_applies(params):
-        left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
-        if left.size:  # specials and out-of-range values: the generic kernel
-            part = np.empty(left.size, dtype=out.dtype)
-            K.dot_pairs(
-                a[left],
-                b[left],
-                exponents_a[left],
-                exponents_b[left],
-                c_values[left],
-                *kernel_args,
-                part,
-            )
-            out[left] = part
-        return out.astype(output_dtype(params.output_format), copy=False)
-    K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
+    with threads_for(a.size):
+        if method == "auto" and window_applies(params):
+            left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
+            if left.size:  # specials and out-of-range values: the generic kernel
+                part = np.empty(left.size, dtype=out.dtype)
+                K.dot_pairs(
+                    a[left],
+                    b[left],
+                    exponents_a[left],
+                    exponents_b[left],
+                    c_values[left],
+                    *kernel_args,
+                    part,
+                )
+                out[left] = part
+            return out.astype(output_dtype(params.output_format), copy=False)
+        K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
     return out.astype(output_dtype(params.output_format), copy=False)
 
 
@@ -752,7 +754,13 @@ def matmul_batched(
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
 
-def _gemm_groups(
+def _gemm_groups(params: DatapathParams, codes_a, codes_b, *rest) -> np.ndarray:
+    """:func:`_gemm_routes` on one thread when the GEMMs hold few products (``threads_for``)."""
+    with threads_for(codes_a.size * codes_b.shape[1]):
+        return _gemm_routes(params, codes_a, codes_b, *rest)
+
+
+def _gemm_routes(
     params: DatapathParams,
     codes_a,
     codes_b,

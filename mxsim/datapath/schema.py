@@ -790,24 +790,40 @@ def _recorded_field(name: str, key: Key) -> str:
     return field
 
 
+_record_layout_memo: tuple = (None, None)
+
+
+def _record_layout() -> tuple[np.dtype, tuple]:
+    """(record dtype, ((record field, encoder, params field), ...)) of the current schema
+    table, worked out once per table (the probe asks for thousands of records)."""
+    global _record_layout_memo
+    table, layout = _record_layout_memo
+    if table is not SCHEMA:
+        recorded = [
+            (record, _recorded_field(name, key))
+            for _, name, key in keys()
+            if (record := _record_of(name, key))
+        ]
+        dtype = np.dtype([(record.name, record.dtype) for record, _ in recorded], align=True)
+        layout = (dtype, tuple((record.name, record.encode, field) for record, field in recorded))
+        _record_layout_memo = (SCHEMA, layout)
+    return layout
+
+
 def record_dtype() -> np.dtype:
     """The numpy structured dtype of the kernel's parameter record: one field per key that has
     one, in table order (one dtype for every unit, so the kernels compile once)."""
-    fields = [
-        (record.name, record.dtype) for _, name, key in keys() if (record := _record_of(name, key))
-    ]
-    return np.dtype(fields, align=True)
+    return _record_layout()[0]
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def kernel_record(params) -> np.ndarray:
     """The kernel's parameter record of ``params``, as a one-element structured array
     (read-only, cached per params)."""
-    record = np.zeros(1, dtype=record_dtype())
-    for _, name, key in keys():
-        spec = _record_of(name, key)
-        if spec is not None:
-            record[spec.name] = spec.encode(getattr(params, _recorded_field(name, key)))
+    dtype, fields = _record_layout()
+    record = np.zeros(1, dtype=dtype)
+    for name, encode, field in fields:
+        record[name] = encode(getattr(params, field))
     record.setflags(write=False)
     return record
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, MxsimError, UnknownNameError
+from .._threads import threads_for
 from ..limits import check_choice, check_int
 from . import _kernels as K
 from .rounding import overflow_code, rounding_code
@@ -255,7 +256,8 @@ class FormatInfo:
         if self.field_bits > 16:
             return None
         out = np.empty(1 << self.field_bits, dtype=np.float64)
-        K.decode_array(np.arange(1 << self.field_bits, dtype=np.int64), self.kernel_params, out)
+        with threads_for(out.size):
+            K.decode_array(np.arange(out.size, dtype=np.int64), self.kernel_params, out)
         out.setflags(write=False)
         return out
 
@@ -289,7 +291,10 @@ class FormatInfo:
         if table is not None:
             return table[codes]
         out = np.empty(codes.size, dtype=np.float64)
-        K.decode_array(np.ascontiguousarray(codes, dtype=np.int64).ravel(), self.kernel_params, out)
+        with threads_for(out.size):
+            K.decode_array(
+                np.ascontiguousarray(codes, dtype=np.int64).ravel(), self.kernel_params, out
+            )
         return out.reshape(codes.shape)
 
     def encode(
@@ -331,16 +336,17 @@ class FormatInfo:
         # One kernel signature for every input and code width: bits and codes travel as uint64.
         flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
         out = np.empty(flat.size, dtype=np.uint64)
-        K.encode_array(
-            flat,
-            exponent_bits,
-            mantissa_bits,
-            self.kernel_params,
-            rounding_mode,
-            overflow_policy,
-            seed,
-            out,
-        )
+        with threads_for(out.size):
+            K.encode_array(
+                flat,
+                exponent_bits,
+                mantissa_bits,
+                self.kernel_params,
+                rounding_mode,
+                overflow_policy,
+                seed,
+                out,
+            )
         if self.padding_bits:
             out <<= out.dtype.type(self.padding_bits)
         return out.astype(self.code_dtype).reshape(values.shape)

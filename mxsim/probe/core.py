@@ -150,6 +150,7 @@ class _Engine:
             set()
         )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
+        self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
         self._answers: dict = {}
         self._answered: list = []  # (rows, answers) of each batch of new inputs asked, in order
 
@@ -181,12 +182,15 @@ class _Engine:
             fields[param_field(key, SCHEMA[section][key])] = (
                 tuple(value) if isinstance(value, list) else value
             )
-        params = dataclasses.replace(self._template, **fields)
-        try:
-            check_consistency(params, "<probe candidate>")
-        except ConfigError:
-            return None
-        return params
+        memo_key = frozenset(fields.items())
+        if memo_key not in self._params_memo:
+            params = dataclasses.replace(self._template, **fields)
+            try:
+                check_consistency(params, "<probe candidate>")
+            except ConfigError:
+                params = None
+            self._params_memo[memo_key] = params
+        return self._params_memo[memo_key]
 
     def predict(self, params, batch: Batch) -> np.ndarray:
         """mxsim's output bits; on rows whose scale codes the candidate's scale format cannot

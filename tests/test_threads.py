@@ -1,0 +1,87 @@
+"""mxsim._threads: small kernel calls run on one thread, and no result depends on the count."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from conftest import REPO
+from mxsim._threads import SERIAL_BELOW, threads_for
+from mxsim.datapath import dot, load_hwconfig, matmul
+from mxsim.formats import get_format
+from mxsim.quantize import quantize
+
+pytestmark = pytest.mark.skipif(
+    numba.config.NUMBA_NUM_THREADS < 2, reason="needs Numba's pool to hold two threads"
+)
+
+
+@pytest.fixture
+def two_threads():
+    threads = numba.get_num_threads()
+    numba.set_num_threads(2)
+    yield
+    numba.set_num_threads(threads)
+
+
+def test_small_work_takes_one_thread_and_the_count_comes_back(two_threads):
+    with threads_for(SERIAL_BELOW - 1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == 2
+    with threads_for(SERIAL_BELOW):
+        assert numba.get_num_threads() == 2
+    with pytest.raises(ValueError), threads_for(0):
+        raise ValueError("inside")
+    assert numba.get_num_threads() == 2
+
+
+def _every_entry_point():
+    """encode, decode, quantize, dequantize, dot and matmul results of work on both sides of
+    SERIAL_BELOW, for each count of threads."""
+    rng = np.random.default_rng(5)
+    fmt = get_format("fp8_e4m3")
+    results = []
+    for size in (64, 4 * SERIAL_BELOW):
+        x = rng.standard_normal(size) * np.exp(rng.normal(0, 4, size))
+        codes = fmt.encode(x)
+        tensor = quantize(x.reshape(-1, 32), "fp8_e4m3", axis=1)
+        results += [codes, fmt.decode(codes), tensor.codes, tensor.dequantize()]
+    for name in ("ocp-exact", "h100-fp8", "mxdotp"):
+        hw = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        for rows, k in ((3, 32), (96, 512)):
+            a = rng.standard_normal((rows, k))
+            b = rng.standard_normal((rows, k))
+            qa = quantize(a, "fp8_e4m3", axis=1)
+            qb = quantize(b, "fp8_e4m3", axis=1)
+            scaled = hw.params("fp8_e4m3", "fp8_e4m3").scales != "none"
+            results.append(
+                dot(
+                    hw,
+                    qa.codes,
+                    qb.codes,
+                    a_format="fp8_e4m3",
+                    b_format="fp8_e4m3",
+                    scale_a=qa.scales if scaled else None,
+                    scale_b=qb.scales if scaled else None,
+                )
+            )
+            product = matmul(
+                hw,
+                a,
+                b.T,
+                a_format="fp8_e4m3",
+                b_format="fp8_e4m3",
+                per_tensor_scale=not scaled,
+            )
+            results.append(product.bits)
+    return results
+
+
+def test_results_do_not_depend_on_the_thread_count(two_threads):
+    on_two = _every_entry_point()
+    numba.set_num_threads(1)
+    on_one = _every_entry_point()
+    assert len(on_two) == len(on_one)
+    for got, want in zip(on_two, on_one):
+        np.testing.assert_array_equal(got, want)
