@@ -733,10 +733,32 @@ def pytest_configure(config):
     numba.set_num_threads(max(1, min(numba.get_num_threads(), (os.cpu_count() or 1) // workers)))
 
 
+#: Modules of long, independent tests that the xdist workers share out one test at a time
+#: (their module fixtures, if any, are cheap beside the tests), in the order they start: the
+#: longest tests first. Every other module runs whole on one worker, so its module fixtures are
+#: built once.
+SPREAD_MODULES = (
+    "test_probe_rtl",
+    "test_probe_mmasim",
+    "test_probe_core",
+    "test_probe_modes",
+    "test_datapath_api",
+    "test_oracles_mmasim",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS."""
+    """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS, and order the run for
+    the xdist workers (``--dist loadgroup``): the spread modules' tests first, one at a time,
+    then the other modules whole (an ``xdist_group`` each), larger modules first, so that no
+    long test is left to run alone at the end."""
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[item.path.stem] = sizes.get(item.path.stem, 0) + 1
     for item in items:
         module = item.path.stem
+        if module not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
         marks = {
             m
             for pattern, tier in MODULE_TIERS.items()
@@ -751,3 +773,5 @@ def pytest_collection_modifyitems(config, items):
         )
         for mark in sorted(marks):
             item.add_marker(mark)
+    spread = {module: rank for rank, module in enumerate(SPREAD_MODULES)}
+    items.sort(key=lambda item: (spread.get(item.path.stem, len(spread)), -sizes[item.path.stem]))

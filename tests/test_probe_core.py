@@ -72,8 +72,9 @@ CI_PATHS = {
     ),  # parity windows, second alignment, far c dropped
 }
 #: Configs whose CI path is probed only with MXSIM_PROBE_LONG (CI time: mi300's FP8 path takes
-#: about 15 passes, docs/probe.md).
-LONG_ONLY = {"mi300"}
+#: about 15 passes, docs/probe.md; mxdotp-rtz's about a minute and a half, while
+#: tests/test_probe_modes.py probes mxdotp under round toward zero in CI).
+LONG_ONLY = {"mi300", "mxdotp-rtz"}
 #: AMD paths probed only with MXSIM_PROBE_LONG: the other input kinds, at an instruction's K.
 LONG_AMD_PATHS = [
     ("mi300", "fp16", "fp16", "fp32", 16),
@@ -297,7 +298,19 @@ ONCE_FAILING_PATHS = [
 ]
 
 
-@pytest.mark.parametrize("name, a_format, b_format, out_format, k", ONCE_FAILING_PATHS)
+#: Once-failing paths whose probe takes more than about half a minute: MXSIM_PROBE_LONG only.
+ONCE_FAILING_LONG = [
+    ("b200-tcgen05-mxf8f6f4", "fp6_e2m3", "fp4_e2m1", "bf16", 64),
+    ("mxdotp-rmm", "fp6_e2m3", "fp6_e2m3", "bf16", 64),
+    ("b200-tcgen05", "fp6_e2m3", "fp8_e4m3", "bf16", 64),
+    ("b200-tcgen05", "fp6_e3m2", "fp4_e2m1", "bf16", 64),
+]
+
+
+@pytest.mark.parametrize(
+    "name, a_format, b_format, out_format, k",
+    [path for path in ONCE_FAILING_PATHS if LONG or path not in ONCE_FAILING_LONG],
+)
 def test_round_trip_of_paths_once_failing(name, a_format, b_format, out_format, k):
     _round_trip(load_hwconfig(HW / f"{name}.yaml"), name, a_format, b_format, out_format, k)
 
