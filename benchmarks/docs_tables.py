@@ -6,7 +6,7 @@ docs/benchmarks.md; NAME is a results file's stem (``guard``: bench_guard.py --r
 has its run's figures written into a results file of the plain table form by hand: its
 ``command``, ``conditions`` (date, load average, cores, machine; commit where known), an
 optional ``note`` on what the table shows, ``columns`` and ``rows`` of cells as the script
-printed them. Earlier runs of each benchmark are kept in ``benchmarks/results/*.txt``.
+printed them. Earlier runs are kept in ``benchmarks/results/benchmark-runs.md``.
 Run after recording: ``python benchmarks/docs_tables.py`` (rewrites the tables), ``--check``
 (exit 1 when a table differs from its results file).
 """
@@ -56,7 +56,7 @@ def table(name: str) -> str:
                 )
         head = (
             f"`{results['command']}`. {note}{_recorded(results['conditions'])}\n\n"
-            f"| {' | '.join(results['columns'])} |\n|{'---|' * len(results['columns'])}"
+            f"| {' | '.join(results['columns'])} |\n|{'---|' * width}"
         )
         rows = [f"| {' | '.join(str(cell) for cell in row)} |" for row in results["rows"]]
     elif "ratios" in results:  # the short tier
