@@ -52,19 +52,23 @@ def main() -> None:
             f"  {'layer':14s} {'unit':10s} {'MACs':>10s} {'total s':>8s} {'matmul s':>8s} {'other s':>8s} {'M MAC/s':>8s}"
         )
         for unit in units:
-            total_time = total_macs = 0
+            total_time = total_matmul = total_macs = 0
             for layer in trace.layers:
                 spent["matmul"] = 0.0
                 start = time.perf_counter()
                 result = replay_layer(layer, unit)
                 seconds = time.perf_counter() - start
                 total_time += seconds
+                total_matmul += spent["matmul"]
                 total_macs += result.macs
                 print(
                     f"  {layer.name[:14]:14s} {unit.name[:10]:10s} {result.macs:10d} {seconds:8.3f} {spent['matmul']:8.3f} "
                     f"{seconds - spent['matmul']:8.3f} {result.macs / seconds / 1e6:8.1f}"
                 )
-            print(f"  {'total':14s} {unit.name[:10]:10s} {total_macs:10d} {total_time:8.3f}")
+            print(
+                f"  {'total':14s} {unit.name[:10]:10s} {total_macs:10d} {total_time:8.3f} {total_matmul:8.3f} "
+                f"{total_time - total_matmul:8.3f} {total_macs / total_time / 1e6:8.1f}"
+            )
 
 
 if __name__ == "__main__":

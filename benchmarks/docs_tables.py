@@ -2,9 +2,13 @@
 
 Each table sits between ``<!-- results: NAME -->`` and ``<!-- /results -->`` in
 docs/benchmarks.md; NAME is a results file's stem (``guard``: bench_guard.py --record,
-``matmul``/``matmul-fp4_e2m1``: bench_matmul.py --record). Run after recording:
-``python benchmarks/docs_tables.py`` (rewrites the tables), ``--check`` (exit 1 when a table
-differs from its results file).
+``matmul``/``matmul-fp4_e2m1``: bench_matmul.py --record). A script without ``--record``
+has its run's figures written into a results file of the plain table form by hand: its
+``command``, ``conditions`` (date, load average, cores, machine; commit where known), an
+optional ``note`` on what the table shows, ``columns`` and ``rows`` of cells as the script
+printed them. Earlier runs are kept in ``benchmarks/results/benchmark-runs.md``.
+Run after recording: ``python benchmarks/docs_tables.py`` (rewrites the tables), ``--check``
+(exit 1 when a table differs from its results file).
 """
 
 from __future__ import annotations
@@ -29,10 +33,33 @@ def _conditions(results: dict) -> str:
     )
 
 
+def _recorded(c: dict) -> str:
+    """The conditions of a hand-recorded run: date, commit if known, load, machine."""
+    commit = f", commit {c['commit']}" if c.get("commit") else ""
+    return (
+        f"Recorded {c['date']}{commit}, load average {c['load_average']} "
+        f"({c['cores']} cores, {c['machine']})."
+    )
+
+
 def table(name: str) -> str:
     """The markdown of results file ``name``."""
     results = json.loads((RESULTS / f"{name}.json").read_text())
-    if "ratios" in results:  # the short tier
+    if "columns" in results:  # the plain table of a script without --record
+        note = f"{results['note']} " if results.get("note") else ""
+        width = len(results["columns"])
+        for row in results["rows"]:
+            if len(row) != width:
+                raise ValueError(
+                    f"benchmarks/results/{name}.json: row {row!r} has {len(row)} cells, "
+                    f"the columns {width}"
+                )
+        head = (
+            f"`{results['command']}`. {note}{_recorded(results['conditions'])}\n\n"
+            f"| {' | '.join(results['columns'])} |\n|{'---|' * width}"
+        )
+        rows = [f"| {' | '.join(str(cell) for cell in row)} |" for row in results["rows"]]
+    elif "ratios" in results:  # the short tier
         rows = [f"| {case} | {ratio:.3f}x |" for case, ratio in results["ratios"].items()]
         head = (
             f"{results['size']}³ GEMMs, speed as a multiple of the same run's numpy float64 matmul "

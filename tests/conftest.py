@@ -688,7 +688,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         )
 
 
-#: Test tiers (markers registered in pyproject.toml; CONTRIBUTING.md gives each tier's time).
+#: Test tiers (markers registered in pyproject.toml; CONTRIBUTING.md gives each tier's size
+#: and how to time it).
 #: A module's markers are set here by its name, so the quick run, ``pytest -m "not slow"``,
 #: is defined in one place; a heavy test in an otherwise quick module carries
 #: ``@pytest.mark.slow`` itself. ``oracle``: compares against third-party libraries run
