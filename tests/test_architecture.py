@@ -18,6 +18,7 @@ LAYERS = (
     # the top-level modules every package may use: errors, limits, files, optional imports, compiles
     ("errors", "limits", "fileio", "_optional", "_compile", "mxsim"),
     ("formats",),
+    ("exact",),  # exact codes, product pairs and FP32 bits for crafted inputs (golden, probe)
     ("quantize",),
     ("datapath",),
     ("parallel",),  # process pools over datapath work, for the consumers
