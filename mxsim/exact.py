@@ -157,7 +157,7 @@ class ProductTable:
 
     def realize(self, units: int, lanes: int) -> list[tuple[int, int]] | None:
         """(A code, B code) pairs, at most ``lanes`` of them, whose products sum to ``units``; None if not found."""
-        pairs = []
+        pairs: list[tuple[int, int]] = []
         remaining = units
         while remaining > 0:
             if len(pairs) == lanes:
