@@ -19,6 +19,7 @@ LAYERS = (
     # compiles, thread counts
     ("errors", "limits", "fileio", "_optional", "_compile", "_threads", "mxsim"),
     ("formats",),
+    ("exact",),  # exact codes, product pairs and FP32 bits for crafted inputs (golden, probe)
     ("quantize",),
     ("datapath",),
     ("parallel",),  # process pools over datapath work, for the consumers

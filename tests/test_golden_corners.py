@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from mxsim.golden import GoldenUnit, corner_cases
-from mxsim.golden.corners import CodeBook, ProductTable
 from test_golden_model import decode_element, decode_fp32, exact_value
 
 FP32_MAX = Fraction((1 << 24) - 1) * Fraction(2) ** 104
@@ -203,21 +202,6 @@ def test_corners_for_unscaled_units_keep_unit_scales():
     corners = corner_cases(unit, None, np.random.default_rng(0))
     assert corners.scale_a is None and len(corners) > 100
     assert not any(label.startswith(("nan_scale", "scale_")) for label in corners.labels)
-
-
-def test_product_table_realizes_every_small_sum_exactly():
-    A = B = CodeBook("fp4_e2m1")
-    table = ProductTable(A, B)
-    assert table.quantum_exponent == -2
-    for units in range(0, 2001):
-        pairs = table.realize(units, 32)
-        assert pairs is not None and len(pairs) <= 32
-        total = sum(
-            decode_element(a, "fp4_e2m1").value * decode_element(b, "fp4_e2m1").value
-            for a, b in pairs
-        )
-        assert total == units * Fraction(1, 4)
-    assert table.realize(144 * 32 + 1, 32) is None  # past 32 lanes of 6 x 6
 
 
 def test_corners_depend_only_on_the_generator_state():

@@ -275,7 +275,7 @@ def test_round_trip_of_products_far_wider_than_parity_windows():
     _round_trip(any_pair("mi300"), "mi300-any-pair", "fp8_e5m2fnuz", "fp32", "fp32", 64)
 
 
-#: Long-list paths whose probe once ended wrong, each with what fixed it (docs/probe.md).
+#: Long-list paths whose probe once ended wrong, each with what fixed it (benchmarks/results/probe-runs.md).
 ONCE_FAILING_PATHS = [
     # promotion every 128 products at K = 64: c and the accumulator meet only at the end, rounded
     # to nearest even (319 / 1,280 mismatches while no promotion interval reached K)

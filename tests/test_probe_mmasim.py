@@ -10,7 +10,7 @@ Khattak & Mikaitis' measurements, an independent source).
 
 CI probes one family per instruction class and scale type, drawn with a fixed seed, and
 the families whose long run once ended with mismatches (``ONCE_FAILING``);
-``MXSIM_PROBE_LONG=1`` probes every family (docs/probe.md records the long run), and
+``MXSIM_PROBE_LONG=1`` probes every family (benchmarks/results/probe-runs.md records the long runs), and
 ``MXSIM_PROBE_LONG=PATTERN[,PATTERN...]`` those whose id (``arch/class/shape-and-types``, as
 pytest shows it) matches a shell-style pattern, e.g. ``'Blackwell/TCGen05MMABlockScale/*'``.
 Another vendor's families are one more entry in ``SOURCES``. Needs the ``oracles`` extra; skipped

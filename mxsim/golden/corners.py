@@ -6,155 +6,32 @@ ties (and ties ± a bit far below) at the rounding point of every output binade 
 subnormal range, and alignment shifts right at the window edge.
 
 Corner labels name the construction (``tie_odd_up_e-3_j5``); tests check the labels' claims
-with an exact model. Block ``0`` carries each corner; other blocks (K > k) hold +0 elements
+with an exact model. The codes by value, exact product pairs and sums and FP32 bits come from
+:mod:`mxsim.exact`, shared with the probe. Block ``0`` carries each corner; other blocks (K > k) hold +0 elements
 with scale 2^0.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import functools
-import math
 from fractions import Fraction
 
 import numpy as np
 
 from ..errors import MxsimError
+from ..exact import (
+    F32_INF,
+    F32_NAN,
+    F32_SIGN,
+    ProductTable,
+    code_book,
+    fp32_bits_exact,
+    odd_and_exponent,
+)
 from ..formats import E8M0_NAN, E8M0_ONE, get_format
 from ..formats.bits import floor_log2
 from .layout import GoldenUnit
 from .vectors import VectorSet
-
-F32_NAN = 0x7FC00000
-F32_INF = 0x7F800000
-F32_SIGN = 0x80000000
-
-
-def f32_bits(value) -> int:
-    """FP32 bits of the finite ``value`` (a Fraction or int that FP32 holds exactly)."""
-    try:
-        as_float = float(value)
-    except OverflowError:
-        raise MxsimError(f"golden: {value} is not exactly an FP32 value") from None
-    with np.errstate(over="ignore"):
-        single = np.array([as_float], dtype=np.float64).astype(np.float32)
-    if not math.isfinite(float(single[0])) or Fraction(float(single[0])) != Fraction(value):
-        raise MxsimError(f"golden: {value} is not exactly an FP32 value")
-    return int(single.view(np.uint32)[0])
-
-
-class CodeBook:
-    """The codes of one element format by value: zeros, ±1, max, smallest, subnormals, NaN, Inf."""
-
-    def __init__(self, name: str):
-        self.fmt = fmt = get_format(name)
-        codes = np.arange(1 << fmt.bits)
-        values = fmt.decode(codes)
-        self.values = values
-        self.sign_magnitude = fmt.signed and not fmt.twos_complement
-        finite = np.isfinite(values)
-        self.by_value: dict[Fraction, int] = {}
-        for code in codes[finite]:  # first code of each value: +0 before -0 keeps 0 canonical
-            self.by_value.setdefault(Fraction(float(values[code])), int(code))
-        self.zero = 0
-        self.negative_zero = (1 << (fmt.bits - 1)) if self.sign_magnitude else None
-        positive = sorted(
-            (Fraction(float(values[c])), int(c)) for c in codes[finite & (values > 0)]
-        )
-        self.positive = positive  # (value, code), ascending
-        self.min_positive = positive[0][1]
-        self.max = positive[-1][1]
-        self.one = self.code(Fraction(1))
-        self.subnormals = [
-            c for v, c in positive if fmt.exponent_bits and v < Fraction(fmt.min_normal)
-        ]
-        self.nans = [int(c) for c in codes[np.isnan(values)]]
-        self.infs = [int(c) for c in codes[np.isinf(values)]]
-        self.positive_inf = next((c for c in self.infs if values[c] > 0), None)
-        self.negative_inf = next((c for c in self.infs if values[c] < 0), None)
-
-    def code(self, value: Fraction) -> int:
-        """The code of the finite ``value`` (KeyError if the format does not hold it)."""
-        return self.by_value[Fraction(value)]
-
-    def value(self, code: int) -> Fraction:
-        return Fraction(float(self.values[code]))
-
-    def negate(self, code: int) -> int:
-        """The code of minus the value of ``code`` (−0 for +0 in sign-magnitude formats)."""
-        if code == self.zero:
-            return self.negative_zero if self.negative_zero is not None else self.zero
-        if self.sign_magnitude:
-            return code ^ (1 << (self.fmt.bits - 1))
-        return self.code(-self.value(code))
-
-
-@functools.lru_cache(maxsize=8)
-def code_book(name: str) -> CodeBook:
-    """The :class:`CodeBook` of a format, built once per process (fp16's takes seconds: every
-    code's exact value), shared by the format pairs and runs that use it; read only."""
-    return CodeBook(name)
-
-
-class ProductTable:
-    """Positive element products a·b as integers in units of the smallest product 2^quantum_exponent.
-
-    :meth:`realize` writes an integer as a sum of such products (greedy, largest first),
-    which lets corner cases ask for an exact block sum.
-    """
-
-    def __init__(self, a: CodeBook, b: CodeBook):
-        qa, qb = a.value(a.min_positive), b.value(b.min_positive)
-        self.quantum_exponent = _exact_log2(qa) + _exact_log2(qb)
-        a_items = [(int(v / qa), c) for v, c in a.positive]
-        b_items = [(int(v / qb), c) for v, c in b.positive]
-        wide = len(a_items) * len(b_items) > (
-            1 << 16
-        )  # wide formats: all of one side times powers of two
-        b_powers = [(u, c) for u, c in b_items if u & (u - 1) == 0] if wide else b_items
-        # For each product, the smallest (A code, B code) pair giving it: codes go from the
-        # largest down and a smaller one overwrites (fp16 x bf16 has millions of candidates,
-        # too many to list and sort).
-        descending = sorted(b_items, key=lambda item: item[1], reverse=True)
-        descending_powers = sorted(b_powers, key=lambda item: item[1], reverse=True)
-        best: dict[int, tuple[int, int]] = {}
-        for ua, ca in sorted(a_items, key=lambda item: item[1], reverse=True):
-            right = descending if not wide or ua & (ua - 1) == 0 else descending_powers
-            best.update({ua * ub: (ca, cb) for ub, cb in right})
-        self.units = sorted(best)
-        self.pair = best
-
-    def realize(self, units: int, lanes: int) -> list[tuple[int, int]] | None:
-        """(A code, B code) pairs, at most ``lanes`` of them, whose products sum to ``units``; None if not found."""
-        pairs = []
-        remaining = units
-        while remaining > 0:
-            if len(pairs) == lanes:
-                return None
-            index = bisect.bisect_right(self.units, remaining) - 1
-            take = self.units[index]
-            pairs.append(self.pair[take])
-            remaining -= take
-        return pairs
-
-
-def _exact_log2(value: Fraction) -> int:
-    """log2 of a power of two."""
-    numerator, denominator = value.numerator, value.denominator
-    if numerator & (numerator - 1) or denominator & (denominator - 1):
-        raise MxsimError(f"golden: {value} is not a power of two")
-    return numerator.bit_length() - denominator.bit_length()
-
-
-def _odd_and_exponent(value: Fraction) -> tuple[int, int]:
-    """(m, t) with value = m·2^t, m odd (value a nonzero dyadic rational)."""
-    numerator, denominator = value.numerator, value.denominator
-    t = -(denominator.bit_length() - 1)
-    if denominator & (denominator - 1):
-        raise MxsimError(f"golden: {value} is not dyadic")
-    shift = (numerator & -numerator).bit_length() - 1
-    return numerator >> shift, t + shift
 
 
 class _Rows:
@@ -255,7 +132,7 @@ class CornerBuilder:
         split three ways in turn (evenly, mostly on A, mostly on B) to exercise both inputs.
         """
         sign = -1 if value < 0 else 1
-        m, t = _odd_and_exponent(abs(Fraction(value)))
+        m, t = odd_and_exponent(abs(Fraction(value)))
         base = t - self.products.quantum_exponent + 254
         top = 508 if self.unit.scaled else 254  # a unit without scales works at 2^0
         s = max(0, base - top)
@@ -422,7 +299,7 @@ class CornerBuilder:
         ]
         for sa, sb in scales:
             for name, pairs in patterns.items():
-                for c_name, c_bits in (("zero_c", 0), ("one_c", f32_bits(1))):
+                for c_name, c_bits in (("zero_c", 0), ("one_c", fp32_bits_exact(1))):
                     self.add_pairs(f"scale_{sa}_{sb}_{name}_{c_name}", pairs, sa, sb, c_bits)
 
     def max_normals(self) -> None:
@@ -430,7 +307,7 @@ class CornerBuilder:
         top = (A.max, B.max)
         neg = (A.negate(A.max), B.max)
         alternating = [top if lane % 2 == 0 else neg for lane in range(self.k - self.k % 2)]
-        fmax = f32_bits(Fraction(get_format("fp32").max_finite))
+        fmax = fp32_bits_exact(Fraction(get_format("fp32").max_finite))
         self.add_pairs("max_all_lanes_pos", [top] * self.k, E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("max_all_lanes_neg", [neg] * self.k, E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("max_alternating_signs_cancel", alternating, E8M0_ONE, E8M0_ONE, 0)
@@ -474,7 +351,7 @@ class CornerBuilder:
         self.add_pairs("zero_block_pos_zero_c", [], E8M0_ONE, E8M0_ONE, 0)
         self.add_pairs("zero_block_neg_zero_c", [], E8M0_ONE, E8M0_ONE, F32_SIGN)
         self.add_pairs(
-            "zero_block_c_one_and_half", [], E8M0_ONE, E8M0_ONE, f32_bits(Fraction(3, 2))
+            "zero_block_c_one_and_half", [], E8M0_ONE, E8M0_ONE, fp32_bits_exact(Fraction(3, 2))
         )
         self.add_pairs("zero_block_c_neg_min_subnormal", [], E8M0_ONE, E8M0_ONE, 0x80000001)
         neg_one_b = B.negate(B.one)
@@ -517,7 +394,7 @@ class CornerBuilder:
         for units in reversed(self.products.units):
             block = units * self.k * q
             with contextlib.suppress(MxsimError):
-                f32_bits(block)
+                fp32_bits_exact(block)
                 if units == self.products.units[-1]:
                     return (self.A.max, self.B.max), block
                 return self.products.pair[units], block
@@ -532,10 +409,14 @@ class CornerBuilder:
         neg = (A.negate(top[0]), top[1])
         half = self.k // 2
         self.add_pairs(
-            "cancel_block_vs_c_exact", [top] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(-block)
+            "cancel_block_vs_c_exact", [top] * self.k, E8M0_ONE, E8M0_ONE, fp32_bits_exact(-block)
         )
         self.add_pairs(
-            "cancel_block_vs_c_exact_neg", [neg] * self.k, E8M0_ONE, E8M0_ONE, f32_bits(block)
+            "cancel_block_vs_c_exact_neg",
+            [neg] * self.k,
+            E8M0_ONE,
+            E8M0_ONE,
+            fp32_bits_exact(block),
         )
         e = floor_log2(block)
         for delta_bits in (1, 2, 11, 23):
@@ -543,7 +424,7 @@ class CornerBuilder:
             for sign_name, sign in (("plus", 1), ("minus", -1)):
                 c_value = -block + sign * tiny
                 try:
-                    c_bits = f32_bits(c_value)
+                    c_bits = fp32_bits_exact(c_value)
                 except MxsimError:
                     continue
                 self.add_pairs(
@@ -581,14 +462,18 @@ class CornerBuilder:
                     continue
                 pairs, sa, sb = found
                 self.add_pairs(
-                    f"cancel_long_2^{j}+1_minus_2^{j}_e{e}", pairs, sa, sb, f32_bits(-(2**j) * lsb)
+                    f"cancel_long_2^{j}+1_minus_2^{j}_e{e}",
+                    pairs,
+                    sa,
+                    sb,
+                    fp32_bits_exact(-(2**j) * lsb),
                 )
                 self.add_pairs(
                     f"cancel_long_neg_2^{j}+1_plus_2^{j}_e{e}",
                     [(A.negate(ca), cb) for ca, cb in pairs],
                     sa,
                     sb,
-                    f32_bits((2**j) * lsb),
+                    fp32_bits_exact((2**j) * lsb),
                 )
 
     def overflow(self) -> None:
@@ -597,7 +482,7 @@ class CornerBuilder:
         emax = self.out.emax
         ulp = self.ulp(emax)
         half = ulp / 2
-        max_bits = f32_bits(out_max)
+        max_bits = fp32_bits_exact(out_max)
         for sign, tag in ((1, "pos"), (-1, "neg")):
             c_bits = max_bits | (F32_SIGN if sign < 0 else 0)
             self.add_value(f"overflow_max_plus_half_ulp_tie_{tag}", sign * half, c_bits)
@@ -664,11 +549,13 @@ class CornerBuilder:
                 ("odd_minus_tiny_down", m_odd, half - half / 2**j),
             )
             for name, m, delta in variants:
-                self.add_value(f"tie_{name}_e{e}_j{j}", sign * delta, f32_bits(sign * m * ulp))
+                self.add_value(
+                    f"tie_{name}_e{e}_j{j}", sign * delta, fp32_bits_exact(sign * m * ulp)
+                )
             if e in (emin, 0, emax - 1):  # odd top mantissa: the tie carries into the next binade
                 top = (1 << (mbits + 1)) - 1
                 self.add_value(
-                    f"tie_carry_to_next_binade_e{e}", sign * half, f32_bits(sign * top * ulp)
+                    f"tie_carry_to_next_binade_e{e}", sign * half, fp32_bits_exact(sign * top * ulp)
                 )
         # Subnormal range: one fixed spacing; c = M ulp with M across the range, j reaching
         # far below the half ulp (below any internal sticky cut two or three bits down).
@@ -688,7 +575,7 @@ class CornerBuilder:
         for index, m in enumerate(ms):
             j = sub_depths[index % len(sub_depths)]
             for sign, tag in ((1, "pos"), (-1, "neg")):
-                c_bits = f32_bits(sign * m * ulp) if m else (F32_SIGN if sign < 0 else 0)
+                c_bits = fp32_bits_exact(sign * m * ulp) if m else (F32_SIGN if sign < 0 else 0)
                 self.add_value(f"tie_subnormal_m{m}_plus_half_{tag}", sign * half, c_bits)
                 self.add_value(
                     f"tie_subnormal_m{m}_plus_half_plus_tiny_j{j}_{tag}",
@@ -739,13 +626,15 @@ class CornerBuilder:
                 tiny = Fraction(2) ** (e0 - d)
                 sticky = tiny + tiny / 8
                 odd_big = big * Fraction(3, 2)
-                self.add_value(f"align_c_2^{e0}_minus_2^-{d}", -tiny, f32_bits(big))
-                self.add_value(f"align_c_2^{e0}_plus_2^-{d}", tiny, f32_bits(big))
-                self.add_value(f"align_c_2^{e0}_minus_2^-{d}_sticky", -sticky, f32_bits(big))
-                self.add_value(f"align_c_1.5x2^{e0}_plus_2^-{d}_sticky", sticky, f32_bits(odd_big))
+                self.add_value(f"align_c_2^{e0}_minus_2^-{d}", -tiny, fp32_bits_exact(big))
+                self.add_value(f"align_c_2^{e0}_plus_2^-{d}", tiny, fp32_bits_exact(big))
+                self.add_value(f"align_c_2^{e0}_minus_2^-{d}_sticky", -sticky, fp32_bits_exact(big))
+                self.add_value(
+                    f"align_c_1.5x2^{e0}_plus_2^-{d}_sticky", sticky, fp32_bits_exact(odd_big)
+                )
                 # Reversed: the block is large and c lies d binades below it.
                 try:
-                    c_tiny, c_neg = f32_bits(tiny), f32_bits(-sticky)
+                    c_tiny, c_neg = fp32_bits_exact(tiny), fp32_bits_exact(-sticky)
                 except MxsimError:
                     continue
                 self.add_value(f"align_block_2^{e0}_c_2^-{d}", big, c_tiny)

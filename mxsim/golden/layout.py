@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ArgumentError, ConfigError, MxsimError
+from ..exact import power_codes
 from ..formats import get_format
 
 SCALE_BITS = 8
@@ -153,10 +154,7 @@ class GoldenUnit:
 @functools.lru_cache(maxsize=None)
 def _power_of_two_codes(scale_format: str) -> dict[int, int]:
     """{e: code} of the scale format's codes whose value is exactly 2^e."""
-    fmt = get_format(scale_format)
-    values = fmt.decode(np.arange(1 << fmt.bits))
-    mantissas, exponents = np.frexp(values)
-    return {int(e) - 1: code for code, (m, e) in enumerate(zip(mantissas, exponents)) if m == 0.5}
+    return power_codes(get_format(scale_format))
 
 
 def units_from_hwconfig(hw, pairs=None, dot_length: int | None = None) -> list[GoldenUnit]:

@@ -1,6 +1,7 @@
 """What the probes' input families are built from: a batch of dot products, the operands'
 codes, the scale codes, seeded streams, and :class:`Drawing`, which holds the unit's interface
-and the building blocks every family uses (terms at an exponent, c in its carrier, positions).
+and the building blocks every family uses (terms at an exponent, c in its carrier, positions;
+exact power-of-two pairs and FP32 bits from :mod:`mxsim.exact`, shared with the golden vectors).
 The families themselves live in :mod:`mxsim.probe.families`, one module per kind;
 :class:`mxsim.probe.inputs.Context` holds them all."""
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..datapath.schema import SCHEMA
+from ..exact import exact_power_pair, power_codes
 from ..formats import get_format
 from .units import c_code_bits
 
@@ -70,12 +72,6 @@ class Batch:
         }
 
 
-def fp32_bits(values) -> np.ndarray:
-    """float64 values rounded to fp32 (past its range: +-Inf), as bit patterns."""
-    with np.errstate(over="ignore"):
-        return np.asarray(values, dtype=np.float32).view(np.uint32)
-
-
 def stream(seed: int, *names: str) -> np.random.Generator:
     """A random generator of its own for ``names`` (a probe's name, a part of the run) under a
     run's ``seed``: numpy's SeedSequence over the seed and a BLAKE2b digest of each name, so
@@ -121,15 +117,8 @@ class _Operand:
         positive = self.values > 0
         self.min_code = int(self.codes[positive][np.argmin(self.values[positive])])
         self.special_codes = self._specials()
-        exponents = np.arange(-160, 160)
-        powers = np.exp2(exponents.astype(float))
-        exact = self.fmt.decode(self.fmt.encode(powers)) == powers
         #: exponent y -> the code of 2^y, for every power of two the format holds (from 2^-160 to 2^159)
-        self.powers = dict(
-            zip(
-                exponents[exact].tolist(), self.fmt.encode(powers[exact]).astype(np.uint64).tolist()
-            )
-        )
+        self.powers = power_codes(fmt)
 
     def _specials(self) -> list[int]:
         field_bits = self.fmt.bits - self.fmt.padding_bits
@@ -472,16 +461,8 @@ class Drawing:
         """Codes (a, b) whose product is exactly 2^exponent, or None where no two powers of two
         the formats hold make it; with ``normal``, both elements normal (a subnormal element's
         exponent sum lies above its product: a window anchored there cuts the product)."""
-        for y, code in self.A.powers.items():
-            if exponent - y in self.B.powers and (
-                not normal
-                or (
-                    2.0**y >= self.A.fmt.min_normal
-                    and 2.0 ** (exponent - y) >= self.B.fmt.min_normal
-                )
-            ):
-                return int(code), int(self.B.powers[exponent - y])
-        return None
+        least = (self.A.fmt.min_normal, self.B.fmt.min_normal) if normal else (0.0, 0.0)
+        return exact_power_pair(self.A.powers, self.B.powers, exponent, *least)
 
     def _cancel_row(self, batch: Batch, row: int) -> None:
         half = self.k // 2

@@ -6,7 +6,7 @@ blocks of :class:`~mxsim.probe.draw.Drawing`."""
 
 from __future__ import annotations
 
-from .draw import FP32, FP64, SHARED_SCALE_CODES, Batch, Drawing, fp32_bits, random_fields, stream
+from .draw import FP32, FP64, SHARED_SCALE_CODES, Batch, Drawing, random_fields, stream
 from .families.realistic import RealisticFamilies
 from .families.ties import TiesFamilies
 from .families.sums import SumsFamilies
@@ -20,7 +20,6 @@ __all__ = [
     "SHARED_SCALE_CODES",
     "Batch",
     "Context",
-    "fp32_bits",
     "random_fields",
     "stream",
 ]

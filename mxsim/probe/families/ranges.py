@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
+from ...exact import fp32_bits_rounded
 from ...formats import get_format
-from ..draw import Batch, Drawing, FP32, fp32_bits
+from ..draw import Batch, Drawing, FP32
 
 
 class RangesFamilies(Drawing):
@@ -146,7 +147,7 @@ class RangesFamilies(Drawing):
                 batch.a[row, position], batch.b[row, position] = a, b
             if row % 2:
                 value = float(self.A.fmt.decode(batch.a[row]) @ self.B.fmt.decode(batch.b[row]))
-                batch.c[row] = fp32_bits([value * float(self.rng.uniform(-2, 2))])[0]
+                batch.c[row] = fp32_bits_rounded([value * float(self.rng.uniform(-2, 2))])[0]
         return batch
 
     def c_format_edge(self, n: int) -> Batch:

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from ..draw import _powers_of_two, Batch, Drawing, FP32, fp32_bits
+from ...exact import fp32_bits_rounded
+from ..draw import _powers_of_two, Batch, Drawing, FP32
 
 
 class SumsFamilies(Drawing):
@@ -266,5 +267,5 @@ class SumsFamilies(Drawing):
             gap = top - anchor + window + int(self.rng.integers(0, 3))
             if position != first:
                 self.set_term(batch, row, position, top - gap, not negative)
-            batch.c[row] = fp32_bits([-0.0 if row % 2 else 0.0])[0]
+            batch.c[row] = fp32_bits_rounded([-0.0 if row % 2 else 0.0])[0]
         return batch

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from ..draw import Batch, Drawing, FP32, fp32_bits
+from ...exact import fp32_bits_rounded
+from ..draw import Batch, Drawing, FP32
 
 
 class TiesFamilies(Drawing):
@@ -167,7 +168,7 @@ class TiesFamilies(Drawing):
             negative = bool(self.rng.integers(2))
             significand = ((1 << 23) | int(self.rng.integers(0, 1 << 23))) & ~1
             # c's ulp is 2^(half + 1): the product 2^half is half of it
-            batch.c[row] = fp32_bits(
+            batch.c[row] = fp32_bits_rounded(
                 [np.ldexp(float(significand), half + 1) * (-1 if negative else 1)]
             )[0]
             place = self.positions(2)
