@@ -249,11 +249,24 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     return decoded
 
 
+@njit(cache=True, nogil=True)
+def decode_codes(table, codes, out):
+    """out[g, i, k] = table[codes[g, i, k]] for the (groups, rows, length) codes, zeros in the
+    rest of out's last axis (its padding to whole blocks)."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            values, row = out[g, i], codes[g, i]
+            for k in range(length):
+                values[k] = table[row[k]]
+            values[length:] = 0.0
+
+
 def _unscaled(values, codes, padded: int, dtype) -> np.ndarray:
     """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
     (float32 holds every value of the formats it is used for: their tree sums fit 24 bits)."""
-    decoded = np.zeros(codes.shape[:-1] + (padded,), dtype=dtype)
-    decoded[..., : codes.shape[-1]] = values.astype(dtype)[codes]
+    decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
+    decode_codes(values.astype(dtype), np.ascontiguousarray(codes), decoded)
     return decoded
 
 
