@@ -365,10 +365,11 @@ def blas_matmul(
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
     batch's outputs are those of its groups computed one by one.
 
-    Each operand is decoded once into float64 with its block scales folded in (B in column
-    panels when large, K-major so that each tree's slice of B is a plain matrix); per tile of
-    rows and columns, each tree's sums are one GEMM run on the calling thread, then added to
-    the tile's fp32 accumulators in tree order by a serial kernel while they are in cache.
+    Each operand is decoded once (B in column panels when large): unscaled into float64, or
+    float32 where the tree sums fit it, for an fp32 accumulator; into float64 with the block
+    scales folded in for an exact one. Per tile of rows and columns, each tree's sums are one
+    GEMM run on the calling thread, then scaled and added to the tile's fp32 accumulators in
+    tree order by a serial kernel while they are in cache.
     Tiles run on ``numba.get_num_threads()`` threads (BLAS and the kernels release the GIL),
     the BLAS library's own threads held to one meanwhile (``_blas_threads``).
 
@@ -395,12 +396,11 @@ def blas_matmul(
         return []
     limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
     tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
-    if kulisch:
-        chunk = TILE_COLUMNS if limiter is not None else KULISCH_COLUMNS
-        macs = KULISCH_MACS if limiter is not None else SINGLE_THREAD_MACS
+    macs = KULISCH_MACS if limiter is not None else SINGLE_THREAD_MACS
+    if limiter is not None:
+        chunk = TILE_COLUMNS
     else:
-        chunk = TILE_COLUMNS if limiter is not None else SINGLE_THREAD_MACS // (tile * width)
-        macs = 0
+        chunk = KULISCH_COLUMNS if kulisch else max(1, SINGLE_THREAD_MACS // (tile * width))
     panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
     panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
     passes = list(batch_passes(groups, rows, tile))
@@ -421,12 +421,12 @@ def blas_matmul(
         for c0, c1 in panels:
             exps_b = scales_b[:, c0:c1] if scaled else None
             if kulisch:
-                b = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded)
+                b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
 
-            def run(item, b=b, b_steps=None if kulisch else b_steps, c0=c0, c1=c1):
+            def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
                 if kulisch:
