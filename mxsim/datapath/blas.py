@@ -271,11 +271,11 @@ def _unscaled(values, codes, padded: int, dtype) -> np.ndarray:
 
 
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
-    """(blocks, *shape) float64 powers of two 2^X of the scale exponents (..., blocks) of the
+    """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks) of the
     rows or columns of a tile, ones without scales (``exponents`` None)."""
     if exponents is None:
         return np.ones((blocks,) + shape)
-    return np.ascontiguousarray(np.moveaxis(np.ldexp(1.0, exponents[..., :blocks]), -1, 0))
+    return np.ascontiguousarray(np.ldexp(1.0, exponents[..., :blocks]).transpose(2, 0, 1))
 
 
 def _exact_chunks(
