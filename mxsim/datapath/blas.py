@@ -361,7 +361,7 @@ def blas_matmul(
     progress=None,
 ) -> list[tuple[int, int, int]]:
     """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
-    given as (N, K) through float64 BLAS (see module doc); codes and scales are (G, rows, ...),
+    given as (N, K) through BLAS (see module doc); codes and scales are (G, rows, ...),
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
     batch's outputs are those of its groups computed one by one.
 
@@ -435,18 +435,18 @@ def blas_matmul(
                     a = _unscaled(a_values, codes_a[g0:g1, r0:r1], padded, dtype)
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
                 found = []
+                # This item's share of the panel's columns (none when it has fewer than parts).
                 for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
                     for k0 in range(p0, p1, chunk):
                         k1 = min(k0 + chunk, p1)
                         acc = acc_all[g0:g1, r0:r1, k0:k1]
                         if kulisch:
-                            exps_b = scales_b[g0:g1, k0:k1] if scaled else None
                             found += _kulisch_tile(
                                 params,
                                 a,
                                 b[g0:g1, k0 - c0 : k1 - c0],
                                 exps_a,
-                                exps_b,
+                                scales_b[g0:g1, k0:k1] if scaled else None,
                                 block,
                                 acc,
                                 (g0, r0, k0),
