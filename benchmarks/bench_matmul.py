@@ -70,7 +70,7 @@ def route(hw, a, b) -> str:
     if blas_applies(
         params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)
     ):
-        return "float64 BLAS"
+        return "exact BLAS"
     if groups_apply(params):
         return "group-sum route"
     return "window kernel" if window_applies(params) else "generic kernel"

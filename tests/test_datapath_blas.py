@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from conftest import REPO
 from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
-from mxsim.datapath.blas import _exact_chunks, _span_bits, blas_applies, exact_in_float64
+from mxsim.datapath.blas import (
+    _exact_chunks,
+    _span_bits,
+    blas_applies,
+    exact_in_float64,
+    tree_sum_bits,
+)
 from mxsim.datapath.schema import route_accepts
 from mxsim.formats import get_format
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
@@ -97,6 +103,19 @@ def test_special_inputs_and_other_units_go_to_the_kernel():
     e5m2 = quantize(np.ones((2, 1)), "fp8_e5m2", axis=0)
     assert not route_taken(UNITS["ocp-exact"], ok_a, e5m2)
     assert np.isnan(matmul(UNITS["ocp-exact"], qa, qb).values[0, 0])
+
+
+def test_tree_sum_bits_choose_float32_for_narrow_formats():
+    # fp4_e2m1: products are multiples of 2^-2 below 2^(2 + 2 + 2); 32 of them: 8 + 5 bits,
+    # exact in float32's 24. fp6_e3m2: (4 + 4 + 2 + 4 + 4) + 5 = 23. fp8_e4m3: 36 + 5 = 41
+    # (float64). MXDOTP's trees of 8: 3 bits for the count.
+    params = UNITS["ocp-exact"].params
+    assert tree_sum_bits(params("fp4_e2m1", "fp4_e2m1")) == 13
+    assert tree_sum_bits(params("fp6_e3m2", "fp6_e3m2")) == 23
+    assert tree_sum_bits(params("int8", "int8")) == 21
+    assert tree_sum_bits(params("fp8_e4m3", "fp8_e4m3")) == 41
+    assert tree_sum_bits(params("fp8_e4m3", "fp4_e2m1")) == 27
+    assert tree_sum_bits(UNITS["mxdotp-paper"].params("fp4_e2m1", "fp4_e2m1")) == 11
 
 
 def test_int8_span_counts_its_minus_two_code():
@@ -194,19 +213,28 @@ def test_fp32_elements_are_refused_without_a_table_of_every_code():
     a_format=st.sampled_from(SMALL_SPAN),
     shape=st.tuples(st.integers(1, 3), st.integers(1, 9), st.integers(1, 100), st.integers(1, 9)),
     spread=st.integers(0, 8),
+    held=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_small_tiles_panels_and_chunks_equal_the_kernel(
-    monkeypatch, unit, a_format, shape, spread, seed
+    monkeypatch, unit, a_format, shape, spread, held, seed
 ):
     # Tiles of 2 rows, B decoded a few columns at a time, GEMMs of a few MACs, several blocks
     # per exact-accumulator range (spread: block scales a few binades apart): the kernel's bits.
     import mxsim.datapath.blas as blas
 
-    monkeypatch.setattr(blas, "TILE_ROWS", 2)
-    monkeypatch.setattr(blas, "DECODED_VALUES", 96)
-    monkeypatch.setattr(blas, "SINGLE_THREAD_MACS", 200)
-    monkeypatch.setattr(blas, "KULISCH_COLUMNS", 3)
+    for name, value in {
+        "TILE_ROWS": 2,
+        "SMALL_TILE_ROWS": 3,
+        "TILE_COLUMNS": 4,
+        "DECODED_VALUES": 96,
+        "SINGLE_THREAD_MACS": 200,
+        "KULISCH_MACS": 300,
+        "KULISCH_COLUMNS": 3,
+    }.items():
+        monkeypatch.setattr(blas, name, value)
+    if not held:  # no controllable BLAS: GEMMs within SINGLE_THREAD_MACS
+        monkeypatch.setattr(blas, "_blas_threads", lambda: None)
     groups, rows, length, columns = shape
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((groups, rows, length)) * np.exp2(

@@ -1,4 +1,4 @@
-"""A float64-BLAS route for exact-tree units, bit-identical to the datapath kernel where it applies.
+"""A float64 (float32 where exact) BLAS route for exact-tree units, bit-identical to the datapath kernel where it applies.
 
 It applies to units whose trees are exact (no alignment window, no n-bit sum, exact
 products, k order) and whose accumulator is fp32 with round-to-nearest-even, gradual
@@ -9,16 +9,19 @@ once: ``acc = RNE_fp32(acc + S)``.
 
 Why float64 BLAS computes S exactly: every element is a·2^Xa with a from a table of at most
 8-bit significands, and a tree lies inside one block, so its products share one scale
-2^(Xa+Xb) and are integer multiples of u = 2^(lsb_a + lsb_b + Xa + Xb) (lsb: the exponent of
-the format's smallest subnormal step) below 2^(E+2), E = ea + eb with ea, eb the leading-bit
-exponents of the largest magnitudes in the element tables (read from the tables: MX INT8's
--2.0 lies one binade above 127/64, its ``emax``). Every
-partial sum of F such products, in any order, is a multiple of u below F·2^(E+2), which needs
-at most (E + 2 - lsb_a - lsb_b) + ceil(log2 F) bits: when that is <= 53 every partial sum is a
-float64 and no BLAS summation order can round. (fp8_e4m3 x fp8_e4m3, F = 32: 36 + 5 = 41 bits;
-fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Scaling the elements by 2^X is exact
-(``ldexp``; the results stay normal float64s). The route is refused when the thread's
-floating point flushes subnormals (``subnormals_work``).
+2^(Xa+Xb): S = 2^(Xa+Xb) · s with s the sum of the unscaled products a·b, integer multiples
+of u = 2^(lsb_a + lsb_b) (lsb: the exponent of the format's smallest subnormal step) below
+2^(E+2), E = ea + eb with ea, eb the leading-bit exponents of the largest magnitudes in the
+element tables (read from the tables: MX INT8's -2.0 lies one binade above 127/64, its
+``emax``). Every partial sum of F such products, in any order, is a multiple of u below
+F·2^(E+2), which needs at most (E + 2 - lsb_a - lsb_b) + ceil(log2 F) bits
+(``tree_sum_bits``): when that is <= 53 every partial sum is a float64 and no BLAS summation
+order can round; when it is <= 24 every partial sum is a float32, and the GEMMs run in float32
+(twice as fast). (fp8_e4m3 x fp8_e4m3, F = 32: 36 + 5 = 41 bits, float64; fp4_e2m1: 8 + 5,
+float32; fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Multiplying s by
+2^(Xa+Xb) in float64 is exact: E8M0 exponents lie in [-127, 127], so the result lies between
+2^(lsb_a + lsb_b - 254) and 2^(E + 7 + 254), normal float64s. The route is refused when the
+thread's floating point flushes subnormals (``subnormals_work``).
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
@@ -27,7 +30,8 @@ rounding is the correctly rounded fp32 sum, subnormals and overflow included (53
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
-blocks: products of blocks whose scale-exponent sums lie between m and h_t (t: the block)
+blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
+stay normal float64s): products of blocks whose scale-exponent sums lie between m and h_t (t: the block)
 are multiples of 2^(lsb_a + lsb_b + m) below sum_t F 2^(E + 2 + h_t), so one float64 GEMM
 (or several, their results added in float64: partial sums too) sums a range exactly while
 F 2^(E + 2 - lsb_a - lsb_b) sum_t 2^(h_t - m) <= 2^53 (``_exact_chunks``; for MXFP8 with
@@ -89,16 +93,23 @@ def slice_width(params: DatapathParams) -> int:
     return params.fused_terms
 
 
-def exact_in_float64(params: DatapathParams) -> bool:
-    """Whether every tree sum of this unit's formats is exact in float64 (module docstring)."""
+def tree_sum_bits(params: DatapathParams) -> int | None:
+    """Bits that every tree sum of this unit's unscaled elements fits in (module docstring),
+    or None for formats too wide for a table of every code."""
     if (
         max(get_format(params.a_format).field_bits, get_format(params.b_format).field_bits)
         > FULL_TABLE_BITS
     ):
-        return False  # no table of every code to read the span from; fp32 alone spans 277 bits
+        return None  # no table of every code to read the span from; fp32 alone spans 277 bits
     high_a, low_a = _span_bits(get_format(params.a_format))
     high_b, low_b = _span_bits(get_format(params.b_format))
-    return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(slice_width(params))) <= 53
+    return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(slice_width(params)))
+
+
+def exact_in_float64(params: DatapathParams) -> bool:
+    """Whether every tree sum of this unit's formats is exact in float64 (module docstring)."""
+    bits = tree_sum_bits(params)
+    return bits is not None and bits <= 53
 
 
 def blas_applies(
@@ -158,32 +169,30 @@ def round_to_odd(total, error):
 
 
 @njit(cache=True, nogil=True)
-def accumulate_rne_fp32(running, tree_sums):
-    """running = RNE_fp32(running + tree_sums) elementwise and exactly (``running`` holds fp32
-    values in float64): the float64 sum made round-to-odd (TwoSum's exact error says which
-    way the exact sum lies), then rounded to fp32. Both are (rows, columns) float64. Serial
-    (the caller runs a tile per thread); simple loops over a row so that they vectorise."""
-    rows, columns = running.shape
-    errors = np.empty(columns)
-    for i in range(rows):
-        totals = running[i]
-        sums = tree_sums[i]
-        for j in range(columns):
-            a = totals[j]
-            b = sums[j]
-            total = a + b
-            back = total - a
-            totals[j] = total
-            errors[j] = (a - (total - back)) + (b - back)  # NaN when total is infinite: left alone
-        bits = totals.view(np.int64)
-        for j in range(columns):
-            error = errors[j]
-            inexact = np.int64(error != 0.0 and error == error)
-            # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
-            toward_zero = inexact & np.int64((error > 0.0) != (totals[j] > 0.0))
-            bits[j] = (bits[j] - toward_zero) | inexact
-        for j in range(columns):
-            totals[j] = np.float32(totals[j])
+def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
+    """running = RNE_fp32(running + tree_sums * row_steps * column_steps) elementwise and
+    exactly: ``running`` (g, rows, columns) float32, ``tree_sums`` float32 or float64 of that
+    shape, the steps (g, rows) and (g, columns) float64 powers of two (the product of a sum
+    and its scale 2^(Xa + Xb) is exact: module doc). The float64 sum is made round-to-odd
+    (TwoSum's exact error says which way the exact sum lies), then rounded to fp32. An
+    accumulator that overflowed to +-Inf stays so (its error is NaN: left alone). Branch-free
+    inner loops that vectorise; serial (the caller runs a tile per thread)."""
+    groups, rows, columns = running.shape
+    for g in range(groups):
+        for i in range(rows):
+            step = row_steps[g, i]
+            totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
+            for j in range(columns):
+                a = np.float64(totals[j])
+                b = np.float64(sums[j]) * (step * steps[j])
+                total = a + b
+                back = total - a
+                error = (a - (total - back)) + (b - back)
+                bits = np.float64(total).view(np.int64)
+                inexact = np.int64(abs(error) > 0.0)  # NaN when total is infinite: left alone
+                # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
+                toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
+                totals[j] = np.float32(np.int64((bits - toward_zero) | inexact).view(np.float64))
 
 
 @njit(cache=True, nogil=True)
@@ -240,6 +249,35 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     return decoded
 
 
+@njit(cache=True, nogil=True)
+def decode_codes(table, codes, out):
+    """out[g, i, k] = table[codes[g, i, k]] for the (groups, rows, length) codes, zeros in the
+    rest of out's last axis (its padding to whole blocks)."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            values, row = out[g, i], codes[g, i]
+            for k in range(length):
+                values[k] = table[row[k]]
+            values[length:] = 0.0
+
+
+def _unscaled(values, codes, padded: int, dtype) -> np.ndarray:
+    """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
+    (float32 holds every value of the formats it is used for: their tree sums fit 24 bits)."""
+    decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
+    decode_codes(values.astype(dtype), np.ascontiguousarray(codes), decoded)
+    return decoded
+
+
+def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
+    """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks) of the
+    rows or columns of a tile, ones without scales (``exponents`` None)."""
+    if exponents is None:
+        return np.ones((blocks,) + shape)
+    return np.ascontiguousarray(np.ldexp(1.0, exponents[..., :blocks]).transpose(2, 0, 1))
+
+
 def _exact_chunks(
     params: DatapathParams, exponents_a, exponents_b, block: int
 ) -> list[tuple[int, int]]:
@@ -276,13 +314,39 @@ def _exact_chunks(
     return chunks
 
 
-# MACs per GEMM call at most: OpenBLAS runs GEMMs up to 2^18 MACs on the calling thread (its
-# threads, woken for every small GEMM, made them 10-100x slower on a loaded machine), so
-# tiles run on this module's threads instead.
+# Tiles run on this module's threads, each GEMM on the calling thread: OpenBLAS's own threads,
+# woken for every small GEMM, made them 10-100x slower on a loaded machine. Where the BLAS
+# library's threads can be held to one for the call (threadpoolctl finds it), a tree's GEMM
+# is TILE_ROWS x width x TILE_COLUMNS (at depth 32 BLAS needs a few hundred rows and columns
+# to run near its full speed; the float64 tree sums and the fp32 accumulators of a tile stay
+# in a core's cache) and an exact accumulator's at most KULISCH_MACS. Otherwise GEMMs stay
+# within SINGLE_THREAD_MACS, the size OpenBLAS runs on the calling thread by itself.
 SINGLE_THREAD_MACS = 1 << 18
-TILE_ROWS = 32  # rows per tile at most, whole groups together when they have fewer
-KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM (deeper GEMMs within the MACs above)
+TILE_ROWS = 128  # rows per tile at most, whole groups together when they have fewer
+TILE_COLUMNS = 256  # columns per GEMM at most
+KULISCH_MACS = 1 << 24
+SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
+KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM without it
 DECODED_VALUES = 1 << 23  # float64 decoded elements of B kept at once (64 MiB)
+
+
+@functools.lru_cache(maxsize=None)
+def _blas_threads():
+    """threadpoolctl's controller of the loaded BLAS libraries, or None when threadpoolctl is
+    not installed or finds none (then GEMMs stay small enough to run on the calling thread)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    controller = ThreadpoolController().select(user_api="blas")
+    return controller if controller.lib_controllers else None
+
+
+def _split(first: int, last: int, parts: int) -> list[tuple[int, int]]:
+    """[first, last) cut into ``parts`` near-equal ranges (fewer when it is shorter)."""
+    parts = max(1, min(parts, last - first))
+    bounds = [first + (last - first) * p // parts for p in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def blas_matmul(
@@ -297,21 +361,23 @@ def blas_matmul(
     progress=None,
 ) -> list[tuple[int, int, int]]:
     """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
-    given as (N, K) through float64 BLAS (see module doc); codes and scales are (G, rows, ...),
+    given as (N, K) through BLAS (see module doc); codes and scales are (G, rows, ...),
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
     batch's outputs are those of its groups computed one by one.
 
-    Each operand is decoded once into float64 with its block scales folded in (B in column
-    panels when large); per tile of rows and chunk of columns, each tree's sums are one GEMM
-    small enough for BLAS to run on the calling thread, added to the accumulators in tree
-    order by a serial kernel while they are in cache. Tiles run on
-    ``numba.get_num_threads()`` threads (BLAS and the kernels release the GIL).
+    Each operand is decoded once (B in column panels when large): unscaled into float64, or
+    float32 where the tree sums fit it, for an fp32 accumulator; into float64 with the block
+    scales folded in for an exact one. Per tile of rows and columns, each tree's sums are one
+    GEMM run on the calling thread, then scaled and added to the tile's fp32 accumulators in
+    tree order by a serial kernel while they are in cache.
+    Tiles run on ``numba.get_num_threads()`` threads (BLAS and the kernels release the GIL),
+    the BLAS library's own threads held to one meanwhile (``_blas_threads``).
 
     For an exact (Kulisch) accumulator the sums of whole ranges of blocks that one GEMM
     adds exactly (``_exact_chunks``) are added exactly in two float64s; returns the (group,
     row, column) outputs whose sum needed more (the caller recomputes them with the
     kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts rows of all
-    groups.
+    groups (tiles done, as rows).
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
@@ -321,84 +387,112 @@ def blas_matmul(
     scaled = params.scales != "none"
     block = params.block_size if scaled else width
     padded = -(-length // block) * block
-    trees = padded // width
+    blocks = padded // block
+    bits = tree_sum_bits(params)
+    dtype = np.float32 if bits is not None and bits <= 24 else np.float64
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
         return []
+    limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
+    tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
+    macs = KULISCH_MACS if limiter is not None else SINGLE_THREAD_MACS
+    if limiter is not None:
+        chunk = TILE_COLUMNS
+    else:
+        chunk = KULISCH_COLUMNS if kulisch else max(1, SINGLE_THREAD_MACS // (tile * width))
     panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
     panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
-    tile = TILE_ROWS
     passes = list(batch_passes(groups, rows, tile))
+    threads = numba.get_num_threads()
+    # Each pass's columns in as many parts as it takes to give every thread work.
+    parts = -(-threads // len(passes))
+    items = [(p, part) for p in passes for part in range(parts)]
     leftovers = []
-    threads = max(1, min(numba.get_num_threads(), len(passes)))
-    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
-        for p, (c0, c1) in enumerate(panels):
-            b = _decoded(
-                b_values, codes_b[:, c0:c1], scales_b[:, c0:c1] if scaled else None, block, padded
-            )
-            if not kulisch:  # (trees, G, width, n): each tree's slice of B one contiguous matrix
-                b = np.ascontiguousarray(
-                    b.reshape(groups, c1 - c0, trees, width).transpose(2, 0, 3, 1)
-                )
+    done = 0
+    with (
+        (
+            ThreadPoolExecutor(threads)
+            if threads > 1 and len(items) > 1
+            else contextlib.nullcontext()
+        ) as pool,
+        limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext(),
+    ):
+        for c0, c1 in panels:
+            exps_b = scales_b[:, c0:c1] if scaled else None
+            if kulisch:
+                b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
+            else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
+                b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype)
+                b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
 
-            def run(item, b=b, c0=c0, c1=c1):
-                g0, g1, r0, r1 = item
+            def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
+                (g0, g1, r0, r1), part = item
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
-                a = _decoded(
-                    a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded
-                )  # (g, r, padded)
-                acc = acc_all[g0:g1, r0:r1, c0:c1]
                 if kulisch:
-                    exps_b = scales_b[g0:g1, c0:c1] if scaled else None
-                    return _kulisch_tile(
-                        params, a, b[g0:g1], exps_a, exps_b, block, acc, (g0, r0, c0)
-                    )
-                _rounding_tile(a, b[:, g0:g1], width, acc)
-                return []
+                    a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
+                else:
+                    a = _unscaled(a_values, codes_a[g0:g1, r0:r1], padded, dtype)
+                    a_steps = _steps(exps_a, a.shape[:2], blocks)
+                found = []
+                # This item's share of the panel's columns (none when it has fewer than parts).
+                for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
+                    for k0 in range(p0, p1, chunk):
+                        k1 = min(k0 + chunk, p1)
+                        acc = acc_all[g0:g1, r0:r1, k0:k1]
+                        if kulisch:
+                            found += _kulisch_tile(
+                                params,
+                                a,
+                                b[g0:g1, k0 - c0 : k1 - c0],
+                                exps_a,
+                                scales_b[g0:g1, k0:k1] if scaled else None,
+                                block,
+                                acc,
+                                (g0, r0, k0),
+                                macs,
+                            )
+                        else:
+                            _rounding_tile(
+                                a,
+                                b[g0:g1, k0 - c0 : k1 - c0],
+                                a_steps,
+                                np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0]),
+                                width,
+                                block,
+                                acc,
+                            )
+                return found
 
-            for index, found in enumerate(
-                map(run, passes) if pool is None else pool.map(run, passes)
-            ):
+            for found in map(run, items) if pool is None else pool.map(run, items):
                 leftovers.extend(found)
+                done += 1
                 if progress is not None:
-                    g0, g1, r0, r1 = passes[index]
-                    progress(
-                        (p * groups * rows + (g1 - 1) * rows + r1) // len(panels), groups * rows
-                    )
+                    progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
     return leftovers
 
 
-def _column_chunks(columns: int, rows: int, depth: int):
-    """Column ranges of a tile whose GEMMs of ``rows`` x ``depth`` by ``depth`` x chunk stay
-    within ``SINGLE_THREAD_MACS``."""
-    step = max(1, SINGLE_THREAD_MACS // max(rows * depth, 1))
-    return [(c0, min(c0 + step, columns)) for c0 in range(0, columns, step)]
-
-
-def _rounding_tile(a, b_trees, width: int, acc) -> None:
+def _rounding_tile(a, b, row_steps, column_steps, width: int, block: int, acc) -> None:
     """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
-    t's sums are a (g, r, padded)'s tree t times ``b_trees[t]`` (g, width, n), a GEMM per
-    chunk of columns, added while they are in cache."""
-    together, height, padded = a.shape
-    trees = padded // width
-    a_trees = np.ascontiguousarray(a.reshape(together, height, trees, width).transpose(2, 0, 1, 3))
-    for c0, c1 in _column_chunks(acc.shape[-1], together * height, width):
-        running = acc[..., c0:c1].astype(np.float64)
-        sums = np.empty(running.shape)
-        flat_running, flat_sums = running.reshape(-1, c1 - c0), sums.reshape(-1, c1 - c0)
-        for t in range(trees):
-            np.matmul(a_trees[t], b_trees[t, :, :, c0:c1], out=sums)
-            accumulate_rne_fp32(flat_running, flat_sums)
-        acc[..., c0:c1] = running
+    t's unscaled sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, scaled
+    by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
+    added to a contiguous copy of the accumulators while both are in cache."""
+    running = np.ascontiguousarray(acc)
+    sums = np.empty(acc.shape, dtype=a.dtype)
+    for t in range(a.shape[-1] // width):
+        tree = slice(t * width, (t + 1) * width)
+        np.matmul(a[..., tree], b[..., tree].transpose(0, 2, 1), out=sums)
+        blk = t * width // block
+        accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
+    acc[...] = running
 
 
 def _kulisch_tile(
-    params, a, b, exponents_a, exponents_b, block: int, acc, origin
+    params, a, b, exponents_a, exponents_b, block: int, acc, origin, macs: int
 ) -> list[tuple[int, int, int]]:
     """acc (g, r, n fp32) = RNE_fp32(acc + the exact sum of every product) of a (g, r, padded)
     by b (g, n, padded): per range of blocks that float64 sums exactly, GEMMs of at most
-    ``SINGLE_THREAD_MACS`` summed in float64 (partial sums of the range: exact), the ranges
+    ``macs`` multiply-adds summed in float64 (partial sums of the range: exact), the ranges
     added in two float64s; returns the (group, row, column) outputs, offset by ``origin``,
     whose exact sum needed more than two float64s."""
     together, height, padded = a.shape
@@ -407,36 +501,28 @@ def _kulisch_tile(
         exponents_a = exponents_b = np.zeros((1, blocks), np.int64)
     chunks = _exact_chunks(params, exponents_a, exponents_b, block)
     columns = acc.shape[-1]
-    step = KULISCH_COLUMNS
-    depth = max(block, SINGLE_THREAD_MACS // (together * height * step) // block * block)
-    high = acc.astype(np.float64)
-    low = np.zeros_like(high)
-    inexact = np.zeros(high.shape, dtype=np.bool_)
-    for c0 in range(0, columns, step):
-        c1 = min(c0 + step, columns)
-        sums = np.empty((together, height, c1 - c0))
-        part = np.empty_like(sums)
-        b_chunk = b[:, c0:c1].transpose(0, 2, 1)  # (g, padded, n)
-        flat = (x[..., c0:c1].reshape(-1, c1 - c0) for x in (high, low, inexact))
-        flat_high, flat_low, flat_inexact = (np.ascontiguousarray(x) for x in flat)
-        for first, last in chunks:
-            k0, k1 = first * block, last * block
-            for k in range(k0, k1, depth):
-                np.matmul(
-                    a[..., k : min(k + depth, k1)],
-                    b_chunk[:, k : min(k + depth, k1)],
-                    out=part if k > k0 else sums,
-                )
-                if k > k0:
-                    sums += part
-            accumulate_double_double(flat_high, flat_low, flat_inexact, sums.reshape(-1, c1 - c0))
-        shape = (together, height, c1 - c0)
-        high[..., c0:c1], low[..., c0:c1] = flat_high.reshape(shape), flat_low.reshape(shape)
-        inexact[..., c0:c1] = flat_inexact.reshape(shape)
-    rounded = np.empty(high.shape, dtype=np.float32)
-    round_double_double_to_fp32(
-        high.reshape(-1, columns), low.reshape(-1, columns), rounded.reshape(-1, columns)
-    )
-    acc[...] = rounded
+    depth = max(block, macs // (together * height * columns) // block * block)
+    shape = (together * height, columns)
+    high = acc.astype(np.float64).reshape(shape)
+    low = np.zeros(shape)
+    inexact = np.zeros(shape, dtype=np.bool_)
+    sums = np.empty(acc.shape)
+    part = np.empty_like(sums)
+    b_columns = b.transpose(0, 2, 1)  # (g, padded, n)
+    for first, last in chunks:
+        k0, k1 = first * block, last * block
+        for k in range(k0, k1, depth):
+            np.matmul(
+                a[..., k : min(k + depth, k1)],
+                b_columns[:, k : min(k + depth, k1)],
+                out=part if k > k0 else sums,
+            )
+            if k > k0:
+                sums += part
+        accumulate_double_double(high, low, inexact, sums.reshape(shape))
+    rounded = np.empty(shape, dtype=np.float32)
+    round_double_double_to_fp32(high, low, rounded)
+    acc[...] = rounded.reshape(acc.shape)
     g0, r0, c0 = origin
-    return [(g0 + int(g), r0 + int(i), c0 + int(j)) for g, i, j in zip(*np.nonzero(inexact))]
+    g, i, j = np.nonzero(inexact.reshape(acc.shape))
+    return [(g0 + int(x), r0 + int(y), c0 + int(z)) for x, y, z in zip(g, i, j)]
