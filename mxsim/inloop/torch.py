@@ -13,7 +13,9 @@ cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) comp
 A model quantized by AMD Quark or by torchao's MX workflow computes each layer from its own
 quantized operands, as capture records them (:mod:`mxsim.capture.torch_quark`,
 :mod:`mxsim.capture.torch_torchao`); :attr:`UnitInLoop.model_quantization` says
-which quantizer each operand came from and how it was read.
+which quantizer each operand came from and how it was read. With ``quantized_only`` the unit
+computes only those layers; the matmuls the library left in float run in torch, as in the
+library's own model (:attr:`UnitInLoop.in_torch`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .._optional import require
+from ..capture import torch_torchao
 from ..capture.torch import QuantArg, _Recorder, check_model, intercepting, running
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
@@ -97,7 +100,10 @@ def model_quantization(layer: Layer) -> dict[str, str]:
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
-    ``layers``: names of the layers computed so far, in order; ``skipped``: ops left to torch.
+    ``layers``: names of the layers computed so far, in order; ``skipped``: ops left to torch;
+    ``in_torch``: with ``quantized_only``, the layers no library quantizer fed, run in torch;
+    ``not_read``: ``layer.operand`` of each operand a library quantized whose quantization mxsim
+    does not read (the unit got the library's values as floats, and quantized them itself).
     ``weight_quantizations``: the quantized weights kept for the next forward, emptied when the
     context ends: parameter (held by a weak reference) -> {view of it (data pointer, shape,
     stride, dtype) -> (a copy of the view's values as unsigned integers, the quantizations of
@@ -121,6 +127,7 @@ class UnitInLoop(_Recorder):
         out_format,
         per_tensor_scale,
         bar=None,
+        quantized_only: bool = False,
     ):
         super().__init__(torch, model, quant)
         self.copies = False  # each layer is computed, and dropped, before the model goes on
@@ -132,6 +139,10 @@ class UnitInLoop(_Recorder):
         self.weight_quantizations = torch.utils.weak.WeakIdKeyDictionary()
         self.weight = None  # the torch weight of the layer being recorded
         self.model_quantization: dict[str, dict[str, str]] = {}
+        self.quantized_only = quantized_only
+        self.in_torch: list[str] = []
+        self.not_read: set[str] = set()
+        self.placeholder = False  # run_gemm gave the call being recorded no value (the unit's)
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
         """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
@@ -147,9 +158,13 @@ class UnitInLoop(_Recorder):
         """A placeholder of the call's output shape and dtype (no float GEMM: the unit's result
         replaces it) when ``a`` and ``b`` are float matrices (or batches of them) of one dtype
         whose product torch would compute; any other call runs in torch (which computes it, or
-        raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists)."""
+        raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists).
+        With ``quantized_only``, a call taking no operand a library quantized runs in torch."""
         torch = self.torch
         operands = [t for t in (a, b, bias) if t is not None]
+        self.placeholder = False
+        if self.quantized_only and not self.library_call(args, kwargs):
+            return func(*args, **kwargs)
         if (
             b is None
             or a.dim() < 2
@@ -163,7 +178,17 @@ class UnitInLoop(_Recorder):
             batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         except RuntimeError:
             return func(*args, **kwargs)
+        self.placeholder = True
         return torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
+
+    def library_call(self, args, kwargs) -> bool:
+        """Whether an intercepted call takes an operand a library quantized: a recorded
+        quantizer's output (Quark, Brevitas, torchao's input) or a torchao MXTensor weight."""
+        for value in (*args, *kwargs.values()):
+            entry = self.library_outputs.get(id(value))
+            if (entry is not None and entry[0] is value) or torch_torchao.is_torchao_tensor(value):
+                return True
+        return False
 
     def add(self, op: str, tensors: dict, *args, **kwargs) -> None:
         """Record (and compute) one layer, its torch weight at hand for :meth:`kept_quantizations`."""
@@ -172,6 +197,7 @@ class UnitInLoop(_Recorder):
             super().add(op, tensors, *args, **kwargs)
         finally:
             self.weight = None
+            self.placeholder = False
 
     def kept_quantizations(self, weight_values: np.ndarray) -> dict | None:
         """The kept quantizations (``run_layer``'s ``weight_quantizations``) of the weight of
@@ -199,11 +225,21 @@ class UnitInLoop(_Recorder):
             kept = views[view] = (bits.copy(), {})
         return kept[1]
 
-    def computed(self, layer: Layer) -> np.ndarray:
+    def computed(self, layer: Layer) -> np.ndarray | None:
         self.layers.pop()  # the operands are not kept
+        if self.quantized_only and "quantizers" not in layer.source and not self.placeholder:
+            # torch's value stands: run_gemm let torch compute the call, or the op was seen
+            # after torch ran it (ATen ops, attention's matmuls)
+            self.in_torch.append(layer.name)
+            return None
         self.computed_layers.append(layer.name)
         if "quantizers" in layer.source:
             self.model_quantization[layer.name] = model_quantization(layer)
+            self.not_read.update(
+                f"{layer.name}.{operand}"
+                for operand in layer.source["quantizers"]
+                if layer.quant.get(operand) is None
+            )
         values = layer_on_unit(
             layer,
             self.hw,
@@ -229,6 +265,7 @@ def torch_unit(
     scaling: str = "auto",
     quant: QuantArg = None,
     progress: bool | None = None,
+    quantized_only: bool = False,
 ) -> Iterator[UnitInLoop]:
     """While active, every matmul and convolution PyTorch runs is computed by the unit ``hw``.
 
@@ -249,6 +286,11 @@ def torch_unit(
             applied to every layer, or ``callable(layer_name, module)``).
         progress: count the layers computed on stderr (a tqdm bar with ``mxsim[progress]``,
             else a plain counter); None (default): when stderr is a terminal.
+        quantized_only: the unit computes only the layers whose operands a library quantizer
+            of the model produced (AMD Quark, torchao, Brevitas: the model's own quantized
+            operands); every other matmul (attention's ``q @ k^T`` and ``P @ v``, layers the
+            library left in float) runs in torch as the library's model runs it, and is
+            listed in :attr:`UnitInLoop.in_torch`.
 
     A weight that is one of the model's parameters (or a view of one) is quantized once per
     context: later calls reuse its quantization while its values are bit for bit the ones
@@ -269,7 +311,16 @@ def torch_unit(
     unit, per_tensor_scale = _unit(hw), check_scaling(scaling)
     bar = progress_bar(None, "layer", sys.stderr.isatty() if progress is None else bool(progress))
     recorder = UnitInLoop(
-        torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar
+        torch,
+        model,
+        unit,
+        quant,
+        a_format,
+        b_format,
+        out_format,
+        per_tensor_scale,
+        bar,
+        quantized_only,
     )
     try:
         with intercepting(torch, model, recorder), running(recorder, "torch_unit"):
