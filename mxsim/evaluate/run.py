@@ -203,7 +203,10 @@ def evaluate_hf(
     ``layers`` it quantized, its metrics against float, ``seconds``), and per unit row also
     ``in_torch`` (matmuls per forward pass left to torch: none of their operands was
     quantized by the library), ``not_read`` (operands whose quantization mxsim could not read
-    from the model: the unit quantized their values itself), ``vs_library`` (the task's
+    from the model: the unit quantized their values itself), ``layer_sqnr_min_db`` and
+    ``layer_sqnr_min_layer`` (the worst layer: SQNR of the unit's output of a layer against the
+    library's own output of it from the same operands, over every layer and forward pass:
+    :attr:`mxsim.inloop.torch.UnitInLoop.library_sqnr_db`), ``vs_library`` (the task's
     metrics against the library's run instead of float) and ``library_sqnr_db`` (SQNR of the
     unit's per-input results against the library's: :func:`.metrics.result_sqnr_db`).
     """
@@ -307,6 +310,10 @@ def evaluate_hf(
                 if library is not None:
                     row["in_torch"] = len(loop.in_torch) // len(batches)
                     row["not_read"] = sorted(loop.not_read)
+                    name, worst = min(
+                        loop.library_sqnr_db, key=lambda item: item[1], default=(None, None)
+                    )
+                    row["layer_sqnr_min_db"], row["layer_sqnr_min_layer"] = worst, name
                     row["vs_library"] = _task_metrics(task, quantized, result, labels)
                     row["library_sqnr_db"] = metrics.result_sqnr_db(quantized, result)
             except MxsimError as error:
@@ -379,7 +386,11 @@ def format_report(report: dict) -> str:
     if float_figures:
         lines.append("float32: " + ", ".join(f"{k} {_cell(v)}" for k, v in float_figures.items()))
     library = report.get("library")
-    columns = COLUMNS[task] + ((("library_sqnr_db", "vs lib dB", 1),) if library else ())
+    columns = COLUMNS[task] + (
+        (("layer_sqnr_min_db", "layer dB", 1), ("library_sqnr_db", "vs lib dB", 1))
+        if library
+        else ()
+    )
     runs = list(report["runs"])
     if library:
         lines.append(

@@ -14,21 +14,29 @@ A model quantized by AMD Quark or by torchao's MX workflow computes each layer f
 quantized operands, as capture records them (:mod:`mxsim.capture.torch_quark`,
 :mod:`mxsim.capture.torch_torchao`); :attr:`UnitInLoop.model_quantization` says
 which quantizer each operand came from and how it was read. With ``quantized_only`` the unit
-computes only those layers; the matmuls the library left in float run in torch, as in the
-library's own model (:attr:`UnitInLoop.in_torch`).
+computes only those layers, each also computed as the library's model computes it and the two
+compared (:attr:`UnitInLoop.library_sqnr_db`); the matmuls the library left in float run in
+torch, as in the library's own model (:attr:`UnitInLoop.in_torch`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator
 
 import numpy as np
 
 from .._optional import require
-from ..capture import torch_torchao
-from ..capture.torch import QuantArg, _Recorder, check_model, intercepting, running
+from ..capture.torch import (
+    QuantArg,
+    _Recorder,
+    _rounded_tensor,
+    check_model,
+    intercepting,
+    running,
+)
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
 from ..parallel import progress_bar
@@ -102,6 +110,9 @@ class UnitInLoop(_Recorder):
 
     ``layers``: names of the layers computed so far, in order; ``skipped``: ops left to torch;
     ``in_torch``: with ``quantized_only``, the layers no library quantizer fed, run in torch;
+    ``library_sqnr_db``: with ``quantized_only``, (layer, SQNR in dB of the unit's output,
+    rounded to the model's dtype, against the library's own output of the layer from the same
+    operands; ``inf`` when equal) per layer computed;
     ``not_read``: ``layer.operand`` of each operand a library quantized whose quantization mxsim
     does not read (the unit got the library's values as floats, and quantized them itself).
     ``weight_quantizations``: the quantized weights kept for the next forward, emptied when the
@@ -142,7 +153,7 @@ class UnitInLoop(_Recorder):
         self.quantized_only = quantized_only
         self.in_torch: list[str] = []
         self.not_read: set[str] = set()
-        self.placeholder = False  # run_gemm gave the call being recorded no value (the unit's)
+        self.library_sqnr_db: list[tuple[str, float]] = []
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
         """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
@@ -159,11 +170,11 @@ class UnitInLoop(_Recorder):
         replaces it) when ``a`` and ``b`` are float matrices (or batches of them) of one dtype
         whose product torch would compute; any other call runs in torch (which computes it, or
         raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists).
-        With ``quantized_only``, a call taking no operand a library quantized runs in torch."""
+        With ``quantized_only`` every call runs in torch: the library's own output of a layer it
+        quantized (compared with the unit's), torch's value of any other."""
         torch = self.torch
         operands = [t for t in (a, b, bias) if t is not None]
-        self.placeholder = False
-        if self.quantized_only and not self.library_call(args, kwargs):
+        if self.quantized_only:
             return func(*args, **kwargs)
         if (
             b is None
@@ -178,17 +189,7 @@ class UnitInLoop(_Recorder):
             batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         except RuntimeError:
             return func(*args, **kwargs)
-        self.placeholder = True
         return torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
-
-    def library_call(self, args, kwargs) -> bool:
-        """Whether an intercepted call takes an operand a library quantized: a recorded
-        quantizer's output (Quark, Brevitas, torchao's input) or a torchao MXTensor weight."""
-        for value in (*args, *kwargs.values()):
-            entry = self.library_outputs.get(id(value))
-            if (entry is not None and entry[0] is value) or torch_torchao.is_torchao_tensor(value):
-                return True
-        return False
 
     def add(self, op: str, tensors: dict, *args, **kwargs) -> None:
         """Record (and compute) one layer, its torch weight at hand for :meth:`kept_quantizations`."""
@@ -197,7 +198,6 @@ class UnitInLoop(_Recorder):
             super().add(op, tensors, *args, **kwargs)
         finally:
             self.weight = None
-            self.placeholder = False
 
     def kept_quantizations(self, weight_values: np.ndarray) -> dict | None:
         """The kept quantizations (``run_layer``'s ``weight_quantizations``) of the weight of
@@ -227,10 +227,8 @@ class UnitInLoop(_Recorder):
 
     def computed(self, layer: Layer) -> np.ndarray | None:
         self.layers.pop()  # the operands are not kept
-        if self.quantized_only and "quantizers" not in layer.source and not self.placeholder:
-            # torch's value stands: run_gemm let torch compute the call, or the op was seen
-            # after torch ran it (ATen ops, attention's matmuls)
-            self.in_torch.append(layer.name)
+        if self.quantized_only and "quantizers" not in layer.source:
+            self.in_torch.append(layer.name)  # torch's value, computed already, stands
             return None
         self.computed_layers.append(layer.name)
         if "quantizers" in layer.source:
@@ -249,9 +247,30 @@ class UnitInLoop(_Recorder):
             self.out_format,
             self.kept_quantizations(layer.tensors["weight"]),
         )
+        if self.quantized_only:
+            self.library_sqnr_db.append((layer.name, self._library_sqnr_db(layer, values)))
         if self.bar is not None:
             self.bar.update(1)
         return values
+
+    def _library_sqnr_db(self, layer: Layer, values: np.ndarray) -> float:
+        """SQNR (dB) of the unit's ``values``, rounded to the model's dtype as the model gets
+        them, against the layer's output as torch computed it (the library's own)."""
+        torch = self.torch
+        library = np.asarray(layer.tensors["output"], dtype=np.float64)
+        dtype = (
+            torch.bfloat16
+            if layer.source.get("dtype") == "bfloat16"
+            else {np.float16: torch.float16, np.float64: torch.float64}.get(
+                layer.tensors["output"].dtype.type, torch.float32
+            )
+        )
+        unit = _rounded_tensor(torch, values, dtype).double().numpy().reshape(library.shape)
+        noise = float(np.sum((unit - library) ** 2))
+        if noise == 0:
+            return math.inf
+        signal = float(np.sum(library**2))
+        return -math.inf if signal == 0 else 10 * math.log10(signal / noise)
 
 
 @contextlib.contextmanager
@@ -288,7 +307,9 @@ def torch_unit(
             else a plain counter); None (default): when stderr is a terminal.
         quantized_only: the unit computes only the layers whose operands a library quantizer
             of the model produced (AMD Quark, torchao, Brevitas: the model's own quantized
-            operands); every other matmul (attention's ``q @ k^T`` and ``P @ v``, layers the
+            operands), each compared with the library's own output of the layer
+            (:attr:`UnitInLoop.library_sqnr_db`; torch computes it too, one float GEMM more
+            per layer); every other matmul (attention's ``q @ k^T`` and ``P @ v``, layers the
             library left in float) runs in torch as the library's model runs it, and is
             listed in :attr:`UnitInLoop.in_torch`.
 
