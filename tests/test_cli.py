@@ -661,7 +661,7 @@ def make_exiting():
                 "--inputs",
                 "x",
             ],
-            "the following arguments are required: --format",
+            "expected at least one unit and one format (or a quantizer)",
         ),
         (
             ["capture", "torch", "nomodule", "--out", "{tmp}/t"],
@@ -742,20 +742,6 @@ def make_exiting():
                 "examples/minilm/sentences.txt",
             ],
             "unit h100-fp8 cannot take quark:mxfp8_e4m3's operands",
-        ),
-        (
-            [
-                "evaluate",
-                "hf",
-                "{tmp}",
-                "--hw",
-                "hwconfigs/ocp-exact.yaml",
-                "--task",
-                "embedding",
-                "--inputs",
-                "examples/minilm/sentences.txt",
-            ],
-            "expected at least one unit and one format (or a quantizer)",
         ),
     ],
 )
