@@ -513,6 +513,7 @@ def cmd_evaluate_hf(args) -> int:
         batch_size=args.batch_size,
         scaling=args.scaling,
         progress=not args.quiet,
+        quantizer=args.quantizer,
     )
     print(format_report(report))
     if args.json:
@@ -1084,8 +1085,14 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument(
         "--format",
         action="append",
-        required=True,
-        help="element format of both operands (repeatable)",
+        help="element format of both operands (repeatable); or --quantizer",
+    )
+    hf.add_argument(
+        "--quantizer",
+        metavar="LIBRARY:SPEC",
+        help="quantize the model with the library itself (quark:mxfp8_e4m3, quark:mxfp4, "
+        "torchao:mxfp8_e4m3, ...) and report float, the library's model and each unit "
+        "computing with its quantized operands; instead of --format",
     )
     hf.add_argument("--task", required=True, choices=["embedding", "causal-lm", "classification"])
     hf.add_argument(

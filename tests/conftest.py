@@ -305,10 +305,11 @@ TINY_WORDS = (
 ).split()
 
 
-def tiny_hf_dir(torch, path: Path, task: str) -> Path:
+def tiny_hf_dir(torch, path: Path, task: str, llama: bool = False) -> Path:
     """A Hugging Face model directory (``save_pretrained``) of a seeded 2-layer model for
-    ``task`` (embedding: BERT; classification: BERT with 3 labels; causal-lm: GPT-2) and a
-    word-level tokenizer over TINY_WORDS; no hub."""
+    ``task`` (embedding: BERT; classification: BERT with 3 labels; causal-lm: GPT-2, or LLaMA
+    with ``llama``: its projections are ``nn.Linear``) and a word-level tokenizer over
+    TINY_WORDS; no hub."""
     transformers = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
     torch.manual_seed(0)
@@ -318,7 +319,22 @@ def tiny_hf_dir(torch, path: Path, task: str) -> Path:
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]"
     )
-    if task == "causal-lm":
+    if task == "causal-lm" and llama:
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=64,
+                max_position_embeddings=32,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
+    elif task == "causal-lm":
         model = transformers.GPT2LMHeadModel(
             transformers.GPT2Config(
                 n_layer=2,

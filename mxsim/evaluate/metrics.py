@@ -142,3 +142,17 @@ def classification_metrics(
 
 def accuracy(logits: np.ndarray, labels: np.ndarray | None) -> float | None:
     return None if labels is None else float(np.mean(np.asarray(logits).argmax(axis=1) == labels))
+
+
+def result_sqnr_db(reference, other) -> float:
+    """SQNR in dB of a run's per-input result against another run's (the embeddings, the
+    classifier's logits, a causal LM's next-token NLLs): ``10 log10(sum ref^2 / sum (other -
+    ref)^2)`` in float64; ``inf`` when the two are equal, and when both are zero."""
+    if isinstance(reference, tuple):
+        reference, other = reference[0], other[0]
+    reference = np.asarray(reference, np.float64).ravel()
+    noise = float(np.sum((np.asarray(other, np.float64).ravel() - reference) ** 2))
+    signal = float(np.sum(reference**2))
+    if noise == 0:
+        return math.inf
+    return -math.inf if signal == 0 else 10 * math.log10(signal / noise)

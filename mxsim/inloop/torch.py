@@ -13,19 +13,30 @@ cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) comp
 A model quantized by AMD Quark or by torchao's MX workflow computes each layer from its own
 quantized operands, as capture records them (:mod:`mxsim.capture.torch_quark`,
 :mod:`mxsim.capture.torch_torchao`); :attr:`UnitInLoop.model_quantization` says
-which quantizer each operand came from and how it was read.
+which quantizer each operand came from and how it was read. With ``quantized_only`` the unit
+computes only those layers, each also computed as the library's model computes it and the two
+compared (:attr:`UnitInLoop.library_sqnr_db`); the matmuls the library left in float run in
+torch, as in the library's own model (:attr:`UnitInLoop.in_torch`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator
 
 import numpy as np
 
 from .._optional import require
-from ..capture.torch import QuantArg, _Recorder, check_model, intercepting, running
+from ..capture.torch import (
+    QuantArg,
+    _Recorder,
+    _rounded_tensor,
+    check_model,
+    intercepting,
+    running,
+)
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
 from ..parallel import progress_bar
@@ -97,7 +108,13 @@ def model_quantization(layer: Layer) -> dict[str, str]:
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
-    ``layers``: names of the layers computed so far, in order; ``skipped``: ops left to torch.
+    ``layers``: names of the layers computed so far, in order; ``skipped``: ops left to torch;
+    ``in_torch``: with ``quantized_only``, the layers no library quantizer fed, run in torch;
+    ``library_sqnr_db``: with ``quantized_only``, (layer, SQNR in dB of the unit's output,
+    rounded to the model's dtype, against the library's own output of the layer from the same
+    operands; ``inf`` when equal) per layer computed;
+    ``not_read``: ``layer.operand`` of each operand a library quantized whose quantization mxsim
+    does not read (the unit got the library's values as floats, and quantized them itself).
     ``weight_quantizations``: the quantized weights kept for the next forward, emptied when the
     context ends: parameter (held by a weak reference) -> {view of it (data pointer, shape,
     stride, dtype) -> (a copy of the view's values as unsigned integers, the quantizations of
@@ -121,6 +138,7 @@ class UnitInLoop(_Recorder):
         out_format,
         per_tensor_scale,
         bar=None,
+        quantized_only: bool = False,
     ):
         super().__init__(torch, model, quant)
         self.copies = False  # each layer is computed, and dropped, before the model goes on
@@ -132,6 +150,10 @@ class UnitInLoop(_Recorder):
         self.weight_quantizations = torch.utils.weak.WeakIdKeyDictionary()
         self.weight = None  # the torch weight of the layer being recorded
         self.model_quantization: dict[str, dict[str, str]] = {}
+        self.quantized_only = quantized_only
+        self.in_torch: list[str] = []
+        self.not_read: set[str] = set()
+        self.library_sqnr_db: list[tuple[str, float]] = []
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
         """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
@@ -147,9 +169,13 @@ class UnitInLoop(_Recorder):
         """A placeholder of the call's output shape and dtype (no float GEMM: the unit's result
         replaces it) when ``a`` and ``b`` are float matrices (or batches of them) of one dtype
         whose product torch would compute; any other call runs in torch (which computes it, or
-        raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists)."""
+        raises its own error; calls the unit does not compute are kept, as :meth:`skip` lists).
+        With ``quantized_only`` every call runs in torch: the library's own output of a layer it
+        quantized (compared with the unit's), torch's value of any other."""
         torch = self.torch
         operands = [t for t in (a, b, bias) if t is not None]
+        if self.quantized_only:
+            return func(*args, **kwargs)
         if (
             b is None
             or a.dim() < 2
@@ -199,11 +225,19 @@ class UnitInLoop(_Recorder):
             kept = views[view] = (bits.copy(), {})
         return kept[1]
 
-    def computed(self, layer: Layer) -> np.ndarray:
+    def computed(self, layer: Layer) -> np.ndarray | None:
         self.layers.pop()  # the operands are not kept
+        if self.quantized_only and "quantizers" not in layer.source:
+            self.in_torch.append(layer.name)  # torch's value, computed already, stands
+            return None
         self.computed_layers.append(layer.name)
         if "quantizers" in layer.source:
             self.model_quantization[layer.name] = model_quantization(layer)
+            self.not_read.update(
+                f"{layer.name}.{operand}"
+                for operand in layer.source["quantizers"]
+                if layer.quant.get(operand) is None
+            )
         values = layer_on_unit(
             layer,
             self.hw,
@@ -213,9 +247,30 @@ class UnitInLoop(_Recorder):
             self.out_format,
             self.kept_quantizations(layer.tensors["weight"]),
         )
+        if self.quantized_only:
+            self.library_sqnr_db.append((layer.name, self._library_sqnr_db(layer, values)))
         if self.bar is not None:
             self.bar.update(1)
         return values
+
+    def _library_sqnr_db(self, layer: Layer, values: np.ndarray) -> float:
+        """SQNR (dB) of the unit's ``values``, rounded to the model's dtype as the model gets
+        them, against the layer's output as torch computed it (the library's own)."""
+        torch = self.torch
+        library = np.asarray(layer.tensors["output"], dtype=np.float64)
+        dtype = (
+            torch.bfloat16
+            if layer.source.get("dtype") == "bfloat16"
+            else {np.float16: torch.float16, np.float64: torch.float64}.get(
+                layer.tensors["output"].dtype.type, torch.float32
+            )
+        )
+        unit = _rounded_tensor(torch, values, dtype).double().numpy().reshape(library.shape)
+        noise = float(np.sum((unit - library) ** 2))
+        if noise == 0:
+            return math.inf
+        signal = float(np.sum(library**2))
+        return -math.inf if signal == 0 else 10 * math.log10(signal / noise)
 
 
 @contextlib.contextmanager
@@ -229,6 +284,7 @@ def torch_unit(
     scaling: str = "auto",
     quant: QuantArg = None,
     progress: bool | None = None,
+    quantized_only: bool = False,
 ) -> Iterator[UnitInLoop]:
     """While active, every matmul and convolution PyTorch runs is computed by the unit ``hw``.
 
@@ -249,6 +305,13 @@ def torch_unit(
             applied to every layer, or ``callable(layer_name, module)``).
         progress: count the layers computed on stderr (a tqdm bar with ``mxsim[progress]``,
             else a plain counter); None (default): when stderr is a terminal.
+        quantized_only: the unit computes only the layers whose operands a library quantizer
+            of the model produced (AMD Quark, torchao, Brevitas: the model's own quantized
+            operands), each compared with the library's own output of the layer
+            (:attr:`UnitInLoop.library_sqnr_db`; torch computes it too, one float GEMM more
+            per layer); every other matmul (attention's ``q @ k^T`` and ``P @ v``, layers the
+            library left in float) runs in torch as the library's model runs it, and is
+            listed in :attr:`UnitInLoop.in_torch`.
 
     A weight that is one of the model's parameters (or a view of one) is quantized once per
     context: later calls reuse its quantization while its values are bit for bit the ones
@@ -269,7 +332,16 @@ def torch_unit(
     unit, per_tensor_scale = _unit(hw), check_scaling(scaling)
     bar = progress_bar(None, "layer", sys.stderr.isatty() if progress is None else bool(progress))
     recorder = UnitInLoop(
-        torch, model, unit, quant, a_format, b_format, out_format, per_tensor_scale, bar
+        torch,
+        model,
+        unit,
+        quant,
+        a_format,
+        b_format,
+        out_format,
+        per_tensor_scale,
+        bar,
+        quantized_only,
     )
     try:
         with intercepting(torch, model, recorder), running(recorder, "torch_unit"):
