@@ -3,10 +3,12 @@ Verilator, every output bit compared; and mxsim probe recovering a generated uni
 
 CI runs a representative subset: an exact tree and a fixed-point grid under Icarus (K = one
 block), a windowed tree with c in the window and a normalised sum under Verilator (K = 8, a partial
-tree: Verilator's C++ compile grows with the unit). ``MXSIM_RTL_LONG=1`` runs every format
-pair of every shipped config the generator covers, at K = one and two blocks, under both
-simulators, with 1000 random vectors, the corner list, and the exhaustive list for 4-bit
-pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose name matches a pattern.
+tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode) under Icarus,
+and the fields decode of fp16 and bf16 on every code. ``MXSIM_RTL_LONG=1`` runs every format
+pair of every shipped config the generator covers (one per distinct parameter set), at K = one
+and two blocks, under both simulators, with 1000 random vectors, the corner list, and the
+exhaustive list for 4-bit pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose
+name matches a pattern.
 """
 
 from __future__ import annotations
