@@ -60,9 +60,16 @@ def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
         generate_unit(path, "fp8_e4m3", "fp8_e4m3")
 
 
-def test_wide_elements_are_refused_by_name():
-    with pytest.raises(ConfigError, match="a_formats: element format fp16"):
-        generate_unit(REPO / "hwconfigs" / "h100.yaml", "fp16", "fp16")
+def test_wide_elements_not_ieee_shaped_are_refused_by_name():
+    """Elements over 8 bits decode by IEEE fields; another wide format (MX9) is refused."""
+    import dataclasses
+
+    from mxsim.rtl import check_covered
+
+    params = load_hwconfig(OCP).params("fp8_e4m3", "fp8_e4m3")
+    with pytest.raises(ConfigError, match="a_formats: element format mx9 .9 bits. is not covered"):
+        check_covered(dataclasses.replace(params, a_format="mx9"), "x.yaml")
+    check_covered(dataclasses.replace(params, a_format="fp16", b_format="bf16"), "x.yaml")
 
 
 def test_an_exact_accumulator_over_several_blocks_is_refused():

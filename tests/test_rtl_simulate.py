@@ -3,10 +3,12 @@ Verilator, every output bit compared; and mxsim probe recovering a generated uni
 
 CI runs a representative subset: an exact tree and a fixed-point grid under Icarus (K = one
 block), a windowed tree with c in the window and a normalised sum under Verilator (K = 8, a partial
-tree: Verilator's C++ compile grows with the unit). ``MXSIM_RTL_LONG=1`` runs every format
-pair of every shipped config the generator covers, at K = one and two blocks, under both
-simulators, with 1000 random vectors, the corner list, and the exhaustive list for 4-bit
-pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose name matches a pattern.
+tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode) under Icarus,
+and the fields decode of fp16 and bf16 on every code. ``MXSIM_RTL_LONG=1`` runs every format
+pair of every shipped config the generator covers (one per distinct parameter set), at K = one
+and two blocks, under both simulators, with 1000 random vectors, the corner list, and the
+exhaustive list for 4-bit pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose
+name matches a pattern.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from conftest import REPO
 from mxsim.datapath import dot, load_hwconfig, parse_hwconfig
 from mxsim.datapath.config import vary_hwconfig
 from mxsim.errors import ConfigError
+from mxsim.formats import get_format
 from mxsim.golden import generate
 from mxsim.rtl import check_covered, generate_unit
 from mxsim.rtl.simulate import have, probe_testbench, simulate
@@ -57,20 +60,27 @@ def prove(
         hw = vary_hwconfig(hw, changes, f"{config}-varied")
     unit = generate_unit(hw, *pair, k, pipeline=pipeline)
     out = tmp_path / f"{config}-{pair[0]}x{pair[1]}-{unit.dot_length}"
-    manifest = generate(
-        hw,
-        out,
-        cases=cases,
-        seed=7,
-        kinds=list(kinds),
-        pairs=[pair],
-        dot_length=unit.dot_length,
-        progress=False,
-    )
-    files = sorted(out.glob("*.hex"))
-    counts = {
-        Path(e["vectors"]).name: e["count"] for u in manifest["units"] for e in u["files"].values()
-    }
+    if any(get_format(f).padding_bits for f in pair):
+        # golden files hold no padded codes (tf32): the vectors come from mxsim.dot directly
+        files = padded_vectors(hw, unit, out, cases)
+        counts = {f.name: cases for f in files}
+    else:
+        manifest = generate(
+            hw,
+            out,
+            cases=cases,
+            seed=7,
+            kinds=list(kinds),
+            pairs=[pair],
+            dot_length=unit.dot_length,
+            progress=False,
+        )
+        files = sorted(out.glob("*.hex"))
+        counts = {
+            Path(e["vectors"]).name: e["count"]
+            for u in manifest["units"]
+            for e in u["files"].values()
+        }
     results = simulate(unit, files, simulator, work_dir=tmp_path)
     for name, result in results.items():
         assert result.failed == 0, f"{config} {pair} K={unit.dot_length} {name}: {result.failures}"
@@ -78,6 +88,87 @@ def prove(
             result.passed == counts[name] == 0 and cases == 0
         )
     return {name: (r.passed, r.failed) for name, r in results.items()}
+
+
+def padded_vectors(hw, unit, out: Path, cases: int) -> list[Path]:
+    """Vectors for a pair with padded codes (tf32), in the golden layout, expected bits from
+    mxsim.dot. Element codes (padding 0): 45 % with exponents over a quarter of the range each
+    way, 53.5 % near one (exponents within 4 binades: cancellation and carries), 1.5 % edge
+    values (zeros, the smallest subnormal and normal); one vector in ten gets the largest finite
+    value, an Inf or a NaN; c: 80 % normal-distributed, 20 % zeros, edges and specials."""
+    from mxsim.rtl.simulate import vector_fields
+
+    p, k = unit.params, unit.dot_length
+    assert p.scales == "none" and p.c_format == "fp32", "padded codes: a scale-free fp32-c unit"
+    rng = np.random.default_rng(7)
+
+    def codes(name: str) -> np.ndarray:
+        fmt = get_format(name)
+        live = fmt.bits - fmt.padding_bits
+        m, sign = fmt.mantissa_bits, np.uint64(1 << (live - 1))
+        edges = np.array([0, 1, 1 << m], dtype=np.uint64)
+        # exponents over a quarter of the range each way: sums of products rarely overflow
+        uniform = (
+            rng.integers(fmt.bias - fmt.bias // 4, fmt.bias + fmt.bias // 4 + 1, (cases, k)).astype(
+                np.uint64
+            )
+            << np.uint64(m)
+        ) | rng.integers(0, 1 << m, (cases, k), dtype=np.uint64)
+        uniform |= np.where(rng.random((cases, k)) < 0.5, sign, np.uint64(0))
+        near = (
+            rng.integers(fmt.bias - 4, fmt.bias + 5, (cases, k)).astype(np.uint64) << np.uint64(m)
+        ) | rng.integers(0, 1 << m, (cases, k), dtype=np.uint64)
+        near |= np.where(rng.random((cases, k)) < 0.5, sign, np.uint64(0))
+        edge = edges[rng.integers(0, len(edges), (cases, k))] | np.where(
+            rng.random((cases, k)) < 0.5, sign, np.uint64(0)
+        )
+        pick = rng.random((cases, k))
+        x = np.where(pick < 0.45, uniform, np.where(pick < 0.985, near, edge))
+        # the largest finite value, Inf, -Inf, a NaN
+        special = np.array(
+            [
+                (1 << (live - 1)) - (1 << m) - 1,
+                (1 << (live - 1)) - (1 << m),
+                (1 << live) - (1 << m),
+                (1 << (live - 1)) - 1,
+            ],
+            np.uint64,
+        )
+        rows = np.flatnonzero(rng.random(cases) < 0.1)
+        x[rows, rng.integers(0, k, len(rows))] = special[rng.integers(0, len(special), len(rows))]
+        return x << np.uint64(fmt.padding_bits)
+
+    a, b = codes(p.a_format), codes(p.b_format)
+    c_edges = np.array(
+        [0, 0x80000000, 1, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000], np.uint32
+    )
+    c = np.where(
+        rng.random(cases) < 0.8,
+        rng.standard_normal(cases).astype(np.float32).view(np.uint32),
+        c_edges[rng.integers(0, len(c_edges), cases)],
+    ).view(np.float32)
+    d = dot(hw, a, b, a_format=p.a_format, b_format=p.b_format, c=c)
+    out_fmt = get_format(p.output_format)
+    special = ((d >> out_fmt.mantissa_bits) & ((1 << out_fmt.exponent_bits) - 1)) == (
+        1 << out_fmt.exponent_bits
+    ) - 1
+    assert special.mean() < 0.35, "the vectors must mostly give finite results"
+    values = {"a": a, "b": b, "c": c.view(np.uint32), "d": d}
+    out.mkdir(parents=True)
+    lines = []
+    for row in range(cases):
+        word = 0
+        for name, lsb, bits in vector_fields(unit):
+            if name in ("a", "b"):
+                w = bits // k
+                field = sum(int(x) << (w * i) for i, x in enumerate(values[name][row]))
+            else:
+                field = int(values[name][row])
+            word |= field << lsb
+        lines.append(f"{word:x}")
+    path = out / "random-and-edges.hex"
+    path.write_text("\n".join(lines) + "\n")
+    return [path]
 
 
 CI_UNITS = [
@@ -92,6 +183,8 @@ CI_UNITS = [
     # 13-bit window with c, 14-bit normalised sum; K = 8 (a partial tree: Verilator's C++ compile
     # grows with the unit; the unit takes no scales, so the block size only sets the vectors' K)
     ("h100-fp8", ("fp8_e4m3", "fp8_e5m2"), 8, "verilator", {"inputs.block_size": 8}),
+    # fp16 elements decoded by their fields; c in a 25-bit window, truncated; K = 16, one tree
+    ("h100", ("fp16", "fp16"), 16, "iverilog", {"inputs.block_size": 16}),
 ]
 
 
@@ -142,15 +235,22 @@ def test_the_mx_family_is_covered_and_refusals_name_a_key():
 
 
 def _long_units():
+    """The covered shipped units the long run proves: one per distinct resolved parameter set
+    (the RTL and the vectors are functions of the parameters: the others generate the same
+    unit), the first config in name order representing the rest."""
     if not LONG:
         return []
     covered, _ = shipped_units()
     patterns = None if LONG == "1" else LONG.split(",")
-    return [
-        (name, pair)
-        for name, pair in covered
-        if patterns is None or any(fnmatch.fnmatch(name, p) for p in patterns)
-    ]
+    seen, units = set(), []
+    for name, pair in covered:
+        if patterns is not None and not any(fnmatch.fnmatch(name, p) for p in patterns):
+            continue
+        params = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml").params(*pair)
+        if params not in seen:
+            seen.add(params)
+            units.append((name, pair))
+    return units
 
 
 @pytest.mark.skipif(not LONG, reason="the long RTL run: MXSIM_RTL_LONG=1 (docs/rtl.md)")
@@ -168,7 +268,10 @@ def test_long_every_covered_shipped_unit(tmp_path, config, pair, simulator, bloc
         ["exhaustive"] if blocks == 1 and pair == ("fp4_e2m1", "fp4_e2m1") else []
     )
     # the two-block units with a result register stage (the bench clocks it)
-    prove(tmp_path, config, pair, k, simulator, cases=1000, kinds=kinds, pipeline=blocks - 1)
+    counts = prove(
+        tmp_path, config, pair, k, simulator, cases=1000, kinds=kinds, pipeline=blocks - 1
+    )
+    print(f"proof {config} {pair[0]}x{pair[1]} K={k} {simulator}: {counts}")  # shown with -s
 
 
 @pytest.mark.skipif(
@@ -226,3 +329,105 @@ def test_probe_recovers_a_generated_unit(tmp_path):
     emitted = parse_hwconfig(yaml.safe_load(result.yaml), "<probed>")
     mine = dot(emitted, a, b, a_format=pair[0], b_format=pair[1], scale_a=sa, scale_b=sb, c=c)
     assert mine.astype(np.uint64).tolist() == rtl.tolist()
+
+
+def _reference_decode(fmt, code: int, subnormals: bool, zeros_positive: bool) -> tuple:
+    """(nan, inf, zero, sign, exp, sig) of one code from the format table's Fraction decode:
+    exp = max(floor(log2 |v|), emin), sig = |v| / 2^(exp - mantissa bits)."""
+    from fractions import Fraction
+    import math
+
+    from mxsim.formats.reference import decode_reference
+
+    value = decode_reference(fmt, code << fmt.padding_bits)
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0, 0, 0, 0, 0)
+    if isinstance(value, float) and math.isinf(value):
+        return (0, 1, 0, int(value < 0), 0, 0)
+    negative = int(code >> (fmt.bits - fmt.padding_bits - 1))
+    magnitude = abs(Fraction(value))
+    min_normal = Fraction(2) ** (1 - fmt.bias)
+    if magnitude == 0 or (not subnormals and magnitude < min_normal):
+        return (0, 0, 1, 0 if zeros_positive else negative, 0, 0)
+    exp = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if Fraction(2) ** exp > magnitude:
+        exp -= 1
+    exp = max(exp, 1 - fmt.bias)
+    sig = magnitude / Fraction(2) ** (exp - fmt.mantissa_bits)
+    assert sig.denominator == 1
+    return (0, 0, 0, negative, exp, int(sig))
+
+
+DECODES = [("fp16", True, False), ("bf16", False, True)] + (
+    [("tf32", True, False), ("fp16", False, False), ("bf16", True, True)] if LONG else []
+)
+
+
+@pytest.mark.parametrize("fmt_name,subnormals,zeros_positive", DECODES)
+def test_a_wide_element_decode_equals_the_format_table_on_every_code(
+    tmp_path, fmt_name, subnormals, zeros_positive
+):
+    """The field decode of a wide element (IEEE-shaped, more than 8 bits) under Icarus, every
+    code (padding bits 0) against the format table's Fraction decode."""
+    import subprocess
+
+    from mxsim.formats import get_format
+    from mxsim.rtl.generate import _decode_module, element_decode
+
+    require_simulator("iverilog")
+    fmt = get_format(fmt_name)
+    table = element_decode(fmt_name, subnormals, zeros_positive)
+    (tmp_path / "dec.sv").write_text(_decode_module("dec", table))
+    live = fmt.bits - fmt.padding_bits
+    lines = []
+    for code in range(1 << live):
+        nan, inf, zero, sign, exp, sig = _reference_decode(fmt, code, subnormals, zeros_positive)
+        word = (
+            (((code << 4 | nan << 3 | inf << 2 | zero << 1 | sign) << 16) | (exp & 0xFFFF)) << 32
+        ) | sig
+        lines.append(f"{word:x}")
+    (tmp_path / "codes.hex").write_text("\n".join(lines) + "\n")
+    width = live + 4 + 16 + 32
+    code = f"mem[i][{width - 1}:52]"
+    if fmt.padding_bits:
+        code = f"{{{code}, {{{fmt.padding_bits}{{1'b1}}}}}}"
+    (tmp_path / "tb.sv").write_text(
+        f"""module tb;
+  logic [{width - 1}:0] mem [0:{(1 << live) - 1}];
+  logic [{fmt.bits - 1}:0] code; logic nan, inf, zero, sign; logic signed [15:0] exp;
+  logic [{fmt.mantissa_bits}:0] sig; int failed;
+  dec d (.code(code), .nan(nan), .inf(inf), .zero(zero), .sign(sign), .exp(exp), .sig(sig));
+  initial begin
+    $readmemh("{tmp_path / "codes.hex"}", mem);
+    failed = 0;
+    for (int i = 0; i < {1 << live}; i++) begin
+      // padding bits set to ones: the decode ignores them
+      code = {code};
+      #1;
+      if ({{nan, inf, zero, sign, exp, 32'(sig)}} !== mem[i][51:0]) begin
+        failed++;
+        if (failed < 4) $display("FAIL %h: %b%b%b%b %h %h", code, nan, inf, zero, sign, exp, sig);
+      end
+    end
+    $display("%0d failed", failed);
+    $finish;
+  end
+endmodule
+"""
+    )
+    subprocess.run(
+        [
+            "iverilog",
+            "-g2012",
+            "-o",
+            str(tmp_path / "tb.vvp"),
+            str(tmp_path / "dec.sv"),
+            str(tmp_path / "tb.sv"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    out = subprocess.run(
+        ["vvp", "-n", str(tmp_path / "tb.vvp")], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip().splitlines()[-1] == "0 failed", out[-2000:]

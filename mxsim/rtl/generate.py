@@ -12,7 +12,8 @@ Semantics follow docs/hwconfig.md exactly (the RTL is shown equal to ``mxsim.dot
 vectors by tests/test_rtl_*.py); the design choices where hardware has freedom:
 
 * element decode is a table of every code (formats of at most 8 bits), so any element format
-  of the format table decodes the same way, subnormal flushing and zero signs included;
+  of the format table decodes the same way, subnormal flushing and zero signs included; a
+  wider IEEE-shaped format (fp16, bf16, tf32, fp32) decodes by its fields to the same outputs;
 * an exact tree (no window) sums its products on a fixed-point grid spanning the formats'
   exponent range; its sum meets the accumulator in a two-term adder that jams what falls
   below its window into a sticky bit (exact for rounding, see ``mxr_add_round``);
@@ -152,13 +153,26 @@ def check_covered(params: DatapathParams, source: str) -> None:
         ("inputs.b_formats", params.b_format),
     ):
         fmt = get_format(operand)
-        if fmt.bits > 8:
+        if fmt.bits > 8 and not _ieee_shaped(fmt):
             raise ConfigError(
                 source,
                 key,
                 f"element format {fmt.name} ({fmt.bits} bits) is not covered "
-                "by the RTL generator (elements of at most 8 bits)",
+                "by the RTL generator (elements of at most 8 bits, or IEEE-shaped wider ones)",
             )
+
+
+def _ieee_shaped(fmt) -> bool:
+    """A sign-magnitude float with IEEE specials (all-ones exponent: Inf, NaN): decoded by
+    its fields rather than by a table of every code."""
+    return (
+        fmt.specials == "ieee"
+        and fmt.exponent_bits > 0
+        and fmt.signed
+        and not fmt.twos_complement
+        and not fmt.scale_bits
+        and fmt.bits == 1 + fmt.exponent_bits + fmt.mantissa_bits + fmt.padding_bits
+    )
 
 
 # --- element decode tables ----------------------------------------------------------------------
@@ -174,7 +188,10 @@ class ElementDecode:
     frac: int  # fraction bits of sig
     emin: int  # smallest alignment exponent
     emax: int
-    rows: tuple  # per code: (nan, inf, zero, sign, exponent, sig)
+    rows: tuple  # per code: (nan, inf, zero, sign, exponent, sig); empty for a decode by fields
+    # a decode by fields (formats wider than 8 bits): (exponent bits, mantissa bits, bias,
+    # padding bits, subnormals flushed, zeros positive)
+    fields: tuple | None = None
 
     @property
     def sig_bits(self) -> int:
@@ -182,7 +199,21 @@ class ElementDecode:
 
 
 def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> ElementDecode:
+    """The decode of one element format: a row per code for formats of at most 8 bits, the
+    IEEE fields' rule for wider ones (values as the format table's decode, docs/hwconfig.md)."""
     fmt = get_format(fmt_name)
+    if fmt.bits > 8 and _ieee_shaped(fmt):
+        emin = 1 - fmt.bias
+        emax = (1 << fmt.exponent_bits) - 2 - fmt.bias
+        shape = (
+            fmt.exponent_bits,
+            fmt.mantissa_bits,
+            fmt.bias,
+            fmt.padding_bits,
+            not (subnormals and fmt.subnormals),
+            zeros_positive,
+        )
+        return ElementDecode(fmt.name, fmt.bits, fmt.mantissa_bits, emin, emax, (), shape)
     anchor = Fraction(fmt.min_normal if fmt.exponent_bits else fmt.max_finite)
     emin = floor_log2(anchor)
     values = []
@@ -234,6 +265,8 @@ def _signed(value: int, width: int = EXW) -> str:
 
 
 def _decode_module(name: str, table: ElementDecode) -> str:
+    if table.fields is not None:
+        return _field_decode_module(name, table)
     w, s = table.bits, table.sig_bits
     lines = [
         f"// {name}: {table.name} element decode (docs/hwconfig.md step 1), one row per code:",
@@ -260,6 +293,44 @@ def _decode_module(name: str, table: ElementDecode) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _field_decode_module(name: str, table: ElementDecode) -> str:
+    """An IEEE-shaped element decoded by its fields: the same outputs as a table's rows."""
+    eb, mb, bias, pad, flush, zeros_positive = table.fields
+    w = table.bits
+    zero = "field == '0" if flush else "field == '0 && man == '0"
+    return "\n".join(
+        [
+            f"// {name}: {table.name} element decode (docs/hwconfig.md step 1) by its fields: sign,",
+            f"// {eb} exponent bits (bias {bias}), {mb} mantissa bits"
+            + (f", {pad} padding bits (ignored: mxsim takes them 0)" if pad else "")
+            + "; all-ones exponent: Inf, NaN.",
+            f"// value = sig * 2^(exp - {mb}); exp is the alignment exponent (at least {table.emin})"
+            + ("; subnormals flush to zero" if flush else "")
+            + ("; zeros are +0" if zeros_positive else "")
+            + ".",
+            f"module {name} (",
+            f"    input  logic [{w - 1}:0] code,",
+            "    output logic nan, output logic inf, output logic zero, output logic sign,",
+            f"    output logic signed [{EXW - 1}:0] exp,",
+            f"    output logic [{mb}:0] sig",
+            ");",
+            f"  logic [{eb - 1}:0] field; logic [{mb - 1}:0] man; logic finite;",
+            f"  assign field = code[{w - 2}:{w - 1 - eb}];",
+            f"  assign man = code[{pad + mb - 1}:{pad}];",
+            "  assign nan = &field && man != '0;",
+            "  assign inf = &field && man == '0;",
+            f"  assign zero = {zero};",
+            "  assign finite = !(&field) && !zero;",
+            f"  assign sign = !nan && {'!zero && ' if zeros_positive else ''}code[{w - 1}];",
+            f"  assign exp = !finite ? '0 : field == '0 ? {_signed(table.emin)} : "
+            f"{EXW}'($signed({{1'b0, field}})) - {_signed(bias)};",
+            "  assign sig = !finite ? '0 : {field != '0, man};",
+            "endmodule",
+            "",
+        ]
+    )
 
 
 # --- the unit -----------------------------------------------------------------------------------
