@@ -8,6 +8,10 @@ Two layouts are read, from safetensors only (never a pickle):
   Linear stores ``<module>.weight`` (element codes: ``float8_e4m3fn`` / ``float8_e5m2``
   tensors, or two fp4 E2M1 codes a byte, element 0 in the low nibble) and
   ``<module>.weight_scale`` (one E8M0 code a block of ``group_size`` along the input axis).
+  With ``weight_format="fake_quantized"`` the file holds the float weight and its scales
+  as float powers of two instead (Quark 0.13 writes OCP MXFP8 weights only this way: its
+  ``real_quantized`` export has no fp8 ``per_group`` packing); the codes are then the weight
+  quantized at those scales by the profile's element rounding, as Quark's quantizer does.
   Read: ``global_quant_config`` with an OCP MX weight (``fp8_e4m3``, ``fp8_e5m2``, ``fp4``;
   ``per_group``, ``e8m0`` scales, static) and, optionally, a dynamic OCP MX input
   (:data:`QUARK_ELEMENTS`), its ``scale_calculation_mode`` giving the ``quark`` /
@@ -212,11 +216,12 @@ def _quark_spec(spec, key: str, config_file: Path, dynamic: bool):
 
 def _read_quark(path: Path, config_file: Path, quantization: dict, file: Path) -> Checkpoint:
     export = quantization.get("export") or {}
-    if export.get("weight_format") != "real_quantized":
+    weight_format = export.get("weight_format") if isinstance(export, dict) else None
+    if weight_format not in ("real_quantized", "fake_quantized"):
         _fail(
             config_file,
-            f"quantization_config.export.weight_format {shown(export.get('weight_format'))} is "
-            "not read; accepted: real_quantized (export_safetensors' default)",
+            f"quantization_config.export.weight_format {shown(weight_format)} is not read; "
+            "accepted: real_quantized (export_safetensors' default), fake_quantized",
         )
     for key in ("layer_quant_config", "layer_type_quant_config", "kv_cache_quant_config"):
         if quantization.get(key):
@@ -248,7 +253,9 @@ def _read_quark(path: Path, config_file: Path, quantization: dict, file: Path) -
         in_fmt, in_group, in_profile = _quark_spec(inputs, "input_tensors", config_file, True)
         input_quant = (in_fmt, in_group, in_profile, {})
     info, _ = _header(file)
-    code_dtype = QUARK_ELEMENTS[glob["weight"]["dtype"]][1]
+    code_dtype = (
+        QUARK_ELEMENTS[glob["weight"]["dtype"]][1] if weight_format == "real_quantized" else None
+    )
     for name in info:
         suffix = name.rsplit(".", 1)[-1]
         if suffix.endswith(("_scale", "_zero_point", "_scale_2")) and suffix != "weight_scale":
@@ -313,7 +320,7 @@ def _read_torchao(file: Path) -> Checkpoint:
     linears = {}
     for name, entry in described.items():
         kind = entry.get("_type") if isinstance(entry, dict) else None
-        if kind == "torch.Tensor":
+        if kind in ("Tensor", "torch.Tensor"):  # a plain tensor
             continue
         where = f"{file}: {shown(name)}"
         if kind != "MXTensor":
@@ -403,10 +410,16 @@ def _decode(
     input_quant,
     library,
 ) -> StoredLinear:
-    """A quantized Linear weight's codes and scales checked against the spec and decoded."""
+    """A quantized Linear weight's codes and scales checked against the spec and decoded
+    (``code_dtype`` None: Quark's ``fake_quantized`` layout, float weights quantized here at
+    the stored float scales)."""
     torch = require("torch")
     weight_info, scale_info = info[weight_name], info[scale_name]
     element = get_format(fmt)
+    if code_dtype is None:
+        return _fake_quantized(
+            file, weight_name, scale_name, info, tensors, fmt, block, profile, input_quant
+        )
     packed = element.bits < 8
     if weight_info["dtype"] != code_dtype or len(weight_info["shape"]) != 2:
         _fail(
@@ -452,6 +465,50 @@ def _decode(
         )
     origin = f"{library} checkpoint {file.name}: {weight_name}, {scale_name}"
     return StoredLinear(weight_name.rpartition(".")[0], spec, values, codes, input_quant, origin)
+
+
+def _fake_quantized(
+    file, weight_name, scale_name, info, tensors, fmt, block, profile, input_quant
+) -> StoredLinear:
+    """A weight of Quark's ``fake_quantized`` export: the float weight and its scales as float
+    powers of two (2^-127..2^127, one per block); its codes are the weight quantized at those
+    scales by the profile's element rounding (what Quark's quantizer computes with them)."""
+    weight_info, scale_info = info[weight_name], info[scale_name]
+    shape = weight_info["shape"]
+    if weight_info["dtype"] not in FLOAT_DTYPES or len(shape) != 2 or shape[1] % block:
+        _fail(
+            file,
+            f"{shown(weight_name)} is {weight_info['dtype']} {list(shape)}; a fake_quantized "
+            f"weight is a 2-d float tensor of whole blocks of {block}",
+        )
+    rows, cols = shape
+    if scale_info["dtype"] not in FLOAT_DTYPES or tuple(scale_info["shape"]) != (
+        rows,
+        cols // block,
+    ):
+        _fail(
+            file,
+            f"{shown(scale_name)} is {scale_info['dtype']} {list(scale_info['shape'])}; the scales "
+            f"of a fake_quantized {shown(weight_name)} are floats of shape {[rows, cols // block]}",
+        )
+    mantissa, exponent = np.frexp(tensors[scale_name].double().numpy())
+    if not ((mantissa == 0.5) & (exponent >= -126) & (exponent <= 128)).all():
+        _fail(file, f"{shown(scale_name)}: scales are not powers of two 2^-127..2^127 (E8M0)")
+    scales = (exponent - 1 + 127).astype(np.uint8)
+    spec = MXQuant(fmt, 1, block, profile, scales=scales)
+    try:
+        quantized = spec.quantize(tensors[weight_name].float().numpy())
+    except MxsimError as error:
+        _fail(file, f"{shown(weight_name)}: {error}")
+    origin = f"Quark checkpoint {file.name}: {weight_name}, {scale_name} (fake_quantized)"
+    return StoredLinear(
+        weight_name.rpartition(".")[0],
+        spec,
+        quantized.dequantize(np.float64),
+        quantized.codes,
+        input_quant,
+        origin,
+    )
 
 
 def _float_dtype(file, info, tensors, linears) -> str:
