@@ -27,7 +27,7 @@ Two layouts are read, from safetensors only (never a pickle):
   (:data:`mxsim.capture.torch_torchao.SCALE_MODE_PROFILES`).
 
 :func:`read_checkpoint` decodes every quantized weight to its exact values (element value x
-2^(code - 127)) and keeps its codes and scale codes; :func:`install` puts
+2^(code - 127)), checked to re-encode to its codes at its scale codes; :func:`install` puts
 :class:`StoredQuantizer` modules on each quantized Linear of the model transformers built,
 so that the Linear computes ``F.linear(input quantized as the library does at each call,
 the stored weight)``. Capture and the unit in the loop read those quantizers as they read a
@@ -81,14 +81,13 @@ WEIGHTS_FILE = "model.safetensors"
 @dataclass
 class StoredLinear:
     """One quantized Linear of a checkpoint: ``key`` (its module path in the file), the
-    weight's spec (with the stored scale codes), its exact values, its stored element codes
-    (unpacked, one per element), and the input's quantization (format, block size, profile,
-    options) or None. ``origin`` says where it was read from."""
+    weight's spec (with the stored scale codes), its exact values, and the input's
+    quantization (format, block size, profile, options) or None. ``origin`` says where it
+    was read from."""
 
     key: str
     weight_spec: MXQuant
     weight: np.ndarray
-    codes: np.ndarray
     input_quant: tuple | None
     origin: str
 
@@ -373,7 +372,6 @@ def _read_torchao(file: Path) -> Checkpoint:
             (act_fmt, int(_torchao_value(act, where, "block_size")), profile, options),
             "torchao",
         )
-        linear.key = key
         linears[key] = linear
         del tensors[qdata], tensors[scale]
         tensors[name] = linear.weight
@@ -464,7 +462,7 @@ def _decode(
             f"at the stored scales (NaN or non-canonical codes); not read",
         )
     origin = f"{library} checkpoint {file.name}: {weight_name}, {scale_name}"
-    return StoredLinear(weight_name.rpartition(".")[0], spec, values, codes, input_quant, origin)
+    return StoredLinear(weight_name.rpartition(".")[0], spec, values, input_quant, origin)
 
 
 def _fake_quantized(
@@ -505,7 +503,6 @@ def _fake_quantized(
         weight_name.rpartition(".")[0],
         spec,
         quantized.dequantize(np.float64),
-        quantized.codes,
         input_quant,
         origin,
     )

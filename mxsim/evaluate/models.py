@@ -388,7 +388,10 @@ def load_hf(model_dir, task: str):
     local files only, after :func:`check_model_files`: never the directory's own code
     (``trust_remote_code=False``), stdin closed (no prompt), weights from safetensors or
     read with ``weights_only``. Whatever transformers, safetensors or torch raise while
-    loading is one :class:`MxsimError` line naming the directory or file."""
+    loading is one :class:`MxsimError` line naming the directory or file. A quantized
+    checkpoint (Quark's export, a torchao state dict in safetensors) is read by
+    :mod:`mxsim.capture.torch_checkpoint`: the model is built from its decoded weights and
+    its Linears compute with the checkpoint's quantization."""
     path = check_model_dir(model_dir)
     transformers = transformers_offline()
     config = check_model_files(path)
