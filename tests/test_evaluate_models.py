@@ -306,7 +306,7 @@ HOSTILE_DIRS = {
                 quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}
             )
         },
-        "cannot load the classification model",
+        "quant_method 'bitsandbytes' is not read; accepted: quark, torchao",
     ),
     "empty weights": (
         {"files": {"model.safetensors": b""}},

@@ -32,7 +32,10 @@ operand is recorded as the quantizer's float input with Quark's output in
 values bit for bit (else none, with ``source.quant_notes``). A Linear whose weight is torchao's
 ``MXTensor`` is recorded with torchao's quantization of its input and its dequantized weight
 (:mod:`mxsim.capture.torch_torchao`), read the same way; so are Brevitas' quantizer proxies,
-whose QuantTensors a quantized layer passes to ``F.linear`` (:mod:`mxsim.capture.torch_brevitas`).
+whose QuantTensors a quantized layer passes to ``F.linear`` (:mod:`mxsim.capture.torch_brevitas`),
+and the quantizers mxsim puts on the Linears of a quantized checkpoint it loaded (Quark's
+exporter, a torchao state dict: :mod:`mxsim.capture.torch_checkpoint`), whose weight specs
+carry the checkpoint's scale codes.
 
 What the interception cannot see through is refused with one :class:`MxsimError` line
 (:func:`check_model`); an exception torch raises while the model runs becomes one line naming
@@ -54,7 +57,7 @@ from ..formats import get_format
 from ..trace.model import Layer, Network, Trace
 from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from ..trace.validate import validate_trace
-from . import torch_brevitas, torch_quark, torch_torchao
+from . import torch_brevitas, torch_checkpoint, torch_quark, torch_torchao
 
 QuantArg = None | Mapping | Callable
 
@@ -376,6 +379,8 @@ class _Recorder:
                     "torchao",
                     quantizer.spec(self.torch, ndim) or torch_quark.UNREAD,
                 )
+            elif torch_checkpoint.is_stored_quantizer(quantizer):
+                library_name, spec = "the checkpoint", quantizer.spec(ndim)
             elif torch_brevitas.is_brevitas_quantizer(quantizer):
                 library_name, spec = (
                     "Brevitas",
@@ -383,7 +388,11 @@ class _Recorder:
                 )
             else:
                 library_name, spec = "Quark", torch_quark.quantizer_spec(quantizer, ndim, where)
-            described = quantizer if torchao else type(quantizer).__name__
+            described = (
+                quantizer
+                if torchao or torch_checkpoint.is_stored_quantizer(quantizer)
+                else type(quantizer).__name__
+            )
             source.setdefault("quantizers", {})[operand] = f"{path} ({described})"
             note = ""
             if spec in (torch_quark.UNREAD, torch_brevitas.UNREAD):
@@ -886,7 +895,11 @@ def intercepting(torch, model, recorder: _Recorder):
     for module_name, module in model.named_modules() if model is not None else ():
         handles.append(module.register_forward_pre_hook(enter(module_name, module)))
         handles.append(module.register_forward_hook(leave, always_call=True))
-        if torch_quark.is_quark_quantizer(module) or torch_brevitas.is_brevitas_quantizer(module):
+        if (
+            torch_quark.is_quark_quantizer(module)
+            or torch_brevitas.is_brevitas_quantizer(module)
+            or torch_checkpoint.is_stored_quantizer(module)
+        ):
             wrapped.append((module, vars(module).get("forward")))
             module.forward = _library_forward(torch, recorder, module, module_name, module.forward)
     fastpath = torch.backends.mha.get_fastpath_enabled()

@@ -14,12 +14,14 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._optional import require
+from ..capture.torch_checkpoint import install, read_checkpoint
 from ..errors import ArgumentError, InputFileError, MxsimError
 from ..fileio import read_text
 from ..limits import check_path, is_integer, shown
@@ -386,10 +388,14 @@ def load_hf(model_dir, task: str):
     local files only, after :func:`check_model_files`: never the directory's own code
     (``trust_remote_code=False``), stdin closed (no prompt), weights from safetensors or
     read with ``weights_only``. Whatever transformers, safetensors or torch raise while
-    loading is one :class:`MxsimError` line naming the directory or file."""
+    loading is one :class:`MxsimError` line naming the directory or file. A quantized
+    checkpoint (Quark's export, a torchao state dict in safetensors) is read by
+    :mod:`mxsim.capture.torch_checkpoint`: the model is built from its decoded weights and
+    its Linears compute with the checkpoint's quantization."""
     path = check_model_dir(model_dir)
     transformers = transformers_offline()
-    check_model_files(path)
+    config = check_model_files(path)
+    stored = read_checkpoint(path, config)
     auto_class = getattr(transformers, TASK_CLASSES[check_task(task)])
     safetensors_weights = any((path / name).is_file() for name in SAFETENSORS_FILES)
     options = {"local_files_only": True, "trust_remote_code": False}
@@ -406,8 +412,12 @@ def load_hf(model_dir, task: str):
         if not safetensors_weights:
             _check_torch_weights(path)
         try:
-            model = auto_class.from_pretrained(
-                str(path), use_safetensors=safetensors_weights, **options
+            model = (
+                auto_class.from_pretrained(
+                    str(path), use_safetensors=safetensors_weights, **options
+                )
+                if stored is None
+                else _from_checkpoint(auto_class, config, stored, options)
             )
         except Exception as error:
             _fail(
@@ -415,11 +425,31 @@ def load_hf(model_dir, task: str):
                 f"cannot load the {task} model (config.json and its weights) with transformers: "
                 f"{library_error(error)}",
             )
+    if stored is not None:
+        install(model, stored, path)
     if task == "causal-lm" and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out; any id will do
     if tokenizer.pad_token is None:
         raise MxsimError(f"{path}: the tokenizer has no padding token")
     return model.eval(), tokenizer
+
+
+def _from_checkpoint(auto_class, config: dict, stored, options: dict):
+    """The model of a quantized checkpoint (:func:`mxsim.capture.torch_checkpoint.read_checkpoint`)
+    built by transformers from its config (without ``quantization_config``: transformers does
+    not quantize it again) and its decoded tensors, in the checkpoint's float dtype."""
+    torch = require("torch")
+    safetensors_torch = require("safetensors.torch")
+    plain = {key: value for key, value in config.items() if key != "quantization_config"}
+    with tempfile.TemporaryDirectory(prefix="mxsim-checkpoint-") as folder:
+        (Path(folder) / "config.json").write_text(json.dumps(plain), encoding="utf-8")
+        tensors = {name: tensor.contiguous() for name, tensor in stored.tensors.items()}
+        safetensors_torch.save_file(
+            tensors, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"}
+        )
+        return auto_class.from_pretrained(
+            folder, use_safetensors=True, dtype=getattr(torch, stored.dtype), **options
+        )
 
 
 def _check_torch_weights(path: Path) -> None:
@@ -445,7 +475,7 @@ def _check_torch_weights(path: Path) -> None:
     for file in files:
         try:
             # mapped, not read, where the file is a zip checkpoint (torch's format since 1.6)
-            torch.load(
+            state = torch.load(
                 str(file), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file)
             )
         except (
@@ -454,6 +484,16 @@ def _check_torch_weights(path: Path) -> None:
             _fail(
                 file,
                 f"not a weights-only torch checkpoint (mxsim never unpickles code): {library_error(error)}",
+            )
+        values = state.values() if isinstance(state, dict) else ()
+        odd = [v for v in values if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor]
+        if odd:
+            _fail(
+                file,
+                f"holds {type(odd[0]).__name__} tensors (a library's quantized tensor subclass), "
+                "which are not read from a pickled checkpoint; accepted: plain tensors, or a "
+                "quantized model in model.safetensors (Quark's export_safetensors, torchao's "
+                "flatten_tensor_state_dict)",
             )
 
 
