@@ -71,10 +71,19 @@ CI_PATHS = {
         32,
     ),  # parity windows, second alignment, far c dropped
 }
-#: Configs whose CI path is probed only with MXSIM_PROBE_LONG (CI time: mi300's FP8 path takes
-#: about 15 passes, docs/probe.md; mxdotp-rtz's about a minute and a half, while
-#: tests/test_probe_modes.py probes mxdotp under round toward zero in CI).
-LONG_ONLY = {"mi300", "mxdotp-rtz"}
+#: Configs whose CI path is probed only with MXSIM_PROBE_LONG, for CI's time: mi300's FP8 path
+#: takes about 15 passes (docs/probe.md); the others share their datapath with a config CI
+#: probes and differ in a rounding mode (mxdotp: tests/test_probe_modes.py probes it under round
+#: toward zero in CI), the formats they take (b200-tcgen05) or the zero-term sign (mi250).
+LONG_ONLY = {
+    "mi300",
+    "mxdotp-rtz",
+    "mxdotp-rup",
+    "mxdotp-rmm",
+    "b200-tcgen05-mxf8f6f4",
+    "b200-tcgen05-mxf4",
+    "mi250-bf16-legacy",
+}
 #: AMD paths probed only with MXSIM_PROBE_LONG: the other input kinds, at an instruction's K.
 LONG_AMD_PATHS = [
     ("mi300", "fp16", "fp16", "fp32", 16),
@@ -266,6 +275,9 @@ def test_round_trip_at_the_unit_s_own_width(name, element):
     )
 
 
+@pytest.mark.skipif(
+    not LONG, reason="long mode (MXSIM_PROBE_LONG=1): an MI300 datapath, about a minute of probing"
+)
 def test_round_trip_of_products_far_wider_than_parity_windows():
     """mi300's FP8 datapath (even and odd positions in 24-bit windows of their own) taking fp32
     B elements, a pair no MI300 instruction takes (mi300.yaml refuses it): products spanning

@@ -244,7 +244,10 @@ ONCE_FAILING = [
 ]
 
 
-@pytest.mark.skipif(bool(LONG), reason="long mode probes every family")
+@pytest.mark.skipif(
+    LONG in ("", "1"),
+    reason="MXSIM_PROBE_LONG=PATTERN: about a minute of probing (=1 probes every family)",
+)
 @pytest.mark.parametrize("family_id", ONCE_FAILING)
 def test_probe_reproduces_mmasim_families_once_failing(family_id):
     _reproduces(next(f for f in FAMILIES if f.id == family_id))
@@ -394,6 +397,7 @@ def test_mmasim_volta_f16_c_is_decided():
     assert (probed.c_format, probed.accumulator_exponent) == ("fp16", "format_emin")
 
 
+@pytest.mark.skipif(not LONG, reason="MXSIM_PROBE_LONG: about a minute of probing")
 def test_mmasim_ampere_tf32_is_the_a100_datapath():
     """m16n8k8 tf32: two 4-term trees, a 24-bit window from the exponent sums. Read from the
     products' leading bits the window is 25 bits and close to right, which held the search

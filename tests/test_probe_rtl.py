@@ -30,11 +30,11 @@ KEYED = {
     7: {"input_subnormals"},  # subnormal elements read as zero
 }
 LONG = bool(os.environ.get("MXSIM_PROBE_LONG"))
-#: The variants CI probes: two whose fault a key describes (about half a minute each).
+#: The variant CI probes: one whose fault a key describes (about a quarter of a minute).
 #: MXSIM_PROBE_LONG=1 probes every variant; those no key describes run every step of the search
 #: and take 1-2 minutes each (the corner vectors of tests/test_golden_rtl.py catch each of
 #: them in CI, and test_probe_core's unit with a fault no key describes is reported there).
-CI_BUGS = (5, 7)
+CI_BUGS = (7,)
 
 
 @pytest.fixture(scope="module")
