@@ -139,6 +139,7 @@ def quark(torch):
 
 
 @pytest.mark.oracle
+@pytest.mark.slow
 def test_a_model_the_library_cannot_run_is_one_error_naming_the_module(tiny_dirs):
     """torchao's MX kernels refuse a non-contiguous activation: BERT's pooler takes the first
     token's state, a strided view."""
@@ -183,6 +184,7 @@ def cosines(a, b):
 
 
 @pytest.mark.oracle
+@pytest.mark.slow
 def test_quark_flow_reports_quarks_own_model_and_the_unit_reproduces_it(torch, quark, tiny_dirs):
     from mxsim.inloop import torch_unit
 
@@ -217,6 +219,7 @@ def test_quark_flow_reports_quarks_own_model_and_the_unit_reproduces_it(torch, q
 
 
 @pytest.mark.oracle
+@pytest.mark.slow
 def test_torchao_flow_reports_torchaos_own_bf16_model(torch, tmp_path):
     """A LLaMA (nn.Linear projections) quantized by torchao in bf16: the report's figures for
     torchao's model are the perplexity computed here from torchao's own logits; the exact unit

@@ -409,6 +409,7 @@ def driver_env():
     return dict(os.environ, PYTHONPATH=str(REPO))
 
 
+@pytest.mark.slow  # a process per writer, killed mid-write
 @pytest.mark.parametrize("writer", sorted(DRIVERS))
 def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, driver_env):
     """SIGKILL at random moments while a writer rewrites its output: what is left is complete."""
