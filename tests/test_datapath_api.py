@@ -507,6 +507,7 @@ def test_zero_term_exponent_past_fp64_is_refused_and_at_1023_agrees():
             assert int(got[0]) == shown["bits"] == (0xFF800000 if floored else 0)
 
 
+@pytest.mark.slow  # a sweep over every shipped datapath
 @pytest.mark.parametrize("config", DATAPATHS)
 @settings(max_examples=60)
 @given(data=st.data())
@@ -1208,6 +1209,7 @@ def corner_row(rng, case, params, a, b, scale_a, scale_b, c):
         scale_a[-1, -1] = (1 << get_format(params.scale_format).bits) - 1  # the NaN code
 
 
+@pytest.mark.slow  # a sweep over every shipped datapath
 @pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("config_path", DATAPATHS)
 def test_partial_trees_kernel_twin_and_explain_agree(config_path, out_format):
