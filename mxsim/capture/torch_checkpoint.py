@@ -411,13 +411,13 @@ def _decode(
     """A quantized Linear weight's codes and scales checked against the spec and decoded
     (``code_dtype`` None: Quark's ``fake_quantized`` layout, float weights quantized here at
     the stored float scales)."""
-    torch = require("torch")
-    weight_info, scale_info = info[weight_name], info[scale_name]
-    element = get_format(fmt)
     if code_dtype is None:
         return _fake_quantized(
             file, weight_name, scale_name, info, tensors, fmt, block, profile, input_quant
         )
+    torch = require("torch")
+    weight_info, scale_info = info[weight_name], info[scale_name]
+    element = get_format(fmt)
     packed = element.bits < 8
     if weight_info["dtype"] != code_dtype or len(weight_info["shape"]) != 2:
         _fail(

@@ -238,9 +238,7 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     """(..., padded) float64 of the elements' values times 2^(their block's scale exponent)
     (exact: powers of two, results normal float64s), zeros past the operand's length.
     ``exponents`` None: no scales."""
-    length = codes.shape[-1]
-    decoded = np.zeros(codes.shape[:-1] + (padded,))
-    decoded[..., :length] = values[codes]
+    decoded = _unscaled(values, codes, padded, np.float64)
     if exponents is not None:
         blocks = padded // block
         steps = np.ldexp(1.0, exponents[..., :blocks].astype(np.int32))
