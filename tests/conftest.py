@@ -510,6 +510,15 @@ def saved_trace(tmp_path) -> Path:
     return save_trace(sample_trace(), tmp_path / "trace", version=1)
 
 
+def without_compile_notice(err: str) -> str:
+    """Standard error less the compile notice, which a process whose kernel cache is cold
+    prints before anything else; error checks count the lines after it."""
+    from mxsim import _compile
+
+    notice = _compile._message()
+    return "".join(line for line in err.splitlines(True) if not line.startswith(notice))
+
+
 def fail_replay_of_layer(monkeypatch, name: str, message: str) -> None:
     """Make replay's task for the layer ``name`` raise MxsimError(message); the others run."""
     from mxsim.errors import MxsimError

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, fail_replay_of_layer
+from conftest import REPO, fail_replay_of_layer, without_compile_notice
 from mxsim.cli import main
 
 
 def run(capsys, *argv):
     status = main(list(argv))
     captured = capsys.readouterr()
-    return status, captured.out, captured.err
+    return status, captured.out, without_compile_notice(captured.err)
 
 
 def test_formats_json(capsys):
@@ -190,7 +190,7 @@ def test_errors_are_one_line_with_status_2(argv, message):
         [sys.executable, "-m", "mxsim.cli", *argv], cwd=REPO, capture_output=True, text=True
     )
     assert completed.returncode == 2
-    lines = completed.stderr.strip().splitlines()
+    lines = without_compile_notice(completed.stderr).strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in completed.stderr
 
 
@@ -755,7 +755,7 @@ def test_bad_input_is_one_line_status_2_in_process(capsys, tmp_path, monkeypatch
         status = main(argv)
     except SystemExit as exit_:  # argparse usage errors
         status = exit_.code
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1, err
     assert message.format(tmp=tmp_path) in lines[0] and "Traceback" not in err
@@ -1320,7 +1320,7 @@ def test_cli_probe_bad_seconds_is_one_line(capsys, tmp_path, value):
             value,
         ]
     )
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert status == 2 and err.count("\n") == 1 and "seconds" in err
     assert not (tmp_path / "u.yaml").exists()
 

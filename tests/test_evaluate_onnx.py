@@ -13,7 +13,13 @@ import pytest
 from mxsim.cli import main
 from mxsim.errors import MxsimError
 
-from conftest import REPO, import_or_skip, make_onnx_model, onnx_reference_values
+from conftest import (
+    REPO,
+    import_or_skip,
+    make_onnx_model,
+    onnx_reference_values,
+    without_compile_notice,
+)
 
 IMAGES = REPO / "tests" / "data" / "tiny-images" / "images"
 OCP = str(REPO / "hwconfigs" / "ocp-exact.yaml")
@@ -283,7 +289,7 @@ def tiny(onnx, tmp_path):
 def run_cli(capsys, *argv):
     status = main(list(argv))
     captured = capsys.readouterr()
-    return status, captured.out, captured.err
+    return status, captured.out, without_compile_notice(captured.err)
 
 
 def test_tiny_classifier_runs_from_an_npz(tiny, capsys, tmp_path):

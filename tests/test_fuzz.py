@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 import mxsim
 import mxsim.trace
 import mxsim.replay.run
-from conftest import FUZZ_OUTCOMES, REPO
+from conftest import FUZZ_OUTCOMES, REPO, without_compile_notice
 from mxsim.errors import MxsimError
 from mxsim.formats import get_format
 
@@ -1205,7 +1205,8 @@ def gen_cli(rng, env, inputs, outputs):
                 status = main(argv)
             except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
                 status = exit_.code
-        lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
+        shown = without_compile_notice(err.getvalue())
+        lines = shown.strip("\n").split("\n") if shown.strip() else []
         assert status in ((0, 1, 2) if command == "sweep" else (0, 2)), (
             f"{argv}: exit status {status}"
         )
@@ -1740,7 +1741,8 @@ def run_cli(main, argv, allowed=(0, 2)) -> int:
             status = main(argv)
         except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
             status = exit_.code
-    lines = err.getvalue().strip("\n").split("\n") if err.getvalue().strip() else []
+    shown = without_compile_notice(err.getvalue())
+    lines = shown.strip("\n").split("\n") if shown.strip() else []
     assert status in allowed, f"{argv}: exit status {status}"
     if status == 2:
         assert len(lines) == 1 and "Traceback" not in lines[0], (

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, without_compile_notice
 from mxsim.cli import main
 from mxsim.rtl.synth import have_yosys
 from test_golden_rtl import require
@@ -89,7 +89,7 @@ def test_area_and_depth_columns_from_yosys(capsys, tmp_path, monkeypatch):
 )
 def test_bad_area_options_are_refused(capsys, tmp_path, extra, message):
     status = sweep(tmp_path, *extra)
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
@@ -104,7 +104,7 @@ def test_a_k_the_units_do_not_take_is_refused(capsys, tmp_path):
         hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
         vary="adder.align_fraction_bits=13,25",
     )
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert (
         status == 2
         and "at point adder.align_fraction_bits=13" in err
@@ -121,7 +121,7 @@ def test_a_point_the_generator_does_not_cover_is_refused_before_any_replay(capsy
         hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
         vary="output.zero_sign=ieee,ieee_steps",
     )
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert (
         status == 2
         and "output.zero_sign: ieee_steps" in err
@@ -134,7 +134,7 @@ def test_a_point_the_generator_does_not_cover_is_refused_before_any_replay(capsy
 def test_without_yosys_area_is_a_clear_error(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     status = sweep(tmp_path, "--area")
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert status == 2 and "yosys is not installed" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, without_compile_notice
 from mxsim.cli import main
 from mxsim.datapath import load_hwconfig
 from mxsim.datapath.config import vary_hwconfig
@@ -194,7 +194,7 @@ def test_command_line_errors(capsys, tmp_path, vary, message):
             str(tmp_path / "out"),
         ]
     )
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
@@ -213,5 +213,5 @@ def test_workers_without_dask_is_a_clear_error(capsys, tmp_path, monkeypatch):
             "2",
         ]
     )
-    err = capsys.readouterr().err
+    err = without_compile_notice(capsys.readouterr().err)
     assert status == 2 and "pip install 'mxsim[dask]'" in err
