@@ -554,7 +554,8 @@ class _Recorder:
 
     def sdpa(self, op: str, bound: dict):
         """Scaled dot-product attention as its two matmuls (see the module docstring); returns
-        the attention output to use (None when skipped)."""
+        the attention output a unit computed, or None (skipped, or nothing computed it): the
+        model's own result is used."""
         torch = self.torch
         q, k, v = bound["query"], bound["key"], bound["value"]
         mask, scale = bound.get("attn_mask"), bound.get("scale")
@@ -588,6 +589,7 @@ class _Recorder:
             "",
             name=f"{base}.qk",
         )
+        computed = self.result is not None
         scores = self.replacing(scores).to(q.dtype)
         logits = scores * scale
         if bound.get("is_causal"):
@@ -609,6 +611,8 @@ class _Recorder:
             "",
             name=f"{base}.pv",
         )
+        if not computed and self.result is None:  # no unit computed either matmul: the model
+            return None  # continues with its own kernel's result (the decomposition rounds apart)
         return self.replacing(out)
 
     def dispatch(self, func, args, kwargs, out):
