@@ -65,6 +65,9 @@ def brevitas(torch):
         "mxfp4": (element(mx.MXFloat8e4m3Weight, 2, 1), element(mx.MXFloat8e4m3Act, 2, 1)),
         "fp8_per_tensor": (fp8.Fp8e4m3OCPWeightPerTensorFloat, fp8.Fp8e4m3OCPActPerTensorFloat),
         "mxint8": (mx.MXInt8Weight, mx.MXInt8Act),
+        "mxint4": tuple(
+            type(f"{q.__name__}4", (q,), {"bit_width": 4}) for q in (mx.MXInt8Weight, mx.MXInt8Act)
+        ),
     }
     return qnn, quantizers
 
@@ -180,8 +183,11 @@ def test_brevitas_mxint8_is_read_with_brevitas_scales(torch, brevitas):
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(torch, brevitas):
-    model, x = mlp(torch, brevitas, "fp8_per_tensor"), outlier_activations(torch)
+@pytest.mark.parametrize("name", ["fp8_per_tensor", "mxint4"])
+def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
+    torch, brevitas, name
+):
+    model, x = mlp(torch, brevitas, name), outlier_activations(torch)
     want = brevitas_run(torch, model, x)
     trace = capture(torch, model, x)
     for layer in trace.layers:
