@@ -12,10 +12,11 @@ and scales; the recorded weight is torchao's dequantized weight bit for bit, and
 is saved and loaded again; the layer replayed on an exact unit, with the model's operands
 (status "model") and its result rounded once to bf16, equals torchao's own bf16 layer
 output. torchao's emulated GEMM is torch's bf16 ``addmm(bias, a, w.t())`` of its operands
-dequantized to bf16 (exactly: E8M0 times an FP8/FP6/FP4 element fits bf16), which on CPU sums
-in float32 and rounds once to bf16; the exact product rounded once can differ from it only
-where a float32 sum crosses a bf16 rounding boundary, which none of these layers' outputs
-does (0 ulp). The end-to-end run with the unit in the loop is held to the same equality.
+dequantized to bf16 (checked: its output is that addmm's; the dequantization is exact, an
+FP8/FP6/FP4 element times a power of two fitting bf16 in its range), which on CPU sums in
+float32 and rounds once to bf16; the exact product rounded once can differ from it only where
+a float32 sum crosses a bf16 rounding boundary, which none of these layers' outputs does
+(0 ulp). The end-to-end run with the unit in the loop is held to the same equality.
 """
 
 from __future__ import annotations
@@ -115,6 +116,11 @@ def torchao_run(torch, torchao, model, x, element: str) -> dict:
                 "weight": codes_and_scales(torch, torchao, w.qdata, scale, element, (n, kk)),
                 "weight_values": w.dequantize(torch.float32).numpy(),
                 "output": output.float().numpy(),
+                "addmm": torch.addmm(
+                    module.bias, a.dequantize(torch.bfloat16), w.dequantize(torch.bfloat16).t()
+                )
+                .float()
+                .numpy(),
             }
 
         return hook
@@ -170,7 +176,9 @@ def test_torchao_mx_layers_replay_as_torchao_computed_them(torch, torchao, eleme
         assert "quant_notes" not in layer.source
         run = run_layer(layer, OCP)
         assert run.input.status == run.weight.status == "model"
-        assert np.array_equal(bf16(torch, run.values), want[layer.name]["output"])
+        output = want[layer.name]["output"]
+        assert np.array_equal(want[layer.name]["addmm"].reshape(output.shape), output)
+        assert np.array_equal(bf16(torch, run.values), output)
 
 
 def test_torchao_in_the_loop_takes_the_model_quantization(torch, torchao):

@@ -14,8 +14,9 @@ operand as the proxy's float input with the QuantTensor's ``.value`` as
 * a groupwise integer proxy (``MXInt8Weight``, ``MXInt8Act``: signed 8-bit elements, one
   power-of-two scale per group) -> :class:`~mxsim.trace.quant.MXQuant` ``int8`` with the
   scale codes Brevitas chose (``MXQuant.scales``, read from the QuantTensor it returned): its
-  scale rule is not OCP's (its step is ``2^floor(log2(amax / 127))``, one binade below
-  OCP's in most blocks, so the block's largest elements saturate at 127), and the elements
+  scale rule is not OCP's (run, its step is one binade below OCP's rule in the tests' blocks,
+  as ``2^floor(log2(amax / 127))`` would be, so a block's largest elements saturate at 127),
+  and the elements
   are rounded half to even and clamped as mxsim's MX INT8 does (``int8_minus_two`` false for
   a narrow range), a zero keeping the input's sign (``round(x / s) * s``); an element step
   2^e is the E8M0 scale 2^(e + 6) of MX INT8's 1.6 codes;
