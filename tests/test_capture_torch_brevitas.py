@@ -33,7 +33,7 @@ from conftest import (
 from mxsim import load_hwconfig, quantize_mx
 from mxsim.replay.lowering import gemm_reference
 from mxsim.replay.run import run_layer
-from mxsim.trace import MXQuant
+from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 
@@ -156,10 +156,11 @@ def test_brevitas_mx_layers_replay_bit_for_bit(torch, brevitas, name):
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-def test_brevitas_mxint8_is_read_with_brevitas_scales(torch, brevitas):
+def test_brevitas_mxint8_is_read_with_brevitas_scales(torch, brevitas, tmp_path):
     model, x = mlp(torch, brevitas, "mxint8"), outlier_activations(torch)
     want = brevitas_run(torch, model, x)
-    trace = capture(torch, model, x)
+    save_trace(capture(torch, model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")  # the specs and their scales as saved
     assert [layer.name for layer in trace.layers] == ["0", "2"]
     for layer in trace.layers:
         for operand in ("input", "weight"):
@@ -199,7 +200,8 @@ def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
     # in the loop the unit quantizes Brevitas' values, not the float before its quantizer
-    # (whose uncalibrated static scale clips these activations: from that float, -26.5 dB)
+    # (per-tensor FP8: its static, uncalibrated activation scale clips these activations,
+    # so from that float the unit was at -26.5 dB against Brevitas' model)
     from mxsim.inloop.torch import torch_unit
 
     with torch.no_grad(), warnings.catch_warnings():
