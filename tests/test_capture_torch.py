@@ -360,6 +360,32 @@ def test_sdpa_decomposition_matches_torch_sdpa(torch, capture):
     )
 
 
+def test_the_model_continues_with_its_own_attention_result(torch, capture):
+    """The recorded decomposition rounds apart from the fused kernel (in bf16, visibly): the
+    layer after attention sees, during the capture, the input the model computes without it."""
+    F = torch.nn.functional
+    torch.manual_seed(5)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 7, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+
+    model = Block().to(torch.bfloat16).eval()
+    x = (torch.randn(2, 7, 32) * 4).to(torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+    trace = capture(model, x)
+    out = {layer.name: layer for layer in trace.layers}["out"]
+    assert out.output.dtype == np.float32 and np.array_equal(out.output, want.float().numpy())
+    pv = {layer.name: layer for layer in trace.layers}["sdpa.pv"]  # the decomposition's own
+    assert not np.array_equal(pv.output.transpose(0, 2, 1, 3).reshape(2, 7, 32), out.input)
+
+
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_multihead_attention_projections_and_matmuls(torch, capture, need_weights):
     torch.manual_seed(4)

@@ -8,8 +8,11 @@ quantizer proxies (their QuantTensors' ``.value``) and its layer outputs by hook
 layers, independently of the capture. Checked per layer: the capture's float operands
 quantized by the recorded spec are Brevitas' quantized operands bit for bit, and the layer
 replayed on an exact unit taking the model's operands (status "model") is Brevitas' float32
-layer output at >= 100 dB. Per-tensor OCP FP8 and MX INT8 quantizers are recorded as
-Brevitas computed them (no spec, a note).
+layer output at >= 100 dB. Brevitas' MX INT8 (``MXInt8Weight`` / ``MXInt8Act``) is read with
+the scales Brevitas chose (its rule is not OCP's): element codes equal to Brevitas' integer
+codes, scales to its scales, values bit for bit, layers at >= 100 dB on the exact unit and in
+the loop. Per-tensor OCP FP8 quantizers are recorded as Brevitas computed them (no spec, a
+note).
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from conftest import (
     trained_like,
 )
 
-from mxsim import load_hwconfig
+from mxsim import load_hwconfig, quantize_mx
 from mxsim.replay.lowering import gemm_reference
 from mxsim.replay.run import run_layer
-from mxsim.trace import MXQuant
+from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 
@@ -62,6 +65,9 @@ def brevitas(torch):
         "mxfp4": (element(mx.MXFloat8e4m3Weight, 2, 1), element(mx.MXFloat8e4m3Act, 2, 1)),
         "fp8_per_tensor": (fp8.Fp8e4m3OCPWeightPerTensorFloat, fp8.Fp8e4m3OCPActPerTensorFloat),
         "mxint8": (mx.MXInt8Weight, mx.MXInt8Act),
+        "mxint4": tuple(
+            type(f"{q.__name__}4", (q,), {"bit_width": 4}) for q in (mx.MXInt8Weight, mx.MXInt8Act)
+        ),
     }
     return qnn, quantizers
 
@@ -93,6 +99,9 @@ def brevitas_run(torch, model, x) -> dict:
             seen.setdefault(name, {})[key] = (
                 getattr(output, "value", output).detach().numpy().copy()
             )
+            if type(output).__name__ == "GroupwiseIntQuantTensor":  # its integer codes, scales
+                seen[name][f"{key} codes"] = output.int().detach().numpy().copy()
+                seen[name][f"{key} scales"] = output.scale.detach().numpy().copy()
 
         return hook
 
@@ -147,7 +156,35 @@ def test_brevitas_mx_layers_replay_bit_for_bit(torch, brevitas, name):
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-@pytest.mark.parametrize("name", ["fp8_per_tensor", "mxint8"])
+def test_brevitas_mxint8_is_read_with_brevitas_scales(torch, brevitas, tmp_path):
+    model, x = mlp(torch, brevitas, "mxint8"), outlier_activations(torch)
+    want = brevitas_run(torch, model, x)
+    save_trace(capture(torch, model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")  # the specs and their scales as saved
+    assert [layer.name for layer in trace.layers] == ["0", "2"]
+    for layer in trace.layers:
+        for operand in ("input", "weight"):
+            spec, values = layer.quant[operand], layer.tensors[operand]
+            assert isinstance(spec, MXQuant) and (spec.format, spec.block_size) == ("int8", 32)
+            assert spec.axis == values.ndim - 1 and spec.scales is not None
+            quantized = spec.quantize(values)
+            codes = want[layer.name][f"{operand} codes"].reshape(-1, 32)
+            assert np.array_equal(quantized.codes.view(np.int8).reshape(-1, 32), codes)
+            steps = want[layer.name][f"{operand} scales"].reshape(-1, 32)
+            assert np.array_equal(
+                np.ldexp(1.0, quantized.scales.astype(int).reshape(-1) - 127 - 6), steps[:, 0]
+            )
+            assert bit_mismatches(layer.quantized(operand), want[layer.name][operand]) == (0, [])
+            ours = np.asarray(spec.fake_quantize(values)).astype(np.float32)
+            assert bit_mismatches(ours, want[layer.name][operand]) == (0, [])
+            ocp = quantize_mx(values.reshape(-1, values.shape[-1]), "int8", axis=1).dequantize()
+            assert not np.array_equal(ocp, want[layer.name][operand].reshape(ocp.shape))
+        run = run_layer(layer, OCP)
+        assert run.input.status == run.weight.status == "model"
+        assert sqnr_db(want[layer.name]["output"], run.values) >= 100
+
+
+@pytest.mark.parametrize("name", ["fp8_per_tensor", "mxint4"])
 def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
     torch, brevitas, name
 ):
@@ -162,12 +199,24 @@ def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
             )
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
-
-
-def test_brevitas_in_the_loop_takes_the_model_quantization(torch, brevitas):
+    # in the loop the unit quantizes Brevitas' values, not the float before its quantizer
+    # (per-tensor FP8: its static, uncalibrated activation scale clips these activations,
+    # so from that float the unit was at -26.5 dB against Brevitas' model)
     from mxsim.inloop.torch import torch_unit
 
-    model, x = mlp(torch, brevitas, "mxfp4"), outlier_activations(torch)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch_unit(model, OCP) as unit:
+            got = model(x).numpy()
+    assert unit.not_read == {f"{n}.{op}" for n in ("0", "2") for op in ("input", "weight")}
+    assert sqnr_db(want["2"]["output"], got) >= 20
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint8"])
+def test_brevitas_in_the_loop_takes_the_model_quantization(torch, brevitas, name):
+    from mxsim.inloop.torch import torch_unit
+
+    model, x = mlp(torch, brevitas, name), outlier_activations(torch)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = model(x).numpy()
@@ -176,5 +225,11 @@ def test_brevitas_in_the_loop_takes_the_model_quantization(torch, brevitas):
     assert unit.computed_layers == ["0", "2"]
     assert sqnr_db(want, got) >= 100
     taken = unit.model_quantization["2"]
-    assert taken["input"].startswith("2.input_quant (GroupwiseActFloatQuantProxyFromInjector): mx")
-    assert "'profile': 'ocp'" in taken["weight"] and "fp4_e2m1" in taken["weight"]
+    if name == "mxint8":
+        assert taken["input"].startswith("2.input_quant (GroupwiseActQuantProxyFromInjector): mx")
+        assert "'int8'" in taken["weight"] and "'scales': 'quant.weight.scales'" in taken["weight"]
+    else:
+        assert taken["input"].startswith(
+            "2.input_quant (GroupwiseActFloatQuantProxyFromInjector): mx"
+        )
+        assert "'profile': 'ocp'" in taken["weight"] and "fp4_e2m1" in taken["weight"]

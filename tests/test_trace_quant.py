@@ -188,6 +188,25 @@ def test_mx_spec_with_stored_scales_quantizes_at_them_and_names_its_array():
         MXQuant("fp4_e2m1", 1, 4, scales=np.array([[127]], np.int32))
 
 
+@pytest.mark.parametrize("rule", ["code", "positive", "input", "input_if_underflow"])
+@pytest.mark.parametrize("fmt", ["int8", "fp4_e2m1"])
+def test_stored_scales_sign_zeros_as_fake_quantize_does(fmt, rule):
+    """At the scales the rule itself chose, a spec with stored scales gives mxsim.fake_quantize's
+    bits, zeros signed by the ``zero_signs`` option (tiny negatives round to zero; blocks of
+    small scales make ``input_if_underflow`` keep some signs and drop others)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 64)) * np.array([1.0, 1e-3, 1e-37, 1e3, 1.0, 1e-38])[:, None]
+    x[:, ::7] = -np.abs(x[:, ::7]) * 2.0**-30  # negatives far below each block's step
+    x = x.astype(np.float32)
+    options = {"zero_signs": ((fmt, rule),), "scale_underflow": "clamp"}
+    plain = MXQuant(fmt, 1, 32, "ocp", options)
+    stored = MXQuant(fmt, 1, 32, "ocp", options, scales=plain.quantize(x).scales)
+    want = fake_quantize(x, fmt, axis=1, block_size=32, **options)
+    got = stored.fake_quantize(x)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+    assert ((want == 0) & np.signbit(x)).any()  # negative inputs that quantize to zero
+
+
 def test_stored_scales_of_another_shape_are_refused_by_validation():
     from mxsim.trace.model import Layer, Trace
     from mxsim.trace.validate import validate_trace

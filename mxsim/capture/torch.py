@@ -372,6 +372,8 @@ class _Recorder:
         with a note (``source.quant_notes``); ``source.quantizers`` names each quantizer."""
         for operand, (_, quantizer, path) in library.items():
             where = f"layer {name!r}, {operand} quantizer {path!r}"
+            if torch_brevitas.is_brevitas_quantizer(quantizer):  # its output tensor not seen
+                quantizer = torch_brevitas.Applied(quantizer, None)
             torchao = isinstance(quantizer, torch_torchao.Quantization)
             ndim = arrays[operand].ndim
             if torchao:
@@ -381,16 +383,15 @@ class _Recorder:
                 )
             elif torch_checkpoint.is_stored_quantizer(quantizer):
                 library_name, spec = "the checkpoint", quantizer.spec(ndim)
-            elif torch_brevitas.is_brevitas_quantizer(quantizer):
-                library_name, spec = (
-                    "Brevitas",
-                    torch_brevitas.quantizer_spec(quantizer, ndim, where),
-                )
+            elif isinstance(quantizer, torch_brevitas.Applied):
+                library_name, spec = "Brevitas", quantizer.spec(ndim, where)
             else:
                 library_name, spec = "Quark", torch_quark.quantizer_spec(quantizer, ndim, where)
             described = (
                 quantizer
-                if torchao or torch_checkpoint.is_stored_quantizer(quantizer)
+                if torchao
+                or torch_checkpoint.is_stored_quantizer(quantizer)
+                or isinstance(quantizer, torch_brevitas.Applied)
                 else type(quantizer).__name__
             )
             source.setdefault("quantizers", {})[operand] = f"{path} ({described})"
@@ -445,7 +446,8 @@ class _Recorder:
         if entry is None or entry[0] is not value:
             return value
         values = value.value
-        self.library_outputs[id(values)] = (values, *entry[1:])
+        applied = torch_brevitas.Applied(entry[2], value)  # its scales are read from the tensor
+        self.library_outputs[id(values)] = (values, entry[1], applied, entry[3])
         return values
 
     def float_operands(self, op: str, *tensors) -> bool:
@@ -554,7 +556,8 @@ class _Recorder:
 
     def sdpa(self, op: str, bound: dict):
         """Scaled dot-product attention as its two matmuls (see the module docstring); returns
-        the attention output to use (None when skipped)."""
+        the attention output a unit computed, or None (skipped, or nothing computed it): the
+        model's own result is used."""
         torch = self.torch
         q, k, v = bound["query"], bound["key"], bound["value"]
         mask, scale = bound.get("attn_mask"), bound.get("scale")
@@ -588,6 +591,7 @@ class _Recorder:
             "",
             name=f"{base}.qk",
         )
+        computed = self.result is not None
         scores = self.replacing(scores).to(q.dtype)
         logits = scores * scale
         if bound.get("is_causal"):
@@ -609,6 +613,8 @@ class _Recorder:
             "",
             name=f"{base}.pv",
         )
+        if not computed and self.result is None:  # no unit computed either matmul: the model
+            return None  # continues with its own kernel's result (the decomposition rounds apart)
         return self.replacing(out)
 
     def dispatch(self, func, args, kwargs, out):

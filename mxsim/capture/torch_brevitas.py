@@ -11,8 +11,17 @@ operand as the proxy's float input with the QuantTensor's ``.value`` as
   ``MXFloat8e4m3Weight``, ``MXFloat8e4m3Act``...: power-of-two scales per group) ->
   :class:`~mxsim.trace.quant.MXQuant` with the element format of its exponent and mantissa
   widths, blocks of ``group_size`` along ``group_dim``, OCP profile;
-* any other enabled proxy (per-tensor OCP FP8, integer, MX INT) -> :data:`UNREAD`: its values
-  are recorded, with a note, and no spec.
+* a groupwise integer proxy (``MXInt8Weight``, ``MXInt8Act``: signed 8-bit elements, one
+  power-of-two scale per group) -> :class:`~mxsim.trace.quant.MXQuant` ``int8`` with the
+  scale codes Brevitas chose (``MXQuant.scales``, read from the QuantTensor it returned): its
+  scale rule is not OCP's (run, its step is one binade below OCP's rule in the tests' blocks,
+  as ``2^floor(log2(amax / 127))`` would be, so a block's largest elements saturate at 127),
+  and the elements
+  are rounded half to even and clamped as mxsim's MX INT8 does (``int8_minus_two`` false for
+  a narrow range), a zero keeping the input's sign (``round(x / s) * s``); an element step
+  2^e is the E8M0 scale 2^(e + 6) of MX INT8's 1.6 codes;
+* any other enabled proxy (per-tensor OCP FP8, other integer widths) -> :data:`UNREAD`: its
+  values are recorded, with a note, and no spec.
 
 As for Quark, a spec is kept only where it reproduces Brevitas' values bit for bit
 (:func:`mxsim.capture.torch_quark.reproduces`). Brevitas is never imported here: a model
@@ -22,6 +31,8 @@ built with it has imported it.
 from __future__ import annotations
 
 import sys
+
+import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
@@ -42,6 +53,14 @@ GROUPWISE_FLOAT = (
         "GroupwiseWeightFloatQuantProxyFromInjector",
     ),
     ("brevitas.proxy.groupwise_float_runtime_quant", "GroupwiseActFloatQuantProxyFromInjector"),
+)
+#: Brevitas' groupwise integer proxies (module, class name): its MX INT quantizers.
+GROUPWISE_INT = (
+    (
+        "brevitas.proxy.groupwise_int_parameter_quant",
+        "GroupwiseWeightQuantProxyFromInjector",
+    ),
+    ("brevitas.proxy.groupwise_int_runtime_quant", "GroupwiseActQuantProxyFromInjector"),
 )
 #: Returned for a proxy mxsim does not read (its values are recorded instead).
 UNREAD = "unread"
@@ -68,11 +87,30 @@ def is_quant_tensor(value) -> bool:
     return bool(classes) and isinstance(value, classes)
 
 
-def quantizer_spec(proxy, ndim: int, where: str):
+class Applied:
+    """A Brevitas quantizer proxy and the QuantTensor it returned at one call (None when that
+    output was not seen): a groupwise integer proxy's scales are read from the tensor."""
+
+    def __init__(self, proxy, quant_tensor):
+        self.proxy, self.quant_tensor = proxy, quant_tensor
+
+    def __repr__(self) -> str:
+        return type(self.proxy).__name__
+
+    def spec(self, ndim: int, where: str):
+        """:func:`quantizer_spec` of the proxy, with the tensor's scales for an integer one."""
+        return quantizer_spec(self.proxy, ndim, where, self.quant_tensor)
+
+
+def quantizer_spec(proxy, ndim: int, where: str, quant_tensor=None):
     """The mxsim spec of Brevitas ``proxy`` applied to a rank-``ndim`` tensor, :data:`UNREAD`,
-    or None when the proxy is disabled. ``where`` names it in errors."""
+    or None when the proxy is disabled; ``quant_tensor``: the QuantTensor it returned (an
+    integer proxy is read only with it). ``where`` names it in errors."""
     if not proxy.is_quant_enabled:
         return None
+    integer = _classes(GROUPWISE_INT)
+    if integer and isinstance(proxy, integer):
+        return UNREAD if quant_tensor is None else _int_spec(proxy, quant_tensor, ndim, where)
     groupwise = _classes(GROUPWISE_FLOAT)
     if not groupwise or not isinstance(proxy, groupwise):
         return UNREAD
@@ -86,6 +124,46 @@ def quantizer_spec(proxy, ndim: int, where: str):
             int(injector.group_dim) % ndim,
             int(injector.group_size),
             "ocp",
+        )
+    except (AttributeError, TypeError, ValueError, RuntimeError, MxsimError) as error:
+        raise MxsimError(
+            f"{where}: Brevitas quantizer {type(proxy).__name__} is not supported: {error}"
+        ) from None
+
+
+def _int_spec(proxy, quant_tensor, ndim: int, where: str):
+    """MX INT8 with the scale codes of Brevitas' groupwise integer ``quant_tensor``, or
+    :data:`UNREAD` for what MX INT8 cannot hold (another width, unsigned, a zero point,
+    scales that are not powers of two or not one per group, outside E8M0's range)."""
+    try:
+        injector = proxy.quant_injector
+        axis, block = int(quant_tensor.group_dim) % ndim, int(quant_tensor.group_size)
+        narrow = bool(injector.narrow_range)
+        zero_point = quant_tensor.zero_point.detach().cpu().numpy()
+        if (
+            float(quant_tensor.bit_width) != 8
+            or not bool(quant_tensor.signed)
+            or np.any(zero_point != 0)
+        ):
+            return UNREAD
+        scale = np.moveaxis(quant_tensor.scale.detach().cpu().numpy().astype(np.float64), axis, -1)
+        if scale.shape[-1] % block:
+            return UNREAD
+        blocks = scale.reshape(*scale.shape[:-1], -1, block)
+        first = blocks[..., 0]
+        if np.any(blocks != first[..., None]) or not np.all(first > 0):
+            return UNREAD
+        mantissa, exponent = np.frexp(first)
+        codes = exponent.astype(np.int64) - 1 + 6 + 127  # step 2^e -> E8M0 code of 2^(e + 6)
+        if np.any(mantissa != 0.5) or np.any(codes < 0) or np.any(codes > 254):
+            return UNREAD
+        return MXQuant(
+            "int8",
+            axis,
+            block,
+            "ocp",
+            {"int8_minus_two": not narrow, "zero_signs": (("int8", "input"),)},
+            scales=codes.astype(np.uint8),
         )
     except (AttributeError, TypeError, ValueError, RuntimeError, MxsimError) as error:
         raise MxsimError(

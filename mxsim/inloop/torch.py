@@ -233,11 +233,12 @@ class UnitInLoop(_Recorder):
         self.computed_layers.append(layer.name)
         if "quantizers" in layer.source:
             self.model_quantization[layer.name] = model_quantization(layer)
-            self.not_read.update(
-                f"{layer.name}.{operand}"
-                for operand in layer.source["quantizers"]
-                if layer.quant.get(operand) is None
-            )
+            for operand in layer.source["quantizers"]:
+                if layer.quant.get(operand) is None:
+                    self.not_read.add(f"{layer.name}.{operand}")
+                    recorded = layer.quantized(operand)
+                    if recorded is not None:  # the unit quantizes the library's values, what
+                        layer.tensors[operand] = recorded  # the model multiplies
         values = layer_on_unit(
             layer,
             self.hw,

@@ -173,7 +173,7 @@ class MXQuant(_BlockSpec):
         if bypassed is not None:
             return bypassed
         if self.scales is not None:
-            return self.quantize(x).dequantize(np.float64)
+            return self._zero_signs(x, self.quantize(x).dequantize(np.float64))
         return fake_quantize(
             x,
             self.format,
@@ -182,6 +182,21 @@ class MXQuant(_BlockSpec):
             profile=self.profile,
             **dict(self.options),
         )
+
+    def _zero_signs(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out`` (``x`` quantized at ``scales``, dequantized) with its zeros signed as the
+        ``zero_signs`` option says for the format (as :func:`mxsim.fake_quantize` does)."""
+        opts = resolve_options(self.profile, **dict(self.options))
+        rule = dict(opts.zero_signs).get(self.format, "code")
+        if rule == "code":
+            return out
+        values = np.asarray(x, dtype=np.float64)
+        negative = np.signbit(values) & (rule != "positive")
+        if rule == "input_if_underflow":  # |x| * 2^-X <= 2^-150, X the block's scale exponent
+            exponents = np.repeat(self.scales.astype(np.int64) - 127, self.block_size, axis=-1)
+            exponents = np.moveaxis(exponents[..., : values.shape[self.axis]], -1, self.axis)
+            negative &= np.abs(values) <= np.ldexp(1.0, exponents - 150)
+        return np.where(out == 0, np.where(negative, -0.0, 0.0), out)
 
     def to_manifest(self, operand: str | None = None) -> dict:
         """The manifest mapping; a spec with ``scales`` names its NPZ array, which needs the operand."""
