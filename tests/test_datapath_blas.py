@@ -14,6 +14,7 @@ from mxsim.quantize import quantize
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
     _exact_chunks,
+    _fp32_exact_blocks,
     _span_bits,
     blas_applies,
     exact_in_float64,
@@ -283,3 +284,53 @@ def test_exact_ranges_of_blocks():
         (2, 3),
         (3, 4),
     ]
+
+
+def test_fp32_exact_blocks_bound_the_scaled_sums_by_float32():
+    # fp4 x fp4 trees: multiples of 2^-2 below 2^11. A block is added in float32 when its
+    # least step product times 2^-2 reaches 2^-149 and its largest times 2^11 stays <= 2^128.
+    def steps(*exponents):
+        return np.ldexp(1.0, np.array(exponents)).reshape(len(exponents), 1, 1)
+
+    span = (-2, 11)
+    ones = steps(0, 0, 0, 0)
+    got = _fp32_exact_blocks(steps(-147, -148, 117, 118), ones, span)
+    assert got.tolist() == [True, False, True, False]
+    # the steps' product counts, not each step: 2^-100 * 2^-47 = 2^-147
+    assert _fp32_exact_blocks(steps(-100, -100), steps(-47, -48), span).tolist() == [True, False]
+    # a step product beyond float32 is refused even where the sums' bounds allow it
+    assert _fp32_exact_blocks(steps(-150), ones, (2, 3)).tolist() == [False]
+    assert _fp32_exact_blocks(steps(128), ones, (-2, -1)).tolist() == [False]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    unit=st.sampled_from(["ocp-exact", "mxdotp-paper"]),
+    a_format=st.sampled_from(["fp4_e2m1", "fp6_e2m3", "fp6_e3m2"]),
+    shape=st.tuples(st.integers(1, 6), st.integers(1, 130), st.integers(1, 6)),
+    center=st.sampled_from([2, 40, 127, 200, 252]),
+    width=st.integers(0, 60),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_blocks_added_in_float32_or_not_equal_the_kernel(
+    unit, a_format, shape, center, width, seed
+):
+    # Block scales drawn per block across E8M0's range: within one GEMM some blocks' scaled
+    # sums are float32s (added in float32) and others reach fp32 subnormals or overflow.
+    rng = np.random.default_rng(seed)
+    rows, length, columns = shape
+    qa = quantize(rng.standard_normal((rows, length)), a_format, axis=1)
+    qb = quantize(rng.standard_normal((length, columns)), a_format, axis=0)
+
+    def rescaled(q):
+        codes = np.clip(center + rng.integers(-width, width + 1, q.scales.shape), 0, 254)
+        return dataclasses.replace(q, scales=codes.astype(np.uint8))
+
+    qa, qb = rescaled(qa), rescaled(qb)
+    c = (rng.standard_normal((rows, columns)) * 2.0 ** rng.integers(-140, 120)).astype(np.float32)
+    c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
+    hw = UNITS[unit]
+    assert route_taken(hw, qa, qb, c)
+    fast = matmul(hw, qa, qb, c=c)
+    slow = matmul(hw, qa, qb, c=c, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)

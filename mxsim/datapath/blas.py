@@ -28,6 +28,10 @@ The accumulation then rounds acc + S once to fp32: the float64 sum is made round
 exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest-even
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
+Where the tree sums fit 24 bits and a block's scaled sums S all are float32s (their least
+step 2^-149 or above, below 2^128: checked per tile and block from the scale exponents), S
+itself is a float32 and the IEEE float32 sum acc + S is RNE_fp32(acc + S): those blocks are
+added in float32 arithmetic, a few operations per output instead of the round-to-odd step.
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
@@ -193,6 +197,23 @@ def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
                 # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
                 toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
                 totals[j] = np.float32(np.int64((bits - toward_zero) | inexact).view(np.float64))
+
+
+@njit(cache=True, nogil=True)
+def accumulate_fp32(running, tree_sums, row_steps, column_steps):
+    """running += tree_sums * row_steps * column_steps elementwise in float32 arithmetic
+    (``running``, ``tree_sums`` (g, rows, columns) float32, the steps (g, rows) and
+    (g, columns) float32 powers of two). Exact RNE_fp32(acc + S) when every scaled sum is
+    a float32 (the caller checks: ``_fp32_exact_blocks``): the product of the steps and
+    of a sum by them are then exact, and an IEEE float32 addition of two float32s is the
+    correctly rounded sum (an infinite accumulator stays so). Serial, vectorises."""
+    groups, rows, columns = running.shape
+    for g in range(groups):
+        for i in range(rows):
+            step = row_steps[g, i]
+            totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
+            for j in range(columns):
+                totals[j] = totals[j] + sums[j] * (step * steps[j])
 
 
 @njit(cache=True, nogil=True)
@@ -388,6 +409,9 @@ def blas_matmul(
     blocks = padded // block
     bits = tree_sum_bits(params)
     dtype = np.float32 if bits is not None and bits <= 24 else np.float64
+    # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
+    lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
+    span = (lsb, lsb + bits) if dtype == np.float32 else None
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -459,6 +483,7 @@ def blas_matmul(
                                 width,
                                 block,
                                 acc,
+                                span,
                             )
                 return found
 
@@ -470,18 +495,51 @@ def blas_matmul(
     return leftovers
 
 
-def _rounding_tile(a, b, row_steps, column_steps, width: int, block: int, acc) -> None:
+def _fp32_exact_blocks(row_steps, column_steps, span: tuple[int, int]) -> np.ndarray:
+    """Per scale block, whether every tree sum times its steps is a float32: the sums are
+    multiples of 2^low below 2^high (``span``), the steps (blocks, g, r) and (blocks, g, n)
+    powers of two; so it holds when the least step product times 2^low is at least float32's
+    smallest subnormal 2^-149 and the largest times 2^high at most 2^128, and the step
+    products themselves are float32s (in [2^-149, 2^127])."""
+    low, high = span
+    blocks = row_steps.shape[0]
+    rows, columns = row_steps.reshape(blocks, -1), column_steps.reshape(blocks, -1)
+    if rows.shape[1] == 0 or columns.shape[1] == 0:
+        return np.ones(blocks, dtype=np.bool_)
+    least = rows.min(axis=1) * columns.min(axis=1)
+    most = rows.max(axis=1) * columns.max(axis=1)
+    return (
+        (np.ldexp(least, low) >= 2.0**-149)
+        & (np.ldexp(most, high) <= 2.0**128)
+        & (least >= 2.0**-149)
+        & (most <= 2.0**127)
+    )
+
+
+def _rounding_tile(
+    a, b, row_steps, column_steps, width: int, block: int, acc, span: tuple[int, int] | None
+) -> None:
     """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
     t's unscaled sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, scaled
     by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
-    added to a contiguous copy of the accumulators while both are in cache."""
+    added to a contiguous copy of the accumulators while both are in cache. With float32
+    sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose scaled sums
+    are all float32s are added by float32 arithmetic (``accumulate_fp32``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
+    narrow = None
+    if span is not None:
+        narrow = _fp32_exact_blocks(row_steps, column_steps, span)
+        row_steps32 = row_steps.astype(np.float32)
+        column_steps32 = column_steps.astype(np.float32)
     for t in range(a.shape[-1] // width):
         tree = slice(t * width, (t + 1) * width)
         np.matmul(a[..., tree], b[..., tree].transpose(0, 2, 1), out=sums)
         blk = t * width // block
-        accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
+        if narrow is not None and narrow[blk]:
+            accumulate_fp32(running, sums, row_steps32[blk], column_steps32[blk])
+        else:
+            accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
     acc[...] = running
 
 
