@@ -133,7 +133,48 @@ def blas_applies(
         return False
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return False
+    if folded_sum_bits(params, scales_a, scales_b) > 53:
+        return False
     return values_finite_and_not_negative_zero(c_values)
+
+
+def blocks_per_tree(params: DatapathParams) -> int:
+    """Scale blocks a tree spans on the rounding route: 1 where trees lie inside blocks, else
+    fused_terms / block_size (the schema admits only trees of whole blocks)."""
+    if params.accumulator_format == "exact" or params.scales == "none":
+        return 1
+    return max(1, params.fused_terms // params.block_size)
+
+
+def _tree_exponents(exponents, per: int, trees: int):
+    """(each tree's least block exponent (..., trees), each block's exponent above it
+    (..., trees * per)) of block exponents (..., blocks); blocks past the operand's last
+    (padding) repeat its last block's exponent."""
+    spread = exponents.astype(np.int64)
+    missing = trees * per - spread.shape[-1]
+    if missing:
+        spread = np.concatenate([spread, np.repeat(spread[..., -1:], missing, axis=-1)], axis=-1)
+    spread = spread.reshape(spread.shape[:-1] + (trees, per))
+    least = spread.min(axis=-1)
+    return least, (spread - least[..., None]).reshape(least.shape[:-1] + (trees * per,))
+
+
+def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
+    """Bits every tree sum needs once the blocks of a tree spanning several are folded onto
+    its least scale (``tree_sum_bits`` plus the largest rise of a block's exponent above its
+    tree's least in A and in B: the elements are scaled up by it, exactly); a large number
+    for formats without a table."""
+    bits = tree_sum_bits(params)
+    if bits is None:
+        return 1 << 30
+    per = blocks_per_tree(params)
+    if per == 1 or exponents_a.size == 0 or exponents_b.size == 0:
+        return bits
+    rise = 0
+    for exponents in (exponents_a, exponents_b):
+        trees = -(-exponents.shape[-1] // per)
+        rise += int(_tree_exponents(exponents, per, trees)[1].max())
+    return bits + rise
 
 
 @njit(cache=True)
@@ -289,6 +330,13 @@ def _unscaled(values, codes, padded: int, dtype) -> np.ndarray:
     return decoded
 
 
+def _raise(decoded, rises, block: int) -> None:
+    """decoded (..., padded) *= 2^rises (..., padded / block) per block of ``block`` elements
+    (exact: the rises keep the sums within ``folded_sum_bits``)."""
+    grouped = decoded.reshape(decoded.shape[:-1] + (rises.shape[-1], block))
+    grouped *= np.ldexp(1.0, rises.astype(np.int32)).astype(decoded.dtype)[..., None]
+
+
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
     """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks) of the
     rows or columns of a tile, ones without scales (``exponents`` None)."""
@@ -404,10 +452,16 @@ def blas_matmul(
     width = slice_width(params)
     kulisch = params.accumulator_format == "exact"
     scaled = params.scales != "none"
-    block = params.block_size if scaled else width
+    per = blocks_per_tree(params)
+    bits = folded_sum_bits(params, scales_a, scales_b)
+    rises_a = rises_b = None
+    if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
+        trees = -(-scales_a.shape[-1] // per)
+        scales_a, rises_a = _tree_exponents(scales_a, per, trees)
+        scales_b, rises_b = _tree_exponents(scales_b, per, trees)
+    block = params.block_size * per if scaled else width
     padded = -(-length // block) * block
     blocks = padded // block
-    bits = tree_sum_bits(params)
     dtype = np.float32 if bits is not None and bits <= 24 else np.float64
     # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
     lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
@@ -446,6 +500,8 @@ def blas_matmul(
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype)
+                if per > 1:
+                    _raise(b, rises_b[:, c0:c1], params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
 
             def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
@@ -455,6 +511,8 @@ def blas_matmul(
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
                 else:
                     a = _unscaled(a_values, codes_a[g0:g1, r0:r1], padded, dtype)
+                    if per > 1:
+                        _raise(a, rises_a[g0:g1, r0:r1], params.block_size)
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
