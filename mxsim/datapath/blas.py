@@ -177,12 +177,25 @@ def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
     return bits + rise
 
 
+def codes_all_finite(codes, finite_table) -> bool:
+    """Whether every code's table value is finite (no M x K temporary): at once for a format
+    without non-finite codes, else by a scan of the (..., K) codes (any strides)."""
+    if finite_table.all():
+        return True
+    return _rows_all_finite(codes.reshape((1,) * (3 - codes.ndim) + codes.shape), finite_table)
+
+
 @njit(cache=True)
-def codes_all_finite(codes, finite_table):
-    """Whether every code's table value is finite (no M x K temporary)."""
-    for code in codes.ravel():
-        if not finite_table[code]:
-            return False
+def _rows_all_finite(codes, finite_table):
+    """Whether every code of the (G, rows, K) ``codes`` has a finite table value."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            row, bad = codes[g, i], 0
+            for k in range(length):
+                bad += not finite_table[row[k]]
+            if bad:
+                return False
     return True
 
 
@@ -479,7 +492,9 @@ def blas_matmul(
         chunk = KULISCH_COLUMNS if kulisch else max(1, SINGLE_THREAD_MACS // (tile * width))
     panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
     panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
-    passes = list(batch_passes(groups, rows, tile))
+    # A narrow output (attention heads: N of 32-128) takes more rows per tile, whole groups
+    # together, so each pass's GEMMs and kernel calls cover about a tile's area.
+    passes = list(batch_passes(groups, rows, tile * max(1, chunk // max(columns, 1))))
     threads = numba.get_num_threads()
     # Each pass's columns in as many parts as it takes to give every thread work.
     parts = -(-threads // len(passes))
