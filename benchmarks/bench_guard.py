@@ -1,8 +1,8 @@
 """The short benchmark tier: a few GEMMs' speed as a ratio to the same run's numpy float64
 matmul (DGEMM), checked against the ratios recorded in ``benchmarks/results/guard.json``.
 
-Each case is a 512 x 512 x 512 GEMM (MXFP8 or MXFP4 operands, block scales from standard
-normal data) through one shipped config, best of ``--repeats`` runs after a warm-up call,
+Each case is a 512 x 512 x 512 GEMM (MXFP8, MXFP4 or MX9 operands, block scales from
+standard normal data) through one shipped config, best of ``--repeats`` runs after a warm-up call,
 divided into the best of as many DGEMMs of the same shape timed between the cases. The
 check fails (exit 1) when a case's ratio falls below its recorded ratio divided by
 ``--margin`` (3 by default: a loaded, shared 2-core machine moves a same-run ratio by up to
@@ -29,6 +29,7 @@ import numpy as np
 import mxsim
 from _timing import best_seconds
 from mxsim.fileio import json_text, write_atomic
+from mxsim.quantize import BFP_SPECS, quantize_bfp
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "guard.json"
@@ -51,6 +52,8 @@ CASES = [
     Case("ocp-exact", "fp4_e2m1"),
     Case("kulisch", "fp8_e4m3"),
     Case("mxdotp-paper", "fp8_e4m3"),
+    Case("mxdotp-paper", "fp4_e2m1"),
+    Case("bfp-exact", "mx9"),
     Case("h100-fp8", "fp8_e4m3"),
     Case("b200-fp8", "fp8_e4m3"),
 ]
@@ -95,12 +98,16 @@ def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]
         per_tensor = (
             hw.sections[("inputs", "scales")] == "none"
         )  # one power-of-two scale per operand
-        a = mxsim.quantize_mx(
-            x.astype(np.float32), case.element, axis=1, per_tensor_scale=per_tensor
-        )
-        b = mxsim.quantize_mx(
-            y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor
-        )
+        if case.element.upper() in BFP_SPECS:  # MX4/MX6/MX9: Quark's BFP quantizer
+            a = quantize_bfp(x, case.element.upper(), axis=1).as_mx_tensor()
+            b = quantize_bfp(y, case.element.upper(), axis=0).as_mx_tensor()
+        else:
+            a = mxsim.quantize_mx(
+                x.astype(np.float32), case.element, axis=1, per_tensor_scale=per_tensor
+            )
+            b = mxsim.quantize_mx(
+                y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor
+            )
         mxsim.matmul(hw, a, b)  # compiles or loads the kernels outside the timing
         gemm = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats)
         dgemm = best_seconds(lambda: x @ y, repeats)

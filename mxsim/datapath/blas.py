@@ -2,8 +2,11 @@
 
 It applies to units whose trees are exact (no alignment window, no n-bit sum, exact
 products, k order) and whose accumulator is fp32 with round-to-nearest-even, gradual
-underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact) and
-MXDOTP. Each key of ``datapath.schema.SCHEMA`` declares which of its values the route accepts
+underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact), MXDOTP
+as its paper summarises it (mxdotp-paper) and exact BFP block sums (bfp-exact) — or exact
+(kulisch). The cvfpu MXDOTP RTL (mxdotp and its rounding-mode variants) sums on a fixed-point
+grid with shift limits and the GPU units truncate below an alignment window: they refuse it.
+Each key of ``datapath.schema.SCHEMA`` declares which of its values the route accepts
 (``blas=``); a key that declares nothing refuses the route. Then each tree adds ``S = sum of F products`` exactly to the accumulator and rounds
 once: ``acc = RNE_fp32(acc + S)``.
 
@@ -21,7 +24,10 @@ order can round; when it is <= 24 every partial sum is a float32, and the GEMMs 
 float32; fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Multiplying s by
 2^(Xa+Xb) in float64 is exact: E8M0 exponents lie in [-127, 127], so the result lies between
 2^(lsb_a + lsb_b - 254) and 2^(E + 7 + 254), normal float64s. The route is refused when the
-thread's floating point flushes subnormals (``subnormals_work``).
+thread's floating point flushes subnormals (``subnormals_work``). A tree of several whole
+blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least block scale:
+each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
+sums need that many more bits (``folded_sum_bits``, read from the data; refused beyond 53).
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
