@@ -3,10 +3,12 @@ matmul (DGEMM), checked against the ratios recorded in ``benchmarks/results/guar
 
 Each case is a 512 x 512 x 512 GEMM (MXFP8, MXFP4 or MX9 operands, block scales from
 standard normal data) through one shipped config, best of ``--repeats`` runs after a warm-up call,
-divided into the best of as many DGEMMs of the same shape timed between the cases. The
-check fails (exit 1) when a case's ratio falls below its recorded ratio divided by
-``--margin`` (3 by default: a loaded, shared 2-core machine moves a same-run ratio by up to
-2x; a route gone back to its old speed moves it by 4x or more). It runs in a few seconds
+divided into the best of as many DGEMMs of the same shape timed between the cases, both by
+the process's CPU time on one thread (Numba's and the BLAS library's threads held to one):
+a loaded, shared machine then moves a ratio far less than it moves wall-time ratios, whose
+two-thread DGEMM loses most under load. The check fails (exit 1) when a case's ratio falls
+below its recorded ratio divided by ``--margin`` (3 by default: a route lost, or gone back to
+an old speed several times slower, not a few percent). It runs in a few seconds
 once the kernels are compiled (CI runs it after the test suite, whose kernel cache it reuses).
 
 Run: ``python benchmarks/bench_guard.py`` (check), ``--record`` (measure and record the
@@ -16,14 +18,17 @@ current figures, with the date, commit and load average).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numba
 import numpy as np
 
 import mxsim
@@ -109,10 +114,27 @@ def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]
                 y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor
             )
         mxsim.matmul(hw, a, b)  # compiles or loads the kernels outside the timing
-        gemm = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats)
-        dgemm = best_seconds(lambda: x @ y, repeats)
+        with one_thread():
+            gemm = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats, time.process_time)
+            dgemm = best_seconds(lambda: x @ y, repeats, time.process_time)
         ratios[case.name] = dgemm / gemm
     return ratios
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Numba's and the BLAS library's threads held to one (threadpoolctl, the ``blas`` extra),
+    so that the process's CPU time is what an idle core would take: other jobs on a shared
+    machine slow both sides of a ratio alike instead of starving multithreaded DGEMM."""
+    from threadpoolctl import threadpool_limits
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 def regressions(
