@@ -1,12 +1,14 @@
 """The short benchmark tier: a few GEMMs' speed as a ratio to the same run's numpy float64
 matmul (DGEMM), checked against the ratios recorded in ``benchmarks/results/guard.json``.
 
-Each case is a 512 x 512 x 512 GEMM (MXFP8 or MXFP4 operands, block scales from standard
-normal data) through one shipped config, best of ``--repeats`` runs after a warm-up call,
-divided into the best of as many DGEMMs of the same shape timed between the cases. The
-check fails (exit 1) when a case's ratio falls below its recorded ratio divided by
-``--margin`` (3 by default: a loaded, shared 2-core machine moves a same-run ratio by up to
-2x; a route gone back to its old speed moves it by 4x or more). It runs in a few seconds
+Each case is a 512 x 512 x 512 GEMM (MXFP8, MXFP4 or MX9 operands, block scales from
+standard normal data) through one shipped config, best of ``--repeats`` runs after a warm-up call,
+divided into the best of as many DGEMMs of the same shape timed between the cases, both by
+the process's CPU time on one thread (Numba's and the BLAS library's threads held to one):
+a loaded, shared machine then moves a ratio far less than it moves wall-time ratios, whose
+two-thread DGEMM loses most under load. The check fails (exit 1) when a case's ratio falls
+below its recorded ratio divided by ``--margin`` (3 by default: a route lost, or gone back to
+an old speed several times slower, not a few percent). It runs in a few seconds
 once the kernels are compiled (CI runs it after the test suite, whose kernel cache it reuses).
 
 Run: ``python benchmarks/bench_guard.py`` (check), ``--record`` (measure and record the
@@ -16,19 +18,23 @@ current figures, with the date, commit and load average).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numba
 import numpy as np
 
 import mxsim
 from _timing import best_seconds
 from mxsim.fileio import json_text, write_atomic
+from mxsim.quantize import BFP_SPECS, quantize_bfp
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "guard.json"
@@ -51,6 +57,8 @@ CASES = [
     Case("ocp-exact", "fp4_e2m1"),
     Case("kulisch", "fp8_e4m3"),
     Case("mxdotp-paper", "fp8_e4m3"),
+    Case("mxdotp-paper", "fp4_e2m1"),
+    Case("bfp-exact", "mx9"),
     Case("h100-fp8", "fp8_e4m3"),
     Case("b200-fp8", "fp8_e4m3"),
 ]
@@ -95,17 +103,38 @@ def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]
         per_tensor = (
             hw.sections[("inputs", "scales")] == "none"
         )  # one power-of-two scale per operand
-        a = mxsim.quantize_mx(
-            x.astype(np.float32), case.element, axis=1, per_tensor_scale=per_tensor
-        )
-        b = mxsim.quantize_mx(
-            y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor
-        )
+        if case.element.upper() in BFP_SPECS:  # MX4/MX6/MX9: Quark's BFP quantizer
+            a = quantize_bfp(x, case.element.upper(), axis=1).as_mx_tensor()
+            b = quantize_bfp(y, case.element.upper(), axis=0).as_mx_tensor()
+        else:
+            a = mxsim.quantize_mx(
+                x.astype(np.float32), case.element, axis=1, per_tensor_scale=per_tensor
+            )
+            b = mxsim.quantize_mx(
+                y.astype(np.float32), case.element, axis=0, per_tensor_scale=per_tensor
+            )
         mxsim.matmul(hw, a, b)  # compiles or loads the kernels outside the timing
-        gemm = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats)
-        dgemm = best_seconds(lambda: x @ y, repeats)
+        with one_thread():
+            gemm = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats, time.process_time)
+            dgemm = best_seconds(lambda: x @ y, repeats, time.process_time)
         ratios[case.name] = dgemm / gemm
     return ratios
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Numba's and the BLAS library's threads held to one (threadpoolctl, the ``blas`` extra),
+    so that the process's CPU time is what an idle core would take: other jobs on a shared
+    machine slow both sides of a ratio alike instead of starving multithreaded DGEMM."""
+    from threadpoolctl import threadpool_limits
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 def regressions(

@@ -29,6 +29,7 @@ import mxsim
 from _timing import best_seconds
 from bench_guard import conditions
 from mxsim.fileio import json_text, write_atomic
+from mxsim.quantize import BFP_SPECS
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.groups import groups_apply
@@ -39,8 +40,8 @@ RESULTS = REPO / "benchmarks" / "results" / "matmul.json"
 
 
 def operands(size: int, rng, unit_scales: bool, hw=None, element: str = "fp8_e4m3"):
-    """Quantized operands (A along K, B along K): MXFP8 (or the unit's first element format),
-    scales set to 1 for scale-less units; NVFP4Tensors (B as B^T) for UE4M3-scaled units."""
+    """Quantized operands (A along K, B along K): MXFP8 (or the unit's first element format;
+    MX4/MX6/MX9 through the BFP quantizer), scales set to 1 for scale-less units; NVFP4Tensors (B as B^T) for UE4M3-scaled units."""
     x = rng.standard_normal((size, size)).astype(np.float32)
     y = rng.standard_normal((size, size)).astype(np.float32)
     if hw is not None and mxsim.get_format(hw.sections[("inputs", "scale_format")]).mantissa_bits:
@@ -50,6 +51,10 @@ def operands(size: int, rng, unit_scales: bool, hw=None, element: str = "fp8_e4m
             mxsim.quantize_nvfp4(np.ascontiguousarray(y.T), scale(np.abs(y).max())),
         )
     element = element if hw is None or element in hw.a_formats else hw.a_formats[0]
+    if element.upper() in BFP_SPECS:  # shared-microexponent elements: Quark's BFP quantizer
+        a = mxsim.quantize.quantize_bfp(x, element.upper(), axis=1).as_mx_tensor()
+        b = mxsim.quantize.quantize_bfp(y, element.upper(), axis=0).as_mx_tensor()
+        return a, b
     a = mxsim.quantize_mx(x, element, axis=1)
     b = mxsim.quantize_mx(y, element, axis=0)
     if unit_scales:

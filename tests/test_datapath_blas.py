@@ -10,13 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from mxsim.quantize import quantize
+from mxsim.quantize import quantize, quantize_bfp
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
     _exact_chunks,
+    _fp32_exact_blocks,
     _span_bits,
     blas_applies,
     exact_in_float64,
+    folded_sum_bits,
     tree_sum_bits,
 )
 from mxsim.datapath.schema import route_accepts
@@ -283,3 +285,107 @@ def test_exact_ranges_of_blocks():
         (2, 3),
         (3, 4),
     ]
+
+
+def test_fp32_exact_blocks_bound_the_scaled_sums_by_float32():
+    # fp4 x fp4 trees: multiples of 2^-2 below 2^11. A block is added in float32 when its
+    # least step product times 2^-2 reaches 2^-149 and its largest times 2^11 stays <= 2^128.
+    def steps(*exponents):
+        return np.ldexp(1.0, np.array(exponents)).reshape(len(exponents), 1, 1)
+
+    span = (-2, 11)
+    ones = steps(0, 0, 0, 0)
+    got = _fp32_exact_blocks(steps(-147, -148, 117, 118), ones, span)
+    assert got.tolist() == [True, False, True, False]
+    # the steps' product counts, not each step: 2^-100 * 2^-47 = 2^-147
+    assert _fp32_exact_blocks(steps(-100, -100), steps(-47, -48), span).tolist() == [True, False]
+    # a step product beyond float32 is refused even where the sums' bounds allow it
+    assert _fp32_exact_blocks(steps(-150), ones, (2, 3)).tolist() == [False]
+    assert _fp32_exact_blocks(steps(128), ones, (-2, -1)).tolist() == [False]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    unit=st.sampled_from(["ocp-exact", "mxdotp-paper"]),
+    a_format=st.sampled_from(["fp4_e2m1", "fp6_e2m3", "fp6_e3m2"]),
+    shape=st.tuples(st.integers(1, 6), st.integers(1, 130), st.integers(1, 6)),
+    center=st.sampled_from([2, 40, 127, 200, 252]),
+    width=st.integers(0, 60),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_blocks_added_in_float32_or_not_equal_the_kernel(
+    unit, a_format, shape, center, width, seed
+):
+    # Block scales drawn per block across E8M0's range: within one GEMM some blocks' scaled
+    # sums are float32s (added in float32) and others reach fp32 subnormals or overflow.
+    rng = np.random.default_rng(seed)
+    rows, length, columns = shape
+    qa = quantize(rng.standard_normal((rows, length)), a_format, axis=1)
+    qb = quantize(rng.standard_normal((length, columns)), a_format, axis=0)
+
+    def rescaled(q):
+        codes = np.clip(center + rng.integers(-width, width + 1, q.scales.shape), 0, 254)
+        return dataclasses.replace(q, scales=codes.astype(np.uint8))
+
+    qa, qb = rescaled(qa), rescaled(qb)
+    c = (rng.standard_normal((rows, columns)) * 2.0 ** rng.integers(-140, 120)).astype(np.float32)
+    c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
+    hw = UNITS[unit]
+    assert route_taken(hw, qa, qb, c)
+    fast = matmul(hw, qa, qb, c=c)
+    slow = matmul(hw, qa, qb, c=c, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+
+
+BFP = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    spec=st.sampled_from(["MX9", "MX6", "MX4"]),
+    shape=st.tuples(st.integers(1, 6), st.integers(1, 70), st.integers(1, 6)),
+    spread=st.floats(0, 40),
+    jitter=st.sampled_from([0, 1, 3, 30]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jitter, seed):
+    # bfp-exact: trees of 16 over sub-blocks of 2, each with its own scale (microexponents);
+    # the route folds each tree's blocks onto its least scale where the sums stay within 53
+    # bits. jitter moves single sub-block scales further apart (30: beyond float64 for MX9).
+    rng = np.random.default_rng(seed)
+    rows, length, columns = shape
+    A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)) * 3)
+    B = rng.standard_normal((length, columns)) * np.exp2(
+        rng.uniform(-spread, spread, (1, columns)) * 3
+    )
+    qa = quantize_bfp(A, spec, axis=1).as_mx_tensor()
+    qb = quantize_bfp(B, spec, axis=0).as_mx_tensor()
+    if jitter:
+        moved = qa.scales.astype(np.int64) + rng.integers(-jitter, jitter + 1, qa.scales.shape)
+        qa = dataclasses.replace(qa, scales=np.clip(moved, 1, 254).astype(np.uint8))
+    c = (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32)
+    c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
+    params = BFP.params(qa.element_format.name, qb.element_format.name)
+    bits = folded_sum_bits(
+        params, _scales_for_unit(qa.scales, params), _scales_for_unit(qb.scales, params)
+    )
+    assert route_taken(BFP, qa, qb, c) == (bits <= 53)
+    fast = matmul(BFP, qa, qb, c=c)
+    slow = matmul(BFP, qa, qb, c=c, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+
+
+def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
+    # MX9 x MX9 trees of 16 (8 sub-blocks of 2): 20 bits; A's sub-block 3 binades above its
+    # tree's least, B's 1: 24 bits (float32 still). Padding blocks repeat the last exponent.
+    params = BFP.params("mx9", "mx9")
+    assert tree_sum_bits(params) == 20
+    flat = np.zeros((2, 8), np.int32)
+    a = flat.copy()
+    a[1, 5] = 3
+    b = flat.copy()
+    b[0, 0] = -1
+    assert folded_sum_bits(params, flat, flat) == 20
+    assert folded_sum_bits(params, a, b) == 24
+    assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5]]), flat[:1, :1]) == 20
+    assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22

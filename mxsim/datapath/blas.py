@@ -2,8 +2,11 @@
 
 It applies to units whose trees are exact (no alignment window, no n-bit sum, exact
 products, k order) and whose accumulator is fp32 with round-to-nearest-even, gradual
-underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact) and
-MXDOTP. Each key of ``datapath.schema.SCHEMA`` declares which of its values the route accepts
+underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact), MXDOTP
+as its paper summarises it (mxdotp-paper) and exact BFP block sums (bfp-exact) — or exact
+(kulisch). The cvfpu MXDOTP RTL (mxdotp and its rounding-mode variants) sums on a fixed-point
+grid with shift limits and the GPU units truncate below an alignment window: they refuse it.
+Each key of ``datapath.schema.SCHEMA`` declares which of its values the route accepts
 (``blas=``); a key that declares nothing refuses the route. Then each tree adds ``S = sum of F products`` exactly to the accumulator and rounds
 once: ``acc = RNE_fp32(acc + S)``.
 
@@ -21,13 +24,20 @@ order can round; when it is <= 24 every partial sum is a float32, and the GEMMs 
 float32; fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Multiplying s by
 2^(Xa+Xb) in float64 is exact: E8M0 exponents lie in [-127, 127], so the result lies between
 2^(lsb_a + lsb_b - 254) and 2^(E + 7 + 254), normal float64s. The route is refused when the
-thread's floating point flushes subnormals (``subnormals_work``).
+thread's floating point flushes subnormals (``subnormals_work``). A tree of several whole
+blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least block scale:
+each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
+sums need that many more bits (``folded_sum_bits``, read from the data; refused beyond 53).
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
 exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest-even
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
+Where the tree sums fit 24 bits and a block's scaled sums S all are float32s (their least
+step 2^-149 or above, below 2^128: checked per tile and block from the scale exponents), S
+itself is a float32 and the IEEE float32 sum acc + S is RNE_fp32(acc + S): those blocks are
+added in float32 arithmetic, a few operations per output instead of the round-to-odd step.
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
@@ -129,15 +139,69 @@ def blas_applies(
         return False
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return False
+    if folded_sum_bits(params, scales_a, scales_b) > 53:
+        return False
     return values_finite_and_not_negative_zero(c_values)
 
 
+def blocks_per_tree(params: DatapathParams) -> int:
+    """Scale blocks a tree spans on the rounding route: 1 where trees lie inside blocks, else
+    fused_terms / block_size (the schema admits only trees of whole blocks)."""
+    if params.accumulator_format == "exact" or params.scales == "none":
+        return 1
+    return max(1, params.fused_terms // params.block_size)
+
+
+def _tree_exponents(exponents, per: int, trees: int):
+    """(each tree's least block exponent (..., trees), each block's exponent above it
+    (..., trees * per)) of block exponents (..., blocks); blocks past the operand's last
+    (padding) repeat its last block's exponent."""
+    spread = exponents.astype(np.int64)
+    missing = trees * per - spread.shape[-1]
+    if missing:
+        spread = np.concatenate([spread, np.repeat(spread[..., -1:], missing, axis=-1)], axis=-1)
+    spread = spread.reshape(spread.shape[:-1] + (trees, per))
+    least = spread.min(axis=-1)
+    return least, (spread - least[..., None]).reshape(least.shape[:-1] + (trees * per,))
+
+
+def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
+    """Bits every tree sum needs once the blocks of a tree spanning several are folded onto
+    its least scale (``tree_sum_bits`` plus the largest rise of a block's exponent above its
+    tree's least in A and in B: the elements are scaled up by it, exactly); a large number
+    for formats without a table."""
+    bits = tree_sum_bits(params)
+    if bits is None:
+        return 1 << 30
+    per = blocks_per_tree(params)
+    if per == 1 or exponents_a.size == 0 or exponents_b.size == 0:
+        return bits
+    rise = 0
+    for exponents in (exponents_a, exponents_b):
+        trees = -(-exponents.shape[-1] // per)
+        rise += int(_tree_exponents(exponents, per, trees)[1].max())
+    return bits + rise
+
+
+def codes_all_finite(codes, finite_table) -> bool:
+    """Whether every code's table value is finite (no M x K temporary): at once for a format
+    without non-finite codes, else by a scan of the (..., K) codes (any strides)."""
+    if finite_table.all():
+        return True
+    return _rows_all_finite(codes.reshape((1,) * (3 - codes.ndim) + codes.shape), finite_table)
+
+
 @njit(cache=True)
-def codes_all_finite(codes, finite_table):
-    """Whether every code's table value is finite (no M x K temporary)."""
-    for code in codes.ravel():
-        if not finite_table[code]:
-            return False
+def _rows_all_finite(codes, finite_table):
+    """Whether every code of the (G, rows, K) ``codes`` has a finite table value."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            row, bad = codes[g, i], 0
+            for k in range(length):
+                bad += not finite_table[row[k]]
+            if bad:
+                return False
     return True
 
 
@@ -193,6 +257,23 @@ def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
                 # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
                 toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
                 totals[j] = np.float32(np.int64((bits - toward_zero) | inexact).view(np.float64))
+
+
+@njit(cache=True, nogil=True)
+def accumulate_fp32(running, tree_sums, row_steps, column_steps):
+    """running += tree_sums * row_steps * column_steps elementwise in float32 arithmetic
+    (``running``, ``tree_sums`` (g, rows, columns) float32, the steps (g, rows) and
+    (g, columns) float32 powers of two). Exact RNE_fp32(acc + S) when every scaled sum is
+    a float32 (the caller checks: ``_fp32_exact_blocks``): the product of the steps and
+    of a sum by them are then exact, and an IEEE float32 addition of two float32s is the
+    correctly rounded sum (an infinite accumulator stays so). Serial, vectorises."""
+    groups, rows, columns = running.shape
+    for g in range(groups):
+        for i in range(rows):
+            step = row_steps[g, i]
+            totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
+            for j in range(columns):
+                totals[j] = totals[j] + sums[j] * (step * steps[j])
 
 
 @njit(cache=True, nogil=True)
@@ -266,6 +347,13 @@ def _unscaled(values, codes, padded: int, dtype) -> np.ndarray:
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     decode_codes(values.astype(dtype), np.ascontiguousarray(codes), decoded)
     return decoded
+
+
+def _raise(decoded, rises, block: int) -> None:
+    """decoded (..., padded) *= 2^rises (..., padded / block) per block of ``block`` elements
+    (exact: the rises keep the sums within ``folded_sum_bits``)."""
+    grouped = decoded.reshape(decoded.shape[:-1] + (rises.shape[-1], block))
+    grouped *= np.ldexp(1.0, rises.astype(np.int32)).astype(decoded.dtype)[..., None]
 
 
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
@@ -383,11 +471,20 @@ def blas_matmul(
     width = slice_width(params)
     kulisch = params.accumulator_format == "exact"
     scaled = params.scales != "none"
-    block = params.block_size if scaled else width
+    per = blocks_per_tree(params)
+    bits = folded_sum_bits(params, scales_a, scales_b)
+    rises_a = rises_b = None
+    if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
+        trees = -(-scales_a.shape[-1] // per)
+        scales_a, rises_a = _tree_exponents(scales_a, per, trees)
+        scales_b, rises_b = _tree_exponents(scales_b, per, trees)
+    block = params.block_size * per if scaled else width
     padded = -(-length // block) * block
     blocks = padded // block
-    bits = tree_sum_bits(params)
     dtype = np.float32 if bits is not None and bits <= 24 else np.float64
+    # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
+    lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
+    span = (lsb, lsb + bits) if dtype == np.float32 else None
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -401,7 +498,9 @@ def blas_matmul(
         chunk = KULISCH_COLUMNS if kulisch else max(1, SINGLE_THREAD_MACS // (tile * width))
     panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
     panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
-    passes = list(batch_passes(groups, rows, tile))
+    # A narrow output (attention heads: N of 32-128) takes more rows per tile, whole groups
+    # together, so each pass's GEMMs and kernel calls cover about a tile's area.
+    passes = list(batch_passes(groups, rows, tile * max(1, chunk // max(columns, 1))))
     threads = numba.get_num_threads()
     # Each pass's columns in as many parts as it takes to give every thread work.
     parts = -(-threads // len(passes))
@@ -422,6 +521,8 @@ def blas_matmul(
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype)
+                if per > 1:
+                    _raise(b, rises_b[:, c0:c1], params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
 
             def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
@@ -431,6 +532,8 @@ def blas_matmul(
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
                 else:
                     a = _unscaled(a_values, codes_a[g0:g1, r0:r1], padded, dtype)
+                    if per > 1:
+                        _raise(a, rises_a[g0:g1, r0:r1], params.block_size)
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
@@ -459,6 +562,7 @@ def blas_matmul(
                                 width,
                                 block,
                                 acc,
+                                span,
                             )
                 return found
 
@@ -470,18 +574,51 @@ def blas_matmul(
     return leftovers
 
 
-def _rounding_tile(a, b, row_steps, column_steps, width: int, block: int, acc) -> None:
+def _fp32_exact_blocks(row_steps, column_steps, span: tuple[int, int]) -> np.ndarray:
+    """Per scale block, whether every tree sum times its steps is a float32: the sums are
+    multiples of 2^low below 2^high (``span``), the steps (blocks, g, r) and (blocks, g, n)
+    powers of two; so it holds when the least step product times 2^low is at least float32's
+    smallest subnormal 2^-149 and the largest times 2^high at most 2^128, and the step
+    products themselves are float32s (in [2^-149, 2^127])."""
+    low, high = span
+    blocks = row_steps.shape[0]
+    rows, columns = row_steps.reshape(blocks, -1), column_steps.reshape(blocks, -1)
+    if rows.shape[1] == 0 or columns.shape[1] == 0:
+        return np.ones(blocks, dtype=np.bool_)
+    least = rows.min(axis=1) * columns.min(axis=1)
+    most = rows.max(axis=1) * columns.max(axis=1)
+    return (
+        (np.ldexp(least, low) >= 2.0**-149)
+        & (np.ldexp(most, high) <= 2.0**128)
+        & (least >= 2.0**-149)
+        & (most <= 2.0**127)
+    )
+
+
+def _rounding_tile(
+    a, b, row_steps, column_steps, width: int, block: int, acc, span: tuple[int, int] | None
+) -> None:
     """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
     t's unscaled sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, scaled
     by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
-    added to a contiguous copy of the accumulators while both are in cache."""
+    added to a contiguous copy of the accumulators while both are in cache. With float32
+    sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose scaled sums
+    are all float32s are added by float32 arithmetic (``accumulate_fp32``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
+    narrow = None
+    if span is not None:
+        narrow = _fp32_exact_blocks(row_steps, column_steps, span)
+        row_steps32 = row_steps.astype(np.float32)
+        column_steps32 = column_steps.astype(np.float32)
     for t in range(a.shape[-1] // width):
         tree = slice(t * width, (t + 1) * width)
         np.matmul(a[..., tree], b[..., tree].transpose(0, 2, 1), out=sums)
         blk = t * width // block
-        accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
+        if narrow is not None and narrow[blk]:
+            accumulate_fp32(running, sums, row_steps32[blk], column_steps32[blk])
+        else:
+            accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
     acc[...] = running
 
 

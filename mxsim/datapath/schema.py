@@ -105,6 +105,10 @@ def _trees_inside_blocks(value, params) -> bool:
     return value == "none" or params.block_size % params.fused_terms == 0
 
 
+def _trees_inside_or_of_whole_blocks(value, params) -> bool:
+    return _trees_inside_blocks(value, params) or params.fused_terms % params.block_size == 0
+
+
 def _same_trees_as_k_order(value, params) -> bool:
     return not value or params.block_size % params.fused_terms == 0
 
@@ -166,10 +170,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "pair is one term of the tree, aligned at the scales' exponent sum (Blackwell kind::mxf4nvf4); "
             "'none': the unit takes no scales (plain FP8 tensor cores)",
             ("none", "products", "block_sum", "group_sum"),
-            # BLAS: one scale per tree (per block for an exact accumulator); window: one per tree.
-            # group_sum: not yet shown exact on either route.
+            # BLAS: one scale per tree, or trees of whole blocks folded onto their least scale
+            # where the data allows (blas.folded_sum_bits); per block for an exact accumulator.
+            # Window: one per tree. group_sum: not yet shown exact on either route.
             blas=lambda value, params: (
-                value != "group_sum" and _exact_accumulator_or(_trees_inside_blocks)(value, params)
+                value != "group_sum"
+                and _exact_accumulator_or(_trees_inside_or_of_whole_blocks)(value, params)
             ),
             window=lambda value, params: (
                 value != "group_sum" and _trees_inside_blocks(value, params)
