@@ -260,12 +260,14 @@ def test_round_trip(name, a_format, b_format, out_format, k):
 
 #: The MXDOTP unit's own width per element format: 8 FP8, 11 FP6 or 16 FP4 elements per operation.
 MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+#: The MXDOTP configs, one per rounding mode.
+MXDOTP_CONFIGS = ("mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm")
 
 
 @pytest.mark.skipif(
     not LONG, reason="long mode (MXSIM_PROBE_LONG=1): every mxdotp config at its own width"
 )
-@pytest.mark.parametrize("name", ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"])
+@pytest.mark.parametrize("name", MXDOTP_CONFIGS)
 @pytest.mark.parametrize("element", MXDOTP_OWN_K)
 def test_round_trip_at_the_unit_s_own_width(name, element):
     """Each mxdotp config on each element format at the unit's own K (one operation: 8, 11 or
