@@ -30,8 +30,8 @@ Sets (the tests' paths and validation sizes; docs/probe.md):
 ``--only`` takes shell-style patterns over the run ids (``set/name``, e.g. ``mxsim/h100*``,
 ``rtl/BUG=[0-3]``, ``mmasim/*Blackwell*``); ``--json OUT`` writes every figure (written
 atomically); ``--update RESULTS`` puts the runs' rows into an existing results file instead
-(a row of the same id replaced, a new id added at the end, the other rows kept), so a subset
-re-run refreshes its rows alone. Every row records when it was measured: its date, the
+(a row of the same id replaced, a new id added at the end, the other rows kept; written
+after each run), so a subset re-run refreshes its rows alone. Every row records when it was measured: its date, the
 commit (``git describe --always --dirty``) and the load average before it. The tables of
 paths are checked against the tests' own by tests/test_benchmarks.py.
 """
@@ -810,7 +810,8 @@ def main(argv=None) -> None:
     if args.markdown:
         print("|" + "---|" * len(COLUMNS), flush=True)
     revision = commit()
-    for run in runs:
+    reasons = [s for s in skipped.values() if s]
+    for done, run in enumerate(runs, 1):
         stamp = conditions()
         run.figures = measure(run)
         run.figures["measured"] = {
@@ -819,6 +820,12 @@ def main(argv=None) -> None:
             "load_average": stamp["load_average"],
         }
         show(cells(run), args.markdown)
+        if previous is not None:  # after each run: a run stopped early keeps the rows done
+            rows = [{"id": r.id, "path": r.path, **r.figures} for r in runs[:done]]
+            write_atomic(
+                args.update,
+                json_text(merged(previous, rows, reasons, conditions()), indent=1) + "\n",
+            )
     for row in totals(runs):
         show(row, args.markdown)
     correct = next((run.figures.get("config") for run in runs if run.id == "rtl/BUG=0"), None)
@@ -837,15 +844,10 @@ def main(argv=None) -> None:
         flush=True,
     )
     shutil.rmtree(build, ignore_errors=True)
-    rows = [{"id": run.id, "path": run.path, **run.figures} for run in runs]
-    reasons = [s for s in skipped.values() if s]
     if args.json is not None:
+        rows = [{"id": run.id, "path": run.path, **run.figures} for run in runs]
         results = {"before": before, "after": after, "skipped": reasons, "runs": rows}
         write_atomic(args.json, json_text(results, indent=1) + "\n")
-    if previous is not None:
-        write_atomic(
-            args.update, json_text(merged(previous, rows, reasons, after), indent=1) + "\n"
-        )
 
 
 if __name__ == "__main__":
