@@ -31,9 +31,9 @@ Sets (the tests' paths and validation sizes; docs/probe.md):
 ``rtl/BUG=[0-3]``, ``mmasim/*Blackwell*``); ``--json OUT`` writes every figure (written
 atomically); ``--update RESULTS`` puts the runs' rows into an existing results file instead
 (a row of the same id replaced, a new id added at the end, the other rows kept; written
-after each run), so a subset re-run refreshes its rows alone. Every row records when it was measured: its date, the
-commit (``git describe --always --dirty``) and the load average before it. The tables of
-paths are checked against the tests' own by tests/test_benchmarks.py.
+after each run), so a subset re-run refreshes its rows alone. Every row records when it was
+measured: its date, the commit (``git describe --always --dirty``) and the load average
+before it. The tables of paths are checked against the tests' own by tests/test_benchmarks.py.
 """
 
 from __future__ import annotations
