@@ -817,6 +817,38 @@ def test_polishing_takes_the_value_fewest_answers_rule_out():
     assert engine.hyp == held and engine.unit.queries == len(batch)  # no query asked
 
 
+def test_a_grid_width_moves_with_its_left_shift_to_the_unit_s_grid():
+    """mxdotp-rdn's E2M3 path at K = 11 (a grid of 34 fraction bits, left shift 70, right 24)
+    held with a grid of 9 and a left shift of 45: the left shift less the width right (36),
+    the right shift plus the width not (33 for 58). Each width carries the left shift with it,
+    so the grid probe's rows (the scaled zeros sweeping every scale exponent) find the unit's
+    grid exactly; with the shift held, no width fitted both and the search swung between
+    widths. The c entry probe then keeps the grid (its rows read it as c in an exact tree)."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+
+    unit = HwconfigUnit(HW / "mxdotp-rdn.yaml", "fp6_e2m3", "fp6_e2m3", "fp32")
+    ctx = Context("fp6_e2m3", "fp6_e2m3", 11, 32, "fp32")
+    engine = _engine_holding(
+        unit,
+        ctx,
+        {"grid.fraction_bits": 9, "grid.accumulator_max_left_shift": 45},
+    )
+    grid, c_entry = (next(p for p in PROBES if p.name == name) for name in ("grid", "c entry"))
+    decision = engine.decide(grid, ctx.fit_c(grid.inputs(ctx)), 0)
+    assert decision.mismatches == 0
+    assert (
+        decision.value["grid.fraction_bits"],
+        engine.hyp["grid.accumulator_max_left_shift"],
+    ) == (
+        34,
+        70,
+    )
+    decision = engine.decide(c_entry, ctx.fit_c(c_entry.inputs(ctx)), 0)
+    assert decision.value["adder.accumulator_in_tree"] is False
+    assert engine.hyp["grid.fraction_bits"] == 34
+
+
 def test_a_grid_is_decided_while_the_trees_held_do_not_divide_the_block():
     """mxdotp-rup's E3M2 path with fp16 output: a grid of 34 fraction bits over trees of 11
     restarting at each block of 32. The trees probe, whose rows an fp16 output rounds alike,
