@@ -1,7 +1,8 @@
 """Queries and time per probe run: ``mxsim.probe.probe`` against mxsim's own configs, MMA-Sim's
 models and the RTL example, beside the unit's own speed.
 
-Usage: python benchmarks/bench_probe.py [--set mxsim,mmasim,rtl] [--only PATTERN ...] [--markdown] [--json OUT]
+Usage: python benchmarks/bench_probe.py [--set mxsim,mmasim,rtl] [--only PATTERN ...] [--markdown]
+                                       [--json OUT | --update RESULTS]
        python benchmarks/bench_probe.py --render RESULTS   (the table of docs/probe.md from a --json file)
 
 Each run prints one line: the unit, its path (A x B -> output, K), the dot products the probe
@@ -17,8 +18,9 @@ first where the kernel cache is empty: the first run's figures include Numba's c
 
 Sets (the tests' paths and validation sizes; docs/probe.md):
 - ``mxsim``: the round-trip paths of tests/test_probe_core.py (``CI_PATHS`` and ``FP64_PATHS``,
-  mi300's long-mode path included) through ``HwconfigUnit``, and mxdotp.yaml at the unit's own
-  width per element format (8 FP8, 11 FP6, 16 FP4); 1,024 + 256 validation vectors.
+  mi300's long-mode path included) through ``HwconfigUnit``, and each mxdotp config (one per
+  rounding mode) at the unit's own width per element format (8 FP8, 11 FP6, 16 FP4), ids
+  ``mxsim/CONFIG@FORMAT``; 1,024 + 256 validation vectors.
 - ``mmasim``: the MMA-Sim families tests/test_probe_mmasim.py probes in CI, through a callable
   on MMA-Sim's instructions (the ``oracles`` extra; the set is skipped without it); 384 + 128
   validation vectors (the Ampere tf32 family: the default 2,048 + 512, as its test).
@@ -27,7 +29,11 @@ Sets (the tests' paths and validation sizes; docs/probe.md):
 
 ``--only`` takes shell-style patterns over the run ids (``set/name``, e.g. ``mxsim/h100*``,
 ``rtl/BUG=[0-3]``, ``mmasim/*Blackwell*``); ``--json OUT`` writes every figure (written
-atomically). The tables of paths are checked against the tests' own by tests/test_benchmarks.py.
+atomically); ``--update RESULTS`` puts the runs' rows into an existing results file instead
+(a row of the same id replaced, a new id added at the end, the other rows kept; written
+after each run), so a subset re-run refreshes its rows alone. Every row records when it was
+measured: its date, the commit (``git describe --always --dirty``) and the load average
+before it. The tables of paths are checked against the tests' own by tests/test_benchmarks.py.
 """
 
 from __future__ import annotations
@@ -308,8 +314,10 @@ class Run:
 
 
 #: The MXDOTP unit's own width per element format (tests/test_probe_core.py's MXDOTP_OWN_K):
-#: mxdotp.yaml probed at one operation's K per format, ids ``mxsim/mxdotp@FORMAT``.
+#: each config of MXDOTP_CONFIGS probed at one operation's K per format, ids ``mxsim/CONFIG@FORMAT``.
 MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+#: The MXDOTP configs, one per rounding mode (tests/test_probe_core.py's MXDOTP_CONFIGS).
+MXDOTP_CONFIGS = ("mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm")
 
 
 def mxsim_runs() -> list[Run]:
@@ -323,14 +331,15 @@ def mxsim_runs() -> list[Run]:
     ] + [
         Run(
             "mxsim",
-            f"mxdotp@{element}",
+            f"{name}@{element}",
             element,
             element,
             "fp32",
             k,
             sizes,
-            make_unit=make("mxdotp", element, element, "fp32"),
+            make_unit=make(name, element, element, "fp32"),
         )
+        for name in MXDOTP_CONFIGS
         for element, k in MXDOTP_OWN_K.items()
     ]
 
@@ -609,17 +618,32 @@ def render(results: dict) -> str:
         run = Run(set_name, name, a, b, out, int(k), {})
         run.figures = {key: value for key, value in entry.items() if key not in ("id", "path")}
         runs.append(run)
-    rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs] + totals(runs)
-    lines = ["| " + " | ".join(row) + " |" for row in rows]
     when = results["before"]
-    return "\n".join(
-        [
+    if not any("measured" in run.figures for run in runs):
+        rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs]
+        head = (
             f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, load average "
-            f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after.",
-            "",
-            *lines,
-        ]
-    )
+            f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after."
+        )
+        rows += totals(runs)
+    else:  # rows of several runs (--update): each with when it was measured
+        columns = [*COLUMNS, "measured (UTC, commit, load average)"]
+        rows = [columns, ["---"] * len(columns)]
+        for run in runs:
+            m = run.figures.get("measured")
+            stamp = (
+                f"{m['date']}, {m['commit'] or 'commit unknown'}, {m['load_average']:.1f}"
+                if m
+                else f"{when['date']}, commit unknown, {when['load_average']:.1f}"
+            )
+            rows.append([*cells(run), stamp])
+        rows += [[*row, ""] for row in totals(runs)]
+        head = (
+            f"Measured with mxsim {when['mxsim']}, {when['cores']} cores; rows of several runs, "
+            "each row's date, commit and load average (before it) in its last column."
+        )
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([head, "", *lines])
 
 
 def show(row: list[str], markdown: bool) -> None:
@@ -643,6 +667,50 @@ def conditions() -> dict:
         "numpy": np.__version__,
         "cores": os.cpu_count(),
         "load_average": round(os.getloadavg()[0], 2),
+    }
+
+
+def commit() -> str | None:
+    """The checkout's commit (``git describe --always --dirty``), or None outside one."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def read_results(path: str) -> dict:
+    """A results file of ``--json`` (ValueError, KeyError or TypeError where it is not one)."""
+    import json
+
+    results = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(results, dict) or not isinstance(results["runs"], list):
+        raise TypeError("no list of runs")
+    for entry in results["runs"]:
+        if not isinstance(entry, dict) or not isinstance(entry["id"], str):
+            raise TypeError("a run without an id")
+    if not {"date", "mxsim", "cores", "load_average"} <= results["before"].keys() or (
+        "load_average" not in results["after"]
+    ):
+        raise KeyError("conditions")
+    return results
+
+
+def merged(results: dict, rows: list[dict], skipped: list[str], after: dict) -> dict:
+    """``results`` with ``rows`` in place of its rows of the same ids, new ids at the end."""
+    fresh = {row["id"]: row for row in rows}
+    kept = [fresh.pop(entry["id"], entry) for entry in results["runs"]]
+    return {
+        **results,
+        "after": after,
+        "skipped": sorted({*results.get("skipped", []), *skipped}),
+        "runs": kept + list(fresh.values()),
     }
 
 
@@ -672,6 +740,11 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--json", metavar="OUT", help="write every figure to OUT (JSON)")
     parser.add_argument(
+        "--update",
+        metavar="RESULTS",
+        help="put the runs' rows into RESULTS (a --json file), replacing rows of the same ids",
+    )
+    parser.add_argument(
         "--render",
         metavar="RESULTS",
         help="print the markdown table of a --json results file; probe nothing",
@@ -695,6 +768,16 @@ def main(argv=None) -> None:
         out = Path(args.json)
         if not args.json or out.is_dir() or not out.parent.is_dir():
             parser.error(f"--json: {args.json!r} is not a file in an existing directory")
+    previous = None
+    if args.update is not None:
+        if args.json is not None:
+            parser.error("--update and --json: give one (--update rewrites its RESULTS file)")
+        try:
+            previous = read_results(args.update)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error(
+                f"--update: {args.update!r} is not a results file of --json ({type(error).__name__})"
+            )
     build = Path(tempfile.mkdtemp(prefix="mxsim-bench-probe-"))
     runs = [
         run
@@ -726,9 +809,23 @@ def main(argv=None) -> None:
     show(list(COLUMNS), args.markdown)
     if args.markdown:
         print("|" + "---|" * len(COLUMNS), flush=True)
-    for run in runs:
+    revision = commit()
+    reasons = [s for s in skipped.values() if s]
+    for done, run in enumerate(runs, 1):
+        stamp = conditions()
         run.figures = measure(run)
+        run.figures["measured"] = {
+            "date": stamp["date"],
+            "commit": revision,
+            "load_average": stamp["load_average"],
+        }
         show(cells(run), args.markdown)
+        if previous is not None:  # after each run: a run stopped early keeps the rows done
+            rows = [{"id": r.id, "path": r.path, **r.figures} for r in runs[:done]]
+            write_atomic(
+                args.update,
+                json_text(merged(previous, rows, reasons, conditions()), indent=1) + "\n",
+            )
     for row in totals(runs):
         show(row, args.markdown)
     correct = next((run.figures.get("config") for run in runs if run.id == "rtl/BUG=0"), None)
@@ -748,19 +845,9 @@ def main(argv=None) -> None:
     )
     shutil.rmtree(build, ignore_errors=True)
     if args.json is not None:
-        write_atomic(
-            args.json,
-            json_text(
-                {
-                    "before": before,
-                    "after": after,
-                    "skipped": [s for s in skipped.values() if s],
-                    "runs": [{"id": run.id, "path": run.path, **run.figures} for run in runs],
-                },
-                indent=1,
-            )
-            + "\n",
-        )
+        rows = [{"id": run.id, "path": run.path, **run.figures} for run in runs]
+        results = {"before": before, "after": after, "skipped": reasons, "runs": rows}
+        write_atomic(args.json, json_text(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,83 @@ def test_bench_probe_paths_are_the_tests(monkeypatch):
 def test_bench_probe_own_widths_are_the_tests(monkeypatch):
     import test_probe_core
 
-    assert _load("bench_probe.py", monkeypatch).MXDOTP_OWN_K == test_probe_core.MXDOTP_OWN_K, UPDATE
+    bench = _load("bench_probe.py", monkeypatch)
+    assert bench.MXDOTP_OWN_K == test_probe_core.MXDOTP_OWN_K, UPDATE
+    assert bench.MXDOTP_CONFIGS == test_probe_core.MXDOTP_CONFIGS, UPDATE
+    ids = {run.id for run in bench.mxsim_runs()}
+    assert {
+        f"mxsim/{name}@{element}" for name in bench.MXDOTP_CONFIGS for element in bench.MXDOTP_OWN_K
+    } <= ids
+
+
+def _row(run_id: str, queries: int, measured: dict | None = None) -> dict:
+    row = {
+        "id": run_id,
+        "path": "fp8_e4m3 x fp8_e4m3 -> fp32, K = 8",
+        "queries": queries,
+        "seconds": 2.0,
+        "cpu_seconds": 1.5,
+        "compile_seconds": 0.0,
+        "unit_seconds": 0.01,
+        "passes": 3,
+        "mismatches": 0,
+        "vectors": 1280,
+        "unit_rate": 1000.0,
+        "overhead": 2.0,
+    }
+    return row if measured is None else {**row, "measured": measured}
+
+
+def test_bench_probe_update_replaces_its_rows_and_keeps_the_others(monkeypatch):
+    """--update's merge: a row of the same id replaced in place, a new id added at the end,
+    the other rows kept; the rendered table then gives each row when it was measured (an
+    older row without a stamp: the file's date)."""
+    bench = _load("bench_probe.py", monkeypatch)
+    when = {"date": "2026-01-01 00:00 UTC", "mxsim": "0.1.0", "cores": 2, "load_average": 1.0}
+    results = {
+        "before": when,
+        "after": {**when, "load_average": 2.0},
+        "skipped": [],
+        "runs": [_row("mxsim/a", 100), _row("mxsim/b", 200)],
+    }
+    stamp = {"date": "2026-02-02 10:00 UTC", "commit": "abc1234", "load_average": 3.5}
+    new = bench.merged(
+        results, [_row("mxsim/c", 300, stamp), _row("mxsim/a", 111, stamp)], [], when
+    )
+    assert [(r["id"], r["queries"]) for r in new["runs"]] == [
+        ("mxsim/a", 111),
+        ("mxsim/b", 200),
+        ("mxsim/c", 300),
+    ]
+    assert results["runs"][0]["queries"] == 100  # the input is left as it was
+    table = bench.render(new)
+    assert (
+        "| mxsim/a |" in table
+        and "| 111 |" in table
+        and "| 2026-02-02 10:00 UTC, abc1234, 3.5 |" in table
+    )
+    assert "| 2026-01-01 00:00 UTC, commit unknown, 1.0 |" in table  # mxsim/b, from before
+    assert "total mxsim: 3 runs" in table
+    assert "each row's date" not in bench.render(results)  # one run's file: one date above it
+
+
+def test_bench_probe_update_refuses_what_is_not_a_results_file(monkeypatch, tmp_path, capsys):
+    bench = _load("bench_probe.py", monkeypatch)
+    (tmp_path / "other.json").write_text('{"runs": [{"queries": 1}]}')
+    (tmp_path / "text.json").write_text("not json")
+    for argv, message in [
+        (["--update", str(tmp_path / "missing.json")], "is not a results file of --json"),
+        (["--update", str(tmp_path / "other.json")], "is not a results file of --json"),
+        (["--update", str(tmp_path / "text.json")], "is not a results file of --json"),
+        (
+            ["--update", str(tmp_path / "other.json"), "--json", str(tmp_path / "o.json")],
+            "give one",
+        ),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
 def test_the_probe_docs_table_is_the_results_file(monkeypatch):

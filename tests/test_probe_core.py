@@ -260,12 +260,14 @@ def test_round_trip(name, a_format, b_format, out_format, k):
 
 #: The MXDOTP unit's own width per element format: 8 FP8, 11 FP6 or 16 FP4 elements per operation.
 MXDOTP_OWN_K = {"fp8_e4m3": 8, "fp8_e5m2": 8, "fp6_e3m2": 11, "fp6_e2m3": 11, "fp4_e2m1": 16}
+#: The MXDOTP configs, one per rounding mode.
+MXDOTP_CONFIGS = ("mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm")
 
 
 @pytest.mark.skipif(
     not LONG, reason="long mode (MXSIM_PROBE_LONG=1): every mxdotp config at its own width"
 )
-@pytest.mark.parametrize("name", ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"])
+@pytest.mark.parametrize("name", MXDOTP_CONFIGS)
 @pytest.mark.parametrize("element", MXDOTP_OWN_K)
 def test_round_trip_at_the_unit_s_own_width(name, element):
     """Each mxdotp config on each element format at the unit's own K (one operation: 8, 11 or
@@ -813,6 +815,38 @@ def test_polishing_takes_the_value_fewest_answers_rule_out():
     held = dict(engine.hyp)
     engine.polish(PROBES, decisions)
     assert engine.hyp == held and engine.unit.queries == len(batch)  # no query asked
+
+
+def test_a_grid_width_moves_with_its_left_shift_to_the_unit_s_grid():
+    """mxdotp-rdn's E2M3 path at K = 11 (a grid of 34 fraction bits, left shift 70, right 24)
+    held with a grid of 9 and a left shift of 45: the left shift less the width right (36),
+    the right shift plus the width not (33 for 58). Each width carries the left shift with it,
+    so the grid probe's rows (the scaled zeros sweeping every scale exponent) find the unit's
+    grid exactly; with the shift held, no width fitted both and the search swung between
+    widths. The c entry probe then keeps the grid (its rows read it as c in an exact tree)."""
+    from mxsim.probe.inputs import Context
+    from mxsim.probe.probes import PROBES
+
+    unit = HwconfigUnit(HW / "mxdotp-rdn.yaml", "fp6_e2m3", "fp6_e2m3", "fp32")
+    ctx = Context("fp6_e2m3", "fp6_e2m3", 11, 32, "fp32")
+    engine = _engine_holding(
+        unit,
+        ctx,
+        {"grid.fraction_bits": 9, "grid.accumulator_max_left_shift": 45},
+    )
+    grid, c_entry = (next(p for p in PROBES if p.name == name) for name in ("grid", "c entry"))
+    decision = engine.decide(grid, ctx.fit_c(grid.inputs(ctx)), 0)
+    assert decision.mismatches == 0
+    assert (
+        decision.value["grid.fraction_bits"],
+        engine.hyp["grid.accumulator_max_left_shift"],
+    ) == (
+        34,
+        70,
+    )
+    decision = engine.decide(c_entry, ctx.fit_c(c_entry.inputs(ctx)), 0)
+    assert decision.value["adder.accumulator_in_tree"] is False
+    assert engine.hyp["grid.fraction_bits"] == 34
 
 
 def test_a_grid_is_decided_while_the_trees_held_do_not_divide_the_block():

@@ -415,15 +415,19 @@ def _trees(ctx: Context, hyp: dict) -> Candidates:
 
 
 def _c_entry(ctx: Context, hyp: dict) -> Candidates:
+    """Where c enters; the values held first where a grid is held: the c entry rows read a
+    grid (c outside exact trees) as c in an exact tree, and a grid dropped here is decided
+    afresh by the grid probe each pass (see :func:`_grid`)."""
     entries = [{"accumulator.c_entry": "initial"}] + [
         {"accumulator.c_entry": "end", "accumulator.c_add_rounding": rounding}
         for rounding in DIRECTED_AND_NEAREST
     ]
-    return [
+    candidates = [
         {"adder.accumulator_in_tree": in_tree, **entry, **(NO_GRID if in_tree else {})}
         for in_tree in (True, False)
         for entry in entries
     ]
+    return candidates if hyp.get("grid.fraction_bits") is None else _held_first(candidates, hyp)
 
 
 #: Window widths the coarse probe tries: fp16/tf32 products up to fp32's significand and a little past.
@@ -619,17 +623,37 @@ def _grid(ctx: Context, hyp: dict) -> Candidates:
     """No grid, or n fraction bits with what a grid needs; a grid takes one scale per tree, so
     where the tree size held does not divide the block its trees restart at each block (a tree
     size decided before the grid, on rows that a narrow output rounds alike, would otherwise
-    lock every grid out)."""
+    lock every grid out).
+
+    Where a grid is held, each width moves ``accumulator_max_left_shift`` with it: the outputs
+    depend on n only through the left shift less n (an accumulator passed through above the
+    grid) and the right shift plus n (a zero sum's sign), and the grid reach probe, run after
+    this one, decides the first. With the shift held, the grid probe's rows weighed the two
+    against each other: under a directed rounding (where the left shift shows) a grid of E2M3
+    products, exact on any grid of 6 bits or more, swung between two widths pass after pass.
+    The grid reach probe's 1,024 rows and the scaled zeros' sweep of every scale exponent pin
+    both sums to the place (fewer rows left them a place or two off, and a validation seldom
+    meets the rows between)."""
     needs = dict(GRID_NEEDS)
     if ctx.block_size % hyp["adder.fused_terms"]:
         needs["adder.trees_in_blocks"] = True
+    held = hyp.get("grid.fraction_bits")
+
+    def reach(n: int) -> dict:
+        if held is None:
+            return {}
+        shift = hyp["grid.accumulator_max_left_shift"] + n - held
+        return {"grid.accumulator_max_left_shift": min(max(shift, 0), GRID_SHIFT_LIMIT)}
+
     return [{"grid.fraction_bits": None}] + [
-        {"grid.fraction_bits": n, **needs} for n in GRID_FRACTION_BITS
+        {"grid.fraction_bits": n, **needs, **reach(n)} for n in GRID_FRACTION_BITS
     ]
 
 
 #: Accumulator shifts tried: 0 .. 160 places (past that, an fp32 accumulator meets no product).
 GRID_SHIFTS = range(0, 161)
+#: The largest left shift a grid width carries with it (:func:`_grid`): the schema's maximum.
+GRID_SHIFT_LIMIT = SCHEMA["grid"]["accumulator_max_left_shift"].maximum
 
 
 def _grid_shift(key: str) -> Callable[[Context, dict], Candidates]:
@@ -1043,6 +1067,7 @@ PROBES: tuple[Probe, ...] = (
         "grid",
         (
             "grid.fraction_bits",
+            "grid.accumulator_max_left_shift",
             "adder.accumulator_in_tree",
             "adder.align_fraction_bits",
             "adder.sum_significant_bits",
@@ -1054,7 +1079,7 @@ PROBES: tuple[Probe, ...] = (
         _grid,
         _then(
             _families(grid=128, zero_results=64, corners=384, ties=64, cancellation=64),
-            scaled_zeros=64,
+            scaled_zeros=151,
         ),
         "a fixed-point grid summing each tree's exact products, and its fraction bits",
     ),
@@ -1062,7 +1087,7 @@ PROBES: tuple[Probe, ...] = (
         "grid reach",
         ("grid.accumulator_max_left_shift",),
         _grid_shift("accumulator_max_left_shift"),
-        _families(grid=256),
+        _families(grid=1024),
         "how far above the grid an accumulator passes through unchanged",
     ),
     Probe(

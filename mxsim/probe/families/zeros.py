@@ -96,15 +96,18 @@ class ZerosFamilies(Drawing):
 
     def scaled_zeros(self, n: int) -> Batch:
         """Elements +0 only, c = -0, and one block's scales putting its trees' scale exponent X
-        anywhere in -150..0 (the other blocks' scales 1). Each tree's products sum to exactly
-        zero: a fixed-point grid whose last place 2^(X-n) lies more than its
-        accumulator_max_right_shift places above the zero accumulator's passes the -0 through,
-        else the sum is +0, so the sign shows n + that shift. Random rows meet such scales only
-        in corners, and where the products are exact on any grid of a few bits (E2M3, E3M2)
-        nothing else shows it (mxdotp-rmm E2M3 x E2M3 -> bf16, E3M2 x E3M2 -> fp32)."""
+        anywhere in -150..0, each value once in every 151 rows (the other blocks' scales 1).
+        Each tree's products sum to exactly zero: a fixed-point grid whose last place 2^(X-n)
+        lies more than its accumulator_max_right_shift places above the zero accumulator's
+        passes the -0 through, else the sum is +0, so the sign shows n + that shift. Random
+        rows meet such scales only in corners, and where the products are exact on any grid of
+        a few bits (E2M3, E3M2) nothing else shows it (mxdotp-rmm E2M3 x E2M3 -> bf16, E3M2 x E3M2 -> fp32)."""
         batch = self.empty(n)
         blocks = self.rng.integers(self.blocks, size=n)
-        exponents = self.rng.integers(-150, 1, size=n)
+        # Each X once before any twice (a shuffled sweep): the sign flips at one X, which
+        # uniform draws leave a few places unseen on either side.
+        sweeps = -(-n // 151)
+        exponents = np.concatenate([self.rng.permutation(151) for _ in range(sweeps)])[:n] - 150
         batch.scale_a[np.arange(n), blocks] = self.scale.power(exponents // 2)
         batch.scale_b[np.arange(n), blocks] = self.scale.power(exponents - exponents // 2)
         batch.c[:] = self.c_bits([-0.0])[0]
