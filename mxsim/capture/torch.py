@@ -374,7 +374,7 @@ class _Recorder:
             where = f"layer {name!r}, {operand} quantizer {path!r}"
             if torch_brevitas.is_brevitas_quantizer(quantizer):  # its output tensor not seen
                 quantizer = torch_brevitas.Applied(quantizer, None)
-            torchao = isinstance(quantizer, torch_torchao.Quantization)
+            torchao = torch_torchao.is_quantization(quantizer)
             ndim = arrays[operand].ndim
             if torchao:
                 library_name, spec = (
@@ -424,8 +424,8 @@ class _Recorder:
         return _rounded_tensor(self.torch, result, value.dtype).reshape(value.shape)
 
     def torchao_linear(self, x, weight) -> tuple:
-        """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor ``weight`` as
-        torchao quantizes them (tensors that :meth:`library_operands` recognises)."""
+        """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor (or weight-only
+        NVFP4Tensor) ``weight`` as torchao quantizes them (tensors that :meth:`library_operands` recognises)."""
         param = self.parameter(weight)
         path = param[0] if param else f"{self.module_path()}.weight"
         where = f"{self.WHO}: module {self.module_path() or '<model>'!r}"
@@ -435,7 +435,8 @@ class _Recorder:
         for operand, (values, float_values, quantization) in operands.items():
             where_from = path if operand == "weight" else f"{path}.act_quant_kwargs"
             self.library_outputs[id(values)] = (values, float_values, quantization, where_from)
-        return operands["input"][0], operands["weight"][0], param
+        x = operands["input"][0] if "input" in operands else x  # NVFP4: weight-only
+        return x, operands["weight"][0], param
 
     def unwrap(self, value):
         """``value``, or the values of a Brevitas QuantTensor that a recorded quantizer produced

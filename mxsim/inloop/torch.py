@@ -42,7 +42,7 @@ from ..errors import MxsimError
 from ..parallel import progress_bar
 from ..replay.layer import run_layer
 from ..trace.model import Layer
-from ..trace.quant import MXQuant, QDQQuant
+from ..trace.quant import MXQuant, NVFP4Quant, QDQQuant
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -95,7 +95,7 @@ def model_quantization(layer: Layer) -> dict[str, str]:
         if spec is not None:
             manifest = (
                 spec.to_manifest(operand)
-                if isinstance(spec, (QDQQuant, MXQuant))
+                if isinstance(spec, (QDQQuant, MXQuant, NVFP4Quant))
                 else spec.to_manifest()
             )
             taken[operand] = f"{quantizer}: {spec.kind} {manifest}"
