@@ -280,6 +280,26 @@ def test_torchao_nvfp4_weights_replay_as_torchao_computed_them(torch, torchao, p
         assert np.array_equal(bf16(torch, run.values), output)
 
 
+def test_torchao_nvfp4_in_the_loop_on_a_bf16_unit_equals_torchao(torch, torchao):
+    """The unit in the loop computes each layer from the weight torchao consumed (bf16) and
+    the bf16 input: the model's output is torchao's, and the NVFP4 quantization taken is named."""
+    from mxsim.inloop.torch import torch_unit
+
+    model = mlp(torch)
+    torchao["quantize_"](model, torchao["workflow"].NVFP4WeightOnlyConfig())
+    x = activations(torch)
+    with torch.no_grad():
+        want = model(x).float().numpy()
+    with torch_unit(model, B200, a_format="bf16", b_format="bf16") as unit:
+        with torch.no_grad():
+            got = model(x)
+    assert got.dtype == torch.bfloat16 and unit.computed_layers == ["0", "2"]
+    assert np.array_equal(got.float().numpy(), want)
+    taken = unit.model_quantization["2"]
+    assert list(taken) == ["weight"]
+    assert taken["weight"].startswith("2.weight (torchao NVFP4 with tensor scale): nvfp4 ")
+
+
 def test_nvfp4_with_activation_quantization_and_weight_only_mx_are_refused_in_one_line(
     torch, torchao
 ):
