@@ -31,6 +31,7 @@ operand is recorded as the quantizer's float input with Quark's output in
 ``<operand>_quantized``, and its spec is the quantizer's reading where that reproduces Quark's
 values bit for bit (else none, with ``source.quant_notes``). A Linear whose weight is torchao's
 ``MXTensor`` is recorded with torchao's quantization of its input and its dequantized weight
+(one whose weight is a weight-only ``NVFP4Tensor``: its weight alone)
 (:mod:`mxsim.capture.torch_torchao`), read the same way; so are Brevitas' quantizer proxies,
 whose QuantTensors a quantized layer passes to ``F.linear`` (:mod:`mxsim.capture.torch_brevitas`),
 and the quantizers mxsim puts on the Linears of a quantized checkpoint it loaded (Quark's
@@ -282,7 +283,7 @@ class _Recorder:
                     f"{self.WHO}: module {self.module_path() or '<model>'!r} "
                     f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
                     f"{type(value).__name__}, which is not supported (plain tensors, AMD Quark's "
-                    "quantizer modules and torchao's MXTensor weights are)"
+                    "quantizer modules and torchao's MXTensor and NVFP4Tensor weights are)"
                 )
 
     def unique(self, base: str) -> str:
@@ -827,7 +828,7 @@ def check_model(torch, model, who: str) -> None:
                     f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
                     f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
                     ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
-                    "quantizer modules and torchao's MXTensor weights are)"
+                    "quantizer modules and torchao's MXTensor and NVFP4Tensor weights are)"
                 )
 
 

@@ -10,7 +10,7 @@ Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P 
 unit. Ops capture lists as skipped (integer GEMMs, ...) keep
 torch's result and are listed in :attr:`UnitInLoop.skipped`; a float convolution the unit
 cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) computes nothing.
-A model quantized by AMD Quark or by torchao's MX workflow computes each layer from its own
+A model quantized by AMD Quark or by torchao's MX (or weight-only NVFP4) workflow computes each layer from its own
 quantized operands, as capture records them (:mod:`mxsim.capture.torch_quark`,
 :mod:`mxsim.capture.torch_torchao`); :attr:`UnitInLoop.model_quantization` says
 which quantizer each operand came from and how it was read. With ``quantized_only`` the unit

@@ -474,7 +474,8 @@ class NVFP4Quant:
         once to ``dequantized`` (returned as float32 values), in ``x``'s layout."""
         values = self.quantize(x).dequantize()
         if self.dequantized == "bfloat16":
-            values = _round_to_bfloat16(values)
+            bf16 = get_format("bf16")
+            values = bf16.decode(bf16.encode(values, "nearest_even")).astype(np.float32)
         return np.moveaxis(values, -1, self.axis % values.ndim)
 
     def to_manifest(self, operand: str | None = None) -> dict:
@@ -496,11 +497,6 @@ class NVFP4Quant:
         return {} if self.scales is None else {f"quant.{operand}.scales": self.scales}
 
 
-def _round_to_bfloat16(values: np.ndarray) -> np.ndarray:
-    """Finite float32 ``values`` rounded to bfloat16 (nearest even), as float32."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.astype(np.uint32).view(np.float32)
 
 
 QuantSpec = MXQuant | BFPQuant | QDQQuant | NVFP4Quant
