@@ -243,7 +243,9 @@ def nvfp4_run(torch, torchao, model, x) -> dict:
 
 
 @pytest.mark.parametrize("per_tensor", [True, False])
-def test_torchao_nvfp4_weights_replay_as_torchao_computed_them(torch, torchao, per_tensor, tmp_path):
+def test_torchao_nvfp4_weights_replay_as_torchao_computed_them(
+    torch, torchao, per_tensor, tmp_path
+):
     """torchao's weight-only NVFP4 (its CPU path): the recorded spec gives torchao's FP4 codes
     and UE4M3 scale codes bit for bit, its tensor scale is torchao's, and the recorded weight
     is torchao's bf16 dequantization (``fl(e * fl(t * s))`` rounded once to bf16); the
@@ -272,7 +274,9 @@ def test_torchao_nvfp4_weights_replay_as_torchao_computed_them(torch, torchao, p
         assert spec.tensor_scale == seen["tensor_scale"]
         assert (seen["tensor_scale"] is not None) == per_tensor
         ours = spec.quantize(layer.weight)
-        assert np.array_equal(ours.codes, seen["codes"]) and np.array_equal(ours.scales, seen["scales"])
+        assert np.array_equal(ours.codes, seen["codes"]) and np.array_equal(
+            ours.scales, seen["scales"]
+        )
         assert bit_mismatches(layer.quantized("weight"), seen["weight"]) == (0, [])
         output = seen["output"]
         assert np.array_equal(seen["linear"], output)

@@ -254,4 +254,6 @@ def test_at_scales_refuses_bad_inputs():
     with pytest.raises(ArgumentError, match="tensor_scale: expected a positive finite"):
         quantize_nvfp4_at_scales(np.ones((1, 16), np.float32), scales, -1.0)
     with pytest.raises(ArgumentError, match="overflows float32"):
-        quantize_nvfp4_at_scales(np.ones((1, 16), np.float32), np.zeros((1, 1), np.uint8), 2.0**-149)
+        quantize_nvfp4_at_scales(
+            np.ones((1, 16), np.float32), np.zeros((1, 1), np.uint8), 2.0**-149
+        )

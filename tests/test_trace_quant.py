@@ -246,7 +246,9 @@ def test_nvfp4_spec_quantizes_at_its_stored_scales_and_dequantizes_as_the_librar
     f32 = NVFP4Quant(1, scales, odd).fake_quantize(x * np.float32(odd))
     b16 = NVFP4Quant(1, scales, odd, dequantized="bfloat16").fake_quantize(x * np.float32(odd))
     assert np.array_equal(f32, x * np.float32(odd))
-    assert np.array_equal(b16[0, :3], [1.3359375, -0.66796875, 0.333984375])  # bf16 of 4/3, -2/3, 1/3
+    assert np.array_equal(
+        b16[0, :3], [1.3359375, -0.66796875, 0.333984375]
+    )  # bf16 of 4/3, -2/3, 1/3
 
 
 def test_nvfp4_spec_manifest_round_trip_names_its_array():
@@ -322,5 +324,8 @@ def test_nvfp4_scales_of_another_shape_or_a_partial_block_are_refused_by_validat
     validate_trace(trace(32, np.full((4, 2), 0x38, np.uint8)))
     with pytest.raises(MxsimError, match=r"quant\.weight\.scales.*expected \(4, 2\)"):
         validate_trace(trace(32, np.full((4, 1), 0x38, np.uint8)))
-    with pytest.raises(MxsimError, match=r"quant\.weight\.axis.*\(40\) is not a multiple of the NVFP4 block size 16"):
+    with pytest.raises(
+        MxsimError,
+        match=r"quant\.weight\.axis.*\(40\) is not a multiple of the NVFP4 block size 16",
+    ):
         validate_trace(trace(40, np.full((4, 3), 0x38, np.uint8)))

@@ -280,7 +280,9 @@ def quantize_nvfp4_at_scales(
     values = _float32_input(x, f"{who}: x")
     block = opts.block_size
     if values.shape[-1] % block:
-        raise ArgumentError(f"{who}: the last axis ({values.shape[-1]}) must be a multiple of {block}")
+        raise ArgumentError(
+            f"{who}: the last axis ({values.shape[-1]}) must be a multiple of {block}"
+        )
     if np.isnan(values).any():
         raise ArgumentError(f"{who}: x has NaN, which NVFP4 cannot hold")
     want = (*values.shape[:-1], values.shape[-1] // block)

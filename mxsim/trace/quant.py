@@ -442,7 +442,9 @@ class NVFP4Quant:
         if self.scales is not None and (
             not isinstance(self.scales, np.ndarray) or self.scales.dtype != np.uint8
         ):
-            raise MxsimError("NVFP4 spec: scales must be a uint8 numpy array of UE4M3 codes, or None")
+            raise MxsimError(
+                "NVFP4 spec: scales must be a uint8 numpy array of UE4M3 codes, or None"
+            )
         if self.tensor_scale is not None:
             t = self.tensor_scale
             real = isinstance(t, (int, float, np.floating)) and not isinstance(t, bool)
@@ -463,7 +465,9 @@ class NVFP4Quant:
     def quantize(self, x: np.ndarray):
         """``x`` (float32) quantized along ``axis`` (moved last): a :class:`mxsim.NVFP4Tensor`."""
         if self.axis is None:
-            raise MxsimError("NVFP4 spec: axis is unresolved (None); attach the spec to a layer first")
+            raise MxsimError(
+                "NVFP4 spec: axis is unresolved (None); attach the spec to a layer first"
+            )
         rows = np.moveaxis(np.asarray(x, dtype=np.float32), self.axis, -1)
         if self.scales is None:
             return quantize_nvfp4(rows, self.tensor_scale, self.profile)
@@ -488,15 +492,15 @@ class NVFP4Quant:
         }
         if self.scales is not None:
             if operand is None:
-                raise MxsimError("NVFP4 spec: a spec with scales is written with its operand's name")
+                raise MxsimError(
+                    "NVFP4 spec: a spec with scales is written with its operand's name"
+                )
             entry["scales"] = f"quant.{operand}.scales"
         return entry
 
     def arrays(self, operand: str) -> dict[str, np.ndarray]:
         """The arrays this spec stores in its layer's NPZ, by NPZ key."""
         return {} if self.scales is None else {f"quant.{operand}.scales": self.scales}
-
-
 
 
 QuantSpec = MXQuant | BFPQuant | QDQQuant | NVFP4Quant
