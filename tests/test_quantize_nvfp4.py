@@ -221,6 +221,27 @@ def test_at_the_scales_the_recipe_chose_the_codes_are_the_recipes(tensor_scale):
     assert np.array_equal(back.codes, plain.codes)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    scale_codes=st.lists(st.integers(1, 0x7E), min_size=4, max_size=4),
+    with_tensor_scale=st.booleans(),
+)
+def test_at_given_scales_blocks_match_the_twin(seed, scale_codes, with_tensor_scale):
+    """Realistic blocks at scale codes drawn anywhere in UE4M3 (most far from the recipe's:
+    elements saturate or underflow), with or without their tensor's scale."""
+    x = realistic_float32(np.random.default_rng(seed), 1, 64)
+    t = tensor_scale_from_amax(np.abs(x).max()) if with_tensor_scale else None
+    scales = np.array([scale_codes], np.uint8)
+    tensor = quantize_nvfp4_at_scales(x, scales, t)
+    assert np.array_equal(tensor.scales, scales)
+    for i, row in enumerate(x.reshape(-1, 16)):
+        code, codes = quantize_nvfp4_reference(
+            [float(v) for v in row], t, E2M1, UE4M3, scale_code=int(scale_codes[i])
+        )
+        assert code == scale_codes[i] and tensor.codes.reshape(-1, 16)[i].tolist() == codes
+
+
 def test_at_given_scales_a_block_is_encoded_at_them():
     """[4, -2, 1, ...] at scale 1 (code 0x38) are E2M1 codes of 4, -2, 1; at scale 2 (0x40)
     they are 2, -1, 0.5; the recipe would choose the scale 4/6."""
