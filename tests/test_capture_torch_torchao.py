@@ -38,6 +38,7 @@ from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 B200 = load_hwconfig(REPO / "hwconfigs" / "b200.yaml")
+B200_FP64 = load_hwconfig(REPO / "hwconfigs" / "b200-dmma.yaml")
 DTYPES = {
     "fp8_e4m3": "float8_e4m3fn",
     "fp6_e2m3": "fp6_e2m3",
@@ -208,7 +209,8 @@ def test_torchao_in_the_loop_takes_the_model_quantization(torch, torchao):
 
 def nvfp4_run(torch, torchao, model, x) -> dict:
     """layer -> torchao's NVFP4 weight (codes unpacked, UE4M3 scale codes unswizzled, tensor
-    scale), its bf16 dequantization, the layer's bf16 output and torch's F.linear of that."""
+    scale), its dequantization in the model's dtype, the layer's output and torch's F.linear of
+    that."""
     seen = {}
 
     def keep(name):
@@ -216,7 +218,7 @@ def nvfp4_run(torch, torchao, model, x) -> dict:
             w = module.weight
             n, k = w.shape
             t = w.per_tensor_scale
-            dequantized = w.dequantize(torch.bfloat16)
+            dequantized = w.dequantize(w.orig_dtype)
             seen[name] = {
                 "codes": torchao["kernels"].unpack_uint4(w.qdata.view(torch.uint8)).numpy(),
                 "scales": torchao["utils"]
@@ -282,6 +284,30 @@ def test_torchao_nvfp4_weights_replay_as_torchao_computed_them(
         assert np.array_equal(seen["linear"], output)
         run = run_layer(layer, B200, element_format="bf16")
         assert np.array_equal(bf16(torch, run.values), output)
+
+
+def test_torchao_nvfp4_float32_model_replays_above_100_db(torch, torchao):
+    """A float32 model: torchao dequantizes to float32 (``fl(e * fl(t * s))``, the recorded
+    weight bit for bit) and sums in float32; the layer on an fp64 unit (exact operands) is
+    within 100 dB of torchao's layer output, and the codes and scales are torchao's."""
+    from mxsim.capture.torch import capture_torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    trained_like(torch, (model[0], model[2]))
+    torchao["quantize_"](model.eval(), torchao["workflow"].NVFP4WeightOnlyConfig())
+    x = outlier_activations(torch)
+    want = nvfp4_run(torch, torchao, model, x)
+    for layer in capture_torch(model, x).layers:
+        seen = want[layer.name]
+        assert layer.quant["weight"].dequantized == "float32" and "quant_notes" not in layer.source
+        ours = layer.quant["weight"].quantize(layer.weight)
+        assert np.array_equal(ours.codes, seen["codes"]) and np.array_equal(
+            ours.scales, seen["scales"]
+        )
+        run = run_layer(layer, B200_FP64, element_format="fp64")
+        output = seen["output"].reshape(run.values.shape).astype(np.float64)
+        noise = np.sum(np.square(run.values - output))
+        assert 10 * np.log10(np.sum(np.square(output)) / noise) >= 100
 
 
 def test_torchao_nvfp4_in_the_loop_on_a_bf16_unit_equals_torchao(torch, torchao):
