@@ -17,9 +17,15 @@ FP8/FP6/FP4 element times a power of two fitting bf16 in its range), which on CP
 float32 and rounds once to bf16; the exact product rounded once can differ from it only where
 a float32 sum crosses a bf16 rounding boundary, which none of these layers' outputs does
 (0 ulp). The end-to-end run with the unit in the loop is held to the same equality.
+
+torchao's weight-only NVFP4 (``NVFP4WeightOnlyConfig``, with and without its tensor scale) is
+checked the same way: the weight's codes, UE4M3 scale codes and tensor scale, the bf16 values
+the layer consumed, and the layer's output on a bf16 unit.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -31,6 +37,8 @@ from mxsim.replay.run import run_layer
 from mxsim.trace import MXQuant, load_trace, save_trace
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
+B200 = load_hwconfig(REPO / "hwconfigs" / "b200.yaml")
+B200_FP64 = load_hwconfig(REPO / "hwconfigs" / "b200-dmma.yaml")
 DTYPES = {
     "fp8_e4m3": "float8_e4m3fn",
     "fp6_e2m3": "fp6_e2m3",
@@ -199,18 +207,150 @@ def test_torchao_in_the_loop_takes_the_model_quantization(torch, torchao):
     assert "'profile': 'torchao-rceil'" in taken["weight"]
 
 
-def test_nvfp4_and_weight_only_mx_are_refused_in_one_line(torch, torchao):
+def nvfp4_run(torch, torchao, model, x) -> dict:
+    """layer -> torchao's NVFP4 weight (codes unpacked, UE4M3 scale codes unswizzled, tensor
+    scale), its dequantization in the model's dtype, the layer's output and torch's F.linear of
+    that."""
+    seen = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            w = module.weight
+            n, k = w.shape
+            t = w.per_tensor_scale
+            dequantized = w.dequantize(w.orig_dtype)
+            seen[name] = {
+                "codes": torchao["kernels"].unpack_uint4(w.qdata.view(torch.uint8)).numpy(),
+                "scales": torchao["utils"]
+                .from_blocked(w.scale, n, k // 16)
+                .view(torch.uint8)
+                .numpy()
+                .reshape(n, k // 16),
+                "tensor_scale": None if t is None else float(t),
+                "weight": dequantized.float().numpy(),
+                "output": output.float().numpy(),
+                "linear": torch.nn.functional.linear(inputs[0], dequantized, module.bias)
+                .float()
+                .numpy(),
+            }
+
+        return hook
+
+    handles = [model[int(name)].register_forward_hook(keep(name)) for name in ("0", "2")]
+    with torch.no_grad():
+        model(x)
+    for handle in handles:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("per_tensor", [True, False])
+def test_torchao_nvfp4_weights_replay_as_torchao_computed_them(
+    torch, torchao, per_tensor, tmp_path
+):
+    """torchao's weight-only NVFP4 (its CPU path): the recorded spec gives torchao's FP4 codes
+    and UE4M3 scale codes bit for bit, its tensor scale is torchao's, and the recorded weight
+    is torchao's bf16 dequantization (``fl(e * fl(t * s))`` rounded once to bf16); the
+    layer, run on a bf16 unit (the input is bf16, which no NVFP4 unit takes), rounded once to
+    bf16, equals torchao's output, which is torch's F.linear of its bf16 operands."""
     from mxsim.capture.torch import capture_torch
+    from mxsim.trace import NVFP4Quant
+
+    model = mlp(torch)
+    config = torchao["workflow"].NVFP4WeightOnlyConfig(use_dynamic_per_tensor_scale=per_tensor)
+    torchao["quantize_"](model, config)
+    x = activations(torch)
+    want = nvfp4_run(torch, torchao, model, x)
+    save_trace(capture_torch(model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")
+    assert [layer.name for layer in trace.layers] == ["0", "2"]
+    for layer in trace.layers:
+        seen = want[layer.name]
+        described = "with" if per_tensor else "without"
+        assert layer.source["quantizers"] == {
+            "weight": f"{layer.name}.weight (torchao NVFP4 {described} tensor scale)"
+        }
+        assert layer.quant["input"] is None and "quant_notes" not in layer.source
+        spec = layer.quant["weight"]
+        assert isinstance(spec, NVFP4Quant) and spec.axis == 1 and spec.dequantized == "bfloat16"
+        assert spec.tensor_scale == seen["tensor_scale"]
+        assert (seen["tensor_scale"] is not None) == per_tensor
+        ours = spec.quantize(layer.weight)
+        assert np.array_equal(ours.codes, seen["codes"]) and np.array_equal(
+            ours.scales, seen["scales"]
+        )
+        assert bit_mismatches(layer.quantized("weight"), seen["weight"]) == (0, [])
+        output = seen["output"]
+        assert np.array_equal(seen["linear"], output)
+        run = run_layer(layer, B200, element_format="bf16")
+        assert np.array_equal(bf16(torch, run.values), output)
+
+
+def test_torchao_nvfp4_float32_model_replays_above_100_db(torch, torchao):
+    """A float32 model: torchao dequantizes to float32 (``fl(e * fl(t * s))``, the recorded
+    weight bit for bit) and sums in float32; the layer on an fp64 unit (exact operands) is
+    at >= 100 dB against torchao's layer output, and the codes and scales are torchao's."""
+    from mxsim.capture.torch import capture_torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+    trained_like(torch, (model[0], model[2]))
+    torchao["quantize_"](model.eval(), torchao["workflow"].NVFP4WeightOnlyConfig())
+    x = outlier_activations(torch)
+    want = nvfp4_run(torch, torchao, model, x)
+    for layer in capture_torch(model, x).layers:
+        seen = want[layer.name]
+        assert layer.quant["weight"].dequantized == "float32" and "quant_notes" not in layer.source
+        ours = layer.quant["weight"].quantize(layer.weight)
+        assert np.array_equal(ours.codes, seen["codes"]) and np.array_equal(
+            ours.scales, seen["scales"]
+        )
+        run = run_layer(layer, B200_FP64, element_format="fp64")
+        output = seen["output"].reshape(run.values.shape).astype(np.float64)
+        noise = np.sum(np.square(run.values - output))
+        assert 10 * np.log10(np.sum(np.square(output)) / noise) >= 100
+
+
+def test_torchao_nvfp4_in_the_loop_on_a_bf16_unit_equals_torchao(torch, torchao):
+    """The unit in the loop computes each layer from the weight torchao consumed (bf16) and
+    the bf16 input: the model's output is torchao's, and the NVFP4 quantization taken is named."""
     from mxsim.inloop.torch import torch_unit
 
     model = mlp(torch)
     torchao["quantize_"](model, torchao["workflow"].NVFP4WeightOnlyConfig())
     x = activations(torch)
+    with torch.no_grad():
+        want = model(x).float().numpy()
+    with torch_unit(model, B200, a_format="bf16", b_format="bf16") as unit:
+        with torch.no_grad():
+            got = model(x)
+    assert got.dtype == torch.bfloat16 and unit.computed_layers == ["0", "2"]
+    assert np.array_equal(got.float().numpy(), want)
+    taken = unit.model_quantization["2"]
+    assert list(taken) == ["weight"]
+    assert taken["weight"].startswith("2.weight (torchao NVFP4 with tensor scale): nvfp4 ")
+
+
+def test_nvfp4_with_activation_quantization_and_weight_only_mx_are_refused_in_one_line(
+    torch, torchao
+):
+    from mxsim.capture.torch import capture_torch
+    from mxsim.inloop.torch import torch_unit
+
+    nvfp4 = sys.modules["torchao.prototype.mx_formats.nvfp4_tensor"]
+    model = mlp(torch)
+    with torch.no_grad():
+        model[0].weight = torch.nn.Parameter(
+            nvfp4.NVFP4Tensor.to_nvfp4(
+                model[0].weight.detach(), act_quant_kwargs=nvfp4.QuantizeTensorToNVFP4Kwargs()
+            ),
+            requires_grad=False,
+        )
+    x = activations(torch)
     for attempt in (lambda: capture_torch(model, x), lambda: torch_unit(model, OCP).__enter__()):
         with pytest.raises(
             MxsimError,
-            match=r"^\w+: 0\.weight of module '0': a torchao NVFP4Tensor weight is not "
-            r"supported [^\n]*$",
+            match=r"^\w+: 0\.weight of module '0': a torchao NVFP4Tensor weight with activation "
+            r"quantization is not supported [^\n]*$",
         ):
             attempt()
     model = mlp(torch)

@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from mxsim.errors import ArgumentError, BudgetError, MxsimError
 from mxsim.formats import get_format
-from mxsim.quantize.nvfp4 import NVFP4_ROUNDINGS, quantize_nvfp4, tensor_scale_from_amax
+from mxsim.quantize.nvfp4 import (
+    NVFP4_ROUNDINGS,
+    quantize_nvfp4,
+    quantize_nvfp4_at_scales,
+    tensor_scale_from_amax,
+)
 from mxsim.quantize.reference import quantize_nvfp4_reference
 
 E2M1, UE4M3 = get_format("fp4_e2m1"), get_format("ue4m3")
@@ -200,3 +205,76 @@ def test_budget_is_checked_before_any_copy(monkeypatch):
     )  # 32 GiB as float16, no memory behind it
     with pytest.raises(BudgetError):
         quantize_nvfp4(huge)
+
+
+@pytest.mark.parametrize("tensor_scale", [None, "amax"])
+def test_at_the_scales_the_recipe_chose_the_codes_are_the_recipes(tensor_scale):
+    rng = np.random.default_rng(11)
+    x = realistic_float32(rng, 24, 64)
+    t = tensor_scale_from_amax(np.abs(x).max()) if tensor_scale else None
+    plain = quantize_nvfp4(x, t)
+    again = quantize_nvfp4_at_scales(x, plain.scales, t)
+    assert np.array_equal(again.codes, plain.codes) and np.array_equal(again.scales, plain.scales)
+    assert again.tensor_scale == plain.tensor_scale
+    # the dequantized values, quantized again at the same scales, give the same codes
+    back = quantize_nvfp4_at_scales(plain.dequantize(), plain.scales, t)
+    assert np.array_equal(back.codes, plain.codes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    scale_codes=st.lists(st.integers(1, 0x7E), min_size=4, max_size=4),
+    with_tensor_scale=st.booleans(),
+)
+def test_at_given_scales_blocks_match_the_twin(seed, scale_codes, with_tensor_scale):
+    """Realistic blocks at scale codes drawn anywhere in UE4M3 (most far from the recipe's:
+    elements saturate or underflow), with or without their tensor's scale."""
+    x = realistic_float32(np.random.default_rng(seed), 1, 64)
+    t = tensor_scale_from_amax(np.abs(x).max()) if with_tensor_scale else None
+    scales = np.array([scale_codes], np.uint8)
+    tensor = quantize_nvfp4_at_scales(x, scales, t)
+    assert np.array_equal(tensor.scales, scales)
+    for i, row in enumerate(x.reshape(-1, 16)):
+        code, codes = quantize_nvfp4_reference(
+            [float(v) for v in row], t, E2M1, UE4M3, scale_code=int(scale_codes[i])
+        )
+        assert code == scale_codes[i] and tensor.codes.reshape(-1, 16)[i].tolist() == codes
+
+
+def test_at_given_scales_a_block_is_encoded_at_them():
+    """[4, -2, 1, ...] at scale 1 (code 0x38) are E2M1 codes of 4, -2, 1; at scale 2 (0x40)
+    they are 2, -1, 0.5; the recipe would choose the scale 4/6."""
+    x = np.array([[4.0, -2.0, 1.0] + [0.0] * 13], np.float32)
+    e2m1 = get_format("fp4_e2m1")
+    for code, want in ((0x38, [4.0, -2.0, 1.0]), (0x40, [2.0, -1.0, 0.5])):
+        got = quantize_nvfp4_at_scales(x, np.array([[code]], np.uint8))
+        assert e2m1.decode(got.codes[0, :3]).tolist() == want
+
+
+@pytest.mark.parametrize(
+    "scales, message",
+    [
+        (np.full((2, 2), 0x38, np.uint8), r"scales must be a uint8 array of shape \(2, 1\)"),
+        (np.full((2, 1), 0x38, np.int16), r"scales must be a uint8 array of shape \(2, 1\)"),
+        ([[0x38], [0x38]], r"scales must be a uint8 array"),
+        (np.array([[0x38], [0x7F]], np.uint8), "scales hold a NaN code"),
+    ],
+)
+def test_at_scales_refuses_bad_scales(scales, message):
+    with pytest.raises(ArgumentError, match=f"^quantize_nvfp4_at_scales: {message}"):
+        quantize_nvfp4_at_scales(np.ones((2, 16), np.float32), scales)
+
+
+def test_at_scales_refuses_bad_inputs():
+    scales = np.full((1, 1), 0x38, np.uint8)
+    with pytest.raises(ArgumentError, match="x has NaN"):
+        quantize_nvfp4_at_scales(np.full((1, 16), np.nan, np.float32), scales)
+    with pytest.raises(ArgumentError, match="multiple of 16"):
+        quantize_nvfp4_at_scales(np.ones((1, 8), np.float32), scales)
+    with pytest.raises(ArgumentError, match="tensor_scale: expected a positive finite"):
+        quantize_nvfp4_at_scales(np.ones((1, 16), np.float32), scales, -1.0)
+    with pytest.raises(ArgumentError, match="overflows float32"):
+        quantize_nvfp4_at_scales(
+            np.ones((1, 16), np.float32), np.zeros((1, 1), np.uint8), 2.0**-149
+        )

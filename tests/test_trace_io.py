@@ -724,3 +724,50 @@ def test_a_compact_trace_written_before_residual_references_still_loads(tmp_path
         assert got.output.dtype == np.float32 and np.all(np.abs(got.output - x @ w.T) <= bound)
     again = load_trace(save_trace(old, tmp_path / "again", floats=False))
     assert [layer.reference for layer in again.layers] == ["residual8", "residual8"]
+
+
+def _nvfp4_trace():
+    from mxsim.quantize import quantize_nvfp4
+    from mxsim.trace import NVFP4Quant
+    from mxsim.trace.model import Layer, Trace
+
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 32)).astype(np.float32), rng.standard_normal((4, 32))
+    t = float(np.float32(1e-3))
+    q = quantize_nvfp4(w.astype(np.float32), t)
+    tensors = {
+        "input": x,
+        "weight": q.dequantize(),
+        "weight_quantized": q.dequantize(),
+        "output": (x @ q.dequantize().T).astype(np.float32),
+    }
+    layer = Layer("l", "linear", tensors, quant={"weight": NVFP4Quant(1, q.scales, t)})
+    return Trace("t", [layer]), q
+
+
+@pytest.mark.parametrize("floats", [True, False])
+def test_nvfp4_spec_round_trips_with_its_scales_and_tensor_scale(tmp_path, floats):
+    trace, q = _nvfp4_trace()
+    save_trace(trace, tmp_path / "t", floats=floats)
+    layer = load_trace(tmp_path / "t").layers[0]
+    spec = layer.quant["weight"]
+    assert np.array_equal(spec.scales, q.scales) and spec.tensor_scale == q.tensor_scale
+    assert np.array_equal(layer.quantized("weight"), q.dequantize())
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (-0.5, "tensor_scale must be a positive finite float32"),
+        (float("nan"), "tensor_scale must be a positive finite float32"),
+        ("ue8m0", "tensor_scale must be a positive finite float32"),
+    ],
+)
+def test_nvfp4_spec_with_a_bad_tensor_scale_is_refused_naming_the_field(tmp_path, value, message):
+    save_trace(_nvfp4_trace()[0], tmp_path / "t")
+
+    def change(manifest):
+        manifest["layers"][0]["quant"]["weight"]["tensor_scale"] = value
+
+    edit_manifest(tmp_path / "t", change)
+    assert_trace_error(tmp_path / "t", "l", "quant.weight", message)

@@ -7,7 +7,7 @@ import pytest
 
 from mxsim import BFP_SPECS, fake_quantize, quantize_bfp
 from mxsim.errors import MxsimError
-from mxsim.trace.quant import BFPQuant, MXQuant, QDQQuant, spec_from_manifest
+from mxsim.trace.quant import BFPQuant, MXQuant, NVFP4Quant, QDQQuant, spec_from_manifest
 
 RNG = np.random.default_rng(3)
 
@@ -224,3 +224,108 @@ def test_stored_scales_of_another_shape_are_refused_by_validation():
     validate_trace(trace(np.full((4, 2), 127, np.uint8)))
     with pytest.raises(MxsimError, match=r"quant\.weight\.scales.*expected \(4, 2\)"):
         validate_trace(trace(np.full((4, 1), 127, np.uint8)))
+
+
+def _nvfp4_block() -> tuple[np.ndarray, np.ndarray]:
+    """One block of 16 whose largest element is 4 (not 6), stored at UE4M3 scale 1 (code 0x38),
+    and that code: the recipe, given these values, would choose the scale 4/6 and other codes."""
+    x = np.array([[4.0, -2.0, 1.0, 0.5, 0, 3.0, -1.5, 0.5] * 2], np.float32)
+    return x, np.array([[0x38]], np.uint8)
+
+
+def test_nvfp4_spec_quantizes_at_its_stored_scales_and_dequantizes_as_the_library():
+    x, scales = _nvfp4_block()
+    stored = NVFP4Quant(1, scales)
+    assert np.array_equal(stored.fake_quantize(x), x)  # every element an E2M1 value at scale 1
+    assert NVFP4Quant(1).quantize(x).scales.tolist() != scales.tolist()  # the recipe's choice
+    # tensor scale 3 * 2^-10 (float32): values are fl(e * fl(t * s)); bf16 keeps 8 bits of them
+    t = 3 * 2.0**-10
+    got = NVFP4Quant(1, scales, t).fake_quantize(x * np.float32(t))
+    assert np.array_equal(got, x * np.float32(t))
+    odd = float(np.float32(1 / 3))  # 24 significant bits: the bf16 rounding shows
+    f32 = NVFP4Quant(1, scales, odd).fake_quantize(x * np.float32(odd))
+    b16 = NVFP4Quant(1, scales, odd, dequantized="bfloat16").fake_quantize(x * np.float32(odd))
+    assert np.array_equal(f32, x * np.float32(odd))
+    assert np.array_equal(
+        b16[0, :3], [1.3359375, -0.66796875, 0.333984375]
+    )  # bf16 of 4/3, -2/3, 1/3
+
+
+def test_nvfp4_spec_manifest_round_trip_names_its_array():
+    x, scales = _nvfp4_block()
+    spec = NVFP4Quant(1, scales, float(np.float32(1e-3)), dequantized="bfloat16")
+    entry = spec.to_manifest("weight")
+    assert entry == {
+        "kind": "nvfp4",
+        "axis": 1,
+        "profile": "torchao",
+        "tensor_scale": float(np.float32(1e-3)),
+        "dequantized": "bfloat16",
+        "scales": "quant.weight.scales",
+    }
+    back = spec_from_manifest(entry, spec.arrays("weight"), "weight")
+    assert np.array_equal(back.scales, scales) and back.tensor_scale == spec.tensor_scale
+    assert back.dequantized == "bfloat16" and back.block_size == 16
+    plain = spec_from_manifest(NVFP4Quant(0).to_manifest(), {}, "input")
+    assert plain.scales is None and plain.tensor_scale is None and plain.dequantized == "float32"
+    with pytest.raises(MxsimError, match="quant.input.scales"):
+        spec_from_manifest(entry, spec.arrays("weight"), "input")
+    with pytest.raises(MxsimError, match="operand"):
+        spec.to_manifest()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"tensor_scale": -1.0}, "tensor_scale must be a positive finite float32"),
+        ({"tensor_scale": float("nan")}, "tensor_scale must be a positive finite float32"),
+        ({"tensor_scale": float("inf")}, "tensor_scale must be a positive finite float32"),
+        ({"tensor_scale": 0.1}, "tensor_scale must be a positive finite float32"),  # not float32
+        ({"tensor_scale": "1"}, "tensor_scale must be a positive finite float32"),
+        ({"profile": "nvidia"}, "unknown profile 'nvidia'; accepted: torchao"),
+        ({"dequantized": "float16"}, "dequantized must be one of float32, bfloat16"),
+        ({"scales": np.ones((1, 1), np.int32)}, "scales must be a uint8"),
+        ({"axis": 1.5}, "axis must be an int"),
+    ],
+)
+def test_nvfp4_spec_rejects_invalid_values(kwargs, message):
+    with pytest.raises(MxsimError, match=f"^NVFP4 spec: {message}"):
+        NVFP4Quant(**{"axis": 1, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"kind": "nvfp4", "axis": 1, "scale_format": "ue4m3"}, r"unknown keys \['scale_format'\]"),
+        ({"kind": "nvfp4", "axis": 1, "tensor_scale": -2.0}, "tensor_scale must be"),
+        ({"kind": "nvfp4", "axis": 1, "scales": "quant.weight.codes"}, "scales must name"),
+        ({"kind": "nvfp4", "axis": 1, "dequantized": "fp8"}, "dequantized must be"),
+    ],
+)
+def test_invalid_nvfp4_manifest_entries(entry, message):
+    with pytest.raises(MxsimError, match=message):
+        spec_from_manifest(entry, {}, "weight")
+
+
+def test_nvfp4_scales_of_another_shape_or_a_partial_block_are_refused_by_validation():
+    from mxsim.trace.model import Layer, Trace
+    from mxsim.trace.validate import validate_trace
+
+    def trace(k, scales):
+        x, w = np.ones((3, k), np.float32), np.ones((4, k), np.float32)
+        layer = Layer(
+            "l",
+            "linear",
+            {"input": x, "weight": w, "output": np.ones((3, 4), np.float32)},
+            quant={"weight": NVFP4Quant(1, scales)},
+        )
+        return Trace("t", [layer])
+
+    validate_trace(trace(32, np.full((4, 2), 0x38, np.uint8)))
+    with pytest.raises(MxsimError, match=r"quant\.weight\.scales.*expected \(4, 2\)"):
+        validate_trace(trace(32, np.full((4, 1), 0x38, np.uint8)))
+    with pytest.raises(
+        MxsimError,
+        match=r"quant\.weight\.axis.*\(40\) is not a multiple of the NVFP4 block size 16",
+    ):
+        validate_trace(trace(40, np.full((4, 3), 0x38, np.uint8)))

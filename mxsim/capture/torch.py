@@ -31,6 +31,7 @@ operand is recorded as the quantizer's float input with Quark's output in
 ``<operand>_quantized``, and its spec is the quantizer's reading where that reproduces Quark's
 values bit for bit (else none, with ``source.quant_notes``). A Linear whose weight is torchao's
 ``MXTensor`` is recorded with torchao's quantization of its input and its dequantized weight
+(one whose weight is a weight-only ``NVFP4Tensor``: its weight alone)
 (:mod:`mxsim.capture.torch_torchao`), read the same way; so are Brevitas' quantizer proxies,
 whose QuantTensors a quantized layer passes to ``F.linear`` (:mod:`mxsim.capture.torch_brevitas`),
 and the quantizers mxsim puts on the Linears of a quantized checkpoint it loaded (Quark's
@@ -282,7 +283,7 @@ class _Recorder:
                     f"{self.WHO}: module {self.module_path() or '<model>'!r} "
                     f"({type(module).__name__ if module is not None else 'no module'}) calls {op} with a "
                     f"{type(value).__name__}, which is not supported (plain tensors, AMD Quark's "
-                    "quantizer modules and torchao's MXTensor weights are)"
+                    "quantizer modules and torchao's MXTensor and NVFP4Tensor weights are)"
                 )
 
     def unique(self, base: str) -> str:
@@ -374,7 +375,7 @@ class _Recorder:
             where = f"layer {name!r}, {operand} quantizer {path!r}"
             if torch_brevitas.is_brevitas_quantizer(quantizer):  # its output tensor not seen
                 quantizer = torch_brevitas.Applied(quantizer, None)
-            torchao = isinstance(quantizer, torch_torchao.Quantization)
+            torchao = torch_torchao.is_quantization(quantizer)
             ndim = arrays[operand].ndim
             if torchao:
                 library_name, spec = (
@@ -424,8 +425,8 @@ class _Recorder:
         return _rounded_tensor(self.torch, result, value.dtype).reshape(value.shape)
 
     def torchao_linear(self, x, weight) -> tuple:
-        """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor ``weight`` as
-        torchao quantizes them (tensors that :meth:`library_operands` recognises)."""
+        """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor (or weight-only
+        NVFP4Tensor) ``weight`` as torchao quantizes them (tensors that :meth:`library_operands` recognises)."""
         param = self.parameter(weight)
         path = param[0] if param else f"{self.module_path()}.weight"
         where = f"{self.WHO}: module {self.module_path() or '<model>'!r}"
@@ -435,7 +436,8 @@ class _Recorder:
         for operand, (values, float_values, quantization) in operands.items():
             where_from = path if operand == "weight" else f"{path}.act_quant_kwargs"
             self.library_outputs[id(values)] = (values, float_values, quantization, where_from)
-        return operands["input"][0], operands["weight"][0], param
+        x = operands["input"][0] if "input" in operands else x  # NVFP4: weight-only
+        return x, operands["weight"][0], param
 
     def unwrap(self, value):
         """``value``, or the values of a Brevitas QuantTensor that a recorded quantizer produced
@@ -826,7 +828,7 @@ def check_model(torch, model, who: str) -> None:
                     f"{who}: {qualified} of module {path or '<model>'!r} ({type(module).__name__}) is a "
                     f"{type(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor).__name__}"
                     ", a tensor subclass, which is not supported (plain tensors, AMD Quark's "
-                    "quantizer modules and torchao's MXTensor weights are)"
+                    "quantizer modules and torchao's MXTensor and NVFP4Tensor weights are)"
                 )
 
 

@@ -22,9 +22,19 @@ do not fix them, since under RCEIL (and CEIL) a block whose largest element roun
 the element's largest value (``max_pos / 2 * 2^X``) holds the same values as the block one
 scale lower with that element at ``max_pos``. Replay then encodes torchao's codes.
 
-NVFP4 tensors (two-level scales: E4M3 per 16 elements and a float32 per tensor) have no
-trace spec: refused with one line naming the module. torchao is never imported here: a
-model quantized by torchao has imported it.
+``quantize_(model, NVFP4WeightOnlyConfig(...))`` replaces each Linear's weight by an
+``NVFP4Tensor``: packed FP4 codes (``qdata``), one UE4M3 scale per 16 elements along K
+(``scale``, swizzled), and the float32 ``per_tensor_scale`` (None without
+``use_dynamic_per_tensor_scale``). torchao's linear then computes ``F.linear(x,
+weight.dequantize(orig_dtype), bias)``: its dequantization is ``fl(e * fl(t * s))`` in
+float32, rounded once to the weight's original dtype (bf16 for a bf16 model), which is what
+the layer consumes. The capture records the input unquantized (torchao does not quantize it),
+the weight's float32 dequantization as its float and the consumed values as
+``weight_quantized``, with :class:`~mxsim.trace.quant.NVFP4Quant` carrying torchao's stored
+UE4M3 scale codes (unswizzled), its tensor scale and the dequantized dtype. NVFP4 weights with
+activation quantization (``NVFP4DynamicActivationNVFP4WeightConfig``: torchao runs their GEMM
+only as an FP4 ``_scaled_mm`` on sm100 GPUs) are refused with one line naming the module.
+torchao is never imported here: a model quantized by torchao has imported it.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
-from ..trace.quant import MXQuant
+from ..trace.quant import MXQuant, NVFP4Quant
 
 _MX_MODULE = "torchao.prototype.mx_formats.mx_tensor"
 _NVFP4_MODULE = "torchao.prototype.mx_formats.nvfp4_tensor"
@@ -76,17 +86,37 @@ def is_torchao_tensor(tensor) -> bool:
     return bool(classes) and isinstance(tensor, tuple(classes))
 
 
+#: torch dtype names of an NVFP4 weight's ``orig_dtype`` -> NVFP4Quant ``dequantized``.
+NVFP4_DEQUANTIZED = {"bfloat16": "bfloat16", "float32": "float32"}
+
+
 def check_supported(tensor, where: str) -> None:
     """Refuse (one line, ``where`` naming the module) a torchao tensor mxsim does not read."""
-    if not is_mx_tensor(tensor):
-        raise MxsimError(
-            f"{where}: a torchao {type(tensor).__name__} weight is not supported (its two-level "
-            "scales have no trace spec); torchao's MXTensor weights are"
-        )
+    name = type(tensor).__name__
+    if not is_torchao_tensor(tensor):
+        raise MxsimError(f"{where}: a torchao {name} weight is not supported")
     if tensor.dim() != 2:
         raise MxsimError(
-            f"{where}: a {tensor.dim()}-d torchao MXTensor weight is not supported (2-d only)"
+            f"{where}: a {tensor.dim()}-d torchao {name} weight is not supported (2-d only)"
         )
+    if is_mx_tensor(tensor):
+        return
+    if tensor.act_quant_kwargs is not None:
+        raise MxsimError(
+            f"{where}: a torchao NVFP4Tensor weight with activation quantization is not "
+            "supported (torchao computes it only as an FP4 _scaled_mm on sm100 GPUs); "
+            "NVFP4WeightOnlyConfig's weights are"
+        )
+    dtype = str(tensor.orig_dtype).removeprefix("torch.")
+    if dtype not in NVFP4_DEQUANTIZED:
+        raise MxsimError(
+            f"{where}: a torchao NVFP4Tensor weight of original dtype {dtype} is not supported; "
+            f"accepted: {', '.join(NVFP4_DEQUANTIZED)}"
+        )
+
+
+def is_quantization(quantizer) -> bool:
+    return isinstance(quantizer, (Quantization, NVFP4Quantization))
 
 
 class Quantization:
@@ -121,6 +151,36 @@ class Quantization:
         )
 
 
+class NVFP4Quantization:
+    """How torchao quantized a Linear's weight, read from its 2-d weight-only ``NVFP4Tensor``."""
+
+    def __init__(self, weight):
+        self.weight = weight
+
+    def __repr__(self) -> str:
+        t = self.weight.per_tensor_scale
+        return f"torchao NVFP4 {'with' if t is not None else 'without'} tensor scale"
+
+    def spec(self, torch, ndim: int) -> NVFP4Quant:
+        """The weight's NVFP4 spec along its last axis, with torchao's scale codes and tensor scale."""
+        weight = self.weight
+        rows, cols = weight.shape
+        scale = weight.scale
+        if weight.is_swizzled_scales:
+            scale = sys.modules["torchao.prototype.mx_formats.utils"].from_blocked(
+                scale, rows, cols // weight.block_size
+            )
+        codes = scale.view(torch.uint8).cpu().numpy().reshape(rows, cols // weight.block_size)
+        t = weight.per_tensor_scale
+        return NVFP4Quant(
+            ndim - 1,
+            codes.copy(),
+            None if t is None else float(t.float().item()),
+            "torchao",
+            NVFP4_DEQUANTIZED[str(weight.orig_dtype).removeprefix("torch.")],
+        )
+
+
 def _element(dtype) -> str:
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if name not in ELEMENTS:
@@ -142,11 +202,15 @@ def stored_scales(torch, weight) -> np.ndarray:
 
 def linear_operands(torch, x, weight, where: str) -> dict:
     """operand -> (torchao's quantized values (a tensor), their float before quantization,
-    :class:`Quantization`) for ``F.linear(x, weight)`` with a torchao MXTensor ``weight``;
+    :class:`Quantization`) for ``F.linear(x, weight)`` with a torchao MXTensor ``weight``
+    (for a weight-only NVFP4Tensor: the weight alone, with :class:`NVFP4Quantization`);
     call outside the interception modes. Raises MxsimError (one line, ``where``) for what
     mxsim does not read: a weight-only MX weight (torchao itself refuses it) or an unknown
     element dtype."""
     kwargs = weight.act_quant_kwargs
+    if not is_mx_tensor(weight):  # a weight-only NVFP4Tensor (check_supported)
+        consumed = weight.dequantize(weight.orig_dtype)
+        return {"weight": (consumed, weight.dequantize(torch.float32), NVFP4Quantization(weight))}
     if kwargs is None:
         raise MxsimError(
             f"{where}: a torchao MXTensor weight without activation quantization is not supported"

@@ -10,7 +10,7 @@ Attention runs as ``q @ k^T`` on the unit, softmax in torch (float32), then ``P 
 unit. Ops capture lists as skipped (integer GEMMs, ...) keep
 torch's result and are listed in :attr:`UnitInLoop.skipped`; a float convolution the unit
 cannot compute (3-d) raises MxsimError. An empty output (a batch of 0 rows) computes nothing.
-A model quantized by AMD Quark or by torchao's MX workflow computes each layer from its own
+A model quantized by AMD Quark or by torchao's MX (or weight-only NVFP4) workflow computes each layer from its own
 quantized operands, as capture records them (:mod:`mxsim.capture.torch_quark`,
 :mod:`mxsim.capture.torch_torchao`); :attr:`UnitInLoop.model_quantization` says
 which quantizer each operand came from and how it was read. With ``quantized_only`` the unit
@@ -42,7 +42,7 @@ from ..errors import MxsimError
 from ..parallel import progress_bar
 from ..replay.layer import run_layer
 from ..trace.model import Layer
-from ..trace.quant import MXQuant, QDQQuant
+from ..trace.quant import MXQuant, NVFP4Quant, QDQQuant
 
 SCALINGS = ("auto", "block", "tensor")
 
@@ -95,7 +95,7 @@ def model_quantization(layer: Layer) -> dict[str, str]:
         if spec is not None:
             manifest = (
                 spec.to_manifest(operand)
-                if isinstance(spec, (QDQQuant, MXQuant))
+                if isinstance(spec, (QDQQuant, MXQuant, NVFP4Quant))
                 else spec.to_manifest()
             )
             taken[operand] = f"{quantizer}: {spec.kind} {manifest}"

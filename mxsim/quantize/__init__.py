@@ -2,7 +2,14 @@
 
 from .bfp import BFP_SPECS, BFPSpec, BFPTensor, get_bfp_spec, quantize_bfp
 from .mx import MXTensor, fake_quantize, quantize, quantize_at_scales, quantize_groups
-from .nvfp4 import NVFP4_PROFILES, NVFP4Options, NVFP4Tensor, quantize_nvfp4, tensor_scale_from_amax
+from .nvfp4 import (
+    NVFP4_PROFILES,
+    NVFP4Options,
+    NVFP4Tensor,
+    quantize_nvfp4,
+    quantize_nvfp4_at_scales,
+    tensor_scale_from_amax,
+)
 from .options import PROFILES, QuantOptions, resolve_options
 
 __all__ = [
@@ -22,6 +29,7 @@ __all__ = [
     "quantize_bfp",
     "quantize_groups",
     "quantize_nvfp4",
+    "quantize_nvfp4_at_scales",
     "resolve_options",
     "tensor_scale_from_amax",
 ]

@@ -194,23 +194,8 @@ def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) ->
     scales. The memory budget is checked before ``x`` is copied. ``profile``: a name of
     :data:`NVFP4_PROFILES`; ``options`` override its fields. Exact steps: module docstring.
     """
-    if not isinstance(profile, str) or profile not in NVFP4_PROFILES:
-        raise UnknownNameError("NVFP4 profile", profile, NVFP4_PROFILES)
-    try:
-        opts = NVFP4Options(**{**NVFP4_PROFILES[profile].__dict__, **options})
-    except TypeError:
-        raise UnknownNameError(
-            "NVFP4 option",
-            next(iter(set(options) - set(NVFP4Options.__dataclass_fields__))),
-            NVFP4Options.__dataclass_fields__,
-        ) from None
-    t = None
-    if tensor_scale is not None:
-        t = _positive_float32(tensor_scale, "quantize_nvfp4: tensor_scale")
-        if float(t) != float(tensor_scale):
-            raise ArgumentError(
-                f"quantize_nvfp4: tensor_scale must be exactly a float32 value, got {shown(tensor_scale)}"
-            )
+    opts = _options(profile, options, "quantize_nvfp4")
+    t = _tensor_scale(tensor_scale, "quantize_nvfp4")
     values = _float32_input(x, "quantize_nvfp4: x")
     block = opts.block_size
     if values.shape[-1] % block:
@@ -230,14 +215,83 @@ def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) ->
             descale = descale / t
         clamped = np.clip(descale, np.float32(scale.min_normal), np.float32(scale.max_finite))
         scale_codes = scale.encode(clamped, opts.scale_rounding).astype(np.uint8)
+    return _encode_at_scales(blocks, scale_codes, t, opts, "quantize_nvfp4", values.shape)
+
+
+def _encode_at_scales(
+    blocks: np.ndarray, scale_codes: np.ndarray, t, opts: NVFP4Options, who: str, shape: tuple
+) -> NVFP4Tensor:
+    """Steps 3 and 4 of the recipe: the float32 ``blocks`` (..., n, block) encoded at the
+    block ``scale_codes`` (..., n) and tensor scale ``t`` (a float32, or None)."""
+    element, scale = get_format(opts.element_format), get_format(opts.scale_format)
+    e_max = np.float32(element.max_finite)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         scale_values = scale.decode(scale_codes).astype(np.float32)
         one = np.float32(1.0)
         reciprocal = one / scale_values if t is None else (one / t) / scale_values
         if not np.isfinite(reciprocal).all():
             raise ArgumentError(
-                "quantize_nvfp4: 1 / (tensor_scale * block scale) overflows float32 (a tensor_scale far "
+                f"{who}: 1 / (tensor_scale * block scale) overflows float32 (a tensor_scale far "
                 "below the blocks' amax / 2688); choose it with tensor_scale_from_amax"
             )
         scaled = np.clip(blocks * reciprocal[..., None], -e_max, e_max)
-    codes = element.encode(scaled, opts.element_rounding).astype(np.uint8).reshape(values.shape)
+    codes = element.encode(scaled, opts.element_rounding).astype(np.uint8).reshape(shape)
     return NVFP4Tensor(codes, scale_codes, None if t is None else float(t), opts)
+
+
+def _options(profile, options: dict, who: str) -> NVFP4Options:
+    if not isinstance(profile, str) or profile not in NVFP4_PROFILES:
+        raise UnknownNameError("NVFP4 profile", profile, NVFP4_PROFILES)
+    try:
+        return NVFP4Options(**{**NVFP4_PROFILES[profile].__dict__, **options})
+    except TypeError:
+        raise UnknownNameError(
+            "NVFP4 option",
+            next(iter(set(options) - set(NVFP4Options.__dataclass_fields__))),
+            NVFP4Options.__dataclass_fields__,
+        ) from None
+
+
+def _tensor_scale(tensor_scale, who: str):
+    """``tensor_scale`` (None, or a positive finite number holding a float32 exactly) as a float32."""
+    if tensor_scale is None:
+        return None
+    t = _positive_float32(tensor_scale, f"{who}: tensor_scale")
+    if float(t) != float(tensor_scale):
+        raise ArgumentError(
+            f"{who}: tensor_scale must be exactly a float32 value, got {shown(tensor_scale)}"
+        )
+    return t
+
+
+def quantize_nvfp4_at_scales(
+    x, scales, tensor_scale=None, profile: str = "torchao", **options
+) -> NVFP4Tensor:
+    """``x`` quantized to NVFP4 at the given block scale codes (steps 3 and 4 of the module
+    docstring; step 2's choice replaced by ``scales``): a library that stores its NVFP4
+    tensors fixes the scales, which its dequantized values alone may not (a block whose
+    largest element is below 6 holds the values of a block at a smaller scale).
+    ``scales``: uint8 codes of the profile's scale format, shape
+    ``(*x.shape[:-1], x.shape[-1] // block_size)``; a NaN code (0x7F, 0xFF) is refused.
+    ``x``, ``tensor_scale``, ``profile`` and ``options`` as in :func:`quantize_nvfp4`."""
+    who = "quantize_nvfp4_at_scales"
+    opts = _options(profile, options, who)
+    t = _tensor_scale(tensor_scale, who)
+    values = _float32_input(x, f"{who}: x")
+    block = opts.block_size
+    if values.shape[-1] % block:
+        raise ArgumentError(
+            f"{who}: the last axis ({values.shape[-1]}) must be a multiple of {block}"
+        )
+    if np.isnan(values).any():
+        raise ArgumentError(f"{who}: x has NaN, which NVFP4 cannot hold")
+    want = (*values.shape[:-1], values.shape[-1] // block)
+    if not isinstance(scales, np.ndarray) or scales.dtype != np.uint8 or scales.shape != want:
+        raise ArgumentError(
+            f"{who}: scales must be a uint8 array of shape {want}, got "
+            f"{getattr(scales, 'dtype', type(scales).__name__)} {getattr(scales, 'shape', '')}"
+        )
+    if np.isnan(get_format(opts.scale_format).decode(scales)).any():
+        raise ArgumentError(f"{who}: scales hold a NaN code, which no NVFP4 block scale is")
+    blocks = values.reshape(*want, block)
+    return _encode_at_scales(blocks, scales.copy(), t, opts, who, values.shape)

@@ -163,10 +163,12 @@ def quantize_nvfp4_reference(
     scale: FormatInfo,
     scale_rounding: str = "nearest_even",
     element_rounding: str = "nearest_even",
+    scale_code: int | None = None,
 ):
     """One NVFP4 block (finite or ±Inf float32 values) as (scale code, element codes), from the
     steps of :mod:`mxsim.quantize.nvfp4` with each float32 operation an exact Fraction rounded
-    by :func:`float32_reference`."""
+    by :func:`float32_reference`; ``scale_code`` (a nonzero, non-NaN code) replaces step 2's
+    choice, as :func:`mxsim.quantize.quantize_nvfp4_at_scales` does."""
     e_max = Fraction(element.max_finite)
     amax = max((abs(Fraction(x)) for x in row if math.isfinite(x)), default=Fraction(0))
     infinite = any(math.isinf(x) for x in row)
@@ -180,7 +182,8 @@ def quantize_nvfp4_reference(
             descale = float32_reference(
                 Fraction(descale) / Fraction(tensor_scale)
             )  # may overflow to Inf
-    scale_code = encode_reference(scale, min(max(descale, bottom), top), scale_rounding)
+    if scale_code is None:
+        scale_code = encode_reference(scale, min(max(descale, bottom), top), scale_rounding)
     scale_value = Fraction(decode_reference(scale, scale_code))
     if tensor_scale is None:
         reciprocal = Fraction(float32_reference(1 / scale_value))

@@ -25,7 +25,7 @@ from .conv import (
 )
 from .io import load_trace, save_trace
 from .model import FORMAT_VERSION, Layer, Network, Trace
-from .quant import BFPQuant, MXQuant, QDQQuant
+from .quant import BFPQuant, MXQuant, NVFP4Quant, QDQQuant
 from .reference import REFERENCE_MODES
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Layer",
     "MXQuant",
     "Network",
+    "NVFP4Quant",
     "QDQQuant",
     "REFERENCE_MODES",
     "Trace",

@@ -40,7 +40,7 @@ from .model import (
 from ..formats import get_format
 from ..quantize import MXTensor
 from ..quantize.options import QuantOptions
-from .quant import MXQuant, QDQQuant, QuantSpec, spec_from_manifest
+from .quant import MXQuant, NVFP4Quant, QDQQuant, QuantSpec, spec_from_manifest
 from .reference import (
     COMPACT_REFERENCE,
     REFERENCE_MODES,
@@ -117,7 +117,7 @@ def _unshuffled(stored: np.ndarray, shape: tuple, dtype: str) -> np.ndarray:
 def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
     arrays = dict(layer.tensors)
     for operand, spec in layer.quant.items():
-        if isinstance(spec, (QDQQuant, MXQuant)):
+        if isinstance(spec, (QDQQuant, MXQuant, NVFP4Quant)):
             arrays.update(spec.arrays(operand))
     return arrays
 
@@ -125,7 +125,7 @@ def _layer_arrays(layer: Layer) -> dict[str, np.ndarray]:
 def _spec_manifest(operand: str, spec: QuantSpec | None):
     if spec is None:
         return None
-    if isinstance(spec, (QDQQuant, MXQuant)):
+    if isinstance(spec, (QDQQuant, MXQuant, NVFP4Quant)):
         return spec.to_manifest(operand)
     return spec.to_manifest()
 
@@ -772,7 +772,7 @@ def load_trace(path) -> Trace:
         used = {
             k
             for operand, spec in quant.items()
-            if isinstance(spec, (QDQQuant, MXQuant))
+            if isinstance(spec, (QDQQuant, MXQuant, NVFP4Quant))
             for k in spec.arrays(operand)
         }
         for key in sorted(set(quant_arrays) - used, key=str):

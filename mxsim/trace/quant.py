@@ -8,6 +8,8 @@ stored in the trace, not the GEMM view; :mod:`mxsim.replay.lowering` maps it):
   block axis and size, profile and option overrides).
 * :class:`BFPQuant` — Quark block floating point / microexponents (MX4, MX6, MX9, BFP16)
   by :func:`mxsim.quantize_bfp`.
+* :class:`NVFP4Quant` — NVFP4 (FP4 elements, a UE4M3 scale per 16, a float32 tensor scale)
+  by :func:`mxsim.quantize_nvfp4`, at the library's stored scales.
 * :class:`QDQQuant` — ONNX ``QuantizeLinear``/``DequantizeLinear`` (per-tensor, per-axis or
   blocked scale and zero point).
 
@@ -34,10 +36,15 @@ from ..quantize import (
     quantize,
     quantize_at_scales,
     quantize_bfp,
+    quantize_nvfp4,
+    quantize_nvfp4_at_scales,
 )
+from ..quantize.nvfp4 import NVFP4_PROFILES
 from ..quantize.options import resolve_options
 
-SPEC_KINDS = ("mx", "bfp", "qdq")
+SPEC_KINDS = ("mx", "bfp", "qdq", "nvfp4")
+#: The dtypes an NVFP4 spec's library dequantizes into (its float32 values, rounded once).
+NVFP4_DEQUANTIZED = ("float32", "bfloat16")
 
 #: ONNX QuantizeLinear integer output types and their [min, max].
 QDQ_INTEGER_RANGES = {
@@ -395,7 +402,108 @@ class QDQQuant:
         return out
 
 
-QuantSpec = MXQuant | BFPQuant | QDQQuant
+@dataclass(frozen=True, eq=False)
+class NVFP4Quant:
+    """NVFP4 quantization of one operand, as a library that stores NVFP4 tensors made it.
+
+    * ``axis``: the operand's axis the blocks of 16 run along (None: the reduction axis,
+      resolved when a capture attaches the spec to a layer).
+    * ``scales``: None, or the stored UE4M3 block scale codes (uint8, the operand's shape with
+      ``axis`` moved last and divided by the block size), used instead of the recipe's scale
+      choice (:func:`mxsim.quantize.quantize_nvfp4_at_scales`); stored in the layer's NPZ.
+    * ``tensor_scale``: the float32 tensor scale ``t`` (a positive finite float32 value), or
+      None (single-level scaling).
+    * ``profile``: a key of ``mxsim.NVFP4_PROFILES`` (element and scale formats, block size,
+      roundings).
+    * ``dequantized``: the dtype the library's dequantization rounds its float32 values
+      ``fl(e * fl(t * s))`` into once (nearest even): ``float32`` or ``bfloat16``.
+    """
+
+    axis: int | None = None
+    scales: np.ndarray | None = None
+    tensor_scale: float | None = None
+    profile: str = "torchao"
+    dequantized: str = "float32"
+
+    kind = "nvfp4"
+    bypass_single_element = False
+
+    def __post_init__(self):
+        _check_axis(self.axis, "NVFP4 spec")
+        if not isinstance(self.profile, str) or self.profile not in NVFP4_PROFILES:
+            raise MxsimError(
+                f"NVFP4 spec: unknown profile {self.profile!r}; accepted: {', '.join(NVFP4_PROFILES)}"
+            )
+        if self.dequantized not in NVFP4_DEQUANTIZED:
+            raise MxsimError(
+                f"NVFP4 spec: dequantized must be one of {', '.join(NVFP4_DEQUANTIZED)}, "
+                f"got {self.dequantized!r}"
+            )
+        if self.scales is not None and (
+            not isinstance(self.scales, np.ndarray) or self.scales.dtype != np.uint8
+        ):
+            raise MxsimError(
+                "NVFP4 spec: scales must be a uint8 numpy array of UE4M3 codes, or None"
+            )
+        if self.tensor_scale is not None:
+            t = self.tensor_scale
+            real = isinstance(t, (int, float, np.floating)) and not isinstance(t, bool)
+            if not real or not np.isfinite(t) or t <= 0 or float(np.float32(t)) != float(t):
+                raise MxsimError(
+                    f"NVFP4 spec: tensor_scale must be a positive finite float32 value or None, "
+                    f"got {t!r}"
+                )
+            object.__setattr__(self, "tensor_scale", float(t))
+
+    @property
+    def block_size(self) -> int:
+        return NVFP4_PROFILES[self.profile].block_size
+
+    def with_axis(self, axis: int) -> NVFP4Quant:
+        return dataclasses.replace(self, axis=axis)
+
+    def quantize(self, x: np.ndarray):
+        """``x`` (float32) quantized along ``axis`` (moved last): a :class:`mxsim.NVFP4Tensor`."""
+        if self.axis is None:
+            raise MxsimError(
+                "NVFP4 spec: axis is unresolved (None); attach the spec to a layer first"
+            )
+        rows = np.moveaxis(np.asarray(x, dtype=np.float32), self.axis, -1)
+        if self.scales is None:
+            return quantize_nvfp4(rows, self.tensor_scale, self.profile)
+        return quantize_nvfp4_at_scales(rows, self.scales, self.tensor_scale, self.profile)
+
+    def fake_quantize(self, x: np.ndarray) -> np.ndarray:
+        """Quantize, then dequantize as the library does: float32 ``fl(e * fl(t * s))``, rounded
+        once to ``dequantized`` (returned as float32 values), in ``x``'s layout."""
+        values = self.quantize(x).dequantize()
+        if self.dequantized == "bfloat16":
+            bf16 = get_format("bf16")
+            values = bf16.decode(bf16.encode(values, "nearest_even")).astype(np.float32)
+        return np.moveaxis(values, -1, self.axis % values.ndim)
+
+    def to_manifest(self, operand: str | None = None) -> dict:
+        entry = {
+            "kind": "nvfp4",
+            "axis": self.axis,
+            "profile": self.profile,
+            "tensor_scale": self.tensor_scale,
+            "dequantized": self.dequantized,
+        }
+        if self.scales is not None:
+            if operand is None:
+                raise MxsimError(
+                    "NVFP4 spec: a spec with scales is written with its operand's name"
+                )
+            entry["scales"] = f"quant.{operand}.scales"
+        return entry
+
+    def arrays(self, operand: str) -> dict[str, np.ndarray]:
+        """The arrays this spec stores in its layer's NPZ, by NPZ key."""
+        return {} if self.scales is None else {f"quant.{operand}.scales": self.scales}
+
+
+QuantSpec = MXQuant | BFPQuant | QDQQuant | NVFP4Quant
 
 
 def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str) -> QuantSpec:
@@ -504,5 +612,23 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             entry.get("axis"),
             entry.get("block_size", 0),
             bool(entry.get("saturate", True)),
+        )
+    if kind == "nvfp4":
+        unknown = set(entry) - {"kind", "axis", "profile", "tensor_scale", "dequantized", "scales"}
+        if unknown:
+            raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
+        scales = None
+        if entry.get("scales") is not None:
+            if entry["scales"] != f"quant.{operand}.scales" or entry["scales"] not in arrays:
+                raise MxsimError(
+                    f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}"
+                )
+            scales = arrays[entry["scales"]]
+        return NVFP4Quant(
+            entry["axis"],
+            scales,
+            entry.get("tensor_scale"),
+            entry.get("profile", "torchao"),
+            entry.get("dequantized", "float32"),
         )
     raise MxsimError(f"unknown kind {kind!r}; accepted: {', '.join(SPEC_KINDS)}")

@@ -23,7 +23,7 @@ from .model import (
     Network,
     Trace,
 )
-from .quant import BFPQuant, MXQuant, QDQQuant
+from .quant import BFPQuant, MXQuant, NVFP4Quant, QDQQuant
 from .reference import REFERENCE_MODES
 
 
@@ -219,10 +219,10 @@ def check_layer(layer: Layer, fail) -> None:
             fail(f"quant.{operand}", f"unknown operand; accepted: {', '.join(OPERANDS)}")
         if spec is None:
             continue
-        if not isinstance(spec, (MXQuant, BFPQuant, QDQQuant)):
+        if not isinstance(spec, (MXQuant, BFPQuant, QDQQuant, NVFP4Quant)):
             fail(
                 f"quant.{operand}",
-                f"must be MXQuant, BFPQuant, QDQQuant or None, got {type(spec).__name__}",
+                f"must be MXQuant, BFPQuant, QDQQuant, NVFP4Quant or None, got {type(spec).__name__}",
             )
         if operand not in t:
             fail(f"quant.{operand}", f"spec given but the layer has no {operand} tensor")
@@ -248,10 +248,20 @@ def check_layer(layer: Layer, fail) -> None:
                         f"quant.{operand}.scale",
                         f"blocked scale shape {spec.scale.shape}, expected {tuple(blocked)}",
                     )
-        if isinstance(spec, MXQuant) and spec.scales is not None and spec.axis is not None:
+        if (
+            isinstance(spec, (MXQuant, NVFP4Quant))
+            and spec.scales is not None
+            and spec.axis is not None
+        ):
             shape = list(t[operand].shape)
             dim = shape.pop(spec.axis)
             expected = (*shape, -(-dim // spec.block_size))
+            if isinstance(spec, NVFP4Quant) and dim % spec.block_size:
+                fail(
+                    f"quant.{operand}.axis",
+                    f"the {operand}'s axis {spec.axis} ({dim}) is not a multiple of the NVFP4 "
+                    f"block size {spec.block_size}",
+                )
             if spec.scales.shape != expected:
                 fail(
                     f"quant.{operand}.scales",
