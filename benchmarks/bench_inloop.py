@@ -11,8 +11,11 @@ torch_unit, onnxruntime for run_onnx_on_unit); run_onnx_on_unit's is also given 
 torch_unit measured again beside it (forwards in one context, as run_onnx_on_unit keeps a
 file's graph, sessions and quantized weights between calls). torch_unit is timed on forwards
 in one context (its weights quantized once, in the warm-up forward) and on forwards each in a
-new context (each quantizing the weights). Also checks that torch_unit's and
-run_onnx_on_unit's outputs agree with saved ones bit for bit (``--save``/``--check``:
+new context (each quantizing the weights); beside the one-context figure, its CPU seconds in
+the unit's GEMM routes (``mxsim.datapath.api._gemm_groups``: the BLAS, window, group-sum or
+generic kernel, whichever the unit takes), the rest being the float forward's own work, the
+interception, quantizing the activations and the calls' bookkeeping. Also checks that
+torch_unit's and run_onnx_on_unit's outputs agree with saved ones bit for bit (``--save``/``--check``:
 exactness across code changes).
 Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
 """
@@ -20,6 +23,7 @@ Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -102,19 +106,21 @@ def main() -> None:
     print(f"torch float forward: {float_seconds}")
     outputs = {}
     for unit in units:
-        with torch_unit(model, unit):
+        with torch_unit(model, unit), gemm_seconds() as in_gemm:
 
             def on_unit(unit=unit):
                 outputs[unit.name] = forward().numpy()
 
             on_unit()  # warm-up: compile or load the kernels, quantize the weights
-            seconds = best_seconds(on_unit, args.repeats)
+            seconds = best_seconds(on_unit, args.repeats, in_gemm)
         fresh = best_seconds(
             lambda unit=unit: _torch_unit_forward(model, unit, forward), args.repeats
         )
         print(
             f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
-            f"(forwards in one context); in a new context each: {fresh} = {fresh / float_seconds:.1f}x"
+            f"(forwards in one context; {seconds.gemm:.3f} CPU s in the GEMM routes = "
+            f"{seconds.gemm / float_seconds.cpu:.1f}x); in a new context each: {fresh} = "
+            f"{fresh / float_seconds:.1f}x"
         )
     if not args.no_onnx:
         onnx_runs(args, model, inputs, forward, units, outputs)
@@ -189,8 +195,8 @@ def onnx_runs(args, model, inputs, forward, units, outputs) -> None:
 class Seconds:
     """CPU and wall seconds of one run; ratios compare CPU seconds."""
 
-    def __init__(self, cpu: float, wall: float):
-        self.cpu, self.wall = cpu, wall
+    def __init__(self, cpu: float, wall: float, gemm: float = 0.0):
+        self.cpu, self.wall, self.gemm = cpu, wall, gemm
 
     def __truediv__(self, other: "Seconds") -> float:
         return self.cpu / other.cpu
@@ -199,15 +205,44 @@ class Seconds:
         return f"{self.cpu:.3f} CPU s ({self.wall:.3f} wall s)"
 
 
-def best_seconds(run, repeats: int) -> Seconds:
-    """The run with the fewest CPU seconds of ``repeats`` calls of ``run()``."""
+def best_seconds(run, repeats: int, in_gemm: list | None = None) -> Seconds:
+    """The run with the fewest CPU seconds of ``repeats`` calls of ``run()`` (with the CPU
+    seconds ``in_gemm`` of :func:`gemm_seconds` counted during it)."""
     best = None
     for _ in range(repeats):
+        if in_gemm is not None:
+            in_gemm[0] = 0.0
         cpu, wall = time.process_time(), time.perf_counter()
         run()
-        seconds = Seconds(time.process_time() - cpu, time.perf_counter() - wall)
+        seconds = Seconds(
+            time.process_time() - cpu,
+            time.perf_counter() - wall,
+            0.0 if in_gemm is None else in_gemm[0],
+        )
         best = seconds if best is None or seconds.cpu < best.cpu else best
     return best
+
+
+@contextlib.contextmanager
+def gemm_seconds():
+    """While active, the CPU seconds spent in the unit's GEMM routes, summed in the list's
+    one item (the caller resets it)."""
+    from mxsim.datapath import api
+
+    spent, routes = [0.0], api._gemm_groups
+
+    def timed(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return routes(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - start
+
+    api._gemm_groups = timed
+    try:
+        yield spent
+    finally:
+        api._gemm_groups = routes
 
 
 def _torch_unit_forward(model, unit, forward):

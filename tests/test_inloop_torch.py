@@ -392,6 +392,42 @@ def test_weights_are_quantized_once_per_context_with_the_same_bits(
         np.testing.assert_array_equal(_bits(g), _bits(e))
 
 
+def _shared_input_model(torch):
+    """Three projections of one activation, as attention's query, key and value; the third
+    reads it after an in-place change (same tensor, new values)."""
+
+    class Projections(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(32, 8) for _ in range(3))
+
+        def forward(self, x):
+            x = x.clone()
+            q, k = self.q(x), self.k(x)
+            x.mul_(3.0)
+            return torch.cat([q, k, self.v(x)], dim=-1)
+
+    torch.manual_seed(4)
+    return Projections().eval()
+
+
+@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
+def test_layers_reading_one_activation_quantize_it_once_with_the_same_bits(
+    torch, counted_quantizations, unit
+):
+    """Consecutive layers reading one tensor with the same values share its quantization; a
+    change in place between them is seen; the bits are those of each layer computed alone."""
+    model, x = _shared_input_model(torch), torch.randn(5, 32)
+    with torch_unit(model, unit):
+        got = model(x)
+    assert len(counted_quantizations) == 3 + 2  # the weights, x once, then 3 * x
+    expected = []
+    for layer, values in ((model.q, x), (model.k, x), (model.v, 3 * x)):
+        with torch_unit(layer, unit):
+            expected.append(layer(values))
+    np.testing.assert_array_equal(_bits(got), _bits(torch.cat(expected, dim=-1)))
+
+
 def _load_state(model, torch):
     model.load_state_dict({name: value * 0.5 for name, value in model.state_dict().items()})
 

@@ -614,22 +614,18 @@ def _group_operands(
         raise ArgumentError(
             f"{name}: an empty list of MXTensors (give a (0, rows, columns) array for no groups)"
         )
-    tensors = [
-        _operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False)
-        for g, t in enumerate(x)
-    ]
+    for g, t in enumerate(x):  # (attention: hundreds of heads; _operand only to raise its error)
+        if t.block_size != block_size or len(t.shape) != 2:
+            _operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False)
+    tensors = list(x)
     first = tensors[0]
+    expected = (first.element_format.name, first.shape, first.axis, first.codes.shape)
     for g, t in enumerate(tensors):
         if t.axis != axis:
             raise ArgumentError(
                 f"{name}[{g}]: expected an MXTensor quantized along axis {axis} (the K axis), got {t.axis}"
             )
-        if (t.element_format.name, t.shape, t.axis, t.codes.shape) != (
-            first.element_format.name,
-            first.shape,
-            first.axis,
-            first.codes.shape,
-        ):
+        if (t.element_format.name, t.shape, t.axis, t.codes.shape) != expected:
             raise ArgumentError(
                 f"{name}[{g}]: {t.element_format.name} {t.shape} along axis {t.axis} differs from "
                 f"{name}[0]'s {first.element_format.name} {first.shape} along axis {first.axis}"
@@ -716,6 +712,7 @@ def matmul_batched(
     check_array_budget((groups, rows, columns), 8, "matmul_batched: the (G, M, N) output")
     if c is not None:
         c = _accumulator_inputs(c, (groups, rows, columns), params.c_format)
+    if c is not None and shifts.any():  # (unshifted, each group's c is unchanged)
         c = np.stack(
             [
                 _scaled_accumulator_input(c[g], int(shifts[g]), (rows, columns), params.c_format)

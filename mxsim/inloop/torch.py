@@ -66,10 +66,12 @@ def layer_on_unit(
     per_tensor_scale,
     out_format,
     weight_quantizations: dict | None = None,
+    input_quantizations: dict | None = None,
 ) -> np.ndarray:
     """``layer``'s output (float64, the layer's layout) computed by ``hw``, and nothing else
     (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing.
-    ``weight_quantizations``: as for :func:`~mxsim.replay.layer.run_layer`."""
+    ``weight_quantizations``, ``input_quantizations``: as for
+    :func:`~mxsim.replay.layer.run_layer`."""
     if layer.output.size == 0:
         return np.zeros(layer.output.shape)
     return run_layer(
@@ -83,6 +85,7 @@ def layer_on_unit(
         strict=True,
         count_clipped=False,
         weight_quantizations=weight_quantizations,
+        input_quantizations=input_quantizations,
     ).values
 
 
@@ -122,7 +125,10 @@ class UnitInLoop(_Recorder):
     however they were changed in between: torch's ``_version`` counter would miss changes
     through ``param.data`` (``param.data.copy_``), which it does not count. Only weights that
     are the model's parameters or views of them are kept; activations (attention's keys and
-    values) are quantized per call.
+    values) are quantized per call, once for consecutive layers that read one tensor with
+    the same values (``kept_input``: the last layer input's torch identity (data pointer,
+    shape, stride, dtype), a copy of its values as unsigned integers and their quantizations;
+    attention's query, key and value projections read one activation).
     """
 
     WHO = "torch_unit"
@@ -149,6 +155,8 @@ class UnitInLoop(_Recorder):
         self.bar = bar
         self.weight_quantizations = torch.utils.weak.WeakIdKeyDictionary()
         self.weight = None  # the torch weight of the layer being recorded
+        self.input = None  # and its torch input
+        self.kept_input: tuple | None = None
         self.model_quantization: dict[str, dict[str, str]] = {}
         self.quantized_only = quantized_only
         self.in_torch: list[str] = []
@@ -193,11 +201,11 @@ class UnitInLoop(_Recorder):
 
     def add(self, op: str, tensors: dict, *args, **kwargs) -> None:
         """Record (and compute) one layer, its torch weight at hand for :meth:`kept_quantizations`."""
-        self.weight = tensors.get("weight")
+        self.weight, self.input = tensors.get("weight"), tensors.get("input")
         try:
             super().add(op, tensors, *args, **kwargs)
         finally:
-            self.weight = None
+            self.weight = self.input = None
 
     def kept_quantizations(self, weight_values: np.ndarray) -> dict | None:
         """The kept quantizations (``run_layer``'s ``weight_quantizations``) of the weight of
@@ -225,6 +233,26 @@ class UnitInLoop(_Recorder):
             kept = views[view] = (bits.copy(), {})
         return kept[1]
 
+    def kept_input_quantizations(self, input_values: np.ndarray) -> dict | None:
+        """The kept quantizations (``run_layer``'s ``input_quantizations``) of the input of the
+        layer being recorded, whose values are ``input_values``: the last layer's when that
+        read the same torch tensor (same identity) with bit for bit the same values, else a
+        new mapping that replaces it; None for an input that is not a strided torch tensor."""
+        source = self.input
+        if not isinstance(source, self.torch.Tensor) or source.layout != self.torch.strided:
+            return None
+        identity = (source.data_ptr(), tuple(source.shape), source.stride(), source.dtype)
+        bits = input_values.view(f"u{input_values.itemsize}")
+        kept = self.kept_input
+        if (
+            kept is None
+            or kept[0] != identity
+            or kept[1].dtype != bits.dtype
+            or not np.array_equal(kept[1], bits)
+        ):
+            kept = self.kept_input = (identity, bits.copy(), {})
+        return kept[2]
+
     def computed(self, layer: Layer) -> np.ndarray | None:
         self.layers.pop()  # the operands are not kept
         if self.quantized_only and "quantizers" not in layer.source:
@@ -247,6 +275,7 @@ class UnitInLoop(_Recorder):
             self.per_tensor_scale,
             self.out_format,
             self.kept_quantizations(layer.tensors["weight"]),
+            self.kept_input_quantizations(layer.tensors["input"]),
         )
         if self.quantized_only:
             self.library_sqnr_db.append((layer.name, self._library_sqnr_db(layer, values)))
@@ -349,5 +378,6 @@ def torch_unit(
             yield recorder
     finally:
         recorder.weight_quantizations.clear()
+        recorder.kept_input = None
         if bar is not None:
             bar.close()

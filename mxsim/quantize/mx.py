@@ -424,6 +424,12 @@ def _from_blocks(blocked: np.ndarray, shape: tuple, axis: int, padding: int) -> 
     return np.moveaxis(moved, -1, axis)
 
 
+@functools.lru_cache(maxsize=None)
+def _max_ratio_q52(max_finite: float, emax: int) -> int:
+    """max_finite / 2^emax * 2^52, truncated (the rceil rule's threshold; exact Fractions)."""
+    return int(Fraction(max_finite) / Fraction(2) ** emax * 2**52)
+
+
 def _quantize_blocked(
     values,
     element_format: FormatInfo,
@@ -439,7 +445,7 @@ def _quantize_blocked(
     codes = np.empty(bits.shape, dtype=element_format.code_dtype)
     exponents = np.empty(bits.shape[0], dtype=np.int32)
     emax = element_format.scale_emax
-    max_ratio_q52 = int(Fraction(element_format.max_finite) / Fraction(2) ** emax * 2**52)
+    max_ratio_q52 = _max_ratio_q52(element_format.max_finite, emax)
     even_fraction_bits = dict(opts.even_fraction_bits).get(
         element_format.name, element_format.top_fraction_bits
     )

@@ -227,6 +227,8 @@ def resolve_options(profile: str = "ocp", **overrides) -> QuantOptions:
     """The options of ``profile`` with ``overrides`` applied; unknown names list the valid ones."""
     if not isinstance(profile, str) or profile not in PROFILES:
         raise UnknownNameError("profile", profile, PROFILES)
+    if not overrides:  # the profile itself (frozen): no copy, no re-validation per call
+        return PROFILES[profile]
     fields = {f.name for f in dataclasses.fields(QuantOptions)}
     for key in overrides:
         if key not in fields:

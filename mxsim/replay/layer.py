@@ -139,7 +139,7 @@ def _requantize(
     return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
-def _weight_quantization_key(
+def _quantization_key(
     layer: Layer,
     conv_order: str,
     floats: np.ndarray,
@@ -147,7 +147,7 @@ def _weight_quantization_key(
     options: dict,
     count_clipped: bool,
 ) -> tuple | None:
-    """What :func:`_requantize` of a lowered weight ``floats`` depends on besides the weight's
+    """What :func:`_requantize` of a lowered operand ``floats`` depends on besides the operand's
     values: the layer's lowering (op, attributes, both operands' specs, which set the K
     padding, the conv order), the lowered array's shape and dtype, and the quantization chosen;
     None for stochastic rounding (each call draws its own stream)."""
@@ -233,6 +233,7 @@ def run_layer(
     strict: bool = False,
     count_clipped: bool = True,
     weight_quantizations: dict | None = None,
+    input_quantizations: dict | None = None,
 ) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
@@ -253,7 +254,9 @@ def run_layer(
     ``weight_quantizations``: replay's quantizations of this layer's weight kept across calls
     (the caller's, for one weight whose values it vouches unchanged since the mapping was
     filled): looked up, or filled, by everything else the quantization depends on
-    (:func:`_weight_quantization_key`); stochastic rounding is never kept."""
+    (:func:`_quantization_key`); stochastic rounding is never kept.
+    ``input_quantizations``: the same for this layer's input (several layers reading one
+    activation, as attention's query, key and value projections do, quantize it once)."""
     if operands is None:  # the layer lowered once, for the input it gets
         view = gemm_view(layer, None if x is None else np.shape(x))
         at = layer if x is None else layer_with_input(layer, x, view.output_shape)
@@ -282,18 +285,17 @@ def run_layer(
             if name in at.codes_only:
                 choice.note += "; from the model's quantized values (the trace keeps no float)"
             floats = ops.a_float if name == "input" else ops.b_float
+            kept = weight_quantizations if name == "weight" else input_quantizations
             key = (
                 None
-                if name == "input" or weight_quantizations is None
-                else _weight_quantization_key(
-                    at, conv_order, floats, choice, options, count_clipped
-                )
+                if kept is None
+                else _quantization_key(at, conv_order, floats, choice, options, count_clipped)
             )
-            quantized = None if key is None else weight_quantizations.get(key)
+            quantized = None if key is None else kept.get(key)
             if quantized is None:
                 quantized = _requantize(floats, choice, options, count_clipped)
                 if key is not None:
-                    weight_quantizations[key] = quantized
+                    kept[key] = quantized
             tensors[name], choice.saturated, choice.underflowed = quantized
     if not with_ideal:
         gemm_ideal, exact = None, False
@@ -334,19 +336,19 @@ def run_layer(
         qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)
     ]
     # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
-    cs = [
-        None
-        if bias is None or accumulator_input(bias[g], shifts[g]) is None
-        else bias[g].astype(np.float32)
-        for g in range(shape.groups)
-    ]
+    cs = [None if bias is None else _bias_as_c(bias[g], shifts[g]) for g in range(shape.groups)]
     c_entered = [c is not None for c in cs]
     if not shape.groups:
         bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
         out = np.empty(bits.shape)
     elif matmul_fn is None:  # all groups (attention heads, conv groups) in one batched call
         zero = np.zeros((shape.m, shape.n), dtype=np.float32)  # +0: the c of a group without one
-        c = np.stack([zero if c is None else c for c in cs]) if any(c_entered) else None
+        if not any(c_entered):
+            c = None
+        elif len(cs) == 1:  # one group: its c as it is (no copy)
+            c = cs[0][None]
+        else:
+            c = np.stack([zero if c is None else c for c in cs])
         batch = matmul_batched(hw, tensors["input"], qbs, c=c, **matmul_options)
         bits, out = batch.bits, batch.values
     else:
@@ -388,6 +390,14 @@ def run_layer(
         ops,
         attribution,
     )
+
+
+def _bias_as_c(bias: np.ndarray, shift: int) -> np.ndarray | None:
+    """A group's bias (float64) as matmul's float32 c, which matmul scales by 2^-shift
+    itself; None when that value is not exact (:func:`accumulator_input`: the bias is then
+    added after the GEMM). Unshifted, accumulator_input's value is that c already."""
+    c = accumulator_input(bias, shift)
+    return c if c is None or not shift else bias.astype(np.float32)
 
 
 def _unit_values(tensors: list[MXTensor], shape: tuple) -> np.ndarray:
