@@ -171,9 +171,11 @@ def render(check: bool) -> int:
     """Every ``<!-- results: NAME -->`` block of docs/area.md from benchmarks/results/NAME.json."""
     text = DOC.read_text(encoding="utf-8")
     new = BLOCK.sub(
-        lambda m: m.group(1)
-        + table(json.loads((RESULTS.parent / f"{m.group(2)}.json").read_text()))
-        + m.group(4),
+        lambda m: (
+            m.group(1)
+            + table(json.loads((RESULTS.parent / f"{m.group(2)}.json").read_text()))
+            + m.group(4)
+        ),
         text,
     )
     if check:
@@ -199,7 +201,9 @@ def main() -> int:
     )
     parser.add_argument("--record", help="results JSON, rewritten after every row")
     parser.add_argument(
-        "--render", action="store_true", help="rewrite docs/area.md's tables from benchmarks/results/rtl-area*.json"
+        "--render",
+        action="store_true",
+        help="rewrite docs/area.md's tables from benchmarks/results/rtl-area*.json",
     )
     parser.add_argument(
         "--check", action="store_true", help="with --render: exit 1 when docs/area.md is stale"

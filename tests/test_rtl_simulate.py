@@ -5,7 +5,7 @@ CI runs a representative subset: an exact tree and a fixed-point grid under Icar
 block), a windowed tree with c in the window and a normalised sum under Verilator (K = 8, a partial
 tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode), an NVFP4
 group-sum unit, an exact tree across sub-block scales (bfp-exact), an fp32 and an fp64 FMA chain
-(ieee_steps zeros) under Icarus, and the fields decode of fp16 and bf16 on every code.
+(ieee_steps zeros) and a promoting unit under Icarus, and the fields decode of fp16 and bf16 on every code.
 ``MXSIM_RTL_LONG=1`` runs every format pair of every shipped config the generator covers (one
 per distinct parameter set), at K = one and two blocks (or trees, where a tree spans several
 blocks), under both simulators, with 1000 random vectors, the corner list, and the
@@ -189,12 +189,21 @@ CI_UNITS = [
     ("h100", ("fp16", "fp16"), 16, "iverilog", {"inputs.block_size": 16}),
     # scales: group_sum with UE4M3 scales: one exact group of 16, scaled, in a 35-bit window
     ("b200-nvfp4", ("fp4_e2m1", "fp4_e2m1"), 16, "iverilog", None),
-    # an exact tree across 8 sub-block scales (the grid spans the E8M0 exponents)
-    ("bfp-exact", ("mx6", "mx4"), 16, "iverilog", None),
+    # an exact tree across sub-block scales (the grid spans the E8M0 exponents); K = 4, two
+    # sub-blocks in a partial tree (the grid's width does not depend on K)
+    ("bfp-exact", ("mx6", "mx4"), 4, "iverilog", None),
     # output.zero_sign: ieee_steps, an fp32 FMA chain; K = 8
     ("mi100", ("fp32", "fp32"), 8, "iverilog", {"inputs.block_size": 8}),
     # fp64 elements, c, accumulator and output (64-bit c port), ieee_steps; K = 4
     ("a100-dmma", ("fp64", "fp64"), 4, "iverilog", {"inputs.block_size": 4}),
+    # promotion into the outer fp32 accumulator after 16 products and at the end: four trees
+    (
+        "h100-fp8-promoted",
+        ("fp8_e4m3", "fp8_e4m3"),
+        32,
+        "iverilog",
+        {"accumulator.promotion_interval": 16, "adder.fused_terms": 8},
+    ),
 ]
 
 

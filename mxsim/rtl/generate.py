@@ -104,8 +104,9 @@ COVERED = {
     "c_add_rounding": _any,
     "accumulator_overflow": _any,
     # the outer accumulator is fp32: built when the accumulator and c's port are fp32 as well
-    "promotion_interval": lambda v, p: v is None
-    or (p.accumulator_format == "fp32" and p.c_format != "fp64"),
+    "promotion_interval": lambda v, p: (
+        v is None or (p.accumulator_format == "fp32" and p.c_format != "fp64")
+    ),
     "grid_fraction_bits": _any,
     "grid_max_left_shift": _any,
     "grid_max_right_shift": _any,
@@ -846,7 +847,7 @@ class _Builder:
         products times its block's scales sa*sb, one window term aligned at ea + eb (window
         terms as _product_terms); and per group its zero-term flag (all products zero, or a
         zero scale, the scales not NaN)."""
-        p, da, db = self.p, self.ds, self.ds
+        p, ds = self.p, self.ds  # A and B scales share one format
         terms, zeros = [], []
         for g, start in enumerate(range(0, len(positions), p.group_terms)):
             ks = [k for k in positions[start : start + p.group_terms] if k is not None]
@@ -854,7 +855,7 @@ class _Builder:
                 continue
             j = ks[0] // p.block_size
             s_name, s_width, s_lsb = self._exact_sum(f"{t}_g{g}", ks, nz)
-            mw = s_width - 1 + da.sig_bits + db.sig_bits
+            mw = s_width - 1 + 2 * ds.sig_bits
             name = f"{t}_g{g}"
             scale_zero = f"sa_zero[{j}] || sb_zero[{j}]"
             all_zero = " && ".join(f"p_zero[{k}]" for k in ks)
@@ -867,11 +868,9 @@ class _Builder:
                 f"{mw}'(sa_sig[{j}]) * {mw}'(sb_sig[{j}]);"
             )
             self.emit(f"  assign {name}_exp = sa_exp[{j}] + sb_exp[{j}];")
-            self.emit(
-                f"  assign {name}_lsb = {s_lsb} + {name}_exp - {EXW}'sd{da.frac + db.frac};"
-            )
+            self.emit(f"  assign {name}_lsb = {s_lsb} + {name}_exp - {EXW}'sd{2 * ds.frac};")
             # g * sa * sb < 2^(ea + eb + headroom); its LSB at most offset above ea + eb
-            offset = self.pemin - self.ft - da.frac - db.frac
+            offset = self.pemin - self.ft - 2 * ds.frac
             headroom = max(mw + offset, 0)
             terms.append(
                 (
