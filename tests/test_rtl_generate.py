@@ -44,7 +44,10 @@ def variant(tmp_path, base: str, changes: dict) -> str:
             "adder.parity_windows",
         ),
         ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
-        ({"accumulator": {"promotion_interval": 64}}, "accumulator.promotion_interval"),
+        (
+            {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
+            "accumulator.promotion_interval",
+        ),  # promotion is built with an fp32 accumulator
         ({"adder": {"structure": "pairwise_rounded"}}, "adder.structure"),
     ],
 )
