@@ -59,6 +59,18 @@ def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
         generate_unit(path, "fp8_e4m3", "fp8_e4m3")
 
 
+def test_group_sums_in_an_exact_tree_are_refused_by_name():
+    """Group sums are built as a windowed tree's terms."""
+    import dataclasses
+
+    from mxsim.rtl import check_covered
+
+    params = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml").params("fp4_e2m1", "fp4_e2m1")
+    check_covered(params, "x.yaml")
+    with pytest.raises(ConfigError, match=r"inputs\.scales: group_sum is not covered"):
+        check_covered(dataclasses.replace(params, align_fraction_bits=None), "x.yaml")
+
+
 def test_wide_elements_not_ieee_shaped_are_refused_by_name(monkeypatch):
     """Elements of at most TABLE_BITS bits decode by a table (MX9 included), wider ones by
     IEEE fields; a wider format that is not IEEE-shaped is refused."""

@@ -70,7 +70,10 @@ def _only(*accepted):
 #: other values). A key missing here is refused whatever its value.
 COVERED = {
     "block_size": _any,
-    "scales": _only("none", "products", "group_sum"),
+    # group sums are built as the terms of a windowed tree
+    "scales": lambda v, p: (
+        v in ("none", "products") or (v == "group_sum" and p.align_fraction_bits is not None)
+    ),
     "scale_format": _any,
     "input_subnormals": _any,
     "c_format": _only(*IEEE_FORMATS),
