@@ -11,14 +11,17 @@ name. A parameter value the generator does not build is refused (:data:`COVERED`
 Semantics follow docs/hwconfig.md exactly (the RTL is shown equal to ``mxsim.dot`` on golden
 vectors by tests/test_rtl_*.py); the design choices where hardware has freedom:
 
-* element decode is a table of every code (formats of at most 8 bits), so any element format
-  of the format table decodes the same way, subnormal flushing and zero signs included; a
-  wider IEEE-shaped format (fp16, bf16, tf32, fp32) decodes by its fields to the same outputs;
+* element decode is a table of every code (formats of at most TABLE_BITS bits), so any
+  element format of the format table decodes the same way, subnormal flushing and zero signs
+  included; a wider IEEE-shaped format (fp16, bf16, tf32, fp32, fp64) decodes by its fields
+  to the same outputs; UE4M3 and E8M0 scales of ``scales: group_sum`` decode by a table too;
 * an exact tree (no window) sums its products on a fixed-point grid spanning the formats'
-  exponent range; its sum meets the accumulator in a two-term adder that jams what falls
-  below its window into a sticky bit (exact for rounding, see ``mxr_add_round``);
-* a windowed tree aligns every term to ``2^(R-F)`` as ``below_window`` says and adds them in
-  a register of ``carry_bits`` (exact width when null).
+  exponent range (and the E8M0 scale exponents' when its products lie in several blocks);
+  its sum meets the accumulator in a two-term adder that jams what falls below its window
+  into a sticky bit (exact for rounding, see ``mxr_add_round``);
+* a windowed tree aligns every term (a product, or a group's exact sum times its scales) to
+  ``2^(R-F)`` as ``below_window`` says and adds them in a register of ``carry_bits`` (exact
+  width when null).
 """
 
 from __future__ import annotations
