@@ -39,7 +39,7 @@ from mxsim.trace import load_trace
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "rtl-area.json"
 DOC = REPO / "docs" / "area.md"
-BLOCK = re.compile(r"(<!-- results: rtl-area -->\n)(.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- results: (rtl-area[\w-]*) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 VARIANTS = [
     ("base", {}),
@@ -48,11 +48,16 @@ VARIANTS = [
     ("window 35 bits", {"adder.align_fraction_bits": 35}),
     ("exact tree (no window)", {"adder.align_fraction_bits": None}),
     ("products cut to 2 fraction bits", {"multiplier.product_fraction_bits": 2}),
-    ("tree of 4", {"adder.fused_terms": 4}),
-    ("tree of 2", {"adder.fused_terms": 2}),
     ("fp16 accumulator", {"accumulator.format": "fp16"}),
     ("bf16 accumulator", {"accumulator.format": "bf16"}),
 ]
+
+
+def variants(k: int) -> list:
+    """VARIANTS plus the smaller trees at the same K: K/2 and K/4 terms, chained through the
+    accumulator (the labels give the tree size)."""
+    trees = [(f"tree of {k // d}", {"adder.fused_terms": k // d}) for d in (2, 4) if k // d >= 1]
+    return VARIANTS[:6] + trees + VARIANTS[6:]
 
 
 def conditions() -> dict:
@@ -99,7 +104,7 @@ def measure(args) -> None:
     results = old if old and old.get("setup") == setup else {"setup": setup, "rows": []}
     done = {(row["format"], row["variant"]) for row in results["rows"]}
     for fmt in args.format or ["fp4_e2m1"]:
-        for label, changes in VARIANTS:
+        for label, changes in variants(args.k):
             if (args.only and changes and not any(part in label for part in args.only)) or (
                 fmt,
                 label,
@@ -163,9 +168,15 @@ def table(results: dict) -> str:
 
 
 def render(check: bool) -> int:
+    """Every ``<!-- results: NAME -->`` block of docs/area.md from benchmarks/results/NAME.json."""
     text = DOC.read_text(encoding="utf-8")
     new = BLOCK.sub(
-        lambda m: m.group(1) + table(json.loads(RESULTS.read_text())) + m.group(3), text
+        lambda m: (
+            m.group(1)
+            + table(json.loads((RESULTS.parent / f"{m.group(2)}.json").read_text()))
+            + m.group(4)
+        ),
+        text,
     )
     if check:
         return int(new != text)
@@ -190,7 +201,9 @@ def main() -> int:
     )
     parser.add_argument("--record", help="results JSON, rewritten after every row")
     parser.add_argument(
-        "--render", action="store_true", help="rewrite docs/area.md's table from " + str(RESULTS)
+        "--render",
+        action="store_true",
+        help="rewrite docs/area.md's tables from benchmarks/results/rtl-area*.json",
     )
     parser.add_argument(
         "--check", action="store_true", help="with --render: exit 1 when docs/area.md is stale"

@@ -44,12 +44,11 @@ def variant(tmp_path, base: str, changes: dict) -> str:
             "adder.parity_windows",
         ),
         ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
-        ({"accumulator": {"promotion_interval": 64}}, "accumulator.promotion_interval"),
-        ({"output": {"zero_sign": "ieee_steps"}}, "output.zero_sign"),
         (
-            {"adder": {"fused_terms": 64}},
-            "adder.fused_terms",
-        ),  # an exact tree across two blocks' scales
+            {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
+            "accumulator.promotion_interval",
+        ),  # promotion is built with an fp32 accumulator
+        ({"adder": {"structure": "pairwise_rounded"}}, "adder.structure"),
     ],
 )
 def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
@@ -60,21 +59,31 @@ def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
         generate_unit(path, "fp8_e4m3", "fp8_e4m3")
 
 
-def test_wide_elements_not_ieee_shaped_are_refused_by_name():
-    """Elements over 8 bits decode by IEEE fields; another wide format (MX9) is refused."""
+def test_group_sums_in_an_exact_tree_are_refused_by_name():
+    """Group sums are built as a windowed tree's terms."""
     import dataclasses
 
     from mxsim.rtl import check_covered
 
+    params = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml").params("fp4_e2m1", "fp4_e2m1")
+    check_covered(params, "x.yaml")
+    with pytest.raises(ConfigError, match=r"inputs\.scales: group_sum is not covered"):
+        check_covered(dataclasses.replace(params, align_fraction_bits=None), "x.yaml")
+
+
+def test_wide_elements_not_ieee_shaped_are_refused_by_name(monkeypatch):
+    """Elements of at most TABLE_BITS bits decode by a table (MX9 included), wider ones by
+    IEEE fields; a wider format that is not IEEE-shaped is refused."""
+    import dataclasses
+
+    from mxsim.rtl import check_covered, generate
+
     params = load_hwconfig(OCP).params("fp8_e4m3", "fp8_e4m3")
+    check_covered(dataclasses.replace(params, a_format="mx9"), "x.yaml")
+    check_covered(dataclasses.replace(params, a_format="fp16", b_format="bf16"), "x.yaml")
+    monkeypatch.setattr(generate, "TABLE_BITS", 8)
     with pytest.raises(ConfigError, match="a_formats: element format mx9 .9 bits. is not covered"):
         check_covered(dataclasses.replace(params, a_format="mx9"), "x.yaml")
-    check_covered(dataclasses.replace(params, a_format="fp16", b_format="bf16"), "x.yaml")
-
-
-def test_an_exact_accumulator_over_several_blocks_is_refused():
-    with pytest.raises(ConfigError, match=r"accumulator\.format: exact with more than one block"):
-        generate_unit(REPO / "hwconfigs" / "kulisch.yaml", "fp4_e2m1", "fp4_e2m1", 64)
 
 
 @pytest.mark.parametrize("k", [0, -32, 31, 4097, 1 << 40, True, 32.0, "32"])

@@ -3,10 +3,12 @@ Verilator, every output bit compared; and mxsim probe recovering a generated uni
 
 CI runs a representative subset: an exact tree and a fixed-point grid under Icarus (K = one
 block), a windowed tree with c in the window and a normalised sum under Verilator (K = 8, a partial
-tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode) under Icarus,
-and the fields decode of fp16 and bf16 on every code. ``MXSIM_RTL_LONG=1`` runs every format
-pair of every shipped config the generator covers (one per distinct parameter set), at K = one
-and two blocks, under both simulators, with 1000 random vectors, the corner list, and the
+tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode), an NVFP4
+group-sum unit, an exact tree across sub-block scales (bfp-exact), an fp32 and an fp64 FMA chain
+(ieee_steps zeros) and a promoting unit under Icarus, and the fields decode of fp16 and bf16 on every code.
+``MXSIM_RTL_LONG=1`` runs every format pair of every shipped config the generator covers (one
+per distinct parameter set), at K = one and two blocks (or trees, where a tree spans several
+blocks), under both simulators, with 1000 random vectors, the corner list, and the
 exhaustive list for 4-bit pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose
 name matches a pattern.
 """
@@ -185,6 +187,23 @@ CI_UNITS = [
     ("h100-fp8", ("fp8_e4m3", "fp8_e5m2"), 8, "verilator", {"inputs.block_size": 8}),
     # fp16 elements decoded by their fields; c in a 25-bit window, truncated; K = 16, one tree
     ("h100", ("fp16", "fp16"), 16, "iverilog", {"inputs.block_size": 16}),
+    # scales: group_sum with UE4M3 scales: one exact group of 16, scaled, in a 35-bit window
+    ("b200-nvfp4", ("fp4_e2m1", "fp4_e2m1"), 16, "iverilog", None),
+    # an exact tree across sub-block scales (the grid spans the E8M0 exponents); K = 4, two
+    # sub-blocks in a partial tree (the grid's width does not depend on K)
+    ("bfp-exact", ("mx6", "mx4"), 4, "iverilog", None),
+    # output.zero_sign: ieee_steps, an fp32 FMA chain; K = 8
+    ("mi100", ("fp32", "fp32"), 8, "iverilog", {"inputs.block_size": 8}),
+    # fp64 elements, c, accumulator and output (64-bit c port), ieee_steps; K = 4
+    ("a100-dmma", ("fp64", "fp64"), 4, "iverilog", {"inputs.block_size": 4}),
+    # promotion into the outer fp32 accumulator after 16 products and at the end: four trees
+    (
+        "h100-fp8-promoted",
+        ("fp8_e4m3", "fp8_e4m3"),
+        32,
+        "iverilog",
+        {"accumulator.promotion_interval": 16, "adder.fused_terms": 8},
+    ),
 ]
 
 
@@ -226,6 +245,15 @@ def test_the_mx_family_is_covered_and_refusals_name_a_key():
         "b200-fp8",
         "b200-tcgen05-mxf8f6f4",
         "rtx50-mma-mxf8f6f4",
+        "bfp-exact",
+        "b200-nvfp4",
+        "b200-tcgen05-mxf4",
+        "b200-tcgen05-mxf4nvf4",
+        "b200-tcgen05-mxf4nvf4-e8m0-block16",
+        "rtx50-mma-mxf4",
+        "rtx50-mma-mxf4nvf4",
+        "h100-dmma",
+        "mi100",
     ):
         assert name in names, name
         assert not [r for r in refused if r[0] == name], name
@@ -261,9 +289,11 @@ def _long_units():
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_long_every_covered_shipped_unit(tmp_path, config, pair, simulator, blocks):
     params = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml").params(*pair)
-    k = blocks * params.block_size
-    if params.accumulator_format == "exact" and blocks > 1:
-        pytest.skip("an exact accumulator is generated for one block")
+    # a block, or a whole tree where one spans several blocks (bfp-exact, the group-sum units)
+    unit = params.block_size
+    if params.scales != "none" and params.fused_terms % params.block_size == 0:
+        unit = max(unit, params.fused_terms)
+    k = blocks * unit
     kinds = ["random", "corners"] + (
         ["exhaustive"] if blocks == 1 and pair == ("fp4_e2m1", "fp4_e2m1") else []
     )

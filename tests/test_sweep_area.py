@@ -119,15 +119,15 @@ def test_a_point_the_generator_does_not_cover_is_refused_before_any_replay(capsy
         tmp_path,
         "--area",
         hw=str(REPO / "hwconfigs/b200-tcgen05-mxf8f6f4.yaml"),
-        vary="output.zero_sign=ieee,ieee_steps",
+        vary="adder.align_reference=exponent_sum,leading_bit",
     )
     err = without_compile_notice(capsys.readouterr().err)
     assert (
         status == 2
-        and "output.zero_sign: ieee_steps" in err
+        and "adder.align_reference: leading_bit" in err
         and "not covered by the RTL generator" in err
     )
-    assert "at point output.zero_sign=ieee_steps" in err
+    assert "at point adder.align_reference=leading_bit" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 

@@ -11,14 +11,17 @@ name. A parameter value the generator does not build is refused (:data:`COVERED`
 Semantics follow docs/hwconfig.md exactly (the RTL is shown equal to ``mxsim.dot`` on golden
 vectors by tests/test_rtl_*.py); the design choices where hardware has freedom:
 
-* element decode is a table of every code (formats of at most 8 bits), so any element format
-  of the format table decodes the same way, subnormal flushing and zero signs included; a
-  wider IEEE-shaped format (fp16, bf16, tf32, fp32) decodes by its fields to the same outputs;
+* element decode is a table of every code (formats of at most TABLE_BITS bits), so any
+  element format of the format table decodes the same way, subnormal flushing and zero signs
+  included; a wider IEEE-shaped format (fp16, bf16, tf32, fp32, fp64) decodes by its fields
+  to the same outputs; UE4M3 and E8M0 scales of ``scales: group_sum`` decode by a table too;
 * an exact tree (no window) sums its products on a fixed-point grid spanning the formats'
-  exponent range; its sum meets the accumulator in a two-term adder that jams what falls
-  below its window into a sticky bit (exact for rounding, see ``mxr_add_round``);
-* a windowed tree aligns every term to ``2^(R-F)`` as ``below_window`` says and adds them in
-  a register of ``carry_bits`` (exact width when null).
+  exponent range (and the E8M0 scale exponents' when its products lie in several blocks);
+  its sum meets the accumulator in a two-term adder that jams what falls below its window
+  into a sticky bit (exact for rounding, see ``mxr_add_round``);
+* a windowed tree aligns every term (a product, or a group's exact sum times its scales) to
+  ``2^(R-F)`` as ``below_window`` says and adds them in a register of ``carry_bits`` (exact
+  width when null).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from ..formats.reference import decode_reference
 LIBRARY = Path(__file__).with_name("mxsim_rtl_lib.sv")
 EXW = 16  # exponent bus width: every exponent of a covered unit lies within +-2^15
 MAX_K = 4096  # elements per dot product a generated unit may take
+TABLE_BITS = 9  # element formats of at most this many bits decode by a table of every code
+E8M0_EXPONENTS = (-127, 127)  # the exponents of the finite E8M0 scale codes 0..254
 MODES = {
     "nearest_even": 0,
     "nearest_away": 1,
@@ -49,7 +54,7 @@ MODES = {
     "nearest_toward_positive": 5,
 }
 WINDOW_MODES = {"truncate": 0, "floor": 1, "nearest_even": 2, "sticky": 3}
-IEEE_FORMATS = ("fp32", "fp16", "bf16")  # accumulator, output and c formats the generator builds
+IEEE_FORMATS = ("fp64", "fp32", "fp16", "bf16")  # accumulator, output and c formats it builds
 
 
 def _any(value, params) -> bool:
@@ -64,34 +69,26 @@ def _only(*accepted):
     return accepts
 
 
-def _exact_trees_inside_blocks(value, params) -> bool:
-    """An exact tree sums on one grid: its products must share a block scale."""
-    if (
-        params.align_fraction_bits is not None
-        or params.scales == "none"
-        or params.grid_fraction_bits is not None
-    ):
-        return True
-    return params.trees_in_blocks or (value <= params.block_size and params.block_size % value == 0)
-
-
 #: For each DatapathParams field: which of its values the generator builds (given the unit's
 #: other values). A key missing here is refused whatever its value.
 COVERED = {
     "block_size": _any,
-    "scales": _only("none", "products"),
-    "scale_format": _only("e8m0"),
+    # group sums are built as the terms of a windowed tree
+    "scales": lambda v, p: (
+        v in ("none", "products") or (v == "group_sum" and p.align_fraction_bits is not None)
+    ),
+    "scale_format": _any,
     "input_subnormals": _any,
     "c_format": _only(*IEEE_FORMATS),
     "same_format": _any,
     "input_zero_sign": lambda v, p: v == "keep" or p.accumulator_subnormals,
     "product_fraction_bits": _any,
     "product_overflow_exponent": _only(None),
-    "fused_terms": _exact_trees_inside_blocks,
+    "fused_terms": _any,
     "structure": _only("fused"),
     "term_order": _any,
     "trees_in_blocks": _any,
-    "group_terms": lambda v, p: p.scales != "group_sum",
+    "group_terms": _any,
     "accumulator_in_tree": _any,
     "align_reference": _only("exponent_sum"),
     "align_fraction_bits": _any,
@@ -112,14 +109,17 @@ COVERED = {
     "c_entry": _any,
     "c_add_rounding": _any,
     "accumulator_overflow": _any,
-    "promotion_interval": _only(None),
+    # the outer accumulator is fp32: built when the accumulator and c's port are fp32 as well
+    "promotion_interval": lambda v, p: (
+        v is None or (p.accumulator_format == "fp32" and p.c_format != "fp64")
+    ),
     "grid_fraction_bits": _any,
     "grid_max_left_shift": _any,
     "grid_max_right_shift": _any,
     "output_format": _only(*IEEE_FORMATS),
     "output_rounding": _any,
     "output_subnormals": _any,
-    "output_zero_sign": _only("ieee", "positive", "exact_positive"),
+    "output_zero_sign": _any,
 }
 
 
@@ -153,12 +153,13 @@ def check_covered(params: DatapathParams, source: str) -> None:
         ("inputs.b_formats", params.b_format),
     ):
         fmt = get_format(operand)
-        if fmt.bits > 8 and not _ieee_shaped(fmt):
+        if fmt.bits > TABLE_BITS and not _ieee_shaped(fmt):
             raise ConfigError(
                 source,
                 key,
                 f"element format {fmt.name} ({fmt.bits} bits) is not covered "
-                "by the RTL generator (elements of at most 8 bits, or IEEE-shaped wider ones)",
+                f"by the RTL generator (elements of at most {TABLE_BITS} bits, or IEEE-shaped "
+                "wider ones)",
             )
 
 
@@ -199,10 +200,11 @@ class ElementDecode:
 
 
 def element_decode(fmt_name: str, subnormals: bool, zeros_positive: bool) -> ElementDecode:
-    """The decode of one element format: a row per code for formats of at most 8 bits, the
-    IEEE fields' rule for wider ones (values as the format table's decode, docs/hwconfig.md)."""
+    """The decode of one element format: a row per code for formats of at most TABLE_BITS
+    bits, the IEEE fields' rule for wider ones (values as the format table's decode,
+    docs/hwconfig.md)."""
     fmt = get_format(fmt_name)
-    if fmt.bits > 8 and _ieee_shaped(fmt):
+    if fmt.bits > TABLE_BITS and _ieee_shaped(fmt):
         emin = 1 - fmt.bias
         emax = (1 << fmt.exponent_bits) - 2 - fmt.bias
         shape = (
@@ -404,14 +406,6 @@ def generate_unit(
         raise ArgumentError(
             f"rtl: k ({k}) must be a multiple of inputs.block_size ({params.block_size})"
         )
-    if params.accumulator_format == "exact" and params.scales != "none" and k > params.block_size:
-        raise ConfigError(
-            config.source,
-            "accumulator.format",
-            "exact with more than one block "
-            f"(k = {k} > block_size {params.block_size}) is not covered by the RTL generator "
-            "(one block: k <= block_size)",
-        )
     if isinstance(pipeline, bool) or not isinstance(pipeline, int) or not 0 <= pipeline <= 8:
         raise ArgumentError(f"rtl: pipeline must be an integer 0..8, got {pipeline!r}")
     if name is None:
@@ -439,9 +433,14 @@ class _Builder:
         self.db = element_decode(self.p.b_format, self.p.input_subnormals, zeros_positive)
         self.lines: list[str] = []
         self.tree_specials: list[str] = []  # per tree: its NaN/Inf flag
+        self.tree_products: list[list] = []  # per tree: its positions
         self.negzero_terms: list[str] = []  # per product: it keeps "every addend is -0" true
         self.ovf_terms: list[tuple] = []  # (overflow, its sign, trees before it) in order
         self.scaled = self.p.scales != "none"
+        # c travels as FP32 bits (a value of c_format), or FP64 bits for an fp64 c
+        self.c_container = "fp64" if self.p.c_format == "fp64" else "fp32"
+        self.c_eb, self.c_mb = _format_shape(self.c_container)
+        self.c_bits = 1 + self.c_eb + self.c_mb
         self.blocks = self.k // self.p.block_size if self.scaled else 0
 
     def emit(self, text: str = "") -> None:
@@ -467,11 +466,21 @@ class _Builder:
         ]
         if self.scaled:
             ports += [
-                ("scale_a", "input", 8 * self.blocks, "A E8M0 scale codes, block j at [8j+7:8j]"),
-                ("scale_b", "input", 8 * self.blocks, "B E8M0 scale codes, block j at [8j+7:8j]"),
+                (
+                    f"scale_{x}",
+                    "input",
+                    8 * self.blocks,
+                    f"{x.upper()} {p.scale_format.upper()} scale codes, block j at [8j+7:8j]",
+                )
+                for x in "ab"
             ]
         ports += [
-            ("c", "input", 32, f"accumulator input c, FP32 bits (a {p.c_format} value)"),
+            (
+                "c",
+                "input",
+                self.c_bits,
+                f"accumulator input c, {self.c_container.upper()} bits (a {p.c_format} value)",
+            ),
             ("d", "output", 1 + out_eb + out_mb, f"result, {p.output_format} bits"),
         ]
         if u.pipeline:
@@ -518,6 +527,7 @@ class _Builder:
             text.append(_decode_module(dec_b, self.db))
         else:
             dec_b = dec_a
+        self.scale_module = None
         port_text = ",\n".join(f"    {d} logic [{w - 1}:0] {n}" for n, d, w, _ in ports)
         self.emit(f"module {u.name} (\n{port_text}\n);")
         self._decode_and_multiply(dec_a, dec_b)
@@ -526,11 +536,19 @@ class _Builder:
         trees = tree_positions(self.k, p)
         if p.accumulator_format == "exact":  # exact sums: one tree holds every position
             trees = [[k for tree in trees for k in tree]]
+        outer = "c_outer" if p.promotion_interval else None
         for index, positions in enumerate(trees):
             acc = self._tree(index, positions, acc)
+            done = (index + 1) * p.fused_terms
+            if p.promotion_interval and done % p.promotion_interval == 0 and index < len(trees) - 1:
+                outer, acc = self._promote(f"pr{index}", outer, acc), "acc0"
+        if outer:
+            acc = self._promote("pr_end", outer, acc)
         acc = self._c_at_end(acc)
         self._output(acc)
         self.emit("endmodule")
+        if self.scale_module:
+            text.append(self.scale_module)
         return "\n".join(text + self.lines) + "\n", ports
 
     # steps 1-2
@@ -555,7 +573,9 @@ class _Builder:
         )
         self.emit(f"  logic signed [{EXW - 1}:0] p_uexp [{k}];  // without the scale")
         self.emit(f"  logic [{self.ps - 1}:0] p_sig [{k}];")
-        if self.scaled:
+        if p.scales == "group_sum":
+            self._group_scales()
+        elif self.scaled:
             nb = self.blocks
             self.emit(
                 f"  logic signed [{EXW - 1}:0] x_exp [{nb}];  // block scale exponent (Xa-127)+(Xb-127)"
@@ -582,7 +602,7 @@ class _Builder:
             f"    {dec_b} dec_b (.code(b[{wb}*gk +: {wb}]), .nan(b_nan[gk]), .inf(b_inf[gk]), .zero(b_zero[gk]), "
             ".sign(b_sign[gk]), .exp(b_exp[gk]), .sig(b_sig[gk]));"
         )
-        scale_nan = f" || x_nan[gk / {p.block_size}]" if self.scaled else ""
+        scale_nan = f" || x_nan[gk / {p.block_size}]" if p.scales == "products" else ""
         scale_exp = (
             f" + x_exp[gk / {p.block_size}]" if self.scaled and p.scales == "products" else ""
         )
@@ -605,6 +625,29 @@ class _Builder:
             )
         self.emit("  end")
 
+    def _group_scales(self) -> None:
+        """scales: group_sum: each block's two scale codes decoded by the scale format's table
+        (value = sig * 2^(exp - frac), exp = max(floor(log2 s), emin))."""
+        p, nb = self.p, self.blocks
+        self.ds = element_decode(p.scale_format, True, False)
+        w, s = self.ds.bits, self.ds.sig_bits
+        dec = f"{self.unit.name}_decode_scale"
+        self.scale_module = _decode_module(dec, self.ds)
+        for x in "ab":
+            self.emit(f"  logic [{nb - 1}:0] s{x}_nan, s{x}_inf, s{x}_zero, s{x}_sign;")
+            self.emit(f"  logic signed [{EXW - 1}:0] s{x}_exp [{nb}];")
+            self.emit(f"  logic [{s - 1}:0] s{x}_sig [{nb}];")
+        self.emit(f"  logic [{nb - 1}:0] s_nan;  // a NaN scale: the result is NaN")
+        self.emit("  genvar gj;")
+        self.emit(f"  for (gj = 0; gj < {nb}; gj++) begin : scale")
+        for x in "ab":
+            self.emit(
+                f"    {dec} dec_s{x} (.code(scale_{x}[8*gj +: {w}]), .nan(s{x}_nan[gj]), .inf(s{x}_inf[gj]), "
+                f".zero(s{x}_zero[gj]), .sign(s{x}_sign[gj]), .exp(s{x}_exp[gj]), .sig(s{x}_sig[gj]));"
+            )
+        self.emit("    assign s_nan[gj] = sa_nan[gj] || sb_nan[gj];")
+        self.emit("  end")
+
     # step 6's start: c into the accumulator
     def _c_entry(self) -> None:
         p = self.p
@@ -612,17 +655,20 @@ class _Builder:
             "  // c: unpacked; NaN and Inf go to the specials, the finite value enters the accumulator."
         )
         self.emit(
-            f"  logic c_nan, c_inf, c_zero, c_sign; logic signed [{EXW - 1}:0] c_exp; logic [23:0] c_sig;"
+            f"  logic c_nan, c_inf, c_zero, c_sign; logic signed [{EXW - 1}:0] c_exp; logic [{self.c_mb}:0] c_sig;"
         )
         self.emit(
-            f"  mxr_unpack #(.EB(8), .MB(23), .EXW({EXW})) c_unpack (.code(c), .nan(c_nan), .inf(c_inf), .zero(c_zero), "
+            f"  mxr_unpack #(.EB({self.c_eb}), .MB({self.c_mb}), .EXW({EXW})) c_unpack (.code(c), .nan(c_nan), .inf(c_inf), .zero(c_zero), "
             ".sign(c_sign), .exp(c_exp), .sig(c_sig));"
         )
         self.emit("  logic c_special; assign c_special = c_nan || c_inf;")
         # a zero c, or a NaN/Inf one, is +0 in the accumulator (exact zero)
         self.emit("  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special;")
-        self.emit("  logic [23:0] c_mag; assign c_mag = c_special ? 24'd0 : c_sig;")
-        self.emit(f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd23;")
+        cw = self.c_mb + 1
+        self.emit(f"  logic [{cw - 1}:0] c_mag; assign c_mag = c_special ? {cw}'d0 : c_sig;")
+        self.emit(
+            f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd{self.c_mb};"
+        )
         self.negative_zero_c = "(c_zero && c_sign" + (
             ")" if p.input_zero_sign == "keep" else " && 1'b0)"
         )
@@ -639,13 +685,45 @@ class _Builder:
         if p.c_entry == "initial" and not p.promotion_interval:
             self.emit(f"  logic [{aw - 1}:0] c_rounded;")
             self.emit(
-                f"  {self._round_inst('c_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), 'c_rounded', 'c_ovf')}"
+                f"  {self._round_inst('c_round', 'c_finite_sign', 'c_mag', self.c_mb + 1, 'c_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), 'c_rounded', 'c_ovf')}"
             )
             grid_minus = p.grid_fraction_bits is not None and p.input_zero_sign == "keep"
-            neg = f"c_zero && c_sign && !c_special ? {{1'b1, {aw - 1}'d0}} : " if grid_minus else ""
+            steps = p.output_zero_sign == "ieee_steps"  # the first step's addends include c
+            neg = (
+                f"{self.negative_zero_c} && !c_special ? {{1'b1, {aw - 1}'d0}} : "
+                if grid_minus or steps
+                else ""
+            )
             self.emit(f"  assign acc0 = c_ovf ? '0 : {neg}c_rounded;")
         else:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
+        if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
+            self.emit(
+                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero) ? '0 : c;"
+            )
+
+    def _promote(self, name: str, outer: str, acc: str) -> str:
+        """promotion_interval: the accumulator added into the outer fp32 accumulator (which c
+        starts), rounded to nearest even; an overflow becomes the running special and the
+        outer accumulator 0. Returns the outer accumulator's new code."""
+        aw = 1 + self.acc_eb + self.acc_mb
+        self.emit(f"  // promotion: {acc} added into the outer fp32 accumulator (nearest even).")
+        self._acc_unpack(f"{name}_a", acc)
+        self._acc_unpack(f"{name}_o", outer)
+        w = self.acc_mb + 2
+        self.emit(
+            f"  logic signed [{w - 1}:0] {name}_x; assign {name}_x = {name}_a_sign ? -({w}'($unsigned({name}_a_sig))) : {w}'($unsigned({name}_a_sig));"
+        )
+        self.emit(f"  logic [{aw - 1}:0] {name}_sum, {name}_out; logic {name}_ovf;")
+        self.emit(
+            f"  mxr_add_round #(.WX({w}), .WY({self.acc_mb + 1}), .EB({self.acc_eb}), .MB({self.acc_mb}), "
+            f".MODE({MODES['nearest_even']}), .SUBN(1), .OVF_INF(0), .EXW({EXW})) {name}_add (.x({name}_x), "
+            f".lsb_x({name}_a_exp - {EXW}'sd{self.acc_mb}), .sign_y({name}_o_sign), .mag_y({name}_o_sig), "
+            f".lsb_y({name}_o_exp - {EXW}'sd{self.acc_mb}), .code({name}_sum), .ovf({name}_ovf));"
+        )
+        self.emit(f"  assign {name}_out = {name}_ovf ? '0 : {name}_sum;")
+        self._note_overflow(f"{name}_ovf", f"{name}_sum[{aw - 1}]", len(self.tree_specials))
+        return f"{name}_out"
 
     def _acc_ovf_inf(self) -> int:
         return int(self.p.accumulator_overflow == "infinity")
@@ -679,8 +757,11 @@ class _Builder:
             f"  // Tree {index}: k = {', '.join('pad' if k is None else str(k) for k in positions)}."
         )
         spec = " || ".join(f"p_nan[{k}] || p_inf[{k}]" for k in ks) or "1'b0"
+        if p.scales == "group_sum":
+            spec += "".join(f" || s_nan[{j}]" for j in sorted({k // p.block_size for k in ks}))
         self.emit(f"  logic {t}_special; assign {t}_special = {spec};")
         self.tree_specials.append(f"{t}_special")
+        self.tree_products.append(ks)
         self.negzero_terms += [
             f"(p_zero[{k}] && p_sign[{k}]) || p_nan[{k}] || p_inf[{k}]" for k in ks
         ]
@@ -697,13 +778,33 @@ class _Builder:
             x = (s_name, s_width, s_lsb)
             in_tree = False
         else:
-            x, in_tree = self._window_sum(t, index, ks, nz), p.accumulator_in_tree
+            x, in_tree = self._window_sum(t, index, positions, nz), p.accumulator_in_tree
             x = self._normalise(t, *x)
         return self._accumulate(t, x, in_tree)
 
     def _exact_sum(self, t: str, ks: list, nz: dict) -> tuple[str, int, str]:
-        """An exact tree's product sum: S * 2^lsb, S two's complement on one fixed-point grid."""
+        """An exact tree's product sum: S * 2^lsb, S two's complement on one fixed-point grid.
+        Products sharing one block scale sit on a grid spanning the elements' exponents, the
+        scale added to the sum's LSB; products of several blocks (an exact tree across block
+        scales) on one spanning the scale exponents' range as well, each at its own scale."""
+        p = self.p
+        blocks = {k // p.block_size for k in ks} if self.scaled else set()
+        per_product = len(blocks) > 1 and p.scales == "products"
+        low = self.pemin + (2 * E8M0_EXPONENTS[0] if per_product else 0)
         span = self.pemax - self.pemin
+        if per_product:
+            span += 2 * (E8M0_EXPONENTS[1] - E8M0_EXPONENTS[0])
+        exp = "p_exp" if per_product else "p_uexp"
+        if len(ks) == 1:  # one product is its own exact sum: no grid
+            (k,) = ks
+            width = self.ps + 1
+            self.emit(f"  logic signed [{width - 1}:0] {t}_s;  // the tree's one product")
+            self.emit(f"  logic signed [{EXW - 1}:0] {t}_s_lsb;")
+            self.emit(
+                f"  assign {t}_s = !({nz[k]}) ? '0 : p_sign[{k}] ? -{width}'(p_sig[{k}]) : {width}'(p_sig[{k}]);"
+            )
+            self.emit(f"  assign {t}_s_lsb = p_exp[{k}] - {EXW}'sd{self.ft};")
+            return f"{t}_s", width, f"{t}_s_lsb"
         width = self.ps + span + _bits(max(len(ks), 1)) + 1
         self.emit(
             f"  logic signed [{width - 1}:0] {t}_s;  // exact product sum, LSB 2^(pemin - ft + X)"
@@ -715,23 +816,98 @@ class _Builder:
                 f"  logic signed [{width - 1}:0] {t}_f{i};  // product k = {k} on the grid, signed"
             )
             self.emit(
-                f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)}))"
-                f" : {width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)});"
+                f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << ({exp}[{k}] - {_signed(low)}))"
+                f" : {width}'(p_sig[{k}]) << ({exp}[{k}] - {_signed(low)});"
             )
             terms.append(f"{t}_f{i}")
         self.emit(f"  assign {t}_s = {_balanced_sum(terms)};")
-        x = f" + x_exp[{ks[0] // self.p.block_size}]" if ks and self.scaled else ""
-        self.emit(f"  assign {t}_s_lsb = {_signed(self.pemin - self.ft)}{x};")
+        x = (
+            f" + x_exp[{ks[0] // p.block_size}]"
+            if ks and p.scales == "products" and not per_product
+            else ""
+        )
+        self.emit(f"  assign {t}_s_lsb = {_signed(low - self.ft)}{x};")
         return f"{t}_s", width, f"{t}_s_lsb"
 
-    def _window_sum(self, t: str, index: int, ks: list, nz: dict) -> tuple[str, int, str]:
+    def _product_terms(self, ks: list, nz: dict) -> list[tuple]:
+        """A tree's products as window terms: (valid, alignment exponent, sign, magnitude,
+        its width, its LSB's exponent, the most places its LSB lies above the window's LSB
+        beyond F, how many binades above the alignment exponent its value may reach)."""
+        lmax = max(0, self.p.align_fraction_bits - self.ft)
+        return [
+            (
+                f"({nz[k]})",
+                f"p_exp[{k}]",
+                f"p_sign[{k}]",
+                f"({nz[k]}) ? p_sig[{k}] : {self.ps}'d0",
+                self.ps,
+                f"p_exp[{k}] - {EXW}'sd{self.ft}",
+                lmax,
+                2,
+            )
+            for k in ks
+        ]
+
+    def _group_terms(self, t: str, positions: list, nz: dict) -> tuple[list, list]:
+        """scales: group_sum: per group of group_terms positions, the exact sum g of its
+        products times its block's scales sa*sb, one window term aligned at ea + eb (window
+        terms as _product_terms); and per group its zero-term flag (all products zero, or a
+        zero scale, the scales not NaN)."""
+        p, ds = self.p, self.ds  # A and B scales share one format
+        terms, zeros = [], []
+        for g, start in enumerate(range(0, len(positions), p.group_terms)):
+            ks = [k for k in positions[start : start + p.group_terms] if k is not None]
+            if not ks:
+                continue
+            j = ks[0] // p.block_size
+            s_name, s_width, s_lsb = self._exact_sum(f"{t}_g{g}", ks, nz)
+            mw = s_width - 1 + 2 * ds.sig_bits
+            name = f"{t}_g{g}"
+            scale_zero = f"sa_zero[{j}] || sb_zero[{j}]"
+            all_zero = " && ".join(f"p_zero[{k}]" for k in ks)
+            self.emit(f"  logic {name}_valid, {name}_zero; logic [{mw - 1}:0] {name}_mag;")
+            self.emit(f"  logic signed [{EXW - 1}:0] {name}_exp, {name}_lsb;")
+            self.emit(f"  assign {name}_valid = !({all_zero}) && !({scale_zero}) && !s_nan[{j}];")
+            self.emit(f"  assign {name}_zero = (({all_zero}) || {scale_zero}) && !s_nan[{j}];")
+            self.emit(
+                f"  assign {name}_mag = {mw}'({s_name}[{s_width - 1}] ? -{s_name} : {s_name}) * "
+                f"{mw}'(sa_sig[{j}]) * {mw}'(sb_sig[{j}]);"
+            )
+            self.emit(f"  assign {name}_exp = sa_exp[{j}] + sb_exp[{j}];")
+            self.emit(f"  assign {name}_lsb = {s_lsb} + {name}_exp - {EXW}'sd{2 * ds.frac};")
+            # g * sa * sb < 2^(ea + eb + headroom); its LSB at most offset above ea + eb
+            offset = self.pemin - self.ft - 2 * ds.frac
+            headroom = max(mw + offset, 0)
+            terms.append(
+                (
+                    f"{name}_valid",
+                    f"{name}_exp",
+                    f"{s_name}[{s_width - 1}]",
+                    f"{name}_valid ? {name}_mag : {mw}'d0",
+                    mw,
+                    f"{name}_lsb",
+                    max(0, p.align_fraction_bits + offset),
+                    headroom,
+                )
+            )
+            zeros.append(f"{name}_zero")
+        return terms, zeros
+
+    def _window_sum(self, t: str, index: int, positions: list, nz: dict) -> tuple[str, int, str]:
         """A windowed tree (step 4-5): reference R, every term kept to multiples of 2^(R-F) as
         below_window says, the kept terms added (in the carry_bits register when given)."""
         p = self.p
+        ks = [k for k in positions if k is not None]
         f = p.align_fraction_bits
         sticky = p.below_window == "sticky"
-        terms = len(ks) + (1 if p.accumulator_in_tree else 0)
-        wo = f + 3 + int(sticky) + 1
+        if p.scales == "group_sum":
+            window_terms, zeros = self._group_terms(t, positions, nz)
+        else:
+            window_terms = self._product_terms(ks, nz)
+            zeros = [f"p_zero[{k}]" for k in ks]
+        terms = len(window_terms) + (1 if p.accumulator_in_tree else 0)
+        headroom = max([2] + [term[7] for term in window_terms])
+        wo = f + headroom + 1 + int(sticky) + 1
         width = wo + _bits(max(terms, 1))
         a = f"{t}_a"
         self.emit(
@@ -757,10 +933,10 @@ class _Builder:
                     f"  assign {t}_acc_exp = {a}_exp - {EXW}'sd{self.acc_mb} + {EXW}'($signed({{1'b0, {t}_acc_top}}));"
                 )
             acc_exp = f"{t}_acc_exp"
-        cands = [(f"({nz[k]})", f"p_exp[{k}]") for k in ks]
+        cands = [(valid, exp) for valid, exp, *_ in window_terms]
         if acc_exp:
             cands.append((f"!{a}_zero", acc_exp))
-        zeros = [f"p_zero[{k}]" for k in ks] + ([f"{a}_zero"] if acc_exp else [])
+        zeros += [f"{a}_zero"] if acc_exp else []
         zero_any = " || ".join(zeros) or "1'b0"
         self.emit(f"  assign {t}_has_zero = {zero_any};")
         if p.zero_term_exponent is not None:
@@ -771,12 +947,11 @@ class _Builder:
         self.emit(f"  assign {t}_r = {r_name};")
         self.emit(f"  assign {t}_wlsb = {t}_r - {EXW}'sd{f};")
         self.emit(f"  logic signed [{wo - 1}:0] {t}_al [{terms}];")
-        lmax_p = max(0, f - self.ft)
-        for i, kk in enumerate(ks):
+        for i, (_, _, sign, sig, wi, lsb, lmax, _) in enumerate(window_terms):
             self.emit(
-                f"  mxr_window_term #(.WI({self.ps}), .LMAX({lmax_p}), .WO({wo}), .MODE({WINDOW_MODES[p.below_window]}), "
-                f".EXW({EXW})) {t}_term{i} (.sign(p_sign[{kk}]), .sig(({nz[kk]}) ? p_sig[{kk}] : {self.ps}'d0), "
-                f".lsb(p_exp[{kk}] - {EXW}'sd{self.ft}), .wlsb({t}_wlsb), .out({t}_al[{i}]));"
+                f"  mxr_window_term #(.WI({wi}), .LMAX({lmax}), .WO({wo}), .MODE({WINDOW_MODES[p.below_window]}), "
+                f".EXW({EXW})) {t}_term{i} (.sign({sign}), .sig({sig}), "
+                f".lsb({lsb}), .wlsb({t}_wlsb), .out({t}_al[{i}]));"
             )
         if acc_exp:
             self.emit(
@@ -880,7 +1055,16 @@ class _Builder:
                 f"  mxr_add_round #(.WX({width}), .WY({self.acc_mb + 1}), {common}) {t}_add (.x({s}), .lsb_x({lsb}), "
                 f".sign_y({a}_sign), .mag_y({a}_sig), .lsb_y({a}_exp - {EXW}'sd{self.acc_mb}), .code({t}_rounded), .ovf({t}_ovf));"
             )
-        self.emit(f"  assign {t}_acc = {t}_ovf ? '0 : {t}_rounded;")
+        rounded = f"{t}_rounded"
+        if p.output_zero_sign == "ieee_steps":
+            # an IEEE step: its exact zero is -0 when the accumulator and every product are -0
+            ks = self.tree_products[-1]
+            minus = " && ".join(
+                [f"{a}_zero && {a}_sign"] + [f"p_zero[{k}] && p_sign[{k}]" for k in ks]
+            )
+            self.emit(f"  logic {t}_negative_step; assign {t}_negative_step = {minus};")
+            rounded = f"({t}_negative_step && {t}_rounded[{aw - 2}:0] == '0 ? {{1'b1, {aw - 1}'d0}} : {t}_rounded)"
+        self.emit(f"  assign {t}_acc = {t}_ovf ? '0 : {rounded};")
         self._note_overflow(f"{t}_ovf", f"{t}_rounded[{aw - 1}]", len(self.tree_specials))
         return f"{t}_acc"
 
@@ -914,7 +1098,7 @@ class _Builder:
         ob, om = _format_shape(p.output_format)
         self.emit(f"  logic [{ob + om}:0] {t}_out; logic {t}_ovf;")
         self.emit(
-            f"  mxr_add_round #(.WX({width}), .WY(24), .EB({ob}), .MB({om}), .MODE({MODES[p.output_rounding]}), "
+            f"  mxr_add_round #(.WX({width}), .WY({self.c_mb + 1}), .EB({ob}), .MB({om}), .MODE({MODES[p.output_rounding]}), "
             f".SUBN({int(p.output_subnormals)}), .OVF_INF(0), .EXW({EXW})) {t}_add (.x({s}), .lsb_x({lsb}), "
             f".sign_y(c_finite_sign), .mag_y(c_mag), .lsb_y(c_lsb), .code({t}_out), .ovf({t}_ovf));"
         )
@@ -934,7 +1118,7 @@ class _Builder:
         )
         self.emit(f"  logic [{aw - 1}:0] ce_c, ce_sum, ce_acc; logic ce_c_ovf, ce_ovf;")
         self.emit(
-            f"  {self._round_inst('ce_round', 'c_finite_sign', 'c_mag', 24, 'c_lsb', p.accumulator_format, 'nearest_even', p.accumulator_subnormals, self._acc_ovf_inf(), 'ce_c', 'ce_c_ovf')}"
+            f"  {self._round_inst('ce_round', 'c_finite_sign', 'c_mag', self.c_mb + 1, 'c_lsb', p.accumulator_format, 'nearest_even', p.accumulator_subnormals, self._acc_ovf_inf(), 'ce_c', 'ce_c_ovf')}"
         )
         self._acc_unpack("ce_a", acc)
         self._acc_unpack("ce_cc", "ce_c")
@@ -979,7 +1163,9 @@ class _Builder:
         self.emit("  logic ovf_counts, ovf_sign;")
         ovfs = (
             [("c_ovf", "c_rounded[" + str(self.acc_eb + self.acc_mb) + "]", 0)]
-            if p.accumulator_format != "exact" and p.c_entry == "initial"
+            if p.accumulator_format != "exact"
+            and p.c_entry == "initial"
+            and not p.promotion_interval
             else []
         ) + self.ovf_terms
         conds = []
@@ -988,7 +1174,7 @@ class _Builder:
             conds.append((f"({ovf} && !({before}))", sign))
         self.emit(f"  assign ovf_counts = {' || '.join(c for c, _ in conds) or chr(48)};")
         self.emit(f"  assign ovf_sign = {''.join(f'{c} ? {sg} : ' for c, sg in conds)}1'b0;")
-        nans = ["c_nan", "(|p_nan)"]
+        nans = ["c_nan", "(|p_nan)"] + (["(|s_nan)"] if p.scales == "group_sum" else [])
         self.emit("  logic any_nan, pos_inf, neg_inf;")
         self.emit(f"  assign any_nan = {' || '.join(nans)};")
         self.emit(
@@ -998,7 +1184,12 @@ class _Builder:
             "  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);"
         )
         negzero = [self.negative_zero_c] + self.negzero_terms
-        if p.grid_fraction_bits is not None or p.output_zero_sign != "ieee":
+        # ieee_steps: the accumulator carries each step's zero sign (an exact accumulator
+        # is one step, the ieee rule)
+        ieee = p.output_zero_sign == "ieee" or (
+            p.output_zero_sign == "ieee_steps" and p.accumulator_format == "exact"
+        )
+        if p.grid_fraction_bits is not None or not ieee:
             self.emit("  logic all_negative_zero; assign all_negative_zero = 1'b0;")
         else:
             self.emit(
