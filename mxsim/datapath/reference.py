@@ -263,7 +263,7 @@ def _group_terms(
             {
                 "stage": "group",
                 "start": group[0],
-                "sum": float(group_sum),
+                "sum": _to_float(group_sum),
                 "scale_a": _to_float(value_a),
                 "scale_b": _to_float(value_b),
             }
@@ -364,10 +364,10 @@ def _tree_sum(
             "start": tree_start,
             "reference_exponent": reference,
             "lsb_exponent": reference - params.align_fraction_bits,
-            "terms": [float(t) for t, _ in terms],
-            "aligned": [float(t) for t in kept_terms],
-            "dropped": [float(t - k) for (t, _), k in zip(terms, kept_terms)],
-            "sum": float(tree_sum),
+            "terms": [_to_float(t) for t, _ in terms],
+            "aligned": [_to_float(t) for t in kept_terms],
+            "dropped": [_to_float(t - k) for (t, _), k in zip(terms, kept_terms)],
+            "sum": _to_float(tree_sum),
         }
     )
     return tree_sum
@@ -378,7 +378,7 @@ def _normalise(tree_sum: Fraction, params: DatapathParams, log):
     if params.sum_significant_bits is None:
         return tree_sum
     tree_sum = _round(tree_sum, sum_format(params.sum_significant_bits), params.sum_rounding)
-    log({"stage": "normalise", "bits": params.sum_significant_bits, "value": float(tree_sum)})
+    log({"stage": "normalise", "bits": params.sum_significant_bits, "value": _to_float(tree_sum)})
     return tree_sum
 
 
@@ -408,10 +408,10 @@ def _parity_sum(halves: list[tuple], tree_start: int, params: DatapathParams, lo
         {
             "stage": "parity_windows",
             "start": tree_start,
-            "window_sums": [float(w) for w, _ in sums],
+            "window_sums": [_to_float(w) for w, _ in sums],
             "references": [r for _, r in sums],
             "reference_exponent": reference,
-            "sum": float(total),
+            "sum": _to_float(total),
         }
     )
     return total, reference
@@ -454,10 +454,10 @@ def _second_alignment(
         {
             "stage": "second_alignment",
             "exponent": top,
-            "tree_sum": float(kept_sum),
-            "accumulator": float(kept_acc),
+            "tree_sum": _to_float(kept_sum),
+            "accumulator": _to_float(kept_acc),
             "accumulator_dropped": dropped,
-            "cut_sum": float(total),
+            "cut_sum": _to_float(total),
             "result": _to_float(result),
         }
     )
@@ -529,7 +529,7 @@ def _grid_accumulate(
             "stage": "grid",
             "scale_exponent": scale_exponent,
             "accumulator_lsb_above_grid": offset,
-            "product_sum": float(products),
+            "product_sum": _to_float(products),
             "pass_through": passes,
             "accumulator": _to_float(acc),
         }
@@ -839,7 +839,7 @@ def dot_reference(
         # A grid returns the accumulator itself in its pass-through rules: c = -0 stays -0.
         acc = -0.0 if c == 0 and math.copysign(1.0, c) < 0 else acc
         specials.negative_zeros_only = False  # the grid's rules set the sign of a zero
-    log({"stage": "accumulator_start", "value": _to_float(acc), "outer": float(outer)})
+    log({"stage": "accumulator_start", "value": _to_float(acc), "outer": _to_float(outer)})
 
     for index, positions in enumerate(trees):
         tree_start = index * params.fused_terms
