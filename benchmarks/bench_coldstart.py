@@ -2,7 +2,7 @@
 ``mxsim dot`` with an empty kernel cache (first run: compiling) and again (cached).
 
 Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install] [--per-kernel]
-       python benchmarks/bench_coldstart.py --per-config ocp-exact,h100-fp8,mxdotp
+       python benchmarks/bench_coldstart.py --per-config ocp-exact,h100-fp8,mxdotp|all [--shared-cache]
 
 Prints wall and CPU seconds of each step (CPU time, user + system of the child, depends far
 less on the machine's load than wall time) beside a same-run baseline, the cold compile of a
@@ -11,7 +11,9 @@ for the install. ``--per-kernel`` also runs the README replay once more in one p
 empty cache and prints each kernel's compile seconds, exclusive of the kernels it calls
 (from Numba's compile events). ``--per-config`` instead measures each config's first use
 alone: ``mxsim replay traces/digits-cnn --hw CONFIG`` from this checkout with an empty kernel
-cache, its compile seconds (the replay's own report) and CPU seconds.
+cache, its compile seconds (the replay's own report) and CPU seconds; ``all`` takes every
+shipped config, and ``--shared-cache`` runs them in turn on one cache (what each adds to the
+ones before it; the total is the cost of them all).
 """
 
 from __future__ import annotations
@@ -93,14 +95,18 @@ def timed(command: list[str], env: dict) -> tuple[tuple[float, float], str]:
     return seconds, result.stdout
 
 
-def per_config(configs: list[str]) -> None:
-    """Each config's first use with an empty kernel cache: compile and CPU seconds."""
+def per_config(configs: list[str], shared_cache: bool = False) -> None:
+    """Each config's first use with an empty kernel cache: compile and CPU seconds. With
+    ``shared_cache`` the configs run in turn on one cache, each compiling only what the
+    ones before it did not (the total is every config's first use)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     print(
         f"{'config (README replay, empty cache)':40s} {'compiling':>10s} {'CPU':>8s} {'wall':>8s}  load average"
     )
+    shared = tempfile.mkdtemp(prefix="mxsim-cache-shared-")
+    totals = [0.0, 0.0]
     for name in configs:
-        cache = tempfile.mkdtemp(prefix=f"mxsim-cache-{name}-")
+        cache = shared if shared_cache else tempfile.mkdtemp(prefix=f"mxsim-cache-{name}-")
         command = [
             sys.executable,
             "-m",
@@ -122,6 +128,9 @@ def per_config(configs: list[str]) -> None:
             f"{name:40s} {float(compiling):8.1f} s {cpu:6.1f} s {wall:6.1f} s  {os.getloadavg()[0]:.1f}",
             flush=True,
         )
+        totals[0] += float(compiling)
+        totals[1] += cpu
+    print(f"{'total':40s} {totals[0]:8.1f} s {totals[1]:6.1f} s")
 
 
 def main() -> None:
@@ -136,11 +145,19 @@ def main() -> None:
     parser.add_argument(
         "--per-config",
         metavar="CONFIGS",
-        help="comma-separated configs: each one's first use alone",
+        help="comma-separated configs, or all (every hwconfigs/*.yaml): each one's first use alone",
+    )
+    parser.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="with --per-config: the configs in turn on one kernel cache",
     )
     args = parser.parse_args()
     if args.per_config:
-        per_config(args.per_config.split(","))
+        configs = args.per_config.split(",")
+        if configs == ["all"]:
+            configs = sorted(path.stem for path in (REPO / "hwconfigs").glob("*.yaml"))
+        per_config(configs, args.shared_cache)
         return
     work = Path(tempfile.mkdtemp(prefix="mxsim-coldstart-"))
     venv = Path(args.venv) if args.venv else work / "venv"

@@ -10,6 +10,8 @@ thread is waited for; the results do not depend on the thread count.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numba
@@ -33,3 +35,31 @@ def threads_for(work: int):
         yield
     finally:
         numba.set_num_threads(threads)
+
+
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, size, pool)
+
+
+def _threads_pool(size: int) -> ThreadPoolExecutor:
+    """A pool of ``size`` threads kept for the process (a forked child makes its own: the
+    parent's threads do not exist there)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid() or _pool[1] < size:
+        _pool = (os.getpid(), size, ThreadPoolExecutor(size, thread_name_prefix="mxsim"))
+    return _pool[2]
+
+
+def run_in_threads(call, items: int) -> None:
+    """``call(start, stop)`` over ``range(items)`` cut into contiguous chunks, on as many
+    threads as Numba's thread count allows here (one inside :func:`threads_for`'s small-work
+    block: then on the calling thread alone): ``call`` runs a GIL-free (``nogil``) kernel, so
+    the chunks run at the same time. Four chunks a thread even out chunks of unequal cost; a
+    kernel's exception reaches the caller."""
+    threads = min(numba.get_num_threads(), items)
+    if threads <= 1:
+        call(0, items)
+        return
+    chunks = min(items, 4 * threads)
+    bounds = [i * items // chunks for i in range(chunks + 1)]
+    for _ in _threads_pool(threads).map(call, bounds[:-1], bounds[1:]):
+        pass

@@ -746,12 +746,32 @@ FIXTURE_TIERS = {
 }
 
 
+def warm_kernel_cache() -> None:
+    """Compile the kernels every xdist worker needs at its first tests (the generic datapath
+    kernel and the window route on fp8 codes with float32 c, MX quantization) into the shared
+    kernel cache, once, in the controller before the workers start: otherwise each worker
+    compiles its own copy of them at the same moment. With a warm cache this only loads them."""
+    from mxsim.datapath import dot, load_hwconfig
+    from mxsim.quantize import quantize
+
+    fp8 = FORMATS["fp8_e4m3"]
+    codes = fp8.encode(np.array([[1.0, -2.0, 0.5, np.nan]] * 2))  # a NaN: the generic kernel too
+    c = np.zeros(2, np.float32)
+    for name, method in (("h100-fp8", "auto"), ("mxdotp", "kernel")):
+        unit = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=c, method=method)
+    quantize(np.ones((2, 32), np.float32), "fp8_e4m3")
+
+
 def pytest_configure(config):
     """On an xdist worker, Numba's parallel kernels use the worker's share of the cores: the
     workers already fill them, and a kernel waiting for threads another worker's process holds
-    only spins (tests/test_threads.py runs the kernels on two threads itself)."""
+    only spins (tests/test_threads.py runs the kernels on two threads itself). In the
+    controller of an xdist run, before the workers start: :func:`warm_kernel_cache`."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
+        if getattr(config.option, "numprocesses", None) and config.option.dist != "no":
+            warm_kernel_cache()
         return
     import numba
 

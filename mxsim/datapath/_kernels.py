@@ -1,8 +1,8 @@
 """Numba kernels of the generic MX dot-product datapath.
 
-One dot product at a time (``dot_one``), driven over row pairs (``dot_pairs``) or over a
-batch of GEMMs (``matmul_groups``). ``dot_one`` runs the stages of docs/hwconfig.md, one small function
-each:
+One dot product at a time (``dot_one``), driven over a batch of GEMMs (``matmul_groups``;
+row-wise dot products are GEMMs of one row each). ``dot_one`` runs the stages of
+docs/hwconfig.md, one small function each:
 
 - steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
   common unit) or :func:`tree_terms` (any order, per-element scales, specials), each product
@@ -38,9 +38,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._compile import NO_REFCOUNTS, generic_calls
+from .._threads import run_in_threads
 
 from ..formats._kernels import (
     OVERFLOW_INF_NAN,
@@ -522,6 +523,7 @@ def multiply(
     return product, exponent_sum, deferred
 
 
+@generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
 def tree_terms(
     start,
@@ -1500,103 +1502,59 @@ def _output_code(value, out_params):
     return encode_bits(bits, 11, 52, 0, out_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN, 0)
 
 
-@njit(cache=True, parallel=True)
-def dot_pairs(
-    a_codes,
-    b_codes,
-    a_scales,
-    b_scales,
-    c_values,
-    a_values,
-    a_exponents,
-    b_values,
-    b_exponents,
-    cfg,
-    order,
-    acc_params,
-    sum_params,
-    out_params,
-    fp32_params,
-    scale_values,
-    scale_exponents,
-    a_params,
-    b_params,
-    out,
-):
-    """out[i] = output code of the dot product of row i of A with row i of B."""
-    n_rows = a_codes.shape[0]
-    width = cfg[0].fused_terms + 1  # a tree's terms and the accumulator
-    n_chunks = min(n_rows, 256)
-    for chunk in prange(n_chunks):  # scratch buffers once per chunk, not per row
-        limbs, bounds = _thread_limbs()
-        terms = np.empty(width, dtype=np.float64)
-        exponents = np.empty(width, dtype=np.int64)
-        for i in range(chunk * n_rows // n_chunks, (chunk + 1) * n_rows // n_chunks):
-            value = dot_one(
-                a_codes[i],
-                b_codes[i],
-                a_scales[i],
-                b_scales[i],
-                c_values[i],
-                a_values,
-                a_exponents,
-                b_values,
-                b_exponents,
-                cfg,
-                order,
-                acc_params,
-                sum_params,
-                out_params,
-                fp32_params,
-                scale_values,
-                scale_exponents,
-                a_params,
-                b_params,
-                limbs,
-                bounds,
-                terms,
-                exponents,
-            )
-            out[i] = _output_code(value, out_params)
-
-
-@njit(cache=True, parallel=True)
-def matmul_groups(
-    a_codes,
-    b_codes,
-    a_scales,
-    b_scales,
-    c_values,
-    a_values,
-    a_exponents,
-    b_values,
-    b_exponents,
-    cfg,
-    order,
-    acc_params,
-    sum_params,
-    out_params,
-    fp32_params,
-    scale_values,
-    scale_exponents,
-    a_params,
-    b_params,
-    out,
-):
+def matmul_groups(*arguments):
     """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
-    (N, K), for every group g of a (G, M, K) x (G, N, K) batch: G independent GEMMs, one call.
+    (N, K), for every group g of a (G, M, K) x (G, N, K) batch: G independent GEMMs, one call;
+    arguments as :func:`matmul_rows` takes them, less ``start`` and ``stop``. Row-wise dot
+    products are the batch of n GEMMs of one row each: one kernel to compile per signature.
 
-    ``c_values`` is (G, M, N), or (1, 1, 1) for one value shared by every output (no copy).
-    """
-    n_groups, n_rows = a_codes.shape[0], a_codes.shape[1]
+    The (group, row) pairs are shared out among Numba's thread count of Python threads, each
+    running the GIL-free :func:`matmul_rows` on its own rows: a ``prange`` loop would compile
+    the kernel a second time, as Numba's parallel gufunc, which tripled its compile time."""
+    a_codes = arguments[0]
+    run_in_threads(
+        lambda start, stop: matmul_rows(*arguments, start, stop),
+        a_codes.shape[0] * a_codes.shape[1],
+    )
+
+
+@njit(cache=True, nogil=True)
+def matmul_rows(
+    a_codes,
+    b_codes,
+    a_scales,
+    b_scales,
+    c_values,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    cfg,
+    order,
+    acc_params,
+    sum_params,
+    out_params,
+    fp32_params,
+    scale_values,
+    scale_exponents,
+    a_params,
+    b_params,
+    out,
+    start,
+    stop,
+):
+    """:func:`matmul_groups` on the (group, row) pairs ``start`` to ``stop`` (in the order
+    g * M + m). ``c_values`` is (G, M, N), or (1, 1, 1) for one value shared by every output
+    (no copy)."""
+    n_rows = a_codes.shape[1]
     n_columns = b_codes.shape[1]
     c_groups, c_rows, c_columns = c_values.shape
-    width = cfg[0].fused_terms + 1
-    for row in prange(n_groups * n_rows):
+    width = cfg[0].fused_terms + 1  # a tree's terms and the accumulator
+    limbs, bounds = _thread_limbs()  # scratch buffers once per call, not per row
+    terms = np.empty(width, dtype=np.float64)
+    exponents = np.empty(width, dtype=np.int64)
+    for row in range(start, stop):
         g, m = row // n_rows, row % n_rows
-        limbs, bounds = _thread_limbs()
-        terms = np.empty(width, dtype=np.float64)
-        exponents = np.empty(width, dtype=np.int64)
         for n in range(n_columns):
             value = dot_one(
                 a_codes[g, m],

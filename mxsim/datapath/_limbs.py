@@ -81,7 +81,8 @@ def limbs_add_float(limbs, bounds, value):
         np.float64(value).view(np.uint64), 11, 52
     )
     if value_class == CLASS_FINITE:
-        limbs_add_integer(limbs, bounds, sign, significand, lsb_exponent)
+        # sign as a bool, as the other callers pass it: one compiled signature
+        limbs_add_integer(limbs, bounds, sign != 0, significand, lsb_exponent)
 
 
 @generic_calls

@@ -34,9 +34,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .._compile import NO_REFCOUNTS
+from .._compile import NO_REFCOUNTS, generic_calls
+from .._threads import run_in_threads
 
 from ..formats._kernels import (
     ROUND_NEAREST_AWAY,
@@ -152,6 +153,7 @@ def _round_in_range(value, rule, min_exponent, max_exponent):
     return (rounded if ok else 0.0), ok
 
 
+@generic_calls
 @njit(cache=True)
 def start_accumulators(c_values, offset, acc, flags, cfg):
     """acc[lane] = c_values[(offset + lane) % len] rounded into the accumulator; flags where
@@ -273,8 +275,7 @@ def _unusable(codes, scales, finite, scaled):
 
 @njit(cache=True)
 def _unusable_rows(codes, scales, finite, scaled):
-    """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time, and a second
-    parallel loop would add seconds of compiling)."""
+    """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time)."""
     bad = np.empty(codes.shape[0], dtype=np.bool_)
     for i in range(codes.shape[0]):
         bad[i] = _unusable(codes[i], scales[i], finite, scaled)
@@ -375,9 +376,7 @@ def _column_tile(
     flags,
 ):
     """One work item of :func:`window_matmul`: the outputs of the columns of tile ``tile`` in
-    row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end). A
-    plain kernel called from the parallel loop rather than written as its body: Numba's
-    parallel passes then see a small loop, and the GEMM kernel compiles in about half the time."""
+    row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end)."""
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
@@ -435,7 +434,6 @@ def _column_tile(
                 flags[row0 + row, column0 + lane] = tile_flags[row, lane]
 
 
-@njit(cache=True, parallel=True)
 def window_matmul(
     codes_a,
     codes_b,
@@ -461,29 +459,90 @@ def window_matmul(
     int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
     ``*_finite``: whether the code is finite. ``c_values`` is (G, M, N) or (1, 1, 1).
     ``threads``: how many threads run the work items (it sets how finely rows are split, not
-    the result).
+    the result). The work items run in :func:`window_items` on Python threads
+    (``_threads.run_in_threads``): a ``prange`` loop compiles as a second, parallel kernel.
     """
     n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
     n_columns = codes_b.shape[1]
-    c_groups = c_values.shape[0]
-    scaled = cfg[W_SCALED] != 0
-    bad_rows = np.empty((n_groups, n_rows), dtype=np.bool_)
-    bad_columns = np.empty((n_groups, n_columns), dtype=np.bool_)
-    for g in range(n_groups):
-        bad_rows[g] = _unusable_rows(codes_a[g], scales_a[g], a_finite, scaled)
-        bad_columns[g] = _unusable_rows(codes_b[g], scales_b[g], b_finite, scaled)
+    bad_rows, bad_columns = unusable_rows_and_columns(
+        codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, cfg[W_SCALED] != 0
+    )
     # Work items are column tiles of one group, each decoding its B tile once; rows are split
     # only as far as it takes to give every thread work.
     n_tiles = (n_columns + LANES - 1) // LANES
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
     blocks_per_chunk = -(-n_blocks // chunks)
-    items = n_tiles * chunks  # per group
-    for item in prange(n_groups * items):
-        work_item = np.int64(
-            item
-        )  # the parallel loop's index is unsigned; int64 keeps one signature below
-        g, rest = work_item // items, work_item % items
+    arguments = (
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        a_values,
+        a_exponents,
+        b_values,
+        b_exponents,
+        bad_rows,
+        bad_columns,
+        cfg,
+        out,
+        flags,
+        n_tiles,
+        n_tiles * chunks,
+        blocks_per_chunk,
+    )
+    run_in_threads(
+        lambda start, stop: window_items(*arguments, start, stop), n_groups * n_tiles * chunks
+    )
+
+
+@njit(cache=True)
+def unusable_rows_and_columns(codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, scaled):
+    """Per group, whether each row of A and each row of B given as (N, K) holds a code or
+    scale the window route does not take (:func:`_unusable_rows`)."""
+    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
+    n_columns = codes_b.shape[1]
+    bad_rows = np.empty((n_groups, n_rows), dtype=np.bool_)
+    bad_columns = np.empty((n_groups, n_columns), dtype=np.bool_)
+    for g in range(n_groups):  # loops: a slice assignment compiles Numba's shape-error formatting
+        rows = _unusable_rows(codes_a[g], scales_a[g], a_finite, scaled)
+        for m in range(n_rows):
+            bad_rows[g, m] = rows[m]
+        columns = _unusable_rows(codes_b[g], scales_b[g], b_finite, scaled)
+        for n in range(n_columns):
+            bad_columns[g, n] = columns[n]
+    return bad_rows, bad_columns
+
+
+@njit(cache=True, nogil=True)
+def window_items(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    bad_rows,
+    bad_columns,
+    cfg,
+    out,
+    flags,
+    n_tiles,
+    items,
+    blocks_per_chunk,
+    start,
+    stop,
+):
+    """Work items ``start`` to ``stop`` of :func:`window_matmul`, ``items`` of them per group:
+    column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
+    ``blocks_per_chunk`` row blocks."""
+    c_groups = c_values.shape[0]
+    for item in range(start, stop):
+        g, rest = item // items, item % items
         _column_tile(
             rest % n_tiles,
             (rest // n_tiles) * blocks_per_chunk,
@@ -524,7 +583,7 @@ def _row_tile(
     flags,
 ):
     """One work item of :func:`window_pairs`: rows ``row0`` onwards, ``LANES`` of them (fewer
-    at the end). A plain kernel called from the parallel loop, as :func:`_column_tile`."""
+    at the end)."""
     n_rows, length = codes_a.shape
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
@@ -570,7 +629,6 @@ def _row_tile(
         flags[row0 + lane] = lane_flags[lane]
 
 
-@njit(cache=True, parallel=True)
 def window_pairs(
     codes_a,
     codes_b,
@@ -588,11 +646,53 @@ def window_pairs(
     flags,
 ):
     """out[i] = output code of row i of A dotted with row i of B (both (n, K)); flags as
-    :func:`window_matmul`. The rows are the lanes."""
-    n_rows = codes_a.shape[0]
-    for item in prange((n_rows + LANES - 1) // LANES):
+    :func:`window_matmul`. The rows are the lanes, ``LANES`` rows a work item
+    (:func:`pair_items`, on Python threads as :func:`window_matmul`'s)."""
+    arguments = (
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        a_values,
+        a_exponents,
+        a_finite,
+        b_values,
+        b_exponents,
+        b_finite,
+        cfg,
+        out,
+        flags,
+    )
+    run_in_threads(
+        lambda start, stop: pair_items(*arguments, start, stop),
+        (codes_a.shape[0] + LANES - 1) // LANES,
+    )
+
+
+@njit(cache=True, nogil=True)
+def pair_items(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    a_finite,
+    b_values,
+    b_exponents,
+    b_finite,
+    cfg,
+    out,
+    flags,
+    start,
+    stop,
+):
+    """Work items ``start`` to ``stop`` of :func:`window_pairs`."""
+    for item in range(start, stop):
         _row_tile(
-            np.int64(item) * LANES,
+            item * LANES,
             codes_a,
             codes_b,
             scales_a,

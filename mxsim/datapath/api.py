@@ -345,7 +345,7 @@ def dot_with_params(
             left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
             if left.size:  # specials and out-of-range values: the generic kernel
                 part = np.empty(left.size, dtype=out.dtype)
-                K.dot_pairs(
+                _dot_rows(
                     a[left],
                     b[left],
                     exponents_a[left],
@@ -356,7 +356,7 @@ def dot_with_params(
                 )
                 out[left] = part
             return out.astype(output_dtype(params.output_format), copy=False)
-        K.dot_pairs(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
+        _dot_rows(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
     return out.astype(output_dtype(params.output_format), copy=False)
 
 
@@ -909,6 +909,22 @@ def _c_values(c, shape: tuple, c_format: str) -> np.ndarray:
     return _accumulator_inputs(c, shape, c_format)[None]
 
 
+def _dot_rows(a, b, exponents_a, exponents_b, c_values, *kernel_args_and_out) -> None:
+    """out[i] = the generic kernel's output code of row i of ``a`` dotted with row i of ``b``
+    (``kernel_args_and_out``: the kernel arguments, then out), run as n GEMMs of one row each:
+    the kernel compiled for matmul serves dot too."""
+    *kernel_args, out = kernel_args_and_out
+    K.matmul_groups(
+        a[:, None],
+        b[:, None],
+        exponents_a[:, None],
+        exponents_b[:, None],
+        c_values[:, None, None],
+        *kernel_args,
+        out[:, None, None],
+    )
+
+
 def _recompute(
     g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
 ) -> None:
@@ -917,7 +933,7 @@ def _recompute(
         np.full(m.size, c_values.flat[0]) if c_values.shape == (1, 1, 1) else c_values[g, m, n]
     )
     triples = np.empty(m.size, dtype=out.dtype)
-    K.dot_pairs(
+    _dot_rows(
         codes_a[g, m],
         codes_b[g, n],
         exponents_a[g, m],

@@ -176,7 +176,7 @@ def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups)
     values = np.zeros((rows, n_groups * group), dtype=setup.dtype)
     values[:, :length] = values_table[codes]
     blocks = (np.arange(n_groups) * group) // params.block_size
-    scale_codes = scales[:, blocks]
+    scale_codes = np.ascontiguousarray(scales[:, blocks])  # (C order: one kernel signature)
     scale_values = setup.scale_values[scale_codes]
     zero = (values.reshape(rows, n_groups, group) == 0).all(axis=2) | (scale_values == 0)
     return values, scale_values, setup.scale_exponents[scale_codes], zero

@@ -84,6 +84,7 @@ def random32(seed, index):
     return np.int64(z >> np.uint64(32))
 
 
+@generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
 def decompose(bits, in_exponent_bits, in_mantissa_bits):
     """Split IEEE binary bits into (class, sign, significand, lsb_exponent, floor_log2).
@@ -116,6 +117,7 @@ def decompose(bits, in_exponent_bits, in_mantissa_bits):
     return CLASS_FINITE, sign, significand, lsb_exponent, lsb_exponent + in_mantissa_bits
 
 
+@generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
 def nan_code(sign, params):
     """The canonical NaN code (quiet NaN for IEEE-like formats), keeping the sign."""
@@ -243,6 +245,7 @@ def encode_finite(sign, significand, lsb_exponent, floor_log2, params, rounding,
     return magnitude_to_code(sign, magnitude_index, params)
 
 
+@generic_calls
 @njit(cache=True, **NO_REFCOUNTS)
 def encode_bits(
     bits, in_exponent_bits, in_mantissa_bits, exponent_offset, params, rounding, overflow, draw32
