@@ -506,6 +506,17 @@ class NVFP4Quant:
 QuantSpec = MXQuant | BFPQuant | QDQQuant | NVFP4Quant
 
 
+def _stored_scales(entry: dict, arrays: dict[str, np.ndarray], operand: str) -> np.ndarray | None:
+    """The stored scale codes an entry names (``quant.<operand>.scales``), or None."""
+    if entry.get("scales") is None:
+        return None
+    if entry["scales"] != f"quant.{operand}.scales" or entry["scales"] not in arrays:
+        raise MxsimError(
+            f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}"
+        )
+    return arrays[entry["scales"]]
+
+
 def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str) -> QuantSpec:
     """Rebuild ``operand``'s spec from its manifest mapping (``arrays``: the layer's QDQ arrays).
 
@@ -531,13 +542,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
         options = entry.get("options") or {}
         if not isinstance(options, dict):
             raise MxsimError("options must be a mapping")
-        scales = None
-        if entry.get("scales") is not None:
-            if entry["scales"] != f"quant.{operand}.scales" or entry["scales"] not in arrays:
-                raise MxsimError(
-                    f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}"
-                )
-            scales = arrays[entry["scales"]]
+        scales = _stored_scales(entry, arrays, operand)
         return MXQuant(
             entry["format"],
             entry["axis"],
@@ -617,13 +622,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
         unknown = set(entry) - {"kind", "axis", "profile", "tensor_scale", "dequantized", "scales"}
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
-        scales = None
-        if entry.get("scales") is not None:
-            if entry["scales"] != f"quant.{operand}.scales" or entry["scales"] not in arrays:
-                raise MxsimError(
-                    f"scales must name the layer's array quant.{operand}.scales, got {entry['scales']!r}"
-                )
-            scales = arrays[entry["scales"]]
+        scales = _stored_scales(entry, arrays, operand)
         return NVFP4Quant(
             entry["axis"],
             scales,
