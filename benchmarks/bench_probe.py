@@ -626,21 +626,22 @@ def render(results: dict) -> str:
             f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after."
         )
         rows += totals(runs)
-    else:  # rows of several runs (--update): each with when it was measured
-        columns = [*COLUMNS, "measured (UTC, commit, load average)"]
-        rows = [columns, ["---"] * len(columns)]
-        for run in runs:
-            m = run.figures.get("measured")
-            stamp = (
-                f"{m['date']}, {m['commit'] or 'commit unknown'}, {m['load_average']:.1f}"
-                if m
-                else f"{when['date']}, commit unknown, {when['load_average']:.1f}"
-            )
-            rows.append([*cells(run), stamp])
-        rows += [[*row, ""] for row in totals(runs)]
+    else:  # rows of several runs (--update): the span of their stamps above the table
+        rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs]
+        rows += totals(runs)
+        stamps = [
+            run.figures.get("measured")
+            or {"date": when["date"], "commit": None, "load_average": when["load_average"]}
+            for run in runs
+        ]
+        dates = sorted(s["date"] for s in stamps)
+        loads = [s["load_average"] for s in stamps]
+        commits = sorted({s["commit"] or "commit unknown" for s in stamps})
         head = (
-            f"Measured with mxsim {when['mxsim']}, {when['cores']} cores; rows of several runs, "
-            "each row's date, commit and load average (before it) in its last column."
+            f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, in several runs from "
+            f"{dates[0]} to {dates[-1]} ({', '.join(commits)}; load average "
+            f"{min(loads):.1f} to {max(loads):.1f} before each row); the results file keeps "
+            "each row's date, commit and load average."
         )
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join([head, "", *lines])
