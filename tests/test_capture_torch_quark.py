@@ -154,53 +154,102 @@ def test_quark_quantized_layers_replay_bit_for_bit(torch, quark, name):
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-@pytest.mark.parametrize("name", ["bfp16", "fp8_per_tensor", "int8_per_tensor"])
-def test_quantizers_mxsim_does_not_reproduce_are_recorded_as_quark_computed_them(
-    torch, quark, name
-):
-    """BFP16 (Quark torch's own BFP16 differs from its ONNX kernel's in zero signs and rare
-    roundings) and fp8 per-tensor (a float QDQ): spec none, Quark's values recorded, a note;
-    int8 per-tensor is onnxruntime's QDQ arithmetic: a qdq spec with Quark's scale. Either way
-    the product of the recorded operands is Quark's layer output."""
+SCALED = {  # name -> (weight spec factory, input spec factory or None: the weight's)
+    "bfp16": (lambda c: c.BFP16Spec(ch_axis=-1), None),
+    "fp8_e4m3 per tensor": (lambda c: c.FP8E4M3PerTensorSpec(), None),
+    "fp8_e5m2 per tensor": (lambda c: c.FP8E5M2PerTensorSpec(), None),
+    "fp8_e4m3 per channel": (
+        lambda c: c.FP8E4M3PerChannelSpec(ch_axis=0),
+        lambda c: c.FP8E4M3PerTensorSpec(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, name):
+    """BFP16 (Quark torch's own: INT8 elements in blocks of 8 at stored block scales) and FP8
+    per tensor / per output channel (Quark's float32 scales): the recorded spec applied to
+    the float operand is Quark's quantized operand bit for bit, with Quark's scale values;
+    replayed on an exact unit that takes the model's operands (FP8 codes, the float scales
+    applied to the unit's sums), the layer is Quark's output at >= 100 dB."""
     from mxsim.capture.torch import capture_torch
 
+    weight, inputs = SCALED[name]
     c = quark[1]
-    spec = {
-        "bfp16": c.BFP16Spec(ch_axis=-1),
-        "fp8_per_tensor": c.FP8E4M3PerTensorSpec(),
-        "int8_per_tensor": c.Int8PerTensorSpec(),
-    }[name]
-    model, x = quantize(torch, quark, spec)
+    model, x = quantize(torch, quark, weight(c), inputs and inputs(c))
+    want = quark_run(torch, model, x)
+    trace = capture_torch(model, x)
+    assert [layer.name for layer in trace.layers] == ["0", "2"]
+    for layer in trace.layers:
+        module = model[int(layer.name)]
+        for operand in ("input", "weight"):
+            spec, quark_values = layer.quant[operand], want[layer.name][operand]
+            assert bit_mismatches(layer.quantized(operand), quark_values)[0] == 0
+            ours = np.asarray(spec.fake_quantize(layer.tensors[operand])).astype(np.float32)
+            assert bit_mismatches(ours, quark_values) == (0, [])
+            if name == "bfp16":
+                assert isinstance(spec, MXQuant) and (spec.format, spec.block_size) == ("int8", 8)
+                assert spec.axis == layer.tensors[operand].ndim - 1
+            else:
+                quantizer = getattr(module, f"_{operand}_quantizer")
+                assert isinstance(spec, QDQQuant) and spec.dtype.startswith("float8")
+                assert np.array_equal(
+                    spec.scale.reshape(-1), quantizer.scale.detach().numpy().reshape(-1)
+                )
+                codes, values = spec.float_codes(layer.tensors[operand])
+                assert bit_mismatches(values, quark_values) == (0, [])
+        run = run_layer(layer, BFP if name == "bfp16" else OCP)
+        assert run.input.status == run.weight.status == "model"
+        assert sqnr_db(want[layer.name]["output"], run.values) >= 100
+        assert sqnr_db(want[layer.name]["output"], run.ideal) >= 100
+
+
+def test_quark_int8_per_tensor_is_recorded_with_its_scale(torch, quark):
+    """int8 per tensor: a qdq spec with Quark's scale (onnxruntime's QDQ arithmetic); the
+    product of the recorded operands is Quark's layer output."""
+    from mxsim.capture.torch import capture_torch
+
+    model, x = quantize(torch, quark, quark[1].Int8PerTensorSpec())
     want = quark_run(torch, model, x)
     trace = capture_torch(model, x)
     for layer in trace.layers:
         for operand in ("input", "weight"):
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand])[0] == 0
             spec = layer.quant[operand]
-            if name == "int8_per_tensor":
-                assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.axis is None
-                quantizer = getattr(model[int(layer.name)], f"_{operand}_quantizer")
-                assert spec.scale == quantizer.scale.item()
-            elif spec is None:
-                assert layer.source["quant_notes"][operand]
+            assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.axis is None
+            quantizer = getattr(model[int(layer.name)], f"_{operand}_quantizer")
+            assert spec.scale == quantizer.scale.item()
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
-    if name != "int8_per_tensor":
-        assert any(layer.quant[op] is None for layer in trace.layers for op in ("input", "weight"))
 
 
-def test_quark_in_the_loop_takes_the_model_quantization(torch, quark):
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "bfp16", "fp8_e4m3 per tensor"])
+def test_quark_in_the_loop_takes_the_model_quantization(torch, quark, name):
     from mxsim.inloop.torch import torch_unit
 
-    model, x = quantize(torch, quark, quark[1].OCP_MXFP8E4M3Spec(ch_axis=-1))
+    c = quark[1]
+    spec = {
+        "mxfp8_e4m3": c.OCP_MXFP8E4M3Spec(ch_axis=-1),
+        "bfp16": c.BFP16Spec(ch_axis=-1),
+        "fp8_e4m3 per tensor": c.FP8E4M3PerTensorSpec(),
+    }[name]
+    model, x = quantize(torch, quark, spec)
     with torch.no_grad():
         want = model(x).numpy()
-    with torch_unit(model, OCP) as unit:
+    with torch_unit(model, BFP if name == "bfp16" else OCP) as unit:
         got = model(x).numpy()
     assert unit.computed_layers == ["0", "2"]
+    assert not unit.not_read
     assert sqnr_db(want, got) >= 100
     taken = unit.model_quantization["2"]
-    assert taken["input"].startswith("2._input_quantizer (DynamicScaledFakeQuantize): mx")
-    assert "'profile': 'quark'" in taken["weight"] and "fp8_e4m3" in taken["weight"]
+    if name == "mxfp8_e4m3":
+        assert taken["input"].startswith("2._input_quantizer (DynamicScaledFakeQuantize): mx")
+        assert "'profile': 'quark'" in taken["weight"] and "fp8_e4m3" in taken["weight"]
+    elif name == "bfp16":
+        assert all(": mx " in taken[op] and "'int8'" in taken[op] for op in ("input", "weight"))
+    else:
+        assert all(
+            ": qdq " in taken[op] and "float8e4m3fn" in taken[op] for op in ("input", "weight")
+        )
 
 
 def test_each_operand_gets_its_own_quantizer_reading(torch, quark):
@@ -217,3 +266,25 @@ def test_each_operand_gets_its_own_quantizer_reading(torch, quark):
         )
         assert bit_mismatches(layer.quantized("weight"), want[layer.name]["weight"])[0] == 0
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
+
+
+def test_bfp16_reading_is_quarks_kernel_on_corner_blocks(torch, quark):
+    """mxsim's reading of Quark torch BFP16 (:func:`bfp16_scales` and MX INT8 at them) against
+    Quark's own ``fake_quantize_bfp16`` on the blocks where its rules bite: amax just below a
+    power of two (the float32 log2 rounds up), elements rounding to +128 (the exponent
+    carries) and to -128 (kept), all-zero blocks, negative values that round to zero (+0),
+    over exponents -100..99, along either axis."""
+    from quark.torch.kernel.hw_emulation.hw_emulation_interface import fake_quantize_bfp16
+
+    from mxsim.capture.torch_quark import BFP16_OPTIONS, BFP16_PROFILE, bfp16_scales
+
+    exponents = np.arange(-100, 100)
+    steps = np.arange(64)
+    below = np.ldexp(1.0, exponents)[:, None] * (1 - steps[None, :] * 2.0**-24)
+    carry = np.ldexp(127.5 + steps / 128, exponents[:, None] - 6)  # x * 2^(6-X) in [127.5, 128)
+    rows = np.concatenate([below, -below, carry, -carry, np.zeros_like(carry), -carry / 300])
+    blocks = rows.astype(np.float32).reshape(-1, 8)
+    for x, axis in ((blocks, 1), (np.ascontiguousarray(blocks.T), 0)):
+        want = fake_quantize_bfp16(torch.from_numpy(x), axis=axis, block_size=8).numpy()
+        spec = MXQuant("int8", axis, 8, BFP16_PROFILE, BFP16_OPTIONS, scales=bfp16_scales(x, axis))
+        assert bit_mismatches(spec.fake_quantize(x).astype(np.float32), want) == (0, [])

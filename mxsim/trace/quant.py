@@ -58,7 +58,8 @@ QDQ_INTEGER_RANGES = {
     "int2": (-2, 1),
     "uint2": (0, 3),
 }
-#: ONNX QuantizeLinear float output types (recorded; fake_quantize is not modelled for them).
+#: ONNX QuantizeLinear float output types (recorded; fake_quantize is modelled for those in
+#: QDQ_FLOAT_ELEMENTS only).
 QDQ_FLOAT_TYPES = (
     "float8e4m3fn",
     "float8e4m3fnuz",
@@ -67,6 +68,9 @@ QDQ_FLOAT_TYPES = (
     "float4e2m1",
     "float8e8m0",
 )
+#: ONNX float QDQ types whose values are an mxsim element format's (OCP FP8: E4M3 without
+#: Inf, largest 448; E5M2 with Inf, largest 57344).
+QDQ_FLOAT_ELEMENTS = {"float8e4m3fn": "fp8_e4m3", "float8e5m2": "fp8_e5m2"}
 
 
 def _plain_option(value):
@@ -367,12 +371,19 @@ class QDQQuant:
         )
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
-        """Quantize-dequantize as onnxruntime computes it for integer types: float32 division,
-        round half to even, saturate, then (q - zero_point) * scale in float32."""
+        """Quantize-dequantize (float32 values) as onnxruntime computes it for integer types:
+        float32 division, round half to even, saturate, then (q - zero_point) * scale in
+        float32. For the FP8 types of :data:`QDQ_FLOAT_ELEMENTS` as Quark torch's FP8
+        fake quantizer and onnxruntime compute it: float32 division ``x / scale``, clamped to
+        ±the format's largest value when ``saturate`` (else IEEE overflow: E4M3 NaN, E5M2
+        ±Inf), rounded once to the format (nearest even; subnormals kept; a zero keeps the
+        sign of ``x / scale``), times ``scale`` in float32. NaN stays NaN."""
+        x32 = np.asarray(x, dtype=np.float32)
+        if self.dtype in QDQ_FLOAT_ELEMENTS:
+            return self.float_codes(x32)[1]
         if self.dtype not in QDQ_INTEGER_RANGES:
             raise MxsimError(f"QDQ spec: fake_quantize is not modelled for {self.dtype}")
         low, high = QDQ_INTEGER_RANGES[self.dtype]
-        x32 = np.asarray(x, dtype=np.float32)
         scale = self._broadcast(self.scale.astype(np.float32), x32)
         zero = (
             0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
@@ -381,6 +392,25 @@ class QDQQuant:
             q = np.rint(x32 / scale).astype(np.float64) + zero
             q = np.clip(q, low, high)
             return ((q - zero).astype(np.float32) * scale).astype(np.float32)
+
+    def float_codes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For an FP8 type of :data:`QDQ_FLOAT_ELEMENTS`: the element codes of ``x`` (in the
+        format :data:`QDQ_FLOAT_ELEMENTS` names) and the dequantized float32 values
+        (:meth:`fake_quantize`). A nonzero zero point is refused (ONNX requires 0)."""
+        if self.dtype not in QDQ_FLOAT_ELEMENTS:
+            raise MxsimError(f"QDQ spec: {self.dtype} has no element format here")
+        if self.zero_point is not None and self.zero_point.any():
+            raise MxsimError(f"QDQ spec: {self.dtype} needs a zero point of 0")
+        fmt = get_format(QDQ_FLOAT_ELEMENTS[self.dtype])
+        x32 = np.asarray(x, dtype=np.float32)
+        scale = self._broadcast(self.scale.astype(np.float32), x32)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            scaled = (x32 / scale).astype(np.float32)
+            if self.saturate:
+                scaled = np.clip(scaled, np.float32(-fmt.max_finite), np.float32(fmt.max_finite))
+            codes = fmt.encode(scaled, "nearest_even", "saturate" if self.saturate else "inf_nan")
+            values = (fmt.decode(codes).astype(np.float32) * scale).astype(np.float32)
+        return codes, values
 
     def to_manifest(self, operand: str) -> dict:
         entry = {
