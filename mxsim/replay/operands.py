@@ -208,7 +208,7 @@ def _tensor_scaled(layer: Layer, operand: str, spec) -> str | None:
         layer.op == "linear"
         and operand == "weight"
         and spec.axis is not None
-        and spec.axis % 2 == 0
+        and spec.axis % layer.weight.ndim == 0
         and spec.scale.size == layer.weight.shape[0]
     )
     return QDQ_FLOAT_ELEMENTS[spec.dtype] if spec.scale.size == 1 or per_feature else None
