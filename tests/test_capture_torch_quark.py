@@ -30,7 +30,7 @@ from conftest import (
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
 from mxsim.replay.layer import run_layer
-from mxsim.trace import BFPQuant, MXQuant, QDQQuant
+from mxsim.trace import BFPQuant, MXQuant, QDQQuant, load_trace, save_trace
 
 os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
@@ -166,7 +166,7 @@ SCALED = {  # name -> (weight spec factory, input spec factory or None: the weig
 
 
 @pytest.mark.parametrize("name", list(SCALED))
-def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, name):
+def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, name, tmp_path):
     """BFP16 (Quark torch's own: INT8 elements in blocks of 8 at stored block scales) and FP8
     per tensor / per output channel (Quark's float32 scales): the recorded spec applied to
     the float operand is Quark's quantized operand bit for bit, with Quark's scale values;
@@ -178,7 +178,8 @@ def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, 
     c = quark[1]
     model, x = quantize(torch, quark, weight(c), inputs and inputs(c))
     want = quark_run(torch, model, x)
-    trace = capture_torch(model, x)
+    save_trace(capture_torch(model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")  # the specs, scales and float scales as saved
     assert [layer.name for layer in trace.layers] == ["0", "2"]
     for layer in trace.layers:
         module = model[int(layer.name)]
