@@ -205,22 +205,57 @@ def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, 
         assert sqnr_db(want[layer.name]["output"], run.ideal) >= 100
 
 
-def test_quark_int8_per_tensor_is_recorded_with_its_scale(torch, quark):
-    """int8 per tensor: a qdq spec with Quark's scale (onnxruntime's QDQ arithmetic); the
+@pytest.mark.parametrize("weights", ["per tensor", "per channel"])
+def test_quark_int8_is_read_with_its_scales(torch, quark, weights):
+    """int8 per tensor (and per output channel for the weights): a qdq spec with Quark's
+    scales and torch's reciprocal arithmetic, which gives Quark's values bit for bit; the
     product of the recorded operands is Quark's layer output."""
     from mxsim.capture.torch import capture_torch
 
-    model, x = quantize(torch, quark, quark[1].Int8PerTensorSpec())
+    c = quark[1]
+    weight = c.Int8PerTensorSpec() if weights == "per tensor" else c.Int8PerChannelSpec(ch_axis=0)
+    model, x = quantize(torch, quark, weight, c.Int8PerTensorSpec())
     want = quark_run(torch, model, x)
     trace = capture_torch(model, x)
     for layer in trace.layers:
         for operand in ("input", "weight"):
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand])[0] == 0
             spec = layer.quant[operand]
-            assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.axis is None
+            assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.reciprocal
+            assert spec.axis == (0 if operand == "weight" and weights == "per channel" else None)
             quantizer = getattr(model[int(layer.name)], f"_{operand}_quantizer")
-            assert spec.scale == quantizer.scale.item()
+            assert np.array_equal(
+                spec.scale, quantizer.scale.detach().numpy().reshape(spec.scale.shape)
+            )
+            ours = np.asarray(spec.fake_quantize(layer.tensors[operand]), dtype=np.float32)
+            assert bit_mismatches(ours, want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
+
+
+def test_int8_reading_is_torchs_reciprocal_on_near_ties(torch, quark):
+    """Quark's int8 kernels (torch's ``x * (1 / scale)``) against mxsim's reciprocal QDQ on
+    values at and one float32 step off half-integer multiples of scales whose reciprocal is
+    inexact: equal; onnxruntime's division (``reciprocal`` false) differs there."""
+    from quark.torch.kernel.hw_emulation import hw_emulation_interface as kernels
+
+    rng = np.random.default_rng(3)
+    scale = (rng.uniform(0.5, 2, size=64) * 0.013).astype(np.float32)
+    ties = (rng.integers(-127, 127, size=(64, 512)) + 0.5) * scale[:, None].astype(np.float64)
+    ties = ties.astype(np.float32)
+    x = np.where(rng.random(ties.shape) < 0.5, np.nextafter(ties, 2 * ties), ties)
+    x = x.astype(np.float32)
+    zero = torch.zeros(64, dtype=torch.int32)
+    want = kernels.fake_quantize_int_per_channel_affine(
+        torch.from_numpy(x), torch.from_numpy(scale), zero, 0, -128, 127, 8
+    ).numpy()
+    ours = QDQQuant("int8", scale, None, 0, reciprocal=True).fake_quantize(x)
+    assert bit_mismatches(ours, want) == (0, [])
+    assert bit_mismatches(QDQQuant("int8", scale, None, 0).fake_quantize(x), want)[0] > 0
+    want = kernels.fake_quantize_int_per_tensor_affine(
+        torch.from_numpy(x), torch.tensor(scale[0]), zero[0], -128, 127, 8
+    ).numpy()
+    ours = QDQQuant("int8", scale[:1].reshape(()), reciprocal=True).fake_quantize(x)
+    assert bit_mismatches(ours, want) == (0, [])
 
 
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "bfp16", "fp8_e4m3 per tensor"])

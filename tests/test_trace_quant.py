@@ -126,6 +126,32 @@ def test_qdq_fp8_is_torchs_scaled_float8_cast(torch, dtype):
     assert np.array_equal(codes.astype(np.uint8), want_codes.view(torch.uint8).numpy())
 
 
+def test_qdq_reciprocal_is_torchs_fake_quantize(torch):
+    """``reciprocal``: torch's ``fake_quantize_per_tensor_affine`` (x * fl(1/scale)); 1.55 / 0.1
+    rounds to 15 where 1.55 * fl(1 / 0.1) rounds to 16 (float32)."""
+    x = np.array([1.55, -1.55, 0.75, 3.15, 12.7, -13.0], np.float32)
+    want = torch.fake_quantize_per_tensor_affine(torch.from_numpy(x), 0.1, 0, -128, 127).numpy()
+    got = QDQQuant("int8", np.array(0.1, np.float32), reciprocal=True).fake_quantize(x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert QDQQuant("int8", np.array(0.1, np.float32)).fake_quantize(x)[0] != want[0]
+
+
+def test_qdq_reciprocal_is_written_only_when_set_and_refused_on_float_types():
+    spec = QDQQuant("int8", np.array(0.1, np.float32), reciprocal=True)
+    entry = spec.to_manifest("input")
+    assert entry["reciprocal"] is True
+    again = spec_from_manifest(entry, spec.arrays("input"), "input")
+    assert again.reciprocal and again.dtype == "int8"
+    assert "reciprocal" not in QDQQuant("int8", np.array(0.1, np.float32)).to_manifest("input")
+    for bad in ("yes", 1):
+        with pytest.raises(MxsimError, match="reciprocal must be true or false"):
+            QDQQuant("int8", np.array(0.1, np.float32), reciprocal=bad)
+    with pytest.raises(MxsimError, match="true only for integer types"):
+        QDQQuant("float8e4m3fn", np.array(0.1, np.float32), reciprocal=True)
+    with pytest.raises(MxsimError, match="reciprocal must be true or false"):
+        spec_from_manifest(dict(entry, reciprocal="true"), spec.arrays("input"), "input")
+
+
 def test_qdq_fp8_codes_refuse_what_they_cannot_hold():
     with pytest.raises(MxsimError, match="needs a zero point of 0"):
         QDQQuant("float8e4m3fn", np.array(1.0, np.float32), np.array(1, np.int8)).fake_quantize(

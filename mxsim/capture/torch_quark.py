@@ -20,7 +20,8 @@ reads one quantizer's configuration:
 * Static per-tensor / per-channel int8, uint8, fp8 (``Int8PerTensorSpec``,
   ``FP8E4M3PerTensorSpec``, ``FP8E4M3PerChannelSpec``...) ->
   :class:`~mxsim.trace.quant.QDQQuant` with the quantizer's stored float32 scale and zero
-  point (FP8: ``x / scale`` in float32, clamped, rounded to FP8, times ``scale``).
+  point (FP8: ``x / scale`` in float32, clamped, rounded to FP8, times ``scale``; integers:
+  ``x * (1 / scale)`` as torch's fake quantizers compute it, ``reciprocal``).
 
 A spec is a reading of Quark's configuration, not yet a fact: the capture keeps Quark's own
 quantized values beside the float and keeps the spec only where the spec reproduces them bit
@@ -179,9 +180,13 @@ def quantizer_spec(quantizer, ndim: int, where: str, values: np.ndarray | None =
         scale = quantizer.scale.detach().float().cpu().numpy().astype(np.float32)
         zero = quantizer.zero_point.detach().cpu().numpy().astype(np.int64)
         zero = None if not zero.any() else zero
+        reciprocal = QDQ_DTYPES[dtype] not in QDQ_FLOAT_ELEMENTS  # torch's x * (1 / scale)
         if qscheme == "per_tensor":
             return QDQQuant(
-                QDQ_DTYPES[dtype], scale.reshape(()), None if zero is None else zero.reshape(())
+                QDQ_DTYPES[dtype],
+                scale.reshape(()),
+                None if zero is None else zero.reshape(()),
+                reciprocal=reciprocal,
             )
         axis = int(quantizer.ch_axis) % ndim
         if qscheme == "per_channel":
@@ -190,6 +195,7 @@ def quantizer_spec(quantizer, ndim: int, where: str, values: np.ndarray | None =
                 scale.reshape(-1),
                 None if zero is None else zero.reshape(-1),
                 axis,
+                reciprocal=reciprocal,
             )
         return UNREAD  # per-group scales: Quark's layout is not read
     except (KeyError, AttributeError, TypeError, ValueError, MxsimError) as error:

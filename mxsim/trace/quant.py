@@ -326,6 +326,10 @@ class QDQQuant:
     (scale has x's shape with ``ceil(dim/b)`` along ``axis``; element i uses scale i // b).
     ``dtype`` is the quantized type's ONNX name in lower case (``int8``, ``uint8``,
     ``float8e4m3fn``...). ``zero_point`` is None when the model gave none (0).
+    ``reciprocal`` (integer types): ``round_half_even(x * fl(1 / scale))`` instead of
+    ``x / scale``, in float32, as torch's ``fake_quantize_per_tensor_affine`` /
+    ``_per_channel_affine`` (and Quark torch's integer quantizers) compute it; the two differ
+    where the product rounds across a half.
     """
 
     dtype: str
@@ -334,6 +338,7 @@ class QDQQuant:
     axis: int | None = None
     block_size: int = 0
     saturate: bool = True
+    reciprocal: bool = False
 
     kind = "qdq"
 
@@ -354,6 +359,13 @@ class QDQQuant:
             raise MxsimError("QDQ spec: zero_point must be a numpy array with the scale's shape")
         if self.scale.size > 1 and self.axis is None:
             raise MxsimError("QDQ spec: a scale with more than one element needs an axis")
+        if not isinstance(self.reciprocal, bool) or (
+            self.reciprocal and self.dtype not in QDQ_INTEGER_RANGES
+        ):
+            raise MxsimError(
+                f"QDQ spec: reciprocal must be true or false, and true only for integer types, "
+                f"got {self.reciprocal!r} for {self.dtype}"
+            )
 
     def with_axis(self, axis: int) -> QDQQuant:
         return dataclasses.replace(self, axis=axis)
@@ -389,7 +401,8 @@ class QDQQuant:
             0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
         )
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            q = np.rint(x32 / scale).astype(np.float64) + zero
+            scaled = x32 * (np.float32(1) / scale) if self.reciprocal else x32 / scale
+            q = np.rint(scaled).astype(np.float64) + zero
             q = np.clip(q, low, high)
             return ((q - zero).astype(np.float32) * scale).astype(np.float32)
 
@@ -422,6 +435,8 @@ class QDQQuant:
             "scale": f"quant.{operand}.scale",
             "zero_point": None if self.zero_point is None else f"quant.{operand}.zero_point",
         }
+        if self.reciprocal:  # written only when set: an older mxsim refuses the key by name
+            entry["reciprocal"] = True
         return entry
 
     def arrays(self, operand: str) -> dict[str, np.ndarray]:
@@ -624,6 +639,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             "saturate",
             "scale",
             "zero_point",
+            "reciprocal",
         }
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
@@ -647,6 +663,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             entry.get("axis"),
             entry.get("block_size", 0),
             bool(entry.get("saturate", True)),
+            entry.get("reciprocal", False),
         )
     if kind == "nvfp4":
         unknown = set(entry) - {"kind", "axis", "profile", "tensor_scale", "dequantized", "scales"}
