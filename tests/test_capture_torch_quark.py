@@ -197,7 +197,7 @@ def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, 
                 assert np.array_equal(
                     spec.scale.reshape(-1), quantizer.scale.detach().numpy().reshape(-1)
                 )
-                codes, values = spec.float_codes(layer.tensors[operand])
+                levels, values = spec.levels(layer.tensors[operand])  # FP8 values x scale
                 assert bit_mismatches(values, quark_values) == (0, [])
         run = run_layer(layer, BFP if name == "bfp16" else OCP)
         assert run.input.status == run.weight.status == "model"
@@ -205,15 +205,21 @@ def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, 
         assert sqnr_db(want[layer.name]["output"], run.ideal) >= 100
 
 
-@pytest.mark.parametrize("weights", ["per tensor", "per channel"])
+@pytest.mark.parametrize("weights", ["per tensor", "per channel", "per channel asymmetric"])
 def test_quark_int8_is_read_with_its_scales(torch, quark, weights):
     """int8 per tensor (and per output channel for the weights): a qdq spec with Quark's
     scales and torch's reciprocal arithmetic, which gives Quark's values bit for bit; the
-    product of the recorded operands is Quark's layer output."""
+    product of the recorded operands is Quark's layer output, and so is the layer on an
+    exact unit that takes the integers as codes (>= 100 dB; asymmetric weights, whose
+    q - zero_point an INT8 code cannot hold, reach it as the values Quark multiplied)."""
     from mxsim.capture.torch import capture_torch
 
     c = quark[1]
-    weight = c.Int8PerTensorSpec() if weights == "per tensor" else c.Int8PerChannelSpec(ch_axis=0)
+    weight = {
+        "per tensor": c.Int8PerTensorSpec(),
+        "per channel": c.Int8PerChannelSpec(ch_axis=0, symmetric=True),
+        "per channel asymmetric": c.Int8PerChannelSpec(ch_axis=0),
+    }[weights]
     model, x = quantize(torch, quark, weight, c.Int8PerTensorSpec())
     want = quark_run(torch, model, x)
     trace = capture_torch(model, x)
@@ -222,7 +228,8 @@ def test_quark_int8_is_read_with_its_scales(torch, quark, weights):
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand])[0] == 0
             spec = layer.quant[operand]
             assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.reciprocal
-            assert spec.axis == (0 if operand == "weight" and weights == "per channel" else None)
+            per_channel = operand == "weight" and weights != "per tensor"
+            assert spec.axis == (0 if per_channel else None)
             quantizer = getattr(model[int(layer.name)], f"_{operand}_quantizer")
             assert np.array_equal(
                 spec.scale, quantizer.scale.detach().numpy().reshape(spec.scale.shape)
@@ -230,6 +237,13 @@ def test_quark_int8_is_read_with_its_scales(torch, quark, weights):
             ours = np.asarray(spec.fake_quantize(layer.tensors[operand]), dtype=np.float32)
             assert bit_mismatches(ours, want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
+        run = run_layer(layer, OCP)  # the integers as MX INT8 codes, the scales after
+        assert run.input.status == "model"
+        if weights == "per channel asymmetric":
+            assert run.weight.status == "added" and layer.quant["weight"].zero_point.any()
+        else:
+            assert run.weight.status == "model"
+            assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
 def test_int8_reading_is_torchs_reciprocal_on_near_ties(torch, quark):

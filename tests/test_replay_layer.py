@@ -134,6 +134,32 @@ def test_fp8_operands_with_float_scales_go_to_the_unit_as_codes_scaled_after():
     assert sqnr_db(want, run.ideal) >= 130 and not run.ideal_exact
 
 
+def test_int8_operands_with_float_scales_go_to_the_unit_as_mx_int8_codes():
+    """INT8 QDQ operands (zero point 0; the weight per output feature, torch's reciprocal
+    arithmetic) reach a unit that takes int8 as their integers (MX INT8 codes under scale
+    2^6), the float scales applied after: the float64 product of the dequantized operands to
+    fp32 precision. An asymmetric (nonzero zero point) operand is not taken as codes."""
+    from mxsim.trace import QDQQuant
+
+    base = mx_linear_layer(np.random.default_rng(13))
+    weight_scale = (np.abs(base.weight).max(axis=1) / 127).astype(np.float32)
+    quant = {
+        "input": QDQQuant("int8", np.array(0.021, np.float32)),
+        "weight": QDQQuant("int8", weight_scale, axis=0, reciprocal=True),
+        "bias": None,
+    }
+    layer = Layer(base.name, base.op, base.tensors, {}, quant, {})
+    run = run_layer(layer, HW["ocp-exact"])
+    assert run.input.status == run.weight.status == "model"
+    a = quant["input"].fake_quantize(layer.input).astype(np.float64)
+    b = quant["weight"].fake_quantize(layer.weight).astype(np.float64)
+    assert sqnr_db(a @ b.T, run.values) >= 130
+    assert sqnr_db(a @ b.T, run.ideal) >= 130
+    uint8 = QDQQuant("uint8", np.array(0.021, np.float32), np.array(128, np.uint8))
+    skewed = Layer(base.name, base.op, base.tensors, {}, dict(quant, input=uint8), {})
+    assert run_layer(skewed, HW["ocp-exact"]).input.status == "added"
+
+
 def test_fp8_scales_along_k_are_not_taken_as_codes():
     """A per-channel FP8 input scale runs along K: it does not factor out of the sums, so the
     unit gets replay's quantization of the values the model multiplied ("added")."""

@@ -23,11 +23,12 @@ Linear and matmul layers have K contiguous; their operands are padded to whole b
 the end of K. An operand whose blocks run along another GEMM axis (M, N) keeps one scale
 per element.
 
-An FP8 QDQ operand (``float8e4m3fn``/``float8e5m2``, zero point 0) whose float scale is one
-per tensor, or, for a linear layer's weight, one per output feature, is *tensor-scaled*: its
-FP8 codes go to the unit with scale 1 (E8M0 127) and the scale multiplies the GEMM result
-afterwards, in float64 (``GemmOperand.tensor_scale``), as an FP8 GEMM's epilogue does; one
-scale for all of K, so any unit block takes it.
+An FP8 or INT8 QDQ operand (``float8e4m3fn``/``float8e5m2``/``int8``, zero point 0) whose
+float scale is one per tensor, or, for a linear layer's weight, one per output feature, is
+*tensor-scaled*: its levels (FP8 values, integers q as MX INT8 codes q/64 under scale 2^6) go
+to the unit with a power-of-two scale and the float scale multiplies the GEMM result
+afterwards, in float64 (``GemmOperand.tensor_scale``), as an FP8 or INT8 GEMM's epilogue
+does; one scale for all of K, so any unit block takes it.
 
 Any other operand without an MX/BFP spec (float, or ONNX QDQ with another float scale) is
 represented exactly by up to three bf16 pieces per element (a float32 value's 24-bit
@@ -56,7 +57,7 @@ from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize_bfp
 from ..quantize.options import QuantOptions
 from ..trace.model import CONV_OPS, Layer
-from ..trace.quant import QDQ_FLOAT_ELEMENTS, BFPQuant, MXQuant, QDQQuant
+from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from .lowering import GemmShape, GemmView, gemm_axis, gemm_view
 
 CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
@@ -193,13 +194,22 @@ def _spec_description(spec) -> str:
 _BFP_CODE_FORMATS = {2: "mx4", 4: "mx6", 7: "mx9"}
 
 
+#: QDQ types whose levels a unit takes as element codes: (mxsim element format, the exponent
+#: e of the E8M0 scale 2^e under which a code's value is the level; INT8's q is q/64 x 2^6).
+TENSOR_SCALED_TYPES = {
+    "float8e4m3fn": ("fp8_e4m3", 0),
+    "float8e5m2": ("fp8_e5m2", 0),
+    "int8": ("int8", 6),
+}
+
+
 def _tensor_scaled(layer: Layer, operand: str, spec) -> str | None:
-    """The element format of a tensor-scaled QDQ operand (module docstring), else None: an FP8
-    QDQ spec with zero point 0 and one scale per tensor, or per output feature of a linear
-    layer's weight (axis 0)."""
+    """The element format of a tensor-scaled QDQ operand (module docstring), else None: an
+    FP8 or INT8 QDQ spec with zero point 0 and one scale per tensor, or per output feature of
+    a linear layer's weight (axis 0)."""
     if (
         not isinstance(spec, QDQQuant)
-        or spec.dtype not in QDQ_FLOAT_ELEMENTS
+        or spec.dtype not in TENSOR_SCALED_TYPES
         or spec.block_size
         or (spec.zero_point is not None and spec.zero_point.any())
     ):
@@ -211,7 +221,7 @@ def _tensor_scaled(layer: Layer, operand: str, spec) -> str | None:
         and spec.axis % layer.weight.ndim == 0
         and spec.scale.size == layer.weight.shape[0]
     )
-    return QDQ_FLOAT_ELEMENTS[spec.dtype] if spec.scale.size == 1 or per_feature else None
+    return TENSOR_SCALED_TYPES[spec.dtype][0] if spec.scale.size == 1 or per_feature else None
 
 
 def _tensor_scale(layer: Layer, operand: str) -> np.ndarray | None:
@@ -226,21 +236,23 @@ def _tensor_scale(layer: Layer, operand: str) -> np.ndarray | None:
 def _quantize_spec(
     x: np.ndarray, spec, layer: Layer | None = None, operand: str = ""
 ) -> _Quantized | None:
-    """The operand quantized by its MX or BFP spec in its own layout, or its FP8 codes when
-    tensor-scaled (scale codes 127, block size 0: one scale for all of K; needs ``layer``
-    and ``operand``); None if the spec has no element-code form (other specs, bypassed
-    one-element tensors, unmappable BFP)."""
-    fmt = None if layer is None else _tensor_scaled(layer, operand, spec)
-    if fmt is not None:
-        codes, values = spec.float_codes(x)
-        largest = get_format(fmt).max_finite
-        saturated = np.isfinite(values) & (np.abs(np.asarray(x)) > np.abs(values))
-        saturated &= np.abs(get_format(fmt).decode(codes)) >= largest
+    """The operand quantized by its MX or BFP spec in its own layout, or, tensor-scaled, its
+    QDQ levels as element codes (:data:`TENSOR_SCALED_TYPES`; block size 0: one scale for all
+    of K; needs ``layer`` and ``operand``); None if the spec has no element-code form (other
+    specs, bypassed one-element tensors, unmappable BFP)."""
+    name = None if layer is None else _tensor_scaled(layer, operand, spec)
+    if name is not None:
+        fmt, exponent = get_format(name), TENSOR_SCALED_TYPES[spec.dtype][1]
+        levels, values = spec.levels(x)
+        with np.errstate(invalid="ignore"):
+            codes = fmt.encode(np.ldexp(levels, -exponent))  # exact: the format holds each level
+            largest = np.abs(levels) >= fmt.max_finite * 2.0**exponent
+        saturated = np.isfinite(values) & (np.abs(np.asarray(x)) > np.abs(values)) & largest
         underflowed = (np.asarray(x) != 0) & (values == 0)
         return _Quantized(
-            get_format(fmt),
+            fmt,
             codes,
-            np.full(codes.shape, E8M0_ONE, dtype=np.uint8),
+            np.full(codes.shape, E8M0_ONE + exponent, dtype=np.uint8),
             _reduction_axis(layer, operand),
             0,
             1,

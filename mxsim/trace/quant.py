@@ -384,46 +384,44 @@ class QDQQuant:
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
         """Quantize-dequantize (float32 values) as onnxruntime computes it for integer types:
-        float32 division, round half to even, saturate, then (q - zero_point) * scale in
-        float32. For the FP8 types of :data:`QDQ_FLOAT_ELEMENTS` as Quark torch's FP8
-        fake quantizer and onnxruntime compute it: float32 division ``x / scale``, clamped to
-        ±the format's largest value when ``saturate`` (else IEEE overflow: E4M3 NaN, E5M2
-        ±Inf), rounded once to the format (nearest even; subnormals kept; a zero keeps the
-        sign of ``x / scale``), times ``scale`` in float32. NaN stays NaN."""
+        float32 division (``x * fl(1 / scale)`` with ``reciprocal``), round half to even,
+        saturate, then (q - zero_point) * scale in float32. For the FP8 types of
+        :data:`QDQ_FLOAT_ELEMENTS` as Quark torch's FP8 fake quantizer and onnxruntime compute
+        it: float32 division ``x / scale``, clamped to ±the format's largest value when
+        ``saturate`` (else IEEE overflow: E4M3 NaN, E5M2 ±Inf), rounded once to the format
+        (nearest even; subnormals kept; a zero keeps the sign of ``x / scale``), times
+        ``scale`` in float32. NaN stays NaN."""
+        return self.levels(x)[1]
+
+    def levels(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The quantized levels of ``x`` (float64: ``q - zero_point`` for integer types, the
+        FP8 value for FP8 types) and the dequantized float32 values, levels times the scale
+        (:meth:`fake_quantize`). An FP8 type needs a zero point of 0 (as ONNX requires)."""
         x32 = np.asarray(x, dtype=np.float32)
+        scale = self._broadcast(self.scale.astype(np.float32), x32)
         if self.dtype in QDQ_FLOAT_ELEMENTS:
-            return self.float_codes(x32)[1]
+            if self.zero_point is not None and self.zero_point.any():
+                raise MxsimError(f"QDQ spec: {self.dtype} needs a zero point of 0")
+            fmt = get_format(QDQ_FLOAT_ELEMENTS[self.dtype])
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                scaled = (x32 / scale).astype(np.float32)
+                if self.saturate:
+                    top = np.float32(fmt.max_finite)
+                    scaled = np.clip(scaled, -top, top)
+                overflow = "saturate" if self.saturate else "inf_nan"
+                levels = fmt.decode(fmt.encode(scaled, "nearest_even", overflow))
+                return levels, (levels.astype(np.float32) * scale).astype(np.float32)
         if self.dtype not in QDQ_INTEGER_RANGES:
             raise MxsimError(f"QDQ spec: fake_quantize is not modelled for {self.dtype}")
         low, high = QDQ_INTEGER_RANGES[self.dtype]
-        scale = self._broadcast(self.scale.astype(np.float32), x32)
         zero = (
             0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
         )
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             scaled = x32 * (np.float32(1) / scale) if self.reciprocal else x32 / scale
-            q = np.rint(scaled).astype(np.float64) + zero
-            q = np.clip(q, low, high)
-            return ((q - zero).astype(np.float32) * scale).astype(np.float32)
-
-    def float_codes(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For an FP8 type of :data:`QDQ_FLOAT_ELEMENTS`: the element codes of ``x`` (in the
-        format :data:`QDQ_FLOAT_ELEMENTS` names) and the dequantized float32 values
-        (:meth:`fake_quantize`). A nonzero zero point is refused (ONNX requires 0)."""
-        if self.dtype not in QDQ_FLOAT_ELEMENTS:
-            raise MxsimError(f"QDQ spec: {self.dtype} has no element format here")
-        if self.zero_point is not None and self.zero_point.any():
-            raise MxsimError(f"QDQ spec: {self.dtype} needs a zero point of 0")
-        fmt = get_format(QDQ_FLOAT_ELEMENTS[self.dtype])
-        x32 = np.asarray(x, dtype=np.float32)
-        scale = self._broadcast(self.scale.astype(np.float32), x32)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            scaled = (x32 / scale).astype(np.float32)
-            if self.saturate:
-                scaled = np.clip(scaled, np.float32(-fmt.max_finite), np.float32(fmt.max_finite))
-            codes = fmt.encode(scaled, "nearest_even", "saturate" if self.saturate else "inf_nan")
-            values = (fmt.decode(codes).astype(np.float32) * scale).astype(np.float32)
-        return codes, values
+            q = np.clip(np.rint(scaled).astype(np.float64) + zero, low, high)
+            levels = q - zero
+            return levels, (levels.astype(np.float32) * scale).astype(np.float32)
 
     def to_manifest(self, operand: str) -> dict:
         entry = {
