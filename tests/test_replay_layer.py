@@ -132,6 +132,12 @@ def test_fp8_operands_with_float_scales_go_to_the_unit_as_codes_scaled_after():
     want = a @ b.T + layer.bias
     assert sqnr_db(want, run.values) >= 130
     assert sqnr_db(want, run.ideal) >= 130 and not run.ideal_exact
+    # a unit with per-tensor power-of-two scales only (no block scales) does not take them:
+    # as for any QDQ operand it quantizes the values the model multiplied ("added", which
+    # strict runs such as the unit in the loop accept)
+    other = run_layer(layer, HW["h100-fp8"], strict=True)
+    assert other.input.status == other.weight.status == "added"
+    assert sqnr_db(want, other.values) > 20
 
 
 def test_int8_operands_with_float_scales_go_to_the_unit_as_mx_int8_codes():

@@ -179,6 +179,8 @@ def _choose_scaling(
             reasons.append(f"blocks of {block} do not fit the model's blocks ({operand.layout})")
         note = f"the unit cannot take {operand.spec}: it {'; '.join(reasons)}"
         status = "replaced"
+        if not operand.granule:  # tensor-scaled (a float-scale QDQ): as any QDQ operand, the
+            status = "added"  # unit gets replay's quantization of what the model multiplied
     else:
         note, status = (
             f"the model multiplies {operand.spec} values; the unit needs a quantization",

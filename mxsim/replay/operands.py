@@ -356,8 +356,9 @@ class LayerOperands:
     ``bias_spec``: a description of that quantizer; ``order``: the conv order used;
     ``a_float``/``b_float``: what replay quantizes itself for a unit that cannot take the
     model's operand, in the same GEMM layout: the float before the model's quantizer where
-    the operand has a code form here, else the values the model multiplied (its quantizer's
-    recorded output, or the float when none is recorded);
+    the operand has a block code form here, else (no code form, or tensor-scaled) the values
+    the model multiplied (its quantizer's recorded output, or the float when none is
+    recorded);
     ``gemm``: the layer lowered (:class:`LayerGemm`), which everything after reads.
     """
 
@@ -653,12 +654,14 @@ def layer_operands(
             None if q is None else _tensor_scale(layer, op),
         )
     # what replay quantizes itself: the float before the model's quantizer where the trace
-    # reads that quantizer as a spec, else what the model multiplied (its recorded values)
+    # reads it as blocks, else (no code form, or float scales) what the model multiplied
     floats = [
         k.lower(
             op,
             _pad_axis(
-                layer.tensors[op] if quantized[op] else _float_values(layer, op),
+                layer.tensors[op]
+                if quantized[op] and quantized[op].block_size
+                else _float_values(layer, op),
                 _reduction_axis(layer, op),
                 padded_run,
             ),
