@@ -184,11 +184,28 @@ def test_brevitas_mxint8_is_read_with_brevitas_scales(torch, brevitas, tmp_path)
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-@pytest.mark.parametrize("name", ["fp8_per_tensor", "mxint4"])
-def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
-    torch, brevitas, name
-):
-    model, x = mlp(torch, brevitas, name), outlier_activations(torch)
+def test_brevitas_fp8_per_tensor_is_read_with_its_scale(torch, brevitas):
+    """OCP FP8 E4M3 per tensor: a float8e4m3fn QDQ spec with the QuantTensor's float32 scale,
+    which gives Brevitas' values bit for bit; replayed on an exact unit (FP8 codes, the scales
+    applied to its sums) each layer is Brevitas' output at >= 100 dB."""
+    from mxsim.trace import QDQQuant
+
+    model, x = mlp(torch, brevitas, "fp8_per_tensor"), outlier_activations(torch)
+    want = brevitas_run(torch, model, x)
+    trace = capture(torch, model, x)
+    for layer in trace.layers:
+        for operand in ("input", "weight"):
+            spec = layer.quant[operand]
+            assert isinstance(spec, QDQQuant) and spec.dtype == "float8e4m3fn"
+            ours = spec.fake_quantize(layer.tensors[operand])
+            assert bit_mismatches(ours, want[layer.name][operand]) == (0, [])
+        run = run_layer(layer, OCP)
+        assert run.input.status == run.weight.status == "model"
+        assert sqnr_db(want[layer.name]["output"], run.values) >= 100
+
+
+def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(torch, brevitas):
+    model, x = mlp(torch, brevitas, "mxint4"), outlier_activations(torch)
     want = brevitas_run(torch, model, x)
     trace = capture(torch, model, x)
     for layer in trace.layers:
@@ -200,8 +217,6 @@ def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
     # in the loop the unit quantizes Brevitas' values, not the float before its quantizer
-    # (per-tensor FP8: its static, uncalibrated activation scale clips these activations,
-    # so from that float the unit was at -26.5 dB against Brevitas' model)
     from mxsim.inloop.torch import torch_unit
 
     with torch.no_grad(), warnings.catch_warnings():
@@ -212,7 +227,7 @@ def test_quantizers_mxsim_does_not_read_are_recorded_as_brevitas_computed_them(
     assert sqnr_db(want["2"]["output"], got) >= 20
 
 
-@pytest.mark.parametrize("name", ["mxfp4", "mxint8"])
+@pytest.mark.parametrize("name", ["mxfp4", "mxint8", "fp8_per_tensor"])
 def test_brevitas_in_the_loop_takes_the_model_quantization(torch, brevitas, name):
     from mxsim.inloop.torch import torch_unit
 
@@ -225,7 +240,9 @@ def test_brevitas_in_the_loop_takes_the_model_quantization(torch, brevitas, name
     assert unit.computed_layers == ["0", "2"]
     assert sqnr_db(want, got) >= 100
     taken = unit.model_quantization["2"]
-    if name == "mxint8":
+    if name == "fp8_per_tensor":
+        assert all(": qdq " in taken[op] and "float8e4m3fn" in taken[op] for op in taken)
+    elif name == "mxint8":
         assert taken["input"].startswith("2.input_quant (GroupwiseActQuantProxyFromInjector): mx")
         assert "'int8'" in taken["weight"] and "'scales': 'quant.weight.scales'" in taken["weight"]
     else:

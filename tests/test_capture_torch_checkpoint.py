@@ -327,6 +327,79 @@ def test_a_torchao_state_dict_loads_with_torchaos_codes_scales_and_layer_outputs
     assert np.array_equal(unblock_scales(blocked, 130, 6), codes)
 
 
+@pytest.mark.slow
+@pytest.mark.oracle
+def test_a_torchao_nvfp4_state_dict_loads_with_torchaos_codes_scales_and_outputs(
+    torch, tmp_path_factory
+):
+    """torchao's weight-only NVFP4 (bf16 model, tensor scale on) saved with
+    ``flatten_tensor_state_dict``: mxsim reads torchao's FP4 codes, UE4M3 scale codes and
+    tensor scale exactly, the model it builds computes torchao's model bit for bit, and each
+    layer on a bf16 unit (B200's bf16 datapath) is the recorded operands' product at
+    >= 100 dB; rounded once to bf16 it equals torchao's bf16 layer output in most elements
+    (torch's CPU bf16 GEMM accumulates differently). Pickled
+    (``torch.save``), the same state dict is refused in one line."""
+    import_or_skip("torchao.prototype.mx_formats", "oracles")
+    transformers = pytest.importorskip("transformers")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
+    from torchao.prototype.mx_formats.kernels import unpack_uint4
+    from torchao.prototype.mx_formats.utils import from_blocked
+    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+    from torchao.quantization import quantize_
+
+    from mxsim.evaluate.models import load_hf
+    from mxsim.trace import NVFP4Quant
+
+    base = tiny_hf_dir(torch, tmp_path_factory.mktemp("bert"), "embedding")
+    library = realistic_bert(torch, transformers, base).to(torch.bfloat16).eval()
+    quantize_(library, NVFP4WeightOnlyConfig(use_dynamic_per_tensor_scale=True))
+    folder = tmp_path_factory.mktemp("torchao-nvfp4")
+    tensors, metadata = flatten_tensor_state_dict(library.state_dict())
+    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"), metadata=metadata)
+    library.config.save_pretrained(folder)
+    for file in base.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(file, folder / file.name)
+    batch, trace, ours = mxsim_read(torch, folder)
+    want, out = library_outputs(torch, library, batch)
+    modules = dict(library.named_modules())
+    layers = quantized_layers(trace)
+    assert len(layers) == 13
+    b200 = load_hwconfig(REPO / "hwconfigs" / "b200.yaml")
+    worst, equal, total = np.inf, 0, 0
+    for layer in layers:
+        weight, spec = modules[layer.name].weight, layer.quant["weight"]
+        assert isinstance(spec, NVFP4Quant) and layer.quant["input"] is None
+        rows, cols = weight.shape
+        scales = (
+            from_blocked(weight.scale, rows, cols // 16)
+            if weight.is_swizzled_scales
+            else weight.scale
+        )
+        assert np.array_equal(spec.scales, scales.view(torch.uint8).numpy().reshape(rows, -1))
+        assert spec.tensor_scale == float(weight.per_tensor_scale)
+        codes = unpack_uint4(weight.qdata.view(torch.uint8)).numpy().reshape(rows, cols)
+        assert np.array_equal(spec.quantize(layer.weight).codes, codes)
+        run = run_layer(layer, b200, element_format="bf16")
+        assert layer.quantized("weight").dtype == np.float32  # torchao's bf16 dequantization
+        recorded = layer.input.astype(np.float64) @ layer.quantized("weight").astype(np.float64).T
+        recorded += layer.tensors["bias"].astype(np.float64)
+        worst = min(worst, sqnr_db(recorded, run.values))
+        got = torch.from_numpy(run.values).to(torch.bfloat16).double().numpy()
+        equal += int((got == want[layer.name]).sum())
+        total += got.size
+    assert worst >= 100, worst
+    assert equal / total > 0.9, equal / total  # torch's CPU bf16 GEMM rounds some differently
+    assert np.array_equal(out, ours)  # the model mxsim built computes torchao's model
+    pickled = folder.parent / f"{folder.name}-pickled"
+    shutil.copytree(folder, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(library.state_dict(), pickled / "pytorch_model.bin")
+    with pytest.raises(MxsimError, match="holds NVFP4Tensor tensors .* not read from a pickled"):
+        load_hf(pickled, "embedding")
+
+
 # ---------------------------------------------------------------------------- refusals
 
 
@@ -467,6 +540,77 @@ def test_torchao_metadata_of_other_tensor_types_is_refused(torch, tmp_path):
     )
     with pytest.raises(MxsimError, match="a torchao 'Int4Tensor' is not read; accepted: MXTensor"):
         load_hf(folder, "embedding")
+
+
+NVFP4_DATA = {
+    "is_swizzled_scales": False,
+    "act_quant_kwargs": None,
+    "block_size": 16,
+    "orig_dtype": {"_type": "torch.dtype", "_data": "bfloat16"},
+}
+NVFP4_HOSTILE = {  # name -> (metadata changes, tensors changes, the error's words)
+    "activation quantization": (
+        {"act_quant_kwargs": {"_type": "QuantizeTensorToNVFP4Kwargs", "_data": {}}},
+        {},
+        "an NVFP4Tensor with activation quantization is not read; accepted: weight-only",
+    ),
+    "block size": (
+        {"block_size": 32},
+        {},
+        "NVFP4 block size 32, orig_dtype 'bfloat16' is not read",
+    ),
+    "orig dtype": (
+        {"orig_dtype": {"_type": "torch.dtype", "_data": "float16"}},
+        {},
+        "orig_dtype 'float16' is not read; accepted: block size 16, orig_dtype bfloat16, float32",
+    ),
+    "scale dtype": ({}, {"scale": "uint8"}, "are UE4M3 codes (F8_E4M3) of shape [64, 2]"),
+    "missing scales": (
+        {},
+        {"scale": None},
+        "'encoder.layer.0.intermediate.dense._weight_scale' is missing",
+    ),
+    "tensor scale shape": ({}, {"per_tensor_scale": "pair"}, "is not one F32 value"),
+    "nan scale": ({}, {"scale": "nan"}, "_weight_qdata': quantize_nvfp4_at_scales: x has NaN"),
+}
+
+
+@pytest.mark.parametrize("name", list(NVFP4_HOSTILE))
+def test_hostile_torchao_nvfp4_weights_are_refused_in_one_line(torch, tmp_path, name):
+    """A torchao NVFP4Tensor weight mxsim does not read, or whose stored tensors are wrong, is
+    refused naming the file, the key and what is accepted (no torchao needed)."""
+    pytest.importorskip("transformers")
+    from mxsim.evaluate.models import load_hf
+
+    data_changes, tensor_changes, words = NVFP4_HOSTILE[name]
+    key = "encoder.layer.0.intermediate.dense"  # tiny_hf_dir's BERT: (64, 32)
+    tensors = {
+        f"{key}._weight_qdata": torch.full((64, 16), 0x21, dtype=torch.uint8),
+        f"{key}._weight_scale": torch.full((32, 2), 0x38, dtype=torch.uint8)
+        .view(torch.float8_e4m3fn)
+        .repeat(2, 1),
+        f"{key}._weight_per_tensor_scale": torch.tensor(0.5),
+    }
+    for part, change in tensor_changes.items():
+        name_ = f"{key}._weight_{part}"
+        if change is None:
+            del tensors[name_]
+        elif change == "uint8":
+            tensors[name_] = tensors[name_].view(torch.uint8)
+        elif change == "nan":
+            tensors[name_] = torch.full((64, 2), 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        else:
+            tensors[name_] = torch.tensor([0.5, 0.5])
+    entry = {
+        "_type": "NVFP4Tensor",
+        "_data": dict(NVFP4_DATA, **data_changes),
+        "_tensor_data_names": ["per_tensor_scale", "qdata", "scale"],
+    }
+    metadata = {"tensor_names": json.dumps([f"{key}.weight"]), f"{key}.weight": json.dumps(entry)}
+    folder = _checkpoint_dir(torch, tmp_path / "m", None, tensors, metadata)
+    with pytest.raises(MxsimError, match="model.safetensors") as raised:
+        load_hf(folder, "embedding")
+    assert words in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_the_cli_refuses_a_hostile_checkpoint_in_one_line(torch, tmp_path, capsys):

@@ -30,7 +30,7 @@ from conftest import (
 from mxsim import load_hwconfig
 from mxsim.replay.lowering import gemm_reference
 from mxsim.replay.layer import run_layer
-from mxsim.trace import BFPQuant, MXQuant, QDQQuant
+from mxsim.trace import BFPQuant, MXQuant, QDQQuant, load_trace, save_trace
 
 os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
@@ -154,53 +154,152 @@ def test_quark_quantized_layers_replay_bit_for_bit(torch, quark, name):
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-@pytest.mark.parametrize("name", ["bfp16", "fp8_per_tensor", "int8_per_tensor"])
-def test_quantizers_mxsim_does_not_reproduce_are_recorded_as_quark_computed_them(
-    torch, quark, name
-):
-    """BFP16 (Quark torch's own BFP16 differs from its ONNX kernel's in zero signs and rare
-    roundings) and fp8 per-tensor (a float QDQ): spec none, Quark's values recorded, a note;
-    int8 per-tensor is onnxruntime's QDQ arithmetic: a qdq spec with Quark's scale. Either way
-    the product of the recorded operands is Quark's layer output."""
+SCALED = {  # name -> (weight spec factory, input spec factory or None: the weight's)
+    "bfp16": (lambda c: c.BFP16Spec(ch_axis=-1), None),
+    "fp8_e4m3 per tensor": (lambda c: c.FP8E4M3PerTensorSpec(), None),
+    "fp8_e5m2 per tensor": (lambda c: c.FP8E5M2PerTensorSpec(), None),
+    "fp8_e4m3 per channel": (
+        lambda c: c.FP8E4M3PerChannelSpec(ch_axis=0),
+        lambda c: c.FP8E4M3PerTensorSpec(),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCALED))
+def test_quark_bfp16_and_fp8_with_float_scales_replay_bit_for_bit(torch, quark, name, tmp_path):
+    """BFP16 (Quark torch's own: INT8 elements in blocks of 8 at stored block scales) and FP8
+    per tensor / per output channel (Quark's float32 scales): the recorded spec applied to
+    the float operand is Quark's quantized operand bit for bit, with Quark's scale values;
+    replayed on an exact unit that takes the model's operands (FP8 codes, the float scales
+    applied to the unit's sums), the layer is Quark's output at >= 100 dB."""
+    from mxsim.capture.torch import capture_torch
+
+    weight, inputs = SCALED[name]
+    c = quark[1]
+    model, x = quantize(torch, quark, weight(c), inputs and inputs(c))
+    want = quark_run(torch, model, x)
+    save_trace(capture_torch(model, x), tmp_path / "trace")
+    trace = load_trace(tmp_path / "trace")  # the specs, scales and float scales as saved
+    assert [layer.name for layer in trace.layers] == ["0", "2"]
+    for layer in trace.layers:
+        module = model[int(layer.name)]
+        for operand in ("input", "weight"):
+            spec, quark_values = layer.quant[operand], want[layer.name][operand]
+            assert bit_mismatches(layer.quantized(operand), quark_values)[0] == 0
+            ours = np.asarray(spec.fake_quantize(layer.tensors[operand])).astype(np.float32)
+            assert bit_mismatches(ours, quark_values) == (0, [])
+            if name == "bfp16":
+                assert isinstance(spec, MXQuant) and (spec.format, spec.block_size) == ("int8", 8)
+                assert spec.axis == layer.tensors[operand].ndim - 1
+            else:
+                quantizer = getattr(module, f"_{operand}_quantizer")
+                assert isinstance(spec, QDQQuant) and spec.dtype.startswith("float8")
+                assert np.array_equal(
+                    spec.scale.reshape(-1), quantizer.scale.detach().numpy().reshape(-1)
+                )
+                levels, values = spec.levels(layer.tensors[operand])  # FP8 values x scale
+                assert bit_mismatches(values, quark_values) == (0, [])
+        run = run_layer(layer, BFP if name == "bfp16" else OCP)
+        assert run.input.status == run.weight.status == "model"
+        assert sqnr_db(want[layer.name]["output"], run.values) >= 100
+        assert sqnr_db(want[layer.name]["output"], run.ideal) >= 100
+
+
+@pytest.mark.parametrize("weights", ["per tensor", "per channel", "per channel asymmetric"])
+def test_quark_int8_is_read_with_its_scales(torch, quark, weights):
+    """int8 per tensor (and per output channel for the weights): a qdq spec with Quark's
+    scales and torch's reciprocal arithmetic, which gives Quark's values bit for bit; the
+    product of the recorded operands is Quark's layer output, and so is the layer on an
+    exact unit that takes the integers as codes (>= 100 dB; asymmetric weights, whose
+    q - zero_point an INT8 code cannot hold, reach it as the values Quark multiplied)."""
     from mxsim.capture.torch import capture_torch
 
     c = quark[1]
-    spec = {
-        "bfp16": c.BFP16Spec(ch_axis=-1),
-        "fp8_per_tensor": c.FP8E4M3PerTensorSpec(),
-        "int8_per_tensor": c.Int8PerTensorSpec(),
-    }[name]
-    model, x = quantize(torch, quark, spec)
+    weight = {
+        "per tensor": c.Int8PerTensorSpec(),
+        "per channel": c.Int8PerChannelSpec(ch_axis=0, symmetric=True),
+        "per channel asymmetric": c.Int8PerChannelSpec(ch_axis=0),
+    }[weights]
+    model, x = quantize(torch, quark, weight, c.Int8PerTensorSpec())
     want = quark_run(torch, model, x)
     trace = capture_torch(model, x)
     for layer in trace.layers:
         for operand in ("input", "weight"):
             assert bit_mismatches(layer.quantized(operand), want[layer.name][operand])[0] == 0
             spec = layer.quant[operand]
-            if name == "int8_per_tensor":
-                assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.axis is None
-                quantizer = getattr(model[int(layer.name)], f"_{operand}_quantizer")
-                assert spec.scale == quantizer.scale.item()
-            elif spec is None:
-                assert layer.source["quant_notes"][operand]
+            assert isinstance(spec, QDQQuant) and spec.dtype == "int8" and spec.reciprocal
+            per_channel = operand == "weight" and weights != "per tensor"
+            assert spec.axis == (0 if per_channel else None)
+            quantizer = getattr(model[int(layer.name)], f"_{operand}_quantizer")
+            assert np.array_equal(
+                spec.scale, quantizer.scale.detach().numpy().reshape(spec.scale.shape)
+            )
+            ours = np.asarray(spec.fake_quantize(layer.tensors[operand]), dtype=np.float32)
+            assert bit_mismatches(ours, want[layer.name][operand]) == (0, [])
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
-    if name != "int8_per_tensor":
-        assert any(layer.quant[op] is None for layer in trace.layers for op in ("input", "weight"))
+        run = run_layer(layer, OCP)  # the integers as MX INT8 codes, the scales after
+        assert run.input.status == "model"
+        if weights == "per channel asymmetric":
+            assert run.weight.status == "added" and layer.quant["weight"].zero_point.any()
+        else:
+            assert run.weight.status == "model"
+            assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
-def test_quark_in_the_loop_takes_the_model_quantization(torch, quark):
+def test_int8_reading_is_torchs_reciprocal_on_near_ties(torch, quark):
+    """Quark's int8 kernels (torch's ``x * (1 / scale)``) against mxsim's reciprocal QDQ on
+    values at and one float32 step off half-integer multiples of scales whose reciprocal is
+    inexact: equal; onnxruntime's division (``reciprocal`` false) differs there."""
+    from quark.torch.kernel.hw_emulation import hw_emulation_interface as kernels
+
+    rng = np.random.default_rng(3)
+    scale = (rng.uniform(0.5, 2, size=64) * 0.013).astype(np.float32)
+    ties = (rng.integers(-127, 127, size=(64, 512)) + 0.5) * scale[:, None].astype(np.float64)
+    ties = ties.astype(np.float32)
+    x = np.where(rng.random(ties.shape) < 0.5, np.nextafter(ties, 2 * ties), ties)
+    x = x.astype(np.float32)
+    zero = torch.zeros(64, dtype=torch.int32)
+    want = kernels.fake_quantize_int_per_channel_affine(
+        torch.from_numpy(x), torch.from_numpy(scale), zero, 0, -128, 127, 8
+    ).numpy()
+    ours = QDQQuant("int8", scale, None, 0, reciprocal=True).fake_quantize(x)
+    assert bit_mismatches(ours, want) == (0, [])
+    assert bit_mismatches(QDQQuant("int8", scale, None, 0).fake_quantize(x), want)[0] > 0
+    want = kernels.fake_quantize_int_per_tensor_affine(
+        torch.from_numpy(x), torch.tensor(scale[0]), zero[0], -128, 127, 8
+    ).numpy()
+    ours = QDQQuant("int8", scale[:1].reshape(()), reciprocal=True).fake_quantize(x)
+    assert bit_mismatches(ours, want) == (0, [])
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "bfp16", "fp8_e4m3 per tensor"])
+def test_quark_in_the_loop_takes_the_model_quantization(torch, quark, name):
     from mxsim.inloop.torch import torch_unit
 
-    model, x = quantize(torch, quark, quark[1].OCP_MXFP8E4M3Spec(ch_axis=-1))
+    c = quark[1]
+    spec = {
+        "mxfp8_e4m3": c.OCP_MXFP8E4M3Spec(ch_axis=-1),
+        "bfp16": c.BFP16Spec(ch_axis=-1),
+        "fp8_e4m3 per tensor": c.FP8E4M3PerTensorSpec(),
+    }[name]
+    model, x = quantize(torch, quark, spec)
     with torch.no_grad():
         want = model(x).numpy()
-    with torch_unit(model, OCP) as unit:
+    with torch_unit(model, BFP if name == "bfp16" else OCP) as unit:
         got = model(x).numpy()
     assert unit.computed_layers == ["0", "2"]
+    assert not unit.not_read
     assert sqnr_db(want, got) >= 100
     taken = unit.model_quantization["2"]
-    assert taken["input"].startswith("2._input_quantizer (DynamicScaledFakeQuantize): mx")
-    assert "'profile': 'quark'" in taken["weight"] and "fp8_e4m3" in taken["weight"]
+    if name == "mxfp8_e4m3":
+        assert taken["input"].startswith("2._input_quantizer (DynamicScaledFakeQuantize): mx")
+        assert "'profile': 'quark'" in taken["weight"] and "fp8_e4m3" in taken["weight"]
+    elif name == "bfp16":
+        assert all(": mx " in taken[op] and "'int8'" in taken[op] for op in ("input", "weight"))
+    else:
+        assert all(
+            ": qdq " in taken[op] and "float8e4m3fn" in taken[op] for op in ("input", "weight")
+        )
 
 
 def test_each_operand_gets_its_own_quantizer_reading(torch, quark):
@@ -217,3 +316,25 @@ def test_each_operand_gets_its_own_quantizer_reading(torch, quark):
         )
         assert bit_mismatches(layer.quantized("weight"), want[layer.name]["weight"])[0] == 0
         assert sqnr_db(want[layer.name]["output"], gemm_reference(layer)) >= 100
+
+
+def test_bfp16_reading_is_quarks_kernel_on_corner_blocks(torch, quark):
+    """mxsim's reading of Quark torch BFP16 (:func:`bfp16_scales` and MX INT8 at them) against
+    Quark's own ``fake_quantize_bfp16`` on the blocks where its rules bite: amax just below a
+    power of two (the float32 log2 rounds up), elements rounding to +128 (the exponent
+    carries) and to -128 (kept), all-zero blocks, negative values that round to zero (+0),
+    over exponents -100..99, along either axis."""
+    from quark.torch.kernel.hw_emulation.hw_emulation_interface import fake_quantize_bfp16
+
+    from mxsim.capture.torch_quark import BFP16_OPTIONS, BFP16_PROFILE, bfp16_scales
+
+    exponents = np.arange(-100, 100)
+    steps = np.arange(64)
+    below = np.ldexp(1.0, exponents)[:, None] * (1 - steps[None, :] * 2.0**-24)
+    carry = np.ldexp(127.5 + steps / 128, exponents[:, None] - 6)  # x * 2^(6-X) in [127.5, 128)
+    rows = np.concatenate([below, -below, carry, -carry, np.zeros_like(carry), -carry / 300])
+    blocks = rows.astype(np.float32).reshape(-1, 8)
+    for x, axis in ((blocks, 1), (np.ascontiguousarray(blocks.T), 0)):
+        want = fake_quantize_bfp16(torch.from_numpy(x), axis=axis, block_size=8).numpy()
+        spec = MXQuant("int8", axis, 8, BFP16_PROFILE, BFP16_OPTIONS, scales=bfp16_scales(x, axis))
+        assert bit_mismatches(spec.fake_quantize(x).astype(np.float32), want) == (0, [])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, mx_linear_layer
+from conftest import REPO, mx_linear_layer, sqnr_db
 from mxsim import matmul
 from mxsim.datapath import load_hwconfig
 from mxsim.quantize import quantize
@@ -98,6 +98,95 @@ def test_bfp_spec_replays_with_microexponents():
     qa = quantize_bfp(layer.input, "MX9", axis=1).as_mx_tensor()
     qb = quantize_bfp(layer.weight.T, "MX6", axis=0).as_mx_tensor()
     np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
+
+
+def _fp8_layer(input_scale: np.ndarray, input_axis=None, bias=True) -> Layer:
+    """``mx_linear_layer`` with FP8 QDQ specs: the input's ``input_scale``, the weight per
+    output feature (axis 0), and a bias."""
+    from mxsim.trace import QDQQuant
+
+    base = mx_linear_layer(np.random.default_rng(11))
+    tensors = dict(base.tensors)
+    if bias:
+        tensors["bias"] = np.linspace(-1, 1, 5).astype(np.float32)
+    weight_scale = (np.abs(base.weight).max(axis=1) / 448).astype(np.float32)
+    quant = {
+        "input": QDQQuant("float8e4m3fn", input_scale, axis=input_axis),
+        "weight": QDQQuant("float8e5m2", weight_scale, axis=0),
+        "bias": None,
+    }
+    return Layer(base.name, base.op, tensors, {}, quant, {})
+
+
+def test_fp8_operands_with_float_scales_go_to_the_unit_as_codes_scaled_after():
+    """FP8 QDQ operands (one float scale per tensor; the weight's per output feature) reach a
+    unit that takes FP8 as the model's codes ("model"); the float scales multiply the unit's
+    sums and the bias is added after: the layer is the float64 product of the model's
+    dequantized operands to fp32 precision."""
+    layer = _fp8_layer(np.array(0.0123, np.float32))
+    run = run_layer(layer, HW["ocp-exact"])
+    assert run.input.status == run.weight.status == "model"
+    assert (run.input.format, run.weight.format) == ("fp8_e4m3", "fp8_e5m2")
+    a = layer.quant["input"].fake_quantize(layer.input).astype(np.float64)
+    b = layer.quant["weight"].fake_quantize(layer.weight).astype(np.float64)
+    want = a @ b.T + layer.bias
+    assert sqnr_db(want, run.values) >= 130
+    assert sqnr_db(want, run.ideal) >= 130 and not run.ideal_exact
+    # a unit with per-tensor power-of-two scales only (no block scales) does not take them:
+    # as for any QDQ operand it quantizes the values the model multiplied ("added", which
+    # strict runs such as the unit in the loop accept)
+    other = run_layer(layer, HW["h100-fp8"], strict=True)
+    assert other.input.status == other.weight.status == "added"
+    assert sqnr_db(want, other.values) > 20
+
+
+def test_int8_operands_with_float_scales_go_to_the_unit_as_mx_int8_codes():
+    """INT8 QDQ operands (zero point 0; the weight per output feature, torch's reciprocal
+    arithmetic) reach a unit that takes int8 as their integers (MX INT8 codes under scale
+    2^6), the float scales applied after: the float64 product of the dequantized operands to
+    fp32 precision. An asymmetric (nonzero zero point) operand is not taken as codes."""
+    from mxsim.trace import QDQQuant
+
+    base = mx_linear_layer(np.random.default_rng(13))
+    weight_scale = (np.abs(base.weight).max(axis=1) / 127).astype(np.float32)
+    quant = {
+        "input": QDQQuant("int8", np.array(0.021, np.float32)),
+        "weight": QDQQuant("int8", weight_scale, axis=0, reciprocal=True),
+        "bias": None,
+    }
+    layer = Layer(base.name, base.op, base.tensors, {}, quant, {})
+    run = run_layer(layer, HW["ocp-exact"])
+    assert run.input.status == run.weight.status == "model"
+    a = quant["input"].fake_quantize(layer.input).astype(np.float64)
+    b = quant["weight"].fake_quantize(layer.weight).astype(np.float64)
+    assert sqnr_db(a @ b.T, run.values) >= 130
+    assert sqnr_db(a @ b.T, run.ideal) >= 130
+    uint8 = QDQQuant("uint8", np.array(0.021, np.float32), np.array(128, np.uint8))
+    skewed = Layer(base.name, base.op, base.tensors, {}, dict(quant, input=uint8), {})
+    assert run_layer(skewed, HW["ocp-exact"]).input.status == "added"
+
+
+def test_fp8_scales_along_k_are_not_taken_as_codes():
+    """A per-channel FP8 input scale runs along K: it does not factor out of the sums, so the
+    unit gets replay's quantization of the values the model multiplied ("added")."""
+    layer = _fp8_layer(np.linspace(0.01, 0.02, 70).astype(np.float32), input_axis=1)
+    run = run_layer(layer, HW["ocp-exact"])
+    assert run.input.status == "added" and run.weight.status == "model"
+
+
+def test_replay_quantizes_the_library_values_of_an_operand_it_does_not_read():
+    """An operand without a spec whose quantized values the trace holds: replay's own
+    quantization starts from those values (what the model multiplied), not the float before
+    the library's quantizer, as the unit in the loop does."""
+    from mxsim.replay.operands import layer_operands
+
+    base = mx_linear_layer(np.random.default_rng(12))
+    recorded = np.round(base.input * 4).astype(np.float32) / 4
+    tensors = dict(base.tensors, input_quantized=recorded)
+    layer = Layer(base.name, base.op, tensors, {}, dict(base.quant, input=None), {})
+    ops = layer_operands(layer)
+    assert np.array_equal(ops.a_float[0, :, :70], recorded)
+    assert np.array_equal(ops.b_float[0, :, :70], base.weight)  # read as a spec: the float
 
 
 def test_the_ideal_of_a_row_is_that_of_the_operands_the_unit_got():

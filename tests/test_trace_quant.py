@@ -92,13 +92,80 @@ def test_qdq_per_axis_and_blocked_scales_follow_onnx_broadcasting():
     assert saturating.fake_quantize(np.array([9.0, -9.0], np.float32)).tolist() == [7.0, -8.0]
 
 
+@pytest.mark.parametrize("dtype", ["float8e4m3fn", "float8e5m2"])
+def test_qdq_fp8_is_torchs_scaled_float8_cast(torch, dtype):
+    """FP8 QDQ against torch's own float8 cast (an independent implementation): float32
+    ``x / scale``, clamped to the format's largest value, cast (nearest even), times the
+    scale in float32; per tensor and per axis, on heavy-tailed values that reach the
+    subnormals, both zeros and the saturation bound."""
+    target, largest = {
+        "float8e4m3fn": (torch.float8_e4m3fn, 448.0),
+        "float8e5m2": (torch.float8_e5m2, 57344.0),
+    }[dtype]
+    rng = np.random.default_rng(7)
+    x = rng.standard_t(2, size=(6, 300)) * np.float32(3.0) ** rng.integers(-12, 4, (6, 1))
+    x = x.astype(np.float32)
+    x[0, :4] = [0.0, -0.0, np.float32(1e-30), -np.float32(1e-30)]
+    scales = (np.abs(x).max(axis=1) / np.float32(largest / 2)).astype(np.float32)  # saturates
+
+    def torch_qdq(values, scale):
+        t, s = torch.from_numpy(values), torch.from_numpy(scale)
+        return ((t / s).clamp(-largest, largest).to(target).float() * s).numpy()
+
+    per_tensor = QDQQuant(dtype, scales[:1].reshape(()))
+    got = per_tensor.fake_quantize(x)
+    want = torch_qdq(x, scales[:1].reshape(()))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    per_axis = QDQQuant(dtype, scales, axis=0)
+    got = per_axis.fake_quantize(x)
+    want = torch_qdq(x, scales[:, None])
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    levels, values = per_axis.levels(x)
+    assert np.array_equal(values.view(np.uint32), want.view(np.uint32))
+    cast = torch.from_numpy(x / scales[:, None]).clamp(-largest, largest).to(target).float()
+    assert np.array_equal(levels.astype(np.float32).view(np.uint32), cast.numpy().view(np.uint32))
+
+
+def test_qdq_reciprocal_is_torchs_fake_quantize(torch):
+    """``reciprocal``: torch's ``fake_quantize_per_tensor_affine`` (x * fl(1/scale)); 1.55 / 0.1
+    rounds to 15 where 1.55 * fl(1 / 0.1) rounds to 16 (float32)."""
+    x = np.array([1.55, -1.55, 0.75, 3.15, 12.7, -13.0], np.float32)
+    want = torch.fake_quantize_per_tensor_affine(torch.from_numpy(x), 0.1, 0, -128, 127).numpy()
+    got = QDQQuant("int8", np.array(0.1, np.float32), reciprocal=True).fake_quantize(x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert QDQQuant("int8", np.array(0.1, np.float32)).fake_quantize(x)[0] != want[0]
+
+
+def test_qdq_reciprocal_is_written_only_when_set_and_refused_on_float_types():
+    spec = QDQQuant("int8", np.array(0.1, np.float32), reciprocal=True)
+    entry = spec.to_manifest("input")
+    assert entry["reciprocal"] is True
+    again = spec_from_manifest(entry, spec.arrays("input"), "input")
+    assert again.reciprocal and again.dtype == "int8"
+    assert "reciprocal" not in QDQQuant("int8", np.array(0.1, np.float32)).to_manifest("input")
+    for bad in ("yes", 1):
+        with pytest.raises(MxsimError, match="reciprocal must be true or false"):
+            QDQQuant("int8", np.array(0.1, np.float32), reciprocal=bad)
+    with pytest.raises(MxsimError, match="true only for integer types"):
+        QDQQuant("float8e4m3fn", np.array(0.1, np.float32), reciprocal=True)
+    with pytest.raises(MxsimError, match="reciprocal must be true or false"):
+        spec_from_manifest(dict(entry, reciprocal="true"), spec.arrays("input"), "input")
+
+
+def test_qdq_fp8_codes_refuse_what_they_cannot_hold():
+    with pytest.raises(MxsimError, match="needs a zero point of 0"):
+        QDQQuant("float8e4m3fn", np.array(1.0, np.float32), np.array(1, np.int8)).fake_quantize(
+            np.ones(3, np.float32)
+        )
+    with pytest.raises(MxsimError, match="not modelled for float8e4m3fnuz"):
+        QDQQuant("float8e4m3fnuz", np.array(1.0, np.float32)).fake_quantize(np.ones(3))
+
+
 def test_qdq_spec_validation():
     with pytest.raises(MxsimError, match="unknown quantized type"):
         QDQQuant("int9", np.ones(1, np.float32))
     with pytest.raises(MxsimError, match="needs an axis"):
         QDQQuant("int8", np.ones(3, np.float32))
-    with pytest.raises(MxsimError, match="not modelled"):
-        QDQQuant("float8e4m3fn", np.ones(1, np.float32)).fake_quantize(np.ones(2, np.float32))
 
 
 @pytest.mark.parametrize(

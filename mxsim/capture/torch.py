@@ -387,7 +387,10 @@ class _Recorder:
             elif isinstance(quantizer, torch_brevitas.Applied):
                 library_name, spec = "Brevitas", quantizer.spec(ndim, where)
             else:
-                library_name, spec = "Quark", torch_quark.quantizer_spec(quantizer, ndim, where)
+                library_name, spec = (
+                    "Quark",
+                    torch_quark.quantizer_spec(quantizer, ndim, where, arrays[operand]),
+                )
             described = (
                 quantizer
                 if torchao

@@ -20,8 +20,13 @@ operand as the proxy's float input with the QuantTensor's ``.value`` as
   are rounded half to even and clamped as mxsim's MX INT8 does (``int8_minus_two`` false for
   a narrow range), a zero keeping the input's sign (``round(x / s) * s``); an element step
   2^e is the E8M0 scale 2^(e + 6) of MX INT8's 1.6 codes;
-* any other enabled proxy (per-tensor OCP FP8, other integer widths) -> :data:`UNREAD`: its
-  values are recorded, with a note, and no spec.
+* a float proxy whose QuantTensor has one scale (per tensor: ``Fp8e4m3OCPWeightPerTensorFloat``,
+  ``Fp8e4m3OCPActPerTensorFloat``...), saturating, zero point 0, E4M3 or E5M2 elements ->
+  :class:`~mxsim.trace.quant.QDQQuant` ``float8e4m3fn`` / ``float8e5m2`` with that float32
+  scale (``x / scale`` clamped, rounded to FP8, times ``scale``; run, this is Brevitas'
+  arithmetic);
+* any other enabled proxy (other integer widths, ...) -> :data:`UNREAD`: its values are
+  recorded, with a note, and no spec.
 
 As for Quark, a spec is kept only where it reproduces Brevitas' values bit for bit
 (:func:`mxsim.capture.torch_quark.reproduces`). Brevitas is never imported here: a model
@@ -36,7 +41,7 @@ import numpy as np
 
 from ..errors import MxsimError
 from ..formats import get_format
-from ..trace.quant import MXQuant
+from ..trace.quant import MXQuant, QDQQuant
 
 #: (exponent bits, mantissa bits) of Brevitas' minifloat elements -> mxsim element formats.
 ELEMENTS = {
@@ -64,6 +69,8 @@ GROUPWISE_INT = (
 )
 #: Returned for a proxy mxsim does not read (its values are recorded instead).
 UNREAD = "unread"
+#: (exponent bits, mantissa bits) of Brevitas' per-tensor float elements -> QDQ float types.
+PER_TENSOR_FLOAT = {(4, 3): "float8e4m3fn", (5, 2): "float8e5m2"}
 
 
 def _classes(pairs) -> tuple:
@@ -113,7 +120,7 @@ def quantizer_spec(proxy, ndim: int, where: str, quant_tensor=None):
         return UNREAD if quant_tensor is None else _int_spec(proxy, quant_tensor, ndim, where)
     groupwise = _classes(GROUPWISE_FLOAT)
     if not groupwise or not isinstance(proxy, groupwise):
-        return UNREAD
+        return UNREAD if quant_tensor is None else _per_tensor_float_spec(quant_tensor, where)
     try:
         injector = proxy.quant_injector  # the quantizer class's configuration
         bits = (int(injector.exponent_bit_width), int(injector.mantissa_bit_width))
@@ -128,6 +135,29 @@ def quantizer_spec(proxy, ndim: int, where: str, quant_tensor=None):
     except (AttributeError, TypeError, ValueError, RuntimeError, MxsimError) as error:
         raise MxsimError(
             f"{where}: Brevitas quantizer {type(proxy).__name__} is not supported: {error}"
+        ) from None
+
+
+def _per_tensor_float_spec(quant_tensor, where: str):
+    """The FP8 QDQ spec of a per-tensor float ``quant_tensor`` (module docstring), or
+    :data:`UNREAD` for any other QuantTensor."""
+    if type(quant_tensor).__name__ != "FloatQuantTensor":
+        return UNREAD
+    try:
+        bits = (int(quant_tensor.exponent_bit_width), int(quant_tensor.mantissa_bit_width))
+        scale = quant_tensor.scale.detach().cpu().numpy()
+        zero = quant_tensor.zero_point.detach().cpu().numpy()
+        if (
+            bits not in PER_TENSOR_FLOAT
+            or scale.size != 1
+            or zero.any()
+            or not bool(quant_tensor.saturating)
+        ):
+            return UNREAD
+        return QDQQuant(PER_TENSOR_FLOAT[bits], scale.astype(np.float32).reshape(()))
+    except (AttributeError, TypeError, ValueError, RuntimeError, MxsimError) as error:
+        raise MxsimError(
+            f"{where}: Brevitas {type(quant_tensor).__name__} is not supported: {error}"
         ) from None
 
 

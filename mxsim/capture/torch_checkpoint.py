@@ -24,7 +24,12 @@ Two layouts are read, from safetensors only (never a pickle):
   (element dtype, block size, the activation's ``QuantizeTensorToMXKwargs``) and its
   ``<module>._weight_qdata`` / ``<module>._weight_scale`` tensors (scales possibly in
   cuBLAS's blocked layout, undone here). The activation's scaling mode gives the profile
-  (:data:`mxsim.capture.torch_torchao.SCALE_MODE_PROFILES`).
+  (:data:`mxsim.capture.torch_torchao.SCALE_MODE_PROFILES`). Weight-only ``NVFP4Tensor``
+  weights (``NVFP4WeightOnlyConfig``, written the same way) are read too: packed FP4 codes
+  (``_weight_qdata``, element 0 in the low nibble), UE4M3 block scales of 16
+  (``_weight_scale``, ``float8_e4m3fn``, plain or blocked) and the optional float32 tensor
+  scale (``_weight_per_tensor_scale``); the weight is torchao's dequantization in its
+  ``orig_dtype`` (:class:`~mxsim.trace.quant.NVFP4Quant`).
 
 :func:`read_checkpoint` decodes every quantized weight to its exact values (element value x
 2^(code - 127)), checked to re-encode to its codes at its scale codes; :func:`install` puts
@@ -51,10 +56,12 @@ from ..errors import MxsimError
 from ..formats import get_format
 from ..limits import shown
 from ..quantize.mx import MXTensor
+from ..quantize.nvfp4 import NVFP4_PROFILES, NVFP4Tensor
 from ..quantize.options import resolve_options
 from ..quantize.packing import unpack_codes
-from ..trace.quant import MXQuant
+from ..trace.quant import MXQuant, NVFP4Quant
 from .torch_quark import SCALE_MODE_PROFILES as QUARK_PROFILES
+from .torch_torchao import NVFP4_DEQUANTIZED
 from .torch_torchao import SCALE_MODE_PROFILES as TORCHAO_PROFILES
 
 #: ``quantization_config.quant_method`` values read.
@@ -86,7 +93,7 @@ class StoredLinear:
     was read from."""
 
     key: str
-    weight_spec: MXQuant
+    weight_spec: MXQuant | NVFP4Quant
     weight: np.ndarray
     input_quant: tuple | None
     origin: str
@@ -322,13 +329,19 @@ def _read_torchao(file: Path) -> Checkpoint:
         if kind in ("Tensor", "torch.Tensor"):  # a plain tensor
             continue
         where = f"{file}: {shown(name)}"
-        if kind != "MXTensor":
+        if kind not in ("MXTensor", "NVFP4Tensor"):
             _fail(
                 where,
                 f"a torchao {shown(kind)} is not read; accepted: MXTensor weights "
-                "(MXDynamicActivationMXWeightConfig) and plain tensors",
+                "(MXDynamicActivationMXWeightConfig), weight-only NVFP4Tensor weights "
+                "(NVFP4WeightOnlyConfig) and plain tensors",
             )
         data = entry.get("_data") or {}
+        if kind == "NVFP4Tensor":
+            linear = _read_nvfp4(file, name, data, info, tensors, where)
+            linears[linear.key] = linear
+            tensors[name] = linear.weight
+            continue
         element = _torchao_value(data, where, "elem_dtype")
         if element not in TORCHAO_ELEMENTS:
             _fail(
@@ -376,8 +389,93 @@ def _read_torchao(file: Path) -> Checkpoint:
         del tensors[qdata], tensors[scale]
         tensors[name] = linear.weight
     if not linears:
-        _fail(file, "torchao metadata, but no MXTensor weight: nothing is quantized")
+        _fail(file, "torchao metadata, but no MXTensor or NVFP4Tensor weight: nothing is quantized")
     return Checkpoint("torchao", tensors, _float_dtype(file, info, tensors, linears), linears)
+
+
+#: torchao NVFP4's block size (its UE4M3 scales, one per 16 inputs).
+NVFP4_BLOCK = 16
+
+
+def _read_nvfp4(file, name, data, info, tensors, where) -> StoredLinear:
+    """A weight-only ``NVFP4Tensor`` Linear weight ``name``: its packed FP4 codes, UE4M3 scale
+    codes (unblocked where swizzled) and optional float32 tensor scale, decoded to torchao's
+    dequantization in the weight's ``orig_dtype``; the tensors read are removed from
+    ``tensors``."""
+    torch = require("torch")
+    key, _, leaf = name.rpartition(".")
+    if leaf != "weight":
+        _fail(where, "an NVFP4Tensor that is not a Linear's weight is not read")
+    if data.get("act_quant_kwargs") is not None:
+        _fail(
+            where,
+            "an NVFP4Tensor with activation quantization is not read; accepted: weight-only "
+            "NVFP4Tensor weights (NVFP4WeightOnlyConfig)",
+        )
+    block = _torchao_value(data, where, "block_size")
+    dtype = str(_torchao_value(data, where, "orig_dtype")).removeprefix("torch.")
+    if block != NVFP4_BLOCK or dtype not in NVFP4_DEQUANTIZED:
+        _fail(
+            where,
+            f"NVFP4 block size {shown(block)}, orig_dtype {shown(dtype)} is not read; accepted: "
+            f"block size {NVFP4_BLOCK}, orig_dtype {', '.join(NVFP4_DEQUANTIZED)}",
+        )
+    qdata, scale, tensor = (
+        f"{key}._{leaf}_{part}" for part in ("qdata", "scale", "per_tensor_scale")
+    )
+    for needed in (qdata, scale):
+        if needed not in info:
+            _fail(file, f"{shown(needed)} is missing; an NVFP4Tensor weight stores it")
+    weight_info, scale_info = info[qdata], info[scale]
+    if weight_info["dtype"] != "U8" or len(weight_info["shape"]) != 2:
+        _fail(
+            file,
+            f"{shown(qdata)} is {weight_info['dtype']} {list(weight_info['shape'])}; NVFP4 codes "
+            "are a 2-d U8 tensor (two FP4 codes a byte)",
+        )
+    rows, cols = weight_info["shape"][0], 2 * weight_info["shape"][1]
+    if cols % NVFP4_BLOCK:
+        _fail(file, f"{shown(qdata)}: {cols} input features are not whole blocks of {NVFP4_BLOCK}")
+    blocks = cols // NVFP4_BLOCK
+    swizzled = bool(data.get("is_swizzled_scales"))
+    expected = (32 * -(-rows // 128), 16 * -(-blocks // 4)) if swizzled else (rows, blocks)
+    if scale_info["dtype"] != "F8_E4M3" or int(np.prod(scale_info["shape"])) != int(
+        np.prod(expected)
+    ):
+        _fail(
+            file,
+            f"{shown(scale)} is {scale_info['dtype']} {list(scale_info['shape'])}; the scales of "
+            f"{shown(name)} are UE4M3 codes (F8_E4M3) of shape {list(expected)}",
+        )
+    tensor_scale = None
+    if tensor in info:
+        if info[tensor]["dtype"] != "F32" or int(np.prod(info[tensor]["shape"])) != 1:
+            _fail(file, f"{shown(tensor)} is not one F32 value (the NVFP4 tensor scale)")
+        tensor_scale = float(tensors.pop(tensor).reshape(()).item())
+    raw = tensors.pop(qdata).contiguous().view(torch.uint8).numpy()
+    codes = unpack_codes(raw, 4, rows * cols).reshape(rows, cols)
+    scales = tensors.pop(scale).contiguous().view(torch.uint8).numpy().copy()
+    scales = unblock_scales(scales, rows, blocks) if swizzled else scales.reshape(rows, blocks)
+    try:
+        spec = NVFP4Quant(1, scales, tensor_scale, "torchao", NVFP4_DEQUANTIZED[dtype])
+        options = NVFP4_PROFILES[spec.profile]
+        exact = NVFP4Tensor(codes, scales, tensor_scale, options).dequantize()  # fl(e * fl(t * s))
+        with np.errstate(invalid="ignore"):
+            values = spec.fake_quantize(exact)  # rounded once to orig_dtype, as torchao's
+            again = spec.quantize(values)
+    except MxsimError as error:
+        _fail(file, f"{shown(qdata)}: {error}")
+    if not np.array_equal(again.codes, codes):
+        count = int((again.codes != codes).sum())
+        _fail(
+            file,
+            f"{shown(qdata)}: {count} element codes do not re-encode to themselves at the "
+            "stored scales (NaN scales or non-canonical codes); not read",
+        )
+    origin = f"torchao checkpoint {file.name}: {qdata}, {scale}" + (
+        f", {tensor}" if tensor_scale is not None else ""
+    )
+    return StoredLinear(key, spec, values.astype(np.float64), None, origin)
 
 
 def unblock_scales(blocked: np.ndarray, rows: int, cols: int) -> np.ndarray:

@@ -108,6 +108,18 @@ def model_quantization(layer: Layer) -> dict[str, str]:
     return taken
 
 
+def _quantized_from(layer: Layer, operand: str) -> np.ndarray:
+    """The values replay quantizes for ``operand`` when the unit does not take the model's:
+    the library's recorded values for an operand mxsim does not read, else the float
+    (:class:`~mxsim.replay.operands.LayerOperands`, ``a_float``)."""
+    recorded = layer.quantized(operand)
+    return (
+        recorded
+        if layer.quant.get(operand) is None and recorded is not None
+        else layer.tensors[operand]
+    )
+
+
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
@@ -264,9 +276,6 @@ class UnitInLoop(_Recorder):
             for operand in layer.source["quantizers"]:
                 if layer.quant.get(operand) is None:
                     self.not_read.add(f"{layer.name}.{operand}")
-                    recorded = layer.quantized(operand)
-                    if recorded is not None:  # the unit quantizes the library's values, what
-                        layer.tensors[operand] = recorded  # the model multiplies
         values = layer_on_unit(
             layer,
             self.hw,
@@ -274,8 +283,8 @@ class UnitInLoop(_Recorder):
             self.b_format,
             self.per_tensor_scale,
             self.out_format,
-            self.kept_quantizations(layer.tensors["weight"]),
-            self.kept_input_quantizations(layer.tensors["input"]),
+            self.kept_quantizations(_quantized_from(layer, "weight")),
+            self.kept_input_quantizations(_quantized_from(layer, "input")),
         )
         if self.quantized_only:
             self.library_sqnr_db.append((layer.name, self._library_sqnr_db(layer, values)))

@@ -159,10 +159,11 @@ def _choose_scaling(
         ), {}
     fmt = operand.element_format.name
     if operand.quantized:
-        if fmt in accepted and not per_tensor and operand.granule and operand.granule % block == 0:
+        # granule 0: one scale for all of K (a tensor-scaled operand), which any block takes
+        if fmt in accepted and not per_tensor and operand.granule % block == 0:
             return OperandChoice(
                 fmt,
-                getattr(spec, "profile", "bfp"),
+                getattr(spec, "profile", None) or spec.kind,  # bfp, qdq: no MX profile
                 False,
                 status="model",
                 saturated=operand.saturated,
@@ -174,10 +175,12 @@ def _choose_scaling(
             reasons.append(f"takes {', '.join(accepted)}, not {fmt}")
         if per_tensor:
             reasons.append("has no block scales")
-        elif not operand.granule or operand.granule % block:
+        elif operand.granule % block:
             reasons.append(f"blocks of {block} do not fit the model's blocks ({operand.layout})")
         note = f"the unit cannot take {operand.spec}: it {'; '.join(reasons)}"
         status = "replaced"
+        if not operand.granule:  # tensor-scaled (a float-scale QDQ): as any QDQ operand, the
+            status = "added"  # unit gets replay's quantization of what the model multiplied
     else:
         note, status = (
             f"the model multiplies {operand.spec} values; the unit needs a quantization",

@@ -47,6 +47,7 @@ from .operands import (
     clip_counts,
     ideal_gemm,
     layer_operands,
+    tensor_scales,
 )
 
 
@@ -189,6 +190,7 @@ def _operand_of_tensors(tensors: list[MXTensor], template: GemmOperand) -> GemmO
         granule=block,
         quantized=True,
         exact=True,
+        tensor_scale=None,
     )
 
 
@@ -316,6 +318,13 @@ def run_layer(
         gemm_ideal, exact = ideal_gemm(unit_ops)
     scaled_linear = view.op == "linear" and view.alpha != 1.0
     bias = None if scaled_linear else view.gemm_bias(ops.bias)
+    taken = {  # the model's operands as the unit got them (tensor scales of those taken)
+        name: operand
+        if choices[name].status == "model"
+        else dataclasses.replace(operand, tensor_scale=None)
+        for name, operand in gemm_operands.items()
+    }
+    scaled = tensor_scales(taken["input"], taken["weight"])
     matmul_options = {} if out_format is None else {"out_format": out_format}
     # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
     qbs = [
@@ -336,7 +345,10 @@ def run_layer(
         qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)
     ]
     # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
-    cs = [None if bias is None else _bias_as_c(bias[g], shifts[g]) for g in range(shape.groups)]
+    cs = [
+        None if bias is None or scaled is not None else _bias_as_c(bias[g], shifts[g])
+        for g in range(shape.groups)
+    ]
     c_entered = [c is not None for c in cs]
     if not shape.groups:
         bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
@@ -361,6 +373,8 @@ def run_layer(
         out = as_float(bits, results[0].out_format)
         exponents = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
         out = times_power_of_two(out, exponents) if exponents.any() else out
+    if scaled is not None:  # tensor-scaled operands: the scales multiply the unit's sums
+        out = out * scaled
     if bias is not None and not all(c_entered):
         late = ~np.array(c_entered)
         out[late] += bias[late]
@@ -372,9 +386,9 @@ def run_layer(
         attribution = layer_attribution(
             at,
             a,
-            _unit_values(tensors["input"], a.shape),
+            _unit_values(tensors["input"], a.shape, taken["input"].tensor_scale),
             b,
-            _unit_values(tensors["weight"], b.shape),
+            _unit_values(tensors["weight"], b.shape, taken["weight"].tensor_scale),
             shape.k // shape.k_run,
             conv_order,
         )
@@ -400,14 +414,18 @@ def _bias_as_c(bias: np.ndarray, shift: int) -> np.ndarray | None:
     return c if c is None or not shift else bias.astype(np.float32)
 
 
-def _unit_values(tensors: list[MXTensor], shape: tuple) -> np.ndarray:
-    """The exact values (float64) of a unit's operand, one MXTensor (R, K') per group, cut or
-    zero-padded along K to ``shape`` (G, R, K)."""
+def _unit_values(
+    tensors: list[MXTensor], shape: tuple, tensor_scale: np.ndarray | None = None
+) -> np.ndarray:
+    """The values (float64) of a unit's operand, one MXTensor (R, K') per group, cut or
+    zero-padded along K to ``shape`` (G, R, K), times its tensor scale (() or (R,)), if any."""
     values = np.zeros(shape, dtype=np.float64)
     for g, tensor in enumerate(tensors):
         got = tensor.dequantize(np.float64)
         k = min(got.shape[-1], shape[-1])
         values[g, :, :k] = got[:, :k]
+    if tensor_scale is not None:
+        values *= np.reshape(tensor_scale, (-1, 1))
     return values
 
 

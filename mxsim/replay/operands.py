@@ -23,7 +23,14 @@ Linear and matmul layers have K contiguous; their operands are padded to whole b
 the end of K. An operand whose blocks run along another GEMM axis (M, N) keeps one scale
 per element.
 
-An operand without an MX/BFP spec (float, or ONNX QDQ with an arbitrary float scale) is
+An FP8 or INT8 QDQ operand (``float8e4m3fn``/``float8e5m2``/``int8``, zero point 0) whose
+float scale is one per tensor, or, for a linear layer's weight, one per output feature, is
+*tensor-scaled*: its levels (FP8 values, integers q as MX INT8 codes q/64 under scale 2^6) go
+to the unit with a power-of-two scale and the float scale multiplies the GEMM result
+afterwards, in float64 (``GemmOperand.tensor_scale``), as an FP8 or INT8 GEMM's epilogue
+does; one scale for all of K, so any unit block takes it.
+
+Any other operand without an MX/BFP spec (float, or ONNX QDQ with another float scale) is
 represented exactly by up to three bf16 pieces per element (a float32 value's 24-bit
 significand in three 8-bit parts): x = x1 + x2 + x3 with every x_i a bf16.
 
@@ -50,7 +57,7 @@ from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize_bfp
 from ..quantize.options import QuantOptions
 from ..trace.model import CONV_OPS, Layer
-from ..trace.quant import BFPQuant, MXQuant
+from ..trace.quant import BFPQuant, MXQuant, QDQQuant
 from .lowering import GemmShape, GemmView, gemm_axis, gemm_view
 
 CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
@@ -67,7 +74,8 @@ class GemmOperand:
     * ``scales``: uint8 (G, R, K): the E8M0 scale code of every element (127 where none).
     * ``granule``: the length of the runs of K that share one scale (the model's block along
       K, aligned to K's start); 1 when scales vary per element (blocks not along K, or
-      straddling conv groups); 0 for an unquantized operand (any run length works).
+      straddling conv groups); 0 for an unquantized or tensor-scaled operand (any run
+      length works).
     * ``quantized``: the model's quantizer is represented here (MX or mappable BFP spec).
     * ``spec``: a short description of the model's quantization (``int8 block 32``).
     * ``layout``: how the operand's blocks lie in the GEMM's K.
@@ -77,6 +85,9 @@ class GemmOperand:
       (``Layer.codes_only``).
     * ``exact``: False when a float operand could not be split exactly (non-finite values,
       float64 values that are not float32).
+    * ``tensor_scale``: None, or the float scale of a tensor-scaled operand (module
+      docstring): float64 of shape () (per tensor) or (N,) (a weight's per output feature);
+      the operand's value is its pieces' times this scale.
     """
 
     element_format: FormatInfo
@@ -89,6 +100,7 @@ class GemmOperand:
     saturated: int | None = 0
     underflowed: int | None = 0
     exact: bool = True
+    tensor_scale: np.ndarray | None = None
 
     @property
     def k(self) -> int:
@@ -103,14 +115,15 @@ class GemmOperand:
             raise MxsimError(f"operand ({self.layout}) cannot be cut into blocks of {block_size}")
         codes = _pad_k(self.pieces[0][group], block_size)
         scales = _pad_k(self.scales[group], block_size, fill=E8M0_ONE)[:, ::block_size]
+        k = self.pieces[0].shape[-1]  # K as lowered; a tensor-scaled operand's last block padded
         return MXTensor(
             self.element_format,
             np.ascontiguousarray(codes),
             np.ascontiguousarray(scales),
-            codes.shape,
+            (codes.shape[0], k),
             1,
             block_size,
-            0,
+            codes.shape[1] - k,
             QuantOptions(),
         )
 
@@ -165,9 +178,12 @@ def clip_counts(x: np.ndarray, tensor: MXTensor, largest: float | None = None) -
 
 
 def _spec_description(spec) -> str:
-    """``fp8_e4m3 block 32``, ``MX6 block 16/2``: an MX or BFP spec in a few words."""
+    """``fp8_e4m3 block 32``, ``MX6 block 16/2``, ``float8e4m3fn per tensor``: an MX, BFP or
+    tensor-scaled QDQ spec in a few words."""
     if isinstance(spec, MXQuant):
         return f"{spec.format} block {spec.block_size}"
+    if isinstance(spec, QDQQuant):
+        return f"{spec.dtype} per {'tensor' if spec.scale.size == 1 else 'channel'}"
     description = f"{spec.name or 'BFP'} block {spec.spec.block_size}"
     if spec.spec.has_microexponents:
         description += f"/{spec.spec.sub_block_size}"
@@ -178,9 +194,72 @@ def _spec_description(spec) -> str:
 _BFP_CODE_FORMATS = {2: "mx4", 4: "mx6", 7: "mx9"}
 
 
-def _quantize_spec(x: np.ndarray, spec) -> _Quantized | None:
-    """The operand quantized by its MX or BFP spec in its own layout; None if the spec has no
-    element-code form (other specs, bypassed one-element tensors, unmappable BFP)."""
+#: QDQ types whose levels a unit takes as element codes: (mxsim element format, the exponent
+#: e of the E8M0 scale 2^e under which a code's value is the level; INT8's q is q/64 x 2^6).
+TENSOR_SCALED_TYPES = {
+    "float8e4m3fn": ("fp8_e4m3", 0),
+    "float8e5m2": ("fp8_e5m2", 0),
+    "int8": ("int8", 6),
+}
+
+
+def _tensor_scaled(layer: Layer, operand: str, spec) -> str | None:
+    """The element format of a tensor-scaled QDQ operand (module docstring), else None: an
+    FP8 or INT8 QDQ spec with zero point 0 and one scale per tensor, or per output feature of
+    a linear layer's weight (axis 0)."""
+    if (
+        not isinstance(spec, QDQQuant)
+        or spec.dtype not in TENSOR_SCALED_TYPES
+        or spec.block_size
+        or (spec.zero_point is not None and spec.zero_point.any())
+    ):
+        return None
+    per_feature = (
+        layer.op == "linear"
+        and operand == "weight"
+        and spec.axis is not None
+        and spec.axis % layer.weight.ndim == 0
+        and spec.scale.size == layer.weight.shape[0]
+    )
+    return TENSOR_SCALED_TYPES[spec.dtype][0] if spec.scale.size == 1 or per_feature else None
+
+
+def _tensor_scale(layer: Layer, operand: str) -> np.ndarray | None:
+    """The float scale of a tensor-scaled operand (GemmOperand.tensor_scale), else None."""
+    spec = layer.quant.get(operand)
+    if _tensor_scaled(layer, operand, spec) is None:
+        return None
+    scale = spec.scale.astype(np.float32).astype(np.float64)
+    return scale.reshape(()) if scale.size == 1 else scale.reshape(-1)
+
+
+def _quantize_spec(
+    x: np.ndarray, spec, layer: Layer | None = None, operand: str = ""
+) -> _Quantized | None:
+    """The operand quantized by its MX or BFP spec in its own layout, or, tensor-scaled, its
+    QDQ levels as element codes (:data:`TENSOR_SCALED_TYPES`; block size 0: one scale for all
+    of K; needs ``layer`` and ``operand``); None if the spec has no element-code form (other
+    specs, bypassed one-element tensors, unmappable BFP)."""
+    name = None if layer is None else _tensor_scaled(layer, operand, spec)
+    if name is not None:
+        fmt, exponent = get_format(name), TENSOR_SCALED_TYPES[spec.dtype][1]
+        levels, values = spec.levels(x)
+        with np.errstate(invalid="ignore"):
+            codes = fmt.encode(np.ldexp(levels, -exponent))  # exact: the format holds each level
+            largest = np.abs(levels) >= fmt.max_finite * 2.0**exponent
+        saturated = np.isfinite(values) & (np.abs(np.asarray(x)) > np.abs(values)) & largest
+        underflowed = (np.asarray(x) != 0) & (values == 0)
+        return _Quantized(
+            fmt,
+            codes,
+            np.full(codes.shape, E8M0_ONE + exponent, dtype=np.uint8),
+            _reduction_axis(layer, operand),
+            0,
+            1,
+            _spec_description(spec),
+            int(saturated.sum()),
+            int(underflowed.sum()),
+        )
     if not isinstance(spec, (MXQuant, BFPQuant)) or (spec.bypass_single_element and x.size == 1):
         return None
     if isinstance(spec, MXQuant):
@@ -275,8 +354,11 @@ class LayerOperands:
     ``a``: rows of A (G, M, K'); ``b``: rows of B (G, N, K') with the same K' layout;
     ``bias``: the bias after the model's bias quantizer, float64 (None without a bias);
     ``bias_spec``: a description of that quantizer; ``order``: the conv order used;
-    ``a_float``/``b_float``: the float operands before the model's quantizers, in the same
-    GEMM layout (what replay quantizes itself for a unit that cannot take the model's);
+    ``a_float``/``b_float``: what replay quantizes itself for a unit that cannot take the
+    model's operand, in the same GEMM layout: the float before the model's quantizer where
+    the operand has a block code form here, else (no code form, or tensor-scaled) the values
+    the model multiplied (its quantizer's recorded output, or the float when none is
+    recorded);
     ``gemm``: the layer lowered (:class:`LayerGemm`), which everything after reads.
     """
 
@@ -316,7 +398,8 @@ def quantized_bias(layer: Layer) -> tuple[np.ndarray | None, str]:
 @dataclass(frozen=True)
 class _Blocks:
     """Where an operand's scale blocks lie in its own layout: ``axis`` (non-negative),
-    ``block_size`` (elements per scale) and ``pad_unit`` (the quantizer's whole block)."""
+    ``block_size`` (elements per scale; 0: one scale for the whole operand) and ``pad_unit``
+    (the quantizer's whole block)."""
 
     axis: int
     block_size: int
@@ -396,7 +479,7 @@ def lower_layer(
             granule[op], layout[op] = 0, "unquantized"
             continue
         contiguous = aligned and (conv_order == "kh_kw_c" or taps == 1)
-        granule[op] = b.block_size if contiguous else 1
+        granule[op] = b.block_size if contiguous or not b.block_size else 1
         if not along_k[op]:
             layout[op] = f"blocks along {gemm_axis(layer, op, b.axis)}, not K"
         elif not aligned:
@@ -448,8 +531,13 @@ class OperandPlan:
     underflowed: int = 0
 
 
-def _spec_blocks(spec, x: np.ndarray) -> tuple[str, _Blocks] | None:
-    """(element format, blocks) of an MX/BFP spec with a code form on ``x``'s shape, else None."""
+def _spec_blocks(layer: Layer, operand: str) -> tuple[str, _Blocks] | None:
+    """(element format, blocks) of an MX/BFP spec with a code form on the operand's shape, or
+    of a tensor-scaled operand (block size 0), else None."""
+    spec, x = layer.quant.get(operand), layer.tensors[operand]
+    fmt = _tensor_scaled(layer, operand, spec)
+    if fmt is not None:
+        return fmt, _Blocks(_reduction_axis(layer, operand), 0, 1)
     if not isinstance(spec, (MXQuant, BFPQuant)) or (spec.bypass_single_element and x.size == 1):
         return None
     axis = spec.axis % x.ndim
@@ -467,7 +555,7 @@ def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, Operan
     is decided before any work."""
     if conv_order not in CONV_ORDERS:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
-    found = {op: _spec_blocks(layer.quant.get(op), layer.tensors[op]) for op in ("input", "weight")}
+    found = {op: _spec_blocks(layer, op) for op in ("input", "weight")}
     k = lower_layer(layer, conv_order, {op: f and f[1] for op, f in found.items()})
     plans = {}
     for op, f in found.items():
@@ -498,7 +586,9 @@ def layer_operands(
     if conv_order not in CONV_ORDERS:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     operands = ("input", "weight")
-    quantized = {op: _quantize_spec(layer.tensors[op], layer.quant.get(op)) for op in operands}
+    quantized = {
+        op: _quantize_spec(layer.tensors[op], layer.quant.get(op), layer, op) for op in operands
+    }
     k = lower_layer(
         layer,
         conv_order,
@@ -561,9 +651,21 @@ def layer_operands(
             saturated,
             underflowed,
             exact,
+            None if q is None else _tensor_scale(layer, op),
         )
+    # what replay quantizes itself: the float before the model's quantizer where the trace
+    # reads it as blocks, else (no code form, or float scales) what the model multiplied
     floats = [
-        k.lower(op, _pad_axis(layer.tensors[op], _reduction_axis(layer, op), padded_run))
+        k.lower(
+            op,
+            _pad_axis(
+                layer.tensors[op]
+                if quantized[op] and quantized[op].block_size
+                else _float_values(layer, op),
+                _reduction_axis(layer, op),
+                padded_run,
+            ),
+        )
         for op in operands
     ]
     bias, bias_spec = quantized_bias(layer)
@@ -611,6 +713,16 @@ def _pieces_product(a: GemmOperand, b: GemmOperand, group: int, block: int):
     )
 
 
+def tensor_scales(a: GemmOperand, b: GemmOperand) -> np.ndarray | None:
+    """The product of both operands' tensor scales as a factor of the GEMM result (G, M, N)
+    (float64, broadcastable), or None when neither is tensor-scaled."""
+    if a.tensor_scale is None and b.tensor_scale is None:
+        return None
+    scale_a = 1.0 if a.tensor_scale is None else a.tensor_scale
+    scale_b = 1.0 if b.tensor_scale is None else b.tensor_scale
+    return np.multiply(scale_a, scale_b, dtype=np.float64)  # () or (N,): broadcasts over N
+
+
 def exact_block(a: GemmOperand, b: GemmOperand) -> int:
     """The largest block length over which both operands' scales are constant."""
     granules = [op.granule for op in (a, b) if op.granule]
@@ -621,17 +733,21 @@ def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
     """The exact GEMM result (G, M, N) of the model's quantized operands plus its quantized
     bias, rounded once to fp32 (module docstring), as float64; and whether it is exact (False
     when a float operand could not be split exactly or the bias could not enter the exact
-    sum: then it is added in float64 afterwards, a second rounding)."""
+    sum: then it is added in float64 afterwards, a second rounding). Tensor-scaled operands:
+    the exact sum of their codes' products is rounded to fp32, times the scales in float64,
+    plus the bias in float64 (not exact)."""
     a, b = operands.a, operands.b
+    scaled = tensor_scales(a, b)
     block = exact_block(a, b)
     unit = exact_unit(a.element_format.name, b.element_format.name, block)
     view = operands.gemm.view
     scaled_linear = view.op == "linear" and view.alpha != 1.0
     bias = None if scaled_linear else view.gemm_bias(operands.bias)
-    c = accumulator_input(bias)
+    c = None if scaled is not None else accumulator_input(bias)
     exact = (
         a.exact
         and b.exact
+        and scaled is None
         and (bias is None or c is not None)
         and not (scaled_linear and operands.bias is not None)
     )
@@ -663,7 +779,7 @@ def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
         result = matmul(
             unit, tensor_a, tensor_b, c=None if c is None else c[group].astype(np.float32)
         )
-        out[group] = result.values
+        out[group] = result.values if scaled is None else result.values * scaled
         if bias is not None and c is None:
             out[group] += bias[group]
     return out, exact

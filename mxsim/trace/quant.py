@@ -58,7 +58,8 @@ QDQ_INTEGER_RANGES = {
     "int2": (-2, 1),
     "uint2": (0, 3),
 }
-#: ONNX QuantizeLinear float output types (recorded; fake_quantize is not modelled for them).
+#: ONNX QuantizeLinear float output types (recorded; fake_quantize is modelled for those in
+#: QDQ_FLOAT_ELEMENTS only).
 QDQ_FLOAT_TYPES = (
     "float8e4m3fn",
     "float8e4m3fnuz",
@@ -67,6 +68,9 @@ QDQ_FLOAT_TYPES = (
     "float4e2m1",
     "float8e8m0",
 )
+#: ONNX float QDQ types whose values are an mxsim element format's (OCP FP8: E4M3 without
+#: Inf, largest 448; E5M2 with Inf, largest 57344).
+QDQ_FLOAT_ELEMENTS = {"float8e4m3fn": "fp8_e4m3", "float8e5m2": "fp8_e5m2"}
 
 
 def _plain_option(value):
@@ -322,6 +326,10 @@ class QDQQuant:
     (scale has x's shape with ``ceil(dim/b)`` along ``axis``; element i uses scale i // b).
     ``dtype`` is the quantized type's ONNX name in lower case (``int8``, ``uint8``,
     ``float8e4m3fn``...). ``zero_point`` is None when the model gave none (0).
+    ``reciprocal`` (integer types): ``round_half_even(x * fl(1 / scale))`` instead of
+    ``x / scale``, in float32, as torch's ``fake_quantize_per_tensor_affine`` /
+    ``_per_channel_affine`` (and Quark torch's integer quantizers) compute it; the two differ
+    where the product rounds across a half.
     """
 
     dtype: str
@@ -330,6 +338,7 @@ class QDQQuant:
     axis: int | None = None
     block_size: int = 0
     saturate: bool = True
+    reciprocal: bool = False
 
     kind = "qdq"
 
@@ -350,6 +359,13 @@ class QDQQuant:
             raise MxsimError("QDQ spec: zero_point must be a numpy array with the scale's shape")
         if self.scale.size > 1 and self.axis is None:
             raise MxsimError("QDQ spec: a scale with more than one element needs an axis")
+        if not isinstance(self.reciprocal, bool) or (
+            self.reciprocal and self.dtype not in QDQ_INTEGER_RANGES
+        ):
+            raise MxsimError(
+                f"QDQ spec: reciprocal must be true or false, and true only for integer types, "
+                f"got {self.reciprocal!r} for {self.dtype}"
+            )
 
     def with_axis(self, axis: int) -> QDQQuant:
         return dataclasses.replace(self, axis=axis)
@@ -367,20 +383,45 @@ class QDQQuant:
         )
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
-        """Quantize-dequantize as onnxruntime computes it for integer types: float32 division,
-        round half to even, saturate, then (q - zero_point) * scale in float32."""
+        """Quantize-dequantize (float32 values) as onnxruntime computes it for integer types:
+        float32 division (``x * fl(1 / scale)`` with ``reciprocal``), round half to even,
+        saturate, then (q - zero_point) * scale in float32. For the FP8 types of
+        :data:`QDQ_FLOAT_ELEMENTS` as Quark torch's FP8 fake quantizer and onnxruntime compute
+        it: float32 division ``x / scale``, clamped to ±the format's largest value when
+        ``saturate`` (else IEEE overflow: E4M3 NaN, E5M2 ±Inf), rounded once to the format
+        (nearest even; subnormals kept; a zero keeps the sign of ``x / scale``), times
+        ``scale`` in float32. NaN stays NaN."""
+        return self.levels(x)[1]
+
+    def levels(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The quantized levels of ``x`` (float64: ``q - zero_point`` for integer types, the
+        FP8 value for FP8 types) and the dequantized float32 values, levels times the scale
+        (:meth:`fake_quantize`). An FP8 type needs a zero point of 0 (as ONNX requires)."""
+        x32 = np.asarray(x, dtype=np.float32)
+        scale = self._broadcast(self.scale.astype(np.float32), x32)
+        if self.dtype in QDQ_FLOAT_ELEMENTS:
+            if self.zero_point is not None and self.zero_point.any():
+                raise MxsimError(f"QDQ spec: {self.dtype} needs a zero point of 0")
+            fmt = get_format(QDQ_FLOAT_ELEMENTS[self.dtype])
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                scaled = (x32 / scale).astype(np.float32)
+                if self.saturate:
+                    top = np.float32(fmt.max_finite)
+                    scaled = np.clip(scaled, -top, top)
+                overflow = "saturate" if self.saturate else "inf_nan"
+                levels = fmt.decode(fmt.encode(scaled, "nearest_even", overflow))
+                return levels, (levels.astype(np.float32) * scale).astype(np.float32)
         if self.dtype not in QDQ_INTEGER_RANGES:
             raise MxsimError(f"QDQ spec: fake_quantize is not modelled for {self.dtype}")
         low, high = QDQ_INTEGER_RANGES[self.dtype]
-        x32 = np.asarray(x, dtype=np.float32)
-        scale = self._broadcast(self.scale.astype(np.float32), x32)
         zero = (
             0 if self.zero_point is None else self._broadcast(self.zero_point.astype(np.int64), x32)
         )
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            q = np.rint(x32 / scale).astype(np.float64) + zero
-            q = np.clip(q, low, high)
-            return ((q - zero).astype(np.float32) * scale).astype(np.float32)
+            scaled = x32 * (np.float32(1) / scale) if self.reciprocal else x32 / scale
+            q = np.clip(np.rint(scaled).astype(np.float64) + zero, low, high)
+            levels = q - zero
+            return levels, (levels.astype(np.float32) * scale).astype(np.float32)
 
     def to_manifest(self, operand: str) -> dict:
         entry = {
@@ -392,6 +433,8 @@ class QDQQuant:
             "scale": f"quant.{operand}.scale",
             "zero_point": None if self.zero_point is None else f"quant.{operand}.zero_point",
         }
+        if self.reciprocal:  # written only when set: an older mxsim refuses the key by name
+            entry["reciprocal"] = True
         return entry
 
     def arrays(self, operand: str) -> dict[str, np.ndarray]:
@@ -594,6 +637,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             "saturate",
             "scale",
             "zero_point",
+            "reciprocal",
         }
         if unknown:
             raise MxsimError(f"unknown keys {sorted(unknown, key=str)}")
@@ -617,6 +661,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             entry.get("axis"),
             entry.get("block_size", 0),
             bool(entry.get("saturate", True)),
+            entry.get("reciprocal", False),
         )
     if kind == "nvfp4":
         unknown = set(entry) - {"kind", "axis", "profile", "tensor_scale", "dequantized", "scales"}
