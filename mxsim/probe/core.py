@@ -964,9 +964,8 @@ class _Search:
         are written in it), with its settled rows after them once the late probes run."""
         engine, ctx = self.engine, self.ctx
         fmt, in_range = engine.hyp["inputs.scale_format"], self.in_output_range
-        drawn = self.contexts.setdefault(
-            (fmt, in_range),
-            Context(
+        if (fmt, in_range) not in self.contexts:  # built once: a Context decodes whole formats
+            self.contexts[fmt, in_range] = Context(
                 ctx.a_format,
                 ctx.b_format,
                 ctx.k,
@@ -975,8 +974,8 @@ class _Search:
                 seed=self.seed,
                 scale_format=fmt,
                 c_format=ctx.c_format,
-            ),
-        )
+            )
+        drawn = self.contexts[fmt, in_range]
         if (p.name, fmt, in_range) not in self.batches:
             drawn.window = engine.hyp["adder.align_fraction_bits"]
             drawn.in_output_range = in_range
