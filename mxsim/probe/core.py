@@ -26,6 +26,7 @@ is what was measured on those vectors: nothing is claimed beyond them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -47,6 +48,8 @@ from .units import CountingUnit, ProbeError
 
 #: Most dot products one probe run may ask of the unit.
 DEFAULT_BUDGET = 100_000
+#: Largest batch whose predictions an engine keeps (:meth:`_Engine.predict`).
+PREDICTIONS_KEPT_ROWS = 4096
 
 
 @dataclass
@@ -151,6 +154,7 @@ class _Engine:
         )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
+        self._predictions: dict = {}  # (params, rows' digest) -> predict's output (read-only)
         self._answers: dict = {}
         self._answered: list = []  # (rows, answers) of each batch of new inputs asked, in order
 
@@ -195,7 +199,22 @@ class _Engine:
     def predict(self, params, batch: Batch) -> np.ndarray:
         """mxsim's output bits; on rows whose scale codes the candidate's scale format cannot
         hold (E8M0 codes past UE4M3's 7 bits), a value no output has: such a unit could not
-        have answered them."""
+        have answered them. Read-only; kept per (params, rows) for batches of up to
+        :data:`PREDICTIONS_KEPT_ROWS` rows: each pass decides every probe again on the same
+        rows, mostly with the same candidates."""
+        if len(batch) > PREDICTIONS_KEPT_ROWS:
+            return self._predict(params, batch)
+        digest = hashlib.blake2b(repr(batch.a.shape).encode(), digest_size=16)
+        for name in ("a", "b", "scale_a", "scale_b", "c"):
+            digest.update(np.ascontiguousarray(getattr(batch, name)).data)
+        key = (params, digest.digest())
+        if key not in self._predictions:
+            out = self._predict(params, batch)
+            out.setflags(write=False)
+            self._predictions[key] = out
+        return self._predictions[key]
+
+    def _predict(self, params, batch: Batch) -> np.ndarray:
         scaled = params.scales != "none"
         top = _top_code(params.scale_format)
         readable = (
@@ -206,7 +225,7 @@ class _Engine:
         if readable is not None and not readable.all():
             out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
             if readable.any():
-                out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
+                out[readable] = self._predict(params, batch.take(np.flatnonzero(readable)))
             return out
         out = dot_with_params(
             params,
