@@ -48,8 +48,6 @@ from .units import CountingUnit, ProbeError
 
 #: Most dot products one probe run may ask of the unit.
 DEFAULT_BUDGET = 100_000
-#: Largest batch whose predictions an engine keeps (:meth:`_Engine.predict`).
-PREDICTIONS_KEPT_ROWS = 4096
 
 
 @dataclass
@@ -154,7 +152,9 @@ class _Engine:
         )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
-        self._predictions: dict = {}  # (params, rows' digest) -> predict's output (read-only)
+        #: (params, digest of a probe's rows, chunk start) -> the chunk's predictions (read-only):
+        #: each pass decides every probe again on the same rows, mostly with the same candidates
+        self._predictions: dict = {}
         self._answers: dict = {}
         self._answered: list = []  # (rows, answers) of each batch of new inputs asked, in order
 
@@ -199,22 +199,7 @@ class _Engine:
     def predict(self, params, batch: Batch) -> np.ndarray:
         """mxsim's output bits; on rows whose scale codes the candidate's scale format cannot
         hold (E8M0 codes past UE4M3's 7 bits), a value no output has: such a unit could not
-        have answered them. Read-only; kept per (params, rows) for batches of up to
-        :data:`PREDICTIONS_KEPT_ROWS` rows: each pass decides every probe again on the same
-        rows, mostly with the same candidates."""
-        if len(batch) > PREDICTIONS_KEPT_ROWS:
-            return self._predict(params, batch)
-        digest = hashlib.blake2b(repr(batch.a.shape).encode(), digest_size=16)
-        for name in ("a", "b", "scale_a", "scale_b", "c"):
-            digest.update(np.ascontiguousarray(getattr(batch, name)).data)
-        key = (params, digest.digest())
-        if key not in self._predictions:
-            out = self._predict(params, batch)
-            out.setflags(write=False)
-            self._predictions[key] = out
-        return self._predictions[key]
-
-    def _predict(self, params, batch: Batch) -> np.ndarray:
+        have answered them."""
         scaled = params.scales != "none"
         top = _top_code(params.scale_format)
         readable = (
@@ -225,7 +210,7 @@ class _Engine:
         if readable is not None and not readable.all():
             out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
             if readable.any():
-                out[readable] = self._predict(params, batch.take(np.flatnonzero(readable)))
+                out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
             return out
         out = dot_with_params(
             params,
@@ -304,6 +289,16 @@ class _Engine:
 
     # -- one probe
 
+    def _chunk_prediction(self, params, chunk: Batch, rows: bytes, start: int) -> np.ndarray:
+        """:meth:`predict` of the rows from ``start`` of the batch whose :func:`_digest` is
+        ``rows``, kept for the next pass."""
+        key = (params, rows, start)
+        if key not in self._predictions:
+            out = self.predict(params, chunk)
+            out.setflags(write=False)
+            self._predictions[key] = out
+        return self._predictions[key]
+
     def decide(self, probe: Probe, batch: Batch, asked_before: int) -> Decision:
         """Candidates are predicted chunk by chunk on the probe's inputs; after each chunk only
         those missing the fewest answers stay (all that fit, when any fits), so most of the
@@ -331,10 +326,11 @@ class _Engine:
         seen = []  # (input, answer, {candidate: prediction}) of every input asked
         asked = 0
         start, size = 0, 32
+        rows = _digest(batch)
         while start < len(batch) and len(alive) > 1:
             chunk = batch.take(np.arange(start, min(start + size, len(batch))))
+            predictions = {i: self._chunk_prediction(params[i], chunk, rows, start) for i in alive}
             start, size = start + size, size * 2
-            predictions = {i: self.predict(params[i], chunk) for i in alive}
             stacked = np.stack(list(predictions.values()))
             disagree = np.flatnonzero((stacked != stacked[0]).any(axis=0))
             if not disagree.size:
@@ -530,6 +526,14 @@ def _fit_groups(ctx: Context, hyp: dict, candidate: dict) -> dict:
 
 def _values(value: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in value.items())
+
+
+def _digest(batch: Batch) -> bytes:
+    """A digest of the batch's rows (every field and the shape)."""
+    digest = hashlib.blake2b(repr(batch.a.shape).encode(), digest_size=16)
+    for name in ("a", "b", "scale_a", "scale_b", "c"):
+        digest.update(np.ascontiguousarray(getattr(batch, name)).data)
+    return digest.digest()
 
 
 def _top_code(scale_format: str) -> int:
