@@ -26,6 +26,7 @@ is what was measured on those vectors: nothing is claimed beyond them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -151,6 +152,9 @@ class _Engine:
         )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
+        #: (params, digest of a probe's rows, chunk start) -> the chunk's predictions (read-only):
+        #: each pass decides every probe again on the same rows, mostly with the same candidates
+        self._predictions: dict = {}
         self._answers: dict = {}
         self._answered: list = []  # (rows, answers) of each batch of new inputs asked, in order
 
@@ -285,6 +289,16 @@ class _Engine:
 
     # -- one probe
 
+    def _chunk_prediction(self, params, chunk: Batch, rows: bytes, start: int) -> np.ndarray:
+        """:meth:`predict` of the rows from ``start`` of the batch whose :func:`_digest` is
+        ``rows``, kept for the next pass."""
+        key = (params, rows, start)
+        if key not in self._predictions:
+            out = self.predict(params, chunk)
+            out.setflags(write=False)
+            self._predictions[key] = out
+        return self._predictions[key]
+
     def decide(self, probe: Probe, batch: Batch, asked_before: int) -> Decision:
         """Candidates are predicted chunk by chunk on the probe's inputs; after each chunk only
         those missing the fewest answers stay (all that fit, when any fits), so most of the
@@ -312,10 +326,11 @@ class _Engine:
         seen = []  # (input, answer, {candidate: prediction}) of every input asked
         asked = 0
         start, size = 0, 32
+        rows = _digest(batch)
         while start < len(batch) and len(alive) > 1:
             chunk = batch.take(np.arange(start, min(start + size, len(batch))))
+            predictions = {i: self._chunk_prediction(params[i], chunk, rows, start) for i in alive}
             start, size = start + size, size * 2
-            predictions = {i: self.predict(params[i], chunk) for i in alive}
             stacked = np.stack(list(predictions.values()))
             disagree = np.flatnonzero((stacked != stacked[0]).any(axis=0))
             if not disagree.size:
@@ -511,6 +526,14 @@ def _fit_groups(ctx: Context, hyp: dict, candidate: dict) -> dict:
 
 def _values(value: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in value.items())
+
+
+def _digest(batch: Batch) -> bytes:
+    """A digest of the batch's rows (every field and the shape)."""
+    digest = hashlib.blake2b(repr(batch.a.shape).encode(), digest_size=16)
+    for name in ("a", "b", "scale_a", "scale_b", "c"):
+        digest.update(np.ascontiguousarray(getattr(batch, name)).data)
+    return digest.digest()
 
 
 def _top_code(scale_format: str) -> int:
@@ -964,9 +987,8 @@ class _Search:
         are written in it), with its settled rows after them once the late probes run."""
         engine, ctx = self.engine, self.ctx
         fmt, in_range = engine.hyp["inputs.scale_format"], self.in_output_range
-        drawn = self.contexts.setdefault(
-            (fmt, in_range),
-            Context(
+        if (fmt, in_range) not in self.contexts:  # built once: a Context decodes whole formats
+            self.contexts[fmt, in_range] = Context(
                 ctx.a_format,
                 ctx.b_format,
                 ctx.k,
@@ -975,8 +997,8 @@ class _Search:
                 seed=self.seed,
                 scale_format=fmt,
                 c_format=ctx.c_format,
-            ),
-        )
+            )
+        drawn = self.contexts[fmt, in_range]
         if (p.name, fmt, in_range) not in self.batches:
             drawn.window = engine.hyp["adder.align_fraction_bits"]
             drawn.in_output_range = in_range

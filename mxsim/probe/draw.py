@@ -150,6 +150,23 @@ class _Operand:
         return int(self.negate(np.array([code], dtype=np.uint64))[0])
 
 
+#: Operands of formats of up to 20 field bits, built once per process: every code is listed,
+#: so no generator is drawn from, and a probe builds several Drawings on the same formats.
+_LISTED_OPERANDS: dict = {}
+
+
+def _operand(fmt, rng) -> _Operand:
+    """``fmt``'s :class:`_Operand` (its codes and values read-only where it is shared)."""
+    if fmt.bits - fmt.padding_bits > 20:
+        return _Operand(fmt, rng)
+    if fmt not in _LISTED_OPERANDS:
+        operand = _Operand(fmt, rng)
+        operand.codes.setflags(write=False)
+        operand.values.setflags(write=False)
+        _LISTED_OPERANDS[fmt] = operand
+    return _LISTED_OPERANDS[fmt]
+
+
 def _powers_of_two(operand: _Operand) -> tuple[np.ndarray, np.ndarray]:
     """An operand format's codes of positive powers of two, and their exponents."""
     positive = np.isfinite(operand.values) & (operand.values > 0)
@@ -224,8 +241,8 @@ class Drawing:
         self.in_output_range = False
         self.seed = seed
         self.rng = np.random.default_rng(seed)  # the operands' codes and the pool; then draw_from
-        self.A = _Operand(get_format(a_format), self.rng)
-        self.B = _Operand(get_format(b_format), self.rng)
+        self.A = _operand(get_format(a_format), self.rng)
+        self.B = _operand(get_format(b_format), self.rng)
         pairs = 1 << 15
         ia = self.rng.integers(0, len(self.A.codes), pairs)
         ib = self.rng.integers(0, len(self.B.codes), pairs)
@@ -239,6 +256,7 @@ class Drawing:
         self.pool_a, self.pool_b = self.A.codes[ia][keep], self.B.codes[ib][keep]
         self.pool_exponent = np.floor(np.log2(products[keep])).astype(np.int64)
         self.exponents = np.unique(self.pool_exponent)
+        self._at_exponent: dict[int, np.ndarray] = {}  # exponent -> its pool indices (pair_at)
 
     def _c_carrier(self, c_fmt) -> None:
         """How c travels: as fp32 bits when fp32 holds every value of c's format (fp32, fp16,
@@ -296,8 +314,10 @@ class Drawing:
     def pair_at(self, exponent: int) -> tuple[int, int, int]:
         """A random element pair whose product's exponent is the pool's nearest to ``exponent``
         (returns a code, b code, the product's exponent)."""
-        nearest = self.exponents[np.argmin(np.abs(self.exponents - exponent))]
-        choices = np.flatnonzero(self.pool_exponent == nearest)
+        nearest = int(self.exponents[np.argmin(np.abs(self.exponents - exponent))])
+        if nearest not in self._at_exponent:
+            self._at_exponent[nearest] = np.flatnonzero(self.pool_exponent == nearest)
+        choices = self._at_exponent[nearest]
         i = choices[self.rng.integers(len(choices))]
         return int(self.pool_a[i]), int(self.pool_b[i]), int(nearest)
 
