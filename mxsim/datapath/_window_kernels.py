@@ -190,7 +190,11 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 @njit(cache=True, **NO_REFCOUNTS)
 def finish_tree(totals, references, acc, flags, cfg):
     """Per lane: the tree's integer sum (in LSBs of 2^(R - W)), the accumulator when it
-    joins the tree truncated to the window too, then the n-bit sum and the accumulation."""
+    joins the tree truncated to the window too, then the n-bit sum and the accumulation.
+
+    ``totals`` holds the integers as float64 (exact: the callers keep tree sums below 2^53),
+    and the accumulator's truncation is ``np.trunc``: float64 <-> int64 conversions have no
+    SIMD instruction before AVX-512, and this loop runs once per tree and output."""
     window = cfg[W_WINDOW_BITS]
     in_tree = cfg[W_ACC_IN_TREE] != 0
     sum_bits = cfg[W_SUM_BITS]
@@ -206,8 +210,8 @@ def finish_tree(totals, references, acc, flags, cfg):
         total = totals[lane]
         previous = acc[lane]
         if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
-            total += np.int64(previous * power_of_two(window - reference))
-        value = np.float64(total) * power_of_two(reference - window)  # exact: |total| < 2^53
+            total += np.trunc(previous * power_of_two(window - reference))
+        value = total * power_of_two(reference - window)  # exact: |total| < 2^53
         if sum_bits > 0:
             value = round_bits(value, sum_rule)
         if not in_tree:
@@ -285,14 +289,14 @@ def _unusable_rows(codes, scales, finite, scaled):
 @njit(cache=True)
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
-    window factors, int32 group sums and int64 tree sums."""
+    window factors, int32 group sums and tree sums (float64 integers: :func:`finish_tree`)."""
     return (
         np.empty(lanes, dtype=np.int8),
         np.zeros(lanes, dtype=np.int32),
         np.empty(lanes, dtype=np.int64),
         np.empty(lanes, dtype=np.float32),
         np.empty(lanes, dtype=np.int32),
-        np.empty(lanes, dtype=np.int64),
+        np.empty(lanes, dtype=np.float64),
     )
 
 
