@@ -168,23 +168,60 @@ def start_accumulators(c_values, offset, acc, flags, cfg):
         flags[lane] |= not (ok and usable)
 
 
+@njit(cache=True, inline="always")
+def _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, in_tree):
+    """:func:`tree_references`' loop, inlined with ``in_tree`` a constant (as
+    :func:`_finish_lanes`)."""
+    for lane in range(references.shape[0]):
+        shift = np.int64(shifts[lane])
+        reference = (
+            np.int64(maxima[lane]) + shift if maxima[lane] >= threshold else np.int64(NO_REFERENCE)
+        )
+        if in_tree:  # a zero accumulator's exponent, -1023, lies below NO_REFERENCE
+            reference = max(reference, _exponent(acc[lane]))
+        references[lane] = reference
+        # Clamped: beyond 2^-126 every product is far below one LSB; beyond 2^127 there are no nonzero products.
+        factors[lane] = _power_of_two_32(min(max(window + shift - reference, -126), 127))
+
+
 @njit(cache=True, **NO_REFCOUNTS)
 def tree_references(maxima, shifts, acc, references, factors, cfg):
     """Per lane: the tree's reference exponent R (block scale included) and the float32
     factor 2^(W + scale - R) that puts unscaled products in units of the window's LSB."""
     window = cfg[W_WINDOW_BITS]
     threshold = cfg[W_THRESHOLD]
-    in_tree = cfg[W_ACC_IN_TREE] != 0
-    for lane in range(references.shape[0]):
-        shift = np.int64(shifts[lane])
-        reference = (
-            np.int64(maxima[lane]) + shift if maxima[lane] >= threshold else np.int64(NO_REFERENCE)
-        )
-        if in_tree and acc[lane] != 0.0:
-            reference = max(reference, _exponent(acc[lane]))
-        references[lane] = reference
-        # Clamped: beyond 2^-126 every product is far below one LSB; beyond 2^127 there are no nonzero products.
-        factors[lane] = _power_of_two_32(min(max(window + shift - reference, -126), 127))
+    if cfg[W_ACC_IN_TREE] != 0:
+        _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, True)
+    else:
+        _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, False)
+
+
+@njit(cache=True, inline="always")
+def _finish_lanes(
+    totals, references, acc, flags, window, in_tree, rounded_sum, sum_rule, acc_rule, cfg
+):
+    """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``rounded_sum`` constants so
+    that each copy computes only its own stages."""
+    low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
+    zero_floor = cfg[W_ZERO_FLOOR]
+    for lane in range(totals.shape[0]):
+        reference = references[lane]
+        # A zero term might raise R: the generic kernel's case, unless the tree has no nonzero
+        # term at all (its sum is 0 whatever R is).
+        outside = NO_REFERENCE < reference < zero_floor
+        total = totals[lane]
+        previous = acc[lane]
+        if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
+            total += np.trunc(previous * power_of_two(window - reference))
+        value = total * power_of_two(reference - window)  # exact: |total| < 2^53
+        if rounded_sum:
+            value = round_bits(value, sum_rule)
+        if not in_tree:
+            high_part, error = two_sum(previous, value)
+            value = round_to_odd(high_part, error)
+        result, ok = _round_in_range(value, acc_rule, low, high)
+        acc[lane] = result
+        flags[lane] |= outside | (not ok)
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -194,32 +231,22 @@ def finish_tree(totals, references, acc, flags, cfg):
 
     ``totals`` holds the integers as float64 (exact: the callers keep tree sums below 2^53),
     and the accumulator's truncation is ``np.trunc``: float64 <-> int64 conversions have no
-    SIMD instruction before AVX-512, and this loop runs once per tree and output."""
+    SIMD instruction before AVX-512, and this loop runs once per tree and output. One loop
+    per combination of the unit's stages: a stage a unit lacks, left in the loop under a
+    branch, is computed for every lane all the same once the loop is vectorised."""
     window = cfg[W_WINDOW_BITS]
-    in_tree = cfg[W_ACC_IN_TREE] != 0
     sum_bits = cfg[W_SUM_BITS]
     sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
-    low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
-    zero_floor = cfg[W_ZERO_FLOOR]
-    for lane in range(totals.shape[0]):
-        reference = references[lane]
-        # A zero term might raise R: the generic kernel's case, unless the tree has no nonzero
-        # term at all (its sum is 0 whatever R is).
-        flags[lane] |= NO_REFERENCE < reference < zero_floor
-        total = totals[lane]
-        previous = acc[lane]
-        if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
-            total += np.trunc(previous * power_of_two(window - reference))
-        value = total * power_of_two(reference - window)  # exact: |total| < 2^53
+    if cfg[W_ACC_IN_TREE] != 0:
         if sum_bits > 0:
-            value = round_bits(value, sum_rule)
-        if not in_tree:
-            high_part, error = two_sum(previous, value)
-            value = round_to_odd(high_part, error)
-        result, ok = _round_in_range(value, acc_rule, low, high)
-        acc[lane] = result
-        flags[lane] |= not ok
+            _finish_lanes(totals, references, acc, flags, window, True, True, sum_rule, acc_rule, cfg)
+        else:
+            _finish_lanes(totals, references, acc, flags, window, True, False, sum_rule, acc_rule, cfg)
+    elif sum_bits > 0:
+        _finish_lanes(totals, references, acc, flags, window, False, True, sum_rule, acc_rule, cfg)
+    else:
+        _finish_lanes(totals, references, acc, flags, window, False, False, sum_rule, acc_rule, cfg)
 
 
 @njit(cache=True)
@@ -263,6 +290,19 @@ def _decode_tile(codes, first, lanes, values, exponents):
                 tile_values[k, lane] = values[code]
                 tile_exponents[k, lane] = exponents[code]
     return tile_values, tile_exponents
+
+
+@njit(cache=True)
+def _tile_scales(scales, first, lanes, scaled):
+    """tile[block, lane] = scales[first + lane, block], NaN scales as 0 (their lanes are
+    flagged): the scales of a tile's columns, transposed once rather than gathered per row.
+    Empty when the unit takes no scales."""
+    tile = np.empty((scales.shape[1] if scaled else 0, lanes), dtype=np.int32)
+    for lane in range(lanes):
+        for block in range(tile.shape[0]):
+            value = scales[first + lane, block]
+            tile[block, lane] = 0 if value == SCALE_NAN else value
+    return tile
 
 
 @njit(cache=True)
@@ -390,6 +430,7 @@ def _column_tile(
     column0 = tile * LANES
     lanes = min(LANES, n_columns - column0)
     tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
+    tile_scales = _tile_scales(scales_b, column0, lanes, scaled)
     acc = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
     maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
@@ -410,9 +451,9 @@ def _column_tile(
                 _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
                 if scaled:
                     scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
+                    scales = tile_scales[block]
                     for lane in range(lanes):
-                        scale_b = scales_b[column0 + lane, block]
-                        shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
+                        shifts[lane] = scale_a + scales[lane]
                 tree_references(maxima, shifts, acc[row], references, factors, cfg)
                 totals[:] = 0
                 for group_start in range(start, stop, group):
