@@ -37,7 +37,6 @@ import numpy as np
 from numba import njit
 
 from .._compile import NO_REFCOUNTS, generic_calls
-from .._threads import run_in_threads
 
 from ..formats._kernels import (
     ROUND_NEAREST_AWAY,
@@ -54,7 +53,10 @@ ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = (
     -900
 )  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
-LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
+# Outputs per work item (columns of a GEMM tile, rows of a row-wise dot): long lane loops
+# amortise each per-tree call's setup, and a 16-term tree's slice of a 256-column B tile
+# (values and exponents, 20 KiB) stays in L1 across the rows that run against it.
+LANES = 256
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
@@ -240,9 +242,13 @@ def finish_tree(totals, references, acc, flags, cfg):
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     if cfg[W_ACC_IN_TREE] != 0:
         if sum_bits > 0:
-            _finish_lanes(totals, references, acc, flags, window, True, True, sum_rule, acc_rule, cfg)
+            _finish_lanes(
+                totals, references, acc, flags, window, True, True, sum_rule, acc_rule, cfg
+            )
         else:
-            _finish_lanes(totals, references, acc, flags, window, True, False, sum_rule, acc_rule, cfg)
+            _finish_lanes(
+                totals, references, acc, flags, window, True, False, sum_rule, acc_rule, cfg
+            )
     elif sum_bits > 0:
         _finish_lanes(totals, references, acc, flags, window, False, True, sum_rule, acc_rule, cfg)
     else:
@@ -419,7 +425,7 @@ def _column_tile(
     out,
     flags,
 ):
-    """One work item of :func:`window_matmul`: the outputs of the columns of tile ``tile`` in
+    """One work item of :func:`window_items`: the outputs of the columns of tile ``tile`` in
     row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end)."""
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
@@ -479,69 +485,6 @@ def _column_tile(
                 flags[row0 + row, column0 + lane] = tile_flags[row, lane]
 
 
-def window_matmul(
-    codes_a,
-    codes_b,
-    scales_a,
-    scales_b,
-    c_values,
-    a_values,
-    a_exponents,
-    a_finite,
-    b_values,
-    b_exponents,
-    b_finite,
-    cfg,
-    out,
-    flags,
-    threads,
-):
-    """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
-    (N, K), for every group g of a (G, M, K) x (G, N, K) batch; flags[g, m, n] = 1 where the
-    generic kernel must compute it instead (module docstring).
-
-    ``a_values``/``b_values``: float32 value per code (0 where not finite); ``*_exponents``:
-    int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
-    ``*_finite``: whether the code is finite. ``c_values`` is (G, M, N) or (1, 1, 1).
-    ``threads``: how many threads run the work items (it sets how finely rows are split, not
-    the result). The work items run in :func:`window_items` on Python threads
-    (``_threads.run_in_threads``): a ``prange`` loop compiles as a second, parallel kernel.
-    """
-    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
-    n_columns = codes_b.shape[1]
-    bad_rows, bad_columns = unusable_rows_and_columns(
-        codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, cfg[W_SCALED] != 0
-    )
-    # Work items are column tiles of one group, each decoding its B tile once; rows are split
-    # only as far as it takes to give every thread work.
-    n_tiles = (n_columns + LANES - 1) // LANES
-    n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
-    chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
-    blocks_per_chunk = -(-n_blocks // chunks)
-    arguments = (
-        codes_a,
-        codes_b,
-        scales_a,
-        scales_b,
-        c_values,
-        a_values,
-        a_exponents,
-        b_values,
-        b_exponents,
-        bad_rows,
-        bad_columns,
-        cfg,
-        out,
-        flags,
-        n_tiles,
-        n_tiles * chunks,
-        blocks_per_chunk,
-    )
-    run_in_threads(
-        lambda start, stop: window_items(*arguments, start, stop), n_groups * n_tiles * chunks
-    )
-
-
 @njit(cache=True)
 def unusable_rows_and_columns(codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, scaled):
     """Per group, whether each row of A and each row of B given as (N, K) holds a code or
@@ -582,8 +525,8 @@ def window_items(
     start,
     stop,
 ):
-    """Work items ``start`` to ``stop`` of :func:`window_matmul`, ``items`` of them per group:
-    column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
+    """Work items ``start`` to ``stop`` of a GEMM batch (``datapath.window.window_matmul``),
+    ``items`` of them per group: column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
     ``blocks_per_chunk`` row blocks."""
     c_groups = c_values.shape[0]
     for item in range(start, stop):
@@ -627,7 +570,7 @@ def _row_tile(
     out,
     flags,
 ):
-    """One work item of :func:`window_pairs`: rows ``row0`` onwards, ``LANES`` of them (fewer
+    """One work item of :func:`pair_items`: rows ``row0`` onwards, ``LANES`` of them (fewer
     at the end)."""
     n_rows, length = codes_a.shape
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
@@ -674,47 +617,6 @@ def _row_tile(
         flags[row0 + lane] = lane_flags[lane]
 
 
-def window_pairs(
-    codes_a,
-    codes_b,
-    scales_a,
-    scales_b,
-    c_values,
-    a_values,
-    a_exponents,
-    a_finite,
-    b_values,
-    b_exponents,
-    b_finite,
-    cfg,
-    out,
-    flags,
-):
-    """out[i] = output code of row i of A dotted with row i of B (both (n, K)); flags as
-    :func:`window_matmul`. The rows are the lanes, ``LANES`` rows a work item
-    (:func:`pair_items`, on Python threads as :func:`window_matmul`'s)."""
-    arguments = (
-        codes_a,
-        codes_b,
-        scales_a,
-        scales_b,
-        c_values,
-        a_values,
-        a_exponents,
-        a_finite,
-        b_values,
-        b_exponents,
-        b_finite,
-        cfg,
-        out,
-        flags,
-    )
-    run_in_threads(
-        lambda start, stop: pair_items(*arguments, start, stop),
-        (codes_a.shape[0] + LANES - 1) // LANES,
-    )
-
-
 @njit(cache=True, nogil=True)
 def pair_items(
     codes_a,
@@ -734,7 +636,8 @@ def pair_items(
     start,
     stop,
 ):
-    """Work items ``start`` to ``stop`` of :func:`window_pairs`."""
+    """Work items ``start`` to ``stop`` of ``datapath.window.window_dot``: rows
+    ``start * LANES`` onwards, ``LANES`` rows (lanes) a work item."""
     for item in range(start, stop):
         _row_tile(
             item * LANES,
