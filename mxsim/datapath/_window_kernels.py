@@ -13,9 +13,9 @@ the lanes with the tree position outside:
 2. every product p = a * b (float32, exact: the caller checks that the formats' significand
    widths add up to at most 24 bits) times 2^(W + scale - R) (exact, or below 1 and so
    truncated to 0), truncated toward zero by the float -> int32 conversion, summed in int32
-   groups of ``group`` terms, then in int64. |term| < 2^(W + 2) and group * 2^(W + 2) <= 2^31,
-   so no sum of terms of one group overflows, in whatever order (the GEMM kernel adds four
-   terms per pass over the lanes);
+   groups of ``group`` terms, then in float64 (integers below 2^53: exact). |term| <
+   2^(W + 2) and group * 2^(W + 2) <= 2^31, so no sum of terms of one group overflows, in
+   whatever order (the GEMM kernel adds four terms per pass over the lanes);
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
    sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
 
@@ -202,8 +202,9 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 def _finish_lanes(
     totals, references, acc, flags, window, in_tree, rounded_sum, sum_rule, acc_rule, cfg
 ):
-    """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``rounded_sum`` constants so
-    that each copy computes only its own stages."""
+    """:func:`finish_tree`'s loop, inlined with ``in_tree`` a constant so that each copy
+    computes only its own stages (``rounded_sum`` stays a runtime flag: a third and fourth
+    copy cost compile time and gained nothing measurable)."""
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
     for lane in range(totals.shape[0]):
@@ -234,25 +235,22 @@ def finish_tree(totals, references, acc, flags, cfg):
     ``totals`` holds the integers as float64 (exact: the callers keep tree sums below 2^53),
     and the accumulator's truncation is ``np.trunc``: float64 <-> int64 conversions have no
     SIMD instruction before AVX-512, and this loop runs once per tree and output. One loop
-    per combination of the unit's stages: a stage a unit lacks, left in the loop under a
+    for units whose accumulator joins the tree, one for the others: a stage a unit lacks
+    (TwoSum and round-to-odd, or the truncated accumulator), left in the loop under a
     branch, is computed for every lane all the same once the loop is vectorised."""
     window = cfg[W_WINDOW_BITS]
     sum_bits = cfg[W_SUM_BITS]
     sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
+    rounded_sum = sum_bits > 0
     if cfg[W_ACC_IN_TREE] != 0:
-        if sum_bits > 0:
-            _finish_lanes(
-                totals, references, acc, flags, window, True, True, sum_rule, acc_rule, cfg
-            )
-        else:
-            _finish_lanes(
-                totals, references, acc, flags, window, True, False, sum_rule, acc_rule, cfg
-            )
-    elif sum_bits > 0:
-        _finish_lanes(totals, references, acc, flags, window, False, True, sum_rule, acc_rule, cfg)
+        _finish_lanes(
+            totals, references, acc, flags, window, True, rounded_sum, sum_rule, acc_rule, cfg
+        )
     else:
-        _finish_lanes(totals, references, acc, flags, window, False, False, sum_rule, acc_rule, cfg)
+        _finish_lanes(
+            totals, references, acc, flags, window, False, rounded_sum, sum_rule, acc_rule, cfg
+        )
 
 
 @njit(cache=True)
