@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from conftest import REPO
 from mxsim import get_format
-from mxsim.datapath import _kernels as K
 from mxsim.datapath import load_hwconfig, matmul
-from mxsim.datapath.api import _kernel_arguments
+from mxsim.datapath.api import _kernel_arguments, matmul_groups
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.groups import groups_apply, groups_matmul
 from mxsim.datapath.reference import dot_reference
@@ -215,7 +214,7 @@ def test_group_route_equals_generic_kernel_and_fraction_twin(params, shape, corn
     fast = np.empty((rows, columns), dtype=np.uint32)
     left = groups_matmul(params, a, b, scale_a, scale_b, c, fast)
     slow = np.empty((rows, columns), dtype=np.uint32)
-    K.matmul_groups(
+    matmul_groups(
         a[None],
         b[None],
         scale_a[None],

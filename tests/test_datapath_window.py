@@ -13,11 +13,15 @@ from hypothesis import strategies as st
 from conftest import REPO
 from mxsim import get_format, quantize_mx as quantize
 from mxsim.formats.rounding import rounding_code
-from mxsim.datapath import _kernels as K
 from mxsim.datapath import _window_kernels as W
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.config import DatapathParams
-from mxsim.datapath.api import _kernel_arguments, _scales_for_unit, dot_with_params
+from mxsim.datapath.api import (
+    _kernel_arguments,
+    _scales_for_unit,
+    dot_with_params,
+    matmul_groups,
+)
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import window_applies, window_dot, window_matmul
 
@@ -225,7 +229,7 @@ def gemm(params, qa, qb, c, method):
     if method == "window":
         _, *left = window_matmul(params, *tile, out[None])
         return out, tuple(left)
-    K.matmul_groups(*tile, *_kernel_arguments(params)[2], out[None])
+    matmul_groups(*tile, *_kernel_arguments(params)[2], out[None])
     return out, None
 
 
@@ -320,12 +324,13 @@ def test_a_gemm_with_realistic_operands_stays_on_the_fast_path(name):
     rng = np.random.default_rng(3)
     params = unit(name).params("fp8_e4m3", "fp8_e4m3")
     fmt = get_format("fp8_e4m3")
+    columns = W.LANES + 22  # a full column tile and a partial one
     A = rng.standard_normal((40, 300)).astype(np.float32)
-    B = rng.standard_normal((300, 150)).astype(np.float32)
+    B = rng.standard_normal((300, columns)).astype(np.float32)
     qa, qb = (quantize(x, fmt.name, axis=axis) for x, axis in ((A, 1), (B, 0)))
     qa = dataclasses.replace(qa, scales=np.full_like(qa.scales, 127))
     qb = dataclasses.replace(qb, scales=np.full_like(qb.scales, 127))
-    c = rng.standard_normal((40, 150)).astype(np.float32)
+    c = rng.standard_normal((40, columns)).astype(np.float32)
     fast, left = gemm(params, qa, qb, c, "window")
     assert left[0].size == 0
     np.testing.assert_array_equal(fast, gemm(params, qa, qb, c, "kernel")[0])

@@ -74,8 +74,7 @@ def _group_row(
     start_accumulators(c_values[row % c_values.shape[0]], 0, acc, lane_flags, cfg)
     references = np.empty(lanes, dtype=np.int64)
     factors = np.empty(lanes)
-    sums = np.empty(lanes)
-    totals = np.empty(lanes, dtype=np.int64)
+    sums = np.empty(lanes)  # the tree's integer sum, exact in float64 (finish_tree)
     exponents = np.empty(lanes, dtype=np.int64)  # the group term's alignment exponent per lane
     undecided = np.zeros(-(-lanes // 8) * 8, dtype=np.uint8)  # sum 0, neither operand group zero
     undecided_words = undecided.view(np.uint64)  # eight lanes at a time: most words are 0
@@ -126,9 +125,7 @@ def _group_row(
                 sums[lane] += np.trunc(
                     np.float64(row_sums[lane]) * scale_a * scales_b[lane] * factors[lane]
                 )
-        for lane in range(lanes):
-            totals[lane] = np.int64(sums[lane])
-        finish_tree(totals, references, acc, lane_flags, cfg)
+        finish_tree(sums, references, acc, lane_flags, cfg)
     encode_outputs(acc, lane_flags, out[row], cfg)
     for lane in range(lanes):
         flags[row, lane] = lane_flags[lane]

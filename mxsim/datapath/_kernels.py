@@ -1,8 +1,8 @@
 """Numba kernels of the generic MX dot-product datapath.
 
-One dot product at a time (``dot_one``), driven over a batch of GEMMs (``matmul_groups``;
-row-wise dot products are GEMMs of one row each). ``dot_one`` runs the stages of
-docs/hwconfig.md, one small function each:
+One dot product at a time (``dot_one``), driven over a batch of GEMMs by :func:`matmul_rows`
+(on threads: ``datapath.api.matmul_groups``; row-wise dot products are GEMMs of one row
+each). ``dot_one`` runs the stages of docs/hwconfig.md, one small function each:
 
 - steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
   common unit) or :func:`tree_terms` (any order, per-element scales, specials), each product
@@ -41,7 +41,6 @@ import numpy as np
 from numba import njit
 
 from .._compile import NO_REFCOUNTS, generic_calls
-from .._threads import run_in_threads
 
 from ..formats._kernels import (
     OVERFLOW_INF_NAN,
@@ -1502,22 +1501,6 @@ def _output_code(value, out_params):
     return encode_bits(bits, 11, 52, 0, out_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN, 0)
 
 
-def matmul_groups(*arguments):
-    """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
-    (N, K), for every group g of a (G, M, K) x (G, N, K) batch: G independent GEMMs, one call;
-    arguments as :func:`matmul_rows` takes them, less ``start`` and ``stop``. Row-wise dot
-    products are the batch of n GEMMs of one row each: one kernel to compile per signature.
-
-    The (group, row) pairs are shared out among Numba's thread count of Python threads, each
-    running the GIL-free :func:`matmul_rows` on its own rows: a ``prange`` loop would compile
-    the kernel a second time, as Numba's parallel gufunc, which tripled its compile time."""
-    a_codes = arguments[0]
-    run_in_threads(
-        lambda start, stop: matmul_rows(*arguments, start, stop),
-        a_codes.shape[0] * a_codes.shape[1],
-    )
-
-
 @njit(cache=True, nogil=True)
 def matmul_rows(
     a_codes,
@@ -1543,9 +1526,9 @@ def matmul_rows(
     start,
     stop,
 ):
-    """:func:`matmul_groups` on the (group, row) pairs ``start`` to ``stop`` (in the order
-    g * M + m). ``c_values`` is (G, M, N), or (1, 1, 1) for one value shared by every output
-    (no copy)."""
+    """The generic kernel's outputs of the (group, row) pairs ``start`` to ``stop`` (in the
+    order g * M + m) of a batch of GEMMs (``datapath.api.matmul_groups``). ``c_values`` is
+    (G, M, N), or (1, 1, 1) for one value shared by every output (no copy)."""
     n_rows = a_codes.shape[1]
     n_columns = b_codes.shape[1]
     c_groups, c_rows, c_columns = c_values.shape

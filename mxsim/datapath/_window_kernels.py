@@ -13,9 +13,9 @@ the lanes with the tree position outside:
 2. every product p = a * b (float32, exact: the caller checks that the formats' significand
    widths add up to at most 24 bits) times 2^(W + scale - R) (exact, or below 1 and so
    truncated to 0), truncated toward zero by the float -> int32 conversion, summed in int32
-   groups of ``group`` terms, then in int64. |term| < 2^(W + 2) and group * 2^(W + 2) <= 2^31,
-   so no sum of terms of one group overflows, in whatever order (the GEMM kernel adds four
-   terms per pass over the lanes);
+   groups of ``group`` terms, then in float64 (integers below 2^53: exact). |term| <
+   2^(W + 2) and group * 2^(W + 2) <= 2^31, so no sum of terms of one group overflows, in
+   whatever order (the GEMM kernel adds four terms per pass over the lanes);
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
    sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
 
@@ -37,7 +37,6 @@ import numpy as np
 from numba import njit
 
 from .._compile import NO_REFCOUNTS, generic_calls
-from .._threads import run_in_threads
 
 from ..formats._kernels import (
     ROUND_NEAREST_AWAY,
@@ -54,7 +53,10 @@ ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = (
     -900
 )  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
-LANES = 128  # outputs per work item (columns of a GEMM tile, rows of a row-wise dot)
+# Outputs per work item (columns of a GEMM tile, rows of a row-wise dot): long lane loops
+# amortise each per-tree call's setup, and a 16-term tree's slice of a 256-column B tile
+# (values and exponents, 20 KiB) stays in L1 across the rows that run against it.
+LANES = 256
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
@@ -168,19 +170,16 @@ def start_accumulators(c_values, offset, acc, flags, cfg):
         flags[lane] |= not (ok and usable)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
-def tree_references(maxima, shifts, acc, references, factors, cfg):
-    """Per lane: the tree's reference exponent R (block scale included) and the float32
-    factor 2^(W + scale - R) that puts unscaled products in units of the window's LSB."""
-    window = cfg[W_WINDOW_BITS]
-    threshold = cfg[W_THRESHOLD]
-    in_tree = cfg[W_ACC_IN_TREE] != 0
+@njit(cache=True, inline="always")
+def _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, in_tree):
+    """:func:`tree_references`' loop, inlined with ``in_tree`` a constant (as
+    :func:`_finish_lanes`)."""
     for lane in range(references.shape[0]):
         shift = np.int64(shifts[lane])
         reference = (
             np.int64(maxima[lane]) + shift if maxima[lane] >= threshold else np.int64(NO_REFERENCE)
         )
-        if in_tree and acc[lane] != 0.0:
+        if in_tree:  # a zero accumulator's exponent, -1023, lies below NO_REFERENCE
             reference = max(reference, _exponent(acc[lane]))
         references[lane] = reference
         # Clamped: beyond 2^-126 every product is far below one LSB; beyond 2^127 there are no nonzero products.
@@ -188,34 +187,70 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def finish_tree(totals, references, acc, flags, cfg):
-    """Per lane: the tree's integer sum (in LSBs of 2^(R - W)), the accumulator when it
-    joins the tree truncated to the window too, then the n-bit sum and the accumulation."""
+def tree_references(maxima, shifts, acc, references, factors, cfg):
+    """Per lane: the tree's reference exponent R (block scale included) and the float32
+    factor 2^(W + scale - R) that puts unscaled products in units of the window's LSB."""
     window = cfg[W_WINDOW_BITS]
-    in_tree = cfg[W_ACC_IN_TREE] != 0
-    sum_bits = cfg[W_SUM_BITS]
-    sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
-    acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
+    threshold = cfg[W_THRESHOLD]
+    if cfg[W_ACC_IN_TREE] != 0:
+        _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, True)
+    else:
+        _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, False)
+
+
+@njit(cache=True, inline="always")
+def _finish_lanes(
+    totals, references, acc, flags, window, in_tree, rounded_sum, sum_rule, acc_rule, cfg
+):
+    """:func:`finish_tree`'s loop, inlined with ``in_tree`` a constant so that each copy
+    computes only its own stages (``rounded_sum`` stays a runtime flag: a third and fourth
+    copy cost compile time and gained nothing measurable)."""
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
     for lane in range(totals.shape[0]):
         reference = references[lane]
         # A zero term might raise R: the generic kernel's case, unless the tree has no nonzero
         # term at all (its sum is 0 whatever R is).
-        flags[lane] |= NO_REFERENCE < reference < zero_floor
+        outside = NO_REFERENCE < reference < zero_floor
         total = totals[lane]
         previous = acc[lane]
         if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
-            total += np.int64(previous * power_of_two(window - reference))
-        value = np.float64(total) * power_of_two(reference - window)  # exact: |total| < 2^53
-        if sum_bits > 0:
+            total += np.trunc(previous * power_of_two(window - reference))
+        value = total * power_of_two(reference - window)  # exact: |total| < 2^53
+        if rounded_sum:
             value = round_bits(value, sum_rule)
         if not in_tree:
             high_part, error = two_sum(previous, value)
             value = round_to_odd(high_part, error)
         result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
-        flags[lane] |= not ok
+        flags[lane] |= outside | (not ok)
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def finish_tree(totals, references, acc, flags, cfg):
+    """Per lane: the tree's integer sum (in LSBs of 2^(R - W)), the accumulator when it
+    joins the tree truncated to the window too, then the n-bit sum and the accumulation.
+
+    ``totals`` holds the integers as float64 (exact: the callers keep tree sums below 2^53),
+    and the accumulator's truncation is ``np.trunc``: float64 <-> int64 conversions have no
+    SIMD instruction before AVX-512, and this loop runs once per tree and output. One loop
+    for units whose accumulator joins the tree, one for the others: a stage a unit lacks
+    (TwoSum and round-to-odd, or the truncated accumulator), left in the loop under a
+    branch, is computed for every lane all the same once the loop is vectorised."""
+    window = cfg[W_WINDOW_BITS]
+    sum_bits = cfg[W_SUM_BITS]
+    sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
+    acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
+    rounded_sum = sum_bits > 0
+    if cfg[W_ACC_IN_TREE] != 0:
+        _finish_lanes(
+            totals, references, acc, flags, window, True, rounded_sum, sum_rule, acc_rule, cfg
+        )
+    else:
+        _finish_lanes(
+            totals, references, acc, flags, window, False, rounded_sum, sum_rule, acc_rule, cfg
+        )
 
 
 @njit(cache=True)
@@ -262,6 +297,19 @@ def _decode_tile(codes, first, lanes, values, exponents):
 
 
 @njit(cache=True)
+def _tile_scales(scales, first, lanes, scaled):
+    """tile[block, lane] = scales[first + lane, block], NaN scales as 0 (their lanes are
+    flagged): the scales of a tile's columns, transposed once rather than gathered per row.
+    Empty when the unit takes no scales."""
+    tile = np.empty((scales.shape[1] if scaled else 0, lanes), dtype=np.int32)
+    for lane in range(lanes):
+        for block in range(tile.shape[0]):
+            value = scales[first + lane, block]
+            tile[block, lane] = 0 if value == SCALE_NAN else value
+    return tile
+
+
+@njit(cache=True)
 def _unusable(codes, scales, finite, scaled):
     """Whether a row of codes holds a non-finite element or (``scaled``) a NaN block scale."""
     count = 0
@@ -285,14 +333,14 @@ def _unusable_rows(codes, scales, finite, scaled):
 @njit(cache=True)
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
-    window factors, int32 group sums and int64 tree sums."""
+    window factors, int32 group sums and tree sums (float64 integers: :func:`finish_tree`)."""
     return (
         np.empty(lanes, dtype=np.int8),
         np.zeros(lanes, dtype=np.int32),
         np.empty(lanes, dtype=np.int64),
         np.empty(lanes, dtype=np.float32),
         np.empty(lanes, dtype=np.int32),
-        np.empty(lanes, dtype=np.int64),
+        np.empty(lanes, dtype=np.float64),
     )
 
 
@@ -375,7 +423,7 @@ def _column_tile(
     out,
     flags,
 ):
-    """One work item of :func:`window_matmul`: the outputs of the columns of tile ``tile`` in
+    """One work item of :func:`window_items`: the outputs of the columns of tile ``tile`` in
     row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end)."""
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
@@ -386,6 +434,7 @@ def _column_tile(
     column0 = tile * LANES
     lanes = min(LANES, n_columns - column0)
     tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
+    tile_scales = _tile_scales(scales_b, column0, lanes, scaled)
     acc = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
     maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
@@ -406,9 +455,9 @@ def _column_tile(
                 _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
                 if scaled:
                     scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
+                    scales = tile_scales[block]
                     for lane in range(lanes):
-                        scale_b = scales_b[column0 + lane, block]
-                        shifts[lane] = scale_a + (0 if scale_b == SCALE_NAN else scale_b)
+                        shifts[lane] = scale_a + scales[lane]
                 tree_references(maxima, shifts, acc[row], references, factors, cfg)
                 totals[:] = 0
                 for group_start in range(start, stop, group):
@@ -432,69 +481,6 @@ def _column_tile(
                 lanes
             ):  # a loop: a slice assignment compiles Numba's shape-error formatting (seconds)
                 flags[row0 + row, column0 + lane] = tile_flags[row, lane]
-
-
-def window_matmul(
-    codes_a,
-    codes_b,
-    scales_a,
-    scales_b,
-    c_values,
-    a_values,
-    a_exponents,
-    a_finite,
-    b_values,
-    b_exponents,
-    b_finite,
-    cfg,
-    out,
-    flags,
-    threads,
-):
-    """out[g, m, n] = output code of row m of A[g] (M, K) dotted with row n of B[g] given as
-    (N, K), for every group g of a (G, M, K) x (G, N, K) batch; flags[g, m, n] = 1 where the
-    generic kernel must compute it instead (module docstring).
-
-    ``a_values``/``b_values``: float32 value per code (0 where not finite); ``*_exponents``:
-    int8 alignment exponent per code (``ZERO_EXPONENT`` for zero and non-finite codes);
-    ``*_finite``: whether the code is finite. ``c_values`` is (G, M, N) or (1, 1, 1).
-    ``threads``: how many threads run the work items (it sets how finely rows are split, not
-    the result). The work items run in :func:`window_items` on Python threads
-    (``_threads.run_in_threads``): a ``prange`` loop compiles as a second, parallel kernel.
-    """
-    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
-    n_columns = codes_b.shape[1]
-    bad_rows, bad_columns = unusable_rows_and_columns(
-        codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, cfg[W_SCALED] != 0
-    )
-    # Work items are column tiles of one group, each decoding its B tile once; rows are split
-    # only as far as it takes to give every thread work.
-    n_tiles = (n_columns + LANES - 1) // LANES
-    n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
-    chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
-    blocks_per_chunk = -(-n_blocks // chunks)
-    arguments = (
-        codes_a,
-        codes_b,
-        scales_a,
-        scales_b,
-        c_values,
-        a_values,
-        a_exponents,
-        b_values,
-        b_exponents,
-        bad_rows,
-        bad_columns,
-        cfg,
-        out,
-        flags,
-        n_tiles,
-        n_tiles * chunks,
-        blocks_per_chunk,
-    )
-    run_in_threads(
-        lambda start, stop: window_items(*arguments, start, stop), n_groups * n_tiles * chunks
-    )
 
 
 @njit(cache=True)
@@ -537,8 +523,8 @@ def window_items(
     start,
     stop,
 ):
-    """Work items ``start`` to ``stop`` of :func:`window_matmul`, ``items`` of them per group:
-    column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
+    """Work items ``start`` to ``stop`` of a GEMM batch (``datapath.window.window_matmul``),
+    ``items`` of them per group: column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
     ``blocks_per_chunk`` row blocks."""
     c_groups = c_values.shape[0]
     for item in range(start, stop):
@@ -582,7 +568,7 @@ def _row_tile(
     out,
     flags,
 ):
-    """One work item of :func:`window_pairs`: rows ``row0`` onwards, ``LANES`` of them (fewer
+    """One work item of :func:`pair_items`: rows ``row0`` onwards, ``LANES`` of them (fewer
     at the end)."""
     n_rows, length = codes_a.shape
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
@@ -629,47 +615,6 @@ def _row_tile(
         flags[row0 + lane] = lane_flags[lane]
 
 
-def window_pairs(
-    codes_a,
-    codes_b,
-    scales_a,
-    scales_b,
-    c_values,
-    a_values,
-    a_exponents,
-    a_finite,
-    b_values,
-    b_exponents,
-    b_finite,
-    cfg,
-    out,
-    flags,
-):
-    """out[i] = output code of row i of A dotted with row i of B (both (n, K)); flags as
-    :func:`window_matmul`. The rows are the lanes, ``LANES`` rows a work item
-    (:func:`pair_items`, on Python threads as :func:`window_matmul`'s)."""
-    arguments = (
-        codes_a,
-        codes_b,
-        scales_a,
-        scales_b,
-        c_values,
-        a_values,
-        a_exponents,
-        a_finite,
-        b_values,
-        b_exponents,
-        b_finite,
-        cfg,
-        out,
-        flags,
-    )
-    run_in_threads(
-        lambda start, stop: pair_items(*arguments, start, stop),
-        (codes_a.shape[0] + LANES - 1) // LANES,
-    )
-
-
 @njit(cache=True, nogil=True)
 def pair_items(
     codes_a,
@@ -689,7 +634,8 @@ def pair_items(
     start,
     stop,
 ):
-    """Work items ``start`` to ``stop`` of :func:`window_pairs`."""
+    """Work items ``start`` to ``stop`` of ``datapath.window.window_dot``: rows
+    ``start * LANES`` onwards, ``LANES`` rows (lanes) a work item."""
     for item in range(start, stop):
         _row_tile(
             item * LANES,

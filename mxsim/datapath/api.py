@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.table import INPUT_FLOATS, as_float_array
-from .._threads import threads_for
+from .._threads import run_in_threads, threads_for
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
@@ -833,7 +833,7 @@ def _gemm_routes(
             if m.size:  # specials and out-of-range values: the generic kernel
                 _recompute(g, m, n, *tile, kernel_args, out[g0:g1, r0:r1])
         else:
-            K.matmul_groups(*tile, *kernel_args, out[g0:g1, r0:r1])
+            matmul_groups(*tile, *kernel_args, out[g0:g1, r0:r1])
         if progress is not None:
             progress((g1 - 1) * rows + r1, groups * rows)
     return out
@@ -909,12 +909,29 @@ def _c_values(c, shape: tuple, c_format: str) -> np.ndarray:
     return _accumulator_inputs(c, shape, c_format)[None]
 
 
+def matmul_groups(*arguments) -> None:
+    """out[g, m, n] = the generic kernel's output code of row m of A[g] (M, K) dotted with row
+    n of B[g] given as (N, K), for every group g of a (G, M, K) x (G, N, K) batch: G
+    independent GEMMs, one call; arguments as ``_kernels.matmul_rows`` takes them, less
+    ``start`` and ``stop``. Row-wise dot products are the batch of n GEMMs of one row each:
+    one kernel to compile per signature.
+
+    The (group, row) pairs are shared out among Numba's thread count of Python threads, each
+    running the GIL-free ``matmul_rows`` on its own rows: a ``prange`` loop would compile
+    the kernel a second time, as Numba's parallel gufunc, which tripled its compile time."""
+    a_codes = arguments[0]
+    run_in_threads(
+        lambda start, stop: K.matmul_rows(*arguments, start, stop),
+        a_codes.shape[0] * a_codes.shape[1],
+    )
+
+
 def _dot_rows(a, b, exponents_a, exponents_b, c_values, *kernel_args_and_out) -> None:
     """out[i] = the generic kernel's output code of row i of ``a`` dotted with row i of ``b``
     (``kernel_args_and_out``: the kernel arguments, then out), run as n GEMMs of one row each:
     the kernel compiled for matmul serves dot too."""
     *kernel_args, out = kernel_args_and_out
-    K.matmul_groups(
+    matmul_groups(
         a[:, None],
         b[:, None],
         exponents_a[:, None],

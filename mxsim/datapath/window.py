@@ -19,6 +19,7 @@ import math
 import numba
 import numpy as np
 
+from .._threads import run_in_threads
 from ..formats import get_format
 from ..formats.bits import odd_part_bits
 from ..formats.rounding import rounding_code
@@ -158,27 +159,50 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     return cfg
 
 
-def _arguments(params: DatapathParams):
-    cfg, a, b = _window_config(params)
-    return a.values, a.exponents, a.finite, b.values, b.exponents, b.finite, cfg
-
-
 def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (G, M, N) with the output bits of the batch of GEMMs A[g] (M, K) times
     B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values`` (G, M, N) or
     (1, 1, 1)); returns the (groups, rows, columns) index arrays of the outputs the generic
-    kernel must compute."""
+    kernel must compute.
+
+    Work items are column tiles of ``LANES`` columns of one group, each decoding its B tile
+    once (``_window_kernels.window_items``); rows are split into chunks of row blocks only as
+    far as it takes to give each of Numba's thread count of Python threads work
+    (``_threads.run_in_threads``: a ``prange`` loop compiles as a second, parallel kernel).
+    The split does not change the result."""
+    cfg, a, b = _window_config(params)
     flags = np.empty(out.shape, dtype=np.uint8)
-    W.window_matmul(
+    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
+    n_columns = codes_b.shape[1]
+    bad_rows, bad_columns = W.unusable_rows_and_columns(
+        codes_a, codes_b, scales_a, scales_b, a.finite, b.finite, cfg[W.W_SCALED] != 0
+    )
+    n_tiles = -(-n_columns // W.LANES)
+    n_blocks = -(-n_rows // W.ROW_BLOCK)
+    threads = numba.get_num_threads()
+    chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
+    blocks_per_chunk = -(-n_blocks // chunks)
+    arguments = (
         codes_a,
         codes_b,
         scales_a,
         scales_b,
         c_values,
-        *_arguments(params),
+        a.values,
+        a.exponents,
+        b.values,
+        b.exponents,
+        bad_rows,
+        bad_columns,
+        cfg,
         out,
         flags,
-        numba.get_num_threads(),
+        n_tiles,
+        n_tiles * chunks,
+        blocks_per_chunk,
+    )
+    run_in_threads(
+        lambda start, stop: W.window_items(*arguments, start, stop), n_groups * n_tiles * chunks
     )
     if not flags.any():  # the common case, several times faster to tell than nonzero
         return tuple(np.empty(0, dtype=np.intp) for _ in range(flags.ndim))
@@ -187,7 +211,27 @@ def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
 
 def window_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (n,) with row-wise dot products; returns the indices of the rows the
-    generic kernel must compute."""
+    generic kernel must compute. The rows are the lanes, ``LANES`` rows a work item
+    (``_window_kernels.pair_items``), on Python threads as :func:`window_matmul`'s."""
+    cfg, a, b = _window_config(params)
     flags = np.empty(out.shape, dtype=np.uint8)
-    W.window_pairs(codes_a, codes_b, scales_a, scales_b, c_values, *_arguments(params), out, flags)
+    arguments = (
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        a.values,
+        a.exponents,
+        a.finite,
+        b.values,
+        b.exponents,
+        b.finite,
+        cfg,
+        out,
+        flags,
+    )
+    run_in_threads(
+        lambda start, stop: W.pair_items(*arguments, start, stop), -(-codes_a.shape[0] // W.LANES)
+    )
     return np.nonzero(flags)[0]
