@@ -43,7 +43,10 @@ def variant(tmp_path, base: str, changes: dict) -> str:
             },
             "adder.parity_windows",
         ),
-        ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
+        (
+            {"adder": {"align_reference": "leading_bit", "align_fraction_bits": 20}},
+            "adder.align_reference",
+        ),
         (
             {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
             "accumulator.promotion_interval",

@@ -196,6 +196,17 @@ CI_UNITS = [
     ("mi100", ("fp32", "fp32"), 8, "iverilog", {"inputs.block_size": 8}),
     # fp64 elements, c, accumulator and output (64-bit c port), ieee_steps; K = 4
     ("a100-dmma", ("fp64", "fp64"), 4, "iverilog", {"inputs.block_size": 4}),
+    # CDNA3's second alignment: each 8-term tree's 24-bit window sum meets the accumulator at
+    # max(R, e), both kept toward -inf, cut to 32 bits; K = 16, two trees
+    ("mi300", ("fp16", "fp16"), 16, "iverilog", {"inputs.block_size": 16}),
+    # multiplier.overflow_exponent: products of 2^4 and more are +-Inf (most random ones here)
+    (
+        "h100",
+        ("fp16", "fp16"),
+        8,
+        "iverilog",
+        {"inputs.block_size": 8, "multiplier.overflow_exponent": 4},
+    ),
     # promotion into the outer fp32 accumulator after 16 products and at the end: four trees
     (
         "h100-fp8-promoted",
@@ -207,7 +218,11 @@ CI_UNITS = [
 ]
 
 
-@pytest.mark.parametrize("config,pair,k,simulator,changes", CI_UNITS, ids=[u[0] for u in CI_UNITS])
+@pytest.mark.parametrize(
+    "config,pair,k,simulator,changes",
+    CI_UNITS,
+    ids=[u[0] + ("-varied" if u[4] and len(u[4]) > 1 else "") for u in CI_UNITS],
+)
 def test_generated_unit_equals_mxsim_on_golden_vectors(
     tmp_path, config, pair, k, simulator, changes
 ):

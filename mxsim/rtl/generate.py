@@ -81,9 +81,9 @@ COVERED = {
     "input_subnormals": _any,
     "c_format": _only(*IEEE_FORMATS),
     "same_format": _any,
-    "input_zero_sign": lambda v, p: v == "keep" or p.accumulator_subnormals,
+    "input_zero_sign": _any,
     "product_fraction_bits": _any,
-    "product_overflow_exponent": _only(None),
+    "product_overflow_exponent": _any,
     "fused_terms": _any,
     "structure": _only("fused"),
     "term_order": _any,
@@ -98,7 +98,15 @@ COVERED = {
     "sum_significant_bits": _any,
     "sum_rounding": _any,
     "parity_windows": _only(False),
-    "second_alignment_bits": _only(None),
+    # a second alignment of the tree sum and the accumulator (outside the tree, a window)
+    "second_alignment_bits": lambda v, p: (
+        v is None
+        or (
+            not p.accumulator_in_tree
+            and p.align_fraction_bits is not None
+            and p.accumulator_format in IEEE_FORMATS
+        )
+    ),
     "far_accumulator": _any,  # read only with second_alignment_bits
     "special_accumulator_exponent": _only(None),
     "accumulator_exponent": _any,
@@ -609,7 +617,21 @@ class _Builder:
         self.emit(
             f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);"
         )
-        self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk]);")
+        if p.product_overflow_exponent is None:
+            self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk]);")
+        else:  # multiplier.overflow_exponent n: a finite product of 2^n or more is +-Inf
+            pw = _bits(self.ps) + 1
+            self.emit(f"    logic [{self.ps - 1}:0] p_raw; logic [{pw - 1}:0] p_top; logic p_big;")
+            self.emit(f"    assign p_raw = {self.ps}'(a_sig[gk]) * {self.ps}'(b_sig[gk]);")
+            self.emit(
+                f"    mxr_msb #(.W({self.ps}), .PW({pw})) p_msb (.x(p_raw), .pos(p_top));"
+            )
+            self.emit(
+                f"    assign p_big = !a_nan[gk] && !b_nan[gk] && !a_inf[gk] && !b_inf[gk] && !a_zero[gk] && !b_zero[gk]"
+                f"{scale_nan.replace(' || ', ' && !')} && p_raw != '0 && "
+                f"p_exp[gk] - {EXW}'sd{self.ft} + {EXW}'($signed({{1'b0, p_top}})) >= {_signed(p.product_overflow_exponent)};"
+            )
+            self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk] || p_big);")
         self.emit("    assign p_zero[gk] = !p_nan[gk] && !p_inf[gk] && (a_zero[gk] || b_zero[gk]);")
         self.emit("    assign p_sign[gk] = a_sign[gk] ^ b_sign[gk];")
         self.emit("    assign p_uexp[gk] = a_exp[gk] + b_exp[gk];")
@@ -662,10 +684,28 @@ class _Builder:
             ".sign(c_sign), .exp(c_exp), .sig(c_sig));"
         )
         self.emit("  logic c_special; assign c_special = c_nan || c_inf;")
+        # inputs.zero_sign: positive without accumulator.subnormals: a nonzero c below the
+        # accumulator format's smallest normal is read as +0 (before any rounding)
+        flushed = "1'b0"
+        if (
+            p.input_zero_sign == "positive"
+            and not p.accumulator_subnormals
+            and p.accumulator_format != "exact"
+        ):
+            acc_emin = 1 - get_format(p.accumulator_format).bias
+            flushed = (
+                f"!c_zero && !c_special && (c_exp < {_signed(acc_emin)} || "
+                f"(!c_sig[{self.c_mb}] && c_exp <= {_signed(acc_emin)}))"
+            )
+        self.emit(f"  logic c_flushed; assign c_flushed = {flushed};")
         # a zero c, or a NaN/Inf one, is +0 in the accumulator (exact zero)
-        self.emit("  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special;")
+        self.emit(
+            "  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special && !c_flushed;"
+        )
         cw = self.c_mb + 1
-        self.emit(f"  logic [{cw - 1}:0] c_mag; assign c_mag = c_special ? {cw}'d0 : c_sig;")
+        self.emit(
+            f"  logic [{cw - 1}:0] c_mag; assign c_mag = (c_special || c_flushed) ? {cw}'d0 : c_sig;"
+        )
         self.emit(
             f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd{self.c_mb};"
         )
@@ -699,7 +739,7 @@ class _Builder:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
         if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
             self.emit(
-                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero) ? '0 : c;"
+                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero || c_flushed) ? '0 : c;"
             )
 
     def _promote(self, name: str, outer: str, acc: str) -> str:
@@ -779,6 +819,8 @@ class _Builder:
             in_tree = False
         else:
             x, in_tree = self._window_sum(t, index, positions, nz), p.accumulator_in_tree
+            if p.second_alignment_bits is not None:
+                return self._second_align(t, x)
             x = self._normalise(t, *x)
         return self._accumulate(t, x, in_tree)
 
@@ -941,6 +983,9 @@ class _Builder:
         self.emit(f"  assign {t}_has_zero = {zero_any};")
         if p.zero_term_exponent is not None:
             cands.append((f"{t}_has_zero", _signed(p.zero_term_exponent)))
+        self.emit(
+            f"  logic {t}_nonzero; assign {t}_nonzero = {' || '.join(v for v, *_ in window_terms) or chr(48)};"
+        )
         self.emit("  // R: the largest exponent of a nonzero term (balanced max tree)")
         any_name, r_name = self._max_tree(f"{t}_rmax", cands)
         self.emit(f"  assign {t}_any = {any_name};")
@@ -1055,6 +1100,76 @@ class _Builder:
                 f"  mxr_add_round #(.WX({width}), .WY({self.acc_mb + 1}), {common}) {t}_add (.x({s}), .lsb_x({lsb}), "
                 f".sign_y({a}_sign), .mag_y({a}_sig), .lsb_y({a}_exp - {EXW}'sd{self.acc_mb}), .code({t}_rounded), .ovf({t}_ovf));"
             )
+        return self._accumulated(t)
+
+    def _second_align(self, t: str, x: tuple) -> str:
+        """adder.second_alignment_bits n: at E = max(R, e) (R only when the tree has a nonzero
+        term; e the accumulator's alignment exponent, emin for zero and subnormals) the tree
+        sum kept to multiples of 2^(E-n-1), the accumulator to 2^(E-F), both toward -inf (the
+        accumulator dropped below E-F-1 with far_accumulator: zero); their sum cut toward -inf
+        to n+1 significant bits (no finer than 2^(emin-n)), rounded into the accumulator."""
+        p = self.p
+        s, width, lsb = x
+        n, f, mb = p.second_alignment_bits, p.align_fraction_bits, self.acc_mb
+        a, aw = f"{t}_a", 1 + self.acc_eb + self.acc_mb
+        emin = 2 - (1 << (self.acc_eb - 1))
+        g = max(n + 1, f)  # both kept values on the grid of LSB 2^(E-g)
+        l1, l2 = max(0, n + 1 - f), max(0, f - mb)
+        w1, w2 = width + l1 + 2, max(f, mb) + 4
+        wt = max(w1 + g - n - 1, w2 + g - f) + 1
+        self.emit(f"  // second alignment ({n} + 1 bits) of the tree sum and the accumulator.")
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_e2, {t}_cut_lsb, {t}_lead;")
+        self.emit(
+            f"  assign {t}_e2 = ({t}_nonzero && {t}_r > {a}_exp) ? {t}_r : {a}_exp;  // E = max(R, e)"
+        )
+        self.emit(f"  logic signed [{w1 - 1}:0] {t}_ks; logic signed [{w2 - 1}:0] {t}_ka;")
+        self.emit(
+            f"  mxr_window_term #(.WI({width}), .LMAX({l1}), .WO({w1}), .MODE(1), .EXW({EXW})) {t}_keep_sum ("
+            f".sign({s}[{width - 1}]), .sig({s}[{width - 1}] ? {width}'(-{s}) : {width}'({s})), .lsb({lsb}), "
+            f".wlsb({t}_e2 - {EXW}'sd{n + 1}), .out({t}_ks));"
+        )
+        self.emit(f"  logic signed [{w2 - 1}:0] {t}_ka_all;")
+        self.emit(
+            f"  mxr_window_term #(.WI({mb + 1}), .LMAX({l2}), .WO({w2}), .MODE(1), .EXW({EXW})) {t}_keep_acc ("
+            f".sign({a}_sign), .sig({a}_sig), .lsb({a}_exp - {EXW}'sd{mb}), .wlsb({t}_e2 - {EXW}'sd{f}), .out({t}_ka_all));"
+        )
+        drop = (
+            f"({a}_exp < {t}_e2 - {EXW}'sd{f + 1})" if p.far_accumulator == "zero" else "1'b0"
+        )
+        self.emit(f"  assign {t}_ka = {drop} ? '0 : {t}_ka_all;")
+        self.emit(f"  logic signed [{wt - 1}:0] {t}_tot; logic [{wt - 1}:0] {t}_tot_mag;")
+        self.emit(
+            f"  assign {t}_tot = ({_sext(f'{t}_ks', w1, wt)} <<< {g - n - 1}) + ({_sext(f'{t}_ka', w2, wt)} <<< {g - f});"
+        )
+        self.emit(f"  assign {t}_tot_mag = {t}_tot[{wt - 1}] ? -{t}_tot : {t}_tot;")
+        pw = _bits(wt) + 1
+        self.emit(f"  logic [{pw - 1}:0] {t}_tot_top;")
+        self.emit(
+            f"  mxr_msb #(.W({wt}), .PW({pw})) {t}_tot_msb (.x({t}_tot_mag), .pos({t}_tot_top));"
+        )
+        self.emit(
+            f"  assign {t}_lead = {t}_e2 - {EXW}'sd{g} + {EXW}'($signed({{1'b0, {t}_tot_top}}));"
+        )
+        self.emit(
+            f"  assign {t}_cut_lsb = ({t}_lead > {_signed(emin)} ? {t}_lead : {_signed(emin)}) - {EXW}'sd{n};"
+        )
+        w3 = n + 4
+        self.emit(f"  logic signed [{w3 - 1}:0] {t}_cut;")
+        self.emit(
+            f"  mxr_window_term #(.WI({wt}), .LMAX({n}), .WO({w3}), .MODE(1), .EXW({EXW})) {t}_cut_sum ("
+            f".sign({t}_tot[{wt - 1}]), .sig({t}_tot_mag), .lsb({t}_e2 - {EXW}'sd{g}), .wlsb({t}_cut_lsb), .out({t}_cut));"
+        )
+        self.emit(f"  logic [{aw - 1}:0] {t}_rounded, {t}_acc; logic {t}_ovf;")
+        self.emit(
+            f"  {self._round_inst(f'{t}_round', f'{t}_cut[{w3 - 1}]', f'{t}_cut[{w3 - 1}] ? {w3}' + chr(39) + f'(-{t}_cut) : {w3}' + chr(39) + f'({t}_cut)', w3, f'{t}_cut_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), f'{t}_rounded', f'{t}_ovf')}"
+        )
+        return self._accumulated(t)
+
+    def _accumulated(self, t: str) -> str:
+        """The tree's rounded accumulator ``{t}_rounded`` (overflow ``{t}_ovf``) as the next
+        accumulator: an overflow becomes the running special and the accumulator 0."""
+        p = self.p
+        a, aw = f"{t}_a", 1 + self.acc_eb + self.acc_mb
         rounded = f"{t}_rounded"
         if p.output_zero_sign == "ieee_steps":
             # an IEEE step: its exact zero is -0 when the accumulator and every product are -0
