@@ -51,7 +51,6 @@ def variant(tmp_path, base: str, changes: dict) -> str:
             {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
             "accumulator.promotion_interval",
         ),  # promotion is built with an fp32 accumulator
-        ({"adder": {"structure": "pairwise_rounded"}}, "adder.structure"),
     ],
 )
 def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):

@@ -199,6 +199,9 @@ CI_UNITS = [
     # CDNA3's second alignment: each 8-term tree's 24-bit window sum meets the accumulator at
     # max(R, e), both kept toward -inf, cut to 32 bits; K = 16, two trees
     ("mi300", ("fp16", "fp16"), 16, "iverilog", {"inputs.block_size": 16}),
+    # CDNA2's pairwise IEEE adds ((p0+p1)+(p2+p3), then acc + s, each rounded into fp32 and
+    # flushed) with zeros and tiny c read as +0; K = 8, two trees of 4
+    ("mi250", ("fp16", "fp16"), 8, "iverilog", {"inputs.block_size": 8}),
     # multiplier.overflow_exponent: products of 2^4 and more are +-Inf (most random ones here)
     (
         "h100",

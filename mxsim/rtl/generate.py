@@ -85,7 +85,7 @@ COVERED = {
     "product_fraction_bits": _any,
     "product_overflow_exponent": _any,
     "fused_terms": _any,
-    "structure": _only("fused"),
+    "structure": _any,  # (the loader keeps pairwise adds to IEEE formats, c initial)
     "term_order": _any,
     "trees_in_blocks": _any,
     "group_terms": _any,
@@ -540,6 +540,12 @@ class _Builder:
         self.emit(f"module {u.name} (\n{port_text}\n);")
         self._decode_and_multiply(dec_a, dec_b)
         self._c_entry()
+        if p.structure == "pairwise_rounded":
+            text.append(self._pairwise())
+            self.emit("endmodule")
+            if self.scale_module:
+                text.append(self.scale_module)
+            return "\n".join(text + self.lines) + "\n", ports
         acc = "acc0"
         trees = tree_positions(self.k, p)
         if p.accumulator_format == "exact":  # exact sums: one tree holds every position
@@ -686,7 +692,7 @@ class _Builder:
         self.emit("  logic c_special; assign c_special = c_nan || c_inf;")
         # inputs.zero_sign: positive without accumulator.subnormals: a nonzero c below the
         # accumulator format's smallest normal is read as +0 (before any rounding)
-        flushed = "1'b0"
+        flushed = None
         if (
             p.input_zero_sign == "positive"
             and not p.accumulator_subnormals
@@ -697,14 +703,16 @@ class _Builder:
                 f"!c_zero && !c_special && (c_exp < {_signed(acc_emin)} || "
                 f"(!c_sig[{self.c_mb}] && c_exp <= {_signed(acc_emin)}))"
             )
-        self.emit(f"  logic c_flushed; assign c_flushed = {flushed};")
+        if flushed:
+            self.emit(f"  logic c_flushed; assign c_flushed = {flushed};")
+        flush, self.c_flushed = (" || c_flushed", "c_flushed") if flushed else ("", "1'b0")
         # a zero c, or a NaN/Inf one, is +0 in the accumulator (exact zero)
         self.emit(
-            "  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special && !c_flushed;"
+            f"  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !(c_special{flush});"
         )
         cw = self.c_mb + 1
         self.emit(
-            f"  logic [{cw - 1}:0] c_mag; assign c_mag = (c_special || c_flushed) ? {cw}'d0 : c_sig;"
+            f"  logic [{cw - 1}:0] c_mag; assign c_mag = (c_special{flush}) ? {cw}'d0 : c_sig;"
         )
         self.emit(
             f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd{self.c_mb};"
@@ -739,8 +747,120 @@ class _Builder:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
         if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
             self.emit(
-                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero || c_flushed) ? '0 : c;"
+                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero{flush}) ? '0 : c;"
             )
+
+    def _pairwise(self) -> str:
+        """adder.structure: pairwise_rounded (steps 4-7): c and each product rounded into the
+        accumulator format as IEEE values (NaN, +-Inf, signed zeros kept), each tree's
+        products added pair by pair ((p0+p1)+(p2+p3), an odd last one carried up), the tree's
+        result added to the accumulator, every add an IEEE add rounded with the accumulator's
+        rounding, subnormals and overflow; then the output rounding. Returns the IEEE add
+        module's text."""
+        p, u = self.p, self.unit
+        eb, mb = self.acc_eb, self.acc_mb
+        aw = 1 + eb + mb
+        nan = f"{{1'b0, {{{eb}{{1'b1}}}}, 1'b1, {mb - 1}'d0}}"
+        add = f"{u.name}_ieee_add"
+        ovf_inf = self._acc_ovf_inf()
+        round_args = (
+            p.accumulator_format,
+            p.accumulator_rounding,
+            p.accumulator_subnormals,
+            ovf_inf,
+        )
+        self.emit("  // pairwise_rounded: c and every product rounded into the accumulator format.")
+        minus_c = "c_sign && !c_flushed" if self.c_flushed != "1'b0" else "c_sign"
+        if p.input_zero_sign == "positive":
+            minus_c = "1'b0"
+        self.emit(f"  logic [{aw - 1}:0] pw_c, pw_c_rounded;")
+        self.emit(
+            f"  assign pw_c_rounded = c_nan ? {nan} : c_inf ? {{c_sign, {{{eb}{{1'b1}}}}, {mb}'d0}} : "
+            f"(c_zero || {self.c_flushed}) ? {{{minus_c}, {aw - 1}'d0}} : c_rounded;"
+        )
+        # inputs.zero_sign: positive: a c that is zero, or rounds to zero, starts as +0
+        zero_c = (
+            f"pw_c_rounded[{aw - 2}:0] == '0 ? '0 : " if p.input_zero_sign == "positive" else ""
+        )
+        self.emit(f"  assign pw_c = {zero_c}pw_c_rounded;")
+        self.emit(f"  logic [{aw - 1}:0] q [{self.k}];  // the products as accumulator-format values")
+        self.emit(f"  for (gk = 0; gk < {self.k}; gk++) begin : product_round")
+        self.emit(f"    logic [{aw - 1}:0] rounded; logic ovf;")
+        self.emit(
+            f"    {self._round_inst('round_p', 'p_sign[gk]', 'p_sig[gk]', self.ps, f'p_exp[gk] - {EXW}' + chr(39) + f'sd{self.ft}', *round_args, 'rounded', 'ovf')}"
+        )
+        self.emit(
+            f"    assign q[gk] = p_nan[gk] ? {nan} : p_inf[gk] ? {{p_sign[gk], {{{eb}{{1'b1}}}}, {mb}'d0}} : "
+            f"p_zero[gk] ? {{p_sign[gk], {aw - 1}'d0}} : rounded;"
+        )
+        self.emit("  end")
+        acc = "pw_c"
+        count = 0
+
+        def ieee_add(x: str, y: str) -> str:
+            nonlocal count
+            name = f"s{count}"
+            count += 1
+            self.emit(f"  logic [{aw - 1}:0] {name}; {add} add_{name} (.x({x}), .y({y}), .z({name}));")
+            return name
+
+        for index, positions in enumerate(tree_positions(self.k, p)):
+            level = [f"q[{k}]" for k in positions if k is not None]
+            if not level:
+                continue
+            self.emit(f"  // Tree {index}: products {', '.join(v[2:-1] for v in level)} pair by pair.")
+            while len(level) > 1:
+                pairs = [ieee_add(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+                level = pairs + level[len(pairs) * 2 :]
+            acc = ieee_add(acc, level[0])
+        ob, om = _format_shape(p.output_format)
+        ow = 1 + ob + om
+        self.emit("  // Step 7: the accumulator, a NaN, an infinity or a finite value, into the output.")
+        self._acc_unpack("o_a", acc)
+        self.emit(f"  logic [{ow - 1}:0] o_rounded, result; logic o_ovf;")
+        self.emit(
+            f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}"
+        )
+        zero = "'0" if p.output_zero_sign == "positive" else "o_rounded"
+        self.emit(
+            f"  assign result = o_a_nan ? {{1'b0, {{{ob}{{1'b1}}}}, 1'b1, {om - 1}'d0}} : "
+            f"o_a_inf ? {{o_a_sign, {{{ob}{{1'b1}}}}, {om}'d0}} : (o_rounded[{ow - 2}:0] == '0) ? {zero} : o_rounded;"
+        )
+        self._result("result")
+        minus_zero = "1'b1" if p.accumulator_rounding == "toward_negative" else "x[AW-1] && y[AW-1]"
+        exact_zero = "1'b1" if p.accumulator_rounding == "toward_negative" else "1'b0"
+        return f"""
+// {add}: z = x + y, an IEEE 754 add of two {p.accumulator_format} values rounded with
+// the accumulator's rounding ({p.accumulator_rounding}), subnormals and overflow: NaN in, or
+// Inf - Inf, gives NaN; an infinity passes; zero + zero is -0 only when both are -0 (or
+// rounding toward -inf); x + 0 is x; an exact zero sum is +0 (-0 toward -inf).
+module {add} (
+    input  logic [{aw - 1}:0] x,
+    input  logic [{aw - 1}:0] y,
+    output logic [{aw - 1}:0] z
+);
+  localparam int AW = {aw};
+  logic x_nan, x_inf, x_zero, x_sign, y_nan, y_inf, y_zero, y_sign, ovf;
+  logic signed [{EXW - 1}:0] x_exp, y_exp;
+  logic [{mb}:0] x_sig, y_sig;
+  logic [{aw - 1}:0] sum;
+  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) ux (.code(x), .nan(x_nan), .inf(x_inf), .zero(x_zero), .sign(x_sign), .exp(x_exp), .sig(x_sig));
+  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) uy (.code(y), .nan(y_nan), .inf(y_inf), .zero(y_zero), .sign(y_sign), .exp(y_exp), .sig(y_sig));
+  mxr_add_round #(.WX({mb + 2}), .WY({mb + 1}), .EB({eb}), .MB({mb}), .MODE({MODES[p.accumulator_rounding]}), .SUBN({int(p.accumulator_subnormals)}), .OVF_INF({ovf_inf}), .EXW({EXW})) add (
+      .x(x_sign ? -({mb + 2}'($unsigned(x_sig))) : {mb + 2}'($unsigned(x_sig))), .lsb_x(x_exp - {EXW}'sd{mb}),
+      .sign_y(y_sign), .mag_y(y_sig), .lsb_y(y_exp - {EXW}'sd{mb}), .code(sum), .ovf(ovf));
+  always_comb begin
+    if (x_nan || y_nan || (x_inf && y_inf && x_sign != y_sign)) z = {nan};
+    else if (x_inf) z = x;
+    else if (y_inf) z = y;
+    else if (x_zero && y_zero) z = {{{minus_zero}, {aw - 1}'d0}};
+    else if (y_zero) z = x;
+    else if (x_zero) z = y;
+    else if (x[AW-2:0] == y[AW-2:0] && x_sign != y_sign) z = {{{exact_zero}, {aw - 1}'d0}};
+    else z = sum;
+  end
+endmodule
+"""
 
     def _promote(self, name: str, outer: str, acc: str) -> str:
         """promotion_interval: the accumulator added into the outer fp32 accumulator (which c
@@ -983,9 +1103,10 @@ class _Builder:
         self.emit(f"  assign {t}_has_zero = {zero_any};")
         if p.zero_term_exponent is not None:
             cands.append((f"{t}_has_zero", _signed(p.zero_term_exponent)))
-        self.emit(
-            f"  logic {t}_nonzero; assign {t}_nonzero = {' || '.join(v for v, *_ in window_terms) or chr(48)};"
-        )
+        if p.second_alignment_bits is not None:  # R exists only with a nonzero term
+            self.emit(
+                f"  logic {t}_nonzero; assign {t}_nonzero = {' || '.join(v for v, *_ in window_terms) or chr(48)};"
+            )
         self.emit("  // R: the largest exponent of a nonzero term (balanced max tree)")
         any_name, r_name = self._max_tree(f"{t}_rmax", cands)
         self.emit(f"  assign {t}_any = {any_name};")
@@ -1327,13 +1448,19 @@ class _Builder:
             self.emit(f"      result = {{o_rounded[{ow - 1}] || all_negative_zero, {ow - 1}'d0}};")
         self.emit("    end else result = o_rounded;")
         self.emit("  end")
+        self._result("result")
+
+    def _result(self, result: str) -> None:
+        """d: ``result``, through the pipeline's register stages when there are any."""
+        u = self.unit
+        ow = 1 + sum(_format_shape(self.p.output_format))
         if u.pipeline:
             self.emit(f"  logic [{ow - 1}:0] {', '.join(f'stage{i}' for i in range(u.pipeline))};")
             self.emit("  always_ff @(posedge clk) begin")
-            self.emit("    stage0 <= result;")
+            self.emit(f"    stage0 <= {result};")
             for i in range(1, u.pipeline):
                 self.emit(f"    stage{i} <= stage{i - 1};")
             self.emit("  end")
             self.emit(f"  assign d = stage{u.pipeline - 1};")
         else:
-            self.emit("  assign d = result;")
+            self.emit(f"  assign d = {result};")
