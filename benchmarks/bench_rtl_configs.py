@@ -148,7 +148,10 @@ def _save(record, results, rows) -> None:
 
 def table(results: dict) -> str:
     """docs/area.md's per-config table (dates and load stay in the results file)."""
-    rows = results["rows"]
+    rows = list(results["rows"])
+    recorded = {r["config"] for r in rows}
+    rows += [dict(u, missing=True) for u in mx_units() if u["config"] not in recorded]
+    rows.sort(key=lambda r: r["config"])
     stamps = [s for r in rows for s in (r.get("iverilog"), r.get("verilator"), r.get("yosys")) if s]
     loads = [float(s["load_average"].split()[0]) for s in stamps]
     lines = [
@@ -165,6 +168,9 @@ def table(results: dict) -> str:
     for r in rows:
         name = f"{r['config']} ({', '.join(r['stands_for'])})" if r["stands_for"] else r["config"]
         pair = " × ".join(r["pair"])
+        if r.get("missing"):
+            lines.append(f"| {name} | {pair} | {r['k']} | not run | | | | | |")
+            continue
         if r.get("refused"):
             lines.append(f"| {name} | {pair} | {r['k']} | refused: {r['refused'].split(': ', 1)[1]} ||||||")
             continue
