@@ -35,13 +35,10 @@ def variant(tmp_path, base: str, changes: dict) -> str:
     [
         (
             {
-                "adder": {
-                    "parity_windows": True,
-                    "align_fraction_bits": 20,
-                    "accumulator_in_tree": False,
-                }
+                "inputs": {"scales": "block_sum"},
+                "adder": {"align_fraction_bits": 20, "accumulator_in_tree": False},
             },
-            "adder.parity_windows",
+            "inputs.scales",
         ),
         (
             {"adder": {"align_reference": "leading_bit", "align_fraction_bits": 20}},

@@ -45,7 +45,7 @@ def require_simulator(simulator: str) -> None:
 
 def prove(
     tmp_path: Path,
-    config: str,
+    config: str | dict,
     pair: tuple[str, str],
     k: int | None,
     simulator: str,
@@ -57,7 +57,10 @@ def prove(
     """Vectors from mxsim.dot for (config with ``changes``, pair, K) through the generated unit:
     {file: (passed, failed)}."""
     require_simulator(simulator)
-    hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
+    if isinstance(config, dict):  # a config's YAML data
+        hw, config = parse_hwconfig(config, f"{config['name']}.yaml"), config["name"]
+    else:
+        hw = load_hwconfig(REPO / "hwconfigs" / f"{config}.yaml")
     if changes:
         hw = vary_hwconfig(hw, changes, f"{config}-varied")
     unit = generate_unit(hw, *pair, k, pipeline=pipeline)
@@ -230,6 +233,26 @@ def test_generated_unit_equals_mxsim_on_golden_vectors(
     tmp_path, config, pair, k, simulator, changes
 ):
     prove(tmp_path, config, pair, k, simulator, cases=100, changes=changes)
+
+
+def _fp8_mi300(special_exponent: int) -> dict:
+    """mi300's FP8 path alone (its override made the base) with special_accumulator_exponent
+    changed: a NaN or Inf accumulator is dropped under products of 2^(e + 26) and more, which
+    the shipped -1 never meets (FP8 fnuz products stay below 2^24)."""
+    data = yaml.safe_load((REPO / "hwconfigs" / "mi300.yaml").read_text())
+    fp8 = ["fp8_e4m3fnuz", "fp8_e5m2fnuz"]
+    override = next(o for o in data.pop("overrides") if o.get("a_format") == fp8)
+    data["inputs"].update(a_formats=fp8, b_formats=fp8, format_groups=[fp8], block_size=32)
+    data["adder"].update(override["adder"], special_accumulator_exponent=special_exponent)
+    data["name"] = f"mi300-fp8-special{special_exponent}"
+    return data
+
+
+def test_parity_windows_and_a_dropped_special_accumulator_equal_mxsim(tmp_path):
+    """CDNA3's FP8 unit: even and odd products in two windows, the second alignment with a
+    far accumulator dropped, and a NaN/Inf c or running sum dropped at exponent -30 (K = 32,
+    two trees of 16)."""
+    prove(tmp_path, _fp8_mi300(-30), ("fp8_e4m3fnuz", "fp8_e5m2fnuz"), 32, "iverilog", cases=100)
 
 
 def shipped_units():

@@ -97,7 +97,7 @@ COVERED = {
     "adder_overflow": _any,
     "sum_significant_bits": _any,
     "sum_rounding": _any,
-    "parity_windows": _only(False),
+    "parity_windows": _any,  # (the loader keeps the accumulator out of the tree)
     # a second alignment of the tree sum and the accumulator (outside the tree, a window)
     "second_alignment_bits": lambda v, p: (
         v is None
@@ -108,7 +108,7 @@ COVERED = {
         )
     ),
     "far_accumulator": _any,  # read only with second_alignment_bits
-    "special_accumulator_exponent": _only(None),
+    "special_accumulator_exponent": _any,  # (read by the second alignment only)
     "accumulator_exponent": _any,
     "zero_term_exponent": _any,
     "accumulator_format": _only(*IEEE_FORMATS, "exact"),
@@ -450,6 +450,8 @@ class _Builder:
         self.c_eb, self.c_mb = _format_shape(self.c_container)
         self.c_bits = 1 + self.c_eb + self.c_mb
         self.blocks = self.k // self.p.block_size if self.scaled else 0
+        # special_accumulator_exponent: the running (NaN, +Inf, -Inf) state, tree by tree
+        self.state: tuple | None = None
 
     def emit(self, text: str = "") -> None:
         self.lines.append(text)
@@ -743,6 +745,12 @@ class _Builder:
                 else ""
             )
             self.emit(f"  assign acc0 = c_ovf ? '0 : {neg}c_rounded;")
+            if p.special_accumulator_exponent is not None:
+                self.emit("  logic st_c_n, st_c_p, st_c_m;  // c's NaN or Inf, or its overflow")
+                self.emit("  assign st_c_n = c_nan;")
+                self.emit(f"  assign st_c_p = (c_inf && !c_sign) || (c_ovf && !c_rounded[{aw - 1}]);")
+                self.emit(f"  assign st_c_m = (c_inf && c_sign) || (c_ovf && c_rounded[{aw - 1}]);")
+                self.state = ("st_c_n", "st_c_p", "st_c_m")
         else:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
         if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
@@ -938,8 +946,14 @@ endmodule
             x = (s_name, s_width, s_lsb)
             in_tree = False
         else:
-            x, in_tree = self._window_sum(t, index, positions, nz), p.accumulator_in_tree
+            if p.parity_windows:
+                x = self._parity_sum(t, index, positions, nz)
+            else:
+                x = self._window_sum(t, index, positions, nz)
+            in_tree = p.accumulator_in_tree
             if p.second_alignment_bits is not None:
+                if self.state:
+                    return self._special_accumulator(t, ks, x, acc_in)
                 return self._second_align(t, x)
             x = self._normalise(t, *x)
         return self._accumulate(t, x, in_tree)
@@ -1103,7 +1117,7 @@ endmodule
         self.emit(f"  assign {t}_has_zero = {zero_any};")
         if p.zero_term_exponent is not None:
             cands.append((f"{t}_has_zero", _signed(p.zero_term_exponent)))
-        if p.second_alignment_bits is not None:  # R exists only with a nonzero term
+        if p.second_alignment_bits is not None or p.parity_windows:  # R only with a nonzero term
             self.emit(
                 f"  logic {t}_nonzero; assign {t}_nonzero = {' || '.join(v for v, *_ in window_terms) or chr(48)};"
             )
@@ -1148,6 +1162,63 @@ endmodule
         lsb = f"{t}_wlsb - {EXW}'sd1" if sticky else f"{t}_wlsb"
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_sum_lsb; assign {t}_sum_lsb = {lsb};")
         return f"{t}_sum", width, f"{t}_sum_lsb"
+
+    def _parity_sum(self, t: str, index: int, positions: list, nz: dict) -> tuple[str, int, str]:
+        """adder.parity_windows: the even and the odd tree positions each summed in a window of
+        its own (reference R_h), each sum kept toward -inf to multiples of 2^(R-F) for the
+        larger R, and added; ``{t}_r`` = R and ``{t}_nonzero`` as a single window gives them."""
+        f = self.p.align_fraction_bits
+        halves = []
+        for h, part in (("e", positions[0::2]), ("o", positions[1::2])):
+            if any(k is not None for k in part):
+                halves.append((f"{t}{h}", *self._window_sum(f"{t}{h}", index, part, nz)))
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_r, {t}_wlsb; logic {t}_nonzero;")
+        any_name, r_name = self._max_tree(f"{t}_pmax", [(f"{h}_nonzero", f"{h}_r") for h, *_ in halves])
+        self.emit(f"  assign {t}_nonzero = {any_name};")
+        self.emit(f"  assign {t}_r = {r_name};")
+        self.emit(f"  assign {t}_wlsb = {t}_r - {EXW}'sd{f};")
+        width = max(w for _, _, w, _ in halves) + 3
+        kept = []
+        for h, s, w, lsb in halves:
+            self.emit(f"  logic signed [{w + 1}:0] {h}_kept;")
+            self.emit(
+                f"  mxr_window_term #(.WI({w}), .LMAX(0), .WO({w + 2}), .MODE(1), .EXW({EXW})) {h}_floor ("
+                f".sign({s}[{w - 1}]), .sig({s}[{w - 1}] ? {w}'(-{s}) : {w}'({s})), .lsb({lsb}), .wlsb({t}_wlsb), .out({h}_kept));"
+            )
+            kept.append(_sext(f"{h}_kept", w + 2, width))
+        self.emit(f"  logic signed [{width - 1}:0] {t}_sum; assign {t}_sum = {' + '.join(kept)};")
+        return f"{t}_sum", width, f"{t}_wlsb"
+
+    def _special_accumulator(self, t: str, ks: list, x: tuple, acc_in: str) -> str:
+        """special_accumulator_exponent e: a NaN/Inf accumulator (the running state of c's and
+        the earlier trees' specials) meets the tree at E = max(R, e); with no NaN/Inf of the
+        tree's own and e < E - F - 1 it is dropped, the accumulator's finite part with it.
+        The tree's specials join the state, then its overflow when the state holds none."""
+        p, aw = self.p, 1 + self.acc_eb + self.acc_mb
+        sn, sp, sm = self.state
+        own_n = " || ".join(f"p_nan[{k}]" for k in ks) or "1'b0"
+        own_p = " || ".join(f"(p_inf[{k}] && !p_sign[{k}])" for k in ks) or "1'b0"
+        own_m = " || ".join(f"(p_inf[{k}] && p_sign[{k}])" for k in ks) or "1'b0"
+        e, f = p.special_accumulator_exponent, p.align_fraction_bits
+        self.emit(f"  logic {t}_own_n, {t}_own_p, {t}_own_m, {t}_drop;")
+        self.emit(f"  assign {t}_own_n = {own_n}; assign {t}_own_p = {own_p}; assign {t}_own_m = {own_m};")
+        self.emit(
+            f"  assign {t}_drop = ({sn} || {sp} || {sm}) && !({t}_own_n || {t}_own_p || {t}_own_m) && "
+            f"{t}_nonzero && {t}_r > {_signed(e + f + 1)};"
+        )
+        self.emit(f"  logic [{aw - 1}:0] {t}_kept_acc; assign {t}_kept_acc = {t}_drop ? '0 : {acc_in};")
+        self._acc_unpack(f"{t}_k", f"{t}_kept_acc")
+        acc = self._second_align(t, x, f"{t}_k")
+        m = f"{t}_m"
+        self.emit(f"  logic {m}_n, {m}_p, {m}_m, {t}_sn, {t}_sp, {t}_sm;")
+        for x_, own, prev in (("n", f"{t}_own_n", sn), ("p", f"{t}_own_p", sp), ("m", f"{t}_own_m", sm)):
+            self.emit(f"  assign {m}_{x_} = {own} || (!{t}_drop && {prev});")
+        counts = f"({t}_ovf && !({m}_n || {m}_p || {m}_m))"
+        self.emit(f"  assign {t}_sn = {m}_n;")
+        self.emit(f"  assign {t}_sp = {m}_p || ({counts} && !{t}_rounded[{aw - 1}]);")
+        self.emit(f"  assign {t}_sm = {m}_m || ({counts} && {t}_rounded[{aw - 1}]);")
+        self.state = (f"{t}_sn", f"{t}_sp", f"{t}_sm")
+        return acc
 
     def _max_tree(self, prefix: str, cands: list) -> tuple[str, str]:
         """(valid, value) of the largest valid candidate, as a balanced tree of comparators."""
@@ -1223,7 +1294,7 @@ endmodule
             )
         return self._accumulated(t)
 
-    def _second_align(self, t: str, x: tuple) -> str:
+    def _second_align(self, t: str, x: tuple, a: str | None = None) -> str:
         """adder.second_alignment_bits n: at E = max(R, e) (R only when the tree has a nonzero
         term; e the accumulator's alignment exponent, emin for zero and subnormals) the tree
         sum kept to multiples of 2^(E-n-1), the accumulator to 2^(E-F), both toward -inf (the
@@ -1232,7 +1303,7 @@ endmodule
         p = self.p
         s, width, lsb = x
         n, f, mb = p.second_alignment_bits, p.align_fraction_bits, self.acc_mb
-        a, aw = f"{t}_a", 1 + self.acc_eb + self.acc_mb
+        a, aw = a or f"{t}_a", 1 + self.acc_eb + self.acc_mb
         emin = 2 - (1 << (self.acc_eb - 1))
         g = max(n + 1, f)  # both kept values on the grid of LSB 2^(E-g)
         l1, l2 = max(0, n + 1 - f), max(0, f - mb)
@@ -1412,13 +1483,18 @@ endmodule
         self.emit(f"  assign ovf_sign = {''.join(f'{c} ? {sg} : ' for c, sg in conds)}1'b0;")
         nans = ["c_nan", "(|p_nan)"] + (["(|s_nan)"] if p.scales == "group_sum" else [])
         self.emit("  logic any_nan, pos_inf, neg_inf;")
-        self.emit(f"  assign any_nan = {' || '.join(nans)};")
-        self.emit(
-            "  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);"
-        )
-        self.emit(
-            "  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);"
-        )
+        if self.state:  # the state after the last tree
+            self.emit(
+                f"  assign any_nan = {self.state[0]}; assign pos_inf = {self.state[1]}; assign neg_inf = {self.state[2]};"
+            )
+        else:
+            self.emit(f"  assign any_nan = {' || '.join(nans)};")
+            self.emit(
+                "  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);"
+            )
+            self.emit(
+                "  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);"
+            )
         negzero = [self.negative_zero_c] + self.negzero_terms
         # ieee_steps: the accumulator carries each step's zero sign (an exact accumulator
         # is one step, the ieee rule)
