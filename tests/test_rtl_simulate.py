@@ -270,7 +270,7 @@ def shipped_units():
     return covered, refused
 
 
-def test_the_mx_family_is_covered_and_refusals_name_a_key():
+def test_every_shipped_config_is_covered():
     covered, refused = shipped_units()
     names = {name for name, _ in covered}
     for name in (
@@ -298,9 +298,7 @@ def test_the_mx_family_is_covered_and_refusals_name_a_key():
     ):
         assert name in names, name
         assert not [r for r in refused if r[0] == name], name
-    for name, pair, message in refused:
-        assert "is not covered by the RTL generator" in message and ": " in message, message
-        assert message.count("\n") == 0
+    assert not refused, refused  # every pair of every shipped config generates
 
 
 def _long_units():
