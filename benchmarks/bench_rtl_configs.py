@@ -102,9 +102,7 @@ def prove(hw, unit, pair, cases: int, simulator: str) -> dict:
 
 def measure(args) -> None:
     record = Path(args.record) if args.record else None
-    results = (
-        json.loads(record.read_text()) if record and record.is_file() else {"rows": []}
-    )
+    results = json.loads(record.read_text()) if record and record.is_file() else {"rows": []}
     rows = {r["config"]: r for r in results["rows"]}
     for entry in mx_units(args.only, args.skip):
         row = rows.setdefault(entry["config"], dict(entry))
@@ -115,7 +113,10 @@ def measure(args) -> None:
         hw = load_hwconfig(REPO / "hwconfigs" / f"{entry['config']}.yaml")
         unit = generate_unit(hw, *entry["pair"], entry["k"])
         for simulator in ("iverilog", "verilator"):
-            if simulator not in args.step or row.get(simulator, {}).get("random_cases") == args.cases:
+            if (
+                simulator not in args.step
+                or row.get(simulator, {}).get("random_cases") == args.cases
+            ):
                 continue
             outcome = prove(hw, unit, entry["pair"], args.cases, simulator)
             row[simulator] = {"random_cases": args.cases, **outcome, **conditions()}
@@ -172,7 +173,9 @@ def table(results: dict) -> str:
             lines.append(f"| {name} | {pair} | {r['k']} | not run | | | | | |")
             continue
         if r.get("refused"):
-            lines.append(f"| {name} | {pair} | {r['k']} | refused: {r['refused'].split(': ', 1)[1]} ||||||")
+            lines.append(
+                f"| {name} | {pair} | {r['k']} | refused: {r['refused'].split(': ', 1)[1]} ||||||"
+            )
             continue
         sims = [r.get(s) for s in ("iverilog", "verilator")]
         vectors = " / ".join(f"{s['vectors']:,}" if s else "–" for s in sims)
@@ -197,7 +200,9 @@ def main() -> int:
         help="steps to run (repeatable; default all three)",
     )
     parser.add_argument("--only", action="append", help="configs whose name contains this")
-    parser.add_argument("--skip", action="append", help="leave out configs whose name contains this")
+    parser.add_argument(
+        "--skip", action="append", help="leave out configs whose name contains this"
+    )
     parser.add_argument("--list", action="store_true", help="print the units and exit")
     parser.add_argument("--record", help="results JSON, rewritten after every step")
     args = parser.parse_args()

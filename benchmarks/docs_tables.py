@@ -94,7 +94,9 @@ def table(name: str) -> str:
 
 def render(text: str) -> str:
     return BLOCK.sub(
-        lambda m: m.group(0) if m.group(2) in ELSEWHERE else m.group(1) + table(m.group(2)) + m.group(4),
+        lambda m: (
+            m.group(0) if m.group(2) in ELSEWHERE else m.group(1) + table(m.group(2)) + m.group(4)
+        ),
         text,
     )
 

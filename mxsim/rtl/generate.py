@@ -631,13 +631,11 @@ class _Builder:
             pw = _bits(self.ps) + 1
             self.emit(f"    logic [{self.ps - 1}:0] p_raw; logic [{pw - 1}:0] p_top; logic p_big;")
             self.emit(f"    assign p_raw = {self.ps}'(a_sig[gk]) * {self.ps}'(b_sig[gk]);")
+            self.emit(f"    mxr_msb #(.W({self.ps}), .PW({pw})) p_msb (.x(p_raw), .pos(p_top));")
+            # (a NaN or Inf element is told by its flags: p_big only decides finite products)
             self.emit(
-                f"    mxr_msb #(.W({self.ps}), .PW({pw})) p_msb (.x(p_raw), .pos(p_top));"
-            )
-            self.emit(
-                f"    assign p_big = !a_nan[gk] && !b_nan[gk] && !a_inf[gk] && !b_inf[gk] && !a_zero[gk] && !b_zero[gk]"
-                f"{scale_nan.replace(' || ', ' && !')} && p_raw != '0 && "
-                f"p_exp[gk] - {EXW}'sd{self.ft} + {EXW}'($signed({{1'b0, p_top}})) >= {_signed(p.product_overflow_exponent)};"
+                f"    assign p_big = p_raw != '0 && p_exp[gk] - {EXW}'sd{self.ft} + "
+                f"{EXW}'($signed({{1'b0, p_top}})) >= {_signed(p.product_overflow_exponent)};"
             )
             self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk] || p_big);")
         self.emit("    assign p_zero[gk] = !p_nan[gk] && !p_inf[gk] && (a_zero[gk] || b_zero[gk]);")
@@ -748,7 +746,9 @@ class _Builder:
             if p.special_accumulator_exponent is not None:
                 self.emit("  logic st_c_n, st_c_p, st_c_m;  // c's NaN or Inf, or its overflow")
                 self.emit("  assign st_c_n = c_nan;")
-                self.emit(f"  assign st_c_p = (c_inf && !c_sign) || (c_ovf && !c_rounded[{aw - 1}]);")
+                self.emit(
+                    f"  assign st_c_p = (c_inf && !c_sign) || (c_ovf && !c_rounded[{aw - 1}]);"
+                )
                 self.emit(f"  assign st_c_m = (c_inf && c_sign) || (c_ovf && c_rounded[{aw - 1}]);")
                 self.state = ("st_c_n", "st_c_p", "st_c_m")
         else:
@@ -778,9 +778,7 @@ class _Builder:
             ovf_inf,
         )
         self.emit("  // pairwise_rounded: c and every product rounded into the accumulator format.")
-        minus_c = "c_sign && !c_flushed" if self.c_flushed != "1'b0" else "c_sign"
-        if p.input_zero_sign == "positive":
-            minus_c = "1'b0"
+        minus_c = "1'b0" if p.input_zero_sign == "positive" else "c_sign"
         self.emit(f"  logic [{aw - 1}:0] pw_c, pw_c_rounded;")
         self.emit(
             f"  assign pw_c_rounded = c_nan ? {nan} : c_inf ? {{c_sign, {{{eb}{{1'b1}}}}, {mb}'d0}} : "
@@ -791,7 +789,9 @@ class _Builder:
             f"pw_c_rounded[{aw - 2}:0] == '0 ? '0 : " if p.input_zero_sign == "positive" else ""
         )
         self.emit(f"  assign pw_c = {zero_c}pw_c_rounded;")
-        self.emit(f"  logic [{aw - 1}:0] q [{self.k}];  // the products as accumulator-format values")
+        self.emit(
+            f"  logic [{aw - 1}:0] q [{self.k}];  // the products as accumulator-format values"
+        )
         self.emit(f"  for (gk = 0; gk < {self.k}; gk++) begin : product_round")
         self.emit(f"    logic [{aw - 1}:0] rounded; logic ovf;")
         self.emit(
@@ -809,21 +809,27 @@ class _Builder:
             nonlocal count
             name = f"s{count}"
             count += 1
-            self.emit(f"  logic [{aw - 1}:0] {name}; {add} add_{name} (.x({x}), .y({y}), .z({name}));")
+            self.emit(
+                f"  logic [{aw - 1}:0] {name}; {add} add_{name} (.x({x}), .y({y}), .z({name}));"
+            )
             return name
 
         for index, positions in enumerate(tree_positions(self.k, p)):
             level = [f"q[{k}]" for k in positions if k is not None]
             if not level:
                 continue
-            self.emit(f"  // Tree {index}: products {', '.join(v[2:-1] for v in level)} pair by pair.")
+            self.emit(
+                f"  // Tree {index}: products {', '.join(v[2:-1] for v in level)} pair by pair."
+            )
             while len(level) > 1:
                 pairs = [ieee_add(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
                 level = pairs + level[len(pairs) * 2 :]
             acc = ieee_add(acc, level[0])
         ob, om = _format_shape(p.output_format)
         ow = 1 + ob + om
-        self.emit("  // Step 7: the accumulator, a NaN, an infinity or a finite value, into the output.")
+        self.emit(
+            "  // Step 7: the accumulator, a NaN, an infinity or a finite value, into the output."
+        )
         self._acc_unpack("o_a", acc)
         self.emit(f"  logic [{ow - 1}:0] o_rounded, result; logic o_ovf;")
         self.emit(
@@ -1173,7 +1179,9 @@ endmodule
             if any(k is not None for k in part):
                 halves.append((f"{t}{h}", *self._window_sum(f"{t}{h}", index, part, nz)))
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_r, {t}_wlsb; logic {t}_nonzero;")
-        any_name, r_name = self._max_tree(f"{t}_pmax", [(f"{h}_nonzero", f"{h}_r") for h, *_ in halves])
+        any_name, r_name = self._max_tree(
+            f"{t}_pmax", [(f"{h}_nonzero", f"{h}_r") for h, *_ in halves]
+        )
         self.emit(f"  assign {t}_nonzero = {any_name};")
         self.emit(f"  assign {t}_r = {r_name};")
         self.emit(f"  assign {t}_wlsb = {t}_r - {EXW}'sd{f};")
@@ -1201,17 +1209,25 @@ endmodule
         own_m = " || ".join(f"(p_inf[{k}] && p_sign[{k}])" for k in ks) or "1'b0"
         e, f = p.special_accumulator_exponent, p.align_fraction_bits
         self.emit(f"  logic {t}_own_n, {t}_own_p, {t}_own_m, {t}_drop;")
-        self.emit(f"  assign {t}_own_n = {own_n}; assign {t}_own_p = {own_p}; assign {t}_own_m = {own_m};")
+        self.emit(
+            f"  assign {t}_own_n = {own_n}; assign {t}_own_p = {own_p}; assign {t}_own_m = {own_m};"
+        )
         self.emit(
             f"  assign {t}_drop = ({sn} || {sp} || {sm}) && !({t}_own_n || {t}_own_p || {t}_own_m) && "
             f"{t}_nonzero && {t}_r > {_signed(e + f + 1)};"
         )
-        self.emit(f"  logic [{aw - 1}:0] {t}_kept_acc; assign {t}_kept_acc = {t}_drop ? '0 : {acc_in};")
+        self.emit(
+            f"  logic [{aw - 1}:0] {t}_kept_acc; assign {t}_kept_acc = {t}_drop ? '0 : {acc_in};"
+        )
         self._acc_unpack(f"{t}_k", f"{t}_kept_acc")
         acc = self._second_align(t, x, f"{t}_k")
         m = f"{t}_m"
         self.emit(f"  logic {m}_n, {m}_p, {m}_m, {t}_sn, {t}_sp, {t}_sm;")
-        for x_, own, prev in (("n", f"{t}_own_n", sn), ("p", f"{t}_own_p", sp), ("m", f"{t}_own_m", sm)):
+        for x_, own, prev in (
+            ("n", f"{t}_own_n", sn),
+            ("p", f"{t}_own_p", sp),
+            ("m", f"{t}_own_m", sm),
+        ):
             self.emit(f"  assign {m}_{x_} = {own} || (!{t}_drop && {prev});")
         counts = f"({t}_ovf && !({m}_n || {m}_p || {m}_m))"
         self.emit(f"  assign {t}_sn = {m}_n;")
@@ -1325,9 +1341,7 @@ endmodule
             f"  mxr_window_term #(.WI({mb + 1}), .LMAX({l2}), .WO({w2}), .MODE(1), .EXW({EXW})) {t}_keep_acc ("
             f".sign({a}_sign), .sig({a}_sig), .lsb({a}_exp - {EXW}'sd{mb}), .wlsb({t}_e2 - {EXW}'sd{f}), .out({t}_ka_all));"
         )
-        drop = (
-            f"({a}_exp < {t}_e2 - {EXW}'sd{f + 1})" if p.far_accumulator == "zero" else "1'b0"
-        )
+        drop = f"({a}_exp < {t}_e2 - {EXW}'sd{f + 1})" if p.far_accumulator == "zero" else "1'b0"
         self.emit(f"  assign {t}_ka = {drop} ? '0 : {t}_ka_all;")
         self.emit(f"  logic signed [{wt - 1}:0] {t}_tot; logic [{wt - 1}:0] {t}_tot_mag;")
         self.emit(
@@ -1451,7 +1465,7 @@ endmodule
 
     def _output(self, acc: str) -> None:
         """Step 7 and the specials: NaN, the infinities, the sign of zero."""
-        p, u = self.p, self.unit
+        p = self.p
         ob, om = _format_shape(p.output_format)
         ow = 1 + ob + om
         self.emit(
