@@ -29,6 +29,7 @@ from pathlib import Path
 from bench_rtl_area import conditions
 
 from mxsim.datapath import load_hwconfig
+from mxsim.errors import ConfigError
 from mxsim.fileio import write_atomic
 from mxsim.formats import get_format
 from mxsim.golden import generate
@@ -59,7 +60,7 @@ def mx_units(patterns=None, skip=None) -> list[dict]:
         entry = {"config": hw.name, "stands_for": [], "pair": list(pair), "k": k}
         try:
             check_covered(params, hw.source)
-        except Exception as error:  # a refused key: listed, not run
+        except ConfigError as error:  # a refused key: listed, not run
             entry["refused"] = str(error)
         seen[params, k] = entry
         units.append(entry)
