@@ -1,4 +1,5 @@
-"""docs/benchmarks.md's tables of current figures, generated from ``benchmarks/results/*.json``.
+"""docs/benchmarks.md's (and docs/area.md's) tables of current figures, generated from
+``benchmarks/results/*.json``.
 
 Each table sits between ``<!-- results: NAME -->`` and ``<!-- /results -->`` in
 docs/benchmarks.md; NAME is a results file's stem (``guard``: bench_guard.py --record,
@@ -21,6 +22,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "benchmarks.md"
+#: every document holding result tables; docs/area.md's rtl-area tables are rendered by
+#: bench_rtl_area.py --render (they need the hardware configs' cost proxy), not here
+DOCS = (DOC, REPO / "docs" / "area.md")
+ELSEWHERE = {"rtl-area", "rtl-area-k32"}
+#: results files with a table of their own shape: the script and its function that renders it
+RENDERERS = {"rtl-configs": ("bench_rtl_configs", "table")}
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
@@ -45,6 +52,12 @@ def _recorded(c: dict) -> str:
 def table(name: str) -> str:
     """The markdown of results file ``name``."""
     results = json.loads((RESULTS / f"{name}.json").read_text())
+    if name in RENDERERS:
+        import importlib
+
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        script, function = RENDERERS[name]
+        return getattr(importlib.import_module(script), function)(results)
     if "columns" in results:  # the plain table of a script without --record
         note = f"{results['note']} " if results.get("note") else ""
         width = len(results["columns"])
@@ -80,29 +93,37 @@ def table(name: str) -> str:
 
 
 def render(text: str) -> str:
-    return BLOCK.sub(lambda m: m.group(1) + table(m.group(2)) + m.group(4), text)
+    return BLOCK.sub(
+        lambda m: (
+            m.group(0) if m.group(2) in ELSEWHERE else m.group(1) + table(m.group(2)) + m.group(4)
+        ),
+        text,
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 when docs/benchmarks.md is out of date"
+        "--check", action="store_true", help="exit 1 when a document's table is out of date"
     )
     args = parser.parse_args(argv)
-    text = DOC.read_text()
-    new = render(text)
-    if args.check:
-        if new != text:
-            print(
-                "docs/benchmarks.md differs from benchmarks/results: run python benchmarks/docs_tables.py",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    if new != text:
-        from mxsim.fileio import write_atomic
+    stale = False
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render(text)
+        if new == text:
+            continue
+        stale = True
+        if not args.check:
+            from mxsim.fileio import write_atomic
 
-        write_atomic(DOC, new)
+            write_atomic(doc, new)
+    if args.check and stale:
+        print(
+            "docs/benchmarks.md or docs/area.md differs from benchmarks/results: run python benchmarks/docs_tables.py",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

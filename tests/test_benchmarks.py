@@ -233,17 +233,18 @@ def test_guard_results_record_every_case_and_the_conditions(monkeypatch):
 
 def test_docs_tables_are_the_results_files(monkeypatch):
     tables = _load("docs_tables.py", monkeypatch)
-    text = tables.DOC.read_text()
-    names = [match.group(2) for match in tables.BLOCK.finditer(text)]
+    texts = [doc.read_text() for doc in tables.DOCS]
+    names = [m.group(2) for text in texts for m in tables.BLOCK.finditer(text)]
     # every results file has its table, once (probe and rtl-area: docs/probe.md's and
     # docs/area.md's, rendered by their scripts)
-    elsewhere = {"probe", "rtl-area", "rtl-area-k32"}
-    assert sorted(names) == sorted(
+    elsewhere = {"probe"} | tables.ELSEWHERE
+    assert sorted(n for n in names if n not in tables.ELSEWHERE) == sorted(
         p.stem for p in tables.RESULTS.glob("*.json") if p.stem not in elsewhere
     )
-    assert tables.render(text) == text, (
-        "run python benchmarks/docs_tables.py after recording results"
-    )
+    for text in texts:
+        assert tables.render(text) == text, (
+            "run python benchmarks/docs_tables.py after recording results"
+        )
 
 
 def test_docs_tables_refuse_a_row_that_does_not_fit_the_columns(monkeypatch, tmp_path):
@@ -261,3 +262,22 @@ def test_docs_tables_refuse_a_row_that_does_not_fit_the_columns(monkeypatch, tmp
     results["rows"].pop()
     (tmp_path / "x.json").write_text(json.dumps(results))
     assert tables.table("x").endswith("| a | b |\n|---|---|\n| 1 | 2 |\n")
+
+
+def test_rtl_configs_lists_every_shipped_mx_config_once(monkeypatch):
+    """bench_rtl_configs: each shipped config with scales or 8-bit elements is a unit or stands
+    for one (equal resolved parameters); the table marks the units the results file lacks."""
+    bench = _load("bench_rtl_configs.py", monkeypatch)
+    units = bench.mx_units()
+    named = [u["config"] for u in units] + [n for u in units for n in u["stands_for"]]
+    assert len(named) == len(set(named))
+    assert {"ocp-exact", "kulisch", "bfp-exact", "mxdotp", "b200-nvfp4", "h100-fp8"} <= set(named)
+    assert "h100" not in named and "mi300" not in named  # first pairs fp16: not MX
+    assert all(u["k"] >= 32 and not u.get("refused") for u in units)
+    row = {**units[0], "iverilog": {"vectors": 10, "mismatches": 0}}
+    stamp = {"commit": "abc1234", "date": "2026-01-01 00:00 UTC", "load_average": "1.0 1 1"}
+    row["yosys"] = {"cells": 5, "transistors": 20, "depth": 3, "cpu_seconds": 1.0, **stamp}
+    row["iverilog"].update(stamp)
+    table = bench.table({"rows": [row], "setup": {"k": "32", "vectors": "v"}})
+    assert f"| {units[0]['config']}" in table and "| 10 / – | 0 / – | 5 | 20 | 3 | 1 |" in table
+    assert table.count("not run") == len(units) - 1

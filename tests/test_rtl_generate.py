@@ -35,20 +35,19 @@ def variant(tmp_path, base: str, changes: dict) -> str:
     [
         (
             {
-                "adder": {
-                    "parity_windows": True,
-                    "align_fraction_bits": 20,
-                    "accumulator_in_tree": False,
-                }
+                "inputs": {"scales": "block_sum"},
+                "adder": {"align_fraction_bits": 20, "accumulator_in_tree": False},
             },
-            "adder.parity_windows",
+            "inputs.scales",
         ),
-        ({"multiplier": {"overflow_exponent": 6}}, "multiplier.overflow_exponent"),
+        (
+            {"adder": {"align_reference": "leading_bit", "align_fraction_bits": 20}},
+            "adder.align_reference",
+        ),
         (
             {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
             "accumulator.promotion_interval",
         ),  # promotion is built with an fp32 accumulator
-        ({"adder": {"structure": "pairwise_rounded"}}, "adder.structure"),
     ],
 )
 def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):

@@ -81,11 +81,11 @@ COVERED = {
     "input_subnormals": _any,
     "c_format": _only(*IEEE_FORMATS),
     "same_format": _any,
-    "input_zero_sign": lambda v, p: v == "keep" or p.accumulator_subnormals,
+    "input_zero_sign": _any,
     "product_fraction_bits": _any,
-    "product_overflow_exponent": _only(None),
+    "product_overflow_exponent": _any,
     "fused_terms": _any,
-    "structure": _only("fused"),
+    "structure": _any,  # (the loader keeps pairwise adds to IEEE formats, c initial)
     "term_order": _any,
     "trees_in_blocks": _any,
     "group_terms": _any,
@@ -97,10 +97,18 @@ COVERED = {
     "adder_overflow": _any,
     "sum_significant_bits": _any,
     "sum_rounding": _any,
-    "parity_windows": _only(False),
-    "second_alignment_bits": _only(None),
+    "parity_windows": _any,  # (the loader keeps the accumulator out of the tree)
+    # a second alignment of the tree sum and the accumulator (outside the tree, a window)
+    "second_alignment_bits": lambda v, p: (
+        v is None
+        or (
+            not p.accumulator_in_tree
+            and p.align_fraction_bits is not None
+            and p.accumulator_format in IEEE_FORMATS
+        )
+    ),
     "far_accumulator": _any,  # read only with second_alignment_bits
-    "special_accumulator_exponent": _only(None),
+    "special_accumulator_exponent": _any,  # (read by the second alignment only)
     "accumulator_exponent": _any,
     "zero_term_exponent": _any,
     "accumulator_format": _only(*IEEE_FORMATS, "exact"),
@@ -442,6 +450,8 @@ class _Builder:
         self.c_eb, self.c_mb = _format_shape(self.c_container)
         self.c_bits = 1 + self.c_eb + self.c_mb
         self.blocks = self.k // self.p.block_size if self.scaled else 0
+        # special_accumulator_exponent: the running (NaN, +Inf, -Inf) state, tree by tree
+        self.state: tuple | None = None
 
     def emit(self, text: str = "") -> None:
         self.lines.append(text)
@@ -532,6 +542,12 @@ class _Builder:
         self.emit(f"module {u.name} (\n{port_text}\n);")
         self._decode_and_multiply(dec_a, dec_b)
         self._c_entry()
+        if p.structure == "pairwise_rounded":
+            text.append(self._pairwise())
+            self.emit("endmodule")
+            if self.scale_module:
+                text.append(self.scale_module)
+            return "\n".join(text + self.lines) + "\n", ports
         acc = "acc0"
         trees = tree_positions(self.k, p)
         if p.accumulator_format == "exact":  # exact sums: one tree holds every position
@@ -609,7 +625,19 @@ class _Builder:
         self.emit(
             f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);"
         )
-        self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk]);")
+        if p.product_overflow_exponent is None:
+            self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk]);")
+        else:  # multiplier.overflow_exponent n: a finite product of 2^n or more is +-Inf
+            pw = _bits(self.ps) + 1
+            self.emit(f"    logic [{self.ps - 1}:0] p_raw; logic [{pw - 1}:0] p_top; logic p_big;")
+            self.emit(f"    assign p_raw = {self.ps}'(a_sig[gk]) * {self.ps}'(b_sig[gk]);")
+            self.emit(f"    mxr_msb #(.W({self.ps}), .PW({pw})) p_msb (.x(p_raw), .pos(p_top));")
+            # (a NaN or Inf element is told by its flags: p_big only decides finite products)
+            self.emit(
+                f"    assign p_big = p_raw != '0 && p_exp[gk] - {EXW}'sd{self.ft} + "
+                f"{EXW}'($signed({{1'b0, p_top}})) >= {_signed(p.product_overflow_exponent)};"
+            )
+            self.emit("    assign p_inf[gk] = !p_nan[gk] && (a_inf[gk] || b_inf[gk] || p_big);")
         self.emit("    assign p_zero[gk] = !p_nan[gk] && !p_inf[gk] && (a_zero[gk] || b_zero[gk]);")
         self.emit("    assign p_sign[gk] = a_sign[gk] ^ b_sign[gk];")
         self.emit("    assign p_uexp[gk] = a_exp[gk] + b_exp[gk];")
@@ -662,10 +690,30 @@ class _Builder:
             ".sign(c_sign), .exp(c_exp), .sig(c_sig));"
         )
         self.emit("  logic c_special; assign c_special = c_nan || c_inf;")
+        # inputs.zero_sign: positive without accumulator.subnormals: a nonzero c below the
+        # accumulator format's smallest normal is read as +0 (before any rounding)
+        flushed = None
+        if (
+            p.input_zero_sign == "positive"
+            and not p.accumulator_subnormals
+            and p.accumulator_format != "exact"
+        ):
+            acc_emin = 1 - get_format(p.accumulator_format).bias
+            flushed = (
+                f"!c_zero && !c_special && (c_exp < {_signed(acc_emin)} || "
+                f"(!c_sig[{self.c_mb}] && c_exp <= {_signed(acc_emin)}))"
+            )
+        if flushed:
+            self.emit(f"  logic c_flushed; assign c_flushed = {flushed};")
+        flush, self.c_flushed = (" || c_flushed", "c_flushed") if flushed else ("", "1'b0")
         # a zero c, or a NaN/Inf one, is +0 in the accumulator (exact zero)
-        self.emit("  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !c_special;")
+        self.emit(
+            f"  logic c_finite_sign; assign c_finite_sign = c_sign && !c_zero && !(c_special{flush});"
+        )
         cw = self.c_mb + 1
-        self.emit(f"  logic [{cw - 1}:0] c_mag; assign c_mag = c_special ? {cw}'d0 : c_sig;")
+        self.emit(
+            f"  logic [{cw - 1}:0] c_mag; assign c_mag = (c_special{flush}) ? {cw}'d0 : c_sig;"
+        )
         self.emit(
             f"  logic signed [{EXW - 1}:0] c_lsb; assign c_lsb = c_exp - {EXW}'sd{self.c_mb};"
         )
@@ -695,12 +743,138 @@ class _Builder:
                 else ""
             )
             self.emit(f"  assign acc0 = c_ovf ? '0 : {neg}c_rounded;")
+            if p.special_accumulator_exponent is not None:
+                self.emit("  logic st_c_n, st_c_p, st_c_m;  // c's NaN or Inf, or its overflow")
+                self.emit("  assign st_c_n = c_nan;")
+                self.emit(
+                    f"  assign st_c_p = (c_inf && !c_sign) || (c_ovf && !c_rounded[{aw - 1}]);"
+                )
+                self.emit(f"  assign st_c_m = (c_inf && c_sign) || (c_ovf && c_rounded[{aw - 1}]);")
+                self.state = ("st_c_n", "st_c_p", "st_c_m")
         else:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
         if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
             self.emit(
-                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero) ? '0 : c;"
+                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero{flush}) ? '0 : c;"
             )
+
+    def _pairwise(self) -> str:
+        """adder.structure: pairwise_rounded (steps 4-7): c and each product rounded into the
+        accumulator format as IEEE values (NaN, +-Inf, signed zeros kept), each tree's
+        products added pair by pair ((p0+p1)+(p2+p3), an odd last one carried up), the tree's
+        result added to the accumulator, every add an IEEE add rounded with the accumulator's
+        rounding, subnormals and overflow; then the output rounding. Returns the IEEE add
+        module's text."""
+        p, u = self.p, self.unit
+        eb, mb = self.acc_eb, self.acc_mb
+        aw = 1 + eb + mb
+        nan = f"{{1'b0, {{{eb}{{1'b1}}}}, 1'b1, {mb - 1}'d0}}"
+        add = f"{u.name}_ieee_add"
+        ovf_inf = self._acc_ovf_inf()
+        round_args = (
+            p.accumulator_format,
+            p.accumulator_rounding,
+            p.accumulator_subnormals,
+            ovf_inf,
+        )
+        self.emit("  // pairwise_rounded: c and every product rounded into the accumulator format.")
+        minus_c = "1'b0" if p.input_zero_sign == "positive" else "c_sign"
+        self.emit(f"  logic [{aw - 1}:0] pw_c, pw_c_rounded;")
+        self.emit(
+            f"  assign pw_c_rounded = c_nan ? {nan} : c_inf ? {{c_sign, {{{eb}{{1'b1}}}}, {mb}'d0}} : "
+            f"(c_zero || {self.c_flushed}) ? {{{minus_c}, {aw - 1}'d0}} : c_rounded;"
+        )
+        # inputs.zero_sign: positive: a c that is zero, or rounds to zero, starts as +0
+        zero_c = (
+            f"pw_c_rounded[{aw - 2}:0] == '0 ? '0 : " if p.input_zero_sign == "positive" else ""
+        )
+        self.emit(f"  assign pw_c = {zero_c}pw_c_rounded;")
+        self.emit(
+            f"  logic [{aw - 1}:0] q [{self.k}];  // the products as accumulator-format values"
+        )
+        self.emit(f"  for (gk = 0; gk < {self.k}; gk++) begin : product_round")
+        self.emit(f"    logic [{aw - 1}:0] rounded; logic ovf;")
+        self.emit(
+            f"    {self._round_inst('round_p', 'p_sign[gk]', 'p_sig[gk]', self.ps, f'p_exp[gk] - {EXW}' + chr(39) + f'sd{self.ft}', *round_args, 'rounded', 'ovf')}"
+        )
+        self.emit(
+            f"    assign q[gk] = p_nan[gk] ? {nan} : p_inf[gk] ? {{p_sign[gk], {{{eb}{{1'b1}}}}, {mb}'d0}} : "
+            f"p_zero[gk] ? {{p_sign[gk], {aw - 1}'d0}} : rounded;"
+        )
+        self.emit("  end")
+        acc = "pw_c"
+        count = 0
+
+        def ieee_add(x: str, y: str) -> str:
+            nonlocal count
+            name = f"s{count}"
+            count += 1
+            self.emit(
+                f"  logic [{aw - 1}:0] {name}; {add} add_{name} (.x({x}), .y({y}), .z({name}));"
+            )
+            return name
+
+        for index, positions in enumerate(tree_positions(self.k, p)):
+            level = [f"q[{k}]" for k in positions if k is not None]
+            if not level:
+                continue
+            self.emit(
+                f"  // Tree {index}: products {', '.join(v[2:-1] for v in level)} pair by pair."
+            )
+            while len(level) > 1:
+                pairs = [ieee_add(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+                level = pairs + level[len(pairs) * 2 :]
+            acc = ieee_add(acc, level[0])
+        ob, om = _format_shape(p.output_format)
+        ow = 1 + ob + om
+        self.emit(
+            "  // Step 7: the accumulator, a NaN, an infinity or a finite value, into the output."
+        )
+        self._acc_unpack("o_a", acc)
+        self.emit(f"  logic [{ow - 1}:0] o_rounded, result; logic o_ovf;")
+        self.emit(
+            f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}"
+        )
+        zero = "'0" if p.output_zero_sign == "positive" else "o_rounded"
+        self.emit(
+            f"  assign result = o_a_nan ? {{1'b0, {{{ob}{{1'b1}}}}, 1'b1, {om - 1}'d0}} : "
+            f"o_a_inf ? {{o_a_sign, {{{ob}{{1'b1}}}}, {om}'d0}} : (o_rounded[{ow - 2}:0] == '0) ? {zero} : o_rounded;"
+        )
+        self._result("result")
+        minus_zero = "1'b1" if p.accumulator_rounding == "toward_negative" else "x[AW-1] && y[AW-1]"
+        exact_zero = "1'b1" if p.accumulator_rounding == "toward_negative" else "1'b0"
+        return f"""
+// {add}: z = x + y, an IEEE 754 add of two {p.accumulator_format} values rounded with
+// the accumulator's rounding ({p.accumulator_rounding}), subnormals and overflow: NaN in, or
+// Inf - Inf, gives NaN; an infinity passes; zero + zero is -0 only when both are -0 (or
+// rounding toward -inf); x + 0 is x; an exact zero sum is +0 (-0 toward -inf).
+module {add} (
+    input  logic [{aw - 1}:0] x,
+    input  logic [{aw - 1}:0] y,
+    output logic [{aw - 1}:0] z
+);
+  localparam int AW = {aw};
+  logic x_nan, x_inf, x_zero, x_sign, y_nan, y_inf, y_zero, y_sign, ovf;
+  logic signed [{EXW - 1}:0] x_exp, y_exp;
+  logic [{mb}:0] x_sig, y_sig;
+  logic [{aw - 1}:0] sum;
+  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) ux (.code(x), .nan(x_nan), .inf(x_inf), .zero(x_zero), .sign(x_sign), .exp(x_exp), .sig(x_sig));
+  mxr_unpack #(.EB({eb}), .MB({mb}), .EXW({EXW})) uy (.code(y), .nan(y_nan), .inf(y_inf), .zero(y_zero), .sign(y_sign), .exp(y_exp), .sig(y_sig));
+  mxr_add_round #(.WX({mb + 2}), .WY({mb + 1}), .EB({eb}), .MB({mb}), .MODE({MODES[p.accumulator_rounding]}), .SUBN({int(p.accumulator_subnormals)}), .OVF_INF({ovf_inf}), .EXW({EXW})) add (
+      .x(x_sign ? -({mb + 2}'($unsigned(x_sig))) : {mb + 2}'($unsigned(x_sig))), .lsb_x(x_exp - {EXW}'sd{mb}),
+      .sign_y(y_sign), .mag_y(y_sig), .lsb_y(y_exp - {EXW}'sd{mb}), .code(sum), .ovf(ovf));
+  always_comb begin
+    if (x_nan || y_nan || (x_inf && y_inf && x_sign != y_sign)) z = {nan};
+    else if (x_inf) z = x;
+    else if (y_inf) z = y;
+    else if (x_zero && y_zero) z = {{{minus_zero}, {aw - 1}'d0}};
+    else if (y_zero) z = x;
+    else if (x_zero) z = y;
+    else if (x[AW-2:0] == y[AW-2:0] && x_sign != y_sign) z = {{{exact_zero}, {aw - 1}'d0}};
+    else z = sum;
+  end
+endmodule
+"""
 
     def _promote(self, name: str, outer: str, acc: str) -> str:
         """promotion_interval: the accumulator added into the outer fp32 accumulator (which c
@@ -778,7 +952,15 @@ class _Builder:
             x = (s_name, s_width, s_lsb)
             in_tree = False
         else:
-            x, in_tree = self._window_sum(t, index, positions, nz), p.accumulator_in_tree
+            if p.parity_windows:
+                x = self._parity_sum(t, index, positions, nz)
+            else:
+                x = self._window_sum(t, index, positions, nz)
+            in_tree = p.accumulator_in_tree
+            if p.second_alignment_bits is not None:
+                if self.state:
+                    return self._special_accumulator(t, ks, x, acc_in)
+                return self._second_align(t, x)
             x = self._normalise(t, *x)
         return self._accumulate(t, x, in_tree)
 
@@ -941,6 +1123,10 @@ class _Builder:
         self.emit(f"  assign {t}_has_zero = {zero_any};")
         if p.zero_term_exponent is not None:
             cands.append((f"{t}_has_zero", _signed(p.zero_term_exponent)))
+        if p.second_alignment_bits is not None or p.parity_windows:  # R only with a nonzero term
+            self.emit(
+                f"  logic {t}_nonzero; assign {t}_nonzero = {' || '.join(v for v, *_ in window_terms) or chr(48)};"
+            )
         self.emit("  // R: the largest exponent of a nonzero term (balanced max tree)")
         any_name, r_name = self._max_tree(f"{t}_rmax", cands)
         self.emit(f"  assign {t}_any = {any_name};")
@@ -982,6 +1168,73 @@ class _Builder:
         lsb = f"{t}_wlsb - {EXW}'sd1" if sticky else f"{t}_wlsb"
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_sum_lsb; assign {t}_sum_lsb = {lsb};")
         return f"{t}_sum", width, f"{t}_sum_lsb"
+
+    def _parity_sum(self, t: str, index: int, positions: list, nz: dict) -> tuple[str, int, str]:
+        """adder.parity_windows: the even and the odd tree positions each summed in a window of
+        its own (reference R_h), each sum kept toward -inf to multiples of 2^(R-F) for the
+        larger R, and added; ``{t}_r`` = R and ``{t}_nonzero`` as a single window gives them."""
+        f = self.p.align_fraction_bits
+        halves = []
+        for h, part in (("e", positions[0::2]), ("o", positions[1::2])):
+            if any(k is not None for k in part):
+                halves.append((f"{t}{h}", *self._window_sum(f"{t}{h}", index, part, nz)))
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_r, {t}_wlsb; logic {t}_nonzero;")
+        any_name, r_name = self._max_tree(
+            f"{t}_pmax", [(f"{h}_nonzero", f"{h}_r") for h, *_ in halves]
+        )
+        self.emit(f"  assign {t}_nonzero = {any_name};")
+        self.emit(f"  assign {t}_r = {r_name};")
+        self.emit(f"  assign {t}_wlsb = {t}_r - {EXW}'sd{f};")
+        width = max(w for _, _, w, _ in halves) + 3
+        kept = []
+        for h, s, w, lsb in halves:
+            self.emit(f"  logic signed [{w + 1}:0] {h}_kept;")
+            self.emit(
+                f"  mxr_window_term #(.WI({w}), .LMAX(0), .WO({w + 2}), .MODE(1), .EXW({EXW})) {h}_floor ("
+                f".sign({s}[{w - 1}]), .sig({s}[{w - 1}] ? {w}'(-{s}) : {w}'({s})), .lsb({lsb}), .wlsb({t}_wlsb), .out({h}_kept));"
+            )
+            kept.append(_sext(f"{h}_kept", w + 2, width))
+        self.emit(f"  logic signed [{width - 1}:0] {t}_sum; assign {t}_sum = {' + '.join(kept)};")
+        return f"{t}_sum", width, f"{t}_wlsb"
+
+    def _special_accumulator(self, t: str, ks: list, x: tuple, acc_in: str) -> str:
+        """special_accumulator_exponent e: a NaN/Inf accumulator (the running state of c's and
+        the earlier trees' specials) meets the tree at E = max(R, e); with no NaN/Inf of the
+        tree's own and e < E - F - 1 it is dropped, the accumulator's finite part with it.
+        The tree's specials join the state, then its overflow when the state holds none."""
+        p, aw = self.p, 1 + self.acc_eb + self.acc_mb
+        sn, sp, sm = self.state
+        own_n = " || ".join(f"p_nan[{k}]" for k in ks) or "1'b0"
+        own_p = " || ".join(f"(p_inf[{k}] && !p_sign[{k}])" for k in ks) or "1'b0"
+        own_m = " || ".join(f"(p_inf[{k}] && p_sign[{k}])" for k in ks) or "1'b0"
+        e, f = p.special_accumulator_exponent, p.align_fraction_bits
+        self.emit(f"  logic {t}_own_n, {t}_own_p, {t}_own_m, {t}_drop;")
+        self.emit(
+            f"  assign {t}_own_n = {own_n}; assign {t}_own_p = {own_p}; assign {t}_own_m = {own_m};"
+        )
+        self.emit(
+            f"  assign {t}_drop = ({sn} || {sp} || {sm}) && !({t}_own_n || {t}_own_p || {t}_own_m) && "
+            f"{t}_nonzero && {t}_r > {_signed(e + f + 1)};"
+        )
+        self.emit(
+            f"  logic [{aw - 1}:0] {t}_kept_acc; assign {t}_kept_acc = {t}_drop ? '0 : {acc_in};"
+        )
+        self._acc_unpack(f"{t}_k", f"{t}_kept_acc")
+        acc = self._second_align(t, x, f"{t}_k")
+        m = f"{t}_m"
+        self.emit(f"  logic {m}_n, {m}_p, {m}_m, {t}_sn, {t}_sp, {t}_sm;")
+        for x_, own, prev in (
+            ("n", f"{t}_own_n", sn),
+            ("p", f"{t}_own_p", sp),
+            ("m", f"{t}_own_m", sm),
+        ):
+            self.emit(f"  assign {m}_{x_} = {own} || (!{t}_drop && {prev});")
+        counts = f"({t}_ovf && !({m}_n || {m}_p || {m}_m))"
+        self.emit(f"  assign {t}_sn = {m}_n;")
+        self.emit(f"  assign {t}_sp = {m}_p || ({counts} && !{t}_rounded[{aw - 1}]);")
+        self.emit(f"  assign {t}_sm = {m}_m || ({counts} && {t}_rounded[{aw - 1}]);")
+        self.state = (f"{t}_sn", f"{t}_sp", f"{t}_sm")
+        return acc
 
     def _max_tree(self, prefix: str, cands: list) -> tuple[str, str]:
         """(valid, value) of the largest valid candidate, as a balanced tree of comparators."""
@@ -1055,6 +1308,74 @@ class _Builder:
                 f"  mxr_add_round #(.WX({width}), .WY({self.acc_mb + 1}), {common}) {t}_add (.x({s}), .lsb_x({lsb}), "
                 f".sign_y({a}_sign), .mag_y({a}_sig), .lsb_y({a}_exp - {EXW}'sd{self.acc_mb}), .code({t}_rounded), .ovf({t}_ovf));"
             )
+        return self._accumulated(t)
+
+    def _second_align(self, t: str, x: tuple, a: str | None = None) -> str:
+        """adder.second_alignment_bits n: at E = max(R, e) (R only when the tree has a nonzero
+        term; e the accumulator's alignment exponent, emin for zero and subnormals) the tree
+        sum kept to multiples of 2^(E-n-1), the accumulator to 2^(E-F), both toward -inf (the
+        accumulator dropped below E-F-1 with far_accumulator: zero); their sum cut toward -inf
+        to n+1 significant bits (no finer than 2^(emin-n)), rounded into the accumulator."""
+        p = self.p
+        s, width, lsb = x
+        n, f, mb = p.second_alignment_bits, p.align_fraction_bits, self.acc_mb
+        a, aw = a or f"{t}_a", 1 + self.acc_eb + self.acc_mb
+        emin = 2 - (1 << (self.acc_eb - 1))
+        g = max(n + 1, f)  # both kept values on the grid of LSB 2^(E-g)
+        l1, l2 = max(0, n + 1 - f), max(0, f - mb)
+        w1, w2 = width + l1 + 2, max(f, mb) + 4
+        wt = max(w1 + g - n - 1, w2 + g - f) + 1
+        self.emit(f"  // second alignment ({n} + 1 bits) of the tree sum and the accumulator.")
+        self.emit(f"  logic signed [{EXW - 1}:0] {t}_e2, {t}_cut_lsb, {t}_lead;")
+        self.emit(
+            f"  assign {t}_e2 = ({t}_nonzero && {t}_r > {a}_exp) ? {t}_r : {a}_exp;  // E = max(R, e)"
+        )
+        self.emit(f"  logic signed [{w1 - 1}:0] {t}_ks; logic signed [{w2 - 1}:0] {t}_ka;")
+        self.emit(
+            f"  mxr_window_term #(.WI({width}), .LMAX({l1}), .WO({w1}), .MODE(1), .EXW({EXW})) {t}_keep_sum ("
+            f".sign({s}[{width - 1}]), .sig({s}[{width - 1}] ? {width}'(-{s}) : {width}'({s})), .lsb({lsb}), "
+            f".wlsb({t}_e2 - {EXW}'sd{n + 1}), .out({t}_ks));"
+        )
+        self.emit(f"  logic signed [{w2 - 1}:0] {t}_ka_all;")
+        self.emit(
+            f"  mxr_window_term #(.WI({mb + 1}), .LMAX({l2}), .WO({w2}), .MODE(1), .EXW({EXW})) {t}_keep_acc ("
+            f".sign({a}_sign), .sig({a}_sig), .lsb({a}_exp - {EXW}'sd{mb}), .wlsb({t}_e2 - {EXW}'sd{f}), .out({t}_ka_all));"
+        )
+        drop = f"({a}_exp < {t}_e2 - {EXW}'sd{f + 1})" if p.far_accumulator == "zero" else "1'b0"
+        self.emit(f"  assign {t}_ka = {drop} ? '0 : {t}_ka_all;")
+        self.emit(f"  logic signed [{wt - 1}:0] {t}_tot; logic [{wt - 1}:0] {t}_tot_mag;")
+        self.emit(
+            f"  assign {t}_tot = ({_sext(f'{t}_ks', w1, wt)} <<< {g - n - 1}) + ({_sext(f'{t}_ka', w2, wt)} <<< {g - f});"
+        )
+        self.emit(f"  assign {t}_tot_mag = {t}_tot[{wt - 1}] ? -{t}_tot : {t}_tot;")
+        pw = _bits(wt) + 1
+        self.emit(f"  logic [{pw - 1}:0] {t}_tot_top;")
+        self.emit(
+            f"  mxr_msb #(.W({wt}), .PW({pw})) {t}_tot_msb (.x({t}_tot_mag), .pos({t}_tot_top));"
+        )
+        self.emit(
+            f"  assign {t}_lead = {t}_e2 - {EXW}'sd{g} + {EXW}'($signed({{1'b0, {t}_tot_top}}));"
+        )
+        self.emit(
+            f"  assign {t}_cut_lsb = ({t}_lead > {_signed(emin)} ? {t}_lead : {_signed(emin)}) - {EXW}'sd{n};"
+        )
+        w3 = n + 4
+        self.emit(f"  logic signed [{w3 - 1}:0] {t}_cut;")
+        self.emit(
+            f"  mxr_window_term #(.WI({wt}), .LMAX({n}), .WO({w3}), .MODE(1), .EXW({EXW})) {t}_cut_sum ("
+            f".sign({t}_tot[{wt - 1}]), .sig({t}_tot_mag), .lsb({t}_e2 - {EXW}'sd{g}), .wlsb({t}_cut_lsb), .out({t}_cut));"
+        )
+        self.emit(f"  logic [{aw - 1}:0] {t}_rounded, {t}_acc; logic {t}_ovf;")
+        self.emit(
+            f"  {self._round_inst(f'{t}_round', f'{t}_cut[{w3 - 1}]', f'{t}_cut[{w3 - 1}] ? {w3}' + chr(39) + f'(-{t}_cut) : {w3}' + chr(39) + f'({t}_cut)', w3, f'{t}_cut_lsb', p.accumulator_format, p.accumulator_rounding, p.accumulator_subnormals, self._acc_ovf_inf(), f'{t}_rounded', f'{t}_ovf')}"
+        )
+        return self._accumulated(t)
+
+    def _accumulated(self, t: str) -> str:
+        """The tree's rounded accumulator ``{t}_rounded`` (overflow ``{t}_ovf``) as the next
+        accumulator: an overflow becomes the running special and the accumulator 0."""
+        p = self.p
+        a, aw = f"{t}_a", 1 + self.acc_eb + self.acc_mb
         rounded = f"{t}_rounded"
         if p.output_zero_sign == "ieee_steps":
             # an IEEE step: its exact zero is -0 when the accumulator and every product are -0
@@ -1144,7 +1465,7 @@ class _Builder:
 
     def _output(self, acc: str) -> None:
         """Step 7 and the specials: NaN, the infinities, the sign of zero."""
-        p, u = self.p, self.unit
+        p = self.p
         ob, om = _format_shape(p.output_format)
         ow = 1 + ob + om
         self.emit(
@@ -1176,13 +1497,18 @@ class _Builder:
         self.emit(f"  assign ovf_sign = {''.join(f'{c} ? {sg} : ' for c, sg in conds)}1'b0;")
         nans = ["c_nan", "(|p_nan)"] + (["(|s_nan)"] if p.scales == "group_sum" else [])
         self.emit("  logic any_nan, pos_inf, neg_inf;")
-        self.emit(f"  assign any_nan = {' || '.join(nans)};")
-        self.emit(
-            "  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);"
-        )
-        self.emit(
-            "  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);"
-        )
+        if self.state:  # the state after the last tree
+            self.emit(
+                f"  assign any_nan = {self.state[0]}; assign pos_inf = {self.state[1]}; assign neg_inf = {self.state[2]};"
+            )
+        else:
+            self.emit(f"  assign any_nan = {' || '.join(nans)};")
+            self.emit(
+                "  assign pos_inf = (c_inf && !c_sign) || (|(p_inf & ~p_sign)) || (ovf_counts && !ovf_sign);"
+            )
+            self.emit(
+                "  assign neg_inf = (c_inf && c_sign) || (|(p_inf & p_sign)) || (ovf_counts && ovf_sign);"
+            )
         negzero = [self.negative_zero_c] + self.negzero_terms
         # ieee_steps: the accumulator carries each step's zero sign (an exact accumulator
         # is one step, the ieee rule)
@@ -1212,13 +1538,19 @@ class _Builder:
             self.emit(f"      result = {{o_rounded[{ow - 1}] || all_negative_zero, {ow - 1}'d0}};")
         self.emit("    end else result = o_rounded;")
         self.emit("  end")
+        self._result("result")
+
+    def _result(self, result: str) -> None:
+        """d: ``result``, through the pipeline's register stages when there are any."""
+        u = self.unit
+        ow = 1 + sum(_format_shape(self.p.output_format))
         if u.pipeline:
             self.emit(f"  logic [{ow - 1}:0] {', '.join(f'stage{i}' for i in range(u.pipeline))};")
             self.emit("  always_ff @(posedge clk) begin")
-            self.emit("    stage0 <= result;")
+            self.emit(f"    stage0 <= {result};")
             for i in range(1, u.pipeline):
                 self.emit(f"    stage{i} <= stage{i - 1};")
             self.emit("  end")
             self.emit(f"  assign d = stage{u.pipeline - 1};")
         else:
-            self.emit("  assign d = result;")
+            self.emit(f"  assign d = {result};")
