@@ -233,15 +233,29 @@ TORCHAO_CONFIGS = {  # name -> (element dtype, mxsim format, scaling mode, mxsim
 }
 
 
+def save_torchao_dir(model, base, folder):
+    """``model``'s state dict saved as torchao saves one (``flatten_tensor_state_dict`` into
+    ``model.safetensors``), beside its config and ``base``'s tokenizer files."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+
+    tensors, metadata = flatten_tensor_state_dict(model.state_dict())
+    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"), metadata=metadata)
+    model.config.save_pretrained(folder)
+    for file in base.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(file, folder / file.name)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def torchao_dirs(torch, tmp_path_factory):
     """name -> (checkpoint directory, torchao's quantized bf16 model)."""
     import_or_skip("torchao.prototype.mx_formats", "oracles")
     transformers = pytest.importorskip("transformers")
-    safetensors_torch = pytest.importorskip("safetensors.torch")
+    pytest.importorskip("safetensors.torch")
     from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
     from torchao.quantization import quantize_
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
@@ -261,13 +275,7 @@ def torchao_dirs(torch, tmp_path_factory):
             # torchao's CPU kernels refuse the pooler's input (a strided slice of the states)
             filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and "pooler" not in fqn,
         )
-        folder = tmp_path_factory.mktemp("torchao")
-        tensors, metadata = flatten_tensor_state_dict(model.state_dict())
-        safetensors_torch.save_file(tensors, str(folder / "model.safetensors"), metadata=metadata)
-        model.config.save_pretrained(folder)
-        for file in base.iterdir():
-            if file.name.startswith(("tokenizer", "special_tokens")):
-                shutil.copy(file, folder / file.name)
+        folder = save_torchao_dir(model, base, tmp_path_factory.mktemp("torchao"))
         made[name] = (folder, model.eval())
     return made
 
@@ -341,11 +349,10 @@ def test_a_torchao_nvfp4_state_dict_loads_with_torchaos_codes_scales_and_outputs
     (``torch.save``), the same state dict is refused in one line."""
     import_or_skip("torchao.prototype.mx_formats", "oracles")
     transformers = pytest.importorskip("transformers")
-    safetensors_torch = pytest.importorskip("safetensors.torch")
+    pytest.importorskip("safetensors.torch")
     from torchao.prototype.mx_formats import NVFP4WeightOnlyConfig
     from torchao.prototype.mx_formats.kernels import unpack_uint4
     from torchao.prototype.mx_formats.utils import from_blocked
-    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
     from torchao.quantization import quantize_
 
     from mxsim.evaluate.models import load_hf
@@ -354,13 +361,7 @@ def test_a_torchao_nvfp4_state_dict_loads_with_torchaos_codes_scales_and_outputs
     base = tiny_hf_dir(torch, tmp_path_factory.mktemp("bert"), "embedding")
     library = realistic_bert(torch, transformers, base).to(torch.bfloat16).eval()
     quantize_(library, NVFP4WeightOnlyConfig(use_dynamic_per_tensor_scale=True))
-    folder = tmp_path_factory.mktemp("torchao-nvfp4")
-    tensors, metadata = flatten_tensor_state_dict(library.state_dict())
-    safetensors_torch.save_file(tensors, str(folder / "model.safetensors"), metadata=metadata)
-    library.config.save_pretrained(folder)
-    for file in base.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(file, folder / file.name)
+    folder = save_torchao_dir(library, base, tmp_path_factory.mktemp("torchao-nvfp4"))
     batch, trace, ours = mxsim_read(torch, folder)
     want, out = library_outputs(torch, library, batch)
     modules = dict(library.named_modules())
