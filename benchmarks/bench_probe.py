@@ -626,22 +626,19 @@ def render(results: dict) -> str:
             f"{when['load_average']:.1f} before and {results['after']['load_average']:.1f} after."
         )
         rows += totals(runs)
-    else:  # rows of several runs (--update): the span of their stamps above the table
+    else:  # rows of several runs (--update): their commits and loads above the table
         rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + [cells(run) for run in runs]
         rows += totals(runs)
         stamps = [
-            run.figures.get("measured")
-            or {"date": when["date"], "commit": None, "load_average": when["load_average"]}
+            run.figures.get("measured") or {"commit": None, "load_average": when["load_average"]}
             for run in runs
         ]
-        dates = sorted(s["date"] for s in stamps)
         loads = [s["load_average"] for s in stamps]
         commits = sorted({s["commit"] or "commit unknown" for s in stamps})
         head = (
-            f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, in several runs from "
-            f"{dates[0]} to {dates[-1]} ({', '.join(commits)}; load average "
-            f"{min(loads):.1f} to {max(loads):.1f} before each row); the results file keeps "
-            "each row's date, commit and load average."
+            f"Measured with mxsim {when['mxsim']}, {when['cores']} cores, in several runs "
+            f"({', '.join(commits)}; load average {min(loads):.1f} to {max(loads):.1f} before "
+            "each row); the results file keeps each row's date, commit and load average."
         )
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join([head, "", *lines])

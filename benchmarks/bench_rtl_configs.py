@@ -160,8 +160,7 @@ def table(results: dict) -> str:
         f"First format pair of each config, K = {results['setup']['k']}; vectors: "
         f"{results['setup']['vectors']}, every output bit compared (Icarus / Verilator); Yosys: "
         "processor seconds of Yosys and ABC. Recorded at commit "
-        f"{', '.join(sorted({s['commit'] for s in stamps}))}, "
-        f"{min(s['date'] for s in stamps)[:10]}, shared 2-core machine "
+        f"{', '.join(sorted({s['commit'] for s in stamps}))}, shared 2-core machine "
         f"(load average {min(loads):.0f} to {max(loads):.0f}).",
         "",
         "| config (stands for) | pair | K | vectors | mismatches | cells | transistors | depth | Yosys s |",

@@ -248,6 +248,16 @@ def save_torchao_dir(model, base, folder):
     return folder
 
 
+def pickled_copy(torch, model, folder):
+    """A copy of the checkpoint ``folder`` with ``model``'s state dict pickled
+    (``torch.save`` into ``pytorch_model.bin``) in place of its safetensors."""
+    pickled = folder.parent / f"{folder.name}-pickled"
+    shutil.copytree(folder, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    return pickled
+
+
 @pytest.fixture(scope="module")
 def torchao_dirs(torch, tmp_path_factory):
     """name -> (checkpoint directory, torchao's quantized bf16 model)."""
@@ -323,12 +333,8 @@ def test_a_torchao_state_dict_loads_with_torchaos_codes_scales_and_layer_outputs
     assert worst >= 100, worst
     assert np.array_equal(out, ours)  # the model mxsim built computes torchao's model
     # the same state dict pickled (torch.save), as torchao's own docs save it: refused
-    pickled = folder.parent / f"{folder.name}-pickled"
-    shutil.copytree(folder, pickled)
-    (pickled / "model.safetensors").unlink()
-    torch.save(library.state_dict(), pickled / "pytorch_model.bin")
     with pytest.raises(MxsimError, match="holds MXTensor tensors .* not read from a pickled"):
-        load_hf(pickled, "embedding")
+        load_hf(pickled_copy(torch, library, folder), "embedding")
     # the blocked scale layout (torchao's default off CPU) read as torchao writes it
     codes = np.random.default_rng(0).integers(0, 255, (130, 6), dtype=np.uint8)
     blocked = to_blocked(torch.from_numpy(codes)).numpy()
@@ -393,12 +399,8 @@ def test_a_torchao_nvfp4_state_dict_loads_with_torchaos_codes_scales_and_outputs
     assert worst >= 100, worst
     assert equal / total > 0.9, equal / total  # torch's CPU bf16 GEMM rounds some differently
     assert np.array_equal(out, ours)  # the model mxsim built computes torchao's model
-    pickled = folder.parent / f"{folder.name}-pickled"
-    shutil.copytree(folder, pickled)
-    (pickled / "model.safetensors").unlink()
-    torch.save(library.state_dict(), pickled / "pytorch_model.bin")
     with pytest.raises(MxsimError, match="holds NVFP4Tensor tensors .* not read from a pickled"):
-        load_hf(pickled, "embedding")
+        load_hf(pickled_copy(torch, library, folder), "embedding")
 
 
 # ---------------------------------------------------------------------------- refusals
