@@ -345,18 +345,26 @@ def _lane_scratch(lanes):
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
-    """maxima[lane] = max over k in [start, stop) of exponents[codes[k]] + tile_exponents[k, lane]
-    (int8): one row of A against a tile of B's columns. Four k per pass over the lanes, so
-    that the loop overhead and the loads and stores of maxima are paid once for four terms."""
-    maxima[:] = -128
+def _pair_maxima(codes0, codes1, exponents, tile_exponents, start, stop, maxima0, maxima1):
+    """maxima0[lane] = max over k in [start, stop) of exponents[codes0[k]] + tile_exponents[k, lane]
+    (int8), maxima1 alike for codes1: two rows of A against a tile of B's columns. Two rows and
+    four k per pass over the lanes, so that each load of the tile serves two rows and the loop
+    overhead and the loads and stores of the maxima are paid once for four terms."""
+    maxima0[:] = -128
+    maxima1[:] = -128
     k = start
     while k + 4 <= stop:
         e0, e1, e2, e3 = (
-            exponents[codes[k]],
-            exponents[codes[k + 1]],
-            exponents[codes[k + 2]],
-            exponents[codes[k + 3]],
+            exponents[codes0[k]],
+            exponents[codes0[k + 1]],
+            exponents[codes0[k + 2]],
+            exponents[codes0[k + 3]],
+        )
+        f0, f1, f2, f3 = (
+            exponents[codes1[k]],
+            exponents[codes1[k + 1]],
+            exponents[codes1[k + 2]],
+            exponents[codes1[k + 3]],
         )
         b0, b1, b2, b3 = (
             tile_exponents[k],
@@ -364,43 +372,62 @@ def _row_maxima(codes, exponents, tile_exponents, start, stop, maxima):
             tile_exponents[k + 2],
             tile_exponents[k + 3],
         )
-        for lane in range(maxima.shape[0]):
-            first = max(np.int8(e0 + b0[lane]), np.int8(e1 + b1[lane]))
-            second = max(np.int8(e2 + b2[lane]), np.int8(e3 + b3[lane]))
-            maxima[lane] = max(maxima[lane], max(first, second))
+        for lane in range(maxima0.shape[0]):
+            x0, x1, x2, x3 = b0[lane], b1[lane], b2[lane], b3[lane]
+            first = max(np.int8(e0 + x0), np.int8(e1 + x1))
+            second = max(np.int8(e2 + x2), np.int8(e3 + x3))
+            maxima0[lane] = max(maxima0[lane], max(first, second))
+            first = max(np.int8(f0 + x0), np.int8(f1 + x1))
+            second = max(np.int8(f2 + x2), np.int8(f3 + x3))
+            maxima1[lane] = max(maxima1[lane], max(first, second))
         k += 4
     for k in range(k, stop):
-        e0, b0 = exponents[codes[k]], tile_exponents[k]
-        for lane in range(maxima.shape[0]):
-            maxima[lane] = max(maxima[lane], np.int8(e0 + b0[lane]))
+        e0, f0, b0 = exponents[codes0[k]], exponents[codes1[k]], tile_exponents[k]
+        for lane in range(maxima0.shape[0]):
+            maxima0[lane] = max(maxima0[lane], np.int8(e0 + b0[lane]))
+            maxima1[lane] = max(maxima1[lane], np.int8(f0 + b0[lane]))
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def _row_group(codes, values, tile_values, factors, start, stop, partial):
-    """partial[lane] = sum over k in [start, stop) of the truncated term
-    int32(values[codes[k]] * tile_values[k, lane] * factors[lane]): one int32 group of one row
-    of A against a tile of B's columns (the caller bounds the group so that no sum of its
-    terms overflows). Four k per pass over the lanes, as in :func:`_row_maxima`."""
-    partial[:] = 0
+def _pair_group(codes0, codes1, values, tile_values, factors0, factors1, start, stop, partial0, partial1):
+    """partial0[lane] = sum over k in [start, stop) of the truncated term
+    int32(values[codes0[k]] * tile_values[k, lane] * factors0[lane]), partial1 alike for
+    codes1 and factors1: one int32 group of two rows of A against a tile of B's columns (the
+    caller bounds the group so that no sum of its terms overflows). Two rows and four k per
+    pass over the lanes, as in :func:`_pair_maxima`."""
+    partial0[:] = 0
+    partial1[:] = 0
     k = start
     while k + 4 <= stop:
         v0, v1, v2, v3 = (
-            values[codes[k]],
-            values[codes[k + 1]],
-            values[codes[k + 2]],
-            values[codes[k + 3]],
+            values[codes0[k]],
+            values[codes0[k + 1]],
+            values[codes0[k + 2]],
+            values[codes0[k + 3]],
+        )
+        w0, w1, w2, w3 = (
+            values[codes1[k]],
+            values[codes1[k + 1]],
+            values[codes1[k + 2]],
+            values[codes1[k + 3]],
         )
         b0, b1, b2, b3 = tile_values[k], tile_values[k + 1], tile_values[k + 2], tile_values[k + 3]
-        for lane in range(partial.shape[0]):
-            factor = factors[lane]
-            first = np.int32(v0 * b0[lane] * factor) + np.int32(v1 * b1[lane] * factor)
-            second = np.int32(v2 * b2[lane] * factor) + np.int32(v3 * b3[lane] * factor)
-            partial[lane] += first + second
+        for lane in range(partial0.shape[0]):
+            x0, x1, x2, x3 = b0[lane], b1[lane], b2[lane], b3[lane]
+            factor = factors0[lane]
+            first = np.int32(v0 * x0 * factor) + np.int32(v1 * x1 * factor)
+            second = np.int32(v2 * x2 * factor) + np.int32(v3 * x3 * factor)
+            partial0[lane] += first + second
+            factor = factors1[lane]
+            first = np.int32(w0 * x0 * factor) + np.int32(w1 * x1 * factor)
+            second = np.int32(w2 * x2 * factor) + np.int32(w3 * x3 * factor)
+            partial1[lane] += first + second
         k += 4
     for k in range(k, stop):
-        v0, b0 = values[codes[k]], tile_values[k]
-        for lane in range(partial.shape[0]):
-            partial[lane] += np.int32(v0 * b0[lane] * factors[lane])
+        v0, w0, b0 = values[codes0[k]], values[codes1[k]], tile_values[k]
+        for lane in range(partial0.shape[0]):
+            partial0[lane] += np.int32(v0 * b0[lane] * factors0[lane])
+            partial1[lane] += np.int32(w0 * b0[lane] * factors1[lane])
 
 
 @njit(cache=True)
@@ -438,6 +465,7 @@ def _column_tile(
     acc = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
     maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
+    maxima1, shifts1, references1, factors1, partial1, totals1 = _lane_scratch(lanes)
     for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
         row0 = row_block * ROW_BLOCK
         rows = min(ROW_BLOCK, n_rows - row0)
@@ -449,30 +477,44 @@ def _column_tile(
         for start in range(0, length, fused_terms):
             stop = min(start + fused_terms, length)
             block = start // block_size
-            for row in range(rows):
-                m = row0 + row
-                row_codes = codes_a[m]
-                _row_maxima(row_codes, a_exponents, tile_exponents, start, stop, maxima)
+            # Rows in pairs (the tile's loads serve both); an odd last row runs as its own
+            # pair's second row too, its copy's results discarded.
+            for row in range(0, rows, 2):
+                other = min(row + 1, rows - 1)
+                m, n = row0 + row, row0 + other
+                _pair_maxima(
+                    codes_a[m], codes_a[n], a_exponents, tile_exponents, start, stop, maxima, maxima1
+                )
                 if scaled:
                     scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]
+                    scale_b = 0 if scales_a[n, block] == SCALE_NAN else scales_a[n, block]
                     scales = tile_scales[block]
                     for lane in range(lanes):
                         shifts[lane] = scale_a + scales[lane]
+                        shifts1[lane] = scale_b + scales[lane]
                 tree_references(maxima, shifts, acc[row], references, factors, cfg)
+                tree_references(maxima1, shifts1, acc[other], references1, factors1, cfg)
                 totals[:] = 0
+                totals1[:] = 0
                 for group_start in range(start, stop, group):
-                    _row_group(
-                        row_codes,
+                    _pair_group(
+                        codes_a[m],
+                        codes_a[n],
                         a_values,
                         tile_values,
                         factors,
+                        factors1,
                         group_start,
                         min(group_start + group, stop),
                         partial,
+                        partial1,
                     )
                     for lane in range(lanes):
                         totals[lane] += partial[lane]
+                        totals1[lane] += partial1[lane]
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
+                if other != row:
+                    finish_tree(totals1, references1, acc[other], tile_flags[other], cfg)
         for row in range(rows):
             encode_outputs(
                 acc[row], tile_flags[row], out[row0 + row, column0 : column0 + lanes], cfg
