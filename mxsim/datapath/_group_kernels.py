@@ -27,34 +27,19 @@ from .schema import NO_ZERO_TERM_EXPONENT
 
 
 @njit(cache=True)
-def _products_all_zero(codes_a, codes_b, a_values, b_values, start, stop):
-    """Whether every product a_k * b_k, k in [start, stop), is zero (a group whose sum is 0:
-    all-zero, a zero term, or cancelling, a term of value 0 that still sets R)."""
-    for k in range(start, stop):
-        if a_values[codes_a[k]] * b_values[codes_b[k]] != 0.0:
-            return False
-    return True
-
-
-@njit(cache=True)
 def _group_row(
     row,
     group_sums,
-    codes_a,
-    codes_b,
     c_values,
-    a_values,
-    b_values,
     scale_a_values,
     scale_a_exponents,
-    zero_a,
+    mask_a,
     scale_b_values,
     scale_b_exponents,
-    zero_b,
+    mask_b,
     bad_rows,
     bad_columns,
     groups_per_tree,
-    group_terms,
     cfg,
     out,
     flags,
@@ -62,7 +47,6 @@ def _group_row(
     """Output row ``row``, its columns the lanes: per tree each lane's reference R, its
     truncated group terms summed, then the window kernels' :func:`finish_tree`."""
     n_groups, _, lanes = group_sums.shape
-    length = codes_a.shape[1]
     window = cfg[W_WINDOW_BITS]
     in_tree = cfg[W_ACC_IN_TREE] != 0
     floor = cfg[W_ZERO_FLOOR]
@@ -73,45 +57,34 @@ def _group_row(
         lane_flags[lane] = bad_rows[row] | bad_columns[lane]
     start_accumulators(c_values[row % c_values.shape[0]], 0, acc, lane_flags, cfg)
     references = np.empty(lanes, dtype=np.int64)
+    largest = np.empty(lanes, dtype=np.int32)  # the largest group term exponent (8 lanes a vector)
     factors = np.empty(lanes)
     sums = np.empty(lanes)  # the tree's integer sum, exact in float64 (finish_tree)
-    exponents = np.empty(lanes, dtype=np.int64)  # the group term's alignment exponent per lane
-    undecided = np.zeros(-(-lanes // 8) * 8, dtype=np.uint8)  # sum 0, neither operand group zero
-    undecided_words = undecided.view(np.uint64)  # eight lanes at a time: most words are 0
     for first in range(0, n_groups, groups_per_tree):
         last = min(first + groups_per_tree, n_groups)
-        for lane in range(lanes):
-            reference = NO_REFERENCE
-            if in_tree:  # a zero accumulator in the tree is a zero term
-                reference = _exponent(acc[lane]) if acc[lane] != 0.0 else zero_reference
-            references[lane] = reference
+        largest[:] = -(1 << 30) if in_tree else NO_REFERENCE  # in the tree: the accumulator's below
         for g in range(first, last):
-            row_sums = group_sums[g, row]
-            zero_row = zero_a[row, g]
+            # A zero term (every product 0: no element position nonzero in both masks, or a
+            # zero scale, whose group's mask is 0) sits at the zero-term exponent; any other
+            # group, cancelling ones included, at its scales' exponent sum.
+            row_mask = mask_a[row, g]
             exponent_a = scale_a_exponents[row, g]
             exponents_b = scale_b_exponents[g]
-            zeros_b = zero_b[g]
+            masks_b = mask_b[g]
             for lane in range(lanes):
-                zero = zero_row | zeros_b[lane]
-                exponents[lane] = zero_reference if zero else exponent_a + exponents_b[lane]
-                undecided[lane] = (row_sums[lane] == 0.0) & (not zero)
-            start = g * group_terms
-            for word in range(
-                undecided_words.shape[0]
-            ):  # a zero sum of nonzero operands: rare, scanned
-                if undecided_words[word] != 0:
-                    for lane in range(8 * word, min(8 * word + 8, lanes)):
-                        if undecided[lane] and _products_all_zero(
-                            codes_a[row],
-                            codes_b[lane],
-                            a_values,
-                            b_values,
-                            start,
-                            min(start + group_terms, length),
-                        ):
-                            exponents[lane] = zero_reference
-            for lane in range(lanes):
-                references[lane] = max(references[lane], exponents[lane])
+                exponent = np.int32(
+                    exponent_a + exponents_b[lane]
+                    if (row_mask & masks_b[lane]) != 0
+                    else zero_reference
+                )
+                largest[lane] = max(largest[lane], exponent)
+        for lane in range(lanes):
+            reference = np.int64(largest[lane])
+            if in_tree:  # a zero accumulator in the tree is a zero term
+                reference = max(
+                    reference, _exponent(acc[lane]) if acc[lane] != 0.0 else zero_reference
+                )
+            references[lane] = reference
         for lane in range(lanes):
             factors[lane] = power_of_two(window - references[lane])
             sums[lane] = 0.0
@@ -134,21 +107,16 @@ def _group_row(
 @njit(cache=True, nogil=True)
 def group_rows(
     group_sums,
-    codes_a,
-    codes_b,
     c_values,
-    a_values,
-    b_values,
     scale_a_values,
     scale_a_exponents,
-    zero_a,
+    mask_a,
     scale_b_values,
     scale_b_exponents,
-    zero_b,
+    mask_b,
     bad_rows,
     bad_columns,
     groups_per_tree,
-    group_terms,
     cfg,
     out,
     flags,
@@ -156,32 +124,27 @@ def group_rows(
     """The R rows of a tile of the GEMM from ``group_sums`` (G, R, N): the exact sum of each
     group g of products of the tile's rows of A with the columns of B.
 
-    ``codes_a`` (R, K), ``codes_b`` (N, K) with ``a_values``/``b_values`` (their tables, 0 for
-    non-finite codes) for the rare all-zero check; ``scale_*_values`` the group's scale value
-    (0 for NaN), ``scale_*_exponents`` its alignment exponent, ``zero_*`` whether the operand's
-    group is all zero or its scale is zero, A's as (R, G), B's as (G, N); ``bad_rows``/
-    ``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (R, N) or (1, 1). out[r, n]
-    gets the output code, flags[r, n] = 1 where the generic kernel must compute it. Serial and
-    without the GIL: the caller runs row tiles on its own threads, each with its GEMMs."""
+    ``scale_*_values`` the group's scale value (0 for NaN), ``scale_*_exponents`` its
+    alignment exponent (int32), ``mask_*`` (uint32) bit i set where the group's i-th element is
+    nonzero (and finite) and its scale is nonzero, A's as (R, G), B's as (G, N);
+    ``bad_rows``/``bad_columns``: NaN/Inf elements or NaN scales. ``c_values`` (R, N) or
+    (1, 1). out[r, n] gets the output code, flags[r, n] = 1 where the generic kernel must
+    compute it. Serial and without the GIL: the caller runs row tiles on its own threads,
+    each with its GEMMs."""
     for row in range(group_sums.shape[1]):
         _group_row(
             row,
             group_sums,
-            codes_a,
-            codes_b,
             c_values,
-            a_values,
-            b_values,
             scale_a_values,
             scale_a_exponents,
-            zero_a,
+            mask_a,
             scale_b_values,
             scale_b_exponents,
-            zero_b,
+            mask_b,
             bad_rows,
             bad_columns,
             groups_per_tree,
-            group_terms,
             cfg,
             out,
             flags,

@@ -79,7 +79,7 @@ class _Setup:
     b_values: np.ndarray
     b_finite: np.ndarray
     scale_values: np.ndarray  # float64 value per scale code, 0 for NaN
-    scale_exponents: np.ndarray  # int64 alignment exponent per scale code
+    scale_exponents: np.ndarray  # int32 alignment exponent per scale code
     scale_nan: np.ndarray  # bool per scale code
     cfg: np.ndarray  # the window kernels' configuration vector (tree end, accumulator, output)
 
@@ -95,8 +95,8 @@ def _significant_bits(values: np.ndarray) -> int:
 def _setup(params: DatapathParams) -> _Setup | None:
     """The route's tables, or None where its arithmetic is not exact (module docstring)."""
     group = params.group_terms
-    if params.block_size % group or params.fused_terms % group:
-        return None
+    if params.block_size % group or params.fused_terms % group or group > 32:
+        return None  # (a group's nonzero elements are a uint32 mask)
     a_fmt, b_fmt, scale_fmt = (
         get_format(name) for name in (params.a_format, params.b_format, params.scale_format)
     )
@@ -155,7 +155,7 @@ def _setup(params: DatapathParams) -> _Setup | None:
         np.where(np.isfinite(b_values), b_values, 0.0),
         np.isfinite(b_values),
         np.where(scale_nan, 0.0, scale_values),
-        scale_exponents.astype(np.int64),
+        scale_exponents.astype(np.int32),
         scale_nan,
         cfg,
     )
@@ -170,7 +170,9 @@ def groups_apply(params: DatapathParams) -> bool:
 
 def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups):
     """(element values (rows, groups * G) in the GEMM's dtype, zero padded; per group: scale
-    value, scale exponent, whether the group is zero (all elements 0 or scale 0))."""
+    value, scale exponent (int32), and a uint32 mask whose bit i is set where the group's i-th element
+    is nonzero, all bits clear where the scale is zero: a group of products is all zero
+    exactly when the masks of its two operands share no bit)."""
     rows, length = codes.shape
     group = params.group_terms
     values = np.zeros((rows, n_groups * group), dtype=setup.dtype)
@@ -178,8 +180,18 @@ def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups)
     blocks = (np.arange(n_groups) * group) // params.block_size
     scale_codes = np.ascontiguousarray(scales[:, blocks])  # (C order: one kernel signature)
     scale_values = setup.scale_values[scale_codes]
-    zero = (values.reshape(rows, n_groups, group) == 0).all(axis=2) | (scale_values == 0)
-    return values, scale_values, setup.scale_exponents[scale_codes], zero
+    bits = np.left_shift(np.uint32(1), np.arange(group, dtype=np.uint32))
+    masks = ((values.reshape(rows, n_groups, group) != 0) * bits).sum(axis=2, dtype=np.uint32)
+    masks[scale_values == 0] = 0  # (distinct bits: their sum is their OR)
+    return values, scale_values, setup.scale_exponents[scale_codes], masks
+
+def _unusable(finite, codes, scale_nan, scales) -> np.ndarray:
+    """Per row, whether it holds a non-finite element or a NaN scale (the elements are not
+    looked at for a format whose every code is finite)."""
+    bad = scale_nan[scales].any(axis=1)
+    if not finite.all():
+        bad |= ~finite[codes].all(axis=1)
+    return bad
 
 
 def groups_matmul(
@@ -194,23 +206,23 @@ def groups_matmul(
     group = params.group_terms
     n_groups = -(-length // group)
     flags = np.empty(out.shape, dtype=np.uint8)
-    bad_rows = ~setup.a_finite[codes_a].all(axis=1) | setup.scale_nan[scales_a].any(axis=1)
-    bad_columns = ~setup.b_finite[codes_b].all(axis=1) | setup.scale_nan[scales_b].any(axis=1)
-    values_b, scale_b, exponents_b, zero_b = _group_operand(
+    bad_rows = _unusable(setup.a_finite, codes_a, setup.scale_nan, scales_a)
+    bad_columns = _unusable(setup.b_finite, codes_b, setup.scale_nan, scales_b)
+    values_b, scale_b, exponents_b, mask_b = _group_operand(
         setup, setup.b_values, codes_b, scales_b, params, n_groups
     )
     gemm_b = np.ascontiguousarray(
         values_b.reshape(columns, n_groups, group).transpose(1, 2, 0)
     )  # (groups, G, N)
-    scale_b, exponents_b, zero_b = (
-        np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, zero_b)
+    scale_b, exponents_b, mask_b = (
+        np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, mask_b)
     )
     del values_b
     tiles = range(0, rows, ROW_TILE)
 
     def run_tile(start):
         stop = min(start + ROW_TILE, rows)
-        values_a, scale_a, exponents_a, zero_a = _group_operand(
+        values_a, scale_a, exponents_a, mask_a = _group_operand(
             setup, setup.a_values, codes_a[start:stop], scales_a[start:stop], params, n_groups
         )
         group_sums = np.matmul(
@@ -218,21 +230,16 @@ def groups_matmul(
         )
         GK.group_rows(
             group_sums,
-            codes_a[start:stop],
-            codes_b,
             c_values[start:stop] if c_values.shape[0] > 1 else c_values,
-            setup.a_values,
-            setup.b_values,
             scale_a,
             exponents_a,
-            zero_a,
+            mask_a,
             scale_b,
             exponents_b,
-            zero_b,
+            mask_b,
             bad_rows[start:stop],
             bad_columns,
             params.fused_terms // group,
-            group,
             setup.cfg,
             out[start:stop],
             flags[start:stop],
