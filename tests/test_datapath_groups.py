@@ -130,8 +130,9 @@ def group_params(draw) -> DatapathParams:
 
 def operands(params, rng, rows, length, columns, corners: bool, spread: int):
     """Element codes of Gaussian data (B as (N, K)) and scale codes within 2^±spread of 1;
-    with ``corners`` scattered zeros, an all-zero group, a group whose products cancel, zero
-    and NaN scales and (E4M3) a NaN element."""
+    with ``corners`` scattered zeros, an all-zero group, a group whose products cancel, a
+    group whose products are all 0 with neither operand's group all zero, zero and NaN scales
+    and (E4M3) a NaN element."""
     codes = []
     for fmt_name, shape in (
         (params.a_format, (rows, length)),
@@ -156,6 +157,12 @@ def operands(params, rng, rows, length, columns, corners: bool, spread: int):
         a[-1, :2] = fmt.encode(
             np.array([1.0, -1.0])
         )  # a[-1] . b over this group: 1 - 1 = 0, products nonzero
+    group = params.group_terms
+    if corners and length >= 2 * group:  # row 0's second group: every product 0, no group all zero
+        a[0, group : 2 * group : 2] = 0
+        a[0, group + 1 : 2 * group : 2] = get_format(params.a_format).encode(np.array([1.5]))[0]
+        b[:, group : 2 * group : 2] = get_format(params.b_format).encode(np.array([-3.0]))[0]
+        b[:, group + 1 : 2 * group : 2] = 0
     blocks = -(-length // params.block_size)
     scale = get_format(params.scale_format)
     scales = []
