@@ -21,7 +21,8 @@ the lanes with the tree position outside:
 
 A GEMM work item is a tile of ``LANES`` columns: it decodes its columns of B once into a
 (K, lanes) tile of float32 values and int8 exponents and runs rows of A against it,
-``ROW_BLOCK`` rows at a time so that one tree's slice of the tile stays in cache across them.
+``ROW_BLOCK`` rows at a time so that one tree's slice of the tile stays in cache across them,
+two rows per pass over the lanes so that each load of the tile serves both.
 
 Whatever this fast path does not model exactly — NaN/Inf elements, NaN scales, c non-finite
 or -0, and any accumulator or output value outside the normal range of its format
@@ -389,7 +390,9 @@ def _pair_maxima(codes0, codes1, exponents, tile_exponents, start, stop, maxima0
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def _pair_group(codes0, codes1, values, tile_values, factors0, factors1, start, stop, partial0, partial1):
+def _pair_group(
+    codes0, codes1, values, tile_values, factors0, factors1, start, stop, partial0, partial1
+):
     """partial0[lane] = sum over k in [start, stop) of the truncated term
     int32(values[codes0[k]] * tile_values[k, lane] * factors0[lane]), partial1 alike for
     codes1 and factors1: one int32 group of two rows of A against a tile of B's columns (the
@@ -483,7 +486,14 @@ def _column_tile(
                 other = min(row + 1, rows - 1)
                 m, n = row0 + row, row0 + other
                 _pair_maxima(
-                    codes_a[m], codes_a[n], a_exponents, tile_exponents, start, stop, maxima, maxima1
+                    codes_a[m],
+                    codes_a[n],
+                    a_exponents,
+                    tile_exponents,
+                    start,
+                    stop,
+                    maxima,
+                    maxima1,
                 )
                 if scaled:
                     scale_a = 0 if scales_a[m, block] == SCALE_NAN else scales_a[m, block]

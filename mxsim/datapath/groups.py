@@ -23,9 +23,12 @@ element magnitudes and la, lb the exponents of the formats' smallest steps
    float32 GEMM is exact, else when it is <= 53 the float64 GEMM, else the route is refused.
    (fp4_e2m1 x fp4_e2m1, G = 16: 8 + 4 = 12 bits, float32.) Non-finite elements are 0 in the
    tables and their rows and columns are flagged, as are NaN scales.
-2. Zero terms. A group sum of 0 is an all-zero group when either operand's group is all zero
-   (or its scale is zero); otherwise the kernel scans the group's products for a nonzero one
-   (cancelling) — rare (found eight lanes at a time), and exact either way.
+2. Zero terms. A group is a zero term exactly when every one of its products is 0 or a
+   scale is zero: each operand's group carries a mask with bit i set where its i-th element
+   is nonzero (cleared entirely where its scale is zero), and the products are all 0
+   exactly when the two masks share no bit (a product of two nonzero table values is
+   nonzero: they lie far inside float64's range). A group whose nonzero products cancel is
+   no zero term: it keeps ea + eb, whatever its sum.
 3. Terms. g has at most S - la - lb significant bits and each scale at most ``s`` (read from
    the scale table), so g * sa * sb is exact in float64 when S - la - lb + 2 s <= 53 and
    its magnitude stays normal (checked); multiplying by 2^(W - R) is exact, or gives a value
@@ -170,9 +173,9 @@ def groups_apply(params: DatapathParams) -> bool:
 
 def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups):
     """(element values (rows, groups * G) in the GEMM's dtype, zero padded; per group: scale
-    value, scale exponent (int32), and a uint32 mask whose bit i is set where the group's i-th element
-    is nonzero, all bits clear where the scale is zero: a group of products is all zero
-    exactly when the masks of its two operands share no bit)."""
+    value, scale exponent (int32), and a uint32 mask whose bit i is set where the group's
+    i-th element is nonzero, all bits clear where the scale is zero: a group's products are
+    all zero exactly when the masks of its two operands share no bit)."""
     rows, length = codes.shape
     group = params.group_terms
     values = np.zeros((rows, n_groups * group), dtype=setup.dtype)
@@ -184,6 +187,7 @@ def _group_operand(setup: _Setup, values_table, codes, scales, params, n_groups)
     masks = ((values.reshape(rows, n_groups, group) != 0) * bits).sum(axis=2, dtype=np.uint32)
     masks[scale_values == 0] = 0  # (distinct bits: their sum is their OR)
     return values, scale_values, setup.scale_exponents[scale_codes], masks
+
 
 def _unusable(finite, codes, scale_nan, scales) -> np.ndarray:
     """Per row, whether it holds a non-finite element or a NaN scale (the elements are not
