@@ -148,6 +148,11 @@ def compile_seconds() -> float:
 #: stage inside every caller, which multiplied compile times.
 NO_REFCOUNTS = {"_nrt": False}
 
+#: Compile options of a stage only other kernels call: :data:`NO_REFCOUNTS`, and neither the
+#: wrapper that lets Python call it nor the C-callable one, which Numba would otherwise build
+#: (and optimize, and cache) for every stage of every kernel.
+STAGE = {**NO_REFCOUNTS, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+
 
 def generic_calls(dispatcher):
     """Decorator (above ``@njit``): calls from other kernels compile this function once for

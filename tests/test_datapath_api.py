@@ -1594,7 +1594,11 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
         )
     assert {str(kernel_output_dtype(name)) for name in ("fp32", "fp16", "bf16")} == {"uint32"}
     assert str(kernel_output_dtype("fp64")) == "uint64"
-    out_dtypes = {str(signature[-3].dtype) for signature in _kernels.matmul_rows.signatures}
+    out_dtypes = {
+        str(signature[-3].dtype)
+        for kernel in _kernels.KERNELS.values()
+        for signature in kernel.signatures
+    }
     assert out_dtypes <= {"uint32", "uint64"}  # (out, then the start and stop rows)
 
 
@@ -1671,12 +1675,12 @@ def test_mixed_code_widths_add_no_kernel_signature():
     a8 = fp8.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
     a16 = fp16.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
     same = dot(unit, a16, a16, a_format="fp16", b_format="fp16", method="kernel")
-    pairs = {tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.matmul_rows.signatures}
+    signatures = [s for kernel in _kernels.KERNELS.values() for s in kernel.signatures]
+    pairs = {tuple(str(s[i].dtype) for i in (0, 1)) for s in signatures}
     mixed = dot(unit, a8, a16, a_format="fp8_e4m3", b_format="fp16", method="kernel")
     np.testing.assert_array_equal(mixed, same)
-    assert {
-        tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.matmul_rows.signatures
-    } == pairs
+    signatures = [s for kernel in _kernels.KERNELS.values() for s in kernel.signatures]
+    assert {tuple(str(s[i].dtype) for i in (0, 1)) for s in signatures} == pairs
     assert all(a == b for a, b in pairs)
 
 
