@@ -1665,6 +1665,32 @@ def test_matmul_output_over_the_memory_budget(monkeypatch):
         matmul(hw("ocp-exact"), np.ones((200, 32)), np.ones((32, 200)))
 
 
+@pytest.mark.parametrize(
+    "name, a_format, features",
+    [
+        ("h100-fp8", "fp8_e4m3", ()),  # an alignment window and an fp32 accumulator only
+        ("mxdotp", "fp8_e4m3", ("F_GRID",)),  # grid.fraction_bits: 34
+        ("kulisch", "fp8_e4m3", ("F_EXACT",)),  # accumulator.format: exact
+        ("a100-dmma", "fp64", ("F_WIDE",)),  # fp64 x fp64: 106-bit products
+        ("mi250", "fp16", ("F_PAIRWISE",)),  # structure: pairwise_rounded
+        ("b200-tcgen05-mxf4nvf4", "fp4_e2m1", ("F_GROUP_SUM",)),  # scales: group_sum
+        ("mi300", "fp16", ("F_SECOND_ALIGNMENT",)),  # second_alignment_bits: 31
+        ("mi300", "fp8_e4m3fnuz", ("F_PARITY", "F_SECOND_ALIGNMENT")),  # its fp8 override
+    ],
+)
+def test_kernel_features_name_the_stages_the_config_declares(name, a_format, features):
+    """The generic kernel is compiled per feature set: each bit stands for a key of the
+    config's YAML (the comments), and no other is set."""
+    from mxsim.datapath import _kernels
+    from mxsim.datapath.api import _kernel_config
+
+    params = hw(name).params(a_format, a_format, None, None)
+    record = _kernel_config(params)[0]
+    fmt = get_format(a_format).kernel_params
+    expected = sum(getattr(_kernels, feature) for feature in features)
+    assert _kernels.kernel_features(record, fmt, fmt) == expected
+
+
 def test_mixed_code_widths_add_no_kernel_signature():
     """An fp8 operand beside an fp16 one runs in the kernel compiled for two fp16 operands (h100's
     datapath with every pair accepted: the real unit pairs fp16 only with fp16)."""
