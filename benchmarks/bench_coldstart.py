@@ -1,8 +1,8 @@
 """Cold start: a fresh install into a temporary venv, then the README's first command and
 ``mxsim dot`` with an empty kernel cache (first run: compiling) and again (cached).
 
-Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install] [--per-kernel]
-       python benchmarks/bench_coldstart.py --per-config ocp-exact,h100-fp8,mxdotp|all [--shared-cache]
+Usage: python benchmarks/bench_coldstart.py [--venv DIR] [--skip-install] [--per-kernel] [--record]
+       python benchmarks/bench_coldstart.py --per-config ocp-exact,h100-fp8,mxdotp|all [--shared-cache] [--record]
 
 Prints wall and CPU seconds of each step (CPU time, user + system of the child, depends far
 less on the machine's load than wall time) beside a same-run baseline, the cold compile of a
@@ -13,7 +13,10 @@ empty cache and prints each kernel's compile seconds, exclusive of the kernels i
 alone: ``mxsim replay traces/digits-cnn --hw CONFIG`` from this checkout with an empty kernel
 cache, its compile seconds (the replay's own report) and CPU seconds; ``all`` takes every
 shipped config, and ``--shared-cache`` runs them in turn on one cache (what each adds to the
-ones before it; the total is the cost of them all).
+ones before it; the total is the cost of them all). ``--record`` writes the per-config table
+to ``benchmarks/results/coldstart.json``, the README command's to ``coldstart-readme.json``,
+with the date, commit and load average (docs/benchmarks.md shows them:
+``benchmarks/docs_tables.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
 README_REPLAY = [
     "replay",
     "traces/digits-cnn",
@@ -95,7 +99,19 @@ def timed(command: list[str], env: dict) -> tuple[tuple[float, float], str]:
     return seconds, result.stdout
 
 
-def per_config(configs: list[str], shared_cache: bool = False) -> None:
+def record(name: str, command: str, note: str, load: tuple, columns: list, rows: list) -> None:
+    """Write a results table (docs_tables' plain format) to benchmarks/results/NAME.json."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench_guard import conditions
+    from mxsim.fileio import json_text, write_atomic
+
+    where = conditions()
+    where["load_average"] = f"{min(load):.1f}\u2013{max(load):.1f}"
+    table = {"command": command, "note": note, "conditions": where, "columns": columns}
+    write_atomic(RESULTS / f"{name}.json", json_text({**table, "rows": rows}, indent=1) + "\n")
+
+
+def per_config(configs: list[str], shared_cache: bool = False, save: bool = False) -> None:
     """Each config's first use with an empty kernel cache: compile and CPU seconds. With
     ``shared_cache`` the configs run in turn on one cache, each compiling only what the
     ones before it did not (the total is every config's first use)."""
@@ -105,6 +121,7 @@ def per_config(configs: list[str], shared_cache: bool = False) -> None:
     )
     shared = tempfile.mkdtemp(prefix="mxsim-cache-shared-")
     totals = [0.0, 0.0]
+    rows, loads = [], [os.getloadavg()[0]]
     for name in configs:
         cache = shared if shared_cache else tempfile.mkdtemp(prefix=f"mxsim-cache-{name}-")
         command = [
@@ -130,7 +147,22 @@ def per_config(configs: list[str], shared_cache: bool = False) -> None:
         )
         totals[0] += float(compiling)
         totals[1] += cpu
+        rows.append([f"`{name}`", f"{float(compiling):.1f} s", f"**{cpu:.1f} s**", f"{wall:.1f} s"])
+        loads.append(os.getloadavg()[0])
     print(f"{'total':40s} {totals[0]:8.1f} s {totals[1]:6.1f} s")
+    if save:
+        record(
+            "coldstart",
+            f"python benchmarks/bench_coldstart.py --per-config {','.join(configs)}"
+            + (" --shared-cache" if shared_cache else ""),
+            "Each config's first use, `mxsim replay traces/digits-cnn --hw CONFIG` with an empty "
+            "kernel cache; compiling: the wall seconds the replay report prints, CPU: user + "
+            "system of the command (what an idle machine's wall time comes to: compiling runs "
+            "on one thread).",
+            loads,
+            ["config", "compiling", "CPU", "wall"],
+            rows,
+        )
 
 
 def main() -> None:
@@ -148,6 +180,9 @@ def main() -> None:
         help="comma-separated configs, or all (every hwconfigs/*.yaml): each one's first use alone",
     )
     parser.add_argument(
+        "--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}"
+    )
+    parser.add_argument(
         "--shared-cache",
         action="store_true",
         help="with --per-config: the configs in turn on one kernel cache",
@@ -157,7 +192,7 @@ def main() -> None:
         configs = args.per_config.split(",")
         if configs == ["all"]:
             configs = sorted(path.stem for path in (REPO / "hwconfigs").glob("*.yaml"))
-        per_config(configs, args.shared_cache)
+        per_config(configs, args.shared_cache, args.record)
         return
     work = Path(tempfile.mkdtemp(prefix="mxsim-coldstart-"))
     venv = Path(args.venv) if args.venv else work / "venv"
@@ -201,6 +236,26 @@ def main() -> None:
             )
         else:
             print(f"{label:42s} {value}")
+    if args.record:
+        install = next((value for label, value in rows if label.startswith("pip install")), None)
+        replay = next(value for label, value in rows if label == "README replay, cold cache")
+        record(
+            "coldstart-readme",
+            "python benchmarks/bench_coldstart.py" + (" --skip-install" if install is None else ""),
+            "The README's first command on a fresh machine: `pip install .` into a fresh venv, "
+            "then `mxsim replay traces/digits-cnn --hw ocp-exact --hw h100-fp8 --hw mxdotp "
+            "--end-to-end` with an empty kernel cache; wall / CPU (user + system) seconds.",
+            (load_before[0], os.getloadavg()[0]),
+            ["pip install .", "README replay, empty cache", "install + replay"],
+            [
+                [
+                    "-" if install is None else f"{install[0]:.1f} s / {install[1]:.1f} s",
+                    f"{replay[0]:.1f} s / **{replay[1]:.1f} s**",
+                    f"{replay[0] + (install[0] if install else 0):.1f} s / "
+                    f"**{replay[1] + (install[1] if install else 0):.1f} s**",
+                ]
+            ],
+        )
     if args.per_kernel:
         per_kernel_env = dict(env, NUMBA_CACHE_DIR=str(work / "cache-per-kernel"))
         _, output = timed([str(python), "-c", PER_KERNEL, *README_REPLAY], per_kernel_env)

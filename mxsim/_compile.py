@@ -19,7 +19,7 @@ CACHE_ENV = "NUMBA_CACHE_DIR"
 # Seconds the README's replay spends compiling (measured: the CPU seconds of its run with an
 # empty kernel cache less those of its cached run, recorded in benchmarks/results/coldstart.txt;
 # compiling runs on one thread, so an idle machine's wall time is about its CPU time).
-TYPICAL_COMPILE_SECONDS = 58
+TYPICAL_COMPILE_SECONDS = 49
 _NOTICE_DELAY_SECONDS = 0.5  # compiles shorter than this show nothing
 _SPINNER = "|/-\\"
 
@@ -147,6 +147,11 @@ def compile_seconds() -> float:
 #: (``inline="always"``): LLVM still inlines them where it pays, and IR inlining recompiled each
 #: stage inside every caller, which multiplied compile times.
 NO_REFCOUNTS = {"_nrt": False}
+
+#: Compile options of a stage only other kernels call: :data:`NO_REFCOUNTS`, and neither the
+#: wrapper that lets Python call it nor the C-callable one, which Numba would otherwise build
+#: (and optimize, and cache) for every stage of every kernel.
+STAGE = {**NO_REFCOUNTS, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
 
 def generic_calls(dispatcher):

@@ -1594,7 +1594,11 @@ def test_kernels_see_one_output_dtype_for_every_output_format():
         )
     assert {str(kernel_output_dtype(name)) for name in ("fp32", "fp16", "bf16")} == {"uint32"}
     assert str(kernel_output_dtype("fp64")) == "uint64"
-    out_dtypes = {str(signature[-3].dtype) for signature in _kernels.matmul_rows.signatures}
+    out_dtypes = {
+        str(signature[-3].dtype)
+        for kernel in _kernels.KERNELS.values()
+        for signature in kernel.signatures
+    }
     assert out_dtypes <= {"uint32", "uint64"}  # (out, then the start and stop rows)
 
 
@@ -1661,6 +1665,32 @@ def test_matmul_output_over_the_memory_budget(monkeypatch):
         matmul(hw("ocp-exact"), np.ones((200, 32)), np.ones((32, 200)))
 
 
+@pytest.mark.parametrize(
+    "name, a_format, features",
+    [
+        ("h100-fp8", "fp8_e4m3", ()),  # an alignment window and an fp32 accumulator only
+        ("mxdotp", "fp8_e4m3", ("F_GRID",)),  # grid.fraction_bits: 34
+        ("kulisch", "fp8_e4m3", ("F_EXACT",)),  # accumulator.format: exact
+        ("a100-dmma", "fp64", ("F_WIDE",)),  # fp64 x fp64: 106-bit products
+        ("mi250", "fp16", ("F_PAIRWISE",)),  # structure: pairwise_rounded
+        ("b200-tcgen05-mxf4nvf4", "fp4_e2m1", ("F_GROUP_SUM",)),  # scales: group_sum
+        ("mi300", "fp16", ("F_SECOND_ALIGNMENT",)),  # second_alignment_bits: 31
+        ("mi300", "fp8_e4m3fnuz", ("F_PARITY", "F_SECOND_ALIGNMENT")),  # its fp8 override
+    ],
+)
+def test_kernel_features_name_the_stages_the_config_declares(name, a_format, features):
+    """The generic kernel is compiled per feature set: each bit stands for a key of the
+    config's YAML (the comments), and no other is set."""
+    from mxsim.datapath import _kernels
+    from mxsim.datapath.api import _kernel_config
+
+    params = hw(name).params(a_format, a_format, None, None)
+    record = _kernel_config(params)[0]
+    fmt = get_format(a_format).kernel_params
+    expected = sum(getattr(_kernels, feature) for feature in features)
+    assert _kernels.kernel_features(record, fmt, fmt) == expected
+
+
 def test_mixed_code_widths_add_no_kernel_signature():
     """An fp8 operand beside an fp16 one runs in the kernel compiled for two fp16 operands (h100's
     datapath with every pair accepted: the real unit pairs fp16 only with fp16)."""
@@ -1671,12 +1701,12 @@ def test_mixed_code_widths_add_no_kernel_signature():
     a8 = fp8.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
     a16 = fp16.encode(np.tile([1.0, 2.0, 3.0, 0.5], (2, 8)))
     same = dot(unit, a16, a16, a_format="fp16", b_format="fp16", method="kernel")
-    pairs = {tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.matmul_rows.signatures}
+    signatures = [s for kernel in _kernels.KERNELS.values() for s in kernel.signatures]
+    pairs = {tuple(str(s[i].dtype) for i in (0, 1)) for s in signatures}
     mixed = dot(unit, a8, a16, a_format="fp8_e4m3", b_format="fp16", method="kernel")
     np.testing.assert_array_equal(mixed, same)
-    assert {
-        tuple(str(s[i].dtype) for i in (0, 1)) for s in _kernels.matmul_rows.signatures
-    } == pairs
+    signatures = [s for kernel in _kernels.KERNELS.values() for s in kernel.signatures]
+    assert {tuple(str(s[i].dtype) for i in (0, 1)) for s in signatures} == pairs
     assert all(a == b for a, b in pairs)
 
 

@@ -1,8 +1,11 @@
 """Numba kernels of the generic MX dot-product datapath.
 
-One dot product at a time (``dot_one``), driven over a batch of GEMMs by :func:`matmul_rows`
-(on threads: ``datapath.api.matmul_groups``; row-wise dot products are GEMMs of one row
-each). ``dot_one`` runs the stages of docs/hwconfig.md, one small function each:
+One dot product at a time (``dot_one``), driven over a batch of GEMMs by the kernel
+:func:`matmul_rows` returns (on threads: ``datapath.api.matmul_groups``; row-wise dot products
+are GEMMs of one row each). Each kernel is compiled for one set of feature bits
+(:func:`kernel_features`: the stages a unit and operand pair can reach), as constants, so a
+unit's first use compiles only its own stages. ``dot_one`` runs the stages of
+docs/hwconfig.md, one small function each:
 
 - steps 1-3, decode, multiply, order and trees: :func:`uniform_tree_terms` (one pass for the
   common unit) or :func:`tree_terms` (any order, per-element scales, specials), each product
@@ -38,9 +41,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
-from .._compile import NO_REFCOUNTS, generic_calls
+from .._compile import STAGE, generic_calls
 
 from ..formats._kernels import (
     OVERFLOW_INF_NAN,
@@ -92,7 +96,7 @@ def floor_log2(value):
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def flush_subnormal(value, params, subnormals):
     """``value`` or, when subnormals are off and |value| is below the smallest normal, ±0."""
     if subnormals or value == 0.0 or not math.isfinite(value):
@@ -103,7 +107,7 @@ def flush_subnormal(value, params, subnormals):
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def round_float(value, params, rounding, subnormals, overflow):
     """``value`` rounded once into the format ``params`` (overflow: a formats overflow policy), as float64."""
     if value == 0.0 or not math.isfinite(value):
@@ -116,7 +120,7 @@ def round_float(value, params, rounding, subnormals, overflow):
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def round_limbs(limbs, bounds, params, rounding, subnormals, overflow):
     """The exact sum held in the limbs rounded into ``params``; +0 for an exact zero."""
     code, is_zero = limbs_round(limbs, bounds, params, rounding, overflow)
@@ -126,7 +130,7 @@ def round_limbs(limbs, bounds, params, rounding, subnormals, overflow):
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def add_round(x, y, params, rounding, subnormals, overflow, limbs, bounds):
     """x + y (finite float64s) computed exactly, rounded once into ``params``."""
     limbs_clear(limbs, bounds)
@@ -170,7 +174,7 @@ def _bit_length(value):
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def round_integer(total, lsb_exponent, params, rounding, subnormals, overflow):
     """total * 2^lsb_exponent (int64 total) rounded once into ``params``; +0 for zero."""
     if total == 0:
@@ -249,7 +253,7 @@ def round_into_accumulator(limbs, bounds, acc_params, cfg):
     return result
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def grid_accumulate(acc, terms, count, scale_exponent, cfg, acc_params, limbs, bounds):
     """Steps 5-6 with ``grid.fraction_bits``: the tree's exact products and the accumulator
     aligned to the grid, added and rounded once into the accumulator format (an exact zero is
@@ -286,7 +290,7 @@ def tree_scale_exponent(start, a_scales, b_scales, cfg):
 # --- step 6 (start): c enters -------------------------------------------------------------------
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     """(accumulator, outer accumulator, running special) once c (finite) has entered: into the
     exact limbs (Kulisch), as the outer fp32 accumulator's first value (promotion), rounded
@@ -315,7 +319,7 @@ def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
 # --- steps 1-3: decode, multiply, order and trees -----------------------------------------------
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def element(code, values, exponents, params, subnormals):
     """Step 1 for one field code: (value, alignment exponent) from the per-code tables, or
     for a format given empty tables, decoded from the code's bit fields (``params``); with
@@ -324,7 +328,7 @@ def element(code, values, exponents, params, subnormals):
     zeros and specials, as the tables hold it."""
     if values.shape[0] != 0:
         return values[code], exponents[code]
-    value = decode_code(code, params)
+    value = decode_code(np.int64(code), params)  # (the int64 decode every format compiles)
     if not subnormals:
         value = flush_subnormal(value, params, False)
     if value == 0.0 or not math.isfinite(value):
@@ -365,7 +369,7 @@ def ordered_index(position, cfg, order):
     return (position // period) * period + order[position % period]
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def tree_count(n_elements, cfg):
     """Number of trees: K (padded to whole term-order periods) cut into runs of fused_terms,
     or with ``trees_in_blocks`` each block cut so (the last tree of a block may be short)."""
@@ -377,7 +381,7 @@ def tree_count(n_elements, cfg):
     return (padded_length(n_elements, cfg) + fused_terms - 1) // fused_terms
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def tree_bounds(tree, n_elements, cfg):
     """(start, stop) tree positions of tree number ``tree`` (see :func:`tree_count`)."""
     fused_terms = cfg.fused_terms
@@ -390,7 +394,7 @@ def tree_bounds(tree, n_elements, cfg):
     return start, min(start + fused_terms, padded_length(n_elements, cfg))
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def uniform_trees(cfg):
     """Whether every tree may take :func:`uniform_tree_terms`: k order, one scale pair per
     tree, the exponent-sum reference, exact products that never overflow, one window."""
@@ -409,7 +413,7 @@ def uniform_trees(cfg):
     )
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def uniform_tree_terms(
     start,
     stop,
@@ -477,7 +481,7 @@ def uniform_tree_terms(
     return count, tree_scale, True
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def multiply(
     k,
     a_codes,
@@ -523,7 +527,7 @@ def multiply(
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def tree_terms(
     start,
     stop,
@@ -590,7 +594,7 @@ def tree_terms(
     return count, tree_scale, special, negative_zeros_only, has_zero
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def group_tree_terms(
     start,
     stop,
@@ -654,7 +658,7 @@ def group_tree_terms(
     return count, special, negative_zeros_only, has_zero
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def wide_tree_into_limbs(
     start,
     stop,
@@ -711,7 +715,7 @@ def wide_tree_into_limbs(
 # --- steps 4-5: align and add -------------------------------------------------------------------
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def accumulator_exponent(acc, holds_c, cfg, acc_params):
     """The alignment exponent of a nonzero accumulator in the tree: floor(log2|acc|), or at
     least the accumulator format's emin (``accumulator_exponent: format_emin``), and while it
@@ -724,7 +728,7 @@ def accumulator_exponent(acc, holds_c, cfg, acc_params):
     return exponent
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def keep_in_window(scaled, below):
     """A term in units of the window's LSB (``scaled``, exact) as the adder keeps it, per
     ``below_window`` other than ``truncate`` (:func:`align_and_add`); with ``sticky`` in
@@ -751,7 +755,7 @@ def adder_width_bits(cfg):
     )
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
     """Steps 4-5 (align, add) of a tree's ``count`` terms: (fits, total, lsb_exponent), the
     sum being total * 2^lsb_exponent (int64 total). The reference R is the largest exponent;
@@ -801,7 +805,7 @@ def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
     return True, total, lsb_exponent + tree_scale
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count):
     """Add the tree's exact sum into the limbs: the int64 total, or each term when it did not fit."""
     if fits:
@@ -825,7 +829,7 @@ def is_accumulator_value(tree_sum, cfg, acc_params):
     )
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def accumulate(
     acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds
 ):
@@ -871,7 +875,7 @@ def accumulate(
     )
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def accumulate_in_limbs(
     acc, fits, total, lsb_exponent, terms, count, cfg, acc_params, sum_params, limbs, bounds
 ):
@@ -901,7 +905,7 @@ def promote(outer, acc, special, fp32_params, limbs, bounds):
     return outer, special
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds):
     """Step 6 after a tree: an accumulator overflow joins the running special, and every
     ``promotion_interval`` products the accumulator is promoted. Returns (acc, outer, special)."""
@@ -914,7 +918,7 @@ def after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds):
     return acc, outer, special
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds):
     """Step 6's end: the outer accumulator's last add (promotion), or c rounded into the
     accumulator format (nearest even) and added with ``c_add_rounding`` (``c_entry: end``).
@@ -953,7 +957,7 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
 # --- steps 4-6 of adder.parity_windows and adder.second_alignment_bits ---------------------------
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def parity_tree_sum(
     start,
     stop,
@@ -1021,7 +1025,7 @@ def parity_tree_sum(
     return count, total, lsb_exponent, special, negative_zeros_only
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
     """``second_alignment_bits`` n: the accumulator added to the tree's window sum (total *
     2^lsb_exponent, its reference R = lsb_exponent + align_fraction_bits; none when count is
@@ -1063,7 +1067,7 @@ def second_alignment(acc, count, total, lsb_exponent, cfg, acc_params):
     )
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def special_accumulator_dropped(carried, tree_special, count, lsb_exponent, cfg):
     """``special_accumulator_exponent`` e: whether the running NaN/±Inf ``carried`` into this
     tree (c, or an earlier tree's result) is dropped at the second alignment. It is when the
@@ -1080,7 +1084,7 @@ def special_accumulator_dropped(carried, tree_special, count, lsb_exponent, cfg)
 
 
 @generic_calls
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def rounded_add(x, y, params, rounding, subnormals, overflow, limbs, bounds):
     """x + y under IEEE 754 rounded into ``params`` (values of that format, NaN and ±Inf
     included): specials and zero signs as IEEE gives them (an exact zero sum of nonzero
@@ -1106,7 +1110,7 @@ def rounded_add(x, y, params, rounding, subnormals, overflow, limbs, bounds):
     return round_float(total, params, rounding, subnormals, overflow)
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def pairwise_dot(
     a_codes,
     b_codes,
@@ -1198,7 +1202,7 @@ def pairwise_dot(
 # --- step 7: output -----------------------------------------------------------------------------
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def output_value(result, special, negative_zeros_only, zero_sign):
     """The dot product's value from the output-rounded ``result``: the running special wins
     (NaN as the canonical positive quiet NaN); a zero is +0 with ``zero_sign: positive``;
@@ -1217,8 +1221,37 @@ def output_value(result, special, negative_zeros_only, zero_sign):
     return result
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+# Feature bits of the generic kernel (:func:`kernel_features`): which of dot_one's stages a
+# unit and operand pair can reach. Each kernel is compiled for one set of them, as constants:
+# Numba drops the branches of the stages a unit never takes before typing them, so a unit's
+# first use compiles only its own stages (and the outputs are the same bits as a kernel
+# compiled with every stage, since every constant equals the record's field it stands for).
+# Only stages that cost a compile are features: every combination a test draws is one more
+# kernel to compile.
+F_PAIRWISE, F_WIDE, F_GROUP_SUM, F_PARITY, F_GRID, F_EXACT, F_SECOND_ALIGNMENT = (
+    1 << bit for bit in range(7)
+)
+
+
+def kernel_features(config, a_params, b_params) -> int:
+    """The feature bits (``F_*``) of the kernel record ``config`` with A and B elements of
+    the kernel_params ``a_params`` and ``b_params``: the stages :func:`dot_one` takes."""
+    cfg = config.view(np.recarray)[0]
+    wide = not products_fit_float64.py_func(a_params, b_params)
+    flags = (
+        (F_PAIRWISE, cfg.pairwise_rounded),
+        (F_WIDE, wide),
+        (F_GROUP_SUM, cfg.scales == SCALES_GROUP_SUM),
+        (F_PARITY, cfg.parity_windows),
+        (F_GRID, cfg.grid_fraction_bits >= 0),
+        (F_EXACT, cfg.accumulator_exact),
+        (F_SECOND_ALIGNMENT, cfg.second_alignment_bits >= 0),
+    )
+    return sum(bit for bit, on in flags if on)
+
+
 def dot_one(
+    features,
     a_codes,
     b_codes,
     a_scales,
@@ -1243,276 +1276,24 @@ def dot_one(
     terms,
     exponents,
 ):
-    """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
-    a float64 value of the output format (NaN, ±Inf, ±0 included)."""
-    cfg = config[0]
-    n_elements = a_codes.shape[0]
-    if cfg.input_zeros_positive and (
-        c_value == 0.0
-        or (not cfg.accumulator_subnormals and abs(c_value) < power_of_two(1 - acc_params[P_BIAS]))
-    ):
-        c_value = 0.0  # c read as +0
-    if cfg.pairwise_rounded:
-        return pairwise_dot(
-            a_codes,
-            b_codes,
-            a_scales,
-            b_scales,
-            c_value,
-            a_values,
-            a_exponents,
-            b_values,
-            b_exponents,
-            a_params,
-            b_params,
-            cfg,
-            order,
-            acc_params,
-            out_params,
-            limbs,
-            bounds,
-            terms,
-        )
-    special = 0.0  # running IEEE sum of every non-finite contribution
-    if not math.isfinite(c_value):
-        special = c_value
-        c_value = 0.0
-    negative_zeros_only = c_value == 0.0 and math.copysign(1.0, c_value) < 0
-    acc, outer, special = start_accumulator(c_value, special, cfg, acc_params, limbs, bounds)
-
-    grid = cfg.grid_fraction_bits >= 0
-    wide = not products_fit_float64(a_params, b_params)
-    uniform = uniform_trees(cfg) and not wide
-    # ieee_steps: each rounding into the accumulator signs its own exact zero, so the record of
-    # -0 addends restarts at every step with the accumulator (an exact accumulator has one step).
-    steps = cfg.output_zero_sign == ZERO_SIGN_IEEE_STEPS and not cfg.accumulator_exact
-    drops_specials = cfg.special_accumulator_exponent != NO_SPECIAL_ACCUMULATOR_EXPONENT
-    for tree in range(tree_count(n_elements, cfg)):
-        start, stop = tree_bounds(tree, n_elements, cfg)
-        if steps:
-            negative_zeros_only = acc == 0.0 and math.copysign(1.0, acc) < 0
-        # special_accumulator_exponent: the tree's own NaN/Inf are told apart from the carried ones
-        carried = special
-        if drops_specials:
-            special = 0.0
-        if wide:  # exact trees of exact products, in the limbs (Kulisch: they keep the whole sum)
-            special, negative_zeros_only = wide_tree_into_limbs(
-                start,
-                stop,
-                n_elements,
-                a_codes,
-                b_codes,
-                a_scales,
-                b_scales,
-                a_values,
-                a_exponents,
-                b_values,
-                b_exponents,
-                a_params,
-                b_params,
-                cfg,
-                order,
-                special,
-                negative_zeros_only,
-                limbs,
-                bounds,
-            )
-            if cfg.accumulator_exact:
-                continue
-            limbs_add_float(limbs, bounds, acc)
-            acc = round_into_accumulator(limbs, bounds, acc_params, cfg)
-            if steps and negative_zeros_only and acc == 0.0:
-                acc = -0.0  # every addend was -0: IEEE's sum of zeros
-            acc, outer, special = after_tree(
-                acc, outer, special, tree, cfg, fp32_params, limbs, bounds
-            )
-            continue
-        count = 0
-        tree_scale = 0
-        done = False
-        total = np.int64(0)
-        lsb_exponent = np.int64(0)
-        if uniform:
-            count, tree_scale, done = uniform_tree_terms(
-                start,
-                min(stop, n_elements),
-                a_codes,
-                b_codes,
-                a_scales,
-                b_scales,
-                a_values,
-                a_exponents,
-                b_values,
-                b_exponents,
-                a_params,
-                b_params,
-                cfg,
-                terms,
-                exponents,
-            )
-        has_zero = False
-        if cfg.scales == SCALES_GROUP_SUM:
-            count, special, negative_zeros_only, has_zero = group_tree_terms(
-                start,
-                min(stop, n_elements),
-                a_codes,
-                b_codes,
-                a_scales,
-                b_scales,
-                a_values,
-                a_exponents,
-                b_values,
-                b_exponents,
-                a_params,
-                b_params,
-                scale_values,
-                scale_exponents,
-                cfg,
-                terms,
-                exponents,
-                special,
-                negative_zeros_only,
-            )
-        elif cfg.parity_windows:
-            count, total, lsb_exponent, special, negative_zeros_only = parity_tree_sum(
-                start,
-                stop,
-                n_elements,
-                a_codes,
-                b_codes,
-                a_scales,
-                b_scales,
-                a_values,
-                a_exponents,
-                b_values,
-                b_exponents,
-                a_params,
-                b_params,
-                cfg,
-                order,
-                terms,
-                exponents,
-                special,
-                negative_zeros_only,
-            )
-        elif done:
-            negative_zeros_only = False
-            if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
-                for i in range(count):
-                    has_zero = has_zero or terms[i] == 0.0
-        else:
-            count, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
-                start,
-                stop,
-                1,
-                n_elements,
-                a_codes,
-                b_codes,
-                a_scales,
-                b_scales,
-                a_values,
-                a_exponents,
-                b_values,
-                b_exponents,
-                a_params,
-                b_params,
-                cfg,
-                order,
-                terms,
-                exponents,
-                special,
-                negative_zeros_only,
-            )
-        if grid:
-            acc = grid_accumulate(
-                acc,
-                terms,
-                count,
-                tree_scale_exponent(start, a_scales, b_scales, cfg),
-                cfg,
-                acc_params,
-                limbs,
-                bounds,
-            )
-            negative_zeros_only = False  # the grid's rules set the sign of a zero
-            if not math.isfinite(acc):  # overflow in the accumulator
-                special = note_overflow(special, acc)
-                acc = 0.0
-            continue
-        if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
-            if acc != 0.0:
-                terms[count] = acc
-                exponents[count] = accumulator_exponent(acc, tree == 0, cfg, acc_params)
-                count += 1
-            else:
-                has_zero = True
-        fits = True
-        if not cfg.parity_windows:  # (parity_tree_sum has aligned and added)
-            floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
-            fits, total, lsb_exponent = align_and_add(
-                terms, exponents, count, tree_scale, floor, cfg
-            )
-        if cfg.accumulator_exact:  # Kulisch: the tree's exact sum goes straight into the limbs
-            add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
-            continue
-        if cfg.second_alignment_bits >= 0:
-            if drops_specials:
-                if special_accumulator_dropped(carried, special, count, lsb_exponent, cfg):
-                    acc = 0.0  # a NaN/Inf accumulator carries no finite part
-                else:
-                    special += carried
-            acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
-        else:
-            acc = accumulate(
-                acc,
-                fits,
-                total,
-                lsb_exponent,
-                terms,
-                count,
-                cfg,
-                acc_params,
-                sum_params,
-                limbs,
-                bounds,
-            )
-        if steps and negative_zeros_only and acc == 0.0:
-            acc = -0.0  # every addend was -0: IEEE's sum of zeros
-        acc, outer, special = after_tree(acc, outer, special, tree, cfg, fp32_params, limbs, bounds)
-
-    if cfg.accumulator_exact:
-        result = round_limbs(
-            limbs, bounds, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN
-        )
-    else:
-        acc, special = finish_accumulator(
-            acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds
-        )
-        result = round_float(
-            acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN
-        )
-    return output_value(result, special, negative_zeros_only, cfg.output_zero_sign)
+    """One dot product through the generic datapath, compiled inside the kernels only: see
+    :func:`_dot_one` (``features``: a constant of :func:`kernel_features`)."""
+    raise NotImplementedError("dot_one runs inside compiled kernels only")
 
 
-@njit(cache=True)
-def _output_code(value, out_params):
-    """The output code of a value that is already exactly representable (or NaN/Inf)."""
-    bits = np.float64(value).view(np.uint64)
-    return encode_bits(bits, 11, 52, 0, out_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN, 0)
-
-
-@njit(cache=True, nogil=True)
-def matmul_rows(
+@overload(dot_one, jit_options=STAGE)
+def _dot_one(
+    features,
     a_codes,
     b_codes,
     a_scales,
     b_scales,
-    c_values,
+    c_value,
     a_values,
     a_exponents,
     b_values,
     b_exponents,
-    cfg,
+    config,
     order,
     acc_params,
     sum_params,
@@ -1522,51 +1303,399 @@ def matmul_rows(
     scale_exponents,
     a_params,
     b_params,
-    out,
-    start,
-    stop,
+    limbs,
+    bounds,
+    terms,
+    exponents,
 ):
-    """The generic kernel's outputs of the (group, row) pairs ``start`` to ``stop`` (in the
-    order g * M + m) of a batch of GEMMs (``datapath.api.matmul_groups``). ``c_values`` is
-    (G, M, N), or (1, 1, 1) for one value shared by every output (no copy)."""
-    n_rows = a_codes.shape[1]
-    n_columns = b_codes.shape[1]
-    c_groups, c_rows, c_columns = c_values.shape
-    width = cfg[0].fused_terms + 1  # a tree's terms and the accumulator
-    limbs, bounds = _thread_limbs()  # scratch buffers once per call, not per row
-    terms = np.empty(width, dtype=np.float64)
-    exponents = np.empty(width, dtype=np.int64)
-    for row in range(start, stop):
-        g, m = row // n_rows, row % n_rows
-        for n in range(n_columns):
-            value = dot_one(
-                a_codes[g, m],
-                b_codes[g, n],
-                a_scales[g, m],
-                b_scales[g, n],
-                c_values[g % c_groups, m % c_rows, n % c_columns],
+    """dot_one for the constant ``features``: its stages' conditions are constants."""
+    if not isinstance(features, types.IntegerLiteral):
+        return None  # (Numba tries the plain type first, then the literal)
+    bits = features.literal_value
+    PAIRWISE = bool(bits & F_PAIRWISE)
+    WIDE = bool(bits & F_WIDE)
+    GROUP_SUM = bool(bits & F_GROUP_SUM)
+    PARITY = bool(bits & F_PARITY)
+    GRID = bool(bits & F_GRID)
+    EXACT = bool(bits & F_EXACT)
+    SECOND_ALIGNMENT = bool(bits & F_SECOND_ALIGNMENT)
+
+    def dot_one_impl(
+        features,
+        a_codes,
+        b_codes,
+        a_scales,
+        b_scales,
+        c_value,
+        a_values,
+        a_exponents,
+        b_values,
+        b_exponents,
+        config,
+        order,
+        acc_params,
+        sum_params,
+        out_params,
+        fp32_params,
+        scale_values,
+        scale_exponents,
+        a_params,
+        b_params,
+        limbs,
+        bounds,
+        terms,
+        exponents,
+    ):
+        """One dot product c + sum_k a_k b_k through the unit of the kernel record ``config``, as
+        a float64 value of the output format (NaN, ±Inf, ±0 included)."""
+        cfg = config[0]
+        n_elements = a_codes.shape[0]
+        if cfg.input_zeros_positive and (
+            c_value == 0.0
+            or (
+                not cfg.accumulator_subnormals
+                and abs(c_value) < power_of_two(1 - acc_params[P_BIAS])
+            )
+        ):
+            c_value = 0.0  # c read as +0
+        if PAIRWISE:
+            return pairwise_dot(
+                a_codes,
+                b_codes,
+                a_scales,
+                b_scales,
+                c_value,
                 a_values,
                 a_exponents,
                 b_values,
                 b_exponents,
+                a_params,
+                b_params,
                 cfg,
                 order,
                 acc_params,
-                sum_params,
                 out_params,
-                fp32_params,
-                scale_values,
-                scale_exponents,
-                a_params,
-                b_params,
                 limbs,
                 bounds,
                 terms,
-                exponents,
             )
-            out[g, m, n] = _output_code(value, out_params)
+        special = 0.0  # running IEEE sum of every non-finite contribution
+        if not math.isfinite(c_value):
+            special = c_value
+            c_value = 0.0
+        negative_zeros_only = c_value == 0.0 and math.copysign(1.0, c_value) < 0
+        acc, outer, special = start_accumulator(c_value, special, cfg, acc_params, limbs, bounds)
+
+        uniform = uniform_trees(cfg) and not WIDE
+        drops_specials = cfg.special_accumulator_exponent != NO_SPECIAL_ACCUMULATOR_EXPONENT
+        # ieee_steps: each rounding into the accumulator signs its own exact zero, so the record of
+        # -0 addends restarts at every step with the accumulator (an exact accumulator has one step).
+        steps = cfg.output_zero_sign == ZERO_SIGN_IEEE_STEPS and not cfg.accumulator_exact
+        for tree in range(tree_count(n_elements, cfg)):
+            start, stop = tree_bounds(tree, n_elements, cfg)
+            if steps:
+                negative_zeros_only = acc == 0.0 and math.copysign(1.0, acc) < 0
+            # special_accumulator_exponent: the tree's own NaN/Inf are told apart from the carried ones
+            carried = special
+            if drops_specials:
+                special = 0.0
+            if (
+                WIDE
+            ):  # exact trees of exact products, in the limbs (Kulisch: they keep the whole sum)
+                special, negative_zeros_only = wide_tree_into_limbs(
+                    start,
+                    stop,
+                    n_elements,
+                    a_codes,
+                    b_codes,
+                    a_scales,
+                    b_scales,
+                    a_values,
+                    a_exponents,
+                    b_values,
+                    b_exponents,
+                    a_params,
+                    b_params,
+                    cfg,
+                    order,
+                    special,
+                    negative_zeros_only,
+                    limbs,
+                    bounds,
+                )
+                if EXACT:
+                    continue
+                limbs_add_float(limbs, bounds, acc)
+                acc = round_into_accumulator(limbs, bounds, acc_params, cfg)
+                if steps and negative_zeros_only and acc == 0.0:
+                    acc = -0.0  # every addend was -0: IEEE's sum of zeros
+                acc, outer, special = after_tree(
+                    acc, outer, special, tree, cfg, fp32_params, limbs, bounds
+                )
+                continue
+            count = 0
+            tree_scale = 0
+            done = False
+            total = np.int64(0)
+            lsb_exponent = np.int64(0)
+            if uniform:
+                count, tree_scale, done = uniform_tree_terms(
+                    start,
+                    min(stop, n_elements),
+                    a_codes,
+                    b_codes,
+                    a_scales,
+                    b_scales,
+                    a_values,
+                    a_exponents,
+                    b_values,
+                    b_exponents,
+                    a_params,
+                    b_params,
+                    cfg,
+                    terms,
+                    exponents,
+                )
+            has_zero = False
+            if GROUP_SUM:
+                count, special, negative_zeros_only, has_zero = group_tree_terms(
+                    start,
+                    min(stop, n_elements),
+                    a_codes,
+                    b_codes,
+                    a_scales,
+                    b_scales,
+                    a_values,
+                    a_exponents,
+                    b_values,
+                    b_exponents,
+                    a_params,
+                    b_params,
+                    scale_values,
+                    scale_exponents,
+                    cfg,
+                    terms,
+                    exponents,
+                    special,
+                    negative_zeros_only,
+                )
+            elif PARITY:
+                count, total, lsb_exponent, special, negative_zeros_only = parity_tree_sum(
+                    start,
+                    stop,
+                    n_elements,
+                    a_codes,
+                    b_codes,
+                    a_scales,
+                    b_scales,
+                    a_values,
+                    a_exponents,
+                    b_values,
+                    b_exponents,
+                    a_params,
+                    b_params,
+                    cfg,
+                    order,
+                    terms,
+                    exponents,
+                    special,
+                    negative_zeros_only,
+                )
+            elif done:
+                negative_zeros_only = False
+                if cfg.zero_term_exponent != NO_ZERO_TERM_EXPONENT:
+                    for i in range(count):
+                        has_zero = has_zero or terms[i] == 0.0
+            else:
+                count, tree_scale, special, negative_zeros_only, has_zero = tree_terms(
+                    start,
+                    stop,
+                    1,
+                    n_elements,
+                    a_codes,
+                    b_codes,
+                    a_scales,
+                    b_scales,
+                    a_values,
+                    a_exponents,
+                    b_values,
+                    b_exponents,
+                    a_params,
+                    b_params,
+                    cfg,
+                    order,
+                    terms,
+                    exponents,
+                    special,
+                    negative_zeros_only,
+                )
+            if GRID:
+                acc = grid_accumulate(
+                    acc,
+                    terms,
+                    count,
+                    tree_scale_exponent(start, a_scales, b_scales, cfg),
+                    cfg,
+                    acc_params,
+                    limbs,
+                    bounds,
+                )
+                negative_zeros_only = False  # the grid's rules set the sign of a zero
+                if not math.isfinite(acc):  # overflow in the accumulator
+                    special = note_overflow(special, acc)
+                    acc = 0.0
+                continue
+            if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
+                if acc != 0.0:
+                    terms[count] = acc
+                    exponents[count] = accumulator_exponent(acc, tree == 0, cfg, acc_params)
+                    count += 1
+                else:
+                    has_zero = True
+            fits = True
+            if not PARITY:  # (parity_tree_sum has aligned and added)
+                floor = cfg.zero_term_exponent if has_zero else NO_ZERO_TERM_EXPONENT
+                fits, total, lsb_exponent = align_and_add(
+                    terms, exponents, count, tree_scale, floor, cfg
+                )
+            if EXACT:  # Kulisch: the tree's exact sum goes straight into the limbs
+                add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
+                continue
+            if SECOND_ALIGNMENT:
+                if drops_specials:
+                    if special_accumulator_dropped(carried, special, count, lsb_exponent, cfg):
+                        acc = 0.0  # a NaN/Inf accumulator carries no finite part
+                    else:
+                        special += carried
+                acc = second_alignment(acc, count, total, lsb_exponent, cfg, acc_params)
+            else:
+                acc = accumulate(
+                    acc,
+                    fits,
+                    total,
+                    lsb_exponent,
+                    terms,
+                    count,
+                    cfg,
+                    acc_params,
+                    sum_params,
+                    limbs,
+                    bounds,
+                )
+            if steps and negative_zeros_only and acc == 0.0:
+                acc = -0.0  # every addend was -0: IEEE's sum of zeros
+            acc, outer, special = after_tree(
+                acc, outer, special, tree, cfg, fp32_params, limbs, bounds
+            )
+
+        if EXACT:
+            result = round_limbs(
+                limbs,
+                bounds,
+                out_params,
+                cfg.output_rounding,
+                cfg.output_subnormals,
+                OVERFLOW_INF_NAN,
+            )
+        else:
+            acc, special = finish_accumulator(
+                acc, outer, c_value, special, cfg, acc_params, fp32_params, limbs, bounds
+            )
+            result = round_float(
+                acc, out_params, cfg.output_rounding, cfg.output_subnormals, OVERFLOW_INF_NAN
+            )
+        return output_value(result, special, negative_zeros_only, cfg.output_zero_sign)
+
+    return dot_one_impl
 
 
-@njit(cache=True)
+@njit(cache=True, **STAGE)
+def _output_code(value, out_params):
+    """The output code of a value that is already exactly representable (or NaN/Inf)."""
+    bits = np.float64(value).view(np.uint64)
+    return encode_bits(bits, 11, 52, 0, out_params, ROUND_NEAREST_EVEN, OVERFLOW_INF_NAN, 0)
+
+
+#: The generic kernels compiled so far in this process, by feature bits.
+KERNELS: dict = {}
+
+
+def matmul_rows(features: int):
+    """The generic kernel (below) for the feature bits ``features`` (:func:`kernel_features`
+    of the record and operand formats it is called with), made once per process; Numba caches
+    each one's compiled code on disk (its key includes ``features``)."""
+    if features not in KERNELS:
+
+        @njit(cache=True, nogil=True)
+        def rows(
+            a_codes,
+            b_codes,
+            a_scales,
+            b_scales,
+            c_values,
+            a_values,
+            a_exponents,
+            b_values,
+            b_exponents,
+            cfg,
+            order,
+            acc_params,
+            sum_params,
+            out_params,
+            fp32_params,
+            scale_values,
+            scale_exponents,
+            a_params,
+            b_params,
+            out,
+            start,
+            stop,
+        ):
+            """The generic kernel's outputs of the (group, row) pairs ``start`` to ``stop`` (in the
+            order g * M + m) of a batch of GEMMs (``datapath.api.matmul_groups``). ``c_values`` is
+            (G, M, N), or (1, 1, 1) for one value shared by every output (no copy)."""
+            n_rows = a_codes.shape[1]
+            n_columns = b_codes.shape[1]
+            c_groups, c_rows, c_columns = c_values.shape
+            width = cfg[0].fused_terms + 1  # a tree's terms and the accumulator
+            limbs, bounds = _thread_limbs()  # scratch buffers once per call, not per row
+            terms = np.empty(width, dtype=np.float64)
+            exponents = np.empty(width, dtype=np.int64)
+            for row in range(start, stop):
+                g, m = row // n_rows, row % n_rows
+                for n in range(n_columns):
+                    value = dot_one(
+                        features,
+                        a_codes[g, m],
+                        b_codes[g, n],
+                        a_scales[g, m],
+                        b_scales[g, n],
+                        c_values[g % c_groups, m % c_rows, n % c_columns],
+                        a_values,
+                        a_exponents,
+                        b_values,
+                        b_exponents,
+                        cfg,
+                        order,
+                        acc_params,
+                        sum_params,
+                        out_params,
+                        fp32_params,
+                        scale_values,
+                        scale_exponents,
+                        a_params,
+                        b_params,
+                        limbs,
+                        bounds,
+                        terms,
+                        exponents,
+                    )
+                    out[g, m, n] = _output_code(value, out_params)
+
+        KERNELS[features] = rows
+    return KERNELS[features]
+
+
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _thread_limbs():
     return np.zeros(N_LIMBS, dtype=np.int64), np.array([N_LIMBS, -1], dtype=np.int64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .._compile import NO_REFCOUNTS, generic_calls
+from .._compile import STAGE, generic_calls
 
 from ..formats._kernels import CLASS_FINITE, decompose, encode_finite
 
@@ -31,7 +31,7 @@ def limbs_clear(limbs, bounds):
     bounds[1] = -1
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def limbs_add_integer(limbs, bounds, negative, magnitude, lsb_exponent):
     """Add (-1)^negative * magnitude * 2^lsb_exponent exactly (0 <= magnitude < 2^63)."""
     if magnitude == 0:
@@ -58,7 +58,7 @@ def limbs_add_integer(limbs, bounds, negative, magnitude, lsb_exponent):
         bounds[1] = index + 2
 
 
-@njit(cache=True, **NO_REFCOUNTS)
+@njit(cache=True, **STAGE)
 def limbs_add_product(limbs, bounds, x, y, exponent_offset):
     """Add x * y * 2^exponent_offset exactly (x, y finite nonzero float64s): the 106-bit
     product of the significands as four partial products of 27 x 27 bits."""

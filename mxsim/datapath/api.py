@@ -912,16 +912,17 @@ def _c_values(c, shape: tuple, c_format: str) -> np.ndarray:
 def matmul_groups(*arguments) -> None:
     """out[g, m, n] = the generic kernel's output code of row m of A[g] (M, K) dotted with row
     n of B[g] given as (N, K), for every group g of a (G, M, K) x (G, N, K) batch: G
-    independent GEMMs, one call; arguments as ``_kernels.matmul_rows`` takes them, less
-    ``start`` and ``stop``. Row-wise dot products are the batch of n GEMMs of one row each:
-    one kernel to compile per signature.
+    independent GEMMs, one call; arguments as the kernels ``_kernels.matmul_rows`` returns
+    take them, less ``start`` and ``stop``. Row-wise dot products are the batch of n GEMMs
+    of one row each: one kernel to compile per signature.
 
     The (group, row) pairs are shared out among Numba's thread count of Python threads, each
     running the GIL-free ``matmul_rows`` on its own rows: a ``prange`` loop would compile
     the kernel a second time, as Numba's parallel gufunc, which tripled its compile time."""
     a_codes = arguments[0]
+    kernel = K.matmul_rows(K.kernel_features(arguments[9], arguments[17], arguments[18]))
     run_in_threads(
-        lambda start, stop: K.matmul_rows(*arguments, start, stop),
+        lambda start, stop: kernel(*arguments, start, stop),
         a_codes.shape[0] * a_codes.shape[1],
     )
 
