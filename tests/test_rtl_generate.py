@@ -45,9 +45,9 @@ def variant(tmp_path, base: str, changes: dict) -> str:
             "adder.align_reference",
         ),
         (
-            {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
+            {"accumulator": {"promotion_interval": 64, "format": "fp64"}},
             "accumulator.promotion_interval",
-        ),  # promotion is built with an fp32 accumulator
+        ),  # promotion is built with an fp32, fp16 or bf16 accumulator
     ],
 )
 def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):

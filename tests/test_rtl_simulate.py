@@ -221,6 +221,19 @@ CI_UNITS = [
         "iverilog",
         {"accumulator.promotion_interval": 16, "adder.fused_terms": 8},
     ),
+    # promotion from a bf16 accumulator (trees of 4, every 8 products) into the fp32 one; K = 16
+    (
+        "h100-fp8-promoted",
+        ("fp8_e4m3", "fp8_e4m3"),
+        16,
+        "iverilog",
+        {
+            "accumulator.promotion_interval": 8,
+            "adder.fused_terms": 4,
+            "accumulator.format": "bf16",
+            "inputs.block_size": 16,
+        },
+    ),
 ]
 
 
