@@ -984,7 +984,7 @@ endmodule
             self.emit(f"  logic signed [{width - 1}:0] {t}_s;  // the tree's one product")
             self.emit(f"  logic signed [{EXW - 1}:0] {t}_s_lsb;")
             self.emit(
-                f"  assign {t}_s = !({nz[k]}) ? '0 : p_sign[{k}] ? -{width}'(p_sig[{k}]) : {width}'(p_sig[{k}]);"
+                f"  assign {t}_s = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}])) : {width}'(p_sig[{k}]);"
             )
             self.emit(f"  assign {t}_s_lsb = p_exp[{k}] - {EXW}'sd{self.ft};")
             return f"{t}_s", width, f"{t}_s_lsb"
