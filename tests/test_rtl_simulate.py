@@ -221,6 +221,14 @@ CI_UNITS = [
         "iverilog",
         {"accumulator.promotion_interval": 16, "adder.fused_terms": 8},
     ),
+    # align_reference: leading_bit (each product aligned at floor(log2|p|)); K = 8
+    (
+        "h100-fp8",
+        ("fp8_e4m3", "fp8_e5m2"),
+        8,
+        "iverilog",
+        {"inputs.block_size": 8, "adder.align_reference": "leading_bit"},
+    ),
     # promotion from a bf16 accumulator (trees of 4, every 8 products) into the fp32 one; K = 16
     (
         "h100-fp8-promoted",

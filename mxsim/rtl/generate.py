@@ -91,7 +91,10 @@ COVERED = {
     "trees_in_blocks": _any,
     "group_terms": _any,
     "accumulator_in_tree": _any,
-    "align_reference": _only("exponent_sum"),
+    # leading_bit: the products' own leading bits (group-sum terms and parity windows: not built)
+    "align_reference": lambda v, p: (
+        v == "exponent_sum" or (p.scales != "group_sum" and not p.parity_windows)
+    ),
     "align_fraction_bits": _any,
     "below_window": _any,
     "carry_bits": _any,
@@ -1042,12 +1045,28 @@ endmodule
     def _product_terms(self, ks: list, nz: dict) -> list[tuple]:
         """A tree's products as window terms: (valid, alignment exponent, sign, magnitude,
         its width, its LSB's exponent, the most places its LSB lies above the window's LSB
-        beyond F, how many binades above the alignment exponent its value may reach)."""
-        lmax = max(0, self.p.align_fraction_bits - self.ft)
+        beyond F, how many binades above the alignment exponent its value may reach).
+        align_reference: leading_bit aligns a product at floor(log2|p|) = pexp - ft + the
+        position of its significand's leading bit; its LSB then lies at most F places above
+        the window's LSB."""
+        f = self.p.align_fraction_bits
+        lmax = max(0, f - self.ft)
+        exps = {k: f"p_exp[{k}]" for k in ks}
+        if self.p.align_reference == "leading_bit":
+            lmax, pw = f, _bits(self.ps) + 1
+            for k in ks:
+                self.emit(f"  logic [{pw - 1}:0] p_top{k}; logic signed [{EXW - 1}:0] p_lead{k};")
+                self.emit(
+                    f"  mxr_msb #(.W({self.ps}), .PW({pw})) p_msb{k} (.x(p_sig[{k}]), .pos(p_top{k}));"
+                )
+                self.emit(
+                    f"  assign p_lead{k} = p_exp[{k}] - {EXW}'sd{self.ft} + {EXW}'($signed({{1'b0, p_top{k}}}));"
+                )
+                exps[k] = f"p_lead{k}"
         return [
             (
                 f"({nz[k]})",
-                f"p_exp[{k}]",
+                exps[k],
                 f"p_sign[{k}]",
                 f"({nz[k]}) ? p_sig[{k}] : {self.ps}'d0",
                 self.ps,
