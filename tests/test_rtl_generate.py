@@ -34,13 +34,6 @@ def variant(tmp_path, base: str, changes: dict) -> str:
     "changes,key",
     [
         (
-            {
-                "inputs": {"scales": "block_sum"},
-                "adder": {"align_fraction_bits": 20, "accumulator_in_tree": False},
-            },
-            "inputs.scales",
-        ),
-        (
             {"accumulator": {"promotion_interval": 64, "format": "fp64"}},
             "accumulator.promotion_interval",
         ),  # promotion is built with an fp32, fp16 or bf16 accumulator
@@ -63,6 +56,17 @@ def test_leading_bit_references_of_group_sums_are_refused_by_name():
     params = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml").params("fp4_e2m1", "fp4_e2m1")
     with pytest.raises(ConfigError, match=r"adder\.align_reference: leading_bit is not covered"):
         check_covered(dataclasses.replace(params, align_reference="leading_bit"), "x.yaml")
+
+
+def test_block_sums_on_a_fixed_point_grid_are_refused_by_name():
+    """scales: block_sum is built for exact and windowed trees, not with the grid keys."""
+    import dataclasses
+
+    from mxsim.rtl import check_covered
+
+    params = load_hwconfig(REPO / "hwconfigs" / "mxdotp.yaml").params("fp8_e4m3", "fp8_e4m3")
+    with pytest.raises(ConfigError, match=r"inputs\.scales: block_sum is not covered"):
+        check_covered(dataclasses.replace(params, scales="block_sum"), "x.yaml")
 
 
 def test_group_sums_in_an_exact_tree_are_refused_by_name():

@@ -76,7 +76,14 @@ COVERED = {
     "block_size": _any,
     # group sums are built as the terms of a windowed tree
     "scales": lambda v, p: (
-        v in ("none", "products") or (v == "group_sum" and p.align_fraction_bits is not None)
+        v in ("none", "products")
+        or (v == "group_sum" and p.align_fraction_bits is not None)
+        or (
+            v == "block_sum"
+            and not p.parity_windows
+            and p.second_alignment_bits is None
+            and p.grid_fraction_bits is None
+        )
     ),
     "scale_format": _any,
     "input_subnormals": _any,
@@ -622,10 +629,14 @@ class _Builder:
             f"    {dec_b} dec_b (.code(b[{wb}*gk +: {wb}]), .nan(b_nan[gk]), .inf(b_inf[gk]), .zero(b_zero[gk]), "
             ".sign(b_sign[gk]), .exp(b_exp[gk]), .sig(b_sig[gk]));"
         )
-        scale_nan = f" || x_nan[gk / {p.block_size}]" if p.scales == "products" else ""
-        scale_exp = (
-            f" + x_exp[gk / {p.block_size}]" if self.scaled and p.scales == "products" else ""
+        scale_nan = (
+            f" || x_nan[gk / {p.block_size}]" if p.scales in ("products", "block_sum") else ""
         )
+        # block_sum with a window: the scale multiplies the tree's sum (_tree), not each product
+        per_product = p.scales == "products" or (
+            p.scales == "block_sum" and p.align_fraction_bits is None
+        )
+        scale_exp = f" + x_exp[gk / {p.block_size}]" if per_product else ""
         self.emit(
             f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);"
         )
@@ -960,6 +971,8 @@ endmodule
                 x = self._parity_sum(t, index, positions, nz)
             else:
                 x = self._window_sum(t, index, positions, nz)
+            if p.scales == "block_sum" and ks:  # the tree's sum times its block's scale
+                x = (x[0], x[1], f"({x[2]} + x_exp[{ks[0] // p.block_size}])")
             in_tree = p.accumulator_in_tree
             if p.second_alignment_bits is not None:
                 if self.state:
@@ -1012,7 +1025,11 @@ endmodule
             )
             terms.append(f"{t}_f{i}")
         self.emit(f"  assign {t}_s = {_balanced_sum(terms)};")
-        x = f" + x_exp[{ks[0] // p.block_size}]" if ks and p.scales == "products" else ""
+        x = (
+            f" + x_exp[{ks[0] // p.block_size}]"
+            if ks and p.scales in ("products", "block_sum")
+            else ""
+        )
         self.emit(f"  assign {t}_s_lsb = {_signed(low - self.ft)}{x};")
         return f"{t}_s", width, f"{t}_s_lsb"
 
