@@ -187,7 +187,8 @@ def table(results: dict) -> str:
     recorded = {r["config"] for r in rows}
     rows += [dict(u, missing=True) for u in mx_units() if u["config"] not in recorded]
     rows.sort(key=lambda r: r["config"])
-    stamps = [s for r in rows for s in (r.get("iverilog"), r.get("verilator"), r.get("yosys")) if s]
+    steps = ("iverilog", "verilator", "yosys", "yosys_hierarchical")
+    stamps = [r[s] for r in rows for s in steps if r.get(s)]
     loads = [float(s["load_average"].split()[0]) for s in stamps]
     lines = [
         f"First format pair of each config, K = {results['setup']['k']}; vectors: "
@@ -213,13 +214,22 @@ def table(results: dict) -> str:
         sims = [r.get(s) for s in ("iverilog", "verilator")]
         vectors = " / ".join(f"{s['vectors']:,}" if s else "–" for s in sims)
         mismatches = " / ".join(str(s["mismatches"]) if s else "–" for s in sims)
-        y = r.get("yosys")
+        y, h = r.get("yosys"), r.get("yosys_hierarchical")
         area = (
             f"{y['cells']:,} | {y['transistors']:,} | {y['depth']} | {y['cpu_seconds']:.0f}"
             if y
+            else f"{h['cells']:,} ¹ | {h['transistors']:,} ¹ | – | {h['cpu_seconds']:.0f} ¹"
+            if h
             else "– | – | – | –"
         )
         lines.append(f"| {name} | {pair} | {r['k']} | {vectors} | {mismatches} | {area} |")
+    if any(r.get("yosys_hierarchical") and not r.get("yosys") for r in rows):
+        lines += [
+            "",
+            "¹ Synthesized module by module (the same flow without `-flatten`: each distinct "
+            "module mapped once, the counts summed over its instances, no optimisation across "
+            "module boundaries); no depth (`ltp` does not follow paths through instances).",
+        ]
     return "\n".join(lines) + "\n"
 
 
