@@ -44,8 +44,8 @@ LIBRARY = Path(__file__).with_name("mxsim_rtl_lib.sv")
 EXW = 16  # exponent bus width: every exponent of a covered unit lies within +-2^15
 MAX_K = 4096  # elements per dot product a generated unit may take
 TABLE_BITS = 9  # element formats of at most this many bits decode by a table of every code
-E8M0_EXPONENTS = (-127, 127)
-FP32_SHAPE = (8, 23)  # the outer accumulator of promotion_interval  # the exponents of the finite E8M0 scale codes 0..254
+E8M0_EXPONENTS = (-127, 127)  # the exponents of the finite E8M0 scale codes 0..254
+FP32_SHAPE = (8, 23)  # (EB, MB) of the outer accumulator of promotion_interval
 MODES = {
     "nearest_even": 0,
     "nearest_away": 1,
