@@ -139,7 +139,12 @@ def measure(args) -> None:
 def table(results: dict) -> str:
     """docs/area.md's table of a results file (no dates: those stay in the file)."""
     s = results["setup"]
-    rows = results["rows"]
+    # rows in the order of the variants within each format (a rerun appends what it adds)
+    formats = list(dict.fromkeys(r["format"] for r in results["rows"]))
+    labels = [label for label, _ in variants(s["k"])]
+    rows = sorted(
+        results["rows"], key=lambda r: (formats.index(r["format"]), labels.index(r["variant"]))
+    )
     lines = [
         f"K = {s['k']}, {s['block_size']}-element blocks, base `{s['hw']}` with a tree of {s['fused_terms']} terms; "
         f"SQNR: worst layer of `{s['trace']}` vs the ideal MX result. Synthesized at commit "

@@ -10,7 +10,11 @@ resolved parameters at that pair are equal generate the same unit (the RTL and t
 are functions of the parameters): the first in name order stands for the rest.
 
     python benchmarks/bench_rtl_configs.py --record benchmarks/results/rtl-configs.json
-    python benchmarks/docs_tables.py   # docs/area.md's table from the results file
+    python benchmarks/bench_rtl_configs.py --reference --record benchmarks/results/rtl-reference.json
+    python benchmarks/docs_tables.py   # docs/area.md's tables from the results files
+
+``--reference`` runs the reference units of docs/area.md's design-point comparison instead
+(:data:`REFERENCES`): the same steps, one row each.
 
 ``--record`` rewrites the results file after every step (simulation, synthesis), and a rerun
 skips the steps already recorded for the same unit and vector count. Run it ``nice``'d: a
@@ -29,6 +33,7 @@ from pathlib import Path
 from bench_rtl_area import conditions
 
 from mxsim.datapath import load_hwconfig
+from mxsim.datapath.config import vary_hwconfig
 from mxsim.errors import ConfigError
 from mxsim.fileio import write_atomic
 from mxsim.formats import get_format
@@ -39,6 +44,27 @@ from mxsim.rtl.synth import _children_cpu, synthesize
 
 REPO = Path(__file__).resolve().parent.parent
 K = 32
+#: docs/area.md's design-point comparison: generated units as published designs define theirs
+#: (config, pair, K, changed keys, what the unit is).
+REFERENCES = [
+    {
+        "config": "mi100",
+        "pair": ["fp32", "fp32"],
+        "k": 1,
+        "changes": {"inputs.block_size": 1},  # no scales: it only sets the vectors' K
+        "what": "an IEEE fp32 fused multiply-add: a·b + c rounded once to nearest even, "
+        "subnormals kept (MI100's fp32 path at K = 1)",
+    },
+    {
+        "config": "mxdotp",
+        "pair": ["fp8_e4m3", "fp8_e4m3"],
+        "k": 8,
+        "changes": {"inputs.block_size": 8},
+        "what": "one MXDOTP operation: 8 E4M3 products, one E8M0 scale per operand, the FP32 "
+        "accumulator, one rounding (the mxdotp config with the scale over the operation's 8 "
+        "elements)",
+    },
+]
 
 
 def mx_units(patterns=None, skip=None) -> list[dict]:
@@ -105,13 +131,15 @@ def measure(args) -> None:
     record = Path(args.record) if args.record else None
     results = json.loads(record.read_text()) if record and record.is_file() else {"rows": []}
     rows = {r["config"]: r for r in results["rows"]}
-    for entry in mx_units(args.only, args.skip):
+    for entry in REFERENCES if args.reference else mx_units(args.only, args.skip):
         row = rows.setdefault(entry["config"], dict(entry))
         row.update({k: v for k, v in entry.items() if k != "refused"})
         if entry.get("refused"):
             row["refused"] = entry["refused"]
             continue
         hw = load_hwconfig(REPO / "hwconfigs" / f"{entry['config']}.yaml")
+        if entry.get("changes"):
+            hw = vary_hwconfig(hw, entry["changes"], f"{hw.name}-reference")
         unit = generate_unit(hw, *entry["pair"], entry["k"])
         for simulator in ("iverilog", "verilator"):
             if (
@@ -122,7 +150,7 @@ def measure(args) -> None:
             outcome = prove(hw, unit, entry["pair"], args.cases, simulator)
             row[simulator] = {"random_cases": args.cases, **outcome, **conditions()}
             print(f"{entry['config']} K={entry['k']} {simulator}: {outcome}", flush=True)
-            _save(record, results, rows)
+            _save(record, results, rows, args.reference)
         if "yosys" in args.step and "yosys" not in row:
             result = synthesize(unit)
             row["yosys"] = {
@@ -134,11 +162,16 @@ def measure(args) -> None:
                 **conditions(),
             }
             print(f"{entry['config']} K={entry['k']} yosys: {row['yosys']}", flush=True)
-            _save(record, results, rows)
+            _save(record, results, rows, args.reference)
 
 
-def _save(record, results, rows) -> None:
+def _save(record, results, rows, reference=False) -> None:
     results["rows"] = sorted(rows.values(), key=lambda r: r["config"])
+    if reference:
+        results["setup"] = {"vectors": "mxsim golden random (seed 11) and corners"}
+        if record:
+            write_atomic(record, json.dumps(results, indent=1) + "\n")
+        return
     results["setup"] = {
         "selection": "shipped configs whose first pair has scales or elements of at most 8 bits",
         "k": f"{K}, or the tree's size where a tree spans more (multiples of the block)",
@@ -154,7 +187,8 @@ def table(results: dict) -> str:
     recorded = {r["config"] for r in rows}
     rows += [dict(u, missing=True) for u in mx_units() if u["config"] not in recorded]
     rows.sort(key=lambda r: r["config"])
-    stamps = [s for r in rows for s in (r.get("iverilog"), r.get("verilator"), r.get("yosys")) if s]
+    steps = ("iverilog", "verilator", "yosys", "yosys_hierarchical")
+    stamps = [r[s] for r in rows for s in steps if r.get(s)]
     loads = [float(s["load_average"].split()[0]) for s in stamps]
     lines = [
         f"First format pair of each config, K = {results['setup']['k']}; vectors: "
@@ -180,13 +214,48 @@ def table(results: dict) -> str:
         sims = [r.get(s) for s in ("iverilog", "verilator")]
         vectors = " / ".join(f"{s['vectors']:,}" if s else "–" for s in sims)
         mismatches = " / ".join(str(s["mismatches"]) if s else "–" for s in sims)
-        y = r.get("yosys")
+        y, h = r.get("yosys"), r.get("yosys_hierarchical")
+        area = (
+            f"{y['cells']:,} | {y['transistors']:,} | {y['depth']} | {y['cpu_seconds']:.0f}"
+            if y
+            else f"{h['cells']:,} ¹ | {h['transistors']:,} ¹ | – | {h['cpu_seconds']:.0f} ¹"
+            if h
+            else "– | – | – | –"
+        )
+        lines.append(f"| {name} | {pair} | {r['k']} | {vectors} | {mismatches} | {area} |")
+    if any(r.get("yosys_hierarchical") and not r.get("yosys") for r in rows):
+        lines += [
+            "",
+            "¹ Synthesized module by module (the same flow without `-flatten`: each distinct "
+            "module mapped once, the counts summed over its instances, no optimisation across "
+            "module boundaries); no depth (`ltp` does not follow paths through instances).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def reference_table(results: dict) -> str:
+    """docs/area.md's reference units (dates and load stay in the results file)."""
+    stamps = [
+        s for r in results["rows"] for s in (r.get("iverilog"), r.get("yosys")) if s
+    ]
+    lines = [
+        f"Vectors: {results['setup']['vectors']} under Icarus; Yosys: the flow above, processor "
+        f"seconds. Recorded at commit {', '.join(sorted({s['commit'] for s in stamps}))}.",
+        "",
+        "| unit | config, pair, K | vectors | mismatches | cells | transistors | depth | Yosys s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        sim, y = r.get("iverilog"), r.get("yosys")
+        vectors = f"{sim['vectors']:,} | {sim['mismatches']}" if sim else "– | –"
         area = (
             f"{y['cells']:,} | {y['transistors']:,} | {y['depth']} | {y['cpu_seconds']:.0f}"
             if y
             else "– | – | – | –"
         )
-        lines.append(f"| {name} | {pair} | {r['k']} | {vectors} | {mismatches} | {area} |")
+        lines.append(
+            f"| {r['what']} | {r['config']}, {' × '.join(r['pair'])}, {r['k']} | {vectors} | {area} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -204,6 +273,9 @@ def main() -> int:
         "--skip", action="append", help="leave out configs whose name contains this"
     )
     parser.add_argument("--list", action="store_true", help="print the units and exit")
+    parser.add_argument(
+        "--reference", action="store_true", help="the reference units (REFERENCES) instead"
+    )
     parser.add_argument("--record", help="results JSON, rewritten after every step")
     args = parser.parse_args()
     args.step = args.step or ["iverilog", "verilator", "yosys"]

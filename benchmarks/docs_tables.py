@@ -27,7 +27,10 @@ DOC = REPO / "docs" / "benchmarks.md"
 DOCS = (DOC, REPO / "docs" / "area.md")
 ELSEWHERE = {"rtl-area", "rtl-area-k32"}
 #: results files with a table of their own shape: the script and its function that renders it
-RENDERERS = {"rtl-configs": ("bench_rtl_configs", "table")}
+RENDERERS = {
+    "rtl-configs": ("bench_rtl_configs", "table"),
+    "rtl-reference": ("bench_rtl_configs", "reference_table"),
+}
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 

@@ -280,3 +280,7 @@ def test_rtl_configs_lists_every_shipped_mx_config_once(monkeypatch):
     table = bench.table({"rows": [row], "setup": {"k": "32", "vectors": "v"}})
     assert f"| {units[0]['config']}" in table and "| 10 / – | 0 / – | 5 | 20 | 3 | 1 |" in table
     assert table.count("not run") == len(units) - 1
+    # a unit synthesized module by module is marked, its depth left out
+    hier = {**units[1], "yosys_hierarchical": {**row.pop("yosys"), "depth": None}}
+    table = bench.table({"rows": [row, hier], "setup": {"k": "32", "vectors": "v"}})
+    assert "| 5 ¹ | 20 ¹ | – | 1 ¹ |" in table and "¹ Synthesized module by module" in table

@@ -34,20 +34,9 @@ def variant(tmp_path, base: str, changes: dict) -> str:
     "changes,key",
     [
         (
-            {
-                "inputs": {"scales": "block_sum"},
-                "adder": {"align_fraction_bits": 20, "accumulator_in_tree": False},
-            },
-            "inputs.scales",
-        ),
-        (
-            {"adder": {"align_reference": "leading_bit", "align_fraction_bits": 20}},
-            "adder.align_reference",
-        ),
-        (
-            {"accumulator": {"promotion_interval": 64, "format": "fp16"}},
+            {"accumulator": {"promotion_interval": 64, "format": "fp64"}},
             "accumulator.promotion_interval",
-        ),  # promotion is built with an fp32 accumulator
+        ),  # promotion is built with an fp32, fp16 or bf16 accumulator
     ],
 )
 def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
@@ -56,6 +45,28 @@ def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
         ConfigError, match=key.replace(".", r"\.") + r": .* not covered by the RTL generator"
     ):
         generate_unit(path, "fp8_e4m3", "fp8_e4m3")
+
+
+def test_leading_bit_references_of_group_sums_are_refused_by_name():
+    """align_reference: leading_bit is built for product terms, not for group-sum terms."""
+    import dataclasses
+
+    from mxsim.rtl import check_covered
+
+    params = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml").params("fp4_e2m1", "fp4_e2m1")
+    with pytest.raises(ConfigError, match=r"adder\.align_reference: leading_bit is not covered"):
+        check_covered(dataclasses.replace(params, align_reference="leading_bit"), "x.yaml")
+
+
+def test_block_sums_on_a_fixed_point_grid_are_refused_by_name():
+    """scales: block_sum is built for exact and windowed trees, not with the grid keys."""
+    import dataclasses
+
+    from mxsim.rtl import check_covered
+
+    params = load_hwconfig(REPO / "hwconfigs" / "mxdotp.yaml").params("fp8_e4m3", "fp8_e4m3")
+    with pytest.raises(ConfigError, match=r"inputs\.scales: block_sum is not covered"):
+        check_covered(dataclasses.replace(params, scales="block_sum"), "x.yaml")
 
 
 def test_group_sums_in_an_exact_tree_are_refused_by_name():

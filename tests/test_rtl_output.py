@@ -84,10 +84,10 @@ def test_bad_configs_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "mxsim_hwconfig: 1\nname: bad\ninputs: {a_formats: [fp4_e2m1], b_formats: [fp4_e2m1]}\n"
-        "adder: {align_reference: leading_bit, align_fraction_bits: 10}\n"
+        "accumulator: {format: fp64, promotion_interval: 32}\n"  # promotion from fp64: refused
     )
     for hw, words in (
-        (bad, "adder.align_reference"),
+        (bad, "accumulator.promotion_interval"),
         (tmp_path / "missing.yaml", "missing.yaml"),
         (tmp_path, str(tmp_path)),
     ):

@@ -221,6 +221,36 @@ CI_UNITS = [
         "iverilog",
         {"accumulator.promotion_interval": 16, "adder.fused_terms": 8},
     ),
+    # align_reference: leading_bit (each product aligned at floor(log2|p|)); K = 8
+    (
+        "h100-fp8",
+        ("fp8_e4m3", "fp8_e5m2"),
+        8,
+        "iverilog",
+        {"inputs.block_size": 8, "adder.align_reference": "leading_bit"},
+    ),
+    # scales: block_sum with a window: the tree's sum times the block scale (the products
+    # aligned unscaled, against zero_term_exponent -133); K = 32, the accumulator outside
+    (
+        "b200-tcgen05-mxf8f6f4",
+        ("fp8_e4m3", "fp8_e5m2"),
+        32,
+        "iverilog",
+        {"inputs.scales": "block_sum", "adder.accumulator_in_tree": False},
+    ),
+    # promotion from a bf16 accumulator (trees of 4, every 8 products) into the fp32 one; K = 16
+    (
+        "h100-fp8-promoted",
+        ("fp8_e4m3", "fp8_e4m3"),
+        16,
+        "iverilog",
+        {
+            "accumulator.promotion_interval": 8,
+            "adder.fused_terms": 4,
+            "accumulator.format": "bf16",
+            "inputs.block_size": 16,
+        },
+    ),
 ]
 
 

@@ -71,3 +71,28 @@ def test_a_damaged_cache_entry_is_recomputed(tmp_path, monkeypatch):
     (tmp_path / f"{design_key(unit)}.json").write_text("{not json")
     result = synthesize(unit)
     assert not result.cached and result.cells > 0
+
+
+def test_yosys_reads_a_tree_of_one_product(tmp_path):
+    """A tree of one product (an FMA chain) negates its sized significand; Yosys reads the
+    unit (it once took ``-49'(x)`` for a cast to size -49)."""
+    import subprocess
+
+    from pathlib import Path
+
+    from mxsim.datapath import load_hwconfig
+    from mxsim.datapath.config import vary_hwconfig
+
+    require(have_yosys(), "Yosys")
+    mi100 = Path(__file__).resolve().parent.parent / "hwconfigs" / "mi100.yaml"
+    hw = vary_hwconfig(load_hwconfig(mi100), {"inputs.block_size": 1}, "mi100-k1")
+    unit = generate_unit(hw, "fp32", "fp32", 1)
+    for name, source in unit.files.items():
+        (tmp_path / name).write_text(source)
+    done = subprocess.run(
+        ["yosys", "-q", "-p", f"read_verilog -sv {' '.join(unit.files)}; hierarchy -top {unit.name}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-500:]

@@ -45,6 +45,7 @@ EXW = 16  # exponent bus width: every exponent of a covered unit lies within +-2
 MAX_K = 4096  # elements per dot product a generated unit may take
 TABLE_BITS = 9  # element formats of at most this many bits decode by a table of every code
 E8M0_EXPONENTS = (-127, 127)  # the exponents of the finite E8M0 scale codes 0..254
+FP32_SHAPE = (8, 23)  # (EB, MB) of the outer accumulator of promotion_interval
 MODES = {
     "nearest_even": 0,
     "nearest_away": 1,
@@ -75,7 +76,14 @@ COVERED = {
     "block_size": _any,
     # group sums are built as the terms of a windowed tree
     "scales": lambda v, p: (
-        v in ("none", "products") or (v == "group_sum" and p.align_fraction_bits is not None)
+        v in ("none", "products")
+        or (v == "group_sum" and p.align_fraction_bits is not None)
+        or (
+            v == "block_sum"
+            and not p.parity_windows
+            and p.second_alignment_bits is None
+            and p.grid_fraction_bits is None
+        )
     ),
     "scale_format": _any,
     "input_subnormals": _any,
@@ -90,7 +98,10 @@ COVERED = {
     "trees_in_blocks": _any,
     "group_terms": _any,
     "accumulator_in_tree": _any,
-    "align_reference": _only("exponent_sum"),
+    # leading_bit: the products' own leading bits (group-sum terms and parity windows: not built)
+    "align_reference": lambda v, p: (
+        v == "exponent_sum" or (p.scales != "group_sum" and not p.parity_windows)
+    ),
     "align_fraction_bits": _any,
     "below_window": _any,
     "carry_bits": _any,
@@ -117,9 +128,9 @@ COVERED = {
     "c_entry": _any,
     "c_add_rounding": _any,
     "accumulator_overflow": _any,
-    # the outer accumulator is fp32: built when the accumulator and c's port are fp32 as well
+    # the outer accumulator is fp32: built when c's port is fp32 (c a value of at most fp32)
     "promotion_interval": lambda v, p: (
-        v is None or (p.accumulator_format == "fp32" and p.c_format != "fp64")
+        v is None or (p.accumulator_format in ("fp32", "fp16", "bf16") and p.c_format != "fp64")
     ),
     "grid_fraction_bits": _any,
     "grid_max_left_shift": _any,
@@ -618,10 +629,14 @@ class _Builder:
             f"    {dec_b} dec_b (.code(b[{wb}*gk +: {wb}]), .nan(b_nan[gk]), .inf(b_inf[gk]), .zero(b_zero[gk]), "
             ".sign(b_sign[gk]), .exp(b_exp[gk]), .sig(b_sig[gk]));"
         )
-        scale_nan = f" || x_nan[gk / {p.block_size}]" if p.scales == "products" else ""
-        scale_exp = (
-            f" + x_exp[gk / {p.block_size}]" if self.scaled and p.scales == "products" else ""
+        scale_nan = (
+            f" || x_nan[gk / {p.block_size}]" if p.scales in ("products", "block_sum") else ""
         )
+        # block_sum with a window: the scale multiplies the tree's sum (_tree), not each product
+        per_product = p.scales == "products" or (
+            p.scales == "block_sum" and p.align_fraction_bits is None
+        )
+        scale_exp = f" + x_exp[gk / {p.block_size}]" if per_product else ""
         self.emit(
             f"    assign p_nan[gk] = a_nan[gk] || b_nan[gk]{scale_nan} || (a_inf[gk] && b_zero[gk]) || (b_inf[gk] && a_zero[gk]);"
         )
@@ -755,7 +770,7 @@ class _Builder:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
         if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
             self.emit(
-                f"  logic [{aw - 1}:0] c_outer; assign c_outer = (c_special || c_zero{flush}) ? '0 : c;"
+                f"  logic [31:0] c_outer; assign c_outer = (c_special || c_zero{flush}) ? '0 : c;"
             )
 
     def _pairwise(self) -> str:
@@ -877,26 +892,25 @@ endmodule
 """
 
     def _promote(self, name: str, outer: str, acc: str) -> str:
-        """promotion_interval: the accumulator added into the outer fp32 accumulator (which c
-        starts), rounded to nearest even; an overflow becomes the running special and the
-        outer accumulator 0. Returns the outer accumulator's new code."""
-        aw = 1 + self.acc_eb + self.acc_mb
+        """promotion_interval: the accumulator (of its own format) added into the outer fp32
+        accumulator (which c starts), rounded to nearest even; an overflow becomes the running
+        special and the outer accumulator 0. Returns the outer accumulator's new fp32 code."""
         self.emit(f"  // promotion: {acc} added into the outer fp32 accumulator (nearest even).")
         self._acc_unpack(f"{name}_a", acc)
-        self._acc_unpack(f"{name}_o", outer)
+        self._acc_unpack(f"{name}_o", outer, FP32_SHAPE)
         w = self.acc_mb + 2
         self.emit(
             f"  logic signed [{w - 1}:0] {name}_x; assign {name}_x = {name}_a_sign ? -({w}'($unsigned({name}_a_sig))) : {w}'($unsigned({name}_a_sig));"
         )
-        self.emit(f"  logic [{aw - 1}:0] {name}_sum, {name}_out; logic {name}_ovf;")
+        self.emit(f"  logic [31:0] {name}_sum, {name}_out; logic {name}_ovf;")
         self.emit(
-            f"  mxr_add_round #(.WX({w}), .WY({self.acc_mb + 1}), .EB({self.acc_eb}), .MB({self.acc_mb}), "
+            f"  mxr_add_round #(.WX({w}), .WY(24), .EB(8), .MB(23), "
             f".MODE({MODES['nearest_even']}), .SUBN(1), .OVF_INF(0), .EXW({EXW})) {name}_add (.x({name}_x), "
             f".lsb_x({name}_a_exp - {EXW}'sd{self.acc_mb}), .sign_y({name}_o_sign), .mag_y({name}_o_sig), "
-            f".lsb_y({name}_o_exp - {EXW}'sd{self.acc_mb}), .code({name}_sum), .ovf({name}_ovf));"
+            f".lsb_y({name}_o_exp - {EXW}'sd23), .code({name}_sum), .ovf({name}_ovf));"
         )
         self.emit(f"  assign {name}_out = {name}_ovf ? '0 : {name}_sum;")
-        self._note_overflow(f"{name}_ovf", f"{name}_sum[{aw - 1}]", len(self.tree_specials))
+        self._note_overflow(f"{name}_ovf", f"{name}_sum[31]", len(self.tree_specials))
         return f"{name}_out"
 
     def _acc_ovf_inf(self) -> int:
@@ -911,8 +925,9 @@ endmodule
             f".OVF_INF({ovf_inf}), .EXW({EXW})) {inst} (.sign({sign}), .mag({mag}), .lsb({lsb}), .code({code}), .ovf({ovf}));"
         )
 
-    def _acc_unpack(self, prefix: str, acc: str) -> None:
-        eb, mb = self.acc_eb, self.acc_mb
+    def _acc_unpack(self, prefix: str, acc: str, shape: tuple | None = None) -> None:
+        """The accumulator code ``acc`` unpacked (``shape``: (EB, MB) of another format)."""
+        eb, mb = shape or (self.acc_eb, self.acc_mb)
         self.emit(
             f"  logic {prefix}_nan, {prefix}_inf, {prefix}_zero, {prefix}_sign; logic signed [{EXW - 1}:0] {prefix}_exp; "
             f"logic [{mb}:0] {prefix}_sig;"
@@ -956,6 +971,8 @@ endmodule
                 x = self._parity_sum(t, index, positions, nz)
             else:
                 x = self._window_sum(t, index, positions, nz)
+            if p.scales == "block_sum" and ks:  # the tree's sum times its block's scale
+                x = (x[0], x[1], f"({x[2]} + x_exp[{ks[0] // p.block_size}])")
             in_tree = p.accumulator_in_tree
             if p.second_alignment_bits is not None:
                 if self.state:
@@ -968,7 +985,8 @@ endmodule
         """An exact tree's product sum: S * 2^lsb, S two's complement on one fixed-point grid.
         Products sharing one block scale sit on a grid spanning the elements' exponents, the
         scale added to the sum's LSB; products of several blocks (an exact tree across block
-        scales) on one spanning the scale exponents' range as well, each at its own scale."""
+        scales) on one spanning the scale exponents' range as well, each block's sum at its
+        own scale (:meth:`_block_terms`)."""
         p = self.p
         blocks = {k // p.block_size for k in ks} if self.scaled else set()
         per_product = len(blocks) > 1 and p.scales == "products"
@@ -976,14 +994,13 @@ endmodule
         span = self.pemax - self.pemin
         if per_product:
             span += 2 * (E8M0_EXPONENTS[1] - E8M0_EXPONENTS[0])
-        exp = "p_exp" if per_product else "p_uexp"
         if len(ks) == 1:  # one product is its own exact sum: no grid
             (k,) = ks
             width = self.ps + 1
             self.emit(f"  logic signed [{width - 1}:0] {t}_s;  // the tree's one product")
             self.emit(f"  logic signed [{EXW - 1}:0] {t}_s_lsb;")
             self.emit(
-                f"  assign {t}_s = !({nz[k]}) ? '0 : p_sign[{k}] ? -{width}'(p_sig[{k}]) : {width}'(p_sig[{k}]);"
+                f"  assign {t}_s = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}])) : {width}'(p_sig[{k}]);"
             )
             self.emit(f"  assign {t}_s_lsb = p_exp[{k}] - {EXW}'sd{self.ft};")
             return f"{t}_s", width, f"{t}_s_lsb"
@@ -992,34 +1009,81 @@ endmodule
             f"  logic signed [{width - 1}:0] {t}_s;  // exact product sum, LSB 2^(pemin - ft + X)"
         )
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_s_lsb;")
+        if per_product:
+            terms = self._block_terms(t, ks, nz, width)
+            self.emit(f"  assign {t}_s = {_balanced_sum(terms)};")
+            self.emit(f"  assign {t}_s_lsb = {_signed(low - self.ft)};")
+            return f"{t}_s", width, f"{t}_s_lsb"
         terms = []
         for i, k in enumerate(ks):
             self.emit(
                 f"  logic signed [{width - 1}:0] {t}_f{i};  // product k = {k} on the grid, signed"
             )
             self.emit(
-                f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << ({exp}[{k}] - {_signed(low)}))"
-                f" : {width}'(p_sig[{k}]) << ({exp}[{k}] - {_signed(low)});"
+                f"  assign {t}_f{i} = !({nz[k]}) ? '0 : p_sign[{k}] ? -({width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(low)}))"
+                f" : {width}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(low)});"
             )
             terms.append(f"{t}_f{i}")
         self.emit(f"  assign {t}_s = {_balanced_sum(terms)};")
         x = (
             f" + x_exp[{ks[0] // p.block_size}]"
-            if ks and p.scales == "products" and not per_product
+            if ks and p.scales in ("products", "block_sum")
             else ""
         )
         self.emit(f"  assign {t}_s_lsb = {_signed(low - self.ft)}{x};")
         return f"{t}_s", width, f"{t}_s_lsb"
 
+    def _block_terms(self, t: str, ks: list, nz: dict, width: int) -> list[str]:
+        """An exact tree across block scales: each block's products summed exactly on a grid
+        spanning the elements' exponents (LSB 2^(pemin - ft)), then that sum, sign-extended,
+        shifted by its scale exponent onto the tree's grid (LSB 2^(pemin - ft - 254)): one wide
+        shifter and adder per block instead of one per product, the negation at block width."""
+        p = self.p
+        terms = []
+        for j in sorted({k // p.block_size for k in ks}):
+            members = [k for k in ks if k // p.block_size == j]
+            bw = self.ps + self.pemax - self.pemin + _bits(len(members)) + 1
+            parts = []
+            for k in members:
+                shifted = f"({bw}'(p_sig[{k}]) << (p_uexp[{k}] - {_signed(self.pemin)}))"
+                parts.append(f"(!({nz[k]}) ? {bw}'sd0 : p_sign[{k}] ? -{shifted} : {shifted})")
+            self.emit(
+                f"  logic signed [{bw - 1}:0] {t}_b{j};  // block {j}'s products, LSB 2^(pemin - ft)"
+            )
+            self.emit(f"  assign {t}_b{j} = {_balanced_sum(parts)};")
+            self.emit(f"  logic signed [{width - 1}:0] {t}_g{j};  // block {j} on the tree's grid")
+            self.emit(
+                f"  assign {t}_g{j} = {{{{{width - bw}{{{t}_b{j}[{bw - 1}]}}}}, {t}_b{j}}}"
+                f" << (x_exp[{j}] - {_signed(2 * E8M0_EXPONENTS[0])});"
+            )
+            terms.append(f"{t}_g{j}")
+        return terms
+
     def _product_terms(self, ks: list, nz: dict) -> list[tuple]:
         """A tree's products as window terms: (valid, alignment exponent, sign, magnitude,
         its width, its LSB's exponent, the most places its LSB lies above the window's LSB
-        beyond F, how many binades above the alignment exponent its value may reach)."""
-        lmax = max(0, self.p.align_fraction_bits - self.ft)
+        beyond F, how many binades above the alignment exponent its value may reach).
+        align_reference: leading_bit aligns a product at floor(log2|p|) = pexp - ft + the
+        position of its significand's leading bit; its LSB then lies at most F places above
+        the window's LSB."""
+        f = self.p.align_fraction_bits
+        lmax = max(0, f - self.ft)
+        exps = {k: f"p_exp[{k}]" for k in ks}
+        if self.p.align_reference == "leading_bit":
+            lmax, pw = f, _bits(self.ps) + 1
+            for k in ks:
+                self.emit(f"  logic [{pw - 1}:0] p_top{k}; logic signed [{EXW - 1}:0] p_lead{k};")
+                self.emit(
+                    f"  mxr_msb #(.W({self.ps}), .PW({pw})) p_msb{k} (.x(p_sig[{k}]), .pos(p_top{k}));"
+                )
+                self.emit(
+                    f"  assign p_lead{k} = p_exp[{k}] - {EXW}'sd{self.ft} + {EXW}'($signed({{1'b0, p_top{k}}}));"
+                )
+                exps[k] = f"p_lead{k}"
         return [
             (
                 f"({nz[k]})",
-                f"p_exp[{k}]",
+                exps[k],
                 f"p_sign[{k}]",
                 f"({nz[k]}) ? p_sig[{k}] : {self.ps}'d0",
                 self.ps,
@@ -1475,9 +1539,11 @@ endmodule
         if p.accumulator_format == "exact":
             self.emit(f"  assign o_rounded = {acc}; assign o_ovf = 1'b0;")
         else:
-            self._acc_unpack("o_a", acc)
+            # with promotion the last value is the outer fp32 accumulator's
+            mb = 23 if p.promotion_interval else self.acc_mb
+            self._acc_unpack("o_a", acc, FP32_SHAPE if p.promotion_interval else None)
             self.emit(
-                f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', self.acc_mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{self.acc_mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}"
+                f"  {self._round_inst('o_round', 'o_a_sign', 'o_a_sig', mb + 1, f'o_a_exp - {EXW}' + chr(39) + f'sd{mb}', p.output_format, p.output_rounding, p.output_subnormals, 0, 'o_rounded', 'o_ovf')}"
             )
         specials = self.tree_specials
         # the overflow that counts: the first one with no NaN/Inf (c, products) before it
