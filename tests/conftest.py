@@ -398,10 +398,11 @@ def count_gemm_kernels(torch, model, sample) -> dict:
     return counts
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_runner():
-    """A 2-worker Dask LocalCluster (processes), shared by the tests that need one; skipped
-    without the dask extra (a failure when CI is set)."""
+    """A 2-worker Dask LocalCluster (processes), shared by a module's tests that need one;
+    skipped without the dask extra (a failure when CI is set). Closed after the module: an
+    idle cluster costs about a sixth of a core (heartbeats), more than starting another."""
     try:
         importlib.import_module("distributed")
     except ImportError:
