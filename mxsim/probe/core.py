@@ -152,6 +152,7 @@ class _Engine:
         )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
+        self._hyp_memo: dict = {}  # hypothesis items, in order -> the same (skips the fields)
         #: (params, digest of a probe's rows, chunk start) -> the chunk's predictions (read-only):
         #: each pass decides every probe again on the same rows, mostly with the same candidates
         self._predictions: dict = {}
@@ -176,6 +177,15 @@ class _Engine:
         """The resolved parameters of a hypothesis, or None for a combination no unit can have
         (the template's parameters with the hypothesis's fields replaced, then checked as the
         loader checks them)."""
+        items = tuple(
+            (path, tuple(value) if isinstance(value, list) else value)
+            for path, value in hyp.items()
+        )
+        if items not in self._hyp_memo:
+            self._hyp_memo[items] = self._resolve(hyp)
+        return self._hyp_memo[items]
+
+    def _resolve(self, hyp: dict):
         if self._template is None:
             self._template = parse_hwconfig(self.data(self.hyp), "<probe>").params(
                 self.ctx.a_format, self.ctx.b_format, self.ctx.out_format
