@@ -398,10 +398,11 @@ def count_gemm_kernels(torch, model, sample) -> dict:
     return counts
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_runner():
-    """A 2-worker Dask LocalCluster (processes), shared by the tests that need one; skipped
-    without the dask extra (a failure when CI is set)."""
+    """A 2-worker Dask LocalCluster (processes), shared by a module's tests that need one;
+    skipped without the dask extra (a failure when CI is set). Closed after the module: an
+    idle cluster costs about a sixth of a core (heartbeats), more than starting another."""
     try:
         importlib.import_module("distributed")
     except ImportError:
@@ -793,18 +794,34 @@ SPREAD_MODULES = (
 )
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: the spread modules' tests shared out one at a time, every
+    other module whole, in the collection order. xdist groups by ``xdist_group`` marks written
+    into the node ids, which pytest 9.2's structured node ids no longer take: every module was
+    spread over both workers and built its module fixtures (RTL benches, Quark's extension)
+    twice. This scheduler groups by the node ids' module instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if Path(module).stem in SPREAD_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS, and order the run for
-    the xdist workers (``--dist loadgroup``): the spread modules' tests first, one at a time,
-    then the other modules whole (an ``xdist_group`` each), larger modules first, so that no
-    long test is left to run alone at the end."""
+    the xdist workers (:func:`pytest_xdist_make_scheduler`): the spread modules' tests first,
+    one at a time, then the other modules whole, larger modules first, so that no long test is
+    left to run alone at the end."""
     sizes: dict[str, int] = {}
     for item in items:
         sizes[item.path.stem] = sizes.get(item.path.stem, 0) + 1
     for item in items:
         module = item.path.stem
-        if module not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module))
         marks = {
             m
             for pattern, tier in MODULE_TIERS.items()

@@ -20,6 +20,7 @@ from mxsim.quantize import quantize
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.api import (
+    dot_with_each_params,
     dot_with_params,
     kernel_c_dtype,
     kernel_output_dtype,
@@ -429,6 +430,60 @@ def test_kernel_equals_reference_on_random_configs(data):
         f"second alignment {params.second_alignment_bits is not None}"
     )
     assert_kernel_matches_reference(params, *random_inputs(data.draw, params, rows=3))
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_dot_with_each_params_is_a_dot_with_params_call_per_params(data):
+    """The batch entry (operands checked once for many units) gives each unit's bits as its own
+    ``dot_with_params`` call does, dtype included, and refuses operands as the first call to
+    refuse them does. The units share the first one's element formats (one probe batch); half
+    of them share its scale layout and c format too, the others bring their own, which the
+    operands may not fit."""
+    first = data.draw(random_params())
+    units = [first]
+    for _ in range(data.draw(st.integers(1, 5))):
+        other = dataclasses.replace(
+            data.draw(random_params()),
+            a_format=first.a_format,
+            b_format=first.b_format,
+            same_format=first.same_format,
+        )
+        if data.draw(st.booleans()):
+            other = dataclasses.replace(
+                other,
+                scales=first.scales,
+                scale_format=first.scale_format,
+                block_size=first.block_size,
+                group_terms=first.group_terms,
+                fused_terms=first.fused_terms,
+                term_order=first.term_order,
+                c_format=first.c_format,
+            )
+        try:
+            check_consistency(other, "random")
+        except ConfigError:
+            continue
+        units.append(other)
+    a, b, scale_a, scale_b, c = random_inputs(data.draw, first, rows=4)
+    method = data.draw(st.sampled_from(["auto", "kernel"]))
+    operands = dict(scale_a=scale_a, scale_b=scale_b, c=c, method=method)
+    want, refusal = [], None
+    for params in units:
+        try:
+            want.append(dot_with_params(params, a, b, **operands))
+        except MxsimError as error:
+            refusal = error
+            break
+    event(f"units: {len(units)}, {'refused' if refusal else 'all computed'}")
+    if refusal is not None:
+        with pytest.raises(type(refusal), match=re.escape(str(refusal))):
+            dot_with_each_params(units, a, b, **operands)
+        return
+    got = dot_with_each_params(units, a, b, **operands)
+    assert len(got) == len(want)
+    for params, bits, expected in zip(units, got, want):
+        assert bits.dtype == expected.dtype and np.array_equal(bits, expected), params
 
 
 def bounded_fields():

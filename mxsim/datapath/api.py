@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -339,24 +340,93 @@ def dot_with_params(
     exponents_a = _scale_exponents(scale_a, "scale_a", rows, blocks, params)
     exponents_b = _scale_exponents(scale_b, "scale_b", rows, blocks, params)
     c_values = _accumulator_inputs(c, (rows,), params.c_format)
-    out = np.empty(rows, dtype=kernel_output_dtype(params.output_format))
     with threads_for(a.size):
-        if method == "auto" and window_applies(params):
-            left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
-            if left.size:  # specials and out-of-range values: the generic kernel
-                part = np.empty(left.size, dtype=out.dtype)
-                _dot_rows(
-                    a[left],
-                    b[left],
-                    exponents_a[left],
-                    exponents_b[left],
-                    c_values[left],
-                    *kernel_args,
-                    part,
+        return _dot_routed(params, a, b, exponents_a, exponents_b, c_values, kernel_args, method)
+
+
+def dot_with_each_params(
+    params_list, a, b, *, scale_a=None, scale_b=None, c=None, method: str = "auto"
+) -> list[np.ndarray]:
+    """``[dot_with_params(params, a, b, ...) for params in params_list]``, bit for bit, with
+    the operands validated and converted once per element formats, scale layout and c format
+    rather than once per params (a probe predicts hundreds of candidate units on one batch).
+    A bad argument raises what the first ``dot_with_params`` call to refuse it would raise."""
+    _check_method(method, "dot")
+    memo: dict = {}
+
+    def once(key, make):
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
+
+    outs = []
+    with contextlib.ExitStack() as small_work:
+        for params in params_list:
+            codes_a = once(
+                ("a", params.a_format), lambda: _codes(a, "a", get_format(params.a_format))
+            )
+            codes_b = once(
+                ("b", params.b_format), lambda: _codes(b, "b", get_format(params.b_format))
+            )
+            if codes_a.shape != codes_b.shape:
+                raise ArgumentError(
+                    f"a and b must have the same shape (n, K), got {codes_a.shape} and {codes_b.shape}"
                 )
-                out[left] = part
-            return out.astype(output_dtype(params.output_format), copy=False)
-        _dot_rows(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
+            codes_a, codes_b, kernel_args = _operands_and_arguments(params, codes_a, codes_b)
+            rows, length = codes_a.shape
+            blocks = -(-length // params.block_size)
+            # _scale_exponents reads only these fields of params
+            layout = (params.scales, params.scale_format, params.block_size)
+            exponents_a = once(
+                ("scale_a", layout),
+                lambda: _scale_exponents(scale_a, "scale_a", rows, blocks, params),
+            )
+            exponents_b = once(
+                ("scale_b", layout),
+                lambda: _scale_exponents(scale_b, "scale_b", rows, blocks, params),
+            )
+            c_values = once(
+                ("c", params.c_format), lambda: _accumulator_inputs(c, (rows,), params.c_format)
+            )
+            if not outs:  # one threads_for block for all: setting Numba's thread count is not free
+                small_work.enter_context(threads_for(codes_a.size))
+            outs.append(
+                _dot_routed(
+                    params,
+                    codes_a,
+                    codes_b,
+                    exponents_a,
+                    exponents_b,
+                    c_values,
+                    kernel_args,
+                    method,
+                )
+            )
+    return outs
+
+
+def _dot_routed(
+    params, a, b, exponents_a, exponents_b, c_values, kernel_args, method: str
+) -> np.ndarray:
+    """The output bits of :func:`dot_with_params` from its validated operands (read only),
+    inside the caller's ``threads_for`` block."""
+    out = np.empty(a.shape[0], dtype=kernel_output_dtype(params.output_format))
+    if method == "auto" and window_applies(params):
+        left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
+        if left.size:  # specials and out-of-range values: the generic kernel
+            part = np.empty(left.size, dtype=out.dtype)
+            _dot_rows(
+                a[left],
+                b[left],
+                exponents_a[left],
+                exponents_b[left],
+                c_values[left],
+                *kernel_args,
+                part,
+            )
+            out[left] = part
+        return out.astype(output_dtype(params.output_format), copy=False)
+    _dot_rows(a, b, exponents_a, exponents_b, c_values, *kernel_args, out)
     return out.astype(output_dtype(params.output_format), copy=False)
 
 

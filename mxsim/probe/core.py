@@ -36,7 +36,7 @@ import numpy as np
 import yaml
 
 from ..datapath import parse_hwconfig
-from ..datapath.api import dot_with_params
+from ..datapath.api import dot_with_each_params
 from ..datapath.config import check_consistency
 from ..datapath.schema import DIRECTED_AND_NEAREST, SCHEMA, keys, param_field
 from ..errors import ArgumentError, ConfigError
@@ -152,6 +152,7 @@ class _Engine:
         )  # scale formats holding codes the unit refused (_unit_answers): no candidate takes them
         self._template = None
         self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
+        self._hyp_memo: dict = {}  # hypothesis items, in order -> the same (skips the fields)
         #: (params, digest of a probe's rows, chunk start) -> the chunk's predictions (read-only):
         #: each pass decides every probe again on the same rows, mostly with the same candidates
         self._predictions: dict = {}
@@ -176,6 +177,15 @@ class _Engine:
         """The resolved parameters of a hypothesis, or None for a combination no unit can have
         (the template's parameters with the hypothesis's fields replaced, then checked as the
         loader checks them)."""
+        items = tuple(
+            (path, tuple(value) if isinstance(value, list) else value)
+            for path, value in hyp.items()
+        )
+        if items not in self._hyp_memo:
+            self._hyp_memo[items] = self._resolve(hyp)
+        return self._hyp_memo[items]
+
+    def _resolve(self, hyp: dict):
         if self._template is None:
             self._template = parse_hwconfig(self.data(self.hyp), "<probe>").params(
                 self.ctx.a_format, self.ctx.b_format, self.ctx.out_format
@@ -200,27 +210,44 @@ class _Engine:
         """mxsim's output bits; on rows whose scale codes the candidate's scale format cannot
         hold (E8M0 codes past UE4M3's 7 bits), a value no output has: such a unit could not
         have answered them."""
-        scaled = params.scales != "none"
-        top = _top_code(params.scale_format)
-        readable = (
-            ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1))
-            if scaled
-            else None
-        )
-        if readable is not None and not readable.all():
-            out = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
-            if readable.any():
-                out[readable] = self.predict(params, batch.take(np.flatnonzero(readable)))
-            return out
-        out = dot_with_params(
-            params,
-            batch.a,
-            batch.b,
-            scale_a=batch.scale_a if scaled else None,
-            scale_b=batch.scale_b if scaled else None,
-            c=batch.c.view(self.ctx.c_dtype),
-        )
-        return out.astype(np.uint64)
+        return self.predict_each([params], batch)[0]
+
+    def predict_each(self, params_list, batch: Batch) -> list[np.ndarray]:
+        """:meth:`predict` of each params on ``batch``: one ``dot_with_each_params`` call per
+        scale format (the rows it can hold), so the batch is checked once, not per candidate."""
+        outs: list = [None] * len(params_list)
+        by_top: dict = {}  # the top scale code a candidate reads (None: no scales) -> candidates
+        for i, params in enumerate(params_list):
+            top = _top_code(params.scale_format) if params.scales != "none" else None
+            by_top.setdefault(top, []).append(i)
+        for top, indices in by_top.items():
+            readable = (
+                ~((batch.scale_a > top).any(axis=1) | (batch.scale_b > top).any(axis=1))
+                if top is not None
+                else None
+            )
+            if readable is not None and readable.all():
+                readable = None
+            rows = batch if readable is None else batch.take(np.flatnonzero(readable))
+            bits = (
+                dot_with_each_params(
+                    [params_list[i] for i in indices],
+                    rows.a,
+                    rows.b,
+                    scale_a=rows.scale_a if top is not None else None,
+                    scale_b=rows.scale_b if top is not None else None,
+                    c=rows.c.view(self.ctx.c_dtype),
+                )
+                if len(rows)
+                else [np.empty(0, np.uint64)] * len(indices)
+            )
+            for i, out in zip(indices, bits):
+                if readable is None:
+                    outs[i] = out.astype(np.uint64)
+                else:
+                    outs[i] = np.full(len(batch), _unanswerable(self.ctx.out_format), np.uint64)
+                    outs[i][readable] = out
+        return outs
 
     # -- asking the unit (each distinct input once)
 
@@ -289,15 +316,15 @@ class _Engine:
 
     # -- one probe
 
-    def _chunk_prediction(self, params, chunk: Batch, rows: bytes, start: int) -> np.ndarray:
-        """:meth:`predict` of the rows from ``start`` of the batch whose :func:`_digest` is
-        ``rows``, kept for the next pass."""
-        key = (params, rows, start)
-        if key not in self._predictions:
-            out = self.predict(params, chunk)
+    def _chunk_predictions(self, params_list, chunk: Batch, rows: bytes, start: int) -> list:
+        """:meth:`predict` of each params on the rows from ``start`` of the batch whose
+        :func:`_digest` is ``rows``, kept for the next pass."""
+        keys = [(params, rows, start) for params in params_list]
+        new = [key for key in dict.fromkeys(keys) if key not in self._predictions]
+        for key, out in zip(new, self.predict_each([key[0] for key in new], chunk)):
             out.setflags(write=False)
             self._predictions[key] = out
-        return self._predictions[key]
+        return [self._predictions[key] for key in keys]
 
     def decide(self, probe: Probe, batch: Batch, asked_before: int) -> Decision:
         """Candidates are predicted chunk by chunk on the probe's inputs; after each chunk only
@@ -329,7 +356,9 @@ class _Engine:
         rows = _digest(batch)
         while start < len(batch) and len(alive) > 1:
             chunk = batch.take(np.arange(start, min(start + size, len(batch))))
-            predictions = {i: self._chunk_prediction(params[i], chunk, rows, start) for i in alive}
+            predictions = dict(
+                zip(alive, self._chunk_predictions([params[i] for i in alive], chunk, rows, start))
+            )
             start, size = start + size, size * 2
             stacked = np.stack(list(predictions.values()))
             disagree = np.flatnonzero((stacked != stacked[0]).any(axis=0))
@@ -426,15 +455,15 @@ class _Engine:
                     for rows in np.array_split(right, max(1, -(-right.size // 1024)))
                 ]
                 best = None
-                for candidate in self.candidates(probe):
-                    params = self.params({**self.hyp, **candidate})
-                    if params is None or all(self.hyp.get(k) == v for k, v in candidate.items()):
-                        continue
-                    misses = int(
-                        np.count_nonzero(
-                            _differs(self.predict(params, missed), answers[wrong], out_format)
-                        )
-                    )
+                tried = [
+                    (candidate, params)
+                    for candidate in self.candidates(probe)
+                    if (params := self.params({**self.hyp, **candidate})) is not None
+                    and not all(self.hyp.get(k) == v for k, v in candidate.items())
+                ]
+                on_missed = self.predict_each([params for _, params in tried], missed)
+                for (candidate, params), predicted in zip(tried, on_missed):
+                    misses = int(np.count_nonzero(_differs(predicted, answers[wrong], out_format)))
                     if misses == held_misses:  # fits none of the answers the hypothesis misses
                         continue
                     limit = held_misses if best is None else best[0]
@@ -664,16 +693,17 @@ def _targeted(
     batch = Batch.join([batch, ctx.fit_c(ctx.partial_overflow(overflow_rows))])
     held_params = engine.params(hyp)
     held = engine.predict(held_params, batch)
-    apart, known = [], {held_params}
+    others: dict = {}  # each params once, in the order met
     for decision in decisions:
         for value in decision.equivalent:
             params = engine.params({**hyp, **value})
-            if params is None or params in known:
-                continue
-            known.add(params)
-            rows = np.flatnonzero(_differs(engine.predict(params, batch), held, ctx.out_format))
-            if rows.size:
-                apart.append(rows)
+            if params is not None and params != held_params:
+                others[params] = None
+    apart = []
+    for predicted in engine.predict_each(list(others), batch):
+        rows = np.flatnonzero(_differs(predicted, held, ctx.out_format))
+        if rows.size:
+            apart.append(rows)
     chosen = _nearest_first(
         [rows[rows < cancelling_rows] for rows in apart], TARGETED_ROWS
     ) | _nearest_first([rows[rows >= cancelling_rows] for rows in apart], OVERFLOW_ASKED)
