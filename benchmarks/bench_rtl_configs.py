@@ -235,9 +235,7 @@ def table(results: dict) -> str:
 
 def reference_table(results: dict) -> str:
     """docs/area.md's reference units (dates and load stay in the results file)."""
-    stamps = [
-        s for r in results["rows"] for s in (r.get("iverilog"), r.get("yosys")) if s
-    ]
+    stamps = [s for r in results["rows"] for s in (r.get("iverilog"), r.get("yosys")) if s]
     lines = [
         f"Vectors: {results['setup']['vectors']} under Icarus; Yosys: the flow above, processor "
         f"seconds. Recorded at commit {', '.join(sorted({s['commit'] for s in stamps}))}.",

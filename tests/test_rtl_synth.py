@@ -90,7 +90,12 @@ def test_yosys_reads_a_tree_of_one_product(tmp_path):
     for name, source in unit.files.items():
         (tmp_path / name).write_text(source)
     done = subprocess.run(
-        ["yosys", "-q", "-p", f"read_verilog -sv {' '.join(unit.files)}; hierarchy -top {unit.name}"],
+        [
+            "yosys",
+            "-q",
+            "-p",
+            f"read_verilog -sv {' '.join(unit.files)}; hierarchy -top {unit.name}",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -359,7 +359,7 @@ def dot_with_each_params(
             memo[key] = make()
         return memo[key]
 
-    outs = []
+    outs: list[np.ndarray] = []
     with contextlib.ExitStack() as small_work:
         for params in params_list:
             codes_a = once(
