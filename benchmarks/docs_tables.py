@@ -44,11 +44,11 @@ def _conditions(results: dict) -> str:
 
 
 def _recorded(c: dict) -> str:
-    """The conditions of a hand-recorded run: date, commit if known, load, machine."""
-    commit = f", commit {c['commit']}" if c.get("commit") else ""
+    """The conditions of a hand-recorded run: commit if known, load, machine (its date stays
+    in the results file: docs show the current figure, not a run log)."""
+    commit = f" at commit {c['commit']}" if c.get("commit") else ""
     return (
-        f"Recorded {c['date']}{commit}, load average {c['load_average']} "
-        f"({c['cores']} cores, {c['machine']})."
+        f"Recorded{commit}, load average {c['load_average']} ({c['cores']} cores, {c['machine']})."
     )
 
 

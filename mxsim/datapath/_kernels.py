@@ -1236,16 +1236,16 @@ F_PAIRWISE, F_WIDE, F_GROUP_SUM, F_PARITY, F_GRID, F_EXACT, F_SECOND_ALIGNMENT =
 def kernel_features(config, a_params, b_params) -> int:
     """The feature bits (``F_*``) of the kernel record ``config`` with A and B elements of
     the kernel_params ``a_params`` and ``b_params``: the stages :func:`dot_one` takes."""
-    cfg = config.view(np.recarray)[0]
+    cfg = config[0]  # field indexing: a recarray view costs several times more per call
     wide = not products_fit_float64.py_func(a_params, b_params)
     flags = (
-        (F_PAIRWISE, cfg.pairwise_rounded),
+        (F_PAIRWISE, cfg["pairwise_rounded"]),
         (F_WIDE, wide),
-        (F_GROUP_SUM, cfg.scales == SCALES_GROUP_SUM),
-        (F_PARITY, cfg.parity_windows),
-        (F_GRID, cfg.grid_fraction_bits >= 0),
-        (F_EXACT, cfg.accumulator_exact),
-        (F_SECOND_ALIGNMENT, cfg.second_alignment_bits >= 0),
+        (F_GROUP_SUM, cfg["scales"] == SCALES_GROUP_SUM),
+        (F_PARITY, cfg["parity_windows"]),
+        (F_GRID, cfg["grid_fraction_bits"] >= 0),
+        (F_EXACT, cfg["accumulator_exact"]),
+        (F_SECOND_ALIGNMENT, cfg["second_alignment_bits"] >= 0),
     )
     return sum(bit for bit, on in flags if on)
 
