@@ -51,7 +51,8 @@ def test_every_key_has_a_field_a_record_rule_and_both_route_declarations():
 def test_the_kernel_reads_every_record_field_and_the_twin_every_param():
     kernel_source = inspect.getsource(K)
     for name in schema.record_dtype().names:
-        assert f"cfg.{name}" in kernel_source, f"the kernel never reads record field {name}"
+        read = f"cfg.{name}" in kernel_source or f'cfg["{name}"]' in kernel_source
+        assert read, f"the kernel never reads record field {name}"
     twin_source = inspect.getsource(reference)
     for field in schema.param_fields()[2:]:
         assert f"params.{field}" in twin_source, f"the reference twin never reads {field}"
