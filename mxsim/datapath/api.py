@@ -243,10 +243,12 @@ def _native_float(fmt: FormatInfo):
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def _kernel_arguments(params: DatapathParams) -> tuple[FormatInfo, FormatInfo, tuple]:
     """(A format, B format, kernel arguments): the element tables (empty for formats the
     kernel decodes itself, see ``tables.element_operand``), the kernel record, the term
-    order, the formats' parameters and the scale tables."""
+    order, the formats' parameters and the scale tables (cached per params, as the parts
+    are: the kernels only read them; a probe predicts each candidate on many batches)."""
     a_fmt, b_fmt = get_format(params.a_format), get_format(params.b_format)
     if not products_fit_float64(
         a_fmt, b_fmt

@@ -827,9 +827,11 @@ def kernel_record(params) -> np.ndarray:
     """The kernel's parameter record of ``params``, as a one-element structured array
     (read-only, cached per params)."""
     dtype, fields = _record_layout()
-    record = np.zeros(1, dtype=dtype)
-    for name, encode, field in fields:
-        record[name] = encode(getattr(params, field))
+    # one tuple, converted field by field as assigning each field would (the probe asks for
+    # thousands of records: a structured array's field assignment costs microseconds)
+    record = np.array(
+        [tuple(encode(getattr(params, field)) for _, encode, field in fields)], dtype=dtype
+    )
     record.setflags(write=False)
     return record
 
@@ -854,17 +856,37 @@ def route_accepts(route: str, params) -> bool:
     return _ROUTE_MEMO[key]
 
 
-def _route_accepts(route: str, params) -> bool:
-    if tuple(field.name for field in dataclasses.fields(params)) != param_fields():
-        return False
-    for _, name, key in keys():
-        accepts = getattr(key, route)
-        field = param_field(name, key)
-        if accepts is None or not accepts(
-            None if field is None else getattr(params, field), params
+_route_checks_memo: tuple = (None, {})
+
+
+def _route_checks(route: str, params_type: type) -> tuple | None:
+    """((params field or None, the key's declaration for the route), ...) of every key, or
+    None where no params of ``params_type`` can take the route (a key without a declaration
+    for it, or fields other than the schema's): worked out once per schema table, route and
+    params class (the probe asks about thousands of params)."""
+    global _route_checks_memo
+    table, memo = _route_checks_memo
+    if table is not SCHEMA:
+        memo = {}
+        _route_checks_memo = (SCHEMA, memo)
+    if (route, params_type) not in memo:
+        checks: tuple | None = tuple(
+            (param_field(name, key), getattr(key, route)) for _, name, key in keys()
+        )
+        if tuple(field.name for field in dataclasses.fields(params_type)) != param_fields() or any(
+            accepts is None for _, accepts in checks
         ):
-            return False
-    return True
+            checks = None
+        memo[route, params_type] = checks
+    return memo[route, params_type]
+
+
+def _route_accepts(route: str, params) -> bool:
+    checks = _route_checks(route, type(params))
+    return checks is not None and all(
+        accepts(None if field is None else getattr(params, field), params)
+        for field, accepts in checks
+    )
 
 
 def schema_markdown() -> str:

@@ -26,6 +26,7 @@ is what was measured on those vectors: nothing is claimed beyond them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -153,6 +154,7 @@ class _Engine:
         self._template = None
         self._params_memo: dict = {}  # hypothesis fields -> resolved params (or None)
         self._hyp_memo: dict = {}  # hypothesis items, in order -> the same (skips the fields)
+        self._fields: dict = {}  # key path -> its DatapathParams field
         #: (params, digest of a probe's rows, chunk start) -> the chunk's predictions (read-only):
         #: each pass decides every probe again on the same rows, mostly with the same candidates
         self._predictions: dict = {}
@@ -177,10 +179,13 @@ class _Engine:
         """The resolved parameters of a hypothesis, or None for a combination no unit can have
         (the template's parameters with the hypothesis's fields replaced, then checked as the
         loader checks them)."""
-        items = tuple(
-            (path, tuple(value) if isinstance(value, list) else value)
-            for path, value in hyp.items()
-        )
+        items = tuple(hyp.items())
+        try:
+            hash(items)
+        except TypeError:  # a list value (a term order): as the tuple it stands for
+            items = tuple(
+                (path, tuple(value) if isinstance(value, list) else value) for path, value in items
+            )
         if items not in self._hyp_memo:
             self._hyp_memo[items] = self._resolve(hyp)
         return self._hyp_memo[items]
@@ -192,10 +197,10 @@ class _Engine:
             )
         fields = {}
         for path, value in hyp.items():
-            section, key = path.split(".")
-            fields[param_field(key, SCHEMA[section][key])] = (
-                tuple(value) if isinstance(value, list) else value
-            )
+            if path not in self._fields:
+                section, key = path.split(".")
+                self._fields[path] = param_field(key, SCHEMA[section][key])
+            fields[self._fields[path]] = tuple(value) if isinstance(value, list) else value
         memo_key = frozenset(fields.items())
         if memo_key not in self._params_memo:
             params = dataclasses.replace(self._template, **fields)
@@ -582,6 +587,7 @@ def _plain(candidate: dict) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in candidate.items()}
 
 
+@functools.lru_cache(maxsize=None)
 def _nan_masks(out_format: str) -> tuple[int, int]:
     """(exponent field mask, mantissa field mask) of the output format: a NaN has every
     exponent bit set and a mantissa bit set."""
