@@ -18,8 +18,10 @@ def alignment_emin(fmt: FormatInfo) -> int:
     return 1 - fmt.bias if fmt.exponent_bits else fmt.emax
 
 
+@functools.lru_cache(maxsize=None)
 def sum_format(bits: int) -> FormatInfo:
-    """``adder.sum_significant_bits``: n significant bits with an exponent range no sum reaches."""
+    """``adder.sum_significant_bits``: n significant bits with an exponent range no sum reaches
+    (one object per width: its kernel parameters are worked out once)."""
     return custom_format(10, bits - 1, name=f"sum{bits}")
 
 
