@@ -870,14 +870,10 @@ def _route_checks(route: str, params_type: type) -> tuple | None:
         memo = {}
         _route_checks_memo = (SCHEMA, memo)
     if (route, params_type) not in memo:
-        checks: tuple | None = tuple(
-            (param_field(name, key), getattr(key, route)) for _, name, key in keys()
-        )
-        if tuple(field.name for field in dataclasses.fields(params_type)) != param_fields() or any(
-            accepts is None for _, accepts in checks
-        ):
-            checks = None
-        memo[route, params_type] = checks
+        checks = tuple((param_field(name, key), getattr(key, route)) for _, name, key in keys())
+        fields = tuple(field.name for field in dataclasses.fields(params_type))
+        refused = fields != param_fields() or any(accepts is None for _, accepts in checks)
+        memo[route, params_type] = None if refused else checks
     return memo[route, params_type]
 
 
