@@ -755,11 +755,11 @@ SHARED_FEATURES = ("F_PAIRWISE", "F_GROUP_SUM", "F_EXACT")
 
 def warm_kernel_cache() -> None:
     """Compile the kernels every xdist worker needs at its first tests (the generic datapath
-    kernel and the window route on fp8 codes with float32 c, MX quantization) into the shared
+    kernel and the window route on fp8 codes with float32 c, MX quantization, a GEMM) into the shared
     kernel cache, once, in the controller before the workers start: otherwise each worker
     compiles its own copy of them at the same moment. With a warm cache this only loads them."""
     from mxsim.datapath import _kernels as K
-    from mxsim.datapath import dot, load_hwconfig
+    from mxsim.datapath import dot, load_hwconfig, matmul
     from mxsim.datapath.api import _kernel_arguments
     from mxsim.quantize import quantize
 
@@ -778,6 +778,11 @@ def warm_kernel_cache() -> None:
         out = np.empty((2, 1, 1), np.uint32)
         K.matmul_rows(getattr(K, features))(*operands, *kernel_args, out, 0, 0)
     quantize(np.ones((2, 32), np.float32), "fp8_e4m3")
+    # h100-fp8's GEMM route (its own kernels), which both workers reach at once among the
+    # spread tests (test_datapath_api's GEMMs)
+    h100 = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+    a, b = np.ones((2, 32), np.float32), np.ones((32, 2), np.float32)
+    matmul(h100, a, b, c=np.zeros((2, 2), np.float32), per_tensor_scale=True)
 
 
 def pytest_configure(config):
