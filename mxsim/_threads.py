@@ -1,6 +1,7 @@
 """How many threads a parallel kernel call may use: one for small work.
 
-A Numba ``prange`` loop wakes every thread of its pool and waits for all of them at its end.
+A parallel kernel call (:func:`run_in_threads`) wakes every thread of its pool and waits for
+all of them at its end.
 On an idle machine that costs tens of microseconds; when the cores are shared (other
 processes, test workers, another kernel's threads) a woken thread may wait a whole scheduler
 time slice, and a call of a few dozen elements then takes milliseconds instead of
@@ -23,9 +24,9 @@ SERIAL_BELOW = 1 << 14
 
 @contextmanager
 def threads_for(work: int):
-    """Within the block, Numba's parallel kernels on this thread use one thread when ``work``
-    (the call's elements or products) is below :data:`SERIAL_BELOW`; otherwise the thread
-    count is left as it is."""
+    """Within the block, parallel kernel calls on this thread (:func:`run_in_threads`) use one
+    thread when ``work`` (the call's elements or products) is below :data:`SERIAL_BELOW`;
+    otherwise the thread count is left as it is."""
     threads = numba.get_num_threads()
     if work >= SERIAL_BELOW or threads == 1:
         yield

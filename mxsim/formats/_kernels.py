@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._compile import NO_REFCOUNTS, generic_calls, watch_compiles
 
@@ -283,10 +283,13 @@ def encode_bits(
     return magnitude_to_code(sign, max_index, params)  # Inf saturates
 
 
-@njit(cache=True, parallel=True)
-def encode_array(bits, in_exponent_bits, in_mantissa_bits, params, rounding, overflow, seed, out):
-    """Encode a flat array of IEEE-binary bit patterns into ``out`` (one code each)."""
-    for i in prange(bits.size):
+@njit(cache=True, nogil=True, **NO_REFCOUNTS)
+def encode_array(
+    bits, in_exponent_bits, in_mantissa_bits, params, rounding, overflow, seed, out, start, stop
+):
+    """Encode elements ``start`` to ``stop`` of a flat array of IEEE-binary bit patterns into
+    ``out`` (one code each; stochastic draw index i whatever chunks the callers cut)."""
+    for i in range(start, stop):
         draw32 = random32(seed, i) if rounding == ROUND_STOCHASTIC else np.int64(0)
         out[i] = encode_bits(
             bits[i], in_exponent_bits, in_mantissa_bits, 0, params, rounding, overflow, draw32
@@ -335,8 +338,8 @@ def decode_code(code, params):
     return -magnitude if sign else magnitude
 
 
-@njit(cache=True, parallel=True)
-def decode_array(codes, params, out):
-    """Decode a flat array of codes into float64 ``out``."""
-    for i in prange(codes.size):
+@njit(cache=True, nogil=True, **NO_REFCOUNTS)
+def decode_array(codes, params, out, start, stop):
+    """Decode codes ``start`` to ``stop`` of a flat array into float64 ``out``."""
+    for i in range(start, stop):
         out[i] = decode_code(codes[i], params)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, MxsimError, UnknownNameError
-from .._threads import threads_for
+from .._threads import run_in_threads, threads_for
 from ..limits import check_choice, check_int
 from . import _kernels as K
 from .rounding import overflow_code, rounding_code
@@ -256,8 +256,7 @@ class FormatInfo:
         if self.field_bits > 16:
             return None
         out = np.empty(1 << self.field_bits, dtype=np.float64)
-        with threads_for(out.size):
-            K.decode_array(np.arange(out.size, dtype=np.int64), self.kernel_params, out)
+        K.decode_array(np.arange(out.size, dtype=np.int64), self.kernel_params, out, 0, out.size)
         out.setflags(write=False)
         return out
 
@@ -291,9 +290,11 @@ class FormatInfo:
         if table is not None:
             return table[codes]
         out = np.empty(codes.size, dtype=np.float64)
+        flat = np.ascontiguousarray(codes, dtype=np.int64).ravel()
         with threads_for(out.size):
-            K.decode_array(
-                np.ascontiguousarray(codes, dtype=np.int64).ravel(), self.kernel_params, out
+            run_in_threads(
+                lambda start, stop: K.decode_array(flat, self.kernel_params, out, start, stop),
+                out.size,
             )
         return out.reshape(codes.shape)
 
@@ -336,17 +337,18 @@ class FormatInfo:
         # One kernel signature for every input and code width: bits and codes travel as uint64.
         flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
         out = np.empty(flat.size, dtype=np.uint64)
+        arguments = (
+            flat,
+            exponent_bits,
+            mantissa_bits,
+            self.kernel_params,
+            rounding_mode,
+            overflow_policy,
+            seed,
+            out,
+        )
         with threads_for(out.size):
-            K.encode_array(
-                flat,
-                exponent_bits,
-                mantissa_bits,
-                self.kernel_params,
-                rounding_mode,
-                overflow_policy,
-                seed,
-                out,
-            )
+            run_in_threads(lambda start, stop: K.encode_array(*arguments, start, stop), out.size)
         if self.padding_bits:
             out <<= out.dtype.type(self.padding_bits)
         return out.astype(self.code_dtype).reshape(values.shape)

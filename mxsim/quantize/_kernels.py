@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._compile import NO_REFCOUNTS
 
@@ -124,7 +124,7 @@ def encode_table(params, rounding, overflow, low, top_bits, table):
                     )
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, **NO_REFCOUNTS)
 def quantize_blocks(
     bits,
     in_exponent_bits,
@@ -149,8 +149,12 @@ def quantize_blocks(
     table_top_bits,
     codes_out,
     scale_exponents_out,
+    start,
+    stop,
 ):
-    """Quantize a (blocks, block_size) array of IEEE-binary bit patterns.
+    """Quantize blocks ``start`` to ``stop`` of a (blocks, block_size) array of IEEE-binary
+    bit patterns (callers cut the blocks into chunks for threads: ``_threads.run_in_threads``;
+    the results do not depend on the cut).
 
     Writes element codes and each block's shared exponent X (SCALE_NAN for a NaN scale;
     below -127 only for the unclamped underflow policies). X is raised to ``min_exponent``
@@ -167,7 +171,7 @@ def quantize_blocks(
     below them is set index the code. Zeros, subnormal and non-finite inputs, and every
     input when the table is empty, go through ``encode_bits``.
     """
-    n_blocks, block_size = bits.shape
+    block_size = bits.shape[1]
     total_bits = 1 + in_exponent_bits + in_mantissa_bits
     magnitude_mask = (np.uint64(1) << np.uint64(total_bits - 1)) - np.uint64(1)
     inf_bits = np.uint64((1 << in_exponent_bits) - 1) << np.uint64(in_mantissa_bits)
@@ -184,7 +188,7 @@ def quantize_blocks(
     even_half_step = np.uint64(0)
     if rule == RULE_EVEN and in_mantissa_bits > top_fraction_bits:
         even_half_step = np.uint64(1) << np.uint64(in_mantissa_bits - top_fraction_bits - 1)
-    for b in prange(n_blocks):
+    for b in range(start, stop):
         amax = np.uint64(0)
         nan_seen = False
         inf_seen = False
@@ -275,12 +279,12 @@ def quantize_blocks(
             )
 
 
-@njit(cache=True, parallel=True)
-def dequantize_blocks(codes, scale_exponents, decode_table, out):
-    """out[b, j] = decode_table[codes[b, j]] * 2^X_b (exact in float64, then rounded to
-    nearest even once when ``out`` is float32); NaN for NaN scales."""
-    n_blocks, block_size = codes.shape
-    for b in prange(n_blocks):
+@njit(cache=True, nogil=True, **NO_REFCOUNTS)
+def dequantize_blocks(codes, scale_exponents, decode_table, out, start, stop):
+    """out[b, j] = decode_table[codes[b, j]] * 2^X_b for blocks b in [start, stop) (exact in
+    float64, then rounded to nearest even once when ``out`` is float32); NaN for NaN scales."""
+    block_size = codes.shape[1]
+    for b in range(start, stop):
         exponent = scale_exponents[b]
         if exponent == SCALE_NAN:
             for j in range(block_size):

@@ -15,7 +15,7 @@ from ..formats import FormatInfo, format_names, get_format
 from ..formats.rounding import overflow_code, rounding_code
 from ..formats import _kernels as FK
 from ..formats.table import E8M0_BIAS, E8M0_NAN, INPUT_FLOATS, as_float_array
-from .._threads import threads_for
+from .._threads import run_in_threads, threads_for
 from ..limits import check_array_budget, check_axis, check_block_size, check_int
 from . import _kernels as K
 from .options import QuantOptions, resolve_options
@@ -453,34 +453,35 @@ def _quantize_blocked(
     table, table_low, table_high, top_bits = _encode_table(
         element_format, rounding, overflow, mantissa_bits
     )
+    arguments = (
+        bits,
+        exponent_bits,
+        mantissa_bits,
+        element_format.kernel_params,
+        _RULES[opts.scale_rule],
+        _SOURCES[opts.exponent_source],
+        emax,
+        even_fraction_bits,
+        max_ratio_q52,
+        rounding,
+        overflow,
+        _NONFINITE.get(opts.nonfinite, K.NONFINITE_NAN_BLOCK),
+        _UNDERFLOW[opts.scale_underflow],
+        opts.scale_overflow == "clamp",
+        _min_exponent(element_format, opts),
+        K.NO_EXPONENT
+        if opts.min_scale_element_exponent is None
+        else opts.min_scale_element_exponent,
+        opts.seed,
+        table,
+        table_low,
+        table_high,
+        top_bits,
+        codes,
+        exponents,
+    )
     with threads_for(bits.size):
-        K.quantize_blocks(
-            bits,
-            exponent_bits,
-            mantissa_bits,
-            element_format.kernel_params,
-            _RULES[opts.scale_rule],
-            _SOURCES[opts.exponent_source],
-            emax,
-            even_fraction_bits,
-            max_ratio_q52,
-            rounding,
-            overflow,
-            _NONFINITE.get(opts.nonfinite, K.NONFINITE_NAN_BLOCK),
-            _UNDERFLOW[opts.scale_underflow],
-            opts.scale_overflow == "clamp",
-            _min_exponent(element_format, opts),
-            K.NO_EXPONENT
-            if opts.min_scale_element_exponent is None
-            else opts.min_scale_element_exponent,
-            opts.seed,
-            table,
-            table_low,
-            table_high,
-            top_bits,
-            codes,
-            exponents,
-        )
+        run_in_threads(lambda start, stop: K.quantize_blocks(*arguments, start, stop), len(bits))
     return (
         codes.reshape(moved.shape),
         exponents.reshape(moved.shape[:-1] + (moved.shape[-1] // block_size,)),
@@ -556,11 +557,14 @@ def _dequantize_blocked(element_format, codes, exponents, block_size, dtype=np.f
     # store. A float32 signature of its own (a small kernel, under a second to compile) saves a
     # float64 copy and a second pass, about 3x on large tensors.
     out = np.empty(codes.shape, dtype=dtype)
+    arguments = (
+        codes.reshape(-1, block_size),
+        exponents.reshape(-1),
+        element_format.decode_table,
+        out.reshape(-1, block_size),
+    )
     with threads_for(codes.size):
-        K.dequantize_blocks(
-            codes.reshape(-1, block_size),
-            exponents.reshape(-1),
-            element_format.decode_table,
-            out.reshape(-1, block_size),
+        run_in_threads(
+            lambda start, stop: K.dequantize_blocks(*arguments, start, stop), len(arguments[0])
         )
     return out
