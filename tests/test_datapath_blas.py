@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from mxsim.datapath.blas import (
     _exact_chunks,
     _fp32_exact_blocks,
     _span_bits,
+    accumulate_rne_fp32,
     blas_applies,
     exact_in_float64,
     folded_sum_bits,
@@ -23,6 +25,7 @@ from mxsim.datapath.blas import (
 )
 from mxsim.datapath.schema import route_accepts
 from mxsim.formats import get_format
+from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 
 UNITS = {
@@ -389,3 +392,88 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     assert folded_sum_bits(params, a, b) == 24
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5]]), flat[:1, :1]) == 20
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
+
+
+def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:
+    """The fp32 bits of acc = RNE_fp32(acc + S_t * row step * column step) for each tree t
+    in turn, in Fractions (IEEE overflow to Inf)."""
+    fp32 = get_format("fp32")
+    trees, groups, rows, columns = tree_sums.shape
+    out = np.empty(running.shape, dtype=np.uint32)
+    for g in range(groups):
+        for i in range(rows):
+            for j in range(columns):
+                acc = running[g, i, j].item()
+                for t in range(trees):
+                    if np.isinf(acc):
+                        break
+                    step = Fraction(row_steps[g, i].item()) * Fraction(column_steps[g, j].item())
+                    exact = Fraction(acc) + Fraction(tree_sums[t, g, i, j].item()) * step
+                    code = encode_reference(fp32, exact, "nearest_even", "inf_nan")
+                    acc = np.uint32(code).view(np.float32).item()
+                out[g, i, j] = np.float32(acc).view(np.uint32)
+    return out
+
+
+def near_fp32_midpoints(rng, count: int):
+    """(accumulators, sums) whose float64 sum rounds onto an fp32 midpoint (or lands on one
+    exactly): x = acc + S with S = an odd number of half fp32 steps of acc plus -1, 0 or +1
+    steps of S's own last bit, across the normal range, at the overflow threshold and in the
+    subnormal range; the sum's exact value lies just off the midpoint."""
+    exponents = rng.integers(-125, 127, count)
+    acc = np.ldexp(1.0 + rng.integers(0, 1 << 23, count) / 2.0**23, exponents)
+    acc[: count // 8] = np.float32(3.4028234663852886e38)  # fp32's largest: ties to Inf
+    acc[count // 8 : count // 4] = np.ldexp(rng.integers(1, 1 << 23, count // 8), -149)
+    acc = acc.astype(np.float32) * np.where(rng.random(count) < 0.5, -1, 1).astype(np.float32)
+    with np.errstate(over="ignore"):
+        step = np.spacing(np.abs(acc)).astype(np.float64)  # fp32's step at acc (above)
+    step[: count // 8] = 2.0**104  # at fp32's largest: the step it would take
+    step[count // 8 : count // 4] = 2.0**-149
+    half = step / 2 * (2 * rng.integers(0, 3, count) + 1) * np.sign(acc)
+    sums = half + rng.integers(-1, 2, count) * np.spacing(np.abs(half))
+    return acc, sums
+
+
+def test_rne_accumulation_equals_fractions_at_fp32_midpoints():
+    # Float64 sums that round onto an fp32 midpoint: only their round-to-odd error keeps the
+    # fp32 rounding right.
+    rng = np.random.default_rng(5)
+    acc, sums = near_fp32_midpoints(rng, 4096)
+    running = acc.reshape(1, 64, 64)
+    tree_sums = np.stack([sums, -sums * rng.integers(0, 2, sums.size)]).reshape(2, 1, 64, 64)
+    ones_r, ones_c = np.ones((1, 64)), np.ones((1, 64))
+    expected = rne_fp32_twin(running, tree_sums, ones_r, ones_c)
+    got = running.copy()
+    for tree in tree_sums:
+        accumulate_rne_fp32(got, tree, ones_r, ones_c)
+    np.testing.assert_array_equal(got.view(np.uint32), expected)
+    # the constructed sums do reach the midpoint case, inexact, in the first tree
+    total = acc.astype(np.float64) + sums
+    assert ((total.view(np.int64) & ((1 << 29) - 1)) == 1 << 28).sum() > 1000
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    bits=st.integers(1, 41),
+    scale=st.integers(-160, 120),
+    spread=st.integers(0, 40),
+)
+def test_rne_accumulation_equals_fractions(seed, bits, scale, spread):
+    # Tree sums of up to 41 bits (fp8_e4m3 x fp8_e4m3 blocks), all the same sign or not,
+    # scaled by steps across fp32's range: subnormal results, overflow, exact cancellation.
+    rng = np.random.default_rng(seed)
+    trees, rows, columns = 3, 4, 37
+    running = (rng.standard_normal((1, rows, columns)) * 2.0 ** rng.integers(-150, 127)).astype(
+        np.float32
+    )
+    sign = 1 if seed % 3 == 0 else rng.choice([-1, 1], (trees, 1, rows, columns))
+    tree_sums = sign * rng.integers(0, 1 << bits, (trees, 1, rows, columns)).astype(np.float64)
+    tree_sums[0, 0, 0] = (1 << bits) - 1  # the largest sum
+    row_steps = np.ldexp(1.0, scale + rng.integers(-spread, spread + 1, (1, rows)))
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (1, columns)) - bits // 2)
+    expected = rne_fp32_twin(running, tree_sums, row_steps, column_steps)
+    got = running.copy()
+    for tree in tree_sums:
+        accumulate_rne_fp32(got, tree, row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), expected)
