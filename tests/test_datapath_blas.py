@@ -17,6 +17,8 @@ from mxsim.datapath.blas import (
     _exact_chunks,
     _fp32_exact_blocks,
     _span_bits,
+    _tree_exponents,
+    _unscaled,
     accumulate_rne_fp32,
     blas_applies,
     exact_in_float64,
@@ -393,6 +395,44 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5]]), flat[:1, :1]) == 20
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
 
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    blocks=st.integers(1, 20),
+    per=st.integers(1, 8),
+    block=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, block, seed):
+    # Each tree's least exponent and each block's rise above it (padding blocks repeat the
+    # last), and elements decoded times 2^rise, against plain Python.
+    rng = np.random.default_rng(seed)
+    exponents = rng.integers(-127, 128, (rows, blocks)).astype(np.int32)
+    trees = -(-blocks // per)
+    least, rises, top = _tree_exponents(exponents, per, trees)
+    padded = [list(row) + [row[-1]] * (trees * per - blocks) for row in exponents.tolist()]
+    want_least = [[min(row[t * per : (t + 1) * per]) for t in range(trees)] for row in padded]
+    want_rises = [
+        [e - lows[b // per] for b, e in enumerate(row)] for row, lows in zip(padded, want_least)
+    ]
+    assert least.tolist() == want_least and rises.tolist() == want_rises
+    assert top == max(max(row) for row in want_rises)
+    table = np.array([0.0, 0.5, -1.5, 3.0])
+    length = blocks * block - rng.integers(0, block)
+    codes = rng.integers(0, 4, (rows, length)).astype(np.uint8)
+    small = np.minimum(rises, 20)  # within float64's exact powers for the check
+    for dtype in (np.float64, np.float32):
+        got = _unscaled(table, codes[None], trees * per * block, dtype, small[None], block)[0]
+        want = [
+            [
+                table[row[k]] * 2.0 ** steps[k // block] if k < length else 0.0
+                for k in range(trees * per * block)
+            ]
+            for row, steps in zip(codes.tolist(), small.tolist())
+        ]
+        assert got.dtype == dtype and got.tolist() == want
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:
     """The fp32 bits of acc = RNE_fp32(acc + S_t * row step * column step) for each tree t

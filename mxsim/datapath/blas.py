@@ -154,15 +154,38 @@ def blocks_per_tree(params: DatapathParams) -> int:
 
 def _tree_exponents(exponents, per: int, trees: int):
     """(each tree's least block exponent (..., trees), each block's exponent above it
-    (..., trees * per)) of block exponents (..., blocks); blocks past the operand's last
-    (padding) repeat its last block's exponent."""
-    spread = exponents.astype(np.int64)
-    missing = trees * per - spread.shape[-1]
-    if missing:
-        spread = np.concatenate([spread, np.repeat(spread[..., -1:], missing, axis=-1)], axis=-1)
-    spread = spread.reshape(spread.shape[:-1] + (trees, per))
-    least = spread.min(axis=-1)
-    return least, (spread - least[..., None]).reshape(least.shape[:-1] + (trees * per,))
+    (..., trees * per), the largest of those rises) of block exponents (..., blocks); blocks
+    past the operand's last (padding) repeat its last block's exponent."""
+    lead = exponents.shape[:-1]
+    flat = exponents.reshape((-1, 1, exponents.shape[-1]))
+    least = np.empty((flat.shape[0], 1, trees), dtype=np.int64)
+    rises = np.empty((flat.shape[0], 1, trees * per), dtype=np.int64)
+    top = fold_exponents(flat, per, least, rises)
+    return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
+
+
+@njit(cache=True, nogil=True)
+def fold_exponents(exponents, per, least, rises):
+    """least[g, i, t] = the least of exponents[g, i, t*per : (t+1)*per], rises[g, i, b] =
+    exponents[g, i, b] - least[g, i, b // per] (block indices past the last read the last
+    block's exponent); returns the largest rise (0 without blocks)."""
+    groups, rows, blocks = exponents.shape
+    trees = least.shape[-1]
+    top = 0
+    for g in range(groups):
+        for i in range(rows):
+            row = exponents[g, i]
+            for t in range(trees):
+                first = t * per
+                low = np.int64(row[min(first, blocks - 1)])
+                for b in range(first + 1, first + per):
+                    low = min(low, np.int64(row[min(b, blocks - 1)]))
+                least[g, i, t] = low
+                for b in range(first, first + per):
+                    rise = np.int64(row[min(b, blocks - 1)]) - low
+                    rises[g, i, b] = rise
+                    top = max(top, rise)
+    return top
 
 
 def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
@@ -179,7 +202,7 @@ def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
     rise = 0
     for exponents in (exponents_a, exponents_b):
         trees = -(-exponents.shape[-1] // per)
-        rise += int(_tree_exponents(exponents, per, trees)[1].max())
+        rise += int(_tree_exponents(exponents, per, trees)[2])
     return bits + rise
 
 
@@ -341,19 +364,34 @@ def decode_codes(table, codes, out):
             values[length:] = 0.0
 
 
-def _unscaled(values, codes, padded: int, dtype) -> np.ndarray:
+@njit(cache=True, nogil=True)
+def decode_raised(table, codes, rises, block, powers, out):
+    """``decode_codes`` with each block of ``block`` values times powers[its rise] (rises
+    (groups, rows, blocks), ``powers`` 2^0, 2^1, ... in out's type: exact)."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            values, row, steps = out[g, i], codes[g, i], rises[g, i]
+            for first in range(0, length, block):
+                power = powers[steps[first // block]]
+                for k in range(first, min(first + block, length)):
+                    values[k] = table[row[k]] * power
+            values[length:] = 0.0
+
+
+def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> np.ndarray:
     """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
-    (float32 holds every value of the formats it is used for: their tree sums fit 24 bits)."""
+    (float32 holds every value of the formats it is used for: their tree sums fit 24 bits),
+    each block of ``block`` elements times 2^(its rise) where ``rises`` (..., padded / block)
+    are given (exact: the rises keep the sums within ``folded_sum_bits``)."""
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
-    decode_codes(values.astype(dtype), np.ascontiguousarray(codes), decoded)
+    table = values.astype(dtype)
+    if rises is None:
+        decode_codes(table, np.ascontiguousarray(codes), decoded)
+    else:
+        powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
+        decode_raised(table, np.ascontiguousarray(codes), rises, block, powers, decoded)
     return decoded
-
-
-def _raise(decoded, rises, block: int) -> None:
-    """decoded (..., padded) *= 2^rises (..., padded / block) per block of ``block`` elements
-    (exact: the rises keep the sums within ``folded_sum_bits``)."""
-    grouped = decoded.reshape(decoded.shape[:-1] + (rises.shape[-1], block))
-    grouped *= np.ldexp(1.0, rises.astype(np.int32)).astype(decoded.dtype)[..., None]
 
 
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
@@ -472,12 +510,13 @@ def blas_matmul(
     kulisch = params.accumulator_format == "exact"
     scaled = params.scales != "none"
     per = blocks_per_tree(params)
-    bits = folded_sum_bits(params, scales_a, scales_b)
+    bits = tree_sum_bits(params)
     rises_a = rises_b = None
     if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
         trees = -(-scales_a.shape[-1] // per)
-        scales_a, rises_a = _tree_exponents(scales_a, per, trees)
-        scales_b, rises_b = _tree_exponents(scales_b, per, trees)
+        scales_a, rises_a, top_a = _tree_exponents(scales_a, per, trees)
+        scales_b, rises_b, top_b = _tree_exponents(scales_b, per, trees)
+        bits += top_a + top_b  # folded_sum_bits
     block = params.block_size * per if scaled else width
     padded = -(-length // block) * block
     blocks = padded // block
@@ -520,9 +559,8 @@ def blas_matmul(
             if kulisch:
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
-                b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype)
-                if per > 1:
-                    _raise(b, rises_b[:, c0:c1], params.block_size)
+                rises = rises_b[:, c0:c1] if per > 1 else None
+                b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
 
             def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
@@ -531,9 +569,10 @@ def blas_matmul(
                 if kulisch:
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
                 else:
-                    a = _unscaled(a_values, codes_a[g0:g1, r0:r1], padded, dtype)
-                    if per > 1:
-                        _raise(a, rises_a[g0:g1, r0:r1], params.block_size)
+                    rises = rises_a[g0:g1, r0:r1] if per > 1 else None
+                    a = _unscaled(
+                        a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
+                    )
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
