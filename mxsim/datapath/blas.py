@@ -443,10 +443,11 @@ def _exact_chunks(
 # library's threads can be held to one for the call (threadpoolctl finds it), a tree's GEMM
 # is TILE_ROWS x width x TILE_COLUMNS (at depth 32 BLAS needs a few hundred rows and columns
 # to run near its full speed; the float64 tree sums and the fp32 accumulators of a tile stay
-# in a core's cache) and an exact accumulator's at most KULISCH_MACS. Otherwise GEMMs stay
+# in cache) and an exact accumulator's at most KULISCH_MACS. Otherwise GEMMs stay
 # within SINGLE_THREAD_MACS, the size OpenBLAS runs on the calling thread by itself.
 SINGLE_THREAD_MACS = 1 << 18
-TILE_ROWS = 128  # rows per tile at most, whole groups together when they have fewer
+# 256 x 256 tiles ran MXFP8 1024^3 GEMMs 1.3x faster than 128 x 256 ones, MXFP4 1.2x.
+TILE_ROWS = 256  # rows per tile at most, whole groups together when they have fewer
 TILE_COLUMNS = 256  # columns per GEMM at most
 KULISCH_MACS = 1 << 24
 SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
