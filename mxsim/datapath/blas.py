@@ -302,8 +302,10 @@ def accumulate_fp32(running, tree_sums, row_steps, column_steps):
 @njit(cache=True, nogil=True)
 def accumulate_double_double(high, low, inexact, block_sums):
     """(high, low) += block_sums exactly as long as ``low`` never rounds; ``inexact`` marks
-    the elements where it did (their exact sum needs more than two float64s)."""
+    the elements where it did (their exact sum needs more than two float64s); returns how
+    many times it did."""
     rows, columns = high.shape
+    count = 0
     for i in range(rows):
         for j in range(columns):
             total, error = two_sum(high[i, j], block_sums[i, j])
@@ -312,6 +314,8 @@ def accumulate_double_double(high, low, inexact, block_sums):
             low[i, j] = rest
             if low_error != 0.0:
                 inexact[i, j] = True
+                count += 1
+    return count
 
 
 @njit(cache=True, nogil=True)
@@ -412,6 +416,8 @@ def _exact_chunks(
     h_t and m are taken over all rows and columns (exponents (..., blocks) of the pass, of
     blocks of ``block`` products)."""
     blocks = exponents_a.shape[-1]
+    if blocks <= 1:  # one block: exact by itself (tree_sum_bits <= 53)
+        return [(0, blocks)] if blocks else []
     high_a, low_a = _span_bits(get_format(params.a_format))
     high_b, low_b = _span_bits(get_format(params.b_format))
     base = (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(block))
@@ -681,6 +687,7 @@ def _kulisch_tile(
     high = acc.astype(np.float64).reshape(shape)
     low = np.zeros(shape)
     inexact = np.zeros(shape, dtype=np.bool_)
+    flagged = 0
     sums = np.empty(acc.shape)
     part = np.empty_like(sums)
     b_columns = b.transpose(0, 2, 1)  # (g, padded, n)
@@ -694,10 +701,12 @@ def _kulisch_tile(
             )
             if k > k0:
                 sums += part
-        accumulate_double_double(high, low, inexact, sums.reshape(shape))
+        flagged += accumulate_double_double(high, low, inexact, sums.reshape(shape))
     rounded = np.empty(shape, dtype=np.float32)
     round_double_double_to_fp32(high, low, rounded)
     acc[...] = rounded.reshape(acc.shape)
+    if not flagged:
+        return []
     g0, r0, c0 = origin
     g, i, j = np.nonzero(inexact.reshape(acc.shape))
     return [(g0 + int(x), r0 + int(y), c0 + int(z)) for x, y, z in zip(g, i, j)]
