@@ -273,6 +273,8 @@ def test_exact_ranges_of_blocks():
     kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
     zeros = np.zeros((1, 4), np.int32)
     assert _exact_chunks(kulisch, zeros, zeros, 32) == [(0, 4)]
+    assert _exact_chunks(kulisch, np.array([[-127]]), np.array([[127]]), 32) == [(0, 1)]
+    assert _exact_chunks(kulisch, zeros[:, :0], zeros[:, :0], 32) == []
     assert _exact_chunks(kulisch, np.array([[0, 0, 11, 0]]), zeros, 32) == [
         (0, 4)
     ]  # 1 + 1 + 2^11 + 1 <= 2^12
@@ -396,7 +398,6 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
 
 
-
 @settings(max_examples=30, deadline=None)
 @given(
     rows=st.integers(1, 4),
@@ -433,6 +434,7 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
             for row, steps in zip(codes.tolist(), small.tolist())
         ]
         assert got.dtype == dtype and got.tolist() == want
+
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:
     """The fp32 bits of acc = RNE_fp32(acc + S_t * row step * column step) for each tree t
