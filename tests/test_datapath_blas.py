@@ -19,6 +19,7 @@ from mxsim.datapath.blas import (
     _span_bits,
     _tree_exponents,
     _unscaled,
+    _zero_blocks,
     accumulate_rne_fp32,
     blas_applies,
     exact_in_float64,
@@ -353,12 +354,15 @@ BFP = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
     shape=st.tuples(st.integers(1, 6), st.integers(1, 70), st.integers(1, 6)),
     spread=st.floats(0, 40),
     jitter=st.sampled_from([0, 1, 3, 30]),
+    holes=st.sampled_from([0.0, 0.3]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jitter, seed):
+def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jitter, holes, seed):
     # bfp-exact: trees of 16 over sub-blocks of 2, each with its own scale (microexponents);
     # the route folds each tree's blocks onto its least scale where the sums stay within 53
     # bits. jitter moves single sub-block scales further apart (30: beyond float64 for MX9).
+    # holes: sub-blocks of A made zeros with scale code 0 (2^-127), as quantizers leave
+    # them: left out of the fold.
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
     A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)) * 3)
@@ -370,11 +374,22 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jit
     if jitter:
         moved = qa.scales.astype(np.int64) + rng.integers(-jitter, jitter + 1, qa.scales.shape)
         qa = dataclasses.replace(qa, scales=np.clip(moved, 1, 254).astype(np.uint8))
+    if holes:
+        empty = rng.random(qa.scales.shape) < holes
+        codes = qa.codes.copy()
+        codes[np.repeat(empty, 2, axis=1)[:, : codes.shape[1]]] = 0
+        qa = dataclasses.replace(qa, codes=codes, scales=np.where(empty, 0, qa.scales))
     c = (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32)
     c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
     params = BFP.params(qa.element_format.name, qb.element_format.name)
+    scales_a, scales_b = (_scales_for_unit(q.scales, params) for q in (qa, qb))
+    args = _kernel_arguments(params)[2]
     bits = folded_sum_bits(
-        params, _scales_for_unit(qa.scales, params), _scales_for_unit(qb.scales, params)
+        params,
+        scales_a,
+        scales_b,
+        _zero_blocks(qa.codes, args[0], scales_a, 2),
+        _zero_blocks(qb.codes, args[2], scales_b, 2),
     )
     assert route_taken(BFP, qa, qb, c) == (bits <= 53)
     fast = matmul(BFP, qa, qb, c=c)
@@ -407,17 +422,27 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     seed=st.integers(0, 2**32 - 1),
 )
 def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, block, seed):
-    # Each tree's least exponent and each block's rise above it (padding blocks repeat the
-    # last), and elements decoded times 2^rise, against plain Python.
+    # Each tree's least exponent over its blocks that hold a nonzero (over all of them when
+    # none does) and each block's rise above it (0 for blocks of zeros and padding blocks),
+    # and elements decoded times 2^rise, against plain Python.
     rng = np.random.default_rng(seed)
     exponents = rng.integers(-127, 128, (rows, blocks)).astype(np.int32)
+    zeros = rng.random((rows, blocks)) < 0.3
     trees = -(-blocks // per)
-    least, rises, top = _tree_exponents(exponents, per, trees)
-    padded = [list(row) + [row[-1]] * (trees * per - blocks) for row in exponents.tolist()]
-    want_least = [[min(row[t * per : (t + 1) * per]) for t in range(trees)] for row in padded]
-    want_rises = [
-        [e - lows[b // per] for b, e in enumerate(row)] for row, lows in zip(padded, want_least)
-    ]
+    least, rises, top = _tree_exponents(exponents, per, trees, zeros)
+    want_least, want_rises = [], []
+    for row, empty in zip(exponents.tolist(), zeros.tolist()):
+        lows, ups = [], []
+        for t in range(trees):
+            span = range(t * per, min((t + 1) * per, blocks))
+            counted = [row[b] for b in span if not empty[b]]
+            lows.append(min(counted) if counted else min(row[b] for b in span))
+            ups += [
+                0 if b >= blocks or empty[b] else row[b] - lows[-1]
+                for b in range(t * per, (t + 1) * per)
+            ]
+        want_least.append(lows)
+        want_rises.append(ups)
     assert least.tolist() == want_least and rises.tolist() == want_rises
     assert top == max(max(row) for row in want_rises)
     table = np.array([0.0, 0.5, -1.5, 3.0])

@@ -139,8 +139,12 @@ def blas_applies(
         return False
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return False
-    if folded_sum_bits(params, scales_a, scales_b) > 53:
-        return False
+    if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
+        size = params.block_size
+        zeros_a = _zero_blocks(codes_a, a_values, scales_a, size)
+        zeros_b = _zero_blocks(codes_b, b_values, scales_b, size)
+        if folded_sum_bits(params, scales_a, scales_b, zeros_a, zeros_b) > 53:
+            return False
     return values_finite_and_not_negative_zero(c_values)
 
 
@@ -152,47 +156,85 @@ def blocks_per_tree(params: DatapathParams) -> int:
     return max(1, params.fused_terms // params.block_size)
 
 
-def _tree_exponents(exponents, per: int, trees: int):
+def _tree_exponents(exponents, per: int, trees: int, zeros=None):
     """(each tree's least block exponent (..., trees), each block's exponent above it
-    (..., trees * per), the largest of those rises) of block exponents (..., blocks); blocks
-    past the operand's last (padding) repeat its last block's exponent."""
+    (..., trees * per), the largest of those rises) of block exponents (..., blocks). Blocks
+    whose elements are all zero (``zeros``, of the exponents' shape; None: none) and blocks
+    past the operand's last (padding) add nothing to a tree sum whatever their scale: they
+    are left out of the least and rise by 0 (a tree of nothing else takes its blocks' least)."""
     lead = exponents.shape[:-1]
     flat = exponents.reshape((-1, 1, exponents.shape[-1]))
+    empty = np.zeros(flat.shape, np.bool_) if zeros is None else zeros.reshape(flat.shape)
     least = np.empty((flat.shape[0], 1, trees), dtype=np.int64)
     rises = np.empty((flat.shape[0], 1, trees * per), dtype=np.int64)
-    top = fold_exponents(flat, per, least, rises)
+    top = fold_exponents(flat, empty, per, least, rises)
     return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
 
 
 @njit(cache=True, nogil=True)
-def fold_exponents(exponents, per, least, rises):
-    """least[g, i, t] = the least of exponents[g, i, t*per : (t+1)*per], rises[g, i, b] =
-    exponents[g, i, b] - least[g, i, b // per] (block indices past the last read the last
-    block's exponent); returns the largest rise (0 without blocks)."""
+def fold_exponents(exponents, zeros, per, least, rises):
+    """least[g, i, t] = the least of exponents[g, i, t*per : (t+1)*per] over the blocks not
+    marked in ``zeros`` (over all of the tree's blocks when every one is), rises[g, i, b] =
+    exponents[g, i, b] - least[g, i, b // per] (0 for marked blocks and block indices past
+    the last); returns the largest rise (0 without blocks)."""
     groups, rows, blocks = exponents.shape
     trees = least.shape[-1]
     top = 0
     for g in range(groups):
         for i in range(rows):
-            row = exponents[g, i]
+            row, empty = exponents[g, i], zeros[g, i]
             for t in range(trees):
-                first = t * per
-                low = np.int64(row[min(first, blocks - 1)])
-                for b in range(first + 1, first + per):
-                    low = min(low, np.int64(row[min(b, blocks - 1)]))
+                first, last = t * per, min((t + 1) * per, blocks)
+                low_all = low = np.int64(row[first])
+                counted = False
+                for b in range(first, last):
+                    exponent = np.int64(row[b])
+                    low_all = min(low_all, exponent)
+                    if not empty[b]:
+                        low = min(low, exponent) if counted else exponent
+                        counted = True
+                if not counted:
+                    low = low_all
                 least[g, i, t] = low
-                for b in range(first, first + per):
-                    rise = np.int64(row[min(b, blocks - 1)]) - low
+                for b in range(first, (t + 1) * per):
+                    rise = 0 if b >= blocks or empty[b] else np.int64(row[b]) - low
                     rises[g, i, b] = rise
                     top = max(top, rise)
     return top
 
 
-def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
+@njit(cache=True, nogil=True)
+def zero_blocks(codes, zero_table, block, out):
+    """out[g, i, b] = whether every element of block b (``block`` codes) of row i of the
+    (groups, rows, length) codes is a zero (``zero_table`` by code)."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            row = codes[g, i]
+            for b in range(out.shape[-1]):
+                empty = True
+                for k in range(b * block, min((b + 1) * block, length)):
+                    empty &= zero_table[row[k]]
+                out[g, i, b] = empty
+
+
+def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
+    """Whether each scale block (``exponents``' shape) of the codes (..., length) holds only
+    zeros (``values``: the format's value per code)."""
+    lead = (1,) * (3 - codes.ndim) + codes.shape
+    out = np.empty(lead[:2] + exponents.shape[-1:], dtype=np.bool_)
+    zero_blocks(codes.reshape(lead), values == 0, block, out)
+    return out.reshape(exponents.shape)
+
+
+def folded_sum_bits(
+    params: DatapathParams, exponents_a, exponents_b, zeros_a=None, zeros_b=None
+) -> int:
     """Bits every tree sum needs once the blocks of a tree spanning several are folded onto
     its least scale (``tree_sum_bits`` plus the largest rise of a block's exponent above its
-    tree's least in A and in B: the elements are scaled up by it, exactly); a large number
-    for formats without a table."""
+    tree's least in A and in B: the elements are scaled up by it, exactly; blocks of zeros,
+    marked in ``zeros_a``/``zeros_b``, left out: ``_tree_exponents``); a large number for
+    formats without a table."""
     bits = tree_sum_bits(params)
     if bits is None:
         return 1 << 30
@@ -200,9 +242,9 @@ def folded_sum_bits(params: DatapathParams, exponents_a, exponents_b) -> int:
     if per == 1 or exponents_a.size == 0 or exponents_b.size == 0:
         return bits
     rise = 0
-    for exponents in (exponents_a, exponents_b):
+    for exponents, zeros in ((exponents_a, zeros_a), (exponents_b, zeros_b)):
         trees = -(-exponents.shape[-1] // per)
-        rise += int(_tree_exponents(exponents, per, trees)[2])
+        rise += int(_tree_exponents(exponents, per, trees, zeros)[2])
     return bits + rise
 
 
@@ -521,8 +563,11 @@ def blas_matmul(
     rises_a = rises_b = None
     if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
         trees = -(-scales_a.shape[-1] // per)
-        scales_a, rises_a, top_a = _tree_exponents(scales_a, per, trees)
-        scales_b, rises_b, top_b = _tree_exponents(scales_b, per, trees)
+        size = params.block_size
+        zeros_a = _zero_blocks(codes_a, a_values, scales_a, size)
+        zeros_b = _zero_blocks(codes_b, b_values, scales_b, size)
+        scales_a, rises_a, top_a = _tree_exponents(scales_a, per, trees, zeros_a)
+        scales_b, rises_b, top_b = _tree_exponents(scales_b, per, trees, zeros_b)
         bits += top_a + top_b  # folded_sum_bits
     block = params.block_size * per if scaled else width
     padded = -(-length // block) * block
