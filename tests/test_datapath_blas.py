@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -16,6 +17,10 @@ from mxsim.datapath.blas import (
     _exact_chunks,
     _fp32_exact_blocks,
     _span_bits,
+    _tree_exponents,
+    _unscaled,
+    _zero_blocks,
+    accumulate_rne_fp32,
     blas_applies,
     exact_in_float64,
     folded_sum_bits,
@@ -23,6 +28,7 @@ from mxsim.datapath.blas import (
 )
 from mxsim.datapath.schema import route_accepts
 from mxsim.formats import get_format
+from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 
 UNITS = {
@@ -268,6 +274,8 @@ def test_exact_ranges_of_blocks():
     kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
     zeros = np.zeros((1, 4), np.int32)
     assert _exact_chunks(kulisch, zeros, zeros, 32) == [(0, 4)]
+    assert _exact_chunks(kulisch, np.array([[-127]]), np.array([[127]]), 32) == [(0, 1)]
+    assert _exact_chunks(kulisch, zeros[:, :0], zeros[:, :0], 32) == []
     assert _exact_chunks(kulisch, np.array([[0, 0, 11, 0]]), zeros, 32) == [
         (0, 4)
     ]  # 1 + 1 + 2^11 + 1 <= 2^12
@@ -346,12 +354,15 @@ BFP = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
     shape=st.tuples(st.integers(1, 6), st.integers(1, 70), st.integers(1, 6)),
     spread=st.floats(0, 40),
     jitter=st.sampled_from([0, 1, 3, 30]),
+    holes=st.sampled_from([0.0, 0.3]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jitter, seed):
+def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jitter, holes, seed):
     # bfp-exact: trees of 16 over sub-blocks of 2, each with its own scale (microexponents);
     # the route folds each tree's blocks onto its least scale where the sums stay within 53
     # bits. jitter moves single sub-block scales further apart (30: beyond float64 for MX9).
+    # holes: sub-blocks of A made zeros with scale code 0 (2^-127), as quantizers leave
+    # them: left out of the fold.
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
     A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)) * 3)
@@ -363,11 +374,22 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jit
     if jitter:
         moved = qa.scales.astype(np.int64) + rng.integers(-jitter, jitter + 1, qa.scales.shape)
         qa = dataclasses.replace(qa, scales=np.clip(moved, 1, 254).astype(np.uint8))
+    if holes:
+        empty = rng.random(qa.scales.shape) < holes
+        codes = qa.codes.copy()
+        codes[np.repeat(empty, 2, axis=1)[:, : codes.shape[1]]] = 0
+        qa = dataclasses.replace(qa, codes=codes, scales=np.where(empty, 0, qa.scales))
     c = (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32)
     c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
     params = BFP.params(qa.element_format.name, qb.element_format.name)
+    scales_a, scales_b = (_scales_for_unit(q.scales, params) for q in (qa, qb))
+    args = _kernel_arguments(params)[2]
     bits = folded_sum_bits(
-        params, _scales_for_unit(qa.scales, params), _scales_for_unit(qb.scales, params)
+        params,
+        scales_a,
+        scales_b,
+        _zero_blocks(qa.codes, args[0], scales_a, 2),
+        _zero_blocks(qb.codes, args[2], scales_b, 2),
     )
     assert route_taken(BFP, qa, qb, c) == (bits <= 53)
     fast = matmul(BFP, qa, qb, c=c)
@@ -389,3 +411,136 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     assert folded_sum_bits(params, a, b) == 24
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5]]), flat[:1, :1]) == 20
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    blocks=st.integers(1, 20),
+    per=st.integers(1, 8),
+    block=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, block, seed):
+    # Each tree's least exponent over its blocks that hold a nonzero (over all of them when
+    # none does) and each block's rise above it (0 for blocks of zeros and padding blocks),
+    # and elements decoded times 2^rise, against plain Python.
+    rng = np.random.default_rng(seed)
+    exponents = rng.integers(-127, 128, (rows, blocks)).astype(np.int32)
+    zeros = rng.random((rows, blocks)) < 0.3
+    trees = -(-blocks // per)
+    least, rises, top = _tree_exponents(exponents, per, trees, zeros)
+    want_least, want_rises = [], []
+    for row, empty in zip(exponents.tolist(), zeros.tolist()):
+        lows, ups = [], []
+        for t in range(trees):
+            span = range(t * per, min((t + 1) * per, blocks))
+            counted = [row[b] for b in span if not empty[b]]
+            lows.append(min(counted) if counted else min(row[b] for b in span))
+            ups += [
+                0 if b >= blocks or empty[b] else row[b] - lows[-1]
+                for b in range(t * per, (t + 1) * per)
+            ]
+        want_least.append(lows)
+        want_rises.append(ups)
+    assert least.tolist() == want_least and rises.tolist() == want_rises
+    assert top == max(max(row) for row in want_rises)
+    table = np.array([0.0, 0.5, -1.5, 3.0])
+    length = blocks * block - rng.integers(0, block)
+    codes = rng.integers(0, 4, (rows, length)).astype(np.uint8)
+    small = np.minimum(rises, 20)  # within float64's exact powers for the check
+    for dtype in (np.float64, np.float32):
+        got = _unscaled(table, codes[None], trees * per * block, dtype, small[None], block)[0]
+        want = [
+            [
+                table[row[k]] * 2.0 ** steps[k // block] if k < length else 0.0
+                for k in range(trees * per * block)
+            ]
+            for row, steps in zip(codes.tolist(), small.tolist())
+        ]
+        assert got.dtype == dtype and got.tolist() == want
+
+
+def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:
+    """The fp32 bits of acc = RNE_fp32(acc + S_t * row step * column step) for each tree t
+    in turn, in Fractions (IEEE overflow to Inf)."""
+    fp32 = get_format("fp32")
+    trees, groups, rows, columns = tree_sums.shape
+    out = np.empty(running.shape, dtype=np.uint32)
+    for g in range(groups):
+        for i in range(rows):
+            for j in range(columns):
+                acc = running[g, i, j].item()
+                for t in range(trees):
+                    if np.isinf(acc):
+                        break
+                    step = Fraction(row_steps[g, i].item()) * Fraction(column_steps[g, j].item())
+                    exact = Fraction(acc) + Fraction(tree_sums[t, g, i, j].item()) * step
+                    code = encode_reference(fp32, exact, "nearest_even", "inf_nan")
+                    acc = np.uint32(code).view(np.float32).item()
+                out[g, i, j] = np.float32(acc).view(np.uint32)
+    return out
+
+
+def near_fp32_midpoints(rng, count: int):
+    """(accumulators, sums) whose float64 sum rounds onto an fp32 midpoint (or lands on one
+    exactly): x = acc + S with S = an odd number of half fp32 steps of acc plus -1, 0 or +1
+    steps of S's own last bit, across the normal range, at the overflow threshold and in the
+    subnormal range; the sum's exact value lies just off the midpoint."""
+    exponents = rng.integers(-125, 127, count)
+    acc = np.ldexp(1.0 + rng.integers(0, 1 << 23, count) / 2.0**23, exponents)
+    acc[: count // 8] = np.float32(3.4028234663852886e38)  # fp32's largest: ties to Inf
+    acc[count // 8 : count // 4] = np.ldexp(rng.integers(1, 1 << 23, count // 8), -149)
+    acc = acc.astype(np.float32) * np.where(rng.random(count) < 0.5, -1, 1).astype(np.float32)
+    with np.errstate(over="ignore"):
+        step = np.spacing(np.abs(acc)).astype(np.float64)  # fp32's step at acc (above)
+    step[: count // 8] = 2.0**104  # at fp32's largest: the step it would take
+    step[count // 8 : count // 4] = 2.0**-149
+    half = step / 2 * (2 * rng.integers(0, 3, count) + 1) * np.sign(acc)
+    sums = half + rng.integers(-1, 2, count) * np.spacing(np.abs(half))
+    return acc, sums
+
+
+def test_rne_accumulation_equals_fractions_at_fp32_midpoints():
+    # Float64 sums that round onto an fp32 midpoint: only their round-to-odd error keeps the
+    # fp32 rounding right.
+    rng = np.random.default_rng(5)
+    acc, sums = near_fp32_midpoints(rng, 4096)
+    running = acc.reshape(1, 64, 64)
+    tree_sums = np.stack([sums, -sums * rng.integers(0, 2, sums.size)]).reshape(2, 1, 64, 64)
+    ones_r, ones_c = np.ones((1, 64)), np.ones((1, 64))
+    expected = rne_fp32_twin(running, tree_sums, ones_r, ones_c)
+    got = running.copy()
+    for tree in tree_sums:
+        accumulate_rne_fp32(got, tree, ones_r, ones_c)
+    np.testing.assert_array_equal(got.view(np.uint32), expected)
+    # the constructed sums do reach the midpoint case, inexact, in the first tree
+    total = acc.astype(np.float64) + sums
+    assert ((total.view(np.int64) & ((1 << 29) - 1)) == 1 << 28).sum() > 1000
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    bits=st.integers(1, 41),
+    scale=st.integers(-160, 120),
+    spread=st.integers(0, 40),
+)
+def test_rne_accumulation_equals_fractions(seed, bits, scale, spread):
+    # Tree sums of up to 41 bits (fp8_e4m3 x fp8_e4m3 blocks), all the same sign or not,
+    # scaled by steps across fp32's range: subnormal results, overflow, exact cancellation.
+    rng = np.random.default_rng(seed)
+    trees, rows, columns = 3, 4, 37
+    running = (rng.standard_normal((1, rows, columns)) * 2.0 ** rng.integers(-150, 127)).astype(
+        np.float32
+    )
+    sign = 1 if seed % 3 == 0 else rng.choice([-1, 1], (trees, 1, rows, columns))
+    tree_sums = sign * rng.integers(0, 1 << bits, (trees, 1, rows, columns)).astype(np.float64)
+    tree_sums[0, 0, 0] = (1 << bits) - 1  # the largest sum
+    row_steps = np.ldexp(1.0, scale + rng.integers(-spread, spread + 1, (1, rows)))
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (1, columns)) - bits // 2)
+    expected = rne_fp32_twin(running, tree_sums, row_steps, column_steps)
+    got = running.copy()
+    for tree in tree_sums:
+        accumulate_rne_fp32(got, tree, row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), expected)
