@@ -151,9 +151,11 @@ def measure(args) -> None:
             row[simulator] = {"random_cases": args.cases, **outcome, **conditions()}
             print(f"{entry['config']} K={entry['k']} {simulator}: {outcome}", flush=True)
             _save(record, results, rows, args.reference)
-        if "yosys" in args.step and "yosys" not in row:
-            result = synthesize(unit)
-            row["yosys"] = {
+        for step in ("yosys", "yosys_hierarchical"):
+            if step not in args.step or step in row:
+                continue
+            result = synthesize(unit, hierarchical=step == "yosys_hierarchical")
+            row[step] = {
                 "cells": result.cells,
                 "transistors": result.transistors,
                 "depth": result.depth,
@@ -161,7 +163,7 @@ def measure(args) -> None:
                 "seconds": result.seconds,
                 **conditions(),
             }
-            print(f"{entry['config']} K={entry['k']} yosys: {row['yosys']}", flush=True)
+            print(f"{entry['config']} K={entry['k']} {step}: {row[step]}", flush=True)
             _save(record, results, rows, args.reference)
 
 
@@ -263,8 +265,10 @@ def main() -> int:
     parser.add_argument(
         "--step",
         action="append",
-        choices=["iverilog", "verilator", "yosys"],
-        help="steps to run (repeatable; default all three)",
+        choices=["iverilog", "verilator", "yosys", "yosys_hierarchical"],
+        help="steps to run (repeatable; default iverilog, verilator, yosys; yosys_hierarchical: "
+        "each module mapped on its own, then flattened, for a unit whose flat synthesis takes "
+        "too long)",
     )
     parser.add_argument("--only", action="append", help="configs whose name contains this")
     parser.add_argument(

@@ -65,12 +65,25 @@ class SynthResult:
 ABC_SCRIPT = "+strash;&get,-n;&fraig,-x,-C,100;&put;dc2;map"
 
 
-def script(unit: RtlUnit) -> str:
-    """The Yosys script that measures ``unit`` (module docstring)."""
+def script(unit: RtlUnit, hierarchical: bool = False) -> str:
+    """The Yosys script that measures ``unit`` (module docstring); ``hierarchical``: map each
+    module on its own and flatten the mapped netlist (:func:`synthesize`)."""
+    if not hierarchical:
+        return (
+            f"read_verilog -sv {' '.join(unit.files)}\n"
+            f"synth -top {unit.name} -flatten -noshare -noabc\n"
+            f"abc -g cmos2 -script {ABC_SCRIPT}\n"
+            "opt_clean\n"
+            "stat -tech cmos\n"
+            "ltp -noff\n"
+        )
     return (
         f"read_verilog -sv {' '.join(unit.files)}\n"
-        f"synth -top {unit.name} -flatten -noshare -noabc\n"
+        f"synth -top {unit.name} -noshare -noabc\n"
         f"abc -g cmos2 -script {ABC_SCRIPT}\n"
+        "opt_clean\n"
+        "flatten\n"
+        f"hierarchy -top {unit.name}\n"
         "opt_clean\n"
         "stat -tech cmos\n"
         "ltp -noff\n"
@@ -86,8 +99,8 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mxsim")) / "rtl-synth"
 
 
-def design_key(unit: RtlUnit) -> str:
-    digest = hashlib.sha256(script(unit).encode())
+def design_key(unit: RtlUnit, hierarchical: bool = False) -> str:
+    digest = hashlib.sha256(script(unit, hierarchical).encode())
     for name in sorted(unit.files):
         digest.update(name.encode() + b"\0" + unit.files[name].encode() + b"\0")
     return digest.hexdigest()
@@ -97,9 +110,16 @@ def have_yosys() -> bool:
     return shutil.which("yosys") is not None
 
 
-def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> SynthResult:
-    """Cells, transistors and depth of ``unit`` (from the cache when this design was done)."""
-    key = design_key(unit)
+def synthesize(
+    unit: RtlUnit, timeout: float = 3600, use_cache: bool = True, hierarchical: bool = False
+) -> SynthResult:
+    """Cells, transistors and depth of ``unit`` (from the cache when this design was done).
+
+    ``hierarchical``: the same flow without ``-flatten``, each distinct module mapped once by
+    ABC, then the mapped netlist flattened (no further optimisation) and measured: cells,
+    transistors and depth of that mapping, an upper bound on the flat flow's (nothing is
+    optimised across module boundaries) for units whose flat synthesis takes too long."""
+    key = design_key(unit, hierarchical)
     cached = cache_dir() / f"{key}.json"
     if use_cache and cached.is_file():
         try:
@@ -107,7 +127,7 @@ def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> 
             return SynthResult(**{**data, "cached": True})
         except (ValueError, TypeError, OSError):
             pass  # a damaged entry is recomputed
-    result = run_yosys(unit, script(unit), timeout)
+    result = run_yosys(unit, script(unit, hierarchical), timeout)
     if use_cache:
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, json.dumps(asdict(result)))
