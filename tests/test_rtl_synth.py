@@ -55,7 +55,7 @@ def test_area_and_depth_from_yosys(tmp_path, monkeypatch):
     )
     assert (tmp_path / f"{design_key(unit)}.json").is_file()
     # the depth of the written netlist is ltp's on the same netlist
-    assert run_yosys(unit, script(unit) + f"write_blif {NETLIST}\n").depth == first.depth
+    assert run_yosys(unit, script(unit) + f"write_blif -icells {NETLIST}\n").depth == first.depth
     # module by module, then flattened: its own cache entry, a depth, and no fewer gates or
     # levels than the flat flow (nothing is optimised across module boundaries)
     modular = synthesize(unit, hierarchical=True)

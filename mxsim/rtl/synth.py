@@ -96,7 +96,7 @@ def script(unit: RtlUnit, hierarchical: bool = False) -> str:
         f"hierarchy -top {unit.name}\n"
         "opt_clean\n"
         "stat -tech cmos\n"
-        f"write_blif {NETLIST}\n"
+        f"write_blif -icells {NETLIST}\n"
     )
 
 
