@@ -237,8 +237,9 @@ def hierarchical_note(rows: list) -> str:
         "Synthesized module by module (`--step yosys_hierarchical`: the same flow without "
         "`-flatten`, each distinct module mapped once by ABC), then the mapped netlist "
         "flattened, with no further optimisation, and measured: the cells, transistors and "
-        "depth of that mapping, upper bounds on the flat flow's (nothing is optimised across "
-        "module boundaries: constants and unused outputs stay in each module's gates)."
+        "depth of that mapping (the depth from its netlist, `mxsim.rtl.synth.blif_depth`), "
+        "upper bounds on the flat flow's: nothing is optimised across module boundaries (a "
+        "module's gates do not see the constants and the logic around its instances)."
     )
     both = [r for r in rows if r.get("yosys") and r.get("yosys_hierarchical")]
     for r in both:
