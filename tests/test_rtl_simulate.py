@@ -5,12 +5,13 @@ CI runs a representative subset: an exact tree and a fixed-point grid under Icar
 block), a windowed tree with c in the window and a normalised sum under Verilator (K = 8, a partial
 tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode), an NVFP4
 group-sum unit, an exact tree across sub-block scales (bfp-exact), an fp32 and an fp64 FMA chain
-(ieee_steps zeros) and a promoting unit under Icarus, and the fields decode of fp16 and bf16 on every code.
+(ieee_steps zeros) and a promoting unit under Icarus, three variant units of keys no shipped config
+uses (``VARIANTS``) under Icarus, and the fields decode of fp16 and bf16 on every code.
 ``MXSIM_RTL_LONG=1`` runs every format pair of every shipped config the generator covers (one
 per distinct parameter set), at K = one and two blocks (or trees, where a tree spans several
 blocks), under both simulators, with 1000 random vectors, the corner list, and the
-exhaustive list for 4-bit pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose
-name matches a pattern.
+exhaustive list for 4-bit pairs, and the variant units under both simulators;
+``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs (variant ids) whose name matches a pattern.
 """
 
 from __future__ import annotations
@@ -276,15 +277,15 @@ def _mi300_alone(formats: list, name: str, inputs: dict, adder: dict) -> dict:
     return data
 
 
-def _fp8_mi300(special_exponent: int, name: str = "", **adder) -> dict:
+def _fp8_mi300(special_exponent: int) -> dict:
     """mi300's FP8 path alone with special_accumulator_exponent changed: a NaN or Inf
     accumulator is dropped under products of 2^(e + 26) and more, which the shipped -1 never
     meets (FP8 fnuz products stay below 2^24)."""
     return _mi300_alone(
         ["fp8_e4m3fnuz", "fp8_e5m2fnuz"],
-        name or f"mi300-fp8-special{special_exponent}",
+        f"mi300-fp8-special{special_exponent}",
         {"block_size": 32},
-        {"special_accumulator_exponent": special_exponent, **adder},
+        {"special_accumulator_exponent": special_exponent},
     )
 
 
