@@ -280,7 +280,11 @@ def test_rtl_configs_lists_every_shipped_mx_config_once(monkeypatch):
     table = bench.table({"rows": [row], "setup": {"k": "32", "vectors": "v"}})
     assert f"| {units[0]['config']}" in table and "| 10 / – | 0 / – | 5 | 20 | 3 | 1 |" in table
     assert table.count("not run") == len(units) - 1
-    # a unit synthesized module by module is marked, its depth left out
-    hier = {**units[1], "yosys_hierarchical": {**row.pop("yosys"), "depth": None}}
+    # a unit synthesized module by module is marked; a unit synthesized both ways shows the
+    # flat figures and gives the ratios in the footnote
+    hier = {**units[1], "yosys_hierarchical": {**row["yosys"], "cells": 6, "depth": 4}}
+    row["yosys_hierarchical"] = {**row["yosys"], "cells": 10, "transistors": 30, "depth": 6}
     table = bench.table({"rows": [row, hier], "setup": {"k": "32", "vectors": "v"}})
-    assert "| 5 ¹ | 20 ¹ | – | 1 ¹ |" in table and "¹ Synthesized module by module" in table
+    assert "| 6 ¹ | 20 ¹ | 4 ¹ | 1 ¹ |" in table and "¹ Synthesized module by module" in table
+    assert "| 5 | 20 | 3 | 1 |" in table
+    assert "figures are 2.00, 1.50 and 2.00 times the flat flow's" in table

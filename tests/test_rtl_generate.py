@@ -31,20 +31,22 @@ def variant(tmp_path, base: str, changes: dict) -> str:
 
 
 @pytest.mark.parametrize(
-    "changes,key",
+    "base,pair,changes,key",
     [
         (
-            {"accumulator": {"promotion_interval": 64, "format": "fp64"}},
-            "accumulator.promotion_interval",
-        ),  # promotion is built with an fp32, fp16 or bf16 accumulator
+            "b200-tcgen05-mxf4nvf4",
+            ("fp4_e2m1", "fp4_e2m1"),
+            {"adder": {"align_reference": "leading_bit"}},
+            "adder.align_reference",
+        ),  # leading-bit alignment is built for product terms, not for group sums
     ],
 )
-def test_an_uncovered_key_is_refused_by_name(tmp_path, changes, key):
-    path = variant(tmp_path, "ocp-exact", changes)
+def test_an_uncovered_key_is_refused_by_name(tmp_path, base, pair, changes, key):
+    path = variant(tmp_path, base, changes)
     with pytest.raises(
         ConfigError, match=key.replace(".", r"\.") + r": .* not covered by the RTL generator"
     ):
-        generate_unit(path, "fp8_e4m3", "fp8_e4m3")
+        generate_unit(path, *pair)
 
 
 def test_leading_bit_references_of_group_sums_are_refused_by_name():

@@ -83,11 +83,13 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, argv, words):
 def test_bad_configs_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "mxsim_hwconfig: 1\nname: bad\ninputs: {a_formats: [fp4_e2m1], b_formats: [fp4_e2m1]}\n"
-        "accumulator: {format: fp64, promotion_interval: 32}\n"  # promotion from fp64: refused
+        "mxsim_hwconfig: 1\nname: bad\ninputs: {a_formats: [fp4_e2m1], b_formats: [fp4_e2m1], "
+        "block_size: 16, scales: group_sum, scale_format: ue4m3}\n"
+        # leading-bit alignment of group-sum terms: refused
+        "adder: {fused_terms: 16, align_fraction_bits: 25, align_reference: leading_bit}\n"
     )
     for hw, words in (
-        (bad, "accumulator.promotion_interval"),
+        (bad, "adder.align_reference"),
         (tmp_path / "missing.yaml", "missing.yaml"),
         (tmp_path, str(tmp_path)),
     ):

@@ -5,12 +5,13 @@ CI runs a representative subset: an exact tree and a fixed-point grid under Icar
 block), a windowed tree with c in the window and a normalised sum under Verilator (K = 8, a partial
 tree: Verilator's C++ compile grows with the unit), a GPU fp16 unit (fields decode), an NVFP4
 group-sum unit, an exact tree across sub-block scales (bfp-exact), an fp32 and an fp64 FMA chain
-(ieee_steps zeros) and a promoting unit under Icarus, and the fields decode of fp16 and bf16 on every code.
+(ieee_steps zeros) and a promoting unit under Icarus, three variant units of keys no shipped config
+uses (``VARIANTS``) under Icarus, and the fields decode of fp16 and bf16 on every code.
 ``MXSIM_RTL_LONG=1`` runs every format pair of every shipped config the generator covers (one
 per distinct parameter set), at K = one and two blocks (or trees, where a tree spans several
 blocks), under both simulators, with 1000 random vectors, the corner list, and the
-exhaustive list for 4-bit pairs; ``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs whose
-name matches a pattern.
+exhaustive list for 4-bit pairs, and the variant units under both simulators;
+``MXSIM_RTL_LONG=PATTERN[,PATTERN]`` only the configs (variant ids) whose name matches a pattern.
 """
 
 from __future__ import annotations
@@ -265,17 +266,27 @@ def test_generated_unit_equals_mxsim_on_golden_vectors(
     prove(tmp_path, config, pair, k, simulator, cases=100, changes=changes)
 
 
-def _fp8_mi300(special_exponent: int) -> dict:
-    """mi300's FP8 path alone (its override made the base) with special_accumulator_exponent
-    changed: a NaN or Inf accumulator is dropped under products of 2^(e + 26) and more, which
-    the shipped -1 never meets (FP8 fnuz products stay below 2^24)."""
+def _mi300_alone(formats: list, name: str, inputs: dict, adder: dict) -> dict:
+    """mi300's path of one format group alone (its override, if any, made the base), with
+    ``inputs`` and ``adder`` keys changed."""
     data = yaml.safe_load((REPO / "hwconfigs" / "mi300.yaml").read_text())
-    fp8 = ["fp8_e4m3fnuz", "fp8_e5m2fnuz"]
-    override = next(o for o in data.pop("overrides") if o.get("a_format") == fp8)
-    data["inputs"].update(a_formats=fp8, b_formats=fp8, format_groups=[fp8], block_size=32)
-    data["adder"].update(override["adder"], special_accumulator_exponent=special_exponent)
-    data["name"] = f"mi300-fp8-special{special_exponent}"
+    override = next((o for o in data.pop("overrides") if o.get("a_format") == formats), {})
+    data["inputs"].update(a_formats=formats, b_formats=formats, format_groups=[formats], **inputs)
+    data["adder"].update(override.get("adder", {}), **adder)
+    data["name"] = name
     return data
+
+
+def _fp8_mi300(special_exponent: int) -> dict:
+    """mi300's FP8 path alone with special_accumulator_exponent changed: a NaN or Inf
+    accumulator is dropped under products of 2^(e + 26) and more, which the shipped -1 never
+    meets (FP8 fnuz products stay below 2^24)."""
+    return _mi300_alone(
+        ["fp8_e4m3fnuz", "fp8_e5m2fnuz"],
+        f"mi300-fp8-special{special_exponent}",
+        {"block_size": 32},
+        {"special_accumulator_exponent": special_exponent},
+    )
 
 
 def test_parity_windows_and_a_dropped_special_accumulator_equal_mxsim(tmp_path):
@@ -283,6 +294,76 @@ def test_parity_windows_and_a_dropped_special_accumulator_equal_mxsim(tmp_path):
     far accumulator dropped, and a NaN/Inf c or running sum dropped at exponent -30 (K = 32,
     two trees of 16)."""
     prove(tmp_path, _fp8_mi300(-30), ("fp8_e4m3fnuz", "fp8_e5m2fnuz"), 32, "iverilog", cases=100)
+
+
+#: units of keys no shipped config uses, each built on a shipped config's path: (id, config
+#: or YAML data, pair, K, vector kinds, changes)
+VARIANTS = [
+    # FP8, parity windows, a dropped special accumulator: each tree's R and window sums times
+    # its block's scale (scales: block_sum, 16-element blocks), the products aligned at their
+    # leading bits; K = 16, one tree
+    (
+        "mi300-fp8-block-sum-leading-bit",
+        _mi300_alone(
+            ["fp8_e4m3fnuz", "fp8_e5m2fnuz"],
+            "mi300-fp8-block-sum-leading-bit",
+            {"block_size": 16, "scales": "block_sum"},
+            {"special_accumulator_exponent": -30, "align_reference": "leading_bit"},
+        ),
+        ("fp8_e4m3fnuz", "fp8_e5m2fnuz"),
+        16,
+        ("random", "corners"),
+        None,
+    ),
+    # fp16, one window per tree: R and the sum times the block's scale before the second
+    # alignment (scales: block_sum, 8-element blocks); K = 16, two trees
+    (
+        "mi300-fp16-block-sum",
+        _mi300_alone(
+            ["fp16"], "mi300-fp16-block-sum", {"block_size": 8, "scales": "block_sum"}, {}
+        ),
+        ("fp16", "fp16"),
+        16,
+        ("random", "corners"),
+        None,
+    ),
+    # promotion from an fp64 accumulator with an fp64 c: the outer fp32 accumulator starts as
+    # c, so its first add reads 64 bits; K = 8, trees of 2 promoted every 4 products and at
+    # the end. Random vectors only (the corner list is built around an fp32 c)
+    (
+        "h100-fp8-promoted-fp64",
+        "h100-fp8-promoted",
+        ("fp8_e4m3", "fp8_e4m3"),
+        8,
+        ("random",),
+        {
+            "accumulator.format": "fp64",
+            "accumulator.promotion_interval": 4,
+            "adder.fused_terms": 2,
+            "inputs.c_format": "fp64",
+            "inputs.block_size": 8,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_variant_unit_equals_mxsim_on_golden_vectors(tmp_path, variant):
+    _, config, pair, k, kinds, changes = variant
+    prove(tmp_path, config, pair, k, "iverilog", 100, kinds, changes=changes)
+
+
+@pytest.mark.skipif(not LONG, reason="the long RTL run: MXSIM_RTL_LONG=1 (docs/rtl.md)")
+@pytest.mark.parametrize("simulator", ["iverilog", "verilator"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_long_variant_unit(tmp_path, variant, simulator):
+    """The variant units with 1000 random vectors under both simulators (with
+    MXSIM_RTL_LONG=PATTERN[,...]: those whose id matches)."""
+    name, config, pair, k, kinds, changes = variant
+    if LONG != "1" and not any(fnmatch.fnmatch(name, p) for p in LONG.split(",")):
+        pytest.skip(f"{name} does not match MXSIM_RTL_LONG={LONG}")
+    counts = prove(tmp_path, config, pair, k, simulator, 1000, kinds, changes=changes)
+    print(name, simulator, counts)
 
 
 def shipped_units():

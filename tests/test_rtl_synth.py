@@ -1,6 +1,7 @@
 """Yosys on generated units: cells, transistors and depth come out of a real synthesis, cached per
-design. CI synthesizes one 1-element unit; ``MXSIM_RTL_LONG`` adds a window comparison and a
-damaged cache entry (each synthesis takes minutes on a loaded 2-core machine)."""
+design. CI synthesizes one 1-element unit, flat and module by module; ``MXSIM_RTL_LONG`` adds a
+window comparison and a damaged cache entry (each synthesis takes minutes on a loaded 2-core
+machine)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 
 from mxsim.datapath import parse_hwconfig
 from mxsim.rtl import generate_unit
-from mxsim.rtl.synth import design_key, have_yosys, synthesize
+from mxsim.rtl.synth import NETLIST, design_key, have_yosys, run_yosys, script, synthesize
 from test_golden_rtl import require
 
 
@@ -53,6 +54,15 @@ def test_area_and_depth_from_yosys(tmp_path, monkeypatch):
         first.depth,
     )
     assert (tmp_path / f"{design_key(unit)}.json").is_file()
+    # the depth of the written netlist is ltp's on the same netlist
+    assert run_yosys(unit, script(unit) + f"write_blif -icells {NETLIST}\n").depth == first.depth
+    # module by module, then flattened: its own cache entry, a depth, and no fewer gates or
+    # levels than the flat flow (nothing is optimised across module boundaries)
+    modular = synthesize(unit, hierarchical=True)
+    assert design_key(unit, hierarchical=True) != design_key(unit)
+    assert (tmp_path / f"{design_key(unit, hierarchical=True)}.json").is_file()
+    assert modular.cells >= first.cells and modular.transistors >= first.transistors
+    assert first.depth <= modular.depth and not modular.cached
 
 
 @LONG
@@ -101,3 +111,31 @@ def test_yosys_reads_a_tree_of_one_product(tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stderr[-500:]
+
+
+def test_blif_depth_counts_gate_levels_as_ltp_does():
+    """Inputs and constants are level 0, each gate one more than its deepest input; buffers
+    and connections are wires; a cover of several inputs or a loop is an error."""
+    from mxsim.errors import MxsimError
+    from mxsim.rtl.synth import blif_depth
+
+    netlist = """.model top
+.inputs a b c
+.outputs y z
+.names $false
+.subckt $_NAND_ A=a B=b Y=n1
+.subckt $_NOT_ A=n1 Y=n2
+.names n2 n3
+1 1
+.subckt $_NOR_ A=n3 \\
+ B=c Y=n4
+.conn n4 y
+.subckt $_NAND_ A=c B=$false Y=z
+.end
+"""
+    assert blif_depth(netlist) == 3  # a -> NAND -> NOT -> (buffer) -> NOR
+    assert blif_depth(".model t\n.inputs a\n.outputs a\n.end\n") == 0
+    with pytest.raises(MxsimError, match="more than one input"):
+        blif_depth(".names a b y\n11 1\n")
+    with pytest.raises(MxsimError, match="loop"):
+        blif_depth(".subckt $_NOT_ A=x Y=y\n.subckt $_NOT_ A=y Y=x\n")

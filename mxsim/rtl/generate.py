@@ -78,12 +78,8 @@ COVERED = {
     "scales": lambda v, p: (
         v in ("none", "products")
         or (v == "group_sum" and p.align_fraction_bits is not None)
-        or (
-            v == "block_sum"
-            and not p.parity_windows
-            and p.second_alignment_bits is None
-            and p.grid_fraction_bits is None
-        )
+        # (the loader refuses block_sum with the grid keys: a grid takes products' scales)
+        or (v == "block_sum" and p.grid_fraction_bits is None)
     ),
     "scale_format": _any,
     "input_subnormals": _any,
@@ -98,10 +94,8 @@ COVERED = {
     "trees_in_blocks": _any,
     "group_terms": _any,
     "accumulator_in_tree": _any,
-    # leading_bit: the products' own leading bits (group-sum terms and parity windows: not built)
-    "align_reference": lambda v, p: (
-        v == "exponent_sum" or (p.scales != "group_sum" and not p.parity_windows)
-    ),
+    # leading_bit: the products' own leading bits (group-sum terms: not built)
+    "align_reference": lambda v, p: v == "exponent_sum" or p.scales != "group_sum",
     "align_fraction_bits": _any,
     "below_window": _any,
     "carry_bits": _any,
@@ -128,10 +122,8 @@ COVERED = {
     "c_entry": _any,
     "c_add_rounding": _any,
     "accumulator_overflow": _any,
-    # the outer accumulator is fp32: built when c's port is fp32 (c a value of at most fp32)
-    "promotion_interval": lambda v, p: (
-        v is None or (p.accumulator_format in ("fp32", "fp16", "bf16") and p.c_format != "fp64")
-    ),
+    # the outer fp32 accumulator starts as c (an fp64 c: its first add reads 64 bits)
+    "promotion_interval": lambda v, p: v is None or p.accumulator_format in IEEE_FORMATS,
     "grid_fraction_bits": _any,
     "grid_max_left_shift": _any,
     "grid_max_right_shift": _any,
@@ -564,13 +556,15 @@ class _Builder:
         if p.accumulator_format == "exact":  # exact sums: one tree holds every position
             trees = [[k for tree in trees for k in tree]]
         outer = "c_outer" if p.promotion_interval else None
+        shape = (self.c_eb, self.c_mb)  # the outer accumulator's: c's container, then fp32
         for index, positions in enumerate(trees):
             acc = self._tree(index, positions, acc)
             done = (index + 1) * p.fused_terms
             if p.promotion_interval and done % p.promotion_interval == 0 and index < len(trees) - 1:
-                outer, acc = self._promote(f"pr{index}", outer, acc), "acc0"
+                outer, acc = self._promote(f"pr{index}", outer, shape, acc), "acc0"
+                shape = FP32_SHAPE
         if outer:
-            acc = self._promote("pr_end", outer, acc)
+            acc = self._promote("pr_end", outer, shape, acc)
         acc = self._c_at_end(acc)
         self._output(acc)
         self.emit("endmodule")
@@ -768,9 +762,9 @@ class _Builder:
                 self.state = ("st_c_n", "st_c_p", "st_c_m")
         else:
             self.emit("  assign acc0 = '0; assign c_ovf = 1'b0;")
-        if p.promotion_interval:  # c starts the outer fp32 accumulator (c is a value of fp32)
+        if p.promotion_interval:  # c starts the outer fp32 accumulator (its container's bits)
             self.emit(
-                f"  logic [31:0] c_outer; assign c_outer = (c_special || c_zero{flush}) ? '0 : c;"
+                f"  logic [{self.c_bits - 1}:0] c_outer; assign c_outer = (c_special || c_zero{flush}) ? '0 : c;"
             )
 
     def _pairwise(self) -> str:
@@ -891,23 +885,25 @@ module {add} (
 endmodule
 """
 
-    def _promote(self, name: str, outer: str, acc: str) -> str:
+    def _promote(self, name: str, outer: str, shape: tuple, acc: str) -> str:
         """promotion_interval: the accumulator (of its own format) added into the outer fp32
-        accumulator (which c starts), rounded to nearest even; an overflow becomes the running
-        special and the outer accumulator 0. Returns the outer accumulator's new fp32 code."""
+        accumulator (which c starts: ``shape`` is the (EB, MB) of ``outer``'s code, c's
+        container before the first add), rounded to nearest even; an overflow becomes the
+        running special and the outer accumulator 0. Returns the outer accumulator's new fp32
+        code."""
         self.emit(f"  // promotion: {acc} added into the outer fp32 accumulator (nearest even).")
         self._acc_unpack(f"{name}_a", acc)
-        self._acc_unpack(f"{name}_o", outer, FP32_SHAPE)
+        self._acc_unpack(f"{name}_o", outer, shape)
         w = self.acc_mb + 2
         self.emit(
             f"  logic signed [{w - 1}:0] {name}_x; assign {name}_x = {name}_a_sign ? -({w}'($unsigned({name}_a_sig))) : {w}'($unsigned({name}_a_sig));"
         )
         self.emit(f"  logic [31:0] {name}_sum, {name}_out; logic {name}_ovf;")
         self.emit(
-            f"  mxr_add_round #(.WX({w}), .WY(24), .EB(8), .MB(23), "
+            f"  mxr_add_round #(.WX({w}), .WY({shape[1] + 1}), .EB(8), .MB(23), "
             f".MODE({MODES['nearest_even']}), .SUBN(1), .OVF_INF(0), .EXW({EXW})) {name}_add (.x({name}_x), "
             f".lsb_x({name}_a_exp - {EXW}'sd{self.acc_mb}), .sign_y({name}_o_sign), .mag_y({name}_o_sig), "
-            f".lsb_y({name}_o_exp - {EXW}'sd23), .code({name}_sum), .ovf({name}_ovf));"
+            f".lsb_y({name}_o_exp - {EXW}'sd{shape[1]}), .code({name}_sum), .ovf({name}_ovf));"
         )
         self.emit(f"  assign {name}_out = {name}_ovf ? '0 : {name}_sum;")
         self._note_overflow(f"{name}_ovf", f"{name}_sum[31]", len(self.tree_specials))
@@ -971,13 +967,15 @@ endmodule
                 x = self._parity_sum(t, index, positions, nz)
             else:
                 x = self._window_sum(t, index, positions, nz)
-            if p.scales == "block_sum" and ks:  # the tree's sum times its block's scale
+            r = f"{t}_r"  # the tree's reference, read by the second alignment
+            if p.scales == "block_sum" and ks:  # the tree's sum and R times its block's scale
                 x = (x[0], x[1], f"({x[2]} + x_exp[{ks[0] // p.block_size}])")
+                r = f"({t}_r + x_exp[{ks[0] // p.block_size}])"
             in_tree = p.accumulator_in_tree
             if p.second_alignment_bits is not None:
                 if self.state:
-                    return self._special_accumulator(t, ks, x, acc_in)
-                return self._second_align(t, x)
+                    return self._special_accumulator(t, ks, x, r, acc_in)
+                return self._second_align(t, x, r)
             x = self._normalise(t, *x)
         return self._accumulate(t, x, in_tree)
 
@@ -1261,7 +1259,7 @@ endmodule
         self.emit(f"  logic signed [{width - 1}:0] {t}_sum; assign {t}_sum = {' + '.join(kept)};")
         return f"{t}_sum", width, f"{t}_wlsb"
 
-    def _special_accumulator(self, t: str, ks: list, x: tuple, acc_in: str) -> str:
+    def _special_accumulator(self, t: str, ks: list, x: tuple, r: str, acc_in: str) -> str:
         """special_accumulator_exponent e: a NaN/Inf accumulator (the running state of c's and
         the earlier trees' specials) meets the tree at E = max(R, e); with no NaN/Inf of the
         tree's own and e < E - F - 1 it is dropped, the accumulator's finite part with it.
@@ -1278,13 +1276,13 @@ endmodule
         )
         self.emit(
             f"  assign {t}_drop = ({sn} || {sp} || {sm}) && !({t}_own_n || {t}_own_p || {t}_own_m) && "
-            f"{t}_nonzero && {t}_r > {_signed(e + f + 1)};"
+            f"{t}_nonzero && {r} > {_signed(e + f + 1)};"
         )
         self.emit(
             f"  logic [{aw - 1}:0] {t}_kept_acc; assign {t}_kept_acc = {t}_drop ? '0 : {acc_in};"
         )
         self._acc_unpack(f"{t}_k", f"{t}_kept_acc")
-        acc = self._second_align(t, x, f"{t}_k")
+        acc = self._second_align(t, x, r, f"{t}_k")
         m = f"{t}_m"
         self.emit(f"  logic {m}_n, {m}_p, {m}_m, {t}_sn, {t}_sp, {t}_sm;")
         for x_, own, prev in (
@@ -1374,9 +1372,10 @@ endmodule
             )
         return self._accumulated(t)
 
-    def _second_align(self, t: str, x: tuple, a: str | None = None) -> str:
-        """adder.second_alignment_bits n: at E = max(R, e) (R only when the tree has a nonzero
-        term; e the accumulator's alignment exponent, emin for zero and subnormals) the tree
+    def _second_align(self, t: str, x: tuple, r: str, a: str | None = None) -> str:
+        """adder.second_alignment_bits n: at E = max(R, e) (R, the expression ``r``, only when
+        the tree has a nonzero term; e the accumulator's alignment exponent, emin for zero and
+        subnormals) the tree
         sum kept to multiples of 2^(E-n-1), the accumulator to 2^(E-F), both toward -inf (the
         accumulator dropped below E-F-1 with far_accumulator: zero); their sum cut toward -inf
         to n+1 significant bits (no finer than 2^(emin-n)), rounded into the accumulator."""
@@ -1392,7 +1391,7 @@ endmodule
         self.emit(f"  // second alignment ({n} + 1 bits) of the tree sum and the accumulator.")
         self.emit(f"  logic signed [{EXW - 1}:0] {t}_e2, {t}_cut_lsb, {t}_lead;")
         self.emit(
-            f"  assign {t}_e2 = ({t}_nonzero && {t}_r > {a}_exp) ? {t}_r : {a}_exp;  // E = max(R, e)"
+            f"  assign {t}_e2 = ({t}_nonzero && {r} > {a}_exp) ? {r} : {a}_exp;  // E = max(R, e)"
         )
         self.emit(f"  logic signed [{w1 - 1}:0] {t}_ks; logic signed [{w2 - 1}:0] {t}_ka;")
         self.emit(

