@@ -747,20 +747,12 @@ FIXTURE_TIERS = {
 }
 
 
-#: Feature sets (``kernel_features``) of the generic kernel that both xdist workers would
-#: compile at the same moment, at their first tests (the RTL probes' candidates: pairwise
-#: rounding, group sums, exact accumulation, on the signature of fp8 codes and float32 c).
-SHARED_FEATURES = ("F_PAIRWISE", "F_GROUP_SUM", "F_EXACT")
-
-
 def warm_kernel_cache() -> None:
     """Compile the kernels every xdist worker needs at its first tests (the generic datapath
-    kernel and the window route on fp8 codes with float32 c, MX quantization, a GEMM) into the shared
+    kernel and the window route on fp8 codes with float32 c, MX quantization) into the shared
     kernel cache, once, in the controller before the workers start: otherwise each worker
     compiles its own copy of them at the same moment. With a warm cache this only loads them."""
-    from mxsim.datapath import _kernels as K
-    from mxsim.datapath import dot, load_hwconfig, matmul
-    from mxsim.datapath.api import _kernel_arguments
+    from mxsim.datapath import dot, load_hwconfig
     from mxsim.quantize import quantize
 
     fp8 = FORMATS["fp8_e4m3"]
@@ -769,20 +761,7 @@ def warm_kernel_cache() -> None:
     for name, method in (("h100-fp8", "auto"), ("mxdotp", "kernel")):
         unit = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
         dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=c, method=method)
-    # The generic kernel's other feature sets both workers reach at once, with the signature of
-    # the calls above; run on no rows, as compiling needs only the argument types.
-    kernel_args = _kernel_arguments(unit.params("fp8_e4m3", "fp8_e4m3", None, None))[2]
-    exponents = np.zeros((2, 1, 1), np.int32)
-    operands = (codes.astype(np.uint32)[:, None],) * 2 + (exponents, exponents, c[:, None, None])
-    for features in SHARED_FEATURES:
-        out = np.empty((2, 1, 1), np.uint32)
-        K.matmul_rows(getattr(K, features))(*operands, *kernel_args, out, 0, 0)
     quantize(np.ones((2, 32), np.float32), "fp8_e4m3")
-    # h100-fp8's GEMM route (its own kernels), which both workers reach at once among the
-    # spread tests (test_datapath_api's GEMMs)
-    h100 = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
-    a, b = np.ones((2, 32), np.float32), np.ones((32, 2), np.float32)
-    matmul(h100, a, b, c=np.zeros((2, 2), np.float32), per_tensor_scale=True)
 
 
 def pytest_configure(config):
