@@ -19,7 +19,7 @@ CACHE_ENV = "NUMBA_CACHE_DIR"
 # Seconds the README's replay spends compiling (measured: the CPU seconds of its run with an
 # empty kernel cache less those of its cached run, recorded in benchmarks/results/coldstart.txt;
 # compiling runs on one thread, so an idle machine's wall time is about its CPU time).
-TYPICAL_COMPILE_SECONDS = 35
+TYPICAL_COMPILE_SECONDS = 42
 _NOTICE_DELAY_SECONDS = 0.5  # compiles shorter than this show nothing
 _SPINNER = "|/-\\"
 
