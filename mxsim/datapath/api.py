@@ -1047,7 +1047,8 @@ def _scales_for_unit(scales: np.ndarray, params: DatapathParams) -> np.ndarray:
         if (scales != 127).any():
             raise ArgumentError(
                 "this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
-                "all 1: quantize it with per_tensor_scale=True (matmul(..., per_tensor_scale=True))"
+                "all 1: quantize it with one scale per tensor (quantize(..., per_tensor_scale=True)), "
+                "or give matmul float operands and per_tensor_scale=True"
             )
         return np.zeros(scales.shape, dtype=np.int32)
     return scale_exponents_of_codes(scales)
