@@ -28,12 +28,6 @@ Whatever this fast path does not model exactly — NaN/Inf elements, NaN scales,
 or -0, and any accumulator or output value outside the normal range of its format
 (subnormals, zero signs from underflow, overflow) — sets the lane's flag; the caller
 recomputes flagged outputs with the generic kernel (``datapath._kernels``).
-
-Helpers with one caller or a short body are inlined in Numba's IR (``inline="always"``):
-Numba compiles every function into a library of its own and, on linking it into a caller,
-optimizes its code again there, so a call chain one level shorter saves a pass of LLVM over
-every loop below it; :func:`tree_references` and :func:`finish_tree`, called at several
-places, stay functions.
 """
 
 from __future__ import annotations
@@ -43,7 +37,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .._compile import NO_REFCOUNTS
+from .._compile import NO_REFCOUNTS, generic_calls
 
 from ..formats._kernels import (
     ROUND_NEAREST_AWAY,
@@ -162,7 +156,8 @@ def _round_in_range(value, rule, min_exponent, max_exponent):
     return (rounded if ok else 0.0), ok
 
 
-@njit(cache=True, inline="always")
+@generic_calls
+@njit(cache=True)
 def start_accumulators(c_values, offset, acc, flags, cfg):
     """acc[lane] = c_values[(offset + lane) % len] rounded into the accumulator; flags where
     that leaves the fast path (c non-finite or -0, or not normal in the accumulator)."""
@@ -259,7 +254,7 @@ def finish_tree(totals, references, acc, flags, cfg):
         )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def encode_outputs(acc, flags, out, cfg):
     """out = the output format's bits of acc rounded into it (flags where not normal)."""
     rule = rounding_rule(cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING])
@@ -283,7 +278,7 @@ def encode_outputs(acc, flags, out, cfg):
         out[lane] = code
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
     (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
@@ -302,7 +297,7 @@ def _decode_tile(codes, first, lanes, values, exponents):
     return tile_values, tile_exponents
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _tile_scales(scales, first, lanes, scaled):
     """tile[block, lane] = scales[first + lane, block], NaN scales as 0 (their lanes are
     flagged): the scales of a tile's columns, transposed once rather than gathered per row.
@@ -315,7 +310,7 @@ def _tile_scales(scales, first, lanes, scaled):
     return tile
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _unusable(codes, scales, finite, scaled):
     """Whether a row of codes holds a non-finite element or (``scaled``) a NaN block scale."""
     count = 0
@@ -327,7 +322,7 @@ def _unusable(codes, scales, finite, scaled):
     return count != 0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _unusable_rows(codes, scales, finite, scaled):
     """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time)."""
     bad = np.empty(codes.shape[0], dtype=np.bool_)
@@ -336,7 +331,7 @@ def _unusable_rows(codes, scales, finite, scaled):
     return bad
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
     window factors, int32 group sums and tree sums (float64 integers: :func:`finish_tree`)."""
@@ -350,7 +345,7 @@ def _lane_scratch(lanes):
     )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def _pair_maxima(codes0, codes1, exponents, tile_exponents, start, stop, maxima0, maxima1):
     """maxima0[lane] = max over k in [start, stop) of exponents[codes0[k]] + tile_exponents[k, lane]
     (int8), maxima1 alike for codes1: two rows of A against a tile of B's columns. Two rows and
@@ -394,7 +389,7 @@ def _pair_maxima(codes0, codes1, exponents, tile_exponents, start, stop, maxima0
             maxima1[lane] = max(maxima1[lane], np.int8(f0 + b0[lane]))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, **NO_REFCOUNTS)
 def _pair_group(
     codes0, codes1, values, tile_values, factors0, factors1, start, stop, partial0, partial1
 ):
@@ -438,7 +433,7 @@ def _pair_group(
             partial1[lane] += np.int32(w0 * b0[lane] * factors1[lane])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _column_tile(
     tile,
     first_block,
