@@ -796,24 +796,34 @@ def _recorded_field(name: str, key: Key) -> str:
     return field
 
 
-_record_layout_memo: tuple = (None, None)
+_schema_memos: tuple = (None, {})
+
+
+def _schema_memo(name: str) -> dict:
+    """The memo ``name`` of values worked out from the schema table, emptied whenever the
+    table is replaced (tests swap it)."""
+    global _schema_memos
+    if _schema_memos[0] is not SCHEMA:
+        _schema_memos = (SCHEMA, {})
+    return _schema_memos[1].setdefault(name, {})
 
 
 def _record_layout() -> tuple[np.dtype, tuple]:
     """(record dtype, ((record field, encoder, params field), ...)) of the current schema
     table, worked out once per table (the probe asks for thousands of records)."""
-    global _record_layout_memo
-    table, layout = _record_layout_memo
-    if table is not SCHEMA:
+    memo = _schema_memo("record layout")
+    if not memo:
         recorded = [
             (record, _recorded_field(name, key))
             for _, name, key in keys()
             if (record := _record_of(name, key))
         ]
         dtype = np.dtype([(record.name, record.dtype) for record, _ in recorded], align=True)
-        layout = (dtype, tuple((record.name, record.encode, field) for record, field in recorded))
-        _record_layout_memo = (SCHEMA, layout)
-    return layout
+        memo["layout"] = (
+            dtype,
+            tuple((record.name, record.encode, field) for record, field in recorded),
+        )
+    return memo["layout"]
 
 
 def record_dtype() -> np.dtype:
@@ -836,9 +846,7 @@ def kernel_record(params) -> np.ndarray:
     return record
 
 
-_ROUTE_MEMO: dict = {}
 _ROUTE_MEMO_LIMIT = 4096  # params of a large sweep: the memo is dropped and refilled
-_route_memo_schema: dict | None = None
 
 
 def route_accepts(route: str, params) -> bool:
@@ -846,17 +854,13 @@ def route_accepts(route: str, params) -> bool:
     computes exactly, by each key's declaration. A key without a declaration for the route,
     or a params field no key declares, refuses the route. Remembered per (route, params)
     while the schema table is the same object (every GEMM of a model asks again)."""
-    global _route_memo_schema
-    if _route_memo_schema is not SCHEMA or len(_ROUTE_MEMO) > _ROUTE_MEMO_LIMIT:
-        _ROUTE_MEMO.clear()
-        _route_memo_schema = SCHEMA
+    memo = _schema_memo("route accepts")
+    if len(memo) > _ROUTE_MEMO_LIMIT:
+        memo.clear()
     key = (route, params)
-    if key not in _ROUTE_MEMO:
-        _ROUTE_MEMO[key] = _route_accepts(route, params)
-    return _ROUTE_MEMO[key]
-
-
-_route_checks_memo: tuple = (None, {})
+    if key not in memo:
+        memo[key] = _route_accepts(route, params)
+    return memo[key]
 
 
 def _route_checks(route: str, params_type: type) -> tuple | None:
@@ -864,11 +868,7 @@ def _route_checks(route: str, params_type: type) -> tuple | None:
     None where no params of ``params_type`` can take the route (a key without a declaration
     for it, or fields other than the schema's): worked out once per schema table, route and
     params class (the probe asks about thousands of params)."""
-    global _route_checks_memo
-    table, memo = _route_checks_memo
-    if table is not SCHEMA:
-        memo = {}
-        _route_checks_memo = (SCHEMA, memo)
+    memo = _schema_memo("route checks")
     if (route, params_type) not in memo:
         checks = tuple((param_field(name, key), getattr(key, route)) for _, name, key in keys())
         fields = tuple(field.name for field in dataclasses.fields(params_type))

@@ -21,8 +21,8 @@ ABC step did not complete here, leaving unmapped counts.
 once, then flattens the mapped netlist (no further optimisation) and measures it: cells,
 transistors and depth of that mapping, upper bounds on the flat flow's (constants and unused
 outputs are not propagated across module boundaries). The depth comes from the flat netlist
-written as BLIF (:func:`blif_depth`): ``ltp`` does not follow paths through instances, and on
-the flattened netlist of bfp-exact it was still running after several minutes.
+written as BLIF (:func:`blif_depth`): ``ltp`` does not follow paths through instances, and
+on a flattened netlist of hundreds of thousands of cells its re-walks take too long.
 
 Results are cached per generated design (the SHA-256 of its files and the script) as JSON in
 the per-user cache directory (``platformdirs.user_cache_dir("mxsim")``/rtl-synth, or
@@ -203,8 +203,7 @@ def blif_depth(text: str) -> int:
     an undriven net (an input, a constant) is level 0, a cell's output one more than its
     deepest input; a one-input ``.names`` buffer or a ``.conn`` is a wire (no level). One
     depth-first pass, each net's level computed once, where ``ltp`` re-walks a net's cone
-    whenever it finds a longer path to it: on bfp-exact's 325,000 cells it was still running
-    after several minutes."""
+    whenever it finds a longer path to it."""
     drivers: dict[str, tuple[int, list[str]]] = {}  # net: (levels it adds, its inputs)
     lines = text.replace("\\\n", " ").splitlines()
     for index, line in enumerate(lines):
