@@ -18,7 +18,7 @@ from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
-from .blas import batch_passes, blas_applies, blas_matmul, subnormals_work
+from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
 from .config import HardwareConfig, check_wide_products, load_hwconfig
 from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
@@ -850,11 +850,23 @@ def _gemm_routes(
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
-    if method == "auto" and blas_applies(
-        params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values
-    ):
+    route = (
+        blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values)
+        if method == "auto"
+        else None
+    )
+    if route is not None:
         leftovers = blas_matmul(
-            params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress
+            params,
+            kernel_args,
+            codes_a,
+            codes_b,
+            exponents_a,
+            exponents_b,
+            c_values,
+            out,
+            progress,
+            *route,
         )
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
             g, m, n = (np.array(index) for index in zip(*leftovers))
