@@ -135,20 +135,30 @@ def blas_applies(
 
 
 def blas_route(
-    params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values
+    params: DatapathParams,
+    kernel_args,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    memo: dict | None = None,
 ) -> tuple | None:
     """:func:`blas_applies`'s decision with what it read from the data: None when the route
     is refused, else ``(folded,)``: for trees of several blocks, the (A, B) results of
     ``_tree_exponents`` that :func:`blas_matmul` folds the blocks with (computed once for
-    both), else None."""
+    both), else None. ``memo``: as for :func:`blas_matmul` (whether B's codes are all
+    finite is kept there)."""
     unit_ok = route_accepts("blas", params) and exact_in_float64(params)
     if not unit_ok or not subnormals_work():
         return None
     a_values, b_values = kernel_args[0], kernel_args[2]
-    if not (
-        codes_all_finite(codes_a, np.isfinite(a_values))
-        and codes_all_finite(codes_b, np.isfinite(b_values))
-    ):
+    b_finite = None if memo is None else memo.get("finite")
+    if b_finite is None:
+        b_finite = codes_all_finite(codes_b, np.isfinite(b_values))
+        if memo is not None:
+            memo["finite"] = b_finite
+    if not (b_finite and codes_all_finite(codes_a, np.isfinite(a_values))):
         return None
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return None
@@ -557,6 +567,7 @@ def blas_matmul(
     out,
     progress=None,
     folded=None,
+    memo: dict | None = None,
 ) -> list[tuple[int, int, int]]:
     """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
     given as (N, K) through BLAS (see module doc); codes and scales are (G, rows, ...),
@@ -576,7 +587,10 @@ def blas_matmul(
     row, column) outputs whose sum needed more (the caller recomputes them with the
     kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts rows of all
     groups (tiles done, as rows). ``folded``: :func:`blas_route`'s folded trees of these
-    operands where it computed them (None: computed here).
+    operands where it computed them (None: computed here). ``memo``: None, or a mapping the
+    caller keeps for this same B (its codes and scales unchanged between the calls given it,
+    with the same ``params``): B's decoded panels and their steps are kept there and reused
+    (a model's weights, decoded once).
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
@@ -631,12 +645,19 @@ def blas_matmul(
     ):
         for c0, c1 in panels:
             exps_b = scales_b[:, c0:c1] if scaled else None
-            if kulisch:
+            # rises of folded trees come with A's folding: those panels are not kept
+            key = None if memo is None or per > 1 else ("panel", c0, c1, block, padded)
+            kept = None if key is None else memo.get(key)
+            if kept is not None:
+                b, b_steps = kept
+            elif kulisch:
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 rises = rises_b[:, c0:c1] if per > 1 else None
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
+            if key is not None and kept is None:
+                memo[key] = (b, b_steps)
 
             def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
