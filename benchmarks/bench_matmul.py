@@ -12,10 +12,10 @@ not grow), 0 runs the whole GEMM.
 ``--record`` writes the figures with the date, commit and load average to
 ``benchmarks/results/matmul.json`` (docs/benchmarks.md shows them: ``benchmarks/docs_tables.py``).
 ``--batched`` times attention-shaped batches instead (``q @ k^T``: heads x seq x seq x 64, and
-``P @ v``: heads x seq x 64 x seq; MXFP8 operands through ``mxsim.matmul_batched``, one call
-per batch) and prints each one's MACs per second as a ratio to one size^3 GEMM of the same
-unit timed beside it (1.0: a batch is no slower per MAC than one large GEMM); with
-``--record``, to ``benchmarks/results/matmul-batched.json``.
+``P @ v``: heads x seq x 64 x seq, and MiniLM's 14-token heads; MXFP8 operands through
+``mxsim.matmul_batched``, one call per batch) and prints each one's MACs per second as a
+ratio to one size^3 GEMM of the same unit timed beside it (1.0: a batch is no slower per MAC
+than one large GEMM); with ``--record``, to ``benchmarks/results/matmul-batched.json``.
 Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--batched] [--memory M] [--record]``.
 """
 
@@ -34,7 +34,7 @@ import mxsim
 from _timing import best_seconds
 from bench_guard import conditions
 from mxsim.fileio import json_text, write_atomic
-from mxsim.quantize import BFP_SPECS
+from mxsim.quantize import BFP_SPECS, quantize_groups
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.groups import groups_apply
@@ -181,9 +181,16 @@ def batched(names: list[str], size: int, repeats: int, clock=time.perf_counter) 
         for label, groups, m, k, n in BATCHES:
             x = rng.standard_normal((groups, m, k)).astype(np.float32)
             y = rng.standard_normal((groups, k, n)).astype(np.float32)
-            qa = mxsim.quantize.quantize_groups(x, element, hw.sections[("inputs", "block_size")], per_tensor_scale=per_tensor)
-            qb = mxsim.quantize.quantize_groups(np.ascontiguousarray(y.transpose(0, 2, 1)), element, hw.sections[("inputs", "block_size")], per_tensor_scale=per_tensor)
-            qb = [dataclasses.replace(t, shape=(k, n), axis=0) for t in qb]
+            block = hw.sections[("inputs", "block_size")]
+            qa = quantize_groups(x, element, block, per_tensor_scale=per_tensor)
+            # B along K: its rows of B^T, as run_layer gives a weight
+            rows = quantize_groups(
+                np.ascontiguousarray(y.transpose(0, 2, 1)),
+                element,
+                block,
+                per_tensor_scale=per_tensor,
+            )
+            qb = [dataclasses.replace(t, shape=(k, n), axis=0) for t in rows]
             mxsim.matmul_batched(hw, qa, qb)
             seconds = best_seconds(lambda: mxsim.matmul_batched(hw, qa, qb), repeats, clock)
             large = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats, clock)
@@ -316,14 +323,41 @@ def main() -> None:
     clock = time.process_time if args.cpu_time else time.perf_counter
     if args.batched:
         figures = batched(args.configs.split(","), args.size, args.repeats, clock)
-        if args.record:
+        if args.record:  # docs_tables.py's plain table form
+            rows = [
+                [
+                    f"`{f['config']}`",
+                    f"{f['batch']} ({' × '.join(map(str, f['shape']))})",
+                    f"{f['gmacs']:.2f}",
+                    f"{f['yardstick_gmacs']:.2f}",
+                    f"**{f['ratio']:.2f}x**",
+                ]
+                for f in figures
+            ]
+            command = "python benchmarks/bench_matmul.py --batched" + (
+                " --cpu-time" if args.cpu_time else ""
+            )
             write_atomic(
                 RESULTS.with_name("matmul-batched.json"),
                 json_text(
                     {
+                        "command": f"{command} --configs {args.configs} --repeats {args.repeats}",
                         "conditions": where,
-                        "size": args.size,
-                        "clock": "cpu" if args.cpu_time else "wall",
+                        "note": (
+                            "Attention-shaped batches of MXFP8 GEMMs (groups × M × K × N), one "
+                            "matmul_batched call each, beside one "
+                            f"{args.size}³ GEMM of the same unit timed right after it; "
+                            f"best of {args.repeats} by {'CPU' if args.cpu_time else 'wall'} "
+                            "clock, every output bit exact."
+                        ),
+                        "columns": [
+                            "config",
+                            "batch (groups × M × K × N)",
+                            "G MAC/s",
+                            f"one {args.size}³ GEMM, G MAC/s",
+                            "per-MAC rate / the large GEMM's",
+                        ],
+                        "rows": rows,
                         "figures": figures,
                     },
                     indent=1,

@@ -871,9 +871,7 @@ def _gemm_routes(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
     route = (
-        blas_route(
-            params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo
-        )
+        blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo)
         if method == "auto"
         else None
     )

@@ -129,8 +129,7 @@ def blas_applies(
     exactly (each key's ``blas`` declaration in ``datapath.schema``), the formats' tree sums
     fit float64, and the data holds no special value the route leaves to the kernel."""
     return (
-        blas_route(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values)
-        is not None
+        blas_route(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values) is not None
     )
 
 

@@ -369,9 +369,7 @@ def run_layer(
             c = cs[0][None]
         else:
             c = np.stack([zero if c is None else c for c in cs])
-        batch = matmul_batched(
-            hw, tensors["input"], qbs, c=c, b_memo=b_memo, **matmul_options
-        )
+        batch = matmul_batched(hw, tensors["input"], qbs, c=c, b_memo=b_memo, **matmul_options)
         bits, out = batch.bits, batch.values
     else:
         results = [
