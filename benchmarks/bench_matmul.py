@@ -344,8 +344,8 @@ def main() -> None:
                         "command": f"{command} --configs {args.configs} --repeats {args.repeats}",
                         "conditions": where,
                         "note": (
-                            "Attention-shaped batches of MXFP8 GEMMs (groups × M × K × N), one "
-                            "matmul_batched call each, beside one "
+                            "Attention-shaped batches of MXFP8 GEMMs (mx9 on bfp-exact; "
+                            "groups × M × K × N), one matmul_batched call each, beside one "
                             f"{args.size}³ GEMM of the same unit timed right after it; "
                             f"best of {args.repeats} by {'CPU' if args.cpu_time else 'wall'} "
                             "clock, every output bit exact."
