@@ -154,8 +154,9 @@ class UnitInLoop(_Recorder):
     context ends: parameter (held by a weak reference) -> {view of it (data pointer, shape,
     stride, dtype) -> (a copy of the view's values as unsigned integers, the quantizations of
     those values, their decoded forms (``run_layer``'s ``weight_memo``; filled while all
-    weights' decoded forms together take at most :data:`DECODED_SHARE` of the memory budget,
-    docs/limits.md: about 12 bytes per weight element))}. A view's quantizations are used while its values are bit for bit the copy,
+    weights' decoded forms together, ``decoded_bytes``, take at most :data:`DECODED_SHARE` of
+    the memory budget, docs/limits.md: about 12 bytes per weight element))}. A view's
+    quantizations and decoded forms are used while its values are bit for bit the copy,
     however they were changed in between: torch's ``_version`` counter would miss changes
     through ``param.data`` (``param.data.copy_``), which it does not count. Only weights that
     are the model's parameters or views of them are kept; activations (attention's keys and
@@ -390,8 +391,10 @@ def torch_unit(
 
     A weight that is one of the model's parameters (or a view of one) is quantized once per
     context: later calls reuse its quantization while its values are bit for bit the ones
-    quantized (a change in place, through the parameter or ``.data``, is seen); the kept
-    quantizations are dropped when the context ends (:attr:`UnitInLoop.weight_quantizations`).
+    quantized (a change in place, through the parameter or ``.data``, is seen), and its
+    decoded forms (the kernels' codes, the BLAS route's float64 values) while they fit a
+    quarter of the memory budget (docs/limits.md); the kept quantizations are dropped when the
+    context ends (:attr:`UnitInLoop.weight_quantizations`).
 
     Yields the :class:`UnitInLoop` (``computed_layers``, ``skipped``). Runs under
     ``torch.no_grad()``; each replaced result is a new tensor of torch's dtype (no autograd
