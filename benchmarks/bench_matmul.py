@@ -11,7 +11,12 @@ stops each after T row tiles (the working set is allocated before the first tile
 not grow), 0 runs the whole GEMM.
 ``--record`` writes the figures with the date, commit and load average to
 ``benchmarks/results/matmul.json`` (docs/benchmarks.md shows them: ``benchmarks/docs_tables.py``).
-Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--memory M] [--record]``.
+``--batched`` times attention-shaped batches instead (``q @ k^T``: heads x seq x seq x 64, and
+``P @ v``: heads x seq x 64 x seq, and MiniLM's 14-token heads; MXFP8 operands through
+``mxsim.matmul_batched``, one call per batch) and prints each one's MACs per second as a
+ratio to one size^3 GEMM of the same unit timed beside it (1.0: a batch is no slower per MAC
+than one large GEMM); with ``--record``, to ``benchmarks/results/matmul-batched.json``.
+Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--batched] [--memory M] [--record]``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import mxsim
 from _timing import best_seconds
 from bench_guard import conditions
 from mxsim.fileio import json_text, write_atomic
-from mxsim.quantize import BFP_SPECS
+from mxsim.quantize import BFP_SPECS, quantize_groups
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.groups import groups_apply
@@ -153,6 +158,60 @@ def throughput(
     return figures
 
 
+#: (label, groups, M, K, N) of the attention-shaped batches ``--batched`` times.
+BATCHES = (
+    ("q @ k^T, 12 heads x 8, seq 128", 96, 128, 64, 128),
+    ("P @ v, 12 heads x 8, seq 128", 96, 128, 128, 64),
+    ("q @ k^T, 12 heads x 16, seq 14 (MiniLM)", 192, 14, 32, 14),
+)
+
+
+def batched(names: list[str], size: int, repeats: int, clock=time.perf_counter) -> list[dict]:
+    """Print and return each config's per-MAC rate of the attention-shaped ``BATCHES`` (one
+    ``matmul_batched`` call each) as a ratio to one size^3 GEMM of the same unit, interleaved
+    (``{config, batch, route, gmacs, ratio}``)."""
+    rng = np.random.default_rng(0)
+    figures = []
+    for name in names:
+        hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        element = "fp8_e4m3" if "fp8_e4m3" in hw.a_formats else hw.a_formats[0]
+        per_tensor = hw.sections[("inputs", "scales")] == "none"
+        a, b = operands(size, rng, unit_scales=per_tensor, hw=hw, element=element)
+        mxsim.matmul(hw, a, b)  # compile outside the timing
+        for label, groups, m, k, n in BATCHES:
+            x = rng.standard_normal((groups, m, k)).astype(np.float32)
+            y = rng.standard_normal((groups, k, n)).astype(np.float32)
+            block = hw.sections[("inputs", "block_size")]
+            qa = quantize_groups(x, element, block, per_tensor_scale=per_tensor)
+            # B along K: its rows of B^T, as run_layer gives a weight
+            rows = quantize_groups(
+                np.ascontiguousarray(y.transpose(0, 2, 1)),
+                element,
+                block,
+                per_tensor_scale=per_tensor,
+            )
+            qb = [dataclasses.replace(t, shape=(k, n), axis=0) for t in rows]
+            mxsim.matmul_batched(hw, qa, qb)
+            seconds = best_seconds(lambda: mxsim.matmul_batched(hw, qa, qb), repeats, clock)
+            large = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats, clock)
+            rate, yardstick = groups * m * k * n / seconds, size**3 / large
+            print(
+                f"  {name:12s} {label:42s}: {rate / 1e9:7.3f} G MAC/s = {rate / yardstick:.2f}x "
+                f"the rate of one {size}^3 GEMM ({yardstick / 1e9:.3f} G MAC/s, same run)"
+            )
+            figures.append(
+                {
+                    "config": name,
+                    "batch": label,
+                    "shape": [groups, m, k, n],
+                    "gmacs": rate / 1e9,
+                    "yardstick_gmacs": yardstick / 1e9,
+                    "ratio": rate / yardstick,
+                }
+            )
+    return figures
+
+
 class _Stop(Exception):
     pass
 
@@ -249,6 +308,11 @@ def main() -> None:
         help="element format where the unit takes it (fp4_e2m1: MXFP4)",
     )
     parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="time attention-shaped batches (matmul_batched) against one size^3 GEMM per unit",
+    )
+    parser.add_argument(
         "--record", action="store_true", help=f"write the figures to {RESULTS.relative_to(REPO)}"
     )
     args = parser.parse_args()
@@ -256,6 +320,51 @@ def main() -> None:
         f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}"
     )
     where = conditions()
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    if args.batched:
+        figures = batched(args.configs.split(","), args.size, args.repeats, clock)
+        if args.record:  # docs_tables.py's plain table form
+            rows = [
+                [
+                    f"`{f['config']}`",
+                    f"{f['batch']} ({' × '.join(map(str, f['shape']))})",
+                    f"{f['gmacs']:.2f}",
+                    f"{f['yardstick_gmacs']:.2f}",
+                    f"**{f['ratio']:.2f}x**",
+                ]
+                for f in figures
+            ]
+            command = "python benchmarks/bench_matmul.py --batched" + (
+                " --cpu-time" if args.cpu_time else ""
+            )
+            write_atomic(
+                RESULTS.with_name("matmul-batched.json"),
+                json_text(
+                    {
+                        "command": f"{command} --configs {args.configs} --repeats {args.repeats}",
+                        "conditions": where,
+                        "note": (
+                            "Attention-shaped batches of MXFP8 GEMMs (mx9 on bfp-exact; "
+                            "groups × M × K × N), one matmul_batched call each, beside one "
+                            f"{args.size}³ GEMM of the same unit timed right after it; "
+                            f"best of {args.repeats} by {'CPU' if args.cpu_time else 'wall'} "
+                            "clock, every output bit exact."
+                        ),
+                        "columns": [
+                            "config",
+                            "batch (groups × M × K × N)",
+                            "G MAC/s",
+                            f"one {args.size}³ GEMM, G MAC/s",
+                            "per-MAC rate / the large GEMM's",
+                        ],
+                        "rows": rows,
+                        "figures": figures,
+                    },
+                    indent=1,
+                )
+                + "\n",
+            )
+        return
     figures = throughput(
         args.configs.split(","),
         args.size,

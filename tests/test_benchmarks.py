@@ -288,3 +288,14 @@ def test_rtl_configs_lists_every_shipped_mx_config_once(monkeypatch):
     assert "| 6 ¹ | 20 ¹ | 4 ¹ | 1 ¹ |" in table and "¹ Synthesized module by module" in table
     assert "| 5 | 20 | 3 | 1 |" in table
     assert "figures are 2.00, 1.50 and 2.00 times the flat flow's" in table
+
+
+def test_bench_matmul_batched_runs_one_small_batch(monkeypatch, capsys):
+    """--batched end to end on one small batch beside a small GEMM: one figure per unit and
+    batch, its rate the batch's MACs over its time, printed beside the yardstick."""
+    bench = _load("bench_matmul.py", monkeypatch)
+    monkeypatch.setattr(bench, "BATCHES", (("heads", 3, 4, 40, 5),))
+    (figure,) = bench.batched(["ocp-exact"], 32, 1)
+    assert figure["config"] == "ocp-exact" and figure["shape"] == [3, 4, 40, 5]
+    assert figure["ratio"] == pytest.approx(figure["gmacs"] / figure["yardstick_gmacs"])
+    assert "the rate of one 32^3 GEMM" in capsys.readouterr().out

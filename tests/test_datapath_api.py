@@ -1495,6 +1495,28 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
         assert same_float(float(out_fmt.decode(batch.bits[g, i : i + 1, j])[0]), twin), (g, i, j)
 
 
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "bfp-exact", "h100-fp8"])
+def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
+    """A B kept in ``b_memo`` (its codes, the BLAS route's decoded panels) gives, for new A's
+    and c's, the bits of calls that decode B anew; the memo is filled once, per unit params."""
+    config = hw(name)
+    per_tensor = config.sections[("inputs", "scales")] == "none"
+    fmt, block = config.b_formats[0], config.sections[("inputs", "block_size")]
+    rng = np.random.default_rng(5)
+    tensors_b = [
+        quantize(b, fmt, axis=0, block_size=block, per_tensor_scale=per_tensor)
+        for b in rng.standard_normal((2, 70, 6)) * [[[1.0]], [[2.0**-20]]]
+    ]
+    memo = {}
+    for scale in (1.0, 2.0**30, 2.0**-30):
+        A = rng.standard_normal((2, 5, 70)) * scale
+        c = rng.standard_normal((2, 5, 6)).astype(np.float32)
+        kept = matmul_batched(config, A, tensors_b, c=c, per_tensor_scale=per_tensor, b_memo=memo)
+        anew = matmul_batched(config, A, tensors_b, c=c, per_tensor_scale=per_tensor)
+        np.testing.assert_array_equal(kept.bits, anew.bits)
+        assert len(memo) == 1 and "codes" in next(iter(memo.values()))
+
+
 def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
     config = hw("ocp-exact")
     rng = np.random.default_rng(3)
@@ -1561,6 +1583,12 @@ def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
             np.ones((2, 32, 2)),
             {"progress": 1},
             "matmul_batched: progress must be None",
+        ),
+        (
+            np.ones((2, 3, 32)),
+            np.ones((2, 32, 2)),
+            {"b_memo": []},
+            "matmul_batched: b_memo must be None or a dict, got list",
         ),
     ],
 )

@@ -457,15 +457,16 @@ def _one_element_through_data(model, torch):
     [_load_state, _optimizer_step, _copy_under_no_grad, _data_copy, _one_element_through_data],
     ids=lambda f: f.__name__.strip("_"),
 )
-def test_a_weight_changed_in_place_gives_the_new_result(torch, change):
+@pytest.mark.parametrize("unit", [H100, OCP], ids=lambda u: u.name)
+def test_a_weight_changed_in_place_gives_the_new_result(torch, change, unit):
     """A weight changed in place between two forwards of a context: the second forward gives
-    the bits of a forward in a new context."""
+    the bits of a forward in a new context (kept quantizations and decoded forms dropped)."""
     model, x = _two_layers(torch), torch.randn(4, 32)
-    with torch_unit(model, H100):
+    with torch_unit(model, unit):
         before = model(x)
         change(model, torch)
         got = model(x)
-    with torch_unit(model, H100):
+    with torch_unit(model, unit):
         expected = model(x)
     np.testing.assert_array_equal(_bits(got), _bits(expected))
     assert not np.array_equal(_bits(got), _bits(before))  # the change mattered
@@ -480,9 +481,11 @@ def test_kept_quantizations_end_with_the_context(torch):
         kept = dict(loop.weight_quantizations.items())
         assert [id(param) for param in kept] == [id(model[0].weight), id(model[2].weight)]
         for param, views in kept.items():
-            ((values, quantizations),) = views.values()
+            ((values, quantizations, decoded),) = views.values()
             assert len(quantizations) == 1 and not np.shares_memory(values, param.detach().numpy())
-        del kept, param, views, values, quantizations
+            assert len(decoded) == 1  # the weight's decoded forms, per quantization
+        assert loop.decoded_bytes > 0
+        del kept, param, views, values, quantizations, decoded
     assert len(loop.weight_quantizations) == 0
 
 
@@ -505,3 +508,19 @@ def test_what_the_loop_cannot_see_through_is_refused_in_one_line(torch):
     with torch_unit(model, OCP) as unit:  # nothing left behind
         model(x)
     assert unit.computed_layers == ["0"]
+
+
+def test_decoded_weights_stay_within_their_share_of_the_budget(torch, monkeypatch):
+    """Once the kept decoded forms exceed their share of the memory budget, further weights
+    are decoded per call (nothing kept for them), with the same bits."""
+    import mxsim.inloop.torch as loop_module
+
+    model, x = _two_layers(torch), torch.randn(4, 32)
+    with torch_unit(model, OCP):
+        expected = model(x)
+    monkeypatch.setattr(loop_module, "DECODED_SHARE", 0.0)
+    with torch_unit(model, OCP) as loop:
+        got = model(x)
+        kept = [views for _, views in loop.weight_quantizations.items()]
+        assert [len(decoded) for views in kept for _, _, decoded in views.values()] == [1, 0]
+    np.testing.assert_array_equal(_bits(got), _bits(expected))

@@ -18,7 +18,7 @@ from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
-from .blas import batch_passes, blas_applies, blas_matmul, subnormals_work
+from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
 from .config import HardwareConfig, check_wide_products, load_hwconfig
 from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
@@ -719,6 +719,7 @@ def matmul_batched(
     tile_rows: int = 256,
     method: str = "auto",
     per_tensor_scale: bool = False,
+    b_memo: dict | None = None,
 ) -> BatchedMatmulResult:
     """C[g] + A[g] @ B[g] for every group g of a batch through the unit ``hw``: every output
     bit that of :func:`matmul` on the group (``matmul(hw, A[g], B[g], c=c[g], ...)``), the
@@ -735,11 +736,21 @@ def matmul_batched(
     rows_total)`` (rows of all groups) as in :func:`matmul`. NVFP4 operands are not taken
     (call :func:`matmul` per group).
 
+    ``b_memo``: None, or a dict the caller keeps for one B (the same MXTensors, their codes
+    and scales unchanged, from call to call: a model's weight): B's codes as the kernels take
+    them and the BLAS route's decoded B are kept there per unit and formats, and later calls
+    skip that work (results the same bits). It holds up to 12 bytes per element of B; the
+    caller drops it to free them.
+
     Returns a :class:`BatchedMatmulResult`. G = 0 (float arrays) gives an empty result. Bad
     arguments raise :class:`~mxsim.errors.MxsimError` subclasses naming the argument.
     """
     _check_method(method, "matmul_batched")
     tile_rows = check_int(tile_rows, "matmul_batched: tile_rows", 1)
+    if b_memo is not None and not isinstance(b_memo, dict):
+        raise ArgumentError(
+            f"matmul_batched: b_memo must be None or a dict, got {type(b_memo).__name__}"
+        )
     if progress is not None and not callable(progress):
         raise ArgumentError(
             f"matmul_batched: progress must be None or a callable (rows_done, rows_total), got {progress!r}"
@@ -798,16 +809,22 @@ def matmul_batched(
         )
     c_values = np.zeros((1, 1, 1), dtype=kernel_c_dtype(params.c_format)) if c is None else c
     codes_a = np.stack([t.codes for t in tensors_a]) if groups > 1 else first_a.codes[None]
-    codes_b = np.stack([t.codes for t in tensors_b]) if groups > 1 else first_b.codes[None]
     fields_a = _codes(
         codes_a.reshape(groups * rows, -1), "A", first_a.element_format, fields_given=True
     )
-    fields_b = _codes(
-        codes_b.reshape(groups * columns, -1), "B", first_b.element_format, fields_given=True
-    )
+    memo = None if b_memo is None else b_memo.setdefault(params, {})
+    if memo is None or "codes" not in memo:
+        codes_b = np.stack([t.codes for t in tensors_b]) if groups > 1 else first_b.codes[None]
+        fields_b = _codes(
+            codes_b.reshape(groups * columns, -1), "B", first_b.element_format, fields_given=True
+        )
+        scales_b = _scales_for_unit(np.stack([t.scales for t in tensors_b]), params)
+        if memo is not None:
+            memo.update(codes=fields_b, scales=scales_b, route={})
+    else:
+        fields_b, scales_b = memo["codes"], memo["scales"]
     codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b)
     scales_a = _scales_for_unit(np.stack([t.scales for t in tensors_a]), params)
-    scales_b = _scales_for_unit(np.stack([t.scales for t in tensors_b]), params)
     out = _gemm_groups(
         params,
         codes_a.reshape(groups, rows, -1),
@@ -819,6 +836,7 @@ def matmul_batched(
         method,
         progress,
         tile_rows,
+        None if memo is None else memo["route"],
     )
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
@@ -840,21 +858,36 @@ def _gemm_routes(
     method: str,
     progress,
     tile_rows: int,
+    memo: dict | None = None,
 ) -> np.ndarray:
     """The output bits (uint32, (G, M, N)) of the GEMMs of codes A[g] (M, K) times B[g] given
     as (N, K), scale exponents (G, rows, blocks), c (G, M, N) or (1, 1, 1): by the BLAS or the
     window route where ``method`` and the unit allow, the generic kernel elsewhere. With a
     ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
-    together when a group has fewer), reporting after each; without, in one call."""
+    together when a group has fewer), reporting after each; without, in one call. ``memo``:
+    the BLAS route's kept work on this B (:func:`~mxsim.datapath.blas.blas_matmul`)."""
     groups, rows = codes_a.shape[:2]
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
-    if method == "auto" and blas_applies(
-        params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values
-    ):
+    route = (
+        blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo)
+        if method == "auto"
+        else None
+    )
+    if route is not None:
         leftovers = blas_matmul(
-            params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, out, progress
+            params,
+            kernel_args,
+            codes_a,
+            codes_b,
+            exponents_a,
+            exponents_b,
+            c_values,
+            out,
+            progress,
+            *route,
+            memo,
         )
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
             g, m, n = (np.array(index) for index in zip(*leftovers))

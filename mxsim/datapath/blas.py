@@ -128,24 +128,58 @@ def blas_applies(
     """Whether this GEMM may take the BLAS route: every key's value is one the route computes
     exactly (each key's ``blas`` declaration in ``datapath.schema``), the formats' tree sums
     fit float64, and the data holds no special value the route leaves to the kernel."""
+    return (
+        blas_route(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values) is not None
+    )
+
+
+def blas_route(
+    params: DatapathParams,
+    kernel_args,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    memo: dict | None = None,
+) -> tuple | None:
+    """:func:`blas_applies`'s decision with what it read from the data: None when the route
+    is refused, else ``(folded,)``: for trees of several blocks, the (A, B) results of
+    ``_tree_exponents`` that :func:`blas_matmul` folds the blocks with (computed once for
+    both), else None. ``memo``: as for :func:`blas_matmul` (whether B's codes are all
+    finite is kept there)."""
     unit_ok = route_accepts("blas", params) and exact_in_float64(params)
     if not unit_ok or not subnormals_work():
-        return False
+        return None
     a_values, b_values = kernel_args[0], kernel_args[2]
-    if not (
-        codes_all_finite(codes_a, np.isfinite(a_values))
-        and codes_all_finite(codes_b, np.isfinite(b_values))
-    ):
-        return False
+    b_finite = None if memo is None else memo.get("finite")
+    if b_finite is None:
+        b_finite = codes_all_finite(codes_b, np.isfinite(b_values))
+        if memo is not None:
+            memo["finite"] = b_finite
+    if not (b_finite and codes_all_finite(codes_a, np.isfinite(a_values))):
+        return None
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
-        return False
+        return None
+    folded = None
     if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
-        size = params.block_size
-        zeros_a = _zero_blocks(codes_a, a_values, scales_a, size)
-        zeros_b = _zero_blocks(codes_b, b_values, scales_b, size)
-        if folded_sum_bits(params, scales_a, scales_b, zeros_a, zeros_b) > 53:
-            return False
-    return values_finite_and_not_negative_zero(c_values)
+        folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+        if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:  # folded_sum_bits
+            return None
+    return (folded,) if values_finite_and_not_negative_zero(c_values) else None
+
+
+def _folded_trees(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b):
+    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out."""
+    per, size = blocks_per_tree(params), params.block_size
+    trees = -(-scales_a.shape[-1] // per)
+    return tuple(
+        _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
+        for codes, values, scales in (
+            (codes_a, kernel_args[0], scales_a),
+            (codes_b, kernel_args[2], scales_b),
+        )
+    )
 
 
 def blocks_per_tree(params: DatapathParams) -> int:
@@ -531,6 +565,8 @@ def blas_matmul(
     c_values,
     out,
     progress=None,
+    folded=None,
+    memo: dict | None = None,
 ) -> list[tuple[int, int, int]]:
     """Fill ``out`` (G, M, N uint32 fp32 bits) with the unit's batch of GEMMs A[g] times B[g]
     given as (N, K) through BLAS (see module doc); codes and scales are (G, rows, ...),
@@ -549,7 +585,11 @@ def blas_matmul(
     adds exactly (``_exact_chunks``) are added exactly in two float64s; returns the (group,
     row, column) outputs whose sum needed more (the caller recomputes them with the
     kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts rows of all
-    groups (tiles done, as rows).
+    groups (tiles done, as rows). ``folded``: :func:`blas_route`'s folded trees of these
+    operands where it computed them (None: computed here). ``memo``: None, or a mapping the
+    caller keeps for this same B (its codes and scales unchanged between the calls given it,
+    with the same ``params``): B's decoded panels and their steps are kept there and reused
+    (a model's weights, decoded once).
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
@@ -561,12 +601,9 @@ def blas_matmul(
     bits = tree_sum_bits(params)
     rises_a = rises_b = None
     if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
-        trees = -(-scales_a.shape[-1] // per)
-        size = params.block_size
-        zeros_a = _zero_blocks(codes_a, a_values, scales_a, size)
-        zeros_b = _zero_blocks(codes_b, b_values, scales_b, size)
-        scales_a, rises_a, top_a = _tree_exponents(scales_a, per, trees, zeros_a)
-        scales_b, rises_b, top_b = _tree_exponents(scales_b, per, trees, zeros_b)
+        if folded is None:
+            folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+        (scales_a, rises_a, top_a), (scales_b, rises_b, top_b) = folded
         bits += top_a + top_b  # folded_sum_bits
     block = params.block_size * per if scaled else width
     padded = -(-length // block) * block
@@ -607,12 +644,19 @@ def blas_matmul(
     ):
         for c0, c1 in panels:
             exps_b = scales_b[:, c0:c1] if scaled else None
-            if kulisch:
+            # rises of folded trees come with A's folding: those panels are not kept
+            key = None if memo is None or per > 1 else ("panel", c0, c1, block, padded)
+            kept = None if key is None else memo.get(key)
+            if kept is not None:
+                b, b_steps = kept
+            elif kulisch:
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 rises = rises_b[:, c0:c1] if per > 1 else None
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
+            if key is not None and kept is None:
+                memo[key] = (b, b_steps)
 
             def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item

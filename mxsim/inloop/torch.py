@@ -39,6 +39,7 @@ from ..capture.torch import (
 )
 from ..datapath import HardwareConfig, load_hwconfig
 from ..errors import MxsimError
+from ..limits import memory_budget
 from ..parallel import progress_bar
 from ..replay.layer import run_layer
 from ..trace.model import Layer
@@ -67,10 +68,11 @@ def layer_on_unit(
     out_format,
     weight_quantizations: dict | None = None,
     input_quantizations: dict | None = None,
+    weight_memo: dict | None = None,
 ) -> np.ndarray:
     """``layer``'s output (float64, the layer's layout) computed by ``hw``, and nothing else
     (no ideal, no clipping counts). A layer without outputs (an empty batch) computes nothing.
-    ``weight_quantizations``, ``input_quantizations``: as for
+    ``weight_quantizations``, ``input_quantizations``, ``weight_memo``: as for
     :func:`~mxsim.replay.layer.run_layer`."""
     if layer.output.size == 0:
         return np.zeros(layer.output.shape)
@@ -86,6 +88,7 @@ def layer_on_unit(
         count_clipped=False,
         weight_quantizations=weight_quantizations,
         input_quantizations=input_quantizations,
+        weight_memo=weight_memo,
     ).values
 
 
@@ -120,6 +123,23 @@ def _quantized_from(layer: Layer, operand: str) -> np.ndarray:
     )
 
 
+#: The share of the memory budget (docs/limits.md) the weights' kept decoded forms may take.
+DECODED_SHARE = 0.25
+
+
+def _held_bytes(memo: dict) -> int:
+    """Bytes of the numpy arrays held in a (nested) memo of decoded forms."""
+    total = 0
+    for value in memo.values():
+        if isinstance(value, dict):
+            total += _held_bytes(value)
+        elif isinstance(value, tuple):
+            total += sum(v.nbytes for v in value if isinstance(v, np.ndarray))
+        elif isinstance(value, np.ndarray):
+            total += value.nbytes
+    return total
+
+
 class UnitInLoop(_Recorder):
     """The recorder of :func:`torch_unit`: computes each layer on the unit instead of keeping it.
 
@@ -133,7 +153,10 @@ class UnitInLoop(_Recorder):
     ``weight_quantizations``: the quantized weights kept for the next forward, emptied when the
     context ends: parameter (held by a weak reference) -> {view of it (data pointer, shape,
     stride, dtype) -> (a copy of the view's values as unsigned integers, the quantizations of
-    those values)}. A view's quantizations are used while its values are bit for bit the copy,
+    those values, their decoded forms (``run_layer``'s ``weight_memo``; filled while all
+    weights' decoded forms together, ``decoded_bytes``, take at most :data:`DECODED_SHARE` of
+    the memory budget, docs/limits.md: about 12 bytes per weight element))}. A view's
+    quantizations and decoded forms are used while its values are bit for bit the copy,
     however they were changed in between: torch's ``_version`` counter would miss changes
     through ``param.data`` (``param.data.copy_``), which it does not count. Only weights that
     are the model's parameters or views of them are kept; activations (attention's keys and
@@ -174,6 +197,7 @@ class UnitInLoop(_Recorder):
         self.in_torch: list[str] = []
         self.not_read: set[str] = set()
         self.library_sqnr_db: list[tuple[str, float]] = []
+        self.decoded_bytes = 0  # held by the weights' kept decoded forms
 
     def skip(self, op: str, reason: str, name: str | None = None) -> None:
         """Ops left to torch are listed; a float convolution the unit cannot compute (3-d) is
@@ -219,10 +243,11 @@ class UnitInLoop(_Recorder):
         finally:
             self.weight = self.input = None
 
-    def kept_quantizations(self, weight_values: np.ndarray) -> dict | None:
-        """The kept quantizations (``run_layer``'s ``weight_quantizations``) of the weight of
-        the layer being recorded, whose values are ``weight_values``, emptied if those values
-        changed; None when the weight is not a parameter of the model or a view of one."""
+    def kept_quantizations(self, weight_values: np.ndarray) -> tuple[dict, dict] | None:
+        """The kept quantizations and decoded forms (``run_layer``'s ``weight_quantizations``
+        and ``weight_memo``) of the weight of the layer being recorded, whose values are
+        ``weight_values``, both emptied if those values changed; None when the weight is not
+        a parameter of the model or a view of one."""
         weight = self.weight
         if (
             weight is None
@@ -242,8 +267,10 @@ class UnitInLoop(_Recorder):
         bits = weight_values.view(f"u{weight_values.itemsize}")
         kept = views.get(view)
         if kept is None or not np.array_equal(kept[0], bits):
-            kept = views[view] = (bits.copy(), {})
-        return kept[1]
+            if kept is not None:
+                self.decoded_bytes -= _held_bytes(kept[2])
+            kept = views[view] = (bits.copy(), {}, {})
+        return kept[1], kept[2]
 
     def kept_input_quantizations(self, input_values: np.ndarray) -> dict | None:
         """The kept quantizations (``run_layer``'s ``input_quantizations``) of the input of the
@@ -276,6 +303,13 @@ class UnitInLoop(_Recorder):
             for operand in layer.source["quantizers"]:
                 if layer.quant.get(operand) is None:
                     self.not_read.add(f"{layer.name}.{operand}")
+        quantizations, memo = self.kept_quantizations(_quantized_from(layer, "weight")) or (
+            None,
+            None,
+        )
+        held = None if memo is None else _held_bytes(memo)
+        if not memo and self.decoded_bytes > memory_budget() * DECODED_SHARE:
+            memo = None  # the budget's share is spent: this weight is decoded per call
         values = layer_on_unit(
             layer,
             self.hw,
@@ -283,9 +317,12 @@ class UnitInLoop(_Recorder):
             self.b_format,
             self.per_tensor_scale,
             self.out_format,
-            self.kept_quantizations(_quantized_from(layer, "weight")),
+            quantizations,
             self.kept_input_quantizations(_quantized_from(layer, "input")),
+            memo,
         )
+        if memo is not None:
+            self.decoded_bytes += _held_bytes(memo) - held
         if self.quantized_only:
             self.library_sqnr_db.append((layer.name, self._library_sqnr_db(layer, values)))
         if self.bar is not None:
@@ -354,8 +391,10 @@ def torch_unit(
 
     A weight that is one of the model's parameters (or a view of one) is quantized once per
     context: later calls reuse its quantization while its values are bit for bit the ones
-    quantized (a change in place, through the parameter or ``.data``, is seen); the kept
-    quantizations are dropped when the context ends (:attr:`UnitInLoop.weight_quantizations`).
+    quantized (a change in place, through the parameter or ``.data``, is seen), and its
+    decoded forms (the kernels' codes, the BLAS route's float64 values) while they fit a
+    quarter of the memory budget (docs/limits.md); the kept quantizations are dropped when the
+    context ends (:attr:`UnitInLoop.weight_quantizations`).
 
     Yields the :class:`UnitInLoop` (``computed_layers``, ``skipped``). Runs under
     ``torch.no_grad()``; each replaced result is a new tensor of torch's dtype (no autograd

@@ -236,6 +236,7 @@ def run_layer(
     count_clipped: bool = True,
     weight_quantizations: dict | None = None,
     input_quantizations: dict | None = None,
+    weight_memo: dict | None = None,
 ) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
@@ -258,7 +259,11 @@ def run_layer(
     filled): looked up, or filled, by everything else the quantization depends on
     (:func:`_quantization_key`); stochastic rounding is never kept.
     ``input_quantizations``: the same for this layer's input (several layers reading one
-    activation, as attention's query, key and value projections do, quantize it once)."""
+    activation, as attention's query, key and value projections do, quantize it once).
+    ``weight_memo``: a mapping for :func:`mxsim.matmul_batched`'s ``b_memo`` of this layer's
+    weight, one per quantization of it (the caller vouches for the weight as for
+    ``weight_quantizations``; a weight the unit takes as the model quantized it, or one
+    quantized stochastically, is not kept): its decoded forms kept across calls."""
     if operands is None:  # the layer lowered once, for the input it gets
         view = gemm_view(layer, None if x is None else np.shape(x))
         at = layer if x is None else layer_with_input(layer, x, view.output_shape)
@@ -268,6 +273,7 @@ def run_layer(
     view, shape = ops.gemm.view, ops.gemm.shape
     gemm_operands = {"input": ops.a, "weight": ops.b}
     choices, tensors, quantize_options = {}, {}, {}
+    b_memo = None
     try:
         for name, operand in gemm_operands.items():
             chosen_format = (
@@ -299,6 +305,8 @@ def run_layer(
                 if key is not None:
                     kept[key] = quantized
             tensors[name], choice.saturated, choice.underflowed = quantized
+            if name == "weight" and weight_memo is not None and key is not None:
+                b_memo = weight_memo.setdefault(key, {})
     if not with_ideal:
         gemm_ideal, exact = None, False
     elif choices["input"].status == choices["weight"].status == "model":
@@ -361,7 +369,7 @@ def run_layer(
             c = cs[0][None]
         else:
             c = np.stack([zero if c is None else c for c in cs])
-        batch = matmul_batched(hw, tensors["input"], qbs, c=c, **matmul_options)
+        batch = matmul_batched(hw, tensors["input"], qbs, c=c, b_memo=b_memo, **matmul_options)
         bits, out = batch.bits, batch.values
     else:
         results = [
