@@ -174,6 +174,29 @@ def test_fp8_scales_along_k_are_not_taken_as_codes():
     assert run.input.status == "added" and run.weight.status == "model"
 
 
+def test_float_operands_on_a_shared_microexponent_unit_are_quantized_as_mx9():
+    """A float layer on bfp-exact: replay quantizes both operands as MX9 defines it (one
+    8-bit exponent per 16 elements, a 1-bit shift per pair), the bits of Quark's quantizer
+    (``quantize_bfp``, checked against Quark elsewhere), even where neighbouring pairs differ by
+    many binades, which a free scale per pair would keep and MX9 flushes."""
+    from mxsim import quantize_bfp
+
+    rng = np.random.default_rng(5)
+    base = mx_linear_layer(rng)
+    spread = base.input * np.exp2(rng.integers(-60, 1, base.input.shape)).astype(np.float32)
+    tensors = dict(base.tensors, input=spread)
+    layer = Layer(base.name, base.op, tensors, {}, dict(base.quant, input=None, weight=None), {})
+    unit = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
+    result = replay_layer(layer, unit)
+    assert (result.input.format, result.weight.format, result.status) == ("mx9", "mx9", "added")
+    qa = quantize_bfp(spread, "MX9", axis=1).as_mx_tensor()
+    qb = quantize_bfp(base.weight.T, "MX9", axis=0).as_mx_tensor()
+    scales = qa.scales.astype(int).reshape(6, -1, 8)  # a block of 16: 8 pairs
+    assert (scales.max(axis=-1) - scales.min(axis=-1)).max() == 1
+    assert result.input.underflowed > 0  # the pairs far below their block's largest
+    np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
+
+
 def test_replay_quantizes_the_library_values_of_an_operand_it_does_not_read():
     """An operand without a spec whose quantized values the trace holds: replay's own
     quantization starts from those values (what the model multiplied), not the float before

@@ -34,7 +34,7 @@ from ..datapath import HardwareConfig, as_float, matmul_batched
 from ..datapath.api import times_power_of_two
 from ..errors import MxsimError
 from ..formats import get_format
-from ..quantize import MXTensor, quantize, quantize_groups, resolve_options
+from ..quantize import MXTensor, quantize, quantize_bfp, quantize_groups, resolve_options
 from ..trace.model import Layer
 from .attribution import layer_attribution, output_channel_shares
 from .choice import OperandChoice, choose_operand, pair_choices
@@ -120,7 +120,28 @@ def _requantize(
 ) -> tuple[list[MXTensor], int, int]:
     """Replay's own quantization of a lowered operand (G, R, K) along K, each group a tensor
     of its own (:func:`mxsim.quantize.quantize_groups`: one kernel call for all groups); with
-    ``count_clipped`` the saturated and underflowed elements too (else 0, 0)."""
+    ``count_clipped`` the saturated and underflowed elements too (else 0, 0). A
+    shared-microexponent format (MX4/6/9) on a unit whose blocks are its sub-blocks is
+    quantized as that format defines it (:func:`mxsim.quantize.quantize_bfp`: one 8-bit
+    exponent per block of 16, a microexponent per sub-block), not with a free scale per
+    sub-block, which no such tensor has."""
+    fmt = get_format(choice.format)
+    if (
+        fmt.role == "bfp_element"
+        and fmt.subblock_size == choice.block_size
+        and not choice.per_tensor_scale
+    ):
+        tensors = [quantize_bfp(matrix, fmt.name, axis=1).as_mx_tensor() for matrix in values]
+    else:
+        tensors = _requantize_mx(values, choice, options)
+    if not count_clipped:
+        return tensors, 0, 0
+    counts = [clip_counts(matrix, tensor) for matrix, tensor in zip(values, tensors)]
+    return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _requantize_mx(values: np.ndarray, choice: OperandChoice, options: dict) -> list[MXTensor]:
+    """:func:`_requantize` by the OCP block quantizer, with the choice's profile and options."""
     kwargs = dict(
         block_size=choice.block_size,
         profile=choice.profile,
@@ -131,13 +152,8 @@ def _requantize(
     if (
         resolve_options(choice.profile, **options).element_rounding == "stochastic"
     ):  # each group's own stream
-        tensors = [quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values]
-    else:
-        tensors = quantize_groups(values, choice.format, **kwargs)
-    if not count_clipped:
-        return tensors, 0, 0
-    counts = [clip_counts(matrix, tensor) for matrix, tensor in zip(values, tensors)]
-    return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
+        return [quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values]
+    return quantize_groups(values, choice.format, **kwargs)
 
 
 def _quantization_key(
