@@ -10,6 +10,7 @@ would leave them behind as a namespace package shadowing the next install.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -134,6 +135,18 @@ def watch_compiles() -> _CompileWatch:
         event.register("numba:compile", Listener())
         _watch = watch
     return _watch
+
+
+@contextlib.contextmanager
+def compiling_elsewhere():
+    """Time spent in this block counts as compiling, and shows the notice: for waiting on
+    kernels another process compiles into the shared cache (:mod:`mxsim.replay.warmup`)."""
+    watch = watch_compiles()
+    watch.on_start(None)
+    try:
+        yield
+    finally:
+        watch.on_end(None)
 
 
 def compile_seconds() -> float:

@@ -1,0 +1,289 @@
+"""Compiling a replay's kernels on two cores: with an empty kernel cache, a replay through
+several units compiles the kernels of some units in a second process while this one compiles
+the others, then loads the second process's kernels from the shared cache.
+
+Compiling is single-threaded and takes most of a first run's time (each unit's route and the
+quantizers it calls: 10-30 s apiece), so on a machine with a free core a replay through
+several units finishes its first run in about the time of its longest share instead of the sum.
+
+How it works (:func:`start`, then :meth:`Warmup.finish` before the replay's tasks):
+
+* Each unit is warmed by replaying, through it, one layer of each kind in the trace (the
+  smallest: same op, operand specs and array types give the same kernel specialisations) and,
+  for an end-to-end replay, the network on two samples: the replay's own code path, so the
+  kernels it compiles are the ones the replay then calls. Results are thrown away.
+* The units whose kernels are not known to be cached (a marker per unit and kind of work in the
+  kernel cache directory, written after a replay succeeds, keyed by the unit's digest, the
+  kinds of layers, the options and the mxsim source files' stamps) are split: the last half
+  goes to a child process (``multiprocessing``'s spawn context) that loads the trace and the
+  configs from their files and warms them, this process warms the first half, then waits for
+  the child, counting the wait as compiling (:func:`mxsim._compile.compiling_elsewhere`: the
+  notice shows, and the replay report's "compiling kernels" includes it).
+* The child only fills the cache: results never come from it. If it fails, is killed or
+  takes longer than :data:`WAIT_SECONDS`, this process compiles whatever is missing itself
+  (a debug line on the ``mxsim`` logger says so). Numba writes each cache file to a temporary
+  name and renames it, so two processes filling one cache never leave a torn file.
+
+``MXSIM_PARALLEL_COMPILE`` (:data:`SWITCH`): ``auto`` (the default) as above, only with an
+empty cache for two or more units, at least two usable cores, an in-process runner and a trace
+and configs loaded from files; ``0`` never; ``1`` also when the markers say the cache is warm
+(for measurements and tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from .._compile import compile_seconds, compiling_elsewhere, kernel_cache_dir
+from ..errors import ArgumentError
+from ..trace.model import Layer, Trace
+
+SWITCH = "MXSIM_PARALLEL_COMPILE"
+SWITCH_VALUES = ("auto", "0", "1")
+#: Longest wait for the child (seconds); after it the child is stopped and this process
+#: compiles what is still missing.
+WAIT_SECONDS = 900.0
+#: Samples of the dataset the end-to-end warm-up runs the network on.
+NETWORK_SAMPLES = 2
+_MARKERS = "mxsim-warm"
+_log = logging.getLogger("mxsim")
+
+
+def switch() -> str:
+    """The value of ``MXSIM_PARALLEL_COMPILE`` (``auto`` when unset); ArgumentError naming the
+    variable and the accepted values otherwise."""
+    value = os.environ.get(SWITCH, "auto").strip() or "auto"
+    if value not in SWITCH_VALUES:
+        raise ArgumentError(
+            f"{SWITCH}={value[:40]!r}: expected one of {', '.join(SWITCH_VALUES)} "
+            "(auto: compile on two cores when the kernel cache is empty; 0: never; 1: always)"
+        )
+    return value
+
+
+def _kind(layer: Layer) -> str:
+    """What decides which kernel specialisations a layer compiles: its op, reference mode,
+    operand specs, which operands hold codes only, and its arrays' dtypes and ranks."""
+    return repr(
+        (
+            layer.op,
+            layer.reference,
+            sorted(layer.codes_only),
+            sorted((name, repr(spec)) for name, spec in layer.quant.items()),
+            sorted((name, str(a.dtype), a.ndim) for name, a in layer.tensors.items()),
+        )
+    )
+
+
+def representative_layers(trace: Trace) -> list[Layer]:
+    """One layer of each kind (:func:`_kind`), the one with the fewest output elements, in
+    trace order."""
+    chosen: dict[str, Layer] = {}
+    for layer in trace.layers:
+        kind = _kind(layer)
+        if kind not in chosen or layer.output.size < chosen[kind].output.size:
+            chosen[kind] = layer
+    keep = {id(layer) for layer in chosen.values()}
+    return [layer for layer in trace.layers if id(layer) in keep]
+
+
+def warm_unit(
+    trace: Trace,
+    layers: Sequence[Layer],
+    hw,
+    element_format: str | None,
+    conv_order: str,
+    end_to_end: bool,
+) -> None:
+    """Compile (or load) the kernels a replay of ``trace`` through ``hw`` calls: ``layers``
+    replayed through it and, with ``end_to_end``, the network on its first samples. Results
+    are discarded; errors are left to the replay itself to report."""
+    from .run import replay_layer_on_units, unit_layer_fn
+
+    for layer in layers:
+        replay_layer_on_units(layer, [hw], element_format, conv_order)
+    network = trace.network
+    if end_to_end and network is not None and network.labels is not None:
+        from .network import run_network
+
+        inputs = trace.dataset[network.input][:NETWORK_SAMPLES]
+        run_network(trace, inputs, unit_layer_fn(hw, element_format, None, conv_order, False))
+
+
+def _source_stamp() -> list:
+    """Names, sizes and modification times of mxsim's Python files (a changed kernel makes
+    the markers stale, as it makes Numba's cache stale)."""
+    root = Path(__file__).resolve().parent.parent
+    return sorted(
+        (str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns)
+        for path in root.rglob("*.py")
+        for stat in (path.stat(),)
+    )
+
+
+def _marker(hw, kinds: list[str], options: tuple, stamp: list) -> Path:
+    import numba
+
+    key = json.dumps(
+        [hw.digest, kinds, list(options), stamp, numba.__version__, sys.version], default=str
+    )
+    name = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return Path(kernel_cache_dir()) / _MARKERS / name
+
+
+def mark_warm(trace: Trace, units: Sequence, options: tuple) -> None:
+    """Record that the kernel cache holds what replaying ``trace`` through ``units`` with
+    ``options`` compiles (called after a replay succeeded). Best effort: a cache directory
+    that cannot be written only costs a warm-up later."""
+    kinds = sorted({_kind(layer) for layer in trace.layers})
+    stamp = _source_stamp()
+    try:
+        for hw in units:
+            path = _marker(hw, kinds, options, stamp)
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+    except OSError as error:
+        _log.debug("kernel cache markers not written: %s", error)
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _child(trace_path, names, sources, digests, element_format, conv_order, end_to_end, pipe):
+    """The child's work: warm each unit it was given, sending its name when done."""
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # the parent shows the notice
+    from ..datapath import load_hwconfig
+    from ..trace import load_trace
+
+    trace = load_trace(trace_path)
+    by_name = {layer.name: layer for layer in trace.layers}
+    layers = [by_name[name] for name in names]
+    for source, digest in zip(sources, digests):
+        hw = load_hwconfig(source)
+        if hw.digest == digest:
+            warm_unit(trace, layers, hw, element_format, conv_order, end_to_end)
+        pipe.send_bytes(digest.encode())
+    pipe.close()
+
+
+@dataclasses.dataclass
+class Warmup:
+    """A replay's warm-up (:func:`start`): this process's units, and the child warming the
+    others. :meth:`finish` warms this process's share, waits for the child and returns the
+    compile seconds per unit name (to be added to the replay's per-unit compile time)."""
+
+    trace: Trace
+    layers: list[Layer]
+    mine: list
+    theirs: list
+    options: tuple
+    process: object = None
+    pipe: object = None
+
+    def finish(self) -> dict[str, float]:
+        element_format, conv_order, end_to_end = self.options
+        seconds: dict[str, float] = {}
+        for hw in self.mine:
+            before = compile_seconds()
+            try:
+                warm_unit(self.trace, self.layers, hw, element_format, conv_order, end_to_end)
+            except Exception as error:  # the replay itself reports it
+                _log.debug("warm-up of %s failed: %s", hw.name, error)
+            seconds[hw.name] = compile_seconds() - before
+        if self.process is not None:
+            seconds.update(self._wait())
+        return seconds
+
+    def _wait(self) -> dict[str, float]:
+        """Wait for the child's units in turn, the wait counted as compiling each."""
+        seconds = {}
+        deadline = time.monotonic() + WAIT_SECONDS
+        pending = {hw.digest: hw for hw in self.theirs}
+        try:
+            while pending:
+                before = compile_seconds()
+                with compiling_elsewhere():
+                    ready = wait(
+                        [self.pipe, self.process.sentinel], max(0.0, deadline - time.monotonic())
+                    )
+                    digest = self.pipe.recv_bytes().decode() if self.pipe in ready else None
+                if digest not in pending:
+                    reason = "timed out" if not ready else f"exit code {self.process.exitcode}"
+                    _log.debug("kernel warm-up child stopped early (%s)", reason)
+                    break
+                seconds[pending.pop(digest).name] = compile_seconds() - before
+        except (EOFError, OSError) as error:
+            _log.debug("kernel warm-up child stopped early: %s", error)
+        finally:
+            self.pipe.close()
+            self.process.join(0 if pending else 10)  # done: let it exit by itself
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        return seconds
+
+
+def start(
+    trace: Trace,
+    units: Sequence,
+    element_format: str | None,
+    conv_order: str,
+    end_to_end: bool,
+) -> Warmup | None:
+    """A warm-up for replaying ``trace`` through ``units`` on an in-process runner, its child
+    already started; None when it would not pay (see the module docstring)."""
+    mode = switch()
+    options = (element_format, conv_order, bool(end_to_end))
+    if mode == "0" or len(units) < 2 or trace.path is None or _usable_cores() < 2:
+        return None
+    if not all(os.path.isfile(hw.source) for hw in units):
+        return None
+    layers = representative_layers(trace)
+    cold = list(units)
+    if mode == "auto":
+        kinds = sorted({_kind(layer) for layer in trace.layers})
+        stamp = _source_stamp()
+        cold = [hw for hw in units if not _marker(hw, kinds, options, stamp).exists()]
+        if len(cold) < 2:
+            return None
+    theirs = cold[(len(cold) + 1) // 2 :]
+    mine = [hw for hw in cold if hw not in theirs]
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_child,
+        args=(
+            str(trace.path),
+            [layer.name for layer in layers],
+            [str(hw.source) for hw in theirs],
+            [hw.digest for hw in theirs],
+            *options,
+            sender,
+        ),
+        daemon=True,
+        name="mxsim-kernel-warmup",
+    )
+    try:
+        process.start()
+    except OSError as error:
+        _log.debug("kernel warm-up child not started: %s", error)
+        receiver.close()
+        return None
+    finally:
+        sender.close()
+    return Warmup(trace, layers, mine, theirs, options, process, receiver)
