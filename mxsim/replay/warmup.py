@@ -15,7 +15,8 @@ How it works (:func:`start`, then :meth:`Warmup.finish` before the replay's task
 * The units whose kernels are not known to be cached (a marker per unit and kind of work in the
   kernel cache directory, written after a replay succeeds, keyed by the unit's digest, the
   kinds of layers, the options and the mxsim source files' stamps) are split: the last half
-  goes to a child process (``multiprocessing``'s spawn context) that loads the trace and the
+  goes to a child process (a new Python interpreter, ``subprocess``: nothing of this process's
+  ``__main__`` runs again there, and its request is JSON) that loads the trace and the
   configs from their files and warms them, this process warms the first half, then waits for
   the child, counting the wait as compiling (:func:`mxsim._compile.compiling_elsewhere`: the
   notice shows, and the replay report's "compiling kernels" includes it).
@@ -36,12 +37,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
+import queue
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from .._compile import compile_seconds, compiling_elsewhere, kernel_cache_dir
@@ -164,21 +166,28 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _child(trace_path, names, sources, digests, element_format, conv_order, end_to_end, pipe):
-    """The child's work: warm each unit it was given, sending its name when done."""
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # the parent shows the notice
+def child_main() -> None:
+    """The child's work (``python -c "from mxsim.replay.warmup import child_main; child_main()"``):
+    read the request (JSON on standard input), warm each unit, and print its digest when done."""
     from ..datapath import load_hwconfig
     from ..trace import load_trace
 
-    trace = load_trace(trace_path)
+    answers, sys.stdout = sys.stdout, sys.stderr  # only the digests go to the parent
+    request = json.loads(sys.stdin.read())
+    trace = load_trace(request["trace"])
     by_name = {layer.name: layer for layer in trace.layers}
-    layers = [by_name[name] for name in names]
-    for source, digest in zip(sources, digests):
+    layers = [by_name[name] for name in request["layers"]]
+    for source, digest in request["units"]:
         hw = load_hwconfig(source)
         if hw.digest == digest:
-            warm_unit(trace, layers, hw, element_format, conv_order, end_to_end)
-        pipe.send_bytes(digest.encode())
-    pipe.close()
+            warm_unit(trace, layers, hw, *request["options"])
+        print(digest, file=answers, flush=True)
+
+
+def _lines(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line.strip())
+    lines.put(None)
 
 
 @dataclasses.dataclass
@@ -192,8 +201,8 @@ class Warmup:
     mine: list
     theirs: list
     options: tuple
-    process: object = None
-    pipe: object = None
+    process: subprocess.Popen | None = None
+    lines: queue.Queue | None = None
 
     def finish(self) -> dict[str, float]:
         element_format, conv_order, end_to_end = self.options
@@ -214,27 +223,23 @@ class Warmup:
         seconds = {}
         deadline = time.monotonic() + WAIT_SECONDS
         pending = {hw.digest: hw for hw in self.theirs}
+        while pending:
+            before = compile_seconds()
+            with compiling_elsewhere():
+                try:
+                    digest = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    digest = "timed out"
+            if digest not in pending:
+                reason = digest or f"exit code {self.process.wait()}"
+                _log.debug("kernel warm-up child stopped early (%s)", reason)
+                break
+            seconds[pending.pop(digest).name] = compile_seconds() - before
         try:
-            while pending:
-                before = compile_seconds()
-                with compiling_elsewhere():
-                    ready = wait(
-                        [self.pipe, self.process.sentinel], max(0.0, deadline - time.monotonic())
-                    )
-                    digest = self.pipe.recv_bytes().decode() if self.pipe in ready else None
-                if digest not in pending:
-                    reason = "timed out" if not ready else f"exit code {self.process.exitcode}"
-                    _log.debug("kernel warm-up child stopped early (%s)", reason)
-                    break
-                seconds[pending.pop(digest).name] = compile_seconds() - before
-        except (EOFError, OSError) as error:
-            _log.debug("kernel warm-up child stopped early: %s", error)
-        finally:
-            self.pipe.close()
-            self.process.join(0 if pending else 10)  # done: let it exit by itself
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+            self.process.wait(0 if pending else 10)  # done: let it exit by itself
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         return seconds
 
 
@@ -263,27 +268,32 @@ def start(
             return None
     theirs = cold[(len(cold) + 1) // 2 :]
     mine = [hw for hw in cold if hw not in theirs]
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(
-        target=_child,
-        args=(
-            str(trace.path),
-            [layer.name for layer in layers],
-            [str(hw.source) for hw in theirs],
-            [hw.digest for hw in theirs],
-            *options,
-            sender,
-        ),
-        daemon=True,
-        name="mxsim-kernel-warmup",
-    )
+    request = {
+        "trace": str(trace.path),
+        "layers": [layer.name for layer in layers],
+        "units": [[str(hw.source), hw.digest] for hw in theirs],
+        "options": list(options),
+    }
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=package_root + (os.pathsep + path if path else ""))
     try:
-        process.start()
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from mxsim.replay.warmup import child_main; child_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # this process shows the notice
+            env=env,
+            text=True,
+        )
     except OSError as error:
         _log.debug("kernel warm-up child not started: %s", error)
-        receiver.close()
         return None
-    finally:
-        sender.close()
-    return Warmup(trace, layers, mine, theirs, options, process, receiver)
+    try:
+        process.stdin.write(json.dumps(request))
+        process.stdin.close()
+    except OSError:  # it died at once: its exit code is reported while waiting
+        pass
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(process.stdout, lines), daemon=True).start()
+    return Warmup(trace, layers, mine, theirs, options, process, lines)
