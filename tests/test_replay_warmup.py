@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def _bits(report) -> list:
 
 def test_results_are_the_same_with_and_without_the_warm_up(monkeypatch, markers, started):
     trace = _one_layer()
+    monkeypatch.setattr(warmup, "_core_free", lambda: True)
     monkeypatch.setenv(warmup.SWITCH, "auto")  # no markers yet: the cache counts as cold
     on = replay(trace, UNITS)
     assert started[0].mine == UNITS[:1] and started[0].theirs == UNITS[1:]
@@ -76,7 +78,8 @@ def test_a_failing_child_is_harmless(monkeypatch, markers, started, tmp_path, ca
     assert "child stopped early" in caplog.text
     monkeypatch.setenv(warmup.SWITCH, "0")
     assert all(
-        np.array_equal(a, b) for a, b in zip(_bits(replay(trace, UNITS)), _bits(report), strict=True)
+        np.array_equal(a, b)
+        for a, b in zip(_bits(replay(trace, UNITS)), _bits(report), strict=True)
     )
 
 
@@ -95,10 +98,16 @@ def test_no_child_where_it_cannot_pay(monkeypatch, markers):
     trace = _one_layer()
     monkeypatch.setenv(warmup.SWITCH, "1")
     assert warmup.start(trace, UNITS[:1], None, "kh_kw_c", False) is None  # one unit
-    assert warmup.start(dataclasses.replace(trace, path=None), UNITS, None, "kh_kw_c", False) is None
+    assert (
+        warmup.start(dataclasses.replace(trace, path=None), UNITS, None, "kh_kw_c", False) is None
+    )
     moved = dataclasses.replace(UNITS[1], source="/nonexistent/unit.yaml")
     assert warmup.start(trace, [UNITS[0], moved], None, "kh_kw_c", False) is None
     monkeypatch.setattr(warmup, "_usable_cores", lambda: 1)
+    assert warmup.start(trace, UNITS, None, "kh_kw_c", False) is None
+    monkeypatch.setattr(warmup, "_usable_cores", lambda: 2)
+    monkeypatch.setenv(warmup.SWITCH, "auto")  # markers absent, but no core is free
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 0.0, 0.0))
     assert warmup.start(trace, UNITS, None, "kh_kw_c", False) is None
 
 
@@ -138,3 +147,23 @@ def test_cli_refuses_a_bad_switch_before_any_work(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and warmup.SWITCH in result.stderr
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # nothing compiled
+
+
+def test_layers_differing_only_in_their_values_are_one_kind():
+    """A QDQ spec's scales differ from layer to layer; the kernels they reach do not."""
+    from conftest import sample_trace
+
+    fc = next(layer for layer in sample_trace().layers if layer.name == "fc")
+    other = dataclasses.replace(
+        fc,
+        name="fc again",
+        quant={
+            name: dataclasses.replace(spec, scale=np.asarray(spec.scale * 2, spec.scale.dtype))
+            if spec
+            else None
+            for name, spec in fc.quant.items()
+        },
+    )
+    assert warmup._kind(other) == warmup._kind(fc)
+    changed = dataclasses.replace(other, quant={**other.quant, "input": None})
+    assert warmup._kind(changed) != warmup._kind(fc)

@@ -26,9 +26,10 @@ How it works (:func:`start`, then :meth:`Warmup.finish` before the replay's task
   name and renames it, so two processes filling one cache never leave a torn file.
 
 ``MXSIM_PARALLEL_COMPILE`` (:data:`SWITCH`): ``auto`` (the default) as above, only with an
-empty cache for two or more units, at least two usable cores, an in-process runner and a trace
-and configs loaded from files; ``0`` never; ``1`` also when the markers say the cache is warm
-(for measurements and tests).
+empty cache for two or more units, at least two usable cores of which one is free (load
+average), an in-process runner and a trace and configs loaded from files; ``0`` never; ``1``
+also when the markers say the cache is warm or the machine is busy (for measurements and
+tests).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from .._compile import compile_seconds, compiling_elsewhere, kernel_cache_dir
 from ..errors import ArgumentError
@@ -73,16 +76,28 @@ def switch() -> str:
     return value
 
 
+def _shape_free(value):
+    """``value`` with every array replaced by its dtype and rank (a spec's scales differ per
+    layer; the kernels they reach do not)."""
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), value.ndim)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return (type(value).__name__, *(_shape_free(getattr(value, f.name)) for f in fields))
+    return value
+
+
 def _kind(layer: Layer) -> str:
     """What decides which kernel specialisations a layer compiles: its op, reference mode,
-    operand specs, which operands hold codes only, and its arrays' dtypes and ranks."""
+    operand specs (arrays by dtype and rank), which operands hold codes only, and its
+    arrays' dtypes and ranks."""
     return repr(
         (
             layer.op,
             layer.reference,
             sorted(layer.codes_only),
-            sorted((name, repr(spec)) for name, spec in layer.quant.items()),
-            sorted((name, str(a.dtype), a.ndim) for name, a in layer.tensors.items()),
+            sorted((name, repr(_shape_free(spec))) for name, spec in layer.quant.items()),
+            sorted((name, _shape_free(a)) for name, a in layer.tensors.items()),
         )
     )
 
@@ -157,6 +172,17 @@ def mark_warm(trace: Trace, units: Sequence, options: tuple) -> None:
                 path.touch()
     except OSError as error:
         _log.debug("kernel cache markers not written: %s", error)
+
+
+def _core_free() -> bool:
+    """Whether the machine has a core to spare: a load average (last minute) at most half a
+    core above the other cores' count. On a busy machine a second process only competes
+    with this one: it compiles the units' shared kernels once more, for no gain in time."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available here
+        return True
+    return load <= _usable_cores() - 0.5
 
 
 def _usable_cores() -> int:
@@ -261,6 +287,8 @@ def start(
     layers = representative_layers(trace)
     cold = list(units)
     if mode == "auto":
+        if not _core_free():
+            return None
         kinds = sorted({_kind(layer) for layer in trace.layers})
         stamp = _source_stamp()
         cold = [hw for hw in units if not _marker(hw, kinds, options, stamp).exists()]
