@@ -252,6 +252,8 @@ def replay(
     marking the row (:func:`choose_operand`).
 
     Every request that cannot be met is refused before any work (:func:`check_replay`).
+    With an in-process runner and a cold kernel cache, the kernels of several units are
+    compiled on two cores first (:mod:`mxsim.replay.warmup`; results do not depend on it).
     Each layer (through every unit, sharing its operands and ideal) and each unit's end-to-end
     run is one task of ``runner`` (default in-process; :class:`mxsim.parallel.DaskRunner`
     spreads them over a cluster, with the same results). When tasks fail, the others still
@@ -263,7 +265,8 @@ def replay(
     runner = runner or InProcess()
     language_model = trace.network is not None and trace.network.targets is not None
     options = (element_format, conv_order, bool(end_to_end and not language_model))
-    warm = warmup.start(trace, units, *options) if isinstance(runner, InProcess) else None
+    in_process = isinstance(runner, InProcess)
+    warm = warmup.start(trace, units, *options) if in_process else None
     compiled_first = warm.finish() if warm is not None else {}
     tasks = [
         Task(
@@ -291,7 +294,7 @@ def replay(
 
     done, failures = runner.run(tasks, progress=progress, unit="task", on_result=layer_done)
     report = build_report(trace, units, element_format, conv_order, done, compiled_first)
-    if not failures:
+    if in_process and not failures:
         warmup.mark_warm(trace, units, options)
     try:
         raise_failures("replay", len(tasks), failures)

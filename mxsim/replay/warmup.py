@@ -160,8 +160,11 @@ def _marker(hw, kinds: list[str], options: tuple, stamp: list) -> Path:
 
 def mark_warm(trace: Trace, units: Sequence, options: tuple) -> None:
     """Record that the kernel cache holds what replaying ``trace`` through ``units`` with
-    ``options`` compiles (called after a replay succeeded). Best effort: a cache directory
-    that cannot be written only costs a warm-up later."""
+    ``options`` compiles (called after an in-process replay succeeded; nothing with the
+    switch at ``0``). Best effort: a cache directory that cannot be written only costs a
+    warm-up later."""
+    if switch() == "0":
+        return
     kinds = sorted({_kind(layer) for layer in trace.layers})
     stamp = _source_stamp()
     try:
@@ -227,22 +230,24 @@ class Warmup:
     mine: list
     theirs: list
     options: tuple
-    process: subprocess.Popen | None = None
-    lines: queue.Queue | None = None
+    process: subprocess.Popen
+    lines: queue.Queue
 
     def finish(self) -> dict[str, float]:
-        element_format, conv_order, end_to_end = self.options
         seconds: dict[str, float] = {}
-        for hw in self.mine:
-            before = compile_seconds()
-            try:
-                warm_unit(self.trace, self.layers, hw, element_format, conv_order, end_to_end)
-            except Exception as error:  # the replay itself reports it
-                _log.debug("warm-up of %s failed: %s", hw.name, error)
-            seconds[hw.name] = compile_seconds() - before
-        if self.process is not None:
-            seconds.update(self._wait())
-        return seconds
+        try:
+            for hw in self.mine:
+                before = compile_seconds()
+                try:
+                    warm_unit(self.trace, self.layers, hw, *self.options)
+                except Exception as error:  # the replay itself reports it
+                    _log.debug("warm-up of %s failed: %s", hw.name, error)
+                seconds[hw.name] = compile_seconds() - before
+            return {**seconds, **self._wait()}
+        except BaseException:  # interrupted: the child goes too
+            self.process.kill()
+            self.process.wait()
+            raise
 
     def _wait(self) -> dict[str, float]:
         """Wait for the child's units in turn, the wait counted as compiling each."""
