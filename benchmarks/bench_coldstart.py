@@ -9,7 +9,9 @@ less on the machine's load than wall time) beside a same-run baseline, the cold 
 trivial Numba function in the same venv, and the load average. Needs network access or a local wheel cache
 for the install. ``--per-kernel`` also runs the README replay once more in one process with an
 empty cache and prints each kernel's compile seconds, exclusive of the kernels it calls
-(from Numba's compile events). ``--per-config`` instead measures each config's first use
+(from Numba's compile events; without the replay's warm-up child, so every kernel compiles in
+that one process). The README replay's CPU seconds include its warm-up child's, which compiles
+alongside on the other core where the load average leaves one free (``mxsim.replay.warmup``). ``--per-config`` instead measures each config's first use
 alone: ``mxsim replay traces/digits-cnn --hw CONFIG`` from this checkout with an empty kernel
 cache, its compile seconds (the replay's own report) and CPU seconds; ``all`` takes every
 shipped config, and ``--shared-cache`` runs them in turn on one cache (what each adds to the
@@ -257,7 +259,10 @@ def main() -> None:
             ],
         )
     if args.per_kernel:
-        per_kernel_env = dict(env, NUMBA_CACHE_DIR=str(work / "cache-per-kernel"))
+        # every kernel in this one process: no warm-up child (mxsim/replay/warmup.py)
+        per_kernel_env = dict(
+            env, NUMBA_CACHE_DIR=str(work / "cache-per-kernel"), MXSIM_PARALLEL_COMPILE="0"
+        )
         _, output = timed([str(python), "-c", PER_KERNEL, *README_REPLAY], per_kernel_env)
         rows = [line.split()[1:] for line in output.splitlines() if line.startswith("PER_KERNEL ")]
         print(

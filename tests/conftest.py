@@ -769,6 +769,9 @@ def pytest_configure(config):
     workers already fill them, and a kernel waiting for threads another worker's process holds
     only spins (tests/test_threads.py runs the kernels on two threads itself). In the
     controller of an xdist run, before the workers start: :func:`warm_kernel_cache`."""
+    # The suite's workers fill the cores: replay's second compile process would only add work
+    # (tests/test_replay_warmup.py turns it on where it is tested).
+    os.environ.setdefault("MXSIM_PARALLEL_COMPILE", "0")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         if getattr(config.option, "numprocesses", None) and config.option.dist != "no":

@@ -188,3 +188,14 @@ def test_generic_calls_compile_one_specialisation_for_constant_arguments():
     assert [str(s) for s in scaled.signatures] == ["(int64, int64)"]
     plain = _helper_and_callers(lambda dispatcher: dispatcher)
     assert len(plain.signatures) == 2  # what Numba does unasked: one more for Literal[int](3)
+
+
+def test_waiting_for_another_process_counts_as_compiling_and_shows_the_notice(monkeypatch):
+    log = io.StringIO()
+    watch = _compile._CompileWatch(log)
+    monkeypatch.setattr(_compile, "_watch", watch)
+    before = _compile.compile_seconds()
+    with _compile.compiling_elsewhere():
+        time.sleep(0.7)
+    assert 0.7 <= _compile.compile_seconds() - before < 5.0
+    assert log.getvalue().startswith(_compile._message())

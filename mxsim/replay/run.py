@@ -23,6 +23,7 @@ from ..formats import get_format
 from ..limits import shown
 from ..parallel import InProcess, Task, raise_failures
 from ..trace.model import Layer, Trace
+from . import warmup
 from .choice import MARKS, STATUSES, OperandChoice, choose_operand
 from .layer import LayerResult, LayerRun, replay_layer, run_layer
 from .network import accuracy
@@ -86,21 +87,29 @@ def end_to_end_accuracy(
     strict: bool = False,
 ) -> float:
     """Top-1 accuracy of the trace's network with every layer computed by ``hw`` (no ideal)."""
-    return accuracy(
-        trace,
-        layer_fn=lambda layer, x: (
-            run_layer(
-                layer,
-                hw,
-                x,
-                element_format,
-                conv_order,
-                with_ideal=False,
-                matmul_fn=matmul_fn,
-                strict=strict,
-                count_clipped=False,
-            ).values
-        ),
+    return accuracy(trace, unit_layer_fn(hw, element_format, matmul_fn, conv_order, strict))
+
+
+def unit_layer_fn(
+    hw: HardwareConfig,
+    element_format: str | None,
+    matmul_fn: Callable | None,
+    conv_order: str,
+    strict: bool,
+) -> Callable:
+    """The network step of an end-to-end run: a layer's output values with ``hw`` computing it."""
+    return lambda layer, x: (
+        run_layer(
+            layer,
+            hw,
+            x,
+            element_format,
+            conv_order,
+            with_ideal=False,
+            matmul_fn=matmul_fn,
+            strict=strict,
+            count_clipped=False,
+        ).values
     )
 
 
@@ -243,6 +252,8 @@ def replay(
     marking the row (:func:`choose_operand`).
 
     Every request that cannot be met is refused before any work (:func:`check_replay`).
+    With an in-process runner and a cold kernel cache, the kernels of several units are
+    compiled on two cores first (:mod:`mxsim.replay.warmup`; results do not depend on it).
     Each layer (through every unit, sharing its operands and ideal) and each unit's end-to-end
     run is one task of ``runner`` (default in-process; :class:`mxsim.parallel.DaskRunner`
     spreads them over a cluster, with the same results). When tasks fail, the others still
@@ -253,6 +264,10 @@ def replay(
     check_replay(trace, units, end_to_end, element_format, conv_order, strict, perplexity_fn)
     runner = runner or InProcess()
     language_model = trace.network is not None and trace.network.targets is not None
+    options = (element_format, conv_order, bool(end_to_end and not language_model))
+    in_process = isinstance(runner, InProcess)
+    warm = warmup.start(trace, units, *options) if in_process else None
+    compiled_first = warm.finish() if warm is not None else {}
     tasks = [
         Task(
             f"layer {layer.name}",
@@ -278,7 +293,9 @@ def replay(
                 on_layer(result)
 
     done, failures = runner.run(tasks, progress=progress, unit="task", on_result=layer_done)
-    report = build_report(trace, units, element_format, conv_order, done)
+    report = build_report(trace, units, element_format, conv_order, done, compiled_first)
+    if in_process and not failures:
+        warmup.mark_warm(trace, units, options)
     try:
         raise_failures("replay", len(tasks), failures)
         if end_to_end and language_model:
