@@ -66,9 +66,16 @@ from numba import njit
 
 
 from ..formats import get_format
+from ..formats.rounding import ROUNDING_MODES, rounding_code
 from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
 from .tables import FULL_TABLE_BITS
+
+ROUND_NEAREST_AWAY = ROUNDING_MODES["nearest_away"]
+ROUND_TOWARD_ZERO = ROUNDING_MODES["toward_zero"]
+ROUND_TOWARD_POSITIVE = ROUNDING_MODES["toward_positive"]
+ROUND_TOWARD_NEGATIVE = ROUNDING_MODES["toward_negative"]
+ROUND_NEAREST_TOWARD_POSITIVE = ROUNDING_MODES["nearest_toward_positive"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -342,6 +349,86 @@ def accumulate_fp32(running, tree_sums, row_steps, column_steps):
 
 
 @njit(cache=True, nogil=True)
+def accumulate_grid_fp32(running, tree_sums, row_steps, column_steps, grid, rounding):
+    """One tree of a fixed-point-grid unit (``grid.fraction_bits``) into the fp32 accumulators,
+    elementwise and exactly: ``running`` (g, rows, columns) float32, ``tree_sums`` the tree's
+    unscaled sums s (float32 or float64, exact), the steps (g, rows) and (g, columns) float64
+    powers of two 2^Xa and 2^Xb; ``grid`` (fraction bits n, max left shift, max right shift),
+    ``rounding`` the accumulator's rounding code (``formats.rounding.ROUNDING_MODES`` but
+    stochastic). With S = s 2^(Xa+Xb) (exact) and X = Xa + Xb, the accumulator's LSB lies
+    offset = (e - 23) - (X - n) places above the grid's (e its exponent: -126 when subnormal,
+    -127 when zero); the accumulator is kept, bits and sign, when offset > max left shift, or
+    offset < -max right shift and S = 0; otherwise it becomes acc + S rounded once to fp32
+    (``round_fp32``), an exact zero +0, IEEE overflow (±Inf, or ±max finite when the mode
+    rounds toward zero). An infinite accumulator (an earlier overflow, which the kernel keeps
+    as its result) stays so. Serial, branch-free inner loop."""
+    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
+    groups, rows, columns = running.shape
+    for g in range(groups):
+        for i in range(rows):
+            step = row_steps[g, i]
+            totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
+            for j in range(columns):
+                acc = totals[j]
+                a = np.float64(acc)
+                scale = step * steps[j]
+                b = np.float64(sums[j]) * scale
+                exponent = (np.float64(scale).view(np.int64) >> 52) - 1023  # X: the steps are positive
+                field = (np.float32(acc).view(np.int32) >> 23) & 0xFF
+                acc_exponent = max(field, 1) - 127 - np.int64(a == 0.0)
+                offset = acc_exponent - 23 - exponent + fraction_bits
+                keep = (
+                    (offset > max_left)
+                    | ((offset < -max_right) & (b == 0.0))
+                    | (abs(a) == np.inf)
+                )
+                total = a + b
+                back = total - a
+                error = (a - (total - back)) + (b - back)
+                bits = np.float64(total).view(np.int64)
+                inexact = np.int64(error != 0.0)
+                toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
+                odd = np.int64((bits - toward_zero) | inexact).view(np.float64)
+                rounded = np.float32(0.0) if total == 0.0 else round_fp32(odd, rounding)
+                totals[j] = acc if keep else rounded
+
+
+@njit(cache=True, inline="always")
+def round_fp32(value, rounding):
+    """``value`` (a float64, nonzero, round-to-odd at 53 bits of the exact sum: it lies
+    strictly between the same fp32 neighbours as the exact sum, or is it) rounded to fp32 by
+    ``rounding``: nearest-even by the conversion, the other modes from it and its neighbour
+    on the far side of ``value`` (an fp32 tie is the float64 midpoint of the two). IEEE
+    overflow: beyond fp32's range the neighbours are ±max finite and ±Inf (the tie between
+    them lies at 2^128 - 2^103)."""
+    nearest = np.float32(value)
+    near = np.float64(nearest)
+    away = abs(near) < abs(value)  # the other neighbour lies farther from zero
+    other = np.int32(np.float32(nearest).view(np.int32) + (1 if away else -1)).view(np.float32)
+    small = nearest if away else other  # the neighbour nearer zero
+    large = other if away else nearest
+    positive = value > 0.0
+    up = large if positive else small
+    down = small if positive else large
+    # past fp32's largest the far neighbour stands for 2^128 (an overflow tie)
+    beyond = np.float64(large) if abs(large) < np.inf else math.copysign(2.0**128, value)
+    tie = (np.float64(small) + beyond) * 0.5 == value
+    if rounding == ROUND_TOWARD_ZERO:
+        chosen = small
+    elif rounding == ROUND_TOWARD_POSITIVE:
+        chosen = up
+    elif rounding == ROUND_TOWARD_NEGATIVE:
+        chosen = down
+    elif rounding == ROUND_NEAREST_AWAY:
+        chosen = large if tie else nearest
+    elif rounding == ROUND_NEAREST_TOWARD_POSITIVE:
+        chosen = up if tie else nearest
+    else:
+        chosen = nearest
+    return nearest if near == value else chosen
+
+
+@njit(cache=True, nogil=True)
 def accumulate_double_double(high, low, inexact, block_sums):
     """(high, low) += block_sums exactly as long as ``low`` never rounds; ``inexact`` marks
     the elements where it did (their exact sum needs more than two float64s); returns how
@@ -575,6 +662,13 @@ def blas_matmul(
     # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
     lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
     span = (lsb, lsb + bits) if dtype == np.float32 else None
+    grid = trees = None
+    if params.grid_fraction_bits is not None:
+        grid = np.array(
+            [params.grid_fraction_bits, params.grid_max_left_shift, params.grid_max_right_shift]
+        )
+        cut = params.block_size if params.trees_in_blocks else block
+        trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -643,6 +737,17 @@ def blas_matmul(
                                 (g0, r0, k0),
                                 macs,
                             )
+                        elif grid is not None:
+                            _grid_tile(
+                                a,
+                                b[g0:g1, k0 - c0 : k1 - c0],
+                                a_steps,
+                                np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0]),
+                                trees,
+                                acc,
+                                grid,
+                                rounding_code(params.accumulator_rounding),
+                            )
                         else:
                             _rounding_tile(
                                 a,
@@ -709,6 +814,33 @@ def _rounding_tile(
             accumulate_fp32(running, sums, row_steps32[blk], column_steps32[blk])
         else:
             accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
+    acc[...] = running
+
+
+def grid_trees(params: DatapathParams, length: int, cut: int) -> list[tuple[int, int]]:
+    """(first, last position) of each tree the datapath kernel runs over K = ``length``
+    (its ``tree_count``/``tree_bounds``): runs of fused_terms cut from each run of ``cut``
+    positions (block_size with ``trees_in_blocks``, where a block's last tree may be short;
+    else a multiple of fused_terms), none starting at or past K (the last may reach into the
+    operands' zero padding, which adds nothing to its exact sum)."""
+    width = params.fused_terms
+    return [
+        (start, min(start + width, first + cut))
+        for first in range(0, length, cut)
+        for start in range(first, min(first + cut, length), width)
+    ]
+
+
+def _grid_tile(a, b, row_steps, column_steps, trees, acc, grid, rounding: int) -> None:
+    """acc (g, r, n fp32) = its values with each tree's exact sum added by the grid's rules
+    (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
+    a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
+    ``block`` (steps (blocks, g, r) and (blocks, g, n))."""
+    running = np.ascontiguousarray(acc)
+    sums = np.empty(acc.shape, dtype=a.dtype)
+    for first, last, blk in trees:
+        np.matmul(a[..., first:last], b[..., first:last].transpose(0, 2, 1), out=sums)
+        accumulate_grid_fp32(running, sums, row_steps[blk], column_steps[blk], grid, rounding)
     acc[...] = running
 
 
