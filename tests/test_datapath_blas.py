@@ -15,6 +15,7 @@ from conftest import REPO
 from mxsim.quantize import quantize, quantize_bfp
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
+    ROUNDING_CHOICES,
     _exact_chunks,
     _fp32_exact_blocks,
     _span_bits,
@@ -31,9 +32,8 @@ from mxsim.datapath.blas import (
 )
 from mxsim.datapath.config import vary_hwconfig
 from mxsim.datapath.reference import dot_reference
-from mxsim.datapath.schema import route_accepts
+from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
 from mxsim.formats import get_format
-from mxsim.formats.rounding import rounding_code
 from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 
@@ -628,7 +628,7 @@ def test_grid_accumulation_equals_fractions_at_every_boundary(rounding):
             row_steps[:, case : case + 1],
             column_steps[case : case + 1].reshape(1, 1),
             np.array([34, 70, 24]),
-            rounding_code(rounding),
+            np.array(ROUNDING_CHOICES[rounding]),
         )
     expected = [
         grid_step_twin(float(a), Fraction(s) * Fraction(2) ** x, int(x), rounding)
@@ -752,6 +752,8 @@ def test_grid_units_take_the_route_with_every_format_whose_sums_fit_float64():
         e5m2 = quantize(np.ones((2, 40)), "fp8_e5m2", axis=1)
         assert not route_taken(hw, e5m2, quantize(np.ones((40, 3)), "fp8_e5m2", axis=0))
         assert not route_taken(hw, qa, qb, c=np.full((2, 3), -0.0, dtype=np.float32))
+    # the schema lets grid units of every mode but stochastic on: the route has each one's rule
+    assert set(ROUNDING_CHOICES) == set(DIRECTED_AND_NEAREST) == set(ROUNDINGS)
     params = GRID_HW["mxdotp"].params("fp6_e3m2", "fp6_e3m2")
     assert grid_trees(params, 75, 32) == [
         (0, 11), (11, 22), (22, 32), (32, 43), (43, 54), (54, 64), (64, 75)
