@@ -84,7 +84,6 @@ from .schema import DatapathParams, route_accepts
 from .tables import FULL_TABLE_BITS
 
 
-
 @functools.lru_cache(maxsize=None)
 def _span_bits(fmt) -> tuple[int, int]:
     """(exponent of the largest magnitude's leading bit, exponent of the smallest step).
