@@ -756,7 +756,13 @@ def test_grid_units_take_the_route_with_every_format_whose_sums_fit_float64():
     assert set(ROUNDING_CHOICES) == set(DIRECTED_AND_NEAREST) == set(ROUNDINGS)
     params = GRID_HW["mxdotp"].params("fp6_e3m2", "fp6_e3m2")
     assert grid_trees(params, 75, 32) == [
-        (0, 11), (11, 22), (22, 32), (32, 43), (43, 54), (54, 64), (64, 75)
+        (0, 11),
+        (11, 22),
+        (22, 32),
+        (32, 43),
+        (43, 54),
+        (54, 64),
+        (64, 75),
     ]
 
 

@@ -555,8 +555,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
             record=Record(rounding_code),
             # BLAS: RNE by round-to-odd; with a grid every mode (blas.round_fp32).
             blas=_exact_accumulator_or(
-                lambda value, params: value == "nearest_even"
-                or (params.grid_fraction_bits is not None and value in DIRECTED_AND_NEAREST)
+                lambda value, params: (
+                    value == "nearest_even"
+                    or (params.grid_fraction_bits is not None and value in DIRECTED_AND_NEAREST)
+                )
             ),
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
