@@ -589,8 +589,9 @@ def grid_cases():
     """(accumulator, unscaled sum, scale exponent X): every accumulator class (zeros of both
     signs, subnormals, the least normal, ordinary values, the largest finite, infinities)
     at the pass-through offsets 69/70/71 and -23/-24/-25 and some between, with sums of
-    zero, small and 41-bit integers, and sums that land on, or just off, half an fp32 step
-    of the accumulator (ties for the nearest modes)."""
+    +0 and -0, small and 41-bit integers, sums that land on, or just off, half an fp32 step
+    of the accumulator (ties for the nearest modes) and the accumulator's negation (an exact
+    zero)."""
     tiny = 2.0**-149
     accumulators = [0.0, -0.0, tiny, -3 * tiny, 2.0**-126, -(2.0**-126) * 1.5, 1.0, -1.25]
     accumulators += [3.0e7, -7.0e-20, FP32_MAX, -FP32_MAX, math.inf, -math.inf]
