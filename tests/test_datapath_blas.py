@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -14,19 +15,24 @@ from conftest import REPO
 from mxsim.quantize import quantize, quantize_bfp
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
+    ROUNDING_CHOICES,
     _exact_chunks,
     _fp32_exact_blocks,
     _span_bits,
     _tree_exponents,
     _unscaled,
     _zero_blocks,
+    accumulate_grid_fp32,
     accumulate_rne_fp32,
     blas_applies,
     exact_in_float64,
     folded_sum_bits,
+    grid_trees,
     tree_sum_bits,
 )
-from mxsim.datapath.schema import route_accepts
+from mxsim.datapath.config import vary_hwconfig
+from mxsim.datapath.reference import dot_reference
+from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
 from mxsim.formats import get_format
 from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
@@ -544,3 +550,244 @@ def test_rne_accumulation_equals_fractions(seed, bits, scale, spread):
     for tree in tree_sums:
         accumulate_rne_fp32(got, tree, row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), expected)
+
+
+# --- fixed-point-grid units (cvfpu MXDOTP): the grid's rules after each tree's exact sum ---
+
+GRID_UNITS = ["mxdotp", "mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm"]
+GRID_FORMATS = ["fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]  # fp8_e5m2: sums over 53 bits
+ROUNDINGS = [
+    "nearest_even",
+    "nearest_away",
+    "toward_zero",
+    "toward_positive",
+    "toward_negative",
+    "nearest_toward_positive",
+]
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def grid_step_twin(acc: float, exact_sum: Fraction, exponent: int, rounding: str) -> float:
+    """One tree of an MXDOTP-like grid (34 fraction bits, shift limits 70/24) into an fp32
+    accumulator, in Fractions: the accumulator's LSB lies offset places above the grid's LSB
+    2^(exponent - 34); kept beyond 70, or beyond 24 below with a zero sum; else acc + sum
+    rounded once (IEEE overflow), an exact zero +0. An infinite accumulator stays."""
+    if math.isinf(acc):
+        return acc
+    lead = -127 if acc == 0 else max(math.frexp(acc)[1] - 1, -126)
+    offset = (lead - 23) - (exponent - 34)
+    if offset > 70 or (offset < -24 and exact_sum == 0):
+        return acc
+    total = Fraction(acc) + exact_sum
+    if total == 0:
+        return 0.0
+    code = encode_reference(get_format("fp32"), total, rounding, "inf_nan")
+    return float(np.uint32(code).view(np.float32))
+
+
+def grid_cases():
+    """(accumulator, unscaled sum, scale exponent X): every accumulator class (zeros of both
+    signs, subnormals, the least normal, ordinary values, the largest finite, infinities)
+    at the pass-through offsets 69/70/71 and -23/-24/-25 and some between, with sums of
+    +0 and -0, small and 41-bit integers, sums that land on, or just off, half an fp32 step
+    of the accumulator (ties for the nearest modes) and the accumulator's negation (an exact
+    zero)."""
+    tiny = 2.0**-149
+    accumulators = [0.0, -0.0, tiny, -3 * tiny, 2.0**-126, -(2.0**-126) * 1.5, 1.0, -1.25]
+    accumulators += [3.0e7, -7.0e-20, FP32_MAX, -FP32_MAX, math.inf, -math.inf]
+    for acc in accumulators:
+        lead = -127 if acc == 0 else max(math.frexp(acc)[1] - 1, -126) if math.isfinite(acc) else 0
+        for offset in (72, 71, 70, 69, 40, 0, -10, -23, -24, -25, -26):
+            exponent = lead - 23 + 34 - offset
+            if not -254 <= exponent <= 254:
+                continue
+            half = 2.0 ** (offset - 35)  # half the accumulator's fp32 step, in units of 2^X
+            sums = [0.0, -0.0, 1.0, -1.0, 2.0**41 - 1, -(2.0**40) + 3, half, -half, 3 * half]
+            sums += [half * (1 + 2.0**-30), -half * (1 - 2.0**-30), -2 * half]
+            sums += [-acc * 2.0**-exponent] if math.isfinite(acc) else []  # exact zero
+            for value in sums:
+                yield acc, value, exponent
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_grid_accumulation_equals_fractions_at_every_boundary(rounding):
+    cases = list(grid_cases())
+    acc = np.array([case[0] for case in cases], dtype=np.float32)
+    sums = np.array([case[1] for case in cases])
+    exponents = np.array([case[2] for case in cases])
+    # X split into the row's and the column's scale exponents, each within E8M0's range
+    row_exponents = exponents // 2
+    row_steps = np.ldexp(1.0, row_exponents).reshape(1, -1)
+    column_steps = np.ldexp(1.0, exponents - row_exponents).reshape(-1)
+    got = acc.reshape(1, -1, 1).copy()
+    # one output per case: rows carry the case, a single column each (steps per row/column)
+    for case in range(acc.size):
+        one = got[:, case : case + 1]
+        accumulate_grid_fp32(
+            one,
+            sums[case : case + 1].reshape(1, 1, 1),
+            row_steps[:, case : case + 1],
+            column_steps[case : case + 1].reshape(1, 1),
+            np.array([34, 70, 24]),
+            np.array(ROUNDING_CHOICES[rounding]),
+        )
+    expected = [
+        grid_step_twin(float(a), Fraction(s) * Fraction(2) ** x, int(x), rounding)
+        for a, s, x in zip(acc.tolist(), sums.tolist(), exponents.tolist())
+    ]
+    want = np.array(expected, dtype=np.float32).view(np.uint32)
+    mismatches = np.flatnonzero(got.reshape(-1).view(np.uint32) != want)
+    assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
+    assert acc.size > 1000
+
+
+GRID_HW = {name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml") for name in GRID_UNITS}
+GRID_HW["mxdotp-rntp"] = vary_hwconfig(  # the one mode no shipped variant takes
+    GRID_HW["mxdotp"],
+    {"accumulator.rounding": "nearest_toward_positive", "output.rounding": "toward_zero"},
+    "mxdotp-rntp",
+)
+
+
+def twin_bits(hw, qa, qb, c) -> np.ndarray:
+    """Every output's fp32 bits from the Fraction twin (``dot_reference``) of the unit, over
+    the operands' whole codes (matmul's K: padded to whole blocks)."""
+    fmt = qa.element_format.name
+    params = hw.params(fmt, qb.element_format.name)
+    rows, columns = qa.codes.shape[0], qb.codes.shape[0]
+    out = np.empty((rows, columns), dtype=np.uint32)
+    for i in range(rows):
+        for j in range(columns):
+            value = dot_reference(
+                params,
+                qa.codes[i].tolist(),
+                qb.codes[j].tolist(),
+                qa.scales[i].tolist(),
+                qb.scales[j].tolist(),
+                0.0 if c is None else float(c[i, j]),
+            )
+            out[i, j] = np.float32(value).view(np.uint32) if value == value else 0x7FC00000
+    return out
+
+
+def grid_route_checked(hw, qa, qb, c=None, twin: bool = True) -> None:
+    """The unit takes the BLAS route and its outputs equal the generic kernel's and (where
+    ``twin``) the Fraction twin's, bit for bit."""
+    assert route_taken(hw, qa, qb, c)
+    fast = matmul(hw, qa, qb, c=c).bits
+    slow = matmul(hw, qa, qb, c=c, method="kernel").bits
+    mismatches = np.argwhere(fast != slow)
+    assert mismatches.size == 0, [
+        (tuple(ij), hex(fast[tuple(ij)]), hex(slow[tuple(ij)])) for ij in mismatches[:5]
+    ]
+    if twin:
+        np.testing.assert_array_equal(fast, twin_bits(hw, qa, qb, c))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    unit=st.sampled_from(list(GRID_HW)),
+    fmt=st.sampled_from(GRID_FORMATS),
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 100), st.integers(1, 4)),
+    c_shift=st.one_of(st.none(), st.integers(-25, 25), st.integers(-70, 80)),
+    spread=st.sampled_from([0, 0, 0, 2, 30]),
+    zero_row=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_grid_route_equals_the_kernel_and_the_twin(
+    unit, fmt, shape, c_shift, spread, zero_row, seed
+):
+    # Realistic operands (normal data, OCP scales) with a minority of corners: blocks of
+    # different sizes (spread), an all-zero row, c far above or below the products (the
+    # pass-through rules), or none (+0).
+    rng = np.random.default_rng(seed)
+    rows, length, columns = shape
+    A = rng.standard_normal((rows, length)) * np.exp2(rng.integers(-spread, spread + 1, length))
+    B = rng.standard_normal((length, columns))
+    if zero_row:
+        A[0] = 0.0
+    qa = quantize(A, fmt, axis=1)
+    qb = quantize(B, fmt, axis=0)
+    c = None
+    if c_shift is not None:
+        c = (rng.standard_normal((rows, columns)) * 2.0**c_shift).astype(np.float32)
+        c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
+    grid_route_checked(GRID_HW[unit], qa, qb, c)
+
+
+@pytest.mark.parametrize("fmt", GRID_FORMATS)
+def test_grid_route_at_the_pass_through_limits(fmt):
+    # c placed so that the first tree's accumulator LSB lies 69/70/71 places above the grid's
+    # LSB or 23/24/25 below it (and 0), of both signs, against rows whose first block sums to
+    # zero (all-zero, or x and -x) and rows that do not; every rounding mode.
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((4, 64))
+    A[1, :32] = 0.0  # first block all zero
+    A[2, :16], A[2, 16:32] = A[2, :16], -A[2, :16]  # first block sums to exactly zero
+    A[3] = 0.0
+    B = rng.standard_normal((64, 14))
+    qa = quantize(A, fmt, axis=1)
+    qb = quantize(B, fmt, axis=0)
+    scales = qa.scales.copy()  # zero blocks: any scale; an ordinary one keeps c normal
+    scales[1:, 0] = scales[3, :] = scales[0, 0]
+    qa = dataclasses.replace(qa, scales=scales)
+    exponents = qa.scale_exponents[:, :1].astype(np.int64) + qb.scale_exponents[:, 0]
+    offsets = np.tile([69, 70, 71, 0, -23, -24, -25], 2)
+    signs = np.repeat([1.0, -1.0], 7)
+    # LSB offset = (e - 23) - (X - 34): e = offset + X - 11, as 1.25 * 2^e (normal when it can)
+    lead = np.clip(offsets + exponents - 11, -126, 127)
+    c = (signs * np.ldexp(1.25, lead)).astype(np.float32)
+    assert (lead == offsets + exponents - 11).all()
+    for hw in GRID_HW.values():
+        grid_route_checked(hw, qa, qb, c)
+
+
+def test_grid_units_take_the_route_with_every_format_whose_sums_fit_float64():
+    qa = quantize(np.ones((2, 40)), "fp8_e4m3", axis=1)
+    qb = quantize(np.ones((40, 3)), "fp8_e4m3", axis=0)
+    for name in GRID_UNITS:
+        hw = GRID_HW[name]
+        for fmt in GRID_FORMATS:
+            a, b = quantize(np.ones((2, 40)), fmt, axis=1), quantize(np.ones((40, 3)), fmt, axis=0)
+            assert route_taken(hw, a, b), (name, fmt)
+        e5m2 = quantize(np.ones((2, 40)), "fp8_e5m2", axis=1)
+        assert not route_taken(hw, e5m2, quantize(np.ones((40, 3)), "fp8_e5m2", axis=0))
+        assert not route_taken(hw, qa, qb, c=np.full((2, 3), -0.0, dtype=np.float32))
+    # the schema lets grid units of every mode but stochastic on: the route has each one's rule
+    assert set(ROUNDING_CHOICES) == set(DIRECTED_AND_NEAREST) == set(ROUNDINGS)
+    params = GRID_HW["mxdotp"].params("fp6_e3m2", "fp6_e3m2")
+    assert grid_trees(params, 75, 32) == [
+        (0, 11),
+        (11, 22),
+        (22, 32),
+        (32, 43),
+        (43, 54),
+        (54, 64),
+        (64, 75),
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1"])
+def test_grid_route_signs_zeros_by_the_pass_through_rules(fmt):
+    # Block 0's last tree (scale exponent X = -180) adds -a*b 2^-180 to +0: below half fp32's least
+    # subnormal, so it rounds to -0 (to -2^-149 rounding down). Block 1 sums to zero at X
+    # placing the -0 accumulator's LSB (2^-150) 74/71/70/69/-23/-24/-25/-26 places above the
+    # grid's LSB 2^(X - 34): kept (-0) beyond 70 and below -24, else acc + 0 = exact zero = +0.
+    A = np.zeros((1, 64))
+    A[0, 31] = -1.0  # in block 0's last tree (earlier zero trees would turn -0 into +0)
+    B = np.zeros((64, 8))
+    B[31] = 1.0
+    B[32:] = -1.0  # block 1's products: -0 (zeros of A times -1)
+    qa, qb = quantize(A, fmt, axis=1), quantize(B, fmt, axis=0)
+    offsets = np.array([74, 71, 70, 69, -23, -24, -25, -26])
+    qa = dataclasses.replace(qa, scales=np.array([[127 - 100, 127 - 95]], dtype=np.uint8))
+    scales_b = np.stack([np.full(8, 127 - 80), 127 + (-150 - offsets + 34) + 95], axis=1)
+    qb = dataclasses.replace(qb, scales=scales_b.astype(np.uint8))
+    assert (qa.scale_exponents[0, 1] + qb.scale_exponents[:, 1] == -150 - offsets + 34).all()
+    kept = (offsets > 70) | (offsets < -24)
+    for name, hw in GRID_HW.items():
+        grid_route_checked(hw, qa, qb)
+        got = matmul(hw, qa, qb).bits[0]
+        if name != "mxdotp-rdn":  # (rounding down, block 0 gives -2^-149: no zero)
+            want = np.where(kept, np.float32(-0.0).view(np.uint32), 0)
+            np.testing.assert_array_equal(got, want)

@@ -196,6 +196,7 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
         ("blas", "ocp-exact", {"output.format": "bf16"}),
         ("blas", "ocp-exact", {"inputs.subnormals": False}),
         ("blas", "kulisch", {"output.rounding": "toward_zero"}),
+        ("blas", "mxdotp", {"accumulator.overflow": "infinity"}),  # a grid: ieee overflow only
         ("window", "h100-fp8", {"adder.below_window": "sticky"}),
         ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
         ("blas", "ocp-exact", {"output.zero_sign": "positive"}),

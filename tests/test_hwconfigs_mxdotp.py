@@ -8,7 +8,10 @@ import pytest
 
 from conftest import REPO
 from mxsim.datapath import dot, load_hwconfig
+from mxsim.datapath.api import _gemm_groups, _kernel_arguments, _scales_for_unit
+from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.reference import dot_reference
+from mxsim.formats import get_format
 
 DATA = REPO / "tests" / "data" / "mxdotp-rtl" / "mxdotp_rtl.npz"
 FORMATS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]  # the data's format index
@@ -120,3 +123,50 @@ def test_the_eight_lane_summary_misses_fp6_and_fp4(vectors):
         rows = rows_of(vectors, index, 0, 64)
         out = run("mxdotp-paper", vectors, rows, fmt)
         assert (out != vectors["result"][rows]).sum() > 0
+
+
+@pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
+def test_config_as_gemms_on_the_blas_route_equals_the_rtl(vectors, rounding):
+    # The vectors of each format whose sums fit float64 (not fp8_e5m2) and that hold no value
+    # the BLAS route leaves to the kernel (NaN/Inf elements, scale 0xFF, -0 or NaN/Inf c) as
+    # one GEMM per format and length: row i of A and of B^T are vector i's operands, c's
+    # diagonal its accumulator (1 elsewhere); the diagonal must be the RTL's results and
+    # every output the generic kernel's.
+    config = load_hwconfig(REPO / "hwconfigs" / f"{CONFIGS[rounding]}.yaml")
+    checked = 0
+    for index, fmt in enumerate(FORMATS):
+        if fmt == "fp8_e5m2":
+            continue
+        params = config.params(fmt, fmt)
+        element = get_format(fmt)
+        finite = np.isfinite(element.decode_fields(np.arange(1 << element.field_bits)))
+        for length in sorted({int(n) for n in vectors["length"][vectors["format"] == index]}):
+            rows = rows_of(vectors, index, rounding, length)
+            blocks = -(-length // 32)
+            a, b = vectors["a"][rows, :length], vectors["b"][rows, :length]
+            scale_a, scale_b = vectors["scale_a"][rows, :blocks], vectors["scale_b"][rows, :blocks]
+            c = vectors["c"][rows]
+            ok = (
+                finite[a].all(axis=1)
+                & finite[b].all(axis=1)
+                & (scale_a != 0xFF).all(axis=1)
+                & (scale_b != 0xFF).all(axis=1)
+                & np.isfinite(c.view(np.float32))
+                & (c != 0x80000000)
+            )
+            rows, a, b, scale_a, scale_b, c = (x[ok] for x in (rows, a, b, scale_a, scale_b, c))
+            accumulators = np.ones((rows.size, rows.size))
+            np.fill_diagonal(accumulators, c.view(np.float32))
+            exponents_a = _scales_for_unit(scale_a, params)[None]
+            exponents_b = _scales_for_unit(scale_b, params)[None]
+            args = _kernel_arguments(params)[2]
+            assert blas_applies(
+                params, args, a[None], b[None], exponents_a, exponents_b, accumulators[None]
+            )
+            operands = (params, a[None], b[None], exponents_a, exponents_b, accumulators[None])
+            fast = _gemm_groups(*operands, args, "auto", None, 256)[0]
+            slow = _gemm_groups(*operands, args, "kernel", None, 256)[0]
+            np.testing.assert_array_equal(fast.diagonal(), vectors["result"][rows])
+            np.testing.assert_array_equal(fast, slow)
+            checked += rows.size
+    assert checked > 900

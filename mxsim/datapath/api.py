@@ -543,8 +543,8 @@ def matmul(
 
     ``method``: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
     uses the float64-BLAS route of :mod:`mxsim.datapath.blas` where it is provably
-    bit-identical (exact trees into an RNE fp32 accumulator with formats whose tree sums fit
-    float64), the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
+    bit-identical (exact trees into an RNE fp32 accumulator, or a fixed-point grid's fp32
+    accumulator in any mode, with formats whose tree sums fit float64), the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
     units, or the group-sum route of :mod:`mxsim.datapath.groups` for ``scales: group_sum``
     units; outputs a route leaves are computed by the generic kernel.
 

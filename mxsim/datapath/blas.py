@@ -4,8 +4,8 @@ It applies to units whose trees are exact (no alignment window, no n-bit sum, ex
 products, k order) and whose accumulator is fp32 with round-to-nearest-even, gradual
 underflow and c as its first value, with an fp32 output — the OCP ideal (ocp-exact), MXDOTP
 as its paper summarises it (mxdotp-paper) and exact BFP block sums (bfp-exact) — or exact
-(kulisch). The cvfpu MXDOTP RTL (mxdotp and its rounding-mode variants) sums on a fixed-point
-grid with shift limits and the GPU units truncate below an alignment window: they refuse it.
+(kulisch), and to fixed-point-grid units (the cvfpu MXDOTP RTL: mxdotp and its rounding-mode
+variants; below). The GPU units truncate below an alignment window: they refuse it.
 Each key of ``datapath.schema.SCHEMA`` declares which of its values the route accepts
 (``blas=``); a key that declares nothing refuses the route. Then each tree adds ``S = sum of F products`` exactly to the accumulator and rounds
 once: ``acc = RNE_fp32(acc + S)``.
@@ -38,6 +38,19 @@ Where the tree sums fit 24 bits and a block's scaled sums S all are float32s (th
 step 2^-149 or above, below 2^128: checked per tile and block from the scale exponents), S
 itself is a float32 and the IEEE float32 sum acc + S is RNE_fp32(acc + S): those blocks are
 added in float32 arithmetic, a few operations per output instead of the round-to-odd step.
+
+A fixed-point grid (``grid.fraction_bits`` n; one scale pair per tree, which the config
+checks ensure) changes only the accumulation (``accumulate_grid_fp32``): per output and tree,
+with X = Xa + Xb, the accumulator's LSB lies offset = (e - 23) - (X - n) places above the
+grid's (e: its exponent, -126 when subnormal, -127 when zero); beyond the max left shift it
+is kept, bits and sign; beyond the max right shift below with S = 0 likewise; else it
+becomes acc + S rounded once in the unit's accumulator rounding, an exact zero +0. Every
+mode but stochastic is computed from the round-to-odd float64 of acc + S (it lies strictly
+between the same two fp32 neighbours as the exact sum, and on a tie only when the sum is
+one): nearest-even by the conversion, the others by choosing between it and the neighbour
+on the other side (``round_fp32``), IEEE overflow included. An overflow to ±Inf stays in the
+accumulator, as the kernel's first overflow stays its result. Trees are cut per block as the
+kernel cuts them (``grid_trees``: FP6's 11 + 11 + 10 with ``trees_in_blocks``), none past K.
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
@@ -376,6 +389,116 @@ def accumulate_fp32(running, tree_sums, row_steps, column_steps):
 
 
 @njit(cache=True, nogil=True)
+def accumulate_grid_fp32(running, tree_sums, row_steps, column_steps, grid, choices):
+    """One tree of a fixed-point-grid unit (``grid.fraction_bits``) into the fp32 accumulators,
+    elementwise and exactly: ``running`` (g, rows, columns) float32, ``tree_sums`` the tree's
+    unscaled sums s (float32 or float64, exact), the steps (g, rows) and (g, columns) float64
+    powers of two 2^Xa and 2^Xb; ``grid`` (fraction bits n, max left shift, max right shift),
+    ``choices`` the accumulator rounding's ``ROUNDING_CHOICES`` row (every mode but
+    stochastic). With S = s 2^(Xa+Xb) (exact) and X = Xa + Xb, the accumulator's LSB lies
+    offset = (e - 23) - (X - n) places above the grid's (e its exponent: -126 when subnormal,
+    -127 when zero); the accumulator is kept, bits and sign, when offset > max left shift, or
+    offset < -max right shift and S = 0; otherwise it becomes acc + S rounded once to fp32
+    (``round_fp32``), an exact zero +0, IEEE overflow (±Inf, or ±max finite when the mode
+    rounds toward zero). An infinite accumulator (an earlier overflow, which the kernel keeps
+    as its result) stays so. Serial; one branch-free inner loop per row (vectorises)."""
+    groups, rows, columns = running.shape
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    for g in range(groups):
+        for i in range(rows):
+            if directed or large_positive or large_negative:
+                _grid_row(
+                    running[g, i],
+                    tree_sums[g, i],
+                    row_steps[g, i],
+                    column_steps[g],
+                    grid,
+                    directed,
+                    large_positive,
+                    large_negative,
+                )
+            else:  # nearest even: the conversion
+                _grid_row_nearest_even(
+                    running[g, i], tree_sums[g, i], row_steps[g, i], column_steps[g], grid
+                )
+
+
+@njit(cache=True, inline="always")
+def _grid_sum(acc, tree_sum, scale, fraction_bits, max_left, max_right):
+    """(whether the grid keeps ``acc``, acc + S as a round-to-odd float64 (0 for an exact zero),
+    whether acc + S is exactly zero) for S = tree_sum * scale (``accumulate_grid_fp32``)."""
+    a = np.float64(acc)
+    b = np.float64(tree_sum) * scale
+    exponent = (np.float64(scale).view(np.int64) >> 52) - 1023  # X: the steps are positive
+    field = (np.float64(a).view(np.int64) >> 52) & 0x7FF  # fp32 subnormals: float64 normals
+    acc_exponent = max(field - 1023, -126) - np.int64(a == 0.0)
+    offset = acc_exponent - 23 - exponent + fraction_bits
+    keep = (offset > max_left) | ((offset < -max_right) & (b == 0.0)) | (abs(a) == np.inf)
+    total = a + b
+    back = total - a
+    error = (a - (total - back)) + (b - back)
+    bits = np.float64(total).view(np.int64)
+    inexact = np.int64(error != 0.0)
+    toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
+    odd = np.int64((bits - toward_zero) | inexact).view(np.float64)
+    return keep, odd, total == 0.0
+
+
+@njit(cache=True, nogil=True)
+def _grid_row_nearest_even(totals, sums, step, steps, grid):
+    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
+    for j in range(totals.shape[0]):
+        scale = step * steps[j]
+        keep, odd, zero = _grid_sum(totals[j], sums[j], scale, fraction_bits, max_left, max_right)
+        rounded = np.float32(0.0) if zero else np.float32(odd)
+        totals[j] = totals[j] if keep else rounded
+
+
+@njit(cache=True, nogil=True)
+def _grid_row(totals, sums, step, steps, grid, directed, large_positive, large_negative):
+    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
+    for j in range(totals.shape[0]):
+        scale = step * steps[j]
+        keep, odd, zero = _grid_sum(totals[j], sums[j], scale, fraction_bits, max_left, max_right)
+        rounded = (
+            np.float32(0.0) if zero else round_fp32(odd, directed, large_positive, large_negative)
+        )
+        totals[j] = totals[j] if keep else rounded
+
+
+#: Per rounding mode (ROUNDING_MODES name): (directed, the far neighbour from zero chosen for a
+#: positive value, for a negative one); for the nearest modes the last two apply to ties.
+ROUNDING_CHOICES = {
+    "nearest_even": (0, 0, 0),  # (ties: the conversion's even neighbour)
+    "nearest_away": (0, 1, 1),
+    "nearest_toward_positive": (0, 1, 0),
+    "toward_zero": (1, 0, 0),
+    "toward_positive": (1, 1, 0),
+    "toward_negative": (1, 0, 1),
+}
+
+
+@njit(cache=True, inline="always")
+def round_fp32(value, directed, large_positive, large_negative):
+    """``value`` (a float64, nonzero, round-to-odd at 53 bits of the exact sum: it lies
+    strictly between the same fp32 neighbours as the exact sum, or is it) rounded to fp32 by
+    the mode of the flags (a ``ROUNDING_CHOICES`` row): the neighbour nearer zero or the one
+    farther (``value``'s nearest-even conversion and the neighbour on the other side of it;
+    an fp32 tie is the float64 midpoint of the two). IEEE overflow: beyond fp32's range the
+    neighbours are ±max finite and ±Inf (their tie: 2^128 - 2^103). Branch-free (selects)."""
+    nearest = np.float32(value)
+    near = np.float64(nearest)
+    away = abs(near) < abs(value)  # the other neighbour lies farther from zero
+    other = np.int32(np.float32(nearest).view(np.int32) + (1 if away else -1)).view(np.float32)
+    small = nearest if away else other  # the neighbour nearer zero
+    large = other if away else nearest
+    beyond = np.float64(large) if abs(large) < np.inf else math.copysign(2.0**128, value)
+    tie = (np.float64(small) + beyond) * 0.5 == value
+    chosen = large if (large_positive if value > 0.0 else large_negative) else small
+    return chosen if (directed | tie) & (near != value) else nearest
+
+
+@njit(cache=True, nogil=True)
 def accumulate_double_double(high, low, inexact, block_sums):
     """(high, low) += block_sums exactly as long as ``low`` never rounds; ``inexact`` marks
     the elements where it did (their exact sum needs more than two float64s); returns how
@@ -612,6 +735,14 @@ def blas_matmul(
     # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
     lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
     span = (lsb, lsb + bits) if dtype == np.float32 else None
+    grid = trees = choices = None
+    if params.grid_fraction_bits is not None:
+        choices = np.array(ROUNDING_CHOICES[params.accumulator_rounding])
+        grid = np.array(
+            [params.grid_fraction_bits, params.grid_max_left_shift, params.grid_max_right_shift]
+        )
+        cut = params.block_size if params.trees_in_blocks else block
+        trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -687,6 +818,17 @@ def blas_matmul(
                                 (g0, r0, k0),
                                 macs,
                             )
+                        elif grid is not None:
+                            _grid_tile(
+                                a,
+                                b[g0:g1, k0 - c0 : k1 - c0],
+                                a_steps,
+                                np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0]),
+                                trees,
+                                acc,
+                                grid,
+                                choices,
+                            )
                         else:
                             _rounding_tile(
                                 a,
@@ -753,6 +895,33 @@ def _rounding_tile(
             accumulate_fp32(running, sums, row_steps32[blk], column_steps32[blk])
         else:
             accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
+    acc[...] = running
+
+
+def grid_trees(params: DatapathParams, length: int, cut: int) -> list[tuple[int, int]]:
+    """(first, last position) of each tree the datapath kernel runs over K = ``length``
+    (its ``tree_count``/``tree_bounds``): runs of fused_terms cut from each run of ``cut``
+    positions (block_size with ``trees_in_blocks``, where a block's last tree may be short;
+    else a multiple of fused_terms), none starting at or past K (the last may reach into the
+    operands' zero padding, which adds nothing to its exact sum)."""
+    width = params.fused_terms
+    return [
+        (start, min(start + width, first + cut))
+        for first in range(0, length, cut)
+        for start in range(first, min(first + cut, length), width)
+    ]
+
+
+def _grid_tile(a, b, row_steps, column_steps, trees, acc, grid, choices) -> None:
+    """acc (g, r, n fp32) = its values with each tree's exact sum added by the grid's rules
+    (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
+    a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
+    ``block`` (steps (blocks, g, r) and (blocks, g, n))."""
+    running = np.ascontiguousarray(acc)
+    sums = np.empty(acc.shape, dtype=a.dtype)
+    for first, last, blk in trees:
+        np.matmul(a[..., first:last], b[..., first:last].transpose(0, 2, 1), out=sums)
+        accumulate_grid_fp32(running, sums, row_steps[blk], column_steps[blk], grid, choices)
     acc[...] = running
 
 

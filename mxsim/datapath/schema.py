@@ -171,11 +171,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "'none': the unit takes no scales (plain FP8 tensor cores)",
             ("none", "products", "block_sum", "group_sum"),
             # BLAS: one scale per tree, or trees of whole blocks folded onto their least scale
-            # where the data allows (blas.folded_sum_bits); per block for an exact accumulator.
+            # where the data allows (blas.folded_sum_bits); per block for an exact accumulator;
+            # trees cut per block (trees_in_blocks) with a grid.
             # Window: one per tree. group_sum: not yet shown exact on either route.
             blas=lambda value, params: (
                 value != "group_sum"
-                and _exact_accumulator_or(_trees_inside_or_of_whole_blocks)(value, params)
+                and (
+                    _exact_accumulator_or(_trees_inside_or_of_whole_blocks)(value, params)
+                    or (params.grid_fraction_bits is not None and params.trees_in_blocks)
+                )
             ),
             window=lambda value, params: (
                 value != "group_sum" and _trees_inside_blocks(value, params)
@@ -323,7 +327,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "takes one scale pair per operation: a block of 32 in trees of 11 is 11 + 11 + 10 terms). "
             "false: trees are cut from the whole of K",
             # Both routes cut trees from K: the same trees whenever fused_terms divides block_size.
-            blas=_same_trees_as_k_order,
+            # BLAS with a grid: its accumulation cuts each block's trees as the kernel does.
+            blas=lambda value, params: (
+                _same_trees_as_k_order(value, params) or params.grid_fraction_bits is not None
+            ),
             window=_same_trees_as_k_order,
             groups=_same_trees_as_k_order,
         ),
@@ -546,7 +553,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             DIRECTED_AND_NEAREST,
             field="accumulator_rounding",
             record=Record(rounding_code),
-            blas=_exact_accumulator_or(only("nearest_even")),
+            # BLAS: RNE by round-to-odd; with a grid every mode (blas.round_fp32).
+            blas=_exact_accumulator_or(
+                lambda value, params: (
+                    value == "nearest_even"
+                    or (params.grid_fraction_bits is not None and value in DIRECTED_AND_NEAREST)
+                )
+            ),
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
         ),
@@ -620,7 +633,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=0,
             maximum=200,
             field="grid_fraction_bits",
-            blas=only(None),
+            # BLAS: the config's checks leave one scale pair per tree (blas.accumulate_grid_fp32)
+            blas=any_value,
             window=only(None),
             groups=only(None),
         ),
