@@ -55,9 +55,11 @@ NO_REFERENCE = (
     -900
 )  # the reference of a lane with no nonzero term (keeps 2^(±(W - R)) in float64 range)
 # Outputs per work item (columns of a GEMM tile, rows of a row-wise dot): long lane loops
-# amortise each per-tree call's setup, and a 16-term tree's slice of a 256-column B tile
-# (values and exponents, 20 KiB) stays in L1 across the rows that run against it.
-LANES = 256
+# amortise each per-tree call's setup and each pass's per-term setup (at 256 lanes a pass of
+# the int8 exponent maxima is eight vector iterations); a 32-term tree's slice of a
+# 1024-column B tile (values and exponents, 160 KiB) stays in L2 across the rows that run
+# against it.
+LANES = 1024
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
@@ -148,10 +150,16 @@ def round_bits(value, rule):
 @njit(cache=True, inline="always")
 def _round_in_range(value, rule, min_exponent, max_exponent):
     """(``value`` rounded by ``rule``, True) when the result is a normal value of the format
-    (or 0); else (0.0, False): subnormals and overflow are the generic kernel's."""
+    (or 0); else (0.0, False): subnormals and overflow are the generic kernel's.
+
+    The exponent tests compare magnitudes with powers of two (``_exponent(v) >= e`` is
+    ``|v| >= 2^e`` and ``_exponent(v) <= e`` is ``|v| < 2^(e + 1)``, an infinite bound
+    when e + 1 is 1024): two float instructions a lane instead of a shift, a mask and an
+    add on the int64 pattern."""
     rounded = round_bits(value, rule)
     ok = (value == 0.0) | (
-        (_exponent(value) >= min_exponent) & (_exponent(rounded) <= max_exponent)
+        (abs(value) >= power_of_two(min_exponent))
+        & (abs(rounded) < power_of_two(max_exponent + 1))
     )
     return (rounded if ok else 0.0), ok
 
