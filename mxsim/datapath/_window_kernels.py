@@ -158,8 +158,7 @@ def _round_in_range(value, rule, min_exponent, max_exponent):
     add on the int64 pattern."""
     rounded = round_bits(value, rule)
     ok = (value == 0.0) | (
-        (abs(value) >= power_of_two(min_exponent))
-        & (abs(rounded) < power_of_two(max_exponent + 1))
+        (abs(value) >= power_of_two(min_exponent)) & (abs(rounded) < power_of_two(max_exponent + 1))
     )
     return (rounded if ok else 0.0), ok
 
