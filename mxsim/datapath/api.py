@@ -886,7 +886,7 @@ def _gemm_routes(
             c_values,
             out,
             progress,
-            *route,
+            route[0],
             memo,
         )
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
