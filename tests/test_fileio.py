@@ -268,7 +268,8 @@ READY = 'print("ready", flush=True)\n'
 
 def _start_driver(name: str, out, env: dict) -> subprocess.Popen:
     """The driver's server: it runs the driver's setup once, then forks a writer for every line
-    it reads, printing the writer's pid as it starts and "dead" once it has been reaped."""
+    it reads; the writer prints its pid, then writes what it prints to /dev/null; the server
+    prints "dead" once the writer has been reaped."""
     header = textwrap.dedent(f"""
         import itertools, os, sys
         HW = {str(REPO / "hwconfigs/ocp-exact.yaml")!r}
@@ -286,6 +287,7 @@ def _start_driver(name: str, out, env: dict) -> subprocess.Popen:
         "    if pid == 0:\n"
         "        try:\n"
         "            print('ready', os.getpid(), flush=True)\n"
+        "            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the server's line stays its own\n"
         + textwrap.indent(writer, " " * 12)
         + "        finally:\n"
         "            os._exit(1)\n"
