@@ -220,7 +220,9 @@ def test_safe_output_path_stays_inside_the_directory(tmp_path, name, expected):
 KILLS_PER_WRITER = 5
 
 # Each driver writes one of two complete versions, alternately, forever, after printing
-# "ready"; the test kills it with SIGKILL at random moments and checks what is left.
+# "ready"; the test kills it with SIGKILL at random moments and checks what is left. The text
+# before "ready" runs once in a server process; each writer is a fork of it (so the imports,
+# most of a new process's cost, are paid once per driver, not once per kill).
 DRIVERS = {
     "golden": """
         from mxsim.golden import generate
@@ -261,9 +263,15 @@ DRIVERS = {
 }
 
 
-def _run_driver(name: str, out, delay: float, env: dict) -> None:
+READY = 'print("ready", flush=True)\n'
+
+
+def _start_driver(name: str, out, env: dict) -> subprocess.Popen:
+    """The driver's server: it runs the driver's setup once, then forks a writer for every line
+    it reads; the writer prints its pid, then writes what it prints to /dev/null; the server
+    prints "dead" once the writer has been reaped."""
     header = textwrap.dedent(f"""
-        import itertools, sys
+        import itertools, os, sys
         HW = {str(REPO / "hwconfigs/ocp-exact.yaml")!r}
         HW2 = {str(REPO / "hwconfigs/h100-fp8.yaml")!r}
         TRACE = {str(REPO / "traces/digits-cnn")!r}
@@ -272,18 +280,40 @@ def _run_driver(name: str, out, delay: float, env: dict) -> None:
         OUT = {str(out)!r}
         SMALL_TRACE = {str(out.parent / "small-trace")!r}
     """)
-    process = subprocess.Popen(
-        [sys.executable, "-c", header + textwrap.dedent(DRIVERS[name])],
+    setup, writer = textwrap.dedent(DRIVERS[name]).split(READY)
+    server = (
+        "while sys.stdin.readline():\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        try:\n"
+        "            print('ready', os.getpid(), flush=True)\n"
+        "            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the server's line stays its own\n"
+        + textwrap.indent(writer, " " * 12)
+        + "        finally:\n"
+        "            os._exit(1)\n"
+        "    os.waitpid(pid, 0)\n"
+        "    print('dead', flush=True)\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", header + setup + server],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
     )
+
+
+def _run_writer(server: subprocess.Popen, delay: float) -> None:
+    """Fork a writer, let it run ``delay`` seconds, SIGKILL it and wait until it is gone."""
+    server.stdin.write(b"go\n")
+    server.stdin.flush()
+    ready, pid = server.stdout.readline().split()
+    assert ready == b"ready"
     try:
-        assert process.stdout.readline().strip() == b"ready"
         time.sleep(delay)
     finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        os.kill(int(pid), signal.SIGKILL)
+        assert server.stdout.readline().strip() == b"dead"
 
 
 def _golden_versions(tmp_path):
@@ -413,26 +443,35 @@ def driver_env():
 @pytest.mark.parametrize("writer", sorted(DRIVERS))
 def test_sigkill_leaves_the_old_or_the_new_complete_output(writer, tmp_path, driver_env):
     """SIGKILL at random moments while a writer rewrites its output: what is left is complete."""
-    from mxsim.trace import load_trace
-
     rng = random.Random(writer)
     out = tmp_path / ("out.json" if writer == "replay-json" else "out")
     golden = _golden_versions(tmp_path) if writer == "golden" else None
     _initial_output(
         writer, out, tmp_path
     )  # the old complete output every kill must leave or replace
-    for _ in range(KILLS_PER_WRITER):
-        _run_driver(writer, out, rng.uniform(0.0, 3.0), driver_env)
-        assert out.exists()
-        if writer == "golden":
-            check_whole_golden_output(out, golden)
-        elif writer == "sweep":
-            check_whole_sweep_output(out)
-        elif writer == "replay-json":
-            report = json.loads(out.read_text())  # a partial file would not parse
-            assert report["units"] in (["ocp-exact"], ["h100-fp8"]) and len(report["layers"]) == 4
-        else:
-            assert load_trace(out).name in ("first", "second")
+    server = _start_driver(writer, out, driver_env)
+    try:
+        for _ in range(KILLS_PER_WRITER):
+            _run_writer(server, rng.uniform(0.0, 3.0))
+            _check_whole_output(writer, out, golden)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _check_whole_output(writer: str, out, golden) -> None:
+    from mxsim.trace import load_trace
+
+    assert out.exists()
+    if writer == "golden":
+        check_whole_golden_output(out, golden)
+    elif writer == "sweep":
+        check_whole_sweep_output(out)
+    elif writer == "replay-json":
+        report = json.loads(out.read_text())  # a partial file would not parse
+        assert report["units"] in (["ocp-exact"], ["h100-fp8"]) and len(report["layers"]) == 4
+    else:
+        assert load_trace(out).name in ("first", "second")
 
 
 def test_load_yaml_refuses_repeated_keys_but_allows_merge_overrides():
