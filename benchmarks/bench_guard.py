@@ -58,6 +58,8 @@ CASES = [
     Case("kulisch", "fp8_e4m3"),
     Case("mxdotp-paper", "fp8_e4m3"),
     Case("mxdotp-paper", "fp4_e2m1"),
+    Case("mxdotp", "fp8_e4m3"),
+    Case("mxdotp", "fp4_e2m1"),
     Case("bfp-exact", "mx9"),
     Case("h100-fp8", "fp8_e4m3"),
     Case("b200-fp8", "fp8_e4m3"),

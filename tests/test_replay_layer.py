@@ -195,6 +195,18 @@ def test_float_operands_on_a_shared_microexponent_unit_are_quantized_as_mx9():
     assert (scales.max(axis=-1) - scales.min(axis=-1)).max() == 1
     assert result.input.underflowed > 0  # the pairs far below their block's largest
     np.testing.assert_array_equal(result.bits[0], matmul(unit, qa, qb).bits)
+    # groups (attention heads) quantized in one call: each as its own quantize_bfp
+    from mxsim.replay.choice import choose_operand
+    from mxsim.replay.layer import _requantize
+    from mxsim.replay.operands import layer_operands
+
+    choice, options = choose_operand(layer_operands(layer).a, "input", None, unit, None)
+    heads = np.stack([spread[:, :33], spread[:, 30:63], -spread[:, 1:34]])
+    for head, tensor in zip(heads, _requantize(heads, choice, options, False)[0]):
+        alone = quantize_bfp(head, "MX9", axis=1).as_mx_tensor()
+        assert (tensor.shape, tensor.axis, tensor.padding) == (alone.shape, 1, alone.padding)
+        np.testing.assert_array_equal(tensor.codes, alone.codes)
+        np.testing.assert_array_equal(tensor.scales, alone.scales)
 
 
 def test_replay_quantizes_the_library_values_of_an_operand_it_does_not_read():

@@ -131,7 +131,13 @@ def _requantize(
         and fmt.subblock_size == choice.block_size
         and not choice.per_tensor_scale
     ):
-        tensors = [quantize_bfp(matrix, fmt.name, axis=1).as_mx_tensor() for matrix in values]
+        whole = quantize_bfp(values, fmt.name, axis=2).as_mx_tensor()  # one call for all groups
+        tensors = [
+            dataclasses.replace(
+                whole, codes=whole.codes[g], scales=whole.scales[g], shape=values.shape[1:], axis=1
+            )
+            for g in range(len(values))
+        ]
     else:
         tensors = _requantize_mx(values, choice, options)
     if not count_clipped:
