@@ -544,9 +544,10 @@ def matmul(
     ``method``: ``"kernel"`` always runs the generic datapath kernel; ``"auto"`` (default)
     uses the float64-BLAS route of :mod:`mxsim.datapath.blas` where it is provably
     bit-identical (exact trees into an RNE fp32 accumulator, or a fixed-point grid's fp32
-    accumulator in any mode, with formats whose tree sums fit float64), the vectorised route of :mod:`mxsim.datapath.window` for truncating-window
-    units, or the group-sum route of :mod:`mxsim.datapath.groups` for ``scales: group_sum``
-    units; outputs a route leaves are computed by the generic kernel.
+    accumulator in any mode, with formats whose tree sums fit float64), the vectorised route
+    of :mod:`mxsim.datapath.window` for truncating-window units, or the group-sum route of
+    :mod:`mxsim.datapath.groups` for ``scales: group_sum`` units; outputs a route leaves are
+    computed by the generic kernel.
 
     Empty operands: M = 0 or N = 0 gives an empty (M, N) result; K = 0 gives ``c`` rounded
     to the output format (the empty sum is +0). The (M, N) output must fit the memory
