@@ -335,6 +335,18 @@ def two_sum(a, b):
 
 
 @njit(cache=True, inline="always")
+def odd_sum(a, b):
+    """a + b rounded to odd at 53 bits, branch-free (loops over it vectorise): the nearest sum,
+    stepped back toward zero when TwoSum's exact error lies below it, its last bit set when
+    inexact. An infinite sum is left as it is (its error is NaN)."""
+    total, error = two_sum(a, b)
+    bits = np.float64(total).view(np.int64)
+    inexact = np.int64(abs(error) > 0.0)
+    toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
+    return np.int64((bits - toward_zero) | inexact).view(np.float64)
+
+
+@njit(cache=True, inline="always")
 def round_to_odd(total, error):
     """The float64 round-to-odd of total + error (total = RN(exact), error its exact remainder)."""
     if error == 0.0 or not math.isfinite(total):
@@ -359,16 +371,8 @@ def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
             step = row_steps[g, i]
             totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
             for j in range(columns):
-                a = np.float64(totals[j])
                 b = np.float64(sums[j]) * (step * steps[j])
-                total = a + b
-                back = total - a
-                error = (a - (total - back)) + (b - back)
-                bits = np.float64(total).view(np.int64)
-                inexact = np.int64(abs(error) > 0.0)  # NaN when total is infinite: left alone
-                # Round to odd: step back toward zero when the exact sum lies below |total|, then set the last bit.
-                toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
-                totals[j] = np.float32(np.int64((bits - toward_zero) | inexact).view(np.float64))
+                totals[j] = np.float32(odd_sum(np.float64(totals[j]), b))
 
 
 @njit(cache=True, nogil=True)
@@ -434,14 +438,7 @@ def _grid_sum(acc, tree_sum, scale, fraction_bits, max_left, max_right):
     acc_exponent = max(field - 1023, -126) - np.int64(a == 0.0)
     offset = acc_exponent - 23 - exponent + fraction_bits
     keep = (offset > max_left) | ((offset < -max_right) & (b == 0.0)) | (abs(a) == np.inf)
-    total = a + b
-    back = total - a
-    error = (a - (total - back)) + (b - back)
-    bits = np.float64(total).view(np.int64)
-    inexact = np.int64(error != 0.0)
-    toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
-    odd = np.int64((bits - toward_zero) | inexact).view(np.float64)
-    return keep, odd, total == 0.0
+    return keep, odd_sum(a, b), a + b == 0.0
 
 
 @njit(cache=True, nogil=True)
@@ -806,11 +803,12 @@ def blas_matmul(
                     for k0 in range(p0, p1, chunk):
                         k1 = min(k0 + chunk, p1)
                         acc = acc_all[g0:g1, r0:r1, k0:k1]
+                        b_tile = b[g0:g1, k0 - c0 : k1 - c0]
                         if kulisch:
                             found += _kulisch_tile(
                                 params,
                                 a,
-                                b[g0:g1, k0 - c0 : k1 - c0],
+                                b_tile,
                                 exps_a,
                                 scales_b[g0:g1, k0:k1] if scaled else None,
                                 block,
@@ -818,28 +816,12 @@ def blas_matmul(
                                 (g0, r0, k0),
                                 macs,
                             )
-                        elif grid is not None:
-                            _grid_tile(
-                                a,
-                                b[g0:g1, k0 - c0 : k1 - c0],
-                                a_steps,
-                                np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0]),
-                                trees,
-                                acc,
-                                grid,
-                                choices,
-                            )
+                            continue
+                        steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
+                        if grid is not None:
+                            _grid_tile(a, b_tile, a_steps, steps, trees, acc, grid, choices)
                         else:
-                            _rounding_tile(
-                                a,
-                                b[g0:g1, k0 - c0 : k1 - c0],
-                                a_steps,
-                                np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0]),
-                                width,
-                                block,
-                                acc,
-                                span,
-                            )
+                            _rounding_tile(a, b_tile, a_steps, steps, width, block, acc, span)
                 return found
 
             for found in map(run, items) if pool is None else pool.map(run, items):

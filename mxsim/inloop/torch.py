@@ -303,10 +303,8 @@ class UnitInLoop(_Recorder):
             for operand in layer.source["quantizers"]:
                 if layer.quant.get(operand) is None:
                     self.not_read.add(f"{layer.name}.{operand}")
-        quantizations, memo = self.kept_quantizations(_quantized_from(layer, "weight")) or (
-            None,
-            None,
-        )
+        kept = self.kept_quantizations(_quantized_from(layer, "weight"))
+        quantizations, memo = kept if kept is not None else (None, None)
         held = None if memo is None else _held_bytes(memo)
         if not memo and self.decoded_bytes > memory_budget() * DECODED_SHARE:
             memo = None  # the budget's share is spent: this weight is decoded per call
