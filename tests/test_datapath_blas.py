@@ -27,6 +27,7 @@ from mxsim.datapath.blas import (
     blas_applies,
     exact_in_float64,
     folded_sum_bits,
+    grid_nearest_even_floor,
     grid_trees,
     tree_sum_bits,
 )
@@ -791,3 +792,81 @@ def test_grid_route_signs_zeros_by_the_pass_through_rules(fmt):
         if name != "mxdotp-rdn":  # (rounding down, block 0 gives -2^-149: no zero)
             want = np.where(kept, np.float32(-0.0).view(np.uint32), 0)
             np.testing.assert_array_equal(got, want)
+
+
+def test_grid_nearest_even_floor_per_format():
+    # max(n - L - 150, -149 - (lsb_a + lsb_b)) with n = 34, L = 70 and each format's least
+    # step 2^(1 - bias - mantissa bits): e4m3 -9, e3m2 -4, e2m3 -3, e2m1 -1; no floor for
+    # the directed and away-from-even modes, whose rounding of acc + tiny S is not acc.
+    floors = {"fp8_e4m3": -131, "fp6_e3m2": -141, "fp6_e2m3": -143, "fp4_e2m1": -147}
+    for fmt, floor in floors.items():
+        assert grid_nearest_even_floor(GRID_HW["mxdotp"].params(fmt, fmt)) == floor
+        for name in ("mxdotp-rtz", "mxdotp-rup", "mxdotp-rdn", "mxdotp-rmm", "mxdotp-rntp"):
+            assert grid_nearest_even_floor(GRID_HW[name].params(fmt, fmt)) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(fmt=st.sampled_from(GRID_FORMATS), seed=st.integers(0, 2**32 - 1))
+def test_plain_rne_step_equals_the_grid_twin_above_the_floor(fmt, seed):
+    # Every accumulator class but -0 (which the route never holds above the floor), tree sums
+    # the format can make (multiples of its least product step, below its bound: zero, the
+    # least, the largest, random, half fp32 steps of the accumulator and its negation where
+    # on that grid) at X from the floor up, the left pass-through offsets 69-72 among them:
+    # RNE_fp32(acc + S) equals the grid's rules in Fractions.
+    params = GRID_HW["mxdotp"].params(fmt, fmt)
+    floor = grid_nearest_even_floor(params)
+    high_a, low_a = _span_bits(get_format(fmt))
+    low, high = 2 * low_a, 2 * high_a + 2 + math.ceil(math.log2(params.fused_terms))
+    rng = np.random.default_rng(seed)
+    tiny = 2.0**-149
+    accumulators = [0.0, tiny, -3 * tiny, 2.0**-126, -1.5 * 2.0**-126, 1.0, -1.25, 3.0e7]
+    accumulators += [FP32_MAX, -FP32_MAX, math.inf, -math.inf]
+    accumulators += (rng.standard_normal(8) * 2.0 ** rng.integers(-140, 120, 8)).tolist()
+    cases = []
+    for acc in accumulators:
+        acc = float(np.float32(acc))
+        lead = -127 if acc == 0 else max(math.frexp(acc)[1] - 1, -126) if math.isfinite(acc) else 0
+        exponents = [floor, floor + 1, floor + 20] + rng.integers(floor, 255, 6).tolist()
+        exponents += [lead - 23 + 34 - offset for offset in (72, 71, 70, 69)]
+        for x in [x for x in exponents if floor <= x <= 254]:
+            sums = [0, 1, -1, (1 << (high - low)) - 1, -(1 << (high - low)) + 1]
+            sums += rng.integers(-(1 << (high - low)) + 1, 1 << (high - low), 4).tolist()
+            if math.isfinite(acc) and acc != 0:
+                step = Fraction(2) ** (lead - 23 - 1)  # half the accumulator's fp32 step
+                for target in (step, -step, 3 * step, -Fraction(acc)):
+                    units = target / Fraction(2) ** (x + low)  # in the sums' least steps
+                    if units.denominator == 1 and abs(units) < 1 << (high - low):
+                        sums.append(int(units))
+            cases += [(acc, Fraction(s) * Fraction(2) ** low, x) for s in sums]
+    running = np.array([c[0] for c in cases], dtype=np.float32).reshape(1, -1, 1)
+    tree_sums = np.array([float(c[1]) for c in cases]).reshape(1, -1, 1)
+    row_steps = np.ldexp(1.0, np.array([c[2] for c in cases])).reshape(1, -1)
+    got = running.copy()
+    accumulate_rne_fp32(got, tree_sums, row_steps, np.ones((1, 1)))
+    want = np.array(
+        [grid_step_twin(a, s * Fraction(2) ** x, x, "nearest_even") for a, s, x in cases],
+        dtype=np.float32,
+    )
+    mismatches = np.flatnonzero(got.reshape(-1).view(np.uint32) != want.view(np.uint32))
+    assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1"])
+def test_grid_route_keeps_a_negative_zero_from_below_the_floor(fmt):
+    # Block 0 (X = -180, below the floor) leaves -0; block 1 sums to zero at X = -91 or -90,
+    # above the floor, its accumulator LSB 25 or 26 places below the grid's: the grid keeps
+    # -0 there, where RNE(-0 + 0) would be +0. One column per GEMM, so that a tile holds
+    # only scales above the floor in block 1.
+    A = np.zeros((1, 64))
+    A[0, 31] = -1.0
+    B = np.zeros((64, 1))
+    B[31] = 1.0
+    B[32:] = -1.0
+    qa, qb = quantize(A, fmt, axis=1), quantize(B, fmt, axis=0)
+    qa = dataclasses.replace(qa, scales=np.array([[127 - 100, 127 - 95]], dtype=np.uint8))
+    for x in (-91, -90):
+        scales_b = np.array([[127 - 80, 127 + x + 95]], dtype=np.uint8)
+        b = dataclasses.replace(qb, scales=scales_b)
+        assert x >= grid_nearest_even_floor(GRID_HW["mxdotp"].params(fmt, fmt))
+        grid_route_checked(GRID_HW["mxdotp"], qa, b)
+        assert matmul(GRID_HW["mxdotp"], qa, b).bits[0, 0] == np.float32(-0.0).view(np.uint32)

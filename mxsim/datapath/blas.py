@@ -732,12 +732,13 @@ def blas_matmul(
     # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
     lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
     span = (lsb, lsb + bits) if dtype == np.float32 else None
-    grid = trees = choices = None
+    grid = trees = choices = floor = None
     if params.grid_fraction_bits is not None:
         choices = np.array(ROUNDING_CHOICES[params.accumulator_rounding])
         grid = np.array(
             [params.grid_fraction_bits, params.grid_max_left_shift, params.grid_max_right_shift]
         )
+        floor = grid_nearest_even_floor(params)
         cut = params.block_size if params.trees_in_blocks else block
         trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
     acc_all = out.view(np.float32)
@@ -819,7 +820,9 @@ def blas_matmul(
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
                         if grid is not None:
-                            _grid_tile(a, b_tile, a_steps, steps, trees, acc, grid, choices)
+                            _grid_tile(
+                                a, b_tile, a_steps, steps, trees, acc, grid, choices, floor, span
+                            )
                         else:
                             _rounding_tile(a, b_tile, a_steps, steps, width, block, acc, span)
                 return found
@@ -894,16 +897,64 @@ def grid_trees(params: DatapathParams, length: int, cut: int) -> list[tuple[int,
     ]
 
 
-def _grid_tile(a, b, row_steps, column_steps, trees, acc, grid, choices) -> None:
+def grid_nearest_even_floor(params: DatapathParams) -> int | None:
+    """The least scale exponent sum X above which a nearest-even grid unit's tree step is
+    RNE_fp32(acc + S), its pass-through rules idle (None: not nearest-even, or no such X).
+
+    With n fraction bits, max left shift L, |S| < 2^(X + H) (H: ``tree_sum_bits``' top,
+    ``_span_bits``' leading exponents + 2 + ceil(log2 F)) and every S a multiple of
+    2^(X + low) (low: the formats' least steps), for X >= max(n - L - 150, -149 - low) and
+    H <= L - n - 1: a zero accumulator (-127 as its exponent) is never kept left; a nonzero
+    one kept left (its exponent e >= X + L - n + 24 >= X + H + 25) has |S| below a quarter
+    of its fp32 step, so RNE(acc + S) is acc; every nonzero exact sum is a multiple of
+    2^-149, so no rounding gives -0, and as the route refuses a -0 c, no accumulator is -0
+    (while every earlier tree's X is at or above the floor too):
+    keeping it for S = 0 (right) is acc + 0 = acc, and an exact zero sums to +0 in IEEE
+    arithmetic. An infinite accumulator stays either way."""
+    if params.accumulator_rounding != "nearest_even":
+        return None
+    high_a, low_a = _span_bits(get_format(params.a_format))
+    high_b, low_b = _span_bits(get_format(params.b_format))
+    high = high_a + high_b + 2 + math.ceil(math.log2(params.fused_terms))
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    if high > left - fraction - 1:
+        return None
+    return max(fraction - left - 150, -149 - low_a - low_b)
+
+
+def _grid_tile(
+    a, b, row_steps, column_steps, trees, acc, grid, choices, floor=None, span=None
+) -> None:
     """acc (g, r, n fp32) = its values with each tree's exact sum added by the grid's rules
     (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
     a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
-    ``block`` (steps (blocks, g, r) and (blocks, g, n))."""
+    ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks whose least scale exponent
+    sum, and every earlier block's, is at least ``floor`` (``grid_nearest_even_floor``;
+    None: none) take the plain
+    RNE_fp32(acc + S) (``accumulate_rne_fp32``, or ``accumulate_fp32`` where, with ``span``,
+    the scaled sums are float32s: ``_fp32_exact_blocks``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
+    plain = narrow = None
+    if floor is not None:
+        blocks = row_steps.shape[0]
+        least = row_steps.reshape(blocks, -1).min(axis=1) * column_steps.reshape(blocks, -1).min(
+            axis=1
+        )
+        # an earlier block below the floor may have left a -0 accumulator
+        plain = np.logical_and.accumulate(least >= 2.0**floor)
+        if span is not None:
+            narrow = _fp32_exact_blocks(row_steps, column_steps, span)
+            row_steps32 = row_steps.astype(np.float32)
+            column_steps32 = column_steps.astype(np.float32)
     for first, last, blk in trees:
         np.matmul(a[..., first:last], b[..., first:last].transpose(0, 2, 1), out=sums)
-        accumulate_grid_fp32(running, sums, row_steps[blk], column_steps[blk], grid, choices)
+        if plain is None or not plain[blk]:
+            accumulate_grid_fp32(running, sums, row_steps[blk], column_steps[blk], grid, choices)
+        elif narrow is not None and narrow[blk]:
+            accumulate_fp32(running, sums, row_steps32[blk], column_steps32[blk])
+        else:
+            accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
     acc[...] = running
 
 
