@@ -37,6 +37,7 @@ from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
 from mxsim.formats import get_format
 from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
+from mxsim.datapath._tree_kernels import COLUMNS, rne_trees8
 
 UNITS = {
     name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
@@ -870,3 +871,76 @@ def test_grid_route_keeps_a_negative_zero_from_below_the_floor(fmt):
         assert x >= grid_nearest_even_floor(GRID_HW["mxdotp"].params(fmt, fmt))
         grid_route_checked(GRID_HW["mxdotp"], qa, b)
         assert matmul(GRID_HW["mxdotp"], qa, b).bits[0, 0] == np.float32(-0.0).view(np.uint32)
+
+
+def tree8_twin(acc, a, b, trees, row_steps, column_steps) -> np.ndarray:
+    """``rne_trees8``'s outputs as fp32 bits, in integers and Fractions: each tree's sum of 8
+    products of fp8_e4m3 values (integers times 2^-9 each) exactly, then ``rne_fp32_twin``."""
+    units = np.rint(a * 2.0**9).astype(np.int64), np.rint(b * 2.0**9).astype(np.int64)
+    sums = np.stack(
+        [
+            np.einsum("grk,gnk->grn", units[0][..., f : f + 8], units[1][..., f : f + 8])
+            for f, _ in trees
+        ]
+    )
+    assert np.abs(sums).max(initial=0) < 2**53
+    blocks = [block for _, block in trees]
+    out = acc.copy()
+    for t, block in enumerate(blocks):  # one tree at a time: its own steps
+        bits = rne_fp32_twin(out, sums[t : t + 1] * 2.0**-18, row_steps[block], column_steps[block])
+        out = bits.view(np.float32)
+    return out.view(np.uint32)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 3), st.sampled_from([1, 7, 40, COLUMNS + 3]), st.integers(1, 4)),
+    spread=st.sampled_from([0, 3, 60]),
+    c_shift=st.sampled_from([0, 30, 60, 100]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_fused_eight_term_trees_equal_fractions(shape, spread, c_shift, seed):
+    # Realistic fp8_e4m3 elements (normal data through the format's table), block steps a few
+    # or many binades apart, accumulators at or far above the products (sums float64 cannot
+    # hold: the exact-pass check and the round-to-odd redo), some infinite or at fp32's largest.
+    rows, columns, trees_count = shape
+    rng = np.random.default_rng(seed)
+    fmt = get_format("fp8_e4m3")
+    values = fmt.decode_fields(np.arange(256))
+    finite = values[np.isfinite(values)]
+    k = 8 * trees_count
+    a = finite[rng.integers(0, finite.size, (1, rows, k))]
+    b = finite[rng.integers(0, finite.size, (1, columns, k))]
+    blocks = -(-k // 32)
+    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) - 10)
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) - 10)
+    acc = (rng.standard_normal((1, rows, columns)) * 2.0**c_shift).astype(np.float32)
+    flat = acc.reshape(-1)
+    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
+    trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
+    got = acc.copy()
+    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
+    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, packed, fresh)
+    want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), want)
+
+
+def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
+    # acc = 1 (or its neighbours) plus S = 2^-40 (256 * 256 + 2^-9 * 2^-9) = 2^-24 + 2^-58: the
+    # float64 sum rounds onto the fp32 midpoint 1 + 2^-24, the exact sum lies above it. Only
+    # the exactness check sends it to the round-to-odd pass; nearest-even from the midpoint
+    # would give 1.
+    a = np.zeros((1, 4, 8))
+    a[0, :, :2] = [256.0, 2.0**-9]
+    b = np.zeros((1, 3, 8))
+    b[0, :, :2] = [256.0, 2.0**-9]
+    b[0, 1, 1] = -(2.0**-9)  # just below the midpoint instead
+    acc = np.array([1.0, -1.0, np.float32(1 + 2.0**-23), 3.0], dtype=np.float32)
+    acc = np.repeat(acc[None, :, None], 3, axis=2)
+    row_steps, column_steps = np.full((1, 1, 4), 2.0**-20), np.full((1, 1, 3), 2.0**-20)
+    got = acc.copy()
+    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
+    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, packed, fresh)
+    want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), want)
+    assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up

@@ -741,6 +741,8 @@ def blas_matmul(
         floor = grid_nearest_even_floor(params)
         cut = params.block_size if params.trees_in_blocks else block
         trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
+    # trees of 8 float64 products, rounded to nearest even as they come: one fused kernel
+    eights = _eight_term_trees(params, dtype, padded, trees, grid, block)
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -819,7 +821,11 @@ def blas_matmul(
                             )
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
-                        if grid is not None:
+                        if eights is not None and (
+                            grid is None or _above_floor(a_steps, steps, floor).all()
+                        ):
+                            _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
+                        elif grid is not None:
                             _grid_tile(
                                 a, b_tile, a_steps, steps, trees, acc, grid, choices, floor, span
                             )
@@ -922,6 +928,48 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     return max(fraction - left - 150, -149 - low_a - low_b)
 
 
+def _eight_term_trees(params, dtype, padded: int, trees, grid, block: int):
+    """(T, 2) first position and scale block of each tree when every tree has 8 float64
+    products and rounds as RNE_fp32(acc + S): the accumulator in the tree (mxdotp-paper) or a
+    nearest-even grid (mxdotp; its floor checked per tile: ``_tree8_tile``); else None."""
+    if dtype != np.float64:
+        return None
+    if grid is None:
+        if params.accumulator_format == "exact" or params.fused_terms != 8:
+            return None
+        bounds = [(first, first + 8, first // block) for first in range(0, padded, 8)]
+    elif grid_nearest_even_floor(params) is not None:
+        bounds = trees
+    else:
+        return None
+    if any(last - first != 8 for first, last, _ in bounds):
+        return None
+    return np.array([(first, blk) for first, _, blk in bounds], dtype=np.int64).reshape(-1, 2)
+
+
+def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
+    """acc (g, r, n fp32) = RNE_fp32(acc + S) for each tree (``trees``: first position,
+    block) of 8 products of a (g, r, padded) and b (g, n, padded), fused
+    (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n)."""
+    from ._tree_kernels import COLUMNS, rne_trees8
+
+    running = np.ascontiguousarray(acc)
+    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
+    rne_trees8(
+        a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, packed, fresh
+    )
+    acc[...] = running
+
+
+def _above_floor(row_steps, column_steps, floor: int) -> np.ndarray:
+    """Per scale block, whether its least scale exponent sum over the tile's rows and
+    columns (steps (blocks, g, r) and (blocks, g, n)), and every earlier block's, is at least
+    ``floor`` (``grid_nearest_even_floor``; an earlier block below it may have left a -0)."""
+    blocks = row_steps.shape[0]
+    least = row_steps.reshape(blocks, -1).min(axis=1) * column_steps.reshape(blocks, -1).min(axis=1)
+    return np.logical_and.accumulate(least >= 2.0**floor)
+
+
 def _grid_tile(
     a, b, row_steps, column_steps, trees, acc, grid, choices, floor=None, span=None
 ) -> None:
@@ -937,12 +985,7 @@ def _grid_tile(
     sums = np.empty(acc.shape, dtype=a.dtype)
     plain = narrow = None
     if floor is not None:
-        blocks = row_steps.shape[0]
-        least = row_steps.reshape(blocks, -1).min(axis=1) * column_steps.reshape(blocks, -1).min(
-            axis=1
-        )
-        # an earlier block below the floor may have left a -0 accumulator
-        plain = np.logical_and.accumulate(least >= 2.0**floor)
+        plain = _above_floor(row_steps, column_steps, floor)
         if span is not None:
             narrow = _fp32_exact_blocks(row_steps, column_steps, span)
             row_steps32 = row_steps.astype(np.float32)
