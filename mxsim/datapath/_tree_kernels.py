@@ -46,8 +46,9 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, packed, fresh):
                     out = acc[g, i, j0 : j0 + width]
                     x = a[g, i, first : first + 8]
                     step = row_steps[block, g, i]
-                    if _exact_pass(out, fresh[:width], x, step, packed):
-                        out[:] = fresh[:width]
+                    if _exact_pass(out, fresh, x, step, packed):
+                        for j in range(width):
+                            out[j] = fresh[j]
                     else:
                         _odd_pass(out, x, step, packed)
 
@@ -74,17 +75,11 @@ def _exact_pass(out, fresh, x, step, packed) -> bool:
     return not inexact
 
 
-@njit(cache=True, inline="always", fastmath={"contract"})
+@njit(cache=True, inline="always")
 def _odd_pass(out, x, step, packed) -> None:
     """out = fp32(round-to-odd(out + S)): RNE_fp32(out + S) always."""
-    width = out.shape[0]
-    b0, b1, b2, b3 = packed[0, :width], packed[1, :width], packed[2, :width], packed[3, :width]
-    b4, b5, b6, b7 = packed[4, :width], packed[5, :width], packed[6, :width], packed[7, :width]
-    steps = packed[8, :width]
-    x0, x1, x2, x3 = x[0] * step, x[1] * step, x[2] * step, x[3] * step
-    x4, x5, x6, x7 = x[4] * step, x[5] * step, x[6] * step, x[7] * step
-    for j in range(width):
-        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
-            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
-        )
-        out[j] = np.float32(odd_sum(np.float64(out[j]), s * steps[j]))
+    for j in range(out.shape[0]):
+        s = 0.0
+        for m in range(8):
+            s += (x[m] * step) * packed[m, j]
+        out[j] = np.float32(odd_sum(np.float64(out[j]), s * packed[8, j]))
