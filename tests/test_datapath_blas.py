@@ -806,7 +806,7 @@ def test_grid_nearest_even_floor_per_format():
             assert grid_nearest_even_floor(GRID_HW[name].params(fmt, fmt)) is None
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(fmt=st.sampled_from(GRID_FORMATS), seed=st.integers(0, 2**32 - 1))
 def test_plain_rne_step_equals_the_grid_twin_above_the_floor(fmt, seed):
     # Every accumulator class but -0 (which the route never holds above the floor), tree sums

@@ -51,6 +51,12 @@ one): nearest-even by the conversion, the others by choosing between it and the 
 on the other side (``round_fp32``), IEEE overflow included. An overflow to ±Inf stays in the
 accumulator, as the kernel's first overflow stays its result. Trees are cut per block as the
 kernel cuts them (``grid_trees``: FP6's 11 + 11 + 10 with ``trees_in_blocks``), none past K.
+Rounding to nearest even, the rules are idle above a floor of X (``grid_nearest_even_floor``):
+blocks of a tile at or above it, as every earlier block, take the plain RNE_fp32(acc + S).
+
+Trees of 8 float64 products rounded as RNE_fp32(acc + S) (mxdotp-paper with fp8_e4m3; mxdotp
+with it, tiles above the floor) skip the rank-8 GEMMs: one fused kernel
+(``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once.
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
@@ -742,7 +748,7 @@ def blas_matmul(
         cut = params.block_size if params.trees_in_blocks else block
         trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
     # trees of 8 float64 products, rounded to nearest even as they come: one fused kernel
-    eights = _eight_term_trees(params, dtype, padded, trees, grid, block)
+    eights = _eight_term_trees(params, dtype, padded, trees, floor, block)
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -914,9 +920,9 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     one kept left (its exponent e >= X + L - n + 24 >= X + H + 25) has |S| below a quarter
     of its fp32 step, so RNE(acc + S) is acc; every nonzero exact sum is a multiple of
     2^-149, so no rounding gives -0, and as the route refuses a -0 c, no accumulator is -0
-    (while every earlier tree's X is at or above the floor too):
-    keeping it for S = 0 (right) is acc + 0 = acc, and an exact zero sums to +0 in IEEE
-    arithmetic. An infinite accumulator stays either way."""
+    while every earlier tree's X is at or above the floor too: keeping it for S = 0 (right)
+    is acc + 0 = acc, and an exact zero sums to +0 in IEEE arithmetic. An infinite
+    accumulator stays either way."""
     if params.accumulator_rounding != "nearest_even":
         return None
     high_a, low_a = _span_bits(get_format(params.a_format))
@@ -928,23 +934,21 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     return max(fraction - left - 150, -149 - low_a - low_b)
 
 
-def _eight_term_trees(params, dtype, padded: int, trees, grid, block: int):
+def _eight_term_trees(params, dtype, padded: int, trees, floor, block: int):
     """(T, 2) first position and scale block of each tree when every tree has 8 float64
-    products and rounds as RNE_fp32(acc + S): the accumulator in the tree (mxdotp-paper) or a
-    nearest-even grid (mxdotp; its floor checked per tile: ``_tree8_tile``); else None."""
-    if dtype != np.float64:
+    products and rounds as RNE_fp32(acc + S): trees of fused_terms (``trees`` None: no grid)
+    or a nearest-even grid's (``floor`` not None; checked per tile); else None."""
+    if dtype != np.float64 or params.accumulator_format == "exact":
         return None
-    if grid is None:
-        if params.accumulator_format == "exact" or params.fused_terms != 8:
+    if trees is None:
+        if params.fused_terms != 8:
             return None
-        bounds = [(first, first + 8, first // block) for first in range(0, padded, 8)]
-    elif grid_nearest_even_floor(params) is not None:
-        bounds = trees
-    else:
+        trees = [(first, first + 8, first // block) for first in range(0, padded, 8)]
+    elif floor is None:
         return None
-    if any(last - first != 8 for first, last, _ in bounds):
+    if any(last - first != 8 for first, last, _ in trees):
         return None
-    return np.array([(first, blk) for first, _, blk in bounds], dtype=np.int64).reshape(-1, 2)
+    return np.array([(first, blk) for first, _, blk in trees], dtype=np.int64).reshape(-1, 2)
 
 
 def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
@@ -955,9 +959,7 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
 
     running = np.ascontiguousarray(acc)
     packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(
-        a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, packed, fresh
-    )
+    rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, packed, fresh)
     acc[...] = running
 
 
@@ -978,9 +980,9 @@ def _grid_tile(
     a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
     ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks whose least scale exponent
     sum, and every earlier block's, is at least ``floor`` (``grid_nearest_even_floor``;
-    None: none) take the plain
-    RNE_fp32(acc + S) (``accumulate_rne_fp32``, or ``accumulate_fp32`` where, with ``span``,
-    the scaled sums are float32s: ``_fp32_exact_blocks``)."""
+    None: none) take the plain RNE_fp32(acc + S) (``accumulate_rne_fp32``, or
+    ``accumulate_fp32`` where, with ``span``, the scaled sums are float32s:
+    ``_fp32_exact_blocks``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
     plain = narrow = None
