@@ -38,6 +38,7 @@ from mxsim.formats import get_format
 from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath._tree_kernels import COLUMNS, rne_trees8
+from mxsim.datapath import blas as blas_module
 
 UNITS = {
     name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
@@ -944,3 +945,32 @@ def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
     want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up
+
+
+def test_blocks_of_zeros_do_not_hold_a_tile_below_the_floor(monkeypatch):
+    # ReLU-like rows: A's first block all zeros with E8M0 scale 0 (X far below the floor) and
+    # a second block of zeros in some rows. They add S = 0 at any X, so the tile stays on the
+    # fused eight-term kernel (the grid's kernel is not called), every output still the
+    # generic kernel's and the Fraction twin's.
+    rng = np.random.default_rng(3)
+    A = np.maximum(rng.standard_normal((5, 96)), 0.0)
+    A[:, :32] = 0.0
+    A[1:3, 32:64] = 0.0
+    B = rng.standard_normal((96, 6))
+    qa, qb = quantize(A, "fp8_e4m3", axis=1), quantize(B, "fp8_e4m3", axis=0)
+    scales = qa.scales.copy()
+    scales[:, 0] = 0
+    scales[1:3, 1] = 0
+    qa = dataclasses.replace(qa, scales=scales)
+    hw = GRID_HW["mxdotp"]
+    low = qa.scale_exponents[:, :1].min() + qb.scale_exponents[:, 0].min()
+    assert low < grid_nearest_even_floor(hw.params("fp8_e4m3", "fp8_e4m3"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the grid's accumulation ran")
+
+    monkeypatch.setattr(blas_module, "accumulate_grid_fp32", refuse)
+    fast = matmul(hw, qa, qb).bits
+    monkeypatch.undo()
+    np.testing.assert_array_equal(fast, matmul(hw, qa, qb, method="kernel").bits)
+    np.testing.assert_array_equal(fast, twin_bits(hw, qa, qb, None))

@@ -828,7 +828,7 @@ def blas_matmul(
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
                         if eights is not None and (
-                            grid is None or _above_floor(a_steps, steps, floor).all()
+                            grid is None or _above_floor(a_steps, steps, floor, a, b_tile).all()
                         ):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
                         elif grid is not None:
@@ -963,12 +963,22 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
     acc[...] = running
 
 
-def _above_floor(row_steps, column_steps, floor: int) -> np.ndarray:
+def _above_floor(row_steps, column_steps, floor: int, a, b) -> np.ndarray:
     """Per scale block, whether its least scale exponent sum over the tile's rows and
     columns (steps (blocks, g, r) and (blocks, g, n)), and every earlier block's, is at least
-    ``floor`` (``grid_nearest_even_floor``; an earlier block below it may have left a -0)."""
+    ``floor`` (``grid_nearest_even_floor``; an earlier block below it may have left a -0).
+    Rows (columns) whose block of ``a`` (g, r, padded) (``b`` (g, n, padded)) holds only
+    zeros are left out: they add S = 0 to every output of theirs, which the grid's rules and
+    RNE_fp32(acc + S) keep alike at any X for an accumulator other than -0."""
     blocks = row_steps.shape[0]
-    least = row_steps.reshape(blocks, -1).min(axis=1) * column_steps.reshape(blocks, -1).min(axis=1)
+    least = np.ones(blocks)
+    for steps, values in ((row_steps, a), (column_steps, b)):
+        zero = ~values.reshape(values.shape[:2] + (blocks, -1)).any(axis=-1)
+        least *= (
+            np.where(zero.transpose(2, 0, 1), np.inf, steps)
+            .reshape(blocks, -1)
+            .min(axis=1, initial=np.inf)
+        )
     return np.logical_and.accumulate(least >= 2.0**floor)
 
 
@@ -979,15 +989,14 @@ def _grid_tile(
     (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
     a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
     ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks whose least scale exponent
-    sum, and every earlier block's, is at least ``floor`` (``grid_nearest_even_floor``;
-    None: none) take the plain RNE_fp32(acc + S) (``accumulate_rne_fp32``, or
-    ``accumulate_fp32`` where, with ``span``, the scaled sums are float32s:
-    ``_fp32_exact_blocks``)."""
+    sum, and every earlier block's, is at least ``floor`` (``_above_floor``; None: none)
+    take the plain RNE_fp32(acc + S) (``accumulate_rne_fp32``, or ``accumulate_fp32`` where,
+    with ``span``, the scaled sums are float32s: ``_fp32_exact_blocks``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
     plain = narrow = None
     if floor is not None:
-        plain = _above_floor(row_steps, column_steps, floor)
+        plain = _above_floor(row_steps, column_steps, floor, a, b)
         if span is not None:
             narrow = _fp32_exact_blocks(row_steps, column_steps, span)
             row_steps32 = row_steps.astype(np.float32)
