@@ -1588,11 +1588,16 @@ def _groups(**changes):
             _groups(tensor_scale_exponents=np.zeros(2)),
             "A: tensor_scale_exponents must be an integer numpy array",
         ),
-        (_groups(codes=np.zeros((2, 3, 32), np.uint8)), "needs codes (G, 3, 64), scales (G, 3, 2)"),
+        (
+            _groups(codes=np.zeros((2, 3, 32), np.uint8)),
+            "groups padded by 24 in blocks of 32 needs codes (G, 3, 64) (64 a multiple of 32), "
+            "scales (G, 3, 2)",
+        ),
         (_groups(codes=np.zeros((6, 64), np.uint8)), "needs codes (G, 3, 64)"),
         (_groups(scales=np.zeros((2, 3, 1), np.uint8)), "needs codes (G, 3, 64)"),
-        (_groups(padding=8), "needs codes (G, 3, 64)"),
-        (_groups(padding=-24), "needs codes (G, 3, 64)"),
+        (_groups(padding=8), "needs codes (G, 3, 48) (48 a multiple of 32)"),
+        (_groups(padding=-24), "needs codes (G, 3, 16)"),
+        (_groups(padding=56), "needs codes (G, 3, 96)"),
         (_groups(tensor_scale_exponents=np.zeros(3, np.int64)), "tensor_scale_exponents (G,)"),
         (
             _groups(tensor_scale_exponents=np.array([0, 128])),
@@ -1614,6 +1619,11 @@ def test_matmul_batched_refuses_a_bad_mxgroups(A, message):
     )
     with pytest.raises(MxsimError, match="matmul_batched: A has 2 groups, B has 1"):
         matmul_batched(hw("ocp-exact"), _groups(), one)
+    longer = _groups(  # padded past one block, as BFP operands are: valid, but not B's length
+        codes=np.zeros((2, 3, 96), np.uint8), scales=np.full((2, 3, 3), 127, np.uint8), padding=56
+    )
+    with pytest.raises(MxsimError, match="A and B are padded along K to 96 and 64 elements"):
+        matmul_batched(hw("ocp-exact"), longer, B)
 
 
 @pytest.mark.parametrize(

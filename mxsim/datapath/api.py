@@ -696,17 +696,7 @@ def _group_operands(
                 f"{name}[{g}]: {t.element_format.name} {t.shape} along axis {t.axis} differs from "
                 f"{name}[0]'s {first.element_format.name} {first.shape} along axis {first.axis}"
             )
-    return MXGroups(
-        first.element_format,
-        np.stack([t.codes for t in x]),
-        np.stack([t.scales for t in x]),
-        first.shape,
-        axis,
-        block_size,
-        first.padding,
-        first.options,
-        np.array([t.tensor_scale_exponent for t in x], dtype=np.int64),
-    )
+    return MXGroups.of(list(x))
 
 
 def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
@@ -730,22 +720,20 @@ def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
     if not isinstance(shifts, np.ndarray) or not np.issubdtype(shifts.dtype, np.integer):
         raise ArgumentError(f"{name}: tensor_scale_exponents must be an integer numpy array")
     groups, k = len(codes), x.shape[axis]
-    length = k + x.padding
-    blocks = length // block_size if block_size and length % block_size == 0 else -1
-    other = x.shape[1 - axis]
+    length, other = k + x.padding, x.shape[1 - axis]
     if (
         codes.ndim != 3
         or x.padding < 0
-        or blocks < 0
-        or -k % block_size != x.padding
+        or length % block_size
         or codes.shape != (groups, other, length)
-        or scales.shape != (groups, other, blocks)
+        or scales.shape != (groups, other, length // block_size)
         or shifts.shape != (groups,)
     ):
         raise ArgumentError(
-            f"{name}: an MXGroups of {x.shape} groups in blocks of {block_size} needs codes "
-            f"(G, {other}, {k + -k % block_size}), scales (G, {other}, {-(-k // block_size)}) "
-            f"and tensor_scale_exponents (G,); got {codes.shape}, {scales.shape} and {shifts.shape}"
+            f"{name}: an MXGroups of {x.shape} groups padded by {x.padding} in blocks of "
+            f"{block_size} needs codes (G, {other}, {length}) ({length} a multiple of "
+            f"{block_size}), scales (G, {other}, {length // block_size}) and "
+            f"tensor_scale_exponents (G,); got {codes.shape}, {scales.shape} and {shifts.shape}"
         )
     if shifts.size and (shifts.min() < E8M0_MIN_EXPONENT or shifts.max() > E8M0_MAX_EXPONENT):
         raise ArgumentError(
@@ -837,6 +825,11 @@ def matmul_batched(
     if group_a.shape[1] != group_b.shape[0]:
         raise ArgumentError(
             f"matmul_batched: inner dimensions differ: A is {group_a.shape}, B is {group_b.shape}"
+        )
+    if group_a.codes.shape[-1] != group_b.codes.shape[-1]:
+        raise ArgumentError(
+            f"matmul_batched: A and B are padded along K to {group_a.codes.shape[-1]} and "
+            f"{group_b.codes.shape[-1]} elements; quantize them alike"
         )
     params = config.params(
         group_a.element_format.name, group_b.element_format.name, out_format, c_format

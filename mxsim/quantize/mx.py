@@ -287,6 +287,23 @@ class MXGroups:
     def __len__(self) -> int:
         return self.codes.shape[0]
 
+    @classmethod
+    def of(cls, tensors: list[MXTensor]) -> MXGroups:
+        """A non-empty list of MXTensors of one element format, shape, axis and layout (not
+        checked: the first one's are taken) stacked into one."""
+        first = tensors[0]
+        return cls(
+            first.element_format,
+            np.stack([t.codes for t in tensors]),
+            np.stack([t.scales for t in tensors]),
+            first.shape,
+            first.axis,
+            first.block_size,
+            first.padding,
+            first.options,
+            np.array([t.tensor_scale_exponent for t in tensors], dtype=np.int64),
+        )
+
     def group(self, g: int) -> MXTensor:
         """Group ``g`` as an MXTensor (its arrays are views of this one's)."""
         return MXTensor(
