@@ -439,6 +439,9 @@ def _bias_as_c(bias: np.ndarray, shift: int) -> np.ndarray | None:
     """A group's bias (float64) as matmul's float32 c, which matmul scales by 2^-shift
     itself; None when that value is not exact (:func:`accumulator_input`: the bias is then
     added after the GEMM). Unshifted, accumulator_input's value is that c already."""
+    if bias.ndim == 2 and len(bias) > 1 and bias.strides[0] == 0:  # one row, broadcast
+        row = _bias_as_c(bias[:1], shift)  # (a linear layer's: worked on once, not per row)
+        return None if row is None else np.broadcast_to(row, bias.shape)
     c = accumulator_input(bias, shift)
     return c if c is None or not shift else bias.astype(np.float32)
 
