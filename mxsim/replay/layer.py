@@ -120,8 +120,7 @@ def _requantize(
 ) -> tuple[MXGroups, int, int]:
     """Replay's own quantization of a lowered operand (G, R, K) along K, each group a tensor
     of its own, held as one (:func:`mxsim.quantize.quantize_grouped`: one kernel call for all
-    groups); with
-    ``count_clipped`` the saturated and underflowed elements too (else 0, 0). A
+    groups); with ``count_clipped`` the saturated and underflowed elements too (else 0, 0). A
     shared-microexponent format (MX4/6/9) on a unit whose blocks are its sub-blocks is
     quantized as that format defines it (:func:`mxsim.quantize.quantize_bfp`: one 8-bit
     exponent per block of 16, a microexponent per sub-block), not with a free scale per
