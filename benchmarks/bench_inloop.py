@@ -13,8 +13,9 @@ file's graph, sessions and quantized weights between calls). torch_unit is timed
 in one context (its weights quantized once, in the warm-up forward) and on forwards each in a
 new context (each quantizing the weights); beside the one-context figure, its CPU seconds in
 the unit's GEMM routes (``mxsim.datapath.api._gemm_groups``: the BLAS, window, group-sum or
-generic kernel, whichever the unit takes), the rest being the float forward's own work, the
-interception, quantizing the activations and the calls' bookkeeping. Also checks that
+generic kernel, whichever the unit takes) and in quantizing the operands replay quantizes
+itself (``mxsim.replay.layer._requantize``: the activations, the weights once), the rest being
+the float forward's own work, the interception and the calls' bookkeeping. Also checks that
 torch_unit's and run_onnx_on_unit's outputs agree with saved ones bit for bit (``--save``/``--check``:
 exactness across code changes).
 Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
@@ -106,20 +107,21 @@ def main() -> None:
     print(f"torch float forward: {float_seconds}")
     outputs = {}
     for unit in units:
-        with torch_unit(model, unit), gemm_seconds() as in_gemm:
+        with torch_unit(model, unit), seconds_in() as spent:
 
             def on_unit(unit=unit):
                 outputs[unit.name] = forward().numpy()
 
             on_unit()  # warm-up: compile or load the kernels, quantize the weights
-            seconds = best_seconds(on_unit, args.repeats, in_gemm)
+            seconds = best_seconds(on_unit, args.repeats, spent)
         fresh = best_seconds(
             lambda unit=unit: _torch_unit_forward(model, unit, forward), args.repeats
         )
         print(
             f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
             f"(forwards in one context; {seconds.gemm:.3f} CPU s in the GEMM routes = "
-            f"{seconds.gemm / float_seconds.cpu:.1f}x); in a new context each: {fresh} = "
+            f"{seconds.gemm / float_seconds.cpu:.1f}x, {seconds.quantize:.3f} CPU s quantizing = "
+            f"{seconds.quantize / float_seconds.cpu:.1f}x); in a new context each: {fresh} = "
             f"{fresh / float_seconds:.1f}x"
         )
     if not args.no_onnx:
@@ -193,10 +195,11 @@ def onnx_runs(args, model, inputs, forward, units, outputs) -> None:
 
 
 class Seconds:
-    """CPU and wall seconds of one run; ratios compare CPU seconds."""
+    """CPU and wall seconds of one run (and CPU seconds in the GEMM routes and quantizing);
+    ratios compare CPU seconds."""
 
-    def __init__(self, cpu: float, wall: float, gemm: float = 0.0):
-        self.cpu, self.wall, self.gemm = cpu, wall, gemm
+    def __init__(self, cpu: float, wall: float, gemm: float = 0.0, quantize: float = 0.0):
+        self.cpu, self.wall, self.gemm, self.quantize = cpu, wall, gemm, quantize
 
     def __truediv__(self, other: "Seconds") -> float:
         return self.cpu / other.cpu
@@ -205,44 +208,52 @@ class Seconds:
         return f"{self.cpu:.3f} CPU s ({self.wall:.3f} wall s)"
 
 
-def best_seconds(run, repeats: int, in_gemm: list | None = None) -> Seconds:
+def best_seconds(run, repeats: int, spent: dict | None = None) -> Seconds:
     """The run with the fewest CPU seconds of ``repeats`` calls of ``run()`` (with the CPU
-    seconds ``in_gemm`` of :func:`gemm_seconds` counted during it)."""
+    seconds ``spent`` of :func:`seconds_in` counted during it)."""
     best = None
     for _ in range(repeats):
-        if in_gemm is not None:
-            in_gemm[0] = 0.0
+        if spent is not None:
+            spent.update(gemm=0.0, quantize=0.0)
         cpu, wall = time.process_time(), time.perf_counter()
         run()
-        seconds = Seconds(
-            time.process_time() - cpu,
-            time.perf_counter() - wall,
-            0.0 if in_gemm is None else in_gemm[0],
-        )
+        seconds = Seconds(time.process_time() - cpu, time.perf_counter() - wall, **(spent or {}))
         best = seconds if best is None or seconds.cpu < best.cpu else best
     return best
 
 
 @contextlib.contextmanager
-def gemm_seconds():
-    """While active, the CPU seconds spent in the unit's GEMM routes, summed in the list's
-    one item (the caller resets it)."""
+def seconds_in():
+    """While active, the CPU seconds spent in the unit's GEMM routes
+    (``mxsim.datapath.api._gemm_groups``) and in replay's own quantization
+    (``mxsim.replay.layer._requantize``), summed under "gemm" and "quantize" in the dict
+    yielded (the caller resets them)."""
     from mxsim.datapath import api
+    from mxsim.replay import layer
 
-    spent, routes = [0.0], api._gemm_groups
+    spent = {"gemm": 0.0, "quantize": 0.0}
+    timed = {"gemm": (api, "_gemm_groups"), "quantize": (layer, "_requantize")}
+    originals = {key: getattr(module, name) for key, (module, name) in timed.items()}
 
-    def timed(*args, **kwargs):
-        start = time.process_time()
-        try:
-            return routes(*args, **kwargs)
-        finally:
-            spent[0] += time.process_time() - start
+    def timing(key):
+        function = originals[key]
 
-    api._gemm_groups = timed
+        def run(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[key] += time.process_time() - start
+
+        return run
+
+    for key, (module, name) in timed.items():
+        setattr(module, name, timing(key))
     try:
         yield spent
     finally:
-        api._gemm_groups = routes
+        for key, (module, name) in timed.items():
+            setattr(module, name, originals[key])
 
 
 def _torch_unit_forward(model, unit, forward):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, any_pair, same_float
 from mxsim import get_format
-from mxsim.quantize import quantize
+from mxsim.quantize import quantize, quantize_grouped
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.api import (
@@ -1535,6 +1535,97 @@ def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
     )
 
 
+@pytest.mark.parametrize("name", ["ocp-exact", "h100-fp8"])
+def test_matmul_batched_takes_mxgroups_as_the_list_of_their_groups(name):
+    """An MXGroups operand (one object for all heads) gives the bits of the list of its groups
+    and of the float arrays it was quantized from; per-tensor scaled groups keep their own
+    exponents."""
+    config = hw(name)
+    per_tensor = config.sections[("inputs", "scales")] == "none"
+    fmt, block = config.a_formats[0], config.sections[("inputs", "block_size")]
+    rng = np.random.default_rng(8)
+    A = rng.standard_normal((4, 5, 45)) * np.exp2(rng.integers(-8, 8, (4, 1, 1)))
+    B = rng.standard_normal((4, 45, 3)) * np.exp2(rng.integers(-8, 8, (4, 1, 1)))
+    c = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    group_a = quantize_grouped(A, fmt, block, per_tensor_scale=per_tensor)
+    rows_b = quantize_grouped(B.transpose(0, 2, 1), fmt, block, per_tensor_scale=per_tensor)
+    group_b = dataclasses.replace(rows_b, shape=(45, 3), axis=0)
+    if per_tensor:
+        assert len(set(group_a.tensor_scale_exponents.tolist())) > 1
+    got = matmul_batched(config, group_a, group_b, c=c)
+    listed = matmul_batched(config, group_a.tensors(), group_b.tensors(), c=c)
+    floats = matmul_batched(config, A, B, c=c, per_tensor_scale=per_tensor)
+    for other in (listed, floats):
+        np.testing.assert_array_equal(got.bits, other.bits)
+        np.testing.assert_array_equal(got.scale_exponents, other.scale_exponents)
+    none = quantize_grouped(np.zeros((0, 5, 45)), fmt, block)
+    empty = matmul_batched(
+        config,
+        none,
+        dataclasses.replace(
+            quantize_grouped(np.zeros((0, 3, 45)), fmt, block), shape=(45, 3), axis=0
+        ),
+    )
+    assert empty.bits.shape == (0, 5, 3)
+
+
+def _groups(**changes):
+    """Two (3, 40) groups of fp8_e4m3 along axis 1 in blocks of 32, with ``changes``."""
+    grouped = quantize_grouped(np.ones((2, 3, 40)), "fp8_e4m3")
+    return dataclasses.replace(grouped, **changes)
+
+
+@pytest.mark.parametrize(
+    "A, message",
+    [
+        (_groups(block_size=16), "A: block size 16 differs from the unit's 32"),
+        (_groups(axis=0), "A: expected an MXGroups of 2-D groups quantized along axis 1"),
+        (_groups(shape=(1, 3, 40)), "A: expected an MXGroups of 2-D groups quantized along axis 1"),
+        (_groups(codes=np.ones((2, 3, 64))), "A: codes must be an integer numpy array"),
+        (_groups(codes=[[[0] * 64] * 3] * 2), "A: codes must be an integer numpy array"),
+        (_groups(scales=np.full((2, 3, 2), 127)), "A: scales must be a uint8 numpy array"),
+        (
+            _groups(tensor_scale_exponents=np.zeros(2)),
+            "A: tensor_scale_exponents must be an integer numpy array",
+        ),
+        (
+            _groups(codes=np.zeros((2, 3, 32), np.uint8)),
+            "groups padded by 24 in blocks of 32 needs codes (G, 3, 64) (64 a multiple of 32), "
+            "scales (G, 3, 2)",
+        ),
+        (_groups(codes=np.zeros((6, 64), np.uint8)), "needs codes (G, 3, 64)"),
+        (_groups(scales=np.zeros((2, 3, 1), np.uint8)), "needs codes (G, 3, 64)"),
+        (_groups(padding=8), "needs codes (G, 3, 48) (48 a multiple of 32)"),
+        (_groups(padding=-24), "needs codes (G, 3, 16)"),
+        (_groups(padding=56), "needs codes (G, 3, 96)"),
+        (_groups(tensor_scale_exponents=np.zeros(3, np.int64)), "tensor_scale_exponents (G,)"),
+        (
+            _groups(tensor_scale_exponents=np.array([0, 128])),
+            "A: tensor_scale_exponents must lie in [-127, 127]",
+        ),
+    ],
+)
+def test_matmul_batched_refuses_a_bad_mxgroups(A, message):
+    B = quantize_grouped(np.ones((2, 5, 40)), "fp8_e4m3")
+    B = dataclasses.replace(B, shape=(40, 5), axis=0)
+    with pytest.raises(MxsimError) as caught:
+        matmul_batched(hw("ocp-exact"), A, B)
+    assert message in str(caught.value)
+    one = dataclasses.replace(
+        B,
+        codes=B.codes[:1],
+        scales=B.scales[:1],
+        tensor_scale_exponents=B.tensor_scale_exponents[:1],
+    )
+    with pytest.raises(MxsimError, match="matmul_batched: A has 2 groups, B has 1"):
+        matmul_batched(hw("ocp-exact"), _groups(), one)
+    longer = _groups(  # padded past one block, as BFP operands are: valid, but not B's length
+        codes=np.zeros((2, 3, 96), np.uint8), scales=np.full((2, 3, 3), 127, np.uint8), padding=56
+    )
+    with pytest.raises(MxsimError, match="A and B are padded along K to 96 and 64 elements"):
+        matmul_batched(hw("ocp-exact"), longer, B)
+
+
 @pytest.mark.parametrize(
     "A, B, kwargs, message",
     [
@@ -1542,13 +1633,13 @@ def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
             np.ones((2, 32)),
             np.ones((2, 32, 2)),
             {},
-            "A: expected a (G, rows, columns) float array or a sequence",
+            "A: expected a (G, rows, columns) float array, an MXGroups or a sequence",
         ),
         (
             np.ones((2, 3, 32)),
             5,
             {},
-            "B: expected a (G, rows, columns) float array or a list of MXTensors, got int",
+            "B: expected a (G, rows, columns) float array, an MXGroups or a list of MXTensors, got int",
         ),
         ([], np.ones((1, 32, 2)), {}, "A: an empty list of MXTensors"),
         (np.ones((2, 3, 32)), np.ones((3, 32, 2)), {}, "matmul_batched: A has 2 groups, B has 3"),

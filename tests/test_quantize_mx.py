@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mxsim import MXTensor, fake_quantize, get_format, quantize_mx as quantize
 from mxsim.errors import ArgumentError, MxsimError, UnknownNameError
-from mxsim.quantize import quantize_groups
+from mxsim.quantize import quantize_grouped, quantize_groups
 from mxsim.quantize.mx import _prepare, _quantize_blocked
 from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options
 from mxsim.quantize.reference import quantize_block_reference
@@ -591,6 +591,15 @@ def test_quantize_groups_equals_group_by_group(fmt, scaling):
             tensor.scales, alone.scales
         )
         assert np.array_equal(tensor.dequantize(), alone.dequantize())
+    grouped = quantize_grouped(x, fmt, block_size=16, **scaling)  # the same groups, held as one
+    assert len(grouped) == 5 and grouped.codes.shape[0] == grouped.scales.shape[0] == 5
+    wanted = [quantize(group, fmt, axis=1, block_size=16, **scaling) for group in x]
+    assert grouped.tensor_scale_exponents.tolist() == [t.tensor_scale_exponent for t in wanted]
+    assert np.array_equal(grouped.dequantize(), np.stack([t.dequantize() for t in wanted]))
+    # the same codes read as (K, R) groups along axis 0 (B of a GEMM): each group transposed
+    columns = dataclasses.replace(grouped, shape=(45, 3), axis=0)
+    assert np.array_equal(columns.dequantize(), np.stack([t.dequantize().T for t in wanted]))
+    assert np.array_equal(columns.group(3).dequantize(), wanted[3].dequantize().T)
 
 
 def test_quantize_groups_edges():
@@ -599,6 +608,7 @@ def test_quantize_groups_edges():
         for t in quantize_groups(np.zeros((2, 0, 8)), "fp8_e4m3", per_tensor_scale=True)
     ] == [(0, 32), (0, 32)]
     assert quantize_groups(np.zeros((0, 3, 8)), "fp8_e4m3") == []
+    assert quantize_grouped(np.zeros((0, 3, 8)), "fp8_e4m3").dequantize().shape == (0, 3, 8)
     with pytest.raises(MxsimError, match="finite"):
         quantize_groups(
             np.array([[[1.0, np.inf]], [[1.0, 2.0]]]), "fp8_e4m3", per_tensor_scale=True

@@ -202,7 +202,7 @@ def test_float_operands_on_a_shared_microexponent_unit_are_quantized_as_mx9():
 
     choice, options = choose_operand(layer_operands(layer).a, "input", None, unit, None)
     heads = np.stack([spread[:, :33], spread[:, 30:63], -spread[:, 1:34]])
-    for head, tensor in zip(heads, _requantize(heads, choice, options, False)[0]):
+    for head, tensor in zip(heads, _requantize(heads, choice, options, False)[0].tensors()):
         alone = quantize_bfp(head, "MX9", axis=1).as_mx_tensor()
         assert (tensor.shape, tensor.axis, tensor.padding) == (alone.shape, 1, alone.padding)
         np.testing.assert_array_equal(tensor.codes, alone.codes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from ..formats import FormatInfo, get_format
 from ..formats.table import INPUT_FLOATS, as_float_array
 from .._threads import run_in_threads, threads_for
 from ..limits import check_array_budget, check_choice, check_int
-from ..quantize import MXTensor, NVFP4Tensor, quantize, quantize_groups
+from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_grouped
+from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
@@ -649,39 +651,31 @@ def _group_operands(
     block_size: int,
     axis: int,
     per_tensor_scale: bool,
-) -> list[MXTensor]:
-    """One MXTensor per group: ``x`` a (G, rows, cols) float array, quantized along K group by
+) -> MXGroups:
+    """The operand as one :class:`~mxsim.quantize.MXGroups` of 2-D groups quantized along
+    ``axis`` (their K axis): ``x`` a (G, rows, cols) float array, quantized along K group by
     group (one kernel call; each group a tensor of its own, as :func:`matmul` quantizes it),
-    or a sequence of 2-D MXTensors, checked as :func:`matmul` checks its operands."""
+    an MXGroups (checked once), or a sequence of 2-D MXTensors (checked as :func:`matmul`
+    checks its operands, then stacked)."""
     if isinstance(x, np.ndarray):
         if x.ndim != 3:
             raise ArgumentError(
-                f"{name}: expected a (G, rows, columns) float array or a sequence of MXTensors, "
-                f"got shape {x.shape}"
+                f"{name}: expected a (G, rows, columns) float array, an MXGroups or a sequence "
+                f"of MXTensors, got shape {x.shape}"
             )
         fmt = default_formats[0] if fmt_name is None else fmt_name
-        along_k = x if axis == 1 else x.transpose(0, 2, 1)  # quantize_groups blocks the last axis
-        tensors = quantize_groups(along_k, fmt, block_size, per_tensor_scale=per_tensor_scale)
+        along_k = x if axis == 1 else x.transpose(0, 2, 1)  # quantize_grouped blocks the last axis
+        grouped = quantize_grouped(along_k, fmt, block_size, per_tensor_scale=per_tensor_scale)
         if axis == 1:
-            return tensors
-        return [
-            MXTensor(
-                t.element_format,
-                t.codes,
-                t.scales,
-                (t.shape[1], t.shape[0]),
-                0,
-                t.block_size,
-                t.padding,
-                t.options,
-                t.tensor_scale_exponent,
-            )
-            for t in tensors
-        ]
+            return grouped
+        return dataclasses.replace(grouped, shape=grouped.shape[::-1], axis=0)
+    if isinstance(x, MXGroups):
+        _check_groups(x, name, block_size, axis)
+        return x
     if not isinstance(x, (list, tuple)) or not all(isinstance(t, MXTensor) for t in x):
         raise ArgumentError(
-            f"{name}: expected a (G, rows, columns) float array or a list of MXTensors, "
-            f"got {type(x).__name__}"
+            f"{name}: expected a (G, rows, columns) float array, an MXGroups or a list of "
+            f"MXTensors, got {type(x).__name__}"
         )
     if not x:
         raise ArgumentError(
@@ -690,10 +684,9 @@ def _group_operands(
     for g, t in enumerate(x):  # (attention: hundreds of heads; _operand only to raise its error)
         if t.block_size != block_size or len(t.shape) != 2:
             _operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False)
-    tensors = list(x)
-    first = tensors[0]
+    first = x[0]
     expected = (first.element_format.name, first.shape, first.axis, first.codes.shape)
-    for g, t in enumerate(tensors):
+    for g, t in enumerate(x):
         if t.axis != axis:
             raise ArgumentError(
                 f"{name}[{g}]: expected an MXTensor quantized along axis {axis} (the K axis), got {t.axis}"
@@ -703,7 +696,49 @@ def _group_operands(
                 f"{name}[{g}]: {t.element_format.name} {t.shape} along axis {t.axis} differs from "
                 f"{name}[0]'s {first.element_format.name} {first.shape} along axis {first.axis}"
             )
-    return tensors
+    return MXGroups.of(list(x))
+
+
+def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
+    """Refuse an MXGroups whose parts do not describe G 2-D groups quantized along ``axis``
+    in blocks of ``block_size`` (each array checked once for the whole batch)."""
+    if x.block_size != block_size:
+        raise ArgumentError(
+            f"{name}: block size {x.block_size} differs from the unit's {block_size}"
+        )
+    if len(x.shape) != 2 or x.axis != axis:
+        raise ArgumentError(
+            f"{name}: expected an MXGroups of 2-D groups quantized along axis {axis} (the K "
+            f"axis), got groups of shape {x.shape} along axis {x.axis}"
+        )
+    codes, scales, shifts = x.codes, x.scales, x.tensor_scale_exponents
+    for part, array, dtype in (("codes", codes, "an integer"), ("scales", scales, "a uint8")):
+        if not isinstance(array, np.ndarray) or not (
+            np.issubdtype(array.dtype, np.integer) if part == "codes" else array.dtype == np.uint8
+        ):
+            raise ArgumentError(f"{name}: {part} must be {dtype} numpy array")
+    if not isinstance(shifts, np.ndarray) or not np.issubdtype(shifts.dtype, np.integer):
+        raise ArgumentError(f"{name}: tensor_scale_exponents must be an integer numpy array")
+    groups, k = len(codes), x.shape[axis]
+    length, other = k + x.padding, x.shape[1 - axis]
+    if (
+        codes.ndim != 3
+        or x.padding < 0
+        or length % block_size
+        or codes.shape != (groups, other, length)
+        or scales.shape != (groups, other, length // block_size)
+        or shifts.shape != (groups,)
+    ):
+        raise ArgumentError(
+            f"{name}: an MXGroups of {x.shape} groups padded by {x.padding} in blocks of "
+            f"{block_size} needs codes (G, {other}, {length}) ({length} a multiple of "
+            f"{block_size}), scales (G, {other}, {length // block_size}) and "
+            f"tensor_scale_exponents (G,); got {codes.shape}, {scales.shape} and {shifts.shape}"
+        )
+    if shifts.size and (shifts.min() < E8M0_MIN_EXPONENT or shifts.max() > E8M0_MAX_EXPONENT):
+        raise ArgumentError(
+            f"{name}: tensor_scale_exponents must lie in [{E8M0_MIN_EXPONENT}, {E8M0_MAX_EXPONENT}]"
+        )
 
 
 def matmul_batched(
@@ -727,9 +762,15 @@ def matmul_batched(
     batch computed by one kernel or BLAS pass (attention heads: no call per head).
 
     ``A``: a (G, M, K) float array, quantized along K group by group (each group a tensor of
-    its own: with ``per_tensor_scale``, one exponent per group), or a list of G MXTensors
-    (M, K) quantized along axis 1; ``B``: a (G, K, N) float array, or a list of G MXTensors
-    (K, N) quantized along axis 0. Every group has the same shapes and element formats. ``c``:
+    its own: with ``per_tensor_scale``, one exponent per group), an
+    :class:`~mxsim.quantize.MXGroups` of G (M, K) groups quantized along axis 1
+    (:func:`mxsim.quantize.quantize_grouped` makes one; checked once for the batch, the
+    cheapest form for many small groups), or a list of G MXTensors (M, K) quantized along
+    axis 1; ``B``: a (G, K, N) float array, an MXGroups of (K, N) groups quantized along axis
+    0 (its codes (G, N, K'): the same layout as the (N, K) groups of B^T quantized along axis
+    1, so ``dataclasses.replace(rows, shape=(K, N), axis=0)`` turns one into the other), or a
+    list of G MXTensors (K, N) quantized along axis 0. Every group has the same shapes and
+    element formats. ``c``:
     (G, M, N) values of ``c_format`` as :func:`matmul` takes them, or None (+0); each group's
     enters scaled by its 2^-(Ta+Tb), as in :func:`matmul`. ``a_format``, ``b_format``,
     ``out_format``, ``c_format``, ``method``, ``tile_rows``
@@ -743,7 +784,7 @@ def matmul_batched(
     skip that work (results the same bits). It holds up to 12 bytes per element of B; the
     caller drops it to free them.
 
-    Returns a :class:`BatchedMatmulResult`. G = 0 (float arrays) gives an empty result. Bad
+    Returns a :class:`BatchedMatmulResult`. G = 0 (float arrays, MXGroups) gives an empty result. Bad
     arguments raise :class:`~mxsim.errors.MxsimError` subclasses naming the argument.
     """
     _check_method(method, "matmul_batched")
@@ -776,23 +817,25 @@ def matmul_batched(
             params.output_format,
             np.zeros(0, dtype=np.int64),
         )
-    tensors_a = _group_operands(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
-    tensors_b = _group_operands(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
-    groups = len(tensors_a)
-    if len(tensors_b) != groups:
-        raise ArgumentError(f"matmul_batched: A has {groups} groups, B has {len(tensors_b)}")
-    first_a, first_b = tensors_a[0], tensors_b[0]
-    if first_a.shape[1] != first_b.shape[0]:
+    group_a = _group_operands(A, "A", a_format, config.a_formats, block_size, 1, per_tensor_scale)
+    group_b = _group_operands(B, "B", b_format, config.b_formats, block_size, 0, per_tensor_scale)
+    groups = len(group_a)
+    if len(group_b) != groups:
+        raise ArgumentError(f"matmul_batched: A has {groups} groups, B has {len(group_b)}")
+    if group_a.shape[1] != group_b.shape[0]:
         raise ArgumentError(
-            f"matmul_batched: inner dimensions differ: A is {first_a.shape}, B is {first_b.shape}"
+            f"matmul_batched: inner dimensions differ: A is {group_a.shape}, B is {group_b.shape}"
+        )
+    if group_a.codes.shape[-1] != group_b.codes.shape[-1]:
+        raise ArgumentError(
+            f"matmul_batched: A and B are padded along K to {group_a.codes.shape[-1]} and "
+            f"{group_b.codes.shape[-1]} elements; quantize them alike"
         )
     params = config.params(
-        first_a.element_format.name, first_b.element_format.name, out_format, c_format
+        group_a.element_format.name, group_b.element_format.name, out_format, c_format
     )
-    rows, columns = first_a.shape[0], first_b.shape[1]
-    shifts = np.array(
-        [a.tensor_scale_exponent + b.tensor_scale_exponent for a, b in zip(tensors_a, tensors_b)]
-    )
+    rows, columns = group_a.shape[0], group_b.shape[1]
+    shifts = group_a.tensor_scale_exponents + group_b.tensor_scale_exponents
     check_array_budget((groups, rows, columns), 8, "matmul_batched: the (G, M, N) output")
     if c is not None:
         c = _accumulator_inputs(c, (groups, rows, columns), params.c_format)
@@ -804,32 +847,34 @@ def matmul_batched(
             ]
         )
     bits_dtype = output_dtype(params.output_format)
-    if rows * columns == 0:
+    if groups * rows * columns == 0:
         return BatchedMatmulResult(
             np.empty((groups, rows, columns), dtype=bits_dtype), params.output_format, shifts
         )
     c_values = np.zeros((1, 1, 1), dtype=kernel_c_dtype(params.c_format)) if c is None else c
-    codes_a = np.stack([t.codes for t in tensors_a]) if groups > 1 else first_a.codes[None]
+    length = group_a.codes.shape[-1]
     fields_a = _codes(
-        codes_a.reshape(groups * rows, -1), "A", first_a.element_format, fields_given=True
+        group_a.codes.reshape(groups * rows, length), "A", group_a.element_format, fields_given=True
     )
     memo = None if b_memo is None else b_memo.setdefault(params, {})
     if memo is None or "codes" not in memo:
-        codes_b = np.stack([t.codes for t in tensors_b]) if groups > 1 else first_b.codes[None]
         fields_b = _codes(
-            codes_b.reshape(groups * columns, -1), "B", first_b.element_format, fields_given=True
+            group_b.codes.reshape(groups * columns, length),
+            "B",
+            group_b.element_format,
+            fields_given=True,
         )
-        scales_b = _scales_for_unit(np.stack([t.scales for t in tensors_b]), params)
+        scales_b = _scales_for_unit(group_b.scales, params)
         if memo is not None:
             memo.update(codes=fields_b, scales=scales_b, route={})
     else:
         fields_b, scales_b = memo["codes"], memo["scales"]
     codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b)
-    scales_a = _scales_for_unit(np.stack([t.scales for t in tensors_a]), params)
+    scales_a = _scales_for_unit(group_a.scales, params)
     out = _gemm_groups(
         params,
-        codes_a.reshape(groups, rows, -1),
-        codes_b.reshape(groups, columns, -1),
+        codes_a.reshape(groups, rows, length),
+        codes_b.reshape(groups, columns, length),
         scales_a,
         scales_b,
         c_values,

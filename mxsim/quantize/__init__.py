@@ -1,7 +1,15 @@
 """MX block quantization with every semantic choice named, and its profiles."""
 
 from .bfp import BFP_SPECS, BFPSpec, BFPTensor, get_bfp_spec, quantize_bfp
-from .mx import MXTensor, fake_quantize, quantize, quantize_at_scales, quantize_groups
+from .mx import (
+    MXGroups,
+    MXTensor,
+    fake_quantize,
+    quantize,
+    quantize_at_scales,
+    quantize_grouped,
+    quantize_groups,
+)
 from .nvfp4 import (
     NVFP4_PROFILES,
     NVFP4Options,
@@ -17,6 +25,7 @@ __all__ = [
     "PROFILES",
     "BFPSpec",
     "BFPTensor",
+    "MXGroups",
     "MXTensor",
     "NVFP4Options",
     "NVFP4Tensor",
@@ -27,6 +36,7 @@ __all__ = [
     "quantize",
     "quantize_at_scales",
     "quantize_bfp",
+    "quantize_grouped",
     "quantize_groups",
     "quantize_nvfp4",
     "quantize_nvfp4_at_scales",

@@ -168,8 +168,9 @@ def quantize_blocks(
     ``table_high`` and ``table_top_bits`` bits below the leading one) encodes the normal
     inputs: the scaled value's exponent, clamped to that range (below it every value rounds
     as at ``table_low``, above it every value overflows), its top bits and whether any bit
-    below them is set index the code. Zeros, subnormal and non-finite inputs, and every
-    input when the table is empty, go through ``encode_bits``.
+    below them is set index the code; ±0 takes the code ``encode_bits`` gives it (at any
+    scale), worked out once. Subnormal and non-finite inputs, and every input when the table
+    is empty, go through ``encode_bits``.
     """
     block_size = bits.shape[1]
     total_bits = 1 + in_exponent_bits + in_mantissa_bits
@@ -183,8 +184,35 @@ def quantize_blocks(
     top_mask = np.uint64((1 << table_top_bits) - 1)
     sticky_mask = (np.uint64(1) << top_shift) - np.uint64(1)
     sign_shift = np.uint64(total_bits - 1)
-    n_table_exponents = table_high - table_low + 1
+    n_table_exponents = np.int64(table_high - table_low + 1)
+    last_table_exponent = n_table_exponents - 1
+    entry_shift = np.int64(table_top_bits + 1)
+    mantissa_shift = np.uint64(in_mantissa_bits)
+    field_top = np.int64(field_mask)
     use_table = table.size > 0 and rounding != ROUND_STOCHASTIC
+    # The codes of +0 and -0 (a zero's code does not depend on the scale).
+    zero_codes = (
+        encode_bits(
+            np.uint64(0),
+            in_exponent_bits,
+            in_mantissa_bits,
+            np.int64(0),
+            element_params,
+            rounding,
+            overflow,
+            np.int64(0),
+        ),
+        encode_bits(
+            np.uint64(1) << sign_shift,
+            in_exponent_bits,
+            in_mantissa_bits,
+            np.int64(0),
+            element_params,
+            rounding,
+            overflow,
+            np.int64(0),
+        ),
+    )
     even_half_step = np.uint64(0)
     if rule == RULE_EVEN and in_mantissa_bits > top_fraction_bits:
         even_half_step = np.uint64(1) << np.uint64(in_mantissa_bits - top_fraction_bits - 1)
@@ -249,21 +277,36 @@ def quantize_blocks(
         element_exponent = exponent
         if exponent == E8M0_MIN_EXPONENT and min_scale_element_exponent != NO_EXPONENT:
             element_exponent = min_scale_element_exponent
+        if use_table:
+            # The table's exponent index of a normal input is its field plus this, clamped.
+            offset = -input_bias - element_exponent - table_low
+            for j in range(block_size):
+                value = np.uint64(bits[b, j])
+                field = np.int64((value >> mantissa_shift) & field_mask)
+                if field != 0 and field != field_top:
+                    e = min(max(field + offset, np.int64(0)), last_table_exponent)
+                    entry = (
+                        ((np.int64(value >> sign_shift) * n_table_exponents + e) << entry_shift)
+                        | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
+                        | np.int64((value & sticky_mask) != np.uint64(0))
+                    )
+                    codes_out[b, j] = table[entry]
+                elif (value & magnitude_mask) == np.uint64(0):  # ±0 codes alike at any scale
+                    codes_out[b, j] = zero_codes[1] if value >> sign_shift else zero_codes[0]
+                else:  # subnormal and non-finite inputs (deterministic rounding: no draw)
+                    codes_out[b, j] = encode_bits(
+                        value,
+                        in_exponent_bits,
+                        in_mantissa_bits,
+                        -element_exponent,
+                        element_params,
+                        rounding,
+                        overflow,
+                        np.int64(0),
+                    )
+            continue
         for j in range(block_size):
             value = np.uint64(bits[b, j])
-            field = np.int64((value >> np.uint64(in_mantissa_bits)) & field_mask)
-            if use_table and field != 0 and field != np.int64(field_mask):
-                e = min(max(field - input_bias - element_exponent, table_low), table_high)
-                entry = (
-                    (
-                        (np.int64(value >> sign_shift) * n_table_exponents + e - table_low)
-                        << (table_top_bits + 1)
-                    )
-                    | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
-                    | np.int64((value & sticky_mask) != np.uint64(0))
-                )
-                codes_out[b, j] = table[entry]
-                continue
             draw32 = (
                 random32(seed, b * block_size + j) if rounding == ROUND_STOCHASTIC else np.int64(0)
             )

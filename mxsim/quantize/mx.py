@@ -261,6 +261,84 @@ def _quantize_per_tensor(
     )
 
 
+@dataclass(frozen=True, eq=False)
+class MXGroups:
+    """G MX tensors of one shape, element format and block layout held as one (attention
+    heads, conv groups: one object and one validation, not G): group g is :meth:`group` (g),
+    the MXTensor ``MXTensor(element_format, codes[g], scales[g], shape, axis, block_size,
+    padding, options, tensor_scale_exponents[g])``.
+
+    Attributes as :class:`MXTensor`'s, with a leading group axis on the arrays: ``codes``
+    (G, *other_dims, n_blocks * block_size), ``scales`` (G, *other_dims, n_blocks);
+    ``shape``, ``axis``: one group's shape and quantized axis; ``tensor_scale_exponents``:
+    (G,) int64, each group's T (0 without per-tensor scaling).
+    """
+
+    element_format: FormatInfo
+    codes: np.ndarray
+    scales: np.ndarray
+    shape: tuple
+    axis: int
+    block_size: int
+    padding: int
+    options: QuantOptions
+    tensor_scale_exponents: np.ndarray
+
+    def __len__(self) -> int:
+        return self.codes.shape[0]
+
+    @classmethod
+    def of(cls, tensors: list[MXTensor]) -> MXGroups:
+        """A non-empty list of MXTensors of one element format, shape, axis and layout (not
+        checked: the first one's are taken) stacked into one."""
+        first = tensors[0]
+        return cls(
+            first.element_format,
+            np.stack([t.codes for t in tensors]),
+            np.stack([t.scales for t in tensors]),
+            first.shape,
+            first.axis,
+            first.block_size,
+            first.padding,
+            first.options,
+            np.array([t.tensor_scale_exponent for t in tensors], dtype=np.int64),
+        )
+
+    def group(self, g: int) -> MXTensor:
+        """Group ``g`` as an MXTensor (its arrays are views of this one's)."""
+        return MXTensor(
+            self.element_format,
+            self.codes[g],
+            self.scales[g],
+            self.shape,
+            self.axis,
+            self.block_size,
+            self.padding,
+            self.options,
+            int(self.tensor_scale_exponents[g]),
+        )
+
+    def tensors(self) -> list[MXTensor]:
+        """Every group as an MXTensor, in order."""
+        return [self.group(g) for g in range(len(self))]
+
+    def dequantize(self, dtype=np.float64) -> np.ndarray:
+        """Values (G, *shape): each group's :meth:`MXTensor.dequantize`."""
+        exponents = scale_exponents_of_codes(self.scales)
+        shifts = self.tensor_scale_exponents.reshape((-1,) + (1,) * (exponents.ndim - 1))
+        if shifts.any():
+            exponents = np.where(exponents == K.SCALE_NAN, exponents, exponents + shifts)
+        values = _dequantize_blocked(
+            self.element_format, self.codes, exponents, self.block_size, dtype
+        )
+        moved = values.reshape(
+            (len(self),) + tuple(np.delete(self.shape, self.axis)) + (values.shape[-1],)
+        )
+        if self.padding:
+            moved = moved[..., : -self.padding]
+        return np.moveaxis(moved, -1, self.axis + 1)
+
+
 def quantize_groups(
     x,
     fmt,
@@ -272,11 +350,34 @@ def quantize_groups(
     **options,
 ) -> list[MXTensor]:
     """``[quantize(x[g], fmt, axis=1, ...) for g in range(G)]`` for a (G, R, K) array, in one
-    kernel call: each group is quantized as a tensor of its own (with ``per_tensor_scale``,
-    one exponent per group, chosen from the group's amax). The element codes and scales are
-    identical to the group-by-group calls' except under stochastic rounding, whose random
-    stream runs on over the groups instead of restarting at each (so this refuses it).
-    Arguments and errors as :func:`quantize`."""
+    kernel call: :func:`quantize_grouped` (whose docstring says more) as a list of MXTensors."""
+    return quantize_grouped(
+        x,
+        fmt,
+        block_size,
+        profile,
+        per_tensor_scale=per_tensor_scale,
+        tensor_scale_exponent=tensor_scale_exponent,
+        **options,
+    ).tensors()
+
+
+def quantize_grouped(
+    x,
+    fmt,
+    block_size: int = 32,
+    profile: str = "ocp",
+    *,
+    per_tensor_scale: bool = False,
+    tensor_scale_exponent: int | None = None,
+    **options,
+) -> MXGroups:
+    """A (G, R, K) array quantized along K group by group, in one kernel call, as one
+    :class:`MXGroups`: group g is ``quantize(x[g], fmt, axis=1, ...)`` (with
+    ``per_tensor_scale``, one exponent per group, chosen from the group's amax). The element
+    codes and scales are identical to the group-by-group calls' except under stochastic
+    rounding, whose random stream runs on over the groups instead of restarting at each (so
+    this refuses it). Arguments and errors as :func:`quantize`."""
     element_format, opts, values = _prepare(x, fmt, profile, options)
     if values.ndim != 3:
         raise MxsimError(f"quantize_groups: x must be (groups, rows, K), got shape {values.shape}")
@@ -296,7 +397,7 @@ def quantize_groups(
             tensor_scale_exponent=tensor_scale_exponent,
             **options,
         )
-        exponents = [whole.tensor_scale_exponent] * groups
+        exponents = np.full(groups, whole.tensor_scale_exponent, dtype=np.int64)
     else:
         if not np.isfinite(values).all():
             raise MxsimError(
@@ -309,10 +410,10 @@ def quantize_groups(
             codes, chosen, _, _ = _quantize_blocked(
                 flat, element_format, opts, 1, rows * k, whole_tensor=True
             )
-            exponents = [int(e) for e in chosen[:, 0]]
+            exponents = chosen[:, 0].astype(np.int64)
         else:  # no elements: a plain cast, as quantize gives it
-            codes, exponents = flat.astype(element_format.code_dtype), [0] * groups
-        if any(e < K.E8M0_MIN_EXPONENT for e in exponents):
+            codes, exponents = flat.astype(element_format.code_dtype), np.zeros(groups, np.int64)
+        if (exponents < K.E8M0_MIN_EXPONENT).any():
             raise MxsimError(
                 "quantize: the per-tensor scale is below 2^-127 (scale_underflow='unclamped')"
             )
@@ -321,20 +422,17 @@ def quantize_groups(
         whole = MXTensor(
             element_format, moved, scales, (groups * rows, k), 1, block_size, padding, opts
         )
-    return [
-        MXTensor(
-            whole.element_format,
-            whole.codes[g * rows : (g + 1) * rows],
-            whole.scales[g * rows : (g + 1) * rows],
-            (rows, k),
-            1,
-            whole.block_size,
-            whole.padding,
-            whole.options,
-            exponents[g],
-        )
-        for g in range(groups)
-    ]
+    return MXGroups(
+        whole.element_format,
+        whole.codes.reshape(groups, rows, whole.codes.shape[-1]),
+        whole.scales.reshape(groups, rows, whole.scales.shape[-1]),
+        (rows, k),
+        1,
+        whole.block_size,
+        whole.padding,
+        whole.options,
+        exponents,
+    )
 
 
 def fake_quantize(

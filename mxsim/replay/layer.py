@@ -34,7 +34,7 @@ from ..datapath import HardwareConfig, as_float, matmul_batched
 from ..datapath.api import times_power_of_two
 from ..errors import MxsimError
 from ..formats import get_format
-from ..quantize import MXTensor, quantize, quantize_bfp, quantize_groups, resolve_options
+from ..quantize import MXGroups, quantize, quantize_bfp, quantize_grouped, resolve_options
 from ..trace.model import Layer
 from .attribution import layer_attribution, output_channel_shares
 from .choice import OperandChoice, choose_operand, pair_choices
@@ -117,10 +117,10 @@ def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
 
 def _requantize(
     values: np.ndarray, choice: OperandChoice, options: dict, count_clipped: bool = True
-) -> tuple[list[MXTensor], int, int]:
+) -> tuple[MXGroups, int, int]:
     """Replay's own quantization of a lowered operand (G, R, K) along K, each group a tensor
-    of its own (:func:`mxsim.quantize.quantize_groups`: one kernel call for all groups); with
-    ``count_clipped`` the saturated and underflowed elements too (else 0, 0). A
+    of its own, held as one (:func:`mxsim.quantize.quantize_grouped`: one kernel call for all
+    groups); with ``count_clipped`` the saturated and underflowed elements too (else 0, 0). A
     shared-microexponent format (MX4/6/9) on a unit whose blocks are its sub-blocks is
     quantized as that format defines it (:func:`mxsim.quantize.quantize_bfp`: one 8-bit
     exponent per block of 16, a microexponent per sub-block), not with a free scale per
@@ -132,21 +132,26 @@ def _requantize(
         and not choice.per_tensor_scale
     ):
         whole = quantize_bfp(values, fmt.name, axis=2).as_mx_tensor()  # one call for all groups
-        tensors = [
-            dataclasses.replace(
-                whole, codes=whole.codes[g], scales=whole.scales[g], shape=values.shape[1:], axis=1
-            )
-            for g in range(len(values))
-        ]
+        tensors = MXGroups(
+            whole.element_format,
+            whole.codes,
+            whole.scales,
+            values.shape[1:],
+            1,
+            whole.block_size,
+            whole.padding,
+            whole.options,
+            np.zeros(len(values), dtype=np.int64),
+        )
     else:
         tensors = _requantize_mx(values, choice, options)
     if not count_clipped:
         return tensors, 0, 0
-    counts = [clip_counts(matrix, tensor) for matrix, tensor in zip(values, tensors)]
+    counts = [clip_counts(matrix, tensors.group(g)) for g, matrix in enumerate(values)]
     return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
-def _requantize_mx(values: np.ndarray, choice: OperandChoice, options: dict) -> list[MXTensor]:
+def _requantize_mx(values: np.ndarray, choice: OperandChoice, options: dict) -> MXGroups:
     """:func:`_requantize` by the OCP block quantizer, with the choice's profile and options."""
     kwargs = dict(
         block_size=choice.block_size,
@@ -158,8 +163,8 @@ def _requantize_mx(values: np.ndarray, choice: OperandChoice, options: dict) -> 
     if (
         resolve_options(choice.profile, **options).element_rounding == "stochastic"
     ):  # each group's own stream
-        return [quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values]
-    return quantize_groups(values, choice.format, **kwargs)
+        return MXGroups.of([quantize(matrix, choice.format, axis=1, **kwargs) for matrix in values])
+    return quantize_grouped(values, choice.format, **kwargs)
 
 
 def _quantization_key(
@@ -194,20 +199,17 @@ def _quantization_key(
     )
 
 
-def _operand_of_tensors(tensors: list[MXTensor], template: GemmOperand) -> GemmOperand:
+def _operand_of_tensors(tensors: MXGroups, template: GemmOperand) -> GemmOperand:
     """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row)."""
-    block = tensors[0].block_size
-    codes = np.stack([t.codes for t in tensors])
-    scales = np.stack(
-        [
-            np.repeat(t.scales.astype(np.int32), block, axis=1) + t.tensor_scale_exponent
-            for t in tensors
-        ]
+    block = tensors.block_size
+    scales = (
+        np.repeat(tensors.scales.astype(np.int32), block, axis=2)
+        + tensors.tensor_scale_exponents[:, None, None]
     )
     return dataclasses.replace(
         template,
-        element_format=tensors[0].element_format,
-        pieces=[codes],
+        element_format=tensors.element_format,
+        pieces=[tensors.codes],
         scales=scales.astype(np.uint8),
         granule=block,
         quantized=True,
@@ -310,7 +312,13 @@ def run_layer(
     for name, operand in gemm_operands.items():
         choice, options = choices[name], quantize_options[name]
         if choice.status == "model":
-            tensors[name] = [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
+            tensors[name] = (
+                MXGroups.of(
+                    [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
+                )
+                if shape.groups
+                else None
+            )
         else:
             if name in at.codes_only:
                 choice.note += "; from the model's quantized values (the trace keeps no float)"
@@ -356,24 +364,14 @@ def run_layer(
     }
     scaled = tensor_scales(taken["input"], taken["weight"])
     matmul_options = {} if out_format is None else {"out_format": out_format}
+    qa, rows = tensors["input"], tensors["weight"]
     # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
-    qbs = [
-        MXTensor(
-            rows.element_format,
-            rows.codes,
-            rows.scales,
-            (rows.shape[1], rows.shape[0]),
-            0,
-            rows.block_size,
-            rows.padding,
-            rows.options,
-            rows.tensor_scale_exponent,
-        )
-        for rows in tensors["weight"]
-    ]
-    shifts = [
-        qa.tensor_scale_exponent + qb.tensor_scale_exponent for qa, qb in zip(tensors["input"], qbs)
-    ]
+    qb = None if rows is None else dataclasses.replace(rows, shape=rows.shape[::-1], axis=0)
+    shifts = (
+        qa.tensor_scale_exponents + qb.tensor_scale_exponents
+        if shape.groups
+        else np.zeros(0, dtype=np.int64)
+    )
     # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
     cs = [
         None if bias is None or scaled is not None else _bias_as_c(bias[g], shifts[g])
@@ -384,19 +382,19 @@ def run_layer(
         bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
         out = np.empty(bits.shape)
     elif matmul_fn is None:  # all groups (attention heads, conv groups) in one batched call
-        zero = np.zeros((shape.m, shape.n), dtype=np.float32)  # +0: the c of a group without one
         if not any(c_entered):
             c = None
         elif len(cs) == 1:  # one group: its c as it is (no copy)
             c = cs[0][None]
         else:
+            zero = np.zeros((shape.m, shape.n), dtype=np.float32)  # +0: a group without c
             c = np.stack([zero if c is None else c for c in cs])
-        batch = matmul_batched(hw, tensors["input"], qbs, c=c, b_memo=b_memo, **matmul_options)
+        batch = matmul_batched(hw, qa, qb, c=c, b_memo=b_memo, **matmul_options)
         bits, out = batch.bits, batch.values
     else:
         results = [
-            matmul_fn(hw, qa, qb, c=c, **matmul_options)
-            for qa, qb, c in zip(tensors["input"], qbs, cs)
+            matmul_fn(hw, ta, tb, c=c, **matmul_options)
+            for ta, tb, c in zip(qa.tensors(), qb.tensors(), cs)
         ]
         # decoded once for all groups: MatmulResult.values, group by group, in one call
         bits = np.stack([r.bits for r in results])
@@ -440,20 +438,23 @@ def _bias_as_c(bias: np.ndarray, shift: int) -> np.ndarray | None:
     """A group's bias (float64) as matmul's float32 c, which matmul scales by 2^-shift
     itself; None when that value is not exact (:func:`accumulator_input`: the bias is then
     added after the GEMM). Unshifted, accumulator_input's value is that c already."""
+    if bias.ndim == 2 and len(bias) > 1 and bias.strides[0] == 0:  # one row, broadcast
+        row = _bias_as_c(bias[:1], shift)  # (a linear layer's: worked on once, not per row)
+        return None if row is None else np.broadcast_to(row, bias.shape)
     c = accumulator_input(bias, shift)
     return c if c is None or not shift else bias.astype(np.float32)
 
 
 def _unit_values(
-    tensors: list[MXTensor], shape: tuple, tensor_scale: np.ndarray | None = None
+    tensors: MXGroups | None, shape: tuple, tensor_scale: np.ndarray | None = None
 ) -> np.ndarray:
-    """The values (float64) of a unit's operand, one MXTensor (R, K') per group, cut or
+    """The values (float64) of a unit's operand, G groups (R, K') (None: no groups), cut or
     zero-padded along K to ``shape`` (G, R, K), times its tensor scale (() or (R,)), if any."""
     values = np.zeros(shape, dtype=np.float64)
-    for g, tensor in enumerate(tensors):
-        got = tensor.dequantize(np.float64)
+    if tensors is not None:
+        got = tensors.dequantize(np.float64)
         k = min(got.shape[-1], shape[-1])
-        values[g, :, :k] = got[:, :k]
+        values[:, :, :k] = got[:, :, :k]
     if tensor_scale is not None:
         values *= np.reshape(tensor_scale, (-1, 1))
     return values

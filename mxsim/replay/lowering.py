@@ -179,7 +179,9 @@ class GemmView:
         return out
 
     def gemm_bias(self, bias: np.ndarray | None) -> np.ndarray | None:
-        """``bias`` (as the layer adds it) laid out like the GEMM result (G, M, N), float64."""
+        """``bias`` (as the layer adds it) laid out like the GEMM result (G, M, N), float64;
+        a linear or matmul layer's is a read-only broadcast view where numpy can make one
+        (its rows one array: stride 0)."""
         if bias is None:
             return None
         shape = self.shape
@@ -191,9 +193,7 @@ class GemmView:
             )
         if self.op == "linear" and self.beta != 1.0:
             bias = bias * self.attrs["beta"]
-        return np.ascontiguousarray(np.broadcast_to(bias, self.output_shape)).reshape(
-            shape.groups, shape.m, shape.n
-        )
+        return np.broadcast_to(bias, self.output_shape).reshape(shape.groups, shape.m, shape.n)
 
 
 def _view(

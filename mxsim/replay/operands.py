@@ -603,12 +603,17 @@ def layer_operands(
             pieces, exact = (
                 _bf16_pieces(np.asarray(_float_values(layer, op))) if float_pieces else ([], False)
             )
-            scales = np.full(layer.tensors[op].shape, E8M0_ONE, dtype=np.uint8)
-            arrays[op] = (
-                [_pad_axis(p, axis, padded_run) for p in pieces],
-                _pad_axis(scales, axis, padded_run, 127),
-                exact,
+            scales = (  # (none without pieces: nothing reads them)
+                _pad_axis(
+                    np.full(layer.tensors[op].shape, E8M0_ONE, dtype=np.uint8),
+                    axis,
+                    padded_run,
+                    127,
+                )
+                if float_pieces
+                else None
             )
+            arrays[op] = ([_pad_axis(p, axis, padded_run) for p in pieces], scales, exact)
             continue
         keep = np.arange(
             layer.tensors[op].shape[q.axis]
