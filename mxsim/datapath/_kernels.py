@@ -12,7 +12,9 @@ docs/hwconfig.md, one small function each:
   from :func:`multiply`; :func:`group_tree_terms` for ``scales: group_sum`` (one term per
   scaled group sum);
 - step 4, align: :func:`align_and_add` places the window, :func:`keep_in_window` drops the
-  bits below it;
+  bits below it; an exact tree's terms are summed by :func:`exact_tree_sum` (an exact
+  accumulator's kernel gathers every tree with :func:`tree_terms`: its sum does not depend
+  on the gathering, and the other gathering and alignment stages stay uncompiled);
 - step 5, add, normalise, round: :func:`adder_register`, then :func:`accumulate` (the tree
   sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);
 - step 6, accumulate: :func:`start_accumulator`, :func:`accumulate`, :func:`promote`,
