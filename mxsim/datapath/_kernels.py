@@ -13,8 +13,7 @@ docs/hwconfig.md, one small function each:
   scaled group sum);
 - step 4, align: :func:`align_and_add` places the window, :func:`keep_in_window` drops the
   bits below it; an exact tree's terms are summed by :func:`exact_tree_sum` (an exact
-  accumulator's kernel gathers every tree with :func:`tree_terms`: its sum does not depend
-  on the gathering, and the other gathering and alignment stages stay uncompiled);
+  accumulator's kernel compiles no window stage);
 - step 5, add, normalise, round: :func:`adder_register`, then :func:`accumulate` (the tree
   sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);
 - step 6, accumulate: :func:`start_accumulator`, :func:`accumulate`, :func:`promote`,
@@ -1332,11 +1331,9 @@ def _dot_one(
     GRID = bool(bits & F_GRID)
     EXACT = bool(bits & F_EXACT)
     SECOND_ALIGNMENT = bool(bits & F_SECOND_ALIGNMENT)
-    # An exact accumulator's sum does not depend on how a tree's terms are gathered and
-    # aligned: one general stage gathers every tree (the branch-free gathering and the
-    # window's alignment are not compiled into its kernel).
-    EXACT_TERMS = EXACT and not (WIDE or GROUP_SUM or PARITY)
-    TREE_PATHS = not (WIDE or EXACT_TERMS)
+    # An exact tree's sum needs no alignment (exact_tree_sum): the window's stages are not
+    # compiled into an exact accumulator's kernel.
+    EXACT_SUM = EXACT and not PARITY
 
     def dot_one_impl(
         features,
@@ -1411,9 +1408,7 @@ def _dot_one(
                 c_value, special, cfg, acc_params, limbs, bounds
             )
 
-        uniform = False
-        if TREE_PATHS:
-            uniform = uniform_trees(cfg)
+        uniform = uniform_trees(cfg) and not WIDE
         drops_specials = cfg.special_accumulator_exponent != NO_SPECIAL_ACCUMULATOR_EXPONENT
         # ieee_steps: each rounding into the accumulator signs its own exact zero, so the record of
         # -0 addends restarts at every step with the accumulator (an exact accumulator has one step).
@@ -1459,34 +1454,6 @@ def _dot_one(
                 acc, outer, special = after_tree(
                     acc, outer, special, tree, cfg, fp32_params, limbs, bounds
                 )
-                continue
-            if EXACT_TERMS:
-                count, _, special, negative_zeros_only, _ = tree_terms(
-                    start,
-                    stop,
-                    1,
-                    n_elements,
-                    a_codes,
-                    b_codes,
-                    a_scales,
-                    b_scales,
-                    a_values,
-                    a_exponents,
-                    b_values,
-                    b_exponents,
-                    a_params,
-                    b_params,
-                    cfg,
-                    order,
-                    terms,
-                    exponents,
-                    special,
-                    negative_zeros_only,
-                )
-                fits, total, lsb_exponent = True, np.int64(0), np.int64(0)
-                if count > 0:
-                    fits, total, lsb_exponent = exact_tree_sum(terms, exponents, count)
-                add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
                 continue
             count = 0
             tree_scale = 0
@@ -1599,6 +1566,13 @@ def _dot_one(
                 if not math.isfinite(acc):  # overflow in the accumulator
                     special = note_overflow(special, acc)
                     acc = 0.0
+                continue
+            if EXACT_SUM:  # Kulisch: the tree's exact sum goes straight into the limbs
+                fits, total, lsb_exponent = True, np.int64(0), np.int64(0)
+                if count > 0:
+                    fits, total, lsb_exponent = exact_tree_sum(terms, exponents, count)
+                    lsb_exponent += tree_scale
+                add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
                 continue
             if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
                 if acc != 0.0:
