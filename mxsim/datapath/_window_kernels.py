@@ -285,10 +285,10 @@ def encode_outputs(acc, flags, out, cfg):
         out[lane] = code
 
 
-# The helpers below with one call site per kernel (the tile scales, the scratch arrays, the
-# finiteness checks, a work item's body) are inlined in Numba's IR: compiled as kernels of their
-# own, each would pay a compile's fixed cost and be optimised twice (alone and again inside its
-# caller's module), which added seconds to a unit's first use.
+# The short helpers below that only these kernels call (the tile scales, the scratch arrays,
+# the finiteness checks) and a work item's body are inlined in Numba's IR: compiled as kernels
+# of their own, each would pay a compile's fixed cost and be optimised twice (alone, then
+# again inside its caller's module), which added seconds to a unit's first use.
 
 
 @njit(cache=True)
