@@ -12,7 +12,8 @@ docs/hwconfig.md, one small function each:
   from :func:`multiply`; :func:`group_tree_terms` for ``scales: group_sum`` (one term per
   scaled group sum);
 - step 4, align: :func:`align_and_add` places the window, :func:`keep_in_window` drops the
-  bits below it;
+  bits below it; an exact tree's terms are summed by :func:`exact_tree_sum` (an exact
+  accumulator's kernel compiles no window stage);
 - step 5, add, normalise, round: :func:`adder_register`, then :func:`accumulate` (the tree
   sum rounded to ``sum_significant_bits``, added to the accumulator, rounded into it);
 - step 6, accumulate: :func:`start_accumulator`, :func:`accumulate`, :func:`promote`,
@@ -292,15 +293,14 @@ def tree_scale_exponent(start, a_scales, b_scales, cfg):
 
 @njit(cache=True, **STAGE)
 def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
-    """(accumulator, outer accumulator, running special) once c (finite) has entered: into the
-    exact limbs (Kulisch), as the outer fp32 accumulator's first value (promotion), rounded
-    into the accumulator (``c_entry: initial``), or not yet (``c_entry: end``)."""
+    """(accumulator, outer accumulator, running special) of a floating accumulator once c
+    (finite) has entered: as the outer fp32 accumulator's first value (promotion), rounded
+    into the accumulator (``c_entry: initial``), or not yet (``c_entry: end``). (An exact
+    accumulator's c enters its limbs: ``dot_one``.)"""
     acc = 0.0
     outer = 0.0
     limbs_clear(limbs, bounds)
-    if cfg.accumulator_exact:
-        limbs_add_float(limbs, bounds, c_value)
-    elif cfg.promotion_interval > 0:
+    if cfg.promotion_interval > 0:
         outer = c_value
     elif not cfg.c_at_end:
         acc = round_float(
@@ -766,43 +766,55 @@ def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
     at least ``reference_floor`` (``zero_term_exponent`` in a tree with a zero term)."""
     if count == 0:
         return True, np.int64(0), np.int64(0)
+    if cfg.align_fraction_bits < 0:
+        fits, total, lsb_exponent = exact_tree_sum(terms, exponents, count)
+        return fits, total, (lsb_exponent + tree_scale) if fits else lsb_exponent
     reference = exponents[0]
     for i in range(1, count):
         reference = max(reference, exponents[i])
-    window = cfg.align_fraction_bits >= 0
-    if window:
-        reference = max(reference, reference_floor)
-    window_bits = cfg.align_fraction_bits if window else EXACT_TREE_BITS - _bit_length(count)
-    lsb_exponent = reference - window_bits
+    reference = max(reference, reference_floor)
+    lsb_exponent = reference - cfg.align_fraction_bits
     factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
     total = np.int64(0)
-    if window:
-        below = cfg.below_window
-        if below == BELOW_TRUNCATE:  # the common case, a loop of its own (it vectorises)
-            for i in range(count):
-                total += np.int64(terms[i] * factor)  # toward zero: the int conversion truncates
-        else:
-            for i in range(count):
-                total += keep_in_window(
-                    terms[i] * factor, below
-                )  # exact: a power-of-two scaling in range
-        if below == BELOW_STICKY:
-            lsb_exponent -= 1
-        if cfg.carry_bits >= 0:
-            total = adder_register(total, adder_width_bits(cfg), cfg.adder_saturates)
-    else:
-        # A product lies below 2^(R+2), so `count` of them sum below 2^60; a scaled group sum
-        # (scales: group_sum) may lie far above its exponent: beyond that bound the limbs sum the tree.
-        limit = power_of_two(window_bits + 2)
+    below = cfg.below_window
+    if below == BELOW_TRUNCATE:  # the common case, a loop of its own (it vectorises)
         for i in range(count):
-            scaled = terms[i] * factor
-            if not abs(scaled) < limit:
-                return False, np.int64(0), np.int64(0)
-            kept = np.int64(scaled)
-            if kept != scaled:  # bits below 2^lsb_exponent: the limbs sum this tree
-                return False, np.int64(0), np.int64(0)
-            total += kept
+            total += np.int64(terms[i] * factor)  # toward zero: the int conversion truncates
+    else:
+        for i in range(count):  # exact: a power-of-two scaling in range
+            total += keep_in_window(terms[i] * factor, below)
+    if below == BELOW_STICKY:
+        lsb_exponent -= 1
+    if cfg.carry_bits >= 0:
+        total = adder_register(total, adder_width_bits(cfg), cfg.adder_saturates)
     return True, total, lsb_exponent + tree_scale
+
+
+@njit(cache=True, **STAGE)
+def exact_tree_sum(terms, exponents, count):
+    """Step 5 of an exact tree's ``count`` (> 0) terms (:func:`align_and_add` without a
+    window): (fits, total, lsb_exponent), the sum being total * 2^lsb_exponent, when every
+    term fits EXACT_TREE_BITS bits below the largest exponent R (nearly always); else
+    (False, 0, 0) and the caller sums the terms exactly in the limbs."""
+    reference = exponents[0]
+    for i in range(1, count):
+        reference = max(reference, exponents[i])
+    window_bits = EXACT_TREE_BITS - _bit_length(count)
+    lsb_exponent = reference - window_bits
+    factor = power_of_two(-lsb_exponent)  # |lsb_exponent| stays far inside float64's range
+    # A product lies below 2^(R+2), so `count` of them sum below 2^60; a scaled group sum
+    # (scales: group_sum) may lie far above its exponent: beyond that bound the limbs sum the tree.
+    limit = power_of_two(window_bits + 2)
+    total = np.int64(0)
+    for i in range(count):
+        scaled = terms[i] * factor
+        if not abs(scaled) < limit:
+            return False, np.int64(0), np.int64(0)
+        kept = np.int64(scaled)
+        if kept != scaled:  # bits below 2^lsb_exponent: the limbs sum this tree
+            return False, np.int64(0), np.int64(0)
+        total += kept
+    return True, total, lsb_exponent
 
 
 @njit(cache=True, **STAGE)
@@ -1319,6 +1331,9 @@ def _dot_one(
     GRID = bool(bits & F_GRID)
     EXACT = bool(bits & F_EXACT)
     SECOND_ALIGNMENT = bool(bits & F_SECOND_ALIGNMENT)
+    # An exact tree's sum needs no alignment (exact_tree_sum): the window's stages are not
+    # compiled into an exact accumulator's kernel.
+    EXACT_SUM = EXACT and not PARITY
 
     def dot_one_impl(
         features,
@@ -1384,7 +1399,14 @@ def _dot_one(
             special = c_value
             c_value = 0.0
         negative_zeros_only = c_value == 0.0 and math.copysign(1.0, c_value) < 0
-        acc, outer, special = start_accumulator(c_value, special, cfg, acc_params, limbs, bounds)
+        if EXACT:  # Kulisch: c enters the exact limbs
+            acc = outer = 0.0
+            limbs_clear(limbs, bounds)
+            limbs_add_float(limbs, bounds, c_value)
+        else:
+            acc, outer, special = start_accumulator(
+                c_value, special, cfg, acc_params, limbs, bounds
+            )
 
         uniform = uniform_trees(cfg) and not WIDE
         drops_specials = cfg.special_accumulator_exponent != NO_SPECIAL_ACCUMULATOR_EXPONENT
@@ -1544,6 +1566,13 @@ def _dot_one(
                 if not math.isfinite(acc):  # overflow in the accumulator
                     special = note_overflow(special, acc)
                     acc = 0.0
+                continue
+            if EXACT_SUM:  # Kulisch: the tree's exact sum goes straight into the limbs
+                fits, total, lsb_exponent = True, np.int64(0), np.int64(0)
+                if count > 0:
+                    fits, total, lsb_exponent = exact_tree_sum(terms, exponents, count)
+                    lsb_exponent += tree_scale
+                add_tree_sum(limbs, bounds, fits, total, lsb_exponent, terms, count)
                 continue
             if cfg.accumulator_in_tree:  # step 4: the accumulator joins the alignment
                 if acc != 0.0:

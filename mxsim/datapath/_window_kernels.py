@@ -285,6 +285,12 @@ def encode_outputs(acc, flags, out, cfg):
         out[lane] = code
 
 
+# The short helpers below that only these kernels call (the tile scales, the scratch arrays,
+# the finiteness checks) and a work item's body are inlined in Numba's IR: compiled as kernels
+# of their own, each would pay a compile's fixed cost and be optimised twice (alone, then
+# again inside its caller's module), which added seconds to a unit's first use.
+
+
 @njit(cache=True)
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
@@ -304,7 +310,7 @@ def _decode_tile(codes, first, lanes, values, exponents):
     return tile_values, tile_exponents
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _tile_scales(scales, first, lanes, scaled):
     """tile[block, lane] = scales[first + lane, block], NaN scales as 0 (their lanes are
     flagged): the scales of a tile's columns, transposed once rather than gathered per row.
@@ -317,7 +323,7 @@ def _tile_scales(scales, first, lanes, scaled):
     return tile
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _unusable(codes, scales, finite, scaled):
     """Whether a row of codes holds a non-finite element or (``scaled``) a NaN block scale."""
     count = 0
@@ -329,7 +335,7 @@ def _unusable(codes, scales, finite, scaled):
     return count != 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _unusable_rows(codes, scales, finite, scaled):
     """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time)."""
     bad = np.empty(codes.shape[0], dtype=np.bool_)
@@ -338,7 +344,7 @@ def _unusable_rows(codes, scales, finite, scaled):
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
     window factors, int32 group sums and tree sums (float64 integers: :func:`finish_tree`)."""
@@ -440,7 +446,7 @@ def _pair_group(
             partial1[lane] += np.int32(w0 * b0[lane] * factors1[lane])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _column_tile(
     tile,
     first_block,
@@ -609,7 +615,7 @@ def window_items(
         )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _row_tile(
     row0,
     codes_a,
