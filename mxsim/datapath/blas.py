@@ -889,6 +889,7 @@ def blas_matmul(
                 done += 1
                 if progress is not None:
                     progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
+            del b, b_steps, run  # this panel freed before the next one is decoded
     return leftovers
 
 
