@@ -375,10 +375,12 @@ def dot_with_each_params(
     with contextlib.ExitStack() as small_work:
         for params in params_list:
             codes_a = once(
-                ("a", params.a_format), lambda: _codes(a, "a", get_format(params.a_format))
+                ("a", params.a_format),
+                lambda: _kernel_codes(_codes(a, "a", get_format(params.a_format))),
             )
             codes_b = once(
-                ("b", params.b_format), lambda: _codes(b, "b", get_format(params.b_format))
+                ("b", params.b_format),
+                lambda: _kernel_codes(_codes(b, "b", get_format(params.b_format))),
             )
             if codes_a.shape != codes_b.shape:
                 raise ArgumentError(
@@ -749,8 +751,8 @@ def matmul_batched(
     (call :func:`matmul` per group).
 
     ``b_memo``: None, or a dict the caller keeps for one B (the same MXTensors, their codes
-    and scales unchanged, from call to call: a model's weight): B's codes as the kernels take
-    them and the BLAS route's decoded B are kept there per unit and formats, and later calls
+    and scales unchanged, from call to call: a model's weight): B's validated codes and the
+    BLAS route's decoded B are kept there per unit and formats, and later calls
     skip that work (results the same bits). It holds up to 12 bytes per element of B; the
     caller drops it to free them.
 
