@@ -1772,6 +1772,21 @@ def test_matmul_gives_the_blas_route_the_stored_codes(monkeypatch):
     np.testing.assert_array_equal(auto.bits, kernel.bits)
 
 
+def test_codes_keep_an_unsigned_width_and_kernels_get_theirs():
+    from mxsim.datapath.api import _codes, _kernel_codes
+
+    fp8, fp32 = get_format("fp8_e4m3"), get_format("fp32")
+    codes = np.array([[0, 0x7E, 0xFE]], dtype=np.uint8)
+    kept = _codes(codes, "a", fp8)
+    assert kept.dtype == np.uint8 and np.shares_memory(kept, codes)
+    assert _kernel_codes(kept).dtype == np.uint32 and _kernel_codes(kept).tolist() == [[0, 126, 254]]
+    for given in (np.int64, np.int8, np.uint64):  # signed or wider: the kernels' uint32
+        assert _codes(codes.astype(given) & 0x7E, "a", fp8).dtype == np.uint32
+    assert _codes(np.array([[0x3F800000]], np.uint32), "a", fp32).dtype == np.uint32
+    with pytest.raises(MxsimError, match="codes must lie in"):
+        _codes(np.array([[-1]], np.int8), "a", fp8)
+
+
 @pytest.mark.parametrize(
     "name, a_format, features",
     [
