@@ -24,7 +24,6 @@ from mxsim.datapath.blas import (
     _zero_blocks,
     accumulate_grid_fp32,
     accumulate_rne_fp32,
-    accumulate_scaled_rne_fp32,
     blas_applies,
     exact_in_float64,
     folded_sum_bits,
@@ -517,12 +516,10 @@ def test_rne_accumulation_equals_fractions_at_fp32_midpoints():
     tree_sums = np.stack([sums, -sums * rng.integers(0, 2, sums.size)]).reshape(2, 1, 64, 64)
     ones_r, ones_c = np.ones((1, 64)), np.ones((1, 64))
     expected = rne_fp32_twin(running, tree_sums, ones_r, ones_c)
-    got, scaled = running.copy(), running.copy()
+    got = running.copy()
     for tree in tree_sums:
         accumulate_rne_fp32(got, tree, ones_r, ones_c)
-        accumulate_scaled_rne_fp32(scaled, np.ascontiguousarray(tree))
     np.testing.assert_array_equal(got.view(np.uint32), expected)
-    np.testing.assert_array_equal(scaled.view(np.uint32), expected)
     # the constructed sums do reach the midpoint case, inexact, in the first tree
     total = acc.astype(np.float64) + sums
     assert ((total.view(np.int64) & ((1 << 29) - 1)) == 1 << 28).sum() > 1000
@@ -549,13 +546,10 @@ def test_rne_accumulation_equals_fractions(seed, bits, scale, spread):
     row_steps = np.ldexp(1.0, scale + rng.integers(-spread, spread + 1, (1, rows)))
     column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (1, columns)) - bits // 2)
     expected = rne_fp32_twin(running, tree_sums, row_steps, column_steps)
-    got, scaled = running.copy(), running.copy()
+    got = running.copy()
     for tree in tree_sums:
         accumulate_rne_fp32(got, tree, row_steps, column_steps)
-        # the same sums with their steps folded in (exact: powers of two, normal float64s)
-        accumulate_scaled_rne_fp32(scaled, tree * row_steps[..., None] * column_steps[:, None])
     np.testing.assert_array_equal(got.view(np.uint32), expected)
-    np.testing.assert_array_equal(scaled.view(np.uint32), expected)
 
 
 # --- fixed-point-grid units (cvfpu MXDOTP): the grid's rules after each tree's exact sum ---

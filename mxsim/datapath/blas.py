@@ -29,12 +29,6 @@ blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least bl
 each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
 sums need that many more bits (``folded_sum_bits``, read from the data; refused beyond 53).
 
-Where the tree sums need float64 and trees lie inside blocks (fp8_e4m3), each element is
-decoded with its block scale folded in, a·2^Xa (exact, a normal float64: as for the exact
-accumulator below): a tree's products then all carry the one factor 2^(Xa+Xb), every partial
-sum is that factor times an exact partial sum of s, so the GEMM gives S itself, exactly, and
-no scale step is multiplied in while accumulating.
-
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
 exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest-even
@@ -407,17 +401,6 @@ def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
 
 
 @njit(cache=True, nogil=True)
-def accumulate_scaled_rne_fp32(running, tree_sums):
-    """running = RNE_fp32(running + tree_sums) elementwise and exactly: ``running`` a
-    C-contiguous float32 array, ``tree_sums`` float64 scaled tree sums (exact: module doc) of
-    its shape, C-contiguous. The float64 sum is made round-to-odd (``odd_sum``), then rounded
-    to fp32; an accumulator that overflowed to +-Inf stays so. One flat loop (vectorises)."""
-    totals, sums = running.reshape(-1), tree_sums.reshape(-1)
-    for j in range(totals.size):
-        totals[j] = np.float32(odd_sum(np.float64(totals[j]), sums[j]))
-
-
-@njit(cache=True, nogil=True)
 def accumulate_fp32(running, tree_sums, row_steps, column_steps):
     """running += tree_sums * row_steps * column_steps elementwise in float32 arithmetic
     (``running``, ``tree_sums`` (g, rows, columns) float32, the steps (g, rows) and
@@ -584,11 +567,13 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     """(..., padded) float64 of the elements' values times 2^(their block's scale exponent)
     (exact: powers of two, results normal float64s), zeros past the operand's length.
     ``exponents`` None: no scales."""
-    if exponents is None:
-        return _unscaled(values, codes, padded, np.float64)
-    exponents = exponents[..., : padded // block].astype(np.int64)
-    low = int(exponents.min(initial=0))
-    return _unscaled(values, codes, padded, np.float64, exponents - low, block, low)
+    decoded = _unscaled(values, codes, padded, np.float64)
+    if exponents is not None:
+        blocks = padded // block
+        steps = np.ldexp(1.0, exponents[..., :blocks].astype(np.int32))
+        grouped = decoded.reshape(codes.shape[:-1] + (blocks, block))
+        grouped *= steps[..., None]
+    return decoded
 
 
 @njit(cache=True, nogil=True)
@@ -619,19 +604,16 @@ def decode_raised(table, codes, rises, block, powers, out):
             values[length:] = 0.0
 
 
-def _unscaled(
-    values, codes, padded: int, dtype, rises=None, block: int = 1, low: int = 0
-) -> np.ndarray:
+def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> np.ndarray:
     """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
     (float32 holds every value of the formats it is used for: their tree sums fit 24 bits),
-    each block of ``block`` elements times 2^(low + its rise) where ``rises`` (..., padded /
-    block) are given (exact: the rises keep the sums within ``folded_sum_bits``;
-    ``_decoded``'s scaled values are normal float64s). The codes (any unsigned dtype, 3-D)
-    are widened a few rows at a time (``_row_chunks``)."""
+    each block of ``block`` elements times 2^(its rise) where ``rises`` (..., padded / block)
+    are given (exact: the rises keep the sums within ``folded_sum_bits``). The codes (any
+    unsigned dtype, 3-D) are widened a few rows at a time (``_row_chunks``)."""
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     table = values.astype(dtype)
     if rises is not None:
-        powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1) + low).astype(dtype)
+        powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
     for g, r0, r1 in _row_chunks(codes):
         chunk, out = _wide(codes[g : g + 1, r0:r1]), decoded[g : g + 1, r0:r1]
         if rises is None:
@@ -703,10 +685,10 @@ SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
 KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM without it
 # The decoded operands are kept small beside the packed codes and the output (an 8192^3
 # MXFP8 GEMM within 1.5 x its packed operands plus its output): B a panel of columns at a
-# time (A decoded again per panel: a few percent at K = 8192), A's tiles fewer rows at long K.
+# time (A decoded again for each), A's tiles fewer rows at long K.
 DECODED_VALUES = 1 << 21  # decoded elements of B kept at once (16 MiB of float64)
 DECODED_ROW_VALUES = 1 << 20  # decoded elements of A per tile at most (while rows allow)
-CODES_AT_ONCE = 1 << 16  # codes widened to the kernels' uint32 at once
+CODES_AT_ONCE = 1 << 18  # codes widened to the kernels' uint32 at once
 
 
 @functools.lru_cache(maxsize=None)
@@ -746,7 +728,8 @@ def blas_matmul(
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
     batch's outputs are those of its groups computed one by one.
 
-    Each operand is decoded once (B in column panels when large): unscaled into float64, or
+    B is decoded in panels of columns (``DECODED_VALUES``), A per tile of rows once per panel,
+    from codes of any unsigned dtype widened a few rows at a time: unscaled into float64, or
     float32 where the tree sums fit it, for an fp32 accumulator; into float64 with the block
     scales folded in for an exact one. Per tile of rows and columns, each tree's sums are one
     GEMM run on the calling thread, then scaled and added to the tile's fp32 accumulators in
@@ -785,9 +768,6 @@ def blas_matmul(
     # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
     lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
     span = (lsb, lsb + bits) if dtype == np.float32 else None
-    # float64 sums of trees inside blocks: the block scales folded into the decoded elements,
-    # so the GEMMs give the scaled sums (exact: module doc) and no steps are multiplied in
-    folds = dtype == np.float64 and per == 1 and params.grid_fraction_bits is None
     grid = trees = choices = None
     if params.grid_fraction_bits is not None:
         choices = np.array(ROUNDING_CHOICES[params.accumulator_rounding])
@@ -834,7 +814,7 @@ def blas_matmul(
             kept = None if key is None else memo.get(key)
             if kept is not None:
                 b, b_steps = kept
-            elif kulisch or folds:
+            elif kulisch:
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 rises = rises_b[:, c0:c1] if per > 1 else None
@@ -846,8 +826,7 @@ def blas_matmul(
             def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
-                a_steps = None
-                if kulisch or folds:
+                if kulisch:
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
                 else:
                     rises = rises_a[g0:g1, r0:r1] if per > 1 else None
@@ -875,9 +854,7 @@ def blas_matmul(
                                 macs,
                             )
                             continue
-                        steps = None
-                        if b_steps is not None:
-                            steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
+                        steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
                         if grid is not None:
                             _grid_tile(a, b_tile, a_steps, steps, trees, acc, grid, choices)
                         else:
@@ -918,12 +895,11 @@ def _rounding_tile(
     a, b, row_steps, column_steps, width: int, block: int, acc, span: tuple[int, int] | None
 ) -> None:
     """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
-    t's sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, added to a
-    contiguous copy of the accumulators while both are in cache. ``row_steps`` None: a and b
-    hold their block scales, the sums are scaled (float64). Else they are unscaled, scaled by
-    their block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks); with
-    float32 sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose
-    scaled sums are all float32s are added by float32 arithmetic (``accumulate_fp32``)."""
+    t's unscaled sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, scaled
+    by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
+    added to a contiguous copy of the accumulators while both are in cache. With float32
+    sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose scaled sums
+    are all float32s are added by float32 arithmetic (``accumulate_fp32``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
     narrow = None
@@ -931,14 +907,11 @@ def _rounding_tile(
         narrow = _fp32_exact_blocks(row_steps, column_steps, span)
         row_steps32 = row_steps.astype(np.float32)
         column_steps32 = column_steps.astype(np.float32)
-    b_columns = b.transpose(0, 2, 1)
     for t in range(a.shape[-1] // width):
         tree = slice(t * width, (t + 1) * width)
-        np.matmul(a[..., tree], b_columns[:, tree], out=sums)
+        np.matmul(a[..., tree], b[..., tree].transpose(0, 2, 1), out=sums)
         blk = t * width // block
-        if row_steps is None:
-            accumulate_scaled_rne_fp32(running, sums)
-        elif narrow is not None and narrow[blk]:
+        if narrow is not None and narrow[blk]:
             accumulate_fp32(running, sums, row_steps32[blk], column_steps32[blk])
         else:
             accumulate_rne_fp32(running, sums, row_steps[blk], column_steps[blk])
