@@ -1779,9 +1779,10 @@ def test_codes_keep_an_unsigned_width_and_kernels_get_theirs():
     codes = np.array([[0, 0x7E, 0xFE]], dtype=np.uint8)
     kept = _codes(codes, "a", fp8)
     assert kept.dtype == np.uint8 and np.shares_memory(kept, codes)
-    assert _kernel_codes(kept).dtype == np.uint32 and _kernel_codes(kept).tolist() == [[0, 126, 254]]
-    for given in (np.int64, np.int8, np.uint64):  # signed or wider: the kernels' uint32
-        assert _codes(codes.astype(given) & 0x7E, "a", fp8).dtype == np.uint32
+    widened = _kernel_codes(kept)
+    assert widened.dtype == np.uint32 and widened.tolist() == [[0, 126, 254]]
+    for dtype in (np.int64, np.int8, np.uint64):  # signed or wider: the kernels' uint32
+        assert _codes(codes.astype(dtype) & 0x7E, "a", fp8).dtype == np.uint32
     assert _codes(np.array([[0x3F800000]], np.uint32), "a", fp32).dtype == np.uint32
     with pytest.raises(MxsimError, match="codes must lie in"):
         _codes(np.array([[-1]], np.int8), "a", fp8)

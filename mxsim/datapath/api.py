@@ -837,9 +837,7 @@ def matmul_batched(
             memo.update(codes=fields_b, scales=scales_b, route={})
     else:
         fields_b, scales_b = memo["codes"], memo["scales"]
-    codes_a, codes_b, kernel_args = _operands_and_arguments(
-        params, fields_a, fields_b, narrow=True
-    )
+    codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b, narrow=True)
     scales_a = _scales_for_unit(np.stack([t.scales for t in tensors_a]), params)
     out = _gemm_groups(
         params,
