@@ -1839,6 +1839,46 @@ def test_matmul_output_over_the_memory_budget(monkeypatch):
         matmul(hw("ocp-exact"), np.ones((200, 32)), np.ones((32, 200)))
 
 
+def test_matmul_gives_the_blas_route_the_stored_codes(monkeypatch):
+    # 8-bit codes reach the BLAS route as stored, no widened copy of either operand (the
+    # route decodes them a few rows at a time), and its bits are the generic kernel's.
+    import mxsim.datapath.api as api
+
+    seen = []
+    real = api.blas_matmul
+
+    def spy(params, kernel_args, codes_a, codes_b, *rest):
+        seen.append((codes_a, codes_b))
+        return real(params, kernel_args, codes_a, codes_b, *rest)
+
+    monkeypatch.setattr(api, "blas_matmul", spy)
+    rng = np.random.default_rng(3)
+    a = quantize(rng.standard_normal((40, 96)).astype(np.float32), "fp8_e4m3", axis=1)
+    b = quantize(rng.standard_normal((96, 24)).astype(np.float32), "fp8_e4m3", axis=0)
+    auto = matmul(hw("ocp-exact"), a, b)
+    ((codes_a, codes_b),) = seen
+    assert codes_a.dtype == codes_b.dtype == np.uint8
+    assert np.shares_memory(codes_a, a.codes) and np.shares_memory(codes_b, b.codes)
+    kernel = matmul(hw("ocp-exact"), a, b, method="kernel")
+    np.testing.assert_array_equal(auto.bits, kernel.bits)
+
+
+def test_codes_keep_an_unsigned_width_and_kernels_get_theirs():
+    from mxsim.datapath.api import _codes, _kernel_codes
+
+    fp8, fp32 = get_format("fp8_e4m3"), get_format("fp32")
+    codes = np.array([[0, 0x7E, 0xFE]], dtype=np.uint8)
+    kept = _codes(codes, "a", fp8)
+    assert kept.dtype == np.uint8 and np.shares_memory(kept, codes)
+    widened = _kernel_codes(kept)
+    assert widened.dtype == np.uint32 and widened.tolist() == [[0, 126, 254]]
+    for dtype in (np.int64, np.int8, np.uint64):  # signed or wider: the kernels' uint32
+        assert _codes(codes.astype(dtype) & 0x7E, "a", fp8).dtype == np.uint32
+    assert _codes(np.array([[0x3F800000]], np.uint32), "a", fp32).dtype == np.uint32
+    with pytest.raises(MxsimError, match="codes must lie in"):
+        _codes(np.array([[-1]], np.int8), "a", fp8)
+
+
 @pytest.mark.parametrize(
     "name, a_format, features",
     [

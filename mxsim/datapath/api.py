@@ -68,9 +68,11 @@ def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.
     if array.ndim != 2:
         raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")
     fields = array if fields_given else fmt.field_codes(array, name)
-    # Two code widths only: each kernel signature costs tens of seconds to compile, wider
-    # codes of narrow formats cost the kernels little.
-    dtype = np.uint32 if fmt.field_bits <= 32 else np.uint64
+    # Unsigned codes of up to 32 bits keep their width (an MXTensor's uint8 codes: the BLAS
+    # route decodes them tile by tile, so the GEMM holds no widened copy); the kernels take
+    # uint32 or uint64 only (``_kernel_codes``), each signature costing seconds to compile.
+    narrow = fields.dtype.kind == "u" and fields.dtype.itemsize <= 4 and fmt.field_bits <= 32
+    dtype = fields.dtype if narrow else np.uint32 if fmt.field_bits <= 32 else np.uint64
     return np.ascontiguousarray(fields, dtype=dtype)
 
 
@@ -78,6 +80,11 @@ def _same_width(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both code arrays in the wider of their dtypes: mixed formats add no kernel signature."""
     dtype = np.promote_types(a.dtype, b.dtype)
     return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+
+
+def _kernel_codes(codes: np.ndarray) -> np.ndarray:
+    """Codes in the kernels' code type: uint32, or uint64 for codes wider than 32 bits."""
+    return codes.astype(np.uint64 if codes.dtype.itemsize > 4 else np.uint32, copy=False)
 
 
 def _one_row(values, name: str) -> np.ndarray:
@@ -279,11 +286,14 @@ def _kernel_arguments(params: DatapathParams) -> tuple[FormatInfo, FormatInfo, t
 
 
 def _operands_and_arguments(
-    params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray
+    params: DatapathParams, fields_a: np.ndarray, fields_b: np.ndarray, narrow: bool = False
 ) -> tuple[np.ndarray, np.ndarray, tuple]:
     """(A codes, B codes, kernel arguments): the field codes in one dtype (mixed formats add no
-    kernel signature) and :func:`_kernel_arguments`."""
+    kernel signature), the kernels' (``_kernel_codes``) unless ``narrow`` (GEMMs: the routes
+    widen what they give the kernels), and :func:`_kernel_arguments`."""
     codes_a, codes_b = _same_width(fields_a, fields_b)
+    if not narrow:
+        codes_a, codes_b = _kernel_codes(codes_a), _kernel_codes(codes_b)
     return codes_a, codes_b, _kernel_arguments(params)[2]
 
 
@@ -367,10 +377,12 @@ def dot_with_each_params(
     with contextlib.ExitStack() as small_work:
         for params in params_list:
             codes_a = once(
-                ("a", params.a_format), lambda: _codes(a, "a", get_format(params.a_format))
+                ("a", params.a_format),
+                lambda: _kernel_codes(_codes(a, "a", get_format(params.a_format))),
             )
             codes_b = once(
-                ("b", params.b_format), lambda: _codes(b, "b", get_format(params.b_format))
+                ("b", params.b_format),
+                lambda: _kernel_codes(_codes(b, "b", get_format(params.b_format))),
             )
             if codes_a.shape != codes_b.shape:
                 raise ArgumentError(
@@ -605,6 +617,7 @@ def matmul(
             tensor_b.element_format,
             fields_given=True,
         ),
+        narrow=True,
     )
     out = _gemm_groups(
         params,
@@ -779,8 +792,8 @@ def matmul_batched(
     (call :func:`matmul` per group).
 
     ``b_memo``: None, or a dict the caller keeps for one B (the same MXTensors, their codes
-    and scales unchanged, from call to call: a model's weight): B's codes as the kernels take
-    them and the BLAS route's decoded B are kept there per unit and formats, and later calls
+    and scales unchanged, from call to call: a model's weight): B's validated codes and the
+    BLAS route's decoded B are kept there per unit and formats, and later calls
     skip that work (results the same bits). It holds up to 12 bytes per element of B; the
     caller drops it to free them.
 
@@ -869,7 +882,7 @@ def matmul_batched(
             memo.update(codes=fields_b, scales=scales_b, route={})
     else:
         fields_b, scales_b = memo["codes"], memo["scales"]
-    codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b)
+    codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b, narrow=True)
     scales_a = _scales_for_unit(group_a.scales, params)
     out = _gemm_groups(
         params,
@@ -941,11 +954,13 @@ def _gemm_routes(
                 g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
             )
         return out
+    # The other routes' kernels take the kernels' code type: B whole, A a pass at a time.
+    codes_b = _kernel_codes(codes_b)
     if method == "auto" and groups_apply(params):
         for group in range(groups):  # the group-sum route takes one GEMM at a time
             m, n = groups_matmul(
                 params,
-                codes_a[group],
+                _kernel_codes(codes_a[group]),
                 codes_b[group],
                 exponents_a[group],
                 exponents_b[group],
@@ -973,7 +988,7 @@ def _gemm_routes(
     ):
         c_tile = c_values if c_values.shape == (1, 1, 1) else c_values[g0:g1, r0:r1]
         tile = (
-            codes_a[g0:g1, r0:r1],
+            _kernel_codes(codes_a[g0:g1, r0:r1]),
             codes_b[g0:g1],
             exponents_a[g0:g1, r0:r1],
             exponents_b[g0:g1],
@@ -1103,8 +1118,8 @@ def _recompute(
     )
     triples = np.empty(m.size, dtype=out.dtype)
     _dot_rows(
-        codes_a[g, m],
-        codes_b[g, n],
+        _kernel_codes(codes_a[g, m]),
+        _kernel_codes(codes_b[g, n]),
         exponents_a[g, m],
         exponents_b[g, n],
         c_triples.astype(c_values.dtype),

@@ -275,8 +275,11 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
     """Whether each scale block (``exponents``' shape) of the codes (..., length) holds only
     zeros (``values``: the format's value per code)."""
     lead = (1,) * (3 - codes.ndim) + codes.shape
+    codes = codes.reshape(lead)
     out = np.empty(lead[:2] + exponents.shape[-1:], dtype=np.bool_)
-    zero_blocks(codes.reshape(lead), values == 0, block, out)
+    zero = values == 0
+    for g, r0, r1 in _row_chunks(codes):
+        zero_blocks(_wide(codes[g : g + 1, r0:r1]), zero, block, out[g : g + 1, r0:r1])
     return out.reshape(exponents.shape)
 
 
@@ -302,11 +305,16 @@ def folded_sum_bits(
 
 
 def codes_all_finite(codes, finite_table) -> bool:
-    """Whether every code's table value is finite (no M x K temporary): at once for a format
-    without non-finite codes, else by a scan of the (..., K) codes (any strides)."""
+    """Whether every code's table value is finite: at once for a format without non-finite
+    codes, else by a scan of the (..., K) codes (any unsigned dtype and strides) a few rows
+    at a time (``_row_chunks``)."""
     if finite_table.all():
         return True
-    return _rows_all_finite(codes.reshape((1,) * (3 - codes.ndim) + codes.shape), finite_table)
+    codes = codes.reshape((1,) * (3 - codes.ndim) + codes.shape)
+    return all(
+        _rows_all_finite(_wide(codes[g : g + 1, r0:r1]), finite_table)
+        for g, r0, r1 in _row_chunks(codes)
+    )
 
 
 @njit(cache=True)
@@ -321,6 +329,23 @@ def _rows_all_finite(codes, finite_table):
             if bad:
                 return False
     return True
+
+
+def _row_chunks(codes):
+    """(group, first row, last row) of the (G, rows, K) ``codes`` a few rows at a time (at most
+    ``CODES_AT_ONCE`` codes): each chunk widened by itself (``_wide``) keeps the GEMM's
+    memory near its packed operands."""
+    groups, rows, length = codes.shape
+    step = max(1, CODES_AT_ONCE // max(length, 1))
+    for g in range(groups):
+        for r in range(0, rows, step):
+            yield g, r, min(r + step, rows)
+
+
+def _wide(codes) -> np.ndarray:
+    """C-contiguous uint32 codes: the one code type of this module's kernels (the route takes
+    formats of at most ``FULL_TABLE_BITS`` bits)."""
+    return np.ascontiguousarray(codes, dtype=np.uint32)
 
 
 @njit(cache=True)
@@ -589,14 +614,19 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
     (float32 holds every value of the formats it is used for: their tree sums fit 24 bits),
     each block of ``block`` elements times 2^(its rise) where ``rises`` (..., padded / block)
-    are given (exact: the rises keep the sums within ``folded_sum_bits``)."""
+    are given (exact: the rises keep the sums within ``folded_sum_bits``). The codes (any
+    unsigned dtype, 3-D) are widened a few rows at a time (``_row_chunks``)."""
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     table = values.astype(dtype)
-    if rises is None:
-        decode_codes(table, np.ascontiguousarray(codes), decoded)
-    else:
+    if rises is not None:
         powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
-        decode_raised(table, np.ascontiguousarray(codes), rises, block, powers, decoded)
+    for g, r0, r1 in _row_chunks(codes):
+        chunk, out = _wide(codes[g : g + 1, r0:r1]), decoded[g : g + 1, r0:r1]
+        if rises is None:
+            decode_codes(table, chunk, out)
+        else:
+            steps = np.ascontiguousarray(rises[g : g + 1, r0:r1])
+            decode_raised(table, chunk, steps, block, powers, out)
     return decoded
 
 
@@ -659,7 +689,12 @@ TILE_COLUMNS = 256  # columns per GEMM at most
 KULISCH_MACS = 1 << 24
 SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
 KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM without it
-DECODED_VALUES = 1 << 23  # float64 decoded elements of B kept at once (64 MiB)
+# The decoded operands are kept small beside the packed codes and the output (an 8192^3
+# MXFP8 GEMM within 1.5 x its packed operands plus its output): B a panel of columns at a
+# time (A decoded again for each), A's tiles fewer rows at long K.
+DECODED_VALUES = 1 << 21  # decoded elements of B kept at once (16 MiB of float64)
+DECODED_ROW_VALUES = 1 << 20  # decoded elements of A per tile at most (while rows allow)
+CODES_AT_ONCE = 1 << 18  # codes widened to the kernels' uint32 at once
 
 
 @functools.lru_cache(maxsize=None)
@@ -699,7 +734,8 @@ def blas_matmul(
     ``c_values`` (G, M, N) or (1, 1, 1). Any order of the exact tree sums is exact, so a
     batch's outputs are those of its groups computed one by one.
 
-    Each operand is decoded once (B in column panels when large): unscaled into float64, or
+    B is decoded in panels of columns (``DECODED_VALUES``), A per tile of rows once per panel,
+    from codes of any unsigned dtype widened a few rows at a time: unscaled into float64, or
     float32 where the tree sums fit it, for an fp32 accumulator; into float64 with the block
     scales folded in for an exact one. Per tile of rows and columns, each tree's sums are one
     GEMM run on the calling thread, then scaled and added to the tile's fp32 accumulators in
@@ -755,6 +791,7 @@ def blas_matmul(
         return []
     limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
     tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
+    tile = max(SMALL_TILE_ROWS, min(tile, DECODED_ROW_VALUES // padded))  # long K: fewer rows
     macs = KULISCH_MACS if limiter is not None else SINGLE_THREAD_MACS
     if limiter is not None:
         chunk = TILE_COLUMNS
@@ -844,6 +881,7 @@ def blas_matmul(
                 done += 1
                 if progress is not None:
                     progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
+            del b, b_steps, run  # this panel freed before the next one is decoded
     return leftovers
 
 
