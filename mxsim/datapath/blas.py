@@ -394,15 +394,17 @@ def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
     shape, the steps (g, rows) and (g, columns) float64 powers of two (the product of a sum
     and its scale 2^(Xa + Xb) is exact: module doc). The float64 sum is made round-to-odd
     (TwoSum's exact error says which way the exact sum lies), then rounded to fp32. An
-    accumulator that overflowed to +-Inf stays so (its error is NaN: left alone). Branch-free
-    inner loops that vectorise; serial (the caller runs a tile per thread)."""
+    accumulator that overflowed to +-Inf stays so (its error is NaN: left alone). A zero tree
+    sum counts as +0 (an exact sum has no sign), so -0 + 0 is +0. Branch-free inner loops that
+    vectorise; serial (the caller runs a tile per thread)."""
     groups, rows, columns = running.shape
     for g in range(groups):
         for i in range(rows):
             step = row_steps[g, i]
             totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
             for j in range(columns):
-                b = np.float64(sums[j]) * (step * steps[j])
+                # + 0.0: a tree's exact zero sum is +0 whatever sign bit its GEMM gave
+                b = np.float64(sums[j]) * (step * steps[j]) + 0.0
                 totals[j] = np.float32(odd_sum(np.float64(totals[j]), b))
 
 
@@ -413,14 +415,15 @@ def accumulate_fp32(running, tree_sums, row_steps, column_steps):
     (g, columns) float32 powers of two). Exact RNE_fp32(acc + S) when every scaled sum is
     a float32 (the caller checks: ``_fp32_exact_blocks``): the product of the steps and
     of a sum by them are then exact, and an IEEE float32 addition of two float32s is the
-    correctly rounded sum (an infinite accumulator stays so). Serial, vectorises."""
+    correctly rounded sum (an infinite accumulator stays so); a zero sum counts as +0.
+    Serial, vectorises."""
     groups, rows, columns = running.shape
     for g in range(groups):
         for i in range(rows):
             step = row_steps[g, i]
             totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
             for j in range(columns):
-                totals[j] = totals[j] + sums[j] * (step * steps[j])
+                totals[j] = totals[j] + (sums[j] * (step * steps[j]) + np.float32(0.0))
 
 
 @njit(cache=True, nogil=True)
