@@ -808,7 +808,8 @@ def pytest_configure(config):
     os.environ.setdefault("MXSIM_PARALLEL_COMPILE", "0")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
-        if getattr(config.option, "numprocesses", None) and config.option.dist != "no":
+        xdist = getattr(config.option, "numprocesses", None) and config.option.dist != "no"
+        if xdist and not config.option.collectonly:
             _start_warming(config)
         return
     import numba
