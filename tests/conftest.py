@@ -747,55 +747,43 @@ FIXTURE_TIERS = {
 }
 
 
-#: The halves of :func:`warm_kernel_cache`, about equal in compile time: the generic datapath
-#: kernel; the window route, the mxdotp kernel and MX quantization.
-WARM_PARTS = (0, 1)
-#: The warm-up's processes (controller of an xdist run only), waited for before any test runs.
+#: The warm-up process (controller of an xdist run only), waited for before any test runs.
 WARMING = pytest.StashKey[list]()
 
 
-def warm_kernel_cache(part: int | None = None) -> None:
+def warm_kernel_cache() -> None:
     """Compile the kernels every xdist worker needs at its first tests (the generic datapath
     kernel and the window route on fp8 codes with float32 c, MX quantization) into the shared
     kernel cache, once, before the workers run tests: otherwise each worker compiles its own
-    copy of them at the same moment. ``part``: one of WARM_PARTS only. With a warm cache this
-    only loads them."""
+    copy of them at the same moment. With a warm cache this only loads them."""
     from mxsim.datapath import dot, load_hwconfig
     from mxsim.quantize import quantize
 
     fp8 = FORMATS["fp8_e4m3"]
+    codes = fp8.encode(np.array([[1.0, -2.0, 0.5, np.nan]] * 2))  # a NaN: the generic kernel too
     c = np.zeros(2, np.float32)
-    if part in (None, 0):  # a NaN: the generic kernel
-        codes = fp8.encode(np.array([[1.0, -2.0, 0.5, np.nan]] * 2))
-        unit = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
-        dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=c, method="kernel")
-    if part in (None, 1):  # finite codes: the window route alone
-        codes = fp8.encode(np.array([[1.0, -2.0, 0.5, 3.0]] * 2))
-        for name, method in (("h100-fp8", "auto"), ("mxdotp", "kernel")):
-            unit = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
-            dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=c, method=method)
-        quantize(np.ones((2, 32), np.float32), "fp8_e4m3")
+    for name, method in (("h100-fp8", "auto"), ("mxdotp", "kernel")):
+        unit = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        dot(unit, codes, codes, a_format="fp8_e4m3", b_format="fp8_e4m3", c=c, method=method)
+    quantize(np.ones((2, 32), np.float32), "fp8_e4m3")
 
 
 def _start_warming(config) -> None:
-    """:func:`warm_kernel_cache` in one process per part, beside the workers' start and
-    collection (a third of a run's first minute, on both cores), instead of before them on one
-    core; :func:`pytest_xdist_node_collection_finished` waits for them."""
+    """:func:`warm_kernel_cache` in a process of its own, beside the workers' start and
+    collection, instead of before them with one core idle;
+    :func:`pytest_xdist_node_collection_finished` waits for it. (Two processes, each compiling
+    half, took about 12 s more CPU: the kernels share compiled helpers.)"""
     import subprocess
     import sys
     import tempfile
 
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import conftest; "
-        "conftest.warm_kernel_cache(int(sys.argv[2]))"
+        "import sys; sys.path.insert(0, sys.argv[1]); import conftest; conftest.warm_kernel_cache()"
     )
-    warming = []
-    for part in WARM_PARTS:
-        errors = tempfile.TemporaryFile()
-        command = [sys.executable, "-c", code, str(Path(__file__).parent), str(part)]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
-        warming.append((process, errors))
-    config.stash[WARMING] = warming
+    errors = tempfile.TemporaryFile()
+    command = [sys.executable, "-c", code, str(Path(__file__).parent)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+    config.stash[WARMING] = [(process, errors)]
 
 
 def pytest_configure(config):
