@@ -747,11 +747,15 @@ FIXTURE_TIERS = {
 }
 
 
+#: The warm-up process (controller of an xdist run only), waited for before any test runs.
+WARMING = pytest.StashKey[list]()
+
+
 def warm_kernel_cache() -> None:
     """Compile the kernels every xdist worker needs at its first tests (the generic datapath
     kernel and the window route on fp8 codes with float32 c, MX quantization) into the shared
-    kernel cache, once, in the controller before the workers start: otherwise each worker
-    compiles its own copy of them at the same moment. With a warm cache this only loads them."""
+    kernel cache, once, before the workers run tests: otherwise each worker compiles its own
+    copy of them at the same moment. With a warm cache this only loads them."""
     from mxsim.datapath import dot, load_hwconfig
     from mxsim.quantize import quantize
 
@@ -764,23 +768,53 @@ def warm_kernel_cache() -> None:
     quantize(np.ones((2, 32), np.float32), "fp8_e4m3")
 
 
+def _start_warming(config) -> None:
+    """:func:`warm_kernel_cache` in a process of its own, beside the workers' start and
+    collection, instead of before them with one core idle;
+    :func:`pytest_xdist_node_collection_finished` waits for it. (Two processes, each compiling
+    half, took about 12 s more CPU: the kernels share compiled helpers.)"""
+    import subprocess
+    import sys
+    import tempfile
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import conftest; conftest.warm_kernel_cache()"
+    )
+    errors = tempfile.TemporaryFile()
+    command = [sys.executable, "-c", code, str(Path(__file__).parent)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+    config.stash[WARMING] = [(process, errors)]
+
+
 def pytest_configure(config):
     """On an xdist worker, Numba's parallel kernels use the worker's share of the cores: the
     workers already fill them, and a kernel waiting for threads another worker's process holds
     only spins (tests/test_threads.py runs the kernels on two threads itself). In the
-    controller of an xdist run, before the workers start: :func:`warm_kernel_cache`."""
+    controller of an xdist run, as the workers start: :func:`_start_warming`."""
     # The suite's workers fill the cores: replay's second compile process would only add work
     # (tests/test_replay_warmup.py turns it on where it is tested).
     os.environ.setdefault("MXSIM_PARALLEL_COMPILE", "0")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
-        if getattr(config.option, "numprocesses", None) and config.option.dist != "no":
-            warm_kernel_cache()
+        xdist = getattr(config.option, "numprocesses", None) and config.option.dist != "no"
+        if xdist and not config.option.collectonly:
+            _start_warming(config)
         return
     import numba
 
     workers = int(workerinput.get("workercount", 1))
     numba.set_num_threads(max(1, min(numba.get_num_threads(), (os.cpu_count() or 1) // workers)))
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """The controller sends no test before the kernel warm-up has ended (with a traceback of
+    its own, if it failed)."""
+    for process, errors in node.config.stash.get(WARMING, ()):
+        with errors:
+            if process.wait():
+                errors.seek(0)
+                raise RuntimeError(f"the kernel warm-up failed:\n{errors.read().decode()}")
+    node.config.stash[WARMING] = []
 
 
 #: Modules of long, independent tests that the xdist workers share out one test at a time
@@ -795,22 +829,40 @@ SPREAD_MODULES = (
     "test_datapath_api",
     "test_oracles_mmasim",
 )
+#: Modules run on one worker together, one after another, as one unit: each imports
+#: quark.torch, whose import alone takes some 30 s of CPU (it parses every transformers model
+#: file), once per worker process.
+MODULE_UNITS = {
+    module: "quark.torch"
+    for module in (
+        "test_capture_torch_checkpoint",
+        "test_capture_torch_quark",
+        "test_evaluate_quantizers",
+        "test_oracles_quark",
+    )
+}
+
+
+def _unit(module: str) -> str:
+    """The unit of work a module's tests are scheduled in (other than the spread modules')."""
+    return MODULE_UNITS.get(module, module)
 
 
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadgroup``: the spread modules' tests shared out one at a time, every
-    other module whole, in the collection order. xdist groups by ``xdist_group`` marks written
-    into the node ids, which pytest 9.2's structured node ids no longer take: every module was
-    spread over both workers and built its module fixtures (RTL benches, Quark's extension)
-    twice. This scheduler groups by the node ids' module instead."""
+    other module whole (with the others of its MODULE_UNITS), in the collection order. xdist
+    groups by ``xdist_group`` marks written into the node ids, which pytest 9.2's structured
+    node ids no longer take: every module was spread over both workers and built its module
+    fixtures (RTL benches, Quark's extension) twice. This scheduler groups by the node ids'
+    module instead."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return nodeid if Path(module).stem in SPREAD_MODULES else module
+            module = Path(nodeid.split("::", 1)[0]).stem
+            return nodeid if module in SPREAD_MODULES else _unit(module)
 
     return ModuleScheduling(config, log)
 
@@ -818,11 +870,11 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its tier from MODULE_TIERS and FIXTURE_TIERS, and order the run for
     the xdist workers (:func:`pytest_xdist_make_scheduler`): the spread modules' tests first,
-    one at a time, then the other modules whole, larger modules first, so that no long test is
-    left to run alone at the end."""
+    one at a time, then the other modules whole (or in their MODULE_UNITS), larger units first,
+    so that no long test is left to run alone at the end."""
     sizes: dict[str, int] = {}
     for item in items:
-        sizes[item.path.stem] = sizes.get(item.path.stem, 0) + 1
+        sizes[_unit(item.path.stem)] = sizes.get(_unit(item.path.stem), 0) + 1
     for item in items:
         module = item.path.stem
         marks = {
@@ -840,4 +892,10 @@ def pytest_collection_modifyitems(config, items):
         for mark in sorted(marks):
             item.add_marker(mark)
     spread = {module: rank for rank, module in enumerate(SPREAD_MODULES)}
-    items.sort(key=lambda item: (spread.get(item.path.stem, len(spread)), -sizes[item.path.stem]))
+    items.sort(
+        key=lambda item: (
+            spread.get(item.path.stem, len(spread)),
+            -sizes[_unit(item.path.stem)],
+            _unit(item.path.stem),
+        )
+    )
