@@ -278,8 +278,8 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
     codes = codes.reshape(lead)
     out = np.empty(lead[:2] + exponents.shape[-1:], dtype=np.bool_)
     zero = values == 0
-    for g, r0, r1 in _row_chunks(codes):
-        zero_blocks(_wide(codes[g : g + 1, r0:r1]), zero, block, out[g : g + 1, r0:r1])
+    for g, r in _row_chunks(codes):
+        zero_blocks(_wide(codes[g, r]), zero, block, out[g, r])
     return out.reshape(exponents.shape)
 
 
@@ -311,10 +311,7 @@ def codes_all_finite(codes, finite_table) -> bool:
     if finite_table.all():
         return True
     codes = codes.reshape((1,) * (3 - codes.ndim) + codes.shape)
-    return all(
-        _rows_all_finite(_wide(codes[g : g + 1, r0:r1]), finite_table)
-        for g, r0, r1 in _row_chunks(codes)
-    )
+    return all(_rows_all_finite(_wide(codes[g, r]), finite_table) for g, r in _row_chunks(codes))
 
 
 @njit(cache=True)
@@ -332,14 +329,20 @@ def _rows_all_finite(codes, finite_table):
 
 
 def _row_chunks(codes):
-    """(group, first row, last row) of the (G, rows, K) ``codes`` a few rows at a time (at most
-    ``CODES_AT_ONCE`` codes): each chunk widened by itself (``_wide``) keeps the GEMM's
-    memory near its packed operands."""
+    """Slices (groups, rows) of the (G, rows, K) ``codes`` covering them a few rows at a time
+    (at most ``CODES_AT_ONCE`` codes; whole groups together when a group has fewer): each
+    chunk widened by itself (``_wide``) keeps the GEMM's memory near its packed operands."""
     groups, rows, length = codes.shape
+    per_group = max(rows * length, 1)
+    if per_group <= CODES_AT_ONCE:  # many small groups (attention heads): few calls
+        step = CODES_AT_ONCE // per_group
+        for g in range(0, groups, step):
+            yield slice(g, min(g + step, groups)), slice(0, rows)
+        return
     step = max(1, CODES_AT_ONCE // max(length, 1))
     for g in range(groups):
         for r in range(0, rows, step):
-            yield g, r, min(r + step, rows)
+            yield slice(g, g + 1), slice(r, min(r + step, rows))
 
 
 def _wide(codes) -> np.ndarray:
@@ -623,12 +626,12 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     table = values.astype(dtype)
     if rises is not None:
         powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
-    for g, r0, r1 in _row_chunks(codes):
-        chunk, out = _wide(codes[g : g + 1, r0:r1]), decoded[g : g + 1, r0:r1]
+    for g, r in _row_chunks(codes):
+        chunk, out = _wide(codes[g, r]), decoded[g, r]
         if rises is None:
             decode_codes(table, chunk, out)
         else:
-            steps = np.ascontiguousarray(rises[g : g + 1, r0:r1])
+            steps = np.ascontiguousarray(rises[g, r])
             decode_raised(table, chunk, steps, block, powers, out)
     return decoded
 
