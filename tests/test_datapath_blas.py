@@ -976,3 +976,18 @@ def test_blocks_of_zeros_do_not_hold_a_tile_below_the_floor(monkeypatch):
     monkeypatch.undo()
     np.testing.assert_array_equal(fast, matmul(hw, qa, qb, method="kernel").bits)
     np.testing.assert_array_equal(fast, twin_bits(hw, qa, qb, None))
+
+
+@pytest.mark.parametrize("codes_at_once", [200, 2_000, 1 << 18])
+@pytest.mark.parametrize("name", ["ocp-exact", "bfp-exact"])
+def test_codes_widened_in_chunks_give_the_kernels_bits(monkeypatch, name, codes_at_once):
+    # Chunks of the stored codes: rows of one group a few at a time (200 codes: 2 rows of K =
+    # 96), a few whole groups together (2,000), every group at once: the same bits as the
+    # generic kernel, with bfp-exact's folded rises decoded per chunk too.
+    monkeypatch.setattr(blas_module, "CODES_AT_ONCE", codes_at_once)
+    config = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    rng = np.random.default_rng(codes_at_once)
+    A = rng.standard_normal((5, 7, 96)) * np.exp2(rng.integers(-4, 4, (5, 7, 1)))
+    B = rng.standard_normal((5, 96, 6))
+    fast = matmul_batched(config, A, B)
+    np.testing.assert_array_equal(fast.bits, matmul_batched(config, A, B, method="kernel").bits)
