@@ -949,6 +949,39 @@ def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
     assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up
 
 
+def test_fused_eight_term_trees_add_a_zero_sum_as_plus_zero():
+    # A -0 accumulator and a tree whose products are all -0 (negative zeros times 1) or
+    # mixed: the exact sum is 0, so RNE(-0 + 0) is +0 in both passes (the infinite row takes
+    # the round-to-odd redo); then through matmul, where an accumulator underflows to -0
+    # (-2^-149 + 2^-150 ties to -0) before trees of -0 products: the generic kernel's bits.
+    a = np.full((1, 2, 8), -0.0)
+    b = np.ones((1, 3, 8))
+    b[0, 1, ::2] = -1.0
+    acc = np.array([[[-0.0, -0.0, 1.0], [-0.0, np.inf, -0.0]]], dtype=np.float32)
+    steps_r, steps_c = np.ones((1, 1, 2)), np.ones((1, 1, 3))
+    got = acc.copy()
+    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
+    rne_trees8(a, b, np.array([(0, 0)]), steps_r, steps_c, got, packed, fresh)
+    want = tree8_twin(acc, a, b, [(0, 0)], steps_r, steps_c)
+    np.testing.assert_array_equal(got.view(np.uint32), want)
+    assert got[0, 0, 0] == 0.0 and not np.signbit(got[0, 0, 0])
+    fmt = "fp8_e4m3"
+    qa = quantize(np.ones((1, 32)), fmt, axis=1)
+    qb = quantize(np.ones((32, 1)), fmt, axis=0)
+    codes_a = np.full(qa.codes.shape, 0x80, dtype=qa.codes.dtype)  # -0
+    codes_a.reshape(-1)[0] = 0x01  # 2^-9
+    codes_b = np.full(qb.codes.shape, 0x38, dtype=qb.codes.dtype)  # 1
+    codes_b.reshape(-1)[0] = 0x01
+    scale = 127 - 66  # 2^-9 * 2^-9 * 2^-132 = 2^-150
+    qa = dataclasses.replace(qa, codes=codes_a, scales=np.full_like(qa.scales, scale))
+    qb = dataclasses.replace(qb, codes=codes_b, scales=np.full_like(qb.scales, scale))
+    c = np.array([[-(2.0**-149)]], dtype=np.float32)
+    for name in ("mxdotp-paper", "mxdotp", "ocp-exact"):
+        config = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+        fast = matmul(config, qa, qb, c=c)
+        np.testing.assert_array_equal(fast.bits, matmul(config, qa, qb, c=c, method="kernel").bits)
+
+
 def test_blocks_of_zeros_do_not_hold_a_tile_below_the_floor(monkeypatch):
     # ReLU-like rows: A's first block all zeros with E8M0 scale 0 (X far below the floor) and
     # a second block of zeros in some rows. They add S = 0 at any X, so the tile stays on the

@@ -23,7 +23,8 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, packed, fresh):
     g, j]. ``a`` (g, rows, K) and ``b`` (g, columns, K) are float64 unscaled elements whose
     tree sums fit 53 bits (``tree_sum_bits``): every product and partial sum times 2^Xa is a
     float64 (the steps are E8M0 powers of two, the results normal float64s), so neither a
-    fused multiply-add nor the product by 2^Xb can round.
+    fused multiply-add nor the product by 2^Xb can round. A zero sum counts as +0 (an exact
+    sum has no sign; -0 + 0 is +0), as the datapath kernel and its twin have it.
 
     Per row and pass, t = acc + S is rounded to float64 and converted to fp32 (nearest
     even, IEEE overflow), into ``fresh``: the correctly rounded sum wherever t is exact,
@@ -67,7 +68,7 @@ def _exact_pass(out, fresh, x, step, packed) -> bool:
         s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
             (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
         )
-        scaled = s * steps[j]
+        scaled = s * steps[j] + 0.0  # an exact zero sum is +0, whatever its products' signs
         old = np.float64(out[j])
         total = old + scaled
         fresh[j] = np.float32(total)
@@ -82,4 +83,4 @@ def _odd_pass(out, x, step, packed) -> None:
         s = 0.0
         for m in range(8):
             s += (x[m] * step) * packed[m, j]
-        out[j] = np.float32(odd_sum(np.float64(out[j]), s * packed[8, j]))
+        out[j] = np.float32(odd_sum(np.float64(out[j]), s * packed[8, j] + 0.0))
