@@ -747,8 +747,9 @@ FIXTURE_TIERS = {
 }
 
 
-#: The warm-up process (controller of an xdist run only), waited for before any test runs.
-WARMING = pytest.StashKey[list]()
+#: The warm-up process and its stderr (controller of an xdist run only), waited for before
+#: any test runs.
+WARMING = pytest.StashKey[tuple]()
 
 
 def warm_kernel_cache() -> None:
@@ -771,8 +772,7 @@ def warm_kernel_cache() -> None:
 def _start_warming(config) -> None:
     """:func:`warm_kernel_cache` in a process of its own, beside the workers' start and
     collection, instead of before them with one core idle;
-    :func:`pytest_xdist_node_collection_finished` waits for it. (Two processes, each compiling
-    half, took about 12 s more CPU: the kernels share compiled helpers.)"""
+    :func:`pytest_xdist_node_collection_finished` waits for it."""
     import subprocess
     import sys
     import tempfile
@@ -783,7 +783,7 @@ def _start_warming(config) -> None:
     errors = tempfile.TemporaryFile()
     command = [sys.executable, "-c", code, str(Path(__file__).parent)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
-    config.stash[WARMING] = [(process, errors)]
+    config.stash[WARMING] = (process, errors)
 
 
 def pytest_configure(config):
@@ -809,12 +809,15 @@ def pytest_configure(config):
 def pytest_xdist_node_collection_finished(node, ids):
     """The controller sends no test before the kernel warm-up has ended (with a traceback of
     its own, if it failed)."""
-    for process, errors in node.config.stash.get(WARMING, ()):
-        with errors:
-            if process.wait():
-                errors.seek(0)
-                raise RuntimeError(f"the kernel warm-up failed:\n{errors.read().decode()}")
-    node.config.stash[WARMING] = []
+    warming = node.config.stash.get(WARMING, None)
+    if warming is None:  # no warm-up, or already waited for (one call per worker)
+        return
+    del node.config.stash[WARMING]
+    process, errors = warming
+    with errors:
+        if process.wait():
+            errors.seek(0)
+            raise RuntimeError(f"the kernel warm-up failed:\n{errors.read().decode()}")
 
 
 #: Modules of long, independent tests that the xdist workers share out one test at a time
