@@ -20,6 +20,7 @@ from mxsim.errors import MxsimError, UnknownNameError
 from mxsim.quantize import _bfp_kernels, _bfp_reference
 from mxsim.quantize.bfp import (
     BFP_KERNELS,
+    FLUSHED_ZERO_SIGNS,
     BFP_SPECS,
     BFPAxisError,
     BFPInputError,
@@ -228,6 +229,26 @@ def test_signed_zeros():
     assert bits_of(out[1]) == 0x80000000
 
 
+def test_flushed_zero_sign():
+    # Prime blocks [1.0, -0.0, -2^-149 (subnormal), -1e-10]: the zero and the subnormal are
+    # flushed, the normal -1e-10 rounds to 0.  "input": all three -0.0; "positive": the
+    # flushed two +0.0 (quark.torch), the rounded one still -0.0.
+    x = block([1.0, -0.0, -(2.0**-149), -1e-10])
+    for sign, expected in [
+        ("input", [0x80000000] * 3),
+        ("positive", [0x00000000, 0x00000000, 0x80000000]),
+    ]:
+        t = quantize_bfp(x, BFP_SPECS["MX6"].replace(flushed_zero_sign=sign))
+        assert bits_of(t.dequantize()[1:4]).tolist() == expected, sign
+        assert t.mantissas[0, 1:4].tolist() == [0, 0, 0]
+    for changes in (dict(kernel="cuda"), dict()):
+        spec = BFP_SPECS["MX6" if changes else "BFP16"].replace(**changes)
+        with pytest.raises(BFPSpecError, match="flushed_zero_sign 'positive'"):
+            spec.replace(flushed_zero_sign="positive")
+    with pytest.raises(UnknownNameError, match="flushed_zero_sign"):
+        BFP_SPECS["MX6"].replace(flushed_zero_sign="negative")
+
+
 # --------------------------------------------------------------------------------------------
 # CUDA stochastic rounding
 # --------------------------------------------------------------------------------------------
@@ -364,6 +385,7 @@ def run_kernel(spec: BFPSpec, rows: np.ndarray, words: np.ndarray):
             spec.rounding_mode,
             spec.kernel == "cuda",
             words,
+            spec.flushed_zero_sign == "input",
         )
         return shared, micro, mant, sign, np.zeros(rows.shape, np.uint32)
     return _bfp_kernels.bfp_plain_kernel(rows, m, spec.rounding_mode)
@@ -379,6 +401,7 @@ def run_reference(spec: BFPSpec, rows: np.ndarray, words):
         spec.rounding_mode,
         spec.kernel == "cuda",
         words,
+        spec.flushed_zero_sign == "input",
     )
 
 
@@ -413,6 +436,9 @@ def test_kernel_matches_reference_named_specs(name, mode, kernel, data):
     spec = BFP_SPECS[name].replace(rounding_mode=mode, kernel=kernel)
     rows, words = data.draw(rows_ties_and_words(spec))
     assert_kernel_matches_reference(spec, rows, words)
+    if spec.has_microexponents and kernel == "cpu":
+        flushing = spec.replace(flushed_zero_sign="positive")
+        assert_kernel_matches_reference(flushing, rows, words)
 
 
 @st.composite
@@ -425,6 +451,8 @@ def free_specs(draw):
         sub_block_size = draw(st.integers(1, 6))
         block_size = sub_block_size * draw(st.integers(1, 6))
         shift_bits = draw(st.integers(0, 8))
+    kernel = draw(st.sampled_from(BFP_KERNELS))
+    flushable = method == "to_bfp_prime" and kernel == "cpu"
     return BFPSpec(
         method,
         bit_width=9 + draw(st.integers(1, 23)),
@@ -432,8 +460,11 @@ def free_specs(draw):
         sub_block_size=sub_block_size,
         sub_block_shift_bits=shift_bits,
         rounding_mode=draw(st.integers(0, 2)),
-        kernel=draw(st.sampled_from(BFP_KERNELS)),
+        kernel=kernel,
         seed=draw(st.integers(0, 2**32)),
+        flushed_zero_sign=draw(
+            st.sampled_from(FLUSHED_ZERO_SIGNS if flushable else FLUSHED_ZERO_SIGNS[:1])
+        ),
     )
 
 

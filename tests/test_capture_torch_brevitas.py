@@ -184,6 +184,25 @@ def test_brevitas_mxint8_is_read_with_brevitas_scales(torch, brevitas, tmp_path)
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
+def test_brevitas_mxint8_zero_signs(torch, brevitas):
+    """Brevitas computes ``x / step + 0.0``: an input -0.0, and a negative whose quotient
+    underflows to -0.0, come out +0.0, while a negative that rounds to zero stays -0.0; the
+    captured spec (``input_unless_underflow``) gives Brevitas' bits."""
+    model, x = mlp(torch, brevitas, "mxint8"), outlier_activations(torch).clone()
+    x[0, 0, 0] = 2.0**100  # the first block's step is 2^94
+    x[0, 0, 1:3] = -0.0
+    x[0, 0, 3] = -(2.0**-60)  # x / step = -2^-154: a float32 zero
+    x[0, 0, 4] = -(2.0**-50)  # x / step = -2^-144, rounds to -0
+    x[0, 0, 5] = -(2.0**-130)  # subnormal, underflows too
+    want = brevitas_run(torch, model, x)["0"]["input"]
+    assert np.signbit(want[0, 0, 1:6]).tolist() == [False, False, False, True, False]
+    layer = capture(torch, model, x).layers[0]
+    spec = layer.quant["input"]
+    assert isinstance(spec, MXQuant) and spec.format == "int8"
+    ours = np.asarray(spec.fake_quantize(layer.tensors["input"])).astype(np.float32)
+    assert bit_mismatches(ours, want) == (0, [])
+
+
 def test_brevitas_fp8_per_tensor_is_read_with_its_scale(torch, brevitas):
     """OCP FP8 E4M3 per tensor: a float8e4m3fn QDQ spec with the QuantTensor's float32 scale,
     which gives Brevitas' values bit for bit; replayed on an exact unit (FP8 codes, the scales

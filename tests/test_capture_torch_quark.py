@@ -154,6 +154,29 @@ def test_quark_quantized_layers_replay_bit_for_bit(torch, quark, name):
         assert sqnr_db(want[layer.name]["output"], run.values) >= 100
 
 
+@pytest.mark.parametrize("name", ["mx6", "mx9"])
+def test_quark_mx6_mx9_zero_and_subnormal_inputs_give_positive_zeros(torch, quark, name):
+    """quark.torch replaces zero and subnormal inputs by +0.0 before quantizing MX6/MX9 (its
+    ONNX op keeps -0.0), while a normal negative that rounds to zero stays -0.0: the captured
+    spec says so (``flushed_zero_sign``) and gives Quark's bits."""
+    from mxsim.capture.torch import capture_torch
+
+    make, fmt, _ = SPECS[name]
+    model, x = quantize(torch, quark, make(quark[1]))
+    x = x.clone()
+    x[0, 0, 1:4] = -0.0
+    x[0, 0, 4:7] = -(2.0**-140)
+    x[0, 0, 8:11] = -1e-30
+    want = quark_run(torch, model, x)["0"]["input"]
+    assert not np.signbit(want[0, 0, 1:7]).any() and np.signbit(want[0, 0, 8:11]).all()
+    layer = capture_torch(model, x).layers[0]
+    spec = layer.quant["input"]
+    assert isinstance(spec, BFPQuant) and spec.name == fmt
+    assert spec.spec.flushed_zero_sign == "positive"
+    ours = np.asarray(spec.fake_quantize(layer.tensors["input"])).astype(np.float32)
+    assert bit_mismatches(ours, want) == (0, [])
+
+
 SCALED = {  # name -> (weight spec factory, input spec factory or None: the weight's)
     "bfp16": (lambda c: c.BFP16Spec(ch_axis=-1), None),
     "fp8_e4m3 per tensor": (lambda c: c.FP8E4M3PerTensorSpec(), None),

@@ -136,6 +136,8 @@ def test_zero_signs():
         "positive": [0, 0, 0],
         "input": [1, 1, 1],
         "input_if_underflow": [0, 1, 1],  # -2^-10 * 2^2 is no float32 zero
+        # over the step 2^(X-1) = 2^-3: -2^-7 stays negative, -0.0 and -2^-197 are zeros
+        "input_unless_underflow": [1, 0, 0],
     }
     for rule, expected in signs.items():
         out = fake_quantize(x, "fp4_e2m1", block_size=4, zero_signs=(("fp4_e2m1", rule),))

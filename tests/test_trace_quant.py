@@ -182,6 +182,7 @@ def test_qdq_spec_validation():
         MXQuant("fp6_e2m3", 0, 16, "quark", {"even_fraction_bits": (("int8", 8),)}),
         BFPQuant(BFP_SPECS["MX9"].replace(kernel="cuda", rounding_mode=2, seed=5), 1),
         BFPQuant("BFP16", 0, bypass_single_element=True),
+        BFPQuant(BFP_SPECS["MX6"].replace(rounding_mode=2, flushed_zero_sign="positive"), 1),
     ],
 )
 def test_manifest_round_trip(spec):
@@ -255,7 +256,9 @@ def test_mx_spec_with_stored_scales_quantizes_at_them_and_names_its_array():
         MXQuant("fp4_e2m1", 1, 4, scales=np.array([[127]], np.int32))
 
 
-@pytest.mark.parametrize("rule", ["code", "positive", "input", "input_if_underflow"])
+@pytest.mark.parametrize(
+    "rule", ["code", "positive", "input", "input_if_underflow", "input_unless_underflow"]
+)
 @pytest.mark.parametrize("fmt", ["int8", "fp4_e2m1"])
 def test_stored_scales_sign_zeros_as_fake_quantize_does(fmt, rule):
     """At the scales the rule itself chose, a spec with stored scales gives mxsim.fake_quantize's

@@ -18,7 +18,8 @@ operand as the proxy's float input with the QuantTensor's ``.value`` as
   as ``2^floor(log2(amax / 127))`` would be, so a block's largest elements saturate at 127),
   and the elements
   are rounded half to even and clamped as mxsim's MX INT8 does (``int8_minus_two`` false for
-  a narrow range), a zero keeping the input's sign (``round(x / s) * s``); an element step
+  a narrow range), a zero keeping the input's sign except where ``x / s + 0.0`` is +0 (an
+  input -0, a quotient that underflowed: ``input_unless_underflow``); an element step
   2^e is the E8M0 scale 2^(e + 6) of MX INT8's 1.6 codes;
 * a float proxy whose QuantTensor has one scale (per tensor: ``Fp8e4m3OCPWeightPerTensorFloat``,
   ``Fp8e4m3OCPActPerTensorFloat``...), saturating, zero point 0, E4M3 or E5M2 elements ->
@@ -192,7 +193,7 @@ def _int_spec(proxy, quant_tensor, ndim: int, where: str):
             axis,
             block,
             "ocp",
-            {"int8_minus_two": not narrow, "zero_signs": (("int8", "input"),)},
+            {"int8_minus_two": not narrow, "zero_signs": (("int8", "input_unless_underflow"),)},
             scales=codes.astype(np.uint8),
         )
     except (AttributeError, TypeError, ValueError, RuntimeError, MxsimError) as error:

@@ -11,7 +11,8 @@ reads one quantizer's configuration:
   profile for the scale calculation mode ``even`` / ``floor`` / ``ceil``; block axis
   ``ch_axis``, block size ``group_size``.
 * ``MX6Spec`` / ``MX9Spec`` -> :class:`~mxsim.trace.quant.BFPQuant` MX6/MX9 (``to_bfp_prime``)
-  with Quark's block size, round half to even (``torch.round``), CPU kernel semantics.
+  with Quark's block size, round half to even (``torch.round``), CPU kernel semantics, and
+  zero and subnormal inputs +0 (Quark torch replaces them by +0.0 before quantizing).
 * ``BFP16Spec`` (Quark torch's own ``fake_quantize_bfp16``, not its ONNX kernel's) ->
   :class:`~mxsim.trace.quant.MXQuant` MX INT8 in blocks of 8 along ``ch_axis`` at the scales
   :func:`bfp16_scales` computes from the float operand (stored with the spec): elements
@@ -142,7 +143,12 @@ def quantizer_spec(quantizer, ndim: int, where: str, values: np.ndarray | None =
             if dtype in BFP_DTYPES:
                 named = BFP_SPECS[BFP_DTYPES[dtype]]
                 return BFPQuant(
-                    named.replace(block_size=int(quantizer.group_size), rounding_mode=2), axis
+                    named.replace(
+                        block_size=int(quantizer.group_size),
+                        rounding_mode=2,
+                        flushed_zero_sign="positive",
+                    ),
+                    axis,
                 )
             if dtype == BFP16_DTYPE:
                 if values is None:

@@ -121,6 +121,7 @@ def bfp_prime_kernel(
     rounding_mode,
     cuda,
     random_words,
+    flushed_sign_kept,
 ):
     """Quantize blocks with shared exponent + per-sub-block microexponent (``to_bfp_prime``).
 
@@ -128,7 +129,8 @@ def bfp_prime_kernel(
     2**m - 1, 2 stochastic from ``random_words``, a uint32 array shaped like ``block_bits``);
     otherwise the CPU kernel's round-to-nearest with ties per ``rounding_mode``, saturating at
     2**m - 1 (a rounding that carries out of the sub-block's top keeps the largest mantissa).
-    Returns ``(shared, micro, mant, sign)``.
+    A zero or subnormal input (flushed) keeps its sign bit with ``flushed_sign_kept``, else
+    its sign bit is 0 (+0). Returns ``(shared, micro, mant, sign)``.
     """
     n_blocks, block_size = block_bits.shape
     n_sub = block_size // sub_block_size
@@ -185,7 +187,7 @@ def bfp_prime_kernel(
                 if m > max_mag:
                     m = max_mag
             mant[b, j] = -m if negative else m
-            sign[b, j] = negative
+            sign[b, j] = negative if (e != 0 or flushed_sign_kept) else 0
     return shared, micro, mant, sign
 
 

@@ -79,8 +79,11 @@ def prime_block_reference(
     rounding_mode: int,
     cuda: bool,
     random_words=None,
+    flushed_sign_kept: bool = True,
 ):
-    """One ``to_bfp_prime`` block.  Returns (E, [d per sub-block], [+-M], [sign bit])."""
+    """One ``to_bfp_prime`` block.  Returns (E, [d per sub-block], [+-M], [sign bit]).
+
+    ``flushed_sign_kept`` False: zero and subnormal inputs give sign bit 0 (+0)."""
     m = mantissa_bits
     elements = [decode_float32(b) for b in block_bits]
     n = len(elements)
@@ -112,7 +115,8 @@ def prime_block_reference(
             else:
                 mag = _cuda_stochastic_magnitude(x, q, shared_exp - d, m, int(random_words[i]))
             mantissas.append(-mag if x.negative else mag)
-            signs.append(int(x.negative))
+            flushed = x.exponent_field == 0
+            signs.append(int(x.negative and (flushed_sign_kept or not flushed)))
     return shared_exp, micro, mantissas, signs
 
 
@@ -172,6 +176,7 @@ def quantize_blocks_reference(
     rounding_mode: int,
     cuda: bool,
     random_words=None,
+    flushed_sign_kept: bool = True,
 ):
     """Whole (blocks, block_size) uint32 array, codes shaped like the kernels' outputs."""
     shared, micro, mant, sign, special = [], [], [], [], []
@@ -179,7 +184,14 @@ def quantize_blocks_reference(
         if method == "to_bfp_prime":
             words = None if random_words is None else random_words[b].tolist()
             e, d, mt, sg = prime_block_reference(
-                row, mantissa_bits, sub_block_size, shift_bits, rounding_mode, cuda, words
+                row,
+                mantissa_bits,
+                sub_block_size,
+                shift_bits,
+                rounding_mode,
+                cuda,
+                words,
+                flushed_sign_kept,
             )
             sp = [0] * len(row)
         else:

@@ -29,7 +29,7 @@ shared exponent make up the rest of ``bit_width``).
         own stream is clock-seeded curand and cannot be reproduced.
 
     * Value = (-1)**s * M * 2**(E - 127 - d + 1 - m).  The sign is the input's, so negative
-      inputs that round to 0 give -0.0.
+      inputs that round to 0 give -0.0; a zero or subnormal input's per ``flushed_zero_sign``.
 
 ``to_bfp`` (no microexponents)
     * E = the largest ``e`` among the *finite* elements (0 if none); Inf/NaN elements are passed
@@ -61,6 +61,7 @@ from . import _bfp_kernels
 __all__ = [
     "BFP_METHODS",
     "BFP_KERNELS",
+    "FLUSHED_ZERO_SIGNS",
     "BFP_SPECS",
     "BFPAxisError",
     "BFPInputError",
@@ -73,6 +74,7 @@ __all__ = [
 
 BFP_METHODS = ("to_bfp", "to_bfp_prime")
 BFP_KERNELS = ("cpu", "cuda")
+FLUSHED_ZERO_SIGNS = ("input", "positive")
 #: Biased shared exponent that marks a NaN block (``to_bfp_prime`` only).
 NAN_BLOCK_EXPONENT = 255
 #: The float32 Quark writes for every element of a NaN block.
@@ -121,6 +123,10 @@ class BFPSpec:
     * ``kernel``: ``"cpu"`` or ``"cuda"``: whose semantics to reproduce.
     * ``seed``: seeds the random bits of CUDA stochastic rounding; same seed, same tensor
       shape and axis give the same result.
+    * ``flushed_zero_sign`` (``to_bfp_prime`` only): the sign of the zero that a zero or
+      subnormal input becomes (it is flushed): ``"input"`` its own (Quark's op kernels, so
+      -0.0 stays -0.0), ``"positive"`` +0.0 (``quark.torch``'s ``fake_quantize_mx6_mx9``,
+      which replaces such inputs by +0.0 before quantizing).
     """
 
     method: Literal["to_bfp", "to_bfp_prime"]
@@ -131,6 +137,7 @@ class BFPSpec:
     rounding_mode: int = 0
     kernel: Literal["cpu", "cuda"] = "cpu"
     seed: int = 0
+    flushed_zero_sign: Literal["input", "positive"] = "input"
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in BFP_METHODS:
@@ -143,6 +150,19 @@ class BFPSpec:
         _require_int("sub_block_shift_bits", self.sub_block_shift_bits, 0, MAX_SHIFT_BITS)
         _require_int("rounding_mode", self.rounding_mode, 0, 2)
         _require_int("seed", self.seed, 0, 2**63 - 1)
+        if not isinstance(self.flushed_zero_sign, str) or (
+            self.flushed_zero_sign not in FLUSHED_ZERO_SIGNS
+        ):
+            raise UnknownNameError(
+                "BFP flushed_zero_sign", self.flushed_zero_sign, FLUSHED_ZERO_SIGNS
+            )
+        if self.flushed_zero_sign != "input" and (
+            self.method != "to_bfp_prime" or self.kernel != "cpu"
+        ):
+            raise BFPSpecError(
+                "flushed_zero_sign 'positive' is quark.torch's MX6/MX9 rule (to_bfp_prime with "
+                f"kernel 'cpu'), got method {self.method!r}, kernel {self.kernel!r}"
+            )
         if self.method == "to_bfp":
             if self.sub_block_size != self.block_size or self.sub_block_shift_bits != 0:
                 raise BFPSpecError(
@@ -431,6 +451,7 @@ def quantize_bfp(x: np.ndarray, spec_or_name: BFPSpec | str, axis: int = -1) -> 
             spec.rounding_mode,
             cuda,
             random_words,
+            spec.flushed_zero_sign == "input",
         )
         special = None
     else:

@@ -464,6 +464,12 @@ def fake_quantize(
             limit = np.ldexp(1.0, np.minimum(exponents, K.E8M0_MAX_EXPONENT + 1) - 150)
             limit = _from_blocks(np.repeat(limit, block_size, axis=-1), values.shape, axis, padding)
             negative_zero &= np.abs(values) <= limit
+        elif zero_sign == "input_unless_underflow":
+            # |x| * 2^(p-X) > 2^-150, with 2^(X-p) the block's element step.
+            step = np.minimum(exponents, K.E8M0_MAX_EXPONENT + 1) - element_format.top_fraction_bits
+            limit = np.ldexp(1.0, step - 150)
+            limit = _from_blocks(np.repeat(limit, block_size, axis=-1), values.shape, axis, padding)
+            negative_zero &= np.abs(values) > limit
         out = np.where(out == 0, np.where(negative_zero, -0.0, 0.0), out)
     if opts.nonfinite == "propagate":
         out = np.where(np.isfinite(values), out, values.astype(np.float64))

@@ -17,7 +17,7 @@ from ..formats.rounding import OVERFLOW_POLICIES, ROUNDING_MODES
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
 EXPONENT_SOURCES = ("bits", "field", "log2")
 NONFINITE_POLICIES = ("nan_block", "propagate", "inf_scale_max", "inf_field", "raise")
-ZERO_SIGNS = ("code", "positive", "input", "input_if_underflow")
+ZERO_SIGNS = ("code", "positive", "input", "input_if_underflow", "input_unless_underflow")
 SCALE_UNDERFLOW_POLICIES = ("clamp", "unclamped", "unclamped_eps")
 SCALE_OVERFLOW_POLICIES = ("nan", "clamp")
 
@@ -74,6 +74,10 @@ class QuantOptions:
             ``positive``: +0. ``input``: the input's sign. ``input_if_underflow``: the
             input's sign where |x| · 2^-X is at most 2^-150 (already a float32 zero), else +0
             (Quark ONNX MXINT8 with half-even rounding, whose ``py3_round`` returns +0).
+            ``input_unless_underflow``: the input's sign where x divided by the element's
+            step 2^(X-p) (p the fraction bits of the format's top binade, 6 for INT8) is a
+            nonzero float32, |x| · 2^(p-X) > 2^-150, else +0 (Brevitas' MX INT8, whose
+            x / step + 0.0 turns an input -0, and a quotient that underflowed, into +0).
             Codes are not affected.
         seed: seed for stochastic element rounding.
 

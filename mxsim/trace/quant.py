@@ -203,10 +203,14 @@ class MXQuant(_BlockSpec):
             return out
         values = np.asarray(x, dtype=np.float64)
         negative = np.signbit(values) & (rule != "positive")
-        if rule == "input_if_underflow":  # |x| * 2^-X <= 2^-150, X the block's scale exponent
+        if rule in ("input_if_underflow", "input_unless_underflow"):
             exponents = np.repeat(self.scales.astype(np.int64) - 127, self.block_size, axis=-1)
             exponents = np.moveaxis(exponents[..., : values.shape[self.axis]], -1, self.axis)
-            negative &= np.abs(values) <= np.ldexp(1.0, exponents - 150)
+            if rule == "input_if_underflow":  # |x| * 2^-X <= 2^-150, X the block's exponent
+                negative &= np.abs(values) <= np.ldexp(1.0, exponents - 150)
+            else:  # |x| / step > 2^-150, step 2^(X-p) the block's element step
+                step = exponents - get_format(self.format).top_fraction_bits
+                negative &= np.abs(values) > np.ldexp(1.0, step - 150)
         return np.where(out == 0, np.where(negative, -0.0, 0.0), out)
 
     def to_manifest(self, operand: str | None = None) -> dict:
@@ -311,6 +315,8 @@ class BFPQuant(_BlockSpec):
             "kernel": s.kernel,
             "seed": s.seed,
         }
+        if s.flushed_zero_sign != "input":
+            entry["flushed_zero_sign"] = s.flushed_zero_sign
         if self.bypass_single_element:
             entry["bypass_single_element"] = True
         return entry
@@ -608,6 +614,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             "rounding_mode",
             "kernel",
             "seed",
+            "flushed_zero_sign",
             "bypass_single_element",
         }
         if unknown:
@@ -621,6 +628,7 @@ def spec_from_manifest(entry: dict, arrays: dict[str, np.ndarray], operand: str)
             entry.get("rounding_mode", 0),
             entry.get("kernel", "cpu"),
             entry.get("seed", 0),
+            entry.get("flushed_zero_sign", "input"),
         )
         built = BFPQuant(spec, entry["axis"], bool(entry.get("bypass_single_element", False)))
         if entry.get("name") is not None and entry["name"] != built.name:
