@@ -1517,6 +1517,34 @@ def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
         assert len(memo) == 1 and "codes" in next(iter(memo.values()))
 
 
+def test_matmul_batched_with_a_kept_b_of_folded_trees_gives_the_bits_of_calls_without():
+    """bfp-exact's trees span several blocks, folded onto their least scale: the memo keeps
+    B's folded exponents and its panel, decoded into float32 or float64 as the A of the call
+    needs (A's rises add to the sums' bits), and the bits stay those of calls without it
+    when A's rises change from call to call (uniform rows: float32; rows of blocks many
+    binades apart: float64), zeros and c included."""
+    config = hw("bfp-exact")
+    fmt, block = config.b_formats[0], config.sections[("inputs", "block_size")]
+    rng = np.random.default_rng(8)
+    # blocks a binade or two apart: B's rises are small, but not all 0
+    B = np.sign(rng.standard_normal((3, 40, 5))) * rng.choice([1.0, 1.5, 2.0, 3.0, 6.0], (3, 40, 5))
+    B[1, :, 2] = 0.0
+    tensors_b = [quantize(b, fmt, axis=0, block_size=block) for b in B]
+    memo = {}
+    uniform = np.sign(rng.standard_normal((3, 4, 40)))
+    wide = rng.standard_normal((3, 4, 40)) * np.ldexp(1.0, rng.integers(-12, 12, (3, 4, 40)))
+    for A in (uniform, wide, uniform, wide * 2.0**40):
+        c = rng.standard_normal((3, 4, 5)).astype(np.float32)
+        kept = matmul_batched(config, A, tensors_b, c=c, b_memo=memo)
+        anew = matmul_batched(config, A, tensors_b, c=c)
+        np.testing.assert_array_equal(kept.bits, anew.bits)
+        for g in range(3):
+            one = matmul(config, quantize(A[g], fmt, axis=1, block_size=block), tensors_b[g], c=c[g])
+            np.testing.assert_array_equal(kept.bits[g], one.bits)
+    (kept_params,) = memo.values()
+    assert "folded" in kept_params["route"]
+
+
 def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():
     config = hw("ocp-exact")
     rng = np.random.default_rng(3)

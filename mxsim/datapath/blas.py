@@ -182,23 +182,33 @@ def blas_route(
         return None
     folded = None
     if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
-        folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+        folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
         if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:  # folded_sum_bits
             return None
     return (folded,) if values_finite_and_not_negative_zero(c_values) else None
 
 
-def _folded_trees(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b):
-    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out."""
+def _folded_trees(
+    params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, memo=None
+):
+    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out.
+    Each operand's depend on its own codes and scales alone: B's are kept in ``memo`` (as
+    for :func:`blas_matmul`) and read from it on later calls."""
     per, size = blocks_per_tree(params), params.block_size
     trees = -(-scales_a.shape[-1] // per)
-    return tuple(
-        _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
-        for codes, values, scales in (
-            (codes_a, kernel_args[0], scales_a),
-            (codes_b, kernel_args[2], scales_b),
-        )
-    )
+
+    def fold(codes, values, scales):
+        return _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
+
+    folded_b = None if memo is None else memo.get("folded")
+    if folded_b is None:
+        folded_b = fold(codes_b, kernel_args[2], scales_b)
+        if memo is not None:
+            least, rises, top = folded_b
+            if top <= np.iinfo(np.uint8).max:  # kept: a byte per block rather than eight
+                rises = rises.astype(np.uint8)
+            memo["folded"] = least, rises, top
+    return fold(codes_a, kernel_args[0], scales_a), folded_b
 
 
 def blocks_per_tree(params: DatapathParams) -> int:
@@ -631,7 +641,7 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
         if rises is None:
             decode_codes(table, chunk, out)
         else:
-            steps = np.ascontiguousarray(rises[g, r])
+            steps = np.ascontiguousarray(rises[g, r], dtype=np.int64)  # a memo keeps them as bytes
             decode_raised(table, chunk, steps, block, powers, out)
     return decoded
 
@@ -756,8 +766,10 @@ def blas_matmul(
     groups (tiles done, as rows). ``folded``: :func:`blas_route`'s folded trees of these
     operands where it computed them (None: computed here). ``memo``: None, or a mapping the
     caller keeps for this same B (its codes and scales unchanged between the calls given it,
-    with the same ``params``): B's decoded panels and their steps are kept there and reused
-    (a model's weights, decoded once).
+    with the same ``params``): B's decoded panels and their steps, and for trees of several
+    blocks B's folded tree exponents (``_folded_trees``), are kept there and reused (a
+    model's weights, decoded once; a folded panel is decoded again when A's rises change
+    its float type).
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
@@ -770,7 +782,9 @@ def blas_matmul(
     rises_a = rises_b = None
     if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
         if folded is None:
-            folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+            folded = _folded_trees(
+                params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo
+            )
         (scales_a, rises_a, top_a), (scales_b, rises_b, top_b) = folded
         bits += top_a + top_b  # folded_sum_bits
     block = params.block_size * per if scaled else width
@@ -824,9 +838,12 @@ def blas_matmul(
     ):
         for c0, c1 in panels:
             exps_b = scales_b[:, c0:c1] if scaled else None
-            # rises of folded trees come with A's folding: those panels are not kept
-            key = None if memo is None or per > 1 else ("panel", c0, c1, block, padded)
+            # A folded B's panel depends on B alone, but its float type on A's rises too
+            # (``dtype``): one panel is kept, of the type last used.
+            key = None if memo is None else ("panel", c0, c1, block, padded)
             kept = None if key is None else memo.get(key)
+            if kept is not None and kept[0].dtype != (np.float64 if kulisch else dtype):
+                kept = None
             if kept is not None:
                 b, b_steps = kept
             elif kulisch:
