@@ -1495,7 +1495,7 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
         assert same_float(float(out_fmt.decode(batch.bits[g, i : i + 1, j])[0]), twin), (g, i, j)
 
 
-@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "bfp-exact", "h100-fp8"])
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "bfp-exact", "mxdotp", "h100-fp8"])
 def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
     """A B kept in ``b_memo`` (its codes, the BLAS route's decoded panels) gives, for new A's
     and c's, the bits of calls that decode B anew; the memo is filled once, per unit params."""

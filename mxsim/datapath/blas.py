@@ -845,17 +845,19 @@ def blas_matmul(
             if kept is not None and kept[0].dtype != (np.float64 if kulisch else dtype):
                 kept = None
             if kept is not None:
-                b, b_steps = kept
+                b, b_steps, b_zeros = kept
             elif kulisch:
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 rises = rises_b[:, c0:c1] if per > 1 else None
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
+            if kept is None:  # a grid's floor skips columns of zero blocks (``_above_floor``)
+                b_zeros = None if floor is None else zero_block_mask(b, blocks)
             if key is not None and kept is None:
-                memo[key] = (b, b_steps)
+                memo[key] = (b, b_steps, b_zeros)
 
-            def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
+            def run(item, b=b, b_steps=b_steps, b_zeros=b_zeros, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
                 if kulisch:
@@ -866,6 +868,7 @@ def blas_matmul(
                         a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
                     )
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
+                    a_zeros = None if floor is None else zero_block_mask(a, blocks)
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
                 for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
@@ -887,13 +890,15 @@ def blas_matmul(
                             )
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
-                        if eights is not None and (
-                            grid is None or _above_floor(a_steps, steps, floor, a, b_tile).all()
-                        ):
+                        plain = None
+                        if floor is not None:
+                            zeros = b_zeros[:, g0:g1, k0 - c0 : k1 - c0]
+                            plain = _above_floor(a_steps, steps, floor, a_zeros, zeros)
+                        if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
                         elif grid is not None:
                             _grid_tile(
-                                a, b_tile, a_steps, steps, trees, acc, grid, choices, floor, span
+                                a, b_tile, a_steps, steps, trees, acc, grid, choices, plain, span
                             )
                         else:
                             _rounding_tile(a, b_tile, a_steps, steps, width, block, acc, span)
@@ -1024,40 +1029,42 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
     acc[...] = running
 
 
-def _above_floor(row_steps, column_steps, floor: int, a, b) -> np.ndarray:
+def zero_block_mask(values, blocks: int) -> np.ndarray:
+    """(blocks, g, n) bool: whether each of the ``blocks`` equal blocks of the (g, n, padded)
+    ``values`` holds only zeros."""
+    return ~values.reshape(values.shape[:2] + (blocks, -1)).any(axis=-1).transpose(2, 0, 1)
+
+
+def _above_floor(row_steps, column_steps, floor: int, zero_rows, zero_columns) -> np.ndarray:
     """Per scale block, whether its least scale exponent sum over the tile's rows and
     columns (steps (blocks, g, r) and (blocks, g, n)), and every earlier block's, is at least
     ``floor`` (``grid_nearest_even_floor``; an earlier block below it may have left a -0).
-    Rows (columns) whose block of ``a`` (g, r, padded) (``b`` (g, n, padded)) holds only
-    zeros are left out: they add S = 0 to every output of theirs, which the grid's rules and
-    RNE_fp32(acc + S) keep alike at any X for an accumulator other than -0."""
+    Rows (columns) whose block holds only zeros (``zero_rows`` (blocks, g, r), ``zero_columns``
+    (blocks, g, n): ``zero_block_mask`` of the tile's operands) are left out: they add S = 0
+    to every output of theirs, which the grid's rules and RNE_fp32(acc + S) keep alike at any
+    X for an accumulator other than -0."""
     blocks = row_steps.shape[0]
     least = np.ones(blocks)
-    for steps, values in ((row_steps, a), (column_steps, b)):
-        zero = ~values.reshape(values.shape[:2] + (blocks, -1)).any(axis=-1)
-        least *= (
-            np.where(zero.transpose(2, 0, 1), np.inf, steps)
-            .reshape(blocks, -1)
-            .min(axis=1, initial=np.inf)
-        )
+    for steps, zero in ((row_steps, zero_rows), (column_steps, zero_columns)):
+        least *= np.where(zero, np.inf, steps).reshape(blocks, -1).min(axis=1, initial=np.inf)
     return np.logical_and.accumulate(least >= 2.0**floor)
 
 
 def _grid_tile(
-    a, b, row_steps, column_steps, trees, acc, grid, choices, floor=None, span=None
+    a, b, row_steps, column_steps, trees, acc, grid, choices, plain=None, span=None
 ) -> None:
     """acc (g, r, n fp32) = its values with each tree's exact sum added by the grid's rules
     (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
     a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
-    ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks whose least scale exponent
-    sum, and every earlier block's, is at least ``floor`` (``_above_floor``; None: none)
-    take the plain RNE_fp32(acc + S) (``accumulate_rne_fp32``, or ``accumulate_fp32`` where,
-    with ``span``, the scaled sums are float32s: ``_fp32_exact_blocks``)."""
+    ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks marked in ``plain`` (per
+    block: ``_above_floor`` of the tile, its least scale exponent sum and every earlier
+    block's at least the grid's floor; None: none) take the plain RNE_fp32(acc + S)
+    (``accumulate_rne_fp32``, or ``accumulate_fp32`` where, with ``span``, the scaled sums
+    are float32s: ``_fp32_exact_blocks``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
-    plain = narrow = None
-    if floor is not None:
-        plain = _above_floor(row_steps, column_steps, floor, a, b)
+    narrow = None
+    if plain is not None:
         if span is not None:
             narrow = _fp32_exact_blocks(row_steps, column_steps, span)
             row_steps32 = row_steps.astype(np.float32)
