@@ -1539,7 +1539,9 @@ def test_matmul_batched_with_a_kept_b_of_folded_trees_gives_the_bits_of_calls_wi
         anew = matmul_batched(config, A, tensors_b, c=c)
         np.testing.assert_array_equal(kept.bits, anew.bits)
         for g in range(3):
-            one = matmul(config, quantize(A[g], fmt, axis=1, block_size=block), tensors_b[g], c=c[g])
+            one = matmul(
+                config, quantize(A[g], fmt, axis=1, block_size=block), tensors_b[g], c=c[g]
+            )
             np.testing.assert_array_equal(kept.bits[g], one.bits)
     (kept_params,) = memo.values()
     assert "folded" in kept_params["route"]

@@ -786,9 +786,7 @@ def blas_matmul(
     rises_a = rises_b = None
     if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
         if folded is None:
-            folded = _folded_trees(
-                params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo
-            )
+            folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
         (scales_a, rises_a, top_a), (scales_b, rises_b, top_b) = folded
         bits += top_a + top_b  # folded_sum_bits
     block = params.block_size * per if scaled else width
