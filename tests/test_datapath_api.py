@@ -1417,7 +1417,15 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
 
 # --- batches of GEMMs (attention heads): one call, the bits of one call per group -------------
 
-BATCH_UNITS = ["ocp-exact", "h100-fp8", "kulisch", "mxdotp", "b200-fp8"]
+BATCH_UNITS = [
+    "ocp-exact",
+    "h100-fp8",
+    "kulisch",
+    "mxdotp",
+    "b200-fp8",
+    "bfp-exact",
+    "mxdotp-paper",
+]
 
 
 @settings(max_examples=20, deadline=None)
@@ -1427,10 +1435,11 @@ BATCH_UNITS = ["ocp-exact", "h100-fp8", "kulisch", "mxdotp", "b200-fp8"]
     method=st.sampled_from(["auto", "kernel"]),
     with_c=st.booleans(),
     specials=st.integers(0, 2),
+    holes=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
-    name, shape, method, with_c, specials, seed
+    name, shape, method, with_c, specials, holes, seed
 ):
     config = hw(name)
     groups, m, k, n = shape
@@ -1441,7 +1450,14 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
     B = rng.standard_normal((groups, k, n)) * np.exp2(rng.integers(-6, 6, (groups, 1, 1)))
     if specials and not per_tensor:  # a minority of corners: NaN/Inf send outputs to the kernel
         A[rng.integers(groups), rng.integers(m), rng.integers(k)] = [np.nan, np.inf][specials - 1]
+    if holes and not per_tensor:  # runs of zeros: whole blocks of zeros, a column of B zeros
+        # (per-tensor units: an all-zero group's tensor scale leaves c inexact, refused)
+        first = rng.integers(k)
+        A[:, rng.integers(m), first : first + rng.integers(1, 40)] = 0.0
+        B[rng.integers(groups), :, rng.integers(n)] = 0.0
     c = rng.standard_normal((groups, m, n)).astype(np.float32) if with_c else None
+    if c is not None and specials:  # a -0 accumulator input (the kernel's too)
+        c[rng.integers(groups), rng.integers(m), rng.integers(n)] = -0.0
     reports = []  # with progress: passes of 5 rows (whole groups together; the BLAS route's own), each reported
     batch = matmul_batched(
         config,
