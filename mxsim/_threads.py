@@ -20,15 +20,20 @@ import numba
 #: Work items (elements, products) below which a parallel kernel call uses one thread: the
 #: size where the single-threaded loop takes roughly as long as waking a second thread.
 SERIAL_BELOW = 1 << 14
+#: Products below which a GEMM route's call (a batch of attention heads, a small layer) runs
+#: on one thread: a few milliseconds of work at most, where a woken thread that waits for a
+#: time slice on a shared machine costs more than the split saves.
+SERIAL_GEMM_BELOW = 1 << 22
 
 
 @contextmanager
-def threads_for(work: int):
+def threads_for(work: int, below: int = SERIAL_BELOW):
     """Within the block, parallel kernel calls on this thread (:func:`run_in_threads`) use one
-    thread when ``work`` (the call's elements or products) is below :data:`SERIAL_BELOW`;
-    otherwise the thread count is left as it is."""
+    thread when ``work`` (the call's elements or products) is below ``below``
+    (:data:`SERIAL_BELOW`, or :data:`SERIAL_GEMM_BELOW` for a GEMM's products); otherwise the
+    thread count is left as it is."""
     threads = numba.get_num_threads()
-    if work >= SERIAL_BELOW or threads == 1:
+    if work >= below or threads == 1:
         yield
         return
     numba.set_num_threads(1)

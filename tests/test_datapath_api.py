@@ -1417,7 +1417,15 @@ def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_sca
 
 # --- batches of GEMMs (attention heads): one call, the bits of one call per group -------------
 
-BATCH_UNITS = ["ocp-exact", "h100-fp8", "kulisch", "mxdotp", "b200-fp8"]
+BATCH_UNITS = [
+    "ocp-exact",
+    "h100-fp8",
+    "kulisch",
+    "mxdotp",
+    "b200-fp8",
+    "bfp-exact",
+    "mxdotp-paper",
+]
 
 
 @settings(max_examples=20, deadline=None)
@@ -1427,10 +1435,11 @@ BATCH_UNITS = ["ocp-exact", "h100-fp8", "kulisch", "mxdotp", "b200-fp8"]
     method=st.sampled_from(["auto", "kernel"]),
     with_c=st.booleans(),
     specials=st.integers(0, 2),
+    holes=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
-    name, shape, method, with_c, specials, seed
+    name, shape, method, with_c, specials, holes, seed
 ):
     config = hw(name)
     groups, m, k, n = shape
@@ -1441,7 +1450,14 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
     B = rng.standard_normal((groups, k, n)) * np.exp2(rng.integers(-6, 6, (groups, 1, 1)))
     if specials and not per_tensor:  # a minority of corners: NaN/Inf send outputs to the kernel
         A[rng.integers(groups), rng.integers(m), rng.integers(k)] = [np.nan, np.inf][specials - 1]
+    if holes and not per_tensor:  # runs of zeros: whole blocks of zeros, a column of B zeros
+        # (per-tensor units: an all-zero group's tensor scale leaves c inexact, refused)
+        first = rng.integers(k)
+        A[:, rng.integers(m), first : first + rng.integers(1, 40)] = 0.0
+        B[rng.integers(groups), :, rng.integers(n)] = 0.0
     c = rng.standard_normal((groups, m, n)).astype(np.float32) if with_c else None
+    if c is not None and specials:  # a -0 accumulator input (the kernel's too)
+        c[rng.integers(groups), rng.integers(m), rng.integers(n)] = -0.0
     reports = []  # with progress: passes of 5 rows (whole groups together; the BLAS route's own), each reported
     batch = matmul_batched(
         config,
@@ -1495,7 +1511,7 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
         assert same_float(float(out_fmt.decode(batch.bits[g, i : i + 1, j])[0]), twin), (g, i, j)
 
 
-@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "bfp-exact", "h100-fp8"])
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "bfp-exact", "mxdotp", "h100-fp8"])
 def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
     """A B kept in ``b_memo`` (its codes, the BLAS route's decoded panels) gives, for new A's
     and c's, the bits of calls that decode B anew; the memo is filled once, per unit params."""
@@ -1515,6 +1531,36 @@ def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
         anew = matmul_batched(config, A, tensors_b, c=c, per_tensor_scale=per_tensor)
         np.testing.assert_array_equal(kept.bits, anew.bits)
         assert len(memo) == 1 and "codes" in next(iter(memo.values()))
+
+
+def test_matmul_batched_with_a_kept_b_of_folded_trees_gives_the_bits_of_calls_without():
+    """bfp-exact's trees span several blocks, folded onto their least scale: the memo keeps
+    B's folded exponents and its panel, decoded into float32 or float64 as the A of the call
+    needs (A's rises add to the sums' bits), and the bits stay those of calls without it
+    when A's rises change from call to call (uniform rows: float32; rows of blocks many
+    binades apart: float64), zeros and c included."""
+    config = hw("bfp-exact")
+    fmt, block = config.b_formats[0], config.sections[("inputs", "block_size")]
+    rng = np.random.default_rng(8)
+    # blocks a binade or two apart: B's rises are small, but not all 0
+    B = np.sign(rng.standard_normal((3, 40, 5))) * rng.choice([1.0, 1.5, 2.0, 3.0, 6.0], (3, 40, 5))
+    B[1, :, 2] = 0.0
+    tensors_b = [quantize(b, fmt, axis=0, block_size=block) for b in B]
+    memo = {}
+    uniform = np.sign(rng.standard_normal((3, 4, 40)))
+    wide = rng.standard_normal((3, 4, 40)) * np.ldexp(1.0, rng.integers(-12, 12, (3, 4, 40)))
+    for A in (uniform, wide, uniform, wide * 2.0**40):
+        c = rng.standard_normal((3, 4, 5)).astype(np.float32)
+        kept = matmul_batched(config, A, tensors_b, c=c, b_memo=memo)
+        anew = matmul_batched(config, A, tensors_b, c=c)
+        np.testing.assert_array_equal(kept.bits, anew.bits)
+        for g in range(3):
+            one = matmul(
+                config, quantize(A[g], fmt, axis=1, block_size=block), tensors_b[g], c=c[g]
+            )
+            np.testing.assert_array_equal(kept.bits[g], one.bits)
+    (kept_params,) = memo.values()
+    assert "folded" in kept_params["route"]
 
 
 def test_matmul_batched_takes_lists_of_mxtensors_and_empty_batches():

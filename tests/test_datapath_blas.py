@@ -468,6 +468,12 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
             for row, steps in zip(codes.tolist(), small.tolist())
         ]
         assert got.dtype == dtype and got.tolist() == want
+    # Blocks of zeros (one more block than the codes reach: all zeros), against plain Python.
+    marked = _zero_blocks(codes, table, np.zeros((rows, blocks + 1), np.int32), block)
+    assert marked.tolist() == [
+        [all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks + 1)]
+        for row in codes.tolist()
+    ]
 
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from mxsim._threads import SERIAL_BELOW, threads_for
+from mxsim._threads import SERIAL_BELOW, SERIAL_GEMM_BELOW, threads_for
 from mxsim.datapath import dot, load_hwconfig, matmul
 from mxsim.formats import get_format
 from mxsim.quantize import quantize
@@ -34,6 +34,32 @@ def test_small_work_takes_one_thread_and_the_count_comes_back(two_threads):
     with pytest.raises(ValueError), threads_for(0):
         raise ValueError("inside")
     assert numba.get_num_threads() == 2
+
+
+def test_a_gemm_of_few_products_takes_one_thread(two_threads, monkeypatch):
+    """The GEMM routes run a call of fewer than SERIAL_GEMM_BELOW products (MiniLM's attention
+    heads: 192 x 14 x 32 x 14) on one thread, a larger one on the thread count set."""
+    with threads_for(SERIAL_GEMM_BELOW - 1, SERIAL_GEMM_BELOW):
+        assert numba.get_num_threads() == 1
+    with threads_for(SERIAL_GEMM_BELOW, SERIAL_GEMM_BELOW):
+        assert numba.get_num_threads() == 2
+    from mxsim.datapath import api
+
+    seen = []
+    routes = api._gemm_routes
+
+    def counting(*args, **kwargs):
+        seen.append(numba.get_num_threads())
+        return routes(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_gemm_routes", counting)
+    hw = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
+    rng = np.random.default_rng(2)
+    for groups, rows in ((192, 14), (2, 1280)):  # 1.2 M products; 2 x 1280 x 32 x 1280 = 105 M
+        a = rng.standard_normal((groups, rows, 32))
+        b = rng.standard_normal((groups, 32, rows))
+        api.matmul_batched(hw, a, b)
+    assert seen == [1, 2]
 
 
 def _every_entry_point():

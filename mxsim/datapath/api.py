@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
 from ..formats.table import INPUT_FLOATS, as_float_array
-from .._threads import run_in_threads, threads_for
+from .._threads import SERIAL_GEMM_BELOW, run_in_threads, threads_for
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_grouped
 from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
@@ -901,8 +901,9 @@ def matmul_batched(
 
 
 def _gemm_groups(params: DatapathParams, codes_a, codes_b, *rest) -> np.ndarray:
-    """:func:`_gemm_routes` on one thread when the GEMMs hold few products (``threads_for``)."""
-    with threads_for(codes_a.size * codes_b.shape[1]):
+    """:func:`_gemm_routes` on one thread when the GEMMs hold few products
+    (``threads_for``, below ``SERIAL_GEMM_BELOW``)."""
+    with threads_for(codes_a.size * codes_b.shape[1], SERIAL_GEMM_BELOW):
         return _gemm_routes(params, codes_a, codes_b, *rest)
 
 

@@ -182,23 +182,33 @@ def blas_route(
         return None
     folded = None
     if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
-        folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+        folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
         if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:  # folded_sum_bits
             return None
     return (folded,) if values_finite_and_not_negative_zero(c_values) else None
 
 
-def _folded_trees(params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b):
-    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out."""
+def _folded_trees(
+    params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, memo=None
+):
+    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out.
+    Each operand's depend on its own codes and scales alone: B's are kept in ``memo`` (as
+    for :func:`blas_matmul`) and read from it on later calls."""
     per, size = blocks_per_tree(params), params.block_size
     trees = -(-scales_a.shape[-1] // per)
-    return tuple(
-        _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
-        for codes, values, scales in (
-            (codes_a, kernel_args[0], scales_a),
-            (codes_b, kernel_args[2], scales_b),
-        )
-    )
+
+    def fold(codes, values, scales):
+        return _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
+
+    folded_b = None if memo is None else memo.get("folded")
+    if folded_b is None:
+        folded_b = fold(codes_b, kernel_args[2], scales_b)
+        if memo is not None:
+            least, rises, top = folded_b
+            if top <= np.iinfo(np.uint8).max:  # kept: a byte per block rather than eight
+                rises = rises.astype(np.uint8)
+            memo["folded"] = least, rises, top
+    return fold(codes_a, kernel_args[0], scales_a), folded_b
 
 
 def blocks_per_tree(params: DatapathParams) -> int:
@@ -232,43 +242,45 @@ def fold_exponents(exponents, zeros, per, least, rises):
     the last); returns the largest rise (0 without blocks)."""
     groups, rows, blocks = exponents.shape
     trees = least.shape[-1]
-    top = 0
+    top = np.int64(0)
+    none = np.int64(1) << 40  # above every exponent: "no block counted yet" (branch-free)
     for g in range(groups):
         for i in range(rows):
             row, empty = exponents[g, i], zeros[g, i]
+            row_least, row_rises = least[g, i], rises[g, i]
             for t in range(trees):
                 first, last = t * per, min((t + 1) * per, blocks)
-                low_all = low = np.int64(row[first])
-                counted = False
+                low_all = low = none
                 for b in range(first, last):
                     exponent = np.int64(row[b])
                     low_all = min(low_all, exponent)
-                    if not empty[b]:
-                        low = min(low, exponent) if counted else exponent
-                        counted = True
-                if not counted:
-                    low = low_all
-                least[g, i, t] = low
-                for b in range(first, (t + 1) * per):
-                    rise = 0 if b >= blocks or empty[b] else np.int64(row[b]) - low
-                    rises[g, i, b] = rise
+                    low = min(low, none if empty[b] else exponent)
+                low = low_all if low == none else low
+                row_least[t] = low
+                for b in range(first, last):
+                    rise = 0 if empty[b] else np.int64(row[b]) - low
+                    row_rises[b] = rise
                     top = max(top, rise)
+                for b in range(last, (t + 1) * per):  # past the last block
+                    row_rises[b] = 0
     return top
 
 
 @njit(cache=True, nogil=True)
-def zero_blocks(codes, zero_table, block, out):
-    """out[g, i, b] = whether every element of block b (``block`` codes) of row i of the
-    (groups, rows, length) codes is a zero (``zero_table`` by code)."""
+def zero_blocks(codes, zero_table, block_of, out):
+    """out[g, i, b] = whether every element of block b of row i of the (groups, rows,
+    length) codes is a zero (``zero_table`` by code): ``block_of[k]`` is the block of
+    position k, for the positions that lie in one of out's blocks (a block without any
+    is all zeros). One flat loop over positions, as ``decode_raised``."""
     groups, rows, length = codes.shape
+    stop = min(length, block_of.shape[0])
     for g in range(groups):
         for i in range(rows):
-            row = codes[g, i]
-            for b in range(out.shape[-1]):
-                empty = True
-                for k in range(b * block, min((b + 1) * block, length)):
-                    empty &= zero_table[row[k]]
-                out[g, i, b] = empty
+            row, flags = codes[g, i], out[g, i]
+            flags[:] = True
+            for k in range(stop):
+                b = block_of[k]
+                flags[b] = flags[b] & zero_table[row[k]]
 
 
 def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
@@ -278,8 +290,9 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
     codes = codes.reshape(lead)
     out = np.empty(lead[:2] + exponents.shape[-1:], dtype=np.bool_)
     zero = values == 0
+    block_of = np.arange(min(codes.shape[-1], out.shape[-1] * block)) // block
     for g, r in _row_chunks(codes):
-        zero_blocks(_wide(codes[g, r]), zero, block, out[g, r])
+        zero_blocks(_wide(codes[g, r]), zero, block_of, out[g, r])
     return out.reshape(exponents.shape)
 
 
@@ -602,17 +615,17 @@ def decode_codes(table, codes, out):
 
 
 @njit(cache=True, nogil=True)
-def decode_raised(table, codes, rises, block, powers, out):
-    """``decode_codes`` with each block of ``block`` values times powers[its rise] (rises
-    (groups, rows, blocks), ``powers`` 2^0, 2^1, ... in out's type: exact)."""
+def decode_raised(table, codes, rises, block_of, powers, out):
+    """``decode_codes`` with each value times powers[the rise of its block] (rises
+    (groups, rows, blocks), ``block_of[k]`` the block of position k, ``powers`` 2^0, 2^1,
+    ... in out's type: exact). One flat loop over positions: a loop per block of two
+    (BFP sub-blocks) ran several times slower."""
     groups, rows, length = codes.shape
     for g in range(groups):
         for i in range(rows):
             values, row, steps = out[g, i], codes[g, i], rises[g, i]
-            for first in range(0, length, block):
-                power = powers[steps[first // block]]
-                for k in range(first, min(first + block, length)):
-                    values[k] = table[row[k]] * power
+            for k in range(length):
+                values[k] = table[row[k]] * powers[steps[block_of[k]]]
             values[length:] = 0.0
 
 
@@ -626,13 +639,14 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     table = values.astype(dtype)
     if rises is not None:
         powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
+        block_of = np.arange(codes.shape[-1]) // block
     for g, r in _row_chunks(codes):
         chunk, out = _wide(codes[g, r]), decoded[g, r]
         if rises is None:
             decode_codes(table, chunk, out)
         else:
-            steps = np.ascontiguousarray(rises[g, r])
-            decode_raised(table, chunk, steps, block, powers, out)
+            steps = np.ascontiguousarray(rises[g, r], dtype=np.int64)  # a memo keeps them as bytes
+            decode_raised(table, chunk, steps, block_of, powers, out)
     return decoded
 
 
@@ -756,8 +770,10 @@ def blas_matmul(
     groups (tiles done, as rows). ``folded``: :func:`blas_route`'s folded trees of these
     operands where it computed them (None: computed here). ``memo``: None, or a mapping the
     caller keeps for this same B (its codes and scales unchanged between the calls given it,
-    with the same ``params``): B's decoded panels and their steps are kept there and reused
-    (a model's weights, decoded once).
+    with the same ``params``): B's decoded panels and their steps, and for trees of several
+    blocks B's folded tree exponents (``_folded_trees``), are kept there and reused (a
+    model's weights, decoded once; a folded panel is decoded again when A's rises change
+    its float type).
     """
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
@@ -770,7 +786,7 @@ def blas_matmul(
     rises_a = rises_b = None
     if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
         if folded is None:
-            folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+            folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
         (scales_a, rises_a, top_a), (scales_b, rises_b, top_b) = folded
         bits += top_a + top_b  # folded_sum_bits
     block = params.block_size * per if scaled else width
@@ -824,21 +840,26 @@ def blas_matmul(
     ):
         for c0, c1 in panels:
             exps_b = scales_b[:, c0:c1] if scaled else None
-            # rises of folded trees come with A's folding: those panels are not kept
-            key = None if memo is None or per > 1 else ("panel", c0, c1, block, padded)
+            # A folded B's panel depends on B alone, but its float type on A's rises too
+            # (``dtype``): one panel is kept, of the type last used.
+            key = None if memo is None else ("panel", c0, c1, block, padded)
             kept = None if key is None else memo.get(key)
+            if kept is not None and kept[0].dtype != (np.float64 if kulisch else dtype):
+                kept = None
             if kept is not None:
-                b, b_steps = kept
+                b, b_steps, b_zeros = kept
             elif kulisch:
                 b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
             else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
                 rises = rises_b[:, c0:c1] if per > 1 else None
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
+            if kept is None:  # a grid's floor skips columns of zero blocks (``_above_floor``)
+                b_zeros = None if floor is None else zero_block_mask(b, blocks)
             if key is not None and kept is None:
-                memo[key] = (b, b_steps)
+                memo[key] = (b, b_steps, b_zeros)
 
-            def run(item, b=b, b_steps=b_steps, c0=c0, c1=c1):
+            def run(item, b=b, b_steps=b_steps, b_zeros=b_zeros, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
                 if kulisch:
@@ -849,6 +870,7 @@ def blas_matmul(
                         a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
                     )
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
+                    a_zeros = None if floor is None else zero_block_mask(a, blocks)
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
                 for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
@@ -870,13 +892,15 @@ def blas_matmul(
                             )
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
-                        if eights is not None and (
-                            grid is None or _above_floor(a_steps, steps, floor, a, b_tile).all()
-                        ):
+                        plain = None
+                        if floor is not None:
+                            zeros = b_zeros[:, g0:g1, k0 - c0 : k1 - c0]
+                            plain = _above_floor(a_steps, steps, floor, a_zeros, zeros)
+                        if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
                         elif grid is not None:
                             _grid_tile(
-                                a, b_tile, a_steps, steps, trees, acc, grid, choices, floor, span
+                                a, b_tile, a_steps, steps, trees, acc, grid, choices, plain, span
                             )
                         else:
                             _rounding_tile(a, b_tile, a_steps, steps, width, block, acc, span)
@@ -1007,40 +1031,42 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
     acc[...] = running
 
 
-def _above_floor(row_steps, column_steps, floor: int, a, b) -> np.ndarray:
+def zero_block_mask(values, blocks: int) -> np.ndarray:
+    """(blocks, g, n) bool: whether each of the ``blocks`` equal blocks of the (g, n, padded)
+    ``values`` holds only zeros."""
+    return ~values.reshape(values.shape[:2] + (blocks, -1)).any(axis=-1).transpose(2, 0, 1)
+
+
+def _above_floor(row_steps, column_steps, floor: int, zero_rows, zero_columns) -> np.ndarray:
     """Per scale block, whether its least scale exponent sum over the tile's rows and
     columns (steps (blocks, g, r) and (blocks, g, n)), and every earlier block's, is at least
     ``floor`` (``grid_nearest_even_floor``; an earlier block below it may have left a -0).
-    Rows (columns) whose block of ``a`` (g, r, padded) (``b`` (g, n, padded)) holds only
-    zeros are left out: they add S = 0 to every output of theirs, which the grid's rules and
-    RNE_fp32(acc + S) keep alike at any X for an accumulator other than -0."""
+    Rows (columns) whose block holds only zeros (``zero_rows`` (blocks, g, r), ``zero_columns``
+    (blocks, g, n): ``zero_block_mask`` of the tile's operands) are left out: they add S = 0
+    to every output of theirs, which the grid's rules and RNE_fp32(acc + S) keep alike at any
+    X for an accumulator other than -0."""
     blocks = row_steps.shape[0]
     least = np.ones(blocks)
-    for steps, values in ((row_steps, a), (column_steps, b)):
-        zero = ~values.reshape(values.shape[:2] + (blocks, -1)).any(axis=-1)
-        least *= (
-            np.where(zero.transpose(2, 0, 1), np.inf, steps)
-            .reshape(blocks, -1)
-            .min(axis=1, initial=np.inf)
-        )
+    for steps, zero in ((row_steps, zero_rows), (column_steps, zero_columns)):
+        least *= np.where(zero, np.inf, steps).reshape(blocks, -1).min(axis=1, initial=np.inf)
     return np.logical_and.accumulate(least >= 2.0**floor)
 
 
 def _grid_tile(
-    a, b, row_steps, column_steps, trees, acc, grid, choices, floor=None, span=None
+    a, b, row_steps, column_steps, trees, acc, grid, choices, plain=None, span=None
 ) -> None:
     """acc (g, r, n fp32) = its values with each tree's exact sum added by the grid's rules
     (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
     a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
-    ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks whose least scale exponent
-    sum, and every earlier block's, is at least ``floor`` (``_above_floor``; None: none)
-    take the plain RNE_fp32(acc + S) (``accumulate_rne_fp32``, or ``accumulate_fp32`` where,
-    with ``span``, the scaled sums are float32s: ``_fp32_exact_blocks``)."""
+    ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks marked in ``plain`` (per
+    block: ``_above_floor`` of the tile, its least scale exponent sum and every earlier
+    block's at least the grid's floor; None: none) take the plain RNE_fp32(acc + S)
+    (``accumulate_rne_fp32``, or ``accumulate_fp32`` where, with ``span``, the scaled sums
+    are float32s: ``_fp32_exact_blocks``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
-    plain = narrow = None
-    if floor is not None:
-        plain = _above_floor(row_steps, column_steps, floor, a, b)
+    narrow = None
+    if plain is not None:
         if span is not None:
             narrow = _fp32_exact_blocks(row_steps, column_steps, span)
             row_steps32 = row_steps.astype(np.float32)
