@@ -488,3 +488,7 @@ def test_the_ideal_through_float64_equals_the_exact_unit(monkeypatch, unit):
     for got, layer in zip(fast, trace.layers, strict=True):
         want = run_layer(layer, hw).gemm_ideal
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    # past the memory bound for float64 copies, the exact unit alone
+    monkeypatch.setattr(operands, "FLOAT64_IDEAL_BYTES", 0)
+    monkeypatch.setattr(operands, "exact_sums_to_fp32", lambda *args: pytest.fail("called"))
+    np.testing.assert_array_equal(run_layer(trace.layers[-1], hw).gemm_ideal, fast[-1])

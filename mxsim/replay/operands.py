@@ -737,6 +737,9 @@ def exact_block(a: GemmOperand, b: GemmOperand) -> int:
     return functools.reduce(math.gcd, granules) if granules else 32
 
 
+#: The most memory (bytes) a group's ideal may take as float64 arrays (the operands' values,
+#: the sums, their bound and grid) to be computed by :func:`exact_sums_to_fp32`.
+FLOAT64_IDEAL_BYTES = 256 << 20
 #: float64 and fp32 limits for :func:`exact_sums_to_fp32`.
 _FLOAT64_MIN_NORMAL = 2.0**-1022
 _FP32_MAX = float(np.finfo(np.float32).max)
@@ -763,8 +766,9 @@ def exact_sums_to_fp32(a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> np
     the largest power of two dividing every nonzero value), at least 2^-1022. Every product
     a[m, k] b[k, n] and c[m, n] is an integer multiple of u[m, n], so is every partial sum of
     them, in any order, and each is at most sum |a| |b| + |c| in magnitude; where that bound
-    (computed in float64, enlarged for its own rounding) stays below 2^52 u[m, n], every
-    product and partial sum is a float64 exactly, so the GEMM returns the exact sum whatever
+    (computed in float64, enlarged for its own rounding) stays below 2^53 u[m, n], every
+    product and partial sum is an integer below 2^53 times a power of two of at least
+    2^-1022: a float64 exactly, so the GEMM returns the exact sum whatever
     its summation order or use of fused multiply-adds, and one float64 -> float32 conversion
     rounds it as the unit does."""
     if not (np.isfinite(a).all() and np.isfinite(b).all()) or not subnormals_work():
@@ -783,7 +787,7 @@ def exact_sums_to_fp32(a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> np
     # (the bound's rounding errors stay below K 2^-53 of it: K < 2^20 is far more than any GEMM)
     if (
         not (unit >= _FLOAT64_MIN_NORMAL).all()
-        or not (bound * (1 + 2.0**-20) < 2.0**52 * unit).all()
+        or not (bound * (1 + 2.0**-20) < 2.0**53 * unit).all()
     ):
         return None
     rounded = sums.astype(np.float32).astype(np.float64)
@@ -840,10 +844,13 @@ def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
             QuantOptions(),
         )
         c_group = None if c is None else c[group].astype(np.float32)
-        # float64 BLAS where it is exact (no kernel to compile), else the exact unit
-        values = exact_sums_to_fp32(
-            tensor_a.dequantize(np.float64), tensor_b.dequantize(np.float64), c_group
-        )
+        values = None
+        # float64 BLAS where it is exact (no kernel to compile), else the exact unit, which
+        # holds no float64 copy of the operands
+        if (a_codes.size + b_codes.size + 4 * shape.m * shape.n) * 8 <= FLOAT64_IDEAL_BYTES:
+            values = exact_sums_to_fp32(
+                tensor_a.dequantize(np.float64), tensor_b.dequantize(np.float64), c_group
+            )
         if values is None:
             values = matmul(unit, tensor_a, tensor_b, c=c_group).values
         out[group] = values if scaled is None else values * scaled
