@@ -271,9 +271,11 @@ def _lines(stream, lines: queue.Queue) -> None:
 
 @dataclasses.dataclass
 class Warmup:
-    """A replay's warm-up (:func:`start`): this process's units, and the child warming the
-    others. :meth:`finish` warms this process's share, waits for the child and returns the
-    compile seconds per unit name (to be added to the replay's per-unit compile time)."""
+    """A replay's warm-up (:func:`start`): this process's units (``mine``), and the child
+    warming the others (``theirs``), or with ``route_only`` only their routes, the rest of
+    them warmed here. :meth:`finish` warms this process's share, waits for the child and
+    returns the compile seconds per unit name (to be added to the replay's per-unit compile
+    time)."""
 
     trace: Trace
     layers: list[Layer]
