@@ -13,7 +13,8 @@ empty cache and prints each kernel's compile seconds, exclusive of the kernels i
 that one process). The README replay's CPU seconds include its warm-up child's, which compiles
 alongside on the other core where the load average leaves one free (``mxsim.replay.warmup``). ``--per-config`` instead measures each config's first use
 alone: ``mxsim replay traces/digits-cnn --hw CONFIG`` from this checkout with an empty kernel
-cache, its compile seconds (the replay's own report) and CPU seconds; ``all`` takes every
+cache, its compile seconds (the replay's own report) and CPU seconds (its warm-up child's
+included: one unit's route compiles there, alongside); ``all`` takes every
 shipped config, and ``--shared-cache`` runs them in turn on one cache (what each adds to the
 ones before it; the total is the cost of them all). ``--record`` writes the per-config table
 to ``benchmarks/results/coldstart.json``, the README command's to ``coldstart-readme.json``,
@@ -159,8 +160,8 @@ def per_config(configs: list[str], shared_cache: bool = False, save: bool = Fals
             + (" --shared-cache" if shared_cache else ""),
             "Each config's first use, `mxsim replay traces/digits-cnn --hw CONFIG` with an empty "
             "kernel cache; compiling: the wall seconds the replay report prints, CPU: user + "
-            "system of the command (what an idle machine's wall time comes to: compiling runs "
-            "on one thread).",
+            "system of the command and of its warm-up child, which compiles the unit's route "
+            "on the other core where the load average leaves one free (mxsim.replay.warmup).",
             loads,
             ["config", "compiling", "CPU", "wall"],
             rows,

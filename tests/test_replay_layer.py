@@ -311,3 +311,48 @@ def test_a_layer_is_lowered_once(monkeypatch, channels, geometries):
     assert len(made) == geometries
     expected = conv2d_direct(x, w, None, real(conv.Conv2dGeometry, x.shape, w.shape, 1, 1, 1, 1))
     np.testing.assert_array_equal(values, expected)
+
+
+@pytest.mark.parametrize(
+    ("unit", "fmt", "per_tensor", "exponent"),
+    [
+        ("h100-fp8", "fp8_e4m3", False, None),
+        ("ocp-exact", "fp4_e2m1", False, None),
+        ("a100", "fp16", True, -3),
+        ("ocp-exact", "int8", True, None),
+        ("bfp-exact", "mx9", False, None),
+    ],
+)
+def test_placeholder_quantization_has_the_quantizers_layout_and_types(
+    unit, fmt, per_tensor, exponent
+):
+    """The warm-up's stand-in for replay's quantization (no kernels) gives what
+    ``_requantize`` gives but the values: the arrays' shapes, dtypes and C order (the route's
+    kernels compile per type and layout), the block layout and options; every code 0 and every
+    scale 1, except for shared-microexponent formats, which it quantizes."""
+    from mxsim.replay.choice import OperandChoice
+    from mxsim.replay.layer import _requantize, by_shared_exponents, placeholder_quantization
+
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    block = hw.params(fmt, fmt).block_size
+    values = np.random.default_rng(3).normal(size=(3, 5, 70)).astype(np.float32)
+    choice = OperandChoice(
+        fmt, "ocp", per_tensor, tensor_scale_exponent=exponent, block_size=block, status="added"
+    )
+    real, _, _ = _requantize(values, choice, {}, False)
+    stand_in, saturated, underflowed = placeholder_quantization(values, choice, {})
+    assert (saturated, underflowed) == (0, 0)
+    for name in ("codes", "scales", "tensor_scale_exponents"):
+        got, want = getattr(stand_in, name), getattr(real, name)
+        assert (got.shape, got.dtype, got.flags.c_contiguous) == (
+            want.shape,
+            want.dtype,
+            want.flags.c_contiguous,
+        ), name
+    for name in ("element_format", "shape", "axis", "block_size", "padding", "options"):
+        assert getattr(stand_in, name) == getattr(real, name), name
+    if by_shared_exponents(choice):
+        np.testing.assert_array_equal(stand_in.codes, real.codes)
+        return
+    assert not stand_in.codes.any() and (stand_in.scales == 127).all()
+    assert (stand_in.tensor_scale_exponents == (exponent or 0)).all()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from conftest import require_module
+from conftest import REPO, require_module
 from mxsim.errors import MxsimError
 from mxsim.trace import BFPQuant, Layer, MXQuant
 from mxsim.replay.lowering import lift_output
@@ -369,3 +370,125 @@ def test_float64_operands_that_are_not_float32_make_the_ideal_inexact():
     )
     _, exact = ideal_gemm(layer_operands(layer))
     assert not exact
+
+
+def _fp32_nearest_even(q: Fraction) -> float:
+    """The twin of one round-to-nearest-even into fp32 (subnormals, overflow to Inf) of an
+    exact value, from Fraction arithmetic alone."""
+    if q == 0:
+        return 0.0
+    magnitude = abs(q)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    while Fraction(2) ** exponent > magnitude:
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= magnitude:
+        exponent += 1
+    ulp = Fraction(2) ** (max(exponent, -126) - 23)
+    rounded = round(magnitude / ulp) * ulp  # Fraction's round: half to even
+    value = math.inf if rounded >= Fraction(2) ** 128 else float(rounded)
+    return value if q > 0 else -value
+
+
+def _wide_values(rng, shape, fmt: str, spread: int, corners: bool) -> np.ndarray:
+    """Values of ``fmt`` (fp16, bf16) times powers of two within ``spread`` binades; with
+    ``corners`` a few zeros, -0s and fp16 subnormals among them."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
+    if fmt == "fp16":
+        values = np.clip(x, -6e4, 6e4).astype(np.float16).astype(np.float64)
+    else:  # bf16: float32 with the low 16 bits cleared
+        values = (x.astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+        values = values.astype(np.float64)
+    if corners:
+        values[rng.random(shape) < 0.05] = 2.0**-24 * rng.integers(1, 1024)
+        values[rng.random(shape) < 0.05] = 0.0
+        values[rng.random(shape) < 0.05] = -0.0
+    return values
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16"])
+@pytest.mark.parametrize("spread", [0, 6, 30])
+@pytest.mark.parametrize("corners", [False, True])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_exact_sums_to_fp32_equal_the_fraction_twin(fmt, spread, corners, with_c):
+    """Where it answers, float64 BLAS's sums rounded to fp32 are the exact sums rounded once
+    (the Fraction twin), bit for bit (declining, None, is always allowed: the exact unit
+    computes those); on operands of a few binades without corners it answers."""
+    from mxsim.replay.operands import exact_sums_to_fp32
+
+    answered = 0
+    for seed in range(8):
+        rng = np.random.default_rng([seed, spread, corners, with_c])
+        m, k, n = rng.integers(1, 9), rng.integers(1, 70), rng.integers(1, 9)
+        row_scales = np.exp2(rng.integers(-20, 21, (m, 1)))  # rows of different block scales
+        a = _wide_values(rng, (m, k), fmt, spread, corners) * row_scales
+        b = _wide_values(rng, (k, n), fmt, spread, corners)
+        c = None
+        if with_c:
+            size = 2.0 ** rng.integers(-30, 30) if corners else row_scales  # (as the sums)
+            c = (rng.standard_normal((m, n)) * size).astype(np.float32)
+            c[rng.random((m, n)) < (0.2 if corners else 0.0)] = -0.0
+        got = exact_sums_to_fp32(a, b, c)
+        if got is None:
+            continue
+        answered += 1
+        exact = [
+            [
+                sum((Fraction(a[i, j]) * Fraction(b[j, p]) for j in range(k)), Fraction(0))
+                + (Fraction(float(c[i, p])) if c is not None else 0)
+                for p in range(n)
+            ]
+            for i in range(m)
+        ]
+        want = np.array([[_fp32_nearest_even(q) for q in row] for row in exact])
+        assert got.dtype == np.float64 and got.shape == (m, n)
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    if spread == 0 and not corners:
+        assert answered == 8
+
+
+def test_exact_sums_to_fp32_decline_what_they_cannot_show():
+    from mxsim.replay.operands import exact_sums_to_fp32
+
+    a, b = np.array([[1.5, 2.0**-20]]), np.array([[3.0], [1.0]])
+    np.testing.assert_array_equal(exact_sums_to_fp32(a, b, None), [[4.5 + 2.0**-20]])
+    assert exact_sums_to_fp32(np.array([[1.0, 2.0**-60]]), b, None) is None  # 61 bits apart
+    assert exact_sums_to_fp32(np.array([[1.0, -1.0 / 3]]), b, None) is None  # 1/3: 54 bits
+    assert exact_sums_to_fp32(np.array([[1.0, -3.0]]), b, None) is None  # 0: the unit's sign
+    assert exact_sums_to_fp32(np.array([[2.0**127, 2.0**127]]), b, None) is None  # overflow
+    assert exact_sums_to_fp32(np.array([[np.nan, 1.0]]), b, None) is None
+    # 54 bits: float64 drops 2^-53 to a tie, which fp32 then rounds to even, 1.0; the exact
+    # sum lies above the tie and rounds to 1 + 2^-23
+    tie = exact_sums_to_fp32(np.array([[1.0, 2.0**-24, 2.0**-53]]), np.ones((3, 1)), None)
+    assert tie is None or tie[0, 0] == 1 + 2.0**-23
+    c = np.array([[2.0**-30]], dtype=np.float32)  # c finer than the products: still exact
+    np.testing.assert_array_equal(exact_sums_to_fp32(a, b, c), [[np.float32(4.5 + 2.0**-20)]])
+
+
+@pytest.mark.parametrize("unit", ["a100", "h100-fp8", "kulisch"])
+def test_the_ideal_through_float64_equals_the_exact_unit(monkeypatch, unit):
+    """Every digits-cnn layer's ideal of the operands a unit got: the float64 route where it
+    answers, the exact unit's kernel where it declines, equal bit for bit to the exact
+    unit's kernel alone."""
+    from mxsim.datapath import load_hwconfig
+    from mxsim.replay import operands
+    from mxsim.replay.layer import run_layer
+    from mxsim.trace import load_trace
+
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    real, answers = operands.exact_sums_to_fp32, []
+    monkeypatch.setattr(
+        operands,
+        "exact_sums_to_fp32",
+        lambda *args: answers.append(real(*args)) or answers[-1],
+    )
+    fast = [run_layer(layer, hw).gemm_ideal for layer in trace.layers]
+    assert any(answer is not None for answer in answers)
+    monkeypatch.setattr(operands, "exact_sums_to_fp32", lambda *args: None)
+    for got, layer in zip(fast, trace.layers, strict=True):
+        want = run_layer(layer, hw).gemm_ideal
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    # past the memory bound for float64 copies, the exact unit alone
+    monkeypatch.setattr(operands, "FLOAT64_IDEAL_BYTES", 0)
+    monkeypatch.setattr(operands, "exact_sums_to_fp32", lambda *args: pytest.fail("called"))
+    np.testing.assert_array_equal(run_layer(trace.layers[-1], hw).gemm_ideal, fast[-1])

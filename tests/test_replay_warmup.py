@@ -1,10 +1,13 @@
 """mxsim.replay.warmup: a replay through several units compiles one share of their kernels in
-a child process when the kernel cache is cold; results never depend on it, a failing or
-killed child is harmless, a warm cache spawns no child, and the switch refuses bad values."""
+a child process when the kernel cache is cold, and a replay through one unit its route's;
+results never depend on it, what the child compiled is loaded, not compiled again, a failing
+or killed child is harmless, a warm cache spawns no child, and the switch refuses bad
+values."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -67,19 +70,84 @@ def test_results_are_the_same_with_and_without_the_warm_up(monkeypatch, markers,
     assert all(np.array_equal(a, b) for a, b in zip(_bits(off), _bits(on), strict=True))
 
 
-def test_a_failing_child_is_harmless(monkeypatch, markers, started, tmp_path, caplog):
+def test_one_unit_splits_its_route_from_the_rest(monkeypatch, markers, started):
+    trace = _one_layer()
+    monkeypatch.setattr(warmup, "_core_free", lambda: True)
+    monkeypatch.setenv(warmup.SWITCH, "auto")
+    on = replay(trace, UNITS[1:])
+    warm = started[0]
+    assert warm.route_only and warm.mine == [] and warm.theirs == UNITS[1:]
+    assert warm.process.returncode == 0 and len(list(markers.iterdir())) == 1
+    assert replay(trace, UNITS[1:])["totals"] and started[1] is None  # now warm: no child
+    monkeypatch.setenv(warmup.SWITCH, "0")
+    off = replay(trace, UNITS[1:])
+    assert all(np.array_equal(a, b) for a, b in zip(_bits(off), _bits(on), strict=True))
+
+
+#: A replay through one unit with an empty kernel cache, in a process of its own: the names of
+#: the kernels this process compiled (not loaded), and whether it split the unit's work.
+COLD_REPLAY = """
+import json, sys
+from numba.core import event
+from mxsim.datapath import load_hwconfig
+from mxsim.replay import warmup
+from mxsim.replay.run import replay, select_layers
+from mxsim.trace import load_trace
+compiled, split = set(), []
+class Listener(event.Listener):
+    def on_start(self, ev):
+        compiled.add(getattr(ev.data["dispatcher"].py_func, "__name__", "?"))
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Listener())
+start = warmup.start
+warmup.start = lambda *args: split.append(start(*args)) or split[-1]
+trace = select_layers(load_trace(sys.argv[1]), "^fc2$")
+replay(trace, [load_hwconfig(sys.argv[2])])
+print(json.dumps({"compiled": sorted(compiled), "route_only": split[0].route_only,
+                  "child": split[0].process.returncode}))
+"""
+
+
+@pytest.mark.slow
+def test_the_childs_route_kernels_are_loaded_not_compiled_again(tmp_path):
+    """With an empty kernel cache, the replay's process compiles the quantizers (and what the
+    ideal needs) while the child compiles the unit's window route on placeholder operands; the replay's process then loads the window kernels from the cache: the
+    placeholder operands reach the same kernel signatures as the real ones."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    env[warmup.SWITCH] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", COLD_REPLAY, "traces/digits-cnn", "hwconfigs/h100-fp8.yaml"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout.splitlines()[-1])
+    assert answer["route_only"] and answer["child"] == 0
+    compiled = set(answer["compiled"])
+    assert {"quantize_blocks", "dequantize_blocks"} <= compiled  # this process's share
+    assert not {"window_items", "unusable_rows_and_columns", "finish_tree"} & compiled
+    assert list(tmp_path.rglob("*window_items*.nbi"))  # the child's, in the cache
+
+
+@pytest.mark.parametrize("units", [UNITS, UNITS[1:]], ids=["two units", "one unit"])
+def test_a_failing_child_is_harmless(monkeypatch, markers, started, tmp_path, caplog, units):
     copy = shutil.copytree(REPO / "traces" / "digits-cnn", tmp_path / "trace")
     trace = _one_layer(copy)
     shutil.rmtree(copy)  # the child cannot load the trace
     monkeypatch.setenv(warmup.SWITCH, "1")
     with caplog.at_level(logging.DEBUG, logger="mxsim"):
-        report = replay(trace, UNITS)
+        report = replay(trace, units)
     assert started[0].process.returncode != 0
+    assert started[0].route_only == (len(units) == 1)
     assert "child stopped early" in caplog.text
     monkeypatch.setenv(warmup.SWITCH, "0")
     assert all(
         np.array_equal(a, b)
-        for a, b in zip(_bits(replay(trace, UNITS)), _bits(report), strict=True)
+        for a, b in zip(_bits(replay(trace, units)), _bits(report), strict=True)
     )
 
 
@@ -97,7 +165,7 @@ def test_a_killed_child_is_harmless(monkeypatch, markers, caplog):
 def test_no_child_where_it_cannot_pay(monkeypatch, markers):
     trace = _one_layer()
     monkeypatch.setenv(warmup.SWITCH, "1")
-    assert warmup.start(trace, UNITS[:1], None, "kh_kw_c", False) is None  # one unit
+    assert warmup.start(trace, [], None, "kh_kw_c", False) is None  # no unit
     assert (
         warmup.start(dataclasses.replace(trace, path=None), UNITS, None, "kh_kw_c", False) is None
     )

@@ -33,7 +33,7 @@ from ..cycles import GemmLayer, estimate_layer, storage_for_format
 from ..datapath import HardwareConfig, as_float, matmul_batched
 from ..datapath.api import times_power_of_two
 from ..errors import MxsimError
-from ..formats import get_format
+from ..formats import E8M0_ONE, get_format
 from ..quantize import MXGroups, quantize, quantize_bfp, quantize_grouped, resolve_options
 from ..trace.model import Layer
 from .attribution import layer_attribution, output_channel_shares
@@ -115,6 +115,17 @@ def _rel_rms(reference: np.ndarray, error: np.ndarray) -> float:
     return math.sqrt(noise / signal) if signal > 0 else math.inf
 
 
+def by_shared_exponents(choice: OperandChoice) -> bool:
+    """Whether :func:`_requantize` quantizes to ``choice`` by its shared-microexponent format's
+    own quantizer (:func:`mxsim.quantize.quantize_bfp`) rather than by MX blocks."""
+    fmt = get_format(choice.format)
+    return (
+        fmt.role == "bfp_element"
+        and fmt.subblock_size == choice.block_size
+        and not choice.per_tensor_scale
+    )
+
+
 def _requantize(
     values: np.ndarray, choice: OperandChoice, options: dict, count_clipped: bool = True
 ) -> tuple[MXGroups, int, int]:
@@ -125,13 +136,10 @@ def _requantize(
     quantized as that format defines it (:func:`mxsim.quantize.quantize_bfp`: one 8-bit
     exponent per block of 16, a microexponent per sub-block), not with a free scale per
     sub-block, which no such tensor has."""
-    fmt = get_format(choice.format)
-    if (
-        fmt.role == "bfp_element"
-        and fmt.subblock_size == choice.block_size
-        and not choice.per_tensor_scale
-    ):
-        whole = quantize_bfp(values, fmt.name, axis=2).as_mx_tensor()  # one call for all groups
+    if by_shared_exponents(choice):
+        whole = quantize_bfp(
+            values, choice.format, axis=2
+        ).as_mx_tensor()  # one call for all groups
         tensors = MXGroups(
             whole.element_format,
             whole.codes,
@@ -149,6 +157,35 @@ def _requantize(
         return tensors, 0, 0
     counts = [clip_counts(matrix, tensors.group(g)) for g, matrix in enumerate(values)]
     return tensors, sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def placeholder_quantization(
+    values: np.ndarray, choice: OperandChoice, options: dict, count_clipped: bool = True
+) -> tuple[MXGroups, int, int]:
+    """What :func:`_requantize` returns, of the same layout and types, every element code 0
+    and every scale 1 (E8M0 127), with nothing compiled: for warming the kernels a unit's
+    route calls on such operands (they compile per argument type, not per value) while
+    another process compiles the quantizers (:mod:`mxsim.replay.warmup`). Not a quantization
+    of ``values``. Shared-microexponent formats (:func:`by_shared_exponents`) are quantized
+    (their MX view's layout is the quantizer's to say)."""
+    if by_shared_exponents(choice):
+        return _requantize(values, choice, options, False)
+    fmt = get_format(choice.format)
+    groups, rows, k = values.shape
+    blocks = -(-k // choice.block_size)
+    exponent = choice.tensor_scale_exponent if choice.per_tensor_scale else None
+    tensors = MXGroups(
+        fmt,
+        np.zeros((groups, rows, blocks * choice.block_size), dtype=fmt.code_dtype),
+        np.full((groups, rows, blocks), E8M0_ONE, dtype=np.uint8),
+        (rows, k),
+        1,
+        choice.block_size,
+        blocks * choice.block_size - k,
+        resolve_options(choice.profile, **options),
+        np.full(groups, exponent or 0, dtype=np.int64),
+    )
+    return tensors, 0, 0
 
 
 def _requantize_mx(values: np.ndarray, choice: OperandChoice, options: dict) -> MXGroups:
@@ -261,6 +298,7 @@ def run_layer(
     weight_quantizations: dict | None = None,
     input_quantizations: dict | None = None,
     weight_memo: dict | None = None,
+    requantize: Callable | None = None,
 ) -> LayerRun:
     """``layer`` (its recorded input, or ``x``) through ``hw``.
 
@@ -331,7 +369,7 @@ def run_layer(
             )
             quantized = None if key is None else kept.get(key)
             if quantized is None:
-                quantized = _requantize(floats, choice, options, count_clipped)
+                quantized = (requantize or _requantize)(floats, choice, options, count_clipped)
                 if key is not None:
                     kept[key] = quantized
             tensors[name], choice.saturated, choice.underflowed = quantized

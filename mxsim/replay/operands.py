@@ -35,10 +35,12 @@ represented exactly by up to three bf16 pieces per element (a float32 value's 24
 significand in three 8-bit parts): x = x1 + x2 + x3 with every x_i a bf16.
 
 The ideal (:func:`ideal_gemm`): the exact sum of the products of the dequantized operands
-plus the model's (quantized) bias, rounded once to fp32 (nearest even). It is computed by an
+plus the model's (quantized) bias, rounded once to fp32 (nearest even). It is that of an
 exact (Kulisch) accumulator unit — the ``kulisch`` hardware config with the operands' formats
-and a block size that divides every scale run — through :func:`mxsim.matmul`, which takes
-its exact float64-BLAS route where that is proven exact and the exact kernel elsewhere.
+and a block size that divides every scale run: one float64 GEMM of the operands' values where
+the data shows every sum exact in float64 (:func:`exact_sums_to_fp32`: no kernel to compile,
+whatever the formats' ranges), else through :func:`mxsim.matmul`, which takes its exact
+float64-BLAS route where the formats' ranges allow and the exact kernel elsewhere.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import numpy as np
 
 from ..datapath import matmul
 from ..datapath.api import times_power_of_two
+from ..datapath.blas import subnormals_work
 from ..datapath.config import exact_unit
 from ..errors import MxsimError
 from ..formats import E8M0_ONE, FormatInfo, get_format
@@ -734,6 +737,65 @@ def exact_block(a: GemmOperand, b: GemmOperand) -> int:
     return functools.reduce(math.gcd, granules) if granules else 32
 
 
+#: The most memory (bytes) a group's ideal may take as float64 arrays (the operands' values,
+#: the sums, their bound and grid) to be computed by :func:`exact_sums_to_fp32`.
+FLOAT64_IDEAL_BYTES = 256 << 20
+#: float64 and fp32 limits for :func:`exact_sums_to_fp32`.
+_FLOAT64_MIN_NORMAL = 2.0**-1022
+_FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def _least_bits(x: np.ndarray) -> np.ndarray:
+    """The largest power of two dividing each element of float64 ``x`` (exact), +inf for
+    zeros: x = m 2^e with m in [0.5, 1) has the integer significand m 2^53, whose lowest set
+    bit is that power times 2^(53 - e)."""
+    significands, exponents = np.frexp(np.abs(x))
+    integers = (significands * 2.0**53).astype(np.int64)
+    lowest = np.ldexp((integers & -integers).astype(np.float64), exponents - 53)
+    return np.where(x == 0, np.inf, lowest)
+
+
+def exact_sums_to_fp32(a: np.ndarray, b: np.ndarray, c: np.ndarray | None) -> np.ndarray | None:
+    """``c + a @ b`` computed exactly and rounded once to fp32 (nearest even), as float64
+    ((M, N)), by float64 BLAS; None unless that is shown exact for every output and every
+    output is a finite nonzero fp32 value (the exact unit's zeros, overflows and specials
+    are left to it). ``a`` (M, K) and ``b`` (K, N): exact operand values (float64); ``c``
+    (M, N) float32 or None.
+
+    Why exact: let u[m, n] be the least of lsb(a[m, :]) lsb(b[:, n]) and lsb(c[m, n]) (lsb:
+    the largest power of two dividing every nonzero value), at least 2^-1022. Every product
+    a[m, k] b[k, n] and c[m, n] is an integer multiple of u[m, n], so is every partial sum of
+    them, in any order, and each is at most sum |a| |b| + |c| in magnitude; where that bound
+    (computed in float64, enlarged for its own rounding) stays below 2^53 u[m, n], every
+    product and partial sum is an integer below 2^53 times a power of two of at least
+    2^-1022: a float64 exactly, so the GEMM returns the exact sum whatever
+    its summation order or use of fused multiply-adds, and one float64 -> float32 conversion
+    rounds it as the unit does."""
+    if not (np.isfinite(a).all() and np.isfinite(b).all()) or not subnormals_work():
+        return None
+    with np.errstate(over="ignore", under="ignore"):
+        rows = np.min(_least_bits(a), axis=1, initial=np.inf)
+        columns = np.min(_least_bits(b), axis=0, initial=np.inf)
+        unit = np.multiply.outer(rows, columns)
+        bound = np.abs(a) @ np.abs(b)
+        sums = a @ b
+        if c is not None:
+            c64 = c.astype(np.float64)
+            unit = np.minimum(unit, _least_bits(c64))
+            bound += np.abs(c64)
+            sums += c64
+    # (the bound's rounding errors stay below K 2^-53 of it: K < 2^20 is far more than any GEMM)
+    if (
+        not (unit >= _FLOAT64_MIN_NORMAL).all()
+        or not (bound * (1 + 2.0**-20) < 2.0**53 * unit).all()
+    ):
+        return None
+    rounded = sums.astype(np.float32).astype(np.float64)
+    if not (np.abs(rounded) <= _FP32_MAX).all() or not rounded.all():
+        return None
+    return rounded
+
+
 def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
     """The exact GEMM result (G, M, N) of the model's quantized operands plus its quantized
     bias, rounded once to fp32 (module docstring), as float64; and whether it is exact (False
@@ -781,10 +843,17 @@ def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
             0,
             QuantOptions(),
         )
-        result = matmul(
-            unit, tensor_a, tensor_b, c=None if c is None else c[group].astype(np.float32)
-        )
-        out[group] = result.values if scaled is None else result.values * scaled
+        c_group = None if c is None else c[group].astype(np.float32)
+        values = None
+        # float64 BLAS where it is exact (no kernel to compile), else the exact unit, which
+        # holds no float64 copy of the operands
+        if (a_codes.size + b_codes.size + 4 * shape.m * shape.n) * 8 <= FLOAT64_IDEAL_BYTES:
+            values = exact_sums_to_fp32(
+                tensor_a.dequantize(np.float64), tensor_b.dequantize(np.float64), c_group
+            )
+        if values is None:
+            values = matmul(unit, tensor_a, tensor_b, c=c_group).values
+        out[group] = values if scaled is None else values * scaled
         if bias is not None and c is None:
             out[group] += bias[group]
     return out, exact

@@ -252,8 +252,8 @@ def replay(
     marking the row (:func:`choose_operand`).
 
     Every request that cannot be met is refused before any work (:func:`check_replay`).
-    With an in-process runner and a cold kernel cache, the kernels of several units are
-    compiled on two cores first (:mod:`mxsim.replay.warmup`; results do not depend on it).
+    With an in-process runner and a cold kernel cache, the kernels are compiled on two cores
+    first (:mod:`mxsim.replay.warmup`; results do not depend on it).
     Each layer (through every unit, sharing its operands and ideal) and each unit's end-to-end
     run is one task of ``runner`` (default in-process; :class:`mxsim.parallel.DaskRunner`
     spreads them over a cluster, with the same results). When tasks fail, the others still

@@ -1,14 +1,15 @@
-"""Compiling a replay's kernels on two cores: with an empty kernel cache, a replay through
-several units compiles the kernels of some units in a second process while this one compiles
-the others, then loads the second process's kernels from the shared cache.
+"""Compiling a replay's kernels on two cores: with an empty kernel cache, a replay compiles
+one share of its kernels in a second process while this one compiles the rest, then loads the
+second process's kernels from the shared cache. Through several units the share is some of
+the units; through one, the unit's route.
 
 Compiling is single-threaded and takes most of a first run's time (each unit's route and the
-quantizers it calls: 10-30 s apiece), so on a machine with a free core a replay through
-several units finishes its first run in about the time of its longest share instead of the sum.
+quantizers it calls: 10-30 s apiece), so on a machine with a free core a replay finishes its
+first run in about the time of its longest share instead of the sum.
 
 How it works (:func:`start`, then :meth:`Warmup.finish` before the replay's tasks):
 
-* Each unit is warmed by replaying, through it, one layer of each kind in the trace (the
+* A unit is warmed by replaying, through it, one layer of each kind in the trace (the
   smallest: same op, operand specs and array types give the same kernel specialisations) and,
   for an end-to-end replay, the network on two samples: the replay's own code path, so the
   kernels it compiles are the ones the replay then calls. Results are thrown away.
@@ -20,16 +21,21 @@ How it works (:func:`start`, then :meth:`Warmup.finish` before the replay's task
   configs from their files and warms them, this process warms the first half, then waits for
   the child, counting the wait as compiling (:func:`mxsim._compile.compiling_elsewhere`: the
   notice shows, and the replay report's "compiling kernels" includes it).
+* One cold unit is split within: the child warms its route (:func:`warm_route`: the layers
+  through the unit on placeholder operands of the quantizer's types, which reach the route's
+  kernel signatures without compiling a quantizer, and no ideal) while this process warms
+  everything else (:func:`warm_all_but_route`: the layers replayed with the route stubbed:
+  quantization, the ideal, the metrics), then waits. The end-to-end network is left to the
+  replay (it calls the same kernels).
 * The child only fills the cache: results never come from it. If it fails, is killed or
   takes longer than :data:`WAIT_SECONDS`, this process compiles whatever is missing itself
   (a debug line on the ``mxsim`` logger says so). Numba writes each cache file to a temporary
   name and renames it, so two processes filling one cache never leave a torn file.
 
 ``MXSIM_PARALLEL_COMPILE`` (:data:`SWITCH`): ``auto`` (the default) as above, only with an
-empty cache for two or more units, at least two usable cores of which one is free (load
-average), an in-process runner and a trace and configs loaded from files; ``0`` never; ``1``
-also when the markers say the cache is warm or the machine is busy (for measurements and
-tests).
+empty cache (for some unit), at least two usable cores of which one is free (load average),
+an in-process runner and a trace and configs loaded from files; ``0`` never; ``1`` also when
+the markers say the cache is warm or the machine is busy (for measurements and tests).
 """
 
 from __future__ import annotations
@@ -137,6 +143,47 @@ def warm_unit(
         run_network(trace, inputs, unit_layer_fn(hw, element_format, None, conv_order, False))
 
 
+def _route_skipped(hw, a, b, c=None, out_format=None):
+    """A stand-in for :func:`mxsim.matmul` that computes nothing: zero output bits of the
+    unit's output format (``run_layer``'s ``matmul_fn``, so that everything else of a layer's
+    replay runs without the unit's route)."""
+    from ..datapath import MatmulResult
+    from ..datapath.api import output_dtype
+
+    params = hw.params(a.element_format.name, b.element_format.name, out_format, None)
+    bits = np.zeros((a.shape[0], b.shape[1]), dtype=output_dtype(params.output_format))
+    return MatmulResult(bits, params.output_format)
+
+
+def warm_all_but_route(layers: Sequence[Layer], hw, element_format: str | None, conv_order: str):
+    """Compile (or load) what replaying ``layers`` through ``hw`` calls besides the unit's
+    route: the operands' quantization, the ideal, the metrics (each layer replayed with
+    :func:`_route_skipped` for the route). Results are discarded."""
+    from .run import replay_layer_on_units
+
+    for layer in layers:
+        replay_layer_on_units(layer, [hw], element_format, conv_order, matmul_fn=_route_skipped)
+
+
+def warm_route(layers: Sequence[Layer], hw, element_format: str | None, conv_order: str):
+    """Compile (or load) the kernels of ``hw``'s route that replaying ``layers`` calls, on
+    placeholder operands (:func:`mxsim.replay.layer.placeholder_quantization`: the
+    quantization's types without its kernels), the ideal left out. Results are discarded."""
+    from .layer import placeholder_quantization, run_layer
+
+    for layer in layers:
+        run_layer(
+            layer,
+            hw,
+            None,
+            element_format,
+            conv_order,
+            with_ideal=False,
+            count_clipped=False,
+            requantize=placeholder_quantization,
+        )
+
+
 def _source_stamp() -> list:
     """Names, sizes and modification times of mxsim's Python files (a changed kernel makes
     the markers stale, as it makes Numba's cache stale)."""
@@ -206,10 +253,13 @@ def child_main() -> None:
     trace = load_trace(request["trace"])
     by_name = {layer.name: layer for layer in trace.layers}
     layers = [by_name[name] for name in request["layers"]]
+    element_format, conv_order, end_to_end = request["options"]
     for source, digest in request["units"]:
         hw = load_hwconfig(source)
-        if hw.digest == digest:
-            warm_unit(trace, layers, hw, *request["options"])
+        if hw.digest == digest and request["route_only"]:
+            warm_route(layers, hw, element_format, conv_order)
+        elif hw.digest == digest:
+            warm_unit(trace, layers, hw, element_format, conv_order, end_to_end)
         print(digest, file=answers, flush=True)
 
 
@@ -221,9 +271,11 @@ def _lines(stream, lines: queue.Queue) -> None:
 
 @dataclasses.dataclass
 class Warmup:
-    """A replay's warm-up (:func:`start`): this process's units, and the child warming the
-    others. :meth:`finish` warms this process's share, waits for the child and returns the
-    compile seconds per unit name (to be added to the replay's per-unit compile time)."""
+    """A replay's warm-up (:func:`start`): this process's units (``mine``), and the child
+    warming the others (``theirs``), or with ``route_only`` only their routes, the rest of
+    them warmed here. :meth:`finish` warms this process's share, waits for the child and
+    returns the compile seconds per unit name (to be added to the replay's per-unit compile
+    time)."""
 
     trace: Trace
     layers: list[Layer]
@@ -232,22 +284,39 @@ class Warmup:
     options: tuple
     process: subprocess.Popen
     lines: queue.Queue
+    route_only: bool = False
 
     def finish(self) -> dict[str, float]:
         seconds: dict[str, float] = {}
+        element_format, conv_order, _ = self.options
         try:
             for hw in self.mine:
-                before = compile_seconds()
-                try:
-                    warm_unit(self.trace, self.layers, hw, *self.options)
-                except Exception as error:  # the replay itself reports it
-                    _log.debug("warm-up of %s failed: %s", hw.name, error)
-                seconds[hw.name] = compile_seconds() - before
-            return {**seconds, **self._wait()}
+                seconds[hw.name] = self._warm(
+                    hw, warm_unit, self.trace, self.layers, hw, *self.options
+                )
+            if self.route_only:  # the child warms their routes: the rest of them here
+                for hw in self.theirs:
+                    seconds[hw.name] = self._warm(
+                        hw, warm_all_but_route, self.layers, hw, element_format, conv_order
+                    )
+            waited = self._wait()
+            return {
+                name: seconds.get(name, 0.0) + waited.get(name, 0.0) for name in {*seconds, *waited}
+            }
         except BaseException:  # interrupted: the child goes too
             self.process.kill()
             self.process.wait()
             raise
+
+    @staticmethod
+    def _warm(hw, warm, *arguments) -> float:
+        """Seconds spent compiling in ``warm(*arguments)``; its errors are the replay's to report."""
+        before = compile_seconds()
+        try:
+            warm(*arguments)
+        except Exception as error:
+            _log.debug("warm-up of %s failed: %s", hw.name, error)
+        return compile_seconds() - before
 
     def _wait(self) -> dict[str, float]:
         """Wait for the child's units in turn, the wait counted as compiling each."""
@@ -285,7 +354,7 @@ def start(
     already started; None when it would not pay (see the module docstring)."""
     mode = switch()
     options = (element_format, conv_order, bool(end_to_end))
-    if mode == "0" or len(units) < 2 or trace.path is None or _usable_cores() < 2:
+    if mode == "0" or not units or trace.path is None or _usable_cores() < 2:
         return None
     if not all(os.path.isfile(hw.source) for hw in units):
         return None
@@ -297,15 +366,17 @@ def start(
         kinds = sorted({_kind(layer) for layer in trace.layers})
         stamp = _source_stamp()
         cold = [hw for hw in units if not _marker(hw, kinds, options, stamp).exists()]
-        if len(cold) < 2:
+        if not cold:
             return None
-    theirs = cold[(len(cold) + 1) // 2 :]
+    route_only = len(cold) == 1  # one unit: its route there, the rest of it here
+    theirs = cold[(len(cold) + 1) // 2 :] or cold
     mine = [hw for hw in cold if hw not in theirs]
     request = {
         "trace": str(trace.path),
         "layers": [layer.name for layer in layers],
         "units": [[str(hw.source), hw.digest] for hw in theirs],
         "options": list(options),
+        "route_only": route_only,
     }
     package_root = str(Path(__file__).resolve().parent.parent.parent)
     path = os.environ.get("PYTHONPATH")
@@ -329,4 +400,4 @@ def start(
         pass
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(process.stdout, lines), daemon=True).start()
-    return Warmup(trace, layers, mine, theirs, options, process, lines)
+    return Warmup(trace, layers, mine, theirs, options, process, lines, route_only)
