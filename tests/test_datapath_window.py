@@ -269,6 +269,37 @@ def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, cor
     np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
 
 
+@pytest.mark.parametrize("accumulator", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("extra_bits", [-1, 0, 1])
+@pytest.mark.parametrize("rounding", ["toward_positive", "nearest_even"])
+def test_n_bit_sums_beside_the_accumulator_precision(accumulator, extra_bits, rounding):
+    # An accumulator in the tree and an n-bit sum no more precise than it: the kernels skip
+    # the accumulator's rounding (the identity then); one bit more precise, they must not.
+    precision = get_format(accumulator).mantissa_bits + 1
+    params = h100(
+        accumulator_format=accumulator,
+        accumulator_rounding=rounding,
+        sum_significant_bits=precision + extra_bits,
+        sum_rounding="toward_zero",
+    )
+    assert window_applies(params) and params.accumulator_in_tree
+    rng = np.random.default_rng(7)
+    qa, qb = operands(params, rng, 8, 96, 40, corners=False, spread=0)
+    # Elements of magnitude about 1/4 (unit scales would leave MX elements up to 448): the
+    # sums stay inside fp16's range, so every output takes the fast path.
+    fmt = get_format("fp8_e4m3")
+    small = [fmt.encode(rng.standard_normal(q.codes.shape) / 4) for q in (qa, qb)]
+    qa, qb = (
+        dataclasses.replace(q, codes=code.astype(q.codes.dtype)) for q, code in zip((qa, qb), small)
+    )
+    c = rng.standard_normal((8, 40)).astype(np.float32)
+    fast, left = gemm(params, qa, qb, c, "window")
+    assert left[0].size == 0
+    np.testing.assert_array_equal(fast, gemm(params, qa, qb, c, "kernel")[0])
+    for m, n in zip(rng.integers(0, 8, 12).tolist(), rng.integers(0, 40, 12).tolist()):
+        assert int(fast[m, n]) == reference_bits(params, qa, qb, c, m, n), (m, n)
+
+
 def row_dot_bits(params, qa, qb, c):
     """Every (m, n) output as one row-wise dot through the public ``dot`` (the pairs kernel)."""
     m, n = (index.ravel() for index in np.indices(c.shape))

@@ -207,12 +207,14 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes(
-    totals, references, acc, flags, window, in_tree, rounded_sum, sum_rule, acc_rule, cfg
-):
-    """:func:`finish_tree`'s loop, inlined with ``in_tree`` a constant so that each copy
-    computes only its own stages (``rounded_sum`` stays a runtime flag: a third and fourth
-    copy cost compile time and gained nothing measurable)."""
+def _finish_lanes(lanes, in_tree, rounded_sum, narrow_sum, sum_rule, acc_rule, cfg):
+    """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``narrow_sum`` constants so
+    that each copy computes only its own stages (``rounded_sum`` stays a runtime flag where
+    ``narrow_sum`` is False: a fourth copy cost compile time and gained nothing measurable).
+    ``narrow_sum``: the accumulator joins the tree and the n-bit sum is at most as precise
+    as the accumulator, so the rounded sum is already on the accumulator's grid and its
+    rounding into the accumulator is the identity; only its range is checked."""
+    totals, references, acc, flags, window = lanes
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
     for lane in range(totals.shape[0]):
@@ -225,12 +227,18 @@ def _finish_lanes(
         if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
             total += np.trunc(previous * power_of_two(window - reference))
         value = total * power_of_two(reference - window)  # exact: |total| < 2^53
-        if rounded_sum:
+        if narrow_sum or rounded_sum:
             value = round_bits(value, sum_rule)
         if not in_tree:
             high_part, error = two_sum(previous, value)
             value = round_to_odd(high_part, error)
-        result, ok = _round_in_range(value, acc_rule, low, high)
+        if narrow_sum:
+            ok = (value == 0.0) | (
+                (abs(value) >= power_of_two(low)) & (abs(value) < power_of_two(high + 1))
+            )
+            result = value if ok else 0.0
+        else:
+            result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
         flags[lane] |= outside | (not ok)
 
@@ -245,20 +253,21 @@ def finish_tree(totals, references, acc, flags, cfg):
     SIMD instruction before AVX-512, and this loop runs once per tree and output. One loop
     for units whose accumulator joins the tree, one for the others: a stage a unit lacks
     (TwoSum and round-to-odd, or the truncated accumulator), left in the loop under a
-    branch, is computed for every lane all the same once the loop is vectorised."""
+    branch, is computed for every lane all the same once the loop is vectorised. The first
+    has a copy for an n-bit sum no more precise than the accumulator (the GPU FP8 units'),
+    which skips the accumulator's rounding, then the identity."""
     window = cfg[W_WINDOW_BITS]
     sum_bits = cfg[W_SUM_BITS]
     sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     rounded_sum = sum_bits > 0
-    if cfg[W_ACC_IN_TREE] != 0:
-        _finish_lanes(
-            totals, references, acc, flags, window, True, rounded_sum, sum_rule, acc_rule, cfg
-        )
+    lanes = (totals, references, acc, flags, window)
+    if cfg[W_ACC_IN_TREE] != 0 and rounded_sum and sum_bits <= cfg[W_ACC_BITS]:
+        _finish_lanes(lanes, True, True, True, sum_rule, acc_rule, cfg)
+    elif cfg[W_ACC_IN_TREE] != 0:
+        _finish_lanes(lanes, True, rounded_sum, False, sum_rule, acc_rule, cfg)
     else:
-        _finish_lanes(
-            totals, references, acc, flags, window, False, rounded_sum, sum_rule, acc_rule, cfg
-        )
+        _finish_lanes(lanes, False, rounded_sum, False, sum_rule, acc_rule, cfg)
 
 
 @njit(cache=True)
