@@ -61,6 +61,7 @@ NO_REFERENCE = (
 # against it.
 LANES = 1024
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
+DECODE_BLOCK = 8  # tile rows :func:`_decode_tile` writes together (its docstring says why)
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
 W_FUSED_TERMS = 0
@@ -333,12 +334,16 @@ def encode_outputs(acc, flags, out, cfg):
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
     (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
-    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines."""
+    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines:
+    ``DECODE_BLOCK`` rows of the tile at a time. The tile's rows lie a multiple of 4 KiB apart
+    (1024 lanes), so that the lines written at once share one set of an 8-way L1 cache: more
+    than eight of them evict each other at every lane (64 rows at a time made the decode
+    several times slower)."""
     length = codes.shape[1]
     tile_values = np.empty((length, lanes), dtype=np.float32)
     tile_exponents = np.empty((length, lanes), dtype=np.int8)
-    for k0 in range(0, length, 64):
-        k1 = min(k0 + 64, length)
+    for k0 in range(0, length, DECODE_BLOCK):
+        k1 = min(k0 + DECODE_BLOCK, length)
         for lane in range(lanes):
             row = codes[first + lane]
             for k in range(k0, k1):
