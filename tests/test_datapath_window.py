@@ -23,7 +23,7 @@ from mxsim.datapath.api import (
     matmul_groups,
 )
 from mxsim.datapath.reference import dot_reference
-from mxsim.datapath.window import window_applies, window_dot, window_matmul
+from mxsim.datapath.window import _window_config, window_applies, window_dot, window_matmul
 
 ROUNDINGS = [
     "nearest_even",
@@ -393,6 +393,35 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     np.testing.assert_array_equal(
         matmul(unit(name), qa, qb, c=c).bits, matmul(unit(name), qa, qb, c=c, method="kernel").bits
     )
+
+
+def test_start_accumulators_reads_a_single_c_a_run_and_a_wrapped_run_alike():
+    # Three ways to read c (one value for every lane, a run, indices wrapping around): the
+    # same accumulators and flags from the same values, corners included.
+    params = h100(accumulator_format="bf16", accumulator_rounding="toward_positive")
+    cfg = _window_config(params)[0]
+    values = np.array(
+        [1.5, -0.0, 0.0, np.nan, np.inf, 1e-40, 3.4e38, -2.75, 1.0 + 2.0**-20], dtype=np.float32
+    )
+
+    def start(c_values, offset, lanes):
+        acc, flags = np.empty(lanes), np.zeros(lanes, dtype=np.uint8)
+        W.start_accumulators(c_values, offset, acc, flags, cfg)
+        return acc, flags
+
+    # -0, NaN, Inf, a subnormal and a value above bf16's largest leave the fast path
+    for c, flagged in zip(values, [0, 1, 0, 1, 1, 1, 1, 0, 0]):
+        single = start(np.array([c]), 5, 20)
+        wrapped = start(np.full(3, c), 2, 20)
+        np.testing.assert_array_equal(single[0], wrapped[0])
+        np.testing.assert_array_equal(single[1], wrapped[1])
+        np.testing.assert_array_equal(single[1], flagged)
+    run = start(values, 5, 4)
+    wrapped = start(values, 5 + len(values), 4)
+    np.testing.assert_array_equal(run[0], wrapped[0])
+    np.testing.assert_array_equal(run[1], wrapped[1])
+    np.testing.assert_array_equal(run[0][2:], [-2.75, 1.0 + 2.0**-7])  # rounded up to bf16
+    np.testing.assert_array_equal(run[1], [1, 1, 0, 0])
 
 
 # --- the kernels' rounding against plain integer arithmetic --------------------------------------
