@@ -231,8 +231,9 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 @njit(cache=True, inline="always")
 def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rule, cfg):
     """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``one_rounding`` constants
-    so that each copy computes only its own stages (``rounded_sum`` stays a runtime flag: a
-    fourth copy cost compile time and gained nothing measurable).
+    so that each copy computes only its own stages. ``rounded_sum`` stays a runtime flag: in
+    the one-rounding loop it only picks which value's range is checked, and a copy per value
+    of it for the other units cost compile time and gained nothing measurable.
 
     ``one_rounding`` (the accumulator in the tree, and no n-bit sum or one at most as precise
     as the accumulator): the tree's value is rounded once, by ``first_rule``: the n-bit sum's
