@@ -23,7 +23,7 @@ from mxsim.datapath.api import (
     matmul_groups,
 )
 from mxsim.datapath.reference import dot_reference
-from mxsim.datapath.window import window_applies, window_dot, window_matmul
+from mxsim.datapath.window import _window_config, window_applies, window_dot, window_matmul
 
 ROUNDINGS = [
     "nearest_even",
@@ -269,6 +269,37 @@ def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, cor
     np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
 
 
+@pytest.mark.parametrize("accumulator", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("extra_bits", [-1, 0, 1])
+@pytest.mark.parametrize("rounding", ["toward_positive", "nearest_even"])
+def test_n_bit_sums_beside_the_accumulator_precision(accumulator, extra_bits, rounding):
+    # An accumulator in the tree and an n-bit sum no more precise than it: the kernels skip
+    # the accumulator's rounding (the identity then); one bit more precise, they must not.
+    precision = get_format(accumulator).mantissa_bits + 1
+    params = h100(
+        accumulator_format=accumulator,
+        accumulator_rounding=rounding,
+        sum_significant_bits=precision + extra_bits,
+        sum_rounding="toward_zero",
+    )
+    assert window_applies(params) and params.accumulator_in_tree
+    rng = np.random.default_rng(7)
+    qa, qb = operands(params, rng, 8, 96, 40, corners=False, spread=0)
+    # Elements of magnitude about 1/4 (unit scales would leave MX elements up to 448): the
+    # sums stay inside fp16's range, so every output takes the fast path.
+    fmt = get_format("fp8_e4m3")
+    small = [fmt.encode(rng.standard_normal(q.codes.shape) / 4) for q in (qa, qb)]
+    qa, qb = (
+        dataclasses.replace(q, codes=code.astype(q.codes.dtype)) for q, code in zip((qa, qb), small)
+    )
+    c = rng.standard_normal((8, 40)).astype(np.float32)
+    fast, left = gemm(params, qa, qb, c, "window")
+    assert left[0].size == 0
+    np.testing.assert_array_equal(fast, gemm(params, qa, qb, c, "kernel")[0])
+    for m, n in zip(rng.integers(0, 8, 12).tolist(), rng.integers(0, 40, 12).tolist()):
+        assert int(fast[m, n]) == reference_bits(params, qa, qb, c, m, n), (m, n)
+
+
 def row_dot_bits(params, qa, qb, c):
     """Every (m, n) output as one row-wise dot through the public ``dot`` (the pairs kernel)."""
     m, n = (index.ravel() for index in np.indices(c.shape))
@@ -362,6 +393,35 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     np.testing.assert_array_equal(
         matmul(unit(name), qa, qb, c=c).bits, matmul(unit(name), qa, qb, c=c, method="kernel").bits
     )
+
+
+def test_start_accumulators_reads_a_single_c_a_run_and_a_wrapped_run_alike():
+    # Three ways to read c (one value for every lane, a run, indices wrapping around): the
+    # same accumulators and flags from the same values, corners included.
+    params = h100(accumulator_format="bf16", accumulator_rounding="toward_positive")
+    cfg = _window_config(params)[0]
+    values = np.array(
+        [1.5, -0.0, 0.0, np.nan, np.inf, 1e-40, 3.4e38, -2.75, 1.0 + 2.0**-20], dtype=np.float32
+    )
+
+    def start(c_values, offset, lanes):
+        acc, flags = np.empty(lanes), np.zeros(lanes, dtype=np.uint8)
+        W.start_accumulators(c_values, offset, acc, flags, cfg)
+        return acc, flags
+
+    # -0, NaN, Inf, a subnormal and a value above bf16's largest leave the fast path
+    for c, flagged in zip(values, [0, 1, 0, 1, 1, 1, 1, 0, 0]):
+        single = start(np.array([c]), 5, 20)
+        wrapped = start(np.full(3, c), 2, 20)
+        np.testing.assert_array_equal(single[0], wrapped[0])
+        np.testing.assert_array_equal(single[1], wrapped[1])
+        np.testing.assert_array_equal(single[1], flagged)
+    run = start(values, 5, 4)
+    wrapped = start(values, 5 + len(values), 4)
+    np.testing.assert_array_equal(run[0], wrapped[0])
+    np.testing.assert_array_equal(run[1], wrapped[1])
+    np.testing.assert_array_equal(run[0][2:], [-2.75, 1.0 + 2.0**-7])  # rounded up to bf16
+    np.testing.assert_array_equal(run[1], [1, 1, 0, 0])
 
 
 # --- the kernels' rounding against plain integer arithmetic --------------------------------------

@@ -61,6 +61,7 @@ NO_REFERENCE = (
 # against it.
 LANES = 1024
 ROW_BLOCK = 32  # rows of A run tree by tree against the B tile together
+DECODE_BLOCK = 8  # tile rows :func:`_decode_tile` writes together (its docstring says why)
 
 # Indices into the int64 configuration vector built by ``datapath.window``.
 W_FUSED_TERMS = 0
@@ -167,15 +168,36 @@ def _round_in_range(value, rule, min_exponent, max_exponent):
 @njit(cache=True)
 def start_accumulators(c_values, offset, acc, flags, cfg):
     """acc[lane] = c_values[(offset + lane) % len] rounded into the accumulator; flags where
-    that leaves the fast path (c non-finite or -0, or not normal in the accumulator)."""
+    that leaves the fast path (c non-finite or -0, or not normal in the accumulator).
+
+    A single c (GEMMs without c) is rounded once, and a run of c that needs no wrapping is
+    read without the modulo: an integer division a lane has no SIMD instruction and cost
+    more than the rest of the loop."""
     rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
-    for lane in range(acc.shape[0]):
-        c = np.float64(c_values[(offset + lane) % c_values.shape[0]])
-        usable = math.isfinite(c) and not (c == 0.0 and math.copysign(1.0, c) < 0)
-        value, ok = _round_in_range(c if usable else 0.0, rule, low, high)
-        acc[lane] = value
-        flags[lane] |= not (ok and usable)
+    count = c_values.shape[0]
+    if count == 1:
+        value, bad = _start_lane(c_values[0], rule, low, high)
+        for lane in range(acc.shape[0]):
+            acc[lane] = value
+            flags[lane] |= bad
+    elif offset + acc.shape[0] <= count:
+        for lane in range(acc.shape[0]):
+            acc[lane], bad = _start_lane(c_values[offset + lane], rule, low, high)
+            flags[lane] |= bad
+    else:
+        for lane in range(acc.shape[0]):
+            acc[lane], bad = _start_lane(c_values[(offset + lane) % count], rule, low, high)
+            flags[lane] |= bad
+
+
+@njit(cache=True, inline="always")
+def _start_lane(c_value, rule, low, high):
+    """(c rounded into the accumulator, whether that leaves the fast path)."""
+    c = np.float64(c_value)
+    usable = math.isfinite(c) and not (c == 0.0 and math.copysign(1.0, c) < 0)
+    value, ok = _round_in_range(c if usable else 0.0, rule, low, high)
+    return value, not (ok and usable)
 
 
 @njit(cache=True, inline="always")
@@ -207,12 +229,20 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes(
-    totals, references, acc, flags, window, in_tree, rounded_sum, sum_rule, acc_rule, cfg
-):
-    """:func:`finish_tree`'s loop, inlined with ``in_tree`` a constant so that each copy
-    computes only its own stages (``rounded_sum`` stays a runtime flag: a third and fourth
-    copy cost compile time and gained nothing measurable)."""
+def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rule, cfg):
+    """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``one_rounding`` constants
+    so that each copy computes only its own stages. ``rounded_sum`` stays a runtime flag: in
+    the one-rounding loop it only picks which value's range is checked, and a copy per value
+    of it for the other units cost compile time and gained nothing measurable.
+
+    ``one_rounding`` (the accumulator in the tree, and no n-bit sum or one at most as precise
+    as the accumulator): the tree's value is rounded once, by ``first_rule``: the n-bit sum's
+    (then on the accumulator's grid already, so that its rounding into the accumulator is the
+    identity, and the rounded sum's range is checked) or, without an n-bit sum, the
+    accumulator's (the unrounded value's range is checked: below it the accumulator rounds
+    at a coarser, subnormal step). Otherwise the n-bit sum's rounding (``first_rule``) where
+    ``rounded_sum``, then the accumulator's."""
+    totals, references, acc, flags, window = lanes
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
     for lane in range(totals.shape[0]):
@@ -225,12 +255,20 @@ def _finish_lanes(
         if in_tree:  # |acc| < 2^(R+1): its truncation toward zero fits W + 1 bits
             total += np.trunc(previous * power_of_two(window - reference))
         value = total * power_of_two(reference - window)  # exact: |total| < 2^53
-        if rounded_sum:
-            value = round_bits(value, sum_rule)
-        if not in_tree:
-            high_part, error = two_sum(previous, value)
-            value = round_to_odd(high_part, error)
-        result, ok = _round_in_range(value, acc_rule, low, high)
+        if one_rounding:
+            rounded = round_bits(value, first_rule)
+            checked = rounded if rounded_sum else value
+            ok = (value == 0.0) | (
+                (abs(checked) >= power_of_two(low)) & (abs(rounded) < power_of_two(high + 1))
+            )
+            result = rounded if ok else 0.0
+        else:
+            if rounded_sum:
+                value = round_bits(value, first_rule)
+            if not in_tree:
+                high_part, error = two_sum(previous, value)
+                value = round_to_odd(high_part, error)
+            result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
         flags[lane] |= outside | (not ok)
 
@@ -242,23 +280,25 @@ def finish_tree(totals, references, acc, flags, cfg):
 
     ``totals`` holds the integers as float64 (exact: the callers keep tree sums below 2^53),
     and the accumulator's truncation is ``np.trunc``: float64 <-> int64 conversions have no
-    SIMD instruction before AVX-512, and this loop runs once per tree and output. One loop
-    for units whose accumulator joins the tree, one for the others: a stage a unit lacks
-    (TwoSum and round-to-odd, or the truncated accumulator), left in the loop under a
-    branch, is computed for every lane all the same once the loop is vectorised."""
+    SIMD instruction before AVX-512, and this loop runs once per tree and output. Three
+    loops: units whose accumulator joins the tree with one rounding (the GPU FP8 units: an
+    n-bit sum no more precise than the accumulator, or none), with two, and units whose
+    accumulator does not join the tree: a stage a unit lacks (TwoSum and round-to-odd, the
+    truncated accumulator, a second rounding), left in the loop under a branch, is computed
+    for every lane all the same once the loop is vectorised."""
     window = cfg[W_WINDOW_BITS]
     sum_bits = cfg[W_SUM_BITS]
     sum_rule = rounding_rule(max(sum_bits, 1), cfg[W_SUM_ROUNDING])  # unused when sum_bits is 0
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     rounded_sum = sum_bits > 0
-    if cfg[W_ACC_IN_TREE] != 0:
-        _finish_lanes(
-            totals, references, acc, flags, window, True, rounded_sum, sum_rule, acc_rule, cfg
-        )
+    lanes = (totals, references, acc, flags, window)
+    if cfg[W_ACC_IN_TREE] == 0:
+        _finish_lanes(lanes, False, False, rounded_sum, sum_rule, acc_rule, cfg)
+    elif sum_bits <= cfg[W_ACC_BITS]:
+        first_rule = sum_rule if rounded_sum else acc_rule
+        _finish_lanes(lanes, True, True, rounded_sum, first_rule, acc_rule, cfg)
     else:
-        _finish_lanes(
-            totals, references, acc, flags, window, False, rounded_sum, sum_rule, acc_rule, cfg
-        )
+        _finish_lanes(lanes, True, False, True, sum_rule, acc_rule, cfg)
 
 
 @njit(cache=True)
@@ -295,12 +335,16 @@ def encode_outputs(acc, flags, out, cfg):
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
     (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
-    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines."""
+    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines:
+    ``DECODE_BLOCK`` rows of the tile at a time. The tile's rows lie a multiple of 4 KiB apart
+    (1024 lanes), so that the lines written at once share one set of an 8-way L1 cache: more
+    than eight of them evict each other at every lane (64 rows at a time made the decode
+    several times slower)."""
     length = codes.shape[1]
     tile_values = np.empty((length, lanes), dtype=np.float32)
     tile_exponents = np.empty((length, lanes), dtype=np.int8)
-    for k0 in range(0, length, 64):
-        k1 = min(k0 + 64, length)
+    for k0 in range(0, length, DECODE_BLOCK):
+        k1 = min(k0 + DECODE_BLOCK, length)
         for lane in range(lanes):
             row = codes[first + lane]
             for k in range(k0, k1):
