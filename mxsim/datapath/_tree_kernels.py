@@ -5,6 +5,8 @@ and a second pass over it."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -84,3 +86,184 @@ def _odd_pass(out, x, step, packed) -> None:
         for m in range(8):
             s += (x[m] * step) * packed[m, j]
         out[j] = np.float32(odd_sum(np.float64(out[j]), s * packed[8, j] + 0.0))
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, choices, acc, work):
+    """A fixed-point-grid unit's trees of ``terms`` products (8 or 16) above its floor
+    (``blas.grid_floor``), fused: acc[g, i, j] = acc when |acc| >= 2^(Xa + Xb) keep_factor
+    (its LSB more than the max left shift above the grid's: ``keep_factor`` = 2^(L - n +
+    24)), else acc + S rounded once to fp32 in the mode of ``choices`` (a
+    ``blas.ROUNDING_CHOICES`` row), IEEE overflow, an exact zero +0; for each tree in order.
+    S = s 2^(Xa + Xb) with s the tree's exact sum over k in [first, first + terms) of
+    a[g, i, k] * b[g, j, k] (``trees`` (T, 2): first, scale block), 2^Xa = row_steps[block,
+    g, i], 2^Xb = column_steps[block, g, j]. ``a`` (g, rows, K) and ``b`` (g, columns, K)
+    are float32 or float64 unscaled elements whose tree sums fit 53 bits, so the products,
+    partial sums and S are exact float64s (as for ``rne_trees8``). An infinite accumulator
+    is kept (an earlier overflow stays the result).
+
+    Per row and pass, t = acc + S in float64 is exact where t - acc == S and t - S == acc
+    (Dekker's lemma, as ``rne_trees8``), and then rounded by ``_round_fp32``; where any of
+    the row's pass is neither exact nor kept, the pass is redone from the accumulator
+    through the round-to-odd sum (``odd_sum``), which ``_round_fp32`` rounds alike.
+    ``work`` a (terms + 2, COLUMNS) float64 scratch. Serial."""
+    groups, rows, columns = acc.shape
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    ties = not directed and (large_positive or large_negative)
+    packed, sums = work[:terms], work[terms]
+    column_limits = work[terms + 1]
+    fresh = np.empty(COLUMNS, dtype=np.float32)
+    for g in range(groups):
+        for j0 in range(0, columns, COLUMNS):
+            width = min(COLUMNS, columns - j0)
+            for t in range(trees.shape[0]):
+                first, block = trees[t, 0], trees[t, 1]
+                for j in range(width):  # the tree's B transposed
+                    for m in range(terms):
+                        packed[m, j] = b[g, j0 + j, first + m]
+                steps = column_steps[block, g, j0 : j0 + width]
+                for j in range(width):
+                    column_limits[j] = steps[j] * keep_factor
+                for i in range(rows):
+                    out = acc[g, i, j0 : j0 + width]
+                    step = row_steps[block, g, i]
+                    x = a[g, i, first : first + terms]
+                    flags = directed, large_positive, large_negative
+                    limits = column_limits, step
+                    if terms != 8:  # the first 8 products summed ahead, the last 8 in the pass
+                        _tree_sums(sums, x[:8], step, packed, width)
+                    if terms == 8 and ties:
+                        done = _rounded_pass(
+                            out, fresh, x, packed, sums, steps, limits, flags, True, False, False
+                        )
+                    elif terms == 8:
+                        done = _rounded_pass(
+                            out, fresh, x, packed, sums, steps, limits, flags, False, False, False
+                        )
+                    elif ties:
+                        done = _rounded_pass(
+                            out,
+                            fresh,
+                            x[8:],
+                            packed[8:],
+                            sums,
+                            steps,
+                            limits,
+                            flags,
+                            True,
+                            False,
+                            True,
+                        )
+                    else:
+                        done = _rounded_pass(
+                            out,
+                            fresh,
+                            x[8:],
+                            packed[8:],
+                            sums,
+                            steps,
+                            limits,
+                            flags,
+                            False,
+                            False,
+                            True,
+                        )
+                    if not done:
+                        if terms == 8:
+                            _rounded_pass(
+                                out, fresh, x, packed, sums, steps, limits, flags, ties, True, False
+                            )
+                        else:
+                            _rounded_pass(
+                                out,
+                                fresh,
+                                x[8:],
+                                packed[8:],
+                                sums,
+                                steps,
+                                limits,
+                                flags,
+                                ties,
+                                True,
+                                True,
+                            )
+                    for j in range(width):
+                        out[j] = fresh[j]
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _tree_sums(sums, x, step, packed, width) -> None:
+    """sums[j] = the exact sum over m of (x[m] step) packed[m, j], 8 terms at a time."""
+    sums[:width] = 0.0
+    for c in range(0, x.shape[0], 8):
+        b0, b1, b2, b3 = packed[c], packed[c + 1], packed[c + 2], packed[c + 3]
+        b4, b5, b6, b7 = packed[c + 4], packed[c + 5], packed[c + 6], packed[c + 7]
+        x0, x1 = np.float64(x[c]) * step, np.float64(x[c + 1]) * step
+        x2, x3 = np.float64(x[c + 2]) * step, np.float64(x[c + 3]) * step
+        x4, x5 = np.float64(x[c + 4]) * step, np.float64(x[c + 5]) * step
+        x6, x7 = np.float64(x[c + 6]) * step, np.float64(x[c + 7]) * step
+        for j in range(width):
+            sums[j] += ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
+                (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
+            )
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _rounded_pass(out, fresh, x, packed, sums, steps, limits, flags, ties, odd, partial) -> bool:
+    """fresh[j] = out[j] where kept (|out| >= column_limits[j] step, ``limits`` the pair),
+    else out[j] + S rounded (``_round_fp32``; ``odd``: from the round-to-odd float64 sum,
+    else from the float64 sum), S = (the sum over m < 8 of (x[m] step) packed[m, j], plus
+    sums[j] where ``partial``) steps[j]; ``flags`` (directed, large_positive, large_negative)
+    as ``_round_fp32``'s. Returns whether every output was kept or its float64 sum exact
+    (``odd``: True)."""
+    directed, large_positive, large_negative = flags
+    column_limits, step = limits
+    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
+    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
+    x0, x1 = np.float64(x[0]) * step, np.float64(x[1]) * step
+    x2, x3 = np.float64(x[2]) * step, np.float64(x[3]) * step
+    x4, x5 = np.float64(x[4]) * step, np.float64(x[5]) * step
+    x6, x7 = np.float64(x[6]) * step, np.float64(x[7]) * step
+    missed = False
+    for j in range(out.shape[0]):
+        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
+            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
+        )
+        if partial:
+            s += sums[j]
+        scaled = s * steps[j] + 0.0  # an exact zero sum is +0
+        old = np.float64(out[j])
+        kept = abs(old) >= column_limits[j] * step
+        if odd:
+            total = odd_sum(old, scaled)
+        else:
+            total = old + scaled
+            missed |= ((total - old != scaled) | (total - scaled != old)) & ~kept
+        rounded = _round_fp32(total, directed, large_positive, large_negative, ties)
+        fresh[j] = out[j] if kept else rounded
+    return not missed
+
+
+@njit(cache=True, inline="always")
+def _round_fp32(value, directed, large_positive, large_negative, ties):
+    """``value`` (a float64: acc + S exactly, or its round-to-odd at 53 bits, which lies
+    strictly between the same fp32 neighbours) rounded to fp32: nearest even by the
+    conversion, then, where the conversion rounded and the mode says so (``directed``, or
+    ``ties`` and ``value`` is the midpoint of its neighbours), moved to the other neighbour
+    when it is the one the mode takes (farther from zero: ``large_positive`` for a positive
+    value, ``large_negative`` for a negative one; else nearer zero). IEEE overflow: past
+    fp32's largest the neighbours are it and Inf (their midpoint 2^128 - 2^103). A zero
+    ``value`` is kept (+0 for an exact zero sum from a +0 or nonzero accumulator, the only
+    ones here). Branch-free."""
+    nearest = np.float32(value)
+    near = np.float64(nearest)
+    up = abs(near) < abs(value)  # the conversion went toward zero: the other lies farther
+    bits = nearest.view(np.int32)
+    other = np.int32(bits + (1 if up else -1)).view(np.float32)
+    edge = math.copysign(2.0**128, value)  # Inf's place in the midpoint
+    here = near if abs(nearest) < np.inf else edge
+    beyond = np.float64(other) if abs(other) < np.inf else edge
+    tie = ties & ((here + beyond) * 0.5 == value)
+    large = large_positive if value > 0.0 else large_negative
+    move = (near != value) & (directed | tie) & (large == up)
+    return other if move else nearest

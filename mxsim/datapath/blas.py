@@ -791,6 +791,9 @@ def blas_matmul(
         trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
     # trees of 8 float64 products, rounded to nearest even as they come: one fused kernel
     eights = _eight_term_trees(params, dtype, padded, trees, floor, block)
+    # other grid trees of 8 or 16 products, any mode, above the grid's floor: fused too
+    fused = _fused_grid_starts(params, trees) if grid is not None else None
+    any_floor = grid_floor(params)
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -874,6 +877,11 @@ def blas_matmul(
                             grid is None or _above_floor(a_steps, steps, floor, a, b_tile).all()
                         ):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
+                        elif (
+                            fused is not None
+                            and _above_floor(a_steps, steps, any_floor, a, b_tile).all()
+                        ):
+                            _grid_trees_tile(a, b_tile, a_steps, steps, fused, acc, grid, choices)
                         elif grid is not None:
                             _grid_tile(
                                 a, b_tile, a_steps, steps, trees, acc, grid, choices, floor, span
@@ -976,6 +984,55 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     if high > left - fraction - 1:
         return None
     return max(fraction - left - 150, -149 - low_a - low_b)
+
+
+def grid_floor(params: DatapathParams) -> int | None:
+    """The least scale exponent sum X from which a fixed-point-grid unit's tree step, in any
+    rounding mode but stochastic, is: the accumulator kept when |acc| >= 2^(X + L - n + 24)
+    (n fraction bits, max left shift L), else acc + S rounded once (None: no grid).
+
+    For X >= max(n - L - 149, -149 - low) (low: the formats' least product step): every
+    nonzero acc + S is a multiple of 2^-149, so no rounding gives a zero and, as the route
+    refuses a -0 c, no accumulator is -0 while every earlier tree's X is at or above the
+    floor too; a zero accumulator (exponent -127) or a subnormal one (-126) is never kept
+    left, as 2^(X + L - n + 24) >= 2^-125 exceeds it; a normal one's LSB lies more than L
+    places above the grid's exactly when |acc| >= 2^(X + L - n + 24); kept right (S = 0), it
+    equals acc + 0 rounded (exact; +0 for a zero). An infinite accumulator stays either way."""
+    if params.grid_fraction_bits is None:
+        return None
+    low = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    return max(fraction - left - 149, -149 - low)
+
+
+def _fused_grid_starts(params, trees):
+    """((T, 2) first position and scale block of each tree, products per tree) when every
+    grid tree (``grid_trees``'s, with blocks) has 8 or 16 products (``_tree_kernels.fused_grid_trees``),
+    else None."""
+    if trees is None or params.accumulator_rounding not in ROUNDING_CHOICES:
+        return None
+    terms = {last - first for first, last, _ in trees}
+    if len(terms) != 1 or terms.isdisjoint({8, 16}):
+        return None
+    return np.array([(first, blk) for first, _, blk in trees], dtype=np.int64).reshape(-1, 2), (
+        terms.pop()
+    )
+
+
+def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices) -> None:
+    """acc (g, r, n fp32) = each tree's step of the grid (``grid``: n, L, R) in turn, fused
+    (``_tree_kernels.fused_grid_trees``): the tile's blocks lie at or above ``grid_floor``."""
+    from ._tree_kernels import COLUMNS, fused_grid_trees
+
+    trees, terms = fused
+    running = np.ascontiguousarray(acc)
+    keep_factor = 2.0 ** (int(grid[1]) - int(grid[0]) + 24)
+    work = np.empty((terms + 2, COLUMNS))
+    b = np.ascontiguousarray(b)
+    fused_grid_trees(
+        a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
+    )
+    acc[...] = running
 
 
 def _eight_term_trees(params, dtype, padded: int, trees, floor, block: int):
