@@ -110,6 +110,18 @@ def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, c
     groups, rows, columns = acc.shape
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
     ties = not directed and (large_positive or large_negative)
+    # the fast pass's rounding of float64 bits (``_round_bits``): nearest even, the
+    # conversion's; else the 29 bits below fp32's last cleared after adding all of them
+    # (toward the neighbour farther from zero), none, or half of them (a tie away from
+    # zero) or just under (a tie toward zero), by sign
+    low, half = (1 << 29) - 1, 1 << 28
+    if directed:
+        adds = (low if large_positive else 0), (low if large_negative else 0)
+    else:
+        adds = (half if large_positive else half - 1), (half if large_negative else half - 1)
+    mask = low if directed or ties else 0
+    adds = adds if mask else (0, 0)
+    modes = (mask, adds[0], adds[1]), (directed, large_positive, large_negative, ties)
     packed, sums = work[:terms], work[terms]
     column_limits = work[terms + 1]
     fresh = np.empty(COLUMNS, dtype=np.float32)
@@ -128,65 +140,25 @@ def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, c
                     out = acc[g, i, j0 : j0 + width]
                     step = row_steps[block, g, i]
                     x = a[g, i, first : first + terms]
-                    flags = directed, large_positive, large_negative
                     limits = column_limits, step
-                    if terms != 8:  # the first 8 products summed ahead, the last 8 in the pass
+                    if terms == 8:
+                        ok = _rounded_pass(
+                            out, fresh, x, packed, sums, steps, limits, modes, False, False
+                        )
+                    else:  # the first 8 products summed ahead, the last 8 in the pass
                         _tree_sums(sums, x[:8], step, packed, width)
-                    if terms == 8 and ties:
-                        done = _rounded_pass(
-                            out, fresh, x, packed, sums, steps, limits, flags, True, False, False
+                        x, rest = x[8:], packed[8:]
+                        ok = _rounded_pass(
+                            out, fresh, x, rest, sums, steps, limits, modes, False, True
                         )
-                    elif terms == 8:
-                        done = _rounded_pass(
-                            out, fresh, x, packed, sums, steps, limits, flags, False, False, False
+                    if not ok and terms == 8:
+                        _rounded_pass(
+                            out, fresh, x, packed, sums, steps, limits, modes, True, False
                         )
-                    elif ties:
-                        done = _rounded_pass(
-                            out,
-                            fresh,
-                            x[8:],
-                            packed[8:],
-                            sums,
-                            steps,
-                            limits,
-                            flags,
-                            True,
-                            False,
-                            True,
+                    elif not ok:
+                        _rounded_pass(
+                            out, fresh, x, packed[8:], sums, steps, limits, modes, True, True
                         )
-                    else:
-                        done = _rounded_pass(
-                            out,
-                            fresh,
-                            x[8:],
-                            packed[8:],
-                            sums,
-                            steps,
-                            limits,
-                            flags,
-                            False,
-                            False,
-                            True,
-                        )
-                    if not done:
-                        if terms == 8:
-                            _rounded_pass(
-                                out, fresh, x, packed, sums, steps, limits, flags, ties, True, False
-                            )
-                        else:
-                            _rounded_pass(
-                                out,
-                                fresh,
-                                x[8:],
-                                packed[8:],
-                                sums,
-                                steps,
-                                limits,
-                                flags,
-                                ties,
-                                True,
-                                True,
-                            )
                     for j in range(width):
                         out[j] = fresh[j]
 
@@ -209,14 +181,14 @@ def _tree_sums(sums, x, step, packed, width) -> None:
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _rounded_pass(out, fresh, x, packed, sums, steps, limits, flags, ties, odd, partial) -> bool:
+def _rounded_pass(out, fresh, x, packed, sums, steps, limits, modes, odd, partial) -> bool:
     """fresh[j] = out[j] where kept (|out| >= column_limits[j] step, ``limits`` the pair),
-    else out[j] + S rounded (``_round_fp32``; ``odd``: from the round-to-odd float64 sum,
-    else from the float64 sum), S = (the sum over m < 8 of (x[m] step) packed[m, j], plus
-    sums[j] where ``partial``) steps[j]; ``flags`` (directed, large_positive, large_negative)
-    as ``_round_fp32``'s. Returns whether every output was kept or its float64 sum exact
+    else out[j] + S rounded, S = (the sum over m < 8 of (x[m] step) packed[m, j], plus
+    sums[j] where ``partial``) steps[j]: from the float64 sum by ``_round_bits`` (``modes[0]``),
+    or (``odd``) from the round-to-odd float64 sum by ``_round_fp32`` (``modes[1]``). Returns
+    whether every output was kept or exact in float64 and inside ``_round_bits``' range
     (``odd``: True)."""
-    directed, large_positive, large_negative = flags
+    (mask, add_positive, add_negative), (directed, large_pos, large_neg, ties) = modes
     column_limits, step = limits
     b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
     b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
@@ -231,17 +203,34 @@ def _rounded_pass(out, fresh, x, packed, sums, steps, limits, flags, ties, odd, 
         )
         if partial:
             s += sums[j]
-        scaled = s * steps[j] + 0.0  # an exact zero sum is +0
+        scaled = s * steps[j]
         old = np.float64(out[j])
         kept = abs(old) >= column_limits[j] * step
-        if odd:
-            total = odd_sum(old, scaled)
-        else:
+        if odd:  # an exact zero sum is +0
+            rounded = _round_fp32(odd_sum(old, scaled + 0.0), directed, large_pos, large_neg, ties)
+            fresh[j] = out[j] if kept else rounded
+        else:  # (a -0 sum adds as +0: the accumulator is never -0 here)
             total = old + scaled
-            missed |= ((total - old != scaled) | (total - scaled != old)) & ~kept
-        rounded = _round_fp32(total, directed, large_positive, large_negative, ties)
-        fresh[j] = out[j] if kept else rounded
+            fresh[j], inside = _round_bits(total, mask, add_positive, add_negative)
+            inexact = (total - old != scaled) | (total - scaled != old)
+            missed |= inexact | ~inside | kept
     return not missed
+
+
+@njit(cache=True, inline="always")
+def _round_bits(value, mask, add_positive, add_negative):
+    """(``value`` rounded to fp32, whether that is right): its float64 bits plus
+    ``add_positive`` or ``add_negative`` (by its sign) with the ``mask`` bits cleared,
+    converted (exactly, or nearest even where ``mask`` is 0). The 29 bits below fp32's
+    last place are those of a value from 2^-126 up to 2^128 (normal fp32s; the carry of a
+    rounding up moves into the exponent, to Inf past fp32's largest): right for those and
+    for zero, not claimed elsewhere."""
+    bits = np.float64(value).view(np.int64)
+    add = add_negative if value < 0.0 else add_positive
+    rounded = np.int64((bits + add) & ~mask).view(np.float64)
+    above = np.uint64((bits & 0x7FFFFFFFFFFFFFFF) - 0x3810000000000000)  # |value| - 2^-126
+    inside = (above < np.uint64(0x0FE0000000000000)) | (value == 0.0)  # 2^128 - 2^-126
+    return np.float32(rounded), inside
 
 
 @njit(cache=True, inline="always")
