@@ -1049,7 +1049,7 @@ def grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding) 
 
 def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
     got = acc.copy()
-    work = np.empty((terms + 2, COLUMNS))
+    work = np.empty((max(terms, 16) + 2, COLUMNS))
     keep_factor = 2.0 ** (70 - 34 + 24)
     choices = np.array(ROUNDING_CHOICES[rounding])
     fused_grid_trees(
@@ -1063,23 +1063,32 @@ def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -
 def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms):
     # The grid's boundary cases (``grid_cases``: pass-through offsets, half fp32 steps and
     # just off them, exact cancellation, fp32's largest, infinities, subnormals) at X from
-    # the floor up, each as one output: its unscaled sum a single product (of 8 or 16, in
-    # the first or the last 8: the pass's own or the earlier partial sums) times 2^X.
+    # the floor up, with the sums the kernel takes (multiples of fp8_e4m3's least product
+    # 2^-18, below a quarter of the left pass-through limit, 2^58), each as one output over
+    # 16 products: two trees of 8 of one block (one
+    # pass: ``_paired_pass``) or one of 16 (the first 8 summed ahead), the case's sum a single
+    # product in the first 8 or the last, or in both (two steps of it; one sum of two).
     floor = grid_floor(GRID_HW["mxdotp"].params("fp8_e4m3", "fp8_e4m3"))
     cases = [
-        c for c in grid_cases() if c[2] >= floor and not (c[0] == 0 and math.copysign(1, c[0]) < 0)
+        (acc, value, x)
+        for acc, value, x in grid_cases()
+        if x >= floor
+        and abs(value) < 2.0**57
+        and (value * 2.0**18).is_integer()
+        and not (acc == 0 and math.copysign(1, acc) < 0)
     ]
     count = len(cases)
-    a = np.zeros((1, count, terms))
+    a = np.zeros((1, count, 16))
     for i, (_, value, _) in enumerate(cases):
-        a[0, i, (3 if i % 2 else terms - 2)] = value
-    b = np.zeros((1, 1, terms))
-    b[0, 0, 3] = b[0, 0, terms - 2] = 1.0
+        a[0, i, [3, 14] if i % 3 == 0 else 3 if i % 3 == 1 else 14] = value
+    b = np.zeros((1, 1, 16))
+    b[0, 0, [3, 14]] = 1.0
+    trees = [(0, 0), (8, 0)] if terms == 8 else [(0, 0)]
     acc = np.array([c[0] for c in cases], dtype=np.float32).reshape(1, count, 1)
     row_steps = np.ldexp(1.0, np.array([c[2] for c in cases])).reshape(1, 1, count)
     column_steps = np.ones((1, 1, 1))
-    got = run_grid_trees(acc, a, b, [(0, 0)], terms, row_steps, column_steps, rounding)
-    want = grid_trees_twin(acc, a, b, [(0, 0)], terms, row_steps, column_steps, rounding)
+    got = run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding)
     mismatches = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
     assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
     assert count > 800

@@ -98,22 +98,25 @@ def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, c
     S = s 2^(Xa + Xb) with s the tree's exact sum over k in [first, first + terms) of
     a[g, i, k] * b[g, j, k] (``trees`` (T, 2): first, scale block), 2^Xa = row_steps[block,
     g, i], 2^Xb = column_steps[block, g, j]. ``a`` (g, rows, K) and ``b`` (g, columns, K)
-    are float32 or float64 unscaled elements whose tree sums fit 53 bits, so the products,
-    partial sums and S are exact float64s (as for ``rne_trees8``). An infinite accumulator
-    is kept (an earlier overflow stays the result).
+    are float32 or float64 unscaled elements whose tree sums fit 53 bits, so every product
+    (a 2^Xa)(b 2^Xb), partial sum and S is an exact float64 (as for ``rne_trees8``), and
+    |S| < 2^(Xa + Xb) keep_factor / 4 (the caller checks). An infinite accumulator is kept
+    (an earlier overflow stays the result).
 
     Per row and pass, t = acc + S in float64 is exact where t - acc == S and t - S == acc
-    (Dekker's lemma, as ``rne_trees8``), and then rounded by ``_round_fp32``; where any of
-    the row's pass is neither exact nor kept, the pass is redone from the accumulator
-    through the round-to-odd sum (``odd_sum``), which ``_round_fp32`` rounds alike.
-    ``work`` a (terms + 2, COLUMNS) float64 scratch. Serial."""
+    (Dekker's lemma, as ``rne_trees8``), then rounded by ``_round_bits``, which is right for
+    |t| from 2^-126 up to 2^128. Where any of the row's pass is inexact, outside that range
+    or at least 2^(Xa + least Xb) keep_factor / 2 (which every kept accumulator plus S
+    is), the pass is redone from the accumulator with the rule itself and the round-to-odd
+    sum (``odd_sum``), rounded by ``_round_fp32``. Two trees of 8 of one block run as one
+    pass (``_paired_pass``), redone tree after tree. ``work`` a (max(terms, 16) + 2,
+    COLUMNS) float64 scratch. Serial."""
     groups, rows, columns = acc.shape
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
     ties = not directed and (large_positive or large_negative)
-    # the fast pass's rounding of float64 bits (``_round_bits``): nearest even, the
-    # conversion's; else the 29 bits below fp32's last cleared after adding all of them
-    # (toward the neighbour farther from zero), none, or half of them (a tie away from
-    # zero) or just under (a tie toward zero), by sign
+    # ``_round_bits``: nearest even is the conversion's; the other modes clear the 29 bits
+    # below fp32's last place after adding all of them (to the neighbour farther from
+    # zero), none, half of them (a tie away from zero) or just under (a tie toward zero)
     low, half = (1 << 29) - 1, 1 << 28
     if directed:
         adds = (low if large_positive else 0), (low if large_negative else 0)
@@ -121,46 +124,56 @@ def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, c
         adds = (half if large_positive else half - 1), (half if large_negative else half - 1)
     mask = low if directed or ties else 0
     adds = adds if mask else (0, 0)
-    modes = (mask, adds[0], adds[1]), (directed, large_positive, large_negative, ties)
-    packed, sums = work[:terms], work[terms]
-    column_limits = work[terms + 1]
+    rounding = mask, adds[0], adds[1]
+    flags = directed, large_positive, large_negative, ties
+    packed, sums, column_limits = work[:-2], work[-2], work[-1]
     fresh = np.empty(COLUMNS, dtype=np.float32)
     for g in range(groups):
         for j0 in range(0, columns, COLUMNS):
             width = min(COLUMNS, columns - j0)
-            for t in range(trees.shape[0]):
+            t = 0
+            while t < trees.shape[0]:
                 first, block = trees[t, 0], trees[t, 1]
-                for j in range(width):  # the tree's B transposed
-                    for m in range(terms):
-                        packed[m, j] = b[g, j0 + j, first + m]
+                # two trees of 8 of one block in one pass: the accumulator stays in registers
+                paired = (
+                    terms == 8
+                    and t + 1 < trees.shape[0]
+                    and trees[t + 1, 0] == first + 8
+                    and trees[t + 1, 1] == block
+                )
+                span = 16 if paired else terms
+                t += 2 if paired else 1
                 steps = column_steps[block, g, j0 : j0 + width]
-                for j in range(width):
+                for j in range(width):  # the trees' B transposed, times the column steps
+                    for m in range(span):
+                        packed[m, j] = b[g, j0 + j, first + m] * steps[j]
                     column_limits[j] = steps[j] * keep_factor
+                least = steps.min() * keep_factor * 0.5
                 for i in range(rows):
                     out = acc[g, i, j0 : j0 + width]
                     step = row_steps[block, g, i]
-                    x = a[g, i, first : first + terms]
-                    limits = column_limits, step
-                    if terms == 8:
-                        ok = _rounded_pass(
-                            out, fresh, x, packed, sums, steps, limits, modes, False, False
-                        )
+                    x = a[g, i, first : first + span]
+                    high = min(2.0**128, step * least)
+                    if paired:
+                        ok = _paired_pass(out, fresh, x, packed, step, high, rounding)
+                    elif terms == 8:
+                        ok = _fast_pass(out, fresh, x, packed, sums, step, high, rounding, False)
                     else:  # the first 8 products summed ahead, the last 8 in the pass
                         _tree_sums(sums, x[:8], step, packed, width)
-                        x, rest = x[8:], packed[8:]
-                        ok = _rounded_pass(
-                            out, fresh, x, rest, sums, steps, limits, modes, False, True
-                        )
-                    if not ok and terms == 8:
-                        _rounded_pass(
-                            out, fresh, x, packed, sums, steps, limits, modes, True, False
-                        )
-                    elif not ok:
-                        _rounded_pass(
-                            out, fresh, x, packed[8:], sums, steps, limits, modes, True, True
-                        )
-                    for j in range(width):
-                        out[j] = fresh[j]
+                        rest = packed[8:]
+                        ok = _fast_pass(out, fresh, x[8:], rest, sums, step, high, rounding, True)
+                    if ok:
+                        out[:] = fresh[:width]
+                        continue
+                    limits = column_limits, step
+                    if terms == 8:  # tree after tree, each from the last one's result
+                        for tree in range(span // 8):
+                            x8, packed8 = x[8 * tree : 8 * tree + 8], packed[8 * tree :]
+                            _odd_grid_pass(out, fresh, x8, packed8, sums, limits, flags, False)
+                            out[:] = fresh[:width]
+                    else:
+                        _odd_grid_pass(out, fresh, x[8:], packed[8:], sums, limits, flags, True)
+                        out[:] = fresh[:width]
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
@@ -181,15 +194,11 @@ def _tree_sums(sums, x, step, packed, width) -> None:
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _rounded_pass(out, fresh, x, packed, sums, steps, limits, modes, odd, partial) -> bool:
-    """fresh[j] = out[j] where kept (|out| >= column_limits[j] step, ``limits`` the pair),
-    else out[j] + S rounded, S = (the sum over m < 8 of (x[m] step) packed[m, j], plus
-    sums[j] where ``partial``) steps[j]: from the float64 sum by ``_round_bits`` (``modes[0]``),
-    or (``odd``) from the round-to-odd float64 sum by ``_round_fp32`` (``modes[1]``). Returns
-    whether every output was kept or exact in float64 and inside ``_round_bits``' range
-    (``odd``: True)."""
-    (mask, add_positive, add_negative), (directed, large_pos, large_neg, ties) = modes
-    column_limits, step = limits
+def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bool:
+    """fresh[j] = ``_round_bits``(out[j] + S), S = the sum over m < 8 of (x[m] step)
+    packed[m, j] (plus sums[j] where ``partial``); whether every float64 sum out[j] + S
+    was exact and its magnitude from 2^-126 up to, not including, ``high`` (<= 2^128)."""
+    mask, add_positive, add_negative = rounding
     b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
     b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
     x0, x1 = np.float64(x[0]) * step, np.float64(x[1]) * step
@@ -203,34 +212,83 @@ def _rounded_pass(out, fresh, x, packed, sums, steps, limits, modes, odd, partia
         )
         if partial:
             s += sums[j]
-        scaled = s * steps[j]
         old = np.float64(out[j])
-        kept = abs(old) >= column_limits[j] * step
-        if odd:  # an exact zero sum is +0
-            rounded = _round_fp32(odd_sum(old, scaled + 0.0), directed, large_pos, large_neg, ties)
-            fresh[j] = out[j] if kept else rounded
-        else:  # (a -0 sum adds as +0: the accumulator is never -0 here)
-            total = old + scaled
-            fresh[j], inside = _round_bits(total, mask, add_positive, add_negative)
-            inexact = (total - old != scaled) | (total - scaled != old)
-            missed |= inexact | ~inside | kept
+        total = old + s  # (a -0 sum adds as +0: the accumulator is never -0 here)
+        fresh[j] = _round_bits(total, mask, add_positive, add_negative)
+        size = abs(total)
+        missed |= (total - old != s) | (total - s != old) | ~((size >= 2.0**-126) & (size < high))
     return not missed
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _paired_pass(out, fresh, x, packed, step, high, rounding) -> bool:
+    """``_fast_pass`` for two trees of 8 (x[:8], x[8:] and packed's first 16 rows), the
+    second added to the first's rounded result, fresh[j] the second's; whether both steps'
+    sums were exact and within the range."""
+    mask, add_positive, add_negative = rounding
+    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
+    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
+    c0, c1, c2, c3 = packed[8], packed[9], packed[10], packed[11]
+    c4, c5, c6, c7 = packed[12], packed[13], packed[14], packed[15]
+    x0, x1 = np.float64(x[0]) * step, np.float64(x[1]) * step
+    x2, x3 = np.float64(x[2]) * step, np.float64(x[3]) * step
+    x4, x5 = np.float64(x[4]) * step, np.float64(x[5]) * step
+    x6, x7 = np.float64(x[6]) * step, np.float64(x[7]) * step
+    y0, y1 = np.float64(x[8]) * step, np.float64(x[9]) * step
+    y2, y3 = np.float64(x[10]) * step, np.float64(x[11]) * step
+    y4, y5 = np.float64(x[12]) * step, np.float64(x[13]) * step
+    y6, y7 = np.float64(x[14]) * step, np.float64(x[15]) * step
+    missed = False
+    for j in range(out.shape[0]):
+        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
+            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
+        )
+        u = ((y0 * c0[j] + y1 * c1[j]) + (y2 * c2[j] + y3 * c3[j])) + (
+            (y4 * c4[j] + y5 * c5[j]) + (y6 * c6[j] + y7 * c7[j])
+        )
+        old = np.float64(out[j])
+        total = old + s
+        middle = np.float64(_round_bits(total, mask, add_positive, add_negative))
+        size = abs(total)
+        missed |= (total - old != s) | (total - s != old) | ~((size >= 2.0**-126) & (size < high))
+        total = middle + u
+        fresh[j] = _round_bits(total, mask, add_positive, add_negative)
+        size = abs(total)
+        missed |= (total - middle != u) | (total - u != middle)
+        missed |= ~((size >= 2.0**-126) & (size < high))
+    return not missed
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _odd_grid_pass(out, fresh, x, packed, sums, limits, flags, partial) -> None:
+    """fresh[j] = out[j] where kept (|out| >= column_limits[j] step, ``limits`` the pair),
+    else ``_round_fp32`` of the round-to-odd float64 sum out[j] + S (S as ``_fast_pass``'s;
+    an exact zero sum +0), in the mode of ``flags`` (directed, large_positive,
+    large_negative, ties)."""
+    directed, large_positive, large_negative, ties = flags
+    column_limits, step = limits
+    for j in range(out.shape[0]):
+        s = 0.0
+        for m in range(8):
+            s += (np.float64(x[m]) * step) * packed[m, j]
+        if partial:
+            s += sums[j]
+        old = np.float64(out[j])
+        total = odd_sum(old, s + 0.0)
+        rounded = _round_fp32(total, directed, large_positive, large_negative, ties)
+        fresh[j] = out[j] if abs(old) >= column_limits[j] * step else rounded
 
 
 @njit(cache=True, inline="always")
 def _round_bits(value, mask, add_positive, add_negative):
-    """(``value`` rounded to fp32, whether that is right): its float64 bits plus
-    ``add_positive`` or ``add_negative`` (by its sign) with the ``mask`` bits cleared,
-    converted (exactly, or nearest even where ``mask`` is 0). The 29 bits below fp32's
-    last place are those of a value from 2^-126 up to 2^128 (normal fp32s; the carry of a
-    rounding up moves into the exponent, to Inf past fp32's largest): right for those and
-    for zero, not claimed elsewhere."""
+    """``value`` rounded to fp32 through its float64 bits: plus ``add_positive`` or
+    ``add_negative`` (by its sign), the ``mask`` bits cleared, converted (exactly; nearest
+    even where ``mask`` is 0). The 29 bits below fp32's last place are those of a value
+    from 2^-126 up to 2^128 (normal fp32s; the carry of a rounding up moves into the
+    exponent, to Inf past fp32's largest): right there, not claimed elsewhere."""
     bits = np.float64(value).view(np.int64)
     add = add_negative if value < 0.0 else add_positive
-    rounded = np.int64((bits + add) & ~mask).view(np.float64)
-    above = np.uint64((bits & 0x7FFFFFFFFFFFFFFF) - 0x3810000000000000)  # |value| - 2^-126
-    inside = (above < np.uint64(0x0FE0000000000000)) | (value == 0.0)  # 2^128 - 2^-126
-    return np.float32(rounded), inside
+    return np.float32(np.int64((bits + add) & ~mask).view(np.float64))
 
 
 @njit(cache=True, inline="always")

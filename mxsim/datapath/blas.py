@@ -1007,16 +1007,20 @@ def grid_floor(params: DatapathParams) -> int | None:
 
 def _fused_grid_starts(params, trees):
     """((T, 2) first position and scale block of each tree, products per tree) when every
-    grid tree (``grid_trees``'s, with blocks) has 8 or 16 products (``_tree_kernels.fused_grid_trees``),
-    else None."""
+    grid tree (``grid_trees``'s, with blocks) has 8 or 16 products and every tree sum lies
+    below a quarter of the left pass-through limit, |S| < 2^(X + L - n + 22)
+    (``_tree_kernels.fused_grid_trees``' conditions), else None."""
     if trees is None or params.accumulator_rounding not in ROUNDING_CHOICES:
         return None
     terms = {last - first for first, last, _ in trees}
     if len(terms) != 1 or terms.isdisjoint({8, 16}):
         return None
-    return np.array([(first, blk) for first, _, blk in trees], dtype=np.int64).reshape(-1, 2), (
-        terms.pop()
-    )
+    high_a, high_b = (_span_bits(get_format(f))[0] for f in (params.a_format, params.b_format))
+    high = high_a + high_b + 2 + math.ceil(math.log2(params.fused_terms))
+    if high > params.grid_max_left_shift - params.grid_fraction_bits + 22:
+        return None
+    starts = np.array([(first, blk) for first, _, blk in trees], dtype=np.int64)
+    return starts.reshape(-1, 2), terms.pop()
 
 
 def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices) -> None:
@@ -1027,7 +1031,7 @@ def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices) -
     trees, terms = fused
     running = np.ascontiguousarray(acc)
     keep_factor = 2.0 ** (int(grid[1]) - int(grid[0]) + 24)
-    work = np.empty((terms + 2, COLUMNS))
+    work = np.empty((max(terms, 16) + 2, COLUMNS))
     b = np.ascontiguousarray(b)
     fused_grid_trees(
         a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
