@@ -188,15 +188,15 @@ def test_config_as_gemms_on_the_blas_route_equals_the_rtl(vectors, rounding):
 @pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
 def test_vectors_above_the_floor_on_the_fused_trees_equal_the_rtl(vectors, rounding, monkeypatch):
     # The vectors whose scale exponents all lie at or above half the grid's floor, so that a
-    # GEMM of them lies above it and its trees of 8 or 16 products run fused
-    # (``fused_grid_trees``; fp8_e4m3 rounding to nearest even: ``rne_trees8``): the RTL's
-    # results, the generic kernel's bits, and the fused kernel did run.
+    # GEMM of them lies above it and its trees run fused (``fused_grid_trees``: 8 or 16
+    # products in the directed and away-from-even modes; ``rne_trees8``: fp8_e4m3 rounding
+    # to nearest even): the RTL's results, the generic kernel's bits, and the fused kernel
+    # did run.
     config = load_hwconfig(REPO / "hwconfigs" / f"{CONFIGS[rounding]}.yaml")
     tiles = []
-    original = blas_module._grid_trees_tile
-    monkeypatch.setattr(
-        blas_module, "_grid_trees_tile", lambda *args: tiles.append(1) or original(*args)
-    )
+    name = "_tree8_tile" if rounding == 0 else "_grid_trees_tile"
+    original = getattr(blas_module, name)
+    monkeypatch.setattr(blas_module, name, lambda *args: tiles.append(1) or original(*args))
     checked = 0
     for fmt in ("fp8_e4m3", "fp4_e2m1"):
         index = FORMATS.index(fmt)

@@ -1009,8 +1009,11 @@ def _fused_grid_starts(params, trees):
     """((T, 2) first position and scale block of each tree, products per tree) when every
     grid tree (``grid_trees``'s, with blocks) has 8 or 16 products and every tree sum lies
     below a quarter of the left pass-through limit, |S| < 2^(X + L - n + 22)
-    (``_tree_kernels.fused_grid_trees``' conditions), else None."""
-    if trees is None or params.accumulator_rounding not in ROUNDING_CHOICES:
+    (``_tree_kernels.fused_grid_trees``' conditions), else None. Not for nearest even,
+    whose trees of 8 take ``rne_trees8`` and whose float32 tree sums (FP4) take float32
+    additions (``_grid_tile``), both faster."""
+    rounding = params.accumulator_rounding
+    if trees is None or rounding not in ROUNDING_CHOICES or rounding == "nearest_even":
         return None
     terms = {last - first for first, last, _ in trees}
     if len(terms) != 1 or terms.isdisjoint({8, 16}):
