@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
@@ -38,7 +38,12 @@ from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
 from mxsim.formats import get_format
 from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
-from mxsim.datapath._tree_kernels import COLUMNS, fused_grid_trees, rne_trees8
+from mxsim.datapath._tree_kernels import (
+    COLUMNS,
+    directed_trees16_fp32,
+    fused_grid_trees,
+    rne_trees8,
+)
 from mxsim.datapath import blas as blas_module
 
 UNITS = {
@@ -1170,3 +1175,108 @@ def test_grid_units_take_the_fused_trees_above_the_floor(monkeypatch, name, fmt)
     monkeypatch.undo()
     np.testing.assert_array_equal(fast, matmul(hw, qa, qb, c=c, method="kernel").bits)
     np.testing.assert_array_equal(fast, twin_bits(hw, qa, qb, c))
+
+
+DIRECTED = ["toward_zero", "toward_positive", "toward_negative"]
+
+
+def run_directed_fp32(acc, a, b, trees, row_steps, column_steps, rounding) -> np.ndarray:
+    got = acc.copy()
+    choices = np.array(ROUNDING_CHOICES[rounding])
+    rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
+    work = np.empty((18, COLUMNS))
+    directed_trees16_fp32(a, b, np.array(trees), rows32, columns32, 2.0**60, choices, got, work)
+    return got.view(np.uint32)
+
+
+@pytest.mark.parametrize("rounding", DIRECTED)
+def test_float32_directed_trees_equal_the_grid_twin_at_every_boundary(rounding):
+    # ``grid_cases`` whose sums the float32 kernel takes (fp4_e2m1's: multiples of 2^-2
+    # below 2^12, times 2^X a float32 from 2^-149 up; X from the floor to 126), each as one
+    # output of a tree of 16: the case's sum a single product or two (the first 8, the last
+    # 8, both).
+    floor = grid_floor(GRID_HW["mxdotp"].params("fp4_e2m1", "fp4_e2m1"))
+    cases = [
+        (acc, value, x)
+        for acc, value, x in grid_cases()
+        if floor <= x <= 126
+        and abs(value) < 2.0**11
+        and (value * 4).is_integer()
+        and (value == 0 or abs(value) * 2.0**x >= 2.0**-147)
+        and not (acc == 0 and math.copysign(1, acc) < 0)
+    ]
+    count = len(cases)
+    a = np.zeros((1, count, 16), dtype=np.float32)
+    for i, (_, value, _) in enumerate(cases):
+        a[0, i, [3, 14] if i % 3 == 0 else 3 if i % 3 == 1 else 14] = value
+    b = np.zeros((1, 1, 16), dtype=np.float32)
+    b[0, 0, [3, 14]] = 1.0
+    acc = np.array([c[0] for c in cases], dtype=np.float32).reshape(1, count, 1)
+    row_steps = np.ldexp(1.0, np.array([c[2] for c in cases])).reshape(1, 1, count)
+    column_steps = np.ones((1, 1, 1))
+    got = run_directed_fp32(acc, a, b, [(0, 0)], row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, [(0, 0)], 16, row_steps, column_steps, rounding)
+    mismatches = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+    assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
+    assert count > 200
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rounding=st.sampled_from(DIRECTED),
+    shape=st.tuples(st.integers(1, 3), st.sampled_from([1, 7, 40, COLUMNS + 3]), st.integers(1, 3)),
+    base=st.one_of(st.integers(-8, 0), st.integers(-73, 50)),
+    spread=st.sampled_from([0, 3, 12]),
+    c_shift=st.sampled_from([0, 0, 12, 59, 61, 90]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_float32_directed_trees_equal_fractions(rounding, shape, base, spread, c_shift, seed):
+    # Realistic fp4_e2m1 elements (float32, random codes of the table), steps around 2^base
+    # each (X from near the floor, subnormal sums, to near float32's top), a few or many
+    # binades apart, accumulators at the products or far above them (the left pass-through
+    # near 2^60: the redo), some infinite, at fp32's largest or zero.
+    rows, columns, trees_count = shape
+    rng = np.random.default_rng(seed)
+    values = get_format("fp4_e2m1").decode_fields(np.arange(16)).astype(np.float32)
+    k = 16 * trees_count
+    a = values[rng.integers(0, 16, (1, rows, k))]
+    b = values[rng.integers(0, 16, (1, columns, k))]
+    blocks = -(-k // 32)
+    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) + base)
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) + base)
+    span = (-2, 10)  # fp4_e2m1 tree sums: multiples of 2^-2 below 2^10
+    assume(  # the kernel's conditions (the route checks them)
+        blas_module._fp32_exact_blocks(row_steps, column_steps, span).all()
+        and blas_module._times_steps_fit_fp32(a, row_steps)
+        and blas_module._times_steps_fit_fp32(b, column_steps)
+    )
+    magnitude = 2.0 ** (c_shift + 2 * base + rng.integers(-2, 3, (1, rows, columns)))
+    with np.errstate(over="ignore"):
+        acc = (rng.standard_normal((1, rows, columns)) * magnitude).astype(np.float32)
+    flat = acc.reshape(-1)
+    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
+    trees = [(16 * t, 16 * t // 32) for t in range(trees_count)]
+    got = run_directed_fp32(acc, a, b, trees, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, 16, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup"])
+def test_fp4_directed_units_take_the_float32_trees(monkeypatch, name):
+    # MXFP4 operands in a directed mode: the float32 kernel runs (and only it), every output
+    # the generic kernel's.
+    from mxsim.datapath import _tree_kernels
+
+    rng = np.random.default_rng(12)
+    qa = quantize(rng.standard_normal((5, 96)), "fp4_e2m1", axis=1)
+    qb = quantize(rng.standard_normal((96, 7)), "fp4_e2m1", axis=0)
+    calls = []
+    original = _tree_kernels.directed_trees16_fp32
+    monkeypatch.setattr(
+        _tree_kernels, "directed_trees16_fp32", lambda *args: calls.append(1) or original(*args)
+    )
+    monkeypatch.setattr(_tree_kernels, "fused_grid_trees", None)  # not called
+    fast = matmul(GRID_HW[name], qa, qb).bits
+    monkeypatch.undo()
+    assert calls
+    np.testing.assert_array_equal(fast, matmul(GRID_HW[name], qa, qb, method="kernel").bits)

@@ -881,7 +881,9 @@ def blas_matmul(
                             fused is not None
                             and _above_floor(a_steps, steps, any_floor, a, b_tile).all()
                         ):
-                            _grid_trees_tile(a, b_tile, a_steps, steps, fused, acc, grid, choices)
+                            _grid_trees_tile(
+                                a, b_tile, a_steps, steps, fused, acc, grid, choices, span
+                            )
                         elif grid is not None:
                             _grid_tile(
                                 a, b_tile, a_steps, steps, trees, acc, grid, choices, floor, span
@@ -1026,20 +1028,42 @@ def _fused_grid_starts(params, trees):
     return starts.reshape(-1, 2), terms.pop()
 
 
-def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices) -> None:
+def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, span) -> None:
     """acc (g, r, n fp32) = each tree's step of the grid (``grid``: n, L, R) in turn, fused
-    (``_tree_kernels.fused_grid_trees``): the tile's blocks lie at or above ``grid_floor``."""
-    from ._tree_kernels import COLUMNS, fused_grid_trees
+    (``_tree_kernels.fused_grid_trees``): the tile's blocks lie at or above ``grid_floor``.
+    Trees of 16 float32 products (``span``: their sums' bounds) in a directed mode whose
+    elements and scaled sums are all float32s take ``directed_trees16_fp32``."""
+    from ._tree_kernels import COLUMNS, directed_trees16_fp32, fused_grid_trees
 
     trees, terms = fused
     running = np.ascontiguousarray(acc)
     keep_factor = 2.0 ** (int(grid[1]) - int(grid[0]) + 24)
     work = np.empty((max(terms, 16) + 2, COLUMNS))
     b = np.ascontiguousarray(b)
-    fused_grid_trees(
-        a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
-    )
+    if (
+        terms == 16
+        and choices[0]
+        and span is not None
+        and a.dtype == b.dtype == np.float32
+        and _fp32_exact_blocks(row_steps, column_steps, span).all()
+        and _times_steps_fit_fp32(a, row_steps)
+        and _times_steps_fit_fp32(b, column_steps)
+    ):
+        rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
+        directed_trees16_fp32(a, b, trees, rows32, columns32, keep_factor, choices, running, work)
+    else:
+        fused_grid_trees(
+            a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
+        )
     acc[...] = running
+
+
+def _times_steps_fit_fp32(values, steps) -> bool:
+    """Whether every element of ``values`` (g, n, K, float32) times any of the steps
+    (blocks, g, n, powers of two at least 2^-127) stays below 2^128: a float32, exact
+    (subnormal results of elements of a few bits above 2^-127 steps are exact too)."""
+    largest = float(np.abs(values).max(initial=0.0)) * float(steps.max(initial=1.0))
+    return largest < 2.0**127
 
 
 def _eight_term_trees(params, dtype, padded: int, trees, floor, block: int):
