@@ -40,7 +40,7 @@ from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath._tree_kernels import (
     COLUMNS,
-    directed_trees16_fp32,
+    trees16_fp32,
     fused_grid_trees,
     rne_trees8,
 )
@@ -1177,7 +1177,13 @@ def test_grid_units_take_the_fused_trees_above_the_floor(monkeypatch, name, fmt)
     np.testing.assert_array_equal(fast, twin_bits(hw, qa, qb, c))
 
 
-DIRECTED = ["toward_zero", "toward_positive", "toward_negative"]
+OFF_EVEN = [
+    "toward_zero",
+    "toward_positive",
+    "toward_negative",
+    "nearest_away",
+    "nearest_toward_positive",
+]
 
 
 def run_directed_fp32(acc, a, b, trees, row_steps, column_steps, rounding) -> np.ndarray:
@@ -1185,12 +1191,12 @@ def run_directed_fp32(acc, a, b, trees, row_steps, column_steps, rounding) -> np
     choices = np.array(ROUNDING_CHOICES[rounding])
     rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
     work = np.empty((18, COLUMNS))
-    directed_trees16_fp32(a, b, np.array(trees), rows32, columns32, 2.0**60, choices, got, work)
+    trees16_fp32(a, b, np.array(trees), rows32, columns32, 2.0**60, choices, got, work)
     return got.view(np.uint32)
 
 
-@pytest.mark.parametrize("rounding", DIRECTED)
-def test_float32_directed_trees_equal_the_grid_twin_at_every_boundary(rounding):
+@pytest.mark.parametrize("rounding", OFF_EVEN)
+def test_float32_trees_equal_the_grid_twin_at_every_boundary(rounding):
     # ``grid_cases`` whose sums the float32 kernel takes (fp4_e2m1's: multiples of 2^-2
     # below 2^12, times 2^X a float32 from 2^-149 up; X from the floor to 126), each as one
     # output of a tree of 16: the case's sum a single product or two (the first 8, the last
@@ -1223,14 +1229,14 @@ def test_float32_directed_trees_equal_the_grid_twin_at_every_boundary(rounding):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    rounding=st.sampled_from(DIRECTED),
+    rounding=st.sampled_from(OFF_EVEN),
     shape=st.tuples(st.integers(1, 3), st.sampled_from([1, 7, 40, COLUMNS + 3]), st.integers(1, 3)),
     base=st.one_of(st.integers(-8, 0), st.integers(-73, 50)),
     spread=st.sampled_from([0, 3, 12]),
     c_shift=st.sampled_from([0, 0, 12, 59, 61, 90]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_float32_directed_trees_equal_fractions(rounding, shape, base, spread, c_shift, seed):
+def test_float32_trees_equal_fractions(rounding, shape, base, spread, c_shift, seed):
     # Realistic fp4_e2m1 elements (float32, random codes of the table), steps around 2^base
     # each (X from near the floor, subnormal sums, to near float32's top), a few or many
     # binades apart, accumulators at the products or far above them (the left pass-through
@@ -1261,19 +1267,21 @@ def test_float32_directed_trees_equal_fractions(rounding, shape, base, spread, c
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup"])
-def test_fp4_directed_units_take_the_float32_trees(monkeypatch, name):
-    # MXFP4 operands in a directed mode: the float32 kernel runs (and only it), every output
-    # the generic kernel's.
+@pytest.mark.parametrize(
+    "name", ["mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm", "mxdotp-rntp"]
+)
+def test_fp4_units_off_nearest_even_take_the_float32_trees(monkeypatch, name):
+    # MXFP4 operands in every mode but nearest even: the float32 kernel runs (and only it),
+    # every output the generic kernel's.
     from mxsim.datapath import _tree_kernels
 
     rng = np.random.default_rng(12)
     qa = quantize(rng.standard_normal((5, 96)), "fp4_e2m1", axis=1)
     qb = quantize(rng.standard_normal((96, 7)), "fp4_e2m1", axis=0)
     calls = []
-    original = _tree_kernels.directed_trees16_fp32
+    original = _tree_kernels.trees16_fp32
     monkeypatch.setattr(
-        _tree_kernels, "directed_trees16_fp32", lambda *args: calls.append(1) or original(*args)
+        _tree_kernels, "trees16_fp32", lambda *args: calls.append(1) or original(*args)
     )
     monkeypatch.setattr(_tree_kernels, "fused_grid_trees", None)  # not called
     fast = matmul(GRID_HW[name], qa, qb).bits

@@ -317,22 +317,24 @@ def _round_fp32(value, directed, large_positive, large_negative, ties):
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def directed_trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, choices, acc, work):
-    """``fused_grid_trees`` for trees of 16 float32 products and a directed rounding mode
-    (``choices`` a ``blas.ROUNDING_CHOICES`` row with its first flag set), in float32
-    arithmetic (twice the lanes): the caller checks that every element times its step
+def trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, choices, acc, work):
+    """``fused_grid_trees`` for trees of 16 float32 products in any mode but nearest even
+    (``choices`` a ``blas.ROUNDING_CHOICES`` row), in float32 arithmetic (twice the
+    lanes): the caller checks that every element times its step
     (``row_steps``, ``column_steps``, float32 powers of two) and every tree sum times its
     two steps is a float32 (``blas._fp32_exact_blocks``), so S is exact in float32.
 
     Per row and tree, t = acc + S rounded to nearest and its exact error e (TwoSum, exact
-    with gradual underflow) give the directed rounding: t, or its neighbour on e's side
-    where the mode takes that one. Where any |t| of the row's pass reaches 2^(Xa + least
+    with gradual underflow) give the rounding: t, or its neighbour on e's side where the
+    mode takes that one (directed: whenever e is not 0; nearest: where acc + S is their
+    midpoint, t + 2e, which is then a float32). Where any |t| of the row's pass reaches 2^(Xa + least
     Xb) keep_factor / 2 (every kept accumulator plus S does; an infinite t too), the pass
     is redone as ``fused_grid_trees`` redoes one (the rule itself, round-to-odd in
     float64). ``work`` a (18, COLUMNS) float64 scratch. Serial."""
     groups, rows, columns = acc.shape
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
-    flags = directed, large_positive, large_negative, False
+    ties = not directed and (large_positive or large_negative)
+    flags = directed, large_positive, large_negative, ties
     packed = np.empty((16, COLUMNS), dtype=np.float32)
     sums, column_limits = work[-2], work[-1]
     fresh = np.empty(COLUMNS, dtype=np.float32)
@@ -353,8 +355,8 @@ def directed_trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, cho
                     step = row_steps[block, g, i]
                     x = a[g, i, first : first + 16]
                     high = np.float32(min(3.4028234663852886e38, np.float64(step) * least))
-                    sides = large_positive, large_negative
-                    if _directed_pass_fp32(out, fresh, x, scaled, packed, step, high, sides):
+                    sides = directed, large_positive, large_negative
+                    if _rounded_pass_fp32(out, fresh, x, scaled, packed, step, high, sides):
                         continue
                     limits = column_limits, np.float64(step)
                     _tree_sums(sums, x[:8], np.float64(step), packed, width)
@@ -363,12 +365,12 @@ def directed_trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, cho
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _directed_pass_fp32(out, fresh, x, xs, packed, step, high, sides) -> bool:
-    """out[j] = acc + S rounded to the neighbour the mode takes (farther from zero:
-    ``sides[0]`` for a positive sum, ``sides[1]`` for a negative one), S the float32 sum
-    over m < 16 of (x[m] step) packed[m, j], where every |acc + S| lies below ``high``;
-    else out is left as it was and False returned (``fresh``, ``xs``: scratch)."""
-    large_positive, large_negative = sides
+def _rounded_pass_fp32(out, fresh, x, xs, packed, step, high, sides) -> bool:
+    """out[j] = acc + S rounded in the mode of ``sides`` (directed, large_positive,
+    large_negative: ``_round_fp32``'s flags), S the float32 sum over m < 16 of (x[m] step)
+    packed[m, j], where every |acc + S| lies below ``high``; else out is left as it was and
+    False returned (``fresh``, ``xs``: scratch)."""
+    directed, large_positive, large_negative = sides
     width = out.shape[0]
     for m in range(16):
         xs[m] = x[m] * step
@@ -383,7 +385,9 @@ def _directed_pass_fp32(out, fresh, x, xs, packed, step, high, sides) -> bool:
         error = (old - (total - back)) + (s - back)
         away = (error > 0) == (total > 0)  # the exact sum lies farther from zero than total
         large = large_positive if total > 0 else large_negative
-        move = (error != 0) & (away == large)
+        twice = error + error
+        tie = (total + twice) - total == twice  # the other neighbour is total + 2 error
+        move = (error != 0) & (directed | tie) & (away == large)
         bits = np.float32(total).view(np.int32)
         moved = np.int32(bits + (1 if away else -1)).view(np.float32)
         fresh[j] = moved if move else total

@@ -1031,9 +1031,9 @@ def _fused_grid_starts(params, trees):
 def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, span) -> None:
     """acc (g, r, n fp32) = each tree's step of the grid (``grid``: n, L, R) in turn, fused
     (``_tree_kernels.fused_grid_trees``): the tile's blocks lie at or above ``grid_floor``.
-    Trees of 16 float32 products (``span``: their sums' bounds) in a directed mode whose
-    elements and scaled sums are all float32s take ``directed_trees16_fp32``."""
-    from ._tree_kernels import COLUMNS, directed_trees16_fp32, fused_grid_trees
+    Trees of 16 float32 products (``span``: their sums' bounds) whose elements times their
+    steps and scaled sums are all float32s take ``trees16_fp32``."""
+    from ._tree_kernels import COLUMNS, trees16_fp32, fused_grid_trees
 
     trees, terms = fused
     running = np.ascontiguousarray(acc)
@@ -1042,7 +1042,6 @@ def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, s
     b = np.ascontiguousarray(b)
     if (
         terms == 16
-        and choices[0]
         and span is not None
         and a.dtype == b.dtype == np.float32
         and _fp32_exact_blocks(row_steps, column_steps, span).all()
@@ -1050,7 +1049,7 @@ def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, s
         and _times_steps_fit_fp32(b, column_steps)
     ):
         rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
-        directed_trees16_fp32(a, b, trees, rows32, columns32, keep_factor, choices, running, work)
+        trees16_fp32(a, b, trees, rows32, columns32, keep_factor, choices, running, work)
     else:
         fused_grid_trees(
             a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
