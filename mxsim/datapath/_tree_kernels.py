@@ -105,9 +105,9 @@ def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, c
 
     Per row and pass, t = acc + S in float64 is exact where t - acc == S and t - S == acc
     (Dekker's lemma, as ``rne_trees8``), then rounded by ``_round_bits``, which is right for
-    |t| from 2^-126 up to 2^128. Where any of the row's pass is inexact, outside that range
-    or at least 2^(Xa + least Xb) keep_factor / 2 (which every kept accumulator plus S
-    is), the pass is redone from the accumulator with the rule itself and the round-to-odd
+    |t| below 2^128 (above the floor every acc + S is a multiple of 2^-149). Where any of
+    the row's pass is inexact, or |t| reaches 2^128 or 2^(Xa + least Xb) keep_factor / 2
+    (which every kept accumulator plus S does), the pass is redone from the accumulator with the rule itself and the round-to-odd
     sum (``odd_sum``), rounded by ``_round_fp32``. Two trees of 8 of one block run as one
     pass (``_paired_pass``), redone tree after tree. ``work`` a (max(terms, 16) + 2,
     COLUMNS) float64 scratch. Serial."""
@@ -197,7 +197,7 @@ def _tree_sums(sums, x, step, packed, width) -> None:
 def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bool:
     """fresh[j] = ``_round_bits``(out[j] + S), S = the sum over m < 8 of (x[m] step)
     packed[m, j] (plus sums[j] where ``partial``); whether every float64 sum out[j] + S
-    was exact and its magnitude from 2^-126 up to, not including, ``high`` (<= 2^128)."""
+    was exact and its magnitude below ``high`` (<= 2^128)."""
     mask, add_positive, add_negative = rounding
     b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
     b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
@@ -216,7 +216,7 @@ def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bo
         total = old + s  # (a -0 sum adds as +0: the accumulator is never -0 here)
         fresh[j] = _round_bits(total, mask, add_positive, add_negative)
         size = abs(total)
-        missed |= (total - old != s) | (total - s != old) | ~((size >= 2.0**-126) & (size < high))
+        missed |= (total - old != s) | (total - s != old) | ~(size < high)
     return not missed
 
 
@@ -250,12 +250,12 @@ def _paired_pass(out, fresh, x, packed, step, high, rounding) -> bool:
         total = old + s
         middle = np.float64(_round_bits(total, mask, add_positive, add_negative))
         size = abs(total)
-        missed |= (total - old != s) | (total - s != old) | ~((size >= 2.0**-126) & (size < high))
+        missed |= (total - old != s) | (total - s != old) | ~(size < high)
         total = middle + u
         fresh[j] = _round_bits(total, mask, add_positive, add_negative)
         size = abs(total)
         missed |= (total - middle != u) | (total - u != middle)
-        missed |= ~((size >= 2.0**-126) & (size < high))
+        missed |= ~(size < high)
     return not missed
 
 
@@ -285,7 +285,8 @@ def _round_bits(value, mask, add_positive, add_negative):
     ``add_negative`` (by its sign), the ``mask`` bits cleared, converted (exactly; nearest
     even where ``mask`` is 0). The 29 bits below fp32's last place are those of a value
     from 2^-126 up to 2^128 (normal fp32s; the carry of a rounding up moves into the
-    exponent, to Inf past fp32's largest): right there, not claimed elsewhere."""
+    exponent, to Inf past fp32's largest): right there. Below 2^-126 it is right for
+    multiples of 2^-149 (fp32 subnormals: those bits are 0, the add carries nothing)."""
     bits = np.float64(value).view(np.int64)
     add = add_negative if value < 0.0 else add_positive
     return np.float32(np.int64((bits + add) & ~mask).view(np.float64))
