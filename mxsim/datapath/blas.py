@@ -57,6 +57,11 @@ blocks of a tile at or above it, as every earlier block, take the plain RNE_fp32
 Trees of 8 float64 products rounded as RNE_fp32(acc + S) (mxdotp-paper with fp8_e4m3; mxdotp
 with it, tiles above the floor) skip the rank-8 GEMMs: one fused kernel
 (``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once.
+In the other modes (mxdotp's rtz/rdn/rup/rmm variants) a grid's trees of 8 or 16 products
+take fused kernels above a floor of X for every mode (``grid_floor``), where the rules
+reduce to: acc kept when |acc| >= 2^(X + L - n + 24), else acc + S rounded once
+(``_tree_kernels.fused_grid_trees``; ``trees16_fp32``, in float32 arithmetic, for FP4's
+trees of 16 where the elements times their steps and the scaled sums are float32s).
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
