@@ -193,18 +193,39 @@ def _tree_sums(sums, x, step, packed, width) -> None:
             )
 
 
+@njit(cache=True, inline="always")
+def _eight(values, first, step):
+    """values[first + m] * step for m < 8, as float64s."""
+    return (
+        np.float64(values[first]) * step,
+        np.float64(values[first + 1]) * step,
+        np.float64(values[first + 2]) * step,
+        np.float64(values[first + 3]) * step,
+        np.float64(values[first + 4]) * step,
+        np.float64(values[first + 5]) * step,
+        np.float64(values[first + 6]) * step,
+        np.float64(values[first + 7]) * step,
+    )
+
+
+@njit(cache=True, inline="always")
+def _bits_step(old, s, high, rounding):
+    """(``_round_bits``(old + s), whether the float64 sum old + s was inexact or its
+    magnitude at least ``high``)."""
+    mask, add_positive, add_negative = rounding
+    total = old + s  # (a -0 sum adds as +0: the accumulator is never -0 here)
+    rounded = _round_bits(total, mask, add_positive, add_negative)
+    return rounded, (total - old != s) | (total - s != old) | ~(abs(total) < high)
+
+
 @njit(cache=True, inline="always", fastmath={"contract"})
 def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bool:
     """fresh[j] = ``_round_bits``(out[j] + S), S = the sum over m < 8 of (x[m] step)
     packed[m, j] (plus sums[j] where ``partial``); whether every float64 sum out[j] + S
     was exact and its magnitude below ``high`` (<= 2^128)."""
-    mask, add_positive, add_negative = rounding
     b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
     b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
-    x0, x1 = np.float64(x[0]) * step, np.float64(x[1]) * step
-    x2, x3 = np.float64(x[2]) * step, np.float64(x[3]) * step
-    x4, x5 = np.float64(x[4]) * step, np.float64(x[5]) * step
-    x6, x7 = np.float64(x[6]) * step, np.float64(x[7]) * step
+    x0, x1, x2, x3, x4, x5, x6, x7 = _eight(x, 0, step)
     missed = False
     for j in range(out.shape[0]):
         s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
@@ -212,11 +233,8 @@ def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bo
         )
         if partial:
             s += sums[j]
-        old = np.float64(out[j])
-        total = old + s  # (a -0 sum adds as +0: the accumulator is never -0 here)
-        fresh[j] = _round_bits(total, mask, add_positive, add_negative)
-        size = abs(total)
-        missed |= (total - old != s) | (total - s != old) | ~(size < high)
+        fresh[j], bad = _bits_step(np.float64(out[j]), s, high, rounding)
+        missed |= bad
     return not missed
 
 
@@ -225,19 +243,12 @@ def _paired_pass(out, fresh, x, packed, step, high, rounding) -> bool:
     """``_fast_pass`` for two trees of 8 (x[:8], x[8:] and packed's first 16 rows), the
     second added to the first's rounded result, fresh[j] the second's; whether both steps'
     sums were exact and within the range."""
-    mask, add_positive, add_negative = rounding
     b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
     b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
     c0, c1, c2, c3 = packed[8], packed[9], packed[10], packed[11]
     c4, c5, c6, c7 = packed[12], packed[13], packed[14], packed[15]
-    x0, x1 = np.float64(x[0]) * step, np.float64(x[1]) * step
-    x2, x3 = np.float64(x[2]) * step, np.float64(x[3]) * step
-    x4, x5 = np.float64(x[4]) * step, np.float64(x[5]) * step
-    x6, x7 = np.float64(x[6]) * step, np.float64(x[7]) * step
-    y0, y1 = np.float64(x[8]) * step, np.float64(x[9]) * step
-    y2, y3 = np.float64(x[10]) * step, np.float64(x[11]) * step
-    y4, y5 = np.float64(x[12]) * step, np.float64(x[13]) * step
-    y6, y7 = np.float64(x[14]) * step, np.float64(x[15]) * step
+    x0, x1, x2, x3, x4, x5, x6, x7 = _eight(x, 0, step)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _eight(x, 8, step)
     missed = False
     for j in range(out.shape[0]):
         s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
@@ -246,16 +257,9 @@ def _paired_pass(out, fresh, x, packed, step, high, rounding) -> bool:
         u = ((y0 * c0[j] + y1 * c1[j]) + (y2 * c2[j] + y3 * c3[j])) + (
             (y4 * c4[j] + y5 * c5[j]) + (y6 * c6[j] + y7 * c7[j])
         )
-        old = np.float64(out[j])
-        total = old + s
-        middle = np.float64(_round_bits(total, mask, add_positive, add_negative))
-        size = abs(total)
-        missed |= (total - old != s) | (total - s != old) | ~(size < high)
-        total = middle + u
-        fresh[j] = _round_bits(total, mask, add_positive, add_negative)
-        size = abs(total)
-        missed |= (total - middle != u) | (total - u != middle)
-        missed |= ~(size < high)
+        middle, first_bad = _bits_step(np.float64(out[j]), s, high, rounding)
+        fresh[j], second_bad = _bits_step(np.float64(middle), u, high, rounding)
+        missed |= first_bad | second_bad
     return not missed
 
 
