@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
@@ -27,6 +27,7 @@ from mxsim.datapath.blas import (
     blas_applies,
     exact_in_float64,
     folded_sum_bits,
+    grid_floor,
     grid_nearest_even_floor,
     grid_trees,
     tree_sum_bits,
@@ -37,7 +38,12 @@ from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
 from mxsim.formats import get_format
 from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
-from mxsim.datapath._tree_kernels import COLUMNS, rne_trees8
+from mxsim.datapath._tree_kernels import (
+    COLUMNS,
+    trees16_fp32,
+    fused_grid_trees,
+    rne_trees8,
+)
 from mxsim.datapath import blas as blas_module
 
 UNITS = {
@@ -1030,3 +1036,261 @@ def test_codes_widened_in_chunks_give_the_kernels_bits(monkeypatch, name, codes_
     B = rng.standard_normal((5, 96, 6))
     fast = matmul_batched(config, A, B)
     np.testing.assert_array_equal(fast.bits, matmul_batched(config, A, B, method="kernel").bits)
+
+
+# --- fused grid trees (any rounding mode, 8 or 16 products per tree, above the grid's floor) ---
+
+
+def grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
+    """``fused_grid_trees``' outputs as fp32 bits in Fractions: each tree's exact sum of products
+    of a (1, r, K) and b (1, n, K), tree after tree through ``grid_step_twin``."""
+    out = acc.astype(np.float64).copy()
+    for first, block in trees:
+        for i in range(a.shape[1]):
+            for j in range(b.shape[1]):
+                s = sum(
+                    (Fraction(float(a[0, i, k])) * Fraction(float(b[0, j, k])))
+                    for k in range(first, first + terms)
+                )
+                exponent = int(math.log2(row_steps[block, 0, i] * column_steps[block, 0, j]))
+                scaled = s * Fraction(2) ** exponent
+                out[0, i, j] = grid_step_twin(float(out[0, i, j]), scaled, exponent, rounding)
+    return out.astype(np.float32).view(np.uint32)
+
+
+def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
+    got = acc.copy()
+    work = np.empty((max(terms, 16) + 2, COLUMNS))
+    keep_factor = 2.0 ** (70 - 34 + 24)
+    choices = np.array(ROUNDING_CHOICES[rounding])
+    fused_grid_trees(
+        a, b, np.array(trees), terms, row_steps, column_steps, keep_factor, choices, got, work
+    )
+    return got.view(np.uint32)
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("terms", [8, 16])
+def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms):
+    # The grid's boundary cases (``grid_cases``: pass-through offsets, half fp32 steps and
+    # just off them, exact cancellation, fp32's largest, infinities, subnormals) at X from
+    # the floor up, with the sums the kernel takes (multiples of fp8_e4m3's least product
+    # 2^-18, below a quarter of the left pass-through limit, 2^58), each as one output over
+    # 16 products: two trees of 8 of one block (one
+    # pass: ``_paired_pass``) or one of 16 (the first 8 summed ahead), the case's sum a single
+    # product in the first 8 or the last, or in both (two steps of it; one sum of two).
+    floor = grid_floor(GRID_HW["mxdotp"].params("fp8_e4m3", "fp8_e4m3"))
+    cases = [
+        (acc, value, x)
+        for acc, value, x in grid_cases()
+        if x >= floor
+        and abs(value) < 2.0**57
+        and (value * 2.0**18).is_integer()
+        and not (acc == 0 and math.copysign(1, acc) < 0)
+    ]
+    count = len(cases)
+    a = np.zeros((1, count, 16))
+    for i, (_, value, _) in enumerate(cases):
+        a[0, i, [3, 14] if i % 3 == 0 else 3 if i % 3 == 1 else 14] = value
+    b = np.zeros((1, 1, 16))
+    b[0, 0, [3, 14]] = 1.0
+    trees = [(0, 0), (8, 0)] if terms == 8 else [(0, 0)]
+    acc = np.array([c[0] for c in cases], dtype=np.float32).reshape(1, count, 1)
+    row_steps = np.ldexp(1.0, np.array([c[2] for c in cases])).reshape(1, 1, count)
+    column_steps = np.ones((1, 1, 1))
+    got = run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+    mismatches = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+    assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
+    assert count > 800
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    fmt=st.sampled_from(["fp8_e4m3", "fp4_e2m1"]),
+    rounding=st.sampled_from(ROUNDINGS),
+    shape=st.tuples(st.integers(1, 3), st.sampled_from([1, 7, 40, COLUMNS + 3]), st.integers(1, 3)),
+    spread=st.sampled_from([0, 3, 60]),
+    c_shift=st.sampled_from([0, 0, 30, 59, 61, 100]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_fused_grid_trees_equal_fractions(fmt, rounding, shape, spread, c_shift, seed):
+    # Realistic elements (random codes of the format's table: fp8_e4m3 in float64, fp4_e2m1
+    # in float32 as the route decodes them, 8 or 16 per tree), block steps a few or many
+    # binades apart at or above the floor, accumulators at the products or far above them
+    # (sums float64 cannot hold: the round-to-odd redo; the left pass-through near 2^60),
+    # some infinite, at fp32's largest or zero.
+    rows, columns, trees_count = shape
+    terms = 8 if fmt == "fp8_e4m3" else 16
+    rng = np.random.default_rng(seed)
+    values = get_format(fmt).decode_fields(np.arange(1 << get_format(fmt).field_bits))
+    finite = values[np.isfinite(values)]
+    dtype = np.float64 if terms == 8 else np.float32
+    k = terms * trees_count
+    a = finite[rng.integers(0, finite.size, (1, rows, k))].astype(dtype)
+    b = finite[rng.integers(0, finite.size, (1, columns, k))].astype(dtype)
+    blocks = -(-k // 32)
+    floor = grid_floor(GRID_HW["mxdotp"].params(fmt, fmt))
+    base = int(rng.integers(floor // 2 + spread, 80))
+    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) + base)
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) + base)
+    assert (np.log2(row_steps.min()) + np.log2(column_steps.min())) >= floor
+    magnitude = 2.0 ** (c_shift + 2 * base + rng.integers(-2, 3, (1, rows, columns)))
+    with np.errstate(over="ignore"):
+        acc = (rng.standard_normal((1, rows, columns)) * magnitude).astype(np.float32)
+    flat = acc.reshape(-1)
+    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
+    trees = [(terms * t, terms * t // 32) for t in range(trees_count)]
+    got = run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_grid_floor_per_format():
+    # max(n - L - 149, -149 - (lsb_a + lsb_b)), n = 34, L = 70, in every mode but stochastic;
+    # no grid, no floor.
+    floors = {"fp8_e4m3": -131, "fp6_e3m2": -141, "fp6_e2m3": -143, "fp4_e2m1": -147}
+    for fmt, floor in floors.items():
+        for hw in GRID_HW.values():
+            assert grid_floor(hw.params(fmt, fmt)) == floor
+    assert grid_floor(UNITS["mxdotp-paper"].params("fp8_e4m3", "fp8_e4m3")) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm", "mxdotp-rntp"]
+)
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp4_e2m1"])
+def test_grid_units_take_the_fused_trees_above_the_floor(monkeypatch, name, fmt):
+    # Realistic MX operands through every mode but RNE: the tile runs on the fused grid trees
+    # (the grid's per-tree kernel is not called), every output the generic kernel's and the
+    # Fraction twin's, with c of both signs near the products and far above them.
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((6, 96))
+    A[2, 32:64] = 0.0
+    B = rng.standard_normal((96, 9))
+    qa, qb = quantize(A, fmt, axis=1), quantize(B, fmt, axis=0)
+    c = (rng.standard_normal((6, 9)) * 2.0 ** rng.integers(-20, 90, (6, 9))).astype(np.float32)
+    c[c == 0] = 1.0
+    hw = GRID_HW[name]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the grid's accumulation ran")
+
+    monkeypatch.setattr(blas_module, "accumulate_grid_fp32", refuse)
+    fast = matmul(hw, qa, qb, c=c).bits
+    monkeypatch.undo()
+    np.testing.assert_array_equal(fast, matmul(hw, qa, qb, c=c, method="kernel").bits)
+    np.testing.assert_array_equal(fast, twin_bits(hw, qa, qb, c))
+
+
+OFF_EVEN = [
+    "toward_zero",
+    "toward_positive",
+    "toward_negative",
+    "nearest_away",
+    "nearest_toward_positive",
+]
+
+
+def run_directed_fp32(acc, a, b, trees, row_steps, column_steps, rounding) -> np.ndarray:
+    got = acc.copy()
+    choices = np.array(ROUNDING_CHOICES[rounding])
+    rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
+    work = np.empty((18, COLUMNS))
+    trees16_fp32(a, b, np.array(trees), rows32, columns32, 2.0**60, choices, got, work)
+    return got.view(np.uint32)
+
+
+@pytest.mark.parametrize("rounding", OFF_EVEN)
+def test_float32_trees_equal_the_grid_twin_at_every_boundary(rounding):
+    # ``grid_cases`` whose sums the float32 kernel takes (fp4_e2m1's: multiples of 2^-2
+    # below 2^12, times 2^X a float32 from 2^-149 up; X from the floor to 126), each as one
+    # output of a tree of 16: the case's sum a single product or two (the first 8, the last
+    # 8, both).
+    floor = grid_floor(GRID_HW["mxdotp"].params("fp4_e2m1", "fp4_e2m1"))
+    cases = [
+        (acc, value, x)
+        for acc, value, x in grid_cases()
+        if floor <= x <= 126
+        and abs(value) < 2.0**11
+        and (value * 4).is_integer()
+        and (value == 0 or abs(value) * 2.0**x >= 2.0**-147)
+        and not (acc == 0 and math.copysign(1, acc) < 0)
+    ]
+    count = len(cases)
+    a = np.zeros((1, count, 16), dtype=np.float32)
+    for i, (_, value, _) in enumerate(cases):
+        a[0, i, [3, 14] if i % 3 == 0 else 3 if i % 3 == 1 else 14] = value
+    b = np.zeros((1, 1, 16), dtype=np.float32)
+    b[0, 0, [3, 14]] = 1.0
+    acc = np.array([c[0] for c in cases], dtype=np.float32).reshape(1, count, 1)
+    row_steps = np.ldexp(1.0, np.array([c[2] for c in cases])).reshape(1, 1, count)
+    column_steps = np.ones((1, 1, 1))
+    got = run_directed_fp32(acc, a, b, [(0, 0)], row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, [(0, 0)], 16, row_steps, column_steps, rounding)
+    mismatches = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+    assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
+    assert count > 200
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rounding=st.sampled_from(OFF_EVEN),
+    shape=st.tuples(st.integers(1, 3), st.sampled_from([1, 7, 40, COLUMNS + 3]), st.integers(1, 3)),
+    base=st.one_of(st.integers(-8, 0), st.integers(-73, 50)),
+    spread=st.sampled_from([0, 3, 12]),
+    c_shift=st.sampled_from([0, 0, 12, 59, 61, 90]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_float32_trees_equal_fractions(rounding, shape, base, spread, c_shift, seed):
+    # Realistic fp4_e2m1 elements (float32, random codes of the table), steps around 2^base
+    # each (X from near the floor, subnormal sums, to near float32's top), a few or many
+    # binades apart, accumulators at the products or far above them (the left pass-through
+    # near 2^60: the redo), some infinite, at fp32's largest or zero.
+    rows, columns, trees_count = shape
+    rng = np.random.default_rng(seed)
+    values = get_format("fp4_e2m1").decode_fields(np.arange(16)).astype(np.float32)
+    k = 16 * trees_count
+    a = values[rng.integers(0, 16, (1, rows, k))]
+    b = values[rng.integers(0, 16, (1, columns, k))]
+    blocks = -(-k // 32)
+    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) + base)
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) + base)
+    span = (-2, 10)  # fp4_e2m1 tree sums: multiples of 2^-2 below 2^10
+    assume(  # the kernel's conditions (the route checks them)
+        blas_module._fp32_exact_blocks(row_steps, column_steps, span).all()
+        and blas_module._times_steps_fit_fp32(a, row_steps)
+        and blas_module._times_steps_fit_fp32(b, column_steps)
+    )
+    magnitude = 2.0 ** (c_shift + 2 * base + rng.integers(-2, 3, (1, rows, columns)))
+    with np.errstate(over="ignore"):
+        acc = (rng.standard_normal((1, rows, columns)) * magnitude).astype(np.float32)
+    flat = acc.reshape(-1)
+    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
+    trees = [(16 * t, 16 * t // 32) for t in range(trees_count)]
+    got = run_directed_fp32(acc, a, b, trees, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, 16, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "name", ["mxdotp-rtz", "mxdotp-rdn", "mxdotp-rup", "mxdotp-rmm", "mxdotp-rntp"]
+)
+def test_fp4_units_off_nearest_even_take_the_float32_trees(monkeypatch, name):
+    # MXFP4 operands in every mode but nearest even: the float32 kernel runs (and only it),
+    # every output the generic kernel's.
+    from mxsim.datapath import _tree_kernels
+
+    rng = np.random.default_rng(12)
+    qa = quantize(rng.standard_normal((5, 96)), "fp4_e2m1", axis=1)
+    qb = quantize(rng.standard_normal((96, 7)), "fp4_e2m1", axis=0)
+    calls = []
+    original = _tree_kernels.trees16_fp32
+    monkeypatch.setattr(
+        _tree_kernels, "trees16_fp32", lambda *args: calls.append(1) or original(*args)
+    )
+    monkeypatch.setattr(_tree_kernels, "fused_grid_trees", None)  # not called
+    fast = matmul(GRID_HW[name], qa, qb).bits
+    monkeypatch.undo()
+    assert calls
+    np.testing.assert_array_equal(fast, matmul(GRID_HW[name], qa, qb, method="kernel").bits)

@@ -9,7 +9,8 @@ import pytest
 from conftest import REPO
 from mxsim.datapath import dot, load_hwconfig
 from mxsim.datapath.api import _gemm_groups, _kernel_arguments, _scales_for_unit
-from mxsim.datapath.blas import blas_applies
+from mxsim.datapath import blas as blas_module
+from mxsim.datapath.blas import blas_applies, grid_floor
 from mxsim.datapath.reference import dot_reference
 from mxsim.formats import get_format
 
@@ -125,48 +126,86 @@ def test_the_eight_lane_summary_misses_fp6_and_fp4(vectors):
         assert (out != vectors["result"][rows]).sum() > 0
 
 
+def rtl_gemm(vectors, params, index: int, rounding: int, length: int, least_exponent=None):
+    """(rows, _gemm_groups operands) of one GEMM of the format's vectors of one length that
+    hold no value the BLAS route leaves to the kernel (NaN/Inf elements, scale 0xFF, -0 or
+    NaN/Inf c), and, with ``least_exponent``, whose scale exponents all lie at or above it:
+    row i of A and of B^T are vector i's operands, c's diagonal its accumulator (1 elsewhere)."""
+    element = get_format(FORMATS[index])
+    finite = np.isfinite(element.decode_fields(np.arange(1 << element.field_bits)))
+    rows = rows_of(vectors, index, rounding, length)
+    blocks = -(-length // 32)
+    a, b = vectors["a"][rows, :length], vectors["b"][rows, :length]
+    scale_a, scale_b = vectors["scale_a"][rows, :blocks], vectors["scale_b"][rows, :blocks]
+    c = vectors["c"][rows]
+    ok = (
+        finite[a].all(axis=1)
+        & finite[b].all(axis=1)
+        & (scale_a != 0xFF).all(axis=1)
+        & (scale_b != 0xFF).all(axis=1)
+        & np.isfinite(c.view(np.float32))
+        & (c != 0x80000000)
+    )
+    if least_exponent is not None:
+        ok &= (np.minimum(scale_a, scale_b).astype(np.int64) - 127 >= least_exponent).all(axis=1)
+    rows, a, b, scale_a, scale_b, c = (x[ok] for x in (rows, a, b, scale_a, scale_b, c))
+    accumulators = np.ones((rows.size, rows.size))
+    np.fill_diagonal(accumulators, c.view(np.float32))
+    exponents_a = _scales_for_unit(scale_a, params)[None]
+    exponents_b = _scales_for_unit(scale_b, params)[None]
+    return rows, (params, a[None], b[None], exponents_a, exponents_b, accumulators[None])
+
+
+def rtl_checked(vectors, params, rows, operands) -> None:
+    """The GEMM takes the BLAS route; its diagonal is the RTL's results and every output
+    the generic kernel's."""
+    args = _kernel_arguments(params)[2]
+    assert blas_applies(params, args, *operands[1:])
+    fast = _gemm_groups(*operands, args, "auto", None, 256)[0]
+    slow = _gemm_groups(*operands, args, "kernel", None, 256)[0]
+    np.testing.assert_array_equal(fast.diagonal(), vectors["result"][rows])
+    np.testing.assert_array_equal(fast, slow)
+
+
 @pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
 def test_config_as_gemms_on_the_blas_route_equals_the_rtl(vectors, rounding):
-    # The vectors of each format whose sums fit float64 (not fp8_e5m2) and that hold no value
-    # the BLAS route leaves to the kernel (NaN/Inf elements, scale 0xFF, -0 or NaN/Inf c) as
-    # one GEMM per format and length: row i of A and of B^T are vector i's operands, c's
-    # diagonal its accumulator (1 elsewhere); the diagonal must be the RTL's results and
-    # every output the generic kernel's.
+    # The vectors of each format whose sums fit float64 (not fp8_e5m2) and that the route
+    # takes (``rtl_gemm``) as one GEMM per format and length: the RTL's results, the generic
+    # kernel's bits.
     config = load_hwconfig(REPO / "hwconfigs" / f"{CONFIGS[rounding]}.yaml")
     checked = 0
     for index, fmt in enumerate(FORMATS):
         if fmt == "fp8_e5m2":
             continue
         params = config.params(fmt, fmt)
-        element = get_format(fmt)
-        finite = np.isfinite(element.decode_fields(np.arange(1 << element.field_bits)))
         for length in sorted({int(n) for n in vectors["length"][vectors["format"] == index]}):
-            rows = rows_of(vectors, index, rounding, length)
-            blocks = -(-length // 32)
-            a, b = vectors["a"][rows, :length], vectors["b"][rows, :length]
-            scale_a, scale_b = vectors["scale_a"][rows, :blocks], vectors["scale_b"][rows, :blocks]
-            c = vectors["c"][rows]
-            ok = (
-                finite[a].all(axis=1)
-                & finite[b].all(axis=1)
-                & (scale_a != 0xFF).all(axis=1)
-                & (scale_b != 0xFF).all(axis=1)
-                & np.isfinite(c.view(np.float32))
-                & (c != 0x80000000)
-            )
-            rows, a, b, scale_a, scale_b, c = (x[ok] for x in (rows, a, b, scale_a, scale_b, c))
-            accumulators = np.ones((rows.size, rows.size))
-            np.fill_diagonal(accumulators, c.view(np.float32))
-            exponents_a = _scales_for_unit(scale_a, params)[None]
-            exponents_b = _scales_for_unit(scale_b, params)[None]
-            args = _kernel_arguments(params)[2]
-            assert blas_applies(
-                params, args, a[None], b[None], exponents_a, exponents_b, accumulators[None]
-            )
-            operands = (params, a[None], b[None], exponents_a, exponents_b, accumulators[None])
-            fast = _gemm_groups(*operands, args, "auto", None, 256)[0]
-            slow = _gemm_groups(*operands, args, "kernel", None, 256)[0]
-            np.testing.assert_array_equal(fast.diagonal(), vectors["result"][rows])
-            np.testing.assert_array_equal(fast, slow)
+            rows, operands = rtl_gemm(vectors, params, index, rounding, length)
+            rtl_checked(vectors, params, rows, operands)
             checked += rows.size
     assert checked > 900
+
+
+@pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
+def test_vectors_above_the_floor_on_the_fused_trees_equal_the_rtl(vectors, rounding, monkeypatch):
+    # The vectors whose scale exponents all lie at or above half the grid's floor, so that a
+    # GEMM of them lies above it and its trees run fused (``fused_grid_trees``: 8 or 16
+    # products in the directed and away-from-even modes; ``rne_trees8``: fp8_e4m3 rounding
+    # to nearest even): the RTL's results, the generic kernel's bits, and the fused kernel
+    # did run.
+    config = load_hwconfig(REPO / "hwconfigs" / f"{CONFIGS[rounding]}.yaml")
+    tiles = []
+    name = "_tree8_tile" if rounding == 0 else "_grid_trees_tile"
+    original = getattr(blas_module, name)
+    monkeypatch.setattr(blas_module, name, lambda *args: tiles.append(1) or original(*args))
+    checked = 0
+    for fmt in ("fp8_e4m3", "fp4_e2m1"):
+        index = FORMATS.index(fmt)
+        params = config.params(fmt, fmt)
+        least = -(-grid_floor(params) // 2)
+        for length in sorted({int(n) for n in vectors["length"][vectors["format"] == index]}):
+            rows, operands = rtl_gemm(vectors, params, index, rounding, length, least)
+            if rows.size:
+                rtl_checked(vectors, params, rows, operands)
+                checked += rows.size
+    assert checked > 300
+    assert len(tiles) >= (1 if rounding == 0 else 2)

@@ -5,6 +5,8 @@ and a second pass over it."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -84,3 +86,318 @@ def _odd_pass(out, x, step, packed) -> None:
         for m in range(8):
             s += (x[m] * step) * packed[m, j]
         out[j] = np.float32(odd_sum(np.float64(out[j]), s * packed[8, j] + 0.0))
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, choices, acc, work):
+    """A fixed-point-grid unit's trees of ``terms`` products (8 or 16) above its floor
+    (``blas.grid_floor``), fused: acc[g, i, j] = acc when |acc| >= 2^(Xa + Xb) keep_factor
+    (its LSB more than the max left shift above the grid's: ``keep_factor`` = 2^(L - n +
+    24)), else acc + S rounded once to fp32 in the mode of ``choices`` (a
+    ``blas.ROUNDING_CHOICES`` row), IEEE overflow, an exact zero +0; for each tree in order.
+    S = s 2^(Xa + Xb) with s the tree's exact sum over k in [first, first + terms) of
+    a[g, i, k] * b[g, j, k] (``trees`` (T, 2): first, scale block), 2^Xa = row_steps[block,
+    g, i], 2^Xb = column_steps[block, g, j]. ``a`` (g, rows, K) and ``b`` (g, columns, K)
+    are float32 or float64 unscaled elements whose tree sums fit 53 bits, so every product
+    (a 2^Xa)(b 2^Xb), partial sum and S is an exact float64 (as for ``rne_trees8``), and
+    |S| < 2^(Xa + Xb) keep_factor / 4 (the caller checks). An infinite accumulator is kept
+    (an earlier overflow stays the result).
+
+    Per row and pass, t = acc + S in float64 is exact where t - acc == S and t - S == acc
+    (Dekker's lemma, as ``rne_trees8``), then rounded by ``_round_bits``, which is right for
+    |t| below 2^128 (above the floor every acc + S is a multiple of 2^-149). Where any of
+    the row's pass is inexact, or |t| reaches 2^128 or 2^(Xa + least Xb) keep_factor / 2
+    (which every kept accumulator plus S does), the pass is redone from the accumulator with the rule itself and the round-to-odd
+    sum (``odd_sum``), rounded by ``_round_fp32``. Two trees of 8 of one block run as one
+    pass (``_paired_pass``), redone tree after tree. ``work`` a (max(terms, 16) + 2,
+    COLUMNS) float64 scratch. Serial."""
+    groups, rows, columns = acc.shape
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    ties = not directed and (large_positive or large_negative)
+    # ``_round_bits``: nearest even is the conversion's; the other modes clear the 29 bits
+    # below fp32's last place after adding all of them (to the neighbour farther from
+    # zero), none, half of them (a tie away from zero) or just under (a tie toward zero)
+    low, half = (1 << 29) - 1, 1 << 28
+    if directed:
+        adds = (low if large_positive else 0), (low if large_negative else 0)
+    else:
+        adds = (half if large_positive else half - 1), (half if large_negative else half - 1)
+    mask = low if directed or ties else 0
+    adds = adds if mask else (0, 0)
+    rounding = mask, adds[0], adds[1]
+    flags = directed, large_positive, large_negative, ties
+    packed, sums, column_limits = work[:-2], work[-2], work[-1]
+    fresh = np.empty(COLUMNS, dtype=np.float32)
+    for g in range(groups):
+        for j0 in range(0, columns, COLUMNS):
+            width = min(COLUMNS, columns - j0)
+            t = 0
+            while t < trees.shape[0]:
+                first, block = trees[t, 0], trees[t, 1]
+                # two trees of 8 of one block in one pass: the accumulator stays in registers
+                paired = (
+                    terms == 8
+                    and t + 1 < trees.shape[0]
+                    and trees[t + 1, 0] == first + 8
+                    and trees[t + 1, 1] == block
+                )
+                span = 16 if paired else terms
+                t += 2 if paired else 1
+                steps = column_steps[block, g, j0 : j0 + width]
+                for j in range(width):  # the trees' B transposed, times the column steps
+                    for m in range(span):
+                        packed[m, j] = b[g, j0 + j, first + m] * steps[j]
+                    column_limits[j] = steps[j] * keep_factor
+                least = steps.min() * keep_factor * 0.5
+                for i in range(rows):
+                    out = acc[g, i, j0 : j0 + width]
+                    step = row_steps[block, g, i]
+                    x = a[g, i, first : first + span]
+                    high = min(2.0**128, step * least)
+                    if paired:
+                        ok = _paired_pass(out, fresh, x, packed, step, high, rounding)
+                    elif terms == 8:
+                        ok = _fast_pass(out, fresh, x, packed, sums, step, high, rounding, False)
+                    else:  # the first 8 products summed ahead, the last 8 in the pass
+                        _tree_sums(sums, x[:8], step, packed, width)
+                        rest = packed[8:]
+                        ok = _fast_pass(out, fresh, x[8:], rest, sums, step, high, rounding, True)
+                    if ok:
+                        out[:] = fresh[:width]
+                        continue
+                    limits = column_limits, step
+                    if terms == 8:  # tree after tree, each from the last one's result
+                        for tree in range(span // 8):
+                            x8, packed8 = x[8 * tree : 8 * tree + 8], packed[8 * tree :]
+                            _odd_grid_pass(out, fresh, x8, packed8, sums, limits, flags, False)
+                            out[:] = fresh[:width]
+                    else:
+                        _odd_grid_pass(out, fresh, x[8:], packed[8:], sums, limits, flags, True)
+                        out[:] = fresh[:width]
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _tree_sums(sums, x, step, packed, width) -> None:
+    """sums[j] = the exact sum over m of (x[m] step) packed[m, j], 8 terms at a time."""
+    sums[:width] = 0.0
+    for c in range(0, x.shape[0], 8):
+        b0, b1, b2, b3 = packed[c], packed[c + 1], packed[c + 2], packed[c + 3]
+        b4, b5, b6, b7 = packed[c + 4], packed[c + 5], packed[c + 6], packed[c + 7]
+        x0, x1 = np.float64(x[c]) * step, np.float64(x[c + 1]) * step
+        x2, x3 = np.float64(x[c + 2]) * step, np.float64(x[c + 3]) * step
+        x4, x5 = np.float64(x[c + 4]) * step, np.float64(x[c + 5]) * step
+        x6, x7 = np.float64(x[c + 6]) * step, np.float64(x[c + 7]) * step
+        for j in range(width):
+            sums[j] += ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
+                (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
+            )
+
+
+@njit(cache=True, inline="always")
+def _eight(values, first, step):
+    """values[first + m] * step for m < 8, as float64s."""
+    return (
+        np.float64(values[first]) * step,
+        np.float64(values[first + 1]) * step,
+        np.float64(values[first + 2]) * step,
+        np.float64(values[first + 3]) * step,
+        np.float64(values[first + 4]) * step,
+        np.float64(values[first + 5]) * step,
+        np.float64(values[first + 6]) * step,
+        np.float64(values[first + 7]) * step,
+    )
+
+
+@njit(cache=True, inline="always")
+def _bits_step(old, s, high, rounding):
+    """(``_round_bits``(old + s), whether the float64 sum old + s was inexact or its
+    magnitude at least ``high``)."""
+    mask, add_positive, add_negative = rounding
+    total = old + s  # (a -0 sum adds as +0: the accumulator is never -0 here)
+    rounded = _round_bits(total, mask, add_positive, add_negative)
+    return rounded, (total - old != s) | (total - s != old) | ~(abs(total) < high)
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bool:
+    """fresh[j] = ``_round_bits``(out[j] + S), S = the sum over m < 8 of (x[m] step)
+    packed[m, j] (plus sums[j] where ``partial``); whether every float64 sum out[j] + S
+    was exact and its magnitude below ``high`` (<= 2^128)."""
+    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
+    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
+    x0, x1, x2, x3, x4, x5, x6, x7 = _eight(x, 0, step)
+    missed = False
+    for j in range(out.shape[0]):
+        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
+            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
+        )
+        if partial:
+            s += sums[j]
+        fresh[j], bad = _bits_step(np.float64(out[j]), s, high, rounding)
+        missed |= bad
+    return not missed
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _paired_pass(out, fresh, x, packed, step, high, rounding) -> bool:
+    """``_fast_pass`` for two trees of 8 (x[:8], x[8:] and packed's first 16 rows), the
+    second added to the first's rounded result, fresh[j] the second's; whether both steps'
+    sums were exact and within the range."""
+    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
+    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
+    c0, c1, c2, c3 = packed[8], packed[9], packed[10], packed[11]
+    c4, c5, c6, c7 = packed[12], packed[13], packed[14], packed[15]
+    x0, x1, x2, x3, x4, x5, x6, x7 = _eight(x, 0, step)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _eight(x, 8, step)
+    missed = False
+    for j in range(out.shape[0]):
+        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
+            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
+        )
+        u = ((y0 * c0[j] + y1 * c1[j]) + (y2 * c2[j] + y3 * c3[j])) + (
+            (y4 * c4[j] + y5 * c5[j]) + (y6 * c6[j] + y7 * c7[j])
+        )
+        middle, first_bad = _bits_step(np.float64(out[j]), s, high, rounding)
+        fresh[j], second_bad = _bits_step(np.float64(middle), u, high, rounding)
+        missed |= first_bad | second_bad
+    return not missed
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _odd_grid_pass(out, fresh, x, packed, sums, limits, flags, partial) -> None:
+    """fresh[j] = out[j] where kept (|out| >= column_limits[j] step, ``limits`` the pair),
+    else ``_round_fp32`` of the round-to-odd float64 sum out[j] + S (S as ``_fast_pass``'s;
+    an exact zero sum +0), in the mode of ``flags`` (directed, large_positive,
+    large_negative, ties)."""
+    directed, large_positive, large_negative, ties = flags
+    column_limits, step = limits
+    for j in range(out.shape[0]):
+        s = 0.0
+        for m in range(8):
+            s += (np.float64(x[m]) * step) * packed[m, j]
+        if partial:
+            s += sums[j]
+        old = np.float64(out[j])
+        total = odd_sum(old, s + 0.0)
+        rounded = _round_fp32(total, directed, large_positive, large_negative, ties)
+        fresh[j] = out[j] if abs(old) >= column_limits[j] * step else rounded
+
+
+@njit(cache=True, inline="always")
+def _round_bits(value, mask, add_positive, add_negative):
+    """``value`` rounded to fp32 through its float64 bits: plus ``add_positive`` or
+    ``add_negative`` (by its sign), the ``mask`` bits cleared, converted (exactly; nearest
+    even where ``mask`` is 0). The 29 bits below fp32's last place are those of a value
+    from 2^-126 up to 2^128 (normal fp32s; the carry of a rounding up moves into the
+    exponent, to Inf past fp32's largest): right there. Below 2^-126 it is right for
+    multiples of 2^-149 (fp32 subnormals: those bits are 0, the add carries nothing)."""
+    bits = np.float64(value).view(np.int64)
+    add = add_negative if value < 0.0 else add_positive
+    return np.float32(np.int64((bits + add) & ~mask).view(np.float64))
+
+
+@njit(cache=True, inline="always")
+def _round_fp32(value, directed, large_positive, large_negative, ties):
+    """``value`` (a float64: acc + S exactly, or its round-to-odd at 53 bits, which lies
+    strictly between the same fp32 neighbours) rounded to fp32: nearest even by the
+    conversion, then, where the conversion rounded and the mode says so (``directed``, or
+    ``ties`` and ``value`` is the midpoint of its neighbours), moved to the other neighbour
+    when it is the one the mode takes (farther from zero: ``large_positive`` for a positive
+    value, ``large_negative`` for a negative one; else nearer zero). IEEE overflow: past
+    fp32's largest the neighbours are it and Inf (their midpoint 2^128 - 2^103). A zero
+    ``value`` is kept (+0 for an exact zero sum from a +0 or nonzero accumulator, the only
+    ones here). Branch-free."""
+    nearest = np.float32(value)
+    near = np.float64(nearest)
+    up = abs(near) < abs(value)  # the conversion went toward zero: the other lies farther
+    bits = nearest.view(np.int32)
+    other = np.int32(bits + (1 if up else -1)).view(np.float32)
+    edge = math.copysign(2.0**128, value)  # Inf's place in the midpoint
+    here = near if abs(nearest) < np.inf else edge
+    beyond = np.float64(other) if abs(other) < np.inf else edge
+    tie = ties & ((here + beyond) * 0.5 == value)
+    large = large_positive if value > 0.0 else large_negative
+    move = (near != value) & (directed | tie) & (large == up)
+    return other if move else nearest
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, choices, acc, work):
+    """``fused_grid_trees`` for trees of 16 float32 products in any mode but nearest even
+    (``choices`` a ``blas.ROUNDING_CHOICES`` row), in float32 arithmetic (twice the
+    lanes): the caller checks that every element times its step
+    (``row_steps``, ``column_steps``, float32 powers of two) and every tree sum times its
+    two steps is a float32 (``blas._fp32_exact_blocks``), so S is exact in float32.
+
+    Per row and tree, t = acc + S rounded to nearest and its exact error e (TwoSum, exact
+    with gradual underflow) give the rounding: t, or its neighbour on e's side where the
+    mode takes that one (directed: whenever e is not 0; nearest: where acc + S is their
+    midpoint, t + 2e, which is then a float32). Where any |t| of the row's pass reaches 2^(Xa + least
+    Xb) keep_factor / 2 (every kept accumulator plus S does; an infinite t too), the pass
+    is redone as ``fused_grid_trees`` redoes one (the rule itself, round-to-odd in
+    float64). ``work`` a (18, COLUMNS) float64 scratch. Serial."""
+    groups, rows, columns = acc.shape
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    ties = not directed and (large_positive or large_negative)
+    flags = directed, large_positive, large_negative, ties
+    packed = np.empty((16, COLUMNS), dtype=np.float32)
+    sums, column_limits = work[-2], work[-1]
+    fresh = np.empty(COLUMNS, dtype=np.float32)
+    scaled = np.empty(16, dtype=np.float32)
+    for g in range(groups):
+        for j0 in range(0, columns, COLUMNS):
+            width = min(COLUMNS, columns - j0)
+            for t in range(trees.shape[0]):
+                first, block = trees[t, 0], trees[t, 1]
+                steps = column_steps[block, g, j0 : j0 + width]
+                for j in range(width):  # the tree's B transposed, times the column steps
+                    for m in range(16):
+                        packed[m, j] = b[g, j0 + j, first + m] * steps[j]
+                    column_limits[j] = np.float64(steps[j]) * keep_factor
+                least = np.float64(steps.min()) * keep_factor * 0.5
+                for i in range(rows):
+                    out = acc[g, i, j0 : j0 + width]
+                    step = row_steps[block, g, i]
+                    x = a[g, i, first : first + 16]
+                    high = np.float32(min(3.4028234663852886e38, np.float64(step) * least))
+                    sides = directed, large_positive, large_negative
+                    if _rounded_pass_fp32(out, fresh, x, scaled, packed, step, high, sides):
+                        continue
+                    limits = column_limits, np.float64(step)
+                    _tree_sums(sums, x[:8], np.float64(step), packed, width)
+                    _odd_grid_pass(out, fresh, x[8:], packed[8:], sums, limits, flags, True)
+                    out[:] = fresh[:width]
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _rounded_pass_fp32(out, fresh, x, xs, packed, step, high, sides) -> bool:
+    """out[j] = acc + S rounded in the mode of ``sides`` (directed, large_positive,
+    large_negative: ``_round_fp32``'s flags), S the float32 sum over m < 16 of (x[m] step)
+    packed[m, j], where every |acc + S| lies below ``high``; else out is left as it was and
+    False returned (``fresh``, ``xs``: scratch)."""
+    directed, large_positive, large_negative = sides
+    width = out.shape[0]
+    for m in range(16):
+        xs[m] = x[m] * step
+    missed = False
+    for j in range(width):
+        s = xs[0] * packed[0, j]  # a chain of fused multiply-adds: exact in any order
+        for m in range(1, 16):
+            s += xs[m] * packed[m, j]
+        old = out[j]
+        total = old + s
+        back = total - old  # TwoSum: total + error == old + s exactly
+        error = (old - (total - back)) + (s - back)
+        away = (error > 0) == (total > 0)  # the exact sum lies farther from zero than total
+        large = large_positive if total > 0 else large_negative
+        twice = error + error
+        tie = (total + twice) - total == twice  # the other neighbour is total + 2 error
+        move = (error != 0) & (directed | tie) & (away == large)
+        bits = np.float32(total).view(np.int32)
+        moved = np.int32(bits + (1 if away else -1)).view(np.float32)
+        fresh[j] = moved if move else total
+        missed |= ~(abs(total) < high)
+    if missed:
+        return False
+    out[:] = fresh[:width]
+    return True

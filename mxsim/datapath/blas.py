@@ -57,6 +57,11 @@ blocks of a tile at or above it, as every earlier block, take the plain RNE_fp32
 Trees of 8 float64 products rounded as RNE_fp32(acc + S) (mxdotp-paper with fp8_e4m3; mxdotp
 with it, tiles above the floor) skip the rank-8 GEMMs: one fused kernel
 (``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once.
+In the other modes (mxdotp's rtz/rdn/rup/rmm variants) a grid's trees of 8 or 16 products
+take fused kernels above a floor of X for every mode (``grid_floor``), where the rules
+reduce to: acc kept when |acc| >= 2^(X + L - n + 24), else acc + S rounded once
+(``_tree_kernels.fused_grid_trees``; ``trees16_fp32``, in float32 arithmetic, for FP4's
+trees of 16 where the elements times their steps and the scaled sums are float32s).
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
@@ -807,6 +812,9 @@ def blas_matmul(
         trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
     # trees of 8 float64 products, rounded to nearest even as they come: one fused kernel
     eights = _eight_term_trees(params, dtype, padded, trees, floor, block)
+    # other grid trees of 8 or 16 products, any mode, above the grid's floor: fused too
+    fused = _fused_grid_starts(params, trees) if grid is not None else None
+    any_floor = grid_floor(params)
     acc_all = out.view(np.float32)
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
@@ -898,6 +906,13 @@ def blas_matmul(
                             plain = _above_floor(a_steps, steps, floor, a_zeros, zeros)
                         if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
+                        elif (
+                            fused is not None
+                            and _above_floor(a_steps, steps, any_floor, a, b_tile).all()
+                        ):
+                            _grid_trees_tile(
+                                a, b_tile, a_steps, steps, fused, acc, grid, choices, span
+                            )
                         elif grid is not None:
                             _grid_tile(
                                 a, b_tile, a_steps, steps, trees, acc, grid, choices, plain, span
@@ -1000,6 +1015,83 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     if high > left - fraction - 1:
         return None
     return max(fraction - left - 150, -149 - low_a - low_b)
+
+
+def grid_floor(params: DatapathParams) -> int | None:
+    """The least scale exponent sum X from which a fixed-point-grid unit's tree step, in any
+    rounding mode but stochastic, is: the accumulator kept when |acc| >= 2^(X + L - n + 24)
+    (n fraction bits, max left shift L), else acc + S rounded once (None: no grid).
+
+    For X >= max(n - L - 149, -149 - low) (low: the formats' least product step): every
+    nonzero acc + S is a multiple of 2^-149, so no rounding gives a zero and, as the route
+    refuses a -0 c, no accumulator is -0 while every earlier tree's X is at or above the
+    floor too; a zero accumulator (exponent -127) or a subnormal one (-126) is never kept
+    left, as 2^(X + L - n + 24) >= 2^-125 exceeds it; a normal one's LSB lies more than L
+    places above the grid's exactly when |acc| >= 2^(X + L - n + 24); kept right (S = 0), it
+    equals acc + 0 rounded (exact; +0 for a zero). An infinite accumulator stays either way."""
+    if params.grid_fraction_bits is None:
+        return None
+    low = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    return max(fraction - left - 149, -149 - low)
+
+
+def _fused_grid_starts(params, trees):
+    """((T, 2) first position and scale block of each tree, products per tree) when every
+    grid tree (``grid_trees``'s, with blocks) has 8 or 16 products and every tree sum lies
+    below a quarter of the left pass-through limit, |S| < 2^(X + L - n + 22)
+    (``_tree_kernels.fused_grid_trees``' conditions), else None. Not for nearest even,
+    whose trees of 8 take ``rne_trees8`` and whose float32 tree sums (FP4) take float32
+    additions (``_grid_tile``), both faster."""
+    rounding = params.accumulator_rounding
+    if trees is None or rounding not in ROUNDING_CHOICES or rounding == "nearest_even":
+        return None
+    terms = {last - first for first, last, _ in trees}
+    if len(terms) != 1 or terms.isdisjoint({8, 16}):
+        return None
+    high_a, high_b = (_span_bits(get_format(f))[0] for f in (params.a_format, params.b_format))
+    high = high_a + high_b + 2 + math.ceil(math.log2(params.fused_terms))
+    if high > params.grid_max_left_shift - params.grid_fraction_bits + 22:
+        return None
+    starts = np.array([(first, blk) for first, _, blk in trees], dtype=np.int64)
+    return starts.reshape(-1, 2), terms.pop()
+
+
+def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, span) -> None:
+    """acc (g, r, n fp32) = each tree's step of the grid (``grid``: n, L, R) in turn, fused
+    (``_tree_kernels.fused_grid_trees``): the tile's blocks lie at or above ``grid_floor``.
+    Trees of 16 float32 products (``span``: their sums' bounds) whose elements times their
+    steps and scaled sums are all float32s take ``trees16_fp32``."""
+    from ._tree_kernels import COLUMNS, trees16_fp32, fused_grid_trees
+
+    trees, terms = fused
+    running = np.ascontiguousarray(acc)
+    keep_factor = 2.0 ** (int(grid[1]) - int(grid[0]) + 24)
+    work = np.empty((max(terms, 16) + 2, COLUMNS))
+    b = np.ascontiguousarray(b)
+    if (
+        terms == 16
+        and span is not None
+        and a.dtype == b.dtype == np.float32
+        and _fp32_exact_blocks(row_steps, column_steps, span).all()
+        and _times_steps_fit_fp32(a, row_steps)
+        and _times_steps_fit_fp32(b, column_steps)
+    ):
+        rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
+        trees16_fp32(a, b, trees, rows32, columns32, keep_factor, choices, running, work)
+    else:
+        fused_grid_trees(
+            a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
+        )
+    acc[...] = running
+
+
+def _times_steps_fit_fp32(values, steps) -> bool:
+    """Whether every element of ``values`` (g, n, K, float32) times any of the steps
+    (blocks, g, n, powers of two at least 2^-127) stays below 2^128: a float32, exact
+    (subnormal results of elements of a few bits above 2^-127 steps are exact too)."""
+    largest = float(np.abs(values).max(initial=0.0)) * float(steps.max(initial=1.0))
+    return largest < 2.0**127
 
 
 def _eight_term_trees(params, dtype, padded: int, trees, floor, block: int):
