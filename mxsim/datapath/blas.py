@@ -862,8 +862,8 @@ def blas_matmul(
                 rises = rises_b[:, c0:c1] if per > 1 else None
                 b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
                 b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
-            if kept is None:  # a grid's floor skips columns of zero blocks (``_above_floor``)
-                b_zeros = None if floor is None else zero_block_mask(b, blocks)
+            if kept is None:  # a grid's floors skip columns of zero blocks (``_above_floor``)
+                b_zeros = None if grid is None else zero_block_mask(b, blocks)
             if key is not None and kept is None:
                 memo[key] = (b, b_steps, b_zeros)
 
@@ -878,7 +878,7 @@ def blas_matmul(
                         a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
                     )
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
-                    a_zeros = None if floor is None else zero_block_mask(a, blocks)
+                    a_zeros = None if grid is None else zero_block_mask(a, blocks)
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
                 for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
@@ -901,14 +901,15 @@ def blas_matmul(
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
                         plain = None
-                        if floor is not None:
+                        if grid is not None:
                             zeros = b_zeros[:, g0:g1, k0 - c0 : k1 - c0]
+                        if floor is not None:
                             plain = _above_floor(a_steps, steps, floor, a_zeros, zeros)
                         if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
                         elif (
                             fused is not None
-                            and _above_floor(a_steps, steps, any_floor, a, b_tile).all()
+                            and _above_floor(a_steps, steps, any_floor, a_zeros, zeros).all()
                         ):
                             _grid_trees_tile(
                                 a, b_tile, a_steps, steps, fused, acc, grid, choices, span
@@ -1132,8 +1133,8 @@ def zero_block_mask(values, blocks: int) -> np.ndarray:
 def _above_floor(row_steps, column_steps, floor: int, zero_rows, zero_columns) -> np.ndarray:
     """Per scale block, whether its least scale exponent sum over the tile's rows and
     columns (steps (blocks, g, r) and (blocks, g, n)), and every earlier block's, is at least
-    ``floor`` (``grid_nearest_even_floor``; an earlier block below it may have left a -0).
-    Rows (columns) whose block holds only zeros (``zero_rows`` (blocks, g, r), ``zero_columns``
+    ``floor`` (``grid_nearest_even_floor`` or ``grid_floor``; an earlier block below it may
+    have left a -0). Rows (columns) whose block holds only zeros (``zero_rows`` (blocks, g, r), ``zero_columns``
     (blocks, g, n): ``zero_block_mask`` of the tile's operands) are left out: they add S = 0
     to every output of theirs, which the grid's rules and RNE_fp32(acc + S) keep alike at any
     X for an accumulator other than -0."""
