@@ -60,6 +60,8 @@ CASES = [
     Case("mxdotp-paper", "fp4_e2m1"),
     Case("mxdotp", "fp8_e4m3"),
     Case("mxdotp", "fp4_e2m1"),
+    Case("mxdotp-rtz", "fp8_e4m3"),
+    Case("mxdotp-rtz", "fp4_e2m1"),
     Case("bfp-exact", "mx9"),
     Case("h100-fp8", "fp8_e4m3"),
     Case("b200-fp8", "fp8_e4m3"),

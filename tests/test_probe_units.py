@@ -191,6 +191,19 @@ def test_load_callable_file_that_raises_on_import(tmp_path):
         load_callable(f"{path}:f")
 
 
+def test_load_callable_file_leaves_no_bytecode_beside_it(tmp_path, monkeypatch):
+    """Python would cache the loaded file's bytecode in a __pycache__ beside it (where writes
+    are allowed); the probe writes nothing into the user's directory."""
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "unit.py"
+    path.write_text("def f(*args):\n    return 0\n")
+    assert load_callable(f"{path}:f")() == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unit.py"]
+    assert sys.dont_write_bytecode is False  # restored
+
+
 # ----------------------------------------------------------------------------- 64-bit codes, c and outputs
 
 DMMA = REPO / "hwconfigs" / "a100-dmma.yaml"

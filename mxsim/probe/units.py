@@ -122,7 +122,12 @@ def load_callable(spec: str):
                 raise ArgumentError(f"--unit: no such file {shown(module_name)}")
             loader = importlib.util.spec_from_file_location(f"_mxsim_probe_unit_{path.stem}", path)
             module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
+            writes_bytecode = sys.dont_write_bytecode
+            sys.dont_write_bytecode = True  # no __pycache__ left beside the user's file
+            try:
+                loader.loader.exec_module(module)
+            finally:
+                sys.dont_write_bytecode = writes_bytecode
         else:
             module = importlib.import_module(module_name)
     except ArgumentError:
