@@ -35,20 +35,13 @@ RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
-def _conditions(results: dict) -> str:
+def _recorded(name: str, results: dict) -> str:
+    """Where the recorded run's conditions are: the machine here, its commit, date and load
+    in the results file (docs show the current figure, not a run log)."""
     c = results["conditions"]
     return (
-        f"Recorded at commit {c['commit']}, load average {c['load_average']} "
-        f"({c['cores']} cores, {c['machine']}, numpy {c['numpy']})."
-    )
-
-
-def _recorded(c: dict) -> str:
-    """The conditions of a hand-recorded run: commit if known, load, machine (its date stays
-    in the results file: docs show the current figure, not a run log)."""
-    commit = f" at commit {c['commit']}" if c.get("commit") else ""
-    return (
-        f"Recorded{commit}, load average {c['load_average']} ({c['cores']} cores, {c['machine']})."
+        f"Measured on {c['cores']} cores, {c['machine']}; the run's commit, date and load: "
+        f"`benchmarks/results/{name}.json`."
     )
 
 
@@ -71,7 +64,7 @@ def table(name: str) -> str:
                     f"the columns {width}"
                 )
         head = (
-            f"`{results['command']}`. {note}{_recorded(results['conditions'])}\n\n"
+            f"`{results['command']}`. {note}{_recorded(name, results)}\n\n"
             f"| {' | '.join(results['columns'])} |\n|{'---|' * width}"
         )
         rows = [f"| {' | '.join(str(cell) for cell in row)} |" for row in results["rows"]]
@@ -79,7 +72,7 @@ def table(name: str) -> str:
         rows = [f"| {case} | {ratio:.3f}x |" for case, ratio in results["ratios"].items()]
         head = (
             f"{results['size']}³ GEMMs, speed as a multiple of the same run's numpy float64 matmul "
-            f"(best of 3 each). {_conditions(results)}\n\n| config, element format | vs DGEMM |\n|---|---|"
+            f"(best of 3 each). {_recorded(name, results)}\n\n| config, element format | vs DGEMM |\n|---|---|"
         )
     else:
         rows = [
@@ -89,7 +82,7 @@ def table(name: str) -> str:
         ]
         head = (
             f"{results['size']}³ GEMMs, best of N by {results['clock']} clock, every output bit exact. "
-            f"{_conditions(results)}\n\n| config | elements | route | G MAC/s | time | vs DGEMM |\n"
+            f"{_recorded(name, results)}\n\n| config | elements | route | G MAC/s | time | vs DGEMM |\n"
             "|---|---|---|---|---|---|"
         )
     return head + "\n" + "\n".join(rows) + "\n"

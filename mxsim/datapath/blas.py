@@ -900,17 +900,15 @@ def blas_matmul(
                             )
                             continue
                         steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
-                        plain = None
+                        plain = least = None
                         if grid is not None:
                             zeros = b_zeros[:, g0:g1, k0 - c0 : k1 - c0]
+                            least = _least_scale_sums(a_steps, steps, a_zeros, zeros)
                         if floor is not None:
-                            plain = _above_floor(a_steps, steps, floor, a_zeros, zeros)
+                            plain = _above_floor(least, floor)
                         if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
-                        elif (
-                            fused is not None
-                            and _above_floor(a_steps, steps, any_floor, a_zeros, zeros).all()
-                        ):
+                        elif fused is not None and _above_floor(least, any_floor).all():
                             _grid_trees_tile(
                                 a, b_tile, a_steps, steps, fused, acc, grid, choices, span
                             )
@@ -1130,18 +1128,25 @@ def zero_block_mask(values, blocks: int) -> np.ndarray:
     return ~values.reshape(values.shape[:2] + (blocks, -1)).any(axis=-1).transpose(2, 0, 1)
 
 
-def _above_floor(row_steps, column_steps, floor: int, zero_rows, zero_columns) -> np.ndarray:
-    """Per scale block, whether its least scale exponent sum over the tile's rows and
-    columns (steps (blocks, g, r) and (blocks, g, n)), and every earlier block's, is at least
-    ``floor`` (``grid_nearest_even_floor`` or ``grid_floor``; an earlier block below it may
-    have left a -0). Rows (columns) whose block holds only zeros (``zero_rows`` (blocks, g, r), ``zero_columns``
-    (blocks, g, n): ``zero_block_mask`` of the tile's operands) are left out: they add S = 0
-    to every output of theirs, which the grid's rules and RNE_fp32(acc + S) keep alike at any
-    X for an accumulator other than -0."""
+def _least_scale_sums(row_steps, column_steps, zero_rows, zero_columns) -> np.ndarray:
+    """Per scale block, 2^(its least scale exponent sum) over the tile's rows and columns
+    (steps (blocks, g, r) and (blocks, g, n)). Rows (columns) whose block holds only zeros
+    (``zero_rows`` (blocks, g, r), ``zero_columns`` (blocks, g, n): ``zero_block_mask`` of the
+    tile's operands) are left out (+inf where all are): they add S = 0 to every output of
+    theirs, which the grid's rules and RNE_fp32(acc + S) keep alike at any X for an
+    accumulator other than -0."""
     blocks = row_steps.shape[0]
     least = np.ones(blocks)
     for steps, zero in ((row_steps, zero_rows), (column_steps, zero_columns)):
         least *= np.where(zero, np.inf, steps).reshape(blocks, -1).min(axis=1, initial=np.inf)
+    return least
+
+
+def _above_floor(least, floor: int) -> np.ndarray:
+    """Per scale block, whether its least scale exponent sum (``least``:
+    :func:`_least_scale_sums`), and every earlier block's, is at least ``floor``
+    (``grid_nearest_even_floor`` or ``grid_floor``; an earlier block below it may have left a
+    -0)."""
     return np.logical_and.accumulate(least >= 2.0**floor)
 
 

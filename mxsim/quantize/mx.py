@@ -456,24 +456,34 @@ def fake_quantize(
     out = _from_blocks(blocked, values.shape, axis, padding)
     zero_sign = dict(opts.zero_signs).get(element_format.name, "code")
     if zero_sign != "code":
-        negative_zero = np.signbit(values)
-        if zero_sign == "positive":
-            negative_zero = np.zeros_like(negative_zero)
-        elif zero_sign == "input_if_underflow":
-            # |x| * 2^-X <= 2^-150, with X the block's exponent (a NaN scale leaves no zero).
-            limit = np.ldexp(1.0, np.minimum(exponents, K.E8M0_MAX_EXPONENT + 1) - 150)
-            limit = _from_blocks(np.repeat(limit, block_size, axis=-1), values.shape, axis, padding)
-            negative_zero &= np.abs(values) <= limit
-        elif zero_sign == "input_unless_underflow":
-            # |x| * 2^(p-X) > 2^-150, with 2^(X-p) the block's element step.
-            step = np.minimum(exponents, K.E8M0_MAX_EXPONENT + 1) - element_format.top_fraction_bits
-            limit = np.ldexp(1.0, step - 150)
-            limit = _from_blocks(np.repeat(limit, block_size, axis=-1), values.shape, axis, padding)
-            negative_zero &= np.abs(values) > limit
-        out = np.where(out == 0, np.where(negative_zero, -0.0, 0.0), out)
+        element_exponents = None
+        if zero_sign in UNDERFLOW_ZERO_SIGNS:  # (a NaN scale leaves no zero)
+            blocked_exponents = np.minimum(exponents, K.E8M0_MAX_EXPONENT + 1)
+            element_exponents = _from_blocks(
+                np.repeat(blocked_exponents, block_size, axis=-1), values.shape, axis, padding
+            )
+        out = sign_zeros(out, values, element_exponents, zero_sign, element_format)
     if opts.nonfinite == "propagate":
         out = np.where(np.isfinite(values), out, values.astype(np.float64))
     return out
+
+
+#: Zero-sign rules that read each element's block scale exponent.
+UNDERFLOW_ZERO_SIGNS = ("input_if_underflow", "input_unless_underflow")
+
+
+def sign_zeros(out, values, exponents, rule: str, element_format: FormatInfo) -> np.ndarray:
+    """``out`` (``values`` quantized, dequantized) with its zeros signed by the zero-sign
+    ``rule`` (:class:`QuantOptions` ``zero_signs``, other than ``code``); ``exponents``: each
+    element's block scale exponent X in ``values``' shape (read by
+    :data:`UNDERFLOW_ZERO_SIGNS` only)."""
+    negative = np.signbit(values) & (rule != "positive")
+    if rule == "input_if_underflow":  # |x| * 2^-X <= 2^-150
+        negative &= np.abs(values) <= np.ldexp(1.0, exponents - 150)
+    elif rule == "input_unless_underflow":  # |x| / step > 2^-150, step 2^(X-p) the element's
+        step = exponents - element_format.top_fraction_bits
+        negative &= np.abs(values) > np.ldexp(1.0, step - 150)
+    return np.where(out == 0, np.where(negative, -0.0, 0.0), out)
 
 
 def _prepare(x, fmt, profile, options):

@@ -40,6 +40,7 @@ from ..quantize import (
     quantize_nvfp4_at_scales,
 )
 from ..quantize.nvfp4 import NVFP4_PROFILES
+from ..quantize.mx import UNDERFLOW_ZERO_SIGNS, sign_zeros
 from ..quantize.options import resolve_options
 
 SPEC_KINDS = ("mx", "bfp", "qdq", "nvfp4")
@@ -202,16 +203,11 @@ class MXQuant(_BlockSpec):
         if rule == "code":
             return out
         values = np.asarray(x, dtype=np.float64)
-        negative = np.signbit(values) & (rule != "positive")
-        if rule in ("input_if_underflow", "input_unless_underflow"):
+        exponents = None
+        if rule in UNDERFLOW_ZERO_SIGNS:
             exponents = np.repeat(self.scales.astype(np.int64) - 127, self.block_size, axis=-1)
             exponents = np.moveaxis(exponents[..., : values.shape[self.axis]], -1, self.axis)
-            if rule == "input_if_underflow":  # |x| * 2^-X <= 2^-150, X the block's exponent
-                negative &= np.abs(values) <= np.ldexp(1.0, exponents - 150)
-            else:  # |x| / step > 2^-150, step 2^(X-p) the block's element step
-                step = exponents - get_format(self.format).top_fraction_bits
-                negative &= np.abs(values) > np.ldexp(1.0, step - 150)
-        return np.where(out == 0, np.where(negative, -0.0, 0.0), out)
+        return sign_zeros(out, values, exponents, rule, get_format(self.format))
 
     def to_manifest(self, operand: str | None = None) -> dict:
         """The manifest mapping; a spec with ``scales`` names its NPZ array, which needs the operand."""
