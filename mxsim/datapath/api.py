@@ -20,6 +20,7 @@ from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_group
 from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
+from .batch import small_groups_apply, small_groups_matmul
 from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
 from .config import HardwareConfig, check_wide_products, load_hwconfig
 from .groups import groups_apply, groups_matmul
@@ -930,6 +931,16 @@ def _gemm_routes(
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
+    if (
+        method == "auto"
+        and progress is None
+        and small_groups_apply(params, rows, codes_b.shape[1])
+    ):  # attention heads: the whole batch in a few calls
+        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+        g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
+        if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
+            _recompute(g, m, n, *tile, kernel_args, out)
+        return out
     route = (
         blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo)
         if method == "auto"

@@ -1,0 +1,116 @@
+"""The small-groups route: batches of many small GEMMs (attention heads: 14 x 32 x 14 per
+head for MiniLM) through an exact-tree unit of the BLAS route (``datapath.blas``), the
+whole batch in a few calls (``_batch_kernels``).
+
+The BLAS route computes a batch pass by pass and tile by tile, with its checks of the codes
+and scales and its threads around them: for groups of a few hundred outputs those costs
+exceed the arithmetic. This route decodes each operand once (non-finite codes decode to NaN
+or ±Inf), forms each tree's unscaled sums of every group with one batched float64 matmul
+(exact in any order, as the BLAS route's are) and adds them to every output's accumulator
+in one kernel call per tree, with the BLAS route's accumulation steps. A NaN or ±Inf
+element makes its outputs' tree sums non-finite, so no scan of the codes is needed: those
+outputs, and those with NaN scales or a c that is non-finite or -0, are flagged for the
+generic kernel, as are an exact accumulator's sums wider than two float64s.
+
+It takes units whose trees lie inside one scale block (folded trees of several blocks,
+bfp-exact, stay on the BLAS route), and groups of at most :data:`SMALL_GROUP_OUTPUTS`
+outputs: wider groups are GEMMs large enough for the BLAS route's tiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _batch_kernels as B
+from .blas import (
+    ROUNDING_CHOICES,
+    blocks_per_tree,
+    exact_in_float64,
+    grid_trees,
+    slice_width,
+    subnormals_work,
+)
+from .schema import DatapathParams, route_accepts
+
+#: Outputs per group (M x N) up to which a batch takes the small-groups route: MiniLM's
+#: 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
+SMALL_GROUP_OUTPUTS = 1024
+
+
+def small_groups_apply(params: DatapathParams, rows: int, columns: int) -> bool:
+    """Whether a batch of groups of ``rows`` x ``columns`` outputs through this unit takes the
+    small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`), the BLAS route's unit
+    checks (``blas=`` declarations of the schema, tree sums exact in float64), one scale
+    block per tree, and subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
+    return (
+        rows * columns <= SMALL_GROUP_OUTPUTS
+        and route_accepts("blas", params)
+        and exact_in_float64(params)
+        and blocks_per_tree(params) == 1
+        and subnormals_work()
+    )
+
+
+def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
+    """(T, 3) first position, last position and scale block of each tree the BLAS route adds
+    for operands of ``length`` elements (one scale block per tree), in its order: a grid's
+    trees as the kernel cuts them (``blas.grid_trees``), an exact accumulator's block sums,
+    else runs of ``fused_terms``, over the operands padded to whole blocks (a tree may reach
+    past ``length``: the padding is zeros)."""
+    block, width = params.block_size, slice_width(params)
+    scaled = params.scales != "none"
+    padded_to = block if scaled else width  # blas_matmul's ``block`` with one block per tree
+    if params.grid_fraction_bits is not None:
+        spans = grid_trees(params, length, block if params.trees_in_blocks else padded_to)
+    else:
+        padded = -(-length // padded_to) * padded_to
+        spans = [(first, first + width) for first in range(0, padded, width)]
+    trees = [(first, last, first // block if scaled else 0) for first, last in spans]
+    return np.array(trees, dtype=np.int64).reshape(-1, 3)
+
+
+def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
+    """Fill ``out`` (G, M, N uint32 fp32 bits, contiguous) with the BLAS route's outputs of
+    the batch A[g] (M, K) times B[g] given as (N, K): codes (G, rows, K) of any unsigned
+    dtype, scale exponents (G, rows, blocks) (zeros for a unit without scales), ``c_values``
+    (G, M, N) or (1, 1, 1), ``kernel_args`` the generic kernel's, whose first and third are
+    the element tables. Returns the (groups, rows, columns) index arrays of the outputs the
+    generic kernel must compute (module docstring)."""
+    a_values, b_values = kernel_args[0], kernel_args[2]
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    grid = np.zeros(3, dtype=np.int64)
+    choices = np.zeros(3, dtype=np.int64)
+    if params.accumulator_format == "exact":
+        mode = B.EXACT_ACCUMULATOR
+    elif params.grid_fraction_bits is not None:
+        mode = B.GRID
+        grid[:] = (
+            params.grid_fraction_bits,
+            params.grid_max_left_shift,
+            params.grid_max_right_shift,
+        )
+        choices[:] = ROUNDING_CHOICES[params.accumulator_rounding]
+    else:
+        mode = B.ROUND_EACH_TREE
+    trees = exact_trees(params, length)
+    padded = max(length, int(trees[:, 1].max(initial=0)))
+    a = np.empty((groups, rows, padded))
+    b = np.empty((groups, columns, padded))
+    B.decode_padded(a_values, codes_a, a)
+    B.decode_padded(b_values, codes_b, b)
+    b_columns = b.transpose(0, 2, 1)
+    high, low = np.empty(out.size), np.empty(out.size)
+    flags = np.empty(out.shape, dtype=np.uint8)
+    B.start_trees(np.ascontiguousarray(c_values).reshape(-1), high, low, flags.reshape(-1))
+    sums = np.empty(out.shape)
+    steps = np.empty(rows * columns)
+    for first, last, block in trees.tolist():
+        np.matmul(a[..., first:last], b_columns[:, first:last], out=sums)
+        B.add_tree(
+            sums, scales_a, scales_b, block, mode, grid, choices, high, low, flags.reshape(-1), steps
+        )
+    B.finish_trees(high, low, mode, out.reshape(-1))
+    if not flags.any():  # the common case, several times faster to tell than nonzero
+        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
+    return np.nonzero(flags)
