@@ -934,8 +934,9 @@ def _gemm_routes(
     if (
         method == "auto"
         and progress is None
+        and groups > 1
         and small_groups_apply(params, rows, codes_b.shape[1])
-    ):  # attention heads: the whole batch in a few calls
+    ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
         tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
         g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
         if m.size:  # specials, NaN scales, wide exact sums: the generic kernel

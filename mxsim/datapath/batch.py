@@ -13,8 +13,9 @@ outputs, and those with NaN scales or a c that is non-finite or -0, are flagged 
 generic kernel, as are an exact accumulator's sums wider than two float64s.
 
 It takes units whose trees lie inside one scale block (folded trees of several blocks,
-bfp-exact, stay on the BLAS route), and groups of at most :data:`SMALL_GROUP_OUTPUTS`
-outputs: wider groups are GEMMs large enough for the BLAS route's tiles.
+bfp-exact, stay on the BLAS route), and batches of several groups of at most
+:data:`SMALL_GROUP_OUTPUTS` outputs each (``datapath.api`` asks for batches; a single GEMM,
+and wider groups, are the BLAS route's).
 """
 
 from __future__ import annotations
@@ -108,7 +109,17 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     for first, last, block in trees.tolist():
         np.matmul(a[..., first:last], b_columns[:, first:last], out=sums)
         B.add_tree(
-            sums, scales_a, scales_b, block, mode, grid, choices, high, low, flags.reshape(-1), steps
+            sums,
+            scales_a,
+            scales_b,
+            block,
+            mode,
+            grid,
+            choices,
+            high,
+            low,
+            flags.reshape(-1),
+            steps,
         )
     B.finish_trees(high, low, mode, out.reshape(-1))
     if not flags.any():  # the common case, several times faster to tell than nonzero

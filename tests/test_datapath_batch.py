@@ -1,0 +1,315 @@
+"""The small-groups route (``mxsim.datapath.batch``, ``_batch_kernels``): batches of small
+GEMMs through exact-tree units, bit for bit against the generic kernel and the Fraction
+twin, corners included."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mxsim.datapath.api as api
+from conftest import REPO, same_float
+from mxsim import get_format
+from mxsim.datapath import load_hwconfig, matmul_batched
+from mxsim.datapath.batch import SMALL_GROUP_OUTPUTS, exact_trees, small_groups_apply
+from mxsim.datapath.reference import dot_reference
+from mxsim.quantize import quantize_grouped
+
+# (unit, element format): every accumulation of the route (trees rounded to nearest even,
+# an exact accumulator, a fixed-point grid in each rounding mode) and element formats with
+# and without NaN/Inf codes, subnormals and trees cut inside blocks (FP6's 11 + 11 + 10).
+UNITS = [
+    ("ocp-exact", "fp8_e4m3"),
+    ("ocp-exact", "fp4_e2m1"),
+    ("ocp-exact", "int8"),
+    ("mxdotp-paper", "fp8_e4m3"),
+    ("mxdotp-paper", "fp6_e2m3"),
+    ("kulisch", "fp8_e4m3"),
+    ("kulisch", "fp6_e3m2"),
+    ("mxdotp", "fp8_e4m3"),
+    ("mxdotp", "fp6_e3m2"),
+    ("mxdotp-rtz", "fp8_e4m3"),
+    ("mxdotp-rup", "fp4_e2m1"),
+    ("mxdotp-rdn", "fp6_e2m3"),
+    ("mxdotp-rmm", "fp8_e4m3"),
+]
+SCALE_NAN = 0xFF
+
+
+def hw(name: str):
+    return load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+
+
+def corner_codes(fmt_name: str) -> dict[str, np.ndarray]:
+    """The format's codes by kind: zeros (both signs), subnormals, the largest magnitudes,
+    NaN/Inf (empty where the format has none)."""
+    fmt = get_format(fmt_name)
+    codes = np.arange(1 << fmt.field_bits)
+    values = fmt.decode_fields(codes)
+    finite = np.isfinite(values)
+    magnitudes = np.where(finite, np.abs(values), 0.0)
+    smallest_normal = 2.0 ** (1 - fmt.bias)
+    kinds = {
+        "zero": codes[finite & (values == 0)],
+        "subnormal": codes[finite & (magnitudes > 0) & (magnitudes < smallest_normal)],
+        "largest": codes[finite & (magnitudes == magnitudes.max())],
+        "special": codes[~finite],
+    }
+    return {kind: chosen for kind, chosen in kinds.items() if chosen.size}
+
+
+def operands(rng, fmt_name: str, block: int, shape, corners: float):
+    """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch: realistic values (Gaussian and
+    heavy-tailed, each row its own magnitude) quantized along K, then a fraction ``corners``
+    of the codes replaced by corner codes and of the scales by 0xFF (NaN), 0 (2^-127) and
+    254 (2^127)."""
+    groups, m, k, n = shape
+
+    def grouped(rows):
+        x = rng.standard_normal((groups, rows, k)) * np.exp2(rng.integers(-8, 9, (groups, rows, 1)))
+        x[:, ::3] = rng.standard_t(3, size=x[:, ::3].shape)
+        q = quantize_grouped(x.astype(np.float32), fmt_name, block)
+        if corners:
+            kinds = corner_codes(fmt_name)
+            pool = np.concatenate(list(kinds.values()))
+            hit = rng.random(q.codes.shape) < corners
+            q.codes[hit] = rng.choice(pool, size=int(hit.sum()))
+            hit = rng.random(q.scales.shape) < corners / 2
+            q.scales[hit] = rng.choice([SCALE_NAN, 0, 254], size=int(hit.sum()))
+        return q
+
+    a = grouped(m)
+    b = dataclasses.replace(grouped(n), shape=(k, n), axis=0)
+    return a, b
+
+
+def accumulator_inputs(rng, shape, corners: bool):
+    """(G, M, N) float32 c, with -0, ±Inf, NaN, subnormals and zeros among them if ``corners``."""
+    c = (rng.standard_normal(shape) * np.exp2(rng.integers(-10, 10, shape))).astype(np.float32)
+    if corners:
+        hit = rng.random(shape) < 0.1
+        pool = np.array([-0.0, 0.0, np.inf, -np.inf, np.nan, 1e-40, -3e38], dtype=np.float32)
+        c[hit] = rng.choice(pool, size=int(hit.sum()))
+    return c
+
+
+def special_outputs(a, b, c) -> np.ndarray:
+    """(G, M, N) bool: the outputs the route must leave to the generic kernel: a NaN/Inf
+    element in the row of A or column of B, a NaN scale in either, or c non-finite or -0."""
+    fmt_a, fmt_b = a.element_format, b.element_format
+    bad_a = ~np.isfinite(fmt_a.decode_fields(a.codes)).all(axis=-1) | (a.scales == SCALE_NAN).any(
+        axis=-1
+    )
+    bad_b = ~np.isfinite(fmt_b.decode_fields(b.codes)).all(axis=-1) | (b.scales == SCALE_NAN).any(
+        axis=-1
+    )
+    bad = bad_a[:, :, None] | bad_b[:, None, :]
+    if c is not None:
+        bad |= ~np.isfinite(c) | ((c == 0) & np.signbit(c))
+    return bad
+
+
+def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True):
+    """The batch through the small-groups route (checked taken for G > 1), the generic
+    kernel's bits and the outputs the route flagged; asserts the two agree bit for bit."""
+    config = hw(name)
+    rng = np.random.default_rng(seed)
+    block = config.sections[("inputs", "block_size")]
+    a, b = operands(rng, fmt_name, block, shape, corners)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
+    flagged = []
+    taken = []
+    recompute, route = api._recompute, api.small_groups_matmul
+
+    def recording_recompute(g, m, n, *rest):
+        flagged.append(np.stack([g, m, n]))
+        recompute(g, m, n, *rest)
+
+    def recording_route(*arguments):
+        taken.append(True)
+        return route(*arguments)
+
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
+    monkeypatch.setattr(api, "small_groups_matmul", recording_route)
+    got = matmul_batched(config, a, b, c=c)
+    assert taken == [True] * (shape[0] > 1)  # one GEMM keeps the BLAS route
+    marked = np.zeros(got.bits.shape, dtype=bool)
+    for triples in flagged:
+        marked[tuple(triples)] = True
+    monkeypatch.setattr(api, "_recompute", recompute)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    return config, a, b, c, got, marked
+
+
+def check_flags(config, a, b, c, marked):
+    """Every output with a special input is flagged; and, but for an exact accumulator (whose
+    sums wider than two float64s are flagged too), no other: the route computed them (for a
+    batch of several groups: one GEMM takes the BLAS route, which refuses them all)."""
+    if len(a) == 1:
+        return
+    special = special_outputs(a, b, c)
+    assert not (special & ~marked).any()
+    if config.params(a.element_format.name, b.element_format.name).accumulator_format != "exact":
+        np.testing.assert_array_equal(marked, special)
+
+
+def check_twin(config, a, b, c, got, rng, count: int = 4):
+    """A few outputs against the Fraction twin (``datapath.reference``)."""
+    params = config.params(a.element_format.name, b.element_format.name)
+    out_fmt = get_format(params.output_format)
+    groups, m, n = got.bits.shape
+    for _ in range(count):
+        g, i, j = rng.integers(groups), rng.integers(m), rng.integers(n)
+        twin = dot_reference(
+            params,
+            a.codes[g, i].tolist(),
+            b.codes[g, j].tolist(),
+            a.scales[g, i].tolist(),
+            b.scales[g, j].tolist(),
+            0.0 if c is None else float(c[g, i, j]),
+        )
+        value = float(out_fmt.decode(got.bits[g, i : i + 1, j])[0])
+        assert same_float(value, twin), (g, i, j, value, twin)
+
+
+@pytest.mark.parametrize("name, fmt_name", UNITS)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (192, 14, 32, 14),  # MiniLM's q @ k^T heads
+        (12, 14, 14, 32),  # its P @ v heads: K below one block
+        (1, 1, 1, 1),  # G = M = N = K = 1 (one GEMM: the BLAS route)
+        (2, 1, 1, 1),  # M = N = K = 1
+        (3, 1, 70, 5),  # M = 1, K past two blocks
+        (2, 7, 33, 1),  # N = 1, K one past a block
+    ],
+)
+def test_route_equals_the_kernel_and_the_twin_on_realistic_data(monkeypatch, name, fmt_name, shape):
+    config, a, b, c, got, marked = run_route(monkeypatch, name, fmt_name, shape, seed=sum(shape))
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(1))
+
+
+@pytest.mark.parametrize("name, fmt_name", UNITS)
+def test_route_flags_exactly_the_specials_and_computes_the_rest(monkeypatch, name, fmt_name):
+    """Corner codes (zeros of both signs, subnormals, the largest, NaN/Inf), corner scales
+    (NaN, 2^-127: subnormal and underflowing outputs, 2^127: overflow to Inf) and corner c
+    (-0, ±Inf, NaN, subnormal)."""
+    config, a, b, c, got, marked = run_route(
+        monkeypatch, name, fmt_name, (6, 9, 70, 11), seed=5, corners=0.08
+    )
+    check_flags(config, a, b, c, marked)
+    assert marked.any() and not marked.all()
+    check_twin(config, a, b, c, got, np.random.default_rng(2), count=8)
+
+
+@pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3")])
+def test_route_on_zeros_overflow_and_underflow(name, fmt_name):
+    """All-zero operands of both signs give +0 outputs (a +0 c; -0 c is the kernel's);
+    largest elements at scale 2^127 overflow to Inf; subnormal elements at 2^-127 round to
+    fp32 subnormals or zero."""
+    config = hw(name)
+    rng = np.random.default_rng(3)
+    kinds = corner_codes(fmt_name)
+    block = config.sections[("inputs", "block_size")]
+    a, b = operands(rng, fmt_name, block, (4, 5, 40, 6), 0.0)
+    for codes, scale in ((kinds["zero"], 127), (kinds["largest"], 254), (kinds["subnormal"], 0)):
+        for x in (a, b):
+            x.codes[...] = rng.choice(codes, size=x.codes.shape)
+            x.scales[...] = scale
+        got = matmul_batched(config, a, b)
+        want = matmul_batched(config, a, b, method="kernel")
+        np.testing.assert_array_equal(got.bits, want.bits)
+    zeros = kinds["zero"]
+    for x in (a, b):
+        x.codes[...] = rng.choice(zeros, size=x.codes.shape)
+        x.scales[...] = 127
+    got = matmul_batched(config, a, b)
+    np.testing.assert_array_equal(got.bits, 0)  # +0: no output sign from products of zeros
+    assert np.isinf(
+        matmul_batched(
+            config,
+            dataclasses.replace(a, codes=np.full_like(a.codes, kinds["largest"][0])),
+            dataclasses.replace(
+                b,
+                codes=np.full_like(b.codes, kinds["largest"][0]),
+                scales=np.full_like(b.scales, 254),
+            ),
+        ).values
+    ).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    unit=st.sampled_from(UNITS),
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 16), st.integers(1, 80), st.integers(1, 16)),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.03]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_route_equals_the_kernel_on_random_batches(unit, shape, corners, with_c, seed):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        config, a, b, c, got, marked = run_route(
+            monkeypatch, *unit, shape, seed, corners=corners, with_c=with_c
+        )
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(seed), count=2)
+
+
+def test_which_units_and_groups_take_the_route():
+    for name, fmt_name in UNITS:
+        params = hw(name).params(fmt_name, fmt_name)
+        assert small_groups_apply(params, 14, 14)
+        assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS)
+        assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS)  # wide groups: BLAS tiles
+    refused = [
+        ("h100-fp8", "fp8_e4m3"),  # truncating window: the window route
+        ("b200-fp8", "fp8_e4m3"),
+        ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
+        ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits
+    ]
+    for name, fmt_name in refused:
+        assert not small_groups_apply(hw(name).params(fmt_name, fmt_name), 14, 14)
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "bfp-exact"])
+def test_units_outside_the_route_keep_their_bits_in_small_batches(name):
+    """Truncating-window units and folded BFP trees keep their own routes: the batch still
+    equals the generic kernel."""
+    config = hw(name)
+    per_tensor = config.sections[("inputs", "scales")] == "none"
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((16, 14, 32)) * np.exp2(rng.integers(-6, 6, (16, 14, 1)))
+    b = rng.standard_normal((16, 32, 14))
+    c = accumulator_inputs(rng, (16, 14, 14), False)
+    np.testing.assert_array_equal(
+        matmul_batched(config, a, b, c=c, per_tensor_scale=per_tensor).bits,
+        matmul_batched(config, a, b, c=c, per_tensor_scale=per_tensor, method="kernel").bits,
+    )
+
+
+def test_exact_trees_are_the_blas_routes_trees():
+    # fused_terms 32 in blocks of 32: one tree per block, the padding's included
+    ocp = hw("ocp-exact").params("fp8_e4m3", "fp8_e4m3")
+    assert exact_trees(ocp, 14).tolist() == [[0, 32, 0]]
+    assert exact_trees(ocp, 70).tolist() == [[0, 32, 0], [32, 64, 1], [64, 96, 2]]
+    # a grid's trees of 8 stop at K; FP6's 11 + 11 + 10 restart at each block
+    grid8 = hw("mxdotp").params("fp8_e4m3", "fp8_e4m3")
+    assert exact_trees(grid8, 40).tolist() == [
+        [0, 8, 0],
+        [8, 16, 0],
+        [16, 24, 0],
+        [24, 32, 0],
+        [32, 40, 1],
+    ]
+    grid6 = hw("mxdotp").params("fp6_e3m2", "fp6_e3m2")
+    assert grid6.fused_terms == 11
+    assert exact_trees(grid6, 40).tolist() == [[0, 11, 0], [11, 22, 0], [22, 32, 0], [32, 43, 1]]
+    # an exact accumulator: one sum per scale block
+    kulisch = hw("kulisch").params("fp8_e4m3", "fp8_e4m3")
+    assert exact_trees(kulisch, 33).tolist() == [[0, 32, 0], [32, 64, 1]]
