@@ -313,3 +313,23 @@ def test_exact_trees_are_the_blas_routes_trees():
     # an exact accumulator: one sum per scale block
     kulisch = hw("kulisch").params("fp8_e4m3", "fp8_e4m3")
     assert exact_trees(kulisch, 33).tolist() == [[0, 32, 0], [32, 64, 1]]
+
+
+@pytest.mark.parametrize("name", ["ocp-exact", "mxdotp-paper", "mxdotp"])
+def test_route_rounds_c_plus_a_tree_sum_once(name):
+    """c = 1 plus a tree sum S = (2^16 + 2^-18) * 2^-40 = 2^-24 + 2^-58: the exact sum lies
+    just above the midpoint of 1 and 1 + 2^-23, so one rounding gives 1 + 2^-23, while
+    rounding it to float64 first (2^-58 is below its last place at 1) leaves the midpoint,
+    which rounds to even: 1."""
+    config = hw(name)
+    groups, m, k, n = 3, 2, 32, 2
+    x = np.zeros((groups, m, k), dtype=np.float32)
+    x[..., 0], x[..., 1] = 256.0, 2.0**-9  # fp8_e4m3: 2^8 and its least subnormal
+    a = quantize_grouped(x, "fp8_e4m3", 32)
+    b = dataclasses.replace(quantize_grouped(x[:, :n], "fp8_e4m3", 32), shape=(k, n), axis=0)
+    a.scales[...] = 127 - 20  # 2^-20 each: Xa + Xb = -40
+    b.scales[...] = 127 - 20
+    c = np.ones((groups, m, n), dtype=np.float32)
+    got = matmul_batched(config, a, b, c=c)
+    np.testing.assert_array_equal(got.values, np.float32(1.0 + 2.0**-23))
+    np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
