@@ -1,6 +1,6 @@
-"""The small-groups route (``mxsim.datapath.batch``, ``_batch_kernels``): batches of small
-GEMMs through exact-tree units, bit for bit against the generic kernel and the Fraction
-twin, corners included."""
+"""The small-groups routes (``mxsim.datapath.batch``, ``_batch_kernels``): batches of small
+GEMMs through exact-tree units and truncating-window units, bit for bit against the generic
+kernel and the Fraction twin, corners included."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ import mxsim.datapath.api as api
 from conftest import REPO, same_float
 from mxsim import get_format
 from mxsim.datapath import load_hwconfig, matmul_batched
-from mxsim.datapath.batch import SMALL_GROUP_OUTPUTS, exact_trees, small_groups_apply
+from mxsim.datapath.batch import (
+    SMALL_GROUP_OUTPUTS,
+    exact_trees,
+    small_groups_apply,
+    window_groups_apply,
+)
 from mxsim.datapath.reference import dot_reference
 from mxsim.quantize import quantize_grouped
 
@@ -36,6 +41,18 @@ UNITS = [
     ("mxdotp-rup", "fp4_e2m1"),
     ("mxdotp-rdn", "fp6_e2m3"),
     ("mxdotp-rmm", "fp8_e4m3"),
+]
+# Truncating-window units (``window_groups``): per-tensor units (H100/B200 FP8, one FP16),
+# MX block-scaled ones (kind::mxf8f6f4) with FP8/FP6/FP4 elements.
+WINDOW_UNITS = [
+    ("h100-fp8", "fp8_e4m3"),
+    ("b200-fp8", "fp8_e5m2"),
+    ("h100-wgmma-fp8", "fp8_e4m3"),
+    ("b200-tcgen05-fp8", "fp6_e3m2"),
+    ("b200-tcgen05-mxf8f6f4", "fp8_e4m3"),
+    ("b200-tcgen05-mxf8f6f4", "fp6_e2m3"),
+    ("rtx50-mma-mxf8f6f4", "fp4_e2m1"),
+    ("h100", "fp16"),
 ]
 SCALE_NAN = 0xFF
 
@@ -62,11 +79,11 @@ def corner_codes(fmt_name: str) -> dict[str, np.ndarray]:
     return {kind: chosen for kind, chosen in kinds.items() if chosen.size}
 
 
-def operands(rng, fmt_name: str, block: int, shape, corners: float):
+def operands(rng, fmt_name: str, block: int, shape, corners: float, scaled: bool = True):
     """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch: realistic values (Gaussian and
     heavy-tailed, each row its own magnitude) quantized along K, then a fraction ``corners``
-    of the codes replaced by corner codes and of the scales by 0xFF (NaN), 0 (2^-127) and
-    254 (2^127)."""
+    of the codes replaced by corner codes and, for a unit that takes scales (``scaled``), of
+    the scales by 0xFF (NaN), 0 (2^-127) and 254 (2^127); without, every scale 1."""
     groups, m, k, n = shape
 
     def grouped(rows):
@@ -80,6 +97,8 @@ def operands(rng, fmt_name: str, block: int, shape, corners: float):
             q.codes[hit] = rng.choice(pool, size=int(hit.sum()))
             hit = rng.random(q.scales.shape) < corners / 2
             q.scales[hit] = rng.choice([SCALE_NAN, 0, 254], size=int(hit.sum()))
+        if not scaled:
+            q.scales[...] = 127
         return q
 
     a = grouped(m)
@@ -119,24 +138,32 @@ def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True
     config = hw(name)
     rng = np.random.default_rng(seed)
     block = config.sections[("inputs", "block_size")]
-    a, b = operands(rng, fmt_name, block, shape, corners)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    a, b = operands(rng, fmt_name, block, shape, corners, scaled)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
     flagged = []
     taken = []
-    recompute, route = api._recompute, api.small_groups_matmul
+    recompute = api._recompute
+    routes = {name: getattr(api, name) for name in ("small_groups_matmul", "window_groups_matmul")}
 
     def recording_recompute(g, m, n, *rest):
         flagged.append(np.stack([g, m, n]))
         recompute(g, m, n, *rest)
 
-    def recording_route(*arguments):
-        taken.append(True)
-        return route(*arguments)
+    def recording(name):
+        def route(*arguments):
+            taken.append(name)
+            return routes[name](*arguments)
+
+        return route
 
     monkeypatch.setattr(api, "_recompute", recording_recompute)
-    monkeypatch.setattr(api, "small_groups_matmul", recording_route)
+    for route in routes:
+        monkeypatch.setattr(api, route, recording(route))
     got = matmul_batched(config, a, b, c=c)
-    assert taken == [True] * (shape[0] > 1)  # one GEMM keeps the BLAS route
+    params = config.params(fmt_name, fmt_name)
+    expected = "small_groups_matmul" if small_groups_apply(params, 1, 1) else "window_groups_matmul"
+    assert taken == [expected] * (shape[0] > 1)  # one GEMM keeps its own route
     marked = np.zeros(got.bits.shape, dtype=bool)
     for triples in flagged:
         marked[tuple(triples)] = True
@@ -147,14 +174,16 @@ def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True
 
 
 def check_flags(config, a, b, c, marked):
-    """Every output with a special input is flagged; and, but for an exact accumulator (whose
-    sums wider than two float64s are flagged too), no other: the route computed them (for a
-    batch of several groups: one GEMM takes the BLAS route, which refuses them all)."""
+    """Every output with a special input is flagged; and, for the exact-tree units but an exact
+    accumulator (whose sums wider than two float64s are flagged too), no other: the route
+    computed them (the window units' flag values outside the normal ranges too). For a batch
+    of several groups: one GEMM takes the per-GEMM routes."""
     if len(a) == 1:
         return
     special = special_outputs(a, b, c)
     assert not (special & ~marked).any()
-    if config.params(a.element_format.name, b.element_format.name).accumulator_format != "exact":
+    params = config.params(a.element_format.name, b.element_format.name)
+    if small_groups_apply(params, 1, 1) and params.accumulator_format != "exact":
         np.testing.assert_array_equal(marked, special)
 
 
@@ -165,19 +194,20 @@ def check_twin(config, a, b, c, got, rng, count: int = 4):
     groups, m, n = got.bits.shape
     for _ in range(count):
         g, i, j = rng.integers(groups), rng.integers(m), rng.integers(n)
+        scaled = params.scales != "none"
         twin = dot_reference(
             params,
             a.codes[g, i].tolist(),
             b.codes[g, j].tolist(),
-            a.scales[g, i].tolist(),
-            b.scales[g, j].tolist(),
+            a.scales[g, i].tolist() if scaled else None,
+            b.scales[g, j].tolist() if scaled else None,
             0.0 if c is None else float(c[g, i, j]),
         )
         value = float(out_fmt.decode(got.bits[g, i : i + 1, j])[0])
         assert same_float(value, twin), (g, i, j, value, twin)
 
 
-@pytest.mark.parametrize("name, fmt_name", UNITS)
+@pytest.mark.parametrize("name, fmt_name", UNITS + WINDOW_UNITS)
 @pytest.mark.parametrize(
     "shape",
     [
@@ -195,20 +225,25 @@ def test_route_equals_the_kernel_and_the_twin_on_realistic_data(monkeypatch, nam
     check_twin(config, a, b, c, got, np.random.default_rng(1))
 
 
-@pytest.mark.parametrize("name, fmt_name", UNITS)
+@pytest.mark.parametrize("name, fmt_name", UNITS + WINDOW_UNITS)
 def test_route_flags_exactly_the_specials_and_computes_the_rest(monkeypatch, name, fmt_name):
     """Corner codes (zeros of both signs, subnormals, the largest, NaN/Inf), corner scales
     (NaN, 2^-127: subnormal and underflowing outputs, 2^127: overflow to Inf) and corner c
     (-0, ±Inf, NaN, subnormal)."""
+    # (the window units flag values outside the normal ranges too: fewer corners)
+    corners = 0.08 if (name, fmt_name) in UNITS else 0.01
     config, a, b, c, got, marked = run_route(
-        monkeypatch, name, fmt_name, (6, 9, 70, 11), seed=5, corners=0.08
+        monkeypatch, name, fmt_name, (6, 9, 70, 11), seed=5, corners=corners
     )
     check_flags(config, a, b, c, marked)
     assert marked.any() and not marked.all()
     check_twin(config, a, b, c, got, np.random.default_rng(2), count=8)
 
 
-@pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3")])
+@pytest.mark.parametrize(
+    "name, fmt_name",
+    [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3"), ("b200-tcgen05-mxf8f6f4", "fp8_e4m3")],
+)
 def test_route_on_zeros_overflow_and_underflow(name, fmt_name):
     """All-zero operands of both signs give +0 outputs (a +0 c; -0 c is the kernel's);
     largest elements at scale 2^127 overflow to Inf; subnormal elements at 2^-127 round to
@@ -246,7 +281,7 @@ def test_route_on_zeros_overflow_and_underflow(name, fmt_name):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    unit=st.sampled_from(UNITS),
+    unit=st.sampled_from(UNITS + WINDOW_UNITS),
     shape=st.tuples(st.integers(1, 5), st.integers(1, 16), st.integers(1, 80), st.integers(1, 16)),
     corners=st.sampled_from([0.0, 0.0, 0.0, 0.03]),
     with_c=st.booleans(),
@@ -267,20 +302,25 @@ def test_which_units_and_groups_take_the_route():
         assert small_groups_apply(params, 14, 14)
         assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS)
         assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS)  # wide groups: BLAS tiles
+        assert not window_groups_apply(params, 14, 14)
+    for name, fmt_name in WINDOW_UNITS:
+        params = hw(name).params(fmt_name, fmt_name)
+        assert window_groups_apply(params, 14, 14) and not small_groups_apply(params, 14, 14)
+        assert not window_groups_apply(params, 2, SMALL_GROUP_OUTPUTS)
     refused = [
-        ("h100-fp8", "fp8_e4m3"),  # truncating window: the window route
-        ("b200-fp8", "fp8_e4m3"),
         ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
         ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits
+        ("mi300", "fp8_e4m3fnuz"),  # neither route's
     ]
     for name, fmt_name in refused:
-        assert not small_groups_apply(hw(name).params(fmt_name, fmt_name), 14, 14)
+        params = hw(name).params(fmt_name, fmt_name)
+        assert not small_groups_apply(params, 14, 14) and not window_groups_apply(params, 14, 14)
 
 
-@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "bfp-exact"])
-def test_units_outside_the_route_keep_their_bits_in_small_batches(name):
-    """Truncating-window units and folded BFP trees keep their own routes: the batch still
-    equals the generic kernel."""
+@pytest.mark.parametrize("name", ["bfp-exact", "mi300"])
+def test_units_outside_the_routes_keep_their_bits_in_small_batches(name):
+    """Folded BFP trees (the BLAS route) and a unit of neither route (the generic kernel):
+    the batch still equals the generic kernel."""
     config = hw(name)
     per_tensor = config.sections[("inputs", "scales")] == "none"
     rng = np.random.default_rng(7)

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from ..quantize._kernels import SCALE_NAN
+from . import _window_kernels as W
 from .blas import _grid_sum, odd_sum, round_fp32, round_to_odd, two_sum
 
 #: ``add_tree`` accumulation modes.
@@ -126,3 +127,115 @@ def finish_trees(high, low, mode, out):
             total, error = two_sum(high[at], low[at])
             value = round_to_odd(total, error)
         out[at] = np.float32(value).view(np.uint32)
+
+
+@njit(cache=True, nogil=True)
+def window_groups(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_values,
+    a_exponents,
+    b_values,
+    b_exponents,
+    bad_rows,
+    bad_columns,
+    cfg,
+    out,
+    flags_out,
+    start,
+    stop,
+):
+    """Groups ``start`` to ``stop`` of a batch through a truncating-window unit
+    (``datapath.window``), each group's M * N outputs the lanes of one pass: the output codes
+    into ``out`` (G, M * N), 1 into ``flags_out`` (G, M * N) where the generic kernel must
+    recompute. ``codes_a`` (G, M, K), ``codes_b`` (G, N, K), their scales (G, rows, blocks),
+    ``c_values`` (G, M * N) or (1, 1), the per-code tables and ``cfg`` as
+    ``_window_kernels.window_items`` takes them, ``bad_rows`` (G, M) and ``bad_columns``
+    (G, N) from ``_window_kernels.unusable_rows_and_columns``.
+
+    Lane i * N + j pairs row i of A[g] with row j of B[g] (given as (N, K)): the group's
+    elements are decoded once and repeated into (K, M * N) tiles, then every stage of
+    ``_window_kernels`` (tree references, truncated int32 terms in groups of ``group``, tree
+    finish, output encoding) runs over the group's lanes at once, as for a row-wise dot."""
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    lanes = rows * columns
+    fused_terms, group, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_GROUP], cfg[W.W_BLOCK_SIZE]
+    scaled = cfg[W.W_SCALED] != 0
+    one_c = c_values.shape[0] == 1
+    # Scratch once per call, not per group.
+    row_values = np.empty((rows, length), dtype=np.float32)
+    row_exponents = np.empty((rows, length), dtype=np.int8)
+    column_values = np.empty((length, columns), dtype=np.float32)
+    column_exponents = np.empty((length, columns), dtype=np.int8)
+    values_a = np.empty((length, lanes), dtype=np.float32)
+    values_b = np.empty((length, lanes), dtype=np.float32)
+    exponents_a = np.empty((length, lanes), dtype=np.int8)
+    exponents_b = np.empty((length, lanes), dtype=np.int8)
+    lane_flags = np.empty(lanes, dtype=np.uint8)
+    acc = np.empty(lanes)
+    maxima = np.empty(lanes, dtype=np.int8)
+    shifts = np.zeros(lanes, dtype=np.int32)
+    references = np.empty(lanes, dtype=np.int64)
+    factors = np.empty(lanes, dtype=np.float32)
+    partial = np.empty(lanes, dtype=np.int32)
+    totals = np.empty(lanes)
+    for g in range(start, stop):
+        for i in range(rows):
+            row = codes_a[g, i]
+            for k in range(length):
+                row_values[i, k] = a_values[row[k]]
+                row_exponents[i, k] = a_exponents[row[k]]
+        for j in range(columns):
+            row = codes_b[g, j]
+            for k in range(length):
+                column_values[k, j] = b_values[row[k]]
+                column_exponents[k, j] = b_exponents[row[k]]
+        for k in range(length):
+            tile_values_a, tile_values_b = values_a[k], values_b[k]
+            tile_exponents_a, tile_exponents_b = exponents_a[k], exponents_b[k]
+            source_values, source_exponents = column_values[k], column_exponents[k]
+            for i in range(rows):
+                value, exponent = row_values[i, k], row_exponents[i, k]
+                first = i * columns
+                for j in range(columns):
+                    tile_values_a[first + j] = value
+                    tile_exponents_a[first + j] = exponent
+                    tile_values_b[first + j] = source_values[j]
+                    tile_exponents_b[first + j] = source_exponents[j]
+        for i in range(rows):
+            for j in range(columns):
+                lane_flags[i * columns + j] = bad_rows[g, i] | bad_columns[g, j]
+        W.start_accumulators(c_values[0 if one_c else g], 0, acc, lane_flags, cfg)
+        for tree_start in range(0, length, fused_terms):
+            tree_stop = min(tree_start + fused_terms, length)
+            maxima[:] = -128
+            for k in range(tree_start, tree_stop):
+                ea, eb = exponents_a[k], exponents_b[k]
+                for lane in range(lanes):
+                    maxima[lane] = max(maxima[lane], np.int8(ea[lane] + eb[lane]))
+            if scaled:
+                block = tree_start // block_size
+                for i in range(rows):
+                    x = scales_a[g, i, block]
+                    x = 0 if x == SCALE_NAN else x
+                    for j in range(columns):
+                        y = scales_b[g, j, block]
+                        shifts[i * columns + j] = x + (0 if y == SCALE_NAN else y)
+            W.tree_references(maxima, shifts, acc, references, factors, cfg)
+            totals[:] = 0.0
+            for group_start in range(tree_start, tree_stop, group):
+                partial[:] = 0
+                for k in range(group_start, min(group_start + group, tree_stop)):
+                    va, vb = values_a[k], values_b[k]
+                    for lane in range(lanes):
+                        partial[lane] += np.int32(va[lane] * vb[lane] * factors[lane])
+                for lane in range(lanes):
+                    totals[lane] += partial[lane]
+            W.finish_tree(totals, references, acc, lane_flags, cfg)
+        W.encode_outputs(acc, lane_flags, out[g], cfg)
+        for lane in range(lanes):  # a loop: a slice assignment compiles shape-error formatting
+            flags_out[g, lane] = lane_flags[lane]

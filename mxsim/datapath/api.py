@@ -20,7 +20,12 @@ from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_group
 from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
-from .batch import small_groups_apply, small_groups_matmul
+from .batch import (
+    small_groups_apply,
+    small_groups_matmul,
+    window_groups_apply,
+    window_groups_matmul,
+)
 from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
 from .config import HardwareConfig, check_wide_products, load_hwconfig
 from .groups import groups_apply, groups_matmul
@@ -940,6 +945,17 @@ def _gemm_routes(
         tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
         g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
         if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
+            _recompute(g, m, n, *tile, kernel_args, out)
+        return out
+    if (
+        method == "auto"
+        and progress is None
+        and groups > 1
+        and window_groups_apply(params, rows, codes_b.shape[1])
+    ):
+        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+        g, m, n = window_groups_matmul(params, *tile, out)
+        if m.size:  # specials and out-of-range values: the generic kernel
             _recompute(g, m, n, *tile, kernel_args, out)
         return out
     route = (

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._threads import run_in_threads
 from . import _batch_kernels as B
+from . import _window_kernels as W
 from .blas import (
     ROUNDING_CHOICES,
     blocks_per_tree,
@@ -32,6 +34,7 @@ from .blas import (
     subnormals_work,
 )
 from .schema import DatapathParams, route_accepts
+from .window import _window_config, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the small-groups route: MiniLM's
 #: 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
@@ -123,5 +126,47 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
         )
     B.finish_trees(high, low, mode, out.reshape(-1))
     if not flags.any():  # the common case, several times faster to tell than nonzero
+        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
+    return np.nonzero(flags)
+
+
+def window_groups_apply(params: DatapathParams, rows: int, columns: int) -> bool:
+    """Whether a batch of groups of ``rows`` x ``columns`` outputs through this unit takes the
+    window route's small-groups kernel: small groups (:data:`SMALL_GROUP_OUTPUTS`) through a
+    unit that takes the window route (``window.window_applies``)."""
+    return rows * columns <= SMALL_GROUP_OUTPUTS and window_applies(params)
+
+
+def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
+    """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
+    A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
+    (G, M, N) or (1, 1, 1)), each group's outputs the lanes of one pass
+    (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
+    the outputs the generic kernel must compute, as ``window.window_matmul`` does."""
+    cfg, a, b = _window_config(params)
+    groups, rows, _ = codes_a.shape
+    columns = codes_b.shape[1]
+    flags = np.empty(out.shape, dtype=np.uint8)
+    bad_rows, bad_columns = W.unusable_rows_and_columns(
+        codes_a, codes_b, scales_a, scales_b, a.finite, b.finite, cfg[W.W_SCALED] != 0
+    )
+    arguments = (
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        np.ascontiguousarray(c_values).reshape(c_values.shape[0], -1),
+        a.values,
+        a.exponents,
+        b.values,
+        b.exponents,
+        bad_rows,
+        bad_columns,
+        cfg,
+        out.reshape(groups, rows * columns),
+        flags.reshape(groups, rows * columns),
+    )
+    run_in_threads(lambda start, stop: B.window_groups(*arguments, start, stop), groups)
+    if not flags.any():
         return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
     return np.nonzero(flags)
