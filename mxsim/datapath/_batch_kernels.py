@@ -1,12 +1,14 @@
-"""Numba kernels of the small-groups route (``datapath.batch``): many small GEMMs
-(attention heads) through an exact-tree unit of the BLAS route, the whole batch at once.
+"""Numba kernels of the small-groups routes (``datapath.batch``): many small GEMMs
+(attention heads) in a few calls per batch instead of passes, tiles and checks per group.
 
-The route decodes the batch's operands (:func:`decode_padded`), forms each tree's sums of
-every group with one batched float64 matmul, and adds them to every output's accumulator
-(:func:`start_trees`, :func:`add_tree` per tree, :func:`finish_trees`): exactly what
-``datapath.blas`` computes per GEMM (its module docstring says why the float64 sums are
-exact in any order), with a few kernel calls per batch instead of passes, tiles and checks
-per group.
+Exact-tree units of the BLAS route: the route decodes the batch's operands
+(``blas.decode_codes``), forms each tree's sums of every group with one batched float64
+matmul, and adds them to every output's accumulator (:func:`start_trees`, :func:`add_tree`
+per tree, :func:`finish_trees`): exactly what ``datapath.blas`` computes per GEMM (its module
+docstring says why the float64 sums are exact in any order).
+
+Truncating-window units (:func:`window_groups`): each group's outputs are the SIMD lanes of
+one pass of the window kernels' stages (``_window_kernels.lane_trees``).
 """
 
 from __future__ import annotations
@@ -24,20 +26,6 @@ from .blas import _grid_sum, odd_sum, round_fp32, round_to_odd, two_sum
 ROUND_EACH_TREE = 0  # RNE_fp32(acc + S) per tree
 GRID = 1  # the fixed-point grid's rules per tree
 EXACT_ACCUMULATOR = 2  # every tree's S added exactly (two float64s), one final RNE_fp32
-
-
-@njit(cache=True, nogil=True)
-def decode_padded(table, codes, out):
-    """out[g, i, k] = table[codes[g, i, k]] for the (G, rows, K) codes (any unsigned dtype),
-    zeros in the rest of out's last axis (its padding to whole trees)."""
-    groups, rows, length = codes.shape
-    for g in range(groups):
-        for i in range(rows):
-            values, row = out[g, i], codes[g, i]
-            for k in range(length):
-                values[k] = table[row[k]]
-            for k in range(length, values.shape[0]):
-                values[k] = 0.0
 
 
 @njit(cache=True, nogil=True)
@@ -157,13 +145,13 @@ def window_groups(
     (G, N) from ``_window_kernels.unusable_rows_and_columns``.
 
     Lane i * N + j pairs row i of A[g] with row j of B[g] (given as (N, K)): the group's
-    elements are decoded once and repeated into (K, M * N) tiles, then every stage of
-    ``_window_kernels`` (tree references, truncated int32 terms in groups of ``group``, tree
-    finish, output encoding) runs over the group's lanes at once, as for a row-wise dot."""
+    elements are decoded once and repeated into (K, M * N) tiles, then the window stages run
+    over the group's lanes at once as for row-wise dot products
+    (``_window_kernels.lane_trees``)."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     lanes = rows * columns
-    fused_terms, group, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_GROUP], cfg[W.W_BLOCK_SIZE]
+    fused_terms, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_BLOCK_SIZE]
     scaled = cfg[W.W_SCALED] != 0
     one_c = c_values.shape[0] == 1
     # Scratch once per call, not per group.
@@ -175,14 +163,10 @@ def window_groups(
     values_b = np.empty((length, lanes), dtype=np.float32)
     exponents_a = np.empty((length, lanes), dtype=np.int8)
     exponents_b = np.empty((length, lanes), dtype=np.int8)
+    shifts = np.zeros(((length + fused_terms - 1) // fused_terms, lanes), dtype=np.int32)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     acc = np.empty(lanes)
-    maxima = np.empty(lanes, dtype=np.int8)
-    shifts = np.zeros(lanes, dtype=np.int32)
-    references = np.empty(lanes, dtype=np.int64)
-    factors = np.empty(lanes, dtype=np.float32)
-    partial = np.empty(lanes, dtype=np.int32)
-    totals = np.empty(lanes)
+    scratch = W._lane_scratch(lanes)
     for g in range(start, stop):
         for i in range(rows):
             row = codes_a[g, i]
@@ -209,33 +193,19 @@ def window_groups(
         for i in range(rows):
             for j in range(columns):
                 lane_flags[i * columns + j] = bad_rows[g, i] | bad_columns[g, j]
-        W.start_accumulators(c_values[0 if one_c else g], 0, acc, lane_flags, cfg)
-        for tree_start in range(0, length, fused_terms):
-            tree_stop = min(tree_start + fused_terms, length)
-            maxima[:] = -128
-            for k in range(tree_start, tree_stop):
-                ea, eb = exponents_a[k], exponents_b[k]
-                for lane in range(lanes):
-                    maxima[lane] = max(maxima[lane], np.int8(ea[lane] + eb[lane]))
-            if scaled:
-                block = tree_start // block_size
+        if scaled:
+            for tree in range(shifts.shape[0]):
+                block = tree * fused_terms // block_size
                 for i in range(rows):
                     x = scales_a[g, i, block]
                     x = 0 if x == SCALE_NAN else x
                     for j in range(columns):
                         y = scales_b[g, j, block]
-                        shifts[i * columns + j] = x + (0 if y == SCALE_NAN else y)
-            W.tree_references(maxima, shifts, acc, references, factors, cfg)
-            totals[:] = 0.0
-            for group_start in range(tree_start, tree_stop, group):
-                partial[:] = 0
-                for k in range(group_start, min(group_start + group, tree_stop)):
-                    va, vb = values_a[k], values_b[k]
-                    for lane in range(lanes):
-                        partial[lane] += np.int32(va[lane] * vb[lane] * factors[lane])
-                for lane in range(lanes):
-                    totals[lane] += partial[lane]
-            W.finish_tree(totals, references, acc, lane_flags, cfg)
+                        shifts[tree, i * columns + j] = x + (0 if y == SCALE_NAN else y)
+        W.start_accumulators(c_values[0 if one_c else g], 0, acc, lane_flags, cfg)
+        W.lane_trees(
+            values_a, exponents_a, values_b, exponents_b, shifts, acc, lane_flags, scratch, cfg
+        )
         W.encode_outputs(acc, lane_flags, out[g], cfg)
         for lane in range(lanes):  # a loop: a slice assignment compiles shape-error formatting
             flags_out[g, lane] = lane_flags[lane]

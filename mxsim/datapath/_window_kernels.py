@@ -402,6 +402,37 @@ def _lane_scratch(lanes):
     )
 
 
+@njit(cache=True, inline="always")
+def lane_trees(values_a, exponents_a, values_b, exponents_b, shifts, acc, flags, scratch, cfg):
+    """Every tree of row-wise dot products whose operands are decoded into (K, lanes) tiles
+    (values float32, exponents int8; lane l's A and B elements in column l): per tree the
+    exponent-sum maxima, :func:`tree_references`, the truncated terms summed in int32 groups
+    of ``group`` and :func:`finish_tree` into ``acc`` and ``flags``. ``shifts`` (trees,
+    lanes) int32: each tree's Xa + Xb per lane (zeros without scales); ``scratch``:
+    :func:`_lane_scratch` of the lanes."""
+    length, lanes = values_a.shape
+    fused_terms, group = cfg[W_FUSED_TERMS], cfg[W_GROUP]
+    maxima, _, references, factors, partial, totals = scratch
+    for start in range(0, length, fused_terms):
+        stop = min(start + fused_terms, length)
+        maxima[:] = -128
+        for k in range(start, stop):
+            for lane in range(lanes):
+                maxima[lane] = max(
+                    maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane])
+                )
+        tree_references(maxima, shifts[start // fused_terms], acc, references, factors, cfg)
+        totals[:] = 0
+        for group_start in range(start, stop, group):
+            partial[:] = 0
+            for k in range(group_start, min(group_start + group, stop)):
+                for lane in range(lanes):
+                    partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
+            for lane in range(lanes):
+                totals[lane] += partial[lane]
+        finish_tree(totals, references, acc, flags, cfg)
+
+
 @njit(cache=True, **NO_REFCOUNTS)
 def _pair_maxima(codes0, codes1, exponents, tile_exponents, start, stop, maxima0, maxima1):
     """maxima0[lane] = max over k in [start, stop) of exponents[codes0[k]] + tile_exponents[k, lane]
@@ -680,7 +711,7 @@ def _row_tile(
     """One work item of :func:`pair_items`: rows ``row0`` onwards, ``LANES`` of them (fewer
     at the end)."""
     n_rows, length = codes_a.shape
-    fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
+    fused_terms, block_size = cfg[W_FUSED_TERMS], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
     lanes = min(LANES, n_rows - row0)
     values_a, exponents_a = _decode_tile(codes_a, row0, lanes, a_values, a_exponents)
@@ -693,32 +724,26 @@ def _row_tile(
         )
     acc = np.empty(lanes)
     start_accumulators(c_values, row0, acc, lane_flags, cfg)
-    maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
-    for start in range(0, length, fused_terms):
-        stop = min(start + fused_terms, length)
-        block = start // block_size
-        maxima[:] = -128
-        for k in range(start, stop):
-            for lane in range(lanes):
-                maxima[lane] = max(
-                    maxima[lane], np.int8(exponents_a[k, lane] + exponents_b[k, lane])
-                )
-        if scaled:
+    shifts = np.zeros(((length + fused_terms - 1) // fused_terms, lanes), dtype=np.int32)
+    if scaled:
+        for tree in range(shifts.shape[0]):
+            block = tree * fused_terms // block_size
             for lane in range(lanes):
                 scale_a, scale_b = scales_a[row0 + lane, block], scales_b[row0 + lane, block]
-                shifts[lane] = (0 if scale_a == SCALE_NAN else scale_a) + (
+                shifts[tree, lane] = (0 if scale_a == SCALE_NAN else scale_a) + (
                     0 if scale_b == SCALE_NAN else scale_b
                 )
-        tree_references(maxima, shifts, acc, references, factors, cfg)
-        totals[:] = 0
-        for group_start in range(start, stop, group):
-            partial[:] = 0
-            for k in range(group_start, min(group_start + group, stop)):
-                for lane in range(lanes):
-                    partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
-            for lane in range(lanes):
-                totals[lane] += partial[lane]
-        finish_tree(totals, references, acc, lane_flags, cfg)
+    lane_trees(
+        values_a,
+        exponents_a,
+        values_b,
+        exponents_b,
+        shifts,
+        acc,
+        lane_flags,
+        _lane_scratch(lanes),
+        cfg,
+    )
     encode_outputs(acc, lane_flags, out[row0 : row0 + lanes], cfg)
     for lane in range(lanes):
         flags[row0 + lane] = lane_flags[lane]

@@ -28,6 +28,7 @@ from . import _window_kernels as W
 from .blas import (
     ROUNDING_CHOICES,
     blocks_per_tree,
+    decode_codes,
     exact_in_float64,
     grid_trees,
     slice_width,
@@ -101,8 +102,8 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     padded = max(length, int(trees[:, 1].max(initial=0)))
     a = np.empty((groups, rows, padded))
     b = np.empty((groups, columns, padded))
-    B.decode_padded(a_values, codes_a, a)
-    B.decode_padded(b_values, codes_b, b)
+    decode_codes(a_values, codes_a, a)  # (codes of any unsigned dtype)
+    decode_codes(b_values, codes_b, b)
     b_columns = b.transpose(0, 2, 1)
     high, low = np.empty(out.size), np.empty(out.size)
     flags = np.empty(out.shape, dtype=np.uint8)
