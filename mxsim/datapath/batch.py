@@ -30,6 +30,7 @@ from .blas import (
     blocks_per_tree,
     decode_codes,
     exact_in_float64,
+    grid_nearest_even_floor,
     grid_trees,
     slice_width,
     subnormals_work,
@@ -110,14 +111,21 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     B.start_trees(np.ascontiguousarray(c_values).reshape(-1), high, low, flags.reshape(-1))
     sums = np.empty(out.shape)
     steps = np.empty(rows * columns)
+    # A nearest-even grid's rules are idle from a floor of Xa + Xb on, while every earlier
+    # tree's is there too (``blas.grid_nearest_even_floor``): those trees round as the rest.
+    floor = grid_nearest_even_floor(params) if mode == B.GRID else None
+    plain = floor is not None
     for first, last, block in trees.tolist():
         np.matmul(a[..., first:last], b_columns[:, first:last], out=sums)
+        if plain:
+            least = int(scales_a[..., block].min()) + int(scales_b[..., block].min())
+            plain = least >= floor
         B.add_tree(
             sums,
             scales_a,
             scales_b,
             block,
-            mode,
+            B.ROUND_EACH_TREE if plain else mode,
             grid,
             choices,
             high,
