@@ -17,6 +17,7 @@ from mxsim import get_format
 from mxsim.datapath import load_hwconfig, matmul_batched
 from mxsim.datapath.batch import (
     SMALL_GROUP_OUTPUTS,
+    WINDOW_GROUP_OUTPUTS,
     exact_trees,
     small_groups_apply,
     window_groups_apply,
@@ -306,7 +307,8 @@ def test_which_units_and_groups_take_the_route():
     for name, fmt_name in WINDOW_UNITS:
         params = hw(name).params(fmt_name, fmt_name)
         assert window_groups_apply(params, 14, 14) and not small_groups_apply(params, 14, 14)
-        assert not window_groups_apply(params, 2, SMALL_GROUP_OUTPUTS)
+        assert window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS)
+        assert not window_groups_apply(params, 2, WINDOW_GROUP_OUTPUTS)
     refused = [
         ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
         ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits

@@ -1,24 +1,31 @@
-"""The small-groups route: batches of many small GEMMs (attention heads: 14 x 32 x 14 per
-head for MiniLM) through an exact-tree unit of the BLAS route (``datapath.blas``), the
-whole batch in a few calls (``_batch_kernels``).
+"""The small-groups routes: batches of many small GEMMs (attention heads: 14 x 32 x 14 per
+head for MiniLM), the whole batch in a few calls (``_batch_kernels``).
 
 The BLAS route computes a batch pass by pass and tile by tile, with its checks of the codes
-and scales and its threads around them: for groups of a few hundred outputs those costs
-exceed the arithmetic. This route decodes each operand once (non-finite codes decode to NaN
-or ±Inf), forms each tree's unscaled sums of every group with one batched float64 matmul
-(exact in any order, as the BLAS route's are) and adds them to every output's accumulator
-in one kernel call per tree, with the BLAS route's accumulation steps. A NaN or ±Inf
-element makes its outputs' tree sums non-finite, so no scan of the codes is needed: those
-outputs, and those with NaN scales or a c that is non-finite or -0, are flagged for the
-generic kernel, as are an exact accumulator's sums wider than two float64s.
+and scales and its threads around them, and the window route a work item per group's
+columns: for groups of a few hundred outputs those costs exceed the arithmetic.
 
-It takes units whose trees lie inside one scale block (folded trees of several blocks,
-bfp-exact, stay on the BLAS route), and batches of several groups of at most
-:data:`SMALL_GROUP_OUTPUTS` outputs each (``datapath.api`` asks for batches; a single GEMM,
-and wider groups, are the BLAS route's).
+Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmul`): each
+operand is decoded once (non-finite codes decode to NaN or ±Inf), each tree's unscaled sums
+of every group are one batched float64 matmul (exact in any order, as the BLAS route's are),
+and one kernel call per tree adds them to every output's accumulator with the BLAS route's
+accumulation steps. A NaN or ±Inf element makes its outputs' tree sums non-finite, so no
+scan of the codes is needed: those outputs, and those with NaN scales or a c that is
+non-finite or -0, are flagged for the generic kernel, as are an exact accumulator's sums
+wider than two float64s. Units whose trees lie inside one scale block only (folded trees
+of several blocks, bfp-exact, stay on the BLAS route).
+
+Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
+M x N outputs are the lanes of one pass of the window kernels' stages.
+
+Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
+:data:`WINDOW_GROUP_OUTPUTS` outputs each (``datapath.api`` asks for batches; a single GEMM,
+and wider groups, keep the per-GEMM routes).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -27,6 +34,8 @@ from . import _batch_kernels as B
 from . import _window_kernels as W
 from .blas import (
     ROUNDING_CHOICES,
+    SINGLE_THREAD_MACS,
+    _blas_threads,
     blocks_per_tree,
     decode_codes,
     exact_in_float64,
@@ -38,9 +47,12 @@ from .blas import (
 from .schema import DatapathParams, route_accepts
 from .window import _window_config, window_applies
 
-#: Outputs per group (M x N) up to which a batch takes the small-groups route: MiniLM's
-#: 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
+#: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
+#: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
+#: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
+#: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
+WINDOW_GROUP_OUTPUTS = 512
 
 
 def small_groups_apply(params: DatapathParams, rows: int, columns: int) -> bool:
@@ -105,11 +117,27 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     b = np.empty((groups, columns, padded))
     decode_codes(a_values, codes_a, a)  # (codes of any unsigned dtype)
     decode_codes(b_values, codes_b, b)
-    b_columns = b.transpose(0, 2, 1)
     high, low = np.empty(out.size), np.empty(out.size)
     flags = np.empty(out.shape, dtype=np.uint8)
     B.start_trees(np.ascontiguousarray(c_values).reshape(-1), high, low, flags.reshape(-1))
-    sums = np.empty(out.shape)
+    # Each group's GEMM runs on the calling thread by OpenBLAS's own choice below
+    # SINGLE_THREAD_MACS; above, its threads are held to one as the BLAS route holds them.
+    limiter = _blas_threads() if rows * columns * padded > SINGLE_THREAD_MACS else None
+    with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
+        _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags)
+    B.finish_trees(high, low, mode, out.reshape(-1))
+    if not flags.any():  # the common case, several times faster to tell than nonzero
+        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
+    return np.nonzero(flags)
+
+
+def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags):
+    """Each tree's sums of the decoded (G, M, padded) ``a`` and (G, N, padded) ``b`` (one
+    batched matmul) added to the accumulators (``_batch_kernels.add_tree``)."""
+    groups, rows, _ = a.shape
+    columns = b.shape[1]
+    b_columns = b.transpose(0, 2, 1)
+    sums = np.empty((groups, rows, columns))
     steps = np.empty(rows * columns)
     # A nearest-even grid's rules are idle from a floor of Xa + Xb on, while every earlier
     # tree's is there too (``blas.grid_nearest_even_floor``): those trees round as the rest.
@@ -133,17 +161,13 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
             flags.reshape(-1),
             steps,
         )
-    B.finish_trees(high, low, mode, out.reshape(-1))
-    if not flags.any():  # the common case, several times faster to tell than nonzero
-        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
-    return np.nonzero(flags)
 
 
 def window_groups_apply(params: DatapathParams, rows: int, columns: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs through this unit takes the
-    window route's small-groups kernel: small groups (:data:`SMALL_GROUP_OUTPUTS`) through a
+    window route's small-groups kernel: small groups (:data:`WINDOW_GROUP_OUTPUTS`) through a
     unit that takes the window route (``window.window_applies``)."""
-    return rows * columns <= SMALL_GROUP_OUTPUTS and window_applies(params)
+    return rows * columns <= WINDOW_GROUP_OUTPUTS and window_applies(params)
 
 
 def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
