@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -243,6 +244,12 @@ def gemm(params, qa, qb, c, method):
 )
 def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
     assume(window_applies(params))  # every pair of ELEMENTS fits; kept as a guard
+    check_route(params, shape, corners, spread, seed)
+
+
+def check_route(params, shape, corners, spread, seed):
+    """The window kernel's own outputs equal the generic kernel's and the Fraction twin's, and
+    the public API (fast path plus fallback) equals the generic kernel everywhere."""
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
     qa, qb = operands(params, rng, rows, length, columns, corners == 0, spread)
@@ -267,6 +274,72 @@ def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, cor
         assert unflagged.all()  # realistic data stays on the fast path
     # The public API (fast path plus fallback) equals the generic kernel everywhere.
     np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
+
+
+@st.composite
+def float32_addition_params(draw) -> DatapathParams:
+    """Units of the family whose tree sums join the accumulator as one float32 addition
+    (``window.float32_addition``): the accumulator outside the tree, fp32 rounding to
+    nearest even, an n-bit sum of at most 24 bits (B200's FP8 path among them)."""
+    return dataclasses.replace(
+        draw(window_params()),
+        accumulator_in_tree=False,
+        accumulator_format="fp32",
+        accumulator_rounding="nearest_even",
+        sum_significant_bits=draw(st.sampled_from([1, 2, 8, 11, 23, 24])),
+        sum_rounding=draw(st.sampled_from(["toward_zero", "toward_zero", *ROUNDINGS])),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    params=float32_addition_params(),
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
+    corners=st.integers(0, 3),
+    spread=st.sampled_from([0, 4, 20, 60]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_float32_addition_equals_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    assume(window_applies(params))
+    assert _window_config(params)[0][W.W_FLOAT32_ADD] in (W.FLOAT32_ADD, W.FLOAT32_ADD_PROVEN)
+    check_route(params, shape, corners, spread, seed)
+
+
+@st.composite
+def truncating_in_tree_params(draw) -> DatapathParams:
+    """Units whose accumulator joins the tree with one rounding, toward zero (the GPU FP8
+    and tcgen05 units): the n-bit sum's, no more precise than the accumulator, or without
+    one the accumulator's."""
+    params = draw(window_params())
+    accumulator = draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"]))
+    precision = get_format(accumulator).mantissa_bits + 1
+    sum_bits = draw(st.one_of(st.none(), st.integers(1, precision)))
+    return dataclasses.replace(
+        params,
+        scales="none" if params.scales == "block_sum" else params.scales,
+        accumulator_in_tree=True,
+        accumulator_format=accumulator,
+        sum_significant_bits=sum_bits,
+        sum_rounding="toward_zero",
+        accumulator_rounding="toward_zero" if sum_bits is None else params.accumulator_rounding,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    params=truncating_in_tree_params(),
+    shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
+    corners=st.integers(0, 3),
+    spread=st.sampled_from([0, 4, 20, 60]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_truncating_one_rounding_equals_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
 
 
 @pytest.mark.parametrize("accumulator", ["fp32", "fp16", "bf16"])
@@ -475,3 +548,108 @@ def test_round_bits_equals_integer_rounding(mode):
                     precision,
                 )
     assert W.round_bits(0.0, W.rounding_rule(24, code)) == 0.0
+
+
+# --- the float32-addition finish against Fraction arithmetic, corners included -------------------
+
+
+def fraction_rounded(value: Fraction, precision: int, mode: str) -> Fraction:
+    """``value`` rounded to ``precision`` significant bits by ``mode`` (toward zero or to
+    nearest even), exponent range unbounded, in exact rational arithmetic."""
+    if value == 0:
+        return Fraction(0)
+    magnitude = abs(value)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if Fraction(2) ** exponent > magnitude:
+        exponent -= 1
+    step = Fraction(2) ** (exponent - precision + 1)
+    kept, rest = divmod(magnitude, step)
+    if mode == "nearest_even" and (rest > step / 2 or (rest == step / 2 and kept % 2 == 1)):
+        kept += 1
+    return (-kept if value < 0 else kept) * step
+
+
+def float32_addition_reference(total, reference, window, sum_bits, sum_mode, acc):
+    """(the accumulator after the tree, whether it is a normal fp32 or 0): the tree sum
+    total * 2^(reference - window) rounded to ``sum_bits`` by ``sum_mode``, added to ``acc``
+    exactly and rounded to fp32's 24 bits to nearest even."""
+    value = fraction_rounded(Fraction(int(total)) * Fraction(2) ** (reference - window), sum_bits, sum_mode)
+    result = fraction_rounded(Fraction(float(acc)) + value, 24, "nearest_even")
+    normal = result == 0 or Fraction(2) ** -126 <= abs(result) < Fraction(2) ** 128
+    return result, normal
+
+
+@pytest.mark.parametrize(
+    "proven, sum_mode", [(True, "toward_zero"), (False, "toward_zero"), (False, "nearest_even")]
+)
+def test_float32_addition_finish_equals_fraction_arithmetic(proven, sum_mode):
+    # finish_tree's float32-addition loop (proven: the sums' range unchecked, a truncating
+    # mask) against exact rational arithmetic and against the TwoSum loop of the other units
+    # (W_FLOAT32_ADD 0), on lanes crafted at its corners: exact cancellation to +0, ties to
+    # even, results that are subnormal or overflow, sums below fp32's normal range (the
+    # checked loop only), trees without a nonzero term, references below the zero floor.
+    params = unit("b200-fp8").params("fp8_e4m3", "fp8_e4m3")
+    params = dataclasses.replace(params, sum_rounding=sum_mode, zero_term_exponent=-133)
+    window, sum_bits = params.align_fraction_bits, params.sum_significant_bits
+    largest = float(np.finfo(np.float32).max)
+    lanes = [  # (integer tree sum, reference R, accumulator)
+        (2**31 + 12345, 3, 1.0),
+        (-(2**32) + 1, 16, 3.0),
+        (2**25, 0, -1.0),  # value 1: cancels exactly to +0
+        (-(2**25), 0, 1.0),
+        (1, 1, 1.0),  # 2^-24: a tie at 1.0, stays 1.0 (even)
+        (1, 1, 1.0 + 2.0**-23),  # a tie at an odd significand: rounds up
+        (3, 1, 1.0),  # 3 * 2^-24: above the tie, rounds up
+        (2**24 + 1, 5, 2.0**7),  # 25 significant bits: the n-bit sum rounds
+        (2**26 - 1, -125, -1.5 * 2.0**-126),  # a sum just below 2^-124, truncated
+        (-(2**25), -126, 1.5 * 2.0**-126),  # a subnormal result: flagged
+        (2**25, 103, largest),  # a tie above the largest finite: overflows, flagged
+        (2**24, 103, largest),  # below the tie: stays the largest finite
+        (2**25, 102, -largest),
+        (0, W.NO_REFERENCE, 2.5),  # no nonzero term in the tree
+        (0, 7, -2.5),
+        (5, -140, 1.0),  # below the zero floor: flagged
+    ]
+    if not proven:
+        lanes += [
+            (1, -110, 1.0),  # a sum of 2^-135: no fp32, flagged
+            (1, -110, 0.0),
+            (2**30, 120, 1.0),  # a sum of 2^125, and one of 2^129 (overflow)
+            (2**30, 124, 1.0),
+        ]
+    totals = np.array([float(t) for t, _, _ in lanes])
+    references = np.array([r for _, r, _ in lanes], dtype=np.int64)
+    accumulators = np.array([a for _, _, a in lanes], dtype=np.float32).astype(np.float64)
+    cfg = _window_config(params)[0].copy()
+    expected = W.FLOAT32_ADD_PROVEN if sum_mode == "toward_zero" else W.FLOAT32_ADD
+    assert cfg[W.W_FLOAT32_ADD] == expected  # B200's FP8 path takes the proven loop
+    cfg[W.W_FLOAT32_ADD] = W.FLOAT32_ADD_PROVEN if proven else W.FLOAT32_ADD
+
+    def finish(cfg):
+        acc, flags = accumulators.copy(), np.zeros(len(lanes), dtype=np.uint8)
+        W.finish_tree(totals, references, acc, flags, cfg)
+        return acc, flags
+
+    acc, flags = finish(cfg)
+    for lane, (total, reference, start) in enumerate(lanes):
+        result, normal = float32_addition_reference(
+            total, reference, window, sum_bits, sum_mode, np.float32(start)
+        )
+        below_floor = W.NO_REFERENCE < reference < params.zero_term_exponent
+        if normal and not below_floor:
+            value = fraction_rounded(
+                Fraction(int(total)) * Fraction(2) ** (reference - window), sum_bits, sum_mode
+            )
+            sum_is_float32 = value == 0 or Fraction(2) ** -126 <= abs(value) < Fraction(2) ** 128
+            assert flags[lane] == (not sum_is_float32), lanes[lane]
+            if sum_is_float32:  # an exact zero sum is +0 (ties-to-even addition)
+                assert Fraction(acc[lane]) == result, lanes[lane]
+                assert result != 0 or math.copysign(1, acc[lane]) > 0, lanes[lane]
+        else:
+            assert flags[lane], lanes[lane]
+    assert flags.sum() == (3 if proven else 6)
+    cfg[W.W_FLOAT32_ADD] = 0  # the TwoSum loop: the same accumulators where neither flags
+    generic, generic_flags = finish(cfg)
+    both = (flags == 0) & (generic_flags == 0)
+    np.testing.assert_array_equal(acc[both], generic[both])
+    np.testing.assert_array_equal(flags[generic_flags == 1], 1)

@@ -45,6 +45,7 @@ from ..formats._kernels import (
     ROUND_NEAREST_TOWARD_POSITIVE,
     ROUND_TOWARD_NEGATIVE,
     ROUND_TOWARD_POSITIVE,
+    ROUND_TOWARD_ZERO,
     power_of_two,
 )
 from ..quantize._kernels import SCALE_NAN
@@ -87,7 +88,14 @@ W_SCALED = 19  # 1: the unit takes block scales
 W_ZERO_FLOOR = (
     20  # adder.zero_term_exponent (or far below every R): lanes whose R lies below it are flagged
 )
-N_WINDOW_CONFIG = 21
+# 1 (FLOAT32_ADD): each rounded tree sum joins the accumulator as one float32 addition;
+# 2 (FLOAT32_ADD_PROVEN): so, and every nonzero one is a normal float32 truncated from the sum.
+W_FLOAT32_ADD = 21
+N_WINDOW_CONFIG = 22
+FLOAT32_ADD = 1
+FLOAT32_ADD_PROVEN = 2
+FLOAT32_SMALLEST_NORMAL = 2.0**-126
+FLOAT32_OVERFLOW = 2.0**128  # magnitudes from here on are not finite float32 values
 
 
 @njit(cache=True, inline="always")
@@ -229,7 +237,9 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rule, cfg):
+def _finish_lanes(
+    lanes, in_tree, one_rounding, truncating, rounded_sum, first_rule, acc_rule, cfg
+):
     """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``one_rounding`` constants
     so that each copy computes only its own stages. ``rounded_sum`` stays a runtime flag: in
     the one-rounding loop it only picks which value's range is checked, and a copy per value
@@ -241,7 +251,12 @@ def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rul
     identity, and the rounded sum's range is checked) or, without an n-bit sum, the
     accumulator's (the unrounded value's range is checked: below it the accumulator rounds
     at a coarser, subnormal step). Otherwise the n-bit sum's rounding (``first_rule``) where
-    ``rounded_sum``, then the accumulator's."""
+    ``rounded_sum``, then the accumulator's.
+
+    ``truncating`` (a constant, with ``one_rounding``): ``first_rule`` rounds toward zero, a
+    mask on the float64 pattern (sign-magnitude) instead of :func:`round_bits`' bias
+    arithmetic; truncation keeps a magnitude at or above 2^low exactly when the unrounded
+    one is, so the range check reads the unrounded value whichever rounding it was."""
     totals, references, acc, flags, window = lanes
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
@@ -256,8 +271,13 @@ def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rul
             total += np.trunc(previous * power_of_two(window - reference))
         value = total * power_of_two(reference - window)  # exact: |total| < 2^53
         if one_rounding:
-            rounded = round_bits(value, first_rule)
-            checked = rounded if rounded_sum else value
+            if truncating:
+                mask = np.int64(-1) << first_rule[0]
+                rounded = np.int64(np.float64(value).view(np.int64) & mask).view(np.float64)
+                checked = value
+            else:
+                rounded = round_bits(value, first_rule)
+                checked = rounded if rounded_sum else value
             ok = (value == 0.0) | (
                 (abs(checked) >= power_of_two(low)) & (abs(rounded) < power_of_two(high + 1))
             )
@@ -270,6 +290,47 @@ def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rul
                 value = round_to_odd(high_part, error)
             result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
+        flags[lane] |= outside | (not ok)
+
+
+@njit(cache=True, inline="always")
+def _finish_lanes_float32(lanes, sum_rule, zero_floor, proven):
+    """:func:`finish_tree`'s loop for an accumulator outside the tree that is IEEE binary32
+    rounding to nearest even, after an n-bit sum of at most 24 bits (``W_FLOAT32_ADD``): a
+    rounded sum that is a normal float32 (or 0) is exactly a float32, so its rounding into
+    the accumulator is one float32 addition (correctly rounded, ties to even), instead of
+    TwoSum, round to odd and a rounding by bits. Lanes whose rounded sum or result is not a
+    normal float32 (or 0) are flagged, as the other loops flag them. An exact zero result is
+    told by acc == -sum rather than by the result being 0, so that a subnormal result
+    flushed to zero (a process running with flush-to-zero) is flagged all the same.
+
+    ``proven`` (a constant: one copy each): the configuration proves every nonzero rounded
+    sum a normal float32 (``FLOAT32_ADD_PROVEN``) and the n-bit sum truncates, so the
+    rounding is a mask on the float64 pattern (``sum_rule``: its cut-off bits first) and
+    the sum's range goes unchecked."""
+    totals, references, acc, flags, window = lanes
+    mask = np.int64(-1) << sum_rule[0]
+    for lane in range(totals.shape[0]):
+        reference = references[lane]
+        outside = NO_REFERENCE < reference < zero_floor  # as in _finish_lanes
+        value = totals[lane] * power_of_two(reference - window)
+        if proven:  # sign-magnitude: truncation clears the bits below the kept LSB
+            term = np.float32(np.int64(np.float64(value).view(np.int64) & mask).view(np.float64))
+            exact = True
+        else:
+            value = round_bits(value, sum_rule)
+            magnitude = abs(value)
+            exact = (value == 0.0) | (
+                (magnitude >= FLOAT32_SMALLEST_NORMAL) & (magnitude < FLOAT32_OVERFLOW)
+            )
+            term = np.float32(value if exact else 0.0)
+        previous = np.float32(acc[lane])
+        result = previous + term
+        normal = (abs(result) >= np.float32(FLOAT32_SMALLEST_NORMAL)) & (
+            abs(result) < np.float32(np.inf)
+        )
+        ok = exact & ((previous == -term) | normal)
+        acc[lane] = np.float64(result) if ok else 0.0
         flags[lane] |= outside | (not ok)
 
 
@@ -292,13 +353,21 @@ def finish_tree(totals, references, acc, flags, cfg):
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     rounded_sum = sum_bits > 0
     lanes = (totals, references, acc, flags, window)
-    if cfg[W_ACC_IN_TREE] == 0:
-        _finish_lanes(lanes, False, False, rounded_sum, sum_rule, acc_rule, cfg)
+    if cfg[W_FLOAT32_ADD] == FLOAT32_ADD_PROVEN:
+        _finish_lanes_float32(lanes, sum_rule, cfg[W_ZERO_FLOOR], True)
+    elif cfg[W_FLOAT32_ADD] != 0:
+        _finish_lanes_float32(lanes, sum_rule, cfg[W_ZERO_FLOOR], False)
+    elif cfg[W_ACC_IN_TREE] == 0:
+        _finish_lanes(lanes, False, False, False, rounded_sum, sum_rule, acc_rule, cfg)
     elif sum_bits <= cfg[W_ACC_BITS]:
         first_rule = sum_rule if rounded_sum else acc_rule
-        _finish_lanes(lanes, True, True, rounded_sum, first_rule, acc_rule, cfg)
+        first_rounding = cfg[W_SUM_ROUNDING] if rounded_sum else cfg[W_ACC_ROUNDING]
+        if first_rounding == ROUND_TOWARD_ZERO:
+            _finish_lanes(lanes, True, True, True, rounded_sum, first_rule, acc_rule, cfg)
+        else:
+            _finish_lanes(lanes, True, True, False, rounded_sum, first_rule, acc_rule, cfg)
     else:
-        _finish_lanes(lanes, True, False, True, sum_rule, acc_rule, cfg)
+        _finish_lanes(lanes, True, False, False, True, sum_rule, acc_rule, cfg)
 
 
 @njit(cache=True)
@@ -561,8 +630,6 @@ def _column_tile(
                         shifts1[lane] = scale_b + scales[lane]
                 tree_references(maxima, shifts, acc[row], references, factors, cfg)
                 tree_references(maxima1, shifts1, acc[other], references1, factors1, cfg)
-                totals[:] = 0
-                totals1[:] = 0
                 for group_start in range(start, stop, group):
                     _pair_group(
                         codes_a[m],
@@ -576,9 +643,14 @@ def _column_tile(
                         partial,
                         partial1,
                     )
-                    for lane in range(lanes):
-                        totals[lane] += partial[lane]
-                        totals1[lane] += partial1[lane]
+                    if group_start == start:  # the first group's sums start the totals
+                        for lane in range(lanes):
+                            totals[lane] = partial[lane]
+                            totals1[lane] = partial1[lane]
+                    else:
+                        for lane in range(lanes):
+                            totals[lane] += partial[lane]
+                            totals1[lane] += partial1[lane]
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
                 if other != row:
                     finish_tree(totals1, references1, acc[other], tile_flags[other], cfg)
