@@ -15,7 +15,7 @@ from conftest import REPO
 from mxsim import get_format, quantize_mx as quantize
 from mxsim.formats.rounding import rounding_code
 from mxsim.datapath import _window_kernels as W
-from mxsim.datapath import load_hwconfig, matmul
+from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams
 from mxsim.datapath.api import (
     _kernel_arguments,
@@ -468,6 +468,72 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     )
 
 
+@pytest.mark.parametrize("name", ["b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_kept_tiles_of_b_give_the_bits_of_decoding_b_per_call(name):
+    # window_matmul with a memo decodes B's tiles once and reads them in later calls: the
+    # same outputs and flags as without, and as the generic kernel, for a batch of two GEMMs
+    # whose N is split into two uneven tiles, a column of B holding a NaN (its usability is
+    # kept too) and rows of A that change from call to call.
+    rng = np.random.default_rng(11)
+    params = unit(name).params("fp8_e4m3", "fp8_e4m3")
+    groups, rows, length, columns = 2, 37, 70, W.LANES + 37
+    fmt = get_format("fp8_e4m3")
+    tensor_scale = params.scales == "none"  # a unit without block scales: one per tensor
+    quantized = [
+        quantize(
+            rng.standard_normal((columns, length)), fmt.name, axis=1, per_tensor_scale=tensor_scale
+        )
+        for _ in range(groups)
+    ]
+    quantized[1].codes[5, 3] = fmt.encode(np.array([np.nan]))[0]
+    codes_b = np.stack([q.codes for q in quantized]).astype(np.uint32)
+    scales_b = np.stack([_scales_for_unit(q.scales, params) for q in quantized])
+    c_values = rng.standard_normal((groups, rows, columns)).astype(np.float32)
+    memo: dict = {}
+    for call in range(3):
+        qa = [
+            quantize(
+                rng.standard_normal((rows, length)), fmt.name, axis=1, per_tensor_scale=tensor_scale
+            )
+            for _ in range(groups)
+        ]
+        codes_a = np.stack([q.codes for q in qa]).astype(np.uint32)
+        scales_a = np.stack([_scales_for_unit(q.scales, params) for q in qa])
+        operands = (codes_a, codes_b, scales_a, scales_b, c_values)
+        kept = np.empty((groups, rows, columns), dtype=np.uint32)
+        kept_left = window_matmul(params, *operands, kept, memo)
+        fresh = np.empty_like(kept)
+        fresh_left = window_matmul(params, *operands, fresh)
+        np.testing.assert_array_equal(kept, fresh)
+        for index_kept, index_fresh in zip(kept_left, fresh_left):
+            np.testing.assert_array_equal(index_kept, index_fresh)
+        assert set(kept_left[2].tolist()) == {5} and set(kept_left[0].tolist()) == {1}
+        unflagged = np.ones(kept.shape, dtype=bool)
+        unflagged[kept_left] = False
+        slow = np.empty_like(kept)
+        matmul_groups(*operands, *_kernel_arguments(params)[2], slow)
+        np.testing.assert_array_equal(kept[unflagged], slow[unflagged])
+        values = memo["window"][1]
+        tiles = (groups, 2, codes_b.shape[2], -(-columns // 2))  # K padded to whole blocks
+        assert values.shape == tiles and not values.flags.writeable
+
+
+def test_matmul_batched_keeps_the_window_routes_tiles_in_b_memo():
+    rng = np.random.default_rng(12)
+    hw = unit("b200-fp8")
+    A = rng.standard_normal((3, 20, 64)).astype(np.float32)
+    B = rng.standard_normal((3, 64, 30)).astype(np.float32)
+    memo: dict = {}
+    first = matmul_batched(hw, A, B, per_tensor_scale=True, b_memo=memo)
+    (kept,) = memo.values()
+    assert "window" in kept["route"]
+    again = matmul_batched(hw, A * 2.0**-3, B, per_tensor_scale=True, b_memo=memo)
+    fresh = matmul_batched(hw, A * 2.0**-3, B, per_tensor_scale=True)
+    slow = matmul_batched(hw, A, B, per_tensor_scale=True, method="kernel")
+    np.testing.assert_array_equal(first.bits, slow.bits)
+    np.testing.assert_array_equal(again.bits, fresh.bits)
+
+
 def test_start_accumulators_reads_a_single_c_a_run_and_a_wrapped_run_alike():
     # Three ways to read c (one value for every lane, a run, indices wrapping around): the
     # same accumulators and flags from the same values, corners included.
@@ -573,7 +639,9 @@ def float32_addition_reference(total, reference, window, sum_bits, sum_mode, acc
     """(the accumulator after the tree, whether it is a normal fp32 or 0): the tree sum
     total * 2^(reference - window) rounded to ``sum_bits`` by ``sum_mode``, added to ``acc``
     exactly and rounded to fp32's 24 bits to nearest even."""
-    value = fraction_rounded(Fraction(int(total)) * Fraction(2) ** (reference - window), sum_bits, sum_mode)
+    value = fraction_rounded(
+        Fraction(int(total)) * Fraction(2) ** (reference - window), sum_bits, sum_mode
+    )
     result = fraction_rounded(Fraction(float(acc)) + value, 24, "nearest_even")
     normal = result == 0 or Fraction(2) ** -126 <= abs(result) < Fraction(2) ** 128
     return result, normal

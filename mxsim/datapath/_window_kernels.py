@@ -19,8 +19,9 @@ the lanes with the tree position outside:
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
    sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
 
-A GEMM work item is a tile of ``LANES`` columns: it decodes its columns of B once into a
-(K, lanes) tile of float32 values and int8 exponents and runs rows of A against it,
+A GEMM work item is a tile of at most ``LANES`` columns: it decodes its columns of B once
+into a (K, lanes) tile of float32 values and int8 exponents (or reads them kept from an
+earlier call on the same B: a model's weight) and runs rows of A against it,
 ``ROW_BLOCK`` rows at a time so that one tree's slice of the tile stays in cache across them,
 two rows per pass over the lanes so that each load of the tile serves both.
 
@@ -237,9 +238,7 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes(
-    lanes, in_tree, one_rounding, truncating, rounded_sum, first_rule, acc_rule, cfg
-):
+def _finish_lanes(lanes, in_tree, one_rounding, truncating, rounded_sum, first_rule, acc_rule, cfg):
     """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``one_rounding`` constants
     so that each copy computes only its own stages. ``rounded_sum`` stays a runtime flag: in
     the one-rounding loop it only picks which value's range is checked, and a copy per value
@@ -404,14 +403,23 @@ def encode_outputs(acc, flags, out, cfg):
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
     (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
-    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines:
-    ``DECODE_BLOCK`` rows of the tile at a time. The tile's rows lie a multiple of 4 KiB apart
-    (1024 lanes), so that the lines written at once share one set of an 8-way L1 cache: more
-    than eight of them evict each other at every lane (64 rows at a time made the decode
-    several times slower)."""
+    tile (:func:`_decode_into`)."""
     length = codes.shape[1]
     tile_values = np.empty((length, lanes), dtype=np.float32)
     tile_exponents = np.empty((length, lanes), dtype=np.int8)
+    _decode_into(codes, first, lanes, values, exponents, tile_values, tile_exponents)
+    return tile_values, tile_exponents
+
+
+@njit(cache=True, inline="always")
+def _decode_into(codes, first, lanes, values, exponents, tile_values, tile_exponents):
+    """Lanes 0 to ``lanes`` of the (K, >= lanes) tiles: tile_values[k, lane] =
+    values[codes[first + lane, k]] and the exponents alike. Blocked along K so that the reads
+    and the transposed writes stay in a few cache lines: ``DECODE_BLOCK`` rows of the tile at
+    a time. The tile's rows lie a multiple of 4 KiB apart (1024 lanes), so that the lines
+    written at once share one set of an 8-way L1 cache: more than eight of them evict each
+    other at every lane (64 rows at a time made the decode several times slower)."""
+    length = codes.shape[1]
     for k0 in range(0, length, DECODE_BLOCK):
         k1 = min(k0 + DECODE_BLOCK, length)
         for lane in range(lanes):
@@ -420,6 +428,31 @@ def _decode_tile(codes, first, lanes, values, exponents):
                 code = row[k]
                 tile_values[k, lane] = values[code]
                 tile_exponents[k, lane] = exponents[code]
+
+
+@njit(cache=True)
+def decode_tiles(codes, values, exponents, width):
+    """Every column tile of a batch of B given as (G, N, K) codes, decoded as
+    :func:`_column_tile` decodes one: (G, tiles, K, width) float32 values and int8 exponents,
+    tile t holding columns t * width onwards (the last tile's lanes past N are 0), for a B
+    that is kept from call to call (a model's weight)."""
+    n_groups, n_columns, length = codes.shape
+    n_tiles = (n_columns + width - 1) // width
+    tile_values = np.zeros((n_groups, n_tiles, length, width), dtype=np.float32)
+    tile_exponents = np.zeros((n_groups, n_tiles, length, width), dtype=np.int8)
+    for g in range(n_groups):
+        for tile in range(n_tiles):
+            first = tile * width
+            lanes = min(width, n_columns - first)
+            _decode_into(
+                codes[g],
+                first,
+                lanes,
+                values,
+                exponents,
+                tile_values[g, tile],
+                tile_exponents[g, tile],
+            )
     return tile_values, tile_exponents
 
 
@@ -446,15 +479,6 @@ def _unusable(codes, scales, finite, scaled):
         for value in scales:
             count += value == SCALE_NAN
     return count != 0
-
-
-@njit(cache=True, inline="always")
-def _unusable_rows(codes, scales, finite, scaled):
-    """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time)."""
-    bad = np.empty(codes.shape[0], dtype=np.bool_)
-    for i in range(codes.shape[0]):
-        bad[i] = _unusable(codes[i], scales[i], finite, scaled)
-    return bad
 
 
 @njit(cache=True, inline="always")
@@ -562,8 +586,12 @@ def _pair_group(
 @njit(cache=True, inline="always")
 def _column_tile(
     tile,
+    width,
     first_block,
     blocks_per_chunk,
+    kept_values,
+    kept_exponents,
+    g,
     codes_a,
     codes_b,
     scales_a,
@@ -579,17 +607,23 @@ def _column_tile(
     out,
     flags,
 ):
-    """One work item of :func:`window_items`: the outputs of the columns of tile ``tile`` in
-    row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end)."""
+    """One work item of :func:`window_items`: the outputs of the columns of tile ``tile``
+    (columns ``tile * width`` onwards, ``width`` of them, fewer at the end) in row blocks
+    ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end). The tile of B
+    is decoded here, or read from ``kept_values[g, tile]`` and ``kept_exponents[g, tile]``
+    where those hold B's decoded tiles (:func:`decode_tiles`; empty otherwise)."""
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
     c_rows = c_values.shape[0]
-    column0 = tile * LANES
-    lanes = min(LANES, n_columns - column0)
-    tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
+    column0 = tile * width
+    lanes = min(width, n_columns - column0)
+    if kept_values.shape[0] > 0:
+        tile_values, tile_exponents = kept_values[g, tile], kept_exponents[g, tile]
+    else:
+        tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
     tile_scales = _tile_scales(scales_b, column0, lanes, scaled)
     acc = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
@@ -665,21 +699,16 @@ def _column_tile(
 
 
 @njit(cache=True)
-def unusable_rows_and_columns(codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, scaled):
-    """Per group, whether each row of A and each row of B given as (N, K) holds a code or
-    scale the window route does not take (:func:`_unusable_rows`)."""
-    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
-    n_columns = codes_b.shape[1]
-    bad_rows = np.empty((n_groups, n_rows), dtype=np.bool_)
-    bad_columns = np.empty((n_groups, n_columns), dtype=np.bool_)
-    for g in range(n_groups):  # loops: a slice assignment compiles Numba's shape-error formatting
-        rows = _unusable_rows(codes_a[g], scales_a[g], a_finite, scaled)
-        for m in range(n_rows):
-            bad_rows[g, m] = rows[m]
-        columns = _unusable_rows(codes_b[g], scales_b[g], b_finite, scaled)
-        for n in range(n_columns):
-            bad_columns[g, n] = columns[n]
-    return bad_rows, bad_columns
+def unusable_rows(codes, scales, finite, scaled):
+    """(G, rows) bools: whether each row of a batch of (G, rows, K) codes holds a code or
+    (``scaled``) a scale the window route does not take (:func:`_unusable`). Serial: a small
+    fraction of a GEMM's time."""
+    n_groups, n_rows = codes.shape[0], codes.shape[1]
+    bad = np.empty((n_groups, n_rows), dtype=np.bool_)
+    for g in range(n_groups):
+        for i in range(n_rows):
+            bad[g, i] = _unusable(codes[g, i], scales[g, i], finite, scaled)
+    return bad
 
 
 @njit(cache=True, nogil=True)
@@ -695,25 +724,34 @@ def window_items(
     b_exponents,
     bad_rows,
     bad_columns,
+    kept_values,
+    kept_exponents,
     cfg,
     out,
     flags,
     n_tiles,
+    width,
     items,
     blocks_per_chunk,
     start,
     stop,
 ):
     """Work items ``start`` to ``stop`` of a GEMM batch (``datapath.window.window_matmul``),
-    ``items`` of them per group: column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
-    ``blocks_per_chunk`` row blocks."""
+    ``items`` of them per group: column tile ``item % n_tiles`` (``width`` columns) of its
+    group against the ``item // n_tiles``-th chunk of ``blocks_per_chunk`` row blocks; B's
+    tiles decoded in each item, or read from ``kept_values`` and ``kept_exponents`` where
+    they are not empty (:func:`decode_tiles`)."""
     c_groups = c_values.shape[0]
     for item in range(start, stop):
         g, rest = item // items, item % items
         _column_tile(
             rest % n_tiles,
+            width,
             (rest // n_tiles) * blocks_per_chunk,
             blocks_per_chunk,
+            kept_values,
+            kept_exponents,
+            g,
             codes_a[g],
             codes_b[g],
             scales_a[g],

@@ -30,6 +30,10 @@ from .tables import element_tables, sum_format
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
 MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
+# No kept tiles of B (window_matmul without a memo): read-only as the kept ones are.
+_NO_TILES = (np.zeros((0, 0, 0, 0), dtype=np.float32), np.zeros((0, 0, 0, 0), dtype=np.int8))
+for _array in _NO_TILES:
+    _array.setflags(write=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,25 +189,48 @@ def float32_addition(params: DatapathParams) -> bool:
     )
 
 
-def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
+def window_matmul(
+    params: DatapathParams,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    out,
+    memo: dict | None = None,
+):
     """Fill ``out`` (G, M, N) with the output bits of the batch of GEMMs A[g] (M, K) times
     B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values`` (G, M, N) or
     (1, 1, 1)); returns the (groups, rows, columns) index arrays of the outputs the generic
     kernel must compute.
 
-    Work items are column tiles of ``LANES`` columns of one group, each decoding its B tile
-    once (``_window_kernels.window_items``); rows are split into chunks of row blocks only as
-    far as it takes to give each of Numba's thread count of Python threads work
-    (``_threads.run_in_threads``: a ``prange`` loop compiles as a second, parallel kernel).
-    The split does not change the result."""
+    Work items are column tiles of one group, ``LANES`` columns or fewer (N split evenly),
+    each decoding its B tile once (``_window_kernels.window_items``); rows are split into
+    chunks of row blocks only as far as it takes to give each of Numba's thread count of
+    Python threads work (``_threads.run_in_threads``: a ``prange`` loop compiles as a second,
+    parallel kernel). The split does not change the result.
+
+    ``memo``: None, or a dict kept with this B (its codes and scales unchanged from call to
+    call, as ``matmul_batched``'s ``b_memo``): B's decoded tiles and its rows' usability are
+    kept there under "window" (5 bytes per element of B, a little more where N is not a
+    multiple of the tile width), and later calls read them instead of decoding B again."""
     cfg, a, b = _window_config(params)
+    scaled = bool(cfg[W.W_SCALED])
     flags = np.empty(out.shape, dtype=np.uint8)
     n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
     n_columns = codes_b.shape[1]
-    bad_rows, bad_columns = W.unusable_rows_and_columns(
-        codes_a, codes_b, scales_a, scales_b, a.finite, b.finite, cfg[W.W_SCALED] != 0
-    )
-    n_tiles = -(-n_columns // W.LANES)
+    n_tiles = max(1, -(-n_columns // W.LANES))
+    width = max(1, -(-n_columns // n_tiles))
+    kept = None if memo is None else memo.get("window")
+    if kept is None:
+        kept = (W.unusable_rows(codes_b, scales_b, b.finite, scaled), *_NO_TILES)
+        if memo is not None:
+            tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
+            for array in tiles:
+                array.setflags(write=False)  # one kernel signature with _NO_TILES
+            kept = memo["window"] = (kept[0], *tiles)
+    bad_columns, kept_values, kept_exponents = kept
+    bad_rows = W.unusable_rows(codes_a, scales_a, a.finite, scaled)
     n_blocks = -(-n_rows // W.ROW_BLOCK)
     threads = numba.get_num_threads()
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
@@ -220,10 +247,13 @@ def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
         b.exponents,
         bad_rows,
         bad_columns,
+        kept_values,
+        kept_exponents,
         cfg,
         out,
         flags,
         n_tiles,
+        width,
         n_tiles * chunks,
         blocks_per_chunk,
     )
