@@ -325,6 +325,8 @@ def _finish_lanes_float32(lanes, sum_rule, zero_floor, proven):
             term = np.float32(value if exact else 0.0)
         previous = np.float32(acc[lane])
         result = previous + term
+        # Both addends are multiples of 2^-149: a sum below 2^-126 is exact (subnormal), so
+        # no exact sum below the smallest normal rounds up to it.
         normal = (abs(result) >= np.float32(FLOAT32_SMALLEST_NORMAL)) & (
             abs(result) < np.float32(np.inf)
         )
