@@ -234,13 +234,19 @@ def gemm(params, qa, qb, c, method):
     return out, None
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    params=window_params(),
+# GEMM shapes (rows, K, columns), corners (0: crafted corners), magnitudes' spread, seed.
+ROUTE_CASES = dict(
     shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
     corners=st.integers(0, 3),
     spread=st.sampled_from([0, 4, 20, 60]),
     seed=st.integers(0, 2**32 - 1),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    params=window_params(),
+    **ROUTE_CASES,
 )
 def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
     assume(window_applies(params))  # every pair of ELEMENTS fits; kept as a guard
@@ -294,10 +300,7 @@ def float32_addition_params(draw) -> DatapathParams:
 @settings(max_examples=40, deadline=None)
 @given(
     params=float32_addition_params(),
-    shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
-    corners=st.integers(0, 3),
-    spread=st.sampled_from([0, 4, 20, 60]),
-    seed=st.integers(0, 2**32 - 1),
+    **ROUTE_CASES,
 )
 def test_float32_addition_equals_generic_kernel_and_fraction_twin(
     params, shape, corners, spread, seed
@@ -330,10 +333,7 @@ def truncating_in_tree_params(draw) -> DatapathParams:
 @settings(max_examples=40, deadline=None)
 @given(
     params=truncating_in_tree_params(),
-    shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
-    corners=st.integers(0, 3),
-    spread=st.sampled_from([0, 4, 20, 60]),
-    seed=st.integers(0, 2**32 - 1),
+    **ROUTE_CASES,
 )
 def test_truncating_one_rounding_equals_generic_kernel_and_fraction_twin(
     params, shape, corners, spread, seed
