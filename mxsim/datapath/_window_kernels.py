@@ -89,14 +89,11 @@ W_SCALED = 19  # 1: the unit takes block scales
 W_ZERO_FLOOR = (
     20  # adder.zero_term_exponent (or far below every R): lanes whose R lies below it are flagged
 )
-# 1 (FLOAT32_ADD): each rounded tree sum joins the accumulator as one float32 addition;
-# 2 (FLOAT32_ADD_PROVEN): so, and every nonzero one is a normal float32 truncated from the sum.
+# 1: each tree's truncated n-bit sum, provably 0 or a normal float32, joins the accumulator
+# as one float32 addition (datapath.window.float32_addition).
 W_FLOAT32_ADD = 21
 N_WINDOW_CONFIG = 22
-FLOAT32_ADD = 1
-FLOAT32_ADD_PROVEN = 2
 FLOAT32_SMALLEST_NORMAL = 2.0**-126
-FLOAT32_OVERFLOW = 2.0**128  # magnitudes from here on are not finite float32 values
 
 
 @njit(cache=True, inline="always")
@@ -293,36 +290,24 @@ def _finish_lanes(lanes, in_tree, one_rounding, truncating, rounded_sum, first_r
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes_float32(lanes, sum_rule, zero_floor, proven):
+def _finish_lanes_float32(lanes, cut_bits, zero_floor):
     """:func:`finish_tree`'s loop for an accumulator outside the tree that is IEEE binary32
-    rounding to nearest even, after an n-bit sum of at most 24 bits (``W_FLOAT32_ADD``): a
-    rounded sum that is a normal float32 (or 0) is exactly a float32, so its rounding into
-    the accumulator is one float32 addition (correctly rounded, ties to even), instead of
-    TwoSum, round to odd and a rounding by bits. Lanes whose rounded sum or result is not a
-    normal float32 (or 0) are flagged, as the other loops flag them. An exact zero result is
-    told by acc == -sum rather than by the result being 0, so that a subnormal result
-    flushed to zero (a process running with flush-to-zero) is flagged all the same.
-
-    ``proven`` (a constant: one copy each): the configuration proves every nonzero rounded
-    sum a normal float32 (``FLOAT32_ADD_PROVEN``) and the n-bit sum truncates, so the
-    rounding is a mask on the float64 pattern (``sum_rule``: its cut-off bits first) and
-    the sum's range goes unchecked."""
+    rounding to nearest even, after an n-bit sum of at most 24 bits that truncates, every
+    nonzero one provably a normal float32 (``W_FLOAT32_ADD``): the truncation is a mask on
+    the float64 pattern (sign-magnitude: the ``cut_bits`` low bits cleared), the truncated
+    sum is exactly a float32, and its rounding into the accumulator is one float32 addition
+    (correctly rounded, ties to even) instead of TwoSum, round to odd and a rounding by bits.
+    Lanes whose result is not 0 or a normal float32 are flagged, as the other loops flag
+    them. An exact zero result is told by acc == -sum rather than by the result being 0, so
+    that a subnormal result flushed to zero (a process running with flush-to-zero) is
+    flagged all the same."""
     totals, references, acc, flags, window = lanes
-    mask = np.int64(-1) << sum_rule[0]
+    mask = np.int64(-1) << cut_bits
     for lane in range(totals.shape[0]):
         reference = references[lane]
         outside = NO_REFERENCE < reference < zero_floor  # as in _finish_lanes
-        value = totals[lane] * power_of_two(reference - window)
-        if proven:  # sign-magnitude: truncation clears the bits below the kept LSB
-            term = np.float32(np.int64(np.float64(value).view(np.int64) & mask).view(np.float64))
-            exact = True
-        else:
-            value = round_bits(value, sum_rule)
-            magnitude = abs(value)
-            exact = (value == 0.0) | (
-                (magnitude >= FLOAT32_SMALLEST_NORMAL) & (magnitude < FLOAT32_OVERFLOW)
-            )
-            term = np.float32(value if exact else 0.0)
+        value = totals[lane] * power_of_two(reference - window)  # exact: |total| < 2^53
+        term = np.float32(np.int64(np.float64(value).view(np.int64) & mask).view(np.float64))
         previous = np.float32(acc[lane])
         result = previous + term
         # Both addends are multiples of 2^-149: a sum below 2^-126 is exact (subnormal), so
@@ -330,7 +315,7 @@ def _finish_lanes_float32(lanes, sum_rule, zero_floor, proven):
         normal = (abs(result) >= np.float32(FLOAT32_SMALLEST_NORMAL)) & (
             abs(result) < np.float32(np.inf)
         )
-        ok = exact & ((previous == -term) | normal)
+        ok = (previous == -term) | normal
         acc[lane] = np.float64(result) if ok else 0.0
         flags[lane] |= outside | (not ok)
 
@@ -354,10 +339,8 @@ def finish_tree(totals, references, acc, flags, cfg):
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     rounded_sum = sum_bits > 0
     lanes = (totals, references, acc, flags, window)
-    if cfg[W_FLOAT32_ADD] == FLOAT32_ADD_PROVEN:
-        _finish_lanes_float32(lanes, sum_rule, cfg[W_ZERO_FLOOR], True)
-    elif cfg[W_FLOAT32_ADD] != 0:
-        _finish_lanes_float32(lanes, sum_rule, cfg[W_ZERO_FLOOR], False)
+    if cfg[W_FLOAT32_ADD] != 0:
+        _finish_lanes_float32(lanes, sum_rule[0], cfg[W_ZERO_FLOOR])
     elif cfg[W_ACC_IN_TREE] == 0:
         _finish_lanes(lanes, False, False, False, rounded_sum, sum_rule, acc_rule, cfg)
     elif sum_bits <= cfg[W_ACC_BITS]:

@@ -124,14 +124,7 @@ def _window_config(params: DatapathParams):
     if lowest < 1 - sums.bias or highest >= sums.emax:
         return None
     cfg = tree_end_config(params)
-    # Rounded tree sums: nonzero ones at least the window's LSB 2^(R - W), all below
-    # fused * 2^(R + 2) (rounded up to at most the next power of two).
-    sums_float32 = (
-        a.low + b.low - shift - window >= -126
-        and a.high + b.high + shift + 2 + math.ceil(math.log2(fused)) <= 127
-    )
-    if cfg[W.W_FLOAT32_ADD] and sums_float32 and params.sum_rounding == "toward_zero":
-        cfg[W.W_FLOAT32_ADD] = W.FLOAT32_ADD_PROVEN
+    cfg[W.W_FLOAT32_ADD] = float32_addition(params, a, b)
     cfg[W.W_FUSED_TERMS] = fused
     cfg[W.W_GROUP] = min(
         fused, 2 ** (MAX_WINDOW_BITS - window)
@@ -168,24 +161,30 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     cfg[W.W_ZERO_FLOOR] = (
         NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
     )
-    cfg[W.W_FLOAT32_ADD] = W.FLOAT32_ADD if float32_addition(params) else 0
     return cfg
 
 
-def float32_addition(params: DatapathParams) -> bool:
+def float32_addition(params: DatapathParams, a: _Tables, b: _Tables) -> bool:
     """Whether each tree's n-bit sum joins the accumulator as exactly one IEEE float32
     addition (``_window_kernels._finish_lanes_float32``): the accumulator lies outside the
-    tree and has binary32's precision (24 bits) and normal exponents (-126..127) and rounds
-    to nearest even, and the n-bit sum has at most 24 significant bits (so that every normal
-    one is a float32)."""
+    tree, has binary32's precision (24 bits) and normal exponents (-126..127) and rounds to
+    nearest even, and the n-bit sum has at most 24 bits, truncates, and is 0 or a normal
+    float32 for every pair of formats ``a`` and ``b`` and scale: its nonzero values are at
+    least the window's LSB 2^(R - W), and below fused * 2^(R + 2) (truncation only lowers
+    them), R the tree's exponent sum plus scale."""
     acc = get_format(params.accumulator_format)
+    shift = MAX_SCALE_SHIFT if params.scales != "none" else 0
+    window, fused = params.align_fraction_bits, params.fused_terms
     return (
         not params.accumulator_in_tree
         and 0 < (params.sum_significant_bits or 0) <= 24
+        and params.sum_rounding == "toward_zero"
         and acc.mantissa_bits + 1 == 24
         and 1 - acc.bias == -126
         and acc.emax == 127
         and params.accumulator_rounding == "nearest_even"
+        and a.low + b.low - shift - window >= -126
+        and a.high + b.high + shift + 2 + math.ceil(math.log2(fused)) <= 127
     )
 
 
