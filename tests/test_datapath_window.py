@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from conftest import REPO
 from mxsim import get_format, quantize_mx as quantize
 from mxsim.formats.rounding import rounding_code
 from mxsim.datapath import _window_kernels as W
-from mxsim.datapath import load_hwconfig, matmul
+from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams
 from mxsim.datapath.api import (
     _kernel_arguments,
@@ -233,16 +234,28 @@ def gemm(params, qa, qb, c, method):
     return out, None
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    params=window_params(),
+# GEMM shapes (rows, K, columns), corners (0: crafted corners), magnitudes' spread, seed.
+ROUTE_CASES = dict(
     shape=st.tuples(st.integers(1, 5), st.integers(1, 100), st.integers(1, 6)),
     corners=st.integers(0, 3),
     spread=st.sampled_from([0, 4, 20, 60]),
     seed=st.integers(0, 2**32 - 1),
 )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    params=window_params(),
+    **ROUTE_CASES,
+)
 def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
     assume(window_applies(params))  # every pair of ELEMENTS fits; kept as a guard
+    check_route(params, shape, corners, spread, seed)
+
+
+def check_route(params, shape, corners, spread, seed):
+    """The window kernel's own outputs equal the generic kernel's and the Fraction twin's, and
+    the public API (fast path plus fallback) equals the generic kernel everywhere."""
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
     qa, qb = operands(params, rng, rows, length, columns, corners == 0, spread)
@@ -267,6 +280,65 @@ def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, cor
         assert unflagged.all()  # realistic data stays on the fast path
     # The public API (fast path plus fallback) equals the generic kernel everywhere.
     np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
+
+
+@st.composite
+def float32_addition_params(draw) -> DatapathParams:
+    """Units of the family whose tree sums join the accumulator as one float32 addition
+    (``window.float32_addition``): the accumulator outside the tree, fp32 rounding to
+    nearest even, an n-bit sum of at most 24 bits that truncates, no block scales (B200's
+    FP8 path among them)."""
+    return dataclasses.replace(
+        draw(window_params()),
+        scales="none",
+        accumulator_in_tree=False,
+        accumulator_format="fp32",
+        accumulator_rounding="nearest_even",
+        sum_significant_bits=draw(st.sampled_from([1, 2, 8, 11, 23, 24])),
+        sum_rounding="toward_zero",
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(params=float32_addition_params(), **ROUTE_CASES)
+def test_float32_addition_equals_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    assume(window_applies(params))
+    assert _window_config(params)[0][W.W_FLOAT32_ADD] == 1  # the sums' range is proven
+    check_route(params, shape, corners, spread, seed)
+
+
+@st.composite
+def truncating_in_tree_params(draw) -> DatapathParams:
+    """Units whose accumulator joins the tree with one rounding, toward zero (the GPU FP8
+    and tcgen05 units): the n-bit sum's, no more precise than the accumulator, or without
+    one the accumulator's."""
+    params = draw(window_params())
+    accumulator = draw(st.sampled_from(["fp32", "fp32", "fp16", "bf16"]))
+    precision = get_format(accumulator).mantissa_bits + 1
+    sum_bits = draw(st.one_of(st.none(), st.integers(1, precision)))
+    return dataclasses.replace(
+        params,
+        scales="none" if params.scales == "block_sum" else params.scales,
+        accumulator_in_tree=True,
+        accumulator_format=accumulator,
+        sum_significant_bits=sum_bits,
+        sum_rounding="toward_zero",
+        accumulator_rounding="toward_zero" if sum_bits is None else params.accumulator_rounding,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    params=truncating_in_tree_params(),
+    **ROUTE_CASES,
+)
+def test_truncating_one_rounding_equals_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
 
 
 @pytest.mark.parametrize("accumulator", ["fp32", "fp16", "bf16"])
@@ -395,6 +467,72 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     )
 
 
+@pytest.mark.parametrize("name", ["b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_kept_tiles_of_b_give_the_bits_of_decoding_b_per_call(name):
+    # window_matmul with a memo decodes B's tiles once and reads them in later calls: the
+    # same outputs and flags as without, and as the generic kernel, for a batch of two GEMMs
+    # whose N is split into two uneven tiles, a column of B holding a NaN (its usability is
+    # kept too) and rows of A that change from call to call.
+    rng = np.random.default_rng(11)
+    params = unit(name).params("fp8_e4m3", "fp8_e4m3")
+    groups, rows, length, columns = 2, 37, 70, W.LANES + 37
+    fmt = get_format("fp8_e4m3")
+    tensor_scale = params.scales == "none"  # a unit without block scales: one per tensor
+    quantized = [
+        quantize(
+            rng.standard_normal((columns, length)), fmt.name, axis=1, per_tensor_scale=tensor_scale
+        )
+        for _ in range(groups)
+    ]
+    quantized[1].codes[5, 3] = fmt.encode(np.array([np.nan]))[0]
+    codes_b = np.stack([q.codes for q in quantized]).astype(np.uint32)
+    scales_b = np.stack([_scales_for_unit(q.scales, params) for q in quantized])
+    c_values = rng.standard_normal((groups, rows, columns)).astype(np.float32)
+    memo: dict = {}
+    for call in range(3):
+        qa = [
+            quantize(
+                rng.standard_normal((rows, length)), fmt.name, axis=1, per_tensor_scale=tensor_scale
+            )
+            for _ in range(groups)
+        ]
+        codes_a = np.stack([q.codes for q in qa]).astype(np.uint32)
+        scales_a = np.stack([_scales_for_unit(q.scales, params) for q in qa])
+        operands = (codes_a, codes_b, scales_a, scales_b, c_values)
+        kept = np.empty((groups, rows, columns), dtype=np.uint32)
+        kept_left = window_matmul(params, *operands, kept, memo)
+        fresh = np.empty_like(kept)
+        fresh_left = window_matmul(params, *operands, fresh)
+        np.testing.assert_array_equal(kept, fresh)
+        for index_kept, index_fresh in zip(kept_left, fresh_left):
+            np.testing.assert_array_equal(index_kept, index_fresh)
+        assert set(kept_left[2].tolist()) == {5} and set(kept_left[0].tolist()) == {1}
+        unflagged = np.ones(kept.shape, dtype=bool)
+        unflagged[kept_left] = False
+        slow = np.empty_like(kept)
+        matmul_groups(*operands, *_kernel_arguments(params)[2], slow)
+        np.testing.assert_array_equal(kept[unflagged], slow[unflagged])
+        values = memo["window"][1]
+        tiles = (groups, 2, codes_b.shape[2], -(-columns // 2))  # K padded to whole blocks
+        assert values.shape == tiles and not values.flags.writeable
+
+
+def test_matmul_batched_keeps_the_window_routes_tiles_in_b_memo():
+    rng = np.random.default_rng(12)
+    hw = unit("b200-fp8")
+    A = rng.standard_normal((3, 20, 64)).astype(np.float32)
+    B = rng.standard_normal((3, 64, 30)).astype(np.float32)
+    memo: dict = {}
+    first = matmul_batched(hw, A, B, per_tensor_scale=True, b_memo=memo)
+    (kept,) = memo.values()
+    assert "window" in kept["route"]
+    again = matmul_batched(hw, A * 2.0**-3, B, per_tensor_scale=True, b_memo=memo)
+    fresh = matmul_batched(hw, A * 2.0**-3, B, per_tensor_scale=True)
+    slow = matmul_batched(hw, A, B, per_tensor_scale=True, method="kernel")
+    np.testing.assert_array_equal(first.bits, slow.bits)
+    np.testing.assert_array_equal(again.bits, fresh.bits)
+
+
 def test_start_accumulators_reads_a_single_c_a_run_and_a_wrapped_run_alike():
     # Three ways to read c (one value for every lane, a run, indices wrapping around): the
     # same accumulators and flags from the same values, corners included.
@@ -475,3 +613,95 @@ def test_round_bits_equals_integer_rounding(mode):
                     precision,
                 )
     assert W.round_bits(0.0, W.rounding_rule(24, code)) == 0.0
+
+
+# --- the float32-addition finish against Fraction arithmetic, corners included -------------------
+
+
+def fraction_rounded(value: Fraction, precision: int, mode: str) -> Fraction:
+    """``value`` rounded to ``precision`` significant bits by ``mode`` (toward zero or to
+    nearest even), exponent range unbounded, in exact rational arithmetic."""
+    if value == 0:
+        return Fraction(0)
+    magnitude = abs(value)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if Fraction(2) ** exponent > magnitude:
+        exponent -= 1
+    step = Fraction(2) ** (exponent - precision + 1)
+    kept, rest = divmod(magnitude, step)
+    if mode == "nearest_even" and (rest > step / 2 or (rest == step / 2 and kept % 2 == 1)):
+        kept += 1
+    return (-kept if value < 0 else kept) * step
+
+
+def float32_addition_reference(total, reference, window, sum_bits, sum_mode, acc):
+    """(the accumulator after the tree, whether it is 0 or a normal fp32): the tree sum
+    total * 2^(reference - window) rounded to ``sum_bits`` by ``sum_mode``, added to ``acc``
+    exactly and rounded to fp32's 24 bits to nearest even."""
+    value = fraction_rounded(
+        Fraction(int(total)) * Fraction(2) ** (reference - window), sum_bits, sum_mode
+    )
+    result = fraction_rounded(Fraction(float(acc)) + value, 24, "nearest_even")
+    normal = result == 0 or Fraction(2) ** -126 <= abs(result) < Fraction(2) ** 128
+    return result, normal
+
+
+def test_float32_addition_finish_equals_fraction_arithmetic():
+    # finish_tree's float32-addition loop against exact rational arithmetic and against the
+    # TwoSum loop of the other units (W_FLOAT32_ADD 0), on lanes crafted at its corners:
+    # exact cancellation to +0, ties to even, results that are subnormal or overflow, trees
+    # without a nonzero term, references below the zero floor.
+    params = unit("b200-fp8").params("fp8_e4m3", "fp8_e4m3")
+    params = dataclasses.replace(params, zero_term_exponent=-133)
+    window, sum_bits, sum_mode = (
+        params.align_fraction_bits,
+        params.sum_significant_bits,
+        "toward_zero",
+    )
+    largest = float(np.finfo(np.float32).max)
+    lanes = [  # (integer tree sum, reference R, accumulator)
+        (2**31 + 12345, 3, 1.0),
+        (-(2**32) + 1, 16, 3.0),
+        (2**25, 0, -1.0),  # value 1: cancels exactly to +0
+        (-(2**25), 0, 1.0),
+        (1, 1, 1.0),  # 2^-24: a tie at 1.0, stays 1.0 (even)
+        (1, 1, 1.0 + 2.0**-23),  # a tie at an odd significand: rounds up
+        (3, 1, 1.0),  # 3 * 2^-24: above the tie, rounds up
+        (2**24 + 1, 5, 2.0**7),  # 25 significant bits: the n-bit sum rounds
+        (2**26 - 1, -125, -1.5 * 2.0**-126),  # a sum just below 2^-124, truncated
+        (-(2**25), -126, 1.5 * 2.0**-126),  # a subnormal result: flagged
+        (2**25, 103, largest),  # a tie above the largest finite: overflows, flagged
+        (2**24, 103, largest),  # below the tie: stays the largest finite
+        (2**25, 102, -largest),
+        (0, W.NO_REFERENCE, 2.5),  # no nonzero term in the tree
+        (0, 7, -2.5),
+        (5, -140, 1.0),  # below the zero floor: flagged
+    ]
+    totals = np.array([float(t) for t, _, _ in lanes])
+    references = np.array([r for _, r, _ in lanes], dtype=np.int64)
+    accumulators = np.array([a for _, _, a in lanes], dtype=np.float32).astype(np.float64)
+    cfg = _window_config(params)[0].copy()
+    assert cfg[W.W_FLOAT32_ADD] == 1  # B200's FP8 path takes the float32-addition loop
+
+    def finish(cfg):
+        acc, flags = accumulators.copy(), np.zeros(len(lanes), dtype=np.uint8)
+        W.finish_tree(totals, references, acc, flags, cfg)
+        return acc, flags
+
+    acc, flags = finish(cfg)
+    for lane, (total, reference, start) in enumerate(lanes):
+        result, normal = float32_addition_reference(
+            total, reference, window, sum_bits, sum_mode, np.float32(start)
+        )
+        below_floor = W.NO_REFERENCE < reference < params.zero_term_exponent
+        if normal and not below_floor:  # an exact zero sum is +0 (ties-to-even addition)
+            assert not flags[lane], lanes[lane]
+            assert Fraction(acc[lane]) == result, lanes[lane]
+            assert result != 0 or math.copysign(1, acc[lane]) > 0, lanes[lane]
+        else:
+            assert flags[lane], lanes[lane]
+    assert flags.sum() == 3
+    cfg[W.W_FLOAT32_ADD] = 0  # the TwoSum loop: the same flags and accumulators
+    generic, generic_flags = finish(cfg)
+    np.testing.assert_array_equal(generic_flags, flags)
+    np.testing.assert_array_equal(generic[flags == 0], acc[flags == 0])

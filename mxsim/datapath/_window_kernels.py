@@ -19,8 +19,9 @@ the lanes with the tree position outside:
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
    sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
 
-A GEMM work item is a tile of ``LANES`` columns: it decodes its columns of B once into a
-(K, lanes) tile of float32 values and int8 exponents and runs rows of A against it,
+A GEMM work item is a tile of at most ``LANES`` columns: it decodes its columns of B once
+into a (K, lanes) tile of float32 values and int8 exponents (or reads them kept from an
+earlier call on the same B: a model's weight) and runs rows of A against it,
 ``ROW_BLOCK`` rows at a time so that one tree's slice of the tile stays in cache across them,
 two rows per pass over the lanes so that each load of the tile serves both.
 
@@ -45,6 +46,7 @@ from ..formats._kernels import (
     ROUND_NEAREST_TOWARD_POSITIVE,
     ROUND_TOWARD_NEGATIVE,
     ROUND_TOWARD_POSITIVE,
+    ROUND_TOWARD_ZERO,
     power_of_two,
 )
 from ..quantize._kernels import SCALE_NAN
@@ -87,7 +89,11 @@ W_SCALED = 19  # 1: the unit takes block scales
 W_ZERO_FLOOR = (
     20  # adder.zero_term_exponent (or far below every R): lanes whose R lies below it are flagged
 )
-N_WINDOW_CONFIG = 21
+# 1: each tree's truncated n-bit sum, provably 0 or a normal float32, joins the accumulator
+# as one float32 addition (datapath.window.float32_addition).
+W_FLOAT32_ADD = 21
+N_WINDOW_CONFIG = 22
+FLOAT32_SMALLEST_NORMAL = 2.0**-126
 
 
 @njit(cache=True, inline="always")
@@ -229,7 +235,7 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rule, cfg):
+def _finish_lanes(lanes, in_tree, one_rounding, truncating, rounded_sum, first_rule, acc_rule, cfg):
     """:func:`finish_tree`'s loop, inlined with ``in_tree`` and ``one_rounding`` constants
     so that each copy computes only its own stages. ``rounded_sum`` stays a runtime flag: in
     the one-rounding loop it only picks which value's range is checked, and a copy per value
@@ -241,7 +247,12 @@ def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rul
     identity, and the rounded sum's range is checked) or, without an n-bit sum, the
     accumulator's (the unrounded value's range is checked: below it the accumulator rounds
     at a coarser, subnormal step). Otherwise the n-bit sum's rounding (``first_rule``) where
-    ``rounded_sum``, then the accumulator's."""
+    ``rounded_sum``, then the accumulator's.
+
+    ``truncating`` (a constant, with ``one_rounding``): ``first_rule`` rounds toward zero, a
+    mask on the float64 pattern (sign-magnitude) instead of :func:`round_bits`' bias
+    arithmetic; truncation keeps a magnitude at or above 2^low exactly when the unrounded
+    one is, so the range check reads the unrounded value whichever rounding it was."""
     totals, references, acc, flags, window = lanes
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
@@ -256,8 +267,13 @@ def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rul
             total += np.trunc(previous * power_of_two(window - reference))
         value = total * power_of_two(reference - window)  # exact: |total| < 2^53
         if one_rounding:
-            rounded = round_bits(value, first_rule)
-            checked = rounded if rounded_sum else value
+            if truncating:
+                mask = np.int64(-1) << first_rule[0]
+                rounded = np.int64(np.float64(value).view(np.int64) & mask).view(np.float64)
+                checked = value
+            else:
+                rounded = round_bits(value, first_rule)
+                checked = rounded if rounded_sum else value
             ok = (value == 0.0) | (
                 (abs(checked) >= power_of_two(low)) & (abs(rounded) < power_of_two(high + 1))
             )
@@ -270,6 +286,37 @@ def _finish_lanes(lanes, in_tree, one_rounding, rounded_sum, first_rule, acc_rul
                 value = round_to_odd(high_part, error)
             result, ok = _round_in_range(value, acc_rule, low, high)
         acc[lane] = result
+        flags[lane] |= outside | (not ok)
+
+
+@njit(cache=True, inline="always")
+def _finish_lanes_float32(lanes, cut_bits, zero_floor):
+    """:func:`finish_tree`'s loop for an accumulator outside the tree that is IEEE binary32
+    rounding to nearest even, after an n-bit sum of at most 24 bits that truncates, every
+    nonzero one provably a normal float32 (``W_FLOAT32_ADD``): the truncation is a mask on
+    the float64 pattern (sign-magnitude: the ``cut_bits`` low bits cleared), the truncated
+    sum is exactly a float32, and its rounding into the accumulator is one float32 addition
+    (correctly rounded, ties to even) instead of TwoSum, round to odd and a rounding by bits.
+    Lanes whose result is not 0 or a normal float32 are flagged, as the other loops flag
+    them. An exact zero result is told by acc == -sum rather than by the result being 0, so
+    that a subnormal result flushed to zero (a process running with flush-to-zero) is
+    flagged all the same."""
+    totals, references, acc, flags, window = lanes
+    mask = np.int64(-1) << cut_bits
+    for lane in range(totals.shape[0]):
+        reference = references[lane]
+        outside = NO_REFERENCE < reference < zero_floor  # as in _finish_lanes
+        value = totals[lane] * power_of_two(reference - window)  # exact: |total| < 2^53
+        term = np.float32(np.int64(np.float64(value).view(np.int64) & mask).view(np.float64))
+        previous = np.float32(acc[lane])
+        result = previous + term
+        # Both addends are multiples of 2^-149: a sum below 2^-126 is exact (subnormal), so
+        # no exact sum below the smallest normal rounds up to it.
+        normal = (abs(result) >= np.float32(FLOAT32_SMALLEST_NORMAL)) & (
+            abs(result) < np.float32(np.inf)
+        )
+        ok = (previous == -term) | normal
+        acc[lane] = np.float64(result) if ok else 0.0
         flags[lane] |= outside | (not ok)
 
 
@@ -292,13 +339,19 @@ def finish_tree(totals, references, acc, flags, cfg):
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     rounded_sum = sum_bits > 0
     lanes = (totals, references, acc, flags, window)
-    if cfg[W_ACC_IN_TREE] == 0:
-        _finish_lanes(lanes, False, False, rounded_sum, sum_rule, acc_rule, cfg)
+    if cfg[W_FLOAT32_ADD] != 0:
+        _finish_lanes_float32(lanes, sum_rule[0], cfg[W_ZERO_FLOOR])
+    elif cfg[W_ACC_IN_TREE] == 0:
+        _finish_lanes(lanes, False, False, False, rounded_sum, sum_rule, acc_rule, cfg)
     elif sum_bits <= cfg[W_ACC_BITS]:
         first_rule = sum_rule if rounded_sum else acc_rule
-        _finish_lanes(lanes, True, True, rounded_sum, first_rule, acc_rule, cfg)
+        first_rounding = cfg[W_SUM_ROUNDING] if rounded_sum else cfg[W_ACC_ROUNDING]
+        if first_rounding == ROUND_TOWARD_ZERO:
+            _finish_lanes(lanes, True, True, True, rounded_sum, first_rule, acc_rule, cfg)
+        else:
+            _finish_lanes(lanes, True, True, False, rounded_sum, first_rule, acc_rule, cfg)
     else:
-        _finish_lanes(lanes, True, False, True, sum_rule, acc_rule, cfg)
+        _finish_lanes(lanes, True, False, False, True, sum_rule, acc_rule, cfg)
 
 
 @njit(cache=True)
@@ -335,14 +388,23 @@ def encode_outputs(acc, flags, out, cfg):
 def _decode_tile(codes, first, lanes, values, exponents):
     """(tile_values, tile_exponents): tile_values[k, lane] = values[codes[first + lane, k]]
     (float32) and the exponents alike (int8), rows of codes become the lanes of a (K, lanes)
-    tile. Blocked along K so that the reads and the transposed writes stay in a few cache lines:
-    ``DECODE_BLOCK`` rows of the tile at a time. The tile's rows lie a multiple of 4 KiB apart
-    (1024 lanes), so that the lines written at once share one set of an 8-way L1 cache: more
-    than eight of them evict each other at every lane (64 rows at a time made the decode
-    several times slower)."""
+    tile (:func:`_decode_into`)."""
     length = codes.shape[1]
     tile_values = np.empty((length, lanes), dtype=np.float32)
     tile_exponents = np.empty((length, lanes), dtype=np.int8)
+    _decode_into(codes, first, lanes, values, exponents, tile_values, tile_exponents)
+    return tile_values, tile_exponents
+
+
+@njit(cache=True, inline="always")
+def _decode_into(codes, first, lanes, values, exponents, tile_values, tile_exponents):
+    """Lanes 0 to ``lanes`` of the (K, >= lanes) tiles: tile_values[k, lane] =
+    values[codes[first + lane, k]] and the exponents alike. Blocked along K so that the reads
+    and the transposed writes stay in a few cache lines: ``DECODE_BLOCK`` rows of the tile at
+    a time. The tile's rows lie a multiple of 4 KiB apart (1024 lanes), so that the lines
+    written at once share one set of an 8-way L1 cache: more than eight of them evict each
+    other at every lane (64 rows at a time made the decode several times slower)."""
+    length = codes.shape[1]
     for k0 in range(0, length, DECODE_BLOCK):
         k1 = min(k0 + DECODE_BLOCK, length)
         for lane in range(lanes):
@@ -351,6 +413,31 @@ def _decode_tile(codes, first, lanes, values, exponents):
                 code = row[k]
                 tile_values[k, lane] = values[code]
                 tile_exponents[k, lane] = exponents[code]
+
+
+@njit(cache=True)
+def decode_tiles(codes, values, exponents, width):
+    """Every column tile of a batch of B given as (G, N, K) codes, decoded as
+    :func:`_column_tile` decodes one: (G, tiles, K, width) float32 values and int8 exponents,
+    tile t holding columns t * width onwards (the last tile's lanes past N are 0), for a B
+    that is kept from call to call (a model's weight)."""
+    n_groups, n_columns, length = codes.shape
+    n_tiles = (n_columns + width - 1) // width
+    tile_values = np.zeros((n_groups, n_tiles, length, width), dtype=np.float32)
+    tile_exponents = np.zeros((n_groups, n_tiles, length, width), dtype=np.int8)
+    for g in range(n_groups):
+        for tile in range(n_tiles):
+            first = tile * width
+            lanes = min(width, n_columns - first)
+            _decode_into(
+                codes[g],
+                first,
+                lanes,
+                values,
+                exponents,
+                tile_values[g, tile],
+                tile_exponents[g, tile],
+            )
     return tile_values, tile_exponents
 
 
@@ -377,15 +464,6 @@ def _unusable(codes, scales, finite, scaled):
         for value in scales:
             count += value == SCALE_NAN
     return count != 0
-
-
-@njit(cache=True, inline="always")
-def _unusable_rows(codes, scales, finite, scaled):
-    """:func:`_unusable` of every row (serial: a small fraction of a GEMM's time)."""
-    bad = np.empty(codes.shape[0], dtype=np.bool_)
-    for i in range(codes.shape[0]):
-        bad[i] = _unusable(codes[i], scales[i], finite, scaled)
-    return bad
 
 
 @njit(cache=True, inline="always")
@@ -524,8 +602,12 @@ def _pair_group(
 @njit(cache=True, inline="always")
 def _column_tile(
     tile,
+    width,
     first_block,
     blocks_per_chunk,
+    kept_values,
+    kept_exponents,
+    g,
     codes_a,
     codes_b,
     scales_a,
@@ -541,17 +623,23 @@ def _column_tile(
     out,
     flags,
 ):
-    """One work item of :func:`window_items`: the outputs of the columns of tile ``tile`` in
-    row blocks ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end)."""
+    """One work item of :func:`window_items`: the outputs of the columns of tile ``tile``
+    (columns ``tile * width`` onwards, ``width`` of them, fewer at the end) in row blocks
+    ``first_block`` onwards (``blocks_per_chunk`` of them, fewer at the end). The tile of B
+    is decoded here, or read from ``kept_values[g, tile]`` and ``kept_exponents[g, tile]``
+    where those hold B's decoded tiles (:func:`decode_tiles`; empty otherwise)."""
     n_rows, length = codes_a.shape
     n_columns = codes_b.shape[0]
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
     fused_terms, group, block_size = cfg[W_FUSED_TERMS], cfg[W_GROUP], cfg[W_BLOCK_SIZE]
     scaled = cfg[W_SCALED] != 0
     c_rows = c_values.shape[0]
-    column0 = tile * LANES
-    lanes = min(LANES, n_columns - column0)
-    tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
+    column0 = tile * width
+    lanes = min(width, n_columns - column0)
+    if kept_values.shape[0] > 0:
+        tile_values, tile_exponents = kept_values[g, tile], kept_exponents[g, tile]
+    else:
+        tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
     tile_scales = _tile_scales(scales_b, column0, lanes, scaled)
     acc = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
@@ -592,8 +680,6 @@ def _column_tile(
                         shifts1[lane] = scale_b + scales[lane]
                 tree_references(maxima, shifts, acc[row], references, factors, cfg)
                 tree_references(maxima1, shifts1, acc[other], references1, factors1, cfg)
-                totals[:] = 0
-                totals1[:] = 0
                 for group_start in range(start, stop, group):
                     _pair_group(
                         codes_a[m],
@@ -607,9 +693,14 @@ def _column_tile(
                         partial,
                         partial1,
                     )
-                    for lane in range(lanes):
-                        totals[lane] += partial[lane]
-                        totals1[lane] += partial1[lane]
+                    if group_start == start:  # the first group's sums start the totals
+                        for lane in range(lanes):
+                            totals[lane] = partial[lane]
+                            totals1[lane] = partial1[lane]
+                    else:
+                        for lane in range(lanes):
+                            totals[lane] += partial[lane]
+                            totals1[lane] += partial1[lane]
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
                 if other != row:
                     finish_tree(totals1, references1, acc[other], tile_flags[other], cfg)
@@ -624,21 +715,16 @@ def _column_tile(
 
 
 @njit(cache=True)
-def unusable_rows_and_columns(codes_a, codes_b, scales_a, scales_b, a_finite, b_finite, scaled):
-    """Per group, whether each row of A and each row of B given as (N, K) holds a code or
-    scale the window route does not take (:func:`_unusable_rows`)."""
-    n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
-    n_columns = codes_b.shape[1]
-    bad_rows = np.empty((n_groups, n_rows), dtype=np.bool_)
-    bad_columns = np.empty((n_groups, n_columns), dtype=np.bool_)
-    for g in range(n_groups):  # loops: a slice assignment compiles Numba's shape-error formatting
-        rows = _unusable_rows(codes_a[g], scales_a[g], a_finite, scaled)
-        for m in range(n_rows):
-            bad_rows[g, m] = rows[m]
-        columns = _unusable_rows(codes_b[g], scales_b[g], b_finite, scaled)
-        for n in range(n_columns):
-            bad_columns[g, n] = columns[n]
-    return bad_rows, bad_columns
+def unusable_rows(codes, scales, finite, scaled):
+    """(G, rows) bools: whether each row of a batch of (G, rows, K) codes holds a code or
+    (``scaled``) a scale the window route does not take (:func:`_unusable`). Serial: a small
+    fraction of a GEMM's time."""
+    n_groups, n_rows = codes.shape[0], codes.shape[1]
+    bad = np.empty((n_groups, n_rows), dtype=np.bool_)
+    for g in range(n_groups):
+        for i in range(n_rows):
+            bad[g, i] = _unusable(codes[g, i], scales[g, i], finite, scaled)
+    return bad
 
 
 @njit(cache=True, nogil=True)
@@ -654,25 +740,34 @@ def window_items(
     b_exponents,
     bad_rows,
     bad_columns,
+    kept_values,
+    kept_exponents,
     cfg,
     out,
     flags,
     n_tiles,
+    width,
     items,
     blocks_per_chunk,
     start,
     stop,
 ):
     """Work items ``start`` to ``stop`` of a GEMM batch (``datapath.window.window_matmul``),
-    ``items`` of them per group: column tile ``item % n_tiles`` of its group against the ``item // n_tiles``-th chunk of
-    ``blocks_per_chunk`` row blocks."""
+    ``items`` of them per group: column tile ``item % n_tiles`` (``width`` columns) of its
+    group against the ``item // n_tiles``-th chunk of ``blocks_per_chunk`` row blocks; B's
+    tiles decoded in each item, or read from ``kept_values`` and ``kept_exponents`` where
+    they are not empty (:func:`decode_tiles`)."""
     c_groups = c_values.shape[0]
     for item in range(start, stop):
         g, rest = item // items, item % items
         _column_tile(
             rest % n_tiles,
+            width,
             (rest // n_tiles) * blocks_per_chunk,
             blocks_per_chunk,
+            kept_values,
+            kept_exponents,
+            g,
             codes_a[g],
             codes_b[g],
             scales_a[g],

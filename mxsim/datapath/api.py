@@ -799,7 +799,7 @@ def matmul_batched(
 
     ``b_memo``: None, or a dict the caller keeps for one B (the same MXTensors, their codes
     and scales unchanged, from call to call: a model's weight): B's validated codes and the
-    BLAS route's decoded B are kept there per unit and formats, and later calls
+    BLAS or window route's decoded B are kept there per unit and formats, and later calls
     skip that work (results the same bits). It holds up to 12 bytes per element of B; the
     caller drops it to free them.
 
@@ -931,7 +931,8 @@ def _gemm_routes(
     window route where ``method`` and the unit allow, the generic kernel elsewhere. With a
     ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
     together when a group has fewer), reporting after each; without, in one call. ``memo``:
-    the BLAS route's kept work on this B (:func:`~mxsim.datapath.blas.blas_matmul`)."""
+    the BLAS route's kept work on this B (:func:`~mxsim.datapath.blas.blas_matmul`), or the
+    window route's (:func:`~mxsim.datapath.window.window_matmul`)."""
     groups, rows = codes_a.shape[:2]
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
@@ -1024,7 +1025,8 @@ def _gemm_routes(
             c_tile,
         )
         if window:
-            g, m, n = window_matmul(params, *tile, out[g0:g1, r0:r1])
+            whole_b = g0 == 0 and g1 == groups  # the memo holds B's tiles of every group
+            g, m, n = window_matmul(params, *tile, out[g0:g1, r0:r1], memo if whole_b else None)
             if m.size:  # specials and out-of-range values: the generic kernel
                 _recompute(g, m, n, *tile, kernel_args, out[g0:g1, r0:r1])
         else:

@@ -30,6 +30,10 @@ from .tables import element_tables, sum_format
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
 MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
+# No kept tiles of B (window_matmul without a memo): read-only as the kept ones are.
+_NO_TILES = (np.zeros((0, 0, 0, 0), dtype=np.float32), np.zeros((0, 0, 0, 0), dtype=np.int8))
+for _array in _NO_TILES:
+    _array.setflags(write=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +124,7 @@ def _window_config(params: DatapathParams):
     if lowest < 1 - sums.bias or highest >= sums.emax:
         return None
     cfg = tree_end_config(params)
+    cfg[W.W_FLOAT32_ADD] = float32_addition(params, a, b)
     cfg[W.W_FUSED_TERMS] = fused
     cfg[W.W_GROUP] = min(
         fused, 2 ** (MAX_WINDOW_BITS - window)
@@ -159,25 +164,72 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     return cfg
 
 
-def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
+def float32_addition(params: DatapathParams, a: _Tables, b: _Tables) -> bool:
+    """Whether each tree's n-bit sum joins the accumulator as exactly one IEEE float32
+    addition (``_window_kernels._finish_lanes_float32``): the accumulator lies outside the
+    tree, has binary32's precision (24 bits) and normal exponents (-126..127) and rounds to
+    nearest even, and the n-bit sum has at most 24 bits, truncates, and is 0 or a normal
+    float32 for every pair of formats ``a`` and ``b`` and scale: its nonzero values are at
+    least the window's LSB 2^(R - W), and below fused * 2^(R + 2) (truncation only lowers
+    them), R the tree's exponent sum plus scale."""
+    acc = get_format(params.accumulator_format)
+    shift = MAX_SCALE_SHIFT if params.scales != "none" else 0
+    window, fused = params.align_fraction_bits, params.fused_terms
+    return (
+        not params.accumulator_in_tree
+        and 0 < (params.sum_significant_bits or 0) <= 24
+        and params.sum_rounding == "toward_zero"
+        and acc.mantissa_bits + 1 == 24
+        and 1 - acc.bias == -126
+        and acc.emax == 127
+        and params.accumulator_rounding == "nearest_even"
+        and a.low + b.low - shift - window >= -126
+        and a.high + b.high + shift + 2 + math.ceil(math.log2(fused)) <= 127
+    )
+
+
+def window_matmul(
+    params: DatapathParams,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    out,
+    memo: dict | None = None,
+):
     """Fill ``out`` (G, M, N) with the output bits of the batch of GEMMs A[g] (M, K) times
     B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values`` (G, M, N) or
     (1, 1, 1)); returns the (groups, rows, columns) index arrays of the outputs the generic
     kernel must compute.
 
-    Work items are column tiles of ``LANES`` columns of one group, each decoding its B tile
-    once (``_window_kernels.window_items``); rows are split into chunks of row blocks only as
-    far as it takes to give each of Numba's thread count of Python threads work
-    (``_threads.run_in_threads``: a ``prange`` loop compiles as a second, parallel kernel).
-    The split does not change the result."""
+    Work items are column tiles of one group, ``LANES`` columns or fewer (N split evenly),
+    each decoding its B tile once (``_window_kernels.window_items``); rows are split into
+    chunks of row blocks only as far as it takes to give each of Numba's thread count of
+    Python threads work (``_threads.run_in_threads``: a ``prange`` loop compiles as a second,
+    parallel kernel). The split does not change the result.
+
+    ``memo``: None, or a dict kept with this B (its codes and scales unchanged from call to
+    call, as ``matmul_batched``'s ``b_memo``): B's decoded tiles and its rows' usability are
+    kept there under "window" (5 bytes per element of B, a little more where N is not a
+    multiple of the tile width), and later calls read them instead of decoding B again."""
     cfg, a, b = _window_config(params)
+    scaled = bool(cfg[W.W_SCALED])
     flags = np.empty(out.shape, dtype=np.uint8)
     n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
     n_columns = codes_b.shape[1]
-    bad_rows, bad_columns = W.unusable_rows_and_columns(
-        codes_a, codes_b, scales_a, scales_b, a.finite, b.finite, cfg[W.W_SCALED] != 0
-    )
-    n_tiles = -(-n_columns // W.LANES)
+    n_tiles = max(1, -(-n_columns // W.LANES))
+    width = max(1, -(-n_columns // n_tiles))
+    kept = None if memo is None else memo.get("window")
+    if kept is None:
+        kept = (W.unusable_rows(codes_b, scales_b, b.finite, scaled), *_NO_TILES)
+        if memo is not None:
+            tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
+            for array in tiles:
+                array.setflags(write=False)  # one kernel signature with _NO_TILES
+            kept = memo["window"] = (kept[0], *tiles)
+    bad_columns, kept_values, kept_exponents = kept
+    bad_rows = W.unusable_rows(codes_a, scales_a, a.finite, scaled)
     n_blocks = -(-n_rows // W.ROW_BLOCK)
     threads = numba.get_num_threads()
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
@@ -194,10 +246,13 @@ def window_matmul(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, 
         b.exponents,
         bad_rows,
         bad_columns,
+        kept_values,
+        kept_exponents,
         cfg,
         out,
         flags,
         n_tiles,
+        width,
         n_tiles * chunks,
         blocks_per_chunk,
     )
