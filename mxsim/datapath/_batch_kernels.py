@@ -142,7 +142,7 @@ def window_groups(
     recompute. ``codes_a`` (G, M, K), ``codes_b`` (G, N, K), their scales (G, rows, blocks),
     ``c_values`` (G, M * N) or (1, 1), the per-code tables and ``cfg`` as
     ``_window_kernels.window_items`` takes them, ``bad_rows`` (G, M) and ``bad_columns``
-    (G, N) from ``_window_kernels.unusable_rows_and_columns``.
+    (G, N) from ``_window_kernels.unusable_rows``.
 
     Lane i * N + j pairs row i of A[g] with row j of B[g] (given as (N, K)): the group's
     elements are decoded once and repeated into (K, M * N) tiles, then the window stages run

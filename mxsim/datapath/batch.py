@@ -180,9 +180,9 @@ def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values,
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
     flags = np.empty(out.shape, dtype=np.uint8)
-    bad_rows, bad_columns = W.unusable_rows_and_columns(
-        codes_a, codes_b, scales_a, scales_b, a.finite, b.finite, cfg[W.W_SCALED] != 0
-    )
+    scaled = cfg[W.W_SCALED] != 0
+    bad_rows = W.unusable_rows(codes_a, scales_a, a.finite, scaled)
+    bad_columns = W.unusable_rows(codes_b, scales_b, b.finite, scaled)
     arguments = (
         codes_a,
         codes_b,
