@@ -41,7 +41,8 @@ from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath._tree_kernels import (
     COLUMNS,
     trees16_fp32,
-    fused_grid_trees,
+    grid_trees8,
+    grid_trees16,
     rne_trees8,
 )
 from mxsim.datapath import blas as blas_module
@@ -934,8 +935,8 @@ def test_fused_eight_term_trees_equal_fractions(shape, spread, c_shift, seed):
     flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
     trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
     got = acc.copy()
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, packed, fresh)
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, spare, packed)
     want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
 
@@ -954,8 +955,8 @@ def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
     acc = np.repeat(acc[None, :, None], 3, axis=2)
     row_steps, column_steps = np.full((1, 1, 4), 2.0**-20), np.full((1, 1, 3), 2.0**-20)
     got = acc.copy()
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, packed, fresh)
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, spare, packed)
     want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up
@@ -972,8 +973,8 @@ def test_fused_eight_term_trees_add_a_zero_sum_as_plus_zero():
     acc = np.array([[[-0.0, -0.0, 1.0], [-0.0, np.inf, -0.0]]], dtype=np.float32)
     steps_r, steps_c = np.ones((1, 1, 2)), np.ones((1, 1, 3))
     got = acc.copy()
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, b, np.array([(0, 0)]), steps_r, steps_c, got, packed, fresh)
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array([(0, 0)]), steps_r, steps_c, got, spare, packed)
     want = tree8_twin(acc, a, b, [(0, 0)], steps_r, steps_c)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == 0.0 and not np.signbit(got[0, 0, 0])
@@ -1042,7 +1043,7 @@ def test_codes_widened_in_chunks_give_the_kernels_bits(monkeypatch, name, codes_
 
 
 def grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
-    """``fused_grid_trees``' outputs as fp32 bits in Fractions: each tree's exact sum of products
+    """``grid_trees8``' and ``grid_trees16``' outputs as fp32 bits in Fractions: each tree's exact sum of products
     of a (1, r, K) and b (1, n, K), tree after tree through ``grid_step_twin``."""
     out = acc.astype(np.float64).copy()
     for first, block in trees:
@@ -1060,12 +1061,15 @@ def grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding) 
 
 def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
     got = acc.copy()
-    work = np.empty((max(terms, 16) + 2, COLUMNS))
+    work = np.empty((18, COLUMNS))
     keep_factor = 2.0 ** (70 - 34 + 24)
     choices = np.array(ROUNDING_CHOICES[rounding])
-    fused_grid_trees(
-        a, b, np.array(trees), terms, row_steps, column_steps, keep_factor, choices, got, work
-    )
+    trees = np.array(trees)
+    if terms == 8:  # fp8_e4m3: the least product step 2^-18
+        limits, spare = (keep_factor, 2.0 ** (-18 + 53)), np.empty_like(got)
+        grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, got, spare, work)
+    else:
+        grid_trees16(a, b, trees, row_steps, column_steps, keep_factor, choices, got, work)
     return got.view(np.uint32)
 
 
@@ -1076,9 +1080,9 @@ def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms)
     # just off them, exact cancellation, fp32's largest, infinities, subnormals) at X from
     # the floor up, with the sums the kernel takes (multiples of fp8_e4m3's least product
     # 2^-18, below a quarter of the left pass-through limit, 2^58), each as one output over
-    # 16 products: two trees of 8 of one block (one
-    # pass: ``_paired_pass``) or one of 16 (the first 8 summed ahead), the case's sum a single
-    # product in the first 8 or the last, or in both (two steps of it; one sum of two).
+    # 16 products: two trees of 8 of one block (``grid_trees8``, rows in pairs) or one of 16
+    # (``grid_trees16``, the first 8 summed ahead), the case's sum a single product in the
+    # first 8 or the last, or in both (two steps of it; one sum of two).
     floor = grid_floor(GRID_HW["mxdotp"].params("fp8_e4m3", "fp8_e4m3"))
     cases = [
         (acc, value, x)
@@ -1289,7 +1293,7 @@ def test_fp4_units_off_nearest_even_take_the_float32_trees(monkeypatch, name):
     monkeypatch.setattr(
         _tree_kernels, "trees16_fp32", lambda *args: calls.append(1) or original(*args)
     )
-    monkeypatch.setattr(_tree_kernels, "fused_grid_trees", None)  # not called
+    monkeypatch.setattr(_tree_kernels, "grid_trees16", None)  # not called
     fast = matmul(GRID_HW[name], qa, qb).bits
     monkeypatch.undo()
     assert calls
