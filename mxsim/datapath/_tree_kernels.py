@@ -124,25 +124,30 @@ def _odd_row(old, new, x, packed, width) -> None:
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spare, work):
-    """``grid_trees16``'s step for trees of 8 float64 products (``limits``: keep_factor, then
-    ``exact_factor`` = 2^(low + 53), low the exponent of the formats' least product step),
-    two rows at a time and with a cheaper exactness test. Each tree reads the accumulators
-    from one of ``acc`` and ``spare`` (same shape, float32) and writes the other (the result
-    ends in ``acc``); ``work`` a (10, COLUMNS) float64 scratch.
+    """``grid_trees16``'s step for trees of 8 float64 products, in every mode but nearest even
+    (refused: ``rne_trees8`` takes it), two rows at a time and with a cheaper exactness test.
+    ``limits``: keep_factor, then exact_factor = 2^(low + 53), low the exponent of the
+    formats' least product step. The accumulators are fp32 values
+    held in float64 (no conversions per step); each tree reads them from one of ``acc`` and
+    ``spare`` (same shape, float64) and writes the other (the result ends in ``acc``);
+    ``work`` a (10, COLUMNS) float64 scratch.
 
-    Per pair of rows and pass, t = RN64(acc + S) is rounded by ``_round_bits``; a row is
-    redone (as ``grid_trees16`` redoes one) where t - S != acc, or |t| reaches 2^128 or
+    Per pair of rows and pass, t = RN64(acc + S) is rounded by ``_round_bits`` (its fp32
+    result kept in float64: exact); a row is redone (as ``grid_trees16`` redoes one) where
+    t - S != acc, or |t| reaches 2^127 (no rounding in the pass reaches fp32's overflow) or
     2^(Xa + least Xb) min(keep_factor / 2, exact_factor). That finds every inexact t: where
     |S| >= |acc|, t - S is exact (Dekker's lemma) and equals acc iff t is; where |acc| > |S|
     and t is inexact, the exact sum (a multiple of 2^(X + low), as S is, or of acc's fp32
     step where that is larger, and then below 2^(its exponent + 2): 25 bits) is a multiple
     of 2^(X + low) of more than 53 bits, so |t| >= 2^(X + low + 53). A kept accumulator and
-    an infinite one reach the range bound."""
+    an infinite one reach the range bound. Serial."""
     groups, rows, columns = acc.shape
     keep_factor, exact_factor = limits
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
     ties = not directed and (large_positive or large_negative)
     rounding = _bits_rounding(directed, large_positive, large_negative)
+    if rounding[0] == 0:  # ``_round_bits64`` rounds by its mask alone
+        raise ValueError("grid_trees8: choices must not be nearest even (rne_trees8 takes it)")
     flags = directed, large_positive, large_negative, ties
     packed, sums, column_limits = work[:8], work[-2], work[-1]
     count = trees.shape[0]
@@ -164,8 +169,8 @@ def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spar
                     new1 = target[g, i + 1, j0 : j0 + width]
                     step0, step1 = row_steps[block, g, i], row_steps[block, g, i + 1]
                     x, y = _eight(a[g, i], first, step0), _eight(a[g, i + 1], first, step1)
-                    high0 = min(2.0**128, step0 * least)
-                    high1 = min(2.0**128, step1 * least)
+                    high0 = min(2.0**127, step0 * least)
+                    high1 = min(2.0**127, step1 * least)
                     bad0, bad1 = _grid_rows(
                         old0, new0, old1, new1, x, y, packed, width, high0, high1, rounding
                     )
@@ -180,7 +185,7 @@ def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spar
                     old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
                     step0 = row_steps[block, g, i]
                     x = _eight(a[g, i], first, step0)
-                    high0 = min(2.0**128, step0 * least)
+                    high0 = min(2.0**127, step0 * least)
                     bad0, bad1 = _grid_rows(
                         old0, new0, old0, new0, x, x, packed, width, high0, high0, rounding
                     )
@@ -193,7 +198,7 @@ def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spar
 
 @njit(cache=True, inline="always", fastmath={"contract"})
 def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, rounding):
-    """new = ``_round_bits``(RN64(old + S)) for two rows, S the sum over m < 8 of x[m]
+    """new = ``_round_bits``(RN64(old + S)) in float64 for two rows, S the sum over m < 8 of x[m]
     packed[m, j] (of ``y`` for the second row; both read ``packed`` once per column), in
     one chain of fused multiply-adds (exact in any order: the sums fit float64; a chain
     leaves the adders to the rounding); whether either row had a sum t with t - S != old
@@ -221,13 +226,13 @@ def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, roundi
         u += y5 * b5[j]
         u += y6 * b6[j]
         u += y7 * b7[j]
-        o = np.float64(old0[j])
+        o = old0[j]
         total0 = o + s
-        new0[j] = _round_bits(total0, mask, add_positive, add_negative)
+        new0[j] = _round_bits64(total0, mask, add_positive, add_negative)
         bad0 |= (total0 - s != o) | ~(abs(total0) < high0)
-        p = np.float64(old1[j])
+        p = old1[j]
         total1 = p + u
-        new1[j] = _round_bits(total1, mask, add_positive, add_negative)
+        new1[j] = _round_bits64(total1, mask, add_positive, add_negative)
         bad1 |= (total1 - u != p) | ~(abs(total1) < high1)
     return bad0, bad1
 
@@ -379,6 +384,16 @@ def _odd_grid_pass(out, fresh, x, packed, sums, limits, flags, partial) -> None:
         total = odd_sum(old, s + 0.0)
         rounded = _round_fp32(total, directed, large_positive, large_negative, ties)
         fresh[j] = out[j] if abs(old) >= column_limits[j] * step else rounded
+
+
+@njit(cache=True, inline="always")
+def _round_bits64(value, mask, add_positive, add_negative):
+    """``_round_bits``' fp32 result as a float64 (the bits it converts), for ``value`` below
+    2^127 in magnitude (so no rounding reaches 2^128) and a nonzero ``mask`` (nearest even,
+    mask 0, is the conversion's: not here)."""
+    bits = np.float64(value).view(np.int64)
+    add = add_negative if value < 0.0 else add_positive
+    return np.int64((bits + add) & ~mask).view(np.float64)
 
 
 @njit(cache=True, inline="always")

@@ -1073,10 +1073,11 @@ def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, s
     keep_factor = 2.0 ** (int(grid[1]) - int(grid[0]) + 24)
     work = np.empty((18, COLUMNS))
     b = np.ascontiguousarray(b)
-    if terms == 8:
-        limits = keep_factor, exact_factor
-        spare = np.empty_like(running)
-        grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, running, spare, work)
+    if terms == 8:  # the accumulators in float64 while the kernel runs
+        limits, wide = (keep_factor, exact_factor), running.astype(np.float64)
+        spare = np.empty_like(wide)
+        grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, wide, spare, work)
+        running[...] = wide
     elif (
         span is not None
         and a.dtype == b.dtype == np.float32
