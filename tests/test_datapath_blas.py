@@ -583,6 +583,7 @@ ROUNDINGS = [
     "nearest_toward_positive",
 ]
 FP32_MAX = float(np.finfo(np.float32).max)
+OFF_EVEN_ROUNDINGS = [r for r in ROUNDINGS if r != "nearest_even"]
 
 
 def grid_step_twin(acc: float, exact_sum: Fraction, exponent: int, rounding: str) -> float:
@@ -1118,6 +1119,35 @@ def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms)
     mismatches = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
     assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
     assert count > 800
+
+
+@pytest.mark.parametrize("rounding", OFF_EVEN_ROUNDINGS)
+def test_eight_term_grid_trees_redo_sums_only_their_magnitude_shows_inexact(rounding):
+    # acc far above S (2^40 and 2^37 at X = 0, 2^90 at X = 50) and S of one product 2^-18
+    # (two fp8_e4m3 subnormals) or a few: the exact sum needs more than 53 bits, its float64
+    # t rounds back onto acc and t - S == acc, so only the magnitude bound |t| >=
+    # 2^(X - 18 + 53) sends the row to the round-to-odd redo (toward zero, 2^40 - 2^-18 is
+    # 2^40's lower fp32 neighbour, not 2^40). Rows in pairs: the inexact row beside an exact one,
+    # and the other way round, and an odd last row; each tree the grid twin's step.
+    tiny = 2.0**-9
+    a = np.zeros((1, 5, 16))
+    a[0, :, 0] = [tiny, -tiny, 1.0, -tiny, tiny]
+    a[0, :, 9] = [0.0, tiny, 0.0, 3 * tiny, -tiny]
+    b = np.zeros((1, 2, 16))
+    b[0, :, 0] = [tiny, -tiny]
+    b[0, :, 9] = [tiny, 2 * tiny]
+    acc = np.array([2.0**40, -(2.0**40), 1.0, 2.0**37 * 3, 2.0**90], dtype=np.float32)
+    acc = np.repeat(acc[None, :, None], 2, axis=2)
+    row_steps = np.ones((1, 1, 5))
+    row_steps[0, 0, 4] = 2.0**50
+    column_steps = np.ones((1, 1, 2))
+    trees = [(0, 0), (8, 0)]
+    got = run_grid_trees(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+    if rounding == "toward_zero":  # 2^40 - 2^-18 (column 1), 2^40 + 2^-18 (column 0)
+        assert got[0, 0, 1] == np.float32(2.0**40 - 2.0**16).view(np.uint32)
+        assert got[0, 0, 0] == np.float32(2.0**40).view(np.uint32)
 
 
 @settings(max_examples=25, deadline=None)
