@@ -1150,6 +1150,26 @@ def test_eight_term_grid_trees_redo_sums_only_their_magnitude_shows_inexact(roun
         assert got[0, 0, 0] == np.float32(2.0**40).view(np.uint32)
 
 
+@pytest.mark.parametrize("rounding", OFF_EVEN_ROUNDINGS)
+def test_eight_term_grid_trees_keep_an_overflow_from_a_rounding_up(rounding):
+    # acc = +-fp32's largest plus S = +-2^103 (X = 103): rounding away from zero overflows to
+    # Inf (in float64 that would be 2^128); the next tree's S = -+2^110 must leave the Inf
+    # (an earlier overflow stays the result), not round 2^128 - 2^110 to a finite value.
+    a = np.zeros((1, 2, 16))
+    a[0, :, 0] = [1.0, -1.0]
+    a[0, :, 8] = [-8.0, 8.0]
+    b = np.zeros((1, 1, 16))
+    b[0, 0, [0, 8]] = [1.0, 16.0]
+    acc = np.array([[[FP32_MAX], [-FP32_MAX]]], dtype=np.float32)
+    row_steps, column_steps = np.full((1, 1, 2), 2.0**100), np.full((1, 1, 1), 2.0**3)
+    trees = [(0, 0), (8, 0)]
+    got = run_grid_trees(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+    if rounding == "toward_positive":
+        assert got.view(np.float32)[0, 0, 0] == np.inf
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     fmt=st.sampled_from(["fp8_e4m3", "fp4_e2m1"]),
