@@ -77,30 +77,10 @@ def _rne_rows(old0, new0, old1, new1, x, y, packed, width):
     multiply-adds from +0 (exact in any order: the sums fit float64; a chain leaves the
     adders to the rounding; an exact zero sum is +0, whatever its products' signs); whether
     any RN64 sum of either row was inexact."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = x
-    y0, y1, y2, y3, y4, y5, y6, y7 = y
-    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
-    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
+    rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
     bad0 = bad1 = False
     for j in range(width):
-        s = 0.0
-        s += x0 * b0[j]
-        s += x1 * b1[j]
-        s += x2 * b2[j]
-        s += x3 * b3[j]
-        s += x4 * b4[j]
-        s += x5 * b5[j]
-        s += x6 * b6[j]
-        s += x7 * b7[j]
-        u = 0.0
-        u += y0 * b0[j]
-        u += y1 * b1[j]
-        u += y2 * b2[j]
-        u += y3 * b3[j]
-        u += y4 * b4[j]
-        u += y5 * b5[j]
-        u += y6 * b6[j]
-        u += y7 * b7[j]
+        s, u = _chain8(x, rows, j), _chain8(y, rows, j)
         o = np.float64(old0[j])
         total0 = o + s
         new0[j] = np.float32(total0)
@@ -110,6 +90,24 @@ def _rne_rows(old0, new0, old1, new1, x, y, packed, width):
         new1[j] = np.float32(total1)
         bad1 |= (total1 - p != u) | (total1 - u != p)
     return bad0, bad1
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _chain8(x, rows, j):
+    """The sum over m < 8 of x[m] rows[m][j] (``rows`` a tuple of 8 arrays), one chain of
+    fused multiply-adds from +0: exact in any order where the sums fit float64 (a chain
+    leaves the adders to the rounding), an exact zero sum +0 whatever its products' signs."""
+    b0, b1, b2, b3, b4, b5, b6, b7 = rows
+    s = 0.0
+    s += x[0] * b0[j]
+    s += x[1] * b1[j]
+    s += x[2] * b2[j]
+    s += x[3] * b3[j]
+    s += x[4] * b4[j]
+    s += x[5] * b5[j]
+    s += x[6] * b6[j]
+    s += x[7] * b7[j]
+    return s
 
 
 @njit(cache=True, inline="always")
@@ -204,28 +202,10 @@ def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, roundi
     leaves the adders to the rounding); whether either row had a sum t with t - S != old
     or |t| at least its ``high``."""
     mask, add_positive, add_negative = rounding
-    x0, x1, x2, x3, x4, x5, x6, x7 = x
-    y0, y1, y2, y3, y4, y5, y6, y7 = y
-    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
-    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
+    rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
     bad0 = bad1 = False
     for j in range(width):
-        s = x0 * b0[j]
-        s += x1 * b1[j]
-        s += x2 * b2[j]
-        s += x3 * b3[j]
-        s += x4 * b4[j]
-        s += x5 * b5[j]
-        s += x6 * b6[j]
-        s += x7 * b7[j]
-        u = y0 * b0[j]
-        u += y1 * b1[j]
-        u += y2 * b2[j]
-        u += y3 * b3[j]
-        u += y4 * b4[j]
-        u += y5 * b5[j]
-        u += y6 * b6[j]
-        u += y7 * b7[j]
+        s, u = _chain8(x, rows, j), _chain8(y, rows, j)
         o = old0[j]
         total0 = o + s
         new0[j] = _round_bits64(total0, mask, add_positive, add_negative)
