@@ -78,18 +78,24 @@ def _rne_rows(old0, new0, old1, new1, x, y, packed, width):
     adders to the rounding; an exact zero sum is +0, whatever its products' signs); whether
     any RN64 sum of either row was inexact."""
     rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
-    bad0 = bad1 = False
+    bad0 = bad1 = np.int64(0)
     for j in range(width):
         s, u = _chain8(x, rows, j), _chain8(y, rows, j)
         o = np.float64(old0[j])
         total0 = o + s
         new0[j] = np.float32(total0)
-        bad0 |= (total0 - o != s) | (total0 - s != o)
+        bad0 |= _differ(total0 - o, s) | _differ(total0 - s, o)
         p = np.float64(old1[j])
         total1 = p + u
         new1[j] = np.float32(total1)
-        bad1 |= (total1 - p != u) | (total1 - u != p)
-    return bad0, bad1
+        bad1 |= _differ(total1 - p, u) | _differ(total1 - u, p)
+    return bad0 != 0, bad1 != 0
+
+
+@njit(cache=True, inline="always")
+def _differ(first, second):
+    """The bits of two float64s xor'd: 0 iff they are the same float64."""
+    return np.float64(first).view(np.int64) ^ np.float64(second).view(np.int64)
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
@@ -203,17 +209,22 @@ def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, roundi
     or |t| at least its ``high``."""
     mask, add_positive, add_negative = rounding
     rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
-    bad0 = bad1 = False
+    magnitude = np.int64(0x7FFFFFFFFFFFFFFF)  # the bits of |t|, ordered as |t| is
+    differ0 = differ1 = top0 = top1 = np.int64(0)
     for j in range(width):
         s, u = _chain8(x, rows, j), _chain8(y, rows, j)
         o = old0[j]
         total0 = o + s
         new0[j] = _round_bits64(total0, mask, add_positive, add_negative)
-        bad0 |= (total0 - s != o) | ~(abs(total0) < high0)
+        differ0 |= _differ(total0 - s, o)
+        top0 = max(top0, np.float64(total0).view(np.int64) & magnitude)
         p = old1[j]
         total1 = p + u
         new1[j] = _round_bits64(total1, mask, add_positive, add_negative)
-        bad1 |= (total1 - u != p) | ~(abs(total1) < high1)
+        differ1 |= _differ(total1 - u, p)
+        top1 = max(top1, np.float64(total1).view(np.int64) & magnitude)
+    bad0 = differ0 != 0 or top0 >= np.float64(high0).view(np.int64)
+    bad1 = differ1 != 0 or top1 >= np.float64(high1).view(np.int64)
     return bad0, bad1
 
 
