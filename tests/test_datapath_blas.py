@@ -963,6 +963,27 @@ def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
     assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up
 
 
+def test_fused_eight_term_trees_redo_a_tiny_accumulator_under_a_midpoint():
+    # S = 1 + 2^-24 (2^16 + 2^-8 = 256 * 256 + 2^-4 * 2^-4, times 2^-16), the midpoint of 1
+    # and its upper neighbour, and acc = +-2^-100: the exact sum lies just off the midpoint,
+    # the float64 sum drops acc and lands on it, and t - acc == S; only t - S != acc sends
+    # the row to the round-to-odd redo (for acc > 0 the sum rounds up to 1 + 2^-23, not to
+    # the even 1). Both rows of a pair, and an odd last row.
+    a = np.zeros((1, 3, 8))
+    a[0, :, :2] = [256.0, 2.0**-4]
+    b = np.zeros((1, 2, 8))
+    b[0, :, :2] = [256.0, 2.0**-4]
+    acc = np.array([2.0**-100, 2.0**-100, -(2.0**-100)], dtype=np.float32)
+    acc = np.repeat(acc[None, :, None], 2, axis=2)
+    row_steps, column_steps = np.full((1, 1, 3), 2.0**-16), np.ones((1, 1, 2))
+    got = acc.copy()
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, spare, packed)
+    want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), want)
+    assert (got[0, :2] == np.float32(1 + 2.0**-23)).all() and (got[0, 2] == 1.0).all()
+
+
 def test_fused_eight_term_trees_add_a_zero_sum_as_plus_zero():
     # A -0 accumulator and a tree whose products are all -0 (negative zeros times 1) or
     # mixed: the exact sum is 0, so RNE(-0 + 0) is +0 in both passes (the infinite row takes
