@@ -1217,7 +1217,7 @@ def test_fused_grid_trees_equal_fractions(fmt, rounding, shape, spread, c_shift,
     b = finite[rng.integers(0, finite.size, (1, columns, k))].astype(dtype)
     blocks = -(-k // 32)
     floor = grid_floor(GRID_HW["mxdotp"].params(fmt, fmt))
-    base = int(rng.integers(floor // 2 + spread, 80))
+    base = int(rng.integers(-(-floor // 2) + spread, 80))  # 2 (base - spread) >= floor
     row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) + base)
     column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) + base)
     assert (np.log2(row_steps.min()) + np.log2(column_steps.min())) >= floor
