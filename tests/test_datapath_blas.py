@@ -41,7 +41,8 @@ from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath._tree_kernels import (
     COLUMNS,
     trees16_fp32,
-    fused_grid_trees,
+    grid_trees8,
+    grid_trees16,
     rne_trees8,
 )
 from mxsim.datapath import blas as blas_module
@@ -582,6 +583,7 @@ ROUNDINGS = [
     "nearest_toward_positive",
 ]
 FP32_MAX = float(np.finfo(np.float32).max)
+OFF_EVEN_ROUNDINGS = [r for r in ROUNDINGS if r != "nearest_even"]
 
 
 def grid_step_twin(acc: float, exact_sum: Fraction, exponent: int, rounding: str) -> float:
@@ -934,8 +936,8 @@ def test_fused_eight_term_trees_equal_fractions(shape, spread, c_shift, seed):
     flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
     trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
     got = acc.copy()
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, packed, fresh)
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, spare, packed)
     want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
 
@@ -954,11 +956,32 @@ def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
     acc = np.repeat(acc[None, :, None], 3, axis=2)
     row_steps, column_steps = np.full((1, 1, 4), 2.0**-20), np.full((1, 1, 3), 2.0**-20)
     got = acc.copy()
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, packed, fresh)
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, spare, packed)
     want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up
+
+
+def test_fused_eight_term_trees_redo_a_tiny_accumulator_under_a_midpoint():
+    # S = 1 + 2^-24 (2^16 + 2^-8 = 256 * 256 + 2^-4 * 2^-4, times 2^-16), the midpoint of 1
+    # and its upper neighbour, and acc = +-2^-100: the exact sum lies just off the midpoint,
+    # the float64 sum drops acc and lands on it, and t - acc == S; only t - S != acc sends
+    # the row to the round-to-odd redo (for acc > 0 the sum rounds up to 1 + 2^-23, not to
+    # the even 1). Both rows of a pair, and an odd last row.
+    a = np.zeros((1, 3, 8))
+    a[0, :, :2] = [256.0, 2.0**-4]
+    b = np.zeros((1, 2, 8))
+    b[0, :, :2] = [256.0, 2.0**-4]
+    acc = np.array([2.0**-100, 2.0**-100, -(2.0**-100)], dtype=np.float32)
+    acc = np.repeat(acc[None, :, None], 2, axis=2)
+    row_steps, column_steps = np.full((1, 1, 3), 2.0**-16), np.ones((1, 1, 2))
+    got = acc.copy()
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, spare, packed)
+    want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), want)
+    assert (got[0, :2] == np.float32(1 + 2.0**-23)).all() and (got[0, 2] == 1.0).all()
 
 
 def test_fused_eight_term_trees_add_a_zero_sum_as_plus_zero():
@@ -972,8 +995,8 @@ def test_fused_eight_term_trees_add_a_zero_sum_as_plus_zero():
     acc = np.array([[[-0.0, -0.0, 1.0], [-0.0, np.inf, -0.0]]], dtype=np.float32)
     steps_r, steps_c = np.ones((1, 1, 2)), np.ones((1, 1, 3))
     got = acc.copy()
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, b, np.array([(0, 0)]), steps_r, steps_c, got, packed, fresh)
+    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
+    rne_trees8(a, b, np.array([(0, 0)]), steps_r, steps_c, got, spare, packed)
     want = tree8_twin(acc, a, b, [(0, 0)], steps_r, steps_c)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == 0.0 and not np.signbit(got[0, 0, 0])
@@ -1042,7 +1065,7 @@ def test_codes_widened_in_chunks_give_the_kernels_bits(monkeypatch, name, codes_
 
 
 def grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
-    """``fused_grid_trees``' outputs as fp32 bits in Fractions: each tree's exact sum of products
+    """``grid_trees8``' and ``grid_trees16``' outputs as fp32 bits in Fractions: each tree's exact sum of products
     of a (1, r, K) and b (1, n, K), tree after tree through ``grid_step_twin``."""
     out = acc.astype(np.float64).copy()
     for first, block in trees:
@@ -1058,14 +1081,26 @@ def grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding) 
     return out.astype(np.float32).view(np.uint32)
 
 
-def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray:
+def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -> np.ndarray | None:
+    """The fused kernel's outputs as fp32 bits (``grid_trees8`` or ``grid_trees16``); None
+    for trees of 8 to nearest even, which ``grid_trees8`` refuses (checked here)."""
     got = acc.copy()
-    work = np.empty((max(terms, 16) + 2, COLUMNS))
+    work = np.empty((18, COLUMNS))
     keep_factor = 2.0 ** (70 - 34 + 24)
     choices = np.array(ROUNDING_CHOICES[rounding])
-    fused_grid_trees(
-        a, b, np.array(trees), terms, row_steps, column_steps, keep_factor, choices, got, work
-    )
+    trees = np.array(trees)
+    if terms == 8:  # fp8_e4m3: the least product step 2^-18; accumulators held in float64
+        limits, wide = (keep_factor, 2.0 ** (-18 + 53)), got.astype(np.float64)
+        spare = np.empty_like(wide)
+        arguments = a, b, trees, row_steps, column_steps, limits, choices, wide, spare, work
+        if rounding == "nearest_even":  # rne_trees8's mode
+            with pytest.raises(ValueError, match="nearest even"):
+                grid_trees8(*arguments)
+            return None
+        grid_trees8(*arguments)
+        got[...] = wide
+    else:
+        grid_trees16(a, b, trees, row_steps, column_steps, keep_factor, choices, got, work)
     return got.view(np.uint32)
 
 
@@ -1076,9 +1111,9 @@ def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms)
     # just off them, exact cancellation, fp32's largest, infinities, subnormals) at X from
     # the floor up, with the sums the kernel takes (multiples of fp8_e4m3's least product
     # 2^-18, below a quarter of the left pass-through limit, 2^58), each as one output over
-    # 16 products: two trees of 8 of one block (one
-    # pass: ``_paired_pass``) or one of 16 (the first 8 summed ahead), the case's sum a single
-    # product in the first 8 or the last, or in both (two steps of it; one sum of two).
+    # 16 products: two trees of 8 of one block (``grid_trees8``, rows in pairs) or one of 16
+    # (``grid_trees16``, the first 8 summed ahead), the case's sum a single product in the
+    # first 8 or the last, or in both (two steps of it; one sum of two).
     floor = grid_floor(GRID_HW["mxdotp"].params("fp8_e4m3", "fp8_e4m3"))
     cases = [
         (acc, value, x)
@@ -1099,10 +1134,61 @@ def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms)
     row_steps = np.ldexp(1.0, np.array([c[2] for c in cases])).reshape(1, 1, count)
     column_steps = np.ones((1, 1, 1))
     got = run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+    if got is None:
+        return
     want = grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding)
     mismatches = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
     assert mismatches.size == 0, [cases[i] for i in mismatches[:5]]
     assert count > 800
+
+
+@pytest.mark.parametrize("rounding", OFF_EVEN_ROUNDINGS)
+def test_eight_term_grid_trees_redo_sums_only_their_magnitude_shows_inexact(rounding):
+    # acc far above S (2^40 and 2^37 at X = 0, 2^90 at X = 50) and S of one product 2^-18
+    # (two fp8_e4m3 subnormals) or a few: the exact sum needs more than 53 bits, its float64
+    # t rounds back onto acc and t - S == acc, so only the magnitude bound |t| >=
+    # 2^(X - 18 + 53) sends the row to the round-to-odd redo (toward zero, 2^40 - 2^-18 is
+    # 2^40's lower fp32 neighbour, not 2^40). Rows in pairs: the inexact row beside an exact one,
+    # and the other way round, and an odd last row; each tree the grid twin's step.
+    tiny = 2.0**-9
+    a = np.zeros((1, 5, 16))
+    a[0, :, 0] = [tiny, -tiny, 1.0, -tiny, tiny]
+    a[0, :, 9] = [0.0, tiny, 0.0, 3 * tiny, -tiny]
+    b = np.zeros((1, 2, 16))
+    b[0, :, 0] = [tiny, -tiny]
+    b[0, :, 9] = [tiny, 2 * tiny]
+    acc = np.array([2.0**40, -(2.0**40), 1.0, 2.0**37 * 3, 2.0**90], dtype=np.float32)
+    acc = np.repeat(acc[None, :, None], 2, axis=2)
+    row_steps = np.ones((1, 1, 5))
+    row_steps[0, 0, 4] = 2.0**50
+    column_steps = np.ones((1, 1, 2))
+    trees = [(0, 0), (8, 0)]
+    got = run_grid_trees(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+    if rounding == "toward_zero":  # 2^40 - 2^-18 (column 1), 2^40 + 2^-18 (column 0)
+        assert got[0, 0, 1] == np.float32(2.0**40 - 2.0**16).view(np.uint32)
+        assert got[0, 0, 0] == np.float32(2.0**40).view(np.uint32)
+
+
+@pytest.mark.parametrize("rounding", OFF_EVEN_ROUNDINGS)
+def test_eight_term_grid_trees_keep_an_overflow_from_a_rounding_up(rounding):
+    # acc = +-fp32's largest plus S = +-2^103 (X = 103): rounding away from zero overflows to
+    # Inf (in float64 that would be 2^128); the next tree's S = -+2^110 must leave the Inf
+    # (an earlier overflow stays the result), not round 2^128 - 2^110 to a finite value.
+    a = np.zeros((1, 2, 16))
+    a[0, :, 0] = [1.0, -1.0]
+    a[0, :, 8] = [-8.0, 8.0]
+    b = np.zeros((1, 1, 16))
+    b[0, 0, [0, 8]] = [1.0, 16.0]
+    acc = np.array([[[FP32_MAX], [-FP32_MAX]]], dtype=np.float32)
+    row_steps, column_steps = np.full((1, 1, 2), 2.0**100), np.full((1, 1, 1), 2.0**3)
+    trees = [(0, 0), (8, 0)]
+    got = run_grid_trees(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    want = grid_trees_twin(acc, a, b, trees, 8, row_steps, column_steps, rounding)
+    np.testing.assert_array_equal(got, want)
+    if rounding == "toward_positive":
+        assert got.view(np.float32)[0, 0, 0] == np.inf
 
 
 @settings(max_examples=25, deadline=None)
@@ -1131,7 +1217,7 @@ def test_fused_grid_trees_equal_fractions(fmt, rounding, shape, spread, c_shift,
     b = finite[rng.integers(0, finite.size, (1, columns, k))].astype(dtype)
     blocks = -(-k // 32)
     floor = grid_floor(GRID_HW["mxdotp"].params(fmt, fmt))
-    base = int(rng.integers(floor // 2 + spread, 80))
+    base = int(rng.integers(-(-floor // 2) + spread, 80))  # 2 (base - spread) >= floor
     row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) + base)
     column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) + base)
     assert (np.log2(row_steps.min()) + np.log2(column_steps.min())) >= floor
@@ -1142,8 +1228,9 @@ def test_fused_grid_trees_equal_fractions(fmt, rounding, shape, spread, c_shift,
     flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
     trees = [(terms * t, terms * t // 32) for t in range(trees_count)]
     got = run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding)
-    want = grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding)
-    np.testing.assert_array_equal(got, want)
+    if got is not None:
+        want = grid_trees_twin(acc, a, b, trees, terms, row_steps, column_steps, rounding)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_grid_floor_per_format():
@@ -1289,7 +1376,7 @@ def test_fp4_units_off_nearest_even_take_the_float32_trees(monkeypatch, name):
     monkeypatch.setattr(
         _tree_kernels, "trees16_fp32", lambda *args: calls.append(1) or original(*args)
     )
-    monkeypatch.setattr(_tree_kernels, "fused_grid_trees", None)  # not called
+    monkeypatch.setattr(_tree_kernels, "grid_trees16", None)  # not called
     fast = matmul(GRID_HW[name], qa, qb).bits
     monkeypatch.undo()
     assert calls

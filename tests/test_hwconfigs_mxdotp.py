@@ -188,7 +188,7 @@ def test_config_as_gemms_on_the_blas_route_equals_the_rtl(vectors, rounding):
 @pytest.mark.parametrize("rounding", range(5), ids=CONFIGS)
 def test_vectors_above_the_floor_on_the_fused_trees_equal_the_rtl(vectors, rounding, monkeypatch):
     # The vectors whose scale exponents all lie at or above half the grid's floor, so that a
-    # GEMM of them lies above it and its trees run fused (``fused_grid_trees``: 8 or 16
+    # GEMM of them lies above it and its trees run fused (``grid_trees8``, ``grid_trees16``: 8 or 16
     # products in the directed and away-from-even modes; ``rne_trees8``: fp8_e4m3 rounding
     # to nearest even): the RTL's results, the generic kernel's bits, and the fused kernel
     # did run.

@@ -18,162 +18,282 @@ COLUMNS = 256
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def rne_trees8(a, b, trees, row_steps, column_steps, acc, packed, fresh):
+def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
     """acc[g, i, j] = RNE_fp32(acc + S) for each tree in order: S = s 2^(Xa + Xb), s the
     tree's exact sum over k in [first, first + 8) of a[g, i, k] * b[g, j, k] (``trees``
     (T, 2): first, scale block), 2^Xa = row_steps[block, g, i], 2^Xb = column_steps[block,
     g, j]. ``a`` (g, rows, K) and ``b`` (g, columns, K) are float64 unscaled elements whose
-    tree sums fit 53 bits (``tree_sum_bits``): every product and partial sum times 2^Xa is a
-    float64 (the steps are E8M0 powers of two, the results normal float64s), so neither a
-    fused multiply-add nor the product by 2^Xb can round. A zero sum counts as +0 (an exact
-    sum has no sign; -0 + 0 is +0), as the datapath kernel and its twin have it.
+    tree sums fit 53 bits (``tree_sum_bits``): every product (a 2^Xa)(b 2^Xb) and partial
+    sum is a float64 (the steps are E8M0 powers of two, the results normal float64s), so no
+    fused multiply-add can round. A zero sum counts as +0 (an exact sum has no sign; -0 + 0
+    is +0), as the datapath kernel and its twin have it.
 
-    Per row and pass, t = acc + S is rounded to float64 and converted to fp32 (nearest
-    even, IEEE overflow), into ``fresh``: the correctly rounded sum wherever t is exact,
-    which holds iff t - acc == S and t - S == acc (one of the two differences is exact,
-    Dekker's lemma, and differs when t is not). Where any of the row's pass is not exact (or
-    the accumulator is infinite), the pass is redone from the accumulator through the
-    round-to-odd sum (``odd_sum``), as ``accumulate_rne_fp32``. ``packed`` a (9, COLUMNS)
-    float64 and ``fresh`` a (COLUMNS,) float32 scratch. Serial."""
+    Per pair of rows and pass, t = acc + S is rounded to float64 and converted to fp32
+    (nearest even, IEEE overflow): the correctly rounded sum wherever t is exact, which
+    holds iff t - acc == S and t - S == acc (one of the two differences is exact, Dekker's
+    lemma, and differs when t is not). A row whose pass is not all exact (or whose
+    accumulator is infinite) is redone from the accumulator through the round-to-odd sum
+    (``odd_sum``), as ``accumulate_rne_fp32``. Each tree reads the accumulators from one of
+    ``acc`` and ``spare`` (same shape, float32) and writes the other (the result ends in
+    ``acc``); ``packed`` a (8, COLUMNS) float64 scratch. Serial."""
     groups, rows, columns = acc.shape
+    count = trees.shape[0]
     for g in range(groups):
         for j0 in range(0, columns, COLUMNS):
             width = min(COLUMNS, columns - j0)
-            for t in range(trees.shape[0]):
+            for t in range(count):
                 first, block = trees[t, 0], trees[t, 1]
-                for j in range(width):  # the tree's B transposed, its column steps after it
+                source, target = (acc, spare) if t % 2 == 0 else (spare, acc)
+                for j in range(width):  # the tree's B transposed, times the column steps
+                    step = column_steps[block, g, j0 + j]
                     for m in range(8):
-                        packed[m, j] = b[g, j0 + j, first + m]
-                    packed[8, j] = column_steps[block, g, j0 + j]
-                for i in range(rows):
-                    out = acc[g, i, j0 : j0 + width]
-                    x = a[g, i, first : first + 8]
-                    step = row_steps[block, g, i]
-                    if _exact_pass(out, fresh, x, step, packed):
-                        for j in range(width):
-                            out[j] = fresh[j]
-                    else:
-                        _odd_pass(out, x, step, packed)
+                        packed[m, j] = b[g, j0 + j, first + m] * step
+                for i in range(0, rows - 1, 2):
+                    old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
+                    old1 = source[g, i + 1, j0 : j0 + width]
+                    new1 = target[g, i + 1, j0 : j0 + width]
+                    x = _eight(a[g, i], first, row_steps[block, g, i])
+                    y = _eight(a[g, i + 1], first, row_steps[block, g, i + 1])
+                    bad0, bad1 = _rne_rows(old0, new0, old1, new1, x, y, packed, width)
+                    if bad0:
+                        _odd_row(old0, new0, x, packed, width)
+                    if bad1:
+                        _odd_row(old1, new1, y, packed, width)
+                if rows % 2:  # the last row, as the first of a pair of it twice
+                    i = rows - 1
+                    old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
+                    x = _eight(a[g, i], first, row_steps[block, g, i])
+                    bad0, bad1 = _rne_rows(old0, new0, old0, new0, x, x, packed, width)
+                    if bad0 or bad1:
+                        _odd_row(old0, new0, x, packed, width)
+            if count % 2:
+                acc[g, :, j0 : j0 + width] = spare[g, :, j0 : j0 + width]
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _exact_pass(out, fresh, x, step, packed) -> bool:
-    """fresh = fp32(RN64(out + S)); whether every RN64 sum was exact."""
-    width = out.shape[0]
-    b0, b1, b2, b3 = packed[0, :width], packed[1, :width], packed[2, :width], packed[3, :width]
-    b4, b5, b6, b7 = packed[4, :width], packed[5, :width], packed[6, :width], packed[7, :width]
-    steps = packed[8, :width]
-    x0, x1, x2, x3 = x[0] * step, x[1] * step, x[2] * step, x[3] * step
-    x4, x5, x6, x7 = x[4] * step, x[5] * step, x[6] * step, x[7] * step
-    inexact = False
+def _rne_rows(old0, new0, old1, new1, x, y, packed, width):
+    """new = fp32(RN64(old + S)) for two rows, S the sum over m < 8 of x[m] packed[m, j] (of
+    ``y`` for the second row; both read ``packed`` once per column), in one chain of fused
+    multiply-adds from +0 (exact in any order: the sums fit float64; a chain leaves the
+    adders to the rounding; an exact zero sum is +0, whatever its products' signs); whether
+    any RN64 sum of either row was inexact."""
+    rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
+    bad0 = bad1 = np.int64(0)
     for j in range(width):
-        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
-            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
-        )
-        scaled = s * steps[j] + 0.0  # an exact zero sum is +0, whatever its products' signs
-        old = np.float64(out[j])
-        total = old + scaled
-        fresh[j] = np.float32(total)
-        inexact |= (total - old != scaled) | (total - scaled != old)
-    return not inexact
+        s, u = _chain8(x, rows, j), _chain8(y, rows, j)
+        o = np.float64(old0[j])
+        total0 = o + s
+        new0[j] = np.float32(total0)
+        bad0 |= _differ(total0 - o, s) | _differ(total0 - s, o)
+        p = np.float64(old1[j])
+        total1 = p + u
+        new1[j] = np.float32(total1)
+        bad1 |= _differ(total1 - p, u) | _differ(total1 - u, p)
+    return bad0 != 0, bad1 != 0
 
 
 @njit(cache=True, inline="always")
-def _odd_pass(out, x, step, packed) -> None:
-    """out = fp32(round-to-odd(out + S)): RNE_fp32(out + S) always."""
-    for j in range(out.shape[0]):
+def _differ(first, second):
+    """The bits of two float64s xor'd: 0 iff they are the same float64."""
+    return np.float64(first).view(np.int64) ^ np.float64(second).view(np.int64)
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _chain8(x, rows, j):
+    """The sum over m < 8 of x[m] rows[m][j] (``rows`` a tuple of 8 arrays), one chain of
+    fused multiply-adds from +0: exact in any order where the sums fit float64 (a chain
+    leaves the adders to the rounding), an exact zero sum +0 whatever its products' signs."""
+    b0, b1, b2, b3, b4, b5, b6, b7 = rows
+    s = 0.0
+    s += x[0] * b0[j]
+    s += x[1] * b1[j]
+    s += x[2] * b2[j]
+    s += x[3] * b3[j]
+    s += x[4] * b4[j]
+    s += x[5] * b5[j]
+    s += x[6] * b6[j]
+    s += x[7] * b7[j]
+    return s
+
+
+@njit(cache=True, inline="always")
+def _odd_row(old, new, x, packed, width) -> None:
+    """new = fp32(round-to-odd(old + S)): RNE_fp32(old + S) always."""
+    for j in range(width):
         s = 0.0
         for m in range(8):
-            s += (x[m] * step) * packed[m, j]
-        out[j] = np.float32(odd_sum(np.float64(out[j]), s * packed[8, j] + 0.0))
+            s += x[m] * packed[m, j]
+        new[j] = np.float32(odd_sum(np.float64(old[j]), s + 0.0))
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
-def fused_grid_trees(a, b, trees, terms, row_steps, column_steps, keep_factor, choices, acc, work):
-    """A fixed-point-grid unit's trees of ``terms`` products (8 or 16) above its floor
-    (``blas.grid_floor``), fused: acc[g, i, j] = acc when |acc| >= 2^(Xa + Xb) keep_factor
-    (its LSB more than the max left shift above the grid's: ``keep_factor`` = 2^(L - n +
-    24)), else acc + S rounded once to fp32 in the mode of ``choices`` (a
-    ``blas.ROUNDING_CHOICES`` row), IEEE overflow, an exact zero +0; for each tree in order.
-    S = s 2^(Xa + Xb) with s the tree's exact sum over k in [first, first + terms) of
-    a[g, i, k] * b[g, j, k] (``trees`` (T, 2): first, scale block), 2^Xa = row_steps[block,
-    g, i], 2^Xb = column_steps[block, g, j]. ``a`` (g, rows, K) and ``b`` (g, columns, K)
-    are float32 or float64 unscaled elements whose tree sums fit 53 bits, so every product
-    (a 2^Xa)(b 2^Xb), partial sum and S is an exact float64 (as for ``rne_trees8``), and
-    |S| < 2^(Xa + Xb) keep_factor / 4 (the caller checks). An infinite accumulator is kept
-    (an earlier overflow stays the result).
+def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spare, work):
+    """``grid_trees16``'s step for trees of 8 float64 products, in every mode but nearest even
+    (refused: ``rne_trees8`` takes it), two rows at a time and with a cheaper exactness test.
+    ``limits``: keep_factor, then exact_factor = 2^(low + 53), low the exponent of the
+    formats' least product step. The accumulators are fp32 values
+    held in float64 (no conversions per step); each tree reads them from one of ``acc`` and
+    ``spare`` (same shape, float64) and writes the other (the result ends in ``acc``);
+    ``work`` a (10, COLUMNS) float64 scratch.
+
+    Per pair of rows and pass, t = RN64(acc + S) is rounded by ``_round_bits`` (its fp32
+    result kept in float64: exact); a row is redone (as ``grid_trees16`` redoes one) where
+    t - S != acc, or |t| reaches 2^127 (no rounding in the pass reaches fp32's overflow) or
+    2^(Xa + least Xb) min(keep_factor / 2, exact_factor). That finds every inexact t: where
+    |S| >= |acc|, t - S is exact (Dekker's lemma) and equals acc iff t is; where |acc| > |S|
+    and t is inexact, the exact sum (a multiple of 2^(X + low), as S is, or of acc's fp32
+    step where that is larger, and then below 2^(its exponent + 2): 25 bits) is a multiple
+    of 2^(X + low) of more than 53 bits, so |t| >= 2^(X + low + 53). A kept accumulator and
+    an infinite one reach the range bound. Serial."""
+    groups, rows, columns = acc.shape
+    keep_factor, exact_factor = limits
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    ties = not directed and (large_positive or large_negative)
+    rounding = _bits_rounding(directed, large_positive, large_negative)
+    if rounding[0] == 0:  # ``_round_bits64`` rounds by its mask alone
+        raise ValueError("grid_trees8: choices must not be nearest even (rne_trees8 takes it)")
+    flags = directed, large_positive, large_negative, ties
+    packed, sums, column_limits = work[:8], work[-2], work[-1]
+    count = trees.shape[0]
+    for g in range(groups):
+        for j0 in range(0, columns, COLUMNS):
+            width = min(COLUMNS, columns - j0)
+            for t in range(count):
+                first, block = trees[t, 0], trees[t, 1]
+                source, target = (acc, spare) if t % 2 == 0 else (spare, acc)
+                steps = column_steps[block, g, j0 : j0 + width]
+                for j in range(width):  # the tree's B transposed, times the column steps
+                    for m in range(8):
+                        packed[m, j] = b[g, j0 + j, first + m] * steps[j]
+                    column_limits[j] = steps[j] * keep_factor
+                least = steps.min() * min(keep_factor * 0.5, exact_factor)
+                for i in range(0, rows - 1, 2):
+                    old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
+                    old1 = source[g, i + 1, j0 : j0 + width]
+                    new1 = target[g, i + 1, j0 : j0 + width]
+                    step0, step1 = row_steps[block, g, i], row_steps[block, g, i + 1]
+                    x, y = _eight(a[g, i], first, step0), _eight(a[g, i + 1], first, step1)
+                    high0 = min(2.0**127, step0 * least)
+                    high1 = min(2.0**127, step1 * least)
+                    bad0, bad1 = _grid_rows(
+                        old0, new0, old1, new1, x, y, packed, width, high0, high1, rounding
+                    )
+                    if bad0:
+                        x8, limits0 = a[g, i, first : first + 8], (column_limits, step0)
+                        _odd_grid_pass(old0, new0, x8, packed, sums, limits0, flags, False)
+                    if bad1:
+                        y8, limits1 = a[g, i + 1, first : first + 8], (column_limits, step1)
+                        _odd_grid_pass(old1, new1, y8, packed, sums, limits1, flags, False)
+                if rows % 2:  # the last row, as the first of a pair of it twice
+                    i = rows - 1
+                    old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
+                    step0 = row_steps[block, g, i]
+                    x = _eight(a[g, i], first, step0)
+                    high0 = min(2.0**127, step0 * least)
+                    bad0, bad1 = _grid_rows(
+                        old0, new0, old0, new0, x, x, packed, width, high0, high0, rounding
+                    )
+                    if bad0 or bad1:
+                        x8, limits0 = a[g, i, first : first + 8], (column_limits, step0)
+                        _odd_grid_pass(old0, new0, x8, packed, sums, limits0, flags, False)
+            if count % 2:
+                acc[g, :, j0 : j0 + width] = spare[g, :, j0 : j0 + width]
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, rounding):
+    """new = ``_round_bits``(RN64(old + S)) in float64 for two rows, S the sum over m < 8 of x[m]
+    packed[m, j] (of ``y`` for the second row; both read ``packed`` once per column), in
+    one chain of fused multiply-adds (exact in any order: the sums fit float64; a chain
+    leaves the adders to the rounding); whether either row had a sum t with t - S != old
+    or |t| at least its ``high``."""
+    mask, add_positive, add_negative = rounding
+    rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
+    magnitude = np.int64(0x7FFFFFFFFFFFFFFF)  # the bits of |t|, ordered as |t| is
+    differ0 = differ1 = top0 = top1 = np.int64(0)
+    for j in range(width):
+        s, u = _chain8(x, rows, j), _chain8(y, rows, j)
+        o = old0[j]
+        total0 = o + s
+        new0[j] = _round_bits64(total0, mask, add_positive, add_negative)
+        differ0 |= _differ(total0 - s, o)
+        top0 = max(top0, np.float64(total0).view(np.int64) & magnitude)
+        p = old1[j]
+        total1 = p + u
+        new1[j] = _round_bits64(total1, mask, add_positive, add_negative)
+        differ1 |= _differ(total1 - u, p)
+        top1 = max(top1, np.float64(total1).view(np.int64) & magnitude)
+    bad0 = differ0 != 0 or top0 >= np.float64(high0).view(np.int64)
+    bad1 = differ1 != 0 or top1 >= np.float64(high1).view(np.int64)
+    return bad0, bad1
+
+
+@njit(cache=True, inline="always")
+def _bits_rounding(directed, large_positive, large_negative):
+    """``_round_bits``' (mask, add for a positive value, for a negative one) of a mode: nearest
+    even is the conversion's; the other modes clear the 29 bits below fp32's last place after
+    adding all of them (to the neighbour farther from zero), none, half of them (a tie away
+    from zero) or just under (a tie toward zero)."""
+    low, half = (1 << 29) - 1, 1 << 28
+    if directed:
+        return low, (low if large_positive else 0), (low if large_negative else 0)
+    if large_positive or large_negative:
+        return low, (half if large_positive else half - 1), (half if large_negative else half - 1)
+    return 0, 0, 0
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def grid_trees16(a, b, trees, row_steps, column_steps, keep_factor, choices, acc, work):
+    """A fixed-point-grid unit's trees of 16 products above its floor (``blas.grid_floor``),
+    fused: acc[g, i, j] = acc when |acc| >= 2^(Xa + Xb) keep_factor (its LSB more than the
+    max left shift above the grid's: ``keep_factor`` = 2^(L - n + 24)), else acc + S rounded
+    once to fp32 in the mode of ``choices`` (a ``blas.ROUNDING_CHOICES`` row), IEEE
+    overflow, an exact zero +0; for each tree in order. S = s 2^(Xa + Xb) with s the tree's
+    exact sum over k in [first, first + 16) of a[g, i, k] * b[g, j, k] (``trees`` (T, 2):
+    first, scale block), 2^Xa = row_steps[block, g, i], 2^Xb = column_steps[block, g, j].
+    ``a`` (g, rows, K) and ``b`` (g, columns, K) are float32 or float64 unscaled elements
+    whose tree sums fit 53 bits, so every product (a 2^Xa)(b 2^Xb), partial sum and S is an
+    exact float64 (as for ``rne_trees8``), and |S| < 2^(Xa + Xb) keep_factor / 4 (the caller
+    checks). An infinite accumulator is kept (an earlier overflow stays the result).
 
     Per row and pass, t = acc + S in float64 is exact where t - acc == S and t - S == acc
     (Dekker's lemma, as ``rne_trees8``), then rounded by ``_round_bits``, which is right for
     |t| below 2^128 (above the floor every acc + S is a multiple of 2^-149). Where any of
     the row's pass is inexact, or |t| reaches 2^128 or 2^(Xa + least Xb) keep_factor / 2
-    (which every kept accumulator plus S does), the pass is redone from the accumulator with the rule itself and the round-to-odd
-    sum (``odd_sum``), rounded by ``_round_fp32``. Two trees of 8 of one block run as one
-    pass (``_paired_pass``), redone tree after tree. ``work`` a (max(terms, 16) + 2,
-    COLUMNS) float64 scratch. Serial."""
+    (which every kept accumulator plus S does), the pass is redone from the accumulator
+    with the rule itself and the round-to-odd sum (``odd_sum``), rounded by
+    ``_round_fp32``. ``work`` a (18, COLUMNS) float64 scratch. Serial."""
     groups, rows, columns = acc.shape
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
     ties = not directed and (large_positive or large_negative)
-    # ``_round_bits``: nearest even is the conversion's; the other modes clear the 29 bits
-    # below fp32's last place after adding all of them (to the neighbour farther from
-    # zero), none, half of them (a tie away from zero) or just under (a tie toward zero)
-    low, half = (1 << 29) - 1, 1 << 28
-    if directed:
-        adds = (low if large_positive else 0), (low if large_negative else 0)
-    else:
-        adds = (half if large_positive else half - 1), (half if large_negative else half - 1)
-    mask = low if directed or ties else 0
-    adds = adds if mask else (0, 0)
-    rounding = mask, adds[0], adds[1]
+    rounding = _bits_rounding(directed, large_positive, large_negative)
     flags = directed, large_positive, large_negative, ties
-    packed, sums, column_limits = work[:-2], work[-2], work[-1]
+    packed, sums, column_limits = work[:16], work[-2], work[-1]
     fresh = np.empty(COLUMNS, dtype=np.float32)
     for g in range(groups):
         for j0 in range(0, columns, COLUMNS):
             width = min(COLUMNS, columns - j0)
-            t = 0
-            while t < trees.shape[0]:
+            for t in range(trees.shape[0]):
                 first, block = trees[t, 0], trees[t, 1]
-                # two trees of 8 of one block in one pass: the accumulator stays in registers
-                paired = (
-                    terms == 8
-                    and t + 1 < trees.shape[0]
-                    and trees[t + 1, 0] == first + 8
-                    and trees[t + 1, 1] == block
-                )
-                span = 16 if paired else terms
-                t += 2 if paired else 1
                 steps = column_steps[block, g, j0 : j0 + width]
-                for j in range(width):  # the trees' B transposed, times the column steps
-                    for m in range(span):
+                for j in range(width):  # the tree's B transposed, times the column steps
+                    for m in range(16):
                         packed[m, j] = b[g, j0 + j, first + m] * steps[j]
                     column_limits[j] = steps[j] * keep_factor
                 least = steps.min() * keep_factor * 0.5
                 for i in range(rows):
                     out = acc[g, i, j0 : j0 + width]
                     step = row_steps[block, g, i]
-                    x = a[g, i, first : first + span]
+                    x = a[g, i, first : first + 16]
                     high = min(2.0**128, step * least)
-                    if paired:
-                        ok = _paired_pass(out, fresh, x, packed, step, high, rounding)
-                    elif terms == 8:
-                        ok = _fast_pass(out, fresh, x, packed, sums, step, high, rounding, False)
-                    else:  # the first 8 products summed ahead, the last 8 in the pass
-                        _tree_sums(sums, x[:8], step, packed, width)
-                        rest = packed[8:]
-                        ok = _fast_pass(out, fresh, x[8:], rest, sums, step, high, rounding, True)
-                    if ok:
+                    # the first 8 products summed ahead, the last 8 in the pass
+                    _tree_sums(sums, x[:8], step, packed, width)
+                    if _fast_pass(out, fresh, x[8:], packed[8:], sums, step, high, rounding):
                         out[:] = fresh[:width]
                         continue
                     limits = column_limits, step
-                    if terms == 8:  # tree after tree, each from the last one's result
-                        for tree in range(span // 8):
-                            x8, packed8 = x[8 * tree : 8 * tree + 8], packed[8 * tree :]
-                            _odd_grid_pass(out, fresh, x8, packed8, sums, limits, flags, False)
-                            out[:] = fresh[:width]
-                    else:
-                        _odd_grid_pass(out, fresh, x[8:], packed[8:], sums, limits, flags, True)
-                        out[:] = fresh[:width]
+                    _odd_grid_pass(out, fresh, x[8:], packed[8:], sums, limits, flags, True)
+                    out[:] = fresh[:width]
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
@@ -219,10 +339,10 @@ def _bits_step(old, s, high, rounding):
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bool:
-    """fresh[j] = ``_round_bits``(out[j] + S), S = the sum over m < 8 of (x[m] step)
-    packed[m, j] (plus sums[j] where ``partial``); whether every float64 sum out[j] + S
-    was exact and its magnitude below ``high`` (<= 2^128)."""
+def _fast_pass(out, fresh, x, packed, sums, step, high, rounding) -> bool:
+    """fresh[j] = ``_round_bits``(out[j] + S), S = sums[j] plus the sum over m < 8 of
+    (x[m] step) packed[m, j]; whether every float64 sum out[j] + S was exact and its
+    magnitude below ``high`` (<= 2^128)."""
     b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
     b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
     x0, x1, x2, x3, x4, x5, x6, x7 = _eight(x, 0, step)
@@ -231,35 +351,9 @@ def _fast_pass(out, fresh, x, packed, sums, step, high, rounding, partial) -> bo
         s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
             (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
         )
-        if partial:
-            s += sums[j]
+        s += sums[j]
         fresh[j], bad = _bits_step(np.float64(out[j]), s, high, rounding)
         missed |= bad
-    return not missed
-
-
-@njit(cache=True, inline="always", fastmath={"contract"})
-def _paired_pass(out, fresh, x, packed, step, high, rounding) -> bool:
-    """``_fast_pass`` for two trees of 8 (x[:8], x[8:] and packed's first 16 rows), the
-    second added to the first's rounded result, fresh[j] the second's; whether both steps'
-    sums were exact and within the range."""
-    b0, b1, b2, b3 = packed[0], packed[1], packed[2], packed[3]
-    b4, b5, b6, b7 = packed[4], packed[5], packed[6], packed[7]
-    c0, c1, c2, c3 = packed[8], packed[9], packed[10], packed[11]
-    c4, c5, c6, c7 = packed[12], packed[13], packed[14], packed[15]
-    x0, x1, x2, x3, x4, x5, x6, x7 = _eight(x, 0, step)
-    y0, y1, y2, y3, y4, y5, y6, y7 = _eight(x, 8, step)
-    missed = False
-    for j in range(out.shape[0]):
-        s = ((x0 * b0[j] + x1 * b1[j]) + (x2 * b2[j] + x3 * b3[j])) + (
-            (x4 * b4[j] + x5 * b5[j]) + (x6 * b6[j] + x7 * b7[j])
-        )
-        u = ((y0 * c0[j] + y1 * c1[j]) + (y2 * c2[j] + y3 * c3[j])) + (
-            (y4 * c4[j] + y5 * c5[j]) + (y6 * c6[j] + y7 * c7[j])
-        )
-        middle, first_bad = _bits_step(np.float64(out[j]), s, high, rounding)
-        fresh[j], second_bad = _bits_step(np.float64(middle), u, high, rounding)
-        missed |= first_bad | second_bad
     return not missed
 
 
@@ -281,6 +375,16 @@ def _odd_grid_pass(out, fresh, x, packed, sums, limits, flags, partial) -> None:
         total = odd_sum(old, s + 0.0)
         rounded = _round_fp32(total, directed, large_positive, large_negative, ties)
         fresh[j] = out[j] if abs(old) >= column_limits[j] * step else rounded
+
+
+@njit(cache=True, inline="always")
+def _round_bits64(value, mask, add_positive, add_negative):
+    """``_round_bits``' fp32 result as a float64 (the bits it converts), for ``value`` below
+    2^127 in magnitude (so no rounding reaches 2^128) and a nonzero ``mask`` (nearest even,
+    mask 0, is the conversion's: not here)."""
+    bits = np.float64(value).view(np.int64)
+    add = add_negative if value < 0.0 else add_positive
+    return np.int64((bits + add) & ~mask).view(np.float64)
 
 
 @njit(cache=True, inline="always")
@@ -323,9 +427,8 @@ def _round_fp32(value, directed, large_positive, large_negative, ties):
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, choices, acc, work):
-    """``fused_grid_trees`` for trees of 16 float32 products in any mode but nearest even
-    (``choices`` a ``blas.ROUNDING_CHOICES`` row), in float32 arithmetic (twice the
-    lanes): the caller checks that every element times its step
+    """``grid_trees16`` for float32 products in any mode but nearest even (``choices`` a
+    ``blas.ROUNDING_CHOICES`` row), in float32 arithmetic (twice the lanes): the caller checks that every element times its step
     (``row_steps``, ``column_steps``, float32 powers of two) and every tree sum times its
     two steps is a float32 (``blas._fp32_exact_blocks``), so S is exact in float32.
 
@@ -334,7 +437,7 @@ def trees16_fp32(a, b, trees, row_steps, column_steps, keep_factor, choices, acc
     mode takes that one (directed: whenever e is not 0; nearest: where acc + S is their
     midpoint, t + 2e, which is then a float32). Where any |t| of the row's pass reaches 2^(Xa + least
     Xb) keep_factor / 2 (every kept accumulator plus S does; an infinite t too), the pass
-    is redone as ``fused_grid_trees`` redoes one (the rule itself, round-to-odd in
+    is redone as ``grid_trees16`` redoes one (the rule itself, round-to-odd in
     float64). ``work`` a (18, COLUMNS) float64 scratch. Serial."""
     groups, rows, columns = acc.shape
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0

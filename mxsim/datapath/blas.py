@@ -60,8 +60,9 @@ with it, tiles above the floor) skip the rank-8 GEMMs: one fused kernel
 In the other modes (mxdotp's rtz/rdn/rup/rmm variants) a grid's trees of 8 or 16 products
 take fused kernels above a floor of X for every mode (``grid_floor``), where the rules
 reduce to: acc kept when |acc| >= 2^(X + L - n + 24), else acc + S rounded once
-(``_tree_kernels.fused_grid_trees``; ``trees16_fp32``, in float32 arithmetic, for FP4's
-trees of 16 where the elements times their steps and the scaled sums are float32s).
+(``_tree_kernels.grid_trees8`` and ``grid_trees16``; ``trees16_fp32``, in float32
+arithmetic, for FP4's trees of 16 where the elements times their steps and the scaled sums
+are float32s).
 
 An exact (Kulisch) accumulator with one final RNE into fp32 takes sums of whole ranges of
 blocks, in float64 with the scales folded into the elements (``ldexp``, exact; the results
@@ -1036,41 +1037,49 @@ def grid_floor(params: DatapathParams) -> int | None:
 
 
 def _fused_grid_starts(params, trees):
-    """((T, 2) first position and scale block of each tree, products per tree) when every
-    grid tree (``grid_trees``'s, with blocks) has 8 or 16 products and every tree sum lies
-    below a quarter of the left pass-through limit, |S| < 2^(X + L - n + 22)
-    (``_tree_kernels.fused_grid_trees``' conditions), else None. Not for nearest even,
-    whose trees of 8 take ``rne_trees8`` and whose float32 tree sums (FP4) take float32
-    additions (``_grid_tile``), both faster."""
+    """((T, 2) first position and scale block of each tree, products per tree, 2^(low + 53)
+    with low the exponent of the formats' least product step) when every grid tree
+    (``grid_trees``'s, with blocks) has 8 or 16 products and every tree sum lies below a
+    quarter of the left pass-through limit, |S| < 2^(X + L - n + 22)
+    (``_tree_kernels.grid_trees8``' and ``grid_trees16``' conditions), else None. Not for
+    nearest even, whose trees of 8 take ``rne_trees8`` and whose float32 tree sums (FP4)
+    take float32 additions (``_grid_tile``), both faster."""
     rounding = params.accumulator_rounding
     if trees is None or rounding not in ROUNDING_CHOICES or rounding == "nearest_even":
         return None
     terms = {last - first for first, last, _ in trees}
     if len(terms) != 1 or terms.isdisjoint({8, 16}):
         return None
-    high_a, high_b = (_span_bits(get_format(f))[0] for f in (params.a_format, params.b_format))
+    (high_a, low_a), (high_b, low_b) = (
+        _span_bits(get_format(f)) for f in (params.a_format, params.b_format)
+    )
     high = high_a + high_b + 2 + math.ceil(math.log2(params.fused_terms))
     if high > params.grid_max_left_shift - params.grid_fraction_bits + 22:
         return None
     starts = np.array([(first, blk) for first, _, blk in trees], dtype=np.int64)
-    return starts.reshape(-1, 2), terms.pop()
+    return starts.reshape(-1, 2), terms.pop(), 2.0 ** (low_a + low_b + 53)
 
 
 def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, span) -> None:
     """acc (g, r, n fp32) = each tree's step of the grid (``grid``: n, L, R) in turn, fused
-    (``_tree_kernels.fused_grid_trees``): the tile's blocks lie at or above ``grid_floor``.
-    Trees of 16 float32 products (``span``: their sums' bounds) whose elements times their
-    steps and scaled sums are all float32s take ``trees16_fp32``."""
-    from ._tree_kernels import COLUMNS, trees16_fp32, fused_grid_trees
+    (``_tree_kernels.grid_trees8`` for trees of 8, ``grid_trees16`` for 16): the tile's
+    blocks lie at or above ``grid_floor``. Trees of 16 float32 products (``span``: their
+    sums' bounds) whose elements times their steps and scaled sums are all float32s take
+    ``trees16_fp32``."""
+    from ._tree_kernels import COLUMNS, grid_trees8, grid_trees16, trees16_fp32
 
-    trees, terms = fused
+    trees, terms, exact_factor = fused
     running = np.ascontiguousarray(acc)
     keep_factor = 2.0 ** (int(grid[1]) - int(grid[0]) + 24)
-    work = np.empty((max(terms, 16) + 2, COLUMNS))
+    work = np.empty((18, COLUMNS))
     b = np.ascontiguousarray(b)
-    if (
-        terms == 16
-        and span is not None
+    if terms == 8:  # the accumulators in float64 while the kernel runs
+        limits, wide = (keep_factor, exact_factor), running.astype(np.float64)
+        spare = np.empty_like(wide)
+        grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, wide, spare, work)
+        running[...] = wide
+    elif (
+        span is not None
         and a.dtype == b.dtype == np.float32
         and _fp32_exact_blocks(row_steps, column_steps, span).all()
         and _times_steps_fit_fp32(a, row_steps)
@@ -1079,9 +1088,7 @@ def _grid_trees_tile(a, b, row_steps, column_steps, fused, acc, grid, choices, s
         rows32, columns32 = row_steps.astype(np.float32), column_steps.astype(np.float32)
         trees16_fp32(a, b, trees, rows32, columns32, keep_factor, choices, running, work)
     else:
-        fused_grid_trees(
-            a, b, trees, terms, row_steps, column_steps, keep_factor, choices, running, work
-        )
+        grid_trees16(a, b, trees, row_steps, column_steps, keep_factor, choices, running, work)
     acc[...] = running
 
 
@@ -1117,8 +1124,8 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
     from ._tree_kernels import COLUMNS, rne_trees8
 
     running = np.ascontiguousarray(acc)
-    packed, fresh = np.empty((9, COLUMNS)), np.empty(COLUMNS, dtype=np.float32)
-    rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, packed, fresh)
+    spare, packed = np.empty_like(running), np.empty((8, COLUMNS))
+    rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, spare, packed)
     acc[...] = running
 
 
