@@ -25,6 +25,7 @@ from mxsim.datapath.api import (
     kernel_c_dtype,
     kernel_output_dtype,
     times_power_of_two,
+    as_float_times_power_of_two,
 )
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
@@ -1785,6 +1786,35 @@ def test_times_power_of_two_rounds_as_ldexp(dtype):
         np.testing.assert_array_equal(
             times_power_of_two(x, exponents).view(np.uint8), np.ldexp(x, exponents).view(np.uint8)
         )
+
+
+@pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16", "fp64"])
+def test_as_float_times_power_of_two_is_the_two_steps_bit_for_bit(out_format):
+    """The one-pass decode and scale equals ``as_float`` then ``times_power_of_two``: every
+    fp16/bf16 code, random fp32/fp64 codes with NaN (signalling too), Inf, -0 and subnormal
+    codes, each power from one that leaves nearly every value subnormal or zero to one that
+    overflows nearly every value, per group or per element, zero powers and powers that are not
+    normal float64s (ldexp's path)."""
+    fmt = get_format(out_format)
+    rng = np.random.default_rng(12)
+    if fmt.bits == 16:
+        codes = np.arange(1 << 16)
+    else:
+        codes = rng.integers(0, 1 << fmt.bits, 1 << 14, dtype=np.uint64)
+        corners = [0, 1, (1 << (fmt.bits - 1)) | 1, 1 << (fmt.bits - 1)]  # 0, subnormals, -0
+        exponent_ones = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
+        corners += [exponent_ones, exponent_ones | 1, exponent_ones | (1 << fmt.mantissa_bits - 1)]
+        codes = np.concatenate([codes, np.array(corners, dtype=np.uint64)])
+    bits = codes[: codes.size // 64 * 64].astype(fmt.code_dtype).reshape(4, -1, 16)
+    scalings = [0, 5, -60, 300, -1100, 1000, 1030, -1080]
+    scalings += [np.array(rng.integers(-1074, 1100, (4, 1, 1)))]
+    scalings += [np.array([[[0]], [[3]], [[-2]], [[0]]]), rng.integers(-150, 150, bits.shape)]
+    for exponents in scalings:
+        with np.errstate(over="ignore", under="ignore"):
+            want = times_power_of_two(as_float(bits, out_format), exponents)
+            got = as_float_times_power_of_two(bits, out_format, exponents)
+        assert got.dtype == np.float64 and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
 def test_kernels_see_one_output_dtype_for_every_output_format():

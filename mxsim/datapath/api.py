@@ -223,9 +223,40 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
     # numpy's own widening of the same IEEE layout: exact, subnormals included (checked above)
     with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
         values = bits.view(native).astype(np.float64)
-    nan = np.isnan(values)
-    if nan.any():
-        values[nan] = np.nan
+    _canonical_nans(values)
+    return values
+
+
+def _canonical_nans(values: np.ndarray) -> None:
+    """Every NaN of the float64 ``values`` made the canonical quiet NaN, in place (a minimum
+    over the array, which a NaN propagates, looks for them without a mask of every value)."""
+    if values.size and np.isnan(values.min()):
+        values[np.isnan(values)] = np.nan
+
+
+def as_float_times_power_of_two(bits: np.ndarray, out_format: str, exponents) -> np.ndarray:
+    """``times_power_of_two(as_float(bits, out_format), exponents)`` bit for bit (``as_float``
+    alone where every exponent is 0). Where ``as_float`` takes numpy's own widening and every
+    power is a normal float64, in one pass: each value widened and multiplied by its power in
+    float64, with no float64 copy of the unscaled values."""
+    exponents = np.asarray(exponents)
+    if not exponents.any():
+        return as_float(bits, out_format)
+    fmt = get_format(out_format)
+    bits = np.asarray(bits)
+    native = _native_float(fmt)
+    info = np.finfo(np.float64)
+    if (
+        native is None
+        or bits.dtype != fmt.code_dtype
+        or not subnormals_work()
+        or not (info.minexp <= exponents.min() and exponents.max() < info.maxexp)
+    ):
+        return times_power_of_two(as_float(bits, out_format), exponents)
+    # A float64 product by a normal power of two rounds as np.ldexp (times_power_of_two).
+    with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
+        values = np.multiply(bits.view(native), np.ldexp(1.0, exponents), dtype=np.float64)
+    _canonical_nans(values)
     return values
 
 
@@ -471,8 +502,7 @@ class MatmulResult:
 
     @property
     def values(self) -> np.ndarray:
-        values = as_float(self.bits, self.out_format)
-        values = times_power_of_two(values, self.scale_exponent) if self.scale_exponent else values
+        values = as_float_times_power_of_two(self.bits, self.out_format, self.scale_exponent)
         return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
@@ -654,11 +684,8 @@ class BatchedMatmulResult:
 
     @property
     def values(self) -> np.ndarray:
-        values = as_float(self.bits, self.out_format)
-        return (
-            times_power_of_two(values, self.scale_exponents[:, None, None])
-            if self.scale_exponents.any()
-            else values
+        return as_float_times_power_of_two(
+            self.bits, self.out_format, self.scale_exponents[:, None, None]
         )
 
 
@@ -932,7 +959,8 @@ def _gemm_routes(
     ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
     together when a group has fewer), reporting after each; without, in one call. ``memo``:
     the BLAS route's kept work on this B (:func:`~mxsim.datapath.blas.blas_matmul`), or the
-    window route's (:func:`~mxsim.datapath.window.window_matmul`)."""
+    window route's (:func:`~mxsim.datapath.window.window_matmul`) and B's codes in the
+    kernels' code type (``_kernel_codes``; 4 bytes per element where they widen)."""
     groups, rows = codes_a.shape[:2]
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
@@ -984,8 +1012,14 @@ def _gemm_routes(
                 g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
             )
         return out
-    # The other routes' kernels take the kernels' code type: B whole, A a pass at a time.
-    codes_b = _kernel_codes(codes_b)
+    # The other routes' kernels take the kernels' code type: B whole (kept in the memo, as
+    # B's codes do not change from call to call), A a pass at a time.
+    if memo is None:
+        codes_b = _kernel_codes(codes_b)
+    else:
+        if "kernel codes" not in memo:
+            memo["kernel codes"] = _kernel_codes(codes_b)
+        codes_b = memo["kernel codes"]
     if method == "auto" and groups_apply(params):
         for group in range(groups):  # the group-sum route takes one GEMM at a time
             m, n = groups_matmul(
