@@ -1534,6 +1534,41 @@ def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
         assert len(memo) == 1 and "codes" in next(iter(memo.values()))
 
 
+@pytest.mark.parametrize(
+    "name, per_tensor", [("b200-fp8", True), ("h100-fp8", True), ("ocp-exact", False)]
+)
+def test_matmul_batched_reads_a_broadcast_c_as_the_same_c_written_out(name, per_tensor):
+    """A c repeated along rows, columns or groups (stride 0: a bias row as replay passes it)
+    gives the bits of the same c as a contiguous array, with per-tensor shifts that differ
+    from group to group (NaN, Inf and -0 in c); a c whose shift is not exact is refused alike."""
+    config = hw(name)
+    rng = np.random.default_rng(21)
+    A = rng.standard_normal((3, 7, 64)) * np.array([1.0, 2.0**20, 2.0**-9])[:, None, None]
+    B = rng.standard_normal((3, 64, 5))
+    row = rng.standard_normal(5).astype(np.float32)
+    row[:3] = [np.nan, np.inf, -0.0]
+    column = rng.standard_normal((7, 1)).astype(np.float32)
+    per_group = rng.standard_normal((7, 5)).astype(np.float32)
+    for c in (
+        np.broadcast_to(row, (3, 7, 5)),
+        np.broadcast_to(column, (3, 7, 5)),
+        np.broadcast_to(per_group, (3, 7, 5)),
+        np.broadcast_to(row, (3, 7, 5))[:, ::2],
+    ):
+        A_c = A[:, : c.shape[1]]
+        got = matmul_batched(config, A_c, B, c=c, per_tensor_scale=per_tensor)
+        want = matmul_batched(
+            config, A_c, B, c=np.ascontiguousarray(c), per_tensor_scale=per_tensor
+        )
+        np.testing.assert_array_equal(got.bits, want.bits)
+        np.testing.assert_array_equal(got.scale_exponents, want.scale_exponents)
+    if per_tensor:  # the smallest subnormal shifted down by 2^20's exponent underflows
+        tiny = np.broadcast_to(np.float32(2.0**-149), (3, 7, 5))
+        for c in (tiny, np.ascontiguousarray(tiny)):
+            with pytest.raises(MxsimError, match="is not exact"):
+                matmul_batched(config, A, B, c=c, per_tensor_scale=True)
+
+
 def test_matmul_batched_with_a_kept_b_of_folded_trees_gives_the_bits_of_calls_without():
     """bfp-exact's trees span several blocks, folded onto their least scale: the memo keeps
     B's folded exponents and its panel, decoded into float32 or float64 as the A of the call

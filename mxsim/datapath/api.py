@@ -148,10 +148,14 @@ def kernel_c_dtype(c_format: str) -> np.dtype:
     return np.dtype(np.float64) if c_format not in FLOAT32_FORMATS else np.dtype(np.float32)
 
 
-def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
+def _accumulator_inputs(
+    c, shape: tuple, c_format: str = "fp32", repeats_from: int | None = None
+) -> np.ndarray:
     """c as the kernels read it: +0 for None; otherwise a float32 array, or one of the
     format's own dtype (float16 for fp16, float64 for fp64), whose values are all values of
-    ``c_format`` (NaN and ±Inf included), in :func:`kernel_c_dtype`."""
+    ``c_format`` (NaN and ±Inf included), in :func:`kernel_c_dtype`. ``repeats_from``: an
+    axis from which on the axes a broadcast ``c`` repeats (stride 0) are kept at length 1
+    (:func:`_distinct`), the result broadcasting back to ``shape``."""
     if c is None:
         return np.zeros(shape, dtype=kernel_c_dtype(c_format))
     accepted = sorted(
@@ -170,6 +174,8 @@ def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
         )
     if c.shape != shape:
         raise ArgumentError(f"c: expected shape {shape}, got {c.shape}")
+    if repeats_from is not None:
+        c = _distinct(c, repeats_from)
     given, fmt = get_format(C_DTYPE_FORMATS[c.dtype]), get_format(c_format)
     if (
         given.exponent_bits > fmt.exponent_bits or given.mantissa_bits > fmt.mantissa_bits
@@ -181,6 +187,16 @@ def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
     return np.ascontiguousarray(
         c, dtype=kernel_c_dtype(c_format)
     )  # the kernels widen each value exactly
+
+
+def _distinct(array: np.ndarray, first_axis: int = 0) -> np.ndarray:
+    """``array`` with each axis from ``first_axis`` on along which it repeats (stride 0, as
+    ``np.broadcast_to`` makes) cut to length 1: a view that broadcasts back to ``array``."""
+    cut = tuple(
+        slice(0, 1) if axis >= first_axis and stride == 0 else slice(None)
+        for axis, stride in enumerate(array.strides)
+    )
+    return array[cut]
 
 
 def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
@@ -884,14 +900,20 @@ def matmul_batched(
     shifts = group_a.tensor_scale_exponents + group_b.tensor_scale_exponents
     check_array_budget((groups, rows, columns), 8, "matmul_batched: the (G, M, N) output")
     if c is not None:
-        c = _accumulator_inputs(c, (groups, rows, columns), params.c_format)
-    if c is not None and shifts.any():  # (unshifted, each group's c is unchanged)
-        c = np.stack(
-            [
-                _scaled_accumulator_input(c[g], int(shifts[g]), (rows, columns), params.c_format)
-                for g in range(groups)
-            ]
-        )
+        # Checked and scaled on its distinct values (a bias row broadcast over the rows: once,
+        # not per row), then written out whole for the kernels.
+        c = _accumulator_inputs(c, (groups, rows, columns), params.c_format, repeats_from=1)
+        if shifts.any():  # (unshifted, each group's c is unchanged)
+            c = np.stack(
+                [
+                    _scaled_accumulator_input(c[g], int(shifts[g]), c.shape[1:], params.c_format)
+                    for g in range(groups)
+                ]
+            )
+        if c.shape != (groups, rows, columns):
+            whole = np.empty((groups, rows, columns), dtype=c.dtype)
+            whole[...] = c
+            c = whole
     bits_dtype = output_dtype(params.output_format)
     if groups * rows * columns == 0:
         return BatchedMatmulResult(
