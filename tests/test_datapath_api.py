@@ -1844,6 +1844,7 @@ def test_as_float_times_power_of_two_is_the_two_steps_bit_for_bit(out_format):
     scalings = [0, 5, -60, 300, -1100, 1000, 1030, -1080]
     scalings += [np.array(rng.integers(-1074, 1100, (4, 1, 1)))]
     scalings += [np.array([[[0]], [[3]], [[-2]], [[0]]]), rng.integers(-150, 150, bits.shape)]
+    scalings += [np.array([3, -2]).reshape(2, 1, 1, 1)]  # a result larger than bits
     for exponents in scalings:
         with np.errstate(over="ignore", under="ignore"):
             want = times_power_of_two(as_float(bits, out_format), exponents)

@@ -270,8 +270,13 @@ def as_float_times_power_of_two(bits: np.ndarray, out_format: str, exponents) ->
     ):
         return times_power_of_two(as_float(bits, out_format), exponents)
     # A float64 product by a normal power of two rounds as np.ldexp (times_power_of_two).
+    powers = np.ldexp(1.0, exponents)
     with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
-        values = np.multiply(bits.view(native), np.ldexp(1.0, exponents), dtype=np.float64)
+        values = bits.view(native).astype(np.float64)
+        if np.broadcast_shapes(values.shape, powers.shape) == values.shape:
+            values *= powers  # in place: faster than a product of mixed dtypes
+        else:
+            values = values * powers
     _canonical_nans(values)
     return values
 
