@@ -253,8 +253,8 @@ def _canonical_nans(values: np.ndarray) -> None:
 def as_float_times_power_of_two(bits: np.ndarray, out_format: str, exponents) -> np.ndarray:
     """``times_power_of_two(as_float(bits, out_format), exponents)`` bit for bit (``as_float``
     alone where every exponent is 0). Where ``as_float`` takes numpy's own widening and every
-    power is a normal float64, in one pass: each value widened and multiplied by its power in
-    float64, with no float64 copy of the unscaled values."""
+    power is a normal float64, the widened values are multiplied by their powers in place: one
+    float64 array, no second one for the scaled values."""
     exponents = np.asarray(exponents)
     if not exponents.any():
         return as_float(bits, out_format)
