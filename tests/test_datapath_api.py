@@ -25,6 +25,7 @@ from mxsim.datapath.api import (
     kernel_c_dtype,
     kernel_output_dtype,
     times_power_of_two,
+    as_float_times_power_of_two,
 )
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError, MxsimError
@@ -1533,6 +1534,41 @@ def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
         assert len(memo) == 1 and "codes" in next(iter(memo.values()))
 
 
+@pytest.mark.parametrize(
+    "name, per_tensor", [("b200-fp8", True), ("h100-fp8", True), ("ocp-exact", False)]
+)
+def test_matmul_batched_reads_a_broadcast_c_as_the_same_c_written_out(name, per_tensor):
+    """A c repeated along rows, columns or groups (stride 0: a bias row as replay passes it)
+    gives the bits of the same c as a contiguous array, with per-tensor shifts that differ
+    from group to group (NaN, Inf and -0 in c); a c whose shift is not exact is refused alike."""
+    config = hw(name)
+    rng = np.random.default_rng(21)
+    A = rng.standard_normal((3, 7, 64)) * np.array([1.0, 2.0**20, 2.0**-9])[:, None, None]
+    B = rng.standard_normal((3, 64, 5))
+    row = rng.standard_normal(5).astype(np.float32)
+    row[:3] = [np.nan, np.inf, -0.0]
+    column = rng.standard_normal((7, 1)).astype(np.float32)
+    per_group = rng.standard_normal((7, 5)).astype(np.float32)
+    for c in (
+        np.broadcast_to(row, (3, 7, 5)),
+        np.broadcast_to(column, (3, 7, 5)),
+        np.broadcast_to(per_group, (3, 7, 5)),
+        np.broadcast_to(row, (3, 7, 5))[:, ::2],
+    ):
+        A_c = A[:, : c.shape[1]]
+        got = matmul_batched(config, A_c, B, c=c, per_tensor_scale=per_tensor)
+        want = matmul_batched(
+            config, A_c, B, c=np.ascontiguousarray(c), per_tensor_scale=per_tensor
+        )
+        np.testing.assert_array_equal(got.bits, want.bits)
+        np.testing.assert_array_equal(got.scale_exponents, want.scale_exponents)
+    if per_tensor:  # the smallest subnormal shifted down by 2^20's exponent underflows
+        tiny = np.broadcast_to(np.float32(2.0**-149), (3, 7, 5))
+        for c in (tiny, np.ascontiguousarray(tiny)):
+            with pytest.raises(MxsimError, match="is not exact"):
+                matmul_batched(config, A, B, c=c, per_tensor_scale=True)
+
+
 def test_matmul_batched_with_a_kept_b_of_folded_trees_gives_the_bits_of_calls_without():
     """bfp-exact's trees span several blocks, folded onto their least scale: the memo keeps
     B's folded exponents and its panel, decoded into float32 or float64 as the A of the call
@@ -1785,6 +1821,36 @@ def test_times_power_of_two_rounds_as_ldexp(dtype):
         np.testing.assert_array_equal(
             times_power_of_two(x, exponents).view(np.uint8), np.ldexp(x, exponents).view(np.uint8)
         )
+
+
+@pytest.mark.parametrize("out_format", ["fp32", "fp16", "bf16", "fp64"])
+def test_as_float_times_power_of_two_is_the_two_steps_bit_for_bit(out_format):
+    """The one-pass decode and scale equals ``as_float`` then ``times_power_of_two``: every
+    fp16/bf16 code, random fp32/fp64 codes with NaN (signalling too), Inf, -0 and subnormal
+    codes, each power from one that leaves nearly every value subnormal or zero to one that
+    overflows nearly every value, per group or per element, zero powers and powers that are not
+    normal float64s (ldexp's path)."""
+    fmt = get_format(out_format)
+    rng = np.random.default_rng(12)
+    if fmt.bits == 16:
+        codes = np.arange(1 << 16)
+    else:
+        codes = rng.integers(0, 1 << fmt.bits, 1 << 14, dtype=np.uint64)
+        corners = [0, 1, (1 << (fmt.bits - 1)) | 1, 1 << (fmt.bits - 1)]  # 0, subnormals, -0
+        exponent_ones = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
+        corners += [exponent_ones, exponent_ones | 1, exponent_ones | (1 << fmt.mantissa_bits - 1)]
+        codes = np.concatenate([codes, np.array(corners, dtype=np.uint64)])
+    bits = codes[: codes.size // 64 * 64].astype(fmt.code_dtype).reshape(4, -1, 16)
+    scalings = [0, 5, -60, 300, -1100, 1000, 1030, -1080]
+    scalings += [np.array(rng.integers(-1074, 1100, (4, 1, 1)))]
+    scalings += [np.array([[[0]], [[3]], [[-2]], [[0]]]), rng.integers(-150, 150, bits.shape)]
+    scalings += [np.array([3, -2]).reshape(2, 1, 1, 1)]  # a result larger than bits
+    for exponents in scalings:
+        with np.errstate(over="ignore", under="ignore"):
+            want = times_power_of_two(as_float(bits, out_format), exponents)
+            got = as_float_times_power_of_two(bits, out_format, exponents)
+        assert got.dtype == np.float64 and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
 def test_kernels_see_one_output_dtype_for_every_output_format():

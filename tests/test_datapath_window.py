@@ -526,6 +526,9 @@ def test_matmul_batched_keeps_the_window_routes_tiles_in_b_memo():
     first = matmul_batched(hw, A, B, per_tensor_scale=True, b_memo=memo)
     (kept,) = memo.values()
     assert "window" in kept["route"]
+    widened = kept["route"]["kernel codes"]  # B's codes in the kernels' type, widened once
+    assert widened.dtype == np.uint32
+    np.testing.assert_array_equal(widened.reshape(kept["codes"].shape), kept["codes"])
     again = matmul_batched(hw, A * 2.0**-3, B, per_tensor_scale=True, b_memo=memo)
     fresh = matmul_batched(hw, A * 2.0**-3, B, per_tensor_scale=True)
     slow = matmul_batched(hw, A, B, per_tensor_scale=True, method="kernel")

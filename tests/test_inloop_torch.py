@@ -83,6 +83,24 @@ def test_bmm_equals_matmul_by_hand(torch):
         assert np.array_equal(got[g], expected)
 
 
+def test_broadcast_batches_go_through_the_unit_and_unbroadcastable_ones_to_torch(torch):
+    """A matmul whose batch dimensions broadcast ((2, 1) against (3,)) gives each pair's
+    product by hand in the broadcast shape; batches that do not broadcast get torch's own
+    error."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 1, 4, 64)).astype(np.float32)
+    b = rng.standard_normal((3, 64, 5)).astype(np.float32)
+    with torch_unit(None, OCP, a_format="fp8_e5m2"):
+        got = torch.matmul(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    assert got.shape == (2, 3, 4, 5)
+    for i in range(2):
+        for j in range(3):
+            expected = matmul(OCP, a[i, 0], b[j], a_format="fp8_e5m2", b_format="fp8_e5m2")
+            assert np.array_equal(got[i, j], expected.values.astype(np.float32))
+    with torch_unit(None, OCP, a_format="fp8_e5m2"), pytest.raises(RuntimeError):
+        torch.matmul(torch.from_numpy(a[:, 0]), torch.from_numpy(b))
+
+
 @pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
 def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
     """The heads of a 4-d matmul (one batched call on the unit) and a linear layer with a bias

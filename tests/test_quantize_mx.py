@@ -345,11 +345,17 @@ options_strategy = st.builds(
 
 @given(values=block_values, fmt_name=st.sampled_from(ELEMENT_FORMATS), options=options_strategy)
 def test_kernel_equals_reference_twin(values, fmt_name, options):
+    if options.nonfinite == "propagate" and not get_format(fmt_name).has_nan:
+        values = [v for v in values if not math.isnan(v)] or [0.0]
+    _assert_kernel_equals_twin(values, fmt_name, options)
+
+
+def _assert_kernel_equals_twin(values: list, fmt_name: str, options: QuantOptions) -> None:
+    """One block of float32 ``values``: the kernel's shared exponent and codes are the
+    reference twin's."""
     fmt = get_format(fmt_name)
     if fmt.twos_complement:
         fmt = dataclasses.replace(fmt, allow_min_twos_complement=options.int8_minus_two)
-    if options.nonfinite == "propagate" and not fmt.has_nan:
-        values = [v for v in values if not math.isnan(v)] or [0.0]
     x = np.array(values, dtype=np.float32)
     fmt_used, opts, arr = _prepare(x, fmt_name, "ocp", dataclasses.asdict(options))
     codes, exponents, _, _ = _quantize_blocked(arr, fmt_used, opts, -1, len(values))
@@ -358,6 +364,41 @@ def test_kernel_equals_reference_twin(values, fmt_name, options):
     assert got_exponent == exponent
     if exponent is not None:
         assert codes.tolist() == want_codes
+
+
+CORNERS = [0.0, -0.0, np.inf, -np.inf, np.nan, 2.0**-149, -(2.0**-140), 3.0e38, -(2.0**-126)]
+
+
+@st.composite
+def realistic_blocks(draw):
+    """A block of 32 float32 values of one magnitude (as activations are), with a minority
+    of corners at drawn places: zeros, subnormals, Inf, NaN, values near float32's largest;
+    sometimes every element a zero."""
+    if draw(st.integers(0, 9)) == 0:
+        return [draw(st.sampled_from([0.0, -0.0])) for _ in range(32)]
+    exponent = draw(st.integers(-130, 120))
+    values = draw(
+        st.lists(st.floats(-4.0, 4.0, width=32), min_size=32, max_size=32).map(
+            lambda vs: [math.ldexp(v, exponent) for v in vs]
+        )
+    )
+    places = draw(st.lists(st.integers(0, 31), max_size=4))
+    for place in places:
+        values[place] = draw(st.sampled_from(CORNERS))
+    return values
+
+
+@given(
+    values=realistic_blocks(),
+    fmt_name=st.sampled_from(ELEMENT_FORMATS),
+    options=options_strategy.filter(lambda o: o.element_rounding != "stochastic"),
+)
+def test_table_path_equals_reference_twin_on_full_blocks(values, fmt_name, options):
+    """Blocks of 32 through the table path (deterministic rounding), zero, subnormal and
+    non-finite elements mixed in among normal ones, equal the reference twin's codes."""
+    if options.nonfinite == "propagate" and not get_format(fmt_name).has_nan:
+        values = [0.0 if math.isnan(v) else v for v in values]
+    _assert_kernel_equals_twin(values, fmt_name, options)
 
 
 # --- profile vectors (docs/profiles.md §3, each derived by hand from the library source) ------

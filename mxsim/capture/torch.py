@@ -425,7 +425,8 @@ class _Recorder:
         if self.result is None:
             return value
         result, self.result = self.result, None
-        return _rounded_tensor(self.torch, result, value.dtype).reshape(value.shape)
+        # reshaped in numpy: a torch reshape would run through the interception's modes
+        return _rounded_tensor(self.torch, np.reshape(result, tuple(value.shape)), value.dtype)
 
     def torchao_linear(self, x, weight) -> tuple:
         """The input and weight of ``F.linear(x, weight)`` with torchao's MXTensor (or weight-only

@@ -148,10 +148,14 @@ def kernel_c_dtype(c_format: str) -> np.dtype:
     return np.dtype(np.float64) if c_format not in FLOAT32_FORMATS else np.dtype(np.float32)
 
 
-def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
+def _accumulator_inputs(
+    c, shape: tuple, c_format: str = "fp32", repeats_from: int | None = None
+) -> np.ndarray:
     """c as the kernels read it: +0 for None; otherwise a float32 array, or one of the
     format's own dtype (float16 for fp16, float64 for fp64), whose values are all values of
-    ``c_format`` (NaN and ±Inf included), in :func:`kernel_c_dtype`."""
+    ``c_format`` (NaN and ±Inf included), in :func:`kernel_c_dtype`. ``repeats_from``: an
+    axis from which on the axes a broadcast ``c`` repeats (stride 0) are kept at length 1
+    (:func:`_distinct`), the result broadcasting back to ``shape``."""
     if c is None:
         return np.zeros(shape, dtype=kernel_c_dtype(c_format))
     accepted = sorted(
@@ -170,6 +174,8 @@ def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
         )
     if c.shape != shape:
         raise ArgumentError(f"c: expected shape {shape}, got {c.shape}")
+    if repeats_from is not None:
+        c = _distinct(c, repeats_from)
     given, fmt = get_format(C_DTYPE_FORMATS[c.dtype]), get_format(c_format)
     if (
         given.exponent_bits > fmt.exponent_bits or given.mantissa_bits > fmt.mantissa_bits
@@ -181,6 +187,16 @@ def _accumulator_inputs(c, shape: tuple, c_format: str = "fp32") -> np.ndarray:
     return np.ascontiguousarray(
         c, dtype=kernel_c_dtype(c_format)
     )  # the kernels widen each value exactly
+
+
+def _distinct(array: np.ndarray, first_axis: int = 0) -> np.ndarray:
+    """``array`` with each axis from ``first_axis`` on along which it repeats (stride 0, as
+    ``np.broadcast_to`` makes) cut to length 1: a view that broadcasts back to ``array``."""
+    cut = tuple(
+        slice(0, 1) if axis >= first_axis and stride == 0 else slice(None)
+        for axis, stride in enumerate(array.strides)
+    )
+    return array[cut]
 
 
 def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
@@ -223,9 +239,45 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
     # numpy's own widening of the same IEEE layout: exact, subnormals included (checked above)
     with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
         values = bits.view(native).astype(np.float64)
-    nan = np.isnan(values)
-    if nan.any():
-        values[nan] = np.nan
+    _canonical_nans(values)
+    return values
+
+
+def _canonical_nans(values: np.ndarray) -> None:
+    """Every NaN of the float64 ``values`` made the canonical quiet NaN, in place (a minimum
+    over the array, which a NaN propagates, looks for them without a mask of every value)."""
+    if values.size and np.isnan(values.min()):
+        values[np.isnan(values)] = np.nan
+
+
+def as_float_times_power_of_two(bits: np.ndarray, out_format: str, exponents) -> np.ndarray:
+    """``times_power_of_two(as_float(bits, out_format), exponents)`` bit for bit (``as_float``
+    alone where every exponent is 0). Where ``as_float`` takes numpy's own widening and every
+    power is a normal float64, the widened values are multiplied by their powers in place: one
+    float64 array, no second one for the scaled values."""
+    exponents = np.asarray(exponents)
+    if not exponents.any():
+        return as_float(bits, out_format)
+    fmt = get_format(out_format)
+    bits = np.asarray(bits)
+    native = _native_float(fmt)
+    info = np.finfo(np.float64)
+    if (
+        native is None
+        or bits.dtype != fmt.code_dtype
+        or not subnormals_work()
+        or not (info.minexp <= exponents.min() and exponents.max() < info.maxexp)
+    ):
+        return times_power_of_two(as_float(bits, out_format), exponents)
+    # A float64 product by a normal power of two rounds as np.ldexp (times_power_of_two).
+    powers = np.ldexp(1.0, exponents)
+    with np.errstate(invalid="ignore"):  # signalling NaNs: replaced below
+        values = bits.view(native).astype(np.float64)
+        if np.broadcast_shapes(values.shape, powers.shape) == values.shape:
+            values *= powers  # in place: faster than a product of mixed dtypes
+        else:
+            values = values * powers
+    _canonical_nans(values)
     return values
 
 
@@ -471,8 +523,7 @@ class MatmulResult:
 
     @property
     def values(self) -> np.ndarray:
-        values = as_float(self.bits, self.out_format)
-        values = times_power_of_two(values, self.scale_exponent) if self.scale_exponent else values
+        values = as_float_times_power_of_two(self.bits, self.out_format, self.scale_exponent)
         return values * self.tensor_scale if self.tensor_scale != 1.0 else values
 
 
@@ -654,11 +705,8 @@ class BatchedMatmulResult:
 
     @property
     def values(self) -> np.ndarray:
-        values = as_float(self.bits, self.out_format)
-        return (
-            times_power_of_two(values, self.scale_exponents[:, None, None])
-            if self.scale_exponents.any()
-            else values
+        return as_float_times_power_of_two(
+            self.bits, self.out_format, self.scale_exponents[:, None, None]
         )
 
 
@@ -857,14 +905,20 @@ def matmul_batched(
     shifts = group_a.tensor_scale_exponents + group_b.tensor_scale_exponents
     check_array_budget((groups, rows, columns), 8, "matmul_batched: the (G, M, N) output")
     if c is not None:
-        c = _accumulator_inputs(c, (groups, rows, columns), params.c_format)
-    if c is not None and shifts.any():  # (unshifted, each group's c is unchanged)
-        c = np.stack(
-            [
-                _scaled_accumulator_input(c[g], int(shifts[g]), (rows, columns), params.c_format)
-                for g in range(groups)
-            ]
-        )
+        # Checked and scaled on its distinct values (a bias row broadcast over the rows: once,
+        # not per row), then written out whole for the kernels.
+        c = _accumulator_inputs(c, (groups, rows, columns), params.c_format, repeats_from=1)
+        if shifts.any():  # (unshifted, each group's c is unchanged)
+            c = np.stack(
+                [
+                    _scaled_accumulator_input(c[g], int(shifts[g]), c.shape[1:], params.c_format)
+                    for g in range(groups)
+                ]
+            )
+        if c.shape != (groups, rows, columns):
+            whole = np.empty((groups, rows, columns), dtype=c.dtype)
+            whole[...] = c
+            c = whole
     bits_dtype = output_dtype(params.output_format)
     if groups * rows * columns == 0:
         return BatchedMatmulResult(
@@ -932,7 +986,8 @@ def _gemm_routes(
     ``progress`` callable the kernels run on ``tile_rows`` rows at a time (whole groups
     together when a group has fewer), reporting after each; without, in one call. ``memo``:
     the BLAS route's kept work on this B (:func:`~mxsim.datapath.blas.blas_matmul`), or the
-    window route's (:func:`~mxsim.datapath.window.window_matmul`)."""
+    window route's (:func:`~mxsim.datapath.window.window_matmul`) and B's codes in the
+    kernels' code type (``_kernel_codes``; 4 bytes per element where they widen)."""
     groups, rows = codes_a.shape[:2]
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
@@ -984,8 +1039,14 @@ def _gemm_routes(
                 g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
             )
         return out
-    # The other routes' kernels take the kernels' code type: B whole, A a pass at a time.
-    codes_b = _kernel_codes(codes_b)
+    # The other routes' kernels take the kernels' code type: B whole (kept in the memo, as
+    # B's codes do not change from call to call), A a pass at a time.
+    if memo is None:
+        codes_b = _kernel_codes(codes_b)
+    else:
+        if "kernel codes" not in memo:
+            memo["kernel codes"] = _kernel_codes(codes_b)
+        codes_b = memo["kernel codes"]
     if method == "auto" and groups_apply(params):
         for group in range(groups):  # the group-sum route takes one GEMM at a time
             m, n = groups_matmul(

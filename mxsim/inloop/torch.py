@@ -229,9 +229,9 @@ class UnitInLoop(_Recorder):
             or (bias is not None and tuple(bias.shape) != (b.shape[-1],))
         ):
             return func(*args, **kwargs)
-        try:
-            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        except RuntimeError:
+        try:  # numpy's rule is torch's; torch's own runs its ops through the interception
+            batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+        except ValueError:
             return func(*args, **kwargs)
         return torch.empty((*batch, a.shape[-2], b.shape[-1]), dtype=a.dtype)
 

@@ -217,17 +217,23 @@ def quantize_blocks(
     if rule == RULE_EVEN and in_mantissa_bits > top_fraction_bits:
         even_half_step = np.uint64(1) << np.uint64(in_mantissa_bits - top_fraction_bits - 1)
     for b in range(start, stop):
+        # The largest magnitude pattern, branch-free (vectorized); only a block holding a NaN
+        # or Inf pattern needs the finite amax and the flags, looked for again.
         amax = np.uint64(0)
+        for j in range(block_size):
+            amax = max(amax, np.uint64(bits[b, j]) & magnitude_mask)
         nan_seen = False
         inf_seen = False
-        for j in range(block_size):
-            magnitude = np.uint64(bits[b, j]) & magnitude_mask
-            if magnitude > inf_bits:
-                nan_seen = True
-            elif magnitude == inf_bits:
-                inf_seen = True
-            elif magnitude > amax:
-                amax = magnitude
+        if amax >= inf_bits:
+            amax = np.uint64(0)
+            for j in range(block_size):
+                magnitude = np.uint64(bits[b, j]) & magnitude_mask
+                if magnitude > inf_bits:
+                    nan_seen = True
+                elif magnitude == inf_bits:
+                    inf_seen = True
+                elif magnitude > amax:
+                    amax = magnitude
         if (
             even_half_step != 0
             and nonfinite != NONFINITE_PROPAGATE
@@ -280,18 +286,28 @@ def quantize_blocks(
         if use_table:
             # The table's exponent index of a normal input is its field plus this, clamped.
             offset = -input_bias - element_exponent - table_low
+            # Every element through the table, branch-free (its index is in range for any
+            # field); zero, subnormal and non-finite inputs are counted and recoded below.
+            specials = np.int64(0)
+            for j in range(block_size):
+                value = np.uint64(bits[b, j])
+                field = np.int64((value >> mantissa_shift) & field_mask)
+                e = min(max(field + offset, np.int64(0)), last_table_exponent)
+                entry = (
+                    ((np.int64(value >> sign_shift) * n_table_exponents + e) << entry_shift)
+                    | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
+                    | np.int64((value & sticky_mask) != np.uint64(0))
+                )
+                codes_out[b, j] = table[entry]
+                specials += np.int64(field == 0) | np.int64(field == field_top)
+            if specials == 0:
+                continue
             for j in range(block_size):
                 value = np.uint64(bits[b, j])
                 field = np.int64((value >> mantissa_shift) & field_mask)
                 if field != 0 and field != field_top:
-                    e = min(max(field + offset, np.int64(0)), last_table_exponent)
-                    entry = (
-                        ((np.int64(value >> sign_shift) * n_table_exponents + e) << entry_shift)
-                        | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
-                        | np.int64((value & sticky_mask) != np.uint64(0))
-                    )
-                    codes_out[b, j] = table[entry]
-                elif (value & magnitude_mask) == np.uint64(0):  # ±0 codes alike at any scale
+                    continue
+                if (value & magnitude_mask) == np.uint64(0):  # ±0 codes alike at any scale
                     codes_out[b, j] = zero_codes[1] if value >> sign_shift else zero_codes[0]
                 else:  # subnormal and non-finite inputs (deterministic rounding: no draw)
                     codes_out[b, j] = encode_bits(

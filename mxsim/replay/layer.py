@@ -30,8 +30,8 @@ import numpy as np
 
 from .._compile import compile_seconds
 from ..cycles import GemmLayer, estimate_layer, storage_for_format
-from ..datapath import HardwareConfig, as_float, matmul_batched
-from ..datapath.api import times_power_of_two
+from ..datapath import HardwareConfig, matmul_batched
+from ..datapath.api import as_float_times_power_of_two
 from ..errors import MxsimError
 from ..formats import E8M0_ONE, get_format
 from ..quantize import MXGroups, quantize, quantize_bfp, quantize_grouped, resolve_options
@@ -436,9 +436,8 @@ def run_layer(
         ]
         # decoded once for all groups: MatmulResult.values, group by group, in one call
         bits = np.stack([r.bits for r in results])
-        out = as_float(bits, results[0].out_format)
         exponents = np.array([r.scale_exponent for r in results], dtype=np.int32).reshape(-1, 1, 1)
-        out = times_power_of_two(out, exponents) if exponents.any() else out
+        out = as_float_times_power_of_two(bits, results[0].out_format, exponents)
     if scaled is not None:  # tensor-scaled operands: the scales multiply the unit's sums
         out = out * scaled
     if bias is not None and not all(c_entered):
