@@ -17,6 +17,7 @@ from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
     ROUNDING_CHOICES,
     _exact_chunks,
+    _fold_code_blocks,
     _fp32_exact_blocks,
     _span_bits,
     _tree_exponents,
@@ -481,6 +482,64 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
         [all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks + 1)]
         for row in codes.tolist()
     ]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    groups=st.integers(1, 3),
+    rows=st.integers(1, 5),
+    blocks=st.integers(1, 20),
+    per=st.integers(1, 8),
+    block=st.integers(1, 3),
+    short=st.integers(0, 4),
+    zero_share=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
+    chunk=st.sampled_from([1, 7, 1 << 18]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_trees_folded_from_codes_equal_their_definition(
+    monkeypatch, groups, rows, blocks, per, block, short, zero_share, chunk, seed
+):
+    # The one-pass fold from the codes against plain Python reading the codes (a block is
+    # of zeros when every code of it before the codes' end decodes to 0 or -0; blocks past
+    # it are), and against the fold of ``_zero_blocks``' marks; a few codes at a time too.
+    monkeypatch.setattr(blas_module, "CODES_AT_ONCE", chunk)
+    rng = np.random.default_rng(seed)
+    table = np.array([0.0, -0.0, 0.5, -1.5, 3.0])
+    length = max(0, blocks * block - short)
+    codes = rng.integers(2, 5, (groups, rows, length))
+    codes[rng.random(codes.shape) < zero_share] = rng.integers(0, 2)
+    codes = codes.astype(np.uint16)
+    exponents = rng.integers(-127, 128, (groups, rows, blocks)).astype(np.int32)
+    trees = -(-blocks // per)
+    least, rises, top = _fold_code_blocks(codes, table, exponents, block, per, trees)
+    want_least, want_rises = [], []
+    for group_codes, group_exponents in zip(codes.tolist(), exponents.tolist()):
+        for row, exps in zip(group_codes, group_exponents):
+            empty = [
+                all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks)
+            ]
+            lows, ups = [], []
+            for t in range(trees):
+                span = range(t * per, min((t + 1) * per, blocks))
+                counted = [exps[b] for b in span if not empty[b]]
+                lows.append(min(counted) if counted else min(exps[b] for b in span))
+                ups += [
+                    0 if b >= blocks or empty[b] else exps[b] - lows[-1]
+                    for b in range(t * per, (t + 1) * per)
+                ]
+            want_least.append(lows)
+            want_rises.append(ups)
+    assert least.reshape(-1, trees).tolist() == want_least
+    assert rises.reshape(-1, trees * per).tolist() == want_rises
+    assert top == max(max(row) for row in want_rises)
+    marks = _zero_blocks(codes, table, exponents, block)
+    for got, want in zip((least, rises, top), _tree_exponents(exponents, per, trees, marks)):
+        np.testing.assert_array_equal(got, want)
+    # 2-D codes (one GEMM's operand) fold as one group
+    flat = _fold_code_blocks(codes[0], table, exponents[0], block, per, trees)
+    np.testing.assert_array_equal(flat[1], rises[0])
 
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:

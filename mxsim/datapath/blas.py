@@ -204,7 +204,7 @@ def _folded_trees(
     trees = -(-scales_a.shape[-1] // per)
 
     def fold(codes, values, scales):
-        return _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
+        return _fold_code_blocks(codes, values, scales, size, per, trees)
 
     folded_b = None if memo is None else memo.get("folded")
     if folded_b is None:
@@ -300,6 +300,67 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
     for g, r in _row_chunks(codes):
         zero_blocks(_wide(codes[g, r]), zero, block_of, out[g, r])
     return out.reshape(exponents.shape)
+
+
+def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int):
+    """``_tree_exponents(exponents, per, trees, _zero_blocks(codes, values, exponents,
+    block))`` in one pass over the codes (``fold_code_blocks``), a few rows at a time
+    (``_row_chunks``): the fold of trees of several blocks that ``blas_route`` reads."""
+    lead = (1,) * (3 - codes.ndim) + codes.shape
+    codes = codes.reshape(lead)
+    exps = exponents.reshape(lead[:2] + exponents.shape[-1:])
+    least = np.empty(lead[:2] + (trees,), dtype=np.int64)
+    rises = np.empty(lead[:2] + (trees * per,), dtype=np.int64)
+    block_of = np.arange(min(codes.shape[-1], exps.shape[-1] * block)) // block
+    zero, top = values == 0, 0
+    for g, r in _row_chunks(codes):
+        found = fold_code_blocks(
+            _wide(codes[g, r]), zero, exps[g, r], block_of, per, least[g, r], rises[g, r]
+        )
+        top = max(top, int(found))
+    lead_out = exponents.shape[:-1]
+    return least.reshape(lead_out + (trees,)), rises.reshape(lead_out + (trees * per,)), top
+
+
+@njit(cache=True, nogil=True)
+def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
+    """``fold_exponents`` of the (groups, rows, blocks) ``exponents`` with the blocks of
+    zeros read from the (groups, rows, length) codes as ``zero_blocks`` reads them (position
+    k < len(block_of) lies in block block_of[k]; a block is marked when each of its codes
+    has a true ``zero_table`` entry, or it has none), in one loop per row: least[g, i, t],
+    rises[g, i, b], and the largest rise returned (0 without blocks)."""
+    groups, rows, length = codes.shape
+    blocks = exponents.shape[-1]
+    trees = least.shape[-1]
+    reach = min(length, block_of.shape[0])
+    top = np.int64(0)
+    none = np.int64(1) << 40  # above every exponent: "no block counted yet" (branch-free)
+    counted = np.empty(trees * per, dtype=np.int64)  # 1: the block holds a nonzero
+    # Padding blocks (past the last) count as neither least nor marked block: their
+    # exponent ``none`` loses every min, and their rise is 0 (0 counted).
+    padded = np.full(trees * per, none)
+    for g in range(groups):
+        for i in range(rows):
+            row, row_exponents = codes[g, i], exponents[g, i]
+            row_least, row_rises = least[g, i], rises[g, i]
+            counted[:] = 0
+            for b in range(blocks):
+                padded[b] = row_exponents[b]
+            for k in range(reach):
+                counted[block_of[k]] |= np.int64(not zero_table[row[k]])
+            for t in range(trees):
+                low_all = low = none
+                for b in range(t * per, (t + 1) * per):
+                    exponent = padded[b]
+                    low_all = min(low_all, exponent)
+                    low = min(low, exponent if counted[b] else none)
+                low = low_all if low == none else low
+                row_least[t] = low
+                for b in range(t * per, (t + 1) * per):
+                    rise = (padded[b] - low) * counted[b]
+                    row_rises[b] = rise
+                    top = max(top, rise)
+    return top
 
 
 def folded_sum_bits(
