@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from mxsim.quantize import quantize, quantize_bfp
+from mxsim.quantize import quantize, quantize_bfp, quantize_grouped
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
     ROUNDING_CHOICES,
@@ -46,6 +46,7 @@ from mxsim.datapath._tree_kernels import (
     grid_trees16,
     rne_trees8,
 )
+from mxsim.datapath import batch as batch_module
 from mxsim.datapath import blas as blas_module
 
 UNITS = {
@@ -187,6 +188,69 @@ def test_kulisch_blas_route_equals_the_kernel(a_format, spread, seed):
     np.testing.assert_array_equal(
         matmul(kulisch, qa, qb, c=c).bits, matmul(kulisch, qa, qb, c=c, method="kernel").bits
     )
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    groups=st.integers(1, 3),
+    rows=st.integers(1, 9),
+    length=st.integers(1, 100),
+    columns=st.integers(1, 9),
+    a_format=st.sampled_from(["fp8_e4m3", "fp4_e2m1", "int8"]),
+    spread=st.integers(0, 6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_kulisch_sum_of_one_range_rounds_once_as_the_twin(
+    monkeypatch, groups, rows, length, columns, a_format, spread, seed
+):
+    # Scales a few binades apart: all of K is one exactly summed range, added to c and
+    # rounded once. Against the generic kernel and a Fraction twin, with accumulator inputs
+    # at the corners (+0, subnormals, near fp32's top so that acc + S overflows), zeros and
+    # exact cancellations (rows equal to another row negated) in the data, odd shapes.
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((groups, rows, length)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, rows, length))
+    )
+    A[rng.random(A.shape) < 0.2] = 0.0
+    B = rng.standard_normal((groups, length, columns))
+    if columns > 1:
+        B[:, :, -1] = -B[:, :, 0]  # the last column's sums: the first's negated
+    # (c near an ulp of S: S rounded first, then acc + S, would differ)
+    corners = np.array([0.0, 1e-40, -3e-45, 3.4e38, -3.4e38, 1e-6, -7e-7, 1.5], dtype=np.float32)
+    c = rng.choice(corners, (groups, rows, columns))
+    c[rng.random(c.shape) < 0.5] = rng.standard_normal() * 1e3
+    c = c.astype(np.float32)
+    qa = quantize_grouped(A, a_format, 32)
+    rows_b = quantize_grouped(np.ascontiguousarray(B.transpose(0, 2, 1)), a_format, 32)
+    qb = dataclasses.replace(rows_b, shape=(length, columns), axis=0)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    # the BLAS route's tiles, not the small-groups route, for these small groups
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    ranges = []
+    double_double = blas_module.accumulate_double_double
+    monkeypatch.setattr(
+        blas_module,
+        "accumulate_double_double",
+        lambda *args: ranges.append(1) or double_double(*args),
+    )
+    fast = matmul_batched(kulisch, qa, qb, c=c)
+    assert spread > 0 or not ranges  # scales within a few binades: one range, no two float64s
+    np.testing.assert_array_equal(
+        fast.bits, matmul_batched(kulisch, qa, qb, c=c, method="kernel").bits
+    )
+    fp32 = get_format("fp32")
+    a_values, b_values = qa.dequantize(), qb.dequantize()
+    for g in range(groups):
+        for i in range(rows):
+            for j in range(columns):
+                exact = Fraction(c[g, i, j].item()) + sum(
+                    Fraction(x) * Fraction(y)
+                    for x, y in zip(a_values[g, i].tolist(), b_values[g, :, j].tolist())
+                )
+                want = encode_reference(fp32, exact, "nearest_even", "inf_nan")
+                assert int(fast.bits[g, i, j]) == want, (g, i, j)
 
 
 def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():

@@ -1255,7 +1255,9 @@ def _kulisch_tile(
     by b (g, n, padded): per range of blocks that float64 sums exactly, GEMMs of at most
     ``macs`` multiply-adds summed in float64 (partial sums of the range: exact), the ranges
     added in two float64s; returns the (group, row, column) outputs, offset by ``origin``,
-    whose exact sum needed more than two float64s."""
+    whose exact sum needed more than two float64s. When all of K is one range, its exact
+    sum S is added as a tree's is, RNE_fp32(acc + S) (``accumulate_rne_fp32``: what the two
+    float64s give when the second holds only acc + S's rounding error)."""
     together, height, padded = a.shape
     blocks = padded // block
     if exponents_a is None:  # every product at scale 1
@@ -1263,24 +1265,24 @@ def _kulisch_tile(
     chunks = _exact_chunks(params, exponents_a, exponents_b, block)
     columns = acc.shape[-1]
     depth = max(block, macs // (together * height * columns) // block * block)
+    sums = np.empty(acc.shape)
+    part = np.empty_like(sums)
+    b_columns = b.transpose(0, 2, 1)  # (g, padded, n)
+    if len(chunks) == 1:  # all of K one exact float64 sum S: acc + S rounds once, as a tree
+        _range_sums(a, b_columns, chunks[0][0] * block, chunks[0][1] * block, depth, sums, part)
+        running = np.ascontiguousarray(acc)
+        unit_rows, unit_columns = np.ones((together, height)), np.ones((together, columns))
+        accumulate_rne_fp32(running, sums, unit_rows, unit_columns)  # steps 2^0: S itself
+        if running is not acc:
+            acc[...] = running
+        return []
     shape = (together * height, columns)
     high = acc.astype(np.float64).reshape(shape)
     low = np.zeros(shape)
     inexact = np.zeros(shape, dtype=np.bool_)
     flagged = 0
-    sums = np.empty(acc.shape)
-    part = np.empty_like(sums)
-    b_columns = b.transpose(0, 2, 1)  # (g, padded, n)
     for first, last in chunks:
-        k0, k1 = first * block, last * block
-        for k in range(k0, k1, depth):
-            np.matmul(
-                a[..., k : min(k + depth, k1)],
-                b_columns[:, k : min(k + depth, k1)],
-                out=part if k > k0 else sums,
-            )
-            if k > k0:
-                sums += part
+        _range_sums(a, b_columns, first * block, last * block, depth, sums, part)
         flagged += accumulate_double_double(high, low, inexact, sums.reshape(shape))
     rounded = np.empty(shape, dtype=np.float32)
     round_double_double_to_fp32(high, low, rounded)
@@ -1290,3 +1292,14 @@ def _kulisch_tile(
     g0, r0, c0 = origin
     g, i, j = np.nonzero(inexact.reshape(acc.shape))
     return [(g0 + int(x), r0 + int(y), c0 + int(z)) for x, y, z in zip(g, i, j)]
+
+
+def _range_sums(a, b_columns, k0: int, k1: int, depth: int, sums, part) -> None:
+    """sums (g, r, n float64) = a (g, r, padded)[..., k0:k1] times b_columns (g, padded,
+    n)[:, k0:k1], in GEMMs of at most ``depth`` positions added in float64 (``part``: their
+    scratch); exact where the range's products and partial sums are (``_exact_chunks``)."""
+    for k in range(k0, k1, depth):
+        stop = min(k + depth, k1)
+        np.matmul(a[..., k:stop], b_columns[:, k:stop], out=part if k > k0 else sums)
+        if k > k0:
+            sums += part
