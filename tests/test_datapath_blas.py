@@ -349,6 +349,72 @@ def test_small_tiles_panels_and_chunks_equal_the_kernel(
     assert reports[-1] == (groups * rows, groups * rows) and reports == sorted(reports)
 
 
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # same patch each
+@given(
+    unit=st.sampled_from(
+        ["ocp-exact", "mxdotp-paper", "mxdotp", "mxdotp-rtz", "kulisch", "bfp-exact"]
+    ),
+    shape=st.tuples(st.integers(2, 5), st.integers(1, 7), st.integers(1, 70), st.integers(1, 7)),
+    spread=st.integers(0, 12),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_batch_passes_decoding_their_own_groups_of_b_equal_the_kernel(
+    monkeypatch, unit, shape, spread, threads, seed
+):
+    # A batch of whole-group passes decodes each pass's groups of B in the pass. Against
+    # the generic kernel, with whole blocks of zeros, exact cancellations and accumulator
+    # inputs at the corners (+0, subnormals, near fp32's top), on one and two threads.
+    import numba
+
+    import mxsim.datapath.blas as blas
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # not the small-groups route
+    for name in ("TILE_ROWS", "SMALL_TILE_ROWS", "TILE_COLUMNS", "KULISCH_COLUMNS"):
+        monkeypatch.setattr(blas, name, 4)  # passes of 4 rows: a few groups each
+    monkeypatch.setattr(blas, "SINGLE_THREAD_MACS", 200)
+    decoded_groups = []
+    seen_passes = []
+    passes = blas.batch_passes
+    monkeypatch.setattr(
+        blas, "batch_passes", lambda *a: seen_passes.append(list(passes(*a))) or seen_passes[-1]
+    )
+    unscaled = blas._unscaled  # (``_decoded`` decodes through it too)
+    monkeypatch.setattr(
+        blas, "_unscaled", lambda *a, **k: decoded_groups.append(a[1].shape[0]) or unscaled(*a, **k)
+    )
+    groups, rows, length, columns = shape
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((groups, rows, length)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, rows, length))
+    )
+    A[:, :, : length // 2][rng.random((groups, rows)) < 0.3] = 0.0  # blocks of zeros
+    B = rng.standard_normal((groups, length, columns)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, length, 1))
+    )
+    if columns > 1:
+        B[..., -1] = -B[..., 0]
+    corners = np.array([0.0, 1e-40, -3e-45, 3.4e38, -3.4e38, 1e-6, 1.5], dtype=np.float32)
+    c = rng.choice(corners, (groups, rows, columns)).astype(np.float32)
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    element = "mx9" if unit == "bfp-exact" else "fp8_e4m3"
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        fast = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element)
+    finally:
+        numba.set_num_threads(before)
+    slow = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+    taken = seen_passes[0] if seen_passes else []  # (none: the route refused these data)
+    if len(taken) >= threads and all(r1 - r0 == rows for _, _, r0, r1 in taken):
+        # passes of whole groups, one item each: each decodes its own groups of B
+        assert len(decoded_groups) == 2 * len(taken)
+        assert decoded_groups[::2] == [g1 - g0 for g0, g1, _, _ in taken]
+
+
 def test_exact_ranges_of_blocks():
     # fp8_e4m3 x fp8_e4m3 blocks of 32 need 41 bits: 2^12 blocks of equal scales fit one GEMM,
     # a block 13 binades above the others' floor does not join them.

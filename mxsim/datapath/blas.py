@@ -212,7 +212,7 @@ def _folded_trees(
         if memo is not None:
             least, rises, top = folded_b
             if top <= np.iinfo(np.uint8).max:  # kept: a byte per block rather than eight
-                rises = rises.astype(np.uint8)
+                rises = rises.astype(np.uint8, copy=False)
             memo["folded"] = least, rises, top
     return fold(codes_a, kernel_args[0], scales_a), folded_b
 
@@ -305,19 +305,23 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
 def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int):
     """``_tree_exponents(exponents, per, trees, _zero_blocks(codes, values, exponents,
     block))`` in one pass over the codes (``fold_code_blocks``), a few rows at a time
-    (``_row_chunks``): the fold of trees of several blocks that ``blas_route`` reads."""
+    (``_row_chunks``): the fold of trees of several blocks that ``blas_route`` reads. The
+    rises are bytes where they fit one (E8M0 scales: always), else int64."""
     lead = (1,) * (3 - codes.ndim) + codes.shape
     codes = codes.reshape(lead)
     exps = exponents.reshape(lead[:2] + exponents.shape[-1:])
     least = np.empty(lead[:2] + (trees,), dtype=np.int64)
-    rises = np.empty(lead[:2] + (trees * per,), dtype=np.int64)
     block_of = np.arange(min(codes.shape[-1], exps.shape[-1] * block)) // block
-    zero, top = values == 0, 0
-    for g, r in _row_chunks(codes):
-        found = fold_code_blocks(
-            _wide(codes[g, r]), zero, exps[g, r], block_of, per, least[g, r], rises[g, r]
-        )
-        top = max(top, int(found))
+    zero = values == 0
+    for dtype in (np.uint8, np.int64):
+        rises, top = np.empty(lead[:2] + (trees * per,), dtype=dtype), 0
+        for g, r in _row_chunks(codes):
+            found = fold_code_blocks(
+                _wide(codes[g, r]), zero, exps[g, r], block_of, per, least[g, r], rises[g, r]
+            )
+            top = max(top, int(found))
+        if top <= np.iinfo(dtype).max:  # (a larger rise wrapped around in the bytes)
+            break
     lead_out = exponents.shape[:-1]
     return least.reshape(lead_out + (trees,)), rises.reshape(lead_out + (trees * per,)), top
 
@@ -328,7 +332,8 @@ def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
     zeros read from the (groups, rows, length) codes as ``zero_blocks`` reads them (position
     k < len(block_of) lies in block block_of[k]; a block is marked when each of its codes
     has a true ``zero_table`` entry, or it has none), in one loop per row: least[g, i, t],
-    rises[g, i, b], and the largest rise returned (0 without blocks)."""
+    rises[g, i, b] (in the type of ``rises``: the caller checks that the largest rise,
+    returned, fits it; 0 without blocks)."""
     groups, rows, length = codes.shape
     blocks = exponents.shape[-1]
     trees = least.shape[-1]
@@ -712,7 +717,7 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
         if rises is None:
             decode_codes(table, chunk, out)
         else:
-            steps = np.ascontiguousarray(rises[g, r], dtype=np.int64)  # a memo keeps them as bytes
+            steps = np.ascontiguousarray(rises[g, r])  # bytes, or int64 for rises beyond 255
             decode_raised(table, chunk, steps, block_of, powers, out)
     return decoded
 
@@ -898,6 +903,29 @@ def blas_matmul(
     # Each pass's columns in as many parts as it takes to give every thread work.
     parts = -(-threads // len(passes))
     items = [(p, part) for p in passes for part in range(parts)]
+    # Without a memo, a batch whose passes hold whole groups and take all of B's columns
+    # decodes each pass's groups of B in the pass: its decoded B and A stay a tile's size
+    # (fresh memory for a whole decoded B per call costs more than the decoding).
+    by_pass = (
+        memo is None
+        and groups > 1
+        and len(panels) == 1
+        and parts == 1
+        and all(r0 == 0 and r1 == rows for _, _, r0, r1 in passes)
+    )
+
+    def decode_b(g0, g1, c0, c1):
+        """(B's values, steps, zero-block marks) of groups [g0, g1) and columns [c0, c1)."""
+        exps_b = scales_b[g0:g1, c0:c1] if scaled else None
+        if kulisch:
+            return _decoded(b_values, codes_b[g0:g1, c0:c1], exps_b, block, padded), None, None
+        # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
+        rises = rises_b[g0:g1, c0:c1] if per > 1 else None
+        b = _unscaled(b_values, codes_b[g0:g1, c0:c1], padded, dtype, rises, params.block_size)
+        b_steps = _steps(exps_b, (g1 - g0, c1 - c0), blocks)
+        # a grid's floors skip columns of zero blocks (``_above_floor``)
+        return b, b_steps, None if grid is None else zero_block_mask(b, blocks)
+
     leftovers = []
     done = 0
     with (
@@ -909,7 +937,6 @@ def blas_matmul(
         limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext(),
     ):
         for c0, c1 in panels:
-            exps_b = scales_b[:, c0:c1] if scaled else None
             # A folded B's panel depends on B alone, but its float type on A's rises too
             # (``dtype``): one panel is kept, of the type last used.
             key = None if memo is None else ("panel", c0, c1, block, padded)
@@ -918,19 +945,19 @@ def blas_matmul(
                 kept = None
             if kept is not None:
                 b, b_steps, b_zeros = kept
-            elif kulisch:
-                b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
-            else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
-                rises = rises_b[:, c0:c1] if per > 1 else None
-                b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
-                b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
-            if kept is None:  # a grid's floors skip columns of zero blocks (``_above_floor``)
-                b_zeros = None if grid is None else zero_block_mask(b, blocks)
+            elif by_pass:  # each pass decodes its own groups of B (``run``)
+                b = b_steps = b_zeros = None
+            else:
+                b, b_steps, b_zeros = decode_b(0, groups, c0, c1)
             if key is not None and kept is None:
                 memo[key] = (b, b_steps, b_zeros)
 
             def run(item, b=b, b_steps=b_steps, b_zeros=b_zeros, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
+                first = 0  # the group at b's index 0
+                if b is None:
+                    b, b_steps, b_zeros = decode_b(g0, g1, c0, c1)
+                    first = g0
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
                 if kulisch:
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
@@ -947,7 +974,7 @@ def blas_matmul(
                     for k0 in range(p0, p1, chunk):
                         k1 = min(k0 + chunk, p1)
                         acc = acc_all[g0:g1, r0:r1, k0:k1]
-                        b_tile = b[g0:g1, k0 - c0 : k1 - c0]
+                        b_tile = b[g0 - first : g1 - first, k0 - c0 : k1 - c0]
                         if kulisch:
                             found += _kulisch_tile(
                                 params,
@@ -961,10 +988,12 @@ def blas_matmul(
                                 macs,
                             )
                             continue
-                        steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
+                        steps = np.ascontiguousarray(
+                            b_steps[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
+                        )
                         plain = least = None
                         if grid is not None:
-                            zeros = b_zeros[:, g0:g1, k0 - c0 : k1 - c0]
+                            zeros = b_zeros[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
                             least = _least_scale_sums(a_steps, steps, a_zeros, zeros)
                         if floor is not None:
                             plain = _above_floor(least, floor)
