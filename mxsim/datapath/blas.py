@@ -90,6 +90,7 @@ import numpy as np
 from numba import njit
 
 
+from .._threads import run_in_threads
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
@@ -305,21 +306,29 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
 def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int):
     """``_tree_exponents(exponents, per, trees, _zero_blocks(codes, values, exponents,
     block))`` in one pass over the codes (``fold_code_blocks``), a few rows at a time
-    (``_row_chunks``): the fold of trees of several blocks that ``blas_route`` reads. The
-    rises are bytes where they fit one (E8M0 scales: always), else int64."""
+    (``_row_chunks``, on Numba's threads): the fold of trees of several blocks that
+    ``blas_route`` reads. The rises are bytes where they fit one (E8M0 scales: always),
+    else int64."""
     lead = (1,) * (3 - codes.ndim) + codes.shape
     codes = codes.reshape(lead)
     exps = exponents.reshape(lead[:2] + exponents.shape[-1:])
     least = np.empty(lead[:2] + (trees,), dtype=np.int64)
     block_of = np.arange(min(codes.shape[-1], exps.shape[-1] * block)) // block
     zero = values == 0
+    chunks = list(_row_chunks(codes))
+    tops = np.zeros(len(chunks), dtype=np.int64)
     for dtype in (np.uint8, np.int64):
-        rises, top = np.empty(lead[:2] + (trees * per,), dtype=dtype), 0
-        for g, r in _row_chunks(codes):
-            found = fold_code_blocks(
-                _wide(codes[g, r]), zero, exps[g, r], block_of, per, least[g, r], rises[g, r]
-            )
-            top = max(top, int(found))
+        rises = np.empty(lead[:2] + (trees * per,), dtype=dtype)
+
+        def fold(start: int, stop: int, rises=rises) -> None:
+            for n in range(start, stop):
+                g, r = chunks[n]
+                tops[n] = fold_code_blocks(
+                    _wide(codes[g, r]), zero, exps[g, r], block_of, per, least[g, r], rises[g, r]
+                )
+
+        run_in_threads(fold, len(chunks))  # the chunks on Numba's threads (a nogil kernel)
+        top = int(tops.max(initial=0))
         if top <= np.iinfo(dtype).max:  # (a larger rise wrapped around in the bytes)
             break
     lead_out = exponents.shape[:-1]
