@@ -626,10 +626,11 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
     short=st.integers(0, 4),
     zero_share=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
     chunk=st.sampled_from([1, 7, 1 << 18]),
+    reach=st.sampled_from([127, 400]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_trees_folded_from_codes_equal_their_definition(
-    monkeypatch, groups, rows, blocks, per, block, short, zero_share, chunk, seed
+    monkeypatch, groups, rows, blocks, per, block, short, zero_share, chunk, reach, seed
 ):
     # The one-pass fold from the codes against plain Python reading the codes (a block is
     # of zeros when every code of it before the codes' end decodes to 0 or -0; blocks past
@@ -641,7 +642,8 @@ def test_trees_folded_from_codes_equal_their_definition(
     codes = rng.integers(2, 5, (groups, rows, length))
     codes[rng.random(codes.shape) < zero_share] = rng.integers(0, 2)
     codes = codes.astype(np.uint16)
-    exponents = rng.integers(-127, 128, (groups, rows, blocks)).astype(np.int32)
+    # (reach 400: rises beyond a byte's 255)
+    exponents = rng.integers(-reach, reach + 1, (groups, rows, blocks)).astype(np.int32)
     trees = -(-blocks // per)
     least, rises, top = _fold_code_blocks(codes, table, exponents, block, per, trees)
     want_least, want_rises = [], []
