@@ -560,6 +560,26 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
 
 
+def folded_twin(exponents: list, empty: list, per: int) -> tuple[list, list]:
+    """Plain Python: per row of block exponents and zero-block marks, each tree's least
+    exponent over its blocks that hold a nonzero (over all of them when none does) and each
+    block's rise above it (0 for blocks of zeros and padding blocks)."""
+    want_least, want_rises = [], []
+    for row, marks in zip(exponents, empty):
+        blocks, lows, ups = len(row), [], []
+        for t in range(-(-blocks // per)):
+            span = range(t * per, min((t + 1) * per, blocks))
+            counted = [row[b] for b in span if not marks[b]]
+            lows.append(min(counted) if counted else min(row[b] for b in span))
+            ups += [
+                0 if b >= blocks or marks[b] else row[b] - lows[-1]
+                for b in range(t * per, (t + 1) * per)
+            ]
+        want_least.append(lows)
+        want_rises.append(ups)
+    return want_least, want_rises
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     rows=st.integers(1, 4),
@@ -577,19 +597,7 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
     zeros = rng.random((rows, blocks)) < 0.3
     trees = -(-blocks // per)
     least, rises, top = _tree_exponents(exponents, per, trees, zeros)
-    want_least, want_rises = [], []
-    for row, empty in zip(exponents.tolist(), zeros.tolist()):
-        lows, ups = [], []
-        for t in range(trees):
-            span = range(t * per, min((t + 1) * per, blocks))
-            counted = [row[b] for b in span if not empty[b]]
-            lows.append(min(counted) if counted else min(row[b] for b in span))
-            ups += [
-                0 if b >= blocks or empty[b] else row[b] - lows[-1]
-                for b in range(t * per, (t + 1) * per)
-            ]
-        want_least.append(lows)
-        want_rises.append(ups)
+    want_least, want_rises = folded_twin(exponents.tolist(), zeros.tolist(), per)
     assert least.tolist() == want_least and rises.tolist() == want_rises
     assert top == max(max(row) for row in want_rises)
     table = np.array([0.0, 0.5, -1.5, 3.0])
@@ -646,23 +654,11 @@ def test_trees_folded_from_codes_equal_their_definition(
     exponents = rng.integers(-reach, reach + 1, (groups, rows, blocks)).astype(np.int32)
     trees = -(-blocks // per)
     least, rises, top = _fold_code_blocks(codes, table, exponents, block, per, trees)
-    want_least, want_rises = [], []
-    for group_codes, group_exponents in zip(codes.tolist(), exponents.tolist()):
-        for row, exps in zip(group_codes, group_exponents):
-            empty = [
-                all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks)
-            ]
-            lows, ups = [], []
-            for t in range(trees):
-                span = range(t * per, min((t + 1) * per, blocks))
-                counted = [exps[b] for b in span if not empty[b]]
-                lows.append(min(counted) if counted else min(exps[b] for b in span))
-                ups += [
-                    0 if b >= blocks or empty[b] else exps[b] - lows[-1]
-                    for b in range(t * per, (t + 1) * per)
-                ]
-            want_least.append(lows)
-            want_rises.append(ups)
+    empty = [
+        [all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks)]
+        for row in codes.reshape(groups * rows, length).tolist()
+    ]
+    want_least, want_rises = folded_twin(exponents.reshape(-1, blocks).tolist(), empty, per)
     assert least.reshape(-1, trees).tolist() == want_least
     assert rises.reshape(-1, trees * per).tolist() == want_rises
     assert top == max(max(row) for row in want_rises)
