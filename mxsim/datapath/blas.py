@@ -198,9 +198,14 @@ def blas_route(
 def _folded_trees(
     params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, memo=None
 ):
-    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out.
-    Each operand's depend on its own codes and scales alone: B's are kept in ``memo`` (as
-    for :func:`blas_matmul`) and read from it on later calls."""
+    """The (A, B) ``_tree_exponents`` of trees of several blocks. Blocks of zeros are left
+    out (``_fold_code_blocks``, a pass over the codes) unless folding every block
+    (``_fold_blocks``, from the scales alone) already keeps the tree sums within float32's
+    24 bits (``folded_sum_bits``; BFP's sub-blocks rise at most a binade above their
+    block's least): leaving blocks out only lowers the rises, and any fold whose sums fit
+    is exact, so the outputs are the same either way. B's fold depends on its own codes and
+    scales alone: kept in ``memo`` (as for :func:`blas_matmul`, always with blocks of zeros
+    left out) and read from it on later calls."""
     per, size = blocks_per_tree(params), params.block_size
     trees = -(-scales_a.shape[-1] // per)
 
@@ -208,6 +213,11 @@ def _folded_trees(
         return _fold_code_blocks(codes, values, scales, size, per, trees)
 
     folded_b = None if memo is None else memo.get("folded")
+    folded_a, bits = _fold_blocks(scales_a, per, trees), tree_sum_bits(params)
+    if folded_b is None and memo is None and bits + folded_a[2] <= 24:
+        plain_b = _fold_blocks(scales_b, per, trees)
+        if bits + folded_a[2] + plain_b[2] <= 24:
+            return folded_a, plain_b
     if folded_b is None:
         folded_b = fold(codes_b, kernel_args[2], scales_b)
         if memo is not None:
@@ -215,7 +225,48 @@ def _folded_trees(
             if top <= np.iinfo(np.uint8).max:  # kept: a byte per block rather than eight
                 rises = rises.astype(np.uint8, copy=False)
             memo["folded"] = least, rises, top
+    if bits + folded_a[2] + folded_b[2] <= 24:
+        return folded_a, folded_b
     return fold(codes_a, kernel_args[0], scales_a), folded_b
+
+
+def _fold_blocks(exponents, per: int, trees: int):
+    """``_tree_exponents(exponents, per, trees)`` (every block counted, none marked as zeros)
+    by ``fold_blocks``; the rises bytes where they fit one, else int64."""
+    exps = exponents.reshape((-1,) + exponents.shape[-1:])
+    least = np.empty((exps.shape[0], trees), dtype=np.int64)
+    for dtype in (np.uint8, np.int64):
+        rises = np.empty((exps.shape[0], trees * per), dtype=dtype)
+        top = int(fold_blocks(exps, per, least, rises))
+        if top <= np.iinfo(dtype).max:  # (a larger rise wrapped around in the bytes)
+            break
+    lead = exponents.shape[:-1]
+    return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
+
+
+@njit(cache=True, nogil=True)
+def fold_blocks(exponents, per, least, rises):
+    """least[i, t] = the least of the (rows, blocks) exponents[i, t*per : (t+1)*per],
+    rises[i, b] = exponents[i, b] - least[i, b // per] (0 for block indices past the last;
+    in the type of ``rises``: the caller checks that the largest rise, returned, fits it)."""
+    rows, blocks = exponents.shape
+    trees = least.shape[-1]
+    top = np.int64(0)
+    for i in range(rows):
+        row, row_least, row_rises = exponents[i], least[i], rises[i]
+        for t in range(trees):
+            first, last = t * per, min((t + 1) * per, blocks)
+            low = np.int64(row[first])
+            for b in range(first + 1, last):
+                low = min(low, np.int64(row[b]))
+            row_least[t] = low
+            for b in range(first, last):
+                rise = np.int64(row[b]) - low
+                row_rises[b] = rise
+                top = max(top, rise)
+            for b in range(last, (t + 1) * per):  # past the last block
+                row_rises[b] = 0
+    return top
 
 
 def blocks_per_tree(params: DatapathParams) -> int:
