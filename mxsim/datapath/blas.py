@@ -28,6 +28,9 @@ thread's floating point flushes subnormals (``subnormals_work``). A tree of seve
 blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least block scale:
 each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
 sums need that many more bits (``folded_sum_bits``, read from the data; refused beyond 53).
+Blocks of zeros add nothing whatever their scale and are left out of the least, unless the
+least of every block already keeps the sums within float32 (BFP's sub-blocks lie at most a
+binade apart): then the codes need not be read, and the sums are the same.
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
