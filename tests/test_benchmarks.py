@@ -299,3 +299,22 @@ def test_bench_matmul_batched_runs_one_small_batch(monkeypatch, capsys):
     assert figure["config"] == "ocp-exact" and figure["shape"] == [3, 4, 40, 5]
     assert figure["ratio"] == pytest.approx(figure["gmacs"] / figure["yardstick_gmacs"])
     assert "the rate of one 32^3 GEMM" in capsys.readouterr().out
+
+
+def test_bench_matmul_batched_quantizes_bfp_elements_by_the_bfp_quantizer(monkeypatch):
+    # bfp-exact's batch, as its 1024^3 yardstick: MX9 operands from quantize_bfp (one shared
+    # exponent per 16, a shift per pair), each group quantized alone along K.
+    bench = _load("bench_matmul.py", monkeypatch)
+    monkeypatch.setattr(bench, "BATCHES", (("heads", 2, 3, 32, 4),))
+    taken = []
+    quantize_bfp = bench.quantize_bfp
+    monkeypatch.setattr(
+        bench,
+        "quantize_bfp",
+        lambda x, spec, axis: (
+            taken.append((x.shape, spec, axis)) or quantize_bfp(x, spec, axis=axis)
+        ),
+    )
+    (figure,) = bench.batched(["bfp-exact"], 32, 1)
+    assert figure["shape"] == [2, 3, 32, 4]
+    assert taken == [((3, 32), "MX9", 1)] * 2 + [((32, 4), "MX9", 0)] * 2

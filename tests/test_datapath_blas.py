@@ -12,11 +12,14 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from mxsim.quantize import quantize, quantize_bfp
+from mxsim.quantize import quantize, quantize_bfp, quantize_grouped
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
     ROUNDING_CHOICES,
     _exact_chunks,
+    _fold_blocks,
+    _fold_code_blocks,
+    _folded_trees,
     _fp32_exact_blocks,
     _span_bits,
     _tree_exponents,
@@ -45,6 +48,7 @@ from mxsim.datapath._tree_kernels import (
     grid_trees16,
     rne_trees8,
 )
+from mxsim.datapath import batch as batch_module
 from mxsim.datapath import blas as blas_module
 
 UNITS = {
@@ -188,6 +192,72 @@ def test_kulisch_blas_route_equals_the_kernel(a_format, spread, seed):
     )
 
 
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    groups=st.integers(1, 3),
+    rows=st.integers(1, 9),
+    length=st.integers(1, 100),
+    columns=st.integers(1, 9),
+    a_format=st.sampled_from(["fp8_e4m3", "fp4_e2m1", "int8"]),
+    spread=st.integers(0, 6),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_kulisch_sum_of_one_range_rounds_once_as_the_twin(
+    monkeypatch, groups, rows, length, columns, a_format, spread, seed
+):
+    # Scales a few binades apart: all of K is one exactly summed range, added to c and
+    # rounded once. Against the generic kernel and a Fraction twin, with accumulator inputs
+    # at the corners (+0, subnormals, near fp32's top so that acc + S overflows), zeros and
+    # exact cancellations (rows equal to another row negated) in the data, odd shapes.
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((groups, rows, length)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, rows, length))
+    )
+    A[rng.random(A.shape) < 0.2] = 0.0
+    B = rng.standard_normal((groups, length, columns))
+    if columns > 1:
+        B[:, :, -1] = -B[:, :, 0]  # the last column's sums: the first's negated
+    # (c near an ulp of S: S rounded first, then acc + S, would differ)
+    corners = np.array([0.0, 1e-40, -3e-45, 3.4e38, -3.4e38, 1e-6, -7e-7, 1.5], dtype=np.float32)
+    c = rng.choice(corners, (groups, rows, columns))
+    c[rng.random(c.shape) < 0.5] = rng.standard_normal() * 1e3
+    c = c.astype(np.float32)
+    qa = quantize_grouped(A, a_format, 32)
+    rows_b = quantize_grouped(np.ascontiguousarray(B.transpose(0, 2, 1)), a_format, 32)
+    qb = dataclasses.replace(rows_b, shape=(length, columns), axis=0)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    # the BLAS route's tiles, not the small-groups route, for these small groups
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    ranges = []
+    double_double = blas_module.accumulate_double_double
+    monkeypatch.setattr(
+        blas_module,
+        "accumulate_double_double",
+        lambda *args: ranges.append(1) or double_double(*args),
+    )
+    fast = matmul_batched(kulisch, qa, qb, c=c)
+    # whole blocks of nonzero normal samples, spread 0: scales within a few binades, one
+    # range (no two float64s); a short or all-zero block (scale 2^-127) may start another
+    whole = length % 32 == 0 and (A.reshape(groups, rows, -1, 32) != 0).any(axis=-1).all()
+    assert spread > 0 or not whole or not ranges
+    np.testing.assert_array_equal(
+        fast.bits, matmul_batched(kulisch, qa, qb, c=c, method="kernel").bits
+    )
+    fp32 = get_format("fp32")
+    a_values, b_values = qa.dequantize(), qb.dequantize()
+    for g in range(groups):
+        for i in range(rows):
+            for j in range(columns):
+                exact = Fraction(c[g, i, j].item()) + sum(
+                    Fraction(x) * Fraction(y)
+                    for x, y in zip(a_values[g, i].tolist(), b_values[g, :, j].tolist())
+                )
+                want = encode_reference(fp32, exact, "nearest_even", "inf_nan")
+                assert int(fast.bits[g, i, j]) == want, (g, i, j)
+
+
 def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
     from mxsim.datapath.blas import blas_matmul
     from mxsim.datapath.api import _kernel_arguments
@@ -284,6 +354,72 @@ def test_small_tiles_panels_and_chunks_equal_the_kernel(
     assert reports[-1] == (groups * rows, groups * rows) and reports == sorted(reports)
 
 
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # same patch each
+@given(
+    unit=st.sampled_from(
+        ["ocp-exact", "mxdotp-paper", "mxdotp", "mxdotp-rtz", "kulisch", "bfp-exact"]
+    ),
+    shape=st.tuples(st.integers(2, 5), st.integers(1, 7), st.integers(1, 70), st.integers(1, 7)),
+    spread=st.integers(0, 12),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_batch_passes_decoding_their_own_groups_of_b_equal_the_kernel(
+    monkeypatch, unit, shape, spread, threads, seed
+):
+    # A batch of whole-group passes decodes each pass's groups of B in the pass. Against
+    # the generic kernel, with whole blocks of zeros, exact cancellations and accumulator
+    # inputs at the corners (+0, subnormals, near fp32's top), on one and two threads.
+    import numba
+
+    import mxsim.datapath.blas as blas
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # not the small-groups route
+    for name in ("TILE_ROWS", "SMALL_TILE_ROWS", "TILE_COLUMNS", "KULISCH_COLUMNS"):
+        monkeypatch.setattr(blas, name, 4)  # passes of 4 rows: a few groups each
+    monkeypatch.setattr(blas, "SINGLE_THREAD_MACS", 200)
+    decoded_groups = []
+    seen_passes = []
+    passes = blas.batch_passes
+    monkeypatch.setattr(
+        blas, "batch_passes", lambda *a: seen_passes.append(list(passes(*a))) or seen_passes[-1]
+    )
+    unscaled = blas._unscaled  # (``_decoded`` decodes through it too)
+    monkeypatch.setattr(
+        blas, "_unscaled", lambda *a, **k: decoded_groups.append(a[1].shape[0]) or unscaled(*a, **k)
+    )
+    groups, rows, length, columns = shape
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((groups, rows, length)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, rows, length))
+    )
+    A[:, :, : length // 2][rng.random((groups, rows)) < 0.3] = 0.0  # blocks of zeros
+    B = rng.standard_normal((groups, length, columns)) * np.exp2(
+        rng.integers(-spread, spread + 1, (groups, length, 1))
+    )
+    if columns > 1:
+        B[..., -1] = -B[..., 0]
+    corners = np.array([0.0, 1e-40, -3e-45, 3.4e38, -3.4e38, 1e-6, 1.5], dtype=np.float32)
+    c = rng.choice(corners, (groups, rows, columns)).astype(np.float32)
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    element = "mx9" if unit == "bfp-exact" else "fp8_e4m3"
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        fast = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element)
+    finally:
+        numba.set_num_threads(before)
+    slow = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+    taken = seen_passes[0] if seen_passes else []  # (none: the route refused these data)
+    if len(taken) >= threads and all(r1 - r0 == rows for _, _, r0, r1 in taken):
+        # passes of whole groups, one item each: each decodes its own groups of B
+        assert len(decoded_groups) == 2 * len(taken)
+        assert decoded_groups[::2] == [g1 - g0 for g0, g1, _, _ in taken]
+
+
 def test_exact_ranges_of_blocks():
     # fp8_e4m3 x fp8_e4m3 blocks of 32 need 41 bits: 2^12 blocks of equal scales fit one GEMM,
     # a block 13 binades above the others' floor does not join them.
@@ -371,14 +507,17 @@ BFP = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
     spread=st.floats(0, 40),
     jitter=st.sampled_from([0, 1, 3, 30]),
     holes=st.sampled_from([0.0, 0.3]),
+    hole_drop=st.sampled_from([None, 8]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jitter, holes, seed):
+def test_trees_of_several_scale_blocks_equal_the_kernel(
+    spec, shape, spread, jitter, holes, hole_drop, seed
+):
     # bfp-exact: trees of 16 over sub-blocks of 2, each with its own scale (microexponents);
     # the route folds each tree's blocks onto its least scale where the sums stay within 53
     # bits. jitter moves single sub-block scales further apart (30: beyond float64 for MX9).
     # holes: sub-blocks of A made zeros with scale code 0 (2^-127), as quantizers leave
-    # them: left out of the fold.
+    # them (hole_drop: 8 binades below the sub-block's scale instead): left out of the fold.
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
     A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)) * 3)
@@ -394,7 +533,8 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jit
         empty = rng.random(qa.scales.shape) < holes
         codes = qa.codes.copy()
         codes[np.repeat(empty, 2, axis=1)[:, : codes.shape[1]]] = 0
-        qa = dataclasses.replace(qa, codes=codes, scales=np.where(empty, 0, qa.scales))
+        low = 0 if hole_drop is None else np.clip(qa.scales.astype(np.int64) - hole_drop, 0, 254)
+        qa = dataclasses.replace(qa, codes=codes, scales=np.where(empty, low, qa.scales))
     c = (rng.standard_normal((rows, columns)) * np.exp2(rng.uniform(-130, 120))).astype(np.float32)
     c[c == 0] = 1.0  # -0 accumulator inputs go to the kernel
     params = BFP.params(qa.element_format.name, qb.element_format.name)
@@ -408,6 +548,11 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(spec, shape, spread, jit
         _zero_blocks(qb.codes, args[2], scales_b, 2),
     )
     assert route_taken(BFP, qa, qb, c) == (bits <= 53)
+    # The route's fold (every block counted where that keeps float32) decides as this one:
+    # float32 sums, float64 sums or the kernel.
+    folded = _folded_trees(params, args, qa.codes, qb.codes, scales_a, scales_b)
+    chosen = tree_sum_bits(params) + folded[0][2] + folded[1][2]
+    assert (chosen <= 24, chosen <= 53) == (bits <= 24, bits <= 53)
     fast = matmul(BFP, qa, qb, c=c)
     slow = matmul(BFP, qa, qb, c=c, method="kernel")
     np.testing.assert_array_equal(fast.bits, slow.bits)
@@ -429,6 +574,26 @@ def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
     assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
 
 
+def folded_twin(exponents: list, empty: list, per: int) -> tuple[list, list]:
+    """Plain Python: per row of block exponents and zero-block marks, each tree's least
+    exponent over its blocks that hold a nonzero (over all of them when none does) and each
+    block's rise above it (0 for blocks of zeros and padding blocks)."""
+    want_least, want_rises = [], []
+    for row, marks in zip(exponents, empty):
+        blocks, lows, ups = len(row), [], []
+        for t in range(-(-blocks // per)):
+            span = range(t * per, min((t + 1) * per, blocks))
+            counted = [row[b] for b in span if not marks[b]]
+            lows.append(min(counted) if counted else min(row[b] for b in span))
+            ups += [
+                0 if b >= blocks or marks[b] else row[b] - lows[-1]
+                for b in range(t * per, (t + 1) * per)
+            ]
+        want_least.append(lows)
+        want_rises.append(ups)
+    return want_least, want_rises
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     rows=st.integers(1, 4),
@@ -446,19 +611,7 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
     zeros = rng.random((rows, blocks)) < 0.3
     trees = -(-blocks // per)
     least, rises, top = _tree_exponents(exponents, per, trees, zeros)
-    want_least, want_rises = [], []
-    for row, empty in zip(exponents.tolist(), zeros.tolist()):
-        lows, ups = [], []
-        for t in range(trees):
-            span = range(t * per, min((t + 1) * per, blocks))
-            counted = [row[b] for b in span if not empty[b]]
-            lows.append(min(counted) if counted else min(row[b] for b in span))
-            ups += [
-                0 if b >= blocks or empty[b] else row[b] - lows[-1]
-                for b in range(t * per, (t + 1) * per)
-            ]
-        want_least.append(lows)
-        want_rises.append(ups)
+    want_least, want_rises = folded_twin(exponents.tolist(), zeros.tolist(), per)
     assert least.tolist() == want_least and rises.tolist() == want_rises
     assert top == max(max(row) for row in want_rises)
     table = np.array([0.0, 0.5, -1.5, 3.0])
@@ -481,6 +634,62 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
         [all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks + 1)]
         for row in codes.tolist()
     ]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    groups=st.integers(1, 3),
+    rows=st.integers(1, 5),
+    blocks=st.integers(1, 20),
+    per=st.integers(1, 8),
+    block=st.integers(1, 3),
+    short=st.integers(0, 4),
+    zero_share=st.sampled_from([0.0, 0.3, 0.9, 1.0]),
+    chunk=st.sampled_from([1, 7, 1 << 18]),
+    reach=st.sampled_from([127, 400]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_trees_folded_from_codes_equal_their_definition(
+    monkeypatch, groups, rows, blocks, per, block, short, zero_share, chunk, reach, seed
+):
+    # The one-pass fold from the codes against plain Python reading the codes (a block is
+    # of zeros when every code of it before the codes' end decodes to 0 or -0; blocks past
+    # it are), and against the fold of ``_zero_blocks``' marks; a few codes at a time too.
+    monkeypatch.setattr(blas_module, "CODES_AT_ONCE", chunk)
+    rng = np.random.default_rng(seed)
+    table = np.array([0.0, -0.0, 0.5, -1.5, 3.0])
+    length = max(0, blocks * block - short)
+    codes = rng.integers(2, 5, (groups, rows, length))
+    codes[rng.random(codes.shape) < zero_share] = rng.integers(0, 2)
+    codes = codes.astype(np.uint16)
+    # (reach 400: rises beyond a byte's 255)
+    exponents = rng.integers(-reach, reach + 1, (groups, rows, blocks)).astype(np.int32)
+    trees = -(-blocks // per)
+    least, rises, top = _fold_code_blocks(codes, table, exponents, block, per, trees)
+    empty = [
+        [all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks)]
+        for row in codes.reshape(groups * rows, length).tolist()
+    ]
+    want_least, want_rises = folded_twin(exponents.reshape(-1, blocks).tolist(), empty, per)
+    assert least.reshape(-1, trees).tolist() == want_least
+    assert rises.reshape(-1, trees * per).tolist() == want_rises
+    assert top == max(max(row) for row in want_rises)
+    # every block counted: the fold of the scales alone
+    plain = _fold_blocks(exponents, per, trees)
+    every = folded_twin(
+        exponents.reshape(-1, blocks).tolist(), np.zeros((groups * rows, blocks)), per
+    )
+    assert plain[0].reshape(-1, trees).tolist() == every[0]
+    assert plain[1].reshape(-1, trees * per).tolist() == every[1]
+    assert plain[2] == max(max(row) for row in every[1])
+    marks = _zero_blocks(codes, table, exponents, block)
+    for got, want in zip((least, rises, top), _tree_exponents(exponents, per, trees, marks)):
+        np.testing.assert_array_equal(got, want)
+    # 2-D codes (one GEMM's operand) fold as one group
+    flat = _fold_code_blocks(codes[0], table, exponents[0], block, per, trees)
+    np.testing.assert_array_equal(flat[1], rises[0])
 
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:

@@ -28,6 +28,9 @@ thread's floating point flushes subnormals (``subnormals_work``). A tree of seve
 blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least block scale:
 each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
 sums need that many more bits (``folded_sum_bits``, read from the data; refused beyond 53).
+Blocks of zeros add nothing whatever their scale and are left out of the least, unless the
+least of every block already keeps the sums within float32 (BFP's sub-blocks lie at most a
+binade apart): then the codes need not be read, and the sums are the same.
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
@@ -90,6 +93,7 @@ import numpy as np
 from numba import njit
 
 
+from .._threads import run_in_threads
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from .schema import DatapathParams, route_accepts
@@ -197,24 +201,75 @@ def blas_route(
 def _folded_trees(
     params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, memo=None
 ):
-    """The (A, B) ``_tree_exponents`` of trees of several blocks, blocks of zeros left out.
-    Each operand's depend on its own codes and scales alone: B's are kept in ``memo`` (as
-    for :func:`blas_matmul`) and read from it on later calls."""
+    """The (A, B) ``_tree_exponents`` of trees of several blocks. Blocks of zeros are left
+    out (``_fold_code_blocks``, a pass over the codes) unless folding every block
+    (``_fold_blocks``, from the scales alone) already keeps the tree sums within float32's
+    24 bits (``folded_sum_bits``; BFP's sub-blocks rise at most a binade above their
+    block's least): leaving blocks out only lowers the rises, and any fold whose sums fit
+    is exact, so the outputs are the same either way. B's fold depends on its own codes and
+    scales alone: kept in ``memo`` (as for :func:`blas_matmul`, always with blocks of zeros
+    left out) and read from it on later calls."""
     per, size = blocks_per_tree(params), params.block_size
     trees = -(-scales_a.shape[-1] // per)
 
     def fold(codes, values, scales):
-        return _tree_exponents(scales, per, trees, _zero_blocks(codes, values, scales, size))
+        return _fold_code_blocks(codes, values, scales, size, per, trees)
 
     folded_b = None if memo is None else memo.get("folded")
+    folded_a, bits = _fold_blocks(scales_a, per, trees), tree_sum_bits(params)
+    if folded_b is None and memo is None and bits + folded_a[2] <= 24:
+        plain_b = _fold_blocks(scales_b, per, trees)
+        if bits + folded_a[2] + plain_b[2] <= 24:
+            return folded_a, plain_b
     if folded_b is None:
         folded_b = fold(codes_b, kernel_args[2], scales_b)
         if memo is not None:
             least, rises, top = folded_b
             if top <= np.iinfo(np.uint8).max:  # kept: a byte per block rather than eight
-                rises = rises.astype(np.uint8)
+                rises = rises.astype(np.uint8, copy=False)
             memo["folded"] = least, rises, top
+    if bits + folded_a[2] + folded_b[2] <= 24:
+        return folded_a, folded_b
     return fold(codes_a, kernel_args[0], scales_a), folded_b
+
+
+def _fold_blocks(exponents, per: int, trees: int):
+    """``_tree_exponents(exponents, per, trees)`` (every block counted, none marked as zeros)
+    by ``fold_blocks``; the rises bytes where they fit one, else int64."""
+    exps = exponents.reshape((-1,) + exponents.shape[-1:])
+    least = np.empty((exps.shape[0], trees), dtype=np.int64)
+    for dtype in (np.uint8, np.int64):
+        rises = np.empty((exps.shape[0], trees * per), dtype=dtype)
+        top = int(fold_blocks(exps, per, least, rises))
+        if top <= np.iinfo(dtype).max:  # (a larger rise wrapped around in the bytes)
+            break
+    lead = exponents.shape[:-1]
+    return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
+
+
+@njit(cache=True, nogil=True)
+def fold_blocks(exponents, per, least, rises):
+    """least[i, t] = the least of the (rows, blocks) exponents[i, t*per : (t+1)*per],
+    rises[i, b] = exponents[i, b] - least[i, b // per] (0 for block indices past the last;
+    in the type of ``rises``: the caller checks that the largest rise, returned, fits it)."""
+    rows, blocks = exponents.shape
+    trees = least.shape[-1]
+    top = np.int64(0)
+    for i in range(rows):
+        row, row_least, row_rises = exponents[i], least[i], rises[i]
+        for t in range(trees):
+            first, last = t * per, min((t + 1) * per, blocks)
+            low = np.int64(row[first])
+            for b in range(first + 1, last):
+                low = min(low, np.int64(row[b]))
+            row_least[t] = low
+            for b in range(first, last):
+                rise = np.int64(row[b]) - low
+                row_rises[b] = rise
+                top = max(top, rise)
+            for b in range(last, (t + 1) * per):  # past the last block
+                row_rises[b] = 0
+    return top
 
 
 def blocks_per_tree(params: DatapathParams) -> int:
@@ -300,6 +355,80 @@ def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
     for g, r in _row_chunks(codes):
         zero_blocks(_wide(codes[g, r]), zero, block_of, out[g, r])
     return out.reshape(exponents.shape)
+
+
+def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int):
+    """``_tree_exponents(exponents, per, trees, _zero_blocks(codes, values, exponents,
+    block))`` in one pass over the codes (``fold_code_blocks``), a few rows at a time
+    (``_row_chunks``, on Numba's threads): the fold of trees of several blocks that
+    ``blas_route`` reads. The rises are bytes where they fit one (E8M0 scales: always),
+    else int64."""
+    lead = (1,) * (3 - codes.ndim) + codes.shape
+    codes = codes.reshape(lead)
+    exps = exponents.reshape(lead[:2] + exponents.shape[-1:])
+    least = np.empty(lead[:2] + (trees,), dtype=np.int64)
+    block_of = np.arange(min(codes.shape[-1], exps.shape[-1] * block)) // block
+    zero = values == 0
+    chunks = list(_row_chunks(codes))
+    tops = np.zeros(len(chunks), dtype=np.int64)
+    for dtype in (np.uint8, np.int64):
+        rises = np.empty(lead[:2] + (trees * per,), dtype=dtype)
+
+        def fold(start: int, stop: int, rises=rises) -> None:
+            for n in range(start, stop):
+                g, r = chunks[n]
+                tops[n] = fold_code_blocks(
+                    _wide(codes[g, r]), zero, exps[g, r], block_of, per, least[g, r], rises[g, r]
+                )
+
+        run_in_threads(fold, len(chunks))  # the chunks on Numba's threads (a nogil kernel)
+        top = int(tops.max(initial=0))
+        if top <= np.iinfo(dtype).max:  # (a larger rise wrapped around in the bytes)
+            break
+    lead_out = exponents.shape[:-1]
+    return least.reshape(lead_out + (trees,)), rises.reshape(lead_out + (trees * per,)), top
+
+
+@njit(cache=True, nogil=True)
+def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
+    """``fold_exponents`` of the (groups, rows, blocks) ``exponents`` with the blocks of
+    zeros read from the (groups, rows, length) codes as ``zero_blocks`` reads them (position
+    k < len(block_of) lies in block block_of[k]; a block is marked when each of its codes
+    has a true ``zero_table`` entry, or it has none), in one loop per row: least[g, i, t],
+    rises[g, i, b] (in the type of ``rises``: the caller checks that the largest rise,
+    returned, fits it; 0 without blocks)."""
+    groups, rows, length = codes.shape
+    blocks = exponents.shape[-1]
+    trees = least.shape[-1]
+    reach = min(length, block_of.shape[0])
+    top = np.int64(0)
+    none = np.int64(1) << 40  # above every exponent: "no block counted yet" (branch-free)
+    counted = np.empty(trees * per, dtype=np.int64)  # 1: the block holds a nonzero
+    # Padding blocks (past the last) count as neither least nor marked block: their
+    # exponent ``none`` loses every min, and their rise is 0 (0 counted).
+    padded = np.full(trees * per, none)
+    for g in range(groups):
+        for i in range(rows):
+            row, row_exponents = codes[g, i], exponents[g, i]
+            row_least, row_rises = least[g, i], rises[g, i]
+            counted[:] = 0
+            for b in range(blocks):
+                padded[b] = row_exponents[b]
+            for k in range(reach):
+                counted[block_of[k]] |= np.int64(not zero_table[row[k]])
+            for t in range(trees):
+                low_all = low = none
+                for b in range(t * per, (t + 1) * per):
+                    exponent = padded[b]
+                    low_all = min(low_all, exponent)
+                    low = min(low, exponent if counted[b] else none)
+                low = low_all if low == none else low
+                row_least[t] = low
+                for b in range(t * per, (t + 1) * per):
+                    rise = (padded[b] - low) * counted[b]
+                    row_rises[b] = rise
+                    top = max(top, rise)
+    return top
 
 
 def folded_sum_bits(
@@ -651,7 +780,7 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
         if rises is None:
             decode_codes(table, chunk, out)
         else:
-            steps = np.ascontiguousarray(rises[g, r], dtype=np.int64)  # a memo keeps them as bytes
+            steps = np.ascontiguousarray(rises[g, r])  # bytes, or int64 for rises beyond 255
             decode_raised(table, chunk, steps, block_of, powers, out)
     return decoded
 
@@ -837,6 +966,29 @@ def blas_matmul(
     # Each pass's columns in as many parts as it takes to give every thread work.
     parts = -(-threads // len(passes))
     items = [(p, part) for p in passes for part in range(parts)]
+    # Without a memo, a batch whose passes hold whole groups and take all of B's columns
+    # decodes each pass's groups of B in the pass: its decoded B and A stay a tile's size
+    # (fresh memory for a whole decoded B per call costs more than the decoding).
+    by_pass = (
+        memo is None
+        and groups > 1
+        and len(panels) == 1
+        and parts == 1
+        and all(r0 == 0 and r1 == rows for _, _, r0, r1 in passes)
+    )
+
+    def decode_b(g0, g1, c0, c1):
+        """(B's values, steps, zero-block marks) of groups [g0, g1) and columns [c0, c1)."""
+        exps_b = scales_b[g0:g1, c0:c1] if scaled else None
+        if kulisch:
+            return _decoded(b_values, codes_b[g0:g1, c0:c1], exps_b, block, padded), None, None
+        # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
+        rises = rises_b[g0:g1, c0:c1] if per > 1 else None
+        b = _unscaled(b_values, codes_b[g0:g1, c0:c1], padded, dtype, rises, params.block_size)
+        b_steps = _steps(exps_b, (g1 - g0, c1 - c0), blocks)
+        # a grid's floors skip columns of zero blocks (``_above_floor``)
+        return b, b_steps, None if grid is None else zero_block_mask(b, blocks)
+
     leftovers = []
     done = 0
     with (
@@ -848,7 +1000,6 @@ def blas_matmul(
         limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext(),
     ):
         for c0, c1 in panels:
-            exps_b = scales_b[:, c0:c1] if scaled else None
             # A folded B's panel depends on B alone, but its float type on A's rises too
             # (``dtype``): one panel is kept, of the type last used.
             key = None if memo is None else ("panel", c0, c1, block, padded)
@@ -857,19 +1008,19 @@ def blas_matmul(
                 kept = None
             if kept is not None:
                 b, b_steps, b_zeros = kept
-            elif kulisch:
-                b, b_steps = _decoded(b_values, codes_b[:, c0:c1], exps_b, block, padded), None
-            else:  # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
-                rises = rises_b[:, c0:c1] if per > 1 else None
-                b = _unscaled(b_values, codes_b[:, c0:c1], padded, dtype, rises, params.block_size)
-                b_steps = _steps(exps_b, (groups, c1 - c0), blocks)
-            if kept is None:  # a grid's floors skip columns of zero blocks (``_above_floor``)
-                b_zeros = None if grid is None else zero_block_mask(b, blocks)
+            elif by_pass:  # each pass decodes its own groups of B (``run``)
+                b = b_steps = b_zeros = None
+            else:
+                b, b_steps, b_zeros = decode_b(0, groups, c0, c1)
             if key is not None and kept is None:
                 memo[key] = (b, b_steps, b_zeros)
 
             def run(item, b=b, b_steps=b_steps, b_zeros=b_zeros, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
+                first = 0  # the group at b's index 0
+                if b is None:
+                    b, b_steps, b_zeros = decode_b(g0, g1, c0, c1)
+                    first = g0
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
                 if kulisch:
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
@@ -886,7 +1037,7 @@ def blas_matmul(
                     for k0 in range(p0, p1, chunk):
                         k1 = min(k0 + chunk, p1)
                         acc = acc_all[g0:g1, r0:r1, k0:k1]
-                        b_tile = b[g0:g1, k0 - c0 : k1 - c0]
+                        b_tile = b[g0 - first : g1 - first, k0 - c0 : k1 - c0]
                         if kulisch:
                             found += _kulisch_tile(
                                 params,
@@ -900,10 +1051,12 @@ def blas_matmul(
                                 macs,
                             )
                             continue
-                        steps = np.ascontiguousarray(b_steps[:, g0:g1, k0 - c0 : k1 - c0])
+                        steps = np.ascontiguousarray(
+                            b_steps[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
+                        )
                         plain = least = None
                         if grid is not None:
-                            zeros = b_zeros[:, g0:g1, k0 - c0 : k1 - c0]
+                            zeros = b_zeros[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
                             least = _least_scale_sums(a_steps, steps, a_zeros, zeros)
                         if floor is not None:
                             plain = _above_floor(least, floor)
@@ -1194,7 +1347,9 @@ def _kulisch_tile(
     by b (g, n, padded): per range of blocks that float64 sums exactly, GEMMs of at most
     ``macs`` multiply-adds summed in float64 (partial sums of the range: exact), the ranges
     added in two float64s; returns the (group, row, column) outputs, offset by ``origin``,
-    whose exact sum needed more than two float64s."""
+    whose exact sum needed more than two float64s. When all of K is one range, its exact
+    sum S is added as a tree's is, RNE_fp32(acc + S) (``accumulate_rne_fp32``: what the two
+    float64s give when the second holds only acc + S's rounding error)."""
     together, height, padded = a.shape
     blocks = padded // block
     if exponents_a is None:  # every product at scale 1
@@ -1202,24 +1357,24 @@ def _kulisch_tile(
     chunks = _exact_chunks(params, exponents_a, exponents_b, block)
     columns = acc.shape[-1]
     depth = max(block, macs // (together * height * columns) // block * block)
+    sums = np.empty(acc.shape)
+    part = np.empty_like(sums)
+    b_columns = b.transpose(0, 2, 1)  # (g, padded, n)
+    if len(chunks) == 1:  # all of K one exact float64 sum S: acc + S rounds once, as a tree
+        _range_sums(a, b_columns, chunks[0][0] * block, chunks[0][1] * block, depth, sums, part)
+        running = np.ascontiguousarray(acc)
+        unit_rows, unit_columns = np.ones((together, height)), np.ones((together, columns))
+        accumulate_rne_fp32(running, sums, unit_rows, unit_columns)  # steps 2^0: S itself
+        if running is not acc:
+            acc[...] = running
+        return []
     shape = (together * height, columns)
     high = acc.astype(np.float64).reshape(shape)
     low = np.zeros(shape)
     inexact = np.zeros(shape, dtype=np.bool_)
     flagged = 0
-    sums = np.empty(acc.shape)
-    part = np.empty_like(sums)
-    b_columns = b.transpose(0, 2, 1)  # (g, padded, n)
     for first, last in chunks:
-        k0, k1 = first * block, last * block
-        for k in range(k0, k1, depth):
-            np.matmul(
-                a[..., k : min(k + depth, k1)],
-                b_columns[:, k : min(k + depth, k1)],
-                out=part if k > k0 else sums,
-            )
-            if k > k0:
-                sums += part
+        _range_sums(a, b_columns, first * block, last * block, depth, sums, part)
         flagged += accumulate_double_double(high, low, inexact, sums.reshape(shape))
     rounded = np.empty(shape, dtype=np.float32)
     round_double_double_to_fp32(high, low, rounded)
@@ -1229,3 +1384,14 @@ def _kulisch_tile(
     g0, r0, c0 = origin
     g, i, j = np.nonzero(inexact.reshape(acc.shape))
     return [(g0 + int(x), r0 + int(y), c0 + int(z)) for x, y, z in zip(g, i, j)]
+
+
+def _range_sums(a, b_columns, k0: int, k1: int, depth: int, sums, part) -> None:
+    """sums (g, r, n float64) = a (g, r, padded)[..., k0:k1] times b_columns (g, padded,
+    n)[:, k0:k1], in GEMMs of at most ``depth`` positions added in float64 (``part``: their
+    scratch); exact where the range's products and partial sums are (``_exact_chunks``)."""
+    for k in range(k0, k1, depth):
+        stop = min(k + depth, k1)
+        np.matmul(a[..., k:stop], b_columns[:, k:stop], out=part if k > k0 else sums)
+        if k > k0:
+            sums += part
