@@ -24,7 +24,6 @@ from mxsim.datapath.blas import (
     _span_bits,
     _tree_exponents,
     _unscaled,
-    _zero_blocks,
     accumulate_grid_fp32,
     accumulate_rne_fp32,
     blas_applies,
@@ -544,8 +543,8 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(
         params,
         scales_a,
         scales_b,
-        _zero_blocks(qa.codes, args[0], scales_a, 2),
-        _zero_blocks(qb.codes, args[2], scales_b, 2),
+        zero_block_marks(qa.codes, args[0], 2, scales_a.shape[-1]),
+        zero_block_marks(qb.codes, args[2], 2, scales_b.shape[-1]),
     )
     assert route_taken(BFP, qa, qb, c) == (bits <= 53)
     # The route's fold (every block counted where that keeps float32) decides as this one:
@@ -628,12 +627,6 @@ def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, bloc
             for row, steps in zip(codes.tolist(), small.tolist())
         ]
         assert got.dtype == dtype and got.tolist() == want
-    # Blocks of zeros (one more block than the codes reach: all zeros), against plain Python.
-    marked = _zero_blocks(codes, table, np.zeros((rows, blocks + 1), np.int32), block)
-    assert marked.tolist() == [
-        [all(table[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks + 1)]
-        for row in codes.tolist()
-    ]
 
 
 @settings(
@@ -656,7 +649,7 @@ def test_trees_folded_from_codes_equal_their_definition(
 ):
     # The one-pass fold from the codes against plain Python reading the codes (a block is
     # of zeros when every code of it before the codes' end decodes to 0 or -0; blocks past
-    # it are), and against the fold of ``_zero_blocks``' marks; a few codes at a time too.
+    # it are); a few codes at a time too.
     monkeypatch.setattr(blas_module, "CODES_AT_ONCE", chunk)
     rng = np.random.default_rng(seed)
     table = np.array([0.0, -0.0, 0.5, -1.5, 3.0])
@@ -684,12 +677,22 @@ def test_trees_folded_from_codes_equal_their_definition(
     assert plain[0].reshape(-1, trees).tolist() == every[0]
     assert plain[1].reshape(-1, trees * per).tolist() == every[1]
     assert plain[2] == max(max(row) for row in every[1])
-    marks = _zero_blocks(codes, table, exponents, block)
-    for got, want in zip((least, rises, top), _tree_exponents(exponents, per, trees, marks)):
-        np.testing.assert_array_equal(got, want)
     # 2-D codes (one GEMM's operand) fold as one group
     flat = _fold_code_blocks(codes[0], table, exponents[0], block, per, trees)
     np.testing.assert_array_equal(flat[1], rises[0])
+
+
+def zero_block_marks(codes, values, block: int, blocks: int) -> np.ndarray:
+    """Plain Python: whether each of ``blocks`` blocks of ``block`` codes of each row (...,
+    length) holds only codes that decode to 0 or -0 (``values``; a block past the codes
+    holds none: marked)."""
+    return np.array(
+        [
+            [all(values[c] == 0 for c in row[b * block : (b + 1) * block]) for b in range(blocks)]
+            for row in codes.reshape(-1, codes.shape[-1]).tolist()
+        ],
+        dtype=bool,
+    ).reshape(codes.shape[:-1] + (blocks,))
 
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:

@@ -327,39 +327,9 @@ def fold_exponents(exponents, zeros, per, least, rises):
     return top
 
 
-@njit(cache=True, nogil=True)
-def zero_blocks(codes, zero_table, block_of, out):
-    """out[g, i, b] = whether every element of block b of row i of the (groups, rows,
-    length) codes is a zero (``zero_table`` by code): ``block_of[k]`` is the block of
-    position k, for the positions that lie in one of out's blocks (a block without any
-    is all zeros). One flat loop over positions, as ``decode_raised``."""
-    groups, rows, length = codes.shape
-    stop = min(length, block_of.shape[0])
-    for g in range(groups):
-        for i in range(rows):
-            row, flags = codes[g, i], out[g, i]
-            flags[:] = True
-            for k in range(stop):
-                b = block_of[k]
-                flags[b] = flags[b] & zero_table[row[k]]
-
-
-def _zero_blocks(codes, values, exponents, block: int) -> np.ndarray:
-    """Whether each scale block (``exponents``' shape) of the codes (..., length) holds only
-    zeros (``values``: the format's value per code)."""
-    lead = (1,) * (3 - codes.ndim) + codes.shape
-    codes = codes.reshape(lead)
-    out = np.empty(lead[:2] + exponents.shape[-1:], dtype=np.bool_)
-    zero = values == 0
-    block_of = np.arange(min(codes.shape[-1], out.shape[-1] * block)) // block
-    for g, r in _row_chunks(codes):
-        zero_blocks(_wide(codes[g, r]), zero, block_of, out[g, r])
-    return out.reshape(exponents.shape)
-
-
 def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int):
-    """``_tree_exponents(exponents, per, trees, _zero_blocks(codes, values, exponents,
-    block))`` in one pass over the codes (``fold_code_blocks``), a few rows at a time
+    """``_tree_exponents(exponents, per, trees, zeros)``, ``zeros`` marking the scale blocks
+    whose codes all decode to 0 or -0 (``values``), in one pass over the codes (``fold_code_blocks``), a few rows at a time
     (``_row_chunks``, on Numba's threads): the fold of trees of several blocks that
     ``blas_route`` reads. The rises are bytes where they fit one (E8M0 scales: always),
     else int64."""
@@ -392,7 +362,7 @@ def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int
 @njit(cache=True, nogil=True)
 def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
     """``fold_exponents`` of the (groups, rows, blocks) ``exponents`` with the blocks of
-    zeros read from the (groups, rows, length) codes as ``zero_blocks`` reads them (position
+    zeros read from the (groups, rows, length) codes (position
     k < len(block_of) lies in block block_of[k]; a block is marked when each of its codes
     has a true ``zero_table`` entry, or it has none), in one loop per row: least[g, i, t],
     rises[g, i, b] (in the type of ``rises``: the caller checks that the largest rise,
