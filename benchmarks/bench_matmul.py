@@ -172,6 +172,14 @@ def batched(names: list[str], size: int, repeats: int, clock=time.perf_counter) 
     ``matmul_batched`` call each) as a ratio to one size^3 GEMM of the same unit, interleaved
     (``{config, batch, route, gmacs, ratio}``)."""
     rng = np.random.default_rng(0)
+    # What BLAS itself gives each shape (small heads are slower per MAC in float64 too), timed
+    # before any unit: OpenBLAS's threads keep spinning for a while after its multi-threaded
+    # calls, and on the CPU clock that spin would be counted as the next unit's time.
+    float_seconds = {}
+    for label, groups, m, k, n in BATCHES:
+        x64 = rng.standard_normal((groups, m, k))
+        y64 = rng.standard_normal((groups, k, n))
+        float_seconds[label] = best_seconds(lambda: np.matmul(x64, y64), repeats, clock)
     figures = []
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
@@ -210,9 +218,7 @@ def batched(names: list[str], size: int, repeats: int, clock=time.perf_counter) 
             mxsim.matmul_batched(hw, qa, qb)
             seconds = best_seconds(lambda: mxsim.matmul_batched(hw, qa, qb), repeats, clock)
             large = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats, clock)
-            x64, y64 = x.astype(np.float64), y.astype(np.float64)
-            # what BLAS itself gives this shape: small heads are slower per MAC in float64 too
-            floats = best_seconds(lambda: np.matmul(x64, y64), repeats, clock)
+            floats = float_seconds[label]
             rate, yardstick = groups * m * k * n / seconds, size**3 / large
             print(
                 f"  {name:12s} {label:42s}: {rate / 1e9:7.3f} G MAC/s = {rate / yardstick:.2f}x "
