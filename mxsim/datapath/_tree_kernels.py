@@ -17,6 +17,15 @@ from .blas import odd_sum
 COLUMNS = 256
 
 
+@njit(cache=True, nogil=True)
+def _copy_columns(source, target, g, j0, width):
+    """target[g, :, j0 : j0 + width] = source[g, :, j0 : j0 + width], as loops: a slice
+    assignment compiles Numba's shape-error formatting (about a second of CPU)."""
+    for i in range(source.shape[1]):
+        for j in range(j0, j0 + width):
+            target[g, i, j] = source[g, i, j]
+
+
 @njit(cache=True, nogil=True, fastmath={"contract"})
 def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
     """acc[g, i, j] = RNE_fp32(acc + S) for each tree in order: S = s 2^(Xa + Xb), s the
@@ -67,7 +76,7 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
                     if bad0 or bad1:
                         _odd_row(old0, new0, x, packed, width)
             if count % 2:
-                acc[g, :, j0 : j0 + width] = spare[g, :, j0 : j0 + width]
+                _copy_columns(spare, acc, g, j0, width)
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
@@ -197,7 +206,7 @@ def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spar
                         x8, limits0 = a[g, i, first : first + 8], (column_limits, step0)
                         _odd_grid_pass(old0, new0, x8, packed, sums, limits0, flags, False)
             if count % 2:
-                acc[g, :, j0 : j0 + width] = spare[g, :, j0 : j0 + width]
+                _copy_columns(spare, acc, g, j0, width)
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
