@@ -21,7 +21,7 @@ CACHE_ENV = "NUMBA_CACHE_DIR"
 # of its run with an empty kernel cache less those of its cached run, recorded in
 # benchmarks/results/coldstart.txt; the warm-up child of mxsim.replay.warmup compiles a share
 # of the units on the other core meanwhile, so the replay's wall time is what a user waits).
-TYPICAL_COMPILE_SECONDS = 9
+TYPICAL_COMPILE_SECONDS = 11
 _NOTICE_DELAY_SECONDS = 0.5  # compiles shorter than this show nothing
 _SPINNER = "|/-\\"
 
