@@ -15,9 +15,12 @@ import mxsim.datapath.api as api
 from conftest import REPO, same_float
 from mxsim import get_format
 from mxsim.datapath import load_hwconfig, matmul_batched
+from mxsim.datapath import batch as batch_module
 from mxsim.datapath.batch import (
+    GROUPS_DECODED,
     SMALL_GROUP_OUTPUTS,
     WINDOW_GROUP_OUTPUTS,
+    WINDOW_GROUP_VALUES,
     exact_trees,
     small_groups_apply,
     window_groups_apply,
@@ -80,11 +83,14 @@ def corner_codes(fmt_name: str) -> dict[str, np.ndarray]:
     return {kind: chosen for kind, chosen in kinds.items() if chosen.size}
 
 
-def operands(rng, fmt_name: str, block: int, shape, corners: float, scaled: bool = True):
+def operands(
+    rng, fmt_name: str, block: int, shape, corners: float, scaled: bool = True, specials=True
+):
     """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch: realistic values (Gaussian and
     heavy-tailed, each row its own magnitude) quantized along K, then a fraction ``corners``
-    of the codes replaced by corner codes and, for a unit that takes scales (``scaled``), of
-    the scales by 0xFF (NaN), 0 (2^-127) and 254 (2^127); without, every scale 1."""
+    of the codes replaced by corner codes (NaN/Inf among them if ``specials``) and, for a unit
+    that takes scales (``scaled``), of the scales by 0xFF (NaN), 0 (2^-127) and 254 (2^127);
+    without, every scale 1."""
     groups, m, k, n = shape
 
     def grouped(rows):
@@ -93,7 +99,7 @@ def operands(rng, fmt_name: str, block: int, shape, corners: float, scaled: bool
         q = quantize_grouped(x.astype(np.float32), fmt_name, block)
         if corners:
             kinds = corner_codes(fmt_name)
-            pool = np.concatenate(list(kinds.values()))
+            pool = np.concatenate([v for kind, v in kinds.items() if specials or kind != "special"])
             hit = rng.random(q.codes.shape) < corners
             q.codes[hit] = rng.choice(pool, size=int(hit.sum()))
             hit = rng.random(q.scales.shape) < corners / 2
@@ -133,14 +139,16 @@ def special_outputs(a, b, c) -> np.ndarray:
     return bad
 
 
-def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True):
-    """The batch through the small-groups route (checked taken for G > 1), the generic
-    kernel's bits and the outputs the route flagged; asserts the two agree bit for bit."""
+def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True, specials=True):
+    """The batch through the small-groups route (checked taken for G > 1, and through the
+    exact units only where every element is finite), the generic kernel's bits and the
+    outputs the route flagged (None where it was not taken); asserts the two agree bit for
+    bit."""
     config = hw(name)
     rng = np.random.default_rng(seed)
     block = config.sections[("inputs", "block_size")]
     scaled = config.sections[("inputs", "scales")] != "none"
-    a, b = operands(rng, fmt_name, block, shape, corners, scaled)
+    a, b = operands(rng, fmt_name, block, shape, corners, scaled, specials)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
     flagged = []
     taken = []
@@ -163,10 +171,14 @@ def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True
         monkeypatch.setattr(api, route, recording(route))
     got = matmul_batched(config, a, b, c=c)
     params = config.params(fmt_name, fmt_name)
-    expected = "small_groups_matmul" if small_groups_apply(params, 1, 1) else "window_groups_matmul"
-    assert taken == [expected] * (shape[0] > 1)  # one GEMM keeps its own route
-    marked = np.zeros(got.bits.shape, dtype=bool)
-    for triples in flagged:
+    exact = small_groups_apply(params, 1, 1, 1)
+    finite = all(np.isfinite(x.element_format.decode_fields(x.codes)).all() for x in (a, b))
+    expected = "small_groups_matmul" if exact else "window_groups_matmul"
+    # one GEMM keeps its own route; so does a batch with a NaN/Inf element on the exact units
+    takes = shape[0] > 1 and (finite or not exact)
+    assert set(taken) == ({expected} if takes else set())
+    marked = np.zeros(got.bits.shape, dtype=bool) if taken else None
+    for triples in flagged if taken else ():  # (the per-GEMM routes' flags are their own)
         marked[tuple(triples)] = True
     monkeypatch.setattr(api, "_recompute", recompute)
     want = matmul_batched(config, a, b, c=c, method="kernel")
@@ -177,14 +189,14 @@ def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True
 def check_flags(config, a, b, c, marked):
     """Every output with a special input is flagged; and, for the exact-tree units but an exact
     accumulator (whose sums wider than two float64s are flagged too), no other: the route
-    computed them (the window units' flag values outside the normal ranges too). For a batch
-    of several groups: one GEMM takes the per-GEMM routes."""
-    if len(a) == 1:
+    computed them (the window units' flag values outside the normal ranges too). Only where
+    the route was taken (``marked`` not None)."""
+    if marked is None:
         return
     special = special_outputs(a, b, c)
     assert not (special & ~marked).any()
     params = config.params(a.element_format.name, b.element_format.name)
-    if small_groups_apply(params, 1, 1) and params.accumulator_format != "exact":
+    if small_groups_apply(params, 1, 1, 1) and params.accumulator_format != "exact":
         np.testing.assert_array_equal(marked, special)
 
 
@@ -226,17 +238,25 @@ def test_route_equals_the_kernel_and_the_twin_on_realistic_data(monkeypatch, nam
     check_twin(config, a, b, c, got, np.random.default_rng(1))
 
 
+@pytest.mark.parametrize("specials", [True, False])
 @pytest.mark.parametrize("name, fmt_name", UNITS + WINDOW_UNITS)
-def test_route_flags_exactly_the_specials_and_computes_the_rest(monkeypatch, name, fmt_name):
-    """Corner codes (zeros of both signs, subnormals, the largest, NaN/Inf), corner scales
-    (NaN, 2^-127: subnormal and underflowing outputs, 2^127: overflow to Inf) and corner c
-    (-0, ±Inf, NaN, subnormal)."""
+def test_route_flags_exactly_the_specials_and_computes_the_rest(
+    monkeypatch, name, fmt_name, specials
+):
+    """Corner codes (zeros of both signs, subnormals, the largest, NaN/Inf if ``specials``),
+    corner scales (NaN, 2^-127: subnormal and underflowing outputs, 2^127: overflow to Inf)
+    and corner c (-0, ±Inf, NaN, subnormal). A NaN/Inf element keeps an exact unit's batch on
+    the per-GEMM route."""
     # (the window units flag values outside the normal ranges too: fewer corners)
     corners = 0.08 if (name, fmt_name) in UNITS else 0.01
     config, a, b, c, got, marked = run_route(
-        monkeypatch, name, fmt_name, (6, 9, 70, 11), seed=5, corners=corners
+        monkeypatch, name, fmt_name, (6, 9, 70, 11), seed=5, corners=corners, specials=specials
     )
     check_flags(config, a, b, c, marked)
+    has_specials = "special" in corner_codes(fmt_name)
+    if (name, fmt_name) in UNITS and specials and has_specials:
+        assert marked is None
+        return
     assert marked.any() and not marked.all()
     check_twin(config, a, b, c, got, np.random.default_rng(2), count=8)
 
@@ -297,18 +317,47 @@ def test_route_equals_the_kernel_on_random_batches(unit, shape, corners, with_c,
     check_twin(config, a, b, c, got, np.random.default_rng(seed), count=2)
 
 
+@pytest.mark.parametrize("with_c", [True, False])
+def test_route_decodes_a_few_groups_at_a_time(monkeypatch, with_c):
+    """With room for two groups' decoded operands the batch runs in chunks of two groups
+    (and a last one of one), c sliced along; the bits equal the generic kernel's."""
+    shape = (5, 14, 32, 14)
+    monkeypatch.setattr(batch_module, "GROUPS_DECODED", 2 * (14 + 14) * 32)
+    chunks = []
+    matmul_chunk = api.small_groups_matmul
+
+    def recording(params, kernel_args, codes_a, *rest):
+        chunks.append(len(codes_a))
+        return matmul_chunk(params, kernel_args, codes_a, *rest)
+
+    monkeypatch.setattr(api, "small_groups_matmul", recording)
+    config, a, b, c, got, marked = run_route(
+        monkeypatch, "ocp-exact", "fp8_e4m3", shape, seed=7, with_c=with_c
+    )
+    assert chunks == [2, 2, 1]
+    check_flags(config, a, b, c, marked)
+
+
 def test_which_units_and_groups_take_the_route():
     for name, fmt_name in UNITS:
         params = hw(name).params(fmt_name, fmt_name)
-        assert small_groups_apply(params, 14, 14)
-        assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS)
-        assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS)  # wide groups: BLAS tiles
-        assert not window_groups_apply(params, 14, 14)
+        assert small_groups_apply(params, 14, 14, 32)
+        assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS, 32)
+        assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS, 32)  # wide: BLAS tiles
+        # one group's decoded operands within the bound; longer ones keep the BLAS route
+        assert small_groups_apply(params, 1, 63, GROUPS_DECODED // 64)
+        assert not small_groups_apply(params, 1, 64, GROUPS_DECODED // 64)
+        assert not window_groups_apply(params, 14, 14, 32)
     for name, fmt_name in WINDOW_UNITS:
         params = hw(name).params(fmt_name, fmt_name)
-        assert window_groups_apply(params, 14, 14) and not small_groups_apply(params, 14, 14)
-        assert window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS)
-        assert not window_groups_apply(params, 2, WINDOW_GROUP_OUTPUTS)
+        assert window_groups_apply(params, 14, 14, 32)
+        assert not small_groups_apply(params, 14, 14, 32)
+        assert window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, 32)
+        assert not window_groups_apply(params, 2, WINDOW_GROUP_OUTPUTS, 32)
+        # lane tiles within the bound; longer groups keep the window route's work items
+        length = WINDOW_GROUP_VALUES // WINDOW_GROUP_OUTPUTS
+        assert window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, length)
+        assert not window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, length + 1)
     refused = [
         ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
         ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits
@@ -316,7 +365,8 @@ def test_which_units_and_groups_take_the_route():
     ]
     for name, fmt_name in refused:
         params = hw(name).params(fmt_name, fmt_name)
-        assert not small_groups_apply(params, 14, 14) and not window_groups_apply(params, 14, 14)
+        assert not small_groups_apply(params, 14, 14, 32)
+        assert not window_groups_apply(params, 14, 14, 32)
 
 
 @pytest.mark.parametrize("name", ["bfp-exact", "mi300"])

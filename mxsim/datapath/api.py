@@ -21,8 +21,10 @@ from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .batch import (
+    group_chunks,
     small_groups_apply,
     small_groups_matmul,
+    small_groups_take,
     window_groups_apply,
     window_groups_matmul,
 )
@@ -848,7 +850,7 @@ def matmul_batched(
     ``b_memo``: None, or a dict the caller keeps for one B (the same MXTensors, their codes
     and scales unchanged, from call to call: a model's weight): B's validated codes and the
     BLAS or window route's decoded B are kept there per unit and formats, and later calls
-    skip that work (results the same bits). It holds up to 12 bytes per element of B; the
+    skip that work (results the same bits). It holds up to 14 bytes per element of B; the
     caller drops it to free them.
 
     Returns a :class:`BatchedMatmulResult`. G = 0 (float arrays, MXGroups) gives an empty result. Bad
@@ -992,22 +994,31 @@ def _gemm_routes(
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
+    columns, length = codes_b.shape[1], codes_a.shape[2]
     if (
         method == "auto"
         and progress is None
         and groups > 1
-        and small_groups_apply(params, rows, codes_b.shape[1])
+        and small_groups_apply(params, rows, columns, length)
+        and small_groups_take(kernel_args, codes_a, codes_b)
     ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
-        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
-        g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
-        if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
-            _recompute(g, m, n, *tile, kernel_args, out)
+        for part in group_chunks(groups, rows, columns, length):
+            tile = (
+                codes_a[part],
+                codes_b[part],
+                exponents_a[part],
+                exponents_b[part],
+                c_values[part] if c_values.shape[0] > 1 else c_values,
+            )
+            g, m, n = small_groups_matmul(params, kernel_args, *tile, out[part])
+            if m.size:  # NaN scales, c, wide exact sums: the generic kernel
+                _recompute(g, m, n, *tile, kernel_args, out[part])
         return out
     if (
         method == "auto"
         and progress is None
         and groups > 1
-        and window_groups_apply(params, rows, codes_b.shape[1])
+        and window_groups_apply(params, rows, columns, length)
     ):
         tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
         g, m, n = window_groups_matmul(params, *tile, out)

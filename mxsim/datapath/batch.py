@@ -9,18 +9,21 @@ Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmu
 operand is decoded once (non-finite codes decode to NaN or ±Inf), each tree's unscaled sums
 of every group are one batched float64 matmul (exact in any order, as the BLAS route's are),
 and one kernel call per tree adds them to every output's accumulator with the BLAS route's
-accumulation steps. A NaN or ±Inf element makes its outputs' tree sums non-finite, so no
-scan of the codes is needed: those outputs, and those with NaN scales or a c that is
-non-finite or -0, are flagged for the generic kernel, as are an exact accumulator's sums
-wider than two float64s. Units whose trees lie inside one scale block only (folded trees
-of several blocks, bfp-exact, stay on the BLAS route).
+accumulation steps. Batches holding a NaN or ±Inf element keep the per-GEMM route
+(:func:`small_groups_take`: one scan of the codes; a BLAS may skip zero terms, so an
+infinite element times zero need not make its sums NaN); outputs with NaN scales or a c
+that is non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's
+sums wider than two float64s and any non-finite tree sum. Units whose trees lie inside one
+scale block only (folded trees of several blocks, bfp-exact, stay on the BLAS route). The
+route decodes :data:`GROUPS_DECODED` elements at most at once, whole groups at a time.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are the lanes of one pass of the window kernels' stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
-:data:`WINDOW_GROUP_OUTPUTS` outputs each (``datapath.api`` asks for batches; a single GEMM,
-and wider groups, keep the per-GEMM routes).
+:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or lane
+tiles (window units, :data:`WINDOW_GROUP_VALUES`) are small (``datapath.api`` asks for
+batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from . import _batch_kernels as B
 from . import _window_kernels as W
 from .blas import (
     ROUNDING_CHOICES,
+    DECODED_VALUES,
     SINGLE_THREAD_MACS,
     _blas_threads,
+    codes_all_finite,
     blocks_per_tree,
     decode_codes,
     exact_in_float64,
@@ -53,15 +58,22 @@ SMALL_GROUP_OUTPUTS = 1024
 #: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
 #: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
 WINDOW_GROUP_OUTPUTS = 512
+#: Decoded elements (float64) of A and B held at once by the exact small-groups route: whole
+#: groups up to this many, as the BLAS route bounds its decoded panels.
+GROUPS_DECODED = DECODED_VALUES
+#: A window group's lane tiles hold K x M x N elements (about 10 bytes each, per thread).
+WINDOW_GROUP_VALUES = 1 << 18
 
 
-def small_groups_apply(params: DatapathParams, rows: int, columns: int) -> bool:
-    """Whether a batch of groups of ``rows`` x ``columns`` outputs through this unit takes the
-    small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`), the BLAS route's unit
-    checks (``blas=`` declarations of the schema, tree sums exact in float64), one scale
-    block per tree, and subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
+def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
+    """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
+    this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, one
+    group's operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks (``blas=``
+    declarations of the schema, tree sums exact in float64), one scale block per tree, and
+    subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
+        and (rows + columns) * length <= GROUPS_DECODED
         and route_accepts("blas", params)
         and exact_in_float64(params)
         and blocks_per_tree(params) == 1
@@ -85,6 +97,20 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
         spans = [(first, first + width) for first in range(0, padded, width)]
     trees = [(first, last, first // block if scaled else 0) for first, last in spans]
     return np.array(trees, dtype=np.int64).reshape(-1, 3)
+
+
+def small_groups_take(kernel_args, codes_a, codes_b) -> bool:
+    """Whether every element of the batch is finite (the element tables ``kernel_args[0]``
+    and ``kernel_args[2]``): a batch with a NaN or ±Inf element keeps the per-GEMM route."""
+    return codes_all_finite(codes_a, np.isfinite(kernel_args[0])) and codes_all_finite(
+        codes_b, np.isfinite(kernel_args[2])
+    )
+
+
+def group_chunks(groups: int, rows: int, columns: int, length: int) -> list[slice]:
+    """Slices of whole groups whose decoded operands stay within :data:`GROUPS_DECODED`."""
+    step = max(1, GROUPS_DECODED // max(1, (rows + columns) * length))
+    return [slice(first, first + step) for first in range(0, groups, step)]
 
 
 def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
@@ -163,11 +189,16 @@ def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, hig
         )
 
 
-def window_groups_apply(params: DatapathParams, rows: int, columns: int) -> bool:
-    """Whether a batch of groups of ``rows`` x ``columns`` outputs through this unit takes the
-    window route's small-groups kernel: small groups (:data:`WINDOW_GROUP_OUTPUTS`) through a
+def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
+    """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
+    this unit takes the window route's small-groups kernel: small groups
+    (:data:`WINDOW_GROUP_OUTPUTS`, lane tiles within :data:`WINDOW_GROUP_VALUES`) through a
     unit that takes the window route (``window.window_applies``)."""
-    return rows * columns <= WINDOW_GROUP_OUTPUTS and window_applies(params)
+    return (
+        rows * columns <= WINDOW_GROUP_OUTPUTS
+        and rows * columns * length <= WINDOW_GROUP_VALUES
+        and window_applies(params)
+    )
 
 
 def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):

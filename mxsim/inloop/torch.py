@@ -155,7 +155,7 @@ class UnitInLoop(_Recorder):
     stride, dtype) -> (a copy of the view's values as unsigned integers, the quantizations of
     those values, their decoded forms (``run_layer``'s ``weight_memo``; filled while all
     weights' decoded forms together, ``decoded_bytes``, take at most :data:`DECODED_SHARE` of
-    the memory budget, docs/limits.md: about 12 bytes per weight element))}. A view's
+    the memory budget, docs/limits.md: up to about 14 bytes per weight element))}. A view's
     quantizations and decoded forms are used while its values are bit for bit the copy,
     however they were changed in between: torch's ``_version`` counter would miss changes
     through ``param.data`` (``param.data.copy_``), which it does not count. Only weights that
