@@ -24,7 +24,6 @@ from .batch import (
     group_chunks,
     small_groups_apply,
     small_groups_matmul,
-    small_groups_take,
     window_groups_apply,
     window_groups_matmul,
 )
@@ -1000,7 +999,6 @@ def _gemm_routes(
         and progress is None
         and groups > 1
         and small_groups_apply(params, rows, columns, length)
-        and small_groups_take(kernel_args, codes_a, codes_b)
     ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
         for part in group_chunks(groups, rows, columns, length):
             tile = (
@@ -1011,7 +1009,7 @@ def _gemm_routes(
                 c_values[part] if c_values.shape[0] > 1 else c_values,
             )
             g, m, n = small_groups_matmul(params, kernel_args, *tile, out[part])
-            if m.size:  # NaN scales, c, wide exact sums: the generic kernel
+            if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
                 _recompute(g, m, n, *tile, kernel_args, out[part])
         return out
     if (

@@ -9,11 +9,11 @@ Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmu
 operand is decoded once (non-finite codes decode to NaN or ±Inf), each tree's unscaled sums
 of every group are one batched float64 matmul (exact in any order, as the BLAS route's are),
 and one kernel call per tree adds them to every output's accumulator with the BLAS route's
-accumulation steps. Batches holding a NaN or ±Inf element keep the per-GEMM route
-(:func:`small_groups_take`: one scan of the codes; a BLAS may skip zero terms, so an
-infinite element times zero need not make its sums NaN); outputs with NaN scales or a c
-that is non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's
-sums wider than two float64s and any non-finite tree sum. Units whose trees lie inside one
+accumulation steps. The outputs of rows of A and columns of B holding a NaN or ±Inf element
+(read from the decoded operands: a BLAS may skip zero terms, so an infinite element times
+zero need not make a sum NaN), with NaN scales or a c that is non-finite or -0 are flagged
+for the generic kernel, as are an exact accumulator's sums wider than two float64s and any
+non-finite tree sum. Units whose trees lie inside one
 scale block only (folded trees of several blocks, bfp-exact, stay on the BLAS route). The
 route decodes :data:`GROUPS_DECODED` elements at most at once, whole groups at a time.
 
@@ -40,7 +40,6 @@ from .blas import (
     DECODED_VALUES,
     SINGLE_THREAD_MACS,
     _blas_threads,
-    codes_all_finite,
     blocks_per_tree,
     decode_codes,
     exact_in_float64,
@@ -58,6 +57,9 @@ SMALL_GROUP_OUTPUTS = 1024
 #: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
 #: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
 WINDOW_GROUP_OUTPUTS = 512
+#: The BLAS's batched float64 matmul the trees' sums come from (any BLAS: the route does
+#: not rely on how it treats an infinite element times zero).
+batched_matmul = np.matmul
 #: Decoded elements (float64) of A and B held at once by the exact small-groups route: whole
 #: groups up to this many, as the BLAS route bounds its decoded panels.
 GROUPS_DECODED = DECODED_VALUES
@@ -97,14 +99,6 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
         spans = [(first, first + width) for first in range(0, padded, width)]
     trees = [(first, last, first // block if scaled else 0) for first, last in spans]
     return np.array(trees, dtype=np.int64).reshape(-1, 3)
-
-
-def small_groups_take(kernel_args, codes_a, codes_b) -> bool:
-    """Whether every element of the batch is finite (the element tables ``kernel_args[0]``
-    and ``kernel_args[2]``): a batch with a NaN or ±Inf element keeps the per-GEMM route."""
-    return codes_all_finite(codes_a, np.isfinite(kernel_args[0])) and codes_all_finite(
-        codes_b, np.isfinite(kernel_args[2])
-    )
 
 
 def group_chunks(groups: int, rows: int, columns: int, length: int) -> list[slice]:
@@ -152,6 +146,9 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
         _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags)
     B.finish_trees(high, low, mode, out.reshape(-1))
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # (a per-row test costs 6x)
+        rows_finite, columns_finite = np.isfinite(a).all(axis=-1), np.isfinite(b).all(axis=-1)
+        flags |= ~(rows_finite[:, :, None] & columns_finite[:, None, :])
     if not flags.any():  # the common case, several times faster to tell than nonzero
         return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
     return np.nonzero(flags)
@@ -170,7 +167,7 @@ def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, hig
     floor = grid_nearest_even_floor(params) if mode == B.GRID else None
     plain = floor is not None
     for first, last, block in trees.tolist():
-        np.matmul(a[..., first:last], b_columns[:, first:last], out=sums)
+        batched_matmul(a[..., first:last], b_columns[:, first:last], out=sums)
         if plain:
             least = int(scales_a[..., block].min()) + int(scales_b[..., block].min())
             plain = least >= floor
