@@ -22,13 +22,12 @@ from mxsim.datapath.blas import (
     _folded_trees,
     _fp32_exact_blocks,
     _span_bits,
-    _tree_exponents,
     _unscaled,
     accumulate_grid_fp32,
     accumulate_rne_fp32,
     blas_applies,
+    blocks_per_tree,
     exact_in_float64,
-    folded_sum_bits,
     grid_floor,
     grid_nearest_even_floor,
     grid_trees,
@@ -539,13 +538,14 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(
     params = BFP.params(qa.element_format.name, qb.element_format.name)
     scales_a, scales_b = (_scales_for_unit(q.scales, params) for q in (qa, qb))
     args = _kernel_arguments(params)[2]
-    bits = folded_sum_bits(
-        params,
-        scales_a,
-        scales_b,
-        zero_block_marks(qa.codes, args[0], 2, scales_a.shape[-1]),
-        zero_block_marks(qb.codes, args[2], 2, scales_b.shape[-1]),
-    )
+    # the tree sums' bits once each tree's blocks are folded onto its least scale (blocks
+    # of zeros left out): the trees' bits plus the largest rise in A and in B
+    per = blocks_per_tree(params)
+    bits = tree_sum_bits(params)
+    for q, scales, table in ((qa, scales_a, args[0]), (qb, scales_b, args[2])):
+        marks = zero_block_marks(q.codes, table, 2, scales.shape[-1])
+        rises = folded_twin(scales.tolist(), marks.tolist(), per)[1]
+        bits += max(max(row) for row in rises)
     assert route_taken(BFP, qa, qb, c) == (bits <= 53)
     # The route's fold (every block counted where that keeps float32) decides as this one:
     # float32 sums, float64 sums or the kernel.
@@ -555,22 +555,6 @@ def test_trees_of_several_scale_blocks_equal_the_kernel(
     fast = matmul(BFP, qa, qb, c=c)
     slow = matmul(BFP, qa, qb, c=c, method="kernel")
     np.testing.assert_array_equal(fast.bits, slow.bits)
-
-
-def test_folded_sum_bits_add_each_operands_largest_rise_in_a_tree():
-    # MX9 x MX9 trees of 16 (8 sub-blocks of 2): 20 bits; A's sub-block 3 binades above its
-    # tree's least, B's 1: 24 bits (float32 still). Padding blocks repeat the last exponent.
-    params = BFP.params("mx9", "mx9")
-    assert tree_sum_bits(params) == 20
-    flat = np.zeros((2, 8), np.int32)
-    a = flat.copy()
-    a[1, 5] = 3
-    b = flat.copy()
-    b[0, 0] = -1
-    assert folded_sum_bits(params, flat, flat) == 20
-    assert folded_sum_bits(params, a, b) == 24
-    assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5]]), flat[:1, :1]) == 20
-    assert folded_sum_bits(params, np.array([[0, 0, 0, 0, 0, 0, 0, 0, 5, 7]]), flat[:1, :1]) == 22
 
 
 def folded_twin(exponents: list, empty: list, per: int) -> tuple[list, list]:
@@ -601,18 +585,14 @@ def folded_twin(exponents: list, empty: list, per: int) -> tuple[list, list]:
     block=st.integers(1, 3),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_trees_folded_and_decoded_equal_their_definition(rows, blocks, per, block, seed):
-    # Each tree's least exponent over its blocks that hold a nonzero (over all of them when
-    # none does) and each block's rise above it (0 for blocks of zeros and padding blocks),
-    # and elements decoded times 2^rise, against plain Python.
+def test_trees_decoded_equal_their_definition(rows, blocks, per, block, seed):
+    # Elements decoded times 2^rise (each block's rise above its tree's least exponent, the
+    # fold's plain-Python definition), against plain Python.
     rng = np.random.default_rng(seed)
     exponents = rng.integers(-127, 128, (rows, blocks)).astype(np.int32)
     zeros = rng.random((rows, blocks)) < 0.3
     trees = -(-blocks // per)
-    least, rises, top = _tree_exponents(exponents, per, trees, zeros)
-    want_least, want_rises = folded_twin(exponents.tolist(), zeros.tolist(), per)
-    assert least.tolist() == want_least and rises.tolist() == want_rises
-    assert top == max(max(row) for row in want_rises)
+    rises = np.array(folded_twin(exponents.tolist(), zeros.tolist(), per)[1])
     table = np.array([0.0, 0.5, -1.5, 3.0])
     length = blocks * block - rng.integers(0, block)
     codes = rng.integers(0, 4, (rows, length)).astype(np.uint8)

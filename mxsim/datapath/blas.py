@@ -27,7 +27,8 @@ float32; fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Multiplying s
 thread's floating point flushes subnormals (``subnormals_work``). A tree of several whole
 blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least block scale:
 each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
-sums need that many more bits (``folded_sum_bits``, read from the data; refused beyond 53).
+sums need that many more bits (the largest rise in A plus that in B, read from the data;
+refused beyond 53).
 Blocks of zeros add nothing whatever their scale and are left out of the least, unless the
 least of every block already keeps the sums within float32 (BFP's sub-blocks lie at most a
 binade apart): then the codes need not be read, and the sums are the same.
@@ -173,8 +174,8 @@ def blas_route(
     memo: dict | None = None,
 ) -> tuple | None:
     """:func:`blas_applies`'s decision with what it read from the data: None when the route
-    is refused, else ``(folded,)``: for trees of several blocks, the (A, B) results of
-    ``_tree_exponents`` that :func:`blas_matmul` folds the blocks with (computed once for
+    is refused, else ``(folded,)``: for trees of several blocks, the (A, B) folds
+    (:func:`_folded_trees`) that :func:`blas_matmul` folds the blocks with (computed once for
     both), else None. ``memo``: as for :func:`blas_matmul` (whether B's codes are all
     finite is kept there)."""
     unit_ok = route_accepts("blas", params) and exact_in_float64(params)
@@ -193,7 +194,7 @@ def blas_route(
     folded = None
     if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
         folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
-        if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:  # folded_sum_bits
+        if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:  # the folded sums' bits
             return None
     return (folded,) if values_finite_and_not_negative_zero(c_values) else None
 
@@ -201,10 +202,12 @@ def blas_route(
 def _folded_trees(
     params: DatapathParams, kernel_args, codes_a, codes_b, scales_a, scales_b, memo=None
 ):
-    """The (A, B) ``_tree_exponents`` of trees of several blocks. Blocks of zeros are left
-    out (``_fold_code_blocks``, a pass over the codes) unless folding every block
-    (``_fold_blocks``, from the scales alone) already keeps the tree sums within float32's
-    24 bits (``folded_sum_bits``; BFP's sub-blocks rise at most a binade above their
+    """The (A, B) folds of trees of several blocks: (each tree's least block exponent
+    (..., trees), each block's exponent above it (..., trees * per), the largest of those
+    rises). Blocks of zeros are left out (``_fold_code_blocks``, a pass over the codes)
+    unless folding every block (``_fold_blocks``, from the scales alone) already keeps the
+    tree sums within float32's 24 bits (the trees' bits plus both largest rises; BFP's
+    sub-blocks rise at most a binade above their
     block's least): leaving blocks out only lowers the rises, and any fold whose sums fit
     is exact, so the outputs are the same either way. B's fold depends on its own codes and
     scales alone: kept in ``memo`` (as for :func:`blas_matmul`, always with blocks of zeros
@@ -234,8 +237,10 @@ def _folded_trees(
 
 
 def _fold_blocks(exponents, per: int, trees: int):
-    """``_tree_exponents(exponents, per, trees)`` (every block counted, none marked as zeros)
-    by ``fold_blocks``; the rises bytes where they fit one, else int64."""
+    """The fold of the block exponents (..., blocks) onto trees of ``per`` blocks, every block
+    counted: (each tree's least exponent (..., trees), each block's exponent above it (...,
+    trees * per; 0 past the last block), the largest rise), by ``fold_blocks``; the rises
+    bytes where they fit one, else int64."""
     exps = exponents.reshape((-1,) + exponents.shape[-1:])
     least = np.empty((exps.shape[0], trees), dtype=np.int64)
     for dtype in (np.uint8, np.int64):
@@ -280,58 +285,12 @@ def blocks_per_tree(params: DatapathParams) -> int:
     return max(1, params.fused_terms // params.block_size)
 
 
-def _tree_exponents(exponents, per: int, trees: int, zeros=None):
-    """(each tree's least block exponent (..., trees), each block's exponent above it
-    (..., trees * per), the largest of those rises) of block exponents (..., blocks). Blocks
-    whose elements are all zero (``zeros``, of the exponents' shape; None: none) and blocks
-    past the operand's last (padding) add nothing to a tree sum whatever their scale: they
-    are left out of the least and rise by 0 (a tree of nothing else takes its blocks' least)."""
-    lead = exponents.shape[:-1]
-    flat = exponents.reshape((-1, 1, exponents.shape[-1]))
-    empty = np.zeros(flat.shape, np.bool_) if zeros is None else zeros.reshape(flat.shape)
-    least = np.empty((flat.shape[0], 1, trees), dtype=np.int64)
-    rises = np.empty((flat.shape[0], 1, trees * per), dtype=np.int64)
-    top = fold_exponents(flat, empty, per, least, rises)
-    return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
-
-
-@njit(cache=True, nogil=True)
-def fold_exponents(exponents, zeros, per, least, rises):
-    """least[g, i, t] = the least of exponents[g, i, t*per : (t+1)*per] over the blocks not
-    marked in ``zeros`` (over all of the tree's blocks when every one is), rises[g, i, b] =
-    exponents[g, i, b] - least[g, i, b // per] (0 for marked blocks and block indices past
-    the last); returns the largest rise (0 without blocks)."""
-    groups, rows, blocks = exponents.shape
-    trees = least.shape[-1]
-    top = np.int64(0)
-    none = np.int64(1) << 40  # above every exponent: "no block counted yet" (branch-free)
-    for g in range(groups):
-        for i in range(rows):
-            row, empty = exponents[g, i], zeros[g, i]
-            row_least, row_rises = least[g, i], rises[g, i]
-            for t in range(trees):
-                first, last = t * per, min((t + 1) * per, blocks)
-                low_all = low = none
-                for b in range(first, last):
-                    exponent = np.int64(row[b])
-                    low_all = min(low_all, exponent)
-                    low = min(low, none if empty[b] else exponent)
-                low = low_all if low == none else low
-                row_least[t] = low
-                for b in range(first, last):
-                    rise = 0 if empty[b] else np.int64(row[b]) - low
-                    row_rises[b] = rise
-                    top = max(top, rise)
-                for b in range(last, (t + 1) * per):  # past the last block
-                    row_rises[b] = 0
-    return top
-
-
 def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int):
-    """``_tree_exponents(exponents, per, trees, zeros)``, ``zeros`` marking the scale blocks
-    whose codes all decode to 0 or -0 (``values``), in one pass over the codes (``fold_code_blocks``), a few rows at a time
-    (``_row_chunks``, on Numba's threads): the fold of trees of several blocks that
-    ``blas_route`` reads. The rises are bytes where they fit one (E8M0 scales: always),
+    """The fold of :func:`_fold_blocks` with the blocks whose codes all decode to 0 or -0
+    (``values``) and those past the operand's last left out of each tree's least and rising
+    by 0 (a tree of nothing else takes its blocks' least): they add nothing to a tree sum
+    whatever their scale. In one pass over the codes (``fold_code_blocks``), a few rows at a
+    time (``_row_chunks``, on Numba's threads). The rises are bytes where they fit one (E8M0 scales: always),
     else int64."""
     lead = (1,) * (3 - codes.ndim) + codes.shape
     codes = codes.reshape(lead)
@@ -361,12 +320,14 @@ def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int
 
 @njit(cache=True, nogil=True)
 def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
-    """``fold_exponents`` of the (groups, rows, blocks) ``exponents`` with the blocks of
-    zeros read from the (groups, rows, length) codes (position
-    k < len(block_of) lies in block block_of[k]; a block is marked when each of its codes
-    has a true ``zero_table`` entry, or it has none), in one loop per row: least[g, i, t],
-    rises[g, i, b] (in the type of ``rises``: the caller checks that the largest rise,
-    returned, fits it; 0 without blocks)."""
+    """least[g, i, t] = the least of the (groups, rows, blocks) exponents[g, i, t*per :
+    (t+1)*per] over the blocks not marked as zeros (over all of the tree's blocks when every
+    one is), rises[g, i, b] = exponents[g, i, b] - least[g, i, b // per] (0 for marked
+    blocks and block indices past the last), the marks read from the (groups, rows, length)
+    codes (position k < len(block_of) lies in block block_of[k]; a block is marked when each
+    of its codes has a true ``zero_table`` entry, or it has none), in one loop per row. The
+    rises are in the type of ``rises``: the caller checks that the largest rise, returned
+    (0 without blocks), fits it."""
     groups, rows, length = codes.shape
     blocks = exponents.shape[-1]
     trees = least.shape[-1]
@@ -399,27 +360,6 @@ def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
                     row_rises[b] = rise
                     top = max(top, rise)
     return top
-
-
-def folded_sum_bits(
-    params: DatapathParams, exponents_a, exponents_b, zeros_a=None, zeros_b=None
-) -> int:
-    """Bits every tree sum needs once the blocks of a tree spanning several are folded onto
-    its least scale (``tree_sum_bits`` plus the largest rise of a block's exponent above its
-    tree's least in A and in B: the elements are scaled up by it, exactly; blocks of zeros,
-    marked in ``zeros_a``/``zeros_b``, left out: ``_tree_exponents``); a large number for
-    formats without a table."""
-    bits = tree_sum_bits(params)
-    if bits is None:
-        return 1 << 30
-    per = blocks_per_tree(params)
-    if per == 1 or exponents_a.size == 0 or exponents_b.size == 0:
-        return bits
-    rise = 0
-    for exponents, zeros in ((exponents_a, zeros_a), (exponents_b, zeros_b)):
-        trees = -(-exponents.shape[-1] // per)
-        rise += int(_tree_exponents(exponents, per, trees, zeros)[2])
-    return bits + rise
 
 
 def codes_all_finite(codes, finite_table) -> bool:
@@ -738,7 +678,7 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
     (float32 holds every value of the formats it is used for: their tree sums fit 24 bits),
     each block of ``block`` elements times 2^(its rise) where ``rises`` (..., padded / block)
-    are given (exact: the rises keep the sums within ``folded_sum_bits``). The codes (any
+    are given (exact: the route keeps the folded sums within 53 bits). The codes (any
     unsigned dtype, 3-D) are widened a few rows at a time (``_row_chunks``)."""
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     table = values.astype(dtype)
@@ -893,7 +833,7 @@ def blas_matmul(
         if folded is None:
             folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
         (scales_a, rises_a, top_a), (scales_b, rises_b, top_b) = folded
-        bits += top_a + top_b  # folded_sum_bits
+        bits += top_a + top_b  # the folded sums' bits
     block = params.block_size * per if scaled else width
     padded = -(-length // block) * block
     blocks = padded // block

@@ -171,7 +171,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "'none': the unit takes no scales (plain FP8 tensor cores)",
             ("none", "products", "block_sum", "group_sum"),
             # BLAS: one scale per tree, or trees of whole blocks folded onto their least scale
-            # where the data allows (blas.folded_sum_bits); per block for an exact accumulator;
+            # where the data allows (blas._folded_trees); per block for an exact accumulator;
             # trees cut per block (trees_in_blocks) with a grid.
             # Window: one per tree. group_sum: not yet shown exact on either route.
             blas=lambda value, params: (
