@@ -36,7 +36,6 @@ from .._threads import run_in_threads
 from . import _batch_kernels as B
 from . import _window_kernels as W
 from .blas import (
-    ROUNDING_CHOICES,
     DECODED_VALUES,
     SINGLE_THREAD_MACS,
     _blas_threads,
@@ -44,6 +43,7 @@ from .blas import (
     decode_codes,
     exact_in_float64,
     grid_nearest_even_floor,
+    grid_rule,
     grid_trees,
     slice_width,
     subnormals_work,
@@ -117,18 +117,12 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     a_values, b_values = kernel_args[0], kernel_args[2]
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
-    grid = np.zeros(3, dtype=np.int64)
-    choices = np.zeros(3, dtype=np.int64)
+    grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
     if params.accumulator_format == "exact":
         mode = B.EXACT_ACCUMULATOR
     elif params.grid_fraction_bits is not None:
         mode = B.GRID
-        grid[:] = (
-            params.grid_fraction_bits,
-            params.grid_max_left_shift,
-            params.grid_max_right_shift,
-        )
-        choices[:] = ROUNDING_CHOICES[params.accumulator_rounding]
+        grid, choices = grid_rule(params)
     else:
         mode = B.ROUND_EACH_TREE
     trees = exact_trees(params, length)

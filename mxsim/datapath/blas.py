@@ -570,6 +570,15 @@ ROUNDING_CHOICES = {
 }
 
 
+def grid_rule(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
+    """A grid unit's ``(grid, choices)`` as the grid kernels take them: int64 [fraction bits,
+    largest left shift, largest right shift] and the accumulator rounding's
+    :data:`ROUNDING_CHOICES` row."""
+    grid = [params.grid_fraction_bits, params.grid_max_left_shift, params.grid_max_right_shift]
+    choices = ROUNDING_CHOICES[params.accumulator_rounding]
+    return np.array(grid, dtype=np.int64), np.array(choices, dtype=np.int64)
+
+
 @njit(cache=True, inline="always")
 def round_fp32(value, directed, large_positive, large_negative):
     """``value`` (a float64, nonzero, round-to-odd at 53 bits of the exact sum: it lies
@@ -843,10 +852,7 @@ def blas_matmul(
     span = (lsb, lsb + bits) if dtype == np.float32 else None
     grid = trees = choices = floor = None
     if params.grid_fraction_bits is not None:
-        choices = np.array(ROUNDING_CHOICES[params.accumulator_rounding])
-        grid = np.array(
-            [params.grid_fraction_bits, params.grid_max_left_shift, params.grid_max_right_shift]
-        )
+        grid, choices = grid_rule(params)
         floor = grid_nearest_even_floor(params)
         cut = params.block_size if params.trees_in_blocks else block
         trees = [(first, last, first // block) for first, last in grid_trees(params, length, cut)]
