@@ -23,8 +23,6 @@ from mxsim.datapath.blas import (
     _fp32_exact_blocks,
     _span_bits,
     _unscaled,
-    accumulate_grid_fp32,
-    accumulate_rne_fp32,
     blas_applies,
     blocks_per_tree,
     exact_in_float64,
@@ -33,6 +31,7 @@ from mxsim.datapath.blas import (
     grid_trees,
     tree_sum_bits,
 )
+from mxsim.datapath._blas_kernels import accumulate_grid_fp32, accumulate_rne_fp32
 from mxsim.datapath.config import vary_hwconfig
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
@@ -1298,7 +1297,7 @@ def run_grid_trees(acc, a, b, trees, terms, row_steps, column_steps, rounding) -
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 @pytest.mark.parametrize("terms", [8, 16])
-def test_fused_grid_trees_equal_the_grid_twin_at_every_boundary(rounding, terms):
+def test_grid_tree_kernels_equal_the_grid_twin_at_every_boundary(rounding, terms):
     # The grid's boundary cases (``grid_cases``: pass-through offsets, half fp32 steps and
     # just off them, exact cancellation, fp32's largest, infinities, subnormals) at X from
     # the floor up, with the sums the kernel takes (multiples of fp8_e4m3's least product
@@ -1392,7 +1391,7 @@ def test_eight_term_grid_trees_keep_an_overflow_from_a_rounding_up(rounding):
     c_shift=st.sampled_from([0, 0, 30, 59, 61, 100]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_fused_grid_trees_equal_fractions(fmt, rounding, shape, spread, c_shift, seed):
+def test_grid_tree_kernels_equal_fractions(fmt, rounding, shape, spread, c_shift, seed):
     # Realistic elements (random codes of the format's table: fp8_e4m3 in float64, fp4_e2m1
     # in float32 as the route decodes them, 8 or 16 per tree), block steps a few or many
     # binades apart at or above the floor, accumulators at the products or far above them

@@ -2,7 +2,7 @@
 (attention heads) in a few calls per batch instead of passes, tiles and checks per group.
 
 Exact-tree units of the BLAS route: the route decodes the batch's operands
-(``blas.decode_codes``), forms each tree's sums of every group with one batched float64
+(``_blas_kernels.decode_codes``), forms each tree's sums of every group with one batched float64
 matmul, and adds them to every output's accumulator (:func:`start_trees`, :func:`add_tree`
 per tree, :func:`finish_trees`): exactly what ``datapath.blas`` computes per GEMM (its module
 docstring says why the float64 sums are exact in any order).
@@ -20,7 +20,7 @@ from numba import njit
 
 from ..quantize._kernels import SCALE_NAN
 from . import _window_kernels as W
-from .blas import _grid_sum, odd_sum, round_fp32, round_to_odd, two_sum
+from ._blas_kernels import grid_sum, odd_sum, round_fp32, round_to_odd, two_sum
 
 #: ``add_tree`` accumulation modes.
 ROUND_EACH_TREE = 0  # RNE_fp32(acc + S) per tree
@@ -48,8 +48,8 @@ def add_tree(sums, scales_a, scales_b, block, mode, grid, choices, high, low, fl
     tree's; ``high``, ``low``, ``flags`` the flattened (G, M, N) accumulator parts
     (``start_trees``), ``steps`` (M * N,) float64 scratch. With S = sums * 2^(Xa + Xb)
     (exact): ``ROUND_EACH_TREE``: high = RNE_fp32(high + S) (round-to-odd float64 sum, then
-    fp32; a zero S counts as +0, as in ``blas.accumulate_rne_fp32``); ``GRID``:
-    ``blas.accumulate_grid_fp32``'s step (``grid``: fraction bits n, max left and right
+    fp32; a zero S counts as +0, as in ``_blas_kernels.accumulate_rne_fp32``); ``GRID``:
+    ``_blas_kernels.accumulate_grid_fp32``'s step (``grid``: fraction bits n, max left and right
     shift; ``choices``: the accumulator rounding's ``blas.ROUNDING_CHOICES`` row);
     ``EXACT_ACCUMULATOR``: (high, low) += S by TwoSum, flagged where ``low`` rounds. Flags
     a non-finite sum (a NaN or ±Inf element: products of finite elements and their exact
@@ -84,7 +84,7 @@ def add_tree(sums, scales_a, scales_b, block, mode, grid, choices, high, low, fl
         elif mode == GRID:
             for at in range(area):
                 acc = np.float32(group_high[at])
-                keep, odd, zero = _grid_sum(
+                keep, odd, zero = grid_sum(
                     acc, group_sums[at], steps[at], fraction_bits, max_left, max_right
                 )
                 if nearest_even:

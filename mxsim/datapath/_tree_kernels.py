@@ -10,7 +10,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .blas import odd_sum
+from ._blas_kernels import odd_sum
 
 #: Columns per pass: a tree's columns of B (packed, 8 x COLUMNS float64) stay in L1 while
 #: every row of the tile takes the tree.

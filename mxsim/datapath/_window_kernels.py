@@ -50,7 +50,7 @@ from ..formats._kernels import (
     power_of_two,
 )
 from ..quantize._kernels import SCALE_NAN
-from .blas import round_to_odd, two_sum
+from ._blas_kernels import round_to_odd, two_sum
 
 ZERO_EXPONENT = -64  # int8 exponent of zero (and non-finite) table entries
 NO_REFERENCE = (

@@ -35,12 +35,12 @@ import numpy as np
 from .._threads import run_in_threads
 from . import _batch_kernels as B
 from . import _window_kernels as W
+from ._blas_kernels import decode_codes
 from .blas import (
     DECODED_VALUES,
     SINGLE_THREAD_MACS,
     _blas_threads,
     blocks_per_tree,
-    decode_codes,
     exact_in_float64,
     grid_nearest_even_floor,
     grid_rule,

@@ -44,7 +44,7 @@ itself is a float32 and the IEEE float32 sum acc + S is RNE_fp32(acc + S): those
 added in float32 arithmetic, a few operations per output instead of the round-to-odd step.
 
 A fixed-point grid (``grid.fraction_bits`` n; one scale pair per tree, which the config
-checks ensure) changes only the accumulation (``accumulate_grid_fp32``): per output and tree,
+checks ensure) changes only the accumulation (``_blas_kernels.accumulate_grid_fp32``): per output and tree,
 with X = Xa + Xb, the accumulator's LSB lies offset = (e - 23) - (X - n) places above the
 grid's (e: its exponent, -126 when subnormal, -127 when zero); beyond the max left shift it
 is kept, bits and sign; beyond the max right shift below with S = 0 likewise; else it
@@ -52,7 +52,7 @@ becomes acc + S rounded once in the unit's accumulator rounding, an exact zero +
 mode but stochastic is computed from the round-to-odd float64 of acc + S (it lies strictly
 between the same two fp32 neighbours as the exact sum, and on a tie only when the sum is
 one): nearest-even by the conversion, the others by choosing between it and the neighbour
-on the other side (``round_fp32``), IEEE overflow included. An overflow to ±Inf stays in the
+on the other side (``_blas_kernels.round_fp32``), IEEE overflow included. An overflow to ±Inf stays in the
 accumulator, as the kernel's first overflow stays its result. Trees are cut per block as the
 kernel cuts them (``grid_trees``: FP6's 11 + 11 + 10 with ``trees_in_blocks``), none past K.
 Rounding to nearest even, the rules are idle above a floor of X (``grid_nearest_even_floor``):
@@ -91,12 +91,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import njit
 
 
 from .._threads import run_in_threads
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
+from ._blas_kernels import (
+    accumulate_double_double,
+    accumulate_fp32,
+    accumulate_grid_fp32,
+    accumulate_rne_fp32,
+    decode_codes,
+    decode_raised,
+    fold_blocks,
+    fold_code_blocks,
+    round_double_double_to_fp32,
+    rows_all_finite,
+    values_finite_and_not_negative_zero,
+)
 from .schema import DatapathParams, route_accepts
 from .tables import FULL_TABLE_BITS
 
@@ -239,7 +251,7 @@ def _folded_trees(
 def _fold_blocks(exponents, per: int, trees: int):
     """The fold of the block exponents (..., blocks) onto trees of ``per`` blocks, every block
     counted: (each tree's least exponent (..., trees), each block's exponent above it (...,
-    trees * per; 0 past the last block), the largest rise), by ``fold_blocks``; the rises
+    trees * per; 0 past the last block), the largest rise), by ``_blas_kernels.fold_blocks``; the rises
     bytes where they fit one, else int64."""
     exps = exponents.reshape((-1,) + exponents.shape[-1:])
     least = np.empty((exps.shape[0], trees), dtype=np.int64)
@@ -250,31 +262,6 @@ def _fold_blocks(exponents, per: int, trees: int):
             break
     lead = exponents.shape[:-1]
     return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
-
-
-@njit(cache=True, nogil=True)
-def fold_blocks(exponents, per, least, rises):
-    """least[i, t] = the least of the (rows, blocks) exponents[i, t*per : (t+1)*per],
-    rises[i, b] = exponents[i, b] - least[i, b // per] (0 for block indices past the last;
-    in the type of ``rises``: the caller checks that the largest rise, returned, fits it)."""
-    rows, blocks = exponents.shape
-    trees = least.shape[-1]
-    top = np.int64(0)
-    for i in range(rows):
-        row, row_least, row_rises = exponents[i], least[i], rises[i]
-        for t in range(trees):
-            first, last = t * per, min((t + 1) * per, blocks)
-            low = np.int64(row[first])
-            for b in range(first + 1, last):
-                low = min(low, np.int64(row[b]))
-            row_least[t] = low
-            for b in range(first, last):
-                rise = np.int64(row[b]) - low
-                row_rises[b] = rise
-                top = max(top, rise)
-            for b in range(last, (t + 1) * per):  # past the last block
-                row_rises[b] = 0
-    return top
 
 
 def blocks_per_tree(params: DatapathParams) -> int:
@@ -289,7 +276,7 @@ def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int
     """The fold of :func:`_fold_blocks` with the blocks whose codes all decode to 0 or -0
     (``values``) and those past the operand's last left out of each tree's least and rising
     by 0 (a tree of nothing else takes its blocks' least): they add nothing to a tree sum
-    whatever their scale. In one pass over the codes (``fold_code_blocks``), a few rows at a
+    whatever their scale. In one pass over the codes (``_blas_kernels.fold_code_blocks``), a few rows at a
     time (``_row_chunks``, on Numba's threads). The rises are bytes where they fit one (E8M0 scales: always),
     else int64."""
     lead = (1,) * (3 - codes.ndim) + codes.shape
@@ -318,50 +305,6 @@ def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int
     return least.reshape(lead_out + (trees,)), rises.reshape(lead_out + (trees * per,)), top
 
 
-@njit(cache=True, nogil=True)
-def fold_code_blocks(codes, zero_table, exponents, block_of, per, least, rises):
-    """least[g, i, t] = the least of the (groups, rows, blocks) exponents[g, i, t*per :
-    (t+1)*per] over the blocks not marked as zeros (over all of the tree's blocks when every
-    one is), rises[g, i, b] = exponents[g, i, b] - least[g, i, b // per] (0 for marked
-    blocks and block indices past the last), the marks read from the (groups, rows, length)
-    codes (position k < len(block_of) lies in block block_of[k]; a block is marked when each
-    of its codes has a true ``zero_table`` entry, or it has none), in one loop per row. The
-    rises are in the type of ``rises``: the caller checks that the largest rise, returned
-    (0 without blocks), fits it."""
-    groups, rows, length = codes.shape
-    blocks = exponents.shape[-1]
-    trees = least.shape[-1]
-    reach = min(length, block_of.shape[0])
-    top = np.int64(0)
-    none = np.int64(1) << 40  # above every exponent: "no block counted yet" (branch-free)
-    counted = np.empty(trees * per, dtype=np.int64)  # 1: the block holds a nonzero
-    # Padding blocks (past the last) count as neither least nor marked block: their
-    # exponent ``none`` loses every min, and their rise is 0 (0 counted).
-    padded = np.full(trees * per, none)
-    for g in range(groups):
-        for i in range(rows):
-            row, row_exponents = codes[g, i], exponents[g, i]
-            row_least, row_rises = least[g, i], rises[g, i]
-            counted[:] = 0
-            for b in range(blocks):
-                padded[b] = row_exponents[b]
-            for k in range(reach):
-                counted[block_of[k]] |= np.int64(not zero_table[row[k]])
-            for t in range(trees):
-                low_all = low = none
-                for b in range(t * per, (t + 1) * per):
-                    exponent = padded[b]
-                    low_all = min(low_all, exponent)
-                    low = min(low, exponent if counted[b] else none)
-                low = low_all if low == none else low
-                row_least[t] = low
-                for b in range(t * per, (t + 1) * per):
-                    rise = (padded[b] - low) * counted[b]
-                    row_rises[b] = rise
-                    top = max(top, rise)
-    return top
-
-
 def codes_all_finite(codes, finite_table) -> bool:
     """Whether every code's table value is finite: at once for a format without non-finite
     codes, else by a scan of the (..., K) codes (any unsigned dtype and strides) a few rows
@@ -369,21 +312,7 @@ def codes_all_finite(codes, finite_table) -> bool:
     if finite_table.all():
         return True
     codes = codes.reshape((1,) * (3 - codes.ndim) + codes.shape)
-    return all(_rows_all_finite(_wide(codes[g, r]), finite_table) for g, r in _row_chunks(codes))
-
-
-@njit(cache=True)
-def _rows_all_finite(codes, finite_table):
-    """Whether every code of the (G, rows, K) ``codes`` has a finite table value."""
-    groups, rows, length = codes.shape
-    for g in range(groups):
-        for i in range(rows):
-            row, bad = codes[g, i], 0
-            for k in range(length):
-                bad += not finite_table[row[k]]
-            if bad:
-                return False
-    return True
+    return all(rows_all_finite(_wide(codes[g, r]), finite_table) for g, r in _row_chunks(codes))
 
 
 def _row_chunks(codes):
@@ -409,155 +338,6 @@ def _wide(codes) -> np.ndarray:
     return np.ascontiguousarray(codes, dtype=np.uint32)
 
 
-@njit(cache=True)
-def values_finite_and_not_negative_zero(values):
-    """Whether every accumulator input is finite and none is -0 (those go to the kernel)."""
-    for value in values.ravel():
-        if not math.isfinite(value) or (value == 0.0 and math.copysign(1.0, value) < 0):
-            return False
-    return True
-
-
-@njit(cache=True, inline="always")
-def two_sum(a, b):
-    """(a + b rounded, its exact rounding error): a + b == total + error exactly (finite sums)."""
-    total = a + b
-    back = total - a
-    return total, (a - (total - back)) + (b - back)
-
-
-@njit(cache=True, inline="always")
-def odd_sum(a, b):
-    """a + b rounded to odd at 53 bits, branch-free (loops over it vectorise): the nearest sum,
-    stepped back toward zero when TwoSum's exact error lies below it, its last bit set when
-    inexact. An infinite sum is left as it is (its error is NaN)."""
-    total, error = two_sum(a, b)
-    bits = np.float64(total).view(np.int64)
-    inexact = np.int64(abs(error) > 0.0)
-    toward_zero = inexact & np.int64((error > 0.0) != (total > 0.0))
-    return np.int64((bits - toward_zero) | inexact).view(np.float64)
-
-
-@njit(cache=True, inline="always")
-def round_to_odd(total, error):
-    """The float64 round-to-odd of total + error (total = RN(exact), error its exact remainder)."""
-    if error == 0.0 or not math.isfinite(total):
-        return total
-    bits = np.float64(total).view(np.int64)
-    toward_zero = np.int64((error > 0.0) != (total > 0.0))
-    return np.int64((bits - toward_zero) | 1).view(np.float64)
-
-
-@njit(cache=True, nogil=True)
-def accumulate_rne_fp32(running, tree_sums, row_steps, column_steps):
-    """running = RNE_fp32(running + tree_sums * row_steps * column_steps) elementwise and
-    exactly: ``running`` (g, rows, columns) float32, ``tree_sums`` float32 or float64 of that
-    shape, the steps (g, rows) and (g, columns) float64 powers of two (the product of a sum
-    and its scale 2^(Xa + Xb) is exact: module doc). The float64 sum is made round-to-odd
-    (TwoSum's exact error says which way the exact sum lies), then rounded to fp32. An
-    accumulator that overflowed to +-Inf stays so (its error is NaN: left alone). A zero tree
-    sum counts as +0 (an exact sum has no sign), so -0 + 0 is +0. Branch-free inner loops that
-    vectorise; serial (the caller runs a tile per thread)."""
-    groups, rows, columns = running.shape
-    for g in range(groups):
-        for i in range(rows):
-            step = row_steps[g, i]
-            totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
-            for j in range(columns):
-                # + 0.0: a tree's exact zero sum is +0 whatever sign bit its GEMM gave
-                b = np.float64(sums[j]) * (step * steps[j]) + 0.0
-                totals[j] = np.float32(odd_sum(np.float64(totals[j]), b))
-
-
-@njit(cache=True, nogil=True)
-def accumulate_fp32(running, tree_sums, row_steps, column_steps):
-    """running += tree_sums * row_steps * column_steps elementwise in float32 arithmetic
-    (``running``, ``tree_sums`` (g, rows, columns) float32, the steps (g, rows) and
-    (g, columns) float32 powers of two). Exact RNE_fp32(acc + S) when every scaled sum is
-    a float32 (the caller checks: ``_fp32_exact_blocks``): the product of the steps and
-    of a sum by them are then exact, and an IEEE float32 addition of two float32s is the
-    correctly rounded sum (an infinite accumulator stays so); a zero sum counts as +0.
-    Serial, vectorises."""
-    groups, rows, columns = running.shape
-    for g in range(groups):
-        for i in range(rows):
-            step = row_steps[g, i]
-            totals, sums, steps = running[g, i], tree_sums[g, i], column_steps[g]
-            for j in range(columns):
-                totals[j] = totals[j] + (sums[j] * (step * steps[j]) + np.float32(0.0))
-
-
-@njit(cache=True, nogil=True)
-def accumulate_grid_fp32(running, tree_sums, row_steps, column_steps, grid, choices):
-    """One tree of a fixed-point-grid unit (``grid.fraction_bits``) into the fp32 accumulators,
-    elementwise and exactly: ``running`` (g, rows, columns) float32, ``tree_sums`` the tree's
-    unscaled sums s (float32 or float64, exact), the steps (g, rows) and (g, columns) float64
-    powers of two 2^Xa and 2^Xb; ``grid`` (fraction bits n, max left shift, max right shift),
-    ``choices`` the accumulator rounding's ``ROUNDING_CHOICES`` row (every mode but
-    stochastic). With S = s 2^(Xa+Xb) (exact) and X = Xa + Xb, the accumulator's LSB lies
-    offset = (e - 23) - (X - n) places above the grid's (e its exponent: -126 when subnormal,
-    -127 when zero); the accumulator is kept, bits and sign, when offset > max left shift, or
-    offset < -max right shift and S = 0; otherwise it becomes acc + S rounded once to fp32
-    (``round_fp32``), an exact zero +0, IEEE overflow (±Inf, or ±max finite when the mode
-    rounds toward zero). An infinite accumulator (an earlier overflow, which the kernel keeps
-    as its result) stays so. Serial; one branch-free inner loop per row (vectorises)."""
-    groups, rows, columns = running.shape
-    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
-    for g in range(groups):
-        for i in range(rows):
-            if directed or large_positive or large_negative:
-                _grid_row(
-                    running[g, i],
-                    tree_sums[g, i],
-                    row_steps[g, i],
-                    column_steps[g],
-                    grid,
-                    directed,
-                    large_positive,
-                    large_negative,
-                )
-            else:  # nearest even: the conversion
-                _grid_row_nearest_even(
-                    running[g, i], tree_sums[g, i], row_steps[g, i], column_steps[g], grid
-                )
-
-
-@njit(cache=True, inline="always")
-def _grid_sum(acc, tree_sum, scale, fraction_bits, max_left, max_right):
-    """(whether the grid keeps ``acc``, acc + S as a round-to-odd float64 (0 for an exact zero),
-    whether acc + S is exactly zero) for S = tree_sum * scale (``accumulate_grid_fp32``)."""
-    a = np.float64(acc)
-    b = np.float64(tree_sum) * scale
-    exponent = (np.float64(scale).view(np.int64) >> 52) - 1023  # X: the steps are positive
-    field = (np.float64(a).view(np.int64) >> 52) & 0x7FF  # fp32 subnormals: float64 normals
-    acc_exponent = max(field - 1023, -126) - np.int64(a == 0.0)
-    offset = acc_exponent - 23 - exponent + fraction_bits
-    keep = (offset > max_left) | ((offset < -max_right) & (b == 0.0)) | (abs(a) == np.inf)
-    return keep, odd_sum(a, b), a + b == 0.0
-
-
-@njit(cache=True, nogil=True)
-def _grid_row_nearest_even(totals, sums, step, steps, grid):
-    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
-    for j in range(totals.shape[0]):
-        scale = step * steps[j]
-        keep, odd, zero = _grid_sum(totals[j], sums[j], scale, fraction_bits, max_left, max_right)
-        rounded = np.float32(0.0) if zero else np.float32(odd)
-        totals[j] = totals[j] if keep else rounded
-
-
-@njit(cache=True, nogil=True)
-def _grid_row(totals, sums, step, steps, grid, directed, large_positive, large_negative):
-    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
-    for j in range(totals.shape[0]):
-        scale = step * steps[j]
-        keep, odd, zero = _grid_sum(totals[j], sums[j], scale, fraction_bits, max_left, max_right)
-        rounded = (
-            np.float32(0.0) if zero else round_fp32(odd, directed, large_positive, large_negative)
-        )
-        totals[j] = totals[j] if keep else rounded
-
-
 #: Per rounding mode (ROUNDING_MODES name): (directed, the far neighbour from zero chosen for a
 #: positive value, for a negative one); for the nearest modes the last two apply to ties.
 ROUNDING_CHOICES = {
@@ -577,55 +357,6 @@ def grid_rule(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
     grid = [params.grid_fraction_bits, params.grid_max_left_shift, params.grid_max_right_shift]
     choices = ROUNDING_CHOICES[params.accumulator_rounding]
     return np.array(grid, dtype=np.int64), np.array(choices, dtype=np.int64)
-
-
-@njit(cache=True, inline="always")
-def round_fp32(value, directed, large_positive, large_negative):
-    """``value`` (a float64, nonzero, round-to-odd at 53 bits of the exact sum: it lies
-    strictly between the same fp32 neighbours as the exact sum, or is it) rounded to fp32 by
-    the mode of the flags (a ``ROUNDING_CHOICES`` row): the neighbour nearer zero or the one
-    farther (``value``'s nearest-even conversion and the neighbour on the other side of it;
-    an fp32 tie is the float64 midpoint of the two). IEEE overflow: beyond fp32's range the
-    neighbours are ±max finite and ±Inf (their tie: 2^128 - 2^103). Branch-free (selects)."""
-    nearest = np.float32(value)
-    near = np.float64(nearest)
-    away = abs(near) < abs(value)  # the other neighbour lies farther from zero
-    other = np.int32(np.float32(nearest).view(np.int32) + (1 if away else -1)).view(np.float32)
-    small = nearest if away else other  # the neighbour nearer zero
-    large = other if away else nearest
-    beyond = np.float64(large) if abs(large) < np.inf else math.copysign(2.0**128, value)
-    tie = (np.float64(small) + beyond) * 0.5 == value
-    chosen = large if (large_positive if value > 0.0 else large_negative) else small
-    return chosen if (directed | tie) & (near != value) else nearest
-
-
-@njit(cache=True, nogil=True)
-def accumulate_double_double(high, low, inexact, block_sums):
-    """(high, low) += block_sums exactly as long as ``low`` never rounds; ``inexact`` marks
-    the elements where it did (their exact sum needs more than two float64s); returns how
-    many times it did."""
-    rows, columns = high.shape
-    count = 0
-    for i in range(rows):
-        for j in range(columns):
-            total, error = two_sum(high[i, j], block_sums[i, j])
-            high[i, j] = total
-            rest, low_error = two_sum(low[i, j], error)
-            low[i, j] = rest
-            if low_error != 0.0:
-                inexact[i, j] = True
-                count += 1
-    return count
-
-
-@njit(cache=True, nogil=True)
-def round_double_double_to_fp32(high, low, acc):
-    """acc = RNE_fp32(high + low) exactly (round-to-odd float64 sum, then fp32)."""
-    rows, columns = high.shape
-    for i in range(rows):
-        for j in range(columns):
-            total, error = two_sum(high[i, j], low[i, j])
-            acc[i, j] = np.float32(round_to_odd(total, error))
 
 
 def batch_passes(groups: int, rows: int, tile: int):
@@ -653,34 +384,6 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
         grouped = decoded.reshape(codes.shape[:-1] + (blocks, block))
         grouped *= steps[..., None]
     return decoded
-
-
-@njit(cache=True, nogil=True)
-def decode_codes(table, codes, out):
-    """out[g, i, k] = table[codes[g, i, k]] for the (groups, rows, length) codes, zeros in the
-    rest of out's last axis (its padding to whole blocks)."""
-    groups, rows, length = codes.shape
-    for g in range(groups):
-        for i in range(rows):
-            values, row = out[g, i], codes[g, i]
-            for k in range(length):
-                values[k] = table[row[k]]
-            values[length:] = 0.0
-
-
-@njit(cache=True, nogil=True)
-def decode_raised(table, codes, rises, block_of, powers, out):
-    """``decode_codes`` with each value times powers[the rise of its block] (rises
-    (groups, rows, blocks), ``block_of[k]`` the block of position k, ``powers`` 2^0, 2^1,
-    ... in out's type: exact). One flat loop over positions: a loop per block of two
-    (BFP sub-blocks) ran several times slower."""
-    groups, rows, length = codes.shape
-    for g in range(groups):
-        for i in range(rows):
-            values, row, steps = out[g, i], codes[g, i], rises[g, i]
-            for k in range(length):
-                values[k] = table[row[k]] * powers[steps[block_of[k]]]
-            values[length:] = 0.0
 
 
 def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> np.ndarray:
@@ -1028,7 +731,7 @@ def _rounding_tile(
     by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
     added to a contiguous copy of the accumulators while both are in cache. With float32
     sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose scaled sums
-    are all float32s are added by float32 arithmetic (``accumulate_fp32``)."""
+    are all float32s are added by float32 arithmetic (``_blas_kernels.accumulate_fp32``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
     narrow = None
@@ -1230,12 +933,12 @@ def _grid_tile(
     a, b, row_steps, column_steps, trees, acc, grid, choices, plain=None, span=None
 ) -> None:
     """acc (g, r, n fp32) = its values with each tree's exact sum added by the grid's rules
-    (``accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
+    (``_blas_kernels.accumulate_grid_fp32``) in tree order: tree (first, last, block)'s unscaled sums are
     a (g, r, padded)[..., first:last] times b (g, n, padded)'s, one GEMM, its scales those of
     ``block`` (steps (blocks, g, r) and (blocks, g, n)). Blocks marked in ``plain`` (per
     block: ``_above_floor`` of the tile, its least scale exponent sum and every earlier
     block's at least the grid's floor; None: none) take the plain RNE_fp32(acc + S)
-    (``accumulate_rne_fp32``, or ``accumulate_fp32`` where, with ``span``, the scaled sums
+    (``_blas_kernels.accumulate_rne_fp32``, or ``_blas_kernels.accumulate_fp32`` where, with ``span``, the scaled sums
     are float32s: ``_fp32_exact_blocks``)."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
@@ -1264,7 +967,7 @@ def _kulisch_tile(
     ``macs`` multiply-adds summed in float64 (partial sums of the range: exact), the ranges
     added in two float64s; returns the (group, row, column) outputs, offset by ``origin``,
     whose exact sum needed more than two float64s. When all of K is one range, its exact
-    sum S is added as a tree's is, RNE_fp32(acc + S) (``accumulate_rne_fp32``: what the two
+    sum S is added as a tree's is, RNE_fp32(acc + S) (``_blas_kernels.accumulate_rne_fp32``: what the two
     float64s give when the second holds only acc + S's rounding error)."""
     together, height, padded = a.shape
     blocks = padded // block

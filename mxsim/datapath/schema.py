@@ -553,7 +553,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             DIRECTED_AND_NEAREST,
             field="accumulator_rounding",
             record=Record(rounding_code),
-            # BLAS: RNE by round-to-odd; with a grid every mode (blas.round_fp32).
+            # BLAS: RNE by round-to-odd; with a grid every mode (_blas_kernels.round_fp32).
             blas=_exact_accumulator_or(
                 lambda value, params: (
                     value == "nearest_even"
@@ -633,7 +633,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=0,
             maximum=200,
             field="grid_fraction_bits",
-            # BLAS: the config's checks leave one scale pair per tree (blas.accumulate_grid_fp32)
+            # BLAS: the config's checks leave one scale pair per tree (_blas_kernels.accumulate_grid_fp32)
             blas=any_value,
             window=only(None),
             groups=only(None),

@@ -31,9 +31,15 @@ MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
 MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
 # No kept tiles of B (window_matmul without a memo): read-only as the kept ones are.
-_NO_TILES = (np.zeros((0, 0, 0, 0), dtype=np.float32), np.zeros((0, 0, 0, 0), dtype=np.int8))
-for _array in _NO_TILES:
-    _array.setflags(write=False)
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+_NO_TILES = (
+    _read_only(np.zeros((0, 0, 0, 0), dtype=np.float32)),
+    _read_only(np.zeros((0, 0, 0, 0), dtype=np.int8)),
+)
 
 
 @dataclasses.dataclass(frozen=True)
