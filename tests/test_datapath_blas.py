@@ -25,11 +25,13 @@ from mxsim.datapath.blas import (
     _unscaled,
     blas_applies,
     blocks_per_tree,
+    codes_all_finite,
     exact_in_float64,
     grid_floor,
     grid_nearest_even_floor,
     grid_trees,
     tree_sum_bits,
+    zero_block_mask,
 )
 from mxsim.datapath._blas_kernels import accumulate_grid_fp32, accumulate_rne_fp32
 from mxsim.datapath.config import vary_hwconfig
@@ -40,6 +42,7 @@ from mxsim.formats.reference import encode_reference
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath._tree_kernels import (
     COLUMNS,
+    PACKED_PAD,
     trees16_fp32,
     grid_trees8,
     grid_trees16,
@@ -444,6 +447,71 @@ def test_exact_ranges_of_blocks():
     ]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "many"]),
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(0, 70)),
+    specials=st.sampled_from([0, 1, 3]),
+    wide=st.booleans(),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_codes_all_finite_equals_a_lookup_of_every_code(fmt, shape, specials, wide, strided, seed):
+    # Codes of formats with 0, 2 and 8 non-finite codes (compared with each) and a table
+    # with more (scanned), a few non-finite codes placed or none, bytes or wider, contiguous
+    # or strided: whether every code's value is finite, read code by code in plain Python.
+    rng = np.random.default_rng(seed)
+    if fmt == "many":  # more non-finite codes than FEW_NON_FINITE
+        values = np.where(np.arange(256) % 16 == 3, np.nan, np.arange(256.0))
+    else:
+        values = get_format(fmt).decode_fields(np.arange(1 << get_format(fmt).field_bits))
+    finite = np.isfinite(values)
+    codes = rng.choice(np.flatnonzero(finite), shape)
+    bad = np.flatnonzero(~finite)
+    if codes.size and bad.size:
+        for _ in range(specials):
+            codes.reshape(-1)[rng.integers(codes.size)] = rng.choice(bad)
+    codes = codes.astype(np.uint16 if wide else np.uint8)
+    if strided:
+        codes = np.repeat(codes, 2, axis=-1)[..., ::2]
+    want = all(bool(finite[c]) for c in codes.reshape(-1).tolist())
+    assert codes_all_finite(codes, finite) == want
+
+
+def exact_ranges_twin(rows_a, rows_b, room: int) -> list[tuple[int, int]]:
+    """Plain Python: the greedy ranges of blocks whose sum of 2^(largest scale sum - the
+    range's least) stays within ``room`` (lists of per-row block exponents of A and B)."""
+    blocks = len(rows_a[0]) if rows_a else 0
+    most = [max(r[t] for r in rows_a) + max(r[t] for r in rows_b) for t in range(blocks)]
+    least = [min(r[t] for r in rows_a) + min(r[t] for r in rows_b) for t in range(blocks)]
+    ranges, first = [], 0
+    for t in range(1, blocks + 1):
+        floor = min(least[first:t])
+        if t - first > 1 and sum(2 ** (most[u] - floor) for u in range(first, t)) > room:
+            ranges.append((first, t - 1))
+            first = t - 1
+    return ranges + ([(first, blocks)] if blocks else [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(0, 6)),
+    spread=st.sampled_from([0, 3, 12, 30]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exact_ranges_of_blocks_equal_their_definition(shape, spread, seed):
+    # Rows of A and B whose block exponents differ (the largest and least sums of a block
+    # taken over both operands' rows), against the greedy rule in plain Python.
+    rows_a, rows_b, blocks = shape
+    rng = np.random.default_rng(seed)
+    exps_a = rng.integers(-spread, spread + 1, (rows_a, blocks)).astype(np.int32)
+    exps_b = rng.integers(-spread, spread + 1, (1, rows_b, blocks)).astype(np.int32)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml").params("fp8_e4m3", "fp8_e4m3")
+    room = 2 ** (53 - 41)  # fp8_e4m3 x fp8_e4m3 blocks of 32: 41 bits
+    want = exact_ranges_twin(exps_a.tolist(), exps_b[0].tolist(), room)
+    assert _exact_chunks(kulisch, exps_a, exps_b, 32) == want
+
+
 def test_fp32_exact_blocks_bound_the_scaled_sums_by_float32():
     # fp4 x fp4 trees: multiples of 2^-2 below 2^11. A block is added in float32 when its
     # least step product times 2^-2 reaches 2^-149 and its largest times 2^11 stays <= 2^128.
@@ -672,6 +740,27 @@ def zero_block_marks(codes, values, block: int, blocks: int) -> np.ndarray:
         ],
         dtype=bool,
     ).reshape(codes.shape[:-1] + (blocks,))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6), st.integers(1, 8)),
+    zero_share=st.sampled_from([0.0, 0.5, 0.95, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_zero_block_mask_marks_the_blocks_of_zeros(shape, zero_share, seed):
+    # Decoded tiles with +0, -0 and tiny or large nonzero elements: a block is marked when
+    # each of its elements is 0 or -0 (plain Python over the same values as codes).
+    groups, rows, blocks, block = shape
+    rng = np.random.default_rng(seed)
+    values = rng.choice([1.0, -3.5, 2.0**-140, 2.0**100], (groups, rows, blocks * block))
+    values[rng.random(values.shape) < zero_share] = 0.0
+    values[rng.random(values.shape) < 0.3 * zero_share] = -0.0
+    got = zero_block_mask(values, blocks)
+    table = values.reshape(-1)
+    codes = np.arange(table.size).reshape(values.shape)
+    want = zero_block_marks(codes, table, block, blocks).transpose(2, 0, 1)
+    np.testing.assert_array_equal(got, want)
 
 
 def rne_fp32_twin(running, tree_sums, row_steps, column_steps) -> np.ndarray:
@@ -1100,35 +1189,49 @@ def tree8_twin(acc, a, b, trees, row_steps, column_steps) -> np.ndarray:
     return out.view(np.uint32)
 
 
-@settings(max_examples=15, deadline=None)
+def run_rne_trees8(a, b, trees, row_steps, column_steps, acc, width=COLUMNS):
+    """``rne_trees8`` on a copy of ``acc`` with passes of ``width`` columns: the result."""
+    got = acc.copy()
+    spare, packed = np.empty_like(got), np.empty((8, width + PACKED_PAD))
+    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, spare, packed)
+    return got
+
+
+@settings(max_examples=40, deadline=None)
 @given(
-    shape=st.tuples(st.integers(1, 3), st.sampled_from([1, 7, 40, COLUMNS + 3]), st.integers(1, 4)),
+    shape=st.tuples(
+        st.integers(1, 2),
+        st.integers(1, 5),
+        st.sampled_from([1, 7, 40, 64, 131]),
+        st.integers(1, 4),
+    ),
+    width=st.sampled_from([8, 64, COLUMNS]),
     spread=st.sampled_from([0, 3, 60]),
-    c_shift=st.sampled_from([0, 30, 60, 100]),
+    c_shift=st.sampled_from([-140, 0, 30, 60, 100]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_fused_eight_term_trees_equal_fractions(shape, spread, c_shift, seed):
-    # Realistic fp8_e4m3 elements (normal data through the format's table), block steps a few
-    # or many binades apart, accumulators at or far above the products (sums float64 cannot
-    # hold: the exact-pass check and the round-to-odd redo), some infinite or at fp32's largest.
-    rows, columns, trees_count = shape
+def test_fused_eight_term_trees_equal_fractions(shape, width, spread, c_shift, seed):
+    # Realistic fp8_e4m3 elements (normal data through the format's table), trees of 8
+    # products inside blocks of 32, passes narrower or wider than N, an odd last row, block
+    # steps a few or many binades apart, accumulators at or far above the products (sums
+    # float64 cannot hold: the exact-pass check and the round-to-odd redo) or subnormal
+    # (2^-140: subnormal sums), some infinite or at fp32's largest.
+    groups, rows, columns, trees_count = shape
     rng = np.random.default_rng(seed)
     fmt = get_format("fp8_e4m3")
     values = fmt.decode_fields(np.arange(256))
     finite = values[np.isfinite(values)]
     k = 8 * trees_count
-    a = finite[rng.integers(0, finite.size, (1, rows, k))]
-    b = finite[rng.integers(0, finite.size, (1, columns, k))]
+    a = finite[rng.integers(0, finite.size, (groups, rows, k))]
+    b = finite[rng.integers(0, finite.size, (groups, columns, k))]
     blocks = -(-k // 32)
-    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, rows)) - 10)
-    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, 1, columns)) - 10)
-    acc = (rng.standard_normal((1, rows, columns)) * 2.0**c_shift).astype(np.float32)
+    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, groups, rows)) - 10)
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, groups, columns)) - 10)
+    acc = (rng.standard_normal((groups, rows, columns)) * 2.0**c_shift).astype(np.float32)
     flat = acc.reshape(-1)
     flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
     trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
-    got = acc.copy()
-    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
-    rne_trees8(a, b, np.array(trees), row_steps, column_steps, got, spare, packed)
+    got = run_rne_trees8(a, b, trees, row_steps, column_steps, acc, width)
     want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
 
@@ -1146,9 +1249,7 @@ def test_fused_eight_term_trees_redo_sums_float64_rounds_onto_a_midpoint():
     acc = np.array([1.0, -1.0, np.float32(1 + 2.0**-23), 3.0], dtype=np.float32)
     acc = np.repeat(acc[None, :, None], 3, axis=2)
     row_steps, column_steps = np.full((1, 1, 4), 2.0**-20), np.full((1, 1, 3), 2.0**-20)
-    got = acc.copy()
-    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
-    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, spare, packed)
+    got = run_rne_trees8(a, b, [(0, 0)], row_steps, column_steps, acc)
     want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == np.float32(1 + 2.0**-23)  # above the midpoint: up
@@ -1167,9 +1268,7 @@ def test_fused_eight_term_trees_redo_a_tiny_accumulator_under_a_midpoint():
     acc = np.array([2.0**-100, 2.0**-100, -(2.0**-100)], dtype=np.float32)
     acc = np.repeat(acc[None, :, None], 2, axis=2)
     row_steps, column_steps = np.full((1, 1, 3), 2.0**-16), np.ones((1, 1, 2))
-    got = acc.copy()
-    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
-    rne_trees8(a, b, np.array([(0, 0)]), row_steps, column_steps, got, spare, packed)
+    got = run_rne_trees8(a, b, [(0, 0)], row_steps, column_steps, acc)
     want = tree8_twin(acc, a, b, [(0, 0)], row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert (got[0, :2] == np.float32(1 + 2.0**-23)).all() and (got[0, 2] == 1.0).all()
@@ -1185,9 +1284,7 @@ def test_fused_eight_term_trees_add_a_zero_sum_as_plus_zero():
     b[0, 1, ::2] = -1.0
     acc = np.array([[[-0.0, -0.0, 1.0], [-0.0, np.inf, -0.0]]], dtype=np.float32)
     steps_r, steps_c = np.ones((1, 1, 2)), np.ones((1, 1, 3))
-    got = acc.copy()
-    spare, packed = np.empty_like(got), np.empty((8, COLUMNS))
-    rne_trees8(a, b, np.array([(0, 0)]), steps_r, steps_c, got, spare, packed)
+    got = run_rne_trees8(a, b, [(0, 0)], steps_r, steps_c, acc)
     want = tree8_twin(acc, a, b, [(0, 0)], steps_r, steps_c)
     np.testing.assert_array_equal(got.view(np.uint32), want)
     assert got[0, 0, 0] == 0.0 and not np.signbit(got[0, 0, 0])

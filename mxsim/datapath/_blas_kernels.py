@@ -14,10 +14,27 @@ from numba import njit
 def fold_blocks(exponents, per, least, rises):
     """least[i, t] = the least of the (rows, blocks) exponents[i, t*per : (t+1)*per],
     rises[i, b] = exponents[i, b] - least[i, b // per] (0 for block indices past the last;
-    in the type of ``rises``: the caller checks that the largest rise, returned, fits it)."""
+    in the type of ``rises``: the caller checks that the largest rise, returned, fits it).
+    The arrays C-contiguous. Where every tree has its ``per`` blocks, each loop runs over
+    all rows' trees at once (twice as fast as a loop of ``per`` per tree)."""
     rows, blocks = exponents.shape
     trees = least.shape[-1]
     top = np.int64(0)
+    if blocks == trees * per:
+        count = rows * trees
+        flat, lows = exponents.reshape(count, per), least.reshape(count)
+        steps = rises.reshape(count, per)
+        for u in range(count):
+            lows[u] = flat[u, 0]
+        for m in range(1, per):
+            for u in range(count):
+                lows[u] = min(lows[u], np.int64(flat[u, m]))
+        for m in range(per):
+            for u in range(count):
+                rise = np.int64(flat[u, m]) - lows[u]
+                steps[u, m] = rise
+                top = max(top, rise)
+        return top
     for i in range(rows):
         row, row_least, row_rises = exponents[i], least[i], rises[i]
         for t in range(trees):
@@ -90,6 +107,21 @@ def rows_all_finite(codes, finite_table):
                 bad += not finite_table[row[k]]
             if bad:
                 return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def holds_none_of(codes, excluded):
+    """Whether no element of the 1-D ``codes`` equals any of ``excluded``: one pass over the
+    codes per excluded code, each a branch-free compare that vectorises (a format's few
+    non-finite codes; a table lookup per code does not vectorise)."""
+    for e in range(excluded.shape[0]):
+        code = excluded[e]
+        hits = 0
+        for k in range(codes.shape[0]):
+            hits |= codes[k] == code
+        if hits:
+            return False
     return True
 
 

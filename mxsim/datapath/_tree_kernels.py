@@ -1,7 +1,7 @@
-"""Fused kernel of the BLAS route (``blas.py``) for trees of 8 float64 products: each
-tree's exact sum is formed in registers and rounded into the fp32 accumulator at once,
-instead of one rank-8 GEMM per tree (which writes a whole float64 tile per 8 multiply-adds)
-and a second pass over it."""
+"""Fused kernels of the BLAS route (``blas.py``) for trees of 8 or 16 products: each tree's
+exact sum is formed in registers and rounded into the fp32 accumulator at once, instead of
+one GEMM per tree (which writes a whole float64 tile per 8 or 16 multiply-adds) and a
+second pass over it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from ._blas_kernels import odd_sum
 #: Columns per pass: a tree's columns of B (packed, 8 x COLUMNS float64) stay in L1 while
 #: every row of the tile takes the tree.
 COLUMNS = 256
+#: Values ``rne_trees8``' packed rows hold beyond a pass's COLUMNS: rows a power of two bytes
+#: apart fall into the same few L1 sets.
+PACKED_PAD = 8
 
 
 @njit(cache=True, nogil=True)
@@ -40,16 +43,22 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
     Per pair of rows and pass, t = acc + S is rounded to float64 and converted to fp32
     (nearest even, IEEE overflow): the correctly rounded sum wherever t is exact, which
     holds iff t - acc == S and t - S == acc (one of the two differences is exact, Dekker's
-    lemma, and differs when t is not). A row whose pass is not all exact (or whose
-    accumulator is infinite) is redone from the accumulator through the round-to-odd sum
-    (``odd_sum``), as ``accumulate_rne_fp32``. Each tree reads the accumulators from one of
-    ``acc`` and ``spare`` (same shape, float32) and writes the other (the result ends in
-    ``acc``); ``packed`` a (8, COLUMNS) float64 scratch. Serial."""
+    lemma, and differs when t is not). The rows whose pass is not all exact (or whose
+    accumulator is infinite) are redone from the accumulator through the round-to-odd sum
+    (``odd_sum``), as ``accumulate_rne_fp32``, after the pass and out of line
+    (``_redo_rows``): the pass stays small enough for its loops to keep the elements in
+    registers. Each tree reads the accumulators from one of ``acc`` and ``spare`` (same
+    shape, float32) and writes the other (the result ends in ``acc``). ``packed`` an (8, W +
+    PACKED_PAD) float64 scratch: a pass takes W columns, the tree's columns of B packed
+    there (in L1 while every row takes the tree). Serial."""
     groups, rows, columns = acc.shape
     count = trees.shape[0]
+    pass_columns = packed.shape[1] - PACKED_PAD
+    zeros = np.zeros(pass_columns)  # the chains' start, +0 (read: faster than a constant)
+    redo = np.zeros(rows, dtype=np.bool_)  # rows whose pass was not all exact
     for g in range(groups):
-        for j0 in range(0, columns, COLUMNS):
-            width = min(COLUMNS, columns - j0)
+        for j0 in range(0, columns, pass_columns):
+            width = min(pass_columns, columns - j0)
             for t in range(count):
                 first, block = trees[t, 0], trees[t, 1]
                 source, target = (acc, spare) if t % 2 == 0 else (spare, acc)
@@ -57,39 +66,34 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
                     step = column_steps[block, g, j0 + j]
                     for m in range(8):
                         packed[m, j] = b[g, j0 + j, first + m] * step
-                for i in range(0, rows - 1, 2):
+                for i in range(0, rows, 2):
+                    k = min(i + 1, rows - 1)  # an odd last row pairs with itself
                     old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
-                    old1 = source[g, i + 1, j0 : j0 + width]
-                    new1 = target[g, i + 1, j0 : j0 + width]
+                    old1, new1 = source[g, k, j0 : j0 + width], target[g, k, j0 : j0 + width]
                     x = _eight(a[g, i], first, row_steps[block, g, i])
-                    y = _eight(a[g, i + 1], first, row_steps[block, g, i + 1])
-                    bad0, bad1 = _rne_rows(old0, new0, old1, new1, x, y, packed, width)
-                    if bad0:
-                        _odd_row(old0, new0, x, packed, width)
-                    if bad1:
-                        _odd_row(old1, new1, y, packed, width)
-                if rows % 2:  # the last row, as the first of a pair of it twice
-                    i = rows - 1
-                    old0, new0 = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
-                    x = _eight(a[g, i], first, row_steps[block, g, i])
-                    bad0, bad1 = _rne_rows(old0, new0, old0, new0, x, x, packed, width)
-                    if bad0 or bad1:
-                        _odd_row(old0, new0, x, packed, width)
+                    y = _eight(a[g, k], first, row_steps[block, g, k])
+                    bad0, bad1 = _rne_rows(old0, new0, old1, new1, x, y, packed, zeros, width)
+                    redo[i] |= bad0
+                    redo[k] |= bad1
+                if redo.any():
+                    steps = row_steps[block, g]
+                    _redo_rows(source, target, a, g, j0, width, first, steps, packed, redo)
+                    redo[:] = False
             if count % 2:
                 _copy_columns(spare, acc, g, j0, width)
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _rne_rows(old0, new0, old1, new1, x, y, packed, width):
+def _rne_rows(old0, new0, old1, new1, x, y, packed, zeros, width):
     """new = fp32(RN64(old + S)) for two rows, S the sum over m < 8 of x[m] packed[m, j] (of
     ``y`` for the second row; both read ``packed`` once per column), in one chain of fused
-    multiply-adds from +0 (exact in any order: the sums fit float64; a chain leaves the
-    adders to the rounding; an exact zero sum is +0, whatever its products' signs); whether
-    any RN64 sum of either row was inexact."""
+    multiply-adds from +0 (``zeros``; exact in any order: the sums fit float64; a chain
+    leaves the adders to the rounding; an exact zero sum is +0, whatever its products'
+    signs); whether any RN64 sum of either row was inexact."""
     rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
     bad0 = bad1 = np.int64(0)
     for j in range(width):
-        s, u = _chain8(x, rows, j), _chain8(y, rows, j)
+        s, u = _chain8(zeros[j], x, rows, j), _chain8(zeros[j], y, rows, j)
         o = np.float64(old0[j])
         total0 = o + s
         new0[j] = np.float32(total0)
@@ -108,12 +112,12 @@ def _differ(first, second):
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _chain8(x, rows, j):
-    """The sum over m < 8 of x[m] rows[m][j] (``rows`` a tuple of 8 arrays), one chain of
-    fused multiply-adds from +0: exact in any order where the sums fit float64 (a chain
-    leaves the adders to the rounding), an exact zero sum +0 whatever its products' signs."""
+def _chain8(s, x, rows, j):
+    """s + the sum over m < 8 of x[m] rows[m][j] (``rows`` a tuple of 8 arrays), one chain of
+    fused multiply-adds: exact in any order where the sums fit float64 (a chain leaves the
+    adders to the rounding); from s = +0, an exact zero sum is +0 whatever its products'
+    signs, and so is one from an earlier chain's +0."""
     b0, b1, b2, b3, b4, b5, b6, b7 = rows
-    s = 0.0
     s += x[0] * b0[j]
     s += x[1] * b1[j]
     s += x[2] * b2[j]
@@ -125,14 +129,20 @@ def _chain8(x, rows, j):
     return s
 
 
-@njit(cache=True, inline="always")
-def _odd_row(old, new, x, packed, width) -> None:
-    """new = fp32(round-to-odd(old + S)): RNE_fp32(old + S) always."""
-    for j in range(width):
-        s = 0.0
-        for m in range(8):
-            s += x[m] * packed[m, j]
-        new[j] = np.float32(odd_sum(np.float64(old[j]), s + 0.0))
+@njit(cache=True)
+def _redo_rows(source, target, a, g, j0, width, first, steps, packed, redo) -> None:
+    """For each row i marked in ``redo``: target[g, i, j0 : j0 + width] = fp32(round-to-odd(
+    source + S)), which is RNE_fp32(source + S), S the sum over m < 8 of a[g, i, first + m]
+    steps[i] packed[m, j]."""
+    for i in range(source.shape[1]):
+        if not redo[i]:
+            continue
+        old, new = source[g, i, j0 : j0 + width], target[g, i, j0 : j0 + width]
+        for j in range(width):
+            s = 0.0
+            for m in range(8):
+                s += (a[g, i, first + m] * steps[i]) * packed[m, j]
+            new[j] = np.float32(odd_sum(np.float64(old[j]), s + 0.0))
 
 
 @njit(cache=True, nogil=True, fastmath={"contract"})
@@ -221,7 +231,7 @@ def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, roundi
     magnitude = np.int64(0x7FFFFFFFFFFFFFFF)  # the bits of |t|, ordered as |t| is
     differ0 = differ1 = top0 = top1 = np.int64(0)
     for j in range(width):
-        s, u = _chain8(x, rows, j), _chain8(y, rows, j)
+        s, u = _chain8(0.0, x, rows, j), _chain8(0.0, y, rows, j)
         o = old0[j]
         total0 = o + s
         new0[j] = _round_bits64(total0, mask, add_positive, add_negative)
