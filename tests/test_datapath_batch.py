@@ -308,53 +308,58 @@ def test_route_equals_the_kernel_on_random_batches(unit, shape, corners, with_c,
     check_twin(config, a, b, c, got, np.random.default_rng(seed), count=2)
 
 
-def zero_skipping_matmul(a, b, out):
-    """A batched matmul that skips zero terms, as some BLAS builds do (the reference DGEMM
-    tests ``B(L, J) .NE. ZERO``): an infinite element times zero adds nothing."""
-    products = a[:, :, None, :] * b.transpose(0, 2, 1)[:, None, :, :]
-    zero = (a[:, :, None, :] == 0) | (b.transpose(0, 2, 1)[:, None, :, :] == 0)
-    out[...] = np.where(zero, 0.0, products).sum(axis=-1)
-
-
-@pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3")])
-def test_route_flags_infinite_elements_whatever_the_blas_does_with_zeros(
-    monkeypatch, name, fmt_name
-):
-    """NaN/Inf elements beside zeros in the other operand: the route's outputs equal the
-    generic kernel's with a BLAS that skips zero terms too."""
+@pytest.mark.parametrize(
+    "name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3"), ("kulisch", "fp6_e3m2")]
+)
+def test_route_flags_infinite_elements_beside_zeros(monkeypatch, name, fmt_name):
+    """NaN/Inf elements beside zeros in the other operand (±Inf times 0 is NaN, so every sum
+    of such a row or column is non-finite): exactly their outputs are flagged, the rest
+    computed, every bit the generic kernel's."""
     config = hw(name)
     rng = np.random.default_rng(11)
-    a, b = operands(rng, fmt_name, 32, (4, 6, 40, 5), 0.0)
-    special = corner_codes(fmt_name)["special"]
-    zero = corner_codes(fmt_name)["zero"][0]
+    kinds = corner_codes(fmt_name)
+    block = config.sections[("inputs", "block_size")]
+    special = kinds.get("special", kinds["largest"])  # (FP6 has no NaN/Inf codes)
+    zero = kinds["zero"][0]
+    a, b = operands(rng, fmt_name, block, (4, 6, 40, 5), 0.0)
+
     a.codes[1, 2, 3] = special[0]
     b.codes[1, :, 3] = zero  # every product of that element is Inf (or NaN) times 0
     a.codes[2, 0, 7] = special[-1]
-    monkeypatch.setattr(batch_module, "batched_matmul", zero_skipping_matmul)
+    b.codes[3, 4, :] = zero  # a column of zeros against a row with a special element
+    a.codes[3, 1, 20] = special[0]
+    flagged = np.zeros((4, 6, 5), dtype=bool)
+    recompute = api._recompute
+
+    def recording_recompute(g, m, n, *rest):
+        flagged[g, m, n] = True
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
     got = matmul_batched(config, a, b)
+    np.testing.assert_array_equal(flagged, special_outputs(a, b, None))
     want = matmul_batched(config, a, b, method="kernel")
     np.testing.assert_array_equal(got.bits, want.bits)
-    assert np.isnan(got.values[1, 2]).all()
+    if "special" in kinds:
+        assert flagged[1, 2].all() and flagged[3, 1].all() and np.isnan(got.values[1, 2]).all()
 
 
-@pytest.mark.parametrize("with_c", [True, False])
-def test_route_decodes_a_few_groups_at_a_time(monkeypatch, with_c):
-    """With room for two groups' decoded operands the batch runs in chunks of two groups
-    (and a last one of one), c sliced along; the bits equal the generic kernel's."""
-    shape = (5, 14, 32, 14)
-    monkeypatch.setattr(batch_module, "GROUPS_DECODED", 2 * (14 + 14) * 32)
-    chunks = []
-    matmul_chunk = api.small_groups_matmul
+@pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3")])
+def test_route_computes_any_split_of_the_groups(monkeypatch, name, fmt_name):
+    """The groups split over threads as ``run_in_threads`` cuts them: each group computed
+    by a call of its own (in reverse order) gives the bits of one call over the batch."""
+    calls = []
 
-    def recording(params, kernel_args, codes_a, *rest):
-        chunks.append(len(codes_a))
-        return matmul_chunk(params, kernel_args, codes_a, *rest)
+    def one_group_a_call(call, items):
+        for g in reversed(range(items)):
+            calls.append(g)
+            call(g, g + 1)
 
-    monkeypatch.setattr(api, "small_groups_matmul", recording)
+    monkeypatch.setattr(batch_module, "run_in_threads", one_group_a_call)
     config, a, b, c, got, marked = run_route(
-        monkeypatch, "ocp-exact", "fp8_e4m3", shape, seed=7, with_c=with_c
+        monkeypatch, name, fmt_name, (5, 14, 32, 14), seed=7, corners=0.02
     )
-    assert chunks == [2, 2, 1]
+    assert calls == [4, 3, 2, 1, 0]
     check_flags(config, a, b, c, marked)
 
 

@@ -209,3 +209,228 @@ def window_groups(
         W.encode_outputs(acc, lane_flags, out[g], cfg)
         for lane in range(lanes):  # a loop: a slice assignment compiles shape-error formatting
             flags_out[g, lane] = lane_flags[lane]
+
+
+#: Columns of a group's passes in :func:`exact_groups`: a trip count known when compiling,
+#: so a row's tree sums over a pass are whole SIMD vectors (columns past N are zeros).
+LANES = 16
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def exact_groups(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    table_a,
+    table_b,
+    trees,
+    mode,
+    floor,
+    grid,
+    choices,
+    out,
+    flags_out,
+    start,
+    stop,
+):
+    """Groups ``start`` to ``stop`` of a batch through an exact-tree unit of the BLAS route,
+    decoded, summed and accumulated group by group: the fp32 bits into ``out`` (G, M * N,
+    uint32), 1 into ``flags_out`` (G, M * N) where the generic kernel must recompute.
+    ``codes_a`` (G, M, K) and ``codes_b`` (G, N, K) of any unsigned dtype,
+    ``scales_a``/``scales_b`` (G, rows, blocks) scale exponents (``SCALE_NAN``: NaN),
+    ``c_values`` (G, M, N) fp32 or (1, 1, 1), ``table_a``/``table_b`` the element tables
+    (float64; NaN/±Inf for special codes), ``trees`` (T, 3) first position, last position
+    and scale block of each tree in order (``batch.exact_trees``; a tree may reach past K:
+    the padding is zeros), ``mode`` one of :data:`ROUND_EACH_TREE`, :data:`GRID`,
+    :data:`EXACT_ACCUMULATOR`, ``floor`` (GRID: ``blas.grid_nearest_even_floor`` when it
+    rounds to nearest even, else a value above every X), ``grid`` and ``choices`` as
+    :func:`add_tree` takes them.
+
+    Each output's accumulator starts at c (-0 and non-finite c flagged, started at 0); each
+    tree's unscaled sum s then enters as :func:`add_tree` adds it, with S = s 2^(Xa + Xb).
+    s is exact: every product and partial sum, in any order, is a float64 (the module
+    docstring of ``datapath.blas``), so a chain of fused multiply-adds from +0 over the
+    tree's positions, in any grouping, is the exact sum, and an exact zero sum is +0. With
+    GRID rounding to nearest even, the rules are idle for a group whose every tree has X at
+    or above ``floor`` (``blas.grid_nearest_even_floor``), which then rounds each tree.
+
+    Flagged: a non-finite tree sum, a NaN scale of a tree's block, a bad c, and an exact
+    accumulator whose sum needs more than two float64s. Every term of every sum is
+    computed (no zero is skipped), so a NaN or ±Inf element makes every sum of its row of A
+    or column of B over its tree non-finite (±Inf times 0 is NaN): exactly the outputs of
+    such rows and columns are flagged, as products of finite elements and their exact sums
+    are finite. B is decoded transposed (its columns padded to whole passes of
+    :data:`LANES` with zeros), A's elements read from the table as the sums take them; a
+    row's tree sums go 8 positions at a time into one chain per column (the columns
+    vectorise), the rest one at a time; the accumulation steps are loops over the group's
+    outputs (they vectorise)."""
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    count = trees.shape[0]
+    padded = length
+    for t in range(count):
+        padded = max(padded, trees[t, 1])
+    passes = (columns + LANES - 1) // LANES
+    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    nearest_even = not (directed or large_positive or large_negative)
+    one_c = c_values.shape[0] == 1
+    # Scratch once per call: a group's A (zeros past K) and B transposed per pass of columns
+    # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
+    # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
+    # unknown sign costs wraparound arithmetic per element, and the loops do not vectorise.)
+    a = np.zeros((rows, padded))
+    b = np.zeros((passes, padded, LANES))
+    row_steps = np.ones((count, rows))
+    column_steps = np.ones((count, passes, LANES))
+    bad_rows = np.zeros(rows, dtype=np.uint8)
+    bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
+    sums = np.empty((rows, LANES))
+    high = np.empty((rows, LANES))
+    low = np.empty((rows, LANES))
+    lane_flags = np.empty((rows, LANES), dtype=np.uint8)
+    for g in range(start, stop):
+        for i in range(rows):
+            for k in range(length):
+                a[i, k] = table_a[codes_a[g, i, k]]
+        for p in range(passes):
+            for jj in range(min(LANES, columns - p * LANES)):
+                for k in range(length):
+                    b[p, k, jj] = table_b[codes_b[g, p * LANES + jj, k]]
+        # Each tree's steps 2^Xa and 2^Xb (1 for a NaN scale, whose outputs are flagged):
+        # s 2^Xa 2^Xb is exact, as s 2^(Xa + Xb) (|Xa|, |Xb| <= 127 keep every product a
+        # normal float64).
+        least_x = np.int64(1 << 20)
+        bad_rows[:] = 0
+        bad_columns[:] = 0
+        for t in range(count):
+            block = trees[t, 2]
+            least_row = least_column = np.int64(1 << 20)
+            for i in range(rows):
+                x = np.int64(scales_a[g, i, block])
+                bad_rows[i] |= x == SCALE_NAN
+                row_steps[t, i] = _power_of_two(0 if x == SCALE_NAN else x)
+                least_row = min(least_row, x)
+            for p in range(passes):
+                for jj in range(min(LANES, columns - p * LANES)):
+                    y = np.int64(scales_b[g, p * LANES + jj, block])
+                    bad_columns[p, jj] |= y == SCALE_NAN
+                    column_steps[t, p, jj] = _power_of_two(0 if y == SCALE_NAN else y)
+                    least_column = min(least_column, y)
+            least_x = min(least_x, least_row + least_column)
+        plain = mode == ROUND_EACH_TREE or (mode == GRID and nearest_even and least_x >= floor)
+        for p in range(passes):
+            j0 = p * LANES
+            live = min(LANES, columns - j0)
+            pass_b = b[p]
+            for i in range(rows):
+                for jj in range(LANES):
+                    c = 0.0
+                    if one_c:
+                        c = np.float64(c_values[0, 0, 0])
+                    elif jj < live:
+                        c = np.float64(c_values[g, i, j0 + jj])
+                    bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
+                    high[i, jj] = 0.0 if bad else c
+                    low[i, jj] = 0.0
+                    lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
+            for t in range(count):
+                first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
+                for i in range(rows):
+                    _tree_sums(a, i, pass_b, first, terms, sums)
+                for i in range(rows):
+                    step = row_steps[t, i]
+                    if plain:
+                        for jj in range(LANES):
+                            s = sums[i, jj]
+                            lane_flags[i, jj] |= not math.isfinite(s)
+                            total = s * (step * column_steps[t, p, jj]) + 0.0  # exact 0: +0
+                            high[i, jj] = np.float32(odd_sum(high[i, jj], total))
+                    elif mode == GRID:
+                        for jj in range(LANES):
+                            s = sums[i, jj]
+                            lane_flags[i, jj] |= not math.isfinite(s)
+                            acc = np.float32(high[i, jj])
+                            keep, odd, zero = grid_sum(
+                                acc,
+                                s,
+                                step * column_steps[t, p, jj],
+                                fraction_bits,
+                                max_left,
+                                max_right,
+                            )
+                            if nearest_even:
+                                rounded = np.float32(0.0) if zero else np.float32(odd)
+                            else:
+                                rounded = (
+                                    np.float32(0.0)
+                                    if zero
+                                    else round_fp32(odd, directed, large_positive, large_negative)
+                                )
+                            high[i, jj] = acc if keep else rounded
+                    else:
+                        for jj in range(LANES):
+                            s = sums[i, jj]
+                            lane_flags[i, jj] |= not math.isfinite(s)
+                            value, error = two_sum(high[i, jj], s * (step * column_steps[t, p, jj]))
+                            high[i, jj] = value
+                            rest, lost = two_sum(low[i, jj], error)
+                            low[i, jj] = rest
+                            lane_flags[i, jj] |= lost != 0.0
+            for i in range(rows):
+                for jj in range(live):
+                    value = high[i, jj]
+                    if mode == EXACT_ACCUMULATOR:
+                        total, error = two_sum(value, low[i, jj])
+                        value = round_to_odd(total, error)
+                    out[g, i, j0 + jj] = np.float32(value).view(np.uint32)
+                    flags_out[g, i, j0 + jj] = lane_flags[i, jj]
+
+
+@njit(cache=True, inline="always")
+def _power_of_two(exponent):
+    """2.0 ** exponent from its bits (|exponent| <= 1022)."""
+    return np.int64((exponent + 1023) << 52).view(np.float64)
+
+
+def _fixed_tree_sums(terms: int):
+    """A kernel of the sums of trees of ``terms`` positions over one pass of :data:`LANES`
+    columns (``terms`` a constant when compiling: the loops unroll into registers)."""
+
+    @njit(inline="always", fastmath={"contract"})
+    def tree_sums(a, i, b, first, sums):
+        for jj in range(LANES):
+            s = 0.0
+            for m in range(terms):
+                k = first + np.uint64(m)
+                s += a[i, k] * b[k, jj]
+            sums[i, jj] = s
+
+    return tree_sums
+
+
+_sums8, _sums16, _sums32 = (_fixed_tree_sums(terms) for terms in (8, 16, 32))
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _tree_sums(a, i, b, first, terms, sums):
+    """sums[i, jj] = the sum over k in [first, first + terms) of a[i, k] * b[k, jj] for jj <
+    :data:`LANES` (``first`` unsigned), exact (the caller's tree sums fit float64): one chain
+    of fused multiply-adds from +0 per column; trees of 8, 16 and 32 positions, the units'
+    widths, by kernels whose loops unroll into registers, others a position at a time."""
+    if terms == 32:
+        _sums32(a, i, b, first, sums)
+    elif terms == 16:
+        _sums16(a, i, b, first, sums)
+    elif terms == 8:
+        _sums8(a, i, b, first, sums)
+    else:
+        for jj in range(LANES):
+            sums[i, jj] = 0.0
+        for m in range(terms):
+            k = first + np.uint64(m)
+            x = a[i, k]
+            for jj in range(LANES):
+                sums[i, jj] += x * b[k, jj]

@@ -21,7 +21,6 @@ from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .batch import (
-    group_chunks,
     small_groups_apply,
     small_groups_matmul,
     window_groups_apply,
@@ -1000,17 +999,10 @@ def _gemm_routes(
         and groups > 1
         and small_groups_apply(params, rows, columns, length)
     ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
-        for part in group_chunks(groups, rows, columns, length):
-            tile = (
-                codes_a[part],
-                codes_b[part],
-                exponents_a[part],
-                exponents_b[part],
-                c_values[part] if c_values.shape[0] > 1 else c_values,
-            )
-            g, m, n = small_groups_matmul(params, kernel_args, *tile, out[part])
-            if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
-                _recompute(g, m, n, *tile, kernel_args, out[part])
+        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+        g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
+        if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
+            _recompute(g, m, n, *tile, kernel_args, out)
         return out
     if (
         method == "auto"

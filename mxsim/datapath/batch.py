@@ -28,18 +28,15 @@ batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import numpy as np
 
 from .._threads import run_in_threads
 from . import _batch_kernels as B
 from . import _window_kernels as W
-from ._blas_kernels import decode_codes
 from .blas import (
     DECODED_VALUES,
-    SINGLE_THREAD_MACS,
-    _blas_threads,
     blocks_per_tree,
     exact_in_float64,
     grid_nearest_even_floor,
@@ -57,12 +54,13 @@ SMALL_GROUP_OUTPUTS = 1024
 #: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
 #: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
 WINDOW_GROUP_OUTPUTS = 512
-#: The BLAS's batched float64 matmul the trees' sums come from (any BLAS: the route does
-#: not rely on how it treats an infinite element times zero).
-batched_matmul = np.matmul
-#: Decoded elements (float64) of A and B held at once by the exact small-groups route: whole
-#: groups up to this many, as the BLAS route bounds its decoded panels.
+#: Decoded elements (float64) of one group's A and B, which each thread of the exact
+#: small-groups route holds: groups up to this many take it, as the BLAS route bounds its
+#: decoded panels.
 GROUPS_DECODED = DECODED_VALUES
+#: ``exact_groups``' floor of X for units without one: above every scale exponent sum.
+NO_FLOOR = 1 << 20
+_NONE_FLAGGED = tuple(np.empty(0, dtype=np.intp) for _ in range(3))
 #: A window group's lane tiles hold K x M x N elements (about 10 bytes each, per thread).
 WINDOW_GROUP_VALUES = 1 << 18
 
@@ -101,10 +99,22 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
     return np.array(trees, dtype=np.int64).reshape(-1, 3)
 
 
-def group_chunks(groups: int, rows: int, columns: int, length: int) -> list[slice]:
-    """Slices of whole groups whose decoded operands stay within :data:`GROUPS_DECODED`."""
-    step = max(1, GROUPS_DECODED // max(1, (rows + columns) * length))
-    return [slice(first, first + step) for first in range(0, groups, step)]
+@functools.lru_cache(maxsize=256)
+def _exact_plan(params: DatapathParams, length: int):
+    """(trees, mode, floor, grid, choices) of :func:`_batch_kernels.exact_groups` for this
+    unit and K = ``length``, worked out once per unit and length."""
+    grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
+    floor = NO_FLOOR
+    if params.accumulator_format == "exact":
+        mode = B.EXACT_ACCUMULATOR
+    elif params.grid_fraction_bits is not None:
+        mode = B.GRID
+        grid, choices = grid_rule(params)
+        nearest_even_floor = grid_nearest_even_floor(params)
+        floor = NO_FLOOR if nearest_even_floor is None else nearest_even_floor
+    else:
+        mode = B.ROUND_EACH_TREE
+    return exact_trees(params, length), mode, floor, grid, choices
 
 
 def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
@@ -113,71 +123,31 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     dtype, scale exponents (G, rows, blocks) (zeros for a unit without scales), ``c_values``
     (G, M, N) or (1, 1, 1), ``kernel_args`` the generic kernel's, whose first and third are
     the element tables. Returns the (groups, rows, columns) index arrays of the outputs the
-    generic kernel must compute (module docstring)."""
-    a_values, b_values = kernel_args[0], kernel_args[2]
-    groups, rows, length = codes_a.shape
-    columns = codes_b.shape[1]
-    grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
-    if params.accumulator_format == "exact":
-        mode = B.EXACT_ACCUMULATOR
-    elif params.grid_fraction_bits is not None:
-        mode = B.GRID
-        grid, choices = grid_rule(params)
-    else:
-        mode = B.ROUND_EACH_TREE
-    trees = exact_trees(params, length)
-    padded = max(length, int(trees[:, 1].max(initial=0)))
-    a = np.empty((groups, rows, padded))
-    b = np.empty((groups, columns, padded))
-    decode_codes(a_values, codes_a, a)  # (codes of any unsigned dtype)
-    decode_codes(b_values, codes_b, b)
-    high, low = np.empty(out.size), np.empty(out.size)
+    generic kernel must compute (module docstring). The groups are split over the threads
+    (``run_in_threads``), each decoding one group at a time."""
+    groups, _, length = codes_a.shape
+    trees, mode, floor, grid, choices = _exact_plan(params, length)
     flags = np.empty(out.shape, dtype=np.uint8)
-    B.start_trees(np.ascontiguousarray(c_values).reshape(-1), high, low, flags.reshape(-1))
-    # Each group's GEMM runs on the calling thread by OpenBLAS's own choice below
-    # SINGLE_THREAD_MACS; above, its threads are held to one as the BLAS route holds them.
-    limiter = _blas_threads() if rows * columns * padded > SINGLE_THREAD_MACS else None
-    with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
-        _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags)
-    B.finish_trees(high, low, mode, out.reshape(-1))
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # (a per-row test costs 6x)
-        rows_finite, columns_finite = np.isfinite(a).all(axis=-1), np.isfinite(b).all(axis=-1)
-        flags |= ~(rows_finite[:, :, None] & columns_finite[:, None, :])
+    arguments = (
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        kernel_args[0],
+        kernel_args[2],
+        trees,
+        mode,
+        floor,
+        grid,
+        choices,
+        out,
+        flags,
+    )
+    run_in_threads(lambda start, stop: B.exact_groups(*arguments, start, stop), groups)
     if not flags.any():  # the common case, several times faster to tell than nonzero
-        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
+        return _NONE_FLAGGED
     return np.nonzero(flags)
-
-
-def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags):
-    """Each tree's sums of the decoded (G, M, padded) ``a`` and (G, N, padded) ``b`` (one
-    batched matmul) added to the accumulators (``_batch_kernels.add_tree``)."""
-    groups, rows, _ = a.shape
-    columns = b.shape[1]
-    b_columns = b.transpose(0, 2, 1)
-    sums = np.empty((groups, rows, columns))
-    steps = np.empty(rows * columns)
-    # A nearest-even grid's rules are idle from a floor of Xa + Xb on, while every earlier
-    # tree's is there too (``blas.grid_nearest_even_floor``): those trees round as the rest.
-    floor = grid_nearest_even_floor(params) if mode == B.GRID else None
-    plain = floor is not None
-    for first, last, block in trees.tolist():
-        batched_matmul(a[..., first:last], b_columns[:, first:last], out=sums)
-        if plain:
-            least = int(scales_a[..., block].min()) + int(scales_b[..., block].min())
-            plain = least >= floor
-        B.add_tree(
-            sums,
-            scales_a,
-            scales_b,
-            block,
-            B.ROUND_EACH_TREE if plain else mode,
-            grid,
-            choices,
-            high,
-            low,
-            flags.reshape(-1),
-            steps,
-        )
 
 
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
