@@ -291,6 +291,7 @@ def exact_groups(
     high = np.empty((rows, LANES))
     low = np.empty((rows, LANES))
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
+    flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
     for g in range(start, stop):
         for i in range(rows):
             for k in range(length):
@@ -324,7 +325,6 @@ def exact_groups(
         for p in range(passes):
             j0 = p * LANES
             live = min(LANES, columns - j0)
-            pass_b = b[p]
             for i in range(rows):
                 for jj in range(LANES):
                     c = 0.0
@@ -339,7 +339,15 @@ def exact_groups(
             for t in range(count):
                 first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
                 for i in range(rows):
-                    _tree_sums(a, i, pass_b, first, terms, sums)
+                    _tree_sums(
+                        flat_a,
+                        np.uint64(i * padded) + first,
+                        flat_b,
+                        np.uint64(p * padded * LANES) + first * np.uint64(LANES),
+                        terms,
+                        flat_sums,
+                        np.uint64(i * LANES),
+                    )
                 for i in range(rows):
                     step = row_steps[t, i]
                     if plain:
@@ -396,17 +404,23 @@ def _power_of_two(exponent):
 
 
 def _fixed_tree_sums(terms: int):
-    """A kernel of the sums of trees of ``terms`` positions over one pass of :data:`LANES`
-    columns (``terms`` a constant when compiling: the loops unroll into registers)."""
+    """A kernel of the sums of trees of ``terms`` positions (a multiple of 4) over one pass
+    of :data:`LANES` columns (``terms`` a constant when compiling: the loops unroll into
+    registers, every element at a constant offset from two bases). Four chains per column,
+    positions m = 0, 1, 2, 3 mod 4, added at the end: every partial sum of a tree's terms is
+    exact (``datapath.blas``), so the grouping does not change the sum, while one chain of
+    fused multiply-adds would wait on each result (its latency, not the adders, bounds it)."""
 
     @njit(inline="always", fastmath={"contract"})
-    def tree_sums(a, i, b, first, sums):
+    def tree_sums(a, at_a, b, at_b, sums, at_sums):
         for jj in range(LANES):
-            s = 0.0
-            for m in range(terms):
-                k = first + np.uint64(m)
-                s += a[i, k] * b[k, jj]
-            sums[i, jj] = s
+            s0 = s1 = s2 = s3 = 0.0
+            for m in range(0, terms, 4):
+                s0 += a[at_a + np.uint64(m)] * b[at_b + np.uint64(m * LANES + jj)]
+                s1 += a[at_a + np.uint64(m + 1)] * b[at_b + np.uint64((m + 1) * LANES + jj)]
+                s2 += a[at_a + np.uint64(m + 2)] * b[at_b + np.uint64((m + 2) * LANES + jj)]
+                s3 += a[at_a + np.uint64(m + 3)] * b[at_b + np.uint64((m + 3) * LANES + jj)]
+            sums[at_sums + np.uint64(jj)] = (s0 + s1) + (s2 + s3)
 
     return tree_sums
 
@@ -415,22 +429,21 @@ _sums8, _sums16, _sums32 = (_fixed_tree_sums(terms) for terms in (8, 16, 32))
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _tree_sums(a, i, b, first, terms, sums):
-    """sums[i, jj] = the sum over k in [first, first + terms) of a[i, k] * b[k, jj] for jj <
-    :data:`LANES` (``first`` unsigned), exact (the caller's tree sums fit float64): one chain
-    of fused multiply-adds from +0 per column; trees of 8, 16 and 32 positions, the units'
-    widths, by kernels whose loops unroll into registers, others a position at a time."""
+def _tree_sums(a, at_a, b, at_b, terms, sums, at_sums):
+    """sums[at_sums + jj] = the sum over m < ``terms`` of a[at_a + m] * b[at_b + m * LANES +
+    jj] for jj < :data:`LANES` (flat arrays, unsigned offsets), exact (the caller's tree sums
+    fit float64), from +0; trees of 8, 16 and 32 positions, the units' widths, by kernels
+    whose loops unroll into registers, others a position at a time."""
     if terms == 32:
-        _sums32(a, i, b, first, sums)
+        _sums32(a, at_a, b, at_b, sums, at_sums)
     elif terms == 16:
-        _sums16(a, i, b, first, sums)
+        _sums16(a, at_a, b, at_b, sums, at_sums)
     elif terms == 8:
-        _sums8(a, i, b, first, sums)
+        _sums8(a, at_a, b, at_b, sums, at_sums)
     else:
         for jj in range(LANES):
-            sums[i, jj] = 0.0
+            sums[at_sums + np.uint64(jj)] = 0.0
         for m in range(terms):
-            k = first + np.uint64(m)
-            x = a[i, k]
+            x = a[at_a + np.uint64(m)]
             for jj in range(LANES):
-                sums[i, jj] += x * b[k, jj]
+                sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
