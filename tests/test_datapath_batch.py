@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mxsim.datapath.api as api
@@ -84,16 +84,25 @@ def corner_codes(fmt_name: str) -> dict[str, np.ndarray]:
 
 
 def operands(
-    rng, fmt_name: str, block: int, shape, corners: float, scaled: bool = True, specials=True
+    rng,
+    fmt_name: str,
+    block: int,
+    shape,
+    corners: float,
+    scaled: bool = True,
+    specials=True,
+    shifts=(0, 0),
 ):
     """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch: realistic values (Gaussian and
     heavy-tailed, each row its own magnitude) quantized along K, then a fraction ``corners``
     of the codes replaced by corner codes (NaN/Inf among them if ``specials``) and, for a unit
     that takes scales (``scaled``), of the scales by 0xFF (NaN), 0 (2^-127) and 254 (2^127);
-    without, every scale 1."""
+    without, every scale 1. ``shifts``: added to A's and B's scale exponents (kept within
+    E8M0's [-127, 127]; NaN scales kept): extreme scale pairs, with subnormal, underflowing
+    and overflowing outputs."""
     groups, m, k, n = shape
 
-    def grouped(rows):
+    def grouped(rows, shift):
         x = rng.standard_normal((groups, rows, k)) * np.exp2(rng.integers(-8, 9, (groups, rows, 1)))
         x[:, ::3] = rng.standard_t(3, size=x[:, ::3].shape)
         q = quantize_grouped(x.astype(np.float32), fmt_name, block)
@@ -104,12 +113,15 @@ def operands(
             q.codes[hit] = rng.choice(pool, size=int(hit.sum()))
             hit = rng.random(q.scales.shape) < corners / 2
             q.scales[hit] = rng.choice([SCALE_NAN, 0, 254], size=int(hit.sum()))
+        if shift:
+            moved = np.clip(q.scales.astype(np.int64) + shift, 0, 254).astype(np.uint8)
+            q.scales[...] = np.where(q.scales == SCALE_NAN, SCALE_NAN, moved)
         if not scaled:
             q.scales[...] = 127
         return q
 
-    a = grouped(m)
-    b = dataclasses.replace(grouped(n), shape=(k, n), axis=0)
+    a = grouped(m, shifts[0])
+    b = dataclasses.replace(grouped(n, shifts[1]), shape=(k, n), axis=0)
     return a, b
 
 
@@ -139,7 +151,17 @@ def special_outputs(a, b, c) -> np.ndarray:
     return bad
 
 
-def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True, specials=True):
+def run_route(
+    monkeypatch,
+    name,
+    fmt_name,
+    shape,
+    seed,
+    corners=0.0,
+    with_c=True,
+    specials=True,
+    shifts=(0, 0),
+):
     """The batch through the small-groups route (checked taken for G > 1), the generic
     kernel's bits and the outputs the route flagged (None where it was not taken); asserts
     the two agree bit for bit."""
@@ -147,7 +169,7 @@ def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True
     rng = np.random.default_rng(seed)
     block = config.sections[("inputs", "block_size")]
     scaled = config.sections[("inputs", "scales")] != "none"
-    a, b = operands(rng, fmt_name, block, shape, corners, scaled, specials)
+    a, b = operands(rng, fmt_name, block, shape, corners, scaled, specials, shifts)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
     flagged = []
     taken = []
@@ -306,6 +328,32 @@ def test_route_equals_the_kernel_on_random_batches(unit, shape, corners, with_c,
         )
     check_flags(config, a, b, c, marked)
     check_twin(config, a, b, c, got, np.random.default_rng(seed), count=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    unit=st.sampled_from(UNITS),
+    shape=st.tuples(st.integers(2, 4), st.integers(1, 20), st.integers(1, 70), st.integers(1, 40)),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.1]),
+    shifts=st.sampled_from([(0, 0)] * 4 + [(-120, -120), (120, 100), (-127, 127), (-60, -70)]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exact_route_equals_the_kernel_and_the_twin_on_wide_and_extreme_batches(
+    unit, shape, corners, shifts, with_c, seed
+):
+    """Exact-tree units on groups of up to 40 columns (several passes of the kernel's
+    columns), corners and extreme scale pairs (subnormal, underflowing and overflowing
+    outputs): every bit the generic kernel's, outputs checked against the Fraction twin,
+    the flags exactly the special outputs (but an exact accumulator's wide sums)."""
+    groups, m, k, n = shape
+    assume(m * n <= SMALL_GROUP_OUTPUTS)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        config, a, b, c, got, marked = run_route(
+            monkeypatch, *unit, shape, seed, corners=corners, with_c=with_c, shifts=shifts
+        )
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(seed), count=6)
 
 
 @pytest.mark.parametrize(

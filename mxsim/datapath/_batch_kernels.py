@@ -292,6 +292,7 @@ def exact_groups(
     low = np.empty((rows, LANES))
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
+    flagged = 0
     for g in range(start, stop):
         for i in range(rows):
             for k in range(length):
@@ -395,6 +396,8 @@ def exact_groups(
                         value = round_to_odd(total, error)
                     out[g, i, j0 + jj] = np.float32(value).view(np.uint32)
                     flags_out[g, i, j0 + jj] = lane_flags[i, jj]
+                    flagged += lane_flags[i, jj]
+    return flagged
 
 
 @njit(cache=True, inline="always")

@@ -74,10 +74,16 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
         and (rows + columns) * length <= GROUPS_DECODED
-        and route_accepts("blas", params)
-        and exact_in_float64(params)
-        and blocks_per_tree(params) == 1
+        and _exact_unit(params)
         and subnormals_work()
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _exact_unit(params: DatapathParams) -> bool:
+    """The unit checks of :func:`small_groups_apply`, once per unit and formats."""
+    return (
+        route_accepts("blas", params) and exact_in_float64(params) and blocks_per_tree(params) == 1
     )
 
 
@@ -144,10 +150,11 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
         out,
         flags,
     )
-    run_in_threads(lambda start, stop: B.exact_groups(*arguments, start, stop), groups)
-    if not flags.any():  # the common case, several times faster to tell than nonzero
-        return _NONE_FLAGGED
-    return np.nonzero(flags)
+    flagged = []
+    run_in_threads(
+        lambda start, stop: flagged.append(B.exact_groups(*arguments, start, stop)), groups
+    )
+    return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
 
 
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
