@@ -5,17 +5,17 @@ The BLAS route computes a batch pass by pass and tile by tile, with its checks o
 and scales and its threads around them, and the window route a work item per group's
 columns: for groups of a few hundred outputs those costs exceed the arithmetic.
 
-Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmul`): each
-operand is decoded once (non-finite codes decode to NaN or ±Inf), each tree's unscaled sums
-of every group are one batched float64 matmul (exact in any order, as the BLAS route's are),
-and one kernel call per tree adds them to every output's accumulator with the BLAS route's
-accumulation steps. The outputs of rows of A and columns of B holding a NaN or ±Inf element
-(read from the decoded operands: a BLAS may skip zero terms, so an infinite element times
-zero need not make a sum NaN), with NaN scales or a c that is non-finite or -0 are flagged
-for the generic kernel, as are an exact accumulator's sums wider than two float64s and any
-non-finite tree sum. Units whose trees lie inside one
-scale block only (folded trees of several blocks, bfp-exact, stay on the BLAS route). The
-route decodes :data:`GROUPS_DECODED` elements at most at once, whole groups at a time.
+Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmul`): one
+kernel call for the batch (``_batch_kernels.exact_groups``, the groups split over the
+threads) decodes each group's operands (non-finite codes decode to NaN or ±Inf), forms each
+tree's unscaled sums in registers (exact in any order, as the BLAS route's float64 sums are)
+and adds them to the group's accumulators with the BLAS route's accumulation steps. The
+outputs of rows of A and columns of B holding a NaN or ±Inf element (every term of a sum is
+computed, so their sums are the only non-finite ones), with NaN scales or a c that is
+non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's sums
+wider than two float64s. Units whose trees lie inside one scale block only (folded trees of
+several blocks, bfp-exact, stay on the BLAS route). Each thread holds one group's decoded
+operands: groups of up to :data:`GROUPS_DECODED` elements take the route.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are the lanes of one pass of the window kernels' stages.
@@ -39,6 +39,7 @@ from .blas import (
     DECODED_VALUES,
     blocks_per_tree,
     exact_in_float64,
+    grid_floor,
     grid_nearest_even_floor,
     grid_rule,
     grid_trees,
@@ -107,20 +108,20 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _exact_plan(params: DatapathParams, length: int):
-    """(trees, mode, floor, grid, choices) of :func:`_batch_kernels.exact_groups` for this
-    unit and K = ``length``, worked out once per unit and length."""
+    """(trees, mode, floors, grid, choices) of ``_batch_kernels.exact_groups`` for this unit
+    and K = ``length``, worked out once per unit and length."""
     grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
-    floor = NO_FLOOR
+    floors = [None, None]
     if params.accumulator_format == "exact":
         mode = B.EXACT_ACCUMULATOR
     elif params.grid_fraction_bits is not None:
         mode = B.GRID
         grid, choices = grid_rule(params)
-        nearest_even_floor = grid_nearest_even_floor(params)
-        floor = NO_FLOOR if nearest_even_floor is None else nearest_even_floor
+        floors = [grid_nearest_even_floor(params), grid_floor(params)]
     else:
         mode = B.ROUND_EACH_TREE
-    return exact_trees(params, length), mode, floor, grid, choices
+    floors = np.array([NO_FLOOR if x is None else x for x in floors], dtype=np.int64)
+    return exact_trees(params, length), mode, floors, grid, choices
 
 
 def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
@@ -132,7 +133,7 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     generic kernel must compute (module docstring). The groups are split over the threads
     (``run_in_threads``), each decoding one group at a time."""
     groups, _, length = codes_a.shape
-    trees, mode, floor, grid, choices = _exact_plan(params, length)
+    trees, mode, floors, grid, choices = _exact_plan(params, length)
     flags = np.empty(out.shape, dtype=np.uint8)
     arguments = (
         codes_a,
@@ -144,7 +145,7 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
         kernel_args[2],
         trees,
         mode,
-        floor,
+        floors,
         grid,
         choices,
         out,
