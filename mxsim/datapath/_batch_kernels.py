@@ -203,6 +203,7 @@ def exact_groups(
     mask, add_positive, add_negative = _bits_rounding(directed, large_positive, large_negative)
     keep_factor = _power_of_two(max_left - fraction_bits + 24)
     one_c = c_values.shape[0] == 1
+    c_first = np.float64(c_values[0, 0, 0]) if one_c else 0.0  # (the padding's c: 0)
     # Scratch once per call: a group's A (zeros past K) and B transposed per pass of columns
     # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
     # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
@@ -256,11 +257,11 @@ def exact_groups(
             live = min(LANES, columns - j0)
             for i in range(rows):
                 for jj in range(LANES):
-                    c = 0.0
-                    if one_c:
-                        c = np.float64(c_values[0, 0, 0])
-                    elif jj < live:
-                        c = np.float64(c_values[g, i, j0 + jj])
+                    high[i, jj] = c_first
+                    if not one_c and jj < live:
+                        high[i, jj] = np.float64(c_values[g, i, j0 + jj])
+                for jj in range(LANES):
+                    c = high[i, jj]
                     bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
                     high[i, jj] = 0.0 if bad else c
                     low[i, jj] = 0.0
