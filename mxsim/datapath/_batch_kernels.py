@@ -19,7 +19,7 @@ from numba import njit
 
 from ..quantize._kernels import SCALE_NAN
 from . import _window_kernels as W
-from ._blas_kernels import grid_sum, odd_sum, round_fp32, round_to_odd, two_sum
+from ._blas_kernels import grid_sum, odd_sum, round_fp32, two_sum
 from ._tree_kernels import _bits_rounding, _round_bits
 
 #: ``exact_groups`` accumulation modes.
@@ -341,12 +341,11 @@ def exact_groups(
                             low[i, jj] = rest
                             lane_flags[i, jj] |= lost != 0.0
             for i in range(rows):
+                if mode == EXACT_ACCUMULATOR:  # RNE_fp32(high + low): its round-to-odd sum
+                    for jj in range(LANES):
+                        high[i, jj] = odd_sum(high[i, jj], low[i, jj])
                 for jj in range(live):
-                    value = high[i, jj]
-                    if mode == EXACT_ACCUMULATOR:
-                        total, error = two_sum(value, low[i, jj])
-                        value = round_to_odd(total, error)
-                    out[g, i, j0 + jj] = np.float32(value).view(np.uint32)
+                    out[g, i, j0 + jj] = np.float32(high[i, jj]).view(np.uint32)
                     flags_out[g, i, j0 + jj] = lane_flags[i, jj]
                     flagged += lane_flags[i, jj]
     return flagged
