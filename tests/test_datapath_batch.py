@@ -25,6 +25,7 @@ from mxsim.datapath.batch import (
     small_groups_apply,
     window_groups_apply,
 )
+from mxsim.datapath.blas import grid_floor
 from mxsim.datapath.reference import dot_reference
 from mxsim.quantize import quantize_grouped
 
@@ -354,6 +355,34 @@ def test_exact_route_equals_the_kernel_and_the_twin_on_wide_and_extreme_batches(
         )
     check_flags(config, a, b, c, marked)
     check_twin(config, a, b, c, got, np.random.default_rng(seed), count=6)
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name",
+    [("mxdotp", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3"), ("mxdotp-rup", "fp4_e2m1")],
+)
+@pytest.mark.parametrize("with_c", [False, True])
+def test_grid_units_around_their_floors(name, fmt_name, with_c):
+    """A grid unit's batches whose every scale exponent sum X lies at, above or below the
+    floors from which the route rounds each tree plainly or by the keep rule
+    (``blas.grid_nearest_even_floor``, ``blas.grid_floor``), down to where a zero
+    accumulator is kept (X < n - L - 150: a tiny negative sum would round to -0 otherwise),
+    each group its own X: every bit the generic kernel's."""
+    config = hw(name)
+    params = config.params(fmt_name, fmt_name)
+    floor = grid_floor(params)
+    keep_zero = params.grid_fraction_bits - params.grid_max_left_shift - 150
+    targets = [floor + 3, floor, floor - 1, floor - 20, keep_zero, keep_zero - 1, keep_zero - 30]
+    rng = np.random.default_rng(17)
+    a, b = operands(rng, fmt_name, 32, (len(targets), 6, 64, 7), 0.0)
+    for g, x in enumerate(targets):
+        a.scales[g] = 127 + x // 2
+        b.scales[g] = 127 + x - x // 2
+    c = accumulator_inputs(rng, (len(targets), 6, 7), False) * 2.0**-140 if with_c else None
+    got = matmul_batched(config, a, b, c=c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    assert (got.bits == 0x80000000).any() or with_c  # a -0: the floors are where it matters
 
 
 @pytest.mark.parametrize(
