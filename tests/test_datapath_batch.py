@@ -361,28 +361,41 @@ def test_exact_route_equals_the_kernel_and_the_twin_on_wide_and_extreme_batches(
     "name, fmt_name",
     [("mxdotp", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3"), ("mxdotp-rup", "fp4_e2m1")],
 )
-@pytest.mark.parametrize("with_c", [False, True])
-def test_grid_units_around_their_floors(name, fmt_name, with_c):
+@pytest.mark.parametrize("c_kind", ["none", "tiny", "large"])
+def test_grid_units_around_their_floors(name, fmt_name, c_kind):
     """A grid unit's batches whose every scale exponent sum X lies at, above or below the
     floors from which the route rounds each tree plainly or by the keep rule
     (``blas.grid_nearest_even_floor``, ``blas.grid_floor``), down to where a zero
     accumulator is kept (X < n - L - 150: a tiny negative sum would round to -0 otherwise),
-    each group its own X: every bit the generic kernel's."""
+    each group its own X; c none, tiny, or large (about 2^(X + L - n + 24): kept by the
+    rule, where a directed rounding of acc + S would move it): every bit the generic
+    kernel's."""
     config = hw(name)
     params = config.params(fmt_name, fmt_name)
     floor = grid_floor(params)
-    keep_zero = params.grid_fraction_bits - params.grid_max_left_shift - 150
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    keep_zero = fraction - left - 150
     targets = [floor + 3, floor, floor - 1, floor - 20, keep_zero, keep_zero - 1, keep_zero - 30]
     rng = np.random.default_rng(17)
-    a, b = operands(rng, fmt_name, 32, (len(targets), 6, 64, 7), 0.0)
+    shape = (len(targets), 6, 64, 7)
+    a, b = operands(rng, fmt_name, 32, shape, 0.0)
     for g, x in enumerate(targets):
         a.scales[g] = 127 + x // 2
         b.scales[g] = 127 + x - x // 2
-    c = accumulator_inputs(rng, (len(targets), 6, 7), False) * 2.0**-140 if with_c else None
+    c = None
+    if c_kind != "none":
+        c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), False)
+        powers = (
+            [-140] * len(targets)
+            if c_kind == "tiny"
+            else [x + left - fraction + 24 for x in targets]
+        )
+        c = (c * np.exp2(np.array(powers))[:, None, None]).astype(np.float32)
     got = matmul_batched(config, a, b, c=c)
     want = matmul_batched(config, a, b, c=c, method="kernel")
     np.testing.assert_array_equal(got.bits, want.bits)
-    assert (got.bits == 0x80000000).any() or with_c  # a -0: the floors are where it matters
+    if c_kind == "none":  # a -0: the floors are where it matters
+        assert (got.bits == 0x80000000).any()
 
 
 @pytest.mark.parametrize(
