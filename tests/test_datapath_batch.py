@@ -398,6 +398,35 @@ def test_grid_units_around_their_floors(name, fmt_name, c_kind):
         assert (got.bits == 0x80000000).any()
 
 
+@pytest.mark.parametrize("name", ["mxdotp-rtz", "mxdotp-rup", "mxdotp-rdn"])
+def test_grid_keeps_large_accumulators_against_exact_sums(name):
+    """A directed grid unit above its floor, accumulators just past the keep bound
+    2^(X + L - n + 24) and tree sums of one product of the largest FP8 elements (few
+    significant bits: acc + S is an exact float64, so the route's one-rounding step takes
+    it): the rule keeps acc where rounding acc + S toward a side would move it; every bit
+    the generic kernel's, and some outputs are c itself."""
+    config = hw(name)
+    params = config.params("fp8_e4m3", "fp8_e4m3")
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    rng = np.random.default_rng(23)
+    shape = groups, m, k, n = (3, 5, 64, 6)
+    a, b = operands(rng, "fp8_e4m3", 32, shape, 0.0)
+    largest = corner_codes("fp8_e4m3")["largest"]
+    for x in (a, b):
+        x.codes[...] = corner_codes("fp8_e4m3")["zero"][0]
+        x.codes[..., :: params.fused_terms] = rng.choice(
+            largest, size=x.codes[..., :: params.fused_terms].shape
+        )
+        x.scales[...] = 127 - 5  # X = -10: above the floor
+    bound = -10 + left - fraction + 24
+    c = rng.choice([-1.0, 1.0], (groups, m, n)) * rng.uniform(1.0, 2.0, (groups, m, n))
+    c = (c * 2.0**bound).astype(np.float32)
+    got = matmul_batched(config, a, b, c=c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    assert (got.values == c).any()
+
+
 @pytest.mark.parametrize(
     "name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3"), ("kulisch", "fp6_e3m2")]
 )
