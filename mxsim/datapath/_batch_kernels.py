@@ -188,7 +188,7 @@ def exact_groups(
     such rows and columns are flagged, as products of finite elements and their exact sums
     are finite. Each group's A and its B transposed are decoded (B's columns padded to
     whole passes of :data:`LANES` with zeros); a row's tree sums over a pass are SIMD
-    vectors (``_tree_sums``), and the accumulation steps loops over a row's pass (they
+    vectors (``_tree_sums``), and the accumulation steps are loops over a row's pass (they
     vectorise)."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
@@ -233,8 +233,11 @@ def exact_groups(
         # s 2^Xa 2^Xb is exact, as s 2^(Xa + Xb) (|Xa|, |Xb| <= 127 keep every product a
         # normal float64).
         least_x = np.int64(1 << 20)
-        bad_rows[:] = 0
-        bad_columns[:] = 0
+        for i in range(rows):  # (loops: a slice assignment compiles shape-error formatting)
+            bad_rows[i] = 0
+        for p in range(passes):
+            for jj in range(LANES):
+                bad_columns[p, jj] = 0
         for t in range(count):
             block = trees[t, 2]
             least_row = least_column = np.int64(1 << 20)
