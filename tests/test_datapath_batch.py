@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mxsim.datapath.api as api
@@ -25,6 +25,7 @@ from mxsim.datapath.batch import (
     small_groups_apply,
     window_groups_apply,
 )
+from mxsim.datapath.blas import grid_floor
 from mxsim.datapath.reference import dot_reference
 from mxsim.quantize import quantize_grouped
 
@@ -84,16 +85,25 @@ def corner_codes(fmt_name: str) -> dict[str, np.ndarray]:
 
 
 def operands(
-    rng, fmt_name: str, block: int, shape, corners: float, scaled: bool = True, specials=True
+    rng,
+    fmt_name: str,
+    block: int,
+    shape,
+    corners: float,
+    scaled: bool = True,
+    specials=True,
+    shifts=(0, 0),
 ):
     """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch: realistic values (Gaussian and
     heavy-tailed, each row its own magnitude) quantized along K, then a fraction ``corners``
     of the codes replaced by corner codes (NaN/Inf among them if ``specials``) and, for a unit
     that takes scales (``scaled``), of the scales by 0xFF (NaN), 0 (2^-127) and 254 (2^127);
-    without, every scale 1."""
+    without, every scale 1. ``shifts``: added to A's and B's scale exponents (kept within
+    E8M0's [-127, 127]; NaN scales kept): extreme scale pairs, with subnormal, underflowing
+    and overflowing outputs."""
     groups, m, k, n = shape
 
-    def grouped(rows):
+    def grouped(rows, shift):
         x = rng.standard_normal((groups, rows, k)) * np.exp2(rng.integers(-8, 9, (groups, rows, 1)))
         x[:, ::3] = rng.standard_t(3, size=x[:, ::3].shape)
         q = quantize_grouped(x.astype(np.float32), fmt_name, block)
@@ -104,12 +114,15 @@ def operands(
             q.codes[hit] = rng.choice(pool, size=int(hit.sum()))
             hit = rng.random(q.scales.shape) < corners / 2
             q.scales[hit] = rng.choice([SCALE_NAN, 0, 254], size=int(hit.sum()))
+        if shift:
+            moved = np.clip(q.scales.astype(np.int64) + shift, 0, 254).astype(np.uint8)
+            q.scales[...] = np.where(q.scales == SCALE_NAN, SCALE_NAN, moved)
         if not scaled:
             q.scales[...] = 127
         return q
 
-    a = grouped(m)
-    b = dataclasses.replace(grouped(n), shape=(k, n), axis=0)
+    a = grouped(m, shifts[0])
+    b = dataclasses.replace(grouped(n, shifts[1]), shape=(k, n), axis=0)
     return a, b
 
 
@@ -139,7 +152,17 @@ def special_outputs(a, b, c) -> np.ndarray:
     return bad
 
 
-def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True, specials=True):
+def run_route(
+    monkeypatch,
+    name,
+    fmt_name,
+    shape,
+    seed,
+    corners=0.0,
+    with_c=True,
+    specials=True,
+    shifts=(0, 0),
+):
     """The batch through the small-groups route (checked taken for G > 1), the generic
     kernel's bits and the outputs the route flagged (None where it was not taken); asserts
     the two agree bit for bit."""
@@ -147,7 +170,7 @@ def run_route(monkeypatch, name, fmt_name, shape, seed, corners=0.0, with_c=True
     rng = np.random.default_rng(seed)
     block = config.sections[("inputs", "block_size")]
     scaled = config.sections[("inputs", "scales")] != "none"
-    a, b = operands(rng, fmt_name, block, shape, corners, scaled, specials)
+    a, b = operands(rng, fmt_name, block, shape, corners, scaled, specials, shifts)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
     flagged = []
     taken = []
@@ -308,53 +331,154 @@ def test_route_equals_the_kernel_on_random_batches(unit, shape, corners, with_c,
     check_twin(config, a, b, c, got, np.random.default_rng(seed), count=2)
 
 
-def zero_skipping_matmul(a, b, out):
-    """A batched matmul that skips zero terms, as some BLAS builds do (the reference DGEMM
-    tests ``B(L, J) .NE. ZERO``): an infinite element times zero adds nothing."""
-    products = a[:, :, None, :] * b.transpose(0, 2, 1)[:, None, :, :]
-    zero = (a[:, :, None, :] == 0) | (b.transpose(0, 2, 1)[:, None, :, :] == 0)
-    out[...] = np.where(zero, 0.0, products).sum(axis=-1)
-
-
-@pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3")])
-def test_route_flags_infinite_elements_whatever_the_blas_does_with_zeros(
-    monkeypatch, name, fmt_name
+@settings(max_examples=60, deadline=None)
+@given(
+    unit=st.sampled_from(UNITS),
+    shape=st.tuples(st.integers(2, 4), st.integers(1, 20), st.integers(1, 70), st.integers(1, 40)),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.1]),
+    shifts=st.sampled_from([(0, 0)] * 4 + [(-120, -120), (120, 100), (-127, 127), (-60, -70)]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exact_route_equals_the_kernel_and_the_twin_on_wide_and_extreme_batches(
+    unit, shape, corners, shifts, with_c, seed
 ):
-    """NaN/Inf elements beside zeros in the other operand: the route's outputs equal the
-    generic kernel's with a BLAS that skips zero terms too."""
+    """Exact-tree units on groups of up to 40 columns (several passes of the kernel's
+    columns), corners and extreme scale pairs (subnormal, underflowing and overflowing
+    outputs): every bit the generic kernel's, outputs checked against the Fraction twin,
+    the flags exactly the special outputs (but an exact accumulator's wide sums)."""
+    groups, m, k, n = shape
+    assume(m * n <= SMALL_GROUP_OUTPUTS)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        config, a, b, c, got, marked = run_route(
+            monkeypatch, *unit, shape, seed, corners=corners, with_c=with_c, shifts=shifts
+        )
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(seed), count=6)
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name",
+    [("mxdotp", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3"), ("mxdotp-rup", "fp4_e2m1")],
+)
+@pytest.mark.parametrize("c_kind", ["none", "tiny", "large"])
+def test_grid_units_around_their_floors(name, fmt_name, c_kind):
+    """A grid unit's batches whose every scale exponent sum X lies at, above or below the
+    floors from which the route rounds each tree plainly or by the keep rule
+    (``blas.grid_nearest_even_floor``, ``blas.grid_floor``), down to where a zero
+    accumulator is kept (X < n - L - 150: a tiny negative sum would round to -0 otherwise),
+    each group its own X; c none, tiny, or large (about 2^(X + L - n + 24): kept by the
+    rule, where a directed rounding of acc + S would move it): every bit the generic
+    kernel's."""
+    config = hw(name)
+    params = config.params(fmt_name, fmt_name)
+    floor = grid_floor(params)
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    keep_zero = fraction - left - 150
+    targets = [floor + 3, floor, floor - 1, floor - 20, keep_zero, keep_zero - 1, keep_zero - 30]
+    rng = np.random.default_rng(17)
+    shape = (len(targets), 6, 64, 7)
+    a, b = operands(rng, fmt_name, 32, shape, 0.0)
+    for g, x in enumerate(targets):
+        a.scales[g] = 127 + x // 2
+        b.scales[g] = 127 + x - x // 2
+    c = None
+    if c_kind != "none":
+        c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), False)
+        powers = (
+            [-140] * len(targets)
+            if c_kind == "tiny"
+            else [x + left - fraction + 24 for x in targets]
+        )
+        c = (c * np.exp2(np.array(powers))[:, None, None]).astype(np.float32)
+    got = matmul_batched(config, a, b, c=c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    if c_kind == "none":  # a -0: the floors are where it matters
+        assert (got.bits == 0x80000000).any()
+
+
+@pytest.mark.parametrize("name", ["mxdotp-rtz", "mxdotp-rup", "mxdotp-rdn"])
+def test_grid_keeps_large_accumulators_against_exact_sums(name):
+    """A directed grid unit above its floor, accumulators just past the keep bound
+    2^(X + L - n + 24) and tree sums of one product of the largest FP8 elements (few
+    significant bits: acc + S is an exact float64, so the route's one-rounding step takes
+    it): the rule keeps acc where rounding acc + S toward a side would move it; every bit
+    the generic kernel's, and some outputs are c itself."""
+    config = hw(name)
+    params = config.params("fp8_e4m3", "fp8_e4m3")
+    fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
+    rng = np.random.default_rng(23)
+    shape = groups, m, k, n = (3, 5, 64, 6)
+    a, b = operands(rng, "fp8_e4m3", 32, shape, 0.0)
+    largest = corner_codes("fp8_e4m3")["largest"]
+    for x in (a, b):
+        x.codes[...] = corner_codes("fp8_e4m3")["zero"][0]
+        x.codes[..., :: params.fused_terms] = rng.choice(
+            largest, size=x.codes[..., :: params.fused_terms].shape
+        )
+        x.scales[...] = 127 - 5  # X = -10: above the floor
+    bound = -10 + left - fraction + 24
+    c = rng.choice([-1.0, 1.0], (groups, m, n)) * rng.uniform(1.0, 2.0, (groups, m, n))
+    c = (c * 2.0**bound).astype(np.float32)
+    got = matmul_batched(config, a, b, c=c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    assert (got.values == c).any()
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3"), ("kulisch", "fp6_e3m2")]
+)
+def test_route_flags_infinite_elements_beside_zeros(monkeypatch, name, fmt_name):
+    """NaN/Inf elements beside zeros in the other operand (±Inf times 0 is NaN, so every sum
+    of such a row or column is non-finite): exactly their outputs are flagged, the rest
+    computed, every bit the generic kernel's."""
     config = hw(name)
     rng = np.random.default_rng(11)
-    a, b = operands(rng, fmt_name, 32, (4, 6, 40, 5), 0.0)
-    special = corner_codes(fmt_name)["special"]
-    zero = corner_codes(fmt_name)["zero"][0]
+    kinds = corner_codes(fmt_name)
+    block = config.sections[("inputs", "block_size")]
+    special = kinds.get("special", kinds["largest"])  # (FP6 has no NaN/Inf codes)
+    zero = kinds["zero"][0]
+    a, b = operands(rng, fmt_name, block, (4, 6, 40, 5), 0.0)
+
     a.codes[1, 2, 3] = special[0]
     b.codes[1, :, 3] = zero  # every product of that element is Inf (or NaN) times 0
     a.codes[2, 0, 7] = special[-1]
-    monkeypatch.setattr(batch_module, "batched_matmul", zero_skipping_matmul)
+    b.codes[3, 4, :] = zero  # a column of zeros against a row with a special element
+    a.codes[3, 1, 20] = special[0]
+    flagged = np.zeros((4, 6, 5), dtype=bool)
+    recompute = api._recompute
+
+    def recording_recompute(g, m, n, *rest):
+        flagged[g, m, n] = True
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
     got = matmul_batched(config, a, b)
+    np.testing.assert_array_equal(flagged, special_outputs(a, b, None))
     want = matmul_batched(config, a, b, method="kernel")
     np.testing.assert_array_equal(got.bits, want.bits)
-    assert np.isnan(got.values[1, 2]).all()
+    if "special" in kinds:
+        assert flagged[1, 2].all() and flagged[3, 1].all() and np.isnan(got.values[1, 2]).all()
 
 
-@pytest.mark.parametrize("with_c", [True, False])
-def test_route_decodes_a_few_groups_at_a_time(monkeypatch, with_c):
-    """With room for two groups' decoded operands the batch runs in chunks of two groups
-    (and a last one of one), c sliced along; the bits equal the generic kernel's."""
-    shape = (5, 14, 32, 14)
-    monkeypatch.setattr(batch_module, "GROUPS_DECODED", 2 * (14 + 14) * 32)
-    chunks = []
-    matmul_chunk = api.small_groups_matmul
+@pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3")])
+def test_route_computes_any_split_of_the_groups(monkeypatch, name, fmt_name):
+    """The groups split over threads as ``run_in_threads`` cuts them: each group computed
+    by a call of its own (in reverse order) gives the bits of one call over the batch."""
+    calls = []
 
-    def recording(params, kernel_args, codes_a, *rest):
-        chunks.append(len(codes_a))
-        return matmul_chunk(params, kernel_args, codes_a, *rest)
+    def one_group_a_call(call, items):
+        for g in reversed(range(items)):
+            calls.append(g)
+            call(g, g + 1)
 
-    monkeypatch.setattr(api, "small_groups_matmul", recording)
+    monkeypatch.setattr(batch_module, "run_in_threads", one_group_a_call)
     config, a, b, c, got, marked = run_route(
-        monkeypatch, "ocp-exact", "fp8_e4m3", shape, seed=7, with_c=with_c
+        monkeypatch, name, fmt_name, (5, 14, 32, 14), seed=7, corners=0.02
     )
-    assert chunks == [2, 2, 1]
+    assert calls == [4, 3, 2, 1, 0]
     check_flags(config, a, b, c, marked)
 
 

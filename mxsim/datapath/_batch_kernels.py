@@ -1,11 +1,10 @@
 """Numba kernels of the small-groups routes (``datapath.batch``): many small GEMMs
 (attention heads) in a few calls per batch instead of passes, tiles and checks per group.
 
-Exact-tree units of the BLAS route: the route decodes the batch's operands
-(``_blas_kernels.decode_codes``), forms each tree's sums of every group with one batched float64
-matmul, and adds them to every output's accumulator (:func:`start_trees`, :func:`add_tree`
-per tree, :func:`finish_trees`): exactly what ``datapath.blas`` computes per GEMM (its module
-docstring says why the float64 sums are exact in any order).
+Exact-tree units of the BLAS route (:func:`exact_groups`): one kernel call for the batch
+decodes each group's operands, forms each tree's sums in registers and adds them to every
+output's accumulator with the BLAS route's steps: exactly what ``datapath.blas`` computes
+per GEMM (its module docstring says why the float64 sums are exact in any order).
 
 Truncating-window units (:func:`window_groups`): each group's outputs are the SIMD lanes of
 one pass of the window kernels' stages (``_window_kernels.lane_trees``).
@@ -20,101 +19,13 @@ from numba import njit
 
 from ..quantize._kernels import SCALE_NAN
 from . import _window_kernels as W
-from ._blas_kernels import grid_sum, odd_sum, round_fp32, round_to_odd, two_sum
+from ._blas_kernels import grid_sum, odd_sum, round_fp32, two_sum
+from ._tree_kernels import _bits_rounding, _round_bits
 
-#: ``add_tree`` accumulation modes.
+#: ``exact_groups`` accumulation modes.
 ROUND_EACH_TREE = 0  # RNE_fp32(acc + S) per tree
 GRID = 1  # the fixed-point grid's rules per tree
 EXACT_ACCUMULATOR = 2  # every tree's S added exactly (two float64s), one final RNE_fp32
-
-
-@njit(cache=True, nogil=True)
-def start_trees(c_flat, high, low, flags):
-    """high = c (the flattened (G, M, N) fp32 c, or one value), low = 0; flags = 1 where c is
-    non-finite or -0 (high 0 there)."""
-    one = c_flat.shape[0] == 1
-    for at in range(high.shape[0]):
-        c = np.float64(c_flat[0 if one else at])
-        bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
-        flags[at] = bad
-        high[at] = 0.0 if bad else c
-        low[at] = 0.0
-
-
-@njit(cache=True, nogil=True)
-def add_tree(sums, scales_a, scales_b, block, mode, grid, choices, high, low, flags, steps):
-    """One tree into every output's accumulator: ``sums`` (G, M, N) the tree's unscaled
-    float64 sums (exact), scale exponents (G, rows, blocks) of which block ``block`` is the
-    tree's; ``high``, ``low``, ``flags`` the flattened (G, M, N) accumulator parts
-    (``start_trees``), ``steps`` (M * N,) float64 scratch. With S = sums * 2^(Xa + Xb)
-    (exact): ``ROUND_EACH_TREE``: high = RNE_fp32(high + S) (round-to-odd float64 sum, then
-    fp32; a zero S counts as +0, as in ``_blas_kernels.accumulate_rne_fp32``); ``GRID``:
-    ``_blas_kernels.accumulate_grid_fp32``'s step (``grid``: fraction bits n, max left and right
-    shift; ``choices``: the accumulator rounding's ``blas.ROUNDING_CHOICES`` row);
-    ``EXACT_ACCUMULATOR``: (high, low) += S by TwoSum, flagged where ``low`` rounds. Flags
-    a non-finite sum (a NaN or ±Inf element: products of finite elements and their exact
-    sums are finite) and a NaN scale. A group's outputs are one loop per stage (branch-free
-    where the mode allows: they vectorise)."""
-    groups, rows, columns = sums.shape
-    area = rows * columns
-    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
-    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
-    nearest_even = not (directed or large_positive or large_negative)
-    for g in range(groups):
-        group_sums = sums[g].reshape(area)
-        base = g * area
-        group_high = high[base : base + area]
-        group_low = low[base : base + area]
-        group_flags = flags[base : base + area]
-        for i in range(rows):
-            x = np.int64(scales_a[g, i, block])
-            for j in range(columns):
-                y = np.int64(scales_b[g, j, block])
-                bad = (x == SCALE_NAN) | (y == SCALE_NAN)
-                # 2^(Xa + Xb) from its bits: |Xa + Xb| <= 254 lies within float64's normals
-                exponent = 0 if bad else x + y
-                steps[i * columns + j] = np.int64((exponent + 1023) << 52).view(np.float64)
-                group_flags[i * columns + j] |= bad
-        for at in range(area):
-            group_flags[at] |= not math.isfinite(group_sums[at])
-        if mode == ROUND_EACH_TREE:
-            for at in range(area):
-                total = group_sums[at] * steps[at] + 0.0  # an exact zero sum is +0
-                group_high[at] = np.float32(odd_sum(group_high[at], total))
-        elif mode == GRID:
-            for at in range(area):
-                acc = np.float32(group_high[at])
-                keep, odd, zero = grid_sum(
-                    acc, group_sums[at], steps[at], fraction_bits, max_left, max_right
-                )
-                if nearest_even:
-                    rounded = np.float32(0.0) if zero else np.float32(odd)
-                else:
-                    rounded = (
-                        np.float32(0.0)
-                        if zero
-                        else round_fp32(odd, directed, large_positive, large_negative)
-                    )
-                group_high[at] = acc if keep else rounded
-        else:
-            for at in range(area):
-                value, error = two_sum(group_high[at], group_sums[at] * steps[at])
-                group_high[at] = value
-                rest, lost = two_sum(group_low[at], error)
-                group_low[at] = rest
-                group_flags[at] |= lost != 0.0
-
-
-@njit(cache=True, nogil=True)
-def finish_trees(high, low, mode, out):
-    """out = the fp32 bits (uint32) of each accumulator: high, or for ``EXACT_ACCUMULATOR``
-    RNE_fp32(high + low) (round-to-odd float64 sum, then fp32)."""
-    for at in range(high.shape[0]):
-        value = high[at]
-        if mode == EXACT_ACCUMULATOR:
-            total, error = two_sum(high[at], low[at])
-            value = round_to_odd(total, error)
-        out[at] = np.float32(value).view(np.uint32)
 
 
 @njit(cache=True, nogil=True)
@@ -209,3 +120,287 @@ def window_groups(
         W.encode_outputs(acc, lane_flags, out[g], cfg)
         for lane in range(lanes):  # a loop: a slice assignment compiles shape-error formatting
             flags_out[g, lane] = lane_flags[lane]
+
+
+#: Columns of a group's passes in :func:`exact_groups`: a trip count known when compiling,
+#: so a row's tree sums over a pass are whole SIMD vectors (columns past N are zeros).
+LANES = 16
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def exact_groups(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    table_a,
+    table_b,
+    trees,
+    mode,
+    floors,
+    grid,
+    choices,
+    out,
+    flags_out,
+    start,
+    stop,
+):
+    """Groups ``start`` to ``stop`` of a batch through an exact-tree unit of the BLAS route,
+    decoded, summed and accumulated group by group: the fp32 bits into ``out`` (G, M, N,
+    uint32), 1 into ``flags_out`` (G, M, N) where the generic kernel must recompute;
+    returns how many it flagged. ``codes_a`` (G, M, K) and ``codes_b`` (G, N, K) of any
+    unsigned dtype, ``scales_a``/``scales_b`` (G, rows, blocks) scale exponents
+    (``SCALE_NAN``: NaN), ``c_values`` (G, M, N) fp32 or (1, 1, 1), ``table_a``/``table_b``
+    the element tables (float64; NaN/±Inf for special codes), ``trees`` (T, 3) first
+    position, last position and scale block of each tree in order (``batch.exact_trees``; a
+    tree may reach past K: the padding is zeros), ``mode`` one of :data:`ROUND_EACH_TREE`,
+    :data:`GRID`, :data:`EXACT_ACCUMULATOR`; for GRID, ``floors`` (int64: the X from which
+    each tree rounds as ``ROUND_EACH_TREE``, ``blas.grid_nearest_even_floor``, and from
+    which the rules reduce to the keep rule, ``blas.grid_floor``; a value above every X
+    where the unit has none), ``grid`` (fraction bits n, max left and right shift) and
+    ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row).
+
+    Each output's accumulator starts at c (-0 and non-finite c flagged, started at 0); each
+    tree's unscaled sum s then enters with S = s 2^Xa 2^Xb (exact: |Xa|, |Xb| <= 127 keep
+    every product a normal float64): ``ROUND_EACH_TREE``: acc = RNE_fp32(acc + S)
+    (round-to-odd float64 sum, then fp32; a zero S counts as +0, as in
+    ``_blas_kernels.accumulate_rne_fp32``); ``GRID``: the step of
+    ``_blas_kernels.accumulate_grid_fp32``; ``EXACT_ACCUMULATOR``: (high, low) += S by
+    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end. The output
+    is the accumulator's fp32 bits. s is exact: every product and partial sum, in any
+    order, is a float64 (the module docstring of ``datapath.blas``), so chains of fused
+    multiply-adds from +0 over the tree's positions, in any grouping, give the exact sum,
+    and an exact zero sum is +0.
+
+    GRID, for a group whose every tree has X at or above a floor (so every earlier tree's
+    is there too, as those floors need): from ``floors[0]`` each tree is
+    RNE_fp32(acc + S); from ``floors[1]`` acc is kept when |acc| >= 2^(X + L - n + 24),
+    else becomes acc + S rounded once in the mode (``blas.grid_floor``), computed from
+    t = RN64(acc + S) by its bits (``_tree_kernels._round_bits``) where every t of the row
+    is exact (t - acc == S and t - S == acc: one difference is exact, Dekker's lemma, and
+    differs where t is not) and below 2^128; a row with another t takes the full step.
+
+    Flagged: a non-finite tree sum, a NaN scale of a tree's block, a bad c, and an exact
+    accumulator whose sum needs more than two float64s. Every term of every sum is
+    computed (no zero is skipped), so a NaN or ±Inf element makes every sum of its row of A
+    or column of B over its tree non-finite (±Inf times 0 is NaN): exactly the outputs of
+    such rows and columns are flagged, as products of finite elements and their exact sums
+    are finite. Each group's A and its B transposed are decoded (B's columns padded to
+    whole passes of :data:`LANES` with zeros); a row's tree sums over a pass are SIMD
+    vectors (``_tree_sums``), and the accumulation steps are loops over a row's pass (they
+    vectorise)."""
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    count = trees.shape[0]
+    padded = length
+    for t in range(count):
+        padded = max(padded, trees[t, 1])
+    passes = (columns + LANES - 1) // LANES
+    fraction_bits, max_left, max_right = grid[0], grid[1], grid[2]
+    directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
+    nearest_even = not (directed or large_positive or large_negative)
+    mask, add_positive, add_negative = _bits_rounding(directed, large_positive, large_negative)
+    keep_factor = _power_of_two(max_left - fraction_bits + 24)
+    one_c = c_values.shape[0] == 1
+    c_first = np.float64(c_values[0, 0, 0]) if one_c else 0.0  # (the padding's c: 0)
+    # Scratch once per call: a group's A (zeros past K) and B transposed per pass of columns
+    # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
+    # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
+    # unknown sign costs wraparound arithmetic per element, and the loops do not vectorise.)
+    a = np.zeros((rows, padded))
+    b = np.zeros((passes, padded, LANES))
+    row_steps = np.ones((count, rows))
+    column_steps = np.ones((count, passes, LANES))
+    bad_rows = np.zeros(rows, dtype=np.uint8)
+    bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
+    sums = np.empty((rows, LANES))
+    high = np.empty((rows, LANES))
+    low = np.empty((rows, LANES))
+    lane_flags = np.empty((rows, LANES), dtype=np.uint8)
+    fresh = np.empty(LANES)
+    flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
+    flagged = 0
+    for g in range(start, stop):
+        for i in range(rows):
+            for k in range(length):
+                a[i, k] = table_a[codes_a[g, i, k]]
+        for p in range(passes):
+            for jj in range(min(LANES, columns - p * LANES)):
+                for k in range(length):
+                    b[p, k, jj] = table_b[codes_b[g, p * LANES + jj, k]]
+        # Each tree's steps 2^Xa and 2^Xb (1 for a NaN scale, whose outputs are flagged):
+        # s 2^Xa 2^Xb is exact, as s 2^(Xa + Xb) (|Xa|, |Xb| <= 127 keep every product a
+        # normal float64).
+        least_x = np.int64(1 << 20)
+        for i in range(rows):  # (loops: a slice assignment compiles shape-error formatting)
+            bad_rows[i] = 0
+        for p in range(passes):
+            for jj in range(LANES):
+                bad_columns[p, jj] = 0
+        for t in range(count):
+            block = trees[t, 2]
+            least_row = least_column = np.int64(1 << 20)
+            for i in range(rows):
+                x = np.int64(scales_a[g, i, block])
+                bad_rows[i] |= x == SCALE_NAN
+                row_steps[t, i] = _power_of_two(0 if x == SCALE_NAN else x)
+                least_row = min(least_row, x)
+            for p in range(passes):
+                for jj in range(min(LANES, columns - p * LANES)):
+                    y = np.int64(scales_b[g, p * LANES + jj, block])
+                    bad_columns[p, jj] |= y == SCALE_NAN
+                    column_steps[t, p, jj] = _power_of_two(0 if y == SCALE_NAN else y)
+                    least_column = min(least_column, y)
+            least_x = min(least_x, least_row + least_column)
+        plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
+        fast = mode == GRID and least_x >= floors[1]
+        for p in range(passes):
+            j0 = p * LANES
+            live = min(LANES, columns - j0)
+            for i in range(rows):
+                for jj in range(LANES):
+                    high[i, jj] = c_first
+                    if not one_c and jj < live:
+                        high[i, jj] = np.float64(c_values[g, i, j0 + jj])
+                for jj in range(LANES):
+                    c = high[i, jj]
+                    bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
+                    high[i, jj] = 0.0 if bad else c
+                    low[i, jj] = 0.0
+                    lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
+            for t in range(count):
+                first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
+                for i in range(rows):
+                    _tree_sums(
+                        flat_a,
+                        np.uint64(i * padded) + first,
+                        flat_b,
+                        np.uint64(p * padded * LANES) + first * np.uint64(LANES),
+                        terms,
+                        flat_sums,
+                        np.uint64(i * LANES),
+                    )
+                for i in range(rows):
+                    step = row_steps[t, i]
+                    if plain:
+                        for jj in range(LANES):
+                            s = sums[i, jj]
+                            lane_flags[i, jj] |= not math.isfinite(s)
+                            total = s * (step * column_steps[t, p, jj]) + 0.0  # exact 0: +0
+                            high[i, jj] = np.float32(odd_sum(high[i, jj], total))
+                    elif mode == GRID:
+                        redo = not fast
+                        if fast:  # above the grid floor: the keep rule, one rounding
+                            for jj in range(LANES):
+                                s = sums[i, jj]
+                                lane_flags[i, jj] |= not math.isfinite(s)
+                                scale = step * column_steps[t, p, jj]
+                                acc = high[i, jj]
+                                total = acc + s * scale
+                                # exact sums below 2^128 only: t - acc == S and t - S == acc
+                                # hold iff t is exact (one difference is, Dekker's lemma)
+                                redo |= (
+                                    (total - acc != s * scale)
+                                    | (total - s * scale != acc)
+                                    | ~(abs(total) < 2.0**128)
+                                )
+                                rounded = _round_bits(total, mask, add_positive, add_negative)
+                                fresh[jj] = acc if abs(acc) >= keep_factor * scale else rounded
+                            if not redo:
+                                for jj in range(LANES):
+                                    high[i, jj] = fresh[jj]
+                        if redo:
+                            for jj in range(LANES):
+                                s = sums[i, jj]
+                                lane_flags[i, jj] |= not math.isfinite(s)
+                                acc = np.float32(high[i, jj])
+                                keep, odd, zero = grid_sum(
+                                    acc,
+                                    s,
+                                    step * column_steps[t, p, jj],
+                                    fraction_bits,
+                                    max_left,
+                                    max_right,
+                                )
+                                if nearest_even:
+                                    rounded = np.float32(0.0) if zero else np.float32(odd)
+                                else:
+                                    rounded = (
+                                        np.float32(0.0)
+                                        if zero
+                                        else round_fp32(
+                                            odd, directed, large_positive, large_negative
+                                        )
+                                    )
+                                high[i, jj] = acc if keep else rounded
+                    else:
+                        for jj in range(LANES):
+                            s = sums[i, jj]
+                            lane_flags[i, jj] |= not math.isfinite(s)
+                            value, error = two_sum(high[i, jj], s * (step * column_steps[t, p, jj]))
+                            high[i, jj] = value
+                            rest, lost = two_sum(low[i, jj], error)
+                            low[i, jj] = rest
+                            lane_flags[i, jj] |= lost != 0.0
+            for i in range(rows):
+                if mode == EXACT_ACCUMULATOR:  # RNE_fp32(high + low): its round-to-odd sum
+                    for jj in range(LANES):
+                        high[i, jj] = odd_sum(high[i, jj], low[i, jj])
+                for jj in range(live):
+                    out[g, i, j0 + jj] = np.float32(high[i, jj]).view(np.uint32)
+                    flags_out[g, i, j0 + jj] = lane_flags[i, jj]
+                    flagged += lane_flags[i, jj]
+    return flagged
+
+
+@njit(cache=True, inline="always")
+def _power_of_two(exponent):
+    """2.0 ** exponent from its bits (|exponent| <= 1022)."""
+    return np.int64((exponent + 1023) << 52).view(np.float64)
+
+
+def _fixed_tree_sums(terms: int):
+    """A kernel of the sums of trees of ``terms`` positions (a multiple of 4) over one pass
+    of :data:`LANES` columns (``terms`` a constant when compiling: the loops unroll into
+    registers, every element at a constant offset from two bases). Four chains per column,
+    positions m = 0, 1, 2, 3 mod 4, added at the end: every partial sum of a tree's terms is
+    exact (``datapath.blas``), so the grouping does not change the sum, while one chain of
+    fused multiply-adds would wait on each result (its latency, not the adders, bounds it)."""
+
+    @njit(inline="always", fastmath={"contract"})
+    def tree_sums(a, at_a, b, at_b, sums, at_sums):
+        for jj in range(LANES):
+            s0 = s1 = s2 = s3 = 0.0
+            for m in range(0, terms, 4):
+                s0 += a[at_a + np.uint64(m)] * b[at_b + np.uint64(m * LANES + jj)]
+                s1 += a[at_a + np.uint64(m + 1)] * b[at_b + np.uint64((m + 1) * LANES + jj)]
+                s2 += a[at_a + np.uint64(m + 2)] * b[at_b + np.uint64((m + 2) * LANES + jj)]
+                s3 += a[at_a + np.uint64(m + 3)] * b[at_b + np.uint64((m + 3) * LANES + jj)]
+            sums[at_sums + np.uint64(jj)] = (s0 + s1) + (s2 + s3)
+
+    return tree_sums
+
+
+_sums8, _sums16, _sums32 = (_fixed_tree_sums(terms) for terms in (8, 16, 32))
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _tree_sums(a, at_a, b, at_b, terms, sums, at_sums):
+    """sums[at_sums + jj] = the sum over m < ``terms`` of a[at_a + m] * b[at_b + m * LANES +
+    jj] for jj < :data:`LANES` (flat arrays, unsigned offsets), exact (the caller's tree sums
+    fit float64), from +0; trees of 8, 16 and 32 positions, the units' widths, by kernels
+    whose loops unroll into registers, others a position at a time."""
+    if terms == 32:
+        _sums32(a, at_a, b, at_b, sums, at_sums)
+    elif terms == 16:
+        _sums16(a, at_a, b, at_b, sums, at_sums)
+    elif terms == 8:
+        _sums8(a, at_a, b, at_b, sums, at_sums)
+    else:
+        for jj in range(LANES):
+            sums[at_sums + np.uint64(jj)] = 0.0
+        for m in range(terms):
+            x = a[at_a + np.uint64(m)]
+            for jj in range(LANES):
+                sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]

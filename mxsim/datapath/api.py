@@ -21,7 +21,6 @@ from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .batch import (
-    group_chunks,
     small_groups_apply,
     small_groups_matmul,
     window_groups_apply,
@@ -782,10 +781,10 @@ def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
     codes, scales, shifts = x.codes, x.scales, x.tensor_scale_exponents
     for part, array, dtype in (("codes", codes, "an integer"), ("scales", scales, "a uint8")):
         if not isinstance(array, np.ndarray) or not (
-            np.issubdtype(array.dtype, np.integer) if part == "codes" else array.dtype == np.uint8
+            array.dtype.kind in "iu" if part == "codes" else array.dtype == np.uint8
         ):
             raise ArgumentError(f"{name}: {part} must be {dtype} numpy array")
-    if not isinstance(shifts, np.ndarray) or not np.issubdtype(shifts.dtype, np.integer):
+    if not isinstance(shifts, np.ndarray) or shifts.dtype.kind not in "iu":
         raise ArgumentError(f"{name}: tensor_scale_exponents must be an integer numpy array")
     groups, k = len(codes), x.shape[axis]
     length, other = k + x.padding, x.shape[1 - axis]
@@ -803,7 +802,7 @@ def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
             f"{block_size}), scales (G, {other}, {length // block_size}) and "
             f"tensor_scale_exponents (G,); got {codes.shape}, {scales.shape} and {shifts.shape}"
         )
-    if shifts.size and (shifts.min() < E8M0_MIN_EXPONENT or shifts.max() > E8M0_MAX_EXPONENT):
+    if shifts.any() and (shifts.min() < E8M0_MIN_EXPONENT or shifts.max() > E8M0_MAX_EXPONENT):
         raise ArgumentError(
             f"{name}: tensor_scale_exponents must lie in [{E8M0_MIN_EXPONENT}, {E8M0_MAX_EXPONENT}]"
         )
@@ -1000,17 +999,10 @@ def _gemm_routes(
         and groups > 1
         and small_groups_apply(params, rows, columns, length)
     ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
-        for part in group_chunks(groups, rows, columns, length):
-            tile = (
-                codes_a[part],
-                codes_b[part],
-                exponents_a[part],
-                exponents_b[part],
-                c_values[part] if c_values.shape[0] > 1 else c_values,
-            )
-            g, m, n = small_groups_matmul(params, kernel_args, *tile, out[part])
-            if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
-                _recompute(g, m, n, *tile, kernel_args, out[part])
+        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+        g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
+        if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
+            _recompute(g, m, n, *tile, kernel_args, out)
         return out
     if (
         method == "auto"

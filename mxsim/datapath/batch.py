@@ -5,17 +5,17 @@ The BLAS route computes a batch pass by pass and tile by tile, with its checks o
 and scales and its threads around them, and the window route a work item per group's
 columns: for groups of a few hundred outputs those costs exceed the arithmetic.
 
-Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmul`): each
-operand is decoded once (non-finite codes decode to NaN or ±Inf), each tree's unscaled sums
-of every group are one batched float64 matmul (exact in any order, as the BLAS route's are),
-and one kernel call per tree adds them to every output's accumulator with the BLAS route's
-accumulation steps. The outputs of rows of A and columns of B holding a NaN or ±Inf element
-(read from the decoded operands: a BLAS may skip zero terms, so an infinite element times
-zero need not make a sum NaN), with NaN scales or a c that is non-finite or -0 are flagged
-for the generic kernel, as are an exact accumulator's sums wider than two float64s and any
-non-finite tree sum. Units whose trees lie inside one
-scale block only (folded trees of several blocks, bfp-exact, stay on the BLAS route). The
-route decodes :data:`GROUPS_DECODED` elements at most at once, whole groups at a time.
+Exact-tree units of the BLAS route (``datapath.blas``; :func:`small_groups_matmul`): one
+kernel call for the batch (``_batch_kernels.exact_groups``, the groups split over the
+threads) decodes each group's operands (non-finite codes decode to NaN or ±Inf), forms each
+tree's unscaled sums in registers (exact in any order, as the BLAS route's float64 sums are)
+and adds them to the group's accumulators with the BLAS route's accumulation steps. The
+outputs of rows of A and columns of B holding a NaN or ±Inf element (every term of a sum is
+computed, so their sums are the only non-finite ones), with NaN scales or a c that is
+non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's sums
+wider than two float64s. Units whose trees lie inside one scale block only (folded trees of
+several blocks, bfp-exact, stay on the BLAS route). Each thread holds one group's decoded
+operands: groups of up to :data:`GROUPS_DECODED` elements take the route.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are the lanes of one pass of the window kernels' stages.
@@ -28,20 +28,18 @@ batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import numpy as np
 
 from .._threads import run_in_threads
 from . import _batch_kernels as B
 from . import _window_kernels as W
-from ._blas_kernels import decode_codes
 from .blas import (
     DECODED_VALUES,
-    SINGLE_THREAD_MACS,
-    _blas_threads,
     blocks_per_tree,
     exact_in_float64,
+    grid_floor,
     grid_nearest_even_floor,
     grid_rule,
     grid_trees,
@@ -57,12 +55,13 @@ SMALL_GROUP_OUTPUTS = 1024
 #: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
 #: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
 WINDOW_GROUP_OUTPUTS = 512
-#: The BLAS's batched float64 matmul the trees' sums come from (any BLAS: the route does
-#: not rely on how it treats an infinite element times zero).
-batched_matmul = np.matmul
-#: Decoded elements (float64) of A and B held at once by the exact small-groups route: whole
-#: groups up to this many, as the BLAS route bounds its decoded panels.
+#: Decoded elements (float64) of one group's A and B, which each thread of the exact
+#: small-groups route holds: groups up to this many take it, as the BLAS route bounds its
+#: decoded panels.
 GROUPS_DECODED = DECODED_VALUES
+#: ``exact_groups``' floor of X for units without one: above every scale exponent sum.
+NO_FLOOR = 1 << 20
+_NONE_FLAGGED = tuple(np.empty(0, dtype=np.intp) for _ in range(3))
 #: A window group's lane tiles hold K x M x N elements (about 10 bytes each, per thread).
 WINDOW_GROUP_VALUES = 1 << 18
 
@@ -76,10 +75,16 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
         and (rows + columns) * length <= GROUPS_DECODED
-        and route_accepts("blas", params)
-        and exact_in_float64(params)
-        and blocks_per_tree(params) == 1
+        and _exact_unit(params)
         and subnormals_work()
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _exact_unit(params: DatapathParams) -> bool:
+    """The unit checks of :func:`small_groups_apply`, once per unit and formats."""
+    return (
+        route_accepts("blas", params) and exact_in_float64(params) and blocks_per_tree(params) == 1
     )
 
 
@@ -101,10 +106,22 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
     return np.array(trees, dtype=np.int64).reshape(-1, 3)
 
 
-def group_chunks(groups: int, rows: int, columns: int, length: int) -> list[slice]:
-    """Slices of whole groups whose decoded operands stay within :data:`GROUPS_DECODED`."""
-    step = max(1, GROUPS_DECODED // max(1, (rows + columns) * length))
-    return [slice(first, first + step) for first in range(0, groups, step)]
+@functools.lru_cache(maxsize=256)
+def _exact_plan(params: DatapathParams, length: int):
+    """(trees, mode, floors, grid, choices) of ``_batch_kernels.exact_groups`` for this unit
+    and K = ``length``, worked out once per unit and length."""
+    grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
+    floors = [None, None]
+    if params.accumulator_format == "exact":
+        mode = B.EXACT_ACCUMULATOR
+    elif params.grid_fraction_bits is not None:
+        mode = B.GRID
+        grid, choices = grid_rule(params)
+        floors = [grid_nearest_even_floor(params), grid_floor(params)]
+    else:
+        mode = B.ROUND_EACH_TREE
+    floors = np.array([NO_FLOOR if x is None else x for x in floors], dtype=np.int64)
+    return exact_trees(params, length), mode, floors, grid, choices
 
 
 def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
@@ -113,71 +130,32 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     dtype, scale exponents (G, rows, blocks) (zeros for a unit without scales), ``c_values``
     (G, M, N) or (1, 1, 1), ``kernel_args`` the generic kernel's, whose first and third are
     the element tables. Returns the (groups, rows, columns) index arrays of the outputs the
-    generic kernel must compute (module docstring)."""
-    a_values, b_values = kernel_args[0], kernel_args[2]
-    groups, rows, length = codes_a.shape
-    columns = codes_b.shape[1]
-    grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
-    if params.accumulator_format == "exact":
-        mode = B.EXACT_ACCUMULATOR
-    elif params.grid_fraction_bits is not None:
-        mode = B.GRID
-        grid, choices = grid_rule(params)
-    else:
-        mode = B.ROUND_EACH_TREE
-    trees = exact_trees(params, length)
-    padded = max(length, int(trees[:, 1].max(initial=0)))
-    a = np.empty((groups, rows, padded))
-    b = np.empty((groups, columns, padded))
-    decode_codes(a_values, codes_a, a)  # (codes of any unsigned dtype)
-    decode_codes(b_values, codes_b, b)
-    high, low = np.empty(out.size), np.empty(out.size)
+    generic kernel must compute (module docstring). The groups are split over the threads
+    (``run_in_threads``), each decoding one group at a time."""
+    groups, _, length = codes_a.shape
+    trees, mode, floors, grid, choices = _exact_plan(params, length)
     flags = np.empty(out.shape, dtype=np.uint8)
-    B.start_trees(np.ascontiguousarray(c_values).reshape(-1), high, low, flags.reshape(-1))
-    # Each group's GEMM runs on the calling thread by OpenBLAS's own choice below
-    # SINGLE_THREAD_MACS; above, its threads are held to one as the BLAS route holds them.
-    limiter = _blas_threads() if rows * columns * padded > SINGLE_THREAD_MACS else None
-    with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
-        _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags)
-    B.finish_trees(high, low, mode, out.reshape(-1))
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):  # (a per-row test costs 6x)
-        rows_finite, columns_finite = np.isfinite(a).all(axis=-1), np.isfinite(b).all(axis=-1)
-        flags |= ~(rows_finite[:, :, None] & columns_finite[:, None, :])
-    if not flags.any():  # the common case, several times faster to tell than nonzero
-        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
-    return np.nonzero(flags)
-
-
-def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, high, low, flags):
-    """Each tree's sums of the decoded (G, M, padded) ``a`` and (G, N, padded) ``b`` (one
-    batched matmul) added to the accumulators (``_batch_kernels.add_tree``)."""
-    groups, rows, _ = a.shape
-    columns = b.shape[1]
-    b_columns = b.transpose(0, 2, 1)
-    sums = np.empty((groups, rows, columns))
-    steps = np.empty(rows * columns)
-    # A nearest-even grid's rules are idle from a floor of Xa + Xb on, while every earlier
-    # tree's is there too (``blas.grid_nearest_even_floor``): those trees round as the rest.
-    floor = grid_nearest_even_floor(params) if mode == B.GRID else None
-    plain = floor is not None
-    for first, last, block in trees.tolist():
-        batched_matmul(a[..., first:last], b_columns[:, first:last], out=sums)
-        if plain:
-            least = int(scales_a[..., block].min()) + int(scales_b[..., block].min())
-            plain = least >= floor
-        B.add_tree(
-            sums,
-            scales_a,
-            scales_b,
-            block,
-            B.ROUND_EACH_TREE if plain else mode,
-            grid,
-            choices,
-            high,
-            low,
-            flags.reshape(-1),
-            steps,
-        )
+    arguments = (
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        kernel_args[0],
+        kernel_args[2],
+        trees,
+        mode,
+        floors,
+        grid,
+        choices,
+        out,
+        flags,
+    )
+    flagged = []
+    run_in_threads(
+        lambda start, stop: flagged.append(B.exact_groups(*arguments, start, stop)), groups
+    )
+    return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
 
 
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
