@@ -117,6 +117,12 @@ def finish_trees(high, low, mode, out):
         out[at] = np.float32(value).view(np.uint32)
 
 
+#: Columns of a lane block of :func:`window_groups`: a group's columns are padded to whole
+#: blocks, so that every loop over a block's lanes has a constant trip count (one vector of
+#: float32, no remainder loop) whatever the group's width.
+LANE_BLOCK = 16
+
+
 @njit(cache=True, nogil=True)
 def window_groups(
     codes_a,
@@ -126,10 +132,10 @@ def window_groups(
     c_values,
     a_values,
     a_exponents,
+    a_finite,
     b_values,
     b_exponents,
-    bad_rows,
-    bad_columns,
+    b_finite,
     cfg,
     out,
     flags_out,
@@ -137,75 +143,218 @@ def window_groups(
     stop,
 ):
     """Groups ``start`` to ``stop`` of a batch through a truncating-window unit
-    (``datapath.window``), each group's M * N outputs the lanes of one pass: the output codes
-    into ``out`` (G, M * N), 1 into ``flags_out`` (G, M * N) where the generic kernel must
-    recompute. ``codes_a`` (G, M, K), ``codes_b`` (G, N, K), their scales (G, rows, blocks),
-    ``c_values`` (G, M * N) or (1, 1), the per-code tables and ``cfg`` as
-    ``_window_kernels.window_items`` takes them, ``bad_rows`` (G, M) and ``bad_columns``
-    (G, N) from ``_window_kernels.unusable_rows``.
+    (``datapath.window``): the output codes into ``out`` (G, M * N), 1 into ``flags_out``
+    (G, M * N) where the generic kernel must recompute (a row of A or column of B holding a
+    non-finite element or, for a unit with scales, a NaN scale: ``_window_kernels``'
+    ``unusable_rows``; and every flag of the window stages). ``codes_a`` (G, M, K),
+    ``codes_b`` (G, N, K), their scales (G, rows, blocks), ``c_values`` (G, M * N) or
+    (1, 1), the per-code tables (values, exponents, finiteness) and ``cfg`` as
+    ``_window_kernels.window_items`` takes them.
 
-    Lane i * N + j pairs row i of A[g] with row j of B[g] (given as (N, K)): the group's
-    elements are decoded once and repeated into (K, M * N) tiles, then the window stages run
-    over the group's lanes at once as for row-wise dot products
-    (``_window_kernels.lane_trees``)."""
+    Each group's outputs are the lanes of one pass of the window stages, lane
+    i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s
+    (padding lanes: zero elements, their outputs dropped). The lanes read the group's
+    decoded elements in place: A's rows (M, K) as one value per row broadcast over its
+    lanes, B's columns decoded once into a (K, NP) tile read by every row; each tree's lane
+    shifts are its row's scale exponent plus its column's. The stages per lane are those of
+    ``_window_kernels.lane_trees``: the int8 exponent-sum maxima,
+    ``_window_kernels.tree_references``, the truncated terms summed in int32 groups of
+    ``group`` terms then in float64 (exact integers, in any order), and
+    ``_window_kernels.finish_tree``."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
-    lanes = rows * columns
-    fused_terms, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_BLOCK_SIZE]
+    padded = -(-columns // LANE_BLOCK) * LANE_BLOCK
+    even_rows = rows + rows % 2  # (the passes take rows in pairs: a last odd one gets a zero row)
+    lanes = even_rows * padded
+    fused_terms, group, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_GROUP], cfg[W.W_BLOCK_SIZE]
     scaled = cfg[W.W_SCALED] != 0
     one_c = c_values.shape[0] == 1
-    # Scratch once per call, not per group.
-    row_values = np.empty((rows, length), dtype=np.float32)
-    row_exponents = np.empty((rows, length), dtype=np.int8)
-    column_values = np.empty((length, columns), dtype=np.float32)
-    column_exponents = np.empty((length, columns), dtype=np.int8)
-    values_a = np.empty((length, lanes), dtype=np.float32)
-    values_b = np.empty((length, lanes), dtype=np.float32)
-    exponents_a = np.empty((length, lanes), dtype=np.int8)
-    exponents_b = np.empty((length, lanes), dtype=np.int8)
-    shifts = np.zeros(((length + fused_terms - 1) // fused_terms, lanes), dtype=np.int32)
+    trees = (length + fused_terms - 1) // fused_terms
+    # Scratch once per call, not per group; the tile's padding columns stay zero elements.
+    row_values = np.zeros((even_rows, length), dtype=np.float32)
+    row_exponents = np.full((even_rows, length), W.ZERO_EXPONENT, dtype=np.int8)
+    tile_values = np.zeros((length, padded), dtype=np.float32)
+    tile_exponents = np.full((length, padded), W.ZERO_EXPONENT, dtype=np.int8)
+    bad_rows = np.zeros(even_rows, dtype=np.uint8)
+    bad_columns = np.zeros(padded, dtype=np.uint8)
+    row_scales = np.zeros((rows, scales_a.shape[2] if scaled else 0), dtype=np.int32)
+    column_scales = np.zeros((scales_b.shape[2] if scaled else 0, padded), dtype=np.int32)
+    shifts = np.zeros(lanes, dtype=np.int32)
+    maxima = np.empty(lanes, dtype=np.int8)
+    references = np.empty(lanes, dtype=np.int64)
+    factors = np.empty(lanes, dtype=np.float32)
+    totals = np.empty(lanes)
+    acc = np.zeros(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
-    acc = np.empty(lanes)
-    scratch = W._lane_scratch(lanes)
+    codes_out = np.empty(lanes, dtype=out.dtype)
     for g in range(start, stop):
         for i in range(rows):
             row = codes_a[g, i]
+            count = 0
             for k in range(length):
-                row_values[i, k] = a_values[row[k]]
-                row_exponents[i, k] = a_exponents[row[k]]
+                code = row[k]
+                row_values[i, k] = a_values[code]
+                row_exponents[i, k] = a_exponents[code]
+                count += not a_finite[code]
+            if scaled:
+                for block in range(row_scales.shape[1]):
+                    x = scales_a[g, i, block]
+                    count += x == SCALE_NAN
+                    row_scales[i, block] = 0 if x == SCALE_NAN else x
+            bad_rows[i] = count != 0
         for j in range(columns):
             row = codes_b[g, j]
+            count = 0
             for k in range(length):
-                column_values[k, j] = b_values[row[k]]
-                column_exponents[k, j] = b_exponents[row[k]]
-        for k in range(length):
-            tile_values_a, tile_values_b = values_a[k], values_b[k]
-            tile_exponents_a, tile_exponents_b = exponents_a[k], exponents_b[k]
-            source_values, source_exponents = column_values[k], column_exponents[k]
+                code = row[k]
+                tile_values[k, j] = b_values[code]
+                tile_exponents[k, j] = b_exponents[code]
+                count += not b_finite[code]
+            if scaled:
+                for block in range(column_scales.shape[0]):
+                    y = scales_b[g, j, block]
+                    count += y == SCALE_NAN
+                    column_scales[block, j] = 0 if y == SCALE_NAN else y
+            bad_columns[j] = count != 0
+        for i in range(even_rows):
+            for j in range(padded):
+                lane_flags[i * padded + j] = bad_rows[i] | bad_columns[j]
+        if one_c:
+            W.start_accumulators(c_values[0], 0, acc, lane_flags, cfg)
+        else:
             for i in range(rows):
-                value, exponent = row_values[i, k], row_exponents[i, k]
-                first = i * columns
-                for j in range(columns):
-                    tile_values_a[first + j] = value
-                    tile_exponents_a[first + j] = exponent
-                    tile_values_b[first + j] = source_values[j]
-                    tile_exponents_b[first + j] = source_exponents[j]
+                first = i * padded
+                W.start_accumulators(
+                    c_values[g, i * columns : (i + 1) * columns],
+                    0,
+                    acc[first : first + columns],
+                    lane_flags[first : first + columns],
+                    cfg,
+                )
+        for tree in range(trees):
+            first_term = tree * fused_terms
+            last_term = min(first_term + fused_terms, length)
+            if scaled:
+                block = first_term // block_size
+                for i in range(rows):  # (the zero row's shifts stay 0)
+                    x = row_scales[i, block]
+                    for j in range(padded):
+                        shifts[i * padded + j] = x + column_scales[block, j]
+            _block_maxima(row_exponents, tile_exponents, first_term, last_term, maxima)
+            W.tree_references(maxima, shifts, acc, references, factors, cfg)
+            _block_totals(row_values, tile_values, factors, first_term, last_term, group, totals)
+            W.finish_tree(totals, references, acc, lane_flags, cfg)
+        W.encode_outputs(acc, lane_flags, codes_out, cfg)
         for i in range(rows):
             for j in range(columns):
-                lane_flags[i * columns + j] = bad_rows[g, i] | bad_columns[g, j]
-        if scaled:
-            for tree in range(shifts.shape[0]):
-                block = tree * fused_terms // block_size
-                for i in range(rows):
-                    x = scales_a[g, i, block]
-                    x = 0 if x == SCALE_NAN else x
-                    for j in range(columns):
-                        y = scales_b[g, j, block]
-                        shifts[tree, i * columns + j] = x + (0 if y == SCALE_NAN else y)
-        W.start_accumulators(c_values[0 if one_c else g], 0, acc, lane_flags, cfg)
-        W.lane_trees(
-            values_a, exponents_a, values_b, exponents_b, shifts, acc, lane_flags, scratch, cfg
-        )
-        W.encode_outputs(acc, lane_flags, out[g], cfg)
-        for lane in range(lanes):  # a loop: a slice assignment compiles shape-error formatting
-            flags_out[g, lane] = lane_flags[lane]
+                out[g, i * columns + j] = codes_out[i * padded + j]
+                flags_out[g, i * columns + j] = lane_flags[i * padded + j]
+
+
+@njit(cache=True, inline="always")
+def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
+    """maxima[i * NP + j] = max over k in [start, stop) of the int8 sum
+    row_exponents[i, k] + tile_exponents[k, j]: a tree's exponent-sum maxima of every lane.
+    Two rows (an even count) and eight k per pass over a block's ``LANE_BLOCK`` lanes: each
+    pass pays for its views and the compiler's overlap tests of them once, so the more terms
+    it holds the less they cost. (Lanes are indexed from 0 in views: an index Numba cannot
+    prove non-negative gets its wraparound test, which turns the loads into gathers.)"""
+    rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
+    terms = stop - start
+    for i in range(0, rows, 2):
+        x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
+        for column0 in range(0, padded, LANE_BLOCK):
+            lane0 = i * padded + column0
+            m0 = maxima[lane0 : lane0 + LANE_BLOCK]
+            m1 = maxima[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            t = tile_exponents[start:stop, column0 : column0 + LANE_BLOCK]
+            for j in range(LANE_BLOCK):
+                m0[j] = -128
+                m1[j] = -128
+            for pass_ in range(terms // 8):
+                k = 8 * pass_
+                x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
+                x4, x5, x6, x7 = x[k + 4], x[k + 5], x[k + 6], x[k + 7]
+                y0, y1, y2, y3 = y[k], y[k + 1], y[k + 2], y[k + 3]
+                y4, y5, y6, y7 = y[k + 4], y[k + 5], y[k + 6], y[k + 7]
+                for j in range(LANE_BLOCK):
+                    b0, b1, b2, b3 = t[k, j], t[k + 1, j], t[k + 2, j], t[k + 3, j]
+                    b4, b5, b6, b7 = t[k + 4, j], t[k + 5, j], t[k + 6, j], t[k + 7, j]
+                    low = max(
+                        max(np.int8(x0 + b0), np.int8(x1 + b1)),
+                        max(np.int8(x2 + b2), np.int8(x3 + b3)),
+                    )
+                    high = max(
+                        max(np.int8(x4 + b4), np.int8(x5 + b5)),
+                        max(np.int8(x6 + b6), np.int8(x7 + b7)),
+                    )
+                    m0[j] = max(m0[j], max(low, high))
+                    low = max(
+                        max(np.int8(y0 + b0), np.int8(y1 + b1)),
+                        max(np.int8(y2 + b2), np.int8(y3 + b3)),
+                    )
+                    high = max(
+                        max(np.int8(y4 + b4), np.int8(y5 + b5)),
+                        max(np.int8(y6 + b6), np.int8(y7 + b7)),
+                    )
+                    m1[j] = max(m1[j], max(low, high))
+            for k in range(terms - terms % 8, terms):
+                x0, y0 = x[k], y[k]
+                for j in range(LANE_BLOCK):
+                    m0[j] = max(m0[j], np.int8(x0 + t[k, j]))
+                    m1[j] = max(m1[j], np.int8(y0 + t[k, j]))
+
+
+@njit(cache=True, inline="always")
+def _block_totals(row_values, tile_values, factors, start, stop, group, totals):
+    """totals[i * NP + j] = the sum over k in [start, stop) of the truncated terms
+    int32(row_values[i, k] * tile_values[k, j] * factors[i * NP + j]): eight terms at a time
+    in int32 where ``group`` >= 8 (no sum of ``group`` terms overflows: ``_window_kernels``),
+    those sums in float64 (integers below 2^53, as the window route's tree sums: exact in
+    any order); two rows and eight k per pass over a block's lanes, as in
+    :func:`_block_maxima`."""
+    rows, padded = row_values.shape[0], tile_values.shape[1]
+    terms = stop - start
+    passes = terms // 8 if group >= 8 else 0
+    for i in range(0, rows, 2):
+        x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
+        for column0 in range(0, padded, LANE_BLOCK):
+            lane0 = i * padded + column0
+            f0 = factors[lane0 : lane0 + LANE_BLOCK]
+            f1 = factors[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            s0 = totals[lane0 : lane0 + LANE_BLOCK]
+            s1 = totals[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            t = tile_values[start:stop, column0 : column0 + LANE_BLOCK]
+            for j in range(LANE_BLOCK):
+                s0[j] = 0.0
+                s1[j] = 0.0
+            for pass_ in range(passes):
+                k = 8 * pass_
+                x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
+                x4, x5, x6, x7 = x[k + 4], x[k + 5], x[k + 6], x[k + 7]
+                y0, y1, y2, y3 = y[k], y[k + 1], y[k + 2], y[k + 3]
+                y4, y5, y6, y7 = y[k + 4], y[k + 5], y[k + 6], y[k + 7]
+                for j in range(LANE_BLOCK):
+                    b0, b1, b2, b3 = t[k, j], t[k + 1, j], t[k + 2, j], t[k + 3, j]
+                    b4, b5, b6, b7 = t[k + 4, j], t[k + 5, j], t[k + 6, j], t[k + 7, j]
+                    f = f0[j]
+                    low = (np.int32(x0 * b0 * f) + np.int32(x1 * b1 * f)) + (
+                        np.int32(x2 * b2 * f) + np.int32(x3 * b3 * f)
+                    )
+                    high = (np.int32(x4 * b4 * f) + np.int32(x5 * b5 * f)) + (
+                        np.int32(x6 * b6 * f) + np.int32(x7 * b7 * f)
+                    )
+                    s0[j] += np.int32(low + high)
+                    f = f1[j]
+                    low = (np.int32(y0 * b0 * f) + np.int32(y1 * b1 * f)) + (
+                        np.int32(y2 * b2 * f) + np.int32(y3 * b3 * f)
+                    )
+                    high = (np.int32(y4 * b4 * f) + np.int32(y5 * b5 * f)) + (
+                        np.int32(y6 * b6 * f) + np.int32(y7 * b7 * f)
+                    )
+                    s1[j] += np.int32(low + high)
+            for k in range(8 * passes, terms):
+                x0, y0 = x[k], y[k]
+                for j in range(LANE_BLOCK):
+                    s0[j] += np.int32(x0 * t[k, j] * f0[j])
+                    s1[j] += np.int32(y0 * t[k, j] * f1[j])

@@ -202,9 +202,6 @@ def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values,
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
     flags = np.empty(out.shape, dtype=np.uint8)
-    scaled = cfg[W.W_SCALED] != 0
-    bad_rows = W.unusable_rows(codes_a, scales_a, a.finite, scaled)
-    bad_columns = W.unusable_rows(codes_b, scales_b, b.finite, scaled)
     arguments = (
         codes_a,
         codes_b,
@@ -213,10 +210,10 @@ def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values,
         np.ascontiguousarray(c_values).reshape(c_values.shape[0], -1),
         a.values,
         a.exponents,
+        a.finite,
         b.values,
         b.exponents,
-        bad_rows,
-        bad_columns,
+        b.finite,
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
