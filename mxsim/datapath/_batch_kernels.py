@@ -121,6 +121,11 @@ def finish_trees(high, low, mode, out):
 #: blocks, so that every loop over a block's lanes has a constant trip count (one vector of
 #: float32, no remainder loop) whatever the group's width.
 LANE_BLOCK = 16
+#: Bit positions of a packed element table's fields (:func:`window_groups`): the value's
+#: float32 bits in bits 0-31, the int8 alignment exponent in bits 32-39, 1 in bit 40 for a
+#: non-finite code. One load a code instead of three.
+PACKED_EXPONENT_SHIFT = 32
+PACKED_NON_FINITE_SHIFT = 40
 
 
 @njit(cache=True, nogil=True)
@@ -130,12 +135,8 @@ def window_groups(
     scales_a,
     scales_b,
     c_values,
-    a_values,
-    a_exponents,
-    a_finite,
-    b_values,
-    b_exponents,
-    b_finite,
+    a_packed,
+    b_packed,
     cfg,
     out,
     flags_out,
@@ -148,8 +149,9 @@ def window_groups(
     non-finite element or, for a unit with scales, a NaN scale: ``_window_kernels``'
     ``unusable_rows``; and every flag of the window stages). ``codes_a`` (G, M, K),
     ``codes_b`` (G, N, K), their scales (G, rows, blocks), ``c_values`` (G, M * N) or
-    (1, 1), the per-code tables (values, exponents, finiteness) and ``cfg`` as
-    ``_window_kernels.window_items`` takes them.
+    (1, 1), ``cfg`` as ``_window_kernels.window_items`` takes it and the per-code tables
+    packed into one int64 a code (``PACKED_EXPONENT_SHIFT``: the value table's float32,
+    the exponent table's int8 and whether the code is non-finite).
 
     Each group's outputs are the lanes of one pass of the window stages, lane
     i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s
@@ -190,32 +192,32 @@ def window_groups(
     for g in range(start, stop):
         for i in range(rows):
             row = codes_a[g, i]
-            count = 0
+            unusable = 0
             for k in range(length):
-                code = row[k]
-                row_values[i, k] = a_values[code]
-                row_exponents[i, k] = a_exponents[code]
-                count += not a_finite[code]
+                entry = a_packed[row[k]]
+                row_values[i, k] = np.int32(entry).view(np.float32)
+                row_exponents[i, k] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
+                unusable |= entry >> PACKED_NON_FINITE_SHIFT
             if scaled:
                 for block in range(row_scales.shape[1]):
                     x = scales_a[g, i, block]
-                    count += x == SCALE_NAN
+                    unusable |= x == SCALE_NAN
                     row_scales[i, block] = 0 if x == SCALE_NAN else x
-            bad_rows[i] = count != 0
+            bad_rows[i] = unusable != 0
         for j in range(columns):
             row = codes_b[g, j]
-            count = 0
+            unusable = 0
             for k in range(length):
-                code = row[k]
-                tile_values[k, j] = b_values[code]
-                tile_exponents[k, j] = b_exponents[code]
-                count += not b_finite[code]
+                entry = b_packed[row[k]]
+                tile_values[k, j] = np.int32(entry).view(np.float32)
+                tile_exponents[k, j] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
+                unusable |= entry >> PACKED_NON_FINITE_SHIFT
             if scaled:
                 for block in range(column_scales.shape[0]):
                     y = scales_b[g, j, block]
-                    count += y == SCALE_NAN
+                    unusable |= y == SCALE_NAN
                     column_scales[block, j] = 0 if y == SCALE_NAN else y
-            bad_columns[j] = count != 0
+            bad_columns[j] = unusable != 0
         for i in range(even_rows):
             for j in range(padded):
                 lane_flags[i * padded + j] = bad_rows[i] | bad_columns[j]

@@ -29,6 +29,7 @@ batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -192,6 +193,24 @@ def window_groups_apply(params: DatapathParams, rows: int, columns: int, length:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _packed_tables(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
+    """The window route's per-code tables of A's and B's element formats packed as
+    ``_batch_kernels.window_groups`` reads them: int64 entries holding the float32 value's
+    bits, the int8 exponent and whether the code is non-finite (read only)."""
+    _, a, b = _window_config(params)
+    packed = []
+    for table in (a, b):
+        entries = (
+            (table.values.view(np.uint32).astype(np.int64))
+            | ((table.exponents.astype(np.int64) & 0xFF) << B.PACKED_EXPONENT_SHIFT)
+            | ((~table.finite).astype(np.int64) << B.PACKED_NON_FINITE_SHIFT)
+        )
+        entries.setflags(write=False)
+        packed.append(entries)
+    return packed[0], packed[1]
+
+
 def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
@@ -208,12 +227,7 @@ def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values,
         scales_a,
         scales_b,
         np.ascontiguousarray(c_values).reshape(c_values.shape[0], -1),
-        a.values,
-        a.exponents,
-        a.finite,
-        b.values,
-        b.exponents,
-        b.finite,
+        *_packed_tables(params),
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
