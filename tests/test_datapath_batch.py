@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mxsim.datapath.api as api
@@ -445,3 +445,143 @@ def test_route_rounds_c_plus_a_tree_sum_once(name):
     got = matmul_batched(config, a, b, c=c)
     np.testing.assert_array_equal(got.values, np.float32(1.0 + 2.0**-23))
     np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
+
+
+def shipped_window_units() -> list[tuple[str, str, str, str | None]]:
+    """(config, A format, B format, output format or None for the config's) of every shipped
+    config and format pair (fp32 and fp16 outputs) that takes the window small-groups route."""
+    chosen = []
+    for path in sorted((REPO / "hwconfigs").glob("*.yaml")):
+        config = load_hwconfig(path)
+        for a_name in config.a_formats:
+            for b_name in config.b_formats:
+                for out_name in (None, "fp16"):
+                    try:
+                        params = config.params(a_name, b_name, out_name)
+                    except Exception:  # a pair or output the config does not take
+                        continue
+                    if window_groups_apply(params, 5, 19, 37):
+                        chosen.append((path.stem, a_name, b_name, out_name))
+    return chosen
+
+
+SHIPPED_WINDOW_UNITS = shipped_window_units()
+
+
+def mixed_operands(rng, config, a_name, b_name, shape, corners):
+    """``operands`` with A of one element format and B of another (each its own batch)."""
+    block = config.sections[("inputs", "block_size")]
+    scaled = config.sections[("inputs", "scales")] != "none"
+    a, _ = operands(rng, a_name, block, shape, corners, scaled)
+    _, b = operands(rng, b_name, block, shape, corners, scaled)
+    return a, b
+
+
+def run_window_groups(monkeypatch, config, a, b, c, out_name=None):
+    """The batch through ``matmul_batched``, checked to take the window small-groups route,
+    and the generic kernel's bits; asserts they agree bit for bit and that every output with
+    a special input was left to the generic kernel. Returns the route's result."""
+    taken = []
+    route = api.window_groups_matmul
+
+    def recording(*arguments):
+        taken.append(True)
+        return route(*arguments)
+
+    monkeypatch.setattr(api, "window_groups_matmul", recording)
+    flagged = []
+    recompute = api._recompute
+
+    def recording_recompute(g, m, n, *rest):
+        flagged.append((g, m, n))
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
+    got = matmul_batched(config, a, b, c=c, out_format=out_name)
+    monkeypatch.setattr(api, "_recompute", recompute)
+    monkeypatch.setattr(api, "window_groups_matmul", route)
+    assert taken == [True]
+    want = matmul_batched(config, a, b, c=c, out_format=out_name, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    marked = np.zeros(got.bits.shape, dtype=bool)
+    for g, m, n in flagged:
+        marked[g, m, n] = True
+    assert not (special_outputs(a, b, c) & ~marked).any()
+    return got
+
+
+@pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
+def test_window_groups_equal_the_kernel_for_every_shipped_window_config(
+    monkeypatch, name, a_name, b_name, out_name
+):
+    """Every shipped config and format pair the window small-groups route takes, on groups
+    of an odd row count (a zero row pads the row pairs), two lane blocks of columns (19:
+    three padding lanes) and K = 37 (past a tree of 32, not a multiple of the kernels' eight
+    terms a pass), realistic data with a few corners, c included."""
+    config = hw(name)
+    rng = np.random.default_rng(len(SHIPPED_WINDOW_UNITS))
+    shape = (3, 5, 37, 19)
+    a, b = mixed_operands(rng, config, a_name, b_name, shape, corners=0.01)
+    c = accumulator_inputs(rng, (3, 5, 19), corners=True)
+    got = run_window_groups(monkeypatch, config, a, b, c, out_name)
+    if out_name is None:
+        check_twin(config, a, b, c, got, rng, count=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    unit=st.sampled_from(WINDOW_UNITS),
+    shape=st.tuples(st.integers(2, 4), st.integers(1, 13), st.integers(1, 100), st.integers(1, 40)),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.02]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_window_groups_equal_the_kernel_on_random_wide_batches(unit, shape, corners, with_c, seed):
+    """Groups up to 13 rows (odd ones padded with a zero row) and 40 columns (up to three
+    lane blocks), K from 1 (a tree shorter than the kernels' eight-term passes) to 100
+    (four trees of some units), mostly realistic data; against the generic kernel and,
+    for a few outputs, the Fraction twin."""
+    name, fmt_name = unit
+    groups, m, k, n = shape
+    assume(m * n <= WINDOW_GROUP_OUTPUTS)
+    config = hw(name)
+    rng = np.random.default_rng(seed)
+    a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners)
+    c = accumulator_inputs(rng, (groups, m, n), corners > 0) if with_c else None
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        got = run_window_groups(monkeypatch, config, a, b, c)
+    check_twin(config, a, b, c, got, rng, count=2)
+
+
+@pytest.mark.parametrize("name, fmt_name", WINDOW_UNITS)
+def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, name, fmt_name):
+    """Corner batches of each window unit: every element 0 of either sign (+0 outputs), the
+    largest elements (at scale 2^127 where the unit takes scales: overflow), subnormal
+    elements (at 2^-127: underflow), each row and column at its own scale far from the
+    others' (gaps up to 2^254), M and N of 1, -0 and subnormal c."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    block = config.sections[("inputs", "block_size")]
+    rng = np.random.default_rng(9)
+    kinds = corner_codes(fmt_name)
+    for shape in ((4, 6, 45, 17), (3, 1, 33, 20), (3, 9, 20, 1)):
+        groups, m, k, n = shape
+        a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
+        cases = [(kinds["zero"], 127), (kinds["largest"], 254), (kinds["subnormal"], 0)]
+        for codes, scale in cases:
+            for x in (a, b):
+                x.codes[...] = rng.choice(codes, size=x.codes.shape)
+                x.scales[...] = scale if scaled else 127
+            run_window_groups(monkeypatch, config, a, b, None)
+        a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
+        if scaled:
+            a.scales[...] = rng.choice([0, 1, 127, 253, 254], size=a.scales.shape)
+            b.scales[...] = rng.choice([0, 1, 127, 253, 254], size=b.scales.shape)
+        c = accumulator_inputs(rng, (groups, m, n), False)
+        c[0] = -0.0
+        c[-1, 0] = 1e-41
+        run_window_groups(monkeypatch, config, a, b, c)
+        zeros = a.codes.copy()
+        zeros[...] = kinds["zero"][-1]  # the negative zero where the format has one
+        got = run_window_groups(monkeypatch, config, dataclasses.replace(a, codes=zeros), b, None)
+        np.testing.assert_array_equal(got.bits, 0)
