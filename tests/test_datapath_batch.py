@@ -26,6 +26,7 @@ from mxsim.datapath.batch import (
     window_groups_apply,
 )
 from mxsim.datapath.reference import dot_reference
+from mxsim.datapath.window import window_applies
 from mxsim.quantize import quantize_grouped
 
 # (unit, element format): every accumulation of the route (trees rounded to nearest even,
@@ -585,3 +586,22 @@ def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, n
         zeros[...] = kinds["zero"][-1]  # the negative zero where the format has one
         got = run_window_groups(monkeypatch, config, dataclasses.replace(a, codes=zeros), b, None)
         np.testing.assert_array_equal(got.bits, 0)
+
+
+def test_window_units_with_trees_of_four_keep_the_per_gemm_route(monkeypatch):
+    """V100's FP16 trees of four terms are not whole passes of the small-groups kernel: the
+    batch takes the per-GEMM window route, its bits the generic kernel's."""
+    config = hw("v100")
+    params = config.params("fp16", "fp16")
+    assert params.fused_terms == 4 and window_applies(params)
+    assert not window_groups_apply(params, 14, 14, 32)
+    rng = np.random.default_rng(12)
+    a, b = operands(rng, "fp16", 32, (3, 6, 21, 5), 0.0, scaled=False)
+    c = accumulator_inputs(rng, (3, 6, 5), False)
+    taken = []
+    route = api.window_groups_matmul
+    monkeypatch.setattr(api, "window_groups_matmul", lambda *x: taken.append(1) or route(*x))
+    got = matmul_batched(config, a, b, c=c)
+    assert not taken
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)

@@ -121,6 +121,9 @@ def finish_trees(high, low, mode, out):
 #: blocks, so that every loop over a block's lanes has a constant trip count (one vector of
 #: float32, no remainder loop) whatever the group's width.
 LANE_BLOCK = 16
+#: Terms of a pass of :func:`window_groups`' stages (unrolled in their loops): the route
+#: takes units whose trees are whole passes and whose int32 groups hold a pass's terms.
+PASS_TERMS = 8
 #: Bit positions of a packed element table's fields (:func:`window_groups`): the value's
 #: float32 bits in bits 0-31, the int8 alignment exponent in bits 32-39, 1 in bit 40 for a
 #: non-finite code. One load a code instead of three.
@@ -168,15 +171,19 @@ def window_groups(
     padded = -(-columns // LANE_BLOCK) * LANE_BLOCK
     even_rows = rows + rows % 2  # (the passes take rows in pairs: a last odd one gets a zero row)
     lanes = even_rows * padded
-    fused_terms, group, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_GROUP], cfg[W.W_BLOCK_SIZE]
+    fused_terms, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_BLOCK_SIZE]
     scaled = cfg[W.W_SCALED] != 0
     one_c = c_values.shape[0] == 1
     trees = (length + fused_terms - 1) // fused_terms
-    # Scratch once per call, not per group; the tile's padding columns stay zero elements.
-    row_values = np.zeros((even_rows, length), dtype=np.float32)
-    row_exponents = np.full((even_rows, length), W.ZERO_EXPONENT, dtype=np.int8)
-    tile_values = np.zeros((length, padded), dtype=np.float32)
-    tile_exponents = np.full((length, padded), W.ZERO_EXPONENT, dtype=np.int8)
+    # K padded with zero elements to whole passes (fused_terms is a multiple of a pass): the
+    # last tree's last pass is whole too.
+    padded_length = -(-length // PASS_TERMS) * PASS_TERMS
+    # Scratch once per call, not per group; the padding rows, columns and terms stay zero
+    # elements.
+    row_values = np.zeros((even_rows, padded_length), dtype=np.float32)
+    row_exponents = np.full((even_rows, padded_length), W.ZERO_EXPONENT, dtype=np.int8)
+    tile_values = np.zeros((padded_length, padded), dtype=np.float32)
+    tile_exponents = np.full((padded_length, padded), W.ZERO_EXPONENT, dtype=np.int8)
     bad_rows = np.zeros(even_rows, dtype=np.uint8)
     bad_columns = np.zeros(padded, dtype=np.uint8)
     row_scales = np.zeros((rows, scales_a.shape[2] if scaled else 0), dtype=np.int32)
@@ -234,17 +241,17 @@ def window_groups(
                     cfg,
                 )
         for tree in range(trees):
-            first_term = tree * fused_terms
-            last_term = min(first_term + fused_terms, length)
             if scaled:
-                block = first_term // block_size
+                block = tree * fused_terms // block_size
                 for i in range(rows):  # (the zero row's shifts stay 0)
                     x = row_scales[i, block]
                     for j in range(padded):
                         shifts[i * padded + j] = x + column_scales[block, j]
-            _block_maxima(row_exponents, tile_exponents, first_term, last_term, maxima)
+            first = tree * fused_terms
+            last = min(first + fused_terms, padded_length)
+            _block_maxima(row_exponents, tile_exponents, first, last, maxima)
             W.tree_references(maxima, shifts, acc, references, factors, cfg)
-            _block_totals(row_values, tile_values, factors, first_term, last_term, group, totals)
+            _block_totals(row_values, tile_values, factors, first, last, totals)
             W.finish_tree(totals, references, acc, lane_flags, cfg)
         W.encode_outputs(acc, lane_flags, codes_out, cfg)
         for i in range(rows):
@@ -262,7 +269,6 @@ def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
     it holds the less they cost. (Lanes are indexed from 0 in views: an index Numba cannot
     prove non-negative gets its wraparound test, which turns the loads into gathers.)"""
     rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
-    terms = stop - start
     for i in range(0, rows, 2):
         x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
         for column0 in range(0, padded, LANE_BLOCK):
@@ -273,8 +279,8 @@ def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
             for j in range(LANE_BLOCK):
                 m0[j] = -128
                 m1[j] = -128
-            for pass_ in range(terms // 8):
-                k = 8 * pass_
+            for pass_ in range((stop - start) // PASS_TERMS):
+                k = PASS_TERMS * pass_
                 x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
                 x4, x5, x6, x7 = x[k + 4], x[k + 5], x[k + 6], x[k + 7]
                 y0, y1, y2, y3 = y[k], y[k + 1], y[k + 2], y[k + 3]
@@ -300,24 +306,16 @@ def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
                         max(np.int8(y6 + b6), np.int8(y7 + b7)),
                     )
                     m1[j] = max(m1[j], max(low, high))
-            for k in range(terms - terms % 8, terms):
-                x0, y0 = x[k], y[k]
-                for j in range(LANE_BLOCK):
-                    m0[j] = max(m0[j], np.int8(x0 + t[k, j]))
-                    m1[j] = max(m1[j], np.int8(y0 + t[k, j]))
 
 
 @njit(cache=True, inline="always")
-def _block_totals(row_values, tile_values, factors, start, stop, group, totals):
-    """totals[i * NP + j] = the sum over k in [start, stop) of the truncated terms
-    int32(row_values[i, k] * tile_values[k, j] * factors[i * NP + j]): eight terms at a time
-    in int32 where ``group`` >= 8 (no sum of ``group`` terms overflows: ``_window_kernels``),
-    those sums in float64 (integers below 2^53, as the window route's tree sums: exact in
-    any order); two rows and eight k per pass over a block's lanes, as in
-    :func:`_block_maxima`."""
+def _block_totals(row_values, tile_values, factors, start, stop, totals):
+    """totals[i * NP + j] = the sum over k in [start, stop) (whole passes) of the truncated
+    terms int32(row_values[i, k] * tile_values[k, j] * factors[i * NP + j]): each pass's
+    eight in int32 (no sum of a pass's terms overflows: :func:`window_groups`), the passes'
+    sums in float64 (integers below 2^53, as the window route's tree sums: exact in any
+    order); two rows and a pass per loop over a block's lanes, as in :func:`_block_maxima`."""
     rows, padded = row_values.shape[0], tile_values.shape[1]
-    terms = stop - start
-    passes = terms // 8 if group >= 8 else 0
     for i in range(0, rows, 2):
         x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
         for column0 in range(0, padded, LANE_BLOCK):
@@ -330,8 +328,8 @@ def _block_totals(row_values, tile_values, factors, start, stop, group, totals):
             for j in range(LANE_BLOCK):
                 s0[j] = 0.0
                 s1[j] = 0.0
-            for pass_ in range(passes):
-                k = 8 * pass_
+            for pass_ in range((stop - start) // PASS_TERMS):
+                k = PASS_TERMS * pass_
                 x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
                 x4, x5, x6, x7 = x[k + 4], x[k + 5], x[k + 6], x[k + 7]
                 y0, y1, y2, y3 = y[k], y[k + 1], y[k + 2], y[k + 3]
@@ -355,8 +353,3 @@ def _block_totals(row_values, tile_values, factors, start, stop, group, totals):
                         np.int32(y6 * b6 * f) + np.int32(y7 * b7 * f)
                     )
                     s1[j] += np.int32(low + high)
-            for k in range(8 * passes, terms):
-                x0, y0 = x[k], y[k]
-                for j in range(LANE_BLOCK):
-                    s0[j] += np.int32(x0 * t[k, j] * f0[j])
-                    s1[j] += np.int32(y0 * t[k, j] * f1[j])

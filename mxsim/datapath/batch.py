@@ -185,12 +185,18 @@ def window_groups_apply(params: DatapathParams, rows: int, columns: int, length:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the window route's small-groups kernel: small groups
     (:data:`WINDOW_GROUP_OUTPUTS`, lane tiles within :data:`WINDOW_GROUP_VALUES`) through a
-    unit that takes the window route (``window.window_applies``)."""
-    return (
+    unit that takes the window route (``window.window_applies``) whose trees are whole
+    passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
+    pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
+    of 8, 16 or 32 terms; a unit with trees of 4 keeps the per-GEMM window route."""
+    if not (
         rows * columns <= WINDOW_GROUP_OUTPUTS
         and rows * columns * length <= WINDOW_GROUP_VALUES
         and window_applies(params)
-    )
+    ):
+        return False
+    cfg = _window_config(params)[0]
+    return bool(cfg[W.W_FUSED_TERMS] % B.PASS_TERMS == 0 and cfg[W.W_GROUP] >= B.PASS_TERMS)
 
 
 @functools.lru_cache(maxsize=None)
