@@ -605,3 +605,18 @@ def test_window_units_with_trees_of_four_keep_the_per_gemm_route(monkeypatch):
     assert not taken
     want = matmul_batched(config, a, b, c=c, method="kernel")
     np.testing.assert_array_equal(got.bits, want.bits)
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name", [("h100-fp8", "fp8_e5m2"), ("b200-tcgen05-mxf8f6f4", "fp6_e3m2")]
+)
+@pytest.mark.parametrize("shape", [(2, 1, 100, 300), (2, 3, 70, 170)])
+def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_name, shape):
+    """Groups of 170 to 300 columns, whose tile B is decoded a band of rows at a time (bands
+    of 24 and 40 rows: K of 100 and 70 takes several), with corners and c: the generic
+    kernel's bits."""
+    config = hw(name)
+    rng = np.random.default_rng(shape[3])
+    a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners=0.01)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
+    run_window_groups(monkeypatch, config, a, b, c)
