@@ -7,8 +7,9 @@ matmul, and adds them to every output's accumulator (:func:`start_trees`, :func:
 per tree, :func:`finish_trees`): exactly what ``datapath.blas`` computes per GEMM (its module
 docstring says why the float64 sums are exact in any order).
 
-Truncating-window units (:func:`window_groups`): each group's outputs are the SIMD lanes of
-one pass of the window kernels' stages (``_window_kernels.lane_trees``).
+Truncating-window units (:func:`window_groups`): each group's outputs are SIMD lanes that read
+the group's decoded rows of A and columns of B in place, through the window kernels' stages
+(``_window_kernels``: tree references, tree finish, output encoding).
 """
 
 from __future__ import annotations
@@ -157,14 +158,17 @@ def window_groups(
     the exponent table's int8 and whether the code is non-finite).
 
     Each group's outputs are the lanes of one pass of the window stages, lane
-    i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s
-    (padding lanes: zero elements, their outputs dropped). The lanes read the group's
-    decoded elements in place: A's rows (M, K) as one value per row broadcast over its
-    lanes, B's columns decoded once into a (K, NP) tile read by every row; each tree's lane
-    shifts are its row's scale exponent plus its column's. The stages per lane are those of
+    i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
+    rows to an even count and K to whole passes of ``PASS_TERMS`` (the padding: zero
+    elements, whose terms are 0 and whose exponent sums stay below ``threshold``; the
+    padding lanes' outputs are dropped). The lanes read the group's decoded elements in
+    place: A's rows (M, K) as one value per row broadcast over its lanes, B's columns
+    decoded once into a (K, NP) tile read by every row; each tree's lane shifts are its
+    row's scale exponent plus its column's. The stages per lane are those of
     ``_window_kernels.lane_trees``: the int8 exponent-sum maxima,
-    ``_window_kernels.tree_references``, the truncated terms summed in int32 groups of
-    ``group`` terms then in float64 (exact integers, in any order), and
+    ``_window_kernels.tree_references``, the truncated terms, each pass's summed in int32
+    (``datapath.batch.window_groups_apply`` admits units whose int32 groups hold a pass)
+    and the passes' sums in float64 (exact integers, in any order), and
     ``_window_kernels.finish_tree``."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]

@@ -18,11 +18,12 @@ scale block only (folded trees of several blocks, bfp-exact, stay on the BLAS ro
 route decodes :data:`GROUPS_DECODED` elements at most at once, whole groups at a time.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
-M x N outputs are the lanes of one pass of the window kernels' stages.
+M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
+place (``_batch_kernels.window_groups``), through the window kernels' stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
-:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or lane
-tiles (window units, :data:`WINDOW_GROUP_VALUES`) are small (``datapath.api`` asks for
+:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
+products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
 batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 """
 
@@ -55,8 +56,8 @@ from .window import _window_config, window_applies
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
-#: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
-#: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
+#: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
+#: group's columns (16 x 32 heads run about twice as fast on the small-groups route).
 WINDOW_GROUP_OUTPUTS = 512
 #: The BLAS's batched float64 matmul the trees' sums come from (any BLAS: the route does
 #: not rely on how it treats an infinite element times zero).
@@ -64,7 +65,9 @@ batched_matmul = np.matmul
 #: Decoded elements (float64) of A and B held at once by the exact small-groups route: whole
 #: groups up to this many, as the BLAS route bounds its decoded panels.
 GROUPS_DECODED = DECODED_VALUES
-#: A window group's lane tiles hold K x M x N elements (about 10 bytes each, per thread).
+#: Products per group (K x M x N) up to which a batch of window units takes the small-groups
+#: route (per thread it holds a group's K x (M + N) decoded elements and about 30 bytes an
+#: output).
 WINDOW_GROUP_VALUES = 1 << 18
 
 
@@ -184,7 +187,7 @@ def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, hig
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the window route's small-groups kernel: small groups
-    (:data:`WINDOW_GROUP_OUTPUTS`, lane tiles within :data:`WINDOW_GROUP_VALUES`) through a
+    (:data:`WINDOW_GROUP_OUTPUTS`, products within :data:`WINDOW_GROUP_VALUES`) through a
     unit that takes the window route (``window.window_applies``) whose trees are whole
     passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
     pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
@@ -220,7 +223,7 @@ def _packed_tables(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
 def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
-    (G, M, N) or (1, 1, 1)), each group's outputs the lanes of one pass
+    (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
     (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
     the outputs the generic kernel must compute, as ``window.window_matmul`` does."""
     cfg, a, b = _window_config(params)

@@ -30,6 +30,8 @@ from .tables import element_tables, sum_format
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
 MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
+
+
 # No kept tiles of B (window_matmul without a memo): read-only as the kept ones are.
 def _read_only(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
