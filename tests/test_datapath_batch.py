@@ -620,3 +620,59 @@ def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_
     a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners=0.01)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
     run_window_groups(monkeypatch, config, a, b, c)
+
+
+def small_element_operands(rng, shape, scaled):
+    """(A, B) of FP8 E4M3 elements below 1/4 in the first K of each row (every product's
+    exponent sum negative) and the quantizer's zero padding after them, scales 1."""
+    fmt = get_format("fp8_e4m3")
+    codes = np.arange(256)
+    values = fmt.decode_fields(codes)
+    small = codes[np.isfinite(values) & (np.abs(values) >= 2.0**-6) & (np.abs(values) < 0.25)]
+    a, b = operands(rng, "fp8_e4m3", 32, shape, 0.0, scaled)
+    for x in (a, b):
+        x.codes[...] = 0
+        x.codes[..., : shape[2]] = rng.choice(small, size=x.codes[..., : shape[2]].shape)
+        x.scales[...] = 127
+    return a, b
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_window_groups_of_small_elements_beside_zero_padding(monkeypatch, name):
+    """Every element below 1/4 (all exponent sums negative) and the rest of the 32-element
+    block zeros: the zeros' exponents must not raise any tree's reference, or the truncation
+    to the window differs from the generic kernel's."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    rng = np.random.default_rng(13)
+    for shape in ((3, 6, 13, 9), (2, 4, 21, 20)):
+        a, b = small_element_operands(rng, shape, scaled)
+        got = run_window_groups(monkeypatch, config, a, b, None)
+        assert np.isfinite(got.values).all() and (got.values != 0).any()
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_window_groups_pad_k_to_whole_passes(name):
+    """Codes of K = 13 and 21 (not whole passes of eight terms: the kernel pads them with zero
+    elements) straight into ``window_groups_matmul``: the generic kernel's bits of the same
+    products with the quantizer's block of 32 (zeros after K)."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    rng = np.random.default_rng(14)
+    for shape in ((3, 6, 13, 9), (2, 5, 21, 20)):
+        groups, m, k, n = shape
+        a, b = small_element_operands(rng, shape, scaled)
+        params = config.params("fp8_e4m3", "fp8_e4m3")
+        want = matmul_batched(config, a, b, method="kernel").bits
+        got = np.empty((groups, m, n), dtype=np.uint32)
+        flagged = batch_module.window_groups_matmul(
+            params,
+            np.ascontiguousarray(a.codes[..., :k]),
+            np.ascontiguousarray(b.codes[..., :k]),
+            api._scales_for_unit(a.scales, params),
+            api._scales_for_unit(b.scales, params),
+            np.zeros((1, 1, 1), dtype=np.float32),
+            got,
+        )
+        assert not flagged[0].size
+        np.testing.assert_array_equal(got, want)
