@@ -379,6 +379,9 @@ def test_which_units_and_groups_take_the_route():
         length = WINDOW_GROUP_VALUES // WINDOW_GROUP_OUTPUTS
         assert window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, length)
         assert not window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, length + 1)
+        # a narrow group's tile of B is 16 columns wide: its K x 16 within the bound too
+        assert window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16)
+        assert not window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16 + 1)
     refused = [
         ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
         ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits

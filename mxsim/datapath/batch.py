@@ -66,8 +66,9 @@ batched_matmul = np.matmul
 #: groups up to this many, as the BLAS route bounds its decoded panels.
 GROUPS_DECODED = DECODED_VALUES
 #: Products per group (K x M x N) up to which a batch of window units takes the small-groups
-#: route (per thread it holds a group's K x (M + N) decoded elements and about 30 bytes an
-#: output).
+#: route, and elements of its tile of B (K x N, N padded to whole blocks of 16 lanes): per
+#: thread the kernel holds a group's decoded rows and tile (5 bytes an element) and about 35
+#: bytes an output.
 WINDOW_GROUP_VALUES = 1 << 18
 
 
@@ -187,14 +188,17 @@ def _add_trees(params, trees, a, b, scales_a, scales_b, mode, grid, choices, hig
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the window route's small-groups kernel: small groups
-    (:data:`WINDOW_GROUP_OUTPUTS`, products within :data:`WINDOW_GROUP_VALUES`) through a
+    (:data:`WINDOW_GROUP_OUTPUTS`, products and the kernel's tile of B, its columns padded
+    to whole lane blocks, within :data:`WINDOW_GROUP_VALUES`) through a
     unit that takes the window route (``window.window_applies``) whose trees are whole
     passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
     pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
     of 8, 16 or 32 terms; a unit with trees of 4 keeps the per-GEMM window route."""
+    padded_columns = -(-columns // B.LANE_BLOCK) * B.LANE_BLOCK  # the tile of B's width
     if not (
         rows * columns <= WINDOW_GROUP_OUTPUTS
         and rows * columns * length <= WINDOW_GROUP_VALUES
+        and padded_columns * length <= WINDOW_GROUP_VALUES
         and window_applies(params)
     ):
         return False
