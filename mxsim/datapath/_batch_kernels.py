@@ -272,6 +272,67 @@ def window_groups(
 
 
 @njit(cache=True, inline="always")
+def _pass_terms(row, k):
+    """row[k] to row[k + 7]: a pass's elements of one row, loaded once outside the loop over
+    a block's lanes."""
+    return (
+        row[k],
+        row[k + 1],
+        row[k + 2],
+        row[k + 3],
+        row[k + 4],
+        row[k + 5],
+        row[k + 6],
+        row[k + 7],
+    )
+
+
+@njit(cache=True, inline="always")
+def _pass_column(tile, k, j):
+    """tile[k, j] to tile[k + 7, j]: a pass's elements of one lane's column of the tile."""
+    return (
+        tile[k, j],
+        tile[k + 1, j],
+        tile[k + 2, j],
+        tile[k + 3, j],
+        tile[k + 4, j],
+        tile[k + 5, j],
+        tile[k + 6, j],
+        tile[k + 7, j],
+    )
+
+
+@njit(cache=True, inline="always")
+def _pass_maximum(row, column):
+    """The largest int8 exponent sum row[d] + column[d] of a pass (d < 8)."""
+    return max(
+        max(
+            max(np.int8(row[0] + column[0]), np.int8(row[1] + column[1])),
+            max(np.int8(row[2] + column[2]), np.int8(row[3] + column[3])),
+        ),
+        max(
+            max(np.int8(row[4] + column[4]), np.int8(row[5] + column[5])),
+            max(np.int8(row[6] + column[6]), np.int8(row[7] + column[7])),
+        ),
+    )
+
+
+@njit(cache=True, inline="always")
+def _pass_sum(row, column, factor):
+    """The int32 sum of a pass's truncated terms int32(row[d] * column[d] * factor) (d < 8)."""
+    return np.int32(
+        (
+            (np.int32(row[0] * column[0] * factor) + np.int32(row[1] * column[1] * factor))
+            + (np.int32(row[2] * column[2] * factor) + np.int32(row[3] * column[3] * factor))
+        )
+        + (
+            (np.int32(row[4] * column[4] * factor) + np.int32(row[5] * column[5] * factor))
+            + (np.int32(row[6] * column[6] * factor) + np.int32(row[7] * column[7] * factor))
+        )
+    )
+
+
+@njit(cache=True, inline="always")
 def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
     """maxima[i * NP + j] = max over k in [start, stop) of the int8 sum
     row_exponents[i, k] + tile_exponents[k, j]: a tree's exponent-sum maxima of every lane.
@@ -292,31 +353,11 @@ def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
                 m1[j] = -128
             for pass_ in range((stop - start) // PASS_TERMS):
                 k = PASS_TERMS * pass_
-                x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
-                x4, x5, x6, x7 = x[k + 4], x[k + 5], x[k + 6], x[k + 7]
-                y0, y1, y2, y3 = y[k], y[k + 1], y[k + 2], y[k + 3]
-                y4, y5, y6, y7 = y[k + 4], y[k + 5], y[k + 6], y[k + 7]
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
                 for j in range(LANE_BLOCK):
-                    b0, b1, b2, b3 = t[k, j], t[k + 1, j], t[k + 2, j], t[k + 3, j]
-                    b4, b5, b6, b7 = t[k + 4, j], t[k + 5, j], t[k + 6, j], t[k + 7, j]
-                    low = max(
-                        max(np.int8(x0 + b0), np.int8(x1 + b1)),
-                        max(np.int8(x2 + b2), np.int8(x3 + b3)),
-                    )
-                    high = max(
-                        max(np.int8(x4 + b4), np.int8(x5 + b5)),
-                        max(np.int8(x6 + b6), np.int8(x7 + b7)),
-                    )
-                    m0[j] = max(m0[j], max(low, high))
-                    low = max(
-                        max(np.int8(y0 + b0), np.int8(y1 + b1)),
-                        max(np.int8(y2 + b2), np.int8(y3 + b3)),
-                    )
-                    high = max(
-                        max(np.int8(y4 + b4), np.int8(y5 + b5)),
-                        max(np.int8(y6 + b6), np.int8(y7 + b7)),
-                    )
-                    m1[j] = max(m1[j], max(low, high))
+                    column = _pass_column(t, k, j)
+                    m0[j] = max(m0[j], _pass_maximum(xs, column))
+                    m1[j] = max(m1[j], _pass_maximum(ys, column))
 
 
 @njit(cache=True, inline="always")
@@ -341,26 +382,8 @@ def _block_totals(row_values, tile_values, factors, start, stop, totals):
                 s1[j] = 0.0
             for pass_ in range((stop - start) // PASS_TERMS):
                 k = PASS_TERMS * pass_
-                x0, x1, x2, x3 = x[k], x[k + 1], x[k + 2], x[k + 3]
-                x4, x5, x6, x7 = x[k + 4], x[k + 5], x[k + 6], x[k + 7]
-                y0, y1, y2, y3 = y[k], y[k + 1], y[k + 2], y[k + 3]
-                y4, y5, y6, y7 = y[k + 4], y[k + 5], y[k + 6], y[k + 7]
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
                 for j in range(LANE_BLOCK):
-                    b0, b1, b2, b3 = t[k, j], t[k + 1, j], t[k + 2, j], t[k + 3, j]
-                    b4, b5, b6, b7 = t[k + 4, j], t[k + 5, j], t[k + 6, j], t[k + 7, j]
-                    f = f0[j]
-                    low = (np.int32(x0 * b0 * f) + np.int32(x1 * b1 * f)) + (
-                        np.int32(x2 * b2 * f) + np.int32(x3 * b3 * f)
-                    )
-                    high = (np.int32(x4 * b4 * f) + np.int32(x5 * b5 * f)) + (
-                        np.int32(x6 * b6 * f) + np.int32(x7 * b7 * f)
-                    )
-                    s0[j] += np.int32(low + high)
-                    f = f1[j]
-                    low = (np.int32(y0 * b0 * f) + np.int32(y1 * b1 * f)) + (
-                        np.int32(y2 * b2 * f) + np.int32(y3 * b3 * f)
-                    )
-                    high = (np.int32(y4 * b4 * f) + np.int32(y5 * b5 * f)) + (
-                        np.int32(y6 * b6 * f) + np.int32(y7 * b7 * f)
-                    )
-                    s1[j] += np.int32(low + high)
+                    column = _pass_column(t, k, j)
+                    s0[j] += _pass_sum(xs, column, f0[j])
+                    s1[j] += _pass_sum(ys, column, f1[j])
