@@ -27,6 +27,7 @@ from mxsim.datapath.batch import (
 )
 from mxsim.datapath.blas import grid_floor
 from mxsim.datapath.reference import dot_reference
+from mxsim.datapath.window import window_applies
 from mxsim.quantize import quantize_grouped
 
 # (unit, element format): every accumulation of the route (trees rounded to nearest even,
@@ -502,6 +503,9 @@ def test_which_units_and_groups_take_the_route():
         length = WINDOW_GROUP_VALUES // WINDOW_GROUP_OUTPUTS
         assert window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, length)
         assert not window_groups_apply(params, 1, WINDOW_GROUP_OUTPUTS, length + 1)
+        # a narrow group's tile of B is 16 columns wide: its K x 16 within the bound too
+        assert window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16)
+        assert not window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16 + 1)
     refused = [
         ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
         ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits
@@ -569,3 +573,233 @@ def test_route_rounds_c_plus_a_tree_sum_once(name):
     got = matmul_batched(config, a, b, c=c)
     np.testing.assert_array_equal(got.values, np.float32(1.0 + 2.0**-23))
     np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
+
+
+def shipped_window_units() -> list[tuple[str, str, str, str | None]]:
+    """(config, A format, B format, output format or None for the config's) of every shipped
+    config and format pair (fp32 and fp16 outputs) that takes the window small-groups route."""
+    chosen = []
+    for path in sorted((REPO / "hwconfigs").glob("*.yaml")):
+        config = load_hwconfig(path)
+        for a_name in config.a_formats:
+            for b_name in config.b_formats:
+                for out_name in (None, "fp16"):
+                    try:
+                        params = config.params(a_name, b_name, out_name)
+                    except Exception:  # a pair or output the config does not take
+                        continue
+                    if window_groups_apply(params, 5, 19, 37):
+                        chosen.append((path.stem, a_name, b_name, out_name))
+    return chosen
+
+
+SHIPPED_WINDOW_UNITS = shipped_window_units()
+
+
+def mixed_operands(rng, config, a_name, b_name, shape, corners):
+    """``operands`` with A of one element format and B of another (each its own batch)."""
+    block = config.sections[("inputs", "block_size")]
+    scaled = config.sections[("inputs", "scales")] != "none"
+    a, _ = operands(rng, a_name, block, shape, corners, scaled)
+    _, b = operands(rng, b_name, block, shape, corners, scaled)
+    return a, b
+
+
+def run_window_groups(monkeypatch, config, a, b, c, out_name=None):
+    """The batch through ``matmul_batched``, checked to take the window small-groups route,
+    and the generic kernel's bits; asserts they agree bit for bit and that every output with
+    a special input was left to the generic kernel. Returns the route's result."""
+    taken = []
+    route = api.window_groups_matmul
+
+    def recording(*arguments):
+        taken.append(True)
+        return route(*arguments)
+
+    monkeypatch.setattr(api, "window_groups_matmul", recording)
+    flagged = []
+    recompute = api._recompute
+
+    def recording_recompute(g, m, n, *rest):
+        flagged.append((g, m, n))
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
+    got = matmul_batched(config, a, b, c=c, out_format=out_name)
+    monkeypatch.setattr(api, "_recompute", recompute)
+    monkeypatch.setattr(api, "window_groups_matmul", route)
+    assert taken == [True]
+    want = matmul_batched(config, a, b, c=c, out_format=out_name, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    marked = np.zeros(got.bits.shape, dtype=bool)
+    for g, m, n in flagged:
+        marked[g, m, n] = True
+    assert not (special_outputs(a, b, c) & ~marked).any()
+    return got
+
+
+@pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
+def test_window_groups_equal_the_kernel_for_every_shipped_window_config(
+    monkeypatch, name, a_name, b_name, out_name
+):
+    """Every shipped config and format pair the window small-groups route takes, on groups
+    of an odd row count (a zero row pads the row pairs), two lane blocks of columns (19:
+    three padding lanes) and K = 37 (past a tree of 32, not a multiple of the kernels' eight
+    terms a pass), realistic data with a few corners, c included."""
+    config = hw(name)
+    rng = np.random.default_rng(len(SHIPPED_WINDOW_UNITS))
+    shape = (3, 5, 37, 19)
+    a, b = mixed_operands(rng, config, a_name, b_name, shape, corners=0.01)
+    c = accumulator_inputs(rng, (3, 5, 19), corners=True)
+    got = run_window_groups(monkeypatch, config, a, b, c, out_name)
+    if out_name is None:
+        check_twin(config, a, b, c, got, rng, count=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    unit=st.sampled_from(WINDOW_UNITS),
+    shape=st.tuples(st.integers(2, 4), st.integers(1, 13), st.integers(1, 100), st.integers(1, 40)),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.02]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_window_groups_equal_the_kernel_on_random_wide_batches(unit, shape, corners, with_c, seed):
+    """Groups up to 13 rows (odd ones padded with a zero row) and 40 columns (up to three
+    lane blocks), K from 1 (a tree shorter than the kernels' eight-term passes) to 100
+    (four trees of some units), mostly realistic data; against the generic kernel and,
+    for a few outputs, the Fraction twin."""
+    name, fmt_name = unit
+    groups, m, k, n = shape
+    assume(m * n <= WINDOW_GROUP_OUTPUTS)
+    config = hw(name)
+    rng = np.random.default_rng(seed)
+    a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners)
+    c = accumulator_inputs(rng, (groups, m, n), corners > 0) if with_c else None
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        got = run_window_groups(monkeypatch, config, a, b, c)
+    check_twin(config, a, b, c, got, rng, count=2)
+
+
+@pytest.mark.parametrize("name, fmt_name", WINDOW_UNITS)
+def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, name, fmt_name):
+    """Corner batches of each window unit: every element 0 of either sign (+0 outputs), the
+    largest elements (at scale 2^127 where the unit takes scales: overflow), subnormal
+    elements (at 2^-127: underflow), each row and column at its own scale far from the
+    others' (gaps up to 2^254), M and N of 1, -0 and subnormal c."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    block = config.sections[("inputs", "block_size")]
+    rng = np.random.default_rng(9)
+    kinds = corner_codes(fmt_name)
+    for shape in ((4, 6, 45, 17), (3, 1, 33, 20), (3, 9, 20, 1)):
+        groups, m, k, n = shape
+        a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
+        cases = [(kinds["zero"], 127), (kinds["largest"], 254), (kinds["subnormal"], 0)]
+        for codes, scale in cases:
+            for x in (a, b):
+                x.codes[...] = rng.choice(codes, size=x.codes.shape)
+                x.scales[...] = scale if scaled else 127
+            run_window_groups(monkeypatch, config, a, b, None)
+        a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
+        if scaled:
+            a.scales[...] = rng.choice([0, 1, 127, 253, 254], size=a.scales.shape)
+            b.scales[...] = rng.choice([0, 1, 127, 253, 254], size=b.scales.shape)
+        c = accumulator_inputs(rng, (groups, m, n), False)
+        c[0] = -0.0
+        c[-1, 0] = 1e-41
+        run_window_groups(monkeypatch, config, a, b, c)
+        zeros = a.codes.copy()
+        zeros[...] = kinds["zero"][-1]  # the negative zero where the format has one
+        got = run_window_groups(monkeypatch, config, dataclasses.replace(a, codes=zeros), b, None)
+        np.testing.assert_array_equal(got.bits, 0)
+
+
+def test_window_units_with_trees_of_four_keep_the_per_gemm_route(monkeypatch):
+    """V100's FP16 trees of four terms are not whole passes of the small-groups kernel: the
+    batch takes the per-GEMM window route, its bits the generic kernel's."""
+    config = hw("v100")
+    params = config.params("fp16", "fp16")
+    assert params.fused_terms == 4 and window_applies(params)
+    assert not window_groups_apply(params, 14, 14, 32)
+    rng = np.random.default_rng(12)
+    a, b = operands(rng, "fp16", 32, (3, 6, 21, 5), 0.0, scaled=False)
+    c = accumulator_inputs(rng, (3, 6, 5), False)
+    taken = []
+    route = api.window_groups_matmul
+    monkeypatch.setattr(api, "window_groups_matmul", lambda *x: taken.append(1) or route(*x))
+    got = matmul_batched(config, a, b, c=c)
+    assert not taken
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name", [("h100-fp8", "fp8_e5m2"), ("b200-tcgen05-mxf8f6f4", "fp6_e3m2")]
+)
+@pytest.mark.parametrize("shape", [(2, 1, 100, 300), (2, 3, 70, 170)])
+def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_name, shape):
+    """Groups of 170 to 300 columns, whose tile B is decoded a band of rows at a time (bands
+    of 24 and 40 rows: K of 100 and 70 takes several), with corners and c: the generic
+    kernel's bits."""
+    config = hw(name)
+    rng = np.random.default_rng(shape[3])
+    a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners=0.01)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
+    run_window_groups(monkeypatch, config, a, b, c)
+
+
+def small_element_operands(rng, shape, scaled):
+    """(A, B) of FP8 E4M3 elements below 1/4 in the first K of each row (every product's
+    exponent sum negative) and the quantizer's zero padding after them, scales 1."""
+    fmt = get_format("fp8_e4m3")
+    codes = np.arange(256)
+    values = fmt.decode_fields(codes)
+    small = codes[np.isfinite(values) & (np.abs(values) >= 2.0**-6) & (np.abs(values) < 0.25)]
+    a, b = operands(rng, "fp8_e4m3", 32, shape, 0.0, scaled)
+    for x in (a, b):
+        x.codes[...] = 0
+        x.codes[..., : shape[2]] = rng.choice(small, size=x.codes[..., : shape[2]].shape)
+        x.scales[...] = 127
+    return a, b
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_window_groups_of_small_elements_beside_zero_padding(monkeypatch, name):
+    """Every element below 1/4 (all exponent sums negative) and the rest of the 32-element
+    block zeros: the zeros' exponents must not raise any tree's reference, or the truncation
+    to the window differs from the generic kernel's."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    rng = np.random.default_rng(13)
+    for shape in ((3, 6, 13, 9), (2, 4, 21, 20)):
+        a, b = small_element_operands(rng, shape, scaled)
+        got = run_window_groups(monkeypatch, config, a, b, None)
+        assert np.isfinite(got.values).all() and (got.values != 0).any()
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_window_groups_pad_k_to_whole_passes(name):
+    """Codes of K = 13 and 21 (not whole passes of eight terms: the kernel pads them with zero
+    elements) straight into ``window_groups_matmul``: the generic kernel's bits of the same
+    products with the quantizer's block of 32 (zeros after K)."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    rng = np.random.default_rng(14)
+    for shape in ((3, 6, 13, 9), (2, 5, 21, 20)):
+        groups, m, k, n = shape
+        a, b = small_element_operands(rng, shape, scaled)
+        params = config.params("fp8_e4m3", "fp8_e4m3")
+        want = matmul_batched(config, a, b, method="kernel").bits
+        got = np.empty((groups, m, n), dtype=np.uint32)
+        flagged = batch_module.window_groups_matmul(
+            params,
+            np.ascontiguousarray(a.codes[..., :k]),
+            np.ascontiguousarray(b.codes[..., :k]),
+            api._scales_for_unit(a.scales, params),
+            api._scales_for_unit(b.scales, params),
+            np.zeros((1, 1, 1), dtype=np.float32),
+            got,
+        )
+        assert not flagged[0].size
+        np.testing.assert_array_equal(got, want)

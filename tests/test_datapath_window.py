@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from conftest import REPO
 from mxsim import get_format, quantize_mx as quantize
 from mxsim.formats.rounding import rounding_code
+from mxsim.quantize._kernels import SCALE_NAN
 from mxsim.datapath import _window_kernels as W
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.config import DatapathParams
@@ -24,7 +25,14 @@ from mxsim.datapath.api import (
     matmul_groups,
 )
 from mxsim.datapath.reference import dot_reference
-from mxsim.datapath.window import _window_config, window_applies, window_dot, window_matmul
+from mxsim.datapath.window import (
+    _format_tables,
+    _window_config,
+    non_finite_codes,
+    window_applies,
+    window_dot,
+    window_matmul,
+)
 
 ROUNDINGS = [
     "nearest_even",
@@ -708,3 +716,47 @@ def test_float32_addition_finish_equals_fraction_arithmetic():
     generic, generic_flags = finish(cfg)
     np.testing.assert_array_equal(generic_flags, flags)
     np.testing.assert_array_equal(generic[flags == 0], acc[flags == 0])
+
+
+@pytest.mark.parametrize(
+    "fmt_name", ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "fp16", "int8"]
+)
+def test_non_finite_codes_mask_and_pattern_match_exactly_the_non_finite_codes(fmt_name):
+    """``unusable_rows``' mask and compare: the codes matching it are the codes that decode to
+    NaN or ±Inf (the format's own decoding), for every element format the route takes."""
+    tables = _format_tables(fmt_name, True)
+    mask, pattern = tables.non_finite
+    codes = np.arange(tables.finite.size)
+    decoded = get_format(fmt_name).decode_fields(codes)
+    np.testing.assert_array_equal((codes & mask) == pattern, ~np.isfinite(decoded))
+
+
+def test_non_finite_codes_is_a_superset_where_no_mask_is_exact():
+    """Non-finite codes that share no mask exactly ({1, 2} of four): the match covers them
+    (their rows flagged), and a table without any matches no code."""
+    mask, pattern = non_finite_codes(np.array([True, False, False, True]))
+    matched = {code for code in range(4) if code & mask == pattern}
+    assert {1, 2} <= matched
+    mask, pattern = non_finite_codes(np.ones(16, dtype=bool))
+    assert not any(code & mask == pattern for code in range(16))
+
+
+def test_unusable_rows_flags_rows_with_non_finite_codes_or_nan_scales():
+    """``unusable_rows`` against a plain check of each row: codes decoding to NaN/Inf
+    (E5M2's eight), a NaN scale exponent (the kernels' ``SCALE_NAN``) where the unit takes
+    scales."""
+
+    tables = _format_tables("fp8_e5m2", True)
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 256, (3, 40, 9)).astype(np.uint32)
+    codes[rng.random(codes.shape) < 0.8] = 0x38  # most rows without a special code
+    scales = rng.integers(100, 140, (3, 40, 1)).astype(np.int32)
+    scales[rng.random(scales.shape) < 0.2] = SCALE_NAN
+    decoded = get_format("fp8_e5m2").decode_fields(codes)
+    for scaled in (False, True):
+        want = ~np.isfinite(decoded).all(axis=-1)
+        if scaled:
+            want |= (scales == SCALE_NAN).any(axis=-1)
+        got = W.unusable_rows(codes, scales, *tables.non_finite, scaled)
+        np.testing.assert_array_equal(got, want)
+        assert want.any() and not want.all()

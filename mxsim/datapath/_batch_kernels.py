@@ -6,8 +6,9 @@ decodes each group's operands, forms each tree's sums in registers and adds them
 output's accumulator with the BLAS route's steps: exactly what ``datapath.blas`` computes
 per GEMM (its module docstring says why the float64 sums are exact in any order).
 
-Truncating-window units (:func:`window_groups`): each group's outputs are the SIMD lanes of
-one pass of the window kernels' stages (``_window_kernels.lane_trees``).
+Truncating-window units (:func:`window_groups`): each group's outputs are SIMD lanes that read
+the group's decoded rows of A and columns of B in place, through the window kernels' stages
+(``_window_kernels``: tree references, tree finish, output encoding).
 """
 
 from __future__ import annotations
@@ -28,6 +29,20 @@ GRID = 1  # the fixed-point grid's rules per tree
 EXACT_ACCUMULATOR = 2  # every tree's S added exactly (two float64s), one final RNE_fp32
 
 
+#: Columns of a lane block of :func:`window_groups`: a group's columns are padded to whole
+#: blocks, so that every loop over a block's lanes has a constant trip count (one vector of
+#: float32, no remainder loop) whatever the group's width.
+LANE_BLOCK = 16
+#: Terms of a pass of :func:`window_groups`' stages (unrolled in their loops): the route
+#: takes units whose trees are whole passes and whose int32 groups hold a pass's terms.
+PASS_TERMS = 8
+#: Bit positions of a packed element table's fields (:func:`window_groups`): the value's
+#: float32 bits in bits 0-31, the int8 alignment exponent in bits 32-39, 1 in bit 40 for a
+#: non-finite code. One load a code instead of three.
+PACKED_EXPONENT_SHIFT = 32
+PACKED_NON_FINITE_SHIFT = 40
+
+
 @njit(cache=True, nogil=True)
 def window_groups(
     codes_a,
@@ -35,12 +50,8 @@ def window_groups(
     scales_a,
     scales_b,
     c_values,
-    a_values,
-    a_exponents,
-    b_values,
-    b_exponents,
-    bad_rows,
-    bad_columns,
+    a_packed,
+    b_packed,
     cfg,
     out,
     flags_out,
@@ -48,78 +59,245 @@ def window_groups(
     stop,
 ):
     """Groups ``start`` to ``stop`` of a batch through a truncating-window unit
-    (``datapath.window``), each group's M * N outputs the lanes of one pass: the output codes
-    into ``out`` (G, M * N), 1 into ``flags_out`` (G, M * N) where the generic kernel must
-    recompute. ``codes_a`` (G, M, K), ``codes_b`` (G, N, K), their scales (G, rows, blocks),
-    ``c_values`` (G, M * N) or (1, 1), the per-code tables and ``cfg`` as
-    ``_window_kernels.window_items`` takes them, ``bad_rows`` (G, M) and ``bad_columns``
-    (G, N) from ``_window_kernels.unusable_rows``.
+    (``datapath.window``): the output codes into ``out`` (G, M * N), 1 into ``flags_out``
+    (G, M * N) where the generic kernel must recompute (a row of A or column of B holding a
+    non-finite element or, for a unit with scales, a NaN scale: ``_window_kernels``'
+    ``unusable_rows``; and every flag of the window stages). ``codes_a`` (G, M, K),
+    ``codes_b`` (G, N, K), their scales (G, rows, blocks), ``c_values`` (G, M * N) or
+    (1, 1), ``cfg`` as ``_window_kernels.window_items`` takes it and the per-code tables
+    packed into one int64 a code (``PACKED_EXPONENT_SHIFT``: the value table's float32,
+    the exponent table's int8 and whether the code is non-finite).
 
-    Lane i * N + j pairs row i of A[g] with row j of B[g] (given as (N, K)): the group's
-    elements are decoded once and repeated into (K, M * N) tiles, then the window stages run
-    over the group's lanes at once as for row-wise dot products
-    (``_window_kernels.lane_trees``)."""
+    Each group's outputs are the lanes of one pass of the window stages, lane
+    i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
+    rows to an even count and K to whole passes of ``PASS_TERMS`` (the padding: zero
+    elements, whose terms are 0 and whose exponent sums stay below ``threshold``; the
+    padding lanes' outputs are dropped). The lanes read the group's decoded elements in
+    place: A's rows (M, K) as one value per row broadcast over its lanes, B's columns
+    decoded once into a (K, NP) tile read by every row; each tree's lane shifts are its
+    row's scale exponent plus its column's. The stages per lane are those of
+    ``_window_kernels.lane_trees``: the int8 exponent-sum maxima,
+    ``_window_kernels.tree_references``, the truncated terms, each pass's summed in int32
+    (``datapath.batch.window_groups_apply`` admits units whose int32 groups hold a pass)
+    and the passes' sums in float64 (exact integers, in any order), and
+    ``_window_kernels.finish_tree``."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
-    lanes = rows * columns
+    padded = -(-columns // LANE_BLOCK) * LANE_BLOCK
+    even_rows = rows + rows % 2  # (the passes take rows in pairs: a last odd one gets a zero row)
+    lanes = even_rows * padded
     fused_terms, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_BLOCK_SIZE]
     scaled = cfg[W.W_SCALED] != 0
     one_c = c_values.shape[0] == 1
-    # Scratch once per call, not per group.
-    row_values = np.empty((rows, length), dtype=np.float32)
-    row_exponents = np.empty((rows, length), dtype=np.int8)
-    column_values = np.empty((length, columns), dtype=np.float32)
-    column_exponents = np.empty((length, columns), dtype=np.int8)
-    values_a = np.empty((length, lanes), dtype=np.float32)
-    values_b = np.empty((length, lanes), dtype=np.float32)
-    exponents_a = np.empty((length, lanes), dtype=np.int8)
-    exponents_b = np.empty((length, lanes), dtype=np.int8)
-    shifts = np.zeros(((length + fused_terms - 1) // fused_terms, lanes), dtype=np.int32)
+    trees = (length + fused_terms - 1) // fused_terms
+    # K padded with zero elements to whole passes (fused_terms is a multiple of a pass): the
+    # last tree's last pass is whole too.
+    padded_length = -(-length // PASS_TERMS) * PASS_TERMS
+    # B's columns are decoded into the tile a band of rows at a time, so that the lines
+    # written at once fit the L1 cache's ways: rows 4 KiB apart share a set (8 ways).
+    decode_rows = max(8, 8 * (4096 // (4 * padded)))
+    # Scratch once per call, not per group; the padding rows, columns and terms stay zero
+    # elements.
+    row_values = np.zeros((even_rows, padded_length), dtype=np.float32)
+    row_exponents = np.full((even_rows, padded_length), W.ZERO_EXPONENT, dtype=np.int8)
+    tile_values = np.zeros((padded_length, padded), dtype=np.float32)
+    tile_exponents = np.full((padded_length, padded), W.ZERO_EXPONENT, dtype=np.int8)
+    bad_rows = np.zeros(even_rows, dtype=np.uint8)
+    bad_columns = np.zeros(padded, dtype=np.uint8)
+    row_scales = np.zeros((rows, scales_a.shape[2] if scaled else 0), dtype=np.int32)
+    column_scales = np.zeros((scales_b.shape[2] if scaled else 0, padded), dtype=np.int32)
+    shifts = np.zeros(lanes, dtype=np.int32)
+    maxima = np.empty(lanes, dtype=np.int8)
+    references = np.empty(lanes, dtype=np.int64)
+    factors = np.empty(lanes, dtype=np.float32)
+    totals = np.empty(lanes)
+    acc = np.zeros(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
-    acc = np.empty(lanes)
-    scratch = W._lane_scratch(lanes)
+    codes_out = np.empty(lanes, dtype=out.dtype)
     for g in range(start, stop):
         for i in range(rows):
             row = codes_a[g, i]
+            unusable = 0
             for k in range(length):
-                row_values[i, k] = a_values[row[k]]
-                row_exponents[i, k] = a_exponents[row[k]]
+                entry = a_packed[row[k]]
+                row_values[i, k] = np.int32(entry).view(np.float32)
+                row_exponents[i, k] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
+                unusable |= entry >> PACKED_NON_FINITE_SHIFT
+            if scaled:
+                for block in range(row_scales.shape[1]):
+                    x = scales_a[g, i, block]
+                    unusable |= x == SCALE_NAN
+                    row_scales[i, block] = 0 if x == SCALE_NAN else x
+            bad_rows[i] = unusable != 0
         for j in range(columns):
-            row = codes_b[g, j]
-            for k in range(length):
-                column_values[k, j] = b_values[row[k]]
-                column_exponents[k, j] = b_exponents[row[k]]
-        for k in range(length):
-            tile_values_a, tile_values_b = values_a[k], values_b[k]
-            tile_exponents_a, tile_exponents_b = exponents_a[k], exponents_b[k]
-            source_values, source_exponents = column_values[k], column_exponents[k]
+            bad_columns[j] = 0
+        for k0 in range(0, length, decode_rows):
+            for j in range(columns):
+                row = codes_b[g, j]
+                unusable = 0
+                for k in range(k0, min(k0 + decode_rows, length)):
+                    entry = b_packed[row[k]]
+                    tile_values[k, j] = np.int32(entry).view(np.float32)
+                    tile_exponents[k, j] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
+                    unusable |= entry >> PACKED_NON_FINITE_SHIFT
+                bad_columns[j] |= unusable != 0
+        if scaled:
+            for j in range(columns):
+                for block in range(column_scales.shape[0]):
+                    y = scales_b[g, j, block]
+                    bad_columns[j] |= y == SCALE_NAN
+                    column_scales[block, j] = 0 if y == SCALE_NAN else y
+        for i in range(even_rows):
+            for j in range(padded):
+                lane_flags[i * padded + j] = bad_rows[i] | bad_columns[j]
+        if one_c:
+            W.start_accumulators(c_values[0], 0, acc, lane_flags, cfg)
+        else:
             for i in range(rows):
-                value, exponent = row_values[i, k], row_exponents[i, k]
-                first = i * columns
-                for j in range(columns):
-                    tile_values_a[first + j] = value
-                    tile_exponents_a[first + j] = exponent
-                    tile_values_b[first + j] = source_values[j]
-                    tile_exponents_b[first + j] = source_exponents[j]
+                first = i * padded
+                W.start_accumulators(
+                    c_values[g, i * columns : (i + 1) * columns],
+                    0,
+                    acc[first : first + columns],
+                    lane_flags[first : first + columns],
+                    cfg,
+                )
+        for tree in range(trees):
+            if scaled:
+                block = tree * fused_terms // block_size
+                for i in range(rows):  # (the zero row's shifts stay 0)
+                    x = row_scales[i, block]
+                    for j in range(padded):
+                        shifts[i * padded + j] = x + column_scales[block, j]
+            first = tree * fused_terms
+            last = min(first + fused_terms, padded_length)
+            _block_maxima(row_exponents, tile_exponents, first, last, maxima)
+            W.tree_references(maxima, shifts, acc, references, factors, cfg)
+            _block_totals(row_values, tile_values, factors, first, last, totals)
+            W.finish_tree(totals, references, acc, lane_flags, cfg)
+        W.encode_outputs(acc, lane_flags, codes_out, cfg)
         for i in range(rows):
             for j in range(columns):
-                lane_flags[i * columns + j] = bad_rows[g, i] | bad_columns[g, j]
-        if scaled:
-            for tree in range(shifts.shape[0]):
-                block = tree * fused_terms // block_size
-                for i in range(rows):
-                    x = scales_a[g, i, block]
-                    x = 0 if x == SCALE_NAN else x
-                    for j in range(columns):
-                        y = scales_b[g, j, block]
-                        shifts[tree, i * columns + j] = x + (0 if y == SCALE_NAN else y)
-        W.start_accumulators(c_values[0 if one_c else g], 0, acc, lane_flags, cfg)
-        W.lane_trees(
-            values_a, exponents_a, values_b, exponents_b, shifts, acc, lane_flags, scratch, cfg
+                out[g, i * columns + j] = codes_out[i * padded + j]
+                flags_out[g, i * columns + j] = lane_flags[i * padded + j]
+
+
+@njit(cache=True, inline="always")
+def _pass_terms(row, k):
+    """row[k] to row[k + 7]: a pass's elements of one row, loaded once outside the loop over
+    a block's lanes."""
+    return (
+        row[k],
+        row[k + 1],
+        row[k + 2],
+        row[k + 3],
+        row[k + 4],
+        row[k + 5],
+        row[k + 6],
+        row[k + 7],
+    )
+
+
+@njit(cache=True, inline="always")
+def _pass_column(tile, k, j):
+    """tile[k, j] to tile[k + 7, j]: a pass's elements of one lane's column of the tile."""
+    return (
+        tile[k, j],
+        tile[k + 1, j],
+        tile[k + 2, j],
+        tile[k + 3, j],
+        tile[k + 4, j],
+        tile[k + 5, j],
+        tile[k + 6, j],
+        tile[k + 7, j],
+    )
+
+
+@njit(cache=True, inline="always")
+def _pass_maximum(row, column):
+    """The largest int8 exponent sum row[d] + column[d] of a pass (d < 8)."""
+    return max(
+        max(
+            max(np.int8(row[0] + column[0]), np.int8(row[1] + column[1])),
+            max(np.int8(row[2] + column[2]), np.int8(row[3] + column[3])),
+        ),
+        max(
+            max(np.int8(row[4] + column[4]), np.int8(row[5] + column[5])),
+            max(np.int8(row[6] + column[6]), np.int8(row[7] + column[7])),
+        ),
+    )
+
+
+@njit(cache=True, inline="always")
+def _pass_sum(row, column, factor):
+    """The int32 sum of a pass's truncated terms int32(row[d] * column[d] * factor) (d < 8)."""
+    return np.int32(
+        (
+            (np.int32(row[0] * column[0] * factor) + np.int32(row[1] * column[1] * factor))
+            + (np.int32(row[2] * column[2] * factor) + np.int32(row[3] * column[3] * factor))
         )
-        W.encode_outputs(acc, lane_flags, out[g], cfg)
-        for lane in range(lanes):  # a loop: a slice assignment compiles shape-error formatting
-            flags_out[g, lane] = lane_flags[lane]
+        + (
+            (np.int32(row[4] * column[4] * factor) + np.int32(row[5] * column[5] * factor))
+            + (np.int32(row[6] * column[6] * factor) + np.int32(row[7] * column[7] * factor))
+        )
+    )
+
+
+@njit(cache=True, inline="always")
+def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
+    """maxima[i * NP + j] = max over k in [start, stop) of the int8 sum
+    row_exponents[i, k] + tile_exponents[k, j]: a tree's exponent-sum maxima of every lane.
+    Two rows (an even count) and eight k per pass over a block's ``LANE_BLOCK`` lanes: each
+    pass pays for its views and the compiler's overlap tests of them once, so the more terms
+    it holds the less they cost. (Lanes are indexed from 0 in views: an index Numba cannot
+    prove non-negative gets its wraparound test, which turns the loads into gathers.)"""
+    rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
+    for i in range(0, rows, 2):
+        x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
+        for column0 in range(0, padded, LANE_BLOCK):
+            lane0 = i * padded + column0
+            m0 = maxima[lane0 : lane0 + LANE_BLOCK]
+            m1 = maxima[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            t = tile_exponents[start:stop, column0 : column0 + LANE_BLOCK]
+            for j in range(LANE_BLOCK):
+                m0[j] = -128
+                m1[j] = -128
+            for pass_ in range((stop - start) // PASS_TERMS):
+                k = PASS_TERMS * pass_
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
+                for j in range(LANE_BLOCK):
+                    column = _pass_column(t, k, j)
+                    m0[j] = max(m0[j], _pass_maximum(xs, column))
+                    m1[j] = max(m1[j], _pass_maximum(ys, column))
+
+
+@njit(cache=True, inline="always")
+def _block_totals(row_values, tile_values, factors, start, stop, totals):
+    """totals[i * NP + j] = the sum over k in [start, stop) (whole passes) of the truncated
+    terms int32(row_values[i, k] * tile_values[k, j] * factors[i * NP + j]): each pass's
+    eight in int32 (no sum of a pass's terms overflows: :func:`window_groups`), the passes'
+    sums in float64 (integers below 2^53, as the window route's tree sums: exact in any
+    order); two rows and a pass per loop over a block's lanes, as in :func:`_block_maxima`."""
+    rows, padded = row_values.shape[0], tile_values.shape[1]
+    for i in range(0, rows, 2):
+        x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
+        for column0 in range(0, padded, LANE_BLOCK):
+            lane0 = i * padded + column0
+            f0 = factors[lane0 : lane0 + LANE_BLOCK]
+            f1 = factors[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            s0 = totals[lane0 : lane0 + LANE_BLOCK]
+            s1 = totals[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            t = tile_values[start:stop, column0 : column0 + LANE_BLOCK]
+            for j in range(LANE_BLOCK):
+                s0[j] = 0.0
+                s1[j] = 0.0
+            for pass_ in range((stop - start) // PASS_TERMS):
+                k = PASS_TERMS * pass_
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
+                for j in range(LANE_BLOCK):
+                    column = _pass_column(t, k, j)
+                    s0[j] += _pass_sum(xs, column, f0[j])
+                    s1[j] += _pass_sum(ys, column, f1[j])
 
 
 #: Columns of a group's passes in :func:`exact_groups`: a trip count known when compiling,

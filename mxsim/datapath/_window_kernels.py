@@ -715,15 +715,25 @@ def _column_tile(
 
 
 @njit(cache=True)
-def unusable_rows(codes, scales, finite, scaled):
-    """(G, rows) bools: whether each row of a batch of (G, rows, K) codes holds a code or
-    (``scaled``) a scale the window route does not take (:func:`_unusable`). Serial: a small
-    fraction of a GEMM's time."""
-    n_groups, n_rows = codes.shape[0], codes.shape[1]
+def unusable_rows(codes, scales, non_finite_mask, non_finite_pattern, scaled):
+    """(G, rows) bools: whether each row of a batch of (G, rows, K) codes holds a code c with
+    c & ``non_finite_mask`` == ``non_finite_pattern`` (``datapath.window``'s
+    ``non_finite_codes``: every non-finite code matches) or (``scaled``) a NaN scale. A mask
+    and a compare instead of a table lookup a code: the loop over a row's codes vectorises.
+    Serial: a small fraction of a GEMM's time."""
+    n_groups, n_rows, length = codes.shape
     bad = np.empty((n_groups, n_rows), dtype=np.bool_)
+    mask, pattern = codes.dtype.type(non_finite_mask), codes.dtype.type(non_finite_pattern)
     for g in range(n_groups):
         for i in range(n_rows):
-            bad[g, i] = _unusable(codes[g, i], scales[g, i], finite, scaled)
+            row = codes[g, i]
+            count = 0
+            for k in range(length):
+                count += (row[k] & mask) == pattern
+            if scaled:
+                for value in scales[g, i]:
+                    count += value == SCALE_NAN
+            bad[g, i] = count != 0
     return bad
 
 

@@ -18,11 +18,12 @@ several blocks, bfp-exact, stay on the BLAS route). Each thread holds one group'
 operands: groups of up to :data:`GROUPS_DECODED` elements take the route.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
-M x N outputs are the lanes of one pass of the window kernels' stages.
+M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
+place (``_batch_kernels.window_groups``), through the window kernels' stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
-:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or lane
-tiles (window units, :data:`WINDOW_GROUP_VALUES`) are small (``datapath.api`` asks for
+:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
+products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
 batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 """
 
@@ -52,8 +53,8 @@ from .window import _window_config, window_applies
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
-#: The window units' bound: the window route's column tiles keep up from 32 x 32 outputs on
-#: (its lanes then a group's 32 or more columns), while the lane tiles grow with M x N x K.
+#: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
+#: group's columns (16 x 32 heads run about twice as fast on the small-groups route).
 WINDOW_GROUP_OUTPUTS = 512
 #: Decoded elements (float64) of one group's A and B, which each thread of the exact
 #: small-groups route holds: groups up to this many take it, as the BLAS route bounds its
@@ -62,7 +63,10 @@ GROUPS_DECODED = DECODED_VALUES
 #: ``exact_groups``' floor of X for units without one: above every scale exponent sum.
 NO_FLOOR = 1 << 20
 _NONE_FLAGGED = tuple(np.empty(0, dtype=np.intp) for _ in range(3))
-#: A window group's lane tiles hold K x M x N elements (about 10 bytes each, per thread).
+#: Products per group (K x M x N) up to which a batch of window units takes the small-groups
+#: route, and elements of its tile of B (K x N, N padded to whole blocks of 16 lanes): per
+#: thread the kernel holds a group's decoded rows and tile (5 bytes an element) and about 35
+#: bytes an output.
 WINDOW_GROUP_VALUES = 1 << 18
 
 
@@ -161,40 +165,59 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the window route's small-groups kernel: small groups
-    (:data:`WINDOW_GROUP_OUTPUTS`, lane tiles within :data:`WINDOW_GROUP_VALUES`) through a
-    unit that takes the window route (``window.window_applies``)."""
-    return (
+    (:data:`WINDOW_GROUP_OUTPUTS`, products and the kernel's tile of B, its columns padded
+    to whole lane blocks, within :data:`WINDOW_GROUP_VALUES`) through a
+    unit that takes the window route (``window.window_applies``) whose trees are whole
+    passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
+    pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
+    of 8, 16 or 32 terms; a unit with trees of 4 keeps the per-GEMM window route."""
+    padded_columns = -(-columns // B.LANE_BLOCK) * B.LANE_BLOCK  # the tile of B's width
+    if not (
         rows * columns <= WINDOW_GROUP_OUTPUTS
         and rows * columns * length <= WINDOW_GROUP_VALUES
+        and padded_columns * length <= WINDOW_GROUP_VALUES
         and window_applies(params)
-    )
+    ):
+        return False
+    cfg = _window_config(params)[0]
+    return bool(cfg[W.W_FUSED_TERMS] % B.PASS_TERMS == 0 and cfg[W.W_GROUP] >= B.PASS_TERMS)
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_tables(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
+    """The window route's per-code tables of A's and B's element formats packed as
+    ``_batch_kernels.window_groups`` reads them: int64 entries holding the float32 value's
+    bits, the int8 exponent and whether the code is non-finite (read only)."""
+    _, a, b = _window_config(params)
+    packed = []
+    for table in (a, b):
+        entries = (
+            (table.values.view(np.uint32).astype(np.int64))
+            | ((table.exponents.astype(np.int64) & 0xFF) << B.PACKED_EXPONENT_SHIFT)
+            | ((~table.finite).astype(np.int64) << B.PACKED_NON_FINITE_SHIFT)
+        )
+        entries.setflags(write=False)
+        packed.append(entries)
+    return packed[0], packed[1]
 
 
 def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
-    (G, M, N) or (1, 1, 1)), each group's outputs the lanes of one pass
+    (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
     (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
     the outputs the generic kernel must compute, as ``window.window_matmul`` does."""
     cfg, a, b = _window_config(params)
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
     flags = np.empty(out.shape, dtype=np.uint8)
-    scaled = cfg[W.W_SCALED] != 0
-    bad_rows = W.unusable_rows(codes_a, scales_a, a.finite, scaled)
-    bad_columns = W.unusable_rows(codes_b, scales_b, b.finite, scaled)
     arguments = (
         codes_a,
         codes_b,
         scales_a,
         scales_b,
         np.ascontiguousarray(c_values).reshape(c_values.shape[0], -1),
-        a.values,
-        a.exponents,
-        b.values,
-        b.exponents,
-        bad_rows,
-        bad_columns,
+        *_packed_tables(params),
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),

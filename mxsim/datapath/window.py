@@ -51,6 +51,7 @@ class _Tables:
         np.ndarray
     )  # int8 alignment exponent per code, ZERO_EXPONENT for zeros and non-finite codes
     finite: np.ndarray  # bool per code
+    non_finite: tuple[int, int]  # (mask, pattern): non_finite_codes
     significand_bits: int  # widest significand of a finite nonzero value
     low: int  # smallest alignment exponent of a finite nonzero value
     high: int  # largest
@@ -82,12 +83,28 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
         values32,
         exponents8,
         finite,
+        non_finite_codes(finite),
         significand_bits,
         low,
         high,
         float(magnitudes.min()),
         float(magnitudes.max()),
     )
+
+
+def non_finite_codes(finite: np.ndarray) -> tuple[int, int]:
+    """(mask, pattern) such that the codes c with c & mask == pattern are exactly the codes
+    that ``finite`` marks False (IEEE-style formats: the all-ones exponent field; OCP E4M3:
+    the all-ones exponent and mantissa), else a superset of them: the bits all non-finite
+    codes share. A superset is still sound (a row it marks is flagged, its outputs computed
+    by the generic kernel), only slower. No non-finite codes: a pattern no code matches."""
+    codes = np.flatnonzero(~finite)
+    if codes.size == 0:
+        return 0, 1
+    common = int(np.bitwise_and.reduce(codes))
+    varying = int(np.bitwise_or.reduce(codes)) ^ common
+    mask = (finite.size - 1) & ~varying  # (tables have 2^bits entries)
+    return mask, common & mask
 
 
 def window_applies(params: DatapathParams) -> bool:
@@ -230,14 +247,14 @@ def window_matmul(
     width = max(1, -(-n_columns // n_tiles))
     kept = None if memo is None else memo.get("window")
     if kept is None:
-        kept = (W.unusable_rows(codes_b, scales_b, b.finite, scaled), *_NO_TILES)
+        kept = (W.unusable_rows(codes_b, scales_b, *b.non_finite, scaled), *_NO_TILES)
         if memo is not None:
             tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
             for array in tiles:
                 array.setflags(write=False)  # one kernel signature with _NO_TILES
             kept = memo["window"] = (kept[0], *tiles)
     bad_columns, kept_values, kept_exponents = kept
-    bad_rows = W.unusable_rows(codes_a, scales_a, a.finite, scaled)
+    bad_rows = W.unusable_rows(codes_a, scales_a, *a.non_finite, scaled)
     n_blocks = -(-n_rows // W.ROW_BLOCK)
     threads = numba.get_num_threads()
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
