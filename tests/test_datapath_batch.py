@@ -28,7 +28,7 @@ from mxsim.datapath.batch import (
 from mxsim.datapath.blas import grid_floor
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import window_applies
-from mxsim.quantize import quantize_grouped
+from mxsim.quantize import MXGroups, quantize_bfp, quantize_grouped
 
 # (unit, element format): every accumulation of the route (trees rounded to nearest even,
 # an exact accumulator, a fixed-point grid in each rounding mode) and element formats with
@@ -506,8 +506,9 @@ def test_which_units_and_groups_take_the_route():
         # a narrow group's tile of B is 16 columns wide: its K x 16 within the bound too
         assert window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16)
         assert not window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16 + 1)
+    for fmt_name in ("mx9", "mx6", "mx4", "int8"):  # folded trees of several scale blocks
+        assert small_groups_apply(hw("bfp-exact").params(fmt_name, fmt_name), 14, 14, 32)
     refused = [
-        ("bfp-exact", "mx9"),  # trees of several scale blocks: the BLAS route's folding
         ("ocp-exact", "fp8_e5m2"),  # tree sums wider than float64's 53 bits
         ("mi300", "fp8_e4m3fnuz"),  # neither route's
     ]
@@ -517,10 +518,10 @@ def test_which_units_and_groups_take_the_route():
         assert not window_groups_apply(params, 14, 14, 32)
 
 
-@pytest.mark.parametrize("name", ["bfp-exact", "mi300"])
+@pytest.mark.parametrize("name", ["mi300"])
 def test_units_outside_the_routes_keep_their_bits_in_small_batches(name):
-    """Folded BFP trees (the BLAS route) and a unit of neither route (the generic kernel):
-    the batch still equals the generic kernel."""
+    """A unit of neither route (the generic kernel): the batch still equals the generic
+    kernel."""
     config = hw(name)
     per_tensor = config.sections[("inputs", "scales")] == "none"
     rng = np.random.default_rng(7)
@@ -553,6 +554,10 @@ def test_exact_trees_are_the_blas_routes_trees():
     # an exact accumulator: one sum per scale block
     kulisch = hw("kulisch").params("fp8_e4m3", "fp8_e4m3")
     assert exact_trees(kulisch, 33).tolist() == [[0, 32, 0], [32, 64, 1]]
+    # folded trees of 8 sub-blocks of 2: one (folded) scale per tree of 16
+    bfp = hw("bfp-exact").params("mx9", "mx9")
+    assert exact_trees(bfp, 14).tolist() == [[0, 16, 0]]
+    assert exact_trees(bfp, 33).tolist() == [[0, 16, 0], [16, 32, 1], [32, 48, 2]]
 
 
 @pytest.mark.parametrize("name", ["ocp-exact", "mxdotp-paper", "mxdotp"])
@@ -803,3 +808,187 @@ def test_window_groups_pad_k_to_whole_passes(name):
         )
         assert not flagged[0].size
         np.testing.assert_array_equal(got, want)
+
+
+# bfp-exact's element formats: MX9/MX6/MX4 (the BFP quantizer's shared microexponents) and
+# MX INT8 in sub-blocks of 2.
+BFP_FORMATS = ["mx9", "mx6", "mx4", "int8"]
+
+
+def bfp_operands(rng, fmt_name: str, shape, corners: float = 0.0, gaps: float = 0.0):
+    """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch for bfp-exact: realistic values
+    (Gaussian and heavy-tailed, each row its own magnitude) through the BFP quantizer (MX
+    INT8 through ``quantize_grouped`` in sub-blocks of 2), then a fraction ``corners`` of
+    the codes replaced by corner codes (±0, subnormal, largest), of the sub-blocks by zeros
+    and of the scales by NaN, 2^-127 or 2^127, and a fraction ``gaps`` of the sub-blocks'
+    scales moved by up to 60 binades (folds wider than float64's 53 bits)."""
+    groups, m, k, n = shape
+
+    def grouped(rows):
+        x = rng.standard_normal((groups, rows, k)) * np.exp2(rng.integers(-8, 9, (groups, rows, 1)))
+        x[:, ::3] = rng.standard_t(3, size=x[:, ::3].shape)
+        x = x.astype(np.float32)
+        if fmt_name == "int8":
+            q = quantize_grouped(x, "int8", 2)
+        else:
+            q = MXGroups.of([quantize_bfp(part, fmt_name.upper(), axis=1).as_mx_tensor() for part in x])
+        codes, scales = q.codes, q.scales
+        if corners:
+            pool = np.concatenate(
+                [v for kind, v in corner_codes(fmt_name).items() if kind != "special"]
+            )
+            hit = rng.random(codes.shape) < corners
+            codes[hit] = rng.choice(pool, size=int(hit.sum()))
+            blocks = codes.reshape(codes.shape[:-1] + (-1, 2))
+            blocks[rng.random(blocks.shape[:-1]) < corners] = corner_codes(fmt_name)["zero"][-1]
+            hit = rng.random(scales.shape) < corners / 4
+            scales[hit] = rng.choice([SCALE_NAN, 0, 254], size=int(hit.sum()))
+        if gaps:
+            hit = (rng.random(scales.shape) < gaps) & (scales != SCALE_NAN)
+            moved = scales.astype(np.int64) + rng.integers(-60, 61, scales.shape)
+            scales[hit] = np.clip(moved, 0, 254)[hit]
+        return q
+
+    a = grouped(m)
+    b = dataclasses.replace(grouped(n), shape=(k, n), axis=0)
+    return a, b
+
+
+def run_bfp(monkeypatch, fmt_name, shape, seed, corners=0.0, gaps=0.0, with_c=True):
+    """A bfp-exact batch through ``matmul_batched`` (the small-groups route checked taken
+    for G > 1) against the generic kernel, bit for bit, and a few outputs against the
+    Fraction twin; returns (a, b, c, the outputs the route flagged)."""
+    config = hw("bfp-exact")
+    rng = np.random.default_rng(seed)
+    a, b = bfp_operands(rng, fmt_name, shape, corners, gaps)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
+    taken, flagged = [], np.zeros((shape[0], shape[1], shape[3]), dtype=bool)
+    route, recompute = api.small_groups_matmul, api._recompute
+
+    def recording(*arguments):
+        taken.append(True)
+        return route(*arguments)
+
+    def recording_recompute(g, m, n, *rest):
+        flagged[g, m, n] = True
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "small_groups_matmul", recording)
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
+    got = matmul_batched(config, a, b, c=c)
+    monkeypatch.setattr(api, "_recompute", recompute)
+    assert taken == ([True] if shape[0] > 1 else [])
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    assert not (special_outputs(a, b, c) & ~flagged).any()
+    check_twin(config, a, b, c, got, rng, count=4)
+    return a, b, c, flagged
+
+
+@pytest.mark.parametrize("fmt_name", BFP_FORMATS)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (192, 14, 32, 14),  # MiniLM's q @ k^T heads: two trees of 16
+        (12, 14, 14, 32),  # its P @ v heads: K below one tree
+        (3, 1, 70, 5),  # K past four trees, not a multiple of 16
+        (2, 7, 33, 1),  # N = 1, K one past two trees (an odd K: half a sub-block)
+        (4, 20, 48, 40),  # several passes of the kernel's columns
+    ],
+)
+def test_folded_trees_equal_the_kernel_and_the_twin(monkeypatch, fmt_name, shape):
+    """bfp-exact's folded trees on the exact small-groups route: the BFP quantizer's
+    operands (sub-blocks at most a binade apart) flag nothing but are computed bit for bit
+    as the generic kernel computes them."""
+    a, b, c, flagged = run_bfp(monkeypatch, fmt_name, shape, seed=sum(shape))
+    assert not flagged.any()
+
+
+@pytest.mark.parametrize("fmt_name", BFP_FORMATS)
+def test_folded_trees_on_corners_and_scale_gaps(monkeypatch, fmt_name):
+    """Corner codes (±0, subnormals, the largest), sub-blocks of zeros, NaN and extreme
+    scales, corner c, and sub-block scales up to 60 binades apart (folds wider than 53
+    bits: those rows' outputs flagged and left to the generic kernel): every bit the
+    generic kernel's, some outputs flagged and some computed."""
+    a, b, c, flagged = run_bfp(monkeypatch, fmt_name, (6, 9, 70, 11), 5, corners=0.05, gaps=0.02)
+    assert flagged.any() and not flagged.all()
+
+
+def test_folded_trees_flag_only_the_rows_rising_past_53_bits(monkeypatch):
+    """One sub-block of a row of A 40 binades above its tree's other sub-blocks (mx9: 20 +
+    40 bits, past 53): that row's outputs are flagged, the others computed; the same rise
+    of 30 (50 bits) is folded exactly; a sub-block of zeros at scale 2^-127 (as MX INT8
+    quantizes one) is left out of its tree's fold: computed. Every bit the generic
+    kernel's."""
+    config = hw("bfp-exact")
+    for rise, wide in ((30, False), (40, True)):
+        rng = np.random.default_rng(rise)
+        a, b = bfp_operands(rng, "mx9", (3, 4, 32, 5))
+        a.scales[1, 2, 3] = min(254, int(a.scales[1, 2, 3]) + rise)
+        a.scales[1, 2, 4] = max(0, int(a.scales[1, 2, 4]) - 1)  # (the tree's least below)
+        a.codes[0, 1, 10:12] = corner_codes("mx9")["zero"][-1]  # -0, -0
+        a.scales[0, 1, 5] = 0
+        flagged = np.zeros((3, 4, 5), dtype=bool)
+        recompute = api._recompute
+
+        def recording_recompute(g, m, n, *rest):
+            flagged[g, m, n] = True
+            recompute(g, m, n, *rest)
+
+        monkeypatch.setattr(api, "_recompute", recording_recompute)
+        got = matmul_batched(config, a, b)
+        monkeypatch.setattr(api, "_recompute", recompute)
+        expected = np.zeros_like(flagged)
+        expected[1, 2] = wide
+        np.testing.assert_array_equal(flagged, expected)
+        want = matmul_batched(config, a, b, method="kernel")
+        np.testing.assert_array_equal(got.bits, want.bits)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    fmt_name=st.sampled_from(BFP_FORMATS),
+    shape=st.tuples(st.integers(2, 5), st.integers(1, 16), st.integers(1, 80), st.integers(1, 24)),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.03, 0.1]),
+    gaps=st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.2]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_folded_trees_equal_the_kernel_on_random_batches(
+    fmt_name, shape, corners, gaps, with_c, seed
+):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_bfp(monkeypatch, fmt_name, shape, seed, corners=corners, gaps=gaps, with_c=with_c)
+
+
+def test_folded_codes_decode_to_the_elements_times_their_rises():
+    """``batch._folded_groups``: each raised code's table value times 2^(its tree's folded
+    scale) is the element times 2^(its sub-block's scale), exactly, wherever the row is not
+    flagged (NaN scales, rises past the budget); a Python loop over the blocks as the
+    reference."""
+    config = hw("bfp-exact")
+    params = config.params("mx9", "mx9")
+    rng = np.random.default_rng(29)
+    a, b = bfp_operands(rng, "mx9", (3, 5, 40, 6), corners=0.05, gaps=0.05)
+    table = get_format("mx9").decode_fields(np.arange(512)).astype(np.float64)
+    exps_a = a.scales.astype(np.int64) - 127
+    exps_b = b.scales.astype(np.int64) - 127
+    exps_a[a.scales == SCALE_NAN] = batch_module.SCALE_NAN
+    exps_b[b.scales == SCALE_NAN] = batch_module.SCALE_NAN
+    codes_b = np.ascontiguousarray(b.codes)
+    trees = exact_trees(params, 40).shape[0]
+    raised_a, raised_b, least_a, least_b, (table_a, _) = batch_module._folded_groups(
+        params, (table, table), a.codes, codes_b, exps_a, exps_b, trees
+    )
+    checked = 0
+    for g in range(3):
+        for i in range(5):
+            if (least_a[g, i] == batch_module.SCALE_NAN).any():
+                continue
+            for k in range(40):
+                tree, block = k // 16, k // 2
+                want = table[a.codes[g, i, k]] * 2.0 ** exps_a[g, i, block]
+                got = table_a[raised_a[g, i, k]] * 2.0 ** least_a[g, i, tree]
+                assert same_float(got, want), (g, i, k)
+                checked += 1
+    assert checked > 100

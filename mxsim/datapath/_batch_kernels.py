@@ -582,3 +582,70 @@ def _tree_sums(a, at_a, b, at_b, terms, sums, at_sums):
             x = a[at_a + np.uint64(m)]
             for jj in range(LANES):
                 sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
+
+
+def _fixed_fold(per: int, block: int):
+    """:func:`fold_group_codes`' step for one whole tree of ``per`` blocks of ``block``
+    positions, both constants when compiling (the loops unroll: three times faster than
+    loops of unknown length)."""
+    span = per * block
+
+    @njit(inline="always")
+    def fold_tree(codes, exponents, u, t, size, cap, least, raised, offsets):
+        first = t * per
+        low = np.int64(exponents[u, first])
+        for m in range(1, per):
+            low = min(low, np.int64(exponents[u, first + m]))
+        least[u, t] = low
+        top = np.int64(0)
+        for m in range(per):
+            rise = np.int64(exponents[u, first + m]) - low
+            top = max(top, rise)
+            offsets[m] = size * min(rise, cap)
+        k0 = t * span
+        for m in range(per):
+            for kk in range(block):
+                raised[u, k0 + m * block + kk] = codes[u, k0 + m * block + kk] + offsets[m]
+        return top
+
+    return fold_tree
+
+
+#: Trees of 8 blocks of 2 (bfp-exact's 16 products over sub-blocks of 2) unrolled.
+_fold_8x2 = _fixed_fold(8, 2)
+
+
+@njit(cache=True, nogil=True)
+def fold_group_codes(codes, exponents, per, block, size, cap, least, raised, tops):
+    """Fold each tree of ``per`` scale blocks of ``block`` positions onto one scale, for
+    :func:`exact_groups`, rows (codes (U, K), their scale exponents (U, blocks)) one after
+    another: least[u, t] = the least exponent of tree t's blocks (``SCALE_NAN`` only where
+    all of them are NaN: it lies above every exponent), raised[u, k] = codes[u, k] + size *
+    min(r, cap) with r the rise of the exponent of position k's block above its tree's
+    least, so that a table of the element values times 2^r, r = 0, 1, ..., cap, ``size``
+    entries each, decodes the raised codes; tops[u] = the largest rise of the row (a NaN
+    scale beside a number rises by about ``SCALE_NAN``). The last tree may hold fewer than
+    ``per`` blocks, the last block fewer than ``block`` positions."""
+    units, length = codes.shape
+    blocks = exponents.shape[1]
+    trees = least.shape[1]
+    offsets = np.empty(per, dtype=np.int64)  # size * min(rise, cap) per block of a tree
+    # trees of whole blocks unrolled where their shape is bfp-exact's, the rest in loops
+    unrolled = min(trees, length // (per * block)) if per == 8 and block == 2 else 0
+    for u in range(units):
+        top = np.int64(0)
+        for t in range(unrolled):
+            top = max(top, _fold_8x2(codes, exponents, u, t, size, cap, least, raised, offsets))
+        for t in range(unrolled, trees):
+            first, count = t * per, min(per, blocks - t * per)
+            low = np.int64(exponents[u, first])
+            for m in range(1, count):
+                low = min(low, np.int64(exponents[u, first + m]))
+            least[u, t] = low
+            for m in range(count):
+                rise = np.int64(exponents[u, first + m]) - low
+                top = max(top, rise)
+                k0 = (first + m) * block
+                for k in range(k0, min(k0 + block, length)):
+                    raised[u, k] = codes[u, k] + size * min(rise, cap)
+        tops[u] = top

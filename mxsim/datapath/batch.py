@@ -36,6 +36,8 @@ import numpy as np
 from .._threads import run_in_threads
 from . import _batch_kernels as B
 from . import _window_kernels as W
+from ..quantize._kernels import SCALE_NAN
+from ._blas_kernels import fold_code_blocks
 from .blas import (
     DECODED_VALUES,
     blocks_per_tree,
@@ -46,6 +48,7 @@ from .blas import (
     grid_trees,
     slice_width,
     subnormals_work,
+    tree_sum_bits,
 )
 from .schema import DatapathParams, route_accepts
 from .window import _window_config, window_applies
@@ -87,9 +90,7 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
 @functools.lru_cache(maxsize=256)
 def _exact_unit(params: DatapathParams) -> bool:
     """The unit checks of :func:`small_groups_apply`, once per unit and formats."""
-    return (
-        route_accepts("blas", params) and exact_in_float64(params) and blocks_per_tree(params) == 1
-    )
+    return route_accepts("blas", params) and exact_in_float64(params)
 
 
 def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
@@ -106,7 +107,8 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
     else:
         padded = -(-length // padded_to) * padded_to
         spans = [(first, first + width) for first in range(0, padded, width)]
-    trees = [(first, last, first // block if scaled else 0) for first, last in spans]
+    span = block * blocks_per_tree(params)  # the positions of one scale (folded) per tree
+    trees = [(first, last, first // span if scaled else 0) for first, last in spans]
     return np.array(trees, dtype=np.int64).reshape(-1, 3)
 
 
@@ -138,6 +140,11 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
     (``run_in_threads``), each decoding one group at a time."""
     groups, _, length = codes_a.shape
     trees, mode, floors, grid, choices = _exact_plan(params, length)
+    tables = kernel_args[0], kernel_args[2]
+    if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
+        codes_a, codes_b, scales_a, scales_b, tables = _folded_groups(
+            params, tables, codes_a, codes_b, scales_a, scales_b, trees.shape[0]
+        )
     flags = np.empty(out.shape, dtype=np.uint8)
     arguments = (
         codes_a,
@@ -145,8 +152,7 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
         scales_a,
         scales_b,
         c_values,
-        kernel_args[0],
-        kernel_args[2],
+        *tables,
         trees,
         mode,
         floors,
@@ -160,6 +166,79 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
         lambda start, stop: flagged.append(B.exact_groups(*arguments, start, stop)), groups
     )
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
+
+
+def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: int):
+    """A batch of trees of several scale blocks (bfp-exact: 16 products over sub-blocks of 2)
+    as :func:`small_groups_matmul`'s kernel takes trees of one scale: (codes_a, codes_b,
+    scales_a, scales_b, tables) with each tree's blocks folded onto its least scale
+    (``_batch_kernels.fold_group_codes``) and each code raised to index a table of the
+    element values times 2^r, r = 0 to the largest rise kept (exact: powers of two). A
+    tree's products then lie on its unscaled grid, and its sums need the unit's
+    ``tree_sum_bits`` plus the largest rises of its row and column: within 53 bits, as the
+    kernel's sums must be (``datapath.blas``), where A's rows rise at most ``a_limit`` and
+    B's at most ``budget - a_limit``. Rows rising more (scales far apart within a tree, a
+    NaN scale beside numbers; the BFP quantizer's sub-blocks rise at most 1) take
+    ``SCALE_NAN`` as their scales: the kernel flags their outputs, which the generic kernel
+    computes. Those rows are first folded again with their blocks of zeros left out
+    (:func:`_refold_zero_blocks`: MX INT8's zero sub-blocks take the least scale)."""
+    per, block = blocks_per_tree(params), params.block_size
+    budget = 53 - tree_sum_bits(params)
+    folded = []
+    for codes, scales, table in zip((codes_a, codes_b), (scales_a, scales_b), tables):
+        groups, rows, length = codes.shape
+        least = np.empty((groups, rows, trees), dtype=np.int32)
+        tops = np.empty((groups, rows), dtype=np.int64)
+        dtype = np.uint16 if table.shape[0] * (budget + 1) <= 1 << 16 else np.uint32
+        raised = np.empty(codes.shape, dtype=dtype)
+        B.fold_group_codes(
+            codes.reshape(-1, length),
+            scales.reshape(groups * rows, -1),
+            per,
+            block,
+            table.shape[0],
+            budget,
+            least.reshape(groups * rows, trees),
+            raised.reshape(-1, length),
+            tops.reshape(-1),
+        )
+        if tops.max(initial=0) > budget:
+            _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised, tops)
+        folded.append((least, raised, tops, int(tops.max(initial=0))))
+    (least_a, raised_a, tops_a, top_a), (least_b, raised_b, tops_b, top_b) = folded
+    if top_a + top_b > budget:  # the rows of A rising most flagged first, then B's
+        kept_b = int(tops_b[tops_b <= budget].max(initial=0))
+        a_limit = max(budget - kept_b, budget // 2)
+        least_a[tops_a > a_limit] = SCALE_NAN
+        least_b[tops_b > budget - a_limit] = SCALE_NAN
+    # every raised code's table, flagged rows' included (their rises stop at ``budget``)
+    copies = min(max(top_a, top_b), budget) + 1
+    raised_tables = tuple(_raised_table(table, copies) for table in tables)
+    return raised_a, raised_b, least_a, least_b, raised_tables
+
+
+def _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised, tops) -> None:
+    """Fold the rows of :func:`_folded_groups`' operand whose rises exceed ``budget`` again,
+    in place, with the blocks whose codes all decode to ±0 left out of their trees' least
+    (they add nothing whatever their scale: ``blas._fold_code_blocks``' fold) and rising by
+    0; rows holding a NaN scale take ``SCALE_NAN`` as their folded scales (flagged)."""
+    wide = np.nonzero(tops > budget)
+    row_codes = np.ascontiguousarray(codes[wide], dtype=np.uint32)[None]
+    row_scales = np.ascontiguousarray(scales[wide], dtype=np.int64)[None]
+    row_least = np.empty((1, row_codes.shape[1], least.shape[-1]), dtype=np.int64)
+    rises = np.empty(row_scales.shape[:2] + (least.shape[-1] * per,), dtype=np.int64)
+    block_of = np.arange(min(codes.shape[-1], scales.shape[-1] * block)) // block
+    fold_code_blocks(row_codes, table == 0, row_scales, block_of, per, row_least, rises)
+    nan = (row_scales[0] == SCALE_NAN).any(axis=-1)
+    least[wide] = np.where(nan[:, None], SCALE_NAN, row_least[0])
+    tops[wide] = np.where(nan, budget + 1, rises[0].max(axis=-1, initial=0))
+    steps = np.minimum(rises[0][:, block_of], budget) * table.shape[0]
+    raised[wide] = row_codes[0] + steps
+
+
+def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
+    """The element values times 2^r for r = 0 to ``copies`` - 1, one table after another."""
+    return np.concatenate([np.ldexp(table, r) for r in range(copies)])
 
 
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
