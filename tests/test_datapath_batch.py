@@ -915,17 +915,20 @@ def test_folded_trees_on_corners_and_scale_gaps(monkeypatch, fmt_name):
 
 
 def test_folded_trees_flag_only_the_rows_rising_past_53_bits(monkeypatch):
-    """One sub-block of a row of A 40 binades above its tree's other sub-blocks (mx9: 20 +
-    40 bits, past 53): that row's outputs are flagged, the others computed; the same rise
-    of 30 (50 bits) is folded exactly; a sub-block of zeros at scale 2^-127 (as MX INT8
-    quantizes one) is left out of its tree's fold: computed. Every bit the generic
-    kernel's."""
+    """mx9's tree sums need 20 bits (|M| <= 127 at 2^-6 each, 16 products: 7 + 7 + 2 + 4),
+    a fold rising R binades 20 + R: with B's sub-blocks at one scale, a row of A whose
+    sub-block lies R = 33 binades above its tree's least is folded exactly (53 bits) and
+    R = 34 is flagged, its outputs left to the generic kernel, the other rows computed; a
+    sub-block of zeros at scale 2^-127 (as MX INT8 quantizes one) is left out of its
+    tree's fold: computed. Every bit the generic kernel's."""
     config = hw("bfp-exact")
-    for rise, wide in ((30, False), (40, True)):
+    for rise, wide in ((33, False), (34, True)):
         rng = np.random.default_rng(rise)
         a, b = bfp_operands(rng, "mx9", (3, 4, 32, 5))
-        a.scales[1, 2, 3] = min(254, int(a.scales[1, 2, 3]) + rise)
-        a.scales[1, 2, 4] = max(0, int(a.scales[1, 2, 4]) - 1)  # (the tree's least below)
+        b.scales[...] = 120
+        a.scales[1, 2, 8:16] = 100  # the second tree of row 2 of group 1
+        a.scales[1, 2, 9] = 100 + rise
+        a.codes[1, 2, 18:20] = 1  # (its sub-block holds numbers)
         a.codes[0, 1, 10:12] = corner_codes("mx9")["zero"][-1]  # -0, -0
         a.scales[0, 1, 5] = 0
         flagged = np.zeros((3, 4, 5), dtype=bool)
