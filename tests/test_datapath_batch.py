@@ -831,7 +831,9 @@ def bfp_operands(rng, fmt_name: str, shape, corners: float = 0.0, gaps: float = 
         if fmt_name == "int8":
             q = quantize_grouped(x, "int8", 2)
         else:
-            q = MXGroups.of([quantize_bfp(part, fmt_name.upper(), axis=1).as_mx_tensor() for part in x])
+            q = MXGroups.of(
+                [quantize_bfp(part, fmt_name.upper(), axis=1).as_mx_tensor() for part in x]
+            )
         codes, scales = q.codes, q.scales
         if corners:
             pool = np.concatenate(

@@ -13,9 +13,13 @@ and adds them to the group's accumulators with the BLAS route's accumulation ste
 outputs of rows of A and columns of B holding a NaN or ±Inf element (every term of a sum is
 computed, so their sums are the only non-finite ones), with NaN scales or a c that is
 non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's sums
-wider than two float64s. Units whose trees lie inside one scale block only (folded trees of
-several blocks, bfp-exact, stay on the BLAS route). Each thread holds one group's decoded
-operands: groups of up to :data:`GROUPS_DECODED` elements take the route.
+wider than two float64s. Trees of several scale blocks (bfp-exact: 16 products over
+sub-blocks of 2) are folded first, as the BLAS route folds them: each tree's blocks onto
+its least scale, each code raised to index a table of the element values times 2^(its
+block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``); rows
+whose fold would need more than 53 bits are flagged (:func:`_folded_groups`). Each thread
+holds one group's decoded operands: groups of up to :data:`GROUPS_DECODED` elements take
+the route.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
@@ -77,8 +81,9 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, one
     group's operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks (``blas=``
-    declarations of the schema, tree sums exact in float64), one scale block per tree, and
-    subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
+    declarations of the schema, tree sums exact in float64; trees of several scale blocks
+    are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating point
+    (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
         and (rows + columns) * length <= GROUPS_DECODED
@@ -94,8 +99,9 @@ def _exact_unit(params: DatapathParams) -> bool:
 
 
 def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
-    """(T, 3) first position, last position and scale block of each tree the BLAS route adds
-    for operands of ``length`` elements (one scale block per tree), in its order: a grid's
+    """(T, 3) first position, last position and scale of each tree the BLAS route adds
+    for operands of ``length`` elements (a scale block, or for trees of several blocks the
+    tree's folded scale: :func:`_folded_groups`' index t), in its order: a grid's
     trees as the kernel cuts them (``blas.grid_trees``), an exact accumulator's block sums,
     else runs of ``fused_terms``, over the operands padded to whole blocks (a tree may reach
     past ``length``: the padding is zeros)."""
