@@ -644,6 +644,22 @@ def folded_twin(exponents: list, empty: list, per: int) -> tuple[list, list]:
     return want_least, want_rises
 
 
+@pytest.mark.parametrize("reach", [1, 127, 400])
+@pytest.mark.parametrize("trees", [1, 3])
+def test_trees_of_eight_blocks_folded_from_the_scales_equal_their_definition(reach, trees):
+    # bfp-exact's trees of 8 sub-blocks (``fold_blocks``' unrolled path, every tree whole):
+    # against plain Python, int32 and int64 exponents, rises in bytes and in int64 (reach
+    # 400: rises past a byte's 255, which the caller then folds again in int64).
+    rng = np.random.default_rng(reach + trees)
+    for dtype in (np.int32, np.int64):
+        exponents = rng.integers(-reach, reach + 1, (2, 5, 8 * trees)).astype(dtype)
+        least, rises, top = _fold_blocks(exponents, 8, trees)
+        want = folded_twin(exponents.reshape(-1, 8 * trees).tolist(), np.zeros((10, 8 * trees)), 8)
+        assert least.reshape(-1, trees).tolist() == want[0]
+        assert rises.reshape(-1, 8 * trees).tolist() == want[1]
+        assert top == max(max(row) for row in want[1])
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     rows=st.integers(1, 4),
