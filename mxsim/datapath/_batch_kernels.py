@@ -584,35 +584,36 @@ def _tree_sums(a, at_a, b, at_b, terms, sums, at_sums):
                 sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
 
 
-def _fixed_fold(per: int, block: int):
-    """:func:`fold_group_codes`' step for one whole tree of ``per`` blocks of ``block``
-    positions, both constants when compiling (the loops unroll: three times faster than
-    loops of unknown length)."""
-    span = per * block
-
-    @njit(inline="always")
-    def fold_tree(codes, exponents, u, t, size, cap, least, raised, offsets):
-        first = t * per
-        low = np.int64(exponents[u, first])
-        for m in range(1, per):
-            low = min(low, np.int64(exponents[u, first + m]))
-        least[u, t] = low
-        top = np.int64(0)
-        for m in range(per):
-            rise = np.int64(exponents[u, first + m]) - low
-            top = max(top, rise)
-            offsets[m] = size * min(rise, cap)
-        k0 = t * span
-        for m in range(per):
-            for kk in range(block):
-                raised[u, k0 + m * block + kk] = codes[u, k0 + m * block + kk] + offsets[m]
-        return top
-
-    return fold_tree
-
-
-#: Trees of 8 blocks of 2 (bfp-exact's 16 products over sub-blocks of 2) unrolled.
-_fold_8x2 = _fixed_fold(8, 2)
+@njit(cache=True, inline="always")
+def _fold_8x2(codes, exponents, u, t, size, cap, least, raised):
+    """:func:`fold_group_codes`' step for tree ``t`` of row ``u`` when it holds 8 whole
+    blocks of 2 positions (bfp-exact's trees of 16): the eight exponents loaded once, their
+    least and largest as trees of comparisons, each block's raise added to its two codes
+    (straight-line code: about four times faster than loops of unknown length). Returns the
+    tree's largest rise."""
+    first, k = t * 8, t * 16
+    e = exponents[u]
+    x0, x1, x2, x3 = (
+        np.int64(e[first]),
+        np.int64(e[first + 1]),
+        np.int64(e[first + 2]),
+        np.int64(e[first + 3]),
+    )
+    x4, x5, x6, x7 = (
+        np.int64(e[first + 4]),
+        np.int64(e[first + 5]),
+        np.int64(e[first + 6]),
+        np.int64(e[first + 7]),
+    )
+    low = min(min(min(x0, x1), min(x2, x3)), min(min(x4, x5), min(x6, x7)))
+    high = max(max(max(x0, x1), max(x2, x3)), max(max(x4, x5), max(x6, x7)))
+    least[u, t] = low
+    c, r = codes[u], raised[u]
+    for m, x in enumerate((x0, x1, x2, x3, x4, x5, x6, x7)):  # (unrolled: a tuple)
+        step = size * min(x - low, cap)
+        r[k + 2 * m] = c[k + 2 * m] + step
+        r[k + 2 * m + 1] = c[k + 2 * m + 1] + step
+    return high - low
 
 
 @njit(cache=True, nogil=True)
@@ -629,13 +630,12 @@ def fold_group_codes(codes, exponents, per, block, size, cap, least, raised, top
     units, length = codes.shape
     blocks = exponents.shape[1]
     trees = least.shape[1]
-    offsets = np.empty(per, dtype=np.int64)  # size * min(rise, cap) per block of a tree
     # trees of whole blocks unrolled where their shape is bfp-exact's, the rest in loops
     unrolled = min(trees, length // (per * block)) if per == 8 and block == 2 else 0
     for u in range(units):
         top = np.int64(0)
         for t in range(unrolled):
-            top = max(top, _fold_8x2(codes, exponents, u, t, size, cap, least, raised, offsets))
+            top = max(top, _fold_8x2(codes, exponents, u, t, size, cap, least, raised))
         for t in range(unrolled, trees):
             first, count = t * per, min(per, blocks - t * per)
             low = np.int64(exponents[u, first])
