@@ -428,6 +428,22 @@ def test_grid_keeps_large_accumulators_against_exact_sums(name):
     assert (got.values == c).any()
 
 
+def flagged_outputs(monkeypatch, config, a, b, c=None):
+    """``matmul_batched``'s result and the (G, M, N) outputs it left to the generic kernel."""
+    groups, rows = a.codes.shape[:2]
+    flagged = np.zeros((groups, rows, b.shape[1]), dtype=bool)
+    recompute = api._recompute
+
+    def recording_recompute(g, m, n, *rest):
+        flagged[g, m, n] = True
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
+    got = matmul_batched(config, a, b, c=c)
+    monkeypatch.setattr(api, "_recompute", recompute)
+    return got, flagged
+
+
 @pytest.mark.parametrize(
     "name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp", "fp8_e4m3"), ("kulisch", "fp6_e3m2")]
 )
@@ -448,15 +464,7 @@ def test_route_flags_infinite_elements_beside_zeros(monkeypatch, name, fmt_name)
     a.codes[2, 0, 7] = special[-1]
     b.codes[3, 4, :] = zero  # a column of zeros against a row with a special element
     a.codes[3, 1, 20] = special[0]
-    flagged = np.zeros((4, 6, 5), dtype=bool)
-    recompute = api._recompute
-
-    def recording_recompute(g, m, n, *rest):
-        flagged[g, m, n] = True
-        recompute(g, m, n, *rest)
-
-    monkeypatch.setattr(api, "_recompute", recording_recompute)
-    got = matmul_batched(config, a, b)
+    got, flagged = flagged_outputs(monkeypatch, config, a, b)
     np.testing.assert_array_equal(flagged, special_outputs(a, b, None))
     want = matmul_batched(config, a, b, method="kernel")
     np.testing.assert_array_equal(got.bits, want.bits)
@@ -864,21 +872,14 @@ def run_bfp(monkeypatch, fmt_name, shape, seed, corners=0.0, gaps=0.0, with_c=Tr
     rng = np.random.default_rng(seed)
     a, b = bfp_operands(rng, fmt_name, shape, corners, gaps)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
-    taken, flagged = [], np.zeros((shape[0], shape[1], shape[3]), dtype=bool)
-    route, recompute = api.small_groups_matmul, api._recompute
+    taken, route = [], api.small_groups_matmul
 
     def recording(*arguments):
         taken.append(True)
         return route(*arguments)
 
-    def recording_recompute(g, m, n, *rest):
-        flagged[g, m, n] = True
-        recompute(g, m, n, *rest)
-
     monkeypatch.setattr(api, "small_groups_matmul", recording)
-    monkeypatch.setattr(api, "_recompute", recording_recompute)
-    got = matmul_batched(config, a, b, c=c)
-    monkeypatch.setattr(api, "_recompute", recompute)
+    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
     assert taken == ([True] if shape[0] > 1 else [])
     want = matmul_batched(config, a, b, c=c, method="kernel")
     np.testing.assert_array_equal(got.bits, want.bits)
@@ -933,16 +934,7 @@ def test_folded_trees_flag_only_the_rows_rising_past_53_bits(monkeypatch):
         a.codes[1, 2, 18:20] = 1  # (its sub-block holds numbers)
         a.codes[0, 1, 10:12] = corner_codes("mx9")["zero"][-1]  # -0, -0
         a.scales[0, 1, 5] = 0
-        flagged = np.zeros((3, 4, 5), dtype=bool)
-        recompute = api._recompute
-
-        def recording_recompute(g, m, n, *rest):
-            flagged[g, m, n] = True
-            recompute(g, m, n, *rest)
-
-        monkeypatch.setattr(api, "_recompute", recording_recompute)
-        got = matmul_batched(config, a, b)
-        monkeypatch.setattr(api, "_recompute", recompute)
+        got, flagged = flagged_outputs(monkeypatch, config, a, b)
         expected = np.zeros_like(flagged)
         expected[1, 2] = wide
         np.testing.assert_array_equal(flagged, expected)
