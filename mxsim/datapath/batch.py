@@ -230,7 +230,7 @@ def _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised,
     0; rows holding a NaN scale take ``SCALE_NAN`` as their folded scales (flagged)."""
     wide = np.nonzero(tops > budget)
     row_codes = np.ascontiguousarray(codes[wide], dtype=np.uint32)[None]
-    row_scales = np.ascontiguousarray(scales[wide], dtype=np.int64)[None]
+    row_scales = np.ascontiguousarray(scales[wide])[None]  # (the BLAS route's types)
     row_least = np.empty((1, row_codes.shape[1], least.shape[-1]), dtype=np.int64)
     rises = np.empty(row_scales.shape[:2] + (least.shape[-1] * per,), dtype=np.int64)
     block_of = np.arange(min(codes.shape[-1], scales.shape[-1] * block)) // block
