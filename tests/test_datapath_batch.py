@@ -763,14 +763,15 @@ def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_
 
 
 @pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
-@pytest.mark.parametrize("shape", [(2, 17, 37, 49), (2, 49, 37, 17)])
+@pytest.mark.parametrize("shape", [(2, 17, 37, 49), (2, 49, 37, 17), (2, 70, 21, 5)])
 def test_wide_window_groups_equal_the_kernel_for_every_shipped_window_config(
     monkeypatch, name, a_name, b_name, out_name, shape
 ):
     """Every shipped config and format pair of the route on wide groups (a row's lanes loop
     at once: 49 columns padded to 64), an odd row count and K = 37, and their transposes
-    (49 rows, computed as C^T = B A^T: A's and B's formats swap tables), corners and c:
-    the generic kernel's bits and, for a few outputs, the Fraction twin's."""
+    (49 rows, computed as C^T = B A^T: A's and B's formats swap tables), as a small group
+    of 70 rows and 5 columns is (K = 21: not whole passes), corners and c: the generic
+    kernel's bits and, for a few outputs, the Fraction twin's."""
     config = hw(name)
     rng = np.random.default_rng(shape[1])
     a, b = mixed_operands(rng, config, a_name, b_name, shape, corners=0.01)
