@@ -705,7 +705,8 @@ def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, n
     block = config.sections[("inputs", "block_size")]
     rng = np.random.default_rng(9)
     kinds = corner_codes(fmt_name)
-    for shape in ((4, 6, 45, 17), (3, 1, 33, 20), (3, 9, 20, 1), (2, 16, 45, 66), (2, 66, 45, 17)):
+    shapes = ((4, 6, 45, 17), (3, 1, 33, 20), (3, 9, 20, 1), (2, 16, 45, 66), (2, 66, 45, 17))
+    for shape in (*shapes, (2, 16, 45, 32)):
         groups, m, k, n = shape
         a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
         cases = [(kinds["zero"], 127), (kinds["largest"], 254), (kinds["subnormal"], 0)]
@@ -763,14 +764,17 @@ def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_
 
 
 @pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
-@pytest.mark.parametrize("shape", [(2, 17, 37, 49), (2, 49, 37, 17), (2, 70, 21, 5)])
+@pytest.mark.parametrize(
+    "shape", [(2, 17, 37, 49), (2, 49, 37, 17), (2, 70, 21, 5), (2, 18, 37, 64)]
+)
 def test_wide_window_groups_equal_the_kernel_for_every_shipped_window_config(
     monkeypatch, name, a_name, b_name, out_name, shape
 ):
     """Every shipped config and format pair of the route on wide groups (a row's lanes loop
     at once: 49 columns padded to 64), an odd row count and K = 37, and their transposes
     (49 rows, computed as C^T = B A^T: A's and B's formats swap tables), as a small group
-    of 70 rows and 5 columns is (K = 21: not whole passes), corners and c: the generic
+    of 70 rows and 5 columns is (K = 21: not whole passes), and groups whose lanes are
+    their outputs (18 x 64: stages run in the output arrays), corners and c: the generic
     kernel's bits and, for a few outputs, the Fraction twin's."""
     config = hw(name)
     rng = np.random.default_rng(shape[1])

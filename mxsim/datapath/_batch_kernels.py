@@ -128,7 +128,12 @@ def window_groups(
     acc = np.zeros(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
+    # Groups whose lanes are their outputs in order (no padding lanes, not transposed) run
+    # their stages in the output arrays themselves: no copy of the codes and flags.
+    in_place = padded == columns and even_rows == rows and not transposed
     for g in range(start, stop):
+        if in_place:
+            lane_flags, codes_out = flags_out[g], out[g]
         for i in range(rows):
             row = codes_a[g, i]
             unusable = 0
@@ -196,6 +201,8 @@ def window_groups(
                 _block_totals(row_values, tile_values, factors, first, last, totals)
             W.finish_tree(totals, references, acc, lane_flags, cfg)
         W.encode_outputs(acc, lane_flags, codes_out, cfg)
+        if in_place:
+            continue
         if transposed:
             for j in range(columns):
                 for i in range(rows):
