@@ -682,9 +682,16 @@ def test_window_groups_equal_the_kernel_on_random_wide_batches(unit, shape, corn
     lane blocks), K from 1 (a tree shorter than the kernels' eight-term passes) to 100
     (four trees of some units), mostly realistic data; against the generic kernel and,
     for a few outputs, the Fraction twin."""
+    assume(shape[1] * shape[3] <= WINDOW_GROUP_OUTPUTS)
+    check_random_batch(unit, shape, corners, with_c, seed)
+
+
+def check_random_batch(unit, shape, corners, with_c, seed):
+    """A random batch (mostly realistic, ``corners`` of them corner codes, c or none)
+    through the window small-groups route: the generic kernel's bits and, for a few
+    outputs, the Fraction twin's."""
     name, fmt_name = unit
-    groups, m, k, n = shape
-    assume(m * n <= WINDOW_GROUP_OUTPUTS)
+    groups, m, _, n = shape
     config = hw(name)
     rng = np.random.default_rng(seed)
     a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners)
@@ -801,16 +808,10 @@ def test_wide_window_groups_equal_the_kernel_on_random_batches(unit, shape, corn
     mostly realistic data; against the generic kernel and, for a few outputs, the Fraction
     twin."""
     name, fmt_name = unit
-    groups, m, k, n = shape
-    config = hw(name)
-    params = config.params(fmt_name, fmt_name)
+    _, m, k, n = shape
+    params = hw(name).params(fmt_name, fmt_name)
     assume(window_groups_apply(params, m, n, k) and max(m, n) > 48)
-    rng = np.random.default_rng(seed)
-    a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners)
-    c = accumulator_inputs(rng, (groups, m, n), corners > 0) if with_c else None
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        got = run_window_groups(monkeypatch, config, a, b, c)
-    check_twin(config, a, b, c, got, rng, count=2)
+    check_random_batch(unit, shape, corners, with_c, seed)
 
 
 def small_element_operands(rng, shape, scaled):
