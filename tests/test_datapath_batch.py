@@ -21,6 +21,8 @@ from mxsim.datapath.batch import (
     SMALL_GROUP_OUTPUTS,
     WINDOW_GROUP_OUTPUTS,
     WINDOW_GROUP_VALUES,
+    WINDOW_WIDE_OUTPUTS,
+    WINDOW_WIDE_ROWS,
     exact_trees,
     small_groups_apply,
     window_groups_apply,
@@ -514,6 +516,17 @@ def test_which_units_and_groups_take_the_route():
         # a narrow group's tile of B is 16 columns wide: its K x 16 within the bound too
         assert window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16)
         assert not window_groups_apply(params, 1, 1, WINDOW_GROUP_VALUES // 16 + 1)
+        # wide groups: 128-token heads either way round (64 x 128 computed as 128 x 64's
+        # transpose), from 16 rows (or columns) and within WINDOW_WIDE_OUTPUTS outputs
+        for rows, columns in ((128, 128), (128, 64), (64, 128), (16, 64), (64, 16)):
+            assert window_groups_apply(params, rows, columns, 64)
+        assert WINDOW_WIDE_OUTPUTS == 128 * 128 and WINDOW_WIDE_ROWS == 16
+        assert not window_groups_apply(params, 15, 64, 64)
+        assert not window_groups_apply(params, 64, 15, 64)
+        assert not window_groups_apply(params, 129, 128, 64)
+        assert not window_groups_apply(params, 2, 1024, 32)
+        assert window_groups_apply(params, 128, 128, WINDOW_GROUP_VALUES // 128)
+        assert not window_groups_apply(params, 128, 128, WINDOW_GROUP_VALUES // 128 + 1)
     for fmt_name in ("mx9", "mx6", "mx4", "int8"):  # folded trees of several scale blocks
         assert small_groups_apply(hw("bfp-exact").params(fmt_name, fmt_name), 14, 14, 32)
     refused = [
@@ -682,9 +695,16 @@ def test_window_groups_equal_the_kernel_on_random_wide_batches(unit, shape, corn
     lane blocks), K from 1 (a tree shorter than the kernels' eight-term passes) to 100
     (four trees of some units), mostly realistic data; against the generic kernel and,
     for a few outputs, the Fraction twin."""
+    assume(shape[1] * shape[3] <= WINDOW_GROUP_OUTPUTS)
+    check_random_batch(unit, shape, corners, with_c, seed)
+
+
+def check_random_batch(unit, shape, corners, with_c, seed):
+    """A random batch (mostly realistic, ``corners`` of them corner codes, c or none)
+    through the window small-groups route: the generic kernel's bits and, for a few
+    outputs, the Fraction twin's."""
     name, fmt_name = unit
-    groups, m, k, n = shape
-    assume(m * n <= WINDOW_GROUP_OUTPUTS)
+    groups, m, _, n = shape
     config = hw(name)
     rng = np.random.default_rng(seed)
     a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners)
@@ -705,7 +725,8 @@ def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, n
     block = config.sections[("inputs", "block_size")]
     rng = np.random.default_rng(9)
     kinds = corner_codes(fmt_name)
-    for shape in ((4, 6, 45, 17), (3, 1, 33, 20), (3, 9, 20, 1)):
+    shapes = ((4, 6, 45, 17), (3, 1, 33, 20), (3, 9, 20, 1), (2, 16, 45, 66), (2, 66, 45, 17))
+    for shape in (*shapes, (2, 16, 45, 32)):
         groups, m, k, n = shape
         a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
         cases = [(kinds["zero"], 127), (kinds["largest"], 254), (kinds["subnormal"], 0)]
@@ -760,6 +781,50 @@ def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_
     a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners=0.01)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
     run_window_groups(monkeypatch, config, a, b, c)
+
+
+@pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
+@pytest.mark.parametrize(
+    "shape", [(2, 17, 37, 49), (2, 49, 37, 17), (2, 70, 21, 5), (2, 18, 37, 64)]
+)
+def test_wide_window_groups_equal_the_kernel_for_every_shipped_window_config(
+    monkeypatch, name, a_name, b_name, out_name, shape
+):
+    """Every shipped config and format pair of the route on wide groups (a row's lanes loop
+    at once: 49 columns padded to 64), an odd row count and K = 37, and their transposes
+    (49 rows, computed as C^T = B A^T: A's and B's formats swap tables), as a small group
+    of 70 rows and 5 columns is (K = 21: not whole passes), and groups whose lanes are
+    their outputs (18 x 64: stages run in the output arrays), corners and c: the generic
+    kernel's bits and, for a few outputs, the Fraction twin's."""
+    config = hw(name)
+    rng = np.random.default_rng(shape[1])
+    a, b = mixed_operands(rng, config, a_name, b_name, shape, corners=0.01)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
+    got = run_window_groups(monkeypatch, config, a, b, c, out_name)
+    if out_name is None:
+        check_twin(config, a, b, c, got, rng, count=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    unit=st.sampled_from(WINDOW_UNITS),
+    shape=st.tuples(
+        st.integers(2, 3), st.integers(16, 70), st.integers(1, 72), st.integers(16, 70)
+    ),
+    corners=st.sampled_from([0.0, 0.0, 0.0, 0.02]),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_wide_window_groups_equal_the_kernel_on_random_batches(unit, shape, corners, with_c, seed):
+    """Wide groups (16 to 70 rows and columns: one side padded to 64 or 80 lanes, either way
+    round), K from 1 to 72 (trees of every unit, int32 groups shorter than a tree for some),
+    mostly realistic data; against the generic kernel and, for a few outputs, the Fraction
+    twin."""
+    name, fmt_name = unit
+    _, m, k, n = shape
+    params = hw(name).params(fmt_name, fmt_name)
+    assume(window_groups_apply(params, m, n, k) and max(m, n) > 48)
+    check_random_batch(unit, shape, corners, with_c, seed)
 
 
 def small_element_operands(rng, shape, scaled):

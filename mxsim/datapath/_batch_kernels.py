@@ -33,6 +33,13 @@ EXACT_ACCUMULATOR = 2  # every tree's S added exactly (two float64s), one final 
 #: blocks, so that every loop over a block's lanes has a constant trip count (one vector of
 #: float32, no remainder loop) whatever the group's width.
 LANE_BLOCK = 16
+#: Padded widths (columns) from which :func:`window_groups`' stages loop over a row's lanes
+#: at once rather than a block at a time (:func:`_row_maxima`, :func:`_row_totals`): a
+#: pass's setup (its views, the compiler's overlap tests of them) is then paid once per row
+#: pair instead of once per block (128 x 128 heads' exponent maxima ran 5 times faster and
+#: their sums 1.6 times), while narrower groups keep their loops of one constant-length
+#: vector (MiniLM's 14-column heads ran twice as slow on loops of a runtime length).
+ROW_LANES_FROM = 64
 #: Terms of a pass of :func:`window_groups`' stages (unrolled in their loops): the route
 #: takes units whose trees are whole passes and whose int32 groups hold a pass's terms.
 PASS_TERMS = 8
@@ -55,6 +62,7 @@ def window_groups(
     cfg,
     out,
     flags_out,
+    transposed,
     start,
     stop,
 ):
@@ -66,7 +74,11 @@ def window_groups(
     ``codes_b`` (G, N, K), their scales (G, rows, blocks), ``c_values`` (G, M * N) or
     (1, 1), ``cfg`` as ``_window_kernels.window_items`` takes it and the per-code tables
     packed into one int64 a code (``PACKED_EXPONENT_SHIFT``: the value table's float32,
-    the exponent table's int8 and whether the code is non-finite).
+    the exponent table's int8 and whether the code is non-finite). ``transposed``: output
+    (i, j) goes to ``out[g, j * M + i]`` (and its flag alike): the caller passes the
+    operands swapped (B's as A's, A's as B's, ``c_values`` transposed) to compute a group
+    as C^T = B A^T, whose every output is the same dot product, its terms in the same order
+    (products, exponent sums and scale shifts are symmetric in the two elements).
 
     Each group's outputs are the lanes of one pass of the window stages, lane
     i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
@@ -78,15 +90,16 @@ def window_groups(
     row's scale exponent plus its column's. The stages per lane are those of
     ``_window_kernels.lane_trees``: the int8 exponent-sum maxima,
     ``_window_kernels.tree_references``, the truncated terms, each pass's summed in int32
-    (``datapath.batch.window_groups_apply`` admits units whose int32 groups hold a pass)
-    and the passes' sums in float64 (exact integers, in any order), and
+    (``datapath.batch.window_groups_apply`` admits units whose int32 groups hold a pass;
+    groups of :data:`ROW_LANES_FROM` padded columns or more sum a whole int32 group's
+    passes in int32) and those sums in float64 (exact integers, in any order), and
     ``_window_kernels.finish_tree``."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     padded = -(-columns // LANE_BLOCK) * LANE_BLOCK
     even_rows = rows + rows % 2  # (the passes take rows in pairs: a last odd one gets a zero row)
     lanes = even_rows * padded
-    fused_terms, block_size = cfg[W.W_FUSED_TERMS], cfg[W.W_BLOCK_SIZE]
+    fused_terms, block_size, group = cfg[W.W_FUSED_TERMS], cfg[W.W_BLOCK_SIZE], cfg[W.W_GROUP]
     scaled = cfg[W.W_SCALED] != 0
     one_c = c_values.shape[0] == 1
     trees = (length + fused_terms - 1) // fused_terms
@@ -111,10 +124,16 @@ def window_groups(
     references = np.empty(lanes, dtype=np.int64)
     factors = np.empty(lanes, dtype=np.float32)
     totals = np.empty(lanes)
+    partials = np.empty((2, padded), dtype=np.int32)  # (_row_totals: a row pair's int32 groups)
     acc = np.zeros(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
+    # Groups whose lanes are their outputs in order (no padding lanes, not transposed) run
+    # their stages in the output arrays themselves: no copy of the codes and flags.
+    in_place = padded == columns and even_rows == rows and not transposed
     for g in range(start, stop):
+        if in_place:
+            lane_flags, codes_out = flags_out[g], out[g]
         for i in range(rows):
             row = codes_a[g, i]
             unusable = 0
@@ -171,15 +190,29 @@ def window_groups(
                         shifts[i * padded + j] = x + column_scales[block, j]
             first = tree * fused_terms
             last = min(first + fused_terms, padded_length)
-            _block_maxima(row_exponents, tile_exponents, first, last, maxima)
+            if padded >= ROW_LANES_FROM:
+                _row_maxima(row_exponents, tile_exponents, first, last, maxima)
+            else:
+                _block_maxima(row_exponents, tile_exponents, first, last, maxima)
             W.tree_references(maxima, shifts, acc, references, factors, cfg)
-            _block_totals(row_values, tile_values, factors, first, last, totals)
+            if padded >= ROW_LANES_FROM:
+                _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
+            else:
+                _block_totals(row_values, tile_values, factors, first, last, totals)
             W.finish_tree(totals, references, acc, lane_flags, cfg)
         W.encode_outputs(acc, lane_flags, codes_out, cfg)
-        for i in range(rows):
+        if in_place:
+            continue
+        if transposed:
             for j in range(columns):
-                out[g, i * columns + j] = codes_out[i * padded + j]
-                flags_out[g, i * columns + j] = lane_flags[i * padded + j]
+                for i in range(rows):
+                    out[g, j * rows + i] = codes_out[i * padded + j]
+                    flags_out[g, j * rows + i] = lane_flags[i * padded + j]
+        else:
+            for i in range(rows):
+                for j in range(columns):
+                    out[g, i * columns + j] = codes_out[i * padded + j]
+                    flags_out[g, i * columns + j] = lane_flags[i * padded + j]
 
 
 @njit(cache=True, inline="always")
@@ -298,6 +331,67 @@ def _block_totals(row_values, tile_values, factors, start, stop, totals):
                     column = _pass_column(t, k, j)
                     s0[j] += _pass_sum(xs, column, f0[j])
                     s1[j] += _pass_sum(ys, column, f1[j])
+
+
+@njit(cache=True, inline="always")
+def _row_maxima(row_exponents, tile_exponents, start, stop, maxima):
+    """:func:`_block_maxima` for wide groups (:data:`ROW_LANES_FROM`): the same maxima, each
+    pass looping over a row's ``NP`` lanes at once; the first pass's maxima start the lanes'."""
+    rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
+    t = tile_exponents[start:stop]
+    for i in range(0, rows, 2):
+        x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
+        m0 = maxima[i * padded : (i + 1) * padded]
+        m1 = maxima[(i + 1) * padded : (i + 2) * padded]
+        xs, ys = _pass_terms(x, 0), _pass_terms(y, 0)
+        for j in range(padded):
+            column = _pass_column(t, 0, j)
+            m0[j] = _pass_maximum(xs, column)
+            m1[j] = _pass_maximum(ys, column)
+        for k in range(PASS_TERMS, stop - start, PASS_TERMS):
+            xs, ys = _pass_terms(x, k), _pass_terms(y, k)
+            for j in range(padded):
+                column = _pass_column(t, k, j)
+                m0[j] = max(m0[j], _pass_maximum(xs, column))
+                m1[j] = max(m1[j], _pass_maximum(ys, column))
+
+
+@njit(cache=True, inline="always")
+def _row_totals(row_values, tile_values, factors, start, stop, group, partials, totals):
+    """:func:`_block_totals` for wide groups (:data:`ROW_LANES_FROM`): the same sums, each
+    pass looping over a row's ``NP`` lanes at once, the passes of each int32 group of
+    ``group`` terms (a multiple of a pass: ``datapath.batch.window_groups_apply``; no sum of
+    its truncated terms overflows, ``_window_kernels``) summed in int32 in ``partials``
+    (2, NP) and the groups' sums in float64 (exact integers below 2^53)."""
+    rows, padded = row_values.shape[0], tile_values.shape[1]
+    t = tile_values[start:stop]
+    p0, p1 = partials[0], partials[1]
+    for i in range(0, rows, 2):
+        x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
+        f0 = factors[i * padded : (i + 1) * padded]
+        f1 = factors[(i + 1) * padded : (i + 2) * padded]
+        s0 = totals[i * padded : (i + 1) * padded]
+        s1 = totals[(i + 1) * padded : (i + 2) * padded]
+        for first in range(0, stop - start, group):
+            xs, ys = _pass_terms(x, first), _pass_terms(y, first)
+            for j in range(padded):
+                column = _pass_column(t, first, j)
+                p0[j] = _pass_sum(xs, column, f0[j])
+                p1[j] = _pass_sum(ys, column, f1[j])
+            for k in range(first + PASS_TERMS, min(first + group, stop - start), PASS_TERMS):
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
+                for j in range(padded):
+                    column = _pass_column(t, k, j)
+                    p0[j] += _pass_sum(xs, column, f0[j])
+                    p1[j] += _pass_sum(ys, column, f1[j])
+            if first == 0:  # the first group's sums start the totals
+                for j in range(padded):
+                    s0[j] = p0[j]
+                    s1[j] = p1[j]
+            else:
+                for j in range(padded):
+                    s0[j] += p0[j]
+                    s1[j] += p1[j]
 
 
 #: Columns of a group's passes in :func:`exact_groups`: a trip count known when compiling,

@@ -23,7 +23,9 @@ the route.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
-place (``_batch_kernels.window_groups``), through the window kernels' stages.
+place (``_batch_kernels.window_groups``), through the window kernels' stages. Wide groups
+(128-token heads) loop over a row's lanes at once, the longer side of the group as the
+lanes (a group with fewer columns than rows is computed as its transpose, C^T = B A^T).
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
 :data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
@@ -63,6 +65,15 @@ SMALL_GROUP_OUTPUTS = 1024
 #: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
 #: group's columns (16 x 32 heads run about twice as fast on the small-groups route).
 WINDOW_GROUP_OUTPUTS = 512
+#: Wider groups of window units take the small-groups route too where their padded
+#: columns reach ``_batch_kernels.ROW_LANES_FROM`` (the kernel's stages then loop over a
+#: row's lanes at once), they have at least :data:`WINDOW_WIDE_ROWS` rows and at most
+#: :data:`WINDOW_WIDE_OUTPUTS` outputs: 128-token heads (128 x 128 and 128 x 64) ran 1.3
+#: to 1.7 times as fast there as on the per-GEMM route, whose work items are a group's
+#: 64 or 128 columns. One or two rows of wide groups keep the per-GEMM route (a row pair's
+#: lanes are no longer than the per-GEMM route's, which splits a group over the threads).
+WINDOW_WIDE_OUTPUTS = 1 << 14
+WINDOW_WIDE_ROWS = 16
 #: Decoded elements (float64) of one group's A and B, which each thread of the exact
 #: small-groups route holds: groups up to this many take it, as the BLAS route bounds its
 #: decoded panels.
@@ -250,16 +261,28 @@ def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the window route's small-groups kernel: small groups
-    (:data:`WINDOW_GROUP_OUTPUTS`, products and the kernel's tile of B, its columns padded
-    to whole lane blocks, within :data:`WINDOW_GROUP_VALUES`) through a
+    (:data:`WINDOW_GROUP_OUTPUTS` outputs and :data:`WINDOW_GROUP_VALUES` products) or wide
+    ones (:data:`WINDOW_WIDE_OUTPUTS`, :data:`WINDOW_WIDE_ROWS`, padded columns from
+    ``_batch_kernels.ROW_LANES_FROM``), the kernel's tile of B (its columns padded to whole
+    lane blocks) within :data:`WINDOW_GROUP_VALUES`, through a
     unit that takes the window route (``window.window_applies``) whose trees are whole
     passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
     pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
     of 8, 16 or 32 terms; a unit with trees of 4 keeps the per-GEMM window route."""
     padded_columns = -(-columns // B.LANE_BLOCK) * B.LANE_BLOCK  # the tile of B's width
+    small = (
+        rows * columns <= WINDOW_GROUP_OUTPUTS and rows * columns * length <= WINDOW_GROUP_VALUES
+    )
+    if _transposed(rows, columns):  # the kernel's tile of B is A's rows
+        rows, columns = columns, rows
+        padded_columns = -(-columns // B.LANE_BLOCK) * B.LANE_BLOCK
+    wide = (
+        padded_columns >= B.ROW_LANES_FROM
+        and WINDOW_WIDE_ROWS <= rows
+        and rows * columns <= WINDOW_WIDE_OUTPUTS
+    )
     if not (
-        rows * columns <= WINDOW_GROUP_OUTPUTS
-        and rows * columns * length <= WINDOW_GROUP_VALUES
+        (small or wide)
         and padded_columns * length <= WINDOW_GROUP_VALUES
         and window_applies(params)
     ):
@@ -286,26 +309,42 @@ def _packed_tables(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
     return packed[0], packed[1]
 
 
+def _transposed(rows: int, columns: int) -> bool:
+    """Whether :func:`window_groups_matmul` computes a group of ``rows`` x ``columns``
+    outputs as its transpose: wide groups (``_batch_kernels.ROW_LANES_FROM``) with fewer
+    padded columns than rows, so that a row's lanes (the kernel's columns) are the longer
+    side (128 x 64 heads ran about 1.3 times as fast as their 64 x 128 transposes)."""
+    padded_rows, padded_columns = (-(-n // B.LANE_BLOCK) * B.LANE_BLOCK for n in (rows, columns))
+    return padded_rows >= B.ROW_LANES_FROM and padded_columns < padded_rows
+
+
 def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
     (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
     (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
     the outputs the generic kernel must compute, as ``window.window_matmul`` does."""
-    cfg, a, b = _window_config(params)
+    cfg = _window_config(params)[0]
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
     flags = np.empty(out.shape, dtype=np.uint8)
+    tables = _packed_tables(params)
+    transposed = _transposed(rows, columns)
+    if transposed:  # C^T = B A^T: the kernel's rows are B's columns (its docstring)
+        codes_a, codes_b, scales_a, scales_b = codes_b, codes_a, scales_b, scales_a
+        tables = tables[::-1]
+        c_values = c_values.transpose(0, 2, 1)
     arguments = (
         codes_a,
         codes_b,
         scales_a,
         scales_b,
         np.ascontiguousarray(c_values).reshape(c_values.shape[0], -1),
-        *_packed_tables(params),
+        *tables,
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
+        transposed,
     )
     run_in_threads(lambda start, stop: B.window_groups(*arguments, start, stop), groups)
     if not flags.any():
