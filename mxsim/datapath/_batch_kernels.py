@@ -382,6 +382,9 @@ def exact_groups(
     keep_factor = _power_of_two(max_left - fraction_bits + 24)
     one_c = c_values.shape[0] == 1
     c_first = np.float64(c_values[0, 0, 0]) if one_c else 0.0  # (the padding's c: 0)
+    # One c for every output (c=None: +0) is checked once, not per output.
+    bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
+    start_first = 0.0 if bad_first else c_first
     # Scratch once per call: a group's A (zeros past K) and B transposed per pass of columns
     # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
     # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
@@ -437,9 +440,15 @@ def exact_groups(
             j0 = p * LANES
             live = min(LANES, columns - j0)
             for i in range(rows):
+                if one_c:
+                    for jj in range(LANES):
+                        high[i, jj] = start_first
+                        low[i, jj] = 0.0
+                        lane_flags[i, jj] = bad_first | bad_rows[i] | bad_columns[p, jj]
+                    continue
                 for jj in range(LANES):
                     high[i, jj] = c_first
-                    if not one_c and jj < live:
+                    if jj < live:
                         high[i, jj] = np.float64(c_values[g, i, j0 + jj])
                 for jj in range(LANES):
                     c = high[i, jj]
