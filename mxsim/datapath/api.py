@@ -960,11 +960,60 @@ def matmul_batched(
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
 
-def _gemm_groups(params: DatapathParams, codes_a, codes_b, *rest) -> np.ndarray:
-    """:func:`_gemm_routes` on one thread when the GEMMs hold few products
-    (``threads_for``, below ``SERIAL_GEMM_BELOW``)."""
-    with threads_for(codes_a.size * codes_b.shape[1], SERIAL_GEMM_BELOW):
-        return _gemm_routes(params, codes_a, codes_b, *rest)
+def _gemm_groups(
+    params: DatapathParams,
+    codes_a,
+    codes_b,
+    exponents_a,
+    exponents_b,
+    c_values,
+    kernel_args,
+    method: str,
+    progress,
+    tile_rows: int,
+    memo: dict | None = None,
+) -> np.ndarray:
+    """:func:`_small_groups_routes` or :func:`_gemm_routes` (arguments as it takes them), on
+    one thread when the GEMMs hold few products (below ``SERIAL_GEMM_BELOW``)."""
+    products = codes_a.size * codes_b.shape[1]
+    operands = (codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args)
+    if method == "auto" and progress is None and codes_a.shape[0] > 1:
+        out = _small_groups_routes(params, *operands, products)
+        if out is not None:
+            return out
+    with threads_for(products, SERIAL_GEMM_BELOW):
+        return _gemm_routes(params, *operands, method, progress, tile_rows, memo)
+
+
+def _small_groups_routes(
+    params: DatapathParams,
+    codes_a,
+    codes_b,
+    exponents_a,
+    exponents_b,
+    c_values,
+    kernel_args,
+    products: int,
+) -> np.ndarray | None:
+    """The output bits (as :func:`_gemm_routes`) of a batch of several GEMMs by a small-groups
+    route (``datapath.batch``: attention heads, the whole batch in a few calls), or None
+    where none applies. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel runs on the
+    calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+    out = np.empty((groups, rows, columns), dtype=kernel_output_dtype(params.output_format))
+    serial = products < SERIAL_GEMM_BELOW
+    if small_groups_apply(params, rows, columns, length):
+        g, m, n = small_groups_matmul(params, kernel_args, *tile, out, serial)
+    elif window_groups_apply(params, rows, columns, length):
+        g, m, n = window_groups_matmul(params, *tile, out, serial)
+    else:
+        return None
+    if m.size:  # specials, NaN scales, wide exact sums, out-of-range values: the generic kernel
+        with threads_for(products, SERIAL_GEMM_BELOW):
+            _recompute(g, m, n, *tile, kernel_args, out)
+    return out
 
 
 def _gemm_routes(
@@ -992,29 +1041,6 @@ def _gemm_routes(
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
-    columns, length = codes_b.shape[1], codes_a.shape[2]
-    if (
-        method == "auto"
-        and progress is None
-        and groups > 1
-        and small_groups_apply(params, rows, columns, length)
-    ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
-        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
-        g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
-        if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
-            _recompute(g, m, n, *tile, kernel_args, out)
-        return out
-    if (
-        method == "auto"
-        and progress is None
-        and groups > 1
-        and window_groups_apply(params, rows, columns, length)
-    ):
-        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
-        g, m, n = window_groups_matmul(params, *tile, out)
-        if m.size:  # specials and out-of-range values: the generic kernel
-            _recompute(g, m, n, *tile, kernel_args, out)
-        return out
     route = (
         blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo)
         if method == "auto"
