@@ -441,10 +441,13 @@ def exact_groups(
             live = min(LANES, columns - j0)
             for i in range(rows):
                 if one_c:
+                    row_bad = np.uint8(bad_first) | bad_rows[i]
                     for jj in range(LANES):
                         high[i, jj] = start_first
-                        low[i, jj] = 0.0
-                        lane_flags[i, jj] = bad_first | bad_rows[i] | bad_columns[p, jj]
+                        lane_flags[i, jj] = row_bad | bad_columns[p, jj]
+                    if mode == EXACT_ACCUMULATOR:  # (only its steps read ``low``)
+                        for jj in range(LANES):
+                            low[i, jj] = 0.0
                     continue
                 for jj in range(LANES):
                     high[i, jj] = c_first
