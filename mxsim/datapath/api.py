@@ -1001,15 +1001,16 @@ def _small_groups_routes(
     calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
+    exact = small_groups_apply(params, rows, columns, length)
+    if not (exact or window_groups_apply(params, rows, columns, length)):
+        return None
     tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
     out = np.empty((groups, rows, columns), dtype=kernel_output_dtype(params.output_format))
     serial = products < SERIAL_GEMM_BELOW
-    if small_groups_apply(params, rows, columns, length):
+    if exact:
         g, m, n = small_groups_matmul(params, kernel_args, *tile, out, serial)
-    elif window_groups_apply(params, rows, columns, length):
-        g, m, n = window_groups_matmul(params, *tile, out, serial)
     else:
-        return None
+        g, m, n = window_groups_matmul(params, *tile, out, serial)
     if m.size:  # specials, NaN scales, wide exact sums, out-of-range values: the generic kernel
         with threads_for(products, SERIAL_GEMM_BELOW):
             _recompute(g, m, n, *tile, kernel_args, out)
