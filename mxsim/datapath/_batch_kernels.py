@@ -62,11 +62,12 @@ def window_groups(
     (``datapath.window``): the output codes into ``out`` (G, M * N), 1 into ``flags_out``
     (G, M * N) where the generic kernel must recompute (a row of A or column of B holding a
     non-finite element or, for a unit with scales, a NaN scale: ``_window_kernels``'
-    ``unusable_rows``; and every flag of the window stages). ``codes_a`` (G, M, K),
-    ``codes_b`` (G, N, K), their scales (G, rows, blocks), ``c_values`` (G, M * N) or
-    (1, 1), ``cfg`` as ``_window_kernels.window_items`` takes it and the per-code tables
-    packed into one int64 a code (``PACKED_EXPONENT_SHIFT``: the value table's float32,
-    the exponent table's int8 and whether the code is non-finite).
+    ``unusable_rows``; and every flag of the window stages); returns how many it flagged.
+    ``codes_a`` (G, M, K), ``codes_b`` (G, N, K), their scales (G, rows, blocks),
+    ``c_values`` (G, M * N) or (1, 1), ``cfg`` as ``_window_kernels.window_items`` takes
+    it and the per-code tables packed into one int64 a code (``PACKED_EXPONENT_SHIFT``:
+    the value table's float32, the exponent table's int8 and whether the code is
+    non-finite).
 
     Each group's outputs are the lanes of one pass of the window stages, lane
     i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
@@ -114,6 +115,7 @@ def window_groups(
     acc = np.zeros(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
+    flagged = 0
     for g in range(start, stop):
         for i in range(rows):
             row = codes_a[g, i]
@@ -180,6 +182,8 @@ def window_groups(
             for j in range(columns):
                 out[g, i * columns + j] = codes_out[i * padded + j]
                 flags_out[g, i * columns + j] = lane_flags[i * padded + j]
+                flagged += lane_flags[i * padded + j]
+    return flagged
 
 
 @njit(cache=True, inline="always")

@@ -69,7 +69,7 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
 def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.ndarray:
     """Validated codes as the field codes (padding removed) that index the element tables;
     ``fields_given``: ``array`` already holds field codes (an MXTensor's codes)."""
-    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iu":  # (numpy's integers)
         raise ArgumentError(f"{name}: expected an integer numpy array of {fmt.name} codes")
     if array.ndim != 2:
         raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")

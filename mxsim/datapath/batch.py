@@ -246,5 +246,5 @@ def window_groups_matmul(
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
     )
-    run_groups(B.window_groups, arguments, groups, serial)
-    return np.nonzero(flags) if flags.any() else _NONE_FLAGGED
+    flagged = run_groups(B.window_groups, arguments, groups, serial)
+    return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
