@@ -960,51 +960,32 @@ def matmul_batched(
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
 
-def _gemm_groups(
-    params: DatapathParams,
-    codes_a,
-    codes_b,
-    exponents_a,
-    exponents_b,
-    c_values,
-    kernel_args,
-    method: str,
-    progress,
-    tile_rows: int,
-    memo: dict | None = None,
-) -> np.ndarray:
-    """:func:`_small_groups_routes` or :func:`_gemm_routes` (arguments as it takes them), on
-    one thread when the GEMMs hold few products (below ``SERIAL_GEMM_BELOW``)."""
+def _gemm_groups(params: DatapathParams, *arguments) -> np.ndarray:
+    """:func:`_small_groups_routes` or :func:`_gemm_routes` (``arguments`` as it takes them),
+    on one thread when the GEMMs hold few products (below ``SERIAL_GEMM_BELOW``)."""
+    codes_a, codes_b, *_, method, progress = arguments[:8]
     products = codes_a.size * codes_b.shape[1]
-    operands = (codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args)
     if method == "auto" and progress is None and codes_a.shape[0] > 1:
-        out = _small_groups_routes(params, *operands, products)
+        out = _small_groups_routes(params, arguments[:5], arguments[5], products)
         if out is not None:
             return out
     with threads_for(products, SERIAL_GEMM_BELOW):
-        return _gemm_routes(params, *operands, method, progress, tile_rows, memo)
+        return _gemm_routes(params, *arguments)
 
 
 def _small_groups_routes(
-    params: DatapathParams,
-    codes_a,
-    codes_b,
-    exponents_a,
-    exponents_b,
-    c_values,
-    kernel_args,
-    products: int,
+    params: DatapathParams, tile: tuple, kernel_args, products: int
 ) -> np.ndarray | None:
     """The output bits (as :func:`_gemm_routes`) of a batch of several GEMMs by a small-groups
     route (``datapath.batch``: attention heads, the whole batch in a few calls), or None
-    where none applies. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel runs on the
-    calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
-    groups, rows, length = codes_a.shape
-    columns = codes_b.shape[1]
+    where none applies; ``tile``: codes A, codes B, their scale exponents and c, as
+    :func:`_gemm_routes` takes them. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel
+    runs on the calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
+    groups, rows, length = tile[0].shape
+    columns = tile[1].shape[1]
     exact = small_groups_apply(params, rows, columns, length)
     if not (exact or window_groups_apply(params, rows, columns, length)):
         return None
-    tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
     out = np.empty((groups, rows, columns), dtype=kernel_output_dtype(params.output_format))
     serial = products < SERIAL_GEMM_BELOW
     if exact:
