@@ -981,20 +981,22 @@ def _small_groups_routes(
     where none applies; ``tile``: codes A, codes B, their scale exponents and c, as
     :func:`_gemm_routes` takes them. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel
     runs on the calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
-    groups, rows, length = tile[0].shape
-    columns = tile[1].shape[1]
+    codes_a, codes_b, exponents_a, exponents_b, c_values = tile
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
     exact = small_groups_apply(params, rows, columns, length)
     if not (exact or window_groups_apply(params, rows, columns, length)):
         return None
     out = np.empty((groups, rows, columns), dtype=kernel_output_dtype(params.output_format))
     serial = products < SERIAL_GEMM_BELOW
+    operands = (codes_a, codes_b, exponents_a, exponents_b, c_values)
     if exact:
-        g, m, n = small_groups_matmul(params, kernel_args, *tile, out, serial)
+        g, m, n = small_groups_matmul(params, kernel_args, *operands, out, serial)
     else:
-        g, m, n = window_groups_matmul(params, *tile, out, serial)
+        g, m, n = window_groups_matmul(params, *operands, out, serial)
     if m.size:  # specials, NaN scales, wide exact sums, out-of-range values: the generic kernel
         with threads_for(products, SERIAL_GEMM_BELOW):
-            _recompute(g, m, n, *tile, kernel_args, out)
+            _recompute(g, m, n, *operands, kernel_args, out)
     return out
 
 
