@@ -55,13 +55,14 @@ def _threads_pool(size: int) -> ThreadPoolExecutor:
     return _pool[2]
 
 
-def run_in_threads(call, items: int) -> None:
+def run_in_threads(call, items: int, threads: int | None = None) -> None:
     """``call(start, stop)`` over ``range(items)`` cut into contiguous chunks, on as many
     threads as Numba's thread count allows here (one inside :func:`threads_for`'s small-work
-    block: then on the calling thread alone): ``call`` runs a GIL-free (``nogil``) kernel, so
-    the chunks run at the same time. Four chunks a thread even out chunks of unequal cost; a
-    kernel's exception reaches the caller."""
-    threads = min(numba.get_num_threads(), items)
+    block: then on the calling thread alone), or as ``threads`` where given (1: the calling
+    thread, without reading or changing Numba's thread count): ``call`` runs a GIL-free
+    (``nogil``) kernel, so the chunks run at the same time. Four chunks a thread even out
+    chunks of unequal cost; a kernel's exception reaches the caller."""
+    threads = min(numba.get_num_threads() if threads is None else threads, items)
     if threads <= 1:
         call(0, items)
         return

@@ -480,7 +480,7 @@ def test_route_computes_any_split_of_the_groups(monkeypatch, name, fmt_name):
     by a call of its own (in reverse order) gives the bits of one call over the batch."""
     calls = []
 
-    def one_group_a_call(call, items):
+    def one_group_a_call(call, items, threads=None):
         for g in reversed(range(items)):
             calls.append(g)
             call(g, g + 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 import pytest
@@ -38,28 +40,37 @@ def test_small_work_takes_one_thread_and_the_count_comes_back(two_threads):
 
 def test_a_gemm_of_few_products_takes_one_thread(two_threads, monkeypatch):
     """The GEMM routes run a call of fewer than SERIAL_GEMM_BELOW products (MiniLM's attention
-    heads: 192 x 14 x 32 x 14) on one thread, a larger one on the thread count set."""
+    heads: 192 x 14 x 32 x 14, a small-groups kernel's one call on the calling thread) on one
+    thread, a larger one on the thread count set."""
     with threads_for(SERIAL_GEMM_BELOW - 1, SERIAL_GEMM_BELOW):
         assert numba.get_num_threads() == 1
     with threads_for(SERIAL_GEMM_BELOW, SERIAL_GEMM_BELOW):
         assert numba.get_num_threads() == 2
-    from mxsim.datapath import api
+    from mxsim.datapath import _batch_kernels, api
 
     seen = []
     routes = api._gemm_routes
+    callers = []
+    kernel = _batch_kernels.exact_groups
 
     def counting(*args, **kwargs):
         seen.append(numba.get_num_threads())
         return routes(*args, **kwargs)
 
+    def recording(*args):
+        callers.append(threading.get_ident())
+        return kernel(*args)
+
     monkeypatch.setattr(api, "_gemm_routes", counting)
+    monkeypatch.setattr(_batch_kernels, "exact_groups", recording)
     hw = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
     rng = np.random.default_rng(2)
     for groups, rows in ((192, 14), (2, 1280)):  # 1.2 M products; 2 x 1280 x 32 x 1280 = 105 M
         a = rng.standard_normal((groups, rows, 32))
         b = rng.standard_normal((groups, 32, rows))
         api.matmul_batched(hw, a, b)
-    assert seen == [1, 2]
+    assert callers == [threading.get_ident()]  # the heads: one kernel call, on this thread
+    assert seen == [2]  # the large GEMMs: the BLAS route, on the thread count set
 
 
 def _every_entry_point():

@@ -70,7 +70,8 @@ def window_groups(
     (``datapath.window``): the output codes into ``out`` (G, M * N), 1 into ``flags_out``
     (G, M * N) where the generic kernel must recompute (a row of A or column of B holding a
     non-finite element or, for a unit with scales, a NaN scale: ``_window_kernels``'
-    ``unusable_rows``; and every flag of the window stages). ``codes_a`` (G, M, K),
+    ``unusable_rows``; and every flag of the window stages); returns how many it flagged.
+    ``codes_a`` (G, M, K),
     ``codes_b`` (G, N, K), their scales (G, rows, blocks), ``c_values`` (G, M * N) or
     (1, 1), ``cfg`` as ``_window_kernels.window_items`` takes it and the per-code tables
     packed into one int64 a code (``PACKED_EXPONENT_SHIFT``: the value table's float32,
@@ -128,6 +129,7 @@ def window_groups(
     acc = np.zeros(lanes)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
+    flagged = 0
     # Groups whose lanes are their outputs in order (no padding lanes, not transposed) run
     # their stages in the output arrays themselves: no copy of the codes and flags.
     in_place = padded == columns and even_rows == rows and not transposed
@@ -202,17 +204,22 @@ def window_groups(
             W.finish_tree(totals, references, acc, lane_flags, cfg)
         W.encode_outputs(acc, lane_flags, codes_out, cfg)
         if in_place:
+            for lane in range(lanes):
+                flagged += lane_flags[lane]
             continue
         if transposed:
             for j in range(columns):
                 for i in range(rows):
                     out[g, j * rows + i] = codes_out[i * padded + j]
                     flags_out[g, j * rows + i] = lane_flags[i * padded + j]
+                    flagged += lane_flags[i * padded + j]
         else:
             for i in range(rows):
                 for j in range(columns):
                     out[g, i * columns + j] = codes_out[i * padded + j]
                     flags_out[g, i * columns + j] = lane_flags[i * padded + j]
+                    flagged += lane_flags[i * padded + j]
+    return flagged
 
 
 @njit(cache=True, inline="always")
@@ -476,6 +483,9 @@ def exact_groups(
     keep_factor = _power_of_two(max_left - fraction_bits + 24)
     one_c = c_values.shape[0] == 1
     c_first = np.float64(c_values[0, 0, 0]) if one_c else 0.0  # (the padding's c: 0)
+    # One c for every output (c=None: +0) is checked once, not per output.
+    bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
+    start_first = 0.0 if bad_first else c_first
     # Scratch once per call: a group's A (zeros past K) and B transposed per pass of columns
     # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
     # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
@@ -531,9 +541,18 @@ def exact_groups(
             j0 = p * LANES
             live = min(LANES, columns - j0)
             for i in range(rows):
+                if one_c:
+                    row_bad = np.uint8(bad_first) | bad_rows[i]
+                    for jj in range(LANES):
+                        high[i, jj] = start_first
+                        lane_flags[i, jj] = row_bad | bad_columns[p, jj]
+                    if mode == EXACT_ACCUMULATOR:  # (only its steps read ``low``)
+                        for jj in range(LANES):
+                            low[i, jj] = 0.0
+                    continue
                 for jj in range(LANES):
                     high[i, jj] = c_first
-                    if not one_c and jj < live:
+                    if jj < live:
                         high[i, jj] = np.float64(c_values[g, i, j0 + jj])
                 for jj in range(LANES):
                     c = high[i, jj]

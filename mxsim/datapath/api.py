@@ -69,7 +69,7 @@ def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tupl
 def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.ndarray:
     """Validated codes as the field codes (padding removed) that index the element tables;
     ``fields_given``: ``array`` already holds field codes (an MXTensor's codes)."""
-    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer):
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "iu":  # (numpy's integers)
         raise ArgumentError(f"{name}: expected an integer numpy array of {fmt.name} codes")
     if array.ndim != 2:
         raise ArgumentError(f"{name}: expected shape (n, K), got {array.shape}")
@@ -960,11 +960,44 @@ def matmul_batched(
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
 
-def _gemm_groups(params: DatapathParams, codes_a, codes_b, *rest) -> np.ndarray:
-    """:func:`_gemm_routes` on one thread when the GEMMs hold few products
-    (``threads_for``, below ``SERIAL_GEMM_BELOW``)."""
-    with threads_for(codes_a.size * codes_b.shape[1], SERIAL_GEMM_BELOW):
-        return _gemm_routes(params, codes_a, codes_b, *rest)
+def _gemm_groups(params: DatapathParams, *arguments) -> np.ndarray:
+    """:func:`_small_groups_routes` or :func:`_gemm_routes` (``arguments`` as it takes them),
+    on one thread when the GEMMs hold few products (below ``SERIAL_GEMM_BELOW``)."""
+    codes_a, codes_b, *_, method, progress = arguments[:8]
+    products = codes_a.size * codes_b.shape[1]
+    if method == "auto" and progress is None and codes_a.shape[0] > 1:
+        out = _small_groups_routes(params, arguments[:5], arguments[5], products)
+        if out is not None:
+            return out
+    with threads_for(products, SERIAL_GEMM_BELOW):
+        return _gemm_routes(params, *arguments)
+
+
+def _small_groups_routes(
+    params: DatapathParams, tile: tuple, kernel_args, products: int
+) -> np.ndarray | None:
+    """The output bits (as :func:`_gemm_routes`) of a batch of several GEMMs by a small-groups
+    route (``datapath.batch``: attention heads, the whole batch in a few calls), or None
+    where none applies; ``tile``: codes A, codes B, their scale exponents and c, as
+    :func:`_gemm_routes` takes them. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel
+    runs on the calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
+    codes_a, codes_b, exponents_a, exponents_b, c_values = tile
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    exact = small_groups_apply(params, rows, columns, length)
+    if not (exact or window_groups_apply(params, rows, columns, length)):
+        return None
+    out = np.empty((groups, rows, columns), dtype=kernel_output_dtype(params.output_format))
+    serial = products < SERIAL_GEMM_BELOW
+    operands = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+    if exact:
+        g, m, n = small_groups_matmul(params, kernel_args, *operands, out, serial)
+    else:
+        g, m, n = window_groups_matmul(params, *operands, out, serial)
+    if m.size:  # specials, NaN scales, wide exact sums, out-of-range values: the generic kernel
+        with threads_for(products, SERIAL_GEMM_BELOW):
+            _recompute(g, m, n, *operands, kernel_args, out)
+    return out
 
 
 def _gemm_routes(
@@ -992,29 +1025,6 @@ def _gemm_routes(
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
-    columns, length = codes_b.shape[1], codes_a.shape[2]
-    if (
-        method == "auto"
-        and progress is None
-        and groups > 1
-        and small_groups_apply(params, rows, columns, length)
-    ):  # attention heads: the whole batch in a few calls (one GEMM keeps the BLAS route)
-        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
-        g, m, n = small_groups_matmul(params, kernel_args, *tile, out)
-        if m.size:  # specials, NaN scales, wide exact sums: the generic kernel
-            _recompute(g, m, n, *tile, kernel_args, out)
-        return out
-    if (
-        method == "auto"
-        and progress is None
-        and groups > 1
-        and window_groups_apply(params, rows, columns, length)
-    ):
-        tile = (codes_a, codes_b, exponents_a, exponents_b, c_values)
-        g, m, n = window_groups_matmul(params, *tile, out)
-        if m.size:  # specials and out-of-range values: the generic kernel
-            _recompute(g, m, n, *tile, kernel_args, out)
-        return out
     route = (
         blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo)
         if method == "auto"

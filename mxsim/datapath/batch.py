@@ -95,18 +95,19 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     declarations of the schema, tree sums exact in float64; trees of several scale blocks
     are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating point
     (``blas.subnormals_work``)."""
+    return _exact_shape(params, rows, columns, length) and subnormals_work()
+
+
+@functools.lru_cache(maxsize=1024)
+def _exact_shape(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
+    """The checks of :func:`small_groups_apply` but the thread's, once per unit, formats and
+    shape (a model's attention GEMMs repeat a few shapes)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
         and (rows + columns) * length <= GROUPS_DECODED
-        and _exact_unit(params)
-        and subnormals_work()
+        and route_accepts("blas", params)
+        and exact_in_float64(params)
     )
-
-
-@functools.lru_cache(maxsize=256)
-def _exact_unit(params: DatapathParams) -> bool:
-    """The unit checks of :func:`small_groups_apply`, once per unit and formats."""
-    return route_accepts("blas", params) and exact_in_float64(params)
 
 
 def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
@@ -147,14 +148,17 @@ def _exact_plan(params: DatapathParams, length: int):
     return exact_trees(params, length), mode, floors, grid, choices
 
 
-def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
+def small_groups_matmul(
+    params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, serial: bool = False
+):
     """Fill ``out`` (G, M, N uint32 fp32 bits, contiguous) with the BLAS route's outputs of
     the batch A[g] (M, K) times B[g] given as (N, K): codes (G, rows, K) of any unsigned
     dtype, scale exponents (G, rows, blocks) (zeros for a unit without scales), ``c_values``
     (G, M, N) or (1, 1, 1), ``kernel_args`` the generic kernel's, whose first and third are
     the element tables. Returns the (groups, rows, columns) index arrays of the outputs the
     generic kernel must compute (module docstring). The groups are split over the threads
-    (``run_in_threads``), each decoding one group at a time."""
+    (:func:`run_groups`; ``serial``: the calling thread alone), each decoding one group at a
+    time."""
     groups, _, length = codes_a.shape
     trees, mode, floors, grid, choices = _exact_plan(params, length)
     tables = kernel_args[0], kernel_args[2]
@@ -178,10 +182,7 @@ def small_groups_matmul(params, kernel_args, codes_a, codes_b, scales_a, scales_
         out,
         flags,
     )
-    flagged = []
-    run_in_threads(
-        lambda start, stop: flagged.append(B.exact_groups(*arguments, start, stop)), groups
-    )
+    flagged = run_groups(B.exact_groups, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
 
 
@@ -258,6 +259,19 @@ def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
     return np.concatenate([np.ldexp(table, r) for r in range(copies)])
 
 
+def run_groups(kernel, arguments: tuple, groups: int, serial: bool) -> list:
+    """The results of ``kernel(*arguments, start, stop)`` over the ``groups`` groups cut into
+    chunks (``run_in_threads``): split over the threads, or where ``serial`` (a small batch)
+    on the calling thread alone, with no thread to wake nor Numba's thread count to change."""
+    results: list = []
+    run_in_threads(
+        lambda start, stop: results.append(kernel(*arguments, start, stop)),
+        groups,
+        1 if serial else None,
+    )
+    return results
+
+
 def window_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the window route's small-groups kernel: small groups
@@ -269,6 +283,12 @@ def window_groups_apply(params: DatapathParams, rows: int, columns: int, length:
     passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
     pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
     of 8, 16 or 32 terms; a unit with trees of 4 keeps the per-GEMM window route."""
+    return _window_shape(params, rows, columns, length)
+
+
+@functools.lru_cache(maxsize=1024)
+def _window_shape(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
+    """:func:`window_groups_apply`, once per unit, formats and shape."""
     padded_columns = -(-columns // B.LANE_BLOCK) * B.LANE_BLOCK  # the tile of B's width
     small = (
         rows * columns <= WINDOW_GROUP_OUTPUTS and rows * columns * length <= WINDOW_GROUP_VALUES
@@ -292,11 +312,12 @@ def window_groups_apply(params: DatapathParams, rows: int, columns: int, length:
 
 
 @functools.lru_cache(maxsize=None)
-def _packed_tables(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
-    """The window route's per-code tables of A's and B's element formats packed as
-    ``_batch_kernels.window_groups`` reads them: int64 entries holding the float32 value's
-    bits, the int8 exponent and whether the code is non-finite (read only)."""
-    _, a, b = _window_config(params)
+def _window_plan(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The window route's config vector (``window._window_config``) and per-code tables of A's
+    and B's element formats packed as ``_batch_kernels.window_groups`` reads them: int64
+    entries holding the float32 value's bits, the int8 exponent and whether the code is
+    non-finite (read only)."""
+    cfg, a, b = _window_config(params)
     packed = []
     for table in (a, b):
         entries = (
@@ -306,7 +327,7 @@ def _packed_tables(params: DatapathParams) -> tuple[np.ndarray, np.ndarray]:
         )
         entries.setflags(write=False)
         packed.append(entries)
-    return packed[0], packed[1]
+    return cfg, packed[0], packed[1]
 
 
 def _transposed(rows: int, columns: int) -> bool:
@@ -318,17 +339,20 @@ def _transposed(rows: int, columns: int) -> bool:
     return padded_rows >= B.ROW_LANES_FROM and padded_columns < padded_rows
 
 
-def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values, out):
+def window_groups_matmul(
+    params, codes_a, codes_b, scales_a, scales_b, c_values, out, serial: bool = False
+):
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
     (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
     (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
-    the outputs the generic kernel must compute, as ``window.window_matmul`` does."""
-    cfg = _window_config(params)[0]
+    the outputs the generic kernel must compute, as ``window.window_matmul`` does;
+    ``serial``: on the calling thread alone (:func:`run_groups`)."""
+    cfg, packed_a, packed_b = _window_plan(params)
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
     flags = np.empty(out.shape, dtype=np.uint8)
-    tables = _packed_tables(params)
+    tables = packed_a, packed_b
     transposed = _transposed(rows, columns)
     if transposed:  # C^T = B A^T: the kernel's rows are B's columns (its docstring)
         codes_a, codes_b, scales_a, scales_b = codes_b, codes_a, scales_b, scales_a
@@ -346,7 +370,5 @@ def window_groups_matmul(params, codes_a, codes_b, scales_a, scales_b, c_values,
         flags.reshape(groups, rows * columns),
         transposed,
     )
-    run_in_threads(lambda start, stop: B.window_groups(*arguments, start, stop), groups)
-    if not flags.any():
-        return tuple(np.empty(0, dtype=np.intp) for _ in range(3))
-    return np.nonzero(flags)
+    flagged = run_groups(B.window_groups, arguments, groups, serial)
+    return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
