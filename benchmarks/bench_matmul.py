@@ -15,7 +15,8 @@ not grow), 0 runs the whole GEMM.
 ``P @ v``: heads x seq x 64 x seq, and MiniLM's 14-token heads; MXFP8 operands through
 ``mxsim.matmul_batched``, one call per batch) and prints each one's MACs per second as a
 ratio to one size^3 GEMM of the same unit timed beside it (1.0: a batch is no slower per MAC
-than one large GEMM) and to numpy's float64 batched matmul of the same shape; with
+than one large GEMM) and to numpy's float64 batched matmul of the same shape (on one
+thread: the ``blas`` extra's threadpoolctl); with
 ``--record``, to ``benchmarks/results/matmul-batched.json``.
 Run: ``python benchmarks/bench_matmul.py [--size N] [--configs a,b] [--generic] [--cpu-time] [--batched] [--memory M] [--record]``.
 """
@@ -33,7 +34,7 @@ import numpy as np
 
 import mxsim
 from _timing import best_seconds
-from bench_guard import conditions
+from bench_guard import conditions, one_thread
 from mxsim.fileio import json_text, write_atomic
 from mxsim.quantize import BFP_SPECS, MXGroups, quantize_bfp, quantize_grouped
 from mxsim.datapath.blas import blas_applies
@@ -173,13 +174,15 @@ def batched(names: list[str], size: int, repeats: int, clock=time.perf_counter) 
     (``{config, batch, route, gmacs, ratio}``)."""
     rng = np.random.default_rng(0)
     # What BLAS itself gives each shape (small heads are slower per MAC in float64 too), timed
-    # before any unit: OpenBLAS's threads keep spinning for a while after its multi-threaded
-    # calls, and on the CPU clock that spin would be counted as the next unit's time.
+    # before any unit and on one thread: OpenBLAS's threads spin while they wait, for one
+    # another on a busy machine (on the CPU clock, up to 100 times the work itself) and for a
+    # while after its multi-threaded calls (counted as the next unit's time).
     float_seconds = {}
-    for label, groups, m, k, n in BATCHES:
-        x64 = rng.standard_normal((groups, m, k))
-        y64 = rng.standard_normal((groups, k, n))
-        float_seconds[label] = best_seconds(lambda: np.matmul(x64, y64), repeats, clock)
+    with one_thread():
+        for label, groups, m, k, n in BATCHES:
+            x64 = rng.standard_normal((groups, m, k))
+            y64 = rng.standard_normal((groups, k, n))
+            float_seconds[label] = best_seconds(lambda: np.matmul(x64, y64), repeats, clock)
     figures = []
     for name in names:
         hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
