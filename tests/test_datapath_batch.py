@@ -493,6 +493,19 @@ def test_route_computes_any_split_of_the_groups(monkeypatch, name, fmt_name):
     check_flags(config, a, b, c, marked)
 
 
+def test_lowered_bounds_hold_after_a_shape_was_checked(monkeypatch):
+    # Only the unit checks are remembered: a bound lowered after a shape took the route (as
+    # tests lower them, to send small groups to the per-GEMM routes) holds at once.
+    for (name, fmt_name), bound, applies in (
+        (UNITS[0], "SMALL_GROUP_OUTPUTS", small_groups_apply),
+        (WINDOW_UNITS[0], "WINDOW_GROUP_OUTPUTS", window_groups_apply),
+    ):
+        params = hw(name).params(fmt_name, fmt_name)
+        assert applies(params, 14, 14, 32)
+        monkeypatch.setattr(batch_module, bound, 0)
+        assert not applies(params, 14, 14, 32)
+
+
 def test_which_units_and_groups_take_the_route():
     for name, fmt_name in UNITS:
         params = hw(name).params(fmt_name, fmt_name)
