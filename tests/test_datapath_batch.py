@@ -512,9 +512,12 @@ def test_which_units_and_groups_take_the_route():
         assert small_groups_apply(params, 14, 14, 32)
         assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS, 32)
         assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS, 32)  # wide: BLAS tiles
-        # one group's decoded operands within the bound; longer ones keep the BLAS route
-        assert small_groups_apply(params, 1, 63, GROUPS_DECODED // 64)
-        assert not small_groups_apply(params, 1, 64, GROUPS_DECODED // 64)
+        # one group's decoded operands within the bound, B's columns padded to whole passes
+        # of 16 (the kernel's scratch); longer ones keep the BLAS route
+        assert small_groups_apply(params, 1, 48, GROUPS_DECODED // 64)
+        assert not small_groups_apply(params, 1, 49, GROUPS_DECODED // 64)
+        assert small_groups_apply(params, 1, 1, GROUPS_DECODED // 17)
+        assert not small_groups_apply(params, 1, 1, GROUPS_DECODED // 17 + 1)
         assert not window_groups_apply(params, 14, 14, 32)
     for name, fmt_name in WINDOW_UNITS:
         params = hw(name).params(fmt_name, fmt_name)

@@ -74,9 +74,9 @@ WINDOW_GROUP_OUTPUTS = 512
 #: lanes are no longer than the per-GEMM route's, which splits a group over the threads).
 WINDOW_WIDE_OUTPUTS = 1 << 14
 WINDOW_WIDE_ROWS = 16
-#: Decoded elements (float64) of one group's A and B, which each thread of the exact
-#: small-groups route holds: groups up to this many take it, as the BLAS route bounds its
-#: decoded panels.
+#: Decoded elements (float64) of one group's A and B, B's columns padded to whole passes of
+#: ``_batch_kernels.LANES``, which each thread of the exact small-groups route holds: groups
+#: up to this many take it, as the BLAS route bounds its decoded panels.
 GROUPS_DECODED = DECODED_VALUES
 #: ``exact_groups``' floor of X for units without one: above every scale exponent sum.
 NO_FLOOR = 1 << 20
@@ -91,13 +91,13 @@ WINDOW_GROUP_VALUES = 1 << 18
 def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, one
-    group's operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks (``blas=``
-    declarations of the schema, tree sums exact in float64; trees of several scale blocks
-    are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating point
-    (``blas.subnormals_work``)."""
+    group's decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
+    (``blas=`` declarations of the schema, tree sums exact in float64; trees of several scale
+    blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating
+    point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
-        and (rows + columns) * length <= GROUPS_DECODED
+        and (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
         and _exact_unit(params)
         and subnormals_work()
     )
