@@ -18,6 +18,7 @@ from conftest import REPO, any_pair, same_float
 from mxsim import get_format
 from mxsim.quantize import quantize, quantize_grouped
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
+from mxsim.datapath import batch as batch_module
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.api import (
     dot_with_each_params,
@@ -1512,10 +1513,18 @@ def test_matmul_batched_equals_one_matmul_per_group_and_the_twin(
         assert same_float(float(out_fmt.decode(batch.bits[g, i : i + 1, j])[0]), twin), (g, i, j)
 
 
+@pytest.mark.parametrize("small_groups", [True, False])
 @pytest.mark.parametrize("name", ["ocp-exact", "kulisch", "bfp-exact", "mxdotp", "h100-fp8"])
-def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
-    """A B kept in ``b_memo`` (its codes, the BLAS route's decoded panels) gives, for new A's
-    and c's, the bits of calls that decode B anew; the memo is filled once, per unit params."""
+def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(
+    monkeypatch, name, small_groups
+):
+    """A B kept in ``b_memo`` (its codes; the BLAS route's decoded panels or the window
+    route's tiles) gives, for new A's and c's, the bits of calls that decode B anew; the memo
+    is filled once, per unit params. Through the small-groups routes (which keep B's codes
+    only) and, with their bounds lowered, the per-GEMM routes."""
+    if not small_groups:
+        monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+        monkeypatch.setattr(batch_module, "WINDOW_GROUP_OUTPUTS", 0)
     config = hw(name)
     per_tensor = config.sections[("inputs", "scales")] == "none"
     fmt, block = config.b_formats[0], config.sections[("inputs", "block_size")]
@@ -1532,6 +1541,7 @@ def test_matmul_batched_with_a_kept_b_gives_the_bits_of_calls_without(name):
         anew = matmul_batched(config, A, tensors_b, c=c, per_tensor_scale=per_tensor)
         np.testing.assert_array_equal(kept.bits, anew.bits)
         assert len(memo) == 1 and "codes" in next(iter(memo.values()))
+        assert bool(next(iter(memo.values()))["route"]) is not small_groups
 
 
 @pytest.mark.parametrize(

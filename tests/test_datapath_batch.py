@@ -493,15 +493,31 @@ def test_route_computes_any_split_of_the_groups(monkeypatch, name, fmt_name):
     check_flags(config, a, b, c, marked)
 
 
+def test_lowered_bounds_hold_after_a_shape_was_checked(monkeypatch):
+    # Only the unit checks are remembered: a bound lowered after a shape took the route (as
+    # tests lower them, to send small groups to the per-GEMM routes) holds at once.
+    for (name, fmt_name), bound, applies in (
+        (UNITS[0], "SMALL_GROUP_OUTPUTS", small_groups_apply),
+        (WINDOW_UNITS[0], "WINDOW_GROUP_OUTPUTS", window_groups_apply),
+    ):
+        params = hw(name).params(fmt_name, fmt_name)
+        assert applies(params, 14, 14, 32)
+        monkeypatch.setattr(batch_module, bound, 0)
+        assert not applies(params, 14, 14, 32)
+
+
 def test_which_units_and_groups_take_the_route():
     for name, fmt_name in UNITS:
         params = hw(name).params(fmt_name, fmt_name)
         assert small_groups_apply(params, 14, 14, 32)
         assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS, 32)
         assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS, 32)  # wide: BLAS tiles
-        # one group's decoded operands within the bound; longer ones keep the BLAS route
-        assert small_groups_apply(params, 1, 63, GROUPS_DECODED // 64)
-        assert not small_groups_apply(params, 1, 64, GROUPS_DECODED // 64)
+        # one group's decoded operands within the bound, B's columns padded to whole passes
+        # of 16 (the kernel's scratch); longer ones keep the BLAS route
+        assert small_groups_apply(params, 1, 48, GROUPS_DECODED // 64)
+        assert not small_groups_apply(params, 1, 49, GROUPS_DECODED // 64)
+        assert small_groups_apply(params, 1, 1, GROUPS_DECODED // 17)
+        assert not small_groups_apply(params, 1, 1, GROUPS_DECODED // 17 + 1)
         assert not window_groups_apply(params, 14, 14, 32)
     for name, fmt_name in WINDOW_UNITS:
         params = hw(name).params(fmt_name, fmt_name)

@@ -1357,11 +1357,24 @@ def test_codes_widened_in_chunks_give_the_kernels_bits(monkeypatch, name, codes_
     # 96), a few whole groups together (2,000), every group at once: the same bits as the
     # generic kernel, with bfp-exact's folded rises decoded per chunk too.
     monkeypatch.setattr(blas_module, "CODES_AT_ONCE", codes_at_once)
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # the BLAS route, not the batch's
+    chunks = []
+    row_chunks = blas_module._row_chunks
+
+    def recording_chunks(codes):
+        parts = list(row_chunks(codes))
+        chunks.extend(parts)
+        return parts
+
+    monkeypatch.setattr(blas_module, "_row_chunks", recording_chunks)
     config = load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
     rng = np.random.default_rng(codes_at_once)
     A = rng.standard_normal((5, 7, 96)) * np.exp2(rng.integers(-4, 4, (5, 7, 1)))
     B = rng.standard_normal((5, 96, 6))
     fast = matmul_batched(config, A, B)
+    assert chunks  # (the BLAS route read the codes in chunks)
+    if codes_at_once == 200:  # two rows of one group at a time
+        assert all(g.stop - g.start == 1 and r.stop - r.start <= 2 for g, r in chunks)
     np.testing.assert_array_equal(fast.bits, matmul_batched(config, A, B, method="kernel").bits)
 
 

@@ -74,9 +74,9 @@ WINDOW_GROUP_OUTPUTS = 512
 #: lanes are no longer than the per-GEMM route's, which splits a group over the threads).
 WINDOW_WIDE_OUTPUTS = 1 << 14
 WINDOW_WIDE_ROWS = 16
-#: Decoded elements (float64) of one group's A and B, which each thread of the exact
-#: small-groups route holds: groups up to this many take it, as the BLAS route bounds its
-#: decoded panels.
+#: Decoded elements (float64) of one group's A and B, B's columns padded to whole passes of
+#: ``_batch_kernels.LANES``, which each thread of the exact small-groups route holds: groups
+#: up to this many take it, as the BLAS route bounds its decoded panels.
 GROUPS_DECODED = DECODED_VALUES
 #: ``exact_groups``' floor of X for units without one: above every scale exponent sum.
 NO_FLOOR = 1 << 20
@@ -91,23 +91,23 @@ WINDOW_GROUP_VALUES = 1 << 18
 def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, one
-    group's operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks (``blas=``
-    declarations of the schema, tree sums exact in float64; trees of several scale blocks
-    are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating point
-    (``blas.subnormals_work``)."""
-    return _exact_shape(params, rows, columns, length) and subnormals_work()
+    group's decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
+    (``blas=`` declarations of the schema, tree sums exact in float64; trees of several scale
+    blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating
+    point (``blas.subnormals_work``)."""
+    return (
+        rows * columns <= SMALL_GROUP_OUTPUTS
+        and (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
+        and _exact_unit(params)
+        and subnormals_work()
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _exact_shape(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
-    """The checks of :func:`small_groups_apply` but the thread's, once per unit, formats and
-    shape (a model's attention GEMMs repeat a few shapes)."""
-    return (
-        rows * columns <= SMALL_GROUP_OUTPUTS
-        and (rows + columns) * length <= GROUPS_DECODED
-        and route_accepts("blas", params)
-        and exact_in_float64(params)
-    )
+def _exact_unit(params: DatapathParams) -> bool:
+    """The unit checks of :func:`small_groups_apply`, once per unit and formats (a model's
+    GEMMs ask again and again). The shape bounds are read on every call: tests lower them."""
+    return route_accepts("blas", params) and exact_in_float64(params)
 
 
 def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
@@ -283,12 +283,6 @@ def window_groups_apply(params: DatapathParams, rows: int, columns: int, length:
     passes of the kernel (``_batch_kernels.PASS_TERMS`` terms) and whose int32 groups hold a
     pass's truncated terms (so that their sum stays within int32): every shipped unit's trees
     of 8, 16 or 32 terms; a unit with trees of 4 keeps the per-GEMM window route."""
-    return _window_shape(params, rows, columns, length)
-
-
-@functools.lru_cache(maxsize=1024)
-def _window_shape(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
-    """:func:`window_groups_apply`, once per unit, formats and shape."""
     padded_columns = -(-columns // B.LANE_BLOCK) * B.LANE_BLOCK  # the tile of B's width
     small = (
         rows * columns <= WINDOW_GROUP_OUTPUTS and rows * columns * length <= WINDOW_GROUP_VALUES
@@ -301,11 +295,16 @@ def _window_shape(params: DatapathParams, rows: int, columns: int, length: int) 
         and WINDOW_WIDE_ROWS <= rows
         and rows * columns <= WINDOW_WIDE_OUTPUTS
     )
-    if not (
-        (small or wide)
-        and padded_columns * length <= WINDOW_GROUP_VALUES
-        and window_applies(params)
-    ):
+    return (
+        (small or wide) and padded_columns * length <= WINDOW_GROUP_VALUES and _window_unit(params)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _window_unit(params: DatapathParams) -> bool:
+    """The unit checks of :func:`window_groups_apply`, once per unit and formats (the shape
+    bounds are read on every call: tests lower them)."""
+    if not window_applies(params):
         return False
     cfg = _window_config(params)[0]
     return bool(cfg[W.W_FUSED_TERMS] % B.PASS_TERMS == 0 and cfg[W.W_GROUP] >= B.PASS_TERMS)
