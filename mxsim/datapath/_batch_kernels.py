@@ -36,9 +36,8 @@ LANE_BLOCK = 16
 #: Padded widths (columns) from which :func:`window_groups`' stages loop over a row's lanes
 #: at once rather than a block at a time (:func:`_row_maxima`, :func:`_row_totals`): a
 #: pass's setup (its views, the compiler's overlap tests of them) is then paid once per row
-#: pair instead of once per block (128 x 128 heads' exponent maxima ran 5 times faster and
-#: their sums 1.6 times), while narrower groups keep their loops of one constant-length
-#: vector (MiniLM's 14-column heads ran twice as slow on loops of a runtime length).
+#: pair instead of once per block, while narrower groups keep their loops of one
+#: constant-length vector (on loops of a runtime length, a few lanes would pay the setup).
 ROW_LANES_FROM = 64
 #: Terms of a pass of :func:`window_groups`' stages (unrolled in their loops): the route
 #: takes units whose trees are whole passes and whose int32 groups hold a pass's terms.
@@ -702,7 +701,7 @@ def _fold_8x2(codes, exponents, u, t, size, cap, least, raised):
     """:func:`fold_group_codes`' step for tree ``t`` of row ``u`` when it holds 8 whole
     blocks of 2 positions (bfp-exact's trees of 16): the eight exponents loaded once, their
     least and largest as trees of comparisons, each block's raise added to its two codes
-    (straight-line code: about four times faster than loops of unknown length). Returns the
+    (straight-line code: loops of unknown length do not keep the eight in registers). Returns the
     tree's largest rise."""
     first, k = t * 8, t * 16
     e = exponents[u]

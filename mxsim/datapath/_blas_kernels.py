@@ -16,7 +16,7 @@ def fold_blocks(exponents, per, least, rises):
     rises[i, b] = exponents[i, b] - least[i, b // per] (0 for block indices past the last;
     in the type of ``rises``: the caller checks that the largest rise, returned, fits it).
     The arrays C-contiguous. Where every tree has its ``per`` blocks, each loop runs over
-    all rows' trees at once (twice as fast as a loop of ``per`` per tree)."""
+    all rows' trees at once (long loops rather than a short loop of ``per`` per tree)."""
     rows, blocks = exponents.shape
     trees = least.shape[-1]
     top = np.int64(0)
@@ -24,7 +24,7 @@ def fold_blocks(exponents, per, least, rises):
         count = rows * trees
         flat, lows = exponents.reshape(count, per), least.reshape(count)
         steps = rises.reshape(count, per)
-        if per == 8:  # (bfp-exact's trees of 8 sub-blocks: a tree at a time, 1.7x faster)
+        if per == 8:  # (bfp-exact's trees of 8 sub-blocks: straight-line, a tree at a time)
             return _fold_eights(flat, lows, steps)
         for u in range(count):
             lows[u] = flat[u, 0]
@@ -362,8 +362,8 @@ def decode_codes(table, codes, out):
 def decode_raised(table, codes, rises, block_of, powers, out):
     """``decode_codes`` with each value times powers[the rise of its block] (rises
     (groups, rows, blocks), ``block_of[k]`` the block of position k, ``powers`` 2^0, 2^1,
-    ... in out's type: exact). One flat loop over positions: a loop per block of two
-    (BFP sub-blocks) ran several times slower."""
+    ... in out's type: exact). One flat loop over positions, not a short loop per block of
+    two (BFP sub-blocks)."""
     groups, rows, length = codes.shape
     for g in range(groups):
         for i in range(rows):

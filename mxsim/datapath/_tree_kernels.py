@@ -54,7 +54,7 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
     groups, rows, columns = acc.shape
     count = trees.shape[0]
     pass_columns = packed.shape[1] - PACKED_PAD
-    zeros = np.zeros(pass_columns)  # the chains' start, +0 (read: faster than a constant)
+    zeros = np.zeros(pass_columns)  # the chains' start, +0, read from memory
     redo = np.zeros(rows, dtype=np.bool_)  # rows whose pass was not all exact
     for g in range(groups):
         for j0 in range(0, columns, pass_columns):

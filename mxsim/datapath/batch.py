@@ -63,15 +63,15 @@ from .window import _window_config, window_applies
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
 #: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
-#: group's columns (16 x 32 heads run about twice as fast on the small-groups route).
+#: group's columns (too few lanes for groups of a few columns).
 WINDOW_GROUP_OUTPUTS = 512
 #: Wider groups of window units take the small-groups route too where their padded
 #: columns reach ``_batch_kernels.ROW_LANES_FROM`` (the kernel's stages then loop over a
 #: row's lanes at once), they have at least :data:`WINDOW_WIDE_ROWS` rows and at most
-#: :data:`WINDOW_WIDE_OUTPUTS` outputs: 128-token heads (128 x 128 and 128 x 64) ran 1.3
-#: to 1.7 times as fast there as on the per-GEMM route, whose work items are a group's
-#: 64 or 128 columns. One or two rows of wide groups keep the per-GEMM route (a row pair's
-#: lanes are no longer than the per-GEMM route's, which splits a group over the threads).
+#: :data:`WINDOW_WIDE_OUTPUTS` outputs: 128-token heads (128 x 128 and 128 x 64), whose
+#: work items on the per-GEMM route would be a group's 64 or 128 columns. One or two rows
+#: of wide groups keep the per-GEMM route (a row pair's lanes are no longer than the
+#: per-GEMM route's, which splits a group over the threads).
 WINDOW_WIDE_OUTPUTS = 1 << 14
 WINDOW_WIDE_ROWS = 16
 #: Decoded elements (float64) of one group's A and B, B's columns padded to whole passes of
@@ -333,7 +333,7 @@ def _transposed(rows: int, columns: int) -> bool:
     """Whether :func:`window_groups_matmul` computes a group of ``rows`` x ``columns``
     outputs as its transpose: wide groups (``_batch_kernels.ROW_LANES_FROM``) with fewer
     padded columns than rows, so that a row's lanes (the kernel's columns) are the longer
-    side (128 x 64 heads ran about 1.3 times as fast as their 64 x 128 transposes)."""
+    side (longer loops over the lanes for the same work)."""
     padded_rows, padded_columns = (-(-n // B.LANE_BLOCK) * B.LANE_BLOCK for n in (rows, columns))
     return padded_rows >= B.ROW_LANES_FROM and padded_columns < padded_rows
 

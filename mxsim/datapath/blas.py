@@ -437,8 +437,8 @@ def _exact_chunks(
     high_b, low_b = _span_bits(get_format(params.b_format))
     base = (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(block))
     room = 1 << (53 - base)
-    # per block over the rows: reduced along the blocks' own contiguous copies (numpy
-    # reduces the first axis of a (many, few) array a hundred times slower)
+    # per block over the rows: reduced along the blocks' own contiguous copies (numpy's
+    # reduction of the first axis of a (many, few) array runs a slow strided loop)
     by_block_a, by_block_b = (
         np.ascontiguousarray(e.reshape(-1, e.shape[-1]).T, dtype=np.int64)
         for e in (exponents_a, exponents_b)
@@ -920,7 +920,7 @@ def zero_block_mask(values, blocks: int) -> np.ndarray:
     """(blocks, g, n) bool: whether each of the ``blocks`` equal blocks of the (g, n, padded)
     ``values`` holds only zeros."""
     nonzero = values.reshape(values.shape[:2] + (blocks, -1)) != 0  # (-0 == 0)
-    return ~nonzero.any(axis=-1).transpose(2, 0, 1)  # (any of bools: ~3x faster than of floats)
+    return ~nonzero.any(axis=-1).transpose(2, 0, 1)  # (any of bools: a byte an element, not eight)
 
 
 def _least_scale_sums(row_steps, column_steps, zero_rows, zero_columns) -> np.ndarray:
