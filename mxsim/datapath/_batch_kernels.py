@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
+from ..formats._kernels import power_of_two
 from ..quantize._kernels import SCALE_NAN
 from . import _window_kernels as W
 from ._blas_kernels import grid_sum, odd_sum, round_fp32, two_sum
@@ -479,7 +480,7 @@ def exact_groups(
     directed, large_positive, large_negative = choices[0] != 0, choices[1] != 0, choices[2] != 0
     nearest_even = not (directed or large_positive or large_negative)
     mask, add_positive, add_negative = _bits_rounding(directed, large_positive, large_negative)
-    keep_factor = _power_of_two(max_left - fraction_bits + 24)
+    keep_factor = power_of_two(max_left - fraction_bits + 24)
     one_c = c_values.shape[0] == 1
     c_first = np.float64(c_values[0, 0, 0]) if one_c else 0.0  # (the padding's c: 0)
     # One c for every output (c=None: +0) is checked once, not per output.
@@ -525,13 +526,13 @@ def exact_groups(
             for i in range(rows):
                 x = np.int64(scales_a[g, i, block])
                 bad_rows[i] |= x == SCALE_NAN
-                row_steps[t, i] = _power_of_two(0 if x == SCALE_NAN else x)
+                row_steps[t, i] = power_of_two(0 if x == SCALE_NAN else x)
                 least_row = min(least_row, x)
             for p in range(passes):
                 for jj in range(min(LANES, columns - p * LANES)):
                     y = np.int64(scales_b[g, p * LANES + jj, block])
                     bad_columns[p, jj] |= y == SCALE_NAN
-                    column_steps[t, p, jj] = _power_of_two(0 if y == SCALE_NAN else y)
+                    column_steps[t, p, jj] = power_of_two(0 if y == SCALE_NAN else y)
                     least_column = min(least_column, y)
             least_x = min(least_x, least_row + least_column)
         plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
@@ -642,12 +643,6 @@ def exact_groups(
                     flags_out[g, i, j0 + jj] = lane_flags[i, jj]
                     flagged += lane_flags[i, jj]
     return flagged
-
-
-@njit(cache=True, inline="always")
-def _power_of_two(exponent):
-    """2.0 ** exponent from its bits (|exponent| <= 1022)."""
-    return np.int64((exponent + 1023) << 52).view(np.float64)
 
 
 def _fixed_tree_sums(terms: int):
