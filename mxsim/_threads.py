@@ -7,6 +7,12 @@ processes, test workers, another kernel's threads) a woken thread may wait a who
 time slice, and a call of a few dozen elements then takes milliseconds instead of
 microseconds. Work below :data:`SERIAL_BELOW` items runs on the calling thread alone, where no
 thread is waited for; the results do not depend on the thread count.
+
+A thread starts with the floating point mode of the thread that started it (flush-to-zero
+and denormals-are-zero included, as POSIX threads inherit it), and routes whose float
+arithmetic must keep subnormals check the calling thread's mode (:func:`subnormals_work`):
+the pool's threads are therefore always started by a thread in the caller's mode, a new
+pool replacing the kept one when the caller's mode differs from its.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numba
+import numpy as np
 
 #: Work items (elements, products) below which a parallel kernel call uses one thread: the
 #: size where the single-threaded loop takes roughly as long as waking a second thread.
@@ -43,16 +50,30 @@ def threads_for(work: int, below: int = SERIAL_BELOW):
         numba.set_num_threads(threads)
 
 
-_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (process id, size, pool)
+def subnormals_work() -> bool:
+    """Whether this thread's floating point keeps subnormals (no flush-to-zero or
+    denormals-are-zero mode, as a library built with -ffast-math may set)."""
+    tiny = np.float64(1e-40)  # an fp32 subnormal
+    produced = np.float32(tiny)  # FTZ flushes the conversion's subnormal result
+    consumed = produced * np.float32(1.0)  # DAZ reads a subnormal operand as zero
+    return bool(produced != 0.0 and consumed != 0.0)
+
+
+# (process id, size, whether its threads keep subnormals, pool)
+_pool: tuple[int, int, bool, ThreadPoolExecutor] | None = None
 
 
 def _threads_pool(size: int) -> ThreadPoolExecutor:
-    """A pool of ``size`` threads kept for the process (a forked child makes its own: the
-    parent's threads do not exist there)."""
+    """A pool of at least ``size`` threads kept for the process, whose threads keep
+    subnormals exactly when the calling thread does (module docstring); a forked child makes
+    its own: the parent's threads do not exist there."""
     global _pool
-    if _pool is None or _pool[0] != os.getpid() or _pool[1] < size:
-        _pool = (os.getpid(), size, ThreadPoolExecutor(size, thread_name_prefix="mxsim"))
-    return _pool[2]
+    keeps = subnormals_work()
+    if _pool is None or _pool[0] != os.getpid() or _pool[1] < size or _pool[2] != keeps:
+        if _pool is not None and _pool[0] == os.getpid():
+            _pool[3].shutdown(wait=False)
+        _pool = (os.getpid(), size, keeps, ThreadPoolExecutor(size, thread_name_prefix="mxsim"))
+    return _pool[3]
 
 
 def run_in_threads(call, items: int, threads: int | None = None) -> None:

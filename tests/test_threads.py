@@ -122,3 +122,53 @@ def test_results_do_not_depend_on_the_thread_count(two_threads):
     assert len(on_two) == len(on_one)
     for got, want in zip(on_two, on_one):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.fixture
+def flushing_mode(torch):
+    """A setter of this thread's flush-to-zero / denormals-are-zero mode (torch's), which the
+    test leaves off."""
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode that torch sets")
+    yield torch.set_flush_denormal
+    torch.set_flush_denormal(False)
+
+
+def test_pool_threads_keep_subnormals_when_the_caller_does(two_threads, flushing_mode):
+    """A pool started while the caller flushed subnormals is not used once the caller keeps
+    them: its threads inherited the flushing mode, and the exact small-groups route, which
+    the caller's mode admits, would flush the fp32 subnormal outputs it computes there."""
+    from mxsim import _threads
+    from mxsim.datapath import matmul_batched
+
+    seen = []
+
+    def record(start, stop):
+        seen.append(_threads.subnormals_work())
+
+    kept_pool = _threads._pool
+    try:
+        _threads._pool = None
+        flushing_mode(True)
+        _threads.run_in_threads(record, 8)  # the pool starts its threads in flushing mode
+        assert seen and not any(seen)
+        flushing_mode(False)
+        seen.clear()
+        _threads.run_in_threads(record, 8)
+        assert seen and all(seen)
+
+        unit = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
+        rng = np.random.default_rng(0)
+        # 768 heads of 14 x 32 x 14: above SERIAL_GEMM_BELOW, so the kernel runs on the pool
+        a = rng.standard_normal((768, 14, 32)) * 2.0**-70
+        b = rng.standard_normal((768, 32, 14)) * 2.0**-70
+        formats = {"a_format": "fp8_e4m3", "b_format": "fp8_e4m3"}
+        want = matmul_batched(unit, a, b, method="kernel", **formats).bits
+        flushing_mode(True)
+        _threads.run_in_threads(record, 8)
+        flushing_mode(False)
+        got = matmul_batched(unit, a, b, **formats).bits
+        assert ((want & 0x7F800000) == 0).mean() > 0.9  # fp32 subnormal outputs
+        assert np.array_equal(got, want)
+    finally:
+        _threads._pool = kept_pool

@@ -24,7 +24,8 @@ order can round; when it is <= 24 every partial sum is a float32, and the GEMMs 
 float32; fp8_e5m2 x fp8_e5m2 needs 64 + 5 and goes to the kernel.) Multiplying s by
 2^(Xa+Xb) in float64 is exact: E8M0 exponents lie in [-127, 127], so the result lies between
 2^(lsb_a + lsb_b - 254) and 2^(E + 7 + 254), normal float64s. The route is refused when the
-thread's floating point flushes subnormals (``subnormals_work``). A tree of several whole
+thread's floating point flushes subnormals (``_threads.subnormals_work``): its final float64
+-> float32 rounding must produce fp32 subnormals. A tree of several whole
 blocks (bfp-exact: 16 products over sub-blocks of 2) is folded onto its least block scale:
 each block's elements are multiplied by 2^(its exponent above that least), exactly, and its
 sums need that many more bits (the largest rise in A plus that in B, read from the data;
@@ -93,7 +94,7 @@ import numba
 import numpy as np
 
 
-from .._threads import run_in_threads
+from .._threads import run_in_threads, subnormals_work
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import (
@@ -127,16 +128,6 @@ def _span_bits(fmt) -> tuple[int, int]:
         values = np.abs(fmt.decode_fields(np.arange(1 << fmt.field_bits)))
         largest = float(np.max(values[np.isfinite(values)]))
     return math.frexp(largest)[1] - 1, 1 - fmt.bias - fmt.mantissa_bits
-
-
-def subnormals_work() -> bool:
-    """Whether this thread's floating point keeps subnormals (no flush-to-zero or
-    denormals-are-zero mode, as a library built with -ffast-math may set). The route's final
-    float64 -> float32 rounding must produce fp32 subnormals, so it is refused otherwise."""
-    tiny = np.float64(1e-40)  # an fp32 subnormal
-    produced = np.float32(tiny)  # FTZ flushes the conversion's subnormal result
-    consumed = produced * np.float32(1.0)  # DAZ reads a subnormal operand as zero
-    return bool(produced != 0.0 and consumed != 0.0)
 
 
 def slice_width(params: DatapathParams) -> int:
