@@ -1039,6 +1039,34 @@ def test_folded_trees_equal_the_kernel_on_random_batches(
         run_bfp(monkeypatch, fmt_name, shape, seed, corners=corners, gaps=gaps, with_c=with_c)
 
 
+def test_raised_tables_are_the_element_values_times_powers_of_two_kept_per_read_only_table():
+    """``batch._raised_table``: copy r of the table is each element value times 2^r (Fraction
+    arithmetic, NaN and ±Inf kept); a read-only table's result is kept and served again,
+    a writable table's is made afresh (its values may change between calls)."""
+    from fractions import Fraction
+
+    values = get_format("mx9").decode_fields(np.arange(512)).astype(np.float64)
+    values[[3, 300]] = [np.nan, -np.inf]  # (MX9 has no specials: two put in by hand)
+    frozen = values.copy()
+    frozen.setflags(write=False)
+    raised = batch_module._raised_table(frozen, 4)
+    assert raised.shape == (4 * 512,) and not raised.flags.writeable
+    for r in range(4):
+        for code, value in enumerate(values):
+            got = raised[r * 512 + code]
+            if not np.isfinite(value):
+                assert same_float(got, value), (r, code)
+            else:
+                assert Fraction(float(got)) == Fraction(float(value)) * 2**r, (r, code)
+    assert batch_module._raised_table(frozen, 4) is raised
+    assert batch_module._raised_table(frozen, 3) is not raised  # another count, its own
+    writable = values.copy()
+    first = batch_module._raised_table(writable, 2)
+    writable[0] = 1.0
+    again = batch_module._raised_table(writable, 2)
+    assert first[0] == values[0] and again[0] == 1.0 and again[512] == 2.0
+
+
 def test_folded_codes_decode_to_the_elements_times_their_rises():
     """``batch._folded_groups``: each raised code's table value times 2^(its tree's folded
     scale) is the element times 2^(its sub-block's scale), exactly, wherever the row is not

@@ -255,8 +255,23 @@ def _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised,
 
 
 def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
-    """The element values times 2^r for r = 0 to ``copies`` - 1, one table after another."""
-    return np.concatenate([np.ldexp(table, r) for r in range(copies)])
+    """The element values times 2^r for r = 0 to ``copies`` - 1, one table after another
+    (read only). Kept per read-only table (the element tables of ``datapath.tables``, made
+    once per format) and count: a batch of attention heads asks again and again."""
+    key = (id(table), copies)
+    kept = _RAISED_TABLES.get(key)
+    if kept is not None and kept[0] is table:
+        return kept[1]
+    raised = np.ldexp(table[None, :], np.arange(copies)[:, None]).reshape(-1)
+    raised.setflags(write=False)
+    if not table.flags.writeable:  # (a writable table may change: not kept)
+        if len(_RAISED_TABLES) >= 64:
+            _RAISED_TABLES.clear()
+        _RAISED_TABLES[key] = (table, raised)  # (the table kept alive: its id stays its own)
+    return raised
+
+
+_RAISED_TABLES: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def run_groups(kernel, arguments: tuple, groups: int, serial: bool) -> list:
