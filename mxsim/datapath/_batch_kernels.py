@@ -724,6 +724,40 @@ def _fold_8x2(codes, exponents, u, t, size, cap, least, raised):
 
 
 @njit(cache=True, nogil=True)
+def fold_block_pairs(pairs, exponents, size, cap, least, raised_pairs, tops):
+    """:func:`fold_group_codes` for rows of whole trees of 8 blocks of 2 positions
+    (bfp-exact's trees of 16), each block's two uint16 codes read as one uint32 of ``pairs``
+    (U, blocks) (the codes viewed as uint32) and written likewise to ``raised_pairs``: adding
+    step * (2^16 + 1) adds the block's step to both codes, and no carry crosses between
+    them as every raised code is below 2^16 (the caller's uint16 raised codes), whichever
+    half holds the first code. least, tops and the raised codes are
+    :func:`fold_group_codes`'. The trees' least are written out to their blocks first, so
+    that the steps are one loop over the batch's blocks (it vectorises; a row's loops of a
+    few blocks do not)."""
+    units, blocks = exponents.shape
+    trees = least.shape[1]
+    lows = np.empty((units, blocks), dtype=np.int32)
+    for u in range(units):
+        top = np.int32(0)
+        for t in range(trees):
+            e = exponents[u, t * 8 : t * 8 + 8]
+            low = min(min(min(e[0], e[1]), min(e[2], e[3])), min(min(e[4], e[5]), min(e[6], e[7])))
+            high = max(max(max(e[0], e[1]), max(e[2], e[3])), max(max(e[4], e[5]), max(e[6], e[7])))
+            least[u, t] = low
+            top = max(top, high - low)
+        tops[u] = top
+    for u in range(units):
+        for t in range(trees):
+            for m in range(8):
+                lows[u, t * 8 + m] = least[u, t]
+    flat_exponents, flat_lows = exponents.reshape(exponents.size), lows.reshape(lows.size)
+    flat_pairs, flat_raised = pairs.reshape(pairs.size), raised_pairs.reshape(raised_pairs.size)
+    for b in range(flat_pairs.size):
+        step = size * min(np.int64(flat_exponents[b]) - np.int64(flat_lows[b]), cap)
+        flat_raised[b] = flat_pairs[b] + np.uint32(step) * np.uint32(0x10001)
+
+
+@njit(cache=True, nogil=True)
 def fold_group_codes(codes, exponents, per, block, size, cap, least, raised, tops):
     """Fold each tree of ``per`` scale blocks of ``block`` positions onto one scale, for
     :func:`exact_groups`, rows (codes (U, K), their scale exponents (U, blocks)) one after

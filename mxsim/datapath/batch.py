@@ -209,17 +209,31 @@ def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: 
         tops = np.empty((groups, rows), dtype=np.int64)
         dtype = np.uint16 if table.shape[0] * (budget + 1) <= 1 << 16 else np.uint32
         raised = np.empty(codes.shape, dtype=dtype)
-        B.fold_group_codes(
-            codes.reshape(-1, length),
-            scales.reshape(groups * rows, -1),
-            per,
-            block,
-            table.shape[0],
-            budget,
-            least.reshape(groups * rows, trees),
-            raised.reshape(-1, length),
-            tops.reshape(-1),
-        )
+        exponents = scales.reshape(groups * rows, -1)
+        if (per, block, length, exponents.shape[1]) == (8, 2, 16 * trees, 8 * trees) and (
+            codes.dtype == dtype == np.uint16 and codes.flags.c_contiguous
+        ):  # bfp-exact's trees of 16 over uint16 codes: each block's two codes as one uint32
+            B.fold_block_pairs(
+                codes.reshape(-1, length).view(np.uint32),
+                exponents,
+                table.shape[0],
+                budget,
+                least.reshape(groups * rows, trees),
+                raised.reshape(-1, length).view(np.uint32),
+                tops.reshape(-1),
+            )
+        else:
+            B.fold_group_codes(
+                codes.reshape(-1, length),
+                exponents,
+                per,
+                block,
+                table.shape[0],
+                budget,
+                least.reshape(groups * rows, trees),
+                raised.reshape(-1, length),
+                tops.reshape(-1),
+            )
         if tops.max(initial=0) > budget:
             _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised, tops)
         folded.append((least, raised, tops, int(tops.max(initial=0))))
