@@ -209,7 +209,7 @@ def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: 
         tops = np.empty((groups, rows), dtype=np.int64)
         dtype = np.uint16 if table.shape[0] * (budget + 1) <= 1 << 16 else np.uint32
         raised = np.empty(codes.shape, dtype=dtype)
-        exponents = scales.reshape(groups * rows, -1)
+        exponents = np.ascontiguousarray(scales).reshape(groups * rows, -1)
         if (per, block, length, exponents.shape[1]) == (8, 2, 16 * trees, 8 * trees) and (
             codes.dtype == dtype == np.uint16 and codes.flags.c_contiguous
         ):  # bfp-exact's trees of 16 over uint16 codes: each block's two codes as one uint32
