@@ -16,7 +16,8 @@ non-finite or -0 are flagged for the generic kernel, as are an exact accumulator
 wider than two float64s. Trees of several scale blocks (bfp-exact: 16 products over
 sub-blocks of 2) are folded first, as the BLAS route folds them: each tree's blocks onto
 its least scale, each code raised to index a table of the element values times 2^(its
-block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``); rows
+block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``;
+``fold_block_pairs`` for whole trees of 8 blocks of 2 over uint16 codes); rows
 whose fold would need more than 53 bits are flagged (:func:`_folded_groups`). Each thread
 holds one group's decoded operands: groups of up to :data:`GROUPS_DECODED` elements take
 the route.
@@ -190,7 +191,8 @@ def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: 
     """A batch of trees of several scale blocks (bfp-exact: 16 products over sub-blocks of 2)
     as :func:`small_groups_matmul`'s kernel takes trees of one scale: (codes_a, codes_b,
     scales_a, scales_b, tables) with each tree's blocks folded onto its least scale
-    (``_batch_kernels.fold_group_codes``) and each code raised to index a table of the
+    (``_batch_kernels.fold_group_codes``, or ``fold_block_pairs`` for rows of whole trees of
+    8 blocks of 2 over uint16 codes, bfp-exact's MX9) and each code raised to index a table of the
     element values times 2^r, r = 0 to the largest rise kept (exact: powers of two). A
     tree's products then lie on its unscaled grid, and its sums need the unit's
     ``tree_sum_bits`` plus the largest rises of its row and column: within 53 bits, as the
