@@ -236,9 +236,11 @@ def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: 
                 raised.reshape(-1, length),
                 tops.reshape(-1),
             )
-        if tops.max(initial=0) > budget:
+        top = int(tops.max(initial=0))
+        if top > budget:
             _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised, tops)
-        folded.append((least, raised, tops, int(tops.max(initial=0))))
+            top = int(tops.max(initial=0))
+        folded.append((least, raised, tops, top))
     (least_a, raised_a, tops_a, top_a), (least_b, raised_b, tops_b, top_b) = folded
     if top_a + top_b > budget:  # the rows of A rising most flagged first, then B's
         kept_b = int(tops_b[tops_b <= budget].max(initial=0))
