@@ -989,12 +989,14 @@ def test_folded_trees_equal_the_kernel_and_the_twin(monkeypatch, fmt_name, shape
 
 
 @pytest.mark.parametrize("fmt_name", BFP_FORMATS)
-def test_folded_trees_on_corners_and_scale_gaps(monkeypatch, fmt_name):
+@pytest.mark.parametrize("length", [70, 48])  # (48: whole trees, MX9's folded in block pairs)
+def test_folded_trees_on_corners_and_scale_gaps(monkeypatch, fmt_name, length):
     """Corner codes (±0, subnormals, the largest), sub-blocks of zeros, NaN and extreme
     scales, corner c, and sub-block scales up to 60 binades apart (folds wider than 53
     bits: those rows' outputs flagged and left to the generic kernel): every bit the
     generic kernel's, some outputs flagged and some computed."""
-    a, b, c, flagged = run_bfp(monkeypatch, fmt_name, (6, 9, 70, 11), 5, corners=0.05, gaps=0.02)
+    shape = (6, 9, length, 11)
+    a, b, c, flagged = run_bfp(monkeypatch, fmt_name, shape, 5, corners=0.05, gaps=0.02)
     assert flagged.any() and not flagged.all()
 
 
@@ -1037,6 +1039,81 @@ def test_folded_trees_equal_the_kernel_on_random_batches(
 ):
     with pytest.MonkeyPatch.context() as monkeypatch:
         run_bfp(monkeypatch, fmt_name, shape, seed, corners=corners, gaps=gaps, with_c=with_c)
+
+
+@pytest.mark.parametrize("trees", [1, 2, 3])
+def test_block_pair_fold_equals_a_loop_over_blocks_and_the_general_fold(trees):
+    """``_batch_kernels.fold_block_pairs`` (uint16 codes of blocks of 2 read as uint32 pairs)
+    against a Python loop over each row's trees and blocks, and against
+    ``fold_group_codes``: least per tree, raised codes, rows' largest rises; exponents mostly
+    a few binades apart (the BFP quantizer's sub-blocks), with -127, 127, the NaN exponent,
+    whole NaN trees and gaps past the rise cap."""
+    from mxsim.datapath import _batch_kernels as kernels
+
+    rng = np.random.default_rng(41 + trees)
+    units, size, cap = 400, 512, 33
+    blocks, length = 8 * trees, 16 * trees
+    codes = rng.integers(0, size, (units, length)).astype(np.uint16)
+    codes[:, :2] = [0, size - 1]  # (the least and largest codes beside each other)
+    exps = (rng.integers(-20, 20, (units, 1)) + rng.integers(0, 3, (units, blocks))).astype(
+        np.int32
+    )
+    corner = rng.random(exps.shape) < 0.1
+    exps[corner] = rng.choice([-127, 127, int(batch_module.SCALE_NAN)], size=int(corner.sum()))
+    exps[5, :8] = batch_module.SCALE_NAN  # a tree of NaN scales only
+    exps[6, :] = [127 if m % 8 == 0 else -127 for m in range(blocks)]  # rises past the cap
+    want_least = np.empty((units, trees), dtype=np.int64)
+    want_raised = np.empty((units, length), dtype=np.int64)
+    want_tops = np.zeros(units, dtype=np.int64)
+    for u in range(units):
+        for t in range(trees):
+            tree = [int(x) for x in exps[u, 8 * t : 8 * t + 8]]
+            want_least[u, t] = min(tree)
+            want_tops[u] = max(want_tops[u], max(tree) - min(tree))
+            for k in range(16 * t, 16 * t + 16):
+                rise = int(exps[u, k // 2]) - min(tree)
+                want_raised[u, k] = int(codes[u, k]) + size * min(rise, cap)
+    least = np.empty((units, trees), dtype=np.int32)
+    raised = np.empty((units, length), dtype=np.uint16)
+    tops = np.empty(units, dtype=np.int64)
+    kernels.fold_block_pairs(
+        codes.view(np.uint32), exps, size, cap, least, raised.view(np.uint32), tops
+    )
+    np.testing.assert_array_equal(least, want_least)
+    np.testing.assert_array_equal(raised, want_raised)
+    np.testing.assert_array_equal(tops, want_tops)
+    general = (np.empty_like(least), np.empty_like(raised), np.empty_like(tops))
+    kernels.fold_group_codes(codes, exps, 8, 2, size, cap, *general)
+    for got, other in zip((least, raised, tops), general):
+        np.testing.assert_array_equal(got, other)
+
+
+def test_raised_tables_are_the_element_values_times_powers_of_two_kept_per_read_only_table():
+    """``batch._raised_table``: copy r of the table is each element value times 2^r (Fraction
+    arithmetic, NaN and ±Inf kept); a read-only table's result is kept and served again,
+    a writable table's is made afresh (its values may change between calls)."""
+    from fractions import Fraction
+
+    values = get_format("mx9").decode_fields(np.arange(512)).astype(np.float64)
+    values[[3, 300]] = [np.nan, -np.inf]  # (MX9 has no specials: two put in by hand)
+    frozen = values.copy()
+    frozen.setflags(write=False)
+    raised = batch_module._raised_table(frozen, 4)
+    assert raised.shape == (4 * 512,) and not raised.flags.writeable
+    for r in range(4):
+        for code, value in enumerate(values):
+            got = raised[r * 512 + code]
+            if not np.isfinite(value):
+                assert same_float(got, value), (r, code)
+            else:
+                assert Fraction(float(got)) == Fraction(float(value)) * 2**r, (r, code)
+    assert batch_module._raised_table(frozen, 4) is raised
+    assert batch_module._raised_table(frozen, 3) is not raised  # another count, its own
+    writable = values.copy()
+    first = batch_module._raised_table(writable, 2)
+    writable[0] = 1.0
+    again = batch_module._raised_table(writable, 2)
+    assert first[0] == values[0] and again[0] == 1.0 and again[512] == 2.0
 
 
 def test_folded_codes_decode_to_the_elements_times_their_rises():

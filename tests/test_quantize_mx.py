@@ -766,3 +766,20 @@ def test_quantize_at_scales_nan_blocks_and_refusals():
         quantize_at_scales(x, "fp8_e4m3", np.full((2, 2), 127, np.uint8), axis=1, block_size=2)
     with pytest.raises(MxsimError, match=r"uint8 of shape \(2, 2\)"):
         quantize_at_scales(x, "fp8_e4m3", np.full((2, 1), 127, np.uint8), axis=1, block_size=2)
+
+
+def test_scale_exponents_of_codes_on_every_e8m0_code_and_layout():
+    """``scale_exponents_of_codes``: every E8M0 code's unbiased exponent (code - 127; the NaN
+    code 0xFF as ``SCALE_NAN``), as int32 of the codes' shape, for uint8 codes (the kernel
+    pass) in C order, transposed, sliced and empty, and for wider integer codes."""
+    from mxsim.quantize._kernels import SCALE_NAN
+    from mxsim.quantize.mx import scale_exponents_of_codes
+
+    codes = np.arange(256, dtype=np.uint8)
+    want = np.array([int(SCALE_NAN) if c == 0xFF else c - 127 for c in range(256)])
+    grid = codes.reshape(4, 8, 8)
+    layouts = [codes, grid, grid.transpose(2, 0, 1), grid[:, ::2, 1:], codes[:0].reshape(0, 3)]
+    for layout in layouts + [grid.astype(np.int64), grid.astype(np.uint16)]:
+        got = scale_exponents_of_codes(layout)
+        assert got.dtype == np.int32 and got.shape == layout.shape
+        np.testing.assert_array_equal(got, want[layout.astype(np.int64)])

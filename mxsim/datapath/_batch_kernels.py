@@ -724,6 +724,53 @@ def _fold_8x2(codes, exponents, u, t, size, cap, least, raised):
 
 
 @njit(cache=True, nogil=True)
+def fold_block_pairs(pairs, exponents, size, cap, least, raised_pairs, tops):
+    """:func:`fold_group_codes` for rows of whole trees of 8 blocks of 2 positions
+    (bfp-exact's trees of 16), each block's two uint16 codes read as one uint32 of ``pairs``
+    (U, blocks) (the codes viewed as uint32) and written likewise to ``raised_pairs``: adding
+    step * (2^16 + 1) adds the block's step to both codes, and no carry crosses between
+    them as every raised code is below 2^16 (the caller's uint16 raised codes), whichever
+    half holds the first code. least, tops and the raised codes are
+    :func:`fold_group_codes`'. Each pass is one loop over the whole batch (they vectorise;
+    a row's loops of a few blocks do not): the trees' least and largest exponents by three
+    halvings (pairs of blocks, of pairs, of fours: a tree's 8 blocks are consecutive), each
+    tree's least written out to its blocks, then the blocks' steps. ``exponents`` is
+    C-contiguous."""
+    units, blocks = exponents.shape
+    trees = least.shape[1]
+    flat = exponents.reshape(units * blocks)
+    halves = units * blocks // 2
+    low2, high2 = np.empty(halves, dtype=np.int32), np.empty(halves, dtype=np.int32)
+    for j in range(halves):
+        x, y = flat[2 * j], flat[2 * j + 1]
+        low2[j], high2[j] = min(x, y), max(x, y)
+    quarters = halves // 2
+    low4, high4 = np.empty(quarters, dtype=np.int32), np.empty(quarters, dtype=np.int32)
+    for j in range(quarters):
+        low4[j] = min(low2[2 * j], low2[2 * j + 1])
+        high4[j] = max(high2[2 * j], high2[2 * j + 1])
+    flat_least = least.reshape(units * trees)
+    spans = np.empty(units * trees, dtype=np.int32)
+    for t in range(units * trees):
+        low = min(low4[2 * t], low4[2 * t + 1])
+        flat_least[t] = low
+        spans[t] = max(high4[2 * t], high4[2 * t + 1]) - low
+    for u in range(units):
+        top = np.int32(0)
+        for t in range(trees):
+            top = max(top, spans[u * trees + t])
+        tops[u] = top
+    lows = np.empty(units * blocks, dtype=np.int32)
+    for t in range(units * trees):
+        for m in range(8):
+            lows[8 * t + m] = flat_least[t]
+    flat_pairs, flat_raised = pairs.reshape(pairs.size), raised_pairs.reshape(raised_pairs.size)
+    for b in range(units * blocks):
+        step = size * min(np.int64(flat[b]) - np.int64(lows[b]), cap)
+        flat_raised[b] = flat_pairs[b] + np.uint32(step) * np.uint32(0x10001)
+
+
+@njit(cache=True, nogil=True)
 def fold_group_codes(codes, exponents, per, block, size, cap, least, raised, tops):
     """Fold each tree of ``per`` scale blocks of ``block`` positions onto one scale, for
     :func:`exact_groups`, rows (codes (U, K), their scale exponents (U, blocks)) one after

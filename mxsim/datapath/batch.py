@@ -16,7 +16,8 @@ non-finite or -0 are flagged for the generic kernel, as are an exact accumulator
 wider than two float64s. Trees of several scale blocks (bfp-exact: 16 products over
 sub-blocks of 2) are folded first, as the BLAS route folds them: each tree's blocks onto
 its least scale, each code raised to index a table of the element values times 2^(its
-block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``); rows
+block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``;
+``fold_block_pairs`` for whole trees of 8 blocks of 2 over uint16 codes); rows
 whose fold would need more than 53 bits are flagged (:func:`_folded_groups`). Each thread
 holds one group's decoded operands: groups of up to :data:`GROUPS_DECODED` elements take
 the route.
@@ -190,7 +191,8 @@ def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: 
     """A batch of trees of several scale blocks (bfp-exact: 16 products over sub-blocks of 2)
     as :func:`small_groups_matmul`'s kernel takes trees of one scale: (codes_a, codes_b,
     scales_a, scales_b, tables) with each tree's blocks folded onto its least scale
-    (``_batch_kernels.fold_group_codes``) and each code raised to index a table of the
+    (``_batch_kernels.fold_group_codes``, or ``fold_block_pairs`` for rows of whole trees of
+    8 blocks of 2 over uint16 codes, bfp-exact's MX9) and each code raised to index a table of the
     element values times 2^r, r = 0 to the largest rise kept (exact: powers of two). A
     tree's products then lie on its unscaled grid, and its sums need the unit's
     ``tree_sum_bits`` plus the largest rises of its row and column: within 53 bits, as the
@@ -209,20 +211,36 @@ def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: 
         tops = np.empty((groups, rows), dtype=np.int64)
         dtype = np.uint16 if table.shape[0] * (budget + 1) <= 1 << 16 else np.uint32
         raised = np.empty(codes.shape, dtype=dtype)
-        B.fold_group_codes(
-            codes.reshape(-1, length),
-            scales.reshape(groups * rows, -1),
-            per,
-            block,
-            table.shape[0],
-            budget,
-            least.reshape(groups * rows, trees),
-            raised.reshape(-1, length),
-            tops.reshape(-1),
-        )
-        if tops.max(initial=0) > budget:
+        exponents = np.ascontiguousarray(scales).reshape(groups * rows, -1)
+        if (per, block, length, exponents.shape[1]) == (8, 2, 16 * trees, 8 * trees) and (
+            codes.dtype == dtype == np.uint16 and codes.flags.c_contiguous
+        ):  # bfp-exact's trees of 16 over uint16 codes: each block's two codes as one uint32
+            B.fold_block_pairs(
+                codes.reshape(-1, length).view(np.uint32),
+                exponents,
+                table.shape[0],
+                budget,
+                least.reshape(groups * rows, trees),
+                raised.reshape(-1, length).view(np.uint32),
+                tops.reshape(-1),
+            )
+        else:
+            B.fold_group_codes(
+                codes.reshape(-1, length),
+                exponents,
+                per,
+                block,
+                table.shape[0],
+                budget,
+                least.reshape(groups * rows, trees),
+                raised.reshape(-1, length),
+                tops.reshape(-1),
+            )
+        top = int(tops.max(initial=0))
+        if top > budget:
             _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised, tops)
-        folded.append((least, raised, tops, int(tops.max(initial=0))))
+            top = int(tops.max(initial=0))
+        folded.append((least, raised, tops, top))
     (least_a, raised_a, tops_a, top_a), (least_b, raised_b, tops_b, top_b) = folded
     if top_a + top_b > budget:  # the rows of A rising most flagged first, then B's
         kept_b = int(tops_b[tops_b <= budget].max(initial=0))
@@ -255,8 +273,23 @@ def _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised,
 
 
 def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
-    """The element values times 2^r for r = 0 to ``copies`` - 1, one table after another."""
-    return np.concatenate([np.ldexp(table, r) for r in range(copies)])
+    """The element values times 2^r for r = 0 to ``copies`` - 1, one table after another
+    (read only). Kept per read-only table (the element tables of ``datapath.tables``, made
+    once per format) and count: a batch of attention heads asks again and again."""
+    key = (id(table), copies)
+    kept = _RAISED_TABLES.get(key)
+    if kept is not None and kept[0] is table:
+        return kept[1]
+    raised = np.ldexp(table[None, :], np.arange(copies)[:, None]).reshape(-1)
+    raised.setflags(write=False)
+    if not table.flags.writeable:  # (a writable table may change: not kept)
+        if len(_RAISED_TABLES) >= 64:
+            _RAISED_TABLES.clear()
+        _RAISED_TABLES[key] = (table, raised)  # (the table kept alive: its id stays its own)
+    return raised
+
+
+_RAISED_TABLES: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def run_groups(kernel, arguments: tuple, groups: int, serial: bool) -> list:

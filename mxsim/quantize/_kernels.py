@@ -339,6 +339,15 @@ def quantize_blocks(
 
 
 @njit(cache=True, nogil=True, **NO_REFCOUNTS)
+def e8m0_exponents(codes, bias, nan_code, out):
+    """out[i] = codes[i] - ``bias`` (int32), or ``SCALE_NAN`` where codes[i] is
+    ``nan_code``: the unbiased exponents of E8M0 scale codes (flat arrays)."""
+    for i in range(codes.size):
+        code = np.int32(codes[i])
+        out[i] = SCALE_NAN if code == nan_code else code - np.int32(bias)
+
+
+@njit(cache=True, nogil=True, **NO_REFCOUNTS)
 def dequantize_blocks(codes, scale_exponents, decode_table, out, start, stop):
     """out[b, j] = decode_table[codes[b, j]] * 2^X_b for blocks b in [start, stop) (exact in
     float64, then rounded to nearest even once when ``out`` is float32); NaN for NaN scales."""

@@ -97,7 +97,15 @@ class MXTensor:
 
 
 def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
-    """Unbiased int32 exponents of E8M0 scale codes; 0xFF (NaN) becomes ``SCALE_NAN``."""
+    """Unbiased int32 exponents of E8M0 scale codes; 0xFF (NaN) becomes ``SCALE_NAN``.
+    uint8 codes (an MX tensor's) in one kernel pass (a batch of attention heads converts
+    its scales on every call), other integer arrays by numpy."""
+    if scales.dtype == np.uint8:
+        exponents = np.empty(scales.shape, dtype=np.int32)
+        K.e8m0_exponents(
+            np.ascontiguousarray(scales).reshape(-1), E8M0_BIAS, E8M0_NAN, exponents.reshape(-1)
+        )
+        return exponents
     exponents = scales.astype(np.int32) - E8M0_BIAS
     exponents[scales == E8M0_NAN] = K.SCALE_NAN
     return exponents
