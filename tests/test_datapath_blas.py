@@ -1698,3 +1698,43 @@ def test_fp4_units_off_nearest_even_take_the_float32_trees(monkeypatch, name):
     monkeypatch.undo()
     assert calls
     np.testing.assert_array_equal(fast, matmul(GRID_HW[name], qa, qb, method="kernel").bits)
+
+
+@pytest.mark.parametrize("unit", ["mxdotp", "mxdotp-rtz"])
+def test_a_batch_above_the_grid_floor_skips_the_tiles_floor_checks(monkeypatch, unit):
+    # Attention-shaped batches (several groups of 8 rows and columns, K = 64): with every
+    # scale near 1 the batch's least scale exponent sum lies above the grid's floors, so no
+    # tile reads its blocks of zeros; with one group's A scaled far down (and blocks of
+    # zeros) the tiles check their floors themselves. Both equal the generic kernel.
+    import mxsim.datapath.blas as blas
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # not the small-groups route
+    for name in ("TILE_ROWS", "SMALL_TILE_ROWS"):
+        monkeypatch.setattr(blas, name, 8)  # a group a pass
+    marked = []
+    mask = blas.zero_block_mask
+    monkeypatch.setattr(blas, "zero_block_mask", lambda *a: marked.append(1) or mask(*a))
+    routed = []
+    passes = blas.batch_passes
+    monkeypatch.setattr(blas, "batch_passes", lambda *a: routed.append(1) or passes(*a))
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    params = hw.params("fp8_e4m3", "fp8_e4m3")
+    floors = [f for f in (grid_nearest_even_floor(params), grid_floor(params)) if f is not None]
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((3, 8, 64))
+    B = rng.standard_normal((3, 64, 8))
+    c = rng.choice(np.array([0.0, 1e-40, 1.5, -3.0e38], dtype=np.float32), (3, 8, 8))
+    for low in (False, True):
+        marked.clear()
+        routed.clear()
+        if low:  # one group far below the floor: X about 2 (-100)
+            A[1] *= 2.0**-100
+            B[1] *= 2.0**-100
+            A[1, :4, :32] = 0.0
+            assert 2 * -100 < min(floors)
+        fast = matmul_batched(hw, A, B, c=c, a_format="fp8_e4m3", b_format="fp8_e4m3")
+        slow = matmul_batched(
+            hw, A, B, c=c, a_format="fp8_e4m3", b_format="fp8_e4m3", method="kernel"
+        )
+        np.testing.assert_array_equal(fast.bits, slow.bits)
+        assert routed and bool(marked) == low

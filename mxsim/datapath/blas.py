@@ -573,6 +573,18 @@ def blas_matmul(
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
         return []
+    # A grid's floors read per tile from the blocks' least scale exponent sums, blocks of
+    # zeros left out (``_least_scale_sums``), unless the whole batch's least, every block
+    # counted, already lies at or above them: a tile's least, over fewer rows and columns
+    # and fewer blocks, is at least that, so its floor checks all hold without reading it.
+    plain_batch = fused_batch = False
+    if grid is not None:
+        least_batch = _least_exponent_sums(scales_a, scales_b, blocks) if scaled else 0
+        plain_batch = floor is not None and bool((least_batch >= floor).all())
+        fused_batch = fused is not None and bool((least_batch >= any_floor).all())
+    tile_least = grid is not None and (
+        (floor is not None and not plain_batch) or (fused is not None and not fused_batch)
+    )
     limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
     tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
     tile = max(SMALL_TILE_ROWS, min(tile, DECODED_ROW_VALUES // padded))  # long K: fewer rows
@@ -611,7 +623,7 @@ def blas_matmul(
         b = _unscaled(b_values, codes_b[g0:g1, c0:c1], padded, dtype, rises, params.block_size)
         b_steps = _steps(exps_b, (g1 - g0, c1 - c0), blocks)
         # a grid's floors skip columns of zero blocks (``_above_floor``)
-        return b, b_steps, None if grid is None else zero_block_mask(b, blocks)
+        return b, b_steps, zero_block_mask(b, blocks) if tile_least else None
 
     leftovers = []
     done = 0
@@ -654,7 +666,7 @@ def blas_matmul(
                         a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
                     )
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
-                    a_zeros = None if grid is None else zero_block_mask(a, blocks)
+                    a_zeros = zero_block_mask(a, blocks) if tile_least else None
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
                 for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
@@ -679,15 +691,18 @@ def blas_matmul(
                         steps = np.ascontiguousarray(
                             b_steps[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
                         )
-                        plain = least = None
-                        if grid is not None:
+                        plain, fused_tile = None, fused_batch
+                        if tile_least:
                             zeros = b_zeros[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
                             least = _least_scale_sums(a_steps, steps, a_zeros, zeros)
-                        if floor is not None:
-                            plain = _above_floor(least, floor)
+                            if floor is not None:
+                                plain = _above_floor(least, floor)
+                            fused_tile = _above_floor(least, any_floor).all()
+                        elif floor is not None:
+                            plain = np.ones(blocks, dtype=np.bool_)  # (``plain_batch``)
                         if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
-                        elif fused is not None and _above_floor(least, any_floor).all():
+                        elif fused is not None and fused_tile:
                             _grid_trees_tile(
                                 a, b_tile, a_steps, steps, fused, acc, grid, choices, span
                             )
@@ -926,6 +941,16 @@ def _least_scale_sums(row_steps, column_steps, zero_rows, zero_columns) -> np.nd
     for steps, zero in ((row_steps, zero_rows), (column_steps, zero_columns)):
         least *= np.where(zero, np.inf, steps).reshape(blocks, -1).min(axis=1, initial=np.inf)
     return least
+
+
+def _least_exponent_sums(exponents_a, exponents_b, blocks: int) -> np.ndarray:
+    """Per scale block, the least scale exponent sum Xa + Xb over all of a batch's rows and
+    columns (exponents (G, rows, >= blocks) and (G, columns, >= blocks), at least one row
+    and column, every block counted), int64 (blocks,)."""
+    return sum(
+        e[..., :blocks].reshape(-1, blocks).min(axis=0).astype(np.int64)
+        for e in (exponents_a, exponents_b)
+    )
 
 
 def _above_floor(least, floor: int) -> np.ndarray:
