@@ -1738,3 +1738,41 @@ def test_a_batch_above_the_grid_floor_skips_the_tiles_floor_checks(monkeypatch, 
         )
         np.testing.assert_array_equal(fast.bits, slow.bits)
         assert routed and bool(marked) == low
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.tuples(
+        st.integers(1, 2),
+        st.sampled_from([1, 2, 3, 7, 9, 260]),
+        st.integers(1, 5),
+        st.integers(1, 4),
+    ),
+    spread=st.sampled_from([0, 3, 60]),
+    c_shift=st.sampled_from([-140, 0, 30, 60]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_eight_term_tiles_of_narrow_outputs_equal_fractions(shape, spread, c_shift, seed):
+    # A tile of fewer columns than rows (P @ v's N = 64 beside M = 128) runs the fused
+    # kernel transposed, rows as its columns (260: more than a pass of COLUMNS); the rest
+    # as they are. Realistic fp8_e4m3 elements, row and column steps apart (a swap of them
+    # shows), accumulators far above the sums (the redo), subnormal, infinite or at fp32's
+    # largest: each equals the Fraction twin.
+    groups, rows, columns, trees_count = shape
+    rng = np.random.default_rng(seed)
+    values = get_format("fp8_e4m3").decode_fields(np.arange(256))
+    finite = values[np.isfinite(values)]
+    k = 8 * trees_count
+    a = finite[rng.integers(0, finite.size, (groups, rows, k))]
+    b = finite[rng.integers(0, finite.size, (groups, columns, k))]
+    blocks = -(-k // 32)
+    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, groups, rows)) - 14)
+    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, groups, columns)) - 6)
+    acc = (rng.standard_normal((groups, rows, columns)) * 2.0**c_shift).astype(np.float32)
+    flat = acc.reshape(-1)
+    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
+    trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
+    got = acc.copy()
+    blas_module._tree8_tile(a, b, row_steps, column_steps, np.array(trees), got)
+    want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), want)

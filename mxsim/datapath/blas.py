@@ -88,13 +88,11 @@ import contextlib
 import functools
 import math
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
 
 
-from .._threads import run_in_threads, subnormals_work
+from .._threads import _threads_pool, run_in_threads, subnormals_work
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import (
@@ -392,8 +390,8 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     table = values.astype(dtype)
     if rises is not None:
-        powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
-        block_of = np.arange(codes.shape[-1]) // block
+        powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
+        block_of = _block_positions(codes.shape[-1], block)
     for g, r in _row_chunks(codes):
         chunk, out = _wide(codes[g, r]), decoded[g, r]
         if rises is None:
@@ -404,12 +402,31 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     return decoded
 
 
+@functools.lru_cache(maxsize=64)
+def _rise_powers(top: int, dtype: np.dtype) -> np.ndarray:
+    """2^0, 2^1, ..., 2^top in ``dtype`` (kept: every pass of a call asks for them; the
+    kernels only read them)."""
+    return np.ldexp(1.0, np.arange(top + 1)).astype(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _block_positions(length: int, block: int) -> np.ndarray:
+    """The block of each of ``length`` positions in blocks of ``block`` (kept, read only)."""
+    return np.arange(length) // block
+
+
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
-    """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks) of the
-    rows or columns of a tile, ones without scales (``exponents`` None)."""
+    """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks; E8M0's,
+    in [-127, 127]) of the rows or columns of a tile, ones without scales (``exponents``
+    None)."""
     if exponents is None:
         return np.ones((blocks,) + shape)
-    return np.ascontiguousarray(np.ldexp(1.0, exponents[..., :blocks]).transpose(2, 0, 1))
+    # built from the bits (E8M0 exponents, and trees' least of them, lie in [-127, 127]:
+    # normal float64s), a few times faster than ldexp
+    bits = np.ascontiguousarray(exponents[..., :blocks].transpose(2, 0, 1), dtype=np.int64)
+    bits += 1023
+    bits <<= 52
+    return bits.view(np.float64)
 
 
 def _exact_chunks(
@@ -579,9 +596,20 @@ def blas_matmul(
     # and fewer blocks, is at least that, so its floor checks all hold without reading it.
     plain_batch = fused_batch = False
     if grid is not None:
-        least_batch = _least_exponent_sums(scales_a, scales_b, blocks) if scaled else 0
-        plain_batch = floor is not None and bool((least_batch >= floor).all())
-        fused_batch = fused is not None and bool((least_batch >= any_floor).all())
+        scale_pair = (scales_a, scales_b) if scaled else (None, None)
+        least_batch = sum(_exponent_range(e, blocks)[0] for e in scale_pair)
+        plain_batch = floor is not None and least_batch >= floor
+        fused_batch = fused is not None and least_batch >= any_floor
+    # Likewise, float32 tree sums whose scaled sums are float32s over the whole batch are so
+    # over every tile (``_fp32_exact_blocks``: its bounds hold for fewer rows and columns).
+    narrow_batch = None
+    if span is not None and scaled and not kulisch:
+        ends_a, ends_b = (
+            np.ldexp(1.0, np.array(_exponent_range(e, blocks))).reshape(1, 1, 2)
+            for e in (scales_a, scales_b)
+        )
+        if _fp32_exact_blocks(ends_a, ends_b, span).all():
+            narrow_batch = np.ones(blocks, dtype=np.bool_)
     tile_least = grid is not None and (
         (floor is not None and not plain_batch) or (fused is not None and not fused_batch)
     )
@@ -627,14 +655,9 @@ def blas_matmul(
 
     leftovers = []
     done = 0
-    with (
-        (
-            ThreadPoolExecutor(threads)
-            if threads > 1 and len(items) > 1
-            else contextlib.nullcontext()
-        ) as pool,
-        limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext(),
-    ):
+    # the process's kept pool (starting threads costs about 0.1 ms a call)
+    pool = _threads_pool(threads) if threads > 1 and len(items) > 1 else None
+    with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
         for c0, c1 in panels:
             # A folded B's panel depends on B alone, but its float type on A's rises too
             # (``dtype``): one panel is kept, of the type last used.
@@ -711,7 +734,9 @@ def blas_matmul(
                                 a, b_tile, a_steps, steps, trees, acc, grid, choices, plain, span
                             )
                         else:
-                            _rounding_tile(a, b_tile, a_steps, steps, width, block, acc, span)
+                            _rounding_tile(
+                                a, b_tile, a_steps, steps, width, block, acc, span, narrow_batch
+                            )
                 return found
 
             for found in map(run, items) if pool is None else pool.map(run, items):
@@ -744,20 +769,39 @@ def _fp32_exact_blocks(row_steps, column_steps, span: tuple[int, int]) -> np.nda
     )
 
 
+def _exponent_range(exponents, blocks: int) -> tuple[int, int]:
+    """(least, largest) scale exponent of a batch's (G, n, >= blocks) ``exponents`` (None:
+    no scales, 0) over all its rows and first ``blocks`` blocks (at least one row): a
+    tile's per-block least and largest, over fewer rows and blocks, lie within it."""
+    if exponents is None:
+        return 0, 0
+    chosen = exponents[..., :blocks]
+    return int(chosen.min()), int(chosen.max())
+
+
 def _rounding_tile(
-    a, b, row_steps, column_steps, width: int, block: int, acc, span: tuple[int, int] | None
+    a,
+    b,
+    row_steps,
+    column_steps,
+    width: int,
+    block: int,
+    acc,
+    span: tuple[int, int] | None,
+    narrow=None,
 ) -> None:
     """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
     t's unscaled sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, scaled
     by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
     added to a contiguous copy of the accumulators while both are in cache. With float32
     sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose scaled sums
-    are all float32s are added by float32 arithmetic (``_blas_kernels.accumulate_fp32``)."""
+    are all float32s are added by float32 arithmetic (``_blas_kernels.accumulate_fp32``):
+    per block, ``narrow`` where the caller read that from wider bounds, else read here."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
-    narrow = None
     if span is not None:
-        narrow = _fp32_exact_blocks(row_steps, column_steps, span)
+        if narrow is None:
+            narrow = _fp32_exact_blocks(row_steps, column_steps, span)
         row_steps32 = row_steps.astype(np.float32)
         column_steps32 = column_steps.astype(np.float32)
     for t in range(a.shape[-1] // width):
@@ -916,8 +960,20 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
     (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n)."""
     from ._tree_kernels import COLUMNS, PACKED_PAD, rne_trees8
 
+    packed = np.empty((8, COLUMNS + PACKED_PAD))
+    rows, columns = acc.shape[1:]
+    if columns < min(rows, COLUMNS):
+        # Narrow outputs (P @ v: N = 64) computed transposed, A's rows as the kernel's
+        # columns: its per-row work is spread over more columns a pass. Exact alike: the
+        # products and their sums are exact in any order.
+        running = np.ascontiguousarray(acc.transpose(0, 2, 1))
+        spare = np.empty_like(running)
+        b = np.ascontiguousarray(b)
+        rne_trees8(b, a, trees, column_steps, row_steps, running, spare, packed)
+        acc[...] = running.transpose(0, 2, 1)
+        return
     running = np.ascontiguousarray(acc)
-    spare, packed = np.empty_like(running), np.empty((8, COLUMNS + PACKED_PAD))
+    spare = np.empty_like(running)
     rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, spare, packed)
     acc[...] = running
 
@@ -941,16 +997,6 @@ def _least_scale_sums(row_steps, column_steps, zero_rows, zero_columns) -> np.nd
     for steps, zero in ((row_steps, zero_rows), (column_steps, zero_columns)):
         least *= np.where(zero, np.inf, steps).reshape(blocks, -1).min(axis=1, initial=np.inf)
     return least
-
-
-def _least_exponent_sums(exponents_a, exponents_b, blocks: int) -> np.ndarray:
-    """Per scale block, the least scale exponent sum Xa + Xb over all of a batch's rows and
-    columns (exponents (G, rows, >= blocks) and (G, columns, >= blocks), at least one row
-    and column, every block counted), int64 (blocks,)."""
-    return sum(
-        e[..., :blocks].reshape(-1, blocks).min(axis=0).astype(np.int64)
-        for e in (exponents_a, exponents_b)
-    )
 
 
 def _above_floor(least, floor: int) -> np.ndarray:
