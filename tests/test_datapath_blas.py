@@ -1721,7 +1721,7 @@ def test_a_batch_above_the_grid_floor_skips_the_tiles_floor_checks(monkeypatch, 
 
     monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # not the small-groups route
     for name in ("TILE_ROWS", "SMALL_TILE_ROWS"):
-        monkeypatch.setattr(blas, name, 8)  # a group a pass
+        monkeypatch.setattr(blas, name, 8)  # two groups a pass
     marked = []
     mask = blas.zero_block_mask
     monkeypatch.setattr(blas, "zero_block_mask", lambda *a: marked.append(1) or mask(*a))

@@ -478,6 +478,7 @@ SINGLE_THREAD_MACS = 1 << 18
 TILE_ROWS = 256  # rows per tile at most, whole groups together when they have fewer
 TILE_COLUMNS = 256  # columns per GEMM at most
 KULISCH_MACS = 1 << 24
+GROUP_PASS_TILES = 2  # tiles' area of a pass of whole groups (attention heads)
 SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
 KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM without it
 # The decoded operands are kept small beside the packed codes and the output (an 8192^3
@@ -624,8 +625,13 @@ def blas_matmul(
     panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
     panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
     # A narrow output (attention heads: N of 32-128) takes more rows per tile, whole groups
-    # together, so each pass's GEMMs and kernel calls cover about a tile's area.
-    passes = list(batch_passes(groups, rows, tile * max(1, chunk // max(columns, 1))))
+    # together, so each pass's GEMMs and kernel calls cover about a tile's area, or
+    # GROUP_PASS_TILES tiles' where the passes hold whole groups (fewer passes: less Python
+    # per MAC).
+    area = tile * max(1, chunk // max(columns, 1))
+    if rows <= area:
+        area *= GROUP_PASS_TILES
+    passes = list(batch_passes(groups, rows, area))
     threads = numba.get_num_threads()
     # Each pass's columns in as many parts as it takes to give every thread work.
     parts = -(-threads // len(passes))
