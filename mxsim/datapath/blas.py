@@ -391,14 +391,13 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     table = values.astype(dtype)
     if rises is not None:
         powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
-        block_of = _block_positions(codes.shape[-1], block)
     for g, r in _row_chunks(codes):
         chunk, out = _wide(codes[g, r]), decoded[g, r]
         if rises is None:
             decode_codes(table, chunk, out)
         else:
             steps = np.ascontiguousarray(rises[g, r])  # bytes, or int64 for rises beyond 255
-            decode_raised(table, chunk, steps, block_of, powers, out)
+            decode_raised(table, chunk, steps, block, powers, out)
     return decoded
 
 
@@ -407,12 +406,6 @@ def _rise_powers(top: int, dtype: np.dtype) -> np.ndarray:
     """2^0, 2^1, ..., 2^top in ``dtype`` (kept: every pass of a call asks for them; the
     kernels only read them)."""
     return np.ldexp(1.0, np.arange(top + 1)).astype(dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def _block_positions(length: int, block: int) -> np.ndarray:
-    """The block of each of ``length`` positions in blocks of ``block`` (kept, read only)."""
-    return np.arange(length) // block
 
 
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
