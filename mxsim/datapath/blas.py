@@ -40,9 +40,10 @@ exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
 Where the tree sums fit 24 bits and a block's scaled sums S all are float32s (their least
-step 2^-149 or above, below 2^128: checked per tile and block from the scale exponents), S
-itself is a float32 and the IEEE float32 sum acc + S is RNE_fp32(acc + S): those blocks are
-added in float32 arithmetic, a few operations per output instead of the round-to-odd step.
+step 2^-149 or above, below 2^128: checked from the scale exponents over the whole batch at
+once, else per tile and block), S itself is a float32 and the IEEE float32 sum acc + S is
+RNE_fp32(acc + S): those blocks are added in float32 arithmetic, a few operations per output
+instead of the round-to-odd step.
 
 A fixed-point grid (``grid.fraction_bits`` n; one scale pair per tree, which the config
 checks ensure) changes only the accumulation (``_blas_kernels.accumulate_grid_fp32``): per output and tree,
@@ -61,7 +62,8 @@ blocks of a tile at or above it, as every earlier block, take the plain RNE_fp32
 
 Trees of 8 float64 products rounded as RNE_fp32(acc + S) (mxdotp-paper with fp8_e4m3; mxdotp
 with it, tiles above the floor) skip the rank-8 GEMMs: one fused kernel
-(``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once.
+(``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once (on
+a tile of fewer columns than rows, transposed: the same exact products and sums).
 In the other modes (mxdotp's rtz/rdn/rup/rmm variants) a grid's trees of 8 or 16 products
 take fused kernels above a floor of X for every mode (``grid_floor``), where the rules
 reduce to: acc kept when |acc| >= 2^(X + L - n + 24), else acc + S rounded once
