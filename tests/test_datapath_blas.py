@@ -1830,3 +1830,56 @@ def test_attention_head_batches_equal_the_kernel(monkeypatch, unit, shape):
     slow = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element, method="kernel")
     np.testing.assert_array_equal(fast.bits, slow.bits)
     assert routed
+
+
+def test_a_progress_callback_that_raises_leaves_no_tile_running(monkeypatch):
+    # Tiles on two threads; the first report raises: the exception reaches the caller once
+    # the tiles in flight have ended (the rest cancelled), and the kept threads then serve
+    # the next call, whose outputs are the kernel's.
+    import threading
+    import time
+
+    import numba
+
+    import mxsim.datapath.blas as blas
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads")
+    import mxsim.datapath.api as api
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    monkeypatch.setattr(api, "SERIAL_GEMM_BELOW", 0)  # two threads for a small batch
+    tiles = {"TILE_ROWS": 4, "SMALL_TILE_ROWS": 4, "TILE_COLUMNS": 1, "SINGLE_THREAD_MACS": 200}
+    for name, value in tiles.items():
+        monkeypatch.setattr(blas, name, value)  # 4 passes of 2 groups, a column a tile
+    running, started, lock = [0], [0], threading.Lock()
+    tile = blas._rounding_tile
+
+    def slow_tile(*args):
+        with lock:
+            running[0] += 1
+            started[0] += 1
+        time.sleep(0.02)
+        tile(*args)
+        with lock:
+            running[0] -= 1
+
+    monkeypatch.setattr(blas, "_rounding_tile", slow_tile)
+    rng = np.random.default_rng(2)
+    A, B = rng.standard_normal((8, 4, 64)), rng.standard_normal((8, 64, 4))
+    hw = UNITS["ocp-exact"]
+
+    def stop(done, total):
+        raise KeyboardInterrupt("stopped")
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3", progress=stop)
+        assert running[0] == 0 and started[0] > 4  # (the first pass's 4 tiles and more)
+        fast = matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3")
+    finally:
+        numba.set_num_threads(before)
+    slow = matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3", method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)

@@ -90,6 +90,8 @@ import contextlib
 import functools
 import math
 
+from concurrent.futures import wait
+
 import numba
 import numpy as np
 
@@ -740,11 +742,17 @@ def blas_matmul(
                             )
                 return found
 
-            for found in map(run, items) if pool is None else pool.map(run, items):
-                leftovers.extend(found)
-                done += 1
-                if progress is not None:
-                    progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
+            futures = [] if pool is None else [pool.submit(run, item) for item in items]
+            try:
+                for found in map(run, items) if pool is None else (f.result() for f in futures):
+                    leftovers.extend(found)
+                    done += 1
+                    if progress is not None:
+                        progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
+            finally:  # (an exception, a progress callback's included: no tile left running)
+                for future in futures:
+                    future.cancel()
+                wait(futures)
             del b, b_steps, run  # this panel freed before the next one is decoded
     return leftovers
 
