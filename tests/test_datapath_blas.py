@@ -1213,6 +1213,30 @@ def run_rne_trees8(a, b, trees, row_steps, column_steps, acc, width=COLUMNS):
     return got
 
 
+def eight_term_case(shape, spread: int, c_shift: int, seed: int, shifts: tuple[int, int]):
+    """(a, b, row_steps, column_steps, acc, trees) of ``rne_trees8``: realistic fp8_e4m3
+    elements (the format's finite table values) of ``shape`` (groups, rows, columns, trees
+    of 8), steps 2^(shift +- spread) per block and row (column), accumulators normal numbers
+    times 2^c_shift with an infinite one, fp32's largest and a zero among them."""
+    groups, rows, columns, trees_count = shape
+    rng = np.random.default_rng(seed)
+    values = get_format("fp8_e4m3").decode_fields(np.arange(256))
+    finite = values[np.isfinite(values)]
+    k = 8 * trees_count
+    a = finite[rng.integers(0, finite.size, (groups, rows, k))]
+    b = finite[rng.integers(0, finite.size, (groups, columns, k))]
+    blocks = -(-k // 32)
+    row_shift, column_shift = shifts
+    row_exponents = rng.integers(-spread, spread + 1, (blocks, groups, rows)) + row_shift
+    column_exponents = rng.integers(-spread, spread + 1, (blocks, groups, columns)) + column_shift
+    acc = (rng.standard_normal((groups, rows, columns)) * 2.0**c_shift).astype(np.float32)
+    flat = acc.reshape(-1)
+    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
+    trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
+    steps = np.ldexp(1.0, row_exponents), np.ldexp(1.0, column_exponents)
+    return a, b, *steps, acc, trees
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     shape=st.tuples(
@@ -1232,21 +1256,8 @@ def test_fused_eight_term_trees_equal_fractions(shape, width, spread, c_shift, s
     # steps a few or many binades apart, accumulators at or far above the products (sums
     # float64 cannot hold: the exact-pass check and the round-to-odd redo) or subnormal
     # (2^-140: subnormal sums), some infinite or at fp32's largest.
-    groups, rows, columns, trees_count = shape
-    rng = np.random.default_rng(seed)
-    fmt = get_format("fp8_e4m3")
-    values = fmt.decode_fields(np.arange(256))
-    finite = values[np.isfinite(values)]
-    k = 8 * trees_count
-    a = finite[rng.integers(0, finite.size, (groups, rows, k))]
-    b = finite[rng.integers(0, finite.size, (groups, columns, k))]
-    blocks = -(-k // 32)
-    row_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, groups, rows)) - 10)
-    column_steps = np.ldexp(1.0, rng.integers(-spread, spread + 1, (blocks, groups, columns)) - 10)
-    acc = (rng.standard_normal((groups, rows, columns)) * 2.0**c_shift).astype(np.float32)
-    flat = acc.reshape(-1)
-    flat[::5][:3] = [np.inf, -FP32_MAX, 0.0][: flat[::5].size]
-    trees = [(8 * t, 8 * t // 32) for t in range(trees_count)]
+    case = eight_term_case(shape, spread, c_shift, seed, (-10, -10))
+    a, b, row_steps, column_steps, acc, trees = case
     got = run_rne_trees8(a, b, trees, row_steps, column_steps, acc, width)
     want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
     np.testing.assert_array_equal(got.view(np.uint32), want)
@@ -1698,3 +1709,177 @@ def test_fp4_units_off_nearest_even_take_the_float32_trees(monkeypatch, name):
     monkeypatch.undo()
     assert calls
     np.testing.assert_array_equal(fast, matmul(GRID_HW[name], qa, qb, method="kernel").bits)
+
+
+@pytest.mark.parametrize("unit", ["mxdotp", "mxdotp-rtz"])
+def test_a_batch_above_the_grid_floor_skips_the_tiles_floor_checks(monkeypatch, unit):
+    # Attention-shaped batches (several groups of 8 rows and columns, K = 64): with every
+    # scale near 1 the batch's least scale exponent sum lies above the grid's floors, so no
+    # tile reads its blocks of zeros; with one group's A scaled far down (and blocks of
+    # zeros) the tiles check their floors themselves. Both equal the generic kernel.
+    import mxsim.datapath.blas as blas
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # not the small-groups route
+    for name in ("TILE_ROWS", "SMALL_TILE_ROWS"):
+        monkeypatch.setattr(blas, name, 8)  # two groups a pass
+    marked = []
+    mask = blas.zero_block_mask
+    monkeypatch.setattr(blas, "zero_block_mask", lambda *a: marked.append(1) or mask(*a))
+    routed = []
+    passes = blas.batch_passes
+    monkeypatch.setattr(blas, "batch_passes", lambda *a: routed.append(1) or passes(*a))
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    params = hw.params("fp8_e4m3", "fp8_e4m3")
+    floors = [f for f in (grid_nearest_even_floor(params), grid_floor(params)) if f is not None]
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((3, 8, 64))
+    B = rng.standard_normal((3, 64, 8))
+    c = rng.choice(np.array([0.0, 1e-40, 1.5, -3.0e38], dtype=np.float32), (3, 8, 8))
+    for low in (False, True):
+        marked.clear()
+        routed.clear()
+        if low:  # one group far below the floor: X about 2 (-100)
+            A[1] *= 2.0**-100
+            B[1] *= 2.0**-100
+            A[1, :4, :32] = 0.0
+            assert 2 * -100 < min(floors)
+        fast = matmul_batched(hw, A, B, c=c, a_format="fp8_e4m3", b_format="fp8_e4m3")
+        slow = matmul_batched(
+            hw, A, B, c=c, a_format="fp8_e4m3", b_format="fp8_e4m3", method="kernel"
+        )
+        np.testing.assert_array_equal(fast.bits, slow.bits)
+        assert routed and bool(marked) == low
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.tuples(
+        st.integers(1, 2),
+        st.sampled_from([1, 2, 3, 7, 9, 260]),
+        st.integers(1, 5),
+        st.integers(1, 4),
+    ),
+    spread=st.sampled_from([0, 3, 60]),
+    c_shift=st.sampled_from([-140, 0, 30, 60]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_eight_term_tiles_of_narrow_outputs_equal_fractions(shape, spread, c_shift, seed):
+    # A tile of fewer columns than rows (P @ v's N = 64 beside M = 128) runs the fused
+    # kernel transposed, rows as its columns (260: more than a pass of COLUMNS); the rest
+    # as they are. Realistic fp8_e4m3 elements, row and column steps apart (a swap of them
+    # shows), accumulators far above the sums (the redo), subnormal, infinite or at fp32's
+    # largest: each equals the Fraction twin.
+    case = eight_term_case(shape, spread, c_shift, seed, (-14, -6))
+    a, b, row_steps, column_steps, acc, trees = case
+    got = acc.copy()
+    blas_module._tree8_tile(a, b, row_steps, column_steps, np.array(trees), got)
+    want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
+    np.testing.assert_array_equal(got.view(np.uint32), want)
+
+
+def test_eight_term_tiles_of_fewer_columns_than_rows_run_transposed(monkeypatch):
+    # The kernel gets the transposed tile (9 rows by 3 columns: 3 by 9) and the tile's
+    # outputs stay the Fraction twin's.
+    import mxsim.datapath._tree_kernels as tree_kernels
+
+    shapes = []
+    kernel = tree_kernels.rne_trees8
+    monkeypatch.setattr(
+        tree_kernels, "rne_trees8", lambda *a: shapes.append(a[5].shape) or kernel(*a)
+    )
+    for rows, columns in ((9, 3), (3, 9)):
+        case = eight_term_case((2, rows, columns, 3), 3, 0, 5, (-14, -6))
+        a, b, row_steps, column_steps, acc, trees = case
+        got = acc.copy()
+        blas_module._tree8_tile(a, b, row_steps, column_steps, np.array(trees), got)
+        want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
+        np.testing.assert_array_equal(got.view(np.uint32), want)
+    assert shapes == [(2, 3, 9), (2, 3, 9)]
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["ocp-exact", "kulisch", "bfp-exact", "mxdotp-paper", "mxdotp", "mxdotp-rtz", "mxdotp-rup"],
+)
+@pytest.mark.parametrize("shape", [(3, 128, 64, 128), (3, 128, 72, 64)])
+def test_attention_head_batches_equal_the_kernel(monkeypatch, unit, shape):
+    # 128-token heads (q @ k^T; P @ v with K not a whole number of blocks, N below M) on
+    # the BLAS route: rows and columns binades apart, a group far down (below the grid
+    # floors; fp32 subnormal sums), blocks of zeros, exact cancellations, accumulator inputs
+    # at the corners; each output the generic kernel's.
+    import mxsim.datapath.blas as blas
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    routed = []
+    passes = blas.batch_passes
+    monkeypatch.setattr(blas, "batch_passes", lambda *a: routed.append(1) or passes(*a))
+    groups, rows, length, columns = shape
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal(shape[:3]) * np.exp2(rng.integers(-20, 21, (groups, rows, 1)))
+    B = rng.standard_normal((groups, length, columns)) * np.exp2(
+        rng.integers(-20, 21, (groups, 1, columns))
+    )
+    A[1] *= 2.0**-110
+    A[:, ::7, :32] = 0.0
+    B[..., -1] = -B[..., 0]
+    corners = np.array([0.0, 1e-40, -3e-45, 3.4e38, -3.4e38, 1e-6, 1.5], dtype=np.float32)
+    c = rng.choice(corners, (groups, rows, columns)).astype(np.float32)
+    hw = load_hwconfig(REPO / "hwconfigs" / f"{unit}.yaml")
+    element = "mx9" if unit == "bfp-exact" else "fp8_e4m3"
+    fast = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element)
+    slow = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element, method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+    assert routed
+
+
+def test_a_progress_callback_that_raises_leaves_no_tile_running(monkeypatch):
+    # Tiles on two threads; the first report raises: the exception reaches the caller once
+    # the tiles in flight have ended (the rest cancelled), and the kept threads then serve
+    # the next call, whose outputs are the kernel's.
+    import threading
+    import time
+
+    import numba
+
+    import mxsim.datapath.blas as blas
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads")
+    import mxsim.datapath.api as api
+
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    monkeypatch.setattr(api, "SERIAL_GEMM_BELOW", 0)  # two threads for a small batch
+    tiles = {"TILE_ROWS": 4, "SMALL_TILE_ROWS": 4, "TILE_COLUMNS": 1, "SINGLE_THREAD_MACS": 200}
+    for name, value in tiles.items():
+        monkeypatch.setattr(blas, name, value)  # 4 passes of 2 groups, a column a tile
+    running, started, lock = [0], [0], threading.Lock()
+    tile = blas._rounding_tile
+
+    def slow_tile(*args):
+        with lock:
+            running[0] += 1
+            started[0] += 1
+        time.sleep(0.02)
+        tile(*args)
+        with lock:
+            running[0] -= 1
+
+    monkeypatch.setattr(blas, "_rounding_tile", slow_tile)
+    rng = np.random.default_rng(2)
+    A, B = rng.standard_normal((8, 4, 64)), rng.standard_normal((8, 64, 4))
+    hw = UNITS["ocp-exact"]
+
+    def stop(done, total):
+        raise KeyboardInterrupt("stopped")
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3", progress=stop)
+        assert running[0] == 0 and started[0] > 4  # (the first pass's 4 tiles and more)
+        fast = matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3")
+    finally:
+        numba.set_num_threads(before)
+    slow = matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3", method="kernel")
+    np.testing.assert_array_equal(fast.bits, slow.bits)

@@ -40,9 +40,10 @@ exact value), and round-to-odd at 53 bits followed by float64 -> float32 nearest
 rounding is the correctly rounded fp32 sum, subnormals and overflow included (53 >= 24 + 2).
 NaN/Inf elements, NaN scales, non-finite or -0 accumulator inputs go to the kernel.
 Where the tree sums fit 24 bits and a block's scaled sums S all are float32s (their least
-step 2^-149 or above, below 2^128: checked per tile and block from the scale exponents), S
-itself is a float32 and the IEEE float32 sum acc + S is RNE_fp32(acc + S): those blocks are
-added in float32 arithmetic, a few operations per output instead of the round-to-odd step.
+step 2^-149 or above, below 2^128: checked from the scale exponents over the whole batch at
+once, else per tile and block), S itself is a float32 and the IEEE float32 sum acc + S is
+RNE_fp32(acc + S): those blocks are added in float32 arithmetic, a few operations per output
+instead of the round-to-odd step.
 
 A fixed-point grid (``grid.fraction_bits`` n; one scale pair per tree, which the config
 checks ensure) changes only the accumulation (``_blas_kernels.accumulate_grid_fp32``): per output and tree,
@@ -61,7 +62,8 @@ blocks of a tile at or above it, as every earlier block, take the plain RNE_fp32
 
 Trees of 8 float64 products rounded as RNE_fp32(acc + S) (mxdotp-paper with fp8_e4m3; mxdotp
 with it, tiles above the floor) skip the rank-8 GEMMs: one fused kernel
-(``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once.
+(``_tree_kernels.rne_trees8``) forms each tree's sum in registers and rounds it at once (on
+a tile of fewer columns than rows, transposed: the same exact products and sums).
 In the other modes (mxdotp's rtz/rdn/rup/rmm variants) a grid's trees of 8 or 16 products
 take fused kernels above a floor of X for every mode (``grid_floor``), where the rules
 reduce to: acc kept when |acc| >= 2^(X + L - n + 24), else acc + S rounded once
@@ -88,13 +90,13 @@ import contextlib
 import functools
 import math
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 
 import numba
 import numpy as np
 
 
-from .._threads import run_in_threads, subnormals_work
+from .._threads import _threads_pool, run_in_threads, subnormals_work
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import (
@@ -392,24 +394,36 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     table = values.astype(dtype)
     if rises is not None:
-        powers = np.ldexp(1.0, np.arange(int(rises.max(initial=0)) + 1)).astype(dtype)
-        block_of = np.arange(codes.shape[-1]) // block
+        powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
     for g, r in _row_chunks(codes):
         chunk, out = _wide(codes[g, r]), decoded[g, r]
         if rises is None:
             decode_codes(table, chunk, out)
         else:
             steps = np.ascontiguousarray(rises[g, r])  # bytes, or int64 for rises beyond 255
-            decode_raised(table, chunk, steps, block_of, powers, out)
+            decode_raised(table, chunk, steps, block, powers, out)
     return decoded
 
 
+@functools.lru_cache(maxsize=64)
+def _rise_powers(top: int, dtype: np.dtype) -> np.ndarray:
+    """2^0, 2^1, ..., 2^top in ``dtype`` (kept: every pass of a call asks for them; the
+    kernels only read them)."""
+    return np.ldexp(1.0, np.arange(top + 1)).astype(dtype)
+
+
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
-    """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks) of the
-    rows or columns of a tile, ones without scales (``exponents`` None)."""
+    """(blocks, g, n) float64 powers of two 2^X of the scale exponents (g, n, blocks; E8M0's,
+    in [-127, 127]) of the rows or columns of a tile, ones without scales (``exponents``
+    None)."""
     if exponents is None:
         return np.ones((blocks,) + shape)
-    return np.ascontiguousarray(np.ldexp(1.0, exponents[..., :blocks]).transpose(2, 0, 1))
+    # built from the bits (E8M0 exponents, and trees' least of them, lie in [-127, 127]:
+    # normal float64s), a few times faster than ldexp
+    bits = np.ascontiguousarray(exponents[..., :blocks].transpose(2, 0, 1), dtype=np.int64)
+    bits += 1023
+    bits <<= 52
+    return bits.view(np.float64)
 
 
 def _exact_chunks(
@@ -461,6 +475,7 @@ SINGLE_THREAD_MACS = 1 << 18
 TILE_ROWS = 256  # rows per tile at most, whole groups together when they have fewer
 TILE_COLUMNS = 256  # columns per GEMM at most
 KULISCH_MACS = 1 << 24
+GROUP_PASS_TILES = 2  # tiles' area of a pass of whole groups (attention heads)
 SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
 KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM without it
 # The decoded operands are kept small beside the packed codes and the output (an 8192^3
@@ -573,6 +588,29 @@ def blas_matmul(
     acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
     if length == 0 or rows == 0 or columns == 0:
         return []
+    # A grid's floors read per tile from the blocks' least scale exponent sums, blocks of
+    # zeros left out (``_least_scale_sums``), unless the whole batch's least, every block
+    # counted, already lies at or above them: a tile's least, over fewer rows and columns
+    # and fewer blocks, is at least that, so its floor checks all hold without reading it.
+    plain_batch = fused_batch = False
+    if grid is not None:
+        scale_pair = (scales_a, scales_b) if scaled else (None, None)
+        least_batch = sum(_exponent_range(e, blocks)[0] for e in scale_pair)
+        plain_batch = floor is not None and least_batch >= floor
+        fused_batch = fused is not None and least_batch >= any_floor
+    # Likewise, float32 tree sums whose scaled sums are float32s over the whole batch are so
+    # over every tile (``_fp32_exact_blocks``: its bounds hold for fewer rows and columns).
+    narrow_batch = None
+    if span is not None and scaled and not kulisch:
+        ends_a, ends_b = (
+            np.ldexp(1.0, np.array(_exponent_range(e, blocks))).reshape(1, 1, 2)
+            for e in (scales_a, scales_b)
+        )
+        if _fp32_exact_blocks(ends_a, ends_b, span).all():
+            narrow_batch = np.ones(blocks, dtype=np.bool_)
+    tile_least = grid is not None and (
+        (floor is not None and not plain_batch) or (fused is not None and not fused_batch)
+    )
     limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
     tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
     tile = max(SMALL_TILE_ROWS, min(tile, DECODED_ROW_VALUES // padded))  # long K: fewer rows
@@ -584,8 +622,13 @@ def blas_matmul(
     panel = max(1, min(columns, DECODED_VALUES // (padded * groups)))
     panels = [(c0, min(c0 + panel, columns)) for c0 in range(0, columns, panel)]
     # A narrow output (attention heads: N of 32-128) takes more rows per tile, whole groups
-    # together, so each pass's GEMMs and kernel calls cover about a tile's area.
-    passes = list(batch_passes(groups, rows, tile * max(1, chunk // max(columns, 1))))
+    # together, so each pass's GEMMs and kernel calls cover about a tile's area, or
+    # GROUP_PASS_TILES tiles' where the passes hold whole groups (fewer passes: less Python
+    # per MAC).
+    area = tile * max(1, chunk // max(columns, 1))
+    if rows <= area:
+        area *= GROUP_PASS_TILES
+    passes = list(batch_passes(groups, rows, area))
     threads = numba.get_num_threads()
     # Each pass's columns in as many parts as it takes to give every thread work.
     parts = -(-threads // len(passes))
@@ -611,18 +654,13 @@ def blas_matmul(
         b = _unscaled(b_values, codes_b[g0:g1, c0:c1], padded, dtype, rises, params.block_size)
         b_steps = _steps(exps_b, (g1 - g0, c1 - c0), blocks)
         # a grid's floors skip columns of zero blocks (``_above_floor``)
-        return b, b_steps, None if grid is None else zero_block_mask(b, blocks)
+        return b, b_steps, zero_block_mask(b, blocks) if tile_least else None
 
     leftovers = []
     done = 0
-    with (
-        (
-            ThreadPoolExecutor(threads)
-            if threads > 1 and len(items) > 1
-            else contextlib.nullcontext()
-        ) as pool,
-        limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext(),
-    ):
+    # the process's kept pool (starting threads costs about 0.1 ms a call)
+    pool = _threads_pool(threads) if threads > 1 and len(items) > 1 else None
+    with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
         for c0, c1 in panels:
             # A folded B's panel depends on B alone, but its float type on A's rises too
             # (``dtype``): one panel is kept, of the type last used.
@@ -654,7 +692,7 @@ def blas_matmul(
                         a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
                     )
                     a_steps = _steps(exps_a, a.shape[:2], blocks)
-                    a_zeros = None if grid is None else zero_block_mask(a, blocks)
+                    a_zeros = zero_block_mask(a, blocks) if tile_least else None
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
                 for p0, p1 in _split(c0, c1, parts)[part : part + 1]:
@@ -679,15 +717,18 @@ def blas_matmul(
                         steps = np.ascontiguousarray(
                             b_steps[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
                         )
-                        plain = least = None
-                        if grid is not None:
+                        plain, fused_tile = None, fused_batch
+                        if tile_least:
                             zeros = b_zeros[:, g0 - first : g1 - first, k0 - c0 : k1 - c0]
                             least = _least_scale_sums(a_steps, steps, a_zeros, zeros)
-                        if floor is not None:
-                            plain = _above_floor(least, floor)
+                            if floor is not None:
+                                plain = _above_floor(least, floor)
+                            fused_tile = _above_floor(least, any_floor).all()
+                        elif floor is not None:
+                            plain = np.ones(blocks, dtype=np.bool_)  # (``plain_batch``)
                         if eights is not None and (grid is None or plain.all()):
                             _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
-                        elif fused is not None and _above_floor(least, any_floor).all():
+                        elif fused is not None and fused_tile:
                             _grid_trees_tile(
                                 a, b_tile, a_steps, steps, fused, acc, grid, choices, span
                             )
@@ -696,14 +737,22 @@ def blas_matmul(
                                 a, b_tile, a_steps, steps, trees, acc, grid, choices, plain, span
                             )
                         else:
-                            _rounding_tile(a, b_tile, a_steps, steps, width, block, acc, span)
+                            _rounding_tile(
+                                a, b_tile, a_steps, steps, width, block, acc, span, narrow_batch
+                            )
                 return found
 
-            for found in map(run, items) if pool is None else pool.map(run, items):
-                leftovers.extend(found)
-                done += 1
-                if progress is not None:
-                    progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
+            futures = [] if pool is None else [pool.submit(run, item) for item in items]
+            try:
+                for found in map(run, items) if pool is None else (f.result() for f in futures):
+                    leftovers.extend(found)
+                    done += 1
+                    if progress is not None:
+                        progress(done * groups * rows // (len(items) * len(panels)), groups * rows)
+            finally:  # (an exception, a progress callback's included: no tile left running)
+                for future in futures:
+                    future.cancel()
+                wait(futures)
             del b, b_steps, run  # this panel freed before the next one is decoded
     return leftovers
 
@@ -729,20 +778,39 @@ def _fp32_exact_blocks(row_steps, column_steps, span: tuple[int, int]) -> np.nda
     )
 
 
+def _exponent_range(exponents, blocks: int) -> tuple[int, int]:
+    """(least, largest) scale exponent of a batch's (G, n, >= blocks) ``exponents`` (None:
+    no scales, 0) over all its rows and first ``blocks`` blocks (at least one row): a
+    tile's per-block least and largest, over fewer rows and blocks, lie within it."""
+    if exponents is None:
+        return 0, 0
+    chosen = exponents[..., :blocks]
+    return int(chosen.min()), int(chosen.max())
+
+
 def _rounding_tile(
-    a, b, row_steps, column_steps, width: int, block: int, acc, span: tuple[int, int] | None
+    a,
+    b,
+    row_steps,
+    column_steps,
+    width: int,
+    block: int,
+    acc,
+    span: tuple[int, int] | None,
+    narrow=None,
 ) -> None:
     """acc (g, r, n fp32) = its values with each tree's sum added and rounded in turn: tree
     t's unscaled sums are a (g, r, padded)'s tree t times b (g, n, padded)'s, one GEMM, scaled
     by its block's steps (of (blocks, g, r) and (blocks, g, n); trees lie inside blocks) and
     added to a contiguous copy of the accumulators while both are in cache. With float32
     sums (``span``: their (low, high) bounds, tree_sum_bits <= 24), blocks whose scaled sums
-    are all float32s are added by float32 arithmetic (``_blas_kernels.accumulate_fp32``)."""
+    are all float32s are added by float32 arithmetic (``_blas_kernels.accumulate_fp32``):
+    per block, ``narrow`` where the caller read that from wider bounds, else read here."""
     running = np.ascontiguousarray(acc)
     sums = np.empty(acc.shape, dtype=a.dtype)
-    narrow = None
     if span is not None:
-        narrow = _fp32_exact_blocks(row_steps, column_steps, span)
+        if narrow is None:
+            narrow = _fp32_exact_blocks(row_steps, column_steps, span)
         row_steps32 = row_steps.astype(np.float32)
         column_steps32 = column_steps.astype(np.float32)
     for t in range(a.shape[-1] // width):
@@ -901,8 +969,20 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
     (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n)."""
     from ._tree_kernels import COLUMNS, PACKED_PAD, rne_trees8
 
+    packed = np.empty((8, COLUMNS + PACKED_PAD))
+    rows, columns = acc.shape[1:]
+    if columns < min(rows, COLUMNS):
+        # Narrow outputs (P @ v: N = 64) computed transposed, A's rows as the kernel's
+        # columns: its per-row work is spread over more columns a pass. Exact alike: the
+        # products and their sums are exact in any order.
+        running = np.ascontiguousarray(acc.transpose(0, 2, 1))
+        spare = np.empty_like(running)
+        b = np.ascontiguousarray(b)
+        rne_trees8(b, a, trees, column_steps, row_steps, running, spare, packed)
+        acc[...] = running.transpose(0, 2, 1)
+        return
     running = np.ascontiguousarray(acc)
-    spare, packed = np.empty_like(running), np.empty((8, COLUMNS + PACKED_PAD))
+    spare = np.empty_like(running)
     rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, spare, packed)
     acc[...] = running
 
