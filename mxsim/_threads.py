@@ -63,15 +63,15 @@ def subnormals_work() -> bool:
 _pool: tuple[int, int, bool, ThreadPoolExecutor] | None = None
 
 
-def _threads_pool(size: int) -> ThreadPoolExecutor:
+def kept_pool(size: int) -> ThreadPoolExecutor:
     """A pool of at least ``size`` threads kept for the process, whose threads keep
     subnormals exactly when the calling thread does (module docstring); a forked child makes
-    its own: the parent's threads do not exist there."""
+    its own: the parent's threads do not exist there. A replaced pool is not shut down: a
+    call on another thread may still be submitting to it, and its threads end once it is
+    no longer referenced."""
     global _pool
     keeps = subnormals_work()
     if _pool is None or _pool[0] != os.getpid() or _pool[1] < size or _pool[2] != keeps:
-        if _pool is not None and _pool[0] == os.getpid():
-            _pool[3].shutdown(wait=False)
         _pool = (os.getpid(), size, keeps, ThreadPoolExecutor(size, thread_name_prefix="mxsim"))
     return _pool[3]
 
@@ -89,5 +89,5 @@ def run_in_threads(call, items: int, threads: int | None = None) -> None:
         return
     chunks = min(items, 4 * threads)
     bounds = [i * items // chunks for i in range(chunks + 1)]
-    for _ in _threads_pool(threads).map(call, bounds[:-1], bounds[1:]):
+    for _ in kept_pool(threads).map(call, bounds[:-1], bounds[1:]):
         pass
