@@ -242,6 +242,25 @@ def check_twin(config, a, b, c, got, rng, count: int = 4):
         assert same_float(value, twin), (g, i, j, value, twin)
 
 
+@pytest.mark.parametrize("name, fmt_name", UNITS)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (3, 16, 64, 16),  # decoded A and B filling whole pages of the kernel's scratch
+        (2, 32, 64, 32),  # and its tree sums and accumulators too
+    ],
+)
+def test_exact_route_on_groups_filling_whole_pages_of_its_scratch(
+    monkeypatch, name, fmt_name, shape
+):
+    """The scratch arrays of ``_batch_kernels.exact_groups`` are laid out by page: arrays
+    ending on a page's last element (where an off-by-one would overlap the next) keep the
+    kernel's bits."""
+    config, a, b, c, got, marked = run_route(monkeypatch, name, fmt_name, shape, seed=sum(shape))
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(2))
+
+
 @pytest.mark.parametrize("name, fmt_name", UNITS + WINDOW_UNITS)
 @pytest.mark.parametrize(
     "shape",

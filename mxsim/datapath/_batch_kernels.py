@@ -490,17 +490,44 @@ def exact_groups(
     # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
     # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
     # unknown sign costs wraparound arithmetic per element, and the loops do not vectorise.)
-    a = np.zeros((rows, padded))
-    b = np.zeros((passes, padded, LANES))
-    row_steps = np.ones((count, rows))
-    column_steps = np.ones((count, passes, LANES))
+    # A, B, the tree sums, the accumulators and the steps each start a page of one buffer:
+    # Numba aligns an array to 32 bytes only, and rows read as 64-byte vectors that straddle
+    # two cache lines cost two loads each (B's rows in the sums, the steps and accumulators
+    # in the accumulation); and the arrays then lie at the same page offsets on every call,
+    # whatever the heap's state.
+    sizes = (
+        rows * padded,
+        passes * padded * LANES,
+        rows * LANES,
+        rows * LANES,
+        rows * LANES,
+        count * rows,
+        count * passes * LANES,
+    )
+    total = PAGE_FLOATS  # (room to start at a page)
+    for size in sizes:
+        total += _whole_pages(size)
+    scratch = np.zeros(total)
+    at = (-(scratch.ctypes.data // 8)) % PAGE_FLOATS
+    a = scratch[at : at + sizes[0]].reshape((rows, padded))
+    at += _whole_pages(sizes[0])
+    b = scratch[at : at + sizes[1]].reshape((passes, padded, LANES))
+    at += _whole_pages(sizes[1])
+    sums = scratch[at : at + sizes[2]].reshape((rows, LANES))
+    at += _whole_pages(sizes[2])
+    high = scratch[at : at + sizes[3]].reshape((rows, LANES))
+    at += _whole_pages(sizes[3])
+    low = scratch[at : at + sizes[4]].reshape((rows, LANES))
+    at += _whole_pages(sizes[4])
+    row_steps = scratch[at : at + sizes[5]].reshape((count, rows))
+    at += _whole_pages(sizes[5])
+    for q in range(sizes[6]):  # (the padding lanes' steps: 1)
+        scratch[at + q] = 1.0
+    column_steps = scratch[at : at + sizes[6]].reshape((count, passes, LANES))
+    fresh = np.empty(LANES)
     bad_rows = np.zeros(rows, dtype=np.uint8)
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
-    sums = np.empty((rows, LANES))
-    high = np.empty((rows, LANES))
-    low = np.empty((rows, LANES))
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
-    fresh = np.empty(LANES)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
     flagged = 0
     for g in range(start, stop):
@@ -643,6 +670,16 @@ def exact_groups(
                     flags_out[g, i, j0 + jj] = lane_flags[i, jj]
                     flagged += lane_flags[i, jj]
     return flagged
+
+
+#: float64 elements of a 4096-byte page.
+PAGE_FLOATS = 512
+
+
+@njit(cache=True, inline="always")
+def _whole_pages(size):
+    """``size`` float64 elements rounded up to whole pages (of :data:`PAGE_FLOATS`)."""
+    return -(-size // PAGE_FLOATS) * PAGE_FLOATS
 
 
 def _fixed_tree_sums(terms: int):
