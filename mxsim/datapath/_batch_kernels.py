@@ -51,6 +51,76 @@ PACKED_NON_FINITE_SHIFT = 40
 
 
 @njit(cache=True, nogil=True)
+def narrow_window_groups(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_packed,
+    b_packed,
+    cfg,
+    out,
+    flags_out,
+    start,
+    stop,
+):
+    """:func:`window_groups` of narrow groups (fewer than :data:`ROW_LANES_FROM` padded
+    columns, never transposed)."""
+    return window_groups(
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        a_packed,
+        b_packed,
+        cfg,
+        out,
+        flags_out,
+        False,
+        False,
+        start,
+        stop,
+    )
+
+
+@njit(cache=True, nogil=True)
+def wide_window_groups(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    a_packed,
+    b_packed,
+    cfg,
+    out,
+    flags_out,
+    transposed,
+    start,
+    stop,
+):
+    """:func:`window_groups` of wide groups (:data:`ROW_LANES_FROM` padded columns or more)."""
+    return window_groups(
+        codes_a,
+        codes_b,
+        scales_a,
+        scales_b,
+        c_values,
+        a_packed,
+        b_packed,
+        cfg,
+        out,
+        flags_out,
+        transposed,
+        True,
+        start,
+        stop,
+    )
+
+
+@njit(cache=True, inline="always")
 def window_groups(
     codes_a,
     codes_b,
@@ -63,6 +133,7 @@ def window_groups(
     out,
     flags_out,
     transposed,
+    wide,
     start,
     stop,
 ):
@@ -79,7 +150,15 @@ def window_groups(
     (i, j) goes to ``out[g, j * M + i]`` (and its flag alike): the caller passes the
     operands swapped (B's as A's, A's as B's, ``c_values`` transposed) to compute a group
     as C^T = B A^T, whose every output is the same dot product, its terms in the same order
-    (products, exponent sums and scale shifts are symmetric in the two elements).
+    (products, exponent sums and scale shifts are symmetric in the two elements); only wide
+    groups are. ``wide``: the group's padded columns reach :data:`ROW_LANES_FROM`, whose
+    stages loop over a row's lanes at once (:func:`_row_maxima`, :func:`_row_totals`)
+    rather than a block at a time (:func:`_block_maxima`, :func:`_block_totals`). It is a
+    constant of each of the two kernels that inline this body (:func:`narrow_window_groups`,
+    :func:`wide_window_groups`), tested as ``wide is True``: Numba's dead-branch pruning
+    drops the other kind's stages before compiling (it leaves a plain ``if wide:``), so
+    that a batch of narrow groups (MiniLM's heads) compiles none of the wide groups' loops,
+    and the other way round.
 
     Each group's outputs are the lanes of one pass of the window stages, lane
     i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
@@ -192,12 +271,12 @@ def window_groups(
                         shifts[i * padded + j] = x + column_scales[block, j]
             first = tree * fused_terms
             last = min(first + fused_terms, padded_length)
-            if padded >= ROW_LANES_FROM:
+            if wide is True:
                 _row_maxima(row_exponents, tile_exponents, first, last, maxima)
             else:
                 _block_maxima(row_exponents, tile_exponents, first, last, maxima)
             W.tree_references(maxima, shifts, acc, references, factors, cfg)
-            if padded >= ROW_LANES_FROM:
+            if wide is True:
                 _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
             else:
                 _block_totals(row_values, tile_values, factors, first, last, totals)
@@ -207,7 +286,7 @@ def window_groups(
             for lane in range(lanes):
                 flagged += lane_flags[lane]
             continue
-        if transposed:
+        if wide is True and transposed:  # (narrow groups never are)
             for j in range(columns):
                 for i in range(rows):
                     out[g, j * rows + i] = codes_out[i * padded + j]

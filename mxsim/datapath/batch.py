@@ -367,7 +367,11 @@ def window_groups_matmul(
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
-        transposed,
     )
-    flagged = run_groups(B.window_groups, arguments, groups, serial)
+    # the kernel's columns: B's, or A's rows where transposed (always wide ones)
+    if -(-codes_b.shape[1] // B.LANE_BLOCK) * B.LANE_BLOCK >= B.ROW_LANES_FROM:
+        kernel, arguments = B.wide_window_groups, (*arguments, transposed)
+    else:
+        kernel = B.narrow_window_groups
+    flagged = run_groups(kernel, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
