@@ -844,7 +844,9 @@ def test_wide_window_groups_equal_the_kernel_on_random_batches(unit, shape, corn
 
 
 @pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
-def test_narrow_and_wide_kernels_meet_at_row_lanes_from(monkeypatch, name, a_name, b_name, out_name):
+def test_narrow_and_wide_kernels_meet_at_row_lanes_from(
+    monkeypatch, name, a_name, b_name, out_name
+):
     """Groups either side of the kernels' split (``_batch_kernels.ROW_LANES_FROM``: 64
     padded columns): 48 columns (three lane blocks) take ``narrow_window_groups``, 49 (64
     padded) and their transposes (49 rows) ``wide_window_groups``, each run checked by
