@@ -26,6 +26,8 @@ M x N outputs are SIMD lanes that read the group's decoded rows of A and columns
 place (``_batch_kernels.window_groups``), through the window kernels' stages. Wide groups
 (128-token heads) loop over a row's lanes at once, the longer side of the group as the
 lanes (a group with fewer columns than rows is computed as its transpose, C^T = B A^T).
+Narrow and wide groups are two kernels (``narrow_window_groups``, ``wide_window_groups``),
+each compiled with only its own stages on its first use.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
 :data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
@@ -344,7 +346,8 @@ def window_groups_matmul(
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
     (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
-    (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
+    (``_batch_kernels.window_groups``: ``wide_window_groups`` where the kernel's columns
+    pad to ``ROW_LANES_FROM`` or more, else ``narrow_window_groups``); returns the (groups, rows, columns) index arrays of
     the outputs the generic kernel must compute, as ``window.window_matmul`` does;
     ``serial``: on the calling thread alone (:func:`run_groups`)."""
     cfg, packed_a, packed_b = _window_plan(params)
