@@ -844,34 +844,31 @@ def test_wide_window_groups_equal_the_kernel_on_random_batches(unit, shape, corn
 
 
 @pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
-def test_narrow_and_wide_kernels_meet_at_row_lanes_from(
-    monkeypatch, name, a_name, b_name, out_name
-):
-    """Groups either side of the kernels' split (``_batch_kernels.ROW_LANES_FROM``: 64
-    padded columns): 48 columns (three lane blocks) take ``narrow_window_groups``, 49 (64
-    padded) and their transposes (49 rows) ``wide_window_groups``, each run checked by
-    which kernel it called; corners and c, every shipped config and format pair: the
+def test_narrow_and_wide_groups_meet_at_row_lanes_from(monkeypatch, name, a_name, b_name, out_name):
+    """Groups either side of the kernel's split (``_batch_kernels.ROW_LANES_FROM``: 64
+    padded columns): 48 columns (three lane blocks) run its narrow compilation
+    (``transposed`` None), 49 (64 padded) and their transposes (49 rows) its wide one, each
+    run checked by what it passed; corners and c, every shipped config and format pair: the
     generic kernel's bits."""
     from mxsim.datapath import _batch_kernels
 
     assert _batch_kernels.ROW_LANES_FROM == 64  # the shapes below straddle it
-    calls = []
-    for kernel in ("narrow_window_groups", "wide_window_groups"):
-        original = getattr(_batch_kernels, kernel)
-        monkeypatch.setattr(
-            _batch_kernels,
-            kernel,
-            lambda *x, kernel=kernel, original=original: calls.append(kernel) or original(*x),
-        )
+    kernel, passed = _batch_kernels.window_groups, []
+
+    def recording(*arguments):
+        passed.append(arguments[10])  # transposed: None for narrow groups
+        return kernel(*arguments)
+
+    monkeypatch.setattr(_batch_kernels, "window_groups", recording)
     config = hw(name)
     rng = np.random.default_rng(48)
-    cases = [((2, 9, 37, 48), "narrow"), ((2, 16, 37, 49), "wide"), ((2, 49, 37, 16), "wide")]
-    for shape, kind in cases:
-        calls.clear()
+    cases = [((2, 9, 37, 48), {None}), ((2, 16, 37, 49), {False}), ((2, 49, 37, 16), {True})]
+    for shape, want in cases:
+        passed.clear()
         a, b = mixed_operands(rng, config, a_name, b_name, shape, corners=0.01)
         c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
         run_window_groups(monkeypatch, config, a, b, c, out_name)
-        assert calls and set(calls) == {f"{kind}_window_groups"}, (shape, calls)
+        assert passed and set(passed) == want, (shape, passed)
 
 
 def small_element_operands(rng, shape, scaled):

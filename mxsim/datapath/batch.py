@@ -26,8 +26,7 @@ M x N outputs are SIMD lanes that read the group's decoded rows of A and columns
 place (``_batch_kernels.window_groups``), through the window kernels' stages. Wide groups
 (128-token heads) loop over a row's lanes at once, the longer side of the group as the
 lanes (a group with fewer columns than rows is computed as its transpose, C^T = B A^T).
-Narrow and wide groups are two kernels (``narrow_window_groups``, ``wide_window_groups``),
-each compiled with only its own stages on its first use.
+The kernel is compiled apart for narrow and wide groups, each with only its own stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
 :data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
@@ -346,8 +345,7 @@ def window_groups_matmul(
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
     (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
-    (``_batch_kernels.window_groups``: ``wide_window_groups`` where the kernel's columns
-    pad to ``ROW_LANES_FROM`` or more, else ``narrow_window_groups``); returns the (groups, rows, columns) index arrays of
+    (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
     the outputs the generic kernel must compute, as ``window.window_matmul`` does;
     ``serial``: on the calling thread alone (:func:`run_groups`)."""
     cfg, packed_a, packed_b = _window_plan(params)
@@ -370,11 +368,11 @@ def window_groups_matmul(
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
+        # None for narrow groups: the kernel's narrow compilation (its docstring). Its
+        # columns are B's, or A's rows where transposed (always wide).
+        transposed
+        if -(-codes_b.shape[1] // B.LANE_BLOCK) * B.LANE_BLOCK >= B.ROW_LANES_FROM
+        else None,
     )
-    # the kernel's columns: B's, or A's rows where transposed (always wide ones)
-    if -(-codes_b.shape[1] // B.LANE_BLOCK) * B.LANE_BLOCK >= B.ROW_LANES_FROM:
-        kernel, arguments = B.wide_window_groups, (*arguments, transposed)
-    else:
-        kernel = B.narrow_window_groups
-    flagged = run_groups(kernel, arguments, groups, serial)
+    flagged = run_groups(B.window_groups, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
