@@ -862,6 +862,34 @@ def test_wide_window_groups_equal_the_kernel_on_random_batches(unit, shape, corn
     check_random_batch(unit, shape, corners, with_c, seed)
 
 
+@pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
+def test_narrow_and_wide_groups_meet_at_row_lanes_from(monkeypatch, name, a_name, b_name, out_name):
+    """Groups either side of the kernel's split (``_batch_kernels.ROW_LANES_FROM``: 64
+    padded columns): 48 columns (three lane blocks) run its narrow compilation
+    (``transposed`` None), 49 (64 padded) and their transposes (49 rows) its wide one, each
+    run checked by what it passed; corners and c, every shipped config and format pair: the
+    generic kernel's bits."""
+    from mxsim.datapath import _batch_kernels
+
+    assert _batch_kernels.ROW_LANES_FROM == 64  # the shapes below straddle it
+    kernel, passed = _batch_kernels.window_groups, []
+
+    def recording(*arguments):
+        passed.append(arguments[10])  # transposed: None for narrow groups
+        return kernel(*arguments)
+
+    monkeypatch.setattr(_batch_kernels, "window_groups", recording)
+    config = hw(name)
+    rng = np.random.default_rng(48)
+    cases = [((2, 9, 37, 48), {None}), ((2, 16, 37, 49), {False}), ((2, 49, 37, 16), {True})]
+    for shape, want in cases:
+        passed.clear()
+        a, b = mixed_operands(rng, config, a_name, b_name, shape, corners=0.01)
+        c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
+        run_window_groups(monkeypatch, config, a, b, c, out_name)
+        assert passed and set(passed) == want, (shape, passed)
+
+
 def small_element_operands(rng, shape, scaled):
     """(A, B) of FP8 E4M3 elements below 1/4 in the first K of each row (every product's
     exponent sum negative) and the quantizer's zero padding after them, scales 1."""

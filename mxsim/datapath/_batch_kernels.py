@@ -79,7 +79,14 @@ def window_groups(
     (i, j) goes to ``out[g, j * M + i]`` (and its flag alike): the caller passes the
     operands swapped (B's as A's, A's as B's, ``c_values`` transposed) to compute a group
     as C^T = B A^T, whose every output is the same dot product, its terms in the same order
-    (products, exponent sums and scale shifts are symmetric in the two elements).
+    (products, exponent sums and scale shifts are symmetric in the two elements). Narrow
+    groups (fewer than :data:`ROW_LANES_FROM` padded columns, never transposed) pass None
+    instead, and take the stages that loop over a block of lanes at a time
+    (:func:`_block_maxima`, :func:`_block_totals`); wide ones, a bool, and the stages that
+    loop over a row's lanes at once (:func:`_row_maxima`, :func:`_row_totals`). Numba
+    compiles the kernel once per type of ``transposed`` and prunes the branches on
+    ``transposed is None`` by that type, so that a batch of narrow groups (MiniLM's heads)
+    compiles none of the wide groups' stages, and the other way round.
 
     Each group's outputs are the lanes of one pass of the window stages, lane
     i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
@@ -92,9 +99,8 @@ def window_groups(
     ``_window_kernels.lane_trees``: the int8 exponent-sum maxima,
     ``_window_kernels.tree_references``, the truncated terms, each pass's summed in int32
     (``datapath.batch.window_groups_apply`` admits units whose int32 groups hold a pass;
-    groups of :data:`ROW_LANES_FROM` padded columns or more sum a whole int32 group's
-    passes in int32) and those sums in float64 (exact integers, in any order), and
-    ``_window_kernels.finish_tree``."""
+    wide groups sum a whole int32 group's passes in int32) and those sums in float64
+    (exact integers, in any order), and ``_window_kernels.finish_tree``."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     padded = -(-columns // LANE_BLOCK) * LANE_BLOCK
@@ -132,7 +138,7 @@ def window_groups(
     flagged = 0
     # Groups whose lanes are their outputs in order (no padding lanes, not transposed) run
     # their stages in the output arrays themselves: no copy of the codes and flags.
-    in_place = padded == columns and even_rows == rows and not transposed
+    in_place = padded == columns and even_rows == rows and (transposed is None or not transposed)
     for g in range(start, stop):
         if in_place:
             lane_flags, codes_out = flags_out[g], out[g]
@@ -192,22 +198,22 @@ def window_groups(
                         shifts[i * padded + j] = x + column_scales[block, j]
             first = tree * fused_terms
             last = min(first + fused_terms, padded_length)
-            if padded >= ROW_LANES_FROM:
-                _row_maxima(row_exponents, tile_exponents, first, last, maxima)
-            else:
+            if transposed is None:
                 _block_maxima(row_exponents, tile_exponents, first, last, maxima)
-            W.tree_references(maxima, shifts, acc, references, factors, cfg)
-            if padded >= ROW_LANES_FROM:
-                _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
             else:
+                _row_maxima(row_exponents, tile_exponents, first, last, maxima)
+            W.tree_references(maxima, shifts, acc, references, factors, cfg)
+            if transposed is None:
                 _block_totals(row_values, tile_values, factors, first, last, totals)
+            else:
+                _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
             W.finish_tree(totals, references, acc, lane_flags, cfg)
         W.encode_outputs(acc, lane_flags, codes_out, cfg)
         if in_place:
             for lane in range(lanes):
                 flagged += lane_flags[lane]
             continue
-        if transposed:
+        if transposed is not None and transposed:
             for j in range(columns):
                 for i in range(rows):
                     out[g, j * rows + i] = codes_out[i * padded + j]

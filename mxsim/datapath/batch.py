@@ -27,6 +27,7 @@ M x N outputs are SIMD lanes that read the group's decoded rows of A and columns
 place (``_batch_kernels.window_groups``), through the window kernels' stages. Wide groups
 (128-token heads) loop over a row's lanes at once, the longer side of the group as the
 lanes (a group with fewer columns than rows is computed as its transpose, C^T = B A^T).
+The kernel is compiled apart for narrow and wide groups, each with only its own stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
 :data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
@@ -400,7 +401,11 @@ def window_groups_matmul(
         cfg,
         out.reshape(groups, rows * columns),
         flags.reshape(groups, rows * columns),
-        transposed,
+        # None for narrow groups: the kernel's narrow compilation (its docstring). Its
+        # columns are B's, or A's rows where transposed (always wide).
+        transposed
+        if -(-codes_b.shape[1] // B.LANE_BLOCK) * B.LANE_BLOCK >= B.ROW_LANES_FROM
+        else None,
     )
     flagged = run_groups(B.window_groups, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
