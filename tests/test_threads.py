@@ -172,3 +172,41 @@ def test_pool_threads_keep_subnormals_when_the_caller_does(two_threads, flushing
         assert np.array_equal(got, want)
     finally:
         _threads._pool = kept_pool
+
+
+def test_work_run_from_inside_the_kept_pool_runs_there_without_waiting_on_it(tmp_path):
+    """run_in_threads called by a task of the kept pool (every one of its threads busy
+    with such tasks) runs its chunks on that thread: it never waits for the pool's other
+    threads, which may all be waiting likewise (a deadlock). In a child process, as a
+    deadlock would never end."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numba, numpy as np\n"
+        "from mxsim import _threads\n"
+        "from mxsim.datapath import load_hwconfig, matmul_batched\n"
+        "numba.set_num_threads(2)\n"
+        "pool = _threads.kept_pool(2)\n"
+        "seen = []\n"
+        "def task(_):\n"
+        "    _threads.run_in_threads(lambda a, b: seen.append((a, b)), 8)\n"
+        "    return 1\n"
+        "assert sum(pool.map(task, range(4))) == 4\n"
+        "assert seen == [(0, 8)] * 4  # all on the task's own thread\n"
+        "unit = load_hwconfig('hwconfigs/ocp-exact.yaml')\n"
+        "rng = np.random.default_rng(0)\n"
+        "a, b = rng.standard_normal((2, 8, 128, 64)), rng.standard_normal((2, 8, 64, 128))\n"
+        "def heads(i):\n"  # the BLAS route's tiles, from a pool thread
+        "    return matmul_batched(unit, a[i], b[i], a_format='fp8_e4m3', b_format='fp8_e4m3')\n"
+        "got = list(pool.map(heads, range(2)))\n"
+        "for i in range(2):\n"
+        "    want = matmul_batched(unit, a[i], b[i], a_format='fp8_e4m3', b_format='fp8_e4m3',\n"
+        "                          method='kernel')\n"
+        "    assert np.array_equal(got[i].bits, want.bits)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
