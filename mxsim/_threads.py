@@ -77,17 +77,18 @@ def in_kept_pool() -> bool:
 
 
 def kept_pool(size: int) -> ThreadPoolExecutor:
-    """A pool of at least ``size`` threads kept for the process, whose threads keep
-    subnormals exactly when the calling thread does (module docstring); a forked child makes
-    its own: the parent's threads do not exist there. A replaced pool is not shut down: a
-    call on another thread may still be submitting to it, and its threads end once it is
-    no longer referenced. Callers running on a pool's thread (:func:`in_kept_pool`) run
-    their work there instead of waiting on the pool."""
+    """A pool of ``size`` threads kept for the process (one of another size replaced: no
+    more of a caller's work runs at once than it asked for), whose threads keep subnormals
+    exactly when the calling thread does (module docstring); a forked child makes its own:
+    the parent's threads do not exist there. A replaced pool is not shut down: a call on
+    another thread may still be submitting to it, and its threads end once it is no longer
+    referenced. Callers running on a pool's thread (:func:`in_kept_pool`) run their work
+    there instead of waiting on the pool."""
     global _pool
     keeps = subnormals_work()
     with _pool_lock:  # (the pool checked is the one returned, whatever other threads do)
         kept = _pool
-        if kept is None or kept[0] != os.getpid() or kept[1] < size or kept[2] != keeps:
+        if kept is None or kept[0] != os.getpid() or kept[1] != size or kept[2] != keeps:
             pool = ThreadPoolExecutor(size, thread_name_prefix="mxsim", initializer=_mark_worker)
             kept = _pool = (os.getpid(), size, keeps, pool)
     return kept[3]

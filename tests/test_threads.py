@@ -210,3 +210,25 @@ def test_work_run_from_inside_the_kept_pool_runs_there_without_waiting_on_it(tmp
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_kept_pool_runs_no_more_threads_than_asked(two_threads):
+    """After a larger pool was asked for, run_in_threads on two threads runs at most two
+    chunks at once (the thread count it was given), not the larger pool's count."""
+    import time
+
+    from mxsim import _threads
+
+    _threads.kept_pool(4)
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def chunk(start, stop):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+
+    _threads.run_in_threads(chunk, 8)
+    assert most[0] == 2
