@@ -98,15 +98,18 @@ def run_in_threads(call, items: int, threads: int | None = None) -> None:
     """``call(start, stop)`` over ``range(items)`` cut into contiguous chunks, on as many
     threads as Numba's thread count allows here (one inside :func:`threads_for`'s small-work
     block: then on the calling thread alone), or as ``threads`` where given (1: the calling
-    thread, without reading or changing Numba's thread count; also on a kept pool's own
-    thread, :func:`in_kept_pool`): ``call`` runs a GIL-free
-    (``nogil``) kernel, so the chunks run at the same time. Four chunks a thread even out
-    chunks of unequal cost; a kernel's exception reaches the caller."""
-    threads = min(numba.get_num_threads() if threads is None else threads, items)
+    thread, without reading or changing Numba's thread count); on a kept pool's own thread
+    (:func:`in_kept_pool`) on that thread alone. ``call`` runs a GIL-free (``nogil``)
+    kernel, so the chunks run at the same time. Four chunks a thread even out chunks of
+    unequal cost; a kernel's exception reaches the caller."""
+    count = numba.get_num_threads() if threads is None else threads
+    threads = min(count, items)
     if threads <= 1 or in_kept_pool():
         call(0, items)
         return
     chunks = min(items, 4 * threads)
     bounds = [i * items // chunks for i in range(chunks + 1)]
-    for _ in kept_pool(threads).map(call, bounds[:-1], bounds[1:]):
+    # the pool of the full count (fewer items: as many chunks, so no more run at once),
+    # which a call of few items then does not replace
+    for _ in kept_pool(count).map(call, bounds[:-1], bounds[1:]):
         pass

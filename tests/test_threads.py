@@ -232,3 +232,16 @@ def test_kept_pool_runs_no_more_threads_than_asked(two_threads):
 
     _threads.run_in_threads(chunk, 8)
     assert most[0] == 2
+
+
+def test_a_call_of_fewer_items_than_threads_keeps_the_pool(two_threads, monkeypatch):
+    """run_in_threads of fewer items than the thread count runs them on the pool of the
+    full count (as many chunks as items: no more at once), not a pool of its own that the
+    next call of more items would replace again."""
+    from mxsim import _threads
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)  # (a count this machine lacks)
+    _threads.run_in_threads(lambda start, stop: None, 9)
+    pool = _threads._pool
+    _threads.run_in_threads(lambda start, stop: None, 2)
+    assert _threads._pool is pool and pool[1] == 3
