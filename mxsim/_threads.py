@@ -18,6 +18,7 @@ pool replacing the kept one when the caller's mode differs from its.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -61,33 +62,54 @@ def subnormals_work() -> bool:
 
 # (process id, size, whether its threads keep subnormals, pool)
 _pool: tuple[int, int, bool, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+_worker = threading.local()  # ``inside`` set in the kept pools' threads
+
+
+def _mark_worker() -> None:
+    _worker.inside = True
+
+
+def in_kept_pool() -> bool:
+    """Whether this thread is one of a kept pool's (:func:`kept_pool`): work it hands to
+    the pool and waits for could wait on itself, once every thread of the pool waits so."""
+    return getattr(_worker, "inside", False)
 
 
 def kept_pool(size: int) -> ThreadPoolExecutor:
-    """A pool of at least ``size`` threads kept for the process, whose threads keep
-    subnormals exactly when the calling thread does (module docstring); a forked child makes
-    its own: the parent's threads do not exist there. A replaced pool is not shut down: a
-    call on another thread may still be submitting to it, and its threads end once it is
-    no longer referenced."""
+    """A pool of ``size`` threads kept for the process (one of another size replaced: no
+    more of a caller's work runs at once than it asked for), whose threads keep subnormals
+    exactly when the calling thread does (module docstring); a forked child makes its own:
+    the parent's threads do not exist there. A replaced pool is not shut down: a call on
+    another thread may still be submitting to it, and its threads end once it is no longer
+    referenced. Callers running on a pool's thread (:func:`in_kept_pool`) run their work
+    there instead of waiting on the pool."""
     global _pool
     keeps = subnormals_work()
-    if _pool is None or _pool[0] != os.getpid() or _pool[1] < size or _pool[2] != keeps:
-        _pool = (os.getpid(), size, keeps, ThreadPoolExecutor(size, thread_name_prefix="mxsim"))
-    return _pool[3]
+    with _pool_lock:  # (the pool checked is the one returned, whatever other threads do)
+        kept = _pool
+        if kept is None or kept[0] != os.getpid() or kept[1] != size or kept[2] != keeps:
+            pool = ThreadPoolExecutor(size, thread_name_prefix="mxsim", initializer=_mark_worker)
+            kept = _pool = (os.getpid(), size, keeps, pool)
+    return kept[3]
 
 
 def run_in_threads(call, items: int, threads: int | None = None) -> None:
     """``call(start, stop)`` over ``range(items)`` cut into contiguous chunks, on as many
     threads as Numba's thread count allows here (one inside :func:`threads_for`'s small-work
     block: then on the calling thread alone), or as ``threads`` where given (1: the calling
-    thread, without reading or changing Numba's thread count): ``call`` runs a GIL-free
-    (``nogil``) kernel, so the chunks run at the same time. Four chunks a thread even out
-    chunks of unequal cost; a kernel's exception reaches the caller."""
-    threads = min(numba.get_num_threads() if threads is None else threads, items)
-    if threads <= 1:
+    thread, without reading or changing Numba's thread count); on a kept pool's own thread
+    (:func:`in_kept_pool`) on that thread alone. ``call`` runs a GIL-free (``nogil``)
+    kernel, so the chunks run at the same time. Four chunks a thread even out chunks of
+    unequal cost; a kernel's exception reaches the caller."""
+    count = numba.get_num_threads() if threads is None else threads
+    threads = min(count, items)
+    if threads <= 1 or in_kept_pool():
         call(0, items)
         return
     chunks = min(items, 4 * threads)
     bounds = [i * items // chunks for i in range(chunks + 1)]
-    for _ in kept_pool(threads).map(call, bounds[:-1], bounds[1:]):
+    # the pool of the full count (fewer items: as many chunks, so no more run at once),
+    # which a call of few items then does not replace
+    for _ in kept_pool(count).map(call, bounds[:-1], bounds[1:]):
         pass

@@ -1161,6 +1161,21 @@ def test_raised_tables_are_the_element_values_times_powers_of_two_kept_per_read_
     writable[0] = 1.0
     again = batch_module._raised_table(writable, 2)
     assert first[0] == values[0] and again[0] == 1.0 and again[512] == 2.0
+    # tables freed and made anew (an id may be reused once its object is gone): each its own
+    for n in range(70):  # (past the cache's 64 entries, which it then clears)
+        table = np.full(8, float(n))
+        table.setflags(write=False)
+        got = batch_module._raised_table(table, 2)
+        assert got[0] == n and got[8] == 2 * n, n
+        del table, got
+    # a read-only view of writable memory changes with it: not kept either
+    memory = values.copy()
+    view = memory[:]
+    view.setflags(write=False)
+    first = batch_module._raised_table(view, 2)
+    memory[0] = 1.0
+    again = batch_module._raised_table(view, 2)
+    assert first[0] == values[0] and again[0] == 1.0 and again[512] == 2.0
 
 
 def test_folded_codes_decode_to_the_elements_times_their_rises():

@@ -1883,3 +1883,23 @@ def test_a_progress_callback_that_raises_leaves_no_tile_running(monkeypatch):
         numba.set_num_threads(before)
     slow = matmul_batched(hw, A, B, a_format="fp8_e4m3", b_format="fp8_e4m3", method="kernel")
     np.testing.assert_array_equal(fast.bits, slow.bits)
+
+
+def test_a_batch_of_sums_below_fp32s_least_step_is_not_added_in_float32(monkeypatch):
+    # fp4_e2m1 (float32 tree sums), every block's scale 2^-74 (elements 2^-72 and 2^-75):
+    # the scaled sums 2^-144 + 2^-150 are no float32s (steps below 2^-149), so the
+    # batch-wide float32 check must fail: added to 2^-120 in float32 arithmetic the sum
+    # would first round to 2^-144 (a tie, to even), then sit at 2^-120's half ulp and round
+    # to even (down), where the exact sum rounds up.
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # the BLAS route
+    A = np.zeros((2, 8, 32))
+    A[..., 0], A[..., 1] = 2.0**-72, 2.0**-75
+    B = A.transpose(0, 2, 1).copy()
+    c = np.full((2, 8, 8), 2.0**-120, dtype=np.float32)
+    hw, formats = UNITS["ocp-exact"], {"a_format": "fp4_e2m1", "b_format": "fp4_e2m1"}
+    got = matmul_batched(hw, A, B, c=c, **formats).bits
+    want = np.float32(2.0**-120 + 2.0**-143).view(np.uint32)  # RNE of the exact sum: up
+    assert (got == want).all()
+    np.testing.assert_array_equal(
+        got, matmul_batched(hw, A, B, c=c, method="kernel", **formats).bits
+    )

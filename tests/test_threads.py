@@ -172,3 +172,76 @@ def test_pool_threads_keep_subnormals_when_the_caller_does(two_threads, flushing
         assert np.array_equal(got, want)
     finally:
         _threads._pool = kept_pool
+
+
+def test_work_run_from_inside_the_kept_pool_runs_there_without_waiting_on_it(tmp_path):
+    """run_in_threads called by a task of the kept pool (every one of its threads busy
+    with such tasks) runs its chunks on that thread: it never waits for the pool's other
+    threads, which may all be waiting likewise (a deadlock). In a child process, as a
+    deadlock would never end."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numba, numpy as np\n"
+        "from mxsim import _threads\n"
+        "from mxsim.datapath import load_hwconfig, matmul_batched\n"
+        "numba.set_num_threads(2)\n"
+        "pool = _threads.kept_pool(2)\n"
+        "seen = []\n"
+        "def task(_):\n"
+        "    _threads.run_in_threads(lambda a, b: seen.append((a, b)), 8)\n"
+        "    return 1\n"
+        "assert sum(pool.map(task, range(4))) == 4\n"
+        "assert seen == [(0, 8)] * 4  # all on the task's own thread\n"
+        "unit = load_hwconfig('hwconfigs/ocp-exact.yaml')\n"
+        "rng = np.random.default_rng(0)\n"
+        "a, b = rng.standard_normal((2, 8, 128, 64)), rng.standard_normal((2, 8, 64, 128))\n"
+        "def heads(i):\n"  # the BLAS route's tiles, from a pool thread
+        "    return matmul_batched(unit, a[i], b[i], a_format='fp8_e4m3', b_format='fp8_e4m3')\n"
+        "got = list(pool.map(heads, range(2)))\n"
+        "for i in range(2):\n"
+        "    want = matmul_batched(unit, a[i], b[i], a_format='fp8_e4m3', b_format='fp8_e4m3',\n"
+        "                          method='kernel')\n"
+        "    assert np.array_equal(got[i].bits, want.bits)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_kept_pool_runs_no_more_threads_than_asked(two_threads):
+    """After a larger pool was asked for, run_in_threads on two threads runs at most two
+    chunks at once (the thread count it was given), not the larger pool's count."""
+    import time
+
+    from mxsim import _threads
+
+    _threads.kept_pool(4)
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def chunk(start, stop):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+
+    _threads.run_in_threads(chunk, 8)
+    assert most[0] == 2
+
+
+def test_a_call_of_fewer_items_than_threads_keeps_the_pool(two_threads, monkeypatch):
+    """run_in_threads of fewer items than the thread count runs them on the pool of the
+    full count (as many chunks as items: no more at once), not a pool of its own that the
+    next call of more items would replace again."""
+    from mxsim import _threads
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)  # (a count this machine lacks)
+    _threads.run_in_threads(lambda start, stop: None, 9)
+    pool = _threads._pool
+    _threads.run_in_threads(lambda start, stop: None, 2)
+    assert _threads._pool is pool and pool[1] == 3

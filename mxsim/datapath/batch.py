@@ -275,15 +275,16 @@ def _refold_zero_blocks(codes, scales, table, per, block, budget, least, raised,
 
 def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
     """The element values times 2^r for r = 0 to ``copies`` - 1, one table after another
-    (read only). Kept per read-only table (the element tables of ``datapath.tables``, made
-    once per format) and count: a batch of attention heads asks again and again."""
+    (read only). Kept per read-only table owning its memory (the element tables of
+    ``datapath.tables``, made once per format; not a view, whose memory may be written
+    through another array) and count: a batch of attention heads asks again and again."""
     key = (id(table), copies)
     kept = _RAISED_TABLES.get(key)
     if kept is not None and kept[0] is table:
         return kept[1]
     raised = np.ldexp(table[None, :], np.arange(copies)[:, None]).reshape(-1)
     raised.setflags(write=False)
-    if not table.flags.writeable:  # (a writable table may change: not kept)
+    if not table.flags.writeable and table.base is None:  # (one that may change: not kept)
         if len(_RAISED_TABLES) >= 64:
             _RAISED_TABLES.clear()
         _RAISED_TABLES[key] = (table, raised)  # (the table kept alive: its id stays its own)

@@ -96,7 +96,7 @@ import numba
 import numpy as np
 
 
-from .._threads import kept_pool, run_in_threads, subnormals_work
+from .._threads import in_kept_pool, kept_pool, run_in_threads, subnormals_work
 from ..formats import get_format
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import (
@@ -659,7 +659,7 @@ def blas_matmul(
     leftovers = []
     done = 0
     # the process's kept pool (starting threads costs about 0.1 ms a call)
-    pool = kept_pool(threads) if threads > 1 and len(items) > 1 else None
+    pool = kept_pool(threads) if threads > 1 and len(items) > 1 and not in_kept_pool() else None
     with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
         for c0, c1 in panels:
             # A folded B's panel depends on B alone, but its float type on A's rises too
