@@ -130,6 +130,11 @@ def window_groups(
     totals = np.empty(lanes)
     partials = np.empty((2, padded), dtype=np.int32)  # (_row_totals: a row pair's int32 groups)
     acc = np.zeros(lanes)
+    # One c for every output: its rounding into the accumulator and its flag, once per call.
+    start_acc = np.zeros(lanes)
+    start_flags = np.zeros(lanes, dtype=np.uint8)
+    if one_c:
+        W.start_accumulators(c_values[0], 0, start_acc, start_flags, cfg)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
     flagged = 0
@@ -195,7 +200,9 @@ def window_groups(
         else:  # (the usual case: a plain fill)
             lane_flags[:] = 0
         if one_c:
-            W.start_accumulators(c_values[0], 0, acc, lane_flags, cfg)
+            for lane in range(lanes):
+                acc[lane] = start_acc[lane]
+                lane_flags[lane] |= start_flags[lane]
         else:
             for i in range(rows):
                 first = i * padded
