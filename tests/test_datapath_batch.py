@@ -807,15 +807,76 @@ def test_window_units_with_trees_of_four_keep_the_per_gemm_route(monkeypatch):
     "name, fmt_name", [("h100-fp8", "fp8_e5m2"), ("b200-tcgen05-mxf8f6f4", "fp6_e3m2")]
 )
 @pytest.mark.parametrize("shape", [(2, 1, 100, 300), (2, 3, 70, 170)])
-def test_window_groups_of_wide_columns_decode_b_in_bands(monkeypatch, name, fmt_name, shape):
-    """Groups of 170 to 300 columns, whose tile B is decoded a band of rows at a time (bands
-    of 24 and 40 rows: K of 100 and 70 takes several), with corners and c: the generic
-    kernel's bits."""
+def test_window_groups_of_wide_columns(monkeypatch, name, fmt_name, shape):
+    """Groups of 170 to 300 columns (tiles of B of 11 to 19 lane blocks a row, K of 100 and
+    70), with corners and c: the generic kernel's bits."""
     config = hw(name)
     rng = np.random.default_rng(shape[3])
     a, b = mixed_operands(rng, config, fmt_name, fmt_name, shape, corners=0.01)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners=True)
     run_window_groups(monkeypatch, config, a, b, c)
+
+
+@pytest.mark.parametrize("name, fmt_name", WINDOW_UNITS)
+@pytest.mark.parametrize(
+    "shape",
+    # MiniLM's heads; an odd row count and padding lanes; wide groups (in place, with a padding
+    # row, transposed)
+    [
+        (6, 14, 32, 14),
+        (6, 14, 14, 32),
+        (6, 5, 37, 19),
+        (6, 18, 21, 64),
+        (6, 17, 37, 64),
+        (6, 64, 21, 17),
+    ],
+)
+@pytest.mark.parametrize("with_c", [False, True])
+def test_window_groups_flag_unusable_inputs_group_by_group(
+    monkeypatch, name, fmt_name, shape, with_c
+):
+    """Groups with no unusable input (their lane flags a plain fill, their codes copied
+    without flags) beside groups with one: a NaN/Inf element in one column of B, in the last
+    column of B, in one row of A (where the format has such codes), a NaN scale of a column
+    of B and of a row of A (where the unit takes scales), a NaN and a -0 c (with c): every
+    bit the generic kernel's, every output of those rows and columns flagged, and none of
+    the groups without one (realistic values: no output out of range)."""
+    config = hw(name)
+    groups, m, k, n = shape
+    rng = np.random.default_rng(m * n + k)
+    block = config.sections[("inputs", "block_size")]
+    scaled = config.sections[("inputs", "scales")] != "none"
+    a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
+    special = corner_codes(fmt_name).get("special")
+    if special is not None:
+        b.codes[1, 3, k // 2] = special[0]
+        b.codes[2, n - 1, k - 1] = special[-1]
+        a.codes[3, m - 1, 0] = special[0]
+    if scaled:
+        b.scales[2, 0, 0] = SCALE_NAN
+        a.scales[4, m // 2, -1] = SCALE_NAN
+    c = None
+    if with_c:
+        c = accumulator_inputs(rng, (groups, m, n), corners=False)
+        c[4, 0, n - 1] = np.nan
+        c[3, m - 1, 0] = -0.0
+    unusable = special_outputs(a, b, c)
+    assert not unusable[0].any() and not unusable[5].any()
+    assert unusable[1:5].any() == (special is not None or scaled or with_c)
+    routed = []
+    route = api.window_groups_matmul
+
+    def recording(*arguments):
+        g, i, j = route(*arguments)
+        routed.append((g, i, j))
+        return g, i, j
+
+    monkeypatch.setattr(api, "window_groups_matmul", recording)
+    run_window_groups(monkeypatch, config, a, b, c)
+    flagged = np.zeros(unusable.shape, dtype=bool)
+    flagged[routed[0]] = True
+    assert not (unusable & ~flagged).any()
+    assert not flagged[0].any() and not flagged[5].any()
 
 
 @pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)

@@ -113,9 +113,6 @@ def window_groups(
     # K padded with zero elements to whole passes (fused_terms is a multiple of a pass): the
     # last tree's last pass is whole too.
     padded_length = -(-length // PASS_TERMS) * PASS_TERMS
-    # B's columns are decoded into the tile a band of rows at a time, so that the lines
-    # written at once fit the L1 cache's ways: rows 4 KiB apart share a set (8 ways).
-    decode_rows = max(8, 8 * (4096 // (4 * padded)))
     # Scratch once per call, not per group; the padding rows, columns and terms stay zero
     # elements.
     row_values = np.zeros((even_rows, padded_length), dtype=np.float32)
@@ -133,6 +130,11 @@ def window_groups(
     totals = np.empty(lanes)
     partials = np.empty((2, padded), dtype=np.int32)  # (_row_totals: a row pair's int32 groups)
     acc = np.zeros(lanes)
+    # One c for every output: its rounding into the accumulator and its flag, once per call.
+    start_acc = np.zeros(lanes)
+    start_flags = np.zeros(lanes, dtype=np.uint8)
+    if one_c:
+        W.start_accumulators(c_values[0], 0, start_acc, start_flags, cfg)
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
     flagged = 0
@@ -142,6 +144,7 @@ def window_groups(
     for g in range(start, stop):
         if in_place:
             lane_flags, codes_out = flags_out[g], out[g]
+        any_bad = 0
         for i in range(rows):
             row = codes_a[g, i]
             unusable = 0
@@ -149,36 +152,57 @@ def window_groups(
                 entry = a_packed[row[k]]
                 row_values[i, k] = np.int32(entry).view(np.float32)
                 row_exponents[i, k] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
-                unusable |= entry >> PACKED_NON_FINITE_SHIFT
+                unusable |= entry
+            unusable >>= PACKED_NON_FINITE_SHIFT
             if scaled:
                 for block in range(row_scales.shape[1]):
                     x = scales_a[g, i, block]
                     unusable |= x == SCALE_NAN
                     row_scales[i, block] = 0 if x == SCALE_NAN else x
             bad_rows[i] = unusable != 0
-        for j in range(columns):
-            bad_columns[j] = 0
-        for k0 in range(0, length, decode_rows):
+            any_bad |= unusable
+        # B's codes are decoded a row of the tile at a time (strided loads of codes, unit-stride
+        # stores) and ORed together over the whole group, not into a flag per column (a
+        # reduction per column across the strided stores of a decode column by column cost
+        # more); non-finite codes are rare, their columns then found by a second pass. No
+        # unusable row or column (the usual case): the lane flags are a plain fill.
+        group_codes = codes_b[g]
+        unusable = 0
+        for k in range(length):
+            values_k, exponents_k = tile_values[k], tile_exponents[k]
             for j in range(columns):
-                row = codes_b[g, j]
+                entry = b_packed[group_codes[j, k]]
+                values_k[j] = np.int32(entry).view(np.float32)
+                exponents_k[j] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
+                unusable |= entry
+        if unusable >> PACKED_NON_FINITE_SHIFT:
+            for j in range(columns):
+                row = group_codes[j]
                 unusable = 0
-                for k in range(k0, min(k0 + decode_rows, length)):
-                    entry = b_packed[row[k]]
-                    tile_values[k, j] = np.int32(entry).view(np.float32)
-                    tile_exponents[k, j] = np.int8(entry >> PACKED_EXPONENT_SHIFT)
-                    unusable |= entry >> PACKED_NON_FINITE_SHIFT
-                bad_columns[j] |= unusable != 0
+                for k in range(length):
+                    unusable |= b_packed[row[k]]
+                bad_columns[j] = unusable >> PACKED_NON_FINITE_SHIFT != 0
+            any_bad = 1
+        else:
+            for j in range(columns):
+                bad_columns[j] = 0
         if scaled:
             for j in range(columns):
                 for block in range(column_scales.shape[0]):
                     y = scales_b[g, j, block]
                     bad_columns[j] |= y == SCALE_NAN
+                    any_bad |= y == SCALE_NAN
                     column_scales[block, j] = 0 if y == SCALE_NAN else y
-        for i in range(even_rows):
-            for j in range(padded):
-                lane_flags[i * padded + j] = bad_rows[i] | bad_columns[j]
+        if any_bad:
+            for i in range(even_rows):
+                for j in range(padded):
+                    lane_flags[i * padded + j] = bad_rows[i] | bad_columns[j]
+        else:  # (the usual case: a plain fill)
+            lane_flags[:] = 0
         if one_c:
-            W.start_accumulators(c_values[0], 0, acc, lane_flags, cfg)
+            for lane in range(lanes):
+                acc[lane] = start_acc[lane]
+                lane_flags[lane] |= start_flags[lane]
         else:
             for i in range(rows):
                 first = i * padded
@@ -220,6 +244,17 @@ def window_groups(
                     flags_out[g, j * rows + i] = lane_flags[i * padded + j]
                     flagged += lane_flags[i * padded + j]
         else:
+            lanes_flagged = 0
+            for lane in range(lanes):
+                lanes_flagged += lane_flags[lane]
+            if lanes_flagged == 0:  # (the usual case: the codes alone, the flags a plain fill)
+                group_out, group_flags = out[g], flags_out[g]
+                for lane in range(rows * columns):
+                    group_flags[lane] = 0
+                for i in range(rows):
+                    for j in range(columns):
+                        group_out[i * columns + j] = codes_out[i * padded + j]
+                continue
             for i in range(rows):
                 for j in range(columns):
                     out[g, i * columns + j] = codes_out[i * padded + j]
