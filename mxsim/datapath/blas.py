@@ -32,7 +32,11 @@ sums need that many more bits (the largest rise in A plus that in B, read from t
 refused beyond 53).
 Blocks of zeros add nothing whatever their scale and are left out of the least, unless the
 least of every block already keeps the sums within float32 (BFP's sub-blocks lie at most a
-binade apart): then the codes need not be read, and the sums are the same.
+binade apart): then the codes need not be read, and the sums are the same. Where nothing is
+kept of B between calls and float32 has room, the fold, every block counted, happens while
+each pass decodes its operands (``_blas_kernels.decode_folded``: each tree's least, its step
+and the raised values in one pass), each operand's rises held within half of float32's room
+(``decode_fold_limits``); a rise beyond that voids the call, which is done again folded first.
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
