@@ -12,13 +12,15 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from mxsim.quantize import quantize, quantize_bfp, quantize_grouped
+from mxsim.quantize import MXGroups, quantize, quantize_bfp, quantize_grouped
 from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.blas import (
     ROUNDING_CHOICES,
     _exact_chunks,
     _fold_blocks,
     _fold_code_blocks,
+    _decoded_folded,
+    _folded_powers,
     _folded_trees,
     _fp32_exact_blocks,
     _span_bits,
@@ -26,6 +28,7 @@ from mxsim.datapath.blas import (
     blas_applies,
     blocks_per_tree,
     codes_all_finite,
+    decode_fold_limits,
     exact_in_float64,
     grid_floor,
     grid_nearest_even_floor,
@@ -33,7 +36,7 @@ from mxsim.datapath.blas import (
     tree_sum_bits,
     zero_block_mask,
 )
-from mxsim.datapath._blas_kernels import accumulate_grid_fp32, accumulate_rne_fp32
+from mxsim.datapath._blas_kernels import accumulate_grid_fp32, accumulate_rne_fp32, decode_folded
 from mxsim.datapath.config import vary_hwconfig
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
@@ -383,12 +386,26 @@ def test_batch_passes_decoding_their_own_groups_of_b_equal_the_kernel(
     decoded_groups = []
     seen_passes = []
     passes = blas.batch_passes
+    # (a call folded again first after its fold while decoding failed passes again: the
+    # decodes counted are those of the last passes)
     monkeypatch.setattr(
-        blas, "batch_passes", lambda *a: seen_passes.append(list(passes(*a))) or seen_passes[-1]
+        blas,
+        "batch_passes",
+        lambda *a: (
+            decoded_groups.clear() or seen_passes.append(list(passes(*a))) or seen_passes[-1]
+        ),
     )
-    unscaled = blas._unscaled  # (``_decoded`` decodes through it too)
+    for name in ("_unscaled", "_decoded_folded"):  # (``_decoded`` decodes through the first)
+        decode = getattr(blas, name)
+        monkeypatch.setattr(
+            blas,
+            name,
+            lambda *a, decode=decode, **k: decoded_groups.append(a[1].shape[0]) or decode(*a, **k),
+        )
+    refused = []  # the route refused after its fold while decoding (sums beyond 53 bits)
+    refolded = blas._refolded
     monkeypatch.setattr(
-        blas, "_unscaled", lambda *a, **k: decoded_groups.append(a[1].shape[0]) or unscaled(*a, **k)
+        blas, "_refolded", lambda *a: (lambda out: refused.append(out is None) or out)(refolded(*a))
     )
     groups, rows, length, columns = shape
     rng = np.random.default_rng(seed)
@@ -413,7 +430,7 @@ def test_batch_passes_decoding_their_own_groups_of_b_equal_the_kernel(
         numba.set_num_threads(before)
     slow = matmul_batched(hw, A, B, c=c, a_format=element, b_format=element, method="kernel")
     np.testing.assert_array_equal(fast.bits, slow.bits)
-    taken = seen_passes[0] if seen_passes else []  # (none: the route refused these data)
+    taken = seen_passes[-1] if seen_passes and not any(refused) else []  # (none: refused)
     if len(taken) >= threads and all(r1 - r0 == rows for _, _, r0, r1 in taken):
         # passes of whole groups, one item each: each decodes its own groups of B
         assert len(decoded_groups) == 2 * len(taken)
@@ -690,6 +707,163 @@ def test_trees_decoded_equal_their_definition(rows, blocks, per, block, seed):
             for row, steps in zip(codes.tolist(), small.tolist())
         ]
         assert got.dtype == dtype and got.tolist() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 5)),
+    trees=st.integers(1, 4),
+    per=st.sampled_from([1, 3, 8, 8]),
+    block=st.sampled_from([1, 2, 2, 3]),
+    short=st.integers(0, 5),
+    reach=st.sampled_from([0, 1, 2, 3, 127]),
+    limit=st.integers(0, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_trees_folded_while_decoded_equal_their_definition(
+    shape, trees, per, block, short, reach, limit, seed
+):
+    # ``decode_folded`` (fold and decode in one pass; trees of 8 blocks of 2 covering the
+    # rows by ``_decode_folded_eights``) against plain Python: each tree's least over all its
+    # blocks (``folded_twin``, no block left out), 2^least as float64 bits, each value times
+    # 2^(its block's rise), zeros past the codes; the largest rise returned. Codes short of
+    # whole trees (``short``) leave a last tree of fewer blocks, or a short last block; reach
+    # 127: rises past the limit, where only the largest rise is defined.
+    rng = np.random.default_rng(seed)
+    groups, rows = shape
+    padded = trees * per * block
+    length = padded - min(short, per * block - 1)  # (the route's trees hold codes each)
+    blocks = -(-length // block)
+    exponents = rng.integers(-127, 128 - reach, (groups, rows, 1)) + rng.integers(
+        0, reach + 1, (groups, rows, blocks)
+    )
+    exponents = exponents.astype(np.int32)
+    table = np.array([0.0, 0.5, -1.5, 3.0, -0.0, 2.0**-9, 127.0], dtype=np.float32)
+    codes = rng.integers(0, table.size, (groups, rows, length)).astype(np.uint32)
+    step_bits = np.empty((trees, groups, rows), dtype=np.int64)
+    rises = np.empty(exponents.shape, dtype=np.uint8)
+    out = np.full((groups, rows, padded), np.nan, dtype=np.float32)
+    top = decode_folded(
+        table, codes, exponents, per, block, _folded_powers(limit), step_bits, rises, out
+    )
+    flat = exponents.reshape(groups * rows, blocks).tolist()
+    least, want_rises = folded_twin(flat, [[False] * blocks] * len(flat), per)
+    assert top == max(max(row) for row in want_rises)
+    steps = step_bits.view(np.float64).transpose(1, 2, 0).reshape(groups * rows, -1)
+    assert steps.tolist() == [[2.0**x for x in row] for row in least]
+    if top > limit:
+        return
+    want = [
+        [float(table[row[k]]) * 2.0 ** up[k // block] if k < length else 0.0 for k in range(padded)]
+        for row, up in zip(codes.reshape(groups * rows, length).tolist(), want_rises)
+    ]
+    got = out.reshape(groups * rows, padded)
+    assert got.tolist() == want
+    assert not np.signbit(got[:, length:]).any()
+
+
+def test_decode_fold_limits_halve_float32s_room():
+    # bfp-exact's MX9 sums need 20 bits (two 7-bit-plus-sign magnitudes, 16 products):
+    # rises up to 2 in A and in B keep them within float32's 24; MX6 14, MX4 10 bits. Trees
+    # inside one block (ocp-exact) and exact accumulators (kulisch) fold nothing.
+    for fmt, want in (("mx9", (2, 2)), ("mx6", (5, 5)), ("mx4", (7, 7))):
+        params = BFP.params(fmt, fmt)
+        assert decode_fold_limits(params) == want
+        assert tree_sum_bits(params) + sum(want) <= 24
+    assert decode_fold_limits(UNITS["ocp-exact"].params("fp8_e4m3", "fp8_e4m3")) is None
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    assert decode_fold_limits(kulisch.params("fp8_e4m3", "fp8_e4m3")) is None
+
+
+def bfp_groups(rng, spec: str, shape: tuple, jitter: int, holes: float):
+    """(A, B) MXGroups of the BFP quantizer (``spec``) on random heads (groups, M, K, N),
+    each head's rows scaled apart; ``jitter`` moves single sub-block scales of A and B up to
+    that many binades; ``holes``: that share of A's sub-blocks made zeros with scale code 0."""
+    groups, m, k, n = shape
+    x = rng.standard_normal((groups, m, k)) * np.exp2(rng.uniform(-20, 20, (groups, m, 1)))
+    y = rng.standard_normal((groups, k, n)) * np.exp2(rng.uniform(-20, 20, (groups, 1, n)))
+
+    def jittered(q):
+        moved = q.scales.astype(np.int64) + rng.integers(-jitter, jitter + 1, q.scales.shape)
+        return dataclasses.replace(q, scales=np.clip(moved, 1, 254).astype(np.uint8))
+
+    parts_a = []
+    for part in x:
+        qa = quantize_bfp(part, spec, axis=1).as_mx_tensor()
+        if jitter:
+            qa = jittered(qa)
+        if holes:
+            empty = rng.random(qa.scales.shape) < holes
+            codes = qa.codes.copy()
+            codes[np.repeat(empty, 2, axis=1)[:, : codes.shape[1]]] = 0
+            qa = dataclasses.replace(qa, codes=codes, scales=np.where(empty, 0, qa.scales))
+        parts_a.append(qa)
+    parts_b = [quantize_bfp(part, spec, axis=0).as_mx_tensor() for part in y]
+    if jitter:
+        parts_b = [jittered(qb) for qb in parts_b]
+    return MXGroups.of(parts_a), MXGroups.of(parts_b)
+
+
+@pytest.mark.parametrize("spec", ["MX9", "MX6", "MX4"])
+@pytest.mark.parametrize(
+    "shape",
+    [(3, 128, 64, 128), (2, 128, 128, 64), (3, 37, 45, 29), (1, 130, 33, 17)],
+)
+@pytest.mark.parametrize("jitter, holes", [(0, 0.0), (0, 0.3), (1, 0.0), (6, 0.0), (40, 0.0)])
+def test_bfp_batches_folded_while_decoded_equal_the_kernel(monkeypatch, spec, shape, jitter, holes):
+    # bfp-exact on attention-shaped heads (128 tokens), odd batches (K not a multiple of 16,
+    # outputs past the small-groups route's limit) and a single GEMM: folded while decoding
+    # where the rises keep float32 (BFP's sub-blocks: a binade at most), folded again first
+    # where they do not (jitter 6: float32 or float64 sums; 40: beyond float64 for MX9, the
+    # kernel), bit for bit the generic kernel; and with B kept (``b_memo``: folded first).
+    rng = np.random.default_rng(abs(hash((spec, shape, jitter, holes))) % 2**32)
+    qa, qb = bfp_groups(rng, spec, shape, jitter, holes)
+    calls = {"fused": 0, "refolded": 0}
+    for name, key in (("_decoded_folded", "fused"), ("_refolded", "refolded")):
+        original = getattr(blas_module, name)
+
+        def counted(*args, original=original, key=key):
+            calls[key] += 1
+            return original(*args)
+
+        monkeypatch.setattr(blas_module, name, counted)
+    c = (rng.standard_normal(shape[:2] + shape[3:]) * 2.0**-40).astype(np.float32)
+    c[c == 0] = 1.0
+    fast = matmul_batched(BFP, qa, qb, c=c).bits
+    slow = matmul_batched(BFP, qa, qb, c=c, method="kernel").bits
+    np.testing.assert_array_equal(fast, slow)
+    assert calls["fused"] > 0  # the fold while decoding was tried
+    limit_a = decode_fold_limits(BFP.params(qa.element_format.name, qb.element_format.name))[0]
+    if not (jitter or holes):
+        assert calls["refolded"] == 0  # BFP's own sub-blocks stay within the limits
+    if jitter > 2 * limit_a + 1 or holes:  # (holes: scale 2^-127, every block counted)
+        assert calls["refolded"] == 1
+    kept = matmul_batched(BFP, qa, qb, c=c, b_memo={}).bits
+    np.testing.assert_array_equal(kept, slow)
+
+
+def test_bfp_single_gemm_folded_while_decoded_equals_the_twin():
+    # One small GEMM (the BLAS route: one group), K = 37 (a last tree of 3 sub-blocks, the
+    # last of one element), scales far apart between rows and columns (subnormal and huge
+    # scaled sums) and a zero sub-block of A at the MX scale 2^-127 among sub-blocks near
+    # it: the Fraction twin.
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((3, 37)) * np.exp2(np.array([[-126.0], [0.0], [100.0]]))
+    B = rng.standard_normal((37, 4)) * np.exp2(np.array([[-5.0, 0.0, 20.0, -30.0]]))
+    qa = quantize_bfp(A, "MX9", axis=1).as_mx_tensor()
+    qb = quantize_bfp(B, "MX9", axis=0).as_mx_tensor()
+    codes, scales = qa.codes.copy(), qa.scales.copy()
+    codes[0, 4:6], scales[0, 2] = 0, 0  # (row 0's own scales lie near 2^-127)
+    qa = dataclasses.replace(qa, codes=codes, scales=scales)
+    c = (rng.standard_normal((3, 4)) * 2.0**-130).astype(np.float32)
+    c[c == 0] = 1.0
+    params = BFP.params("mx9", "mx9")
+    exps = _scales_for_unit(qa.scales, params)[None]
+    top = _decoded_folded(_kernel_arguments(params)[2][0], qa.codes[None], exps, 8, 2, 48, 2)[2]
+    assert top <= 2  # the fold while decoding holds for these operands
+    fast = matmul(BFP, qa, qb, c=c).bits
+    np.testing.assert_array_equal(fast, twin_bits(BFP, qa, qb, c))
+    np.testing.assert_array_equal(fast, matmul(BFP, qa, qb, c=c, method="kernel").bits)
 
 
 @settings(

@@ -381,3 +381,65 @@ def decode_raised(table, codes, rises, block, powers, out):
                 for k in range(length):
                     values[k] = table[row[k]] * powers[steps[k // block]]
             values[length:] = 0.0
+
+
+@njit(cache=True, nogil=True)
+def decode_folded(table, codes, exponents, per, block, powers, step_bits, rises, out):
+    """Fold and decode in one pass, every block counted (as ``fold_blocks``): per row and tree
+    of ``per`` blocks of ``block`` positions, low = the least of its (groups, rows, blocks)
+    ``exponents`` (blocks past the last left out); step_bits[t, g, i] = the float64 bits of
+    2^low (E8M0 exponents and their least: normal float64s); out[g, i, k] = table[codes[g,
+    i, k]] * powers[the rise of k's block above low], zeros past the codes' length; ``rises``
+    (groups, rows, blocks) uint8 scratch. Returns the largest rise: where it exceeds the
+    caller's limit, ``out`` is wrong (``powers`` has 256 entries, 0 past the limit: E8M0
+    rises are below 256) and the caller folds another way. The arrays C-contiguous. Per
+    row, its trees first, then one flat loop over its positions; trees of 8 blocks of 2
+    (bfp-exact's sub-blocks) by a loop of constant strides (``_decode_folded_eights``)."""
+    groups, rows, length = codes.shape
+    blocks = exponents.shape[-1]
+    trees = step_bits.shape[0]
+    if per == 8 and block == 2 and blocks == trees * 8 and out.shape[-1] == length:
+        return _decode_folded_eights(table, codes, exponents, powers, step_bits, rises, out)
+    top = np.int64(0)
+    for g in range(groups):
+        for i in range(rows):
+            values, row, e, row_rises = out[g, i], codes[g, i], exponents[g, i], rises[g, i]
+            for t in range(trees):
+                first, last = t * per, min((t + 1) * per, blocks)
+                low = np.int64(e[first])
+                for b in range(first + 1, last):
+                    low = min(low, np.int64(e[b]))
+                step_bits[t, g, i] = (low + 1023) << 52
+                for b in range(first, last):
+                    rise = np.int64(e[b]) - low
+                    row_rises[b] = rise
+                    top = max(top, rise)
+            for k in range(length):
+                values[k] = table[row[k]] * powers[row_rises[k // block]]
+            values[length:] = 0.0
+    return top
+
+
+@njit(cache=True, nogil=True)
+def _decode_folded_eights(table, codes, exponents, powers, step_bits, rises, out):
+    """:func:`decode_folded` of trees of 8 blocks of 2 positions covering every row."""
+    groups, rows, length = codes.shape
+    trees = step_bits.shape[0]
+    top = np.int64(0)
+    for g in range(groups):
+        for i in range(rows):
+            values, row, e, row_rises = out[g, i], codes[g, i], exponents[g, i], rises[g, i]
+            for t in range(trees):
+                b = t * 8
+                low = min(
+                    min(min(e[b], e[b + 1]), min(e[b + 2], e[b + 3])),
+                    min(min(e[b + 4], e[b + 5]), min(e[b + 6], e[b + 7])),
+                )
+                step_bits[t, g, i] = (np.int64(low) + 1023) << 52
+                for q in range(8):
+                    rise = np.int64(e[b + q]) - low
+                    row_rises[b + q] = rise
+                    top = max(top, rise)
+            for k in range(length):
+                values[k] = table[row[k]] * powers[row_rises[k >> 1]]
+    return top

@@ -1025,25 +1025,16 @@ def _gemm_routes(
     out = np.empty(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
+    operands = (codes_a, codes_b, exponents_a, exponents_b, c_values)
     route = (
-        blas_route(params, kernel_args, codes_a, codes_b, exponents_a, exponents_b, c_values, memo)
+        blas_route(params, kernel_args, *operands, memo, defer_fold=True)
         if method == "auto"
         else None
     )
+    leftovers = None  # None: the route is refused (by blas_matmul too: folded sums too wide)
     if route is not None:
-        leftovers = blas_matmul(
-            params,
-            kernel_args,
-            codes_a,
-            codes_b,
-            exponents_a,
-            exponents_b,
-            c_values,
-            out,
-            progress,
-            route[0],
-            memo,
-        )
+        leftovers = blas_matmul(params, kernel_args, *operands, out, progress, route[0], memo)
+    if leftovers is not None:
         if leftovers:  # exact sums wider than two float64s: the kernel computes those outputs
             g, m, n = (np.array(index) for index in zip(*leftovers))
             _recompute(

@@ -32,7 +32,11 @@ sums need that many more bits (the largest rise in A plus that in B, read from t
 refused beyond 53).
 Blocks of zeros add nothing whatever their scale and are left out of the least, unless the
 least of every block already keeps the sums within float32 (BFP's sub-blocks lie at most a
-binade apart): then the codes need not be read, and the sums are the same.
+binade apart): then the codes need not be read, and the sums are the same. Where nothing is
+kept of B between calls and float32 has room, the fold, every block counted, happens while
+each pass decodes its operands (``_blas_kernels.decode_folded``: each tree's least, its step
+and the raised values in one pass), each operand's rises held within half of float32's room
+(``decode_fold_limits``); a rise beyond that voids the call, which is done again folded first.
 
 The accumulation then rounds acc + S once to fp32: the float64 sum is made round-to-odd
 (TwoSum gives the exact error; an inexact sum with an even last bit moves one ulp toward the
@@ -105,6 +109,7 @@ from ._blas_kernels import (
     accumulate_grid_fp32,
     accumulate_rne_fp32,
     decode_codes,
+    decode_folded,
     decode_raised,
     fold_blocks,
     fold_code_blocks,
@@ -178,12 +183,15 @@ def blas_route(
     scales_b,
     c_values,
     memo: dict | None = None,
+    defer_fold: bool = False,
 ) -> tuple | None:
     """:func:`blas_applies`'s decision with what it read from the data: None when the route
     is refused, else ``(folded,)``: for trees of several blocks, the (A, B) folds
     (:func:`_folded_trees`) that :func:`blas_matmul` folds the blocks with (computed once for
     both), else None. ``memo``: as for :func:`blas_matmul` (whether B's codes are all
-    finite is kept there)."""
+    finite is kept there). ``defer_fold``: where :func:`blas_matmul` may fold while it
+    decodes (:func:`decode_fold_limits`; no ``memo``), the folds are left to it (None), and
+    so is the refusal of folded sums beyond 53 bits (it then returns None)."""
     unit_ok = route_accepts("blas", params) and exact_in_float64(params)
     if not unit_ok or not subnormals_work():
         return None
@@ -198,7 +206,8 @@ def blas_route(
     if (scales_a == SCALE_NAN).any() or (scales_b == SCALE_NAN).any():
         return None
     folded = None
-    if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
+    deferred = defer_fold and memo is None and decode_fold_limits(params) is not None
+    if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size and not deferred:
         folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
         if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:  # the folded sums' bits
             return None
@@ -240,6 +249,55 @@ def _folded_trees(
     if bits + folded_a[2] + folded_b[2] <= 24:
         return folded_a, folded_b
     return fold(codes_a, kernel_args[0], scales_a), folded_b
+
+
+def decode_fold_limits(params: DatapathParams) -> tuple[int, int] | None:
+    """(A's, B's) largest rise of a block above its tree's least that :func:`blas_matmul`'s
+    fold while decoding (``_blas_kernels.decode_folded``) accepts: float32's room above the
+    tree sums' bits, halved (the folded sums then fit 24 bits: exact in float32 GEMMs);
+    None for trees inside blocks, fixed-point grids, exact accumulators, or less than a
+    binade of room each."""
+    bits = tree_sum_bits(params)
+    if blocks_per_tree(params) <= 1 or params.grid_fraction_bits is not None or bits is None:
+        return None
+    room = 24 - bits
+    if room < 2:
+        return None
+    return room // 2, room - room // 2
+
+
+def _decoded_folded(values, codes, exponents, per: int, block: int, padded: int, limit: int):
+    """(..., padded) float32 values of the (G, n, K) codes with each block folded onto its
+    tree's least exponent, every block counted (``_blas_kernels.decode_folded``: one pass,
+    where :func:`_fold_blocks` and :func:`_unscaled` take two), the trees' steps 2^least
+    (trees, G, n) float64, and the largest rise: where it exceeds ``limit`` the values are
+    wrong and the caller folds another way. Codes widened a few rows at a time
+    (``_row_chunks``)."""
+    trees = padded // (per * block)
+    decoded = np.empty(codes.shape[:-1] + (padded,), dtype=np.float32)
+    steps = np.empty((trees,) + codes.shape[:-1])
+    table = values.astype(np.float32)
+    powers = _folded_powers(limit)
+    top = 0
+    for g, r in _row_chunks(codes):
+        out = decoded[g, r]
+        step_bits = np.empty((trees,) + out.shape[:-1], dtype=np.int64)
+        exps = np.ascontiguousarray(exponents[g, r], dtype=np.int32)
+        rises = np.empty(exps.shape, dtype=np.uint8)
+        chunk = _wide(codes[g, r])
+        found = decode_folded(table, chunk, exps, per, block, powers, step_bits, rises, out)
+        top = max(top, int(found))
+        steps[:, g, r] = step_bits.view(np.float64)
+    return decoded, steps, top
+
+
+@functools.lru_cache(maxsize=8)
+def _folded_powers(limit: int) -> np.ndarray:
+    """256 float32s, 2^r for r <= ``limit`` and 0 beyond (a rise past the limit discards the
+    values decoded with it; E8M0 rises are below 256)."""
+    powers = np.zeros(256, dtype=np.float32)
+    powers[: limit + 1] = np.ldexp(np.float32(1.0), np.arange(limit + 1))
+    return powers
 
 
 def _fold_blocks(exponents, per: int, trees: int):
@@ -536,7 +594,9 @@ def blas_matmul(
     For an exact (Kulisch) accumulator the sums of whole ranges of blocks that one GEMM
     adds exactly (``_exact_chunks``) are added exactly in two float64s; returns the (group,
     row, column) outputs whose sum needed more (the caller recomputes them with the
-    kernel). Otherwise returns []. ``progress(rows_done, rows_total)`` counts rows of all
+    kernel). Otherwise returns []. Returns None where ``folded`` is None and the folded sums
+    need more than 53 bits (the route is refused: ``out`` holds nothing of use).
+    ``progress(rows_done, rows_total)`` counts rows of all
     groups (tiles done, as rows). ``folded``: :func:`blas_route`'s folded trees of these
     operands where it computed them (None: computed here). ``memo``: None, or a mapping the
     caller keeps for this same B (its codes and scales unchanged between the calls given it,
@@ -554,9 +614,19 @@ def blas_matmul(
     per = blocks_per_tree(params)
     bits = tree_sum_bits(params)
     rises_a = rises_b = None
-    if per > 1:  # trees of several blocks: each tree's blocks folded onto its least scale
+    # Trees of several blocks, each tree's blocks folded onto its least scale: while decoding
+    # (one pass) where nothing is kept and float32 has room, else first (``_folded_trees``).
+    limits = None
+    if per > 1 and folded is None and memo is None and progress is None:
+        limits = decode_fold_limits(params)
+    if limits is not None:
+        bits += sum(limits)  # the folded sums' bits at most, where the rises keep the limits
+        raw_a, raw_b = scales_a, scales_b
+    elif per > 1:
         if folded is None:
             folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b, memo)
+            if bits + folded[0][2] + folded[1][2] > 53:
+                return None
         (scales_a, rises_a, top_a), (scales_b, rises_b, top_b) = folded
         bits += top_a + top_b  # the folded sums' bits
     block = params.block_size * per if scaled else width
@@ -600,11 +670,16 @@ def blas_matmul(
         fused_batch = fused is not None and least_batch >= any_floor
     # Likewise, float32 tree sums whose scaled sums are float32s over the whole batch are so
     # over every tile (``_fp32_exact_blocks``: its bounds hold for fewer rows and columns).
+    # (Folding while decoding, each tree's least lies within its blocks' exponents' range.)
     narrow_batch = None
     if span is not None and scaled and not kulisch:
         ends_a, ends_b = (
-            np.ldexp(1.0, np.array(_exponent_range(e, blocks))).reshape(1, 1, 2)
-            for e in (scales_a, scales_b)
+            np.ldexp(1.0, np.array(_exponent_range(e, n))).reshape(1, 1, 2)
+            for e, n in (
+                ((raw_a, raw_a.shape[-1]), (raw_b, raw_b.shape[-1]))
+                if limits is not None
+                else ((scales_a, blocks), (scales_b, blocks))
+            )
         )
         if _fp32_exact_blocks(ends_a, ends_b, span).all():
             narrow_batch = np.ones(blocks, dtype=np.bool_)
@@ -645,7 +720,19 @@ def blas_matmul(
     )
 
     def decode_b(g0, g1, c0, c1):
-        """(B's values, steps, zero-block marks) of groups [g0, g1) and columns [c0, c1)."""
+        """(B's values, steps, zero-block marks) of groups [g0, g1) and columns [c0, c1);
+        None where its fold while decoding rose beyond its limit."""
+        if limits is not None:
+            b, b_steps, top = _decoded_folded(
+                b_values,
+                codes_b[g0:g1, c0:c1],
+                raw_b[g0:g1, c0:c1],
+                per,
+                params.block_size,
+                padded,
+                limits[1],
+            )
+            return None if top > limits[1] else (b, b_steps, None)
         exps_b = scales_b[g0:g1, c0:c1] if scaled else None
         if kulisch:
             return _decoded(b_values, codes_b[g0:g1, c0:c1], exps_b, block, padded), None, None
@@ -658,6 +745,7 @@ def blas_matmul(
 
     leftovers = []
     done = 0
+    refold: list = []  # marked when a fold while decoding rose beyond its limit
     # the process's kept pool (starting threads costs about 0.1 ms a call)
     pool = kept_pool(threads) if threads > 1 and len(items) > 1 and not in_kept_pool() else None
     with limiter.limit(limits=1) if limiter is not None else contextlib.nullcontext():
@@ -673,18 +761,42 @@ def blas_matmul(
             elif by_pass:  # each pass decodes its own groups of B (``run``)
                 b = b_steps = b_zeros = None
             else:
-                b, b_steps, b_zeros = decode_b(0, groups, c0, c1)
+                decoded = decode_b(0, groups, c0, c1)
+                if decoded is None:
+                    return _refolded(
+                        params, kernel_args, codes_a, codes_b, raw_a, raw_b, c_values, out
+                    )
+                b, b_steps, b_zeros = decoded
             if key is not None and kept is None:
                 memo[key] = (b, b_steps, b_zeros)
 
             def run(item, b=b, b_steps=b_steps, b_zeros=b_zeros, c0=c0, c1=c1):
                 (g0, g1, r0, r1), part = item
+                if refold:  # (the call is done again, folded first: this item is void)
+                    return None
                 first = 0  # the group at b's index 0
                 if b is None:
-                    b, b_steps, b_zeros = decode_b(g0, g1, c0, c1)
+                    decoded = decode_b(g0, g1, c0, c1)
+                    if decoded is None:
+                        refold.append(True)
+                        return None
+                    b, b_steps, b_zeros = decoded
                     first = g0
                 exps_a = scales_a[g0:g1, r0:r1] if scaled else None
-                if kulisch:
+                if limits is not None:
+                    a, a_steps, top = _decoded_folded(
+                        a_values,
+                        codes_a[g0:g1, r0:r1],
+                        exps_a,
+                        per,
+                        params.block_size,
+                        padded,
+                        limits[0],
+                    )
+                    if top > limits[0]:
+                        refold.append(True)
+                        return None
+                elif kulisch:
                     a = _decoded(a_values, codes_a[g0:g1, r0:r1], exps_a, block, padded)
                 else:
                     rises = rises_a[g0:g1, r0:r1] if per > 1 else None
@@ -745,6 +857,8 @@ def blas_matmul(
             futures = [] if pool is None else [pool.submit(run, item) for item in items]
             try:
                 for found in map(run, items) if pool is None else (f.result() for f in futures):
+                    if found is None:  # (``refold``)
+                        continue
                     leftovers.extend(found)
                     done += 1
                     if progress is not None:
@@ -754,7 +868,23 @@ def blas_matmul(
                     future.cancel()
                 wait(futures)
             del b, b_steps, run  # this panel freed before the next one is decoded
+            if refold:
+                break
+    if refold:
+        return _refolded(params, kernel_args, codes_a, codes_b, raw_a, raw_b, c_values, out)
     return leftovers
+
+
+def _refolded(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
+    """:func:`blas_matmul` with the blocks folded first (``_folded_trees``), where its fold
+    while decoding found a block rising beyond its limit (None where the folded sums need
+    more than 53 bits: the route is refused)."""
+    folded = _folded_trees(params, kernel_args, codes_a, codes_b, scales_a, scales_b)
+    if tree_sum_bits(params) + folded[0][2] + folded[1][2] > 53:
+        return None
+    return blas_matmul(
+        params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, folded=folded
+    )
 
 
 def _fp32_exact_blocks(row_steps, column_steps, span: tuple[int, int]) -> np.ndarray:
