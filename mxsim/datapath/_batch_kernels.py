@@ -131,10 +131,12 @@ def window_groups(
     partials = np.empty((even_rows, padded), dtype=np.int32)  # (_row_totals' int32 groups)
     acc = np.zeros(lanes)
     # One c for every output: its rounding into the accumulator and its flag, once per call.
-    start_acc = np.zeros(lanes)
-    start_flags = np.zeros(lanes, dtype=np.uint8)
+    # (the same value and flag in every lane: one lane's, then fills)
+    start_acc = np.zeros(1)
+    start_flags = np.zeros(1, dtype=np.uint8)
     if one_c:
         W.start_accumulators(c_values[0], 0, start_acc, start_flags, cfg)
+    start_value, start_flag = start_acc[0], start_flags[0]
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
     flagged = 0
@@ -200,9 +202,10 @@ def window_groups(
         else:  # (the usual case: a plain fill)
             lane_flags[:] = 0
         if one_c:
-            for lane in range(lanes):
-                acc[lane] = start_acc[lane]
-                lane_flags[lane] |= start_flags[lane]
+            acc[:] = start_value
+            if start_flag:
+                for lane in range(lanes):
+                    lane_flags[lane] = 1
         else:
             for i in range(rows):
                 first = i * padded
