@@ -760,3 +760,51 @@ def test_unusable_rows_flags_rows_with_non_finite_codes_or_nan_scales():
         got = W.unusable_rows(codes, scales, *tables.non_finite, scaled)
         np.testing.assert_array_equal(got, want)
         assert want.any() and not want.all()
+
+
+@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "b200-tcgen05-mxf8f6f4"])
+def test_encode_outputs_binary32_path_equals_the_generic_loop_and_the_ieee_bits(name):
+    # encode_outputs on an fp32 output that holds every accumulator value (its float32-bits
+    # path) against its generic rounding loop (taken when W_ACC_BITS, which that loop never
+    # reads, is raised past 24) and against the IEEE binary32 bits by struct, on accumulator
+    # values as start_accumulators and finish_tree leave them: 0 or normal float32, their
+    # extremes included (and -0, which both write as code 0).
+    import struct
+
+    params = unit(name).params("fp8_e4m3", "fp8_e4m3")
+    cfg = _window_config(params)[0].copy()
+    assert (cfg[W.W_OUT_BITS], cfg[W.W_OUT_MIN_EXPONENT], cfg[W.W_OUT_MAX_EXPONENT]) == (
+        24,
+        -126,
+        127,
+    )
+    assert cfg[W.W_ACC_BITS] <= 24  # (the accumulators below are on its grid)
+    rng = np.random.default_rng(24)
+    realistic = (rng.standard_normal(3000) * np.exp2(rng.integers(-40, 40, 3000))).astype(
+        np.float32
+    )
+    tiny, largest = np.float32(2.0**-126), np.finfo(np.float32).max
+    corners = np.array(
+        [0.0, -0.0, tiny, -tiny, largest, -largest, 1.0, -1.0, np.nextafter(tiny, np.float32(1))],
+        dtype=np.float32,
+    )
+    extremes = (rng.integers(1, 2**24, 200) * np.exp2(rng.integers(-149, 105, 200))).astype(
+        np.float32
+    )
+    extremes = extremes[np.abs(extremes) >= tiny]
+    acc = np.concatenate([realistic, corners, extremes]).astype(np.float64)
+
+    def encode(cfg):
+        out, flags = np.empty(acc.size, dtype=np.uint32), np.zeros(acc.size, dtype=np.uint8)
+        W.encode_outputs(acc, flags, out, cfg)
+        return out, flags
+
+    fast, fast_flags = encode(cfg)
+    generic_cfg = cfg.copy()
+    generic_cfg[W.W_ACC_BITS] = 25
+    generic, generic_flags = encode(generic_cfg)
+    np.testing.assert_array_equal(fast, generic)
+    np.testing.assert_array_equal(fast_flags, generic_flags)
+    assert not fast_flags.any()
+    ieee = [0 if v == 0 else struct.unpack("<I", struct.pack("<f", v))[0] for v in acc.tolist()]
+    assert fast.tolist() == ieee

@@ -128,13 +128,15 @@ def window_groups(
     references = np.empty(lanes, dtype=np.int64)
     factors = np.empty(lanes, dtype=np.float32)
     totals = np.empty(lanes)
-    partials = np.empty((2, padded), dtype=np.int32)  # (_row_totals: a row pair's int32 groups)
+    partials = np.empty((even_rows, padded), dtype=np.int32)  # (_row_totals' int32 groups)
     acc = np.zeros(lanes)
     # One c for every output: its rounding into the accumulator and its flag, once per call.
-    start_acc = np.zeros(lanes)
-    start_flags = np.zeros(lanes, dtype=np.uint8)
+    # (the same value and flag in every lane: one lane's, then fills)
+    start_acc = np.zeros(1)
+    start_flags = np.zeros(1, dtype=np.uint8)
     if one_c:
         W.start_accumulators(c_values[0], 0, start_acc, start_flags, cfg)
+    start_value, start_flag = start_acc[0], start_flags[0]
     lane_flags = np.empty(lanes, dtype=np.uint8)
     codes_out = np.empty(lanes, dtype=out.dtype)
     flagged = 0
@@ -200,9 +202,10 @@ def window_groups(
         else:  # (the usual case: a plain fill)
             lane_flags[:] = 0
         if one_c:
-            for lane in range(lanes):
-                acc[lane] = start_acc[lane]
-                lane_flags[lane] |= start_flags[lane]
+            acc[:] = start_value
+            if start_flag:
+                for lane in range(lanes):
+                    lane_flags[lane] = 1
         else:
             for i in range(rows):
                 first = i * padded
@@ -384,24 +387,29 @@ def _block_totals(row_values, tile_values, factors, start, stop, totals):
 @njit(cache=True, inline="always")
 def _row_maxima(row_exponents, tile_exponents, start, stop, maxima):
     """:func:`_block_maxima` for wide groups (:data:`ROW_LANES_FROM`): the same maxima, each
-    pass looping over a row's ``NP`` lanes at once; the first pass's maxima start the lanes'."""
+    pass looping over a row's ``NP`` lanes at once; the first pass's maxima start the lanes'.
+    Passes outside, row pairs inside: a row's lanes are a few vectors of int8, so a pass's
+    setup (the tile rows' addresses) costs as much as its loop; paid once per pass for every
+    row pair rather than once per pass and row pair (the maxima, one int8 a lane, stay in
+    L1)."""
     rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
     t = tile_exponents[start:stop]
-    for i in range(0, rows, 2):
-        x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
-        m0 = maxima[i * padded : (i + 1) * padded]
-        m1 = maxima[(i + 1) * padded : (i + 2) * padded]
-        xs, ys = _pass_terms(x, 0), _pass_terms(y, 0)
-        for j in range(padded):
-            column = _pass_column(t, 0, j)
-            m0[j] = _pass_maximum(xs, column)
-            m1[j] = _pass_maximum(ys, column)
-        for k in range(PASS_TERMS, stop - start, PASS_TERMS):
+    for k in range(0, stop - start, PASS_TERMS):
+        for i in range(0, rows, 2):
+            x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
+            m0 = maxima[i * padded : (i + 1) * padded]
+            m1 = maxima[(i + 1) * padded : (i + 2) * padded]
             xs, ys = _pass_terms(x, k), _pass_terms(y, k)
-            for j in range(padded):
-                column = _pass_column(t, k, j)
-                m0[j] = max(m0[j], _pass_maximum(xs, column))
-                m1[j] = max(m1[j], _pass_maximum(ys, column))
+            if k == 0:
+                for j in range(padded):
+                    column = _pass_column(t, k, j)
+                    m0[j] = _pass_maximum(xs, column)
+                    m1[j] = _pass_maximum(ys, column)
+            else:
+                for j in range(padded):
+                    column = _pass_column(t, k, j)
+                    m0[j] = max(m0[j], _pass_maximum(xs, column))
+                    m1[j] = max(m1[j], _pass_maximum(ys, column))
 
 
 @njit(cache=True, inline="always")
@@ -410,36 +418,37 @@ def _row_totals(row_values, tile_values, factors, start, stop, group, partials, 
     pass looping over a row's ``NP`` lanes at once, the passes of each int32 group of
     ``group`` terms (a multiple of a pass: ``datapath.batch.window_groups_apply``; no sum of
     its truncated terms overflows, ``_window_kernels``) summed in int32 in ``partials``
-    (2, NP) and the groups' sums in float64 (exact integers below 2^53)."""
+    (rows, NP) and the groups' sums in float64 (exact integers below 2^53), group after
+    group as before. Passes outside, row pairs inside, as in :func:`_row_maxima`: a pass's
+    setup once for every row pair."""
     rows, padded = row_values.shape[0], tile_values.shape[1]
     t = tile_values[start:stop]
-    p0, p1 = partials[0], partials[1]
-    for i in range(0, rows, 2):
-        x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
-        f0 = factors[i * padded : (i + 1) * padded]
-        f1 = factors[(i + 1) * padded : (i + 2) * padded]
-        s0 = totals[i * padded : (i + 1) * padded]
-        s1 = totals[(i + 1) * padded : (i + 2) * padded]
-        for first in range(0, stop - start, group):
-            xs, ys = _pass_terms(x, first), _pass_terms(y, first)
-            for j in range(padded):
-                column = _pass_column(t, first, j)
-                p0[j] = _pass_sum(xs, column, f0[j])
-                p1[j] = _pass_sum(ys, column, f1[j])
-            for k in range(first + PASS_TERMS, min(first + group, stop - start), PASS_TERMS):
+    for first in range(0, stop - start, group):
+        for k in range(first, min(first + group, stop - start), PASS_TERMS):
+            for i in range(0, rows, 2):
+                x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
+                f0 = factors[i * padded : (i + 1) * padded]
+                f1 = factors[(i + 1) * padded : (i + 2) * padded]
+                p0, p1 = partials[i], partials[i + 1]
                 xs, ys = _pass_terms(x, k), _pass_terms(y, k)
-                for j in range(padded):
-                    column = _pass_column(t, k, j)
-                    p0[j] += _pass_sum(xs, column, f0[j])
-                    p1[j] += _pass_sum(ys, column, f1[j])
+                if k == first:  # a group's first pass starts its partial sums
+                    for j in range(padded):
+                        column = _pass_column(t, k, j)
+                        p0[j] = _pass_sum(xs, column, f0[j])
+                        p1[j] = _pass_sum(ys, column, f1[j])
+                else:
+                    for j in range(padded):
+                        column = _pass_column(t, k, j)
+                        p0[j] += _pass_sum(xs, column, f0[j])
+                        p1[j] += _pass_sum(ys, column, f1[j])
+        for i in range(rows):
+            s0, p0 = totals[i * padded : (i + 1) * padded], partials[i]
             if first == 0:  # the first group's sums start the totals
                 for j in range(padded):
                     s0[j] = p0[j]
-                    s1[j] = p1[j]
             else:
                 for j in range(padded):
                     s0[j] += p0[j]
-                    s1[j] += p1[j]
 
 
 #: Columns of a group's passes in :func:`exact_groups`: a trip count known when compiling,

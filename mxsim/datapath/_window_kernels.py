@@ -356,7 +356,25 @@ def finish_tree(totals, references, acc, flags, cfg):
 
 @njit(cache=True)
 def encode_outputs(acc, flags, out, cfg):
-    """out = the output format's bits of acc rounded into it (flags where not normal)."""
+    """out = the output format's bits of acc rounded into it (flags where not normal).
+
+    ``acc`` holds what :func:`start_accumulators` and :func:`finish_tree` leave: every
+    unflagged lane 0 or a normal value of the accumulator (at most ``W_ACC_BITS``
+    significant bits, exponent within its range). An output format with IEEE binary32's
+    fields that holds every such value (as precise, its range as wide) rounds none of them
+    and flags none: the code is then the value's float32 bits, one conversion a lane
+    (:func:`_binary32_outputs`; a flagged lane's code is the generic kernel's to write)."""
+    if (
+        cfg[W_OUT_BITS] == 24
+        and cfg[W_OUT_MANTISSA_BITS] == 23
+        and cfg[W_OUT_BIAS] == 127
+        and cfg[W_OUT_SIGN_SHIFT] == 31
+        and cfg[W_ACC_BITS] <= 24
+        and -126 <= cfg[W_OUT_MIN_EXPONENT] <= cfg[W_ACC_MIN_EXPONENT]
+        and cfg[W_ACC_MAX_EXPONENT] <= cfg[W_OUT_MAX_EXPONENT] <= 127
+    ):
+        _binary32_outputs(acc, out)
+        return
     rule = rounding_rule(cfg[W_OUT_BITS], cfg[W_OUT_ROUNDING])
     low, high = cfg[W_OUT_MIN_EXPONENT], cfg[W_OUT_MAX_EXPONENT]
     mantissa_bits, bias, sign_shift = (
@@ -376,6 +394,15 @@ def encode_outputs(acc, flags, out, cfg):
                 | ((bits >> (52 - mantissa_bits)) & ((np.int64(1) << mantissa_bits) - 1))
             )
         out[lane] = code
+
+
+@njit(cache=True, inline="always")
+def _binary32_outputs(acc, out):
+    """out = the float32 bits of acc (values exact in float32), code 0 for either zero (as
+    :func:`encode_outputs`' generic loop writes it)."""
+    for lane in range(acc.shape[0]):
+        value = acc[lane]
+        out[lane] = np.float32(value).view(np.uint32) if value != 0.0 else np.uint32(0)
 
 
 # The short helpers below that only these kernels call (the tile scales, the scratch arrays,
