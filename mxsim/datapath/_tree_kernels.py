@@ -54,6 +54,7 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
     groups, rows, columns = acc.shape
     count = trees.shape[0]
     pass_columns = packed.shape[1] - PACKED_PAD
+    zeros = np.zeros(pass_columns)  # the chains' start, +0, read from memory
     redo = np.zeros(rows, dtype=np.bool_)  # rows whose pass was not all exact
     for g in range(groups):
         for j0 in range(0, columns, pass_columns):
@@ -71,7 +72,7 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
                     old1, new1 = source[g, k, j0 : j0 + width], target[g, k, j0 : j0 + width]
                     x = _eight(a[g, i], first, row_steps[block, g, i])
                     y = _eight(a[g, k], first, row_steps[block, g, k])
-                    bad0, bad1 = _rne_rows(old0, new0, old1, new1, x, y, packed, width)
+                    bad0, bad1 = _rne_rows(old0, new0, old1, new1, x, y, packed, zeros, width)
                     redo[i] |= bad0
                     redo[k] |= bad1
                 if redo.any():
@@ -83,16 +84,16 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _rne_rows(old0, new0, old1, new1, x, y, packed, width):
+def _rne_rows(old0, new0, old1, new1, x, y, packed, zeros, width):
     """new = fp32(RN64(old + S)) for two rows, S the sum over m < 8 of x[m] packed[m, j] (of
     ``y`` for the second row; both read ``packed`` once per column), in one chain of fused
-    multiply-adds from +0 (exact in any order: the sums fit float64; a chain leaves the
-    adders to the rounding; an exact zero sum is +0, whatever its products' signs); whether
-    any RN64 sum of either row was inexact."""
+    multiply-adds from +0 (``zeros``; exact in any order: the sums fit float64; a chain
+    leaves the adders to the rounding; an exact zero sum is +0, whatever its products'
+    signs); whether any RN64 sum of either row was inexact."""
     rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
     bad0 = bad1 = np.int64(0)
     for j in range(width):
-        s, u = _chain8(0.0, x, rows, j), _chain8(0.0, y, rows, j)
+        s, u = _chain8(zeros[j], x, rows, j), _chain8(zeros[j], y, rows, j)
         o = np.float64(old0[j])
         total0 = o + s
         new0[j] = np.float32(total0)
