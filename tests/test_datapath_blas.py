@@ -725,7 +725,7 @@ def test_trees_folded_while_decoded_equal_their_definition(
 ):
     # ``decode_folded`` (fold and decode in one pass; trees of 8 blocks of 2 covering the
     # rows by ``_decode_folded_eights``) against plain Python: each tree's least over all its
-    # blocks (``folded_twin``, no block left out), 2^least as float64 bits, each value times
+    # blocks (``folded_twin``, no block left out), 2^least as float64s, each value times
     # 2^(its block's rise), zeros past the codes; the largest rise returned. Codes short of
     # whole trees (``short``) leave a last tree of fewer blocks, or a short last block; reach
     # 127: rises past the limit, where only the largest rise is defined.
@@ -740,16 +740,16 @@ def test_trees_folded_while_decoded_equal_their_definition(
     exponents = exponents.astype(np.int32)
     table = np.array([0.0, 0.5, -1.5, 3.0, -0.0, 2.0**-9, 127.0], dtype=np.float32)
     codes = rng.integers(0, table.size, (groups, rows, length)).astype(np.uint32)
-    step_bits = np.empty((trees, groups, rows), dtype=np.int64)
+    powers_of_least = np.empty((trees, groups, rows))
     rises = np.empty(exponents.shape, dtype=np.uint8)
     out = np.full((groups, rows, padded), np.nan, dtype=np.float32)
     top = decode_folded(
-        table, codes, exponents, per, block, _folded_powers(limit), step_bits, rises, out
+        table, codes, exponents, per, block, _folded_powers(limit), powers_of_least, rises, out
     )
     flat = exponents.reshape(groups * rows, blocks).tolist()
     least, want_rises = folded_twin(flat, [[False] * blocks] * len(flat), per)
     assert top == max(max(row) for row in want_rises)
-    steps = step_bits.view(np.float64).transpose(1, 2, 0).reshape(groups * rows, -1)
+    steps = powers_of_least.transpose(1, 2, 0).reshape(groups * rows, -1)
     assert steps.tolist() == [[2.0**x for x in row] for row in least]
     if top > limit:
         return

@@ -281,13 +281,13 @@ def _decoded_folded(values, codes, exponents, per: int, block: int, padded: int,
     top = 0
     for g, r in _row_chunks(codes):
         out = decoded[g, r]
-        step_bits = np.empty((trees,) + out.shape[:-1], dtype=np.int64)
+        part = np.empty((trees,) + out.shape[:-1])
         exps = np.ascontiguousarray(exponents[g, r], dtype=np.int32)
         rises = np.empty(exps.shape, dtype=np.uint8)
         chunk = _wide(codes[g, r])
-        found = decode_folded(table, chunk, exps, per, block, powers, step_bits, rises, out)
+        found = decode_folded(table, chunk, exps, per, block, powers, part, rises, out)
         top = max(top, int(found))
-        steps[:, g, r] = step_bits.view(np.float64)
+        steps[:, g, r] = part
     return decoded, steps, top
 
 
