@@ -11,8 +11,8 @@ thread is waited for; the results do not depend on the thread count.
 A thread starts with the floating point mode of the thread that started it (flush-to-zero
 and denormals-are-zero included, as POSIX threads inherit it), and routes whose float
 arithmetic must keep subnormals check the calling thread's mode (:func:`subnormals_work`):
-the pool's threads are therefore always started by a thread in the caller's mode, a new
-pool replacing the kept one when the caller's mode differs from its.
+the pool's threads are therefore always started by a thread in the caller's mode: one pool
+is kept per mode, so callers that alternate modes each keep theirs.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def subnormals_work() -> bool:
     return bool(produced != 0.0 and consumed != 0.0)
 
 
-# (process id, size, whether its threads keep subnormals, pool)
-_pool: tuple[int, int, bool, ThreadPoolExecutor] | None = None
+# whether its threads keep subnormals -> (process id, size, pool)
+_pools: dict[bool, tuple[int, int, ThreadPoolExecutor]] = {}
 _pool_lock = threading.Lock()
 _worker = threading.local()  # ``inside`` set in the kept pools' threads
 
@@ -79,19 +79,19 @@ def in_kept_pool() -> bool:
 def kept_pool(size: int) -> ThreadPoolExecutor:
     """A pool of ``size`` threads kept for the process (one of another size replaced: no
     more of a caller's work runs at once than it asked for), whose threads keep subnormals
-    exactly when the calling thread does (module docstring); a forked child makes its own:
+    exactly when the calling thread does (one pool kept per mode, module docstring); a forked
+    child makes its own:
     the parent's threads do not exist there. A replaced pool is not shut down: a call on
     another thread may still be submitting to it, and its threads end once it is no longer
     referenced. Callers running on a pool's thread (:func:`in_kept_pool`) run their work
     there instead of waiting on the pool."""
-    global _pool
     keeps = subnormals_work()
     with _pool_lock:  # (the pool checked is the one returned, whatever other threads do)
-        kept = _pool
-        if kept is None or kept[0] != os.getpid() or kept[1] != size or kept[2] != keeps:
+        kept = _pools.get(keeps)
+        if kept is None or kept[0] != os.getpid() or kept[1] != size:
             pool = ThreadPoolExecutor(size, thread_name_prefix="mxsim", initializer=_mark_worker)
-            kept = _pool = (os.getpid(), size, keeps, pool)
-    return kept[3]
+            kept = _pools[keeps] = (os.getpid(), size, pool)
+    return kept[2]
 
 
 def run_in_threads(call, items: int, threads: int | None = None) -> None:

@@ -146,9 +146,9 @@ def test_pool_threads_keep_subnormals_when_the_caller_does(two_threads, flushing
     def record(start, stop):
         seen.append(_threads.subnormals_work())
 
-    kept_pool = _threads._pool
+    kept_pools = dict(_threads._pools)
     try:
-        _threads._pool = None
+        _threads._pools.clear()
         flushing_mode(True)
         _threads.run_in_threads(record, 8)  # the pool starts its threads in flushing mode
         assert seen and not any(seen)
@@ -171,7 +171,23 @@ def test_pool_threads_keep_subnormals_when_the_caller_does(two_threads, flushing
         assert ((want & 0x7F800000) == 0).mean() > 0.9  # fp32 subnormal outputs
         assert np.array_equal(got, want)
     finally:
-        _threads._pool = kept_pool
+        _threads._pools.clear()
+        _threads._pools.update(kept_pools)
+
+
+def test_callers_alternating_float_modes_each_keep_their_pool(two_threads, flushing_mode):
+    """A call in the flushing mode starts a pool of its own and leaves the other mode's kept
+    pool in place, so callers that alternate modes do not start threads on every call."""
+    from mxsim import _threads
+
+    flushing_mode(False)  # (the fixture leaves it on)
+    keeping = _threads.kept_pool(2)
+    flushing_mode(True)
+    flushing = _threads.kept_pool(2)
+    flushing_mode(False)
+    assert _threads.kept_pool(2) is keeping
+    flushing_mode(True)
+    assert _threads.kept_pool(2) is flushing and flushing is not keeping
 
 
 def test_work_run_from_inside_the_kept_pool_runs_there_without_waiting_on_it(tmp_path):
@@ -242,6 +258,6 @@ def test_a_call_of_fewer_items_than_threads_keeps_the_pool(two_threads, monkeypa
 
     monkeypatch.setattr(numba, "get_num_threads", lambda: 3)  # (a count this machine lacks)
     _threads.run_in_threads(lambda start, stop: None, 9)
-    pool = _threads._pool
+    pool = _threads._pools[True]
     _threads.run_in_threads(lambda start, stop: None, 2)
-    assert _threads._pool is pool and pool[1] == 3
+    assert _threads._pools[True] is pool and pool[1] == 3
