@@ -289,6 +289,33 @@ def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
     )
 
 
+@pytest.mark.parametrize("a_format", ["fp8_e4m3", "fp4_e2m1", "int8"])
+def test_kulisch_blocks_at_e8m0_extremes_are_scaled_exactly(a_format):
+    # Block scales at E8M0's ends (2^-127, 2^127) and beside 2^0, drawn per block of A and
+    # of B: the blocks are scaled while decoded, each by its exponent's power of two; the
+    # outputs (one range, two float64s, or back to the kernel) are the kernel's.
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((2, 5, 96))
+    B = rng.standard_normal((2, 96, 4))
+    A[0, 1] = 0.0
+    qa = quantize_grouped(A, a_format, 32)
+    rows_b = quantize_grouped(np.ascontiguousarray(B.transpose(0, 2, 1)), a_format, 32)
+    qb = dataclasses.replace(rows_b, shape=(96, 4), axis=0)
+    ends = np.array([0, 1, 126, 127, 128, 253, 254], dtype=np.uint8)  # E8M0 codes
+    qa = dataclasses.replace(qa, scales=rng.choice(ends, qa.scales.shape).astype(np.uint8))
+    qb = dataclasses.replace(qb, scales=rng.choice(ends, qb.scales.shape).astype(np.uint8))
+    qb.scales[1] = 127  # (a group of B at 2^0: A's ends alone)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    decoded = []
+    scaled = blas_module._decoded
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+        patch.setattr(blas_module, "_decoded", lambda *a: decoded.append(1) or scaled(*a))
+        fast = matmul_batched(kulisch, qa, qb)
+    assert decoded
+    np.testing.assert_array_equal(fast.bits, matmul_batched(kulisch, qa, qb, method="kernel").bits)
+
+
 def test_fp32_elements_are_refused_without_a_table_of_every_code():
     # An fma chain of fp32 elements (mi250-fp32, with the whole-sum zero sign rule) passes every
     # key declaration, but its products span far more than float64's 53 bits; the span comes
