@@ -285,7 +285,7 @@ def _decoded_folded(values, codes, exponents, per: int, block: int, padded: int,
         part = np.empty((trees,) + out.shape[:-1])
         exps = np.ascontiguousarray(exponents[g, r], dtype=np.int32)
         rises = np.empty(exps.shape, dtype=np.uint8)
-        chunk = _wide(codes[g, r])
+        chunk = _decodable(codes[g, r])
         found = decode_folded(table, chunk, exps, per, block, powers, part, rises, out)
         top = max(top, int(found))
         steps[:, g, r] = part
@@ -392,8 +392,19 @@ def _row_chunks(codes):
 
 def _wide(codes) -> np.ndarray:
     """C-contiguous uint32 codes: the one code type of this module's kernels (the route takes
-    formats of at most ``FULL_TABLE_BITS`` bits)."""
+    formats of at most ``FULL_TABLE_BITS`` bits), but for the decoding ones."""
     return np.ascontiguousarray(codes, dtype=np.uint32)
+
+
+def _decodable(codes) -> np.ndarray:
+    """The codes as the decoding kernels take them: C-contiguous codes of one or two bytes
+    as they are (a table lookup per code reads them as fast, without a widened copy: the
+    decoding passes run per call on every element of A, and of B without a memo), others as
+    :func:`_wide` (each width a signature of its own: Numba compiles the kernel for each
+    width it meets)."""
+    if codes.dtype in (np.uint8, np.uint16) and codes.flags.c_contiguous:
+        return codes
+    return _wide(codes)
 
 
 #: Per rounding mode (ROUNDING_MODES name): (directed, the far neighbour from zero chosen for a
@@ -464,7 +475,7 @@ def _unscaled(
     if rises is not None and powers is None:
         powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
     for g, r in _row_chunks(codes):
-        chunk, out = _wide(codes[g, r]), decoded[g, r]
+        chunk, out = _decodable(codes[g, r]), decoded[g, r]
         if rises is None:
             decode_codes(table, chunk, out)
         else:
@@ -665,7 +676,9 @@ def blas_matmul(
         and len(_exact_chunks(params, scales_a[..., :blocks], scales_b[..., :blocks], block)) <= 1
     )
     acc_all = out.view(np.float32)
-    acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
+    # one accumulator input for every output: the tiles of fused trees of 8 need not read it
+    start = c_values.flat[0] if c_values.shape == (1, 1, 1) else None
+    acc_all[...] = c_values if start is None else start
     if length == 0 or rows == 0 or columns == 0:
         return []
     # A grid's floors read per tile from the blocks' least scale exponent sums, blocks of
@@ -849,7 +862,7 @@ def blas_matmul(
                         elif floor is not None:
                             plain = np.ones(blocks, dtype=np.bool_)  # (``plain_batch``)
                         if eights is not None and (grid is None or plain.all()):
-                            _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
+                            _tree8_tile(a, b_tile, a_steps, steps, eights, acc, start)
                         elif fused is not None and fused_tile:
                             _grid_trees_tile(
                                 a, b_tile, a_steps, steps, fused, acc, grid, choices, span
@@ -1103,10 +1116,11 @@ def _eight_term_trees(params, dtype, padded: int, trees, floor, block: int):
     return np.array([(first, blk) for first, _, blk in trees], dtype=np.int64).reshape(-1, 2)
 
 
-def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
+def _tree8_tile(a, b, row_steps, column_steps, trees, acc, start=None) -> None:
     """acc (g, r, n fp32) = RNE_fp32(acc + S) for each tree (``trees``: first position,
     block) of 8 products of a (g, r, padded) and b (g, n, padded), fused
-    (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n)."""
+    (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n). ``start``:
+    None, or the one value every element of ``acc`` holds (then not read from it)."""
     from ._tree_kernels import COLUMNS, PACKED_PAD, rne_trees8
 
     packed = np.empty((8, COLUMNS + PACKED_PAD))
@@ -1115,7 +1129,10 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
         # Narrow outputs (P @ v: N = 64) computed transposed, A's rows as the kernel's
         # columns: its per-row work is spread over more columns a pass. Exact alike: the
         # products and their sums are exact in any order.
-        running = np.ascontiguousarray(acc.transpose(0, 2, 1))
+        if start is None:
+            running = np.ascontiguousarray(acc.transpose(0, 2, 1))
+        else:  # (a transposed copy reads acc column by column: slow)
+            running = np.full(acc.shape[:1] + acc.shape[:0:-1], start, dtype=np.float32)
         spare = np.empty_like(running)
         b = np.ascontiguousarray(b)
         rne_trees8(b, a, trees, column_steps, row_steps, running, spare, packed)
