@@ -738,20 +738,23 @@ def test_trees_decoded_equal_their_definition(rows, blocks, per, block, seed):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
 @pytest.mark.parametrize("strided", [False, True])
-def test_codes_of_every_width_and_layout_decode_alike(dtype, strided):
+@pytest.mark.parametrize("block", [32, 24])
+def test_codes_of_every_width_and_layout_decode_alike(dtype, strided, block):
     # Codes of one or two bytes decoded as they are, others (and strided ones) widened
-    # first: plain and scaled values (E8M0's ends included), as plain Python reads them.
+    # first: plain and scaled values (E8M0's ends included; blocks of a power of two
+    # scaled while decoded, others after), as plain Python reads them.
     rng = np.random.default_rng(5)
     table = rng.standard_normal(256 if dtype == np.uint8 else 300)
     stored = rng.integers(0, table.size, (3, 4, 2 * 70)).astype(dtype)
     codes = stored[..., ::2] if strided else stored[..., :70]
-    exponents = rng.choice([-127, -126, -1, 0, 1, 126, 127], (3, 4, 3)).astype(np.int32)
+    blocks = 96 // block
+    exponents = rng.choice([-127, -126, -1, 0, 1, 126, 127], (3, 4, blocks)).astype(np.int32)
     plain = blas_module._unscaled(table, codes, 96, np.float64)
-    scaled = blas_module._decoded(table, codes, exponents, 32, 96)
+    scaled = blas_module._decoded(table, codes, exponents, block, 96)
     for g, i, k in np.ndindex(3, 4, 96):
         value = table[codes[g, i, k]] if k < 70 else 0.0
         assert plain[g, i, k] == value
-        assert scaled[g, i, k] == math.ldexp(value, int(exponents[g, i, k // 32]))
+        assert scaled[g, i, k] == math.ldexp(value, int(exponents[g, i, k // block]))
 
 
 @settings(max_examples=60, deadline=None)

@@ -361,6 +361,21 @@ def decode_codes(table, codes, out):
 
 
 @njit(cache=True, nogil=True)
+def decode_scaled(table, codes, steps, shift, out):
+    """out[g, i, k] = table[codes[g, i, k]] * steps[g, i, k >> shift] for the (groups, rows,
+    length) codes (blocks of 2^shift positions, ``steps`` (groups, rows, blocks) powers of
+    two in out's type: exact where the products are normal), zeros in the rest of out's
+    last axis (its padding to whole blocks)."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            values, row, factors = out[g, i], codes[g, i], steps[g, i]
+            for k in range(length):
+                values[k] = table[row[k]] * factors[k >> shift]
+            values[length:] = 0.0
+
+
+@njit(cache=True, nogil=True)
 def decode_raised(table, codes, rises, block, powers, out):
     """``decode_codes`` with each value times powers[the rise of its block] (rises
     (groups, rows, blocks), position k in block k // ``block``, ``powers`` 2^0, 2^1, ... in

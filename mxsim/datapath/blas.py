@@ -102,7 +102,6 @@ import numpy as np
 
 from .._threads import in_kept_pool, kept_pool, run_in_threads, subnormals_work
 from ..formats import get_format
-from ..formats.table import E8M0_BIAS
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import (
     accumulate_double_double,
@@ -112,6 +111,7 @@ from ._blas_kernels import (
     decode_codes,
     decode_folded,
     decode_raised,
+    decode_scaled,
     fold_blocks,
     fold_code_blocks,
     holds_none_of,
@@ -445,34 +445,39 @@ def batch_passes(groups: int, rows: int, tile: int):
 def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     """(..., padded) float64 of the elements' values times 2^(their block's scale exponent)
     (exact: powers of two, results normal float64s), zeros past the operand's length.
-    ``exponents`` None: no scales. Scaled while decoded (``_blas_kernels.decode_raised``,
-    each block's exponent plus E8M0's bias as its index into :func:`_scale_powers`): one pass,
-    where decoding and then scaling each block take two."""
-    if exponents is None:
-        return _unscaled(values, codes, padded, np.float64)
+    ``exponents`` None: no scales. Scaled while decoded where ``block`` is a power of two
+    (``_blas_kernels.decode_scaled``, each block's power of two built from its bits as
+    :func:`_steps` builds them): one pass, where decoding and then scaling each block take
+    two."""
+    if exponents is None or block & (block - 1):
+        decoded = _unscaled(values, codes, padded, np.float64)
+        if exponents is not None:
+            blocks = padded // block
+            steps = np.ldexp(1.0, exponents[..., :blocks].astype(np.int32))
+            grouped = decoded.reshape(codes.shape[:-1] + (blocks, block))
+            grouped *= steps[..., None]
+        return decoded
     blocks = padded // block
-    biased = (exponents[..., :blocks] + E8M0_BIAS).astype(np.uint8)  # [0, 254]
-    return _unscaled(values, codes, padded, np.float64, biased, block, _scale_powers())
+    bits = exponents[..., :blocks].astype(np.int64)
+    bits += 1023
+    bits <<= 52
+    steps = bits.view(np.float64)
+    decoded = np.empty(codes.shape[:-1] + (padded,))
+    table, shift = values.astype(np.float64), block.bit_length() - 1
+    for g, r in _row_chunks(codes):
+        decode_scaled(table, _decodable(codes[g, r]), steps[g, r], shift, decoded[g, r])
+    return decoded
 
 
-@functools.lru_cache(maxsize=1)
-def _scale_powers() -> np.ndarray:
-    """2^(i - E8M0's bias) for i in [0, 254] as float64s (normal): every E8M0 scale."""
-    return np.ldexp(1.0, np.arange(2 * E8M0_BIAS + 1) - E8M0_BIAS)
-
-
-def _unscaled(
-    values, codes, padded: int, dtype, rises=None, block: int = 1, powers=None
-) -> np.ndarray:
+def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> np.ndarray:
     """(..., padded) ``dtype`` array of the elements' values, zeros past the operand's length
     (float32 holds every value of the formats it is used for: their tree sums fit 24 bits),
     each block of ``block`` elements times 2^(its rise) where ``rises`` (..., padded / block)
-    are given (exact: the route keeps the folded sums within 53 bits), or times
-    powers[its rise] where ``powers`` (``dtype``) are given too. The codes (any unsigned
-    dtype, 3-D) are widened a few rows at a time (``_row_chunks``)."""
+    are given (exact: the route keeps the folded sums within 53 bits). The codes (any
+    unsigned dtype, 3-D) are widened a few rows at a time (``_row_chunks``)."""
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
     table = values.astype(dtype)
-    if rises is not None and powers is None:
+    if rises is not None:
         powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
     for g, r in _row_chunks(codes):
         chunk, out = _decodable(codes[g, r]), decoded[g, r]
