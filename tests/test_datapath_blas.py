@@ -2020,6 +2020,21 @@ def test_eight_term_tiles_of_fewer_columns_than_rows_run_transposed(monkeypatch)
     assert shapes == [(2, 3, 9), (2, 3, 9)]
 
 
+@pytest.mark.parametrize("start", [0.0, -1.5, 3e-41])
+def test_eight_term_tiles_from_one_start_neither_need_nor_read_the_accumulators(start):
+    # A tile told that every output starts from ``start`` (c given once for all) writes it
+    # itself: its accumulators hold NaNs here, and its outputs, transposed or not, are the
+    # Fraction twin's from ``start``.
+    for rows, columns in ((9, 3), (3, 9)):
+        a, b, row_steps, column_steps, acc, trees = eight_term_case(
+            (2, rows, columns, 3), 3, 0, 5, (-14, -6)
+        )
+        got = np.full_like(acc, np.nan)
+        blas_module._tree8_tile(a, b, row_steps, column_steps, np.array(trees), got, start)
+        want = tree8_twin(np.full_like(acc, start), a, b, trees, row_steps, column_steps)
+        np.testing.assert_array_equal(got.view(np.uint32), want)
+
+
 @pytest.mark.parametrize(
     "unit",
     ["ocp-exact", "kulisch", "bfp-exact", "mxdotp-paper", "mxdotp", "mxdotp-rtz", "mxdotp-rup"],

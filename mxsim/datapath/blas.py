@@ -681,10 +681,10 @@ def blas_matmul(
         and len(_exact_chunks(params, scales_a[..., :blocks], scales_b[..., :blocks], block)) <= 1
     )
     acc_all = out.view(np.float32)
-    # one accumulator input for every output: the tiles of fused trees of 8 need not read it
+    # one accumulator input for every output: the tiles of fused trees of 8 start from it
     start = c_values.flat[0] if c_values.shape == (1, 1, 1) else None
-    acc_all[...] = c_values if start is None else start
     if length == 0 or rows == 0 or columns == 0:
+        acc_all[...] = c_values if start is None else start
         return []
     # A grid's floors read per tile from the blocks' least scale exponent sums, blocks of
     # zeros left out (``_least_scale_sums``), unless the whole batch's least, every block
@@ -714,6 +714,10 @@ def blas_matmul(
     tile_least = grid is not None and (
         (floor is not None and not plain_batch) or (fused is not None and not fused_batch)
     )
+    # Where every tile takes the fused trees of 8 from one c, each writes c to its outputs as
+    # it starts (in cache), not the whole output first.
+    if start is None or eights is None or not (grid is None or plain_batch):
+        acc_all[...] = c_values if start is None else start
     limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
     tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
     tile = max(SMALL_TILE_ROWS, min(tile, DECODED_ROW_VALUES // padded))  # long K: fewer rows
@@ -1125,7 +1129,8 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc, start=None) -> None:
     """acc (g, r, n fp32) = RNE_fp32(acc + S) for each tree (``trees``: first position,
     block) of 8 products of a (g, r, padded) and b (g, n, padded), fused
     (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n). ``start``:
-    None, or the one value every element of ``acc`` holds (then not read from it)."""
+    None, or the one value every element of ``acc`` starts from (then written to it here:
+    ``acc`` need not hold it, and its values are not read)."""
     from ._tree_kernels import COLUMNS, PACKED_PAD, rne_trees8
 
     packed = np.empty((8, COLUMNS + PACKED_PAD))
@@ -1143,6 +1148,8 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc, start=None) -> None:
         rne_trees8(b, a, trees, column_steps, row_steps, running, spare, packed)
         acc[...] = running.transpose(0, 2, 1)
         return
+    if start is not None:
+        acc[...] = start
     running = np.ascontiguousarray(acc)
     spare = np.empty_like(running)
     rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, spare, packed)
