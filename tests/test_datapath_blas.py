@@ -2020,6 +2020,35 @@ def test_eight_term_tiles_of_fewer_columns_than_rows_run_transposed(monkeypatch)
     assert shapes == [(2, 3, 9), (2, 3, 9)]
 
 
+def test_steps_leave_one_blocks_int64_exponents_unchanged():
+    # One block's int64 exponents (a folded tree's least), transposed, are contiguous
+    # already: the steps are built on a copy, and the exponents read again stay as given.
+    exponents = np.array([[[-127], [0]], [[5], [127]]], dtype=np.int64)
+    kept = exponents.copy()
+    steps = blas_module._steps(exponents, (2, 2), 1)
+    np.testing.assert_array_equal(exponents, kept)
+    assert steps.tolist() == [[[2.0**-127, 1.0], [32.0, 2.0**127]]]
+
+
+def test_one_tree_of_folded_blocks_over_several_panels_equals_the_kernel(monkeypatch):
+    # bfp-exact with K of one tree (8 sub-blocks), folded first (a progress callback), B in
+    # panels of 8 columns: A's steps are built from the same folded exponents for each
+    # panel, which the first panel's steps must not have changed.
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    monkeypatch.setattr(blas_module, "DECODED_VALUES", 16 * 2 * 8)
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((2, 6, 16)) * np.exp2(rng.integers(-3, 4, (2, 6, 16)))
+    B = rng.standard_normal((2, 16, 40)) * np.exp2(rng.integers(-3, 4, (2, 16, 40)))
+    hw = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
+    reports = []
+    fast = matmul_batched(
+        hw, A, B, a_format="mx9", b_format="mx9", progress=lambda *done: reports.append(done)
+    )
+    slow = matmul_batched(hw, A, B, a_format="mx9", b_format="mx9", method="kernel")
+    assert len(reports) > 1  # (several panels' tiles)
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+
+
 @pytest.mark.parametrize("start", [0.0, -1.5, 3e-41])
 def test_eight_term_tiles_from_one_start_neither_need_nor_read_the_accumulators(start):
     # A tile told that every output starts from ``start`` (c given once for all) writes it

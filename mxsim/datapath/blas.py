@@ -503,8 +503,10 @@ def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
     if exponents is None:
         return np.ones((blocks,) + shape)
     # built from the bits (E8M0 exponents, and trees' least of them, lie in [-127, 127]:
-    # normal float64s): shifts and adds, where ldexp computes each power in a call of its own
-    bits = np.ascontiguousarray(exponents[..., :blocks].transpose(2, 0, 1), dtype=np.int64)
+    # normal float64s): shifts and adds, where ldexp computes each power in a call of its own;
+    # on a copy (astype always makes one: one block's transposed int64 exponents, a folded
+    # tree's least, are contiguous already, and the caller reads them again)
+    bits = exponents[..., :blocks].transpose(2, 0, 1).astype(np.int64, order="C")
     bits += 1023
     bits <<= 52
     return bits.view(np.float64)
