@@ -289,6 +289,33 @@ def test_kulisch_sums_wider_than_two_doubles_go_back_to_the_kernel():
     )
 
 
+@pytest.mark.parametrize("a_format", ["fp8_e4m3", "fp4_e2m1", "int8"])
+def test_kulisch_blocks_at_e8m0_extremes_are_scaled_exactly(a_format):
+    # Block scales at E8M0's ends (2^-127, 2^127) and beside 2^0, drawn per block of A and
+    # of B: the blocks are scaled while decoded, each by its exponent's power of two; the
+    # outputs (one range, two float64s, or back to the kernel) are the kernel's.
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((2, 5, 96))
+    B = rng.standard_normal((2, 96, 4))
+    A[0, 1] = 0.0
+    qa = quantize_grouped(A, a_format, 32)
+    rows_b = quantize_grouped(np.ascontiguousarray(B.transpose(0, 2, 1)), a_format, 32)
+    qb = dataclasses.replace(rows_b, shape=(96, 4), axis=0)
+    ends = np.array([0, 1, 126, 127, 128, 253, 254], dtype=np.uint8)  # E8M0 codes
+    qa = dataclasses.replace(qa, scales=rng.choice(ends, qa.scales.shape).astype(np.uint8))
+    qb = dataclasses.replace(qb, scales=rng.choice(ends, qb.scales.shape).astype(np.uint8))
+    qb.scales[1] = 127  # (a group of B at 2^0: A's ends alone)
+    kulisch = load_hwconfig(REPO / "hwconfigs" / "kulisch.yaml")
+    decoded = []
+    scaled = blas_module._decoded
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+        patch.setattr(blas_module, "_decoded", lambda *a: decoded.append(1) or scaled(*a))
+        fast = matmul_batched(kulisch, qa, qb)
+    assert decoded
+    np.testing.assert_array_equal(fast.bits, matmul_batched(kulisch, qa, qb, method="kernel").bits)
+
+
 def test_fp32_elements_are_refused_without_a_table_of_every_code():
     # An fma chain of fp32 elements (mi250-fp32, with the whole-sum zero sign rule) passes every
     # key declaration, but its products span far more than float64's 53 bits; the span comes
@@ -395,7 +422,8 @@ def test_batch_passes_decoding_their_own_groups_of_b_equal_the_kernel(
             decoded_groups.clear() or seen_passes.append(list(passes(*a))) or seen_passes[-1]
         ),
     )
-    for name in ("_unscaled", "_decoded_folded"):  # (``_decoded`` decodes through the first)
+    # (``_decoded`` decodes through ``_unscaled`` only for blocks of no power of two: not these)
+    for name in ("_unscaled", "_decoded_folded", "_decoded"):
         decode = getattr(blas, name)
         monkeypatch.setattr(
             blas,
@@ -707,6 +735,27 @@ def test_trees_decoded_equal_their_definition(rows, blocks, per, block, seed):
             for row, steps in zip(codes.tolist(), small.tolist())
         ]
         assert got.dtype == dtype and got.tolist() == want
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("block", [32, 24])
+def test_codes_of_every_width_and_layout_decode_alike(dtype, strided, block):
+    # Codes of one or two bytes decoded as they are, others (and strided ones) widened
+    # first: plain and scaled values (E8M0's ends included; blocks of a power of two
+    # scaled while decoded, others after), as plain Python reads them.
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal(256 if dtype == np.uint8 else 300)
+    stored = rng.integers(0, table.size, (3, 4, 2 * 70)).astype(dtype)
+    codes = stored[..., ::2] if strided else stored[..., :70]
+    blocks = 96 // block
+    exponents = rng.choice([-127, -126, -1, 0, 1, 126, 127], (3, 4, blocks)).astype(np.int32)
+    plain = blas_module._unscaled(table, codes, 96, np.float64)
+    scaled = blas_module._decoded(table, codes, exponents, block, 96)
+    for g, i, k in np.ndindex(3, 4, 96):
+        value = table[codes[g, i, k]] if k < 70 else 0.0
+        assert plain[g, i, k] == value
+        assert scaled[g, i, k] == math.ldexp(value, int(exponents[g, i, k // block]))
 
 
 @settings(max_examples=60, deadline=None)
@@ -1969,6 +2018,50 @@ def test_eight_term_tiles_of_fewer_columns_than_rows_run_transposed(monkeypatch)
         want = tree8_twin(acc, a, b, trees, row_steps, column_steps)
         np.testing.assert_array_equal(got.view(np.uint32), want)
     assert shapes == [(2, 3, 9), (2, 3, 9)]
+
+
+def test_steps_leave_one_blocks_int64_exponents_unchanged():
+    # One block's int64 exponents (a folded tree's least), transposed, are contiguous
+    # already: the steps are built on a copy, and the exponents read again stay as given.
+    exponents = np.array([[[-127], [0]], [[5], [127]]], dtype=np.int64)
+    kept = exponents.copy()
+    steps = blas_module._steps(exponents, (2, 2), 1)
+    np.testing.assert_array_equal(exponents, kept)
+    assert steps.tolist() == [[[2.0**-127, 1.0], [32.0, 2.0**127]]]
+
+
+def test_one_tree_of_folded_blocks_over_several_panels_equals_the_kernel(monkeypatch):
+    # bfp-exact with K of one tree (8 sub-blocks), folded first (a progress callback), B in
+    # panels of 8 columns: A's steps are built from the same folded exponents for each
+    # panel, which the first panel's steps must not have changed.
+    monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    monkeypatch.setattr(blas_module, "DECODED_VALUES", 16 * 2 * 8)
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((2, 6, 16)) * np.exp2(rng.integers(-3, 4, (2, 6, 16)))
+    B = rng.standard_normal((2, 16, 40)) * np.exp2(rng.integers(-3, 4, (2, 16, 40)))
+    hw = load_hwconfig(REPO / "hwconfigs" / "bfp-exact.yaml")
+    reports = []
+    fast = matmul_batched(
+        hw, A, B, a_format="mx9", b_format="mx9", progress=lambda *done: reports.append(done)
+    )
+    slow = matmul_batched(hw, A, B, a_format="mx9", b_format="mx9", method="kernel")
+    assert len(reports) > 1  # (several panels' tiles)
+    np.testing.assert_array_equal(fast.bits, slow.bits)
+
+
+@pytest.mark.parametrize("start", [0.0, -1.5, 3e-41])
+def test_eight_term_tiles_from_one_start_neither_need_nor_read_the_accumulators(start):
+    # A tile told that every output starts from ``start`` (c given once for all) writes it
+    # itself: its accumulators hold NaNs here, and its outputs, transposed or not, are the
+    # Fraction twin's from ``start``.
+    for rows, columns in ((9, 3), (3, 9)):
+        a, b, row_steps, column_steps, acc, trees = eight_term_case(
+            (2, rows, columns, 3), 3, 0, 5, (-14, -6)
+        )
+        got = np.full_like(acc, np.nan)
+        blas_module._tree8_tile(a, b, row_steps, column_steps, np.array(trees), got, start)
+        want = tree8_twin(np.full_like(acc, start), a, b, trees, row_steps, column_steps)
+        np.testing.assert_array_equal(got.view(np.uint32), want)
 
 
 @pytest.mark.parametrize(

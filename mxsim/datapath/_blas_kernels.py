@@ -361,6 +361,21 @@ def decode_codes(table, codes, out):
 
 
 @njit(cache=True, nogil=True)
+def decode_scaled(table, codes, steps, shift, out):
+    """out[g, i, k] = table[codes[g, i, k]] * steps[g, i, k >> shift] for the (groups, rows,
+    length) codes (blocks of 2^shift positions, ``steps`` (groups, rows, blocks) powers of
+    two in out's type: exact where the products are normal), zeros in the rest of out's
+    last axis (its padding to whole blocks)."""
+    groups, rows, length = codes.shape
+    for g in range(groups):
+        for i in range(rows):
+            values, row, factors = out[g, i], codes[g, i], steps[g, i]
+            for k in range(length):
+                values[k] = table[row[k]] * factors[k >> shift]
+            values[length:] = 0.0
+
+
+@njit(cache=True, nogil=True)
 def decode_raised(table, codes, rises, block, powers, out):
     """``decode_codes`` with each value times powers[the rise of its block] (rises
     (groups, rows, blocks), position k in block k // ``block``, ``powers`` 2^0, 2^1, ... in
@@ -424,15 +439,16 @@ def decode_folded(table, codes, exponents, per, block, powers, steps, rises, out
 
 @njit(cache=True, nogil=True)
 def _decode_folded_eights(table, codes, exponents, powers, steps, rises, out):
-    """:func:`decode_folded` of trees of 8 blocks of 2 positions covering every row. (Its
-    own fold, not :func:`_fold_eights` over each row's reshaped views: with those the
-    compiled pass measured markedly slower.)"""
+    """:func:`decode_folded` of trees of 8 blocks of 2 positions covering every row, each
+    block's two values decoded as its rise is found (one lookup of its factor a block, not
+    a position; ``rises`` not used). (Its own fold, not :func:`_fold_eights` over each
+    row's reshaped views: with those the compiled pass measured markedly slower.)"""
     groups, rows, length = codes.shape
     trees = steps.shape[0]
     top = np.int64(0)
     for g in range(groups):
         for i in range(rows):
-            values, row, e, row_rises = out[g, i], codes[g, i], exponents[g, i], rises[g, i]
+            values, row, e = out[g, i], codes[g, i], exponents[g, i]
             for t in range(trees):
                 b = t * 8
                 low = min(
@@ -442,8 +458,9 @@ def _decode_folded_eights(table, codes, exponents, powers, steps, rises, out):
                 steps[t, g, i] = power_of_two(np.int64(low))
                 for q in range(8):
                     rise = np.int64(e[b + q]) - low
-                    row_rises[b + q] = rise
                     top = max(top, rise)
-            for k in range(length):
-                values[k] = table[row[k]] * powers[row_rises[k >> 1]]
+                    factor = powers[rise & 255]  # (a rise past 255: the call is void)
+                    k = 2 * (b + q)
+                    values[k] = table[row[k]] * factor
+                    values[k + 1] = table[row[k + 1]] * factor
     return top

@@ -111,6 +111,7 @@ from ._blas_kernels import (
     decode_codes,
     decode_folded,
     decode_raised,
+    decode_scaled,
     fold_blocks,
     fold_code_blocks,
     holds_none_of,
@@ -284,7 +285,7 @@ def _decoded_folded(values, codes, exponents, per: int, block: int, padded: int,
         part = np.empty((trees,) + out.shape[:-1])
         exps = np.ascontiguousarray(exponents[g, r], dtype=np.int32)
         rises = np.empty(exps.shape, dtype=np.uint8)
-        chunk = _wide(codes[g, r])
+        chunk = _decodable(codes[g, r])
         found = decode_folded(table, chunk, exps, per, block, powers, part, rises, out)
         top = max(top, int(found))
         steps[:, g, r] = part
@@ -391,8 +392,19 @@ def _row_chunks(codes):
 
 def _wide(codes) -> np.ndarray:
     """C-contiguous uint32 codes: the one code type of this module's kernels (the route takes
-    formats of at most ``FULL_TABLE_BITS`` bits)."""
+    formats of at most ``FULL_TABLE_BITS`` bits), but for the decoding ones."""
     return np.ascontiguousarray(codes, dtype=np.uint32)
+
+
+def _decodable(codes) -> np.ndarray:
+    """The codes as the decoding kernels take them: C-contiguous codes of one or two bytes
+    as they are (a table lookup per code reads them as fast, without a widened copy: the
+    decoding passes run per call on every element of A, and of B without a memo), others as
+    :func:`_wide` (each width a signature of its own: Numba compiles the kernel for each
+    width it meets)."""
+    if codes.dtype in (np.uint8, np.uint16) and codes.flags.c_contiguous:
+        return codes
+    return _wide(codes)
 
 
 #: Per rounding mode (ROUNDING_MODES name): (directed, the far neighbour from zero chosen for a
@@ -433,13 +445,27 @@ def batch_passes(groups: int, rows: int, tile: int):
 def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     """(..., padded) float64 of the elements' values times 2^(their block's scale exponent)
     (exact: powers of two, results normal float64s), zeros past the operand's length.
-    ``exponents`` None: no scales."""
-    decoded = _unscaled(values, codes, padded, np.float64)
-    if exponents is not None:
-        blocks = padded // block
-        steps = np.ldexp(1.0, exponents[..., :blocks].astype(np.int32))
-        grouped = decoded.reshape(codes.shape[:-1] + (blocks, block))
-        grouped *= steps[..., None]
+    ``exponents`` None: no scales. Scaled while decoded where ``block`` is a power of two
+    (``_blas_kernels.decode_scaled``, each block's power of two built from its bits as
+    :func:`_steps` builds them): one pass, where decoding and then scaling each block take
+    two."""
+    if exponents is None or block & (block - 1):
+        decoded = _unscaled(values, codes, padded, np.float64)
+        if exponents is not None:
+            blocks = padded // block
+            steps = np.ldexp(1.0, exponents[..., :blocks].astype(np.int32))
+            grouped = decoded.reshape(codes.shape[:-1] + (blocks, block))
+            grouped *= steps[..., None]
+        return decoded
+    blocks = padded // block
+    bits = exponents[..., :blocks].astype(np.int64)
+    bits += 1023
+    bits <<= 52
+    steps = bits.view(np.float64)
+    decoded = np.empty(codes.shape[:-1] + (padded,))
+    table, shift = values.astype(np.float64), block.bit_length() - 1
+    for g, r in _row_chunks(codes):
+        decode_scaled(table, _decodable(codes[g, r]), steps[g, r], shift, decoded[g, r])
     return decoded
 
 
@@ -454,7 +480,7 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     if rises is not None:
         powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
     for g, r in _row_chunks(codes):
-        chunk, out = _wide(codes[g, r]), decoded[g, r]
+        chunk, out = _decodable(codes[g, r]), decoded[g, r]
         if rises is None:
             decode_codes(table, chunk, out)
         else:
@@ -477,8 +503,10 @@ def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
     if exponents is None:
         return np.ones((blocks,) + shape)
     # built from the bits (E8M0 exponents, and trees' least of them, lie in [-127, 127]:
-    # normal float64s): shifts and adds, where ldexp computes each power in a call of its own
-    bits = np.ascontiguousarray(exponents[..., :blocks].transpose(2, 0, 1), dtype=np.int64)
+    # normal float64s): shifts and adds, where ldexp computes each power in a call of its own;
+    # on a copy (astype always makes one: one block's transposed int64 exponents, a folded
+    # tree's least, are contiguous already, and the caller reads them again)
+    bits = exponents[..., :blocks].transpose(2, 0, 1).astype(np.int64, order="C")
     bits += 1023
     bits <<= 52
     return bits.view(np.float64)
@@ -655,8 +683,10 @@ def blas_matmul(
         and len(_exact_chunks(params, scales_a[..., :blocks], scales_b[..., :blocks], block)) <= 1
     )
     acc_all = out.view(np.float32)
-    acc_all[...] = c_values if c_values.shape != (1, 1, 1) else c_values.flat[0]
+    # one accumulator input for every output: the tiles of fused trees of 8 start from it
+    start = c_values.flat[0] if c_values.shape == (1, 1, 1) else None
     if length == 0 or rows == 0 or columns == 0:
+        acc_all[...] = c_values if start is None else start
         return []
     # A grid's floors read per tile from the blocks' least scale exponent sums, blocks of
     # zeros left out (``_least_scale_sums``), unless the whole batch's least, every block
@@ -686,6 +716,10 @@ def blas_matmul(
     tile_least = grid is not None and (
         (floor is not None and not plain_batch) or (fused is not None and not fused_batch)
     )
+    # Where every tile takes the fused trees of 8 from one c, each writes c to its outputs as
+    # it starts (in cache), not the whole output first.
+    if start is None or eights is None or not (grid is None or plain_batch):
+        acc_all[...] = c_values if start is None else start
     limiter = _blas_threads() if groups * rows * columns * padded > SINGLE_THREAD_MACS else None
     tile = TILE_ROWS if limiter is not None else SMALL_TILE_ROWS
     tile = max(SMALL_TILE_ROWS, min(tile, DECODED_ROW_VALUES // padded))  # long K: fewer rows
@@ -839,7 +873,7 @@ def blas_matmul(
                         elif floor is not None:
                             plain = np.ones(blocks, dtype=np.bool_)  # (``plain_batch``)
                         if eights is not None and (grid is None or plain.all()):
-                            _tree8_tile(a, b_tile, a_steps, steps, eights, acc)
+                            _tree8_tile(a, b_tile, a_steps, steps, eights, acc, start)
                         elif fused is not None and fused_tile:
                             _grid_trees_tile(
                                 a, b_tile, a_steps, steps, fused, acc, grid, choices, span
@@ -1093,10 +1127,12 @@ def _eight_term_trees(params, dtype, padded: int, trees, floor, block: int):
     return np.array([(first, blk) for first, _, blk in trees], dtype=np.int64).reshape(-1, 2)
 
 
-def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
+def _tree8_tile(a, b, row_steps, column_steps, trees, acc, start=None) -> None:
     """acc (g, r, n fp32) = RNE_fp32(acc + S) for each tree (``trees``: first position,
     block) of 8 products of a (g, r, padded) and b (g, n, padded), fused
-    (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n)."""
+    (``_tree_kernels.rne_trees8``); steps (blocks, g, r) and (blocks, g, n). ``start``:
+    None, or the one value every element of ``acc`` starts from (then written to it here:
+    ``acc`` need not hold it, and its values are not read)."""
     from ._tree_kernels import COLUMNS, PACKED_PAD, rne_trees8
 
     packed = np.empty((8, COLUMNS + PACKED_PAD))
@@ -1105,12 +1141,17 @@ def _tree8_tile(a, b, row_steps, column_steps, trees, acc) -> None:
         # Narrow outputs (P @ v: N = 64) computed transposed, A's rows as the kernel's
         # columns: its per-row work is spread over more columns a pass. Exact alike: the
         # products and their sums are exact in any order.
-        running = np.ascontiguousarray(acc.transpose(0, 2, 1))
+        if start is None:
+            running = np.ascontiguousarray(acc.transpose(0, 2, 1))
+        else:  # (a transposed copy reads acc column by column: slow)
+            running = np.full(acc.shape[:1] + acc.shape[:0:-1], start, dtype=np.float32)
         spare = np.empty_like(running)
         b = np.ascontiguousarray(b)
         rne_trees8(b, a, trees, column_steps, row_steps, running, spare, packed)
         acc[...] = running.transpose(0, 2, 1)
         return
+    if start is not None:
+        acc[...] = start
     running = np.ascontiguousarray(acc)
     spare = np.empty_like(running)
     rne_trees8(a, np.ascontiguousarray(b), trees, row_steps, column_steps, running, spare, packed)
