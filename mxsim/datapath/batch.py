@@ -42,12 +42,15 @@ import functools
 import numpy as np
 
 from .._threads import run_in_threads
+from ..formats import get_format
 from . import _batch_kernels as B
+from . import _folded_kernels as F
 from . import _window_kernels as W
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import fold_code_blocks
 from .blas import (
     DECODED_VALUES,
+    _span_bits,
     blocks_per_tree,
     exact_in_float64,
     grid_floor,
@@ -161,6 +164,22 @@ def small_groups_matmul(
     generic kernel must compute (module docstring). The groups are split over the threads
     (:func:`run_groups`; ``serial``: the calling thread alone), each decoding one group at a
     time."""
+    tables = kernel_args[0], kernel_args[2]
+    if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
+        plan = _float32_plan(params, tables, c_values)
+        if plan is not None:
+            operands = (codes_a, codes_b, scales_a, scales_b, c_values)
+            return _float32_groups(params, plan, kernel_args, operands, out, serial)
+    return _exact_groups(
+        params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, serial
+    )
+
+
+def _exact_groups(
+    params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, serial: bool
+):
+    """:func:`small_groups_matmul` by ``_batch_kernels.exact_groups``, trees of several
+    scale blocks folded first (:func:`_folded_groups`)."""
     groups, _, length = codes_a.shape
     trees, mode, floors, grid, choices = _exact_plan(params, length)
     tables = kernel_args[0], kernel_args[2]
@@ -186,6 +205,88 @@ def small_groups_matmul(
     )
     flagged = run_groups(B.exact_groups, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
+
+
+#: float32 2^x at index x + 127 for the E8M0 exponents x in [-127, 127] (2^-127 subnormal).
+_POWERS = np.ldexp(np.float32(1.0), np.arange(-127, 128)).astype(np.float32)
+_POWERS.setflags(write=False)
+
+
+def _float32_plan(params: DatapathParams, tables, c_values) -> tuple | None:
+    """(table_a, table_b, powers, per, block, bounds) of
+    ``_folded_kernels.scaled_float32_groups`` for this unit, its element tables and c, or
+    None where that kernel does not apply: trees of several scale blocks rounded into the
+    fp32 accumulator one by one (no grid, no exact accumulator), unfolded tree sums at
+    least two bits within float32's 24 (room for the BFP quantizer's sub-blocks, a binade
+    apart, in A and in B), finite element tables of float32 values, and a float32 c."""
+    if (
+        c_values.dtype != np.float32
+        or params.accumulator_format == "exact"
+        or params.grid_fraction_bits is not None
+    ):
+        return None
+    narrow = [_float32_table(table) for table in tables]
+    bounds = _float32_bounds(params)
+    if bounds is None or narrow[0] is None or narrow[1] is None:
+        return None
+    return narrow[0], narrow[1], _POWERS, blocks_per_tree(params), params.block_size, bounds
+
+
+@functools.lru_cache(maxsize=256)
+def _float32_bounds(params: DatapathParams) -> np.ndarray | None:
+    """The ``bounds`` of ``_folded_kernels.scaled_float32_groups`` (its module docstring),
+    or None where the unit's tree sums leave float32 less than two bits of room: the room
+    R = 24 - ``blas.tree_sum_bits``; A's block exponents x with every v 2^x a float32 (v a
+    multiple of 2^lsb_a below 2^(e_a + 1): x + lsb_a >= -149, x + e_a + 1 <= 128), within
+    [-127, 127]; B's likewise; and the sums X of A's and B's exponents for which every
+    partial tree sum (a multiple of 2^(lsb_a + lsb_b + X) below 2^(lsb_a + lsb_b + 24 + X)
+    where the trees' spans keep the room) is a float32: X + lsb_a + lsb_b >= -149 and
+    X + lsb_a + lsb_b + 24 <= 128."""
+    bits = tree_sum_bits(params)
+    if bits is None or 24 - bits < 2:
+        return None
+    (high_a, lsb_a), (high_b, lsb_b) = (
+        _span_bits(get_format(name)) for name in (params.a_format, params.b_format)
+    )
+    bounds = np.array(
+        [
+            24 - bits,
+            max(-149 - lsb_a, -127),
+            min(127 - high_a, 127),
+            max(-149 - lsb_b, -127),
+            min(127 - high_b, 127),
+            -149 - lsb_a - lsb_b,
+            104 - lsb_a - lsb_b,
+        ],
+        dtype=np.int64,
+    )
+    bounds.setflags(write=False)
+    return bounds
+
+
+def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
+    """:func:`small_groups_matmul` by ``_folded_kernels.scaled_float32_groups`` (``plan``:
+    :func:`_float32_plan`'s), the groups it defers (NaN scales, trees' exponents too far
+    apart or out of float32's range) by :func:`_exact_groups`."""
+    codes_a, codes_b, scales_a, scales_b, c_values = operands
+    groups = codes_a.shape[0]
+    flags = np.empty(out.shape, dtype=np.uint8)
+    deferred = np.empty(groups, dtype=np.uint8)
+    exponents = (np.ascontiguousarray(scales_a), np.ascontiguousarray(scales_b))
+    arguments = (codes_a, codes_b, *exponents, c_values, *plan, out, flags, deferred)
+    flagged = sum(run_groups(F.scaled_float32_groups, arguments, groups, serial))
+    rest = np.flatnonzero(deferred)
+    if rest.size:
+        part = np.empty((rest.size,) + out.shape[1:], dtype=out.dtype)
+        c_part = c_values if c_values.shape == (1, 1, 1) else c_values[rest]
+        g, m, n = _exact_groups(
+            params, kernel_args, *(x[rest] for x in operands[:4]), c_part, part, serial
+        )
+        out[rest] = part
+        flags[rest] = 0
+        flags[rest[g], m, n] = 1
+        flagged += g.size
+    return np.nonzero(flags) if flagged else _NONE_FLAGGED
 
 
 def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: int):
@@ -284,14 +385,36 @@ def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
         return kept[1]
     raised = np.ldexp(table[None, :], np.arange(copies)[:, None]).reshape(-1)
     raised.setflags(write=False)
-    if not table.flags.writeable and table.base is None:  # (one that may change: not kept)
-        if len(_RAISED_TABLES) >= 64:
-            _RAISED_TABLES.clear()
-        _RAISED_TABLES[key] = (table, raised)  # (the table kept alive: its id stays its own)
+    _keep(key, table, raised)
     return raised
 
 
-_RAISED_TABLES: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+def _float32_table(table: np.ndarray) -> np.ndarray | None:
+    """The element values as float32 (read only), or None where one is not finite or not a
+    float32; kept as :func:`_raised_table` keeps its tables."""
+    key = (id(table), 0)
+    kept = _RAISED_TABLES.get(key)
+    if kept is not None and kept[0] is table:
+        return kept[1]
+    narrow: np.ndarray | None = table.astype(np.float32)
+    if not (np.isfinite(table).all() and np.array_equal(narrow, table)):
+        narrow = None
+    else:
+        narrow.setflags(write=False)
+    _keep(key, table, narrow)
+    return narrow
+
+
+def _keep(key: tuple[int, int], table: np.ndarray, derived) -> None:
+    """Keep ``derived`` from ``table`` under ``key`` where the table is read only and owns
+    its memory (one that may change is not kept), up to 64 entries."""
+    if not table.flags.writeable and table.base is None:
+        if len(_RAISED_TABLES) >= 64:
+            _RAISED_TABLES.clear()
+        _RAISED_TABLES[key] = (table, derived)  # (the table kept alive: its id stays its own)
+
+
+_RAISED_TABLES: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
 
 
 def run_groups(kernel, arguments: tuple, groups: int, serial: bool) -> list:

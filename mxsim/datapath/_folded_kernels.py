@@ -1,0 +1,242 @@
+"""Numba kernel of the exact small-groups route for trees of several scale blocks whose
+sums fit float32 (``datapath.batch``: bfp-exact's trees of 16 products over sub-blocks of
+2 for MX9/MX6/MX4 and MX INT8, each tree's exact sum rounded into an fp32 accumulator).
+
+Why float32 is exact here, with no fold. An element is v 2^x: v a table value, an integer
+multiple of 2^lsb below 2^(e + 1) (``blas._span_bits``), x its block's scale exponent. It
+is decoded as the float32 v 2^x, exact where x + lsb >= -149 and x + e + 1 <= 128 (v has
+few bits; a power of two only moves its exponent). Take one tree of a row of A and a
+column of B, L_a and L_b the least exponents of their blocks and r_a, r_b the largest
+rises of a block above them. Each product is v_a v_b 2^(x_a + x_b): an integer multiple of
+u = 2^(lsb_a + lsb_b + L_a + L_b) below 2^(E + 2 + r_a + r_b + L_a + L_b), E = e_a + e_b;
+so every partial sum of the tree's F products, in any order, is a multiple of u of at
+most ``blas.tree_sum_bits`` + r_a + r_b bits (the fold's argument of ``datapath.blas``,
+with the scale kept in the elements). Where that is at most 24 (the rises within the
+room R = 24 - ``tree_sum_bits``), u >= 2^-149 and u 2^24 <= 2^128, every product and
+partial sum is a float32: chains of fused multiply-adds from +0 in any grouping give the
+exact scaled tree sum S (an exact zero as +0, as the chains start at +0), and the IEEE
+float32 sum acc + S is RNE_fp32(acc + S), overflow to ±Inf included (an infinite
+accumulator stays so). So a tree costs one float32 FMA per product and one addition per
+output, with no steps to multiply and no codes to rewrite.
+
+The kernel checks this per group from its scale exponents, conservatively over the whole
+group (the largest span of a tree's exponents in A plus that in B within R; every
+exponent within its operand's bounds; the least exponent of A plus that of B, and the
+largest plus the largest, within the sums' bounds) and leaves the other groups to the
+caller: NaN scales, exponents far apart within a tree (sub-blocks of zeros at 2^-127
+beside numbers), or sums at the edges of float32's range. With the BFP quantizer's
+sub-blocks (at most a binade apart) on realistic data no group is left.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..quantize._kernels import SCALE_NAN
+
+#: Columns of a group's passes: one SIMD vector of float32 (columns past N are zeros).
+LANES = 16
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _sums16(a, at_a, b, at_b, sums, at_sums):
+    """sums[at_sums + jj] = the sum over m < 16 of a[at_a + m] * b[at_b + m * LANES + jj]
+    (jj < :data:`LANES`; flat float32 arrays, unsigned offsets: an index of unknown sign
+    costs wraparound arithmetic and the loop does not vectorise): four chains per column,
+    positions m mod 4, added at the end (any grouping of the exact sums is exact)."""
+    for jj in range(LANES):
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for m in range(0, 16, 4):
+            s0 += a[at_a + np.uint64(m)] * b[at_b + np.uint64(m * LANES + jj)]
+            s1 += a[at_a + np.uint64(m + 1)] * b[at_b + np.uint64((m + 1) * LANES + jj)]
+            s2 += a[at_a + np.uint64(m + 2)] * b[at_b + np.uint64((m + 2) * LANES + jj)]
+            s3 += a[at_a + np.uint64(m + 3)] * b[at_b + np.uint64((m + 3) * LANES + jj)]
+        sums[at_sums + np.uint64(jj)] = (s0 + s1) + (s2 + s3)
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _sums(a, at_a, b, at_b, terms, sums, at_sums):
+    """:func:`_sums16` for trees of any ``terms`` positions (16: unrolled into registers)."""
+    if terms == 16:
+        _sums16(a, at_a, b, at_b, sums, at_sums)
+        return
+    for jj in range(LANES):
+        sums[at_sums + np.uint64(jj)] = np.float32(0.0)
+    for m in range(terms):
+        x = a[at_a + np.uint64(m)]
+        for jj in range(LANES):
+            sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
+
+
+@njit(cache=True, inline="always")
+def _exponent_span(exponents, per, low2, high2):
+    """(least, largest, largest span) of one group's (rows, blocks) block ``exponents``
+    (C-contiguous): the least and largest of all, and the largest of each tree of ``per``
+    consecutive blocks' largest minus least; the largest is ``SCALE_NAN`` where one is
+    NaN (it lies above every exponent). Trees of 8 blocks covering the rows by halvings
+    over the whole group (pairs of blocks, of pairs, of fours: loops that vectorise),
+    ``low2``/``high2`` scratch of half the group's blocks."""
+    rows, blocks = exponents.shape
+    least, most, span = np.int64(SCALE_NAN), -np.int64(SCALE_NAN), np.int64(0)
+    if per == 8 and blocks % 8 == 0:
+        flat = exponents.reshape(rows * blocks)
+        halves = rows * blocks // 2
+        for q in range(halves):
+            x, y = flat[2 * q], flat[2 * q + 1]
+            low2[q], high2[q] = min(x, y), max(x, y)
+        for q in range(halves // 2):  # (in place: q reads 2q and 2q + 1 >= q)
+            low2[q] = min(low2[2 * q], low2[2 * q + 1])
+            high2[q] = max(high2[2 * q], high2[2 * q + 1])
+        for q in range(halves // 4):
+            low, high = min(low2[2 * q], low2[2 * q + 1]), max(high2[2 * q], high2[2 * q + 1])
+            least, most = min(least, np.int64(low)), max(most, np.int64(high))
+            span = max(span, np.int64(high) - np.int64(low))
+        return least, most, span
+    for u in range(rows):
+        for first in range(0, blocks, per):
+            low = high = np.int64(exponents[u, first])
+            for b in range(first + 1, min(first + per, blocks)):
+                x = np.int64(exponents[u, b])
+                low, high = min(low, x), max(high, x)
+            least, most, span = min(least, low), max(most, high), max(span, high - low)
+    return least, most, span
+
+
+@njit(cache=True, inline="always")
+def _decode(row, exponents, table, powers, block, values):
+    """values[k] = table[row[k]] * powers[127 + the exponent of position k's block], blocks
+    of ``block`` positions (2: by a shift, not a division per position)."""
+    if block == 2 and row.shape[0] == 2 * exponents.shape[0]:
+        for q in range(exponents.shape[0]):
+            step = powers[np.int64(exponents[q]) + 127]
+            values[2 * q] = table[row[2 * q]] * step
+            values[2 * q + 1] = table[row[2 * q + 1]] * step
+        return
+    for q in range(exponents.shape[0]):
+        step = powers[np.int64(exponents[q]) + 127]
+        for k in range(q * block, min((q + 1) * block, row.shape[0])):
+            values[k] = table[row[k]] * step
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def scaled_float32_groups(
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    table_a,
+    table_b,
+    powers,
+    per,
+    block,
+    bounds,
+    out,
+    flags_out,
+    deferred,
+    start,
+    stop,
+):
+    """Groups ``start`` to ``stop`` of a batch of GEMMs A[g] (M, K) times B[g] given as (N, K)
+    through a unit whose trees are ``per`` scale blocks of ``block`` positions, each tree's
+    exact sum rounded into an fp32 accumulator (module docstring), in float32 arithmetic:
+    the fp32 bits into ``out`` (G, M, N uint32), 1 into ``flags_out`` (G, M, N) where c is
+    non-finite or -0 (those outputs are the generic kernel's); returns how many it flagged.
+    Groups whose operands leave float32 (below) are not computed: 1 into ``deferred`` (G),
+    else 0. ``codes_a``/``codes_b`` (G, rows, K) unsigned, ``scales_a``/``scales_b``
+    (G, rows, blocks) scale exponents in [-127, 127] or ``SCALE_NAN``, ``c_values``
+    (G, M, N) or (1, 1, 1) float32, ``table_a``/``table_b`` the element values (float32,
+    finite), ``powers`` the float32 2^x at x + 127 for x in [-127, 127], ``bounds`` (int64):
+    the room (24 minus ``blas.tree_sum_bits``), the least and largest block exponent of A
+    and of B that keep its elements float32s, and the least and largest sum of A's and
+    B's exponents that keep every tree sum a float32 (module docstring). A group is
+    computed where it holds no NaN scale, the largest span of a tree's exponents in A plus
+    that in B is within the room, its exponents lie within A's and B's bounds, and its
+    least (largest) exponent of A plus that of B within the sums' bounds."""
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    span = per * block
+    trees = -(-length // span)
+    padded = trees * span
+    passes = (columns + LANES - 1) // LANES
+    room, a_least, a_most, b_least, b_most, x_least, x_most = (
+        bounds[0],
+        bounds[1],
+        bounds[2],
+        bounds[3],
+        bounds[4],
+        bounds[5],
+        bounds[6],
+    )
+    one_c = c_values.shape[0] == 1
+    c_first = c_values[0, 0, 0] if one_c else np.float32(0.0)
+    bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
+    start_first = np.float32(0.0) if bad_first else c_first
+    a = np.zeros((rows, padded), dtype=np.float32)
+    b = np.zeros((passes, padded, LANES), dtype=np.float32)
+    sums = np.zeros(rows * LANES, dtype=np.float32)
+    acc = np.zeros(rows * LANES, dtype=np.float32)
+    lane_flags = np.zeros(rows * LANES, dtype=np.uint8)
+    flat_a, flat_b = a.reshape(a.size), b.reshape(b.size)
+    low2 = np.empty(max(rows, columns) * scales_a.shape[2] // 2 + 1, dtype=np.int64)
+    high2 = np.empty_like(low2)
+    lanes = acc.shape[0]  # (a trip count unknown when compiling: the loops vectorise)
+    flagged = 0
+    for g in range(start, stop):
+        least_a, most_a, span_a = _exponent_span(scales_a[g], per, low2, high2)
+        least_b, most_b, span_b = _exponent_span(scales_b[g], per, low2, high2)
+        deferred[g] = not (
+            span_a + span_b <= room
+            and a_least <= least_a
+            and most_a <= a_most
+            and b_least <= least_b
+            and most_b <= b_most
+            and x_least <= least_a + least_b
+            and most_a + most_b <= x_most
+        )
+        if deferred[g]:
+            continue
+        # every element's value v 2^x (exact: a float32 within the bounds)
+        for i in range(rows):
+            _decode(codes_a[g, i], scales_a[g, i], table_a, powers, block, a[i])
+        for p in range(passes):
+            for jj in range(min(LANES, columns - p * LANES)):
+                j = p * LANES + jj
+                _decode(codes_b[g, j], scales_b[g, j], table_b, powers, block, b[p, :, jj])
+        for p in range(passes):
+            j0 = p * LANES
+            live = min(LANES, columns - j0)
+            if one_c:
+                for q in range(lanes):
+                    acc[q] = start_first
+                    lane_flags[q] = bad_first
+            else:
+                for i in range(rows):
+                    for jj in range(LANES):
+                        c = c_values[g, i, j0 + jj] if jj < live else np.float32(0.0)
+                        bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
+                        acc[i * LANES + jj] = np.float32(0.0) if bad else c
+                        lane_flags[i * LANES + jj] = bad
+            for t in range(trees):
+                first = np.uint64(t * span)
+                for i in range(rows):
+                    _sums(
+                        flat_a,
+                        np.uint64(i * padded) + first,
+                        flat_b,
+                        np.uint64(p * padded * LANES) + first * np.uint64(LANES),
+                        span,
+                        sums,
+                        np.uint64(i * LANES),
+                    )
+                for q in range(lanes):  # RNE_fp32(acc + S): S exact, a zero S +0
+                    acc[q] = acc[q] + sums[q]
+            for i in range(rows):
+                for jj in range(live):
+                    out[g, i, j0 + jj] = np.float32(acc[i * LANES + jj]).view(np.uint32)
+                    flags_out[g, i, j0 + jj] = lane_flags[i * LANES + jj]
+                    flagged += lane_flags[i * LANES + jj]
+    return flagged
