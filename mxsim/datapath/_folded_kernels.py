@@ -71,37 +71,45 @@ def _sums(a, at_a, b, at_b, terms, sums, at_sums):
             sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
 
 
-@njit(cache=True, inline="always")
-def _exponent_span(exponents, per, low2, high2):
-    """(least, largest, largest span) of one group's (rows, blocks) block ``exponents``
-    (C-contiguous): the least and largest of all, and the largest of each tree of ``per``
-    consecutive blocks' largest minus least; the largest is ``SCALE_NAN`` where one is
-    NaN (it lies above every exponent). Trees of 8 blocks covering the rows by halvings
-    over the whole group (pairs of blocks, of pairs, of fours: loops that vectorise),
-    ``low2``/``high2`` scratch of half the group's blocks."""
-    rows, blocks = exponents.shape
-    least, most, span = np.int64(SCALE_NAN), -np.int64(SCALE_NAN), np.int64(0)
+@njit(cache=True, nogil=True)
+def _tree_ranges(exponents, per, start, stop, low, high):
+    """low[q], high[q] = the least and largest exponent of the q-th tree of ``per``
+    consecutive blocks of groups ``start`` to ``stop`` of the (G, rows, blocks) block
+    ``exponents`` (C-contiguous), rows after rows, ``SCALE_NAN`` above every exponent; the
+    trees' count per row is returned. Trees of 8 blocks covering the rows (bfp-exact's) by
+    straight-line code per tree (the eight exponents held in registers)."""
+    rows, blocks = exponents.shape[1], exponents.shape[2]
+    trees = -(-blocks // per)
     if per == 8 and blocks % 8 == 0:
-        flat = exponents.reshape(rows * blocks)
-        halves = rows * blocks // 2
-        for q in range(halves):
-            x, y = flat[2 * q], flat[2 * q + 1]
-            low2[q], high2[q] = min(x, y), max(x, y)
-        for q in range(halves // 2):  # (in place: q reads 2q and 2q + 1 >= q)
-            low2[q] = min(low2[2 * q], low2[2 * q + 1])
-            high2[q] = max(high2[2 * q], high2[2 * q + 1])
-        for q in range(halves // 4):
-            low, high = min(low2[2 * q], low2[2 * q + 1]), max(high2[2 * q], high2[2 * q + 1])
-            least, most = min(least, np.int64(low)), max(most, np.int64(high))
-            span = max(span, np.int64(high) - np.int64(low))
-        return least, most, span
-    for u in range(rows):
-        for first in range(0, blocks, per):
-            low = high = np.int64(exponents[u, first])
-            for b in range(first + 1, min(first + per, blocks)):
-                x = np.int64(exponents[u, b])
-                low, high = min(low, x), max(high, x)
-            least, most, span = min(least, low), max(most, high), max(span, high - low)
+        # (the groups' exponents as one flat view from 0: indexes known non-negative)
+        flat = exponents.reshape(exponents.size)[start * rows * blocks : stop * rows * blocks]
+        for q in range((stop - start) * rows * trees):
+            x0, x1, x2, x3 = flat[8 * q], flat[8 * q + 1], flat[8 * q + 2], flat[8 * q + 3]
+            x4, x5, x6, x7 = flat[8 * q + 4], flat[8 * q + 5], flat[8 * q + 6], flat[8 * q + 7]
+            low[q] = min(min(min(x0, x1), min(x2, x3)), min(min(x4, x5), min(x6, x7)))
+            high[q] = max(max(max(x0, x1), max(x2, x3)), max(max(x4, x5), max(x6, x7)))
+        return trees
+    q = 0
+    for g in range(start, stop):
+        for u in range(rows):
+            for b0 in range(0, blocks, per):
+                low[q] = high[q] = exponents[g, u, b0]
+                for b in range(b0 + 1, min(b0 + per, blocks)):
+                    low[q] = min(low[q], exponents[g, u, b])
+                    high[q] = max(high[q], exponents[g, u, b])
+                q += 1
+    return trees
+
+
+@njit(cache=True, inline="always")
+def _group_range(low, high, first, count):
+    """(least, largest, largest span high - low) over entries ``first`` to ``first`` +
+    ``count`` of :func:`_tree_ranges`' ``low`` and ``high``."""
+    least, most, span = np.int64(SCALE_NAN), -np.int64(SCALE_NAN), np.int64(0)
+    lows, highs = low[first : first + count], high[first : first + count]  # (indexes from 0)
+    for q in range(count):
+        least, most = min(least, np.int64(lows[q])), max(most, np.int64(highs[q]))
+        span = max(span, np.int64(highs[q]) - np.int64(lows[q]))
     return least, most, span
 
 
@@ -111,12 +119,12 @@ def _decode(row, exponents, table, powers, block, values):
     of ``block`` positions (2: by a shift, not a division per position)."""
     if block == 2 and row.shape[0] == 2 * exponents.shape[0]:
         for q in range(exponents.shape[0]):
-            step = powers[np.int64(exponents[q]) + 127]
+            step = powers[np.uint64(np.int64(exponents[q]) + 127)]  # (the caller's bounds)
             values[2 * q] = table[row[2 * q]] * step
             values[2 * q + 1] = table[row[2 * q + 1]] * step
         return
     for q in range(exponents.shape[0]):
-        step = powers[np.int64(exponents[q]) + 127]
+        step = powers[np.uint64(np.int64(exponents[q]) + 127)]
         for k in range(q * block, min((q + 1) * block, row.shape[0])):
             values[k] = table[row[k]] * step
 
@@ -144,7 +152,8 @@ def scaled_float32_groups(
     through a unit whose trees are ``per`` scale blocks of ``block`` positions, each tree's
     exact sum rounded into an fp32 accumulator (module docstring), in float32 arithmetic:
     the fp32 bits into ``out`` (G, M, N uint32), 1 into ``flags_out`` (G, M, N) where c is
-    non-finite or -0 (those outputs are the generic kernel's); returns how many it flagged.
+    non-finite or -0 (those outputs are the generic kernel's; the others keep their 0:
+    ``flags_out`` starts all 0); returns how many it flagged.
     Groups whose operands leave float32 (below) are not computed: 1 into ``deferred`` (G),
     else 0. ``codes_a``/``codes_b`` (G, rows, K) unsigned, ``scales_a``/``scales_b``
     (G, rows, blocks) scale exponents in [-127, 127] or ``SCALE_NAN``, ``c_values``
@@ -181,13 +190,19 @@ def scaled_float32_groups(
     acc = np.zeros(rows * LANES, dtype=np.float32)
     lane_flags = np.zeros(rows * LANES, dtype=np.uint8)
     flat_a, flat_b = a.reshape(a.size), b.reshape(b.size)
-    low2 = np.empty(max(rows, columns) * scales_a.shape[2] // 2 + 1, dtype=np.int64)
-    high2 = np.empty_like(low2)
+    # every tree's least and largest exponent, for all the groups at once
+    low_a = np.empty((stop - start) * rows * scales_a.shape[2], dtype=scales_a.dtype)
+    high_a = np.empty_like(low_a)
+    low_b = np.empty((stop - start) * columns * scales_b.shape[2], dtype=scales_b.dtype)
+    high_b = np.empty_like(low_b)
+    trees_a = _tree_ranges(scales_a, per, start, stop, low_a, high_a)
+    trees_b = _tree_ranges(scales_b, per, start, stop, low_b, high_b)
     lanes = acc.shape[0]  # (a trip count unknown when compiling: the loops vectorise)
     flagged = 0
     for g in range(start, stop):
-        least_a, most_a, span_a = _exponent_span(scales_a[g], per, low2, high2)
-        least_b, most_b, span_b = _exponent_span(scales_b[g], per, low2, high2)
+        n_a, n_b = rows * trees_a, columns * trees_b
+        least_a, most_a, span_a = _group_range(low_a, high_a, (g - start) * n_a, n_a)
+        least_b, most_b, span_b = _group_range(low_b, high_b, (g - start) * n_b, n_b)
         deferred[g] = not (
             span_a + span_b <= room
             and a_least <= least_a
@@ -209,6 +224,7 @@ def scaled_float32_groups(
         for p in range(passes):
             j0 = p * LANES
             live = min(LANES, columns - j0)
+            any_bad = bad_first
             if one_c:
                 for q in range(lanes):
                     acc[q] = start_first
@@ -220,6 +236,7 @@ def scaled_float32_groups(
                         bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
                         acc[i * LANES + jj] = np.float32(0.0) if bad else c
                         lane_flags[i * LANES + jj] = bad
+                        any_bad |= bad
             for t in range(trees):
                 first = np.uint64(t * span)
                 for i in range(rows):
@@ -234,9 +251,13 @@ def scaled_float32_groups(
                     )
                 for q in range(lanes):  # RNE_fp32(acc + S): S exact, a zero S +0
                     acc[q] = acc[q] + sums[q]
+            bits = acc.view(np.uint32)
             for i in range(rows):
                 for jj in range(live):
-                    out[g, i, j0 + jj] = np.float32(acc[i * LANES + jj]).view(np.uint32)
-                    flags_out[g, i, j0 + jj] = lane_flags[i * LANES + jj]
-                    flagged += lane_flags[i * LANES + jj]
+                    out[g, i, j0 + jj] = bits[i * LANES + jj]
+            if any_bad:  # (flags_out starts all 0)
+                for i in range(rows):
+                    for jj in range(live):
+                        flags_out[g, i, j0 + jj] = lane_flags[i * LANES + jj]
+                        flagged += lane_flags[i * LANES + jj]
     return flagged

@@ -270,7 +270,7 @@ def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
     apart or out of float32's range) by :func:`_exact_groups`."""
     codes_a, codes_b, scales_a, scales_b, c_values = operands
     groups = codes_a.shape[0]
-    flags = np.empty(out.shape, dtype=np.uint8)
+    flags = np.zeros(out.shape, dtype=np.uint8)
     deferred = np.empty(groups, dtype=np.uint8)
     exponents = (np.ascontiguousarray(scales_a), np.ascontiguousarray(scales_b))
     arguments = (codes_a, codes_b, *exponents, c_values, *plan, out, flags, deferred)
