@@ -278,7 +278,8 @@ def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
     rest = np.flatnonzero(deferred)
     if rest.size:
         part = np.empty((rest.size,) + out.shape[1:], dtype=out.dtype)
-        c_part = c_values if c_values.shape == (1, 1, 1) else c_values[rest]
+        # (one c group more, never read: a first dimension of 1 marks one c for every output)
+        c_part = c_values if c_values.shape == (1, 1, 1) else c_values[np.append(rest, rest[0])]
         g, m, n = _exact_groups(
             params, kernel_args, *(x[rest] for x in operands[:4]), c_part, part, serial
         )
