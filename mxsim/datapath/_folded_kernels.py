@@ -42,33 +42,47 @@ LANES = 16
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _sums16(a, at_a, b, at_b, sums, at_sums):
+def _pair_sums16(a, at_a, at_a2, b, at_b, sums, at_sums, at_sums2):
     """sums[at_sums + jj] = the sum over m < 16 of a[at_a + m] * b[at_b + m * LANES + jj]
-    (jj < :data:`LANES`; flat float32 arrays, unsigned offsets: an index of unknown sign
-    costs wraparound arithmetic and the loop does not vectorise): four chains per column,
-    positions m mod 4, added at the end (any grouping of the exact sums is exact)."""
+    and sums[at_sums2 + jj] likewise from a[at_a2 + m] (jj < :data:`LANES`; flat float32
+    arrays, unsigned offsets: an index of unknown sign costs wraparound arithmetic and the
+    loop does not vectorise): two rows at once, each element of B loaded once for both,
+    four chains per row and column (positions m mod 4) added at the end (any grouping of
+    the exact sums is exact)."""
     for jj in range(LANES):
         s0 = s1 = s2 = s3 = np.float32(0.0)
+        r0 = r1 = r2 = r3 = np.float32(0.0)
         for m in range(0, 16, 4):
-            s0 += a[at_a + np.uint64(m)] * b[at_b + np.uint64(m * LANES + jj)]
-            s1 += a[at_a + np.uint64(m + 1)] * b[at_b + np.uint64((m + 1) * LANES + jj)]
-            s2 += a[at_a + np.uint64(m + 2)] * b[at_b + np.uint64((m + 2) * LANES + jj)]
-            s3 += a[at_a + np.uint64(m + 3)] * b[at_b + np.uint64((m + 3) * LANES + jj)]
+            b0 = b[at_b + np.uint64(m * LANES + jj)]
+            b1 = b[at_b + np.uint64((m + 1) * LANES + jj)]
+            b2 = b[at_b + np.uint64((m + 2) * LANES + jj)]
+            b3 = b[at_b + np.uint64((m + 3) * LANES + jj)]
+            s0 += a[at_a + np.uint64(m)] * b0
+            s1 += a[at_a + np.uint64(m + 1)] * b1
+            s2 += a[at_a + np.uint64(m + 2)] * b2
+            s3 += a[at_a + np.uint64(m + 3)] * b3
+            r0 += a[at_a2 + np.uint64(m)] * b0
+            r1 += a[at_a2 + np.uint64(m + 1)] * b1
+            r2 += a[at_a2 + np.uint64(m + 2)] * b2
+            r3 += a[at_a2 + np.uint64(m + 3)] * b3
         sums[at_sums + np.uint64(jj)] = (s0 + s1) + (s2 + s3)
+        sums[at_sums2 + np.uint64(jj)] = (r0 + r1) + (r2 + r3)
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _sums(a, at_a, b, at_b, terms, sums, at_sums):
-    """:func:`_sums16` for trees of any ``terms`` positions (16: unrolled into registers)."""
+def _pair_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2):
+    """:func:`_pair_sums16` for trees of any ``terms`` positions (16: unrolled into
+    registers; others a position at a time, a row after the other)."""
     if terms == 16:
-        _sums16(a, at_a, b, at_b, sums, at_sums)
+        _pair_sums16(a, at_a, at_a2, b, at_b, sums, at_sums, at_sums2)
         return
-    for jj in range(LANES):
-        sums[at_sums + np.uint64(jj)] = np.float32(0.0)
-    for m in range(terms):
-        x = a[at_a + np.uint64(m)]
+    for at_row, at_out in ((at_a, at_sums), (at_a2, at_sums2)):
         for jj in range(LANES):
-            sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
+            sums[at_out + np.uint64(jj)] = np.float32(0.0)
+        for m in range(terms):
+            x = a[at_row + np.uint64(m)]
+            for jj in range(LANES):
+                sums[at_out + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
 
 
 @njit(cache=True, nogil=True)
@@ -184,11 +198,12 @@ def scaled_float32_groups(
     c_first = c_values[0, 0, 0] if one_c else np.float32(0.0)
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
     start_first = np.float32(0.0) if bad_first else c_first
-    a = np.zeros((rows, padded), dtype=np.float32)
+    even_rows = rows + rows % 2  # (rows in pairs: a last odd one beside a row of zeros)
+    a = np.zeros((even_rows, padded), dtype=np.float32)
     b = np.zeros((passes, padded, LANES), dtype=np.float32)
-    sums = np.zeros(rows * LANES, dtype=np.float32)
-    acc = np.zeros(rows * LANES, dtype=np.float32)
-    lane_flags = np.zeros(rows * LANES, dtype=np.uint8)
+    sums = np.zeros(even_rows * LANES, dtype=np.float32)
+    acc = np.zeros(even_rows * LANES, dtype=np.float32)
+    lane_flags = np.zeros(even_rows * LANES, dtype=np.uint8)
     flat_a, flat_b = a.reshape(a.size), b.reshape(b.size)
     # every tree's least and largest exponent, for all the groups at once
     low_a = np.empty((stop - start) * rows * scales_a.shape[2], dtype=scales_a.dtype)
@@ -239,15 +254,17 @@ def scaled_float32_groups(
                         any_bad |= bad
             for t in range(trees):
                 first = np.uint64(t * span)
-                for i in range(rows):
-                    _sums(
+                for i in range(0, even_rows, 2):
+                    _pair_sums(
                         flat_a,
                         np.uint64(i * padded) + first,
+                        np.uint64((i + 1) * padded) + first,
                         flat_b,
                         np.uint64(p * padded * LANES) + first * np.uint64(LANES),
                         span,
                         sums,
                         np.uint64(i * LANES),
+                        np.uint64((i + 1) * LANES),
                     )
                 for q in range(lanes):  # RNE_fp32(acc + S): S exact, a zero S +0
                     acc[q] = acc[q] + sums[q]
