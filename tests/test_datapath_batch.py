@@ -1441,3 +1441,33 @@ def test_float32_tables_only_of_finite_float32_values():
         changed = values.copy()
         changed[7] = bad
         assert batch_module._float32_table(changed) is None, bad
+
+
+def test_float32_units_take_groups_up_to_their_own_bound():
+    """bfp-exact (every element format: the float32 kernel's unit checks) takes the route for
+    groups up to ``FLOAT32_GROUP_OUTPUTS`` outputs (128-token heads either way round), the
+    other exact units up to ``SMALL_GROUP_OUTPUTS``; the decoded operands' bound holds for
+    both."""
+    assert batch_module.FLOAT32_GROUP_OUTPUTS == 128 * 128
+    for fmt_name in BFP_FORMATS:
+        params = hw("bfp-exact").params(fmt_name, fmt_name)
+        for rows, columns in ((128, 128), (128, 64), (64, 128), (1, 128 * 128)):
+            assert small_groups_apply(params, rows, columns, 64)
+        assert not small_groups_apply(params, 129, 128, 64)
+        assert not small_groups_apply(params, 128, 128, GROUPS_DECODED // 256 + 1)
+    for name, fmt_name in UNITS:
+        params = hw(name).params(fmt_name, fmt_name)
+        assert not batch_module._float32_unit(params)
+        assert not small_groups_apply(params, 128, 128, 64)
+
+
+@pytest.mark.parametrize("fmt_name", BFP_FORMATS)
+@pytest.mark.parametrize("shape", [(3, 128, 64, 128), (2, 128, 128, 64), (2, 40, 48, 200)])
+def test_float32_groups_of_128_token_heads(monkeypatch, fmt_name, shape):
+    """128-token heads (and wider groups of several passes) through the float32 kernel: every
+    bit the generic kernel's and the twin's; the BFP quantizer's groups none deferred."""
+    calls = float32_groups_recorded(monkeypatch)
+    run_bfp(monkeypatch, fmt_name, shape, seed=sum(shape))
+    assert calls
+    if fmt_name != "int8":
+        assert not np.concatenate(calls).any()

@@ -61,12 +61,17 @@ from .blas import (
     subnormals_work,
     tree_sum_bits,
 )
-from .schema import DatapathParams, route_accepts
+from .schema import FLOAT32_FORMATS, DatapathParams, route_accepts
+from .tables import FULL_TABLE_BITS
 from .window import _window_config, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
+#: Outputs per group up to which a batch of a unit of ``_folded_kernels``' float32 kernel
+#: (:func:`_float32_unit`: bfp-exact) takes the route: 128-token heads (128 x 128, 128 x 64)
+#: too, whose float32 tree sums in registers outrun the BLAS route's passes.
+FLOAT32_GROUP_OUTPUTS = 1 << 14
 #: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
 #: group's columns (too few lanes for groups of a few columns).
 WINDOW_GROUP_OUTPUTS = 512
@@ -102,10 +107,31 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
-        and (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
+        or (rows * columns <= FLOAT32_GROUP_OUTPUTS and _float32_unit(params))
+    ) and (
+        (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
         and _exact_unit(params)
         and subnormals_work()
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _float32_unit(params: DatapathParams) -> bool:
+    """Whether the unit's batches may take ``_folded_kernels.scaled_float32_groups``
+    (:func:`_float32_plan`: trees of several scale blocks rounded into the fp32
+    accumulator one by one, tree sums with room in float32, element values all finite
+    float32s, a float32 c): its groups up to :data:`FLOAT32_GROUP_OUTPUTS` outputs then
+    take the small-groups route."""
+    if params.c_format not in FLOAT32_FORMATS or blocks_per_tree(params) <= 1:
+        return False
+    tables = []
+    for name in (params.a_format, params.b_format):
+        fmt = get_format(name)
+        if fmt.field_bits > FULL_TABLE_BITS:
+            return False
+        tables.append(fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64))
+    fake_c = np.zeros((1, 1, 1), dtype=np.float32)
+    return _exact_unit(params) and _float32_plan(params, tables, fake_c) is not None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -276,6 +302,8 @@ def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
     arguments = (codes_a, codes_b, *exponents, c_values, *plan, out, flags, deferred)
     flagged = sum(run_groups(F.scaled_float32_groups, arguments, groups, serial))
     rest = np.flatnonzero(deferred)
+    if rest.size == groups:  # (every group: no copies of the operands)
+        return _exact_groups(params, kernel_args, *operands, out, serial)
     if rest.size:
         part = np.empty((rest.size,) + out.shape[1:], dtype=out.dtype)
         # (one c group more, never read: a first dimension of 1 marks one c for every output)
