@@ -1276,7 +1276,7 @@ def test_folded_codes_decode_to_the_elements_times_their_rises():
 
 
 def float32_groups_recorded(monkeypatch) -> list:
-    """Record, per call of ``_folded_kernels.scaled_float32_groups``, which of its groups it
+    """Record, per call of ``_float32_kernels.scaled_float32_groups``, which of its groups it
     left to the folded route (its ``deferred`` flags)."""
     kernels = batch_module.F
     kernel, calls = kernels.scaled_float32_groups, []
@@ -1315,7 +1315,7 @@ def _lowest_bit(value: float) -> int:
 def outside_float32(fmt_name: str, exps_a, exps_b, per: int = 8, terms: int = 16) -> bool:
     """Whether a group of bfp-exact (``fmt_name`` both sides) whose rows of A and columns of
     B have the block exponents ``exps_a`` and ``exps_b`` (lists of lists of ints, None for
-    NaN) lies outside the float32 kernel's reach, by its rule (``_folded_kernels``' module
+    NaN) lies outside the float32 kernel's reach, by its rule (``_float32_kernels``' module
     docstring) worked out here in Python ints from the format's values: a NaN; a tree's
     span of exponents in A plus one in B past 24 - the tree sums' bits; an element v 2^x
     that is no float32 (x + lsb < -149 or 2^(e + 1 + x) > 2^128); or, for the least and

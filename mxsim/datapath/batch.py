@@ -22,6 +22,16 @@ whose fold would need more than 53 bits are flagged (:func:`_folded_groups`). Ea
 holds one group's decoded operands: groups of up to :data:`GROUPS_DECODED` elements take
 the route.
 
+Such units whose tree sums leave float32 room for sub-blocks a binade apart (bfp-exact:
+MX9/MX6/MX4 and MX INT8 sums of 20 bits or fewer) take a float32 kernel first
+(``_float32_kernels.scaled_float32_groups``, :func:`_float32_plan`): each element decoded
+with its own block's scale, each tree's exact sum in float32 fused multiply-adds and the
+fp32 accumulation as an IEEE float32 addition, no fold (its module docstring proves when
+that is exact; it checks so per group). The groups it leaves (NaN scales, exponents too
+far apart within a tree, sums at the edges of float32's range) take the folded route
+above. Its groups may be larger: up to :data:`FLOAT32_GROUP_OUTPUTS` outputs (128-token
+heads), where its sums in registers outrun the BLAS route's passes.
+
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
 place (``_batch_kernels.window_groups``), through the window kernels' stages. Wide groups
@@ -44,7 +54,7 @@ import numpy as np
 from .._threads import run_in_threads
 from ..formats import get_format
 from . import _batch_kernels as B
-from . import _folded_kernels as F
+from . import _float32_kernels as F
 from . import _window_kernels as W
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import fold_code_blocks
@@ -68,7 +78,7 @@ from .window import _window_config, window_applies
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
-#: Outputs per group up to which a batch of a unit of ``_folded_kernels``' float32 kernel
+#: Outputs per group up to which a batch of a unit of ``_float32_kernels``' float32 kernel
 #: (:func:`_float32_unit`: bfp-exact) takes the route: 128-token heads (128 x 128, 128 x 64)
 #: too, whose float32 tree sums in registers outrun the BLAS route's passes.
 FLOAT32_GROUP_OUTPUTS = 1 << 14
@@ -100,7 +110,8 @@ WINDOW_GROUP_VALUES = 1 << 18
 
 def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
-    this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, one
+    this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
+    :data:`FLOAT32_GROUP_OUTPUTS` for units of the float32 kernel, :func:`_float32_unit`; one
     group's decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
     (``blas=`` declarations of the schema, tree sums exact in float64; trees of several scale
     blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating
@@ -117,7 +128,7 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
 
 @functools.lru_cache(maxsize=1024)
 def _float32_unit(params: DatapathParams) -> bool:
-    """Whether the unit's batches may take ``_folded_kernels.scaled_float32_groups``
+    """Whether the unit's batches may take ``_float32_kernels.scaled_float32_groups``
     (:func:`_float32_plan`: trees of several scale blocks rounded into the fp32
     accumulator one by one, tree sums with room in float32, element values all finite
     float32s, a float32 c): its groups up to :data:`FLOAT32_GROUP_OUTPUTS` outputs then
@@ -189,7 +200,8 @@ def small_groups_matmul(
     the element tables. Returns the (groups, rows, columns) index arrays of the outputs the
     generic kernel must compute (module docstring). The groups are split over the threads
     (:func:`run_groups`; ``serial``: the calling thread alone), each decoding one group at a
-    time."""
+    time: by the float32 kernel where :func:`_float32_plan` allows, the groups it leaves
+    and other units by :func:`_exact_groups`."""
     tables = kernel_args[0], kernel_args[2]
     if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
         plan = _float32_plan(params, tables, c_values)
@@ -240,7 +252,7 @@ _POWERS.setflags(write=False)
 
 def _float32_plan(params: DatapathParams, tables, c_values) -> tuple | None:
     """(table_a, table_b, powers, per, block, bounds) of
-    ``_folded_kernels.scaled_float32_groups`` for this unit, its element tables and c, or
+    ``_float32_kernels.scaled_float32_groups`` for this unit, its element tables and c, or
     None where that kernel does not apply: trees of several scale blocks rounded into the
     fp32 accumulator one by one (no grid, no exact accumulator), unfolded tree sums at
     least two bits within float32's 24 (room for the BFP quantizer's sub-blocks, a binade
@@ -260,7 +272,7 @@ def _float32_plan(params: DatapathParams, tables, c_values) -> tuple | None:
 
 @functools.lru_cache(maxsize=256)
 def _float32_bounds(params: DatapathParams) -> np.ndarray | None:
-    """The ``bounds`` of ``_folded_kernels.scaled_float32_groups`` (its module docstring),
+    """The ``bounds`` of ``_float32_kernels.scaled_float32_groups`` (its module docstring),
     or None where the unit's tree sums leave float32 less than two bits of room: the room
     R = 24 - ``blas.tree_sum_bits``; A's block exponents x with every v 2^x a float32 (v a
     multiple of 2^lsb_a below 2^(e_a + 1): x + lsb_a >= -149, x + e_a + 1 <= 128), within
@@ -291,7 +303,7 @@ def _float32_bounds(params: DatapathParams) -> np.ndarray | None:
 
 
 def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
-    """:func:`small_groups_matmul` by ``_folded_kernels.scaled_float32_groups`` (``plan``:
+    """:func:`small_groups_matmul` by ``_float32_kernels.scaled_float32_groups`` (``plan``:
     :func:`_float32_plan`'s), the groups it defers (NaN scales, trees' exponents too far
     apart or out of float32's range) by :func:`_exact_groups`."""
     codes_a, codes_b, scales_a, scales_b, c_values = operands
