@@ -1345,19 +1345,21 @@ def outside_float32(fmt_name: str, exps_a, exps_b, per: int = 8, terms: int = 16
     return least + 2 * lsb < -149 or most + 2 * lsb + 24 > 128
 
 
-def run_exponents(monkeypatch, fmt_name, exps_a, exps_b, seed, with_c=True, twins=4):
+def run_exponents(monkeypatch, fmt_name, exps_a, exps_b, seed, with_c=True, twins=4, c=None):
     """A bfp-exact batch of (G, 3, 32) x (G, 32, 5) ``fmt_name`` operands (the BFP
     quantizer's codes) whose scales are set to the (G, rows, 16) exponents ``exps_a`` and
     ``exps_b``: against the generic kernel bit for bit, ``twins`` outputs against the
     Fraction twin, and each group taken by the float32 kernel exactly where
-    :func:`outside_float32` says it may be."""
+    :func:`outside_float32` says it may be. ``c``: that c (G, 3, 5) instead of random ones.
+    Returns the groups it says are outside and the result."""
     config = hw("bfp-exact")
     rng = np.random.default_rng(seed)
     groups = exps_a.shape[0]
     a, b = bfp_operands(rng, fmt_name, (groups, 3, 32, 5))
     a.scales[...] = exps_a + 127
     b.scales[...] = exps_b + 127
-    c = accumulator_inputs(rng, (groups, 3, 5), False) if with_c else None
+    if c is None and with_c:
+        c = accumulator_inputs(rng, (groups, 3, 5), False)
     calls = float32_groups_recorded(monkeypatch)
     got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
     want = matmul_batched(config, a, b, c=c, method="kernel")
@@ -1368,7 +1370,7 @@ def run_exponents(monkeypatch, fmt_name, exps_a, exps_b, seed, with_c=True, twin
         outside_float32(fmt_name, exps_a[g].tolist(), exps_b[g].tolist()) for g in range(groups)
     ]
     assert np.concatenate(calls).tolist() == expected
-    return expected
+    return expected, got
 
 
 def test_float32_groups_at_their_bounds():
@@ -1390,8 +1392,23 @@ def test_float32_groups_at_their_bounds():
             exps_b[g] = y + rng.integers(0, spread_b + 1, (5, 16))
             exps_b[g, 0, ::8] = y + spread_b
             exps_b[g, 0, 1::8] = y
-        expected = run_exponents(monkeypatch, "mx9", exps_a, exps_b, 3, with_c=False, twins=30)
+        expected, _ = run_exponents(monkeypatch, "mx9", exps_a, exps_b, 3, with_c=False, twins=30)
         assert expected == [False, True, False, True, False, True, False]
+
+
+def test_float32_groups_overflow_to_infinity():
+    """Trees at the largest exponent sum (A at 2^126, B at 2^-10) added to c = ±(fp32's
+    largest): sums of the same sign overflow to ±Inf (IEEE float32 addition, RNE), the
+    others stay finite, and an infinite accumulator stays so through the next tree; every
+    bit the generic kernel's."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        exps_a = np.full((2, 3, 16), 126, dtype=np.int64)
+        exps_b = np.full((2, 5, 16), -10, dtype=np.int64)
+        largest = float(np.finfo(np.float32).max)
+        c = np.where(np.arange(2 * 3 * 5).reshape(2, 3, 5) % 2, largest, -largest)
+        _, got = run_exponents(monkeypatch, "mx9", exps_a, exps_b, 5, c=c.astype(np.float32))
+        values = got.bits.view(np.float32)
+        assert np.isinf(values).any() and np.isfinite(values).any()
 
 
 EDGES = [-127, -126, -125, -20, -12, -11, -10, -9, -2, 0, 1, 100, 114, 115, 116, 117, 125, 126, 127]
