@@ -128,6 +128,40 @@ def _group_range(low, high, first, count):
 
 
 @njit(cache=True, inline="always")
+def _outside(range_a, range_b, bounds):
+    """Whether a group whose A and B have the (least, largest, largest span)
+    :func:`_group_range`'s ``range_a`` and ``range_b`` lies outside float32 (the ``bounds``
+    of :func:`scaled_float32_groups`)."""
+    (least_a, most_a, span_a), (least_b, most_b, span_b) = range_a, range_b
+    return not (
+        span_a + span_b <= bounds[0]
+        and bounds[1] <= least_a
+        and most_a <= bounds[2]
+        and bounds[3] <= least_b
+        and most_b <= bounds[4]
+        and bounds[5] <= least_a + least_b
+        and most_a + most_b <= bounds[6]
+    )
+
+
+@njit(cache=True, nogil=True)
+def first_group_outside(scales_a, scales_b, per, bounds):
+    """Whether :func:`scaled_float32_groups` would leave the batch's first group (the
+    arguments as it takes them): the caller's glance at a batch before compiling or
+    calling it (a batch of the MX quantizer's sub-blocks, each its own scale, mostly lies
+    outside)."""
+    low_a = np.empty(scales_a.shape[1] * scales_a.shape[2], dtype=scales_a.dtype)
+    high_a = np.empty_like(low_a)
+    low_b = np.empty(scales_b.shape[1] * scales_b.shape[2], dtype=scales_b.dtype)
+    high_b = np.empty_like(low_b)
+    trees_a = _tree_ranges(scales_a, per, 0, 1, low_a, high_a)
+    trees_b = _tree_ranges(scales_b, per, 0, 1, low_b, high_b)
+    range_a = _group_range(low_a, high_a, 0, scales_a.shape[1] * trees_a)
+    range_b = _group_range(low_b, high_b, 0, scales_b.shape[1] * trees_b)
+    return _outside(range_a, range_b, bounds)
+
+
+@njit(cache=True, inline="always")
 def _decode(row, exponents, table, powers, block, values):
     """values[k] = table[row[k]] * powers[127 + the exponent of position k's block], blocks
     of ``block`` positions (2: by a shift, not a division per position)."""
@@ -185,15 +219,6 @@ def scaled_float32_groups(
     trees = -(-length // span)
     padded = trees * span
     passes = (columns + LANES - 1) // LANES
-    room, a_least, a_most, b_least, b_most, x_least, x_most = (
-        bounds[0],
-        bounds[1],
-        bounds[2],
-        bounds[3],
-        bounds[4],
-        bounds[5],
-        bounds[6],
-    )
     one_c = c_values.shape[0] == 1
     c_first = c_values[0, 0, 0] if one_c else np.float32(0.0)
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
@@ -216,17 +241,9 @@ def scaled_float32_groups(
     flagged = 0
     for g in range(start, stop):
         n_a, n_b = rows * trees_a, columns * trees_b
-        least_a, most_a, span_a = _group_range(low_a, high_a, (g - start) * n_a, n_a)
-        least_b, most_b, span_b = _group_range(low_b, high_b, (g - start) * n_b, n_b)
-        deferred[g] = not (
-            span_a + span_b <= room
-            and a_least <= least_a
-            and most_a <= a_most
-            and b_least <= least_b
-            and most_b <= b_most
-            and x_least <= least_a + least_b
-            and most_a + most_b <= x_most
-        )
+        range_a = _group_range(low_a, high_a, (g - start) * n_a, n_a)
+        range_b = _group_range(low_b, high_b, (g - start) * n_b, n_b)
+        deferred[g] = _outside(range_a, range_b, bounds)
         if deferred[g]:
             continue
         # every element's value v 2^x (exact: a float32 within the bounds)

@@ -305,12 +305,17 @@ def _float32_bounds(params: DatapathParams) -> np.ndarray | None:
 def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
     """:func:`small_groups_matmul` by ``_float32_kernels.scaled_float32_groups`` (``plan``:
     :func:`_float32_plan`'s), the groups it defers (NaN scales, trees' exponents too far
-    apart or out of float32's range) by :func:`_exact_groups`."""
+    apart or out of float32's range) by :func:`_exact_groups`; a batch whose first group
+    it would defer, wholly by :func:`_exact_groups` (``first_group_outside``)."""
     codes_a, codes_b, scales_a, scales_b, c_values = operands
     groups = codes_a.shape[0]
     flags = np.zeros(out.shape, dtype=np.uint8)
     deferred = np.empty(groups, dtype=np.uint8)
     exponents = (np.ascontiguousarray(scales_a), np.ascontiguousarray(scales_b))
+    if F.first_group_outside(*exponents, plan[3], plan[5]):
+        # a batch of sub-blocks far apart (the MX quantizer's): the folded route, without
+        # the float32 kernel's checks (nor its compilation, if this is the unit's first)
+        return _exact_groups(params, kernel_args, *operands, out, serial)
     arguments = (codes_a, codes_b, *exponents, c_values, *plan, out, flags, deferred)
     flagged = sum(run_groups(F.scaled_float32_groups, arguments, groups, serial))
     rest = np.flatnonzero(deferred)
