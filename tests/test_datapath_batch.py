@@ -1468,10 +1468,11 @@ def test_float32_tables_only_of_finite_float32_values():
 
 def test_float32_units_take_groups_up_to_their_own_bound():
     """bfp-exact (every element format: the float32 kernel's unit checks) takes the route for
-    groups up to ``FLOAT32_GROUP_OUTPUTS`` outputs (128-token heads either way round), the
+    groups up to ``FLOAT32_GROUP_FACTOR`` times ``SMALL_GROUP_OUTPUTS`` outputs (128-token
+    heads either way round), the
     other exact units up to ``SMALL_GROUP_OUTPUTS``; the decoded operands' bound holds for
     both."""
-    assert batch_module.FLOAT32_GROUP_OUTPUTS == 128 * 128
+    assert batch_module.FLOAT32_GROUP_FACTOR * SMALL_GROUP_OUTPUTS == 128 * 128
     for fmt_name in BFP_FORMATS:
         params = hw("bfp-exact").params(fmt_name, fmt_name)
         for rows, columns in ((128, 128), (128, 64), (64, 128), (1, 128 * 128)):

@@ -29,8 +29,9 @@ with its own block's scale, each tree's exact sum in float32 fused multiply-adds
 fp32 accumulation as an IEEE float32 addition, no fold (its module docstring proves when
 that is exact; it checks so per group). The groups it leaves (NaN scales, exponents too
 far apart within a tree, sums at the edges of float32's range) take the folded route
-above. Its groups may be larger: up to :data:`FLOAT32_GROUP_OUTPUTS` outputs (128-token
-heads), where its sums in registers outrun the BLAS route's passes.
+above. Its groups may be larger: up to :data:`FLOAT32_GROUP_FACTOR` times
+:data:`SMALL_GROUP_OUTPUTS` outputs (128-token heads), where its sums in registers outrun
+the BLAS route's passes.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
@@ -78,10 +79,11 @@ from .window import _window_config, window_applies
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
-#: Outputs per group up to which a batch of a unit of ``_float32_kernels``' float32 kernel
-#: (:func:`_float32_unit`: bfp-exact) takes the route: 128-token heads (128 x 128, 128 x 64)
-#: too, whose float32 tree sums in registers outrun the BLAS route's passes.
-FLOAT32_GROUP_OUTPUTS = 1 << 14
+#: Times :data:`SMALL_GROUP_OUTPUTS` the outputs per group up to which a batch of a unit of
+#: ``_float32_kernels``' float32 kernel (:func:`_float32_unit`: bfp-exact) takes the route:
+#: 128-token heads (128 x 128, 128 x 64) too, whose float32 tree sums in registers outrun
+#: the BLAS route's passes.
+FLOAT32_GROUP_FACTOR = 16
 #: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
 #: group's columns (too few lanes for groups of a few columns).
 WINDOW_GROUP_OUTPUTS = 512
@@ -111,14 +113,14 @@ WINDOW_GROUP_VALUES = 1 << 18
 def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
-    :data:`FLOAT32_GROUP_OUTPUTS` for units of the float32 kernel, :func:`_float32_unit`; one
+    :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel, :func:`_float32_unit`; one
     group's decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
     (``blas=`` declarations of the schema, tree sums exact in float64; trees of several scale
     blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating
     point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
-        or (rows * columns <= FLOAT32_GROUP_OUTPUTS and _float32_unit(params))
+        or (rows * columns <= SMALL_GROUP_OUTPUTS * FLOAT32_GROUP_FACTOR and _float32_unit(params))
     ) and (
         (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
         and _exact_unit(params)
@@ -131,8 +133,8 @@ def _float32_unit(params: DatapathParams) -> bool:
     """Whether the unit's batches may take ``_float32_kernels.scaled_float32_groups``
     (:func:`_float32_plan`: trees of several scale blocks rounded into the fp32
     accumulator one by one, tree sums with room in float32, element values all finite
-    float32s, a float32 c): its groups up to :data:`FLOAT32_GROUP_OUTPUTS` outputs then
-    take the small-groups route."""
+    float32s, a float32 c): its groups up to :data:`FLOAT32_GROUP_FACTOR` times
+    :data:`SMALL_GROUP_OUTPUTS` outputs then take the small-groups route."""
     if params.c_format not in FLOAT32_FORMATS or blocks_per_tree(params) <= 1:
         return False
     tables = []
