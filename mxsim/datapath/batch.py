@@ -113,11 +113,11 @@ WINDOW_GROUP_VALUES = 1 << 18
 def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
-    :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel, :func:`_float32_unit`; one
-    group's decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
-    (``blas=`` declarations of the schema, tree sums exact in float64; trees of several scale
-    blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating
-    point (``blas.subnormals_work``)."""
+    :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel,
+    :func:`_float32_unit`; one group's decoded operands within :data:`GROUPS_DECODED`), the
+    BLAS route's unit checks (``blas=`` declarations of the schema, tree sums exact in
+    float64; trees of several scale blocks are folded, :func:`_folded_groups`), and
+    subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
         or (rows * columns <= SMALL_GROUP_OUTPUTS * FLOAT32_GROUP_FACTOR and _float32_unit(params))
@@ -440,7 +440,7 @@ def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
 def _float32_table(table: np.ndarray) -> np.ndarray | None:
     """The element values as float32 (read only), or None where one is not finite or not a
     float32; kept as :func:`_raised_table` keeps its tables."""
-    key = (id(table), 0)
+    key = (id(table), 0)  # (no raised table has 0 copies)
     kept = _RAISED_TABLES.get(key)
     if kept is not None and kept[0] is table:
         return kept[1]
