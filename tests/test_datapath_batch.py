@@ -8,6 +8,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+import math
+from fractions import Fraction
+
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -1270,3 +1273,224 @@ def test_folded_codes_decode_to_the_elements_times_their_rises():
                 assert same_float(got, want), (g, i, k)
                 checked += 1
     assert checked > 100
+
+
+def float32_groups_recorded(monkeypatch) -> list:
+    """Record, per call of ``_float32_kernels.scaled_float32_groups``, which of its groups it
+    left to the folded route (its ``deferred`` flags)."""
+    kernels = batch_module.F
+    kernel, calls = kernels.scaled_float32_groups, []
+
+    def recording(*arguments):
+        result = kernel(*arguments)
+        start, stop = arguments[-2], arguments[-1]
+        calls.append(np.array(arguments[-3][start:stop], dtype=bool))
+        return result
+
+    monkeypatch.setattr(kernels, "scaled_float32_groups", recording)
+    return calls
+
+
+@pytest.mark.parametrize("fmt_name", BFP_FORMATS)
+@pytest.mark.parametrize("shape", [(192, 14, 32, 14), (24, 14, 14, 32), (3, 5, 70, 17)])
+def test_float32_groups_take_the_bfp_quantizers_batches(monkeypatch, fmt_name, shape):
+    """bfp-exact's batches of the BFP quantizer (sub-blocks at most a binade apart) are
+    computed by the float32 kernel, no group left to the folded route, every bit the
+    generic kernel's and the twin's (``run_bfp``); MX INT8 in sub-blocks of 2 (each its own
+    E8M0 scale) is computed bit for bit whichever kernel takes its groups."""
+    calls = float32_groups_recorded(monkeypatch)
+    run_bfp(monkeypatch, fmt_name, shape, seed=7 + sum(shape))
+    if fmt_name != "int8":
+        assert calls and not np.concatenate(calls).any()
+
+
+def _lowest_bit(value: float) -> int:
+    """The exponent of the lowest set bit of a nonzero dyadic ``value``."""
+    f = Fraction(value)
+    numerator = abs(f.numerator)
+    return ((numerator & -numerator).bit_length() - 1) - (f.denominator.bit_length() - 1)
+
+
+def outside_float32(fmt_name: str, exps_a, exps_b, per: int = 8, terms: int = 16) -> bool:
+    """Whether a group of bfp-exact (``fmt_name`` both sides) whose rows of A and columns of
+    B have the block exponents ``exps_a`` and ``exps_b`` (lists of lists of ints, None for
+    NaN) lies outside the float32 kernel's reach, by its rule (``_float32_kernels``' module
+    docstring) worked out here in Python ints from the format's values: a NaN; a tree's
+    span of exponents in A plus one in B past 24 - the tree sums' bits; an element v 2^x
+    that is no float32 (x + lsb < -149 or 2^(e + 1 + x) > 2^128); or, for the least and
+    the largest exponent sums X, a tree sum's step 2^(2 lsb + X) below 2^-149 or its bound
+    2^(2 lsb + 24 + X) above 2^128."""
+    fmt = get_format(fmt_name)
+    values = [float(v) for v in fmt.decode_fields(np.arange(1 << fmt.field_bits))]
+    nonzero = [abs(v) for v in values if v != 0]
+    lsb = min(_lowest_bit(v) for v in nonzero)
+    high = math.frexp(max(nonzero))[1] - 1  # the leading bit of the largest magnitude
+    bits = 2 * (high + 1 - lsb) + math.ceil(math.log2(terms))
+    every = [x for row in exps_a + exps_b for x in row]
+    if None in every:
+        return True
+
+    def span(exps):
+        return max(
+            max(r[t : t + per]) - min(r[t : t + per]) for r in exps for t in range(0, len(r), per)
+        )
+
+    if span(exps_a) + span(exps_b) > 24 - bits:
+        return True
+    if any(x + lsb < -149 or x + high + 1 > 128 for x in every):
+        return True
+    least = min(map(min, exps_a)) + min(map(min, exps_b))
+    most = max(map(max, exps_a)) + max(map(max, exps_b))
+    return least + 2 * lsb < -149 or most + 2 * lsb + 24 > 128
+
+
+def run_exponents(monkeypatch, fmt_name, exps_a, exps_b, seed, with_c=True, twins=4, c=None):
+    """A bfp-exact batch of (G, 3, 32) x (G, 32, 5) ``fmt_name`` operands (the BFP
+    quantizer's codes) whose scales are set to the (G, rows, 16) exponents ``exps_a`` and
+    ``exps_b``: against the generic kernel bit for bit, ``twins`` outputs against the
+    Fraction twin, and each group taken by the float32 kernel exactly where
+    :func:`outside_float32` says it may be (none where it says the first group is outside:
+    the batch then skips the kernel). ``c``: that c (G, 3, 5) instead of random ones.
+    Returns the groups it says are outside and the result."""
+    config = hw("bfp-exact")
+    rng = np.random.default_rng(seed)
+    groups = exps_a.shape[0]
+    a, b = bfp_operands(rng, fmt_name, (groups, 3, 32, 5))
+    a.scales[...] = exps_a + 127
+    b.scales[...] = exps_b + 127
+    if c is None and with_c:
+        c = accumulator_inputs(rng, (groups, 3, 5), False)
+    calls = float32_groups_recorded(monkeypatch)
+    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    assert not flagged.any()
+    check_twin(config, a, b, c, got, rng, count=twins)
+    expected = [
+        outside_float32(fmt_name, exps_a[g].tolist(), exps_b[g].tolist()) for g in range(groups)
+    ]
+    if expected[0]:  # a first group outside: the whole batch on the folded route
+        assert not calls
+    else:
+        assert np.concatenate(calls).tolist() == expected
+    return expected, got
+
+
+def test_float32_groups_at_their_bounds():
+    """MX9 (elements multiples of 2^-6 below 2^2; tree sums of 20 bits, room 4): groups with
+    exponent sums at the least X = -137 (steps 2^-149: computed, subnormal sums) and one
+    below (deferred), at the largest X = 116 with A at 2^126 (computed, sums up to 2^128:
+    overflow to ±Inf) and A at 2^127 (an element past float32: deferred), and trees'
+    spans of 2 + 2 (computed) and 3 + 2 (deferred): every bit the generic kernel's."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        rng = np.random.default_rng(3)
+        cases = [(-127, -10, 0, 0), (-127, -11, 0, 0), (126, -10, 0, 0), (127, -11, 0, 0)]
+        cases += [(0, 0, 2, 2), (0, 0, 3, 2), (-5, 3, 1, 1)]
+        exps_a = np.empty((len(cases), 3, 16), dtype=np.int64)
+        exps_b = np.empty((len(cases), 5, 16), dtype=np.int64)
+        for g, (x, y, spread_a, spread_b) in enumerate(cases):
+            exps_a[g] = x - rng.integers(0, spread_a + 1, (3, 16))
+            exps_a[g, :, 0] = x - spread_a  # (every tree of row 0 spans the spread)
+            exps_a[g, 0, ::8] = x
+            exps_b[g] = y + rng.integers(0, spread_b + 1, (5, 16))
+            exps_b[g, 0, ::8] = y + spread_b
+            exps_b[g, 0, 1::8] = y
+        expected, _ = run_exponents(monkeypatch, "mx9", exps_a, exps_b, 3, with_c=False, twins=30)
+        assert expected == [False, True, False, True, False, True, False]
+        # the same groups after one outside: the batch skips the float32 kernel, same bits
+        order = [1, 0, 2, 3, 4, 5, 6]
+        run_exponents(monkeypatch, "mx9", exps_a[order], exps_b[order], 3, with_c=False)
+
+
+def test_float32_groups_overflow_to_infinity():
+    """Trees at the largest exponent sum (A at 2^126, B at 2^-10) added to c = ±(fp32's
+    largest): sums of the same sign overflow to ±Inf (IEEE float32 addition, RNE), the
+    others stay finite, and an infinite accumulator stays so through the next tree; every
+    bit the generic kernel's."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        exps_a = np.full((2, 3, 16), 126, dtype=np.int64)
+        exps_b = np.full((2, 5, 16), -10, dtype=np.int64)
+        largest = float(np.finfo(np.float32).max)
+        c = np.where(np.arange(2 * 3 * 5).reshape(2, 3, 5) % 2, largest, -largest)
+        _, got = run_exponents(monkeypatch, "mx9", exps_a, exps_b, 5, c=c.astype(np.float32))
+        values = got.bits.view(np.float32)
+        assert np.isinf(values).any() and np.isfinite(values).any()
+
+
+EDGES = [-127, -126, -125, -20, -12, -11, -10, -9, -2, 0, 1, 100, 114, 115, 116, 117, 125, 126, 127]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    fmt_name=st.sampled_from(["mx9", "mx6", "mx4"]),
+    bases=st.lists(
+        st.tuples(
+            st.one_of(st.sampled_from(EDGES), st.integers(-127, 127)),
+            st.one_of(st.sampled_from(EDGES), st.integers(-127, 127)),
+            st.integers(0, 3),
+            st.integers(0, 3),
+        ),
+        min_size=2,
+        max_size=5,
+    ),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_float32_groups_equal_the_kernel_near_the_edges_of_float32(fmt_name, bases, with_c, seed):
+    """Random groups whose exponents lie near float32's edges and whose trees span 0 to 3
+    binades on each side: each group taken by the float32 kernel exactly where the rule
+    allows, every bit the generic kernel's either way."""
+    rng = np.random.default_rng(seed)
+    exps_a = np.empty((len(bases), 3, 16), dtype=np.int64)
+    exps_b = np.empty((len(bases), 5, 16), dtype=np.int64)
+    for g, (x, y, spread_a, spread_b) in enumerate(bases):
+        exps_a[g] = np.clip(x - rng.integers(0, spread_a + 1, (3, 16)), -127, 127)
+        exps_b[g] = np.clip(y - rng.integers(0, spread_b + 1, (5, 16)), -127, 127)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_exponents(monkeypatch, fmt_name, exps_a, exps_b, seed, with_c, twins=2)
+
+
+def test_float32_tables_only_of_finite_float32_values():
+    """``batch._float32_table``: the element values as float32 where every one is a finite
+    float32 (kept per read-only table), None otherwise (a NaN, or a value float32 rounds)."""
+    values = get_format("mx9").decode_fields(np.arange(512)).astype(np.float64)
+    frozen = values.copy()
+    frozen.setflags(write=False)
+    narrow = batch_module._float32_table(frozen)
+    assert narrow.dtype == np.float32 and not narrow.flags.writeable
+    assert [Fraction(float(v)) for v in narrow] == [Fraction(float(v)) for v in values]
+    assert batch_module._float32_table(frozen) is narrow
+    for bad in (np.nan, np.inf, 1.0 + 2.0**-30):
+        changed = values.copy()
+        changed[7] = bad
+        assert batch_module._float32_table(changed) is None, bad
+
+
+def test_float32_units_take_groups_up_to_their_own_bound():
+    """bfp-exact (every element format: the float32 kernel's unit checks) takes the route for
+    groups up to ``FLOAT32_GROUP_FACTOR`` times ``SMALL_GROUP_OUTPUTS`` outputs (128-token
+    heads either way round), the
+    other exact units up to ``SMALL_GROUP_OUTPUTS``; the decoded operands' bound holds for
+    both."""
+    assert batch_module.FLOAT32_GROUP_FACTOR * SMALL_GROUP_OUTPUTS == 128 * 128
+    for fmt_name in BFP_FORMATS:
+        params = hw("bfp-exact").params(fmt_name, fmt_name)
+        for rows, columns in ((128, 128), (128, 64), (64, 128), (1, 128 * 128)):
+            assert small_groups_apply(params, rows, columns, 64)
+        assert not small_groups_apply(params, 129, 128, 64)
+        assert not small_groups_apply(params, 128, 128, GROUPS_DECODED // 256 + 1)
+    for name, fmt_name in UNITS:
+        params = hw(name).params(fmt_name, fmt_name)
+        assert not batch_module._float32_unit(params)
+        assert not small_groups_apply(params, 128, 128, 64)
+
+
+@pytest.mark.parametrize("fmt_name", BFP_FORMATS)
+@pytest.mark.parametrize("shape", [(3, 128, 64, 128), (2, 128, 128, 64), (2, 40, 48, 200)])
+def test_float32_groups_of_128_token_heads(monkeypatch, fmt_name, shape):
+    """128-token heads (and wider groups of several passes) through the float32 kernel: every
+    bit the generic kernel's and the twin's; the BFP quantizer's groups none deferred."""
+    calls = float32_groups_recorded(monkeypatch)
+    run_bfp(monkeypatch, fmt_name, shape, seed=sum(shape))
+    if fmt_name != "int8":
+        assert calls and not np.concatenate(calls).any()

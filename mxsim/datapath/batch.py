@@ -22,6 +22,17 @@ whose fold would need more than 53 bits are flagged (:func:`_folded_groups`). Ea
 holds one group's decoded operands: groups of up to :data:`GROUPS_DECODED` elements take
 the route.
 
+Such units whose tree sums leave float32 room for sub-blocks a binade apart (bfp-exact:
+MX9/MX6/MX4 and MX INT8 sums of 20 bits or fewer) take a float32 kernel first
+(``_float32_kernels.scaled_float32_groups``, :func:`_float32_plan`): each element decoded
+with its own block's scale, each tree's exact sum in float32 fused multiply-adds and the
+fp32 accumulation as an IEEE float32 addition, no fold (its module docstring proves when
+that is exact; it checks so per group). The groups it leaves (NaN scales, exponents too
+far apart within a tree, sums at the edges of float32's range) take the folded route
+above. Its groups may be larger: up to :data:`FLOAT32_GROUP_FACTOR` times
+:data:`SMALL_GROUP_OUTPUTS` outputs (128-token heads), where its sums in registers outrun
+the BLAS route's passes.
+
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
 place (``_batch_kernels.window_groups``), through the window kernels' stages. Wide groups
@@ -42,12 +53,15 @@ import functools
 import numpy as np
 
 from .._threads import run_in_threads
+from ..formats import get_format
 from . import _batch_kernels as B
+from . import _float32_kernels as F
 from . import _window_kernels as W
 from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import fold_code_blocks
 from .blas import (
     DECODED_VALUES,
+    _span_bits,
     blocks_per_tree,
     exact_in_float64,
     grid_floor,
@@ -58,12 +72,18 @@ from .blas import (
     subnormals_work,
     tree_sum_bits,
 )
-from .schema import DatapathParams, route_accepts
+from .schema import FLOAT32_FORMATS, DatapathParams, route_accepts
+from .tables import FULL_TABLE_BITS
 from .window import _window_config, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
 SMALL_GROUP_OUTPUTS = 1024
+#: Times :data:`SMALL_GROUP_OUTPUTS` the outputs per group up to which a batch of a unit of
+#: ``_float32_kernels``' float32 kernel (:func:`_float32_unit`: bfp-exact) takes the route:
+#: 128-token heads (128 x 128, 128 x 64) too, whose float32 tree sums in registers outrun
+#: the BLAS route's passes.
+FLOAT32_GROUP_FACTOR = 16
 #: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
 #: group's columns (too few lanes for groups of a few columns).
 WINDOW_GROUP_OUTPUTS = 512
@@ -92,17 +112,39 @@ WINDOW_GROUP_VALUES = 1 << 18
 
 def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
-    this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, one
-    group's decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
-    (``blas=`` declarations of the schema, tree sums exact in float64; trees of several scale
-    blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's floating
-    point (``blas.subnormals_work``)."""
+    this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
+    :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel,
+    :func:`_float32_unit`; one group's decoded operands within :data:`GROUPS_DECODED`), the
+    BLAS route's unit checks (``blas=`` declarations of the schema, tree sums exact in
+    float64; trees of several scale blocks are folded, :func:`_folded_groups`), and
+    subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
-        and (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
+        or (rows * columns <= SMALL_GROUP_OUTPUTS * FLOAT32_GROUP_FACTOR and _float32_unit(params))
+    ) and (
+        (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
         and _exact_unit(params)
         and subnormals_work()
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _float32_unit(params: DatapathParams) -> bool:
+    """Whether the unit's batches may take ``_float32_kernels.scaled_float32_groups``
+    (:func:`_float32_plan`: trees of several scale blocks rounded into the fp32
+    accumulator one by one, tree sums with room in float32, element values all finite
+    float32s, a float32 c): its groups up to :data:`FLOAT32_GROUP_FACTOR` times
+    :data:`SMALL_GROUP_OUTPUTS` outputs then take the small-groups route."""
+    if params.c_format not in FLOAT32_FORMATS or blocks_per_tree(params) <= 1:
+        return False
+    tables = []
+    for name in (params.a_format, params.b_format):
+        fmt = get_format(name)
+        if fmt.field_bits > FULL_TABLE_BITS:
+            return False
+        tables.append(fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64))
+    fake_c = np.zeros((1, 1, 1), dtype=np.float32)
+    return _exact_unit(params) and _float32_plan(params, tables, fake_c) is not None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -160,7 +202,24 @@ def small_groups_matmul(
     the element tables. Returns the (groups, rows, columns) index arrays of the outputs the
     generic kernel must compute (module docstring). The groups are split over the threads
     (:func:`run_groups`; ``serial``: the calling thread alone), each decoding one group at a
-    time."""
+    time: by the float32 kernel where :func:`_float32_plan` allows, the groups it leaves
+    and other units by :func:`_exact_groups`."""
+    tables = kernel_args[0], kernel_args[2]
+    if blocks_per_tree(params) > 1 and scales_a.size and scales_b.size:
+        plan = _float32_plan(params, tables, c_values)
+        if plan is not None:
+            operands = (codes_a, codes_b, scales_a, scales_b, c_values)
+            return _float32_groups(params, plan, kernel_args, operands, out, serial)
+    return _exact_groups(
+        params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, serial
+    )
+
+
+def _exact_groups(
+    params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, serial: bool
+):
+    """:func:`small_groups_matmul` by ``_batch_kernels.exact_groups``, trees of several
+    scale blocks folded first (:func:`_folded_groups`)."""
     groups, _, length = codes_a.shape
     trees, mode, floors, grid, choices = _exact_plan(params, length)
     tables = kernel_args[0], kernel_args[2]
@@ -186,6 +245,96 @@ def small_groups_matmul(
     )
     flagged = run_groups(B.exact_groups, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
+
+
+#: float32 2^x at index x + 127 for the E8M0 exponents x in [-127, 127] (2^-127 subnormal).
+_POWERS = np.ldexp(np.float32(1.0), np.arange(-127, 128)).astype(np.float32)
+_POWERS.setflags(write=False)
+
+
+def _float32_plan(params: DatapathParams, tables, c_values) -> tuple | None:
+    """(table_a, table_b, powers, per, block, bounds) of
+    ``_float32_kernels.scaled_float32_groups`` for this unit, its element tables and c, or
+    None where that kernel does not apply: trees of several scale blocks rounded into the
+    fp32 accumulator one by one (no grid, no exact accumulator), unfolded tree sums at
+    least two bits within float32's 24 (room for the BFP quantizer's sub-blocks, a binade
+    apart, in A and in B), finite element tables of float32 values, and a float32 c."""
+    if (
+        c_values.dtype != np.float32
+        or params.accumulator_format == "exact"
+        or params.grid_fraction_bits is not None
+    ):
+        return None
+    narrow = [_float32_table(table) for table in tables]
+    bounds = _float32_bounds(params)
+    if bounds is None or narrow[0] is None or narrow[1] is None:
+        return None
+    return narrow[0], narrow[1], _POWERS, blocks_per_tree(params), params.block_size, bounds
+
+
+@functools.lru_cache(maxsize=256)
+def _float32_bounds(params: DatapathParams) -> np.ndarray | None:
+    """The ``bounds`` of ``_float32_kernels.scaled_float32_groups`` (its module docstring),
+    or None where the unit's tree sums leave float32 less than two bits of room: the room
+    R = 24 - ``blas.tree_sum_bits``; A's block exponents x with every v 2^x a float32 (v a
+    multiple of 2^lsb_a below 2^(e_a + 1): x + lsb_a >= -149, x + e_a + 1 <= 128), within
+    [-127, 127]; B's likewise; and the sums X of A's and B's exponents for which every
+    partial tree sum (a multiple of 2^(lsb_a + lsb_b + X) below 2^(lsb_a + lsb_b + 24 + X)
+    where the trees' spans keep the room) is a float32: X + lsb_a + lsb_b >= -149 and
+    X + lsb_a + lsb_b + 24 <= 128."""
+    bits = tree_sum_bits(params)
+    if bits is None or 24 - bits < 2:
+        return None
+    (high_a, lsb_a), (high_b, lsb_b) = (
+        _span_bits(get_format(name)) for name in (params.a_format, params.b_format)
+    )
+    bounds = np.array(
+        [
+            24 - bits,
+            max(-149 - lsb_a, -127),
+            min(127 - high_a, 127),
+            max(-149 - lsb_b, -127),
+            min(127 - high_b, 127),
+            -149 - lsb_a - lsb_b,
+            104 - lsb_a - lsb_b,
+        ],
+        dtype=np.int64,
+    )
+    bounds.setflags(write=False)
+    return bounds
+
+
+def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
+    """:func:`small_groups_matmul` by ``_float32_kernels.scaled_float32_groups`` (``plan``:
+    :func:`_float32_plan`'s), the groups it defers (NaN scales, trees' exponents too far
+    apart or out of float32's range) by :func:`_exact_groups`; a batch whose first group
+    it would defer, wholly by :func:`_exact_groups` (``first_group_outside``)."""
+    codes_a, codes_b, scales_a, scales_b, c_values = operands
+    groups = codes_a.shape[0]
+    flags = np.zeros(out.shape, dtype=np.uint8)
+    deferred = np.empty(groups, dtype=np.uint8)
+    exponents = (np.ascontiguousarray(scales_a), np.ascontiguousarray(scales_b))
+    if F.first_group_outside(*exponents, plan[3], plan[5]):
+        # a batch of sub-blocks far apart (the MX quantizer's): the folded route, without
+        # the float32 kernel's checks (nor its compilation, if this is the unit's first)
+        return _exact_groups(params, kernel_args, *operands, out, serial)
+    arguments = (codes_a, codes_b, *exponents, c_values, *plan, out, flags, deferred)
+    flagged = sum(run_groups(F.scaled_float32_groups, arguments, groups, serial))
+    rest = np.flatnonzero(deferred)
+    if rest.size == groups:  # (every group: no copies of the operands)
+        return _exact_groups(params, kernel_args, *operands, out, serial)
+    if rest.size:
+        part = np.empty((rest.size,) + out.shape[1:], dtype=out.dtype)
+        # (one c group more, never read: a first dimension of 1 marks one c for every output)
+        c_part = c_values if c_values.shape == (1, 1, 1) else c_values[np.append(rest, rest[0])]
+        g, m, n = _exact_groups(
+            params, kernel_args, *(x[rest] for x in operands[:4]), c_part, part, serial
+        )
+        out[rest] = part
+        flags[rest] = 0
+        flags[rest[g], m, n] = 1
+        flagged += g.size
+    return np.nonzero(flags) if flagged else _NONE_FLAGGED
 
 
 def _folded_groups(params, tables, codes_a, codes_b, scales_a, scales_b, trees: int):
@@ -284,14 +433,36 @@ def _raised_table(table: np.ndarray, copies: int) -> np.ndarray:
         return kept[1]
     raised = np.ldexp(table[None, :], np.arange(copies)[:, None]).reshape(-1)
     raised.setflags(write=False)
-    if not table.flags.writeable and table.base is None:  # (one that may change: not kept)
-        if len(_RAISED_TABLES) >= 64:
-            _RAISED_TABLES.clear()
-        _RAISED_TABLES[key] = (table, raised)  # (the table kept alive: its id stays its own)
+    _keep(key, table, raised)
     return raised
 
 
-_RAISED_TABLES: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+def _float32_table(table: np.ndarray) -> np.ndarray | None:
+    """The element values as float32 (read only), or None where one is not finite or not a
+    float32; kept as :func:`_raised_table` keeps its tables."""
+    key = (id(table), 0)  # (no raised table has 0 copies)
+    kept = _RAISED_TABLES.get(key)
+    if kept is not None and kept[0] is table:
+        return kept[1]
+    narrow: np.ndarray | None = table.astype(np.float32)
+    if not (np.isfinite(table).all() and np.array_equal(narrow, table)):
+        narrow = None
+    else:
+        narrow.setflags(write=False)
+    _keep(key, table, narrow)
+    return narrow
+
+
+def _keep(key: tuple[int, int], table: np.ndarray, derived) -> None:
+    """Keep ``derived`` from ``table`` under ``key`` where the table is read only and owns
+    its memory (one that may change is not kept), up to 64 entries."""
+    if not table.flags.writeable and table.base is None:
+        if len(_RAISED_TABLES) >= 64:
+            _RAISED_TABLES.clear()
+        _RAISED_TABLES[key] = (table, derived)  # (the table kept alive: its id stays its own)
+
+
+_RAISED_TABLES: dict[tuple[int, int], tuple[np.ndarray, np.ndarray | None]] = {}
 
 
 def run_groups(kernel, arguments: tuple, groups: int, serial: bool) -> list:
