@@ -493,28 +493,28 @@ def test_route_flags_infinite_elements_beside_zeros(monkeypatch, name, fmt_name)
         assert flagged[1, 2].all() and flagged[3, 1].all() and np.isnan(got.values[1, 2]).all()
 
 
-def zero_tail_operands(rng, config, fmt_name, shape, tail: str):
-    """(A, B) of a realistic batch whose codes from position 16 on are set by ``tail``:
-    "both" 0 in A and B (so the kernel's last tree of 32 sums 16 positions), "a" / "b" 0
-    in that operand alone, "b special" 0 in A and B but a NaN/Inf (or largest) code in one
-    column of B, "minus zero" the -0 code (not code 0) in A and B, "one group" 0 in every
-    group but group 1, which keeps its codes."""
+def zero_tail_operands(rng, config, fmt_name, shape, tail: str, zero_from: int = 16):
+    """(A, B) of a realistic batch whose codes from position ``zero_from`` on are set by
+    ``tail``: "both" 0 in A and B (so the kernel's last tree of 32 sums its first 16 or 8
+    positions), "a" / "b" 0 in that operand alone, "b special" 0 in A and B but a NaN/Inf
+    (or largest) code in one column of B, "minus zero" the -0 code (not code 0) in A and
+    B, "one group" 0 in every group but group 1, which keeps its codes."""
     block = config.sections[("inputs", "block_size")]
     a, b = operands(rng, fmt_name, block, shape, 0.0)
     kinds = corner_codes(fmt_name)
     operands_set = {"both": (a, b), "a": (a,), "b": (b,), "b special": (a, b)}
     for x in operands_set.get(tail, ()):
-        x.codes[:, :, 16:] = 0
+        x.codes[:, :, zero_from:] = 0
     if tail == "b special":
-        b.codes[2, 3, 20] = kinds.get("special", kinds["largest"])[0]
+        b.codes[2, 3, zero_from + 4] = kinds.get("special", kinds["largest"])[0]
     if tail == "minus zero":
         negative = [code for code in kinds["zero"] if code != 0]
         for x in (a, b):
-            x.codes[:, :, 16:] = negative[0] if negative else 0
+            x.codes[:, :, zero_from:] = negative[0] if negative else 0
     if tail == "one group":
         kept = a.codes[1].copy(), b.codes[1].copy()
         for x in (a, b):
-            x.codes[:, :, 16:] = 0
+            x.codes[:, :, zero_from:] = 0
         a.codes[1], b.codes[1] = kept
     return a, b
 
@@ -522,14 +522,18 @@ def zero_tail_operands(rng, config, fmt_name, shape, tail: str):
 @pytest.mark.parametrize("name, fmt_name", UNITS[:8])
 @pytest.mark.parametrize("tail", ["both", "a", "b", "b special", "minus zero", "one group"])
 @pytest.mark.parametrize("with_c", [False, True])
-def test_exact_route_with_zero_codes_past_half_a_tree(monkeypatch, name, fmt_name, tail, with_c):
-    """Operands whose last tree's codes past its first half are 0 in A and B (the kernel
-    then decodes and sums the half alone: ``_batch_kernels._last_tree_terms``), in one of
-    them only, beside a NaN/Inf code in B, or -0 codes: every bit the generic kernel's, the
-    flags exactly the special outputs, outputs against the Fraction twin."""
+@pytest.mark.parametrize("length, zero_from", [(32, 16), (96, 72)])
+def test_exact_route_with_zero_codes_past_half_a_tree(
+    monkeypatch, name, fmt_name, tail, with_c, length, zero_from
+):
+    """Operands whose last tree's codes past its first half (16 of 32) or quarter (72 of
+    96: the third tree's 8) are 0 in A and B (the kernel then decodes and sums those
+    alone: ``_batch_kernels._last_tree_terms``), in one of them only, beside a NaN/Inf
+    code in B, or -0 codes: every bit the generic kernel's, the flags exactly the special
+    outputs, outputs against the Fraction twin."""
     config = hw(name)
     rng = np.random.default_rng(17)
-    a, b = zero_tail_operands(rng, config, fmt_name, (4, 6, 32, 9), tail)
+    a, b = zero_tail_operands(rng, config, fmt_name, (4, 6, length, 9), tail, zero_from)
     c = accumulator_inputs(rng, (4, 6, 9), False) if with_c else None
     got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
     want = matmul_batched(config, a, b, c=c, method="kernel")
