@@ -496,6 +496,113 @@ def test_route_flags_infinite_elements_beside_zeros(monkeypatch, name, fmt_name)
         assert flagged[1, 2].all() and flagged[3, 1].all() and np.isnan(got.values[1, 2]).all()
 
 
+def zero_tail_operands(rng, config, fmt_name, shape, tail: str, zero_from: int = 16):
+    """(A, B) of a realistic batch whose codes from position ``zero_from`` on are set by
+    ``tail``: "both" 0 in A and B (so the kernel's last tree of 32 sums its first 16 or 8
+    positions), "a" / "b" 0 in that operand alone, "b special" 0 in A and B but a NaN/Inf
+    (or largest) code in one column of B, "minus zero" the -0 code (not code 0) in A and
+    B, "one group" 0 in every group but group 1, which keeps its codes."""
+    block = config.sections[("inputs", "block_size")]
+    a, b = operands(rng, fmt_name, block, shape, 0.0)
+    kinds = corner_codes(fmt_name)
+    operands_set = {"both": (a, b), "a": (a,), "b": (b,), "b special": (a, b)}
+    for x in operands_set.get(tail, ()):
+        x.codes[:, :, zero_from:] = 0
+    if tail == "b special":
+        b.codes[2, 3, zero_from + 4] = kinds.get("special", kinds["largest"])[0]
+    if tail == "minus zero":
+        negative = [code for code in kinds["zero"] if code != 0]
+        for x in (a, b):
+            x.codes[:, :, zero_from:] = negative[0] if negative else 0
+    if tail == "one group":
+        kept = a.codes[1].copy(), b.codes[1].copy()
+        for x in (a, b):
+            x.codes[:, :, zero_from:] = 0
+        a.codes[1], b.codes[1] = kept
+    return a, b
+
+
+@pytest.mark.parametrize("name, fmt_name", UNITS[:8])
+@pytest.mark.parametrize("tail", ["both", "a", "b", "b special", "minus zero", "one group"])
+@pytest.mark.parametrize("with_c", [False, True])
+@pytest.mark.parametrize("length, zero_from", [(32, 16), (96, 72)])
+def test_exact_route_with_zero_codes_past_half_a_tree(
+    monkeypatch, name, fmt_name, tail, with_c, length, zero_from
+):
+    """Operands whose last tree's codes past its first half (16 of 32) or quarter (72 of
+    96: the third tree's 8) are 0 in A and B (the kernel then decodes and sums those
+    alone: ``_batch_kernels._last_tree_terms``), in one of them only, beside a NaN/Inf
+    code in B, or -0 codes: every bit the generic kernel's, the flags exactly the special
+    outputs, outputs against the Fraction twin."""
+    config = hw(name)
+    rng = np.random.default_rng(17)
+    a, b = zero_tail_operands(rng, config, fmt_name, (4, 6, length, 9), tail, zero_from)
+    c = accumulator_inputs(rng, (4, 6, 9), False) if with_c else None
+    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    special = special_outputs(a, b, c)
+    assert not (special & ~flagged).any()
+    if config.params(fmt_name, fmt_name).accumulator_format != "exact":
+        np.testing.assert_array_equal(flagged, special)
+    check_twin(config, a, b, c, got, np.random.default_rng(3), count=6)
+
+
+@pytest.mark.parametrize("name, fmt_name", UNITS[:8])
+@pytest.mark.parametrize("shape", [(5, 14, 14, 32), (3, 7, 8, 20), (3, 5, 40, 6), (2, 9, 70, 17)])
+def test_exact_route_on_k_short_of_its_last_tree(monkeypatch, name, fmt_name, shape):
+    """K ending before the last tree's half or quarter (P @ v's 14 in a tree of 32; 8; 40
+    and 70, whose last trees of 32 hold 8 and 6 elements): the quantizer's zero padding is
+    left out of the sums, every bit the generic kernel's and the twin's, corners among the
+    codes and scales."""
+    config, a, b, c, got, marked = run_route(
+        monkeypatch, name, fmt_name, shape, seed=sum(shape), corners=0.03
+    )
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(4), count=6)
+
+
+def last_tree_terms_reference(codes_a, codes_b, g, first, terms):
+    """``_batch_kernels._last_tree_terms`` spelled out: halve while a multiple of 16 and
+    every code of both operands' group g from the half to the tree's end (before K) is 0."""
+    length = codes_a.shape[2]
+    while terms % 16 == 0:
+        half, stop = min(first + terms // 2, length), min(first + terms, length)
+        if any(int(v) for x in (codes_a, codes_b) for v in x[g, :, half:stop].ravel()):
+            break
+        terms //= 2
+    return terms
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    columns=st.integers(1, 5),
+    first_trees=st.integers(0, 2),
+    terms=st.sampled_from([8, 16, 32, 24]),
+    length_cut=st.integers(0, 40),
+    nonzero=st.lists(st.tuples(st.booleans(), st.integers(0, 200)), max_size=3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_last_tree_terms_equals_its_reference(
+    rows, columns, first_trees, terms, length_cut, nonzero, seed
+):
+    from mxsim.datapath import _batch_kernels as kernels
+
+    rng = np.random.default_rng(seed)
+    first = first_trees * terms
+    length = max(first + 1, first + terms - length_cut)
+    codes = [rng.integers(1, 256, (2, n, length)).astype(np.uint8) for n in (rows, columns)]
+    for x in codes:  # zeros from a random position of the last tree on
+        x[:, :, first + int(rng.integers(0, terms)) :] = 0
+    for in_b, at in nonzero:  # a few nonzero codes put back anywhere
+        x = codes[int(in_b)]
+        x.reshape(-1)[at % x.size] = 1 + at % 255
+    for g in range(2):
+        want = last_tree_terms_reference(*codes, g, first, terms)
+        assert kernels._last_tree_terms(*codes, g, first, terms) == want
+
+
 @pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3")])
 def test_route_computes_any_split_of_the_groups(monkeypatch, name, fmt_name):
     """The groups split over threads as ``run_in_threads`` cuts them: each group computed

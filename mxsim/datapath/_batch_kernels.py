@@ -518,7 +518,10 @@ def exact_groups(
     are finite. Each group's A and its B transposed are decoded (B's columns padded to
     whole passes of :data:`LANES` with zeros); a row's tree sums over a pass are SIMD
     vectors (``_tree_sums``), and the accumulation steps are loops over a row's pass (they
-    vectorise)."""
+    vectorise). Where code 0 is ±0 in both tables, the last tree's positions whose codes
+    are all 0 in the group's A and B (:func:`_last_tree_terms`: the zero padding of K
+    short of a tree, MiniLM's P @ v) are neither decoded nor summed: their products are
+    ±0, which leave the exact sum from +0 unchanged."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     count = trees.shape[0]
@@ -579,14 +582,26 @@ def exact_groups(
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
+    # Code 0 of both tables is ±0: the last tree's positions whose codes are all 0 in A and
+    # B (operands padded to whole blocks: MiniLM's P @ v, K = 14) are neither decoded nor
+    # summed (:func:`_last_tree_terms`), where every other tree ends before it starts (so
+    # every position they read is decoded).
+    last_first, last_terms = trees[count - 1, 0], trees[count - 1, 1] - trees[count - 1, 0]
+    shortened = table_a[0] == 0.0 and table_b[0] == 0.0
+    for t in range(count - 1):
+        shortened &= trees[t, 1] <= last_first
     flagged = 0
     for g in range(start, stop):
+        summed = last_terms
+        if shortened:
+            summed = _last_tree_terms(codes_a, codes_b, g, last_first, last_terms)
+        decoded = min(length, last_first + summed)
         for i in range(rows):
-            for k in range(length):
+            for k in range(decoded):
                 a[i, k] = table_a[codes_a[g, i, k]]
         for p in range(passes):
             for jj in range(min(LANES, columns - p * LANES)):
-                for k in range(length):
+                for k in range(decoded):
                     b[p, k, jj] = table_b[codes_b[g, p * LANES + jj, k]]
         # Each tree's steps 2^Xa and 2^Xb (1 for a NaN scale, whose outputs are flagged):
         # s 2^Xa 2^Xb is exact, as s 2^(Xa + Xb) (|Xa|, |Xb| <= 127 keep every product a
@@ -639,6 +654,8 @@ def exact_groups(
                     lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
             for t in range(count):
                 first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
+                if t == count - 1:
+                    terms = summed
                 for i in range(rows):
                     _tree_sums(
                         flat_a,
@@ -724,6 +741,40 @@ def exact_groups(
 
 #: float64 elements of a 4096-byte page.
 PAGE_FLOATS = 512
+
+
+@njit(cache=True, inline="always")
+def _last_tree_terms(codes_a, codes_b, g, first, terms):
+    """The positions from ``first`` of the last tree (of ``terms``) of group ``g`` that
+    ``exact_groups`` decodes and sums: ``terms``, halved while it is a multiple of 16 and
+    every code of A's rows and B's columns at the positions past the half (those before
+    K) is 0, whose value is ±0 in both tables (the caller's check). Their products are
+    ±0, which leave the tree's exact sum from +0 unchanged; a NaN or ±Inf code is not 0,
+    so no non-finite product is left out. The halves are 16 and 8 positions, widths of
+    the unrolled ``_tree_sums``."""
+    length = codes_a.shape[2]
+    while terms % 16 == 0:
+        start, stop = min(first + terms // 2, length), min(first + terms, length)
+        if start < stop and codes_a[g, 0, start] != 0:  # (the usual case, found at once)
+            break
+        if not (_zero_codes(codes_a[g], start, stop) and _zero_codes(codes_b[g], start, stop)):
+            break
+        terms //= 2
+    return terms
+
+
+@njit(cache=True, inline="always")
+def _zero_codes(codes, start, stop):
+    """Whether every code of codes[:, start:stop] is 0 (a row's codes ORed together in a
+    loop from 0 over its view, which vectorises; the first nonzero row ends the search)."""
+    for i in range(codes.shape[0]):
+        row = codes[i, start:stop]
+        bits = 0
+        for k in range(row.shape[0]):
+            bits |= row[k]
+        if bits:
+            return False
+    return True
 
 
 @njit(cache=True, inline="always")
