@@ -981,8 +981,9 @@ def _small_groups_routes(
     """The output bits (as :func:`_gemm_routes`) of a batch of several GEMMs by a small-groups
     route (``datapath.batch``: attention heads, the whole batch in a few calls), or None
     where none applies; ``tile``: codes A, codes B, their scale exponents and c, as
-    :func:`_gemm_routes` takes them; ``terms``: K before the codes' padding, or None. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel
-    runs on the calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
+    :func:`_gemm_routes` takes them; ``terms``: K before the codes' padding, or None. Below
+    ``SERIAL_GEMM_BELOW`` ``products`` the kernel runs on the calling thread alone, as do the
+    generic kernel's outputs (``threads_for``)."""
     codes_a, codes_b, exponents_a, exponents_b, c_values = tile
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
