@@ -165,6 +165,7 @@ BATCHES = (
     ("q @ k^T, 12 heads x 8, seq 128", 96, 128, 64, 128),
     ("P @ v, 12 heads x 8, seq 128", 96, 128, 128, 64),
     ("q @ k^T, 12 heads x 16, seq 14 (MiniLM)", 192, 14, 32, 14),
+    ("P @ v, 12 heads x 16, seq 14 (MiniLM)", 192, 14, 14, 32),
 )
 
 

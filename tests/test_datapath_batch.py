@@ -5,19 +5,20 @@ kernel and the Fraction twin, corners included."""
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
-import pytest
 import math
 from fractions import Fraction
 
+import numpy as np
+import pytest
+import yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mxsim.datapath.api as api
 from conftest import REPO, same_float
 from mxsim import get_format
-from mxsim.datapath import load_hwconfig, matmul_batched
+from mxsim.datapath import load_hwconfig, matmul_batched, parse_hwconfig
+from mxsim.datapath import _batch_kernels as batch_kernels
 from mxsim.datapath import batch as batch_module
 from mxsim.datapath.batch import (
     GROUPS_DECODED,
@@ -892,6 +893,99 @@ def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, n
         zeros[...] = kinds["zero"][-1]  # the negative zero where the format has one
         got = run_window_groups(monkeypatch, config, dataclasses.replace(a, codes=zeros), b, None)
         np.testing.assert_array_equal(got.bits, 0)
+
+
+def kernel_lengths(monkeypatch) -> list[int]:
+    """The K of the codes each ``_batch_kernels.window_groups`` call gets (a list filled as
+    the batch runs)."""
+    lengths: list[int] = []
+    kernel = batch_kernels.window_groups
+
+    def recording(codes_a, *rest):
+        lengths.append(codes_a.shape[2])
+        return kernel(codes_a, *rest)
+
+    monkeypatch.setattr(batch_kernels, "window_groups", recording)
+    return lengths
+
+
+@pytest.mark.parametrize("name, fmt_name", [*WINDOW_UNITS, ("ada-fp8", "fp8_e4m3")])
+@pytest.mark.parametrize("k", [5, 14, 40])
+def test_window_groups_skip_the_zero_padding_of_k(monkeypatch, name, fmt_name, k):
+    """K padded to whole scale blocks of 32 by the quantizer (MiniLM's P @ v: 14 of 32):
+    the kernel gets the codes cut to K rounded up to a pass of 8 where the cut keeps every
+    tree (trees of 32: 5 -> 8, 14 -> 16, 40 -> 40 of 64; trees of 16, ADA's and H100 FP16's,
+    whose accumulator joins each tree: only 40 -> 40 of 64, as 8 and 16 of 32 would drop a
+    tree of padding that still truncates the accumulator), and the generic kernel's bits
+    and the Fraction twin's either way, c included."""
+    config = hw(name)
+    params = config.params(fmt_name, fmt_name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    rng = np.random.default_rng(k)
+    a, b = operands(rng, fmt_name, 32, (3, 5, k, 19), 0.0, scaled)
+    c = accumulator_inputs(rng, (3, 5, 19), corners=False)
+    lengths = kernel_lengths(monkeypatch)
+    got = run_window_groups(monkeypatch, config, a, b, c)
+    cut = {5: 8, 14: 16, 40: 40}[k]
+    keeps_trees = -(-cut // params.fused_terms) == -(-a.codes.shape[-1] // params.fused_terms)
+    assert lengths == [cut if keeps_trees else a.codes.shape[-1]]
+    assert params.fused_terms == 32 or (params.fused_terms == 16 and lengths[0] != cut) or k == 40
+    check_twin(config, a, b, c, got, rng, count=4)
+
+
+def test_window_groups_keep_trees_of_padding_alone(monkeypatch):
+    """A unit whose accumulator joins each tree holding more bits than the window keeps
+    (Ada's FP16 path, trees of 8, with a 13-bit window): a tree of padding alone still
+    truncates the accumulator, so K = 5 of 32 keeps the codes' four trees (the twin's
+    result differs with one), and the bits agree with the generic kernel and the twin."""
+    raw = yaml.safe_load((REPO / "hwconfigs" / "ada.yaml").read_text())
+    raw["name"], raw["adder"]["align_fraction_bits"] = "ada-window-13", 13
+    config = parse_hwconfig(raw)
+    params = config.params("fp16", "fp16")
+    rng = np.random.default_rng(5)
+    a, b = operands(rng, "fp16", 32, (3, 5, 5, 19), 0.0, scaled=False)
+    c = accumulator_inputs(rng, (3, 5, 19), corners=False)
+    lengths = kernel_lengths(monkeypatch)
+    got = run_window_groups(monkeypatch, config, a, b, c)
+    assert lengths == [32]
+    check_twin(config, a, b, c, got, rng, count=4)
+    whole = dot_reference(
+        params, a.codes[0, 0].tolist(), b.codes[0, 0].tolist(), None, None, float(c[0, 0, 0])
+    )
+    cut = dot_reference(
+        params,
+        a.codes[0, 0, :8].tolist(),
+        b.codes[0, 0, :8].tolist(),
+        None,
+        None,
+        float(c[0, 0, 0]),
+    )
+    assert whole != cut
+
+
+@pytest.mark.parametrize("operand", ["A", "B"])
+@pytest.mark.parametrize("kind", ["number", "special", "negative zero"])
+def test_window_groups_keep_padding_that_is_not_the_zero_code(monkeypatch, operand, kind):
+    """Batches whose padding past K holds, in one row of A or column of B, a code other
+    than the zero code (a number, a NaN code, -0): the generic kernel counts every code of
+    the padded K, so the window kernel gets them all too, and the bits agree (the NaN's
+    outputs left to the generic kernel)."""
+    config = hw("h100-fp8")
+    rng = np.random.default_rng(3)
+    a, b = operands(rng, "fp8_e4m3", 32, (3, 5, 14, 19), 0.0, scaled=False)
+    c = accumulator_inputs(rng, (3, 5, 19), corners=False)
+    values = get_format("fp8_e4m3").decode_fields(np.arange(256))
+    code = {
+        "number": int(np.flatnonzero(values == 1.5)[0]),
+        "special": int(corner_codes("fp8_e4m3")["special"][0]),
+        "negative zero": int(np.flatnonzero((values == 0) & np.signbit(values))[0]),
+    }[kind]
+    # a number in A's padding meets B's zero padding: the output is unchanged, the codes
+    # are not cut all the same (the cut only looks at codes)
+    (a if operand == "A" else b).codes[1, 2, 20] = code
+    lengths = kernel_lengths(monkeypatch)
+    run_window_groups(monkeypatch, config, a, b, c)
+    assert lengths == [32]
 
 
 def test_window_units_with_trees_of_four_keep_the_per_gemm_route(monkeypatch):

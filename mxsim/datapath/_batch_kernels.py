@@ -266,6 +266,30 @@ def window_groups(
     return flagged
 
 
+@njit(cache=True, nogil=True)
+def cut_words(words, keep, pattern, out):
+    """out[u] = words[u, :keep] for every row u of ``words`` (U, W) uint64; returns whether
+    every word from ``keep`` on equals ``pattern`` (the rows' codes past the cut are all one
+    code). Rows of four words cut to two (a row of 32 one-byte codes to 16: MiniLM's heads)
+    take loops of known trip counts: a few instructions a row instead of two short loops'
+    setup."""
+    units, width = words.shape
+    differ = np.uint64(0)
+    if width == 4 and keep == 2:
+        for u in range(units):
+            out[u, 0] = words[u, 0]
+            out[u, 1] = words[u, 1]
+            differ |= (words[u, 2] ^ pattern) | (words[u, 3] ^ pattern)
+        return differ == 0
+    for u in range(units):
+        row, kept = words[u], out[u]
+        for w in range(keep):
+            kept[w] = row[w]
+        for w in range(keep, width):
+            differ |= row[w] ^ pattern
+    return differ == 0
+
+
 @njit(cache=True, inline="always")
 def _pass_terms(row, k):
     """row[k] to row[k + 7]: a pass's elements of one row, loaded once outside the loop over

@@ -956,17 +956,19 @@ def matmul_batched(
         progress,
         tile_rows,
         None if memo is None else memo["route"],
+        terms=group_a.shape[1],
     )
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
 
 
-def _gemm_groups(params: DatapathParams, *arguments) -> np.ndarray:
+def _gemm_groups(params: DatapathParams, *arguments, terms: int | None = None) -> np.ndarray:
     """:func:`_small_groups_routes` or :func:`_gemm_routes` (``arguments`` as it takes them),
-    on one thread when the GEMMs hold few products (below ``SERIAL_GEMM_BELOW``)."""
+    on one thread when the GEMMs hold few products (below ``SERIAL_GEMM_BELOW``); ``terms``:
+    K where the codes are K padded to whole scale blocks, or None."""
     codes_a, codes_b, *_, method, progress = arguments[:8]
     products = codes_a.size * codes_b.shape[1]
     if method == "auto" and progress is None and codes_a.shape[0] > 1:
-        out = _small_groups_routes(params, arguments[:5], arguments[5], products)
+        out = _small_groups_routes(params, arguments[:5], arguments[5], products, terms)
         if out is not None:
             return out
     with threads_for(products, SERIAL_GEMM_BELOW):
@@ -974,13 +976,14 @@ def _gemm_groups(params: DatapathParams, *arguments) -> np.ndarray:
 
 
 def _small_groups_routes(
-    params: DatapathParams, tile: tuple, kernel_args, products: int
+    params: DatapathParams, tile: tuple, kernel_args, products: int, terms: int | None = None
 ) -> np.ndarray | None:
     """The output bits (as :func:`_gemm_routes`) of a batch of several GEMMs by a small-groups
     route (``datapath.batch``: attention heads, the whole batch in a few calls), or None
     where none applies; ``tile``: codes A, codes B, their scale exponents and c, as
-    :func:`_gemm_routes` takes them. Below ``SERIAL_GEMM_BELOW`` ``products`` the kernel
-    runs on the calling thread alone, as do the generic kernel's outputs (``threads_for``)."""
+    :func:`_gemm_routes` takes them; ``terms``: K before the codes' padding, or None. Below
+    ``SERIAL_GEMM_BELOW`` ``products`` the kernel runs on the calling thread alone, as do the
+    generic kernel's outputs (``threads_for``)."""
     codes_a, codes_b, exponents_a, exponents_b, c_values = tile
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
@@ -993,7 +996,7 @@ def _small_groups_routes(
     if exact:
         g, m, n = small_groups_matmul(params, kernel_args, *operands, out, serial)
     else:
-        g, m, n = window_groups_matmul(params, *operands, out, serial)
+        g, m, n = window_groups_matmul(params, *operands, out, serial, terms)
     if m.size:  # specials, NaN scales, wide exact sums, out-of-range values: the generic kernel
         with threads_for(products, SERIAL_GEMM_BELOW):
             _recompute(g, m, n, *operands, kernel_args, out)

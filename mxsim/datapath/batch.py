@@ -517,13 +517,16 @@ def _window_unit(params: DatapathParams) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _window_plan(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The window route's config vector (``window._window_config``) and per-code tables of A's
-    and B's element formats packed as ``_batch_kernels.window_groups`` reads them: int64
-    entries holding the float32 value's bits, the int8 exponent and whether the code is
-    non-finite (read only)."""
+def _window_plan(params: DatapathParams):
+    """(cfg, packed_a, packed_b, zero_a, zero_b): the window route's config vector
+    (``window._window_config``), the per-code tables of A's and B's element formats packed
+    as ``_batch_kernels.window_groups`` reads them (int64 entries holding the float32
+    value's bits, the int8 exponent and whether the code is non-finite; read only), and a
+    code of each format whose entry is a zero element (+0, finite, ``ZERO_EXPONENT``: the
+    quantizers' padding), -1 where the format has none."""
     cfg, a, b = _window_config(params)
-    packed = []
+    packed, zero_codes = [], []
+    zero_entry = (W.ZERO_EXPONENT & 0xFF) << B.PACKED_EXPONENT_SHIFT
     for table in (a, b):
         entries = (
             (table.values.view(np.uint32).astype(np.int64))
@@ -532,7 +535,42 @@ def _window_plan(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, np.nda
         )
         entries.setflags(write=False)
         packed.append(entries)
-    return cfg, packed[0], packed[1]
+        zeros = np.flatnonzero(entries == zero_entry)
+        zero_codes.append(int(zeros[0]) if zeros.size else -1)
+    return cfg, packed[0], packed[1], zero_codes[0], zero_codes[1]
+
+
+def _live_codes(cfg, codes_a, codes_b, terms, zero_a: int, zero_b: int):
+    """(codes_a, codes_b) cut to their first ``terms`` positions rounded up to a whole pass
+    of the kernel (``_batch_kernels.PASS_TERMS``; contiguous copies) where every code past
+    the cut is the zero code of its format (``zero_a``, ``zero_b``: K padded to whole scale
+    blocks by the quantizer; MiniLM's P @ v, K = 14 of 32) and the cut keeps every tree;
+    else the codes as they are. The cut changes no output: each term past it is a product
+    with a +0 element, a truncated term of 0 whose exponent sum lies below ``threshold`` (a
+    zero element's ``ZERO_EXPONENT``), so it neither adds to a tree's sum nor sets its
+    reference (``_window_kernels``), and the trees are the same (a tree of padding alone
+    would still truncate an accumulator that joins it). Rows of codes are read as uint64
+    words: a cut within a word, or rows not whole words, keep the codes."""
+    length = codes_a.shape[2]
+    if terms is None or min(zero_a, zero_b) < 0:
+        return codes_a, codes_b
+    cut = -(-terms // B.PASS_TERMS) * B.PASS_TERMS
+    fused = int(cfg[W.W_FUSED_TERMS])
+    if not 0 < cut < length or -(-cut // fused) != -(-length // fused):
+        return codes_a, codes_b
+    kept = []
+    for codes, zero in ((codes_a, zero_a), (codes_b, zero_b)):
+        size = codes.dtype.itemsize
+        if (length * size) % 8 or (cut * size) % 8 or not codes.flags.c_contiguous:
+            return codes_a, codes_b
+        groups, rows, _ = codes.shape
+        words = codes.reshape(groups * rows, length).view(np.uint64)
+        pattern = np.full(8 // size, zero, dtype=codes.dtype).view(np.uint64)[0]
+        out = np.empty((groups * rows, cut * size // 8), dtype=np.uint64)
+        if not B.cut_words(words, out.shape[1], pattern, out):
+            return codes_a, codes_b
+        kept.append(out.view(codes.dtype).reshape(groups, rows, cut))
+    return kept[0], kept[1]
 
 
 def _transposed(rows: int, columns: int) -> bool:
@@ -545,15 +583,26 @@ def _transposed(rows: int, columns: int) -> bool:
 
 
 def window_groups_matmul(
-    params, codes_a, codes_b, scales_a, scales_b, c_values, out, serial: bool = False
+    params,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    out,
+    serial: bool = False,
+    terms: int | None = None,
 ):
     """Fill ``out`` (G, M, N, contiguous) with the window route's output codes of the batch
     A[g] (M, K) times B[g] given as (N, K) (codes and scales (G, rows, ...), ``c_values``
     (G, M, N) or (1, 1, 1)), each group's outputs lanes of one kernel call
     (``_batch_kernels.window_groups``); returns the (groups, rows, columns) index arrays of
     the outputs the generic kernel must compute, as ``window.window_matmul`` does;
-    ``serial``: on the calling thread alone (:func:`run_groups`)."""
-    cfg, packed_a, packed_b = _window_plan(params)
+    ``serial``: on the calling thread alone (:func:`run_groups`); ``terms``: K, where the
+    codes' length is K padded to whole scale blocks (the kernel then skips the padding where
+    it is zero codes: :func:`_live_codes`), or None."""
+    cfg, packed_a, packed_b, zero_a, zero_b = _window_plan(params)
+    codes_a, codes_b = _live_codes(cfg, codes_a, codes_b, terms, zero_a, zero_b)
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
     flags = np.empty(out.shape, dtype=np.uint8)
