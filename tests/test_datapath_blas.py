@@ -23,7 +23,7 @@ from mxsim.datapath.blas import (
     _folded_powers,
     _folded_trees,
     _fp32_exact_blocks,
-    _span_bits,
+    span_bits,
     _unscaled,
     blas_applies,
     blocks_per_tree,
@@ -151,8 +151,8 @@ def test_tree_sum_bits_choose_float32_for_narrow_formats():
 
 def test_int8_span_counts_its_minus_two_code():
     # MX INT8 decodes 0x80 as -2.0: the largest magnitude's leading bit is 2^1, not emax = 0.
-    assert _span_bits(get_format("int8")) == (1, -6)
-    assert _span_bits(get_format("fp8_e4m3")) == (8, -9)
+    assert span_bits(get_format("int8")) == (1, -6)
+    assert span_bits(get_format("fp8_e4m3")) == (8, -9)
 
 
 def test_a_flushing_floating_point_mode_refuses_the_route(monkeypatch):
@@ -325,7 +325,7 @@ def test_fp32_elements_are_refused_without_a_table_of_every_code():
         output_zero_sign="ieee",
     )
     assert route_accepts("blas", params)
-    assert _span_bits(get_format("fp32")) == (127, -149)
+    assert span_bits(get_format("fp32")) == (127, -149)
     assert not exact_in_float64(params)
 
 
@@ -1354,7 +1354,7 @@ def test_plain_rne_step_equals_the_grid_twin_above_the_floor(fmt, seed):
     # RNE_fp32(acc + S) equals the grid's rules in Fractions.
     params = GRID_HW["mxdotp"].params(fmt, fmt)
     floor = grid_nearest_even_floor(params)
-    high_a, low_a = _span_bits(get_format(fmt))
+    high_a, low_a = span_bits(get_format(fmt))
     low, high = 2 * low_a, 2 * high_a + 2 + math.ceil(math.log2(params.fused_terms))
     rng = np.random.default_rng(seed)
     tiny = 2.0**-149

@@ -3,7 +3,7 @@ sums fit float32 (``datapath.batch``: bfp-exact's trees of 16 products over sub-
 2 for MX9/MX6/MX4 and MX INT8, each tree's exact sum rounded into an fp32 accumulator).
 
 Why float32 is exact here, with no fold. An element is v 2^x: v a table value, an integer
-multiple of 2^lsb below 2^(e + 1) (``blas._span_bits``), x its block's scale exponent. It
+multiple of 2^lsb below 2^(e + 1) (``blas.span_bits``), x its block's scale exponent. It
 is decoded as the float32 v 2^x, exact where x + lsb >= -149 and x + e + 1 <= 128 (v has
 few bits; a power of two only moves its exponent). Take one tree of a row of A and a
 column of B, L_a and L_b the least exponents of their blocks and r_a, r_b the largest

@@ -61,7 +61,7 @@ from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import fold_code_blocks
 from .blas import (
     DECODED_VALUES,
-    _span_bits,
+    span_bits,
     blocks_per_tree,
     exact_in_float64,
     grid_floor,
@@ -286,7 +286,7 @@ def _float32_bounds(params: DatapathParams) -> np.ndarray | None:
     if bits is None or 24 - bits < 2:
         return None
     (high_a, lsb_a), (high_b, lsb_b) = (
-        _span_bits(get_format(name)) for name in (params.a_format, params.b_format)
+        span_bits(get_format(name)) for name in (params.a_format, params.b_format)
     )
     bounds = np.array(
         [

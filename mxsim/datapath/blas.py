@@ -124,7 +124,7 @@ from .tables import FULL_TABLE_BITS
 
 
 @functools.lru_cache(maxsize=None)
-def _span_bits(fmt) -> tuple[int, int]:
+def span_bits(fmt) -> tuple[int, int]:
     """(exponent of the largest magnitude's leading bit, exponent of the smallest step).
 
     The largest magnitude is read from the decoded code table, not from ``emax``: MX INT8's
@@ -153,8 +153,8 @@ def tree_sum_bits(params: DatapathParams) -> int | None:
         > FULL_TABLE_BITS
     ):
         return None  # no table of every code to read the span from; fp32 alone spans 277 bits
-    high_a, low_a = _span_bits(get_format(params.a_format))
-    high_b, low_b = _span_bits(get_format(params.b_format))
+    high_a, low_a = span_bits(get_format(params.a_format))
+    high_b, low_b = span_bits(get_format(params.b_format))
     return (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(slice_width(params)))
 
 
@@ -524,8 +524,8 @@ def _exact_chunks(
     blocks = exponents_a.shape[-1]
     if blocks <= 1:  # one block: exact by itself (tree_sum_bits <= 53)
         return [(0, blocks)] if blocks else []
-    high_a, low_a = _span_bits(get_format(params.a_format))
-    high_b, low_b = _span_bits(get_format(params.b_format))
+    high_a, low_a = span_bits(get_format(params.a_format))
+    high_b, low_b = span_bits(get_format(params.b_format))
     base = (high_a + high_b + 2 - low_a - low_b) + math.ceil(math.log2(block))
     room = 1 << (53 - base)
     # per block over the rows: reduced along the blocks' own contiguous copies (numpy's
@@ -662,7 +662,7 @@ def blas_matmul(
     blocks = padded // block
     dtype = np.float32 if bits is not None and bits <= 24 else np.float64
     # float32 sums: multiples of 2^(lsb_a + lsb_b) below 2^(that + bits) (module doc)
-    lsb = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
+    lsb = span_bits(get_format(params.a_format))[1] + span_bits(get_format(params.b_format))[1]
     span = (lsb, lsb + bits) if dtype == np.float32 else None
     grid = trees = choices = floor = None
     if params.grid_fraction_bits is not None:
@@ -1007,7 +1007,7 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     RNE_fp32(acc + S), its pass-through rules idle (None: not nearest-even, or no such X).
 
     With n fraction bits, max left shift L, |S| < 2^(X + H) (H: ``tree_sum_bits``' top,
-    ``_span_bits``' leading exponents + 2 + ceil(log2 F)) and every S a multiple of
+    ``span_bits``' leading exponents + 2 + ceil(log2 F)) and every S a multiple of
     2^(X + low) (low: the formats' least steps), for X >= max(n - L - 150, -149 - low) and
     H <= L - n - 1: a zero accumulator (-127 as its exponent) is never kept left; a nonzero
     one kept left (its exponent e >= X + L - n + 24 >= X + H + 25) has |S| below a quarter
@@ -1018,8 +1018,8 @@ def grid_nearest_even_floor(params: DatapathParams) -> int | None:
     accumulator stays either way."""
     if params.accumulator_rounding != "nearest_even":
         return None
-    high_a, low_a = _span_bits(get_format(params.a_format))
-    high_b, low_b = _span_bits(get_format(params.b_format))
+    high_a, low_a = span_bits(get_format(params.a_format))
+    high_b, low_b = span_bits(get_format(params.b_format))
     high = high_a + high_b + 2 + math.ceil(math.log2(params.fused_terms))
     fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
     if high > left - fraction - 1:
@@ -1041,7 +1041,7 @@ def grid_floor(params: DatapathParams) -> int | None:
     equals acc + 0 rounded (exact; +0 for a zero). An infinite accumulator stays either way."""
     if params.grid_fraction_bits is None:
         return None
-    low = _span_bits(get_format(params.a_format))[1] + _span_bits(get_format(params.b_format))[1]
+    low = span_bits(get_format(params.a_format))[1] + span_bits(get_format(params.b_format))[1]
     fraction, left = params.grid_fraction_bits, params.grid_max_left_shift
     return max(fraction - left - 149, -149 - low)
 
@@ -1061,7 +1061,7 @@ def _fused_grid_starts(params, trees):
     if len(terms) != 1 or terms.isdisjoint({8, 16}):
         return None
     (high_a, low_a), (high_b, low_b) = (
-        _span_bits(get_format(f)) for f in (params.a_format, params.b_format)
+        span_bits(get_format(f)) for f in (params.a_format, params.b_format)
     )
     high = high_a + high_b + 2 + math.ceil(math.log2(params.fused_terms))
     if high > params.grid_max_left_shift - params.grid_fraction_bits + 22:

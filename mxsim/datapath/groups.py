@@ -14,7 +14,7 @@ counts as one). Every term is truncated toward zero to a multiple of 2^(R - W), 
 
 Why the route computes exactly that, with ha, hb the leading-bit exponents of the largest
 element magnitudes and la, lb the exponents of the formats' smallest steps
-(``blas._span_bits``), and G = ``group_terms``:
+(``blas.span_bits``), and G = ``group_terms``:
 
 1. Group sums by BLAS. Every product is an integer multiple of 2^(la + lb) below
    2^(ha + hb + 2), so every partial sum of at most G of them, in any order and with or
@@ -63,7 +63,7 @@ from ..formats import get_format
 from ..formats.bits import odd_part_bits
 from . import _group_kernels as GK
 from ._window_kernels import NO_REFERENCE
-from .blas import _span_bits
+from .blas import span_bits
 from .schema import DatapathParams, route_accepts
 from .tables import element_tables, scale_tables, sum_format
 from .window import tree_end_config
@@ -103,8 +103,8 @@ def _setup(params: DatapathParams) -> _Setup | None:
     a_fmt, b_fmt, scale_fmt = (
         get_format(name) for name in (params.a_format, params.b_format, params.scale_format)
     )
-    high_a, low_a = _span_bits(a_fmt)
-    high_b, low_b = _span_bits(b_fmt)
+    high_a, low_a = span_bits(a_fmt)
+    high_b, low_b = span_bits(b_fmt)
     top = high_a + high_b + 2 + math.ceil(math.log2(group))  # |group sum| < 2^top
     sum_bits = top - low_a - low_b
     if sum_bits <= 24 and low_a + low_b >= -126 and top <= 127:
