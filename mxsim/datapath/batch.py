@@ -143,8 +143,8 @@ def _float32_unit(params: DatapathParams) -> bool:
         if fmt.field_bits > FULL_TABLE_BITS:
             return False
         tables.append(fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64))
-    fake_c = np.zeros((1, 1, 1), dtype=np.float32)
-    return _exact_unit(params) and _float32_plan(params, tables, fake_c) is not None
+    float32_c = np.zeros((1, 1, 1), dtype=np.float32)
+    return _exact_unit(params) and _float32_plan(params, tables, float32_c) is not None
 
 
 @functools.lru_cache(maxsize=1024)
