@@ -768,7 +768,7 @@ def params_class(schema: dict[str, dict[str, Key]]) -> type:
                 fields.append((field, _KIND_TYPES[key.kind]))
     cls = dataclasses.make_dataclass("DatapathParams", fields, bases=(_KeptHash,), frozen=True)
     cls.__module__ = __name__  # pickled by reference, as a class written here would be
-    fields_hash = cls.__hash__
+    fields_hash: Any = cls.__dict__["__hash__"]  # the dataclass's hash of the fields
 
     def __hash__(self) -> int:  # the fields' hash, worked out once per object
         try:
@@ -778,7 +778,7 @@ def params_class(schema: dict[str, dict[str, Key]]) -> type:
             object.__setattr__(self, "_kept_hash", value)
             return value
 
-    cls.__hash__ = __hash__  # type: ignore[method-assign]
+    cls.__hash__ = __hash__  # type: ignore[method-assign, assignment]
     cls.__doc__ = (
         "The resolved parameters of one unit for one (A format, B format) pair: a field per "
         "key of SCHEMA (see it, or docs/hwconfig.md, for exact meanings)."
