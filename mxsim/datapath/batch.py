@@ -471,8 +471,6 @@ def run_groups(kernel, arguments: tuple, groups: int, serial: bool) -> list:
     """The results of ``kernel(*arguments, start, stop)`` over the ``groups`` groups cut into
     chunks (``run_in_threads``): split over the threads, or where ``serial`` (a small batch)
     on the calling thread alone, with no thread to wake nor Numba's thread count to change."""
-    if serial:  # (as run_in_threads does for one thread, without its closure and list)
-        return [kernel(*arguments, 0, groups)]
     results: list = []
     run_in_threads(
         lambda start, stop: results.append(kernel(*arguments, start, stop)),
