@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numba
-import numpy as np
 
 #: Work items (elements, products) below which a parallel kernel call uses one thread: the
 #: size where the single-threaded loop takes roughly as long as waking a second thread.
@@ -51,13 +50,21 @@ def threads_for(work: int, below: int = SERIAL_BELOW):
         numba.set_num_threads(threads)
 
 
+#: The least normal float64 and one, module globals so that the products below are computed
+#: at run time (a literal product would be folded when the code is compiled).
+_LEAST_NORMAL, _ONE = 2.0**-1022, 1.0
+
+
 def subnormals_work() -> bool:
     """Whether this thread's floating point keeps subnormals (no flush-to-zero or
-    denormals-are-zero mode, as a library built with -ffast-math may set)."""
-    tiny = np.float64(1e-40)  # an fp32 subnormal
-    produced = np.float32(tiny)  # FTZ flushes the conversion's subnormal result
-    consumed = produced * np.float32(1.0)  # DAZ reads a subnormal operand as zero
-    return bool(produced != 0.0 and consumed != 0.0)
+    denormals-are-zero mode, as a library built with -ffast-math may set). Python's float
+    arithmetic runs on the same unit and mode as the kernels' (SSE/AVX under MXCSR, or
+    AArch64 under FPCR, whose flush bits cover float32 and float64 alike): half the least
+    normal float64 is a subnormal result (flush-to-zero makes it 0), and times one a
+    subnormal operand (denormals-are-zero reads it as 0)."""
+    produced = _LEAST_NORMAL * 0.5
+    consumed = produced * _ONE
+    return produced != 0.0 and consumed != 0.0
 
 
 # whether its threads keep subnormals -> (process id, size, pool)

@@ -10,7 +10,7 @@ See ``docs/limits.md``.
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import re
 import reprlib
@@ -37,7 +37,14 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 def memory_budget() -> int:
     """The budget in bytes: ``MXSIM_MAX_BYTES`` if set, else 4 GiB."""
-    text = os.environ.get(BUDGET_VARIABLE, "").strip()
+    return _budget_of(os.environ.get(BUDGET_VARIABLE, ""))
+
+
+@functools.lru_cache(maxsize=64)
+def _budget_of(value: str) -> int:
+    """:func:`memory_budget` for the variable's text ``value`` (read once per text: every
+    array checked asks; a text refused is refused again, as errors are not cached)."""
+    text = value.strip()
     if not text:
         return DEFAULT_BUDGET_BYTES
     match = re.fullmatch(r"(\d+)\s*([KMGT]?)i?B?", text, flags=re.IGNORECASE)
@@ -60,7 +67,9 @@ def check_budget(nbytes: int, what: str) -> None:
 
 def check_array_budget(shape: Iterable[int], itemsize: int, what: str) -> int:
     """Check an array of ``shape`` and ``itemsize`` against the budget; return its element count."""
-    count = math.prod(int(v) for v in shape)
+    count = 1
+    for v in shape:
+        count *= int(v)
     check_budget(count * int(itemsize), what)
     return count
 
@@ -79,6 +88,8 @@ def is_integer(value) -> TypeGuard[int | np.integer]:
 
 def check_int(value, name: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int if it is an integer in [low, high]; else ArgumentError naming ``name``."""
+    if type(value) is int and (low is None or value >= low) and (high is None or value <= high):
+        return value  # (the common case, checked first: this runs on every kernel call)
     if low is not None and high is not None:
         accepted = f"an integer {low}..{high}"
     elif low is not None:

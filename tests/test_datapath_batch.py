@@ -1695,3 +1695,54 @@ def test_float32_groups_of_128_token_heads(monkeypatch, fmt_name, shape):
     run_bfp(monkeypatch, fmt_name, shape, seed=sum(shape))
     if fmt_name != "int8":
         assert calls and not np.concatenate(calls).any()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_zero_word_repeats_the_zero_code_over_a_word(dtype):
+    from mxsim.datapath.batch import _zero_word
+
+    size = np.dtype(dtype).itemsize
+    for zero in (0, 0x7F, 0xFF):
+        word = int.from_bytes(zero.to_bytes(size, "little") * (8 // size), "little")
+        assert _zero_word(zero, np.dtype(dtype)) == np.uint64(word)
+        assert _zero_word(zero, np.dtype(dtype)).dtype == np.uint64
+
+
+@pytest.mark.parametrize("name", ["ocp-exact", "bfp-exact", "h100-fp8"])
+def test_batches_read_each_calls_operands_afresh(name):
+    """The kept per-unit work (params, plans, tables, budget) serves a later call with
+    changed codes, scales and tensor scales its own results: as the generic kernel's."""
+    unit = hw(name)
+    rng = np.random.default_rng(3)
+    if name == "bfp-exact":
+        groups = [
+            MXGroups.of([quantize_bfp(part, "MX9", axis=axis).as_mx_tensor() for part in values])
+            for values, axis in (
+                (rng.standard_normal((12, 14, 32)), 1),
+                (rng.standard_normal((12, 32, 14)), 0),
+            )
+        ]
+        qa, qb = groups
+    else:
+        per_tensor = unit.sections[("inputs", "scales")] == "none"
+        qa = quantize_grouped(
+            rng.standard_normal((12, 14, 14)), "fp8_e4m3", 32, per_tensor_scale=per_tensor
+        )
+        rows = quantize_grouped(
+            rng.standard_normal((12, 32, 14)), "fp8_e4m3", 32, per_tensor_scale=per_tensor
+        )
+        qb = dataclasses.replace(rows, shape=(14, 32), axis=0)
+    first = matmul_batched(unit, qa, qb)
+    assert np.array_equal(first.bits, matmul_batched(unit, qa, qb, method="kernel").bits)
+    # the same objects with new contents: codes swapped between groups, scales and tensor
+    # scales raised by one
+    qa.codes[:] = qa.codes[::-1].copy()
+    qb.codes[:6] = qb.codes[6:].copy()
+    if unit.sections[("inputs", "scales")] != "none":
+        qa.scales[qa.scales < 200] += 1
+    qb.tensor_scale_exponents[:] += 1
+    again = matmul_batched(unit, qa, qb)
+    want = matmul_batched(unit, qa, qb, method="kernel")
+    assert np.array_equal(again.bits, want.bits)
+    assert np.array_equal(again.scale_exponents, want.scale_exponents)
+    assert not np.array_equal(again.bits, first.bits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -734,3 +735,12 @@ def test_params_of_a_name_that_is_no_string_is_an_mxsim_error(bad):
     for args in ((bad, "fp8_e4m3"), ("fp8_e4m3", bad), ("fp8_e4m3", "fp8_e4m3", bad)):
         with pytest.raises(MxsimError):
             hw.params(*args)
+
+
+def test_params_are_kept_per_format_names_and_odd_names_still_refused():
+    config = parse_hwconfig(MINIMAL)
+    first = config.params("fp8_e4m3", "fp8_e4m3")
+    assert config.params("fp8_e4m3", "fp8_e4m3") is first
+    for odd in (["fp8_e4m3"], 3):  # unhashable, and not a name: the format lookup's error
+        with pytest.raises(UnknownNameError, match=re.escape(f"unknown format {odd};")):
+            config.params(odd, "fp8_e4m3")

@@ -241,3 +241,22 @@ def test_no_route_takes_group_sums(route, unit, scale_format):
     )
     check_consistency(varied, "x")
     assert schema.route_accepts(route, params) and not schema.route_accepts(route, varied)
+
+
+def test_params_keep_their_hash_but_not_in_their_fields_or_pickles():
+    import pickle
+
+    params = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml").params("fp8_e4m3", "fp8_e4m3")
+    fields = tuple(getattr(params, f.name) for f in dataclasses.fields(params))
+    assert hash(params) == hash(fields) == hash(params)  # the dataclass's hash of its fields
+    assert params._kept_hash == hash(fields)
+    assert set(vars(params)) == {f.name for f in dataclasses.fields(params)}
+    state = params.__reduce_ex__(pickle.HIGHEST_PROTOCOL)[2]
+    assert "_kept_hash" not in repr(state)  # (a string's hash differs between processes)
+    again = pickle.loads(pickle.dumps(params))
+    assert again == params and hash(again) == hash(params)
+    other = dataclasses.replace(params, fused_terms=params.fused_terms * 2)
+    assert other != params and hash(other) == hash(
+        tuple(getattr(other, f.name) for f in dataclasses.fields(other))
+    )
+    assert copy.deepcopy(params) == params

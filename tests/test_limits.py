@@ -85,3 +85,26 @@ def test_check_path_refuses_what_the_os_would(value):
 
 def test_check_path_accepts_ordinary_names(tmp_path):
     assert check_path(tmp_path / ("a" * 255), "where") == tmp_path / ("a" * 255)
+
+
+def test_memory_budget_follows_the_environment_from_call_to_call(monkeypatch):
+    # the parse is kept per text: a changed (or removed) variable is read on the next call
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "1M")
+    assert memory_budget() == 1 << 20
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "2K")
+    assert memory_budget() == 2 << 10
+    with pytest.raises(BudgetError, match="more than the memory budget of 2 KiB"):
+        check_array_budget((1024,), 8, "x")
+    monkeypatch.delenv("MXSIM_MAX_BYTES")
+    assert memory_budget() == 4 << 30
+    monkeypatch.setenv("MXSIM_MAX_BYTES", "lots")
+    for _ in range(2):  # refused every time, not once
+        with pytest.raises(ArgumentError, match="MXSIM_MAX_BYTES"):
+            memory_budget()
+
+
+def test_check_int_fast_path_keeps_the_bounds_and_refuses_bools():
+    assert check_int(5, "n", 5, 5) == 5
+    for value, low, high in ((4, 5, None), (6, None, 5), (True, 0, None), (False, None, None)):
+        with pytest.raises(ArgumentError, match="n: expected an integer"):
+            check_int(value, "n", low, high)

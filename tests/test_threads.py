@@ -261,3 +261,20 @@ def test_a_call_of_fewer_items_than_threads_keeps_the_pool(two_threads, monkeypa
     pool = _threads._pools[True]
     _threads.run_in_threads(lambda start, stop: None, 2)
     assert _threads._pools[True] is pool and pool[1] == 3
+
+
+def test_subnormals_work_follows_the_threads_flushing_mode(flushing_mode):
+    from mxsim import _threads
+
+    flushing_mode(False)  # (the fixture leaves the mode on)
+    assert _threads.subnormals_work()
+    flushing_mode(True)
+    try:
+        flushing = _threads.subnormals_work()
+        # numpy's float32 conversion and product see the same mode (the former check)
+        tiny = np.float32(np.float64(1e-40))
+        numpy_flushes = tiny == 0.0 or tiny * np.float32(1.0) == 0.0
+    finally:
+        flushing_mode(False)
+    assert not flushing and numpy_flushes
+    assert _threads.subnormals_work()

@@ -84,6 +84,8 @@ def _codes(array, name: str, fmt: FormatInfo, fields_given: bool = False) -> np.
 
 def _same_width(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both code arrays in the wider of their dtypes: mixed formats add no kernel signature."""
+    if a.dtype == b.dtype:  # (the common case, at no cost)
+        return a, b
     dtype = np.promote_types(a.dtype, b.dtype)
     return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
 
@@ -220,6 +222,12 @@ def times_power_of_two(x: np.ndarray, exponents) -> np.ndarray:
 def output_dtype(out_format: str) -> np.dtype:
     """The unsigned dtype of output bit patterns: uint64 for fp64, uint32 for fp32, uint16 for fp16/bf16."""
     return get_format(out_format).code_dtype
+
+
+@functools.lru_cache(maxsize=64)
+def _output_dtype_of(out_format: str) -> np.dtype:
+    """:func:`output_dtype` of a resolved unit's output format (a name), once per name."""
+    return output_dtype(out_format)
 
 
 def kernel_output_dtype(out_format: str) -> np.dtype:
@@ -779,11 +787,10 @@ def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
             f"axis), got groups of shape {x.shape} along axis {x.axis}"
         )
     codes, scales, shifts = x.codes, x.scales, x.tensor_scale_exponents
-    for part, array, dtype in (("codes", codes, "an integer"), ("scales", scales, "a uint8")):
-        if not isinstance(array, np.ndarray) or not (
-            array.dtype.kind in "iu" if part == "codes" else array.dtype == np.uint8
-        ):
-            raise ArgumentError(f"{name}: {part} must be {dtype} numpy array")
+    if not isinstance(codes, np.ndarray) or codes.dtype.kind not in "iu":
+        raise ArgumentError(f"{name}: codes must be an integer numpy array")
+    if not isinstance(scales, np.ndarray) or scales.dtype != np.uint8:
+        raise ArgumentError(f"{name}: scales must be a uint8 numpy array")
     if not isinstance(shifts, np.ndarray) or shifts.dtype.kind not in "iu":
         raise ArgumentError(f"{name}: tensor_scale_exponents must be an integer numpy array")
     groups, k = len(codes), x.shape[axis]
@@ -802,7 +809,10 @@ def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
             f"{block_size}), scales (G, {other}, {length // block_size}) and "
             f"tensor_scale_exponents (G,); got {codes.shape}, {scales.shape} and {shifts.shape}"
         )
-    if shifts.any() and (shifts.min() < E8M0_MIN_EXPONENT or shifts.max() > E8M0_MAX_EXPONENT):
+    # (count_nonzero: numpy's cheapest test of a small array, which is most often all 0)
+    if np.count_nonzero(shifts) and (
+        shifts.min() < E8M0_MIN_EXPONENT or shifts.max() > E8M0_MAX_EXPONENT
+    ):
         raise ArgumentError(
             f"{name}: tensor_scale_exponents must lie in [{E8M0_MIN_EXPONENT}, {E8M0_MAX_EXPONENT}]"
         )
@@ -919,7 +929,7 @@ def matmul_batched(
             whole = np.empty((groups, rows, columns), dtype=c.dtype)
             whole[...] = c
             c = whole
-    bits_dtype = output_dtype(params.output_format)
+    bits_dtype = _output_dtype_of(params.output_format)
     if groups * rows * columns == 0:
         return BatchedMatmulResult(
             np.empty((groups, rows, columns), dtype=bits_dtype), params.output_format, shifts
@@ -1235,7 +1245,7 @@ def _scales_for_unit(scales: np.ndarray, params: DatapathParams) -> np.ndarray:
             )
         return np.ascontiguousarray(scales, dtype=np.int32)
     if params.scales == "none":
-        if (scales != 127).any():
+        if np.count_nonzero(scales != 127):
             raise ArgumentError(
                 "this unit takes no scales (inputs.scales: none) but the operand's block scales are not "
                 "all 1: quantize it with one scale per tensor (quantize(..., per_tensor_scale=True)), "

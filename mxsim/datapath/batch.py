@@ -320,6 +320,8 @@ def _float32_groups(params, plan, kernel_args, operands, out, serial: bool):
         return _exact_groups(params, kernel_args, *operands, out, serial)
     arguments = (codes_a, codes_b, *exponents, c_values, *plan, out, flags, deferred)
     flagged = sum(run_groups(F.scaled_float32_groups, arguments, groups, serial))
+    if not np.count_nonzero(deferred):  # (most often: no index array to make)
+        return np.nonzero(flags) if flagged else _NONE_FLAGGED
     rest = np.flatnonzero(deferred)
     if rest.size == groups:  # (every group: no copies of the operands)
         return _exact_groups(params, kernel_args, *operands, out, serial)
@@ -565,12 +567,18 @@ def _live_codes(cfg, codes_a, codes_b, terms, zero_a: int, zero_b: int):
             return codes_a, codes_b
         groups, rows, _ = codes.shape
         words = codes.reshape(groups * rows, length).view(np.uint64)
-        pattern = np.full(8 // size, zero, dtype=codes.dtype).view(np.uint64)[0]
+        pattern = _zero_word(zero, codes.dtype)
         out = np.empty((groups * rows, cut * size // 8), dtype=np.uint64)
         if not B.cut_words(words, out.shape[1], pattern, out):
             return codes_a, codes_b
         kept.append(out.view(codes.dtype).reshape(groups, rows, cut))
     return kept[0], kept[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_word(zero: int, dtype: np.dtype) -> np.uint64:
+    """A uint64 word of codes ``zero`` of ``dtype`` (:func:`_live_codes`' padding pattern)."""
+    return np.full(8 // dtype.itemsize, zero, dtype=dtype).view(np.uint64)[0]
 
 
 def _transposed(rows: int, columns: int) -> bool:

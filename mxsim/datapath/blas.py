@@ -317,6 +317,7 @@ def _fold_blocks(exponents, per: int, trees: int):
     return least.reshape(lead + (trees,)), rises.reshape(lead + (trees * per,)), top
 
 
+@functools.lru_cache(maxsize=1024)
 def blocks_per_tree(params: DatapathParams) -> int:
     """Scale blocks a tree spans on the rounding route: 1 where trees lie inside blocks, else
     fused_terms / block_size (the schema admits only trees of whole blocks)."""

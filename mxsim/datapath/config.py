@@ -97,6 +97,12 @@ class HardwareConfig:
         (defaults: the config's ``output.format`` and ``inputs.c_format``); remembered per
         formats (a config does not change)."""
         key = (a_format, b_format, out_format, c_format)
+        try:  # (format names alone are kept: the check below passed them)
+            kept = self._params_memo.get(key)
+        except TypeError:  # unhashable: not a format name
+            kept = None
+        if kept is not None:
+            return kept
         if not all(
             name is None or isinstance(name, str) for name in key
         ):  # not a format name: its error

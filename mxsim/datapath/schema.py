@@ -746,6 +746,18 @@ _KIND_TYPES = {
 }
 
 
+class _KeptHash:
+    """The base of :class:`DatapathParams`: a slot (outside the fields and ``__dict__``)
+    keeping the object's hash, which every cached lookup by a unit's parameters (a model's
+    GEMMs, each call a handful) would otherwise compute over its dozens of fields. Not
+    pickled: a string's hash differs from process to process."""
+
+    __slots__ = ("_kept_hash",)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)
+
+
 def params_class(schema: dict[str, dict[str, Key]]) -> type:
     """The frozen dataclass of one unit's resolved parameters: ``a_format``, ``b_format``
     (the chosen element formats), then one field per key of ``schema``."""
@@ -754,8 +766,19 @@ def params_class(schema: dict[str, dict[str, Key]]) -> type:
         for name, key in entries.items():
             if (field := param_field(name, key)) is not None:
                 fields.append((field, _KIND_TYPES[key.kind]))
-    cls = dataclasses.make_dataclass("DatapathParams", fields, frozen=True)
+    cls = dataclasses.make_dataclass("DatapathParams", fields, bases=(_KeptHash,), frozen=True)
     cls.__module__ = __name__  # pickled by reference, as a class written here would be
+    fields_hash: Any = cls.__dict__["__hash__"]  # the dataclass's hash of the fields
+
+    def __hash__(self) -> int:  # the fields' hash, worked out once per object
+        try:
+            return self._kept_hash
+        except AttributeError:
+            value = fields_hash(self)
+            object.__setattr__(self, "_kept_hash", value)
+            return value
+
+    cls.__hash__ = __hash__  # type: ignore[method-assign, assignment]
     cls.__doc__ = (
         "The resolved parameters of one unit for one (A format, B format) pair: a field per "
         "key of SCHEMA (see it, or docs/hwconfig.md, for exact meanings)."

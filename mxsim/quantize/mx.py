@@ -101,11 +101,10 @@ def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
     uint8 codes (an MX tensor's) in one kernel pass (a batch of attention heads converts
     its scales on every call), other integer arrays by numpy."""
     if scales.dtype == np.uint8:
-        exponents = np.empty(scales.shape, dtype=np.int32)
-        K.e8m0_exponents(
-            np.ascontiguousarray(scales).reshape(-1), E8M0_BIAS, E8M0_NAN, exponents.reshape(-1)
-        )
-        return exponents
+        exponents = np.empty(scales.size, dtype=np.int32)
+        flat = scales.reshape(-1) if scales.flags.c_contiguous else scales.flatten()
+        K.e8m0_exponents(flat, E8M0_BIAS, E8M0_NAN, exponents)
+        return exponents.reshape(scales.shape)
     exponents = scales.astype(np.int32) - E8M0_BIAS
     exponents[scales == E8M0_NAN] = K.SCALE_NAN
     return exponents
