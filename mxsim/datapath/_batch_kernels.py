@@ -536,16 +536,31 @@ def exact_groups(
 
     Flagged: a non-finite tree sum, a NaN scale of a tree's block, a bad c, and an exact
     accumulator whose sum needs more than two float64s. Every term of every sum is
-    computed (no zero is skipped), so a NaN or ±Inf element makes every sum of its row of A
-    or column of B over its tree non-finite (±Inf times 0 is NaN): exactly the outputs of
-    such rows and columns are flagged, as products of finite elements and their exact sums
-    are finite. Each group's A and its B transposed are decoded (B's columns padded to
-    whole passes of :data:`LANES` with zeros); a row's tree sums over a pass are SIMD
-    vectors (``_tree_sums``), and the accumulation steps are loops over a row's pass (they
-    vectorise). Where code 0 is ±0 in both tables, the last tree's positions whose codes
-    are all 0 in the group's A and B (:func:`_last_tree_terms`: the zero padding of K
-    short of a tree, MiniLM's P @ v) are neither decoded nor summed: their products are
-    ±0, which leave the exact sum from +0 unchanged."""
+    computed but products of code 0 (below), so a NaN or ±Inf element makes every sum of
+    its row of A or column of B over its tree non-finite (±Inf times 0 is NaN): exactly
+    the outputs of such rows and columns are flagged, as products of finite elements and
+    their exact sums are finite. Each group's A and its B transposed are decoded (B's
+    columns padded to whole passes of :data:`LANES` with zeros); a row's tree sums over a
+    pass are SIMD vectors (``_tree_sums``), and the accumulation steps are loops over a
+    row's pass (they vectorise).
+
+    Zero codes: where code 0 is ±0 in both tables, the positions from which every code of
+    the group's A and B is 0 (the zero padding of K short of a tree or of whole trees,
+    MiniLM's P @ v), found at the granularity of trees and their halves, are neither
+    decoded nor summed (:func:`_live_trees`): their products are ±0, which leave a tree's
+    exact sum from +0 unchanged, and a tree wholly past them has the exact sum +0 without
+    a term. Such a tree's accumulation step still runs with S = +0, as a step with S = +0
+    is not the identity (acc = -0 becomes +0), but a run of such trees one after another
+    takes one step where that step is idempotent. Plain steps (``ROUND_EACH_TREE``, and
+    GRID's at or above ``floors[0]``) map acc to RNE_fp32(odd(acc + 0)) = acc + 0.0:
+    TwoSum(acc, +0) is (acc + 0.0, +0) for finite acc (for -0: +0 and (-0 - +0) + +0 =
+    +0), (acc, NaN) for ±Inf or NaN acc, whose round-to-odd is acc as it stands, and acc
+    is a float32 value; and acc + 0.0 is idempotent. ``EXACT_ACCUMULATOR``: TwoSum(high,
+    +0) gives high + 0.0 and error +0 for finite high, then TwoSum(low, +0) low + 0.0 and
+    no flag for finite low; a non-finite high or low turns low to NaN and sets the flag,
+    and stays so on the next step; flags are only ORed, so one step leaves what any
+    number of them leave. GRID's other steps keep acc or not by their tree's X: every one
+    runs."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     count = trees.shape[0]
@@ -606,20 +621,20 @@ def exact_groups(
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
-    # Code 0 of both tables is ±0: the last tree's positions whose codes are all 0 in A and
-    # B (operands padded to whole blocks: MiniLM's P @ v, K = 14) are neither decoded nor
-    # summed (:func:`_last_tree_terms`), where every other tree ends before it starts (so
-    # every position they read is decoded).
-    last_first, last_terms = trees[count - 1, 0], trees[count - 1, 1] - trees[count - 1, 0]
-    shortened = table_a[0] == 0.0 and table_b[0] == 0.0
+    # The trees a group sums (:func:`_live_trees`) where no code of it is known 0 (the padding
+    # past K alone), worked out once, and for a group whose codes at K - 1 are 0 in A's first
+    # row and B's first column.
+    ordered = True
     for t in range(count - 1):
-        shortened &= trees[t, 1] <= last_first
+        ordered &= trees[t, 1] <= trees[t + 1, 0]
+    full_live = _live_trees(codes_a, codes_b, 0, trees, ordered, False)
+    zero_code_zero = ordered and table_a[0] == 0.0 and table_b[0] == 0.0
+    zero_code_zero &= rows > 0 and columns > 0 and length > 0  # (codes at K - 1 to read)
     flagged = 0
     for g in range(start, stop):
-        summed = last_terms
-        if shortened:
-            summed = _last_tree_terms(codes_a, codes_b, g, last_first, last_terms)
-        decoded = min(length, last_first + summed)
+        last, summed, decoded = full_live
+        if zero_code_zero and codes_a[g, 0, length - 1] == 0 and codes_b[g, 0, length - 1] == 0:
+            last, summed, decoded = _live_trees(codes_a, codes_b, g, trees, True, True)
         for i in range(rows):
             for k in range(decoded):
                 a[i, k] = table_a[codes_a[g, i, k]]
@@ -653,6 +668,7 @@ def exact_groups(
             least_x = min(least_x, least_row + least_column)
         plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
         fast = mode == GRID and least_x >= floors[1]
+        idempotent = plain or mode == EXACT_ACCUMULATOR
         for p in range(passes):
             j0 = p * LANES
             live = min(LANES, columns - j0)
@@ -676,10 +692,12 @@ def exact_groups(
                     high[i, jj] = 0.0 if bad else c
                     low[i, jj] = 0.0
                     lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
-            for t in range(count):
+            # Trees past the last with terms sum +0; where a step with S = +0 is idempotent
+            # (module docstring), the first of them takes one step for all.
+            for t in range(min(count, last + 2) if idempotent else count):
                 first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
-                if t == count - 1:
-                    terms = summed
+                if t >= last:
+                    terms = summed if t == last else 0
                 for i in range(rows):
                     _tree_sums(
                         flat_a,
@@ -767,30 +785,51 @@ def exact_groups(
 PAGE_FLOATS = 512
 
 
-@njit(cache=True, inline="always")
-def _last_tree_terms(codes_a, codes_b, g, first, terms):
-    """The positions from ``first`` of the last tree (of ``terms``) of group ``g`` that
-    ``exact_groups`` decodes and sums: ``terms``, halved while it is a multiple of 16 and
-    every code of A's rows and B's columns at the positions past the half (those before
-    K) is 0, whose value is ±0 in both tables (the caller's check). Their products are
-    ±0, which leave the tree's exact sum from +0 unchanged; a NaN or ±Inf code is not 0,
-    so no non-finite product is left out. The halves are 16 and 8 positions, widths of
-    the unrolled ``_tree_sums``."""
-    length = codes_a.shape[2]
-    while terms % 16 == 0:
-        start, stop = min(first + terms // 2, length), min(first + terms, length)
-        if start < stop and codes_a[g, 0, start] != 0:  # (the usual case, found at once)
-            break
-        if not (_zero_codes(codes_a[g], start, stop) and _zero_codes(codes_b[g], start, stop)):
-            break
-        terms //= 2
-    return terms
+@njit(cache=True)
+def _live_trees(codes_a, codes_b, g, trees, ordered, scan):
+    """(last, summed, decoded) for group ``g`` of :func:`exact_groups`: the last tree whose
+    sums hold a term (-1: none), the positions from its first that it sums and the
+    positions to decode (to the end of those, at most K); the trees before it sum all
+    their positions, those after it none (their exact sums are +0). Where the trees lie in
+    order and apart (``ordered``; else every tree sums every position), from the last tree
+    back: a tree's positions are halved while a multiple of 16 and its second half holds
+    zeros only, and none where the whole tree does: positions past K (the padding,
+    decoded as +0), and where ``scan`` positions whose codes are 0 in every row of A and
+    of B (the caller's check that code 0 is ±0 in both tables). The products left out are
+    ±0 (a NaN or ±Inf code is not 0; the other operand's code at a padding position is
+    padding too), which leave a tree's exact sum from +0 unchanged. The halves are 16 and 8
+    positions, widths of the unrolled ``_tree_sums``."""
+    length, count = codes_a.shape[2], trees.shape[0]
+    if not ordered:
+        return count - 1, trees[count - 1, 1] - trees[count - 1, 0], length
+    zero_from = length  # every position from here on holds zeros
+    last = count - 1
+    while last >= 0:
+        first, terms = trees[last, 0], trees[last, 1] - trees[last, 0]
+        while terms:
+            cut = first + terms // 2 if terms % 16 == 0 else first
+            if cut < zero_from and not (
+                scan
+                and _zero_codes(codes_a[g], cut, zero_from)
+                and _zero_codes(codes_b[g], cut, zero_from)
+            ):
+                return last, terms, min(length, first + terms)
+            zero_from = min(zero_from, cut)
+            terms = terms // 2 if cut > first else 0
+        last -= 1
+    return -1, 0, 0
 
 
 @njit(cache=True, inline="always")
 def _zero_codes(codes, start, stop):
-    """Whether every code of codes[:, start:stop] is 0 (a row's codes ORed together in a
-    loop from 0 over its view, which vectorises; the first nonzero row ends the search)."""
+    """Whether every code of codes[:, start:stop] is 0 (the first nonzero row ends the
+    search): segments of 8 and 16 positions, the trees' and halves' widths, by loops of a
+    constant trip count (a row's segment loaded as one vector), others by a row's codes
+    ORed together in a loop from 0 over its view."""
+    if stop - start == 8:
+        return _zero_codes8(codes, start)
+    if stop - start == 16:
+        return _zero_codes16(codes, start)
     for i in range(codes.shape[0]):
         row = codes[i, start:stop]
         bits = 0
@@ -799,6 +838,27 @@ def _zero_codes(codes, start, stop):
         if bits:
             return False
     return True
+
+
+def _fixed_zero_codes(width: int):
+    """A kernel of :func:`_zero_codes` over segments of ``width`` positions (a constant when
+    compiling: the loop over a row's segment unrolls)."""
+
+    @njit(inline="always")
+    def zero_codes(codes, start):
+        for i in range(codes.shape[0]):
+            row = codes[i, start : start + width]
+            bits = row[0]
+            for k in range(1, width):
+                bits |= row[k]
+            if bits:
+                return False
+        return True
+
+    return zero_codes
+
+
+_zero_codes8, _zero_codes16 = (_fixed_zero_codes(width) for width in (8, 16))
 
 
 @njit(cache=True, inline="always")
