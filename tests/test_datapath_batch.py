@@ -563,29 +563,33 @@ def test_exact_route_on_k_short_of_its_last_tree(monkeypatch, name, fmt_name, sh
     check_twin(config, a, b, c, got, np.random.default_rng(4), count=6)
 
 
-def live_trees_reference(codes_a, codes_b, g, trees):
-    """``_batch_kernels._live_trees`` spelled out for trees in order: z = the first position
-    from which every code of group g's A and B is 0 (or past K); a tree from z on sums
-    nothing, another halves while a multiple of 16 with its second half from z on; (the
-    last tree that sums a position, its positions, the positions to decode)."""
-    length = codes_a.shape[2]
+def live_trees_reference(codes_a, codes_b, g, trees, zero_code_zero):
+    """``_batch_kernels._live_trees`` spelled out for group g: z = the first position from
+    which every code of its A and B is 0 where code 0 is ±0 (``zero_code_zero``) and its
+    codes at K - 1 are 0 in A's first row and B's first column, else K; for trees in
+    order, a tree from z on sums nothing, another halves while a multiple of 16 with its
+    second half from z on (out of order: every tree sums all). Returns (each tree's
+    positions, the positions to decode, the trees to run: to the last that sums a
+    position, and one more)."""
+    length, count = codes_a.shape[2], len(trees)
+    widths = [last - first for first, last, _ in trees.tolist()]
+    if any(trees[t, 1] > trees[t + 1, 0] for t in range(count - 1)):
+        return widths, length, count
     z = length
-    while z > 0 and not (codes_a[g, :, z - 1].any() or codes_b[g, :, z - 1].any()):
-        z -= 1
-    live = []
-    for first, last, _ in trees.tolist():
-        terms = last - first
-        if first >= z:
-            terms = 0
-        while terms and terms % 16 == 0 and first + terms // 2 >= z:
-            terms //= 2
-        live.append(terms)
-    summing = [t for t, terms in enumerate(live) if terms]
+    if zero_code_zero and codes_a[g, 0, -1] == 0 and codes_b[g, 0, -1] == 0:
+        while z > 0 and not (codes_a[g, :, z - 1].any() or codes_b[g, :, z - 1].any()):
+            z -= 1
+    terms = []
+    for (first, _, _), width in zip(trees.tolist(), widths):
+        summed = 0 if first >= z else width
+        while summed and summed % 16 == 0 and first + summed // 2 >= z:
+            summed //= 2
+        terms.append(summed)
+    summing = [t for t in range(count) if terms[t]]
     if not summing:
-        return -1, 0, 0
+        return terms, 0, min(count, 1)
     t = summing[-1]
-    assert all(live[u] == trees[u, 1] - trees[u, 0] for u in range(t))
-    return t, live[t], min(length, int(trees[t, 0]) + live[t])
+    return terms, min(length, int(trees[t, 0]) + terms[t]), min(count, t + 2)
 
 
 @settings(max_examples=300, deadline=None)
@@ -595,36 +599,37 @@ def live_trees_reference(codes_a, codes_b, g, trees):
     widths=st.lists(st.sampled_from([8, 11, 16, 32]), min_size=1, max_size=4),
     length_cut=st.integers(0, 40),
     zero_from=st.integers(0, 140),
-    nonzero=st.lists(st.tuples(st.booleans(), st.integers(0, 2000)), max_size=3),
+    nonzero=st.lists(st.tuples(st.booleans(), st.integers(0, 4000)), max_size=3),
+    zero_code_zero=st.booleans(),
+    swap=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_live_trees_equals_its_reference(
-    rows, columns, widths, length_cut, zero_from, nonzero, seed
+    rows, columns, widths, length_cut, zero_from, nonzero, zero_code_zero, swap, seed
 ):
     from mxsim.datapath import _batch_kernels as kernels
 
     rng = np.random.default_rng(seed)
     ends = np.cumsum(widths)
     trees = np.stack([ends - widths, ends, np.zeros_like(ends)], axis=1).astype(np.int64)
-    length = max(1, int(ends[-1]) - length_cut)
-    codes = [rng.integers(1, 256, (2, n, length)).astype(np.uint8) for n in (rows, columns)]
+    if swap and len(widths) > 1:  # trees out of order
+        trees[[0, -1]] = trees[[-1, 0]]
+    length = max(1, int(ends.max()) - length_cut)
+    groups = 4
+    codes = [rng.integers(1, 256, (groups, n, length)).astype(np.uint8) for n in (rows, columns)]
     for x in codes:  # zeros from a position on
         x[:, :, zero_from:] = 0
     for in_b, at in nonzero:  # a few nonzero codes put back anywhere
         x = codes[int(in_b)]
         x.reshape(-1)[at % x.size] = 1 + at % 255
-    for g in range(2):
-        want = live_trees_reference(*codes, g, trees)
-        assert kernels._live_trees(*codes, g, trees, True, True) == want
-    # Padding alone (no scan): the codes are not read.
-    want = live_trees_reference(np.ones_like(codes[0]), np.ones_like(codes[1]), 0, trees)
-    assert kernels._live_trees(*codes, 0, trees, True, False) == want
-    # Trees out of order or overlapping: every tree sums every position.
-    assert kernels._live_trees(*codes, 0, trees, False, True) == (
-        len(widths) - 1,
-        widths[-1],
-        length,
-    )
+    start, stop = 1, groups
+    terms = np.full((stop - start, len(widths)), -1, dtype=np.int64)
+    limits = np.full((stop - start, 2), -1, dtype=np.int64)
+    kernels._live_trees(*codes, trees, zero_code_zero, start, stop, terms, limits)
+    for g in range(start, stop):
+        want_terms, decoded, run = live_trees_reference(*codes, g, trees, zero_code_zero)
+        assert terms[g - start].tolist() == want_terms
+        assert limits[g - start].tolist() == [decoded, run]
 
 
 def zero_tail_batch(rng, config, fmt_name, shape, zero_from, corner):

@@ -621,20 +621,16 @@ def exact_groups(
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
-    # The trees a group sums (:func:`_live_trees`) where no code of it is known 0 (the padding
-    # past K alone), worked out once, and for a group whose codes at K - 1 are 0 in A's first
-    # row and B's first column.
-    ordered = True
-    for t in range(count - 1):
-        ordered &= trees[t, 1] <= trees[t + 1, 0]
-    full_live = _live_trees(codes_a, codes_b, 0, trees, ordered, False)
-    zero_code_zero = ordered and table_a[0] == 0.0 and table_b[0] == 0.0
-    zero_code_zero &= rows > 0 and columns > 0 and length > 0  # (codes at K - 1 to read)
+    # Each group's trees' summed positions and its positions to decode and trees to run
+    # (:func:`_live_trees`), for the call's groups at once before them.
+    group_terms = np.empty((stop - start, count), dtype=np.int64)
+    limits = np.empty((stop - start, 2), dtype=np.int64)
+    zero_code_zero = table_a[0] == 0.0 and table_b[0] == 0.0
+    _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_terms, limits)
     flagged = 0
     for g in range(start, stop):
-        last, summed, decoded = full_live
-        if zero_code_zero and codes_a[g, 0, length - 1] == 0 and codes_b[g, 0, length - 1] == 0:
-            last, summed, decoded = _live_trees(codes_a, codes_b, g, trees, True, True)
+        at = g - start
+        decoded, run = limits[at, 0], limits[at, 1]
         for i in range(rows):
             for k in range(decoded):
                 a[i, k] = table_a[codes_a[g, i, k]]
@@ -692,12 +688,10 @@ def exact_groups(
                     high[i, jj] = 0.0 if bad else c
                     low[i, jj] = 0.0
                     lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
-            # Trees past the last with terms sum +0; where a step with S = +0 is idempotent
-            # (module docstring), the first of them takes one step for all.
-            for t in range(min(count, last + 2) if idempotent else count):
-                first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
-                if t >= last:
-                    terms = summed if t == last else 0
+            # Past the last tree with terms, a run of trees whose sums are +0 takes one step
+            # where that step is idempotent (module docstring), else a step each.
+            for t in range(run if idempotent else count):
+                first, terms = np.uint64(trees[t, 0]), group_terms[at, t]
                 for i in range(rows):
                     _tree_sums(
                         flat_a,
@@ -786,38 +780,75 @@ PAGE_FLOATS = 512
 
 
 @njit(cache=True)
-def _live_trees(codes_a, codes_b, g, trees, ordered, scan):
-    """(last, summed, decoded) for group ``g`` of :func:`exact_groups`: the last tree whose
-    sums hold a term (-1: none), the positions from its first that it sums and the
-    positions to decode (to the end of those, at most K); the trees before it sum all
-    their positions, those after it none (their exact sums are +0). Where the trees lie in
-    order and apart (``ordered``; else every tree sums every position), from the last tree
-    back: a tree's positions are halved while a multiple of 16 and its second half holds
-    zeros only, and none where the whole tree does: positions past K (the padding,
-    decoded as +0), and where ``scan`` positions whose codes are 0 in every row of A and
-    of B (the caller's check that code 0 is ±0 in both tables). The products left out are
-    ±0 (a NaN or ±Inf code is not 0; the other operand's code at a padding position is
-    padding too), which leave a tree's exact sum from +0 unchanged. The halves are 16 and 8
-    positions, widths of the unrolled ``_tree_sums``."""
+def _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_terms, limits):
+    """For each group g from ``start`` to ``stop`` of :func:`exact_groups`: group_terms[g -
+    start] the positions each tree sums and limits[g - start] (the positions to decode, the
+    trees to run where a step with S = +0 is idempotent), by :func:`_tree_terms`: the
+    padding past K alone (worked out once), or where code 0 is ±0 in both tables
+    (``zero_code_zero``) and the group's codes at K - 1 are 0 in A's first row and B's
+    first column, its zero codes too. (One call for the groups: a call per group costs
+    about as much as the search.)"""
+    groups, rows, length = codes_a.shape
+    count = trees.shape[0]
+    ordered = True
+    for t in range(count - 1):
+        ordered &= trees[t, 1] <= trees[t + 1, 0]
+    full_terms = np.empty(count, dtype=np.int64)
+    full_decoded, full_run = _tree_terms(codes_a, codes_b, 0, trees, ordered, False, full_terms)
+    scan = zero_code_zero and ordered and rows > 0 and codes_b.shape[1] > 0 and length > 0
+    for g in range(start, stop):
+        at = g - start
+        if scan and codes_a[g, 0, length - 1] == 0 and codes_b[g, 0, length - 1] == 0:
+            decoded, run = _tree_terms(codes_a, codes_b, g, trees, True, True, group_terms[at])
+            limits[at, 0], limits[at, 1] = decoded, run
+        else:
+            for t in range(count):
+                group_terms[at, t] = full_terms[t]
+            limits[at, 0], limits[at, 1] = full_decoded, full_run
+
+
+@njit(cache=True, inline="always")
+def _tree_terms(codes_a, codes_b, g, trees, ordered, scan, tree_terms):
+    """tree_terms[t] = the positions from its first of tree t (``trees`` as
+    :func:`exact_groups` takes them) that :func:`exact_groups` sums for group ``g``: each
+    tree's, but where the trees lie in order and apart (``ordered``), from the last tree
+    back, halved while a multiple of 16 and its second half holds zeros only, 0 where the
+    whole tree does: positions past K (the padding, decoded as +0), and where ``scan``
+    positions whose codes are 0 in every row of A and of B (the caller's check that code 0
+    is ±0 in both tables). The products left out are ±0 (a NaN or ±Inf code is not 0; the
+    other operand's code at a padding position is padding too), which leave a tree's exact
+    sum from +0 unchanged: a tree of 0 positions has the exact sum +0. Returns (the
+    positions to decode: to the end of the last tree's summed ones, at most K; the trees
+    up to the last with terms and one more, at most all: those whose steps to take where a
+    step with S = +0 is idempotent). The halves are 16 and 8 positions, widths of the
+    unrolled ``_tree_sums``."""
     length, count = codes_a.shape[2], trees.shape[0]
+    for t in range(count):
+        tree_terms[t] = trees[t, 1] - trees[t, 0]
     if not ordered:
-        return count - 1, trees[count - 1, 1] - trees[count - 1, 0], length
+        return length, count
     zero_from = length  # every position from here on holds zeros
     last = count - 1
     while last >= 0:
-        first, terms = trees[last, 0], trees[last, 1] - trees[last, 0]
-        while terms:
+        first, terms = trees[last, 0], tree_terms[last]
+        while True:
             cut = first + terms // 2 if terms % 16 == 0 else first
             if cut < zero_from and not (
                 scan
                 and _zero_codes(codes_a[g], cut, zero_from)
                 and _zero_codes(codes_b[g], cut, zero_from)
             ):
-                return last, terms, min(length, first + terms)
+                break
             zero_from = min(zero_from, cut)
             terms = terms // 2 if cut > first else 0
+            if terms == 0:
+                break
+        tree_terms[last] = terms
+        if terms:
+            break
         last -= 1
-    return -1, 0, 0
+    decoded = min(length, trees[last, 0] + tree_terms[last]) if last >= 0 else 0
+    return decoded, min(count, last + 2)
 
 
 @njit(cache=True, inline="always")
