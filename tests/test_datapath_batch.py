@@ -523,6 +523,20 @@ def zero_tail_operands(rng, config, fmt_name, shape, tail: str, zero_from: int =
     return a, b
 
 
+def check_route_flags_and_twin(monkeypatch, config, a, b, c, twin_seed: int, count: int):
+    """The route's bits are the generic kernel's; it flags every special output, and no
+    other where the accumulator is not exact; ``count`` outputs against the Fraction twin."""
+    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    special = special_outputs(a, b, c)
+    assert not (special & ~flagged).any()
+    params = config.params(a.element_format.name, b.element_format.name)
+    if params.accumulator_format != "exact":
+        np.testing.assert_array_equal(flagged, special)
+    check_twin(config, a, b, c, got, np.random.default_rng(twin_seed), count=count)
+
+
 @pytest.mark.parametrize("name, fmt_name", UNITS[:8])
 @pytest.mark.parametrize("tail", ["both", "a", "b", "b special", "minus zero", "one group"])
 @pytest.mark.parametrize("with_c", [False, True])
@@ -539,14 +553,7 @@ def test_exact_route_with_zero_codes_past_half_a_tree(
     rng = np.random.default_rng(17)
     a, b = zero_tail_operands(rng, config, fmt_name, (4, 6, length, 9), tail, zero_from)
     c = accumulator_inputs(rng, (4, 6, 9), False) if with_c else None
-    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
-    want = matmul_batched(config, a, b, c=c, method="kernel")
-    np.testing.assert_array_equal(got.bits, want.bits)
-    special = special_outputs(a, b, c)
-    assert not (special & ~flagged).any()
-    if config.params(fmt_name, fmt_name).accumulator_format != "exact":
-        np.testing.assert_array_equal(flagged, special)
-    check_twin(config, a, b, c, got, np.random.default_rng(3), count=6)
+    check_route_flags_and_twin(monkeypatch, config, a, b, c, twin_seed=3, count=6)
 
 
 @pytest.mark.parametrize("name, fmt_name", UNITS[:8])
@@ -706,14 +713,7 @@ def test_exact_route_with_zero_tails(monkeypatch, name, fmt_name, corner, length
     config = hw(name)
     rng = np.random.default_rng(length + zero_from)
     a, b, c = zero_tail_batch(rng, config, fmt_name, (4, 6, length, 9), zero_from, corner)
-    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
-    want = matmul_batched(config, a, b, c=c, method="kernel")
-    np.testing.assert_array_equal(got.bits, want.bits)
-    special = special_outputs(a, b, c)
-    assert not (special & ~flagged).any()
-    if config.params(fmt_name, fmt_name).accumulator_format != "exact":
-        np.testing.assert_array_equal(flagged, special)
-    check_twin(config, a, b, c, got, np.random.default_rng(5), count=3)
+    check_route_flags_and_twin(monkeypatch, config, a, b, c, twin_seed=5, count=3)
 
 
 def test_zero_tails_reach_the_corners_they_name():
