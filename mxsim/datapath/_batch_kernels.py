@@ -782,73 +782,61 @@ PAGE_FLOATS = 512
 @njit(cache=True)
 def _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_terms, limits):
     """For each group g from ``start`` to ``stop`` of :func:`exact_groups`: group_terms[g -
-    start] the positions each tree sums and limits[g - start] (the positions to decode, the
-    trees to run where a step with S = +0 is idempotent), by :func:`_tree_terms`: the
-    padding past K alone (worked out once), or where code 0 is ±0 in both tables
-    (``zero_code_zero``) and the group's codes at K - 1 are 0 in A's first row and B's
-    first column, its zero codes too. (One call for the groups: a call per group costs
-    about as much as the search.)"""
-    groups, rows, length = codes_a.shape
-    count = trees.shape[0]
+    start, t] the positions from its first that tree t sums, limits[g - start] (the
+    positions to decode: to the end of the last tree's summed ones, at most K; the trees
+    to run where a step with S = +0 is idempotent: up to the last with terms and one
+    more, at most all). Each tree's, but where the trees lie in order and apart, from the
+    last tree back: halved while a multiple of 16 and its second half holds zeros only, 0
+    where the whole tree does: positions past K (the padding, decoded as +0), and where
+    code 0 is ±0 in both tables (``zero_code_zero``) and the group's codes at K - 1 are 0
+    in A's first row and B's first column, positions whose codes are 0 in every row of A
+    and of B. The products left out are ±0 (a NaN or ±Inf code is not 0; the other
+    operand's code at a padding position is padding too), which leave a tree's exact sum
+    from +0 unchanged: a tree of 0 positions has the exact sum +0. The halves are 16 and 8
+    positions, widths of the unrolled ``_tree_sums``. (One call for the groups: a call per
+    group costs about as much as the search.)"""
+    length, count = codes_a.shape[2], trees.shape[0]
     ordered = True
     for t in range(count - 1):
         ordered &= trees[t, 1] <= trees[t + 1, 0]
-    full_terms = np.empty(count, dtype=np.int64)
-    full_decoded, full_run = _tree_terms(codes_a, codes_b, 0, trees, ordered, False, full_terms)
-    scan = zero_code_zero and ordered and rows > 0 and codes_b.shape[1] > 0 and length > 0
+    scan_any = zero_code_zero and ordered and min(codes_a.shape[1], codes_b.shape[1], length) > 0
+    padding_at = -1  # the row of a group with the padding alone, once worked out
     for g in range(start, stop):
         at = g - start
-        if scan and codes_a[g, 0, length - 1] == 0 and codes_b[g, 0, length - 1] == 0:
-            decoded, run = _tree_terms(codes_a, codes_b, g, trees, True, True, group_terms[at])
-            limits[at, 0], limits[at, 1] = decoded, run
-        else:
+        terms_g = group_terms[at]
+        scan = scan_any and codes_a[g, 0, length - 1] == 0 and codes_b[g, 0, length - 1] == 0
+        if not scan and padding_at >= 0:
             for t in range(count):
-                group_terms[at, t] = full_terms[t]
-            limits[at, 0], limits[at, 1] = full_decoded, full_run
-
-
-@njit(cache=True, inline="always")
-def _tree_terms(codes_a, codes_b, g, trees, ordered, scan, tree_terms):
-    """tree_terms[t] = the positions from its first of tree t (``trees`` as
-    :func:`exact_groups` takes them) that :func:`exact_groups` sums for group ``g``: each
-    tree's, but where the trees lie in order and apart (``ordered``), from the last tree
-    back, halved while a multiple of 16 and its second half holds zeros only, 0 where the
-    whole tree does: positions past K (the padding, decoded as +0), and where ``scan``
-    positions whose codes are 0 in every row of A and of B (the caller's check that code 0
-    is ±0 in both tables). The products left out are ±0 (a NaN or ±Inf code is not 0; the
-    other operand's code at a padding position is padding too), which leave a tree's exact
-    sum from +0 unchanged: a tree of 0 positions has the exact sum +0. Returns (the
-    positions to decode: to the end of the last tree's summed ones, at most K; the trees
-    up to the last with terms and one more, at most all: those whose steps to take where a
-    step with S = +0 is idempotent). The halves are 16 and 8 positions, widths of the
-    unrolled ``_tree_sums``."""
-    length, count = codes_a.shape[2], trees.shape[0]
-    for t in range(count):
-        tree_terms[t] = trees[t, 1] - trees[t, 0]
-    if not ordered:
-        return length, count
-    zero_from = length  # every position from here on holds zeros
-    last = count - 1
-    while last >= 0:
-        first, terms = trees[last, 0], tree_terms[last]
-        while True:
-            cut = first + terms // 2 if terms % 16 == 0 else first
-            if cut < zero_from and not (
-                scan
-                and _zero_codes(codes_a[g], cut, zero_from)
-                and _zero_codes(codes_b[g], cut, zero_from)
-            ):
+                terms_g[t] = group_terms[padding_at, t]
+            limits[at, 0], limits[at, 1] = limits[padding_at, 0], limits[padding_at, 1]
+            continue
+        for t in range(count):
+            terms_g[t] = trees[t, 1] - trees[t, 0]
+        limits[at, 0], limits[at, 1] = length, count
+        if not scan:
+            padding_at = at
+        if not ordered:
+            continue
+        zero_from = length  # every position from here on holds zeros
+        last = count - 1
+        while last >= 0:
+            first, terms = trees[last, 0], terms_g[last]
+            while terms:
+                cut = first + terms // 2 if terms % 16 == 0 else first
+                if cut < zero_from and not (
+                    scan
+                    and _zero_codes(codes_a[g], cut, zero_from)
+                    and _zero_codes(codes_b[g], cut, zero_from)
+                ):
+                    break
+                zero_from = min(zero_from, cut)
+                terms = terms // 2 if cut > first else 0
+            terms_g[last] = terms
+            if terms:
                 break
-            zero_from = min(zero_from, cut)
-            terms = terms // 2 if cut > first else 0
-            if terms == 0:
-                break
-        tree_terms[last] = terms
-        if terms:
-            break
-        last -= 1
-    decoded = min(length, trees[last, 0] + tree_terms[last]) if last >= 0 else 0
-    return decoded, min(count, last + 2)
+            last -= 1
+        limits[at, 0] = min(length, trees[last, 0] + terms_g[last]) if last >= 0 else 0
+        limits[at, 1] = min(count, last + 2)
 
 
 @njit(cache=True, inline="always")
