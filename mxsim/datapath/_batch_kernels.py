@@ -557,9 +557,9 @@ def exact_groups(
     +0), (acc, NaN) for ±Inf or NaN acc, whose round-to-odd is acc as it stands, and acc
     is a float32 value; and acc + 0.0 is idempotent. ``EXACT_ACCUMULATOR``: TwoSum(high,
     +0) gives high + 0.0 and error +0 for finite high, then TwoSum(low, +0) low + 0.0 and
-    no flag for finite low; a non-finite high or low turns low to NaN and sets the flag,
-    and stays so on the next step; flags are only ORed, so one step leaves what any
-    number of them leave. GRID's other steps keep acc or not by their tree's X: every one
+    no flag for finite low; a non-finite high or low sets the flag (a NaN error) and
+    leaves low non-finite, as the next step does again; flags are only ORed, so one step
+    leaves what any number of them leave. GRID's other steps keep acc or not by their tree's X: every one
     runs."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
