@@ -523,6 +523,20 @@ def zero_tail_operands(rng, config, fmt_name, shape, tail: str, zero_from: int =
     return a, b
 
 
+def check_route_flags_and_twin(monkeypatch, config, a, b, c, twin_seed: int, count: int):
+    """The route's bits are the generic kernel's; it flags every special output, and no
+    other where the accumulator is not exact; ``count`` outputs against the Fraction twin."""
+    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    special = special_outputs(a, b, c)
+    assert not (special & ~flagged).any()
+    params = config.params(a.element_format.name, b.element_format.name)
+    if params.accumulator_format != "exact":
+        np.testing.assert_array_equal(flagged, special)
+    check_twin(config, a, b, c, got, np.random.default_rng(twin_seed), count=count)
+
+
 @pytest.mark.parametrize("name, fmt_name", UNITS[:8])
 @pytest.mark.parametrize("tail", ["both", "a", "b", "b special", "minus zero", "one group"])
 @pytest.mark.parametrize("with_c", [False, True])
@@ -532,21 +546,14 @@ def test_exact_route_with_zero_codes_past_half_a_tree(
 ):
     """Operands whose last tree's codes past its first half (16 of 32) or quarter (72 of
     96: the third tree's 8) are 0 in A and B (the kernel then decodes and sums those
-    alone: ``_batch_kernels._last_tree_terms``), in one of them only, beside a NaN/Inf
+    alone: ``_batch_kernels._live_trees``), in one of them only, beside a NaN/Inf
     code in B, or -0 codes: every bit the generic kernel's, the flags exactly the special
     outputs, outputs against the Fraction twin."""
     config = hw(name)
     rng = np.random.default_rng(17)
     a, b = zero_tail_operands(rng, config, fmt_name, (4, 6, length, 9), tail, zero_from)
     c = accumulator_inputs(rng, (4, 6, 9), False) if with_c else None
-    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
-    want = matmul_batched(config, a, b, c=c, method="kernel")
-    np.testing.assert_array_equal(got.bits, want.bits)
-    special = special_outputs(a, b, c)
-    assert not (special & ~flagged).any()
-    if config.params(fmt_name, fmt_name).accumulator_format != "exact":
-        np.testing.assert_array_equal(flagged, special)
-    check_twin(config, a, b, c, got, np.random.default_rng(3), count=6)
+    check_route_flags_and_twin(monkeypatch, config, a, b, c, twin_seed=3, count=6)
 
 
 @pytest.mark.parametrize("name, fmt_name", UNITS[:8])
@@ -563,45 +570,168 @@ def test_exact_route_on_k_short_of_its_last_tree(monkeypatch, name, fmt_name, sh
     check_twin(config, a, b, c, got, np.random.default_rng(4), count=6)
 
 
-def last_tree_terms_reference(codes_a, codes_b, g, first, terms):
-    """``_batch_kernels._last_tree_terms`` spelled out: halve while a multiple of 16 and
-    every code of both operands' group g from the half to the tree's end (before K) is 0."""
-    length = codes_a.shape[2]
-    while terms % 16 == 0:
-        half, stop = min(first + terms // 2, length), min(first + terms, length)
-        if any(int(v) for x in (codes_a, codes_b) for v in x[g, :, half:stop].ravel()):
-            break
-        terms //= 2
-    return terms
+def live_trees_reference(codes_a, codes_b, g, trees, zero_code_zero):
+    """``_batch_kernels._live_trees`` spelled out for group g: z = the first position from
+    which every code of its A and B is 0 where code 0 is ±0 (``zero_code_zero``) and its
+    codes at K - 1 are 0 in A's first row and B's first column, else K; for trees in
+    order, a tree from z on sums nothing, another halves while a multiple of 16 with its
+    second half from z on (out of order: every tree sums all). Returns (each tree's
+    positions, the positions to decode, the trees to run: to the last that sums a
+    position, and one more)."""
+    length, count = codes_a.shape[2], len(trees)
+    widths = [last - first for first, last, _ in trees.tolist()]
+    if any(trees[t, 1] > trees[t + 1, 0] for t in range(count - 1)):
+        return widths, length, count
+    z = length
+    if zero_code_zero and codes_a[g, 0, -1] == 0 and codes_b[g, 0, -1] == 0:
+        while z > 0 and not (codes_a[g, :, z - 1].any() or codes_b[g, :, z - 1].any()):
+            z -= 1
+    terms = []
+    for (first, _, _), width in zip(trees.tolist(), widths):
+        summed = 0 if first >= z else width
+        while summed and summed % 16 == 0 and first + summed // 2 >= z:
+            summed //= 2
+        terms.append(summed)
+    summing = [t for t in range(count) if terms[t]]
+    if not summing:
+        return terms, 0, min(count, 1)
+    t = summing[-1]
+    return terms, min(length, int(trees[t, 0]) + terms[t]), min(count, t + 2)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     rows=st.integers(1, 5),
     columns=st.integers(1, 5),
-    first_trees=st.integers(0, 2),
-    terms=st.sampled_from([8, 16, 32, 24]),
+    widths=st.lists(st.sampled_from([8, 11, 16, 32]), min_size=1, max_size=4),
     length_cut=st.integers(0, 40),
-    nonzero=st.lists(st.tuples(st.booleans(), st.integers(0, 200)), max_size=3),
+    zero_from=st.integers(0, 140),
+    nonzero=st.lists(st.tuples(st.booleans(), st.integers(0, 4000)), max_size=3),
+    zero_code_zero=st.booleans(),
+    swap=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_last_tree_terms_equals_its_reference(
-    rows, columns, first_trees, terms, length_cut, nonzero, seed
+def test_live_trees_equals_its_reference(
+    rows, columns, widths, length_cut, zero_from, nonzero, zero_code_zero, swap, seed
 ):
     from mxsim.datapath import _batch_kernels as kernels
 
     rng = np.random.default_rng(seed)
-    first = first_trees * terms
-    length = max(first + 1, first + terms - length_cut)
-    codes = [rng.integers(1, 256, (2, n, length)).astype(np.uint8) for n in (rows, columns)]
-    for x in codes:  # zeros from a random position of the last tree on
-        x[:, :, first + int(rng.integers(0, terms)) :] = 0
+    ends = np.cumsum(widths)
+    trees = np.stack([ends - widths, ends, np.zeros_like(ends)], axis=1).astype(np.int64)
+    if swap and len(widths) > 1:  # trees out of order
+        trees[[0, -1]] = trees[[-1, 0]]
+    length = max(1, int(ends.max()) - length_cut)
+    groups = 4
+    codes = [rng.integers(1, 256, (groups, n, length)).astype(np.uint8) for n in (rows, columns)]
+    for x in codes:  # zeros from a position on
+        x[:, :, zero_from:] = 0
     for in_b, at in nonzero:  # a few nonzero codes put back anywhere
         x = codes[int(in_b)]
         x.reshape(-1)[at % x.size] = 1 + at % 255
-    for g in range(2):
-        want = last_tree_terms_reference(*codes, g, first, terms)
-        assert kernels._last_tree_terms(*codes, g, first, terms) == want
+    start, stop = 1, groups
+    terms = np.full((stop - start, len(widths)), -1, dtype=np.int64)
+    limits = np.full((stop - start, 2), -1, dtype=np.int64)
+    kernels._live_trees(*codes, trees, zero_code_zero, start, stop, terms, limits)
+    for g in range(start, stop):
+        want_terms, decoded, run = live_trees_reference(*codes, g, trees, zero_code_zero)
+        assert terms[g - start].tolist() == want_terms
+        assert limits[g - start].tolist() == [decoded, run]
+
+
+def zero_tail_batch(rng, config, fmt_name, shape, zero_from, corner):
+    """(A, B, c) of a realistic batch, codes 0 in A and B from ``zero_from`` on, and one
+    ``corner``: "none"; "a special" / "b special" a NaN/Inf (or largest) code inside A's /
+    B's zero tail; "minus zero" the -0 code (not code 0) at the tail's first position;
+    "nan scale" a NaN scale on the tail's last block; "bad c" c with NaN, ±Inf and -0
+    among them; "minus zero c" every c -0; "overflow" c at ±3e38, so that accumulators
+    overflow to ±Inf before the zero trees; "tiny" scales of 2^-127 and c = None, so that
+    trees' sums round to ±0 (a negative one to -0, which a step with S = +0 turns to +0);
+    "coarse" scales of 2^40 on the blocks from ``zero_from`` on (a grid's step of their
+    zero trees, on a coarser grid, rounds the accumulator)."""
+    block = config.sections[("inputs", "block_size")]
+    shifts = (-127, -127) if corner == "tiny" else (0, 0)
+    a, b = operands(rng, fmt_name, block, shape, 0.0, shifts=shifts)
+    kinds = corner_codes(fmt_name)
+    groups, m, length, n = shape
+    for x in (a, b):
+        x.codes[:, :, zero_from:] = 0
+    odd = kinds.get("special", kinds["largest"])[0]
+    if corner == "a special" and zero_from < length:
+        a.codes[1, m - 1, length - 1] = odd
+    if corner == "b special" and zero_from < length:
+        b.codes[2, n - 1, zero_from] = odd
+    if corner == "minus zero" and zero_from < length:
+        negative = [code for code in kinds["zero"] if code != 0]
+        a.codes[:, 0, zero_from] = negative[0] if negative else 0
+    if corner == "nan scale":
+        a.scales[0, 1, -1] = SCALE_NAN
+        b.scales[3, 0, -1] = SCALE_NAN
+    if corner == "coarse":
+        for x in (a, b):
+            x.scales[:, :, -(-zero_from // block) :] = 127 + 40
+    c = None
+    if corner in ("none", "a special", "b special", "minus zero", "nan scale", "coarse"):
+        c = accumulator_inputs(rng, (groups, m, n), False)
+    if corner == "bad c":
+        c = accumulator_inputs(rng, (groups, m, n), True)
+    if corner == "minus zero c":
+        c = np.full((groups, m, n), -0.0, dtype=np.float32)
+    if corner == "overflow":
+        c = rng.choice(np.float32([-3e38, 3e38]), (groups, m, n)).astype(np.float32)
+        for x in (a, b):
+            x.scales[...] = np.where(x.scales == SCALE_NAN, SCALE_NAN, 254)
+    return a, b, c
+
+
+ZERO_TAIL_CORNERS = [
+    "none",
+    "a special",
+    "b special",
+    "minus zero",
+    "nan scale",
+    "bad c",
+    "minus zero c",
+    "overflow",
+    "tiny",
+    "coarse",
+]
+
+
+@pytest.mark.parametrize("name, fmt_name", UNITS)
+@pytest.mark.parametrize("corner", ZERO_TAIL_CORNERS)
+@pytest.mark.parametrize(
+    "length, zero_from",
+    [(32, 0), (32, 5), (32, 8), (32, 14), (32, 24), (32, 31), (64, 32), (64, 40)],
+)
+def test_exact_route_with_zero_tails(monkeypatch, name, fmt_name, corner, length, zero_from):
+    """Codes 0 in A and B from a position on (every code; part of a tree; whole trees
+    after it: ``_batch_kernels._live_trees``), beside every corner of the zero-code cut
+    (``zero_tail_batch``): every bit the generic kernel's, the flags exactly the special
+    outputs (no other where the accumulator is not exact), outputs against the Fraction
+    twin."""
+    config = hw(name)
+    rng = np.random.default_rng(length + zero_from)
+    a, b, c = zero_tail_batch(rng, config, fmt_name, (4, 6, length, 9), zero_from, corner)
+    check_route_flags_and_twin(monkeypatch, config, a, b, c, twin_seed=5, count=3)
+
+
+def test_zero_tails_reach_the_corners_they_name():
+    """The corners of ``zero_tail_batch`` happen. "tiny" through mxdotp-paper (trees of 8,
+    each rounded into the accumulator): the second tree's sums round to ±0, -0 where
+    negative, and the zero trees after it turn those to +0, so every output is +0 (a
+    kernel that skipped those steps would give -0). "overflow": infinite outputs."""
+    config = hw("mxdotp-paper")
+    rng = np.random.default_rng(32 + 14)
+    a, b, c = zero_tail_batch(rng, config, "fp8_e4m3", (4, 6, 32, 9), 14, "tiny")
+    values_a = a.element_format.decode_fields(a.codes).astype(np.float64)
+    values_b = b.element_format.decode_fields(b.codes).astype(np.float64)
+    second_tree = np.einsum("gik,gjk->gij", values_a[:, :, 8:16], values_b[:, :, 8:16])
+    assert (second_tree < 0).any()
+    got = matmul_batched(config, a, b, c=c).values
+    assert (got == 0).all() and not np.signbit(got).any()
+    a, b, c = zero_tail_batch(rng, config, "fp8_e4m3", (4, 6, 32, 9), 14, "overflow")
+    assert np.isinf(matmul_batched(config, a, b, c=c).values).any()
 
 
 @pytest.mark.parametrize("name, fmt_name", [("ocp-exact", "fp8_e4m3"), ("mxdotp-rtz", "fp8_e4m3")])

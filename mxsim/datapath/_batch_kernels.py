@@ -536,16 +536,31 @@ def exact_groups(
 
     Flagged: a non-finite tree sum, a NaN scale of a tree's block, a bad c, and an exact
     accumulator whose sum needs more than two float64s. Every term of every sum is
-    computed (no zero is skipped), so a NaN or ±Inf element makes every sum of its row of A
-    or column of B over its tree non-finite (±Inf times 0 is NaN): exactly the outputs of
-    such rows and columns are flagged, as products of finite elements and their exact sums
-    are finite. Each group's A and its B transposed are decoded (B's columns padded to
-    whole passes of :data:`LANES` with zeros); a row's tree sums over a pass are SIMD
-    vectors (``_tree_sums``), and the accumulation steps are loops over a row's pass (they
-    vectorise). Where code 0 is ±0 in both tables, the last tree's positions whose codes
-    are all 0 in the group's A and B (:func:`_last_tree_terms`: the zero padding of K
-    short of a tree, MiniLM's P @ v) are neither decoded nor summed: their products are
-    ±0, which leave the exact sum from +0 unchanged."""
+    computed but products of code 0 (below), so a NaN or ±Inf element makes every sum of
+    its row of A or column of B over its tree non-finite (±Inf times 0 is NaN): exactly
+    the outputs of such rows and columns are flagged, as products of finite elements and
+    their exact sums are finite. Each group's A and its B transposed are decoded (B's
+    columns padded to whole passes of :data:`LANES` with zeros); a row's tree sums over a
+    pass are SIMD vectors (``_tree_sums``), and the accumulation steps are loops over a
+    row's pass (they vectorise).
+
+    Zero codes: where code 0 is ±0 in both tables, the positions from which every code of
+    the group's A and B is 0 (the zero padding of K short of a tree or of whole trees,
+    MiniLM's P @ v), found at the granularity of trees and their halves, are neither
+    decoded nor summed (:func:`_live_trees`): their products are ±0, which leave a tree's
+    exact sum from +0 unchanged, and a tree wholly past them has the exact sum +0 without
+    a term. Such a tree's accumulation step still runs with S = +0, as a step with S = +0
+    is not the identity (acc = -0 becomes +0), but a run of such trees one after another
+    takes one step where that step is idempotent. Plain steps (``ROUND_EACH_TREE``, and
+    GRID's at or above ``floors[0]``) map acc to RNE_fp32(odd(acc + 0)) = acc + 0.0:
+    TwoSum(acc, +0) is (acc + 0.0, +0) for finite acc (for -0: +0 and (-0 - +0) + +0 =
+    +0), (acc, NaN) for ±Inf or NaN acc, whose round-to-odd is acc as it stands, and acc
+    is a float32 value; and acc + 0.0 is idempotent. ``EXACT_ACCUMULATOR``: TwoSum(high,
+    +0) gives high + 0.0 and error +0 for finite high, then TwoSum(low, +0) low + 0.0 and
+    no flag for finite low; a non-finite high or low sets the flag (a NaN error) and
+    leaves low non-finite, as the next step does again; flags are only ORed, so one step
+    leaves what any number of them leave. GRID's other steps keep acc or not by their tree's X: every one
+    runs."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     count = trees.shape[0]
@@ -606,20 +621,16 @@ def exact_groups(
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
-    # Code 0 of both tables is ±0: the last tree's positions whose codes are all 0 in A and
-    # B (operands padded to whole blocks: MiniLM's P @ v, K = 14) are neither decoded nor
-    # summed (:func:`_last_tree_terms`), where every other tree ends before it starts (so
-    # every position they read is decoded).
-    last_first, last_terms = trees[count - 1, 0], trees[count - 1, 1] - trees[count - 1, 0]
-    shortened = table_a[0] == 0.0 and table_b[0] == 0.0
-    for t in range(count - 1):
-        shortened &= trees[t, 1] <= last_first
+    # Each group's trees' summed positions and its positions to decode and trees to run
+    # (:func:`_live_trees`), for the call's groups at once before them.
+    group_terms = np.empty((stop - start, count), dtype=np.int64)
+    limits = np.empty((stop - start, 2), dtype=np.int64)
+    zero_code_zero = table_a[0] == 0.0 and table_b[0] == 0.0
+    _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_terms, limits)
     flagged = 0
     for g in range(start, stop):
-        summed = last_terms
-        if shortened:
-            summed = _last_tree_terms(codes_a, codes_b, g, last_first, last_terms)
-        decoded = min(length, last_first + summed)
+        at = g - start
+        decoded, run = limits[at, 0], limits[at, 1]
         for i in range(rows):
             for k in range(decoded):
                 a[i, k] = table_a[codes_a[g, i, k]]
@@ -653,6 +664,7 @@ def exact_groups(
             least_x = min(least_x, least_row + least_column)
         plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
         fast = mode == GRID and least_x >= floors[1]
+        idempotent = plain or mode == EXACT_ACCUMULATOR
         for p in range(passes):
             j0 = p * LANES
             live = min(LANES, columns - j0)
@@ -676,10 +688,10 @@ def exact_groups(
                     high[i, jj] = 0.0 if bad else c
                     low[i, jj] = 0.0
                     lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
-            for t in range(count):
-                first, terms = np.uint64(trees[t, 0]), trees[t, 1] - trees[t, 0]
-                if t == count - 1:
-                    terms = summed
+            # Past the last tree with terms, a run of trees whose sums are +0 takes one step
+            # where that step is idempotent (module docstring), else a step each.
+            for t in range(run if idempotent else count):
+                first, terms = np.uint64(trees[t, 0]), group_terms[at, t]
                 for i in range(rows):
                     _tree_sums(
                         flat_a,
@@ -767,30 +779,77 @@ def exact_groups(
 PAGE_FLOATS = 512
 
 
-@njit(cache=True, inline="always")
-def _last_tree_terms(codes_a, codes_b, g, first, terms):
-    """The positions from ``first`` of the last tree (of ``terms``) of group ``g`` that
-    ``exact_groups`` decodes and sums: ``terms``, halved while it is a multiple of 16 and
-    every code of A's rows and B's columns at the positions past the half (those before
-    K) is 0, whose value is ±0 in both tables (the caller's check). Their products are
-    ±0, which leave the tree's exact sum from +0 unchanged; a NaN or ±Inf code is not 0,
-    so no non-finite product is left out. The halves are 16 and 8 positions, widths of
-    the unrolled ``_tree_sums``."""
-    length = codes_a.shape[2]
-    while terms % 16 == 0:
-        start, stop = min(first + terms // 2, length), min(first + terms, length)
-        if start < stop and codes_a[g, 0, start] != 0:  # (the usual case, found at once)
-            break
-        if not (_zero_codes(codes_a[g], start, stop) and _zero_codes(codes_b[g], start, stop)):
-            break
-        terms //= 2
-    return terms
+@njit(cache=True)
+def _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_terms, limits):
+    """For each group g from ``start`` to ``stop`` of :func:`exact_groups`: group_terms[g -
+    start, t] the positions from its first that tree t sums, limits[g - start] (the
+    positions to decode: to the end of the last tree's summed ones, at most K; the trees
+    to run where a step with S = +0 is idempotent: up to the last with terms and one
+    more, at most all). Each tree's, but where the trees lie in order and apart, from the
+    last tree back: halved while a multiple of 16 and its second half holds zeros only, 0
+    where the whole tree does: positions past K (the padding, decoded as +0), and where
+    code 0 is ±0 in both tables (``zero_code_zero``) and the group's codes at K - 1 are 0
+    in A's first row and B's first column, positions whose codes are 0 in every row of A
+    and of B. The products left out are ±0 (a NaN or ±Inf code is not 0; the other
+    operand's code at a padding position is padding too), which leave a tree's exact sum
+    from +0 unchanged: a tree of 0 positions has the exact sum +0. The halves are 16 and 8
+    positions, widths of the unrolled ``_tree_sums``. (One call for the groups: a call per
+    group costs about as much as the search.)"""
+    length, count = codes_a.shape[2], trees.shape[0]
+    ordered = True
+    for t in range(count - 1):
+        ordered &= trees[t, 1] <= trees[t + 1, 0]
+    scan_any = zero_code_zero and ordered and min(codes_a.shape[1], codes_b.shape[1], length) > 0
+    padding_at = -1  # the row of a group with the padding alone, once worked out
+    for g in range(start, stop):
+        at = g - start
+        terms_g = group_terms[at]
+        scan = scan_any and codes_a[g, 0, length - 1] == 0 and codes_b[g, 0, length - 1] == 0
+        if not scan and padding_at >= 0:
+            for t in range(count):
+                terms_g[t] = group_terms[padding_at, t]
+            limits[at, 0], limits[at, 1] = limits[padding_at, 0], limits[padding_at, 1]
+            continue
+        for t in range(count):
+            terms_g[t] = trees[t, 1] - trees[t, 0]
+        limits[at, 0], limits[at, 1] = length, count
+        if not scan:
+            padding_at = at
+        if not ordered:
+            continue
+        zero_from = length  # every position from here on holds zeros
+        last = count - 1
+        while last >= 0:
+            first, terms = trees[last, 0], terms_g[last]
+            while terms:
+                cut = first + terms // 2 if terms % 16 == 0 else first
+                if cut < zero_from and not (
+                    scan
+                    and _zero_codes(codes_a[g], cut, zero_from)
+                    and _zero_codes(codes_b[g], cut, zero_from)
+                ):
+                    break
+                zero_from = min(zero_from, cut)
+                terms = terms // 2 if cut > first else 0
+            terms_g[last] = terms
+            if terms:
+                break
+            last -= 1
+        limits[at, 0] = min(length, trees[last, 0] + terms_g[last]) if last >= 0 else 0
+        limits[at, 1] = min(count, last + 2)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _zero_codes(codes, start, stop):
-    """Whether every code of codes[:, start:stop] is 0 (a row's codes ORed together in a
-    loop from 0 over its view, which vectorises; the first nonzero row ends the search)."""
+    """Whether every code of codes[:, start:stop] is 0 (the first nonzero row ends the
+    search): segments of 8 and 16 positions, the trees' and halves' widths, by loops of a
+    constant trip count (a row's segment loaded as one vector), others by a row's codes
+    ORed together in a loop from 0 over its view. (A function of its own, not inlined:
+    :func:`_live_trees` compiles faster, and runs no slower.)"""
+    if stop - start == 8:
+        return _zero_codes8(codes, start)
+    if stop - start == 16:
+        return _zero_codes16(codes, start)
     for i in range(codes.shape[0]):
         row = codes[i, start:stop]
         bits = 0
@@ -799,6 +858,27 @@ def _zero_codes(codes, start, stop):
         if bits:
             return False
     return True
+
+
+def _fixed_zero_codes(width: int):
+    """A kernel of :func:`_zero_codes` over segments of ``width`` positions (a constant when
+    compiling: the loop over a row's segment unrolls)."""
+
+    @njit(inline="always")
+    def zero_codes(codes, start):
+        for i in range(codes.shape[0]):
+            row = codes[i, start : start + width]
+            bits = row[0]
+            for k in range(1, width):
+                bits |= row[k]
+            if bits:
+                return False
+        return True
+
+    return zero_codes
+
+
+_zero_codes8, _zero_codes16 = (_fixed_zero_codes(width) for width in (8, 16))
 
 
 @njit(cache=True, inline="always")
