@@ -447,8 +447,8 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
     """(..., padded) float64 of the elements' values times 2^(their block's scale exponent)
     (exact: powers of two, results normal float64s), zeros past the operand's length.
     ``exponents`` None: no scales. Scaled while decoded where ``block`` is a power of two
-    (``_blas_kernels.decode_scaled``, each block's power of two built from its bits as
-    :func:`_steps` builds them): one pass, where decoding and then scaling each block take
+    (``_blas_kernels.decode_scaled``, each block's power of two from
+    :func:`_powers_of_two`): one pass, where decoding and then scaling each block take
     two."""
     if exponents is None or block & (block - 1):
         decoded = _unscaled(values, codes, padded, np.float64)
@@ -459,10 +459,7 @@ def _decoded(values, codes, exponents, block: int, padded: int) -> np.ndarray:
             grouped *= steps[..., None]
         return decoded
     blocks = padded // block
-    bits = exponents[..., :blocks].astype(np.int64)
-    bits += 1023
-    bits <<= 52
-    steps = bits.view(np.float64)
+    steps = _powers_of_two(exponents[..., :blocks])
     decoded = np.empty(codes.shape[:-1] + (padded,))
     table, shift = values.astype(np.float64), block.bit_length() - 1
     for g, r in _row_chunks(codes):
@@ -503,11 +500,16 @@ def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:
     None)."""
     if exponents is None:
         return np.ones((blocks,) + shape)
-    # built from the bits (E8M0 exponents, and trees' least of them, lie in [-127, 127]:
-    # normal float64s): shifts and adds, where ldexp computes each power in a call of its own;
-    # on a copy (astype always makes one: one block's transposed int64 exponents, a folded
-    # tree's least, are contiguous already, and the caller reads them again)
-    bits = exponents[..., :blocks].transpose(2, 0, 1).astype(np.int64, order="C")
+    return _powers_of_two(exponents[..., :blocks].transpose(2, 0, 1))
+
+
+def _powers_of_two(exponents) -> np.ndarray:
+    """2^x as C-contiguous float64 for integer exponents x in [-127, 127] (E8M0's, and trees'
+    least of them: normal float64s), built from the bits: shifts and adds, where ldexp
+    computes each power in a call of its own. On a copy (``astype`` always makes one): the
+    caller's exponents, which it may read again, are left as they are, even where they are
+    int64 and contiguous already (one block's transposed exponents, a folded tree's least)."""
+    bits = exponents.astype(np.int64, order="C")
     bits += 1023
     bits <<= 52
     return bits.view(np.float64)
