@@ -503,6 +503,37 @@ def bounded_fields():
     ]
 
 
+@pytest.mark.parametrize("below_window", ["floor", "sticky", "nearest_even"])
+@pytest.mark.parametrize("zero_term_exponent", [1022, 900, 100])
+def test_a_term_far_below_a_high_zero_term_window_keeps_its_sign(below_window, zero_term_exponent):
+    """A tree whose zero terms place the window's LSB at 2^1022 (``zero_term_exponent`` at its
+    bound): a product of 2^-148 lies 1170 binades below it, where its float64 scaling
+    underflows to 0, yet floor keeps -1 LSB of a negative one and sticky sets its bit; the
+    Fraction twin's bits, for products of either sign and scales from 2^-127."""
+    base = hw("b200-fp8").params("fp8_e4m3", "fp8_e4m3")
+    params = dataclasses.replace(
+        base,
+        block_size=4,
+        scales="products",
+        scale_format="e8m0",
+        fused_terms=4,
+        align_fraction_bits=0,
+        below_window=below_window,
+        zero_term_exponent=zero_term_exponent,
+        carry_bits=None,
+    )
+    check_consistency(params, "test")
+    a = np.array([[0, 0, 0, 8], [0, 0, 0, 8], [0, 0, 8, 8]], dtype=np.uint8)  # 2^-6
+    b = np.array([[0, 0, 0, 136], [0, 0, 0, 8], [0, 0, 136, 136]], dtype=np.uint8)  # -2^-6
+    scale_a = np.full((3, 1), 118, dtype=np.uint8)  # 2^-9
+    scale_b = np.zeros((3, 1), dtype=np.uint8)  # 2^-127
+    out = dot_with_params(params, a, b, scale_a=scale_a, scale_b=scale_b)
+    for i in range(3):
+        value = dot_reference(params, a[i].tolist(), b[i].tolist(), [118], [0], 0.0)
+        want = int(get_format("fp32").encode(np.array([value]), overflow="inf_nan")[0])
+        assert int(out[i]) == want, (i, hex(int(out[i])), hex(want), value)
+
+
 @settings(max_examples=40)
 @given(data=st.data())
 def test_kernel_equals_reference_with_keys_at_their_bounds(data):

@@ -781,8 +781,14 @@ def align_and_add(terms, exponents, count, tree_scale, reference_floor, cfg):
         for i in range(count):
             total += np.int64(terms[i] * factor)  # toward zero: the int conversion truncates
     else:
-        for i in range(count):  # exact: a power-of-two scaling in range
-            total += keep_in_window(terms[i] * factor, below)
+        for i in range(count):
+            scaled = terms[i] * factor  # exact, unless below float64's least subnormal
+            if scaled == 0.0 and terms[i] != 0.0:
+                # a term that far below the window (a zero term's exponent near float64's
+                # top) keeps what any |x| < 1/2 of its sign keeps: floor -1 or 0, sticky
+                # +-1, nearest 0
+                scaled = math.copysign(0.25, terms[i])
+            total += keep_in_window(scaled, below)
     if below == BELOW_STICKY:
         lsb_exponent -= 1
     if cfg.carry_bits >= 0:
