@@ -416,7 +416,7 @@ def decode_folded(table, codes, exponents, per, block, powers, steps, rises, out
     blocks = exponents.shape[-1]
     trees = steps.shape[0]
     if per == 8 and block == 2 and blocks == trees * 8 and out.shape[-1] == length:
-        return _decode_folded_eights(table, codes, exponents, powers, steps, rises, out)
+        return _decode_folded_eights(table, codes, exponents, powers, steps, out)
     top = np.int64(0)
     for g in range(groups):
         for i in range(rows):
@@ -438,10 +438,10 @@ def decode_folded(table, codes, exponents, per, block, powers, steps, rises, out
 
 
 @njit(cache=True, nogil=True)
-def _decode_folded_eights(table, codes, exponents, powers, steps, rises, out):
+def _decode_folded_eights(table, codes, exponents, powers, steps, out):
     """:func:`decode_folded` of trees of 8 blocks of 2 positions covering every row, each
     block's two values decoded as its rise is found (one lookup of its factor a block, not
-    a position; ``rises`` not used). (Its own fold, not :func:`_fold_eights` over each
+    a position; no rises written). (Its own fold, not :func:`_fold_eights` over each
     row's reshaped views: with those the compiled pass measured markedly slower.)"""
     groups, rows, length = codes.shape
     trees = steps.shape[0]

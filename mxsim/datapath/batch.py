@@ -73,7 +73,7 @@ from .blas import (
     tree_sum_bits,
 )
 from .schema import FLOAT32_FORMATS, DatapathParams, route_accepts
-from .tables import FULL_TABLE_BITS
+from .tables import element_operand
 from .window import _window_config, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
@@ -137,12 +137,12 @@ def _float32_unit(params: DatapathParams) -> bool:
     :data:`SMALL_GROUP_OUTPUTS` outputs then take the small-groups route."""
     if params.c_format not in FLOAT32_FORMATS or blocks_per_tree(params) <= 1:
         return False
-    tables = []
-    for name in (params.a_format, params.b_format):
-        fmt = get_format(name)
-        if fmt.field_bits > FULL_TABLE_BITS:
-            return False
-        tables.append(fmt.decode_fields(np.arange(1 << fmt.field_bits)).astype(np.float64))
+    tables = [  # (the kernels' tables; empty for a format decoded from its fields)
+        element_operand(get_format(name), params.input_subnormals)[0]
+        for name in (params.a_format, params.b_format)
+    ]
+    if not (tables[0].size and tables[1].size):
+        return False
     float32_c = np.zeros((1, 1, 1), dtype=np.float32)
     return _exact_unit(params) and _float32_plan(params, tables, float32_c) is not None
 
