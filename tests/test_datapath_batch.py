@@ -1876,3 +1876,60 @@ def test_batches_read_each_calls_operands_afresh(name):
     assert np.array_equal(again.bits, want.bits)
     assert np.array_equal(again.scale_exponents, want.scale_exponents)
     assert not np.array_equal(again.bits, first.bits)
+
+
+@pytest.mark.parametrize("c_kind", ["none", "zeros"])
+def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind):
+    """mxdotp's grid (n = 34, L = 70, R = 24) over K = 96: a masked-attention P @ v whose
+    codes past the first block are 0 in A and B (the kernel sums none of them:
+    ``_batch_kernels._live_trees``), the first block's last tree one product that rounds
+    to -0 (X = -150: S = -2^-168). A step with S = +0 keeps a zero accumulator where
+    X < n - L - 150 = -186 or X > n + R - 150 = -92, else makes it +0: the blocks' X differ,
+    so each zero tree's step counts, not only the first's (a run of them taking the first
+    one's step alone keeps a -0 that a later block clears). Each group its own order of a
+    keeping and a clearing X; every bit the Fraction twin's (signs of zero included) and
+    the generic kernel's, through the exact small-groups route."""
+    config = hw("mxdotp")
+    params = config.params("fp8_e4m3", "fp8_e4m3")
+    fraction, left, right = (
+        params.grid_fraction_bits,
+        params.grid_max_left_shift,
+        params.grid_max_right_shift,
+    )
+    assert (fraction, left, right) == (34, 70, 24)  # the X bounds below are worked out for these
+    rng = np.random.default_rng(29)
+    shape = groups, m, k, n = (5, 6, 96, 7)
+    a, b = operands(rng, "fp8_e4m3", 32, shape, 0.0)
+    kinds = corner_codes("fp8_e4m3")
+    smallest = int(kinds["subnormal"][0])  # 2^-9, and its negative (the sign bit set)
+    for x in (a, b):
+        x.codes[...] = 0
+    a.codes[:, :, 24] = smallest
+    b.codes[:, :, 24] = smallest | 0x80
+    # per group the X of blocks 1 and 2 (block 0's: -150): kept right (0), kept left (-200),
+    # cleared (-120)
+    orders = [(0, -120), (-200, -120), (-120, 0), (-120, -200), (0, -200)]
+    for g, later in enumerate(orders):
+        for block, x in enumerate((-150, *later)):
+            a.scales[g, :, block] = 127 + x // 2
+            b.scales[g, :, block] = 127 + x - x // 2
+    c = None if c_kind == "none" else np.zeros((groups, m, n), dtype=np.float32)
+    taken = []
+    route = api.small_groups_matmul
+    monkeypatch.setattr(api, "small_groups_matmul", lambda *x: taken.append(1) or route(*x))
+    got, flagged = flagged_outputs(monkeypatch, config, a, b, c)
+    assert taken and not flagged.any()  # the route computed every output itself
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(got.bits, want.bits)
+    for g, later in enumerate(orders):
+        twin = dot_reference(
+            params,
+            a.codes[g, 0].tolist(),
+            b.codes[g, 0].tolist(),
+            a.scales[g, 0].tolist(),
+            b.scales[g, 0].tolist(),
+            0.0,
+        )
+        assert (got.bits[g] == np.float32(twin).view(np.uint32)).all(), (g, later, twin)
+    # the case the steps tell apart is there: a -0 kept by block 1, cleared by block 2
+    assert (got.bits[0] == 0).all() and (got.bits[4] == 0x80000000).all()

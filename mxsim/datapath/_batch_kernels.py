@@ -559,7 +559,9 @@ def exact_groups(
     +0) gives high + 0.0 and error +0 for finite high, then TwoSum(low, +0) low + 0.0 and
     no flag for finite low; a non-finite high or low sets the flag (a NaN error) and
     leaves low non-finite, as the next step does again; flags are only ORed, so one step
-    leaves what any number of them leave. GRID's other steps keep acc or not by their tree's X: every one
+    leaves what any number of them leave. GRID's other steps with S = +0 leave a nonzero acc
+    as it is but make a -0 they do not keep +0, and whether they keep it depends on the
+    tree's X (``_blas_kernels.grid_sum``), which differs between scale blocks: every one
     runs."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
