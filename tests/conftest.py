@@ -42,6 +42,28 @@ def any_pair(name: str):
     )
 
 
+def arrays_in(obj) -> list[np.ndarray]:
+    """Every numpy array held by ``obj``: itself, or (recursively) a dataclass's fields, a
+    list's, tuple's or dict's items (an MXTensor's codes and scales, a kept ``b_memo``)."""
+    import dataclasses
+
+    if isinstance(obj, np.ndarray):
+        return [obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = [getattr(obj, field.name) for field in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [array for item in obj for array in arrays_in(item)]
+    return []
+
+
+def byte_copies(obj) -> list[tuple]:
+    """(dtype, shape, bytes) of every array of :func:`arrays_in`: compared before and after
+    a call, whether it wrote into any of them (a -0 or NaN payload included)."""
+    return [(a.dtype, a.shape, a.tobytes()) for a in arrays_in(obj)]
+
+
 def same_float(a: float, b: float) -> bool:
     """Equal as values, with NaN equal to NaN and the sign of zero compared."""
     if math.isnan(a) or math.isnan(b):

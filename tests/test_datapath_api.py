@@ -14,9 +14,9 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, any_pair, same_float
+from conftest import REPO, any_pair, byte_copies, same_float
 from mxsim import get_format
-from mxsim.quantize import quantize, quantize_grouped
+from mxsim.quantize import MXGroups, quantize, quantize_bfp, quantize_grouped
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath import batch as batch_module
 from mxsim.datapath.config import DatapathParams, check_consistency
@@ -2533,3 +2533,93 @@ def test_nvfp4_matmul_refuses_mismatched_operands():
     for call, message in cases:
         with pytest.raises(MxsimError, match=message):
             call()
+
+
+def unchanged_operands(name: str, fmt_name: str, shape, rng):
+    """(A, B, c) of a (G, M, K) x (G, K, N) batch for the shipped unit ``name``: realistic
+    values quantized as the unit takes them (bfp-exact: MX9 blocks; a unit without scales:
+    one scale per tensor), and a c of normal values beside -0, ±Inf, NaN and subnormals."""
+    groups, m, k, n = shape
+    x = rng.standard_normal((groups, m, k)) * np.exp2(rng.integers(-6, 7, (groups, m, 1)))
+    w = rng.standard_normal((groups, n, k))
+    config = hw(name)
+    if name == "bfp-exact":
+        a, b = (
+            MXGroups.of([quantize_bfp(v.astype(np.float32), fmt_name, axis=1).as_mx_tensor() for v in x]),
+            MXGroups.of([quantize_bfp(v.T.astype(np.float32), fmt_name, axis=0).as_mx_tensor() for v in w]),
+        )
+    else:
+        per_tensor = config.sections[("inputs", "scales")] == "none"
+        a = quantize_grouped(x, fmt_name, 32, per_tensor_scale=per_tensor)
+        rows = quantize_grouped(w, fmt_name, 32, per_tensor_scale=per_tensor)
+        b = dataclasses.replace(rows, shape=(k, n), axis=0)
+    c = rng.standard_normal((groups, m, n)).astype(np.float32)
+    c.reshape(-1)[: 5 * 7 : 7] = [-0.0, np.inf, -np.inf, np.nan, 1e-40]
+    return config, a, b, c
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name",
+    [
+        ("ocp-exact", "fp8_e4m3"),
+        ("kulisch", "fp6_e3m2"),
+        ("bfp-exact", "MX9"),
+        ("mxdotp-paper", "fp8_e4m3"),
+        ("mxdotp", "fp4_e2m1"),
+        ("h100-fp8", "fp8_e4m3"),
+        ("b200-fp8", "fp8_e5m2"),
+        ("h100", "fp16"),
+    ],
+)
+@pytest.mark.parametrize("shape", [(3, 14, 14, 32), (2, 40, 70, 48)])
+def test_entry_points_leave_their_inputs_and_kept_b_unchanged(name, fmt_name, shape):
+    """``matmul_batched`` (with a ``b_memo``, called twice), ``matmul`` (MX operands, and
+    float operands it quantizes) and ``dot`` on a MiniLM-like batch (the small-groups
+    routes) and one of 40 x 48 outputs per group with K padded (the BLAS and window
+    routes) leave every byte of their operands, scales and c as they were, and the kept B
+    of the memo as the first call left it; the second call's bits are the first's, and the
+    generic kernel's."""
+    rng = np.random.default_rng(41)
+    config, a, b, c = unchanged_operands(name, fmt_name, shape, rng)
+    inputs = byte_copies([a, b, c])
+    memo: dict = {}
+    first = matmul_batched(config, a, b, c=c, b_memo=memo)
+    kept = byte_copies(memo)
+    assert kept and byte_copies([a, b, c]) == inputs
+    again = matmul_batched(config, a, b, c=c, b_memo=memo)
+    assert byte_copies(memo) == kept and byte_copies([a, b, c]) == inputs
+    np.testing.assert_array_equal(again.bits, first.bits)
+    want = matmul_batched(config, a, b, c=c, method="kernel")
+    np.testing.assert_array_equal(first.bits, want.bits)
+    assert byte_copies([a, b, c]) == inputs
+    single_a, single_b = a.group(0), b.group(0)
+    singles = byte_copies([single_a, single_b])
+    got = matmul(config, single_a, single_b, c=c[0])
+    np.testing.assert_array_equal(got.bits, first.bits[0])
+    assert byte_copies([single_a, single_b]) == singles and byte_copies([a, b, c]) == inputs
+    if name != "bfp-exact":  # (matmul quantizes float operands to MX or per tensor)
+        x = rng.standard_normal((shape[1], shape[2])).astype(np.float32)
+        w = rng.standard_normal((shape[2], shape[3]))
+        floats = byte_copies([x, w])
+        per_tensor = config.sections[("inputs", "scales")] == "none"
+        matmul(config, x, w, a_format=fmt_name, b_format=fmt_name, c=c[0], per_tensor_scale=per_tensor)
+        assert byte_copies([x, w]) == floats and byte_copies([a, b, c]) == inputs
+    scaled = config.sections[("inputs", "scales")] != "none"
+    codes_a, codes_b = a.codes[0], b.codes[0]
+    scale_a, scale_b = (a.scales[0], b.scales[0]) if scaled else (None, None)
+    row_c = c[0, :, 0].copy()
+    row_c[:3] = [-0.0, np.nan, 2.0**-140]
+    dot_inputs = byte_copies([codes_a, codes_b, scale_a, scale_b, row_c])
+    rows = min(codes_a.shape[0], codes_b.shape[0])
+    dot_args = (codes_a[:rows], codes_b[:rows])
+    dot(
+        config,
+        *dot_args,
+        a_format=a.element_format.name,
+        b_format=b.element_format.name,
+        scale_a=None if scale_a is None else scale_a[:rows],
+        scale_b=None if scale_b is None else scale_b[:rows],
+        c=row_c[:rows],
+    )
+    assert byte_copies([codes_a, codes_b, scale_a, scale_b, row_c]) == dot_inputs
+    assert byte_copies([a, b, c]) == inputs

@@ -51,9 +51,10 @@ def _as_config(hw) -> HardwareConfig:
 @functools.lru_cache(maxsize=4096)
 def _kernel_config(params: DatapathParams) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The kernel record (``schema.kernel_record``), the term-order array and the kernel_params
-    of the accumulator, tree-sum, output and fp32 formats (cached per params: the kernels
-    only read them)."""
+    of the accumulator, tree-sum, output and fp32 formats (cached per params, read-only: the
+    kernels only read them)."""
     order = np.array(params.term_order or [0], dtype=np.int64)
+    order.setflags(write=False)
     fp32 = get_format("fp32")
     acc = fp32 if params.accumulator_format == "exact" else get_format(params.accumulator_format)
     sums = sum_format(params.sum_significant_bits or 24)

@@ -177,7 +177,7 @@ def exact_trees(params: DatapathParams, length: int) -> np.ndarray:
 @functools.lru_cache(maxsize=256)
 def _exact_plan(params: DatapathParams, length: int):
     """(trees, mode, floors, grid, choices) of ``_batch_kernels.exact_groups`` for this unit
-    and K = ``length``, worked out once per unit and length."""
+    and K = ``length``, worked out once per unit and length (the arrays read-only)."""
     grid = choices = np.zeros(3, dtype=np.int64)  # (read only where the mode is GRID)
     floors = [None, None]
     if params.accumulator_format == "exact":
@@ -189,7 +189,10 @@ def _exact_plan(params: DatapathParams, length: int):
     else:
         mode = B.ROUND_EACH_TREE
     floors = np.array([NO_FLOOR if x is None else x for x in floors], dtype=np.int64)
-    return exact_trees(params, length), mode, floors, grid, choices
+    plan = exact_trees(params, length), floors, grid, choices
+    for array in plan:
+        array.setflags(write=False)  # (kept: every call of the unit and length shares them)
+    return plan[0], mode, *plan[1:]
 
 
 def small_groups_matmul(

@@ -295,9 +295,10 @@ def _decoded_folded(values, codes, exponents, per: int, block: int, padded: int,
 @functools.lru_cache(maxsize=8)
 def _folded_powers(limit: int) -> np.ndarray:
     """256 float32s, 2^r for r <= ``limit`` and 0 beyond (a rise past the limit discards the
-    values decoded with it; E8M0 rises are below 256)."""
+    values decoded with it; E8M0 rises are below 256), read-only."""
     powers = np.zeros(256, dtype=np.float32)
     powers[: limit + 1] = np.ldexp(np.float32(1.0), np.arange(limit + 1))
+    powers.setflags(write=False)
     return powers
 
 
@@ -489,9 +490,11 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
 
 @functools.lru_cache(maxsize=64)
 def _rise_powers(top: int, dtype: np.dtype) -> np.ndarray:
-    """2^0, 2^1, ..., 2^top in ``dtype`` (kept: every pass of a call asks for them; the
-    kernels only read them)."""
-    return np.ldexp(1.0, np.arange(top + 1)).astype(dtype)
+    """2^0, 2^1, ..., 2^top in ``dtype``, read-only (kept: every pass of a call asks for
+    them; the kernels only read them)."""
+    powers = np.ldexp(1.0, np.arange(top + 1)).astype(dtype)
+    powers.setflags(write=False)
+    return powers
 
 
 def _steps(exponents, shape: tuple, blocks: int) -> np.ndarray:

@@ -96,7 +96,8 @@ def _significant_bits(values: np.ndarray) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _setup(params: DatapathParams) -> _Setup | None:
-    """The route's tables, or None where its arithmetic is not exact (module docstring)."""
+    """The route's tables (read-only), or None where its arithmetic is not exact (module
+    docstring)."""
     group = params.group_terms
     if params.block_size % group or params.fused_terms % group or group > 32:
         return None  # (a group's nonzero elements are a uint32 mask)
@@ -149,10 +150,7 @@ def _setup(params: DatapathParams) -> _Setup | None:
         return None
     a_values, _ = element_tables(a_fmt, params.input_subnormals)
     b_values, _ = element_tables(b_fmt, params.input_subnormals)
-    cfg = tree_end_config(params)
-    cfg.setflags(write=False)
-    return _Setup(
-        dtype,
+    tables = (
         np.where(np.isfinite(a_values), a_values, 0.0),
         np.isfinite(a_values),
         np.where(np.isfinite(b_values), b_values, 0.0),
@@ -160,8 +158,11 @@ def _setup(params: DatapathParams) -> _Setup | None:
         np.where(scale_nan, 0.0, scale_values),
         scale_exponents.astype(np.int32),
         scale_nan,
-        cfg,
+        tree_end_config(params),
     )
+    for table in tables:
+        table.setflags(write=False)  # (kept per params: every call shares them)
+    return _Setup(dtype, *tables)
 
 
 def groups_apply(params: DatapathParams) -> bool:

@@ -61,7 +61,8 @@ class _Tables:
 
 @functools.lru_cache(maxsize=None)
 def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
-    """The window kernels' per-code tables of an element format, or None if they cannot hold it."""
+    """The window kernels' per-code tables of an element format (read-only: kept per format),
+    or None if they cannot hold it."""
 
     if get_format(fmt_name).bits > 16:
         return None  # no per-code table (and products too wide for float32 anyway)
@@ -80,9 +81,9 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
         return None
     exponents8 = np.where(usable, exponents, W.ZERO_EXPONENT).astype(np.int8)
     return _Tables(
-        values32,
-        exponents8,
-        finite,
+        _read_only(values32),
+        _read_only(exponents8),
+        _read_only(finite),
         non_finite_codes(finite),
         significand_bits,
         low,

@@ -226,8 +226,9 @@ class FormatInfo:
 
     @functools.cached_property
     def kernel_params(self) -> np.ndarray:
-        """The int64 parameter vector the kernels read (see ``_kernels.P_*``); the kernels
-        work on field codes (stored codes shifted right by ``padding_bits``)."""
+        """The int64 parameter vector the kernels read (see ``_kernels.P_*``), read-only (one
+        per format, shared by every caller); the kernels work on field codes (stored codes
+        shifted right by ``padding_bits``)."""
         params = np.zeros(K.N_PARAMS, dtype=np.int64)
         params[K.P_BITS] = self.field_bits
         params[K.P_EXPONENT_BITS] = self.exponent_bits
@@ -242,6 +243,7 @@ class FormatInfo:
             self.twos_complement and self.allow_min_twos_complement
         )
         params[K.P_EMAX] = _emax_from_fields(self)
+        params.setflags(write=False)
         return params
 
     @property
