@@ -14,13 +14,14 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, any_pair, byte_copies, same_float
+from conftest import REPO, any_pair, arrays_in, byte_copies, same_float
 from mxsim import get_format
 from mxsim.quantize import MXGroups, quantize, quantize_bfp, quantize_grouped
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath import batch as batch_module
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.api import (
+    _kernel_arguments,
     dot_with_each_params,
     dot_with_params,
     kernel_c_dtype,
@@ -2571,7 +2572,7 @@ def unchanged_operands(name: str, fmt_name: str, shape, rng):
         ("h100", "fp16"),
     ],
 )
-@pytest.mark.parametrize("shape", [(3, 14, 14, 32), (2, 40, 70, 48)])
+@pytest.mark.parametrize("shape", [(3, 14, 14, 32), (2, 40, 70, 48), (2, 136, 64, 144)])
 def test_entry_points_leave_their_inputs_and_kept_b_unchanged(name, fmt_name, shape):
     """``matmul_batched`` (with a ``b_memo``, called twice), ``matmul`` (MX operands, and
     float operands it quantizes) and ``dot`` on a MiniLM-like batch (the small-groups
@@ -2623,3 +2624,13 @@ def test_entry_points_leave_their_inputs_and_kept_b_unchanged(name, fmt_name, sh
     )
     assert byte_copies([codes_a, codes_b, scale_a, scale_b, row_c]) == dot_inputs
     assert byte_copies([a, b, c]) == inputs
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "hwconfigs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_kept_kernel_arguments_are_read_only(path):
+    """Every array of the generic kernel's arguments, kept per params (element and scale
+    tables, record, term order, the formats' parameters), refuses an in-place write."""
+    config = load_hwconfig(path)
+    arrays = arrays_in(list(_kernel_arguments(config.params(config.a_formats[0], config.b_formats[0]))[2]))
+    assert len(arrays) == 14
+    assert not [a for a in arrays if a.flags.writeable]

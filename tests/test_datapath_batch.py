@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mxsim.datapath.api as api
-from conftest import REPO, same_float
+from conftest import REPO, arrays_in, same_float
 from mxsim import get_format
 from mxsim.datapath import load_hwconfig, matmul_batched, parse_hwconfig
 from mxsim.datapath import _batch_kernels as batch_kernels
@@ -1933,3 +1933,23 @@ def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind):
         assert (got.bits[g] == np.float32(twin).view(np.uint32)).all(), (g, later, twin)
     # the case the steps tell apart is there: a -0 kept by block 1, cleared by block 2
     assert (got.bits[0] == 0).all() and (got.bits[4] == 0x80000000).all()
+
+
+@pytest.mark.parametrize(
+    "name, fmt_name",
+    [("ocp-exact", "fp8_e4m3"), ("kulisch", "fp6_e3m2"), ("mxdotp", "fp8_e4m3"), ("bfp-exact", "MX9")],
+)
+def test_kept_plans_and_tables_are_read_only(name, fmt_name):
+    """The small-groups routes' work kept per unit (the exact kernel's trees, floors and
+    grid rule; the float32 kernel's bounds and tables; the window kernel's config and packed
+    tables; raised tables) refuses an in-place write."""
+    params = hw(name).params(fmt_name, fmt_name)
+    kept = [batch_module._exact_plan(params, 70)]
+    tables = (api._kernel_arguments(params)[2][0],) * 2
+    if name == "bfp-exact":
+        kept += [batch_module._float32_bounds(params), batch_module._float32_table(tables[0])]
+    kept += [batch_module._raised_table(tables[0], 3)]
+    window = hw("h100-fp8").params("fp8_e4m3", "fp8_e4m3")
+    kept += [batch_module._window_plan(window)]
+    arrays = arrays_in(kept)
+    assert len(arrays) >= 8 and not [a for a in arrays if a.flags.writeable]

@@ -2172,3 +2172,15 @@ def test_a_batch_of_sums_below_fp32s_least_step_is_not_added_in_float32(monkeypa
     np.testing.assert_array_equal(
         got, matmul_batched(hw, A, B, c=c, method="kernel", **formats).bits
     )
+
+
+def test_kept_powers_are_read_only():
+    """The powers of two the decoding passes share between calls refuse an in-place write."""
+    for powers in (
+        blas_module._folded_powers(5),
+        blas_module._rise_powers(7, np.dtype(np.float32)),
+        blas_module._rise_powers(7, np.dtype(np.float64)),
+    ):
+        assert not powers.flags.writeable
+        with pytest.raises(ValueError):
+            powers[0] = 2.0

@@ -14,7 +14,7 @@ from mxsim import get_format
 from mxsim.datapath import load_hwconfig, matmul
 from mxsim.datapath.api import _kernel_arguments, matmul_groups
 from mxsim.datapath.config import DatapathParams, check_consistency
-from mxsim.datapath.groups import groups_apply, groups_matmul
+from mxsim.datapath.groups import _setup, groups_apply, groups_matmul
 from mxsim.datapath.reference import dot_reference
 from mxsim.errors import ConfigError
 from mxsim.quantize import quantize_nvfp4
@@ -296,3 +296,10 @@ def test_edge_shapes_and_progress(shape):
     assert seen[-1] == (rows, rows) and [done for done, _ in seen] == sorted(
         done for done, _ in seen
     )
+
+
+def test_kept_group_tables_are_read_only():
+    """The group-sum route's tables, kept per params, refuse an in-place write."""
+    setup = _setup(nvfp4())
+    arrays = [getattr(setup, f.name) for f in dataclasses.fields(setup)][1:]
+    assert len(arrays) == 8 and not [x for x in arrays if x.flags.writeable]

@@ -808,3 +808,13 @@ def test_encode_outputs_binary32_path_equals_the_generic_loop_and_the_ieee_bits(
     assert not fast_flags.any()
     ieee = [0 if v == 0 else struct.unpack("<I", struct.pack("<f", v))[0] for v in acc.tolist()]
     assert fast.tolist() == ieee
+
+
+def test_kept_window_tables_and_config_are_read_only():
+    """The window kernels' per-format tables and per-unit config, kept, refuse an in-place
+    write."""
+    params = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml").params("fp8_e4m3", "fp8_e5m2")
+    cfg, a, b = _window_config(params)
+    arrays = [cfg] + [x for t in (a, b) for x in (t.values, t.exponents, t.finite)]
+    assert _format_tables("fp8_e4m3", True) is a
+    assert not [x for x in arrays if x.flags.writeable]

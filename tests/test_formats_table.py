@@ -547,3 +547,16 @@ def test_tf32_codes_decode_as_fp32_and_as_the_reference():
         fmt.decode(np.array([0x3F800001]))
     with pytest.raises(ValueError, match="padding"):
         decode_reference(fmt, 0x3F800001)
+
+
+@pytest.mark.parametrize("name", ALL_FORMATS)
+def test_kept_kernel_params_and_decode_table_are_read_only(name):
+    """A format's kernel parameters and code table are made once and shared by every
+    caller: an in-place write fails loudly rather than changing every later result."""
+    fmt = get_format(name)
+    for array in (fmt.kernel_params, fmt.decode_table):
+        if array is None:  # (no table past 16 bits)
+            continue
+        assert not array.flags.writeable
+        with pytest.raises(ValueError):
+            array[0] = array[0]
