@@ -694,3 +694,19 @@ def test_as_mx_tensor_needs_an_element_format():
         ).as_mx_tensor()
     with pytest.raises(MxsimError, match="Inf/NaN"):
         quantize_bfp(np.array([[1.0, np.inf] * 4], np.float32), "BFP16", axis=1).as_mx_tensor()
+
+
+@pytest.mark.parametrize("spec", ["MX9", "MX6", "MX4"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_quantize_bfp_leaves_its_input_unchanged(spec, dtype):
+    """quantize_bfp leaves every byte of ``x`` as it was: float32 with whole blocks along the
+    last axis (the kernel's blocks are then ``x``'s own memory), padded, along the other
+    axis, and float64 (a copy); -0, ±Inf, NaN and subnormals among the values."""
+    rng = np.random.default_rng(4)
+    for length in (64, 70):
+        x = (rng.standard_normal((5, length)) * np.exp2(rng.integers(-8, 9, (5, 1)))).astype(dtype)
+        x.reshape(-1)[:5] = [-0.0, np.inf, -np.inf, np.nan, 1e-40]
+        kept = x.tobytes()
+        quantize_bfp(x, spec, axis=-1)
+        quantize_bfp(x, spec, axis=0)
+        assert x.tobytes() == kept

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import byte_copies
 from mxsim import MXTensor, fake_quantize, get_format, quantize_mx as quantize
 from mxsim.errors import ArgumentError, MxsimError, UnknownNameError
-from mxsim.quantize import quantize_grouped, quantize_groups
+from mxsim.quantize import quantize_at_scales, quantize_grouped, quantize_groups
 from mxsim.quantize.mx import _prepare, _quantize_blocked
 from mxsim.quantize.options import PROFILES, QuantOptions, resolve_options
 from mxsim.quantize.reference import quantize_block_reference
@@ -783,3 +784,35 @@ def test_scale_exponents_of_codes_on_every_e8m0_code_and_layout():
         got = scale_exponents_of_codes(layout)
         assert got.dtype == np.int32 and got.shape == layout.shape
         np.testing.assert_array_equal(got, want[layout.astype(np.int64)])
+
+
+def quantizer_inputs(rng, shape, dtype) -> np.ndarray:
+    """Realistic values (each row its own magnitude) with -0, ±Inf, NaN and a subnormal."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-8, 9, shape[:-1] + (1,)))
+    x.reshape(-1)[:5] = [-0.0, np.inf, -np.inf, np.nan, 1e-40]
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "fp4_e2m1", "int8"])
+def test_quantizers_leave_their_inputs_unchanged(fmt_name, dtype):
+    """quantize (along either axis, C-contiguous or not), quantize_at_scales, quantize_grouped,
+    quantize_groups and fake_quantize leave every byte of ``x`` and of given scales as it was
+    (K a multiple of the block, so the blocked input is ``x``'s own memory, and not)."""
+    rng = np.random.default_rng(5)
+    for length in (64, 70):
+        x = quantizer_inputs(rng, (3, 6, length), dtype)
+        kept = byte_copies(x)
+        quantize(x[0], fmt_name, axis=1)
+        quantize(x[0], fmt_name, axis=0)
+        quantize(x[1].T, fmt_name, axis=0, per_tensor_scale=True)  # (finite: x[0] holds the specials)
+        q = quantize(x[0], fmt_name, axis=1, nonfinite="nan_block")
+        scales = q.scales.copy()
+        scale_bytes = byte_copies(scales)
+        quantize_at_scales(x[0], fmt_name, scales, axis=1)
+        assert byte_copies(scales) == scale_bytes
+        quantize_grouped(x, fmt_name, 32)
+        quantize_groups(x[1:], fmt_name, 32, per_tensor_scale=True)
+        fake_quantize(x, fmt_name, axis=-1)
+        fake_quantize(x, fmt_name, axis=1, scale_underflow="unclamped", nonfinite="propagate")
+        assert byte_copies(x) == kept

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import corner_float32, realistic_float32
+from conftest import byte_copies, corner_float32, realistic_float32
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -278,3 +278,21 @@ def test_at_scales_refuses_bad_inputs():
         quantize_nvfp4_at_scales(
             np.ones((1, 16), np.float32), np.zeros((1, 1), np.uint8), 2.0**-149
         )
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_nvfp4_quantizers_leave_their_inputs_unchanged(dtype):
+    """quantize_nvfp4 (one and two levels) and quantize_nvfp4_at_scales leave every byte of
+    ``x`` (C-contiguous: its own memory is the blocked input) and of the scales as it was."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((6, 64)) * np.exp2(rng.integers(-8, 9, (6, 1)))).astype(dtype)
+    x.reshape(-1)[:5] = [-0.0, np.inf, -np.inf, np.nan, 1e-7]
+    x[0] = -0.0
+    finite = np.where(np.isfinite(x), x, 0).astype(dtype)
+    kept = byte_copies([x, finite])
+    quantize_nvfp4(x)
+    tensor = quantize_nvfp4(finite, tensor_scale_from_amax(float(np.abs(finite).max())))
+    scales = tensor.scales.copy()
+    scale_bytes = byte_copies(scales)
+    quantize_nvfp4_at_scales(finite, scales, tensor.tensor_scale)
+    assert byte_copies([x, finite]) == kept and byte_copies(scales) == scale_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, mx_linear_layer, sqnr_db
+from conftest import REPO, byte_copies, mx_linear_layer, sqnr_db
 from mxsim import matmul
 from mxsim.datapath import load_hwconfig
 from mxsim.quantize import quantize
@@ -356,3 +356,39 @@ def test_placeholder_quantization_has_the_quantizers_layout_and_types(
         return
     assert not stand_in.codes.any() and (stand_in.scales == 127).all()
     assert (stand_in.tensor_scale_exponents == (exponent or 0)).all()
+
+
+@pytest.mark.parametrize("unit", ["ocp-exact", "mxdotp", "h100-fp8"])
+def test_run_layer_leaves_the_layer_its_input_and_kept_weights_unchanged(unit):
+    """run_layer, called twice with kept weight quantizations, input quantizations and a
+    weight memo, on a layer the model quantized and on a float layer with a bias that
+    replay quantizes (a K of 70: blocks padded), leaves every byte of the layer's tensors,
+    of the input given, and of what the first call kept as it was; the second call's
+    values are the first's."""
+    rng = np.random.default_rng(12)
+    quantized = mx_linear_layer(rng, "fp8_e4m3")
+    x = rng.standard_normal((6, 70)).astype(np.float32)
+    w = rng.standard_normal((5, 70)).astype(np.float32)
+    bias = rng.standard_normal(5).astype(np.float32)
+    output = (x.astype(np.float64) @ w.T.astype(np.float64) + bias).astype(np.float32)
+    plain = Layer(
+        "fc",
+        "linear",
+        {"input": x, "weight": w, "bias": bias, "output": output},
+        {},
+        {"input": None, "weight": None, "bias": None},
+        {},
+    )
+    for layer in (quantized, plain):
+        given = rng.standard_normal((6, 70)).astype(np.float32)
+        given.reshape(-1)[:2] = [-0.0, 1e-40]
+        before = byte_copies([layer.tensors, given])
+        kept = {"weight_quantizations": {}, "input_quantizations": {}, "weight_memo": {}}
+        runs = []
+        for _ in range(2):
+            runs.append(run_layer(layer, HW[unit], given, element_format="fp8_e4m3", **kept))
+            assert byte_copies([layer.tensors, given]) == before
+            if len(runs) == 1:
+                first_kept = byte_copies(kept)
+        assert byte_copies(kept) == first_kept and (layer is quantized or first_kept)
+        np.testing.assert_array_equal(runs[1].values, runs[0].values)
