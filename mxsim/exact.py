@@ -172,6 +172,7 @@ class ProductTable:
 #: The powers of two :func:`power_codes` looks for: 2^-160 to 2^159 (past every element
 #: format's products that a dot of the probe's reaches).
 POWER_EXPONENTS = np.arange(-160, 160)
+POWER_EXPONENTS.setflags(write=False)
 
 
 def power_codes(fmt) -> dict[int, int]:

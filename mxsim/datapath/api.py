@@ -950,6 +950,10 @@ def matmul_batched(
         )
         scales_b = _scales_for_unit(group_b.scales, params)
         if memo is not None:
+            # The kept B (here and in the routes' memos) stays writable, unlike the kept
+            # tables: the kernels take it beside a B that is not kept, and a read-only array
+            # is a type of its own to Numba (a second compile of each kernel). No code writes
+            # into it (tests compare it byte for byte across calls).
             memo.update(codes=fields_b, scales=scales_b, route={})
     else:
         fields_b, scales_b = memo["codes"], memo["scales"]

@@ -55,15 +55,16 @@ def decode_reference(fmt: FormatInfo, code: int) -> Fraction | float:
 
 
 @functools.lru_cache(maxsize=None)
-def _magnitudes(fmt: FormatInfo) -> tuple[list[Fraction], list[int]]:
-    """Sorted non-negative finite values and their magnitude codes (formats up to 16 bits)."""
+def _magnitudes(fmt: FormatInfo) -> tuple[tuple[Fraction, ...], tuple[int, ...]]:
+    """Sorted non-negative finite values and their magnitude codes (formats up to 16 bits;
+    tuples: kept per format, shared by every caller)."""
     pairs = []
     for code in range(1 << (fmt.bits - fmt.signed)):
         value = decode_reference(fmt, code)  # formats up to 16 bits have no padding
         if isinstance(value, Fraction):
             pairs.append((value, code))
     pairs.sort()
-    return [v for v, _ in pairs], [c for _, c in pairs]
+    return tuple(v for v, _ in pairs), tuple(c for _, c in pairs)
 
 
 def _neighbours(fmt: FormatInfo, magnitude: Fraction, negative: bool):
@@ -75,8 +76,8 @@ def _neighbours(fmt: FormatInfo, magnitude: Fraction, negative: bool):
     if fmt.bits <= 16 and not fmt.padding_bits:
         values, codes = _magnitudes(fmt)
         if fmt.twos_complement and negative and fmt.allow_min_twos_complement:
-            values = values + [values[-1] + (values[-1] - values[-2])]
-            codes = codes + [codes[-1] + 1]
+            values = values + (values[-1] + (values[-1] - values[-2]),)
+            codes = codes + (codes[-1] + 1,)
         position = bisect.bisect_right(values, magnitude) - 1
         if position < 0:
             return None, None, values[0]

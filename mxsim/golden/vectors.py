@@ -32,6 +32,7 @@ from .layout import Field, VectorLayout
 
 FILE_FORMAT_VERSION = 1
 _HEX = np.array(list("0123456789abcdef"))
+_HEX.setflags(write=False)
 _FIELD_LINE = re.compile(r"^// field (\w+) \[(\d+):(\d+)\] (\d+) bits \((\d+) x (\d+)\): (.*)$")
 
 

@@ -24,6 +24,7 @@ FP64 = get_format("fp64")
 #: Scale codes finite and nonzero both as E8M0 (2^-87 .. 2^-1) and as UE4M3 (2^-3 .. 448): rows
 #: with these tell the two scale formats apart before the probe knows which the unit reads.
 SHARED_SCALE_CODES = np.arange(0x28, 0x7F, dtype=np.uint8)
+SHARED_SCALE_CODES.setflags(write=False)  # (one array for every caller)
 
 
 @dataclass

@@ -541,6 +541,9 @@ class _Blobs:
                     layer,
                     where,
                 )
+            # (writable, though layers with the same content share it: read-only values
+            # would be a Numba type of their own to the quantizers' kernels, which take
+            # them as they are; nothing writes into a layer's tensors)
             self.cache[blob] = array
         array = self.cache[blob]
         if array.shape != shape or array.dtype.name != dtype:
