@@ -2546,8 +2546,12 @@ def unchanged_operands(name: str, fmt_name: str, shape, rng):
     config = hw(name)
     if name == "bfp-exact":
         a, b = (
-            MXGroups.of([quantize_bfp(v.astype(np.float32), fmt_name, axis=1).as_mx_tensor() for v in x]),
-            MXGroups.of([quantize_bfp(v.T.astype(np.float32), fmt_name, axis=0).as_mx_tensor() for v in w]),
+            MXGroups.of(
+                [quantize_bfp(v.astype(np.float32), fmt_name, axis=1).as_mx_tensor() for v in x]
+            ),
+            MXGroups.of(
+                [quantize_bfp(v.T.astype(np.float32), fmt_name, axis=0).as_mx_tensor() for v in w]
+            ),
         )
     else:
         per_tensor = config.sections[("inputs", "scales")] == "none"
@@ -2603,7 +2607,9 @@ def test_entry_points_leave_their_inputs_and_kept_b_unchanged(name, fmt_name, sh
         w = rng.standard_normal((shape[2], shape[3]))
         floats = byte_copies([x, w])
         per_tensor = config.sections[("inputs", "scales")] == "none"
-        matmul(config, x, w, a_format=fmt_name, b_format=fmt_name, c=c[0], per_tensor_scale=per_tensor)
+        matmul(
+            config, x, w, a_format=fmt_name, b_format=fmt_name, c=c[0], per_tensor_scale=per_tensor
+        )
         assert byte_copies([x, w]) == floats and byte_copies([a, b, c]) == inputs
     scaled = config.sections[("inputs", "scales")] != "none"
     codes_a, codes_b = a.codes[0], b.codes[0]
@@ -2631,6 +2637,8 @@ def test_kept_kernel_arguments_are_read_only(path):
     """Every array of the generic kernel's arguments, kept per params (element and scale
     tables, record, term order, the formats' parameters), refuses an in-place write."""
     config = load_hwconfig(path)
-    arrays = arrays_in(list(_kernel_arguments(config.params(config.a_formats[0], config.b_formats[0]))[2]))
+    arrays = arrays_in(
+        list(_kernel_arguments(config.params(config.a_formats[0], config.b_formats[0]))[2])
+    )
     assert len(arrays) == 14
     assert not [a for a in arrays if a.flags.writeable]

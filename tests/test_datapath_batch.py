@@ -1937,7 +1937,12 @@ def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind):
 
 @pytest.mark.parametrize(
     "name, fmt_name",
-    [("ocp-exact", "fp8_e4m3"), ("kulisch", "fp6_e3m2"), ("mxdotp", "fp8_e4m3"), ("bfp-exact", "MX9")],
+    [
+        ("ocp-exact", "fp8_e4m3"),
+        ("kulisch", "fp6_e3m2"),
+        ("mxdotp", "fp8_e4m3"),
+        ("bfp-exact", "MX9"),
+    ],
 )
 def test_kept_plans_and_tables_are_read_only(name, fmt_name):
     """The small-groups routes' work kept per unit (the exact kernel's trees, floors and

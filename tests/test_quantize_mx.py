@@ -805,7 +805,9 @@ def test_quantizers_leave_their_inputs_unchanged(fmt_name, dtype):
         kept = byte_copies(x)
         quantize(x[0], fmt_name, axis=1)
         quantize(x[0], fmt_name, axis=0)
-        quantize(x[1].T, fmt_name, axis=0, per_tensor_scale=True)  # (finite: x[0] holds the specials)
+        quantize(
+            x[1].T, fmt_name, axis=0, per_tensor_scale=True
+        )  # (finite: x[0] holds the specials)
         q = quantize(x[0], fmt_name, axis=1, nonfinite="nan_block")
         scales = q.scales.copy()
         scale_bytes = byte_copies(scales)
