@@ -1879,9 +1879,11 @@ def test_batches_read_each_calls_operands_afresh(name):
 
 
 @pytest.mark.parametrize("c_kind", ["none", "zeros"])
-def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind):
-    """mxdotp's grid (n = 34, L = 70, R = 24) over K = 96: a masked-attention P @ v whose
-    codes past the first block are 0 in A and B (the kernel sums none of them:
+@pytest.mark.parametrize("shape", [(5, 6, 96, 7), (5, 14, 70, 32)])
+def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind, shape):
+    """mxdotp's grid (n = 34, L = 70, R = 24) over K = 96, or K = 70 padded to 96 (a
+    MiniLM-like P @ v): a masked-attention P @ v whose codes past the first block are 0 in
+    A and B (the kernel sums none of them:
     ``_batch_kernels._live_trees``), the first block's last tree one product that rounds
     to -0 (X = -150: S = -2^-168). A step with S = +0 keeps a zero accumulator where
     X < n - L - 150 = -186 or X > n + R - 150 = -92, else makes it +0: the blocks' X differ,
@@ -1898,7 +1900,7 @@ def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind):
     )
     assert (fraction, left, right) == (34, 70, 24)  # the X bounds below are worked out for these
     rng = np.random.default_rng(29)
-    shape = groups, m, k, n = (5, 6, 96, 7)
+    groups, m, k, n = shape
     a, b = operands(rng, "fp8_e4m3", 32, shape, 0.0)
     kinds = corner_codes("fp8_e4m3")
     smallest = int(kinds["subnormal"][0])  # 2^-9, and its negative (the sign bit set)
