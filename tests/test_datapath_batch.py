@@ -1881,16 +1881,16 @@ def test_batches_read_each_calls_operands_afresh(name):
 @pytest.mark.parametrize("c_kind", ["none", "zeros"])
 @pytest.mark.parametrize("shape", [(5, 6, 96, 7), (5, 14, 70, 32)])
 def test_grid_zero_trees_each_take_their_own_step(monkeypatch, c_kind, shape):
-    """mxdotp's grid (n = 34, L = 70, R = 24) over K = 96, or K = 70 padded to 96 (a
-    MiniLM-like P @ v): a masked-attention P @ v whose codes past the first block are 0 in
-    A and B (the kernel sums none of them:
-    ``_batch_kernels._live_trees``), the first block's last tree one product that rounds
-    to -0 (X = -150: S = -2^-168). A step with S = +0 keeps a zero accumulator where
-    X < n - L - 150 = -186 or X > n + R - 150 = -92, else makes it +0: the blocks' X differ,
-    so each zero tree's step counts, not only the first's (a run of them taking the first
-    one's step alone keeps a -0 that a later block clears). Each group its own order of a
-    keeping and a clearing X; every bit the Fraction twin's (signs of zero included) and
-    the generic kernel's, through the exact small-groups route."""
+    """mxdotp's grid (n = 34, L = 70, R = 24) over K = 96, or K = 70 padded to 96
+    (MiniLM-like): a masked-attention P @ v whose codes past the first block are 0 in A and
+    B (the kernel sums none of them: ``_batch_kernels._live_trees``), the first block's
+    last tree one product that rounds to -0 (X = -150: S = -2^-168). A step with S = +0
+    keeps a zero accumulator where X < n - L - 150 = -186 or X > n + R - 150 = -92, else
+    makes it +0: the blocks' X differ, so each zero tree's step counts, not only the
+    first's (a run of them taking the first one's step alone keeps a -0 that a later block
+    clears; zero padding within one block cannot show it, as its trees share one X). Each
+    group its own order of a keeping and a clearing X; every bit the Fraction twin's (signs
+    of zero included) and the generic kernel's, through the exact small-groups route."""
     config = hw("mxdotp")
     params = config.params("fp8_e4m3", "fp8_e4m3")
     fraction, left, right = (
