@@ -75,12 +75,14 @@ def odd_and_exponent(value: Fraction) -> tuple[int, int]:
 
 class CodeBook:
     """The codes of one element format by value: zeros, ±1, max, smallest, subnormals, NaN, Inf
-    (every code decoded exactly: for formats up to 16 bits)."""
+    (every code decoded exactly: for formats up to 16 bits). Shared (:func:`code_book`): its
+    values are read-only and its sequences tuples."""
 
     def __init__(self, name: str):
         self.fmt = fmt = get_format(name)
         codes = np.arange(1 << fmt.bits)
         values = fmt.decode(codes)
+        values.setflags(write=False)
         self.values = values
         self.sign_magnitude = fmt.signed and not fmt.twos_complement
         finite = np.isfinite(values)
@@ -89,18 +91,18 @@ class CodeBook:
             self.by_value.setdefault(Fraction(float(values[code])), int(code))
         self.zero = 0
         self.negative_zero = (1 << (fmt.bits - 1)) if self.sign_magnitude else None
-        positive = sorted(
-            (Fraction(float(values[c])), int(c)) for c in codes[finite & (values > 0)]
+        positive = tuple(
+            sorted((Fraction(float(values[c])), int(c)) for c in codes[finite & (values > 0)])
         )
         self.positive = positive  # (value, code), ascending
         self.min_positive = positive[0][1]
         self.max = positive[-1][1]
         self.one = self.code(Fraction(1))
-        self.subnormals = [
+        self.subnormals = tuple(
             c for v, c in positive if fmt.exponent_bits and v < Fraction(fmt.min_normal)
-        ]
-        self.nans = [int(c) for c in codes[np.isnan(values)]]
-        self.infs = [int(c) for c in codes[np.isinf(values)]]
+        )
+        self.nans = tuple(int(c) for c in codes[np.isnan(values)])
+        self.infs = tuple(int(c) for c in codes[np.isinf(values)])
         self.positive_inf = next((c for c in self.infs if values[c] > 0), None)
         self.negative_inf = next((c for c in self.infs if values[c] < 0), None)
 

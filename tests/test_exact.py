@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mxsim.errors import MxsimError
 from mxsim.exact import (
+    code_book,
     CodeBook,
     ProductTable,
     exact_log2,
@@ -140,3 +141,13 @@ def test_product_table_pairs_make_their_products():
         product = decode_element(a, "fp8_e4m3").value * decode_element(b, "fp6_e3m2").value
         assert product == units * quantum
     assert min(table.pair) == 1  # the smallest product is the quantum
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp4_e2m1", "int8"])
+def test_kept_code_books_cannot_be_changed_in_place(name):
+    """A code book is built once per process and shared: its values refuse an in-place
+    write and its sequences are tuples."""
+    book = code_book(name)
+    assert not book.values.flags.writeable
+    for sequence in (book.positive, book.subnormals, book.nans, book.infs):
+        assert isinstance(sequence, tuple)

@@ -323,8 +323,8 @@ class CornerBuilder:
 
     def element_subnormals(self) -> None:
         A, B = self.A, self.B
-        a_sub = A.subnormals or [A.min_positive]
-        b_sub = B.subnormals or [B.min_positive]
+        a_sub = A.subnormals or (A.min_positive,)
+        b_sub = B.subnormals or (B.min_positive,)
         if not (A.subnormals or B.subnormals):
             return
         patterns = {
