@@ -1029,19 +1029,19 @@ def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, n
 @pytest.mark.parametrize(
     "shape",
     [
-        (3, 13, 40, 32),  # 32 columns: the 32-lane blocks, an odd row count
+        (3, 13, 40, 32),  # two lane blocks, an odd row count
         (2, 14, 14, 32),  # MiniLM's P @ v: K = 14 of a block of 32
-        (2, 7, 37, 25),  # 25 columns padded to one 32-lane block (7 padding lanes)
-        (2, 14, 32, 14),  # MiniLM's q @ k^T: one 16-lane block (2 padding lanes)
-        (2, 5, 70, 48),  # 48 columns: three 16-lane blocks, trees past the first
+        (2, 7, 37, 25),  # 25 columns padded to two lane blocks (7 padding lanes)
+        (2, 14, 32, 14),  # MiniLM's q @ k^T: one lane block (2 padding lanes)
+        (2, 5, 70, 48),  # three lane blocks, trees past the first
     ],
 )
-def test_window_groups_on_each_lane_block_width(monkeypatch, name, fmt_name, shape):
-    """Narrow groups whose padded width is a multiple of ``_batch_kernels.WIDE_BLOCK`` take
-    its 32-lane stages, the others 16-lane blocks: each against the generic kernel (every
-    output) and the Fraction twin (a few), on realistic data with corner codes (zeros of
-    both signs, subnormals, the largest, NaN/Inf) and NaN or extreme scales, c with -0,
-    NaN/Inf and subnormals; then the same shapes with the corners alone."""
+def test_window_groups_on_narrow_groups_of_each_width(monkeypatch, name, fmt_name, shape):
+    """Narrow groups (the kernel's lane-block stages) of one to three lane blocks, MiniLM's
+    heads among them: against the generic kernel (every output) and the Fraction twin (a
+    few), on realistic data with corner codes (zeros of both signs, subnormals, the
+    largest, NaN/Inf) and NaN or extreme scales, c with -0, NaN/Inf and subnormals; then
+    the same shapes with the corners alone, half the codes."""
     config = hw(name)
     scaled = config.sections[("inputs", "scales")] != "none"
     block = config.sections[("inputs", "block_size")]

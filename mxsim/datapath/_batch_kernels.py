@@ -34,11 +34,6 @@ EXACT_ACCUMULATOR = 2  # every tree's S added exactly (two float64s), one final 
 #: blocks, so that every loop over a block's lanes has a constant trip count (one vector of
 #: float32, no remainder loop) whatever the group's width.
 LANE_BLOCK = 16
-#: Columns of the wider lane block that narrow groups whose padded width is a multiple of it
-#: take (:func:`_block_maxima32`, :func:`_block_totals32`; MiniLM's P @ v, 32 columns): each
-#: pass's row elements, loaded and broadcast once, then serve twice the lanes, and the
-#: int8 maxima fill whole 256-bit vectors (at 16 lanes, half vectors).
-WIDE_BLOCK = 32
 #: Padded widths (columns) from which :func:`window_groups`' stages loop over a row's lanes
 #: at once rather than a block at a time (:func:`_row_maxima`, :func:`_row_totals`): a
 #: pass's setup (its views, the compiler's overlap tests of them) is then paid once per row
@@ -87,13 +82,11 @@ def window_groups(
     (products, exponent sums and scale shifts are symmetric in the two elements). Narrow
     groups (fewer than :data:`ROW_LANES_FROM` padded columns, never transposed) pass None
     instead, and take the stages that loop over a block of lanes at a time
-    (:func:`_fixed_block_maxima`, :func:`_fixed_block_totals`: blocks of
-    :data:`WIDE_BLOCK` lanes where they tile the padded width, else of ``LANE_BLOCK``);
-    wide ones, a bool, and the stages that loop over a row's lanes at once
-    (:func:`_row_maxima`, :func:`_row_totals`). Numba compiles the kernel once per type
-    of ``transposed`` and prunes the branches on ``transposed is None`` by that type, so
-    that a batch of narrow groups (MiniLM's heads) compiles none of the wide groups'
-    stages, and the other way round.
+    (:func:`_block_maxima`, :func:`_block_totals`); wide ones, a bool, and the stages that
+    loop over a row's lanes at once (:func:`_row_maxima`, :func:`_row_totals`). Numba
+    compiles the kernel once per type of ``transposed`` and prunes the branches on
+    ``transposed is None`` by that type, so that a batch of narrow groups (MiniLM's heads)
+    compiles none of the wide groups' stages, and the other way round.
 
     Each group's outputs are the lanes of one pass of the window stages, lane
     i * NP + j output (i, j), NP the group's N columns padded to whole ``LANE_BLOCK``s, its
@@ -233,18 +226,12 @@ def window_groups(
             first = tree * fused_terms
             last = min(first + fused_terms, padded_length)
             if transposed is None:
-                if padded % WIDE_BLOCK == 0:
-                    _block_maxima32(row_exponents, tile_exponents, first, last, maxima)
-                else:
-                    _block_maxima16(row_exponents, tile_exponents, first, last, maxima)
+                _block_maxima(row_exponents, tile_exponents, first, last, maxima)
             else:
                 _row_maxima(row_exponents, tile_exponents, first, last, maxima)
             W.tree_references(maxima, shifts, acc, references, factors, cfg)
             if transposed is None:
-                if padded % WIDE_BLOCK == 0:
-                    _block_totals32(row_values, tile_values, factors, first, last, totals)
-                else:
-                    _block_totals16(row_values, tile_values, factors, first, last, totals)
+                _block_totals(row_values, tile_values, factors, first, last, totals)
             else:
                 _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
             W.finish_tree(totals, references, acc, lane_flags, cfg)
@@ -364,85 +351,67 @@ def _pass_sum(row, column, factor):
     )
 
 
-def _fixed_block_maxima(block: int):
-    """A kernel of a tree's exponent-sum maxima of every lane over lane blocks of ``block``
-    columns (a constant when compiling: the loop over a block's lanes is whole vectors):
-    maxima[i * NP + j] = max over k in [start, stop) of the int8 sum
-    row_exponents[i, k] + tile_exponents[k, j], NP the tile's padded width (a multiple of
-    ``block``). Two rows (an even count) and eight k per pass over a block's lanes: each
+@njit(cache=True, inline="always")
+def _block_maxima(row_exponents, tile_exponents, start, stop, maxima):
+    """maxima[i * NP + j] = max over k in [start, stop) of the int8 sum
+    row_exponents[i, k] + tile_exponents[k, j]: a tree's exponent-sum maxima of every lane.
+    Two rows (an even count) and eight k per pass over a block's ``LANE_BLOCK`` lanes: each
     pass pays for its views and the compiler's overlap tests of them once, so the more terms
     it holds the less they cost. (Lanes are indexed from 0 in views: an index Numba cannot
     prove non-negative gets its wraparound test, which turns the loads into gathers.)"""
-
-    @njit(inline="always")
-    def block_maxima(row_exponents, tile_exponents, start, stop, maxima):
-        rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
-        for i in range(0, rows, 2):
-            x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
-            for column0 in range(0, padded, block):
-                lane0 = i * padded + column0
-                m0 = maxima[lane0 : lane0 + block]
-                m1 = maxima[lane0 + padded : lane0 + padded + block]
-                t = tile_exponents[start:stop, column0 : column0 + block]
-                for j in range(block):
-                    m0[j] = -128
-                    m1[j] = -128
-                for pass_ in range((stop - start) // PASS_TERMS):
-                    k = PASS_TERMS * pass_
-                    xs, ys = _pass_terms(x, k), _pass_terms(y, k)
-                    for j in range(block):
-                        column = _pass_column(t, k, j)
-                        m0[j] = max(m0[j], _pass_maximum(xs, column))
-                        m1[j] = max(m1[j], _pass_maximum(ys, column))
-
-    return block_maxima
+    rows, padded = row_exponents.shape[0], tile_exponents.shape[1]
+    for i in range(0, rows, 2):
+        x, y = row_exponents[i, start:stop], row_exponents[i + 1, start:stop]
+        for column0 in range(0, padded, LANE_BLOCK):
+            lane0 = i * padded + column0
+            m0 = maxima[lane0 : lane0 + LANE_BLOCK]
+            m1 = maxima[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            t = tile_exponents[start:stop, column0 : column0 + LANE_BLOCK]
+            for j in range(LANE_BLOCK):
+                m0[j] = -128
+                m1[j] = -128
+            for pass_ in range((stop - start) // PASS_TERMS):
+                k = PASS_TERMS * pass_
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
+                for j in range(LANE_BLOCK):
+                    column = _pass_column(t, k, j)
+                    m0[j] = max(m0[j], _pass_maximum(xs, column))
+                    m1[j] = max(m1[j], _pass_maximum(ys, column))
 
 
-def _fixed_block_totals(block: int):
-    """A kernel of a tree's truncated sums of every lane over lane blocks of ``block``
-    columns (a constant when compiling, as in :func:`_fixed_block_maxima`):
-    totals[i * NP + j] = the sum over k in [start, stop) (whole passes) of the truncated
+@njit(cache=True, inline="always")
+def _block_totals(row_values, tile_values, factors, start, stop, totals):
+    """totals[i * NP + j] = the sum over k in [start, stop) (whole passes) of the truncated
     terms int32(row_values[i, k] * tile_values[k, j] * factors[i * NP + j]): each pass's
     eight in int32 (no sum of a pass's terms overflows: :func:`window_groups`), the passes'
     sums in float64 (integers below 2^53, as the window route's tree sums: exact in any
-    order); two rows and a pass per loop over a block's lanes, as the maxima."""
-
-    @njit(inline="always")
-    def block_totals(row_values, tile_values, factors, start, stop, totals):
-        rows, padded = row_values.shape[0], tile_values.shape[1]
-        for i in range(0, rows, 2):
-            x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
-            for column0 in range(0, padded, block):
-                lane0 = i * padded + column0
-                f0 = factors[lane0 : lane0 + block]
-                f1 = factors[lane0 + padded : lane0 + padded + block]
-                s0 = totals[lane0 : lane0 + block]
-                s1 = totals[lane0 + padded : lane0 + padded + block]
-                t = tile_values[start:stop, column0 : column0 + block]
-                for j in range(block):
-                    s0[j] = 0.0
-                    s1[j] = 0.0
-                for pass_ in range((stop - start) // PASS_TERMS):
-                    k = PASS_TERMS * pass_
-                    xs, ys = _pass_terms(x, k), _pass_terms(y, k)
-                    for j in range(block):
-                        column = _pass_column(t, k, j)
-                        s0[j] += _pass_sum(xs, column, f0[j])
-                        s1[j] += _pass_sum(ys, column, f1[j])
-
-    return block_totals
-
-
-#: The narrow groups' stages over lane blocks of :data:`LANE_BLOCK` and :data:`WIDE_BLOCK`.
-_block_maxima16, _block_maxima32 = (_fixed_block_maxima(b) for b in (LANE_BLOCK, WIDE_BLOCK))
-_block_totals16, _block_totals32 = (_fixed_block_totals(b) for b in (LANE_BLOCK, WIDE_BLOCK))
+    order); two rows and a pass per loop over a block's lanes, as in :func:`_block_maxima`."""
+    rows, padded = row_values.shape[0], tile_values.shape[1]
+    for i in range(0, rows, 2):
+        x, y = row_values[i, start:stop], row_values[i + 1, start:stop]
+        for column0 in range(0, padded, LANE_BLOCK):
+            lane0 = i * padded + column0
+            f0 = factors[lane0 : lane0 + LANE_BLOCK]
+            f1 = factors[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            s0 = totals[lane0 : lane0 + LANE_BLOCK]
+            s1 = totals[lane0 + padded : lane0 + padded + LANE_BLOCK]
+            t = tile_values[start:stop, column0 : column0 + LANE_BLOCK]
+            for j in range(LANE_BLOCK):
+                s0[j] = 0.0
+                s1[j] = 0.0
+            for pass_ in range((stop - start) // PASS_TERMS):
+                k = PASS_TERMS * pass_
+                xs, ys = _pass_terms(x, k), _pass_terms(y, k)
+                for j in range(LANE_BLOCK):
+                    column = _pass_column(t, k, j)
+                    s0[j] += _pass_sum(xs, column, f0[j])
+                    s1[j] += _pass_sum(ys, column, f1[j])
 
 
 @njit(cache=True, inline="always")
 def _row_maxima(row_exponents, tile_exponents, start, stop, maxima):
-    """:func:`_fixed_block_maxima`'s stage for wide groups (:data:`ROW_LANES_FROM`): the
-    same maxima, each pass looping over a row's ``NP`` lanes at once; the first pass's
-    maxima start the lanes'.
+    """:func:`_block_maxima` for wide groups (:data:`ROW_LANES_FROM`): the same maxima, each
+    pass looping over a row's ``NP`` lanes at once; the first pass's maxima start the lanes'.
     Passes outside, row pairs inside: a row's lanes are a few vectors of int8, so a pass's
     setup (the tile rows' addresses) costs as much as its loop; paid once per pass for every
     row pair rather than once per pass and row pair (the maxima, one int8 a lane, stay in
@@ -469,11 +438,10 @@ def _row_maxima(row_exponents, tile_exponents, start, stop, maxima):
 
 @njit(cache=True, inline="always")
 def _row_totals(row_values, tile_values, factors, start, stop, group, partials, totals):
-    """:func:`_fixed_block_totals`' stage for wide groups (:data:`ROW_LANES_FROM`): the
-    same sums, each pass looping over a row's ``NP`` lanes at once, the passes of each
-    int32 group of ``group`` terms (a multiple of a pass:
-    ``datapath.batch.window_groups_apply``; no sum of its truncated terms overflows,
-    ``_window_kernels``) summed in int32 in ``partials``
+    """:func:`_block_totals` for wide groups (:data:`ROW_LANES_FROM`): the same sums, each
+    pass looping over a row's ``NP`` lanes at once, the passes of each int32 group of
+    ``group`` terms (a multiple of a pass: ``datapath.batch.window_groups_apply``; no sum of
+    its truncated terms overflows, ``_window_kernels``) summed in int32 in ``partials``
     (rows, NP) and the groups' sums in float64 (exact integers below 2^53), group after
     group as before. Passes outside, row pairs inside, as in :func:`_row_maxima`: a pass's
     setup once for every row pair."""
