@@ -1025,6 +1025,37 @@ def test_window_groups_on_zeros_overflow_underflow_and_scale_gaps(monkeypatch, n
         np.testing.assert_array_equal(got.bits, 0)
 
 
+@pytest.mark.parametrize("name, fmt_name", WINDOW_UNITS)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (3, 13, 40, 32),  # two lane blocks, an odd row count
+        (2, 14, 14, 32),  # MiniLM's P @ v: K = 14 of a block of 32
+        (2, 7, 37, 25),  # 25 columns padded to two lane blocks (7 padding lanes)
+        (2, 14, 32, 14),  # MiniLM's q @ k^T: one lane block (2 padding lanes)
+        (2, 5, 70, 48),  # three lane blocks, trees past the first
+    ],
+)
+def test_window_groups_on_narrow_groups_of_each_width(monkeypatch, name, fmt_name, shape):
+    """Narrow groups (the kernel's lane-block stages) of one to three lane blocks, MiniLM's
+    heads among them: against the generic kernel (every output) and the Fraction twin (a
+    few), on realistic data with corner codes (zeros of both signs, subnormals, the
+    largest, NaN/Inf) and NaN or extreme scales, c with -0, NaN/Inf and subnormals; then
+    the same shapes with the corners alone, half the codes."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    block = config.sections[("inputs", "block_size")]
+    groups, m, k, n = shape
+    rng = np.random.default_rng(sum(shape))
+    a, b = operands(rng, fmt_name, block, shape, 0.03, scaled)
+    c = accumulator_inputs(rng, (groups, m, n), corners=True)
+    got = run_window_groups(monkeypatch, config, a, b, c)
+    check_twin(config, a, b, c, got, rng, count=3)
+    a, b = operands(rng, fmt_name, block, shape, 0.5, scaled, specials=False)
+    got = run_window_groups(monkeypatch, config, a, b, None)
+    check_twin(config, a, b, None, got, rng, count=3)
+
+
 def kernel_lengths(monkeypatch) -> list[int]:
     """The K of the codes each ``_batch_kernels.window_groups`` call gets (a list filled as
     the batch runs)."""
