@@ -959,8 +959,8 @@ def _tree_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2):
     """:func:`_pair_step_sums` (two rows of A, one pass of B), compiled apart for trees of
     8 positions (one step: no loop, no test of the first step; trees of 8 make the most
     calls per product), and once for any other ``terms``. (Each width compiled apart adds
-    about a sixth to the kernel's first compilation: 16 and 32, whose steps loop, gain
-    little from it.)"""
+    about a quarter to the kernel's first compilation: 16 and 32, whose steps loop,
+    gain little from it.)"""
     if terms == 8:
         _pair_step_sums(a, at_a, at_a2, b, at_b, 8, sums, at_sums, at_sums2)
     else:
