@@ -896,6 +896,21 @@ def _whole_pages(size):
 PAIR_STEP = 8
 
 
+@njit(cache=True, inline="always")
+def _step_elements(values, at):
+    """values[at] to values[at + 7] (an unsigned offset): a step's elements of a row of A."""
+    return (
+        values[at],
+        values[at + np.uint64(1)],
+        values[at + np.uint64(2)],
+        values[at + np.uint64(3)],
+        values[at + np.uint64(4)],
+        values[at + np.uint64(5)],
+        values[at + np.uint64(6)],
+        values[at + np.uint64(7)],
+    )
+
+
 @njit(cache=True, inline="always", fastmath={"contract"})
 def _pair_step_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2):
     """sums[at_sums + jj] = the sum over m < ``terms`` of a[at_a + m] * b[at_b + m * LANES +
@@ -915,20 +930,8 @@ def _pair_step_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2):
     for m in range(0, whole, PAIR_STEP):
         first = m == 0
         o, o2 = at_a + np.uint64(m), at_a2 + np.uint64(m)
-        x0, x1, x2, x3 = a[o], a[o + np.uint64(1)], a[o + np.uint64(2)], a[o + np.uint64(3)]
-        x4, x5, x6, x7 = (
-            a[o + np.uint64(4)],
-            a[o + np.uint64(5)],
-            a[o + np.uint64(6)],
-            a[o + np.uint64(7)],
-        )
-        y0, y1, y2, y3 = a[o2], a[o2 + np.uint64(1)], a[o2 + np.uint64(2)], a[o2 + np.uint64(3)]
-        y4, y5, y6, y7 = (
-            a[o2 + np.uint64(4)],
-            a[o2 + np.uint64(5)],
-            a[o2 + np.uint64(6)],
-            a[o2 + np.uint64(7)],
-        )
+        x0, x1, x2, x3, x4, x5, x6, x7 = _step_elements(a, o)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _step_elements(a, o2)
         step = at_b + np.uint64(m * LANES)
         for jj in range(LANES):
             q = step + np.uint64(jj)
