@@ -31,7 +31,9 @@ that is exact; it checks so per group). The groups it leaves (NaN scales, expone
 far apart within a tree, sums at the edges of float32's range) take the folded route
 above. Its groups may be larger: up to :data:`FLOAT32_GROUP_FACTOR` times
 :data:`SMALL_GROUP_OUTPUTS` outputs (128-token heads), where its sums in registers outrun
-the BLAS route's passes.
+the BLAS route's passes; so may those of units whose trees are 32 float64 sums or an exact
+accumulator's blocks of 32 (:func:`_wide_tree_unit`: ocp-exact and kulisch on FP8), which
+``exact_groups`` sums two rows of A at a time.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
@@ -41,7 +43,8 @@ lanes (a group with fewer columns than rows is computed as its transpose, C^T = 
 The kernel is compiled apart for narrow and wide groups, each with only its own stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
-:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
+:data:`WINDOW_GROUP_OUTPUTS` outputs each (wider ones through some units:
+:func:`small_groups_apply`, :func:`window_groups_apply`), and groups whose operands (exact units) or
 products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
 batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 """
@@ -77,7 +80,8 @@ from .tables import element_operand
 from .window import _window_config, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
-#: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
+#: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles
+#: but through the units of :data:`FLOAT32_GROUP_FACTOR`.
 SMALL_GROUP_OUTPUTS = 1024
 #: Times :data:`SMALL_GROUP_OUTPUTS` the outputs per group up to which a batch of a unit of
 #: ``_float32_kernels``' float32 kernel (:func:`_float32_unit`: bfp-exact) or of wide
