@@ -870,8 +870,9 @@ def test_wide_tree_units_take_groups_past_small_ones(monkeypatch, name, fmt_name
 def test_tree_sums_of_two_rows_are_their_exact_sums(terms):
     """``_batch_kernels._tree_sums`` (two rows of A against a pass of B, flat arrays at
     offsets) against sums of Fractions, bit for bit: FP8 values, zeros of both signs among
-    them; lane 0's products all zeros and lane 1's cancelling in the second row (exact
-    zero sums: +0); other entries of the sums left as they were."""
+    them; lane 0's products all zeros, lane 1's cancelling in the second row, and lanes 2
+    and 3 all -0 in the first and the second row (exact zero sums: +0); other entries of
+    the sums left as they were."""
     lanes = batch_kernels.LANES
     fmt = get_format("fp8_e4m3")
     values = fmt.decode_fields(np.arange(256))
@@ -888,6 +889,8 @@ def test_tree_sums_of_two_rows_are_their_exact_sums(terms):
     b_rows[half : 2 * half, 1] = b_rows[:half, 1]
     if terms % 2:
         b_rows[-1, 1] = 0.0
+    for lane, row in ((2, at_a), (3, at_a2)):  # zeros of the other sign than the row's elements
+        b_rows[:, lane] = np.copysign(0.0, -np.copysign(1.0, a[row : row + terms]))
     sums = np.full(4 * lanes, 7.0)
     at_sums, at_sums2 = lanes, 3 * lanes
     batch_kernels._tree_sums(
