@@ -797,7 +797,7 @@ def _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_term
     and of B. The products left out are ±0 (a NaN or ±Inf code is not 0; the other
     operand's code at a padding position is padding too), which leave a tree's exact sum
     from +0 unchanged: a tree of 0 positions has the exact sum +0. The halves are 16 and 8
-    positions, widths of the unrolled ``_tree_sums``. (One call for the groups: a call per
+    positions, whole steps of ``_tree_sums``. (One call for the groups: a call per
     group costs about as much as the search.)"""
     length, count = codes_a.shape[2], trees.shape[0]
     ordered = True
