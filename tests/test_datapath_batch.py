@@ -54,6 +54,13 @@ UNITS = [
     ("mxdotp-rdn", "fp6_e2m3"),
     ("mxdotp-rmm", "fp8_e4m3"),
 ]
+# Units whose wider groups (128-token heads) take the exact route too: trees of 32 float64
+# sums (wider than 24 bits) or an exact accumulator's blocks of 32.
+WIDE_TREE_UNITS = [
+    ("ocp-exact", "fp8_e4m3"),
+    ("kulisch", "fp8_e4m3"),
+    ("kulisch", "fp6_e3m2"),
+]
 # Truncating-window units (``window_groups``): per-tensor units (H100/B200 FP8, one FP16),
 # MX block-scaled ones (kind::mxf8f6f4) with FP8/FP6/FP4 elements.
 WINDOW_UNITS = [
@@ -771,7 +778,13 @@ def test_which_units_and_groups_take_the_route():
         params = hw(name).params(fmt_name, fmt_name)
         assert small_groups_apply(params, 14, 14, 32)
         assert small_groups_apply(params, 1, SMALL_GROUP_OUTPUTS, 32)
-        assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS, 32)  # wide: BLAS tiles
+        if (name, fmt_name) in WIDE_TREE_UNITS:  # 128-token heads too, up to 128 x 128
+            for rows, columns in ((2, SMALL_GROUP_OUTPUTS), (128, 128), (128, 64), (64, 128)):
+                assert small_groups_apply(params, rows, columns, 64)
+            assert not small_groups_apply(params, 129, 128, 64)
+        else:  # wide groups: BLAS tiles
+            assert not small_groups_apply(params, 2, SMALL_GROUP_OUTPUTS, 32)
+            assert not small_groups_apply(params, 128, 64, 64)
         # one group's decoded operands within the bound, B's columns padded to whole passes
         # of 16 (the kernel's scratch); longer ones keep the BLAS route
         assert small_groups_apply(params, 1, 48, GROUPS_DECODED // 64)
@@ -829,6 +842,81 @@ def test_units_outside_the_routes_keep_their_bits_in_small_batches(name):
         matmul_batched(config, a, b, c=c, per_tensor_scale=per_tensor).bits,
         matmul_batched(config, a, b, c=c, per_tensor_scale=per_tensor, method="kernel").bits,
     )
+
+
+@pytest.mark.parametrize("name, fmt_name", WIDE_TREE_UNITS)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 47, 40, 33),  # odd M, N two passes and one column, K past a block
+        (3, 128, 64, 17),  # 128-token rows, N one past a pass
+        (2, 33, 64, 64),  # whole passes, an odd last row
+    ],
+)
+@pytest.mark.parametrize("corners", [0.0, 0.05])
+def test_wide_tree_units_take_groups_past_small_ones(monkeypatch, name, fmt_name, shape, corners):
+    """Groups of more than ``SMALL_GROUP_OUTPUTS`` outputs of the wide-tree units take the
+    exact small-groups route (``run_route`` checks it taken): bits of the generic kernel,
+    flags, the Fraction twin."""
+    assert shape[1] * shape[3] > SMALL_GROUP_OUTPUTS
+    config, a, b, c, got, marked = run_route(
+        monkeypatch, name, fmt_name, shape, seed=sum(shape), corners=corners
+    )
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(3))
+
+
+@pytest.mark.parametrize("terms", [0, 1, 3, 7, 8, 9, 10, 11, 15, 16, 17, 24, 31, 32, 33, 40])
+def test_tree_sums_of_two_rows_are_their_exact_sums(terms):
+    """``_batch_kernels._tree_sums`` (two rows of A against a pass of B, flat arrays at
+    offsets) against sums of Fractions, bit for bit: FP8 values, zeros of both signs among
+    them; lane 0's products all zeros, lane 1's cancelling in the second row, and lanes 2
+    and 3 all -0 in the first and the second row (exact zero sums: +0); other entries of
+    the sums left as they were."""
+    lanes = batch_kernels.LANES
+    fmt = get_format("fp8_e4m3")
+    values = fmt.decode_fields(np.arange(256))
+    values = values[np.isfinite(values)]
+    rng = np.random.default_rng(terms)
+    at_a, at_a2, at_b = 5, 5 + terms + 3, 2
+    a = rng.choice(values, size=at_a2 + terms + 4)
+    b = rng.choice(values, size=at_b + max(terms, 1) * lanes + 7)
+    a[rng.random(a.size) < 0.1] *= 0.0  # (±0 elements)
+    b_rows = b[at_b : at_b + terms * lanes].reshape(terms, lanes)
+    b_rows[:, 0] = rng.choice([0.0, -0.0], size=terms)
+    half = terms // 2  # the second row's positions half + m cancel positions m in lane 1
+    a[at_a2 + half : at_a2 + 2 * half] = -a[at_a2 : at_a2 + half]
+    b_rows[half : 2 * half, 1] = b_rows[:half, 1]
+    if terms % 2:
+        b_rows[-1, 1] = 0.0
+    for lane, row in ((2, at_a), (3, at_a2)):  # zeros of the other sign than the row's elements
+        b_rows[:, lane] = np.copysign(0.0, -np.copysign(1.0, a[row : row + terms]))
+    sums = np.full(4 * lanes, 7.0)
+    at_sums, at_sums2 = lanes, 3 * lanes
+    batch_kernels._tree_sums(
+        a,
+        np.uint64(at_a),
+        np.uint64(at_a2),
+        b,
+        np.uint64(at_b),
+        terms,
+        sums,
+        np.uint64(at_sums),
+        np.uint64(at_sums2),
+    )
+    for row, at_out in ((at_a, at_sums), (at_a2, at_sums2)):
+        for jj in range(lanes):
+            exact = sum(
+                (Fraction(a[row + m]) * Fraction(b_rows[m, jj]) for m in range(terms)),
+                Fraction(0),
+            )
+            want = float(exact)  # (Fraction 0 is +0.0)
+            got = sums[at_out + jj]
+            assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want), (
+                row,
+                jj,
+            )
+    assert (sums[:lanes] == 7.0).all() and (sums[2 * lanes : 3 * lanes] == 7.0).all()
 
 
 def test_exact_trees_are_the_blas_routes_trees():
@@ -1832,8 +1920,8 @@ def test_float32_units_take_groups_up_to_their_own_bound():
     """bfp-exact (every element format: the float32 kernel's unit checks) takes the route for
     groups up to ``FLOAT32_GROUP_FACTOR`` times ``SMALL_GROUP_OUTPUTS`` outputs (128-token
     heads either way round), the
-    other exact units up to ``SMALL_GROUP_OUTPUTS``; the decoded operands' bound holds for
-    both."""
+    other exact units up to ``SMALL_GROUP_OUTPUTS`` (but the wide-tree units,
+    ``WIDE_TREE_UNITS``); the decoded operands' bound holds for both."""
     assert batch_module.FLOAT32_GROUP_FACTOR * SMALL_GROUP_OUTPUTS == 128 * 128
     for fmt_name in BFP_FORMATS:
         params = hw("bfp-exact").params(fmt_name, fmt_name)
@@ -1844,7 +1932,8 @@ def test_float32_units_take_groups_up_to_their_own_bound():
     for name, fmt_name in UNITS:
         params = hw(name).params(fmt_name, fmt_name)
         assert not batch_module._float32_unit(params)
-        assert not small_groups_apply(params, 128, 128, 64)
+        wide = (name, fmt_name) in WIDE_TREE_UNITS
+        assert small_groups_apply(params, 128, 128, 64) == wide
 
 
 @pytest.mark.parametrize("fmt_name", BFP_FORMATS)

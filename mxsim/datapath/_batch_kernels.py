@@ -540,9 +540,10 @@ def exact_groups(
     its row of A or column of B over its tree non-finite (±Inf times 0 is NaN): exactly
     the outputs of such rows and columns are flagged, as products of finite elements and
     their exact sums are finite. Each group's A and its B transposed are decoded (B's
-    columns padded to whole passes of :data:`LANES` with zeros); a row's tree sums over a
-    pass are SIMD vectors (``_tree_sums``), and the accumulation steps are loops over a
-    row's pass (they vectorise).
+    columns padded to whole passes of :data:`LANES` with zeros); the tree sums of two rows
+    over a pass are SIMD vectors (``_tree_sums``: each element of B loaded once for both
+    rows; an odd last row is paired with a row of zeros whose sums are not read), and the
+    accumulation steps are loops over a row's pass (they vectorise).
 
     Zero codes: where code 0 is ±0 in both tables, the positions from which every code of
     the group's A and B is 0 (the zero padding of K short of a tree or of whole trees,
@@ -580,7 +581,7 @@ def exact_groups(
     # One c for every output (c=None: +0) is checked once, not per output.
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
     start_first = 0.0 if bad_first else c_first
-    # Scratch once per call: a group's A (zeros past K) and B transposed per pass of columns
+    # Scratch once per call: a group's A (zeros past K; rows in pairs) and B transposed per pass of columns
     # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
     # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
     # unknown sign costs wraparound arithmetic per element, and the loops do not vectorise.)
@@ -589,10 +590,11 @@ def exact_groups(
     # two cache lines cost two loads each (B's rows in the sums, the steps and accumulators
     # in the accumulation); and the arrays then lie at the same page offsets on every call,
     # whatever the heap's state.
+    paired = rows + rows % 2  # (rows in pairs: a last odd one beside a row of zeros)
     sizes = (
-        rows * padded,
+        paired * padded,
         passes * padded * LANES,
-        rows * LANES,
+        paired * LANES,
         rows * LANES,
         rows * LANES,
         count * rows,
@@ -603,11 +605,11 @@ def exact_groups(
         total += _whole_pages(size)
     scratch = np.zeros(total)
     at = (-(scratch.ctypes.data // 8)) % PAGE_FLOATS
-    a = scratch[at : at + sizes[0]].reshape((rows, padded))
+    a = scratch[at : at + sizes[0]].reshape((paired, padded))
     at += _whole_pages(sizes[0])
     b = scratch[at : at + sizes[1]].reshape((passes, padded, LANES))
     at += _whole_pages(sizes[1])
-    sums = scratch[at : at + sizes[2]].reshape((rows, LANES))
+    sums = scratch[at : at + sizes[2]].reshape((paired, LANES))
     at += _whole_pages(sizes[2])
     high = scratch[at : at + sizes[3]].reshape((rows, LANES))
     at += _whole_pages(sizes[3])
@@ -694,15 +696,17 @@ def exact_groups(
             # where that step is idempotent (module docstring), else a step each.
             for t in range(run if idempotent else count):
                 first, terms = np.uint64(trees[t, 0]), group_terms[at, t]
-                for i in range(rows):
+                for i in range(0, rows, 2):  # (an odd last row beside A's row of zeros)
                     _tree_sums(
                         flat_a,
                         np.uint64(i * padded) + first,
+                        np.uint64((i + 1) * padded) + first,
                         flat_b,
                         np.uint64(p * padded * LANES) + first * np.uint64(LANES),
                         terms,
                         flat_sums,
                         np.uint64(i * LANES),
+                        np.uint64((i + 1) * LANES),
                     )
                 for i in range(rows):
                     step = row_steps[t, i]
@@ -795,7 +799,7 @@ def _live_trees(codes_a, codes_b, trees, zero_code_zero, start, stop, group_term
     and of B. The products left out are ±0 (a NaN or ±Inf code is not 0; the other
     operand's code at a padding position is padding too), which leave a tree's exact sum
     from +0 unchanged: a tree of 0 positions has the exact sum +0. The halves are 16 and 8
-    positions, widths of the unrolled ``_tree_sums``. (One call for the groups: a call per
+    positions, whole steps of ``_tree_sums``. (One call for the groups: a call per
     group costs about as much as the search.)"""
     length, count = codes_a.shape[2], trees.shape[0]
     ordered = True
@@ -889,50 +893,83 @@ def _whole_pages(size):
     return -(-size // PAGE_FLOATS) * PAGE_FLOATS
 
 
-def _fixed_tree_sums(terms: int):
-    """A kernel of the sums of trees of ``terms`` positions (a multiple of 4) over one pass
-    of :data:`LANES` columns (``terms`` a constant when compiling: the loops unroll into
-    registers, every element at a constant offset from two bases). Four chains per column,
-    positions m = 0, 1, 2, 3 mod 4, added at the end: every partial sum of a tree's terms is
-    exact (``datapath.blas``), so the grouping does not change the sum, while one chain of
-    fused multiply-adds would wait on each result (its latency, not the adders, bounds it)."""
-
-    @njit(inline="always", fastmath={"contract"})
-    def tree_sums(a, at_a, b, at_b, sums, at_sums):
-        for jj in range(LANES):
-            s0 = s1 = s2 = s3 = 0.0
-            for m in range(0, terms, 4):
-                s0 += a[at_a + np.uint64(m)] * b[at_b + np.uint64(m * LANES + jj)]
-                s1 += a[at_a + np.uint64(m + 1)] * b[at_b + np.uint64((m + 1) * LANES + jj)]
-                s2 += a[at_a + np.uint64(m + 2)] * b[at_b + np.uint64((m + 2) * LANES + jj)]
-                s3 += a[at_a + np.uint64(m + 3)] * b[at_b + np.uint64((m + 3) * LANES + jj)]
-            sums[at_sums + np.uint64(jj)] = (s0 + s1) + (s2 + s3)
-
-    return tree_sums
+#: Positions of a step of :func:`_pair_step_sums`: each row's eight elements of A are held
+#: in registers while the step's eight rows of B are read once for both rows.
+PAIR_STEP = 8
 
 
-_sums8, _sums16, _sums32 = (_fixed_tree_sums(terms) for terms in (8, 16, 32))
+@njit(cache=True, inline="always")
+def _step_elements(values, at):
+    """values[at] to values[at + 7] (an unsigned offset): a step's elements of a row of A."""
+    return (
+        values[at],
+        values[at + np.uint64(1)],
+        values[at + np.uint64(2)],
+        values[at + np.uint64(3)],
+        values[at + np.uint64(4)],
+        values[at + np.uint64(5)],
+        values[at + np.uint64(6)],
+        values[at + np.uint64(7)],
+    )
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _tree_sums(a, at_a, b, at_b, terms, sums, at_sums):
+def _pair_step_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2):
     """sums[at_sums + jj] = the sum over m < ``terms`` of a[at_a + m] * b[at_b + m * LANES +
-    jj] for jj < :data:`LANES` (flat arrays, unsigned offsets), exact (the caller's tree sums
-    fit float64), from +0; trees of 8, 16 and 32 positions, the units' widths, by kernels
-    whose loops unroll into registers, others a position at a time."""
-    if terms == 32:
-        _sums32(a, at_a, b, at_b, sums, at_sums)
-    elif terms == 16:
-        _sums16(a, at_a, b, at_b, sums, at_sums)
-    elif terms == 8:
-        _sums8(a, at_a, b, at_b, sums, at_sums)
-    else:
+    jj], and sums[at_sums2 + jj] the same of a[at_a2 + m], for jj < :data:`LANES` (flat
+    arrays, unsigned offsets): two rows of A against one pass of B, each element of B
+    loaded once for both rows' fused multiply-adds (one row's would wait on loads, not on
+    the multiply-add units). Steps of :data:`PAIR_STEP` positions, then the rest a position
+    at a time; a step's products enter its sum as two chains (positions of one parity each)
+    added to the sum so far last, so consecutive steps wait on one addition only. Exact for
+    sums that fit float64, in any grouping (``datapath.blas``); from +0: every sum's last
+    operation adds to +0 or to the sum of earlier positions, so an exact zero sum is +0."""
+    whole = terms - terms % PAIR_STEP
+    if terms == 0:
         for jj in range(LANES):
             sums[at_sums + np.uint64(jj)] = 0.0
-        for m in range(terms):
-            x = a[at_a + np.uint64(m)]
-            for jj in range(LANES):
-                sums[at_sums + np.uint64(jj)] += x * b[at_b + np.uint64(m * LANES + jj)]
+            sums[at_sums2 + np.uint64(jj)] = 0.0
+    for m in range(0, whole, PAIR_STEP):
+        first = m == 0
+        o, o2 = at_a + np.uint64(m), at_a2 + np.uint64(m)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _step_elements(a, o)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _step_elements(a, o2)
+        step = at_b + np.uint64(m * LANES)
+        for jj in range(LANES):
+            q = step + np.uint64(jj)
+            b0, b1 = b[q], b[q + np.uint64(LANES)]
+            b2, b3 = b[q + np.uint64(2 * LANES)], b[q + np.uint64(3 * LANES)]
+            b4, b5 = b[q + np.uint64(4 * LANES)], b[q + np.uint64(5 * LANES)]
+            b6, b7 = b[q + np.uint64(6 * LANES)], b[q + np.uint64(7 * LANES)]
+            s = 0.0 if first else sums[at_sums + np.uint64(jj)]
+            r = 0.0 if first else sums[at_sums2 + np.uint64(jj)]
+            even = ((x0 * b0 + x2 * b2) + x4 * b4) + x6 * b6
+            odd = ((x1 * b1 + x3 * b3) + x5 * b5) + x7 * b7
+            sums[at_sums + np.uint64(jj)] = s + (even + odd)
+            even = ((y0 * b0 + y2 * b2) + y4 * b4) + y6 * b6
+            odd = ((y1 * b1 + y3 * b3) + y5 * b5) + y7 * b7
+            sums[at_sums2 + np.uint64(jj)] = r + (even + odd)
+    for m in range(whole, terms):
+        x, y = a[at_a + np.uint64(m)], a[at_a2 + np.uint64(m)]
+        step = at_b + np.uint64(m * LANES)
+        for jj in range(LANES):
+            s = 0.0 if m == 0 else sums[at_sums + np.uint64(jj)]
+            r = 0.0 if m == 0 else sums[at_sums2 + np.uint64(jj)]
+            sums[at_sums + np.uint64(jj)] = s + x * b[step + np.uint64(jj)]
+            sums[at_sums2 + np.uint64(jj)] = r + y * b[step + np.uint64(jj)]
+
+
+@njit(cache=True, inline="always", fastmath={"contract"})
+def _tree_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2):
+    """:func:`_pair_step_sums` (two rows of A, one pass of B), compiled apart for trees of
+    8 positions (one step: no loop, no test of the first step; trees of 8 make the most
+    calls per product), and once for any other ``terms``. (Each width compiled apart adds
+    about a quarter to the kernel's first compilation: 16 and 32, whose steps loop,
+    gain little from it.)"""
+    if terms == 8:
+        _pair_step_sums(a, at_a, at_a2, b, at_b, 8, sums, at_sums, at_sums2)
+    else:
+        _pair_step_sums(a, at_a, at_a2, b, at_b, terms, sums, at_sums, at_sums2)
 
 
 @njit(cache=True, inline="always")

@@ -31,7 +31,9 @@ that is exact; it checks so per group). The groups it leaves (NaN scales, expone
 far apart within a tree, sums at the edges of float32's range) take the folded route
 above. Its groups may be larger: up to :data:`FLOAT32_GROUP_FACTOR` times
 :data:`SMALL_GROUP_OUTPUTS` outputs (128-token heads), where its sums in registers outrun
-the BLAS route's passes.
+the BLAS route's passes; so may those of units whose trees are 32 float64 sums or an exact
+accumulator's blocks of 32 (:func:`_wide_tree_unit`: ocp-exact and kulisch on FP8), which
+``exact_groups`` sums two rows of A at a time.
 
 Truncating-window units (``datapath.window``; :func:`window_groups_matmul`): each group's
 M x N outputs are SIMD lanes that read the group's decoded rows of A and columns of B in
@@ -41,7 +43,8 @@ lanes (a group with fewer columns than rows is computed as its transpose, C^T = 
 The kernel is compiled apart for narrow and wide groups, each with only its own stages.
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
-:data:`WINDOW_GROUP_OUTPUTS` outputs each, and groups whose operands (exact units) or
+:data:`WINDOW_GROUP_OUTPUTS` outputs each (wider ones through some units:
+:func:`small_groups_apply`, :func:`window_groups_apply`), and groups whose operands (exact units) or
 products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
 batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 """
@@ -77,13 +80,18 @@ from .tables import element_operand
 from .window import _window_config, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
-#: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles.
+#: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles
+#: but through the units of :data:`FLOAT32_GROUP_FACTOR`.
 SMALL_GROUP_OUTPUTS = 1024
 #: Times :data:`SMALL_GROUP_OUTPUTS` the outputs per group up to which a batch of a unit of
-#: ``_float32_kernels``' float32 kernel (:func:`_float32_unit`: bfp-exact) takes the route:
-#: 128-token heads (128 x 128, 128 x 64) too, whose float32 tree sums in registers outrun
-#: the BLAS route's passes.
+#: ``_float32_kernels``' float32 kernel (:func:`_float32_unit`: bfp-exact) or of wide
+#: float64 trees (:func:`_wide_tree_unit`) takes the route: 128-token heads (128 x 128,
+#: 128 x 64) too, whose tree sums in registers outrun the BLAS route's passes.
 FLOAT32_GROUP_FACTOR = 16
+#: Positions per tree from which a unit's wider groups take the exact small-groups route
+#: (:func:`_wide_tree_unit`): each tree's accumulation step, once per output, is then paid
+#: over that many products at least.
+WIDE_TREE_TERMS = 32
 #: The window units' bound: wider groups take the per-GEMM window route, whose lanes are a
 #: group's columns (too few lanes for groups of a few columns).
 WINDOW_GROUP_OUTPUTS = 512
@@ -114,13 +122,16 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
     :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel,
-    :func:`_float32_unit`; one group's decoded operands within :data:`GROUPS_DECODED`), the
+    :func:`_float32_unit`, and of wide float64 trees, :func:`_wide_tree_unit`; one group's decoded operands within :data:`GROUPS_DECODED`), the
     BLAS route's unit checks (``blas=`` declarations of the schema, tree sums exact in
     float64; trees of several scale blocks are folded, :func:`_folded_groups`), and
     subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
-        or (rows * columns <= SMALL_GROUP_OUTPUTS * FLOAT32_GROUP_FACTOR and _float32_unit(params))
+        or (
+            rows * columns <= SMALL_GROUP_OUTPUTS * FLOAT32_GROUP_FACTOR
+            and (_float32_unit(params) or _wide_tree_unit(params))
+        )
     ) and (
         (rows + -(-columns // B.LANES) * B.LANES) * length <= GROUPS_DECODED
         and _exact_unit(params)
@@ -145,6 +156,25 @@ def _float32_unit(params: DatapathParams) -> bool:
         return False
     float32_c = np.zeros((1, 1, 1), dtype=np.float32)
     return _exact_unit(params) and _float32_plan(params, tables, float32_c) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _wide_tree_unit(params: DatapathParams) -> bool:
+    """Whether the unit's groups up to :data:`FLOAT32_GROUP_FACTOR` times
+    :data:`SMALL_GROUP_OUTPUTS` outputs take ``_batch_kernels.exact_groups``: trees of
+    :data:`WIDE_TREE_TERMS` positions or more, one scale block each, whose sums the BLAS
+    route forms in float64 (wider than float32's 24 bits) or adds to an exact accumulator.
+    (The BLAS route's float32 GEMMs of narrower sums into a float32 accumulator, at twice
+    float64's rate, outrun the kernel's float64 sums; and on narrower trees the kernel's
+    accumulation step, once per tree and output, outweighs its sums: the BLAS route's
+    fused trees of 8, ``_tree_kernels.rne_trees8``, outrun it.)"""
+    bits = tree_sum_bits(params)
+    return (
+        blocks_per_tree(params) == 1
+        and slice_width(params) >= WIDE_TREE_TERMS
+        and bits is not None
+        and (bits > 24 or params.accumulator_format == "exact")
+    )
 
 
 @functools.lru_cache(maxsize=1024)
