@@ -581,9 +581,9 @@ def exact_groups(
     # One c for every output (c=None: +0) is checked once, not per output.
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
     start_first = 0.0 if bad_first else c_first
-    # Scratch once per call: a group's A (zeros past K; rows in pairs) and B transposed per pass of columns
-    # (zeros past N and K), scale exponents per tree, and a pass's tree sums, steps and
-    # accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
+    # Scratch once per call: a group's A (zeros past K; rows in pairs) and B transposed per
+    # pass of columns (zeros past N and K), scale exponents per tree, and a pass's tree sums,
+    # steps and accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
     # unknown sign costs wraparound arithmetic per element, and the loops do not vectorise.)
     # A, B, the tree sums, the accumulators and the steps each start a page of one buffer:
     # Numba aligns an array to 32 bytes only, and rows read as 64-byte vectors that straddle

@@ -44,8 +44,8 @@ The kernel is compiled apart for narrow and wide groups, each with only its own 
 
 Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
 :data:`WINDOW_GROUP_OUTPUTS` outputs each (wider ones through some units:
-:func:`small_groups_apply`, :func:`window_groups_apply`), and groups whose operands (exact units) or
-products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
+:func:`small_groups_apply`, :func:`window_groups_apply`), and groups whose operands (exact
+units) or products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
 batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 """
 
@@ -122,8 +122,8 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     """Whether a batch of groups of ``rows`` x ``columns`` outputs of ``length`` terms through
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
     :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel,
-    :func:`_float32_unit`, and of wide float64 trees, :func:`_wide_tree_unit`; one group's decoded operands within :data:`GROUPS_DECODED`), the
-    BLAS route's unit checks (``blas=`` declarations of the schema, tree sums exact in
+    :func:`_float32_unit`, and of wide float64 trees, :func:`_wide_tree_unit`; one group's
+    decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks (``blas=`` declarations of the schema, tree sums exact in
     float64; trees of several scale blocks are folded, :func:`_folded_groups`), and
     subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
     return (
