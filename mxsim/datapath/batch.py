@@ -219,10 +219,10 @@ def _exact_plan(params: DatapathParams, length: int):
     else:
         mode = B.ROUND_EACH_TREE
     floors = np.array([NO_FLOOR if x is None else x for x in floors], dtype=np.int64)
-    plan = exact_trees(params, length), floors, grid, choices
-    for array in plan:
+    trees = exact_trees(params, length)
+    for array in (trees, floors, grid, choices):
         array.setflags(write=False)  # (kept: every call of the unit and length shares them)
-    return plan[0], mode, *plan[1:]
+    return trees, mode, floors, grid, choices
 
 
 def small_groups_matmul(
