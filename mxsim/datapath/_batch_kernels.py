@@ -774,10 +774,16 @@ def exact_groups(
                 if mode == EXACT_ACCUMULATOR:  # RNE_fp32(high + low): its round-to-odd sum
                     for jj in range(LANES):
                         high[i, jj] = odd_sum(high[i, jj], low[i, jj])
+                # the row's flags ORed (one byte OR a lane), counted only where one is set
+                # (rare): a count per lane widens every flag to int64 first
+                any_flag = np.uint8(0)
                 for jj in range(live):
                     out[g, i, j0 + jj] = np.float32(high[i, jj]).view(np.uint32)
                     flags_out[g, i, j0 + jj] = lane_flags[i, jj]
-                    flagged += lane_flags[i, jj]
+                    any_flag |= lane_flags[i, jj]
+                if any_flag:
+                    for jj in range(live):
+                        flagged += lane_flags[i, jj]
     return flagged
 
 
