@@ -621,6 +621,18 @@ def exact_groups(
         scratch[at + q] = 1.0
     column_steps = scratch[at : at + sizes[6]].reshape((count, passes, LANES))
     fresh = np.empty(LANES)
+    # Runs of consecutive trees of one scale block, decoded with one factor a row/column.
+    unfolded = mode == GRID
+    runs = np.empty((count, 3), dtype=np.int64)
+    run_count = 0
+    for t in range(count):
+        joined = run_count > 0 and runs[run_count - 1, 1] == trees[t, 0]
+        if joined and runs[run_count - 1, 2] == trees[t, 2]:
+            runs[run_count - 1, 1] = trees[t, 1]
+        else:
+            runs[run_count, 0], runs[run_count, 1] = trees[t, 0], trees[t, 1]
+            runs[run_count, 2] = trees[t, 2]
+            run_count += 1
     bad_rows = np.zeros(rows, dtype=np.uint8)
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
@@ -635,37 +647,46 @@ def exact_groups(
     for g in range(start, stop):
         at = g - start
         decoded, run = limits[at, 0], limits[at, 1]
-        for i in range(rows):
-            for k in range(decoded):
-                a[i, k] = table_a[codes_a[g, i, k]]
-        for p in range(passes):
-            for jj in range(min(LANES, columns - p * LANES)):
-                for k in range(decoded):
-                    b[p, k, jj] = table_b[codes_b[g, p * LANES + jj, k]]
-        # Each tree's steps 2^Xa and 2^Xb (1 for a NaN scale, whose outputs are flagged):
-        # s 2^Xa 2^Xb is exact, as s 2^(Xa + Xb) (|Xa|, |Xb| <= 127 keep every product a
-        # normal float64).
-        least_x = np.int64(1 << 20)
-        for i in range(rows):  # (loops: a slice assignment compiles shape-error formatting)
-            bad_rows[i] = 0
-        for p in range(passes):
-            for jj in range(LANES):
-                bad_columns[p, jj] = 0
-        for t in range(count):
-            block = trees[t, 2]
-            least_row = least_column = np.int64(1 << 20)
+        # A and B decoded run by run (a run: consecutive trees of one scale block), each
+        # row's and column's positions of a run times its factor 2^X there (1 for a NaN
+        # scale, whose outputs are flagged; 1 for GRID, whose steps scale the sums), its
+        # flag set on the way. (Unsigned offsets: no wraparound arithmetic per element.)
+        for r in range(run_count):
+            first, block = np.uint64(runs[r, 0]), runs[r, 2]
+            terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
             for i in range(rows):
                 x = np.int64(scales_a[g, i, block])
-                bad_rows[i] |= x == SCALE_NAN
-                row_steps[t, i] = power_of_two(0 if x == SCALE_NAN else x)
-                least_row = min(least_row, x)
+                nan = np.uint8(x == SCALE_NAN)
+                bad_rows[i] = nan if r == 0 else bad_rows[i] | nan
+                factor = power_of_two(0 if x == SCALE_NAN or unfolded else x)
+                for k in range(terms):
+                    q = first + np.uint64(k)
+                    a[i, q] = table_a[codes_a[g, i, q]] * factor
             for p in range(passes):
                 for jj in range(min(LANES, columns - p * LANES)):
                     y = np.int64(scales_b[g, p * LANES + jj, block])
-                    bad_columns[p, jj] |= y == SCALE_NAN
-                    column_steps[t, p, jj] = power_of_two(0 if y == SCALE_NAN else y)
-                    least_column = min(least_column, y)
-            least_x = min(least_x, least_row + least_column)
+                    nan = np.uint8(y == SCALE_NAN)
+                    bad_columns[p, jj] = nan if r == 0 else bad_columns[p, jj] | nan
+                    factor = power_of_two(0 if y == SCALE_NAN or unfolded else y)
+                    for k in range(terms):
+                        q = first + np.uint64(k)
+                        b[p, q, jj] = table_b[codes_b[g, p * LANES + jj, q]] * factor
+        # GRID: each tree's steps 2^Xa and 2^Xb (1 for a NaN scale) and the least X.
+        least_x = np.int64(1 << 20)
+        if unfolded:
+            for t in range(count):
+                block = trees[t, 2]
+                least_row = least_column = np.int64(1 << 20)
+                for i in range(rows):
+                    x = np.int64(scales_a[g, i, block])
+                    row_steps[t, i] = power_of_two(0 if x == SCALE_NAN else x)
+                    least_row = min(least_row, x)
+                for p in range(passes):
+                    for jj in range(min(LANES, columns - p * LANES)):
+                        y = np.int64(scales_b[g, p * LANES + jj, block])
+                        column_steps[t, p, jj] = power_of_two(0 if y == SCALE_NAN else y)
+                        least_column = min(least_column, y)
+                least_x = min(least_x, least_row + least_column)
         plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
         fast = mode == GRID and least_x >= floors[1]
         idempotent = plain or mode == EXACT_ACCUMULATOR
@@ -709,12 +730,12 @@ def exact_groups(
                         np.uint64((i + 1) * LANES),
                     )
                 for i in range(rows):
-                    step = row_steps[t, i]
+                    step = row_steps[t, i] if unfolded else 1.0
                     if plain:
                         for jj in range(LANES):
                             s = sums[i, jj]
                             lane_flags[i, jj] |= not math.isfinite(s)
-                            total = s * (step * column_steps[t, p, jj]) + 0.0  # exact 0: +0
+                            total = s * (step * column_steps[t, p, jj]) if unfolded else s
                             high[i, jj] = np.float32(odd_sum(high[i, jj], total))
                     elif mode == GRID:
                         redo = not fast
@@ -765,7 +786,7 @@ def exact_groups(
                         for jj in range(LANES):
                             s = sums[i, jj]
                             lane_flags[i, jj] |= not math.isfinite(s)
-                            value, error = two_sum(high[i, jj], s * (step * column_steps[t, p, jj]))
+                            value, error = two_sum(high[i, jj], s)
                             high[i, jj] = value
                             rest, lost = two_sum(low[i, jj], error)
                             low[i, jj] = rest
