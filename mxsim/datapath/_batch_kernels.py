@@ -637,6 +637,8 @@ def exact_groups(
     bad_columns = np.zeros((passes, LANES), dtype=np.uint8)
     lane_flags = np.empty((rows, LANES), dtype=np.uint8)
     flat_a, flat_b, flat_sums = a.reshape(a.size), b.reshape(b.size), sums.reshape(sums.size)
+    flat_high, flat_low = high.reshape(high.size), low.reshape(low.size)
+    flat_flags = lane_flags.reshape(lane_flags.size)
     # Each group's trees' summed positions and its positions to decode and trees to run
     # (:func:`_live_trees`), for the call's groups at once before them.
     group_terms = np.empty((stop - start, count), dtype=np.int64)
@@ -693,16 +695,17 @@ def exact_groups(
         for p in range(passes):
             j0 = p * LANES
             live = min(LANES, columns - j0)
-            for i in range(rows):
-                if one_c:
+            if one_c:  # (fills over the pass's lanes of every row at once)
+                for q in range(rows * LANES):
+                    flat_high[q] = start_first
+                if mode == EXACT_ACCUMULATOR:  # (only its steps read ``low``)
+                    for q in range(rows * LANES):
+                        flat_low[q] = 0.0
+                for i in range(rows):
                     row_bad = np.uint8(bad_first) | bad_rows[i]
                     for jj in range(LANES):
-                        high[i, jj] = start_first
                         lane_flags[i, jj] = row_bad | bad_columns[p, jj]
-                    if mode == EXACT_ACCUMULATOR:  # (only its steps read ``low``)
-                        for jj in range(LANES):
-                            low[i, jj] = 0.0
-                    continue
+            for i in range(rows if not one_c else 0):
                 for jj in range(LANES):
                     high[i, jj] = c_first
                     if jj < live:
@@ -729,15 +732,33 @@ def exact_groups(
                         np.uint64(i * LANES),
                         np.uint64((i + 1) * LANES),
                     )
-                for i in range(rows):
-                    step = row_steps[t, i] if unfolded else 1.0
+                # The sums are S outside GRID: each step one loop over the pass's lanes of
+                # every row (contiguous in ``sums``, ``high``, ``low`` and the flags).
+                if mode == ROUND_EACH_TREE:
+                    for q in range(rows * LANES):
+                        s = flat_sums[q]
+                        flat_flags[q] |= not math.isfinite(s)
+                        flat_high[q] = np.float32(odd_sum(flat_high[q], s))
+                    continue
+                if mode == EXACT_ACCUMULATOR:
+                    for q in range(rows * LANES):
+                        s = flat_sums[q]
+                        flat_flags[q] |= not math.isfinite(s)
+                        value, error = two_sum(flat_high[q], s)
+                        flat_high[q] = value
+                        rest, lost = two_sum(flat_low[q], error)
+                        flat_low[q] = rest
+                        flat_flags[q] |= lost != 0.0
+                    continue
+                for i in range(rows):  # GRID: S = s 2^Xa 2^Xb
+                    step = row_steps[t, i]
                     if plain:
                         for jj in range(LANES):
                             s = sums[i, jj]
                             lane_flags[i, jj] |= not math.isfinite(s)
-                            total = s * (step * column_steps[t, p, jj]) if unfolded else s
+                            total = s * (step * column_steps[t, p, jj]) + 0.0  # exact 0: +0
                             high[i, jj] = np.float32(odd_sum(high[i, jj], total))
-                    elif mode == GRID:
+                    else:
                         redo = not fast
                         if fast:  # above the grid floor: the keep rule, one rounding
                             for jj in range(LANES):
@@ -782,15 +803,6 @@ def exact_groups(
                                         )
                                     )
                                 high[i, jj] = acc if keep else rounded
-                    else:
-                        for jj in range(LANES):
-                            s = sums[i, jj]
-                            lane_flags[i, jj] |= not math.isfinite(s)
-                            value, error = two_sum(high[i, jj], s)
-                            high[i, jj] = value
-                            rest, lost = two_sum(low[i, jj], error)
-                            low[i, jj] = rest
-                            lane_flags[i, jj] |= lost != 0.0
             for i in range(rows):
                 if mode == EXACT_ACCUMULATOR:  # RNE_fp32(high + low): its round-to-odd sum
                     for jj in range(LANES):
