@@ -347,6 +347,34 @@ def test_route_on_zeros_overflow_and_underflow(name, fmt_name):
     ).all()
 
 
+@pytest.mark.parametrize("fmt_name", ["fp8_e4m3", "fp6_e3m2", "fp4_e2m1"])
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch"])
+def test_exact_route_folds_extreme_scales_exactly(name, fmt_name):
+    """The exact-tree route scales each decoded element by its block's 2^X: rows and columns
+    mixing the largest and the smallest subnormal elements, at scales 2^-127 and 2^127 on
+    either side and at 2^-127 on both (the widest and the smallest products), give the
+    generic kernel's bits and the Fraction twin's."""
+    config = hw(name)
+    assert small_groups_apply(config.params(fmt_name, fmt_name), 5, 7, 40)  # (the route's case)
+    rng = np.random.default_rng(11)
+    kinds = corner_codes(fmt_name)
+    smallest = kinds["subnormal"][
+        np.argmin(np.abs(get_format(fmt_name).decode_fields(kinds["subnormal"])))
+    ]
+    extremes = np.concatenate([kinds["largest"], [smallest, smallest], kinds["subnormal"]])
+    block = config.sections[("inputs", "block_size")]
+    a, b = operands(rng, fmt_name, block, (3, 5, 40, 7), 0.0)
+    for x in (a, b):
+        x.codes[...] = rng.choice(extremes, size=x.codes.shape)
+    for scale_a, scale_b in ((0, 254), (254, 0), (0, 0), (254, 254)):
+        a.scales[...], b.scales[...] = scale_a, scale_b
+        a.scales[0, 0, -1] = SCALE_NAN  # (one NaN scale: its row is flagged)
+        got = matmul_batched(config, a, b)
+        want = matmul_batched(config, a, b, method="kernel")
+        np.testing.assert_array_equal(got.bits, want.bits)
+        check_twin(config, a, b, None, got, np.random.default_rng(scale_a + scale_b), count=8)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     unit=st.sampled_from(UNITS + WINDOW_UNITS),
@@ -484,6 +512,7 @@ def test_route_flags_infinite_elements_beside_zeros(monkeypatch, name, fmt_name)
     of such a row or column is non-finite): exactly their outputs are flagged, the rest
     computed, every bit the generic kernel's."""
     config = hw(name)
+    assert small_groups_apply(config.params(fmt_name, fmt_name), 5, 7, 40)  # (the route's case)
     rng = np.random.default_rng(11)
     kinds = corner_codes(fmt_name)
     block = config.sections[("inputs", "block_size")]

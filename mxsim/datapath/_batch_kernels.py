@@ -515,8 +515,18 @@ def exact_groups(
     ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row).
 
     Each output's accumulator starts at c (-0 and non-finite c flagged, started at 0); each
-    tree's unscaled sum s then enters with S = s 2^Xa 2^Xb (exact: |Xa|, |Xb| <= 127 keep
-    every product a normal float64): ``ROUND_EACH_TREE``: acc = RNE_fp32(acc + S)
+    tree's sum then enters as S = s 2^Xa 2^Xb, s its unscaled sum: outside GRID the scales
+    are folded into the decode (every tree lies in one scale block, so A's row i is
+    decoded there as its table values times 2^Xa[i, block] and B's column j times
+    2^Xb[j, block]) and the tree sum comes out as S itself; GRID decodes unscaled and
+    multiplies s by 2^Xa 2^Xb, as its steps need each tree's X. Either is exact, the
+    same value: every nonzero finite element of the tables (formats whose tree sums are
+    exact in float64, ``datapath.blas``) is a float32 value, a multiple of 2^-149 below
+    2^128, or one times 2^r, r <= 53, in ``batch``'s folded tables; so with |Xa|, |Xb| <=
+    127 every scaled element and product, and every nonzero partial sum of a tree (a
+    multiple of the products' least quantum 2^-552, at most its terms times 2^616) is a
+    normal float64, the unscaled one times 2^(Xa + Xb): no rounding happens in either
+    order. ``ROUND_EACH_TREE``: acc = RNE_fp32(acc + S)
     (round-to-odd float64 sum, then fp32; a zero S counts as +0, as in
     ``_blas_kernels.accumulate_rne_fp32``); ``GRID``: the step of
     ``_blas_kernels.accumulate_grid_fp32``; ``EXACT_ACCUMULATOR``: (high, low) += S by
