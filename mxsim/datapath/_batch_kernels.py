@@ -553,7 +553,8 @@ def exact_groups(
     columns padded to whole passes of :data:`LANES` with zeros); the tree sums of two rows
     over a pass are SIMD vectors (``_tree_sums``: each element of B loaded once for both
     rows; an odd last row is paired with a row of zeros whose sums are not read), and the
-    accumulation steps are loops over a row's pass (they vectorise).
+    accumulation steps are loops over a pass's lanes (they vectorise): of every row at once
+    outside GRID, a row at a time in GRID.
 
     Zero codes: where code 0 is ±0 in both tables, the positions from which every code of
     the group's A and B is 0 (the zero padding of K short of a tree or of whole trees,
@@ -715,17 +716,18 @@ def exact_groups(
                     row_bad = np.uint8(bad_first) | bad_rows[i]
                     for jj in range(LANES):
                         lane_flags[i, jj] = row_bad | bad_columns[p, jj]
-            for i in range(rows if not one_c else 0):
-                for jj in range(LANES):
-                    high[i, jj] = c_first
-                    if jj < live:
-                        high[i, jj] = np.float64(c_values[g, i, j0 + jj])
-                for jj in range(LANES):
-                    c = high[i, jj]
-                    bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
-                    high[i, jj] = 0.0 if bad else c
-                    low[i, jj] = 0.0
-                    lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
+            else:
+                for i in range(rows):
+                    for jj in range(LANES):
+                        high[i, jj] = c_first
+                        if jj < live:
+                            high[i, jj] = np.float64(c_values[g, i, j0 + jj])
+                    for jj in range(LANES):
+                        c = high[i, jj]
+                        bad = not math.isfinite(c) or (c == 0.0 and math.copysign(1.0, c) < 0)
+                        high[i, jj] = 0.0 if bad else c
+                        low[i, jj] = 0.0
+                        lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
             # Past the last tree with terms, a run of trees whose sums are +0 takes one step
             # where that step is idempotent (module docstring), else a step each.
             for t in range(run if idempotent else count):
