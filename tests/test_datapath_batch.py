@@ -994,6 +994,46 @@ def test_route_rounds_c_plus_a_tree_sum_once(name):
     np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
 
 
+@pytest.mark.parametrize("name", ["ocp-exact", "kulisch"])
+@pytest.mark.parametrize("tree", [0, 1])
+def test_wide_groups_round_c_plus_a_tree_sum_once(name, tree):
+    """The case above on 128-row groups of the wide-tree units (two trees of one scale block
+    each, N = 17: a pass and one column), the sum in the first tree or the second (the other
+    +0): c = 1 plus S = 2^-24 + 2^-58 gives 1 + 2^-23, one rounding. An exact accumulator
+    keeps TwoSum's error 2^-58 of 1 + S beside 1 + 2^-24 (the first tree's step from low = +0,
+    the second's full step); dropped, the midpoint would round to 1 (with c = None: S rounds
+    to 2^-24). A NaN scale of a row of the second group and of a column of the third flags
+    that row's and column's outputs (their bits the generic kernel's NaN), in groups whose
+    others are computed."""
+    config = hw(name)
+    groups, m, k, n = 3, 128, 64, 17
+    x = np.zeros((groups, m, k), dtype=np.float32)
+    at = 32 * tree
+    x[..., at], x[..., at + 1] = 256.0, 2.0**-9  # fp8_e4m3: 2^8 and its least subnormal
+    a = quantize_grouped(x, "fp8_e4m3", 32)
+    b = dataclasses.replace(quantize_grouped(x[:, :n], "fp8_e4m3", 32), shape=(k, n), axis=0)
+    a.scales[...] = 127 - 20  # 2^-20 each: Xa + Xb = -40
+    b.scales[...] = 127 - 20
+    a.scales[1, 5, tree] = SCALE_NAN
+    b.scales[2, 16, tree] = SCALE_NAN
+    nan = np.zeros((groups, m, n), dtype=bool)
+    nan[1, 5, :], nan[2, :, 16] = True, True
+    # c per output, and c = None (+0 for every output: the kernel's one-c set-up)
+    for c, want in ((np.ones((groups, m, n), dtype=np.float32), 1.0 + 2.0**-23), (None, 2.0**-24)):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            taken = []
+            route = api.small_groups_matmul
+            monkeypatch.setattr(
+                api, "small_groups_matmul", lambda *args: taken.append(True) or route(*args)
+            )
+            got = matmul_batched(config, a, b, c=c)
+        assert taken == [True]
+        kernel = matmul_batched(config, a, b, c=c, method="kernel")
+        np.testing.assert_array_equal(got.bits, kernel.bits)
+        assert np.isnan(got.values[nan]).all()
+        np.testing.assert_array_equal(got.values[~nan], np.float32(want))
+
+
 def shipped_window_units() -> list[tuple[str, str, str, str | None]]:
     """(config, A format, B format, output format or None for the config's) of every shipped
     config and format pair (fp32 and fp16 outputs) that takes the window small-groups route."""

@@ -530,7 +530,10 @@ def exact_groups(
     (round-to-odd float64 sum, then fp32; a zero S counts as +0, as in
     ``_blas_kernels.accumulate_rne_fp32``); ``GRID``: the step of
     ``_blas_kernels.accumulate_grid_fp32``; ``EXACT_ACCUMULATOR``: (high, low) += S by
-    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end. The output
+    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end (the first
+    tree's step, from low = +0, sets low to TwoSum's error + 0.0 and flags a non-finite
+    one: what TwoSum(+0, error) gives, whose own error is +0 for a finite error and NaN
+    else). The output
     is the accumulator's fp32 bits. s is exact: every product and partial sum, in any
     order, is a float64 (the module docstring of ``datapath.blas``), so chains of fused
     multiply-adds from +0 over the tree's positions, in any grouping, give the exact sum,
@@ -660,26 +663,33 @@ def exact_groups(
     for g in range(start, stop):
         at = g - start
         decoded, run = limits[at, 0], limits[at, 1]
-        # A and B decoded run by run (a run: consecutive trees of one scale block), each
-        # row's and column's positions of a run times its factor 2^X there (1 for a NaN
-        # scale, whose outputs are flagged; 1 for GRID, whose steps scale the sums), its
-        # flag set on the way. (Unsigned offsets: no wraparound arithmetic per element.)
-        for r in range(run_count):
-            first, block = np.uint64(runs[r, 0]), runs[r, 2]
-            terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
-            for i in range(rows):
+        group_bad = np.uint8(0)  # (a NaN scale of one of the group's rows or columns)
+        # A and B decoded row by row and column by column, each in runs (a run:
+        # consecutive trees of one scale block), a run's positions times its factor 2^X
+        # there (1 for a NaN scale, whose outputs are flagged; 1 for GRID, whose steps scale
+        # the sums), its flag set on the way. (A row's or column's runs one after another
+        # read its codes in order; unsigned offsets: no wraparound arithmetic per element.)
+        for i in range(rows):  # (a row's runs one after another: its codes in order)
+            for r in range(run_count):
+                first, block = np.uint64(runs[r, 0]), runs[r, 2]
+                terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
                 x = np.int64(scales_a[g, i, block])
                 nan = np.uint8(x == SCALE_NAN)
                 bad_rows[i] = nan if r == 0 else bad_rows[i] | nan
+                group_bad |= nan
                 factor = power_of_two(0 if x == SCALE_NAN or unfolded else x)
                 for k in range(terms):
                     q = first + np.uint64(k)
                     a[i, q] = table_a[codes_a[g, i, q]] * factor
-            for p in range(passes):
-                for jj in range(min(LANES, columns - p * LANES)):
+        for p in range(passes):
+            for jj in range(min(LANES, columns - p * LANES)):
+                for r in range(run_count):
+                    first, block = np.uint64(runs[r, 0]), runs[r, 2]
+                    terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
                     y = np.int64(scales_b[g, p * LANES + jj, block])
                     nan = np.uint8(y == SCALE_NAN)
                     bad_columns[p, jj] = nan if r == 0 else bad_columns[p, jj] | nan
+                    group_bad |= nan
                     factor = power_of_two(0 if y == SCALE_NAN or unfolded else y)
                     for k in range(terms):
                         q = first + np.uint64(k)
@@ -712,10 +722,12 @@ def exact_groups(
                 if mode == EXACT_ACCUMULATOR:  # (only its steps read ``low``)
                     for q in range(rows * LANES):
                         flat_low[q] = 0.0
-                for i in range(rows):
-                    row_bad = np.uint8(bad_first) | bad_rows[i]
-                    for jj in range(LANES):
-                        lane_flags[i, jj] = row_bad | bad_columns[p, jj]
+                for q in range(rows * LANES):
+                    flat_flags[q] = bad_first
+                if group_bad:  # (rare: the rows' and columns' own flags lane by lane)
+                    for i in range(rows):
+                        for jj in range(LANES):
+                            lane_flags[i, jj] |= bad_rows[i] | bad_columns[p, jj]
             else:
                 for i in range(rows):
                     for jj in range(LANES):
@@ -751,6 +763,16 @@ def exact_groups(
                         s = flat_sums[q]
                         flat_flags[q] |= not math.isfinite(s)
                         flat_high[q] = np.float32(odd_sum(flat_high[q], s))
+                    continue
+                if mode == EXACT_ACCUMULATOR and t == 0:
+                    # low is +0 before the first tree: TwoSum(+0, error) is (error + 0.0,
+                    # +0) for a finite error, a NaN error term (a flag) for a non-finite one
+                    for q in range(rows * LANES):
+                        s = flat_sums[q]
+                        value, error = two_sum(flat_high[q], s)
+                        flat_high[q] = value
+                        flat_low[q] = error + 0.0
+                        flat_flags[q] |= not (math.isfinite(s) and math.isfinite(error))
                     continue
                 if mode == EXACT_ACCUMULATOR:
                     for q in range(rows * LANES):
