@@ -1000,9 +1000,9 @@ def test_wide_groups_round_c_plus_a_tree_sum_once(name, tree):
     """The case above on 128-row groups of the wide-tree units (two trees of one scale block
     each, N = 17: a pass and one column), the sum in the first tree or the second (the other
     +0): c = 1 plus S = 2^-24 + 2^-58 gives 1 + 2^-23, one rounding. An exact accumulator
-    keeps TwoSum's error 2^-58 of 1 + S beside 1 + 2^-24 (the first tree's step from low = +0,
-    the second's full step); dropped, the midpoint would round to 1 (with c = None: S rounds
-    to 2^-24). A NaN scale of a row of the second group and of a column of the third flags
+    keeps TwoSum's error 2^-58 of 1 + S beside 1 + 2^-24; dropped, the midpoint would round
+    to 1. With c = None, S rounds to 2^-24 (an exact accumulator then forms the first tree's
+    sums in its high part, the second tree's step from there). A NaN scale of a row of the second group and of a column of the third flags
     that row's and column's outputs (their bits the generic kernel's NaN), in groups whose
     others are computed."""
     config = hw(name)

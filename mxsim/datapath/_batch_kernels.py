@@ -530,10 +530,10 @@ def exact_groups(
     (round-to-odd float64 sum, then fp32; a zero S counts as +0, as in
     ``_blas_kernels.accumulate_rne_fp32``); ``GRID``: the step of
     ``_blas_kernels.accumulate_grid_fp32``; ``EXACT_ACCUMULATOR``: (high, low) += S by
-    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end (the first
-    tree's step, from low = +0, sets low to TwoSum's error + 0.0 and flags a non-finite
-    one: what TwoSum(+0, error) gives, whose own error is +0 for a finite error and NaN
-    else). The output
+    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end; where
+    every output's c is +0 (c = None), the first tree's sums are formed in ``high`` itself,
+    low left +0, non-finite ones flagged: TwoSum(+0, S) is (S, +0) for a finite S, as S,
+    an exact sum from +0, is never -0. The output
     is the accumulator's fp32 bits. s is exact: every product and partial sum, in any
     order, is a float64 (the module docstring of ``datapath.blas``), so chains of fused
     multiply-adds from +0 over the tree's positions, in any grouping, give the exact sum,
@@ -595,6 +595,9 @@ def exact_groups(
     # One c for every output (c=None: +0) is checked once, not per output.
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
     start_first = 0.0 if bad_first else c_first
+    # An exact accumulator from +0 for every output: TwoSum(+0, S) is (S, +0) for a finite S
+    # (an exact sum from +0 is never -0), so the first tree's sums are formed in ``high``.
+    direct = mode == EXACT_ACCUMULATOR and one_c and start_first == 0.0
     # Scratch once per call: a group's A (zeros past K; rows in pairs) and B transposed per
     # pass of columns (zeros past N and K), scale exponents per tree, and a pass's tree sums,
     # steps and accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
@@ -609,7 +612,7 @@ def exact_groups(
         paired * padded,
         passes * padded * LANES,
         paired * LANES,
-        rows * LANES,
+        paired * LANES,
         rows * LANES,
         count * rows,
         count * passes * LANES,
@@ -625,7 +628,7 @@ def exact_groups(
     at += _whole_pages(sizes[1])
     sums = scratch[at : at + sizes[2]].reshape((paired, LANES))
     at += _whole_pages(sizes[2])
-    high = scratch[at : at + sizes[3]].reshape((rows, LANES))
+    high = scratch[at : at + sizes[3]].reshape((paired, LANES))  # (rows in pairs: sums)
     at += _whole_pages(sizes[3])
     low = scratch[at : at + sizes[4]].reshape((rows, LANES))
     at += _whole_pages(sizes[4])
@@ -752,7 +755,7 @@ def exact_groups(
                         flat_b,
                         np.uint64(p * padded * LANES) + first * np.uint64(LANES),
                         terms,
-                        flat_sums,
+                        flat_high if direct and t == 0 else flat_sums,
                         np.uint64(i * LANES),
                         np.uint64((i + 1) * LANES),
                     )
@@ -764,15 +767,9 @@ def exact_groups(
                         flat_flags[q] |= not math.isfinite(s)
                         flat_high[q] = np.float32(odd_sum(flat_high[q], s))
                     continue
-                if mode == EXACT_ACCUMULATOR and t == 0:
-                    # low is +0 before the first tree: TwoSum(+0, error) is (error + 0.0,
-                    # +0) for a finite error, a NaN error term (a flag) for a non-finite one
+                if direct and t == 0:  # high = S (the sums' target), low = +0
                     for q in range(rows * LANES):
-                        s = flat_sums[q]
-                        value, error = two_sum(flat_high[q], s)
-                        flat_high[q] = value
-                        flat_low[q] = error + 0.0
-                        flat_flags[q] |= not (math.isfinite(s) and math.isfinite(error))
+                        flat_flags[q] |= not math.isfinite(flat_high[q])
                     continue
                 if mode == EXACT_ACCUMULATOR:
                     for q in range(rows * LANES):
