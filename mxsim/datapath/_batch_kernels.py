@@ -667,15 +667,14 @@ def exact_groups(
         at = g - start
         decoded, run = limits[at, 0], limits[at, 1]
         group_bad = np.uint8(0)  # (a NaN scale of one of the group's rows or columns)
-        # A and B decoded row by row and column by column, each in runs (a run:
-        # consecutive trees of one scale block), a run's positions times its factor 2^X
-        # there (1 for a NaN scale, whose outputs are flagged; 1 for GRID, whose steps scale
-        # the sums), its flag set on the way. (A row's or column's runs one after another
-        # read its codes in order; unsigned offsets: no wraparound arithmetic per element.)
-        for i in range(rows):  # (a row's runs one after another: its codes in order)
-            for r in range(run_count):
-                first, block = np.uint64(runs[r, 0]), runs[r, 2]
-                terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
+        # A and B decoded run by run (a run: consecutive trees of one scale block), each
+        # row's and column's positions of a run times its factor 2^X there (1 for a NaN
+        # scale, whose outputs are flagged; 1 for GRID, whose steps scale the sums), its
+        # flag set on the way. (Unsigned offsets: no wraparound arithmetic per element.)
+        for r in range(run_count):
+            first, block = np.uint64(runs[r, 0]), runs[r, 2]
+            terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
+            for i in range(rows):
                 x = np.int64(scales_a[g, i, block])
                 nan = np.uint8(x == SCALE_NAN)
                 bad_rows[i] = nan if r == 0 else bad_rows[i] | nan
@@ -684,11 +683,8 @@ def exact_groups(
                 for k in range(terms):
                     q = first + np.uint64(k)
                     a[i, q] = table_a[codes_a[g, i, q]] * factor
-        for p in range(passes):
-            for jj in range(min(LANES, columns - p * LANES)):
-                for r in range(run_count):
-                    first, block = np.uint64(runs[r, 0]), runs[r, 2]
-                    terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
+            for p in range(passes):
+                for jj in range(min(LANES, columns - p * LANES)):
                     y = np.int64(scales_b[g, p * LANES + jj, block])
                     nan = np.uint8(y == SCALE_NAN)
                     bad_columns[p, jj] = nan if r == 0 else bad_columns[p, jj] | nan
