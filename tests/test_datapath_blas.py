@@ -409,6 +409,7 @@ def test_batch_passes_decoding_their_own_groups_of_b_equal_the_kernel(
     monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)  # not the small-groups route
     for name in ("TILE_ROWS", "SMALL_TILE_ROWS", "TILE_COLUMNS", "KULISCH_COLUMNS"):
         monkeypatch.setattr(blas, name, 4)  # passes of 4 rows: a few groups each
+    monkeypatch.setattr(blas, "GROUP_PASS_TILES", 1)  # (passes of whole groups: several)
     monkeypatch.setattr(blas, "SINGLE_THREAD_MACS", 200)
     decoded_groups = []
     seen_passes = []
@@ -492,22 +493,27 @@ def test_exact_ranges_of_blocks():
     ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
-    fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "many"]),
+    fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "many", "three"]),
     shape=st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(0, 70)),
     specials=st.sampled_from([0, 1, 3]),
-    wide=st.booleans(),
-    strided=st.booleans(),
+    width=st.sampled_from([np.uint8, np.uint16, np.uint32]),
+    layout=st.sampled_from(["contiguous", "strided", "unaligned"]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_codes_all_finite_equals_a_lookup_of_every_code(fmt, shape, specials, wide, strided, seed):
-    # Codes of formats with 0, 2 and 8 non-finite codes (compared with each) and a table
-    # with more (scanned), a few non-finite codes placed or none, bytes or wider, contiguous
-    # or strided: whether every code's value is finite, read code by code in plain Python.
+def test_codes_all_finite_equals_a_lookup_of_every_code(fmt, shape, specials, width, layout, seed):
+    # Codes of formats with 0, 2 and 8 non-finite codes (each set every code with some bits
+    # fixed: one masked compare), a table with 3 others (a compare each) and one with more
+    # (scanned), a few non-finite codes placed or none, bytes or wider, contiguous (words of
+    # several codes, and the codes past the last whole word), strided, or contiguous from an
+    # address no word starts at: whether every code's value is finite, read code by code in
+    # plain Python.
     rng = np.random.default_rng(seed)
     if fmt == "many":  # more non-finite codes than FEW_NON_FINITE
         values = np.where(np.arange(256) % 16 == 3, np.nan, np.arange(256.0))
+    elif fmt == "three":  # not all codes with some bits fixed: 0x80 and 0x7F differ in all
+        values = np.where(np.isin(np.arange(256), [0x7F, 0x80, 0xFF]), np.inf, np.arange(256.0))
     else:
         values = get_format(fmt).decode_fields(np.arange(1 << get_format(fmt).field_bits))
     finite = np.isfinite(values)
@@ -516,9 +522,11 @@ def test_codes_all_finite_equals_a_lookup_of_every_code(fmt, shape, specials, wi
     if codes.size and bad.size:
         for _ in range(specials):
             codes.reshape(-1)[rng.integers(codes.size)] = rng.choice(bad)
-    codes = codes.astype(np.uint16 if wide else np.uint8)
-    if strided:
+    codes = codes.astype(width)
+    if layout == "strided":
         codes = np.repeat(codes, 2, axis=-1)[..., ::2]
+    elif layout == "unaligned":  # (one code more in front of the same codes)
+        codes = np.concatenate([codes.reshape(-1)[:1], codes.reshape(-1)])[1:].reshape(shape)
     want = all(bool(finite[c]) for c in codes.reshape(-1).tolist())
     assert codes_all_finite(codes, finite) == want
 

@@ -135,15 +135,21 @@ def rows_all_finite(codes, finite_table):
 
 
 @njit(cache=True, nogil=True)
-def holds_none_of(codes, excluded):
-    """Whether no element of the 1-D ``codes`` equals any of ``excluded``: one pass over the
-    codes per excluded code, each a branch-free compare that vectorises (a format's few
-    non-finite codes; a table lookup per code does not vectorise)."""
-    for e in range(excluded.shape[0]):
-        code = excluded[e]
-        hits = 0
-        for k in range(codes.shape[0]):
-            hits |= codes[k] == code
+def holds_none_of(words, masks, values, ones, highs):
+    """Whether no lane c of the 1-D uint64 ``words`` has c & mask == value for any pair of
+    ``masks`` and ``values`` (uint64, the lane's pattern in every lane; ``ones``: 1 in each
+    lane's lowest bit, ``highs``: each lane's highest bit). x = (word & mask) ^ value has a
+    zero lane exactly where a code matches, and (x - ones) & ~x & highs is nonzero exactly
+    when x has a zero lane (a borrow enters a lane only from a zero lane below it): one pass
+    of a few word operations that vectorise per pair (a format's few non-finite codes, one
+    pair where they are every code with some bits fixed; a table lookup per code does not
+    vectorise, and a compare per code widens it to a 64-bit lane)."""
+    for e in range(masks.shape[0]):
+        mask, value = masks[e], values[e]
+        hits = np.uint64(0)
+        for k in range(words.shape[0]):
+            x = (words[k] & mask) ^ value
+            hits |= (x - ones) & ~x & highs
         if hits:
             return False
     return True

@@ -362,17 +362,57 @@ def _fold_code_blocks(codes, values, exponents, block: int, per: int, trees: int
 
 def codes_all_finite(codes, finite_table) -> bool:
     """Whether every code's table value is finite: at once for a format without non-finite
-    codes; for one with at most ``FEW_NON_FINITE`` (fp8_e4m3: 2, fp8_e5m2: 8) by comparing
-    C-contiguous codes with each of them; else by a scan of the (..., K) codes (any unsigned dtype
-    and strides) a few rows at a time (``_row_chunks``)."""
+    codes; for one with at most ``FEW_NON_FINITE`` (fp8_e4m3: 2, fp8_e5m2: 8) by masked
+    compares of C-contiguous codes, several codes to a 64-bit word
+    (``_blas_kernels.holds_none_of``, the patterns of :func:`non_finite_patterns`: one pass
+    where the non-finite codes are every code with some bits fixed, as for those two); else
+    by a scan of the (..., K) codes (any unsigned dtype and strides) a few rows at a time
+    (``_row_chunks``)."""
     if finite_table.all():
         return True
     excluded = np.flatnonzero(~finite_table)
     if excluded.size <= FEW_NON_FINITE and codes.flags.c_contiguous:
-        # a compare per code and non-finite code, on the codes as they are (no widening)
-        return bool(holds_none_of(codes.reshape(-1), excluded.astype(codes.dtype)))
+        flat = codes.reshape(-1)
+        patterns = non_finite_patterns(tuple(excluded.tolist()), flat.dtype.itemsize)
+        lanes = 8 // flat.dtype.itemsize
+        whole = flat.size - flat.size % lanes  # codes in whole words
+        words = flat[:whole].view(np.uint64)
+        if not words.flags.aligned:  # (the kernel's one signature: aligned words)
+            words = words.copy()
+        tail = flat[whole:].tolist()  # fewer codes than a word holds: compared here
+        return not set(tail).intersection(excluded.tolist()) and bool(
+            holds_none_of(words, *patterns)
+        )
     codes = codes.reshape((1,) * (3 - codes.ndim) + codes.shape)
     return all(rows_all_finite(_wide(codes[g, r]), finite_table) for g, r in _row_chunks(codes))
+
+
+@functools.lru_cache(maxsize=64)
+def non_finite_patterns(excluded: tuple, width: int) -> tuple:
+    """``_blas_kernels.holds_none_of``'s (masks, values, ones, highs) for codes of ``width``
+    bytes (1, 2, 4 or 8), 8 / ``width`` to a uint64 word: codes c with c & mask == value,
+    for some pair, are exactly the codes ``excluded`` (distinct, each below 2^(8 width)).
+    One pair where they are all 2^f codes that agree on every bit but f (fp8_e4m3's 0x7F
+    and 0xFF: mask 0x7F), else a pair per code, its mask every bit; each mask and value
+    repeated in every lane (``ones``: 1 in each lane's lowest bit, ``highs`` its highest).
+    The arrays read-only (kept)."""
+    bits = 8 * width
+    every = (1 << bits) - 1
+    common, either = every, 0
+    for code in excluded:
+        common &= code
+        either |= code
+    free = common ^ either  # the bits on which the codes differ
+    if len(excluded) == 1 << bin(free).count("1"):  # distinct: all 2^f combinations of them
+        pairs = [(every ^ free, common)]
+    else:
+        pairs = [(every, code) for code in excluded]
+    ones = sum(1 << (bits * lane) for lane in range(64 // bits))
+    masks = np.array([mask * ones for mask, _ in pairs], dtype=np.uint64)
+    values = np.array([value * ones for _, value in pairs], dtype=np.uint64)
+    masks.setflags(write=False)
+    values.setflags(write=False)
+    return masks, values, np.uint64(ones), np.uint64(ones << (bits - 1))
 
 
 def _row_chunks(codes):
@@ -475,7 +515,7 @@ def _unscaled(values, codes, padded: int, dtype, rises=None, block: int = 1) -> 
     are given (exact: the route keeps the folded sums within 53 bits). The codes (any
     unsigned dtype, 3-D) are widened a few rows at a time (``_row_chunks``)."""
     decoded = np.empty(codes.shape[:-1] + (padded,), dtype=dtype)
-    table = values.astype(dtype)
+    table = values.astype(dtype, copy=False)  # (the caller may pass it cast once per call)
     if rises is not None:
         powers = _rise_powers(int(rises.max(initial=0)), np.dtype(dtype))
     for g, r in _row_chunks(codes):
@@ -567,7 +607,7 @@ SINGLE_THREAD_MACS = 1 << 18
 TILE_ROWS = 256  # rows per tile at most, whole groups together when they have fewer
 TILE_COLUMNS = 256  # columns per GEMM at most
 KULISCH_MACS = 1 << 24
-GROUP_PASS_TILES = 2  # tiles' area of a pass of whole groups (attention heads)
+GROUP_PASS_TILES = 4  # tiles' area of a pass of whole groups (attention heads)
 SMALL_TILE_ROWS = 32  # rows per tile without control of the BLAS threads
 KULISCH_COLUMNS = 64  # columns per exact-accumulator GEMM without it
 # The decoded operands are kept small beside the packed codes and the output (an 8192^3
@@ -759,6 +799,14 @@ def blas_matmul(
         and all(r0 == 0 and r1 == rows for _, _, r0, r1 in passes)
     )
 
+    # The element tables in the decoded type, and for passes of whole groups every row's and
+    # column's steps, once per call rather than once per pass (small: attention heads).
+    table_a, table_b = a_values.astype(dtype), b_values.astype(dtype)
+    all_steps_a = all_steps_b = None
+    if by_pass and not kulisch and limits is None:
+        all_steps_a = _steps(scales_a if scaled else None, (groups, rows), blocks)
+        all_steps_b = _steps(scales_b if scaled else None, (groups, columns), blocks)
+
     def decode_b(g0, g1, c0, c1):
         """(B's values, steps, zero-block marks) of groups [g0, g1) and columns [c0, c1);
         None where its fold while decoding rose beyond its limit."""
@@ -778,8 +826,11 @@ def blas_matmul(
             return _decoded(b_values, codes_b[g0:g1, c0:c1], exps_b, block, padded), None, None
         # (G, n, padded) unscaled (BLAS reads each tree's slice transposed)
         rises = rises_b[g0:g1, c0:c1] if per > 1 else None
-        b = _unscaled(b_values, codes_b[g0:g1, c0:c1], padded, dtype, rises, params.block_size)
-        b_steps = _steps(exps_b, (g1 - g0, c1 - c0), blocks)
+        b = _unscaled(table_b, codes_b[g0:g1, c0:c1], padded, dtype, rises, params.block_size)
+        if all_steps_b is None:
+            b_steps = _steps(exps_b, (g1 - g0, c1 - c0), blocks)
+        else:
+            b_steps = np.ascontiguousarray(all_steps_b[:, g0:g1, c0:c1])
         # a grid's floors skip columns of zero blocks (``_above_floor``)
         return b, b_steps, zero_block_mask(b, blocks) if tile_least else None
 
@@ -841,9 +892,12 @@ def blas_matmul(
                 else:
                     rises = rises_a[g0:g1, r0:r1] if per > 1 else None
                     a = _unscaled(
-                        a_values, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
+                        table_a, codes_a[g0:g1, r0:r1], padded, dtype, rises, params.block_size
                     )
-                    a_steps = _steps(exps_a, a.shape[:2], blocks)
+                    if all_steps_a is None:
+                        a_steps = _steps(exps_a, a.shape[:2], blocks)
+                    else:
+                        a_steps = np.ascontiguousarray(all_steps_a[:, g0:g1, r0:r1])
                     a_zeros = zero_block_mask(a, blocks) if tile_least else None
                 found = []
                 # This item's share of the panel's columns (none when it has fewer than parts).
