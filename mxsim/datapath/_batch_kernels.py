@@ -298,20 +298,11 @@ def cut_words(words, keep, pattern, out):
 @njit(cache=True, inline="always")
 def _pass_terms(row, k):
     """row[k] to row[k + 7]: a pass's elements of one row, loaded once outside the loop over
-    a block's lanes. Indexed unsigned (``k`` is never negative): a signed index gets Numba's
-    wraparound test, a compare and a select per load before the loop, which cost the wide
-    groups' stages (a row's lanes a few vectors per pass) more than their loads."""
-    u = np.uint64(k)
-    return (
-        row[u],
-        row[u + np.uint64(1)],
-        row[u + np.uint64(2)],
-        row[u + np.uint64(3)],
-        row[u + np.uint64(4)],
-        row[u + np.uint64(5)],
-        row[u + np.uint64(6)],
-        row[u + np.uint64(7)],
-    )
+    a block's lanes. Indexed unsigned (``k`` is never negative; :func:`_step_elements`): a
+    signed index gets Numba's wraparound test, a compare and a select per load before the
+    loop, which cost the wide groups' stages (a row's lanes a few vectors per pass) more
+    than their loads."""
+    return _step_elements(row, np.uint64(k))
 
 
 @njit(cache=True, inline="always")
