@@ -1445,6 +1445,35 @@ def test_wide_window_groups_equal_the_kernel_on_random_batches(unit, shape, corn
     check_random_batch(unit, shape, corners, with_c, seed)
 
 
+@pytest.mark.parametrize("name, fmt_name", WINDOW_UNITS)
+@pytest.mark.parametrize("shape", [(3, 128, 64, 128), (3, 128, 128, 64)])
+def test_window_groups_on_the_128_token_heads(monkeypatch, name, fmt_name, shape):
+    """The 128-token heads' shapes (q @ k^T, and P @ v computed as its transpose), whose
+    groups are the kernel's longest row loops and, for P @ v, its transposed copy-out: a
+    group of realistic data (its outputs copied without flags), one with corner codes
+    (zeros of both signs, subnormals, the largest, NaN/Inf), NaN or extreme scales and c
+    with -0, NaN/Inf and subnormals, and one of the largest elements at the largest scale
+    (overflow): every bit the generic kernel's, a few outputs the Fraction twin's."""
+    config = hw(name)
+    scaled = config.sections[("inputs", "scales")] != "none"
+    block = config.sections[("inputs", "block_size")]
+    groups, m, k, n = shape
+    rng = np.random.default_rng(k)
+    a, b = operands(rng, fmt_name, block, shape, 0.0, scaled)
+    corner_a, corner_b = operands(rng, fmt_name, block, shape, 0.03, scaled)
+    a.codes[1], b.codes[1] = corner_a.codes[1], corner_b.codes[1]
+    a.scales[1], b.scales[1] = corner_a.scales[1], corner_b.scales[1]
+    largest = corner_codes(fmt_name)["largest"]
+    a.codes[2] = rng.choice(largest, size=a.codes[2].shape)
+    b.codes[2] = rng.choice(largest, size=b.codes[2].shape)
+    if scaled:
+        a.scales[2], b.scales[2] = 254, 254
+    c = accumulator_inputs(rng, (groups, m, n), corners=False)
+    c[1] = accumulator_inputs(rng, (1, m, n), corners=True)[0]
+    got = run_window_groups(monkeypatch, config, a, b, c)
+    check_twin(config, a, b, c, got, rng, count=3)
+
+
 @pytest.mark.parametrize("name, a_name, b_name, out_name", SHIPPED_WINDOW_UNITS)
 def test_narrow_and_wide_groups_meet_at_row_lanes_from(monkeypatch, name, a_name, b_name, out_name):
     """Groups either side of the kernel's split (``_batch_kernels.ROW_LANES_FROM``: 64

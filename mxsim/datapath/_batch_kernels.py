@@ -240,6 +240,22 @@ def window_groups(
             for lane in range(lanes):
                 flagged += lane_flags[lane]
             continue
+        lanes_flagged = 0
+        for lane in range(lanes):
+            lanes_flagged += lane_flags[lane]
+        if lanes_flagged == 0:  # (the usual case: the codes alone, the flags a plain fill)
+            group_out, group_flags = out[g], flags_out[g]
+            for lane in range(rows * columns):
+                group_flags[lane] = 0
+            if transposed is not None and transposed:
+                for j in range(columns):
+                    for i in range(rows):
+                        group_out[j * rows + i] = codes_out[i * padded + j]
+            else:
+                for i in range(rows):
+                    for j in range(columns):
+                        group_out[i * columns + j] = codes_out[i * padded + j]
+            continue
         if transposed is not None and transposed:
             for j in range(columns):
                 for i in range(rows):
@@ -247,17 +263,6 @@ def window_groups(
                     flags_out[g, j * rows + i] = lane_flags[i * padded + j]
                     flagged += lane_flags[i * padded + j]
         else:
-            lanes_flagged = 0
-            for lane in range(lanes):
-                lanes_flagged += lane_flags[lane]
-            if lanes_flagged == 0:  # (the usual case: the codes alone, the flags a plain fill)
-                group_out, group_flags = out[g], flags_out[g]
-                for lane in range(rows * columns):
-                    group_flags[lane] = 0
-                for i in range(rows):
-                    for j in range(columns):
-                        group_out[i * columns + j] = codes_out[i * padded + j]
-                continue
             for i in range(rows):
                 for j in range(columns):
                     out[g, i * columns + j] = codes_out[i * padded + j]
@@ -293,31 +298,27 @@ def cut_words(words, keep, pattern, out):
 @njit(cache=True, inline="always")
 def _pass_terms(row, k):
     """row[k] to row[k + 7]: a pass's elements of one row, loaded once outside the loop over
-    a block's lanes."""
-    return (
-        row[k],
-        row[k + 1],
-        row[k + 2],
-        row[k + 3],
-        row[k + 4],
-        row[k + 5],
-        row[k + 6],
-        row[k + 7],
-    )
+    a block's lanes. Indexed unsigned (``k`` is never negative; :func:`_step_elements`): a
+    signed index gets Numba's wraparound test, a compare and a select per load before the
+    loop, which cost the wide groups' stages (a row's lanes a few vectors per pass) more
+    than their loads."""
+    return _step_elements(row, np.uint64(k))
 
 
 @njit(cache=True, inline="always")
 def _pass_column(tile, k, j):
-    """tile[k, j] to tile[k + 7, j]: a pass's elements of one lane's column of the tile."""
+    """tile[k, j] to tile[k + 7, j]: a pass's elements of one lane's column of the tile
+    (rows indexed unsigned, as in :func:`_pass_terms`)."""
+    u = np.uint64(k)
     return (
-        tile[k, j],
-        tile[k + 1, j],
-        tile[k + 2, j],
-        tile[k + 3, j],
-        tile[k + 4, j],
-        tile[k + 5, j],
-        tile[k + 6, j],
-        tile[k + 7, j],
+        tile[u, j],
+        tile[u + np.uint64(1), j],
+        tile[u + np.uint64(2), j],
+        tile[u + np.uint64(3), j],
+        tile[u + np.uint64(4), j],
+        tile[u + np.uint64(5), j],
+        tile[u + np.uint64(6), j],
+        tile[u + np.uint64(7), j],
     )
 
 
