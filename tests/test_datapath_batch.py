@@ -1002,9 +1002,9 @@ def test_wide_groups_round_c_plus_a_tree_sum_once(name, tree):
     +0): c = 1 plus S = 2^-24 + 2^-58 gives 1 + 2^-23, one rounding. An exact accumulator
     keeps TwoSum's error 2^-58 of 1 + S beside 1 + 2^-24; dropped, the midpoint would round
     to 1. With c = None, S rounds to 2^-24 (an exact accumulator then forms the first tree's
-    sums in its high part, the second tree's step from there). A NaN scale of a row of the second group and of a column of the third flags
-    that row's and column's outputs (their bits the generic kernel's NaN), in groups whose
-    others are computed."""
+    sums in its high part, the second tree's step from there). A NaN scale of a row of the
+    second group and of a column of the third flags that row's and column's outputs (their
+    bits the generic kernel's NaN), in groups whose others are computed."""
     config = hw(name)
     groups, m, k, n = 3, 128, 64, 17
     x = np.zeros((groups, m, k), dtype=np.float32)
