@@ -123,9 +123,10 @@ def small_groups_apply(params: DatapathParams, rows: int, columns: int, length: 
     this unit takes the small-groups route: small groups (:data:`SMALL_GROUP_OUTPUTS`, or
     :data:`FLOAT32_GROUP_FACTOR` times that for units of the float32 kernel,
     :func:`_float32_unit`, and of wide float64 trees, :func:`_wide_tree_unit`; one group's
-    decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks (``blas=`` declarations of the schema, tree sums exact in
-    float64; trees of several scale blocks are folded, :func:`_folded_groups`), and
-    subnormals kept by the thread's floating point (``blas.subnormals_work``)."""
+    decoded operands within :data:`GROUPS_DECODED`), the BLAS route's unit checks
+    (``blas=`` declarations of the schema, tree sums exact in float64; trees of several
+    scale blocks are folded, :func:`_folded_groups`), and subnormals kept by the thread's
+    floating point (``blas.subnormals_work``)."""
     return (
         rows * columns <= SMALL_GROUP_OUTPUTS
         or (
