@@ -516,11 +516,12 @@ def exact_groups(
     ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row).
 
     Each output's accumulator starts at c (-0 and non-finite c flagged, started at 0); each
-    tree's sum then enters as S = s 2^Xa 2^Xb, s its unscaled sum: outside GRID the scales
-    are folded into the decode (every tree lies in one scale block, so A's row i is
-    decoded there as its table values times 2^Xa[i, block] and B's column j times
-    2^Xb[j, block]) and the tree sum comes out as S itself; GRID decodes unscaled and
-    multiplies s by 2^Xa 2^Xb, as its steps need each tree's X. Either is exact, the
+    tree's sum then enters as S = s 2^Xa 2^Xb, s its unscaled sum: outside GRID, and in
+    GRID's groups that step as ``ROUND_EACH_TREE`` (below), the scales are folded into
+    the decode (every tree lies in one scale block, so A's row i is decoded there as its
+    table values times 2^Xa[i, block] and B's column j times 2^Xb[j, block]) and the tree
+    sum comes out as S itself; GRID's other groups decode unscaled and multiply s by 2^Xa
+    2^Xb, as their steps need each tree's X. Either is exact, the
     same value: every nonzero finite element of the tables (formats whose tree sums are
     exact in float64, ``datapath.blas``) is a float32 value, a multiple of 2^-149 below
     2^128, or one times 2^r, r <= 53, in ``batch``'s folded tables; so with |Xa|, |Xb| <=
@@ -531,10 +532,11 @@ def exact_groups(
     (round-to-odd float64 sum, then fp32; a zero S counts as +0, as in
     ``_blas_kernels.accumulate_rne_fp32``); ``GRID``: the step of
     ``_blas_kernels.accumulate_grid_fp32``; ``EXACT_ACCUMULATOR``: (high, low) += S by
-    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end; where
+    TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end. Where
     every output's c is +0 (c = None), the first tree's sums are formed in ``high`` itself,
-    low left +0, non-finite ones flagged: TwoSum(+0, S) is (S, +0) for a finite S, as S,
-    an exact sum from +0, is never -0. The output
+    non-finite ones flagged, as S, an exact sum from +0, is never -0: its
+    ``ROUND_EACH_TREE`` step RNE_fp32(+0 + S) is RNE_fp32(S), and for the exact
+    accumulator TwoSum(+0, S) is (S, +0) for a finite S (low left +0). The output
     is the accumulator's fp32 bits. s is exact: every product and partial sum, in any
     order, is a float64 (the module docstring of ``datapath.blas``), so chains of fused
     multiply-adds from +0 over the tree's positions, in any grouping, give the exact sum,
@@ -542,11 +544,12 @@ def exact_groups(
 
     GRID, for a group whose every tree has X at or above a floor (so every earlier tree's
     is there too, as those floors need): from ``floors[0]`` each tree is
-    RNE_fp32(acc + S); from ``floors[1]`` acc is kept when |acc| >= 2^(X + L - n + 24),
-    else becomes acc + S rounded once in the mode (``blas.grid_floor``), computed from
-    t = RN64(acc + S) by its bits (``_tree_kernels._round_bits``) where every t of the row
-    is exact (t - acc == S and t - S == acc: one difference is exact, Dekker's lemma, and
-    differs where t is not) and below 2^128; a row with another t takes the full step.
+    RNE_fp32(acc + S), the ``ROUND_EACH_TREE`` step, and the group runs as that mode; from
+    ``floors[1]`` acc is kept when |acc| >= 2^(X + L - n + 24), else becomes acc + S rounded
+    once in the mode (``blas.grid_floor``), computed from t = RN64(acc + S) by its bits
+    (``_tree_kernels._round_bits``) where every t of the row is exact (t - acc == S and t -
+    S == acc: one difference is exact, Dekker's lemma, and differs where t is not) and below
+    2^128; a row with another t takes the full step.
 
     Flagged: a non-finite tree sum, a NaN scale of a tree's block, a bad c, and an exact
     accumulator whose sum needs more than two float64s. Every term of every sum is
@@ -596,9 +599,10 @@ def exact_groups(
     # One c for every output (c=None: +0) is checked once, not per output.
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)
     start_first = 0.0 if bad_first else c_first
-    # An exact accumulator from +0 for every output: TwoSum(+0, S) is (S, +0) for a finite S
-    # (an exact sum from +0 is never -0), so the first tree's sums are formed in ``high``.
-    direct = mode == EXACT_ACCUMULATOR and one_c and start_first == 0.0
+    # Every output's accumulator from +0: the first tree's sums are formed in ``high`` (for
+    # the exact accumulator TwoSum(+0, S) is (S, +0) for a finite S, and RNE_fp32(+0 + S) is
+    # RNE_fp32(S): an exact sum from +0 is never -0).
+    from_zero = one_c and start_first == 0.0
     # Scratch once per call: a group's A (zeros past K; rows in pairs) and B transposed per
     # pass of columns (zeros past N and K), scale exponents per tree, and a pass's tree sums,
     # steps and accumulators. (Indexes come from ranges from 0, or are unsigned: a signed index of
@@ -640,7 +644,6 @@ def exact_groups(
     column_steps = scratch[at : at + sizes[6]].reshape((count, passes, LANES))
     fresh = np.empty(LANES)
     # Runs of consecutive trees of one scale block, decoded with one factor a row/column.
-    unfolded = mode == GRID
     runs = np.empty((count, 3), dtype=np.int64)
     run_count = 0
     for t in range(count):
@@ -667,6 +670,23 @@ def exact_groups(
     for g in range(start, stop):
         at = g - start
         decoded, run = limits[at, 0], limits[at, 1]
+        # GRID: the least X of the group's trees; where it is at or above ``floors[0]`` every
+        # step is RNE_fp32(acc + S), the group runs as ROUND_EACH_TREE (scales folded).
+        least_x = np.int64(1 << 20)
+        if mode == GRID:
+            for r in range(run_count):
+                block = runs[r, 2]
+                least_row = least_column = np.int64(1 << 20)
+                for i in range(rows):
+                    least_row = min(least_row, np.int64(scales_a[g, i, block]))
+                for j in range(columns):
+                    least_column = min(least_column, np.int64(scales_b[g, j, block]))
+                least_x = min(least_x, least_row + least_column)
+        plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
+        unfolded = mode == GRID and not plain
+        fast = mode == GRID and least_x >= floors[1]
+        idempotent = plain or mode == EXACT_ACCUMULATOR
+        direct = from_zero and (plain or mode == EXACT_ACCUMULATOR)
         group_bad = np.uint8(0)  # (a NaN scale of one of the group's rows or columns)
         # A and B decoded run by run (a run: consecutive trees of one scale block), each
         # row's and column's positions of a run times its factor 2^X there (1 for a NaN
@@ -694,25 +714,17 @@ def exact_groups(
                     for k in range(terms):
                         q = first + np.uint64(k)
                         b[p, q, jj] = table_b[codes_b[g, p * LANES + jj, q]] * factor
-        # GRID: each tree's steps 2^Xa and 2^Xb (1 for a NaN scale) and the least X.
-        least_x = np.int64(1 << 20)
+        # GRID's other groups: each tree's steps 2^Xa and 2^Xb (1 for a NaN scale).
         if unfolded:
             for t in range(count):
                 block = trees[t, 2]
-                least_row = least_column = np.int64(1 << 20)
                 for i in range(rows):
                     x = np.int64(scales_a[g, i, block])
                     row_steps[t, i] = power_of_two(0 if x == SCALE_NAN else x)
-                    least_row = min(least_row, x)
                 for p in range(passes):
                     for jj in range(min(LANES, columns - p * LANES)):
                         y = np.int64(scales_b[g, p * LANES + jj, block])
                         column_steps[t, p, jj] = power_of_two(0 if y == SCALE_NAN else y)
-                        least_column = min(least_column, y)
-                least_x = min(least_x, least_row + least_column)
-        plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
-        fast = mode == GRID and least_x >= floors[1]
-        idempotent = plain or mode == EXACT_ACCUMULATOR
         for p in range(passes):
             j0 = p * LANES
             live = min(LANES, columns - j0)
@@ -756,17 +768,21 @@ def exact_groups(
                         np.uint64(i * LANES),
                         np.uint64((i + 1) * LANES),
                     )
-                # The sums are S outside GRID: each step one loop over the pass's lanes of
-                # every row (contiguous in ``sums``, ``high``, ``low`` and the flags).
-                if mode == ROUND_EACH_TREE:
+                # The sums are S where the scales are folded: each step one loop over the
+                # pass's lanes of every row (contiguous in ``sums``, ``high``, ``low`` and
+                # the flags).
+                if direct and t == 0:  # high = S (the sums' target), low = +0
+                    for q in range(rows * LANES):
+                        s = flat_high[q]
+                        flat_flags[q] |= not math.isfinite(s)
+                        if plain:
+                            flat_high[q] = np.float32(s)
+                    continue
+                if plain:
                     for q in range(rows * LANES):
                         s = flat_sums[q]
                         flat_flags[q] |= not math.isfinite(s)
                         flat_high[q] = np.float32(odd_sum(flat_high[q], s))
-                    continue
-                if direct and t == 0:  # high = S (the sums' target), low = +0
-                    for q in range(rows * LANES):
-                        flat_flags[q] |= not math.isfinite(flat_high[q])
                     continue
                 if mode == EXACT_ACCUMULATOR:
                     for q in range(rows * LANES):
@@ -778,59 +794,50 @@ def exact_groups(
                         flat_low[q] = rest
                         flat_flags[q] |= lost != 0.0
                     continue
-                for i in range(rows):  # GRID: S = s 2^Xa 2^Xb
+                for i in range(rows):  # GRID's other groups: S = s 2^Xa 2^Xb
                     step = row_steps[t, i]
-                    if plain:
+                    redo = not fast
+                    if fast:  # above the grid floor: the keep rule, one rounding
                         for jj in range(LANES):
                             s = sums[i, jj]
                             lane_flags[i, jj] |= not math.isfinite(s)
-                            total = s * (step * column_steps[t, p, jj]) + 0.0  # exact 0: +0
-                            high[i, jj] = np.float32(odd_sum(high[i, jj], total))
-                    else:
-                        redo = not fast
-                        if fast:  # above the grid floor: the keep rule, one rounding
+                            scale = step * column_steps[t, p, jj]
+                            acc = high[i, jj]
+                            total = acc + s * scale
+                            # exact sums below 2^128 only: t - acc == S and t - S == acc
+                            # hold iff t is exact (one difference is, Dekker's lemma)
+                            redo |= (
+                                (total - acc != s * scale)
+                                | (total - s * scale != acc)
+                                | ~(abs(total) < 2.0**128)
+                            )
+                            rounded = _round_bits(total, mask, add_positive, add_negative)
+                            fresh[jj] = acc if abs(acc) >= keep_factor * scale else rounded
+                        if not redo:
                             for jj in range(LANES):
-                                s = sums[i, jj]
-                                lane_flags[i, jj] |= not math.isfinite(s)
-                                scale = step * column_steps[t, p, jj]
-                                acc = high[i, jj]
-                                total = acc + s * scale
-                                # exact sums below 2^128 only: t - acc == S and t - S == acc
-                                # hold iff t is exact (one difference is, Dekker's lemma)
-                                redo |= (
-                                    (total - acc != s * scale)
-                                    | (total - s * scale != acc)
-                                    | ~(abs(total) < 2.0**128)
+                                high[i, jj] = fresh[jj]
+                    if redo:
+                        for jj in range(LANES):
+                            s = sums[i, jj]
+                            lane_flags[i, jj] |= not math.isfinite(s)
+                            acc = np.float32(high[i, jj])
+                            keep, odd, zero = grid_sum(
+                                acc,
+                                s,
+                                step * column_steps[t, p, jj],
+                                fraction_bits,
+                                max_left,
+                                max_right,
+                            )
+                            if nearest_even:
+                                rounded = np.float32(0.0) if zero else np.float32(odd)
+                            else:
+                                rounded = (
+                                    np.float32(0.0)
+                                    if zero
+                                    else round_fp32(odd, directed, large_positive, large_negative)
                                 )
-                                rounded = _round_bits(total, mask, add_positive, add_negative)
-                                fresh[jj] = acc if abs(acc) >= keep_factor * scale else rounded
-                            if not redo:
-                                for jj in range(LANES):
-                                    high[i, jj] = fresh[jj]
-                        if redo:
-                            for jj in range(LANES):
-                                s = sums[i, jj]
-                                lane_flags[i, jj] |= not math.isfinite(s)
-                                acc = np.float32(high[i, jj])
-                                keep, odd, zero = grid_sum(
-                                    acc,
-                                    s,
-                                    step * column_steps[t, p, jj],
-                                    fraction_bits,
-                                    max_left,
-                                    max_right,
-                                )
-                                if nearest_even:
-                                    rounded = np.float32(0.0) if zero else np.float32(odd)
-                                else:
-                                    rounded = (
-                                        np.float32(0.0)
-                                        if zero
-                                        else round_fp32(
-                                            odd, directed, large_positive, large_negative
-                                        )
-                                    )
-                                high[i, jj] = acc if keep else rounded
+                            high[i, jj] = acc if keep else rounded
             for i in range(rows):
                 if mode == EXACT_ACCUMULATOR:  # RNE_fp32(high + low): its round-to-odd sum
                     for jj in range(LANES):
