@@ -994,6 +994,29 @@ def test_route_rounds_c_plus_a_tree_sum_once(name):
     np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
 
 
+@pytest.mark.parametrize("name, later", [("ocp-exact", 32), ("mxdotp-paper", 8), ("mxdotp", 8)])
+def test_route_rounds_a_first_tree_from_zero_to_fp32(name, later):
+    """c = None and a first tree sum S0 = (2^16 + 2^-18) * 2^-16 = 1 + 2^-34, which is not
+    a float32 value, then the next tree's sum (its first position ``later``) S1 = 2^-24: a
+    unit rounding each tree into fp32 holds RNE_fp32(S0) = 1, so 1 + S1 is the midpoint of 1
+    and 1 + 2^-23, which rounds to even: 1; had the first sum stayed unrounded, 1 + 2^-34 +
+    2^-24 lies above it (1 + 2^-23)."""
+    config = hw(name)
+    groups, m, k, n = 3, 2, 64, 2
+    x = np.zeros((groups, m, k), dtype=np.float32)
+    x[..., 0], x[..., 1] = 256.0, 2.0**-9  # fp8_e4m3: 2^8 and its least subnormal
+    x[..., later] = 2.0**-4
+    a = quantize_grouped(x, "fp8_e4m3", 32)
+    b = dataclasses.replace(quantize_grouped(x[:, :n], "fp8_e4m3", 32), shape=(k, n), axis=0)
+    # scales 2^-8 each in block 0 (Xa + Xb = -16: the codes at 8 are 2^-4) and 2^-20 in
+    # block 1 (-40: the quantizer's codes there are 2^8)
+    for operand in (a, b):
+        operand.scales[..., 0], operand.scales[..., 1] = 127 - 8, 127 - 20
+    got = matmul_batched(config, a, b)
+    np.testing.assert_array_equal(got.values, np.float32(1.0))
+    np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, method="kernel").bits)
+
+
 @pytest.mark.parametrize("name", ["ocp-exact", "kulisch"])
 @pytest.mark.parametrize("tree", [0, 1])
 def test_wide_groups_round_c_plus_a_tree_sum_once(name, tree):
