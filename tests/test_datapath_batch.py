@@ -1017,6 +1017,28 @@ def test_route_rounds_a_first_tree_from_zero_to_fp32(name, later):
     np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, method="kernel").bits)
 
 
+@pytest.mark.parametrize("name, want", [("kulisch", 1.0 + 2.0**-23), ("ocp-exact", 1.0)])
+def test_route_keeps_a_later_trees_bits_below_float64(name, want):
+    """c = None, a first tree sum S0 = (2^16 + 2^-8) * 2^-16 = 1 + 2^-24, the midpoint of 1
+    and 1 + 2^-23, then the next tree's (block 1) S1 = 2^-60, below float64's last place
+    at 1: an exact accumulator holds it apart (high 1 + 2^-24, low 2^-60), so its one
+    rounding lies above the midpoint: 1 + 2^-23; a unit rounding each tree rounds S0 to
+    even, 1, and 1 + S1 to 1."""
+    config = hw(name)
+    groups, m, k, n = 3, 2, 64, 2
+    x = np.zeros((groups, m, k), dtype=np.float32)
+    x[..., 0], x[..., 1], x[..., 32] = 256.0, 2.0**-4, 1.0
+    a = quantize_grouped(x, "fp8_e4m3", 32)
+    b = dataclasses.replace(quantize_grouped(x[:, :n], "fp8_e4m3", 32), shape=(k, n), axis=0)
+    # scales 2^-8 each in block 0 (Xa + Xb = -16) and 2^-38 in block 1 (-76: the
+    # quantizer's codes there are 2^8)
+    for operand in (a, b):
+        operand.scales[..., 0], operand.scales[..., 1] = 127 - 8, 127 - 38
+    got = matmul_batched(config, a, b)
+    np.testing.assert_array_equal(got.values, np.float32(want))
+    np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, method="kernel").bits)
+
+
 @pytest.mark.parametrize("name", ["ocp-exact", "kulisch"])
 @pytest.mark.parametrize("tree", [0, 1])
 def test_wide_groups_round_c_plus_a_tree_sum_once(name, tree):

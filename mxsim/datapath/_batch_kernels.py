@@ -687,6 +687,10 @@ def exact_groups(
         fast = mode == GRID and least_x >= floors[1]
         idempotent = plain or mode == EXACT_ACCUMULATOR
         direct = from_zero and (plain or mode == EXACT_ACCUMULATOR)
+        steps = run if idempotent else count
+        # An exact accumulator whose first tree, formed in ``high``, is its only step keeps
+        # ``low`` +0: high + low is high.
+        two_part = mode == EXACT_ACCUMULATOR and not (direct and steps == 1)
         group_bad = np.uint8(0)  # (a NaN scale of one of the group's rows or columns)
         # A and B decoded run by run (a run: consecutive trees of one scale block), each
         # row's and column's positions of a run times its factor 2^X there (1 for a NaN
@@ -729,9 +733,10 @@ def exact_groups(
             j0 = p * LANES
             live = min(LANES, columns - j0)
             if one_c:  # (fills over the pass's lanes of every row at once)
-                for q in range(rows * LANES):
-                    flat_high[q] = start_first
-                if mode == EXACT_ACCUMULATOR:  # (only its steps read ``low``)
+                if not direct:  # (else the first tree's sums are written there)
+                    for q in range(rows * LANES):
+                        flat_high[q] = start_first
+                if two_part:  # (only its steps read ``low``)
                     for q in range(rows * LANES):
                         flat_low[q] = 0.0
                 for q in range(rows * LANES):
@@ -754,7 +759,7 @@ def exact_groups(
                         lane_flags[i, jj] = bad | bad_rows[i] | bad_columns[p, jj]
             # Past the last tree with terms, a run of trees whose sums are +0 takes one step
             # where that step is idempotent (module docstring), else a step each.
-            for t in range(run if idempotent else count):
+            for t in range(steps):
                 first, terms = np.uint64(trees[t, 0]), group_terms[at, t]
                 for i in range(0, rows, 2):  # (an odd last row beside A's row of zeros)
                     _tree_sums(
@@ -839,7 +844,7 @@ def exact_groups(
                                 )
                             high[i, jj] = acc if keep else rounded
             for i in range(rows):
-                if mode == EXACT_ACCUMULATOR:  # RNE_fp32(high + low): its round-to-odd sum
+                if two_part:  # RNE_fp32(high + low): its round-to-odd sum
                     for jj in range(LANES):
                         high[i, jj] = odd_sum(high[i, jj], low[i, jj])
                 # the row's flags ORed (one byte OR a lane), counted only where one is set
