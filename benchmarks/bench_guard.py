@@ -1,10 +1,15 @@
-"""The short benchmark tier: a few GEMMs' speed as a ratio to the same run's numpy float64
-matmul (DGEMM), checked against the ratios recorded in ``benchmarks/results/guard.json``.
+"""The short benchmark tier: a few GEMMs' and batches of GEMMs' speed as a ratio to the same
+run's numpy float64 matmul of the same shape, checked against the ratios recorded in
+``benchmarks/results/guard.json``.
 
-Each case is a 512 x 512 x 512 GEMM (MXFP8, MXFP4 or MX9 operands, block scales from
+Each GEMM case is a 512 x 512 x 512 GEMM (MXFP8, MXFP4 or MX9 operands, block scales from
 standard normal data) through one shipped config, best of ``--repeats`` runs after a warm-up call,
-divided into the best of as many DGEMMs of the same shape timed between the cases, both by
-the process's CPU time on one thread (Numba's and the BLAS library's threads held to one):
+divided into the best of as many DGEMMs of the same shape timed between the cases; each batch
+case is one ``matmul_batched`` call on attention-shaped heads (``BATCH_CASES``: MiniLM's
+14-token heads and 128-token ones, one case per small-groups route), beside numpy's float64
+batched matmul of the shape (each timing a run of calls long enough for the clock). Both
+sides are timed by the process's CPU time on one thread (Numba's and the BLAS library's
+threads held to one):
 a loaded, shared machine then moves a ratio far less than it moves wall-time ratios, whose
 two-thread DGEMM loses most under load. The check fails (exit 1) when a case's ratio falls
 below its recorded ratio divided by ``--margin`` (3 by default: a route lost, or gone back to
@@ -34,7 +39,7 @@ import numpy as np
 import mxsim
 from _timing import best_seconds
 from mxsim.fileio import json_text, write_atomic
-from mxsim.quantize import BFP_SPECS, quantize_bfp
+from mxsim.quantize import BFP_SPECS, MXGroups, quantize_bfp, quantize_grouped
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "guard.json"
@@ -66,6 +71,61 @@ CASES = [
     Case("h100-fp8", "fp8_e4m3"),
     Case("b200-fp8", "fp8_e4m3"),
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchCase:
+    """``groups`` GEMMs of (M, K) x (K, N) through one config, one ``matmul_batched`` call."""
+
+    config: str
+    element: str
+    groups: int
+    m: int
+    k: int
+    n: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.config} {self.element}, {self.groups}x{self.m}x{self.k}x{self.n} batch"
+
+
+#: One batch per small-groups route (``mxsim.datapath.batch``) and the BLAS route's passes of
+#: whole groups: MiniLM's heads (12 x 16 of 14 tokens, head size 32) and 128-token ones.
+BATCH_CASES = [
+    BatchCase("ocp-exact", "fp8_e4m3", 192, 14, 32, 14),  # exact groups, q @ k^T
+    BatchCase("kulisch", "fp8_e4m3", 192, 14, 14, 32),  # exact accumulator, P @ v
+    BatchCase("mxdotp", "fp8_e4m3", 192, 14, 32, 14),  # a fixed-point grid
+    BatchCase("bfp-exact", "mx9", 192, 14, 32, 14),  # the float32 kernel
+    BatchCase("h100-fp8", "fp8_e4m3", 192, 14, 32, 14),  # narrow window groups
+    BatchCase("ocp-exact", "fp8_e4m3", 24, 128, 64, 128),  # wide exact groups
+    BatchCase("b200-fp8", "fp8_e4m3", 24, 128, 128, 64),  # wide window groups, transposed
+    BatchCase("mxdotp-paper", "fp8_e4m3", 24, 128, 64, 128),  # the BLAS route's group passes
+]
+#: CPU seconds that a batch case's timing runs at least (its calls repeated in one timing).
+BATCH_TIMING = 0.005
+
+
+def batch_operands(hw, element: str, groups: int, m: int, k: int, n: int, rng):
+    """(A, B) of a batch through ``hw``: standard normal (G, M, K) and (G, K, N) data
+    quantized along K group by group, B as its rows of B^T (as a model's weight arrives);
+    MX4/MX6/MX9 through the BFP quantizer, one group at a time; one scale per group for
+    units without block scales."""
+    x = rng.standard_normal((groups, m, k)).astype(np.float32)
+    y = rng.standard_normal((groups, k, n)).astype(np.float32)
+    if element.upper() in BFP_SPECS:
+        return tuple(
+            MXGroups.of(
+                [quantize_bfp(part, element.upper(), axis=axis).as_mx_tensor() for part in values]
+            )
+            for values, axis in ((x, 1), (y, 0))
+        )
+    block = hw.sections[("inputs", "block_size")]
+    per_tensor = hw.sections[("inputs", "scales")] == "none"
+    a = quantize_grouped(x, element, block, per_tensor_scale=per_tensor)
+    rows = quantize_grouped(
+        np.ascontiguousarray(y.transpose(0, 2, 1)), element, block, per_tensor_scale=per_tensor
+    )
+    return a, dataclasses.replace(rows, shape=(k, n), axis=0)
 
 
 def conditions() -> dict:
@@ -125,6 +185,39 @@ def measure(cases=CASES, size: int = SIZE, repeats: int = 3) -> dict[str, float]
     return ratios
 
 
+def measure_batches(cases=BATCH_CASES, repeats: int = 3) -> dict[str, float]:
+    """{case name: batch speed / same-run numpy float64 batched matmul speed of the shape}."""
+    rng = np.random.default_rng(0)
+    ratios = {}
+    for case in cases:
+        hw = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{case.config}.yaml")
+        shape = (case.groups, case.m, case.k, case.n)
+        a, b = batch_operands(hw, case.element, *shape, rng)
+        x = rng.standard_normal((case.groups, case.m, case.k))
+        y = rng.standard_normal((case.groups, case.k, case.n))
+        with one_thread():
+            ratios[case.name] = _calls_seconds(lambda: np.matmul(x, y), repeats) / _calls_seconds(
+                lambda: mxsim.matmul_batched(hw, a, b), repeats
+            )
+    return ratios
+
+
+def _calls_seconds(run, repeats: int) -> float:
+    """CPU seconds of one call of ``run``: the best of ``repeats`` timings of a run of calls
+    lasting at least ``BATCH_TIMING`` (after a warm-up call, which compiles or loads the kernels,
+    and a call that sizes the run)."""
+    run()
+    start = time.process_time()
+    run()
+    calls = max(1, int(BATCH_TIMING / max(time.process_time() - start, 1e-6)))
+
+    def run_calls():
+        for _ in range(calls):  # (each result dropped: kept ones would cost fresh pages)
+            run()
+
+    return best_seconds(run_calls, repeats, time.process_time) / calls
+
+
 @contextlib.contextmanager
 def one_thread():
     """Numba's and the BLAS library's threads held to one (threadpoolctl, the ``blas`` extra),
@@ -151,7 +244,7 @@ def regressions(
             problems.append(f"{name}: not measured")
         elif measured[name] < ratio / margin:
             problems.append(
-                f"{name}: {measured[name]:.3f}x DGEMM, recorded {ratio:.3f}x "
+                f"{name}: {measured[name]:.3f}x numpy, recorded {ratio:.3f}x "
                 f"({ratio / measured[name]:.1f}x slower; the margin is {margin:g}x)"
             )
     return problems
@@ -166,12 +259,12 @@ def main(argv=None) -> int:
     parser.add_argument("--margin", type=float, default=MARGIN)
     args = parser.parse_args(argv)
     where = conditions()
-    measured = measure(repeats=args.repeats)
+    measured = measure(repeats=args.repeats) | measure_batches(repeats=args.repeats)
     print(f"{where['date']}, commit {where['commit']}, load average {where['load_average']}")
     recorded = {} if args.record else __import__("json").loads(RESULTS.read_text())["ratios"]
     for name, ratio in measured.items():
         print(
-            f"  {name:26s} {ratio:6.3f}x DGEMM"
+            f"  {name:48s} {ratio:6.3f}x numpy float64"
             + (f"  (recorded {recorded[name]:.3f}x)" if name in recorded else "")
         )
     if args.record:
