@@ -34,9 +34,9 @@ import numpy as np
 
 import mxsim
 from _timing import best_seconds
-from bench_guard import conditions, one_thread
+from bench_guard import batch_operands, conditions, one_thread
 from mxsim.fileio import json_text, write_atomic
-from mxsim.quantize import BFP_SPECS, MXGroups, quantize_bfp, quantize_grouped
+from mxsim.quantize import BFP_SPECS
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.groups import groups_apply
@@ -196,29 +196,7 @@ def batched(names: list[str], size: int, repeats: int, clock=time.perf_counter) 
         a, b = operands(size, rng, unit_scales=per_tensor, hw=hw, element=element)
         mxsim.matmul(hw, a, b)  # compile outside the timing
         for label, groups, m, k, n in BATCHES:
-            x = rng.standard_normal((groups, m, k)).astype(np.float32)
-            y = rng.standard_normal((groups, k, n)).astype(np.float32)
-            block = hw.sections[("inputs", "block_size")]
-            if element.upper() in BFP_SPECS:  # the BFP quantizer, as ``operands`` (one group each)
-                qa, qb = (
-                    MXGroups.of(
-                        [
-                            quantize_bfp(part, element.upper(), axis=axis).as_mx_tensor()
-                            for part in values
-                        ]
-                    )
-                    for values, axis in ((x, 1), (y, 0))
-                )
-            else:
-                qa = quantize_grouped(x, element, block, per_tensor_scale=per_tensor)
-                # B along K: its rows of B^T, as run_layer gives a weight
-                rows = quantize_grouped(
-                    np.ascontiguousarray(y.transpose(0, 2, 1)),
-                    element,
-                    block,
-                    per_tensor_scale=per_tensor,
-                )
-                qb = dataclasses.replace(rows, shape=(k, n), axis=0)
+            qa, qb = batch_operands(hw, element, groups, m, k, n, rng)
             mxsim.matmul_batched(hw, qa, qb)
             seconds = best_seconds(lambda: mxsim.matmul_batched(hw, qa, qb), repeats, clock)
             large = best_seconds(lambda: mxsim.matmul(hw, a, b), repeats, clock)

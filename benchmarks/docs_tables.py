@@ -71,8 +71,9 @@ def table(name: str) -> str:
     elif "ratios" in results:  # the short tier
         rows = [f"| {case} | {ratio:.3f}x |" for case, ratio in results["ratios"].items()]
         head = (
-            f"{results['size']}³ GEMMs, speed as a multiple of the same run's numpy float64 matmul "
-            f"(best of 3 each). {_recorded(name, results)}\n\n| config, element format | vs DGEMM |\n|---|---|"
+            f"{results['size']}³ GEMMs and batches of G × M × K × N, speed as a multiple of the same "
+            f"run's numpy float64 matmul of the shape (best of 3 each). {_recorded(name, results)}"
+            "\n\n| config, element format | vs numpy float64 |\n|---|---|"
         )
     else:
         rows = [

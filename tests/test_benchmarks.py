@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mxsim.probe.core import OVERFLOW_ASKED, TARGETED_ROWS
@@ -222,6 +223,21 @@ def test_guard_flags_only_large_regressions_of_a_recorded_ratio(monkeypatch):
     assert problems[1] == "slow: not measured"
 
 
+def test_guard_times_a_batch_beside_numpys_batched_matmul(monkeypatch):
+    """A batch case end to end on a small batch: its ratio under its name, and its operands
+    (G, M, K) and (G, K, N) groups quantized along K, B as its rows of B^T."""
+    guard = _load("bench_guard.py", monkeypatch)
+    monkeypatch.setattr(guard, "BATCH_TIMING", 0.0)
+    case = guard.BatchCase("ocp-exact", "fp8_e4m3", 3, 4, 40, 5)
+    assert case.name == "ocp-exact fp8_e4m3, 3x4x40x5 batch"
+    ((name, ratio),) = guard.measure_batches([case], repeats=1).items()
+    assert name == case.name and ratio > 0
+    hw = guard.mxsim.load_hwconfig(guard.REPO / "hwconfigs" / "ocp-exact.yaml")
+    a, b = guard.batch_operands(hw, "fp8_e4m3", 3, 4, 40, 5, np.random.default_rng(0))
+    assert (a.shape, a.axis, b.shape, b.axis) == ((4, 40), 1, (40, 5), 0)
+    assert a.codes.shape == (3, 4, 64) and b.codes.shape == (3, 5, 64)
+
+
 def test_guard_results_record_every_case_and_the_conditions(monkeypatch):
     guard = _load("bench_guard.py", monkeypatch)
     results = json.loads(guard.RESULTS.read_text())
@@ -307,9 +323,10 @@ def test_bench_matmul_batched_quantizes_bfp_elements_by_the_bfp_quantizer(monkey
     bench = _load("bench_matmul.py", monkeypatch)
     monkeypatch.setattr(bench, "BATCHES", (("heads", 2, 3, 32, 4),))
     taken = []
-    quantize_bfp = bench.quantize_bfp
+    guard = sys.modules[bench.batch_operands.__module__]  # (where the batches are quantized)
+    quantize_bfp = guard.quantize_bfp
     monkeypatch.setattr(
-        bench,
+        guard,
         "quantize_bfp",
         lambda x, spec, axis: (
             taken.append((x.shape, spec, axis)) or quantize_bfp(x, spec, axis=axis)
