@@ -994,6 +994,26 @@ def test_route_rounds_c_plus_a_tree_sum_once(name):
     np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
 
 
+@pytest.mark.parametrize("name", ["ocp-exact", "mxdotp-paper", "mxdotp"])
+def test_route_rounds_a_tree_sum_plus_a_tiny_c_once(name):
+    """c = 2^-58 plus a tree sum S = (2^16 + 2^-8) * 2^-16 = 1 + 2^-24, the midpoint of 1 and
+    1 + 2^-23: the exact sum lies just above it, so one rounding gives 1 + 2^-23, while t =
+    RN64(c + S) is the midpoint itself (t - c == S, only t - S != c shows it inexact), which
+    rounds to even: 1."""
+    config = hw(name)
+    groups, m, k, n = 3, 2, 32, 2
+    x = np.zeros((groups, m, k), dtype=np.float32)
+    x[..., 0], x[..., 1] = 256.0, 2.0**-4
+    a = quantize_grouped(x, "fp8_e4m3", 32)
+    b = dataclasses.replace(quantize_grouped(x[:, :n], "fp8_e4m3", 32), shape=(k, n), axis=0)
+    a.scales[...] = 127 - 8  # 2^-8 each: Xa + Xb = -16
+    b.scales[...] = 127 - 8
+    c = np.full((groups, m, n), 2.0**-58, dtype=np.float32)
+    got = matmul_batched(config, a, b, c=c)
+    np.testing.assert_array_equal(got.values, np.float32(1.0 + 2.0**-23))
+    np.testing.assert_array_equal(got.bits, matmul_batched(config, a, b, c=c, method="kernel").bits)
+
+
 @pytest.mark.parametrize("name, later", [("ocp-exact", 32), ("mxdotp-paper", 8), ("mxdotp", 8)])
 def test_route_rounds_a_first_tree_from_zero_to_fp32(name, later):
     """c = None and a first tree sum S0 = (2^16 + 2^-18) * 2^-16 = 1 + 2^-34, which is not

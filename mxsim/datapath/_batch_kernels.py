@@ -528,8 +528,10 @@ def exact_groups(
     127 every scaled element and product, and every nonzero partial sum of a tree (a
     multiple of the products' least quantum 2^-552, at most its terms times 2^616) is a
     normal float64, the unscaled one times 2^(Xa + Xb): no rounding happens in either
-    order. ``ROUND_EACH_TREE``: acc = RNE_fp32(acc + S)
-    (round-to-odd float64 sum, then fp32; a zero S counts as +0, as in
+    order. ``ROUND_EACH_TREE``: acc = RNE_fp32(acc + S): fp32(t), t = RN64(acc + S), where
+    every t of the pass is exact (t - acc == S and t - S == acc: one difference is exact,
+    Dekker's lemma, and differs where t is not), else the round-to-odd float64 sum, then
+    fp32, for the whole pass (a zero S counts as +0, as in
     ``_blas_kernels.accumulate_rne_fp32``); ``GRID``: the step of
     ``_blas_kernels.accumulate_grid_fp32``; ``EXACT_ACCUMULATOR``: (high, low) += S by
     TwoSum, flagged where ``low`` rounds, and RNE_fp32(high + low) at the end. Where
@@ -784,10 +786,22 @@ def exact_groups(
                             flat_high[q] = np.float32(s)
                     continue
                 if plain:
+                    # RNE_fp32(acc + S) is fp32(t), t = RN64(acc + S), wherever t is exact:
+                    # t - acc == S and t - S == acc (one difference is, Dekker's lemma); the
+                    # pass's steps go through the round-to-odd sum where one is not.
+                    inexact = False
                     for q in range(rows * LANES):
-                        s = flat_sums[q]
+                        s, acc = flat_sums[q], flat_high[q]
                         flat_flags[q] |= not math.isfinite(s)
-                        flat_high[q] = np.float32(odd_sum(flat_high[q], s))
+                        total = acc + s
+                        flat_low[q] = np.float32(total)
+                        inexact |= (total - acc != s) | (total - s != acc)
+                    if inexact:
+                        for q in range(rows * LANES):
+                            flat_high[q] = np.float32(odd_sum(flat_high[q], flat_sums[q]))
+                    else:
+                        for q in range(rows * LANES):
+                            flat_high[q] = flat_low[q]
                     continue
                 if mode == EXACT_ACCUMULATOR:
                     for q in range(rows * LANES):
