@@ -562,8 +562,8 @@ def exact_groups(
     columns padded to whole passes of :data:`LANES` with zeros); the tree sums of two rows
     over a pass are SIMD vectors (``_tree_sums``: each element of B loaded once for both
     rows; an odd last row is paired with a row of zeros whose sums are not read), and the
-    accumulation steps are loops over a pass's lanes (they vectorise): of every row at once
-    outside GRID, a row at a time in GRID.
+    accumulation steps are loops over a pass's lanes (they vectorise): of every row at once,
+    but a row at a time in GRID's groups that do not step as ``ROUND_EACH_TREE``.
 
     Zero codes: where code 0 is ±0 in both tables, the positions from which every code of
     the group's A and B is 0 (the zero padding of K short of a tree or of whole trees,
@@ -696,8 +696,8 @@ def exact_groups(
         group_bad = np.uint8(0)  # (a NaN scale of one of the group's rows or columns)
         # A and B decoded run by run (a run: consecutive trees of one scale block), each
         # row's and column's positions of a run times its factor 2^X there (1 for a NaN
-        # scale, whose outputs are flagged; 1 for GRID, whose steps scale the sums), its
-        # flag set on the way. (Unsigned offsets: no wraparound arithmetic per element.)
+        # scale, whose outputs are flagged; 1 in GRID's groups that do not step as
+        # ROUND_EACH_TREE, whose steps scale the sums), its flag set on the way. (Unsigned offsets: no wraparound arithmetic per element.)
         for r in range(run_count):
             first, block = np.uint64(runs[r, 0]), runs[r, 2]
             terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
