@@ -35,6 +35,7 @@ from mxsim.datapath.blas import grid_floor
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import window_applies
 from mxsim.quantize import MXGroups, quantize_bfp, quantize_grouped
+from mxsim.quantize.mx import scale_exponents_of_codes
 
 # (unit, element format): every accumulation of the route (trees rounded to nearest even,
 # an exact accumulator, a fixed-point grid in each rounding mode) and element formats with
@@ -107,18 +108,23 @@ def operands(
     scaled: bool = True,
     specials=True,
     shifts=(0, 0),
+    magnitudes=8,
+    scale_corners=True,
 ):
     """(A, B) MXGroups of a (G, M, K) x (G, K, N) batch: realistic values (Gaussian and
-    heavy-tailed, each row its own magnitude) quantized along K, then a fraction ``corners``
+    heavy-tailed, each row its own magnitude, 2^-``magnitudes`` to 2^``magnitudes``)
+    quantized along K, then a fraction ``corners``
     of the codes replaced by corner codes (NaN/Inf among them if ``specials``) and, for a unit
-    that takes scales (``scaled``), of the scales by 0xFF (NaN), 0 (2^-127) and 254 (2^127);
+    that takes scales (``scaled``) and ``scale_corners``, of the scales by 0xFF (NaN), 0
+    (2^-127) and 254 (2^127);
     without, every scale 1. ``shifts``: added to A's and B's scale exponents (kept within
     E8M0's [-127, 127]; NaN scales kept): extreme scale pairs, with subnormal, underflowing
     and overflowing outputs."""
     groups, m, k, n = shape
 
     def grouped(rows, shift):
-        x = rng.standard_normal((groups, rows, k)) * np.exp2(rng.integers(-8, 9, (groups, rows, 1)))
+        x = rng.standard_normal((groups, rows, k))
+        x *= np.exp2(rng.integers(-magnitudes, magnitudes + 1, (groups, rows, 1)))
         x[:, ::3] = rng.standard_t(3, size=x[:, ::3].shape)
         q = quantize_grouped(x.astype(np.float32), fmt_name, block)
         if corners:
@@ -126,7 +132,7 @@ def operands(
             pool = np.concatenate([v for kind, v in kinds.items() if specials or kind != "special"])
             hit = rng.random(q.codes.shape) < corners
             q.codes[hit] = rng.choice(pool, size=int(hit.sum()))
-            hit = rng.random(q.scales.shape) < corners / 2
+            hit = rng.random(q.scales.shape) < (corners / 2 if scale_corners else 0.0)
             q.scales[hit] = rng.choice([SCALE_NAN, 0, 254], size=int(hit.sum()))
         if shift:
             moved = np.clip(q.scales.astype(np.int64) + shift, 0, 254).astype(np.uint8)
@@ -176,6 +182,8 @@ def run_route(
     with_c=True,
     specials=True,
     shifts=(0, 0),
+    magnitudes=8,
+    scale_corners=True,
 ):
     """The batch through the small-groups route (checked taken for G > 1), the generic
     kernel's bits and the outputs the route flagged (None where it was not taken); asserts
@@ -184,7 +192,9 @@ def run_route(
     rng = np.random.default_rng(seed)
     block = config.sections[("inputs", "block_size")]
     scaled = config.sections[("inputs", "scales")] != "none"
-    a, b = operands(rng, fmt_name, block, shape, corners, scaled, specials, shifts)
+    a, b = operands(
+        rng, fmt_name, block, shape, corners, scaled, specials, shifts, magnitudes, scale_corners
+    )
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
     flagged = []
     taken = []
@@ -893,6 +903,67 @@ def test_wide_tree_units_take_groups_past_small_ones(monkeypatch, name, fmt_name
     )
     check_flags(config, a, b, c, marked)
     check_twin(config, a, b, c, got, np.random.default_rng(3))
+
+
+@pytest.mark.parametrize("name, fmt_name", WIDE_TREE_UNITS[1:])
+@pytest.mark.parametrize("shape", [(3, 128, 64, 128), (3, 128, 128, 64), (4, 9, 40, 21)])
+@pytest.mark.parametrize("corners", ["none", "codes", "codes and scales"])
+def test_exact_accumulator_sums_a_heads_trees_as_one(monkeypatch, name, fmt_name, shape, corners):
+    """Attention heads of one magnitude (scales a few binades apart): the exact
+    accumulator's groups are summed as one tree over all of K (``one_sum_fits`` holds for
+    every group), and the outputs are the generic kernel's bits (flags checked) and the
+    Fraction twin's; also with corners among the codes (NaN/Inf, zeros, the largest), and
+    among the scales too (NaN, 2^-127, 2^127: groups then are summed tree by tree)."""
+    config, a, b, c, got, marked = run_route(
+        monkeypatch,
+        name,
+        fmt_name,
+        shape,
+        seed=sum(shape),
+        corners=0.0 if corners == "none" else 0.05,
+        magnitudes=0,
+        scale_corners=corners == "codes and scales",
+    )
+    check_flags(config, a, b, c, marked)
+    check_twin(config, a, b, c, got, np.random.default_rng(5))
+    params = config.params(fmt_name, fmt_name)
+    trees = exact_trees(params, shape[2])
+    room = 53 - batch_module.tree_sum_bits(params)
+    exponents = [scale_exponents_of_codes(operand.scales) for operand in (a, b)]
+    fits = [batch_kernels.one_sum_fits(*exponents, g, trees, room) for g in range(shape[0])]
+    assert all(fits) or corners == "codes and scales"
+
+
+def test_one_sum_fits_at_the_edge_of_float64():
+    """kulisch on FP8 E4M3: a tree of 32 unscaled products needs 41 bits (448 < 2^9, the
+    least subnormal 2^-9: products from 2^-18 to below 2^18, times 32), so its trees sum
+    exactly as one where sum_t 2^(h_t - m) <= 2^12 (h_t a tree's largest Xa + Xb, m the
+    group's least). Two trees at 11 above m: 2^11 + 2^11 = 2^12, at the edge; at 12 past
+    it; three trees at 11, 10, 10 at the edge again; one more binade on the last past it.
+    NaN scales, trees that do not adjoin, no room: False."""
+    params = hw("kulisch").params("fp8_e4m3", "fp8_e4m3")
+    assert batch_module.tree_sum_bits(params) == 41
+
+    def fits(rises, trees=None, room=12, nan=False):
+        blocks = len(rises)
+        trees = exact_trees(params, 32 * blocks) if trees is None else trees
+        scales_a = np.zeros((2, 2, blocks), dtype=np.int32)  # row 0 at m = 0 in every block
+        scales_a[1, 1] = rises  # (group 1; group 0 all at m)
+        scales_b = np.full((2, 3, blocks), -5, dtype=np.int32)  # (m = -5 then)
+        if nan:  # (every scale: one NaN among others lies above any room by itself)
+            scales_a[1] = scales_b[1] = batch_module.SCALE_NAN
+        both = [batch_kernels.one_sum_fits(scales_a, scales_b, g, trees, room) for g in (0, 1)]
+        assert both[0] == (room >= 0 and np.array_equal(trees[1:, 0], trees[:-1, 1]))
+        return both[1]
+
+    assert fits([11, 11])
+    assert not fits([11, 12])
+    assert fits([11, 10, 10])
+    assert not fits([11, 10, 11])
+    assert fits([0, 0, 0, 0])
+    assert not fits([0, 0], nan=True)
+    assert not fits([0, 0], room=-1)
+    assert not fits([0, 0], np.array([[0, 32, 0], [40, 72, 1]], dtype=np.int64))
 
 
 @pytest.mark.parametrize("terms", [0, 1, 3, 7, 8, 9, 10, 11, 15, 16, 17, 24, 31, 32, 33, 40])

@@ -495,6 +495,7 @@ def exact_groups(
     floors,
     grid,
     choices,
+    room,
     out,
     flags_out,
     start,
@@ -513,7 +514,11 @@ def exact_groups(
     each tree rounds as ``ROUND_EACH_TREE``, ``blas.grid_nearest_even_floor``, and from
     which the rules reduce to the keep rule, ``blas.grid_floor``; a value above every X
     where the unit has none), ``grid`` (fraction bits n, max left and right shift) and
-    ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row).
+    ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row); ``room``: for
+    ``EXACT_ACCUMULATOR``, 53 minus the bits of a tree's unscaled sums
+    (``blas.tree_sum_bits``), or -1: a group whose products one float64 sum holds exactly
+    by that bound (:func:`one_sum_fits`) is summed as one tree over all of K, S its exact
+    sum, one step.
 
     Each output's accumulator starts at c (-0 and non-finite c flagged, started at 0); each
     tree's sum then enters as S = s 2^Xa 2^Xb, s its unscaled sum: outside GRID, and in
@@ -689,7 +694,10 @@ def exact_groups(
         fast = mode == GRID and least_x >= floors[1]
         idempotent = plain or mode == EXACT_ACCUMULATOR
         direct = from_zero and (plain or mode == EXACT_ACCUMULATOR)
-        steps = run if idempotent else count
+        # An exact accumulator's group whose products float64 sums exactly: one tree, one
+        # step.
+        merged = mode == EXACT_ACCUMULATOR and one_sum_fits(scales_a, scales_b, g, trees, room)
+        steps = 1 if merged else run if idempotent else count
         # An exact accumulator whose first tree, formed in ``high``, is its only step keeps
         # ``low`` +0: high + low is high.
         two_part = mode == EXACT_ACCUMULATOR and not (direct and steps == 1)
@@ -763,6 +771,8 @@ def exact_groups(
             # where that step is idempotent (module docstring), else a step each.
             for t in range(steps):
                 first, terms = np.uint64(trees[t, 0]), group_terms[at, t]
+                if merged:  # (the positions decoded: to the last tree's summed ones)
+                    terms = max(0, decoded - trees[0, 0])
                 for i in range(0, rows, 2):  # (an odd last row beside A's row of zeros)
                     _tree_sums(
                         flat_a,
@@ -872,6 +882,54 @@ def exact_groups(
                     for jj in range(live):
                         flagged += lane_flags[i, jj]
     return flagged
+
+
+@njit(cache=True)
+def one_sum_fits(scales_a, scales_b, g, trees, room):
+    """Whether group ``g``'s products over all of K one float64 sum holds exactly, in any
+    order (an exact accumulator's trees, :func:`exact_groups`), as ``blas._exact_chunks``
+    bounds a range of scale blocks: a tree's unscaled sums need b bits
+    (``blas.tree_sum_bits``), so with h_t the tree's largest and m the group's least scale
+    exponent sum Xa + Xb (over its rows and columns), every partial sum is a multiple of
+    the least product's quantum times 2^m below that quantum times 2^(b + m) sum_t 2^(h_t -
+    m), and fits 53 bits when sum_t 2^(h_t - m) <= 2^``room``, ``room`` = 53 - b. False
+    for ``room`` < 0, for trees that are not in order and adjoining and for a group with a
+    NaN scale (``SCALE_NAN``, above every exponent) in one of its trees' blocks.
+    ``scales_a`` (G, M, blocks), ``scales_b`` (G, N, blocks); ``trees`` as
+    :func:`exact_groups`'."""
+    count = trees.shape[0]
+    if room < 0:
+        return False
+    least = np.int64(1 << 40)
+    for t in range(count):
+        if t > 0 and trees[t, 0] != trees[t - 1, 1]:
+            return False
+        block = trees[t, 2]
+        low_a, high_a = _exponent_span(scales_a, g, block)
+        low_b, high_b = _exponent_span(scales_b, g, block)
+        if high_a == SCALE_NAN or high_b == SCALE_NAN:
+            return False
+        least = min(least, low_a + low_b)
+    total = 0.0
+    for t in range(count):
+        block = trees[t, 2]
+        spread = _exponent_span(scales_a, g, block)[1] + _exponent_span(scales_b, g, block)[1]
+        spread -= least
+        if spread > room:
+            return False
+        total += power_of_two(spread)
+    return total <= power_of_two(room)
+
+
+@njit(cache=True, inline="always")
+def _exponent_span(scales, g, block):
+    """(least, largest) of scales[g, :, block] as int64 (0, 0 for no rows)."""
+    low = high = np.int64(0)
+    for i in range(scales.shape[1]):
+        x = np.int64(scales[g, i, block])
+        low = x if i == 0 else min(low, x)
+        high = x if i == 0 else max(high, x)
+    return low, high
 
 
 #: float64 elements of a 4096-byte page.

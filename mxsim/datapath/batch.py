@@ -13,7 +13,9 @@ and adds them to the group's accumulators with the BLAS route's accumulation ste
 outputs of rows of A and columns of B holding a NaN or ±Inf element (every term of a sum is
 computed, so their sums are the only non-finite ones), with NaN scales or a c that is
 non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's sums
-wider than two float64s. Trees of several scale blocks (bfp-exact: 16 products over
+wider than two float64s. An exact accumulator's group whose products, by its scales'
+spread, one float64 sum holds exactly (``_batch_kernels.one_sum_fits``, the bound by which
+the BLAS route sums ranges of blocks in one GEMM) is summed as one tree over all of K, one step. Trees of several scale blocks (bfp-exact: 16 products over
 sub-blocks of 2) are folded first, as the BLAS route folds them: each tree's blocks onto
 its least scale, each code raised to index a table of the element values times 2^(its
 block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``;
@@ -262,6 +264,7 @@ def _exact_groups(
             params, tables, codes_a, codes_b, scales_a, scales_b, trees.shape[0]
         )
     flags = np.empty(out.shape, dtype=np.uint8)
+    room = 53 - tree_sum_bits(params) if mode == B.EXACT_ACCUMULATOR and len(trees) > 1 else -1
     arguments = (
         codes_a,
         codes_b,
@@ -274,6 +277,7 @@ def _exact_groups(
         floors,
         grid,
         choices,
+        room,
         out,
         flags,
     )
