@@ -514,11 +514,11 @@ def exact_groups(
     each tree rounds as ``ROUND_EACH_TREE``, ``blas.grid_nearest_even_floor``, and from
     which the rules reduce to the keep rule, ``blas.grid_floor``; a value above every X
     where the unit has none), ``grid`` (fraction bits n, max left and right shift) and
-    ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row); ``room``: for
-    ``EXACT_ACCUMULATOR``, 53 minus the bits of a tree's unscaled sums
-    (``blas.tree_sum_bits``), or -1: a group whose products one float64 sum holds exactly
-    by that bound (:func:`one_sum_fits`) is summed as one tree over all of K, S its exact
-    sum, one step.
+    ``choices`` (the accumulator rounding's ``blas.ROUNDING_CHOICES`` row); ``room``: -1, or
+    with ``EXACT_ACCUMULATOR`` only, 53 minus the bits of a tree's unscaled sums
+    (``blas.tree_sum_bits``): then a group whose products one float64 sum holds exactly by
+    that bound (:func:`one_sum_fits`) is summed as one tree over all of K, S its exact sum,
+    one step.
 
     Each output's accumulator starts at c (-0 and non-finite c flagged, started at 0); each
     tree's sum then enters as S = s 2^Xa 2^Xb, s its unscaled sum: outside GRID, and in
@@ -694,10 +694,12 @@ def exact_groups(
         fast = mode == GRID and least_x >= floors[1]
         idempotent = plain or mode == EXACT_ACCUMULATOR
         direct = from_zero and (plain or mode == EXACT_ACCUMULATOR)
-        # An exact accumulator's group whose products float64 sums exactly: one tree, one
-        # step.
-        merged = mode == EXACT_ACCUMULATOR and one_sum_fits(scales_a, scales_b, g, trees, room)
-        steps = 1 if merged else run if idempotent else count
+        # An exact accumulator's group whose products one float64 sum holds exactly: one
+        # tree, one step.
+        steps = run if idempotent else count
+        if room >= 0 and one_sum_fits(scales_a, scales_b, g, trees, room):
+            steps = 1  # (its terms: the positions decoded, to the last tree's summed ones)
+            group_terms[at, 0] = max(0, decoded - trees[0, 0])
         # An exact accumulator whose first tree, formed in ``high``, is its only step keeps
         # ``low`` +0: high + low is high.
         two_part = mode == EXACT_ACCUMULATOR and not (direct and steps == 1)
@@ -771,8 +773,6 @@ def exact_groups(
             # where that step is idempotent (module docstring), else a step each.
             for t in range(steps):
                 first, terms = np.uint64(trees[t, 0]), group_terms[at, t]
-                if merged:  # (the positions decoded: to the last tree's summed ones)
-                    terms = max(0, decoded - trees[0, 0])
                 for i in range(0, rows, 2):  # (an odd last row beside A's row of zeros)
                     _tree_sums(
                         flat_a,
