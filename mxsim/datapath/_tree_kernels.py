@@ -86,14 +86,13 @@ def rne_trees8(a, b, trees, row_steps, column_steps, acc, spare, packed):
 @njit(cache=True, inline="always", fastmath={"contract"})
 def _rne_rows(old0, new0, old1, new1, x, y, packed, zeros, width):
     """new = fp32(RN64(old + S)) for two rows, S the sum over m < 8 of x[m] packed[m, j] (of
-    ``y`` for the second row; both read ``packed`` once per column), in one chain of fused
-    multiply-adds from +0 (``zeros``; exact in any order: the sums fit float64; a chain
-    leaves the adders to the rounding; an exact zero sum is +0, whatever its products'
-    signs); whether any RN64 sum of either row was inexact."""
+    ``y`` for the second row; both read ``packed`` once per column), by :func:`_sum8` from
+    +0 (``zeros``; exact in any order: the sums fit float64; an exact zero sum is +0,
+    whatever its products' signs); whether any RN64 sum of either row was inexact."""
     rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
     bad0 = bad1 = np.int64(0)
     for j in range(width):
-        s, u = _chain8(zeros[j], x, rows, j), _chain8(zeros[j], y, rows, j)
+        s, u = _sum8(zeros[j], x, rows, j), _sum8(zeros[j], y, rows, j)
         o = np.float64(old0[j])
         total0 = o + s
         new0[j] = np.float32(total0)
@@ -112,21 +111,24 @@ def _differ(first, second):
 
 
 @njit(cache=True, inline="always", fastmath={"contract"})
-def _chain8(s, x, rows, j):
-    """s + the sum over m < 8 of x[m] rows[m][j] (``rows`` a tuple of 8 arrays), one chain of
-    fused multiply-adds: exact in any order where the sums fit float64 (a chain leaves the
-    adders to the rounding); from s = +0, an exact zero sum is +0 whatever its products'
-    signs, and so is one from an earlier chain's +0."""
+def _sum8(s, x, rows, j):
+    """s + the sum over m < 8 of x[m] rows[m][j] (``rows`` a tuple of 8 arrays): two chains
+    of fused multiply-adds, the even positions' from s and the odd positions' from their
+    first product, added last (each chain half as long: the next column's sums start
+    sooner). Exact in any order where the sums fit float64 (the adders leave the rounding
+    to the caller). From s = +0 an exact zero sum is +0 whatever its products' signs: the
+    even chain is then +0 (+0 plus products of zero), and +0 plus the odd chain's zero is
+    +0; two opposite nonzero chains sum to +0 under rounding to nearest."""
     b0, b1, b2, b3, b4, b5, b6, b7 = rows
-    s += x[0] * b0[j]
-    s += x[1] * b1[j]
-    s += x[2] * b2[j]
-    s += x[3] * b3[j]
-    s += x[4] * b4[j]
-    s += x[5] * b5[j]
-    s += x[6] * b6[j]
-    s += x[7] * b7[j]
-    return s
+    even = s + x[0] * b0[j]
+    odd = x[1] * b1[j]
+    even += x[2] * b2[j]
+    odd += x[3] * b3[j]
+    even += x[4] * b4[j]
+    odd += x[5] * b5[j]
+    even += x[6] * b6[j]
+    odd += x[7] * b7[j]
+    return even + odd
 
 
 @njit(cache=True)
@@ -222,16 +224,15 @@ def grid_trees8(a, b, trees, row_steps, column_steps, limits, choices, acc, spar
 @njit(cache=True, inline="always", fastmath={"contract"})
 def _grid_rows(old0, new0, old1, new1, x, y, packed, width, high0, high1, rounding):
     """new = ``_round_bits``(RN64(old + S)) in float64 for two rows, S the sum over m < 8 of x[m]
-    packed[m, j] (of ``y`` for the second row; both read ``packed`` once per column), in
-    one chain of fused multiply-adds (exact in any order: the sums fit float64; a chain
-    leaves the adders to the rounding); whether either row had a sum t with t - S != old
-    or |t| at least its ``high``."""
+    packed[m, j] (of ``y`` for the second row; both read ``packed`` once per column), by
+    :func:`_sum8` (exact in any order: the sums fit float64); whether either row had a sum
+    t with t - S != old or |t| at least its ``high``."""
     mask, add_positive, add_negative = rounding
     rows = packed[0], packed[1], packed[2], packed[3], packed[4], packed[5], packed[6], packed[7]
     magnitude = np.int64(0x7FFFFFFFFFFFFFFF)  # the bits of |t|, ordered as |t| is
     differ0 = differ1 = top0 = top1 = np.int64(0)
     for j in range(width):
-        s, u = _chain8(0.0, x, rows, j), _chain8(0.0, y, rows, j)
+        s, u = _sum8(0.0, x, rows, j), _sum8(0.0, y, rows, j)
         o = old0[j]
         total0 = o + s
         new0[j] = _round_bits64(total0, mask, add_positive, add_negative)
