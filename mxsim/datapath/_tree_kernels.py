@@ -504,9 +504,12 @@ def _rounded_pass_fp32(out, fresh, x, xs, packed, step, high, sides) -> bool:
         xs[m] = x[m] * step
     missed = False
     for j in range(width):
-        s = xs[0] * packed[0, j]  # a chain of fused multiply-adds: exact in any order
-        for m in range(1, 16):
-            s += xs[m] * packed[m, j]
+        # two chains of fused multiply-adds (even and odd positions): exact in any order
+        even, odd = xs[0] * packed[0, j], xs[1] * packed[1, j]
+        for m in range(2, 16, 2):
+            even += xs[m] * packed[m, j]
+            odd += xs[m + 1] * packed[m + 1, j]
+        s = even + odd
         old = out[j]
         total = old + s
         back = total - old  # TwoSum: total + error == old + s exactly
