@@ -867,6 +867,72 @@ def test_which_units_and_groups_take_the_route():
         assert not window_groups_apply(params, 14, 14, 32)
 
 
+def test_which_units_and_gemms_take_the_tiled_route():
+    """``exact_tiles_apply``: units rounding each tree of 32 float64 sums (ocp-exact on FP8
+    E4M3), GEMMs of at least 128 rows and columns and a tile's decoded operands within
+    ``GROUPS_DECODED``; an exact accumulator (kulisch), a grid (mxdotp), float32 sums
+    (FP4) and window units keep their routes."""
+    params = hw("ocp-exact").params("fp8_e4m3", "fp8_e4m3")
+    assert batch_module.EXACT_TILE == 128
+    assert batch_module.exact_tiles_apply(params, 128, 128, 64)
+    assert batch_module.exact_tiles_apply(params, 4096, 1024, GROUPS_DECODED // 256)
+    assert not batch_module.exact_tiles_apply(params, 4096, 1024, GROUPS_DECODED // 256 + 32)
+    assert not batch_module.exact_tiles_apply(params, 127, 1024, 1024)
+    assert not batch_module.exact_tiles_apply(params, 1024, 127, 1024)
+    for name, fmt_name in [
+        ("kulisch", "fp8_e4m3"),
+        ("mxdotp", "fp8_e4m3"),
+        ("mxdotp-paper", "fp8_e4m3"),
+        ("ocp-exact", "fp4_e2m1"),
+        ("bfp-exact", "mx9"),
+        ("h100-fp8", "fp8_e4m3"),
+    ]:
+        other = hw(name).params(fmt_name, fmt_name)
+        assert not batch_module.exact_tiles_apply(other, 1024, 1024, 1024), name
+
+
+@pytest.mark.parametrize("shape", [(2, 130, 70, 260), (1, 300, 200, 130), (1, 128, 40, 128)])
+@pytest.mark.parametrize("corners", [0.0, 0.05])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_tiled_route_equals_the_blas_route_and_the_kernel(monkeypatch, shape, corners, with_c):
+    """GEMMs of at least 128 rows and columns through ocp-exact take the tiled route (its
+    calls recorded): bits of the BLAS route (the tiled route turned off), of the generic
+    kernel on the outputs it flags (specials, NaN scales, bad c: checked against
+    ``special_outputs``) and of the Fraction twin. N = 130 and 260 leave a last tile of 2
+    and 4 columns (padded), and 130 a run of one tile beside it, whose per-output c is a
+    (1, rows, 128) array; M = 130 and 300 a last panel of 2 and 44 rows; progress is
+    reported after each panel, up to every row."""
+    config = hw("ocp-exact")
+    rng = np.random.default_rng(sum(shape))
+    a, b = operands(rng, "fp8_e4m3", 32, shape, corners)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
+    calls, flagged, reports = [], [], []
+    tiled, recompute = api.exact_tiles_matmul, api._recompute
+
+    def recording(*arguments):
+        calls.append(True)
+        return tiled(*arguments)
+
+    def recording_recompute(g, m, n, *rest):
+        flagged.append(np.stack([g, m, n]))
+        recompute(g, m, n, *rest)
+
+    monkeypatch.setattr(api, "exact_tiles_matmul", recording)
+    monkeypatch.setattr(api, "_recompute", recording_recompute)
+    bits = matmul_batched(config, a, b, c=c, progress=lambda *done: reports.append(done)).bits
+    assert calls == [True]
+    marked = np.zeros(bits.shape, dtype=bool)
+    for g, m, n in flagged:
+        marked[g, m, n] = True
+    np.testing.assert_array_equal(marked, special_outputs(a, b, c))
+    total = shape[0] * shape[1]
+    assert reports[-1] == (total, total) and len(reports) == shape[0] * -(-shape[1] // 128)
+    assert all(x[0] < y[0] for x, y in zip(reports, reports[1:]))
+    monkeypatch.setattr(api, "exact_tiles_apply", lambda *arguments: False)
+    np.testing.assert_array_equal(bits, matmul_batched(config, a, b, c=c).bits)
+    check_twin(config, a, b, c, matmul_batched(config, a, b, c=c), np.random.default_rng(7))
+
+
 @pytest.mark.parametrize("name", ["mi300"])
 def test_units_outside_the_routes_keep_their_bits_in_small_batches(name):
     """A unit of neither route (the generic kernel): the batch still equals the generic

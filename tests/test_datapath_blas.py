@@ -51,6 +51,7 @@ from mxsim.datapath._tree_kernels import (
     grid_trees16,
     rne_trees8,
 )
+from mxsim.datapath import api as api_module
 from mxsim.datapath import batch as batch_module
 from mxsim.datapath import blas as blas_module
 
@@ -2087,6 +2088,7 @@ def test_attention_head_batches_equal_the_kernel(monkeypatch, unit, shape):
     import mxsim.datapath.blas as blas
 
     monkeypatch.setattr(batch_module, "SMALL_GROUP_OUTPUTS", 0)
+    monkeypatch.setattr(api_module, "exact_tiles_apply", lambda *arguments: False)
     routed = []
     passes = blas.batch_passes
     monkeypatch.setattr(blas, "batch_passes", lambda *a: routed.append(1) or passes(*a))

@@ -506,8 +506,8 @@ def exact_groups(
     uint32), 1 into ``flags_out`` (G, M, N) where the generic kernel must recompute;
     returns how many it flagged. ``codes_a`` (G, M, K) and ``codes_b`` (G, N, K) of any
     unsigned dtype, ``scales_a``/``scales_b`` (G, rows, blocks) scale exponents
-    (``SCALE_NAN``: NaN), ``c_values`` (G, M, N) fp32 or (1, 1, 1), ``table_a``/``table_b``
-    the element tables (float64; NaN/±Inf for special codes), ``trees`` (T, 3) first
+    (``SCALE_NAN``: NaN), ``c_values`` (G, M, N) fp32 or (1, 1, 1) (one c: any array of
+    one element), ``table_a``/``table_b`` the element tables (float64; NaN/±Inf for special codes), ``trees`` (T, 3) first
     position, last position and scale block of each tree in order (``batch.exact_trees``; a
     tree may reach past K: the padding is zeros), ``mode`` one of :data:`ROUND_EACH_TREE`,
     :data:`GRID`, :data:`EXACT_ACCUMULATOR`; for GRID, ``floors`` (int64: the X from which
@@ -601,7 +601,7 @@ def exact_groups(
     nearest_even = not (directed or large_positive or large_negative)
     mask, add_positive, add_negative = _bits_rounding(directed, large_positive, large_negative)
     keep_factor = power_of_two(max_left - fraction_bits + 24)
-    one_c = c_values.shape[0] == 1
+    one_c = c_values.size == 1  # (one c; or one output, with its own: the same)
     c_first = np.float64(c_values[0, 0, 0]) if one_c else 0.0  # (the padding's c: 0)
     # One c for every output (c=None: +0) is checked once, not per output.
     bad_first = not math.isfinite(c_first) or (c_first == 0.0 and math.copysign(1.0, c_first) < 0)

@@ -21,6 +21,8 @@ from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import scale_exponents_of_codes
 from . import _kernels as K
 from .batch import (
+    exact_tiles_apply,
+    exact_tiles_matmul,
     small_groups_apply,
     small_groups_matmul,
     window_groups_apply,
@@ -1044,6 +1046,11 @@ def _gemm_routes(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
     operands = (codes_a, codes_b, exponents_a, exponents_b, c_values)
+    if method == "auto" and exact_tiles_apply(params, rows, codes_b.shape[1], codes_a.shape[2]):
+        g, m, n = exact_tiles_matmul(params, kernel_args, *operands, out, progress)
+        if m.size:  # specials, NaN scales, bad c: the generic kernel
+            _recompute(g, m, n, *operands, kernel_args, out)
+        return out
     route = (
         blas_route(params, kernel_args, *operands, memo, defer_fold=True)
         if method == "auto"

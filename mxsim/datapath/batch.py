@@ -113,6 +113,13 @@ GROUPS_DECODED = DECODED_VALUES
 #: ``exact_groups``' floor of X for units without one: above every scale exponent sum.
 NO_FLOOR = 1 << 20
 _NONE_FLAGGED = tuple(np.empty(0, dtype=np.intp) for _ in range(3))
+#: Rows and columns of a tile of :func:`exact_tiles_matmul` (a group of ``exact_groups``):
+#: per pass of columns the kernel reads the tile's rows of A from L2, and 128 rows spread
+#: each pass's setup over enough of them.
+EXACT_TILE = 128
+#: Columns of the tiles of one ``exact_groups`` call of :func:`exact_tiles_matmul` at most:
+#: A's panel is copied to each of the call's tiles (8 MiB of codes at K = 8192).
+EXACT_RUN = 8 * EXACT_TILE
 #: Products per group (K x M x N) up to which a batch of window units takes the small-groups
 #: route, and elements of its tile of B (K x N, N padded to whole blocks of 16 lanes): per
 #: thread the kernel holds a group's decoded rows and tile (5 bytes an element) and about 35
@@ -283,6 +290,102 @@ def _exact_groups(
     )
     flagged = run_groups(B.exact_groups, arguments, groups, serial)
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
+
+
+def exact_tiles_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
+    """Whether GEMMs of ``rows`` x ``columns`` outputs of ``length`` terms through this unit
+    take :func:`exact_tiles_matmul`: units whose every tree is rounded into the accumulator
+    (no grid, no exact accumulator) and whose trees are :data:`WIDE_TREE_TERMS` or more
+    float64 sums of one scale block (:func:`_wide_tree_unit`: ocp-exact on FP8), at least
+    :data:`EXACT_TILE` rows and columns, and K short enough for a tile's decoded operands
+    (:data:`GROUPS_DECODED`). There ``_batch_kernels.exact_groups``' sums in registers
+    outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums."""
+    return (
+        min(rows, columns) >= EXACT_TILE
+        and 2 * EXACT_TILE * length <= GROUPS_DECODED
+        and _exact_unit(params)
+        and _wide_tree_unit(params)
+        and _exact_plan(params, length)[1] == B.ROUND_EACH_TREE
+        and subnormals_work()
+    )
+
+
+def exact_tiles_matmul(
+    params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out, progress=None
+):
+    """Fill ``out`` (G, M, N) with the outputs of the GEMMs A[g] times B[g] (given as (N,
+    K)) by ``_batch_kernels.exact_groups``, each GEMM's output cut into tiles of
+    :data:`EXACT_TILE` x :data:`EXACT_TILE`: per panel of EXACT_TILE rows and run of up to
+    :data:`EXACT_RUN` columns, one batch whose groups are the tiles (A's
+    panel copied to each, B's columns read in place, a last partial tile padded with code
+    0, whose outputs are dropped). Operands as :func:`small_groups_matmul` takes them;
+    returns the (group, row, column) index arrays of the outputs the generic kernel must
+    compute. ``progress(rows_done, rows_total)`` after each panel. Exact as the batches
+    are: every output is its own dot product."""
+    groups, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
+    whole = columns // EXACT_TILE * EXACT_TILE  # columns of whole tiles, read in place
+    one_c = c_values.shape == (1, 1, 1)
+    found = []
+    for g in range(groups):
+        runs = [  # (first column, codes and scales of B's tiles of the run)
+            (
+                c0,
+                _tiles(codes_b[g, c0 : min(c0 + EXACT_RUN, whole)]),
+                _tiles(scales_b[g, c0 : min(c0 + EXACT_RUN, whole)]),
+            )
+            for c0 in range(0, whole, EXACT_RUN)
+        ]
+        if whole < columns:  # the last tile, padded
+            runs.append((whole, *(_padded_tile(x[g, whole:]) for x in (codes_b, scales_b))))
+        for r0 in range(0, rows, EXACT_TILE):
+            r1 = min(r0 + EXACT_TILE, rows)
+            for c0, tile_codes, tile_scales in runs:
+                tiles = tile_codes.shape[0]
+                c1 = min(c0 + tiles * EXACT_TILE, columns)
+                panel = (tiles, r1 - r0)
+                # (copies, writable: a read-only array would be another compilation)
+                codes = np.broadcast_to(codes_a[g, r0:r1], (*panel, length)).copy()
+                scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
+                c_tiles = c_values
+                if not one_c:
+                    c_panel = np.zeros((r1 - r0, tiles * EXACT_TILE), dtype=c_values.dtype)
+                    c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
+                    c_tiles = c_panel.reshape(r1 - r0, tiles, EXACT_TILE).transpose(1, 0, 2)
+                out_tiles = np.empty((*panel, EXACT_TILE), dtype=out.dtype)
+                t, m, n = _exact_groups(
+                    params,
+                    kernel_args,
+                    codes,
+                    tile_codes,
+                    scales,
+                    tile_scales,
+                    np.ascontiguousarray(c_tiles),
+                    out_tiles,
+                    False,
+                )
+                by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * EXACT_TILE)
+                out[g, r0:r1, c0:c1] = by_rows[:, : c1 - c0]
+                column = c0 + t * EXACT_TILE + n
+                kept = column < columns
+                found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
+            if progress is not None:
+                progress(g * rows + r1, groups * rows)
+    if not found:
+        return _NONE_FLAGGED
+    return tuple(np.concatenate([part[axis] for part in found]) for axis in range(3))
+
+
+def _tiles(rows: np.ndarray) -> np.ndarray:
+    """(tiles, EXACT_TILE, ...) view of whole tiles' rows (C-contiguous as ``rows`` is)."""
+    return rows.reshape(-1, EXACT_TILE, *rows.shape[1:])
+
+
+def _padded_tile(rows: np.ndarray) -> np.ndarray:
+    """(1, EXACT_TILE, ...) copy of fewer rows, padded with zeros."""
+    tile = np.zeros((1, EXACT_TILE, *rows.shape[1:]), dtype=rows.dtype)
+    tile[0, : rows.shape[0]] = rows
+    return tile
 
 
 #: float32 2^x at index x + 127 for the E8M0 exponents x in [-127, 127] (2^-127 subnormal).
