@@ -507,9 +507,10 @@ def exact_groups(
     returns how many it flagged. ``codes_a`` (G, M, K) and ``codes_b`` (G, N, K) of any
     unsigned dtype, ``scales_a``/``scales_b`` (G, rows, blocks) scale exponents
     (``SCALE_NAN``: NaN), ``c_values`` (G, M, N) fp32 or (1, 1, 1) (one c: any array of
-    one element), ``table_a``/``table_b`` the element tables (float64; NaN/±Inf for special codes), ``trees`` (T, 3) first
-    position, last position and scale block of each tree in order (``batch.exact_trees``; a
-    tree may reach past K: the padding is zeros), ``mode`` one of :data:`ROUND_EACH_TREE`,
+    one element), ``table_a``/``table_b`` the element tables (float64; NaN/±Inf for
+    special codes), ``trees`` (T, 3) first position, last position and scale block of each
+    tree in order (``batch.exact_trees``; a tree may reach past K: the padding is zeros),
+    ``mode`` one of :data:`ROUND_EACH_TREE`,
     :data:`GRID`, :data:`EXACT_ACCUMULATOR`; for GRID, ``floors`` (int64: the X from which
     each tree rounds as ``ROUND_EACH_TREE``, ``blas.grid_nearest_even_floor``, and from
     which the rules reduce to the keep rule, ``blas.grid_floor``; a value above every X

@@ -15,8 +15,9 @@ computed, so their sums are the only non-finite ones), with NaN scales or a c th
 non-finite or -0 are flagged for the generic kernel, as are an exact accumulator's sums
 wider than two float64s. An exact accumulator's group whose products, by its scales'
 spread, one float64 sum holds exactly (``_batch_kernels.one_sum_fits``, the bound by which
-the BLAS route sums ranges of blocks in one GEMM) is summed as one tree over all of K, one step. Trees of several scale blocks (bfp-exact: 16 products over
-sub-blocks of 2) are folded first, as the BLAS route folds them: each tree's blocks onto
+the BLAS route sums ranges of blocks in one GEMM) is summed as one tree over all of K, one
+step. Trees of several scale blocks (bfp-exact: 16 products over sub-blocks of 2) are
+folded first, as the BLAS route folds them: each tree's blocks onto
 its least scale, each code raised to index a table of the element values times 2^(its
 block's rise), all in one pass over the codes (``_batch_kernels.fold_group_codes``;
 ``fold_block_pairs`` for whole trees of 8 blocks of 2 over uint16 codes); rows
@@ -49,6 +50,11 @@ Both take batches of several groups of at most :data:`SMALL_GROUP_OUTPUTS` and
 :func:`small_groups_apply`, :func:`window_groups_apply`), and groups whose operands (exact
 units) or products (window units, :data:`WINDOW_GROUP_VALUES`) are few (``datapath.api`` asks for
 batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
+
+Large GEMMs of units whose trees are 32 float64 sums rounded into the accumulator one by one
+(ocp-exact on FP8 E4M3; :func:`exact_tiles_apply`) take the exact kernel too, as batches of
+output tiles of :data:`EXACT_TILE` x EXACT_TILE (:func:`exact_tiles_matmul`): its tree sums
+in registers outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums.
 """
 
 from __future__ import annotations
