@@ -891,21 +891,40 @@ def test_which_units_and_gemms_take_the_tiled_route():
         assert not batch_module.exact_tiles_apply(other, 1024, 1024, 1024), name
 
 
-@pytest.mark.parametrize("shape", [(2, 130, 70, 260), (1, 300, 200, 130), (1, 128, 40, 128)])
+@pytest.mark.parametrize(
+    "shape", [(2, 130, 70, 260), (1, 300, 200, 130), (1, 128, 40, 128), (1, 129, 64, 600)]
+)
 @pytest.mark.parametrize("corners", [0.0, 0.05])
 @pytest.mark.parametrize("with_c", [False, True])
-def test_tiled_route_equals_the_blas_route_and_the_kernel(monkeypatch, shape, corners, with_c):
+@pytest.mark.parametrize("wide", [True, False])
+def test_tiled_route_equals_the_blas_route_and_the_kernel(
+    monkeypatch, shape, corners, with_c, wide
+):
     """GEMMs of at least 128 rows and columns through ocp-exact take the tiled route (its
     calls recorded): bits of the BLAS route (the tiled route turned off), of the generic
     kernel on the outputs it flags (specials, NaN scales, bad c: checked against
-    ``special_outputs``) and of the Fraction twin. N = 130 and 260 leave a last tile of 2
-    and 4 columns (padded), and 130 a run of one tile beside it, whose per-output c is a
-    (1, rows, 128) array; M = 130 and 300 a last panel of 2 and 44 rows; progress is
-    reported after each panel, up to every row."""
+    ``special_outputs``) and of the Fraction twin. Tiles of 256 columns, or of 128 where K
+    is too long for them (``GROUPS_DECODED`` lowered to just below a wide tile's need): N =
+    130, 260 and 600 leave last tiles of 2, 4 and 88 (or 2, 4, 88) columns, padded to 128
+    or 256, and runs of one tile beside them, whose per-output c is a (1, rows, width)
+    array; M = 129, 130 and 300 last panels of 1, 2 and 44 rows; progress is reported after
+    each panel, up to every row."""
     config = hw("ocp-exact")
     rng = np.random.default_rng(sum(shape))
     a, b = operands(rng, "fp8_e4m3", 32, shape, corners)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), corners > 0) if with_c else None
+    padded = -(-shape[2] // 32) * 32
+    if not wide:
+        narrow = (batch_module.EXACT_TILE + batch_module.EXACT_WIDE_TILE) * padded - 1
+        monkeypatch.setattr(batch_module, "GROUPS_DECODED", narrow)
+    widths = []
+    exact_groups = batch_module._exact_groups
+
+    def recording_widths(params, kernel_args, codes_a, codes_b, *rest):
+        widths.append(codes_b.shape[1])
+        return exact_groups(params, kernel_args, codes_a, codes_b, *rest)
+
+    monkeypatch.setattr(batch_module, "_exact_groups", recording_widths)
     calls, flagged, reports = [], [], []
     tiled, recompute = api.exact_tiles_matmul, api._recompute
 
@@ -927,6 +946,9 @@ def test_tiled_route_equals_the_blas_route_and_the_kernel(monkeypatch, shape, co
     np.testing.assert_array_equal(marked, special_outputs(a, b, c))
     total = shape[0] * shape[1]
     assert reports[-1] == (total, total) and len(reports) == shape[0] * -(-shape[1] // 128)
+    width = 256 if wide else 128
+    whole, rest = shape[3] // width, -(-(shape[3] % width) // 128) * 128
+    assert set(widths) == ({width} if whole else set()) | ({rest} if rest else set())
     assert all(x[0] < y[0] for x, y in zip(reports, reports[1:]))
     monkeypatch.setattr(api, "exact_tiles_apply", lambda *arguments: False)
     np.testing.assert_array_equal(bits, matmul_batched(config, a, b, c=c).bits)

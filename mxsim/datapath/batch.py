@@ -53,7 +53,7 @@ batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 
 Large GEMMs of units whose trees are 32 float64 sums rounded into the accumulator one by one
 (ocp-exact on FP8 E4M3; :func:`exact_tiles_apply`) take the exact kernel too, as batches of
-output tiles of :data:`EXACT_TILE` x EXACT_TILE (:func:`exact_tiles_matmul`): its tree sums
+output tiles of :data:`EXACT_TILE` rows (:func:`exact_tiles_matmul`): its tree sums
 in registers outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums.
 """
 
@@ -123,8 +123,12 @@ _NONE_FLAGGED = tuple(np.empty(0, dtype=np.intp) for _ in range(3))
 #: per pass of columns the kernel reads the tile's rows of A from L2, and 128 rows spread
 #: each pass's setup over enough of them.
 EXACT_TILE = 128
+#: Columns of a tile of :func:`exact_tiles_matmul` where K allows (its decoded A and B within
+#: :data:`GROUPS_DECODED`): each decoded row of A then serves twice the columns.
+EXACT_WIDE_TILE = 256
 #: Columns of the tiles of one ``exact_groups`` call of :func:`exact_tiles_matmul` at most:
-#: A's panel is copied to each of the call's tiles (8 MiB of codes at K = 8192).
+#: A's panel is copied to each of the call's tiles (8 MiB of codes at K = 8192, whose tiles
+#: are EXACT_TILE wide).
 EXACT_RUN = 8 * EXACT_TILE
 #: Products per group (K x M x N) up to which a batch of window units takes the small-groups
 #: route, and elements of its tile of B (K x N, N padded to whole blocks of 16 lanes): per
@@ -321,44 +325,49 @@ def exact_tiles_matmul(
 ):
     """Fill ``out`` (G, M, N) with the outputs of the GEMMs A[g] times B[g] (given as (N,
     K)) by ``_batch_kernels.exact_groups``, each GEMM's output cut into tiles of
-    :data:`EXACT_TILE` x :data:`EXACT_TILE`: per panel of EXACT_TILE rows and run of up to
-    :data:`EXACT_RUN` columns, one batch whose groups are the tiles (A's
-    panel copied to each, B's columns read in place, a last partial tile padded with code
-    0, whose outputs are dropped). Operands as :func:`small_groups_matmul` takes them;
-    returns the (group, row, column) index arrays of the outputs the generic kernel must
-    compute. ``progress(rows_done, rows_total)`` after each panel. Exact as the batches
-    are: every output is its own dot product."""
+    :data:`EXACT_TILE` rows and :data:`EXACT_WIDE_TILE` columns (EXACT_TILE where K is too
+    long for a tile's decoded operands to stay within :data:`GROUPS_DECODED`): per panel of
+    EXACT_TILE rows and run of up to :data:`EXACT_RUN` columns, one batch whose groups are
+    the tiles (A's panel copied to each, B's columns read in place; the last columns in a
+    tile of theirs, padded with code 0 to a multiple of EXACT_TILE, whose outputs are
+    dropped). Operands as :func:`small_groups_matmul` takes them; returns the (group, row,
+    column) index arrays of the outputs the generic kernel must compute.
+    ``progress(rows_done, rows_total)`` after each panel. Exact as the batches are: every
+    output is its own dot product."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
-    whole = columns // EXACT_TILE * EXACT_TILE  # columns of whole tiles, read in place
+    wide = (EXACT_TILE + EXACT_WIDE_TILE) * length <= GROUPS_DECODED
+    width = EXACT_WIDE_TILE if wide else EXACT_TILE
+    whole = columns // width * width  # columns of whole tiles, read in place
+    rest = -(-(columns - whole) // EXACT_TILE) * EXACT_TILE  # the last tile's, padded
     one_c = c_values.shape == (1, 1, 1)
     found = []
     for g in range(groups):
         runs = [  # (first column, codes and scales of B's tiles of the run)
             (
                 c0,
-                _tiles(codes_b[g, c0 : min(c0 + EXACT_RUN, whole)]),
-                _tiles(scales_b[g, c0 : min(c0 + EXACT_RUN, whole)]),
+                _tiles(codes_b[g, c0 : min(c0 + EXACT_RUN, whole)], width),
+                _tiles(scales_b[g, c0 : min(c0 + EXACT_RUN, whole)], width),
             )
             for c0 in range(0, whole, EXACT_RUN)
         ]
-        if whole < columns:  # the last tile, padded
-            runs.append((whole, *(_padded_tile(x[g, whole:]) for x in (codes_b, scales_b))))
+        if rest:
+            runs.append((whole, *(_padded_tile(x[g, whole:], rest) for x in (codes_b, scales_b))))
         for r0 in range(0, rows, EXACT_TILE):
             r1 = min(r0 + EXACT_TILE, rows)
             for c0, tile_codes, tile_scales in runs:
-                tiles = tile_codes.shape[0]
-                c1 = min(c0 + tiles * EXACT_TILE, columns)
+                tiles, tile = tile_codes.shape[:2]
+                c1 = min(c0 + tiles * tile, columns)
                 panel = (tiles, r1 - r0)
                 # (copies, writable: a read-only array would be another compilation)
                 codes = np.broadcast_to(codes_a[g, r0:r1], (*panel, length)).copy()
                 scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
                 c_tiles = c_values
                 if not one_c:
-                    c_panel = np.zeros((r1 - r0, tiles * EXACT_TILE), dtype=c_values.dtype)
+                    c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
                     c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
-                    c_tiles = c_panel.reshape(r1 - r0, tiles, EXACT_TILE).transpose(1, 0, 2)
-                out_tiles = np.empty((*panel, EXACT_TILE), dtype=out.dtype)
+                    c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
+                out_tiles = np.empty((*panel, tile), dtype=out.dtype)
                 t, m, n = _exact_groups(
                     params,
                     kernel_args,
@@ -370,9 +379,9 @@ def exact_tiles_matmul(
                     out_tiles,
                     False,
                 )
-                by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * EXACT_TILE)
+                by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * tile)
                 out[g, r0:r1, c0:c1] = by_rows[:, : c1 - c0]
-                column = c0 + t * EXACT_TILE + n
+                column = c0 + t * tile + n
                 kept = column < columns
                 found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
             if progress is not None:
@@ -382,14 +391,14 @@ def exact_tiles_matmul(
     return tuple(np.concatenate([part[axis] for part in found]) for axis in range(3))
 
 
-def _tiles(rows: np.ndarray) -> np.ndarray:
-    """(tiles, EXACT_TILE, ...) view of whole tiles' rows (C-contiguous as ``rows`` is)."""
-    return rows.reshape(-1, EXACT_TILE, *rows.shape[1:])
+def _tiles(rows: np.ndarray, width: int) -> np.ndarray:
+    """(tiles, width, ...) view of whole tiles' rows (C-contiguous as ``rows`` is)."""
+    return rows.reshape(-1, width, *rows.shape[1:])
 
 
-def _padded_tile(rows: np.ndarray) -> np.ndarray:
-    """(1, EXACT_TILE, ...) copy of fewer rows, padded with zeros."""
-    tile = np.zeros((1, EXACT_TILE, *rows.shape[1:]), dtype=rows.dtype)
+def _padded_tile(rows: np.ndarray, width: int) -> np.ndarray:
+    """(1, width, ...) copy of fewer rows, padded with zeros."""
+    tile = np.zeros((1, width, *rows.shape[1:]), dtype=rows.dtype)
     tile[0, : rows.shape[0]] = rows
     return tile
 
