@@ -80,15 +80,11 @@ def route(hw, a, b) -> str:
     _, _, kernel_args = _kernel_arguments(params)
     scales_a, scales_b = _scales_for_unit(a.scales, params), _scales_for_unit(b.scales, params)
     codes_a, codes_b = a.codes.reshape(a.shape[0], -1), b.codes.reshape(b.shape[1], -1)
-    rows, columns, length = codes_a.shape[0], codes_b.shape[0], codes_a.shape[1]
-    if exact_tiles_apply(params, rows, columns, length) and blas_applies(
-        params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)
-    ):
-        return "exact tiles"
     if blas_applies(
         params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)
     ):
-        return "exact BLAS"
+        rows, columns, length = codes_a.shape[0], codes_b.shape[0], codes_a.shape[1]
+        return "exact tiles" if exact_tiles_apply(params, rows, columns, length) else "exact BLAS"
     if groups_apply(params):
         return "group-sum route"
     return "window kernel" if window_applies(params) else "generic kernel"

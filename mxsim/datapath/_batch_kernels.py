@@ -684,12 +684,8 @@ def exact_groups(
         if mode == GRID:
             for r in range(run_count):
                 block = runs[r, 2]
-                least_row = least_column = np.int64(1 << 20)
-                for i in range(rows):
-                    least_row = min(least_row, np.int64(scales_a[g, i, block]))
-                for j in range(columns):
-                    least_column = min(least_column, np.int64(scales_b[g, j, block]))
-                least_x = min(least_x, least_row + least_column)
+                least_row = _exponent_span(scales_a, g, block)[0]
+                least_x = min(least_x, least_row + _exponent_span(scales_b, g, block)[0])
         plain = mode == ROUND_EACH_TREE or (mode == GRID and least_x >= floors[0])
         unfolded = mode == GRID and not plain
         fast = mode == GRID and least_x >= floors[1]
@@ -708,7 +704,8 @@ def exact_groups(
         # A and B decoded run by run (a run: consecutive trees of one scale block), each
         # row's and column's positions of a run times its factor 2^X there (1 for a NaN
         # scale, whose outputs are flagged; 1 in GRID's groups that do not step as
-        # ROUND_EACH_TREE, whose steps scale the sums), its flag set on the way. (Unsigned offsets: no wraparound arithmetic per element.)
+        # ROUND_EACH_TREE, whose steps scale the sums), its flag set on the way. (Unsigned
+        # offsets: no wraparound arithmetic per element.)
         for r in range(run_count):
             first, block = np.uint64(runs[r, 0]), runs[r, 2]
             terms = max(0, min(runs[r, 1], decoded) - runs[r, 0])
@@ -924,12 +921,12 @@ def one_sum_fits(scales_a, scales_b, g, trees, room):
 
 @njit(cache=True, inline="always")
 def _exponent_span(scales, g, block):
-    """(least, largest) of scales[g, :, block] as int64 (0, 0 for no rows)."""
-    low = high = np.int64(0)
+    """(least, largest) of scales[g, :, block] as int64 (2^20 and -2^20 for no rows: above
+    and below every exponent)."""
+    low, high = np.int64(1 << 20), np.int64(-(1 << 20))
     for i in range(scales.shape[1]):
         x = np.int64(scales[g, i, block])
-        low = x if i == 0 else min(low, x)
-        high = x if i == 0 else max(high, x)
+        low, high = min(low, x), max(high, x)
     return low, high
 
 
