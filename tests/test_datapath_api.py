@@ -877,6 +877,50 @@ def test_promotion_interval_recovers_precision_lost_by_hopper():
     assert one_dot(hw("h100-fp8-promoted"), values, ones, fmt="fp8_e4m3")[0] == 257.0
 
 
+# Two products of 448 x 448 = 401408 overflow an fp16 accumulator (max 65504).
+BIG = [448.0, 448.0]
+
+
+@pytest.mark.parametrize(
+    "sign, c, expected",
+    [
+        (-1.0, math.inf, math.nan),  # the first tree's -Inf meets c = +Inf at the end
+        (-1.0, -math.inf, -math.inf),
+        (-1.0, 1.0, -math.inf),
+        (1.0, math.nan, math.nan),
+    ],
+)
+def test_c_added_at_the_end_meets_the_accumulators_overflow_by_an_ieee_add(sign, c, expected):
+    # The H200's FP8 mma.sync with fp16 output: fp16 trees from zero, then c by an fp16 add
+    # (HADD2), which gives NaN for -Inf + Inf, as the GPU does.
+    params = hw("h200").params("fp8_e4m3", "fp8_e4m3", "fp16")
+    assert params.c_entry == "end"
+    a = [sign * x for x in BIG] + [0.0] * 30
+    assert same_float(dot_values(params, a, BIG + [0.0] * 30, c=c), expected)
+
+
+@pytest.mark.parametrize(
+    "first, second, c, expected",
+    [
+        (1.0, -1.0, 0.0, math.nan),  # +Inf from the first interval, -Inf from the second
+        (1.0, 1.0, 0.0, math.inf),
+        (1.0, 0.0, -math.inf, math.nan),  # c starts the outer accumulator at -Inf
+        (1.0, 0.0, math.inf, math.inf),
+        (0.0, -1.0, 5.0, -math.inf),
+    ],
+)
+def test_promotion_adds_each_intervals_overflow_into_the_outer_accumulator(
+    first, second, c, expected
+):
+    # An fp16 accumulator promoted every 32 products into the fp32 outer accumulator: each
+    # interval's overflow enters the outer register as an IEEE add would take it.
+    params = windowed(accumulator_format="fp16", promotion_interval=32)
+    zeros = [0.0] * 30
+    a = [first * x for x in BIG] + zeros + [second * x for x in BIG] + zeros
+    b = (BIG + zeros) * 2
+    assert same_float(dot_values(params, a, b, c=c), expected)
+
+
 # --- each adder key on hand-worked examples ------------------------------------------------------
 
 

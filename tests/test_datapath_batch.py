@@ -1339,6 +1339,17 @@ def test_window_groups_equal_the_kernel_for_every_shipped_window_config(
         check_twin(config, a, b, c, got, rng, count=2)
 
 
+@pytest.mark.parametrize("name", ["h200-cublaslt-fp8", "h100-fp8-promoted"])
+def test_window_groups_promote_every_interval(monkeypatch, name):
+    """K = 300: promotions after 128 and 256 products and a last add of the partial interval."""
+    config = hw(name)
+    rng = np.random.default_rng(300)
+    a, b = mixed_operands(rng, config, "fp8_e4m3", "fp8_e5m2", (3, 5, 300, 19), corners=0.01)
+    c = accumulator_inputs(rng, (3, 5, 19), corners=True)
+    got = run_window_groups(monkeypatch, config, a, b, c)
+    check_twin(config, a, b, c, got, rng, count=4)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     unit=st.sampled_from(WINDOW_UNITS),

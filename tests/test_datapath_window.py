@@ -28,6 +28,7 @@ from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import (
     _format_tables,
     _window_config,
+    in_tree_order,
     non_finite_codes,
     window_applies,
     window_dot,
@@ -57,7 +58,18 @@ def h100(**changes) -> DatapathParams:
 # --- which units take the route --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["h100-fp8", "b200-fp8", "ada-fp8", "h200-fp8"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "h100-fp8",
+        "b200-fp8",
+        "ada-fp8",
+        "h200-cublaslt-fp8-fast",
+        "h200-cublaslt-fp8",
+        "h100-fp8-promoted",
+        "h200-fp8",  # fp16 HMMA trees in k mod 4 order, promoted after each instruction
+    ],
+)
 @pytest.mark.parametrize(
     "formats", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2"), ("fp8_e4m3", "fp8_e5m2")]
 )
@@ -75,7 +87,13 @@ def test_block_scaled_units_with_a_zero_term_exponent_take_the_route(name, forma
 
 
 @pytest.mark.parametrize(
-    "name", ["ocp-exact", "kulisch", "mxdotp-paper", "bfp-exact", "h100-fp8-promoted"]
+    "name",
+    [
+        "ocp-exact",
+        "kulisch",
+        "mxdotp-paper",
+        "bfp-exact",
+    ],
 )
 def test_other_units_do_not(name):
     config = unit(name)
@@ -85,7 +103,7 @@ def test_other_units_do_not(name):
 @pytest.mark.parametrize(
     "changes",
     [
-        {"term_order": tuple(range(32))},  # the fp16 paths' reordered trees
+        {"term_order": tuple(range(24))},  # runs that would cross scale blocks
         {"below_window": "floor"},
         {"below_window": "nearest_even"},
         {"below_window": "sticky"},
@@ -94,7 +112,7 @@ def test_other_units_do_not(name):
         {"align_reference": "leading_bit"},
         {"align_fraction_bits": None, "sum_significant_bits": None},
         {"align_fraction_bits": 30},  # truncated terms would not fit an int32
-        {"promotion_interval": 128},
+        {"promotion_interval": 128, "accumulator_format": "fp16"},  # fp32 adds only
         {"c_entry": "end"},
         {"sum_rounding": "stochastic"},
         {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
@@ -318,6 +336,62 @@ def test_float32_addition_equals_generic_kernel_and_fraction_twin(
 
 
 @st.composite
+def promoting_params(draw) -> DatapathParams:
+    """Units of the family whose fp32 accumulator is promoted every n products into an outer
+    fp32 accumulator that c starts (cuBLASLt's FP8 GEMMs, DeepSeek-V3's fix)."""
+    params = draw(window_params())
+    return dataclasses.replace(
+        params,
+        accumulator_format="fp32",
+        promotion_interval=params.fused_terms * draw(st.integers(1, 4)),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(params=promoting_params(), **ROUTE_CASES)
+def test_promotion_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
+
+
+@st.composite
+def reordering_params(draw) -> DatapathParams:
+    """Units of the family whose trees take each run of T products in a term order of their
+    own, T dividing the block size (the H200's FP8 mma.sync: k mod 4 in {0,1}, then {2,3});
+    promoting units among them."""
+    params = draw(window_params())
+    period = draw(
+        st.sampled_from([t for t in range(1, params.block_size + 1) if params.block_size % t == 0])
+    )
+    return dataclasses.replace(
+        params,
+        term_order=tuple(draw(st.permutations(range(period)))),
+        accumulator_format="fp32",
+        promotion_interval=draw(st.sampled_from([None, params.fused_terms])),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(params=reordering_params(), **ROUTE_CASES)
+def test_term_order_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
+
+
+def test_in_tree_order_reorders_each_run_and_pads_a_short_one():
+    params = h100(term_order=(2, 0, 3, 1), block_size=32)
+    codes = np.arange(1, 7, dtype=np.uint8)[None]
+    assert in_tree_order(params, codes).tolist() == [[3, 1, 4, 2, 0, 5, 0, 6]]
+    assert in_tree_order(h100(), codes) is codes
+
+
+def test_promotion_takes_the_route_with_an_fp32_accumulator_only():
+    assert window_applies(h100(promotion_interval=64))
+    assert window_applies(h100(accumulator_format="fp16"))
+    assert not window_applies(h100(promotion_interval=64, accumulator_format="fp16"))
+
+
+@st.composite
 def truncating_in_tree_params(draw) -> DatapathParams:
     """Units whose accumulator joins the tree with one rounding, toward zero (the GPU FP8
     and tcgen05 units): the n-bit sum's, no more precise than the accumulator, or without
@@ -520,7 +594,7 @@ def test_kept_tiles_of_b_give_the_bits_of_decoding_b_per_call(name):
         slow = np.empty_like(kept)
         matmul_groups(*operands, *_kernel_arguments(params)[2], slow)
         np.testing.assert_array_equal(kept[unflagged], slow[unflagged])
-        values = memo["window"][1]
+        values = memo["window", None][1]
         tiles = (groups, 2, codes_b.shape[2], -(-columns // 2))  # K padded to whole blocks
         assert values.shape == tiles and not values.flags.writeable
 
@@ -533,7 +607,7 @@ def test_matmul_batched_keeps_the_window_routes_tiles_in_b_memo():
     memo: dict = {}
     first = matmul_batched(hw, A, B, per_tensor_scale=True, b_memo=memo)
     (kept,) = memo.values()
-    assert "window" in kept["route"]
+    assert ("window", None) in kept["route"]  # (the term order keys the tiles)
     widened = kept["route"]["kernel codes"]  # B's codes in the kernels' type, widened once
     assert widened.dtype == np.uint32
     np.testing.assert_array_equal(widened.reshape(kept["codes"].shape), kept["codes"])

@@ -7,9 +7,10 @@ import pytest
 
 from conftest import REPO
 from mxsim import get_format
-from mxsim.datapath import as_float, dot, load_hwconfig
+from mxsim.datapath import as_float, dot, load_hwconfig, matmul
 from mxsim.datapath.config import WIDE_FORMATS
 from mxsim.datapath.reference import dot_reference
+from mxsim.quantize import MXTensor, QuantOptions
 
 TENSOR_CORES = REPO / "tests" / "data" / "gpu-tensor-cores"
 FP8 = REPO / "tests" / "data" / "gpu-fp8"
@@ -37,7 +38,7 @@ DATA_SETS = [
     ("b200", FP8 / "B200_E5M2.npz", "E5M2", ("fp32", "fp16")),
 ]
 CASES = [(gpu, path, fmt, out) for gpu, path, fmt, outs in DATA_SETS for out in outs]
-SIBLINGS = {"a2": "a100", "l40s": "ada", "h200": "h100", "h200-wgmma": "h100-wgmma"}
+SIBLINGS = {"a2": "a100", "l40s": "ada", "h200-wgmma": "h100-wgmma"}
 
 
 def hw(name: str):
@@ -133,3 +134,136 @@ def test_tf32_steps_are_four_terms_on_ampere_and_eight_on_hopper_and_blackwell(g
     a = element.encode(np.array([[1.0, 2.0**-24, 0, 0, 2.0**-24, 0, 0, 0]], dtype=np.float32))
     b = element.encode(np.ones((1, 8), dtype=np.float32))
     assert as_float(dot(hw(gpu), a, b, a_format="tf32", b_format="tf32"))[0] == expected
+
+
+# --- H200, measured for this project (tests/data/gpu-h200/README.md) -------------------------
+
+H200 = REPO / "tests" / "data" / "gpu-h200"
+H200_ELEMENT = {
+    "e4m3": "fp8_e4m3",
+    "e5m2": "fp8_e5m2",
+    "f16": "fp16",
+    "bf16": "bf16",
+    "tf32": "tf32",
+}
+#: The NaN every NVIDIA tensor-core result here has (mxsim writes the canonical quiet NaN).
+NVIDIA_NAN = {"fp32": 0x7FFFFFFF, "fp16": 0x7FFF}
+
+
+def h200_labels(file: str) -> list[str]:
+    with np.load(H200 / file, allow_pickle=False) as data:
+        return sorted(key[:-2] for key in data.files if key.endswith("_d"))
+
+
+def h200_cases(file: str, label: str):
+    """(A format, B format, output, A codes (n, K), B codes (n, K), c, output bits) of every
+    output of a set's tiles: D[t, i, j] = c[t, i, j] + A[t, i] . B[t, j]."""
+    _, a_name, b_name, *rest = label.split("_")
+    out = "fp16" if rest[-1] == "f16" else "fp32"
+    with np.load(H200 / file, allow_pickle=False) as data:
+        a, b, d = data[f"{label}_a"], data[f"{label}_b"], data[f"{label}_d"]
+        c = data[f"{label}_c"].view(np.float32)
+    tiles, rows, k = a.shape
+    cols = b.shape[1]
+    a_rows = np.repeat(a[:, :, None, :], cols, axis=2).reshape(-1, k).astype(np.uint64)
+    b_rows = np.repeat(b[:, None, :, :], rows, axis=1).reshape(-1, k).astype(np.uint64)
+    return (
+        H200_ELEMENT[a_name],
+        H200_ELEMENT[b_name],
+        out,
+        a_rows,
+        b_rows,
+        c.reshape(-1),
+        d.reshape(-1),
+    )
+
+
+def assert_gpu_bits(result: np.ndarray, expected: np.ndarray, out: str) -> None:
+    """Every output equal, a NaN as NVIDIA writes it on the GPU's side (any NaN on ours)."""
+    expected = expected.astype(np.uint64)
+    nan = np.isnan(as_float(expected, out))
+    assert nan.sum() < 0.5 * len(expected)  # mostly finite arithmetic
+    assert (expected[nan] == NVIDIA_NAN[out]).all()
+    assert np.isnan(as_float(result[nan], out)).all()
+    mismatches = np.flatnonzero(result[~nan] != expected[~nan])
+    assert mismatches.size == 0, f"{mismatches.size} of {(~nan).sum()} outputs differ"
+
+
+H200_SETS = [("h200", "mma.npz", label) for label in h200_labels("mma.npz")] + [
+    ("h200-wgmma", "wgmma.npz", label) for label in h200_labels("wgmma.npz")
+]
+
+
+@pytest.mark.parametrize("gpu, file, label", H200_SETS, ids=lambda value: str(value))
+def test_h200_measured_outputs_bit_for_bit(gpu, file, label):
+    a_format, b_format, out, a, b, c, expected = h200_cases(file, label)
+    result = dot(hw(gpu), a, b, a_format=a_format, b_format=b_format, c=c, out_format=out)
+    assert_gpu_bits(np.asarray(result).astype(np.uint64), expected, out)
+
+
+@pytest.mark.parametrize("gpu, file, label", H200_SETS, ids=lambda value: str(value))
+def test_h200_reference_twin_reproduces_a_sample(gpu, file, label):
+    a_format, b_format, out, a, b, c, expected = h200_cases(file, label)
+    params = hw(gpu).params(a_format, b_format, out)
+    rows = range(0, len(expected), 331)
+    values = [dot_reference(params, a[r].tolist(), b[r].tolist(), c=float(c[r])) for r in rows]
+    bits = np.array(values, np.float32 if out == "fp32" else np.float16).view(
+        np.uint32 if out == "fp32" else np.uint16
+    )
+    assert_gpu_bits(bits.astype(np.uint64), expected[list(rows)], out)
+
+
+def test_h200_fp8_mma_sync_is_not_the_h100_datas_fp32_path():
+    # CUDA 13.0 builds mma.sync FP8 on Hopper from fp16 HMMA steps (hwconfigs/h200.yaml): the
+    # one 32-term tree in a 13-bit window that fits the H100 data misses most of its outputs.
+    a_format, b_format, out, a, b, c, expected = h200_cases("mma.npz", "mma_e4m3_e4m3_f32")
+    result = np.asarray(dot(hw("h100"), a, b, a_format=a_format, b_format=b_format, c=c))
+    assert (result != expected).mean() > 0.5
+
+
+def test_h200_is_the_h100_but_for_fp8_with_fp32_output():
+    h200, h100 = hw("h200"), hw("h100")
+    assert h200.format_pairs == h100.format_pairs
+    for a_format, b_format in h200.format_pairs:
+        for out in WIDE_FORMATS:
+            same = h200.params(a_format, b_format, out) == h100.params(a_format, b_format, out)
+            assert same == (a_format not in ("fp8_e4m3", "fp8_e5m2") or out != "fp32")
+
+
+def e4m3_operands(a_codes: np.ndarray, b_codes: np.ndarray):
+    """A (M, K) and B (K, N) as MXTensors of E4M3 codes with unit block scales (B given by
+    columns, (N, K))."""
+    element = get_format("fp8_e4m3")
+
+    def tensor(codes, shape, axis):
+        scales = np.full((codes.shape[0], codes.shape[1] // 32), 127, np.uint8)
+        return MXTensor(element, codes, scales, shape, axis, 32, 0, QuantOptions())
+
+    k = a_codes.shape[1]
+    return tensor(a_codes, a_codes.shape, 1), tensor(b_codes, (k, b_codes.shape[0]), 0)
+
+
+CUBLASLT_SHAPES = ["64x64x32", "64x64x256", "128x128x4096", "1024x1024x1024"]
+
+
+@pytest.mark.parametrize("shape", CUBLASLT_SHAPES)
+@pytest.mark.parametrize(
+    "mode, gpu", [("exact", "h200-cublaslt-fp8"), ("fast", "h200-cublaslt-fp8-fast")]
+)
+def test_h200_cublaslt_gemms_bit_for_bit(shape, mode, gpu):
+    # torch._scaled_mm (unit scales, fp32 output), whole GEMMs through mxsim's GEMM routes.
+    with np.load(H200 / "cublaslt.npz", allow_pickle=False) as data:
+        a, b, expected = data[f"{shape}_a"], data[f"{shape}_b"], data[f"{shape}_{mode}_d"]
+    left, right = e4m3_operands(a, b)
+    result = matmul(hw(gpu), left, right, a_format="fp8_e4m3", b_format="fp8_e4m3")
+    assert_gpu_bits(result.bits.astype(np.uint64).reshape(-1), expected.reshape(-1), "fp32")
+
+
+@pytest.mark.parametrize("shape", CUBLASLT_SHAPES[1:])
+def test_h200_cublaslt_default_needs_its_promotion(shape):
+    # Without promotion (the fast path's datapath) most outputs of K > 128 differ.
+    with np.load(H200 / "cublaslt.npz", allow_pickle=False) as data:
+        a, b, expected = data[f"{shape}_a"], data[f"{shape}_b"], data[f"{shape}_exact_d"]
+    left, right = e4m3_operands(a, b)
+    result = matmul(hw("h200-cublaslt-fp8-fast"), left, right)
+    assert (result.bits != expected).mean() > 0.5

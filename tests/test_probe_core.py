@@ -5,7 +5,7 @@ CI probes one characteristic format path per distinct config (the ``CI_PATHS`` t
 fp64 unit (``FP64_PATHS``) and a few paths of the long list whose probe once ended wrong
 (``ONCE_FAILING_PATHS``); ``MXSIM_PROBE_LONG=1`` probes every (A, B) pair a config takes (``format_pairs``) of every
 config with fp32, fp16 and bf16 outputs, and every fp64 path (docs/probe.md). Configs that only extend another without changing a datapath key
-(a2, l40s, h200, the *-fp8 views) are checked to resolve to their base's parameters on
+(a2, l40s, the *-fp8 views) are checked to resolve to their base's parameters on
 every path, so probing the base covers them.
 """
 
@@ -37,8 +37,10 @@ CI_PATHS = {
     "a100": ("tf32", "tf32", "fp16", 16),
     "ada": ("fp8_e4m3", "fp8_e4m3", "fp32", 64),
     "h100": ("fp8_e4m3", "fp8_e5m2", "fp16", 32),
+    "h200": ("fp8_e5m2", "fp8_e4m3", "fp32", 64),  # fp16 HMMA trees, promotion at 32 acts
     "b200": ("fp8_e5m2", "fp8_e5m2", "fp32", 64),
     "h100-fp8-promoted": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),  # promotion at 128 acts
+    "h200-cublaslt-fp8": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),
     "bfp-exact": ("mx6", "mx9", "fp32", 32),
     "kulisch": ("int8", "fp8_e4m3", "fp32", 64),
     "mxdotp": (
@@ -74,8 +76,10 @@ CI_PATHS = {
 #: Configs whose CI path is probed only with MXSIM_PROBE_LONG, for CI's time: mi300's FP8 path
 #: takes about 15 passes (docs/probe.md); the others share their datapath with a config CI
 #: probes and differ in a rounding mode (mxdotp: tests/test_probe_modes.py probes it under round
-#: toward zero in CI), the formats they take (b200-tcgen05) or the zero-term sign (mi250).
+#: toward zero in CI), the formats they take (b200-tcgen05) or the zero-term sign (mi250);
+#: h200-cublaslt-fp8 is h100-wgmma's FP8 path (probed in CI) with h100-fp8-promoted's promotion.
 LONG_ONLY = {
+    "h200-cublaslt-fp8",
     "mi300",
     "mxdotp-rtz",
     "mxdotp-rup",
@@ -98,13 +102,13 @@ LONG_AMD_PATHS = [
 SAME_AS = {
     "a2": "a100",
     "l40s": "ada",
-    "h200": "h100",
     "h100-fp8": "h100",
-    "h200-fp8": "h100",
+    "h200-fp8": "h200",
     "ada-fp8": "ada",
     "b200-fp8": "b200",
     "t4": "a100",
     "h200-wgmma": "h100-wgmma",
+    "h200-cublaslt-fp8-fast": "h100-wgmma",
     "h100-wgmma-fp8": "h100-wgmma",
     "b200-tcgen05-fp8": "b200-tcgen05",
     "rtx50": "b200-tcgen05",

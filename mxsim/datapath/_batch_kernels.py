@@ -130,6 +130,7 @@ def window_groups(
     totals = np.empty(lanes)
     partials = np.empty((even_rows, padded), dtype=np.int32)  # (_row_totals' int32 groups)
     acc = np.zeros(lanes)
+    outer = np.zeros(lanes)
     # One c for every output: its rounding into the accumulator and its flag, once per call.
     # (the same value and flag in every lane: one lane's, then fills)
     start_acc = np.zeros(1)
@@ -216,6 +217,7 @@ def window_groups(
                     lane_flags[first : first + columns],
                     cfg,
                 )
+        W.start_outer(acc, outer, cfg)
         for tree in range(trees):
             if scaled:
                 block = tree * fused_terms // block_size
@@ -235,6 +237,8 @@ def window_groups(
             else:
                 _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
             W.finish_tree(totals, references, acc, lane_flags, cfg)
+            W.after_tree(first + fused_terms, acc, outer, lane_flags, cfg)
+        W.finish_outer(acc, outer, lane_flags, cfg)
         W.encode_outputs(acc, lane_flags, codes_out, cfg)
         if in_place:
             for lane in range(lanes):

@@ -294,8 +294,8 @@ def tree_scale_exponent(start, a_scales, b_scales, cfg):
 @njit(cache=True, **STAGE)
 def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     """(accumulator, outer accumulator, running special) of a floating accumulator once c
-    (finite) has entered: as the outer fp32 accumulator's first value (promotion), rounded
-    into the accumulator (``c_entry: initial``), or not yet (``c_entry: end``). (An exact
+    has entered: as the outer fp32 accumulator's first value (promotion; NaN or ±Inf too),
+    rounded into the accumulator (``c_entry: initial``; finite), or not yet (``c_entry: end``). (An exact
     accumulator's c enters its limbs: ``dot_one``.)"""
     acc = 0.0
     outer = 0.0
@@ -912,14 +912,16 @@ def accumulate_in_limbs(
 
 @njit(cache=True, inline="always")
 def promote(outer, acc, special, fp32_params, limbs, bounds):
-    """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE),
-    which overflows into the running special. Returns (outer, special)."""
+    """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE) and
+    cleared. The outer accumulator is a register of its own: the interval's NaN/Inf (the
+    running special, cleared with it) joins it by an IEEE add, so an Inf c or an earlier
+    interval's overflow meeting an opposite Inf gives NaN, and an overflow leaves it ±Inf.
+    Returns (outer, special)."""
+    if special != 0.0 or math.isnan(special) or not math.isfinite(outer):
+        return (0.0 if math.isfinite(outer) else outer) + special, 0.0
     outer = add_round(
         outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds
     )
-    if not math.isfinite(outer):
-        special = note_overflow(special, outer)
-        outer = 0.0
     return outer, special
 
 
@@ -942,9 +944,7 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
     accumulator format (nearest even) and added with ``c_add_rounding`` (``c_entry: end``).
     Returns (acc, special)."""
     if cfg.promotion_interval > 0:
-        acc = add_round(
-            outer, acc, fp32_params, ROUND_NEAREST_EVEN, True, OVERFLOW_INF_NAN, limbs, bounds
-        )
+        acc, special = promote(outer, acc, special, fp32_params, limbs, bounds)
     elif cfg.c_at_end:
         c_converted = round_float(
             c_value,
@@ -964,8 +964,8 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
                 limbs,
                 bounds,
             )
-        else:
-            special = note_overflow(special, c_converted)
+        else:  # an IEEE add: an Inf c meets the accumulator's own NaN/Inf
+            special += c_converted if not math.isfinite(c_converted) else 0.0
     if not math.isfinite(acc):
         special = note_overflow(special, acc)
         acc = 0.0
@@ -1401,7 +1401,10 @@ def _dot_one(
                 terms,
             )
         special = 0.0  # running IEEE sum of every non-finite contribution
-        if not math.isfinite(c_value):
+        # c's NaN/Inf starts the running special where c starts the accumulator; an outer
+        # accumulator (promotion) or a last add (c_entry: end) takes it at the end instead
+        c_outside = not EXACT and (cfg.promotion_interval > 0 or cfg.c_at_end)
+        if not math.isfinite(c_value) and not c_outside:
             special = c_value
             c_value = 0.0
         negative_zeros_only = c_value == 0.0 and math.copysign(1.0, c_value) < 0

@@ -3,7 +3,8 @@
 They cover one family (``datapath.window.window_applies`` says which units): k order, one
 block scale per tree, exponent-sum reference, exact products, terms truncated toward zero
 to the window, then an optional n-bit tree-sum rounding and a floating accumulator that c
-starts. Instead of one dot product at a time, a set of independent outputs (the columns of
+starts (or, under promotion, an fp32 accumulator added every n products into an outer one
+that c starts: :func:`start_outer`, :func:`after_tree`, :func:`finish_outer`). Instead of one dot product at a time, a set of independent outputs (the columns of
 a GEMM tile, or the rows of a row-wise dot) are SIMD lanes, and every stage is a loop over
 the lanes with the tree position outside:
 
@@ -92,8 +93,12 @@ W_ZERO_FLOOR = (
 # 1: each tree's truncated n-bit sum, provably 0 or a normal float32, joins the accumulator
 # as one float32 addition (datapath.window.float32_addition).
 W_FLOAT32_ADD = 21
-N_WINDOW_CONFIG = 22
+# accumulator.promotion_interval (0: none): every this many products the fp32 accumulator is
+# added into an outer fp32 accumulator (one binary32 add, nearest even), which c starts.
+W_PROMOTION = 22
+N_WINDOW_CONFIG = 23
 FLOAT32_SMALLEST_NORMAL = 2.0**-126
+FLOAT32_LARGEST = (2.0 - 2.0**-23) * 2.0**127
 
 
 @njit(cache=True, inline="always")
@@ -204,6 +209,49 @@ def _start_lane(c_value, rule, low, high):
     usable = math.isfinite(c) and not (c == 0.0 and math.copysign(1.0, c) < 0)
     value, ok = _round_in_range(c if usable else 0.0, rule, low, high)
     return value, not (ok and usable)
+
+
+@njit(cache=True, inline="always")
+def start_outer(acc, outer, cfg):
+    """Promotion: the outer accumulators take what :func:`start_accumulators` left (c, exact
+    in the fp32 accumulator), the accumulators restart at 0."""
+    if cfg[W_PROMOTION] > 0:
+        for lane in range(acc.shape[0]):
+            outer[lane] = acc[lane]
+            acc[lane] = 0.0
+
+
+@njit(cache=True, inline="always")
+def promote(acc, outer, flags):
+    """outer = outer + acc, one IEEE binary32 addition (nearest even), and acc = 0; flags
+    where outer is not 0 or a normal fp32 value (the generic kernel's outer register takes
+    subnormals and overflows)."""
+    for lane in range(acc.shape[0]):
+        total = np.float32(outer[lane]) + np.float32(acc[lane])
+        outer[lane] = total
+        acc[lane] = 0.0
+        magnitude = abs(total)
+        flags[lane] |= not (
+            magnitude == 0.0 or FLOAT32_SMALLEST_NORMAL <= magnitude <= FLOAT32_LARGEST
+        )
+
+
+@njit(cache=True, inline="always")
+def after_tree(stop, acc, outer, flags, cfg):
+    """Promotion after the tree ending at product ``stop`` where the interval says so."""
+    interval = cfg[W_PROMOTION]
+    if interval > 0 and stop % interval == 0:
+        promote(acc, outer, flags)
+
+
+@njit(cache=True, inline="always")
+def finish_outer(acc, outer, flags, cfg):
+    """Promotion: the last add into the outer accumulator, whose value acc then holds for
+    :func:`encode_outputs`."""
+    if cfg[W_PROMOTION] > 0:
+        promote(acc, outer, flags)
+        for lane in range(acc.shape[0]):
+            acc[lane] = outer[lane]
 
 
 @njit(cache=True, inline="always")
@@ -508,13 +556,16 @@ def _lane_scratch(lanes):
 
 
 @njit(cache=True, inline="always")
-def lane_trees(values_a, exponents_a, values_b, exponents_b, shifts, acc, flags, scratch, cfg):
+def lane_trees(
+    values_a, exponents_a, values_b, exponents_b, shifts, acc, outer, flags, scratch, cfg
+):
     """Every tree of row-wise dot products whose operands are decoded into (K, lanes) tiles
     (values float32, exponents int8; lane l's A and B elements in column l): per tree the
     exponent-sum maxima, :func:`tree_references`, the truncated terms summed in int32 groups
     of ``group`` and :func:`finish_tree` into ``acc`` and ``flags``. ``shifts`` (trees,
     lanes) int32: each tree's Xa + Xb per lane (zeros without scales); ``scratch``:
-    :func:`_lane_scratch` of the lanes."""
+    :func:`_lane_scratch` of the lanes; ``outer``: the outer accumulators of a promoting unit
+    (:func:`start_outer`, :func:`after_tree`)."""
     length, lanes = values_a.shape
     fused_terms, group = cfg[W_FUSED_TERMS], cfg[W_GROUP]
     maxima, _, references, factors, partial, totals = scratch
@@ -536,6 +587,7 @@ def lane_trees(values_a, exponents_a, values_b, exponents_b, shifts, acc, flags,
             for lane in range(lanes):
                 totals[lane] += partial[lane]
         finish_tree(totals, references, acc, flags, cfg)
+        after_tree(start + fused_terms, acc, outer, flags, cfg)
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -669,6 +721,7 @@ def _column_tile(
         tile_values, tile_exponents = _decode_tile(codes_b, column0, lanes, b_values, b_exponents)
     tile_scales = _tile_scales(scales_b, column0, lanes, scaled)
     acc = np.empty((ROW_BLOCK, lanes))
+    outer = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
     maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
     maxima1, shifts1, references1, factors1, partial1, totals1 = _lane_scratch(lanes)
@@ -680,6 +733,7 @@ def _column_tile(
             for lane in range(lanes):
                 tile_flags[row, lane] = bad_rows[m] | bad_columns[column0 + lane]
             start_accumulators(c_values[m % c_rows], column0, acc[row], tile_flags[row], cfg)
+            start_outer(acc[row], outer[row], cfg)
         for start in range(0, length, fused_terms):
             stop = min(start + fused_terms, length)
             block = start // block_size
@@ -731,7 +785,10 @@ def _column_tile(
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
                 if other != row:
                     finish_tree(totals1, references1, acc[other], tile_flags[other], cfg)
+            for row in range(rows):
+                after_tree(stop, acc[row], outer[row], tile_flags[row], cfg)
         for row in range(rows):
+            finish_outer(acc[row], outer[row], tile_flags[row], cfg)
             encode_outputs(
                 acc[row], tile_flags[row], out[row0 + row, column0 : column0 + lanes], cfg
             )
@@ -855,7 +912,9 @@ def _row_tile(
             codes_b[i], scales_b[i], b_finite, scaled
         )
     acc = np.empty(lanes)
+    outer = np.empty(lanes)
     start_accumulators(c_values, row0, acc, lane_flags, cfg)
+    start_outer(acc, outer, cfg)
     shifts = np.zeros(((length + fused_terms - 1) // fused_terms, lanes), dtype=np.int32)
     if scaled:
         for tree in range(shifts.shape[0]):
@@ -872,10 +931,12 @@ def _row_tile(
         exponents_b,
         shifts,
         acc,
+        outer,
         lane_flags,
         _lane_scratch(lanes),
         cfg,
     )
+    finish_outer(acc, outer, lane_flags, cfg)
     encode_outputs(acc, lane_flags, out[row0 : row0 + lanes], cfg)
     for lane in range(lanes):
         flags[row0 + lane] = lane_flags[lane]

@@ -85,7 +85,7 @@ from .blas import (
 )
 from .schema import FLOAT32_FORMATS, DatapathParams, route_accepts
 from .tables import element_operand
-from .window import _window_config, window_applies
+from .window import _window_config, in_tree_order, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles
@@ -766,6 +766,9 @@ def window_groups_matmul(
     codes' length is K padded to whole scale blocks (the kernel then skips the padding where
     it is zero codes: :func:`_live_codes`), or None."""
     cfg, packed_a, packed_b, zero_a, zero_b = _window_plan(params)
+    if params.term_order is not None:  # the padding then lies inside the reordered runs
+        codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
+        terms = None
     codes_a, codes_b = _live_codes(cfg, codes_a, codes_b, terms, zero_a, zero_b)
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]

@@ -95,7 +95,15 @@ class _Specials:
 
     def __init__(self, c: float):
         self.values: list[float] = []
+        # NaN/Inf of registers outside the accumulator (an outer accumulator under promotion,
+        # c added at the end): they meet the accumulator's by an IEEE add at the end
+        self.outside: list[float] = []
         self.negative_zeros_only = c == 0 and math.copysign(1.0, c) < 0
+
+    def promote(self) -> None:
+        """The accumulator's NaN/Inf moves into the outer accumulator with its value."""
+        self.outside.extend(self.values)
+        self.values = []
 
     def note_overflow(self, value: float) -> None:
         # An earlier NaN/Inf (an input, or a first overflow) absorbs any later overflow,
@@ -571,10 +579,13 @@ def _accumulate(acc, tree_sum, acc_fmt: FormatInfo, params: DatapathParams, spec
 
 
 def _promote(outer, acc, specials: _Specials):
-    """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE)."""
+    """``promotion_interval``: the accumulator added into the outer fp32 accumulator (RNE),
+    its NaN/Inf with it; an overflow leaves the outer accumulator ±Inf."""
+    specials.promote()
     outer = _round(Fraction(outer) + Fraction(acc), get_format("fp32"), "nearest_even")
     if _is_infinite(outer):
-        specials.note_overflow(outer)
+        if not specials.outside:
+            specials.outside.append(outer)
         outer = Fraction(0)
     return outer
 
@@ -587,7 +598,7 @@ def _add_c_at_end(
     overflow = ACCUMULATOR_OVERFLOW[params.accumulator_overflow]
     c_converted = _round(c_exact, acc_fmt, "nearest_even", params.accumulator_subnormals, overflow)
     if _is_infinite(c_converted):
-        specials.note_overflow(c_converted)
+        specials.outside.append(c_converted)
     else:
         acc = _round(
             Fraction(acc) + Fraction(c_converted),
@@ -745,7 +756,8 @@ def dot_reference(
     c_given = c  # (a pairwise_rounded adder takes c's specials into its IEEE adds)
     specials = _Specials(c)
     if not math.isfinite(c):
-        specials.values.append(c)
+        c_outside = acc_fmt is not None and (params.promotion_interval or params.c_entry == "end")
+        (specials.outside if c_outside else specials.values).append(c)
         c = 0.0
     c_exact = Fraction(c)
     if c_exact != 0 and _round(c_exact, get_format(params.c_format), "nearest_even") != c_exact:
@@ -885,7 +897,7 @@ def dot_reference(
             acc = Fraction(0)
             log({"stage": "promote", "after": done, "outer": _to_float(outer)})
     if params.promotion_interval:
-        acc = _round(Fraction(outer) + Fraction(acc), get_format("fp32"), "nearest_even")
+        acc = _promote(outer, acc, specials)
         log({"stage": "promote", "after": len(products), "outer": _to_float(acc)})
     if params.c_entry == "end" and not params.promotion_interval:
         acc = _add_c_at_end(acc, c_exact, acc_fmt, params, specials, log)
@@ -906,8 +918,10 @@ def dot_reference(
 def _output_value(result, specials: _Specials, params: DatapathParams, log) -> float:
     """Step 7's value: the specials' IEEE sum when there are any, else the rounded result with
     the sign IEEE gives a zero (+0 for every zero with ``zero_sign: positive``)."""
-    if _is_infinite(result) and not specials.values:
-        specials.values.append(result)
+    specials.promote()  # every register's NaN/Inf meets at the output
+    if _is_infinite(result) and not specials.outside:
+        specials.outside.append(result)
+    specials.values = specials.outside
     if specials.values:
         values = specials.values
         if any(math.isnan(s) for s in values) or (INF in values and -INF in values):

@@ -317,7 +317,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                 lambda order: len(order) if order else 0, name="term_order_length"
             ),  # + the order array
             blas=only(None),
-            window=only(None),
+            window=any_value,  # the route reorders K by it (datapath.window.in_tree_order)
             groups=only(None),
         ),
         "trees_in_blocks": Key(
@@ -616,7 +616,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=1,
             maximum=1 << 30,
             blas=only(None),
-            window=only(None),
+            window=any_value,  # an fp32 accumulator's promotion (datapath.window)
             groups=only(None),
         ),
     },

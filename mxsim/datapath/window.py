@@ -127,6 +127,12 @@ def _window_config(params: DatapathParams):
     b = _format_tables(params.b_format, params.input_subnormals)
     if a is None or b is None:
         return None
+    # Promotion adds fp32 accumulators by binary32 arithmetic, and c enters them unrounded.
+    if params.promotion_interval and params.accumulator_format != "fp32":
+        return None
+    # A term order reorders runs inside blocks (in_tree_order): the trees' scales stay theirs.
+    if params.term_order is not None and params.block_size % len(params.term_order):
+        return None
     window = params.align_fraction_bits
     fused = params.fused_terms
     # Products exact in float32: significands fit 24 bits, magnitudes within its normal range.
@@ -162,6 +168,26 @@ def _window_config(params: DatapathParams):
     return cfg, a, b
 
 
+def in_tree_order(params: DatapathParams, codes: np.ndarray) -> np.ndarray:
+    """``codes`` (..., K) with K in the order the unit's trees take the products: each run of
+    T = len(``adder.term_order``) positions reordered by it (a copy), or ``codes`` itself
+    where the unit takes k order. A K short of a multiple of T is padded with zero codes,
+    where the generic kernel leaves empty positions: the same sums, as a zero term's
+    exponent raises no tree's reference the route keeps unflagged. T divides the block
+    size (:func:`_window_config`), so the padding stays inside the last block."""
+    order = params.term_order
+    if order is None:
+        return codes
+    period = len(order)
+    padding = -codes.shape[-1] % period
+    if padding:
+        codes = np.concatenate(
+            [codes, np.zeros((*codes.shape[:-1], padding), dtype=codes.dtype)], axis=-1
+        )
+    index = (np.arange(0, codes.shape[-1], period)[:, None] + np.asarray(order)).reshape(-1)
+    return np.ascontiguousarray(codes[..., index])
+
+
 def tree_end_config(params: DatapathParams) -> np.ndarray:
     """A writable configuration vector with the fields that :func:`_window_kernels.start_accumulators`,
     ``finish_tree`` and ``encode_outputs`` read: window, accumulator in the tree, the n-bit
@@ -187,6 +213,7 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     cfg[W.W_ZERO_FLOOR] = (
         NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
     )
+    cfg[W.W_PROMOTION] = params.promotion_interval or 0
     return cfg
 
 
@@ -237,23 +264,26 @@ def window_matmul(
 
     ``memo``: None, or a dict kept with this B (its codes and scales unchanged from call to
     call, as ``matmul_batched``'s ``b_memo``): B's decoded tiles and its rows' usability are
-    kept there under "window" (5 bytes per element of B, a little more where N is not a
-    multiple of the tile width), and later calls read them instead of decoding B again."""
+    kept there under ("window", term order) (5 bytes per element of B, a little more where N
+    is not a multiple of the tile width), and later calls read them instead of decoding B
+    again."""
     cfg, a, b = _window_config(params)
+    codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
     scaled = bool(cfg[W.W_SCALED])
     flags = np.empty(out.shape, dtype=np.uint8)
     n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
     n_columns = codes_b.shape[1]
     n_tiles = max(1, -(-n_columns // W.LANES))
     width = max(1, -(-n_columns // n_tiles))
-    kept = None if memo is None else memo.get("window")
+    key = ("window", params.term_order)  # B's tiles in the trees' order
+    kept = None if memo is None else memo.get(key)
     if kept is None:
         kept = (W.unusable_rows(codes_b, scales_b, *b.non_finite, scaled), *_NO_TILES)
         if memo is not None:
             tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
             for array in tiles:
                 array.setflags(write=False)  # one kernel signature with _NO_TILES
-            kept = memo["window"] = (kept[0], *tiles)
+            kept = memo[key] = (kept[0], *tiles)
     bad_columns, kept_values, kept_exponents = kept
     bad_rows = W.unusable_rows(codes_a, scales_a, *a.non_finite, scaled)
     n_blocks = -(-n_rows // W.ROW_BLOCK)
@@ -295,6 +325,7 @@ def window_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_v
     generic kernel must compute. The rows are the lanes, ``LANES`` rows a work item
     (``_window_kernels.pair_items``), on Python threads as :func:`window_matmul`'s."""
     cfg, a, b = _window_config(params)
+    codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
     flags = np.empty(out.shape, dtype=np.uint8)
     arguments = (
         codes_a,
