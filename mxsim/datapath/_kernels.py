@@ -295,8 +295,8 @@ def tree_scale_exponent(start, a_scales, b_scales, cfg):
 def start_accumulator(c_value, special, cfg, acc_params, limbs, bounds):
     """(accumulator, outer accumulator, running special) of a floating accumulator once c
     has entered: as the outer fp32 accumulator's first value (promotion; NaN or ±Inf too),
-    rounded into the accumulator (``c_entry: initial``; finite), or not yet (``c_entry: end``). (An exact
-    accumulator's c enters its limbs: ``dot_one``.)"""
+    rounded into the accumulator (``c_entry: initial``; finite), or not yet
+    (``c_entry: end``). (An exact accumulator's c enters its limbs: ``dot_one``.)"""
     acc = 0.0
     outer = 0.0
     limbs_clear(limbs, bounds)
@@ -965,7 +965,7 @@ def finish_accumulator(acc, outer, c_value, special, cfg, acc_params, fp32_param
                 bounds,
             )
         else:  # an IEEE add: an Inf c meets the accumulator's own NaN/Inf
-            special += c_converted if not math.isfinite(c_converted) else 0.0
+            special += c_converted
     if not math.isfinite(acc):
         special = note_overflow(special, acc)
         acc = 0.0

@@ -4,9 +4,10 @@ They cover one family (``datapath.window.window_applies`` says which units): k o
 block scale per tree, exponent-sum reference, exact products, terms truncated toward zero
 to the window, then an optional n-bit tree-sum rounding and a floating accumulator that c
 starts (or, under promotion, an fp32 accumulator added every n products into an outer one
-that c starts: :func:`start_outer`, :func:`after_tree`, :func:`finish_outer`). Instead of one dot product at a time, a set of independent outputs (the columns of
-a GEMM tile, or the rows of a row-wise dot) are SIMD lanes, and every stage is a loop over
-the lanes with the tree position outside:
+that c starts: :func:`start_outer`, :func:`after_tree`, :func:`finish_outer`). Instead of
+one dot product at a time, a set of independent outputs (the columns of a GEMM tile, or the
+rows of a row-wise dot) are SIMD lanes, and every stage is a loop over the lanes with the
+tree position outside:
 
 1. the reference R of each lane: the max over the tree of int8 exponent sums ea + eb (a
    zero element carries ``ZERO_EXPONENT``, so any sum with it stays below ``threshold``),
