@@ -70,6 +70,8 @@ CASES = [
     Case("bfp-exact", "mx9"),
     Case("h100-fp8", "fp8_e4m3"),
     Case("b200-fp8", "fp8_e4m3"),
+    Case("h200-cublaslt-fp8", "fp8_e4m3"),  # the window route's promotion
+    Case("h200-fp8", "fp8_e4m3"),  # the window route's term order
 ]
 
 
