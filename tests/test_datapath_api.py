@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, any_pair, arrays_in, byte_copies, same_float
 from mxsim import get_format
-from mxsim.quantize import MXGroups, quantize, quantize_bfp, quantize_grouped
+from mxsim.quantize import MXGroups, MXTensor, quantize, quantize_bfp, quantize_grouped
 from mxsim.datapath import as_float, dot, explain, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath import batch as batch_module
 from mxsim.datapath.config import DatapathParams, check_consistency
@@ -1778,6 +1778,12 @@ def _groups(**changes):
             _groups(tensor_scale_exponents=np.array([0, 128])),
             "A: tensor_scale_exponents must lie in [-127, 127]",
         ),
+        (
+            _groups(codes=np.full((2, 3, 64), 256, np.uint16)),
+            "A: fp8_e4m3 codes must lie in [0, 256) (field codes, as quantize writes them), "
+            "got 256 to 256",
+        ),
+        (_groups(codes=np.full((2, 3, 64), -1, np.int16)), "A: fp8_e4m3 codes must lie in"),
     ],
 )
 def test_matmul_batched_refuses_a_bad_mxgroups(A, message):
@@ -2036,6 +2042,42 @@ def test_matmul_refuses_argument_mix_ups(kwargs, message):
     with pytest.raises(MxsimError) as caught:
         matmul(hw("ocp-exact"), **arguments)
     assert message in str(caught.value)
+
+
+def _tensor(fmt: str, **changes) -> MXTensor:
+    """A (4, 64) tensor of ``fmt`` along axis 1 in blocks of 32, with ``changes``."""
+    x = np.linspace(-2.0, 2.0, 256).reshape(4, 64)
+    return dataclasses.replace(quantize(x, fmt, axis=1, per_tensor_scale=True), **changes)
+
+
+TF32_BITS = np.ones((4, 64), np.float32).view(np.uint32)  # fp32 patterns, not field codes
+
+
+@pytest.mark.parametrize(
+    "A, message",
+    [
+        # a kernel would read past its tables: the process could crash
+        (_tensor("tf32", codes=TF32_BITS), "A: tf32 codes must lie in [0, 524288)"),
+        (
+            _tensor("fp4_e2m1", codes=np.full((4, 64), 200, np.uint8)),
+            "fp4_e2m1 codes must lie in [0, 16)",
+        ),
+        (_tensor("fp8_e4m3", codes=np.full((4, 64), -3, np.int64)), "got -3 to -3"),
+        (_tensor("fp8_e4m3", codes=np.ones((4, 64))), "A: codes must be an integer numpy array"),
+        (_tensor("fp8_e4m3", codes=np.zeros((4, 32), np.uint8)), "needs codes (4, 64)"),
+        (_tensor("fp8_e4m3", scales=np.zeros((4, 2), np.int32)), "and uint8 scales (4, 2)"),
+        (_tensor("fp8_e4m3", padding=8), "needs codes (4, 72) and uint8 scales (4, 2) (72 a"),
+        (_tensor("fp8_e4m3", axis=2), "A: expected a 2-D MXTensor"),
+    ],
+)
+def test_matmul_refuses_a_bad_mxtensor(A, message):
+    B = quantize(np.ones((64, 3)), A.element_format.name, axis=0, per_tensor_scale=True)
+    unit = hw("h200-wgmma") if A.element_format.name == "tf32" else hw("ocp-exact")
+    with pytest.raises(MxsimError) as caught:
+        matmul(unit, A, B)
+    assert message in str(caught.value)
+    with pytest.raises(MxsimError):  # a list of them for matmul_batched (its own words)
+        matmul_batched(unit, [A, A], [B, B])
 
 
 def test_matmul_output_over_the_memory_budget(monkeypatch):

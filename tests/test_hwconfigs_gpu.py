@@ -147,7 +147,7 @@ H200_ELEMENT = {
     "tf32": "tf32",
 }
 #: The NaN every NVIDIA tensor-core result here has (mxsim writes the canonical quiet NaN).
-NVIDIA_NAN = {"fp32": 0x7FFFFFFF, "fp16": 0x7FFF}
+NVIDIA_NAN = {"fp32": 0x7FFFFFFF, "fp16": 0x7FFF, "bf16": 0x7FFF}
 
 
 def h200_labels(file: str) -> list[str]:
@@ -230,12 +230,14 @@ def test_h200_is_the_h100_but_for_fp8_with_fp32_output():
             assert same == (a_format not in ("fp8_e4m3", "fp8_e5m2") or out != "fp32")
 
 
-def e4m3_operands(a_codes: np.ndarray, b_codes: np.ndarray):
-    """A (M, K) and B (K, N) as MXTensors of E4M3 codes with unit block scales (B given by
-    columns, (N, K))."""
-    element = get_format("fp8_e4m3")
+def gemm_operands(a_codes: np.ndarray, b_codes: np.ndarray, fmt: str = "fp8_e4m3"):
+    """A (M, K) and B (K, N) as MXTensors of ``fmt`` with unit block scales (B given by
+    columns, (N, K)); the data's codes are stored codes (tf32: fp32 patterns), an MXTensor's
+    field codes."""
+    element = get_format(fmt)
 
     def tensor(codes, shape, axis):
+        codes = (codes >> element.padding_bits).astype(element.code_dtype)
         scales = np.full((codes.shape[0], codes.shape[1] // 32), 127, np.uint8)
         return MXTensor(element, codes, scales, shape, axis, 32, 0, QuantOptions())
 
@@ -254,7 +256,7 @@ def test_h200_cublaslt_gemms_bit_for_bit(shape, mode, gpu):
     # torch._scaled_mm (unit scales, fp32 output), whole GEMMs through mxsim's GEMM routes.
     with np.load(H200 / "cublaslt.npz", allow_pickle=False) as data:
         a, b, expected = data[f"{shape}_a"], data[f"{shape}_b"], data[f"{shape}_{mode}_d"]
-    left, right = e4m3_operands(a, b)
+    left, right = gemm_operands(a, b)
     result = matmul(hw(gpu), left, right, a_format="fp8_e4m3", b_format="fp8_e4m3")
     assert_gpu_bits(result.bits.astype(np.uint64).reshape(-1), expected.reshape(-1), "fp32")
 
@@ -264,6 +266,57 @@ def test_h200_cublaslt_default_needs_its_promotion(shape):
     # Without promotion (the fast path's datapath) most outputs of K > 128 differ.
     with np.load(H200 / "cublaslt.npz", allow_pickle=False) as data:
         a, b, expected = data[f"{shape}_a"], data[f"{shape}_b"], data[f"{shape}_exact_d"]
-    left, right = e4m3_operands(a, b)
+    left, right = gemm_operands(a, b)
     result = matmul(hw("h200-cublaslt-fp8-fast"), left, right)
     assert (result.bits != expected).mean() > 0.5
+
+
+#: torch._scaled_mm with fp16 and bf16 outputs: (data set, config).
+CUBLASLT_NARROW = [
+    (f"mm_e4m3{out}_{shape}_{mode}", gpu)
+    for out in ("bf16", "f16")
+    for shape in ("64x64x256", "256x256x4096")
+    for mode, gpu in (("exact", "h200-cublaslt-fp8"), ("fast", "h200-cublaslt-fp8-fast"))
+]
+
+
+@pytest.mark.parametrize("label, gpu", CUBLASLT_NARROW)
+def test_h200_cublaslt_narrow_outputs_round_to_nearest_even(label, gpu):
+    with np.load(H200 / "cublaslt.npz", allow_pickle=False) as data:
+        a, b, expected = data[f"{label}_a"], data[f"{label}_b"], data[f"{label}_d"]
+    out = "bf16" if label.startswith("mm_e4m3bf16") else "fp16"
+    result = matmul(hw(gpu), *gemm_operands(a, b), out_format=out).bits
+    assert_gpu_bits(result.astype(np.uint64).reshape(-1), expected.reshape(-1), out)
+
+
+#: torch.mm's GEMMs whose K cuBLAS split (its splitK kernels): the length of each part.
+CUBLAS_SPLITS = {
+    "mm_f16_256x256x4096": 1408,
+    "mm_bf16_256x256x4096": 1408,
+    "mm_tf32_64x64x256": 32,
+    "mm_tf32_128x128x1024": 64,
+    "mm_tf32_256x256x4096": 256,
+}
+CUBLAS_OUT = {"f16": "fp16", "bf16": "bf16", "tf32": "fp32"}
+
+
+@pytest.mark.parametrize("label", h200_labels("cublas.npz"))
+def test_h200_cublas_gemms_bit_for_bit(label, tmp_path):
+    # torch.mm in fp16, bf16 and fp32 with TF32 allowed: one accumulation, or cuBLAS's parts
+    # of K as promotions (hwconfigs/h200-cublas.yaml)
+    name = label.split("_")[1]
+    with np.load(H200 / "cublas.npz", allow_pickle=False) as data:
+        a, b, expected = data[f"{label}_a"], data[f"{label}_b"], data[f"{label}_d"]
+        split_kernel = any("splitK" in kernel for kernel in data[f"kernels_{label}"])
+    assert split_kernel == (label in CUBLAS_SPLITS)
+    unit = hw("h200-cublas")
+    if label in CUBLAS_SPLITS:
+        split = tmp_path / "split.yaml"
+        split.write_text(
+            f"mxsim_hwconfig: 1\nextends: {REPO / 'hwconfigs' / 'h200-cublas.yaml'}\n"
+            f"name: split\naccumulator: {{promotion_interval: {CUBLAS_SPLITS[label]}}}\n"
+        )
+        unit = load_hwconfig(split)
+    out = CUBLAS_OUT[name]
+    result = matmul(unit, *gemm_operands(a, b, H200_ELEMENT[name]), out_format=out).bits
+    assert_gpu_bits(result.astype(np.uint64).reshape(-1), expected.reshape(-1), out)

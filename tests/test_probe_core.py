@@ -38,9 +38,11 @@ CI_PATHS = {
     "ada": ("fp8_e4m3", "fp8_e4m3", "fp32", 64),
     "h100": ("fp8_e4m3", "fp8_e5m2", "fp16", 32),
     "h200": ("fp8_e5m2", "fp8_e4m3", "fp32", 64),  # fp16 HMMA trees, promotion at 32 acts
+    "h200-cublas": ("bf16", "bf16", "fp16", 32),  # fp32 accumulation, rounded once to fp16
     "b200": ("fp8_e5m2", "fp8_e5m2", "fp32", 64),
     "h100-fp8-promoted": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),  # promotion at 128 acts
     "h200-cublaslt-fp8": ("fp8_e4m3", "fp8_e4m3", "fp32", 160),
+    "h200-cublaslt-fp8-fast": ("fp8_e4m3", "fp8_e5m2", "bf16", 64),
     "bfp-exact": ("mx6", "mx9", "fp32", 32),
     "kulisch": ("int8", "fp8_e4m3", "fp32", 64),
     "mxdotp": (
@@ -77,9 +79,11 @@ CI_PATHS = {
 #: takes about 15 passes (docs/probe.md); the others share their datapath with a config CI
 #: probes and differ in a rounding mode (mxdotp: tests/test_probe_modes.py probes it under round
 #: toward zero in CI), the formats they take (b200-tcgen05) or the zero-term sign (mi250);
-#: h200-cublaslt-fp8 is h100-wgmma's FP8 path (probed in CI) with h100-fp8-promoted's promotion.
+#: h200-cublaslt-fp8 and -fast are h100-wgmma's FP8 path (probed in CI) with h100-fp8-promoted's
+#: promotion and h200-cublas's rounding of narrow outputs.
 LONG_ONLY = {
     "h200-cublaslt-fp8",
+    "h200-cublaslt-fp8-fast",
     "mi300",
     "mxdotp-rtz",
     "mxdotp-rup",
@@ -108,7 +112,6 @@ SAME_AS = {
     "b200-fp8": "b200",
     "t4": "a100",
     "h200-wgmma": "h100-wgmma",
-    "h200-cublaslt-fp8-fast": "h100-wgmma",
     "h100-wgmma-fp8": "h100-wgmma",
     "b200-tcgen05-fp8": "b200-tcgen05",
     "rtx50": "b200-tcgen05",

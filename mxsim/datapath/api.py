@@ -548,12 +548,7 @@ def _operand(
     per_tensor_scale: bool,
 ) -> MXTensor:
     if isinstance(x, MXTensor):
-        if x.block_size != block_size:
-            raise ArgumentError(
-                f"{name}: block size {x.block_size} differs from the unit's {block_size}"
-            )
-        if len(x.shape) != 2:
-            raise ArgumentError(f"{name}: expected a 2-D MXTensor")
+        _check_tensor(x, name, block_size)
         return x
     fmt = default_formats[0] if fmt_name is None else fmt_name
     x = as_float_array(x, name) if isinstance(x, (list, tuple)) else x
@@ -759,9 +754,8 @@ def _group_operands(
         raise ArgumentError(
             f"{name}: an empty list of MXTensors (give a (0, rows, columns) array for no groups)"
         )
-    for g, t in enumerate(x):  # (attention: hundreds of heads; _operand only to raise its error)
-        if t.block_size != block_size or len(t.shape) != 2:
-            _operand(t, f"{name}[{g}]", None, default_formats, block_size, axis, False)
+    for g, t in enumerate(x):
+        _check_tensor(t, f"{name}[{g}]", block_size)
     first = x[0]
     expected = (first.element_format.name, first.shape, first.axis, first.codes.shape)
     for g, t in enumerate(x):
@@ -777,6 +771,51 @@ def _group_operands(
     return MXGroups.of(list(x))
 
 
+def _check_tensor(x: MXTensor, name: str, block_size: int) -> None:
+    """Refuse an MXTensor whose parts do not describe a 2-D tensor in blocks of
+    ``block_size`` with codes of its format."""
+    if x.block_size != block_size:
+        raise ArgumentError(
+            f"{name}: block size {x.block_size} differs from the unit's {block_size}"
+        )
+    if len(x.shape) != 2 or x.axis not in (0, 1):
+        raise ArgumentError(f"{name}: expected a 2-D MXTensor")
+    length, other = x.shape[x.axis] + x.padding, x.shape[1 - x.axis]
+    codes, scales = x.codes, x.scales
+    if (
+        not isinstance(codes, np.ndarray)
+        or not isinstance(scales, np.ndarray)
+        or scales.dtype != np.uint8
+        or x.padding < 0
+        or length % block_size
+        or codes.shape != (other, length)
+        or scales.shape != (other, length // block_size)
+    ):
+        raise ArgumentError(
+            f"{name}: an MXTensor of shape {x.shape} along axis {x.axis}, padded by "
+            f"{x.padding}, needs codes ({other}, {length}) and uint8 scales "
+            f"({other}, {length // block_size}) ({length} a multiple of {block_size})"
+        )
+    _check_field_codes(codes, x.element_format, name)
+
+
+def _check_field_codes(codes, fmt, name: str) -> None:
+    """Refuse element codes that the kernels would read outside their per-code tables: an
+    MXTensor's codes are field codes (stored codes without their padding bits, as the
+    quantizers write them: tf32's 19 bits, not its fp32 pattern), in [0, 2^(bits -
+    padding_bits))."""
+    if not isinstance(codes, np.ndarray) or codes.dtype.kind not in "iu":
+        raise ArgumentError(f"{name}: codes must be an integer numpy array")
+    top = 1 << (fmt.bits - fmt.padding_bits)
+    if codes.dtype.kind == "u" and np.iinfo(codes.dtype).max < top:
+        return  # (every code of the dtype is one: no pass over the codes)
+    if codes.size and (codes.min() < 0 or int(codes.max()) >= top):
+        raise ArgumentError(
+            f"{name}: {fmt.name} codes must lie in [0, {top}) (field codes, as quantize writes "
+            f"them), got {int(codes.min())} to {int(codes.max())}"
+        )
+
+
 def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
     """Refuse an MXGroups whose parts do not describe G 2-D groups quantized along ``axis``
     in blocks of ``block_size`` (each array checked once for the whole batch)."""
@@ -790,8 +829,7 @@ def _check_groups(x: MXGroups, name: str, block_size: int, axis: int) -> None:
             f"axis), got groups of shape {x.shape} along axis {x.axis}"
         )
     codes, scales, shifts = x.codes, x.scales, x.tensor_scale_exponents
-    if not isinstance(codes, np.ndarray) or codes.dtype.kind not in "iu":
-        raise ArgumentError(f"{name}: codes must be an integer numpy array")
+    _check_field_codes(codes, x.element_format, name)
     if not isinstance(scales, np.ndarray) or scales.dtype != np.uint8:
         raise ArgumentError(f"{name}: scales must be a uint8 numpy array")
     if not isinstance(shifts, np.ndarray) or shifts.dtype.kind not in "iu":

@@ -1,24 +1,32 @@
-"""Measure a Hopper GPU's tensor-core dot products: the data in this folder.
+"""Measure a Hopper GPU's tensor-core dot products and GEMMs: the data in this folder.
 
 Run on a machine with an NVIDIA Hopper GPU (H100, H200), CuPy, PyTorch, Triton and ml_dtypes:
 
-    python3 tests/data/gpu-h200/measure.py OUTDIR
+    python3 tests/data/gpu-h200/measure.py OUTDIR [PART ...]
 
-Writes ``OUTDIR/h200-mma.npz``, ``h200-tl.npz``, ``h200-mm.npz`` and ``OUTDIR/measure.log``. Three paths:
+Each part writes ``OUTDIR/h200-PART.npz`` (split into ``-0``, ``-1``, ... past about 12 MB of
+arrays), and the run ``OUTDIR/measure.log``. Parts (default: mma, tl, mm, which share one
+random stream in that order; the others have streams of their own):
 
-* ``mma_*``: one ``mma.sync`` instruction per tile (inline PTX through CuPy): FP8 m16n8k32
-  (four type pairs, fp32 and fp16 accumulate), fp16 / bf16 m16n8k16, tf32 m16n8k8. Arrays per
-  set: ``a`` (T, 16, K) and ``b`` (T, 8, K) element codes (B by columns), ``c`` (T, 16, 8) and
-  ``d`` (T, 16, 8) bits of the accumulator input and the result (fp32 bits, or fp16 bits for
-  fp16 accumulate). Every output D[i, j] = c[i, j] + sum_k a[i, k] b[j, k] is one case.
-* ``tl_*``: Triton's ``tl.dot`` on FP8 tiles of 64 x 64 (``wgmma`` on Hopper): ``a`` (T, 64, K),
-  ``b`` (T, 64, K) by columns, ``c``, ``d`` (T, 64, 64); ``ptx_tl_*`` holds the PTX that ran.
-* ``mm_*``: ``torch._scaled_mm`` (cuBLASLt) on E4M3 with unit scales, fp32 output, fast
-  accumulation on and off: ``a`` (M, K), ``b`` (N, K), ``d`` (M, N) fp32 bits.
+* ``mma``: one ``mma.sync`` instruction per tile (inline PTX through CuPy): FP8 m16n8k32 (four
+  type pairs, fp32 and fp16 accumulate), fp16 / bf16 m16n8k16, tf32 m16n8k8. Arrays per set
+  ``mma_*``: ``a`` (T, 16, K) and ``b`` (T, 8, K) element codes (B by columns), ``c``
+  (T, 16, 8) and ``d`` (T, 16, 8) bits of the accumulator input and the result (fp32 bits, or
+  fp16 bits for fp16 accumulate). Every output D[i, j] = c[i, j] + sum_k a[i, k] b[j, k] is
+  one case. ``chain``: K / 32 chained FP8 instructions (``mma_*_k64_f32``, ``_k128_``).
+* ``tl``: Triton's ``tl.dot`` on FP8 tiles of 64 x 64 (``wgmma`` on Hopper): ``a``
+  (T, 64, K), ``b`` (T, 64, K) by columns, ``c``, ``d`` (T, 64, 64); ``ptx_tl_*`` holds the
+  PTX that ran. ``tl16``: the same on fp16, bf16 and tf32 tiles.
+* ``mm``: ``torch._scaled_mm`` (cuBLASLt) on E4M3 with unit scales, fp32 output, fast
+  accumulation on and off: ``a`` (M, K), ``b`` (N, K), ``d`` (M, N) fp32 bits, ``kernels_*``
+  the kernels that ran. ``mm16``: ``torch.mm`` in fp16, bf16 and fp32 with TF32 allowed
+  (``mm_{f16,bf16,tf32}_*``: outputs in the inputs' format, fp32 for tf32) and
+  ``torch._scaled_mm`` with bf16 and fp16 outputs (``mm_e4m3{bf16,f16}_*``).
 
 Inputs are mostly realistic (normal values scaled per row, rounded to the format), a minority
 corners (codes drawn over all exponents, every code including Inf/NaN, cancelling pairs,
-subnormal and near-overflow values); each tile takes one kind, listed in ``kind_*``.
+subnormal and near-overflow values); each tile takes one kind, listed in ``kind_*``. tf32
+codes are fp32 bit patterns with the low 13 bits zero.
 """
 
 from __future__ import annotations
@@ -454,12 +462,23 @@ def triton_tile_dot():
     return tile_dot
 
 
+def torch_operand(torch, codes, name):
+    """Element codes as a CUDA tensor of the format (a view: no rounding)."""
+    torch_type = {
+        "e4m3": torch.float8_e4m3fn,
+        "e5m2": torch.float8_e5m2,
+        "f16": torch.float16,
+        "bf16": torch.bfloat16,
+        "tf32": torch.float32,
+    }[name]
+    signed = {1: np.int8, 2: np.int16, 4: np.int32}[codes.dtype.itemsize]
+    return torch.from_numpy(np.ascontiguousarray(codes).view(signed)).cuda().view(torch_type)
+
+
 def run_tl(torch, a_name, b_name, a, b, c, f16_out):
     """(output bits (T, 64, 64), the PTX that ran) of tl.dot on A (T, 64, K), B (T, 64, K)."""
-    torch_type = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
     tiles, _, k = a.shape
-    ta = torch.from_numpy(np.ascontiguousarray(a)).cuda().view(torch_type[a_name])
-    tb = torch.from_numpy(np.ascontiguousarray(b)).cuda().view(torch_type[b_name])
+    ta, tb = torch_operand(torch, a, a_name), torch_operand(torch, b, b_name)
     tc = (
         torch.from_numpy(np.ascontiguousarray(c))
         .cuda()
@@ -473,14 +492,24 @@ def run_tl(torch, a_name, b_name, a, b, c, f16_out):
     return td.cpu().numpy().view(np.uint16 if f16_out else np.uint32), compiled.asm.get("ptx", "")
 
 
-def measure_triton(torch, rng, results, tiles):
-    cases = [(x, y, 32, False) for x in FP8 for y in FP8]
-    cases += [
-        ("e4m3", "e4m3", 32, True),
-        ("e5m2", "e5m2", 32, True),
-        ("e4m3", "e4m3", 128, False),
-        ("e5m2", "e4m3", 128, False),
-    ]
+FP8_TL_CASES = [(x, y, 32, False) for x in FP8 for y in FP8] + [
+    ("e4m3", "e4m3", 32, True),
+    ("e5m2", "e5m2", 32, True),
+    ("e4m3", "e4m3", 128, False),
+    ("e5m2", "e4m3", 128, False),
+]
+WIDE_TL_CASES = [
+    ("f16", "f16", 16, False),
+    ("f16", "f16", 64, False),
+    ("f16", "f16", 16, True),
+    ("bf16", "bf16", 16, False),
+    ("bf16", "bf16", 64, False),
+    ("tf32", "tf32", 16, False),
+    ("tf32", "tf32", 64, False),
+]
+
+
+def measure_triton(torch, rng, results, tiles, cases=FP8_TL_CASES):
     for a_name, b_name, k, f16_out in cases:
         label = f"tl_{a_name}_{b_name}_k{k}_{'f16' if f16_out else 'f32'}"
         try:
@@ -545,6 +574,71 @@ def measure_scaled_mm(torch, rng, results):
                 )
                 results[f"kernels_{label}"] = np.array(names)
                 log(f"{label}: kernels {names}")
+            except Exception:
+                log(f"{label}: FAILED\n" + traceback.format_exc())
+
+
+def measure_torch_mm(torch, rng, results):
+    """torch.mm in fp16, bf16 (outputs of the inputs' format) and fp32 with TF32 allowed
+    (fp32 output), and torch._scaled_mm with bf16 output: cuBLAS(Lt) GEMMs as models run
+    them. Inputs are values of the format (TF32 values for the fp32 GEMMs)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    one = torch.ones((), dtype=torch.float32, device="cuda")
+    out_bits = {"f16": np.uint16, "bf16": np.uint16, "tf32": np.uint32}
+    for name in ("f16", "bf16", "tf32"):
+        for m, n, k in ((64, 64, 256), (256, 256, 4096), (128, 128, 1024), (1024, 1024, 1024)):
+            label = f"mm_{name}_{m}x{n}x{k}"
+            try:
+                rows_a = draw_rows(rng, "realistic", m, k, name)
+                rows_b = draw_rows(rng, "realistic", n, k, name)
+                a, b = torch_operand(torch, rows_a, name), torch_operand(torch, rows_b, name)
+                d = torch.mm(a, b.t())
+                bits = (
+                    d.cpu()
+                    .contiguous()
+                    .view(torch.int16 if out_bits[name] is np.uint16 else torch.int32)
+                )
+                results.update(
+                    {
+                        f"{label}_a": rows_a,
+                        f"{label}_b": rows_b,
+                        f"{label}_d": bits.numpy().view(out_bits[name]),
+                        f"kernels_{label}": np.array(
+                            kernel_names(torch, lambda: torch.mm(a, b.t()))
+                        ),
+                    }
+                )
+                log(f"{label}: kernels {results[f'kernels_{label}']}")
+            except Exception:
+                log(f"{label}: FAILED\n" + traceback.format_exc())
+    for m, n, k in ((64, 64, 256), (256, 256, 4096)):
+        rows_a = draw_rows(rng, "realistic", m, k, "e4m3")
+        rows_b = draw_rows(rng, "realistic", n, k, "e4m3")
+        a, b = torch_operand(torch, rows_a, "e4m3"), torch_operand(torch, rows_b, "e4m3")
+        for fast, out in ((False, "bf16"), (True, "bf16"), (False, "f16"), (True, "f16")):
+            label = f"mm_e4m3{out}_{m}x{n}x{k}_{'fast' if fast else 'exact'}"
+            try:
+
+                def call():
+                    return torch._scaled_mm(
+                        a,
+                        b.t(),
+                        scale_a=one,
+                        scale_b=one,
+                        out_dtype=torch.bfloat16 if out == "bf16" else torch.float16,
+                        use_fast_accum=fast,
+                    )
+
+                bits = call().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+                results.update(
+                    {
+                        f"{label}_a": rows_a,
+                        f"{label}_b": rows_b,
+                        f"{label}_d": bits,
+                        f"kernels_{label}": np.array(kernel_names(torch, call)),
+                    }
+                )
+                log(f"{label}: kernels {results[f'kernels_{label}']}")
             except Exception:
                 log(f"{label}: FAILED\n" + traceback.format_exc())
 
@@ -625,6 +719,10 @@ def main(out_dir: str, parts: list[str]) -> int:
         "chain": lambda results: measure_mma_chains(
             cupy, np.random.default_rng(SEED + 1), results, tiles=256
         ),
+        "tl16": lambda results: measure_triton(
+            torch, np.random.default_rng(SEED + 2), results, tiles=8, cases=WIDE_TL_CASES
+        ),
+        "mm16": lambda results: measure_torch_mm(torch, np.random.default_rng(SEED + 3), results),
     }
     for part in parts:
         results: dict[str, np.ndarray] = {}
@@ -632,7 +730,15 @@ def main(out_dir: str, parts: list[str]) -> int:
             steps[part](results)
         except Exception:
             log(f"{part}: FAILED\n" + traceback.format_exc())
-        np.savez_compressed(os.path.join(out_dir, f"h200-{part}.npz"), **results)
+        # files of at most about 12 MB of arrays (what a transfer takes back)
+        chunks: list[dict] = [{}]
+        for key, value in results.items():
+            if chunks[-1] and sum(v.nbytes for v in chunks[-1].values()) + value.nbytes > 12e6:
+                chunks.append({})
+            chunks[-1][key] = value
+        for index, chunk in enumerate(chunks):
+            suffix = f"-{index}" if len(chunks) > 1 else ""
+            np.savez_compressed(os.path.join(out_dir, f"h200-{part}{suffix}.npz"), **chunk)
     with open(os.path.join(out_dir, "measure.log"), "w") as handle:
         handle.write("\n".join(LOG) + "\n")
     return 0
