@@ -2065,8 +2065,9 @@ TF32_BITS = np.ones((4, 64), np.float32).view(np.uint32)  # fp32 patterns, not f
         (_tensor("fp8_e4m3", codes=np.full((4, 64), -3, np.int64)), "got -3 to -3"),
         (_tensor("fp8_e4m3", codes=np.ones((4, 64))), "A: codes must be an integer numpy array"),
         (_tensor("fp8_e4m3", codes=np.zeros((4, 32), np.uint8)), "needs codes (4, 64)"),
-        (_tensor("fp8_e4m3", scales=np.zeros((4, 2), np.int32)), "and uint8 scales (4, 2)"),
-        (_tensor("fp8_e4m3", padding=8), "needs codes (4, 72) and uint8 scales (4, 2) (72 a"),
+        (_tensor("fp8_e4m3", scales=np.zeros((4, 2))), "and integer scales (4, 2)"),
+        (_tensor("fp8_e4m3", scales=np.full((4, 2), 256)), "A: scale codes must lie in [0, 255]"),
+        (_tensor("fp8_e4m3", padding=8), "needs codes (4, 72) and integer scales (4, 2) (72 a"),
         (_tensor("fp8_e4m3", axis=2), "A: expected a 2-D MXTensor"),
     ],
 )

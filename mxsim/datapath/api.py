@@ -785,7 +785,7 @@ def _check_tensor(x: MXTensor, name: str, block_size: int) -> None:
     if (
         not isinstance(codes, np.ndarray)
         or not isinstance(scales, np.ndarray)
-        or scales.dtype != np.uint8
+        or scales.dtype.kind not in "iu"
         or x.padding < 0
         or length % block_size
         or codes.shape != (other, length)
@@ -793,9 +793,11 @@ def _check_tensor(x: MXTensor, name: str, block_size: int) -> None:
     ):
         raise ArgumentError(
             f"{name}: an MXTensor of shape {x.shape} along axis {x.axis}, padded by "
-            f"{x.padding}, needs codes ({other}, {length}) and uint8 scales "
+            f"{x.padding}, needs codes ({other}, {length}) and integer scales "
             f"({other}, {length // block_size}) ({length} a multiple of {block_size})"
         )
+    if scales.dtype != np.uint8 and scales.size and (scales.min() < 0 or scales.max() > 255):
+        raise ArgumentError(f"{name}: scale codes must lie in [0, 255]")
     _check_field_codes(codes, x.element_format, name)
 
 
