@@ -113,7 +113,8 @@ def test_other_units_do_not(name):
         {"align_fraction_bits": None, "sum_significant_bits": None},
         {"align_fraction_bits": 30},  # truncated terms would not fit an int32
         {"promotion_interval": 128, "accumulator_format": "fp16"},  # fp32 adds only
-        {"c_entry": "end"},
+        {"c_entry": "end", "c_add_rounding": "toward_zero"},  # nearest even only
+        {"c_entry": "end", "accumulator_format": "fp16"},  # binary32 adds only
         {"sum_rounding": "stochastic"},
         {"accumulator_format": "exact", "align_fraction_bits": None, "sum_significant_bits": None},
         {"scales": "products", "block_size": 16},  # a tree spanning two scale blocks
@@ -345,6 +346,23 @@ def promoting_params(draw) -> DatapathParams:
         accumulator_format="fp32",
         promotion_interval=params.fused_terms * draw(st.integers(1, 4)),
     )
+
+
+@st.composite
+def c_at_end_params(draw) -> DatapathParams:
+    """Units of the family that add c once after the last tree (an fp32 accumulator, nearest
+    even: cuBLAS's bias epilogue), with or without a term order."""
+    params = draw(window_params())
+    return dataclasses.replace(
+        params, accumulator_format="fp32", c_entry="end", c_add_rounding="nearest_even"
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(params=c_at_end_params(), **ROUTE_CASES)
+def test_c_at_the_end_equals_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
 
 
 @settings(max_examples=40, deadline=None)

@@ -300,23 +300,85 @@ CUBLAS_SPLITS = {
 CUBLAS_OUT = {"f16": "fp16", "bf16": "bf16", "tf32": "fp32"}
 
 
-@pytest.mark.parametrize("label", h200_labels("cublas.npz"))
+def cublas_set(label: str):
+    """(A, B, C or bias codes or None, output bits, whether cuBLAS split K) of a torch.mm,
+    torch.addmm or F.linear set."""
+    with np.load(H200 / "cublas.npz", allow_pickle=False) as data:
+        c = data[f"{label}_c"] if f"{label}_c" in data.files else None
+        split = any("splitK" in kernel for kernel in data[f"kernels_{label}"])
+        return data[f"{label}_a"], data[f"{label}_b"], c, data[f"{label}_d"], split
+
+
+def cublas_unit(label: str, tmp_path):
+    """h200-cublas, or for a GEMM whose K cuBLAS split, the same with its parts as promotions
+    (c, where there is one, then starts the outer accumulator)."""
+    if label not in CUBLAS_SPLITS:
+        return hw("h200-cublas")
+    split = tmp_path / "split.yaml"
+    split.write_text(
+        f"mxsim_hwconfig: 1\nextends: {REPO / 'hwconfigs' / 'h200-cublas.yaml'}\n"
+        f"name: split\naccumulator: {{promotion_interval: {CUBLAS_SPLITS[label]}}}\n"
+        "overrides: [{accumulator: {c_entry: initial}}]\n"
+    )
+    return load_hwconfig(split)
+
+
+def cublas_values(codes, name: str) -> np.ndarray:
+    """fp32 values of fp16, bf16 or tf32 codes (exact)."""
+    element = get_format(H200_ELEMENT[name])
+    return element.decode(codes).astype(np.float32)
+
+
+CUBLAS_LABELS = h200_labels("cublas.npz")
+
+
+@pytest.mark.parametrize(
+    "label", [label for label in CUBLAS_LABELS if label.split("_")[1] in CUBLAS_OUT]
+)
 def test_h200_cublas_gemms_bit_for_bit(label, tmp_path):
     # torch.mm in fp16, bf16 and fp32 with TF32 allowed: one accumulation, or cuBLAS's parts
     # of K as promotions (hwconfigs/h200-cublas.yaml)
     name = label.split("_")[1]
-    with np.load(H200 / "cublas.npz", allow_pickle=False) as data:
-        a, b, expected = data[f"{label}_a"], data[f"{label}_b"], data[f"{label}_d"]
-        split_kernel = any("splitK" in kernel for kernel in data[f"kernels_{label}"])
-    assert split_kernel == (label in CUBLAS_SPLITS)
-    unit = hw("h200-cublas")
-    if label in CUBLAS_SPLITS:
-        split = tmp_path / "split.yaml"
-        split.write_text(
-            f"mxsim_hwconfig: 1\nextends: {REPO / 'hwconfigs' / 'h200-cublas.yaml'}\n"
-            f"name: split\naccumulator: {{promotion_interval: {CUBLAS_SPLITS[label]}}}\n"
-        )
-        unit = load_hwconfig(split)
+    a, b, _, expected, split = cublas_set(label)
+    assert split == (label in CUBLAS_SPLITS)
     out = CUBLAS_OUT[name]
+    unit = cublas_unit(label, tmp_path)
     result = matmul(unit, *gemm_operands(a, b, H200_ELEMENT[name]), out_format=out).bits
+    assert_gpu_bits(result.astype(np.uint64).reshape(-1), expected.reshape(-1), out)
+
+
+@pytest.mark.parametrize("label", [label for label in CUBLAS_LABELS if "linear" in label])
+def test_h200_cublas_bias_is_one_fp32_add_after_the_sum(label, tmp_path):
+    # F.linear with a bias: cuBLAS's bias epilogue adds it to the fp32 sum, nearest even
+    # (c_entry: end); where cuBLAS split K, after the parts' reduction.
+    name = label.split("_")[1].removesuffix("linear")
+    a, b, bias, expected, split = cublas_set(label)
+    out = CUBLAS_OUT[name]
+    c = np.broadcast_to(cublas_values(bias[0], name), expected.shape).copy()
+    operands = gemm_operands(a, b, H200_ELEMENT[name])
+    if not split:
+        result = matmul(hw("h200-cublas"), *operands, c=c, out_format=out).bits
+    else:  # the split sum in fp32, then the bias: one add, then the output's rounding
+        unit = cublas_unit(label.replace("linear", ""), tmp_path)
+        total = matmul(unit, *operands, out_format="fp32").bits.view(np.float32) + c
+        result = get_format(out).encode(total.astype(np.float64))
+    assert_gpu_bits(result.astype(np.uint64).reshape(-1), expected.reshape(-1), out)
+
+
+@pytest.mark.parametrize("label", [label for label in CUBLAS_LABELS if "addmm" in label])
+def test_h200_cublas_addmm_adds_c_as_documented(label, tmp_path):
+    # torch.addmm with a matrix C: without a split, cuBLAS's beta-add epilogue rounds the fp32
+    # sum to the output format first and adds C there (two roundings; no config key says
+    # this); after a split K, C joins the parts' fp32 reduction last, as the bias does.
+    name = label.split("_")[1].removesuffix("addmm")
+    a, b, c_codes, expected, split = cublas_set(label)
+    out, element = CUBLAS_OUT[name], get_format(CUBLAS_OUT[name])
+    c = cublas_values(c_codes, name).astype(np.float64)
+    unit = cublas_unit(label.replace("addmm", ""), tmp_path)
+    total = matmul(unit, *gemm_operands(a, b, H200_ELEMENT[name]), out_format="fp32").bits
+    total = total.view(np.float32).astype(np.float64)
+    if split:
+        result = element.encode((total + c).astype(np.float32).astype(np.float64))
+    else:
+        result = element.encode(element.decode(element.encode(total)) + c)
     assert_gpu_bits(result.astype(np.uint64).reshape(-1), expected.reshape(-1), out)

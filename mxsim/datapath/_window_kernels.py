@@ -96,8 +96,10 @@ W_ZERO_FLOOR = (
 W_FLOAT32_ADD = 21
 # accumulator.promotion_interval (0: none): every this many products the fp32 accumulator is
 # added into an outer fp32 accumulator (one binary32 add, nearest even), which c starts.
+# PROMOTION_AT_END, an interval no K reaches: the one add at the end of c_entry: end.
 W_PROMOTION = 22
 N_WINDOW_CONFIG = 23
+PROMOTION_AT_END = 1 << 62
 FLOAT32_SMALLEST_NORMAL = 2.0**-126
 FLOAT32_LARGEST = (2.0 - 2.0**-23) * 2.0**127
 

@@ -581,7 +581,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ("initial", "end"),
             record=Record(lambda value: value == "end", np.bool_, "c_at_end"),
             blas=_exact_accumulator_or(only("initial")),
-            window=only("initial"),
+            window=any_value,  # 'end': one binary32 add at the end (datapath.window)
             groups=only("initial"),
         ),
         "c_add_rounding": Key(

@@ -127,8 +127,12 @@ def _window_config(params: DatapathParams):
     b = _format_tables(params.b_format, params.input_subnormals)
     if a is None or b is None:
         return None
-    # Promotion adds fp32 accumulators by binary32 arithmetic, and c enters them unrounded.
-    if params.promotion_interval and params.accumulator_format != "fp32":
+    # Promotion adds fp32 accumulators by binary32 arithmetic, and c enters them unrounded;
+    # c added at the end is such an add, once (tree_end_config).
+    c_at_end = params.c_entry == "end"
+    if (params.promotion_interval or c_at_end) and params.accumulator_format != "fp32":
+        return None
+    if c_at_end and params.c_add_rounding != "nearest_even":
         return None
     # A term order reorders runs inside blocks (in_tree_order): the trees' scales stay theirs.
     if params.term_order is not None and params.block_size % len(params.term_order):
@@ -213,7 +217,9 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     cfg[W.W_ZERO_FLOOR] = (
         NO_ZERO_TERM_EXPONENT if params.zero_term_exponent is None else params.zero_term_exponent
     )
-    cfg[W.W_PROMOTION] = params.promotion_interval or 0
+    cfg[W.W_PROMOTION] = params.promotion_interval or (
+        W.PROMOTION_AT_END if params.c_entry == "end" else 0
+    )
     return cfg
 
 

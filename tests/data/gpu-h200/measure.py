@@ -21,7 +21,9 @@ random stream in that order; the others have streams of their own):
   accumulation on and off: ``a`` (M, K), ``b`` (N, K), ``d`` (M, N) fp32 bits, ``kernels_*``
   the kernels that ran. ``mm16``: ``torch.mm`` in fp16, bf16 and fp32 with TF32 allowed
   (``mm_{f16,bf16,tf32}_*``: outputs in the inputs' format, fp32 for tf32) and
-  ``torch._scaled_mm`` with bf16 and fp16 outputs (``mm_e4m3{bf16,f16}_*``).
+  ``torch._scaled_mm`` with bf16 and fp16 outputs (``mm_e4m3{bf16,f16}_*``). ``addmm``:
+  ``torch.addmm`` and ``F.linear`` with a bias in fp16, bf16 and TF32 (``mm_{f16,bf16,tf32}
+  {addmm,linear}_*``, ``c`` the codes of C or of the bias).
 
 Inputs are mostly realistic (normal values scaled per row, rounded to the format), a minority
 corners (codes drawn over all exponents, every code including Inf/NaN, cancelling pairs,
@@ -643,6 +645,49 @@ def measure_torch_mm(torch, rng, results):
                 log(f"{label}: FAILED\n" + traceback.format_exc())
 
 
+def measure_addmm(torch, rng, results):
+    """torch.addmm (C + A B^T, C a matrix of the inputs' format) and F.linear with a bias
+    (C a row broadcast down the columns) in fp16, bf16 and fp32 with TF32 allowed: where
+    cuBLAS adds C. ``c`` holds C's codes ((M, N), or (N,) for a bias)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    out_bits = {
+        "f16": (np.uint16, torch.int16),
+        "bf16": (np.uint16, torch.int16),
+        "tf32": (np.uint32, torch.int32),
+    }
+    for name in ("f16", "bf16", "tf32"):
+        for m, n, k in ((64, 64, 256), (256, 256, 4096)):
+            rows_a = draw_rows(rng, "realistic", m, k, name)
+            rows_b = draw_rows(rng, "realistic", n, k, name)
+            a, b = torch_operand(torch, rows_a, name), torch_operand(torch, rows_b, name)
+            for kind in ("addmm", "linear"):
+                label = f"mm_{name}{kind}_{m}x{n}x{k}"
+                try:
+                    shape = (m, n) if kind == "addmm" else (1, n)
+                    codes_c = draw_rows(rng, "realistic", *shape, name)
+                    c = torch_operand(torch, codes_c, name)
+
+                    def call():
+                        if kind == "addmm":
+                            return torch.addmm(c, a, b.t())
+                        return torch.nn.functional.linear(a, b, c[0])
+
+                    dtype, view = out_bits[name]
+                    bits = call().cpu().contiguous().view(view).numpy().view(dtype)
+                    results.update(
+                        {
+                            f"{label}_a": rows_a,
+                            f"{label}_b": rows_b,
+                            f"{label}_c": codes_c,
+                            f"{label}_d": bits,
+                            f"kernels_{label}": np.array(kernel_names(torch, call)),
+                        }
+                    )
+                    log(f"{label}: kernels {results[f'kernels_{label}']}")
+                except Exception:
+                    log(f"{label}: FAILED\n" + traceback.format_exc())
+
+
 def kernel_names(torch, call) -> list[str]:
     """Names of the GPU kernels one call launches (the profiler's view; empty if it fails)."""
     try:
@@ -723,6 +768,7 @@ def main(out_dir: str, parts: list[str]) -> int:
             torch, np.random.default_rng(SEED + 2), results, tiles=8, cases=WIDE_TL_CASES
         ),
         "mm16": lambda results: measure_torch_mm(torch, np.random.default_rng(SEED + 3), results),
+        "addmm": lambda results: measure_addmm(torch, np.random.default_rng(SEED + 4), results),
     }
     for part in parts:
         results: dict[str, np.ndarray] = {}
