@@ -23,7 +23,8 @@ random stream in that order; the others have streams of their own):
   (``mm_{f16,bf16,tf32}_*``: outputs in the inputs' format, fp32 for tf32) and
   ``torch._scaled_mm`` with bf16 and fp16 outputs (``mm_e4m3{bf16,f16}_*``). ``addmm``:
   ``torch.addmm`` and ``F.linear`` with a bias in fp16, bf16 and TF32 (``mm_{f16,bf16,tf32}
-  {addmm,linear}_*``, ``c`` the codes of C or of the bias).
+  {addmm,linear}_*``, ``c`` the codes of C or of the bias). ``linear``: ``F.linear`` with a
+  bias at a transformer's shapes in fp16 and bf16.
 
 Inputs are mostly realistic (normal values scaled per row, rounded to the format), a minority
 corners (codes drawn over all exponents, every code including Inf/NaN, cancelling pairs,
@@ -645,6 +646,38 @@ def measure_torch_mm(torch, rng, results):
                 log(f"{label}: FAILED\n" + traceback.format_exc())
 
 
+def measure_linears(torch, rng, results):
+    """F.linear with a bias at a transformer's shapes (224 tokens: MiniLM's hidden 384 and
+    intermediate 1536, and a 4096-wide layer) in fp16 and bf16."""
+    shapes = ((224, 1536, 384), (224, 384, 1536), (224, 384, 384), (512, 4096, 4096))
+    for name in ("f16", "bf16"):
+        for m, n, k in shapes:
+            label = f"mm_{name}linear_{m}x{n}x{k}"
+            try:
+                rows_a = draw_rows(rng, "realistic", m, k, name)
+                rows_b = draw_rows(rng, "realistic", n, k, name)
+                codes_c = draw_rows(rng, "realistic", 1, n, name)
+                a, b = torch_operand(torch, rows_a, name), torch_operand(torch, rows_b, name)
+                c = torch_operand(torch, codes_c, name)
+
+                def call():
+                    return torch.nn.functional.linear(a, b, c[0])
+
+                bits = call().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+                results.update(
+                    {
+                        f"{label}_a": rows_a,
+                        f"{label}_b": rows_b,
+                        f"{label}_c": codes_c,
+                        f"{label}_d": bits,
+                        f"kernels_{label}": np.array(kernel_names(torch, call)),
+                    }
+                )
+                log(f"{label}: kernels {results[f'kernels_{label}']}")
+            except Exception:
+                log(f"{label}: FAILED\n" + traceback.format_exc())
+
+
 def measure_addmm(torch, rng, results):
     """torch.addmm (C + A B^T, C a matrix of the inputs' format) and F.linear with a bias
     (C a row broadcast down the columns) in fp16, bf16 and fp32 with TF32 allowed: where
@@ -769,6 +802,7 @@ def main(out_dir: str, parts: list[str]) -> int:
         ),
         "mm16": lambda results: measure_torch_mm(torch, np.random.default_rng(SEED + 3), results),
         "addmm": lambda results: measure_addmm(torch, np.random.default_rng(SEED + 4), results),
+        "linear": lambda results: measure_linears(torch, np.random.default_rng(SEED + 5), results),
     }
     for part in parts:
         results: dict[str, np.ndarray] = {}
