@@ -198,7 +198,7 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
         ("blas", "kulisch", {"output.rounding": "toward_zero"}),
         ("blas", "mxdotp", {"accumulator.overflow": "infinity"}),  # a grid: ieee overflow only
         ("window", "h100-fp8", {"adder.below_window": "sticky"}),
-        ("window", "h100-fp8", {"accumulator.c_entry": "end"}),
+        ("window", "h100-fp8", {"adder.carry_bits": 4}),
         ("blas", "ocp-exact", {"output.zero_sign": "positive"}),
         ("blas", "ocp-exact", {"output.zero_sign": "exact_positive"}),
         ("blas", "ocp-exact", {"adder.structure": "pairwise_rounded"}),
