@@ -296,6 +296,11 @@ CUBLAS_SPLITS = {
     "mm_tf32_64x64x256": 32,
     "mm_tf32_128x128x1024": 64,
     "mm_tf32_256x256x4096": 256,
+    # F.linear at decoding shapes (1 and 8 tokens): the bias after the parts' reduction
+    "mm_f16_1x4096x4096": 1408,
+    "mm_f16_8x4096x4096": 1408,
+    "mm_bf16_1x4096x4096": 1408,
+    "mm_bf16_8x4096x4096": 1408,
 }
 CUBLAS_OUT = {"f16": "fp16", "bf16": "bf16", "tf32": "fp32"}
 

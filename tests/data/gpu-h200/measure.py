@@ -24,7 +24,7 @@ random stream in that order; the others have streams of their own):
   ``torch._scaled_mm`` with bf16 and fp16 outputs (``mm_e4m3{bf16,f16}_*``). ``addmm``:
   ``torch.addmm`` and ``F.linear`` with a bias in fp16, bf16 and TF32 (``mm_{f16,bf16,tf32}
   {addmm,linear}_*``, ``c`` the codes of C or of the bias). ``linear``: ``F.linear`` with a
-  bias at a transformer's shapes in fp16 and bf16.
+  bias at a transformer's shapes in fp16 and bf16; ``decode``: the same at 1 and 8 tokens.
 
 Inputs are mostly realistic (normal values scaled per row, rounded to the format), a minority
 corners (codes drawn over all exponents, every code including Inf/NaN, cancelling pairs,
@@ -678,6 +678,37 @@ def measure_linears(torch, rng, results):
                 log(f"{label}: FAILED\n" + traceback.format_exc())
 
 
+def measure_decode_linears(torch, rng, results):
+    """F.linear with a bias at decoding shapes (1 and 8 tokens, 4096 x 4096 weights) in fp16
+    and bf16; the first 64 output columns kept (B's first 64 rows, the bias's first 64)."""
+    for name in ("f16", "bf16"):
+        for m, n, k in ((1, 4096, 4096), (8, 4096, 4096)):
+            label = f"mm_{name}linear_{m}x{n}x{k}"
+            try:
+                rows_a = draw_rows(rng, "realistic", m, k, name)
+                rows_b = draw_rows(rng, "realistic", n, k, name)
+                codes_c = draw_rows(rng, "realistic", 1, n, name)
+                a, b = torch_operand(torch, rows_a, name), torch_operand(torch, rows_b, name)
+                c = torch_operand(torch, codes_c, name)
+
+                def call():
+                    return torch.nn.functional.linear(a, b, c[0])
+
+                bits = call().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+                results.update(
+                    {
+                        f"{label}_a": rows_a,
+                        f"{label}_b": rows_b[:64],
+                        f"{label}_c": codes_c[:, :64],
+                        f"{label}_d": bits[:, :64],
+                        f"kernels_{label}": np.array(kernel_names(torch, call)),
+                    }
+                )
+                log(f"{label}: kernels {results[f'kernels_{label}']}")
+            except Exception:
+                log(f"{label}: FAILED\n" + traceback.format_exc())
+
+
 def measure_addmm(torch, rng, results):
     """torch.addmm (C + A B^T, C a matrix of the inputs' format) and F.linear with a bias
     (C a row broadcast down the columns) in fp16, bf16 and fp32 with TF32 allowed: where
@@ -803,6 +834,9 @@ def main(out_dir: str, parts: list[str]) -> int:
         "mm16": lambda results: measure_torch_mm(torch, np.random.default_rng(SEED + 3), results),
         "addmm": lambda results: measure_addmm(torch, np.random.default_rng(SEED + 4), results),
         "linear": lambda results: measure_linears(torch, np.random.default_rng(SEED + 5), results),
+        "decode": lambda results: measure_decode_linears(
+            torch, np.random.default_rng(SEED + 6), results
+        ),
     }
     for part in parts:
         results: dict[str, np.ndarray] = {}
