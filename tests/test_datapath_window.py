@@ -567,7 +567,7 @@ def test_matmul_recomputes_flagged_outputs_with_the_generic_kernel(name):
     )
 
 
-@pytest.mark.parametrize("name", ["b200-fp8", "b200-tcgen05-mxf8f6f4"])
+@pytest.mark.parametrize("name", ["b200-fp8", "b200-tcgen05-mxf8f6f4", "h200-fp8"])
 def test_kept_tiles_of_b_give_the_bits_of_decoding_b_per_call(name):
     # window_matmul with a memo decodes B's tiles once and reads them in later calls: the
     # same outputs and flags as without, and as the generic kernel, for a batch of two GEMMs
@@ -612,7 +612,7 @@ def test_kept_tiles_of_b_give_the_bits_of_decoding_b_per_call(name):
         slow = np.empty_like(kept)
         matmul_groups(*operands, *_kernel_arguments(params)[2], slow)
         np.testing.assert_array_equal(kept[unflagged], slow[unflagged])
-        values = memo["window", None][1]
+        values = memo["window", params.term_order][1]
         tiles = (groups, 2, codes_b.shape[2], -(-columns // 2))  # K padded to whole blocks
         assert values.shape == tiles and not values.flags.writeable
 

@@ -811,7 +811,7 @@ def _check_field_codes(codes, fmt, name: str) -> None:
     top = 1 << (fmt.bits - fmt.padding_bits)
     if codes.dtype.kind == "u" and np.iinfo(codes.dtype).max < top:
         return  # (every code of the dtype is one: no pass over the codes)
-    if codes.size and (codes.min() < 0 or int(codes.max()) >= top):
+    if codes.size and ((codes.dtype.kind == "i" and codes.min() < 0) or int(codes.max()) >= top):
         raise ArgumentError(
             f"{name}: {fmt.name} codes must lie in [0, {top}) (field codes, as quantize writes "
             f"them), got {int(codes.min())} to {int(codes.max())}"

@@ -274,7 +274,7 @@ def window_matmul(
     is not a multiple of the tile width), and later calls read them instead of decoding B
     again."""
     cfg, a, b = _window_config(params)
-    codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
+    codes_a = in_tree_order(params, codes_a)
     scaled = bool(cfg[W.W_SCALED])
     flags = np.empty(out.shape, dtype=np.uint8)
     n_groups, n_rows = codes_a.shape[0], codes_a.shape[1]
@@ -283,7 +283,8 @@ def window_matmul(
     width = max(1, -(-n_columns // n_tiles))
     key = ("window", params.term_order)  # B's tiles in the trees' order
     kept = None if memo is None else memo.get(key)
-    if kept is None:
+    if kept is None:  # (kept tiles are in the trees' order already: B is reordered once)
+        codes_b = in_tree_order(params, codes_b)
         kept = (W.unusable_rows(codes_b, scales_b, *b.non_finite, scaled), *_NO_TILES)
         if memo is not None:
             tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
