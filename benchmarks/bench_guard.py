@@ -72,6 +72,8 @@ CASES = [
     Case("b200-fp8", "fp8_e4m3"),
     Case("h200-cublaslt-fp8", "fp8_e4m3"),  # the window route's promotion
     Case("h200-fp8", "fp8_e4m3"),  # the window route's term order
+    Case("a100-dmma", "fp64"),  # the FMA-chain route
+    Case("mi300", "fp32"),  # the FMA-chain route in float32
 ]
 
 

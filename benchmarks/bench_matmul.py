@@ -40,6 +40,7 @@ from mxsim.quantize import BFP_SPECS
 from mxsim.datapath.batch import exact_tiles_apply
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
+from mxsim.datapath.fma import fma_applies
 from mxsim.datapath.groups import groups_apply
 from mxsim.datapath.window import window_applies
 
@@ -87,6 +88,8 @@ def route(hw, a, b) -> str:
         return "exact tiles" if exact_tiles_apply(params, rows, columns, length) else "exact BLAS"
     if groups_apply(params):
         return "group-sum route"
+    if fma_applies(params):
+        return "FMA chain"
     return "window kernel" if window_applies(params) else "generic kernel"
 
 

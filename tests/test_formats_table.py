@@ -24,6 +24,7 @@ from mxsim.formats import (
     get_format,
 )
 from mxsim.formats.reference import decode_reference, draw32_reference, encode_reference
+from mxsim.formats.table import native_float_dtype
 
 ALL_FORMATS = list(FORMATS)
 INT8_NO_MINUS_TWO = dataclasses.replace(FORMATS["int8"], allow_min_twos_complement=False)
@@ -560,3 +561,58 @@ def test_kept_kernel_params_and_decode_table_are_read_only(name):
         assert not array.flags.writeable
         with pytest.raises(ValueError):
             array[0] = array[0]
+
+
+def rounding_boundaries(fmt, dtype, rng, count: int | None = None) -> np.ndarray:
+    """Inputs of ``dtype`` at every place rounding into ``fmt`` (an IEEE format with a numpy
+    float's layout) decides something: its finite values, each pair of adjacent ones'
+    midpoint (a tie) and the inputs beside each, the overflow threshold, ±Inf, the quiet NaN
+    and NaNs with every payload bit set, all with both signs; ``count`` codes drawn at
+    random instead of every one (fp32's four billion, fp64's)."""
+    native = native_float_dtype(fmt)
+    bits = np.dtype(f"uint{fmt.bits}")
+    info = np.finfo(native)
+    top = int(np.array(info.max, native).view(bits))  # the largest finite code
+    if count is None:
+        codes = np.arange(top, dtype=bits)
+    else:
+        codes = np.unique(rng.integers(0, top, count, dtype=bits, endpoint=False))
+    low = codes.view(native).astype(np.float64)
+    high = (codes + bits.type(1)).view(native).astype(np.float64)
+    ulp = 2.0 ** (info.maxexp - 1 - info.nmant)
+    input_bits = np.dtype(f"uint{8 * np.dtype(dtype).itemsize}")
+    ones, mantissa_bits = int(np.iinfo(input_bits).max), np.finfo(dtype).nmant
+    signalling = (ones >> 1) >> mantissa_bits << mantissa_bits | 1
+    nans = np.array([ones, ones >> 1, signalling], input_bits).view(dtype)
+    with np.errstate(all="ignore"):  # (past the largest values: Inf; the NaNs' casts)
+        wide = np.concatenate([low, (low + high) / 2, [float(info.max) + ulp / 2, np.inf]])
+        values = np.concatenate([wide, -wide]).astype(dtype)
+        values = np.concatenate([values, *(np.nextafter(values, v) for v in (-np.inf, np.inf))])
+    return np.concatenate([values, nans, np.array([np.nan], dtype)])
+
+
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("fp16", np.float32),
+        ("fp16", np.float64),
+        ("fp32", np.float64),
+        ("fp64", np.float64),
+        ("fp64", np.float32),
+        ("fp32", np.float16),
+    ],
+)
+@pytest.mark.parametrize("overflow", ["saturate", "inf_nan", "inf"])
+def test_numpys_conversion_is_the_kernels_rounding_to_nearest_even(
+    monkeypatch, name, dtype, overflow
+):
+    # encode rounds to nearest even into fp16/fp32/fp64 by numpy's own conversion: the
+    # kernel's codes at every tie, beside it, at overflow, for NaN payloads and signed zeros.
+    import mxsim.formats.table as table
+
+    fmt = get_format(name)
+    rng = np.random.default_rng(3)
+    values = rounding_boundaries(fmt, dtype, rng, None if fmt.bits == 16 else 200_000)
+    fast = fmt.encode(values, overflow=overflow)
+    monkeypatch.setattr(table, "native_float_dtype", lambda fmt: None)
+    assert np.array_equal(fast, fmt.encode(values, overflow=overflow))

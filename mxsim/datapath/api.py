@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..formats import FormatInfo, get_format
-from ..formats.table import INPUT_FLOATS, as_float_array
+from ..formats.table import as_float_array, native_float_dtype
 from .._threads import SERIAL_GEMM_BELOW, run_in_threads, threads_for
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_grouped
@@ -30,6 +30,7 @@ from .batch import (
 )
 from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
 from .config import HardwareConfig, check_wide_products, load_hwconfig
+from .fma import fma_applies, fma_dot, fma_matmul
 from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
 from .schema import FLOAT32_FORMATS, DatapathParams, kernel_record
@@ -244,7 +245,7 @@ def as_float(bits: np.ndarray, out_format: str = "fp32") -> np.ndarray:
     the canonical quiet NaN, as ``FormatInfo.decode``)."""
     fmt = get_format(out_format)
     bits = np.asarray(bits)
-    native = _native_float(fmt)
+    native = native_float_dtype(fmt)
     if native is None or bits.dtype != fmt.code_dtype or not subnormals_work():
         return fmt.decode(bits)
     # numpy's own widening of the same IEEE layout: exact, subnormals included (checked above)
@@ -271,7 +272,7 @@ def as_float_times_power_of_two(bits: np.ndarray, out_format: str, exponents) ->
         return as_float(bits, out_format)
     fmt = get_format(out_format)
     bits = np.asarray(bits)
-    native = _native_float(fmt)
+    native = native_float_dtype(fmt)
     info = np.finfo(np.float64)
     if (
         native is None
@@ -290,35 +291,6 @@ def as_float_times_power_of_two(bits: np.ndarray, out_format: str, exponents) ->
             values = values * powers
     _canonical_nans(values)
     return values
-
-
-@functools.lru_cache(maxsize=None)
-def _native_float(fmt: FormatInfo):
-    """The numpy float dtype with ``fmt``'s IEEE binary layout (fp16, fp32), or None."""
-    for dtype, (exponent_bits, mantissa_bits, _) in INPUT_FLOATS.items():
-        if (
-            fmt.bits,
-            fmt.exponent_bits,
-            fmt.mantissa_bits,
-            fmt.bias,
-            fmt.signed,
-            fmt.twos_complement,
-            fmt.specials,
-            fmt.subnormals,
-            fmt.padding_bits,
-        ) == (
-            1 + exponent_bits + mantissa_bits,
-            exponent_bits,
-            mantissa_bits,
-            (1 << (exponent_bits - 1)) - 1,
-            True,
-            False,
-            "ieee",
-            True,
-            0,
-        ):
-            return dtype
-    return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -496,9 +468,14 @@ def _dot_routed(
     """The output bits of :func:`dot_with_params` from its validated operands (read only),
     inside the caller's ``threads_for`` block."""
     out = np.empty(a.shape[0], dtype=kernel_output_dtype(params.output_format))
-    if method == "auto" and window_applies(params):
-        left = window_dot(params, a, b, exponents_a, exponents_b, c_values, out)
-        if left.size:  # specials and out-of-range values: the generic kernel
+    route_dot = None
+    if method == "auto" and fma_applies(params):
+        route_dot = fma_dot
+    elif method == "auto" and window_applies(params):
+        route_dot = window_dot
+    if route_dot is not None:
+        left = route_dot(params, a, b, exponents_a, exponents_b, c_values, out)
+        if left.size:  # specials, out-of-range values, NaN results: the generic kernel
             part = np.empty(left.size, dtype=out.dtype)
             _dot_rows(
                 a[left],
@@ -1140,7 +1117,11 @@ def _gemm_routes(
                     out,
                 )
         return out
-    window = method == "auto" and window_applies(params)
+    route_matmul = None
+    if method == "auto" and fma_applies(params):
+        route_matmul = fma_matmul
+    elif method == "auto" and window_applies(params):
+        route_matmul = window_matmul
     for g0, g1, r0, r1 in batch_passes(
         groups, rows, tile_rows if progress is not None else max(groups * rows, 1)
     ):
@@ -1152,10 +1133,10 @@ def _gemm_routes(
             exponents_b[g0:g1],
             c_tile,
         )
-        if window:
+        if route_matmul is not None:
             whole_b = g0 == 0 and g1 == groups  # the memo holds B's tiles of every group
-            g, m, n = window_matmul(params, *tile, out[g0:g1, r0:r1], memo if whole_b else None)
-            if m.size:  # specials and out-of-range values: the generic kernel
+            g, m, n = route_matmul(params, *tile, out[g0:g1, r0:r1], memo if whole_b else None)
+            if m.size:  # specials, out-of-range values, NaN results: the generic kernel
                 _recompute(g, m, n, *tile, kernel_args, out[g0:g1, r0:r1])
         else:
             matmul_groups(*tile, *kernel_args, out[g0:g1, r0:r1])

@@ -42,7 +42,7 @@ NO_SPECIAL_ACCUMULATOR_EXPONENT = -(1 << 40)
 NO_PRODUCT_OVERFLOW = 1 << 40
 #: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
 ACCUMULATOR_OVERFLOW = {"ieee": "inf_nan", "infinity": "inf"}
-ROUTES = ("blas", "window", "groups")
+ROUTES = ("blas", "window", "groups", "fma")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
 #: the unit bit for bit with this value of the key (given the unit's other values).
@@ -80,7 +80,7 @@ class Key:
     :data:`REQUIRED` if the key has none. ``field`` names its :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
-    format parameters). ``blas``/``window``/``groups`` are the routes' declarations (None:
+    format parameters). ``blas``/``window``/``groups``/``fma`` are the routes' declarations (None:
     the route refuses)."""
 
     kind: str
@@ -94,6 +94,7 @@ class Key:
     blas: Accepts | None = None
     window: Accepts | None = None
     groups: Accepts | None = None
+    fma: Accepts | None = None
 
 
 def _exact_accumulator_or(accepts: Accepts) -> Accepts:
@@ -125,6 +126,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,
+            fma=any_value,
         ),  # routes check the formats
         "b_formats": Key(
             "format_list",
@@ -136,6 +138,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,
+            fma=any_value,
         ),
         "format_groups": Key(
             "format_groups",
@@ -150,6 +153,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,
+            fma=any_value,
         ),
         "block_size": Key(
             "int",
@@ -160,6 +164,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,
+            fma=any_value,
         ),  # groups: whole groups, checked there
         "scales": Key(
             "str",
@@ -185,6 +190,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                 value != "group_sum" and _trees_inside_blocks(value, params)
             ),
             groups=only("group_sum"),
+            fma=only("none"),
         ),
         "scale_format": Key(
             "format",
@@ -197,6 +203,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("e8m0"),
             window=only("e8m0"),
             groups=any_value,  # the route reads the scale format's tables (groups.py checks them)
+            fma=any_value,
         ),
         "subnormals": Key(
             "bool",
@@ -206,6 +213,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(True),
             window=any_value,
             groups=any_value,
+            fma=only(True),
         ),
         "c_format": Key(
             "format",
@@ -228,6 +236,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                 )
             ),
             groups=only("fp32"),
+            fma=any_value,
         ),
         "same_format": Key(
             "bool",
@@ -238,6 +247,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,
+            fma=any_value,
         ),
         "zero_sign": Key(
             "str",
@@ -252,6 +262,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("keep"),
             window=only("keep"),
             groups=only("keep"),
+            fma=only("keep"),
         ),
     },
     "multiplier": {
@@ -264,6 +275,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=only(None),
             groups=only(None),
+            fma=only(None),
         ),
         "overflow_exponent": Key(
             "optional_int",
@@ -277,6 +289,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=only(None),
             groups=only(None),
+            fma=only(None),
         ),
     },
     "adder": {
@@ -289,6 +302,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,
+            fma=only(1),
         ),
         "structure": Key(
             "str",
@@ -304,6 +318,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("fused"),
             window=only("fused"),
             groups=only("fused"),
+            fma=only("fused"),
         ),
         "term_order": Key(
             "order",
@@ -319,6 +334,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=any_value,  # the route reorders K by it (datapath.window.in_tree_order)
             groups=only(None),
+            fma=only(None),
         ),
         "trees_in_blocks": Key(
             "bool",
@@ -333,6 +349,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             window=_same_trees_as_k_order,
             groups=_same_trees_as_k_order,
+            fma=only(False),
         ),
         "group_terms": Key(
             "int",
@@ -346,6 +363,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,  # read only with group_sum, which these two routes refuse
             groups=any_value,  # whole groups in blocks and trees: checked by groups.py
+            fma=any_value,
         ),
         "accumulator_in_tree": Key(
             "bool",
@@ -356,6 +374,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,  # exact trees: acc + sum is rounded once either way
             window=any_value,
             groups=any_value,
+            fma=any_value,  # one product a tree, no window: one rounding of d + a * b either way
         ),
         "align_reference": Key(
             "str",
@@ -369,6 +388,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,  # exact trees: R places no window
             window=only("exponent_sum"),
             groups=any_value,  # a group term aligns at its scales' exponent sum, whatever this key
+            fma=only("exponent_sum"),
         ),
         "align_fraction_bits": Key(
             "optional_int",
@@ -380,6 +400,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=lambda value, params: value is not None,  # its range: window.window_applies
             groups=lambda value, params: value is not None,  # its range: groups.groups_apply
+            fma=only(None),
         ),
         "below_window": Key(
             "str",
@@ -391,6 +412,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,  # read only with a window
             window=only("truncate"),
             groups=only("truncate"),
+            fma=only("truncate"),
         ),
         "carry_bits": Key(
             "optional_int",
@@ -403,6 +425,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=only(None),
             groups=only(None),
+            fma=only(None),
         ),
         "adder_overflow": Key(
             "str",
@@ -414,6 +437,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,  # read only with carry_bits
+            fma=only("wrap"),
         ),
         "sum_significant_bits": Key(
             "optional_int",
@@ -425,6 +449,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=any_value,  # its range: window.window_applies
             groups=any_value,  # its range: groups.groups_apply
+            fma=only(None),
         ),
         "sum_rounding": Key(
             "str",
@@ -435,6 +460,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,  # read only with sum_significant_bits
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
+            fma=any_value,
         ),
         "parity_windows": Key(
             "bool",
@@ -446,6 +472,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(False),
             window=only(False),
             groups=only(False),
+            fma=only(False),
         ),
         "second_alignment_bits": Key(
             "optional_int",
@@ -463,6 +490,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=only(None),
             groups=only(None),
+            fma=only(None),
         ),
         "far_accumulator": Key(
             "str",
@@ -475,6 +503,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,  # read only with second_alignment_bits, which all refuse
+            fma=only("floor"),
         ),
         "special_accumulator_exponent": Key(
             "optional_int",
@@ -494,6 +523,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=only(None),
             groups=only(None),
+            fma=only(None),
         ),
         "accumulator_exponent": Key(
             "str",
@@ -509,6 +539,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,  # exact trees: R places no window
             window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
             groups=any_value,  # likewise
+            fma=only("leading_bit"),
         ),
         "zero_term_exponent": Key(
             "optional_int",
@@ -529,6 +560,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             # scale, which the route does not.
             window=lambda value, params: value is None or params.scales in ("none", "products"),
             groups=any_value,  # it raises R to n for zero groups and a zero accumulator, as the kernel
+            fma=only(None),
         ),
     },
     "accumulator": {
@@ -545,6 +577,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("fp32", "exact"),
             window=only(*FLOAT32_FORMATS),
             groups=only(*FLOAT32_FORMATS),
+            fma=any_value,
         ),
         "rounding": Key(
             "str",
@@ -562,6 +595,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
+            fma=only("nearest_even"),
         ),
         "subnormals": Key(
             "bool",
@@ -571,6 +605,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=_exact_accumulator_or(only(True)),
             window=any_value,  # subnormal accumulator values are flagged for the generic kernel
             groups=any_value,  # likewise
+            fma=only(True),
         ),
         "c_entry": Key(
             "str",
@@ -583,6 +618,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=_exact_accumulator_or(only("initial")),
             window=any_value,  # 'end': one binary32 add at the end (datapath.window)
             groups=only("initial"),
+            fma=only("initial"),
         ),
         "c_add_rounding": Key(
             "str",
@@ -593,6 +629,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,
             groups=any_value,  # read only with c_entry: end
+            fma=any_value,
         ),
         "overflow": Key(
             "str",
@@ -606,6 +643,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=_exact_accumulator_or(only("ieee")),
             window=any_value,  # the route flags every overflow for the generic kernel
             groups=any_value,  # likewise
+            fma=only("ieee"),
         ),
         "promotion_interval": Key(
             "optional_int",
@@ -618,6 +656,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(None),
             window=any_value,  # an fp32 accumulator's promotion (datapath.window)
             groups=only(None),
+            fma=only(None),
         ),
     },
     "grid": {
@@ -637,6 +676,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=only(None),
             groups=only(None),
+            fma=only(None),
         ),
         "accumulator_max_left_shift": Key(
             "int",
@@ -649,6 +689,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,  # read only with a grid
             groups=any_value,
+            fma=any_value,
         ),
         "accumulator_max_right_shift": Key(
             "int",
@@ -662,6 +703,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=any_value,
             window=any_value,  # read only with a grid
             groups=any_value,
+            fma=any_value,
         ),
     },
     "output": {
@@ -675,6 +717,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("fp32"),
             window=only(*FLOAT32_FORMATS),
             groups=only(*FLOAT32_FORMATS),
+            fma=any_value,  # the accumulator's (datapath.fma): nothing to round
         ),
         "rounding": Key(
             "str",
@@ -689,6 +732,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
+            fma=any_value,  # the accumulator's format: nothing to round
         ),
         "subnormals": Key(
             "bool",
@@ -698,6 +742,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only(True),
             window=any_value,
             groups=any_value,
+            fma=only(True),
         ),  # subnormal outputs are flagged
         "zero_sign": Key(
             "str",
@@ -719,6 +764,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             blas=only("ieee"),
             window=only("ieee", "positive", "exact_positive"),
             groups=only("ieee", "positive", "exact_positive"),  # groups: as the window route
+            fma=only("ieee_steps"),
         ),
     },
 }
@@ -887,7 +933,7 @@ _ROUTE_MEMO_LIMIT = 4096  # params of a large sweep: the memo is dropped and ref
 
 
 def route_accepts(route: str, params) -> bool:
-    """Whether every key's value in ``params`` is one the route (``blas`` or ``window``)
+    """Whether every key's value in ``params`` is one the route (one of ``ROUTES``)
     computes exactly, by each key's declaration. A key without a declaration for the route,
     or a params field no key declares, refuses the route. Remembered per (route, params)
     while the schema table is the same object (every GEMM of a model asks again)."""

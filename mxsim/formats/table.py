@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, MxsimError, UnknownNameError
-from .._threads import run_in_threads, threads_for
+from .._threads import run_in_threads, subnormals_work, threads_for
 from ..limits import check_choice, check_int
 from . import _kernels as K
 from .rounding import overflow_code, rounding_code
@@ -323,6 +323,10 @@ class FormatInfo:
         format without zero (E8M0) give its smallest code; negative values in an unsigned
         format give NaN. Two's-complement formats produce the most negative code only when
         ``allow_min_twos_complement``.
+
+        Rounding to nearest even into a format with a numpy float's layout (fp16, fp32,
+        fp64) is numpy's own conversion, which is that rounding (IEEE 754), wherever this
+        thread keeps subnormals; every other case runs the encode kernel.
         """
         values = as_float_array(x, f"encode({self.name})")
         rounding_mode = rounding_code(rounding)
@@ -335,6 +339,9 @@ class FormatInfo:
             raise MxsimError(
                 f"encode({self.name}): input has NaN but the format has no NaN encoding"
             )
+        native = native_float_dtype(self)
+        if native is not None and rounding == "nearest_even" and subnormals_work():
+            return self._encode_native(values, native, overflow)
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
         # One kernel signature for every input and code width: bits and codes travel as uint64.
         flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
@@ -354,6 +361,29 @@ class FormatInfo:
         if self.padding_bits:
             out <<= out.dtype.type(self.padding_bits)
         return out.astype(self.code_dtype).reshape(values.shape)
+
+    def _encode_native(self, values: np.ndarray, native: np.dtype, overflow: str) -> np.ndarray:
+        """:meth:`encode` rounding to nearest even into a format with a numpy float's layout
+        (fp16, fp32, fp64): numpy's conversion (IEEE 754: one rounding, ties to even,
+        subnormals, ±Inf beyond the largest finite value; the caller checked that this thread
+        keeps subnormals), after ``saturate``'s clipping of the inputs to ±max_finite (a
+        value beyond it rounds to it), and the canonical NaN, keeping the sign, that encode
+        writes. The checks read the inputs (numpy's float16 arithmetic is slow)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.dtype(native).itemsize > values.dtype.itemsize:
+                values = values.astype(native)  # exact: then ±max_finite is an input value
+            least, most = (float(values.min()), float(values.max())) if values.size else (0, 0)
+            if overflow == "saturate" and not (
+                -self.max_finite <= least and most <= self.max_finite
+            ):
+                values = np.clip(values, -self.max_finite, self.max_finite)  # (NaN stays NaN)
+            codes = values.astype(native).view(self.code_dtype)  # (a copy: codes change below)
+        if np.isnan(least):  # (a minimum propagates NaN)
+            nan = np.isnan(values)
+            quiet = ((1 << (self.exponent_bits + 1)) - 1) << (self.mantissa_bits - 1)
+            sign = np.signbit(values[nan]).astype(self.code_dtype) << (self.bits - 1)
+            codes[nan] = sign | self.code_dtype.type(quiet)
+        return codes
 
     def round(
         self, x, rounding: str = "nearest_even", overflow: str = "saturate", seed: int = 0
@@ -631,3 +661,33 @@ def custom_format(
         specials=specials,
         subnormals=subnormals,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def native_float_dtype(fmt: FormatInfo):
+    """The numpy float dtype with ``fmt``'s IEEE binary layout (fp16, fp32, fp64), or None:
+    its codes are that dtype's bit patterns."""
+    for dtype, (exponent_bits, mantissa_bits, _) in INPUT_FLOATS.items():
+        if (
+            fmt.bits,
+            fmt.exponent_bits,
+            fmt.mantissa_bits,
+            fmt.bias,
+            fmt.signed,
+            fmt.twos_complement,
+            fmt.specials,
+            fmt.subnormals,
+            fmt.padding_bits,
+        ) == (
+            1 + exponent_bits + mantissa_bits,
+            exponent_bits,
+            mantissa_bits,
+            (1 << (exponent_bits - 1)) - 1,
+            True,
+            False,
+            "ieee",
+            True,
+            0,
+        ):
+            return dtype
+    return None
