@@ -26,10 +26,14 @@ from mxsim.datapath.api import (
 )
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.window import (
+    WIDE_HIGH as W_HIGH,
+    WIDE_OFFSET_LIMIT,
     _format_tables,
+    _offset_tables,
     _window_config,
     in_tree_order,
     non_finite_codes,
+    operand_offset,
     window_applies,
     window_dot,
     window_matmul,
@@ -280,12 +284,12 @@ def test_window_route_equals_generic_kernel_and_fraction_twin(params, shape, cor
     check_route(params, shape, corners, spread, seed)
 
 
-def check_route(params, shape, corners, spread, seed):
+def check_route(params, shape, corners, spread, seed, make_operands=operands):
     """The window kernel's own outputs equal the generic kernel's and the Fraction twin's, and
     the public API (fast path plus fallback) equals the generic kernel everywhere."""
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
-    qa, qb = operands(params, rng, rows, length, columns, corners == 0, spread)
+    qa, qb = make_operands(params, rng, rows, length, columns, corners == 0, spread)
     c = (rng.standard_normal((rows, columns)) * 2.0 ** rng.integers(-20, 20)).astype(np.float32)
     if corners == 0:
         c.flat[rng.integers(0, c.size)] = rng.choice([0.0, -0.0, np.inf, np.nan, 1e-40, 3e38])
@@ -307,6 +311,141 @@ def check_route(params, shape, corners, spread, seed):
         assert unflagged.all()  # realistic data stays on the fast path
     # The public API (fast path plus fallback) equals the generic kernel everywhere.
     np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
+
+
+def wide_operands(params, rng, rows, length, columns, corners: bool, spread: float):
+    """Operands of a wide format (bf16) and another, unscaled, whose codes are the data's
+    own values (no scale moves them to the format's top): Gaussian data with per-row/column
+    magnitudes ``2^±spread``; with ``corners`` some elements are the smallest subnormal, the
+    largest value, ±Inf, NaN or zero runs."""
+    A = rng.standard_normal((rows, length)) * np.exp2(rng.uniform(-spread, spread, (rows, 1)))
+    B = rng.standard_normal((length, columns)) * np.exp2(rng.uniform(-spread, spread, (1, columns)))
+    tensors = []
+    for x, name, axis in ((A, params.a_format, 1), (B, params.b_format, 0)):
+        fmt = get_format(name)
+        x = np.clip(x, -fmt.max_finite, fmt.max_finite)
+        tensor = quantize(
+            x,
+            name,
+            axis=axis,
+            block_size=params.block_size,
+            per_tensor_scale=True,
+            tensor_scale_exponent=0,
+        )
+        if corners:
+            codes = tensor.codes.copy()
+            corner_values = [-fmt.max_finite, 0.0] + (
+                [fmt.min_subnormal] if fmt.exponent_bits else []
+            )
+            if fmt.has_nan:
+                corner_values += [np.inf, -np.inf, np.nan]
+            specials = fmt.encode(
+                np.array(corner_values), overflow="inf_nan" if fmt.has_nan else "saturate"
+            )
+            where = rng.random(codes.shape) < 0.02
+            codes[where] = rng.choice(specials, int(where.sum()))
+            tensor = dataclasses.replace(tensor, codes=codes)
+        tensors.append(tensor)
+    return tuple(tensors)
+
+
+@st.composite
+def wide_params(draw) -> DatapathParams:
+    """Units of the family with bf16 operands (one or both; the other narrow), unscaled."""
+    params = draw(window_params())
+    a_format, b_format = draw(
+        st.sampled_from([("bf16", "bf16"), ("bf16", "fp8_e4m3"), ("int8", "bf16")])
+    )
+    return dataclasses.replace(params, a_format=a_format, b_format=b_format, scales="none")
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=wide_params(), **{**ROUTE_CASES, "spread": st.sampled_from([0, 4, 20, 45, 90])})
+def test_wide_formats_equal_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
+    # bf16's exponents leave the int8 band: each operand takes an offset (window.operand_offset)
+    # that enters the trees as a block-scale shift; elements below the band flag their row.
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed, wide_operands)
+
+
+@pytest.mark.parametrize(
+    "largest, offset",
+    [
+        (0.0, 0),  # no finite nonzero element
+        (1.0, -W_HIGH),
+        (2.0**127, 127 - W_HIGH),
+        (2.0**-60, -60 - W_HIGH),
+        (2.0**-126, -WIDE_OFFSET_LIMIT),  # beyond the limit: clamped
+        (2.0**-133, -WIDE_OFFSET_LIMIT),  # a subnormal: aligned at the format's emin
+    ],
+)
+def test_a_wide_operands_offset_puts_its_largest_exponent_at_the_bands_top(largest, offset):
+    params = unit("h100").params("bf16", "bf16")
+    fmt = get_format("bf16")
+    codes = fmt.encode(np.array([[largest, 0.0, np.inf]]), overflow="inf")
+    assert operand_offset(params, "bf16", codes) == offset
+    usable = _offset_tables("bf16", True, offset).finite
+    assert usable[codes[0, 1]] and not usable[codes[0, 2]]  # zeros usable, Inf not
+    assert usable[codes[0, 0]]
+    if offset == -W_HIGH:  # the band's floor: 61 binades below the top, not 62
+        edge = fmt.encode(np.array([2.0**-61, 2.0**-62]))
+        assert usable[edge[0]] and not usable[edge[1]]
+
+
+def test_wide_tables_leave_codes_below_the_band_to_the_generic_kernel():
+    # An operand spanning more binades than the band: its rows with an element below the band
+    # are flagged, the others computed, every output the generic kernel's bits.
+    params = unit("h200-cublas").params("bf16", "bf16")
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((6, 64))
+    a[0, 5] = 2.0**-100  # 100 binades below the largest: below the band
+    a[1, 7] = 2.0**10
+    b = rng.standard_normal((64, 5))
+    qa, qb = (
+        quantize(x, "bf16", axis=axis, per_tensor_scale=True, tensor_scale_exponent=0)
+        for x, axis in ((a, 1), (b, 0))
+    )
+    c = np.zeros((6, 5), dtype=np.float32)
+    fast, left = gemm(params, qa, qb, c, "window")
+    assert sorted(set(left[0].tolist())) == [0]  # the row of the tiny element alone
+    slow, _ = gemm(params, qa, qb, c, "kernel")
+    unflagged = np.ones(fast.shape, dtype=bool)
+    unflagged[left] = False
+    np.testing.assert_array_equal(fast[unflagged], slow[unflagged])
+    np.testing.assert_array_equal(matmul(unit("h200-cublas"), qa, qb).bits, slow)
+
+
+@pytest.mark.parametrize("shape", [(24, 14, 32, 14), (24, 14, 14, 32), (4, 128, 64, 128)])
+def test_wide_formats_in_batches_equal_the_generic_kernel(shape):
+    # The small-groups kernel (window_groups) with each call's offsets, and the kept tiles of
+    # B (b_memo) of the per-GEMM route.
+    groups, rows, length, columns = shape
+    hw = unit("h100")
+    rng = np.random.default_rng(sum(shape))
+    a = [
+        quantize(
+            rng.standard_normal((rows, length)) * 2.0 ** rng.integers(-30, 30),
+            "bf16",
+            axis=1,
+            per_tensor_scale=True,
+            tensor_scale_exponent=0,
+        )
+        for _ in range(groups)
+    ]
+    b = [
+        quantize(
+            rng.standard_normal((length, columns)),
+            "bf16",
+            axis=0,
+            per_tensor_scale=True,
+            tensor_scale_exponent=0,
+        )
+        for _ in range(groups)
+    ]
+    want = matmul_batched(hw, a, b, method="kernel").bits
+    memo: dict = {}
+    for _ in range(2):
+        np.testing.assert_array_equal(matmul_batched(hw, a, b, b_memo=memo).bits, want)
 
 
 @st.composite

@@ -85,7 +85,7 @@ from .blas import (
 )
 from .schema import FLOAT32_FORMATS, DatapathParams, route_accepts
 from .tables import element_operand
-from .window import _window_config, in_tree_order, window_applies
+from .window import _offset_tables, _window_config, in_tree_order, operand_offset, window_applies
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles
@@ -676,26 +676,46 @@ def _window_unit(params: DatapathParams) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _window_plan(params: DatapathParams):
-    """(cfg, packed_a, packed_b, zero_a, zero_b): the window route's config vector
-    (``window._window_config``), the per-code tables of A's and B's element formats packed
-    as ``_batch_kernels.window_groups`` reads them (int64 entries holding the float32
-    value's bits, the int8 exponent and whether the code is non-finite; read only), and a
-    code of each format whose entry is a zero element (+0, finite, ``ZERO_EXPONENT``: the
-    quantizers' padding), -1 where the format has none."""
+    """(cfg, (packed_a, zero_a), (packed_b, zero_b)): the window route's config vector
+    (``window._window_config``) and each operand's :func:`_packed_tables`, None for a wide
+    format's (its tables depend on each call's offset: :func:`_offset_plan`)."""
     cfg, a, b = _window_config(params)
-    packed, zero_codes = [], []
+    return cfg, *(None if table.wide else _packed_tables(table) for table in (a, b))
+
+
+@functools.lru_cache(maxsize=64)
+def _offset_plan(fmt_name: str, subnormals: bool, offset: int):
+    """:func:`_packed_tables` of a wide format's tables at ``offset``."""
+    return _packed_tables(_offset_tables(fmt_name, subnormals, offset))
+
+
+def _packed_tables(table):
+    """(packed, zero): the per-code tables of an element format packed as
+    ``_batch_kernels.window_groups`` reads them (int64 entries holding the float32 value's
+    bits, the int8 exponent and whether the code is not finite, for a wide format's tables
+    not usable; read only), and a code whose entry is a zero element (+0, finite,
+    ``ZERO_EXPONENT``: the quantizers' padding), -1 where the format has none."""
     zero_entry = (W.ZERO_EXPONENT & 0xFF) << B.PACKED_EXPONENT_SHIFT
-    for table in (a, b):
-        entries = (
-            (table.values.view(np.uint32).astype(np.int64))
-            | ((table.exponents.astype(np.int64) & 0xFF) << B.PACKED_EXPONENT_SHIFT)
-            | ((~table.finite).astype(np.int64) << B.PACKED_NON_FINITE_SHIFT)
-        )
-        entries.setflags(write=False)
-        packed.append(entries)
-        zeros = np.flatnonzero(entries == zero_entry)
-        zero_codes.append(int(zeros[0]) if zeros.size else -1)
-    return cfg, packed[0], packed[1], zero_codes[0], zero_codes[1]
+    entries = (
+        (table.values.view(np.uint32).astype(np.int64))
+        | ((table.exponents.astype(np.int64) & 0xFF) << B.PACKED_EXPONENT_SHIFT)
+        | ((~table.finite).astype(np.int64) << B.PACKED_NON_FINITE_SHIFT)
+    )
+    entries.setflags(write=False)
+    zeros = np.flatnonzero(entries == zero_entry)
+    return entries, int(zeros[0]) if zeros.size else -1
+
+
+def _operand_plan(params, fmt_name: str, plan, codes, scales):
+    """(packed, zero, scales) of one operand: its format's, or a wide format's at this
+    operand's offset (``window.operand_offset``), with scales that carry the offset."""
+    if plan is not None:
+        return (*plan, scales)
+    offset = operand_offset(params, fmt_name, codes)
+    return (
+        *_offset_plan(fmt_name, params.input_subnormals, offset),
+        np.full(scales.shape, offset, dtype=np.int32),
+    )
 
 
 def _live_codes(cfg, codes_a, codes_b, terms, zero_a: int, zero_b: int):
@@ -765,10 +785,12 @@ def window_groups_matmul(
     ``serial``: on the calling thread alone (:func:`run_groups`); ``terms``: K, where the
     codes' length is K padded to whole scale blocks (the kernel then skips the padding where
     it is zero codes: :func:`_live_codes`), or None."""
-    cfg, packed_a, packed_b, zero_a, zero_b = _window_plan(params)
+    cfg, plan_a, plan_b = _window_plan(params)
     if params.term_order is not None:  # the padding then lies inside the reordered runs
         codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
         terms = None
+    packed_a, zero_a, scales_a = _operand_plan(params, params.a_format, plan_a, codes_a, scales_a)
+    packed_b, zero_b, scales_b = _operand_plan(params, params.b_format, plan_b, codes_b, scales_b)
     codes_a, codes_b = _live_codes(cfg, codes_a, codes_b, terms, zero_a, zero_b)
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]

@@ -30,6 +30,17 @@ from .tables import element_tables, sum_format
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
 MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
+NARROW_EXPONENTS = 60  # a format's own tables serve where every exponent lies within ±this
+# A wide format's elements (exponents beyond ±NARROW_EXPONENTS: bf16) take the route times
+# 2^-offset, one offset per operand and call (the largest exponent of its finite nonzero
+# elements less WIDE_HIGH, within ±WIDE_OFFSET_LIMIT so that two sum to at most
+# MAX_SCALE_SHIFT), the offsets entering every tree as a block-scale shift: exponents e -
+# offset in [WIDE_LOW, WIDE_HIGH] keep the int8 sums exact (a zero's ZERO_EXPONENT plus
+# WIDE_HIGH stays below 2 WIDE_LOW) and the products in float32's normal range. An element
+# below the band makes its row (or column) unusable: the generic kernel computes its outputs.
+WIDE_LOW, WIDE_HIGH = -1, 60
+WIDE_OFFSET_LIMIT = 127
+NO_EXPONENT = -(1 << 15)  # a wide format's exponent table entry for zeros and non-finite codes
 
 
 # No kept tiles of B (window_matmul without a memo): read-only as the kept ones are.
@@ -57,6 +68,7 @@ class _Tables:
     high: int  # largest
     smallest: float  # smallest finite nonzero magnitude
     largest: float
+    wide: bool = False  # a wide format's (its values times 2^-offset): _operand_tables
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,8 +89,10 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     significand_bits = max(odd_part_bits(v) for v in integers.tolist())
     low, high = int(exponents[usable].min()), int(exponents[usable].max())
     values32 = np.where(finite, values, 0.0).astype(np.float32)
-    if (values32[finite] != values[finite]).any() or low < -60 or high > 60:
+    if (values32[finite] != values[finite]).any():
         return None
+    if low < -NARROW_EXPONENTS or high > NARROW_EXPONENTS:
+        return _offset_tables(fmt_name, subnormals, 0)  # what every offset's tables guarantee
     exponents8 = np.where(usable, exponents, W.ZERO_EXPONENT).astype(np.int8)
     return _Tables(
         _read_only(values32),
@@ -91,6 +105,66 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
         float(magnitudes.min()),
         float(magnitudes.max()),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _offset_tables(fmt_name: str, subnormals: bool, offset: int) -> _Tables:
+    """A wide format's tables at ``offset``: each value times 2^-offset (float32, exact)
+    and its exponent less ``offset``, codes whose exponent then leaves [WIDE_LOW, WIDE_HIGH]
+    (and non-finite ones) not finite for the route (``finite``: the usable codes, zeros
+    among them); the range fields are the band's, which every offset keeps."""
+    values, exponents = element_tables(get_format(fmt_name), subnormals)
+    shifted = exponents - offset
+    nonzero = np.isfinite(values) & (values != 0)
+    usable = nonzero & (shifted >= WIDE_LOW) & (shifted <= WIDE_HIGH)
+    values32 = np.where(usable, np.ldexp(np.where(usable, values, 0.0), -offset), 0.0)
+    mantissas, _ = np.frexp(np.abs(values[nonzero]))
+    significand_bits = max(
+        odd_part_bits(v) for v in (mantissas * 2.0**53).astype(np.int64).tolist()
+    )
+    return _Tables(
+        _read_only(values32.astype(np.float32)),
+        _read_only(np.where(usable, shifted, W.ZERO_EXPONENT).astype(np.int8)),
+        _read_only(usable | (values == 0)),
+        (0, 1),  # (not read: _operand_tables finds the unusable rows)
+        significand_bits,
+        WIDE_LOW,
+        WIDE_HIGH,
+        2.0**WIDE_LOW,
+        2.0 ** (WIDE_HIGH + 1),
+        wide=True,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_exponents(fmt_name: str, subnormals: bool) -> np.ndarray:
+    """int16 alignment exponent of each finite nonzero code of a wide format (NO_EXPONENT
+    for the others): what an operand's offset is found from."""
+    values, exponents = element_tables(get_format(fmt_name), subnormals)
+    nonzero = np.isfinite(values) & (values != 0)
+    return _read_only(np.where(nonzero, exponents, NO_EXPONENT).astype(np.int16))
+
+
+def _operand_tables(params: DatapathParams, fmt_name: str, tables: _Tables, codes, scales):
+    """(tables, scales, unusable rows or None) of one operand ((G, rows, K) codes, (G, rows,
+    blocks) scales): a narrow format's own tables and scales, its unusable rows left to the
+    kernel (None); a wide format's tables at this operand's offset, scales that carry it,
+    and its rows holding a code outside the band or a non-finite one."""
+    if not tables.wide:
+        return tables, scales, None
+    offset = operand_offset(params, fmt_name, codes)
+    tables = _offset_tables(fmt_name, params.input_subnormals, offset)
+    unusable = ~tables.finite[codes].all(axis=-1)
+    return tables, np.full(scales.shape, offset, dtype=np.int32), unusable
+
+
+def operand_offset(params: DatapathParams, fmt_name: str, codes) -> int:
+    """The offset of an operand of a wide format (its codes, any shape): the largest
+    exponent of its finite nonzero elements less WIDE_HIGH, within ±WIDE_OFFSET_LIMIT (0
+    for an operand without such elements)."""
+    top = int(_wide_exponents(fmt_name, params.input_subnormals)[codes].max(initial=NO_EXPONENT))
+    offset = 0 if top == NO_EXPONENT else top - WIDE_HIGH
+    return min(max(offset, -WIDE_OFFSET_LIMIT), WIDE_OFFSET_LIMIT)
 
 
 def non_finite_codes(finite: np.ndarray) -> tuple[int, int]:
@@ -134,6 +208,9 @@ def _window_config(params: DatapathParams):
         return None
     if c_at_end and params.c_add_rounding != "nearest_even":
         return None
+    wide = a.wide or b.wide  # (its offsets take the block scales' place)
+    if wide and params.scales != "none":
+        return None
     # A term order reorders runs inside blocks (in_tree_order): the trees' scales stay theirs.
     if params.term_order is not None and params.block_size % len(params.term_order):
         return None
@@ -153,7 +230,7 @@ def _window_config(params: DatapathParams):
         return None
     acc = get_format(params.accumulator_format)
     # Every tree sum lies inside the n-bit sum format's normal range (its rounding is then bit arithmetic).
-    shift = MAX_SCALE_SHIFT if params.scales != "none" else 0
+    shift = MAX_SCALE_SHIFT if params.scales != "none" or wide else 0
     lowest = min(a.low + b.low - shift, 1 - acc.bias) - window
     highest = max(a.high + b.high + shift, acc.emax + 1) + 2 + math.ceil(math.log2(fused + 1))
     sums = sum_format(params.sum_significant_bits or 24)
@@ -167,7 +244,7 @@ def _window_config(params: DatapathParams):
     )  # |group sum| < group * 2^(W+2) <= 2^31
     cfg[W.W_BLOCK_SIZE] = params.block_size
     cfg[W.W_THRESHOLD] = threshold
-    cfg[W.W_SCALED] = params.scales != "none"
+    cfg[W.W_SCALED] = params.scales != "none" or wide
     cfg.setflags(write=False)
     return cfg, a, b
 
@@ -232,7 +309,7 @@ def float32_addition(params: DatapathParams, a: _Tables, b: _Tables) -> bool:
     least the window's LSB 2^(R - W), and below fused * 2^(R + 2) (truncation only lowers
     them), R the tree's exponent sum plus scale."""
     acc = get_format(params.accumulator_format)
-    shift = MAX_SCALE_SHIFT if params.scales != "none" else 0
+    shift = MAX_SCALE_SHIFT if params.scales != "none" or a.wide or b.wide else 0
     window, fused = params.align_fraction_bits, params.fused_terms
     return (
         not params.accumulator_in_tree
@@ -285,14 +362,19 @@ def window_matmul(
     kept = None if memo is None else memo.get(key)
     if kept is None:  # (kept tiles are in the trees' order already: B is reordered once)
         codes_b = in_tree_order(params, codes_b)
-        kept = (W.unusable_rows(codes_b, scales_b, *b.non_finite, scaled), *_NO_TILES)
+        b, scales_b, bad_columns = _operand_tables(params, params.b_format, b, codes_b, scales_b)
+        if bad_columns is None:
+            bad_columns = W.unusable_rows(codes_b, scales_b, *b.non_finite, scaled)
+        kept = (bad_columns, *_NO_TILES, b, scales_b)
         if memo is not None:
             tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
             for array in tiles:
                 array.setflags(write=False)  # one kernel signature with _NO_TILES
-            kept = memo[key] = (kept[0], *tiles)
-    bad_columns, kept_values, kept_exponents = kept
-    bad_rows = W.unusable_rows(codes_a, scales_a, *a.non_finite, scaled)
+            kept = memo[key] = (bad_columns, *tiles, b, scales_b)
+    bad_columns, kept_values, kept_exponents, b, scales_b = kept
+    a, scales_a, bad_rows = _operand_tables(params, params.a_format, a, codes_a, scales_a)
+    if bad_rows is None:
+        bad_rows = W.unusable_rows(codes_a, scales_a, *a.non_finite, scaled)
     n_blocks = -(-n_rows // W.ROW_BLOCK)
     threads = numba.get_num_threads()
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
@@ -333,6 +415,10 @@ def window_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_v
     (``_window_kernels.pair_items``), on Python threads as :func:`window_matmul`'s."""
     cfg, a, b = _window_config(params)
     codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
+    # (a wide format's unusable codes are its tables' not-finite ones: the kernel finds them)
+    a, scales_a, _ = _operand_tables(params, params.a_format, a, codes_a[None], scales_a[None])
+    b, scales_b, _ = _operand_tables(params, params.b_format, b, codes_b[None], scales_b[None])
+    scales_a, scales_b = scales_a[0], scales_b[0]
     flags = np.empty(out.shape, dtype=np.uint8)
     arguments = (
         codes_a,
