@@ -54,11 +54,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 
+from .._threads import run_in_threads
 from ..formats import get_format
 from ..formats.bits import odd_part_bits
 from . import _group_kernels as GK
@@ -223,7 +223,11 @@ def groups_matmul(
         np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, mask_b)
     )
     del values_b
-    tiles = range(0, rows, ROW_TILE)
+    n_tiles = -(-rows // ROW_TILE)
+
+    def run_tiles(first, last):
+        for tile in range(first, last):
+            run_tile(tile * ROW_TILE)
 
     def run_tile(start):
         stop = min(start + ROW_TILE, rows)
@@ -249,10 +253,15 @@ def groups_matmul(
             out[start:stop],
             flags[start:stop],
         )
-        return stop
 
-    with ThreadPoolExecutor(max(1, min(numba.get_num_threads(), len(tiles)))) as pool:
-        for stop in pool.map(run_tile, tiles):
-            if progress is not None:
-                progress(stop, rows)
+    # Tiles on the kept threads (one thread: the calling one), a round of one tile a thread
+    # between progress reports.
+    per_round = n_tiles if progress is None else max(1, numba.get_num_threads())
+    for first in range(0, n_tiles, per_round):
+        last = min(first + per_round, n_tiles)
+        run_in_threads(
+            lambda start, stop, first=first: run_tiles(first + start, first + stop), last - first
+        )
+        if progress is not None:
+            progress(min(last * ROW_TILE, rows), rows)
     return np.nonzero(flags)
