@@ -12,9 +12,10 @@ caller checks: a flush-to-zero mode would change them). A NaN result's payload i
 machine's, not the unit's canonical one: the caller recomputes NaN outputs with the generic
 kernel.
 
-A work item is a tile of at most ``LANES`` columns of one group's output in a chunk of row
-pairs: B is read transposed, (K, N), so that a step of every column of the tile is one pass
-over contiguous lanes, and two rows of A run together so that each load of B serves both.
+A work item is a tile of at most ``LANES`` columns of one group's output in a chunk of rows:
+B is read transposed, (K, N), so that a step of every column of the tile is one pass over
+contiguous lanes, and four rows of A run together so that each load of B serves four
+chains.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-LANES = 512  # columns a work item: two rows' accumulators (8 KiB in fp64) stay in L1
+LANES = 512  # columns a work item: four rows' accumulators (16 KiB in fp64) stay in L1
+ROWS = 4  # rows of A a pass over the tile (the caller's chunks are multiples of it)
 
 
 @intrinsic
@@ -44,49 +46,55 @@ def fma_items(values_a, columns_b, c_values, out, rows_per_chunk, start, stop):
     """Work items ``start`` to ``stop`` of the GEMMs out[g] = the FMA chain of A[g] (M, K)
     times B[g] read as ``columns_b[g]`` (K, N), from c (``c_values`` (G, M, N), or (1, 1, 1)
     for one c everywhere): ``out`` (G, M, N) in the operands' float type. Items run over
-    groups, then chunks of ``rows_per_chunk`` rows (even), then column tiles of ``LANES``."""
+    groups, then chunks of ``rows_per_chunk`` rows (a multiple of ``ROWS``), then column
+    tiles of ``LANES``."""
     n_groups, n_rows, length = values_a.shape
     n_columns = columns_b.shape[2]
     n_tiles = (n_columns + LANES - 1) // LANES
     n_chunks = (n_rows + rows_per_chunk - 1) // rows_per_chunk
     one_c = c_values.shape[0] == 1 and c_values.shape[1] == 1 and c_values.shape[2] == 1
-    dtype = out.dtype
-    acc0 = np.empty(LANES, dtype=dtype)
-    acc1 = np.empty(LANES, dtype=dtype)
+    acc = np.empty((ROWS, LANES), dtype=out.dtype)
+    rows = np.empty(ROWS, dtype=np.int64)
     for item in range(start, stop):
         g, rest = item // (n_chunks * n_tiles), item % (n_chunks * n_tiles)
         chunk, tile = rest // n_tiles, rest % n_tiles
         column0 = tile * LANES
         lanes = min(LANES, n_columns - column0)
-        first = acc0[:lanes]
-        second = acc1[:lanes]
-        for row in range(chunk * rows_per_chunk, min((chunk + 1) * rows_per_chunk, n_rows), 2):
-            # An odd last row runs as its pair's second row too, its copy's results discarded.
-            other = min(row + 1, n_rows - 1)
-            if one_c:
-                first[:] = c_values[0, 0, 0]
-                second[:] = c_values[0, 0, 0]
-            else:
+        last = min((chunk + 1) * rows_per_chunk, n_rows)
+        for first in range(chunk * rows_per_chunk, last, ROWS):
+            # Rows past the chunk's last run as copies of it, their results discarded.
+            for r in range(ROWS):
+                rows[r] = min(first + r, last - 1)
                 for lane in range(lanes):
-                    first[lane] = c_values[g, row, column0 + lane]
-                    second[lane] = c_values[g, other, column0 + lane]
-            chain_pair(values_a[g, row], values_a[g, other], columns_b[g], column0, first, second)
-            for lane in range(lanes):
-                out[g, row, column0 + lane] = first[lane]
-                out[g, other, column0 + lane] = second[lane]
+                    acc[r, lane] = (
+                        c_values[0, 0, 0] if one_c else c_values[g, rows[r], column0 + lane]
+                    )
+            chain_rows(values_a[g], rows, columns_b[g], column0, lanes, acc)
+            for r in range(min(ROWS, last - first)):
+                for lane in range(lanes):
+                    out[g, first + r, column0 + lane] = acc[r, lane]
 
 
 @njit(cache=True, inline="always")
-def chain_pair(row0, row1, columns, column0, first, second):
-    """first[lane] = fma(row0[k], columns[k, column0 + lane], first[lane]) for k in order,
-    and second alike for row1: two rows' FMA chains against a tile of columns."""
-    for k in range(row0.shape[0]):
-        x0, x1 = row0[k], row1[k]
-        column = columns[k, column0 : column0 + first.shape[0]]
-        for lane in range(first.shape[0]):
+def chain_rows(values_a, rows, columns, column0, lanes, acc):
+    """acc[r, lane] = fma(values_a[rows[r], k], columns[k, column0 + lane], acc[r, lane]) for
+    k in order: four rows' FMA chains against a tile of columns."""
+    first, second, third, fourth = acc[0, :lanes], acc[1, :lanes], acc[2, :lanes], acc[3, :lanes]
+    row0, row1, row2, row3 = (
+        values_a[rows[0]],
+        values_a[rows[1]],
+        values_a[rows[2]],
+        values_a[rows[3]],
+    )
+    for k in range(values_a.shape[1]):
+        x0, x1, x2, x3 = row0[k], row1[k], row2[k], row3[k]
+        column = columns[k, column0 : column0 + lanes]
+        for lane in range(lanes):
             y = column[lane]
             first[lane] = fused_multiply_add(x0, y, first[lane])
             second[lane] = fused_multiply_add(x1, y, second[lane])
+            third[lane] = fused_multiply_add(x2, y, third[lane])
+            fourth[lane] = fused_multiply_add(x3, y, fourth[lane])
 
 
 @njit(cache=True, nogil=True)
