@@ -301,7 +301,7 @@ def main() -> None:
     parser.add_argument(
         "--configs",
         default="h100-fp8,ocp-exact,mxdotp-paper,mxdotp,kulisch,b200-fp8,h100-wgmma-fp8,"
-        "h200-cublaslt-fp8,h200-fp8,b200-tcgen05-mxf8f6f4,b200-nvfp4",
+        "h200-cublaslt-fp8,h200-fp8,b200-tcgen05-mxf8f6f4,b200-nvfp4,h200-cublas,a100-dmma",
     )
     parser.add_argument(
         "--cpu-time",

@@ -83,10 +83,10 @@ def fma_matmul(
     results = out.view(float_type)  # (the caller's fresh array: contiguous)
     n_groups, n_rows = values_a.shape[:2]
     n_tiles = -(-columns_b.shape[2] // F.LANES)
-    # Row chunks (of whole passes) only as far as it takes to give every thread work.
-    passes = -(-n_rows // F.ROWS)
-    chunks = min(passes, max(1, -(-2 * numba.get_num_threads() // max(1, n_groups * n_tiles))))
-    rows_per_chunk = F.ROWS * -(-passes // chunks)
+    # Row chunks (of whole row blocks) only as far as it takes to give every thread work.
+    blocks = -(-n_rows // F.ROW_BLOCK)
+    chunks = min(blocks, max(1, -(-2 * numba.get_num_threads() // max(1, n_groups * n_tiles))))
+    rows_per_chunk = F.ROW_BLOCK * -(-blocks // chunks)
     n_chunks = -(-n_rows // rows_per_chunk) if n_rows else 0
     arguments = (values_a, columns_b, c_floats, results, rows_per_chunk)
     run_in_threads(
