@@ -80,7 +80,7 @@ def fma_matmul(
             columns_b.setflags(write=False)
             memo["fma"] = columns_b
     c_floats = np.ascontiguousarray(c_values, dtype=float_type)  # exact: values of the format
-    results = out.view(float_type)  # (the caller's fresh array: contiguous)
+    results = out.view(float_type)  # (the kernel writes the codes in place)
     n_groups, n_rows = values_a.shape[:2]
     n_tiles = -(-columns_b.shape[2] // F.LANES)
     # Row chunks (of whole row blocks) only as far as it takes to give every thread work.

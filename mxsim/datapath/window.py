@@ -348,8 +348,8 @@ def window_matmul(
     ``memo``: None, or a dict kept with this B (its codes and scales unchanged from call to
     call, as ``matmul_batched``'s ``b_memo``): B's decoded tiles and its rows' usability are
     kept there under ("window", term order) (5 bytes per element of B, a little more where N
-    is not a multiple of the tile width), and later calls read them instead of decoding B
-    again."""
+    is not a multiple of the tile width; for a wide format, its offset's tables and scales
+    too), and later calls read them instead of decoding B again."""
     cfg, a, b = _window_config(params)
     codes_a = in_tree_order(params, codes_a)
     scaled = bool(cfg[W.W_SCALED])
