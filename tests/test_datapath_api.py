@@ -1453,6 +1453,33 @@ def test_gemm_with_ragged_shapes_equals_the_twin(name, out_format, method):
             assert same_float(float(out_fmt.decode(result.bits[i : i + 1, j])[0]), twin), (i, j)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "tf32"])
+def test_per_tensor_scale_casts_formats_as_wide_as_fp16(fmt):
+    # One scale per tensor by the amax rule is FP8 practice: it would put bf16 elements at
+    # 2^127, whose products overflow the unit's fp32 sums (every output ±Inf). fp16, bf16 and
+    # tf32 are cast (scale 1), as replay casts them, in matmul and matmul_batched alike.
+    hw = load_hwconfig(REPO / "hwconfigs" / "h200-cublas.yaml")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    b = rng.standard_normal((2, 64, 3)).astype(np.float32)
+    formats = dict(a_format=fmt, b_format=fmt)
+    cast = [
+        [quantize(x, fmt, axis=axis, per_tensor_scale=True, tensor_scale_exponent=0) for x in xs]
+        for xs, axis in ((a, 1), (b, 0))
+    ]
+    want = matmul_batched(hw, *cast)
+    assert np.isfinite(want.values).all()
+    got = matmul(hw, a[0], b[0], per_tensor_scale=True, **formats)
+    assert got.scale_exponent == 0
+    np.testing.assert_array_equal(got.bits, want.bits[0])
+    batched = matmul_batched(hw, a, b, per_tensor_scale=True, **formats)
+    np.testing.assert_array_equal(batched.bits, want.bits)
+    fp8 = matmul(
+        load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml"), a[0], b[0], per_tensor_scale=True
+    )
+    assert fp8.scale_exponent != 0  # FP8 keeps the amax rule
+
+
 def test_matmul_per_tensor_scale_runs_float_operands_on_a_unit_without_block_scales():
     import dataclasses
 

@@ -18,7 +18,7 @@ from .._threads import SERIAL_GEMM_BELOW, run_in_threads, threads_for
 from ..limits import check_array_budget, check_choice, check_int
 from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_grouped
 from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
-from ..quantize.mx import scale_exponents_of_codes
+from ..quantize.mx import per_tensor_exponent, scale_exponents_of_codes
 from . import _kernels as K
 from .batch import (
     exact_tiles_apply,
@@ -533,7 +533,14 @@ def _operand(
         raise ArgumentError(
             f"{name}: expected a 2-D float array or an MXTensor, got {type(x).__name__}"
         )
-    return quantize(x, fmt, axis=axis, block_size=block_size, per_tensor_scale=per_tensor_scale)
+    return quantize(
+        x,
+        fmt,
+        axis=axis,
+        block_size=block_size,
+        per_tensor_scale=per_tensor_scale,
+        tensor_scale_exponent=per_tensor_exponent(fmt) if per_tensor_scale else None,
+    )
 
 
 def _scaled_accumulator_input(c, shift: int, shape: tuple, c_format: str):
@@ -588,7 +595,9 @@ def matmul(
     ``per_tensor_scale=True`` quantizes float operands with one power-of-two scale per tensor
     instead of block scales (``mxsim.quantize_mx(..., per_tensor_scale=True)``: the scaling FP8
     inference uses, which units without block scales — ``inputs.scales: none``, e.g. H100 or
-    B200 FP8 tensor cores — need). MXTensors may carry such a scale too. The unit multiplies
+    B200 FP8 tensor cores — need; operands of fp16, bf16, tf32, fp32 or fp64 are cast, scale
+    1, as replay casts them: scaled up to their largest values, products would overflow the
+    unit's sums). MXTensors may carry such a scale too. The unit multiplies
     the scaled elements (its block scales all 1); ``c`` enters scaled by 2^-(Ta+Tb) (an error
     if that is not exact in float32), and the result's :attr:`MatmulResult.values` are the
     unit's outputs times 2^(Ta+Tb), exactly. With ``progress``, the kernel runs on tiles of
@@ -715,7 +724,13 @@ def _group_operands(
             )
         fmt = default_formats[0] if fmt_name is None else fmt_name
         along_k = x if axis == 1 else x.transpose(0, 2, 1)  # quantize_grouped blocks the last axis
-        grouped = quantize_grouped(along_k, fmt, block_size, per_tensor_scale=per_tensor_scale)
+        grouped = quantize_grouped(
+            along_k,
+            fmt,
+            block_size,
+            per_tensor_scale=per_tensor_scale,
+            tensor_scale_exponent=per_tensor_exponent(fmt) if per_tensor_scale else None,
+        )
         if axis == 1:
             return grouped
         return dataclasses.replace(grouped, shape=grouped.shape[::-1], axis=0)

@@ -110,6 +110,21 @@ def scale_exponents_of_codes(scales: np.ndarray) -> np.ndarray:
     return exponents
 
 
+#: Roles whose formats a per-tensor scale casts into (scale 1) rather than scales by the amax
+#: rule: formats as wide as fp16, bf16 and tf32, which take values as a framework's cast does
+#: (the amax rule is FP8 practice; scaled up to their largest values, products would overflow
+#: a unit's sums).
+CAST_ROLES = ("wide", "tensor_input")
+
+
+def per_tensor_exponent(fmt) -> int | None:
+    """The per-tensor scale exponent a quantization into ``fmt`` (a name or FormatInfo) takes
+    where the caller asks for one scale per tensor: 0 (a plain cast) for the
+    :data:`CAST_ROLES`' formats, None (the amax rule) for the others."""
+    element_format = fmt if isinstance(fmt, FormatInfo) else get_format(fmt)
+    return 0 if element_format.role in CAST_ROLES else None
+
+
 def quantize(
     x,
     fmt,

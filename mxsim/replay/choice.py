@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..datapath import HardwareConfig
 from ..errors import MxsimError
 from ..formats import get_format
+from ..quantize.mx import per_tensor_exponent
 from ..trace.model import Layer
 from ..trace.quant import MXQuant
 
@@ -126,8 +127,10 @@ def choose_operand(
     choice, options = _choose_scaling(operand, name, spec, hw, element_format, per_tensor_scale)
     if strict and choice.status == "replaced":
         raise MxsimError(f"{hw.name}: {choice.note} (strict)")
-    if choice.per_tensor_scale and get_format(choice.format).role in ("wide", "tensor_input"):
-        choice = dataclasses.replace(choice, tensor_scale_exponent=0)
+    if choice.per_tensor_scale and per_tensor_exponent(choice.format) is not None:
+        choice = dataclasses.replace(
+            choice, tensor_scale_exponent=per_tensor_exponent(choice.format)
+        )
     return choice, options
 
 
