@@ -766,6 +766,7 @@ MODULE_TIERS = {
 FIXTURE_TIERS = {
     "dask_runner": ("slow",),  # starts a local Dask cluster
     "minilm_dir": ("model",),  # all-MiniLM-L6-v2, loaded and run in float
+    "minilm_operands": ("model",),  # its first layer's GEMM operands, captured in float
 }
 
 
@@ -924,3 +925,43 @@ def pytest_collection_modifyitems(config, items):
             _unit(item.path.stem),
         )
     )
+
+
+@pytest.fixture(scope="session")
+def minilm_operands() -> dict:
+    """Real GEMM operands of all-MiniLM-L6-v2's first encoder layer on two sentences of the
+    examples (float32, 2 x 14 tokens): ``x`` (28, 384), the query projection's input (the
+    embeddings' LayerNorm output); ``weight`` (384, 384), that projection's weight as W^T
+    (K, N); per head (12 heads of 32, the first sentence): ``q``, ``k_t``, ``v``, and ``p``
+    (12, 14, 14), the softmax probabilities of q k^T / sqrt(32) (tiny probabilities among
+    them)."""
+    torch = import_or_skip("torch", "torch")
+    require_module("all_minilm_l6_v2", "minilm")
+    transformers = import_or_skip("transformers", "minilm")
+    from mxsim.evaluate.models import minilm_model_dir
+
+    directory = minilm_model_dir()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModel.from_pretrained(directory).eval()
+    sentences = (REPO / "examples/minilm/sentences.txt").read_text().splitlines()[:2]
+    batch = tokenizer(
+        sentences, padding="max_length", max_length=14, truncation=True, return_tensors="pt"
+    )
+    attention = model.encoder.layer[0].attention.self
+    seen = {}
+    hook = attention.query.register_forward_hook(lambda m, i, o: seen.update(x=i[0]))
+    with torch.no_grad():
+        model(**batch)
+        hook.remove()
+        x = seen["x"][0]  # the first sentence's tokens
+        heads = lambda t: t.reshape(14, 12, 32).permute(1, 0, 2)  # noqa: E731
+        q, k, v = (heads(layer(x)) for layer in (attention.query, attention.key, attention.value))
+        p = torch.softmax(q @ k.transpose(1, 2) / 32**0.5, dim=-1)
+    return {
+        "x": seen["x"].reshape(-1, 384).numpy().copy(),
+        "weight": attention.query.weight.detach().numpy().T.copy(),
+        "q": q.numpy().copy(),
+        "k_t": k.transpose(1, 2).numpy().copy(),
+        "v": v.numpy().copy(),
+        "p": p.numpy().copy(),
+    }

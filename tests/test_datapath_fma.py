@@ -222,3 +222,19 @@ def test_dot_route_equals_generic_kernel(name, fmt):
     hw = unit(name)
     kw = dict(a_format=fmt, b_format=fmt, c=c, c_format=fmt)
     assert np.array_equal(dot(hw, *codes, **kw), dot(hw, *codes, method="kernel", **kw))
+
+
+@pytest.mark.parametrize("name, fmt", [("a100-dmma", "fp64"), ("mi300", "fp32")])
+def test_route_on_minilms_operands(minilm_operands, name, fmt):
+    # A real transformer's activations and weight (the query projection) and its attention
+    # heads (q @ k^T, softmax probabilities @ v): the route's bits are the generic kernel's.
+    hw = unit(name)
+    ops = minilm_operands
+    kw = dict(a_format=fmt, b_format=fmt, per_tensor_scale=True)
+    linear = (ops["x"], ops["weight"])
+    assert np.array_equal(
+        matmul(hw, *linear, **kw).bits, matmul(hw, *linear, method="kernel", **kw).bits
+    )
+    for heads in ((ops["q"], ops["k_t"]), (ops["p"], ops["v"])):
+        got = matmul_batched(hw, *heads, **kw).bits
+        assert np.array_equal(got, matmul_batched(hw, *heads, method="kernel", **kw).bits)
