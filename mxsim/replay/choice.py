@@ -127,10 +127,9 @@ def choose_operand(
     choice, options = _choose_scaling(operand, name, spec, hw, element_format, per_tensor_scale)
     if strict and choice.status == "replaced":
         raise MxsimError(f"{hw.name}: {choice.note} (strict)")
-    if choice.per_tensor_scale and per_tensor_exponent(choice.format) is not None:
-        choice = dataclasses.replace(
-            choice, tensor_scale_exponent=per_tensor_exponent(choice.format)
-        )
+    cast = per_tensor_exponent(choice.format)
+    if choice.per_tensor_scale and cast is not None:
+        choice = dataclasses.replace(choice, tensor_scale_exponent=cast)
     return choice, options
 
 
