@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO
 from mxsim import get_format
-from mxsim.datapath import load_hwconfig, matmul
+from mxsim.datapath import load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.api import _kernel_arguments, matmul_groups
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.groups import _setup, groups_apply, groups_matmul
@@ -219,7 +219,9 @@ def test_group_route_equals_generic_kernel_and_fraction_twin(params, shape, corn
     if corners == 0:
         c.flat[rng.integers(0, c.size)] = rng.choice([0.0, -0.0, np.inf, np.nan, 1e-40, 3e38])
     fast = np.empty((rows, columns), dtype=np.uint32)
-    left = groups_matmul(params, a, b, scale_a, scale_b, c, fast)
+    left = groups_matmul(
+        params, a[None], b[None], scale_a[None], scale_b[None], c[None], fast[None]
+    )[1:]
     slow = np.empty((rows, columns), dtype=np.uint32)
     matmul_groups(
         a[None],
@@ -259,8 +261,14 @@ def test_nvfp4_matmul_takes_the_route_and_recomputes_flagged_outputs():
     hw = unit("b200-nvfp4")
     params = hw.params("fp4_e2m1", "fp4_e2m1")
     out = np.empty((40, 30), dtype=np.uint32)
-    m, _ = groups_matmul(
-        params, qa.codes, qb.codes, qa.scales.astype(np.int32), qb.scales.astype(np.int32), c, out
+    _, m, _ = groups_matmul(
+        params,
+        qa.codes[None],
+        qb.codes[None],
+        qa.scales.astype(np.int32)[None],
+        qb.scales.astype(np.int32)[None],
+        c[None],
+        out[None],
     )
     assert set(m.tolist()) == {0, 5}
     fast = matmul(hw, qa, qb, c=c)
@@ -303,3 +311,31 @@ def test_kept_group_tables_are_read_only():
     setup = _setup(nvfp4())
     arrays = [getattr(setup, f.name) for f in dataclasses.fields(setup)][1:]
     assert len(arrays) == 8 and not [x for x in arrays if x.flags.writeable]
+
+
+@pytest.mark.parametrize(
+    "shape", [(7, 14, 32, 14), (3, 21, 64, 40), (2, 40, 96, 5), (1, 40, 64, 7)]
+)
+def test_a_batch_of_gemms_in_one_call_equals_the_generic_kernel(shape):
+    # Attention heads: every group's own B and c, rows not a multiple of the row tile (c read
+    # tile by tile); progress reports the rows of all groups.
+    from mxsim import quantize_mx
+
+    groups, rows, length, columns = shape
+    rng = np.random.default_rng(sum(shape))
+    a = [
+        quantize_mx(rng.standard_normal((rows, length)), "fp4_e2m1", axis=1) for _ in range(groups)
+    ]
+    b = [
+        quantize_mx(rng.standard_normal((length, columns)), "fp4_e2m1", axis=0)
+        for _ in range(groups)
+    ]
+    c = rng.standard_normal((groups, rows, columns)).astype(np.float32)
+    hw = unit("b200-tcgen05-mxf4")
+    want = matmul_batched(hw, a, b, c=c, method="kernel").bits
+    np.testing.assert_array_equal(matmul_batched(hw, a, b, c=c).bits, want)
+    reports = []
+    got = matmul_batched(hw, a, b, c=c, progress=lambda done, total: reports.append((done, total)))
+    np.testing.assert_array_equal(got.bits, want)
+    assert reports and reports[-1] == (groups * rows, groups * rows)
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports)

@@ -261,14 +261,14 @@ def _compare(
     params = mxsim.load_hwconfig(HWCONFIGS / f"{config}.yaml").params(a_fmt, b_fmt)
     if groups_apply(params):  # the group-sum route's own outputs: the diagonal of an (n, n) GEMM
         grid = np.empty((len(a), len(a)), dtype=np.uint32)
-        rows, columns = groups_matmul(
+        _, rows, columns = groups_matmul(
             params,
-            a,
-            b,
-            scale_a.astype(np.int32),
-            scale_b.astype(np.int32),
-            np.diag(c).astype(np.float32),
-            grid,
+            a[None],
+            b[None],
+            scale_a.astype(np.int32)[None],
+            scale_b.astype(np.int32)[None],
+            np.diag(c).astype(np.float32)[None],
+            grid[None],
         )
         kept = np.setdiff1d(np.arange(len(a)), rows[rows == columns])
         route_count, route_examples = bit_mismatches(

@@ -1106,31 +1106,21 @@ def _gemm_routes(
         if "kernel codes" not in memo:
             memo["kernel codes"] = _kernel_codes(codes_b)
         codes_b = memo["kernel codes"]
-    if method == "auto" and groups_apply(params):
-        for group in range(groups):  # the group-sum route takes one GEMM at a time
-            m, n = groups_matmul(
-                params,
-                _kernel_codes(codes_a[group]),
-                codes_b[group],
-                exponents_a[group],
-                exponents_b[group],
-                c_values[0] if c_values.shape == (1, 1, 1) else c_values[group],
-                out[group],
-                progress,
+    if method == "auto" and groups_apply(params):  # the whole batch in one call
+        g, m, n = groups_matmul(
+            params,
+            _kernel_codes(codes_a),
+            codes_b,
+            exponents_a,
+            exponents_b,
+            c_values,
+            out,
+            progress,
+        )
+        if m.size:  # specials and out-of-range values: the generic kernel
+            _recompute(
+                g, m, n, codes_a, codes_b, exponents_a, exponents_b, c_values, kernel_args, out
             )
-            if m.size:  # specials and out-of-range values: the generic kernel
-                _recompute(
-                    np.full(m.size, group),
-                    m,
-                    n,
-                    codes_a,
-                    codes_b,
-                    exponents_a,
-                    exponents_b,
-                    c_values,
-                    kernel_args,
-                    out,
-                )
         return out
     route_matmul = None
     if method == "auto" and fma_applies(params):

@@ -69,6 +69,8 @@ from .tables import element_tables, scale_tables, sum_format
 from .window import tree_end_config
 
 ROW_TILE = 16  # rows of A per batch of group GEMMs (their sums: groups x 16 x N values)
+# A batch's group values of A formed at once up to this size (heads), else a tile at a time.
+A_OPERAND_BYTES = 1 << 26
 MAX_EXPONENT = (
     1000  # |2^(W - R)|, |2^(R - W)| and every tree sum stay inside float64's normal range
 )
@@ -202,66 +204,100 @@ def _unusable(finite, codes, scale_nan, scales) -> np.ndarray:
 def groups_matmul(
     params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out, progress=None
 ):
-    """Fill ``out`` (M, N) with the GEMM's output bits (A (M, K) codes, B given as (N, K),
-    scale codes per block, ``c_values`` (M, N) or (1, 1)); returns the (rows, columns) index
-    arrays of the outputs the generic kernel must compute."""
+    """Fill ``out`` (G, M, N) with the output bits of the batch of GEMMs A[g] (M, K) codes
+    times B[g] given as (N, K) (scale codes per block, (G, rows, blocks); ``c_values``
+    (G, M, N) or (1, 1, 1)); returns the (groups, rows, columns) index arrays of the outputs
+    the generic kernel must compute. ``progress(rows_done, rows_total)``: rows of all
+    groups, after each round of tiles.
+
+    The operands' group values, scales and masks are formed once for the whole batch (A's
+    too where they fit ``A_OPERAND_BYTES``; else a tile of rows at a time), then each tile of
+    ``ROW_TILE`` rows of a group is one BLAS GEMM of its group sums and one kernel call."""
     setup = _setup(params)
-    rows, length = codes_a.shape
-    columns = codes_b.shape[0]
+    n_batch, rows, length = codes_a.shape
+    columns = codes_b.shape[1]
     group = params.group_terms
     n_groups = -(-length // group)
     flags = np.empty(out.shape, dtype=np.uint8)
-    bad_rows = _unusable(setup.a_finite, codes_a, setup.scale_nan, scales_a)
-    bad_columns = _unusable(setup.b_finite, codes_b, setup.scale_nan, scales_b)
-    values_b, scale_b, exponents_b, mask_b = _group_operand(
-        setup, setup.b_values, codes_b, scales_b, params, n_groups
+
+    def flat(array):  # (batch, rows, n) as (batch * rows, n)
+        return array.reshape(array.shape[0] * array.shape[1], array.shape[2])
+
+    bad_rows, bad_columns = (
+        _unusable(finite, flat(codes), setup.scale_nan, flat(scales)).reshape(codes.shape[:2])
+        for finite, codes, scales in (
+            (setup.a_finite, codes_a, scales_a),
+            (setup.b_finite, codes_b, scales_b),
+        )
+    )
+    values_b, *per_group_b = _group_operand(
+        setup, setup.b_values, flat(codes_b), flat(scales_b), params, n_groups
     )
     gemm_b = np.ascontiguousarray(
-        values_b.reshape(columns, n_groups, group).transpose(1, 2, 0)
-    )  # (groups, G, N)
+        values_b.reshape(n_batch, columns, n_groups, group).transpose(0, 2, 3, 1)
+    )  # (batch, groups, G, N)
     scale_b, exponents_b, mask_b = (
-        np.ascontiguousarray(x.T) for x in (scale_b, exponents_b, mask_b)
+        np.ascontiguousarray(x.reshape(n_batch, columns, n_groups).transpose(0, 2, 1))
+        for x in per_group_b
     )
     del values_b
+    whole_a = None
+    if n_batch * rows * n_groups * group * np.dtype(setup.dtype).itemsize <= A_OPERAND_BYTES:
+        whole_a = [
+            x.reshape(n_batch, rows, *x.shape[1:])
+            for x in _group_operand(
+                setup, setup.a_values, flat(codes_a), flat(scales_a), params, n_groups
+            )
+        ]
     n_tiles = -(-rows // ROW_TILE)
 
     def run_tiles(first, last):
-        for tile in range(first, last):
-            run_tile(tile * ROW_TILE)
+        for item in range(first, last):
+            run_tile(item // n_tiles, (item % n_tiles) * ROW_TILE)
 
-    def run_tile(start):
+    def run_tile(g, start):
         stop = min(start + ROW_TILE, rows)
-        values_a, scale_a, exponents_a, mask_a = _group_operand(
-            setup, setup.a_values, codes_a[start:stop], scales_a[start:stop], params, n_groups
-        )
+        if whole_a is not None:
+            values_a, scale_a, exponents_a, mask_a = (x[g, start:stop] for x in whole_a)
+        else:
+            values_a, scale_a, exponents_a, mask_a = _group_operand(
+                setup,
+                setup.a_values,
+                codes_a[g, start:stop],
+                scales_a[g, start:stop],
+                params,
+                n_groups,
+            )
         group_sums = np.matmul(
-            values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b
+            values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b[g]
         )
         GK.group_rows(
             group_sums,
-            c_values[start:stop] if c_values.shape[0] > 1 else c_values,
-            scale_a,
-            exponents_a,
-            mask_a,
-            scale_b,
-            exponents_b,
-            mask_b,
-            bad_rows[start:stop],
-            bad_columns,
+            c_values[0] if c_values.shape == (1, 1, 1) else c_values[g, start:stop],
+            np.ascontiguousarray(scale_a),
+            np.ascontiguousarray(exponents_a),
+            np.ascontiguousarray(mask_a),
+            scale_b[g],
+            exponents_b[g],
+            mask_b[g],
+            bad_rows[g, start:stop],
+            bad_columns[g],
             params.fused_terms // group,
             setup.cfg,
-            out[start:stop],
-            flags[start:stop],
+            out[g, start:stop],
+            flags[g, start:stop],
         )
 
     # Tiles on the kept threads (one thread: the calling one), a round of one tile a thread
     # between progress reports.
-    per_round = n_tiles if progress is None else max(1, numba.get_num_threads())
-    for first in range(0, n_tiles, per_round):
-        last = min(first + per_round, n_tiles)
+    items = n_batch * n_tiles
+    per_round = items if progress is None else max(1, numba.get_num_threads())
+    for first in range(0, items, per_round):
+        last = min(first + per_round, items)
         run_in_threads(
             lambda start, stop, first=first: run_tiles(first + start, first + stop), last - first
         )
         if progress is not None:
-            progress(min(last * ROW_TILE, rows), rows)
+            done = (last // n_tiles) * rows + min((last % n_tiles) * ROW_TILE, rows)
+            progress(done, n_batch * rows)
     return np.nonzero(flags)
