@@ -339,3 +339,13 @@ def test_a_batch_of_gemms_in_one_call_equals_the_generic_kernel(shape):
     np.testing.assert_array_equal(got.bits, want)
     assert reports and reports[-1] == (groups * rows, groups * rows)
     assert [done for done, _ in reports] == sorted(done for done, _ in reports)
+
+
+def test_a_batch_without_rows_computes_nothing():
+    params = unit("b200-tcgen05-mxf4").params("fp4_e2m1", "fp4_e2m1")
+    codes = np.zeros((2, 0, 32), dtype=np.uint8)
+    scales = np.full((2, 0, 1), 127, dtype=np.int32)
+    b, b_scales = np.zeros((2, 3, 32), dtype=np.uint8), np.full((2, 3, 1), 127, dtype=np.int32)
+    out = np.empty((2, 0, 3), dtype=np.uint32)
+    c = np.zeros((1, 1, 1), dtype=np.float32)
+    assert all(i.size == 0 for i in groups_matmul(params, codes, b, scales, b_scales, c, out))

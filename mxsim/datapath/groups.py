@@ -291,7 +291,7 @@ def groups_matmul(
     # Tiles on the kept threads (one thread: the calling one), a round of one tile a thread
     # between progress reports.
     items = n_batch * n_tiles
-    per_round = items if progress is None else max(1, numba.get_num_threads())
+    per_round = max(1, items if progress is None else numba.get_num_threads())
     for first in range(0, items, per_round):
         last = min(first + per_round, items)
         run_in_threads(
