@@ -274,9 +274,9 @@ def groups_matmul(
         GK.group_rows(
             group_sums,
             c_values[0] if c_values.shape == (1, 1, 1) else c_values[g, start:stop],
-            np.ascontiguousarray(scale_a),
-            np.ascontiguousarray(exponents_a),
-            np.ascontiguousarray(mask_a),
+            scale_a,  # (row ranges of C-ordered arrays: contiguous)
+            exponents_a,
+            mask_a,
             scale_b[g],
             exponents_b[g],
             mask_b[g],

@@ -84,9 +84,7 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     if not usable.any():
         return None
     magnitudes = np.abs(values[usable])
-    mantissas, _ = np.frexp(magnitudes)
-    integers = (mantissas * 2.0**53).astype(np.int64)
-    significand_bits = max(odd_part_bits(v) for v in integers.tolist())
+    significand_bits = _significand_bits(magnitudes)
     low, high = int(exponents[usable].min()), int(exponents[usable].max())
     values32 = np.where(finite, values, 0.0).astype(np.float32)
     if (values32[finite] != values[finite]).any():
@@ -118,22 +116,25 @@ def _offset_tables(fmt_name: str, subnormals: bool, offset: int) -> _Tables:
     nonzero = np.isfinite(values) & (values != 0)
     usable = nonzero & (shifted >= WIDE_LOW) & (shifted <= WIDE_HIGH)
     values32 = np.where(usable, np.ldexp(np.where(usable, values, 0.0), -offset), 0.0)
-    mantissas, _ = np.frexp(np.abs(values[nonzero]))
-    significand_bits = max(
-        odd_part_bits(v) for v in (mantissas * 2.0**53).astype(np.int64).tolist()
-    )
     return _Tables(
         _read_only(values32.astype(np.float32)),
         _read_only(np.where(usable, shifted, W.ZERO_EXPONENT).astype(np.int8)),
         _read_only(usable | (values == 0)),
-        (0, 1),  # (not read: _operand_tables finds the unusable rows)
-        significand_bits,
+        (0, 1),  # (not read: a wide operand's unusable rows come from ``finite``)
+        _significand_bits(np.abs(values[nonzero])),
         WIDE_LOW,
         WIDE_HIGH,
         2.0**WIDE_LOW,
         2.0 ** (WIDE_HIGH + 1),
         wide=True,
     )
+
+
+def _significand_bits(magnitudes: np.ndarray) -> int:
+    """The widest significand (bits from the leading to the lowest set one) of nonzero
+    finite float64 ``magnitudes``."""
+    mantissas, _ = np.frexp(magnitudes)
+    return max(odd_part_bits(v) for v in (mantissas * 2.0**53).astype(np.int64).tolist())
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,16 +147,23 @@ def _wide_exponents(fmt_name: str, subnormals: bool) -> np.ndarray:
 
 
 def _operand_tables(params: DatapathParams, fmt_name: str, tables: _Tables, codes, scales):
-    """(tables, scales, unusable rows or None) of one operand ((G, rows, K) codes, (G, rows,
-    blocks) scales): a narrow format's own tables and scales, its unusable rows left to the
-    kernel (None); a wide format's tables at this operand's offset, scales that carry it,
-    and its rows holding a code outside the band or a non-finite one."""
+    """(tables, scales) of one operand (codes and scales with rows on the same leading
+    axes): a narrow format's own; a wide format's tables at this operand's offset and
+    scales that carry it (their ``finite``: the usable codes)."""
     if not tables.wide:
-        return tables, scales, None
+        return tables, scales
     offset = operand_offset(params, fmt_name, codes)
     tables = _offset_tables(fmt_name, params.input_subnormals, offset)
-    unusable = ~tables.finite[codes].all(axis=-1)
-    return tables, np.full(scales.shape, offset, dtype=np.int32), unusable
+    return tables, np.full(scales.shape, offset, dtype=np.int32)
+
+
+def _unusable_rows(tables: _Tables, codes, scales, scaled: bool) -> np.ndarray:
+    """(G, rows) bools: rows holding a code the route cannot take: a wide format's outside
+    the band or non-finite (a lookup of its tables), else ``_window_kernels.unusable_rows``'
+    mask test (non-finite codes, NaN scales)."""
+    if tables.wide:
+        return ~tables.finite[codes].all(axis=-1)
+    return W.unusable_rows(codes, scales, *tables.non_finite, scaled)
 
 
 def operand_offset(params: DatapathParams, fmt_name: str, codes) -> int:
@@ -362,9 +370,8 @@ def window_matmul(
     kept = None if memo is None else memo.get(key)
     if kept is None:  # (kept tiles are in the trees' order already: B is reordered once)
         codes_b = in_tree_order(params, codes_b)
-        b, scales_b, bad_columns = _operand_tables(params, params.b_format, b, codes_b, scales_b)
-        if bad_columns is None:
-            bad_columns = W.unusable_rows(codes_b, scales_b, *b.non_finite, scaled)
+        b, scales_b = _operand_tables(params, params.b_format, b, codes_b, scales_b)
+        bad_columns = _unusable_rows(b, codes_b, scales_b, scaled)
         kept = (bad_columns, *_NO_TILES, b, scales_b)
         if memo is not None:
             tiles = W.decode_tiles(codes_b, b.values, b.exponents, width)
@@ -372,9 +379,8 @@ def window_matmul(
                 array.setflags(write=False)  # one kernel signature with _NO_TILES
             kept = memo[key] = (bad_columns, *tiles, b, scales_b)
     bad_columns, kept_values, kept_exponents, b, scales_b = kept
-    a, scales_a, bad_rows = _operand_tables(params, params.a_format, a, codes_a, scales_a)
-    if bad_rows is None:
-        bad_rows = W.unusable_rows(codes_a, scales_a, *a.non_finite, scaled)
+    a, scales_a = _operand_tables(params, params.a_format, a, codes_a, scales_a)
+    bad_rows = _unusable_rows(a, codes_a, scales_a, scaled)
     n_blocks = -(-n_rows // W.ROW_BLOCK)
     threads = numba.get_num_threads()
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
@@ -416,9 +422,8 @@ def window_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_v
     cfg, a, b = _window_config(params)
     codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
     # (a wide format's unusable codes are its tables' not-finite ones: the kernel finds them)
-    a, scales_a, _ = _operand_tables(params, params.a_format, a, codes_a[None], scales_a[None])
-    b, scales_b, _ = _operand_tables(params, params.b_format, b, codes_b[None], scales_b[None])
-    scales_a, scales_b = scales_a[0], scales_b[0]
+    a, scales_a = _operand_tables(params, params.a_format, a, codes_a, scales_a)
+    b, scales_b = _operand_tables(params, params.b_format, b, codes_b, scales_b)
     flags = np.empty(out.shape, dtype=np.uint8)
     arguments = (
         codes_a,
