@@ -93,8 +93,8 @@ class BatchCase:
         return f"{self.config} {self.element}, {self.groups}x{self.m}x{self.k}x{self.n} batch"
 
 
-#: One batch per small-groups route (``mxsim.datapath.batch``) and the BLAS route's passes of
-#: whole groups: MiniLM's heads (12 x 16 of 14 tokens, head size 32) and 128-token ones.
+#: One batch per small-groups route (``mxsim.datapath.batch``), the BLAS route's passes of
+#: whole groups and the group-sum route's one pass of a batch: MiniLM's heads (12 x 16 of 14 tokens, head size 32) and 128-token ones.
 BATCH_CASES = [
     BatchCase("ocp-exact", "fp8_e4m3", 192, 14, 32, 14),  # exact groups, q @ k^T
     BatchCase("kulisch", "fp8_e4m3", 192, 14, 14, 32),  # exact accumulator, P @ v
@@ -104,6 +104,7 @@ BATCH_CASES = [
     BatchCase("ocp-exact", "fp8_e4m3", 24, 128, 64, 128),  # wide exact groups
     BatchCase("b200-fp8", "fp8_e4m3", 24, 128, 128, 64),  # wide window groups, transposed
     BatchCase("mxdotp-paper", "fp8_e4m3", 24, 128, 64, 128),  # the BLAS route's group passes
+    BatchCase("b200-tcgen05-mxf4", "fp4_e2m1", 192, 14, 32, 14),  # the group-sum route's batch
 ]
 #: CPU seconds that a batch case's timing runs at least (its calls repeated in one timing).
 BATCH_TIMING = 0.005

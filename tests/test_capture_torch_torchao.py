@@ -330,6 +330,55 @@ def test_torchao_nvfp4_in_the_loop_on_a_bf16_unit_equals_torchao(torch, torchao)
     assert taken["weight"].startswith("2.weight (torchao NVFP4 with tensor scale): nvfp4 ")
 
 
+@pytest.mark.parametrize("per_tensor", [True, False])
+def test_torchao_nvfp4_weights_on_an_nvfp4_unit_are_taken_as_torchao_stored_them(
+    torch, torchao, per_tensor
+):
+    """On a unit with UE4M3 scales per 16 the weight is torchao's NVFP4 tensor itself (its FP4
+    codes, UE4M3 scale codes and tensor scale: status ``model``), the bf16 input quantized by
+    replay's two-level NVFP4 recipe: in replay and in the loop the unit's bits are
+    mxsim.matmul's on those two tensors; in the loop the layer's output is their values plus
+    the bias, rounded once to bf16."""
+    from mxsim import matmul
+    from mxsim.capture.torch import capture_torch
+    from mxsim.inloop.torch import torch_unit
+    from mxsim.quantize import NVFP4_PROFILES, NVFP4Tensor, quantize_nvfp4
+    from mxsim.quantize.nvfp4 import tensor_scale_from_amax
+    from mxsim.replay.layer import replay_layer
+
+    nvfp4 = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
+    model = mlp(torch)
+    config = torchao["workflow"].NVFP4WeightOnlyConfig(use_dynamic_per_tensor_scale=per_tensor)
+    torchao["quantize_"](model, config)
+    x = activations(torch)
+    seen = nvfp4_run(torch, torchao, model, x)
+
+    def by_hand(name, rows):
+        rows = rows.reshape(-1, rows.shape[-1]).astype(np.float32)
+        qa = quantize_nvfp4(rows, tensor_scale_from_amax(np.abs(rows).max()))
+        taken = seen[name]
+        stored = NVFP4Tensor(
+            taken["codes"], taken["scales"], taken["tensor_scale"], NVFP4_PROFILES["torchao"]
+        )
+        return matmul(nvfp4, qa, stored)
+
+    for layer in capture_torch(model, x).layers:
+        result = replay_layer(layer, nvfp4)
+        assert (result.weight.status, result.input.status) == ("model", "added")
+        assert result.weight.per_tensor_scale == per_tensor
+        np.testing.assert_array_equal(result.bits[0], by_hand(layer.name, layer.input).bits)
+        assert result.sqnr_vs_ideal_db > 120  # the unit's arithmetic against exact sums
+    with torch_unit(model[0], nvfp4) as unit:
+        with torch.no_grad():
+            got = model[0](x)
+    (name,) = unit.computed_layers
+    assert got.dtype == torch.bfloat16
+    bias = model[0].bias.detach().float().numpy().astype(np.float64)
+    want = bf16(torch, by_hand("0", x.float().numpy()).values + bias)
+    np.testing.assert_array_equal(got.float().numpy().reshape(want.shape), want)
+    assert "torchao NVFP4" in unit.model_quantization[name]["weight"]
+
+
 def test_nvfp4_with_activation_quantization_and_weight_only_mx_are_refused_in_one_line(
     torch, torchao
 ):

@@ -16,8 +16,8 @@ from mxsim.datapath.api import _kernel_arguments, matmul_groups
 from mxsim.datapath.config import DatapathParams, check_consistency
 from mxsim.datapath.groups import _setup, groups_apply, groups_matmul
 from mxsim.datapath.reference import dot_reference
-from mxsim.errors import ConfigError
-from mxsim.quantize import quantize_nvfp4
+from mxsim.errors import ConfigError, MxsimError
+from mxsim.quantize import quantize_nvfp4, quantize_nvfp4_grouped
 
 ROUNDINGS = [
     "nearest_even",
@@ -349,3 +349,130 @@ def test_a_batch_without_rows_computes_nothing():
     out = np.empty((2, 0, 3), dtype=np.uint32)
     c = np.zeros((1, 1, 1), dtype=np.float32)
     assert all(i.size == 0 for i in groups_matmul(params, codes, b, scales, b_scales, c, out))
+
+
+# --- batches of NVFP4 GEMMs, and B kept across calls ----------------------------------------------
+
+
+def _nvfp4_batch(seed: int, groups: int = 4, rows: int = 9, length: int = 80, columns: int = 6):
+    """A (G, M, K) and B^T (G, N, K) NVFP4 groups with their own magnitudes (tensor scales
+    from each group's amax), a NaN scale in one group's row and a zero group of A."""
+    rng = np.random.default_rng(seed)
+    magnitudes = np.exp2(rng.integers(-12, 12, (groups, 1, 1))).astype(np.float32)
+    a = (rng.standard_normal((groups, rows, length)) * magnitudes).astype(np.float32)
+    b = rng.standard_normal((groups, columns, length)).astype(np.float32)
+    a[1] = 0.0
+    qa, qb = quantize_nvfp4_grouped(a, "amax"), quantize_nvfp4_grouped(b, "amax")
+    qa.scales[2, 3, 1] = 0x7F  # NaN: the row is recomputed by the generic kernel
+    return qa, qb
+
+
+def test_a_batch_of_nvfp4_gemms_equals_one_matmul_per_group():
+    qa, qb = _nvfp4_batch(31)
+    hw = unit("b200-nvfp4")
+    batch = matmul_batched(hw, qa, qb)
+    assert (
+        batch.tensor_scales.tolist()
+        == [(1.0 if s is None else s) * t for s, t in zip(qa.tensor_scales, qb.tensor_scales)]
+        and qa.tensor_scales[1] is None
+    )
+    for g, (ta, tb) in enumerate(zip(qa.tensors(), qb.tensors())):
+        alone = matmul(hw, ta, tb)
+        np.testing.assert_array_equal(batch.bits[g], alone.bits)
+        np.testing.assert_array_equal(batch.bits[g], matmul(hw, ta, tb, method="kernel").bits)
+        np.testing.assert_array_equal(batch.values[g], alone.values)
+    assert np.isnan(batch.values[2, 3]).all() and not np.isnan(batch.values[2, :3]).any()
+
+
+def test_a_batch_of_nvfp4_gemms_with_c_and_single_level_scales():
+    rng = np.random.default_rng(32)
+    a = rng.standard_normal((3, 5, 48)).astype(np.float32)
+    b = rng.standard_normal((3, 4, 48)).astype(np.float32)
+    qa, qb = quantize_nvfp4_grouped(a), quantize_nvfp4_grouped(b)
+    c = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    hw = unit("b200-nvfp4")
+    batch = matmul_batched(hw, qa, qb, c=c)
+    for g, (ta, tb) in enumerate(zip(qa.tensors(), qb.tensors())):
+        np.testing.assert_array_equal(batch.bits[g], matmul(hw, ta, tb, c=c[g]).bits)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda a, b, hw: (a, b, "b200-nvfp4", {"c": np.zeros((2, 3, 2), np.float32)}),
+            "c with NVFP4 tensor scales",
+        ),
+        (
+            lambda a, b, hw: (a, b, "b200-nvfp4", {"per_tensor_scale": True}),
+            "take no per_tensor_scale",
+        ),
+        (lambda a, b, hw: (a, a, "b200-nvfp4", {}), None),  # (2, 3, 32) x (2, 3, 32): fine
+        (lambda a, b, hw: (a, b.group(0), "b200-nvfp4", {}), "must be NVFP4 groups"),
+        (lambda a, b, hw: (a, np.zeros((2, 32, 2)), "b200-nvfp4", {}), "must be NVFP4 groups"),
+        (
+            lambda a, b, hw: (
+                a,
+                quantize_nvfp4_grouped(np.ones((3, 2, 32), np.float32)),
+                "b200-nvfp4",
+                {},
+            ),
+            "A has 2 groups, B has 3",
+        ),
+        (
+            lambda a, b, hw: (
+                a,
+                quantize_nvfp4_grouped(np.ones((2, 2, 48), np.float32)),
+                "b200-nvfp4",
+                {},
+            ),
+            "inner dimensions differ",
+        ),
+        (
+            lambda a, b, hw: (a, b, "b200-tcgen05-mxf4", {}),
+            "ue4m3 scales per 16 differ from the unit's e8m0 per 32",
+        ),
+    ],
+)
+def test_nvfp4_batches_refuse_bad_arguments(change, message):
+    a = quantize_nvfp4_grouped(np.ones((2, 3, 32), np.float32), "amax")
+    b = quantize_nvfp4_grouped(np.ones((2, 2, 32), np.float32), "amax")
+    first, second, name, options = change(a, b, None)
+    if message is None:
+        assert matmul_batched(unit(name), first, second, **options).bits.shape == (2, 3, 3)
+        return
+    with pytest.raises(MxsimError) as error:
+        matmul_batched(unit(name), first, second, **options)
+    assert message in str(error.value) and "matmul_batched" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["b200-nvfp4", "b200-tcgen05-mxf4"])
+def test_kept_b_gives_the_bits_of_forming_b_per_call(name):
+    """A B kept in b_memo (its group values, scales and masks formed once): later calls with
+    other A give the bits of calls without the memo, and the kept arrays are not written."""
+    from mxsim import quantize_mx
+
+    hw = unit(name)
+    rng = np.random.default_rng(33)
+    if name == "b200-nvfp4":
+        qb = _nvfp4_batch(34)[1]
+        a_of = [
+            quantize_nvfp4_grouped(
+                rng.standard_normal((4, 9, 80)).astype(np.float32) * np.float32(scale), "amax"
+            )
+            for scale in (1.0, 2.0**-20)
+        ]
+    else:
+        qb = [quantize_mx(rng.standard_normal((80, 6)), "fp4_e2m1", axis=0) for _ in range(4)]
+        a_of = [
+            [quantize_mx(rng.standard_normal((9, 80)), "fp4_e2m1", axis=1) for _ in range(4)]
+            for _ in range(2)
+        ]
+    memo = {}
+    for qa in a_of:
+        kept = matmul_batched(hw, qa, qb, b_memo=memo)
+        np.testing.assert_array_equal(kept.bits, matmul_batched(hw, qa, qb).bits)
+        (entry,) = memo.values()
+        groups = entry["route"]["groups"]
+        before = [x.copy() for x in groups]
+    assert all(np.array_equal(x, y) for x, y in zip(groups, before))

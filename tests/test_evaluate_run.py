@@ -11,6 +11,7 @@ import pytest
 
 import mxsim.evaluate.run as evaluate_run
 from conftest import REPO, require_module, tiny_hf_dir
+from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError
 from mxsim.evaluate import evaluate_hf, format_report, minilm_model_dir
 from mxsim.evaluate.models import MAX_INPUT_BYTES
@@ -199,6 +200,30 @@ def test_minilm_in_the_loop_keeps_the_paraphrase_neighbours(torch):
         report["pooling"] == "mean" and run["layers"] == 49 and run["skipped"] == 0
     )  # 6 x 8 + pooler
     assert 0.98 < run["cosine_min"] < 1.0 and run["neighbour_agreement"] == 1.0
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_minilm_on_an_nvfp4_unit_keeps_more_than_on_an_mxfp4_unit(torch):
+    """The real model on B200 FP4 units, 4 sentences: NVFP4 (UE4M3 scales per 16 and a tensor
+    scale, replay's quantization of every operand) stays closer to float than MXFP4 (E8M0 per
+    32) on the same tensor-core family, both keeping the paraphrase neighbours."""
+    require_module("all_minilm_l6_v2", "minilm")
+    sentences = (REPO / "examples/minilm/sentences.txt").read_text().splitlines()[:4]
+    runs = {
+        name: evaluate_hf(
+            minilm_model_dir(),
+            load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml"),
+            "fp4_e2m1",
+            "embedding",
+            sentences,
+        )["runs"][0]
+        for name in ("b200-nvfp4", "b200-tcgen05-mxf4")
+    }
+    nvfp4, mxfp4 = runs["b200-nvfp4"], runs["b200-tcgen05-mxf4"]
+    assert nvfp4["layers"] == 49 and nvfp4["skipped"] == 0
+    assert 0.92 < nvfp4["cosine_min"] < 1.0 and nvfp4["cosine_min"] > mxfp4["cosine_min"] + 0.03
+    assert nvfp4["neighbour_agreement"] == mxfp4["neighbour_agreement"] == 1.0
 
 
 def test_a_model_failing_on_its_inputs_is_one_error(tiny_dirs, monkeypatch):

@@ -12,11 +12,14 @@ from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError
 from mxsim.formats import get_format
 from mxsim.inloop import torch_unit
+from mxsim.quantize import quantize_nvfp4
+from mxsim.quantize.nvfp4 import tensor_scale_from_amax
 
 from conftest import REPO, without_compile_notice
 
 OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 H100 = load_hwconfig(REPO / "hwconfigs" / "h100-fp8.yaml")
+NVFP4 = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
 
 
 def _by_hand(hw, x, w, bias, fmt):
@@ -127,6 +130,39 @@ def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
     expected = matmul(unit, q[0, 0], weight.T, c=c, per_tensor_scale=per_tensor).values.astype(
         np.float32
     )
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+
+
+def _nvfp4_by_hand(a: np.ndarray, b_rows: np.ndarray):
+    """mxsim.matmul of a (M, K) and B given as its rows (N, K), each quantized by the NVFP4
+    recipe along K zero-padded to whole blocks of 16, its tensor scale from its amax."""
+    pad = ((0, 0), (0, -a.shape[1] % 16))
+    qa, qb = (
+        quantize_nvfp4(np.pad(x, pad), tensor_scale_from_amax(np.abs(x).max())) for x in (a, b_rows)
+    )
+    return matmul(NVFP4, qa, qb).values
+
+
+def test_nvfp4_heads_and_biased_linears_bit_for_bit(torch):
+    """On an NVFP4 unit each head of a 4-d matmul is a tensor of its own (its own tensor
+    scale); a linear layer's bias is added after the unit's scaled sums, in float64."""
+    rng = np.random.default_rng(9)
+    q = (rng.standard_normal((2, 3, 5, 40)) * np.exp2(rng.integers(-4, 4, (2, 3, 1, 1)))).astype(
+        np.float32
+    )
+    k = rng.standard_normal((2, 3, 40, 7)).astype(np.float32)
+    layer = torch.nn.Linear(40, 6)
+    with torch_unit(layer, NVFP4) as loop:
+        scores = torch.matmul(torch.from_numpy(q), torch.from_numpy(k)).numpy()
+        out = layer(torch.from_numpy(q[0, 0])).detach().numpy()
+    assert len(loop.computed_layers) == 2
+    for g, (a, b) in enumerate(zip(q.reshape(6, 5, 40), k.reshape(6, 40, 7))):
+        expected = _nvfp4_by_hand(a, b.T).astype(np.float32)
+        np.testing.assert_array_equal(
+            scores.reshape(6, 5, 7)[g].view(np.uint32), expected.view(np.uint32)
+        )
+    weight, bias = layer.weight.detach().numpy(), layer.bias.detach().numpy()
+    expected = (_nvfp4_by_hand(q[0, 0], weight) + bias.astype(np.float64)).astype(np.float32)
     np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
@@ -389,7 +425,7 @@ def _bits(tensor) -> np.ndarray:
     return tensor.numpy().view(np.uint32)
 
 
-@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
+@pytest.mark.parametrize("unit", [OCP, H100, NVFP4], ids=lambda u: u.name)
 def test_weights_are_quantized_once_per_context_with_the_same_bits(
     torch, monkeypatch, counted_quantizations, unit
 ):
@@ -429,7 +465,7 @@ def _shared_input_model(torch):
     return Projections().eval()
 
 
-@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
+@pytest.mark.parametrize("unit", [OCP, H100, NVFP4], ids=lambda u: u.name)
 def test_layers_reading_one_activation_quantize_it_once_with_the_same_bits(
     torch, counted_quantizations, unit
 ):
@@ -475,7 +511,7 @@ def _one_element_through_data(model, torch):
     [_load_state, _optimizer_step, _copy_under_no_grad, _data_copy, _one_element_through_data],
     ids=lambda f: f.__name__.strip("_"),
 )
-@pytest.mark.parametrize("unit", [H100, OCP], ids=lambda u: u.name)
+@pytest.mark.parametrize("unit", [H100, OCP, NVFP4], ids=lambda u: u.name)
 def test_a_weight_changed_in_place_gives_the_new_result(torch, change, unit):
     """A weight changed in place between two forwards of a context: the second forward gives
     the bits of a forward in a new context (kept quantizations and decoded forms dropped)."""

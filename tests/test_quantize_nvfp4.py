@@ -17,6 +17,7 @@ from mxsim.quantize.nvfp4 import (
     NVFP4_ROUNDINGS,
     quantize_nvfp4,
     quantize_nvfp4_at_scales,
+    quantize_nvfp4_grouped,
     tensor_scale_from_amax,
 )
 from mxsim.quantize.reference import quantize_nvfp4_reference
@@ -296,3 +297,100 @@ def test_nvfp4_quantizers_leave_their_inputs_unchanged(dtype):
     scale_bytes = byte_copies(scales)
     quantize_nvfp4_at_scales(finite, scales, tensor.tensor_scale)
     assert byte_copies([x, finite]) == kept and byte_copies(scales) == scale_bytes
+
+
+# --- groups: a batch of tensors, each with its own tensor scale ---------------------------------
+
+
+def _grouped_input(seed: int) -> np.ndarray:
+    """(5, 3, 48): realistic groups of different magnitudes, an all-zero group (no tensor
+    scale from its amax), one with Inf and one with corner values."""
+    rng = np.random.default_rng(seed)
+    x = np.stack([realistic_float32(rng, 3, 48) * np.float32(2.0**e) for e in (-30, 0, 5, 0, 0)])
+    x[3] = 0.0
+    x[4] = _finite(corner_float32(rng, 3, 48))
+    x[2, 1, 7] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("how", ["none", "amax", "given"])
+def test_groups_equal_one_call_per_group(how):
+    x = _grouped_input(21)
+    finite_amax = [np.abs(g[np.isfinite(g)]).max() for g in x]
+    per_group = {
+        "none": [None] * 5,
+        "amax": [tensor_scale_from_amax(a) if a > 0 else None for a in finite_amax],
+        "given": [2.0**-3, None, float(np.float32(0.1)), 1.0, 2.0**40],
+    }[how]
+    groups = quantize_nvfp4_grouped(x, {"none": None, "amax": "amax", "given": per_group}[how])
+    assert len(groups) == 5 and groups.tensor_scales == tuple(per_group)
+    exact = groups.exact_values()
+    for g, tensor in enumerate(groups.tensors()):
+        alone = quantize_nvfp4(x[g], per_group[g])
+        assert np.array_equal(tensor.codes, alone.codes) and tensor.codes.base is not None
+        assert np.array_equal(tensor.scales, alone.scales)
+        assert tensor.tensor_scale == alone.tensor_scale
+        np.testing.assert_array_equal(exact[g], alone.exact_values())
+    unscaled = groups.exact_values(with_tensor_scales=False)
+    np.testing.assert_array_equal(
+        unscaled * groups.tensor_scale_array()[:, None, None], exact
+    )  # e * s * t, each exact: multiplying by t is exact too
+    assert per_group[3] is None or how == "given"  # the zero group has no amax scale
+
+
+def test_groups_amax_scale_of_a_group_too_small_for_one_is_none():
+    x = np.zeros((2, 1, 16), np.float32)
+    x[0, 0, 0] = np.float32(1e-42)  # amax / 2688 underflows float32
+    x[1, 0, 0] = 1.0
+    groups = quantize_nvfp4_grouped(x, "amax")
+    assert groups.tensor_scales == (None, tensor_scale_from_amax(1.0))
+
+
+@pytest.mark.parametrize(
+    "x, scales, message",
+    [
+        (np.ones(16, np.float32), None, "must be (groups, ..., K)"),
+        (np.ones((2, 1, 16), np.float32), "max", "must be None, 'amax' or a sequence"),
+        (np.ones((2, 1, 16), np.float32), 0.5, "must be None, 'amax' or a sequence"),
+        (np.ones((2, 1, 16), np.float32), [0.5], "1 entries for 2 groups"),
+        (np.ones((2, 1, 16), np.float32), [0.5, 0.1], "tensor_scales[1]: must be exactly"),
+        (np.ones((2, 1, 16), np.float32), [0.5, -1.0], "tensor_scales[1]: expected a positive"),
+        (np.ones((2, 1, 12), np.float32), None, "must be a multiple of 16"),
+        (np.full((2, 1, 16), np.nan, np.float32), None, "NaN"),
+        (np.ones((2, 1, 16)), None, "expected a float32"),
+    ],
+)
+def test_groups_refuse_bad_arguments(x, scales, message):
+    with pytest.raises(ArgumentError) as error:
+        quantize_nvfp4_grouped(x, scales)
+    assert message in str(error.value) and "quantize_nvfp4_grouped" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["fp4_e2m1", "ue4m3", "fp6_e2m3", "fp8_e4m3"])
+def test_the_kernels_nearest_even_search_is_the_formats_rounding(name):
+    """Every value, every midpoint between neighbours and the float32 values either side of
+    each, and random magnitudes up to the largest: the bisection's and the count's index is
+    encode's code."""
+    from mxsim.quantize._nvfp4_kernels import nearest_even_count, nearest_even_index
+
+    fmt = get_format(name)
+    values = fmt.decode(np.arange(1 << (fmt.bits - fmt.signed)))
+    values = values[: np.argmin(np.isfinite(values))] if not np.isfinite(values).all() else values
+    middles = ((values[:-1] + values[1:]) / 2).astype(np.float32)
+    rng = np.random.default_rng(3)
+    probes = np.concatenate(
+        [
+            values.astype(np.float32),
+            middles,
+            np.nextafter(middles, np.float32(0)),
+            np.nextafter(middles, np.float32(np.inf)),
+            (rng.random(20_000) * values[-1]).astype(np.float32),
+        ]
+    )
+    probes = probes[probes <= values[-1]]
+    want = fmt.encode(probes, "nearest_even").astype(np.int64)
+    got = np.array([nearest_even_index(float(p), values) for p in probes])
+    np.testing.assert_array_equal(got, want)
+    halves = tuple(float(m) for m in (values[:-1] + values[1:]) / 2)
+    counted = np.array([nearest_even_count(float(p), halves) for p in probes])
+    np.testing.assert_array_equal(counted, want)

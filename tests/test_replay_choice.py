@@ -10,8 +10,11 @@ from conftest import REPO, mx_linear_layer
 from mxsim import matmul
 from mxsim.datapath import load_hwconfig
 from mxsim.errors import MxsimError
-from mxsim.quantize import quantize
+from mxsim.quantize import quantize, quantize_nvfp4
+from mxsim.quantize.nvfp4 import tensor_scale_from_amax
+from mxsim.replay.choice import choose_operand
 from mxsim.replay.layer import replay_layer, run_layer
+from mxsim.replay.operands import layer_operands
 from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
 from mxsim.trace import Layer, MXQuant, Trace, load_trace
@@ -112,3 +115,73 @@ def test_element_format_override():
     }
     with pytest.raises(MxsimError, match="does not take fp4_e2m1"):
         replay(trace, [HW["h100-fp8"]], element_format="fp4_e2m1")
+
+
+def test_an_nvfp4_unit_takes_the_two_level_recipe_unless_told_otherwise():
+    """On a unit with UE4M3 block scales a float operand gets the NVFP4 recipe (torchao's
+    profile, the unit's block), two-level by default (torchao's and NVIDIA's default);
+    per_tensor_scale=False asks for single-level, which on a unit without block scales would
+    be an error; the caller's format is taken with the same recipe."""
+    nvfp4 = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
+    layer = Layer(
+        "fc",
+        "linear",
+        {
+            "input": np.ones((2, 32), np.float32),
+            "weight": np.ones((3, 32), np.float32),
+            "output": np.full((2, 3), 32.0, np.float32),
+        },
+        {},
+        {"input": None, "weight": None, "bias": None},
+        {},
+    )
+    operand = layer_operands(layer).a
+    default, _ = choose_operand(operand, "input", None, nvfp4, None)
+    assert (default.format, default.profile, default.block_size) == ("fp4_e2m1", "torchao", 16)
+    assert default.per_tensor_scale and default.float_scales and default.status == "added"
+    single, _ = choose_operand(operand, "input", None, nvfp4, None, per_tensor_scale=False)
+    assert not single.per_tensor_scale
+    caller, _ = choose_operand(operand, "input", None, nvfp4, "fp4_e2m1")
+    assert (caller.status, caller.profile, caller.per_tensor_scale) == ("caller", "torchao", True)
+    mx, _ = choose_operand(operand, "input", None, HW["ocp-exact"], None)
+    assert not mx.float_scales and mx.scale_format == "e8m0" and not mx.per_tensor_scale
+    with pytest.raises(MxsimError, match="has no block scales"):
+        choose_operand(operand, "input", None, HW["h100-fp8"], None, per_tensor_scale=False)
+
+
+def test_a_models_nvfp4_weight_is_taken_where_its_blocks_and_scaling_fit():
+    """A recorded NVFP4 weight (UE4M3 per 16 along K, a tensor scale) is the model's on an
+    NVFP4 unit; asked for single-level scaling the unit gets replay's quantization instead
+    (``replaced``, saying why); units with E8M0 scales read it as floats (``added``)."""
+    from mxsim.trace import NVFP4Quant
+
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((3, 32)).astype(np.float32)
+    t = 2.0**-6
+    spec = NVFP4Quant(axis=1, tensor_scale=t)
+    layer = Layer(
+        "fc",
+        "linear",
+        {
+            "input": rng.standard_normal((2, 32)).astype(np.float32),
+            "weight": weight,
+            "weight_quantized": spec.fake_quantize(weight),
+            "output": np.zeros((2, 3), np.float32),
+        },
+        {},
+        {"input": None, "weight": spec, "bias": None},
+        {},
+    )
+    nvfp4 = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
+    operand = layer_operands(layer).b
+    assert operand.granule == 16 and operand.layout == "K blocked"
+    taken, _ = choose_operand(operand, "weight", spec, nvfp4, None)
+    assert (taken.status, taken.format, taken.per_tensor_scale) == ("model", "fp4_e2m1", True)
+    asked, _ = choose_operand(operand, "weight", spec, nvfp4, None, per_tensor_scale=False)
+    assert asked.status == "replaced" and "was asked for single-level scaling" in asked.note
+    mx, _ = choose_operand(operand, "weight", spec, HW["ocp-exact"], None)
+    assert mx.status == "added"
+    run = run_layer(layer, nvfp4)
+    x = layer.input
+    qa = quantize_nvfp4(x, tensor_scale_from_amax(np.abs(x).max()))
+    np.testing.assert_array_equal(run.bits[0], matmul(nvfp4, qa, spec.quantize(weight)).bits)

@@ -3,21 +3,27 @@ the ideal of the operands the unit got, compile time apart."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
 from conftest import REPO, byte_copies, mx_linear_layer, sqnr_db
 from mxsim import matmul
 from mxsim.datapath import load_hwconfig
-from mxsim.quantize import quantize
+from mxsim.errors import MxsimError
+from mxsim.formats import get_format
+from mxsim.quantize import quantize, quantize_nvfp4
+from mxsim.quantize.nvfp4 import tensor_scale_from_amax
 from mxsim.replay.layer import replay_layer, run_layer
 from mxsim.replay.report import format_report
 from mxsim.replay.run import replay
 from mxsim.trace import Layer, MXQuant, Trace, conv2d_direct, load_trace
 
+E2M1 = get_format("fp4_e2m1")
 HW = {
     name: load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
-    for name in ("ocp-exact", "kulisch", "mxdotp", "h100-fp8")
+    for name in ("ocp-exact", "kulisch", "mxdotp", "h100-fp8", "b200-nvfp4")
 }
 
 
@@ -358,8 +364,42 @@ def test_placeholder_quantization_has_the_quantizers_layout_and_types(
     assert (stand_in.tensor_scale_exponents == (exponent or 0)).all()
 
 
-@pytest.mark.parametrize("unit", ["ocp-exact", "mxdotp", "h100-fp8"])
-def test_run_layer_leaves_the_layer_its_input_and_kept_weights_unchanged(unit):
+@pytest.mark.parametrize("per_tensor", [True, False])
+def test_placeholder_nvfp4_has_the_quantizers_layout_and_types(per_tensor):
+    """On an NVFP4 unit the stand-in is NVFP4 groups of the quantizer's shapes, dtypes and
+    options: codes 0, every scale 1.0 (UE4M3 0x38), no tensor scales."""
+    from mxsim.replay.choice import OperandChoice
+    from mxsim.replay.layer import _requantize, placeholder_quantization
+
+    values = np.random.default_rng(4).normal(size=(3, 5, 70)).astype(np.float32)
+    choice = OperandChoice(
+        "fp4_e2m1", "torchao", per_tensor, block_size=16, scale_format="ue4m3", status="added"
+    )
+    real, _, _ = _requantize(values, choice, {}, False)
+    stand_in, *_ = placeholder_quantization(values, choice, {})
+    for name in ("codes", "scales"):
+        got, want = getattr(stand_in, name), getattr(real, name)
+        assert (got.shape, got.dtype, got.flags.c_contiguous) == (
+            want.shape,
+            want.dtype,
+            want.flags.c_contiguous,
+        ), name
+    assert stand_in.options == real.options and len(stand_in) == 3
+    assert (real.tensor_scales[0] is not None) == per_tensor
+    assert not stand_in.codes.any() and (stand_in.scales == 0x38).all()
+    assert stand_in.tensor_scales == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    "unit, fmt",
+    [
+        ("ocp-exact", "fp8_e4m3"),
+        ("mxdotp", "fp8_e4m3"),
+        ("h100-fp8", "fp8_e4m3"),
+        ("b200-nvfp4", "fp4_e2m1"),
+    ],
+)
+def test_run_layer_leaves_the_layer_its_input_and_kept_weights_unchanged(unit, fmt):
     """run_layer, called twice with kept weight quantizations, input quantizations and a
     weight memo, on a layer the model quantized and on a float layer with a bias that
     replay quantizes (a K of 70: blocks padded), leaves every byte of the layer's tensors,
@@ -386,9 +426,100 @@ def test_run_layer_leaves_the_layer_its_input_and_kept_weights_unchanged(unit):
         kept = {"weight_quantizations": {}, "input_quantizations": {}, "weight_memo": {}}
         runs = []
         for _ in range(2):
-            runs.append(run_layer(layer, HW[unit], given, element_format="fp8_e4m3", **kept))
+            runs.append(run_layer(layer, HW[unit], given, element_format=fmt, **kept))
             assert byte_copies([layer.tensors, given]) == before
             if len(runs) == 1:
                 first_kept = byte_copies(kept)
         assert byte_copies(kept) == first_kept and (layer is quantized or first_kept)
         np.testing.assert_array_equal(runs[1].values, runs[0].values)
+
+
+# --- units with UE4M3 block scales: replay quantizes to NVFP4 ------------------------------------
+
+
+def _float_linear(seed: int, bias: bool = True) -> Layer:
+    """A float 6x70 by 70x5 linear layer (no quantizers), the input and weight of different
+    magnitudes, with a bias."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((6, 70)) * 37.0).astype(np.float32)
+    w = (rng.standard_normal((5, 70)) * 2.0**-9).astype(np.float32)
+    tensors = {"input": x, "weight": w, "output": np.zeros((6, 5), np.float32)}
+    if bias:
+        tensors["bias"] = np.linspace(-1, 1, 5).astype(np.float32)
+    return Layer("fc", "linear", tensors, {}, {"input": None, "weight": None, "bias": None}, {})
+
+
+def _round_to_fp32(value: Fraction) -> float:
+    """``value`` rounded once to float32, nearest even (via float64 only where that is exact)."""
+    wide = float(value)
+    assert Fraction(wide) == value  # the test's sums fit float64: one rounding below
+    return float(np.float32(wide))
+
+
+@pytest.mark.parametrize("per_tensor_scale", [None, False])
+def test_an_nvfp4_unit_gets_nvfp4_operands_bit_for_bit(per_tensor_scale):
+    """On a unit with UE4M3 scales per 16, each operand is quantized by the NVFP4 recipe along
+    K (padded to whole blocks; by default two-level, the tensor scale from the operand's amax;
+    single-level when per_tensor_scale is False): the unit's bits are matmul's on those
+    tensors, its values times both tensor scales plus the bias (after: the epilogue adds it),
+    and the ideal is the exact sum of the e * s products rounded once to fp32, times the
+    tensor scales."""
+    layer = _float_linear(41)
+    hw = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
+    run = run_layer(layer, hw, per_tensor_scale=per_tensor_scale)
+    x, w = (np.pad(layer.tensors[n], ((0, 0), (0, 10))) for n in ("input", "weight"))
+    two_level = per_tensor_scale is None
+    qa, qb = (
+        quantize_nvfp4(v, tensor_scale_from_amax(np.abs(v).max()) if two_level else None)
+        for v in (x, w)
+    )
+    assert (qa.tensor_scale is not None) == two_level
+    unit = matmul(hw, qa, qb)
+    np.testing.assert_array_equal(run.bits[0], unit.bits)
+    np.testing.assert_array_equal(run.values, unit.values + layer.tensors["bias"])
+    for choice in (run.input, run.weight):
+        assert (choice.format, choice.block_size, choice.scale_format) == ("fp4_e2m1", 16, "ue4m3")
+        assert choice.status == "added" and choice.per_tensor_scale == two_level
+    t = (qa.tensor_scale or 1.0) * (qb.tensor_scale or 1.0)
+    a_values = qa.exact_values() / (qa.tensor_scale or 1.0)
+    b_values = qb.exact_values() / (qb.tensor_scale or 1.0)
+    for m in range(6):
+        for n in range(5):
+            exact = sum(Fraction(p) * Fraction(q) for p, q in zip(a_values[m], b_values[n]))
+            want = _round_to_fp32(exact) * t + float(layer.tensors["bias"][n])
+            assert run.ideal[m, n] == want, (m, n)
+    # the row's figures: the unit against that ideal, and the quantization's clipping
+    assert run.input.saturated == int(
+        (
+            (np.abs(layer.input) > np.abs(qa.exact_values()[:, :70]))
+            & (np.abs(E2M1.decode(qa.codes[:, :70])) == 6)
+        ).sum()
+    )
+
+
+def test_an_nvfp4_unit_replaces_an_mx_quantized_operand():
+    """An MX spec (E8M0 scales per 32) is no quantization an NVFP4 unit takes, even in a format
+    it takes: replay quantizes the float to NVFP4 and marks the row; strict refuses it."""
+    layer = mx_linear_layer(np.random.default_rng(42), "fp4_e2m1")
+    hw = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
+    run = run_layer(layer, hw)
+    assert run.input.status == run.weight.status == "replaced"
+    assert "takes ue4m3 block scales" in run.input.note
+    assert (run.input.format, run.input.profile) == ("fp4_e2m1", "torchao")
+    with pytest.raises(MxsimError, match="takes ue4m3 block scales"):
+        run_layer(layer, hw, strict=True)
+
+
+def test_replay_of_a_trace_on_nvfp4_units_reports_their_operands():
+    trace = load_trace(REPO / "traces" / "digits-cnn")
+    units = [
+        load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml")
+        for n in ("b200-nvfp4", "rtx50-mma-mxf4nvf4")
+    ]
+    report = replay(trace, units, end_to_end=True)
+    assert "fp4_e2m1/16/ue4m3/pt x fp4_e2m1/16/ue4m3/pt" in format_report(report)
+    for hw in units:
+        results = report["_results"][hw.name]
+        assert len(results) == 4
+        assert all(r.sqnr_vs_float_db > 12 and r.sqnr_vs_ideal_db > 100 for r in results)
+        assert report["end_to_end"]["accuracy"][hw.name] > 0.9

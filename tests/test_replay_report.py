@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,17 @@ def test_totals_give_mean_and_median_layer_sqnr_and_what_was_replaced():
         "(* re-quantized by replay: fp4_e2m1 block 32 -> fp8_e4m3/pt; fp6_e2m3 block 32 -> fp8_e4m3/pt; "
         "fp8_e4m3 block 32 -> fp8_e4m3/pt)" in totals_line
     )
+
+
+def test_operand_labels_name_float_block_scales():
+    """An NVFP4 operand's label names its scale format and tensor scale; a report written
+    before the scale format was recorded reads as E8M0."""
+    from mxsim.replay.choice import OperandChoice
+    from mxsim.replay.report import _operand_label
+
+    nvfp4 = OperandChoice("fp4_e2m1", "torchao", True, block_size=16, scale_format="ue4m3")
+    assert _operand_label(nvfp4) == "fp4_e2m1/16/ue4m3/pt"
+    single = dataclasses.asdict(nvfp4) | {"per_tensor_scale": False}
+    assert _operand_label(single) == "fp4_e2m1/16/ue4m3"
+    old = {"format": "fp8_e4m3", "block_size": 32, "per_tensor_scale": False}
+    assert _operand_label(old) == "fp8_e4m3/32"

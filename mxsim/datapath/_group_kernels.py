@@ -149,3 +149,44 @@ def group_rows(
             out,
             flags,
         )
+
+
+@njit(cache=True, nogil=True)
+def group_batch(
+    group_sums,
+    c_values,
+    scale_a_values,
+    scale_a_exponents,
+    mask_a,
+    scale_b_values,
+    scale_b_exponents,
+    mask_b,
+    bad_rows,
+    bad_columns,
+    groups_per_tree,
+    cfg,
+    out,
+    flags,
+    start,
+    stop,
+):
+    """:func:`group_rows` of items ``start`` to ``stop`` of a batch: each argument of it with
+    a leading batch axis, but ``c_values``, whose first axis has length 1 where one c (or
+    one GEMM's) serves every item."""
+    for item in range(start, stop):
+        group_rows(
+            group_sums[item],
+            c_values[0] if c_values.shape[0] == 1 else c_values[item],
+            scale_a_values[item],
+            scale_a_exponents[item],
+            mask_a[item],
+            scale_b_values[item],
+            scale_b_exponents[item],
+            mask_b[item],
+            bad_rows[item],
+            bad_columns[item],
+            groups_per_tree,
+            cfg,
+            out[item],
+            flags[item],
+        )

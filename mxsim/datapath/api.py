@@ -16,7 +16,14 @@ from ..formats import FormatInfo, get_format
 from ..formats.table import as_float_array, native_float_dtype
 from .._threads import SERIAL_GEMM_BELOW, run_in_threads, threads_for
 from ..limits import check_array_budget, check_choice, check_int
-from ..quantize import MXGroups, MXTensor, NVFP4Tensor, quantize, quantize_grouped
+from ..quantize import (
+    MXGroups,
+    MXTensor,
+    NVFP4Groups,
+    NVFP4Tensor,
+    quantize,
+    quantize_grouped,
+)
 from ..quantize._kernels import E8M0_MAX_EXPONENT, E8M0_MIN_EXPONENT
 from ..quantize.mx import per_tensor_exponent, scale_exponents_of_codes
 from . import _kernels as K
@@ -689,17 +696,23 @@ class BatchedMatmulResult:
 
     ``scale_exponents`` (G,) holds each group's Ta + Tb (as :attr:`MatmulResult.scale_exponent`);
     :attr:`values` multiplies group g's outputs by 2^scale_exponents[g] exactly (float64).
+    ``tensor_scales``: None, or (G,) float64, each group's ta * tb of NVFP4 operands (as
+    :attr:`MatmulResult.tensor_scale`), by which :attr:`values` multiplies its outputs too.
     """
 
     bits: np.ndarray
     out_format: str
     scale_exponents: np.ndarray
+    tensor_scales: np.ndarray | None = None
 
     @property
     def values(self) -> np.ndarray:
-        return as_float_times_power_of_two(
+        values = as_float_times_power_of_two(
             self.bits, self.out_format, self.scale_exponents[:, None, None]
         )
+        if self.tensor_scales is not None and (self.tensor_scales != 1.0).any():
+            values = values * self.tensor_scales[:, None, None]
+        return values
 
 
 def _group_operands(
@@ -887,8 +900,10 @@ def matmul_batched(
     enters scaled by its 2^-(Ta+Tb), as in :func:`matmul`. ``a_format``, ``b_format``,
     ``out_format``, ``c_format``, ``method``, ``tile_rows``
     (rows of all groups per kernel call, with ``progress``) and ``progress(rows_done,
-    rows_total)`` (rows of all groups) as in :func:`matmul`. NVFP4 operands are not taken
-    (call :func:`matmul` per group).
+    rows_total)`` (rows of all groups) as in :func:`matmul`. NVFP4 operands: A an
+    :class:`~mxsim.quantize.NVFP4Groups` of G (M, K) tensors and B one of G (N, K) tensors of
+    B^T (:func:`mxsim.quantize.quantize_nvfp4_grouped`), on a unit with their scale format;
+    their tensor scales are :attr:`BatchedMatmulResult.tensor_scales`.
 
     ``b_memo``: None, or a dict the caller keeps for one B (the same MXTensors, their codes
     and scales unchanged, from call to call: a model's weight): B's validated codes and the
@@ -910,6 +925,24 @@ def matmul_batched(
             f"matmul_batched: progress must be None or a callable (rows_done, rows_total), got {progress!r}"
         )
     config = _as_config(hw)
+    if isinstance(A, NVFP4Groups) or isinstance(B, NVFP4Groups):
+        if per_tensor_scale or a_format or b_format:
+            raise ArgumentError(
+                "matmul_batched: NVFP4 groups take no per_tensor_scale, a_format or b_format "
+                "(their formats and scales are their own)"
+            )
+        return _batched_float_scaled(
+            config,
+            A,
+            B,
+            c,
+            out_format,
+            c_format,
+            progress,
+            tile_rows,
+            method,
+            b_memo,
+        )
     block_size = config.sections[("inputs", "block_size")]
     if (
         isinstance(A, np.ndarray)
@@ -974,23 +1007,19 @@ def matmul_batched(
     fields_a = _codes(
         group_a.codes.reshape(groups * rows, length), "A", group_a.element_format, fields_given=True
     )
-    memo = None if b_memo is None else b_memo.setdefault(params, {})
-    if memo is None or "codes" not in memo:
-        fields_b = _codes(
-            group_b.codes.reshape(groups * columns, length),
-            "B",
-            group_b.element_format,
-            fields_given=True,
-        )
-        scales_b = _scales_for_unit(group_b.scales, params)
-        if memo is not None:
-            # The kept B (here and in the routes' memos) stays writable, unlike the kept
-            # tables: the kernels take it beside a B that is not kept, and a read-only array
-            # is a type of its own to Numba (a second compile of each kernel). No code writes
-            # into it (tests compare it byte for byte across calls).
-            memo.update(codes=fields_b, scales=scales_b, route={})
-    else:
-        fields_b, scales_b = memo["codes"], memo["scales"]
+    fields_b, scales_b, memo = _kept_b(
+        b_memo,
+        params,
+        lambda: (
+            _codes(
+                group_b.codes.reshape(groups * columns, length),
+                "B",
+                group_b.element_format,
+                fields_given=True,
+            ),
+            _scales_for_unit(group_b.scales, params),
+        ),
+    )
     codes_a, codes_b, kernel_args = _operands_and_arguments(params, fields_a, fields_b, narrow=True)
     scales_a = _scales_for_unit(group_a.scales, params)
     out = _gemm_groups(
@@ -1004,10 +1033,27 @@ def matmul_batched(
         method,
         progress,
         tile_rows,
-        None if memo is None else memo["route"],
+        memo,
         terms=group_a.shape[1],
     )
     return BatchedMatmulResult(out.astype(bits_dtype, copy=False), params.output_format, shifts)
+
+
+def _kept_b(b_memo: dict | None, params: DatapathParams, make) -> tuple:
+    """(B's validated codes, its kernel scales, the routes' memo of it): from ``b_memo``'s
+    entry for ``params`` where kept, else ``make()``'s pair, kept there (with an empty routes'
+    memo) when ``b_memo`` is a dict; without one the routes' memo is None."""
+    memo = None if b_memo is None else b_memo.setdefault(params, {})
+    if memo is None:
+        return (*make(), None)
+    if "codes" not in memo:
+        # The kept B (here and in the routes' memos) stays writable, unlike the kept tables:
+        # the kernels take it beside a B that is not kept, and a read-only array is a type of
+        # its own to Numba (a second compile of each kernel). No code writes into it (tests
+        # compare it byte for byte across calls).
+        codes, scales = make()
+        memo.update(codes=codes, scales=scales, route={})
+    return memo["codes"], memo["scales"], memo["route"]
 
 
 def _gemm_groups(params: DatapathParams, *arguments, terms: int | None = None) -> np.ndarray:
@@ -1116,6 +1162,7 @@ def _gemm_routes(
             c_values,
             out,
             progress,
+            memo,
         )
         if m.size:  # specials and out-of-range values: the generic kernel
             _recompute(
@@ -1154,62 +1201,119 @@ def _matmul_float_scaled(
     config: HardwareConfig, A, B, c, out_format, c_format, progress, tile_rows: int, method: str
 ) -> MatmulResult:
     """:func:`matmul` of NVFP4 operands: A an (M, K) NVFP4Tensor and B given as the (N, K)
-    NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored), through a unit
-    whose ``inputs.scale_format`` is theirs, through the group-sum route where it applies
-    (:mod:`mxsim.datapath.groups`), else the generic kernel; the tensor scales multiply
-    :attr:`MatmulResult.values`, as the GEMM epilogue's alpha does."""
+    NVFP4Tensor of B^T (both blocked along K, as NVFP4 weights are stored): a batch of one
+    (:func:`_batched_float_scaled`)."""
     for name, tensor in (("A", A), ("B", B)):
         if not isinstance(tensor, NVFP4Tensor) or tensor.codes.ndim != 2:
             raise ArgumentError(
                 f"matmul: {name}: with NVFP4 operands both must be 2-D NVFP4Tensors (B as B^T, (N, K))"
             )
-    if A.codes.shape[1] != B.codes.shape[1]:
+    one_a, one_b = (
+        NVFP4Groups(t.codes[None], t.scales[None], (t.tensor_scale,), t.options) for t in (A, B)
+    )
+    batch = _batched_float_scaled(
+        config, one_a, one_b, c, out_format, c_format, progress, tile_rows, method, single=True
+    )
+    tensor_scale = (A.tensor_scale or 1.0) * (B.tensor_scale or 1.0)  # exact: 24 + 24 bits
+    return MatmulResult(batch.bits[0], batch.out_format, tensor_scale=tensor_scale)
+
+
+def _batched_float_scaled(
+    config: HardwareConfig,
+    A,
+    B,
+    c,
+    out_format,
+    c_format,
+    progress,
+    tile_rows: int,
+    method: str,
+    b_memo: dict | None = None,
+    single: bool = False,
+) -> BatchedMatmulResult:
+    """A batch of GEMMs of NVFP4 operands: A an NVFP4Groups of G (M, K) tensors and B one of G
+    (N, K) tensors of B^T (both blocked along K), through a unit whose ``inputs.scale_format``
+    is theirs, by the group-sum route where it applies (:mod:`mxsim.datapath.groups`), else
+    the generic kernel; c: None, or (M, N) (``matmul``) or (G, M, N) values, only where no
+    group has tensor scales; ``b_memo`` as :func:`matmul_batched` takes it; ``single``: the
+    batch is :func:`matmul`'s one GEMM (its c (M, N), errors naming matmul). Each group's tensor scales multiply its
+    :attr:`BatchedMatmulResult.values`, as the GEMM epilogue's alpha does."""
+    who = "matmul" if single else "matmul_batched"
+    for name, groups in (("A", A), ("B", B)):
+        if not isinstance(groups, NVFP4Groups) or groups.codes.ndim != 3:
+            raise ArgumentError(
+                f"{who}: {name}: with NVFP4 operands both must be NVFP4 groups of 2-D tensors "
+                "(B as B^T, (N, K))"
+            )
+    if len(A) != len(B):
+        raise ArgumentError(f"{who}: A has {len(A)} groups, B has {len(B)}")
+    if A.codes.shape[2] != B.codes.shape[2]:
         raise ArgumentError(
-            f"matmul: inner dimensions differ: A is {A.codes.shape}, B^T is {B.codes.shape}"
+            f"{who}: inner dimensions differ: A is {A.codes.shape[1:]}, B^T is {B.codes.shape[1:]}"
         )
     params = config.params(A.options.element_format, B.options.element_format, out_format, c_format)
-    for name, tensor in (("A", A), ("B", B)):
-        if (tensor.options.scale_format, tensor.options.block_size) != (
+    for name, groups in (("A", A), ("B", B)):
+        if (groups.options.scale_format, groups.options.block_size) != (
             params.scale_format,
             params.block_size,
         ):
             raise ArgumentError(
-                f"matmul: {name}: {tensor.options.scale_format} scales per {tensor.options.block_size} "
+                f"{who}: {name}: {groups.options.scale_format} scales per {groups.options.block_size} "
                 f"differ from the unit's {params.scale_format} per {params.block_size}"
             )
-    if c is not None and (A.tensor_scale is not None or B.tensor_scale is not None):
+    tensor_scales = A.tensor_scale_array() * B.tensor_scale_array()
+    if c is not None and any(t is not None for t in A.tensor_scales + B.tensor_scales):
         raise ArgumentError(
-            "matmul: c with NVFP4 tensor scales is not modelled (the epilogue scales A @ B, not c)"
+            f"{who}: c with NVFP4 tensor scales is not modelled (the epilogue scales A @ B, not c)"
         )
-    rows, columns = A.codes.shape[0], B.codes.shape[0]
-    check_array_budget((rows, columns), 8, "matmul: the (M, N) output")
-    scales_a = _scale_exponents(A.scales, "A scales", rows, A.scales.shape[1], params)
-    scales_b = _scale_exponents(B.scales, "B scales", columns, B.scales.shape[1], params)
+    count, rows, length = A.codes.shape
+    columns = B.codes.shape[1]
+    check_array_budget((count, rows, columns), 8, f"{who}: the output")
+    blocks = A.scales.shape[2]
+    scales_a = _scale_exponents(
+        A.scales.reshape(-1, blocks), "A scales", count * rows, blocks, params
+    )
+    fields_b, scales_b, memo = _kept_b(
+        b_memo,
+        params,
+        lambda: (
+            _codes(
+                B.codes.reshape(-1, length), "B", get_format(params.b_format), fields_given=True
+            ),
+            _scale_exponents(
+                B.scales.reshape(-1, blocks), "B scales", count * columns, blocks, params
+            ),
+        ),
+    )
     codes_a, codes_b, kernel_args = _operands_and_arguments(
         params,
-        _codes(A.codes, "A", get_format(params.a_format), fields_given=True),
-        _codes(B.codes, "B", get_format(params.b_format), fields_given=True),
+        _codes(A.codes.reshape(-1, length), "A", get_format(params.a_format), fields_given=True),
+        fields_b,
     )
-    c_values = _c_values(c, (rows, columns), params.c_format)
+    if c is None:
+        c_values = np.zeros((1, 1, 1), dtype=kernel_c_dtype(params.c_format))
+    elif single:
+        c_values = _c_values(c, (rows, columns), params.c_format)
+    else:
+        c_values = _accumulator_inputs(c, (count, rows, columns), params.c_format)
     out = _gemm_groups(
         params,
-        codes_a[None],
-        codes_b[None],
-        scales_a[None],
-        scales_b[None],
+        codes_a.reshape(count, rows, length),
+        codes_b.reshape(count, columns, length),
+        scales_a.reshape(count, rows, blocks),
+        scales_b.reshape(count, columns, blocks),
         c_values,
         kernel_args,
         method,
         progress,
         tile_rows,
-    )[0]
-    tensor_scale = (1.0 if A.tensor_scale is None else A.tensor_scale) * (
-        1.0 if B.tensor_scale is None else B.tensor_scale
+        memo,
     )
-    return MatmulResult(
+    return BatchedMatmulResult(
         out.astype(output_dtype(params.output_format), copy=False),
         params.output_format,
-        tensor_scale=tensor_scale,
+        np.zeros(count, dtype=np.int64),
+        tensor_scales,
     )
 
 

@@ -71,6 +71,9 @@ from .window import tree_end_config
 ROW_TILE = 16  # rows of A per batch of group GEMMs (their sums: groups x 16 x N values)
 # A batch's group values of A formed at once up to this size (heads), else a tile at a time.
 A_OPERAND_BYTES = 1 << 26
+#: The most bytes a batch's group sums (batch x groups x rows x columns) may take to be formed
+#: by one GEMM and read by one kernel call, as the small GEMMs of attention heads are.
+SUMS_BYTES = 1 << 25
 MAX_EXPONENT = (
     1000  # |2^(W - R)|, |2^(R - W)| and every tree sum stay inside float64's normal range
 )
@@ -201,8 +204,41 @@ def _unusable(finite, codes, scale_nan, scales) -> np.ndarray:
     return bad
 
 
+def _flat(array: np.ndarray) -> np.ndarray:
+    """(batch, rows, n) as (batch * rows, n)."""
+    return array.reshape(array.shape[0] * array.shape[1], array.shape[2])
+
+
+def _b_operand(setup: _Setup, params, codes_b, scales_b, n_groups: int) -> tuple:
+    """B's side of :func:`groups_matmul`: its group values as (batch, groups, G, N) GEMM
+    operands, per group and column its scale value, exponent and mask (batch, groups, N), and
+    its unusable columns (batch, N)."""
+    n_batch, columns = codes_b.shape[:2]
+    group = params.group_terms
+    bad_columns = _unusable(setup.b_finite, _flat(codes_b), setup.scale_nan, _flat(scales_b))
+    values_b, *per_group_b = _group_operand(
+        setup, setup.b_values, _flat(codes_b), _flat(scales_b), params, n_groups
+    )
+    gemm_b = np.ascontiguousarray(
+        values_b.reshape(n_batch, columns, n_groups, group).transpose(0, 2, 3, 1)
+    )
+    scale_b, exponents_b, mask_b = (
+        np.ascontiguousarray(x.reshape(n_batch, columns, n_groups).transpose(0, 2, 1))
+        for x in per_group_b
+    )
+    return gemm_b, scale_b, exponents_b, mask_b, bad_columns.reshape(n_batch, columns)
+
+
 def groups_matmul(
-    params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out, progress=None
+    params: DatapathParams,
+    codes_a,
+    codes_b,
+    scales_a,
+    scales_b,
+    c_values,
+    out,
+    progress=None,
+    memo: dict | None = None,
 ):
     """Fill ``out`` (G, M, N) with the output bits of the batch of GEMMs A[g] (M, K) codes
     times B[g] given as (N, K) (scale codes per block, (G, rows, blocks); ``c_values``
@@ -212,43 +248,65 @@ def groups_matmul(
 
     The operands' group values, scales and masks are formed once for the whole batch (A's
     too where they fit ``A_OPERAND_BYTES``; else a tile of rows at a time), then each tile of
-    ``ROW_TILE`` rows of a group is one BLAS GEMM of its group sums and one kernel call."""
+    ``ROW_TILE`` rows of a group is one BLAS GEMM of its group sums and one kernel call.
+    ``memo``: None, or a dict kept by the caller for one B (its codes and scales unchanged
+    from call to call): B's group values, scales, masks and unusable columns are kept there
+    (about 1.2 times B's elements in the GEMM's dtype) and later calls skip forming them."""
     setup = _setup(params)
     n_batch, rows, length = codes_a.shape
-    columns = codes_b.shape[1]
     group = params.group_terms
     n_groups = -(-length // group)
     flags = np.empty(out.shape, dtype=np.uint8)
-
-    def flat(array):  # (batch, rows, n) as (batch * rows, n)
-        return array.reshape(array.shape[0] * array.shape[1], array.shape[2])
-
-    bad_rows, bad_columns = (
-        _unusable(finite, flat(codes), setup.scale_nan, flat(scales)).reshape(codes.shape[:2])
-        for finite, codes, scales in (
-            (setup.a_finite, codes_a, scales_a),
-            (setup.b_finite, codes_b, scales_b),
-        )
+    bad_rows = _unusable(setup.a_finite, _flat(codes_a), setup.scale_nan, _flat(scales_a)).reshape(
+        codes_a.shape[:2]
     )
-    values_b, *per_group_b = _group_operand(
-        setup, setup.b_values, flat(codes_b), flat(scales_b), params, n_groups
-    )
-    gemm_b = np.ascontiguousarray(
-        values_b.reshape(n_batch, columns, n_groups, group).transpose(0, 2, 3, 1)
-    )  # (batch, groups, G, N)
-    scale_b, exponents_b, mask_b = (
-        np.ascontiguousarray(x.reshape(n_batch, columns, n_groups).transpose(0, 2, 1))
-        for x in per_group_b
-    )
-    del values_b
+    kept = None if memo is None else memo.get("groups")
+    if kept is None:
+        kept = _b_operand(setup, params, codes_b, scales_b, n_groups)
+        if memo is not None:
+            memo["groups"] = kept
+    gemm_b, scale_b, exponents_b, mask_b, bad_columns = kept
     whole_a = None
     if n_batch * rows * n_groups * group * np.dtype(setup.dtype).itemsize <= A_OPERAND_BYTES:
         whole_a = [
             x.reshape(n_batch, rows, *x.shape[1:])
             for x in _group_operand(
-                setup, setup.a_values, flat(codes_a), flat(scales_a), params, n_groups
+                setup, setup.a_values, _flat(codes_a), _flat(scales_a), params, n_groups
             )
         ]
+    columns = codes_b.shape[1]
+    cfg = (params.fused_terms // group, setup.cfg)
+    if (
+        whole_a is not None
+        and progress is None
+        and n_batch > 1
+        and n_batch * n_groups * rows * columns * np.dtype(setup.dtype).itemsize <= SUMS_BYTES
+    ):  # a batch of small GEMMs (attention heads): one GEMM of group sums, one kernel call
+        values_a, scale_a, exponents_a, mask_a = whole_a
+        group_sums = np.matmul(
+            values_a.reshape(n_batch, rows, n_groups, group).transpose(0, 2, 1, 3), gemm_b
+        )
+        run_in_threads(
+            lambda start, stop: GK.group_batch(
+                group_sums,
+                c_values,
+                scale_a,
+                exponents_a,
+                mask_a,
+                scale_b,
+                exponents_b,
+                mask_b,
+                bad_rows,
+                bad_columns,
+                *cfg,
+                out,
+                flags,
+                start,
+                stop,
+            ),
+            n_batch,
+        )
+        return np.nonzero(flags)
     n_tiles = -(-rows // ROW_TILE)
 
     def run_tiles(first, last):
@@ -271,21 +329,22 @@ def groups_matmul(
         group_sums = np.matmul(
             values_a.reshape(stop - start, n_groups, group).transpose(1, 0, 2), gemm_b[g]
         )
-        GK.group_rows(
-            group_sums,
-            c_values[0] if c_values.shape == (1, 1, 1) else c_values[g, start:stop],
-            scale_a,  # (row ranges of C-ordered arrays: contiguous)
-            exponents_a,
-            mask_a,
-            scale_b[g],
-            exponents_b[g],
-            mask_b[g],
-            bad_rows[g, start:stop],
-            bad_columns[g],
-            params.fused_terms // group,
-            setup.cfg,
-            out[g, start:stop],
-            flags[g, start:stop],
+        GK.group_batch(  # (a batch of one: row ranges of C-ordered arrays are contiguous)
+            group_sums[None],
+            c_values if c_values.shape == (1, 1, 1) else c_values[g : g + 1, start:stop],
+            scale_a[None],
+            exponents_a[None],
+            mask_a[None],
+            scale_b[g : g + 1],
+            exponents_b[g : g + 1],
+            mask_b[g : g + 1],
+            bad_rows[g : g + 1, start:stop],
+            bad_columns[g : g + 1],
+            *cfg,
+            out[g : g + 1, start:stop],
+            flags[g : g + 1, start:stop],
+            0,
+            1,
         )
 
     # Tiles on the kept threads (one thread: the calling one), a round of one tile a thread

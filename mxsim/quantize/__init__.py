@@ -12,10 +12,12 @@ from .mx import (
 )
 from .nvfp4 import (
     NVFP4_PROFILES,
+    NVFP4Groups,
     NVFP4Options,
     NVFP4Tensor,
     quantize_nvfp4,
     quantize_nvfp4_at_scales,
+    quantize_nvfp4_grouped,
     tensor_scale_from_amax,
 )
 from .options import PROFILES, QuantOptions, resolve_options
@@ -27,6 +29,7 @@ __all__ = [
     "BFPTensor",
     "MXGroups",
     "MXTensor",
+    "NVFP4Groups",
     "NVFP4Options",
     "NVFP4Tensor",
     "NVFP4_PROFILES",
@@ -40,6 +43,7 @@ __all__ = [
     "quantize_groups",
     "quantize_nvfp4",
     "quantize_nvfp4_at_scales",
+    "quantize_nvfp4_grouped",
     "resolve_options",
     "tensor_scale_from_amax",
 ]

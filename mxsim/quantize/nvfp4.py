@@ -22,11 +22,16 @@ small that a block's float32 reciprocal overflows (torchao would make NaN and In
 torchao's ``NVFP4Tensor.dequantize``: ``fl(e * fl(t * s))`` (``fl(e * s)`` without ``t``),
 float32; :meth:`NVFP4Tensor.exact_values` gives e * s * t exactly instead.
 
-The twin of this module is :func:`mxsim.quantize.reference.quantize_nvfp4_reference`.
+:func:`quantize_nvfp4_grouped` quantizes a batch of tensors in one pass, each with its own
+tensor scale. Where both roundings are to nearest even (the profile's), a Numba kernel
+(:mod:`mxsim.quantize._nvfp4_kernels`) computes the steps; other roundings take the format
+table's encoder. The twin of this module is
+:func:`mxsim.quantize.reference.quantize_nvfp4_reference`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -35,9 +40,14 @@ import numpy as np
 from ..errors import ArgumentError, MxsimError, UnknownNameError
 from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
+from .._threads import run_in_threads, threads_for
 from ..limits import check_array_budget, shown
+from . import _nvfp4_kernels as K
 
 NVFP4_BLOCK_SIZE = 16
+#: The recipe's amax of a tensor per unit of its tensor scale: UE4M3's largest value times
+#: E2M1's (448 x 6), so that the largest block's scale can reach 448.
+AMAX_PER_TENSOR_SCALE = np.float32(448.0 * 6.0)
 #: Roundings an NVFP4 scale or element may take (stochastic needs a seed plan of its own).
 NVFP4_ROUNDINGS = tuple(mode for mode in ROUNDING_MODES if mode != "stochastic")
 
@@ -175,7 +185,7 @@ def tensor_scale_from_amax(amax) -> float:
     UE4M3's largest value. ``amax`` is rounded to float32 first; an amax whose scale
     underflows float32 to 0 (below about 3.8e-42) is refused, since no tensor scale 0 exists."""
     value = _positive_float32(amax, "tensor_scale_from_amax: amax")
-    scale = value / np.float32(448.0 * 6.0)
+    scale = value / AMAX_PER_TENSOR_SCALE
     if scale == 0:
         raise ArgumentError(
             f"tensor_scale_from_amax: amax {shown(amax)} is so small that amax / 2688 underflows "
@@ -195,34 +205,149 @@ def quantize_nvfp4(x, tensor_scale=None, profile: str = "torchao", **options) ->
     :data:`NVFP4_PROFILES`; ``options`` override its fields. Exact steps: module docstring.
     """
     opts = _options(profile, options, "quantize_nvfp4")
-    t = _tensor_scale(tensor_scale, "quantize_nvfp4")
+    t = _tensor_scale(tensor_scale, "quantize_nvfp4: tensor_scale")
     values = _float32_input(x, "quantize_nvfp4: x")
+    codes, scale_codes = _recipe(
+        values, np.float32(1.0) if t is None else t, opts, "quantize_nvfp4"
+    )
+    return NVFP4Tensor(codes, scale_codes, None if t is None else float(t), opts)
+
+
+def _recipe(values: np.ndarray, t, opts: NVFP4Options, who: str) -> tuple:
+    """(element codes, scale codes) of float32 ``values`` by the module docstring's steps,
+    ``t`` a float32, or one per group (the first axis) shaped to broadcast against the block
+    scales. A tensor scale of 1 computes what single-level scaling does: d / 1 and
+    (1 / 1) / s are d and 1 / s exactly."""
     block = opts.block_size
     if values.shape[-1] % block:
         raise ArgumentError(
-            f"quantize_nvfp4: the last axis ({values.shape[-1]}) must be a multiple of {block}"
+            f"{who}: the last axis ({values.shape[-1]}) must be a multiple of {block}"
         )
     if np.isnan(values).any():
-        raise ArgumentError("quantize_nvfp4: x has NaN, which NVFP4 cannot hold")
+        raise ArgumentError(f"{who}: x has NaN, which NVFP4 cannot hold")
+    by_kernel = _kernel_recipe(values, t, opts, who)
+    if by_kernel is not None:
+        return by_kernel
     element, scale = get_format(opts.element_format), get_format(opts.scale_format)
     blocks = values.reshape(
         *values.shape[:-1], values.shape[-1] // block, block
     )  # an empty x: empty blocks
     e_max = np.float32(element.max_finite)
     with np.errstate(over="ignore", invalid="ignore"):  # Inf inputs saturate (documented)
-        descale = np.abs(blocks).max(axis=-1, initial=np.float32(0)) / e_max
-        if t is not None:
-            descale = descale / t
+        descale = np.abs(blocks).max(axis=-1, initial=np.float32(0)) / e_max / t
         clamped = np.clip(descale, np.float32(scale.min_normal), np.float32(scale.max_finite))
         scale_codes = scale.encode(clamped, opts.scale_rounding).astype(np.uint8)
-    return _encode_at_scales(blocks, scale_codes, t, opts, "quantize_nvfp4", values.shape)
+    return _encode_at_scales(blocks, scale_codes, t, opts, who, values.shape), scale_codes
+
+
+@dataclass(frozen=True, eq=False)
+class NVFP4Groups:
+    """A batch of G NVFP4 tensors of one shape and options, each blocked along its last axis
+    and with its own tensor scale (attention heads, conv groups: each a tensor of its own),
+    held as stacked arrays: :func:`quantize_nvfp4_grouped` makes one.
+
+    Attributes:
+        codes: element codes (uint8), (G, ..., K).
+        scales: block scale codes (uint8), (G, ..., K // block_size).
+        tensor_scales: G entries, each a float32 tensor scale or None (single-level).
+        options: the :class:`NVFP4Options` used.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    tensor_scales: tuple
+    options: NVFP4Options
+
+    def __len__(self) -> int:
+        return self.codes.shape[0]
+
+    def group(self, g: int) -> NVFP4Tensor:
+        """Group ``g`` as an NVFP4Tensor (its arrays are views of this one's)."""
+        return NVFP4Tensor(self.codes[g], self.scales[g], self.tensor_scales[g], self.options)
+
+    def tensors(self) -> list[NVFP4Tensor]:
+        """Every group as an NVFP4Tensor, in order."""
+        return [self.group(g) for g in range(len(self))]
+
+    def tensor_scale_array(self) -> np.ndarray:
+        """(G,) float64: each group's tensor scale, 1.0 where it has none."""
+        return np.array([1.0 if t is None else t for t in self.tensor_scales], dtype=np.float64)
+
+    def exact_values(self, with_tensor_scales: bool = True) -> np.ndarray:
+        """e * s (* t with ``with_tensor_scales``) of every element, exactly, as float64
+        (G, ..., K): 2 + 4 (+ 24) significant bits fit."""
+        elements = get_format(self.options.element_format).decode(self.codes)
+        scales = get_format(self.options.scale_format).decode(self.scales)
+        blocked = elements.reshape(*self.scales.shape, self.options.block_size)
+        values = (blocked * scales[..., None]).reshape(self.codes.shape)
+        if with_tensor_scales:
+            values = values * self.tensor_scale_array().reshape((-1,) + (1,) * (values.ndim - 1))
+        return values
+
+
+def quantize_nvfp4_grouped(
+    x, tensor_scales=None, profile: str = "torchao", **options
+) -> NVFP4Groups:
+    """``[quantize_nvfp4(x[g], tensor_scales[g], ...) for g in range(G)]`` in one pass, as one
+    :class:`NVFP4Groups`, every code the same as the group-by-group calls'.
+
+    ``x``: float32 or float16, (G, ..., K), K a multiple of the block size.
+    ``tensor_scales``: None (single-level for every group), ``"amax"`` (each group's
+    two-level tensor scale from its own largest finite magnitude,
+    :func:`tensor_scale_from_amax`; single-level for a group with none above 0 or too small
+    for a tensor scale), or a sequence of G entries, each None or a float32 value as
+    :func:`quantize_nvfp4` takes it. ``profile`` and ``options`` as in :func:`quantize_nvfp4`."""
+    who = "quantize_nvfp4_grouped"
+    opts = _options(profile, options, who)
+    values = _float32_input(x, f"{who}: x")
+    if values.ndim < 2:
+        raise ArgumentError(f"{who}: x must be (groups, ..., K), got shape {values.shape}")
+    groups = values.shape[0]
+    if tensor_scales is None:
+        scales = [None] * groups
+    elif isinstance(tensor_scales, str) and tensor_scales == "amax":
+        scales = _amax_tensor_scales(values)
+    elif isinstance(tensor_scales, str) or not hasattr(tensor_scales, "__len__"):
+        raise ArgumentError(
+            f"{who}: tensor_scales must be None, 'amax' or a sequence of {groups} float32 "
+            f"values or None, got {shown(tensor_scales)}"
+        )
+    elif len(tensor_scales) != groups:
+        raise ArgumentError(
+            f"{who}: tensor_scales has {len(tensor_scales)} entries for {groups} groups"
+        )
+    else:
+        scales = [
+            _tensor_scale(t, f"{who}: tensor_scales[{g}]") for g, t in enumerate(tensor_scales)
+        ]
+    t = np.array([1.0 if v is None else v for v in scales], dtype=np.float32).reshape(
+        (-1,) + (1,) * (values.ndim - 1)
+    )
+    codes, scale_codes = _recipe(values, t, opts, who)
+    return NVFP4Groups(
+        codes, scale_codes, tuple(None if v is None else float(v) for v in scales), opts
+    )
+
+
+def _amax_tensor_scales(values: np.ndarray) -> list:
+    """Per group (first axis) of float32 ``values``, :func:`tensor_scale_from_amax` of its
+    largest finite magnitude, or None where there is no such tensor scale (that magnitude 0,
+    or so small that the scale underflows to 0)."""
+    magnitudes = np.abs(values).reshape(len(values), -1)
+    amax = magnitudes.max(axis=1, initial=np.float32(0))
+    if not np.isfinite(amax).all():  # (NaN was refused before): groups holding ±Inf
+        finite = np.where(np.isfinite(magnitudes), magnitudes, np.float32(0))
+        amax = finite.max(axis=1, initial=np.float32(0))
+    scales = amax / AMAX_PER_TENSOR_SCALE  # float32, as tensor_scale_from_amax divides
+    return [scale if scale > 0 else None for scale in scales]
 
 
 def _encode_at_scales(
     blocks: np.ndarray, scale_codes: np.ndarray, t, opts: NVFP4Options, who: str, shape: tuple
-) -> NVFP4Tensor:
-    """Steps 3 and 4 of the recipe: the float32 ``blocks`` (..., n, block) encoded at the
-    block ``scale_codes`` (..., n) and tensor scale ``t`` (a float32, or None)."""
+) -> np.ndarray:
+    """Steps 3 and 4 of the recipe: the element codes of the float32 ``blocks`` (..., n,
+    block) encoded at the block ``scale_codes`` (..., n) and tensor scale ``t`` (a float32, an
+    array of them broadcasting against ``scale_codes``, or None), in ``shape``."""
     element, scale = get_format(opts.element_format), get_format(opts.scale_format)
     e_max = np.float32(element.max_finite)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -235,8 +360,90 @@ def _encode_at_scales(
                 "below the blocks' amax / 2688); choose it with tensor_scale_from_amax"
             )
         scaled = np.clip(blocks * reciprocal[..., None], -e_max, e_max)
-    codes = element.encode(scaled, opts.element_rounding).astype(np.uint8).reshape(shape)
-    return NVFP4Tensor(codes, scale_codes, None if t is None else float(t), opts)
+    return element.encode(scaled, opts.element_rounding).astype(np.uint8).reshape(shape)
+
+
+#: The most element magnitudes the kernel counts through (FP4's 8); larger element formats
+#: take the encode path.
+KERNEL_ELEMENT_MAGNITUDES = 16
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_tables(element_format: str, scale_format: str) -> tuple | None:
+    """(element magnitudes, the midpoints between them as a tuple, scale magnitudes, the
+    elements' sign bit) as the kernel reads them (float64, ascending from 0, the index the
+    code), or None where a format is not so laid out (a two's-complement element, magnitudes
+    not increasing with the code) or the elements have more than
+    :data:`KERNEL_ELEMENT_MAGNITUDES` magnitudes."""
+    element, scale = get_format(element_format), get_format(scale_format)
+    if element.twos_complement or scale.signed:
+        return None
+    tables = []
+    for fmt, count in ((element, 1 << (element.bits - 1)), (scale, 1 << scale.bits)):
+        values = fmt.decode(np.arange(count))
+        finite = (
+            values[: np.argmin(np.isfinite(values))] if not np.isfinite(values).all() else values
+        )
+        if finite[0] != 0 or not (np.diff(finite) > 0).all():
+            return None
+        finite.setflags(write=False)
+        tables.append(finite)
+    elements, scales = tables
+    if len(elements) > KERNEL_ELEMENT_MAGNITUDES:
+        return None
+    middles = tuple(float(m) for m in (elements[:-1] + elements[1:]) / 2)  # exact in float64
+    return elements, middles, scales, 1 << (element.bits - 1)
+
+
+def _kernel_recipe(
+    values: np.ndarray, t, opts: NVFP4Options, who: str, given_scales=None
+) -> tuple | None:
+    """(element codes, scale codes) by the kernel (:mod:`mxsim.quantize._nvfp4_kernels`),
+    where both roundings are to nearest even and the formats are laid out as it reads them;
+    else None. ``t``: as :func:`_recipe` takes it; ``given_scales``: scale codes to encode at
+    (step 2 skipped), or None."""
+    tables = _kernel_tables(opts.element_format, opts.scale_format)
+    if tables is None or (opts.scale_rounding, opts.element_rounding) != ("nearest_even",) * 2:
+        return None
+    element_values, middles, scale_values, sign = tables
+    k, n_rows = values.shape[-1], math.prod(values.shape[:-1])
+    rows = np.ascontiguousarray(values.reshape(n_rows, k))
+    per_group = np.asarray(t, dtype=np.float32).reshape(-1)  # one, or one per group (axis 0)
+    row_scales = np.repeat(per_group, n_rows // len(per_group) if n_rows else 0)
+    codes = np.empty(rows.shape, dtype=np.uint8)
+    blocks = k // opts.block_size
+    if given_scales is None:
+        scale_codes = np.empty((n_rows, blocks), dtype=np.uint8)
+    else:
+        scale_codes = np.ascontiguousarray(given_scales.reshape(n_rows, blocks))
+    smallest = np.float32(get_format(opts.scale_format).min_normal)
+    overflowed = []  # (appends are atomic: the chunks run on several threads)
+
+    def run(start, stop):
+        if not K.quantize_rows(
+            rows,
+            row_scales,
+            middles,
+            element_values[-1],
+            scale_values,
+            smallest,
+            sign,
+            given_scales is not None,
+            scale_codes,
+            codes,
+            start,
+            stop,
+        ):
+            overflowed.append(start)
+
+    with threads_for(codes.size):
+        run_in_threads(run, len(rows))
+    if overflowed:
+        raise ArgumentError(
+            f"{who}: 1 / (tensor_scale * block scale) overflows float32 (a tensor_scale far "
+            "below the blocks' amax / 2688); choose it with tensor_scale_from_amax"
+        )
+    return codes.reshape(values.shape), scale_codes.reshape(*values.shape[:-1], blocks)
 
 
 def _options(profile, options: dict, who: str) -> NVFP4Options:
@@ -252,15 +459,14 @@ def _options(profile, options: dict, who: str) -> NVFP4Options:
         ) from None
 
 
-def _tensor_scale(tensor_scale, who: str):
-    """``tensor_scale`` (None, or a positive finite number holding a float32 exactly) as a float32."""
+def _tensor_scale(tensor_scale, name: str):
+    """``tensor_scale`` (None, or a positive finite number holding a float32 exactly) as a
+    float32; errors name it ``name``."""
     if tensor_scale is None:
         return None
-    t = _positive_float32(tensor_scale, f"{who}: tensor_scale")
+    t = _positive_float32(tensor_scale, name)
     if float(t) != float(tensor_scale):
-        raise ArgumentError(
-            f"{who}: tensor_scale must be exactly a float32 value, got {shown(tensor_scale)}"
-        )
+        raise ArgumentError(f"{name}: must be exactly a float32 value, got {shown(tensor_scale)}")
     return t
 
 
@@ -276,7 +482,7 @@ def quantize_nvfp4_at_scales(
     ``x``, ``tensor_scale``, ``profile`` and ``options`` as in :func:`quantize_nvfp4`."""
     who = "quantize_nvfp4_at_scales"
     opts = _options(profile, options, who)
-    t = _tensor_scale(tensor_scale, who)
+    t = _tensor_scale(tensor_scale, f"{who}: tensor_scale")
     values = _float32_input(x, f"{who}: x")
     block = opts.block_size
     if values.shape[-1] % block:
@@ -293,5 +499,9 @@ def quantize_nvfp4_at_scales(
         )
     if np.isnan(get_format(opts.scale_format).decode(scales)).any():
         raise ArgumentError(f"{who}: scales hold a NaN code, which no NVFP4 block scale is")
-    blocks = values.reshape(*want, block)
-    return _encode_at_scales(blocks, scales.copy(), t, opts, who, values.shape)
+    by_kernel = _kernel_recipe(values, np.float32(1.0) if t is None else t, opts, who, scales)
+    if by_kernel is not None:
+        codes = by_kernel[0]
+    else:
+        codes = _encode_at_scales(values.reshape(*want, block), scales, t, opts, who, values.shape)
+    return NVFP4Tensor(codes, scales.copy(), None if t is None else float(t), opts)

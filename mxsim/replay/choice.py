@@ -18,7 +18,8 @@ from ..errors import MxsimError
 from ..formats import get_format
 from ..quantize.mx import per_tensor_exponent
 from ..trace.model import Layer
-from ..trace.quant import MXQuant
+from ..quantize import NVFP4_PROFILES
+from ..trace.quant import MXQuant, NVFP4Quant
 
 #: Row statuses: the unit multiplied the model's own operand values; replay re-quantized an
 #: operand whose recorded spec the unit cannot take; replay quantized an operand the model
@@ -33,8 +34,9 @@ class OperandChoice:
 
     ``format``/``profile``/``per_tensor_scale``: what the unit received (per-tensor scaling:
     ``tensor_scale_exponent`` 0 for a wide format, a plain cast, else the amax rule; see
-    :func:`choose_operand`); ``block_size``: the
-    unit's block; ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
+    :func:`choose_operand`); ``block_size``: the unit's block; ``scale_format``: its block
+    scales' format (``inputs.scale_format``: ``e8m0``, MX; ``ue4m3``, NVFP4, whose
+    ``per_tensor_scale`` is the float32 tensor scale of the two-level recipe); ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
     ``layout``: how the model's blocks lie in K; ``saturated``/``underflowed``: elements
     clipped to the largest magnitude / nonzero elements flushed to zero by the quantization
     the unit received (the model's, counted once per tensor element; or replay's, counted
@@ -47,11 +49,18 @@ class OperandChoice:
     note: str = ""
     tensor_scale_exponent: int | None = None
     block_size: int = 0
+    scale_format: str = "e8m0"
     status: str = "model"
     spec: str = ""
     layout: str = ""
     saturated: int | None = 0
     underflowed: int | None = 0
+
+    @property
+    def float_scales(self) -> bool:
+        """Whether the unit's block scales have a significand (UE4M3: NVFP4's recipe), not
+        powers of two as MX's E8M0."""
+        return get_format(self.scale_format).mantissa_bits > 0
 
 
 def pair_choices(
@@ -119,8 +128,10 @@ def choose_operand(
       and the row is marked ``replaced`` — or, with ``strict``, refused (MxsimError);
     * an operand the model left unquantized is quantized by replay (``added``).
 
-    ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales);
-    True forces it; False on a unit without block scales is an error. Per-tensor scaling by
+    ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales; on a
+    unit with UE4M3 block scales, NVFP4, the two-level recipe's float32 tensor scale from each
+    tensor's amax, as torchao's NVFP4 and NVIDIA's recipes have it); True forces it; False on a
+    unit without block scales is an error (on an NVFP4 unit: single-level scaling). Per-tensor scaling by
     the amax rule is FP8 practice; formats as wide as fp16, bf16 and tf32 take the values
     rounded straight in (scale 1, a framework's cast): scaled up to their largest values,
     products would overflow the unit's sums."""
@@ -131,6 +142,22 @@ def choose_operand(
     if choice.per_tensor_scale and cast is not None:
         choice = dataclasses.replace(choice, tensor_scale_exponent=cast)
     return choice, options
+
+
+def _nvfp4_taken(operand, spec, accepted, block: int, scale_format: str, per_tensor_scale):
+    """None where a unit with float block scales takes an operand's NVFP4 spec as the model
+    quantized it (its element format, scale format and block the unit's, its blocks whole
+    along K, its tensor scale or none as the caller asks, if the caller asks), else why not."""
+    options = NVFP4_PROFILES[spec.profile]
+    if options.element_format not in accepted:
+        return f"takes {', '.join(accepted)}, not {options.element_format}"
+    if (options.scale_format, options.block_size) != (scale_format, block):
+        return f"takes {scale_format} scales per {block}"
+    if operand.granule % block or not operand.granule:
+        return f"blocks of {block} do not fit the model's blocks ({operand.layout})"
+    if per_tensor_scale is not None and per_tensor_scale != (spec.tensor_scale is not None):
+        return f"was asked for {'two' if per_tensor_scale else 'single'}-level scaling"
+    return None
 
 
 def _choose_scaling(
@@ -144,12 +171,17 @@ def _choose_scaling(
     """:func:`choose_operand` before the strict and wide-format rules."""
     accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
-    per_tensor = hw.sections[("inputs", "scales")] == "none"
+    scale_format = hw.sections[("inputs", "scale_format")]
+    float_scales = get_format(scale_format).mantissa_bits > 0
+    per_tensor = hw.sections[("inputs", "scales")] == "none" or float_scales
     if per_tensor_scale is not None:
-        if per_tensor and not per_tensor_scale:
+        if per_tensor and not float_scales and not per_tensor_scale:
             raise MxsimError(f"{hw.name} has no block scales: its operands need per-tensor scaling")
         per_tensor = per_tensor_scale
-    base = dict(block_size=block, spec=operand.spec, layout=operand.layout)
+    base = dict(
+        block_size=block, scale_format=scale_format, spec=operand.spec, layout=operand.layout
+    )
+    recipe = "torchao" if float_scales else "ocp"  # NVFP4_PROFILES' recipe, or MX's
     if element_format is not None:
         fmt = get_format(element_format).name
         if fmt not in accepted:
@@ -157,12 +189,24 @@ def _choose_scaling(
                 f"{hw.name} does not take {fmt} for the {name}; it takes {', '.join(accepted)}"
             )
         return OperandChoice(
-            fmt, "ocp", per_tensor, "format chosen by the caller", status="caller", **base
+            fmt, recipe, per_tensor, "format chosen by the caller", status="caller", **base
         ), {}
     fmt = operand.element_format.name
-    if operand.quantized:
+    if float_scales and isinstance(spec, NVFP4Quant):
+        taken = _nvfp4_taken(operand, spec, accepted, block, scale_format, per_tensor_scale)
+        if taken is None:
+            return OperandChoice(
+                NVFP4_PROFILES[spec.profile].element_format,
+                spec.profile,
+                spec.tensor_scale is not None,
+                status="model",
+                **base,
+            ), {}
+        note, status = f"the unit cannot take {operand.spec}: it {taken}", "replaced"
+    elif operand.quantized:
         # granule 0: one scale for all of K (a tensor-scaled operand), which any block takes
-        if fmt in accepted and not per_tensor and operand.granule % block == 0:
+        # (every spec replay reads has power-of-two scales: E8M0, or float tensor scales)
+        if fmt in accepted and not per_tensor and not float_scales and operand.granule % block == 0:
             return OperandChoice(
                 fmt,
                 getattr(spec, "profile", None) or spec.kind,  # bfp, qdq: no MX profile
@@ -175,7 +219,9 @@ def _choose_scaling(
         reasons = []
         if fmt not in accepted:
             reasons.append(f"takes {', '.join(accepted)}, not {fmt}")
-        if per_tensor:
+        if float_scales:
+            reasons.append(f"takes {scale_format} block scales")
+        elif per_tensor:
             reasons.append("has no block scales")
         elif operand.granule % block:
             reasons.append(f"blocks of {block} do not fit the model's blocks ({operand.layout})")
@@ -188,8 +234,9 @@ def _choose_scaling(
             f"the model multiplies {operand.spec} values; the unit needs a quantization",
             "added",
         )
-    if isinstance(spec, MXQuant) and spec.format in accepted:
+    if isinstance(spec, MXQuant) and spec.format in accepted and not float_scales:
         return OperandChoice(
             spec.format, spec.profile, per_tensor, note, status=status, **base
         ), dict(spec.options)
-    return OperandChoice(accepted[0], "ocp", per_tensor, note, status=status, **base), {}
+    fmt = spec.format if isinstance(spec, MXQuant) and spec.format in accepted else accepted[0]
+    return OperandChoice(fmt, recipe, per_tensor, note, status=status, **base), {}

@@ -34,19 +34,31 @@ from ..datapath import HardwareConfig, matmul_batched
 from ..datapath.api import as_float_times_power_of_two
 from ..errors import MxsimError
 from ..formats import E8M0_ONE, get_format
-from ..quantize import MXGroups, quantize, quantize_bfp, quantize_grouped, resolve_options
+from ..quantize import (
+    NVFP4_PROFILES,
+    MXGroups,
+    NVFP4Groups,
+    NVFP4Options,
+    quantize,
+    quantize_bfp,
+    quantize_grouped,
+    quantize_nvfp4_grouped,
+    resolve_options,
+)
 from ..trace.model import Layer
 from .attribution import layer_attribution, output_channel_shares
 from .choice import OperandChoice, choose_operand, pair_choices
 from .lowering import gemm_view
 from .network import layer_with_input
 from .operands import (
+    BF16,
     GemmOperand,
     LayerOperands,
     accumulator_input,
     clip_counts,
     ideal_gemm,
     layer_operands,
+    nvfp4_operand,
     tensor_scales,
 )
 
@@ -135,7 +147,10 @@ def _requantize(
     shared-microexponent format (MX4/6/9) on a unit whose blocks are its sub-blocks is
     quantized as that format defines it (:func:`mxsim.quantize.quantize_bfp`: one 8-bit
     exponent per block of 16, a microexponent per sub-block), not with a free scale per
-    sub-block, which no such tensor has."""
+    sub-block, which no such tensor has. A unit with UE4M3 block scales gets NVFP4
+    (:func:`_requantize_nvfp4`)."""
+    if choice.float_scales:
+        return _requantize_nvfp4(values, choice, count_clipped)
     if by_shared_exponents(choice):
         whole = quantize_bfp(
             values, choice.format, axis=2
@@ -167,11 +182,22 @@ def placeholder_quantization(
     route calls on such operands (they compile per argument type, not per value) while
     another process compiles the quantizers (:mod:`mxsim.replay.warmup`). Not a quantization
     of ``values``. Shared-microexponent formats (:func:`by_shared_exponents`) are quantized
-    (their MX view's layout is the quantizer's to say)."""
+    (their MX view's layout is the quantizer's to say); NVFP4 gets scales of 1 and no tensor
+    scales."""
     if by_shared_exponents(choice):
         return _requantize(values, choice, options, False)
     fmt = get_format(choice.format)
     groups, rows, k = values.shape
+    if choice.float_scales:
+        blocks = -(-k // choice.block_size)
+        one = get_format(choice.scale_format).encode(np.array([1.0]))[0]
+        nvfp4 = NVFP4Groups(
+            np.zeros((groups, rows, blocks * choice.block_size), dtype=np.uint8),
+            np.full((groups, rows, blocks), one, dtype=np.uint8),
+            (None,) * groups,
+            _nvfp4_options(choice),
+        )
+        return nvfp4, 0, 0
     blocks = -(-k // choice.block_size)
     exponent = choice.tensor_scale_exponent if choice.per_tensor_scale else None
     tensors = MXGroups(
@@ -186,6 +212,55 @@ def placeholder_quantization(
         np.full(groups, exponent or 0, dtype=np.int64),
     )
     return tensors, 0, 0
+
+
+def _requantize_nvfp4(
+    values: np.ndarray, choice: OperandChoice, count_clipped: bool
+) -> tuple[NVFP4Groups, int, int]:
+    """:func:`_requantize` into NVFP4 (:func:`mxsim.quantize.quantize_nvfp4_grouped`, the
+    choice's profile, the unit's element and scale formats and block): each group along K, its
+    float32 values (as torchao casts), K zero-padded to whole blocks; with
+    ``choice.per_tensor_scale`` each group's tensor scale from its amax, else single-level."""
+    block = choice.block_size
+    floats = np.asarray(values, dtype=np.float32)
+    k = floats.shape[-1]
+    padded = floats
+    if k % block:
+        padded = np.zeros((*floats.shape[:-1], -(-k // block) * block), dtype=np.float32)
+        padded[..., :k] = floats
+    tensors = quantize_nvfp4_grouped(
+        padded,
+        "amax" if choice.per_tensor_scale else None,
+        choice.profile,
+        **dataclasses.asdict(_nvfp4_options(choice)),
+    )
+    if not count_clipped:
+        return tensors, 0, 0
+    element = get_format(choice.format)
+    quantized = tensors.exact_values()[..., :k]
+    finite = np.isfinite(floats)
+    largest = np.abs(element.decode(tensors.codes[..., :k])) >= element.max_finite
+    saturated = finite & largest & (np.abs(floats) > np.abs(quantized))
+    underflowed = finite & (floats != 0) & (quantized == 0)
+    return tensors, int(saturated.sum()), int(underflowed.sum())
+
+
+def _nvfp4_options(choice: OperandChoice) -> NVFP4Options:
+    """The NVFP4 options of ``choice``: its profile's, with the unit's formats and block."""
+    return dataclasses.replace(
+        NVFP4_PROFILES[choice.profile],
+        element_format=choice.format,
+        scale_format=choice.scale_format,
+        block_size=choice.block_size,
+    )
+
+
+def _model_nvfp4(layer: Layer, name: str, gemm) -> NVFP4Groups:
+    """The model's NVFP4 operand ``name`` as the unit takes it: one NVFP4 tensor per group of
+    the lowered GEMM (:func:`mxsim.replay.operands.nvfp4_operand`), all with its tensor scale."""
+    spec = layer.quant[name]
+    codes, scales, tensor_scale = nvfp4_operand(layer, name, gemm)
+    return NVFP4Groups(codes, scales, (tensor_scale,) * len(codes), NVFP4_PROFILES[spec.profile])
 
 
 def _requantize_mx(values: np.ndarray, choice: OperandChoice, options: dict) -> MXGroups:
@@ -231,13 +306,28 @@ def _quantization_key(
         choice.per_tensor_scale,
         choice.tensor_scale_exponent,
         choice.block_size,
+        choice.scale_format,
         repr(sorted(options.items())),
         count_clipped,
     )
 
 
-def _operand_of_tensors(tensors: MXGroups, template: GemmOperand) -> GemmOperand:
-    """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row)."""
+def _operand_of_tensors(tensors: MXGroups | NVFP4Groups, template: GemmOperand) -> GemmOperand:
+    """A GemmOperand holding replay's own quantization of an operand (for the ideal of its row):
+    NVFP4's e * s exactly as bf16 codes (2 and 4 significant bits), each group's tensor scale
+    as the operand's (G, 1, 1) ``tensor_scale``."""
+    if isinstance(tensors, NVFP4Groups):
+        pieces = tensors.exact_values(with_tensor_scales=False)
+        return dataclasses.replace(
+            template,
+            element_format=BF16,
+            pieces=[BF16.encode(pieces)],
+            scales=np.full(pieces.shape, E8M0_ONE, dtype=np.uint8),
+            granule=0,
+            quantized=True,
+            exact=True,
+            tensor_scale=tensors.tensor_scale_array().reshape(-1, 1, 1),
+        )
     block = tensors.block_size
     scales = (
         np.repeat(tensors.scales.astype(np.int32), block, axis=2)
@@ -310,7 +400,7 @@ def run_layer(
     then None), as end-to-end runs do. The layer's groups (attention heads, conv groups) run
     in one :func:`mxsim.matmul_batched` call; ``matmul_fn`` stands in for :func:`mxsim.matmul`
     called per group (e.g. :class:`mxsim.parallel.TiledMatmul`, which splits large GEMMs into
-    cluster tasks).
+    cluster tasks) on MX operands (NVFP4 groups always take the one batched call).
     ``weight_format``: the weight's format when it differs from ``element_format``;
     ``per_tensor_scale`` and ``strict`` as in :func:`choose_operand`; ``out_format`` overrides
     the unit's output.
@@ -349,7 +439,9 @@ def run_layer(
         raise MxsimError(f"layer {at.name!r} on {error}") from None
     for name, operand in gemm_operands.items():
         choice, options = choices[name], quantize_options[name]
-        if choice.status == "model":
+        if choice.status == "model" and choice.float_scales:
+            tensors[name] = _model_nvfp4(at, name, ops.gemm) if shape.groups else None
+        elif choice.status == "model":
             tensors[name] = (
                 MXGroups.of(
                     [operand.unit_tensor(g, choice.block_size) for g in range(shape.groups)]
@@ -375,21 +467,19 @@ def run_layer(
             tensors[name], choice.saturated, choice.underflowed = quantized
             if name == "weight" and weight_memo is not None and key is not None:
                 b_memo = weight_memo.setdefault(key, {})
+    # the model's operand as layer_operands read it (an NVFP4 one's are its float values)
+    as_read = {n: c.status == "model" and not c.float_scales for n, c in choices.items()}
     if not with_ideal:
         gemm_ideal, exact = None, False
-    elif choices["input"].status == choices["weight"].status == "model":
+    elif as_read["input"] and as_read["weight"]:
         gemm_ideal, exact = (
             ideal() if callable(ideal) else ideal if ideal is not None else ideal_gemm(ops)
         )
     else:  # the ideal of the operands this unit got
         unit_ops = dataclasses.replace(
             ops,
-            a=ops.a
-            if choices["input"].status == "model"
-            else _operand_of_tensors(tensors["input"], ops.a),
-            b=ops.b
-            if choices["weight"].status == "model"
-            else _operand_of_tensors(tensors["weight"], ops.b),
+            a=ops.a if as_read["input"] else _operand_of_tensors(tensors["input"], ops.a),
+            b=ops.b if as_read["weight"] else _operand_of_tensors(tensors["weight"], ops.b),
         )
         gemm_ideal, exact = ideal_gemm(unit_ops)
     scaled_linear = view.op == "linear" and view.alpha != 1.0
@@ -403,23 +493,29 @@ def run_layer(
     scaled = tensor_scales(taken["input"], taken["weight"])
     matmul_options = {} if out_format is None else {"out_format": out_format}
     qa, rows = tensors["input"], tensors["weight"]
+    nvfp4 = isinstance(qa, NVFP4Groups)
     # B as (K, N) quantized along axis 0 is the same data as B's rows (N, K) along axis 1.
-    qb = None if rows is None else dataclasses.replace(rows, shape=rows.shape[::-1], axis=0)
+    qb = (
+        rows
+        if rows is None or nvfp4  # NVFP4 takes B^T (N, K)
+        else dataclasses.replace(rows, shape=rows.shape[::-1], axis=0)
+    )
     shifts = (
         qa.tensor_scale_exponents + qb.tensor_scale_exponents
-        if shape.groups
-        else np.zeros(0, dtype=np.int64)
+        if shape.groups and not nvfp4
+        else np.zeros(shape.groups, dtype=np.int64)
     )
     # matmul scales c by 2^-shift itself; here only whether that is exact decides where the bias goes
+    # NVFP4: the bias after the tensor scales, as the GEMM epilogue adds it
     cs = [
-        None if bias is None or scaled is not None else _bias_as_c(bias[g], shifts[g])
+        None if bias is None or scaled is not None or nvfp4 else _bias_as_c(bias[g], shifts[g])
         for g in range(shape.groups)
     ]
     c_entered = [c is not None for c in cs]
     if not shape.groups:
         bits = np.empty((0, shape.m, shape.n), dtype=np.uint32)
         out = np.empty(bits.shape)
-    elif matmul_fn is None:  # all groups (attention heads, conv groups) in one batched call
+    elif matmul_fn is None or nvfp4:  # all groups (attention heads, conv groups) in one call
         if not any(c_entered):
             c = None
         elif len(cs) == 1:  # one group: its c as it is (no copy)
@@ -483,13 +579,17 @@ def _bias_as_c(bias: np.ndarray, shift: int) -> np.ndarray | None:
 
 
 def _unit_values(
-    tensors: MXGroups | None, shape: tuple, tensor_scale: np.ndarray | None = None
+    tensors: MXGroups | NVFP4Groups | None, shape: tuple, tensor_scale: np.ndarray | None = None
 ) -> np.ndarray:
     """The values (float64) of a unit's operand, G groups (R, K') (None: no groups), cut or
     zero-padded along K to ``shape`` (G, R, K), times its tensor scale (() or (R,)), if any."""
     values = np.zeros(shape, dtype=np.float64)
     if tensors is not None:
-        got = tensors.dequantize(np.float64)
+        got = (
+            tensors.exact_values()
+            if isinstance(tensors, NVFP4Groups)
+            else tensors.dequantize(np.float64)
+        )
         k = min(got.shape[-1], shape[-1])
         values[:, :, :k] = got[:, :, :k]
     if tensor_scale is not None:

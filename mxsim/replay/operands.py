@@ -60,7 +60,7 @@ from ..formats import E8M0_ONE, FormatInfo, get_format
 from ..quantize import MXTensor, quantize_bfp
 from ..quantize.options import QuantOptions
 from ..trace.model import CONV_OPS, Layer
-from ..trace.quant import BFPQuant, MXQuant, QDQQuant
+from ..trace.quant import BFPQuant, MXQuant, NVFP4Quant, QDQQuant
 from .lowering import GemmShape, GemmView, gemm_axis, gemm_view
 
 CONV_ORDERS = ("kh_kw_c", "c_kh_kw")
@@ -89,8 +89,9 @@ class GemmOperand:
     * ``exact``: False when a float operand could not be split exactly (non-finite values,
       float64 values that are not float32).
     * ``tensor_scale``: None, or the float scale of a tensor-scaled operand (module
-      docstring): float64 of shape () (per tensor) or (N,) (a weight's per output feature);
-      the operand's value is its pieces' times this scale.
+      docstring): float64 of shape () (per tensor), (N,) (a weight's per output feature) or
+      (G, 1, 1) (replay's NVFP4 quantization: each group's own); the operand's value is its
+      pieces' times this scale.
     """
 
     element_format: FormatInfo
@@ -536,7 +537,7 @@ class OperandPlan:
 
 def _spec_blocks(layer: Layer, operand: str) -> tuple[str, _Blocks] | None:
     """(element format, blocks) of an MX/BFP spec with a code form on the operand's shape, or
-    of a tensor-scaled operand (block size 0), else None."""
+    of a tensor-scaled operand (block size 0), else None (NVFP4: :func:`_nvfp4_blocks`)."""
     spec, x = layer.quant.get(operand), layer.tensors[operand]
     fmt = _tensor_scaled(layer, operand, spec)
     if fmt is not None:
@@ -552,6 +553,21 @@ def _spec_blocks(layer: Layer, operand: str) -> tuple[str, _Blocks] | None:
     return name, _Blocks(axis, spec.spec.sub_block_size, spec.spec.block_size)
 
 
+def _nvfp4_blocks(layer: Layer, operand: str) -> _Blocks | None:
+    """The blocks of an operand's NVFP4 spec along the reduction axis (its values replay reads
+    as floats: its scales are no E8M0 codes), for the lowering to say whether they lie whole
+    along K (``granule``, ``layout``: where a unit with the spec's scales takes the model's
+    NVFP4 tensor); else None (blocks along another axis leave the other operand's as they
+    are)."""
+    spec = layer.quant.get(operand)
+    if not isinstance(spec, NVFP4Quant) or spec.axis is None:
+        return None
+    axis = spec.axis % layer.tensors[operand].ndim
+    if axis != _reduction_axis(layer, operand):
+        return None
+    return _Blocks(axis, spec.block_size, spec.block_size)
+
+
 def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, OperandPlan]:
     """``{"input": plan, "weight": plan}``: each GEMM operand as :func:`layer_operands` will
     give it (format, quantized, granule, layout), from the specs alone: what a unit can take
@@ -559,13 +575,15 @@ def operand_plans(layer: Layer, conv_order: str = "kh_kw_c") -> dict[str, Operan
     if conv_order not in CONV_ORDERS:
         raise MxsimError(f"conv order must be one of {', '.join(CONV_ORDERS)}, got {conv_order!r}")
     found = {op: _spec_blocks(layer, op) for op in ("input", "weight")}
-    k = lower_layer(layer, conv_order, {op: f and f[1] for op, f in found.items()})
+    k = lower_layer(
+        layer, conv_order, {op: f[1] if f else _nvfp4_blocks(layer, op) for op, f in found.items()}
+    )
     plans = {}
     for op, f in found.items():
         spec = layer.quant.get(op)
         if f is None:
             name = "float" if spec is None else f"{spec.kind} (as recorded)"
-            plans[op] = OperandPlan(BF16, False, 0, name, k.layout[op])
+            plans[op] = OperandPlan(BF16, False, k.granule[op], name, k.layout[op])
         else:
             plans[op] = OperandPlan(
                 get_format(f[0]), True, k.granule[op], _spec_description(spec), k.layout[op]
@@ -595,7 +613,10 @@ def layer_operands(
     k = lower_layer(
         layer,
         conv_order,
-        {op: q and _Blocks(q.axis, q.block_size, q.pad_unit) for op, q in quantized.items()},
+        {
+            op: _Blocks(q.axis, q.block_size, q.pad_unit) if q else _nvfp4_blocks(layer, op)
+            for op, q in quantized.items()
+        },
         view,
     )
     padded_run = k.padded_run
@@ -680,6 +701,26 @@ def layer_operands(
     return LayerOperands(result["input"], result["weight"], bias, bias_spec, conv_order, *floats, k)
 
 
+def nvfp4_operand(layer: Layer, operand: str, gemm: LayerGemm) -> tuple:
+    """The model's NVFP4 quantization of ``operand`` (its spec applied to the layer's float, as
+    the library stored it) lowered through ``gemm``: element codes (G, R, K'), the UE4M3 code of
+    each block of ``block_size`` along K (G, R, K' / block_size) and the tensor scale (or None).
+    Valid where the lowering keeps the spec's blocks whole along K (``granule`` a multiple of
+    the block)."""
+    spec = layer.quant[operand]
+    x = layer.tensors[operand]
+    axis = spec.axis % x.ndim
+    tensor = spec.quantize(x)
+    block = spec.block_size
+    codes = np.moveaxis(tensor.codes, -1, axis)
+    scales = np.moveaxis(np.repeat(tensor.scales, block, axis=-1), -1, axis)
+    lowered = [
+        gemm.lower(operand, _pad_axis(array, axis, gemm.padded_run, fill))
+        for array, fill in ((codes, 0), (scales, "edge"))
+    ]
+    return lowered[0], np.ascontiguousarray(lowered[1][..., ::block]), tensor.tensor_scale
+
+
 def accumulator_input(c: np.ndarray | None, shift: int = 0) -> np.ndarray | None:
     """``c * 2^-shift`` as a float32 accumulator input, or None when that rounds (then the
     caller adds the bias after the GEMM, in float64)."""
@@ -729,6 +770,12 @@ def tensor_scales(a: GemmOperand, b: GemmOperand) -> np.ndarray | None:
     scale_a = 1.0 if a.tensor_scale is None else a.tensor_scale
     scale_b = 1.0 if b.tensor_scale is None else b.tensor_scale
     return np.multiply(scale_a, scale_b, dtype=np.float64)  # () or (N,): broadcasts over N
+
+
+def group_factor(scaled: np.ndarray, group: int) -> np.ndarray:
+    """Group ``group``'s share of :func:`tensor_scales`: the factor itself unless it holds one
+    per group (an operand replay quantized to NVFP4, a tensor scale per group: (G, 1, N))."""
+    return scaled[group] if scaled.ndim == 3 else scaled
 
 
 def exact_block(a: GemmOperand, b: GemmOperand) -> int:
@@ -853,7 +900,7 @@ def ideal_gemm(operands: LayerOperands) -> tuple[np.ndarray, bool]:
             )
         if values is None:
             values = matmul(unit, tensor_a, tensor_b, c=c_group).values
-        out[group] = values if scaled is None else values * scaled
+        out[group] = values if scaled is None else values * group_factor(scaled, group)
         if bias is not None and c is None:
             out[group] += bias[group]
     return out, exact

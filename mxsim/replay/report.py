@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..datapath import HardwareConfig
+from ..formats import get_format
 from ..trace.model import Trace
 from ..trace.reference import REFERENCE_MODES
 from .attribution import top_shares
@@ -141,8 +142,16 @@ def worst_layers(rows: Sequence[LayerResult], count: int = 5) -> list[dict]:
 
 
 def _operand_label(choice) -> str:
-    """``int8/32`` (format/block; ``pt`` per-tensor scale, ``cast`` scale 1), from a choice or its dict."""
+    """``int8/32`` (format/block; ``pt`` per-tensor scale, ``cast`` scale 1; float block
+    scales named: ``fp4_e2m1/16/ue4m3/pt``), from a choice or its dict."""
     get = choice.get if isinstance(choice, dict) else lambda key: getattr(choice, key)
+    # (a report written before NVFP4 units ran in replay carries no scale format)
+    scale_format = (
+        choice.get("scale_format", "e8m0") if isinstance(choice, dict) else choice.scale_format
+    )
+    if get_format(scale_format).mantissa_bits:
+        tensor_scale = "/pt" if get("per_tensor_scale") else ""
+        return f"{get('format')}/{get('block_size')}/{scale_format}{tensor_scale}"
     if get("per_tensor_scale"):
         return f"{get('format')}/{'cast' if get('tensor_scale_exponent') == 0 else 'pt'}"
     return f"{get('format')}/{get('block_size')}"
@@ -243,7 +252,8 @@ def format_report(report: dict) -> str:
     lines.append(
         "legend: * the unit cannot take the model's recorded quantization: replay re-quantized the operand; "
         "+ the model multiplies this operand unquantized: replay quantized it; = format chosen by the caller. "
-        "operands: format/block for input x weight (pt: per-tensor scale). ulps@rms: max |error vs ideal| "
+        "operands: format/block for input x weight (pt: per-tensor scale; a block scale format "
+        "with a significand named after the block: NVFP4's ue4m3). ulps@rms: max |error vs ideal| "
         "in ulps of the unit's output format at the layer's RMS output. sat/uflow: operand elements clipped "
         "to the largest magnitude / flushed to zero. (docs/replay.md)"
     )
