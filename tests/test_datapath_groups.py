@@ -476,3 +476,19 @@ def test_kept_b_gives_the_bits_of_forming_b_per_call(name):
         groups = entry["route"]["groups"]
         before = [x.copy() for x in groups]
     assert all(np.array_equal(x, y) for x, y in zip(groups, before))
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape", [((0, 3, 32), (0, 2, 32)), ((2, 0, 32), (2, 3, 32)), ((2, 3, 0), (2, 4, 0))]
+)
+def test_empty_nvfp4_batches_give_empty_or_zero_results(a_shape, b_shape):
+    """No groups, no rows, or K = 0 (every output the empty sum, +0): the batch and matmul
+    of one group agree."""
+    hw = unit("b200-nvfp4")
+    a = quantize_nvfp4_grouped(np.ones(a_shape, np.float32))
+    b = quantize_nvfp4_grouped(np.ones(b_shape, np.float32))
+    batch = matmul_batched(hw, a, b)
+    assert batch.bits.shape == (a_shape[0], a_shape[1], b_shape[1])
+    assert not batch.values.any()
+    for g in range(a_shape[0]):
+        np.testing.assert_array_equal(matmul(hw, a.group(g), b.group(g)).bits, batch.bits[g])

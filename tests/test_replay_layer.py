@@ -319,6 +319,18 @@ def test_a_layer_is_lowered_once(monkeypatch, channels, geometries):
     np.testing.assert_array_equal(values, expected)
 
 
+def _same_layouts(stand_in, real, names) -> None:
+    """The arrays ``names`` of both have one shape, dtype and C order (the kernels compile per
+    type and layout)."""
+    for name in names:
+        got, want = getattr(stand_in, name), getattr(real, name)
+        assert (got.shape, got.dtype, got.flags.c_contiguous) == (
+            want.shape,
+            want.dtype,
+            want.flags.c_contiguous,
+        ), name
+
+
 @pytest.mark.parametrize(
     ("unit", "fmt", "per_tensor", "exponent"),
     [
@@ -348,13 +360,7 @@ def test_placeholder_quantization_has_the_quantizers_layout_and_types(
     real, _, _ = _requantize(values, choice, {}, False)
     stand_in, saturated, underflowed = placeholder_quantization(values, choice, {})
     assert (saturated, underflowed) == (0, 0)
-    for name in ("codes", "scales", "tensor_scale_exponents"):
-        got, want = getattr(stand_in, name), getattr(real, name)
-        assert (got.shape, got.dtype, got.flags.c_contiguous) == (
-            want.shape,
-            want.dtype,
-            want.flags.c_contiguous,
-        ), name
+    _same_layouts(stand_in, real, ("codes", "scales", "tensor_scale_exponents"))
     for name in ("element_format", "shape", "axis", "block_size", "padding", "options"):
         assert getattr(stand_in, name) == getattr(real, name), name
     if by_shared_exponents(choice):
@@ -377,13 +383,7 @@ def test_placeholder_nvfp4_has_the_quantizers_layout_and_types(per_tensor):
     )
     real, _, _ = _requantize(values, choice, {}, False)
     stand_in, *_ = placeholder_quantization(values, choice, {})
-    for name in ("codes", "scales"):
-        got, want = getattr(stand_in, name), getattr(real, name)
-        assert (got.shape, got.dtype, got.flags.c_contiguous) == (
-            want.shape,
-            want.dtype,
-            want.flags.c_contiguous,
-        ), name
+    _same_layouts(stand_in, real, ("codes", "scales"))
     assert stand_in.options == real.options and len(stand_in) == 3
     assert (real.tensor_scales[0] is not None) == per_tensor
     assert not stand_in.codes.any() and (stand_in.scales == 0x38).all()

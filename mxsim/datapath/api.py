@@ -1234,10 +1234,10 @@ def _batched_float_scaled(
     """A batch of GEMMs of NVFP4 operands: A an NVFP4Groups of G (M, K) tensors and B one of G
     (N, K) tensors of B^T (both blocked along K), through a unit whose ``inputs.scale_format``
     is theirs, by the group-sum route where it applies (:mod:`mxsim.datapath.groups`), else
-    the generic kernel; c: None, or (M, N) (``matmul``) or (G, M, N) values, only where no
+    the generic kernel; c: None, or (G, M, N) values ((M, N) with ``single``), only where no
     group has tensor scales; ``b_memo`` as :func:`matmul_batched` takes it; ``single``: the
-    batch is :func:`matmul`'s one GEMM (its c (M, N), errors naming matmul). Each group's tensor scales multiply its
-    :attr:`BatchedMatmulResult.values`, as the GEMM epilogue's alpha does."""
+    batch is :func:`matmul`'s one GEMM (errors name matmul). Each group's tensor scales
+    multiply its :attr:`BatchedMatmulResult.values`, as the GEMM epilogue's alpha does."""
     who = "matmul" if single else "matmul_batched"
     for name, groups in (("A", A), ("B", B)):
         if not isinstance(groups, NVFP4Groups) or groups.codes.ndim != 3:
@@ -1271,28 +1271,38 @@ def _batched_float_scaled(
     check_array_budget((count, rows, columns), 8, f"{who}: the output")
     blocks = A.scales.shape[2]
     scales_a = _scale_exponents(
-        A.scales.reshape(-1, blocks), "A scales", count * rows, blocks, params
+        A.scales.reshape(count * rows, blocks), "A scales", count * rows, blocks, params
     )
     fields_b, scales_b, memo = _kept_b(
         b_memo,
         params,
         lambda: (
             _codes(
-                B.codes.reshape(-1, length), "B", get_format(params.b_format), fields_given=True
+                B.codes.reshape(count * columns, length),
+                "B",
+                get_format(params.b_format),
+                fields_given=True,
             ),
             _scale_exponents(
-                B.scales.reshape(-1, blocks), "B scales", count * columns, blocks, params
+                B.scales.reshape(count * columns, blocks),
+                "B scales",
+                count * columns,
+                blocks,
+                params,
             ),
         ),
     )
     codes_a, codes_b, kernel_args = _operands_and_arguments(
         params,
-        _codes(A.codes.reshape(-1, length), "A", get_format(params.a_format), fields_given=True),
+        _codes(
+            A.codes.reshape(count * rows, length),
+            "A",
+            get_format(params.a_format),
+            fields_given=True,
+        ),
         fields_b,
     )
-    if c is None:
-        c_values = np.zeros((1, 1, 1), dtype=kernel_c_dtype(params.c_format))
-    elif single:
+    if single or c is None:
         c_values = _c_values(c, (rows, columns), params.c_format)
     else:
         c_values = _accumulator_inputs(c, (count, rows, columns), params.c_format)
