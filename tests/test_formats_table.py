@@ -616,3 +616,35 @@ def test_numpys_conversion_is_the_kernels_rounding_to_nearest_even(
     fast = fmt.encode(values, overflow=overflow)
     monkeypatch.setattr(table, "native_float_dtype", lambda fmt: None)
     assert np.array_equal(fast, fmt.encode(values, overflow=overflow))
+
+
+@pytest.mark.parametrize(
+    "name, dtype", [("bf16", np.float32), ("tf32", np.float32), ("bf16", np.float16)]
+)
+@pytest.mark.parametrize("overflow", ["saturate", "inf_nan", "inf"])
+def test_float32_prefix_rounding_is_the_kernels(monkeypatch, name, dtype, overflow):
+    """bf16 and tf32 from float32 (or float16) round on float32's bit patterns: the kernel's
+    codes for every float32 pattern at, beside and half an ulp of the format from each of its
+    codes (every bf16 code; a sample of tf32's), NaN payloads, signed zeros and overflow
+    included."""
+    import mxsim.formats.table as table
+
+    fmt = get_format(name)
+    assert table._float32_prefix(fmt)
+    shift = 23 - fmt.mantissa_bits
+    half = 1 << (shift - 1)
+    if dtype == np.float16:
+        values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    else:
+        codes = np.arange(1 << (32 - shift), dtype=np.uint64)
+        if fmt.bits > 16:
+            codes = np.random.default_rng(4).choice(codes, 200_000, replace=False)
+        offsets = np.array([0, 1, half - 1, half, half + 1, 2 * half - 1], dtype=np.uint64)
+        bits = ((codes << np.uint64(shift))[:, None] + offsets).ravel().astype(np.uint32)
+        values = bits.view(np.float32)
+    fast = fmt.encode(values, overflow=overflow)
+    monkeypatch.setattr(table, "_float32_prefix", lambda fmt: False)
+    assert np.array_equal(fast, fmt.encode(values, overflow=overflow))
+    assert not table._float32_prefix(get_format("fp16")) and not table._float32_prefix(
+        get_format("fp8_e4m3")
+    )

@@ -326,7 +326,9 @@ class FormatInfo:
 
         Rounding to nearest even into a format with a numpy float's layout (fp16, fp32,
         fp64) is numpy's own conversion, which is that rounding (IEEE 754), wherever this
-        thread keeps subnormals; every other case runs the encode kernel.
+        thread keeps subnormals; of float32 or float16 values into a format that is float32
+        with fewer mantissa bits (bf16, tf32), integer arithmetic on float32's bit patterns;
+        every other case runs the encode kernel.
         """
         values = as_float_array(x, f"encode({self.name})")
         rounding_mode = rounding_code(rounding)
@@ -342,6 +344,8 @@ class FormatInfo:
         native = native_float_dtype(self)
         if native is not None and rounding == "nearest_even" and subnormals_work():
             return self._encode_native(values, native, overflow)
+        if rounding == "nearest_even" and values.dtype != np.float64 and _float32_prefix(self):
+            return self._encode_float32_prefix(values.astype(np.float32), overflow)
         exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
         # One kernel signature for every input and code width: bits and codes travel as uint64.
         flat = np.ascontiguousarray(values).reshape(-1).view(bit_view).astype(np.uint64, copy=False)
@@ -361,6 +365,34 @@ class FormatInfo:
         if self.padding_bits:
             out <<= out.dtype.type(self.padding_bits)
         return out.astype(self.code_dtype).reshape(values.shape)
+
+    def _encode_float32_prefix(self, values: np.ndarray, overflow: str) -> np.ndarray:
+        """:meth:`encode` rounding float32 ``values`` to nearest even into a format whose
+        layout is float32's with fewer mantissa bits (bf16, tf32: :func:`_float32_prefix`), on
+        the bit patterns: adding half an ulp of the kept bits less one, plus the kept LSB,
+        carries exactly where nearest-even rounds up (into the exponent, and to the Inf
+        pattern past the largest finite value, as IEEE 754 overflows; ``saturate`` clips the
+        inputs to ±max_finite first). NaN gives the canonical NaN, keeping the sign."""
+        shift = 23 - self.mantissa_bits
+        with np.errstate(invalid="ignore"):
+            if overflow == "saturate":
+                values = np.clip(values, -self.max_finite, self.max_finite)  # (NaN stays NaN)
+            bits = np.ascontiguousarray(values).view(np.uint32)
+            half = np.uint32((1 << (shift - 1)) - 1)
+            codes = (bits + half + ((bits >> np.uint32(shift)) & np.uint32(1))) >> np.uint32(shift)
+        nan = np.isnan(values)
+        if nan.any():
+            codes[nan] = self.canonical_nans[np.signbit(values[nan]).astype(np.intp)]
+        return (codes << np.uint32(self.padding_bits)).astype(self.code_dtype)
+
+    @functools.cached_property
+    def canonical_nans(self) -> np.ndarray:
+        """The field codes (uint32, read-only) of the canonical +NaN and -NaN that
+        :meth:`encode` writes (the encode kernel's, for formats with NaN)."""
+        codes = self.encode(np.array([np.nan, -np.nan]), "toward_zero") >> self.padding_bits
+        kept = codes.astype(np.uint32)
+        kept.setflags(write=False)
+        return kept
 
     def _encode_native(self, values: np.ndarray, native: np.dtype, overflow: str) -> np.ndarray:
         """:meth:`encode` rounding to nearest even into a format with a numpy float's layout
@@ -661,6 +693,21 @@ def custom_format(
         specials=specials,
         subnormals=subnormals,
     )
+
+
+def _float32_prefix(fmt: FormatInfo) -> bool:
+    """Whether ``fmt``'s codes are float32's bit patterns with their low mantissa bits dropped
+    (bf16, tf32): float32's exponent field, bias, IEEE specials and subnormals, fewer
+    mantissa bits."""
+    return (
+        fmt.exponent_bits,
+        fmt.bias,
+        fmt.signed,
+        fmt.twos_complement,
+        fmt.specials,
+        fmt.subnormals,
+        fmt.bits - fmt.padding_bits,
+    ) == (8, 127, True, False, "ieee", True, 9 + fmt.mantissa_bits) and fmt.mantissa_bits < 23
 
 
 @functools.lru_cache(maxsize=None)

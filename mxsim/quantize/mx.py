@@ -255,10 +255,10 @@ def _quantize_per_tensor(
             K.E8M0_MAX_EXPONENT,
         )
         stored = element_format.encode(
-            np.ldexp(values.astype(np.float64), -exponent),
+            values if exponent == 0 else np.ldexp(values.astype(np.float64), -exponent),
             opts.element_rounding,
             opts.element_overflow,
-        )  # x * 2^-T rounded once (exact scaling)
+        )  # x * 2^-T rounded once (exact scaling; a cast reads x in its own dtype)
         codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
     else:
         if not np.isfinite(values).all():
