@@ -94,7 +94,8 @@ class BatchCase:
 
 
 #: One batch per small-groups route (``mxsim.datapath.batch``), the BLAS route's passes of
-#: whole groups and the group-sum route's one pass of a batch: MiniLM's heads (12 x 16 of 14 tokens, head size 32) and 128-token ones.
+#: whole groups and the group-sum route's one pass of a batch: MiniLM's heads (12 x 16 of 14
+#: tokens, head size 32) and 128-token ones.
 BATCH_CASES = [
     BatchCase("ocp-exact", "fp8_e4m3", 192, 14, 32, 14),  # exact groups, q @ k^T
     BatchCase("kulisch", "fp8_e4m3", 192, 14, 14, 32),  # exact accumulator, P @ v

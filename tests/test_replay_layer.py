@@ -488,7 +488,7 @@ def test_an_nvfp4_unit_gets_nvfp4_operands_bit_for_bit(per_tensor_scale):
             exact = sum(Fraction(p) * Fraction(q) for p, q in zip(a_values[m], b_values[n]))
             want = _round_to_fp32(exact) * t + float(layer.tensors["bias"][n])
             assert run.ideal[m, n] == want, (m, n)
-    # the row's figures: the unit against that ideal, and the quantization's clipping
+    # elements the quantization clipped to +-6 times their scales
     assert run.input.saturated == int(
         (
             (np.abs(layer.input) > np.abs(qa.exact_values()[:, :70]))

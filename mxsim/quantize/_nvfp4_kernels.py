@@ -1,8 +1,8 @@
 """Numba kernel of NVFP4 quantization (:mod:`mxsim.quantize.nvfp4`) with both roundings to
 nearest even: the recipe's float32 steps per block, each format's rounding a search of its
-sorted finite magnitudes (the scale's by bisection, the few elements' by counting). The stages are named as in the twin
-(:func:`mxsim.quantize.reference.quantize_nvfp4_reference`): amax, descale, scale code,
-scale value, reciprocal, element codes."""
+sorted finite magnitudes (the scale's by bisection, the few elements' by counting). The
+stages are named as in the twin (:func:`mxsim.quantize.reference.quantize_nvfp4_reference`):
+amax, descale, scale code, scale value, reciprocal, element codes."""
 
 from __future__ import annotations
 
@@ -68,9 +68,10 @@ def quantize_rows(
     tensor scale ``row_scales[i]`` (1 for single-level: d / 1 and (1 / 1) / s are exact), into
     ``codes`` (n, K) and, unless ``given_scales`` (then read from it), ``scale_codes``
     (n, K / block); ``element_middles``: the midpoints between the elements' consecutive
-    magnitudes (a tuple of float64), ``element_max`` the largest; ``smallest_scale``: the float32 the descale is clamped up to (the scale
-    format's smallest normal); ``element_sign``: the element codes' sign bit. Returns False
-    where a reciprocal overflows float32."""
+    magnitudes (a tuple of float64), ``element_max`` the largest; ``smallest_scale``: the
+    float32 the descale is clamped up to (the scale format's smallest normal);
+    ``element_sign``: the element codes' sign bit. Returns False where a reciprocal
+    overflows float32."""
     blocks = scale_codes.shape[1]
     block = rows.shape[1] // blocks if blocks else 0
     e_max = np.float32(element_max)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from ..datapath import HardwareConfig
 from ..errors import MxsimError
 from ..formats import get_format
+from ..quantize import NVFP4_PROFILES
 from ..quantize.mx import per_tensor_exponent
 from ..trace.model import Layer
-from ..quantize import NVFP4_PROFILES
 from ..trace.quant import MXQuant, NVFP4Quant
 
 #: Row statuses: the unit multiplied the model's own operand values; replay re-quantized an
@@ -36,11 +36,12 @@ class OperandChoice:
     ``tensor_scale_exponent`` 0 for a wide format, a plain cast, else the amax rule; see
     :func:`choose_operand`); ``block_size``: the unit's block; ``scale_format``: its block
     scales' format (``inputs.scale_format``: ``e8m0``, MX; ``ue4m3``, NVFP4, whose
-    ``per_tensor_scale`` is the float32 tensor scale of the two-level recipe); ``status``: one of :data:`STATUSES`; ``spec``: the model's quantization;
-    ``layout``: how the model's blocks lie in K; ``saturated``/``underflowed``: elements
-    clipped to the largest magnitude / nonzero elements flushed to zero by the quantization
-    the unit received (the model's, counted once per tensor element; or replay's, counted
-    over the GEMM operand); ``note``: why, when not the model's.
+    ``per_tensor_scale`` is the float32 tensor scale of the two-level recipe); ``status``:
+    one of :data:`STATUSES`; ``spec``: the model's quantization; ``layout``: how the model's
+    blocks lie in K; ``saturated``/``underflowed``: elements clipped to the largest
+    magnitude / nonzero elements flushed to zero by the quantization the unit received (the
+    model's, counted once per tensor element; or replay's, counted over the GEMM operand);
+    ``note``: why, when not the model's.
     """
 
     format: str
@@ -131,10 +132,10 @@ def choose_operand(
     ``per_tensor_scale``: None follows the unit (per-tensor when it has no block scales; on a
     unit with UE4M3 block scales, NVFP4, the two-level recipe's float32 tensor scale from each
     tensor's amax, as torchao's NVFP4 and NVIDIA's recipes have it); True forces it; False on a
-    unit without block scales is an error (on an NVFP4 unit: single-level scaling). Per-tensor scaling by
-    the amax rule is FP8 practice; formats as wide as fp16, bf16 and tf32 take the values
-    rounded straight in (scale 1, a framework's cast): scaled up to their largest values,
-    products would overflow the unit's sums."""
+    unit without block scales is an error (on an NVFP4 unit: single-level scaling).
+    Per-tensor scaling by the amax rule is FP8 practice; formats as wide as fp16, bf16 and
+    tf32 take the values rounded straight in (scale 1, a framework's cast): scaled up to
+    their largest values, products would overflow the unit's sums."""
     choice, options = _choose_scaling(operand, name, spec, hw, element_format, per_tensor_scale)
     if strict and choice.status == "replaced":
         raise MxsimError(f"{hw.name}: {choice.note} (strict)")
