@@ -213,3 +213,29 @@ def test_one_constant_weight_of_two_nodes_is_kept_per_node(onnx, tmp_path):
     for _ in range(2):
         got = run_onnx_on_unit(path, {"x": x}, OCP, a_format="fp8_e4m3")
         assert np.array_equal(got["y"], expected[0]) and np.array_equal(got["z"], expected[1])
+
+
+def test_exported_mlp_on_an_nvfp4_unit_equals_nvfp4_by_hand(onnx, torch, tmp_path):
+    """The same MLP on b200-nvfp4: each operand quantized by the two-level NVFP4 recipe (its
+    tensor scale from its amax), mxsim.matmul of the two tensors (its values times both tensor
+    scales), the bias added in float64, rounded to float32."""
+    from mxsim.quantize import quantize_nvfp4
+    from mxsim.quantize.nvfp4 import tensor_scale_from_amax
+
+    nvfp4 = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
+    ).eval()
+    x = torch.randn(5, 64)
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
+    got = run_onnx_on_unit(path, {"x": x.numpy()}, nvfp4)["y"]
+    value = x.numpy()
+    for index in (0, 2):
+        w, b = model[index].weight.detach().numpy(), model[index].bias.detach().numpy()
+        qa, qb = (quantize_nvfp4(v, tensor_scale_from_amax(np.abs(v).max())) for v in (value, w))
+        value = (matmul(nvfp4, qa, qb).values + b.astype(np.float64)).astype(np.float32)
+        if index == 0:
+            value = np.maximum(value, 0)
+    assert np.array_equal(got.view(np.uint32), value.view(np.uint32))
