@@ -66,7 +66,7 @@ from ._window_kernels import NO_REFERENCE
 from .blas import span_bits
 from .schema import DatapathParams, route_accepts
 from .tables import element_tables, scale_tables, sum_format
-from .window import tree_end_config
+from .window import flagged_outputs, tree_end_config
 
 ROW_TILE = 16  # rows of A per batch of group GEMMs (their sums: groups x 16 x N values)
 # A batch's group values of A formed at once up to this size (heads), else a tile at a time.
@@ -306,7 +306,7 @@ def groups_matmul(
             ),
             n_batch,
         )
-        return np.nonzero(flags)
+        return flagged_outputs(flags)
     n_tiles = -(-rows // ROW_TILE)
 
     def run_tiles(first, last):
@@ -359,4 +359,4 @@ def groups_matmul(
         if progress is not None:
             done = (last // n_tiles) * rows + min((last % n_tiles) * ROW_TILE, rows)
             progress(done, n_batch * rows)
-    return np.nonzero(flags)
+    return flagged_outputs(flags)
