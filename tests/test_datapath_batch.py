@@ -955,7 +955,7 @@ def test_tiled_route_equals_the_blas_route_and_the_kernel(
     check_twin(config, a, b, c, matmul_batched(config, a, b, c=c), np.random.default_rng(7))
 
 
-@pytest.mark.parametrize("name", ["mi300"])
+@pytest.mark.parametrize("name", ["mi250"])
 def test_units_outside_the_routes_keep_their_bits_in_small_batches(name):
     """A unit of neither route (the generic kernel): the batch still equals the generic
     kernel."""

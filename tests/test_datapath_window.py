@@ -1071,3 +1071,53 @@ def test_kept_window_tables_and_config_are_read_only():
     arrays = [cfg] + [x for t in (a, b) for x in (t.values, t.exponents, t.finite)]
     assert _format_tables("fp8_e4m3", True) is a
     assert not [x for x in arrays if x.flags.writeable]
+
+
+@st.composite
+def second_alignment_params(draw) -> DatapathParams:
+    """Units of the family whose accumulator is added to each tree's sum at a second
+    alignment (AMD CDNA3's fp16/bf16/tf32 MFMA: n = 31, the far accumulator kept toward -inf;
+    its FP8 MFMA drops it), no n-bit sum, products that overflow at 2^128 or never, and
+    exact-positive zero results among the others."""
+    params = draw(window_params())
+    return dataclasses.replace(
+        params,
+        accumulator_in_tree=False,
+        sum_significant_bits=None,
+        second_alignment_bits=draw(st.sampled_from([31, 31, 23, 25, 40, 0])),
+        far_accumulator=draw(st.sampled_from(["floor", "zero"])),
+        product_overflow_exponent=draw(st.sampled_from([None, 128])),
+        output_zero_sign=draw(st.sampled_from(["ieee", "positive", "exact_positive"])),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=second_alignment_params(), **ROUTE_CASES)
+def test_second_alignment_equals_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mi300_fp16_takes_the_route_and_equals_the_generic_kernel(seed):
+    """MI300's fp16 MFMA (trees of 8, a 24-bit window, the second alignment at 31 bits, c
+    kept toward -inf however far below, exact-positive zeros): realistic and corner data."""
+    params = unit("mi300").params("fp16", "fp16")
+    assert window_applies(params)
+    rows, length, columns = 5, 8 * (seed + 1) + seed, 6
+    check_route(params, (rows, length, columns), seed % 2, [0, 4, 20][seed % 3], seed)
+
+
+def test_second_alignment_and_product_overflow_declarations():
+    """The route takes a second alignment outside the tree without an n-bit sum, and a
+    product overflow no product of the formats reaches (fp16: below 2^32; not bf16's)."""
+    mi300 = unit("mi300")
+    assert window_applies(mi300.params("fp16", "fp16"))
+    assert not window_applies(mi300.params("bf16", "bf16"))  # products up to 2^256
+    fp16 = mi300.params("fp16", "fp16")
+    assert not window_applies(dataclasses.replace(fp16, sum_significant_bits=24))
+    assert not window_applies(dataclasses.replace(fp16, accumulator_in_tree=True))
+    assert not window_applies(dataclasses.replace(fp16, product_overflow_exponent=30))
+    assert window_applies(dataclasses.replace(fp16, product_overflow_exponent=33))

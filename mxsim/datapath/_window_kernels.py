@@ -19,7 +19,9 @@ tree position outside:
    2^(W + 2) and group * 2^(W + 2) <= 2^31, so no sum of terms of one group overflows, in
    whatever order (the GEMM kernel adds four terms per pass over the lanes);
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
-   sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`).
+   sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`),
+   or added to the accumulator at a second alignment by floors of exact float64 values
+   (:func:`_finish_lanes_second_alignment`).
 
 A GEMM work item is a tile of at most ``LANES`` columns: it decodes its columns of B once
 into a (K, lanes) tile of float32 values and int8 exponents (or reads them kept from an
@@ -98,7 +100,11 @@ W_FLOAT32_ADD = 21
 # added into an outer fp32 accumulator (one binary32 add, nearest even), which c starts.
 # PROMOTION_AT_END, an interval no K reaches: the one add at the end of c_entry: end.
 W_PROMOTION = 22
-N_WINDOW_CONFIG = 23
+# adder.second_alignment_bits n, as n + 1 (0: none): each tree's sum joins the accumulator at a
+# second alignment (:func:`_finish_lanes_second_alignment`); the adder drops a far accumulator.
+W_SECOND_ALIGNMENT = 23
+W_FAR_DROPPED = 24
+N_WINDOW_CONFIG = 25
 PROMOTION_AT_END = 1 << 62
 FLOAT32_SMALLEST_NORMAL = 2.0**-126
 FLOAT32_LARGEST = (2.0 - 2.0**-23) * 2.0**127
@@ -371,6 +377,44 @@ def _finish_lanes_float32(lanes, cut_bits, zero_floor):
         flags[lane] |= outside | (not ok)
 
 
+@njit(cache=True, inline="always")
+def _finish_lanes_second_alignment(lanes, bits, far_dropped, acc_rule, cfg):
+    """:func:`finish_tree`'s loop for a second alignment of ``bits`` n (``W_SECOND_ALIGNMENT``;
+    the accumulator outside the tree, no n-bit sum): at E = max(R, e), e the accumulator's
+    exponent (at least its format's emin, that emin for 0; R none for a tree without a
+    nonzero term), the tree's sum kept to multiples of 2^(E-n-1) and the accumulator to
+    multiples of 2^(E-W) (dropped where ``far_dropped`` and e < E - W - 1), both toward
+    -inf, their exact sum (float64: below 2^(E+3) in units of at least 2^(E-max(n+1, W)))
+    cut to n+1 significant bits toward -inf (no finer than 2^(emin-n)), then rounded into
+    the accumulator (lanes whose result is not 0 or normal flagged, as elsewhere)."""
+    totals, references, acc, flags, window = lanes
+    low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
+    zero_floor = cfg[W_ZERO_FLOOR]
+    for lane in range(totals.shape[0]):
+        reference = references[lane]
+        outside = NO_REFERENCE < reference < zero_floor  # as in _finish_lanes
+        previous = acc[lane]
+        exponent = max(_exponent(previous), low)  # (a zero's -1023 gives emin)
+        no_tree = reference == NO_REFERENCE
+        top = exponent if no_tree else max(exponent, reference)
+        kept = top - bits - 1
+        tree_part = (
+            0.0
+            if no_tree
+            else np.floor(totals[lane] * power_of_two(reference - window - kept))
+            * power_of_two(kept)
+        )
+        acc_part = np.floor(previous * power_of_two(window - top)) * power_of_two(top - window)
+        if far_dropped and exponent < top - window - 1:
+            acc_part = 0.0
+        register = tree_part + acc_part + 0.0  # exact; (+0.0: no -0 from floor(-0.0))
+        cut = max(_exponent(register), low) - bits  # a zero register stays zero
+        register = np.floor(register * power_of_two(-cut)) * power_of_two(cut)
+        result, ok = _round_in_range(register, acc_rule, low, high)
+        acc[lane] = result
+        flags[lane] |= outside | (not ok)
+
+
 @njit(cache=True, **NO_REFCOUNTS)
 def finish_tree(totals, references, acc, flags, cfg):
     """Per lane: the tree's integer sum (in LSBs of 2^(R - W)), the accumulator when it
@@ -390,7 +434,11 @@ def finish_tree(totals, references, acc, flags, cfg):
     acc_rule = rounding_rule(cfg[W_ACC_BITS], cfg[W_ACC_ROUNDING])
     rounded_sum = sum_bits > 0
     lanes = (totals, references, acc, flags, window)
-    if cfg[W_FLOAT32_ADD] != 0:
+    if cfg[W_SECOND_ALIGNMENT] != 0:
+        _finish_lanes_second_alignment(
+            lanes, cfg[W_SECOND_ALIGNMENT] - 1, cfg[W_FAR_DROPPED] != 0, acc_rule, cfg
+        )
+    elif cfg[W_FLOAT32_ADD] != 0:
         _finish_lanes_float32(lanes, sum_rule[0], cfg[W_ZERO_FLOOR])
     elif cfg[W_ACC_IN_TREE] == 0:
         _finish_lanes(lanes, False, False, False, rounded_sum, sum_rule, acc_rule, cfg)

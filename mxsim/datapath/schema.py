@@ -59,6 +59,26 @@ def only(*accepted) -> Accepts:
     return lambda value, params: value in accepted
 
 
+def products_below(value, params) -> bool:
+    """Declaration of ``multiplier.overflow_exponent`` for a route with exact products: no
+    overflow (null), or one that no product of the two formats' finite values reaches."""
+    largest = get_format(params.a_format).max_finite * get_format(params.b_format).max_finite
+    return value is None or largest < 2.0**value
+
+
+def window_second_alignment(value, params) -> bool:
+    """The window route's declaration of ``adder.second_alignment_bits``: none, or a second
+    alignment after each tree (the accumulator outside the tree, no n-bit sum, c entering
+    first, no promotion) at most 51 bits wide (its register is a float64)."""
+    return value is None or (
+        not params.accumulator_in_tree
+        and params.sum_significant_bits is None
+        and params.c_entry == "initial"
+        and params.promotion_interval is None
+        and value + 2 <= 53
+    )
+
+
 @dataclass(frozen=True)
 class Record:
     """How the kernel's parameter record holds a key: ``encode(value)`` as ``dtype`` in the
@@ -287,7 +307,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             field="product_overflow_exponent",
             record=Record(lambda value: NO_PRODUCT_OVERFLOW if value is None else value),
             blas=only(None),
-            window=only(None),
+            window=products_below,
             groups=only(None),
             fma=only(None),
         ),
@@ -488,7 +508,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             minimum=0,
             maximum=40,
             blas=only(None),
-            window=only(None),
+            window=window_second_alignment,
             groups=only(None),
             fma=only(None),
         ),

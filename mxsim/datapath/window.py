@@ -305,6 +305,10 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
     cfg[W.W_PROMOTION] = params.promotion_interval or (
         W.PROMOTION_AT_END if params.c_entry == "end" else 0
     )
+    cfg[W.W_SECOND_ALIGNMENT] = (
+        0 if params.second_alignment_bits is None else params.second_alignment_bits + 1
+    )
+    cfg[W.W_FAR_DROPPED] = params.far_accumulator == "zero"
     return cfg
 
 
