@@ -1121,3 +1121,6 @@ def test_second_alignment_and_product_overflow_declarations():
     assert not window_applies(dataclasses.replace(fp16, accumulator_in_tree=True))
     assert not window_applies(dataclasses.replace(fp16, product_overflow_exponent=30))
     assert window_applies(dataclasses.replace(fp16, product_overflow_exponent=33))
+    scaled = h100(scales="products", block_size=32)  # block-scaled products: not bounded here
+    assert window_applies(scaled)
+    assert not window_applies(dataclasses.replace(scaled, product_overflow_exponent=128))

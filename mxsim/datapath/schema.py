@@ -61,9 +61,10 @@ def only(*accepted) -> Accepts:
 
 def products_below(value, params) -> bool:
     """Declaration of ``multiplier.overflow_exponent`` for a route with exact products: no
-    overflow (null), or one that no product of the two formats' finite values reaches."""
+    overflow (null), or, for a unit without block scales, one that no product of the two
+    formats' finite values reaches."""
     largest = get_format(params.a_format).max_finite * get_format(params.b_format).max_finite
-    return value is None or largest < 2.0**value
+    return value is None or (params.scales == "none" and largest < 2.0**value)
 
 
 def window_second_alignment(value, params) -> bool:
