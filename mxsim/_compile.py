@@ -5,13 +5,20 @@ run times can leave it out).
 Compiled kernels are cached in ``NUMBA_CACHE_DIR`` when the user set it, else in the
 per-user cache directory (``platformdirs.user_cache_dir("mxsim")``), never inside the
 installed package: files written there are not in the wheel's RECORD, so an uninstall
-would leave them behind as a namespace package shadowing the next install.
+would leave them behind as a namespace package shadowing the next install. The per-user
+cache has a directory per digest of the kernel modules' sources
+(:func:`kernel_sources_digest`): Numba keys a cached kernel by its own file's stamp alone,
+while a kernel carries compiled into it the functions it calls from other modules, so a
+change to one of those would otherwise leave callers cached with the old code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
+import pathlib
 import sys
 import threading
 import time
@@ -27,13 +34,26 @@ _SPINNER = "|/-\\"
 
 
 def kernel_cache_dir() -> str:
-    """The directory Numba caches mxsim's compiled kernels in."""
+    """The directory Numba caches mxsim's compiled kernels in: ``NUMBA_CACHE_DIR`` when set,
+    else the per-user cache's directory for this :func:`kernel_sources_digest`."""
     configured = os.environ.get(CACHE_ENV)
     if configured:
         return configured
     import platformdirs
 
-    return os.path.join(platformdirs.user_cache_dir("mxsim"), "numba")
+    return os.path.join(platformdirs.user_cache_dir("mxsim"), "numba", kernel_sources_digest())
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_sources_digest(root: str = os.path.dirname(os.path.abspath(__file__))) -> str:
+    """16 hex digits of a SHA-256 over the path and bytes of every module under ``root``
+    whose name begins with one underscore (mxsim's kernels live in such modules, and so do
+    the helpers they call): any change to them names a new cache directory."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(root).rglob("_*.py")):
+        if not path.name.startswith("__"):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def configure_cache() -> str:

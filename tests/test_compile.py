@@ -51,8 +51,31 @@ def test_kernel_cache_dir_is_numba_cache_dir_when_set(monkeypatch, tmp_path):
 def test_kernel_cache_dir_defaults_to_the_per_user_cache(monkeypatch):
     monkeypatch.delenv(_compile.CACHE_ENV, raising=False)
     assert _compile.kernel_cache_dir() == os.path.join(
-        platformdirs.user_cache_dir("mxsim"), "numba"
+        platformdirs.user_cache_dir("mxsim"), "numba", _compile.kernel_sources_digest()
     )
+
+
+def test_a_changed_kernel_module_names_a_new_cache_directory(tmp_path):
+    """Numba keys a cached kernel by its own file alone, while it carries the functions it
+    calls from other modules compiled in: the per-user cache is per digest of every
+    underscore module, so changing one (a callee's) names a new directory; other modules
+    and packages' __init__ do not count."""
+    (tmp_path / "pkg").mkdir()
+    callee, caller = tmp_path / "pkg" / "_callee.py", tmp_path / "_caller.py"
+    callee.write_text("x = 1\n")
+    caller.write_text("from pkg._callee import x\n")
+    (tmp_path / "public.py").write_text("a = 1\n")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    digest = _compile.kernel_sources_digest.__wrapped__
+    before = digest(str(tmp_path))
+    (tmp_path / "public.py").write_text("a = 2\n")
+    (tmp_path / "pkg" / "__init__.py").write_text("# changed\n")
+    assert digest(str(tmp_path)) == before
+    callee.write_text("x = 2\n")
+    changed = digest(str(tmp_path))
+    assert changed != before and len(changed) == 16
+    callee.rename(tmp_path / "pkg" / "_renamed.py")
+    assert digest(str(tmp_path)) not in (before, changed)
 
 
 def test_compiled_kernels_are_cached_in_the_user_cache_not_in_the_package(tmp_path):
@@ -64,7 +87,7 @@ def test_compiled_kernels_are_cached_in_the_user_cache_not_in_the_package(tmp_pa
         "print(numba.config.CACHE_DIR)\n",
         env,
     )
-    expected = tmp_path / "user-cache" / "mxsim" / "numba"
+    expected = tmp_path / "user-cache" / "mxsim" / "numba" / _compile.kernel_sources_digest()
     assert out.strip() == str(expected)
     assert any(expected.rglob("*.nbi")) and any(expected.rglob("*.nbc"))
     assert _cache_files(PACKAGE) == before  # nothing written into the package
@@ -73,7 +96,8 @@ def test_compiled_kernels_are_cached_in_the_user_cache_not_in_the_package(tmp_pa
 def test_cache_dir_takes_effect_when_numba_was_imported_first(tmp_path):
     env = _clean_env(tmp_path)
     out = _python("import numba\nimport mxsim\nprint(numba.config.CACHE_DIR)\n", env)
-    assert out.strip() == str(tmp_path / "user-cache" / "mxsim" / "numba")
+    digest = _compile.kernel_sources_digest()
+    assert out.strip() == str(tmp_path / "user-cache" / "mxsim" / "numba" / digest)
 
 
 def test_import_mxsim_loads_no_kernel_module(tmp_path):
