@@ -128,13 +128,21 @@ def test_other_units_do_not(name):
         # group-scaled sums and scales that are not powers of two: not yet shown exact on this route
         {"scales": "group_sum", "block_size": 32, "group_terms": 16},
         {"scales": "group_sum", "block_size": 16, "group_terms": 16, "scale_format": "ue4m3"},
-        # matrix-core adders (AMD CDNA): rounded pairwise adds, input zero signs, product overflow,
-        # parity windows, a second alignment with c
+        # matrix-core adders (AMD CDNA): rounded pairwise adds, input zero signs, parity windows,
+        # a product overflow the formats reach (E4M3's reach 2^17), a second alignment after an
+        # n-bit sum or with promotion
         {"structure": "pairwise_rounded"},
         {"input_zero_sign": "positive"},
-        {"product_overflow_exponent": 128},
+        {"product_overflow_exponent": 16},
         {"parity_windows": True, "accumulator_in_tree": False},
-        {"second_alignment_bits": 31, "accumulator_in_tree": False, "sum_significant_bits": None},
+        {"second_alignment_bits": 31, "accumulator_in_tree": False},
+        {
+            "second_alignment_bits": 31,
+            "accumulator_in_tree": False,
+            "sum_significant_bits": None,
+            "promotion_interval": 64,
+            "accumulator_format": "fp32",
+        },
     ],
 )
 def test_features_the_kernels_do_not_model_refuse_the_route(changes):
