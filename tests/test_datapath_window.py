@@ -1120,10 +1120,13 @@ def test_mi300_fp16_takes_the_route_and_equals_the_generic_kernel(seed):
 
 def test_second_alignment_and_product_overflow_declarations():
     """The route takes a second alignment outside the tree without an n-bit sum, and a
-    product overflow no product of the formats reaches (fp16: below 2^32; not bf16's)."""
+    product overflow no product of two narrow formats reaches (fp16: below 2^32), or, for a
+    wide format (bf16: products up to 2^256), one it bounds per call from the operands'
+    offsets; tf32 has no per-code tables."""
     mi300 = unit("mi300")
     assert window_applies(mi300.params("fp16", "fp16"))
-    assert not window_applies(mi300.params("bf16", "bf16"))  # products up to 2^256
+    assert window_applies(mi300.params("bf16", "bf16"))
+    assert not window_applies(mi300.params("tf32", "tf32"))
     fp16 = mi300.params("fp16", "fp16")
     assert not window_applies(dataclasses.replace(fp16, sum_significant_bits=24))
     assert not window_applies(dataclasses.replace(fp16, accumulator_in_tree=True))
@@ -1132,3 +1135,67 @@ def test_second_alignment_and_product_overflow_declarations():
     scaled = h100(scales="products", block_size=32)  # block-scaled products: not bounded here
     assert window_applies(scaled)
     assert not window_applies(dataclasses.replace(scaled, product_overflow_exponent=128))
+
+
+@st.composite
+def wide_second_alignment_params(draw) -> DatapathParams:
+    """bf16 units with a second alignment and products that overflow at 2^n (MI300's bf16
+    MFMA: n = 128): the route bounds a call's products by its operands' offsets."""
+    params = draw(second_alignment_params())
+    a_format, b_format = draw(st.sampled_from([("bf16", "bf16"), ("bf16", "fp8_e4m3")]))
+    return dataclasses.replace(
+        params,
+        a_format=a_format,
+        b_format=b_format,
+        scales="none",
+        product_overflow_exponent=draw(st.sampled_from([None, 128, 40])),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    params=wide_second_alignment_params(),
+    **{**ROUTE_CASES, "spread": st.sampled_from([0, 4, 20, 45, 90])},
+)
+def test_wide_second_alignment_equals_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed, wide_operands)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**60, 2.0**-60])
+def test_products_that_may_overflow_go_to_the_generic_kernel(scale):
+    """MI300's bf16 path: products overflow at 2^128. Operands whose largest exponents sum
+    to more (both near 2^64) leave every output to the generic kernel (which makes the
+    overflowing products ±Inf); others take the route; every bit the generic kernel's, per
+    GEMM and in batches."""
+    config = unit("mi300")
+    params = config.params("bf16", "bf16")
+    assert window_applies(params)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((5, 48)) * scale
+    b = rng.standard_normal((48, 7)) * scale
+    a[0, 0] = 2.0**70 if scale > 1 else a[0, 0]  # a product of 2^130 with B's column
+    b[0, :] = 2.0**60 if scale > 1 else b[0, :]
+    qa, qb = (
+        quantize(x, "bf16", axis=axis, per_tensor_scale=True, tensor_scale_exponent=0)
+        for x, axis in ((a, 1), (b, 0))
+    )
+    c = np.zeros((5, 7), dtype=np.float32)
+    fast, left = gemm(params, qa, qb, c, "window")
+    slow, _ = gemm(params, qa, qb, c, "kernel")
+    assert (len(left[0]) == fast.size) == (scale > 1)  # all outputs left, or none
+    unflagged = np.ones(fast.shape, dtype=bool)
+    unflagged[left] = False
+    np.testing.assert_array_equal(fast[unflagged], slow[unflagged])
+    np.testing.assert_array_equal(matmul(config, qa, qb).bits, slow)
+    if scale > 1:
+        assert np.isinf(matmul(config, qa, qb).values[0]).any()  # the unit's ±Inf products
+    batch_a = np.stack([a, a / 2])
+    batch_b = np.stack([b, b * 2])
+    kw = dict(per_tensor_scale=True, a_format="bf16", b_format="bf16")
+    np.testing.assert_array_equal(
+        matmul_batched(config, batch_a, batch_b, **kw).bits,
+        matmul_batched(config, batch_a, batch_b, method="kernel", **kw).bits,
+    )

@@ -85,7 +85,14 @@ from .blas import (
 )
 from .schema import FLOAT32_FORMATS, DatapathParams, route_accepts
 from .tables import element_operand
-from .window import _offset_tables, _window_config, in_tree_order, operand_offset, window_applies
+from .window import (
+    _offset_tables,
+    _window_config,
+    in_tree_order,
+    operand_offset,
+    product_overflow_possible,
+    window_applies,
+)
 
 #: Outputs per group (M x N) up to which a batch takes the exact small-groups route:
 #: MiniLM's 14 x 14 and 14 x 32 heads do; 128 x 64 heads run faster on the BLAS route's tiles
@@ -791,6 +798,7 @@ def window_groups_matmul(
         terms = None
     packed_a, zero_a, scales_a = _operand_plan(params, params.a_format, plan_a, codes_a, scales_a)
     packed_b, zero_b, scales_b = _operand_plan(params, params.b_format, plan_b, codes_b, scales_b)
+    overflow = product_overflow_possible(params, *_window_config(params)[1:], scales_a, scales_b)
     codes_a, codes_b = _live_codes(cfg, codes_a, codes_b, terms, zero_a, zero_b)
     groups, rows, _ = codes_a.shape
     columns = codes_b.shape[1]
@@ -818,4 +826,6 @@ def window_groups_matmul(
         else None,
     )
     flagged = run_groups(B.window_groups, arguments, groups, serial)
+    if overflow:  # every output the generic kernel's
+        return tuple(index.reshape(-1) for index in np.indices(out.shape))
     return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED

@@ -59,12 +59,11 @@ def only(*accepted) -> Accepts:
     return lambda value, params: value in accepted
 
 
-def products_below(value, params) -> bool:
-    """Declaration of ``multiplier.overflow_exponent`` for a route with exact products: no
-    overflow (null), or, for a unit without block scales, one that no product of the two
-    formats' finite values reaches."""
-    largest = get_format(params.a_format).max_finite * get_format(params.b_format).max_finite
-    return value is None or (params.scales == "none" and largest < 2.0**value)
+def window_product_overflow(value, params) -> bool:
+    """The window route's declaration of ``multiplier.overflow_exponent``: none, or a unit
+    without block scales, whose products the route bounds (``datapath.window``: by the
+    formats' largest values, or per call by a wide format's operands' largest exponents)."""
+    return value is None or params.scales == "none"
 
 
 def window_second_alignment(value, params) -> bool:
@@ -308,7 +307,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             field="product_overflow_exponent",
             record=Record(lambda value: NO_PRODUCT_OVERFLOW if value is None else value),
             blas=only(None),
-            window=products_below,
+            window=window_product_overflow,
             groups=only(None),
             fma=only(None),
         ),

@@ -166,6 +166,23 @@ def _unusable_rows(tables: _Tables, codes, scales, scaled: bool) -> np.ndarray:
     return W.unusable_rows(codes, scales, *tables.non_finite, scaled)
 
 
+def product_overflow_possible(params: DatapathParams, a: _Tables, b: _Tables, scales_a, scales_b):
+    """Whether a product of this call's operands may reach the unit's
+    ``multiplier.overflow_exponent`` where a format is wide (its outputs are then the generic
+    kernel's): an operand's largest exponent is at most its tables' ``high`` plus, for a wide
+    one, its offset (its scales' value), and two magnitudes below 2^(top + 1) multiply to
+    below 2^(top_a + top_b + 2). Narrow formats are bounded once (:func:`_window_config`)."""
+    limit = params.product_overflow_exponent
+    if limit is None or not (a.wide or b.wide):
+        return False
+
+    def top(tables: _Tables, scales) -> int:
+        offset = int(scales.flat[0]) if tables.wide and scales.size else 0
+        return tables.high + offset
+
+    return top(a, scales_a) + top(b, scales_b) + 2 > limit
+
+
 def operand_offset(params: DatapathParams, fmt_name: str, codes) -> int:
     """The offset of an operand of a wide format (its codes, any shape): the largest
     exponent of its finite nonzero elements less WIDE_HIGH, within ±WIDE_OFFSET_LIMIT (0
@@ -228,6 +245,12 @@ def _window_config(params: DatapathParams):
     if a.significand_bits + b.significand_bits > 24:
         return None
     if not (a.smallest * b.smallest >= 2.0**-126 and a.largest * b.largest < 2.0**127):
+        return None
+    # A product overflow no product of two narrow formats reaches (wide ones: per call,
+    # product_overflow_possible).
+    overflow = params.product_overflow_exponent
+    narrow = not (a.wide or b.wide)
+    if overflow is not None and narrow and not a.largest * b.largest < 2.0**overflow:
         return None
     # int8 exponent sums: sums with a zero element stay below every sum of two nonzero ones.
     threshold = W.ZERO_EXPONENT + max(a.high, b.high) + 1
@@ -385,6 +408,8 @@ def window_matmul(
     bad_columns, kept_values, kept_exponents, b, scales_b = kept
     a, scales_a = _operand_tables(params, params.a_format, a, codes_a, scales_a)
     bad_rows = _unusable_rows(a, codes_a, scales_a, scaled)
+    if product_overflow_possible(params, a, b, scales_a, scales_b):
+        bad_rows[...] = True
     n_blocks = -(-n_rows // W.ROW_BLOCK)
     threads = numba.get_num_threads()
     chunks = min(n_blocks, max(1, -(-2 * threads // max(1, n_tiles * n_groups))))
@@ -434,6 +459,8 @@ def window_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_v
     # (a wide format's unusable codes are its tables' not-finite ones: the kernel finds them)
     a, scales_a = _operand_tables(params, params.a_format, a, codes_a, scales_a)
     b, scales_b = _operand_tables(params, params.b_format, b, codes_b, scales_b)
+    if product_overflow_possible(params, a, b, scales_a, scales_b):
+        return np.arange(out.shape[0])  # every row the generic kernel's
     flags = np.empty(out.shape, dtype=np.uint8)
     arguments = (
         codes_a,
