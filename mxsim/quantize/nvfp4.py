@@ -276,10 +276,7 @@ class NVFP4Groups:
     def exact_values(self, with_tensor_scales: bool = True) -> np.ndarray:
         """e * s (* t with ``with_tensor_scales``) of every element, exactly, as float64
         (G, ..., K): 2 + 4 (+ 24) significant bits fit."""
-        elements = get_format(self.options.element_format).decode(self.codes)
-        scales = get_format(self.options.scale_format).decode(self.scales)
-        blocked = elements.reshape(*self.scales.shape, self.options.block_size)
-        values = (blocked * scales[..., None]).reshape(self.codes.shape)
+        values = NVFP4Tensor(self.codes, self.scales, None, self.options).exact_values()
         if with_tensor_scales:
             values = values * self.tensor_scale_array().reshape((-1,) + (1,) * (values.ndim - 1))
         return values

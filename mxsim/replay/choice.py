@@ -59,9 +59,14 @@ class OperandChoice:
 
     @property
     def float_scales(self) -> bool:
-        """Whether the unit's block scales have a significand (UE4M3: NVFP4's recipe), not
-        powers of two as MX's E8M0."""
-        return get_format(self.scale_format).mantissa_bits > 0
+        """Whether the unit's block scales have a significand (:func:`has_float_scales`)."""
+        return has_float_scales(self.scale_format)
+
+
+def has_float_scales(scale_format: str) -> bool:
+    """Whether block scales of ``scale_format`` have a significand (UE4M3: NVFP4's recipe),
+    not powers of two as MX's E8M0."""
+    return get_format(scale_format).mantissa_bits > 0
 
 
 def pair_choices(
@@ -173,7 +178,7 @@ def _choose_scaling(
     accepted = hw.a_formats if name == "input" else hw.b_formats
     block = hw.sections[("inputs", "block_size")]
     scale_format = hw.sections[("inputs", "scale_format")]
-    float_scales = get_format(scale_format).mantissa_bits > 0
+    float_scales = has_float_scales(scale_format)
     per_tensor = hw.sections[("inputs", "scales")] == "none" or float_scales
     if per_tensor_scale is not None:
         if per_tensor and not float_scales and not per_tensor_scale:

@@ -53,6 +53,7 @@ from .network import layer_with_input
 from .operands import (
     BF16,
     GemmOperand,
+    pad_k,
     LayerOperands,
     accumulator_input,
     clip_counts,
@@ -221,15 +222,10 @@ def _requantize_nvfp4(
     choice's profile, the unit's element and scale formats and block): each group along K, its
     float32 values (as torchao casts), K zero-padded to whole blocks; with
     ``choice.per_tensor_scale`` each group's tensor scale from its amax, else single-level."""
-    block = choice.block_size
     floats = np.asarray(values, dtype=np.float32)
     k = floats.shape[-1]
-    padded = floats
-    if k % block:
-        padded = np.zeros((*floats.shape[:-1], -(-k // block) * block), dtype=np.float32)
-        padded[..., :k] = floats
     tensors = quantize_nvfp4_grouped(
-        padded,
+        pad_k(floats, choice.block_size),
         "amax" if choice.per_tensor_scale else None,
         choice.profile,
         **dataclasses.asdict(_nvfp4_options(choice)),

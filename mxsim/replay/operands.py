@@ -117,8 +117,8 @@ class GemmOperand:
         operand has one piece."""
         if len(self.pieces) != 1 or (self.granule and self.granule % block_size):
             raise MxsimError(f"operand ({self.layout}) cannot be cut into blocks of {block_size}")
-        codes = _pad_k(self.pieces[0][group], block_size)
-        scales = _pad_k(self.scales[group], block_size, fill=E8M0_ONE)[:, ::block_size]
+        codes = pad_k(self.pieces[0][group], block_size)
+        scales = pad_k(self.scales[group], block_size, fill=E8M0_ONE)[:, ::block_size]
         k = self.pieces[0].shape[-1]  # K as lowered; a tensor-scaled operand's last block padded
         return MXTensor(
             self.element_format,
@@ -140,7 +140,9 @@ def _pad_to(array: np.ndarray, length: int, fill: int = 0) -> np.ndarray:
     return np.pad(array, [(0, 0)] * (array.ndim - 1) + [(0, extra)], constant_values=fill)
 
 
-def _pad_k(array: np.ndarray, multiple: int, fill: int = 0) -> np.ndarray:
+def pad_k(array: np.ndarray, multiple: int, fill: int = 0) -> np.ndarray:
+    """``array`` with its last axis padded with ``fill`` to a multiple of ``multiple``
+    (``array`` itself where it is one)."""
     return _pad_to(array, -(-array.shape[-1] // multiple) * multiple, fill)
 
 

@@ -10,11 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..datapath import HardwareConfig
-from ..formats import get_format
 from ..trace.model import Trace
 from ..trace.reference import REFERENCE_MODES
 from .attribution import top_shares
-from .choice import MARKS, STATUSES
+from .choice import MARKS, STATUSES, has_float_scales
 from .layer import LayerResult
 
 
@@ -149,7 +148,7 @@ def _operand_label(choice) -> str:
     scale_format = (
         choice.get("scale_format", "e8m0") if isinstance(choice, dict) else choice.scale_format
     )
-    if get_format(scale_format).mantissa_bits:
+    if has_float_scales(scale_format):
         tensor_scale = "/pt" if get("per_tensor_scale") else ""
         return f"{get('format')}/{get('block_size')}/{scale_format}{tensor_scale}"
     if get("per_tensor_scale"):
