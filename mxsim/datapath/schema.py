@@ -42,7 +42,7 @@ NO_SPECIAL_ACCUMULATOR_EXPONENT = -(1 << 40)
 NO_PRODUCT_OVERFLOW = 1 << 40
 #: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
 ACCUMULATOR_OVERFLOW = {"ieee": "inf_nan", "infinity": "inf"}
-ROUTES = ("blas", "window", "groups", "fma")
+ROUTES = ("blas", "window", "groups", "fma", "pairwise")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
 #: the unit bit for bit with this value of the key (given the unit's other values).
@@ -100,7 +100,7 @@ class Key:
     :data:`REQUIRED` if the key has none. ``field`` names its :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
-    format parameters). ``blas``/``window``/``groups``/``fma`` are the routes' declarations (None:
+    format parameters). ``blas``/``window``/``groups``/``fma``/``pairwise`` are the routes' declarations (None:
     the route refuses)."""
 
     kind: str
@@ -115,6 +115,7 @@ class Key:
     window: Accepts | None = None
     groups: Accepts | None = None
     fma: Accepts | None = None
+    pairwise: Accepts | None = None
 
 
 def _exact_accumulator_or(accepts: Accepts) -> Accepts:
@@ -147,6 +148,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,  # pairwise.pairwise_applies checks the formats
         ),  # routes check the formats
         "b_formats": Key(
             "format_list",
@@ -159,6 +161,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,
         ),
         "format_groups": Key(
             "format_groups",
@@ -174,6 +177,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,
         ),
         "block_size": Key(
             "int",
@@ -185,6 +189,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,
         ),  # groups: whole groups, checked there
         "scales": Key(
             "str",
@@ -211,6 +216,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             groups=only("group_sum"),
             fma=only("none"),
+            pairwise=only("none"),
         ),
         "scale_format": Key(
             "format",
@@ -224,6 +230,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("e8m0"),
             groups=any_value,  # the route reads the scale format's tables (groups.py checks them)
             fma=any_value,
+            pairwise=any_value,
         ),
         "subnormals": Key(
             "bool",
@@ -234,6 +241,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=only(True),
+            pairwise=any_value,  # the route's value tables read them as the kernel's
         ),
         "c_format": Key(
             "format",
@@ -257,6 +265,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             groups=only("fp32"),
             fma=any_value,
+            pairwise=only(*FLOAT32_FORMATS),
         ),
         "same_format": Key(
             "bool",
@@ -268,6 +277,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,
         ),
         "zero_sign": Key(
             "str",
@@ -283,6 +293,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("keep"),
             groups=only("keep"),
             fma=only("keep"),
+            pairwise=any_value,  # the route's value tables and accumulator start read it
         ),
     },
     "multiplier": {
@@ -296,6 +307,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
+            pairwise=only(None),
         ),
         "overflow_exponent": Key(
             "optional_int",
@@ -310,6 +322,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=window_product_overflow,
             groups=only(None),
             fma=only(None),
+            pairwise=only(None),
         ),
     },
     "adder": {
@@ -323,6 +336,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=only(1),
+            pairwise=any_value,
         ),
         "structure": Key(
             "str",
@@ -339,6 +353,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("fused"),
             groups=only("fused"),
             fma=only("fused"),
+            pairwise=only("pairwise_rounded"),
         ),
         "term_order": Key(
             "order",
@@ -355,6 +370,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # the route reorders K by it (datapath.window.in_tree_order)
             groups=only(None),
             fma=only(None),
+            pairwise=only(None),
         ),
         "trees_in_blocks": Key(
             "bool",
@@ -370,6 +386,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=_same_trees_as_k_order,
             groups=_same_trees_as_k_order,
             fma=only(False),
+            pairwise=_same_trees_as_k_order,
         ),
         "group_terms": Key(
             "int",
@@ -384,6 +401,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # read only with group_sum, which these two routes refuse
             groups=any_value,  # whole groups in blocks and trees: checked by groups.py
             fma=any_value,
+            pairwise=any_value,
         ),
         "accumulator_in_tree": Key(
             "bool",
@@ -395,6 +413,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,  # one product a tree, no window: one rounding of d + a * b either way
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "align_reference": Key(
             "str",
@@ -409,6 +428,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("exponent_sum"),
             groups=any_value,  # a group term aligns at its scales' exponent sum, whatever this key
             fma=only("exponent_sum"),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "align_fraction_bits": Key(
             "optional_int",
@@ -421,6 +441,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=lambda value, params: value is not None,  # its range: window.window_applies
             groups=lambda value, params: value is not None,  # its range: groups.groups_apply
             fma=only(None),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "below_window": Key(
             "str",
@@ -433,6 +454,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("truncate"),
             groups=only("truncate"),
             fma=only("truncate"),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "carry_bits": Key(
             "optional_int",
@@ -446,6 +468,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "adder_overflow": Key(
             "str",
@@ -458,6 +481,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,  # read only with carry_bits
             fma=only("wrap"),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "sum_significant_bits": Key(
             "optional_int",
@@ -470,6 +494,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # its range: window.window_applies
             groups=any_value,  # its range: groups.groups_apply
             fma=only(None),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "sum_rounding": Key(
             "str",
@@ -481,6 +506,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
             fma=any_value,
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "parity_windows": Key(
             "bool",
@@ -493,6 +519,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(False),
             groups=only(False),
             fma=only(False),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "second_alignment_bits": Key(
             "optional_int",
@@ -511,6 +538,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=window_second_alignment,
             groups=only(None),
             fma=only(None),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "far_accumulator": Key(
             "str",
@@ -524,6 +552,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,  # read only with second_alignment_bits, which all refuse
             fma=only("floor"),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "special_accumulator_exponent": Key(
             "optional_int",
@@ -544,6 +573,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "accumulator_exponent": Key(
             "str",
@@ -560,6 +590,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
             groups=any_value,  # likewise
             fma=only("leading_bit"),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
         "zero_term_exponent": Key(
             "optional_int",
@@ -581,6 +612,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=lambda value, params: value is None or params.scales in ("none", "products"),
             groups=any_value,  # it raises R to n for zero groups and a zero accumulator, as the kernel
             fma=only(None),
+            pairwise=any_value,  # a pairwise_rounded adder never reads it
         ),
     },
     "accumulator": {
@@ -598,6 +630,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*FLOAT32_FORMATS),
             groups=only(*FLOAT32_FORMATS),
             fma=any_value,
+            pairwise=only("fp32"),
         ),
         "rounding": Key(
             "str",
@@ -616,6 +649,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
             fma=only("nearest_even"),
+            pairwise=only("nearest_even"),
         ),
         "subnormals": Key(
             "bool",
@@ -626,6 +660,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # subnormal accumulator values are flagged for the generic kernel
             groups=any_value,  # likewise
             fma=only(True),
+            pairwise=any_value,  # flushed results are flagged for the generic kernel
         ),
         "c_entry": Key(
             "str",
@@ -639,6 +674,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # 'end': one binary32 add at the end (datapath.window)
             groups=only("initial"),
             fma=only("initial"),
+            pairwise=only("initial"),
         ),
         "c_add_rounding": Key(
             "str",
@@ -650,6 +686,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,  # read only with c_entry: end
             fma=any_value,
+            pairwise=any_value,  # read only with c_entry: end
         ),
         "overflow": Key(
             "str",
@@ -664,6 +701,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # the route flags every overflow for the generic kernel
             groups=any_value,  # likewise
             fma=only("ieee"),
+            pairwise=any_value,  # the route flags every non-finite result
         ),
         "promotion_interval": Key(
             "optional_int",
@@ -677,6 +715,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # an fp32 accumulator's promotion (datapath.window)
             groups=only(None),
             fma=only(None),
+            pairwise=only(None),
         ),
     },
     "grid": {
@@ -697,6 +736,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
+            pairwise=only(None),
         ),
         "accumulator_max_left_shift": Key(
             "int",
@@ -710,6 +750,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # read only with a grid
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,
         ),
         "accumulator_max_right_shift": Key(
             "int",
@@ -724,6 +765,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # read only with a grid
             groups=any_value,
             fma=any_value,
+            pairwise=any_value,
         ),
     },
     "output": {
@@ -738,6 +780,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*FLOAT32_FORMATS),
             groups=only(*FLOAT32_FORMATS),
             fma=any_value,  # the accumulator's (datapath.fma): nothing to round
+            pairwise=only("fp32"),  # the accumulator's: nothing to round
         ),
         "rounding": Key(
             "str",
@@ -753,6 +796,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
             fma=any_value,  # the accumulator's format: nothing to round
+            pairwise=any_value,  # an fp32 accumulator into an fp32 output never rounds
         ),
         "subnormals": Key(
             "bool",
@@ -763,6 +807,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=only(True),
+            pairwise=any_value,  # subnormal results are flagged
         ),  # subnormal outputs are flagged
         "zero_sign": Key(
             "str",
@@ -785,6 +830,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("ieee", "positive", "exact_positive"),
             groups=only("ieee", "positive", "exact_positive"),  # groups: as the window route
             fma=only("ieee_steps"),
+            pairwise=only("ieee", "positive"),
         ),
     },
 }
