@@ -927,6 +927,38 @@ def pytest_collection_modifyitems(config, items):
     )
 
 
+def shipped_pairs_taking(applies) -> list[tuple[str, str, str, str]]:
+    """(config, A format, B format, output format) of every shipped config's format pair and
+    wide output format whose params ``applies`` (a route's admission) accepts, sorted."""
+    from mxsim.datapath import load_hwconfig
+    from mxsim.datapath.schema import WIDE_FORMATS
+
+    taken = []
+    for path in sorted((REPO / "hwconfigs").glob("*.yaml")):
+        config = load_hwconfig(path)
+        for a_name, b_name in config.format_pairs:
+            for out_name in WIDE_FORMATS:
+                if applies(config.params(a_name, b_name, out_name)):
+                    taken.append((path.stem, a_name, b_name, out_name))
+    return sorted(taken)
+
+
+def assert_route_equals_generic_on_minilm(hw, operands: dict, fmt: str) -> None:
+    """A unit's fast route gives the generic kernel's bits on :func:`minilm_operands`: the
+    query projection (activations times weight) and the attention heads (q @ k^T, softmax
+    probabilities @ v), every operand cast to ``fmt`` (one scale per tensor)."""
+    from mxsim.datapath import matmul, matmul_batched
+
+    kw = dict(a_format=fmt, b_format=fmt, per_tensor_scale=True)
+    linear = (operands["x"], operands["weight"])
+    assert np.array_equal(
+        matmul(hw, *linear, **kw).bits, matmul(hw, *linear, method="kernel", **kw).bits
+    )
+    for heads in ((operands["q"], operands["k_t"]), (operands["p"], operands["v"])):
+        got = matmul_batched(hw, *heads, **kw).bits
+        assert np.array_equal(got, matmul_batched(hw, *heads, method="kernel", **kw).bits)
+
+
 @pytest.fixture(scope="session")
 def minilm_operands() -> dict:
     """Real GEMM operands of all-MiniLM-L6-v2's first encoder layer on two sentences of the

@@ -13,11 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO
+from conftest import REPO, assert_route_equals_generic_on_minilm, shipped_pairs_taking
 from mxsim import get_format, quantize_mx as quantize
 from mxsim.datapath import dot, fma, load_hwconfig, matmul, matmul_batched
 from mxsim.datapath.reference import dot_reference
-from mxsim.datapath.schema import WIDE_FORMATS
 
 #: Every shipped unit and format pair the route takes (test_the_route_takes_exactly_these).
 FMA_UNITS = [
@@ -40,14 +39,7 @@ def unit(name: str):
 
 
 def test_the_route_takes_exactly_these():
-    taken = []
-    for path in sorted((REPO / "hwconfigs").glob("*.yaml")):
-        config = load_hwconfig(path)
-        for a_name, b_name in config.format_pairs:
-            for out_name in WIDE_FORMATS:
-                if fma.fma_applies(config.params(a_name, b_name, out_name)):
-                    taken.append((path.stem, a_name, b_name, out_name))
-    assert sorted(taken) == sorted((name, f, f, f) for name, f in FMA_UNITS)
+    assert shipped_pairs_taking(fma.fma_applies) == sorted((name, f, f, f) for name, f in FMA_UNITS)
 
 
 @pytest.mark.parametrize(
@@ -226,15 +218,5 @@ def test_dot_route_equals_generic_kernel(name, fmt):
 
 @pytest.mark.parametrize("name, fmt", [("a100-dmma", "fp64"), ("mi300", "fp32")])
 def test_route_on_minilms_operands(minilm_operands, name, fmt):
-    # A real transformer's activations and weight (the query projection) and its attention
-    # heads (q @ k^T, softmax probabilities @ v): the route's bits are the generic kernel's.
-    hw = unit(name)
-    ops = minilm_operands
-    kw = dict(a_format=fmt, b_format=fmt, per_tensor_scale=True)
-    linear = (ops["x"], ops["weight"])
-    assert np.array_equal(
-        matmul(hw, *linear, **kw).bits, matmul(hw, *linear, method="kernel", **kw).bits
-    )
-    for heads in ((ops["q"], ops["k_t"]), (ops["p"], ops["v"])):
-        got = matmul_batched(hw, *heads, **kw).bits
-        assert np.array_equal(got, matmul_batched(hw, *heads, method="kernel", **kw).bits)
+    # A real transformer's activations and weight, and its attention heads.
+    assert_route_equals_generic_on_minilm(unit(name), minilm_operands, fmt)

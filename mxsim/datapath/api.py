@@ -38,7 +38,7 @@ from .batch import (
 from .blas import batch_passes, blas_matmul, blas_route, subnormals_work
 from .config import HardwareConfig, check_wide_products, load_hwconfig
 from .fma import fma_applies, fma_dot, fma_matmul
-from .pairwise import pairwise_applies, pairwise_dot, pairwise_matmul
+from .fp32_steps import fp32_steps_apply, fp32_steps_dot, fp32_steps_matmul
 from .groups import groups_apply, groups_matmul
 from .reference import dot_reference
 from .schema import FLOAT32_FORMATS, DatapathParams, kernel_record
@@ -479,8 +479,8 @@ def _dot_routed(
     route_dot = None
     if method == "auto" and fma_applies(params):
         route_dot = fma_dot
-    elif method == "auto" and pairwise_applies(params):
-        route_dot = pairwise_dot
+    elif method == "auto" and fp32_steps_apply(params):
+        route_dot = fp32_steps_dot
     elif method == "auto" and window_applies(params):
         route_dot = window_dot
     if route_dot is not None:
@@ -1175,8 +1175,8 @@ def _gemm_routes(
     route_matmul = None
     if method == "auto" and fma_applies(params):
         route_matmul = fma_matmul
-    elif method == "auto" and pairwise_applies(params):
-        route_matmul = pairwise_matmul
+    elif method == "auto" and fp32_steps_apply(params):
+        route_matmul = fp32_steps_matmul
     elif method == "auto" and window_applies(params):
         route_matmul = window_matmul
     for g0, g1, r0, r1 in batch_passes(

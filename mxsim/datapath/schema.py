@@ -42,7 +42,7 @@ NO_SPECIAL_ACCUMULATOR_EXPONENT = -(1 << 40)
 NO_PRODUCT_OVERFLOW = 1 << 40
 #: ``accumulator.overflow`` values and the formats' overflow policy each one rounds with.
 ACCUMULATOR_OVERFLOW = {"ieee": "inf_nan", "infinity": "inf"}
-ROUTES = ("blas", "window", "groups", "fma", "pairwise")
+ROUTES = ("blas", "window", "groups", "fma", "fp32_steps")
 
 #: A route's declaration for a key: ``accepts(value, params)`` is true when the route computes
 #: the unit bit for bit with this value of the key (given the unit's other values).
@@ -100,7 +100,7 @@ class Key:
     :data:`REQUIRED` if the key has none. ``field`` names its :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
-    format parameters). ``blas``/``window``/``groups``/``fma``/``pairwise`` are the routes' declarations (None:
+    format parameters). ``blas``/``window``/``groups``/``fma``/``fp32_steps`` are the routes' declarations (None:
     the route refuses)."""
 
     kind: str
@@ -115,7 +115,7 @@ class Key:
     window: Accepts | None = None
     groups: Accepts | None = None
     fma: Accepts | None = None
-    pairwise: Accepts | None = None
+    fp32_steps: Accepts | None = None
 
 
 def _exact_accumulator_or(accepts: Accepts) -> Accepts:
@@ -129,6 +129,12 @@ def _trees_inside_blocks(value, params) -> bool:
 
 def _trees_inside_or_of_whole_blocks(value, params) -> bool:
     return _trees_inside_blocks(value, params) or params.fused_terms % params.block_size == 0
+
+
+def _pairwise_or(accepts: Accepts) -> Accepts:
+    """fp32-steps route: a key a pairwise_rounded adder never reads, which the route takes
+    for exact trees where ``accepts``."""
+    return lambda value, params: params.structure == "pairwise_rounded" or accepts(value, params)
 
 
 def _same_trees_as_k_order(value, params) -> bool:
@@ -148,7 +154,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,  # pairwise.pairwise_applies checks the formats
+            fp32_steps=any_value,  # pairwise.pairwise_applies checks the formats
         ),  # routes check the formats
         "b_formats": Key(
             "format_list",
@@ -161,7 +167,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "format_groups": Key(
             "format_groups",
@@ -177,7 +183,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "block_size": Key(
             "int",
@@ -189,7 +195,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),  # groups: whole groups, checked there
         "scales": Key(
             "str",
@@ -216,7 +222,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             groups=only("group_sum"),
             fma=only("none"),
-            pairwise=only("none"),
+            fp32_steps=only("none"),
         ),
         "scale_format": Key(
             "format",
@@ -230,7 +236,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("e8m0"),
             groups=any_value,  # the route reads the scale format's tables (groups.py checks them)
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "subnormals": Key(
             "bool",
@@ -241,7 +247,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=only(True),
-            pairwise=any_value,  # the route's value tables read them as the kernel's
+            fp32_steps=any_value,  # the route's value tables read them as the kernel's
         ),
         "c_format": Key(
             "format",
@@ -265,7 +271,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             ),
             groups=only("fp32"),
             fma=any_value,
-            pairwise=only(*FLOAT32_FORMATS),
+            fp32_steps=only(*FLOAT32_FORMATS),
         ),
         "same_format": Key(
             "bool",
@@ -277,7 +283,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "zero_sign": Key(
             "str",
@@ -293,7 +299,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("keep"),
             groups=only("keep"),
             fma=only("keep"),
-            pairwise=any_value,  # the route's value tables and accumulator start read it
+            fp32_steps=any_value,  # the route's value tables and accumulator start read it
         ),
     },
     "multiplier": {
@@ -307,7 +313,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
-            pairwise=only(None),
+            fp32_steps=only(None),
         ),
         "overflow_exponent": Key(
             "optional_int",
@@ -322,7 +328,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=window_product_overflow,
             groups=only(None),
             fma=only(None),
-            pairwise=only(None),
+            fp32_steps=only(None),
         ),
     },
     "adder": {
@@ -336,7 +342,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=only(1),
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "structure": Key(
             "str",
@@ -353,7 +359,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("fused"),
             groups=only("fused"),
             fma=only("fused"),
-            pairwise=only("pairwise_rounded"),
+            fp32_steps=any_value,  # pairwise_rounded, or exact trees (fp32_steps.py)
         ),
         "term_order": Key(
             "order",
@@ -370,7 +376,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # the route reorders K by it (datapath.window.in_tree_order)
             groups=only(None),
             fma=only(None),
-            pairwise=only(None),
+            fp32_steps=only(None),
         ),
         "trees_in_blocks": Key(
             "bool",
@@ -386,7 +392,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=_same_trees_as_k_order,
             groups=_same_trees_as_k_order,
             fma=only(False),
-            pairwise=_same_trees_as_k_order,
+            fp32_steps=_same_trees_as_k_order,
         ),
         "group_terms": Key(
             "int",
@@ -401,7 +407,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # read only with group_sum, which these two routes refuse
             groups=any_value,  # whole groups in blocks and trees: checked by groups.py
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "accumulator_in_tree": Key(
             "bool",
@@ -413,7 +419,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,  # one product a tree, no window: one rounding of d + a * b either way
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # exact trees: acc + sum is rounded once either way
         ),
         "align_reference": Key(
             "str",
@@ -428,7 +434,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("exponent_sum"),
             groups=any_value,  # a group term aligns at its scales' exponent sum, whatever this key
             fma=only("exponent_sum"),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # exact trees: R places no window
         ),
         "align_fraction_bits": Key(
             "optional_int",
@@ -441,7 +447,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=lambda value, params: value is not None,  # its range: window.window_applies
             groups=lambda value, params: value is not None,  # its range: groups.groups_apply
             fma=only(None),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=_pairwise_or(only(None)),
         ),
         "below_window": Key(
             "str",
@@ -454,7 +460,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("truncate"),
             groups=only("truncate"),
             fma=only("truncate"),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # read only with a window
         ),
         "carry_bits": Key(
             "optional_int",
@@ -468,7 +474,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=_pairwise_or(only(None)),
         ),
         "adder_overflow": Key(
             "str",
@@ -481,7 +487,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,  # read only with carry_bits
             fma=only("wrap"),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # read only with carry_bits
         ),
         "sum_significant_bits": Key(
             "optional_int",
@@ -494,7 +500,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # its range: window.window_applies
             groups=any_value,  # its range: groups.groups_apply
             fma=only(None),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=_pairwise_or(only(None)),
         ),
         "sum_rounding": Key(
             "str",
@@ -506,7 +512,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
             fma=any_value,
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # read only with sum_significant_bits
         ),
         "parity_windows": Key(
             "bool",
@@ -519,7 +525,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(False),
             groups=only(False),
             fma=only(False),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=_pairwise_or(only(False)),
         ),
         "second_alignment_bits": Key(
             "optional_int",
@@ -538,7 +544,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=window_second_alignment,
             groups=only(None),
             fma=only(None),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=_pairwise_or(only(None)),
         ),
         "far_accumulator": Key(
             "str",
@@ -552,7 +558,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,  # read only with second_alignment_bits, which all refuse
             fma=only("floor"),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # read only with second_alignment_bits
         ),
         "special_accumulator_exponent": Key(
             "optional_int",
@@ -573,7 +579,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=_pairwise_or(only(None)),
         ),
         "accumulator_exponent": Key(
             "str",
@@ -590,7 +596,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # the two differ only for a subnormal accumulator, which the route flags
             groups=any_value,  # likewise
             fma=only("leading_bit"),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # exact trees: R places no window
         ),
         "zero_term_exponent": Key(
             "optional_int",
@@ -612,7 +618,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=lambda value, params: value is None or params.scales in ("none", "products"),
             groups=any_value,  # it raises R to n for zero groups and a zero accumulator, as the kernel
             fma=only(None),
-            pairwise=any_value,  # a pairwise_rounded adder never reads it
+            fp32_steps=any_value,  # exact trees: R places no window
         ),
     },
     "accumulator": {
@@ -630,7 +636,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*FLOAT32_FORMATS),
             groups=only(*FLOAT32_FORMATS),
             fma=any_value,
-            pairwise=only("fp32"),
+            fp32_steps=only("fp32"),
         ),
         "rounding": Key(
             "str",
@@ -649,7 +655,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
             fma=only("nearest_even"),
-            pairwise=only("nearest_even"),
+            fp32_steps=only("nearest_even"),
         ),
         "subnormals": Key(
             "bool",
@@ -660,7 +666,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # subnormal accumulator values are flagged for the generic kernel
             groups=any_value,  # likewise
             fma=only(True),
-            pairwise=any_value,  # flushed results are flagged for the generic kernel
+            fp32_steps=_pairwise_or(only(True)),  # pairwise: flushed results are flagged
         ),
         "c_entry": Key(
             "str",
@@ -674,7 +680,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # 'end': one binary32 add at the end (datapath.window)
             groups=only("initial"),
             fma=only("initial"),
-            pairwise=only("initial"),
+            fp32_steps=only("initial"),
         ),
         "c_add_rounding": Key(
             "str",
@@ -686,7 +692,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,  # read only with c_entry: end
             fma=any_value,
-            pairwise=any_value,  # read only with c_entry: end
+            fp32_steps=any_value,  # read only with c_entry: end
         ),
         "overflow": Key(
             "str",
@@ -701,7 +707,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # the route flags every overflow for the generic kernel
             groups=any_value,  # likewise
             fma=only("ieee"),
-            pairwise=any_value,  # the route flags every non-finite result
+            fp32_steps=any_value,  # the route flags every non-finite result
         ),
         "promotion_interval": Key(
             "optional_int",
@@ -715,7 +721,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # an fp32 accumulator's promotion (datapath.window)
             groups=only(None),
             fma=only(None),
-            pairwise=only(None),
+            fp32_steps=only(None),
         ),
     },
     "grid": {
@@ -736,7 +742,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(None),
             groups=only(None),
             fma=only(None),
-            pairwise=only(None),
+            fp32_steps=only(None),
         ),
         "accumulator_max_left_shift": Key(
             "int",
@@ -750,7 +756,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # read only with a grid
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
         "accumulator_max_right_shift": Key(
             "int",
@@ -765,7 +771,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,  # read only with a grid
             groups=any_value,
             fma=any_value,
-            pairwise=any_value,
+            fp32_steps=any_value,
         ),
     },
     "output": {
@@ -780,7 +786,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*FLOAT32_FORMATS),
             groups=only(*FLOAT32_FORMATS),
             fma=any_value,  # the accumulator's (datapath.fma): nothing to round
-            pairwise=only("fp32"),  # the accumulator's: nothing to round
+            fp32_steps=only("fp32"),  # the accumulator's: nothing to round
         ),
         "rounding": Key(
             "str",
@@ -796,7 +802,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only(*DIRECTED_AND_NEAREST),
             groups=only(*DIRECTED_AND_NEAREST),
             fma=any_value,  # the accumulator's format: nothing to round
-            pairwise=any_value,  # an fp32 accumulator into an fp32 output never rounds
+            fp32_steps=any_value,  # an fp32 accumulator into an fp32 output never rounds
         ),
         "subnormals": Key(
             "bool",
@@ -807,7 +813,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=only(True),
-            pairwise=any_value,  # subnormal results are flagged
+            fp32_steps=any_value,  # subnormal results are flagged
         ),  # subnormal outputs are flagged
         "zero_sign": Key(
             "str",
@@ -830,7 +836,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=only("ieee", "positive", "exact_positive"),
             groups=only("ieee", "positive", "exact_positive"),  # groups: as the window route
             fma=only("ieee_steps"),
-            pairwise=only("ieee", "positive"),
+            fp32_steps=lambda value, params: (
+                value
+                in (
+                    ("ieee", "positive")
+                    if params.structure == "pairwise_rounded"
+                    else ("positive", "exact_positive")
+                )
+            ),
         ),
     },
 }

@@ -1,20 +1,26 @@
-"""The route for units whose adder sums each tree's products pairwise in IEEE binary32
-(``_pairwise_kernels``): which units may take it, and its driver.
+"""The route for units each of whose steps is binary32 or binary64 arithmetic of the machine
+rounded into an fp32 accumulator (``_fp32_steps_kernels``): which units may take it, and its
+driver.
 
 A unit takes the route when every key's value is one the kernel computes exactly (each key
-of ``datapath.schema.SCHEMA`` declares them, ``pairwise=``: ``adder.structure:
-pairwise_rounded``, an fp32 accumulator rounding to nearest even, an fp32 output, c entering
-first, no block scales) and its element formats' products are exact in binary32 (at most 24
-significant bits: fp16, bf16, tf32, the FP8 and smaller formats; not fp32) with values that
-are binary32 values. Each add is then one binary32 addition of the machine. The unit's
-rounding of each product into fp32 is the identity where the product is a normal binary32
-value: a unit that flushes subnormals checks, per output, that the least nonzero magnitudes
-of its row of A and its column of B multiply to at least 2^-126, and leaves the outputs
-where they do not to the generic kernel; products that overflow give ±Inf either way. The
-route also needs this thread to keep subnormals (checked per call), and leaves to the
-generic kernel every output that is not finite, every one where an add's result was
-subnormal in a unit whose accumulator flushes them, and every subnormal one where the output
-flushes them (the kernel flags those).
+of ``datapath.schema.SCHEMA`` declares them, ``fp32_steps=``: an fp32 accumulator rounding
+to nearest even, an fp32 output, c entering first, no block scales; and either ``adder.structure:
+pairwise_rounded`` or exact trees whose accumulator keeps subnormals and whose exact zero
+sums are +0) and its element formats' values are binary32 values; pairwise units also need
+their products exact in binary32 (at most 24 significant bits: fp16, bf16, tf32, the FP8
+and smaller formats; not fp32).
+
+Pairwise: each add is one binary32 addition of the machine. The unit's rounding of each
+product into fp32 is the identity where the product is a normal binary32 value: a unit that
+flushes subnormals checks, per output, that the least nonzero magnitudes of its row of A
+and its column of B multiply to at least 2^-126, and leaves the outputs where they do not to
+the generic kernel; products that overflow give ±Inf either way. Exact trees: binary64 sums
+checked exact, then one conversion to binary32.
+
+The route also needs this thread to keep subnormals (checked per call), and leaves to the
+generic kernel every output that is not finite, every one where a step was not exact or a
+pairwise add's result was subnormal in a unit whose accumulator flushes them, and every
+subnormal one where the output flushes them (the kernel flags those).
 """
 
 from __future__ import annotations
@@ -26,18 +32,20 @@ import numpy as np
 
 from .._threads import run_in_threads, subnormals_work
 from ..formats import get_format
-from . import _pairwise_kernels as P
+from . import _fp32_steps_kernels as P
 from .schema import DatapathParams, route_accepts
 from .tables import element_tables
 
 SMALLEST_NORMAL = 2.0**-126
 
 
-def _float32_products(a_name: str, b_name: str) -> bool:
-    """Whether every value of both formats is a binary32 value and every product of an A and
-    a B value has at most 24 significant bits (exact in binary32 where in range)."""
-    formats = get_format(a_name), get_format(b_name)
-    if sum(fmt.mantissa_bits + 1 for fmt in formats) > 24:
+def _binary32_formats(params: DatapathParams) -> bool:
+    """Whether every value of both element formats is a binary32 value and, for a pairwise
+    unit, every product of an A and a B value has at most 24 significant bits (exact in
+    binary32 where in range; binary64 holds every product of binary32 values)."""
+    formats = get_format(params.a_format), get_format(params.b_format)
+    pairwise = params.structure == "pairwise_rounded"
+    if pairwise and sum(fmt.mantissa_bits + 1 for fmt in formats) > 24:
         return False
     return all(
         fmt.mantissa_bits <= 23
@@ -47,13 +55,9 @@ def _float32_products(a_name: str, b_name: str) -> bool:
     )
 
 
-def pairwise_applies(params: DatapathParams) -> bool:
-    """Whether this unit and format pair take the pairwise route on this thread now."""
-    return (
-        route_accepts("pairwise", params)
-        and _float32_products(params.a_format, params.b_format)
-        and subnormals_work()
-    )
+def fp32_steps_apply(params: DatapathParams) -> bool:
+    """Whether this unit and format pair take the fp32-steps route on this thread now."""
+    return route_accepts("fp32_steps", params) and _binary32_formats(params) and subnormals_work()
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,7 +104,7 @@ def _accumulator_starts(params: DatapathParams, c_values) -> np.ndarray:
     return starts
 
 
-def pairwise_matmul(
+def fp32_steps_matmul(
     params: DatapathParams,
     codes_a,
     codes_b,
@@ -118,17 +122,17 @@ def pairwise_matmul(
 
     ``memo``: None, or a dict kept with this B (its codes unchanged from call to call, as
     ``matmul_batched``'s ``b_memo``): B's values transposed to (G, K, N) are kept there
-    under "pairwise" and read by later calls."""
+    under "fp32 steps" and read by later calls."""
     zeros_positive = params.input_zero_sign == "positive"
     table_a = _value_table(params.a_format, params.input_subnormals, zeros_positive)
     values_a = table_a[codes_a]
-    columns_b = None if memo is None else memo.get("pairwise")
+    columns_b = None if memo is None else memo.get("fp32 steps")
     if columns_b is None:
         table_b = _value_table(params.b_format, params.input_subnormals, zeros_positive)
         columns_b = np.ascontiguousarray(np.swapaxes(table_b[codes_b], 1, 2))
         if memo is not None:
             columns_b.setflags(write=False)
-            memo["pairwise"] = columns_b
+            memo["fp32 steps"] = columns_b
     starts = _accumulator_starts(params, c_values)
     results = out.view(np.float32)  # (the kernel writes the codes in place)
     bad = np.empty(results.shape, dtype=np.uint8)
@@ -138,14 +142,15 @@ def pairwise_matmul(
     chunks = min(blocks, max(1, -(-2 * numba.get_num_threads() // max(1, n_groups * n_tiles))))
     rows_per_chunk = P.ROW_BLOCK * -(-blocks // chunks) if blocks else P.ROW_BLOCK
     n_chunks = -(-n_rows // rows_per_chunk) if n_rows else 0
+    exact = params.structure != "pairwise_rounded"
     flush = not params.accumulator_subnormals
     flush_output = not params.output_subnormals
-    arguments = (values_a, columns_b, starts, params.fused_terms, flush, flush_output, results, bad)
+    arguments = (values_a, columns_b, starts, params.fused_terms, exact, flush, flush_output)
     run_in_threads(
-        lambda start, stop: P.pairwise_items(*arguments, rows_per_chunk, start, stop),
+        lambda start, stop: P.steps_items(*arguments, results, bad, rows_per_chunk, start, stop),
         n_groups * n_chunks * n_tiles,
     )
-    if flush and _products_may_be_subnormal(params):
+    if flush and not exact and _products_may_be_subnormal(params):
         least_a = _least_magnitudes(values_a)
         least_b = _least_magnitudes(np.swapaxes(columns_b, 1, 2))
         bad |= least_a[:, :, None] * least_b[:, None, :] < SMALLEST_NORMAL
@@ -156,13 +161,13 @@ def pairwise_matmul(
     return np.nonzero(bad)
 
 
-def pairwise_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
+def fp32_steps_dot(params: DatapathParams, codes_a, codes_b, scales_a, scales_b, c_values, out):
     """Fill ``out`` (n,) with the output codes of row-wise dot products of (n, K) codes from
     ``c_values`` (n,); returns the indices of the outputs the generic kernel must write
     (arguments as ``window_dot``'s; the scales are not read): a batch of n GEMMs of one
     output each."""
     n_rows, length = codes_a.shape
-    rows, _, _ = pairwise_matmul(
+    rows, _, _ = fp32_steps_matmul(
         params,
         codes_a.reshape(n_rows, 1, length),
         codes_b.reshape(n_rows, 1, length),

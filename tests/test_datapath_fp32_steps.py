@@ -1,7 +1,8 @@
-"""The pairwise route equals the generic kernel and the Fraction twin bit for bit.
+"""The fp32-steps route (pairwise and exact steps) equals the generic kernel and the Fraction
+twin bit for bit.
 
-The route's independent oracle is MMA-Sim: ``mxsim.dot`` takes the route for the CDNA2 fp16
-and bf16 units, which tests/test_oracles_mmasim.py compares with MMA-Sim's MFMA
+The route's independent oracle is MMA-Sim: ``mxsim.dot`` takes the route for the CDNA1 and
+CDNA2 fp16 and bf16 units, which tests/test_oracles_mmasim.py compares with MMA-Sim's MFMA
 instructions.
 """
 
@@ -14,15 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO
+from conftest import REPO, assert_route_equals_generic_on_minilm, shipped_pairs_taking
 from mxsim import get_format
-from mxsim.datapath import dot, load_hwconfig, matmul, matmul_batched, pairwise
+from mxsim.datapath import dot, fp32_steps, load_hwconfig, matmul_batched
 from mxsim.datapath.api import _kernel_arguments, dot_with_params, matmul_groups
 from mxsim.datapath.reference import dot_reference
-from mxsim.datapath.schema import WIDE_FORMATS
 
 #: Every shipped unit and format pair the route takes (test_the_route_takes_exactly_these).
-PAIRWISE_UNITS = [
+STEPS_UNITS = [
+    ("mi100", "fp16"),
+    ("mi100", "bf16"),
     ("mi250", "fp16"),
     ("mi250", "bf16"),
     ("mi250-bf16-legacy", "fp16"),
@@ -36,20 +38,14 @@ def unit(name: str):
 
 
 def test_the_route_takes_exactly_these():
-    taken = []
-    for path in sorted((REPO / "hwconfigs").glob("*.yaml")):
-        config = load_hwconfig(path)
-        for a_name, b_name in config.format_pairs:
-            for out_name in WIDE_FORMATS:
-                if pairwise.pairwise_applies(config.params(a_name, b_name, out_name)):
-                    taken.append((path.stem, a_name, b_name, out_name))
-    assert sorted(taken) == sorted((name, f, f, "fp32") for name, f in PAIRWISE_UNITS)
+    assert shipped_pairs_taking(fp32_steps.fp32_steps_apply) == sorted(
+        (name, f, f, "fp32") for name, f in STEPS_UNITS
+    )
 
 
 @pytest.mark.parametrize(
     "changes",
     [
-        {"structure": "fused"},
         {"accumulator_rounding": "toward_zero"},
         {"accumulator_format": "fp16"},
         {"output_format": "fp16"},
@@ -65,24 +61,50 @@ def test_the_route_takes_exactly_these():
         {"a_format": "fp32", "b_format": "fp8_e4m3"},  # 24 + 4 bits
     ],
 )
-def test_the_route_refuses_what_it_does_not_compute(changes):
+def test_the_route_refuses_what_it_does_not_compute_pairwise(changes):
     params = unit("mi250").params("fp16", "fp16")
-    assert pairwise.pairwise_applies(params)
-    assert not pairwise.pairwise_applies(dataclasses.replace(params, **changes))
+    assert fp32_steps.fp32_steps_apply(params)
+    assert not fp32_steps.fp32_steps_apply(dataclasses.replace(params, **changes))
 
 
-def test_the_route_takes_any_pair_of_formats_whose_products_are_exact_binary32():
-    params = unit("mi250").params("fp16", "fp16")
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"align_fraction_bits": 24},  # a window
+        {"sum_significant_bits": 24},
+        {"carry_bits": 30},
+        {"second_alignment_bits": 31},
+        {"accumulator_subnormals": False},
+        {"output_zero_sign": "ieee"},
+        {"accumulator_rounding": "toward_zero"},
+        {"a_format": "fp64", "b_format": "fp64"},  # not binary32 values
+    ],
+)
+def test_the_route_refuses_what_it_does_not_compute_exact(changes):
+    params = unit("mi100").params("fp16", "fp16")
+    assert fp32_steps.fp32_steps_apply(params)
+    assert not fp32_steps.fp32_steps_apply(dataclasses.replace(params, **changes))
+
+
+def test_the_route_takes_any_pair_of_formats_whose_products_it_holds_exactly():
+    pairwise = unit("mi250").params("fp16", "fp16")
     pairs = [("tf32", "tf32"), ("tf32", "bf16"), ("fp8_e4m3", "fp16"), ("bf16", "fp8_e5m2")]
-    for a_name, b_name in pairs:  # 11 + 11 bits at most
-        changed = dataclasses.replace(params, a_format=a_name, b_format=b_name)
-        assert pairwise.pairwise_applies(changed)
+    for a_name, b_name in pairs:  # 11 + 11 bits at most: exact binary32 products
+        changed = dataclasses.replace(pairwise, a_format=a_name, b_format=b_name)
+        assert fp32_steps.fp32_steps_apply(changed)
+    exact = unit("mi100").params("fp16", "fp16")
+    for a_name, b_name in [("tf32", "fp16"), ("bf16", "tf32"), ("fp8_e5m2", "bf16")]:
+        assert fp32_steps.fp32_steps_apply(
+            dataclasses.replace(exact, a_format=a_name, b_format=b_name)
+        )
+    # fp32: no table of every code
+    assert not fp32_steps.fp32_steps_apply(dataclasses.replace(exact, a_format="fp32"))
 
 
 def test_the_route_waits_for_a_thread_that_keeps_subnormals(monkeypatch):
     params = unit("mi250").params("bf16", "bf16")
-    monkeypatch.setattr(pairwise, "subnormals_work", lambda: False)
-    assert not pairwise.pairwise_applies(params)
+    monkeypatch.setattr(fp32_steps, "subnormals_work", lambda: False)
+    assert not fp32_steps.fp32_steps_apply(params)
 
 
 # --- the route's own outputs against the generic kernel and the twin ------------------------------
@@ -124,7 +146,7 @@ def route_and_kernel(params, codes_a, codes_b, c):
     codes_a, codes_b = (np.pad(codes, ((0, 0), (0, padding))) for codes in (codes_a, codes_b))
     tile = (codes_a[None], codes_b[None], None, None, c[None])
     fast = np.empty((1, *c.shape), dtype=np.uint32)
-    _, *left = pairwise.pairwise_matmul(params, *tile[:2], None, None, tile[4], fast)
+    _, *left = fp32_steps.fp32_steps_matmul(params, *tile[:2], None, None, tile[4], fast)
     slow = np.empty_like(fast)
     blocks = max(1, -(-codes_a.shape[1] // params.block_size))
     no_scales = (np.zeros((1, len(codes), blocks), np.int32) for codes in (codes_a, codes_b))
@@ -139,36 +161,32 @@ def twin_code(params, codes_a, codes_b, c_value) -> int:
 
 
 @st.composite
-def pairwise_params(draw):
-    """mi250's fp16 unit with what the route takes varied: the formats (pairs whose products
-    fit 24 bits), trees of 1 to 9 products, inputs and results flushed or kept, zero signs."""
-    a_name, b_name = draw(
-        st.sampled_from(
-            [
-                ("fp16", "fp16"),
-                ("bf16", "bf16"),
-                ("fp8_e4m3", "fp16"),
-                ("bf16", "fp8_e5m2"),
-                ("tf32", "bf16"),
-            ]
-        )
-    )
+def steps_params(draw):
+    """mi250's pairwise fp16 unit or mi100's exact one with what the route takes varied: the
+    formats (for pairwise trees, pairs whose products fit 24 bits), trees of 1 to 9
+    products, inputs and results flushed or kept, zero signs."""
+    exact = draw(st.booleans())
+    pairs = [("fp16", "fp16"), ("bf16", "bf16"), ("fp8_e4m3", "fp16"), ("bf16", "fp8_e5m2")]
+    pairs += [("tf32", "bf16"), ("tf32", "tf32")]
+    a_name, b_name = draw(st.sampled_from(pairs))
     return dataclasses.replace(
-        unit("mi250").params("fp16", "fp16"),
+        unit("mi100" if exact else "mi250").params("fp16", "fp16"),
         a_format=a_name,
         b_format=b_name,
         fused_terms=draw(st.integers(1, 9)),
         input_subnormals=draw(st.booleans()),
         input_zero_sign=draw(st.sampled_from(["keep", "positive"])),
-        accumulator_subnormals=draw(st.booleans()),
+        accumulator_subnormals=exact or draw(st.booleans()),
         output_subnormals=draw(st.booleans()),
-        output_zero_sign=draw(st.sampled_from(["ieee", "positive"])),
+        output_zero_sign=draw(
+            st.sampled_from(["positive", "exact_positive"] if exact else ["ieee", "positive"])
+        ),
     )
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    params=pairwise_params(),
+    params=steps_params(),
     shape=st.tuples(st.integers(1, 5), st.integers(0, 70), st.integers(1, 6)),
     spread=st.sampled_from([0, 4, 20, 40, 70]),
     corners=st.sampled_from([False, False, True]),
@@ -203,7 +221,8 @@ def test_route_equals_generic_kernel_and_twin(params, shape, spread, corners, ca
         )
         assert int(fast[m, n]) == twin, (m, n)
     small = params.a_format in ("fp16", "fp8_e4m3") or spread <= 20
-    if not corners and not cancel and small:
+    pairwise = params.structure == "pairwise_rounded"
+    if pairwise and not corners and not cancel and small:
         assert own.all()  # realistic data stays on the route
     # The public API (route plus fallback) equals the generic kernel everywhere.
     m, n = (index.ravel() for index in np.indices(c.shape))
@@ -228,6 +247,23 @@ def test_a_flushing_unit_leaves_subnormal_sums_and_products_to_the_generic_kerne
     kept = dataclasses.replace(params, accumulator_subnormals=True, output_subnormals=True)
     fast, left, slow, _ = route_and_kernel(kept, codes_a, codes_b, c)
     assert not left[0].size and np.array_equal(fast, slow)
+
+
+def test_exact_steps_round_each_step_once():
+    # mi100's bf16 steps (two products and c, summed exactly, rounded once): 1 + 2^-24 +
+    # 2^-70 lies above the tie between 1 and 1 + 2^-23, so it rounds up; its float64 sum,
+    # 1 + 2^-24, would round to even (down) once more. 2^-24 + 2^-80 is no float64 sum:
+    # that step is left to the generic kernel, whose 1 + 2^-23 the float64 sum would miss.
+    params = unit("mi100").params("bf16", "bf16")
+    assert params.fused_terms == 2
+    a = np.zeros((2, 32))  # a whole block: no padding
+    a[0, :2], a[1, :2] = [2.0**-12, 2.0**-35], [2.0**-12, 2.0**-40]
+    b = a[:, :].copy()
+    c = np.ones((2, 2), dtype=np.float32)
+    fast, left, slow, _ = route_and_kernel(params, codes_of("bf16", a), codes_of("bf16", b), c)
+    above_the_tie = 0x3F800001  # 1 + 2^-23
+    assert int(fast[0, 0]) == int(slow[0, 0]) == above_the_tie
+    assert (1, 1) in set(zip(*left)) and int(slow[1, 1]) == above_the_tie
 
 
 def test_zero_signs_follow_the_unit():
@@ -256,12 +292,14 @@ def test_zero_signs_follow_the_unit():
 # --- shipped units through the public API -------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, fmt", [("mi250", "fp16"), ("mi250-bf16-legacy", "bf16")])
+@pytest.mark.parametrize(
+    "name, fmt", [("mi250", "fp16"), ("mi250-bf16-legacy", "bf16"), ("mi100", "fp16")]
+)
 def test_route_over_tiles_groups_and_kept_b(name, fmt):
     # N beyond one tile of lanes, an odd M, groups, K not a whole number of trees, and B's
     # transposed values kept between calls.
     rng = np.random.default_rng(5)
-    groups, rows, length, columns = 3, 7, 41, pairwise.P.LANES + 37
+    groups, rows, length, columns = 3, 7, 41, fp32_steps.P.LANES + 37
     a = rng.standard_normal((groups, rows, length)).astype(np.float32)
     b = rng.standard_normal((groups, length, columns)).astype(np.float32)
     c = rng.standard_normal((groups, rows, columns)).astype(np.float32)
@@ -271,12 +309,12 @@ def test_route_over_tiles_groups_and_kept_b(name, fmt):
     memo: dict = {}
     first = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
     (kept,) = memo.values()  # (one unit and format pair)
-    assert not kept["route"]["pairwise"].flags.writeable
+    assert not kept["route"]["fp32 steps"].flags.writeable
     again = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
     assert np.array_equal(first, want) and np.array_equal(again, want)
 
 
-@pytest.mark.parametrize("name, fmt", PAIRWISE_UNITS)
+@pytest.mark.parametrize("name, fmt", STEPS_UNITS)
 def test_dot_route_equals_generic_kernel(name, fmt):
     rng = np.random.default_rng(9)
     rows, length = 3000, 13
@@ -287,17 +325,7 @@ def test_dot_route_equals_generic_kernel(name, fmt):
     assert np.array_equal(dot(hw, *codes, **kw), dot(hw, *codes, method="kernel", **kw))
 
 
-@pytest.mark.parametrize("fmt", ["fp16", "bf16"])
-def test_route_on_minilms_operands(minilm_operands, fmt):
-    # A real transformer's activations and weight (the query projection) and its attention
-    # heads (q @ k^T, softmax probabilities @ v): the route's bits are the generic kernel's.
-    hw = unit("mi250")
-    ops = minilm_operands
-    kw = dict(a_format=fmt, b_format=fmt, per_tensor_scale=True)
-    linear = (ops["x"], ops["weight"])
-    assert np.array_equal(
-        matmul(hw, *linear, **kw).bits, matmul(hw, *linear, method="kernel", **kw).bits
-    )
-    for heads in ((ops["q"], ops["k_t"]), (ops["p"], ops["v"])):
-        got = matmul_batched(hw, *heads, **kw).bits
-        assert np.array_equal(got, matmul_batched(hw, *heads, method="kernel", **kw).bits)
+@pytest.mark.parametrize("name, fmt", [("mi250", "fp16"), ("mi250", "bf16"), ("mi100", "bf16")])
+def test_route_on_minilms_operands(minilm_operands, name, fmt):
+    # A real transformer's activations and weight, and its attention heads.
+    assert_route_equals_generic_on_minilm(unit(name), minilm_operands, fmt)
