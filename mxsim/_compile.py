@@ -19,11 +19,18 @@ import functools
 import hashlib
 import os
 import pathlib
+import re
+import shutil
 import sys
 import threading
 import time
 
 CACHE_ENV = "NUMBA_CACHE_DIR"
+#: Digest directories the per-user kernel cache keeps (the current one and the most recently
+#: used others: other installed versions, or a checkout's recent states), a few tens of MB each.
+KEPT_KERNEL_CACHES = 4
+_DIGEST_NAME = re.compile(r"[0-9a-f]{16}")
+_OLD_LAYOUT_NAME = re.compile(r"[A-Za-z0-9_]+_[0-9a-f]{40}")
 # Seconds the README's replay spends compiling on an idle machine (measured: the wall seconds
 # of its run with an empty kernel cache less those of its cached run, recorded in
 # benchmarks/results/coldstart.txt; the warm-up child of mxsim.replay.warmup compiles a share
@@ -61,14 +68,44 @@ def configure_cache() -> str:
 
     Numba reads ``NUMBA_CACHE_DIR`` when it is imported and again whenever the environment's
     ``NUMBA_*`` variables change, so the variable is set for both cases, and Numba's config
-    too when Numba was imported before mxsim. Returns the directory.
+    too when Numba was imported before mxsim. In the per-user cache, the directory's time is
+    set to now (what :func:`prune_kernel_caches` keeps by), and a new directory (kernels
+    that changed since the last run) first prunes the others. Returns the directory.
     """
+    user_cache = not os.environ.get(CACHE_ENV)
     path = kernel_cache_dir()
+    if user_cache:
+        if os.path.isdir(path):
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        else:
+            prune_kernel_caches(os.path.dirname(path), keep=KEPT_KERNEL_CACHES - 1)
     os.environ[CACHE_ENV] = path
     config = sys.modules.get("numba.core.config")
     if config is not None:
         config.CACHE_DIR = path
     return path
+
+
+def prune_kernel_caches(root: str, keep: int) -> list[str]:
+    """Remove from ``root`` (the per-user cache's ``numba`` directory) all but the ``keep``
+    most recently used digest directories (16 hex digits: :func:`kernel_cache_dir`'s, by
+    their time, which each run sets) and every directory of the layout before them (a
+    module name, an underscore, 40 hex digits); nothing else is touched, and a directory
+    that cannot be removed is left. Returns the paths removed."""
+    try:
+        entries = [entry for entry in os.scandir(root) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    digests = [entry for entry in entries if _DIGEST_NAME.fullmatch(entry.name)]
+    digests.sort(key=lambda entry: entry.stat(follow_symlinks=False).st_mtime, reverse=True)
+    stale = digests[keep:] + [entry for entry in entries if _OLD_LAYOUT_NAME.fullmatch(entry.name)]
+    removed = []
+    for entry in stale:
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.exists(entry.path):
+            removed.append(entry.path)
+    return removed
 
 
 def _message() -> str:

@@ -223,3 +223,48 @@ def test_waiting_for_another_process_counts_as_compiling_and_shows_the_notice(mo
         time.sleep(0.7)
     assert 0.7 <= _compile.compile_seconds() - before < 5.0
     assert log.getvalue().startswith(_compile._message())
+
+
+def _aged_directories(root, names, first_age: int) -> None:
+    """Directories ``names`` under ``root``, the first ``first_age`` hours old, each next one
+    an hour older."""
+    now = time.time()
+    for hours, name in enumerate(names, start=first_age):
+        path = root / name
+        path.mkdir(parents=True)
+        (path / "index.nbi").write_bytes(b"")
+        os.utime(path, (now - 3600 * hours, now - 3600 * hours))
+
+
+def test_pruning_keeps_the_most_recently_used_digest_directories(tmp_path):
+    digests = [f"{i:016x}" for i in range(6)]  # newest first
+    _aged_directories(tmp_path, digests, 1)
+    old_layout = tmp_path / f"datapath_{'a' * 40}"
+    old_layout.mkdir()
+    untouched = [tmp_path / "notes", tmp_path / "ABCDEF0123456789", tmp_path / f"{'b' * 17}"]
+    for path in untouched:
+        path.mkdir()
+    (tmp_path / f"{'c' * 16}").write_text("a file named like a digest")
+    removed = _compile.prune_kernel_caches(str(tmp_path), keep=2)
+    assert sorted(removed) == sorted(
+        [str(tmp_path / name) for name in digests[2:]] + [str(old_layout)]
+    )
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert left == sorted([*digests[:2], *(path.name for path in untouched), "c" * 16])
+    assert _compile.prune_kernel_caches(str(tmp_path / "missing"), keep=2) == []
+
+
+def test_a_new_kernel_cache_prunes_the_others_and_a_used_one_is_kept(tmp_path):
+    env = _clean_env(tmp_path)
+    root = tmp_path / "user-cache" / "mxsim" / "numba"
+    current = _compile.kernel_sources_digest()
+    others = [f"{i:016x}" for i in range(5)]
+    _aged_directories(root, others, 1)
+    _python("import mxsim\n", env)  # a new digest: the three most recent others are kept
+    kept = _compile.KEPT_KERNEL_CACHES - 1
+    assert sorted(path.name for path in root.iterdir()) == sorted(others[:kept])
+    (root / current).mkdir()
+    os.utime(root / current, (0, 0))
+    _python("import mxsim\n", env)  # a used directory: its time is now, nothing is pruned
+    assert (root / current).stat().st_mtime > time.time() - 600
+    assert len(list(root.iterdir())) == kept + 1
