@@ -4,9 +4,9 @@ driver.
 
 A unit takes the route when every key's value is one the kernel computes exactly (each key
 of ``datapath.schema.SCHEMA`` declares them, ``fp32_steps=``: an fp32 accumulator rounding
-to nearest even, an fp32 output, c entering first, no block scales; and either ``adder.structure:
-pairwise_rounded`` or exact trees whose accumulator keeps subnormals and whose exact zero
-sums are +0) and its element formats' values are binary32 values; pairwise units also need
+to nearest even, an fp32 output, c entering first, no block scales; and either
+``adder.structure: pairwise_rounded`` or exact trees whose accumulator keeps subnormals and
+whose exact zero sums are +0) and its element formats' values are binary32 values; pairwise units also need
 their products exact in binary32 (at most 24 significant bits: fp16, bf16, tf32, the FP8
 and smaller formats; not fp32).
 
@@ -14,8 +14,9 @@ Pairwise: each add is one binary32 addition of the machine. The unit's rounding 
 product into fp32 is the identity where the product is a normal binary32 value: a unit that
 flushes subnormals checks, per output, that the least nonzero magnitudes of its row of A
 and its column of B multiply to at least 2^-126, and leaves the outputs where they do not to
-the generic kernel; products that overflow give ±Inf either way. Exact trees: binary64 sums
-checked exact, then one conversion to binary32.
+the generic kernel; products that overflow give ±Inf either way. Exact trees: the products'
+binary64 sums checked exact, the accumulator joined rounded to odd, then one conversion to
+binary32 (``_fp32_steps_kernels``).
 
 The route also needs this thread to keep subnormals (checked per call), and leaves to the
 generic kernel every output that is not finite, every one where a step was not exact or a
@@ -62,8 +63,9 @@ def fp32_steps_apply(params: DatapathParams) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _value_table(name: str, subnormals: bool, positive_zeros: bool) -> np.ndarray:
-    """binary32 value of every field code (the codes the routes get) of a format as the unit reads it: subnormals read
-    as zeros of their sign without ``subnormals``, every zero +0 with ``positive_zeros``."""
+    """The binary32 value of every field code (the codes the routes get) of a format as the
+    unit reads it: subnormals read as zeros of their sign without ``subnormals``, every zero
+    +0 with ``positive_zeros``."""
     values = element_tables(get_format(name), subnormals)[0].astype(np.float32)
     if positive_zeros:
         values = np.where(values == 0, np.float32(0.0), values)
