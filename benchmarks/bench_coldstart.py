@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,10 +115,13 @@ def record(name: str, command: str, note: str, load: tuple, columns: list, rows:
     write_atomic(RESULTS / f"{name}.json", json_text({**table, "rows": rows}, indent=1) + "\n")
 
 
-def per_config(configs: list[str], shared_cache: bool = False, save: bool = False) -> None:
+def per_config(
+    configs: list[str], shared_cache: bool = False, save: bool = False, label: str = ""
+) -> None:
     """Each config's first use with an empty kernel cache: compile and CPU seconds. With
     ``shared_cache`` the configs run in turn on one cache, each compiling only what the
-    ones before it did not (the total is every config's first use)."""
+    ones before it did not (the total is every config's first use). ``label``: how the
+    recorded command names the configs (default: their list). The caches are removed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     print(
         f"{'config (README replay, empty cache)':40s} {'compiling':>10s} {'CPU':>8s} {'wall':>8s}  load average"
@@ -148,15 +152,18 @@ def per_config(configs: list[str], shared_cache: bool = False, save: bool = Fals
             f"{name:40s} {float(compiling):8.1f} s {cpu:6.1f} s {wall:6.1f} s  {os.getloadavg()[0]:.1f}",
             flush=True,
         )
+        if not shared_cache:
+            shutil.rmtree(cache, ignore_errors=True)
         totals[0] += float(compiling)
         totals[1] += cpu
         rows.append([f"`{name}`", f"{float(compiling):.1f} s", f"**{cpu:.1f} s**", f"{wall:.1f} s"])
         loads.append(os.getloadavg()[0])
+    shutil.rmtree(shared, ignore_errors=True)
     print(f"{'total':40s} {totals[0]:8.1f} s {totals[1]:6.1f} s")
     if save:
         record(
             "coldstart",
-            f"python benchmarks/bench_coldstart.py --per-config {','.join(configs)}"
+            f"python benchmarks/bench_coldstart.py --per-config {label or ','.join(configs)}"
             + (" --shared-cache" if shared_cache else ""),
             "Each config's first use, `mxsim replay traces/digits-cnn --hw CONFIG` with an empty "
             "kernel cache; compiling: the wall seconds the replay report prints, CPU: user + "
@@ -193,9 +200,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.per_config:
         configs = args.per_config.split(",")
+        label = ""
         if configs == ["all"]:
             configs = sorted(path.stem for path in (REPO / "hwconfigs").glob("*.yaml"))
-        per_config(configs, args.shared_cache, args.record)
+            label = "all"
+        per_config(configs, args.shared_cache, args.record, label)
         return
     work = Path(tempfile.mkdtemp(prefix="mxsim-coldstart-"))
     venv = Path(args.venv) if args.venv else work / "venv"

@@ -74,6 +74,8 @@ CASES = [
     Case("h200-fp8", "fp8_e4m3"),  # the window route's term order
     Case("a100-dmma", "fp64"),  # the FMA-chain route
     Case("mi300", "fp32"),  # the FMA-chain route in float32
+    Case("mi250", "fp16"),  # the fp32-steps route, pairwise trees
+    Case("mi100", "fp16"),  # the fp32-steps route, exact steps
 ]
 
 
