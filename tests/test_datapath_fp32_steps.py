@@ -30,7 +30,6 @@ STEPS_UNITS = [
     ("mi250-bf16-legacy", "fp16"),
     ("mi250-bf16-legacy", "bf16"),
 ]
-TINY = 2.0**-126  # binary32's least normal
 
 
 def unit(name: str):
@@ -122,12 +121,12 @@ def stored(fmt_name: str, fields: np.ndarray) -> np.ndarray:
     return fields.astype(np.uint64) << np.uint64(get_format(fmt_name).padding_bits)
 
 
-def operand_codes(rng, fmt_name, shape, spread, corners, along):
-    """Codes of Gaussian values with per-row (``along`` 1) or per-column (``along`` 0)
-    magnitudes 2^±spread (clipped to the format's range); with ``corners``, a few are ±0,
-    the format's least subnormal and normal, its largest value, ±Inf, NaN."""
+def operand_codes(rng, fmt_name, shape, spread, corners):
+    """Codes of (rows, K) Gaussian values with per-row magnitudes 2^±spread (clipped to the
+    format's range; B is given as B^T: per column of B); with ``corners``, a few are ±0, the
+    format's least subnormal and normal, its largest value, ±Inf, NaN."""
     fmt = get_format(fmt_name)
-    magnitudes = np.exp2(rng.uniform(-spread, spread, (shape[0], 1) if along else (1, shape[1])))
+    magnitudes = np.exp2(rng.uniform(-spread, spread, (shape[0], 1)))
     values = np.clip(rng.standard_normal(shape) * magnitudes, -fmt.max_finite, fmt.max_finite)
     if corners:
         corner_values = [0.0, -0.0, fmt.min_subnormal, -fmt.min_normal, -fmt.max_finite]
@@ -196,8 +195,8 @@ def steps_params(draw):
 def test_route_equals_generic_kernel_and_twin(params, shape, spread, corners, cancel, seed):
     rng = np.random.default_rng(seed)
     rows, length, columns = shape
-    codes_a = operand_codes(rng, params.a_format, (rows, length), spread, corners, 1)
-    codes_b = operand_codes(rng, params.b_format, (columns, length), spread, corners, 1)
+    codes_a = operand_codes(rng, params.a_format, (rows, length), spread, corners)
+    codes_b = operand_codes(rng, params.b_format, (columns, length), spread, corners)
     if cancel and length >= 2 and params.a_format == params.b_format:
         # B's first column A's first row with every other sign flipped: products that
         # cancel pair by pair (exact zero sums, and subnormal ones where they nearly do)
@@ -318,7 +317,7 @@ def test_route_over_tiles_groups_and_kept_b(name, fmt):
 def test_dot_route_equals_generic_kernel(name, fmt):
     rng = np.random.default_rng(9)
     rows, length = 3000, 13
-    codes = [operand_codes(rng, fmt, (rows, length), 30, True, 1) for _ in range(2)]
+    codes = [operand_codes(rng, fmt, (rows, length), 30, True) for _ in range(2)]
     c = rng.standard_normal(rows).astype(np.float32)
     hw = unit(name)
     kw = dict(a_format=fmt, b_format=fmt, c=c)

@@ -6,9 +6,9 @@ A unit takes the route when every key's value is one the kernel computes exactly
 of ``datapath.schema.SCHEMA`` declares them, ``fp32_steps=``: an fp32 accumulator rounding
 to nearest even, an fp32 output, c entering first, no block scales; and either
 ``adder.structure: pairwise_rounded`` or exact trees whose accumulator keeps subnormals and
-whose exact zero sums are +0) and its element formats' values are binary32 values; pairwise units also need
-their products exact in binary32 (at most 24 significant bits: fp16, bf16, tf32, the FP8
-and smaller formats; not fp32).
+whose exact zero sums are +0) and its element formats, each with a table of every code,
+hold binary32 values; pairwise units also need their products exact in binary32 (at most
+24 significant bits: fp16, bf16, tf32, the FP8 and smaller formats; not fp32).
 
 Pairwise: each add is one binary32 addition of the machine. The unit's rounding of each
 product into fp32 is the identity where the product is a normal binary32 value: a unit that

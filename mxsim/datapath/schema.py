@@ -100,8 +100,8 @@ class Key:
     :data:`REQUIRED` if the key has none. ``field`` names its :class:`DatapathParams` field (empty: the key's name; None: the key has none — the
     accepted formats, of which the params hold the chosen one). ``record`` says how the
     kernel record holds it (None: the kernel gets it otherwise, e.g. as element tables or
-    format parameters). ``blas``/``window``/``groups``/``fma``/``fp32_steps`` are the routes' declarations (None:
-    the route refuses)."""
+    format parameters). ``blas``/``window``/``groups``/``fma``/``fp32_steps`` are the routes'
+    declarations (None: the route refuses)."""
 
     kind: str
     default: Any
@@ -154,7 +154,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             window=any_value,
             groups=any_value,
             fma=any_value,
-            fp32_steps=any_value,  # pairwise.pairwise_applies checks the formats
+            fp32_steps=any_value,  # fp32_steps.fp32_steps_apply checks the formats
         ),  # routes check the formats
         "b_formats": Key(
             "format_list",
