@@ -239,12 +239,19 @@ def operands(params, rng, rows, length, columns, corners: bool, spread: float):
     return qa, qb
 
 
+def stored_codes(tensor, rows) -> np.ndarray:
+    """Those rows of an MXTensor's codes (field codes) as stored codes, what ``dot`` and the
+    twin read (tf32's fp32 pattern; the same codes for formats without padding bits)."""
+    padding = get_format(tensor.element_format).padding_bits
+    return tensor.codes[rows].astype(np.uint64) << np.uint64(padding)
+
+
 def reference_bits(params, qa, qb, c, m, n):
     # The codes as the kernels see them: K zero-padded to whole blocks.
     value = dot_reference(
         params,
-        qa.codes[m].tolist(),
-        qb.codes[n].tolist(),
+        stored_codes(qa, m).tolist(),
+        stored_codes(qb, n).tolist(),
         qa.scales[m].tolist() if params.scales != "none" else None,
         qb.scales[n].tolist() if params.scales != "none" else None,
         float(c[m, n]),
@@ -349,7 +356,7 @@ def wide_operands(params, rng, rows, length, columns, corners: bool, spread: flo
                 corner_values += [np.inf, -np.inf, np.nan]
             specials = fmt.encode(
                 np.array(corner_values), overflow="inf_nan" if fmt.has_nan else "saturate"
-            )
+            ) >> np.uint64(fmt.padding_bits)  # field codes, as the tensor's
             where = rng.random(codes.shape) < 0.02
             codes[where] = rng.choice(specials, int(where.sum()))
             tensor = dataclasses.replace(tensor, codes=codes)
@@ -359,19 +366,21 @@ def wide_operands(params, rng, rows, length, columns, corners: bool, spread: flo
 
 @st.composite
 def wide_params(draw) -> DatapathParams:
-    """Units of the family with bf16 operands (one or both; the other narrow), unscaled."""
+    """Units of the family with bf16 or tf32 operands (one or both; the other narrow),
+    unscaled."""
     params = draw(window_params())
-    a_format, b_format = draw(
-        st.sampled_from([("bf16", "bf16"), ("bf16", "fp8_e4m3"), ("int8", "bf16")])
-    )
+    pairs = [("bf16", "bf16"), ("bf16", "fp8_e4m3"), ("int8", "bf16")]
+    pairs += [("tf32", "tf32"), ("tf32", "bf16"), ("fp8_e4m3", "tf32")]
+    a_format, b_format = draw(st.sampled_from(pairs))
     return dataclasses.replace(params, a_format=a_format, b_format=b_format, scales="none")
 
 
 @settings(max_examples=60, deadline=None)
 @given(params=wide_params(), **{**ROUTE_CASES, "spread": st.sampled_from([0, 4, 20, 45, 90])})
 def test_wide_formats_equal_generic_kernel_and_fraction_twin(params, shape, corners, spread, seed):
-    # bf16's exponents leave the int8 band: each operand takes an offset (window.operand_offset)
-    # that enters the trees as a block-scale shift; elements below the band flag their row.
+    # bf16's and tf32's exponents leave the int8 band: each operand takes an offset
+    # (window.operand_offset) that enters the trees as a block-scale shift; elements below
+    # the band flag their row.
     assume(window_applies(params))
     check_route(params, shape, corners, spread, seed, wide_operands)
 
@@ -647,8 +656,8 @@ def row_dot_bits(params, qa, qb, c):
     scaled = params.scales != "none"
     out = dot_with_params(
         params,
-        qa.codes[m],
-        qb.codes[n],
+        stored_codes(qa, m),
+        stored_codes(qb, n),
         scale_a=qa.scales[m] if scaled else None,
         scale_b=qb.scales[n] if scaled else None,
         c=c[m, n],
@@ -1122,11 +1131,11 @@ def test_second_alignment_and_product_overflow_declarations():
     """The route takes a second alignment outside the tree without an n-bit sum, and a
     product overflow no product of two narrow formats reaches (fp16: below 2^32), or, for a
     wide format (bf16: products up to 2^256), one it bounds per call from the operands'
-    offsets; tf32 has no per-code tables."""
+    offsets (tf32, 2^19 codes, as bf16)."""
     mi300 = unit("mi300")
     assert window_applies(mi300.params("fp16", "fp16"))
     assert window_applies(mi300.params("bf16", "bf16"))
-    assert not window_applies(mi300.params("tf32", "tf32"))
+    assert window_applies(mi300.params("tf32", "tf32"))
     fp16 = mi300.params("fp16", "fp16")
     assert not window_applies(dataclasses.replace(fp16, sum_significant_bits=24))
     assert not window_applies(dataclasses.replace(fp16, accumulator_in_tree=True))
@@ -1139,10 +1148,13 @@ def test_second_alignment_and_product_overflow_declarations():
 
 @st.composite
 def wide_second_alignment_params(draw) -> DatapathParams:
-    """bf16 units with a second alignment and products that overflow at 2^n (MI300's bf16
-    MFMA: n = 128): the route bounds a call's products by its operands' offsets."""
+    """bf16 and tf32 units with a second alignment and products that overflow at 2^n
+    (MI300's bf16 and xf32 MFMA: n = 128): the route bounds a call's products by its
+    operands' offsets."""
     params = draw(second_alignment_params())
-    a_format, b_format = draw(st.sampled_from([("bf16", "bf16"), ("bf16", "fp8_e4m3")]))
+    a_format, b_format = draw(
+        st.sampled_from([("bf16", "bf16"), ("bf16", "fp8_e4m3"), ("tf32", "tf32")])
+    )
     return dataclasses.replace(
         params,
         a_format=a_format,

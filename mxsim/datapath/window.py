@@ -30,6 +30,8 @@ from .tables import element_tables, sum_format
 MAX_WINDOW_BITS = 29  # a truncated term is below 2^(W + 2) <= 2^31: one float32 -> int32 conversion
 MAX_SCALE_SHIFT = 254  # |Xa + Xb| of two E8M0 scales
 MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 53
+#: Formats up to this many field bits get per-code tables (tf32's 19: 2^19 entries).
+TABLE_BITS = 19
 NARROW_EXPONENTS = 60  # a format's own tables serve where every exponent lies within ±this
 # A wide format's elements (exponents beyond ±NARROW_EXPONENTS: bf16) take the route times
 # 2^-offset, one offset per operand and call (the largest exponent of its finite nonzero
@@ -76,7 +78,7 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     """The window kernels' per-code tables of an element format (read-only: kept per format),
     or None if they cannot hold it."""
 
-    if get_format(fmt_name).bits > 16:
+    if get_format(fmt_name).field_bits > TABLE_BITS:
         return None  # no per-code table (and products too wide for float32 anyway)
     values, exponents = element_tables(get_format(fmt_name), subnormals)
     finite = np.isfinite(values)
@@ -84,7 +86,7 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     if not usable.any():
         return None
     magnitudes = np.abs(values[usable])
-    significand_bits = _significand_bits(magnitudes)
+    significand_bits = _format_significand_bits(fmt_name, subnormals)
     low, high = int(exponents[usable].min()), int(exponents[usable].max())
     values32 = np.where(finite, values, 0.0).astype(np.float32)
     if (values32[finite] != values[finite]).any():
@@ -121,7 +123,7 @@ def _offset_tables(fmt_name: str, subnormals: bool, offset: int) -> _Tables:
         _read_only(np.where(usable, shifted, W.ZERO_EXPONENT).astype(np.int8)),
         _read_only(usable | (values == 0)),
         (0, 1),  # (not read: a wide operand's unusable rows come from ``finite``)
-        _significand_bits(np.abs(values[nonzero])),
+        _format_significand_bits(fmt_name, subnormals),
         WIDE_LOW,
         WIDE_HIGH,
         2.0**WIDE_LOW,
@@ -130,11 +132,14 @@ def _offset_tables(fmt_name: str, subnormals: bool, offset: int) -> _Tables:
     )
 
 
-def _significand_bits(magnitudes: np.ndarray) -> int:
-    """The widest significand (bits from the leading to the lowest set one) of nonzero
-    finite float64 ``magnitudes``."""
+@functools.lru_cache(maxsize=None)
+def _format_significand_bits(fmt_name: str, subnormals: bool) -> int:
+    """The widest significand (bits from the leading to the lowest set one) of the format's
+    nonzero finite values as the unit reads them."""
+    values = element_tables(get_format(fmt_name), subnormals)[0]
+    magnitudes = np.abs(values[np.isfinite(values) & (values != 0)])
     mantissas, _ = np.frexp(magnitudes)
-    return max(odd_part_bits(v) for v in (mantissas * 2.0**53).astype(np.int64).tolist())
+    return max(odd_part_bits(v) for v in np.unique((mantissas * 2.0**53).astype(np.int64)).tolist())
 
 
 @functools.lru_cache(maxsize=None)
