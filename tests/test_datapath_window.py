@@ -465,23 +465,25 @@ def test_wide_formats_in_batches_equal_the_generic_kernel(shape):
         np.testing.assert_array_equal(matmul_batched(hw, a, b, b_memo=memo).bits, want)
 
 
-@pytest.mark.parametrize("name", ["h200-cublas", "h100", "a100"])
-def test_bf16_on_minilms_operands(minilm_operands, name):
-    # A real transformer's bf16 operands: the query projection (activations, weight) on the
+@pytest.mark.parametrize(
+    "name, fmt", [("h200-cublas", "bf16"), ("h100", "bf16"), ("a100", "bf16"), ("a100", "tf32")]
+)
+def test_wide_formats_on_minilms_operands(minilm_operands, name, fmt):
+    # A real transformer's bf16 or tf32 operands: the query projection (activations, weight) on the
     # route's own kernel, nothing flagged, and its attention heads (softmax probabilities
     # spanning many binades among them) through matmul_batched: the generic kernel's bits.
     hw = unit(name)
-    params = hw.params("bf16", "bf16")
+    params = hw.params(fmt, fmt)
     ops = minilm_operands
     qa, qb = (
-        quantize(x, "bf16", axis=axis, per_tensor_scale=True, tensor_scale_exponent=0)
+        quantize(x, fmt, axis=axis, per_tensor_scale=True, tensor_scale_exponent=0)
         for x, axis in ((ops["x"], 1), (ops["weight"], 0))
     )
     c = np.zeros((len(ops["x"]), ops["weight"].shape[1]), dtype=np.float32)
     fast, left = gemm(params, qa, qb, c, "window")
     assert left[0].size == 0
     np.testing.assert_array_equal(fast, gemm(params, qa, qb, c, "kernel")[0])
-    kw = dict(a_format="bf16", b_format="bf16", per_tensor_scale=True)
+    kw = dict(a_format=fmt, b_format=fmt, per_tensor_scale=True)
     for heads in ((ops["q"], ops["k_t"]), (ops["p"], ops["v"])):
         got = matmul_batched(hw, *heads, **kw).bits
         np.testing.assert_array_equal(got, matmul_batched(hw, *heads, method="kernel", **kw).bits)
