@@ -33,7 +33,7 @@ MAX_SUM_BITS = 51  # round_bits is exact on a round-to-odd float64 for n + 2 <= 
 #: Formats up to this many field bits get per-code tables (tf32's 19: 2^19 entries).
 TABLE_BITS = 19
 NARROW_EXPONENTS = 60  # a format's own tables serve where every exponent lies within ±this
-# A wide format's elements (exponents beyond ±NARROW_EXPONENTS: bf16) take the route times
+# A wide format's elements (exponents beyond ±NARROW_EXPONENTS: bf16, tf32) take the route times
 # 2^-offset, one offset per operand and call (the largest exponent of its finite nonzero
 # elements less WIDE_HIGH, within ±WIDE_OFFSET_LIMIT so that two sum to at most
 # MAX_SCALE_SHIFT), the offsets entering every tree as a block-scale shift: exponents e -
@@ -107,7 +107,7 @@ def _format_tables(fmt_name: str, subnormals: bool) -> _Tables | None:
     )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)  # (tf32's take 3 MB each; a model's activations, a few offsets)
 def _offset_tables(fmt_name: str, subnormals: bool, offset: int) -> _Tables:
     """A wide format's tables at ``offset``: each value times 2^-offset (float32, exact)
     and its exponent less ``offset``, codes whose exponent then leaves [WIDE_LOW, WIDE_HIGH]
