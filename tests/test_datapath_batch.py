@@ -251,10 +251,14 @@ def check_twin(config, a, b, c, got, rng, count: int = 4):
     for _ in range(count):
         g, i, j = rng.integers(groups), rng.integers(m), rng.integers(n)
         scaled = params.scales != "none"
-        twin = dot_reference(
+        padding = (np.uint64(x.element_format.padding_bits) for x in (a, b))
+        a_codes, b_codes = (
+            x.codes[g, k].astype(np.uint64) << p for x, k, p in zip((a, b), (i, j), padding)
+        )
+        twin = dot_reference(  # (the twin reads stored codes: tf32's fp32 pattern)
             params,
-            a.codes[g, i].tolist(),
-            b.codes[g, j].tolist(),
+            a_codes.tolist(),
+            b_codes.tolist(),
             a.scales[g, i].tolist() if scaled else None,
             b.scales[g, j].tolist() if scaled else None,
             0.0 if c is None else float(c[g, i, j]),
