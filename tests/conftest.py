@@ -943,6 +943,20 @@ def shipped_pairs_taking(applies) -> list[tuple[str, str, str, str]]:
     return sorted(taken)
 
 
+def assert_kept_b_gives_the_generic_bits(hw, a, b, kw: dict, key: str) -> None:
+    """``matmul_batched`` of a and b, with and without a ``b_memo`` (its first and a later
+    call), gives the generic kernel's bits, and the route's kept array ``key`` is read-only."""
+    from mxsim.datapath import matmul_batched
+
+    want = matmul_batched(hw, a, b, method="kernel", **kw).bits
+    memo: dict = {}
+    first = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
+    (kept,) = memo.values()  # (one unit and format pair)
+    assert not kept["route"][key].flags.writeable
+    again = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
+    assert np.array_equal(first, want) and np.array_equal(again, want)
+
+
 def assert_route_equals_generic_on_minilm(hw, operands: dict, fmt: str) -> None:
     """A unit's fast route gives the generic kernel's bits on :func:`minilm_operands`: the
     query projection (activations times weight) and the attention heads (q @ k^T, softmax

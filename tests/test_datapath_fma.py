@@ -13,9 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, assert_route_equals_generic_on_minilm, shipped_pairs_taking
+from conftest import (
+    REPO,
+    assert_kept_b_gives_the_generic_bits,
+    assert_route_equals_generic_on_minilm,
+    shipped_pairs_taking,
+)
 from mxsim import get_format, quantize_mx as quantize
-from mxsim.datapath import dot, fma, load_hwconfig, matmul, matmul_batched
+from mxsim.datapath import dot, fma, load_hwconfig, matmul
 from mxsim.datapath.reference import dot_reference
 
 #: Every shipped unit and format pair the route takes (test_the_route_takes_exactly_these).
@@ -171,13 +176,7 @@ def test_route_over_tiles_groups_and_kept_b(name, fmt):
     c = realistic(rng, (groups, rows, columns), dtype)
     hw = unit(name)
     kw = dict(c=c, c_format=fmt)
-    want = matmul_batched(hw, a, b, method="kernel", **kw).bits
-    memo: dict = {}
-    first = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
-    (kept,) = memo.values()  # (one unit and format pair)
-    assert not kept["route"]["fma"].flags.writeable
-    again = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
-    assert np.array_equal(first, want) and np.array_equal(again, want)
+    assert_kept_b_gives_the_generic_bits(hw, a, b, kw, "fma")
 
 
 @pytest.mark.parametrize("name, fmt", [("a100-dmma", "fp64"), ("mi250-fp32", "fp32")])

@@ -15,9 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, assert_route_equals_generic_on_minilm, shipped_pairs_taking
+from conftest import (
+    REPO,
+    assert_kept_b_gives_the_generic_bits,
+    assert_route_equals_generic_on_minilm,
+    shipped_pairs_taking,
+)
 from mxsim import get_format
-from mxsim.datapath import dot, fp32_steps, load_hwconfig, matmul_batched
+from mxsim.datapath import dot, fp32_steps, load_hwconfig
 from mxsim.datapath.api import _kernel_arguments, dot_with_params, matmul_groups
 from mxsim.datapath.reference import dot_reference
 
@@ -304,13 +309,7 @@ def test_route_over_tiles_groups_and_kept_b(name, fmt):
     c = rng.standard_normal((groups, rows, columns)).astype(np.float32)
     hw = unit(name)
     kw = dict(a_format=fmt, b_format=fmt, c=c, per_tensor_scale=True)
-    want = matmul_batched(hw, a, b, method="kernel", **kw).bits
-    memo: dict = {}
-    first = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
-    (kept,) = memo.values()  # (one unit and format pair)
-    assert not kept["route"]["fp32 steps"].flags.writeable
-    again = matmul_batched(hw, a, b, b_memo=memo, **kw).bits
-    assert np.array_equal(first, want) and np.array_equal(again, want)
+    assert_kept_b_gives_the_generic_bits(hw, a, b, kw, "fp32 steps")
 
 
 @pytest.mark.parametrize("name, fmt", STEPS_UNITS)

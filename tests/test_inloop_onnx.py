@@ -17,26 +17,34 @@ OCP = load_hwconfig(REPO / "hwconfigs" / "ocp-exact.yaml")
 def test_exported_mlp_equals_matmul_by_hand(onnx, torch, tmp_path):
     """A torch MLP exported to ONNX (MatMul/Gemm + Relu): each layer = mxsim.matmul of the
     previous value and the weight, bias added in float64, rounded to float32."""
-    torch.manual_seed(0)
+    model, x, path = _exported_mlp(torch, tmp_path, seed=0)
+    got = run_onnx_on_unit(path, {"x": x}, OCP, a_format="fp8_e4m3")["y"]
+    assert np.array_equal(got, _mlp_by_hand(model, x, "fp8_e4m3"))
+
+
+def _exported_mlp(torch, tmp_path, seed: int):
+    """(model, input, path): a torch MLP (Linear 64 -> 32, ReLU, Linear 32 -> 8) exported to
+    ONNX, and a (5, 64) float32 input."""
+    torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
     ).eval()
     x = torch.randn(5, 64)
     path = tmp_path / "mlp.onnx"
     torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
-    got = run_onnx_on_unit(path, {"x": x.numpy()}, OCP, a_format="fp8_e4m3")["y"]
-    assert np.array_equal(got, _mlp_by_hand(model, x.numpy(), "fp8_e4m3"))
+    return model, x.numpy(), path
 
 
-def _mlp_by_hand(model, x: np.ndarray, fmt: str) -> np.ndarray:
-    """Linear, ReLU, Linear: each layer mxsim.matmul of the previous value and the weight, bias
-    added in float64, rounded to float32."""
+def _mlp_by_hand(model, x: np.ndarray, fmt: str, gemm=None) -> np.ndarray:
+    """Linear, ReLU, Linear: each layer ``gemm(value, weight)`` (float64 values; default:
+    mxsim.matmul of the value and W^T on OCP in ``fmt``), bias added in float64, rounded to
+    float32."""
+    if gemm is None:
+        gemm = lambda v, w: matmul(OCP, v, w.T, a_format=fmt, b_format=fmt).values  # noqa: E731
     value = x
     for index in (0, 2):
         w, b = model[index].weight.detach().numpy(), model[index].bias.detach().numpy()
-        value = (
-            matmul(OCP, value, w.T, a_format=fmt, b_format=fmt).values + b.astype(np.float64)
-        ).astype(np.float32)
+        value = (gemm(value, w) + b.astype(np.float64)).astype(np.float32)
         if index == 0:
             value = np.maximum(value, 0)
     return value
@@ -223,19 +231,12 @@ def test_exported_mlp_on_an_nvfp4_unit_equals_nvfp4_by_hand(onnx, torch, tmp_pat
     from mxsim.quantize.nvfp4 import tensor_scale_from_amax
 
     nvfp4 = load_hwconfig(REPO / "hwconfigs" / "b200-nvfp4.yaml")
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
-    ).eval()
-    x = torch.randn(5, 64)
-    path = tmp_path / "mlp.onnx"
-    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
-    got = run_onnx_on_unit(path, {"x": x.numpy()}, nvfp4)["y"]
-    value = x.numpy()
-    for index in (0, 2):
-        w, b = model[index].weight.detach().numpy(), model[index].bias.detach().numpy()
+    model, x, path = _exported_mlp(torch, tmp_path, seed=1)
+    got = run_onnx_on_unit(path, {"x": x}, nvfp4)["y"]
+
+    def gemm(value, w):
         qa, qb = (quantize_nvfp4(v, tensor_scale_from_amax(np.abs(v).max())) for v in (value, w))
-        value = (matmul(nvfp4, qa, qb).values + b.astype(np.float64)).astype(np.float32)
-        if index == 0:
-            value = np.maximum(value, 0)
+        return matmul(nvfp4, qa, qb).values
+
+    value = _mlp_by_hand(model, x, "fp4_e2m1", gemm)
     assert np.array_equal(got.view(np.uint32), value.view(np.uint32))

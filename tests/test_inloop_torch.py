@@ -104,13 +104,11 @@ def test_broadcast_batches_go_through_the_unit_and_unbroadcastable_ones_to_torch
         torch.matmul(torch.from_numpy(a[:, 0]), torch.from_numpy(b))
 
 
-@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
-def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
-    """The heads of a 4-d matmul (one batched call on the unit) and a linear layer with a bias
-    (entering as c, scaled by 2^-(Ta+Tb) on a per-tensor unit) give the bits of one
-    mxsim.matmul call per head and per layer."""
-    per_tensor = unit is H100
-    rng = np.random.default_rng(8)
+def _heads_and_linear(torch, unit, seed: int):
+    """(q, k, layer, scores, out): 2 x 3 heads of a 4-d matmul q (5 x 40 each, magnitudes
+    2^-4 to 2^3 per head) @ k (40 x 7) and a Linear(40, 6) with a bias on q's first head, both
+    in the loop on ``unit`` (two computed layers)."""
+    rng = np.random.default_rng(seed)
     q = (rng.standard_normal((2, 3, 5, 40)) * np.exp2(rng.integers(-4, 4, (2, 3, 1, 1)))).astype(
         np.float32
     )
@@ -120,6 +118,16 @@ def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
         scores = torch.matmul(torch.from_numpy(q), torch.from_numpy(k)).numpy()
         out = layer(torch.from_numpy(q[0, 0])).detach().numpy()
     assert len(loop.computed_layers) == 2
+    return q, k, layer, scores, out
+
+
+@pytest.mark.parametrize("unit", [OCP, H100], ids=lambda u: u.name)
+def test_attention_heads_and_biased_linears_bit_for_bit(torch, unit):
+    """The heads of a 4-d matmul (one batched call on the unit) and a linear layer with a bias
+    (entering as c, scaled by 2^-(Ta+Tb) on a per-tensor unit) give the bits of one
+    mxsim.matmul call per head and per layer."""
+    per_tensor = unit is H100
+    q, k, layer, scores, out = _heads_and_linear(torch, unit, seed=8)
     for g, (a, b) in enumerate(zip(q.reshape(6, 5, 40), k.reshape(6, 40, 7))):
         expected = matmul(unit, a, b, per_tensor_scale=per_tensor).values.astype(np.float32)
         np.testing.assert_array_equal(
@@ -146,16 +154,7 @@ def _nvfp4_by_hand(a: np.ndarray, b_rows: np.ndarray):
 def test_nvfp4_heads_and_biased_linears_bit_for_bit(torch):
     """On an NVFP4 unit each head of a 4-d matmul is a tensor of its own (its own tensor
     scale); a linear layer's bias is added after the unit's scaled sums, in float64."""
-    rng = np.random.default_rng(9)
-    q = (rng.standard_normal((2, 3, 5, 40)) * np.exp2(rng.integers(-4, 4, (2, 3, 1, 1)))).astype(
-        np.float32
-    )
-    k = rng.standard_normal((2, 3, 40, 7)).astype(np.float32)
-    layer = torch.nn.Linear(40, 6)
-    with torch_unit(layer, NVFP4) as loop:
-        scores = torch.matmul(torch.from_numpy(q), torch.from_numpy(k)).numpy()
-        out = layer(torch.from_numpy(q[0, 0])).detach().numpy()
-    assert len(loop.computed_layers) == 2
+    q, k, layer, scores, out = _heads_and_linear(torch, NVFP4, seed=9)
     for g, (a, b) in enumerate(zip(q.reshape(6, 5, 40), k.reshape(6, 40, 7))):
         expected = _nvfp4_by_hand(a, b.T).astype(np.float32)
         np.testing.assert_array_equal(

@@ -73,12 +73,12 @@ def _value_table(name: str, subnormals: bool, positive_zeros: bool) -> np.ndarra
     return values
 
 
-def _least_magnitudes(values: np.ndarray) -> np.ndarray:
-    """(G, rows) float64: the least nonzero magnitude of each row of (G, rows, K) values
-    (+Inf for a row of zeros)."""
-    magnitudes = np.abs(values).astype(np.float64)
+def _least_magnitudes(values: np.ndarray, axis: int) -> np.ndarray:
+    """float64: the least nonzero magnitude of (G, ., .) binary32 values along ``axis`` (K's:
+    2 for A's rows, 1 for B's columns), +Inf where all are zero."""
+    magnitudes = np.abs(values)
     magnitudes[magnitudes == 0] = np.inf
-    return magnitudes.min(axis=2, initial=np.inf)
+    return magnitudes.min(axis=axis, initial=np.inf).astype(np.float64)
 
 
 def _products_may_be_subnormal(params: DatapathParams) -> bool:
@@ -124,7 +124,8 @@ def fp32_steps_matmul(
 
     ``memo``: None, or a dict kept with this B (its codes unchanged from call to call, as
     ``matmul_batched``'s ``b_memo``): B's values transposed to (G, K, N) are kept there
-    under "fp32 steps" and read by later calls."""
+    under "fp32 steps" (and, where a flushing unit's products are checked, its columns'
+    least magnitudes under "fp32 steps least") and read by later calls."""
     zeros_positive = params.input_zero_sign == "positive"
     table_a = _value_table(params.a_format, params.input_subnormals, zeros_positive)
     values_a = table_a[codes_a]
@@ -153,8 +154,12 @@ def fp32_steps_matmul(
         n_groups * n_chunks * n_tiles,
     )
     if flush and not exact and _products_may_be_subnormal(params):
-        least_a = _least_magnitudes(values_a)
-        least_b = _least_magnitudes(np.swapaxes(columns_b, 1, 2))
+        least_a = _least_magnitudes(values_a, 2)
+        least_b = None if memo is None else memo.get("fp32 steps least")
+        if least_b is None:
+            least_b = _least_magnitudes(columns_b, 1)
+            if memo is not None:
+                memo["fp32 steps least"] = least_b
         bad |= least_a[:, :, None] * least_b[:, None, :] < SMALLEST_NORMAL
     if params.output_zero_sign == "positive":
         results[results == 0] = np.float32(0.0)
