@@ -134,7 +134,8 @@ def test_other_units_do_not(name):
         {"structure": "pairwise_rounded"},
         {"input_zero_sign": "positive"},
         {"product_overflow_exponent": 16},
-        {"parity_windows": True, "accumulator_in_tree": False},
+        # parity windows with a term order (the route's reordering of the halves is its own)
+        {"parity_windows": True, "accumulator_in_tree": False, "term_order": tuple(range(32))},
         {"second_alignment_bits": 31, "accumulator_in_tree": False},
         {
             "second_alignment_bits": 31,
@@ -466,12 +467,21 @@ def test_wide_formats_in_batches_equal_the_generic_kernel(shape):
 
 
 @pytest.mark.parametrize(
-    "name, fmt", [("h200-cublas", "bf16"), ("h100", "bf16"), ("a100", "bf16"), ("a100", "tf32")]
+    "name, fmt",
+    [
+        ("h200-cublas", "bf16"),
+        ("h100", "bf16"),
+        ("a100", "bf16"),
+        ("a100", "tf32"),
+        ("mi300", "fp8_e4m3fnuz"),  # parity windows
+        ("mi300", "fp8_e5m2fnuz"),
+    ],
 )
-def test_wide_formats_on_minilms_operands(minilm_operands, name, fmt):
-    # A real transformer's bf16 or tf32 operands: the query projection (activations, weight) on the
-    # route's own kernel, nothing flagged, and its attention heads (softmax probabilities
-    # spanning many binades among them) through matmul_batched: the generic kernel's bits.
+def test_wide_formats_and_parity_windows_on_minilms_operands(minilm_operands, name, fmt):
+    # A real transformer's bf16, tf32 or FP8 operands: the query projection (activations,
+    # weight) on the route's own kernel, nothing flagged, and its attention heads (softmax
+    # probabilities spanning many binades among them) through matmul_batched: the generic
+    # kernel's bits.
     hw = unit(name)
     params = hw.params(fmt, fmt)
     ops = minilm_operands
@@ -1127,6 +1137,101 @@ def test_mi300_fp16_takes_the_route_and_equals_the_generic_kernel(seed):
     assert window_applies(params)
     rows, length, columns = 5, 8 * (seed + 1) + seed, 6
     check_route(params, (rows, length, columns), seed % 2, [0, 4, 20][seed % 3], seed)
+
+
+@st.composite
+def parity_params(draw) -> DatapathParams:
+    """Units whose trees' even and odd positions sum in windows of their own (AMD CDNA3's FP8
+    MFMA: trees of 16, a 24-bit window, the second alignment at 31 bits dropping a far
+    accumulator, a NaN or Inf one entering it at exponent -1), with and without a second
+    alignment, trees of 2 to 32 (halves shorter and longer than a pass of 8 and of the
+    kernels' four-term unrolling)."""
+    params = draw(st.one_of(second_alignment_params(), window_params()))
+    fused = draw(st.sampled_from([2, 4, 6, 8, 16, 16, 32]))
+    drops_far = params.second_alignment_bits is not None and params.far_accumulator == "zero"
+    return dataclasses.replace(
+        params,
+        parity_windows=True,
+        accumulator_in_tree=False,
+        fused_terms=fused,
+        block_size=fused * draw(st.integers(1, 3)),
+        special_accumulator_exponent=(
+            draw(st.sampled_from([None, -1, -1, 20, -140])) if drops_far else None
+        ),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=parity_params(), **ROUTE_CASES)
+def test_parity_windows_equal_generic_kernel_and_fraction_twin(
+    params, shape, corners, spread, seed
+):
+    # Each tree's positions reordered even ones first (window.in_tree_order); each half one
+    # window of the kernels, the halves joined toward -inf (_window_kernels.join_halves).
+    assume(window_applies(params))
+    check_route(params, shape, corners, spread, seed)
+
+
+@pytest.mark.parametrize(
+    "formats",
+    [
+        ("fp8_e4m3fnuz", "fp8_e4m3fnuz"),
+        ("fp8_e4m3fnuz", "fp8_e5m2fnuz"),
+        ("fp8_e5m2fnuz", "fp8_e4m3fnuz"),
+        ("fp8_e5m2fnuz", "fp8_e5m2fnuz"),
+    ],
+)
+@pytest.mark.parametrize("seed", range(3))
+def test_mi300_fp8_takes_the_route_and_equals_the_generic_kernel(formats, seed):
+    """MI300's FP8 MFMA (trees of 16 in two parity windows, the second alignment dropping a
+    far c, a NaN c entering it at exponent -1): every pairing, K past whole trees, realistic
+    and corner data (NaN c among them)."""
+    params = unit("mi300").params(*formats)
+    assert params.parity_windows and params.special_accumulator_exponent == -1
+    assert window_applies(params)
+    rows, length, columns = 5, 16 * (seed + 1) + 3 * seed, 6
+    check_route(params, (rows, length, columns), seed % 2, [0, 4, 20][seed], seed)
+
+
+@pytest.mark.parametrize("floor", [10, 12, 14])
+def test_a_half_below_the_zero_term_exponent_is_the_generic_kernels(floor):
+    """A parity tree (of 4, a 2-bit window) whose even half's reference is 14 and whose odd
+    half holds a zero and one small negative product (reference 6): under a zero-term
+    exponent between them the generic kernel raises the odd half's reference to it, which
+    truncates that product to 0 (the route would keep it, as -1 at the joined LSB): the
+    route leaves the output to the generic kernel."""
+    params = dataclasses.replace(
+        unit("mi300").params("fp8_e4m3fnuz", "fp8_e4m3fnuz"),
+        fused_terms=4,
+        align_fraction_bits=2,
+        zero_term_exponent=floor,
+    )
+    assert window_applies(params)
+    a = np.array([[1.5, -1.5 * 2.0**-8, 0.75, 0.0]])
+    b = np.array([[1.25], [1.5], [-1.25], [1.125]])
+    qa, qb = (quantize(x, "fp8_e4m3fnuz", axis=axis, block_size=32) for x, axis in ((a, 1), (b, 0)))
+    qa, qb = (dataclasses.replace(q, scales=np.full_like(q.scales, 127)) for q in (qa, qb))
+    c = np.zeros((1, 1), dtype=np.float32)
+    fast, left = gemm(params, qa, qb, c, "window")
+    slow, _ = gemm(params, qa, qb, c, "kernel")
+    assert left[0].tolist() == [0]
+    assert int(slow[0, 0]) == reference_bits(params, qa, qb, c, 0, 0) == 0x46800000
+    np.testing.assert_array_equal(row_dot_bits(params, qa, qb, c), slow)
+
+
+def test_parity_windows_take_the_route_for_even_trees_in_k_order_only():
+    fp8 = unit("mi300").params("fp8_e4m3fnuz", "fp8_e5m2fnuz")
+    assert window_applies(fp8)
+    assert not window_applies(dataclasses.replace(fp8, fused_terms=15))
+    assert not window_applies(dataclasses.replace(fp8, term_order=tuple(range(16))))
+
+
+def test_in_tree_order_puts_each_trees_even_positions_first():
+    params = dataclasses.replace(
+        unit("mi300").params("fp8_e4m3fnuz", "fp8_e4m3fnuz"), fused_terms=4
+    )
+    codes = np.arange(1, 7, dtype=np.uint8)[None]  # a tree and a short one (zero-padded)
+    assert in_tree_order(params, codes).tolist() == [[1, 3, 2, 4, 5, 0, 6, 0]]
 
 
 def test_second_alignment_and_product_overflow_declarations():

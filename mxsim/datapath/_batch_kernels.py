@@ -128,6 +128,9 @@ def window_groups(
     references = np.empty(lanes, dtype=np.int64)
     factors = np.empty(lanes, dtype=np.float32)
     totals = np.empty(lanes)
+    parity = cfg[W.W_PARITY] != 0
+    first_totals = np.empty(lanes if parity else 0)  # (a parity tree's first half's)
+    first_references = np.empty(lanes if parity else 0, dtype=np.int64)
     partials = np.empty((even_rows, padded), dtype=np.int32)  # (_row_totals' int32 groups)
     acc = np.zeros(lanes)
     outer = np.zeros(lanes)
@@ -236,6 +239,14 @@ def window_groups(
                 _block_totals(row_values, tile_values, factors, first, last, totals)
             else:
                 _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
+            if parity:
+                if W.first_half(first, length, cfg):
+                    W.keep_half(totals, references, first_totals, first_references)
+                    continue
+                if W.second_half(first, cfg):
+                    W.join_halves(
+                        first_totals, first_references, totals, references, lane_flags, cfg
+                    )
             W.finish_tree(totals, references, acc, lane_flags, cfg)
             W.after_tree(first + fused_terms, acc, outer, lane_flags, cfg)
         W.finish_outer(acc, outer, lane_flags, cfg)

@@ -21,7 +21,9 @@ tree position outside:
 3. the tree's integer sum is rounded in float64 (exact: it stays below 2^53) to the n-bit
    sum and into the accumulator by bit arithmetic on the float64 pattern (:func:`round_bits`),
    or added to the accumulator at a second alignment by floors of exact float64 values
-   (:func:`_finish_lanes_second_alignment`).
+   (:func:`_finish_lanes_second_alignment`). Under parity windows (``W_PARITY``) each half
+   of a tree (its positions reordered even ones first) takes steps 1 and 2 as a tree of its
+   own, and :func:`join_halves` adds the two halves' sums before step 3.
 
 A GEMM work item is a tile of at most ``LANES`` columns: it decodes its columns of B once
 into a (K, lanes) tile of float32 values and int8 exponents (or reads them kept from an
@@ -104,7 +106,11 @@ W_PROMOTION = 22
 # second alignment (:func:`_finish_lanes_second_alignment`); the adder drops a far accumulator.
 W_SECOND_ALIGNMENT = 23
 W_FAR_DROPPED = 24
-N_WINDOW_CONFIG = 25
+# 1: adder.parity_windows. The caller reorders each tree's positions even ones first
+# (datapath.window.in_tree_order) and sets W_FUSED_TERMS to half a tree, so that the kernels'
+# trees are the windows, in pairs (:func:`keep_half`, :func:`join_halves`).
+W_PARITY = 25
+N_WINDOW_CONFIG = 26
 PROMOTION_AT_END = 1 << 62
 FLOAT32_SMALLEST_NORMAL = 2.0**-126
 FLOAT32_LARGEST = (2.0 - 2.0**-23) * 2.0**127
@@ -289,6 +295,51 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
         _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, True)
     else:
         _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, False)
+
+
+@njit(cache=True, inline="always")
+def first_half(start, length, cfg):
+    """Whether the window at product ``start`` is the first half of a parity tree (the
+    caller keeps its sums for :func:`join_halves` instead of finishing a tree): every other
+    window under ``W_PARITY``, where a second half follows (``length``: the terms of K)."""
+    terms = cfg[W_FUSED_TERMS]
+    return cfg[W_PARITY] != 0 and (start // terms) % 2 == 0 and start + terms < length
+
+
+@njit(cache=True, inline="always")
+def second_half(start, cfg):
+    """Whether the window at product ``start`` is the second half of a parity tree (its sums
+    join the kept first half's: :func:`join_halves`)."""
+    return cfg[W_PARITY] != 0 and (start // cfg[W_FUSED_TERMS]) % 2 == 1
+
+
+@njit(cache=True, inline="always")
+def keep_half(totals, references, first_totals, first_references):
+    """The first half's sums and references, kept for :func:`join_halves` (a loop: a slice
+    assignment compiles Numba's shape-error formatting)."""
+    for lane in range(totals.shape[0]):
+        first_totals[lane] = totals[lane]
+        first_references[lane] = references[lane]
+
+
+@njit(cache=True, **NO_REFCOUNTS)
+def join_halves(first_totals, first_references, totals, references, flags, cfg):
+    """``adder.parity_windows``, per lane: the window sum of a tree's even positions
+    (``first_totals``, integers in units of 2^(R0 - W), R0 = ``first_references``) and of its
+    odd ones (``totals``, ``references``: R1), each kept to multiples of 2^(max(R0, R1) - W)
+    toward -inf and added into ``totals``; ``references`` becomes the larger R (NO_REFERENCE
+    only where neither half has a nonzero term). The floors of float64 integers times powers
+    of two are exact (a half without a nonzero term sums to 0 whatever it is scaled by). A
+    half whose R lies below the zero floor flags the lane, as :func:`finish_tree` flags a
+    tree's."""
+    zero_floor = cfg[W_ZERO_FLOOR]
+    for lane in range(totals.shape[0]):
+        first, second = first_references[lane], references[lane]
+        top = max(first, second)
+        kept = np.floor(first_totals[lane] * power_of_two(max(first - top, -1000)))
+        totals[lane] = kept + np.floor(totals[lane] * power_of_two(max(second - top, -1000)))
+        references[lane] = top
+        flags[lane] |= (NO_REFERENCE < first < zero_floor) | (NO_REFERENCE < second < zero_floor)
 
 
 @njit(cache=True, inline="always")
@@ -595,7 +646,8 @@ def _unusable(codes, scales, finite, scaled):
 @njit(cache=True, inline="always")
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
-    window factors, int32 group sums and tree sums (float64 integers: :func:`finish_tree`)."""
+    window factors, int32 group sums, tree sums (float64 integers: :func:`finish_tree`), and
+    a parity tree's first half's sums and references (:func:`keep_half`)."""
     return (
         np.empty(lanes, dtype=np.int8),
         np.zeros(lanes, dtype=np.int32),
@@ -603,6 +655,8 @@ def _lane_scratch(lanes):
         np.empty(lanes, dtype=np.float32),
         np.empty(lanes, dtype=np.int32),
         np.empty(lanes, dtype=np.float64),
+        np.empty(lanes, dtype=np.float64),
+        np.empty(lanes, dtype=np.int64),
     )
 
 
@@ -619,7 +673,7 @@ def lane_trees(
     (:func:`start_outer`, :func:`after_tree`)."""
     length, lanes = values_a.shape
     fused_terms, group = cfg[W_FUSED_TERMS], cfg[W_GROUP]
-    maxima, _, references, factors, partial, totals = scratch
+    maxima, _, references, factors, partial, totals, first_totals, first_references = scratch
     for start in range(0, length, fused_terms):
         stop = min(start + fused_terms, length)
         maxima[:] = -128
@@ -637,6 +691,11 @@ def lane_trees(
                     partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
             for lane in range(lanes):
                 totals[lane] += partial[lane]
+        if first_half(start, length, cfg):
+            keep_half(totals, references, first_totals, first_references)
+            continue
+        if second_half(start, cfg):
+            join_halves(first_totals, first_references, totals, references, flags, cfg)
         finish_tree(totals, references, acc, flags, cfg)
         after_tree(start + fused_terms, acc, outer, flags, cfg)
 
@@ -774,8 +833,13 @@ def _column_tile(
     acc = np.empty((ROW_BLOCK, lanes))
     outer = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
-    maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
-    maxima1, shifts1, references1, factors1, partial1, totals1 = _lane_scratch(lanes)
+    maxima, shifts, references, factors, partial, totals, _, _ = _lane_scratch(lanes)
+    maxima1, shifts1, references1, factors1, partial1, totals1, _, _ = _lane_scratch(lanes)
+    # A parity tree's first halves, row by row (none without parity windows).
+    kept = ROW_BLOCK if cfg[W_PARITY] != 0 else 0
+    first_totals = np.empty((kept, lanes))
+    first_references = np.empty((kept, lanes), dtype=np.int64)
+    halves = kept != 0
     for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
         row0 = row_block * ROW_BLOCK
         rows = min(ROW_BLOCK, n_rows - row0)
@@ -833,6 +897,30 @@ def _column_tile(
                         for lane in range(lanes):
                             totals[lane] += partial[lane]
                             totals1[lane] += partial1[lane]
+                if halves:
+                    if first_half(start, length, cfg):
+                        keep_half(totals, references, first_totals[row], first_references[row])
+                        keep_half(
+                            totals1, references1, first_totals[other], first_references[other]
+                        )
+                        continue
+                    if second_half(start, cfg):
+                        join_halves(
+                            first_totals[row],
+                            first_references[row],
+                            totals,
+                            references,
+                            tile_flags[row],
+                            cfg,
+                        )
+                        join_halves(
+                            first_totals[other],
+                            first_references[other],
+                            totals1,
+                            references1,
+                            tile_flags[other],
+                            cfg,
+                        )
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
                 if other != row:
                     finish_tree(totals1, references1, acc[other], tile_flags[other], cfg)

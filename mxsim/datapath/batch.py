@@ -89,6 +89,7 @@ from .window import (
     _offset_tables,
     _window_config,
     in_tree_order,
+    tree_order,
     operand_offset,
     product_overflow_possible,
     window_applies,
@@ -793,7 +794,7 @@ def window_groups_matmul(
     codes' length is K padded to whole scale blocks (the kernel then skips the padding where
     it is zero codes: :func:`_live_codes`), or None."""
     cfg, plan_a, plan_b = _window_plan(params)
-    if params.term_order is not None:  # the padding then lies inside the reordered runs
+    if tree_order(params) is not None:  # the padding then lies inside the reordered runs
         codes_a, codes_b = in_tree_order(params, codes_a), in_tree_order(params, codes_b)
         terms = None
     packed_a, zero_a, scales_a = _operand_plan(params, params.a_format, plan_a, codes_a, scales_a)

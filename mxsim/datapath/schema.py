@@ -137,6 +137,13 @@ def _pairwise_or(accepts: Accepts) -> Accepts:
     return lambda value, params: params.structure == "pairwise_rounded" or accepts(value, params)
 
 
+def _window_parity(value, params) -> bool:
+    """The window route's declaration of ``adder.parity_windows``: false, or a unit whose
+    trees have an even number of terms and take them in k order (the route reorders each
+    tree's positions even ones first: ``datapath.window.tree_order``)."""
+    return not value or (params.term_order is None and params.fused_terms % 2 == 0)
+
+
 def _same_trees_as_k_order(value, params) -> bool:
     return not value or params.block_size % params.fused_terms == 0
 
@@ -522,7 +529,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "align_fraction_bits; the two sums are then kept to multiples of 2^(R - align_fraction_bits) "
             "for the larger R, toward -inf, and added, R being that larger one (MMA-Sim's CDNA3 FP8 MFMA)",
             blas=only(False),
-            window=only(False),
+            window=_window_parity,
             groups=only(False),
             fma=only(False),
             fp32_steps=_pairwise_or(only(False)),
@@ -576,7 +583,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                 lambda value: NO_SPECIAL_ACCUMULATOR_EXPONENT if value is None else value
             ),
             blas=only(None),
-            window=only(None),
+            # A NaN or Inf accumulator is c's (flagged by the route) or an overflow's (flagged).
+            window=any_value,
             groups=only(None),
             fma=only(None),
             fp32_steps=_pairwise_or(only(None)),

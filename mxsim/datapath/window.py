@@ -238,11 +238,14 @@ def _window_config(params: DatapathParams):
         return None
     if c_at_end and params.c_add_rounding != "nearest_even":
         return None
+    if params.parity_windows and (params.promotion_interval or c_at_end):
+        return None  # (the kernels promote after whole windows: half a parity tree)
     wide = a.wide or b.wide  # (its offsets take the block scales' place)
     if wide and params.scales != "none":
         return None
-    # A term order reorders runs inside blocks (in_tree_order): the trees' scales stay theirs.
-    if params.term_order is not None and params.block_size % len(params.term_order):
+    # A tree order reorders runs inside blocks (in_tree_order): the trees' scales stay theirs.
+    order = tree_order(params)
+    if order is not None and params.block_size % len(order):
         return None
     window = params.align_fraction_bits
     fused = params.fused_terms
@@ -274,9 +277,11 @@ def _window_config(params: DatapathParams):
         return None
     cfg = tree_end_config(params)
     cfg[W.W_FLOAT32_ADD] = float32_addition(params, a, b)
-    cfg[W.W_FUSED_TERMS] = fused
+    # The kernels' trees are the unit's windows: half a tree each under parity windows.
+    terms = fused // 2 if params.parity_windows else fused
+    cfg[W.W_FUSED_TERMS] = terms
     cfg[W.W_GROUP] = min(
-        fused, 2 ** (MAX_WINDOW_BITS - window)
+        terms, 2 ** (MAX_WINDOW_BITS - window)
     )  # |group sum| < group * 2^(W+2) <= 2^31
     cfg[W.W_BLOCK_SIZE] = params.block_size
     cfg[W.W_THRESHOLD] = threshold
@@ -285,14 +290,26 @@ def _window_config(params: DatapathParams):
     return cfg, a, b
 
 
+@functools.lru_cache(maxsize=None)
+def tree_order(params: DatapathParams) -> tuple[int, ...] | None:
+    """The order in which the route takes each run of positions: ``adder.term_order``, or
+    under ``adder.parity_windows`` a tree's even positions then its odd ones (so that each
+    half of a tree is one window of the kernels: ``_window_kernels.join_halves``); None for
+    k order (the schema refuses the route to a unit with both)."""
+    if params.parity_windows:
+        terms = params.fused_terms
+        return tuple(range(0, terms, 2)) + tuple(range(1, terms, 2))
+    return params.term_order
+
+
 def in_tree_order(params: DatapathParams, codes: np.ndarray) -> np.ndarray:
     """``codes`` (..., K) with K in the order the unit's trees take the products: each run of
-    T = len(``adder.term_order``) positions reordered by it (a copy), or ``codes`` itself
+    T = len(:func:`tree_order`) positions reordered by it (a copy), or ``codes`` itself
     where the unit takes k order. A K short of a multiple of T is padded with zero codes,
     where the generic kernel leaves empty positions: the same sums, as a zero term's
-    exponent raises no tree's reference the route keeps unflagged. T divides the block
-    size (:func:`_window_config`), so the padding stays inside the last block."""
-    order = params.term_order
+    exponent raises no tree's reference (or half's) the route keeps unflagged. T divides
+    the block size (:func:`_window_config`), so the padding stays inside the last block."""
+    order = tree_order(params)
     if order is None:
         return codes
     period = len(order)
@@ -337,6 +354,7 @@ def tree_end_config(params: DatapathParams) -> np.ndarray:
         0 if params.second_alignment_bits is None else params.second_alignment_bits + 1
     )
     cfg[W.W_FAR_DROPPED] = params.far_accumulator == "zero"
+    cfg[W.W_PARITY] = params.parity_windows
     return cfg
 
 
@@ -398,7 +416,7 @@ def window_matmul(
     n_columns = codes_b.shape[1]
     n_tiles = max(1, -(-n_columns // W.LANES))
     width = max(1, -(-n_columns // n_tiles))
-    key = ("window", params.term_order)  # B's tiles in the trees' order
+    key = ("window", tree_order(params))  # B's tiles in the trees' order
     kept = None if memo is None else memo.get(key)
     if kept is None:  # (kept tiles are in the trees' order already: B is reordered once)
         codes_b = in_tree_order(params, codes_b)
