@@ -1,8 +1,19 @@
-"""Timing shared by the benchmark scripts."""
+"""Timing, and a command-line parser, shared by the benchmark scripts."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (the script's name and the
+    message, no usage) and exit 2."""
+
+    def error(self, message):
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def best_seconds(run, repeats: int, clock=time.perf_counter, budget: float | None = None) -> float:

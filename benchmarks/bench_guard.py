@@ -76,6 +76,8 @@ CASES = [
     Case("mi300", "fp32"),  # the FMA-chain route in float32
     Case("mi250", "fp16"),  # the fp32-steps route, pairwise trees
     Case("mi100", "fp16"),  # the fp32-steps route, exact steps
+    Case("a100", "tf32"),  # the window route's wide tables at an offset, trees of 4
+    Case("mi300", "fp8_e4m3fnuz"),  # the window route's parity windows and second alignment
 ]
 
 
@@ -108,6 +110,7 @@ BATCH_CASES = [
     BatchCase("b200-fp8", "fp8_e4m3", 24, 128, 128, 64),  # wide window groups, transposed
     BatchCase("mxdotp-paper", "fp8_e4m3", 24, 128, 64, 128),  # the BLAS route's group passes
     BatchCase("b200-tcgen05-mxf4", "fp4_e2m1", 192, 14, 32, 14),  # the group-sum route's batch
+    BatchCase("mi300", "fp8_e4m3fnuz", 192, 14, 32, 14),  # window groups in parity windows
 ]
 #: CPU seconds that a batch case's timing runs at least (its calls repeated in one timing).
 BATCH_TIMING = 0.005

@@ -18,12 +18,13 @@ itself (``mxsim.replay.layer._requantize``: the activations, the weights once), 
 the float forward's own work, the interception and the calls' bookkeeping. Also checks that
 torch_unit's and run_onnx_on_unit's outputs agree with saved ones bit for bit (``--save``/``--check``:
 exactness across code changes).
-Run: ``python benchmarks/bench_inloop.py [--hw NAME ...] [--repeats 3] [--no-onnx]``.
+Run: ``python benchmarks/bench_inloop.py [--hw NAME[:FORMAT] ...] [--repeats 3] [--no-onnx]``
+(``--hw a100:tf32``: the unit with that element format for A and B; the config's own first
+formats without one).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import tempfile
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
+from _timing import OneLineParser
 from mxsim.inloop import run_onnx_on_unit, torch_unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,9 +58,15 @@ SENTENCES = [
 ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hw", action="append", default=None)
+def main(argv=None) -> None:
+    parser = OneLineParser(prog="bench_inloop.py", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--hw",
+        action="append",
+        default=None,
+        metavar="NAME[:FORMAT]",
+        help="a shipped config, optionally with the element format of A and B",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-onnx", action="store_true")
@@ -68,7 +76,8 @@ def main() -> None:
     parser.add_argument(
         "--check", help="compare each unit's outputs with this .npz (from --save), bit for bit"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    units = [shipped_unit(spec, parser) for spec in args.hw or ["ocp-exact", "h100-fp8"]]
     import all_minilm_l6_v2
     import numba
     import torch
@@ -90,10 +99,6 @@ def main() -> None:
     model = transformers.AutoModel.from_pretrained(directory).eval()
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     inputs = (batch["input_ids"], batch["attention_mask"])
-    units = [
-        mxsim.load_hwconfig(REPO / "hwconfigs" / f"{n}.yaml")
-        for n in (args.hw or ["ocp-exact", "h100-fp8"])
-    ]
     print(
         f"mxsim {mxsim.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, "
         f"torch threads {torch.get_num_threads()}; input {tuple(batch['input_ids'].shape)}"
@@ -106,19 +111,20 @@ def main() -> None:
     float_seconds = best_seconds(forward, args.repeats + 1)
     print(f"torch float forward: {float_seconds}")
     outputs = {}
-    for unit in units:
-        with torch_unit(model, unit), seconds_in() as spent:
+    for label, unit, formats in units:
+        with torch_unit(model, unit, **formats), seconds_in() as spent:
 
-            def on_unit(unit=unit):
-                outputs[unit.name] = forward().numpy()
+            def on_unit(label=label):
+                outputs[label] = forward().numpy()
 
             on_unit()  # warm-up: compile or load the kernels, quantize the weights
             seconds = best_seconds(on_unit, args.repeats, spent)
         fresh = best_seconds(
-            lambda unit=unit: _torch_unit_forward(model, unit, forward), args.repeats
+            lambda unit=unit, formats=formats: _torch_unit_forward(model, unit, formats, forward),
+            args.repeats,
         )
         print(
-            f"torch_unit {unit.name}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
+            f"torch_unit {label}: {seconds} = {seconds / float_seconds:.1f}x the float forward "
             f"(forwards in one context; {seconds.gemm:.3f} CPU s in the GEMM routes = "
             f"{seconds.gemm / float_seconds.cpu:.1f}x, {seconds.quantize:.3f} CPU s quantizing = "
             f"{seconds.quantize / float_seconds.cpu:.1f}x); in a new context each: {fresh} = "
@@ -176,20 +182,20 @@ def onnx_runs(args, model, inputs, forward, units, outputs) -> None:
             lambda: session.run(["last_hidden_state"], feeds), args.repeats + 1
         )
         print(f"onnxruntime float forward: {onnx_float}")
-        for unit in units:
+        for label, unit, formats in units:
 
-            def on_unit(unit=unit):
-                outputs[unit.name + " onnx"] = run_onnx_on_unit(
-                    path, feeds, unit, outputs=["last_hidden_state"]
+            def on_unit(label=label, unit=unit, formats=formats):
+                outputs[label + " onnx"] = run_onnx_on_unit(
+                    path, feeds, unit, outputs=["last_hidden_state"], **formats
                 )["last_hidden_state"]
 
             on_unit()
             seconds = best_seconds(on_unit, args.repeats)
-            with torch_unit(model, unit):
+            with torch_unit(model, unit, **formats):
                 forward()
                 torch_seconds = best_seconds(forward, args.repeats)
             print(
-                f"run_onnx_on_unit {unit.name}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
+                f"run_onnx_on_unit {label}: {seconds} = {seconds / onnx_float:.1f}x the onnxruntime "
                 f"forward, {seconds / torch_seconds:.2f}x torch_unit ({torch_seconds}, same run)"
             )
 
@@ -256,9 +262,26 @@ def seconds_in():
             setattr(module, name, originals[key])
 
 
-def _torch_unit_forward(model, unit, forward):
-    with torch_unit(model, unit):
+def _torch_unit_forward(model, unit, formats, forward):
+    with torch_unit(model, unit, **formats):
         forward()
+
+
+def shipped_unit(spec: str, parser) -> tuple[str, object, dict]:
+    """(``spec``, the config, its A and B format keywords) of ``--hw NAME[:FORMAT]``: a config
+    of hwconfigs/ and, where given, a format it takes for both operands (else the parser's
+    one-line error naming what is accepted)."""
+    name, _, fmt = spec.partition(":")
+    shipped = sorted(path.stem for path in (REPO / "hwconfigs").glob("*.yaml"))
+    if name not in shipped:
+        parser.error(f"--hw {spec!r}: no shipped config {name!r} (hwconfigs/*.yaml)")
+    unit = mxsim.load_hwconfig(REPO / "hwconfigs" / f"{name}.yaml")
+    if not fmt:
+        return spec, unit, {}
+    taken = sorted({a for a, b in unit.format_pairs if a == b})
+    if fmt not in taken:
+        parser.error(f"--hw {spec!r}: {name} takes A and B of one format of {', '.join(taken)}")
+    return spec, unit, {"a_format": fmt, "b_format": fmt}
 
 
 if __name__ == "__main__":

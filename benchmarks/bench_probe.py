@@ -38,14 +38,12 @@ before it. The tables of paths are checked against the tests' own by tests/test_
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import fnmatch
 import importlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -54,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
-from _timing import best_seconds
+from _timing import OneLineParser, best_seconds
 from mxsim._compile import compile_seconds
 from mxsim.errors import MxsimError
 from mxsim.fileio import json_text, write_atomic
@@ -716,14 +714,8 @@ def merged(results: dict, rows: list[dict], skipped: list[str], after: dict) -> 
     }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"bench_probe.py: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv=None) -> None:
-    parser = _Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="bench_probe.py", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--set",
         action="append",

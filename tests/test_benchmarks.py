@@ -193,6 +193,31 @@ def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, c
     assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--hw", "no-such-unit"], "no shipped config 'no-such-unit'"),
+        (["--hw", "../hwconfigs/a100"], "no shipped config '../hwconfigs/a100'"),
+        (["--hw", "a100:fp8_e4m3"], "a100 takes A and B of one format of bf16, fp16, tf32"),
+        (["--repeats", "three"], "invalid int value: 'three'"),
+    ],
+)
+def test_bench_inloop_refuses_bad_flags_in_one_line(argv, message, monkeypatch, capsys):
+    bench = _load("bench_inloop.py", monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_bench_inloop_takes_a_units_format(monkeypatch):
+    bench = _load("bench_inloop.py", monkeypatch)
+    label, unit, formats = bench.shipped_unit("mi300:fp8_e4m3fnuz", None)
+    assert (label, unit.name) == ("mi300:fp8_e4m3fnuz", "mi300")
+    assert formats == {"a_format": "fp8_e4m3fnuz", "b_format": "fp8_e4m3fnuz"}
+    assert bench.shipped_unit("a100", None)[2] == bench.shipped_unit("a100:", None)[2] == {}
+
+
 @pytest.mark.slow  # a probe run: compiles the probe's kernels
 def test_bench_probe_runs_one_path(monkeypatch, tmp_path, capsys):
     bench = _load("bench_probe.py", monkeypatch)
