@@ -429,18 +429,30 @@ def _finish_lanes_float32(lanes, cut_bits, zero_floor):
 
 
 @njit(cache=True, inline="always")
-def _finish_lanes_second_alignment(lanes, bits, far_dropped, acc_rule, cfg):
+def _finish_lanes_second_alignment(lanes, bits, far_dropped, acc_rule, cfg, binary32):
     """:func:`finish_tree`'s loop for a second alignment of ``bits`` n (``W_SECOND_ALIGNMENT``;
     the accumulator outside the tree, no n-bit sum): at E = max(R, e), e the accumulator's
     exponent (at least its format's emin, that emin for 0; R none for a tree without a
     nonzero term), the tree's sum kept to multiples of 2^(E-n-1) and the accumulator to
     multiples of 2^(E-W) (dropped where ``far_dropped`` and e < E - W - 1), both toward
-    -inf, their exact sum (float64: below 2^(E+3) in units of at least 2^(E-max(n+1, W)))
-    cut to n+1 significant bits toward -inf (no finer than 2^(emin-n)), then rounded into
-    the accumulator (lanes whose result is not 0 or normal flagged, as elsewhere)."""
+    -inf, their exact sum cut to n+1 significant bits toward -inf (no finer than
+    2^(emin-n)), then rounded into the accumulator (lanes whose result is not 0 or normal
+    flagged, as elsewhere).
+
+    The register is held in units of 2^(E-n-1) (``units``: the two floors at their grids,
+    then their sum, exact in float64 as the register's span is at most max(n+1, W) + 3 bits
+    plus the log2 of the tree's terms), where the cut and the rounding are bit
+    arithmetic on the float64 pattern (:func:`round_bits`; both keep significant bits, so
+    neither depends on the unit) before one exact scaling back. The cut keeps n+1 bits
+    whatever the register's exponent: for a register below 2^emin, which the generic kernel
+    cuts no finer than 2^(emin-n), the result is below 2^emin too (flagged) unless both cuts
+    reach -2^emin. ``binary32`` (a constant: an IEEE binary32 accumulator rounding to nearest
+    even, :func:`binary32_nearest`): that rounding is the float64 -> float32 conversion."""
     totals, references, acc, flags, window = lanes
     low, high = cfg[W_ACC_MIN_EXPONENT], cfg[W_ACC_MAX_EXPONENT]
     zero_floor = cfg[W_ZERO_FLOOR]
+    cut_rule = rounding_rule(bits + 1, ROUND_TOWARD_NEGATIVE)
+    acc_unit = power_of_two(bits + 1 - window)  # 2^(E-W) in units of 2^(E-n-1)
     for lane in range(totals.shape[0]):
         reference = references[lane]
         outside = NO_REFERENCE < reference < zero_floor  # as in _finish_lanes
@@ -448,22 +460,33 @@ def _finish_lanes_second_alignment(lanes, bits, far_dropped, acc_rule, cfg):
         exponent = max(_exponent(previous), low)  # (a zero's -1023 gives emin)
         no_tree = reference == NO_REFERENCE
         top = exponent if no_tree else max(exponent, reference)
-        kept = top - bits - 1
-        tree_part = (
-            0.0
-            if no_tree
-            else np.floor(totals[lane] * power_of_two(reference - window - kept))
-            * power_of_two(kept)
-        )
-        acc_part = np.floor(previous * power_of_two(window - top)) * power_of_two(top - window)
+        tree_units = np.floor(totals[lane] * power_of_two(reference - top + bits + 1 - window))
+        acc_units = np.floor(previous * power_of_two(window - top)) * acc_unit
         if far_dropped and exponent < top - window - 1:
-            acc_part = 0.0
-        register = tree_part + acc_part + 0.0  # exact; (+0.0: no -0 from floor(-0.0))
-        cut = max(_exponent(register), low) - bits  # a zero register stays zero
-        register = np.floor(register * power_of_two(-cut)) * power_of_two(cut)
-        result, ok = _round_in_range(register, acc_rule, low, high)
-        acc[lane] = result
+            acc_units = 0.0
+        units = (0.0 if no_tree else tree_units) + acc_units
+        value = round_bits(units, cut_rule) * power_of_two(top - bits - 1)
+        if binary32:  # (a result of 2^128 or more is Inf)
+            rounded = np.float64(np.float32(value))
+        else:
+            rounded = round_bits(value, acc_rule)
+        ok = (units == 0.0) | (
+            (abs(value) >= power_of_two(low)) & (abs(rounded) < power_of_two(high + 1))
+        )
+        acc[lane] = rounded if ok else 0.0
         flags[lane] |= outside | (not ok)
+
+
+@njit(cache=True, inline="always")
+def binary32_nearest(cfg):
+    """Whether the accumulator is IEEE binary32 (24 bits, normal exponents -126..127)
+    rounding to nearest even: its rounding of a float64 is the float32 conversion."""
+    return (
+        cfg[W_ACC_BITS] == 24
+        and cfg[W_ACC_ROUNDING] == ROUND_NEAREST_EVEN
+        and cfg[W_ACC_MIN_EXPONENT] == -126
+        and cfg[W_ACC_MAX_EXPONENT] == 127
+    )
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -486,9 +509,11 @@ def finish_tree(totals, references, acc, flags, cfg):
     rounded_sum = sum_bits > 0
     lanes = (totals, references, acc, flags, window)
     if cfg[W_SECOND_ALIGNMENT] != 0:
-        _finish_lanes_second_alignment(
-            lanes, cfg[W_SECOND_ALIGNMENT] - 1, cfg[W_FAR_DROPPED] != 0, acc_rule, cfg
-        )
+        bits, far_dropped = cfg[W_SECOND_ALIGNMENT] - 1, cfg[W_FAR_DROPPED] != 0
+        if binary32_nearest(cfg):
+            _finish_lanes_second_alignment(lanes, bits, far_dropped, acc_rule, cfg, True)
+        else:
+            _finish_lanes_second_alignment(lanes, bits, far_dropped, acc_rule, cfg, False)
     elif cfg[W_FLOAT32_ADD] != 0:
         _finish_lanes_float32(lanes, sum_rule[0], cfg[W_ZERO_FLOOR])
     elif cfg[W_ACC_IN_TREE] == 0:
