@@ -32,6 +32,14 @@ def test_benchmark_script_imports(script, monkeypatch):
     assert callable(getattr(module, "main", None)), f"{script} has no main()"
 
 
+def assert_refused_in_one_line(main, argv, message, capsys) -> None:
+    """A script's ``main(argv)`` exits 2 with one line on stderr holding ``message``."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
 UPDATE = "update benchmarks/bench_probe.py's table to the tests'"
 
 
@@ -118,10 +126,7 @@ def test_bench_probe_update_refuses_what_is_not_a_results_file(monkeypatch, tmp_
             "give one",
         ),
     ]:
-        with pytest.raises(SystemExit) as exit_:
-            bench.main(argv)
-        err = capsys.readouterr().err
-        assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+        assert_refused_in_one_line(bench.main, argv, message, capsys)
 
 
 def test_the_probe_docs_table_is_the_results_file(monkeypatch):
@@ -187,10 +192,7 @@ def test_bench_probe_mmasim_families_are_the_tests(monkeypatch):
 )
 def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, capsys):
     bench = _load("bench_probe.py", monkeypatch)
-    with pytest.raises(SystemExit) as exit_:
-        bench.main(argv)
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert_refused_in_one_line(bench.main, argv, message, capsys)
 
 
 @pytest.mark.parametrize(
@@ -204,10 +206,7 @@ def test_bench_probe_refuses_bad_flags_in_one_line(argv, message, monkeypatch, c
 )
 def test_bench_inloop_refuses_bad_flags_in_one_line(argv, message, monkeypatch, capsys):
     bench = _load("bench_inloop.py", monkeypatch)
-    with pytest.raises(SystemExit) as exit_:
-        bench.main(argv)
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert_refused_in_one_line(bench.main, argv, message, capsys)
 
 
 def test_bench_inloop_takes_a_units_format(monkeypatch):

@@ -207,10 +207,17 @@ def test_routes_refuse_a_new_key_until_it_declares_what_they_compute(add_dummy_k
         ("window", "h100-fp8", {"inputs.zero_sign": "positive"}),
         ("blas", "ocp-exact", {"multiplier.overflow_exponent": 128}),
         ("window", "b200-tcgen05-mxf8f6f4", {"multiplier.overflow_exponent": 128}),  # scaled
+        # parity windows in a term order, or in trees of an odd count: the route reorders
+        # each tree's positions even ones first, in k order
+        ("window", "h200-fp8", {"adder.parity_windows": True, "adder.accumulator_in_tree": False}),
         (
             "window",
             "h100-wgmma",
-            {"adder.parity_windows": True, "adder.accumulator_in_tree": False},
+            {
+                "adder.parity_windows": True,
+                "adder.accumulator_in_tree": False,
+                "adder.fused_terms": 5,
+            },
         ),
     ],
 )
