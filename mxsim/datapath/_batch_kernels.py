@@ -239,14 +239,10 @@ def window_groups(
                 _block_totals(row_values, tile_values, factors, first, last, totals)
             else:
                 _row_totals(row_values, tile_values, factors, first, last, group, partials, totals)
-            if parity:
-                if W.first_half(first, length, cfg):
-                    W.keep_half(totals, references, first_totals, first_references)
-                    continue
-                if W.second_half(first, cfg):
-                    W.join_halves(
-                        first_totals, first_references, totals, references, lane_flags, cfg
-                    )
+            if parity and W.parity_halves(
+                first, length, totals, references, first_totals, first_references, lane_flags, cfg
+            ):
+                continue
             W.finish_tree(totals, references, acc, lane_flags, cfg)
             W.after_tree(first + fused_terms, acc, outer, lane_flags, cfg)
         W.finish_outer(acc, outer, lane_flags, cfg)

@@ -23,7 +23,7 @@ tree position outside:
    or added to the accumulator at a second alignment by floors of exact float64 values
    (:func:`_finish_lanes_second_alignment`). Under parity windows (``W_PARITY``) each half
    of a tree (its positions reordered even ones first) takes steps 1 and 2 as a tree of its
-   own, and :func:`join_halves` adds the two halves' sums before step 3.
+   own, and :func:`parity_halves` adds the two halves' sums before step 3.
 
 A GEMM work item is a tile of at most ``LANES`` columns: it decodes its columns of B once
 into a (K, lanes) tile of float32 values and int8 exponents (or reads them kept from an
@@ -108,7 +108,7 @@ W_SECOND_ALIGNMENT = 23
 W_FAR_DROPPED = 24
 # 1: adder.parity_windows. The caller reorders each tree's positions even ones first
 # (datapath.window.in_tree_order) and sets W_FUSED_TERMS to half a tree, so that the kernels'
-# trees are the windows, in pairs (:func:`keep_half`, :func:`join_halves`).
+# trees are the windows, in pairs (:func:`parity_halves`).
 W_PARITY = 25
 N_WINDOW_CONFIG = 26
 PROMOTION_AT_END = 1 << 62
@@ -297,29 +297,26 @@ def tree_references(maxima, shifts, acc, references, factors, cfg):
         _reference_lanes(maxima, shifts, acc, references, factors, window, threshold, False)
 
 
-@njit(cache=True, inline="always")
-def first_half(start, length, cfg):
-    """Whether the window at product ``start`` is the first half of a parity tree (the
-    caller keeps its sums for :func:`join_halves` instead of finishing a tree): every other
-    window under ``W_PARITY``, where a second half follows (``length``: the terms of K)."""
+@njit(cache=True, **NO_REFCOUNTS)
+def parity_halves(start, length, totals, references, first_totals, first_references, flags, cfg):
+    """Under parity windows (``W_PARITY``; the kernels' trees are then half trees), the
+    window at product ``start`` of K's ``length``: a first half followed by a second is kept
+    (its sums and references copied to ``first_totals`` and ``first_references``; returns
+    True: the caller finishes no tree), a second half joins the kept one
+    (:func:`join_halves`). Returns False but for a kept first half, and does nothing without
+    parity windows. One compiled stage that every window kernel calls."""
     terms = cfg[W_FUSED_TERMS]
-    return cfg[W_PARITY] != 0 and (start // terms) % 2 == 0 and start + terms < length
-
-
-@njit(cache=True, inline="always")
-def second_half(start, cfg):
-    """Whether the window at product ``start`` is the second half of a parity tree (its sums
-    join the kept first half's: :func:`join_halves`)."""
-    return cfg[W_PARITY] != 0 and (start // cfg[W_FUSED_TERMS]) % 2 == 1
-
-
-@njit(cache=True, inline="always")
-def keep_half(totals, references, first_totals, first_references):
-    """The first half's sums and references, kept for :func:`join_halves` (a loop: a slice
-    assignment compiles Numba's shape-error formatting)."""
-    for lane in range(totals.shape[0]):
-        first_totals[lane] = totals[lane]
-        first_references[lane] = references[lane]
+    if cfg[W_PARITY] == 0:
+        return False
+    if (start // terms) % 2 == 0:
+        if start + terms >= length:  # (a last half alone: no second to join)
+            return False
+        for lane in range(totals.shape[0]):
+            first_totals[lane] = totals[lane]
+            first_references[lane] = references[lane]
+        return True
+    join_halves(first_totals, first_references, totals, references, flags, cfg)
+    return False
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -672,7 +669,7 @@ def _unusable(codes, scales, finite, scaled):
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
     window factors, int32 group sums, tree sums (float64 integers: :func:`finish_tree`), and
-    a parity tree's first half's sums and references (:func:`keep_half`)."""
+    a parity tree's first half's sums and references (:func:`parity_halves`)."""
     return (
         np.empty(lanes, dtype=np.int8),
         np.zeros(lanes, dtype=np.int32),
@@ -716,11 +713,10 @@ def lane_trees(
                     partial[lane] += np.int32(values_a[k, lane] * values_b[k, lane] * factors[lane])
             for lane in range(lanes):
                 totals[lane] += partial[lane]
-        if first_half(start, length, cfg):
-            keep_half(totals, references, first_totals, first_references)
+        if parity_halves(
+            start, length, totals, references, first_totals, first_references, flags, cfg
+        ):
             continue
-        if second_half(start, cfg):
-            join_halves(first_totals, first_references, totals, references, flags, cfg)
         finish_tree(totals, references, acc, flags, cfg)
         after_tree(start + fused_terms, acc, outer, flags, cfg)
 
@@ -923,29 +919,28 @@ def _column_tile(
                             totals[lane] += partial[lane]
                             totals1[lane] += partial1[lane]
                 if halves:
-                    if first_half(start, length, cfg):
-                        keep_half(totals, references, first_totals[row], first_references[row])
-                        keep_half(
-                            totals1, references1, first_totals[other], first_references[other]
-                        )
+                    kept = parity_halves(
+                        start,
+                        length,
+                        totals,
+                        references,
+                        first_totals[row],
+                        first_references[row],
+                        tile_flags[row],
+                        cfg,
+                    )
+                    parity_halves(
+                        start,
+                        length,
+                        totals1,
+                        references1,
+                        first_totals[other],
+                        first_references[other],
+                        tile_flags[other],
+                        cfg,
+                    )
+                    if kept:
                         continue
-                    if second_half(start, cfg):
-                        join_halves(
-                            first_totals[row],
-                            first_references[row],
-                            totals,
-                            references,
-                            tile_flags[row],
-                            cfg,
-                        )
-                        join_halves(
-                            first_totals[other],
-                            first_references[other],
-                            totals1,
-                            references1,
-                            tile_flags[other],
-                            cfg,
-                        )
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
                 if other != row:
                     finish_tree(totals1, references1, acc[other], tile_flags[other], cfg)
