@@ -668,8 +668,7 @@ def _unusable(codes, scales, finite, scaled):
 @njit(cache=True, inline="always")
 def _lane_scratch(lanes):
     """Per-tree, per-lane working arrays: exponent-sum maxima, block-scale shifts, references,
-    window factors, int32 group sums, tree sums (float64 integers: :func:`finish_tree`), and
-    a parity tree's first half's sums and references (:func:`parity_halves`)."""
+    window factors, int32 group sums and tree sums (float64 integers: :func:`finish_tree`)."""
     return (
         np.empty(lanes, dtype=np.int8),
         np.zeros(lanes, dtype=np.int32),
@@ -677,8 +676,6 @@ def _lane_scratch(lanes):
         np.empty(lanes, dtype=np.float32),
         np.empty(lanes, dtype=np.int32),
         np.empty(lanes, dtype=np.float64),
-        np.empty(lanes, dtype=np.float64),
-        np.empty(lanes, dtype=np.int64),
     )
 
 
@@ -691,8 +688,9 @@ def lane_trees(
     exponent-sum maxima, :func:`tree_references`, the truncated terms summed in int32 groups
     of ``group`` and :func:`finish_tree` into ``acc`` and ``flags``. ``shifts`` (trees,
     lanes) int32: each tree's Xa + Xb per lane (zeros without scales); ``scratch``:
-    :func:`_lane_scratch` of the lanes; ``outer``: the outer accumulators of a promoting unit
-    (:func:`start_outer`, :func:`after_tree`)."""
+    :func:`_lane_scratch` of the lanes and two arrays of them for a parity tree's first half
+    (:func:`parity_halves`: float64 sums, int64 references); ``outer``: the outer
+    accumulators of a promoting unit (:func:`start_outer`, :func:`after_tree`)."""
     length, lanes = values_a.shape
     fused_terms, group = cfg[W_FUSED_TERMS], cfg[W_GROUP]
     maxima, _, references, factors, partial, totals, first_totals, first_references = scratch
@@ -854,13 +852,13 @@ def _column_tile(
     acc = np.empty((ROW_BLOCK, lanes))
     outer = np.empty((ROW_BLOCK, lanes))
     tile_flags = np.empty((ROW_BLOCK, lanes), dtype=np.uint8)
-    maxima, shifts, references, factors, partial, totals, _, _ = _lane_scratch(lanes)
-    maxima1, shifts1, references1, factors1, partial1, totals1, _, _ = _lane_scratch(lanes)
+    maxima, shifts, references, factors, partial, totals = _lane_scratch(lanes)
+    maxima1, shifts1, references1, factors1, partial1, totals1 = _lane_scratch(lanes)
     # A parity tree's first halves, row by row (none without parity windows).
-    kept = ROW_BLOCK if cfg[W_PARITY] != 0 else 0
-    first_totals = np.empty((kept, lanes))
-    first_references = np.empty((kept, lanes), dtype=np.int64)
-    halves = kept != 0
+    kept_rows = ROW_BLOCK if cfg[W_PARITY] != 0 else 0
+    first_totals = np.empty((kept_rows, lanes))
+    first_references = np.empty((kept_rows, lanes), dtype=np.int64)
+    halves = kept_rows != 0
     for row_block in range(first_block, min(first_block + blocks_per_chunk, n_blocks)):
         row0 = row_block * ROW_BLOCK
         rows = min(ROW_BLOCK, n_rows - row0)
@@ -919,7 +917,7 @@ def _column_tile(
                             totals[lane] += partial[lane]
                             totals1[lane] += partial1[lane]
                 if halves:
-                    kept = parity_halves(
+                    first_kept = parity_halves(
                         start,
                         length,
                         totals,
@@ -939,7 +937,7 @@ def _column_tile(
                         tile_flags[other],
                         cfg,
                     )
-                    if kept:
+                    if first_kept:
                         continue
                 finish_tree(totals, references, acc[row], tile_flags[row], cfg)
                 if other != row:
@@ -1092,7 +1090,7 @@ def _row_tile(
         acc,
         outer,
         lane_flags,
-        _lane_scratch(lanes),
+        (*_lane_scratch(lanes), np.empty(lanes), np.empty(lanes, dtype=np.int64)),
         cfg,
     )
     finish_outer(acc, outer, lane_flags, cfg)
