@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -37,7 +38,7 @@ import numba
 import numpy as np
 
 import mxsim
-from _timing import best_seconds
+from _timing import best_seconds, cpu_model
 from mxsim.fileio import json_text, write_atomic
 from mxsim.quantize import BFP_SPECS, MXGroups, quantize_bfp, quantize_grouped
 
@@ -152,8 +153,30 @@ def operand_scaling(hw, element: str) -> dict:
     return {"per_tensor_scale": True}
 
 
+def numba_target() -> str:
+    """The CPU Numba compiles the kernels for (``NUMBA_CPU_NAME``, else LLVM's name of the
+    host, which sets the vector width LLVM prefers)."""
+    import llvmlite.binding
+
+    return numba.config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
+
+
+def processor_notice(recorded: dict, where: dict) -> str | None:
+    """A line saying the recorded ratios come from another processor (or one not recorded)
+    than this run's ``where`` (:func:`conditions`); None where they come from this one."""
+    then = [recorded.get(key) for key in ("cpu", "numba_target")]
+    now = [where[key] for key in ("cpu", "numba_target")]
+    if then == now:
+        return None
+    named = ", ".join(x for x in then if x) or "a processor not recorded"
+    return (
+        f"the recorded ratios come from {named}, this run from {', '.join(now)}: a ratio "
+        "may differ by the processor alone"
+    )
+
+
 def conditions() -> dict:
-    """Where and when: date, commit, load average, machine, library versions."""
+    """Where and when: date, commit, load average, machine, processor, library versions."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -174,6 +197,8 @@ def conditions() -> dict:
         "load_average": " ".join(load),
         "cores": os.cpu_count(),
         "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "numba_target": numba_target(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "mxsim": mxsim.__version__,
@@ -279,7 +304,11 @@ def main(argv=None) -> int:
     where = conditions()
     measured = measure(repeats=args.repeats) | measure_batches(repeats=args.repeats)
     print(f"{where['date']}, commit {where['commit']}, load average {where['load_average']}")
-    recorded = {} if args.record else __import__("json").loads(RESULTS.read_text())["ratios"]
+    results = {} if args.record else json.loads(RESULTS.read_text())
+    recorded = results.get("ratios", {})
+    notice = results and processor_notice(results.get("conditions", {}), where)
+    if notice:
+        print(notice)
     for name, ratio in measured.items():
         print(
             f"  {name:48s} {ratio:6.3f}x numpy float64"

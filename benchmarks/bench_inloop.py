@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
-from _timing import OneLineParser
+from _timing import OneLineParser, cpu_model
 from mxsim.inloop import run_onnx_on_unit, torch_unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     inputs = (batch["input_ids"], batch["attention_mask"])
     print(
-        f"mxsim {mxsim.__version__}, torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"mxsim {mxsim.__version__}, torch {torch.__version__}, {os.cpu_count()} cores ({cpu_model()}), "
         f"torch threads {torch.get_num_threads()}; input {tuple(batch['input_ids'].shape)}"
     )
 

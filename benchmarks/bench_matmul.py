@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
-from _timing import best_seconds
+from _timing import best_seconds, cpu_model
 from bench_guard import batch_operands, conditions, one_thread
 from mxsim.fileio import json_text, write_atomic
 from mxsim.quantize import BFP_SPECS
@@ -331,7 +331,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     print(
-        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()}"
+        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.machine()} ({cpu_model()})"
     )
     where = conditions()
     clock = time.process_time if args.cpu_time else time.perf_counter

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 import mxsim
-from _timing import OneLineParser, best_seconds
+from _timing import OneLineParser, best_seconds, cpu_model
 from mxsim._compile import compile_seconds
 from mxsim.errors import MxsimError
 from mxsim.fileio import json_text, write_atomic
@@ -666,6 +666,7 @@ def conditions() -> dict:
         "mxsim": mxsim.__version__,
         "numpy": np.__version__,
         "cores": os.cpu_count(),
+        "cpu": cpu_model(),
         "load_average": round(os.getloadavg()[0], 2),
     }
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 
 import numpy as np
 
 import mxsim
-from _timing import best_seconds
+from _timing import best_seconds, cpu_model
 
 
 def main() -> None:
@@ -24,7 +23,7 @@ def main() -> None:
     args = parser.parse_args()
     x = np.random.default_rng(0).standard_normal(args.elements).astype(np.float32)
     print(
-        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+        f"mxsim {mxsim.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, {cpu_model()}"
     )
     print(f"{args.elements} float32 elements, best of {args.repeats}")
     baseline = best_seconds(lambda: x.astype(np.float16), args.repeats)

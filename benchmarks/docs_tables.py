@@ -5,7 +5,8 @@ Each table sits between ``<!-- results: NAME -->`` and ``<!-- /results -->`` in
 docs/benchmarks.md; NAME is a results file's stem (``guard``: bench_guard.py --record,
 ``matmul``/``matmul-fp4_e2m1``: bench_matmul.py --record). A script without ``--record``
 has its run's figures written into a results file of the plain table form by hand: its
-``command``, ``conditions`` (date, load average, cores, machine; commit where known), an
+``command``, ``conditions`` (date, load average, cores, machine; commit, processor and
+Numba's target where known), an
 optional ``note`` on what the table shows, ``columns`` and ``rows`` of cells as the script
 printed them. Earlier runs are kept in ``benchmarks/results/benchmark-runs.md``.
 Run after recording: ``python benchmarks/docs_tables.py`` (rewrites the tables), ``--check``
@@ -36,11 +37,13 @@ BLOCK = re.compile(r"(<!-- results: ([\w.-]+) -->\n)(.*?)(<!-- /results -->)", r
 
 
 def _recorded(name: str, results: dict) -> str:
-    """Where the recorded run's conditions are: the machine here, its commit, date and load
-    in the results file (docs show the current figure, not a run log)."""
+    """Where the recorded run's conditions are: the machine (and its processor, where recorded)
+    here, its commit, date and load in the results file (docs show the current figure, not a run log)."""
     c = results["conditions"]
+    named = [c[key] for key in ("cpu", "numba_target") if c.get(key)]
+    cpu = f" ({', '.join(named)})" if named else ""
     return (
-        f"Measured on {c['cores']} cores, {c['machine']}; the run's commit, date and load: "
+        f"Measured on {c['cores']} cores, {c['machine']}{cpu}; the run's commit, date and load: "
         f"`benchmarks/results/{name}.json`."
     )
 

@@ -270,6 +270,29 @@ def test_guard_results_record_every_case_and_the_conditions(monkeypatch):
     assert {"date", "commit", "load_average", "cores"} <= results["conditions"].keys()
 
 
+def test_guard_conditions_name_the_processor(monkeypatch, tmp_path):
+    """The ratios depend on the processor: the conditions name it and Numba's target, and
+    the guard says when the recorded ratios come from another one."""
+    guard = _load("bench_guard.py", monkeypatch)
+    where = guard.conditions()
+    assert where["cpu"] and where["numba_target"]
+    assert guard.processor_notice(where, where) is None
+    other = dict(where, cpu="Other CPU", numba_target="znver4")
+    assert guard.processor_notice(other, where) == (
+        f"the recorded ratios come from Other CPU, znver4, this run from {where['cpu']}, "
+        f"{where['numba_target']}: a ratio may differ by the processor alone"
+    )
+    assert guard.processor_notice({}, where).startswith(
+        "the recorded ratios come from a processor not recorded, this run from"
+    )
+    timing = _load("_timing.py", monkeypatch)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Some CPU @ 2.60GHz\n")
+    assert timing.cpu_model(cpuinfo) == "Some CPU @ 2.60GHz"
+    missing = timing.cpu_model(tmp_path / "absent")
+    assert missing == (timing.platform.processor() or timing.platform.machine())
+
+
 def test_docs_tables_are_the_results_files(monkeypatch):
     tables = _load("docs_tables.py", monkeypatch)
     texts = [doc.read_text() for doc in tables.DOCS]
@@ -301,6 +324,10 @@ def test_docs_tables_refuse_a_row_that_does_not_fit_the_columns(monkeypatch, tmp
     results["rows"].pop()
     (tmp_path / "x.json").write_text(json.dumps(results))
     assert tables.table("x").endswith("| a | b |\n|---|---|\n| 1 | 2 |\n")
+    assert "Measured on 2 cores, m; " in tables.table("x")
+    results["conditions"] |= {"cpu": "Some CPU", "numba_target": "znver4"}
+    (tmp_path / "x.json").write_text(json.dumps(results))
+    assert "Measured on 2 cores, m (Some CPU, znver4); " in tables.table("x")
 
 
 def test_rtl_configs_lists_every_shipped_mx_config_once(monkeypatch):
