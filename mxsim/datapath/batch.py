@@ -372,8 +372,10 @@ def exact_tiles_matmul(
                 scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
                 c_tiles = c_values
                 if not one_c:
-                    c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
-                    c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
+                    c_panel = c_values[g, r0:r1, c0:c1]
+                    if c1 - c0 < tiles * tile:  # (the last tile's columns padded)
+                        c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
+                        c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
                     c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
                 out_tiles = np.empty((*panel, tile), dtype=out.dtype)
                 t, m, n = _exact_groups(
@@ -389,9 +391,10 @@ def exact_tiles_matmul(
                 )
                 by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * tile)
                 out[g, r0:r1, c0:c1] = by_rows[:, : c1 - c0]
-                column = c0 + t * tile + n
-                kept = column < columns
-                found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
+                if t.size:  # (rare: outputs flagged for the generic kernel)
+                    column = c0 + t * tile + n
+                    kept = column < columns
+                    found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
             if progress is not None:
                 progress(g * rows + r1, groups * rows)
     if not found:
