@@ -27,6 +27,11 @@ import numba
 #: Work items (elements, products) below which a parallel kernel call uses one thread: the
 #: size where the single-threaded loop takes roughly as long as waking a second thread.
 SERIAL_BELOW = 1 << 14
+#: Elements below which a block quantization (MX or NVFP4) runs on one thread: its kernel
+#: streams the tensor at a few nanoseconds an element after serial copies, and on two cores a
+#: second thread gained nothing below about 2^18 elements (at 2^16 it took half as long again
+#: and a third more CPU time: an attention head's or a small layer's activations).
+SERIAL_QUANTIZE_BELOW = 1 << 19
 #: Products below which a GEMM route's call (a batch of attention heads, a small layer) runs
 #: on one thread: a few milliseconds of work at most, where a woken thread that waits for a
 #: time slice on a shared machine costs more than the split saves.

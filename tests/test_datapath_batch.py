@@ -8,6 +8,7 @@ import dataclasses
 import math
 from fractions import Fraction
 
+import numba
 import numpy as np
 import pytest
 import yaml
@@ -896,6 +897,48 @@ def test_which_units_and_gemms_take_the_tiled_route():
         assert not batch_module.exact_tiles_apply(other, 1024, 1024, 1024), name
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, threads):
+    """The tiles of a chunk of panels (``EXACT_PANELS`` of them, all their runs of columns)
+    split over the threads together: each tile computed by a call of its own, in reverse
+    order, and the split of two threads both give the bits of the BLAS route, flags and
+    progress as one call each; a chunk of fewer panels than the GEMM's too."""
+    config = hw("ocp-exact")
+    shape = (2, 300, 64, 600)  # per group: 3 panels, runs of 2 tiles and 1 padded tile
+    rng = np.random.default_rng(11)
+    a, b = operands(rng, "fp8_e4m3", 32, shape, 0.05)
+    c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), True)
+    monkeypatch.setattr(api, "exact_tiles_apply", lambda *arguments: False)
+    want = matmul_batched(config, a, b, c=c).bits
+    monkeypatch.undo()
+    calls = []
+
+    def one_tile_a_call(call, items, threads=None):
+        calls.append(items)
+        for item in reversed(range(items)):
+            call(item, item + 1)
+
+    if threads == 1:
+        monkeypatch.setattr(batch_module, "run_in_threads", one_tile_a_call)
+    elif numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs Numba's pool to hold two threads")
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        for panels in (batch_module.EXACT_PANELS, 2):
+            monkeypatch.setattr(batch_module, "EXACT_PANELS", panels)
+            reports = []
+            got = matmul_batched(config, a, b, c=c, progress=lambda *done: reports.append(done))
+            np.testing.assert_array_equal(got.bits, want)
+            assert [done for done, _ in reports] == [128, 256, 300, 428, 556, 600]
+    finally:
+        numba.set_num_threads(before)
+    if (
+        threads == 1
+    ):  # per group, one split of the chunk's tiles: 3 panels x 3 tiles, or 2 + 1 panels
+        assert calls == [9, 9, 6, 3, 6, 3]
+
+
 @pytest.mark.parametrize(
     "shape", [(2, 130, 70, 260), (1, 300, 200, 130), (1, 128, 40, 128), (1, 129, 64, 600)]
 )
@@ -923,13 +966,13 @@ def test_tiled_route_equals_the_blas_route_and_the_kernel(
         narrow = (batch_module.EXACT_TILE + batch_module.EXACT_WIDE_TILE) * padded - 1
         monkeypatch.setattr(batch_module, "GROUPS_DECODED", narrow)
     widths = []
-    exact_groups = batch_module._exact_groups
+    exact_arguments = batch_module._exact_arguments
 
     def recording_widths(params, kernel_args, codes_a, codes_b, *rest):
         widths.append(codes_b.shape[1])
-        return exact_groups(params, kernel_args, codes_a, codes_b, *rest)
+        return exact_arguments(params, kernel_args, codes_a, codes_b, *rest)
 
-    monkeypatch.setattr(batch_module, "_exact_groups", recording_widths)
+    monkeypatch.setattr(batch_module, "_exact_arguments", recording_widths)
     calls, flagged, reports = [], [], []
     tiled, recompute = api.exact_tiles_matmul, api._recompute
 

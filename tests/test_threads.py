@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from mxsim._threads import SERIAL_BELOW, SERIAL_GEMM_BELOW, threads_for
+from mxsim._threads import SERIAL_BELOW, SERIAL_GEMM_BELOW, SERIAL_QUANTIZE_BELOW, threads_for
 from mxsim.datapath import dot, load_hwconfig, matmul
 from mxsim.formats import get_format
 from mxsim.quantize import quantize
@@ -74,13 +74,36 @@ def test_a_gemm_of_few_products_takes_one_thread(two_threads, monkeypatch):
     assert seen == [2]  # the large GEMMs: the tiled route's calls, on the thread count set
 
 
+def test_a_quantization_of_few_elements_takes_one_thread(two_threads, monkeypatch):
+    """MX and NVFP4 quantizations of fewer than SERIAL_QUANTIZE_BELOW elements (a layer's
+    activations) run their kernel on one thread, larger ones on the thread count set."""
+    from mxsim.quantize import mx, nvfp4, quantize_nvfp4
+
+    seen = []
+
+    def recording(real):
+        def run(call, items, threads=None):
+            seen.append(numba.get_num_threads())
+            return real(call, items, threads)
+
+        return run
+
+    monkeypatch.setattr(mx, "run_in_threads", recording(mx.run_in_threads))
+    monkeypatch.setattr(nvfp4, "run_in_threads", recording(nvfp4.run_in_threads))
+    for size in (SERIAL_QUANTIZE_BELOW - 32, SERIAL_QUANTIZE_BELOW):
+        x = np.linspace(-3.0, 3.0, size).reshape(-1, 32)
+        quantize(x, "fp8_e4m3", axis=1)
+        quantize_nvfp4(x.astype(np.float32))
+    assert seen == [1, 1, 2, 2]
+
+
 def _every_entry_point():
     """encode, decode, quantize, dequantize, dot and matmul results of work on both sides of
-    SERIAL_BELOW, for each count of threads."""
+    SERIAL_BELOW (and quantizations past SERIAL_QUANTIZE_BELOW), for each count of threads."""
     rng = np.random.default_rng(5)
     fmt = get_format("fp8_e4m3")
     results = []
-    for size in (64, 4 * SERIAL_BELOW):
+    for size in (64, 4 * SERIAL_BELOW, 2 * SERIAL_QUANTIZE_BELOW):
         x = rng.standard_normal(size) * np.exp(rng.normal(0, 4, size))
         codes = fmt.encode(x)
         tensor = quantize(x.reshape(-1, 32), "fp8_e4m3", axis=1)

@@ -138,6 +138,10 @@ EXACT_WIDE_TILE = 256
 #: A's panel is copied to each of the call's tiles (8 MiB of codes at K = 8192, whose tiles
 #: are EXACT_TILE wide).
 EXACT_RUN = 8 * EXACT_TILE
+#: Panels of EXACT_TILE rows of :func:`exact_tiles_matmul` whose tiles are split over the
+#: threads together (each panel's A copied to each of its tiles meanwhile): a GEMM of few
+#: tiles a panel (N of a few hundred) still gives every thread some.
+EXACT_PANELS = 4
 #: Products per group (K x M x N) up to which a batch of window units takes the small-groups
 #: route, and elements of its tile of B (K x N, N padded to whole blocks of 16 lanes): per
 #: thread the kernel holds a group's decoded rows and tile (5 bytes an element) and about 35
@@ -281,6 +285,16 @@ def _exact_groups(
 ):
     """:func:`small_groups_matmul` by ``_batch_kernels.exact_groups``, trees of several
     scale blocks folded first (:func:`_folded_groups`)."""
+    arguments, flags = _exact_arguments(
+        params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out
+    )
+    flagged = run_groups(B.exact_groups, arguments, codes_a.shape[0], serial)
+    return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
+
+
+def _exact_arguments(params, kernel_args, codes_a, codes_b, scales_a, scales_b, c_values, out):
+    """(the arguments of ``_batch_kernels.exact_groups`` but its groups, its flags array) for
+    a batch of :func:`_exact_groups`."""
     groups, _, length = codes_a.shape
     trees, mode, floors, grid, choices = _exact_plan(params, length)
     tables = kernel_args[0], kernel_args[2]
@@ -306,8 +320,7 @@ def _exact_groups(
         out,
         flags,
     )
-    flagged = run_groups(B.exact_groups, arguments, groups, serial)
-    return np.nonzero(flags) if any(flagged) else _NONE_FLAGGED
+    return arguments, flags
 
 
 def exact_tiles_apply(params: DatapathParams, rows: int, columns: int, length: int) -> bool:
@@ -361,45 +374,75 @@ def exact_tiles_matmul(
         ]
         if rest:
             runs.append((whole, *(_padded_tile(x[g, whole:], rest) for x in (codes_b, scales_b))))
-        for r0 in range(0, rows, EXACT_TILE):
-            r1 = min(r0 + EXACT_TILE, rows)
-            for c0, tile_codes, tile_scales in runs:
-                tiles, tile = tile_codes.shape[:2]
+        for first in range(0, rows, EXACT_TILE * EXACT_PANELS):
+            batches = []  # (first row, first column, its tiles' outputs, exact_groups' arguments, flags)
+            for r0 in range(first, min(first + EXACT_TILE * EXACT_PANELS, rows), EXACT_TILE):
+                r1 = min(r0 + EXACT_TILE, rows)
+                for c0, tile_codes, tile_scales in runs:
+                    tiles, tile = tile_codes.shape[:2]
+                    c1 = min(c0 + tiles * tile, columns)
+                    panel = (tiles, r1 - r0)
+                    # (copies, writable: a read-only array would be another compilation)
+                    codes = np.broadcast_to(codes_a[g, r0:r1], (*panel, length)).copy()
+                    scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
+                    c_tiles = c_values
+                    if not one_c:
+                        c_panel = c_values[g, r0:r1, c0:c1]
+                        if c1 - c0 < tiles * tile:  # (the last tile's columns padded)
+                            c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
+                            c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
+                        c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
+                    out_tiles = np.empty((*panel, tile), dtype=out.dtype)
+                    arguments, flags = _exact_arguments(
+                        params,
+                        kernel_args,
+                        codes,
+                        tile_codes,
+                        scales,
+                        tile_scales,
+                        np.ascontiguousarray(c_tiles),
+                        out_tiles,
+                    )
+                    batches.append((r0, c0, out_tiles, arguments, flags))
+            flagged = _run_batches(B.exact_groups, [batch[3] for batch in batches])
+            for (r0, c0, out_tiles, _, flags), count in zip(batches, flagged):
+                tiles, r1, tile = out_tiles.shape[0], r0 + out_tiles.shape[1], out_tiles.shape[2]
                 c1 = min(c0 + tiles * tile, columns)
-                panel = (tiles, r1 - r0)
-                # (copies, writable: a read-only array would be another compilation)
-                codes = np.broadcast_to(codes_a[g, r0:r1], (*panel, length)).copy()
-                scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
-                c_tiles = c_values
-                if not one_c:
-                    c_panel = c_values[g, r0:r1, c0:c1]
-                    if c1 - c0 < tiles * tile:  # (the last tile's columns padded)
-                        c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
-                        c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
-                    c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
-                out_tiles = np.empty((*panel, tile), dtype=out.dtype)
-                t, m, n = _exact_groups(
-                    params,
-                    kernel_args,
-                    codes,
-                    tile_codes,
-                    scales,
-                    tile_scales,
-                    np.ascontiguousarray(c_tiles),
-                    out_tiles,
-                    False,
-                )
                 by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * tile)
                 out[g, r0:r1, c0:c1] = by_rows[:, : c1 - c0]
-                if t.size:  # (rare: outputs flagged for the generic kernel)
+                if count:  # (rare: outputs flagged for the generic kernel)
+                    t, m, n = np.nonzero(flags)
                     column = c0 + t * tile + n
                     kept = column < columns
                     found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
-            if progress is not None:
-                progress(g * rows + r1, groups * rows)
+            if progress is not None:  # (each panel's, as the panels ran together)
+                for r0 in range(first, min(first + EXACT_TILE * EXACT_PANELS, rows), EXACT_TILE):
+                    progress(g * rows + min(r0 + EXACT_TILE, rows), groups * rows)
     if not found:
         return _NONE_FLAGGED
     return tuple(np.concatenate([part[axis] for part in found]) for axis in range(3))
+
+
+def _run_batches(kernel, batches: list) -> list[int]:
+    """How many outputs ``kernel(*arguments, start, stop)`` flagged in each batch of
+    ``batches`` (the arguments of each, its groups the first axis of its first one), every
+    batch's groups run at once (``run_in_threads``): the batches' groups together split over
+    the threads, where one batch's might be too few; a thread's run of one batch's groups
+    one call."""
+    starts = np.cumsum([0] + [arguments[0].shape[0] for arguments in batches]).tolist()
+    counts: list = []  # (batch, outputs flagged) of every call
+
+    def call(start: int, stop: int) -> None:
+        for b, arguments in enumerate(batches):
+            low, high = max(start, starts[b]), min(stop, starts[b + 1])
+            if low < high:
+                counts.append((b, kernel(*arguments, low - starts[b], high - starts[b])))
+
+    run_in_threads(call, starts[-1])
+    flagged = [0] * len(batches)
+    for b, count in counts:
+        flagged[b] += count
+    return flagged
 
 
 def _tiles(rows: np.ndarray, width: int) -> np.ndarray:

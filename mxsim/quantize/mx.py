@@ -15,7 +15,7 @@ from ..formats import FormatInfo, format_names, get_format
 from ..formats.rounding import overflow_code, rounding_code
 from ..formats import _kernels as FK
 from ..formats.table import E8M0_BIAS, E8M0_NAN, INPUT_FLOATS, as_float_array
-from .._threads import run_in_threads, threads_for
+from .._threads import SERIAL_QUANTIZE_BELOW, run_in_threads, threads_for
 from ..limits import check_array_budget, check_axis, check_block_size, check_int
 from . import _kernels as K
 from .options import QuantOptions, resolve_options
@@ -616,7 +616,7 @@ def _quantize_blocked(
         codes,
         exponents,
     )
-    with threads_for(bits.size):
+    with threads_for(bits.size, SERIAL_QUANTIZE_BELOW):
         run_in_threads(lambda start, stop: K.quantize_blocks(*arguments, start, stop), len(bits))
     return (
         codes.reshape(moved.shape),

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import ArgumentError, MxsimError, UnknownNameError
 from ..formats import get_format
 from ..formats.rounding import ROUNDING_MODES
-from .._threads import run_in_threads, threads_for
+from .._threads import SERIAL_QUANTIZE_BELOW, run_in_threads, threads_for
 from ..limits import check_array_budget, shown
 from . import _nvfp4_kernels as K
 
@@ -433,7 +433,7 @@ def _kernel_recipe(
         ):
             overflowed.append(start)
 
-    with threads_for(codes.size):
+    with threads_for(codes.size, SERIAL_QUANTIZE_BELOW):
         run_in_threads(run, len(rows))
     if overflowed:
         raise ArgumentError(
