@@ -9,6 +9,7 @@ quantized from Quark's operands must reproduce Quark's model output at >= 100 dB
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -264,7 +265,14 @@ def test_torchao_flow_reports_torchaos_own_bf16_model(torch, tmp_path):
 def test_minilm_with_quark_mxfp8_on_the_exact_unit(torch):
     """The real model on the 24 sentences of docs/accuracy.md's row, Quark MXFP8 E4M3, ocp-exact:
     every layer is Quark's to float32 rounding; end to end, such last-bit differences spread
-    through six layers of re-quantization (37.8 dB against Quark's model in docs/accuracy.md)."""
+    through six layers of re-quantization (37.8 dB against Quark's model in docs/accuracy.md).
+    Both models run torch's own float ops between the layers, whose kernels round differently
+    on different processors, so the lowest cosine with float of each is held to what the
+    cosines between the two models' embeddings allow, not to a figure of one processor: for
+    unit vectors u (float), a (Quark's model), b (the unit), cos(u, b) - cos(u, a) = (u - a) .
+    (b - a) + (cos(a, b) - 1), at most |u - a| |b - a| + 1 - cos(a, b) in size, with
+    |x - y| = sqrt(2 (1 - cos(x, y))), and the minima over sentences differ by at most the
+    largest such bound."""
     require_module("all_minilm_l6_v2", "minilm")
     import_or_skip("quark.torch", "oracles")
     report = evaluate_hf(
@@ -281,4 +289,7 @@ def test_minilm_with_quark_mxfp8_on_the_exact_unit(torch):
     assert (run["layers"], run["in_torch"], run["not_read"]) == (37, 12, [])
     assert run["layer_sqnr_min_db"] >= 100 and 30 <= run["library_sqnr_db"] <= 45
     assert run["neighbour_agreement"] == 1.0
-    assert abs(run["cosine_min"] - library["cosine_min"]) < 1e-5
+    apart = 1 - run["vs_library"]["cosine_min"]  # the two models' least cosine, per sentence
+    assert 0 < apart < 2e-3
+    bound = math.sqrt(2 * (1 - library["cosine_min"])) * math.sqrt(2 * apart) + apart
+    assert abs(run["cosine_min"] - library["cosine_min"]) <= bound
