@@ -899,12 +899,13 @@ def test_which_units_and_gemms_take_the_tiled_route():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, threads):
-    """The tiles of a chunk of panels (``EXACT_PANELS`` of them, all their runs of columns)
-    split over the threads together: each tile computed by a call of its own, in reverse
-    order, and the split of two threads both give the bits of the BLAS route, flags and
-    progress as one call each; a chunk of fewer panels than the GEMM's too."""
+    """Consecutive batches of the tiled route (a panel's run of columns each), up to
+    EXACT_RUN / EXACT_TILE tiles in all, split their tiles over the threads together: each
+    tile computed by a call of its own, in reverse order, and the split of two threads both
+    give the bits of the BLAS route, and progress after each panel; with EXACT_RUN halved,
+    fewer tiles at a time."""
     config = hw("ocp-exact")
-    shape = (2, 300, 64, 600)  # per group: 3 panels, runs of 2 tiles and 1 padded tile
+    shape = (2, 300, 64, 600)  # per group: 3 panels, each a run of 2 tiles and one of 1
     rng = np.random.default_rng(11)
     a, b = operands(rng, "fp8_e4m3", 32, shape, 0.05)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), True)
@@ -925,18 +926,16 @@ def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, threads):
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        for panels in (batch_module.EXACT_PANELS, 2):
-            monkeypatch.setattr(batch_module, "EXACT_PANELS", panels)
+        for run in (batch_module.EXACT_RUN, batch_module.EXACT_RUN // 2):
+            monkeypatch.setattr(batch_module, "EXACT_RUN", run)
             reports = []
             got = matmul_batched(config, a, b, c=c, progress=lambda *done: reports.append(done))
             np.testing.assert_array_equal(got.bits, want)
             assert [done for done, _ in reports] == [128, 256, 300, 428, 556, 600]
     finally:
         numba.set_num_threads(before)
-    if (
-        threads == 1
-    ):  # per group, one split of the chunk's tiles: 3 panels x 3 tiles, or 2 + 1 panels
-        assert calls == [9, 9, 6, 3, 6, 3]
+    if threads == 1:  # per group: 8 tiles (two panels and a run) and 1; or each panel's 3
+        assert calls == [8, 1, 8, 1] + [3] * 6
 
 
 @pytest.mark.parametrize(

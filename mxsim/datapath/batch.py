@@ -134,14 +134,10 @@ EXACT_TILE = 128
 #: Columns of a tile of :func:`exact_tiles_matmul` where K allows (its decoded A and B within
 #: :data:`GROUPS_DECODED`): each decoded row of A then serves twice the columns.
 EXACT_WIDE_TILE = 256
-#: Columns of the tiles of one ``exact_groups`` call of :func:`exact_tiles_matmul` at most:
-#: A's panel is copied to each of the call's tiles (8 MiB of codes at K = 8192, whose tiles
-#: are EXACT_TILE wide).
+#: Columns of the tiles of one batch of :func:`exact_tiles_matmul` at most, and the tiles
+#: (EXACT_RUN / EXACT_TILE) of the batches it holds at once: A's panel is copied to each
+#: (8 MiB of codes at K = 8192, whose tiles are EXACT_TILE wide).
 EXACT_RUN = 8 * EXACT_TILE
-#: Panels of EXACT_TILE rows of :func:`exact_tiles_matmul` whose tiles are split over the
-#: threads together (each panel's A copied to each of its tiles meanwhile): a GEMM of few
-#: tiles a panel (N of a few hundred) still gives every thread some.
-EXACT_PANELS = 4
 #: Products per group (K x M x N) up to which a batch of window units takes the small-groups
 #: route, and elements of its tile of B (K x N, N padded to whole blocks of 16 lanes): per
 #: thread the kernel holds a group's decoded rows and tile (5 bytes an element) and about 35
@@ -351,10 +347,13 @@ def exact_tiles_matmul(
     EXACT_TILE rows and run of up to :data:`EXACT_RUN` columns, one batch whose groups are
     the tiles (A's panel copied to each, B's columns read in place; the last columns in a
     tile of theirs, padded with code 0 to a multiple of EXACT_TILE, whose outputs are
-    dropped). Operands as :func:`small_groups_matmul` takes them; returns the (group, row,
-    column) index arrays of the outputs the generic kernel must compute.
-    ``progress(rows_done, rows_total)`` after each panel. Exact as the batches are: every
-    output is its own dot product."""
+    dropped). Consecutive batches, up to EXACT_RUN / EXACT_TILE tiles in all (no more copies
+    of a panel of A than one run's), split their tiles over the threads together
+    (:func:`_run_batches`): a GEMM a few hundred columns wide has one or two tiles a panel.
+    Operands as :func:`small_groups_matmul` takes them; returns the (group, row, column)
+    index arrays of the outputs the generic kernel must compute. ``progress(rows_done,
+    rows_total)`` after each panel. Exact as the batches are: every output is its own dot
+    product."""
     groups, rows, length = codes_a.shape
     columns = codes_b.shape[1]
     wide = (EXACT_TILE + EXACT_WIDE_TILE) * length <= GROUPS_DECODED
@@ -362,7 +361,8 @@ def exact_tiles_matmul(
     whole = columns // width * width  # columns of whole tiles, read in place
     rest = -(-(columns - whole) // EXACT_TILE) * EXACT_TILE  # the last tile's, padded
     one_c = c_values.shape == (1, 1, 1)
-    found = []
+    held = EXACT_RUN // EXACT_TILE  # tiles (copies of a panel of A) at once
+    found: list = []
     for g in range(groups):
         runs = [  # (first column, codes and scales of B's tiles of the run)
             (
@@ -374,53 +374,65 @@ def exact_tiles_matmul(
         ]
         if rest:
             runs.append((whole, *(_padded_tile(x[g, whole:], rest) for x in (codes_b, scales_b))))
-        for first in range(0, rows, EXACT_TILE * EXACT_PANELS):
-            batches = []  # (first row, first column, its tiles' outputs, exact_groups' arguments, flags)
-            for r0 in range(first, min(first + EXACT_TILE * EXACT_PANELS, rows), EXACT_TILE):
-                r1 = min(r0 + EXACT_TILE, rows)
-                for c0, tile_codes, tile_scales in runs:
-                    tiles, tile = tile_codes.shape[:2]
-                    c1 = min(c0 + tiles * tile, columns)
-                    panel = (tiles, r1 - r0)
-                    # (copies, writable: a read-only array would be another compilation)
-                    codes = np.broadcast_to(codes_a[g, r0:r1], (*panel, length)).copy()
-                    scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
-                    c_tiles = c_values
-                    if not one_c:
-                        c_panel = c_values[g, r0:r1, c0:c1]
-                        if c1 - c0 < tiles * tile:  # (the last tile's columns padded)
-                            c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
-                            c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
-                        c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
-                    out_tiles = np.empty((*panel, tile), dtype=out.dtype)
-                    arguments, flags = _exact_arguments(
-                        params,
-                        kernel_args,
-                        codes,
-                        tile_codes,
-                        scales,
-                        tile_scales,
-                        np.ascontiguousarray(c_tiles),
-                        out_tiles,
-                    )
-                    batches.append((r0, c0, out_tiles, arguments, flags))
-            flagged = _run_batches(B.exact_groups, [batch[3] for batch in batches])
-            for (r0, c0, out_tiles, _, flags), count in zip(batches, flagged):
-                tiles, r1, tile = out_tiles.shape[0], r0 + out_tiles.shape[1], out_tiles.shape[2]
+        batches: list = []  # (first row, first column, last of its panel, outputs, arguments, flags)
+        for r0 in range(0, rows, EXACT_TILE):
+            r1 = min(r0 + EXACT_TILE, rows)
+            for c0, tile_codes, tile_scales in runs:
+                tiles, tile = tile_codes.shape[:2]
+                if batches and sum(batch[3].shape[0] for batch in batches) + tiles > held:
+                    found += _finished_batches(g, batches, out, progress)
+                    batches = []
                 c1 = min(c0 + tiles * tile, columns)
-                by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * tile)
-                out[g, r0:r1, c0:c1] = by_rows[:, : c1 - c0]
-                if count:  # (rare: outputs flagged for the generic kernel)
-                    t, m, n = np.nonzero(flags)
-                    column = c0 + t * tile + n
-                    kept = column < columns
-                    found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
-            if progress is not None:  # (each panel's, as the panels ran together)
-                for r0 in range(first, min(first + EXACT_TILE * EXACT_PANELS, rows), EXACT_TILE):
-                    progress(g * rows + min(r0 + EXACT_TILE, rows), groups * rows)
+                panel = (tiles, r1 - r0)
+                # (copies, writable: a read-only array would be another compilation)
+                codes = np.broadcast_to(codes_a[g, r0:r1], (*panel, length)).copy()
+                scales = np.broadcast_to(scales_a[g, r0:r1], (*panel, scales_a.shape[2])).copy()
+                c_tiles = c_values
+                if not one_c:
+                    c_panel = c_values[g, r0:r1, c0:c1]
+                    if c1 - c0 < tiles * tile:  # (the last tile's columns padded)
+                        c_panel = np.zeros((r1 - r0, tiles * tile), dtype=c_values.dtype)
+                        c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
+                    c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
+                out_tiles = np.empty((*panel, tile), dtype=out.dtype)
+                arguments = _exact_arguments(
+                    params,
+                    kernel_args,
+                    codes,
+                    tile_codes,
+                    scales,
+                    tile_scales,
+                    np.ascontiguousarray(c_tiles),
+                    out_tiles,
+                )
+                batches.append((r0, c0, c0 == runs[-1][0], out_tiles, *arguments))
+        found += _finished_batches(g, batches, out, progress)
     if not found:
         return _NONE_FLAGGED
     return tuple(np.concatenate([part[axis] for part in found]) for axis in range(3))
+
+
+def _finished_batches(g: int, batches: list, out, progress) -> list:
+    """:func:`exact_tiles_matmul`'s ``batches`` of group ``g`` run (:func:`_run_batches`),
+    their tiles' outputs written into ``out``; returns the (group, row, column) index arrays
+    of the outputs they flagged, one triple a batch that flagged some (rare), and reports
+    ``progress`` after each panel whose last batch this is."""
+    rows, columns = out.shape[1], out.shape[2]
+    found = []
+    flagged = _run_batches(B.exact_groups, [batch[4] for batch in batches])
+    for (r0, c0, last, out_tiles, _, flags), count in zip(batches, flagged):
+        tiles, r1, tile = out_tiles.shape[0], r0 + out_tiles.shape[1], out_tiles.shape[2]
+        c1 = min(c0 + tiles * tile, columns)
+        by_rows = out_tiles.transpose(1, 0, 2).reshape(r1 - r0, tiles * tile)
+        out[g, r0:r1, c0:c1] = by_rows[:, : c1 - c0]
+        if count:
+            t, m, n = np.nonzero(flags)
+            column = c0 + t * tile + n
+            kept = column < columns
+            found.append((np.full(int(kept.sum()), g), r0 + m[kept], column[kept]))
+        if last and progress is not None:
+            progress(g * rows + r1, out.shape[0] * rows)
+    return found
 
 
 def _run_batches(kernel, batches: list) -> list[int]:
