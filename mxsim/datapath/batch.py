@@ -395,7 +395,7 @@ def exact_tiles_matmul(
                         c_panel[:, : c1 - c0] = c_values[g, r0:r1, c0:c1]
                     c_tiles = c_panel.reshape(r1 - r0, tiles, tile).transpose(1, 0, 2)
                 out_tiles = np.empty((*panel, tile), dtype=out.dtype)
-                arguments = _exact_arguments(
+                arguments, flags = _exact_arguments(
                     params,
                     kernel_args,
                     codes,
@@ -405,7 +405,7 @@ def exact_tiles_matmul(
                     np.ascontiguousarray(c_tiles),
                     out_tiles,
                 )
-                batches.append((r0, c0, c0 == runs[-1][0], out_tiles, *arguments))
+                batches.append((r0, c0, c0 == runs[-1][0], out_tiles, arguments, flags))
         found += _finished_batches(g, batches, out, progress)
     if not found:
         return _NONE_FLAGGED
