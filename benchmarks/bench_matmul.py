@@ -37,7 +37,7 @@ from _timing import best_seconds, cpu_model
 from bench_guard import batch_operands, conditions, one_thread
 from mxsim.fileio import json_text, write_atomic
 from mxsim.quantize import BFP_SPECS
-from mxsim.datapath.batch import exact_tiles_apply
+from mxsim.datapath.batch import exact_tiles_apply, exact_tiles_outrun_blas
 from mxsim.datapath.blas import blas_applies
 from mxsim.datapath.api import _kernel_arguments, _scales_for_unit
 from mxsim.datapath.fma import fma_applies
@@ -85,7 +85,12 @@ def route(hw, a, b) -> str:
         params, kernel_args, codes_a, codes_b, scales_a, scales_b, np.zeros((1, 1), np.float32)
     ):
         rows, columns, length = codes_a.shape[0], codes_b.shape[0], codes_a.shape[1]
-        return "exact tiles" if exact_tiles_apply(params, rows, columns, length) else "exact BLAS"
+        tiled = exact_tiles_apply(params, rows, columns, length)
+        return (
+            "exact tiles"
+            if tiled and exact_tiles_outrun_blas(params, kernel_args)
+            else "exact BLAS"
+        )
     if groups_apply(params):
         return "group-sum route"
     if fma_applies(params):

@@ -897,8 +897,80 @@ def test_which_units_and_gemms_take_the_tiled_route():
         assert not batch_module.exact_tiles_apply(other, 1024, 1024, 1024), name
 
 
+@pytest.fixture
+def tiled(monkeypatch):
+    """The tiled route taken wherever it applies, whichever route the processor's race
+    picks (``exact_tiles_outrun_blas``)."""
+    monkeypatch.setattr(api, "exact_tiles_outrun_blas", lambda *arguments: True)
+
+
+class RaceClock:
+    """A stand-in for ``time`` in ``datapath.batch`` whose ``thread_time`` advances by
+    ``tiles`` seconds over a run of the tiled route and ``blas`` over one of the BLAS route
+    (whichever ran since the last reading), counting the routes' runs."""
+
+    def __init__(self, monkeypatch, tiles: float, blas: float):
+        self.now, self.ran, self.runs = 0.0, None, []
+        self.cost = {"tiles": tiles, "blas": blas}
+        for name, attribute in (("tiles", "exact_tiles_matmul"), ("blas", "blas_matmul")):
+            monkeypatch.setattr(
+                batch_module, attribute, self.timed(name, getattr(batch_module, attribute))
+            )
+        monkeypatch.setattr(batch_module, "time", self)
+
+    def timed(self, name, route):
+        def run(*arguments):
+            self.ran = name
+            self.runs.append((name, numba.get_num_threads()))
+            return route(*arguments)
+
+        return run
+
+    def thread_time(self) -> float:
+        if self.ran is not None:
+            self.now += self.cost[self.ran]
+            self.ran = None
+        return self.now
+
+
+@pytest.mark.parametrize("tiles_faster", [True, False])
+def test_the_race_between_the_tiles_and_the_blas_route(monkeypatch, tiles_faster):
+    """``exact_tiles_outrun_blas`` runs each route once and then RACE_ROUNDS times in turn on
+    one thread, compares their best times (a clock that makes one route faster), keeps its
+    answer per unit (a second GEMM runs no race) and ``matmul_batched`` takes the winner,
+    whose bits are the other's; without threadpoolctl (no BLAS thread control) it runs no
+    race and picks the tiles."""
+    config = hw("ocp-exact")
+    params = config.params("fp8_e4m3", "fp8_e4m3")
+    monkeypatch.setattr(batch_module, "_RACED", {})
+    clock = RaceClock(monkeypatch, *((1.0, 2.0) if tiles_faster else (2.0, 1.0)))
+    taken = []
+    for name in ("exact_tiles_matmul", "blas_matmul"):
+        route = getattr(api, name)
+        monkeypatch.setattr(
+            api, name, lambda *a, route=route, name=name: taken.append(name) or route(*a)
+        )
+    rng = np.random.default_rng(5)
+    a, b = operands(rng, "fp8_e4m3", 32, (1, 128, 96, 130), 0.0)
+    before = numba.get_num_threads()
+    bits = [matmul_batched(config, a, b).bits for _ in range(2)]
+    assert numba.get_num_threads() == before
+    rounds = batch_module.RACE_ROUNDS
+    assert clock.runs == [("tiles", 1), ("blas", 1)] * (rounds + 1)
+    assert batch_module._RACED == {params: tiles_faster}
+    winner = "exact_tiles_matmul" if tiles_faster else "blas_matmul"
+    assert taken == [winner, winner]
+    monkeypatch.setattr(api, "exact_tiles_apply", lambda *arguments: False)
+    np.testing.assert_array_equal(bits[0], bits[1])
+    np.testing.assert_array_equal(bits[0], matmul_batched(config, a, b).bits)
+    monkeypatch.setattr(batch_module, "_blas_threads", lambda: None)
+    monkeypatch.setattr(batch_module, "_RACED", {})
+    assert batch_module.exact_tiles_outrun_blas(params, api._kernel_arguments(params)[2])
+    assert batch_module._RACED == {}
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, threads):
+def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, tiled, threads):
     """Consecutive batches of the tiled route (a panel's run of columns each), up to
     EXACT_RUN / EXACT_TILE tiles in all, split their tiles over the threads together: each
     tile computed by a call of its own, in reverse order, and the split of two threads both
@@ -909,9 +981,9 @@ def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, threads):
     rng = np.random.default_rng(11)
     a, b = operands(rng, "fp8_e4m3", 32, shape, 0.05)
     c = accumulator_inputs(rng, (shape[0], shape[1], shape[3]), True)
-    monkeypatch.setattr(api, "exact_tiles_apply", lambda *arguments: False)
-    want = matmul_batched(config, a, b, c=c).bits
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        patch.setattr(api, "exact_tiles_apply", lambda *arguments: False)
+        want = matmul_batched(config, a, b, c=c).bits
     calls = []
 
     def one_tile_a_call(call, items, threads=None):
@@ -945,7 +1017,7 @@ def test_tiled_route_runs_its_panels_tiles_in_any_split(monkeypatch, threads):
 @pytest.mark.parametrize("with_c", [False, True])
 @pytest.mark.parametrize("wide", [True, False])
 def test_tiled_route_equals_the_blas_route_and_the_kernel(
-    monkeypatch, shape, corners, with_c, wide
+    monkeypatch, tiled, shape, corners, with_c, wide
 ):
     """GEMMs of at least 128 rows and columns through ocp-exact take the tiled route (its
     calls recorded): bits of the BLAS route (the tiled route turned off), of the generic

@@ -36,7 +36,12 @@ from mxsim.datapath.blas import (
     tree_sum_bits,
     zero_block_mask,
 )
-from mxsim.datapath._blas_kernels import accumulate_grid_fp32, accumulate_rne_fp32, decode_folded
+from mxsim.datapath._blas_kernels import (
+    accumulate_grid_fp32,
+    accumulate_rne_fp32,
+    decode_folded,
+    values_finite_and_not_negative_zero,
+)
 from mxsim.datapath.config import vary_hwconfig
 from mxsim.datapath.reference import dot_reference
 from mxsim.datapath.schema import DIRECTED_AND_NEAREST, route_accepts
@@ -492,6 +497,24 @@ def test_exact_ranges_of_blocks():
         (2, 3),
         (3, 4),
     ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    dtype=st.sampled_from([np.float32, np.float64]),
+    shape=st.tuples(st.integers(1, 2), st.integers(1, 40), st.integers(1, 300)),
+    specials=st.lists(st.sampled_from([np.inf, -np.inf, np.nan, -0.0, 0.0]), max_size=3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_accumulator_inputs_check_equals_its_definition(dtype, shape, specials, seed):
+    # Accumulator inputs (mostly normal values, a few specials placed anywhere, past the
+    # first chunk of 4,096 too): the check is numpy's every value finite and none -0.
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(shape).astype(dtype)
+    for special in specials:
+        values.reshape(-1)[rng.integers(values.size)] = special
+    want = bool(np.isfinite(values).all() and not (np.signbit(values) & (values == 0)).any())
+    assert values_finite_and_not_negative_zero(values) == want
 
 
 @settings(max_examples=150, deadline=None)

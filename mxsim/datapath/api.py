@@ -30,6 +30,7 @@ from . import _kernels as K
 from .batch import (
     exact_tiles_apply,
     exact_tiles_matmul,
+    exact_tiles_outrun_blas,
     small_groups_apply,
     small_groups_matmul,
     window_groups_apply,
@@ -1127,7 +1128,11 @@ def _gemm_routes(
         (groups, rows, codes_b.shape[1]), dtype=kernel_output_dtype(params.output_format)
     )
     operands = (codes_a, codes_b, exponents_a, exponents_b, c_values)
-    if method == "auto" and exact_tiles_apply(params, rows, codes_b.shape[1], codes_a.shape[2]):
+    if (
+        method == "auto"
+        and exact_tiles_apply(params, rows, codes_b.shape[1], codes_a.shape[2])
+        and exact_tiles_outrun_blas(params, kernel_args)
+    ):
         g, m, n = exact_tiles_matmul(params, kernel_args, *operands, out, progress)
         if m.size:  # specials, NaN scales, bad c: the generic kernel
             _recompute(g, m, n, *operands, kernel_args, out)

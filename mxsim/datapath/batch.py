@@ -53,17 +53,20 @@ batches; a single GEMM, and wider or longer groups, keep the per-GEMM routes).
 
 Large GEMMs of units whose trees are 32 float64 sums rounded into the accumulator one by one
 (ocp-exact on FP8 E4M3; :func:`exact_tiles_apply`) take the exact kernel too, as batches of
-output tiles of :data:`EXACT_TILE` rows (:func:`exact_tiles_matmul`): its tree sums
-in registers outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums.
+output tiles of :data:`EXACT_TILE` rows (:func:`exact_tiles_matmul`), where its tree sums in
+registers outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums: on
+some processors, not others, so the two are raced once per unit and process
+(:func:`exact_tiles_outrun_blas`).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 
-from .._threads import run_in_threads
+from .._threads import SERIAL_GEMM_BELOW, run_in_threads, threads_for
 from ..formats import get_format
 from . import _batch_kernels as B
 from . import _float32_kernels as F
@@ -72,6 +75,9 @@ from ..quantize._kernels import SCALE_NAN
 from ._blas_kernels import fold_code_blocks
 from .blas import (
     DECODED_VALUES,
+    _blas_threads,
+    blas_matmul,
+    blas_route,
     span_bits,
     blocks_per_tree,
     exact_in_float64,
@@ -325,8 +331,9 @@ def exact_tiles_apply(params: DatapathParams, rows: int, columns: int, length: i
     (no grid, no exact accumulator) and whose trees are :data:`WIDE_TREE_TERMS` or more
     float64 sums of one scale block (:func:`_wide_tree_unit`: ocp-exact on FP8), at least
     :data:`EXACT_TILE` rows and columns, and K short enough for a tile's decoded operands
-    (:data:`GROUPS_DECODED`). There ``_batch_kernels.exact_groups``' sums in registers
-    outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums."""
+    (:data:`GROUPS_DECODED`). There ``_batch_kernels.exact_groups``' sums in registers may
+    outrun the BLAS route's GEMM of depth 32 per tree and its pass over the sums; whether
+    they do on this processor is :func:`exact_tiles_outrun_blas`'s."""
     return (
         min(rows, columns) >= EXACT_TILE
         and 2 * EXACT_TILE * length <= GROUPS_DECODED
@@ -335,6 +342,69 @@ def exact_tiles_apply(params: DatapathParams, rows: int, columns: int, length: i
         and _exact_plan(params, length)[1] == B.ROUND_EACH_TREE
         and subnormals_work()
     )
+
+
+#: Rows, columns and terms of the GEMM on which :func:`exact_tiles_outrun_blas` races the
+#: two routes (33.6 M products: a few milliseconds each), and the rounds of each.
+RACE_SHAPE = (EXACT_TILE, EXACT_WIDE_TILE, 1024)
+RACE_ROUNDS = 3
+_RACED: dict = {}  # params -> whether the tiles won
+
+
+def exact_tiles_outrun_blas(params: DatapathParams, kernel_args) -> bool:
+    """Whether :func:`exact_tiles_matmul` outruns the BLAS route (``blas.blas_matmul``) on
+    this processor for this unit (one of :func:`exact_tiles_apply`'s): raced once per unit
+    and process, the answer kept. Both give the same bits (every output is its own exact
+    dot product), so only their speed differs, and that with the processor: the tiles' tree
+    sums run in SIMD registers as wide as the compiler's tuning for the processor picks
+    (256 bits on Intel's AVX-512 cores), the BLAS route's in the BLAS library's GEMM at the
+    processor's full width, plus a pass over the sums per tree (the tiles won on an AMD Zen
+    4 core, about 1.2x the BLAS route's speed at 1024^3; on an Intel Xeon with AVX-512 they
+    ran at 0.7-0.85x its speed). The race: a GEMM of :data:`RACE_SHAPE` (rows, columns, K)
+    of random finite codes of the unit's formats and scale exponents in [-4, 4], each route
+    run once to warm up (a first use compiles or loads its kernels) and then
+    :data:`RACE_ROUNDS` times in turn, on this thread alone (``time.thread_time``: its CPU
+    time, which other processes' load leaves alone), the best of each compared; the BLAS
+    library held to one thread (``blas._blas_threads``). Without threadpoolctl to hold it
+    there (the ``blas`` extra) no race is run: the tiles, whose threads are mxsim's."""
+    if _blas_threads() is None:
+        return True
+    won = _RACED.get(params)
+    if won is None:
+        won = _RACED[params] = _race_tiles(params, kernel_args)
+    return won
+
+
+def _race_tiles(params: DatapathParams, kernel_args) -> bool:
+    """:func:`exact_tiles_outrun_blas`'s race, run."""
+    rng = np.random.default_rng(0)
+    rows, columns, length = RACE_SHAPE
+    codes, scales = [], []
+    for table, count in ((kernel_args[0], rows), (kernel_args[2], columns)):
+        finite = np.flatnonzero(np.isfinite(table)).astype(np.uint8)
+        codes.append(rng.choice(finite, (1, count, length)))
+        scales.append(rng.integers(-4, 5, (1, count, length // params.block_size), np.int32))
+    operands = (*codes, *scales, np.zeros((1, 1, 1), dtype=np.float32))
+    out = np.empty((1, rows, columns), dtype=np.uint32)
+
+    def tiles():
+        exact_tiles_matmul(params, kernel_args, *operands, out)
+
+    def blas():
+        blas_matmul(
+            params, kernel_args, *operands, out, None, blas_route(params, kernel_args, *operands)[0]
+        )
+
+    best = {tiles: np.inf, blas: np.inf}
+    with threads_for(0, SERIAL_GEMM_BELOW):
+        for run in (tiles, blas):
+            run()
+        for _ in range(RACE_ROUNDS):
+            for run in (tiles, blas):
+                start = time.thread_time()
+                run()
+                best[run] = min(best[run], time.thread_time() - start)
+    return best[tiles] < best[blas]
 
 
 def exact_tiles_matmul(
