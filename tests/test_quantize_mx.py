@@ -551,6 +551,33 @@ def test_lists_of_numbers_are_read_and_other_lists_refused():
         fake_quantize([[1.0], [1.0, 2.0]], "fp8_e4m3")
 
 
+@given(
+    rows=st.lists(realistic_blocks(), min_size=1, max_size=3),
+    short=st.integers(1, 31),
+    block=st.sampled_from([32, 16, 64]),
+    fmt_name=st.sampled_from(ELEMENT_FORMATS),
+    options=options_strategy,
+)
+def test_an_axis_shorter_than_a_block_equals_it_padded_with_zeros(
+    rows, short, block, fmt_name, options
+):
+    """An axis shorter than one block, quantized as blocks of its own length and its codes
+    padded, gives the codes and scales of the same values explicitly padded with +0 to a
+    whole block (every option, NaN and Inf blocks, stochastic rounding included)."""
+    short = min(short, block - 1)
+    if options.nonfinite == "propagate" and not get_format(fmt_name).has_nan:
+        rows = [[0.0 if math.isnan(v) else v for v in row] for row in rows]
+    x = np.array([row[:short] for row in rows], dtype=np.float32)
+    padded = np.zeros((len(rows), block), dtype=np.float32)
+    padded[:, :short] = x
+    fmt, opts, values = _prepare(x, fmt_name, "ocp", dataclasses.asdict(options))
+    codes, exponents, axis, padding = _quantize_blocked(values, fmt, opts, -1, block)
+    want_codes, want_exponents, _, _ = _quantize_blocked(padded, fmt, opts, 1, block)
+    assert (axis, padding) == (1, block - short)
+    np.testing.assert_array_equal(exponents, want_exponents)
+    np.testing.assert_array_equal(codes, want_codes)
+
+
 def test_tensors_over_the_memory_budget_are_refused(monkeypatch):
     monkeypatch.setenv("MXSIM_MAX_BYTES", "1K")
     with pytest.raises(

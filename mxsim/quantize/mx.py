@@ -574,6 +574,30 @@ def _quantize_blocked(
     block_size: int,
     whole_tensor: bool = False,
 ):
+    """(codes, scale exponents, axis, padding) of ``values`` in blocks of ``block_size``
+    along ``axis`` (moved last, zero-padded to whole blocks: ``_to_blocks``), by
+    ``_kernels.quantize_blocks``. An axis shorter than one block (attention's P @ V over
+    a few tokens) is quantized as blocks of its own length, then its codes padded with
+    the code the kernel gives +0 (0 in a block of NaN scale): the same result, as the
+    padding's zeros leave a block's amax, and so its scale, as they are and code alike at
+    every scale, but without the padding's work; not under stochastic rounding, whose
+    draws are indexed by position in whole blocks."""
+    axis = check_axis(axis, values.ndim, "quantize: axis")
+    short = values.shape[axis]
+    if (
+        not whole_tensor
+        and 0 < short < check_block_size(block_size, "quantize: block_size")
+        and opts.element_rounding != "stochastic"
+    ):
+        shape = values.shape[:axis] + values.shape[axis + 1 :] + (block_size,)
+        check_array_budget(shape, 8, "quantize: the blocked tensor")
+        codes, exponents, axis, _ = _quantize_blocked(values, element_format, opts, axis, short)
+        padded = np.empty(codes.shape[:-1] + (block_size,), dtype=codes.dtype)
+        padded[..., :short] = codes
+        padded[..., short:] = np.where(
+            exponents == K.SCALE_NAN, 0, _zero_code(element_format, opts)
+        )
+        return padded, exponents, axis, block_size - short
     moved, axis, padding = _to_blocks(values, axis, block_size, whole_tensor)
     exponent_bits, mantissa_bits, bit_view = INPUT_FLOATS[values.dtype]
     # One kernel signature for every input width: the kernel reads the bits as uint64.
@@ -624,6 +648,13 @@ def _quantize_blocked(
         axis,
         padding,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_code(element_format: FormatInfo, opts: QuantOptions) -> int:
+    """The code ``_kernels.quantize_blocks`` gives +0 under these options (at any scale)."""
+    codes = _quantize_blocked(np.zeros((1, 1), dtype=np.float32), element_format, opts, 1, 1)[0]
+    return int(codes[0, 0])
 
 
 MAX_TABLE_ENTRIES = 1 << 20  # codes of the encode table (uint16: 2 MiB)
