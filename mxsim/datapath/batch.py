@@ -381,19 +381,22 @@ def _race_tiles(params: DatapathParams, kernel_args) -> bool:
     rows, columns, length = RACE_SHAPE
     codes, scales = [], []
     for table, count in ((kernel_args[0], rows), (kernel_args[2], columns)):
-        finite = np.flatnonzero(np.isfinite(table)).astype(np.uint8)
-        codes.append(rng.choice(finite, (1, count, length)))
+        finite = np.flatnonzero(np.isfinite(table))
+        codes.append(
+            rng.choice(finite, (1, count, length)).astype(np.min_scalar_type(table.size - 1))
+        )
         scales.append(rng.integers(-4, 5, (1, count, length // params.block_size), np.int32))
     operands = (*codes, *scales, np.zeros((1, 1, 1), dtype=np.float32))
-    out = np.empty((1, rows, columns), dtype=np.uint32)
+    out = np.empty((1, rows, columns), dtype=np.uint32)  # (the fp32 accumulator's bits)
+    route = blas_route(params, kernel_args, *operands)
+    if route is None:  # (not for finite codes and scales: the BLAS route's own checks)
+        return True
 
     def tiles():
         exact_tiles_matmul(params, kernel_args, *operands, out)
 
     def blas():
-        blas_matmul(
-            params, kernel_args, *operands, out, None, blas_route(params, kernel_args, *operands)[0]
-        )
+        blas_matmul(params, kernel_args, *operands, out, None, route[0])
 
     best = {tiles: np.inf, blas: np.inf}
     with threads_for(0, SERIAL_GEMM_BELOW):
