@@ -135,7 +135,6 @@ def bfp_prime_kernel(
     n_blocks, block_size = block_bits.shape
     n_sub = block_size // sub_block_size
     max_micro = (1 << sub_block_shift_bits) - 1
-    max_mag = (1 << mantissa_bits) - 1
     shared, micro, mant, sign = _zero_codes(n_blocks, block_size, n_sub)
     # The exponents of every block first, then the elements: one loop nest doing both per
     # sub-block ran several times slower.
@@ -153,6 +152,11 @@ def bfp_prime_kernel(
                 if shared_exp == _EXP_ALL_ONES
                 else min(shared_exp - np.int64(micro[b, s]), max_micro)
             )
+    if not cuda:
+        _prime_elements_nearest(
+            block_bits, shared, micro, mant, sign, mantissa_bits, rounding_mode, flushed_sign_kept
+        )
+        return shared, micro, mant, sign
     for b in range(n_blocks):
         shared_exp = np.int64(shared[b])
         if shared_exp == _EXP_ALL_ONES:
@@ -164,31 +168,63 @@ def bfp_prime_kernel(
             negative = (bits >> 31) & 1
             # Subnormals (and zeros) contribute a zero significand: flushed.
             significand = 0 if e == 0 else (bits & _FRACTION_MASK) | _IMPLICIT_ONE
-            if cuda:
-                # random_words is only filled (and only read) for stochastic rounding.
-                word = np.int64(0)
-                if rounding_mode == CUDA_PRIME_STOCHASTIC:
-                    word = np.int64(random_words[b, j])
-                m = _cuda_prime_round(
-                    bits,
-                    significand,
-                    shared_exp - d - e + 23 - mantissa_bits,
-                    mantissa_bits,
-                    rounding_mode,
-                    word,
-                )
-            else:
-                m = _round_shift_nearest(
-                    significand,
-                    shared_exp - d - e + 24 - mantissa_bits,
-                    negative,
-                    rounding_mode,
-                )
-                if m > max_mag:
-                    m = max_mag
+            # random_words is only filled (and only read) for stochastic rounding.
+            word = np.int64(0)
+            if rounding_mode == CUDA_PRIME_STOCHASTIC:
+                word = np.int64(random_words[b, j])
+            m = _cuda_prime_round(
+                bits,
+                significand,
+                shared_exp - d - e + 23 - mantissa_bits,
+                mantissa_bits,
+                rounding_mode,
+                word,
+            )
             mant[b, j] = -m if negative else m
             sign[b, j] = negative if (e != 0 or flushed_sign_kept) else 0
     return shared, micro, mant, sign
+
+
+@njit(cache=True, nogil=True)
+def _prime_elements_nearest(
+    block_bits, shared, micro, mant, sign, mantissa_bits, rounding_mode, flushed_sign_kept
+):
+    """:func:`bfp_prime_kernel`'s elements under the CPU kernel's rounding, given the blocks'
+    shared exponents E and microexponents d: each element's significand (0 for a zero or
+    subnormal input: flushed) divided by 2^shift, shift = E - d - e + 24 - m, rounded to
+    nearest (ties per ``rounding_mode``: ``_round_shift_nearest``) and saturated at 2^m - 1.
+    Branch-free per element, so the loop over a block's elements vectorises: the shift is cut to
+    26 (any shift above 25 rounds a significand below 2^24 to 0, as 26 does), and a shift of
+    0 has no half (nothing to round). NaN blocks (E = 255) keep their zero codes."""
+    n_blocks, block_size = block_bits.shape
+    sub_block_size = block_size // micro.shape[1]
+    max_mag = np.int64((1 << mantissa_bits) - 1)
+    ties_away = np.int64(rounding_mode == TIES_AWAY_FROM_ZERO)
+    ties_up = np.int64(rounding_mode == TIES_TOWARD_POS_INF)
+    ties_even = np.int64(rounding_mode == TIES_TO_EVEN)
+    kept_sign = np.int64(flushed_sign_kept)
+    tops = np.empty(block_size, np.int64)  # E - d + 24 - m of each element's sub-block
+    for b in range(n_blocks):
+        shared_exp = np.int64(shared[b])
+        if shared_exp == _EXP_ALL_ONES:
+            continue
+        for j in range(block_size):
+            tops[j] = shared_exp - np.int64(micro[b, j // sub_block_size]) + 24 - mantissa_bits
+        for j in range(block_size):
+            bits = np.int64(block_bits[b, j])
+            e = (bits >> 23) & _EXP_ALL_ONES
+            negative = (bits >> 31) & 1
+            normal = np.int64(e != 0)
+            significand = normal * ((bits & _FRACTION_MASK) | _IMPLICIT_ONE)
+            shift = min(tops[j] - e, np.int64(26))
+            kept = significand >> shift
+            tail = significand & ((np.int64(1) << shift) - 1)
+            half = (np.int64(1) << shift) >> 1
+            tie = np.int64(tail == half) & np.int64(half != 0)
+            tie_up = ties_away | (ties_up & (1 - negative)) | (ties_even & kept)
+            m = min(kept + (np.int64(tail > half) | (tie & tie_up)), max_mag)
+            mant[b, j] = m - 2 * negative * m
+            sign[b, j] = negative & (normal | kept_sign)
 
 
 @njit(cache=True, nogil=True)
