@@ -354,7 +354,7 @@ class BFPTensor:
         padding = codes.shape[-1] - self.shape[self.axis]
         return MXTensor(
             fmt,
-            codes.astype(fmt.code_dtype),
+            codes.astype(fmt.code_dtype, copy=False),
             scale_codes,
             self.shape,
             self.axis,
