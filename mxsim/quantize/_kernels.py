@@ -35,6 +35,9 @@ SCALE_NAN = np.int32(1 << 20)
 NO_EXPONENT = np.int64(-(1 << 30))
 E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
+# Elements whose table indexes quantize_blocks computes at a time (its ``entries`` scratch):
+# a block of 32 at once, a per-tensor block of millions in runs.
+ENTRY_RUN = 256
 
 
 @njit(cache=True, **NO_REFCOUNTS)
@@ -149,6 +152,7 @@ def quantize_blocks(
     table_top_bits,
     codes_out,
     scale_exponents_out,
+    entries,
     start,
     stop,
 ):
@@ -170,7 +174,8 @@ def quantize_blocks(
     as at ``table_low``, above it every value overflows), its top bits and whether any bit
     below them is set index the code; ±0 takes the code ``encode_bits`` gives it (at any
     scale), worked out once. Subnormal and non-finite inputs, and every input when the table
-    is empty, go through ``encode_bits``.
+    is empty, go through ``encode_bits``. ``entries``: int64 scratch of up to
+    :data:`ENTRY_RUN` elements (the table indexes of a run of a block's elements).
     """
     block_size = bits.shape[1]
     total_bits = 1 + in_exponent_bits + in_mantissa_bits
@@ -288,18 +293,24 @@ def quantize_blocks(
             offset = -input_bias - element_exponent - table_low
             # Every element through the table, branch-free (its index is in range for any
             # field); zero, subnormal and non-finite inputs are counted and recoded below.
+            # The indexes of a run of elements first (a loop that vectorises), then their
+            # lookups (one load each).
             specials = np.int64(0)
-            for j in range(block_size):
-                value = np.uint64(bits[b, j])
-                field = np.int64((value >> mantissa_shift) & field_mask)
-                e = min(max(field + offset, np.int64(0)), last_table_exponent)
-                entry = (
-                    ((np.int64(value >> sign_shift) * n_table_exponents + e) << entry_shift)
-                    | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
-                    | np.int64((value & sticky_mask) != np.uint64(0))
-                )
-                codes_out[b, j] = table[entry]
-                specials += np.int64(field == 0) | np.int64(field == field_top)
+            for first in range(0, block_size, entries.size):
+                run = min(entries.size, block_size - first)
+                values, codes = bits[b, first : first + run], codes_out[b, first : first + run]
+                for i in range(run):
+                    value = np.uint64(values[i])
+                    field = np.int64((value >> mantissa_shift) & field_mask)
+                    e = min(max(field + offset, np.int64(0)), last_table_exponent)
+                    entries[i] = (
+                        ((np.int64(value >> sign_shift) * n_table_exponents + e) << entry_shift)
+                        | np.int64(((value >> top_shift) & top_mask) << np.uint64(1))
+                        | np.int64((value & sticky_mask) != np.uint64(0))
+                    )
+                    specials += np.int64(field == 0) | np.int64(field == field_top)
+                for i in range(run):
+                    codes[i] = table[entries[i]]
             if specials == 0:
                 continue
             for j in range(block_size):

@@ -641,7 +641,12 @@ def _quantize_blocked(
         exponents,
     )
     with threads_for(bits.size, SERIAL_QUANTIZE_BELOW):
-        run_in_threads(lambda start, stop: K.quantize_blocks(*arguments, start, stop), len(bits))
+        run_in_threads(
+            lambda start, stop: K.quantize_blocks(
+                *arguments, np.empty(min(block_size, K.ENTRY_RUN), np.int64), start, stop
+            ),
+            len(bits),
+        )
     return (
         codes.reshape(moved.shape),
         exponents.reshape(moved.shape[:-1] + (moved.shape[-1] // block_size,)),
