@@ -80,13 +80,15 @@ def quantize_rows(
     for i in range(start, stop):
         t = row_scales[i]
         for b in range(blocks):
-            first = b * block
+            # (a block's elements read through views indexed from 0: the loops vectorise)
+            values = rows[i, b * block : (b + 1) * block]
+            block_codes = codes[i, b * block : (b + 1) * block]
             if given_scales:
                 scale_code = scale_codes[i, b]
             else:
                 amax = np.float32(0.0)
-                for j in range(first, first + block):
-                    amax = max(amax, abs(rows[i, j]))
+                for j in range(block):
+                    amax = max(amax, abs(values[j]))
                 descale = amax / e_max / t
                 clamped = min(max(descale, smallest_scale), s_max)
                 scale_code = nearest_even_index(np.float64(clamped), scale_values)
@@ -95,8 +97,8 @@ def quantize_rows(
             reciprocal = one / t / scale_value
             if not math.isfinite(reciprocal):
                 return False
-            for j in range(first, first + block):
-                y = min(max(rows[i, j] * reciprocal, -e_max), e_max)
+            for j in range(block):
+                y = min(max(values[j] * reciprocal, -e_max), e_max)
                 code = nearest_even_count(np.float64(abs(y)), element_middles)
-                codes[i, j] = code | element_sign if math.copysign(1.0, y) < 0 else code
+                block_codes[j] = code | (element_sign * np.signbit(y))
     return True
