@@ -616,13 +616,21 @@ def test_wide_element_formats_dequantize(name):
     np.testing.assert_array_equal(fake_quantize(x, name), out)
 
 
-@pytest.mark.parametrize("name, dtype", [("bf16", "bfloat16"), ("fp16", "float16")])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("bf16", "bfloat16"),
+        ("fp16", "float16"),
+        ("fp8_e4m3fnuz", "float8_e4m3fnuz"),
+        ("fp8_e5m2fnuz", "float8_e5m2fnuz"),
+    ],
+)
 def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
     """``tensor_scale_exponent=0``: each value rounded once into the format, as ml_dtypes casts."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((3, 40)) * np.exp2(rng.integers(-8, 8, (3, 40)))).astype(np.float32)
-    target = getattr(ml_dtypes, dtype) if name == "bf16" else np.float16
+    target = np.float16 if name == "fp16" else getattr(ml_dtypes, dtype)
     tensor = quantize(x, name, tensor_scale_exponent=0, element_overflow="inf_nan")
     np.testing.assert_array_equal(tensor.dequantize(), x.astype(target).astype(np.float64))
     assert tensor.tensor_scale_exponent == 0 and (tensor.scales == 127).all()
@@ -634,6 +642,51 @@ def test_a_fixed_tensor_scale_of_one_is_the_cast(name, dtype):
     )
     with pytest.raises(ArgumentError, match="tensor_scale_exponent"):
         quantize(x, name, tensor_scale_exponent=200)
+
+
+CAST_FORMATS = [*ELEMENT_FORMATS, "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp16", "bf16", "tf32"]
+
+
+@given(
+    values=st.lists(
+        st.one_of(st.floats(-1e5, 1e5, width=32), st.sampled_from(CORNERS)),
+        min_size=1,
+        max_size=40,
+    ),
+    fmt_name=st.sampled_from(CAST_FORMATS),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    exponent=st.integers(-127, 127),
+    rounding=st.sampled_from(["nearest_even", "nearest_away", "toward_zero"]),
+    overflow=st.sampled_from(["saturate", "inf_nan"]),
+)
+def test_a_cast_at_a_given_scale_is_the_formats_encoder(
+    values, fmt_name, dtype, exponent, rounding, overflow
+):
+    """``tensor_scale_exponent=T`` (a cast at scale 2^T, through the quantization kernel's
+    table where the format has one): every element's code is the one the format's own
+    encoder gives x * 2^-T (formats of 4 to 19 bits, float16/32/64 inputs, every
+    deterministic rounding and overflow, zeros, subnormals, ±Inf and NaN among them)."""
+    with np.errstate(over="ignore"):
+        x = np.array(values, dtype=np.float32).astype(dtype)
+    fmt = get_format(fmt_name)
+    if not (fmt.has_inf or fmt.has_nan):  # (no code for them: saturated, finite values only)
+        overflow, x = "saturate", x[np.isfinite(x)]
+        if not x.size:
+            return
+    tensor = quantize(
+        x,
+        fmt_name,
+        tensor_scale_exponent=exponent,
+        element_rounding=rounding,
+        element_overflow=overflow,
+    )
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = np.ldexp(x.astype(np.float64), -exponent)
+    exact = np.ldexp(scaled, exponent) == x.astype(np.float64)
+    want = fmt.encode(scaled, rounding, overflow) >> fmt.padding_bits
+    got = tensor.codes.reshape(-1)[: x.size]
+    keep = exact | ~np.isfinite(x)  # (float64's own under/overflow of x * 2^-T left out)
+    np.testing.assert_array_equal(got[keep], want[keep].astype(got.dtype))
 
 
 # --- quantize_groups: every group a tensor of its own, in one call -----------------------------

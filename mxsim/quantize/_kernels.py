@@ -145,6 +145,7 @@ def quantize_blocks(
     clamp_high,
     min_exponent,
     min_scale_element_exponent,
+    fixed_exponent,
     seed,
     table,
     table_low,
@@ -176,6 +177,10 @@ def quantize_blocks(
     scale), worked out once. Subnormal and non-finite inputs, and every input when the table
     is empty, go through ``encode_bits``. ``entries``: int64 scratch of up to
     :data:`ENTRY_RUN` elements (the table indexes of a run of a block's elements).
+
+    ``fixed_exponent`` (NO_EXPONENT: none): every block's X is that, given rather than
+    chosen: a cast at a given scale, each element x * 2^-X rounded once as above (non-finite
+    elements each through ``encode_bits``: no NaN blocks, no scale rule or floor).
     """
     block_size = bits.shape[1]
     total_bits = 1 + in_exponent_bits + in_mantissa_bits
@@ -222,71 +227,78 @@ def quantize_blocks(
     if rule == RULE_EVEN and in_mantissa_bits > top_fraction_bits:
         even_half_step = np.uint64(1) << np.uint64(in_mantissa_bits - top_fraction_bits - 1)
     for b in range(start, stop):
-        # The largest magnitude pattern, branch-free (vectorized); only a block holding a NaN
-        # or Inf pattern needs the finite amax and the flags, looked for again.
-        amax = np.uint64(0)
-        for j in range(block_size):
-            amax = max(amax, np.uint64(bits[b, j]) & magnitude_mask)
-        nan_seen = False
-        inf_seen = False
-        if amax >= inf_bits:
+        if fixed_exponent != NO_EXPONENT:  # a cast at a given scale: every element as it is
+            exponent = fixed_exponent
+        else:
+            # The largest magnitude pattern, branch-free (vectorized); only a block holding a
+            # NaN or Inf pattern needs the finite amax and the flags, looked for again.
             amax = np.uint64(0)
             for j in range(block_size):
-                magnitude = np.uint64(bits[b, j]) & magnitude_mask
-                if magnitude > inf_bits:
-                    nan_seen = True
-                elif magnitude == inf_bits:
-                    inf_seen = True
-                elif magnitude > amax:
-                    amax = magnitude
-        if (
-            even_half_step != 0
-            and nonfinite != NONFINITE_PROPAGATE
-            and amax + even_half_step >= inf_bits
-        ):
-            inf_seen = True
-        if (nan_seen and nonfinite != NONFINITE_PROPAGATE) or (
-            inf_seen and nonfinite == NONFINITE_NAN_BLOCK
-        ):
-            scale_exponents_out[b] = SCALE_NAN
-            for j in range(block_size):
-                codes_out[b, j] = 0
-            continue
-        if inf_seen and nonfinite == NONFINITE_INF_SCALE_MAX:
-            exponent = np.int64(E8M0_MAX_EXPONENT)  # log2(Inf) clamped to the largest scale
-        elif inf_seen and nonfinite == NONFINITE_INF_FIELD:
-            exponent = (
-                np.int64(1 << (in_exponent_bits - 1)) - emax
-            )  # Inf's exponent field read as a binade
-        elif amax == 0:
-            exponent = np.int64(E8M0_MIN_EXPONENT)
-        else:
-            exponent = shared_exponent(
-                amax,
-                in_exponent_bits,
-                in_mantissa_bits,
-                rule,
-                source,
-                emax,
-                top_fraction_bits,
-                max_ratio_q52,
-            )
-        if underflow == UNDERFLOW_CLAMP and exponent < E8M0_MIN_EXPONENT:
-            exponent = np.int64(E8M0_MIN_EXPONENT)
-        elif underflow == UNDERFLOW_UNCLAMPED_EPS and exponent < -149:
-            exponent = np.int64(-23)  # 2^X underflows float32 to 0, replaced by float32 eps
-        if exponent < min_exponent:
-            exponent = min_exponent
-        if exponent > E8M0_MAX_EXPONENT:
-            if not clamp_high:
+                amax = max(amax, np.uint64(bits[b, j]) & magnitude_mask)
+            nan_seen = False
+            inf_seen = False
+            if amax >= inf_bits:
+                amax = np.uint64(0)
+                for j in range(block_size):
+                    magnitude = np.uint64(bits[b, j]) & magnitude_mask
+                    if magnitude > inf_bits:
+                        nan_seen = True
+                    elif magnitude == inf_bits:
+                        inf_seen = True
+                    elif magnitude > amax:
+                        amax = magnitude
+            if (
+                even_half_step != 0
+                and nonfinite != NONFINITE_PROPAGATE
+                and amax + even_half_step >= inf_bits
+            ):
+                inf_seen = True
+            if (nan_seen and nonfinite != NONFINITE_PROPAGATE) or (
+                inf_seen and nonfinite == NONFINITE_NAN_BLOCK
+            ):
                 scale_exponents_out[b] = SCALE_NAN
                 for j in range(block_size):
                     codes_out[b, j] = 0
                 continue
-            exponent = E8M0_MAX_EXPONENT
+            if inf_seen and nonfinite == NONFINITE_INF_SCALE_MAX:
+                exponent = np.int64(E8M0_MAX_EXPONENT)  # log2(Inf) clamped to the top scale
+            elif inf_seen and nonfinite == NONFINITE_INF_FIELD:
+                exponent = (
+                    np.int64(1 << (in_exponent_bits - 1)) - emax
+                )  # Inf's exponent field read as a binade
+            elif amax == 0:
+                exponent = np.int64(E8M0_MIN_EXPONENT)
+            else:
+                exponent = shared_exponent(
+                    amax,
+                    in_exponent_bits,
+                    in_mantissa_bits,
+                    rule,
+                    source,
+                    emax,
+                    top_fraction_bits,
+                    max_ratio_q52,
+                )
+            if underflow == UNDERFLOW_CLAMP and exponent < E8M0_MIN_EXPONENT:
+                exponent = np.int64(E8M0_MIN_EXPONENT)
+            elif underflow == UNDERFLOW_UNCLAMPED_EPS and exponent < -149:
+                exponent = np.int64(-23)  # 2^X underflows float32 to 0: float32's eps
+            if exponent < min_exponent:
+                exponent = min_exponent
+            if exponent > E8M0_MAX_EXPONENT:
+                if not clamp_high:
+                    scale_exponents_out[b] = SCALE_NAN
+                    for j in range(block_size):
+                        codes_out[b, j] = 0
+                    continue
+                exponent = E8M0_MAX_EXPONENT
         scale_exponents_out[b] = exponent
         element_exponent = exponent
-        if exponent == E8M0_MIN_EXPONENT and min_scale_element_exponent != NO_EXPONENT:
+        if (
+            exponent == E8M0_MIN_EXPONENT
+            and min_scale_element_exponent != NO_EXPONENT
+            and fixed_exponent == NO_EXPONENT
+        ):
             element_exponent = min_scale_element_exponent
         if use_table:
             # The table's exponent index of a normal input is its field plus this, clamped.

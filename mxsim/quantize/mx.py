@@ -254,12 +254,24 @@ def _quantize_per_tensor(
             K.E8M0_MIN_EXPONENT,
             K.E8M0_MAX_EXPONENT,
         )
-        stored = element_format.encode(
-            values if exponent == 0 else np.ldexp(values.astype(np.float64), -exponent),
-            opts.element_rounding,
-            opts.element_overflow,
-        )  # x * 2^-T rounded once (exact scaling; a cast reads x in its own dtype)
-        codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
+        rounding, overflow = (
+            rounding_code(opts.element_rounding),
+            overflow_code(opts.element_overflow),
+        )
+        table = _encode_table(element_format, rounding, overflow, INPUT_FLOATS[values.dtype][1])[0]
+        if not table.size:  # stochastic (the encoder's own draws), or formats the table lacks
+            stored = element_format.encode(
+                values if exponent == 0 else np.ldexp(values.astype(np.float64), -exponent),
+                opts.element_rounding,
+                opts.element_overflow,
+            )  # x * 2^-T rounded once (exact scaling; a cast reads x in its own dtype)
+            codes = (stored >> element_format.padding_bits).astype(element_format.code_dtype)
+        else:  # the kernel's table at scale T: each x * 2^-T rounded once, read as it is
+            flat = np.ascontiguousarray(values).reshape(1, -1)
+            codes = _quantize_blocked(
+                flat, element_format, opts, 1, max(flat.size, 1), True, exponent
+            )[0]
+            codes = codes[:, : values.size].reshape(values.shape)
     else:
         if not np.isfinite(values).all():
             raise MxsimError(
@@ -573,6 +585,7 @@ def _quantize_blocked(
     axis: int,
     block_size: int,
     whole_tensor: bool = False,
+    fixed_exponent: int | None = None,
 ):
     """(codes, scale exponents, axis, padding) of ``values`` in blocks of ``block_size``
     along ``axis`` (moved last, zero-padded to whole blocks: ``_to_blocks``), by
@@ -581,7 +594,8 @@ def _quantize_blocked(
     the code the kernel gives +0 (0 in a block of NaN scale): the same result, as the
     padding's zeros leave a block's amax, and so its scale, as they are and code alike at
     every scale, but without the padding's work; not under stochastic rounding, whose
-    draws are indexed by position in whole blocks."""
+    draws are indexed by position in whole blocks. ``fixed_exponent``: every block's scale
+    exponent, given (``_kernels.quantize_blocks``), for a whole-tensor cast."""
     axis = check_axis(axis, values.ndim, "quantize: axis")
     short = values.shape[axis]
     if (
@@ -632,6 +646,7 @@ def _quantize_blocked(
         K.NO_EXPONENT
         if opts.min_scale_element_exponent is None
         else opts.min_scale_element_exponent,
+        K.NO_EXPONENT if fixed_exponent is None else fixed_exponent,
         opts.seed,
         table,
         table_low,
